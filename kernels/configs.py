@@ -1,0 +1,107 @@
+"""Launch configs of the Triton kernels: what a kernel accepts, its default and its tuning space.
+
+Every Triton kernel of the suite registers one `KernelSpec` here (at import of the module that
+defines it). The tuner (`runners/tuner`) searches `spec.space`; the autotune loader
+(`kernels/autotune.py`) picks a `LaunchConfig` per shape key; launchers take an explicit
+`LaunchConfig` and never use a hidden `triton.autotune`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+__all__ = ["KERNELS", "LAUNCHES", "KernelSpec", "LaunchConfig", "get_spec", "pick_config", "register", "set_resolver"]
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Meta-parameters of one launch. `BK`/`BV` are None where a kernel does not tile that dim."""
+
+    BV: int | None = None
+    BK: int | None = None
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LaunchConfig:
+        names = {f.name for f in fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"unknown launch-config fields {sorted(unknown)}; expected a subset of {sorted(names)}")
+        for k, v in d.items():
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+                raise ValueError(f"launch-config field {k!r} must be a positive int, got {v!r}")
+        return cls(**dict(d))
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """A Triton kernel as the tuner and the loader see it.
+
+    key: the launch arguments its speed depends on (the shape key of tuned configs).
+    default: the config used when nothing is tuned.
+    space: the values each config field may take; the product is the search space.
+    """
+
+    name: str
+    key: tuple[str, ...]
+    default: LaunchConfig
+    space: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def configs(self) -> Iterator[LaunchConfig]:
+        """Every config of the space (the product of the fields' values), in a deterministic order."""
+        names = sorted(self.space)
+        for values in itertools.product(*(self.space[n] for n in names)):
+            yield LaunchConfig(**{**self.default.as_dict(), **dict(zip(names, values, strict=True))})
+
+
+KERNELS: dict[str, KernelSpec] = {}
+
+
+def register(spec: KernelSpec) -> KernelSpec:
+    if spec.name in KERNELS and KERNELS[spec.name] != spec:
+        raise ValueError(f"kernel spec {spec.name!r} registered twice with different contents")
+    KERNELS[spec.name] = spec
+    return spec
+
+
+def get_spec(name: str) -> KernelSpec:
+    try:
+        return KERNELS[name]
+    except KeyError:
+        raise ValueError(f"unknown kernel {name!r}; registered: {sorted(KERNELS)}") from None
+
+
+# the tuned-config loader (kernels/autotune.py) installs itself here; None means "defaults only"
+
+_resolver: Any = None
+
+# name -> (key, config) of the most recent launch of each kernel: lets tests and the profiler observe
+# what a kernel actually launched with, not what a caller assumed
+LAUNCHES: dict[str, tuple[dict[str, Any], LaunchConfig]] = {}
+
+
+def set_resolver(fn: Any) -> None:
+    """Install (or with None remove) the function that maps (spec, key) to a tuned config."""
+    global _resolver
+    _resolver = fn
+
+
+def pick_config(spec: KernelSpec, key: Mapping[str, Any], override: LaunchConfig | None = None) -> LaunchConfig:
+    """The config a launcher uses: an explicit override, else the tuned one for `key`, else the default.
+
+    Launchers call this on the host with shape facts only (ints, strings); it never touches device data.
+    """
+    cfg = override
+    if cfg is None and _resolver is not None:
+        cfg = _resolver(spec, key)
+    if cfg is None:
+        cfg = spec.default
+    LAUNCHES[spec.name] = (dict(key), cfg)
+    return cfg

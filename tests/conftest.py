@@ -1,0 +1,73 @@
+"""Test-wide setup: the Triton interpreter on CPU, gloo on loopback, seeds, and the markers' skip rules.
+
+`TRITON_INTERPRET=1` must be in the environment before any `@triton.jit` runs, so it is set here, before
+any kernel module is imported (../shared/anchors/cpu-feasibility.md §1). Spawned ranks inherit it.
+"""
+
+from __future__ import annotations
+
+import os
+
+if not os.environ.get("CPBENCH_TEST_GPU"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+import pytest  # noqa: E402
+
+
+def _patch_interpreter_bf16_dot() -> None:
+    """The Triton interpreter multiplies raw bf16 bit patterns in tl.dot (triton-lang/triton#11584): widen first."""
+    try:
+        import numpy as np
+        import triton.language as tl
+        from triton.runtime import interpreter as interp
+    except ImportError:
+        return
+    orig = interp.InterpreterBuilder.create_dot
+    if getattr(orig, "_bf16_fixed", False):
+        return
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):  # type: ignore[no-untyped-def]
+        def up(h):  # type: ignore[no-untyped-def]
+            if h.dtype == tl.bfloat16:
+                return interp.TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+            return h
+
+        return orig(self, up(a), up(b), d, input_precision, max_num_imprecise_acc)
+
+    create_dot._bf16_fixed = True  # type: ignore[attr-defined]
+    interp.InterpreterBuilder.create_dot = create_dot
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _patch_interpreter_bf16_dot()
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    import torch
+
+    torch.manual_seed(42)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import shutil
+
+    import torch
+
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    skip_pg = pytest.mark.skip(reason="CPBENCH_TEST_POSTGRES_URL not set")
+    skip_browser = pytest.mark.skip(reason="no /usr/bin/chromium or playwright")
+    try:
+        import playwright  # noqa: F401
+
+        have_pw = True
+    except ImportError:
+        have_pw = False
+    for item in items:
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(skip_gpu)
+        if "postgres" in item.keywords and not os.environ.get("CPBENCH_TEST_POSTGRES_URL"):
+            item.add_marker(skip_pg)
+        if "browser" in item.keywords and not (have_pw and shutil.which("chromium")):
+            item.add_marker(skip_browser)

@@ -4,7 +4,8 @@ tuning trials, tuned configs, regression verdicts, workers and the environments 
 Data only: behaviour (claiming, storing, querying) lives in `db.crud` and `db.queue`. Alembic owns the schema
 (`db/migrations`); a change here needs a new revision.
 
-Status vocabularies are the `*_STATUSES` tuples below; they are stored as plain strings.
+Status vocabularies are the `*_STATUSES` tuples below; they are stored as plain strings. Every timestamp is a
+`db.types.UTCDateTime`: aware UTC on read, on SQLite as on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
-    DateTime,
     Float,
     ForeignKey,
     Index,
@@ -28,6 +28,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from db.base import Base
+from db.types import UTCDateTime
 
 SWEEP_STATUSES = ("queued", "running", "done", "cancelled")
 POINT_STATUSES = ("queued", "running", "done", "failed", "skipped", "cancelled")
@@ -57,7 +58,7 @@ class Environment(Base):
     git_sha: Mapped[str | None] = mapped_column(String(64))
     host: Mapped[str] = mapped_column(String(255))
     extra: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 class Worker(Base):
@@ -73,8 +74,8 @@ class Worker(Base):
     status: Mapped[str] = mapped_column(String(16), default="idle")  # idle | busy | stopped
     current_point_id: Mapped[int | None] = mapped_column(Integer)
     points_done: Mapped[int] = mapped_column(Integer, default=0)
-    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    last_heartbeat: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    last_heartbeat: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 class Sweep(Base):
@@ -87,9 +88,9 @@ class Sweep(Base):
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # runners.spec.SweepSpec.model_dump(mode="json")
     status: Mapped[str] = mapped_column(String(16), default="queued", index=True)
     n_points: Mapped[int] = mapped_column(Integer, default=0)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     points: Mapped[list[Point]] = relationship(back_populates="sweep", cascade="all, delete-orphan", order_by="Point.idx")
 
 
@@ -121,15 +122,16 @@ class Point(Base):
     direction: Mapped[str] = mapped_column(String(16))
     dtype: Mapped[str] = mapped_column(String(16))
     seed: Mapped[int] = mapped_column(Integer)
+    device_kind: Mapped[str | None] = mapped_column(String(16))  # "cuda" | "cpu": which workers may claim it; None = any
     status: Mapped[str] = mapped_column(String(16), default="queued")
     reason: Mapped[str | None] = mapped_column(Text)  # why skipped
     error: Mapped[str | None] = mapped_column(Text)  # why failed (last attempt)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer, default=3)
     lease_owner: Mapped[str | None] = mapped_column(String(255))
-    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), index=True)
-    claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), index=True)
+    claimed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     sweep: Mapped[Sweep] = relationship(back_populates="points")
     measurement: Mapped[Measurement | None] = relationship(back_populates="point", uselist=False, cascade="all, delete-orphan")
     profile: Mapped[Profile | None] = relationship(back_populates="point", uselist=False, cascade="all, delete-orphan")
@@ -158,7 +160,7 @@ class Measurement(Base):
     err_vs_reference: Mapped[float | None] = mapped_column(Float)  # relative L2 vs the fp32 reference (reduced shape)
     configs: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # kernel name -> launch config used
     report: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # scheme report (e.g. warmup_correct), floors
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     point: Mapped[Point] = relationship(back_populates="measurement")
 
 
@@ -172,7 +174,7 @@ class Artifact(Base):
     path: Mapped[str] = mapped_column(Text)
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64))
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 class Profile(Base):
@@ -188,7 +190,7 @@ class Profile(Base):
     kernel_launches: Mapped[int] = mapped_column(Integer, default=0)
     peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
     artifact_id: Mapped[int | None] = mapped_column(ForeignKey("artifacts.id", ondelete="SET NULL"))
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     point: Mapped[Point] = relationship(back_populates="profile")
 
 
@@ -211,7 +213,7 @@ class TuningTrial(Base):
     median_ms: Mapped[float | None] = mapped_column(Float)
     n: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str | None] = mapped_column(Text)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 class TunedConfig(Base):
@@ -232,7 +234,7 @@ class TunedConfig(Base):
     source_hash: Mapped[str] = mapped_column(String(64))  # hash of the kernel source when tuned
     sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id", ondelete="SET NULL"))
     environment_id: Mapped[int | None] = mapped_column(ForeignKey("environments.id"))
-    measured_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    measured_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 class RegressionResult(Base):
@@ -252,4 +254,4 @@ class RegressionResult(Base):
     p_mannwhitney: Mapped[float | None] = mapped_column(Float)
     q_value: Mapped[float | None] = mapped_column(Float)  # Benjamini-Hochberg
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # deterministic signal diffs, medians
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

@@ -1,0 +1,1 @@
+"""The REST API: dependencies (`deps`), the router that lists the resources (`router`) and one module per resource."""

@@ -1,0 +1,1 @@
+"""Server configuration (`config`) and the bearer-token logic (`security`)."""

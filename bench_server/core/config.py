@@ -1,0 +1,60 @@
+"""Server settings from the environment (prefix `CPBENCH_`), read once per process by `get_settings()`.
+
+| variable                       | default                               | meaning                                                     |
+| ------------------------------ | ------------------------------------- | ----------------------------------------------------------- |
+| `CPBENCH_DATABASE_URL`         | `sqlite:///<cwd>/.cpbench/cpbench.db` | the store (same variable as the worker's)                   |
+| `CPBENCH_API_TOKEN`            | unset                                 | bearer token for writes; unset: generated once, kept in `.cpbench/api_token` beside the database |
+| `CPBENCH_READS_OPEN`           | true                                  | false: reads (API and dashboards) need the token too        |
+| `CPBENCH_MAX_BODY_BYTES`       | 1048576                               | larger request bodies get 413                               |
+| `CPBENCH_MAX_POINTS_PER_SWEEP` | 20000                                 | a spec expanding to more grid points gets 413               |
+| `CPBENCH_TOKEN_FILE`           | unset                                 | where a generated token is kept, instead of the default     |
+
+Tests build a `ServerSettings(...)` and pass it to `create_app(settings)`; `get_settings.cache_clear()` re-reads.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from db.settings import default_database_url, normalize_url
+
+__all__ = ["API_V1_STR", "ServerSettings", "get_settings"]
+
+API_V1_STR = "/api/v1"
+
+
+class ServerSettings(BaseSettings):
+    """What `create_app` needs: the store, the token policy and the request limits."""
+
+    model_config = SettingsConfigDict(env_prefix="CPBENCH_", env_ignore_empty=True, extra="ignore")
+
+    DATABASE_URL: str = Field(default_factory=default_database_url)
+    API_TOKEN: str | None = None
+    READS_OPEN: bool = True
+    MAX_BODY_BYTES: int = Field(1 << 20, ge=1024)
+    MAX_POINTS_PER_SWEEP: int = Field(20_000, ge=1)
+    TOKEN_FILE: Path | None = None
+
+    @field_validator("DATABASE_URL")
+    @classmethod
+    def _normalize(cls, value: str) -> str:
+        value = value.strip()
+        if not value:
+            raise ValueError("CPBENCH_DATABASE_URL is empty; give an SQLAlchemy URL such as sqlite:///path/to/cpbench.db")
+        return normalize_url(value)
+
+    @field_validator("API_TOKEN")
+    @classmethod
+    def _token(cls, value: str | None) -> str | None:
+        if value is not None and len(value.strip()) < 16:
+            raise ValueError(f"CPBENCH_API_TOKEN must be at least 16 characters, got {len(value.strip())}")
+        return value.strip() if value else None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> ServerSettings:
+    return ServerSettings()

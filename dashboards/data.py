@@ -1,0 +1,162 @@
+"""Queries for the dashboards: the store's rows as tidy lists of flat dicts (no plotly here).
+
+- `sweep_rows(session, sweep_id)`: a sweep's results (`db.crud.list_results` rows);
+- `slice_options(rows)` / `apply_slice(rows, selection)`: the axes a sweep page lets the user fix (op, backend,
+  H, K, V, dtype, direction, layout), so every figure compares modes on one shape family;
+- `tuning_rows(session, ...)`: tuning trials with `chosen` set on the winner stored in tuned_configs;
+  `tuned_config_rows(session, ...)`;
+- `history_rows(session, ...)`: per benchmark key, its result in every nightly sweep (tagged "nightly", or used by
+  a regression run), with the verdict of the regression run that judged that sweep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from db import crud
+from db.models import Environment, Measurement, Point, RegressionResult, Sweep, TuningTrial
+
+__all__ = [
+    "MAX_ROWS",
+    "SLICE_AXES",
+    "apply_slice",
+    "history_keys",
+    "history_rows",
+    "slice_options",
+    "sweep_rows",
+    "tuned_config_rows",
+    "tuning_rows",
+]
+
+MAX_ROWS = 20_000  # = the default CPBENCH_MAX_POINTS_PER_SWEEP
+SLICE_AXES = ("op", "backend", "H", "K", "V", "dtype", "direction", "layout")
+NIGHTLY_TAG = "nightly"
+
+
+def sweep_rows(session: Session, sweep_id: int) -> list[dict[str, Any]]:
+    rows, _ = crud.list_results(session, sweep_id=sweep_id, skip=0, limit=MAX_ROWS)
+    return rows
+
+
+def slice_options(rows: Iterable[dict[str, Any]]) -> dict[str, list[Any]]:
+    """For each slice axis, the values present (sorted); `none`'s layout is ignored (it runs on one device)."""
+    out: dict[str, set[Any]] = {a: set() for a in SLICE_AXES}
+    for r in rows:
+        for a in SLICE_AXES:
+            if a == "layout" and r.get("mode") == "none":
+                continue
+            if r.get(a) is not None:
+                out[a].add(r[a])
+    return {a: sorted(v) for a, v in out.items() if v}
+
+
+def _coerce(value: Any, like: Any) -> Any:
+    if isinstance(like, bool) or value is None:
+        return value
+    try:
+        return type(like)(value)
+    except (TypeError, ValueError):
+        return value
+
+
+def apply_slice(rows: Sequence[dict[str, Any]], selection: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Rows on one value of each slice axis: `selection[axis]` where given and present, else the first value.
+
+    Returns (rows, the selection used). Query-string values are coerced to the axis' type.
+    """
+    options = slice_options(rows)
+    chosen: dict[str, Any] = {}
+    for axis, values in options.items():
+        want = _coerce(selection.get(axis), values[0])
+        chosen[axis] = want if want in values else values[0]
+    kept = [r for r in rows
+            if all(r.get(a) == v for a, v in chosen.items() if not (a == "layout" and r.get("mode") == "none"))]
+    return kept, chosen
+
+
+def _trial_dict(t: TuningTrial) -> dict[str, Any]:
+    return {c: getattr(t, c) for c in ("id", "sweep_id", "device_name", "kernel", "key", "key_str", "config", "strategy",
+                                       "rung", "status", "median_ms", "n", "error", "created_at")}
+
+
+def tuning_rows(session: Session, *, sweep_id: int | None = None, device_name: str | None = None,
+                kernel: str | None = None) -> list[dict[str, Any]]:
+    """Tuning trials, oldest first; `chosen` is True on the trial whose config is the stored winner of its key."""
+    trials = crud.list_trials(session, kernel=kernel, sweep_id=sweep_id, device_name=device_name)
+    winners = {(c.kernel, c.key_str, c.device_name): c.config for c in crud.list_tuned_configs(session, device_name=device_name)}
+    rows = []
+    for t in trials:
+        row = _trial_dict(t)
+        row["chosen"] = t.status == "ok" and winners.get((t.kernel, t.key_str, t.device_name)) == t.config
+        rows.append(row)
+    return rows
+
+
+def tuned_config_rows(session: Session, *, device_name: str | None = None) -> list[dict[str, Any]]:
+    """The winning configs with their margin over the runner-up and over the default config."""
+    out = []
+    for c in crud.list_tuned_configs(session, device_name=device_name):
+        out.append({
+            "kernel": c.kernel, "key": c.key_str, "device_name": c.device_name, "config": c.config,
+            "median_ms": c.median_ms, "default_ms": c.default_ms, "runner_up_ms": c.runner_up_ms,
+            "vs_runner_up": c.runner_up_ms / c.median_ms if c.runner_up_ms and c.median_ms else None,
+            "vs_default": c.default_ms / c.median_ms if c.default_ms and c.median_ms else None,
+            "sweep_id": c.sweep_id, "measured_at": c.measured_at,
+        })
+    return out
+
+
+def _nightly_sweeps(session: Session) -> dict[int, Sweep]:
+    judged = set(session.execute(select(RegressionResult.sweep_id).where(RegressionResult.sweep_id.is_not(None))).scalars())
+    sweeps = session.execute(select(Sweep).order_by(Sweep.created_at)).scalars()
+    return {s.id: s for s in sweeps if s.id in judged or NIGHTLY_TAG in (s.tags or [])}
+
+
+def history_keys(session: Session, *, contains: str | None = None, limit: int = 12) -> list[str]:
+    """Benchmark keys to show: those with a non-SAME verdict first (newest first), then any judged or nightly key."""
+    verdicts = session.execute(select(RegressionResult.key, RegressionResult.verdict)
+                               .order_by(RegressionResult.id.desc())).all()
+    flagged = [k for k, v in verdicts if v != "SAME"]
+    judged = [k for k, _ in verdicts]
+    sweeps = list(_nightly_sweeps(session))
+    nightly = list(session.execute(select(Point.key).where(Point.sweep_id.in_(sweeps)).distinct().order_by(Point.key))
+                   .scalars()) if sweeps else []
+    out: list[str] = []
+    for k in (*flagged, *judged, *nightly):
+        if k not in out and (contains is None or contains in k):
+            out.append(k)
+    return out[:limit]
+
+
+def history_rows(session: Session, *, keys: Sequence[str]) -> list[dict[str, Any]]:
+    """One row per (key, nightly sweep) with the point's median and the verdict given to that sweep's result."""
+    sweeps = _nightly_sweeps(session)
+    if not keys or not sweeps:
+        return []
+    stmt = (select(Point.key, Point.mode, Point.sweep_id, Measurement.median_ms, Measurement.p10_ms, Measurement.p90_ms,
+                   Environment.device_name)
+            .join(Measurement, Measurement.point_id == Point.id)
+            .outerjoin(Environment, Environment.id == Measurement.environment_id)
+            .where(Point.key.in_(list(keys)), Point.sweep_id.in_(list(sweeps)), Point.status == "done")
+            .order_by(Point.sweep_id, Point.id))
+    verdicts: dict[tuple[str, int], RegressionResult] = {}
+    for v in session.execute(select(RegressionResult).where(RegressionResult.key.in_(list(keys)))
+                             .order_by(RegressionResult.id)).scalars():
+        if v.sweep_id is not None:
+            verdicts[(v.key, v.sweep_id)] = v  # the latest verdict on that sweep wins
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    for key, mode, sweep_id, med, p10, p90, device in session.execute(stmt).all():
+        if (key, sweep_id) in out:  # repetitions of one key in a sweep: keep the first
+            continue
+        s, v = sweeps[sweep_id], verdicts.get((key, sweep_id))
+        out[(key, sweep_id)] = {
+            "key": key, "mode": mode, "device_name": device, "sweep_id": sweep_id, "sweep_name": s.name, "at": s.created_at,
+            "median_ms": med, "p10_ms": p10, "p90_ms": p90, "verdict": v.verdict if v else None,
+            "ratio": v.ratio if v else None, "q_value": v.q_value if v else None, "run_id": v.run_id if v else None,
+            "baseline_ref": v.baseline_ref if v else None,
+        }
+    return list(out.values())

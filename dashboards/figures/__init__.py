@@ -1,0 +1,12 @@
+"""Dashboard figures: each module is pure (result rows in, `go.Figure` out) and exposes NAME, TITLE, COLUMNS,
+`frame(rows)` (the table it plots, also served as CSV) and `figure(rows)`.
+
+SWEEP_FIGURES are drawn from one sweep's results; `tuning` and `history` from trials and nightly runs.
+"""
+
+from dashboards.figures import accuracy, best_mode, comm, history, latency, syncs, tuning
+
+SWEEP_FIGURES = {m.NAME: m for m in (latency, best_mode, comm, syncs, accuracy)}
+ALL_FIGURES = {**SWEEP_FIGURES, tuning.NAME: tuning, history.NAME: history}
+
+__all__ = ["ALL_FIGURES", "SWEEP_FIGURES", "accuracy", "best_mode", "comm", "history", "latency", "syncs", "tuning"]

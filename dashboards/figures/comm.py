@@ -1,0 +1,93 @@
+"""Communication per mode: collective calls and bytes per rank, measured by the profiler beside the cost model.
+
+Rows in, figure out. Columns facet CP size W; the top row counts collective calls per step, the bottom row their
+bytes (log). Measured traces are named after their mode (`meta.kind == "measured"`); the model of
+`dashboards.cost_model` is drawn as a dashed line named "<mode> (model)" (`meta.kind == "model"`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from dashboards.cost_model import comm_cost
+from dashboards.figures.common import (
+    base_layout,
+    cp_sizes,
+    dtype_bytes,
+    empty_figure,
+    facet_values,
+    in_facet,
+    mode_color,
+    mode_rank,
+)
+
+NAME = "comm"
+TITLE = "Collectives per step: measured (markers) vs cost model (dashed)"
+COLUMNS = ("facet_W", "mode", "W", "op", "backend", "B", "T", "H", "K", "V", "dtype", "measured_calls", "model_calls",
+           "measured_bytes", "model_bytes", "measured_by_kind", "model_by_kind")
+
+
+def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per profiled point (per CP-size facet), with the model's calls and bytes beside the measured ones."""
+    prof = [r for r in rows if r.get("status", "done") == "done" and r.get("collectives") is not None]
+    out = []
+    for W in cp_sizes(prof):
+        for r in sorted((r for r in prof if in_facet(r, W=W)), key=lambda r: (mode_rank(r["mode"]), r["B"], r["T"])):
+            model = comm_cost(r["mode"], B=r["B"], T=r["T"], H=r["H"], K=r["K"], V=r["V"], W=r["W"] or 1,
+                              dtype_bytes=dtype_bytes(r.get("dtype")), op=r.get("op") or "gdn",
+                              direction=r.get("direction") or "fwd")
+            calls, nbytes = r.get("collectives") or {}, r.get("collective_bytes") or {}
+            out.append({
+                **{c: r.get(c) for c in ("mode", "W", "op", "backend", "B", "T", "H", "K", "V", "dtype")}, "facet_W": W,
+                "measured_calls": sum(calls.values()), "measured_bytes": sum(nbytes.values()),
+                "model_calls": None if model is None else model.count,
+                "model_bytes": None if model is None else model.total_payload_bytes,
+                "measured_by_kind": dict(calls), "model_by_kind": None if model is None else dict(model.collectives),
+            })
+    return out
+
+
+def figure(rows: list[dict[str, Any]]) -> go.Figure:
+    table = frame(rows)
+    if not table:
+        return empty_figure(TITLE, "no profiles yet")
+    Ws = facet_values(table, "facet_W")
+    fig = make_subplots(rows=2, cols=len(Ws), shared_xaxes=True, subplot_titles=[f"W={W}" for W in Ws],
+                        horizontal_spacing=0.05, vertical_spacing=0.08)
+    shown: set[str] = set()
+    for j, W in enumerate(Ws, start=1):
+        series: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+        for r in table:
+            if r["facet_W"] == W:
+                series[(r["mode"], r["B"])].append(r)
+        for (mode, B), pts in sorted(series.items(), key=lambda kv: (mode_rank(kv[0][0]), kv[0][1])):
+            first = mode not in shown
+            shown.add(mode)
+            T = [p["T"] for p in pts]
+            for i, (col, label) in enumerate((("calls", "calls"), ("bytes", "bytes")), start=1):
+                fig.add_trace(go.Scatter(
+                    x=T, y=[p[f"measured_{col}"] for p in pts], name=mode, legendgroup=mode, showlegend=first and i == 1,
+                    mode="markers", marker={"color": mode_color(mode), "size": 9},
+                    customdata=[[B, str(p["measured_by_kind"])] for p in pts],
+                    hovertemplate=f"{mode} measured<br>B=%{{customdata[0]}} T=%{{x}}<br>{label} %{{y:,}}"
+                                  "<br>%{customdata[1]}<extra></extra>",
+                    meta={"mode": mode, "B": B, "W": W, "kind": "measured", "quantity": col},
+                ), row=i, col=j)
+                model = [p[f"model_{col}"] for p in pts]
+                if any(m is not None for m in model):
+                    fig.add_trace(go.Scatter(
+                        x=T, y=model, name=f"{mode} (model)", legendgroup=mode, showlegend=False, mode="lines",
+                        line={"color": mode_color(mode), "dash": "dash", "width": 1.5},
+                        hovertemplate=f"{mode} model<br>T=%{{x}}<br>{label} %{{y:,}}<extra></extra>",
+                        meta={"mode": mode, "B": B, "W": W, "kind": "model", "quantity": col},
+                    ), row=i, col=j)
+    fig.update_xaxes(type="log")
+    fig.update_xaxes(title_text="T (tokens)", row=2)
+    fig.update_yaxes(title_text="collective calls", row=1, col=1, rangemode="tozero")
+    fig.update_yaxes(type="log", row=2)
+    fig.update_yaxes(title_text="bytes per rank", row=2, col=1)
+    return base_layout(fig, TITLE, height=620)

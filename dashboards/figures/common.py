@@ -1,0 +1,107 @@
+"""Helpers shared by the figure modules: mode order and colours, facets, the `none` baseline, dtype sizes.
+
+Pure functions over result rows (the flat dicts of `db.crud.list_results`); nothing here touches plotly state
+beyond building an empty placeholder figure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+
+MODE_ORDER = ("none", "headwise", "all_gather", "ring", "true_cp", "warmup_correct", "tail_exchange")
+_PALETTE = ("#7f7f7f", "#1f77b4", "#ff7f0e", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
+_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "star", "cross", "triangle-down")
+DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp32": 4, "float32": 4, "float": 4}
+# the axes that pick a series apart from mode; the baseline `none` matches on these plus T and lb
+SHAPE_KEYS = ("op", "backend", "B", "H", "K", "V", "dtype", "direction")
+
+
+def mode_rank(mode: str) -> tuple[int, str]:
+    return (MODE_ORDER.index(mode), "") if mode in MODE_ORDER else (len(MODE_ORDER), mode)
+
+
+def sort_modes(modes: Iterable[str]) -> list[str]:
+    return sorted(set(modes), key=mode_rank)
+
+
+def mode_color(mode: str) -> str:
+    if mode in MODE_ORDER:
+        return _PALETTE[MODE_ORDER.index(mode)]
+    return _PALETTE[len(MODE_ORDER) + sum(map(ord, mode)) % (len(_PALETTE) - len(MODE_ORDER))]
+
+
+def symbol(i: int) -> str:
+    return _SYMBOLS[i % len(_SYMBOLS)]
+
+
+def dtype_bytes(dtype: str | None) -> int:
+    return DTYPE_BYTES.get(str(dtype).lower(), 2)
+
+
+def measured(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows of finished points that carry a timing."""
+    return [r for r in rows if r.get("status", "done") == "done" and _finite(r.get("median_ms"))]
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def facet_values(rows: Iterable[dict[str, Any]], key: str) -> list[Any]:
+    return sorted({r[key] for r in rows if r.get(key) is not None})
+
+
+def single_device(row: dict[str, Any]) -> bool:
+    """`none`, and any run on one device (W = 1, e.g. warmup_correct), is drawn in every CP-size facet."""
+    return row["mode"] == "none" or (row.get("W") or 1) == 1
+
+
+def cp_sizes(rows: Sequence[dict[str, Any]]) -> list[int]:
+    """The CP sizes to facet by: those of the multi-device runs, or [1] when every run is on one device."""
+    return facet_values([r for r in rows if not single_device(r)], "W") or [1]
+
+
+def in_facet(row: dict[str, Any], *, W: int, lb: float | None = None) -> bool:
+    return (single_device(row) or row["W"] == W) and (lb is None or row["lb"] == lb)
+
+
+def baseline_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    return (*(row.get(k) for k in SHAPE_KEYS), row.get("T"), row.get("lb"))
+
+
+def none_medians(rows: Iterable[dict[str, Any]]) -> dict[tuple[Any, ...], float]:
+    """Median ms of the `none` mode per shape (the fastest if several runs share a shape)."""
+    out: dict[tuple[Any, ...], float] = {}
+    for r in rows:
+        if r["mode"] == "none" and _finite(r.get("median_ms")):
+            k = baseline_key(r)
+            out[k] = min(out.get(k, math.inf), r["median_ms"])
+    return out
+
+
+def speedup(row: dict[str, Any], baselines: dict[tuple[Any, ...], float]) -> float | None:
+    base = baselines.get(baseline_key(row))
+    if base is None or not row.get("median_ms"):
+        return None
+    return base / row["median_ms"]
+
+
+def facet_title(W: int, lb: float, n_lb: int) -> str:
+    return f"W={W}" if n_lb <= 1 else f"W={W} · lb={lb:g}"
+
+
+def empty_figure(title: str, message: str = "no data yet") -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(title=title, xaxis={"visible": False}, yaxis={"visible": False},
+                      annotations=[{"text": message, "showarrow": False, "font": {"size": 16}}])
+    return fig
+
+
+def base_layout(fig: go.Figure, title: str, *, height: int) -> go.Figure:
+    fig.update_layout(title=title, template="plotly_white", height=height, legend={"title": {"text": "mode"}},
+                      margin={"l": 60, "r": 20, "t": 70, "b": 50}, hovermode="closest")
+    return fig

@@ -1,0 +1,88 @@
+"""Latency vs sequence length per mode (log-log), faceted by CP size W (columns) and decay bound lb (rows).
+
+Rows in, figure out. One trace per (mode, B) per facet, named after its mode; `none` (one device) is drawn in every
+facet as the baseline, and each point's hover and CSV row carry its speedup over `none` of the same shape.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from dashboards.figures.common import (
+    base_layout,
+    cp_sizes,
+    empty_figure,
+    facet_title,
+    facet_values,
+    in_facet,
+    measured,
+    mode_color,
+    mode_rank,
+    none_medians,
+    speedup,
+    symbol,
+)
+
+NAME = "latency"
+TITLE = "Latency vs T per mode (median, p10–p90)"
+COLUMNS = ("facet_W", "lb", "mode", "W", "op", "backend", "layout", "B", "T", "H", "K", "V", "dtype", "direction",
+           "median_ms", "p10_ms", "p90_ms", "speedup_vs_none")
+
+
+def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per plotted point, in facet, mode, B, T order."""
+    done = measured(rows)
+    base = none_medians(done)
+    out = []
+    for lb in facet_values(done, "lb"):
+        for W in cp_sizes(done):
+            pts = [r for r in done if in_facet(r, W=W, lb=lb)]
+            for r in sorted(pts, key=lambda r: (mode_rank(r["mode"]), r["B"], r["T"])):
+                out.append({**{c: r.get(c) for c in COLUMNS}, "facet_W": W, "speedup_vs_none": speedup(r, base)})
+    return out
+
+
+def figure(rows: list[dict[str, Any]]) -> go.Figure:
+    table = frame(rows)
+    if not table:
+        return empty_figure(TITLE)
+    lbs, Ws = facet_values(table, "lb"), facet_values(table, "facet_W")
+    Bs = facet_values(table, "B")
+    fig = make_subplots(rows=len(lbs), cols=len(Ws), shared_xaxes=True, shared_yaxes=True,
+                        subplot_titles=[facet_title(W, lb, len(lbs)) for lb in lbs for W in Ws],
+                        horizontal_spacing=0.04, vertical_spacing=0.08)
+    shown: set[str] = set()
+    for i, lb in enumerate(lbs, start=1):
+        for j, W in enumerate(Ws, start=1):
+            series: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+            for r in table:
+                if r["facet_W"] == W and r["lb"] == lb:
+                    series[(r["mode"], r["B"])].append(r)
+            for (mode, B), pts in sorted(series.items(), key=lambda kv: (mode_rank(kv[0][0]), kv[0][1])):
+                fig.add_trace(_trace(mode, B, pts, Bs, W=W, lb=lb, showlegend=mode not in shown), row=i, col=j)
+                shown.add(mode)
+    fig.update_xaxes(type="log")
+    fig.update_yaxes(type="log")
+    fig.update_xaxes(title_text="T (tokens)", row=len(lbs))
+    fig.update_yaxes(title_text="ms", col=1)
+    return base_layout(fig, TITLE, height=max(380, 320 * len(lbs)))
+
+
+def _trace(mode: str, B: int, pts: list[dict[str, Any]], Bs: list[int], *, W: int, lb: float, showlegend: bool) -> go.Scatter:
+    med = [p["median_ms"] for p in pts]
+    up = [(p["p90_ms"] - p["median_ms"]) if p.get("p90_ms") is not None else 0.0 for p in pts]
+    down = [(p["median_ms"] - p["p10_ms"]) if p.get("p10_ms") is not None else 0.0 for p in pts]
+    speed = ["—" if p["speedup_vs_none"] is None else f"{p['speedup_vs_none']:.2f}×" for p in pts]
+    return go.Scatter(
+        x=[p["T"] for p in pts], y=med, name=mode, legendgroup=mode, showlegend=showlegend, mode="lines+markers",
+        line={"color": mode_color(mode), "dash": "dash" if mode == "none" else "solid"},
+        marker={"symbol": symbol(Bs.index(B)), "size": 7},
+        error_y={"type": "data", "symmetric": False, "array": up, "arrayminus": down, "thickness": 1, "width": 2},
+        customdata=[[B, s] for s in speed],
+        hovertemplate=f"{mode}<br>B=%{{customdata[0]}} T=%{{x}}<br>%{{y:.4g}} ms<br>speedup vs none %{{customdata[1]}}<extra></extra>",
+        meta={"mode": mode, "B": B, "W": W, "lb": lb, "kind": "measured"},
+    )

@@ -1,0 +1,59 @@
+"""Host syncs and kernel launches per step, per mode, vs sequence length, faceted by CP size W.
+
+Rows in, figure out. DESIGN.md §2 asks every scheme to show zero host syncs in its steady-state step; this figure is
+where a regression shows. One trace per (mode, B) per panel, named after its mode.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from dashboards.figures.common import base_layout, cp_sizes, empty_figure, facet_values, in_facet, mode_color, mode_rank
+
+NAME = "syncs"
+TITLE = "Host syncs and kernel launches per step"
+COLUMNS = ("facet_W", "mode", "W", "op", "backend", "B", "T", "H", "K", "V", "host_syncs", "kernel_launches", "peak_memory_bytes")
+
+
+def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    prof = [r for r in rows if r.get("status", "done") == "done" and r.get("host_syncs") is not None]
+    out = []
+    for W in cp_sizes(prof):
+        for r in sorted((r for r in prof if in_facet(r, W=W)), key=lambda r: (mode_rank(r["mode"]), r["B"], r["T"])):
+            out.append({**{c: r.get(c) for c in COLUMNS}, "facet_W": W})
+    return out
+
+
+def figure(rows: list[dict[str, Any]]) -> go.Figure:
+    table = frame(rows)
+    if not table:
+        return empty_figure(TITLE, "no profiles yet")
+    Ws = facet_values(table, "facet_W")
+    fig = make_subplots(rows=2, cols=len(Ws), shared_xaxes=True, subplot_titles=[f"W={W}" for W in Ws],
+                        horizontal_spacing=0.05, vertical_spacing=0.08)
+    shown: set[str] = set()
+    for j, W in enumerate(Ws, start=1):
+        series: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+        for r in table:
+            if r["facet_W"] == W:
+                series[(r["mode"], r["B"])].append(r)
+        for (mode, B), pts in sorted(series.items(), key=lambda kv: (mode_rank(kv[0][0]), kv[0][1])):
+            for i, col in enumerate(("host_syncs", "kernel_launches"), start=1):
+                fig.add_trace(go.Scatter(
+                    x=[p["T"] for p in pts], y=[p[col] for p in pts], name=mode, legendgroup=mode,
+                    showlegend=mode not in shown and i == 1, mode="lines+markers", line={"color": mode_color(mode)},
+                    customdata=[B] * len(pts),
+                    hovertemplate=f"{mode}<br>B=%{{customdata}} T=%{{x}}<br>{col.replace('_', ' ')} %{{y}}<extra></extra>",
+                    meta={"mode": mode, "B": B, "W": W, "kind": "measured", "quantity": col},
+                ), row=i, col=j)
+            shown.add(mode)
+    fig.update_xaxes(type="log")
+    fig.update_xaxes(title_text="T (tokens)", row=2)
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_yaxes(title_text="host syncs / step", row=1, col=1)
+    fig.update_yaxes(title_text="kernel launches / step", row=2, col=1)
+    return base_layout(fig, TITLE, height=560)

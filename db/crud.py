@@ -1,0 +1,566 @@
+"""Store and read back sweeps, results, workers, environments, tuning and regression records.
+
+Keyword-only functions that take a session. Writers open a write transaction when none is open
+(`db.session.begin_write`) and flush, but never commit: the caller owns the transaction (`session_scope`, or
+`db.queue.complete_point`, which commits a point's results together with its `done` status). Readers return ORM
+objects or flat dicts; timestamps are aware UTC.
+
+Raw timing samples are kept as zlib-compressed little-endian float64 (`encode_samples` / `decode_samples`): the
+round trip is exact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import struct
+import zlib
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import ColumnElement, String, cast, func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+from sqlalchemy.sql import Select
+
+from db.models import (
+    POINT_STATUSES,
+    Artifact,
+    Environment,
+    Measurement,
+    Point,
+    Profile,
+    RegressionResult,
+    Sweep,
+    TunedConfig,
+    TuningTrial,
+    Worker,
+)
+from db.session import begin_write
+
+logger = logging.getLogger(__name__)
+
+POINT_FIELDS = (
+    "idx", "key", "params", "op", "mode", "backend", "B", "T", "H", "K", "V", "lb", "W", "layout", "direction",
+    "dtype", "seed",
+)  # fmt: skip
+POINT_OPTIONAL_FIELDS = ("status", "reason", "max_attempts", "device_kind")
+SUMMARY_FIELDS = ("median_ms", "p10_ms", "p90_ms", "iqr_ms", "mean_ms", "min_ms", "max_ms", "n")
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+# --- samples ---------------------------------------------------------------------------------------------------
+
+
+def encode_samples(samples: Sequence[float]) -> bytes:
+    """zlib(little-endian float64 array) of the samples, as stored in `measurements.samples`."""
+    values = [float(x) for x in samples]
+    return zlib.compress(struct.pack(f"<{len(values)}d", *values), level=6)
+
+
+def decode_samples(blob: bytes) -> list[float]:
+    """The samples stored by `encode_samples`, exactly."""
+    raw = zlib.decompress(blob)
+    if len(raw) % 8:
+        raise ValueError(f"samples blob holds {len(raw)} bytes, not a whole number of float64 values")
+    return list(struct.unpack(f"<{len(raw) // 8}d", raw))
+
+
+# --- sweeps and points -----------------------------------------------------------------------------------------
+
+
+def create_sweep(
+    session: Session, *, name: str, tags: Sequence[str], spec: Mapping[str, Any], points: Sequence[Mapping[str, Any]]
+) -> Sweep:
+    """Store a sweep and its expanded points (queued, or skipped with a reason).
+
+    Each point dict has the `Point` columns `idx, key, params, op, mode, backend, B, T, H, K, V, lb, W, layout,
+    direction, dtype, seed` and optionally `status` ("queued" | "skipped", default "queued"), `reason`,
+    `max_attempts` (default 3) and `device_kind` ("cuda" | "cpu" | None). A sweep with nothing to run is `done`
+    at once.
+    """
+    rows = []
+    for i, point in enumerate(points):
+        missing = [f for f in POINT_FIELDS if f not in point]
+        unknown = sorted(set(point) - set(POINT_FIELDS) - set(POINT_OPTIONAL_FIELDS))
+        if missing or unknown:
+            raise ValueError(f"points[{i}] has missing fields {missing} and unknown fields {unknown}")
+        status = point.get("status") or "queued"
+        if status not in ("queued", "skipped"):
+            raise ValueError(f"points[{i}].status must be 'queued' or 'skipped', got status={status!r}")
+        row = {f: point[f] for f in POINT_FIELDS}
+        row.update(
+            status=status,
+            reason=point.get("reason"),
+            max_attempts=point.get("max_attempts") or 3,
+            device_kind=point.get("device_kind"),
+            attempts=0,
+        )
+        rows.append(row)
+    begin_write(session)
+    now = _now()
+    runnable = any(r["status"] == "queued" for r in rows)
+    sweep = Sweep(
+        name=name,
+        tags=list(tags),
+        spec=dict(spec),
+        status="queued" if runnable else "done",
+        n_points=len(rows),
+        created_at=now,
+        finished_at=None if runnable else now,
+    )
+    session.add(sweep)
+    session.flush()
+    for row in rows:
+        row["sweep_id"] = sweep.id
+        if row["status"] == "skipped":
+            row["finished_at"] = now
+    if rows:
+        session.add_all(Point(**row) for row in rows)
+        session.flush()
+    logger.info("sweep %s %r: %s points (%s queued)", sweep.id, name, len(rows), sum(r["status"] == "queued" for r in rows))
+    return sweep
+
+
+def get_sweep(session: Session, *, sweep_id: int) -> Sweep | None:
+    return session.get(Sweep, sweep_id)
+
+
+def _like_escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def list_sweeps(session: Session, *, skip: int = 0, limit: int = 50, tag: str | None = None) -> tuple[list[Sweep], int]:
+    """Sweeps, newest first, optionally only those tagged `tag`; returns (page, total count)."""
+    _check_page(skip, limit)
+    stmt = select(Sweep)
+    if tag is not None:
+        # tags is a JSON list; its text holds the tag JSON-quoted on SQLite and PostgreSQL alike
+        stmt = stmt.where(cast(Sweep.tags, String).like(f"%{_like_escape(json.dumps(tag))}%", escape="\\"))
+    total = session.execute(select(func.count()).select_from(stmt.subquery())).scalar_one()
+    page = session.execute(stmt.order_by(Sweep.id.desc()).offset(skip).limit(limit)).scalars().all()
+    return list(page), total
+
+
+def sweep_progress(session: Session, *, sweep_id: int) -> dict[str, int]:
+    """Number of the sweep's points in each status (every status present, zeros included) plus `total`."""
+    counts = dict.fromkeys(POINT_STATUSES, 0)
+    rows = session.execute(select(Point.status, func.count()).where(Point.sweep_id == sweep_id).group_by(Point.status)).all()
+    for status, count in rows:
+        counts[status] = count
+    counts["total"] = sum(count for _, count in rows)
+    return counts
+
+
+# --- environments and workers ----------------------------------------------------------------------------------
+
+_ENV_COLUMNS = (
+    "device_name", "device_count", "compute_capability", "driver", "cuda", "torch", "triton", "python", "cpbench",
+    "git_sha", "host",
+)  # fmt: skip
+
+
+def environment_fingerprint(facts: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def get_or_create_environment(session: Session, *, facts: Mapping[str, Any]) -> Environment:
+    """The environment row for these facts (found by the sha256 of the sorted facts), created when new.
+
+    Facts named like `Environment` columns fill them; any other fact goes to `extra`. `device_name`, `torch`,
+    `python`, `cpbench` and `host` are required.
+    """
+    required = ("device_name", "torch", "python", "cpbench", "host")
+    missing = [f for f in required if facts.get(f) is None]
+    if missing:
+        raise ValueError(f"facts lacks {missing}; got keys {sorted(facts)}")
+    fingerprint = environment_fingerprint(facts)
+    begin_write(session)
+    found = session.execute(select(Environment).where(Environment.fingerprint == fingerprint)).scalar_one_or_none()
+    if found is not None:
+        return found
+    values = {k: facts[k] for k in _ENV_COLUMNS if k in facts}
+    values.setdefault("device_count", 0)
+    env = Environment(fingerprint=fingerprint, extra={k: v for k, v in facts.items() if k not in _ENV_COLUMNS}, **values)
+    try:
+        # a savepoint, so a concurrent insert of the same environment (PostgreSQL) only costs a re-read
+        with session.begin_nested():
+            session.add(env)
+    except IntegrityError:
+        return session.execute(select(Environment).where(Environment.fingerprint == fingerprint)).scalar_one()
+    return env
+
+
+def register_worker(
+    session: Session, *, name: str, host: str, pid: int, devices: Mapping[str, Any], environment_id: int | None
+) -> Worker:
+    """Record a starting worker (a worker restarted under the same name is reset)."""
+    begin_write(session)
+    now = _now()
+    worker = session.execute(select(Worker).where(Worker.name == name)).scalar_one_or_none()
+    if worker is None:
+        worker = Worker(name=name, points_done=0)
+        session.add(worker)
+    worker.host, worker.pid, worker.devices, worker.environment_id = host, pid, dict(devices), environment_id
+    worker.status, worker.current_point_id = "idle", None
+    worker.started_at = worker.last_heartbeat = now
+    session.flush()
+    return worker
+
+
+def touch_worker(
+    session: Session, *, name: str, status: str, current_point_id: int | None = None, points_done_inc: int = 0
+) -> Worker:
+    """Update a worker's heartbeat, status ("idle" | "busy" | "stopped") and current point."""
+    if status not in ("idle", "busy", "stopped"):
+        raise ValueError(f"status must be 'idle', 'busy' or 'stopped', got status={status!r}")
+    begin_write(session)
+    worker = session.execute(select(Worker).where(Worker.name == name)).scalar_one_or_none()
+    if worker is None:
+        raise ValueError(f"no worker registered with name={name!r}")
+    worker.status, worker.current_point_id = status, current_point_id
+    worker.points_done += points_done_inc
+    worker.last_heartbeat = _now()
+    session.flush()
+    return worker
+
+
+def list_workers(session: Session) -> list[Worker]:
+    return list(session.execute(select(Worker).order_by(Worker.id)).scalars())
+
+
+# --- results ---------------------------------------------------------------------------------------------------
+
+
+def store_measurement(
+    session: Session,
+    *,
+    point_id: int,
+    environment_id: int | None,
+    worker: str | None,
+    clock: str,
+    samples: Sequence[float],
+    summary: Mapping[str, Any],
+    stop_reason: str | None,
+    err_vs_none: float | None,
+    err_vs_reference: float | None,
+    configs: Mapping[str, Any] | None = None,
+    report: Mapping[str, Any] | None = None,
+) -> Measurement:
+    """Store a point's timing: raw samples (compressed) and their summary (`median_ms, p10_ms, p90_ms, iqr_ms,
+    mean_ms, min_ms, max_ms, n`, with `n == len(samples)`), and its correctness errors."""
+    missing = [f for f in SUMMARY_FIELDS if f not in summary]
+    if missing:
+        raise ValueError(f"summary lacks {missing}; got keys {sorted(summary)}")
+    if int(summary["n"]) != len(samples):
+        raise ValueError(f"summary n={summary['n']} differs from len(samples)={len(samples)}")
+    begin_write(session)
+    measurement = Measurement(
+        point_id=point_id,
+        environment_id=environment_id,
+        worker=worker,
+        clock=clock,
+        samples=encode_samples(samples),
+        configs=dict(configs or {}),
+        report=dict(report or {}),
+        stop_reason=stop_reason,
+        err_vs_none=err_vs_none,
+        err_vs_reference=err_vs_reference,
+        n=int(summary["n"]),
+        **{f: float(summary[f]) for f in SUMMARY_FIELDS if f != "n"},
+    )
+    session.add(measurement)
+    session.flush()
+    return measurement
+
+
+def store_profile(
+    session: Session,
+    *,
+    point_id: int,
+    collectives: Mapping[str, int],
+    collective_bytes: Mapping[str, int],
+    host_syncs: int,
+    sync_events: Mapping[str, int],
+    kernel_launches: int,
+    peak_memory_bytes: int | None,
+    artifact_id: int | None = None,
+) -> Profile:
+    """Store the profiled step of a point (collective counts and bytes, host syncs, launches, peak memory)."""
+    begin_write(session)
+    profile = Profile(
+        point_id=point_id,
+        collectives=dict(collectives),
+        collective_bytes=dict(collective_bytes),
+        host_syncs=host_syncs,
+        sync_events=dict(sync_events),
+        kernel_launches=kernel_launches,
+        peak_memory_bytes=peak_memory_bytes,
+        artifact_id=artifact_id,
+    )
+    session.add(profile)
+    session.flush()
+    return profile
+
+
+def store_artifact(session: Session, *, point_id: int | None, kind: str, path: str, size_bytes: int, sha256: str) -> Artifact:
+    """Record a file kept beside the database (e.g. a gzipped Chrome trace)."""
+    begin_write(session)
+    artifact = Artifact(point_id=point_id, kind=kind, path=str(path), size_bytes=size_bytes, sha256=sha256)
+    session.add(artifact)
+    session.flush()
+    return artifact
+
+
+_RESULT_COLUMNS: tuple[ColumnElement[Any], ...] = (
+    Point.id.label("id"),
+    Point.id.label("point_id"),
+    Point.sweep_id,
+    Point.idx,
+    Point.key,
+    Point.params,
+    Point.op,
+    Point.mode,
+    Point.backend,
+    Point.B,
+    Point.T,
+    Point.H,
+    Point.K,
+    Point.V,
+    Point.lb,
+    Point.W,
+    Point.layout,
+    Point.direction,
+    Point.dtype,
+    Point.seed,
+    Point.device_kind,
+    Point.status,
+    Point.reason,
+    Point.error,
+    Point.attempts,
+    Point.max_attempts,
+    Point.claimed_at,
+    Point.finished_at,
+    Measurement.id.label("measurement_id"),
+    Measurement.clock,
+    Measurement.worker,
+    Measurement.n,
+    Measurement.median_ms,
+    Measurement.p10_ms,
+    Measurement.p90_ms,
+    Measurement.iqr_ms,
+    Measurement.mean_ms,
+    Measurement.min_ms,
+    Measurement.max_ms,
+    Measurement.stop_reason,
+    Measurement.err_vs_none,
+    Measurement.err_vs_reference,
+    Measurement.configs,
+    Measurement.report,
+    Measurement.created_at.label("measured_at"),
+    Profile.collectives,
+    Profile.collective_bytes,
+    Profile.host_syncs,
+    Profile.sync_events,
+    Profile.kernel_launches,
+    Profile.peak_memory_bytes,
+    Profile.artifact_id,
+    Measurement.environment_id,
+    Environment.device_name,
+    Environment.device_count,
+    Environment.compute_capability,
+    Environment.driver,
+    Environment.cuda,
+    Environment.torch,
+    Environment.triton,
+    Environment.git_sha,
+    Environment.host,
+)
+RESULT_FIELDS = tuple(c.key for c in _RESULT_COLUMNS)
+
+
+def _results_select() -> Select[Any]:
+    return (
+        select(*_RESULT_COLUMNS)
+        .select_from(Point)
+        .outerjoin(Measurement, Measurement.point_id == Point.id)
+        .outerjoin(Profile, Profile.point_id == Point.id)
+        .outerjoin(Environment, Environment.id == Measurement.environment_id)
+    )
+
+
+def _match(column: Any, value: Any) -> ColumnElement[bool]:
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return column.in_(list(value))
+    return column == value
+
+
+def _check_page(skip: int, limit: int) -> None:
+    if skip < 0:
+        raise ValueError(f"skip must be >= 0, got skip={skip}")
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, got limit={limit}")
+
+
+def list_results(
+    session: Session,
+    *,
+    sweep_id: int | Sequence[int] | None = None,
+    op: str | Sequence[str] | None = None,
+    mode: str | Sequence[str] | None = None,
+    backend: str | Sequence[str] | None = None,
+    B: int | Sequence[int] | None = None,
+    T: int | Sequence[int] | None = None,
+    W: int | Sequence[int] | None = None,
+    lb: float | Sequence[float] | None = None,
+    device: str | Sequence[str] | None = None,
+    status: str | Sequence[str] | None = None,
+    skip: int = 0,
+    limit: int = 100,
+) -> tuple[list[dict[str, Any]], int]:
+    """One flat dict per point (keys `RESULT_FIELDS`) joined with its measurement, profile and environment.
+
+    Each filter takes one value or a list of values; `device` matches the environment's `device_name`.
+    Points without a measurement (queued, failed, skipped...) have None in the measurement fields. Ordered by
+    point id; returns (page, total count matching the filters).
+    """
+    _check_page(skip, limit)
+    stmt = _results_select()
+    filters = {
+        Point.sweep_id: sweep_id, Point.op: op, Point.mode: mode, Point.backend: backend, Point.B: B, Point.T: T,
+        Point.W: W, Point.lb: lb, Environment.device_name: device, Point.status: status,
+    }  # fmt: skip
+    for column, value in filters.items():
+        if value is not None:
+            stmt = stmt.where(_match(column, value))
+    total = session.execute(select(func.count()).select_from(stmt.subquery())).scalar_one()
+    rows = session.execute(stmt.order_by(Point.id).offset(skip).limit(limit)).mappings().all()
+    return [dict(row) for row in rows], total
+
+
+def results_by_key(session: Session, *, sweep_ids: Sequence[int]) -> dict[str, dict[str, Any]]:
+    """For each benchmark key measured in these sweeps, its latest `done` result row plus decoded `samples`."""
+    stmt = (
+        _results_select()
+        .add_columns(Measurement.samples.label("samples"))
+        .where(Point.sweep_id.in_(list(sweep_ids)), Point.status == "done", Measurement.id.is_not(None))
+        .order_by(Measurement.created_at, Measurement.id)
+    )
+    out: dict[str, dict[str, Any]] = {}
+    for row in session.execute(stmt).mappings():
+        item = dict(row)
+        item["samples"] = decode_samples(item["samples"])
+        out[item["key"]] = item
+    return out
+
+
+# --- tuning ----------------------------------------------------------------------------------------------------
+
+
+def store_trial(session: Session, **fields: Any) -> TuningTrial:
+    """Store one tuning trial; `fields` are `TuningTrial` columns (kernel, key, key_str, config, strategy, ...)."""
+    columns = set(TuningTrial.__table__.columns.keys()) - {"id"}
+    unknown = sorted(set(fields) - columns)
+    if unknown:
+        raise ValueError(f"store_trial got unknown fields {unknown}; valid: {sorted(columns)}")
+    begin_write(session)
+    trial = TuningTrial(**fields)
+    session.add(trial)
+    session.flush()
+    return trial
+
+
+def list_trials(
+    session: Session, *, kernel: str | None = None, sweep_id: int | None = None, device_name: str | None = None
+) -> list[TuningTrial]:
+    stmt = select(TuningTrial).order_by(TuningTrial.id)
+    if kernel is not None:
+        stmt = stmt.where(TuningTrial.kernel == kernel)
+    if sweep_id is not None:
+        stmt = stmt.where(TuningTrial.sweep_id == sweep_id)
+    if device_name is not None:
+        stmt = stmt.where(TuningTrial.device_name == device_name)
+    return list(session.execute(stmt).scalars())
+
+
+def upsert_tuned_config(
+    session: Session,
+    *,
+    kernel: str,
+    key: Mapping[str, Any],
+    key_str: str,
+    device_name: str,
+    compute_capability: str | None,
+    config: Mapping[str, Any],
+    median_ms: float,
+    default_ms: float | None,
+    runner_up_ms: float | None,
+    source_hash: str,
+    sweep_id: int | None,
+    environment_id: int | None,
+) -> TunedConfig:
+    """Insert or replace the winning config for (kernel, key_str, device_name)."""
+    begin_write(session)
+    values = {
+        "key": dict(key), "compute_capability": compute_capability, "config": dict(config), "median_ms": median_ms,
+        "default_ms": default_ms, "runner_up_ms": runner_up_ms, "source_hash": source_hash, "sweep_id": sweep_id,
+        "environment_id": environment_id, "measured_at": _now(),
+    }  # fmt: skip
+    ident = (TunedConfig.kernel == kernel, TunedConfig.key_str == key_str, TunedConfig.device_name == device_name)
+    for _ in range(2):
+        row = session.execute(select(TunedConfig).where(*ident)).scalar_one_or_none()
+        if row is not None:
+            for name, value in values.items():
+                setattr(row, name, value)
+            session.flush()
+            return row
+        row = TunedConfig(kernel=kernel, key_str=key_str, device_name=device_name, **values)
+        try:
+            with session.begin_nested():
+                session.add(row)
+            return row
+        except IntegrityError:
+            continue  # inserted meanwhile by another process: update it instead
+    raise RuntimeError(f"could not upsert tuned config kernel={kernel!r} key_str={key_str!r} device_name={device_name!r}")
+
+
+def list_tuned_configs(session: Session, *, device_name: str | None = None) -> list[TunedConfig]:
+    stmt = select(TunedConfig).order_by(TunedConfig.device_name, TunedConfig.kernel, TunedConfig.key_str)
+    if device_name is not None:
+        stmt = stmt.where(TunedConfig.device_name == device_name)
+    return list(session.execute(stmt).scalars())
+
+
+# --- regression ------------------------------------------------------------------------------------------------
+
+
+def store_regression_results(session: Session, *, rows: Sequence[Mapping[str, Any]]) -> list[RegressionResult]:
+    """Store the verdicts of one regression run (each row: `RegressionResult` columns)."""
+    columns = set(RegressionResult.__table__.columns.keys()) - {"id"}
+    for i, row in enumerate(rows):
+        unknown = sorted(set(row) - columns)
+        if unknown:
+            raise ValueError(f"rows[{i}] has unknown fields {unknown}; valid: {sorted(columns)}")
+    begin_write(session)
+    stored = [RegressionResult(**dict(row)) for row in rows]
+    session.add_all(stored)
+    session.flush()
+    return stored
+
+
+def list_regression_results(
+    session: Session, *, key: str | None = None, suite: str | None = None, run_id: str | None = None
+) -> list[RegressionResult]:
+    stmt = select(RegressionResult).order_by(RegressionResult.id)
+    if key is not None:
+        stmt = stmt.where(RegressionResult.key == key)
+    if suite is not None:
+        stmt = stmt.where(RegressionResult.suite == suite)
+    if run_id is not None:
+        stmt = stmt.where(RegressionResult.run_id == run_id)
+    return list(session.execute(stmt).scalars())

@@ -1,0 +1,50 @@
+"""cpbench kernel suite: exact forward kernels of GDN and KDA on several backends, segment transitions, CP schemes.
+
+Public surface (a contract; DESIGN.md §1-§3):
+
+    o, ht = kernels.forward(op, q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
+                            cu_seqlens=None, backend="auto", config=None)
+    M, S_ext = kernels.transition(op, k, v, g, beta, *, cu_seqlens=None, backend="auto", config=None)
+    o, ht = kernels.reference(op, q, k, v, g, beta, ...)        # per-token fp32 ground truth
+    M, S = kernels.compose(M1, S1, M2, S2);  S = kernels.chain(M, S_ext, S0=None)
+    kernels.use_autotune(path)                                   # load tuned launch configs (kernels.autotune)
+
+`kernels` imports only torch (Triton when the triton backend runs, FLA when the fla backend runs).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+from kernels.api import chain, compose, forward, reference, transition
+from kernels.configs import KernelSpec, LaunchConfig
+from kernels.validate import BACKENDS, OPS
+
+__all__ = [
+    "BACKENDS",
+    "OPS",
+    "KernelSpec",
+    "LaunchConfig",
+    "chain",
+    "compose",
+    "forward",
+    "reference",
+    "transition",
+    "use_autotune",
+]
+
+
+def use_autotune(path: str | os.PathLike[str] | None, *, strict: bool = True, **kwargs: Any) -> Any:
+    """Load a tuned-config JSON (exported by `cpbench configs export`) so launches use its configs; None removes it.
+
+    A thin forwarder to `kernels.autotune.use_autotune(path, strict=strict, **kwargs)`, imported on first use.
+    """
+    try:
+        autotune = importlib.import_module("kernels.autotune")
+    except ModuleNotFoundError as err:
+        if err.name == "kernels.autotune":
+            raise ImportError("kernels.use_autotune needs the module kernels.autotune, which is not available") from err
+        raise
+    return autotune.use_autotune(path, strict=strict, **kwargs)

@@ -1,0 +1,69 @@
+"""Backend names, the "auto" rule, and the adapter to flash-linear-attention (the `fla` backend).
+
+`auto` resolves to `triton` when the inputs are on a CUDA device and to `torch` elsewhere. The FLA adapter
+calls FLA's public chunk forwards on our inputs unchanged: gates in natural-log space (no in-kernel gate,
+no in-kernel l2norm, beta already post-sigmoid), the same `scale`, `initial_state`, `output_final_state`,
+`cu_seqlens`. FLA is imported only when asked for; without it the backend raises ImportError naming the package.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from kernels.validate import BACKENDS, check_backend
+
+__all__ = ["BACKENDS", "fla_forward", "resolve_backend"]
+
+logger = logging.getLogger(__name__)
+
+_FLA_MISSING = (
+    "backend 'fla' needs the flash-linear-attention package (pip install flash-linear-attention), "
+    "which could not be imported: {err}"
+)
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """The concrete backend of a call: `auto` becomes `triton` on CUDA, `torch` elsewhere."""
+    check_backend(backend)
+    if backend == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    return backend
+
+
+def fla_forward(
+    op: str,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    *,
+    scale: float,
+    initial_state: Tensor | None,
+    output_final_state: bool,
+    cu_seqlens: Tensor | None,
+    cu_seqlens_cpu: Sequence[int] | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """FLA's `chunk_gated_delta_rule` (gdn) or `chunk_kda` (kda) forward on our inputs."""
+    try:
+        if op == "gdn":
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
+        else:
+            from fla.ops.kda import chunk_kda as fla_chunk
+    except ImportError as err:
+        raise ImportError(_FLA_MISSING.format(err=err)) from err
+    kwargs: dict[str, object] = {}
+    if cu_seqlens is not None:
+        # FLA reads the bounds on the device; the host copy spares it a device-to-host sync
+        kwargs["cu_seqlens"] = cu_seqlens.to(q.device, non_blocking=True)
+        if cu_seqlens_cpu is not None:
+            kwargs["cu_seqlens_cpu"] = torch.tensor(list(cu_seqlens_cpu), dtype=cu_seqlens.dtype)
+    # FLA's KDA asserts an fp32 initial state; GDN accepts it too
+    h0 = initial_state.float() if initial_state is not None else None
+    o, ht = fla_chunk(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=output_final_state, **kwargs)
+    return o, (ht if output_final_state else None)
+

@@ -1,0 +1,119 @@
+"""The chunk-parallel output pass (GDN and KDA), one Triton program per (V-block, chunk, head).
+
+With S the state entering the chunk (stored by `chunk_state_fwd`) and v_new = u - w S:
+
+    GDN: o = scale [(Q * exp G) S + ((Q K^T) (x) exp(G_i - G_j) (x) causal) v_new]
+    KDA: o = qg S + Aqk v_new          (qg = scale Q exp G and Aqk from `kernels.common.wy`)
+
+Used when the output is not fused into the state pass (`chunk_state_output_fwd`).
+Grid: dense (V/BV, NT, B*H); varlen (V/BV, NT_total, H).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels.common.chunk_state import fit_bv
+from kernels.common.index import ChunkIndex
+from kernels.configs import KernelSpec, LaunchConfig, pick_config, register
+
+__all__ = ["CHUNK_OUTPUT_FWD", "chunk_output_fwd"]
+
+CHUNK_OUTPUT_FWD = register(KernelSpec(
+    name="chunk_output_fwd",
+    key=("H", "K", "V", "BT", "GATE", "IS_VARLEN", "dtype"),
+    # FLA's chunk_fwd_o list on Hopper: (BV 128, 8 warps) and (64, 4); 64/4 keeps 2+ programs per SM
+    default=LaunchConfig(BV=64, num_warps=4, num_stages=2),
+    space={"BV": (32, 64, 128), "num_warps": (4, 8), "num_stages": (1, 2, 3)},
+))
+
+
+@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
+@triton.jit(do_not_specialize=["T"])
+def chunk_output_fwd_kernel(
+    q,  # [B, T, H, K]: q (GDN) or qg (KDA)
+    k,  # [B, T, H, K] (GDN; unused for KDA)
+    v_new,  # [B, T, H, V]
+    h,  # [NT_total, H, K, V] states entering each chunk
+    g,  # GDN: gate cumsum [B, T, H] fp32 (unused for KDA)
+    aqk,  # KDA: [B, T, H, BT]
+    o,  # out [B, T, H, V]
+    cu_seqlens,
+    chunk_indices,
+    scale,
+    T,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BV: tl.constexpr,
+    GATE_VECTOR: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
+        i_t = tl.load(chunk_indices + i_c * 2 + 1)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        T = eos - bos
+        i_tg = i_c.to(tl.int64)
+    else:
+        i_t = i_c
+        bos = i_b.to(tl.int64) * T
+        i_tg = i_b.to(tl.int64) * tl.cdiv(T, BT) + i_t
+    dt = v_new.dtype.element_ty
+
+    o_k = tl.arange(0, K)
+    o_t = tl.arange(0, BT)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_r = i_t * BT + o_t
+    m_r = o_r < T
+    p_row = (bos + o_r) * H + i_h
+    m_causal = o_t[:, None] >= o_t[None, :]
+
+    b_h = tl.load(h + (i_tg * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :])  # [K, BV]
+    b_q = tl.load(q + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.)
+    b_v = tl.load(v_new + p_row[:, None] * V + o_v[None, :], mask=m_r[:, None], other=0.)
+    if GATE_VECTOR:
+        b_A = tl.load(aqk + p_row[:, None] * BT + o_t[None, :], mask=m_r[:, None] & m_causal, other=0.)
+        b_o = tl.dot(b_q, b_h) + tl.dot(b_A.to(dt), b_v)
+    else:
+        b_kT = tl.load(k + p_row[None, :] * K + o_k[:, None], mask=m_r[None, :], other=0.)
+        b_g = tl.load(g + p_row, mask=m_r, other=0.)
+        b_o = tl.dot(b_q, b_h) * tl.exp(b_g)[:, None]
+        b_A = tl.dot(b_q, b_kT) * tl.exp(tl.where(m_causal, b_g[:, None] - b_g[None, :], float("-inf")))
+        b_o = (b_o + tl.dot(b_A.to(dt), b_v)) * scale
+    tl.store(o + p_row[:, None] * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_r[:, None])
+
+
+def chunk_output_fwd(
+    q: Tensor, k: Tensor | None, v_new: Tensor, h: Tensor, g: Tensor | None, *, index: ChunkIndex, scale: float,
+    aqk: Tensor | None = None, out_dtype: torch.dtype | None = None, config: LaunchConfig | None = None,
+) -> Tensor:
+    """o [B, T, H, V]. GDN: q, k, g = gate cumsum. KDA: q = qg (scaled), aqk given, k/g unused."""
+    B, T, H, K = q.shape
+    V = v_new.shape[-1]
+    gate_vector = aqk is not None
+    key = {"H": H, "K": K, "V": V, "BT": index.chunk_size, "GATE": "vector" if gate_vector else "scalar",
+           "IS_VARLEN": index.is_varlen, "dtype": str(q.dtype).removeprefix("torch.")}
+    cfg = fit_bv(CHUNK_OUTPUT_FWD, pick_config(CHUNK_OUTPUT_FWD, key, config), V)
+    BV, BT = cfg.BV, index.chunk_size
+    assert BV is not None and BV >= 16 and K >= 16 and BT >= 16, f"tiles must be >= 16, got BV={BV} K={K} BT={BT}"
+    assert V % BV == 0, f"BV={BV} must divide V={V}"
+    o = torch.empty(v_new.shape, dtype=out_dtype or q.dtype, device=q.device)
+    if index.is_varlen:
+        grid = (V // BV, index.num_chunks, H)
+    else:
+        grid = (V // BV, triton.cdiv(T, BT), B * H)
+    chunk_output_fwd_kernel[grid](
+        q, k, v_new, h, g, aqk, o,
+        index.cu_seqlens if index.is_varlen else None, index.chunk_indices if index.is_varlen else None,
+        scale, T, H=H, K=K, V=V, BT=BT, BV=BV, GATE_VECTOR=gate_vector,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return o

@@ -1,0 +1,306 @@
+"""The serial state pass across chunks (GDN and KDA), one Triton program per (sequence, head, V-block).
+
+With S the fp32 state [K, BV] entering chunk t (h0 or zeros at the sequence start):
+
+    v_new = u - w S
+    S'    = Diag(gamma_C) S + K~^T v_new,      K~ = K * exp(G_C - G)
+
+GDN passes the raw keys and the fp32 gate cumsum [B, T, H] (K~ and gamma_C are formed here); KDA passes the
+pre-gated keys kg and the per-chunk last-row gate gc [NT_total, H, K] (from `kernels.common.wy`).
+
+One kernel, three launchers (each with its own launch spec, since their best configs differ):
+- `chunk_state_fwd`: stores the per-chunk entering states h [NT_total, H, K, V] (k's dtype) and v_new, for
+  `kernels.common.chunk_output` (the FLA-style split into a state pass and a chunk-parallel output pass).
+- `chunk_state_output_fwd`: the output fused into the pass, o = scale[(Q exp G) S + (QK^T (x) decay) v_new]
+  (KDA: qg S + Aqk v_new), so neither h nor v_new touches memory.
+- `chunk_state_transition_fwd`: the segment map by linearity: the pass runs on the augmented state
+  [K, K+V] from [I | 0] with right-hand side [0 | u], so the columns < K end as M and the others as S_ext.
+
+Varlen: `cu_seqlens` gives token bounds and `chunk_offsets` the global index of each sequence's first chunk
+(for h and gc); `seq_map` (optional) makes program n run sequence seq_map[n] (the transition of only some
+segments); `final_idx` (optional) stores a program's final state at ht[final_idx[n]], or nowhere if < 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels.configs import LAUNCHES, KernelSpec, LaunchConfig, pick_config, register
+
+__all__ = [
+    "CHUNK_STATE_FWD",
+    "CHUNK_STATE_OUTPUT_FWD",
+    "CHUNK_STATE_TRANSITION_FWD",
+    "SeqLayout",
+    "chunk_state_fwd",
+    "chunk_state_output_fwd",
+    "chunk_state_transition_fwd",
+    "fit_bv",
+]
+
+_KEY = ("H", "K", "V", "BT", "GATE", "IS_VARLEN", "dtype")
+
+CHUNK_STATE_FWD = register(KernelSpec(
+    name="chunk_state_fwd",
+    key=_KEY,
+    # FLA's fwd_h picks BV=64 on Hopper for K=V=128: a [128, 64] fp32 state is 64 registers a thread at 4 warps
+    default=LaunchConfig(BV=64, num_warps=4, num_stages=2),
+    # BV 32 doubles the programs (helps when N*H is small), 128 halves them; stages prefetch w/u/k
+    space={"BV": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
+))
+
+CHUNK_STATE_OUTPUT_FWD = register(KernelSpec(
+    name="chunk_state_output_fwd",
+    key=_KEY,
+    # the fused pass also holds q and the 64x64 intra-chunk attention: 4 warps, BV 64 (measured, see bench)
+    default=LaunchConfig(BV=64, num_warps=4, num_stages=2),
+    space={"BV": (32, 64, 128), "num_warps": (4, 8), "num_stages": (1, 2, 3)},
+))
+
+CHUNK_STATE_TRANSITION_FWD = register(KernelSpec(
+    name="chunk_state_transition_fwd",
+    key=_KEY,
+    # (K+V)/BV programs per sequence and head; same per-chunk work as the plain pass without stores
+    default=LaunchConfig(BV=64, num_warps=4, num_stages=2),
+    space={"BV": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
+))
+
+
+@triton.heuristics({
+    "USE_INITIAL_STATE": lambda args: args["h0"] is not None,
+    "STORE_FINAL_STATE": lambda args: args["ht"] is not None,
+    "STORE_STATES": lambda args: args["h"] is not None,
+    "SAVE_NEW_VALUE": lambda args: args["v_new"] is not None,
+    "FUSE_OUTPUT": lambda args: args["o"] is not None,
+    "TRANSITION": lambda args: args["m"] is not None,
+    "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+    "USE_SEQ_MAP": lambda args: args["seq_map"] is not None,
+    "USE_FINAL_IDX": lambda args: args["final_idx"] is not None,
+})
+@triton.jit(do_not_specialize=["T"])
+def chunk_state_fwd_kernel(
+    k,  # [B, T, H, K]: raw keys (GDN) or kg (KDA)
+    w,  # [B, T, H, K]
+    u,  # [B, T, H, V]
+    g,  # GDN: gate cumsum [B, T, H] fp32; KDA: last-row gate per chunk [NT_total, H, K] fp32
+    q,  # fused output: q (GDN) or qg (KDA), [B, T, H, K]
+    aqk,  # fused output, KDA: [B, T, H, BT]
+    h0,  # [N, H, K, V] fp32 or None
+    h,  # out [NT_total, H, K, V] or None
+    ht,  # out [N*, H, K, V] fp32 or None (TRANSITION: S_ext)
+    m,  # out [N, H, K, K] fp32 (TRANSITION) or None
+    v_new,  # out [B, T, H, V] or None
+    o,  # out [B, T, H, V] or None
+    cu_seqlens,  # [N+1] int32 or None
+    chunk_offsets,  # [N+1] int32 or None
+    seq_map,  # [N_programs] int32 or None
+    final_idx,  # [N_programs] int32 or None
+    scale,
+    T,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BV: tl.constexpr,
+    GATE_VECTOR: tl.constexpr,
+    USE_INITIAL_STATE: tl.constexpr,
+    STORE_FINAL_STATE: tl.constexpr,
+    STORE_STATES: tl.constexpr,
+    SAVE_NEW_VALUE: tl.constexpr,
+    FUSE_OUTPUT: tl.constexpr,
+    TRANSITION: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    USE_SEQ_MAP: tl.constexpr,
+    USE_FINAL_IDX: tl.constexpr,
+):
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = (i_nh // H).to(tl.int64), i_nh % H
+    if USE_SEQ_MAP:
+        i_s = tl.load(seq_map + i_n).to(tl.int64)
+    else:
+        i_s = i_n
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_s).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_s + 1).to(tl.int64)
+        T = eos - bos
+        boc = tl.load(chunk_offsets + i_s).to(tl.int64)
+    else:
+        bos = i_s * T
+        boc = i_s * tl.cdiv(T, BT)
+    NT = tl.cdiv(T, BT)
+    dt = w.dtype.element_ty
+
+    o_k = tl.arange(0, K)
+    o_t = tl.arange(0, BT)
+    o_c = i_v * BV + tl.arange(0, BV)  # state columns (TRANSITION: of the augmented [K, K+V] state)
+    m_causal = o_t[:, None] >= o_t[None, :]
+
+    if TRANSITION:
+        b_h = tl.where(o_k[:, None] == o_c[None, :], 1., 0.)  # [I | 0]
+    else:
+        b_h = tl.zeros([K, BV], dtype=tl.float32)
+        if USE_INITIAL_STATE:
+            b_h += tl.load(h0 + (i_n * H + i_h) * K * V + o_k[:, None] * V + o_c[None, :])
+
+    for i_t in range(NT):
+        o_r = i_t * BT + o_t
+        m_r = o_r < T
+        p_row = (bos + o_r) * H + i_h  # [BT] token-head rows
+        if STORE_STATES:
+            tl.store(h + ((boc + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_c[None, :], b_h.to(h.dtype.element_ty))
+        b_w = tl.load(w + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.)
+        if TRANSITION:
+            b_u = tl.load(u + p_row[:, None] * V + (o_c - K)[None, :], mask=m_r[:, None] & (o_c >= K)[None, :],
+                          other=0.)
+        else:
+            b_u = tl.load(u + p_row[:, None] * V + o_c[None, :], mask=m_r[:, None], other=0.)
+        b_kT = tl.load(k + p_row[None, :] * K + o_k[:, None], mask=m_r[None, :], other=0.)  # [K, BT]
+        b_hc = b_h.to(dt)
+        b_v = b_u.to(tl.float32) - tl.dot(b_w, b_hc)  # v_new [BT, BV]
+        if SAVE_NEW_VALUE:
+            tl.store(v_new + p_row[:, None] * V + o_c[None, :], b_v.to(v_new.dtype.element_ty), mask=m_r[:, None])
+        if GATE_VECTOR:
+            b_gl = tl.load(g + ((boc + i_t) * H + i_h) * K + o_k)  # [K]
+            if FUSE_OUTPUT:
+                b_q = tl.load(q + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.)
+                b_A = tl.load(aqk + p_row[:, None] * BT + o_t[None, :], mask=m_r[:, None] & m_causal, other=0.)
+                b_o = tl.dot(b_q, b_hc) + tl.dot(b_A, b_v.to(dt))
+                tl.store(o + p_row[:, None] * V + o_c[None, :], b_o.to(o.dtype.element_ty), mask=m_r[:, None])
+            b_h = b_h * tl.exp(b_gl)[:, None]
+            b_h = tl.dot(b_kT, b_v.to(dt), b_h)
+        else:
+            b_g = tl.load(g + p_row, mask=m_r, other=0.)  # [BT]
+            b_gl = tl.load(g + (bos + tl.minimum(i_t * BT + BT, T) - 1) * H + i_h)
+            if FUSE_OUTPUT:
+                b_q = tl.load(q + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.)
+                b_o = tl.dot(b_q, b_hc) * tl.exp(b_g)[:, None]
+                b_A = tl.dot(b_q, b_kT)
+                b_A = b_A * tl.exp(tl.where(m_causal, b_g[:, None] - b_g[None, :], float("-inf")))
+                b_o = (b_o + tl.dot(b_A.to(dt), b_v.to(dt))) * scale
+                tl.store(o + p_row[:, None] * V + o_c[None, :], b_o.to(o.dtype.element_ty), mask=m_r[:, None])
+            b_v = tl.where(m_r[:, None], b_v * tl.exp(b_gl - b_g)[:, None], 0.)
+            b_h = b_h * tl.exp(b_gl)
+            b_h = tl.dot(b_kT, b_v.to(dt), b_h)
+
+    if TRANSITION:
+        tl.store(m + (i_n * H + i_h) * K * K + o_k[:, None] * K + o_c[None, :], b_h, mask=(o_c < K)[None, :])
+        tl.store(ht + (i_n * H + i_h) * K * V + o_k[:, None] * V + (o_c - K)[None, :], b_h, mask=(o_c >= K)[None, :])
+    elif STORE_FINAL_STATE:
+        if USE_FINAL_IDX:
+            i_f = tl.load(final_idx + i_n).to(tl.int64)
+            if i_f >= 0:
+                tl.store(ht + (i_f * H + i_h) * K * V + o_k[:, None] * V + o_c[None, :], b_h)
+        else:
+            tl.store(ht + (i_n * H + i_h) * K * V + o_k[:, None] * V + o_c[None, :], b_h)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# launchers
+
+
+class SeqLayout:
+    """Which token ranges the pass walks: dense (B sequences of length T) or a varlen list of ranges.
+
+    cu_seqlens / chunk_offsets: int32 device tensors `[S+1]` (None for dense); num_seqs: S, the programs per
+    head and V-block unless `seq_map` narrows them; seq_map / final_idx: see the module docstring.
+    """
+
+    __slots__ = ("chunk_offsets", "cu_seqlens", "final_idx", "num_seqs", "seq_map")
+
+    def __init__(self, num_seqs: int, cu_seqlens: Tensor | None = None, chunk_offsets: Tensor | None = None,
+                 seq_map: Tensor | None = None, final_idx: Tensor | None = None) -> None:
+        self.num_seqs = num_seqs
+        self.cu_seqlens = cu_seqlens
+        self.chunk_offsets = chunk_offsets
+        self.seq_map = seq_map
+        self.final_idx = final_idx
+
+    @property
+    def num_programs(self) -> int:
+        return self.seq_map.numel() if self.seq_map is not None else self.num_seqs
+
+
+def _key(H: int, K: int, V: int, BT: int, gate_vector: bool, layout: SeqLayout, dtype: torch.dtype) -> dict[str, object]:
+    return {"H": H, "K": K, "V": V, "BT": BT, "GATE": "vector" if gate_vector else "scalar",
+            "IS_VARLEN": layout.cu_seqlens is not None, "dtype": str(dtype).removeprefix("torch.")}
+
+
+def fit_bv(spec: KernelSpec, cfg: LaunchConfig, limit: int) -> LaunchConfig:
+    """Clamp BV to a small head dim (K or V below the picked BV); the clamped config is the one recorded as launched."""
+    if cfg.BV is not None and cfg.BV > limit:
+        cfg = dataclasses.replace(cfg, BV=limit)
+        LAUNCHES[spec.name] = (LAUNCHES[spec.name][0], cfg)
+    return cfg
+
+
+def _launch(cfg: LaunchConfig, ncols: int, layout: SeqLayout, H: int, *, k: Tensor, w: Tensor, u: Tensor, g: Tensor,
+            BT: int, gate_vector: bool, q: Tensor | None = None, aqk: Tensor | None = None, h0: Tensor | None = None,
+            h: Tensor | None = None, ht: Tensor | None = None, m: Tensor | None = None, v_new: Tensor | None = None,
+            o: Tensor | None = None, scale: float = 1.0) -> None:
+    BV = cfg.BV
+    K, V = k.shape[-1], u.shape[-1]
+    assert BV is not None and BV >= 16 and K >= 16 and BT >= 16, f"tiles must be >= 16, got BV={BV} K={K} BT={BT}"
+    assert ncols % BV == 0, f"BV={BV} must divide the state width {ncols}"
+    T = k.shape[1]
+    grid = (ncols // BV, layout.num_programs * H)
+    if grid[1] == 0:
+        return
+    chunk_state_fwd_kernel[grid](
+        k, w, u, g, q, aqk, h0, h, ht, m, v_new, o,
+        layout.cu_seqlens, layout.chunk_offsets, layout.seq_map, layout.final_idx,
+        scale, T, H=H, K=K, V=V, BT=BT, BV=BV, GATE_VECTOR=gate_vector,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+
+def chunk_state_fwd(
+    k: Tensor, w: Tensor, u: Tensor, g: Tensor, *, layout: SeqLayout, num_chunks: int, BT: int, gate_vector: bool,
+    h0: Tensor | None = None, output_final_state: bool = False, num_states: int | None = None,
+    config: LaunchConfig | None = None,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Plain pass: (h [NT_total, H, K, V] in k's dtype, v_new, ht fp32 or None)."""
+    H, K, V = k.shape[2], k.shape[3], u.shape[-1]
+    cfg = fit_bv(CHUNK_STATE_FWD, pick_config(CHUNK_STATE_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype), config), V)
+    h = k.new_empty(num_chunks, H, K, V)
+    v_new = torch.empty_like(u)
+    ht = k.new_empty(num_states or layout.num_seqs, H, K, V, dtype=torch.float32) if output_final_state else None
+    _launch(cfg, V, layout, H, k=k, w=w, u=u, g=g, BT=BT, gate_vector=gate_vector, h0=h0, h=h, ht=ht, v_new=v_new)
+    return h, v_new, ht
+
+
+def chunk_state_output_fwd(
+    k: Tensor, w: Tensor, u: Tensor, g: Tensor, q: Tensor, *, layout: SeqLayout, BT: int, gate_vector: bool,
+    scale: float, aqk: Tensor | None = None, h0: Tensor | None = None, output_final_state: bool = False,
+    num_states: int | None = None, out_dtype: torch.dtype | None = None, config: LaunchConfig | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Pass with the output fused in: (o [B, T, H, V], ht fp32 or None). KDA: q is qg (scaled) and aqk is given."""
+    H, K, V = k.shape[2], k.shape[3], u.shape[-1]
+    assert not gate_vector or aqk is not None, "the KDA fused pass needs aqk"
+    cfg = pick_config(CHUNK_STATE_OUTPUT_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype), config)
+    cfg = fit_bv(CHUNK_STATE_OUTPUT_FWD, cfg, V)
+    o = torch.empty(u.shape, dtype=out_dtype or q.dtype, device=u.device)
+    ht = k.new_empty(num_states or layout.num_seqs, H, K, V, dtype=torch.float32) if output_final_state else None
+    _launch(cfg, V, layout, H, k=k, w=w, u=u, g=g, BT=BT, gate_vector=gate_vector, q=q, aqk=aqk, h0=h0, ht=ht, o=o,
+            scale=scale)
+    return o, ht
+
+
+def chunk_state_transition_fwd(
+    k: Tensor, w: Tensor, u: Tensor, g: Tensor, *, layout: SeqLayout, BT: int, gate_vector: bool,
+    config: LaunchConfig | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Segment maps of the programs' sequences: (M [N, H, K, K], S_ext [N, H, K, V]) fp32, N = layout.num_programs."""
+    H, K, V = k.shape[2], k.shape[3], u.shape[-1]
+    cfg = pick_config(CHUNK_STATE_TRANSITION_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype), config)
+    cfg = fit_bv(CHUNK_STATE_TRANSITION_FWD, cfg, min(K, V))
+    assert cfg.BV is not None and K % cfg.BV == 0, f"BV={cfg.BV} must divide K={K} for the transition pass"
+    N = layout.num_programs
+    M = k.new_empty(N, H, K, K, dtype=torch.float32)
+    S = k.new_empty(N, H, K, V, dtype=torch.float32)
+    _launch(cfg, K + V, layout, H, k=k, w=w, u=u, g=g, BT=BT, gate_vector=gate_vector, ht=S, m=M)
+    return M, S

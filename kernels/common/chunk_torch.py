@@ -1,0 +1,162 @@
+"""CHUNKED TORCH PATH: the WY-form chunk algorithm (C = 64) in plain PyTorch, for a per-key gate.
+
+This is the `torch` backend of `kernels.forward` (and of `kernels.transition`, see transition.py): what a
+machine without a GPU benchmarks. Shapes follow DESIGN.md §1. The gate is `[B, T, H, Kg]` with Kg == K
+(KDA) or Kg == 1 (GDN: its scalar gate broadcasts over the key dim).
+
+Per chunk of C tokens, with G the chunk-local cumulative log gate (natural log):
+
+    A    = StrictLower(beta_i sum_d k_id k_jd exp(G_id - G_jd))      T = (I + A)^-1 (triangular solve)
+    w    = T (beta * exp(G) * K)           u = T (beta * V)          K~ = K * exp(G_C - G)
+    state pass (serial over the chunks of a sequence, S = state entering the chunk):
+    v_new = u - w S                        S' = Diag(exp(G_C)) S + K~^T v_new
+    o    = scale [(Q * exp(G)) S + (sum_d q_id k_jd exp(G_id - G_jd), i >= j) v_new]
+
+Everything is fp32 inside; o is cast to q.dtype, the final state stays fp32. Vectorised over chunks and
+heads: the only Python loop is the state pass over chunk positions (plus, for a per-key gate, a loop over
+blocks of chunks that bounds the `[C, C, K]` decay tensor's memory). Varlen: every sequence is padded to a
+multiple of C through gather maps built once on the host (`ChunkIndex.pad`); padded tokens have k = v = 0,
+beta = 0, g = 0, i.e. the identity map, so they change neither states nor outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from kernels.common.index import ChunkIndex
+
+__all__ = ["ChunkPrep", "chunk_fwd_torch", "chunk_prepare", "chunk_state_pass", "to_chunks"]
+
+# bytes allowed for one block of the per-key decay tensor [n, H, C, C, K] (a few temporaries of this size live at once)
+_DECAY_BLOCK_BYTES = 64 << 20
+
+
+@dataclass
+class ChunkPrep:
+    """Per-chunk quantities, all fp32 and `[NT, H, C, ...]` (chunk-major, heads second)."""
+
+    w: Tensor          # [NT, H, C, K]
+    u: Tensor          # [NT, H, C, V]
+    kt: Tensor         # [NT, H, C, K]  K~ = K * exp(G_C - G)
+    gamma: Tensor      # [NT, H, Kg]    exp(G_C)
+    qg: Tensor | None  # [NT, H, C, K]  Q * exp(G)
+    aqk: Tensor | None  # [NT, H, C, C] lower triangle incl. diagonal, unscaled
+
+
+def to_chunks(x: Tensor, index: ChunkIndex) -> Tensor:
+    """`[B, T, H, *rest]` -> fp32 `[NT, H, C, *rest]`, padding each sequence to a multiple of C with zeros."""
+    B, T, H = x.shape[:3]
+    rest = x.shape[3:]
+    flat = x.reshape(B * T, H, *rest).float()
+    pad = index.pad
+    if not pad.identity:
+        flat = torch.cat([flat, flat.new_zeros(1, H, *rest)], 0)[pad.gather]
+    return flat.reshape(index.num_chunks, index.chunk_size, H, *rest).transpose(1, 2)
+
+
+def from_chunks(x: Tensor, index: ChunkIndex, batch: int, seq_len: int) -> Tensor:
+    """`[NT, H, C, *rest]` -> `[B, T, H, *rest]` (drops the padding)."""
+    H = x.shape[1]
+    rest = x.shape[3:]
+    flat = x.transpose(1, 2).reshape(index.num_chunks * index.chunk_size, H, *rest)
+    if not index.pad.identity:
+        flat = flat[index.pad.scatter]
+    return flat.reshape(batch, seq_len, H, *rest)
+
+
+def chunk_prepare(k: Tensor, v: Tensor, g: Tensor, beta: Tensor, q: Tensor | None = None) -> ChunkPrep:
+    """Intra-chunk work on chunked fp32 inputs: k, q `[NT,H,C,K]`, v `[NT,H,C,V]`, g `[NT,H,C,Kg]`, beta `[NT,H,C]`."""
+    NT, H, C, K = k.shape
+    Kg = g.shape[-1]
+    G = g.cumsum(2)                                                     # [NT, H, C, Kg]
+    causal = torch.ones(C, C, dtype=torch.bool, device=k.device).tril()
+    strict = causal.tril(-1)
+    A = k.new_empty(NT, H, C, C)
+    aqk = k.new_empty(NT, H, C, C) if q is not None else None
+    if Kg == 1:
+        # scalar gate: the decay exp(G_i - G_j) is one [C, C] matrix per chunk and head
+        E = (G - G.transpose(-1, -2)).masked_fill(~causal, float("-inf")).exp()   # [NT, H, C, C]
+        A = (k @ k.transpose(-1, -2)) * E
+        if q is not None:
+            aqk = (q @ k.transpose(-1, -2)) * E
+    else:
+        # per-key gate: exp(G_id - G_jd) does not factor without overflow risk, so form it per block of chunks
+        step = max(1, _DECAY_BLOCK_BYTES // max(1, H * C * C * Kg * 4))
+        for s in range(0, NT, step):
+            sl = slice(s, min(NT, s + step))
+            Gs = G[sl]
+            E = (Gs[:, :, :, None, :] - Gs[:, :, None, :, :])               # [n, H, C, C, K]  G_i - G_j
+            E = E.masked_fill(~causal[:, :, None], float("-inf")).exp_()
+            kj = k[sl][:, :, None, :, :]                                   # [n, H, 1, C, K]
+            A[sl] = torch.einsum("nhik,nhijk->nhij", k[sl], E * kj)
+            if q is not None and aqk is not None:
+                aqk[sl] = torch.einsum("nhik,nhijk->nhij", q[sl], E * kj)
+    A = A.masked_fill(~strict, 0.0) * beta[..., None]                    # beta_i on row i
+    eye = torch.eye(C, dtype=A.dtype, device=A.device)
+    eG = G.exp()
+    rhs = torch.cat([beta[..., None] * eG * k, beta[..., None] * v], -1)  # [NT, H, C, K+V]
+    sol = torch.linalg.solve_triangular(A + eye, rhs, upper=False, unitriangular=True)
+    w, u = sol[..., :K], sol[..., K:]
+    G_C = G[:, :, -1:]                                                  # [NT, H, 1, Kg]
+    kt = k * (G_C - G).exp()
+    qg = q * eG if q is not None else None
+    return ChunkPrep(w=w, u=u, kt=kt, gamma=G_C[:, :, 0].exp(), qg=qg, aqk=aqk)
+
+
+def chunk_state_pass(
+    prep: ChunkPrep, index: ChunkIndex, h0: Tensor, *, u: Tensor | None = None, store: bool = True
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """The serial pass over chunks: returns (final state `[N,H,K,Vs]`, states entering each chunk, v_new).
+
+    `u` overrides prep.u (the transition runs with an augmented right-hand side); h0 `[N,H,K,Vs]` fp32.
+    With store=False the per-chunk states and v_new are not kept (both returned as None).
+    """
+    u = prep.u if u is None else u
+    NT, H, C, _ = u.shape
+    S = h0
+    h = S.new_empty(NT, *S.shape[1:]) if store else None              # [NT, H, K, Vs]
+    v_new = u.new_empty(u.shape) if store else None                    # [NT, H, C, Vs]
+    wT = prep.kt.transpose(-1, -2)                                     # [NT, H, K, C]
+    for seq_ids, chunk_ids in index.pad.steps:
+        Sj = S if seq_ids is None else S.index_select(0, seq_ids)
+        vn = u[chunk_ids] - prep.w[chunk_ids] @ Sj                       # [n, H, C, Vs]
+        if h is not None and v_new is not None:
+            h[chunk_ids] = Sj
+            v_new[chunk_ids] = vn
+        Sj = prep.gamma[chunk_ids][..., None] * Sj + wT[chunk_ids] @ vn
+        S = Sj if seq_ids is None else S.index_copy(0, seq_ids, Sj)
+    return S, h, v_new
+
+
+def chunk_fwd_torch(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    *,
+    scale: float,
+    initial_state: Tensor | None,
+    output_final_state: bool,
+    index: ChunkIndex,
+) -> tuple[Tensor, Tensor | None]:
+    """Chunked forward. q, k `[B,T,H,K]`, v `[B,T,H,V]`, g `[B,T,H,Kg]` (Kg in {1, K}), beta `[B,T,H]`.
+
+    Returns o `[B,T,H,V]` in q.dtype and the fp32 final state `[N,H,K,V]` (or None).
+    """
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    qc, kc, vc, gc, bc = (to_chunks(x, index) for x in (q, k, v, g, beta))
+    prep = chunk_prepare(kc, vc, gc, bc, q=qc)
+    if initial_state is not None:
+        h0 = initial_state.float()
+    else:
+        h0 = q.new_zeros(index.num_seqs, H, K, V, dtype=torch.float32)
+    ht, h, v_new = chunk_state_pass(prep, index, h0)
+    assert h is not None and v_new is not None and prep.qg is not None and prep.aqk is not None
+    o = scale * (prep.qg @ h + prep.aqk @ v_new)                         # [NT, H, C, V]
+    o = from_chunks(o, index, B, T).to(q.dtype)
+    return o, (ht if output_final_state else None)

@@ -1,0 +1,352 @@
+"""Intra-device sequence splitting: run the serial state pass of few long sequences on many SMs, exactly.
+
+The state pass has one program per (sequence, head, V-block): at B=1, H=16, V=128 that is 32 programs on a
+132-SM H200, each walking every chunk. When that is too few (decided on the host from shapes alone), each
+long sequence is cut into segments of `seg_chunks` whole chunks and
+
+1. the transition pass computes every non-last segment's map (M, S_ext) from a zero state, all in parallel
+   (`chunk_state_transition_fwd` over the segments as a varlen batch; fp32 state);
+2. `seg_chain_fwd` folds the maps in order per sequence, S_{s+1} = M_s S_s + S_ext_s from h0 (or 0), giving
+   every segment's exact entering state (one small serial kernel, fp32 with tf32x3 products, no host sync);
+3. the state+output pass runs all segments in parallel from those states; each sequence's last segment
+   stores the final state.
+
+Segments are unions of whole chunks of the original chunking, so the intra-chunk tensors (w, u, gates) are
+shared unchanged. The plan (segment bounds, maps between segments and sequences) is built once per chunk
+index on the host and cached; launches read only device tensors. `seg_compose_fwd` folds all segment maps of
+a sequence into the sequence's map (the split form of the transition primitive).
+
+`state_and_output` is the shared tail of the GDN and KDA forwards: plain or split, fused output or not.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels.common.chunk_output import chunk_output_fwd
+from kernels.common.chunk_state import (
+    CHUNK_STATE_FWD,
+    CHUNK_STATE_OUTPUT_FWD,
+    SeqLayout,
+    chunk_state_fwd,
+    chunk_state_output_fwd,
+    chunk_state_transition_fwd,
+    fit_bv,
+)
+from kernels.common.index import ChunkIndex
+from kernels.configs import KernelSpec, LaunchConfig, pick_config, register
+
+__all__ = [
+    "SEG_CHAIN_FWD",
+    "SEG_COMPOSE_FWD",
+    "SplitPlan",
+    "auto_seg_chunks",
+    "plan_split",
+    "seg_chain_fwd",
+    "seg_compose_fwd",
+    "state_and_output",
+]
+
+logger = logging.getLogger(__name__)
+
+# Host rule for the automatic split (measured on the H200, see benchmarks/results/kernels_h200.md):
+# split only when the plain pass has fewer programs than SPLIT_MIN_FILL x SMs; then aim the segmented
+# pass at SPLIT_TARGET x SMs programs, with segments of at least SPLIT_MIN_SEG_CHUNKS chunks.
+SPLIT_MIN_FILL = 1.0
+SPLIT_TARGET = 4.0
+SPLIT_MIN_SEG_CHUNKS = 8
+
+# fp32-accurate products for the chain (tf32x3: three tf32 MMAs; the interpreter computes in fp32 anyway)
+CHAIN_DOT_PRECISION = "tf32x3"
+
+SEG_CHAIN_FWD = register(KernelSpec(
+    name="seg_chain_fwd",
+    key=("H", "K", "V"),
+    # N*H*V/BV programs, each S-1 dependent [K,K]x[K,BV] products: tiny; 64 columns keep 2 programs per head
+    default=LaunchConfig(BV=64, num_warps=4, num_stages=1),
+    space={"BV": (32, 64, 128), "num_warps": (4, 8)},
+))
+
+SEG_COMPOSE_FWD = register(KernelSpec(
+    name="seg_compose_fwd",
+    key=("H", "K", "V"),
+    default=LaunchConfig(BV=64, num_warps=4, num_stages=1),
+    space={"BV": (32, 64, 128), "num_warps": (4, 8)},
+))
+
+
+@triton.heuristics({"USE_INITIAL_STATE": lambda args: args["h0"] is not None})
+@triton.jit
+def seg_chain_fwd_kernel(
+    m,  # [NS - N, H, K, K] fp32 maps of the non-last segments, in segment order
+    s_ext,  # [NS - N, H, K, V] fp32
+    h0,  # [N, H, K, V] fp32 or None
+    hs,  # out [NS, H, K, V] fp32: the state entering each segment
+    seg_ptr,  # [N+1] int32: sequence n owns segments [seg_ptr[n], seg_ptr[n+1])
+    H: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BV: tl.constexpr,
+    PRECISION: tl.constexpr,
+    USE_INITIAL_STATE: tl.constexpr,
+):
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = (i_nh // H).to(tl.int64), i_nh % H
+    s0 = tl.load(seg_ptr + i_n).to(tl.int64)
+    s1 = tl.load(seg_ptr + i_n + 1).to(tl.int64)
+    o_k = tl.arange(0, K)
+    o_v = i_v * BV + tl.arange(0, BV)
+    b_s = tl.zeros([K, BV], dtype=tl.float32)
+    if USE_INITIAL_STATE:
+        b_s += tl.load(h0 + (i_n * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :])
+    for j in range(s0, s1 - 1):
+        tl.store(hs + (j * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_s)
+        i_m = j - i_n  # sequences before n each own one last segment without a map
+        b_m = tl.load(m + (i_m * H + i_h) * K * K + o_k[:, None] * K + o_k[None, :])
+        b_e = tl.load(s_ext + (i_m * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :])
+        b_s = tl.dot(b_m, b_s, input_precision=PRECISION) + b_e
+    tl.store(hs + ((s1 - 1) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_s)
+
+
+@triton.jit
+def seg_compose_fwd_kernel(
+    m,  # [NS, H, K, K] fp32 maps of all segments
+    s_ext,  # [NS, H, K, V] fp32
+    m_out,  # out [N, H, K, K]
+    s_out,  # out [N, H, K, V]
+    seg_ptr,  # [N+1] int32
+    H: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BV: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    # the augmented state [K, K+V] from [I | 0]: X <- M_j X + [0 | S_ext_j]
+    i_c, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = (i_nh // H).to(tl.int64), i_nh % H
+    s0 = tl.load(seg_ptr + i_n).to(tl.int64)
+    s1 = tl.load(seg_ptr + i_n + 1).to(tl.int64)
+    o_k = tl.arange(0, K)
+    o_c = i_c * BV + tl.arange(0, BV)
+    b_x = tl.where(o_k[:, None] == o_c[None, :], 1., 0.)
+    for j in range(s0, s1):
+        b_m = tl.load(m + (j * H + i_h) * K * K + o_k[:, None] * K + o_k[None, :])
+        b_e = tl.load(s_ext + (j * H + i_h) * K * V + o_k[:, None] * V + (o_c - K)[None, :],
+                      mask=(o_c >= K)[None, :], other=0.)
+        b_x = tl.dot(b_m, b_x, input_precision=PRECISION) + b_e
+    tl.store(m_out + (i_n * H + i_h) * K * K + o_k[:, None] * K + o_c[None, :], b_x, mask=(o_c < K)[None, :])
+    tl.store(s_out + (i_n * H + i_h) * K * V + o_k[:, None] * V + (o_c - K)[None, :], b_x, mask=(o_c >= K)[None, :])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# host plan
+
+
+@dataclass(eq=False)
+class SplitPlan:
+    """Segments of whole chunks over the sequences of a `ChunkIndex` (all int32 device tensors built once).
+
+    seg_chunks: chunks per segment (the last segment of a sequence may be shorter).
+    all_segments: every segment as a varlen layout (token bounds on the flat token axis, global chunk offsets).
+    transitions: the non-last segments (seq_map into all_segments) whose maps the chain needs.
+    final: all segments, each sequence's last one storing ht[sequence] (final_idx, -1 elsewhere).
+    seg_ptr: int32 `[N+1]`, sequence n owns segments [seg_ptr[n], seg_ptr[n+1]).
+    """
+
+    seg_chunks: int
+    num_segments: int
+    num_seqs: int
+    all_segments: SeqLayout
+    transitions: SeqLayout
+    final: SeqLayout
+    seg_ptr: Tensor
+    seg_ptr_cpu: list[int]
+
+
+_PLAN_CACHE: OrderedDict[tuple[int, int], tuple[ChunkIndex, SplitPlan]] = OrderedDict()
+_PLAN_CACHE_SIZE = 64
+
+
+def plan_split(index: ChunkIndex, seg_chunks: int) -> SplitPlan:
+    """The (cached) segment plan of `index` with segments of `seg_chunks` chunks. Host lists only; no sync."""
+    if seg_chunks < 1:
+        raise ValueError(f"seg_chunks must be >= 1, got {seg_chunks}")
+    key = (id(index), seg_chunks)
+    hit = _PLAN_CACHE.get(key)
+    if hit is not None and hit[0] is index:
+        _PLAN_CACHE.move_to_end(key)
+        return hit[1]
+    C = index.chunk_size
+    bounds, offsets = index.cu_seqlens_cpu, index.chunk_offsets_cpu
+    cu, co, ptr, trans, final = [bounds[0]], [offsets[0]], [0], [], []
+    for n in range(index.num_seqs):
+        bos, eos, c0 = bounds[n], bounds[n + 1], offsets[n]
+        nt = offsets[n + 1] - c0
+        nseg = max(1, -(-nt // seg_chunks))
+        for s in range(nseg):
+            c_end = min((s + 1) * seg_chunks, nt)
+            cu.append(min(bos + c_end * C, eos) if s < nseg - 1 else eos)
+            co.append(c0 + c_end if s < nseg - 1 else offsets[n + 1])
+            if s < nseg - 1:
+                trans.append(len(final))
+                final.append(-1)
+            else:
+                final.append(n)
+        ptr.append(len(final))
+    dev = index.device
+
+    def t(x: list[int]) -> Tensor:
+        return torch.tensor(x, dtype=torch.int32, device=dev)
+
+    cu_t, co_t = t(cu), t(co)
+    ns = len(final)
+    plan = SplitPlan(
+        seg_chunks=seg_chunks,
+        num_segments=ns,
+        num_seqs=index.num_seqs,
+        all_segments=SeqLayout(ns, cu_t, co_t),
+        transitions=SeqLayout(ns, cu_t, co_t, seq_map=t(trans)),
+        final=SeqLayout(ns, cu_t, co_t, final_idx=t(final)),
+        seg_ptr=t(ptr),
+        seg_ptr_cpu=ptr,
+    )
+    _PLAN_CACHE[key] = (index, plan)
+    while len(_PLAN_CACHE) > _PLAN_CACHE_SIZE:
+        _PLAN_CACHE.popitem(last=False)
+    return plan
+
+
+@functools.lru_cache(maxsize=16)
+def _num_sms(device_index: int) -> int:
+    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
+
+
+def auto_seg_chunks(index: ChunkIndex, *, H: int, NV: int, device: torch.device) -> int | None:
+    """Segment length (chunks) for the automatic split, or None for the plain pass. Shapes only.
+
+    Only on CUDA: split when N*H*NV programs fill less than SPLIT_MIN_FILL x SMs, aiming at SPLIT_TARGET x SMs.
+    """
+    if device.type != "cuda":
+        return None
+    sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    if index.num_seqs * H * NV >= SPLIT_MIN_FILL * sms:
+        return None
+    seg = max(SPLIT_MIN_SEG_CHUNKS, -(-index.num_chunks * H * NV // int(SPLIT_TARGET * sms)))
+    if seg >= index.max_chunks:
+        return None
+    return seg
+
+
+def resolve_split(index: ChunkIndex, split_chunks: int | None, *, H: int, NV: int, device: torch.device) -> SplitPlan | None:
+    """split_chunks: None = automatic, 0 = never, n > 0 = segments of n chunks (when some sequence is longer)."""
+    if split_chunks is None:
+        seg = auto_seg_chunks(index, H=H, NV=NV, device=device)
+    elif split_chunks < 0:
+        raise ValueError(f"split_chunks must be None or >= 0, got {split_chunks}")
+    else:
+        seg = split_chunks or None
+    if seg is None or seg >= index.max_chunks:
+        return None
+    return plan_split(index, seg)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# launchers
+
+
+def seg_chain_fwd(M: Tensor, S_ext: Tensor, h0: Tensor | None, plan: SplitPlan, *, config: LaunchConfig | None = None) -> Tensor:
+    """Entering state of every segment, [NS, H, K, V] fp32, from the non-last segments' maps and h0."""
+    H, K, V = S_ext.shape[1], S_ext.shape[2], S_ext.shape[3]
+    cfg = fit_bv(SEG_CHAIN_FWD, pick_config(SEG_CHAIN_FWD, {"H": H, "K": K, "V": V}, config), V)
+    BV = cfg.BV
+    assert BV is not None and BV >= 16 and K >= 16 and V % BV == 0, f"bad tiles BV={BV} K={K} V={V}"
+    hs = S_ext.new_empty(plan.num_segments, H, K, V)
+    seg_chain_fwd_kernel[(V // BV, plan.num_seqs * H)](
+        M, S_ext, h0, hs, plan.seg_ptr, H=H, K=K, V=V, BV=BV, PRECISION=CHAIN_DOT_PRECISION,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return hs
+
+
+def seg_compose_fwd(M: Tensor, S_ext: Tensor, plan: SplitPlan, *, config: LaunchConfig | None = None) -> tuple[Tensor, Tensor]:
+    """Fold all segment maps of each sequence: (M [N, H, K, K], S_ext [N, H, K, V]) fp32."""
+    H, K, V = S_ext.shape[1], S_ext.shape[2], S_ext.shape[3]
+    cfg = fit_bv(SEG_COMPOSE_FWD, pick_config(SEG_COMPOSE_FWD, {"H": H, "K": K, "V": V}, config), min(K, V))
+    BV = cfg.BV
+    assert BV is not None and BV >= 16 and K % BV == 0, f"BV={BV} must divide K={K} (and be >= 16)"
+    m_out = M.new_empty(plan.num_seqs, H, K, K)
+    s_out = S_ext.new_empty(plan.num_seqs, H, K, V)
+    seg_compose_fwd_kernel[((K + V) // BV, plan.num_seqs * H)](
+        M, S_ext, m_out, s_out, plan.seg_ptr, H=H, K=K, V=V, BV=BV, PRECISION=CHAIN_DOT_PRECISION,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return m_out, s_out
+
+
+def state_and_output(
+    *,
+    index: ChunkIndex,
+    k: Tensor,
+    w: Tensor,
+    u: Tensor,
+    g: Tensor,
+    q: Tensor,
+    aqk: Tensor | None,
+    gate_vector: bool,
+    scale: float,
+    initial_state: Tensor | None,
+    output_final_state: bool,
+    out_dtype: torch.dtype,
+    configs: dict[str, LaunchConfig],
+    split_chunks: int | None,
+    fuse_output: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """State pass + output for GDN (k raw, g = gate cumsum, q raw) or KDA (k = kg, g = gc, q = qg, aqk).
+
+    Returns (o [B, T, H, V] in out_dtype, final state [N, H, K, V] fp32 or None).
+    """
+    B, T, H, K = k.shape
+    V = u.shape[-1]
+    BT = index.chunk_size
+    h0 = initial_state.float().contiguous() if initial_state is not None else None
+    bv = _state_bv(configs, H=H, K=K, V=V, BT=BT, gate_vector=gate_vector, dtype=k.dtype, fuse=fuse_output,
+                   varlen=index.is_varlen)
+    plan = resolve_split(index, split_chunks, H=H, NV=max(1, V // bv), device=k.device)
+    if plan is None:
+        layout = SeqLayout(index.num_seqs, index.cu_seqlens if index.is_varlen else None,
+                           index.chunk_offsets if index.is_varlen else None)
+        h0_run, num_states = h0, None
+    else:
+        # 1. maps of the non-last segments  2. chain them into every segment's entering state
+        M, S_ext = chunk_state_transition_fwd(k, w, u, g, layout=plan.transitions, BT=BT, gate_vector=gate_vector,
+                                              config=configs.get("chunk_state_transition_fwd"))
+        h0_run = seg_chain_fwd(M, S_ext, h0, plan, config=configs.get("seg_chain_fwd"))
+        layout, num_states = plan.final, index.num_seqs
+    if fuse_output:
+        return chunk_state_output_fwd(k, w, u, g, q, layout=layout, BT=BT, gate_vector=gate_vector, scale=scale,
+                                      aqk=aqk, h0=h0_run, output_final_state=output_final_state,
+                                      num_states=num_states, out_dtype=out_dtype,
+                                      config=configs.get("chunk_state_output_fwd"))
+    h, v_new, ht = chunk_state_fwd(k, w, u, g, layout=layout, num_chunks=index.num_chunks, BT=BT,
+                                   gate_vector=gate_vector, h0=h0_run, output_final_state=output_final_state,
+                                   num_states=num_states, config=configs.get("chunk_state_fwd"))
+    o = chunk_output_fwd(q, None if gate_vector else k, v_new, h, None if gate_vector else g, index=index,
+                         scale=scale, aqk=aqk, out_dtype=out_dtype, config=configs.get("chunk_output_fwd"))
+    return o, ht
+
+
+def _state_bv(configs: dict[str, LaunchConfig], *, H: int, K: int, V: int, BT: int, gate_vector: bool,
+              dtype: torch.dtype, fuse: bool, varlen: bool) -> int:
+    """The BV the state pass will use (the split rule counts its programs); the launch itself re-picks it."""
+    spec = CHUNK_STATE_OUTPUT_FWD if fuse else CHUNK_STATE_FWD
+    key = {"H": H, "K": K, "V": V, "BT": BT, "GATE": "vector" if gate_vector else "scalar", "IS_VARLEN": varlen,
+           "dtype": str(dtype).removeprefix("torch.")}
+    cfg = pick_config(spec, key, configs.get(spec.name))
+    return min(int(cfg.BV or 64), V)

@@ -1,0 +1,72 @@
+"""Segment transitions (M, S_ext) per sequence in fp32, and the chain/merge of affine state maps.
+
+A segment of tokens maps its entering state to its leaving state affinely (DESIGN.md §1):
+
+    S_end = M S_start + S_ext,    M `[K, K]` acts on the key dim of S `[K, V]`,  S_ext = end state from S_start = 0.
+
+`chunk_transition_torch` gets both in one chunked state pass by linearity: the pass runs on the augmented
+state [M | S_ext] `[K, K+V]` from [I | 0], with the right-hand side [0_K | v] (so u becomes [0 | u]); each
+chunk then applies M_c = Diag(gamma_C) - K~^T w to the M block and M_c S + K~^T u to the S_ext block.
+`naive_transition` does the same with the per-token reference. `compose` and `chain` fold maps; all fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from kernels.common.chunk_torch import chunk_prepare, chunk_state_pass, to_chunks
+from kernels.common.index import ChunkIndex
+
+__all__ = ["chain", "chunk_transition_torch", "compose", "naive_transition"]
+
+
+def chunk_transition_torch(k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, index: ChunkIndex) -> tuple[Tensor, Tensor]:
+    """(M `[N,H,K,K]`, S_ext `[N,H,K,V]`) fp32 per sequence; g `[B,T,H,Kg]` with Kg in {1, K}."""
+    H, K = k.shape[2], k.shape[3]
+    kc, vc, gc, bc = (to_chunks(x, index) for x in (k, v, g, beta))
+    prep = chunk_prepare(kc, vc, gc, bc)
+    u_aug = torch.cat([prep.u.new_zeros(*prep.u.shape[:-1], K), prep.u], -1)     # [NT, H, C, K+V]
+    eye = torch.eye(K, dtype=torch.float32, device=k.device)
+    h0 = torch.cat([eye.expand(index.num_seqs, H, K, K), k.new_zeros(index.num_seqs, H, K, v.shape[-1], dtype=torch.float32)], -1)
+    S, _, _ = chunk_state_pass(prep, index, h0, u=u_aug, store=False)
+    return S[..., :K].contiguous(), S[..., K:].contiguous()
+
+
+def naive_transition(k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, cu_seqlens_cpu: list[int] | None) -> tuple[Tensor, Tensor]:
+    """The same pair from the per-token fp32 reference (tests and `backend="reference"`); g `[B,T,H,Kg]`."""
+    from kernels.kda.naive import naive_recurrent_kda
+
+    B, T, H, K = k.shape
+    N = len(cu_seqlens_cpu) - 1 if cu_seqlens_cpu is not None else B
+    v_aug = torch.cat([v.new_zeros(B, T, H, K), v], -1)
+    eye = torch.eye(K, dtype=torch.float32, device=k.device)
+    h0 = torch.cat([eye.expand(N, H, K, K), k.new_zeros(N, H, K, v.shape[-1], dtype=torch.float32)], -1)
+    # q is not used for the state; pass k so shapes line up
+    _, S = naive_recurrent_kda(k, k, v_aug.float(), g, beta, initial_state=h0, output_final_state=True, cu_seqlens_cpu=cu_seqlens_cpu)
+    assert S is not None
+    return S[..., :K].contiguous(), S[..., K:].contiguous()
+
+
+def compose(M1: Tensor, S1: Tensor, M2: Tensor, S2: Tensor) -> tuple[Tensor, Tensor]:
+    """The map "apply (M1, S1), then (M2, S2)": returns (M2 @ M1, M2 @ S1 + S2), fp32, any leading dims.
+
+    M* `[..., K, K]`, S* `[..., K, V]`.
+    """
+    M1, S1, M2, S2 = (x.float() for x in (M1, S1, M2, S2))
+    return M2 @ M1, M2 @ S1 + S2
+
+
+def chain(M: Tensor, S_ext: Tensor, S0: Tensor | None = None) -> Tensor:
+    """The state after applying P maps in order: S <- M[p] S + S_ext[p] for p = 0..P-1, from S0 (zeros if None).
+
+    M `[P, H, K, K]`, S_ext `[P, H, K, V]`, S0 `[H, K, V]` (or any shape broadcasting with it); returns fp32 `[H, K, V]`.
+    P is small (the number of CP ranks or segments), so this is a short loop of batched matmuls over heads.
+    """
+    if M.dim() != 4 or S_ext.dim() != 4 or M.shape[0] != S_ext.shape[0]:
+        raise ValueError(f"chain expects M [P,H,K,K] and S_ext [P,H,K,V] with the same P, got M.shape={tuple(M.shape)}, "
+                         f"S_ext.shape={tuple(S_ext.shape)}")
+    S = S_ext.new_zeros(S_ext.shape[1:], dtype=torch.float32) if S0 is None else S0.float()
+    for p in range(M.shape[0]):
+        S = M[p].float() @ S + S_ext[p].float()
+    return S

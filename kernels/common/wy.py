@@ -1,0 +1,454 @@
+"""Intra-chunk preparation (the WY form) of GDN and KDA, one Triton program per (chunk, head).
+
+Per chunk of C = 64 tokens (DESIGN.md §1), with G the cumulative log gate inside the chunk:
+
+    A = StrictLower(beta_i k_i.k_j exp(G_i - G_j))      (KDA: sum_d k_id k_jd exp(G_id - G_jd))
+    T = (I + A)^{-1}                                     (4x4 blocks of 16: forward substitution on the
+                                                          diagonal blocks, block forward substitution off it)
+    w = T (beta * exp(G) * K),   u = T (beta * V)
+
+GDN (`wy_gdn_fwd`) also stores the fp32 in-chunk gate cumsum `gcum` [B, T, H]; the state and output kernels
+apply the scalar gate themselves. KDA (`wy_kda_fwd`) stores everything the later kernels need so that they
+never touch the per-key gate again: kg = K * exp(G_C - G) (the gated key of the state update), the per-chunk
+last-row gate gc [NT_total, H, K] fp32, and when q is given qg = scale * Q * exp(G) and the intra-chunk
+attention Aqk = scale * (Q K^T (x) exp(G_i - G_j)) on and below the diagonal, [B, T, H, C].
+
+T itself is written to `ainv` [B, T, H, C] (k's dtype, like FLA's A) and read back by the same program as one
+64x64 tile for the w/u products (a `debug_barrier` orders the write and the read within the program).
+
+KDA numerics: exp(G_i - G_j) is factored around a reference row per 16-row block so that every factor is
+<= 1 except on the diagonal blocks, where the factor exp(G_ref - G_j) spans at most 16 tokens: the per-key
+log-decay summed over 16 consecutive tokens must stay above -88 (fp32 exp overflow), i.e. g >= -5.5 per
+token is always safe (FLA's safe_gate asks g >= -5).
+
+Grid: dense input (NT, B*H); varlen (NT_total, H) with the chunk index of `kernels.common.index`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels.common.index import ChunkIndex
+from kernels.configs import KernelSpec, LaunchConfig, pick_config, register
+
+__all__ = ["WY_GDN_FWD", "WY_KDA_FWD", "wy_gdn_fwd", "wy_kda_fwd"]
+
+BT_WY = 64  # the kernels are written for 4 blocks of 16 rows
+
+WY_GDN_FWD = register(KernelSpec(
+    name="wy_gdn_fwd",
+    key=("H", "K", "V", "BT", "IS_VARLEN", "dtype"),
+    # 4 warps: the widest tiles are [64, K] bf16 for the w/u products; chunk-parallel, so occupancy matters
+    # more than per-program speed
+    default=LaunchConfig(num_warps=4, num_stages=2),
+    # no BK/BV: the program holds whole K and V rows (K, V <= 256); num_stages only affects the 16-row loads
+    space={"num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
+))
+
+WY_KDA_FWD = register(KernelSpec(
+    name="wy_kda_fwd",
+    key=("H", "K", "V", "BT", "IS_VARLEN", "dtype"),
+    # 8 warps: the per-key gate keeps several [64, K] fp32 tiles (G, exp factors) alive at once
+    default=LaunchConfig(num_warps=8, num_stages=2),
+    space={"num_warps": (4, 8), "num_stages": (1, 2, 3)},
+))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# helpers
+
+
+@triton.jit
+def _load_rows(p, bos, r0, T, i_h, H: tl.constexpr, D: tl.constexpr, BR: tl.constexpr):
+    """Rows [r0, r0+BR) of a [.., T, H, D] tensor for head i_h as a [BR, D] tile, zero past T."""
+    o_r = r0 + tl.arange(0, BR)
+    o_d = tl.arange(0, D)
+    m_r = o_r < T
+    return tl.load(p + ((bos + o_r) * H + i_h)[:, None] * D + o_d[None, :], mask=m_r[:, None], other=0.)
+
+
+@triton.jit
+def _load_vec(p, bos, r0, T, i_h, H: tl.constexpr, BR: tl.constexpr):
+    """Rows [r0, r0+BR) of a [.., T, H] tensor for head i_h as fp32 [BR], zero past T."""
+    o_r = r0 + tl.arange(0, BR)
+    return tl.load(p + (bos + o_r) * H + i_h, mask=o_r < T, other=0.).to(tl.float32)
+
+
+@triton.jit
+def _inv_unit_lower16(b_A):
+    """(I + A)^{-1} of a strictly lower 16x16 fp32 tile, by forward substitution row by row."""
+    o_i = tl.arange(0, 16)
+    b_T = -b_A
+    for i in tl.static_range(2, 16):
+        # row i of T (strict part) = -A_i - sum_k A_ik T_k
+        b_a = -tl.sum(tl.where(o_i[:, None] == i, b_A, 0.), 0)
+        b_a = b_a + tl.sum(b_a[:, None] * b_T, 0)
+        b_T = tl.where(o_i[:, None] == i, b_a[None, :], b_T)
+    return b_T + tl.where(o_i[:, None] == o_i[None, :], 1., 0.)
+
+
+@triton.jit
+def _solve_blocks(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33):
+    """T = (I + A)^{-1} for a 64x64 strictly lower A given as 16x16 blocks: T_IJ = -T_II sum_K A_IK T_KJ."""
+    T00 = _inv_unit_lower16(A00)
+    T11 = _inv_unit_lower16(A11)
+    T22 = _inv_unit_lower16(A22)
+    T33 = _inv_unit_lower16(A33)
+    T10 = -tl.dot(T11, tl.dot(A10, T00))
+    T21 = -tl.dot(T22, tl.dot(A21, T11))
+    T32 = -tl.dot(T33, tl.dot(A32, T22))
+    T20 = -tl.dot(T22, tl.dot(A20, T00) + tl.dot(A21, T10))
+    T31 = -tl.dot(T33, tl.dot(A31, T11) + tl.dot(A32, T21))
+    T30 = -tl.dot(T33, tl.dot(A30, T00) + tl.dot(A31, T10) + tl.dot(A32, T20))
+    return T00, T10, T11, T20, T21, T22, T30, T31, T32, T33
+
+
+@triton.jit
+def _store_block(p, b, bos, r0, c0, T, i_h, H: tl.constexpr, BT: tl.constexpr):
+    """Store a 16x16 tile at rows [r0, r0+16), columns [c0, c0+16) of a [.., T, H, BT] tensor."""
+    o_i = tl.arange(0, 16)
+    o_r = r0 + o_i
+    tl.store(p + ((bos + o_r) * H + i_h)[:, None] * BT + (c0 + o_i)[None, :], b.to(p.dtype.element_ty),
+             mask=(o_r < T)[:, None])
+
+
+@triton.jit
+def _store_inverse(ainv, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, bos, t0, T, i_h,
+                   H: tl.constexpr, BT: tl.constexpr):
+    _store_block(ainv, T00, bos, t0, 0, T, i_h, H, BT)
+    _store_block(ainv, T10, bos, t0 + 16, 0, T, i_h, H, BT)
+    _store_block(ainv, T11, bos, t0 + 16, 16, T, i_h, H, BT)
+    _store_block(ainv, T20, bos, t0 + 32, 0, T, i_h, H, BT)
+    _store_block(ainv, T21, bos, t0 + 32, 16, T, i_h, H, BT)
+    _store_block(ainv, T22, bos, t0 + 32, 32, T, i_h, H, BT)
+    _store_block(ainv, T30, bos, t0 + 48, 0, T, i_h, H, BT)
+    _store_block(ainv, T31, bos, t0 + 48, 16, T, i_h, H, BT)
+    _store_block(ainv, T32, bos, t0 + 48, 32, T, i_h, H, BT)
+    _store_block(ainv, T33, bos, t0 + 48, 48, T, i_h, H, BT)
+
+
+@triton.jit
+def _load_inverse(ainv, bos, t0, T, i_h, H: tl.constexpr, BT: tl.constexpr):
+    """T as one [BT, BT] tile (lower triangle incl. diagonal; zero above and past T)."""
+    o_t = tl.arange(0, BT)
+    m_t = (t0 + o_t) < T
+    return tl.load(ainv + ((bos + t0 + o_t) * H + i_h)[:, None] * BT + o_t[None, :],
+                   mask=m_t[:, None] & (o_t[:, None] >= o_t[None, :]), other=0.)
+
+
+@triton.jit
+def _gdn_kkt(b_ki, b_gi, b_bi, b_kj, b_gj, DIAG: tl.constexpr):
+    """beta_i (k_i.k_j) exp(G_i - G_j) for one 16x16 block (strictly lower when DIAG)."""
+    o_i = tl.arange(0, 16)
+    b_d = b_gi[:, None] - b_gj[None, :]
+    if DIAG:
+        b_d = tl.where(o_i[:, None] > o_i[None, :], b_d, float("-inf"))
+    return tl.dot(b_ki, tl.trans(b_kj)) * tl.exp(b_d) * b_bi[:, None]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# GDN
+
+
+@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
+@triton.jit(do_not_specialize=["T"])
+def wy_gdn_fwd_kernel(
+    k,  # [B, T, H, K]
+    v,  # [B, T, H, V]
+    g,  # [B, T, H] natural-log gate
+    beta,  # [B, T, H]
+    w,  # out [B, T, H, K]
+    u,  # out [B, T, H, V]
+    gcum,  # out [B, T, H] fp32 in-chunk cumsum of g
+    ainv,  # out [B, T, H, BT] (I + A)^{-1}
+    cu_seqlens,  # [N+1] int32 or None
+    chunk_indices,  # [NT_total, 2] int32 or None
+    T,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    tl.static_assert(BT == 64, "the WY kernel is written for 64-token chunks")
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int64)
+        i_t = tl.load(chunk_indices + i_t * 2 + 1)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        T = eos - bos
+    else:
+        bos = i_b.to(tl.int64) * T
+    t0 = i_t * BT
+
+    # 16-row blocks: keys, beta and the cumulative gate (carried across blocks)
+    b_k0 = _load_rows(k, bos, t0, T, i_h, H, K, 16)
+    b_k1 = _load_rows(k, bos, t0 + 16, T, i_h, H, K, 16)
+    b_k2 = _load_rows(k, bos, t0 + 32, T, i_h, H, K, 16)
+    b_k3 = _load_rows(k, bos, t0 + 48, T, i_h, H, K, 16)
+    b_b0 = _load_vec(beta, bos, t0, T, i_h, H, 16)
+    b_b1 = _load_vec(beta, bos, t0 + 16, T, i_h, H, 16)
+    b_b2 = _load_vec(beta, bos, t0 + 32, T, i_h, H, 16)
+    b_b3 = _load_vec(beta, bos, t0 + 48, T, i_h, H, 16)
+    b_r = _load_vec(g, bos, t0, T, i_h, H, 16)
+    b_g0 = tl.cumsum(b_r, 0)
+    b_s = tl.sum(b_r, 0)
+    b_r = _load_vec(g, bos, t0 + 16, T, i_h, H, 16)
+    b_g1 = tl.cumsum(b_r, 0) + b_s
+    b_s += tl.sum(b_r, 0)
+    b_r = _load_vec(g, bos, t0 + 32, T, i_h, H, 16)
+    b_g2 = tl.cumsum(b_r, 0) + b_s
+    b_s += tl.sum(b_r, 0)
+    b_r = _load_vec(g, bos, t0 + 48, T, i_h, H, 16)
+    b_g3 = tl.cumsum(b_r, 0) + b_s
+
+    A00 = _gdn_kkt(b_k0, b_g0, b_b0, b_k0, b_g0, True)
+    A10 = _gdn_kkt(b_k1, b_g1, b_b1, b_k0, b_g0, False)
+    A11 = _gdn_kkt(b_k1, b_g1, b_b1, b_k1, b_g1, True)
+    A20 = _gdn_kkt(b_k2, b_g2, b_b2, b_k0, b_g0, False)
+    A21 = _gdn_kkt(b_k2, b_g2, b_b2, b_k1, b_g1, False)
+    A22 = _gdn_kkt(b_k2, b_g2, b_b2, b_k2, b_g2, True)
+    A30 = _gdn_kkt(b_k3, b_g3, b_b3, b_k0, b_g0, False)
+    A31 = _gdn_kkt(b_k3, b_g3, b_b3, b_k1, b_g1, False)
+    A32 = _gdn_kkt(b_k3, b_g3, b_b3, b_k2, b_g2, False)
+    A33 = _gdn_kkt(b_k3, b_g3, b_b3, b_k3, b_g3, True)
+    T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve_blocks(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33)
+    _store_inverse(ainv, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, bos, t0, T, i_h, H, BT)
+    tl.debug_barrier()
+
+    # whole-chunk tiles: w = T (beta exp(G) K), u = T (beta V)
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, K)
+    o_v = tl.arange(0, V)
+    m_t = (t0 + o_t) < T
+    p_row = (bos + t0 + o_t) * H + i_h
+    b_T = _load_inverse(ainv, bos, t0, T, i_h, H, BT)
+    b_g = tl.cumsum(_load_vec(g, bos, t0, T, i_h, H, BT), 0)
+    b_beta = _load_vec(beta, bos, t0, T, i_h, H, BT)
+    b_k = _load_rows(k, bos, t0, T, i_h, H, K, BT)
+    b_w = tl.dot(b_T, (b_k * (b_beta * tl.exp(b_g))[:, None]).to(b_T.dtype))
+    tl.store(w + p_row[:, None] * K + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_t[:, None])
+    b_v = _load_rows(v, bos, t0, T, i_h, H, V, BT)
+    b_u = tl.dot(b_T, (b_v * b_beta[:, None]).to(b_T.dtype))
+    tl.store(u + p_row[:, None] * V + o_v[None, :], b_u.to(u.dtype.element_ty), mask=m_t[:, None])
+    tl.store(gcum + p_row, b_g, mask=m_t)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# KDA
+
+
+@triton.jit
+def _kda_block(k, g, bos, r0, T, i_h, H: tl.constexpr, K: tl.constexpr):
+    """Keys and local (in-block) gate cumsum of one 16-row block, plus the block's gate sum [K]."""
+    b_k = _load_rows(k, bos, r0, T, i_h, H, K, 16)
+    b_r = _load_rows(g, bos, r0, T, i_h, H, K, 16).to(tl.float32)
+    return b_k, tl.cumsum(b_r, 0), tl.sum(b_r, 0)
+
+
+@triton.jit
+def _kda_diag(b_k, b_q, b_L, b_b, scale, HAS_Q: tl.constexpr):
+    """Diagonal 16x16 blocks of A (strict) and Aqk (incl. diagonal), reference = the row before the block.
+
+    Returns A, Aqk and the left factors a = k exp(L), aq = q exp(L) that the off-diagonal blocks reuse.
+    """
+    o_i = tl.arange(0, 16)
+    b_e = tl.exp(b_L)
+    b_a = b_k * b_e
+    b_kb = b_k * tl.exp(-b_L)  # bounded by the 16-token span of the gate (module docstring)
+    b_A = tl.where(o_i[:, None] > o_i[None, :], tl.dot(b_a, tl.trans(b_kb)), 0.) * b_b[:, None]
+    if HAS_Q:
+        b_aq = b_q * b_e
+        b_Aq = tl.where(o_i[:, None] >= o_i[None, :], tl.dot(b_aq, tl.trans(b_kb)), 0.) * scale
+    else:
+        b_aq = b_a
+        b_Aq = b_A
+    return b_A, b_Aq, b_a, b_aq
+
+
+@triton.jit
+def _kda_off(b_a, b_aq, b_bi, b_kj, b_Lj, b_dij, scale, HAS_Q: tl.constexpr):
+    """Block (I, J<I) of A and Aqk: a_I . (k_J exp(base_I - G_J))^T, every exponent <= 0."""
+    b_c = tl.trans(b_kj * tl.exp(b_dij[None, :] - b_Lj))
+    b_A = tl.dot(b_a, b_c) * b_bi[:, None]
+    if HAS_Q:
+        b_Aq = tl.dot(b_aq, b_c) * scale
+    else:
+        b_Aq = b_A
+    return b_A, b_Aq
+
+
+@triton.heuristics({
+    "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+    "HAS_Q": lambda args: args["q"] is not None,
+})
+@triton.jit(do_not_specialize=["T"])
+def wy_kda_fwd_kernel(
+    q,  # [B, T, H, K] or None (transition only)
+    k,  # [B, T, H, K]
+    v,  # [B, T, H, V]
+    g,  # [B, T, H, K] natural-log per-key gate
+    beta,  # [B, T, H]
+    w,  # out [B, T, H, K]
+    u,  # out [B, T, H, V]
+    kg,  # out [B, T, H, K] = K exp(G_C - G)
+    gc,  # out [NT_total, H, K] fp32: G at the chunk's last row
+    qg,  # out [B, T, H, K] = scale Q exp(G) (if q)
+    aqk,  # out [B, T, H, BT] = scale (Q K^T (x) decay), lower incl. diagonal (if q)
+    ainv,  # out [B, T, H, BT]
+    cu_seqlens,
+    chunk_indices,
+    scale,
+    T,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    HAS_Q: tl.constexpr,
+):
+    tl.static_assert(BT == 64, "the WY kernel is written for 64-token chunks")
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
+        i_t = tl.load(chunk_indices + i_c * 2 + 1)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        T = eos - bos
+        i_tg = i_c.to(tl.int64)
+    else:
+        i_t = i_c
+        bos = i_b.to(tl.int64) * T
+        i_tg = i_b.to(tl.int64) * tl.cdiv(T, BT) + i_t
+    t0 = i_t * BT
+
+    # pass 1: per-block gate sums -> the cumulative gate before each block (base_I)
+    b_k0, b_L0, b_s0 = _kda_block(k, g, bos, t0, T, i_h, H, K)
+    b_k1, b_L1, b_s1 = _kda_block(k, g, bos, t0 + 16, T, i_h, H, K)
+    b_k2, b_L2, b_s2 = _kda_block(k, g, bos, t0 + 32, T, i_h, H, K)
+    b_k3, b_L3, b_s3 = _kda_block(k, g, bos, t0 + 48, T, i_h, H, K)
+    b_b0 = _load_vec(beta, bos, t0, T, i_h, H, 16)
+    b_b1 = _load_vec(beta, bos, t0 + 16, T, i_h, H, 16)
+    b_b2 = _load_vec(beta, bos, t0 + 32, T, i_h, H, 16)
+    b_b3 = _load_vec(beta, bos, t0 + 48, T, i_h, H, 16)
+    if HAS_Q:
+        b_q0 = _load_rows(q, bos, t0, T, i_h, H, K, 16)
+        b_q1 = _load_rows(q, bos, t0 + 16, T, i_h, H, K, 16)
+        b_q2 = _load_rows(q, bos, t0 + 32, T, i_h, H, K, 16)
+        b_q3 = _load_rows(q, bos, t0 + 48, T, i_h, H, K, 16)
+    else:
+        b_q0, b_q1, b_q2, b_q3 = b_k0, b_k1, b_k2, b_k3
+
+    # pass 2: blocks of A and Aqk
+    A00, Q00, b_a0, b_aq0 = _kda_diag(b_k0, b_q0, b_L0, b_b0, scale, HAS_Q)
+    A11, Q11, b_a1, b_aq1 = _kda_diag(b_k1, b_q1, b_L1, b_b1, scale, HAS_Q)
+    A22, Q22, b_a2, b_aq2 = _kda_diag(b_k2, b_q2, b_L2, b_b2, scale, HAS_Q)
+    A33, Q33, b_a3, b_aq3 = _kda_diag(b_k3, b_q3, b_L3, b_b3, scale, HAS_Q)
+    A10, Q10 = _kda_off(b_a1, b_aq1, b_b1, b_k0, b_L0, b_s0, scale, HAS_Q)
+    A20, Q20 = _kda_off(b_a2, b_aq2, b_b2, b_k0, b_L0, b_s0 + b_s1, scale, HAS_Q)
+    A21, Q21 = _kda_off(b_a2, b_aq2, b_b2, b_k1, b_L1, b_s1, scale, HAS_Q)
+    A30, Q30 = _kda_off(b_a3, b_aq3, b_b3, b_k0, b_L0, b_s0 + b_s1 + b_s2, scale, HAS_Q)
+    A31, Q31 = _kda_off(b_a3, b_aq3, b_b3, b_k1, b_L1, b_s1 + b_s2, scale, HAS_Q)
+    A32, Q32 = _kda_off(b_a3, b_aq3, b_b3, b_k2, b_L2, b_s2, scale, HAS_Q)
+    if HAS_Q:
+        _store_inverse(aqk, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33, bos, t0, T, i_h, H, BT)
+
+    T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve_blocks(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33)
+    _store_inverse(ainv, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, bos, t0, T, i_h, H, BT)
+    tl.debug_barrier()
+
+    # whole-chunk tiles
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, K)
+    o_v = tl.arange(0, V)
+    m_t = (t0 + o_t) < T
+    p_row = (bos + t0 + o_t) * H + i_h
+    b_T = _load_inverse(ainv, bos, t0, T, i_h, H, BT)
+    b_r = _load_rows(g, bos, t0, T, i_h, H, K, BT).to(tl.float32)
+    b_g = tl.cumsum(b_r, 0)
+    b_gl = tl.sum(b_r, 0)  # G at the last valid row (rows past T add 0)
+    tl.store(gc + (i_tg * H + i_h) * K + o_k, b_gl)
+    b_beta = _load_vec(beta, bos, t0, T, i_h, H, BT)
+    b_k = _load_rows(k, bos, t0, T, i_h, H, K, BT)
+    b_w = tl.dot(b_T, (b_k * tl.exp(b_g) * b_beta[:, None]).to(b_T.dtype))
+    tl.store(w + p_row[:, None] * K + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_t[:, None])
+    tl.store(kg + p_row[:, None] * K + o_k[None, :], (b_k * tl.exp(b_gl[None, :] - b_g)).to(kg.dtype.element_ty),
+             mask=m_t[:, None])
+    if HAS_Q:
+        b_q = _load_rows(q, bos, t0, T, i_h, H, K, BT)
+        tl.store(qg + p_row[:, None] * K + o_k[None, :], (b_q * tl.exp(b_g) * scale).to(qg.dtype.element_ty),
+                 mask=m_t[:, None])
+    b_v = _load_rows(v, bos, t0, T, i_h, H, V, BT)
+    b_u = tl.dot(b_T, (b_v * b_beta[:, None]).to(b_T.dtype))
+    tl.store(u + p_row[:, None] * V + o_v[None, :], b_u.to(u.dtype.element_ty), mask=m_t[:, None])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# launchers
+
+
+def _key(index: ChunkIndex, H: int, K: int, V: int, dtype: torch.dtype) -> dict[str, object]:
+    return {"H": H, "K": K, "V": V, "BT": index.chunk_size, "IS_VARLEN": index.is_varlen,
+            "dtype": str(dtype).removeprefix("torch.")}
+
+
+def _grid(index: ChunkIndex, B: int, T: int, H: int) -> tuple[int, int]:
+    if index.is_varlen:
+        return (index.num_chunks, H)
+    return (triton.cdiv(T, index.chunk_size), B * H)
+
+
+def _check(index: ChunkIndex, K: int, V: int) -> None:
+    assert index.chunk_size == BT_WY, f"WY kernels need chunk_size {BT_WY}, got {index.chunk_size}"
+    assert K >= 16 and V >= 16, f"tiles must be >= 16, got K={K} V={V}"
+
+
+def wy_gdn_fwd(
+    k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, index: ChunkIndex, config: LaunchConfig | None = None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """GDN intra-chunk pass: (w, u, gcum fp32, ainv)."""
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    _check(index, K, V)
+    cfg = pick_config(WY_GDN_FWD, _key(index, H, K, V, k.dtype), config)
+    w = torch.empty_like(k)
+    u = torch.empty_like(v)
+    gcum = torch.empty(B, T, H, dtype=torch.float32, device=k.device)
+    ainv = torch.empty(B, T, H, index.chunk_size, dtype=k.dtype, device=k.device)
+    wy_gdn_fwd_kernel[_grid(index, B, T, H)](
+        k, v, g, beta, w, u, gcum, ainv,
+        index.cu_seqlens if index.is_varlen else None, index.chunk_indices if index.is_varlen else None,
+        T, H=H, K=K, V=V, BT=index.chunk_size, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return w, u, gcum, ainv
+
+
+def wy_kda_fwd(
+    q: Tensor | None, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex,
+    config: LaunchConfig | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None, Tensor | None, Tensor]:
+    """KDA intra-chunk pass: (w, u, kg, gc fp32 [NT_total, H, K], qg, aqk, ainv); qg/aqk are None without q."""
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    _check(index, K, V)
+    cfg = pick_config(WY_KDA_FWD, _key(index, H, K, V, k.dtype), config)
+    BT = index.chunk_size
+    w = torch.empty_like(k)
+    u = torch.empty_like(v)
+    kg = torch.empty_like(k)
+    gc = torch.empty(index.num_chunks, H, K, dtype=torch.float32, device=k.device)
+    qg = torch.empty_like(q) if q is not None else None
+    aqk = torch.empty(B, T, H, BT, dtype=k.dtype, device=k.device) if q is not None else None
+    ainv = torch.empty(B, T, H, BT, dtype=k.dtype, device=k.device)
+    wy_kda_fwd_kernel[_grid(index, B, T, H)](
+        q, k, v, g, beta, w, u, kg, gc, qg, aqk, ainv,
+        index.cu_seqlens if index.is_varlen else None, index.chunk_indices if index.is_varlen else None,
+        scale, T, H=H, K=K, V=V, BT=BT, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return w, u, kg, gc, qg, aqk, ainv

@@ -1,0 +1,140 @@
+"""The only module of the suite that calls torch.distributed: packed all-to-all, packed all-gather, ring send/recv.
+
+Every collective moves ONE buffer: tensors of mixed dtypes (bf16 q/k/v with fp32 g, say) are packed
+byte-wise into a `[rows, row_bytes]` uint8 buffer, each field at a 16-byte aligned offset, so one
+all_to_all / all_gather carries all of them; unpacking returns dtype views into the received buffer
+(no copy). Nothing here reads tensor values on the host.
+
+    q_all, k_all = all_gather_packed([q, k], group)          # each [W, *shape]
+    recv_blocks = all_to_all_packed([q_by_dst, g_by_dst], group)   # [W(dst), ...] -> [W(src), ...]
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup, Work
+
+__all__ = [
+    "all_gather",
+    "all_gather_packed",
+    "all_to_all",
+    "all_to_all_packed",
+    "group_rank",
+    "group_size",
+    "irecv",
+    "isend",
+    "pack_rows",
+    "unpack_rows",
+    "wait_all",
+]
+
+logger = logging.getLogger(__name__)
+
+_ALIGN = 16  # byte alignment of every packed field (>= the largest element size, keeps dtype views legal)
+
+
+def group_size(group: ProcessGroup | None) -> int:
+    return dist.get_world_size(group)
+
+
+def group_rank(group: ProcessGroup | None) -> int:
+    return dist.get_rank(group)
+
+
+def _global(group: ProcessGroup | None, group_rank_: int) -> int:
+    if group is None or group is dist.group.WORLD:
+        return group_rank_
+    return dist.get_global_rank(group, group_rank_)
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def _field_bytes(x: Tensor, rows: int) -> int:
+    return (x.numel() // rows) * x.element_size()
+
+
+def pack_rows(tensors: Sequence[Tensor], rows: int) -> Tensor:
+    """`[rows, row_bytes]` uint8 holding each tensor `[rows, ...]` byte-wise at an aligned offset of every row."""
+    sizes = [_field_bytes(t, rows) for t in tensors]
+    row_bytes = sum(_aligned(s) for s in sizes)
+    buf = torch.empty(rows, row_bytes, dtype=torch.uint8, device=tensors[0].device)
+    off = 0
+    for t, s in zip(tensors, sizes, strict=True):
+        if t.shape[0] != rows:
+            raise ValueError(f"packed tensors need {rows} leading rows, got shape {tuple(t.shape)}")
+        buf[:, off:off + s].view(t.dtype).view(t.shape).copy_(t)
+        off += _aligned(s)
+    return buf
+
+
+def unpack_rows(buf: Tensor, like: Sequence[Tensor], rows: int) -> list[Tensor]:
+    """Views of a received `[rows', row_bytes]` buffer shaped `[rows', *t.shape[1:]]` in each `like` tensor's dtype."""
+    out = []
+    off = 0
+    for t in like:
+        s = _field_bytes(t, rows)
+        out.append(buf[:, off:off + s].view(t.dtype).view(buf.shape[0], *t.shape[1:]))
+        off += _aligned(s)
+    return out
+
+
+def all_gather(x: Tensor, group: ProcessGroup | None) -> Tensor:
+    """`[W, *x.shape]`: every rank's `x` in rank order (one all_gather_into_tensor)."""
+    W = group_size(group)
+    x = x.contiguous()
+    out = x.new_empty(W, *x.shape)
+    dist.all_gather_into_tensor(out, x, group=group)
+    return out
+
+
+def all_gather_packed(tensors: Sequence[Tensor], group: ProcessGroup | None) -> list[Tensor]:
+    """One all-gather for several tensors of any dtypes: returns each as `[W, *t.shape]` (views of one buffer)."""
+    if len(tensors) == 1:
+        return [all_gather(tensors[0], group)]
+    flat = [t.reshape(1, -1) for t in tensors]
+    buf = pack_rows(flat, 1)                                          # [1, row_bytes]
+    got = all_gather(buf[0], group)                                   # [W, row_bytes]
+    return [f.view(got.shape[0], *t.shape) for f, t in zip(unpack_rows(got, flat, 1), tensors, strict=True)]
+
+
+def all_to_all(x: Tensor, group: ProcessGroup | None) -> Tensor:
+    """`x [W, ...]` holds one block per destination rank; returns `[W, ...]` with one block per source rank."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    dist.all_to_all_single(out, x, group=group)
+    return out
+
+
+def all_to_all_packed(blocks: Sequence[Tensor], group: ProcessGroup | None) -> list[Tensor]:
+    """One all-to-all for several tensors `[W(dst), ...]` of any dtypes; returns each as `[W(src), ...]` views."""
+    if len(blocks) == 1:
+        return [all_to_all(blocks[0], group)]
+    W = blocks[0].shape[0]
+    buf = pack_rows(blocks, W)                                        # [W(dst), row_bytes]
+    got = all_to_all(buf, group)                                      # [W(src), row_bytes]
+    return unpack_rows(got, blocks, W)
+
+
+def isend(x: Tensor, dst: int, group: ProcessGroup | None) -> Work:
+    """Start sending `x` to group rank `dst`; wait on the returned work (or pass it to `wait_all`)."""
+    return dist.isend(x.contiguous(), _global(group, dst), group=group)
+
+
+def irecv(x: Tensor, src: int, group: ProcessGroup | None) -> Work:
+    """Start receiving into `x` (contiguous) from group rank `src`."""
+    return dist.irecv(x, _global(group, src), group=group)
+
+
+def wait_all(works: Sequence[Work]) -> None:
+    for w in works:
+        w.wait()

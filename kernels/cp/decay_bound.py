@@ -1,0 +1,48 @@
+"""Rigorous per-channel bound on the state a warmup window drops, computed on the device from the gates (no sync).
+
+A token's map is A_t = (I - beta_t k_t k_t^T) D_t with D_t = Diag(exp(g_t)) (GDN: exp(g_t) I), so
+
+    ||A_t||_2 <= max(1, |1 - beta_t ||k_t||^2|) * max_k exp(g_t,k) =: exp(l_t)
+
+(the slowest key channel, never an average over channels; the first factor is 1 for unit keys with
+0 <= beta <= 2). Writing the state at the window start c as S_{c-1} and the window [c, b), the warmup
+estimate E_win misses exactly M_[c,b) S_{c-1}, and with u_s = |beta_s| ||k_s|| ||v_s|| (the norm of a
+write) ||S_{c-1}||_F <= sum_{s<c} u_s prod_{s<r<c} exp(l_r). With Lam_t = sum_{r<=t} l_r:
+
+    ||M_[c,b) S_{c-1}||_F <= exp(Lam_{b-1}) * sum_{s<c} u_s exp(-Lam_s) = exp(Lam_{b-1} + LCSE_{c-1}),
+
+LCSE = logcumsumexp(log u - Lam) over the flat token axis. The sum may include earlier sequences of a
+varlen batch: more non-negative terms, still an upper bound. Everything is fp64 on the device, per
+(segment, head); the max over heads is taken by the caller's decision. See kernels/cp/README.md.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["log_window_bound", "token_terms"]
+
+
+def token_terms(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
+    """Per token and head, fp64 `[T, H]`: l_t (log of the map-norm bound) and log u_t (log of the write norm)."""
+    gmax = g[0] if op == "gdn" else g[0].amax(-1)                         # slowest channel: the largest log decay
+    kk = torch.linalg.vector_norm(k[0], dim=-1, dtype=torch.float32).double().square()
+    vn = torch.linalg.vector_norm(v[0], dim=-1, dtype=torch.float32).double()
+    b = beta[0].double()
+    ell = gmax.double() + (1.0 - b * kk).abs().clamp_min(1.0).log()
+    log_u = b.abs().log() + 0.5 * kk.log() + vn.log()
+    return ell, log_u
+
+
+def log_window_bound(ell: Tensor, log_u: Tensor, ends: Tensor, starts: Tensor, valid: Tensor) -> Tensor:
+    """log of the bound on ||M_[c,b) S_{c-1}||_F, fp64 `[n, H]`, for windows [c, b) = [starts, ends).
+
+    ends/starts: int64 `[n]` token indices (b and c); valid: bool `[n]`, False where c is the sequence start
+    (nothing dropped: the bound is 0, i.e. -inf here).
+    """
+    lam = ell.cumsum(0)
+    lcse = torch.logcumsumexp(log_u - lam, 0)
+    prev = (starts - 1).clamp_min(0)
+    out = lam.index_select(0, ends - 1) + lcse.index_select(0, prev)
+    return torch.where(valid[:, None], out, torch.full_like(out, float("-inf")))

@@ -1,0 +1,59 @@
+"""headwise (Ulysses / CP2TP): all-to-all from sequence-sharded to head-sharded, compute, all-to-all back.
+
+Exactly 2 all-to-all per forward: q, k, v, g, beta are packed byte-wise into ONE buffer
+`[W(dst), row_bytes]` (rank d gets heads [d H/W, (d+1) H/W) of every local token), and the output goes
+back in one. Each rank then holds H/W heads of the whole sequence in global token order (zigzag shards
+are reordered by one index_select over parts) and runs one varlen forward over the global bounds. Needs
+H % W == 0 (ValueError otherwise). Option `segment_len` (default None) splits long sequences on each device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from kernels.cp import comm, intra
+from kernels.cp.all_gather import to_global_order
+from kernels.cp.context import CPContext
+
+__all__ = ["forward"]
+
+OPTIONS = {"segment_len": None}
+
+
+def check(q: Tensor, ctx: CPContext) -> None:
+    H = q.shape[2]
+    if H % ctx.world_size:
+        raise ValueError(f"mode 'headwise' needs the head count divisible by the CP size, got H={H} (q.shape[2]) "
+                         f"and world_size={ctx.world_size}")
+
+
+def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
+            backend: str, scale: float | None, options: dict[str, Any]) -> Tensor:
+    check(q, ctx)
+    W, Tl, H = ctx.world_size, ctx.local_len, q.shape[2]
+    Hl = H // W
+    # [1, Tl, H, *r] -> [W(dst), Tl, Hl, *r] views; the packing copy is the only copy on the way out
+    blocks = [x[0].reshape(Tl, W, Hl, *x.shape[3:]).transpose(0, 1) for x in (q, k, v, g, beta)]
+    got = comm.all_to_all_packed(blocks, group)                                   # each [W(src), Tl, Hl, *r]
+    qf, kf, vf, gf, bf = (to_global_order(x, ctx) for x in got)                    # [1, T, Hl, *r]
+    cu = ctx.cu_seqlens
+    seg = intra.resolve_segment_len(options["segment_len"], [b - a for a, b in zip(cu[:-1], cu[1:], strict=True)],
+                                    Hl, q.device)
+    o = intra.split_forward(op, qf, kf, vf, gf, bf, cu, seg_len=seg, backend=backend, scale=scale)  # [1, T, Hl, V]
+    send = _to_rank_order(o[0], ctx)                                               # [W(dst), Tl, Hl, V]
+    back = comm.all_to_all(send, group)                                            # [W(src heads), Tl, Hl, V]
+    return back.permute(1, 0, 2, 3).reshape(1, Tl, H, o.shape[-1])
+
+
+def _to_rank_order(o: Tensor, ctx: CPContext) -> Tensor:
+    """`[T, ...]` in global order -> `[W, local_len, ...]`: each rank's shard (a view for contiguous)."""
+    W, P, S = ctx.world_size, ctx.part_len, ctx.slots_per_rank
+    rest = o.shape[1:]
+    if S == 1:
+        return o.reshape(W, P, *rest)
+    rows = [p for r in range(W) for p in ctx.parts_of(r)]
+    idx = ctx.index("rank_parts", rows, o.device)
+    return torch.index_select(o.reshape(ctx.num_parts, P, *rest), 0, idx).reshape(W, S * P, *rest)

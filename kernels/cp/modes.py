@@ -1,0 +1,158 @@
+"""The CP scheme registry and `cp.forward`: validate once, then dispatch to one scheme module.
+
+`MODES` maps each scheme name to its module (each exposes `forward(...)` and its `OPTIONS` defaults).
+`expected_collectives(mode, ctx)` says what one step of a mode issues on this rank, from the context
+alone: what the tests assert against the profiler and what a runner can store next to its measurement.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from kernels.cp import all_gather, comm, headwise, none, ring, true_cp
+from kernels.cp import warmup_correct as warmup_module
+from kernels.cp.context import CPContext
+from kernels.validate import check_backend, check_op
+
+__all__ = ["MODES", "expected_collectives", "forward"]
+
+logger = logging.getLogger(__name__)
+
+
+class _WarmupMode:
+    """Adapter: `cp.forward("warmup_correct", ...)` runs `cp.warmup_correct` on the whole batch (W = 1)."""
+
+    OPTIONS = {"segments": "auto", "tol": warmup_module.DEFAULT_TOL, "window": "auto", "fallback": "exact"}
+
+    @staticmethod
+    def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
+                backend: str, scale: float | None, options: dict[str, Any]) -> Tensor:
+        if ctx.world_size != 1:
+            raise ValueError(f"mode 'warmup_correct' runs on one device: build its context with world_size=1 and pass "
+                             f"the whole batch, got ctx.world_size={ctx.world_size}")
+        o, _ = warmup_module.warmup_correct(op, q, k, v, g, beta, cu_seqlens=ctx.cu_seqlens, backend=backend,
+                                            scale=scale, **options)
+        return o
+
+
+MODES: dict[str, Any] = {
+    "none": none,
+    "headwise": headwise,
+    "all_gather": all_gather,
+    "ring": ring,
+    "true_cp": true_cp,
+    "warmup_correct": _WarmupMode,
+}
+
+SINGLE_DEVICE = ("none", "warmup_correct")
+
+
+def expected_collectives(mode: str, ctx: CPContext) -> dict[str, int]:
+    """Collectives one step of `mode` issues on this rank: keys all_to_all, all_gather, send, recv (zeros omitted)."""
+    _check_mode(mode)
+    if mode == "headwise":
+        return {"all_to_all": 2}
+    if mode == "all_gather":
+        return {"all_gather": 1}
+    if mode == "true_cp":
+        return {"all_gather": 1} if ctx.any_crossing else {}
+    if mode == "ring":
+        s, r = ring.p2p_counts(ctx)
+        return {k: n for k, n in (("send", s), ("recv", r)) if n}
+    return {}
+
+
+def _check_mode(mode: Any) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {tuple(MODES)}, got mode={mode!r}")
+
+
+def _check_inputs(op: str, q: Any, k: Any, v: Any, g: Any, beta: Any, ctx: CPContext) -> None:
+    """Metadata checks before any collective (so one rank's bad input fails fast instead of hanging the group)."""
+    T = ctx.local_len
+    for name, x, ndim in (("q", q, 4), ("k", k, 4), ("v", v, 4), ("g", g, 3 if op == "gdn" else 4), ("beta", beta, 3)):
+        if not isinstance(x, Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != ndim or x.shape[0] != 1 or x.shape[1] != T:
+            raise ValueError(f"{name} must be {ndim}-D [1, {T}, ...] (B = 1, the rank's {T} local tokens of the context), "
+                             f"got {name}.shape={tuple(x.shape)}")
+        if x.shape[2] != q.shape[2]:
+            raise ValueError(f"{name}.shape[2] (heads) must equal q.shape[2]={q.shape[2]}, got {tuple(x.shape)}")
+        if x.device != q.device:
+            raise ValueError(f"{name} is on {x.device} but q is on {q.device}")
+    if k.shape != q.shape:
+        raise ValueError(f"k must have q's shape {tuple(q.shape)}, got k.shape={tuple(k.shape)}")
+    if op == "kda" and g.shape[3] != q.shape[3]:
+        raise ValueError(f"g must be [1, T, H, K] for op='kda', got g.shape={tuple(g.shape)}")
+
+
+def forward(
+    mode: str,
+    op: str,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    *,
+    group: Any,
+    ctx: CPContext,
+    backend: str = "auto",
+    scale: float | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> Tensor:
+    """The local output of one CP scheme step: this rank's tokens, equal to a single-device run over the whole batch.
+
+    Args:
+        mode (str):
+            one of `MODES`: none, headwise, all_gather, ring, true_cp, warmup_correct.
+        op (str):
+            `"gdn"` or `"kda"`.
+        q, k, v, g, beta (torch.Tensor):
+            the rank's shard (`cp.shard` of the global `[1, T, ...]` tensors), B = 1: `[1, local_len, H, K]` etc.
+            For `none`/`warmup_correct` the whole batch with a world_size=1 context.
+        group (ProcessGroup | None):
+            the CP group (its size and this rank must match the context); unused by the single-device modes.
+        ctx (CPContext):
+            `cp.build_context(global cu_seqlens, world_size, rank, layout)`.
+        backend (str):
+            primitive backend: `"auto"` (triton on CUDA, torch elsewhere), `"triton"`, `"torch"`, `"reference"`.
+        scale (float | None):
+            output scale. Default: `None` (K ** -0.5).
+        options (Mapping | None):
+            mode knobs, defaults in each scheme's `OPTIONS`: `segment_len` (none, headwise, all_gather, true_cp:
+            intra-device exact split), `segments`/`tol`/`window`/`fallback` (warmup_correct).
+
+    Returns:
+        torch.Tensor: `[1, local_len, H, V]` in q's dtype.
+
+    Raises:
+        ValueError: unknown mode/op/backend/option; shapes that do not match the context; a group whose size or
+            rank differs from the context; H % W != 0 for headwise; W > 1 for the single-device modes.
+    """
+    _check_mode(mode)
+    check_op(op)
+    check_backend(backend)
+    if not isinstance(ctx, CPContext):
+        raise ValueError(f"ctx must be a CPContext from kernels.cp.build_context, got {type(ctx).__name__}")
+    _check_inputs(op, q, k, v, g, beta, ctx)
+    scheme = MODES[mode]
+    opts = dict(scheme.OPTIONS)
+    for key, val in (options or {}).items():
+        if key not in opts:
+            raise ValueError(f"unknown option {key!r} for mode {mode!r}; known: {sorted(opts)}")
+        opts[key] = val
+    if mode not in SINGLE_DEVICE:
+        W, r = comm.group_size(group), comm.group_rank(group)
+        if (W, r) != (ctx.world_size, ctx.rank):
+            raise ValueError(f"group has size {W} and this rank is {r}, but ctx was built for world_size="
+                             f"{ctx.world_size}, rank={ctx.rank}")
+        if mode == "headwise":
+            headwise.check(q, ctx)
+    with torch.profiler.record_function(f"cp::{mode}"):
+        return scheme.forward(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, scale=scale, options=opts)

@@ -1,0 +1,41 @@
+"""Thin calls of the kernel primitives with host bounds: cached device bounds + their host copy, so no call syncs.
+
+`kernels.forward`/`kernels.transition` read varlen bounds on the host; handing them `cu_seqlens_cpu` (our
+host tuple) and the same cached device tensor every step keeps their index caches warm and sync-free.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+import kernels
+
+__all__ = ["bounds_tensor", "fwd", "trans"]
+
+
+@functools.lru_cache(maxsize=1024)
+def _bounds_tensor(bounds: tuple[int, ...], device: str) -> Tensor:
+    return torch.tensor(bounds, dtype=torch.int32, device=device)
+
+
+def bounds_tensor(bounds: tuple[int, ...], device: torch.device) -> Tensor:
+    """The int32 device copy of host bounds, made once per (bounds, device) and reused (one identity per step)."""
+    return _bounds_tensor(tuple(bounds), str(device))
+
+
+def fwd(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, bounds: tuple[int, ...], *,
+        h0: Tensor | None = None, final: bool = False, backend: str = "auto", scale: float | None = None,
+        ) -> tuple[Tensor, Tensor | None]:
+    """`kernels.forward` over the varlen batch `bounds` (host tuple over q's token axis)."""
+    return kernels.forward(op, q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=final,
+                           cu_seqlens=bounds_tensor(bounds, k.device), cu_seqlens_cpu=bounds, backend=backend)
+
+
+def trans(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, bounds: tuple[int, ...], *,
+          backend: str = "auto") -> tuple[Tensor, Tensor]:
+    """`kernels.transition` (M `[N,H,K,K]`, S_ext `[N,H,K,V]`, fp32) of the sequences of `bounds`."""
+    return kernels.transition(op, k, v, g, beta, cu_seqlens=bounds_tensor(bounds, k.device), cu_seqlens_cpu=bounds,
+                              backend=backend)

@@ -1,0 +1,291 @@
+"""warmup_correct: FlashKDA's intra-device CP on one device, with a rigorous bound and no host sync.
+
+Every sequence longer than a segment is cut into segments (one varlen batch). A segment's entering state
+is the previous segment's end state, built in one of two ways, chosen ONCE PER CALL on the host
+(`fallback`, host-visible metadata; no device value is read):
+
+- `"none"` (the warmup path): the end state of segment i is taken from only its last `window` chunks
+  (one varlen `transition` over all windows, gathered by a cached index), dropping M_win S(window start).
+  `kernels.cp.decay_bound` bounds the dropped term per (segment, head) from the gates on the device, and
+  the report flags every segment where the bound exceeds `tol` times the state norm (`violations`):
+  the result is certified within `tol` exactly when `violations == 0`.
+- `"exact"` (default; the fallback everywhere): exact maps (M, S_ext) of every segment and the serial
+  correction S0[i+1] = M[i] S0[i] + S_ext[i] on the device (`kernels.cp.intra`), exact in fp32. The same
+  bound is computed, and `fallback_count` says how many segments needed M at this window.
+
+Why not a per-segment select: the segments that fail the bound are known only on the device; skipping M
+for the others needs data-dependent shapes (a sync) or a kernel that masks work per sequence, and
+computing both and selecting costs the exact path in full while never being more accurate than it.
+Then one varlen forward over all segments runs from the corrected states. No `.item()` anywhere: the
+report holds device tensors; `report.to_dict()` reads them (call it after the timed region).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from kernels.cp import intra, prims
+from kernels.cp.decay_bound import log_window_bound, token_terms
+
+__all__ = ["FALLBACKS", "WarmupPlan", "WarmupReport", "warmup_correct"]
+
+logger = logging.getLogger(__name__)
+
+FALLBACKS: tuple[str, ...] = ("exact", "none")
+DEFAULT_TOL = 1e-3
+DEFAULT_WINDOW_CHUNKS = 2
+
+
+@dataclass(frozen=True, eq=False)
+class WarmupPlan:
+    """Host plan of one call shape: segments, windows, index tensors (cached per device)."""
+
+    cu_seqlens: tuple[int, ...]
+    seg_len: int | None
+    window_chunks: int
+    bounds: tuple[int, ...]          # segment bounds (the forward's varlen batch)
+    first: tuple[bool, ...]          # per segment: first of its sequence (enters with a zero state)
+    win_start: tuple[int, ...]       # per segment: window start c in the PREVIOUS segment (0 for first segments)
+    win_end: tuple[int, ...]         # per segment: window end b = segment start (0 for first segments)
+    seq_start: tuple[int, ...]       # per segment: start of its sequence
+    win_rows: tuple[int, ...]        # segments that get a warmup state (not first), in order
+    win_bounds: tuple[int, ...]      # bounds of the gathered windows
+    _dev: dict[tuple[str, str], Tensor] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def num_segments(self) -> int:
+        return len(self.bounds) - 1
+
+    @property
+    def window_tokens(self) -> tuple[int, ...]:
+        return tuple(b - c for c, b in zip(self.win_start, self.win_end, strict=True))
+
+    def index(self, name: str, device: torch.device) -> Tensor:
+        key = (name, str(device))
+        t = self._dev.get(key)
+        if t is None:
+            if name == "gather":
+                vals = [t for r in self.win_rows for t in range(self.win_start[r], self.win_end[r])]
+            elif name == "valid":
+                vals = [self.win_start[r] > self.seq_start[r] for r in self.win_rows]
+            else:
+                vals = [getattr(self, name)[r] for r in self.win_rows] if name in ("win_start", "win_end") else \
+                    list(getattr(self, name))
+            t = torch.tensor(vals, dtype=torch.bool if name == "valid" else torch.int64, device=device)
+            self._dev[key] = t
+        return t
+
+    def pieces(self) -> tuple[intra.PieceSpec, ...]:
+        cu = self.cu_seqlens
+        return tuple(intra.PieceSpec(a, b) for a, b in zip(cu[:-1], cu[1:], strict=True))
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(cu: tuple[int, ...], seg_len: int | None, window_chunks: int) -> WarmupPlan:
+    bounds, first, ws, we, ss = [0], [], [], [], []
+    for a, b in zip(cu[:-1], cu[1:], strict=True):
+        n = b - a
+        cnt = 1 if seg_len is None or n <= seg_len else -(-n // seg_len)
+        step = seg_len if seg_len is not None else n
+        for j in range(cnt):
+            s0, s1 = a + j * step, min(a + (j + 1) * step, b)
+            bounds.append(s1)
+            first.append(j == 0)
+            ss.append(a)
+            if j == 0:
+                ws.append(0)
+                we.append(0)
+            else:
+                prev0 = a + (j - 1) * step
+                ws.append(max(prev0, s0 - window_chunks * intra.CHUNK))
+                we.append(s0)
+    rows = tuple(i for i, f in enumerate(first) if not f)
+    wb = [0]
+    for r in rows:
+        wb.append(wb[-1] + we[r] - ws[r])
+    return WarmupPlan(cu_seqlens=cu, seg_len=seg_len, window_chunks=window_chunks, bounds=tuple(bounds), first=tuple(first),
+                      win_start=tuple(ws), win_end=tuple(we), seq_start=tuple(ss), win_rows=rows, win_bounds=tuple(wb))
+
+
+@dataclass(eq=False)
+class WarmupReport:
+    """What warmup_correct did. Host fields are plain values; device fields are tensors (read them after timing).
+
+    Per segment s (the forward's varlen sequences, `segment_bounds`): `window[s]` tokens of the previous
+    segment built its entering state (0: first segment of a sequence, entering with zeros); `log_bound[s, h]`
+    the log of the bound on the state that window dropped; `ok[s, h]` whether bound <= tol * ||state||_F;
+    `state_err_bound[s, h]` a bound on ||S0_used - S0_exact||_F (0 for `"exact"`).
+    """
+
+    tol: float
+    fallback: str
+    window_chunks: int
+    segment_bounds: tuple[int, ...]
+    window: tuple[int, ...]
+    log_bound: Tensor              # fp64 [S, H]
+    ok: Tensor                     # bool [S, H]
+    fallback_count: Tensor         # int64 []: segments where some head fails the bound at this window
+    violations: Tensor             # int64 []: failing segments left on the warmup estimate ("none"), else 0
+    state_err_bound: Tensor        # fp64 [S, H]
+    initial_states: Tensor | None  # fp32 [S, H, K, V]
+
+    @property
+    def num_segments(self) -> int:
+        return len(self.segment_bounds) - 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """Host copy of the report (reads device values: call after the timed region)."""
+        lb = self.log_bound.max().item() if self.log_bound.numel() else float("-inf")
+        err = self.state_err_bound.max().item() if self.state_err_bound.numel() else 0.0
+        return {
+            "tol": self.tol, "fallback": self.fallback, "window_chunks": self.window_chunks,
+            "segments": self.num_segments, "segment_bounds": list(self.segment_bounds), "window": list(self.window),
+            "max_bound": math.exp(lb) if lb > -math.inf else 0.0, "fallback_count": int(self.fallback_count.item()),
+            "violations": int(self.violations.item()), "max_state_err_bound": err,
+        }
+
+
+def _seg_len(segments: int | str, cu: tuple[int, ...], H: int, device: torch.device) -> int | None:
+    lengths = [b - a for a, b in zip(cu[:-1], cu[1:], strict=True)]
+    longest = max(lengths)
+    if segments == "auto":
+        if device.type == "cuda":
+            return intra.auto_segment_len(lengths, H, device)
+        segments = 4
+    if isinstance(segments, bool) or not isinstance(segments, int) or segments < 1:
+        raise ValueError(f"segments must be 'auto' or an int >= 1, got segments={segments!r}")
+    if segments == 1:
+        return None
+    seg = -(-longest // (segments * intra.CHUNK)) * intra.CHUNK
+    return seg if seg < longest else None
+
+
+def warmup_correct(
+    op: str,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    *,
+    cu_seqlens: Tensor | Sequence[int],
+    segments: int | str = "auto",
+    tol: float = DEFAULT_TOL,
+    backend: str = "auto",
+    scale: float | None = None,
+    window: int | str = "auto",
+    fallback: str = "exact",
+) -> tuple[Tensor, WarmupReport]:
+    """Intra-device CP forward of a B = 1 varlen batch on one device: segments, warmup/correction, one varlen forward.
+
+    Args:
+        op (str):
+            `"gdn"` or `"kda"`.
+        q, k, v, g, beta (torch.Tensor):
+            `[1, T, H, K]`, `[1, T, H, K]`, `[1, T, H, V]`, `[1, T, H]` (gdn) or `[1, T, H, K]` (kda), `[1, T, H]`.
+        cu_seqlens (torch.Tensor | Sequence[int]):
+            host bounds `[N+1]` (a CUDA tensor is refused: reading it would sync).
+        segments (int | str):
+            number of segments of the longest sequence (every sequence is cut at the same segment length), or
+            `"auto"` (CUDA: from the SM count and H; CPU: 4). Default: `"auto"`.
+        tol (float):
+            bound on the relative error of every warmup-built entering state, ||dS||_F <= tol ||S||_F per head,
+            0 < tol < 1. Default: `1e-3`.
+        backend (str):
+            primitive backend (`"auto"`: triton on CUDA, torch elsewhere). Default: `"auto"`.
+        scale (float | None):
+            output scale. Default: `None` (K ** -0.5).
+        window (int | str):
+            warmup chunks (of 64 tokens) per segment, or `"auto"` (2). Default: `"auto"`.
+        fallback (str):
+            `"exact"` (exact M for every segment: rigorous, the cost of exact intra-device CP) or `"none"` (warmup
+            only: certified iff `report.violations == 0`). Default: `"exact"`.
+
+    Returns:
+        o (torch.Tensor): `[1, T, H, V]` in q's dtype.
+        report (WarmupReport): see its docstring.
+    """
+    from kernels.cp.context import _host_bounds
+
+    cu = _host_bounds(cu_seqlens)
+    if len(cu) < 2 or cu[0] != 0 or any(b <= a for a, b in zip(cu[:-1], cu[1:], strict=True)):
+        raise ValueError(f"cu_seqlens must be strictly increasing from 0 with >= 2 entries, got cu_seqlens={list(cu)}")
+    if not isinstance(q, Tensor) or q.dim() != 4 or q.shape[0] != 1 or q.shape[1] != cu[-1]:
+        shape = tuple(q.shape) if isinstance(q, Tensor) else type(q).__name__
+        raise ValueError(f"q must be [1, T, H, K] with T = cu_seqlens[-1] = {cu[-1]}, got q.shape={shape}")
+    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0.0 < tol < 1.0:
+        raise ValueError(f"tol must be a float in (0, 1), got tol={tol!r}")
+    if fallback not in FALLBACKS:
+        raise ValueError(f"fallback must be one of {FALLBACKS}, got fallback={fallback!r}")
+    if window == "auto":
+        window = DEFAULT_WINDOW_CHUNKS
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be 'auto' or an int >= 1 (chunks of {intra.CHUNK} tokens), got window={window!r}")
+    H, K, V = k.shape[2], k.shape[3], v.shape[3]
+    dev = k.device
+    plan = _plan(cu, _seg_len(segments, cu, H, dev), window)
+    nseg = plan.num_segments
+    ell, log_u = token_terms(op, k, v, g, beta)
+    rows = plan.index("win_rows", dev)
+    lb = log_window_bound(ell, log_u, plan.index("win_end", dev), plan.index("win_start", dev), plan.index("valid", dev))
+    if fallback == "none":
+        S0, ref_log = _warmup_states(op, k, v, g, beta, plan, backend=backend, H=H, K=K, V=V)
+        ref_log = ref_log + math.log(tol / (1.0 + tol))
+    else:
+        S0, ref_log = _exact_states(op, k, v, g, beta, plan, backend=backend, H=H, K=K, V=V)
+        ref_log = ref_log + math.log(tol)
+    ok_rows = lb <= ref_log
+    log_bound = torch.full((nseg, H), float("-inf"), dtype=torch.float64, device=dev)
+    ok = torch.ones(nseg, H, dtype=torch.bool, device=dev)
+    if plan.win_rows:
+        log_bound.index_copy_(0, rows, lb)
+        ok.index_copy_(0, rows, ok_rows)
+    failed = (~ok).any(1).sum()
+    zero = torch.zeros((), dtype=torch.int64, device=dev)
+    if fallback == "none":
+        err = log_bound.exp()
+        violations = failed
+    else:
+        err = torch.zeros_like(log_bound)
+        violations = zero
+    o, _ = prims.fwd(op, q, k, v, g, beta, plan.bounds, h0=S0, backend=backend, scale=scale)
+    report = WarmupReport(tol=float(tol), fallback=fallback, window_chunks=window, segment_bounds=plan.bounds,
+                          window=plan.window_tokens, log_bound=log_bound, ok=ok, fallback_count=failed,
+                          violations=violations, state_err_bound=err, initial_states=S0)
+    return o, report
+
+
+def _warmup_states(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: WarmupPlan, *, backend: str,
+                   H: int, K: int, V: int) -> tuple[Tensor | None, Tensor]:
+    """Entering states from the windows alone, and log ||E_win||_F `[n_win, H]` (fp64)."""
+    dev = k.device
+    if not plan.win_rows:
+        return None, torch.empty(0, H, dtype=torch.float64, device=dev)
+    idx = plan.index("gather", dev)
+    kw, vw, gw, bw = (x.index_select(1, idx) for x in (k, v, g, beta))
+    _, E = prims.trans(op, kw, vw, gw, bw, plan.win_bounds, backend=backend)
+    S0 = torch.zeros(plan.num_segments, H, K, V, dtype=torch.float32, device=dev)
+    S0.index_copy_(0, plan.index("win_rows", dev), E)
+    return S0, torch.linalg.vector_norm(E, dim=(-2, -1)).double().log()
+
+
+def _exact_states(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: WarmupPlan, *, backend: str,
+                  H: int, K: int, V: int) -> tuple[Tensor | None, Tensor]:
+    """Exact entering states (exact maps + serial correction), and log ||S0||_F of the non-first segments."""
+    dev = k.device
+    sp = intra.build_plan(plan.pieces(), plan.seg_len)
+    assert sp.sub_bounds == plan.bounds, "segment plans disagree"
+    X = intra.chain_states(op, k, v, g, beta, sp, backend=backend)
+    S0 = intra.initial_states(sp, X, None, H=H, K=K, V=V, device=dev)
+    if S0 is None or not plan.win_rows:
+        return S0, torch.empty(0, H, dtype=torch.float64, device=dev)
+    norms = torch.linalg.vector_norm(S0.index_select(0, plan.index("win_rows", dev)), dim=(-2, -1)).double().log()
+    return S0, norms

@@ -1,0 +1,57 @@
+"""Gated DeltaNet forward on the Triton backend: the launchers in order, nothing else.
+
+    wy_gdn_fwd            per (chunk, head): gate cumsum, (I + A)^{-1}, w, u          kernels.common.wy
+    state_and_output      serial state pass (split across SMs for few long sequences)
+                          with the output fused in, or followed by the output pass    kernels.common.seqsplit
+
+Inputs in FLA's layout (DESIGN.md §1): q, k `[B, T, H, K]`, v `[B, T, H, V]`, g and beta `[B, T, H]`, varlen
+via `cu_seqlens` with B == 1. Validation happens in `kernels.api` before this is called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from torch import Tensor
+
+from kernels.common.index import prepare_chunk_index
+from kernels.common.seqsplit import state_and_output
+from kernels.common.wy import BT_WY, wy_gdn_fwd
+from kernels.configs import LaunchConfig
+
+__all__ = ["FUSE_OUTPUT", "chunk_gdn_fwd"]
+
+# the output fused into the state pass (no per-chunk states in memory); measured faster, see kernels.bench
+FUSE_OUTPUT = True
+
+
+def chunk_gdn_fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    *,
+    scale: float,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: Tensor | None = None,
+    configs: Mapping[str, LaunchConfig] | None = None,
+    split_chunks: int | None = None,
+    fuse_output: bool | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """GDN chunked forward: (o `[B, T, H, V]` in q's dtype, final state `[N, H, K, V]` fp32 or None).
+
+    configs: `{kernel name: LaunchConfig}` overrides. split_chunks: None = automatic sequence splitting,
+    0 = never, n = segments of n chunks. fuse_output: None = FUSE_OUTPUT.
+    """
+    B, T, H, _ = k.shape
+    cfgs = dict(configs or {})
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=BT_WY, device=k.device)
+    w, u, gcum, _ = wy_gdn_fwd(k, v, g, beta, index=index, config=cfgs.get("wy_gdn_fwd"))
+    return state_and_output(
+        index=index, k=k, w=w, u=u, g=gcum, q=q, aqk=None, gate_vector=False, scale=scale,
+        initial_state=initial_state, output_final_state=output_final_state, out_dtype=q.dtype, configs=cfgs,
+        split_chunks=split_chunks, fuse_output=FUSE_OUTPUT if fuse_output is None else fuse_output,
+    )

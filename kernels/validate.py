@@ -1,0 +1,207 @@
+"""Input checks shared by the public entries (kernels.api) and the CP schemes (kernels.cp), run before any launch.
+
+Every failure is a `ValueError` that names the argument, what was expected and what was received.
+Checks read tensor metadata only, with two exceptions that read values:
+
+- `cu_seqlens` values are read on the host through `kernels.common.index.cu_seqlens_host`: free for a CPU
+  tensor or a given `cu_seqlens_cpu`; for a GPU tensor one device-to-host copy at its first use, cached by
+  tensor identity afterwards (so a training step that reuses the tensor never syncs).
+- the gate sign `g <= 0` is checked only for CPU tensors (one reduction). On CUDA it is skipped on purpose:
+  a host-side check would sync every step, and `torch._assert_async` turns a bad gate into a device-side
+  assert that poisons the CUDA context of a long-lived benchmark worker. Gates from `runners.workload`
+  satisfy `lb <= g <= 0` by construction; a positive gate on CUDA is the caller's bug, as NaN/Inf are.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from kernels.common.index import cu_seqlens_host
+from kernels.configs import LaunchConfig
+
+__all__ = [
+    "BACKENDS",
+    "FLOAT_DTYPES",
+    "OPS",
+    "check_backend",
+    "check_config",
+    "check_cu_seqlens",
+    "check_gate_sign",
+    "check_inputs",
+    "check_kernel_dims",
+    "check_op",
+]
+
+OPS: tuple[str, ...] = ("gdn", "kda")
+BACKENDS: tuple[str, ...] = ("reference", "torch", "triton", "fla", "auto")
+FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
+# largest head dim the Triton state kernels hold (the state tile is split into <= 4 blocks of 64 rows)
+MAX_TRITON_HEAD_DIM = 256
+MIN_TRITON_HEAD_DIM = 16   # tl.dot needs every tile dim >= 16
+
+
+def check_op(op: Any) -> str:
+    if op not in OPS:
+        raise ValueError(f"op must be one of {OPS}, got op={op!r}")
+    return op
+
+
+def check_backend(backend: Any) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got backend={backend!r}")
+    return backend
+
+
+def _check_tensor(name: str, x: Any, *, ndim: int, dtypes: Sequence[torch.dtype] = FLOAT_DTYPES, dims: str = "") -> Tensor:
+    if not isinstance(x, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D {dims}, got {name}.shape={tuple(x.shape)}")
+    if x.dtype not in dtypes:
+        raise ValueError(f"{name}.dtype must be one of {[str(d) for d in dtypes]}, got {x.dtype}")
+    return x
+
+
+def _same_dims(name: str, x: Tensor, ref_name: str, ref: Tensor, dims: Sequence[tuple[int, str]]) -> None:
+    for i, label in dims:
+        if x.shape[i] != ref.shape[i]:
+            raise ValueError(
+                f"{name}.shape[{i}] ({label}) must equal {ref_name}.shape[{i}]={ref.shape[i]}, "
+                f"got {name}.shape={tuple(x.shape)}, {ref_name}.shape={tuple(ref.shape)}"
+            )
+
+
+def check_cu_seqlens(
+    cu_seqlens: Any, *, batch: int, seq_len: int, device: torch.device, cu_seqlens_cpu: Tensor | Sequence[int] | None = None
+) -> list[int]:
+    """Check varlen bounds and return them as a host list (see the module docstring on host reads)."""
+    if not isinstance(cu_seqlens, Tensor):
+        raise ValueError(f"cu_seqlens must be a 1-D int32/int64 torch.Tensor, got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"cu_seqlens.dtype must be torch.int32 or torch.int64, got {cu_seqlens.dtype}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"cu_seqlens must be 1-D with N+1 >= 2 entries, got cu_seqlens.shape={tuple(cu_seqlens.shape)}")
+    if cu_seqlens.device.type != "cpu" and cu_seqlens.device != device:
+        raise ValueError(f"cu_seqlens must be on the CPU or on the inputs' device {device}, got {cu_seqlens.device}")
+    if batch != 1:
+        raise ValueError(f"cu_seqlens needs flattened input with B == 1, got B={batch} (q/k.shape[0])")
+    bounds = cu_seqlens_host(cu_seqlens, cu_seqlens_cpu)
+    if len(bounds) != cu_seqlens.numel():
+        raise ValueError(f"cu_seqlens_cpu has {len(bounds)} entries but cu_seqlens has {cu_seqlens.numel()}")
+    if bounds[0] != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got cu_seqlens[0]={bounds[0]}")
+    for i in range(len(bounds) - 1):
+        if bounds[i + 1] < bounds[i]:
+            raise ValueError(f"cu_seqlens must be non-decreasing, got cu_seqlens[{i}]={bounds[i]} > cu_seqlens[{i + 1}]={bounds[i + 1]}")
+        if bounds[i + 1] == bounds[i]:
+            raise ValueError(f"cu_seqlens holds an empty sequence {i} (cu_seqlens[{i}] == cu_seqlens[{i + 1}] == {bounds[i]}); "
+                             "every sequence needs >= 1 token")
+    if bounds[-1] != seq_len:
+        raise ValueError(f"cu_seqlens must end at T={seq_len} (the token dim of q/k), got cu_seqlens[-1]={bounds[-1]}")
+    return bounds
+
+
+def check_kernel_dims(backend: str, K: int, V: int) -> None:
+    """The Triton kernels hold a [K, V] state tile: both dims powers of two in [16, 256]."""
+    if backend != "triton":
+        return
+    for name, d in (("K", K), ("V", V)):
+        if d > MAX_TRITON_HEAD_DIM or d < MIN_TRITON_HEAD_DIM or d & (d - 1):
+            raise ValueError(
+                f"head dim {name}={d} is not supported by the triton backend (state larger than the kernel handles, or not a "
+                f"tile size): expected a power of two in [{MIN_TRITON_HEAD_DIM}, {MAX_TRITON_HEAD_DIM}]; use backend='torch'"
+            )
+
+
+def check_gate_sign(g: Tensor) -> None:
+    """g must be a log decay (<= 0). CPU tensors only: see the module docstring for why CUDA is skipped."""
+    if g.device.type != "cpu" or g.numel() == 0:
+        return
+    gmax = g.max()
+    if bool(gmax > 0):
+        raise ValueError(f"g must be a log decay, g <= 0 everywhere, got max(g)={float(gmax):.4g}")
+
+
+def check_inputs(
+    op: str,
+    q: Tensor | None,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    *,
+    backend: str,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    cu_seqlens: Tensor | None = None,
+    cu_seqlens_cpu: Tensor | Sequence[int] | None = None,
+) -> list[int] | None:
+    """All checks of a forward (q given) or a transition (q None). `backend` is the resolved one.
+
+    Returns the host list of `cu_seqlens` (None for dense input).
+    """
+    check_op(op)
+    check_backend(backend)
+    _check_tensor("k", k, ndim=4, dims="[B, T, H, K]")
+    if q is not None:
+        _check_tensor("q", q, ndim=4, dims="[B, T, H, K]")
+        if q.shape != k.shape:
+            raise ValueError(f"q and k must have the same shape [B, T, H, K], got q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}")
+        if k.dtype != q.dtype:
+            raise ValueError(f"k.dtype must equal q.dtype={q.dtype}, got {k.dtype}")
+    _check_tensor("v", v, ndim=4, dims="[B, T, H, V]")
+    _same_dims("v", v, "k", k, ((0, "batch B"), (1, "length T"), (2, "heads H")))
+    if v.dtype != k.dtype:
+        raise ValueError(f"v.dtype must equal k.dtype={k.dtype}, got {v.dtype}")
+    _check_tensor("beta", beta, ndim=3, dims="[B, T, H]")
+    _same_dims("beta", beta, "k", k, ((0, "batch B"), (1, "length T"), (2, "heads H")))
+    if op == "gdn":
+        _check_tensor("g", g, ndim=3, dims="[B, T, H] for op='gdn' (one gate per head)")
+        _same_dims("g", g, "k", k, ((0, "batch B"), (1, "length T"), (2, "heads H")))
+    else:
+        _check_tensor("g", g, ndim=4, dims="[B, T, H, K] for op='kda' (one gate per key dim)")
+        _same_dims("g", g, "k", k, ((0, "batch B"), (1, "length T"), (2, "heads H"), (3, "key dim K")))
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    for name, d in (("B", B), ("T", T), ("H", H), ("K", K), ("V", V)):
+        if d < 1:
+            raise ValueError(f"{name} must be >= 1, got k.shape={tuple(k.shape)}, v.shape={tuple(v.shape)}")
+    device = k.device
+    for name, x in (("q", q), ("v", v), ("g", g), ("beta", beta), ("initial_state", initial_state)):
+        if x is not None and isinstance(x, Tensor) and x.device != device:
+            raise ValueError(f"{name} is on {x.device} but k is on {device}; all inputs must be on one device")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite float or None, got scale={scale!r}")
+    bounds = None
+    if cu_seqlens is not None:
+        bounds = check_cu_seqlens(cu_seqlens, batch=B, seq_len=T, device=device, cu_seqlens_cpu=cu_seqlens_cpu)
+    N = len(bounds) - 1 if bounds is not None else B
+    if initial_state is not None:
+        _check_tensor("initial_state", initial_state, ndim=4, dims="[N, H, K, V]")
+        if tuple(initial_state.shape) != (N, H, K, V):
+            raise ValueError(f"initial_state must have shape [N, H, K, V] = {(N, H, K, V)} (N = number of sequences), "
+                             f"got initial_state.shape={tuple(initial_state.shape)}")
+    check_kernel_dims(backend, K, V)
+    check_gate_sign(g)
+    return bounds
+
+
+def check_config(config: Any) -> dict[str, LaunchConfig]:
+    """Normalise `config` to {kernel name: LaunchConfig}; a bare LaunchConfig applies to the chunk-state kernel."""
+    if config is None:
+        return {}
+    if isinstance(config, LaunchConfig):
+        return {"chunk_state_fwd": config}
+    if isinstance(config, Mapping):
+        out: dict[str, LaunchConfig] = {}
+        for name, cfg in config.items():
+            if not isinstance(name, str) or not isinstance(cfg, LaunchConfig):
+                raise ValueError(f"config must map kernel names (str) to LaunchConfig, got {name!r}: {type(cfg).__name__}")
+            out[name] = cfg
+        return out
+    raise ValueError(f"config must be None, a LaunchConfig or a Mapping[str, LaunchConfig], got {type(config).__name__}")

@@ -1,0 +1,112 @@
+"""`cpbench configs export` and `cpbench tune`: tuned launch configs out of the store, and a tuning run into it.
+
+    cpbench configs export [--device "NVIDIA H200"] -o autotune.json     # "-o -" writes to stdout
+    cpbench tune --op gdn --shape B=1,T=8192,H=16,K=128,V=128 [--shape ...] [--strategy halving] [--budget 12]
+
+`export` refuses CPU timings (`--allow-cpu` exists for tests only) and, when the store holds several devices,
+asks for `--device`. The file's schema is documented in kernels/autotune.py; training jobs load it with
+`CPBENCH_AUTOTUNE=autotune.json` or `kernels.use_autotune(path)`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import typer
+
+from runners.errors import CpbenchError
+
+__all__ = ["parse_shape", "register"]
+
+configs_app = typer.Typer(help="Tuned launch configs: export the autotune JSON that training jobs load.", no_args_is_help=True)
+
+
+def _session(database_url: str | None) -> Any:
+    from db.session import session_scope
+
+    return session_scope(database_url)
+
+
+@configs_app.command("export")
+def export_configs(
+    output: str = typer.Option("autotune.json", "-o", "--output", help="file to write; '-' for stdout"),
+    device: str | None = typer.Option(None, "--device", help="device name as torch reports it, e.g. 'NVIDIA H200'"),
+    allow_cpu: bool = typer.Option(False, "--allow-cpu", help="export CPU timings (tests only; never for real use)"),
+    database_url: str | None = typer.Option(None, "--database-url", help="default: CPBENCH_DATABASE_URL"),
+) -> None:
+    """Write the tuned configs of one device as the versioned autotune JSON."""
+    from runners.tuner.export import ExportError, build_export
+
+    with _session(database_url) as session:
+        try:
+            data = build_export(session, device_name=device, allow_cpu=allow_cpu)
+        except ExportError as e:
+            raise CpbenchError(str(e)) from None
+    text = json.dumps(data, indent=1, sort_keys=True) + "\n"
+    n = sum(len(k["entries"]) for k in data["kernels"].values())
+    if output == "-":
+        sys.stdout.write(text)
+        return
+    from pathlib import Path
+
+    p = Path(output)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text, encoding="utf-8")
+    typer.echo(f"wrote {p}: {len(data['kernels'])} kernels, {n} entries, device {data['device']['name']!r}")
+
+
+def parse_shape(text: str) -> dict[str, Any]:
+    """"B=1,T=8192,H=16,K=128,V=128,dtype=bfloat16" (or "lengths=100:300,H=16,...") -> a shape dict."""
+    out: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, val = part.partition("=")
+        if not sep:
+            raise CpbenchError(f"--shape: expected NAME=VALUE items separated by commas, got {part!r} in {text!r}")
+        if name == "dtype":
+            out[name] = val
+        elif name == "lengths":
+            out[name] = [int(x) for x in val.split(":")]
+        elif name == "lb":
+            out[name] = float(val)
+        elif name == "initial_state":
+            out[name] = val.lower() in ("1", "true", "yes")
+        else:
+            try:
+                out[name] = int(val)
+            except ValueError:
+                raise CpbenchError(f"--shape: {name} must be an integer, got {val!r}") from None
+    return out
+
+
+def tune_command(
+    op: str = typer.Option(..., "--op", help="gdn | kda"),
+    shape: list[str] = typer.Option(..., "--shape", help="B=1,T=8192,H=16,K=128,V=128[,dtype=bfloat16]; repeatable"),
+    strategy: str = typer.Option("halving", "--strategy", help="exhaustive | random | halving"),
+    budget: int | None = typer.Option(None, "--budget", help="configs per kernel and key (random; halving's first rung)"),
+    kernel: list[str] = typer.Option([], "--kernel", help="tune only these kernels (default: all the op launches)"),
+    device: str | None = typer.Option(None, "--device", help="cuda (default when present) or cpu"),
+    seed: int = typer.Option(0, "--seed"),
+    samples: int = typer.Option(20, "--samples", help="samples per config (exhaustive, random)"),
+    database_url: str | None = typer.Option(None, "--database-url", help="default: CPBENCH_DATABASE_URL"),
+) -> None:
+    """Tune the Triton kernels of an op at the given shapes; trials and winners go to the store."""
+    from runners.tuner import Shape, tune_kernels
+
+    try:
+        shapes = [Shape.of(parse_shape(s)) for s in shape]
+        with _session(database_url) as session:
+            rows = tune_kernels(session, op=op, shapes=shapes, strategy=strategy, budget=budget, device=device,
+                                kernels=kernel or None, seed=seed, samples=samples)
+            for r in rows:
+                speed = f"{r.default_ms / r.median_ms:.3f}x" if r.default_ms else "n/a"
+                typer.echo(f"{r.kernel:28s} {r.key_str:60s} {json.dumps(r.config):48s} {r.median_ms:9.4f} ms  vs default {speed}")
+    except ValueError as e:
+        raise CpbenchError(str(e)) from None
+
+
+def register(app: typer.Typer) -> None:
+    """Add `configs export` and `tune` to the cpbench app (called by runners/cli/__init__.py)."""
+    app.add_typer(configs_app, name="configs")
+    app.command("tune")(tune_command)

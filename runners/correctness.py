@@ -1,0 +1,89 @@
+"""The correctness gate that runs before a point is timed: relative L2 errors and their tolerances.
+
+Two checks per point (`runners.execute` runs them; this module holds the measures and the verdict):
+
+1. vs `none`: the mode's full output (gathered from the ranks) against the single-device forward of the same
+   backend on the same inputs: catches a wrong scheme at the benchmarked shape.
+2. vs the reference: the mode on a reduced shape (`runners.workload.reduced_params`) against the per-token
+   fp32 recurrence (`kernels.reference`): catches a backend that is wrong everywhere, `none` included.
+
+Error = ||o - o_ref||_2 / ||o_ref||_2 over all elements, in fp32. Default tolerances by dtype (a wrong scheme
+is off by O(1); these only have to sit above rounding noise): float32 2e-3 (TF32 dots on GPUs), bfloat16
+3e-2, float16 1e-2. `warmup_correct` is approximate by design: its allowance adds the scheme's own target
+(the point's `mode_options.tol`). A spec's `check.tol_none` / `check.tol_reference` override the defaults. A point over
+its tolerance fails without being timed, with both errors in its message; NaN/Inf fail too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["DEFAULT_TOL", "GateResult", "judge", "rel_l2", "tolerances"]
+
+DEFAULT_TOL = {"float32": 2e-3, "bfloat16": 3e-2, "float16": 1e-2}
+
+
+def rel_l2(out: Tensor, ref: Tensor) -> float:
+    """||out - ref|| / ||ref|| in fp32 (a host read: call it outside any timed step)."""
+    if out.shape != ref.shape:
+        out = out.reshape(ref.shape)
+    o, r = out.float(), ref.float()
+    num = torch.linalg.vector_norm(o - r)
+    den = torch.linalg.vector_norm(r).clamp_min(torch.finfo(torch.float32).tiny)
+    return float(num / den)
+
+
+def tolerances(params: Mapping[str, Any], check: Mapping[str, Any]) -> tuple[float, float]:
+    """(tol vs none, tol vs reference) for this point."""
+    base = DEFAULT_TOL.get(str(params["dtype"]), 3e-2)
+    tol_none = check.get("tol_none") or base
+    tol_ref = check.get("tol_reference") or base
+    if params["mode"] == "warmup_correct":
+        extra = float((params.get("mode_options") or {}).get("tol", 1e-3))
+        tol_none, tol_ref = tol_none + extra, tol_ref + extra
+    return float(tol_none), float(tol_ref)
+
+
+@dataclass
+class GateResult:
+    """Verdict of the gate: the errors, the tolerances and, when it failed, why."""
+
+    err_vs_none: float | None
+    err_vs_reference: float | None
+    tol_none: float
+    tol_reference: float
+    passed: bool
+    message: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _bad(err: float | None, tol: float) -> bool:
+    return err is not None and (not math.isfinite(err) or err > tol)
+
+
+def judge(
+    params: Mapping[str, Any],
+    *,
+    err_vs_none: float | None,
+    err_vs_reference: float | None,
+    check: Mapping[str, Any],
+) -> GateResult:
+    """Pass or fail from the two errors (None: that check did not run)."""
+    tol_none, tol_ref = tolerances(params, check)
+    problems = []
+    if _bad(err_vs_none, tol_none):
+        problems.append(f"rel L2 error vs none {err_vs_none:.3g} > tol {tol_none:.3g}")
+    if _bad(err_vs_reference, tol_ref):
+        problems.append(f"rel L2 error vs reference (reduced shape) {err_vs_reference:.3g} > tol {tol_ref:.3g}")
+    message = None
+    if problems:
+        message = f"correctness gate failed for {params['op']}/{params['mode']}/{params['backend']}: " + "; ".join(problems)
+    return GateResult(err_vs_none, err_vs_reference, tol_none, tol_ref, passed=not problems, message=message)

@@ -1,0 +1,90 @@
+"""The engine's two entry points for other parts of cpbench (CLI, server demo, regression runs).
+
+    with session_scope(url) as s:
+        sweep = submit_spec(s, spec)              # grid expansion + create_sweep (commits with the scope)
+    final = run_until_done(url, sweep.id, progress=print)   # work it in this process until finished
+
+`submit_spec` accepts a `SweepSpec`, a mapping (validated, `SpecError` on a bad field) or a YAML/JSON path.
+Points that cannot run are stored as skipped with their reason; `max_W`/`backends` let a caller that will run
+the sweep itself skip what this machine cannot do (`cpbench run` passes its own devices); without them only
+the spec's own rules apply and workers pick points by W and device kind at claim time.
+
+`run_until_done` runs a worker (`runners.worker.run_worker`) in this process until the sweep is done or
+cancelled, and returns the sweep's final progress counts. Note: the queue has no per-sweep claim, so while
+it runs the worker also takes points of other queued sweeps that come first.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from runners.errors import SweepNotFoundError
+from runners.grid import available_modes, expand
+from runners.spec import SweepSpec, load_spec, parse_spec
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from db.models import Sweep
+
+__all__ = ["run_until_done", "submit_spec"]
+
+logger = logging.getLogger(__name__)
+
+_DEVICE_KIND = {"any": None, "cuda": "cuda", "cpu": "cpu"}
+
+
+def submit_spec(
+    session: Session,
+    spec: SweepSpec | Mapping[str, Any] | str | Path,
+    *,
+    max_W: int | None = None,
+    backends: Iterable[str] | None = None,
+) -> Sweep:
+    """Expand the spec's grid and store the sweep with its points (queued or skipped); flushes, the caller commits."""
+    from db import crud
+
+    if isinstance(spec, (str, Path)):
+        spec = load_spec(spec)
+    elif not isinstance(spec, SweepSpec):
+        spec = parse_spec(spec)
+    points = expand(spec, max_W=max_W, modes=available_modes(), backends=backends)
+    device_kind = _DEVICE_KIND[spec.device]
+    for p in points:
+        p["device_kind"] = device_kind
+    sweep = crud.create_sweep(session, name=spec.name, tags=spec.tags, spec=spec.model_dump(mode="json"), points=points)
+    logger.info("submitted sweep %s %r: %d points", sweep.id, spec.name, len(points))
+    return sweep
+
+
+def run_until_done(
+    url: str | None,
+    sweep_id: int,
+    *,
+    progress: Callable[[dict[str, int]], None] | None = None,
+    devices: int | None = None,
+    stop_event: threading.Event | None = None,
+    **worker_kwargs: Any,
+) -> dict[str, int]:
+    """Work the sweep in this process until it is done or cancelled; returns its final progress counts.
+
+    progress(counts) is called at the start and after each point (counts per status plus `total`).
+    Extra keyword arguments go to `run_worker` (lease_s, heartbeat_s, device_kind, artifact_dir, on_point...).
+    """
+    from db import crud
+    from db.session import session_scope
+    from runners.worker import run_worker
+
+    with session_scope(url) as s:
+        if crud.get_sweep(s, sweep_id=sweep_id) is None:
+            raise SweepNotFoundError(f"no sweep with id {sweep_id}")
+    run_worker(url, until_sweep=sweep_id, on_progress=progress, devices=devices, stop_event=stop_event, **worker_kwargs)
+    with session_scope(url) as s:
+        final = crud.sweep_progress(s, sweep_id=sweep_id)
+    if progress is not None:
+        progress(final)
+    return final

@@ -1,0 +1,216 @@
+"""One grid point on the ranks of a gang: inputs -> correctness gate -> timing -> one profiled step.
+
+`run_point_job(ctx, payload)` is the job function the worker sends to every rank of a W-rank gang
+(`runners.gang`). Each rank builds the same global inputs from the point's seed (`runners.workload`), takes
+its shard and runs the mode; rank 0 gathers the output and holds the checks (`runners.correctness`); all ranks
+learn the verdict through one all-reduce, so a failed gate skips timing everywhere. Then every rank times its
+step together (`runners.timing`: sample = max over ranks) and profiles one step (`runners.profile`; rank 0
+keeps the trace file). Rank 0 returns the measurement, every rank its profile.
+
+Modes (DESIGN §2): `none` is `kernels.forward` on the whole (dense or varlen) batch; `warmup_correct` is
+`kernels.cp.warmup_correct` on one device; every other mode is `kernels.cp.forward(mode, ...)` on the rank's
+shard of the flattened batch (`kernels.cp.build_context` / `shard`, built once per point, outside the step).
+The timed step is only that call: no gather, no host read.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from runners.correctness import judge, rel_l2
+from runners.gang import RankContext
+from runners.profile import profile_step
+from runners.timing import L2Flush, StopRule, time_step
+from runners.workload import Workload, make_workload, reduced_params
+
+__all__ = ["ModeRun", "build_mode", "run_point_job"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ModeRun:
+    """A point's mode ready to run on this rank: `step()` is the timed call; `full_output()` the checked one."""
+
+    step: Callable[[], Any]
+    full_output: Callable[[], Tensor]  # the whole output [1, N, H, V] (or [B, T, H, V]) on rank 0, gathered
+    report: Callable[[], dict[str, Any]]  # the scheme's own report (host values; call after timing)
+    expected_collectives: dict[str, int] = field(default_factory=dict)  # kernels.cp's count for this rank
+
+
+def _gather(o_local: Tensor, ctx_cp: Any, group: Any) -> Tensor:
+    from kernels import cp
+
+    world = dist.get_world_size(group)
+    if world == 1:
+        return cp.unshard([o_local], ctx_cp)
+    shards = [torch.empty_like(o_local) for _ in range(world)]
+    dist.all_gather(shards, o_local.contiguous(), group=group)
+    return cp.unshard(shards, ctx_cp)
+
+
+def build_mode(params: dict[str, Any], wl: Workload, rc: RankContext, options: dict[str, Any]) -> ModeRun:
+    """The step and checked output of the point's mode on this rank (inputs sharded here, once)."""
+    import kernels
+
+    op, mode, backend = params["op"], params["mode"], params["backend"]
+    if mode == "none":
+        args = wl.tensors
+        cu = wl.cu_seqlens
+
+        def step() -> Tensor:
+            return kernels.forward(op, *args, cu_seqlens=cu, backend=backend)[0]
+
+        return ModeRun(step=step, full_output=step, report=lambda: {})
+
+    from kernels import cp
+
+    flat = wl.flat()
+    if mode == "warmup_correct":
+        wc = dict(params.get("mode_options") or {})
+        holder: dict[str, Any] = {}
+        bounds = flat.cu_seqlens_cpu
+
+        def wc_step() -> Tensor:
+            o, rep = cp.warmup_correct(op, *flat.tensors, cu_seqlens=bounds, backend=backend, scale=None, **wc)
+            holder["report"] = rep
+            return o
+
+        def wc_report() -> dict[str, Any]:
+            rep = holder.get("report")
+            return {"warmup_correct": rep.to_dict()} if rep is not None and hasattr(rep, "to_dict") else {}
+
+        return ModeRun(step=wc_step, full_output=wc_step, report=wc_report)
+
+    W = rc.world_size
+    ctx_cp = cp.build_context(flat.cu_seqlens_cpu, W, rc.rank, params["layout"])
+    # a rank holds only its shard (a copy, so the global inputs can be freed before timing)
+    shards = [cp.shard(x, ctx_cp).clone() for x in flat.tensors]
+    mode_opts = params.get("mode_options") or None
+
+    def cp_step() -> Tensor:
+        return cp.forward(mode, op, *shards, group=rc.group, ctx=ctx_cp, backend=backend, scale=None, options=mode_opts)
+
+    expected = dict(cp.expected_collectives(mode, ctx_cp))
+    return ModeRun(
+        step=cp_step,
+        full_output=lambda: _gather(cp_step(), ctx_cp, rc.group),
+        report=lambda: {},
+        expected_collectives=expected,
+    )
+
+
+def _jsonable(x: Any) -> Any:
+    """`x` with tensors, tuples and non-finite floats made JSON-safe (reports go to a JSON column)."""
+    if isinstance(x, Tensor):
+        return _jsonable(x.detach().cpu().tolist()) if x.numel() <= 64 else f"<tensor {tuple(x.shape)} {x.dtype}>"
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    if hasattr(x, "__dict__"):
+        return _jsonable(vars(x))
+    return str(x)
+
+
+def _agree(rc: RankContext, failed: bool) -> bool:
+    """True on every rank if any rank says failed (one all-reduce MAX of a flag)."""
+    if rc.world_size == 1:
+        return failed
+    flag = torch.tensor([1.0 if failed else 0.0], device=rc.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=rc.group)
+    return bool(flag.item())
+
+
+def _check(params: dict[str, Any], wl: Workload, run: ModeRun, rc: RankContext, options: dict[str, Any]) -> dict[str, Any]:
+    """Errors vs none and vs the reference (rank 0 computes; others only join the collectives)."""
+    import kernels
+
+    check = options.get("check") or {}
+    o_full = run.full_output()
+    err_none = err_ref = None
+    if rc.rank == 0:
+        if params["mode"] == "none":
+            err_none = 0.0
+        else:
+            o_none = kernels.forward(params["op"], *wl.tensors, cu_seqlens=wl.cu_seqlens, backend=params["backend"])[0]
+            err_none = rel_l2(o_full, o_none)
+    if check.get("reference", True):
+        small = reduced_params(params, max_tokens=int(check.get("reference_tokens", 256)))
+        same = all(small.get(k) == params.get(k) for k in ("B", "T", "H", "lengths"))
+        if same:
+            wl_r, o_r = wl, o_full
+        else:
+            wl_r = make_workload(small, device=rc.device)
+            o_r = build_mode(small, wl_r, rc, options).full_output()
+        if rc.rank == 0:
+            f = wl_r.flat() if params["mode"] != "none" else wl_r
+            o_ref = kernels.reference(params["op"], *f.tensors, cu_seqlens=f.cu_seqlens)[0]
+            err_ref = rel_l2(o_r, o_ref)
+    return {"err_vs_none": err_none, "err_vs_reference": err_ref}
+
+
+def _launch_configs() -> dict[str, Any]:
+    try:
+        from kernels.configs import LAUNCHES
+    except ImportError:
+        return {}
+    return {name: {"key": _jsonable(key), "config": cfg.as_dict()} for name, (key, cfg) in LAUNCHES.items()}
+
+
+def run_point_job(rc: RankContext, payload: dict[str, Any]) -> dict[str, Any]:
+    """Gang job: run one point on this rank. Payload: `params`, `options` (the sweep spec's timing, check,
+    warmup_correct, profile) and `trace_path` (rank 0's Chrome trace target, or None)."""
+    params, options = payload["params"], payload["options"]
+    if int(params["W"]) != rc.world_size:
+        raise ValueError(f"point W={params['W']} sent to a gang of {rc.world_size} ranks")
+    wl = make_workload(params, device=rc.device)
+    run = build_mode(params, wl, rc, options)
+
+    errs = _check(params, wl, run, rc, options)
+    gate = judge(params, **errs, check=options.get("check") or {})
+    if _agree(rc, rc.rank == 0 and not gate.passed):
+        return {"ok": False, "gate": gate.as_dict(), "error": gate.message}
+    if params["mode"] not in ("none",):
+        del wl  # CP ranks keep only their shards (and none/warmup_correct their closures) while timed
+
+    try:
+        from kernels.configs import LAUNCHES
+
+        LAUNCHES.clear()
+    except ImportError:
+        pass
+    rule = StopRule.from_mapping(options.get("timing"))
+    flush = None
+    if rc.device.type == "cuda" and rule.flush_l2:
+        flush = rc.cache.get("l2flush")
+        if flush is None:
+            flush = rc.cache["l2flush"] = L2Flush(rc.device)
+    timing = time_step(run.step, rule=rule, device=rc.device, group=rc.group, flush=flush)
+    configs = _launch_configs()
+
+    prof = None
+    if options.get("profile", True):
+        trace = payload.get("trace_path") if rc.rank == 0 else None
+        prof = profile_step(run.step, device=rc.device, trace_path=trace).as_dict()
+    out: dict[str, Any] = {"ok": True, "profile": prof, "expected_collectives": run.expected_collectives}
+    if rc.rank == 0:
+        out.update(
+            gate=gate.as_dict(),
+            timing=timing.as_dict(),
+            configs=configs,
+            report=_jsonable(run.report()),
+        )
+    return out

@@ -1,0 +1,183 @@
+"""Deterministic grid expansion: a `SweepSpec` -> the list of point rows the store queues (`db.models.Point`).
+
+The order is fixed (outermost first): op, backend, dtype, direction, layout, shape (dense B x T, then each
+varlen length list), H, K, V, lb, W, mode, seed, repetition; values keep the order the spec gives. So the
+same spec always yields the same points with the same `idx` and `key`, and the modes of one shape sit next
+to each other in the queue (compared within minutes of each other).
+
+A point that cannot run is kept, with `status="skipped"` and the reason (nvbench's `state.skip`), never
+dropped. The rules, first match wins:
+
+- the mode or backend is not available here (only when the caller says what is available);
+- `none` and `warmup_correct` run on one device: W must be 1;
+- W is more than the devices present (only when the caller passes `max_W`; workers also claim by W);
+- `headwise` needs H % W == 0;
+- the token count (B*T, or the sum of a varlen list) must split evenly: by W (contiguous) or 2W (zigzag).
+
+The key names a benchmark across sweeps: every axis value except the repetition index, in a fixed order,
+e.g. `gdn/ring/torch/B=1,T=256,H=2,K=32,V=32,lb=-1,W=2,layout=contiguous,dir=fwd,dtype=float32,seed=0`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import logging
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from runners.spec import SINGLE_DEVICE_MODES, SweepSpec, WarmupCorrectSpec
+
+__all__ = ["available_backends", "available_modes", "expand", "mode_options", "point_key", "skip_reason", "tokens"]
+
+logger = logging.getLogger(__name__)
+
+_WC_DEFAULTS = WarmupCorrectSpec().model_dump(mode="json")
+
+
+def available_modes() -> tuple[str, ...] | None:
+    """The CP modes the installed `kernels.cp` implements, or None when it cannot be imported."""
+    try:
+        from kernels import cp
+    except ImportError as err:
+        logger.warning("kernels.cp is not importable (%s); modes are not checked", err)
+        return None
+    return tuple(cp.MODES)
+
+
+def available_backends() -> tuple[str, ...]:
+    """Benchmark backends usable in this process: torch always, triton and fla when installed."""
+    out = ["torch"]
+    if importlib.util.find_spec("triton") is not None:
+        out.append("triton")
+    if importlib.util.find_spec("fla") is not None:
+        out.append("fla")
+    return tuple(out)
+
+
+def tokens(params: dict[str, Any]) -> int:
+    """Total tokens of a point: B*T dense, or the sum of its varlen lengths."""
+    if params.get("lengths"):
+        return int(sum(params["lengths"]))
+    return int(params["B"]) * int(params["T"])
+
+
+def _fmt(x: Any) -> str:
+    if isinstance(x, float):
+        return f"{x:g}"
+    return str(x)
+
+
+def point_key(params: dict[str, Any]) -> str:
+    """Canonical key of a point: the same benchmark in any sweep has the same key (repetition excluded).
+
+    Mode options that differ from the defaults (`mode_options`; for warmup_correct its segments, tol, window,
+    fallback) are appended as `,opts=name=value;...` so that differently configured runs never share a key."""
+    shape = f"lengths={'-'.join(str(n) for n in params['lengths'])}" if params.get("lengths") else f"T={params['T']}"
+    key = (
+        f"{params['op']}/{params['mode']}/{params['backend']}/"
+        f"B={params['B']},{shape},H={params['H']},K={params['K']},V={params['V']},lb={_fmt(params['lb'])},"
+        f"W={params['W']},layout={params['layout']},dir={params['direction']},dtype={params['dtype']},seed={params['seed']}"
+    )
+    opts = dict(params.get("mode_options") or {})
+    if params["mode"] == "warmup_correct":
+        opts = {k: v for k, v in opts.items() if _WC_DEFAULTS.get(k) != v}
+    if opts:
+        key += ",opts=" + ";".join(f"{k}={_fmt(opts[k])}" for k in sorted(opts))
+    return key
+
+
+def mode_options(spec: SweepSpec, mode: str) -> dict[str, Any]:
+    """The options a point of `mode` runs with: the spec's warmup_correct block, or its `mode_options[mode]`."""
+    if mode == "warmup_correct":
+        return spec.warmup_correct.model_dump(mode="json")
+    return dict(spec.mode_options.get(mode) or {})
+
+
+def skip_reason(
+    params: dict[str, Any],
+    *,
+    max_W: int | None = None,
+    modes: Iterable[str] | None = None,
+    backends: Iterable[str] | None = None,
+) -> str | None:
+    """Why the point cannot run, or None. `modes`/`backends`: what is available (None: not checked)."""
+    mode, W, H = params["mode"], int(params["W"]), int(params["H"])
+    if modes is not None and mode not in tuple(modes):
+        return f"mode '{mode}' is not implemented by the installed kernels.cp (has {', '.join(modes)})"
+    if backends is not None and params["backend"] not in tuple(backends):
+        return f"backend '{params['backend']}' is not available here (have {', '.join(backends)})"
+    if mode in SINGLE_DEVICE_MODES and W != 1:
+        return f"mode '{mode}' runs on one device: needs W == 1, got W={W}"
+    if max_W is not None and max_W < W:
+        return f"W={W} is more than the {max_W} device(s) present"
+    if mode == "headwise" and H % W != 0:
+        return f"headwise needs H % W == 0, got H={H}, W={W}"
+    if W > 1:
+        n = tokens(params)
+        parts = 2 * W if params["layout"] == "zigzag" else W
+        if n % parts != 0:
+            what = "lengths sum" if params.get("lengths") else "B*T"
+            return f"layout '{params['layout']}' splits the tokens into {parts} equal parts: needs {what}={n} divisible by {parts}"
+    return None
+
+
+def _shapes(spec: SweepSpec) -> Iterator[dict[str, Any]]:
+    a = spec.axes
+    for B in a.B:
+        for T in a.T or []:
+            yield {"B": B, "T": T}
+    for lens in a.lengths or []:
+        yield {"B": 1, "T": sum(lens), "lengths": list(lens)}
+
+
+def expand(
+    spec: SweepSpec,
+    *,
+    max_W: int | None = None,
+    modes: Iterable[str] | None = None,
+    backends: Iterable[str] | None = None,
+) -> list[dict[str, Any]]:
+    """The point rows of `spec`, in grid order, as dicts of `db.models.Point` columns.
+
+    Each row: idx, key, params (every axis value; `lengths` for varlen; `rep`), the indexed columns (op, mode,
+    backend, B, T, H, K, V, lb, W, layout, direction, dtype, seed), status (`queued` or `skipped`), reason and
+    max_attempts. Params also hold `mode_options` (see `mode_options`) when the mode has any. `max_W`, `modes`, `backends`: what this machine has (see `skip_reason`); None = not checked.
+    """
+    modes = tuple(modes) if modes is not None else None
+    backends = tuple(backends) if backends is not None else None
+    a = spec.axes
+    rows: list[dict[str, Any]] = []
+    outer = itertools.product(spec.ops, spec.backends, a.dtype, a.direction, a.layout, list(_shapes(spec)))
+    for op, backend, dtype, direction, layout, shape in outer:
+        inner = itertools.product(a.H, a.K, a.V, a.lb, a.W, spec.modes, spec.seeds, range(spec.repetitions))
+        for H, K, V, lb, W, mode, seed, rep in inner:
+            params = {
+                "op": op, "mode": mode, "backend": backend, **shape, "H": H, "K": K, "V": V, "lb": float(lb), "W": W,
+                "layout": layout, "direction": direction, "dtype": dtype, "seed": seed, "rep": rep,
+            }
+            opts = mode_options(spec, mode)
+            if opts:
+                params["mode_options"] = opts
+            rows.append(_row(len(rows), params, spec, max_W, modes, backends))
+    return rows
+
+
+def _row(
+    idx: int,
+    params: dict[str, Any],
+    spec: SweepSpec,
+    max_W: int | None,
+    modes: tuple[str, ...] | None,
+    backends: tuple[str, ...] | None,
+) -> dict[str, Any]:
+    reason = skip_reason(params, max_W=max_W, modes=modes, backends=backends)
+    return {
+        "idx": idx,
+        "key": point_key(params),
+        "params": params,
+        **{c: params[c] for c in ("op", "mode", "backend", "B", "T", "H", "K", "V", "lb", "W", "layout", "direction", "dtype", "seed")},
+        "status": "skipped" if reason else "queued",
+        "reason": reason,
+        "max_attempts": spec.max_attempts,
+    }

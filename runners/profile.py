@@ -1,0 +1,262 @@
+"""One profiled step: collective counts and bytes, host syncs, kernel launches, peak memory, a Chrome trace.
+
+`profile_step` runs the (already warm) step once under `torch.profiler` inside a `cpbench::step` range on each
+rank; `merge_ranks` folds the per-rank summaries into the point's profile. Counting rules:
+
+- Collectives. Each call shows up under up to three names: the dispatcher op (`c10d::_allgather_base_`,
+  `c10d::allgather_`, `_c10d_functional::all_gather_into_tensor`), the backend's event (`gloo:all_gather`,
+  `nccl:all_gather`) and maybe a user range (`cp::all_gather`). One layer is counted, never several: the
+  dispatcher ops when the step has any, else the backend events (anchors/cpu-feasibility.md §3). Kinds:
+  all_gather, all_to_all, all_reduce, reduce_scatter, send, recv, broadcast (barriers are not counted).
+  Bytes are the local input of each call (`record_shapes`): from the backend events where they carry shapes
+  (gloo's `Input Dims`), else from the `*_base_` dispatcher ops' input argument.
+- Host syncs: `aten::_local_scalar_dense` (one per `.item()`, `float(t)`, `bool(t)`; `aten::item` wraps it and
+  is listed but not counted twice) + CUDA runtime synchronisations (`cudaStreamSynchronize`,
+  `cudaDeviceSynchronize`, `cudaEventSynchronize`, ...) not inside such an item + device-to-host copies
+  (`Memcpy DtoH`) beyond the runtime syncs (a blocking copy comes with one). CPU events count only inside the
+  step's range.
+- Kernel launches: GPU kernel events (memcpy/memset, NCCL's `nccl:*` and user annotations excluded); 0 on CPU.
+- Peak memory: `torch.cuda.max_memory_allocated` over the step on CUDA; None on the CPU.
+
+Merging ranks: group collectives, launches and peak memory are per rank (max over ranks); point-to-point
+send/recv and host syncs are totals over the gang (a ring of W ranks shows W-1 sends and W-1 recvs).
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["ProfileSummary", "classify_collective", "merge_ranks", "profile_step", "summarize_events"]
+
+logger = logging.getLogger(__name__)
+
+STEP_RANGE = "cpbench::step"
+DISPATCH_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::")
+BACKEND_PREFIXES = ("gloo:", "nccl:", "mpi:", "ucc:", "xccl:")
+# (prefix of the op name with underscores removed, kind); first match wins
+_KINDS = (
+    ("allgather", "all_gather"),
+    ("alltoall", "all_to_all"),
+    ("allreduce", "all_reduce"),
+    ("reducescatter", "reduce_scatter"),
+    ("send", "send"),
+    ("recv", "recv"),
+    ("broadcast", "broadcast"),
+    ("barrier", "barrier"),
+)
+P2P_KINDS = ("send", "recv")
+# dispatcher ops whose argument 1 is the local input tensor (argument 0 is the output)
+_BASE_OP_INPUT_ARG = ("c10d::_allgather_base_", "c10d::alltoall_base_", "c10d::_reduce_scatter_base_")
+ITEM_EVENTS = ("aten::_local_scalar_dense",)
+SYNC_RUNTIME = (
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "cuStreamSynchronize",
+    "cuCtxSynchronize",
+    "cuEventSynchronize",
+)
+_DTYPE_BYTES = {
+    "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "long": 8, "int": 4,
+    "short int": 2, "signed char": 1, "unsigned char": 1, "bool": 1, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1,
+}
+
+
+@dataclass
+class ProfileSummary:
+    """What one profiled step did on one rank (or, after `merge_ranks`, on the gang)."""
+
+    collectives: dict[str, int] = field(default_factory=dict)
+    collective_bytes: dict[str, int] = field(default_factory=dict)
+    host_syncs: int = 0
+    sync_events: dict[str, int] = field(default_factory=dict)
+    kernel_launches: int = 0
+    peak_memory_bytes: int | None = None
+    trace_path: str | None = None
+    per_rank: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def classify_collective(name: str) -> tuple[str, str] | None:
+    """`(layer, kind)` of a profiler event name, layer "dispatch" or "backend"; None if not a collective."""
+    for layer, prefixes in (("dispatch", DISPATCH_PREFIXES), ("backend", BACKEND_PREFIXES)):
+        for p in prefixes:
+            if name.startswith(p):
+                op = name[len(p):].replace("_", "").lower()
+                for stem, kind in _KINDS:
+                    if op.startswith(stem):
+                        return layer, kind
+                return None
+    return None
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _input_bytes(evt: Any, arg: int) -> int:
+    shapes = getattr(evt, "input_shapes", None) or []
+    dtypes = getattr(evt, "input_dtypes", None) or []
+    if len(shapes) <= arg or not shapes[arg] or not all(isinstance(d, int) for d in shapes[arg]):
+        return 0
+    dt = dtypes[arg] if len(dtypes) > arg else "float"
+    return _numel(shapes[arg]) * _DTYPE_BYTES.get(str(dt), 4)
+
+
+def _in_window(evt: Any, window: tuple[float, float] | None) -> bool:
+    if window is None:
+        return True
+    tr = evt.time_range
+    return tr.start >= window[0] and tr.end <= window[1]
+
+
+def _has_ancestor(evt: Any, names: Iterable[str]) -> bool:
+    names = tuple(names)
+    parent = getattr(evt, "cpu_parent", None)
+    while parent is not None:
+        if parent.name in names:
+            return True
+        parent = getattr(parent, "cpu_parent", None)
+    return False
+
+
+def _is_device_event(evt: Any) -> bool:
+    dt = getattr(evt, "device_type", None)
+    return dt is not None and getattr(dt, "name", str(dt)) not in ("CPU",)
+
+
+def summarize_events(events: Sequence[Any]) -> ProfileSummary:
+    """Counts of one rank's profiler events (`prof.events()`), limited to the `cpbench::step` range if present."""
+    step = [e for e in events if e.name == STEP_RANGE and not _is_device_event(e)]
+    window = (step[0].time_range.start, step[0].time_range.end) if step else None
+    host = [e for e in events if not _is_device_event(e) and e.name != STEP_RANGE and _in_window(e, window)]
+    device = [e for e in events if _is_device_event(e)]
+
+    by_layer: dict[str, dict[str, int]] = {"dispatch": {}, "backend": {}}
+    bytes_by_layer: dict[str, dict[str, int]] = {"dispatch": {}, "backend": {}}
+    for e in host:
+        c = classify_collective(e.name)
+        if c is None:
+            continue
+        layer, kind = c
+        by_layer[layer][kind] = by_layer[layer].get(kind, 0) + 1
+        if layer == "backend":
+            nbytes = _input_bytes(e, 0)
+        else:
+            nbytes = _input_bytes(e, 1) if e.name in _BASE_OP_INPUT_ARG else 0
+        bytes_by_layer[layer][kind] = bytes_by_layer[layer].get(kind, 0) + nbytes
+    layer = "dispatch" if by_layer["dispatch"] else "backend"
+    collectives = {k: n for k, n in sorted(by_layer[layer].items()) if k != "barrier"}
+    blayer = "backend" if any(bytes_by_layer["backend"].values()) else "dispatch"
+    collective_bytes = {k: bytes_by_layer[blayer].get(k, 0) for k in collectives}
+
+    sync_events: dict[str, int] = {}
+    host_syncs = 0
+    for e in host:
+        if e.name in ("aten::item", *ITEM_EVENTS, *SYNC_RUNTIME):
+            sync_events[e.name] = sync_events.get(e.name, 0) + 1
+        if e.name in ITEM_EVENTS or e.name in SYNC_RUNTIME and not _has_ancestor(e, ITEM_EVENTS):
+            host_syncs += 1
+    d2h = [e for e in device if e.name.startswith("Memcpy DtoH")]
+    if d2h:
+        sync_events["Memcpy DtoH"] = len(d2h)
+        # a blocking D2H copy comes with a runtime sync counted above; count only the copies beyond those
+        host_syncs += max(0, len(d2h) - sum(sync_events.get(n, 0) for n in SYNC_RUNTIME))
+    launches = sum(
+        1 for e in device
+        if not e.name.startswith(("Memcpy", "Memset", *BACKEND_PREFIXES)) and not getattr(e, "is_user_annotation", False)
+    )
+    return ProfileSummary(
+        collectives=collectives,
+        collective_bytes=collective_bytes,
+        host_syncs=host_syncs,
+        sync_events=sync_events,
+        kernel_launches=launches,
+    )
+
+
+def profile_step(
+    step: Callable[[], Any],
+    *,
+    device: torch.device,
+    trace_path: str | os.PathLike[str] | None = None,
+) -> ProfileSummary:
+    """Run `step` once under the profiler; count (see module docstring); write a gzipped Chrome trace if asked."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    on_cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+    if on_cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    with profile(activities=activities, record_shapes=True) as prof:
+        with record_function(STEP_RANGE):
+            step()
+        if on_cuda:
+            torch.cuda.synchronize(device)
+    summary = summarize_events(prof.events())
+    if on_cuda:
+        summary.peak_memory_bytes = int(torch.cuda.max_memory_allocated(device))
+    if trace_path is not None:
+        summary.trace_path = str(_export_trace(prof, Path(trace_path)))
+    return summary
+
+
+def _export_trace(prof: Any, path: Path) -> Path:
+    """Write the Chrome trace gzipped at `path` (a `.json.gz`); returns the path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".json", dir=path.parent)
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(tmp)
+        with open(tmp, "rb") as src, gzip.open(path, "wb", compresslevel=6) as dst:
+            shutil.copyfileobj(src, dst)
+    finally:
+        os.unlink(tmp)
+    return path
+
+
+def merge_ranks(summaries: Sequence[ProfileSummary]) -> ProfileSummary:
+    """The gang's profile from each rank's: group collectives, launches, peak memory as max over ranks;
+    send/recv counts and bytes, host syncs and sync events as totals. The trace is rank 0's."""
+    if not summaries:
+        return ProfileSummary()
+    kinds = sorted({k for s in summaries for k in s.collectives})
+    coll, cbytes = {}, {}
+    for k in kinds:
+        agg = sum if k in P2P_KINDS else max
+        coll[k] = agg(s.collectives.get(k, 0) for s in summaries)
+        cbytes[k] = agg(s.collective_bytes.get(k, 0) for s in summaries)
+    sync_events: dict[str, int] = {}
+    for s in summaries:
+        for n, c in s.sync_events.items():
+            sync_events[n] = sync_events.get(n, 0) + c
+    peaks = [s.peak_memory_bytes for s in summaries if s.peak_memory_bytes is not None]
+    return ProfileSummary(
+        collectives=coll,
+        collective_bytes=cbytes,
+        host_syncs=sum(s.host_syncs for s in summaries),
+        sync_events=sync_events,
+        kernel_launches=max(s.kernel_launches for s in summaries),
+        peak_memory_bytes=max(peaks) if peaks else None,
+        trace_path=summaries[0].trace_path,
+        per_rank=[
+            {"collectives": s.collectives, "host_syncs": s.host_syncs, "kernel_launches": s.kernel_launches}
+            for s in summaries
+        ],
+    )

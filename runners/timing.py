@@ -1,0 +1,196 @@
+"""Timing of one step on every rank of a gang: warmup, then samples until the stop rule says enough.
+
+Measures only; returns raw samples (ms) and why it stopped. Summaries are `runners.stats`, storage `db.crud`.
+
+Method (nvbench's cold measurement, anchors/bench-services.md (d) level 0):
+
+- Warmup (both clocks) until the first-call costs (Triton compile, autotune, allocator growth) are over: at
+  least `warmup_min_iters` calls and `warmup_s` seconds, the first call never counts as settled, and the last
+  call is no slower than 1.5x the fastest call after the first.
+- CUDA: each sample: zero an L2-flush buffer of twice the device's L2 size (outside the timed interval),
+  record a CUDA event, run the step, record another, wait for it; the sample is the event interval.
+- CPU: wall clock (`time.perf_counter`) around the step; no flush.
+- Several ranks: each rank times its own step; after the timed region only, one tiny all-reduce (MAX) of
+  `[ms, -ms, elapsed]` gives every rank the same sample (the max over ranks), the min over ranks (kept for
+  the skew) and the same elapsed time, so every rank takes the same stop decision and no collective hangs.
+  The all-reduce and its host read also line the ranks up before the next sample.
+
+Stop rule (`StopRule`, defaults as nvbench's `--min-samples 10 --min-time 0.5 --timeout 15`, noise as
+relative IQR): stop with "noise" once there are `min_samples` samples, `min_time_s` seconds have passed
+since sampling began and IQR/median <= `max_rel_iqr`; with "max_samples" at `max_samples`; with "timeout"
+after `timeout_s` seconds of sampling (at least one sample is always taken).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+from runners.stats import rel_iqr
+
+__all__ = ["L2Flush", "StopRule", "TimingResult", "should_stop", "time_step"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """When sampling stops. Defaults are the documented ones (module docstring); a spec's `timing` overrides.
+
+    min_samples: samples before the noise rule may stop (10).
+    max_samples: hard cap on samples (200).
+    min_time_s: seconds of sampling before the noise rule may stop (0.5).
+    max_rel_iqr: noise target, IQR / median (0.02).
+    timeout_s: seconds of sampling after which it stops whatever the noise (15).
+    warmup_s / warmup_min_iters: least warmup time and calls (0.025 s, 2); warmup also ends at `timeout_s`.
+    flush_l2: zero an L2-sized buffer before every CUDA sample (True).
+    """
+
+    min_samples: int = 10
+    max_samples: int = 200
+    min_time_s: float = 0.5
+    max_rel_iqr: float = 0.02
+    timeout_s: float = 15.0
+    warmup_s: float = 0.025
+    warmup_min_iters: int = 2
+    flush_l2: bool = True
+
+    @classmethod
+    def from_mapping(cls, d: Mapping[str, Any] | None) -> StopRule:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in (d or {}).items() if k in names})
+
+
+@dataclass
+class TimingResult:
+    """Raw samples of one point (ms, max over ranks) and how they were taken."""
+
+    samples_ms: list[float]
+    stop_reason: str  # "noise" | "max_samples" | "timeout"
+    clock: str  # "cuda_events" | "wall"
+    rank_min_ms: list[float] = field(default_factory=list)  # min over ranks per sample (skew = max - min)
+    warmup_iters: int = 0
+    warmup_s: float = 0.0
+    l2_flush_bytes: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def should_stop(samples_ms: list[float], elapsed_s: float, rule: StopRule) -> str | None:
+    """The stop reason after these samples and this much sampling time, or None to take another."""
+    n = len(samples_ms)
+    if n == 0:
+        return None
+    if n >= rule.min_samples and elapsed_s >= rule.min_time_s and rel_iqr(samples_ms) <= rule.max_rel_iqr:
+        return "noise"
+    if n >= rule.max_samples:
+        return "max_samples"
+    if elapsed_s >= rule.timeout_s:
+        return "timeout"
+    return None
+
+
+class L2Flush:
+    """A buffer of twice the device's L2 size; calling it zeroes the buffer (evicting the step's data from L2)."""
+
+    def __init__(self, device: torch.device) -> None:
+        props = torch.cuda.get_device_properties(device)
+        l2 = int(getattr(props, "L2_cache_size", 0) or 0) or (50 << 20)
+        self.nbytes = 2 * l2
+        self.buffer = torch.empty(self.nbytes // 4, dtype=torch.int32, device=device)
+
+    def __call__(self) -> None:
+        self.buffer.zero_()
+
+
+class _RankMax:
+    """Max over the ranks of a few floats, through one all-reduce of a reused tiny tensor (identity alone)."""
+
+    def __init__(self, group: Any, device: torch.device) -> None:
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.group = group
+        self.active = group is not None and dist.get_world_size(group) > 1
+        self.device = device
+
+    def __call__(self, ms: float, elapsed: float) -> tuple[float, float, float]:
+        if not self.active:
+            return ms, ms, elapsed
+        buf = torch.tensor([ms, -ms, elapsed], dtype=torch.float64, device=self.device)
+        self.dist.all_reduce(buf, op=self.dist.ReduceOp.MAX, group=self.group)
+        hi, neg_lo, el = buf.tolist()
+        return hi, -neg_lo, el
+
+
+def time_step(
+    step: Callable[[], Any],
+    *,
+    rule: StopRule,
+    device: torch.device,
+    group: Any = None,
+    flush: L2Flush | None = None,
+) -> TimingResult:
+    """Warm `step` up, then sample it until `rule` stops. Every rank of `group` must call this together.
+
+    `flush`: the L2 flush to run before each CUDA sample (None: no flush). On the CPU it is ignored.
+    """
+    on_cuda = device.type == "cuda"
+    rank_max = _RankMax(group, device)
+    if on_cuda:
+        start_ev, end_ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+        def one() -> float:
+            if flush is not None and rule.flush_l2:
+                flush()
+            start_ev.record()
+            step()
+            end_ev.record()
+            end_ev.synchronize()
+            return float(start_ev.elapsed_time(end_ev))
+    else:
+
+        def one() -> float:
+            t0 = time.perf_counter()
+            step()
+            return (time.perf_counter() - t0) * 1e3
+
+    # warmup: the first call (compile, autotune, allocator growth) never counts as settled; afterwards stop
+    # once enough calls and time have passed and the last call is within 1.5x of the fastest later call
+    t_warm = time.perf_counter()
+    calls: list[float] = []
+    while True:
+        hi, _lo, el = rank_max(one(), time.perf_counter() - t_warm)
+        calls.append(hi)
+        settled = len(calls) >= 2 and hi <= 1.5 * min(calls[1:])
+        if (len(calls) >= rule.warmup_min_iters and el >= rule.warmup_s and settled) or el >= rule.timeout_s:
+            break
+    iters = len(calls)
+    warm_s = time.perf_counter() - t_warm
+
+    samples: list[float] = []
+    lows: list[float] = []
+    t0 = time.perf_counter()
+    while True:
+        hi, lo, el = rank_max(one(), time.perf_counter() - t0)
+        samples.append(hi)
+        lows.append(lo)
+        reason = should_stop(samples, el, rule)
+        if reason is not None:
+            break
+    logger.debug("timed %d samples (%s) after %d warmup calls", len(samples), reason, iters)
+    return TimingResult(
+        samples_ms=samples,
+        stop_reason=reason,
+        clock="cuda_events" if on_cuda else "wall",
+        rank_min_ms=lows,
+        warmup_iters=iters,
+        warmup_s=warm_s,
+        l2_flush_bytes=flush.nbytes if (flush is not None and on_cuda and rule.flush_l2) else 0,
+    )

@@ -1,0 +1,37 @@
+"""Autotuning of the suite's Triton kernels: search each kernel's declared space per shape key, keep every trial,
+store the winners, export them as the versioned autotune JSON that `kernels.use_autotune` loads.
+
+- `search.py`: exhaustive, random(budget, seed), successive halving;
+- `trials.py`: one config: validity, correctness against the default config's outputs, timing, record;
+- `tune.py`: `tune_kernels(session, op=, shapes=, strategy=, budget=, sweep_id=, device=)` and `install_tuned`;
+- `export.py`: `build_export(session, device_name=)` and `write_export(path, session, ...)`;
+- `sweep.py`: `ensure_tuned(...)`, the worker's hook for sweeps with `tune: true`, and `install_payload`;
+- `clock.py`: the tuner's timers (CUDA events with L2 flush; wall clock on CPU, never exported).
+"""
+
+from runners.tuner.export import ExportError, build_export, export_from_rows, write_export
+from runners.tuner.search import STRATEGIES, SearchResult, candidates, search
+from runners.tuner.sweep import ensure_tuned, install_payload
+from runners.tuner.trials import Trial, run_trial
+from runners.tuner.tune import Shape, install_tuned, launched_configs, make_case, tune_case, tune_kernels
+
+__all__ = [
+    "STRATEGIES",
+    "ExportError",
+    "SearchResult",
+    "Shape",
+    "Trial",
+    "build_export",
+    "candidates",
+    "ensure_tuned",
+    "export_from_rows",
+    "install_payload",
+    "install_tuned",
+    "launched_configs",
+    "make_case",
+    "run_trial",
+    "search",
+    "tune_case",
+    "tune_kernels",
+    "write_export",
+]

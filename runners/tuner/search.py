@@ -1,0 +1,125 @@
+"""Search strategies over a kernel's declared space (`KernelSpec.space`): exhaustive, random, successive halving.
+
+Each strategy takes the candidate configs (`candidates(spec)`: the default first, then the space in a
+deterministic order) and `measure(cfg, n, rung) -> Trial` (runners.tuner.trials.run_trial bound to a context),
+and returns a `SearchResult`. Only `ok` trials compete; invalid, disqualified and failed ones are kept as data.
+
+- `exhaustive`: every candidate, `samples` samples each. Best = lowest median.
+- `random_search`: the default plus `budget - 1` other candidates drawn without replacement with
+  `random.Random(seed)`, `samples` each. Best = lowest median among those measured.
+- `successive_halving`: rung 0 measures every candidate with `min_samples`; each next rung keeps the best
+  `ceil(len / eta)` (at least 2) and measures them afresh with `eta` times more samples (capped at
+  `max_samples`), until 2 survive (3 with the pinned default) or the samples are capped; `budget` caps the rung-0 candidates (random
+  draw, as random_search). Best = lowest median of the last rung, so the winner and the runner-up are
+  compared with the most samples.
+
+The default config is always measured and, in halving, always kept to the last rung, so `default_ms` is
+measured like the winner and the winner is never worse than the default by more than noise.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kernels.configs import KernelSpec, LaunchConfig
+from runners.tuner.trials import Trial
+
+__all__ = ["STRATEGIES", "SearchResult", "candidates", "exhaustive", "random_search", "search", "successive_halving"]
+
+Measure = Callable[[LaunchConfig, int, int], Trial]
+STRATEGIES = ("exhaustive", "random", "halving")
+
+
+@dataclass
+class SearchResult:
+    """Trials of one (kernel, key) search; best/runner-up/default are ok trials of the final comparison."""
+
+    trials: list[Trial]
+    best: Trial | None
+    runner_up: Trial | None
+    default: Trial | None
+
+
+def candidates(spec: KernelSpec) -> list[LaunchConfig]:
+    """The default config first, then every config of the space (deduplicated, deterministic order)."""
+    out = [spec.default]
+    seen = {spec.default}
+    for cfg in spec.configs():
+        if cfg not in seen:
+            seen.add(cfg)
+            out.append(cfg)
+    return out
+
+
+def _finish(trials: list[Trial], final: Sequence[Trial], default_cfg: LaunchConfig) -> SearchResult:
+    # an exact tie keeps the default (no change without evidence), then a deterministic order
+    ok = sorted((t for t in final if t.status == "ok"),
+                key=lambda t: (t.median_ms, t.config != default_cfg, repr(t.config.as_dict())))
+    default = next((t for t in final if t.config == default_cfg and t.status == "ok"), None)
+    return SearchResult(trials=trials, best=ok[0] if ok else None, runner_up=ok[1] if len(ok) > 1 else None, default=default)
+
+
+def _draw(configs: Sequence[LaunchConfig], budget: int | None, seed: int) -> list[LaunchConfig]:
+    if budget is None or budget >= len(configs):
+        return list(configs)
+    if budget < 1:
+        raise ValueError(f"budget must be >= 1 (configs to measure), got budget={budget}")
+    rest = random.Random(seed).sample(list(configs[1:]), budget - 1)
+    return [configs[0], *rest]
+
+
+def exhaustive(configs: Sequence[LaunchConfig], measure: Measure, *, samples: int) -> SearchResult:
+    trials = [measure(c, samples, 0) for c in configs]
+    return _finish(trials, trials, configs[0])
+
+
+def random_search(configs: Sequence[LaunchConfig], measure: Measure, *, budget: int | None, seed: int, samples: int) -> SearchResult:
+    trials = [measure(c, samples, 0) for c in _draw(configs, budget, seed)]
+    return _finish(trials, trials, configs[0])
+
+
+def successive_halving(
+    configs: Sequence[LaunchConfig],
+    measure: Measure,
+    *,
+    min_samples: int,
+    max_samples: int,
+    eta: int = 3,
+    budget: int | None = None,
+    seed: int = 0,
+) -> SearchResult:
+    if eta < 2:
+        raise ValueError(f"eta must be >= 2, got eta={eta}")
+    default = configs[0]
+    alive = _draw(configs, budget, seed)
+    n, rung = min_samples, 0
+    trials: list[Trial] = []
+    while True:
+        this = [measure(c, n, rung) for c in alive]
+        trials.extend(this)
+        ok = sorted((t for t in this if t.status == "ok"), key=lambda t: t.median_ms)
+        if len(ok) <= 2 or n >= max_samples:
+            return _finish(trials, this, default)
+        keep = max(2, math.ceil(len(ok) / eta))
+        nxt = [t.config for t in ok[:keep]]
+        if default not in nxt and any(t.config == default for t in ok):
+            nxt.append(default)
+        if len(nxt) >= len(ok):  # nothing left to eliminate (2 survivors plus the pinned default)
+            return _finish(trials, this, default)
+        alive, n, rung = nxt, min(max_samples, n * eta), rung + 1
+
+
+def search(strategy: str, configs: Sequence[LaunchConfig], measure: Measure, *, budget: int | None = None, seed: int = 0,
+           samples: int = 20, min_samples: int = 5, max_samples: int = 60, eta: int = 3) -> SearchResult:
+    """Dispatch by name: "exhaustive" | "random" | "halving" (see the module docstring)."""
+    if strategy == "exhaustive":
+        return exhaustive(configs, measure, samples=samples)
+    if strategy == "random":
+        return random_search(configs, measure, budget=budget, seed=seed, samples=samples)
+    if strategy == "halving":
+        return successive_halving(configs, measure, min_samples=min_samples, max_samples=max_samples, eta=eta,
+                                  budget=budget, seed=seed)
+    raise ValueError(f"strategy must be one of {STRATEGIES}, got strategy={strategy!r}")

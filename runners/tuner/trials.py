@@ -1,0 +1,149 @@
+"""One tuning trial: a config of one kernel is checked for validity, run, checked for correctness, then timed.
+
+Outcomes (db.models.TRIAL_STATUSES):
+- `invalid`: the config cannot launch for this key: rejected before launching (BV > V, BK > K), or the launch
+  raised a resource/compile/argument error (triton OutOfResources, CompilationError, a ValueError of the
+  launcher). Recorded with the reason; never crashes the search.
+- `disqualified`: it ran, but its outputs differ from the default config's outputs by more than the tolerance
+  (relative L2), or are not finite, or the kernel did not launch with the trial config (observed through
+  `kernels.configs.LAUNCHES`, never assumed). A wrong config can never win.
+- `failed`: any other error (the text is kept).
+- `ok`: correct, then timed: `n` samples, median kept.
+
+Every trial goes through `record` (the tuner stores it as a `TuningTrial` row).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from kernels.configs import LAUNCHES, KernelSpec, LaunchConfig
+from runners.tuner.clock import Timer
+
+__all__ = ["Trial", "TrialContext", "output_error", "run_trial", "static_invalid_reason"]
+
+logger = logging.getLogger(__name__)
+
+Outputs = Sequence[Tensor | None]
+# runs the op once with explicit configs {kernel name: config} and returns its outputs
+RunFn = Callable[[Mapping[str, LaunchConfig]], Outputs]
+
+
+@dataclass
+class Trial:
+    """What one config did for one kernel and key (mirrors a TuningTrial row)."""
+
+    kernel: str
+    key: dict[str, Any]
+    config: LaunchConfig
+    strategy: str
+    rung: int
+    status: str
+    median_ms: float | None = None
+    n: int = 0
+    error: str | None = None
+    samples: list[float] = field(default_factory=list, repr=False)
+
+
+@dataclass
+class TrialContext:
+    """Everything a trial of `kernel` needs: how to run the op, what is correct, how to time, where to record."""
+
+    spec: KernelSpec
+    key: dict[str, Any]
+    run: RunFn
+    fixed: dict[str, LaunchConfig]  # the configs of the op's other kernels during this kernel's search
+    reference: Outputs  # outputs with every kernel at its default config
+    tol: float  # relative L2 tolerance against `reference`
+    timer: Timer
+    strategy: str
+    record: Callable[[Trial], None] | None = None
+
+
+def static_invalid_reason(cfg: LaunchConfig, key: Mapping[str, Any]) -> str | None:
+    """Why `cfg` cannot launch for `key` without trying it (tiles wider than the head dims), or None."""
+    for blk, dim in (("BV", "V"), ("BK", "K")):
+        b, n = getattr(cfg, blk), key.get(dim)
+        if b is not None and isinstance(n, int) and not isinstance(n, bool) and b > n:
+            return f"{blk}={b} > {dim}={n}"
+    return None
+
+
+def output_error(reference: Outputs, got: Outputs) -> float:
+    """Largest relative L2 error over the outputs (inf when a shape differs or a value is not finite)."""
+    worst = 0.0
+    for r, x in zip(reference, got, strict=True):
+        if r is None and x is None:
+            continue
+        if r is None or x is None or r.shape != x.shape:
+            return float("inf")
+        xd, rd = x.double(), r.double()
+        if not bool(torch.isfinite(xd).all()):
+            return float("inf")
+        worst = max(worst, float((rd - xd).norm() / rd.norm().clamp_min(1e-30)))
+    return worst
+
+
+def _is_invalid_launch(err: BaseException) -> bool:
+    try:
+        from triton.compiler.errors import CompilationError
+        from triton.runtime import errors as rt_errors
+    except ImportError:  # pragma: no cover - triton is a dependency of the triton backend
+        return isinstance(err, ValueError)
+    # under TRITON_INTERPRET=1, what would fail to compile on a GPU (e.g. a non-power-of-2 tl.arange) is an InterpreterError
+    kinds = (rt_errors.OutOfResources, CompilationError, ValueError, getattr(rt_errors, "InterpreterError", ValueError))
+    return isinstance(err, kinds)
+
+
+def _is_fatal(err: BaseException) -> bool:
+    """A CUDA error poisons the context: later trials would fail too, so the search stops."""
+    return isinstance(err, RuntimeError) and "CUDA error" in str(err)
+
+
+def run_trial(ctx: TrialContext, cfg: LaunchConfig, *, n: int, rung: int = 0) -> Trial:
+    """Check, run, verify and time one config (see the module docstring); records and returns the trial."""
+    name = ctx.spec.name
+    trial = Trial(kernel=name, key=dict(ctx.key), config=cfg, strategy=ctx.strategy, rung=rung, status="ok")
+    configs = {**ctx.fixed, name: cfg}
+    fatal: BaseException | None = None
+    reason = static_invalid_reason(cfg, ctx.key)
+    if reason is not None:
+        trial.status, trial.error = "invalid", reason
+    else:
+        try:
+            LAUNCHES.pop(name, None)
+            got = ctx.run(configs)
+            launched = LAUNCHES.get(name)
+            err = output_error(ctx.reference, got)
+            if launched is None or launched[1] != cfg:
+                trial.status = "disqualified"
+                trial.error = f"kernel {name} did not launch with the trial config (launched: {launched[1] if launched else None})"
+            elif not err <= ctx.tol:
+                trial.status, trial.error = "disqualified", f"relative L2 error {err:.3e} > tol {ctx.tol:.1e} vs the default config"
+            else:
+                trial.samples = ctx.timer(lambda: ctx.run(configs), n)
+                trial.n = len(trial.samples)
+                trial.median_ms = statistics.median(trial.samples)
+        except Exception as e:  # noqa: BLE001 - every failure is data
+            if _is_invalid_launch(e):
+                trial.status = "invalid"
+            else:
+                trial.status = "failed"
+                fatal = e if _is_fatal(e) else None
+            trial.error = f"{type(e).__name__}: {e}"[:2000]
+            logger.debug("trial %s %s: %s", name, cfg, traceback.format_exc())
+    logger.info("trial %s %s rung %d: %s %s", name, cfg.as_dict(), rung, trial.status,
+                f"{trial.median_ms:.4f} ms" if trial.median_ms is not None else trial.error)
+    if ctx.record is not None:
+        ctx.record(trial)
+    if fatal is not None:
+        raise fatal
+    return trial

@@ -1,0 +1,113 @@
+"""Seeded inputs of a grid point, built directly on the device (never zeros, never copied from the host).
+
+From the point's params (op, B, T or lengths, H, K, V, lb, dtype, seed), in this order from one generator on
+the device: q ~ N(0,1); k ~ N(0,1) L2-normalised over K; v ~ N(0,1); g = lb * sigmoid(N(0,1)) (so lb <= g <= 0,
+`[B, T, H]` for gdn, `[B, T, H, K]` for kda); beta = sigmoid(N(0,1)). q, k, v, beta take the point's dtype; g
+stays fp32 (a bf16 log decay loses its small values). The same params give the same tensors on every rank of
+a gang, so each rank can shard the global inputs itself.
+
+CP schemes take the token axis flattened (B = 1, `cu_seqlens` bounds): `Workload.flat()` gives that view of a
+dense batch. `reduced_params` shrinks a point for the reference check (the per-token fp32 recurrence is slow).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["DTYPES", "Workload", "make_workload", "reduced_params"]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Workload:
+    """Inputs of one point. Dense: `[B, T, ...]`, `cu_seqlens` None. Varlen or flat: `[1, N, ...]` + bounds."""
+
+    op: str
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    g: Tensor
+    beta: Tensor
+    cu_seqlens: Tensor | None  # int32 on the device, or None for dense input
+    cu_seqlens_cpu: list[int]  # the sequence bounds over the flattened token axis (always set)
+
+    @property
+    def tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        return self.q, self.k, self.v, self.g, self.beta
+
+    def flat(self) -> Workload:
+        """The same inputs as one flattened sequence batch `[1, B*T, ...]` with `cu_seqlens` (views, no copy)."""
+        if self.cu_seqlens is not None:
+            return self
+        q, k, v, g, beta = (x.flatten(0, 1).unsqueeze(0) for x in self.tensors)
+        cu = torch.tensor(self.cu_seqlens_cpu, dtype=torch.int32, device=self.q.device)
+        return replace(self, q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu)
+
+
+def make_workload(params: dict[str, Any], *, device: torch.device | str) -> Workload:
+    """The point's inputs on `device` (see the module docstring for the distributions)."""
+    device = torch.device(device)
+    op, H, K, V = params["op"], int(params["H"]), int(params["K"]), int(params["V"])
+    lb, seed = float(params["lb"]), int(params["seed"])
+    if params["dtype"] not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got dtype={params['dtype']!r}")
+    dtype = DTYPES[params["dtype"]]
+    lengths = params.get("lengths")
+    if lengths:
+        B, T = 1, int(sum(lengths))
+        bounds = [0]
+        for n in lengths:
+            bounds.append(bounds[-1] + int(n))
+    else:
+        B, T = int(params["B"]), int(params["T"])
+        bounds = [i * T for i in range(B + 1)]
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+
+    def randn(*shape: int) -> Tensor:
+        return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32)
+
+    q = randn(B, T, H, K)
+    k = torch.nn.functional.normalize(randn(B, T, H, K), p=2, dim=-1)
+    v = randn(B, T, H, V)
+    g = lb * torch.sigmoid(randn(B, T, H) if op == "gdn" else randn(B, T, H, K))
+    beta = torch.sigmoid(randn(B, T, H))
+    q, k, v, beta = (x.to(dtype) for x in (q, k, v, beta))
+    cu = torch.tensor(bounds, dtype=torch.int32, device=device) if lengths else None
+    return Workload(op=op, q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu, cu_seqlens_cpu=bounds)
+
+
+def reduced_params(params: dict[str, Any], *, max_tokens: int) -> dict[str, Any]:
+    """A smaller point of the same kind for the reference check: at most `max_tokens` tokens (B = 1), at most
+    2 heads (W for headwise, which needs H % W == 0), same op, dims, decay, dtype, mode, W, layout and seed.
+    Varlen length lists are scaled down keeping their shape (several sequences crossing rank boundaries).
+    The token count stays divisible by W (contiguous) or 2W (zigzag)."""
+    W = int(params["W"])
+    unit = 2 * W if params["layout"] == "zigzag" else W
+    total = int(sum(params["lengths"])) if params.get("lengths") else int(params["B"]) * int(params["T"])
+    n = min(total, max(unit, max_tokens // unit * unit))
+    n -= n % unit
+    out = dict(params)
+    out["H"] = W if params["mode"] == "headwise" else min(int(params["H"]), 2)
+    out["B"] = 1
+    if params.get("lengths") or int(params["B"]) > 1:
+        lens = list(params["lengths"]) if params.get("lengths") else [int(params["T"])] * int(params["B"])
+        if total != n:
+            scaled = [max(1, x * n // total) for x in lens]
+            # fix the rounding so the lengths sum to n exactly (take from or add to the longest)
+            while sum(scaled) != n:
+                i = max(range(len(scaled)), key=lambda j: scaled[j])
+                scaled[i] += 1 if sum(scaled) < n else -1
+                if scaled[i] == 0:
+                    scaled.pop(i)
+            lens = scaled
+        out["lengths"], out["T"] = lens, n
+    else:
+        out.pop("lengths", None)
+        out["T"] = n
+    return out

@@ -1,0 +1,45 @@
+"""Fixtures of the API tests: a migrated SQLite store per module, the app built on it with a known token, served
+by a real uvicorn on 127.0.0.1 (`live_server.LiveServer`), and an httpx client with and without the token."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bench_server.core.config import ServerSettings
+from bench_server.main import create_app
+from db.migrate import upgrade
+from db.session import dispose_engine
+from tests.bench_server.live_server import LiveServer
+
+TOKEN = "test-token-0123456789abcdef"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture(scope="module")
+def store_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    url = f"sqlite:///{Path(tmp_path_factory.mktemp('api')) / 'cpbench.db'}"
+    upgrade(url)
+    yield url
+    dispose_engine(url)
+
+
+@pytest.fixture(scope="module")
+def server(store_url: str) -> Iterator[LiveServer]:
+    app = create_app(ServerSettings(DATABASE_URL=store_url, API_TOKEN=TOKEN))
+    with LiveServer(app) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def client(server: LiveServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture
+def auth() -> dict[str, str]:
+    return dict(AUTH)

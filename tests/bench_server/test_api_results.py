@@ -1,0 +1,100 @@
+"""Results, configs export and workers over HTTP, on a store seeded through `db.crud` (tests.dashboards.seed).
+
+Scenarios: each filter (sweep, op, mode, backend, B, T, W, lb, device, status) keeps exactly the matching points
+and the count says how many match; pagination walks the same ordered list; CSV carries the same page with a header
+and the total in X-Total-Count; the autotune export is served for a device (CPU only when asked), 404 for an
+unknown one; workers list with `alive`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+import httpx
+import pytest
+
+from db import crud
+from db.session import session_scope
+from tests.dashboards.seed import Seeded, seed_store
+
+
+@pytest.fixture(scope="module")
+def seeded(store_url: str, server: Any) -> Seeded:
+    return seed_store(store_url)
+
+
+def all_rows(client: httpx.Client, sweep_id: int) -> list[dict[str, Any]]:
+    page = client.get("/api/v1/results", params={"sweep": sweep_id, "limit": 1000}).json()
+    assert page["count"] == len(page["data"])
+    return page["data"]
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("mode", "true_cp"), ("op", "gdn"), ("backend", "torch"), ("B", 2), ("T", 1024), ("W", 4), ("lb", -4.0),
+    ("device", "cpu"), ("status", "failed"),
+])
+def test_read_results_filter(client: httpx.Client, seeded: Seeded, name: str, value: Any) -> None:
+    rows = all_rows(client, seeded.sweep_id)
+    column = "device_name" if name == "device" else name
+    expected = [r["id"] for r in rows if r[column] == value]
+    assert expected, f"the seed has no point with {name}={value}"
+    page = client.get("/api/v1/results", params={"sweep": seeded.sweep_id, name: value, "limit": 1000}).json()
+    assert page["count"] == len(expected) and [r["id"] for r in page["data"]] == expected
+
+
+def test_read_results_combined_filters_and_fields(client: httpx.Client, seeded: Seeded) -> None:
+    page = client.get("/api/v1/results", params={"sweep": seeded.sweep_id, "mode": "ring", "W": 2, "T": 256, "lb": -1.0}).json()
+    assert page["count"] == 2  # B in (1, 2)
+    row = page["data"][0]
+    assert row["status"] == "done" and row["median_ms"] > 0 and row["p10_ms"] <= row["median_ms"] <= row["p90_ms"]
+    assert row["collectives"] == {"send": 1, "recv": 1} and row["device_name"] == "cpu"
+    several = client.get("/api/v1/results", params=[("sweep", seeded.sweep_id), ("mode", "ring"), ("mode", "none")]).json()
+    assert {r["mode"] for r in several["data"]} == {"ring", "none"}
+    assert client.get("/api/v1/results", params={"sweep": 10**6}).json() == {"data": [], "count": 0}
+    assert client.get("/api/v1/results", params={"T": "long"}).status_code == 422
+
+
+def test_read_results_pagination(client: httpx.Client, seeded: Seeded) -> None:
+    ids = [r["id"] for r in all_rows(client, seeded.sweep_id)]
+    walked = []
+    for skip in range(0, len(ids), 7):
+        page = client.get("/api/v1/results", params={"sweep": seeded.sweep_id, "skip": skip, "limit": 7}).json()
+        assert page["count"] == len(ids)
+        walked += [r["id"] for r in page["data"]]
+    assert walked == ids == sorted(ids)
+
+
+def test_read_results_csv(client: httpx.Client, seeded: Seeded) -> None:
+    r = client.get("/api/v1/results", params={"sweep": seeded.sweep_id, "mode": "true_cp", "limit": 5, "format": "csv"})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv")
+    total = client.get("/api/v1/results", params={"sweep": seeded.sweep_id, "mode": "true_cp"}).json()["count"]
+    assert r.headers["x-total-count"] == str(total) == "17" and "attachment" in r.headers["content-disposition"]
+    rows = list(csv.DictReader(io.StringIO(r.text)))
+    assert len(rows) == 5 and list(rows[0]) == list(crud.RESULT_FIELDS)
+    assert {row["mode"] for row in rows} == {"true_cp"} and all(float(row["median_ms"]) > 0 for row in rows)
+    assert rows[0]["collectives"] == '{"all_gather": 1}'
+
+
+def test_export_configs(client: httpx.Client, seeded: Seeded) -> None:
+    assert client.get("/api/v1/configs/export", params={"device": "cpu"}).status_code == 400  # CPU timings refused
+    r = client.get("/api/v1/configs/export", params={"device": "cpu", "allow_cpu": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["device"]["name"] == "cpu" and body["schema_version"]
+    assert {name: len(k["entries"]) for name, k in body["kernels"].items()} == {k: 2 for k in seeded.kernels}
+    r = client.get("/api/v1/configs/export", params={"device": "NVIDIA H9000"})
+    assert r.status_code == 404 and "NVIDIA H9000" in r.json()["detail"]
+
+
+def test_read_workers(client: httpx.Client, store_url: str, seeded: Seeded) -> None:
+    with session_scope(store_url) as session:
+        crud.register_worker(session, name="host:1:abcd", host="host", pid=1, devices={"kind": "cpu", "count": 1},
+                             environment_id=None)
+        crud.register_worker(session, name="host:2:dead", host="host", pid=2, devices={"kind": "cpu"}, environment_id=None)
+        crud.touch_worker(session, name="host:2:dead", status="stopped")
+    body = client.get("/api/v1/workers").json()
+    by_name = {w["name"]: w for w in body["data"]}
+    assert body["count"] >= 2
+    assert by_name["host:1:abcd"]["alive"] is True and by_name["host:2:dead"]["alive"] is False

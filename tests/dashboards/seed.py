@@ -1,0 +1,168 @@
+"""Seed a migrated store directly through `db.crud` (fast: no sweep is run) for the dashboard and API tests.
+
+`seed_store(url)` writes:
+- a CP sweep "cp-demo": modes none and warmup_correct (W=1), headwise, all_gather, ring, true_cp (W=2 and 4), over
+  T in (256, 1024), B in (1, 2), lb in (-1, -4), every point measured and profiled (collectives as the cost model
+  says), plus one failed and one skipped point; latencies follow a simple model with seeded noise;
+- tuning trials for two kernels (two keys each, one invalid trial) and their tuned configs on device "cpu";
+- three nightly sweeps of two keys, and regression verdicts on the last one: SLOW for one key, SAME for the other,
+  and CHANGED for the other key on the second night.
+Returns a `Seeded` with the ids and the modes, so tests can say what the figures must hold.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from dashboards.cost_model import comm_cost
+from db import crud
+from db.models import Point, Sweep
+from db.session import session_scope
+
+CP_MODES = ("headwise", "all_gather", "ring", "true_cp")
+ONE_DEVICE_MODES = ("none", "warmup_correct")
+MODES = ("none", *CP_MODES, "warmup_correct")
+FACTS = {"device_name": "cpu", "torch": "2.13.0", "python": "3.11", "cpbench": "0.1.0", "host": "test"}
+
+
+@dataclass
+class Seeded:
+    sweep_id: int
+    modes: tuple[str, ...] = MODES
+    n_points: int = 0
+    kernels: tuple[str, ...] = ("seed_state_fwd", "seed_wy_fwd")
+    nightly_ids: list[int] = field(default_factory=list)
+    keys: tuple[str, ...] = ()
+
+
+def point(idx: int, *, mode: str, W: int, T: int, B: int, lb: float, H: int = 4, K: int = 32, V: int = 32,
+          backend: str = "torch", op: str = "gdn") -> dict[str, Any]:
+    p: dict[str, Any] = {"idx": idx, "op": op, "mode": mode, "backend": backend, "B": B, "T": T, "H": H, "K": K, "V": V,
+                         "lb": lb, "W": W, "layout": "contiguous", "direction": "fwd", "dtype": "bfloat16", "seed": 0}
+    p["key"] = "/".join(f"{k}={p[k]}" for k in ("op", "mode", "backend", "B", "T", "H", "K", "V", "lb", "W", "layout", "dtype"))
+    p["params"] = {k: p[k] for k in ("B", "T", "H", "K", "V", "lb", "W", "layout", "direction", "dtype")}
+    return p
+
+
+def model_ms(p: dict[str, Any], rng: random.Random) -> float:
+    """none ∝ B T; CP modes pay an overhead and gain ~W/1.7 (true_cp), ring gains nothing, all_gather nothing."""
+    base = 1e-3 * p["B"] * p["T"]
+    speed = {"none": 1.0, "warmup_correct": 1.6, "headwise": p["W"] / 2.0, "all_gather": 0.9, "ring": 0.95,
+             "true_cp": p["W"] / 1.7}[p["mode"]]
+    overhead = 0.0 if p["mode"] == "none" else 0.2
+    return (base / speed + overhead) * rng.uniform(0.97, 1.03)
+
+
+def _measure(session: Any, point_id: int, p: dict[str, Any], env_id: int, ms: float) -> None:
+    samples = [ms * f for f in (0.96, 0.98, 1.0, 1.02, 1.04)]
+    summary = {"median_ms": ms, "p10_ms": ms * 0.97, "p90_ms": ms * 1.03, "iqr_ms": ms * 0.04, "mean_ms": ms,
+               "min_ms": ms * 0.96, "max_ms": ms * 1.04, "n": 5}
+    err_none = 2e-3 * 10 ** (p["lb"] / 2) if p["mode"] == "warmup_correct" else 4e-3
+    if p["mode"] == "none":
+        err_none = None
+    report = {"warmup_chunks": 2, "fallback_fraction": 0.25} if p["mode"] == "warmup_correct" else {}
+    crud.store_measurement(session, point_id=point_id, environment_id=env_id, worker="seed", clock="wall",
+                           samples=samples, summary=summary, stop_reason="max_samples", err_vs_none=err_none,
+                           err_vs_reference=3e-3, configs={}, report=report)
+    cost = comm_cost(p["mode"], B=p["B"], T=p["T"], H=p["H"], K=p["K"], V=p["V"], W=p["W"], dtype_bytes=2, op=p["op"])
+    assert cost is not None
+    crud.store_profile(session, point_id=point_id, collectives=cost.collectives, collective_bytes=cost.payload_bytes,
+                       host_syncs=0, sync_events={}, kernel_launches=0, peak_memory_bytes=None)
+
+
+def _mark(session: Any, sweep: Sweep, statuses: dict[int, tuple[str, str | None]], when: datetime) -> list[Point]:
+    pts = list(session.query(Point).filter(Point.sweep_id == sweep.id).order_by(Point.idx))
+    for pt in pts:
+        st, msg = statuses.get(pt.idx, ("done", None))
+        pt.status, pt.finished_at = st, when
+        if st == "failed":
+            pt.error = msg
+        if st == "skipped":
+            pt.reason = msg
+    sweep.status, sweep.finished_at = "done", when
+    session.flush()
+    return pts
+
+
+def seed_cp_sweep(session: Any, rng: random.Random, env_id: int) -> tuple[int, int]:
+    pts, idx = [], 0
+    for lb in (-1.0, -4.0):
+        for T in (256, 1024):
+            for B in (1, 2):
+                for mode in ONE_DEVICE_MODES:
+                    pts.append(point(idx, mode=mode, W=1, T=T, B=B, lb=lb))
+                    idx += 1
+                for W in (2, 4):
+                    for mode in CP_MODES:
+                        pts.append(point(idx, mode=mode, W=W, T=T, B=B, lb=lb))
+                        idx += 1
+    bad = {idx: ("failed", "RuntimeError: rank 1 crashed"), idx + 1: ("skipped", "H % W != 0")}
+    pts.append(point(idx, mode="true_cp", W=4, T=2048, B=1, lb=-1.0))
+    pts.append(point(idx + 1, mode="headwise", W=8, T=2048, B=1, lb=-1.0))
+    sweep = crud.create_sweep(session, name="cp-demo", tags=["demo"], spec={"name": "cp-demo"}, points=pts)
+    for pt in _mark(session, sweep, bad, datetime.now(timezone.utc)):
+        if pt.idx not in bad:
+            _measure(session, pt.id, pts[pt.idx], env_id, model_ms(pts[pt.idx], rng))
+    return sweep.id, len(pts)
+
+
+def seed_tuning(session: Any, rng: random.Random, sweep_id: int) -> None:
+    for kernel in ("seed_state_fwd", "seed_wy_fwd"):
+        for H in (4, 8):
+            key = {"H": H, "K": 32, "V": 32}
+            key_str = ",".join(f"{k}={v}" for k, v in sorted(key.items()))
+            best: tuple[float, dict[str, Any]] | None = None
+            for i, (bv, warps) in enumerate([(16, 2), (16, 4), (32, 2), (32, 4), (64, 8)]):
+                config = {"BV": bv, "num_warps": warps, "num_stages": 1}
+                if bv == 64:
+                    crud.store_trial(session, sweep_id=sweep_id, device_name="cpu", kernel=kernel, key=key, key_str=key_str,
+                                     config=config, strategy="exhaustive", rung=0, status="invalid", median_ms=None, n=0,
+                                     error="BV=64 exceeds V=32")
+                    continue
+                ms = (1.0 + 0.1 * i) * rng.uniform(0.9, 1.1)
+                crud.store_trial(session, sweep_id=sweep_id, device_name="cpu", kernel=kernel, key=key, key_str=key_str,
+                                 config=config, strategy="exhaustive", rung=0, status="ok", median_ms=ms, n=10)
+                if best is None or ms < best[0]:
+                    best = (ms, config)
+            assert best is not None
+            crud.upsert_tuned_config(session, kernel=kernel, key=key, key_str=key_str, device_name="cpu",
+                                     compute_capability=None, config=best[1], median_ms=best[0], default_ms=best[0] * 1.2,
+                                     runner_up_ms=best[0] * 1.05, source_hash="0" * 64, sweep_id=sweep_id, environment_id=None)
+
+
+def seed_nightly(session: Any, rng: random.Random, env_id: int) -> tuple[list[int], tuple[str, ...]]:
+    specs = [point(0, mode="true_cp", W=2, T=1024, B=1, lb=-1.0), point(1, mode="ring", W=2, T=1024, B=1, lb=-1.0)]
+    keys = tuple(p["key"] for p in specs)
+    start = datetime(2026, 11, 1, 2, 0, tzinfo=timezone.utc)
+    ids = []
+    for night in range(3):
+        sweep = crud.create_sweep(session, name=f"nightly-{night}", tags=["nightly"], spec={"name": "nightly"}, points=specs)
+        sweep.created_at = start + timedelta(days=night)
+        for pt in _mark(session, sweep, {}, sweep.created_at):
+            slow = 1.25 if (night == 2 and pt.idx == 0) else 1.0
+            _measure(session, pt.id, specs[pt.idx], env_id, model_ms(specs[pt.idx], rng) * slow)
+        ids.append(sweep.id)
+    rows = [
+        {"run_id": "run-2", "suite": "nightly", "sweep_id": ids[2], "baseline_ref": "night-1", "key": keys[0],
+         "verdict": "SLOW", "ratio": 1.25, "effect_log": 0.22, "p_welch": 1e-4, "p_mannwhitney": 1e-3, "q_value": 2e-4},
+        {"run_id": "run-2", "suite": "nightly", "sweep_id": ids[2], "baseline_ref": "night-1", "key": keys[1],
+         "verdict": "SAME", "ratio": 1.0, "effect_log": 0.0, "p_welch": 0.8, "p_mannwhitney": 0.7, "q_value": 0.8},
+        {"run_id": "run-1", "suite": "nightly", "sweep_id": ids[1], "baseline_ref": "night-0", "key": keys[1],
+         "verdict": "CHANGED", "ratio": 1.0, "detail": {"collectives": {"send": [1, 2]}}},
+    ]
+    crud.store_regression_results(session, rows=rows)
+    return ids, keys
+
+
+def seed_store(url: str, *, seed: int = 0) -> Seeded:
+    rng = random.Random(seed)
+    with session_scope(url) as session:
+        env = crud.get_or_create_environment(session, facts=FACTS)
+        session.flush()
+        sweep_id, n = seed_cp_sweep(session, rng, env.id)
+        seed_tuning(session, rng, sweep_id)
+        nightly, keys = seed_nightly(session, rng, env.id)
+    return Seeded(sweep_id=sweep_id, n_points=n, nightly_ids=nightly, keys=keys)

@@ -1,0 +1,55 @@
+"""`dashboards.data` on a seeded store: a sweep's rows, the slice the sweep page picks, tuning trials with the
+chosen config marked, and the nightly history with the verdicts of the regression runs.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from dashboards import data
+from tests.dashboards.seed import MODES, Seeded
+
+
+def test_sweep_rows_and_slice(session: Session, seeded: Seeded) -> None:
+    rows = data.sweep_rows(session, seeded.sweep_id)
+    assert len(rows) == seeded.n_points
+    assert {r["mode"] for r in rows if r["status"] == "done"} == set(MODES)
+    assert sorted(r["status"] for r in rows if r["status"] != "done") == ["failed", "skipped"]
+    options = data.slice_options(rows)
+    assert options["op"] == ["gdn"] and options["H"] == [4]
+    kept, chosen = data.apply_slice(rows, {"H": "4", "backend": "nope"})  # query strings; unknown value -> first
+    assert chosen["H"] == 4 and chosen["backend"] == "torch" and len(kept) == len(rows)
+    kept, _ = data.apply_slice(rows, {"layout": "zigzag"})  # not present: falls back to contiguous
+    assert len(kept) == len(rows)
+
+
+def test_tuning_rows_mark_the_stored_winner(session: Session, seeded: Seeded) -> None:
+    rows = data.tuning_rows(session)
+    assert {r["kernel"] for r in rows} == set(seeded.kernels)
+    assert sum(r["status"] == "invalid" for r in rows) == 4  # one per (kernel, key)
+    for kernel in seeded.kernels:
+        for key in ("H=4,K=32,V=32", "H=8,K=32,V=32"):
+            group = [r for r in rows if r["kernel"] == kernel and r["key_str"] == key]
+            chosen = [r for r in group if r["chosen"]]
+            best = min((r for r in group if r["status"] == "ok"), key=lambda r: r["median_ms"])
+            assert chosen == [best]
+    configs = data.tuned_config_rows(session, device_name="cpu")
+    assert len(configs) == 4 and all(abs(c["vs_default"] - 1.2) < 1e-9 for c in configs)
+    assert data.tuning_rows(session, sweep_id=seeded.sweep_id + 999) == []
+
+
+def test_history_rows_carry_verdicts(session: Session, seeded: Seeded) -> None:
+    keys = data.history_keys(session)
+    assert keys[0] == seeded.keys[0] or keys[0] == seeded.keys[1]  # flagged keys first (SLOW, CHANGED)
+    assert set(keys) == set(seeded.keys)
+    rows = data.history_rows(session, keys=keys)
+    assert len(rows) == 3 * 2  # three nights x two keys
+    by = {(r["key"], r["sweep_id"]): r for r in rows}
+    slow = by[(seeded.keys[0], seeded.nightly_ids[2])]
+    assert slow["verdict"] == "SLOW" and slow["ratio"] == 1.25
+    assert by[(seeded.keys[1], seeded.nightly_ids[1])]["verdict"] == "CHANGED"
+    assert by[(seeded.keys[1], seeded.nightly_ids[2])]["verdict"] == "SAME"
+    assert by[(seeded.keys[0], seeded.nightly_ids[0])]["verdict"] is None
+    first = by[(seeded.keys[0], seeded.nightly_ids[0])]["median_ms"]
+    assert slow["median_ms"] > 1.15 * first  # the seeded 25% slowdown (noise is +-3%)
+    assert data.history_keys(session, contains="mode=ring") == [seeded.keys[1]]

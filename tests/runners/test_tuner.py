@@ -1,0 +1,300 @@
+"""Tuner tests on CPU (TRITON_INTERPRET=1, wall clock), against a test-only Triton kernel and the real GDN kernels.
+
+Scenarios:
+- each strategy (exhaustive, random, halving) returns the best of what it measured: the winner is the lowest
+  median among the stored `ok` trials of its final comparison (halving: its last rung); the stored TunedConfig
+  carries the winner, the runner-up's and the default's medians;
+- a config whose tile is wider than the head dim (BV > V) is recorded `invalid` without launching; one that
+  cannot compile (a non-power-of-2 `tl.arange`) is recorded `invalid` from the launch error;
+- a deliberately wrong config (a test-only space entry: num_stages=3 makes the test kernel scale by 3, not 2)
+  is `disqualified` and never wins;
+- with a scripted timer, halving keeps the fastest configs, grows the samples per rung and keeps the default;
+- the real GDN Triton kernels: tune_kernels on a tiny shape stores trials and tuned configs for every kernel
+  the op launches (skipped until kernels/gdn/chunk.py exists).
+No timing is asserted: only which trial wins among the stored ones.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from sqlalchemy import create_engine, select
+from sqlalchemy.orm import Session
+
+from db.base import Base
+from db.models import TunedConfig, TuningTrial
+from kernels.autotune import install
+from kernels.configs import LAUNCHES, KernelSpec, LaunchConfig, pick_config, register
+from runners.tuner import Shape, candidates, tune_case, tune_kernels
+from runners.tuner.clock import WallTimer
+
+
+@triton.jit
+def _tuner_scale_kernel(x, y, N, FACTOR: tl.constexpr, BV: tl.constexpr):
+    i_v = tl.program_id(0)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < N
+    tl.store(y + o_v, tl.load(x + o_v, mask=m_v, other=0.0) * FACTOR, mask=m_v)
+
+
+SCALE = register(KernelSpec(
+    name="test_tuner_scale",
+    key=("N", "V"),
+    default=LaunchConfig(BV=16, num_warps=4, num_stages=2),
+    # BV=48 cannot compile (tl.arange needs a power of 2); BV=64 > V=32 is invalid for the key;
+    # num_stages=3 is the deliberately wrong entry (the launcher below then scales by 3)
+    space={"BV": (16, 32, 48, 64), "num_warps": (2, 4), "num_stages": (2, 3)},
+))
+V = 32
+
+
+def scale(x: torch.Tensor, override: LaunchConfig | None = None) -> torch.Tensor:
+    cfg = pick_config(SCALE, {"N": x.numel(), "V": V}, override)
+    y = torch.empty_like(x)
+    factor = 3.0 if cfg.num_stages == 3 else 2.0
+    _tuner_scale_kernel[(triton.cdiv(x.numel(), cfg.BV),)](x, y, x.numel(), FACTOR=factor, BV=cfg.BV,
+                                                          num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return y
+
+
+@pytest.fixture
+def session():
+    engine = create_engine("sqlite://")
+    Base.metadata.create_all(engine)
+    with Session(engine) as s:
+        yield s
+    engine.dispose()
+
+
+@pytest.fixture(autouse=True)
+def _no_resolver():
+    install(None)
+    yield
+    install(None)
+
+
+def _runner():
+    x = torch.randn(2 * V)
+    return lambda configs: (scale(x, configs.get(SCALE.name)),)
+
+
+def _stored(session: Session, strategy: str) -> list[TuningTrial]:
+    return list(session.scalars(select(TuningTrial).where(TuningTrial.kernel == SCALE.name, TuningTrial.strategy == strategy)))
+
+
+@pytest.mark.parametrize("strategy", ["exhaustive", "random", "halving"])
+def test_tune_case_best_of_stored_trials(session: Session, strategy: str) -> None:
+    rows, results = tune_case(session, run=_runner(), device="cpu", kernels=[SCALE.name], strategy=strategy,
+                              budget=6 if strategy == "random" else None, seed=3, samples=2, min_samples=1,
+                              max_samples=3, eta=2, timer=WallTimer(warmup=0))
+    trials = _stored(session, strategy)
+    res = results[SCALE.name]
+    assert len(trials) == len(res.trials)
+    by_status = {s: [t for t in trials if t.status == s] for s in ("ok", "invalid", "disqualified", "failed")}
+    assert not by_status["failed"], [t.error for t in by_status["failed"]]
+    # the final comparison: halving's last rung, else everything measured
+    last = max(t.rung for t in trials)
+    final_ok = [t for t in by_status["ok"] if t.rung == last]
+    (row,) = rows
+    assert row.median_ms == min(t.median_ms for t in final_ok)
+    assert row.config in [t.config for t in final_ok if t.median_ms == row.median_ms]
+    assert row.config.get("num_stages") != 3 and row.config["BV"] <= V
+    assert row.default_ms == next(t.median_ms for t in final_ok if t.config == SCALE.default.as_dict())
+    if len(final_ok) > 1:
+        assert row.runner_up_ms == sorted(t.median_ms for t in final_ok)[1]
+    assert row.key == {"N": 2 * V, "V": V} and row.key_str == "N=64,V=32"
+    assert session.scalars(select(TunedConfig)).one().config == row.config
+    if strategy == "random":
+        assert len({str(t.config) for t in trials}) == 6
+    if strategy != "random":
+        # the whole space was tried: every wrong entry disqualified, every impossible one invalid
+        assert {t.config["BV"] for t in by_status["invalid"] if t.rung == 0} == {48, 64}
+        assert all("BV=64 > V=32" in t.error for t in by_status["invalid"] if t.config["BV"] == 64)
+        assert all(t.config["num_stages"] == 3 for t in by_status["disqualified"])
+        assert len([t for t in by_status["disqualified"] if t.rung == 0]) == 4
+        assert all("relative L2 error" in t.error for t in by_status["disqualified"])
+
+
+class ScriptedTimer:
+    """Returns a fixed cost per config of the tuned kernel, read from what the kernel actually launched with."""
+
+    clock = "scripted"
+
+    def __init__(self, cost):
+        self.cost = cost
+        self.calls: list[tuple[LaunchConfig, int]] = []
+
+    def __call__(self, fn, n):
+        fn()
+        cfg = LAUNCHES[SCALE.name][1]
+        self.calls.append((cfg, n))
+        return [self.cost(cfg)] * n
+
+
+def test_halving_keeps_fastest_and_default(session: Session) -> None:
+    # cost: BV=32, 2 warps fastest; default (BV=16, 4 warps) slowest of the valid ones
+    cost = lambda c: {(32, 2): 1.0, (32, 4): 2.0, (16, 2): 3.0, (16, 4): 4.0}[(c.BV, c.num_warps)]
+    timer = ScriptedTimer(cost)
+    rows, results = tune_case(session, run=_runner(), device="cpu", kernels=[SCALE.name], strategy="halving",
+                              min_samples=2, max_samples=50, eta=3, timer=timer)
+    res = results[SCALE.name]
+    rungs = sorted({t.rung for t in res.trials})
+    assert rungs == [0, 1]
+    r1 = [t for t in res.trials if t.rung == 1]
+    # best ceil(4/3)=2 survivors plus the pinned default, measured with eta times more samples
+    assert sorted((t.config.BV, t.config.num_warps) for t in r1) == [(16, 4), (32, 2), (32, 4)]
+    assert {t.n for t in r1} == {6} and {t.n for t in res.trials if t.rung == 0 and t.status == "ok"} == {2}
+    (row,) = rows
+    assert row.config == {"BV": 32, "num_warps": 2, "num_stages": 2}
+    assert (row.median_ms, row.runner_up_ms, row.default_ms) == (1.0, 2.0, 4.0)
+
+
+def test_random_budget_and_seed(session: Session) -> None:
+    timer = ScriptedTimer(lambda c: float(c.BV + c.num_warps))
+    _, r1 = tune_case(None, run=_runner(), device="cpu", kernels=[SCALE.name], strategy="random", budget=5, seed=11, timer=timer)
+    _, r2 = tune_case(None, run=_runner(), device="cpu", kernels=[SCALE.name], strategy="random", budget=5, seed=11, timer=timer)
+    cfgs = [t.config for t in r1[SCALE.name].trials]
+    assert cfgs == [t.config for t in r2[SCALE.name].trials]
+    assert len(cfgs) == 5 and cfgs[0] == SCALE.default and len(set(cfgs)) == 5
+    ok = [t for t in r1[SCALE.name].trials if t.status == "ok"]
+    assert r1[SCALE.name].best.median_ms == min(t.median_ms for t in ok)
+
+
+def test_candidates_default_first_and_unique() -> None:
+    c = candidates(SCALE)
+    assert c[0] == SCALE.default and len(c) == len(set(c)) == 16
+
+
+def test_bad_strategy_and_unknown_kernel() -> None:
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        tune_case(None, run=_runner(), device="cpu", kernels=[SCALE.name], strategy="bayes")
+    with pytest.raises(ValueError, match="unknown kernel"):
+        tune_case(None, run=_runner(), device="cpu", kernels=["no_such_kernel"])
+
+
+def test_shape_validation() -> None:
+    assert Shape.of({"lengths": [30, 34], "H": 1}).T == 64
+    with pytest.raises(ValueError, match="unknown fields"):
+        Shape.of({"B": 1, "TT": 3})
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        Shape.of({"dtype": "int8"})
+
+
+_HAVE_GDN = importlib.util.find_spec("kernels.gdn.chunk") is not None
+
+
+@pytest.mark.skipif(not _HAVE_GDN, reason="kernels/gdn/chunk.py (the Triton GDN path) does not exist yet")
+def test_tune_kernels_gdn_triton_tiny(session: Session) -> None:
+    rows = tune_kernels(session, op="gdn", shapes=[{"B": 1, "T": 64, "H": 1, "K": 16, "V": 32, "dtype": "float32"}],
+                        strategy="random", budget=2, samples=1, device="cpu")
+    trials = list(session.scalars(select(TuningTrial)))
+    kernels_tuned = {r.kernel for r in rows}
+    assert kernels_tuned and kernels_tuned <= {t.kernel for t in trials}
+    for r in rows:
+        ok = [t for t in trials if t.kernel == r.kernel and t.status == "ok"]
+        assert r.median_ms == min(t.median_ms for t in ok)
+        assert r.device_name == "cpu" and len(r.source_hash) == 64
+    assert not [t for t in trials if t.status in ("failed", "disqualified")], [(t.kernel, t.config, t.error) for t in trials]
+
+
+def _rank_main(rank: int, world: int, port: int, out) -> None:
+    import torch.distributed as dist
+
+    import runners.tuner.tune as tune_mod
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    tuned_here = []
+    real = tune_mod.tune_case
+
+    def fake_tune_case(session, *, run, **kw):  # the op's runner replaced by the test kernel's
+        tuned_here.append(rank)
+        kw.update(kernels=[SCALE.name], timer=ScriptedTimer(lambda c: float(c.BV) + c.num_warps / 10 + rank))
+        return real(session, run=_runner(), **kw)
+
+    tune_mod.tune_case = fake_tune_case
+    rows = tune_kernels(None, op="gdn", shapes=[{"B": 1, "T": 64, "H": 1, "K": 16, "V": 32, "dtype": "float32"}],
+                        strategy="exhaustive", samples=1, device="cpu")
+    out.put((rank, tuned_here, [(r.kernel, r.key_str, r.config, r.median_ms) for r in rows]))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.multiproc
+def test_tune_kernels_rank0_tunes_and_broadcasts() -> None:
+    import multiprocessing as mp
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, args=(r, 2, port, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = {r: (t, rows) for r, t, rows in (out.get(timeout=60) for _ in procs)}
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    assert got[0][0] == [0] and got[1][0] == []          # only rank 0 searched
+    assert got[0][1] == got[1][1] and got[0][1]           # every rank has rank 0's winners
+    assert got[1][1][0][2] == {"BV": 16, "num_warps": 2, "num_stages": 2}
+
+
+def test_cli_configs_export(tmp_path) -> None:
+    import json
+
+    import typer
+    from typer.testing import CliRunner
+
+    from runners.cli.configs import parse_shape, register
+    from runners.errors import CpbenchError
+
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    engine = create_engine(url)
+    Base.metadata.create_all(engine)
+    with Session(engine) as s:
+        tune_case(s, run=_runner(), device="cpu", kernels=[SCALE.name], strategy="exhaustive", samples=1,
+                  timer=ScriptedTimer(lambda c: c.BV + c.num_warps / 10))
+    engine.dispose()
+    app = typer.Typer()
+    register(app)
+    runner = CliRunner()
+    res = runner.invoke(app, ["configs", "export", "--database-url", url, "-o", str(tmp_path / "a.json")])
+    assert isinstance(res.exception, CpbenchError) and "refusing to export CPU timings" in str(res.exception)
+    res = runner.invoke(app, ["configs", "export", "--database-url", url, "--allow-cpu", "-o", str(tmp_path / "a.json")])
+    assert res.exit_code == 0, res.output
+    assert "1 kernels, 1 entries, device 'cpu'" in res.output
+    data = json.loads((tmp_path / "a.json").read_text())
+    assert data["kernels"][SCALE.name]["entries"][0]["config"] == {"BV": 16, "num_warps": 2, "num_stages": 2}
+    assert parse_shape("B=1,T=8192,dtype=float32,lengths=3:5") == {"B": 1, "T": 8192, "dtype": "float32", "lengths": [3, 5]}
+    with pytest.raises(CpbenchError, match="must be an integer"):
+        parse_shape("B=x")
+
+
+def test_ensure_tuned_tunes_once_then_reuses(session: Session, monkeypatch) -> None:
+    import runners.tuner.sweep as sweep_mod
+    from runners.tuner import ensure_tuned, launched_configs
+
+    monkeypatch.setattr(sweep_mod, "op_runner", lambda op, case, backend: _runner())
+    monkeypatch.setattr(sweep_mod, "make_case", lambda op, shape, device: {})
+    real = sweep_mod.tune_case
+    cost = ScriptedTimer(lambda c: c.BV + c.num_warps / 10)
+    monkeypatch.setattr(sweep_mod, "tune_case", lambda *a, **kw: real(*a, **{**kw, "timer": cost}))
+    shape = {"B": 1, "T": 64, "H": 1, "K": 16, "V": 32, "dtype": "float32"}
+    payload = ensure_tuned(session, op="gdn", shape=shape, device="cpu", sweep_id=None)
+    n_trials = len(list(session.scalars(select(TuningTrial))))
+    assert n_trials > 0
+    best = payload["kernels"][SCALE.name]["entries"][0]["config"]
+    assert best == {"BV": 16, "num_warps": 2, "num_stages": 2}
+    # installed: a plain launch now uses the tuned config, and the measurement can record it
+    _runner()({})
+    assert launched_configs()[SCALE.name] == best
+    # a second point with the same key reuses the stored winner: no new trials
+    again = ensure_tuned(session, op="gdn", shape=shape, device="cpu", sweep_id=None)
+    assert len(list(session.scalars(select(TuningTrial)))) == n_trials
+    assert again["kernels"] == payload["kernels"]

@@ -1,0 +1,6 @@
+"""Test factories and comparisons shared by every test folder."""
+
+from tests.utils.assert_close import assert_rel_close, rel_err
+from tests.utils.inputs import make_inputs, make_state
+
+__all__ = ["assert_rel_close", "make_inputs", "make_state", "rel_err"]

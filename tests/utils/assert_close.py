@@ -1,0 +1,21 @@
+"""Relative L2 comparisons: `||ref - got|| / ||ref||`, reported with the max abs diff."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def rel_err(ref: Tensor, got: Tensor) -> float:
+    """Relative L2 error of got against ref, computed in fp64."""
+    r, x = ref.double(), got.double()
+    return float((r - x).norm() / r.norm().clamp_min(1e-30))
+
+
+def assert_rel_close(name: str, ref: Tensor, got: Tensor, tol: float) -> None:
+    """Fail unless shapes match, got is finite and the relative L2 error is <= tol."""
+    assert got.shape == ref.shape, f"{name}: shape {tuple(got.shape)} != reference {tuple(ref.shape)}"
+    assert bool(torch.isfinite(got).all()), f"{name}: non-finite values in the result"
+    err = rel_err(ref, got)
+    max_abs = float((ref.double() - got.double()).abs().max()) if ref.numel() else 0.0
+    assert err <= tol, f"{name}: relative L2 error {err:.3e} > tol {tol:.1e} (max abs diff {max_abs:.3e})"

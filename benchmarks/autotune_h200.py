@@ -50,12 +50,19 @@ def cmd_run(args: argparse.Namespace) -> None:
     from runners.tuner.clock import StepTimer
     from runners.tuner.tune import Shape, make_case, op_runner, tune_case
 
+    global SHAPES
+    if args.tiny:  # a CPU dry run of the script itself (TRITON_INTERPRET=1), not a measurement
+        SHAPES = [{"B": 1, "T": 128, "H": 1, "K": 16, "V": 32, "dtype": "float32"}, {"B": 1, "T": 192, "H": 1, "K": 16, "V": 32, "dtype": "float32"},
+                  {"B": 2, "T": 64, "H": 1, "K": 16, "V": 32, "dtype": "float32"}]
     t_start = time.perf_counter()
     if args.workers > 0:
         _precompile(args)
-    timer = StepTimer("cuda")
+    dev = args.device
+    timer = StepTimer(dev)
+    cuda = dev == "cuda"
     out: dict[str, Any] = {
-        "env": {"device": torch.cuda.get_device_name(), "compute_capability": "{}.{}".format(*torch.cuda.get_device_capability()),
+        "env": {"device": torch.cuda.get_device_name() if cuda else "cpu",
+                "compute_capability": "{}.{}".format(*torch.cuda.get_device_capability()) if cuda else None,
                 "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
                 "driver": _driver(), "git_sha": args.sha, "command": " ".join(sys.argv),
                 "started_at": datetime.now(timezone.utc).isoformat()},
@@ -68,10 +75,10 @@ def cmd_run(args: argparse.Namespace) -> None:
                 print(f"deadline: skipping {op} {_shape_name(sd)}", flush=True)
                 continue
             shape = Shape.of(sd)
-            case = make_case(op, shape, "cuda")
+            case = make_case(op, shape, dev)
             run = op_runner(op, case)
             t0 = time.perf_counter()
-            rows, results = tune_case(None, run=run, device="cuda", strategy="halving", budget=args.budget,
+            rows, results = tune_case(None, run=run, device=dev, strategy="halving", budget=args.budget,
                                       seed=args.seed, min_samples=5, max_samples=45, eta=3, tol=2e-2, timer=timer)
             t_tune = time.perf_counter() - t0
             for res in results.values():
@@ -93,21 +100,22 @@ def cmd_run(args: argparse.Namespace) -> None:
             print(f"{op} {_shape_name(sd)}: default {ma:.4f} ms, tuned {mb:.4f} ms ({ma / mb:.3f}x), tuning {t_tune:.1f} s, "
                   f"{out['ops'][-1]['n_trials']} trials", flush=True)
             del case, run
-            torch.cuda.empty_cache()
+            if cuda:
+                torch.cuda.empty_cache()
     out["env"]["elapsed_s"] = time.perf_counter() - t_start
     Path(args.out).write_text(json.dumps(out, indent=1, default=str))
     print(f"wrote {args.out} in {out['env']['elapsed_s']:.1f} s")
 
 
-def _precompile_worker(task: tuple[str, dict[str, Any], list[tuple[str, dict[str, int]]]]) -> int:
+def _precompile_worker(task: tuple[str, dict[str, Any], list[tuple[str, dict[str, int]]], str]) -> int:
     """Run the op once per (kernel, config): compiles into the shared Triton cache; returns how many launched."""
     import torch
 
     from kernels.configs import LaunchConfig
     from runners.tuner.tune import Shape, make_case, op_runner
 
-    op, sd, items = task
-    run = op_runner(op, make_case(op, Shape.of(sd), "cuda"))
+    op, sd, items, dev = task
+    run = op_runner(op, make_case(op, Shape.of(sd), dev))
     ok = 0
     for kernel, cfg in items:
         try:
@@ -115,7 +123,8 @@ def _precompile_worker(task: tuple[str, dict[str, Any], list[tuple[str, dict[str
             ok += 1
         except Exception:  # noqa: BLE001 - an invalid config is the search's business; here only compiling matters
             pass
-    torch.cuda.synchronize()
+    if dev == "cuda":
+        torch.cuda.synchronize()
     return ok
 
 
@@ -136,14 +145,14 @@ def _precompile(args: argparse.Namespace) -> None:
     tasks = []
     for op in args.ops:
         for sd in (SHAPES[0], SHAPES[2]):
-            run = op_runner(op, make_case(op, Shape.of(sd), "cuda"))
+            run = op_runner(op, make_case(op, Shape.of(sd), args.device))
             run({})
             LAUNCHES.clear()
             run({n: sp.default for n, sp in KERNELS.items()})
             items = [(n, c.as_dict()) for n in list(LAUNCHES) if KERNELS[n].space
                      for c in _draw(candidates(KERNELS[n]), args.budget, args.seed)[1:]]
             per = max(1, -(-len(items) // args.workers))
-            tasks += [(op, sd, items[i:i + per]) for i in range(0, len(items), per)]
+            tasks += [(op, sd, items[i:i + per], args.device) for i in range(0, len(items), per)]
     with mp.get_context("spawn").Pool(min(args.workers, len(tasks))) as pool:
         done = pool.map(_precompile_worker, tasks, chunksize=1)
     print(f"precompiled {sum(done)} of {sum(len(t[2]) for t in tasks)} variants in {time.perf_counter() - t0:.1f} s "
@@ -266,6 +275,8 @@ def main() -> None:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--deadline-s", type=float, default=240.0)
     r.add_argument("--sha", default=None)
+    r.add_argument("--device", default="cuda")
+    r.add_argument("--tiny", action="store_true", help="tiny shapes (a CPU dry run of the script, not a measurement)")
     r.add_argument("--workers", type=int, default=12, help="processes that precompile the drawn configs (0: none)")
     i = sub.add_parser("import")
     i.add_argument("run")

@@ -30,8 +30,13 @@ def plotly_js_path() -> Path:
     return path
 
 
-def figure_div(fig: go.Figure, div_id: str) -> str:
-    """The figure as a <div id=div_id> plus the script that draws it; expects Plotly loaded by the page."""
+def figure_div(fig: go.Figure, div_id: str, *, keep_title: bool = False) -> str:
+    """The figure as a <div id=div_id> plus the script that draws it; expects Plotly loaded by the page.
+
+    The figure's own title is dropped unless `keep_title` (the page puts its title above the div).
+    """
+    if not keep_title:
+        fig = go.Figure(fig).update_layout(title=None, margin={"t": 40})
     return pio.to_html(fig, full_html=False, include_plotlyjs=False, include_mathjax=False, div_id=div_id,
                        config=PLOTLY_CONFIG, default_height=fig.layout.height or 450)
 

@@ -243,12 +243,13 @@ def compare_deterministic(base: Mapping[str, Any], new: Mapping[str, Any], *,
         if b is None or n is None:
             continue
         if isinstance(b, Mapping) and isinstance(n, Mapping):
+            absent = 0 if name in _COUNT_FIELDS else None
             if name in _COUNT_FIELDS:
                 b = {k: v for k, v in b.items() if v}
                 n = {k: v for k, v in n.items() if v}
             for sub in sorted(set(b) | set(n), key=str):
-                if _canon(b.get(sub)) != _canon(n.get(sub)):
-                    changes.append(Change(f"{name}.{sub}", b.get(sub), n.get(sub)))
+                if _canon(b.get(sub, absent)) != _canon(n.get(sub, absent)):
+                    changes.append(Change(f"{name}.{sub}", b.get(sub, absent), n.get(sub, absent)))
         elif _canon(b) != _canon(n):
             changes.append(Change(name, b, n))
     return changes
@@ -298,8 +299,8 @@ def _analyse(key: str, runs_b: list[Run], runs_n: list[Run], pol: Policy, stage:
         "noisy_base": _n_noisy(runs_b, pol), "noisy_new": _n_noisy(runs_n, pol),
     }
     if yb.size == 0 or yn.size == 0:
-        side = "baseline" if yb.size == 0 else "new side"
-        out["reason"] = f"no timing on the {side}"
+        side = "either side" if yb.size == 0 and yn.size == 0 else "the baseline" if yb.size == 0 else "the new side"
+        out["reason"] = f"no timing on {side} (baseline: {_statuses(runs_b)}; new: {_statuses(runs_n)})"
         # a new side that failed outright is a deterministic change; more runs of it will not settle the timing
         out["rerun"] = yb.size > 0 and not changes
         return out
@@ -376,6 +377,17 @@ def _key_changes(runs_b: list[Run], runs_n: list[Run]) -> list[Change]:
         for c in compare_deterministic(ref, r.signals):
             seen.setdefault((c.field, repr(c.base), repr(c.new)), c)
     return list(seen.values())
+
+
+def _statuses(runs: list[Run]) -> str:
+    """"3 done, 1 failed" for the runs of one side; "no runs" when there are none."""
+    if not runs:
+        return "no runs"
+    counts: dict[str, int] = {}
+    for r in runs:
+        st = str(r.signals.get("status", "done" if r.median_ms is not None else "no timing"))
+        counts[st] = counts.get(st, 0) + 1
+    return ", ".join(f"{n} {st}" for st, n in counts.items())
 
 
 def _logs(runs: list[Run], side: str, key: str) -> np.ndarray:

@@ -14,9 +14,8 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from db.session import is_sqlite, sqlite_path
-
 from bench_server.core.config import ServerSettings
+from db.session import is_sqlite, sqlite_path
 
 __all__ = ["ApiToken", "ensure_api_token", "token_file", "verify_token"]
 
@@ -53,8 +52,11 @@ def _read(path: Path) -> str | None:
     return token or None
 
 
-def ensure_api_token(settings: ServerSettings) -> ApiToken:
-    """The configured token, or the stored one, or a new one stored now (mode 600) and logged once."""
+def ensure_api_token(settings: ServerSettings, *, announce: bool = True) -> ApiToken:
+    """The configured token, or the stored one, or a new one stored now (mode 600) and logged once.
+
+    `announce=False`: the caller shows a generated token itself (`cpbench serve` prints it); it is not logged.
+    """
     if settings.API_TOKEN:
         return ApiToken(settings.API_TOKEN, "env")
     path = token_file(settings)
@@ -73,7 +75,8 @@ def ensure_api_token(settings: ServerSettings) -> ApiToken:
         return ApiToken(stored, "file", path)
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
-    logger.warning("generated API token (stored in %s; send it as 'Authorization: Bearer <token>'): %s", path, token)
+    if announce:
+        logger.warning("generated API token (stored in %s; send it as 'Authorization: Bearer <token>'): %s", path, token)
     return ApiToken(token, "generated", path)
 
 

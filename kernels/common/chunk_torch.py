@@ -14,7 +14,7 @@ Per chunk of C tokens, with G the chunk-local cumulative log gate (natural log):
 
 Everything is fp32 inside; o is cast to q.dtype, the final state stays fp32. Vectorised over chunks and
 heads: the only Python loop is the state pass over chunk positions (plus, for a per-key gate, a loop over
-blocks of chunks that bounds the `[C, C, K]` decay tensor's memory). Varlen: every sequence is padded to a
+blocks of chunks that bounds the memory of the decay factors; see `_per_key_products` for the overflow-free split). Varlen: every sequence is padded to a
 multiple of C through gather maps built once on the host (`ChunkIndex.pad`); padded tokens have k = v = 0,
 beta = 0, g = 0, i.e. the identity map, so they change neither states nor outputs.
 """
@@ -32,6 +32,9 @@ __all__ = ["ChunkPrep", "chunk_fwd_torch", "chunk_prepare", "chunk_state_pass", 
 
 # bytes allowed for one block of the per-key decay tensor [n, H, C, C, K] (a few temporaries of this size live at once)
 _DECAY_BLOCK_BYTES = 64 << 20
+# sub-block size of the per-key decay products (see _per_key_products): 8 balances the C/8 bounded-factor matmuls
+# against the [8, 8, K] diagonal decay tensors
+_SUB = 8
 
 
 @dataclass
@@ -83,17 +86,12 @@ def chunk_prepare(k: Tensor, v: Tensor, g: Tensor, beta: Tensor, q: Tensor | Non
         if q is not None:
             aqk = (q @ k.transpose(-1, -2)) * E
     else:
-        # per-key gate: exp(G_id - G_jd) does not factor without overflow risk, so form it per block of chunks
-        step = max(1, _DECAY_BLOCK_BYTES // max(1, H * C * C * Kg * 4))
+        step = max(1, _DECAY_BLOCK_BYTES // max(1, H * C * (C // _SUB + _SUB) * Kg * 4))
         for s in range(0, NT, step):
             sl = slice(s, min(NT, s + step))
-            Gs = G[sl]
-            E = (Gs[:, :, :, None, :] - Gs[:, :, None, :, :])               # [n, H, C, C, K]  G_i - G_j
-            E = E.masked_fill(~causal[:, :, None], float("-inf")).exp_()
-            kj = k[sl][:, :, None, :, :]                                   # [n, H, 1, C, K]
-            A[sl] = torch.einsum("nhik,nhijk->nhij", k[sl], E * kj)
+            A[sl] = _per_key_products(k[sl], k[sl], G[sl])
             if q is not None and aqk is not None:
-                aqk[sl] = torch.einsum("nhik,nhijk->nhij", q[sl], E * kj)
+                aqk[sl] = _per_key_products(q[sl], k[sl], G[sl])
     A = A.masked_fill(~strict, 0.0) * beta[..., None]                    # beta_i on row i
     eye = torch.eye(C, dtype=A.dtype, device=A.device)
     eG = G.exp()
@@ -104,6 +102,32 @@ def chunk_prepare(k: Tensor, v: Tensor, g: Tensor, beta: Tensor, q: Tensor | Non
     kt = k * (G_C - G).exp()
     qg = q * eG if q is not None else None
     return ChunkPrep(w=w, u=u, kt=kt, gamma=G_C[:, :, 0].exp(), qg=qg, aqk=aqk)
+
+
+def _per_key_products(a: Tensor, k: Tensor, G: Tensor) -> Tensor:
+    """P[i, j] = sum_d a_id k_jd exp(G_id - G_jd) for j <= i and 0 above the diagonal, `[n, H, C, C]`.
+
+    exp(G_i - G_j) with a per-key gate cannot be split as exp(G_i) exp(-G_j) (overflow once the chunk's cumsum
+    passes ~-88), but it can around r = the last row of j's sub-block of _SUB rows: for i in a later sub-block,
+    exp(G_i - G_r) <= 1 and exp(G_r - G_j) <= 1, so the off-diagonal sub-blocks are plain matmuls of bounded
+    factors. The diagonal sub-blocks form the [_SUB, _SUB, K] decay directly.
+    """
+    n, H, C, K = k.shape
+    BC = _SUB if C % _SUB == 0 else C
+    NB = C // BC
+    Gb = G.view(n, H, NB, BC, K)
+    Gr = Gb[:, :, :, -1]                                               # [n, H, NB, K]  G at each sub-block's end
+    blk = torch.arange(C, device=k.device) // BC
+    after = blk[None, :] > torch.arange(NB, device=k.device)[:, None]  # [NB, C]  row i lies after sub-block b
+    El = torch.where(after[:, :, None], G[:, :, None] - Gr[:, :, :, None], float("-inf")).exp_()   # [n, H, NB, C, K]
+    kb = k.view(n, H, NB, BC, K)
+    R = kb * (Gr[:, :, :, None] - Gb).exp()                            # [n, H, NB, BC, K]
+    P = ((a[:, :, None] * El) @ R.transpose(-1, -2)).permute(0, 1, 3, 2, 4).reshape(n, H, C, C)
+    causal = torch.ones(BC, BC, dtype=torch.bool, device=k.device).tril()
+    Ed = (Gb[:, :, :, :, None] - Gb[:, :, :, None]).masked_fill(~causal[:, :, None], float("-inf")).exp_()  # [n,H,NB,BC,BC,K]
+    Pd = torch.einsum("nhbik,nhbijk->nhbij", a.view(n, H, NB, BC, K), Ed * kb[:, :, :, None])        # [n, H, NB, BC, BC]
+    P.view(n, H, NB, BC, NB, BC).diagonal(0, 2, 4).copy_(Pd.permute(0, 1, 3, 4, 2))
+    return P
 
 
 def chunk_state_pass(

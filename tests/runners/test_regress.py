@@ -132,6 +132,7 @@ def test_compare_deterministic() -> None:
     assert compare_deterministic(base, {"collectives": {"all_gather": 1}, "host_syncs": 0.0,
                                         "configs": {"wy": {"num_warps": 4, "BK": 32}}}) == []
     assert compare_deterministic(base, {"collectives": {"all_gather": 1}, "host_syncs": 3}) == [Change("host_syncs", 0, 3)]
+    assert compare_deterministic(base, {"collectives": {"send": 1, "all_gather": 1}}) == [Change("collectives.send", 0, 1)]
     assert compare_deterministic(base, {"configs": {"wy": {"BK": 64, "num_warps": 4}}}) == [
         Change("configs.wy", {"BK": 32, "num_warps": 4}, {"BK": 64, "num_warps": 4})]
     # a field recorded on one side only is not compared

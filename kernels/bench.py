@@ -1,0 +1,531 @@
+"""GPU benchmark of the Triton forward against FLA's on the same inputs, with floors and correctness checks.
+
+    python -m kernels.bench [--out benchmarks/results] [--ops gdn,kda] [--shapes 1x8192,8x8192] [--explore]
+                            [--no-fla] [--jobs 8] [--dry-run]
+
+Method (the one ../shared/anchors/fla-h200.md used for FLA): bf16, H=16, K=V=128; q, k L2-normalised in
+fp32, v = randn, beta = sigmoid(randn), g = logsigmoid(randn) ([B,T,H] for GDN, [B,T,H,K] for KDA); forward
+only, under no_grad, no final state; `triton.testing.do_bench` median (L2 flushed between repetitions,
+warm-up 25 ms, 200 ms of repetitions) after one untimed call that compiles (and, for FLA, autotunes).
+FLA runs with FLA_DISABLE_BACKEND_DISPATCH=1 (its Triton path). Ours is timed through the public entry
+`kernels.forward(..., backend="triton")`, the same inputs as FLA in the same process.
+
+Floors: bytes (q, k, v, g, beta read once and o written once) over the measured device-to-device copy
+bandwidth; flops of the chunked algorithm (K K^T, Q K^T, w, u, A v: 2 C^2 (3K + 2V); w S, q S, K^T v: 6 K V,
+per chunk and head) over the measured bf16 matmul rate. The floor is the larger of the two.
+
+Correctness: ours vs the fp32 per-token reference (`kernels.reference`) on reduced shapes (dense, varlen
+with odd lengths and an initial state, a slow-decay gate that makes the segment chain matter, fp32 inputs),
+the transition (M S0 + S_ext vs the final state from S0), and ours vs FLA at every benchmark shape.
+
+`--explore` also times variants (segment lengths of the intra-device split, output fused or not, launch
+configs) so the defaults can be chosen from measurements; compilation of all variants is first done in
+parallel worker processes (`--jobs`) on small inputs with the same specialisations, filling Triton's cache.
+Writes `kernels_<device>.json` and `.md` into `--out`. `--dry-run` runs the plumbing on CPU (interpreter,
+tiny shapes, wall-clock timer, no FLA) to check the script itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+H_DEFAULT, K_DIM, V_DIM, C = 16, 128, 128, 64
+SHAPES_DEFAULT = ((1, 8192), (1, 32768), (1, 65536), (1, 131072), (8, 8192))
+FLA_MS_ANCHOR = {  # ../shared/anchors/fla-h200.md, forward, ms (do_bench median), H=16
+    ("gdn", 1, 8192): 0.831, ("gdn", 1, 32768): 1.263, ("gdn", 1, 65536): 2.504, ("gdn", 1, 131072): 4.969,
+    ("gdn", 8, 8192): 1.847, ("kda", 1, 8192): 0.890, ("kda", 1, 32768): 2.282, ("kda", 1, 65536): 4.521,
+    ("kda", 1, 131072): 8.950, ("kda", 8, 8192): 3.765,
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# inputs, floors, timing
+
+
+def make_inputs(op: str, B: int, T: int, H: int, *, device: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0,
+                lb: float | None = None, K: int = K_DIM, V: int = V_DIM) -> tuple[torch.Tensor, ...]:
+    """Random inputs, never zeros. lb: gate g = lb * sigmoid(randn) (slow decay) instead of logsigmoid(randn)."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+
+    def rn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=device, dtype=torch.float32, generator=gen)
+
+    q = F.normalize(rn(B, T, H, K), p=2, dim=-1).to(dtype)
+    k = F.normalize(rn(B, T, H, K), p=2, dim=-1).to(dtype)
+    v = rn(B, T, H, V).to(dtype)
+    gshape = (B, T, H) if op == "gdn" else (B, T, H, K)
+    g = (F.logsigmoid(rn(*gshape)) if lb is None else lb * torch.sigmoid(rn(*gshape))).to(dtype)
+    beta = torch.sigmoid(rn(B, T, H)).to(dtype)
+    return q, k, v, g, beta
+
+
+def bytes_floor(op: str, B: int, T: int, H: int, K: int = K_DIM, V: int = V_DIM, el: int = 2) -> int:
+    gk = 1 if op == "gdn" else K
+    return B * T * H * (K + K + V + gk + 1 + V) * el
+
+
+def flops_floor(B: int, T: int, H: int, K: int = K_DIM, V: int = V_DIM) -> float:
+    chunks = B * math.ceil(T / C) * H
+    return chunks * (2 * C * C * (3 * K + 2 * V) + 6 * C * K * V)
+
+
+def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
+    x, ref = x.detach().float(), ref.detach().float()
+    if not torch.isfinite(x).all():
+        return float("nan")
+    return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+class Timer:
+    """do_bench median on CUDA; a wall-clock median on CPU (dry run)."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+
+    def __call__(self, fn: Callable[[], Any], warmup: int = 25, rep: int = 200) -> tuple[float, float, float]:
+        if self.cuda:
+            from triton.testing import do_bench
+
+            r = do_bench(fn, warmup=warmup, rep=rep, quantiles=[0.5, 0.2, 0.8])
+            return float(r[0]), float(r[1]), float(r[2])
+        ts = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t0) * 1e3)
+        ts.sort()
+        return ts[1], ts[0], ts[2]
+
+
+def measure_ceilings(timer: Timer, device: str) -> dict[str, float]:
+    if device != "cuda":
+        return {"copy_GBps": float("nan"), "matmul_TFLOPs": float("nan")}
+    n = 1 << 29  # 1 GiB of bf16 each side
+    src = torch.randn(n, device=device, dtype=torch.float32).to(torch.bfloat16)
+    dst = torch.empty_like(src)
+    ms = timer(lambda: dst.copy_(src), warmup=50, rep=300)[0]
+    copy = 2 * src.numel() * 2 / (ms * 1e-3) / 1e9
+    del src, dst
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    c = torch.empty_like(a)
+    ms = timer(lambda: torch.matmul(a, b, out=c), warmup=100, rep=500)[0]
+    mm = 2 * 8192**3 / (ms * 1e-3) / 1e12
+    del a, b, c
+    torch.cuda.empty_cache()
+    return {"copy_GBps": copy, "matmul_TFLOPs": mm}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the callables
+
+
+def ours(op: str, q, k, v, g, beta, *, split: int | None = None, fuse: bool | None = None,
+         configs: dict[str, Any] | None = None, api: bool = True, **kw: Any) -> tuple[torch.Tensor, Any]:
+    """Our Triton forward: through the public entry, or the op's orchestration directly (variants)."""
+    import kernels
+
+    if api and split is None and fuse is None and not configs:
+        return kernels.forward(op, q, k, v, g, beta, backend="triton", **kw)
+    if op == "gdn":
+        from kernels.gdn.chunk import chunk_gdn_fwd as fwd
+    else:
+        from kernels.kda.chunk import chunk_kda_fwd as fwd
+    scale = kw.pop("scale", None) or q.shape[-1] ** -0.5
+    return fwd(q, k, v, g, beta, scale=scale, split_chunks=split, fuse_output=fuse, configs=configs, **kw)
+
+
+def fla_fn(op: str) -> Callable[..., Any]:
+    if op == "gdn":
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+        return chunk_gated_delta_rule
+    from fla.ops.kda import chunk_kda
+
+    return chunk_kda
+
+
+def variants(op: str, B: int, T: int, explore: bool) -> list[tuple[str, dict[str, Any]]]:
+    """(label, kwargs of `ours`) per timed variant of one shape; the first is the headline (public API)."""
+    from kernels.configs import LaunchConfig
+
+    out: list[tuple[str, dict[str, Any]]] = [("ours", {})]
+    if not explore:
+        return out
+    nt = math.ceil(T / C)
+    if B == 1:
+        out.append(("plain", {"split": 0}))
+        for s in (8, 16, 32, 64, 128):
+            if s < nt:
+                out.append((f"split{s}", {"split": s}))
+    out.append(("unfused", {"fuse": False}))
+    if (B, T) in ((8, 8192), (1, 65536)):
+        for bv, nw in ((32, 4), (64, 8), (128, 8)):
+            out.append((f"state_bv{bv}_w{nw}", {"configs": {"chunk_state_output_fwd": LaunchConfig(BV=bv, num_warps=nw, num_stages=2)}}))
+        for ns in (1, 3):
+            out.append((f"state_s{ns}", {"configs": {"chunk_state_output_fwd": LaunchConfig(BV=64, num_warps=4, num_stages=ns)}}))
+        wy = "wy_gdn_fwd" if op == "gdn" else "wy_kda_fwd"
+        for nw in ((2, 8) if op == "gdn" else (4,)):
+            out.append((f"wy_w{nw}", {"configs": {wy: LaunchConfig(num_warps=nw, num_stages=2)}}))
+    if B == 1 and T == 65536:
+        for bv, nw in ((32, 4), (128, 8)):
+            out.append((f"trans_bv{bv}_w{nw}", {"configs": {"chunk_state_transition_fwd": LaunchConfig(BV=bv, num_warps=nw, num_stages=2)}}))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# parallel precompile (fills Triton's on-disk cache; the timed process then only loads binaries)
+
+
+def _warm_job(job: tuple[str, int, int, str, dict[str, Any]]) -> str:
+    op, B, T, label, kw = job
+    try:
+        if label == "correctness":
+            rows = correctness([op], "cuda", quiet=True)
+            return f"{op} correctness: " + ", ".join(r.get("error", "ok") for r in rows)
+        q, k, v, g, beta = make_inputs(op, B, T, H_DEFAULT, device="cuda")
+        with torch.no_grad():
+            ours(op, q, k, v, g, beta, **kw)
+        torch.cuda.synchronize()
+        return f"{op} {label}: ok"
+    except Exception as err:  # noqa: BLE001 - reported, the timed run will show it again
+        return f"{op} {label}: {type(err).__name__}: {err}"
+
+
+def precompile(ops: list[str], shapes: list[tuple[int, int]], explore: bool, jobs: int) -> list[str]:
+    """Run every variant once on a small input with the same specialisations, `jobs` processes at a time."""
+    import multiprocessing as mp
+
+    todo: list[tuple[str, int, int, str, dict[str, Any]]] = [(op, 0, 0, "correctness", {}) for op in ops]
+    seen: set[str] = set()
+    for op in ops:
+        for B, T in shapes:
+            for label, kw in variants(op, B, T, explore):
+                # the small stand-in: dense B>1 stays dense, B=1 keeps enough chunks for the same split decision
+                small = (2, 1024) if B > 1 else (1, 4096)
+                kw2 = dict(kw)
+                # the automatic rule splits every B=1 shape and none of the B=8 ones
+                kw2.setdefault("split", 8 if B == 1 else 0)
+                key = f"{op}|{small}|{sorted((k, repr(v)) for k, v in kw2.items())}"
+                if key not in seen:
+                    seen.add(key)
+                    todo.append((op, *small, label, kw2))
+    if jobs <= 1:
+        return [_warm_job(j) for j in todo]
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(jobs) as pool:
+        return list(pool.imap_unordered(_warm_job, todo))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# correctness
+
+
+def correctness(ops: list[str], device: str, quiet: bool = False) -> list[dict[str, Any]]:
+    """Ours vs the fp32 per-token reference on reduced shapes (bf16 inputs unless stated)."""
+    import kernels
+
+    small = device != "cuda"
+    # H=16 on the GPU: the same specialisations as the timed shapes (compiled once, in the precompile phase)
+    H, K, V = (2, 32, 32) if small else (H_DEFAULT, K_DIM, V_DIM)
+    T = 256 if small else 2048
+    rows: list[dict[str, Any]] = []
+    for op in ops:
+        cases: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+            ("dense B=2", {"B": 2, "T": T // 2}, {}),
+            ("varlen+h0", {"B": 1, "T": T, "cu": [0, 37, 37 + T // 3, T - 5, T]}, {"h0": True}),
+            ("slow decay lb=-0.01, split auto", {"B": 1, "T": T, "lb": -0.01}, {"h0": True}),
+            ("slow decay, split 1 chunk", {"B": 1, "T": T, "lb": -0.01}, {"h0": True, "split": 1}),
+            ("slow decay, unfused", {"B": 1, "T": T, "lb": -0.01}, {"h0": True, "fuse": False}),
+            ("fp32 inputs", {"B": 1, "T": T // 2, "dtype": torch.float32}, {"h0": True}),
+        ]
+        for name, shp, opt in cases:
+            rec: dict[str, Any] = {"op": op, "case": name, "H": H, "K": K, "V": V}
+            try:
+                q, k, v, g, beta = make_inputs(op, shp["B"], shp["T"], H, device=device, K=K, V=V, seed=1,
+                                               lb=shp.get("lb"), dtype=shp.get("dtype", torch.bfloat16))
+                cu = shp.get("cu")
+                cu_t = torch.tensor(cu, dtype=torch.int32, device=device) if cu else None
+                N = len(cu) - 1 if cu else shp["B"]
+                h0 = torch.randn(N, H, K, V, device=device) if opt.get("h0") else None
+                with torch.no_grad():
+                    o_ref, ht_ref = kernels.reference(op, q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                                      cu_seqlens=cu_t)
+                    o_ref32, _ = kernels.reference(op, *(x.float() for x in (q, k, v, g, beta)), initial_state=h0,
+                                                   cu_seqlens=cu_t)
+                    kw = {k2: opt[k2] for k2 in ("split", "fuse") if k2 in opt}
+                    o, ht = ours(op, q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu_t, **kw)
+                rec.update(T=shp["T"], B=shp["B"], dtype=str(q.dtype).removeprefix("torch."),
+                           o_rel_l2=rel_l2(o, o_ref32), ht_rel_l2=rel_l2(ht, ht_ref),
+                           ref_bf16_rounding=rel_l2(o_ref, o_ref32))
+                # transition: M S0 + S_ext == final state from S0
+                M, S_ext = kernels.transition(op, k, v, g, beta, cu_seqlens=cu_t, backend="triton")
+                S0 = torch.randn(N, H, K, V, device=device)
+                _, ht_s0 = kernels.reference(op, q, k, v, g, beta, initial_state=S0, output_final_state=True,
+                                             cu_seqlens=cu_t)
+                rec["transition_rel_l2"] = rel_l2(M @ S0 + S_ext, ht_s0)
+            except Exception as err:  # noqa: BLE001 - recorded in the results
+                rec["error"] = f"{type(err).__name__}: {err}"
+                if not quiet:
+                    traceback.print_exc()
+            rows.append(rec)
+            if not quiet:
+                print("CHECK", json.dumps(rec, default=str), flush=True)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# main
+
+
+def _env(device: str) -> dict[str, Any]:
+    import triton
+
+    info: dict[str, Any] = {
+        "python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
+        "host": platform.node(), "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([os.path.basename(sys.executable), "-m", "kernels.bench", *sys.argv[1:]]),
+        "git_sha": os.environ.get("CPBENCH_GIT_SHA") or _git_sha(),
+        "env": {k: os.environ.get(k) for k in ("FLA_DISABLE_BACKEND_DISPATCH", "NCCL_NVLS_ENABLE", "TRITON_CACHE_DIR")},
+    }
+    try:
+        import fla
+
+        info["fla"] = getattr(fla, "__version__", "?")
+    except ImportError:
+        info["fla"] = None
+    if device == "cuda":
+        p = torch.cuda.get_device_properties(0)
+        info.update(device=p.name, sms=p.multi_processor_count, memory_GiB=round(p.total_memory / 2**30, 1),
+                    cuda=torch.version.cuda)
+        with contextlib.suppress(Exception):
+            info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                            capture_output=True, text=True, timeout=20).stdout.strip()
+    else:
+        info.update(device="cpu (dry run, interpreter)")
+    return info
+
+
+def _git_sha() -> str | None:
+    with contextlib.suppress(Exception):
+        r = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                           cwd=os.path.dirname(os.path.abspath(__file__)))
+        if r.returncode == 0:
+            return r.stdout.strip()
+    return None
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    device = "cpu" if args.dry_run else "cuda"
+    ops = args.ops.split(",")
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")] if args.shapes else list(SHAPES_DEFAULT)
+    if args.dry_run:
+        shapes = [(1, 512), (2, 256)]
+    H = 2 if args.dry_run else H_DEFAULT
+    K = V = 32 if args.dry_run else K_DIM
+    timer = Timer(device == "cuda")
+    t_start = time.time()
+    result: dict[str, Any] = {"env": _env(device), "H": H, "K": K, "V": V, "shapes": shapes}
+    if device == "cuda" and args.jobs > 0:
+        t0 = time.time()
+        result["precompile"] = precompile(ops, shapes, args.explore, args.jobs)
+        result["precompile_s"] = round(time.time() - t0, 1)
+        print(f"precompile {result['precompile_s']} s:", *result["precompile"], sep="\n  ", flush=True)
+    result["ceilings"] = measure_ceilings(timer, device)
+    print("ceilings", result["ceilings"], flush=True)
+    if not args.no_check:
+        result["correctness"] = correctness(ops, device)
+    bw = result["ceilings"]["copy_GBps"] * 1e9
+    mm = result["ceilings"]["matmul_TFLOPs"] * 1e12
+    rows: list[dict[str, Any]] = []
+    explore_rows: list[dict[str, Any]] = []
+    for op in ops:
+        for B, T in shapes:
+            if args.deadline and time.time() - t_start > args.deadline:
+                print(f"deadline reached, skipping {op} {B}x{T}", flush=True)
+                continue
+            q, k, v, g, beta = make_inputs(op, B, T, H, device=device, K=K, V=V)
+            rec: dict[str, Any] = {"op": op, "B": B, "T": T, "H": H, "K": K, "V": V,
+                                   "bytes": bytes_floor(op, B, T, H, K, V), "flops": flops_floor(B, T, H, K, V)}
+            rec["floor_bytes_ms"] = rec["bytes"] / bw * 1e3 if bw == bw else float("nan")
+            rec["floor_flops_ms"] = rec["flops"] / mm * 1e3 if mm == mm else float("nan")
+            rec["floor_ms"] = max(rec["floor_bytes_ms"], rec["floor_flops_ms"])
+            o_fla = None
+            if not args.no_fla and device == "cuda":
+                try:
+                    fn = fla_fn(op)
+                    t0 = time.time()
+                    with torch.no_grad():
+                        o_fla, _ = fn(q, k, v, g, beta)
+                    torch.cuda.synchronize()
+                    rec["fla_first_call_s"] = round(time.time() - t0, 1)
+                    with torch.no_grad():
+                        rec["fla_ms"], rec["fla_p20"], rec["fla_p80"] = timer(lambda: fn(q, k, v, g, beta))
+                except Exception as err:  # noqa: BLE001
+                    rec["fla_error"] = f"{type(err).__name__}: {err}"
+                    traceback.print_exc()
+            rec["fla_anchor_ms"] = FLA_MS_ANCHOR.get((op, B, T))
+            for label, kw in variants(op, B, T, args.explore):
+                vrec: dict[str, Any] = {"op": op, "B": B, "T": T, "variant": label,
+                                        "kwargs": {a: repr(b) for a, b in kw.items()}}
+                try:
+                    t0 = time.time()
+                    with torch.no_grad():
+                        o, _ = ours(op, q, k, v, g, beta, **kw)
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                    vrec["first_call_s"] = round(time.time() - t0, 2)
+                    if o_fla is not None:
+                        vrec["rel_l2_vs_fla"] = rel_l2(o, o_fla)
+                    del o
+                    with torch.no_grad():
+                        vrec["ms"], vrec["p20"], vrec["p80"] = timer(lambda kw=kw: ours(op, q, k, v, g, beta, **kw))
+                except Exception as err:  # noqa: BLE001
+                    vrec["error"] = f"{type(err).__name__}: {err}"
+                    traceback.print_exc()
+                print("VARIANT", json.dumps(vrec, default=str), flush=True)
+                if label == "ours":
+                    rec.update({k2: vrec.get(k2) for k2 in ("ms", "p20", "p80", "first_call_s", "rel_l2_vs_fla", "error")})
+                else:
+                    explore_rows.append(vrec)
+            if B == 1 and T == 8192 and device == "cuda" and rec.get("ms"):
+                rec.update(_graph_times(op, q, k, v, g, beta, timer, with_fla=o_fla is not None))
+            if rec.get("ms") and rec.get("fla_ms"):
+                rec["ratio"] = rec["ms"] / rec["fla_ms"]
+            if rec.get("ms") and rec["floor_ms"] == rec["floor_ms"]:
+                rec["x_floor"] = rec["ms"] / rec["floor_ms"]
+            rows.append(rec)
+            print("RESULT", json.dumps(rec, default=str), flush=True)
+            del q, k, v, g, beta, o_fla
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    result["rows"] = rows
+    result["explore"] = explore_rows
+    result["wall_s"] = round(time.time() - t_start, 1)
+    return result
+
+
+def _graph_times(op: str, q, k, v, g, beta, timer: Timer, with_fla: bool) -> dict[str, float]:
+    """CUDA-graph replay times (launch overhead removed) of ours and FLA."""
+    out: dict[str, float] = {}
+    fns: list[tuple[str, Callable[[], Any]]] = [("graph_ms", lambda: ours(op, q, k, v, g, beta))]
+    if with_fla:
+        fns.append(("fla_graph_ms", lambda: fla_fn(op)(q, k, v, g, beta)))
+    for name, fn in fns:
+        try:
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s), torch.no_grad():
+                for _ in range(2):
+                    fn()
+            torch.cuda.current_stream().wait_stream(s)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph), torch.no_grad():
+                fn()
+            out[name] = timer(graph.replay)[0]
+        except Exception as err:  # noqa: BLE001
+            out[name + "_error"] = f"{type(err).__name__}: {err}"  # type: ignore[assignment]
+    return out
+
+
+def _fmt(x: Any, nd: int = 3) -> str:
+    if x is None or (isinstance(x, float) and x != x):
+        return "—"
+    if isinstance(x, float):
+        return f"{x:.{nd}f}"
+    return str(x)
+
+
+def to_markdown(res: dict[str, Any]) -> str:
+    env = res["env"]
+    lines = [
+        f"# Kernel benchmark: ours (Triton) vs FLA forward — {env.get('device')}",
+        "",
+        f"- device: {env.get('device')} ({env.get('sms')} SMs), driver {env.get('driver')}, CUDA {env.get('cuda')}",
+        f"- torch {env.get('torch')}, triton {env.get('triton')}, fla-core {env.get('fla')}, python {env.get('python')}",
+        f"- git sha: {env.get('git_sha')}; date {env.get('date')}",
+        f"- command: `{env.get('command')}`",
+        f"- ceilings (measured in this run): copy {_fmt(res['ceilings']['copy_GBps'], 0)} GB/s, "
+        f"bf16 matmul {_fmt(res['ceilings']['matmul_TFLOPs'], 0)} TFLOP/s",
+        f"- H={res['H']}, K=V={res['K']}, bf16, forward only; do_bench medians (ms); ratio = ours / FLA (same run)",
+        "",
+        "| op | B | T | ours ms | FLA ms | ratio | floor ms (bytes / flops) | ours / floor | rel_l2 vs FLA |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in res["rows"]:
+        lines.append(
+            f"| {r['op']} | {r['B']} | {r['T']} | {_fmt(r.get('ms'))} | {_fmt(r.get('fla_ms'))} | {_fmt(r.get('ratio'), 2)} | "
+            f"{_fmt(r['floor_ms'])} ({_fmt(r['floor_bytes_ms'])} / {_fmt(r['floor_flops_ms'])}) | {_fmt(r.get('x_floor'), 1)} | "
+            f"{_fmt(r.get('rel_l2_vs_fla'), 4)} |")
+    graph = [r for r in res["rows"] if "graph_ms" in r]
+    if graph:
+        lines += ["", "CUDA-graph replay (launch overhead removed), B=1 T=8192:", ""]
+        for r in graph:
+            lines.append(f"- {r['op']}: ours {_fmt(r.get('graph_ms'))} ms, FLA {_fmt(r.get('fla_graph_ms'))} ms")
+    if res.get("correctness"):
+        lines += ["", "## Correctness vs the fp32 per-token reference (reduced shapes)", "",
+                  "| op | case | B×T, H, K=V | dtype | o rel_l2 | final state rel_l2 | transition rel_l2 | bf16 rounding of the reference's o |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for c in res["correctness"]:
+            if "error" in c:
+                lines.append(f"| {c['op']} | {c['case']} | | | ERROR: {c['error']} | | | |")
+                continue
+            lines.append(f"| {c['op']} | {c['case']} | {c['B']}×{c['T']}, {c['H']}, {c['K']} | {c['dtype']} | "
+                         f"{_fmt(c['o_rel_l2'], 5)} | {_fmt(c['ht_rel_l2'], 5)} | {_fmt(c['transition_rel_l2'], 5)} | "
+                         f"{_fmt(c['ref_bf16_rounding'], 5)} |")
+    if res.get("explore"):
+        lines += ["", "## Variants (explore)", "", "| op | B | T | variant | ms | rel_l2 vs FLA |", "|---|---|---|---|---|---|"]
+        for r in res["explore"]:
+            lines.append(f"| {r['op']} | {r['B']} | {r['T']} | {r['variant']} | {_fmt(r.get('ms'))} | "
+                         f"{_fmt(r.get('rel_l2_vs_fla'), 4) if 'error' not in r else 'ERROR: ' + r['error'][:80]} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--name", default=None, help="file stem (default kernels_<device>)")
+    ap.add_argument("--ops", default="gdn,kda")
+    ap.add_argument("--shapes", default=None, help="comma list of BxT (default: the issue's five shapes)")
+    ap.add_argument("--explore", action="store_true", help="also time variants (split lengths, fusion, configs)")
+    ap.add_argument("--no-fla", action="store_true")
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--jobs", type=int, default=8, help="parallel precompile processes (0: none)")
+    ap.add_argument("--deadline", type=float, default=0, help="stop starting new shapes after this many seconds")
+    ap.add_argument("--dry-run", action="store_true", help="CPU interpreter, tiny shapes, no FLA: checks the script")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
+    if args.dry_run:
+        args.no_fla, args.jobs = True, 0
+        os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported
+    res = run(args)
+    name = args.name or ("kernels_h200" if "H200" in str(res["env"].get("device")) else
+                         "kernels_" + "".join(ch if ch.isalnum() else "_" for ch in str(res["env"].get("device")).lower())[:40])
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, name + ".json"), "w") as f:
+        json.dump(res, f, indent=1, default=str)
+    md = to_markdown(res)
+    with open(os.path.join(args.out, name + ".md"), "w") as f:
+        f.write(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""The `cpbench` command (typer + rich): one verb per module, each exposing `register(app)`.
+
+    cpbench db upgrade                          migrate the store (SQLite file by default, CPBENCH_DATABASE_URL)
+    cpbench run runners/suites/demo.yaml        submit a sweep and work it here until done; progress bar, result table
+    cpbench submit SPEC                         queue a sweep for workers
+    cpbench worker [--once]                     work the queue (persistent rank gangs; SIGTERM releases the point)
+    cpbench status [SWEEP]                      sweeps, workers, or one sweep's progress and failures
+    cpbench results SWEEP --format table|csv|json
+
+Verbs written elsewhere (`serve`, `configs`, `regress`, `bench`) are added when their module is importable.
+User mistakes (`CpbenchError`, an unmigrated store) print one red line and exit 1; anything else is a bug and
+keeps its traceback. `-v` logs at INFO, `-vv` at DEBUG (to stderr).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+import click
+import typer
+from rich.console import Console
+
+from runners.errors import CpbenchError
+
+__all__ = ["app", "main"]
+
+logger = logging.getLogger(__name__)
+
+app = typer.Typer(
+    name="cpbench",
+    help="Benchmark and tune context-parallel GDN/KDA kernels: sweeps, workers, results.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+VERBS = ("run", "submit", "worker", "status", "results", "db")
+OPTIONAL_VERBS = ("serve", "configs", "regress", "bench")
+
+
+@app.callback()
+def _root(
+    verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="log INFO (-v) or DEBUG (-vv) to stderr"),
+) -> None:
+    """cpbench: CP kernel benchmarking service."""
+    if verbose:
+        level = logging.INFO if verbose == 1 else logging.DEBUG
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+        logging.getLogger().setLevel(level)
+
+
+def _register_all() -> None:
+    for verb in VERBS:
+        importlib.import_module(f"runners.cli.{verb}").register(app)
+    for verb in OPTIONAL_VERBS:
+        module_name = f"runners.cli.{verb}"
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name == module_name:
+                continue
+            logger.warning("cpbench %s is unavailable: %s", verb, err)
+            continue
+        module.register(app)
+
+
+_register_all()
+
+
+def _fail(message: str) -> None:
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/bold red] {message}")
+    raise SystemExit(1)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the `cpbench` script (`runners.cli:main`); `argv` defaults to `sys.argv[1:]`."""
+    from db.errors import StoreNotMigratedError
+
+    try:
+        rc = app(args=list(argv) if argv is not None else None, prog_name="cpbench", standalone_mode=False)
+    except (CpbenchError, StoreNotMigratedError) as err:
+        _fail(" ".join(str(err).split("\n")))
+    except click.exceptions.ClickException as err:
+        err.show()
+        raise SystemExit(err.exit_code) from None
+    except click.exceptions.Abort:
+        _fail("aborted")
+    except KeyboardInterrupt:
+        _fail("interrupted")
+    if isinstance(rc, int) and rc != 0:
+        raise SystemExit(rc)

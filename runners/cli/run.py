@@ -1,0 +1,71 @@
+"""`cpbench run SPEC`: submit a sweep and work it in this process until every point is done, failed or skipped.
+
+    cpbench run runners/suites/demo.yaml [--db URL] [--devices N] [--cpu] [--format table|csv|json]
+
+Points this machine cannot run (W more than its devices, a backend not installed) are stored as skipped.
+Shows a progress bar while it works and the result table at the end; exits 1 when a point failed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from runners.cli.common import DbOption, Format, fetch_results, out_console, render_results, resolve
+
+__all__ = ["register"]
+
+
+def run(
+    spec: Path = typer.Argument(..., help="sweep spec, YAML or JSON"),
+    db: DbOption = None,
+    devices: int | None = typer.Option(None, "--devices", min=1, help="ranks to use (GPUs, or gloo ranks on the CPU)"),
+    cpu: bool = typer.Option(False, "--cpu", help="run on the CPU even when GPUs are present"),
+    fmt: Format = typer.Option(Format.table, "--format", "-f", help="result output"),
+) -> None:
+    """Submit a sweep and run it here until done."""
+    from db import crud
+    from db.migrate import require_migrated
+    from db.session import session_scope
+    from runners.engine import run_until_done, submit_spec
+    from runners.grid import available_backends
+    from runners.spec import load_spec
+    from runners.worker import detect_devices
+
+    url = resolve(db)
+    require_migrated(url)
+    sweep_spec = load_spec(spec)
+    info = detect_devices(devices, kind="cpu" if cpu else None)
+    with session_scope(url) as s:
+        sweep = submit_spec(s, sweep_spec, max_W=info.count, backends=available_backends())
+        sweep_id = sweep.id
+    with session_scope(url) as s:
+        start = crud.sweep_progress(s, sweep_id=sweep_id)
+    err = Console(stderr=True)
+    err.print(
+        f"sweep [bold]{sweep_id}[/bold] ({sweep_spec.name}): {start['total']} points, {start['skipped']} skipped; "
+        f"running on {info.count} {info.kind} rank(s)"
+    )
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=False) as bar:
+        task = bar.add_task("running", total=start["total"])
+
+        def progress(c: dict[str, int]) -> None:
+            finished = c["done"] + c["failed"] + c["skipped"] + c["cancelled"]
+            bar.update(task, completed=finished, description=f"done {c['done']}  failed {c['failed']}  skipped {c['skipped']}")
+
+        final = run_until_done(url, sweep_id, progress=progress, devices=info.count, device_kind=info.kind)
+    render_results(fetch_results(url, sweep_id), fmt, console=out_console(), title=f"sweep {sweep_id}: {sweep_spec.name}")
+    if final["failed"]:
+        err.print(f"[red]{final['failed']} point(s) failed[/red] (see `cpbench status {sweep_id}`)")
+        raise typer.Exit(1)
+    if final["queued"] or final["running"]:
+        err.print(f"[yellow]stopped with {final['queued'] + final['running']} point(s) unfinished[/yellow]")
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run)

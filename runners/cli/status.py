@@ -1,0 +1,86 @@
+"""`cpbench status [SWEEP]`: the sweeps and workers, or one sweep's progress, running points and failures.
+
+    cpbench status            # recent sweeps with their counts, and the workers
+    cpbench status 3          # sweep 3: counts per status, what runs where, each failed point's error
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import typer
+from rich.table import Table
+
+from runners.cli.common import DbOption, fetch_results, out_console, resolve
+from runners.errors import SweepNotFoundError
+
+__all__ = ["register"]
+
+
+def _age(t: datetime | None) -> str:
+    if t is None:
+        return "-"
+    s = (datetime.now(timezone.utc) - t).total_seconds()
+    return f"{s:.0f}s ago" if s < 120 else f"{s / 60:.0f}m ago" if s < 7200 else f"{s / 3600:.1f}h ago"
+
+
+def status(
+    sweep: int | None = typer.Argument(None, help="sweep id (default: list recent sweeps)"),
+    limit: int = typer.Option(20, "--limit", min=1, help="sweeps to list"),
+    db: DbOption = None,
+) -> None:
+    """Show sweeps and workers, or one sweep in detail."""
+    from db import crud
+    from db.migrate import require_migrated
+    from db.session import session_scope
+
+    url = resolve(db)
+    require_migrated(url)
+    console = out_console()
+    if sweep is None:
+        with session_scope(url) as s:
+            sweeps, total = crud.list_sweeps(s, skip=0, limit=limit)
+            table = Table(title=f"sweeps ({len(sweeps)} of {total})", header_style="bold")
+            for col in ("id", "name", "status", "points", "done", "failed", "skipped", "queued", "running", "created"):
+                table.add_column(col)
+            for sw in sweeps:
+                c = crud.sweep_progress(s, sweep_id=sw.id)
+                table.add_row(str(sw.id), sw.name, sw.status, str(c["total"]), str(c["done"]), str(c["failed"]),
+                              str(c["skipped"]), str(c["queued"]), str(c["running"]), _age(sw.created_at))
+            workers = crud.list_workers(s)
+            wt = Table(title=f"workers ({len(workers)})", header_style="bold")
+            for col in ("name", "status", "devices", "point", "done", "heartbeat"):
+                wt.add_column(col)
+            for w in workers:
+                dev = w.devices or {}
+                wt.add_row(w.name, w.status, f"{dev.get('count', '?')} {dev.get('kind', '?')}", str(w.current_point_id or "-"),
+                           str(w.points_done), _age(w.last_heartbeat))
+        console.print(table)
+        console.print(wt)
+        return
+    with session_scope(url) as s:
+        sw = crud.get_sweep(s, sweep_id=sweep)
+        if sw is None:
+            raise SweepNotFoundError(f"no sweep with id {sweep}")
+        c = crud.sweep_progress(s, sweep_id=sweep)
+        header = (f"sweep [bold]{sw.id}[/bold] {sw.name} [{sw.status}]  tags={','.join(sw.tags) or '-'}  created {_age(sw.created_at)}"
+                  f"  finished {_age(sw.finished_at)}")
+    console.print(header)
+    console.print("  ".join(f"{k} {v}" for k, v in c.items()))
+    rows = fetch_results(url, sweep)
+    running = [r for r in rows if r["status"] == "running"]
+    failed = [r for r in rows if r["status"] == "failed"]
+    for title, subset, field in (("running", running, None), ("failed", failed, "error")):
+        if not subset:
+            continue
+        t = Table(title=title, header_style="bold")
+        for col in ("#", "key", "attempts", "detail"):
+            t.add_column(col, overflow="fold")
+        for r in subset:
+            detail = (r.get(field) or "").strip().splitlines()[0] if field else f"claimed {_age(r.get('claimed_at'))}"
+            t.add_row(str(r["idx"]), r["key"], f"{r['attempts']}/{r['max_attempts']}", detail)
+        console.print(t)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("status")(status)

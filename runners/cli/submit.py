@@ -1,0 +1,44 @@
+"""`cpbench submit SPEC`: validate a sweep spec, expand its grid and queue it for workers.
+
+    cpbench submit runners/suites/demo.yaml [--db URL]
+
+Points that cannot run (H % W for headwise, token counts that do not split, W == 1 modes) are stored as
+skipped with the reason; device limits are left to the workers, which claim by W and device kind.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from runners.cli.common import DbOption, resolve
+
+__all__ = ["register"]
+
+
+def submit(spec: Path = typer.Argument(..., help="sweep spec, YAML or JSON"), db: DbOption = None) -> None:
+    """Queue a sweep for the workers."""
+    from db import crud
+    from db.migrate import require_migrated
+    from db.session import session_scope
+    from runners.engine import submit_spec
+    from runners.spec import load_spec
+
+    url = resolve(db)
+    require_migrated(url)
+    sweep_spec = load_spec(spec)
+    with session_scope(url) as s:
+        sweep = submit_spec(s, sweep_spec)
+        sweep_id, n = sweep.id, sweep.n_points
+    with session_scope(url) as s:
+        prog = crud.sweep_progress(s, sweep_id=sweep_id)
+    Console().print(
+        f"sweep [bold]{sweep_id}[/bold] ({sweep_spec.name}) queued: {n} points, {prog['queued']} to run, {prog['skipped']} skipped"
+    )
+    typer.echo(sweep_id)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("submit")(submit)

@@ -1,0 +1,103 @@
+"""Fixtures of the engine tests (imported by the test modules that use them; the folder is shared, so no conftest).
+
+- `store_url`: a migrated SQLite store in the test's tmp dir, with `CPBENCH_ARTIFACT_DIR` beside it.
+- `pg_store_url`: the same on a fresh database of the PostgreSQL server at CPBENCH_TEST_POSTGRES_URL (dropped after).
+- `demo_spec_path`: runners/suites/demo.yaml.
+- `write_spec(tmp_path, **overrides)`: a small sweep spec file (one op, `none` at W=1 by default).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO_SPEC = REPO / "runners" / "suites" / "demo.yaml"
+
+# spawned ranks and CLI subprocesses must find the repo's packages
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+
+
+def _settings_reset() -> None:
+    from db.settings import get_db_settings
+    from runners.settings import get_worker_settings
+
+    get_db_settings.cache_clear()
+    get_worker_settings.cache_clear()
+
+
+@pytest.fixture
+def store_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    from db.migrate import upgrade
+    from db.session import dispose_engine
+
+    url = f"sqlite:///{tmp_path / 'store' / 'cpbench.db'}"
+    monkeypatch.setenv("CPBENCH_ARTIFACT_DIR", str(tmp_path / "artifacts"))
+    _settings_reset()
+    upgrade(url)
+    yield url
+    dispose_engine(url)
+    _settings_reset()
+
+
+@pytest.fixture
+def pg_store_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+
+    from db.migrate import upgrade
+    from db.session import dispose_engine
+    from db.settings import normalize_url
+
+    server = os.environ.get("CPBENCH_TEST_POSTGRES_URL")
+    if not server:
+        pytest.skip("CPBENCH_TEST_POSTGRES_URL not set")
+    server = normalize_url(server)
+    name = f"cpbench_runners_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    url = make_url(server).set(database=name).render_as_string(hide_password=False)
+    monkeypatch.setenv("CPBENCH_ARTIFACT_DIR", str(tmp_path / "artifacts"))
+    _settings_reset()
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        dispose_engine(url)
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+        _settings_reset()
+
+
+@pytest.fixture
+def demo_spec_path() -> Path:
+    return DEMO_SPEC
+
+
+def write_spec(tmp_path: Path, name: str = "spec.yaml", **overrides: Any) -> Path:
+    spec: dict[str, Any] = {
+        "name": "tiny",
+        "ops": ["gdn"],
+        "modes": ["none"],
+        "backends": ["torch"],
+        "axes": {"B": 1, "T": 128, "H": 2, "K": 32, "V": 32, "lb": -1.0, "W": 1, "dtype": "float32"},
+        "timing": {"min_samples": 2, "max_samples": 4, "min_time_s": 0.0, "max_rel_iqr": 0.5, "timeout_s": 1.0,
+                   "warmup_s": 0.0, "flush_l2": False},
+        "check": {"reference_tokens": 64},
+    }
+    for k, v in overrides.items():
+        if isinstance(v, dict) and isinstance(spec.get(k), dict):
+            spec[k] = {**spec[k], **v}
+        else:
+            spec[k] = v
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(spec))
+    return path

@@ -1,0 +1,85 @@
+"""Grid expansion (runners.grid): deterministic order, idx and keys; every skip rule stores its reason.
+
+Scenarios: two expansions of the demo are identical and have 24 points with sequential idx; the rows carry every
+`Point` column `db.crud.create_sweep` needs; skip reasons (single-device modes at W > 1, W over the devices,
+headwise H % W, token counts not splitting for contiguous and zigzag, a mode the kernels lack, a backend not
+installed); repetitions share a key; non-default warmup_correct options are part of the key; varlen keys.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from db.crud import POINT_FIELDS
+from runners.grid import expand, point_key, skip_reason
+from runners.spec import grid_size, load_spec, parse_spec
+from tests.runners.engine_fixtures import DEMO_SPEC
+
+
+def _params(**over: object) -> dict:
+    p = {"op": "gdn", "mode": "ring", "backend": "torch", "B": 1, "T": 256, "H": 4, "K": 32, "V": 32, "lb": -1.0,
+         "W": 2, "layout": "contiguous", "direction": "fwd", "dtype": "float32", "seed": 0, "rep": 0}
+    p.update(over)
+    return p
+
+
+def test_expand_demo_deterministic() -> None:
+    spec = load_spec(DEMO_SPEC)
+    a, b = expand(spec), expand(load_spec(DEMO_SPEC))
+    assert a == b
+    assert len(a) == grid_size(spec) == 24
+    assert [r["idx"] for r in a] == list(range(24))
+    assert len({r["key"] for r in a}) == 24
+    for r in a:
+        assert set(POINT_FIELDS) <= set(r)
+        assert r["key"] == point_key(r["params"])
+    skipped = [(r["op"], r["mode"], r["W"]) for r in a if r["status"] == "skipped"]
+    assert sorted(skipped) == sorted((op, m, 2) for op in ("gdn", "kda") for m in ("none", "warmup_correct"))
+    # the modes of one shape sit next to each other; W is outside mode
+    assert [r["mode"] for r in a[:6]] == ["none", "all_gather", "true_cp", "ring", "headwise", "warmup_correct"]
+    assert {r["W"] for r in a[:6]} == {1}
+
+
+@pytest.mark.parametrize(
+    ("over", "kwargs", "expected"),
+    [
+        pytest.param({"mode": "none", "W": 2}, {}, "mode 'none' runs on one device: needs W == 1, got W=2", id="none-W2"),
+        pytest.param({"mode": "warmup_correct", "W": 4}, {}, "needs W == 1, got W=4", id="wc-W4"),
+        pytest.param({"W": 4}, {"max_W": 2}, "W=4 is more than the 2 device(s) present", id="devices"),
+        pytest.param({"mode": "headwise", "H": 3}, {}, "headwise needs H % W == 0, got H=3, W=2", id="headwise"),
+        pytest.param({"T": 255}, {}, "needs B*T=255 divisible by 2", id="contiguous"),
+        pytest.param({"T": 258, "layout": "zigzag"}, {}, "needs B*T=258 divisible by 4", id="zigzag"),
+        pytest.param({"lengths": [100, 55], "T": 155}, {}, "needs lengths sum=155 divisible by 2", id="varlen"),
+        pytest.param({"mode": "tail_exchange"}, {"modes": ("none", "ring")}, "mode 'tail_exchange' is not implemented", id="mode"),
+        pytest.param({"backend": "fla"}, {"backends": ("torch",)}, "backend 'fla' is not available here", id="backend"),
+    ],
+)
+def test_skip_reason(over: dict, kwargs: dict, expected: str) -> None:
+    reason = skip_reason(_params(**over), **kwargs)
+    assert reason is not None and expected in reason
+
+
+def test_skip_reason_runnable() -> None:
+    assert skip_reason(_params()) is None
+    assert skip_reason(_params(mode="headwise", H=4, layout="zigzag", T=256), max_W=2) is None
+    assert skip_reason(_params(mode="none", W=1, T=255)) is None  # one device: any length
+
+
+def test_expand_repetitions_share_key() -> None:
+    spec = parse_spec({"name": "r", "ops": "gdn", "modes": "none", "axes": {"T": 128}, "repetitions": 3, "seeds": [0, 1]})
+    rows = expand(spec)
+    assert len(rows) == 6
+    assert [r["params"]["rep"] for r in rows] == [0, 1, 2, 0, 1, 2]
+    assert len({r["key"] for r in rows}) == 2
+
+
+def test_point_key_options_and_varlen() -> None:
+    spec = parse_spec({"name": "o", "ops": "kda", "modes": ["warmup_correct", "true_cp"],
+                       "axes": {"lengths": [[100, 156]], "W": 1}, "warmup_correct": {"tol": 0.01}})
+    wc, tcp = expand(spec)
+    assert wc["key"].endswith(",opts=tol=0.01") and "lengths=100-156" in wc["key"]
+    assert wc["params"]["mode_options"]["tol"] == 0.01
+    assert "opts" not in tcp["key"] and "mode_options" not in tcp["params"]
+    assert wc["T"] == 256 and wc["B"] == 1
+    default = expand(parse_spec({"name": "d", "ops": "kda", "modes": "warmup_correct", "axes": {"T": 256}}))[0]
+    assert "opts" not in default["key"]

@@ -1,0 +1,95 @@
+"""Inputs and the correctness measures (runners.workload, runners.correctness).
+
+Scenarios: the same params give the same tensors and another seed other tensors; gates lie in [lb, 0] with the
+op's shape, k is unit-norm, nothing is all zeros; a dense batch flattens to a varlen view with the right bounds;
+reduced shapes keep divisibility, heads for headwise and the varlen structure; rel_l2 and the gate verdict
+(message names both errors, NaN fails, warmup_correct gets its scheme tolerance on top).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from runners.correctness import DEFAULT_TOL, judge, rel_l2, tolerances
+from runners.workload import make_workload, reduced_params
+
+
+def _params(**over: object) -> dict:
+    p = {"op": "kda", "mode": "ring", "backend": "torch", "B": 2, "T": 96, "H": 3, "K": 16, "V": 8, "lb": -0.5,
+         "W": 2, "layout": "contiguous", "direction": "fwd", "dtype": "bfloat16", "seed": 5}
+    p.update(over)
+    return p
+
+
+def test_make_workload_seeded_and_in_range() -> None:
+    a, b = make_workload(_params(), device="cpu"), make_workload(_params(), device="cpu")
+    c = make_workload(_params(seed=6), device="cpu")
+    for x, y, z in zip(a.tensors, b.tensors, c.tensors, strict=True):
+        assert torch.equal(x, y)
+        assert not torch.equal(x, z)
+        assert x.abs().sum() > 0
+    assert a.q.shape == (2, 96, 3, 16) and a.v.shape == (2, 96, 3, 8) and a.g.shape == (2, 96, 3, 16)
+    assert a.q.dtype == torch.bfloat16 and a.g.dtype == torch.float32
+    assert float(a.g.max()) <= 0.0 and float(a.g.min()) >= -0.5
+    assert torch.allclose(a.k.float().norm(dim=-1), torch.ones(2, 96, 3), atol=1e-2)
+    assert 0.0 < float(a.beta.min()) and float(a.beta.max()) < 1.0
+    gdn = make_workload(_params(op="gdn", dtype="float32"), device="cpu")
+    assert gdn.g.shape == (2, 96, 3)
+
+
+def test_workload_flat_and_varlen() -> None:
+    wl = make_workload(_params(), device="cpu")
+    assert wl.cu_seqlens is None and wl.cu_seqlens_cpu == [0, 96, 192]
+    flat = wl.flat()
+    assert flat.q.shape == (1, 192, 3, 16) and flat.cu_seqlens.tolist() == [0, 96, 192]
+    assert torch.equal(flat.q[0, 96:], wl.q[1])
+    var = make_workload(_params(lengths=[50, 30, 16], B=1, T=96), device="cpu")
+    assert var.q.shape == (1, 96, 3, 16) and var.cu_seqlens_cpu == [0, 50, 80, 96]
+    assert var.flat() is var
+
+
+@pytest.mark.parametrize(
+    ("over", "tokens", "H"),
+    [
+        pytest.param({"B": 1, "T": 1000}, 128, 2, id="dense-contiguous"),
+        pytest.param({"B": 1, "T": 1000, "layout": "zigzag", "W": 3}, 126, 2, id="dense-zigzag"),
+        pytest.param({"mode": "headwise", "H": 8, "W": 4}, 128, 4, id="headwise"),
+        pytest.param({"B": 1, "T": 96}, 96, 2, id="already-small"),
+    ],
+)
+def test_reduced_params(over: dict, tokens: int, H: int) -> None:
+    small = reduced_params(_params(**over), max_tokens=128)
+    unit = 2 * small["W"] if small["layout"] == "zigzag" else small["W"]
+    n = sum(small["lengths"]) if small.get("lengths") else small["T"]
+    assert n == tokens and n % unit == 0 and small["H"] == H and small["B"] == 1
+
+
+def test_reduced_params_varlen_keeps_structure() -> None:
+    small = reduced_params(_params(B=1, T=1000, lengths=[600, 300, 100]), max_tokens=200)
+    assert sum(small["lengths"]) == small["T"] == 200
+    assert len(small["lengths"]) == 3 and small["lengths"][0] > small["lengths"][1] > small["lengths"][2]
+    batch = reduced_params(_params(B=4, T=100), max_tokens=200)  # a dense batch becomes a varlen list
+    assert batch["lengths"] == [50, 50, 50, 50] and batch["T"] == 200
+
+
+def test_rel_l2() -> None:
+    torch.manual_seed(0)
+    ref = torch.randn(4, 8)
+    assert rel_l2(ref, ref) == 0.0
+    assert rel_l2(ref * 1.01, ref) == pytest.approx(0.01, rel=1e-4)
+    assert rel_l2(ref.reshape(1, 32), ref) == 0.0
+
+
+def test_judge() -> None:
+    p = _params(dtype="float32")
+    ok = judge(p, err_vs_none=1e-6, err_vs_reference=None, check={})
+    assert ok.passed and ok.message is None and ok.tol_none == DEFAULT_TOL["float32"]
+    bad = judge(p, err_vs_none=0.5, err_vs_reference=1e-3, check={"tol_reference": 1e-4})
+    assert not bad.passed
+    assert "vs none 0.5 > tol 0.002" in bad.message and "vs reference (reduced shape) 0.001 > tol 0.0001" in bad.message
+    assert not judge(p, err_vs_none=math.nan, err_vs_reference=None, check={}).passed
+    wc = _params(mode="warmup_correct", dtype="float32", mode_options={"tol": 0.01})
+    assert tolerances(wc, {}) == pytest.approx((0.012, 0.012))

@@ -55,8 +55,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         SHAPES = [{"B": 1, "T": 128, "H": 1, "K": 16, "V": 32, "dtype": "float32"}, {"B": 1, "T": 192, "H": 1, "K": 16, "V": 32, "dtype": "float32"},
                   {"B": 2, "T": 64, "H": 1, "K": 16, "V": 32, "dtype": "float32"}]
     t_start = time.perf_counter()
-    if args.workers > 0:
-        _precompile(args)
+    bad = _precompile(args) if args.workers > 0 else []
     dev = args.device
     timer = StepTimer(dev)
     cuda = dev == "cuda"
@@ -66,7 +65,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                 "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
                 "driver": _driver(), "git_sha": args.sha, "command": " ".join(sys.argv),
                 "started_at": datetime.now(timezone.utc).isoformat()},
-        "trials": [], "tuned": [], "ops": [],
+        "trials": [], "tuned": [], "ops": [], "crashed": bad,
     }
     for op in args.ops:
         for sd in SHAPES:
@@ -78,8 +77,12 @@ def cmd_run(args: argparse.Namespace) -> None:
             case = make_case(op, shape, dev)
             run = op_runner(op, case)
             t0 = time.perf_counter()
-            rows, results = tune_case(None, run=run, device=dev, strategy="halving", budget=args.budget,
-                                      seed=args.seed, min_samples=5, max_samples=45, eta=3, tol=2e-2, timer=timer)
+            known_bad: dict[str, dict[LaunchConfig, str]] = {}
+            for b_op, b_kernel, b_cfg, b_err in bad:
+                if b_op == op:
+                    known_bad.setdefault(b_kernel, {})[LaunchConfig.from_dict(b_cfg)] = f"crashed the device when precompiled: {b_err}"
+            rows, results = tune_case(None, run=run, device=dev, strategy="halving", budget=args.budget, seed=args.seed,
+                                      min_samples=5, max_samples=45, eta=3, tol=2e-2, timer=timer, known_bad=known_bad)
             t_tune = time.perf_counter() - t0
             for res in results.values():
                 for t in res.trials:
@@ -99,6 +102,8 @@ def cmd_run(args: argparse.Namespace) -> None:
                                "tuned": {r.kernel: r.config for r in rows if r.config != KERNELS[r.kernel].default.as_dict()}})
             print(f"{op} {_shape_name(sd)}: default {ma:.4f} ms, tuned {mb:.4f} ms ({ma / mb:.3f}x), tuning {t_tune:.1f} s, "
                   f"{out['ops'][-1]['n_trials']} trials", flush=True)
+            out["env"]["elapsed_s"] = time.perf_counter() - t_start
+            Path(args.out).write_text(json.dumps(out, indent=1, default=str))  # partial results survive a kill
             del case, run
             if cuda:
                 torch.cuda.empty_cache()
@@ -107,8 +112,12 @@ def cmd_run(args: argparse.Namespace) -> None:
     print(f"wrote {args.out} in {out['env']['elapsed_s']:.1f} s")
 
 
-def _precompile_worker(task: tuple[str, dict[str, Any], list[tuple[str, dict[str, int]]], str]) -> int:
-    """Run the op once per (kernel, config): compiles into the shared Triton cache; returns how many launched."""
+def _precompile_worker(task: tuple[str, dict[str, Any], list[tuple[str, dict[str, int]]], str]) -> dict[str, Any]:
+    """Run the op once per (kernel, config), synchronising after each: compiles into the shared Triton cache.
+
+    A CUDA error (e.g. an illegal address) poisons this process: it returns the culprit and the items it did
+    not reach, and the parent retries those in a fresh process.
+    """
     import torch
 
     from kernels.configs import LaunchConfig
@@ -117,23 +126,25 @@ def _precompile_worker(task: tuple[str, dict[str, Any], list[tuple[str, dict[str
     op, sd, items, dev = task
     run = op_runner(op, make_case(op, Shape.of(sd), dev))
     ok = 0
-    for kernel, cfg in items:
+    for i, (kernel, cfg) in enumerate(items):
         try:
             run({kernel: LaunchConfig.from_dict(cfg)})
+            if dev == "cuda":
+                torch.cuda.synchronize()
             ok += 1
-        except Exception:  # noqa: BLE001 - an invalid config is the search's business; here only compiling matters
-            pass
-    if dev == "cuda":
-        torch.cuda.synchronize()
-    return ok
+        except Exception as e:  # noqa: BLE001 - invalid configs are the search's business; CUDA errors are reported
+            if "CUDA error" in str(e) or type(e).__name__ == "AcceleratorError":
+                return {"ok": ok, "bad": (op, kernel, cfg, f"{type(e).__name__}: {str(e).splitlines()[0]}"),
+                        "rest": (op, sd, items[i + 1:], dev)}
+    return {"ok": ok, "bad": None, "rest": None}
 
 
-def _precompile(args: argparse.Namespace) -> None:
+def _precompile(args: argparse.Namespace) -> list[tuple[str, str, dict[str, int], str]]:
     """Compile the configs halving's first rung will draw, in parallel processes sharing Triton's disk cache.
 
     Compiling ~100 kernel variants one after another would take minutes of the device lease; the search then
     finds them in the cache. Shapes that differ only in T share compiled kernels (T is not specialised), so
-    the B=1 and B=8 shapes at T=8K cover all three.
+    the B=1 and B=8 shapes at T=8K cover all three. Returns the configs that crashed the device.
     """
     import multiprocessing as mp
 
@@ -149,14 +160,22 @@ def _precompile(args: argparse.Namespace) -> None:
             run({})
             LAUNCHES.clear()
             run({n: sp.default for n, sp in KERNELS.items()})
-            items = [(n, c.as_dict()) for n in list(LAUNCHES) if KERNELS[n].space
-                     for c in _draw(candidates(KERNELS[n]), args.budget, args.seed)[1:]]
+            items = [(n, c.as_dict()) for n, (_k, d) in list(LAUNCHES.items()) if KERNELS[n].space
+                     for c in _draw(candidates(KERNELS[n], d), args.budget, args.seed)[1:]]
             per = max(1, -(-len(items) // args.workers))
             tasks += [(op, sd, items[i:i + per], args.device) for i in range(0, len(items), per)]
-    with mp.get_context("spawn").Pool(min(args.workers, len(tasks))) as pool:
-        done = pool.map(_precompile_worker, tasks, chunksize=1)
-    print(f"precompiled {sum(done)} of {sum(len(t[2]) for t in tasks)} variants in {time.perf_counter() - t0:.1f} s "
-          f"({len(tasks)} tasks)", flush=True)
+    bad: list[tuple[str, str, dict[str, int], str]] = []
+    done = 0
+    ctx = mp.get_context("spawn")
+    while tasks:
+        # a fresh process per task: one that met a CUDA error cannot be reused
+        with ctx.Pool(min(args.workers, len(tasks)), maxtasksperchild=1) as pool:
+            res = pool.map(_precompile_worker, tasks, chunksize=1)
+        done += sum(r["ok"] for r in res)
+        bad += [r["bad"] for r in res if r["bad"]]
+        tasks = [r["rest"] for r in res if r["rest"] and r["rest"][2]]
+    print(f"precompiled {done} variants in {time.perf_counter() - t0:.1f} s; crashed: {bad}", flush=True)
+    return bad
 
 
 def _ab(timer: Any, run: Any, a_cfg: dict[str, Any], b_cfg: dict[str, Any], blocks: int = 5, n: int = 20) -> tuple[float, float]:
@@ -213,7 +232,7 @@ def cmd_import(args: argparse.Namespace) -> None:
                                      default_ms=r["default_ms"], runner_up_ms=r["runner_up_ms"], source_hash=r["source_hash"],
                                      sweep_id=None, environment_id=e.id)
         session.commit()
-        data = write_export(args.json, session, device_name=env["device"])
+        data = write_export(args.json, session, device_name=env["device"], allow_cpu=args.allow_cpu)
     Path(args.md).write_text(_markdown(run, data, args))
     print(f"wrote {args.json} ({sum(len(k['entries']) for k in data['kernels'].values())} entries) and {args.md}")
 
@@ -258,6 +277,10 @@ def _markdown(run: dict[str, Any], data: dict[str, Any], args: argparse.Namespac
     statuses: dict[str, int] = {}
     for t in run["trials"]:
         statuses[t["status"]] = statuses.get(t["status"], 0) + 1
+    if run.get("crashed"):
+        lines += ["", "Configs that crashed the device when compiled and run in a throwaway process (excluded from the "
+                  "search, recorded `failed`; a kernel bug for its owner):", ""]
+        lines += [f"- {op} {kernel} `{json.dumps(cfg)}`: {err}" for op, kernel, cfg, err in run["crashed"]]
     lines += ["", f"Trials: {len(run['trials'])} ({', '.join(f'{k} {v}' for k, v in sorted(statuses.items()))}).",
               f"Exported: `{args.json}` ({sum(len(k['entries']) for k in data['kernels'].values())} entries, "
               f"schema_version {data['schema_version']}); several shapes share a key (T and B are not in the "
@@ -283,6 +306,7 @@ def main() -> None:
     i.add_argument("--json", required=True)
     i.add_argument("--md", required=True)
     i.add_argument("--db", default="sqlite://")
+    i.add_argument("--allow-cpu", action="store_true", help="accept a --tiny CPU dry run (never for the shipped file)")
     args = ap.parse_args()
     cmd_run(args) if args.cmd == "run" else cmd_import(args)
 

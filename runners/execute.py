@@ -31,7 +31,7 @@ from runners.profile import profile_step
 from runners.timing import L2Flush, StopRule, time_step
 from runners.workload import Workload, make_workload, reduced_params
 
-__all__ = ["ModeRun", "build_mode", "run_point_job"]
+__all__ = ["ModeRun", "build_mode", "run_point_job", "tune_job", "tune_shape"]
 
 logger = logging.getLogger(__name__)
 
@@ -170,9 +170,56 @@ def _launch_configs() -> dict[str, Any]:
     return {name: {"key": _jsonable(key), "config": cfg.as_dict()} for name, (key, cfg) in LAUNCHES.items()}
 
 
+def tune_shape(params: dict[str, Any]) -> dict[str, Any]:
+    """The shape the tuner tunes for a point: its global shape, flattened (varlen) for the CP modes, whose ranks
+    launch varlen kernels, with H/W heads for headwise. Launch keys do not hold T, so this covers the shards."""
+    shape: dict[str, Any] = {k: params[k] for k in ("B", "T", "H", "K", "V", "dtype")}
+    shape["lb"], shape["seed"] = float(params["lb"]), int(params["seed"])
+    lengths = params.get("lengths")
+    if params["mode"] != "none" and not lengths:
+        lengths = [int(params["T"])] * int(params["B"])
+    if lengths:
+        shape.update(B=1, T=int(sum(lengths)), lengths=list(lengths))
+    if params["mode"] == "headwise":
+        shape["H"] = int(params["H"]) // int(params["W"])
+    return shape
+
+
+def tune_job(rc: RankContext, payload: dict[str, Any]) -> dict[str, Any] | None:
+    """Gang job (one rank): tune the kernels a point launches that the store lacks (`runners.tuner.ensure_tuned`)
+    and return their configs in the autotune-file format; this process's own configs are left as they were."""
+    from db.session import session_scope
+    from kernels.autotune import active_table, install
+    from runners.tuner import ensure_tuned
+
+    params = payload["params"]
+    previous = active_table()
+    try:
+        with session_scope(payload["url"]) as s:
+            return ensure_tuned(s, op=params["op"], shape=tune_shape(params), device=rc.device,
+                                sweep_id=payload.get("sweep_id"), environment_id=payload.get("environment_id"))
+    finally:
+        install(previous)
+
+
 def run_point_job(rc: RankContext, payload: dict[str, Any]) -> dict[str, Any]:
     """Gang job: run one point on this rank. Payload: `params`, `options` (the sweep spec's timing, check,
-    warmup_correct, profile) and `trace_path` (rank 0's Chrome trace target, or None)."""
+    profile), `trace_path` (rank 0's Chrome trace target, or None) and `autotune` (tuned configs to launch
+    with, from `tune_job`; absent: the process's configs)."""
+    if payload.get("autotune") is None:
+        return _run_point(rc, payload)
+    from kernels.autotune import active_table, install
+    from runners.tuner import install_payload
+
+    previous = active_table()
+    install_payload(payload["autotune"])
+    try:
+        return _run_point(rc, payload)
+    finally:
+        install(previous)
+
+
+def _run_point(rc: RankContext, payload: dict[str, Any]) -> dict[str, Any]:
     params, options = payload["params"], payload["options"]
     if int(params["W"]) != rc.world_size:
         raise ValueError(f"point W={params['W']} sent to a gang of {rc.world_size} ranks")

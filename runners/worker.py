@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from runners.errors import GangError, SweepNotFoundError
-from runners.execute import run_point_job
+from runners.execute import run_point_job, tune_job
 from runners.gang import GangPool, JobCancelled
 from runners.grid import available_backends
 from runners.profile import ProfileSummary, merge_ranks
@@ -442,7 +442,7 @@ def _run_one(
         return fail(f"backend {params.get('backend')!r} is not available on worker {name} (has {', '.join(have_backends)})", False)
     options = _options(spec)
     trace = art_root / f"sweep{sweep_id}" / f"point{point_id}.trace.json.gz" if options.get("profile", True) else None
-    payload = {"params": params, "options": options, "trace_path": str(trace) if trace else None}
+    payload: dict[str, Any] = {"params": params, "options": options, "trace_path": str(trace) if trace else None}
     hb = _Heartbeat(url, point_id=point_id, worker=name, lease_s=lease_s, every_s=heartbeat_s)
     hb.start()
 
@@ -451,6 +451,10 @@ def _run_one(
 
     t0 = time.monotonic()
     try:
+        if options.get("tune") and params.get("backend") == "triton":
+            # tuning runs once, on one device (the W=1 gang), before the point's own gang times it
+            tune_payload = {"url": url, "params": params, "sweep_id": sweep_id, "environment_id": env_id}
+            payload["autotune"] = pool.run(1, tune_job, tune_payload, timeout_s=job_timeout_s, cancel=cancel)[0]
         results = pool.run(W, run_point_job, payload, timeout_s=job_timeout_s, cancel=cancel)
     except JobCancelled:
         hb.stop()

@@ -2,8 +2,9 @@
 
 With S the state entering the chunk (stored by `chunk_state_fwd`) and v_new = u - w S:
 
-    GDN: o = scale [(Q * exp G) S + ((Q K^T) (x) exp(G_i - G_j) (x) causal) v_new]
-    KDA: o = qg S + Aqk v_new          (qg = scale Q exp G and Aqk from `kernels.common.wy`)
+    GDN: o = scale (Q * exp G) S + Aqk v_new
+    KDA: o = qg S + Aqk v_new          (qg = scale Q exp G; Aqk = scale (Q K^T (x) exp(G_i - G_j) (x) causal),
+                                        both from `kernels.common.wy`)
 
 Used when the output is not fused into the state pass (`chunk_state_output_fwd`).
 Grid: dense (V/BV, NT, B*H); varlen (V/BV, NT_total, H).
@@ -35,11 +36,10 @@ CHUNK_OUTPUT_FWD = register(KernelSpec(
 @triton.jit(do_not_specialize=["T"])
 def chunk_output_fwd_kernel(
     q,  # [B, T, H, K]: q (GDN) or qg (KDA)
-    k,  # [B, T, H, K] (GDN; unused for KDA)
     v_new,  # [B, T, H, V]
     h,  # [NT_total, H, K, V] states entering each chunk
     g,  # GDN: gate cumsum [B, T, H] fp32 (unused for KDA)
-    aqk,  # KDA: [B, T, H, BT]
+    aqk,  # [B, T, H, BT]: scale (QK^T (x) decay), lower incl. diagonal
     o,  # out [B, T, H, V]
     cu_seqlens,
     chunk_indices,
@@ -79,26 +79,22 @@ def chunk_output_fwd_kernel(
     b_h = tl.load(h + (i_tg * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :])  # [K, BV]
     b_q = tl.load(q + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.)
     b_v = tl.load(v_new + p_row[:, None] * V + o_v[None, :], mask=m_r[:, None], other=0.)
+    b_A = tl.load(aqk + p_row[:, None] * BT + o_t[None, :], mask=m_r[:, None] & m_causal, other=0.)
     if GATE_VECTOR:
-        b_A = tl.load(aqk + p_row[:, None] * BT + o_t[None, :], mask=m_r[:, None] & m_causal, other=0.)
         b_o = tl.dot(b_q, b_h) + tl.dot(b_A.to(dt), b_v)
     else:
-        b_kT = tl.load(k + p_row[None, :] * K + o_k[:, None], mask=m_r[None, :], other=0.)
         b_g = tl.load(g + p_row, mask=m_r, other=0.)
-        b_o = tl.dot(b_q, b_h) * tl.exp(b_g)[:, None]
-        b_A = tl.dot(b_q, b_kT) * tl.exp(tl.where(m_causal, b_g[:, None] - b_g[None, :], float("-inf")))
-        b_o = (b_o + tl.dot(b_A.to(dt), b_v)) * scale
+        b_o = tl.dot(b_q, b_h) * (tl.exp(b_g) * scale)[:, None] + tl.dot(b_A.to(dt), b_v)
     tl.store(o + p_row[:, None] * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_r[:, None])
 
 
 def chunk_output_fwd(
-    q: Tensor, k: Tensor | None, v_new: Tensor, h: Tensor, g: Tensor | None, *, index: ChunkIndex, scale: float,
-    aqk: Tensor | None = None, out_dtype: torch.dtype | None = None, config: LaunchConfig | None = None,
+    q: Tensor, v_new: Tensor, h: Tensor, g: Tensor | None, aqk: Tensor, *, index: ChunkIndex, scale: float,
+    gate_vector: bool, out_dtype: torch.dtype | None = None, config: LaunchConfig | None = None,
 ) -> Tensor:
-    """o [B, T, H, V]. GDN: q, k, g = gate cumsum. KDA: q = qg (scaled), aqk given, k/g unused."""
+    """o [B, T, H, V]. GDN: raw q and g = gate cumsum. KDA: q = qg (scaled), g unused."""
     B, T, H, K = q.shape
     V = v_new.shape[-1]
-    gate_vector = aqk is not None
     key = {"H": H, "K": K, "V": V, "BT": index.chunk_size, "GATE": "vector" if gate_vector else "scalar",
            "IS_VARLEN": index.is_varlen, "dtype": str(q.dtype).removeprefix("torch.")}
     cfg = fit_bv(CHUNK_OUTPUT_FWD, pick_config(CHUNK_OUTPUT_FWD, key, config), V)
@@ -111,7 +107,7 @@ def chunk_output_fwd(
     else:
         grid = (V // BV, triton.cdiv(T, BT), B * H)
     chunk_output_fwd_kernel[grid](
-        q, k, v_new, h, g, aqk, o,
+        q, v_new, h, g, aqk, o,
         index.cu_seqlens if index.is_varlen else None, index.chunk_indices if index.is_varlen else None,
         scale, T, H=H, K=K, V=V, BT=BT, BV=BV, GATE_VECTOR=gate_vector,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

@@ -11,8 +11,8 @@ pre-gated keys kg and the per-chunk last-row gate gc [NT_total, H, K] (from `ker
 One kernel, three launchers (each with its own launch spec, since their best configs differ):
 - `chunk_state_fwd`: stores the per-chunk entering states h [NT_total, H, K, V] (k's dtype) and v_new, for
   `kernels.common.chunk_output` (the FLA-style split into a state pass and a chunk-parallel output pass).
-- `chunk_state_output_fwd`: the output fused into the pass, o = scale[(Q exp G) S + (QK^T (x) decay) v_new]
-  (KDA: qg S + Aqk v_new), so neither h nor v_new touches memory.
+- `chunk_state_output_fwd`: the output fused into the pass, o = scale (Q exp G) S + Aqk v_new (KDA:
+  qg S + Aqk v_new; Aqk from `kernels.common.wy` includes the scale), so neither h nor v_new touches memory.
 - `chunk_state_transition_fwd`: the segment map by linearity: the pass runs on the augmented state
   [K, K+V] from [I | 0] with right-hand side [0 | u], so the columns < K end as M and the others as S_ext.
 
@@ -89,7 +89,7 @@ def chunk_state_fwd_kernel(
     u,  # [B, T, H, V]
     g,  # GDN: gate cumsum [B, T, H] fp32; KDA: last-row gate per chunk [NT_total, H, K] fp32
     q,  # fused output: q (GDN) or qg (KDA), [B, T, H, K]
-    aqk,  # fused output, KDA: [B, T, H, BT]
+    aqk,  # fused output: scale (QK^T (x) decay), lower incl. diagonal, [B, T, H, BT]
     h0,  # [N, H, K, V] fp32 or None
     h,  # out [NT_total, H, K, V] or None
     ht,  # out [N*, H, K, V] fp32 or None (TRANSITION: S_ext)
@@ -178,10 +178,8 @@ def chunk_state_fwd_kernel(
             b_gl = tl.load(g + (bos + tl.minimum(i_t * BT + BT, T) - 1) * H + i_h)
             if FUSE_OUTPUT:
                 b_q = tl.load(q + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.)
-                b_o = tl.dot(b_q, b_hc) * tl.exp(b_g)[:, None]
-                b_A = tl.dot(b_q, b_kT)
-                b_A = b_A * tl.exp(tl.where(m_causal, b_g[:, None] - b_g[None, :], float("-inf")))
-                b_o = (b_o + tl.dot(b_A.to(dt), b_v.to(dt))) * scale
+                b_A = tl.load(aqk + p_row[:, None] * BT + o_t[None, :], mask=m_r[:, None] & m_causal, other=0.)
+                b_o = tl.dot(b_q, b_hc) * (tl.exp(b_g) * scale)[:, None] + tl.dot(b_A, b_v.to(dt))
                 tl.store(o + p_row[:, None] * V + o_c[None, :], b_o.to(o.dtype.element_ty), mask=m_r[:, None])
             b_v = tl.where(m_r[:, None], b_v * tl.exp(b_gl - b_g)[:, None], 0.)
             b_h = b_h * tl.exp(b_gl)
@@ -275,12 +273,11 @@ def chunk_state_fwd(
 
 def chunk_state_output_fwd(
     k: Tensor, w: Tensor, u: Tensor, g: Tensor, q: Tensor, *, layout: SeqLayout, BT: int, gate_vector: bool,
-    scale: float, aqk: Tensor | None = None, h0: Tensor | None = None, output_final_state: bool = False,
+    scale: float, aqk: Tensor, h0: Tensor | None = None, output_final_state: bool = False,
     num_states: int | None = None, out_dtype: torch.dtype | None = None, config: LaunchConfig | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """Pass with the output fused in: (o [B, T, H, V], ht fp32 or None). KDA: q is qg (scaled) and aqk is given."""
+    """Pass with the output fused in: (o [B, T, H, V], ht fp32 or None). GDN: raw q; KDA: q is qg (scaled)."""
     H, K, V = k.shape[2], k.shape[3], u.shape[-1]
-    assert not gate_vector or aqk is not None, "the KDA fused pass needs aqk"
     cfg = pick_config(CHUNK_STATE_OUTPUT_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype), config)
     cfg = fit_bv(CHUNK_STATE_OUTPUT_FWD, cfg, V)
     o = torch.empty(u.shape, dtype=out_dtype or q.dtype, device=u.device)

@@ -298,7 +298,7 @@ def state_and_output(
     u: Tensor,
     g: Tensor,
     q: Tensor,
-    aqk: Tensor | None,
+    aqk: Tensor,
     gate_vector: bool,
     scale: float,
     initial_state: Tensor | None,
@@ -308,7 +308,7 @@ def state_and_output(
     split_chunks: int | None,
     fuse_output: bool,
 ) -> tuple[Tensor, Tensor | None]:
-    """State pass + output for GDN (k raw, g = gate cumsum, q raw) or KDA (k = kg, g = gc, q = qg, aqk).
+    """State pass + output for GDN (k raw, g = gate cumsum, q raw) or KDA (k = kg, g = gc, q = qg); aqk from wy.
 
     Returns (o [B, T, H, V] in out_dtype, final state [N, H, K, V] fp32 or None).
     """
@@ -337,8 +337,8 @@ def state_and_output(
     h, v_new, ht = chunk_state_fwd(k, w, u, g, layout=layout, num_chunks=index.num_chunks, BT=BT,
                                    gate_vector=gate_vector, h0=h0_run, output_final_state=output_final_state,
                                    num_states=num_states, config=configs.get("chunk_state_fwd"))
-    o = chunk_output_fwd(q, None if gate_vector else k, v_new, h, None if gate_vector else g, index=index,
-                         scale=scale, aqk=aqk, out_dtype=out_dtype, config=configs.get("chunk_output_fwd"))
+    o = chunk_output_fwd(q, v_new, h, None if gate_vector else g, aqk, index=index, scale=scale,
+                         gate_vector=gate_vector, out_dtype=out_dtype, config=configs.get("chunk_output_fwd"))
     return o, ht
 
 

@@ -7,11 +7,11 @@ Per chunk of C = 64 tokens (DESIGN.md §1), with G the cumulative log gate insid
                                                           diagonal blocks, block forward substitution off it)
     w = T (beta * exp(G) * K),   u = T (beta * V)
 
-GDN (`wy_gdn_fwd`) also stores the fp32 in-chunk gate cumsum `gcum` [B, T, H]; the state and output kernels
-apply the scalar gate themselves. KDA (`wy_kda_fwd`) stores everything the later kernels need so that they
+Both store the intra-chunk attention Aqk = scale * (Q K^T (x) exp(G_i - G_j)) on and below the diagonal,
+[B, T, H, C], when q is given (the transition primitive has no q). GDN (`wy_gdn_fwd`) also stores the fp32
+in-chunk gate cumsum `gcum` [B, T, H]; the state and output kernels apply the scalar gate themselves. KDA (`wy_kda_fwd`) stores everything the later kernels need so that they
 never touch the per-key gate again: kg = K * exp(G_C - G) (the gated key of the state update), the per-chunk
-last-row gate gc [NT_total, H, K] fp32, and when q is given qg = scale * Q * exp(G) and the intra-chunk
-attention Aqk = scale * (Q K^T (x) exp(G_i - G_j)) on and below the diagonal, [B, T, H, C].
+last-row gate gc [NT_total, H, K] fp32, and when q is given qg = scale * Q * exp(G).
 
 T itself is written to `ainv` [B, T, H, C] (k's dtype, like FLA's A) and read back by the same program as one
 64x64 tile for the w/u products (a `debug_barrier` orders the write and the read within the program).
@@ -41,19 +41,19 @@ BT_WY = 64  # the kernels are written for 4 blocks of 16 rows
 WY_GDN_FWD = register(KernelSpec(
     name="wy_gdn_fwd",
     key=("H", "K", "V", "BT", "IS_VARLEN", "dtype"),
-    # 4 warps: the widest tiles are [64, K] bf16 for the w/u products; chunk-parallel, so occupancy matters
-    # more than per-program speed
-    default=LaunchConfig(num_warps=4, num_stages=2),
-    # no BK/BV: the program holds whole K and V rows (K, V <= 256); num_stages only affects the 16-row loads
-    space={"num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
+    # BK/BV: column blocks of the whole-chunk products (w, u, Aqk); 64 keeps a [64, 64] fp32 accumulator at
+    # 32 registers a thread with 4 warps. 8 warps: the 16-row phase holds four [16, K] key blocks
+    default=LaunchConfig(BK=64, BV=64, num_warps=8, num_stages=2),
+    # chunk-parallel, so occupancy matters more than per-program speed; num_stages only affects the loads
+    space={"BK": (32, 64, 128), "BV": (32, 64, 128), "num_warps": (4, 8), "num_stages": (1, 2)},
 ))
 
 WY_KDA_FWD = register(KernelSpec(
     name="wy_kda_fwd",
     key=("H", "K", "V", "BT", "IS_VARLEN", "dtype"),
-    # 8 warps: the per-key gate keeps several [64, K] fp32 tiles (G, exp factors) alive at once
-    default=LaunchConfig(num_warps=8, num_stages=2),
-    space={"num_warps": (4, 8), "num_stages": (1, 2, 3)},
+    # the per-key gate needs fp32 [64, BK] tiles (G, exp factors) next to the keys: BK 64 with 8 warps
+    default=LaunchConfig(BK=64, BV=64, num_warps=8, num_stages=2),
+    space={"BK": (32, 64, 128), "BV": (32, 64, 128), "num_warps": (4, 8), "num_stages": (1, 2)},
 ))
 
 
@@ -153,9 +153,13 @@ def _gdn_kkt(b_ki, b_gi, b_bi, b_kj, b_gj, DIAG: tl.constexpr):
 # GDN
 
 
-@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
+@triton.heuristics({
+    "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+    "HAS_Q": lambda args: args["q"] is not None,
+})
 @triton.jit(do_not_specialize=["T"])
 def wy_gdn_fwd_kernel(
+    q,  # [B, T, H, K] or None (transition only)
     k,  # [B, T, H, K]
     v,  # [B, T, H, V]
     g,  # [B, T, H] natural-log gate
@@ -163,15 +167,20 @@ def wy_gdn_fwd_kernel(
     w,  # out [B, T, H, K]
     u,  # out [B, T, H, V]
     gcum,  # out [B, T, H] fp32 in-chunk cumsum of g
+    aqk,  # out [B, T, H, BT] = scale (Q K^T (x) decay), lower incl. diagonal (if q)
     ainv,  # out [B, T, H, BT] (I + A)^{-1}
     cu_seqlens,  # [N+1] int32 or None
     chunk_indices,  # [NT_total, 2] int32 or None
+    scale,
     T,
     H: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
     BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
     IS_VARLEN: tl.constexpr,
+    HAS_Q: tl.constexpr,
 ):
     tl.static_assert(BT == 64, "the WY kernel is written for 64-token chunks")
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
@@ -221,22 +230,34 @@ def wy_gdn_fwd_kernel(
     _store_inverse(ainv, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, bos, t0, T, i_h, H, BT)
     tl.debug_barrier()
 
-    # whole-chunk tiles: w = T (beta exp(G) K), u = T (beta V)
+    # whole-chunk tiles, in column blocks of BK / BV: w = T (beta exp(G) K), u = T (beta V),
+    # Aqk = scale (Q K^T (x) exp(G_i - G_j)) on and below the diagonal
     o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, K)
-    o_v = tl.arange(0, V)
     m_t = (t0 + o_t) < T
     p_row = (bos + t0 + o_t) * H + i_h
     b_T = _load_inverse(ainv, bos, t0, T, i_h, H, BT)
     b_g = tl.cumsum(_load_vec(g, bos, t0, T, i_h, H, BT), 0)
     b_beta = _load_vec(beta, bos, t0, T, i_h, H, BT)
-    b_k = _load_rows(k, bos, t0, T, i_h, H, K, BT)
-    b_w = tl.dot(b_T, (b_k * (b_beta * tl.exp(b_g))[:, None]).to(b_T.dtype))
-    tl.store(w + p_row[:, None] * K + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_t[:, None])
-    b_v = _load_rows(v, bos, t0, T, i_h, H, V, BT)
-    b_u = tl.dot(b_T, (b_v * b_beta[:, None]).to(b_T.dtype))
-    tl.store(u + p_row[:, None] * V + o_v[None, :], b_u.to(u.dtype.element_ty), mask=m_t[:, None])
     tl.store(gcum + p_row, b_g, mask=m_t)
+    b_kb = b_beta * tl.exp(b_g)
+    if HAS_Q:
+        b_Aq = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in tl.static_range(K // BK):
+        o_k = i_k * BK + tl.arange(0, BK)
+        b_k = tl.load(k + p_row[:, None] * K + o_k[None, :], mask=m_t[:, None], other=0.)
+        b_w = tl.dot(b_T, (b_k * b_kb[:, None]).to(b_T.dtype))
+        tl.store(w + p_row[:, None] * K + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_t[:, None])
+        if HAS_Q:
+            b_q = tl.load(q + p_row[:, None] * K + o_k[None, :], mask=m_t[:, None], other=0.)
+            b_Aq = tl.dot(b_q, tl.trans(b_k), b_Aq)
+    if HAS_Q:
+        b_Aq = b_Aq * tl.exp(tl.where(o_t[:, None] >= o_t[None, :], b_g[:, None] - b_g[None, :], float("-inf"))) * scale
+        tl.store(aqk + p_row[:, None] * BT + o_t[None, :], b_Aq.to(aqk.dtype.element_ty), mask=m_t[:, None])
+    for i_v in tl.static_range(V // BV):
+        o_v = i_v * BV + tl.arange(0, BV)
+        b_v = tl.load(v + p_row[:, None] * V + o_v[None, :], mask=m_t[:, None], other=0.)
+        b_u = tl.dot(b_T, (b_v * b_beta[:, None]).to(b_T.dtype))
+        tl.store(u + p_row[:, None] * V + o_v[None, :], b_u.to(u.dtype.element_ty), mask=m_t[:, None])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -244,43 +265,57 @@ def wy_gdn_fwd_kernel(
 
 
 @triton.jit
-def _kda_block(k, g, bos, r0, T, i_h, H: tl.constexpr, K: tl.constexpr):
-    """Keys and local (in-block) gate cumsum of one 16-row block, plus the block's gate sum [K]."""
-    b_k = _load_rows(k, bos, r0, T, i_h, H, K, 16)
-    b_r = _load_rows(g, bos, r0, T, i_h, H, K, 16).to(tl.float32)
-    return b_k, tl.cumsum(b_r, 0), tl.sum(b_r, 0)
+def _kda_gsum(g, bos, r0, T, i_h, H: tl.constexpr, K: tl.constexpr):
+    """Sum over one 16-row block of the per-key gate, [K] fp32 (rows past T add 0)."""
+    return tl.sum(_load_rows(g, bos, r0, T, i_h, H, K, 16).to(tl.float32), 0)
 
 
 @triton.jit
-def _kda_diag(b_k, b_q, b_L, b_b, scale, HAS_Q: tl.constexpr):
-    """Diagonal 16x16 blocks of A (strict) and Aqk (incl. diagonal), reference = the row before the block.
+def _kda_row(q, k, g, beta, bos, r0, T, i_h, scale, H: tl.constexpr, K: tl.constexpr, HAS_Q: tl.constexpr):
+    """Diagonal 16x16 blocks of A (strict) and Aqk (incl. diagonal) of the row block at r0.
 
-    Returns A, Aqk and the left factors a = k exp(L), aq = q exp(L) that the off-diagonal blocks reuse.
+    Reference = the gate just before the block: a = k exp(L), kb = k exp(-L) with L the in-block cumsum.
+    Returns A, Aqk, the left factors a, aq = q exp(L) (reused by the off-diagonal blocks) and beta.
     """
     o_i = tl.arange(0, 16)
+    b_k = _load_rows(k, bos, r0, T, i_h, H, K, 16)
+    b_L = tl.cumsum(_load_rows(g, bos, r0, T, i_h, H, K, 16).to(tl.float32), 0)
+    b_b = _load_vec(beta, bos, r0, T, i_h, H, 16)
     b_e = tl.exp(b_L)
     b_a = b_k * b_e
-    b_kb = b_k * tl.exp(-b_L)  # bounded by the 16-token span of the gate (module docstring)
-    b_A = tl.where(o_i[:, None] > o_i[None, :], tl.dot(b_a, tl.trans(b_kb)), 0.) * b_b[:, None]
+    b_kb = tl.trans(b_k * tl.exp(-b_L))  # bounded by the 16-token span of the gate (module docstring)
+    b_A = tl.where(o_i[:, None] > o_i[None, :], tl.dot(b_a, b_kb), 0.) * b_b[:, None]
     if HAS_Q:
-        b_aq = b_q * b_e
-        b_Aq = tl.where(o_i[:, None] >= o_i[None, :], tl.dot(b_aq, tl.trans(b_kb)), 0.) * scale
+        b_aq = _load_rows(q, bos, r0, T, i_h, H, K, 16) * b_e
+        b_Aq = tl.where(o_i[:, None] >= o_i[None, :], tl.dot(b_aq, b_kb), 0.) * scale
     else:
         b_aq = b_a
         b_Aq = b_A
-    return b_A, b_Aq, b_a, b_aq
+    return b_A, b_Aq, b_a, b_aq, b_b
 
 
 @triton.jit
-def _kda_off(b_a, b_aq, b_bi, b_kj, b_Lj, b_dij, scale, HAS_Q: tl.constexpr):
-    """Block (I, J<I) of A and Aqk: a_I . (k_J exp(base_I - G_J))^T, every exponent <= 0."""
-    b_c = tl.trans(b_kj * tl.exp(b_dij[None, :] - b_Lj))
+def _kda_off(b_a, b_aq, b_bi, k, g, bos, r0, T, i_h, b_d, scale, H: tl.constexpr, K: tl.constexpr,
+             HAS_Q: tl.constexpr):
+    """Block (I, J) with J < I (J's rows at r0): a_I . (k_J exp(base_I - G_J))^T, every exponent <= 0.
+
+    b_d = base_I - base_J (sum of the gate over blocks J..I-1), [K].
+    """
+    b_k = _load_rows(k, bos, r0, T, i_h, H, K, 16)
+    b_L = tl.cumsum(_load_rows(g, bos, r0, T, i_h, H, K, 16).to(tl.float32), 0)
+    b_c = tl.trans(b_k * tl.exp(b_d[None, :] - b_L))
     b_A = tl.dot(b_a, b_c) * b_bi[:, None]
     if HAS_Q:
         b_Aq = tl.dot(b_aq, b_c) * scale
     else:
         b_Aq = b_A
     return b_A, b_Aq
+
+
+@triton.jit
+def _store_q(aqk, b, bos, r0, c0, T, i_h, H: tl.constexpr, BT: tl.constexpr, HAS_Q: tl.constexpr):
+    if HAS_Q:
+        _store_block(aqk, b, bos, r0, c0, T, i_h, H, BT)
 
 
 @triton.heuristics({
@@ -309,6 +344,8 @@ def wy_kda_fwd_kernel(
     K: tl.constexpr,
     V: tl.constexpr,
     BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     HAS_Q: tl.constexpr,
 ):
@@ -328,65 +365,66 @@ def wy_kda_fwd_kernel(
         i_tg = i_b.to(tl.int64) * tl.cdiv(T, BT) + i_t
     t0 = i_t * BT
 
-    # pass 1: per-block gate sums -> the cumulative gate before each block (base_I)
-    b_k0, b_L0, b_s0 = _kda_block(k, g, bos, t0, T, i_h, H, K)
-    b_k1, b_L1, b_s1 = _kda_block(k, g, bos, t0 + 16, T, i_h, H, K)
-    b_k2, b_L2, b_s2 = _kda_block(k, g, bos, t0 + 32, T, i_h, H, K)
-    b_k3, b_L3, b_s3 = _kda_block(k, g, bos, t0 + 48, T, i_h, H, K)
-    b_b0 = _load_vec(beta, bos, t0, T, i_h, H, 16)
-    b_b1 = _load_vec(beta, bos, t0 + 16, T, i_h, H, 16)
-    b_b2 = _load_vec(beta, bos, t0 + 32, T, i_h, H, 16)
-    b_b3 = _load_vec(beta, bos, t0 + 48, T, i_h, H, 16)
-    if HAS_Q:
-        b_q0 = _load_rows(q, bos, t0, T, i_h, H, K, 16)
-        b_q1 = _load_rows(q, bos, t0 + 16, T, i_h, H, K, 16)
-        b_q2 = _load_rows(q, bos, t0 + 32, T, i_h, H, K, 16)
-        b_q3 = _load_rows(q, bos, t0 + 48, T, i_h, H, K, 16)
-    else:
-        b_q0, b_q1, b_q2, b_q3 = b_k0, b_k1, b_k2, b_k3
+    # pass 1: per-block gate sums [K] (the cumulative gate before block I is s_0 + ... + s_{I-1})
+    b_s0 = _kda_gsum(g, bos, t0, T, i_h, H, K)
+    b_s1 = _kda_gsum(g, bos, t0 + 16, T, i_h, H, K)
+    b_s2 = _kda_gsum(g, bos, t0 + 32, T, i_h, H, K)
 
-    # pass 2: blocks of A and Aqk
-    A00, Q00, b_a0, b_aq0 = _kda_diag(b_k0, b_q0, b_L0, b_b0, scale, HAS_Q)
-    A11, Q11, b_a1, b_aq1 = _kda_diag(b_k1, b_q1, b_L1, b_b1, scale, HAS_Q)
-    A22, Q22, b_a2, b_aq2 = _kda_diag(b_k2, b_q2, b_L2, b_b2, scale, HAS_Q)
-    A33, Q33, b_a3, b_aq3 = _kda_diag(b_k3, b_q3, b_L3, b_b3, scale, HAS_Q)
-    A10, Q10 = _kda_off(b_a1, b_aq1, b_b1, b_k0, b_L0, b_s0, scale, HAS_Q)
-    A20, Q20 = _kda_off(b_a2, b_aq2, b_b2, b_k0, b_L0, b_s0 + b_s1, scale, HAS_Q)
-    A21, Q21 = _kda_off(b_a2, b_aq2, b_b2, b_k1, b_L1, b_s1, scale, HAS_Q)
-    A30, Q30 = _kda_off(b_a3, b_aq3, b_b3, b_k0, b_L0, b_s0 + b_s1 + b_s2, scale, HAS_Q)
-    A31, Q31 = _kda_off(b_a3, b_aq3, b_b3, b_k1, b_L1, b_s1 + b_s2, scale, HAS_Q)
-    A32, Q32 = _kda_off(b_a3, b_aq3, b_b3, b_k2, b_L2, b_s2, scale, HAS_Q)
-    if HAS_Q:
-        _store_inverse(aqk, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33, bos, t0, T, i_h, H, BT)
+    # pass 2: blocks of A and Aqk, row block by row block; earlier blocks' keys are reloaded, not kept
+    A00, Q00, b_a, b_aq, b_bt = _kda_row(q, k, g, beta, bos, t0, T, i_h, scale, H, K, HAS_Q)
+    _store_q(aqk, Q00, bos, t0, 0, T, i_h, H, BT, HAS_Q)
+
+    A11, Q11, b_a, b_aq, b_bt = _kda_row(q, k, g, beta, bos, t0 + 16, T, i_h, scale, H, K, HAS_Q)
+    A10, Q10 = _kda_off(b_a, b_aq, b_bt, k, g, bos, t0, T, i_h, b_s0, scale, H, K, HAS_Q)
+    _store_q(aqk, Q11, bos, t0 + 16, 16, T, i_h, H, BT, HAS_Q)
+    _store_q(aqk, Q10, bos, t0 + 16, 0, T, i_h, H, BT, HAS_Q)
+
+    A22, Q22, b_a, b_aq, b_bt = _kda_row(q, k, g, beta, bos, t0 + 32, T, i_h, scale, H, K, HAS_Q)
+    A20, Q20 = _kda_off(b_a, b_aq, b_bt, k, g, bos, t0, T, i_h, b_s0 + b_s1, scale, H, K, HAS_Q)
+    A21, Q21 = _kda_off(b_a, b_aq, b_bt, k, g, bos, t0 + 16, T, i_h, b_s1, scale, H, K, HAS_Q)
+    _store_q(aqk, Q22, bos, t0 + 32, 32, T, i_h, H, BT, HAS_Q)
+    _store_q(aqk, Q20, bos, t0 + 32, 0, T, i_h, H, BT, HAS_Q)
+    _store_q(aqk, Q21, bos, t0 + 32, 16, T, i_h, H, BT, HAS_Q)
+
+    A33, Q33, b_a, b_aq, b_bt = _kda_row(q, k, g, beta, bos, t0 + 48, T, i_h, scale, H, K, HAS_Q)
+    A30, Q30 = _kda_off(b_a, b_aq, b_bt, k, g, bos, t0, T, i_h, b_s0 + b_s1 + b_s2, scale, H, K, HAS_Q)
+    A31, Q31 = _kda_off(b_a, b_aq, b_bt, k, g, bos, t0 + 16, T, i_h, b_s1 + b_s2, scale, H, K, HAS_Q)
+    A32, Q32 = _kda_off(b_a, b_aq, b_bt, k, g, bos, t0 + 32, T, i_h, b_s2, scale, H, K, HAS_Q)
+    _store_q(aqk, Q33, bos, t0 + 48, 48, T, i_h, H, BT, HAS_Q)
+    _store_q(aqk, Q30, bos, t0 + 48, 0, T, i_h, H, BT, HAS_Q)
+    _store_q(aqk, Q31, bos, t0 + 48, 16, T, i_h, H, BT, HAS_Q)
+    _store_q(aqk, Q32, bos, t0 + 48, 32, T, i_h, H, BT, HAS_Q)
 
     T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve_blocks(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33)
     _store_inverse(ainv, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, bos, t0, T, i_h, H, BT)
     tl.debug_barrier()
 
-    # whole-chunk tiles
+    # whole-chunk tiles in column blocks of BK (the gate is per key dim, so blocks are independent)
     o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, K)
-    o_v = tl.arange(0, V)
     m_t = (t0 + o_t) < T
     p_row = (bos + t0 + o_t) * H + i_h
     b_T = _load_inverse(ainv, bos, t0, T, i_h, H, BT)
-    b_r = _load_rows(g, bos, t0, T, i_h, H, K, BT).to(tl.float32)
-    b_g = tl.cumsum(b_r, 0)
-    b_gl = tl.sum(b_r, 0)  # G at the last valid row (rows past T add 0)
-    tl.store(gc + (i_tg * H + i_h) * K + o_k, b_gl)
     b_beta = _load_vec(beta, bos, t0, T, i_h, H, BT)
-    b_k = _load_rows(k, bos, t0, T, i_h, H, K, BT)
-    b_w = tl.dot(b_T, (b_k * tl.exp(b_g) * b_beta[:, None]).to(b_T.dtype))
-    tl.store(w + p_row[:, None] * K + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_t[:, None])
-    tl.store(kg + p_row[:, None] * K + o_k[None, :], (b_k * tl.exp(b_gl[None, :] - b_g)).to(kg.dtype.element_ty),
-             mask=m_t[:, None])
-    if HAS_Q:
-        b_q = _load_rows(q, bos, t0, T, i_h, H, K, BT)
-        tl.store(qg + p_row[:, None] * K + o_k[None, :], (b_q * tl.exp(b_g) * scale).to(qg.dtype.element_ty),
-                 mask=m_t[:, None])
-    b_v = _load_rows(v, bos, t0, T, i_h, H, V, BT)
-    b_u = tl.dot(b_T, (b_v * b_beta[:, None]).to(b_T.dtype))
-    tl.store(u + p_row[:, None] * V + o_v[None, :], b_u.to(u.dtype.element_ty), mask=m_t[:, None])
+    for i_k in tl.static_range(K // BK):
+        o_k = i_k * BK + tl.arange(0, BK)
+        p_k = p_row[:, None] * K + o_k[None, :]
+        b_r = tl.load(g + p_k, mask=m_t[:, None], other=0.).to(tl.float32)
+        b_g = tl.cumsum(b_r, 0)
+        b_gl = tl.sum(b_r, 0)  # G at the last valid row (rows past T add 0)
+        tl.store(gc + (i_tg * H + i_h) * K + o_k, b_gl)
+        b_e = tl.exp(b_g)
+        b_k = tl.load(k + p_k, mask=m_t[:, None], other=0.)
+        b_w = tl.dot(b_T, (b_k * b_e * b_beta[:, None]).to(b_T.dtype))
+        tl.store(w + p_k, b_w.to(w.dtype.element_ty), mask=m_t[:, None])
+        tl.store(kg + p_k, (b_k * tl.exp(b_gl[None, :] - b_g)).to(kg.dtype.element_ty), mask=m_t[:, None])
+        if HAS_Q:
+            b_q = tl.load(q + p_k, mask=m_t[:, None], other=0.)
+            tl.store(qg + p_k, (b_q * b_e * scale).to(qg.dtype.element_ty), mask=m_t[:, None])
+    for i_v in tl.static_range(V // BV):
+        o_v = i_v * BV + tl.arange(0, BV)
+        b_v = tl.load(v + p_row[:, None] * V + o_v[None, :], mask=m_t[:, None], other=0.)
+        b_u = tl.dot(b_T, (b_v * b_beta[:, None]).to(b_T.dtype))
+        tl.store(u + p_row[:, None] * V + o_v[None, :], b_u.to(u.dtype.element_ty), mask=m_t[:, None])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -409,24 +447,34 @@ def _check(index: ChunkIndex, K: int, V: int) -> None:
     assert K >= 16 and V >= 16, f"tiles must be >= 16, got K={K} V={V}"
 
 
+def _blocks(cfg: LaunchConfig, K: int, V: int) -> tuple[int, int]:
+    BK, BV = min(cfg.BK or 64, K), min(cfg.BV or 64, V)
+    assert BK >= 16 and BV >= 16 and K % BK == 0 and V % BV == 0, f"bad column blocks BK={BK} BV={BV} for K={K} V={V}"
+    return BK, BV
+
+
 def wy_gdn_fwd(
-    k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, index: ChunkIndex, config: LaunchConfig | None = None
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """GDN intra-chunk pass: (w, u, gcum fp32, ainv)."""
+    q: Tensor | None, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex,
+    config: LaunchConfig | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor]:
+    """GDN intra-chunk pass: (w, u, gcum fp32 [B, T, H], aqk or None without q, ainv)."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     _check(index, K, V)
     cfg = pick_config(WY_GDN_FWD, _key(index, H, K, V, k.dtype), config)
+    BK, BV = _blocks(cfg, K, V)
+    BT = index.chunk_size
     w = torch.empty_like(k)
     u = torch.empty_like(v)
     gcum = torch.empty(B, T, H, dtype=torch.float32, device=k.device)
-    ainv = torch.empty(B, T, H, index.chunk_size, dtype=k.dtype, device=k.device)
+    aqk = torch.empty(B, T, H, BT, dtype=k.dtype, device=k.device) if q is not None else None
+    ainv = torch.empty(B, T, H, BT, dtype=k.dtype, device=k.device)
     wy_gdn_fwd_kernel[_grid(index, B, T, H)](
-        k, v, g, beta, w, u, gcum, ainv,
+        q, k, v, g, beta, w, u, gcum, aqk, ainv,
         index.cu_seqlens if index.is_varlen else None, index.chunk_indices if index.is_varlen else None,
-        T, H=H, K=K, V=V, BT=index.chunk_size, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        scale, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return w, u, gcum, ainv
+    return w, u, gcum, aqk, ainv
 
 
 def wy_kda_fwd(
@@ -438,6 +486,7 @@ def wy_kda_fwd(
     V = v.shape[-1]
     _check(index, K, V)
     cfg = pick_config(WY_KDA_FWD, _key(index, H, K, V, k.dtype), config)
+    BK, BV = _blocks(cfg, K, V)
     BT = index.chunk_size
     w = torch.empty_like(k)
     u = torch.empty_like(v)
@@ -449,6 +498,6 @@ def wy_kda_fwd(
     wy_kda_fwd_kernel[_grid(index, B, T, H)](
         q, k, v, g, beta, w, u, kg, gc, qg, aqk, ainv,
         index.cu_seqlens if index.is_varlen else None, index.chunk_indices if index.is_varlen else None,
-        scale, T, H=H, K=K, V=V, BT=BT, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        scale, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return w, u, kg, gc, qg, aqk, ainv

@@ -91,10 +91,11 @@ def unpack_rows(buf: Tensor, like: Sequence[Tensor], rows: int) -> list[Tensor]:
 def all_gather(x: Tensor, group: ProcessGroup | None) -> Tensor:
     """`[W, *x.shape]`: every rank's `x` in rank order (one all_gather_into_tensor)."""
     W = group_size(group)
-    x = x.contiguous()
-    out = x.new_empty(W, *x.shape)
+    x = x.contiguous().view(1, *x.shape) if x.dim() == 0 else x.contiguous()
+    # the dim-0 concatenation is the output layout every backend accepts (gloo rejects a new leading dim)
+    out = x.new_empty(W * x.shape[0], *x.shape[1:])
     dist.all_gather_into_tensor(out, x, group=group)
-    return out
+    return out.view(W, *x.shape)
 
 
 def all_gather_packed(tensors: Sequence[Tensor], group: ProcessGroup | None) -> list[Tensor]:

@@ -147,12 +147,12 @@ def forward(
         if key not in opts:
             raise ValueError(f"unknown option {key!r} for mode {mode!r}; known: {sorted(opts)}")
         opts[key] = val
+    if mode == "headwise":
+        headwise.check(q, ctx)
     if mode not in SINGLE_DEVICE:
         W, r = comm.group_size(group), comm.group_rank(group)
         if (W, r) != (ctx.world_size, ctx.rank):
             raise ValueError(f"group has size {W} and this rank is {r}, but ctx was built for world_size="
                              f"{ctx.world_size}, rank={ctx.rank}")
-        if mode == "headwise":
-            headwise.check(q, ctx)
     with torch.profiler.record_function(f"cp::{mode}"):
         return scheme.forward(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, scale=scale, options=opts)

@@ -8,9 +8,11 @@ then there is nothing to fold). Rank r folds, for each continued first piece, th
 predecessor parts in chain (global token) order: S <- M_p S + S_ext_p (zigzag: up to 2W-1 parts, some on
 this very rank), then one varlen forward over the local (sub-)segments runs from the merged states.
 
-Option `segment_len` ("auto" by default: split on CUDA by the SM count, not on CPU; None: never; or an
-int): intra-device sequence parallelism, exact (no truncation), so a rank's serial chain is one
-sub-segment instead of its whole shard.
+Option `segment_len` (None: never; an int: sub-segments of that many tokens; "auto", the default: no
+split of our own on the triton backend, whose primitives already split long sequences across the SMs
+(kernels/common/seqsplit.py), and a split by the SM count for the torch backend on CUDA, none on CPU):
+intra-device sequence parallelism, exact (no truncation), so a rank's serial chain is one sub-segment
+instead of its whole shard.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from kernels.backends import resolve_backend
 from kernels.cp import comm, intra, prims
 from kernels.cp.context import CPContext
 
@@ -33,8 +36,11 @@ def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *
     H, K, V = k.shape[2], k.shape[3], v.shape[3]
     dev = k.device
     pieces = ctx.pieces
-    specs = tuple(intra.PieceSpec(p.start, p.end, p.cont and ctx.any_crossing, p.carries) for p in pieces)
-    seg = intra.resolve_segment_len(options["segment_len"], [p.length for p in pieces], H, dev)
+    specs = tuple(intra.PieceSpec(p.start, p.end, p.cont, p.carries) for p in pieces)
+    seg_opt = options["segment_len"]
+    if seg_opt == "auto" and resolve_backend(backend, dev) == "triton":
+        seg_opt = None   # the triton primitives split long sequences themselves (kernels/common/seqsplit.py)
+    seg = intra.resolve_segment_len(seg_opt, [p.length for p in pieces], H, dev)
     plan = intra.build_plan(specs, seg)
     X = intra.chain_states(op, k, v, g, beta, plan, backend=backend)
     h0 = None

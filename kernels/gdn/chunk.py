@@ -1,6 +1,6 @@
 """Gated DeltaNet forward on the Triton backend: the launchers in order, nothing else.
 
-    wy_gdn_fwd            per (chunk, head): gate cumsum, (I + A)^{-1}, w, u          kernels.common.wy
+    wy_gdn_fwd            per (chunk, head): gate cumsum, (I + A)^{-1}, w, u, Aqk     kernels.common.wy
     state_and_output      serial state pass (split across SMs for few long sequences)
                           with the output fused in, or followed by the output pass    kernels.common.seqsplit
 
@@ -49,9 +49,10 @@ def chunk_gdn_fwd(
     cfgs = dict(configs or {})
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=BT_WY, device=k.device)
-    w, u, gcum, _ = wy_gdn_fwd(k, v, g, beta, index=index, config=cfgs.get("wy_gdn_fwd"))
+    w, u, gcum, aqk, _ = wy_gdn_fwd(q, k, v, g, beta, scale=scale, index=index, config=cfgs.get("wy_gdn_fwd"))
+    assert aqk is not None
     return state_and_output(
-        index=index, k=k, w=w, u=u, g=gcum, q=q, aqk=None, gate_vector=False, scale=scale,
+        index=index, k=k, w=w, u=u, g=gcum, q=q, aqk=aqk, gate_vector=False, scale=scale,
         initial_state=initial_state, output_final_state=output_final_state, out_dtype=q.dtype, configs=cfgs,
         split_chunks=split_chunks, fuse_output=FUSE_OUTPUT if fuse_output is None else fuse_output,
     )

@@ -25,6 +25,8 @@ import dataclasses
 import importlib.resources
 import logging
 import re
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timezone
@@ -98,24 +100,59 @@ def _submit(session: Any, spec: SweepSpec, *, keys: set[str] | None, max_W: int)
     return crud.create_sweep(session, name=spec.name, tags=spec.tags, spec=spec.model_dump(mode="json"), points=points).id
 
 
-def _run_round(url: str, spec: SweepSpec, *, n_runs: int, keys: set[str] | None, tags: Sequence[str], max_W: int,
-               devices: int | None, echo: Echo, label: str) -> tuple[list[int], dict[str, list[Run]]]:
-    """Submit `n_runs` sweeps of the suite (or of `keys`), work them here in queue order, and read back their runs."""
+class _LocalWorker:
+    """One worker in a background thread for the whole invocation, so its rank gangs are spawned once and reused
+    by every round (a round's sweeps are worked in queue order)."""
+
+    def __init__(self, url: str, devices: int | None) -> None:
+        self.url, self.devices = url, devices
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def _main(self) -> None:
+        from runners.worker import run_worker
+
+        try:
+            run_worker(self.url, devices=self.devices, stop_event=self.stop)
+        except BaseException as err:  # noqa: BLE001 - handed to the waiting thread, which raises it
+            self.error = err
+
+    def wait(self, ids: Sequence[int], poll_s: float = 0.2) -> None:
+        """Work until every sweep in `ids` is done or cancelled."""
+        from db import crud
+        from db.session import session_scope
+
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._main, name="cpbench-regress-worker", daemon=True)
+            self.thread.start()
+        while True:
+            with session_scope(self.url) as s:
+                if all(crud.get_sweep(s, sweep_id=sid).status in ("done", "cancelled") for sid in ids):
+                    return
+            if not self.thread.is_alive():
+                raise CpbenchError(f"the regression worker stopped before sweeps {list(ids)} were done: {self.error!r}")
+            time.sleep(poll_s)
+
+    def close(self) -> None:
+        if self.thread is not None:
+            self.stop.set()
+            self.thread.join()
+            self.thread = None
+
+
+def _run_round(url: str, worker: _LocalWorker, spec: SweepSpec, *, n_runs: int, keys: set[str] | None,
+               tags: Sequence[str], max_W: int, echo: Echo, label: str) -> tuple[list[int], dict[str, list[Run]]]:
+    """Submit `n_runs` sweeps of the suite (or of `keys`), work them here, and read back their runs."""
     from db import crud
     from db.session import session_scope
-    from runners.engine import run_until_done
 
     tagged = spec.model_copy(update={"tags": list(dict.fromkeys([*spec.tags, *tags]))})
     with session_scope(url) as s:
         ids = [_submit(s, tagged, keys=keys, max_W=max_W) for _ in range(n_runs)]
     what = "the whole suite" if keys is None else f"{len(keys)} key(s)"
     echo(f"{label}: {n_runs} run(s) of {what}: sweeps {', '.join(map(str, ids))}")
-    # one worker works them all in queue order (its rank gangs are reused across the runs)
-    for sid in reversed(ids):
-        with session_scope(url) as s:
-            status = crud.get_sweep(s, sweep_id=sid).status
-        if status not in ("done", "cancelled"):
-            run_until_done(url, sid, devices=devices)
+    worker.wait(ids)
     with session_scope(url) as s:
         cancelled = [sid for sid in ids if crud.get_sweep(s, sweep_id=sid).status == "cancelled"]
         if cancelled:
@@ -155,7 +192,6 @@ def run_regression(
     echo: Echo = logger.info,
 ) -> RegressOutcome:
     """The whole `cpbench regress` flow (module docstring); returns the verdicts, and raises CpbenchError on misuse."""
-    from db import crud
     from db.migrate import require_migrated
     from db.session import resolve_url, session_scope
 
@@ -179,9 +215,25 @@ def run_regression(
         if record_baseline:
             echo(f"no sweep is tagged {baseline!r} yet: recording this run as the baseline")
 
+    worker = _LocalWorker(url, devices)
+    try:
+        return _regress(url, spec, worker, run_id=run_id, baseline=baseline, runs=runs, screen_runs=screen_runs,
+                        max_reruns=max_reruns, report_dir=report_dir, base_tags=base_tags, save_baseline=save_baseline,
+                        record_baseline=record_baseline, policy=policy, device=device, max_W=max_W, echo=echo)
+    finally:
+        worker.close()
+
+
+def _regress(url: str, spec: SweepSpec, worker: _LocalWorker, *, run_id: str, baseline: str, runs: int,
+             screen_runs: int, max_reruns: int, report_dir: str | Path, base_tags: list[str],
+             save_baseline: str | Path | None, record_baseline: bool, policy: Policy, device: str, max_W: int,
+             echo: Echo) -> RegressOutcome:
+    from db import crud
+    from db.session import session_scope
+
     if record_baseline:
-        ids, new_runs = _run_round(url, spec, n_runs=runs, keys=None, tags=[*base_tags, baseline], max_W=max_W,
-                                   devices=devices, echo=echo, label="record")
+        ids, new_runs = _run_round(url, worker, spec, n_runs=runs, keys=None, tags=[*base_tags, baseline], max_W=max_W,
+                                   echo=echo, label="record")
         side = Side(ref=baseline, runs=new_runs, sweep_ids=ids, device=device, suite=spec.name)
         if save_baseline:
             echo(f"baseline written to {save_baseline_file(save_baseline, side)}")
@@ -219,7 +271,7 @@ def run_regression(
 
     pending: set[str] | None = None
     if screen_runs:
-        ids, new = _run_round(url, spec, n_runs=screen_runs, keys=None, tags=base_tags, max_W=max_W, devices=devices,
+        ids, new = _run_round(url, worker, spec, n_runs=screen_runs, keys=None, tags=base_tags, max_W=max_W,
                               echo=echo, label="screen")
         new_ids += ids
         no_baseline = {k for k in new if k not in base_runs and not _only_skipped(new[k])}
@@ -229,7 +281,7 @@ def run_regression(
         if pending is not None and not pending:
             break
         label = "confirm" if attempt == 0 else f"rerun {attempt}"
-        ids, new = _run_round(url, spec, n_runs=k, keys=pending, tags=base_tags, max_W=max_W, devices=devices,
+        ids, new = _run_round(url, worker, spec, n_runs=k, keys=pending, tags=base_tags, max_W=max_W,
                               echo=echo, label=label)
         new_ids += ids
         if pending is None:
@@ -238,6 +290,8 @@ def run_regression(
         k *= 2
 
     verdicts = sorted(final.values(), key=lambda v: v.key)
+    if not verdicts:
+        notes.append("Nothing was compared: no key of this suite has a baseline.")
     skipped_both = len(base_runs) - len(verdicts)
     if skipped_both > 0:
         notes.append(f"{skipped_both} key(s) were skipped on both sides (e.g. W above the devices) and not judged.")

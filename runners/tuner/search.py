@@ -43,10 +43,15 @@ class SearchResult:
     default: Trial | None
 
 
-def candidates(spec: KernelSpec) -> list[LaunchConfig]:
-    """The default config first, then every config of the space (deduplicated, deterministic order)."""
-    out = [spec.default]
-    seen = {spec.default}
+def candidates(spec: KernelSpec, default: LaunchConfig | None = None) -> list[LaunchConfig]:
+    """The default config first, then every config of the space (deduplicated, deterministic order).
+
+    default: the default as it actually launches, when the launcher adapts it to the shape (e.g. BV clamped
+    to a small V); None = `spec.default`.
+    """
+    default = default or spec.default
+    out = [default]
+    seen = {default}
     for cfg in spec.configs():
         if cfg not in seen:
             seen.add(cfg)

@@ -66,6 +66,8 @@ class TrialContext:
     timer: Timer
     strategy: str
     record: Callable[[Trial], None] | None = None
+    # configs known to crash the device (found in a separate process): recorded `failed`, never launched here
+    known_bad: Mapping[LaunchConfig, str] = field(default_factory=dict)
 
 
 def static_invalid_reason(cfg: LaunchConfig, key: Mapping[str, Any]) -> str | None:
@@ -117,6 +119,8 @@ def run_trial(ctx: TrialContext, cfg: LaunchConfig, *, n: int, rung: int = 0) ->
     reason = static_invalid_reason(cfg, ctx.key)
     if reason is not None:
         trial.status, trial.error = "invalid", reason
+    elif cfg in ctx.known_bad:
+        trial.status, trial.error = "failed", ctx.known_bad[cfg]
     else:
         try:
             LAUNCHES.pop(name, None)

@@ -159,9 +159,12 @@ def tune_case(
     sweep_id: int | None = None,
     environment_id: int | None = None,
     timer: Timer | None = None,
+    known_bad: Mapping[str, Mapping[LaunchConfig, str]] | None = None,
 ) -> tuple[list[TunedConfig], dict[str, SearchResult]]:
     """Tune every kernel `run` launches (or those named in `kernels`); see the module docstring.
 
+    known_bad: {kernel: {config: error}} of configs that crashed the device elsewhere (a CUDA error poisons the
+    process, so such configs are found in throwaway processes): recorded `failed` without launching.
     Returns the upserted TunedConfig rows (transient objects when `session` is None) and each kernel's SearchResult.
     """
     from db.models import TunedConfig
@@ -179,6 +182,8 @@ def tune_case(
     LAUNCHES.clear()
     reference = run(defaults)
     launched = {n: normalize_key(key) for n, (key, _cfg) in LAUNCHES.items()}
+    # the defaults as launched (a launcher may adapt a config to the shape, e.g. clamp BV to a small V)
+    observed = {n: cfg for n, (_key, cfg) in LAUNCHES.items()}
     if wanted is not None:
         missing = wanted - set(launched)
         if missing:
@@ -200,8 +205,8 @@ def tune_case(
                              rung=t.rung, status=t.status, median_ms=t.median_ms, n=t.n, error=t.error)
 
         ctx = TrialContext(spec=spec, key=key, run=run, fixed=dict(fixed), reference=reference, tol=tol, timer=timer,
-                           strategy=strategy, record=record)
-        res = search(strategy, candidates(spec), lambda c, n, r, _ctx=ctx: run_trial(_ctx, c, n=n, rung=r),
+                           strategy=strategy, record=record, known_bad=dict((known_bad or {}).get(name, {})))
+        res = search(strategy, candidates(spec, observed[name]), lambda c, n, r, _ctx=ctx: run_trial(_ctx, c, n=n, rung=r),
                      budget=budget, seed=seed, samples=samples, min_samples=min_samples, max_samples=max_samples, eta=eta)
         results[name] = res
         if res.best is None:

@@ -35,7 +35,7 @@ def test_make_workload_seeded_and_in_range() -> None:
     assert a.q.dtype == torch.bfloat16 and a.g.dtype == torch.float32
     assert float(a.g.max()) <= 0.0 and float(a.g.min()) >= -0.5
     assert torch.allclose(a.k.float().norm(dim=-1), torch.ones(2, 96, 3), atol=1e-2)
-    assert 0.0 < float(a.beta.min()) and float(a.beta.max()) < 1.0
+    assert float(a.beta.min()) > 0.0 and float(a.beta.max()) < 1.0
     gdn = make_workload(_params(op="gdn", dtype="float32"), device="cpu")
     assert gdn.g.shape == (2, 96, 3)
 

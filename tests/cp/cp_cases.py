@@ -1,0 +1,55 @@
+"""Rank-side test cases run by the gloo gang (cp_gang.py): each builds the same global inputs on every rank."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from cp_profile import profile_step
+
+import kernels.cp as cp
+from tests.utils import make_inputs
+
+
+def _inputs(op: str, lengths: tuple[int, ...], H: int, K: int, V: int, lb: float, seed: int) -> tuple[Any, ...]:
+    return make_inputs(op, lengths, H=H, K=K, V=V, lb=lb, seed=seed)
+
+
+def schemes(*, rank: int, world_size: int, op: str, lengths: tuple[int, ...], layout: str, runs: list[tuple[str, Any]],
+            H: int = 4, K: int = 16, V: int = 32, lb: float = -1.0, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Every (mode, options) of `runs` on this rank's shard: {run label: o_local}."""
+    q, k, v, g, beta, cu = _inputs(op, lengths, H, K, V, lb, seed)
+    ctx = cp.build_context(cu, world_size, rank, layout)
+    xs = [cp.shard(x, ctx) for x in (q, k, v, g, beta)]
+    out = {}
+    for i, (mode, options) in enumerate(runs):
+        out[f"{i}:{mode}"] = cp.forward(mode, op, *xs, group=None, ctx=ctx, backend="torch", options=options)
+    return out
+
+
+def profile(*, rank: int, world_size: int, op: str, lengths: tuple[int, ...], layout: str, mode: str,
+            options: dict[str, Any] | None = None, H: int = 4, K: int = 16, V: int = 16) -> dict[str, Any]:
+    """One warm-up step, then one profiled step of `mode`: counts, plus what the context predicts."""
+    q, k, v, g, beta, cu = _inputs(op, lengths, H, K, V, -1.0, 1)
+    ctx = cp.build_context(cu, world_size, rank, layout)
+    xs = [cp.shard(x, ctx) for x in (q, k, v, g, beta)]
+
+    def step() -> torch.Tensor:
+        return cp.forward(mode, op, *xs, group=None, ctx=ctx, backend="torch", options=options)
+
+    step()
+    res = profile_step(step)
+    res["expected"] = cp.expected_collectives(mode, ctx)
+    return res
+
+
+def bad_group(*, rank: int, world_size: int) -> str:
+    """cp.forward with a context of another world size must refuse before any collective."""
+    q, k, v, g, beta, cu = _inputs("gdn", (256,), 2, 16, 16, -1.0, 0)
+    ctx = cp.build_context(cu, 2 * world_size, rank)
+    xs = [cp.shard(x, ctx) for x in (q, k, v, g, beta)]
+    try:
+        cp.forward("true_cp", "gdn", *xs, group=None, ctx=ctx, backend="torch")
+    except ValueError as err:
+        return str(err)
+    return "no error"

@@ -55,7 +55,8 @@ def cmd_run(args: argparse.Namespace) -> None:
         SHAPES = [{"B": 1, "T": 128, "H": 1, "K": 16, "V": 32, "dtype": "float32"}, {"B": 1, "T": 192, "H": 1, "K": 16, "V": 32, "dtype": "float32"},
                   {"B": 2, "T": 64, "H": 1, "K": 16, "V": 32, "dtype": "float32"}]
     t_start = time.perf_counter()
-    bad = _precompile(args) if args.workers > 0 else []
+    bad = [_parse_bad(b) for b in args.known_bad]
+    bad += _precompile(args) if args.workers > 0 else []
     dev = args.device
     timer = StepTimer(dev)
     cuda = dev == "cuda"
@@ -176,6 +177,12 @@ def _precompile(args: argparse.Namespace) -> list[tuple[str, str, dict[str, int]
         tasks = [r["rest"] for r in res if r["rest"] and r["rest"][2]]
     print(f"precompiled {done} variants in {time.perf_counter() - t0:.1f} s; crashed: {bad}", flush=True)
     return bad
+
+
+def _parse_bad(text: str) -> tuple[str, str, dict[str, int], str]:
+    """"gdn:chunk_state_output_fwd:BV=32,num_warps=4,num_stages=1" -> a known crasher (skipped, recorded failed)."""
+    op, kernel, cfg = text.split(":", 2)
+    return op, kernel, {k: int(v) for k, v in (p.split("=") for p in cfg.split(","))}, "known to crash the device (--known-bad)"
 
 
 def _ab(timer: Any, run: Any, a_cfg: dict[str, Any], b_cfg: dict[str, Any], blocks: int = 5, n: int = 20) -> tuple[float, float]:
@@ -299,6 +306,8 @@ def main() -> None:
     r.add_argument("--deadline-s", type=float, default=240.0)
     r.add_argument("--sha", default=None)
     r.add_argument("--device", default="cuda")
+    r.add_argument("--known-bad", action="append", default=[], metavar="OP:KERNEL:BV=32,num_warps=4,num_stages=1",
+                   help="a config that crashes the device: never launched, recorded failed (repeatable)")
     r.add_argument("--tiny", action="store_true", help="tiny shapes (a CPU dry run of the script, not a measurement)")
     r.add_argument("--workers", type=int, default=12, help="processes that precompile the drawn configs (0: none)")
     i = sub.add_parser("import")

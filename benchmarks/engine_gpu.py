@@ -156,6 +156,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     lines = [f"# engine_gpu: {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}, torch {torch.__version__}, "
              f"CUDA {torch.version.cuda}"]
+    shown = 0
     for step in (("honesty", lambda: None if args.skip_honesty else honesty(lines)), ("syncs", lambda: syncs(lines)),
                  ("points", lambda: points(args.world, out, lines))):
         t = time.perf_counter()
@@ -165,7 +166,8 @@ def main() -> None:
             lines.append(f"{step[0]} failed: {type(err).__name__}: {err}")
         lines.append(f"({step[0]}: {time.perf_counter() - t:.1f} s)")
         (out / "engine_gpu.md").write_text("\n".join(lines) + "\n")
-        print("\n".join(lines), flush=True)
+        print("\n".join(lines[shown:]), flush=True)
+        shown = len(lines)
 
 
 if __name__ == "__main__":

@@ -48,3 +48,9 @@ def use_autotune(path: str | os.PathLike[str] | None, *, strict: bool = True, **
             raise ImportError("kernels.use_autotune needs the module kernels.autotune, which is not available") from err
         raise
     return autotune.use_autotune(path, strict=strict, **kwargs)
+
+
+# CPBENCH_AUTOTUNE=path/to/autotune.json makes every launch of this process use the tuned configs
+from kernels.autotune import _autoload_from_env  # noqa: E402
+
+_autoload_from_env()

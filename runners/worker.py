@@ -7,8 +7,10 @@ CPU with up to `CPBENCH_CPU_RANKS` gloo ranks) and the environment (GPU name/cou
 driver, CUDA, torch, Triton, Python, git sha, host), register the worker.
 
 Loop: claim the oldest queued point this worker can run (W <= its devices, its device kind; the claim also
-returns expired leases to the queue), keep the lease alive from a heartbeat thread, send the point to the
-persistent gang of its W (`runners.gang`, job `runners.execute.run_point_job`), then store the artifact
+returns expired leases to the queue), keep the lease alive from a heartbeat thread, (for a sweep with
+`tune: true` and the triton backend, first tune the point's kernels on the W=1 gang: `runners.tuner.ensure_tuned`
+through `runners.execute.tune_job`, and time with the tuned configs), send the point to the persistent gang of
+its W (`runners.gang`, job `runners.execute.run_point_job`), then store the artifact
 (Chrome trace), measurement and profile and mark the point done, all in one transaction (`complete_point`
 commits them together, or drops them if the lease was lost meanwhile). Failures become data: a failed
 correctness gate or an exception raised on every rank fails the point (not retried: it is deterministic); a
@@ -16,7 +18,8 @@ crashed, hung or OOM rank fails the attempt (retried while attempts remain) and 
 keeps going either way.
 
 Stopping: SIGTERM (or SIGINT, or `stop_event`) lets the current point finish for up to `CPBENCH_STOP_GRACE_S`,
-then aborts it and releases it to the queue (no attempt used); the worker then closes its gangs and exits.
+then aborts it and releases it to the queue (no attempt used); the worker then closes its gangs and exits. A
+second Ctrl-C stops at once (the point's lease then expires and the point returns to the queue).
 `once=True` exits when nothing is left to claim; `until_sweep` exits when that sweep is finished (what
 `cpbench run` uses, through `runners.engine.run_until_done`).
 """
@@ -327,10 +330,15 @@ def run_worker(
             stop["at"], stop["why"] = time.monotonic(), why
             logger.info("worker %s: %s received; finishing or releasing the current point", name, why)
 
+    def on_signal(signum: int, _frame: Any) -> None:
+        if signum == signal.SIGINT and stop["at"] is not None:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now (the gangs are still closed on the way out)
+        request_stop(signal.Signals(signum).name)
+
     previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
-            previous[sig] = signal.signal(sig, lambda signum, _frame: request_stop(signal.Signals(signum).name))
+            previous[sig] = signal.signal(sig, on_signal)
 
     def stopping() -> bool:
         if stop_event is not None and stop_event.is_set():

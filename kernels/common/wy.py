@@ -62,10 +62,10 @@ WY_KDA_FWD = register(KernelSpec(
 
 
 @triton.jit
-def _load_rows(p, bos, r0, T, i_h, H: tl.constexpr, D: tl.constexpr, BR: tl.constexpr):
-    """Rows [r0, r0+BR) of a [.., T, H, D] tensor for head i_h as a [BR, D] tile, zero past T."""
+def _load_tile(p, bos, r0, T, i_h, H: tl.constexpr, D: tl.constexpr, c0, BR: tl.constexpr, BC: tl.constexpr):
+    """Rows [r0, r0+BR), columns [c0, c0+BC) of a [.., T, H, D] tensor for head i_h, zero past T."""
     o_r = r0 + tl.arange(0, BR)
-    o_d = tl.arange(0, D)
+    o_d = c0 + tl.arange(0, BC)
     m_r = o_r < T
     return tl.load(p + ((bos + o_r) * H + i_h)[:, None] * D + o_d[None, :], mask=m_r[:, None], other=0.)
 
@@ -140,13 +140,13 @@ def _load_inverse(ainv, bos, t0, T, i_h, H: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def _gdn_kkt(b_ki, b_gi, b_bi, b_kj, b_gj, DIAG: tl.constexpr):
-    """beta_i (k_i.k_j) exp(G_i - G_j) for one 16x16 block (strictly lower when DIAG)."""
+def _gdn_gate(b_A, b_gi, b_bi, b_gj, DIAG: tl.constexpr):
+    """beta_i (k_i.k_j) exp(G_i - G_j) for one 16x16 block from its k_i.k_j (strictly lower when DIAG)."""
     o_i = tl.arange(0, 16)
     b_d = b_gi[:, None] - b_gj[None, :]
     if DIAG:
         b_d = tl.where(o_i[:, None] > o_i[None, :], b_d, float("-inf"))
-    return tl.dot(b_ki, tl.trans(b_kj)) * tl.exp(b_d) * b_bi[:, None]
+    return b_A * tl.exp(b_d) * b_bi[:, None]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -195,11 +195,7 @@ def wy_gdn_fwd_kernel(
         bos = i_b.to(tl.int64) * T
     t0 = i_t * BT
 
-    # 16-row blocks: keys, beta and the cumulative gate (carried across blocks)
-    b_k0 = _load_rows(k, bos, t0, T, i_h, H, K, 16)
-    b_k1 = _load_rows(k, bos, t0 + 16, T, i_h, H, K, 16)
-    b_k2 = _load_rows(k, bos, t0 + 32, T, i_h, H, K, 16)
-    b_k3 = _load_rows(k, bos, t0 + 48, T, i_h, H, K, 16)
+    # 16-row blocks: beta and the cumulative gate (carried across blocks)
     b_b0 = _load_vec(beta, bos, t0, T, i_h, H, 16)
     b_b1 = _load_vec(beta, bos, t0 + 16, T, i_h, H, 16)
     b_b2 = _load_vec(beta, bos, t0 + 32, T, i_h, H, 16)
@@ -216,16 +212,42 @@ def wy_gdn_fwd_kernel(
     b_r = _load_vec(g, bos, t0 + 48, T, i_h, H, 16)
     b_g3 = tl.cumsum(b_r, 0) + b_s
 
-    A00 = _gdn_kkt(b_k0, b_g0, b_b0, b_k0, b_g0, True)
-    A10 = _gdn_kkt(b_k1, b_g1, b_b1, b_k0, b_g0, False)
-    A11 = _gdn_kkt(b_k1, b_g1, b_b1, b_k1, b_g1, True)
-    A20 = _gdn_kkt(b_k2, b_g2, b_b2, b_k0, b_g0, False)
-    A21 = _gdn_kkt(b_k2, b_g2, b_b2, b_k1, b_g1, False)
-    A22 = _gdn_kkt(b_k2, b_g2, b_b2, b_k2, b_g2, True)
-    A30 = _gdn_kkt(b_k3, b_g3, b_b3, b_k0, b_g0, False)
-    A31 = _gdn_kkt(b_k3, b_g3, b_b3, b_k1, b_g1, False)
-    A32 = _gdn_kkt(b_k3, b_g3, b_b3, b_k2, b_g2, False)
-    A33 = _gdn_kkt(b_k3, b_g3, b_b3, b_k3, b_g3, True)
+    # K K^T blocks, accumulated over column blocks of BK (keeps the key tiles small)
+    A00 = tl.zeros([16, 16], dtype=tl.float32)
+    A10 = tl.zeros([16, 16], dtype=tl.float32)
+    A11 = tl.zeros([16, 16], dtype=tl.float32)
+    A20 = tl.zeros([16, 16], dtype=tl.float32)
+    A21 = tl.zeros([16, 16], dtype=tl.float32)
+    A22 = tl.zeros([16, 16], dtype=tl.float32)
+    A30 = tl.zeros([16, 16], dtype=tl.float32)
+    A31 = tl.zeros([16, 16], dtype=tl.float32)
+    A32 = tl.zeros([16, 16], dtype=tl.float32)
+    A33 = tl.zeros([16, 16], dtype=tl.float32)
+    for i_k in tl.static_range(K // BK):
+        b_k0 = _load_tile(k, bos, t0, T, i_h, H, K, i_k * BK, 16, BK)
+        b_k1 = _load_tile(k, bos, t0 + 16, T, i_h, H, K, i_k * BK, 16, BK)
+        b_k2 = _load_tile(k, bos, t0 + 32, T, i_h, H, K, i_k * BK, 16, BK)
+        b_k3 = _load_tile(k, bos, t0 + 48, T, i_h, H, K, i_k * BK, 16, BK)
+        A00 = tl.dot(b_k0, tl.trans(b_k0), A00)
+        A10 = tl.dot(b_k1, tl.trans(b_k0), A10)
+        A11 = tl.dot(b_k1, tl.trans(b_k1), A11)
+        A20 = tl.dot(b_k2, tl.trans(b_k0), A20)
+        A21 = tl.dot(b_k2, tl.trans(b_k1), A21)
+        A22 = tl.dot(b_k2, tl.trans(b_k2), A22)
+        A30 = tl.dot(b_k3, tl.trans(b_k0), A30)
+        A31 = tl.dot(b_k3, tl.trans(b_k1), A31)
+        A32 = tl.dot(b_k3, tl.trans(b_k2), A32)
+        A33 = tl.dot(b_k3, tl.trans(b_k3), A33)
+    A00 = _gdn_gate(A00, b_g0, b_b0, b_g0, True)
+    A10 = _gdn_gate(A10, b_g1, b_b1, b_g0, False)
+    A11 = _gdn_gate(A11, b_g1, b_b1, b_g1, True)
+    A20 = _gdn_gate(A20, b_g2, b_b2, b_g0, False)
+    A21 = _gdn_gate(A21, b_g2, b_b2, b_g1, False)
+    A22 = _gdn_gate(A22, b_g2, b_b2, b_g2, True)
+    A30 = _gdn_gate(A30, b_g3, b_b3, b_g0, False)
+    A31 = _gdn_gate(A31, b_g3, b_b3, b_g1, False)
+    A32 = _gdn_gate(A32, b_g3, b_b3, b_g2, False)
+    A33 = _gdn_gate(A33, b_g3, b_b3, b_g3, True)
     T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve_blocks(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33)
     _store_inverse(ainv, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, bos, t0, T, i_h, H, BT)
     tl.debug_barrier()
@@ -265,57 +287,47 @@ def wy_gdn_fwd_kernel(
 
 
 @triton.jit
-def _kda_gsum(g, bos, r0, T, i_h, H: tl.constexpr, K: tl.constexpr):
-    """Sum over one 16-row block of the per-key gate, [K] fp32 (rows past T add 0)."""
-    return tl.sum(_load_rows(g, bos, r0, T, i_h, H, K, 16).to(tl.float32), 0)
+def _kda_gsum(g, bos, r0, T, i_h, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
+    """Sum over one 16-row block of the per-key gate, columns [c0, c0+BK), fp32 (rows past T add 0)."""
+    return tl.sum(_load_tile(g, bos, r0, T, i_h, H, K, c0, 16, BK).to(tl.float32), 0)
 
 
 @triton.jit
-def _kda_row(q, k, g, beta, bos, r0, T, i_h, scale, H: tl.constexpr, K: tl.constexpr, HAS_Q: tl.constexpr):
-    """Diagonal 16x16 blocks of A (strict) and Aqk (incl. diagonal) of the row block at r0.
+def _kda_row(q, k, g, bos, r0, T, i_h, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr, b_A, b_Aq,
+             HAS_Q: tl.constexpr):
+    """Add one column block to the diagonal 16x16 blocks of A and Aqk of the row block at r0 (unmasked).
 
     Reference = the gate just before the block: a = k exp(L), kb = k exp(-L) with L the in-block cumsum.
-    Returns A, Aqk, the left factors a, aq = q exp(L) (reused by the off-diagonal blocks) and beta.
+    Returns A, Aqk and the left factors a, aq = q exp(L) that the off-diagonal blocks of this row reuse.
     """
-    o_i = tl.arange(0, 16)
-    b_k = _load_rows(k, bos, r0, T, i_h, H, K, 16)
-    b_L = tl.cumsum(_load_rows(g, bos, r0, T, i_h, H, K, 16).to(tl.float32), 0)
-    b_b = _load_vec(beta, bos, r0, T, i_h, H, 16)
+    b_k = _load_tile(k, bos, r0, T, i_h, H, K, c0, 16, BK)
+    b_L = tl.cumsum(_load_tile(g, bos, r0, T, i_h, H, K, c0, 16, BK).to(tl.float32), 0)
     b_e = tl.exp(b_L)
     b_a = b_k * b_e
     b_kb = tl.trans(b_k * tl.exp(-b_L))  # bounded by the 16-token span of the gate (module docstring)
-    b_A = tl.where(o_i[:, None] > o_i[None, :], tl.dot(b_a, b_kb), 0.) * b_b[:, None]
+    b_A = tl.dot(b_a, b_kb, b_A)
     if HAS_Q:
-        b_aq = _load_rows(q, bos, r0, T, i_h, H, K, 16) * b_e
-        b_Aq = tl.where(o_i[:, None] >= o_i[None, :], tl.dot(b_aq, b_kb), 0.) * scale
+        b_aq = _load_tile(q, bos, r0, T, i_h, H, K, c0, 16, BK) * b_e
+        b_Aq = tl.dot(b_aq, b_kb, b_Aq)
     else:
         b_aq = b_a
-        b_Aq = b_A
-    return b_A, b_Aq, b_a, b_aq, b_b
+    return b_A, b_Aq, b_a, b_aq
 
 
 @triton.jit
-def _kda_off(b_a, b_aq, b_bi, k, g, bos, r0, T, i_h, b_d, scale, H: tl.constexpr, K: tl.constexpr,
-             HAS_Q: tl.constexpr):
-    """Block (I, J) with J < I (J's rows at r0): a_I . (k_J exp(base_I - G_J))^T, every exponent <= 0.
+def _kda_off(b_a, b_aq, k, g, bos, r0, T, i_h, b_d, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr, b_A,
+             b_Aq, HAS_Q: tl.constexpr):
+    """Add one column block to block (I, J), J < I (J's rows at r0): a_I . (k_J exp(base_I - G_J))^T.
 
-    b_d = base_I - base_J (sum of the gate over blocks J..I-1), [K].
+    b_d = base_I - base_J (the gate summed over blocks J..I-1), [BK]; every exponent is <= 0.
     """
-    b_k = _load_rows(k, bos, r0, T, i_h, H, K, 16)
-    b_L = tl.cumsum(_load_rows(g, bos, r0, T, i_h, H, K, 16).to(tl.float32), 0)
+    b_k = _load_tile(k, bos, r0, T, i_h, H, K, c0, 16, BK)
+    b_L = tl.cumsum(_load_tile(g, bos, r0, T, i_h, H, K, c0, 16, BK).to(tl.float32), 0)
     b_c = tl.trans(b_k * tl.exp(b_d[None, :] - b_L))
-    b_A = tl.dot(b_a, b_c) * b_bi[:, None]
+    b_A = tl.dot(b_a, b_c, b_A)
     if HAS_Q:
-        b_Aq = tl.dot(b_aq, b_c) * scale
-    else:
-        b_Aq = b_A
+        b_Aq = tl.dot(b_aq, b_c, b_Aq)
     return b_A, b_Aq
-
-
-@triton.jit
-def _store_q(aqk, b, bos, r0, c0, T, i_h, H: tl.constexpr, BT: tl.constexpr, HAS_Q: tl.constexpr):
-    if HAS_Q:
-        _store_block(aqk, b, bos, r0, c0, T, i_h, H, BT)
 
 
 @triton.heuristics({
@@ -365,35 +377,70 @@ def wy_kda_fwd_kernel(
         i_tg = i_b.to(tl.int64) * tl.cdiv(T, BT) + i_t
     t0 = i_t * BT
 
-    # pass 1: per-block gate sums [K] (the cumulative gate before block I is s_0 + ... + s_{I-1})
-    b_s0 = _kda_gsum(g, bos, t0, T, i_h, H, K)
-    b_s1 = _kda_gsum(g, bos, t0 + 16, T, i_h, H, K)
-    b_s2 = _kda_gsum(g, bos, t0 + 32, T, i_h, H, K)
+    # blocks of A and Aqk, accumulated over column blocks of BK (the gate is per key dim, so the exp
+    # factors of one column block only involve that block); earlier row blocks are reloaded, not kept
+    A00 = tl.zeros([16, 16], dtype=tl.float32)
+    A10 = tl.zeros([16, 16], dtype=tl.float32)
+    A11 = tl.zeros([16, 16], dtype=tl.float32)
+    A20 = tl.zeros([16, 16], dtype=tl.float32)
+    A21 = tl.zeros([16, 16], dtype=tl.float32)
+    A22 = tl.zeros([16, 16], dtype=tl.float32)
+    A30 = tl.zeros([16, 16], dtype=tl.float32)
+    A31 = tl.zeros([16, 16], dtype=tl.float32)
+    A32 = tl.zeros([16, 16], dtype=tl.float32)
+    A33 = tl.zeros([16, 16], dtype=tl.float32)
+    Q00 = tl.zeros([16, 16], dtype=tl.float32)
+    Q10 = tl.zeros([16, 16], dtype=tl.float32)
+    Q11 = tl.zeros([16, 16], dtype=tl.float32)
+    Q20 = tl.zeros([16, 16], dtype=tl.float32)
+    Q21 = tl.zeros([16, 16], dtype=tl.float32)
+    Q22 = tl.zeros([16, 16], dtype=tl.float32)
+    Q30 = tl.zeros([16, 16], dtype=tl.float32)
+    Q31 = tl.zeros([16, 16], dtype=tl.float32)
+    Q32 = tl.zeros([16, 16], dtype=tl.float32)
+    Q33 = tl.zeros([16, 16], dtype=tl.float32)
+    for i_k in tl.static_range(K // BK):
+        c0 = i_k * BK
+        # per-block gate sums [BK]: the cumulative gate before block I is s_0 + ... + s_{I-1}
+        b_s0 = _kda_gsum(g, bos, t0, T, i_h, H, K, c0, BK)
+        b_s1 = _kda_gsum(g, bos, t0 + 16, T, i_h, H, K, c0, BK)
+        b_s2 = _kda_gsum(g, bos, t0 + 32, T, i_h, H, K, c0, BK)
 
-    # pass 2: blocks of A and Aqk, row block by row block; earlier blocks' keys are reloaded, not kept
-    A00, Q00, b_a, b_aq, b_bt = _kda_row(q, k, g, beta, bos, t0, T, i_h, scale, H, K, HAS_Q)
-    _store_q(aqk, Q00, bos, t0, 0, T, i_h, H, BT, HAS_Q)
+        A00, Q00, b_a, b_aq = _kda_row(q, k, g, bos, t0, T, i_h, H, K, c0, BK, A00, Q00, HAS_Q)
 
-    A11, Q11, b_a, b_aq, b_bt = _kda_row(q, k, g, beta, bos, t0 + 16, T, i_h, scale, H, K, HAS_Q)
-    A10, Q10 = _kda_off(b_a, b_aq, b_bt, k, g, bos, t0, T, i_h, b_s0, scale, H, K, HAS_Q)
-    _store_q(aqk, Q11, bos, t0 + 16, 16, T, i_h, H, BT, HAS_Q)
-    _store_q(aqk, Q10, bos, t0 + 16, 0, T, i_h, H, BT, HAS_Q)
+        A11, Q11, b_a, b_aq = _kda_row(q, k, g, bos, t0 + 16, T, i_h, H, K, c0, BK, A11, Q11, HAS_Q)
+        A10, Q10 = _kda_off(b_a, b_aq, k, g, bos, t0, T, i_h, b_s0, H, K, c0, BK, A10, Q10, HAS_Q)
 
-    A22, Q22, b_a, b_aq, b_bt = _kda_row(q, k, g, beta, bos, t0 + 32, T, i_h, scale, H, K, HAS_Q)
-    A20, Q20 = _kda_off(b_a, b_aq, b_bt, k, g, bos, t0, T, i_h, b_s0 + b_s1, scale, H, K, HAS_Q)
-    A21, Q21 = _kda_off(b_a, b_aq, b_bt, k, g, bos, t0 + 16, T, i_h, b_s1, scale, H, K, HAS_Q)
-    _store_q(aqk, Q22, bos, t0 + 32, 32, T, i_h, H, BT, HAS_Q)
-    _store_q(aqk, Q20, bos, t0 + 32, 0, T, i_h, H, BT, HAS_Q)
-    _store_q(aqk, Q21, bos, t0 + 32, 16, T, i_h, H, BT, HAS_Q)
+        A22, Q22, b_a, b_aq = _kda_row(q, k, g, bos, t0 + 32, T, i_h, H, K, c0, BK, A22, Q22, HAS_Q)
+        A20, Q20 = _kda_off(b_a, b_aq, k, g, bos, t0, T, i_h, b_s0 + b_s1, H, K, c0, BK, A20, Q20, HAS_Q)
+        A21, Q21 = _kda_off(b_a, b_aq, k, g, bos, t0 + 16, T, i_h, b_s1, H, K, c0, BK, A21, Q21, HAS_Q)
 
-    A33, Q33, b_a, b_aq, b_bt = _kda_row(q, k, g, beta, bos, t0 + 48, T, i_h, scale, H, K, HAS_Q)
-    A30, Q30 = _kda_off(b_a, b_aq, b_bt, k, g, bos, t0, T, i_h, b_s0 + b_s1 + b_s2, scale, H, K, HAS_Q)
-    A31, Q31 = _kda_off(b_a, b_aq, b_bt, k, g, bos, t0 + 16, T, i_h, b_s1 + b_s2, scale, H, K, HAS_Q)
-    A32, Q32 = _kda_off(b_a, b_aq, b_bt, k, g, bos, t0 + 32, T, i_h, b_s2, scale, H, K, HAS_Q)
-    _store_q(aqk, Q33, bos, t0 + 48, 48, T, i_h, H, BT, HAS_Q)
-    _store_q(aqk, Q30, bos, t0 + 48, 0, T, i_h, H, BT, HAS_Q)
-    _store_q(aqk, Q31, bos, t0 + 48, 16, T, i_h, H, BT, HAS_Q)
-    _store_q(aqk, Q32, bos, t0 + 48, 32, T, i_h, H, BT, HAS_Q)
+        A33, Q33, b_a, b_aq = _kda_row(q, k, g, bos, t0 + 48, T, i_h, H, K, c0, BK, A33, Q33, HAS_Q)
+        A30, Q30 = _kda_off(b_a, b_aq, k, g, bos, t0, T, i_h, b_s0 + b_s1 + b_s2, H, K, c0, BK, A30, Q30, HAS_Q)
+        A31, Q31 = _kda_off(b_a, b_aq, k, g, bos, t0 + 16, T, i_h, b_s1 + b_s2, H, K, c0, BK, A31, Q31, HAS_Q)
+        A32, Q32 = _kda_off(b_a, b_aq, k, g, bos, t0 + 32, T, i_h, b_s2, H, K, c0, BK, A32, Q32, HAS_Q)
+
+    b_b0 = _load_vec(beta, bos, t0, T, i_h, H, 16)
+    b_b1 = _load_vec(beta, bos, t0 + 16, T, i_h, H, 16)
+    b_b2 = _load_vec(beta, bos, t0 + 32, T, i_h, H, 16)
+    b_b3 = _load_vec(beta, bos, t0 + 48, T, i_h, H, 16)
+    o_i = tl.arange(0, 16)
+    m_strict = o_i[:, None] > o_i[None, :]
+    A00 = tl.where(m_strict, A00, 0.) * b_b0[:, None]
+    A11 = tl.where(m_strict, A11, 0.) * b_b1[:, None]
+    A22 = tl.where(m_strict, A22, 0.) * b_b2[:, None]
+    A33 = tl.where(m_strict, A33, 0.) * b_b3[:, None]
+    A10 = A10 * b_b1[:, None]
+    A20 = A20 * b_b2[:, None]
+    A21 = A21 * b_b2[:, None]
+    A30 = A30 * b_b3[:, None]
+    A31 = A31 * b_b3[:, None]
+    A32 = A32 * b_b3[:, None]
+    if HAS_Q:
+        m_lower = o_i[:, None] >= o_i[None, :]
+        _store_inverse(aqk, tl.where(m_lower, Q00, 0.) * scale, Q10 * scale, tl.where(m_lower, Q11, 0.) * scale,
+                       Q20 * scale, Q21 * scale, tl.where(m_lower, Q22, 0.) * scale, Q30 * scale, Q31 * scale,
+                       Q32 * scale, tl.where(m_lower, Q33, 0.) * scale, bos, t0, T, i_h, H, BT)
 
     T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve_blocks(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33)
     _store_inverse(ainv, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, bos, t0, T, i_h, H, BT)

@@ -11,7 +11,8 @@ The worker's hook, per point (before its correctness check and timing):
 `ensure_tuned` runs the op once at the point's shape with every kernel at its default to see which kernels
 launch with which keys; keys already tuned on this device with this build's source hash are reused from the
 store (so a sweep tunes each distinct key once, and a second sweep not at all); the others are tuned
-(`tune_case`, trials stored with the sweep id). It returns the configs for the point's kernels in the
+(`tune_case`, trials stored with the sweep id; configs whose earlier trial crashed the device are skipped,
+so a retried point does not crash again). It returns the configs for the point's kernels in the
 autotune-file format (a plain, picklable dict) and installs them in this process.
 """
 
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kernels.autotune import install, key_str, normalize_key, parse_autotune, source_hash
-from kernels.configs import KERNELS, LAUNCHES, get_spec
+from kernels.configs import KERNELS, LAUNCHES, LaunchConfig, get_spec
 from runners.tuner.export import export_from_rows
 from runners.tuner.tune import _DTYPES, _TOL, Shape, device_facts, make_case, op_runner, tune_case
 
@@ -74,8 +75,15 @@ def ensure_tuned(
 
     missing = [n for n in launched if retune or current(n) is None]
     if missing:
+        # configs that crashed the device in an earlier attempt (the point was retried in a fresh gang) stay out
+        known_bad: dict[str, dict[LaunchConfig, str]] = {}
+        for n in missing:
+            for t in crud.list_trials(session, kernel=n, device_name=dev_name):
+                if t.status == "failed" and t.key_str == key_str(launched[n]) and "CUDA error" in (t.error or ""):
+                    known_bad.setdefault(n, {})[LaunchConfig.from_dict(t.config)] = f"crashed the device in an earlier trial: {t.error}"
         rows, _ = tune_case(session, run=run, device=device, kernels=missing, strategy=strategy, budget=budget,
-                            tol=_TOL[_DTYPES[shape.dtype]], sweep_id=sweep_id, environment_id=environment_id)
+                            tol=_TOL[_DTYPES[shape.dtype]], sweep_id=sweep_id, environment_id=environment_id,
+                            known_bad=known_bad)
         stored.update({(r.kernel, r.key_str): r for r in rows})
     rows = [r for n in launched if (r := current(n)) is not None]
     if not rows:

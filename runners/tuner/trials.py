@@ -1,7 +1,8 @@
 """One tuning trial: a config of one kernel is checked for validity, run, checked for correctness, then timed.
 
 Outcomes (db.models.TRIAL_STATUSES):
-- `invalid`: the config cannot launch for this key: rejected before launching (BV > V, BK > K), or the launch
+- `invalid`: the config cannot launch for this key: rejected before launching (BV > V, BK > K; never the
+  default, which the reference run launched), or the launch
   raised a resource/compile/argument error (triton OutOfResources, CompilationError, a ValueError of the
   launcher). Recorded with the reason; never crashes the search.
 - `disqualified`: it ran, but its outputs differ from the default config's outputs by more than the tolerance
@@ -68,6 +69,8 @@ class TrialContext:
     record: Callable[[Trial], None] | None = None
     # configs known to crash the device (found in a separate process): recorded `failed`, never launched here
     known_bad: Mapping[LaunchConfig, str] = field(default_factory=dict)
+    # the default as it launched in the reference run: known to launch, so never rejected by the static check
+    default: LaunchConfig | None = None
 
 
 def static_invalid_reason(cfg: LaunchConfig, key: Mapping[str, Any]) -> str | None:
@@ -116,7 +119,7 @@ def run_trial(ctx: TrialContext, cfg: LaunchConfig, *, n: int, rung: int = 0) ->
     trial = Trial(kernel=name, key=dict(ctx.key), config=cfg, strategy=ctx.strategy, rung=rung, status="ok")
     configs = {**ctx.fixed, name: cfg}
     fatal: BaseException | None = None
-    reason = static_invalid_reason(cfg, ctx.key)
+    reason = static_invalid_reason(cfg, ctx.key) if cfg != ctx.default else None
     if reason is not None:
         trial.status, trial.error = "invalid", reason
     elif cfg in ctx.known_bad:

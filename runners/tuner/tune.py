@@ -205,9 +205,16 @@ def tune_case(
                              rung=t.rung, status=t.status, median_ms=t.median_ms, n=t.n, error=t.error)
 
         ctx = TrialContext(spec=spec, key=key, run=run, fixed=dict(fixed), reference=reference, tol=tol, timer=timer,
-                           strategy=strategy, record=record, known_bad=dict((known_bad or {}).get(name, {})))
-        res = search(strategy, candidates(spec, observed[name]), lambda c, n, r, _ctx=ctx: run_trial(_ctx, c, n=n, rung=r),
-                     budget=budget, seed=seed, samples=samples, min_samples=min_samples, max_samples=max_samples, eta=eta)
+                           strategy=strategy, record=record, known_bad=dict((known_bad or {}).get(name, {})),
+                           default=observed[name])
+        try:
+            res = search(strategy, candidates(spec, observed[name]), lambda c, n, r, _ctx=ctx: run_trial(_ctx, c, n=n, rung=r),
+                         budget=budget, seed=seed, samples=samples, min_samples=min_samples, max_samples=max_samples, eta=eta)
+        except Exception:
+            # a device crash ends the search: keep the trials so far (the crashing one included) before it propagates
+            if session is not None:
+                session.commit()
+            raise
         results[name] = res
         if res.best is None:
             logger.warning("tuner: no config of %s at %s was correct and timed; keeping the default", name, ks)

@@ -44,7 +44,8 @@ def test_submit_run_and_serve(client: httpx.Client, auth: dict[str, str], store_
     assert len(stats.point_ids) == queued
 
     done = client.get(f"/api/v1/sweeps/{sweep['id']}").json()
-    assert done["status"] == "done" and done["progress"]["done"] == queued, done
+    failed = client.get("/api/v1/results", params={"sweep": sweep["id"], "status": "failed"}).json()["data"]
+    assert done["status"] == "done" and done["progress"]["done"] == queued, [(r["mode"], r["W"], r["error"]) for r in failed]
 
     rows = client.get("/api/v1/results", params={"sweep": sweep["id"], "status": "done"}).json()["data"]
     assert {(r["mode"], r["W"]) for r in rows} == {("none", 1), *((m, W) for m in ("all_gather", "true_cp") for W in (1, 2))}

@@ -298,3 +298,29 @@ def test_ensure_tuned_tunes_once_then_reuses(session: Session, monkeypatch) -> N
     again = ensure_tuned(session, op="gdn", shape=shape, device="cpu", sweep_id=None)
     assert len(list(session.scalars(select(TuningTrial)))) == n_trials
     assert again["kernels"] == payload["kernels"]
+
+
+def test_known_bad_and_fatal_cuda_error(session: Session) -> None:
+    bad = LaunchConfig(BV=32, num_warps=2, num_stages=2)
+    crash = LaunchConfig(BV=32, num_warps=4, num_stages=2)
+    x = torch.randn(2 * V)
+
+    def run(configs):
+        cfg = configs.get(SCALE.name)
+        assert cfg != bad, "a known-bad config must never launch"
+        if cfg == crash:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return (scale(x, cfg),)
+
+    # a known crasher is recorded `failed` without launching; the search goes on
+    _, res = tune_case(session, run=run, device="cpu", kernels=[SCALE.name], strategy="exhaustive", samples=1,
+                       timer=ScriptedTimer(lambda c: float(c.BV)), known_bad={SCALE.name: {bad: "crashed elsewhere", crash: "too"}})
+    failed = [t for t in res[SCALE.name].trials if t.status == "failed"]
+    assert {t.config for t in failed} == {bad, crash} and {t.error for t in failed} == {"crashed elsewhere", "too"}
+    # an unknown device crash poisons the process: recorded, then raised (the search cannot go on)
+    session.rollback()
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        tune_case(session, run=lambda c: run({k: v for k, v in c.items() if v != bad}), device="cpu", kernels=[SCALE.name],
+                  strategy="exhaustive", samples=1, timer=ScriptedTimer(lambda c: float(c.BV)))
+    rec = session.scalars(select(TuningTrial).where(TuningTrial.status == "failed")).all()
+    assert any("illegal memory access" in (t.error or "") for t in rec)

@@ -93,3 +93,12 @@ def test_judge() -> None:
     assert not judge(p, err_vs_none=math.nan, err_vs_reference=None, check={}).passed
     wc = _params(mode="warmup_correct", dtype="float32", mode_options={"tol": 0.01})
     assert tolerances(wc, {}) == pytest.approx((0.012, 0.012))
+
+
+def test_tune_shape() -> None:
+    from runners.execute import tune_shape
+
+    dense = tune_shape(_params(mode="none", B=2, T=96))
+    assert dense == {"B": 2, "T": 96, "H": 3, "K": 16, "V": 8, "dtype": "bfloat16", "lb": -0.5, "seed": 5}
+    cp = tune_shape(_params(mode="headwise", H=4, B=2, T=96))  # CP ranks launch varlen kernels on H/W heads
+    assert cp["lengths"] == [96, 96] and (cp["B"], cp["T"], cp["H"]) == (1, 192, 2)

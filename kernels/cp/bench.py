@@ -1,0 +1,459 @@
+"""GPU benchmark of the CP schemes (not a test): `python -m kernels.cp.bench --out DIR`.
+
+Spawns W processes itself (NCCL, one GPU each; `--cpu` runs the same code on gloo + the torch backend with
+small shapes, as a smoke test) and measures, for GDN and KDA, bf16, B = 1 single sequence, H = 16,
+K = V = 128, T in {64K, 128K}:
+
+- `none` (our kernels, whole sequence on one GPU; every rank runs it on its own GPU) and FLA's one-GPU
+  forward, the baselines;
+- headwise, all_gather, ring, true_cp over W = 2 GPUs, and FLA's own CP (`cp_context`) on the same inputs;
+- warmup_correct on one GPU at T in {16K, 64K}, lb in {-5, -1, -0.5}, fallback in {none, exact}
+  (configs split over the GPUs, one GPU each).
+
+Method: inputs are built before timing (q, v ~ N(0,1), k L2-normalised, beta = sigmoid(N), g = lb sigmoid(N)
+fp32; identical on every rank from one seed); `--warmup` untimed steps (compile); then `--iters` steps, each
+after a device sync and a barrier, timed with CUDA events on every rank; a step's time is the max over
+ranks; we report the median and p20/p80. The inputs (>= 400 MB) are far larger than L2, so no flush.
+Error: relative L2 of the unsharded output vs `none` (and vs FLA's one-GPU output). One extra profiled step
+per scheme counts c10d collectives, `aten::item`/`_local_scalar_dense` and device-to-host copies.
+A deadline (`--deadline`, seconds) skips what no longer fits and records it as skipped.
+
+Results: DIR/cp_h200.json (every record, plus device, versions, git sha and the command) and DIR/cp_h200.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import kernels
+import kernels.cp as cp
+
+TARGETS = {"true_cp W=2 T=128K": 2.8, "warmup_correct 1 GPU T=64K lb=-5": 0.6}
+PEER = "fla"
+
+
+# ----------------------------------------------------------------------------------------------------------- inputs
+def make_inputs(op: str, T: int, H: int, K: int, V: int, lb: float, dev: torch.device, seed: int,
+                dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    q = torch.randn(1, T, H, K, device=dev, generator=gen).to(dtype)
+    k = torch.nn.functional.normalize(torch.randn(1, T, H, K, device=dev, generator=gen), p=2, dim=-1).to(dtype)
+    v = torch.randn(1, T, H, V, device=dev, generator=gen).to(dtype)
+    g = lb * torch.sigmoid(torch.randn(*((1, T, H) if op == "gdn" else (1, T, H, K)), device=dev, generator=gen))
+    beta = torch.sigmoid(torch.randn(1, T, H, device=dev, generator=gen)).to(dtype)
+    return q, k, v, g, beta
+
+
+def rel(ref: torch.Tensor, x: torch.Tensor) -> float:
+    r, y = ref.double(), x.double()
+    return float((r - y).norm() / r.norm().clamp_min(1e-30))
+
+
+# ----------------------------------------------------------------------------------------------------------- timing
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def time_steps(step: Any, dev: torch.device, iters: int, warmup: int, *, collective: bool) -> dict[str, Any]:
+    """Median over steps of the max over ranks (collective=True) or of this rank alone, in ms."""
+    for _ in range(warmup):
+        step()
+    sync(dev)
+    ts = []
+    for _ in range(iters):
+        sync(dev)
+        if collective:
+            dist.barrier()
+        if dev.type == "cuda":
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            step()
+            e1.record()
+            e1.synchronize()
+            ts.append(e0.elapsed_time(e1))
+        else:
+            t0 = time.perf_counter()
+            step()
+            ts.append((time.perf_counter() - t0) * 1e3)
+    local = torch.tensor(ts, dtype=torch.float64, device=dev)
+    if collective:
+        dist.all_reduce(local, op=dist.ReduceOp.MAX)
+    ms = sorted(local.tolist())
+    q = lambda p: ms[min(len(ms) - 1, int(round(p * (len(ms) - 1))))]  # noqa: E731
+    return {"ms": statistics.median(ms), "ms_p20": q(0.2), "ms_p80": q(0.8), "iters": iters}
+
+
+def profile_counts(step: Any, dev: torch.device) -> dict[str, int]:
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        step()
+        sync(dev)
+    out: dict[str, int] = {}
+    for e in prof.events():
+        n = e.name
+        key = None
+        if n.startswith("c10d::") or n in ("aten::item", "aten::_local_scalar_dense"):
+            key = n
+        elif "Memcpy DtoH" in n:
+            key = "memcpy_dtoh"
+        if key:
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
+class Deadline:
+    def __init__(self, seconds: float) -> None:
+        self.end = time.time() + seconds
+
+    def left(self) -> float:
+        return self.end - time.time()
+
+
+# ----------------------------------------------------------------------------------------------------------- worker
+def gather_shards(o: torch.Tensor, W: int) -> list[torch.Tensor]:
+    outs = [torch.empty_like(o) for _ in range(W)]
+    dist.all_gather(outs, o.contiguous())
+    return outs
+
+
+def fla_cp_fn(op: str, T: int, dev: torch.device, group: Any) -> Any:
+    from fla.ops.cp import build_cp_context
+
+    if op == "gdn":
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fn
+    else:
+        from fla.ops.kda import chunk_kda as fn
+    cu = torch.tensor([0, T], dtype=torch.long)
+    ctx = build_cp_context(cu.to(dev), group=group, cu_seqlens_cpu=cu)
+
+    def run(q, k, v, g, beta):  # type: ignore[no-untyped-def]
+        return fn(q, k, v, g, beta, cp_context=ctx)[0]
+    return run
+
+
+def run_cp_config(op: str, T: int, *, rank: int, W: int, args: argparse.Namespace, dev: torch.device, group: Any,
+                  backend: str, dtype: torch.dtype, dl: Deadline, record: Any) -> None:
+    """`none` and FLA on each GPU, then every W-GPU scheme, for one (op, T)."""
+    H, K, V = args.H, args.K, args.V
+    base = {"kind": "cp", "op": op, "T": T, "H": H, "K": K, "V": V, "W": W, "dtype": str(dtype).split(".")[-1], "lb": args.lb}
+    if dl.left() < args.min_left:
+        record(dict(base, scheme="*", skipped="deadline"))
+        return
+    q, k, v, g, beta = make_inputs(op, T, H, K, V, args.lb, dev, 1000 + T, dtype)
+    cu = [0, T]
+    ctx1 = cp.build_context(cu, 1, 0)
+
+    def none_step() -> torch.Tensor:
+        return cp.forward("none", op, q, k, v, g, beta, group=None, ctx=ctx1, backend=backend)
+
+    def fla_step() -> torch.Tensor:
+        return kernels.forward(op, q, k, v, g, beta, backend="fla")[0]
+
+    try:
+        t0 = time.time()
+        o_ref = none_step()
+        sync(dev)
+        first = time.time() - t0
+        r = time_steps(none_step, dev, args.iters, args.warmup, collective=True)
+        record(dict(base, scheme="none", gpus=1, first_call_s=round(first, 2), **r))
+        base_ms = r["ms"]
+    except Exception as e:  # noqa: BLE001
+        record(dict(base, scheme="none", error=repr(e), tb=traceback.format_exc()[-1500:]))
+        return
+    o_fla = None
+    if not args.cpu and not args.no_fla and dl.left() > args.min_left:
+        try:
+            t0 = time.time()
+            o_fla = fla_step()
+            sync(dev)
+            first = time.time() - t0
+            r = time_steps(fla_step, dev, args.iters, args.warmup, collective=True)
+            record(dict(base, scheme="fla_1gpu", gpus=1, first_call_s=round(first, 2), err_vs_none=rel(o_ref, o_fla), **r))
+        except Exception as e:  # noqa: BLE001
+            record(dict(base, scheme="fla_1gpu", error=repr(e), tb=traceback.format_exc()[-1500:]))
+    ctx = cp.build_context(cu, W, rank, "contiguous")
+    xs = [cp.shard(x, ctx).contiguous() for x in (q, k, v, g, beta)]
+    schemes: list[tuple[str, Any]] = [(m, functools.partial(cp.forward, m, op, *xs, group=group, ctx=ctx, backend=backend))
+                                      for m in args.modes]
+    if not args.cpu and not args.no_fla:
+        try:
+            schemes.append(("fla_cp", functools.partial(fla_cp_fn(op, T, dev, group), *xs)))
+        except Exception as e:  # noqa: BLE001
+            record(dict(base, scheme="fla_cp", error=repr(e)))
+    for name, step in schemes:
+        if dl.left() < args.min_left:
+            record(dict(base, scheme=name, skipped="deadline"))
+            continue
+        rec = dict(base, scheme=name, gpus=W)
+        try:
+            t0 = time.time()
+            o = step()
+            sync(dev)
+            rec["first_call_s"] = round(time.time() - t0, 2)
+            shards = gather_shards(o, W)
+            if rank == 0:
+                full = cp.unshard(shards, ctx)
+                rec["err_vs_none"] = rel(o_ref, full)
+                if o_fla is not None:
+                    rec["err_vs_fla"] = rel(o_fla, full)
+            rec.update(time_steps(step, dev, args.iters, args.warmup, collective=True))
+            rec["speedup_vs_none"] = base_ms / rec["ms"]
+            rec["counts"] = profile_counts(step, dev)
+            rec["expected_collectives"] = cp.expected_collectives(name, ctx) if name in cp.MODES else None
+        except Exception as e:  # noqa: BLE001
+            rec.update(error=repr(e), tb=traceback.format_exc()[-1500:])
+        dist.barrier()
+        record(rec)
+
+
+def run_wc_config(op: str, T: int, lb: float, fb: str, *, args: argparse.Namespace, dev: torch.device, backend: str,
+                  dtype: torch.dtype, dl: Deadline) -> dict[str, Any]:
+    """warmup_correct on this GPU alone, against `none` and FLA on the same GPU and inputs."""
+    H, K, V = args.H, args.K, args.V
+    base = {"kind": "warmup_correct", "op": op, "T": T, "H": H, "K": K, "V": V, "lb": lb, "fallback": fb, "gpus": 1,
+            "scheme": f"warmup_correct[{fb}]", "dtype": str(dtype).split(".")[-1]}
+    if dl.left() < args.min_left:
+        return dict(base, skipped="deadline")
+    try:
+        q, k, v, g, beta = make_inputs(op, T, H, K, V, lb, dev, 2000 + T, dtype)
+        ctx1 = cp.build_context([0, T], 1, 0)
+        kw = {"cu_seqlens": [0, T], "tol": args.tol, "fallback": fb, "backend": backend, "window": args.window, "segments": args.segments}
+
+        def none_step() -> torch.Tensor:
+            return cp.forward("none", op, q, k, v, g, beta, group=None, ctx=ctx1, backend=backend)
+
+        def wc_step() -> tuple[torch.Tensor, Any]:
+            return cp.warmup_correct(op, q, k, v, g, beta, **kw)
+
+        o_ref = none_step()
+        none_r = time_steps(none_step, dev, args.iters, args.warmup, collective=False)
+        t0 = time.time()
+        o, rep = wc_step()
+        sync(dev)
+        first = time.time() - t0
+        r = time_steps(wc_step, dev, args.iters, args.warmup, collective=False)
+        rec = dict(base, first_call_s=round(first, 2), none_ms=none_r["ms"], speedup_vs_none=none_r["ms"] / r["ms"],
+                   err_vs_none=rel(o_ref, o), report=rep.to_dict(), **r)
+        rec["report"].pop("segment_bounds", None)
+        rec["report"]["window"] = sorted(set(rec["report"]["window"]))
+        rec["counts"] = profile_counts(wc_step, dev)
+        if not args.cpu and not args.no_fla and dl.left() > args.min_left:
+            fr = time_steps(lambda: kernels.forward(op, q, k, v, g, beta, backend="fla"), dev, args.iters, args.warmup,
+                            collective=False)
+            rec["fla_1gpu_ms"] = fr["ms"]
+            rec["speedup_vs_fla"] = fr["ms"] / r["ms"]
+        return rec
+    except Exception as e:  # noqa: BLE001
+        return dict(base, error=repr(e), tb=traceback.format_exc()[-1500:])
+    finally:
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+
+def worker(rank: int, W: int, args: argparse.Namespace, init_file: str) -> None:
+    os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
+    if args.cpu:
+        dev = torch.device("cpu")
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=W,
+                                timeout=datetime.timedelta(seconds=600))
+    else:
+        torch.cuda.set_device(rank)
+        dev = torch.device("cuda", rank)
+        dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=W, device_id=dev,
+                                timeout=datetime.timedelta(seconds=600))
+    group = dist.group.WORLD
+    backend = "torch" if args.cpu else "auto"
+    dtype = torch.float32 if args.cpu else torch.bfloat16
+    dl = Deadline(args.deadline)
+    recs: list[dict[str, Any]] = []
+
+    def log(*a: Any) -> None:
+        if rank == 0:
+            print(f"[{time.strftime('%H:%M:%S')} left {dl.left():.0f}s]", *a, flush=True)
+
+    def record(rec: dict[str, Any]) -> None:
+        recs.append(rec)
+        if rank == 0:
+            log(json.dumps({k: v for k, v in rec.items() if k not in ("counts",)}))
+
+    for op in args.ops:
+        for T in args.T:
+            run_cp_config(op, T, rank=rank, W=W, args=args, dev=dev, group=group, backend=backend, dtype=dtype, dl=dl,
+                          record=record)
+    configs = [(op, T, lb, fb) for T in args.wc_T for op in args.ops for lb in args.wc_lb for fb in args.wc_fallback]
+    for op, T, lb, fb in configs[rank::W]:     # warmup_correct runs on one GPU: the configs are spread over the GPUs
+        recs.append(run_wc_config(op, T, lb, fb, args=args, dev=dev, backend=backend, dtype=dtype, dl=dl))
+
+    allrecs: list[Any] = [None] * W
+    dist.all_gather_object(allrecs, recs)
+    if rank == 0:
+        merged = recs + [r for rr in allrecs[1:] for r in rr if r.get("kind") == "warmup_correct"]
+        write_results(merged, args, dev)
+    dist.barrier()
+    dist.destroy_process_group()
+    os._exit(0)
+
+
+# ----------------------------------------------------------------------------------------------------------- output
+def environment(dev: torch.device, args: argparse.Namespace) -> dict[str, Any]:
+    env: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__, "host": platform.node(),
+                           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                           "git_sha": args.git_sha or os.environ.get("CPBENCH_GIT_SHA", "unknown"),
+                           "command": args.command or " ".join(sys.argv)}
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    try:
+        import fla
+
+        env["fla"] = getattr(fla, "__version__", "?")
+    except ImportError:
+        env["fla"] = None
+    if dev.type == "cuda":
+        p = torch.cuda.get_device_properties(dev)
+        env.update(device=p.name, sms=p.multi_processor_count, gpus=torch.cuda.device_count(),
+                   nccl=".".join(map(str, torch.cuda.nccl.version())), cuda=torch.version.cuda)
+        try:
+            env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                           capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+        except Exception:  # noqa: BLE001
+            env["driver"] = None
+    else:
+        env.update(device="cpu (smoke test, gloo + torch backend)")
+    env["nccl_env"] = {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")}
+    return env
+
+
+def fmt(x: Any, nd: int = 3) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        if math.isnan(x):
+            return "nan"
+        return f"{x:.{nd}g}" if abs(x) < 1e-2 else f"{x:.{nd}f}"
+    return str(x)
+
+
+def write_results(recs: list[dict[str, Any]], args: argparse.Namespace, dev: torch.device) -> None:
+    env = environment(dev, args)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "cp_h200.json"), "w") as f:
+        json.dump({"environment": env, "targets_ms": TARGETS, "records": recs}, f, indent=1, default=str)
+    lines = [f"# CP schemes on {env.get('device')}", "",
+             f"{env['date']} · torch {env['torch']} · triton {env.get('triton')} · NCCL {env.get('nccl')} · "
+             f"driver {env.get('driver')} · fla {env.get('fla')} · git {env['git_sha']}", "",
+             f"Command: `{env['command']}`", "",
+             "Method: CUDA events around each step after a sync and a barrier; step time = max over ranks; median "
+             f"(p20-p80) of {args.iters} steps after {args.warmup} warm-up steps. B=1, one sequence, bf16 inputs, fp32 g.",
+             "", "## W-GPU schemes (forward)", "",
+             "| op | T | scheme | GPUs | ms (p20-p80) | x vs none | err vs none | collectives (c10d) | item / DtoH |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in recs:
+        if r.get("kind") != "cp":
+            continue
+        if "ms" not in r:
+            lines.append(f"| {r['op']} | {r['T']} | {r.get('scheme')} | | {r.get('skipped') or r.get('error', '')[:80]} "
+                         "| | | | |")
+            continue
+        c = r.get("counts", {})
+        coll = ", ".join(f"{k.replace('c10d::', '')} {v}" for k, v in c.items() if k.startswith("c10d::")) or "0"
+        syncs = f"{c.get('aten::item', 0)} / {c.get('memcpy_dtoh', 0)}"
+        lines.append(f"| {r['op']} | {r['T']} | {r['scheme']} | {r.get('gpus', '')} | {fmt(r['ms'])} ({fmt(r['ms_p20'])}-"
+                     f"{fmt(r['ms_p80'])}) | {fmt(r.get('speedup_vs_none'), 2)} | {fmt(r.get('err_vs_none'))} | {coll} | "
+                     f"{syncs if 'counts' in r else ''} |")
+    lines += ["", "## warmup_correct on one GPU", "",
+              "| op | T | lb | fallback | ms | none ms | x vs none | FLA 1-GPU ms | x vs FLA | err vs none | segments "
+              "| window | fallback_count | violations | max bound | item / DtoH |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted((r for r in recs if r.get("kind") == "warmup_correct"), key=lambda r: (r["op"], r["T"], r["lb"], r["fallback"])):
+        if "ms" not in r:
+            lines.append(f"| {r['op']} | {r['T']} | {r['lb']} | {r['fallback']} | {r.get('skipped') or r.get('error', '')[:80]} "
+                         "| | | | | | | | | | | |")
+            continue
+        rep, c = r["report"], r.get("counts", {})
+        lines.append(f"| {r['op']} | {r['T']} | {r['lb']} | {r['fallback']} | {fmt(r['ms'])} | {fmt(r['none_ms'])} | "
+                     f"{fmt(r['speedup_vs_none'], 2)} | {fmt(r.get('fla_1gpu_ms'))} | {fmt(r.get('speedup_vs_fla'), 2)} | "
+                     f"{fmt(r['err_vs_none'])} | {rep['segments']} | {rep['window']} | {rep['fallback_count']} | "
+                     f"{rep['violations']} | {fmt(rep['max_bound'])} | {c.get('aten::item', 0)} / {c.get('memcpy_dtoh', 0)} |")
+    lines += ["", "## Targets", ""]
+    for name, target in TARGETS.items():
+        if name.startswith("true_cp"):
+            got = [r for r in recs if r.get("kind") == "cp" and r.get("scheme") == "true_cp" and r["T"] == max(args.T) and "ms" in r]
+        else:
+            got = [r for r in recs if r.get("kind") == "warmup_correct" and r["T"] == 65536 and r["lb"] == -5.0 and "ms" in r]
+        vals = ", ".join(f"{r['op']}{'/' + r['fallback'] if 'fallback' in r else ''} {fmt(r['ms'])} ms "
+                         f"({'met' if r['ms'] <= target else 'missed'})" for r in got) or "not measured"
+        lines.append(f"- {name} <= {target} ms: {vals}")
+    with open(os.path.join(args.out, "cp_h200.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+
+
+# ----------------------------------------------------------------------------------------------------------- main
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    csv = lambda f: lambda s: [f(x) for x in s.split(",") if x]  # noqa: E731
+    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--ops", type=csv(str), default=["gdn", "kda"])
+    p.add_argument("--T", type=csv(int), default=[65536, 131072])
+    p.add_argument("--H", type=int, default=16)
+    p.add_argument("--K", type=int, default=128)
+    p.add_argument("--V", type=int, default=128)
+    p.add_argument("--lb", type=float, default=-1.0, help="gate lower bound of the W-GPU runs")
+    p.add_argument("--modes", type=csv(str), default=["headwise", "all_gather", "ring", "true_cp"])
+    p.add_argument("--wc-T", type=csv(int), default=[16384, 65536])
+    p.add_argument("--wc-lb", type=csv(float), default=[-5.0, -1.0, -0.5])
+    p.add_argument("--wc-fallback", type=csv(str), default=["none", "exact"])
+    p.add_argument("--tol", type=float, default=1e-3)
+    p.add_argument("--window", default="auto", type=lambda s: s if s == "auto" else int(s))
+    p.add_argument("--segments", default="auto", type=lambda s: s if s == "auto" else int(s))
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--deadline", type=float, default=480.0, help="seconds for the whole run; later items are skipped")
+    p.add_argument("--min-left", type=float, default=15.0)
+    p.add_argument("--no-fla", action="store_true")
+    p.add_argument("--cpu", action="store_true", help="smoke test on CPU: gloo, torch backend, fp32")
+    p.add_argument("--git-sha", default=None)
+    p.add_argument("--command", default=None, help="the command line to record (default: this process's argv)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    for k, v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
+        os.environ.setdefault(k, v)
+    if args.cpu:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    elif torch.cuda.device_count() < args.world:
+        raise SystemExit(f"--world {args.world} needs {args.world} GPUs, found {torch.cuda.device_count()}")
+    init_file = os.path.join(tempfile.mkdtemp(prefix="cpbench-"), "rdzv")
+    torch.multiprocessing.spawn(worker, args=(args.world, args, init_file), nprocs=args.world, join=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -22,12 +22,14 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
+from sqlalchemy.orm import Session
 
 import dashboards
 from bench_server.api.deps import SessionDep, require_read
 from dashboards import data, render
 from dashboards.figures import SWEEP_FIGURES, history, tuning
 from db import crud
+from db.models import Sweep
 
 router = APIRouter(include_in_schema=False, dependencies=[Depends(require_read)])
 templates = Jinja2Templates(directory=Path(dashboards.__file__).parent / "templates")
@@ -35,13 +37,12 @@ templates = Jinja2Templates(directory=Path(dashboards.__file__).parent / "templa
 PAGE_SIZE = 50
 
 
-def _progress(session: SessionDep, sweep_id: int) -> dict[str, int]:
+def _progress(session: Session, sweep_id: int) -> dict[str, int]:
     return crud.sweep_progress(session, sweep_id=sweep_id)
 
 
-def _query(request: Request, **drop: Any) -> str:
-    params = {k: v for k, v in request.query_params.items() if k not in drop}
-    return "?" + urlencode(params) if params else ""
+def _query(request: Request) -> str:
+    return "?" + urlencode(list(request.query_params.items())) if request.query_params else ""
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -54,7 +55,7 @@ def sweeps_page(request: Request, session: SessionDep, page: int = 1) -> Any:
     })
 
 
-def _sweep_or_404(session: SessionDep, sweep_id: int) -> Any:
+def _sweep_or_404(session: Session, sweep_id: int) -> Sweep:
     if (sweep := crud.get_sweep(session, sweep_id=sweep_id)) is None:
         raise HTTPException(status_code=404, detail="Sweep not found")
     return sweep

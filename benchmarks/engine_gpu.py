@@ -46,7 +46,7 @@ def _inputs(op: str, T: int, H: int = 16, K: int = 128, V: int = 128) -> tuple[t
     return wl.tensors
 
 
-def honesty(lines: list[str]) -> None:
+def honesty(lines: list[str], rounds: int = 3) -> None:
     import triton.testing
 
     import kernels
@@ -73,7 +73,7 @@ def honesty(lines: list[str]) -> None:
             lines.append(f"| {name} | - | failed: {type(err).__name__}: {str(err)[:200]} | | |")
             continue
         ratios = []
-        for rnd in range(3):
+        for rnd in range(rounds):
             res = time_step(fn, rule=rule, device=dev, flush=flush)
             mine = statistics.median(res.samples_ms)
             theirs = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
@@ -82,7 +82,7 @@ def honesty(lines: list[str]) -> None:
         lines.append(f"| {name} | all | | | median ratio {statistics.median(ratios):.4f} |")
 
 
-def points(world: int, out: Path, lines: list[str]) -> None:
+def points(world: int, out: Path, lines: list[str], ops: tuple[str, ...] = ("gdn", "kda")) -> None:
     from runners.execute import run_point_job
     from runners.gang import Gang
 
@@ -104,7 +104,7 @@ def points(world: int, out: Path, lines: list[str]) -> None:
                "check": {"reference_tokens": 256}, "profile": True}
     lines.append("| op | mode | W | err/none | err/ref | median ms | n | stop | collectives | expected | syncs | sync events | launches | peak MiB | wall s |")
     lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for op in ("gdn", "kda"):
+    for op in ops:
         for mode in modes:
             params = {"op": op, "mode": mode, "backend": "triton", "B": 1, "T": 8192, "H": 16, "K": 128, "V": 128,
                       "lb": -1.0, "W": world, "layout": "contiguous", "direction": "fwd", "dtype": "bfloat16", "seed": 0, "rep": 0}
@@ -151,14 +151,16 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--world", type=int, default=1)
     ap.add_argument("--skip-honesty", action="store_true")
+    ap.add_argument("--ops", default="gdn,kda", help="ops of the point runs, comma-separated")
+    ap.add_argument("--rounds", type=int, default=3, help="harness-honesty rounds per call")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    lines = [f"# engine_gpu: {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}, torch {torch.__version__}, "
+    lines = [f"# engine_gpu W={args.world}: {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}, torch {torch.__version__}, "
              f"CUDA {torch.version.cuda}"]
     shown = 0
-    for step in (("honesty", lambda: None if args.skip_honesty else honesty(lines)), ("syncs", lambda: syncs(lines)),
-                 ("points", lambda: points(args.world, out, lines))):
+    for step in (("honesty", lambda: None if args.skip_honesty else honesty(lines, args.rounds)), ("syncs", lambda: syncs(lines)),
+                 ("points", lambda: points(args.world, out, lines, tuple(args.ops.split(","))))):
         t = time.perf_counter()
         try:
             step[1]()

@@ -1,34 +1,38 @@
-"""Communication cost model of the CP schemes (cp-schemes.md §5.2, forward, one layer): what each rank should move.
+"""Communication cost model of the CP schemes (cp-schemes.md §5.2, forward, one layer): what the ranks should move.
 
 Pure arithmetic, no I/O: `comm_cost(mode, B=, T=, H=, K=, V=, W=, dtype_bytes=)` gives the number of collective
 calls per kind and their bytes, counted the way `runners.profile.merge_ranks` reports a measured step, so the
-communication figure can put the two side by side: group collectives (all-gather, all-to-all) per rank, point-to-point
-(send, recv) summed over the W ranks. Conventions (ours, matching DESIGN.md §2):
+communication figure can put the two side by side: group collectives (all-gather, all-to-all) per rank,
+point-to-point (send, recv) summed over the W ranks.
 
-- a rank holds `T_l = B * T / W` tokens (B dense sequences, each cut into W contiguous or zigzag pieces);
-- inputs per token `P_in = H * (2K + V + G + 1)` elements (q, k, v, gate, beta packed into one buffer; `G = 1` for
-  GDN's scalar gate, `K` for KDA's per-key gate), outputs per token `P_out = H * V`, all in the activation dtype;
-- states and transition summaries are fp32 (`state_bytes = 4`): a state is `H K V` and a summary `[M, S_ext]` is
-  `H K (K + V)` per sequence piece;
-- `payload_bytes` is the local input of the calls (what the profiler records from the call's input shape), with the
-  same per-rank / summed-over-ranks rule as the counts; `bytes_out` / `bytes_in` are the wire bytes of the busiest
-  rank, with all-gathers on a ring (a rank forwards W-1 blocks) and all-to-alls keeping 1/W of the buffer local.
+How tokens sit on ranks (DESIGN.md §2, as kernels.cp shards them): the B sequences (or the varlen `lengths`) are
+one stream of N = B T tokens cut into P equal parts, P = W (`contiguous`: rank r holds part r) or P = 2W (`zigzag`:
+rank r holds parts r and 2W-1-r). A cut between two parts is *internal* when it falls inside a sequence; only
+internal cuts between parts on different ranks need state to travel.
 
-| mode | calls (as profiled) | payload (as profiled) |
+Sizes: inputs per token `q, k, v, beta` in the activation dtype (`dtype_bytes`) plus the gate in fp32
+(`gate_bytes = 4`; one value per head for GDN, K for KDA); outputs per token `H V` in the activation dtype. States
+are fp32 (`state_bytes = 4`): a state is `H K V`, a transition summary `[M, S_ext]` is `H K (K + V)`.
+
+| mode | calls (as profiled) | payload: local input bytes of the calls (as profiled) |
 |---|---|---|
 | none, warmup_correct | 0 | 0 |
-| headwise | 2 all_to_all per rank | T_l (P_in + P_out) b_a per rank |
-| all_gather | 1 all_gather per rank | T_l P_in b_a per rank |
-| true_cp | 1 all_gather per rank | B H K (K + V) 4 per rank |
-| ring | W-1 send + W-1 recv in all | (W-1) B H K V 4 each way |
-| tail_exchange | W-1 send + W-1 recv of a predecessor's last `warmup_chunks` chunks | (W-1) B min(n_w C, T/W) P_in b_a each way |
+| headwise | 2 all_to_all per rank | (N / W) (in + out bytes per token) |
+| all_gather | 1 all_gather per rank | (N / W) in bytes per token |
+| true_cp | 1 all_gather per rank when any cut is internal, else 0 | parts per rank x H K (K + V) 4 |
+| ring | one send + one recv per internal cross-rank cut | per message H K V 4 |
+| tail_exchange | as ring | per message min(warmup_chunks C, N / P) in bytes per token |
+
+`bytes_out` / `bytes_in` are the wire bytes of the busiest rank: all-gathers on a ring (a rank forwards W-1
+blocks), all-to-alls keeping 1/W of the buffer local, and for the chains the most messages one rank sends.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["CHUNK_SIZE", "MODELLED_MODES", "CommCost", "comm_cost", "elements_per_token"]
+__all__ = ["CHUNK_SIZE", "MODELLED_MODES", "CommCost", "bytes_per_token", "comm_cost", "crossing_cuts"]
 
 CHUNK_SIZE = 64
 MODELLED_MODES = ("none", "headwise", "all_gather", "ring", "true_cp", "warmup_correct", "tail_exchange")
@@ -53,12 +57,38 @@ class CommCost:
         return sum(self.payload_bytes.values())
 
 
-def elements_per_token(op: str, *, H: int, K: int, V: int) -> tuple[int, int]:
-    """(P_in, P_out): input and output elements per token for `op` ("gdn" or "kda")."""
+def bytes_per_token(op: str, *, H: int, K: int, V: int, dtype_bytes: int, gate_bytes: int = 4) -> tuple[int, int]:
+    """(input bytes, output bytes) per token for `op` ("gdn": scalar gate per head, "kda": gate per key dim)."""
     if op not in ("gdn", "kda"):
         raise ValueError(f"op must be 'gdn' or 'kda', got op={op!r}")
     gate = 1 if op == "gdn" else K
-    return H * (2 * K + V + gate + 1), H * V
+    return H * ((2 * K + V + 1) * dtype_bytes + gate * gate_bytes), H * V * dtype_bytes
+
+
+def crossing_cuts(lengths: Sequence[int], W: int, layout: str = "contiguous") -> tuple[int, int]:
+    """(internal cuts between parts on different ranks, internal cuts in all) of the token stream `lengths`."""
+    messages, internal, _ = _cut_plan(lengths, W, layout)
+    return messages, internal
+
+
+def _cut_plan(lengths: Sequence[int], W: int, layout: str) -> tuple[int, int, int]:
+    """(cross-rank internal cuts, internal cuts, most messages one rank sends or receives)."""
+    if layout not in ("contiguous", "zigzag"):
+        raise ValueError(f"layout must be 'contiguous' or 'zigzag', got layout={layout!r}")
+    parts = W if layout == "contiguous" else 2 * W
+    total = sum(lengths)
+    ends, acc = set(), 0
+    for n in lengths:
+        acc += n
+        ends.add(acc)
+
+    def owner(part: int) -> int:
+        return part if part < W else 2 * W - 1 - part
+
+    internal = [i for i in range(1, parts) if (i * total) // parts not in ends]
+    hops = [(owner(i - 1), owner(i)) for i in internal if owner(i - 1) != owner(i)]
+    per_rank = [max(sum(src == r for src, _ in hops), sum(dst == r for _, dst in hops)) for r in range(W)]
+    return len(hops), len(internal), max(per_rank, default=0)
 
 
 def comm_cost(
@@ -72,50 +102,57 @@ def comm_cost(
     W: int,
     dtype_bytes: int,
     op: str = "gdn",
+    layout: str = "contiguous",
+    lengths: Sequence[int] | None = None,
+    gate_bytes: int = 4,
     state_bytes: int = 4,
     direction: str = "fwd",
     warmup_chunks: int | None = None,
 ) -> CommCost | None:
     """Model of one layer forward; None where the model does not cover the case.
 
-    None for: a mode outside MODELLED_MODES, `direction` other than "fwd" (the suite is forward-only), and
-    `tail_exchange` without `warmup_chunks`.
+    `lengths` (varlen) replaces the B sequences of T tokens. None for: a mode outside MODELLED_MODES, a
+    `direction` other than "fwd" (the suite is forward-only), and `tail_exchange` without `warmup_chunks`.
     """
     for name, value in (("B", B), ("T", T), ("H", H), ("K", K), ("V", V), ("W", W), ("dtype_bytes", dtype_bytes)):
         if int(value) < 1:
             raise ValueError(f"{name} must be >= 1, got {name}={value!r}")
     if mode not in MODELLED_MODES or direction != "fwd":
         return None
-    p_in, p_out = elements_per_token(op, H=H, K=K, V=V)
-    local_tokens = B * T // W
+    seqs = list(lengths) if lengths else [T] * B
+    tokens = sum(seqs)
+    local = tokens // W
+    tok_in, tok_out = bytes_per_token(op, H=H, K=K, V=V, dtype_bytes=dtype_bytes, gate_bytes=gate_bytes)
     if mode in ("none", "warmup_correct"):
         return CommCost(mode)
     if mode == "headwise":
-        payload = local_tokens * (p_in + p_out) * dtype_bytes
+        payload = local * (tok_in + tok_out)
         wire = payload * (W - 1) // W
         return CommCost(mode, {"all_to_all": 2}, {"all_to_all": payload}, wire, wire)
     if mode == "all_gather":
-        payload = local_tokens * p_in * dtype_bytes
-        return _all_gather(mode, payload, W)
+        return _all_gather(mode, local * tok_in, W)
+    messages, internal, busiest = _cut_plan(seqs, W, layout)
     if mode == "true_cp":
-        payload = B * H * K * (K + V) * state_bytes
-        return _all_gather(mode, payload, W)
+        if internal == 0:
+            return CommCost(mode)
+        per_rank = 1 if layout == "contiguous" else 2
+        return _all_gather(mode, per_rank * H * K * (K + V) * state_bytes, W)
     if mode == "ring":
-        payload = B * H * K * V * state_bytes
-        return _send_recv(mode, payload, W)
+        return _chain(mode, H * K * V * state_bytes, messages, busiest)
     if warmup_chunks is None:  # tail_exchange
         return None
-    tail_tokens = min(warmup_chunks * CHUNK_SIZE, T // W)
-    return _send_recv(mode, B * tail_tokens * p_in * dtype_bytes, W)
+    part = tokens // (W if layout == "contiguous" else 2 * W)
+    return _chain(mode, min(warmup_chunks * CHUNK_SIZE, part) * tok_in, messages, busiest)
 
 
 def _all_gather(mode: str, payload: int, W: int) -> CommCost:
     return CommCost(mode, {"all_gather": 1}, {"all_gather": payload}, (W - 1) * payload, (W - 1) * payload)
 
 
-def _send_recv(mode: str, payload: int, W: int) -> CommCost:
-    """A chain r -> r+1: W-1 messages; a middle rank (the busiest) sends one and receives one."""
-    if W == 1:
+def _chain(mode: str, message: int, messages: int, busiest: int) -> CommCost:
+    """`messages` point-to-point hand-offs of `message` bytes; the busiest rank sends or receives `busiest`."""
+    if messages == 0:
         return CommCost(mode)
-    total = (W - 1) * payload
-    return CommCost(mode, {"send": W - 1, "recv": W - 1}, {"send": total, "recv": total}, payload, payload)
+    total = messages * message
+    return CommCost(mode, {"send": messages, "recv": messages}, {"send": total, "recv": total},
+                    busiest * message, busiest * message)

@@ -22,6 +22,7 @@ from dashboards.figures.common import (
     measured,
     mode_color,
     mode_rank,
+    single_value_log_range,
 )
 
 NAME = "best_mode"
@@ -83,7 +84,7 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
                     meta={"mode": mode, "W": W, "lb": lb, "kind": "best"},
                 ), row=i, col=j)
                 shown.add(mode)
-    fig.update_xaxes(type="log")
+    fig.update_xaxes(type="log", range=single_value_log_range(r["T"] for r in table))
     fig.update_yaxes(type="category")
     fig.update_xaxes(title_text="T (tokens)", row=len(lbs))
     fig.update_yaxes(title_text="B", col=1)

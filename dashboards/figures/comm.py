@@ -23,6 +23,7 @@ from dashboards.figures.common import (
     in_facet,
     mode_color,
     mode_rank,
+    single_value_log_range,
 )
 
 NAME = "comm"
@@ -39,6 +40,7 @@ def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for r in sorted((r for r in prof if in_facet(r, W=W)), key=lambda r: (mode_rank(r["mode"]), r["B"], r["T"])):
             model = comm_cost(r["mode"], B=r["B"], T=r["T"], H=r["H"], K=r["K"], V=r["V"], W=r["W"] or 1,
                               dtype_bytes=dtype_bytes(r.get("dtype")), op=r.get("op") or "gdn",
+                              layout=r.get("layout") or "contiguous", lengths=(r.get("params") or {}).get("lengths"),
                               direction=r.get("direction") or "fwd")
             calls, nbytes = r.get("collectives") or {}, r.get("collective_bytes") or {}
             out.append({
@@ -85,7 +87,7 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
                         hovertemplate=f"{mode} model<br>T=%{{x}}<br>{label} %{{y:,}}<extra></extra>",
                         meta={"mode": mode, "B": B, "W": W, "kind": "model", "quantity": col},
                     ), row=i, col=j)
-    fig.update_xaxes(type="log")
+    fig.update_xaxes(type="log", range=single_value_log_range(r["T"] for r in table))
     fig.update_xaxes(title_text="T (tokens)", row=2)
     fig.update_yaxes(title_text="collective calls", row=1, col=1, rangemode="tozero")
     fig.update_yaxes(type="log", row=2)

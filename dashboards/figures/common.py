@@ -94,6 +94,15 @@ def facet_title(W: int, lb: float, n_lb: int) -> str:
     return f"W={W}" if n_lb <= 1 else f"W={W} · lb={lb:g}"
 
 
+def single_value_log_range(values: Iterable[Any]) -> list[float] | None:
+    """A log axis over one distinct value autoranges over decades; give it half a decade each side instead."""
+    distinct = {v for v in values if isinstance(v, (int, float)) and v > 0}
+    if len(distinct) != 1:
+        return None
+    centre = math.log10(distinct.pop())
+    return [centre - 0.5, centre + 0.5]
+
+
 def empty_figure(title: str, message: str = "no data yet") -> go.Figure:
     fig = go.Figure()
     fig.update_layout(title=title, xaxis={"visible": False}, yaxis={"visible": False},

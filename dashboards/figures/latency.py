@@ -23,6 +23,7 @@ from dashboards.figures.common import (
     mode_color,
     mode_rank,
     none_medians,
+    single_value_log_range,
     speedup,
     symbol,
 )
@@ -65,7 +66,7 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
             for (mode, B), pts in sorted(series.items(), key=lambda kv: (mode_rank(kv[0][0]), kv[0][1])):
                 fig.add_trace(_trace(mode, B, pts, Bs, W=W, lb=lb, showlegend=mode not in shown), row=i, col=j)
                 shown.add(mode)
-    fig.update_xaxes(type="log")
+    fig.update_xaxes(type="log", range=single_value_log_range(r["T"] for r in table))
     fig.update_yaxes(type="log")
     fig.update_xaxes(title_text="T (tokens)", row=len(lbs))
     fig.update_yaxes(title_text="ms", col=1)

@@ -12,7 +12,16 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dashboards.figures.common import base_layout, cp_sizes, empty_figure, facet_values, in_facet, mode_color, mode_rank
+from dashboards.figures.common import (
+    base_layout,
+    cp_sizes,
+    empty_figure,
+    facet_values,
+    in_facet,
+    mode_color,
+    mode_rank,
+    single_value_log_range,
+)
 
 NAME = "syncs"
 TITLE = "Host syncs and kernel launches per step"
@@ -51,7 +60,7 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
                     meta={"mode": mode, "B": B, "W": W, "kind": "measured", "quantity": col},
                 ), row=i, col=j)
             shown.add(mode)
-    fig.update_xaxes(type="log")
+    fig.update_xaxes(type="log", range=single_value_log_range(r["T"] for r in table))
     fig.update_xaxes(title_text="T (tokens)", row=2)
     fig.update_yaxes(rangemode="tozero")
     fig.update_yaxes(title_text="host syncs / step", row=1, col=1)

@@ -49,6 +49,7 @@ CHUNK_STATE_FWD = register(KernelSpec(
     name="chunk_state_fwd",
     key=_KEY,
     # FLA's fwd_h picks BV=64 on Hopper for K=V=128: a [128, 64] fp32 state is 64 registers a thread at 4 warps
+    # (182 in all, ptxas sm_90a); num_stages 2 prefetches w/u/k (98 KB of shared memory)
     default=LaunchConfig(BV=64, num_warps=4, num_stages=2),
     # BV 32 doubles the programs (helps when N*H is small), 128 halves them; stages prefetch w/u/k
     space={"BV": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
@@ -57,16 +58,18 @@ CHUNK_STATE_FWD = register(KernelSpec(
 CHUNK_STATE_OUTPUT_FWD = register(KernelSpec(
     name="chunk_state_output_fwd",
     key=_KEY,
-    # the fused pass also holds q and the 64x64 intra-chunk attention: 4 warps, BV 64 (measured, see bench)
-    default=LaunchConfig(BV=64, num_warps=4, num_stages=2),
+    # the fused pass also loads q and Aqk: BV 64 / 4 warps is 247-255 registers without spills; one stage keeps
+    # shared memory at 57 KB so 2 programs share an SM (two stages take 131 KB: one program per SM)
+    default=LaunchConfig(BV=64, num_warps=4, num_stages=1),
     space={"BV": (32, 64, 128), "num_warps": (4, 8), "num_stages": (1, 2, 3)},
 ))
 
 CHUNK_STATE_TRANSITION_FWD = register(KernelSpec(
     name="chunk_state_transition_fwd",
     key=_KEY,
-    # (K+V)/BV programs per sequence and head; same per-chunk work as the plain pass without stores
-    default=LaunchConfig(BV=64, num_warps=4, num_stages=2),
+    # (K+V)/BV programs per sequence and head; same per-chunk work as the plain pass without stores;
+    # 167 registers and 57 KB of shared memory at one stage: 3 programs per SM
+    default=LaunchConfig(BV=64, num_warps=4, num_stages=1),
     space={"BV": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
 ))
 
@@ -230,7 +233,7 @@ def _key(H: int, K: int, V: int, BT: int, gate_vector: bool, layout: SeqLayout, 
 
 def fit_bv(spec: KernelSpec, cfg: LaunchConfig, limit: int) -> LaunchConfig:
     """Clamp BV to a small head dim (K or V below the picked BV); the clamped config is the one recorded as launched."""
-    if cfg.BV is not None and cfg.BV > limit:
+    if cfg.BV is not None and limit < cfg.BV:
         cfg = dataclasses.replace(cfg, BV=limit)
         LAUNCHES[spec.name] = (LAUNCHES[spec.name][0], cfg)
     return cfg

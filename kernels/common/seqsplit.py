@@ -25,6 +25,7 @@ import functools
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl

@@ -151,8 +151,8 @@ def fla_cp_fn(op: str, T: int, dev: torch.device, group: Any) -> Any:
 
 
 def run_cp_config(op: str, T: int, *, rank: int, W: int, args: argparse.Namespace, dev: torch.device, group: Any,
-                  backend: str, dtype: torch.dtype, dl: Deadline, record: Any) -> None:
-    """`none` and FLA on each GPU, then every W-GPU scheme, for one (op, T)."""
+                  backend: str, dtype: torch.dtype, dl: Deadline, record: Any, ours: bool) -> None:
+    """`none` on each GPU, then our W-GPU schemes (ours=True) or FLA's one-GPU forward and its CP (ours=False)."""
     H, K, V = args.H, args.K, args.V
     base = {"kind": "cp", "op": op, "T": T, "H": H, "K": K, "V": V, "W": W, "dtype": str(dtype).split(".")[-1], "lb": args.lb}
     if dl.left() < args.min_left:
@@ -174,13 +174,14 @@ def run_cp_config(op: str, T: int, *, rank: int, W: int, args: argparse.Namespac
         sync(dev)
         first = time.time() - t0
         r = time_steps(none_step, dev, args.iters, args.warmup, collective=True)
-        record(dict(base, scheme="none", gpus=1, first_call_s=round(first, 2), **r))
+        if ours:
+            record(dict(base, scheme="none", gpus=1, first_call_s=round(first, 2), **r))
         base_ms = r["ms"]
     except Exception as e:  # noqa: BLE001
         record(dict(base, scheme="none", error=repr(e), tb=traceback.format_exc()[-1500:]))
         return
     o_fla = None
-    if not args.cpu and not args.no_fla and dl.left() > args.min_left:
+    if not ours and dl.left() > args.min_left:
         try:
             t0 = time.time()
             o_fla = fla_step()
@@ -193,8 +194,8 @@ def run_cp_config(op: str, T: int, *, rank: int, W: int, args: argparse.Namespac
     ctx = cp.build_context(cu, W, rank, "contiguous")
     xs = [cp.shard(x, ctx).contiguous() for x in (q, k, v, g, beta)]
     schemes: list[tuple[str, Any]] = [(m, functools.partial(cp.forward, m, op, *xs, group=group, ctx=ctx, backend=backend))
-                                      for m in args.modes]
-    if not args.cpu and not args.no_fla:
+                                      for m in (args.modes if ours else ())]
+    if not ours:
         try:
             schemes.append(("fla_cp", functools.partial(fla_cp_fn(op, T, dev, group), *xs)))
         except Exception as e:  # noqa: BLE001
@@ -256,11 +257,6 @@ def run_wc_config(op: str, T: int, lb: float, fb: str, *, args: argparse.Namespa
         rec["report"].pop("segment_bounds", None)
         rec["report"]["window"] = sorted(set(rec["report"]["window"]))
         rec["counts"] = profile_counts(wc_step, dev)
-        if not args.cpu and not args.no_fla and dl.left() > args.min_left:
-            fr = time_steps(lambda: kernels.forward(op, q, k, v, g, beta, backend="fla"), dev, args.iters, args.warmup,
-                            collective=False)
-            rec["fla_1gpu_ms"] = fr["ms"]
-            rec["speedup_vs_fla"] = fr["ms"] / r["ms"]
         return rec
     except Exception as e:  # noqa: BLE001
         return dict(base, error=repr(e), tb=traceback.format_exc()[-1500:])
@@ -297,18 +293,31 @@ def worker(rank: int, W: int, args: argparse.Namespace, init_file: str) -> None:
         if rank == 0:
             log(json.dumps({k: v for k, v in rec.items() if k not in ("counts",)}))
 
-    for op in args.ops:
-        for T in args.T:
-            run_cp_config(op, T, rank=rank, W=W, args=args, dev=dev, group=group, backend=backend, dtype=dtype, dl=dl,
-                          record=record)
-    configs = [(op, T, lb, fb) for T in args.wc_T for op in args.ops for lb in args.wc_lb for fb in args.wc_fallback]
-    for op, T, lb, fb in configs[rank::W]:     # warmup_correct runs on one GPU: the configs are spread over the GPUs
+    # priority order under the deadline: our W-GPU schemes (largest T first), then warmup_correct (the target
+    # config first; one GPU each, configs spread over the GPUs), then the FLA peers (their autotune is slow)
+    cp_cfgs = [(op, T) for T in sorted(args.T, reverse=True) for op in args.ops]
+    for op, T in cp_cfgs:
+        run_cp_config(op, T, rank=rank, W=W, args=args, dev=dev, group=group, backend=backend, dtype=dtype, dl=dl,
+                      record=record, ours=True)
+    wc = [(op, T, lb, fb) for T in args.wc_T for op in args.ops for lb in args.wc_lb for fb in args.wc_fallback]
+    wc.sort(key=lambda c: (c[1] != 65536 or c[2] != -5.0, -c[1]))
+    for op, T, lb, fb in wc[rank::W]:
         recs.append(run_wc_config(op, T, lb, fb, args=args, dev=dev, backend=backend, dtype=dtype, dl=dl))
+    dist.barrier()
+    if not args.cpu and not args.no_fla:
+        for op, T in cp_cfgs:
+            run_cp_config(op, T, rank=rank, W=W, args=args, dev=dev, group=group, backend=backend, dtype=dtype, dl=dl,
+                          record=record, ours=False)
 
     allrecs: list[Any] = [None] * W
     dist.all_gather_object(allrecs, recs)
     if rank == 0:
         merged = recs + [r for rr in allrecs[1:] for r in rr if r.get("kind") == "warmup_correct"]
+        fla1 = {(r["op"], r["T"]): r["ms"] for r in merged if r.get("scheme") == "fla_1gpu" and "ms" in r}
+        for r in merged:   # FLA's one-GPU time on the same shape (its speed does not depend on the gate values)
+            if r.get("kind") == "warmup_correct" and "ms" in r and (r["op"], r["T"]) in fla1:
+                r["fla_1gpu_ms"] = fla1[(r["op"], r["T"])]
+                r["speedup_vs_fla"] = r["fla_1gpu_ms"] / r["ms"]
         write_results(merged, args, dev)
     dist.barrier()
     dist.destroy_process_group()

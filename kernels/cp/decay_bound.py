@@ -41,8 +41,11 @@ def log_window_bound(ell: Tensor, log_u: Tensor, ends: Tensor, starts: Tensor, v
     ends/starts: int64 `[n]` token indices (b and c); valid: bool `[n]`, False where c is the sequence start
     (nothing dropped: the bound is 0, i.e. -inf here).
     """
-    lam = ell.cumsum(0)
-    lcse = torch.logcumsumexp(log_u - lam, 0)
+    # scan along the innermost dim: PyTorch's CUDA scan over an outer dim walks it serially per column
+    # (16 threads for [T, 16]: ~1 us per token, 60 ms at T = 64K measured on an H200); [H, T] is a parallel scan
+    ell_t, log_u_t = ell.t().contiguous(), log_u.t().contiguous()
+    lam = ell_t.cumsum(-1)
+    lcse = torch.logcumsumexp(log_u_t - lam, -1)
     prev = (starts - 1).clamp_min(0)
-    out = lam.index_select(0, ends - 1) + lcse.index_select(0, prev)
+    out = (lam.index_select(1, ends - 1) + lcse.index_select(1, prev)).t()
     return torch.where(valid[:, None], out, torch.full_like(out, float("-inf")))

@@ -13,6 +13,7 @@ bench_server is imported inside the command only: the server depends on runners,
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import socket
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,13 @@ def _demo_worker(url: str) -> None:  # the child process: SIGTERM makes run_work
     run_worker(url)
 
 
+_SIGTERM_EXIT = "sigterm"
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(_SIGTERM_EXIT)
+
+
 def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (0.0.0.0 for every interface)"),
     port: int = typer.Option(8000, "--port", help="TCP port; 0 picks a free one"),
@@ -101,9 +109,16 @@ def serve(
         typer.echo(f"dashboard: {base}/")
     typer.echo(f"API docs: {base}/docs")
     server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, proxy_headers=False))
+    # uvicorn re-raises a captured SIGTERM once it has shut down; with the default handler that would kill this
+    # process before the worker is stopped, so turn it into a normal exit
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         server.run(sockets=[sock])
+    except SystemExit as stop:
+        if stop.code != _SIGTERM_EXIT:
+            raise
     finally:
+        signal.signal(signal.SIGTERM, previous)
         sock.close()
         if worker is not None and worker.is_alive():
             worker.terminate()  # SIGTERM: the worker releases its point and marks itself stopped

@@ -3,7 +3,7 @@ gloo ranks on the CPU) and its results, figures and CSV are served.
 
 Scenario: POST a spec (none, all_gather, true_cp at W in (1, 2); `none` at W=2 is skipped) -> the worker runs every
 queued point -> the sweep reads `done` with every queued point done -> GET /results gives timings, errors vs `none`
-within the fp32 tolerance, and the profiled collectives equal the cost model's (deterministic) -> the sweep page and
+within the fp32 tolerance, and the profiled collective calls and bytes equal the cost model's (deterministic) -> the sweep page and
 each figure's CSV are served.
 """
 
@@ -58,6 +58,7 @@ def test_submit_run_and_serve(client: httpx.Client, auth: dict[str, str], store_
             model = comm_cost(row["mode"], B=1, T=128, H=2, K=16, V=16, W=2, dtype_bytes=4)
             assert model is not None
             assert row["collectives"] == model.collectives, (row["mode"], row["collectives"])
+            assert row["collective_bytes"] == model.payload_bytes, (row["mode"], row["collective_bytes"])
 
     page = client.get(f"/sweeps/{sweep['id']}")
     assert page.status_code == 200 and 'id="fig-latency"' in page.text

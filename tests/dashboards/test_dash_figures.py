@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import random
 from typing import Any
 
@@ -124,6 +125,19 @@ def test_syncs_and_accuracy_tables() -> None:
     assert fig.layout.yaxis.type == "log"
     wc = [t for t in fig.data if t.meta["mode"] == "warmup_correct" and t.meta["quantity"] == "err_vs_none"]
     assert len(wc) == 1 and sorted(set(wc[0].x)) == [-4.0, -1.0]
+
+
+def test_exact_errors_and_single_length_stay_visible() -> None:
+    rows = [r for r in result_rows(modes=("none", "true_cp")) if r["T"] == 1024]
+    for r in rows:
+        r["err_vs_none"] = 0.0 if r["mode"] == "true_cp" else None
+    fig = accuracy.figure(rows)
+    drawn = next(t for t in fig.data if t.meta["mode"] == "true_cp" and t.meta["quantity"] == "err_vs_none")
+    assert set(drawn.y) == {accuracy.ZERO_FLOOR} and {c[4] for c in drawn.customdata} == {"0 (exact)"}
+    assert {r["err_vs_none"] for r in accuracy.frame(rows) if r["mode"] == "true_cp"} == {0.0}
+    # one sequence length: a log axis of half a decade each side, not an autorange over decades
+    assert list(latency.figure(rows).layout.xaxis.range) == pytest.approx([math.log10(1024) - 0.5, math.log10(1024) + 0.5])
+    assert latency.figure(result_rows()).layout.xaxis.range is None
 
 
 def trial_rows() -> list[dict[str, Any]]:

@@ -113,21 +113,22 @@ class Timer:
         return ts[1], ts[0], ts[2]
 
 
+def _timed(timer: Timer, fn: Callable[..., Any], *args: Any, warmup: int = 25, rep: int = 200,
+           **kw: Any) -> tuple[float, float, float]:
+    """timer(fn(*args, **kw)), binding the arguments now."""
+    return timer(lambda: fn(*args, **kw), warmup=warmup, rep=rep)
+
+
 def measure_ceilings(timer: Timer, device: str) -> dict[str, float]:
     if device != "cuda":
         return {"copy_GBps": float("nan"), "matmul_TFLOPs": float("nan")}
     n = 1 << 29  # 1 GiB of bf16 each side
     src = torch.randn(n, device=device, dtype=torch.float32).to(torch.bfloat16)
-    dst = torch.empty_like(src)
-    ms = timer(lambda: dst.copy_(src), warmup=50, rep=300)[0]
-    copy = 2 * src.numel() * 2 / (ms * 1e-3) / 1e9
-    del src, dst
-    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-    c = torch.empty_like(a)
-    ms = timer(lambda: torch.matmul(a, b, out=c), warmup=100, rep=500)[0]
+    ms = _timed(timer, torch.Tensor.copy_, torch.empty_like(src), src, warmup=50, rep=300)[0]
+    copy = 2 * n * 2 / (ms * 1e-3) / 1e9
+    a, b = (torch.randn(8192, 8192, device=device, dtype=torch.bfloat16) for _ in range(2))
+    ms = _timed(timer, torch.matmul, a, b, out=torch.empty_like(a), warmup=100, rep=500)[0]
     mm = 2 * 8192**3 / (ms * 1e-3) / 1e12
-    del a, b, c
     torch.cuda.empty_cache()
     return {"copy_GBps": copy, "matmul_TFLOPs": mm}
 
@@ -176,16 +177,20 @@ def variants(op: str, B: int, T: int, explore: bool) -> list[tuple[str, dict[str
                 out.append((f"split{s}", {"split": s}))
     out.append(("unfused", {"fuse": False}))
     if (B, T) in ((8, 8192), (1, 65536)):
-        for bv, nw in ((32, 4), (64, 8), (128, 8)):
-            out.append((f"state_bv{bv}_w{nw}", {"configs": {"chunk_state_output_fwd": LaunchConfig(BV=bv, num_warps=nw, num_stages=2)}}))
-        for ns in (1, 3):
-            out.append((f"state_s{ns}", {"configs": {"chunk_state_output_fwd": LaunchConfig(BV=64, num_warps=4, num_stages=ns)}}))
+        # the fused state pass (default BV 64, 4 warps, 1 stage)
+        for bv, nw, ns in ((64, 4, 2), (32, 4, 1), (32, 4, 2), (64, 8, 1), (64, 8, 2)):
+            cfg = LaunchConfig(BV=bv, num_warps=nw, num_stages=ns)
+            out.append((f"state_bv{bv}_w{nw}_s{ns}", {"configs": {"chunk_state_output_fwd": cfg}}))
+        # the intra-chunk kernel (defaults: GDN BK 32 BV 64 4 warps; KDA BK 32 BV 64 8 warps)
         wy = "wy_gdn_fwd" if op == "gdn" else "wy_kda_fwd"
-        for nw in ((2, 8) if op == "gdn" else (4,)):
-            out.append((f"wy_w{nw}", {"configs": {wy: LaunchConfig(num_warps=nw, num_stages=2)}}))
+        alts = ((64, 64, 4), (32, 64, 8)) if op == "gdn" else ((32, 64, 4), (64, 64, 8))
+        for bk, bv, nw in alts:
+            out.append((f"wy_bk{bk}_bv{bv}_w{nw}", {"configs": {wy: LaunchConfig(BK=bk, BV=bv, num_warps=nw, num_stages=2)}}))
     if B == 1 and T == 65536:
-        for bv, nw in ((32, 4), (128, 8)):
-            out.append((f"trans_bv{bv}_w{nw}", {"configs": {"chunk_state_transition_fwd": LaunchConfig(BV=bv, num_warps=nw, num_stages=2)}}))
+        # the transition pass of the split (default BV 64, 4 warps, 1 stage)
+        for bv, nw, ns in ((64, 4, 2), (32, 4, 1), (128, 8, 1)):
+            cfg = LaunchConfig(BV=bv, num_warps=nw, num_stages=ns)
+            out.append((f"trans_bv{bv}_w{nw}_s{ns}", {"configs": {"chunk_state_transition_fwd": cfg}}))
     return out
 
 
@@ -376,7 +381,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     torch.cuda.synchronize()
                     rec["fla_first_call_s"] = round(time.time() - t0, 1)
                     with torch.no_grad():
-                        rec["fla_ms"], rec["fla_p20"], rec["fla_p80"] = timer(lambda: fn(q, k, v, g, beta))
+                        rec["fla_ms"], rec["fla_p20"], rec["fla_p80"] = _timed(timer, fn, q, k, v, g, beta)
                 except Exception as err:  # noqa: BLE001
                     rec["fla_error"] = f"{type(err).__name__}: {err}"
                     traceback.print_exc()
@@ -395,7 +400,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         vrec["rel_l2_vs_fla"] = rel_l2(o, o_fla)
                     del o
                     with torch.no_grad():
-                        vrec["ms"], vrec["p20"], vrec["p80"] = timer(lambda kw=kw: ours(op, q, k, v, g, beta, **kw))
+                        vrec["ms"], vrec["p20"], vrec["p80"] = _timed(timer, ours, op, q, k, v, g, beta, **kw)
                 except Exception as err:  # noqa: BLE001
                     vrec["error"] = f"{type(err).__name__}: {err}"
                     traceback.print_exc()
@@ -412,7 +417,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 rec["x_floor"] = rec["ms"] / rec["floor_ms"]
             rows.append(rec)
             print("RESULT", json.dumps(rec, default=str), flush=True)
-            del q, k, v, g, beta, o_fla
+            q = k = v = g = beta = o_fla = None
             if device == "cuda":
                 torch.cuda.empty_cache()
     result["rows"] = rows

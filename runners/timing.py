@@ -7,8 +7,10 @@ Method (nvbench's cold measurement, anchors/bench-services.md (d) level 0):
 - Warmup (both clocks) until the first-call costs (Triton compile, autotune, allocator growth) are over: at
   least `warmup_min_iters` calls and `warmup_s` seconds, the first call never counts as settled, and the last
   call is no slower than 1.5x the fastest call after the first.
-- CUDA: each sample: zero an L2-flush buffer of twice the device's L2 size (outside the timed interval),
-  record a CUDA event, run the step, record another, wait for it; the sample is the event interval.
+- CUDA: each sample: zero an L2-flush buffer of twice the device's L2 size (outside the timed interval), queue
+  a spin kernel that holds the stream while the host enqueues the step (nvbench's blocking kernel: host launch
+  gaps stay out of the sample, as in a queue-ahead loop like `triton.testing.do_bench`), record a CUDA event,
+  run the step, record another, wait for it; the sample is the event interval.
 - CPU: wall clock (`time.perf_counter`) around the step; no flush.
 - Several ranks: each rank times its own step; after the timed region only, one tiny all-reduce (MAX) of
   `[ms, -ms, elapsed]` gives every rank the same sample (the max over ranks), the min over ranks (kept for
@@ -129,6 +131,32 @@ class _RankMax:
         return hi, -neg_lo, el
 
 
+class _StreamHold:
+    """nvbench's blocking kernel: a spin kernel (`torch.cuda._sleep`) queued before the timed region, long enough
+    (2x the longest host enqueue time seen, at most 50 ms) that the host has queued the whole step before the
+    GPU starts it; the CUDA-event interval then holds GPU time only, as a queue-ahead loop (do_bench) sees it."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.host_ms: float | None = None  # longest host enqueue time of the step seen so far
+        # cycles per ms of the spin kernel, calibrated once
+        with torch.cuda.device(device):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(1000)
+            a.record()
+            torch.cuda._sleep(2_000_000)
+            b.record()
+            b.synchronize()
+            self.cycles_per_ms = 2_000_000 / max(a.elapsed_time(b), 1e-3)
+
+    def __call__(self) -> None:
+        ms = 1.0 if self.host_ms is None else min(2.0 * self.host_ms, 50.0)
+        torch.cuda._sleep(int(self.cycles_per_ms * ms))
+
+    def saw(self, host_ms: float) -> None:
+        self.host_ms = host_ms if self.host_ms is None else max(self.host_ms, host_ms)
+
+
 def time_step(
     step: Callable[[], Any],
     *,
@@ -145,13 +173,18 @@ def time_step(
     rank_max = _RankMax(group, device)
     if on_cuda:
         start_ev, end_ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        hold = _StreamHold(device)
 
         def one() -> float:
             if flush is not None and rule.flush_l2:
                 flush()
+            # the stream waits in a spin kernel while the host enqueues the step, so launch gaps stay out of the sample
+            hold()
+            t_host = time.perf_counter()
             start_ev.record()
             step()
             end_ev.record()
+            hold.saw((time.perf_counter() - t_host) * 1e3)
             end_ev.synchronize()
             return float(start_ev.elapsed_time(end_ev))
     else:

@@ -154,7 +154,12 @@ class _StreamHold:
         torch.cuda._sleep(int(self.cycles_per_ms * ms))
 
     def saw(self, host_ms: float) -> None:
+        self.last_ms = host_ms
         self.host_ms = host_ms if self.host_ms is None else max(self.host_ms, host_ms)
+
+    def restart(self) -> None:
+        """Forget the warmup's enqueue times (the first call compiles); keep the last, settled one."""
+        self.host_ms = getattr(self, "last_ms", None)
 
 
 def time_step(
@@ -205,6 +210,8 @@ def time_step(
         if (len(calls) >= rule.warmup_min_iters and el >= rule.warmup_s and settled) or el >= rule.timeout_s:
             break
     iters = len(calls)
+    if on_cuda:
+        hold.restart()
     warm_s = time.perf_counter() - t_warm
 
     samples: list[float] = []

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-__all__ = ["LAYOUTS", "CPContext", "Piece", "Slot", "build_context"]
+__all__ = ["LAYOUTS", "CPContext", "Piece", "Slot", "build_context", "host_bounds"]
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +148,8 @@ def _check_int(name: str, x: object) -> int:
     return x
 
 
-def _host_bounds(cu_seqlens: object) -> tuple[int, ...]:
+def host_bounds(cu_seqlens: object) -> tuple[int, ...]:
+    """Bounds as a host tuple of ints from a CPU int tensor or a sequence; a device tensor is refused (it would sync)."""
     if isinstance(cu_seqlens, Tensor):
         if cu_seqlens.device.type != "cpu":
             raise ValueError(
@@ -190,7 +191,7 @@ def build_context(cu_seqlens: Tensor | Sequence[int], world_size: int, rank: int
         ValueError: cu_seqlens not starting at 0, decreasing, holding an empty sequence or fewer than 2 entries;
             W < 1; rank out of range; unknown layout; total tokens not divisible by W (2W for zigzag).
     """
-    bounds = _host_bounds(cu_seqlens)
+    bounds = host_bounds(cu_seqlens)
     return _build_context(bounds, _check_int("world_size", world_size), _check_int("rank", rank), layout)
 
 

@@ -231,7 +231,6 @@ def initial_states(plan: SplitPlan, X: Tensor | None, h0: Tensor | None, *, H: i
     """
     if X is None:
         return None
-    n = len(plan.chain)
     Cw = X.shape[-1]
     rows = X.view(-1, H, K, Cw).index_select(0, plan.index("state_pos", device))
     if plan.with_m:
@@ -240,7 +239,6 @@ def initial_states(plan: SplitPlan, X: Tensor | None, h0: Tensor | None, *, H: i
             S0 = torch.matmul(rows[..., :K], h0.index_select(0, plan.index("state_chain", device))) + S0
     else:
         S0 = rows
-    del n
     if plan.state_subs == tuple(range(plan.num_subs)):
         return S0.contiguous()
     out = torch.zeros(plan.num_subs, H, K, V, dtype=torch.float32, device=device)

@@ -51,8 +51,3 @@ def unshard(shards: Sequence[Tensor], ctx: CPContext) -> Tensor:
         for slot, p in enumerate(ctx.parts_of(r)):
             parts[p] = s[:, slot * P:(slot + 1) * P]
     return torch.cat(parts, 1)  # type: ignore[arg-type]
-
-
-def part_order(ctx: CPContext) -> list[tuple[int, int]]:
-    """For each global part in token order, the (rank, slot) holding it."""
-    return list(ctx.part_owner)

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from kernels.cp import intra, prims
+from kernels.cp.context import host_bounds
 from kernels.cp.decay_bound import log_window_bound, token_terms
 
 __all__ = ["FALLBACKS", "WarmupPlan", "WarmupReport", "warmup_correct"]
@@ -213,9 +214,7 @@ def warmup_correct(
         o (torch.Tensor): `[1, T, H, V]` in q's dtype.
         report (WarmupReport): see its docstring.
     """
-    from kernels.cp.context import _host_bounds
-
-    cu = _host_bounds(cu_seqlens)
+    cu = host_bounds(cu_seqlens)
     if len(cu) < 2 or cu[0] != 0 or any(b <= a for a, b in zip(cu[:-1], cu[1:], strict=True)):
         raise ValueError(f"cu_seqlens must be strictly increasing from 0 with >= 2 entries, got cu_seqlens={list(cu)}")
     if not isinstance(q, Tensor) or q.dim() != 4 or q.shape[0] != 1 or q.shape[1] != cu[-1]:

@@ -162,7 +162,7 @@ def fla_fn(op: str) -> Callable[..., Any]:
     return chunk_kda
 
 
-def variants(op: str, B: int, T: int, explore: bool) -> list[tuple[str, dict[str, Any]]]:
+def variants(op: str, B: int, T: int, explore: bool | str) -> list[tuple[str, dict[str, Any]]]:
     """(label, kwargs of `ours`) per timed variant of one shape; the first is the headline (public API)."""
     from kernels.configs import LaunchConfig
 
@@ -172,10 +172,12 @@ def variants(op: str, B: int, T: int, explore: bool) -> list[tuple[str, dict[str
     nt = math.ceil(T / C)
     if B == 1:
         out.append(("plain", {"split": 0}))
-        for s in (8, 16, 32, 64, 128):
+        for s in ((16, 32, 64) if explore == "light" else (8, 16, 32, 64, 128)):
             if s < nt:
                 out.append((f"split{s}", {"split": s}))
     out.append(("unfused", {"fuse": False}))
+    if explore == "light":
+        return out
     if (B, T) in ((8, 8192), (1, 65536)):
         # the fused state pass (default BV 64, 4 warps, 1 stage)
         for bv, nw, ns in ((64, 4, 2), (32, 4, 1), (32, 4, 2), (64, 8, 1), (64, 8, 2)):
@@ -213,7 +215,7 @@ def _warm_job(job: tuple[str, int, int, str, dict[str, Any]]) -> str:
         return f"{op} {label}: {type(err).__name__}: {err}"
 
 
-def precompile(ops: list[str], shapes: list[tuple[int, int]], explore: bool, jobs: int, timeout_s: float = 300) -> list[str]:
+def precompile(ops: list[str], shapes: list[tuple[int, int]], explore: bool | str | None, jobs: int, timeout_s: float = 150) -> list[str]:
     """Run every variant once on a small input with the same specialisations, `jobs` processes at a time.
 
     Only the launch specialisations matter (split or not, fused or not, configs), so split lengths collapse
@@ -317,6 +319,7 @@ def _env(device: str) -> dict[str, Any]:
         "host": platform.node(), "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([os.path.basename(sys.executable), "-m", "kernels.bench", *sys.argv[1:]]),
         "git_sha": os.environ.get("CPBENCH_GIT_SHA") or _git_sha(),
+        "git_note": os.environ.get("CPBENCH_GIT_NOTE"),
         "env": {k: os.environ.get(k) for k in ("FLA_DISABLE_BACKEND_DISPATCH", "NCCL_NVLS_ENABLE", "TRITON_CACHE_DIR")},
     }
     try:
@@ -370,8 +373,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     mm = result["ceilings"]["matmul_TFLOPs"] * 1e12
     rows: list[dict[str, Any]] = []
     explore_rows: list[dict[str, Any]] = []
-    for op in ops:
-        for B, T in shapes:
+    for B, T in shapes:
+        for op in ops:
+            print(f"[{time.time() - t_start:.0f}s] {op} B={B} T={T}", flush=True)
             if args.deadline and time.time() - t_start > args.deadline:
                 print(f"deadline reached, skipping {op} {B}x{T}", flush=True)
                 continue
@@ -409,8 +413,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     if o_fla is not None:
                         vrec["rel_l2_vs_fla"] = rel_l2(o, o_fla)
                     del o
+                    reps = (25, 200) if label == "ours" else (10, 100)  # variants: shorter, still >= 10 calls
                     with torch.no_grad():
-                        vrec["ms"], vrec["p20"], vrec["p80"] = _timed(timer, ours, op, q, k, v, g, beta, **kw)
+                        vrec["ms"], vrec["p20"], vrec["p80"] = _timed(timer, ours, op, q, k, v, g, beta, warmup=reps[0],
+                                                                      rep=reps[1], **kw)
                 except Exception as err:  # noqa: BLE001
                     vrec["error"] = f"{type(err).__name__}: {err}"
                     traceback.print_exc()
@@ -478,7 +484,7 @@ def to_markdown(res: dict[str, Any]) -> str:
         "",
         f"- device: {env.get('device')} ({env.get('sms')} SMs), driver {env.get('driver')}, CUDA {env.get('cuda')}",
         f"- torch {env.get('torch')}, triton {env.get('triton')}, fla-core {env.get('fla')}, python {env.get('python')}",
-        f"- git sha: {env.get('git_sha')}; date {env.get('date')}",
+        f"- git sha: {env.get('git_sha')}{' (' + env['git_note'] + ')' if env.get('git_note') else ''}; date {env.get('date')}",
         f"- command: `{env.get('command')}`",
         f"- ceilings (measured in this run): copy {_fmt(res['ceilings']['copy_GBps'], 0)} GB/s, "
         f"bf16 matmul {_fmt(res['ceilings']['matmul_TFLOPs'], 0)} TFLOP/s",
@@ -522,7 +528,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default=None, help="file stem (default kernels_<device>)")
     ap.add_argument("--ops", default="gdn,kda")
     ap.add_argument("--shapes", default=None, help="comma list of BxT (default: the issue's five shapes)")
-    ap.add_argument("--explore", action="store_true", help="also time variants (split lengths, fusion, configs)")
+    ap.add_argument("--explore", nargs="?", const="full", default=None, choices=("full", "light"),
+                    help="also time variants: split lengths, fusion and launch configs (full) or the first two (light)")
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--jobs", type=int, default=8, help="parallel precompile processes (0: none)")

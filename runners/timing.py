@@ -13,8 +13,9 @@ Method (nvbench's cold measurement, anchors/bench-services.md (d) level 0):
   run the step, record another, wait for it; the sample is the event interval.
 - CPU: wall clock (`time.perf_counter`) around the step; no flush.
 - Several ranks: each rank times its own step; after the timed region only, one tiny all-reduce (MAX) of
-  `[ms, -ms, elapsed]` gives every rank the same sample (the max over ranks), the min over ranks (kept for
-  the skew) and the same elapsed time, so every rank takes the same stop decision and no collective hangs.
+  `[ms, -ms, elapsed, host enqueue ms]` gives every rank the same sample (the max over ranks), the min over
+  ranks (kept for the skew), the same elapsed time (so every rank takes the same stop decision and no
+  collective hangs) and the same spin length for the next sample.
   The all-reduce and its host read also line the ranks up before the next sample.
 
 Stop rule (`StopRule`, defaults as nvbench's `--min-samples 10 --min-time 0.5 --timeout 15`, noise as
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -76,6 +78,7 @@ class TimingResult:
     stop_reason: str  # "noise" | "max_samples" | "timeout"
     clock: str  # "cuda_events" | "wall"
     rank_min_ms: list[float] = field(default_factory=list)  # min over ranks per sample (skew = max - min)
+    host_ms: list[float] = field(default_factory=list)  # CUDA: host time to enqueue the step (max over ranks)
     warmup_iters: int = 0
     warmup_s: float = 0.0
     l2_flush_bytes: int = 0
@@ -112,7 +115,7 @@ class L2Flush:
 
 
 class _RankMax:
-    """Max over the ranks of a few floats, through one all-reduce of a reused tiny tensor (identity alone)."""
+    """Max over the ranks of a few floats, through one all-reduce of a tiny tensor (identity alone)."""
 
     def __init__(self, group: Any, device: torch.device) -> None:
         import torch.distributed as dist
@@ -122,23 +125,26 @@ class _RankMax:
         self.active = group is not None and dist.get_world_size(group) > 1
         self.device = device
 
-    def __call__(self, ms: float, elapsed: float) -> tuple[float, float, float]:
+    def __call__(self, ms: float, elapsed: float, host_ms: float) -> tuple[float, float, float, float]:
+        """(max ms, min ms, max elapsed, max host enqueue ms) over the ranks."""
         if not self.active:
-            return ms, ms, elapsed
-        buf = torch.tensor([ms, -ms, elapsed], dtype=torch.float64, device=self.device)
+            return ms, ms, elapsed, host_ms
+        buf = torch.tensor([ms, -ms, elapsed, host_ms], dtype=torch.float64, device=self.device)
         self.dist.all_reduce(buf, op=self.dist.ReduceOp.MAX, group=self.group)
-        hi, neg_lo, el = buf.tolist()
-        return hi, -neg_lo, el
+        hi, neg_lo, el, host = buf.tolist()
+        return hi, -neg_lo, el, host
 
 
 class _StreamHold:
     """nvbench's blocking kernel: a spin kernel (`torch.cuda._sleep`) queued before the timed region, long enough
-    (2x the longest host enqueue time seen, at most 50 ms) that the host has queued the whole step before the
-    GPU starts it; the CUDA-event interval then holds GPU time only, as a queue-ahead loop (do_bench) sees it."""
+    (2x the longest host enqueue time of the last 16 steps, at most 50 ms) that the host has queued the whole step
+    before the GPU starts it; the CUDA-event interval then holds GPU time only, as a queue-ahead loop (do_bench)
+    sees it. Ranks feed it the max over ranks, so every rank spins equally long and no rank's sample includes
+    another rank's spin (their collectives would wait for it)."""
 
     def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.host_ms: float | None = None  # longest host enqueue time of the step seen so far
+        # host enqueue times of the last 16 steps (max over ranks): one slow enqueue (a GC pause) is forgotten soon
+        self.recent: deque[float] = deque(maxlen=16)
         # cycles per ms of the spin kernel, calibrated once
         with torch.cuda.device(device):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -150,16 +156,17 @@ class _StreamHold:
             self.cycles_per_ms = 2_000_000 / max(a.elapsed_time(b), 1e-3)
 
     def __call__(self) -> None:
-        ms = 1.0 if self.host_ms is None else min(2.0 * self.host_ms, 50.0)
+        ms = min(2.0 * max(self.recent), 50.0) if self.recent else 1.0
         torch.cuda._sleep(int(self.cycles_per_ms * ms))
 
     def saw(self, host_ms: float) -> None:
-        self.last_ms = host_ms
-        self.host_ms = host_ms if self.host_ms is None else max(self.host_ms, host_ms)
+        self.recent.append(host_ms)
 
     def restart(self) -> None:
         """Forget the warmup's enqueue times (the first call compiles); keep the last, settled one."""
-        self.host_ms = getattr(self, "last_ms", None)
+        last = list(self.recent)[-1:]
+        self.recent.clear()
+        self.recent.extend(last)
 
 
 def time_step(
@@ -176,51 +183,61 @@ def time_step(
     """
     on_cuda = device.type == "cuda"
     rank_max = _RankMax(group, device)
+    hold = _StreamHold(device) if on_cuda else None
     if on_cuda:
         start_ev, end_ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        hold = _StreamHold(device)
 
-        def one() -> float:
+        def one() -> tuple[float, float]:
             if flush is not None and rule.flush_l2:
                 flush()
-            # the stream waits in a spin kernel while the host enqueues the step, so launch gaps stay out of the sample
+            # the stream waits in a spin kernel while the host enqueues the step: launch gaps stay out of the sample
             hold()
             t_host = time.perf_counter()
             start_ev.record()
             step()
             end_ev.record()
-            hold.saw((time.perf_counter() - t_host) * 1e3)
+            host_ms = (time.perf_counter() - t_host) * 1e3
             end_ev.synchronize()
-            return float(start_ev.elapsed_time(end_ev))
+            return float(start_ev.elapsed_time(end_ev)), host_ms
     else:
 
-        def one() -> float:
+        def one() -> tuple[float, float]:
             t0 = time.perf_counter()
             step()
-            return (time.perf_counter() - t0) * 1e3
+            ms = (time.perf_counter() - t0) * 1e3
+            return ms, ms
+
+    def sample(since: float) -> tuple[float, float, float, float]:
+        ms, host_ms = one()
+        hi, lo, el, host = rank_max(ms, time.perf_counter() - since, host_ms)
+        if hold is not None:
+            hold.saw(host)
+        return hi, lo, el, host
 
     # warmup: the first call (compile, autotune, allocator growth) never counts as settled; afterwards stop
     # once enough calls and time have passed and the last call is within 1.5x of the fastest later call
     t_warm = time.perf_counter()
     calls: list[float] = []
     while True:
-        hi, _lo, el = rank_max(one(), time.perf_counter() - t_warm)
+        hi, _lo, el, _host = sample(t_warm)
         calls.append(hi)
         settled = len(calls) >= 2 and hi <= 1.5 * min(calls[1:])
         if (len(calls) >= rule.warmup_min_iters and el >= rule.warmup_s and settled) or el >= rule.timeout_s:
             break
     iters = len(calls)
-    if on_cuda:
+    if hold is not None:
         hold.restart()
     warm_s = time.perf_counter() - t_warm
 
     samples: list[float] = []
     lows: list[float] = []
+    hosts: list[float] = []
     t0 = time.perf_counter()
     while True:
-        hi, lo, el = rank_max(one(), time.perf_counter() - t0)
+        hi, lo, el, host = sample(t0)
         samples.append(hi)
         lows.append(lo)
+        hosts.append(host)
         reason = should_stop(samples, el, rule)
         if reason is not None:
             break
@@ -233,4 +250,5 @@ def time_step(
         warmup_iters=iters,
         warmup_s=warm_s,
         l2_flush_bytes=flush.nbytes if (flush is not None and on_cuda and rule.flush_l2) else 0,
+        host_ms=hosts if on_cuda else [],
     )

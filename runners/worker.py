@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runners.errors import GangError, SweepNotFoundError
+from runners.errors import CpbenchError, GangError, SweepNotFoundError
 from runners.execute import run_point_job, tune_job
 from runners.gang import GangPool, JobCancelled
 from runners.grid import available_backends
@@ -110,6 +110,9 @@ def _run(cmd: list[str]) -> str | None:
 
 
 def _git_sha() -> str | None:
+    """CPBENCH_GIT_SHA when set (a copied tree has no .git), else HEAD of the checkout, `-dirty` if modified."""
+    if os.environ.get("CPBENCH_GIT_SHA", "").strip():
+        return os.environ["CPBENCH_GIT_SHA"].strip()
     sha = _run(["git", "rev-parse", "HEAD"])
     if sha is None:
         return None
@@ -243,6 +246,8 @@ def _store_results(
             "warmup_s": round(timing["warmup_s"], 6),
             "l2_flush_bytes": timing["l2_flush_bytes"],
             "rank_skew_median_ms": summarize(skews).median if skews else 0.0,
+            # CUDA: host time to enqueue one step; near the sample itself means the step is launch-bound
+            "host_enqueue_median_ms": summarize(timing["host_ms"]).median if timing.get("host_ms") else None,
         },
     }
     report["expected_collectives"] = _merge_expected(results)
@@ -307,7 +312,7 @@ def run_worker(
     lease_s = float(lease_s if lease_s is not None else settings.LEASE_S)
     heartbeat_s = float(heartbeat_s if heartbeat_s is not None else settings.HEARTBEAT_S)
     if heartbeat_s >= lease_s:
-        raise ValueError(f"heartbeat_s must be shorter than lease_s, got heartbeat_s={heartbeat_s}, lease_s={lease_s}")
+        raise CpbenchError(f"the heartbeat must be shorter than the lease, got heartbeat_s={heartbeat_s}, lease_s={lease_s}")
     require_migrated(url)
     info = detect_devices(devices, kind=device_kind)
     facts = environment_facts(info)
@@ -490,7 +495,12 @@ def _run_one(
     r0 = results[0]
     if not r0.get("ok"):
         return fail(r0.get("error") or "point failed", False)
-    if _store_results(url, point_id=point_id, worker=name, environment_id=env_id, results=results):
+    try:
+        stored = _store_results(url, point_id=point_id, worker=name, environment_id=env_id, results=results)
+    except Exception as err:  # noqa: BLE001 - a store hiccup fails this attempt (retried), not the worker
+        logger.exception("point %s: storing its results failed", point_id)
+        return fail(f"storing the results failed: {type(err).__name__}: {err}", True)
+    if stored:
         stats.done += 1
         logger.info("point %s done in %.2f s", point_id, time.monotonic() - t0)
         return "done"

@@ -70,16 +70,18 @@ CHAIN_DOT_PRECISION = "tf32x3"
 SEG_CHAIN_FWD = register(KernelSpec(
     name="seg_chain_fwd",
     key=("H", "K", "V"),
-    # N*H*V/BV programs, each S-1 dependent [K,K]x[K,BV] products: tiny; 64 columns keep 2 programs per head
-    default=LaunchConfig(BV=64, num_warps=4, num_stages=1),
-    space={"BV": (32, 64, 128), "num_warps": (4, 8)},
+    # N*H*V/BV programs, each S-1 dependent [K,K]x[K,BV] tf32x3 products. The fp32 [K, K] map dominates the
+    # registers: BV 32 with 8 warps spills 16 bytes (ptxas sm_90a, K=V=128); BV 64 / 4 warps spills 1.1 KB
+    default=LaunchConfig(BV=32, num_warps=8, num_stages=1),
+    space={"BV": (16, 32, 64), "num_warps": (4, 8)},
 ))
 
 SEG_COMPOSE_FWD = register(KernelSpec(
     name="seg_compose_fwd",
     key=("H", "K", "V"),
-    default=LaunchConfig(BV=64, num_warps=4, num_stages=1),
-    space={"BV": (32, 64, 128), "num_warps": (4, 8)},
+    # as seg_chain_fwd, over the K+V columns of [M | S_ext]
+    default=LaunchConfig(BV=32, num_warps=8, num_stages=1),
+    space={"BV": (16, 32, 64), "num_warps": (4, 8)},
 ))
 
 

@@ -16,8 +16,8 @@ gc [NT_total, H, K] fp32, and qg = scale * Q * exp(G).
 Three phases in one program, ordered by `debug_barrier` (all within the program):
 1. A (fp32) into `ainv` [B, T, H, C] (GDN: one 64x64 product over column blocks of K; KDA: one 16-row block
    at a time, see below), Aqk into `aqk`.
-2. T = (I + A)^{-1} by forward substitution on the four diagonal 16x16 blocks (rows read back from
-   `ainv`, as FLA's solve_tril does) and block forward substitution T_IJ = -T_II sum_K A_IK T_KJ off it
+2. T = (I + A)^{-1} by forward substitution on the four diagonal 16x16 blocks, interleaved (rows read back
+   from `ainv`, as FLA's solve_tril does) and block forward substitution T_IJ = -T_II sum_K A_IK T_KJ off it
    (tf32 products); T overwrites A in `ainv` (so `ainv` ends as T, fp32).
 3. w and u from T as one 64x64 tile, in column blocks of BK / BV.
 
@@ -83,22 +83,21 @@ def _load_vec(p, bos, r0, T, i_h, H: tl.constexpr, BR: tl.constexpr):
 
 
 @triton.jit
-def _inv_diag16(a, bos, t0, c0: tl.constexpr, T, i_h, H: tl.constexpr, BT: tl.constexpr):
-    """(I + A_II)^{-1} of the diagonal 16x16 block at chunk rows/columns [c0, c0+16) of A in memory (fp32).
-
-    Forward substitution row by row, reading each row of A from memory (no cross-thread row extraction).
-    t0: the chunk's first row on the sequence's token axis; rows past T stay identity.
-    """
+def _diag_row(a, bos, r0, i, T, i_h, b_T, H: tl.constexpr, BT: tl.constexpr):
+    """One forward-substitution step on a diagonal 16x16 block (rows [r0, r0+16) of the token axis, chunk
+    columns [r0 % BT, ...)): row i of T (strict part) = -A_i - sum_k A_ik T_k, A_i read from memory."""
     o_i = tl.arange(0, 16)
-    r0 = t0 + c0
-    p_a = a + ((bos + r0 + o_i) * H + i_h)[:, None] * BT + (c0 + o_i)[None, :]
-    b_T = -tl.load(p_a, mask=((r0 + o_i) < T)[:, None] & (o_i[:, None] > o_i[None, :]), other=0.)
-    for i in range(2, 16):
-        # row i of T (strict part) = -A_i - sum_k A_ik T_k
-        b_a = -tl.load(a + ((bos + r0 + i) * H + i_h) * BT + c0 + o_i, mask=(o_i < i) & (r0 + i < T), other=0.)
-        b_a = b_a + tl.sum(b_a[:, None] * b_T, 0)
-        b_T = tl.where(o_i[:, None] == i, b_a[None, :], b_T)
-    return b_T + tl.where(o_i[:, None] == o_i[None, :], 1., 0.)
+    b_a = -tl.load(a + ((bos + r0 + i) * H + i_h) * BT + r0 % BT + o_i, mask=(o_i < i) & (r0 + i < T), other=0.)
+    b_a = b_a + tl.sum(b_a[:, None] * b_T, 0)
+    return tl.where(o_i[:, None] == i, b_a[None, :], b_T)
+
+
+@triton.jit
+def _diag_init(a, bos, r0, T, i_h, H: tl.constexpr, BT: tl.constexpr):
+    """-StrictLower(A_II) of the diagonal block at rows [r0, r0+16); rows past T are zero."""
+    o_i = tl.arange(0, 16)
+    p_a = a + ((bos + r0 + o_i) * H + i_h)[:, None] * BT + (r0 % BT + o_i)[None, :]
+    return -tl.load(p_a, mask=((r0 + o_i) < T)[:, None] & (o_i[:, None] > o_i[None, :]), other=0.)
 
 
 @triton.jit
@@ -123,10 +122,22 @@ def _solve(a, bos, t0, T, i_h, H: tl.constexpr, BT: tl.constexpr):
 
     Block forward substitution with 16x16 blocks: T_IJ = -T_II sum_{K=J}^{I-1} A_IK T_KJ.
     """
-    T00 = _inv_diag16(a, bos, t0, 0, T, i_h, H, BT)
-    T11 = _inv_diag16(a, bos, t0, 16, T, i_h, H, BT)
-    T22 = _inv_diag16(a, bos, t0, 32, T, i_h, H, BT)
-    T33 = _inv_diag16(a, bos, t0, 48, T, i_h, H, BT)
+    # the four diagonal blocks by forward substitution, interleaved (independent chains: 4x the ILP)
+    T00 = _diag_init(a, bos, t0, T, i_h, H, BT)
+    T11 = _diag_init(a, bos, t0 + 16, T, i_h, H, BT)
+    T22 = _diag_init(a, bos, t0 + 32, T, i_h, H, BT)
+    T33 = _diag_init(a, bos, t0 + 48, T, i_h, H, BT)
+    for i in range(2, 16):
+        T00 = _diag_row(a, bos, t0, i, T, i_h, T00, H, BT)
+        T11 = _diag_row(a, bos, t0 + 16, i, T, i_h, T11, H, BT)
+        T22 = _diag_row(a, bos, t0 + 32, i, T, i_h, T22, H, BT)
+        T33 = _diag_row(a, bos, t0 + 48, i, T, i_h, T33, H, BT)
+    o_i = tl.arange(0, 16)
+    b_I = tl.where(o_i[:, None] == o_i[None, :], 1., 0.)
+    T00 += b_I
+    T11 += b_I
+    T22 += b_I
+    T33 += b_I
     A10 = _load_block(a, bos, t0 + 16, 0, T, i_h, H, BT)
     A20 = _load_block(a, bos, t0 + 32, 0, T, i_h, H, BT)
     A21 = _load_block(a, bos, t0 + 32, 16, T, i_h, H, BT)

@@ -83,3 +83,23 @@ def test_time_step_min_time(monkeypatch: pytest.MonkeyPatch) -> None:
     rule = StopRule(min_samples=2, max_samples=1000, min_time_s=0.05, max_rel_iqr=0.02, timeout_s=10.0, warmup_s=0.0)
     res, _ = _run(monkeypatch, itertools.repeat(1.0), rule)
     assert res.stop_reason == "noise" and len(res.samples_ms) >= 50  # 50 ms of 1 ms samples
+
+
+def test_stream_hold_spin_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA spin before each sample lasts 2x the longest recent host enqueue time (max over ranks), capped."""
+    from collections import deque
+
+    spins: list[int] = []
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: spins.append(cycles))
+    hold = timing._StreamHold.__new__(timing._StreamHold)  # skip the GPU calibration
+    hold.recent, hold.cycles_per_ms = deque(maxlen=16), 1000.0
+    hold()
+    hold.saw(3000.0)  # the compile call
+    hold.saw(0.2)
+    hold()
+    hold.restart()  # sampling starts: only the settled call is remembered
+    hold()
+    for _ in range(16):
+        hold.saw(0.1)
+    hold()
+    assert spins == [1000, 50_000, 400, 200]

@@ -425,6 +425,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     rec.update({k2: vrec.get(k2) for k2 in ("ms", "p20", "p80", "first_call_s", "rel_l2_vs_fla", "error")})
                 else:
                     explore_rows.append(vrec)
+            if args.profile and device == "cuda":
+                try:
+                    rec["profile"] = profile_kernels(op, q, k, v, g, beta, timer)
+                except Exception as err:  # noqa: BLE001
+                    rec["profile"] = {"error": f"{type(err).__name__}: {err}"}
+                    traceback.print_exc()
             if B == 1 and T == 8192 and device == "cuda" and rec.get("ms"):
                 rec.update(_graph_times(op, q, k, v, g, beta, timer, with_fla=o_fla is not None))
             if rec.get("ms") and rec.get("fla_ms"):
@@ -440,6 +446,55 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result["explore"] = explore_rows
     result["wall_s"] = round(time.time() - t_start, 1)
     return result
+
+
+def profile_kernels(op: str, q, k, v, g, beta, timer: Timer) -> dict[str, Any]:
+    """Each launcher of our forward timed alone (do_bench median, ms) with its unique bytes (reads + writes).
+
+    Intermediates come from one untimed pass; the split stages use the automatic plan of the shape.
+    """
+    from kernels.common.chunk_state import SeqLayout, chunk_state_output_fwd, chunk_state_transition_fwd
+    from kernels.common.index import prepare_chunk_index
+    from kernels.common.seqsplit import resolve_split, seg_chain_fwd
+    from kernels.common.wy import BT_WY, wy_gdn_fwd, wy_kda_fwd
+
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    scale = K**-0.5
+    th = B * T * H  # token-heads
+    index = prepare_chunk_index(None, batch=B, seq_len=T, chunk_size=BT_WY, device=k.device)
+    out: dict[str, Any] = {}
+    with torch.no_grad():
+        if op == "gdn":
+            wy_args = (q, k, v, g, beta)
+            w, u, gg, aqk, _ = wy_gdn_fwd(*wy_args, scale=scale, index=index)
+            kk, qq, gv = k, q, False
+            wy_bytes = th * (2 * (2 * K + V) + 4 + 2 * (K + V) + 4 + 2 * 64 + 2 * 4 * 64)
+        else:
+            wy_args = (q, k, v, g, beta)
+            w, u, kk, gg, qq, aqk, _ = wy_kda_fwd(*wy_args, scale=scale, index=index)
+            gv = True
+            wy_bytes = th * (2 * (4 * K + V) + 2 + 2 * (3 * K + V) + 2 * 64 + 2 * 4 * 64)
+        fn = wy_gdn_fwd if op == "gdn" else wy_kda_fwd
+        out["wy_ms"] = _timed(timer, fn, *wy_args, scale=scale, index=index)[0]
+        out["wy_GBps"] = wy_bytes / (out["wy_ms"] * 1e-3) / 1e9
+        step_bytes = th * (2 * (3 * K + V) + 2 * 64 + 4 + 2 * V)  # w, k, q, u, aqk, gate in; o out
+        plain = SeqLayout(index.num_seqs)
+        out["state_plain_ms"] = _timed(timer, chunk_state_output_fwd, kk, w, u, gg, qq, layout=plain, BT=BT_WY,
+                                       gate_vector=gv, scale=scale, aqk=aqk)[0]
+        plan = resolve_split(index, None, H=H, NV=V // 64, device=k.device)
+        if plan is not None:
+            out["seg_chunks"], out["segments"] = plan.seg_chunks, plan.num_segments
+            M, S = chunk_state_transition_fwd(kk, w, u, gg, layout=plan.transitions, BT=BT_WY, gate_vector=gv)
+            out["transition_ms"] = _timed(timer, chunk_state_transition_fwd, kk, w, u, gg, layout=plan.transitions,
+                                          BT=BT_WY, gate_vector=gv)[0]
+            hs = seg_chain_fwd(M, S, None, plan)
+            out["chain_ms"] = _timed(timer, seg_chain_fwd, M, S, None, plan)[0]
+            out["state_split_ms"] = _timed(timer, chunk_state_output_fwd, kk, w, u, gg, qq, layout=plan.final, BT=BT_WY,
+                                           gate_vector=gv, scale=scale, aqk=aqk, h0=hs)[0]
+            out["state_split_GBps"] = step_bytes / (out["state_split_ms"] * 1e-3) / 1e9
+        out["state_plain_GBps"] = step_bytes / (out["state_plain_ms"] * 1e-3) / 1e9
+    return {k2: (round(v2, 4) if isinstance(v2, float) else v2) for k2, v2 in out.items()}
 
 
 def _graph_times(op: str, q, k, v, g, beta, timer: Timer, with_fla: bool) -> dict[str, float]:
@@ -498,6 +553,17 @@ def to_markdown(res: dict[str, Any]) -> str:
             f"| {r['op']} | {r['B']} | {r['T']} | {_fmt(r.get('ms'))} | {_fmt(r.get('fla_ms'))} | {_fmt(r.get('ratio'), 2)} | "
             f"{_fmt(r['floor_ms'])} ({_fmt(r['floor_bytes_ms'])} / {_fmt(r['floor_flops_ms'])}) | {_fmt(r.get('x_floor'), 1)} | "
             f"{_sci(r.get('rel_l2_vs_fla'))} |")
+    prof = [r for r in res["rows"] if isinstance(r.get("profile"), dict) and "wy_ms" in r["profile"]]
+    if prof:
+        lines += ["", "Per launcher (each timed alone, ms; GB/s from the unique bytes it must move):", "",
+                  "| op | B | T | wy (GB/s) | transition | chain | state+output split (GB/s) | state+output plain (GB/s) | segments x chunks |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in prof:
+            p = r["profile"]
+            lines.append(f"| {r['op']} | {r['B']} | {r['T']} | {_fmt(p.get('wy_ms'))} ({_fmt(p.get('wy_GBps'), 0)}) | "
+                         f"{_fmt(p.get('transition_ms'))} | {_fmt(p.get('chain_ms'))} | {_fmt(p.get('state_split_ms'))} "
+                         f"({_fmt(p.get('state_split_GBps'), 0)}) | {_fmt(p.get('state_plain_ms'))} ({_fmt(p.get('state_plain_GBps'), 0)}) | "
+                         f"{p.get('segments', '—')} x {p.get('seg_chunks', '—')} |")
     graph = [r for r in res["rows"] if "graph_ms" in r]
     if graph:
         lines += ["", "CUDA-graph replay (launch overhead removed), B=1 T=8192:", ""]
@@ -530,6 +596,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default=None, help="comma list of BxT (default: the issue's five shapes)")
     ap.add_argument("--explore", nargs="?", const="full", default=None, choices=("full", "light"),
                     help="also time variants: split lengths, fusion and launch configs (full) or the first two (light)")
+    ap.add_argument("--profile", action="store_true", help="also time each launcher of our forward alone")
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--jobs", type=int, default=8, help="parallel precompile processes (0: none)")

@@ -606,7 +606,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
     if args.dry_run:
         args.no_fla, args.jobs = True, 0
-        os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            raise SystemExit("--dry-run needs TRITON_INTERPRET=1 in the environment (set before the kernels are imported)")
+        from kernels.interpreter import patch_bf16_dot
+
+        patch_bf16_dot()
     res = run(args)
     name = args.name or ("kernels_h200" if "H200" in str(res["env"].get("device")) else
                          "kernels_" + "".join(ch if ch.isalnum() else "_" for ch in str(res["env"].get("device")).lower())[:40])

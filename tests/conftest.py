@@ -15,32 +15,10 @@ os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 import pytest  # noqa: E402
 
 
-def _patch_interpreter_bf16_dot() -> None:
-    """The Triton interpreter multiplies raw bf16 bit patterns in tl.dot (triton-lang/triton#11584): widen first."""
-    try:
-        import numpy as np
-        import triton.language as tl
-        from triton.runtime import interpreter as interp
-    except ImportError:
-        return
-    orig = interp.InterpreterBuilder.create_dot
-    if getattr(orig, "_bf16_fixed", False):
-        return
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):  # type: ignore[no-untyped-def]
-        def up(h):  # type: ignore[no-untyped-def]
-            if h.dtype == tl.bfloat16:
-                return interp.TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
-            return h
-
-        return orig(self, up(a), up(b), d, input_precision, max_num_imprecise_acc)
-
-    create_dot._bf16_fixed = True  # type: ignore[attr-defined]
-    interp.InterpreterBuilder.create_dot = create_dot
-
-
 if os.environ.get("TRITON_INTERPRET") == "1":
-    _patch_interpreter_bf16_dot()
+    from kernels.interpreter import patch_bf16_dot
+
+    patch_bf16_dot()
 
 
 @pytest.fixture(autouse=True)

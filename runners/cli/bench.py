@@ -1,0 +1,41 @@
+"""`cpbench bench kernels|cp [ARGS...]`: the GPU benchmarks of the kernel suite (not tests; figures go to benchmarks/results/).
+
+    cpbench bench kernels --ops gdn,kda            # our Triton forward vs FLA vs the floor (= python -m kernels.bench)
+    cpbench bench kernels --dry-run                # CPU interpreter, tiny shapes: checks the script runs
+    cpbench bench cp --world 2                     # every CP scheme on 2 GPUs vs FLA's CP (= python -m kernels.cp.bench)
+
+Everything after the target is handed to that module's own argument parser; `cpbench bench kernels --help` lists it.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+from runners.errors import CpbenchError
+
+__all__ = ["register"]
+
+TARGETS = {"kernels": "kernels.bench", "cp": "kernels.cp.bench"}
+
+
+def bench(
+    ctx: typer.Context,
+    target: str = typer.Argument(..., help="kernels | cp"),
+) -> None:
+    """Run a GPU benchmark of the kernel suite; extra arguments go to the benchmark."""
+    if target not in TARGETS:
+        raise CpbenchError(f"unknown bench target {target!r}; expected one of {sorted(TARGETS)}")
+    module = importlib.import_module(TARGETS[target])
+    rc = module.main(list(ctx.args))
+    if rc:
+        raise typer.Exit(int(rc))
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "bench",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+        help="Run a GPU benchmark of the kernel suite (kernels | cp); extra arguments go to the benchmark.",
+    )(bench)

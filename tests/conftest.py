@@ -14,7 +14,6 @@ os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 import pytest  # noqa: E402
 
-
 if os.environ.get("TRITON_INTERPRET") == "1":
     from kernels.interpreter import patch_bf16_dot
 

@@ -22,9 +22,12 @@ TARGETS = {"kernels": "kernels.bench", "cp": "kernels.cp.bench"}
 
 def bench(
     ctx: typer.Context,
-    target: str = typer.Argument(..., help="kernels | cp"),
+    target: str | None = typer.Argument(None, help="kernels | cp"),
 ) -> None:
     """Run a GPU benchmark of the kernel suite; extra arguments go to the benchmark."""
+    if target is None or target in ("--help", "-h"):
+        typer.echo(ctx.get_help())
+        return
     if target not in TARGETS:
         raise CpbenchError(f"unknown bench target {target!r}; expected one of {sorted(TARGETS)}")
     module = importlib.import_module(TARGETS[target])

@@ -12,12 +12,13 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from kernels.backends import fla_forward, resolve_backend
 from kernels.common.chunk_torch import chunk_fwd_torch
 from kernels.common.index import prepare_chunk_index
-from kernels.common.transition import chain, chunk_transition_torch, compose, naive_transition
+from kernels.common.transition import chain, chunk_transition_torch, compose, mask_maps, naive_transition
 from kernels.configs import KERNELS, LaunchConfig
 from kernels.gdn.naive import naive_recurrent_gdn
 from kernels.kda.naive import naive_recurrent_kda
@@ -147,6 +148,7 @@ def transition(
     backend: str = "auto",
     config: ConfigArg = None,
     cu_seqlens_cpu: Tensor | Sequence[int] | None = None,
+    need: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     r"""The affine state map of each sequence: `S_end = M @ S_start + S_ext` (per sequence and head).
 
@@ -173,6 +175,11 @@ def transition(
             Triton launch configs, as in `forward`. Default: `None`.
         cu_seqlens_cpu (Optional[torch.Tensor | Sequence[int]]):
             host copy of `cu_seqlens`. Default: `None`.
+        need (Optional[torch.Tensor]):
+            bool `[N]` on k's device: which sequences' maps are wanted; the others come back as zeros (M = 0,
+            S_ext = 0). Decided on the device, never read on the host. On the triton backend the serial state
+            pass of an unflagged sequence is skipped inside the kernel (the saving); the torch and reference
+            backends compute every sequence and mask. Default: `None` (all).
 
     Returns:
         M (torch.Tensor):
@@ -194,14 +201,15 @@ def transition(
     bounds = check_inputs(op, None, k, v, g, beta, backend=be, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
     configs = check_config(config)
     B, T = k.shape[:2]
+    _check_need(need, len(bounds) - 1 if bounds is not None else B, k)
     if be == "reference":
-        return naive_transition(k, v, _per_key_gate(op, g), beta, cu_seqlens_cpu=bounds)
+        return mask_maps(*naive_transition(k, v, _per_key_gate(op, g), beta, cu_seqlens_cpu=bounds), need)
     if be == "torch":
         index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, device=k.device, cu_seqlens_cpu=cu_seqlens_cpu)
-        return chunk_transition_torch(k, v, _per_key_gate(op, g), beta, index=index)
+        return mask_maps(*chunk_transition_torch(k, v, _per_key_gate(op, g), beta, index=index), need)
     fwd = _import_triton("kernels.common.transition_triton", "chunk_transition_fwd")
     _check_config_names(configs)
-    return fwd(op, k, v, g, beta, cu_seqlens=cu_seqlens, configs=configs)
+    return fwd(op, k, v, g, beta, cu_seqlens=cu_seqlens, configs=configs, need=need)
 
 
 def reference(
@@ -237,6 +245,17 @@ def _naive(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *,
     fn = naive_recurrent_gdn if op == "gdn" else naive_recurrent_kda
     return fn(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
               cu_seqlens_cpu=bounds)
+
+
+def _check_need(need: Any, N: int, k: Tensor) -> None:
+    """Metadata checks of a sequence mask (shape, dtype, device; its values are never read)."""
+    if need is None:
+        return
+    if not isinstance(need, Tensor) or need.dtype != torch.bool or tuple(need.shape) != (N,):
+        got = f"{need.dtype} {tuple(need.shape)}" if isinstance(need, Tensor) else type(need).__name__
+        raise ValueError(f"need must be a bool tensor of shape [{N}] (one flag per sequence), got need={got}")
+    if need.device != k.device:
+        raise ValueError(f"need is on {need.device} but k is on {k.device}")
 
 
 def _per_key_gate(op: str, g: Tensor) -> Tensor:

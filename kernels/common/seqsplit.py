@@ -118,6 +118,7 @@ def seg_chain_fwd_kernel(
     tl.store(hs + ((s1 - 1) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_s)
 
 
+@triton.heuristics({"USE_NEED": lambda args: args["need"] is not None})
 @triton.jit
 def seg_compose_fwd_kernel(
     m,  # [NS, H, K, K] fp32 maps of all segments
@@ -125,20 +126,27 @@ def seg_compose_fwd_kernel(
     m_out,  # out [N, H, K, K]
     s_out,  # out [N, H, K, V]
     seg_ptr,  # [N+1] int32
+    need,  # [N] uint8 or None: 0 = skip the fold, store zeros
     H: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
     BV: tl.constexpr,
     PRECISION: tl.constexpr,
+    USE_NEED: tl.constexpr,
 ):
     # the augmented state [K, K+V] from [I | 0]: X <- M_j X + [0 | S_ext_j]
     i_c, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = (i_nh // H).to(tl.int64), i_nh % H
     s0 = tl.load(seg_ptr + i_n).to(tl.int64)
     s1 = tl.load(seg_ptr + i_n + 1).to(tl.int64)
+    if USE_NEED:
+        b_need = tl.load(need + i_n) != 0
+        s1 = tl.where(b_need, s1, s0)
+    else:
+        b_need = True
     o_k = tl.arange(0, K)
     o_c = i_c * BV + tl.arange(0, BV)
-    b_x = tl.where(o_k[:, None] == o_c[None, :], 1., 0.)
+    b_x = tl.where((o_k[:, None] == o_c[None, :]) & b_need, 1., 0.)
     for j in range(s0, s1):
         b_m = tl.load(m + (j * H + i_h) * K * K + o_k[:, None] * K + o_k[None, :])
         b_e = tl.load(s_ext + (j * H + i_h) * K * V + o_k[:, None] * V + (o_c - K)[None, :],
@@ -161,6 +169,7 @@ class SplitPlan:
     transitions: the non-last segments (seq_map into all_segments) whose maps the chain needs.
     final: all segments, each sequence's last one storing ht[sequence] (final_idx, -1 elsewhere).
     seg_ptr: int32 `[N+1]`, sequence n owns segments [seg_ptr[n], seg_ptr[n+1]).
+    seg_seq: int32 `[NS]`, the sequence of each segment.
     """
 
     seg_chunks: int
@@ -171,6 +180,7 @@ class SplitPlan:
     final: SeqLayout
     seg_ptr: Tensor
     seg_ptr_cpu: list[int]
+    seg_seq: Tensor          # int32 `[NS]`: the sequence of each segment (per-segment masks from per-sequence ones)
 
 
 _PLAN_CACHE: OrderedDict[tuple[int, int], tuple[ChunkIndex, SplitPlan]] = OrderedDict()
@@ -219,6 +229,7 @@ def plan_split(index: ChunkIndex, seg_chunks: int) -> SplitPlan:
         final=SeqLayout(ns, cu_t, co_t, final_idx=t(final)),
         seg_ptr=t(ptr),
         seg_ptr_cpu=ptr,
+        seg_seq=t([n for n in range(index.num_seqs) for _ in range(ptr[n], ptr[n + 1])]),
     )
     _PLAN_CACHE[key] = (index, plan)
     while len(_PLAN_CACHE) > _PLAN_CACHE_SIZE:
@@ -278,16 +289,21 @@ def seg_chain_fwd(M: Tensor, S_ext: Tensor, h0: Tensor | None, plan: SplitPlan, 
     return hs
 
 
-def seg_compose_fwd(M: Tensor, S_ext: Tensor, plan: SplitPlan, *, config: LaunchConfig | None = None) -> tuple[Tensor, Tensor]:
-    """Fold all segment maps of each sequence: (M [N, H, K, K], S_ext [N, H, K, V]) fp32."""
+def seg_compose_fwd(M: Tensor, S_ext: Tensor, plan: SplitPlan, *, config: LaunchConfig | None = None,
+                    need: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Fold all segment maps of each sequence: (M [N, H, K, K], S_ext [N, H, K, V]) fp32.
+
+    need: bool `[N]` on the device, or None: sequences whose flag is False skip the fold and get zeros.
+    """
     H, K, V = S_ext.shape[1], S_ext.shape[2], S_ext.shape[3]
     cfg = fit_bv(SEG_COMPOSE_FWD, pick_config(SEG_COMPOSE_FWD, {"H": H, "K": K, "V": V}, config), min(K, V))
     BV = cfg.BV
     assert BV is not None and BV >= 16 and K % BV == 0, f"BV={BV} must divide K={K} (and be >= 16)"
     m_out = M.new_empty(plan.num_seqs, H, K, K)
     s_out = S_ext.new_empty(plan.num_seqs, H, K, V)
+    flags = None if need is None else need.contiguous().view(torch.uint8)
     seg_compose_fwd_kernel[((K + V) // BV, plan.num_seqs * H)](
-        M, S_ext, m_out, s_out, plan.seg_ptr, H=H, K=K, V=V, BV=BV, PRECISION=CHAIN_DOT_PRECISION,
+        M, S_ext, m_out, s_out, plan.seg_ptr, flags, H=H, K=K, V=V, BV=BV, PRECISION=CHAIN_DOT_PRECISION,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return m_out, s_out

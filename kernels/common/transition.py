@@ -8,6 +8,11 @@ A segment of tokens maps its entering state to its leaving state affinely (DESIG
 state [M | S_ext] `[K, K+V]` from [I | 0], with the right-hand side [0_K | v] (so u becomes [0 | u]); each
 chunk then applies M_c = Diag(gamma_C) - K~^T w to the M block and M_c S + K~^T u to the S_ext block.
 `naive_transition` does the same with the per-token reference. `compose` and `chain` fold maps; all fp32.
+
+`mask_maps` applies a per-sequence device mask `need` (unflagged sequences get M = 0, S_ext = 0) with
+`torch.where`. The torch and reference backends compute every sequence and then mask: skipping work for
+some rows only would need their count on the host (a sync). Skipping the work is a Triton-path property
+(`kernels.common.transition_triton`: masked programs walk no chunk).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from torch import Tensor
 from kernels.common.chunk_torch import chunk_prepare, chunk_state_pass, to_chunks
 from kernels.common.index import ChunkIndex
 
-__all__ = ["chain", "chunk_transition_torch", "compose", "naive_transition"]
+__all__ = ["chain", "chunk_transition_torch", "compose", "mask_maps", "naive_transition"]
 
 
 def chunk_transition_torch(k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, index: ChunkIndex) -> tuple[Tensor, Tensor]:
@@ -31,6 +36,14 @@ def chunk_transition_torch(k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, ind
     h0 = torch.cat([eye.expand(index.num_seqs, H, K, K), k.new_zeros(index.num_seqs, H, K, v.shape[-1], dtype=torch.float32)], -1)
     S, _, _ = chunk_state_pass(prep, index, h0, u=u_aug, store=False)
     return S[..., :K].contiguous(), S[..., K:].contiguous()
+
+
+def mask_maps(M: Tensor, S_ext: Tensor, need: Tensor | None) -> tuple[Tensor, Tensor]:
+    """(M, S_ext) with the rows of unflagged sequences set to zero (`need`: bool `[N]` on M's device, or None)."""
+    if need is None:
+        return M, S_ext
+    keep = need.view(-1, 1, 1, 1)
+    return torch.where(keep, M, 0.0), torch.where(keep, S_ext, 0.0)
 
 
 def naive_transition(k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, cu_seqlens_cpu: list[int] | None) -> tuple[Tensor, Tensor]:

@@ -4,6 +4,10 @@ By linearity the state pass on the augmented state [K, K+V] from [I | 0] with ri
 ends at [M | S_ext] (`chunk_state_transition_fwd`, fp32 state). A long sequence (few sequences per device,
 decided as for the forward) is cut into segments whose maps are computed in parallel and folded in order
 by `seg_compose_fwd` (fp32, tf32x3 products), so the map of a 128K-token sequence is not one serial walk.
+
+`need` (bool `[N]` on the device) masks sequences: the state pass and the fold of an unflagged sequence are
+skipped inside the kernels (its programs walk no chunk) and its M and S_ext are zeros. The intra-chunk WY
+prep still runs over every token (it is chunk-parallel and shared); the saving is the serial pass.
 """
 
 from __future__ import annotations
@@ -31,10 +35,12 @@ def chunk_transition_fwd(
     cu_seqlens: Tensor | None = None,
     configs: Mapping[str, LaunchConfig] | None = None,
     split_chunks: int | None = None,
+    need: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(M `[N, H, K, K]`, S_ext `[N, H, K, V]`) fp32 with S_end = M S_start + S_ext per sequence and head.
 
     split_chunks: None = automatic, 0 = never split, n = segments of n chunks.
+    need: bool `[N]` on the device, or None (all sequences): unflagged sequences are skipped and get zeros.
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
@@ -53,7 +59,9 @@ def chunk_transition_fwd(
     if plan is None:
         layout = SeqLayout(index.num_seqs, index.cu_seqlens if index.is_varlen else None,
                            index.chunk_offsets if index.is_varlen else None)
-        return chunk_state_transition_fwd(kk, w, u, gg, layout=layout, BT=BT_WY, gate_vector=gate_vector, config=cfg)
+        return chunk_state_transition_fwd(kk, w, u, gg, layout=layout, BT=BT_WY, gate_vector=gate_vector, config=cfg,
+                                          need=need)
+    seg_need = None if need is None else need.index_select(0, plan.seg_seq)
     M, S = chunk_state_transition_fwd(kk, w, u, gg, layout=plan.all_segments, BT=BT_WY, gate_vector=gate_vector,
-                                      config=cfg)
-    return seg_compose_fwd(M, S, plan, config=cfgs.get("seg_compose_fwd"))
+                                      config=cfg, need=seg_need)
+    return seg_compose_fwd(M, S, plan, config=cfgs.get("seg_compose_fwd"), need=need)

@@ -186,8 +186,9 @@ def tune_shape(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def tune_job(rc: RankContext, payload: dict[str, Any]) -> dict[str, Any] | None:
-    """Gang job (one rank): tune the kernels a point launches that the store lacks (`runners.tuner.ensure_tuned`)
-    and return their configs in the autotune-file format; this process's own configs are left as they were."""
+    """Gang job (one rank): tune the kernels a point launches that the store lacks (`runners.tuner.ensure_tuned`,
+    searching as the sweep's `tuning` spec says) and return their configs in the autotune-file format; this
+    process's own configs are left as they were."""
     from db.session import session_scope
     from kernels.autotune import active_table, install
     from runners.tuner import ensure_tuned
@@ -197,7 +198,8 @@ def tune_job(rc: RankContext, payload: dict[str, Any]) -> dict[str, Any] | None:
     try:
         with session_scope(payload["url"]) as s:
             return ensure_tuned(s, op=params["op"], shape=tune_shape(params), device=rc.device,
-                                sweep_id=payload.get("sweep_id"), environment_id=payload.get("environment_id"))
+                                sweep_id=payload.get("sweep_id"), environment_id=payload.get("environment_id"),
+                                **(payload.get("tuning") or {}))
     finally:
         install(previous)
 

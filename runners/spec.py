@@ -12,6 +12,10 @@ Every axis takes a list or a single value. Example (`runners/suites/demo.yaml` i
     seeds: [0]
     timing: {min_samples: 10, max_samples: 200, max_rel_iqr: 0.02}
 
+`tune: true` tunes the Triton launch configs of each point's kernels before timing it (triton backend only);
+`tuning: {strategy: random, budget: 8, samples: 10}` bounds that search (`TuneSpec`; default: halving over the
+whole space).
+
 Limits (`runners.settings`): points per sweep, tokens per point, CP size. Errors are `SpecError`s whose message
 names the field (`axes.T.0: ...`) and the value received. Only the forward direction exists today.
 """
@@ -42,6 +46,7 @@ __all__ = [
     "CheckSpec",
     "SweepSpec",
     "TimingSpec",
+    "TuneSpec",
     "WarmupCorrectSpec",
     "grid_size",
     "load_spec",
@@ -212,6 +217,26 @@ class CheckSpec(BaseModel):
     reference: bool = True  # run the reference check at all
 
 
+class TuneSpec(BaseModel):
+    """How a sweep with `tune: true` searches each kernel's space (`runners.tuner.tune_case`: same names and defaults)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    strategy: Literal["exhaustive", "random", "halving"] = "halving"
+    budget: int | None = Field(None, ge=1)  # configs measured per kernel and key (random; halving's first rung); None = all
+    samples: int = Field(20, ge=1)  # samples per config (exhaustive, random)
+    min_samples: int = Field(5, ge=1)  # halving: samples per config on the first rung
+    max_samples: int = Field(60, ge=1)  # halving: cap on the samples per config of later rungs
+
+    @model_validator(mode="after")
+    def _order(self) -> TuneSpec:
+        if self.max_samples < self.min_samples:
+            raise PydanticCustomError(
+                "order", "max_samples ({mx}) must be >= min_samples ({mn})", {"mx": self.max_samples, "mn": self.min_samples}
+            )
+        return self
+
+
 class WarmupCorrectSpec(BaseModel):
     """Options of the `warmup_correct` mode (FlashKDA's one-device scheme; `kernels.cp.warmup_correct`)."""
 
@@ -249,6 +274,7 @@ class SweepSpec(BaseModel):
     mode_options: dict[str, dict[str, Any]] = {}  # per-mode knobs passed to kernels.cp.forward (e.g. segment_len)
     profile: bool = True  # profile one step per point (collectives, syncs, launches, trace file)
     tune: bool = False  # tune the Triton launch configs of the point's kernels first (runners.tuner)
+    tuning: TuneSpec = TuneSpec()  # the search `tune: true` runs (strategy, budget, samples)
     device: Literal["any", "cuda", "cpu"] = "any"  # which workers may claim the points
     max_attempts: int = Field(3, ge=1, le=20)  # tries per point before it stays failed
 

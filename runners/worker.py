@@ -9,7 +9,7 @@ driver, CUDA, torch, Triton, Python, git sha, host), register the worker.
 Loop: claim the oldest queued point this worker can run (W <= its devices, its device kind; the claim also
 returns expired leases to the queue), keep the lease alive from a heartbeat thread, (for a sweep with
 `tune: true` and the triton backend, first tune the point's kernels on the W=1 gang: `runners.tuner.ensure_tuned`
-through `runners.execute.tune_job`, and time with the tuned configs), send the point to the persistent gang of
+through `runners.execute.tune_job`, searching as the spec's `tuning` says, and time with the tuned configs), send the point to the persistent gang of
 its W (`runners.gang`, job `runners.execute.run_point_job`), then store the artifact
 (Chrome trace), measurement and profile and mark the point done, all in one transaction (`complete_point`
 commits them together, or drops them if the lease was lost meanwhile). Failures become data: a failed
@@ -466,7 +466,8 @@ def _run_one(
     try:
         if options.get("tune") and params.get("backend") == "triton":
             # tuning runs once, on one device (the W=1 gang), before the point's own gang times it
-            tune_payload = {"url": url, "params": params, "sweep_id": sweep_id, "environment_id": env_id}
+            tune_payload = {"url": url, "params": params, "sweep_id": sweep_id, "environment_id": env_id,
+                            "tuning": spec.get("tuning") or {}}
             payload["autotune"] = pool.run(1, tune_job, tune_payload, timeout_s=job_timeout_s, cancel=cancel)[0]
         results = pool.run(W, run_point_job, payload, timeout_s=job_timeout_s, cancel=cancel)
     except JobCancelled:

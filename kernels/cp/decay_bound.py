@@ -13,7 +13,9 @@ write) ||S_{c-1}||_F <= sum_{s<c} u_s prod_{s<r<c} exp(l_r). With Lam_t = sum_{r
 
 LCSE = logcumsumexp(log u - Lam) over the flat token axis. The sum may include earlier sequences of a
 varlen batch: more non-negative terms, still an upper bound. Everything is fp64 on the device, per
-(segment, head); the max over heads is taken by the caller's decision. See kernels/cp/README.md.
+(segment, head); the max over heads is taken by the caller's decision. `log_span_bound` gives the
+plain map bound exp(Lam_{b-1} - Lam_{a-1}) >= ||M_[a,b)||_2 of whole spans (how far an error in the state
+entering a span can reach its end). See kernels/cp/README.md.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["log_window_bound", "token_terms"]
+__all__ = ["log_span_bound", "log_window_bound", "token_terms"]
 
 
 def token_terms(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
@@ -49,3 +51,10 @@ def log_window_bound(ell: Tensor, log_u: Tensor, ends: Tensor, starts: Tensor, v
     prev = (starts - 1).clamp_min(0)
     out = (lam.index_select(1, ends - 1) + lcse.index_select(1, prev)).t()
     return torch.where(valid[:, None], out, torch.full_like(out, float("-inf")))
+
+
+def log_span_bound(ell: Tensor, starts: Tensor, ends: Tensor) -> Tensor:
+    """log of the bound on ||M_[a,b)||_2, fp64 `[n, H]`: sum of l_t over each span [a, b) = [starts, ends)."""
+    lam = ell.t().cumsum(-1)                                               # [H, T] (a parallel scan, see above)
+    lam = torch.cat([lam.new_zeros(lam.shape[0], 1), lam], -1)             # lam[:, t] = sum over tokens < t
+    return (lam.index_select(1, ends) - lam.index_select(1, starts)).t()

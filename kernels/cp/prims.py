@@ -35,7 +35,10 @@ def fwd(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, bound
 
 
 def trans(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, bounds: tuple[int, ...], *,
-          backend: str = "auto") -> tuple[Tensor, Tensor]:
-    """`kernels.transition` (M `[N,H,K,K]`, S_ext `[N,H,K,V]`, fp32) of the sequences of `bounds`."""
+          backend: str = "auto", need: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """`kernels.transition` (M `[N,H,K,K]`, S_ext `[N,H,K,V]`, fp32) of the sequences of `bounds`.
+
+    need: bool `[N]` device mask (None: all); unflagged sequences get zeros (triton: their pass is skipped).
+    """
     return kernels.transition(op, k, v, g, beta, cu_seqlens=bounds_tensor(bounds, k.device), cu_seqlens_cpu=bounds,
-                              backend=backend)
+                              backend=backend, need=need)

@@ -1,23 +1,24 @@
 """warmup_correct: FlashKDA's intra-device CP on one device, with a rigorous bound and no host sync.
 
 Every sequence longer than a segment is cut into segments (one varlen batch). A segment's entering state
-is the previous segment's end state, built in one of two ways, chosen ONCE PER CALL on the host
-(`fallback`, host-visible metadata; no device value is read):
+is the previous segment's end state. `kernels.cp.decay_bound` bounds, per (segment, head) and from the
+gates on the device, the state that a warmup window (the last `window` chunks of the previous segment)
+drops; a segment is good when that bound is <= `tol` times the state norm for every head. `fallback`
+(host-visible, chosen per call) says what happens to the segments that are not good:
 
-- `"none"` (the warmup path): the end state of segment i is taken from only its last `window` chunks
-  (one varlen `transition` over all windows, gathered by a cached index), dropping M_win S(window start).
-  `kernels.cp.decay_bound` bounds the dropped term per (segment, head) from the gates on the device, and
-  the report flags every segment where the bound exceeds `tol` times the state norm (`violations`):
-  the result is certified within `tol` exactly when `violations == 0`.
-- `"exact"` (default; the fallback everywhere): exact maps (M, S_ext) of every segment and the serial
-  correction S0[i+1] = M[i] S0[i] + S_ext[i] on the device (`kernels.cp.intra`), exact in fp32. The same
-  bound is computed, and `fallback_count` says how many segments needed M at this window.
+- `"auto"` (default): decided PER SEGMENT on the device. Good segments take their entering state from the
+  window alone (E_win); for failing ones the exact map (M, S_ext) of the whole previous segment comes from
+  one masked `transition` (`need` = the failing segments' predecessors: on the triton backend the kernel
+  skips the serial pass of every other segment, so M costs only where it is needed). Both are combined
+  branch-free as one affine chain per sequence, S0[i+1] = A[i] S0[i] + B[i] with A[i] = M[i] (zeros where
+  not needed) and B[i] = where(fail[i+1], S_ext[i], E_win[i+1]): one `baddbmm` per segment position.
+- `"exact"`: exact maps of every segment and the serial correction (`kernels.cp.intra`), exact in fp32
+  (the cost of exact intra-device CP); `fallback_count` says how many segments needed M at this window.
+- `"none"` (FlashKDA's scheme): windows only, no M; `violations` counts the failing segments left on the
+  warmup estimate: the result is certified within `tol` exactly when `violations == 0`.
 
-Why not a per-segment select: the segments that fail the bound are known only on the device; skipping M
-for the others needs data-dependent shapes (a sync) or a kernel that masks work per sequence, and
-computing both and selecting costs the exact path in full while never being more accurate than it.
-Then one varlen forward over all segments runs from the corrected states. No `.item()` anywhere: the
-report holds device tensors; `report.to_dict()` reads them (call it after the timed region).
+Then one varlen forward over all segments runs from the corrected states. No `.item()`, no Python branch
+on a device value: the report holds device tensors; `report.to_dict()` reads them (call it after timing).
 """
 
 from __future__ import annotations
@@ -34,13 +35,13 @@ from torch import Tensor
 
 from kernels.cp import intra, prims
 from kernels.cp.context import host_bounds
-from kernels.cp.decay_bound import log_window_bound, token_terms
+from kernels.cp.decay_bound import log_span_bound, log_window_bound, token_terms
 
 __all__ = ["FALLBACKS", "WarmupPlan", "WarmupReport", "warmup_correct"]
 
 logger = logging.getLogger(__name__)
 
-FALLBACKS: tuple[str, ...] = ("exact", "none")
+FALLBACKS: tuple[str, ...] = ("auto", "exact", "none")
 DEFAULT_TOL = 1e-3
 DEFAULT_WINDOW_CHUNKS = 2
 
@@ -75,6 +76,14 @@ class WarmupPlan:
         if t is None:
             if name == "gather":
                 vals = [t for r in self.win_rows for t in range(self.win_start[r], self.win_end[r])]
+            elif name == "prev_start":                    # the previous segment of each win row: [start, end)
+                vals = [self.bounds[r - 1] for r in self.win_rows]
+            elif name == "prev_end":
+                vals = [self.bounds[r] for r in self.win_rows]
+            elif name == "prev_rows":
+                vals = [r - 1 for r in self.win_rows]
+            elif name in ("map_pos", "state_pos"):
+                vals = list(self.chain_layout[1 if name == "map_pos" else 2])
             elif name == "valid":
                 vals = [self.win_start[r] > self.seq_start[r] for r in self.win_rows]
             else:
@@ -83,6 +92,30 @@ class WarmupPlan:
             t = torch.tensor(vals, dtype=torch.bool if name == "valid" else torch.int64, device=device)
             self._dev[key] = t
         return t
+
+    @functools.cached_property
+    def chain_layout(self) -> tuple[tuple[int, int], tuple[int, ...], tuple[int, ...]]:
+        """Padded layout of the per-sequence chain of `"auto"`: ((steps, n), map position, state position) per win row.
+
+        n = split sequences; the segment at position j >= 1 of split sequence c has its predecessor's map at
+        padded position (j-1) n + c and its entering state at X position j n + c (X[0] = 0).
+        """
+        pos_in_seq, seq_of = [], []
+        c = -1
+        for f in self.first:
+            if f:
+                j = 0
+            else:
+                j += 1
+                if j == 1:
+                    c += 1
+            pos_in_seq.append(j)
+            seq_of.append(c)
+        n = c + 1
+        steps = max(pos_in_seq, default=0)
+        maps = tuple((pos_in_seq[r] - 1) * n + seq_of[r] for r in self.win_rows)
+        states = tuple(pos_in_seq[r] * n + seq_of[r] for r in self.win_rows)
+        return (steps, n), maps, states
 
     def pieces(self) -> tuple[intra.PieceSpec, ...]:
         cu = self.cu_seqlens

@@ -52,10 +52,15 @@ def ensure_tuned(
     environment_id: int | None = None,
     strategy: str = "halving",
     budget: int | None = None,
+    samples: int = 20,
+    min_samples: int = 5,
+    max_samples: int = 60,
     backend: str = "triton",
     retune: bool = False,
 ) -> dict[str, Any] | None:
-    """Tune the point's kernels that the store lacks (see the module docstring); install and return their configs."""
+    """Tune the point's kernels that the store lacks (see the module docstring); install and return their configs.
+
+    strategy, budget, samples, min_samples, max_samples: the search (`tune_case`; a sweep's `tuning` spec)."""
     from db import crud
 
     shape = Shape.of(shape)
@@ -82,7 +87,7 @@ def ensure_tuned(
                 if t.status == "failed" and t.key_str == key_str(launched[n]) and "CUDA error" in (t.error or ""):
                     known_bad.setdefault(n, {})[LaunchConfig.from_dict(t.config)] = f"crashed the device in an earlier trial: {t.error}"
         rows, _ = tune_case(session, run=run, device=device, kernels=missing, strategy=strategy, budget=budget,
-                            tol=_TOL[_DTYPES[shape.dtype]], sweep_id=sweep_id, environment_id=environment_id,
+                            samples=samples, min_samples=min_samples, max_samples=max_samples, tol=_TOL[_DTYPES[shape.dtype]], sweep_id=sweep_id, environment_id=environment_id,
                             known_bad=known_bad)
         stored.update({(r.kernel, r.key_str): r for r in rows})
     rows = [r for n in launched if (r := current(n)) is not None]

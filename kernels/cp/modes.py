@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 class _WarmupMode:
     """Adapter: `cp.forward("warmup_correct", ...)` runs `cp.warmup_correct` on the whole batch (W = 1)."""
 
-    OPTIONS = {"segments": "auto", "tol": warmup_module.DEFAULT_TOL, "window": "auto", "fallback": "exact"}
+    OPTIONS = {"segments": "auto", "tol": warmup_module.DEFAULT_TOL, "window": "auto", "fallback": "auto"}
 
     @staticmethod
     def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,

@@ -154,8 +154,10 @@ class WarmupReport:
     """What warmup_correct did. Host fields are plain values; device fields are tensors (read them after timing).
 
     Per segment s (the forward's varlen sequences, `segment_bounds`): `window[s]` tokens of the previous
-    segment built its entering state (0: first segment of a sequence, entering with zeros); `log_bound[s, h]`
-    the log of the bound on the state that window dropped; `ok[s, h]` whether bound <= tol * ||state||_F;
+    segment build its warmup estimate (0: first segment of a sequence, entering with zeros); `log_bound[s, h]`
+    the log of the bound on the state that window drops; `ok[s, h]` whether bound <= tol * ||state||_F;
+    `fell_back[s]` whether the segment took the exact map of its whole previous segment instead of the
+    window (`"auto"`: the failing segments; `"exact"`: every non-first segment; `"none"`: never);
     `state_err_bound[s, h]` a bound on ||S0_used - S0_exact||_F (0 for `"exact"`).
     """
 
@@ -170,6 +172,7 @@ class WarmupReport:
     violations: Tensor             # int64 []: failing segments left on the warmup estimate ("none"), else 0
     state_err_bound: Tensor        # fp64 [S, H]
     initial_states: Tensor | None  # fp32 [S, H, K, V]
+    fell_back: Tensor | None = None  # bool [S]
 
     @property
     def num_segments(self) -> int:
@@ -179,11 +182,12 @@ class WarmupReport:
         """Host copy of the report (reads device values: call after the timed region)."""
         lb = self.log_bound.max().item() if self.log_bound.numel() else float("-inf")
         err = self.state_err_bound.max().item() if self.state_err_bound.numel() else 0.0
+        fell = [] if self.fell_back is None else torch.nonzero(self.fell_back.cpu()).flatten().tolist()
         return {
             "tol": self.tol, "fallback": self.fallback, "window_chunks": self.window_chunks,
             "segments": self.num_segments, "segment_bounds": list(self.segment_bounds), "window": list(self.window),
             "max_bound": math.exp(lb) if lb > -math.inf else 0.0, "fallback_count": int(self.fallback_count.item()),
-            "violations": int(self.violations.item()), "max_state_err_bound": err,
+            "fallback_segments": fell, "violations": int(self.violations.item()), "max_state_err_bound": err,
         }
 
 
@@ -216,7 +220,7 @@ def warmup_correct(
     backend: str = "auto",
     scale: float | None = None,
     window: int | str = "auto",
-    fallback: str = "exact",
+    fallback: str = "auto",
 ) -> tuple[Tensor, WarmupReport]:
     """Intra-device CP forward of a B = 1 varlen batch on one device: segments, warmup/correction, one varlen forward.
 
@@ -240,8 +244,10 @@ def warmup_correct(
         window (int | str):
             warmup chunks (of 64 tokens) per segment, or `"auto"` (2). Default: `"auto"`.
         fallback (str):
-            `"exact"` (exact M for every segment: rigorous, the cost of exact intra-device CP) or `"none"` (warmup
-            only: certified iff `report.violations == 0`). Default: `"exact"`.
+            `"auto"` (per segment, on the device: the window where the bound holds, the exact map of the whole
+            previous segment where it does not; `violations` = 0), `"exact"` (exact M for every segment: the
+            cost of exact intra-device CP) or `"none"` (warmup only: certified iff `report.violations == 0`).
+            Default: `"auto"`.
 
     Returns:
         o (torch.Tensor): `[1, T, H, V]` in q's dtype.
@@ -268,45 +274,116 @@ def warmup_correct(
     ell, log_u = token_terms(op, k, v, g, beta)
     rows = plan.index("win_rows", dev)
     lb = log_window_bound(ell, log_u, plan.index("win_end", dev), plan.index("win_start", dev), plan.index("valid", dev))
-    if fallback == "none":
-        S0, ref_log = _warmup_states(op, k, v, g, beta, plan, backend=backend, H=H, K=K, V=V)
-        ref_log = ref_log + math.log(tol / (1.0 + tol))
-    else:
+    fell_rows = None
+    if fallback == "exact":
         S0, ref_log = _exact_states(op, k, v, g, beta, plan, backend=backend, H=H, K=K, V=V)
-        ref_log = ref_log + math.log(tol)
-    ok_rows = lb <= ref_log
+        ok_rows = lb <= ref_log + math.log(tol)
+    else:
+        E_win, ref_log = _window_maps(op, k, v, g, beta, plan, backend=backend, H=H)
+        ok_rows = lb <= ref_log + math.log(tol / (1.0 + tol))
+        if fallback == "none":
+            S0 = _scatter(plan, E_win, H=H, K=K, V=V, device=dev)
+        else:
+            fell_rows = (~ok_rows).any(1)
+            S0 = _auto_states(op, k, v, g, beta, plan, E_win, fell_rows, backend=backend, H=H, K=K, V=V)
     log_bound = torch.full((nseg, H), float("-inf"), dtype=torch.float64, device=dev)
     ok = torch.ones(nseg, H, dtype=torch.bool, device=dev)
+    fell_back = torch.zeros(nseg, dtype=torch.bool, device=dev)
     if plan.win_rows:
         log_bound.index_copy_(0, rows, lb)
         ok.index_copy_(0, rows, ok_rows)
+        if fallback == "exact":
+            fell_back.index_fill_(0, rows, True)
+        elif fell_rows is not None:
+            fell_back.index_copy_(0, rows, fell_rows)
     failed = (~ok).any(1).sum()
     zero = torch.zeros((), dtype=torch.int64, device=dev)
     if fallback == "none":
-        err = log_bound.exp()
-        violations = failed
+        err, violations = log_bound.exp(), failed
+    elif fallback == "exact":
+        err, violations = torch.zeros_like(log_bound), zero
     else:
-        err = torch.zeros_like(log_bound)
-        violations = zero
+        err, violations = _auto_err_bound(plan, ell, log_bound, fell_back, device=dev).exp(), zero
     o, _ = prims.fwd(op, q, k, v, g, beta, plan.bounds, h0=S0, backend=backend, scale=scale)
     report = WarmupReport(tol=float(tol), fallback=fallback, window_chunks=window, segment_bounds=plan.bounds,
                           window=plan.window_tokens, log_bound=log_bound, ok=ok, fallback_count=failed,
-                          violations=violations, state_err_bound=err, initial_states=S0)
+                          violations=violations, state_err_bound=err, initial_states=S0, fell_back=fell_back)
     return o, report
 
 
-def _warmup_states(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: WarmupPlan, *, backend: str,
-                   H: int, K: int, V: int) -> tuple[Tensor | None, Tensor]:
-    """Entering states from the windows alone, and log ||E_win||_F `[n_win, H]` (fp64)."""
+def _window_maps(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: WarmupPlan, *, backend: str,
+                 H: int) -> tuple[Tensor | None, Tensor]:
+    """E_win `[n_win, H, K, V]` of every window (the end state from a zero start), and log ||E_win||_F (fp64)."""
     dev = k.device
     if not plan.win_rows:
         return None, torch.empty(0, H, dtype=torch.float64, device=dev)
     idx = plan.index("gather", dev)
     kw, vw, gw, bw = (x.index_select(1, idx) for x in (k, v, g, beta))
     _, E = prims.trans(op, kw, vw, gw, bw, plan.win_bounds, backend=backend)
-    S0 = torch.zeros(plan.num_segments, H, K, V, dtype=torch.float32, device=dev)
-    S0.index_copy_(0, plan.index("win_rows", dev), E)
-    return S0, torch.linalg.vector_norm(E, dim=(-2, -1)).double().log()
+    return E, torch.linalg.vector_norm(E, dim=(-2, -1)).double().log()
+
+
+def _scatter(plan: WarmupPlan, rows: Tensor | None, *, H: int, K: int, V: int, device: torch.device) -> Tensor | None:
+    """Entering states `[S, H, K, V]` with the win rows' states in place and zeros for first segments."""
+    if rows is None:
+        return None
+    S0 = torch.zeros(plan.num_segments, H, K, V, dtype=torch.float32, device=device)
+    S0.index_copy_(0, plan.index("win_rows", device), rows)
+    return S0
+
+
+def _auto_states(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: WarmupPlan, E_win: Tensor | None,
+                 fell: Tensor, *, backend: str, H: int, K: int, V: int) -> Tensor | None:
+    """Per-segment choice on the device: S0[r] = fell[r] ? M[r-1] S0[r-1] + S_ext[r-1] : E_win[r].
+
+    One masked transition over all segments gives (M, S_ext) only for the predecessors of failing segments
+    (zeros elsewhere); the choice is the affine chain S0[r] = A S0[r-1] + B with A = masked M and
+    B = where(fell, S_ext, E_win), one `baddbmm` per segment position, batched over sequences and heads.
+    """
+    if E_win is None:
+        return None
+    dev = k.device
+    need = torch.zeros(plan.num_segments, dtype=torch.bool, device=dev)
+    need.index_copy_(0, plan.index("prev_rows", dev), fell)
+    M, E = prims.trans(op, k, v, g, beta, plan.bounds, backend=backend, need=need)
+    prev = plan.index("prev_rows", dev)
+    M, E = M.index_select(0, prev), E.index_select(0, prev)                  # the win rows' predecessors
+    B = torch.where(fell[:, None, None, None], E, E_win)
+    (steps, n), map_pos, _ = plan.chain_layout
+    if map_pos == tuple(range(steps * n)):
+        A_all, B_all = M, B
+    else:
+        pos = plan.index("map_pos", dev)
+        A_all = M.new_zeros(steps * n, H, K, K).index_copy_(0, pos, M)
+        B_all = B.new_zeros(steps * n, H, K, V).index_copy_(0, pos, B)
+    A_all, B_all = A_all.view(steps, n * H, K, K), B_all.view(steps, n * H, K, V)
+    X = torch.empty(steps + 1, n * H, K, V, dtype=torch.float32, device=dev)
+    X[0].zero_()
+    for j in range(steps):
+        torch.baddbmm(B_all[j], A_all[j], X[j], out=X[j + 1])
+    states = X.view(-1, H, K, V).index_select(0, plan.index("state_pos", dev))
+    return _scatter(plan, states, H=H, K=K, V=V, device=dev)
+
+
+def _auto_err_bound(plan: WarmupPlan, ell: Tensor, log_bound: Tensor, fell: Tensor, *, device: torch.device) -> Tensor:
+    """log of the bound on ||S0_used - S0_exact||_F per (segment, head) under `"auto"`, fp64 `[S, H]`.
+
+    A window-built state errs by at most its window bound (log_bound) and does not depend on earlier
+    states; a fallback state S0[r] = M[r-1] S0[r-1] + S_ext[r-1] carries the error of S0[r-1] through
+    M[r-1], ||M||_2 <= exp(sum of l_t over segment r-1). So along each run of fallbacks the log error is the
+    log bound of the run's last window-built (or first, exact: -inf) segment plus the summed span bounds:
+    a segmented scan (cummax of the reset index, cumsum of the span logs), no loop.
+    """
+    S, H = log_bound.shape
+    if not plan.win_rows:
+        return log_bound
+    span = torch.zeros(S, H, dtype=torch.float64, device=device)
+    span.index_copy_(0, plan.index("win_rows", device),
+                     log_span_bound(ell, plan.index("prev_start", device), plan.index("prev_end", device)))
+    ar = torch.arange(S, device=device)
+    reset = torch.cummax(torch.where(fell, 0, ar), 0).values                 # last non-fallback segment <= s
+    C = torch.where(fell[:, None], span, 0.0).cumsum(0)
+    return log_bound.index_select(0, reset) + C - C.index_select(0, reset)
 
 
 def _exact_states(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: WarmupPlan, *, backend: str,

@@ -1,0 +1,81 @@
+"""A sweep with `tune: true` (runners.worker -> runners.execute.tune_job -> runners.tuner.ensure_tuned) on the CPU.
+
+Scenario: one GDN point on the interpreted Triton backend (T=64, H=1, K=V=32, fp32, mode none, W=1) with a small
+random search (`tuning: {strategy: random, budget: 4, samples: 1}`). The worker tunes the kernels the point
+launches before timing it: the trials are stored with the sweep's id, at most `budget` per kernel, each `ok` one
+timed with `samples` samples; the winner per kernel (lowest median among its ok trials) is the TunedConfig; and
+the measurement records, per kernel, the launch key and config it ran with, which are the TunedConfig's key and
+config. Also: the `tuning` block is validated with errors naming the field.
+No timing is asserted: only which stored trial won and what the measurement says it launched.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from runners.errors import SpecError
+from tests.runners.engine_fixtures import store_url, write_spec  # noqa: F401
+
+pytestmark = pytest.mark.multiproc
+
+BUDGET = 4
+
+
+def test_sweep_tunes_then_times_with_tuned_configs(tmp_path: Path, store_url: str) -> None:  # noqa: F811
+    from db.models import Measurement, Point, TunedConfig, TuningTrial
+    from db.session import session_scope
+    from kernels.autotune import key_str
+    from runners.engine import submit_spec
+    from runners.spec import load_spec
+    from runners.worker import run_worker
+
+    spec = write_spec(
+        tmp_path, backends=["triton"], axes={"T": 64, "H": 1, "K": 32, "V": 32}, tune=True,
+        tuning={"strategy": "random", "budget": BUDGET, "samples": 1},
+    )
+    with session_scope(store_url) as s:
+        sweep_id = submit_spec(s, load_spec(spec)).id
+    stats = run_worker(store_url, once=True, devices=1, device_kind="cpu", artifact_dir=tmp_path / "art")
+    assert (stats.done, stats.failed) == (1, 0), stats
+
+    with session_scope(store_url) as s:
+        point = s.scalars(select(Point).where(Point.sweep_id == sweep_id)).one()
+        assert point.status == "done", point.error
+        m = s.scalars(select(Measurement).where(Measurement.point_id == point.id)).one()
+        trials = list(s.scalars(select(TuningTrial)))
+        tuned = {r.kernel: r for r in s.scalars(select(TunedConfig))}
+
+    assert trials and {t.sweep_id for t in trials} == {sweep_id}
+    assert {t.strategy for t in trials} == {"random"} and {t.device_name for t in trials} == {"cpu"}
+    assert tuned and set(tuned) == {t.kernel for t in trials}
+    for name, row in tuned.items():
+        mine = [t for t in trials if t.kernel == name]
+        assert len(mine) == BUDGET, [(t.config, t.status) for t in mine]
+        ok = [t for t in mine if t.status == "ok"]
+        assert ok and all(t.n == 1 for t in ok)
+        best = min(ok, key=lambda t: t.median_ms)
+        assert row.config == best.config and row.median_ms == best.median_ms
+        assert row.sweep_id == sweep_id and row.key_str == mine[0].key_str
+        # the measurement ran this kernel at the tuned key with the tuned config
+        used = m.configs[name]
+        assert key_str(used["key"]) == row.key_str, (used, row.key_str)
+        assert used["config"] == row.config, (name, used, row.config)
+
+
+@pytest.mark.parametrize(
+    ("tuning", "match"),
+    [
+        ({"strategy": "bayes"}, "tuning.strategy"),
+        ({"budget": 0}, "tuning.budget"),
+        ({"min_samples": 10, "max_samples": 5}, r"tuning: max_samples \(5\) must be >= min_samples \(10\)"),
+        ({"rungs": 3}, "tuning.rungs"),
+    ],
+)
+def test_tuning_spec_errors_name_the_field(tmp_path: Path, tuning: dict, match: str) -> None:
+    from runners.spec import load_spec
+
+    with pytest.raises(SpecError, match=match):
+        load_spec(write_spec(tmp_path, tune=True, tuning=tuning))

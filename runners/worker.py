@@ -321,10 +321,11 @@ def run_worker(
     art_root = Path(artifact_dir if artifact_dir is not None else get_db_settings().ARTIFACT_DIR).resolve()
     have_backends = available_backends()
     with session_scope(url) as s:
-        if until_sweep is not None and crud.get_sweep(s, sweep_id=until_sweep) is None:
-            raise SweepNotFoundError(f"no sweep with id {until_sweep}")
+        # writes first: on SQLite a read transaction that another process overtakes cannot become a write one
         env_id = crud.get_or_create_environment(s, facts=facts).id
         crud.register_worker(s, name=name, host=host, pid=os.getpid(), devices=info.as_dict(), environment_id=env_id)
+        if until_sweep is not None and crud.get_sweep(s, sweep_id=until_sweep) is None:
+            raise SweepNotFoundError(f"no sweep with id {until_sweep}")  # (rolls the registration back)
     logger.info("worker %s: %d %s rank(s), environment %s", name, info.count, info.kind, env_id)
 
     stats = WorkerStats(name=name)
@@ -375,9 +376,10 @@ def run_worker(
                 point = claim_point(s, worker=name, lease_s=lease_s, max_W=info.count, device_kind=info.kind)
                 if point is not None:
                     pid, sweep_id, W, params = point.id, point.sweep_id, point.W, dict(point.params)
+                    # the write before the read (claim_point committed): see the registration above
+                    crud.touch_worker(s, name=name, status="busy", current_point_id=pid)
                     if sweep_id not in specs:
                         specs[sweep_id] = dict(crud.get_sweep(s, sweep_id=sweep_id).spec)
-                    crud.touch_worker(s, name=name, status="busy", current_point_id=pid)
             if point is None:
                 if once:
                     break

@@ -7,11 +7,14 @@ all_to_all / all_gather carries all of them; unpacking returns dtype views into 
 
     q_all, k_all = all_gather_packed([q, k], group)          # each [W, *shape]
     recv_blocks = all_to_all_packed([q_by_dst, g_by_dst], group)   # [W(dst), ...] -> [W(src), ...]
+    work, buf = isend_packed([k_tail, v_tail, g_tail, b_tail], dst, group)   # one message for several tensors
+    work, (k_t, v_t, g_t, b_t) = irecv_packed([(shape, dtype), ...], src, group, device)
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -30,7 +33,9 @@ __all__ = [
     "group_rank",
     "group_size",
     "irecv",
+    "irecv_packed",
     "isend",
+    "isend_packed",
     "pack_rows",
     "unpack_rows",
     "wait_all",
@@ -139,3 +144,20 @@ def irecv(x: Tensor, src: int, group: ProcessGroup | None) -> Work:
 def wait_all(works: Sequence[Work]) -> None:
     for w in works:
         w.wait()
+
+
+def isend_packed(tensors: Sequence[Tensor], dst: int, group: ProcessGroup | None) -> tuple[Work, Tensor]:
+    """One isend of several tensors of any dtypes, packed byte-wise; keep the returned buffer alive until the work ends."""
+    buf = pack_rows([t.reshape(1, -1) for t in tensors], 1)[0]
+    return isend(buf, dst, group), buf
+
+
+def irecv_packed(like: Sequence[tuple[tuple[int, ...], torch.dtype]], src: int, group: ProcessGroup | None,
+                 device: torch.device) -> tuple[Work, list[Tensor]]:
+    """Post the receive of an `isend_packed` message of tensors with the given (shape, dtype): views valid after wait."""
+    metas = [torch.empty(1, math.prod(shape), dtype=dt, device="meta") for shape, dt in like]
+    row_bytes = sum(_aligned(_field_bytes(m, 1)) for m in metas)
+    buf = torch.empty(1, row_bytes, dtype=torch.uint8, device=device)
+    work = irecv(buf[0], src, group)
+    views = [x.view(shape) for x, (shape, _) in zip(unpack_rows(buf, metas, 1), like, strict=True)]
+    return work, views

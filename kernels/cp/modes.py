@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kernels.cp import all_gather, comm, headwise, none, ring, true_cp
+from kernels.cp import all_gather, comm, headwise, none, ring, tail_exchange, true_cp
 from kernels.cp import warmup_correct as warmup_module
 from kernels.cp.context import CPContext
 from kernels.validate import check_backend, check_op
@@ -47,14 +47,25 @@ MODES: dict[str, Any] = {
     "ring": ring,
     "true_cp": true_cp,
     "warmup_correct": _WarmupMode,
+    "tail_exchange": tail_exchange,
 }
 
 SINGLE_DEVICE = ("none", "warmup_correct")
 
 
-def expected_collectives(mode: str, ctx: CPContext) -> dict[str, int]:
-    """Collectives one step of `mode` issues on this rank: keys all_to_all, all_gather, send, recv (zeros omitted)."""
+def expected_collectives(mode: str, ctx: CPContext, options: Mapping[str, Any] | None = None) -> dict[str, int]:
+    """Collectives one step of `mode` issues on this rank: keys all_to_all, all_gather, send, recv (zeros omitted).
+
+    `options`: the mode options of the step, where they change the count (tail_exchange's `fallback`).
+    """
     _check_mode(mode)
+    if mode == "tail_exchange":
+        _, fallback = tail_exchange.resolve_options({**tail_exchange.OPTIONS, **(options or {})})
+        if fallback == "true_cp":
+            mode = "true_cp"
+        else:
+            s, r = tail_exchange.p2p_counts(ctx)
+            return {k: n for k, n in (("send", s), ("recv", r)) if n}
     if mode == "headwise":
         return {"all_to_all": 2}
     if mode == "all_gather":
@@ -110,7 +121,7 @@ def forward(
 
     Args:
         mode (str):
-            one of `MODES`: none, headwise, all_gather, ring, true_cp, warmup_correct.
+            one of `MODES`: none, headwise, all_gather, ring, true_cp, warmup_correct, tail_exchange.
         op (str):
             `"gdn"` or `"kda"`.
         q, k, v, g, beta (torch.Tensor):
@@ -126,7 +137,8 @@ def forward(
             output scale. Default: `None` (K ** -0.5).
         options (Mapping | None):
             mode knobs, defaults in each scheme's `OPTIONS`: `segment_len` (none, headwise, all_gather, true_cp:
-            intra-device exact split), `segments`/`tol`/`window`/`fallback` (warmup_correct).
+            intra-device exact split), `segments`/`tol`/`window`/`fallback` (warmup_correct), `window`/`fallback`
+            (tail_exchange: `"none"` or `"true_cp"`).
 
     Returns:
         torch.Tensor: `[1, local_len, H, V]` in q's dtype.
@@ -149,6 +161,8 @@ def forward(
         opts[key] = val
     if mode == "headwise":
         headwise.check(q, ctx)
+    if mode == "tail_exchange":
+        tail_exchange.resolve_options(opts)
     if mode not in SINGLE_DEVICE:
         W, r = comm.group_size(group), comm.group_rank(group)
         if (W, r) != (ctx.world_size, ctx.rank):

@@ -12,8 +12,8 @@ Per shape (`tune_case` for any callable that runs an op):
    of the earlier winners, and their `default_ms` is measured that way too);
 3. every trial is stored as a `TuningTrial`; the best `ok` trial per (kernel, key, device) is upserted as the
    `TunedConfig`, with the runner-up's and the default's medians and the kernel's source hash (through
-   `db.crud.store_trial` / `db.crud.upsert_tuned_config`). The session is committed after each kernel's
-   search (a long GPU search must not hold SQLite's write lock).
+   `db.crud.store_trial` / `db.crud.upsert_tuned_config`). The session is committed before the search, after
+   each trial and after each kernel's winner (a long GPU search must not hold SQLite's write lock).
 
 Multi-rank (`group`, or whenever torch.distributed is initialised): only rank 0 of the group tunes and
 stores; the winners are broadcast (`broadcast_object_list`) and every rank returns the same configs, so all
@@ -171,6 +171,10 @@ def tune_case(
 
     if session is not None:
         from db import crud  # (db.crud needs pydantic settings; a session-less run needs only SQLAlchemy)
+
+        # end the caller's (read) transaction: on SQLite a read snapshot that another process (e.g. a worker's
+        # heartbeat) overtakes can never become a write ("database is locked"); each trial commits on its own
+        session.commit()
     dev_name, cc = device_facts(device)
     timer = timer or make_timer(device)
     wanted = set(kernels) if kernels is not None else None
@@ -203,6 +207,7 @@ def tune_case(
                 crud.store_trial(session, sweep_id=sweep_id, environment_id=environment_id, device_name=dev_name,
                              kernel=t.kernel, key=t.key, key_str=_ks, config=t.config.as_dict(), strategy=t.strategy,
                              rung=t.rung, status=t.status, median_ms=t.median_ms, n=t.n, error=t.error)
+                session.commit()  # never hold the store's write lock while the next config is measured
 
         ctx = TrialContext(spec=spec, key=key, run=run, fixed=dict(fixed), reference=reference, tol=tol, timer=timer,
                            strategy=strategy, record=record, known_bad=dict((known_bad or {}).get(name, {})),

@@ -39,7 +39,7 @@ def profile(*, rank: int, world_size: int, op: str, lengths: tuple[int, ...], la
 
     step()
     res = profile_step(step)
-    res["expected"] = cp.expected_collectives(mode, ctx)
+    res["expected"] = cp.expected_collectives(mode, ctx, options)
     return res
 
 

@@ -5,7 +5,9 @@ random search (`tuning: {strategy: random, budget: 4, samples: 1}`). The worker 
 launches before timing it: the trials are stored with the sweep's id, at most `budget` per kernel, each `ok` one
 timed with `samples` samples; the winner per kernel (lowest median among its ok trials) is the TunedConfig; and
 the measurement records, per kernel, the launch key and config it ran with, which are the TunedConfig's key and
-config. Also: the `tuning` block is validated with errors naming the field.
+config. The worker's heartbeat beats every 0.2 s meanwhile, so other writers commit while trials are stored
+(on SQLite the tuner must not write from a read transaction they overtook). Also: the `tuning` block is
+validated with errors naming the field.
 No timing is asserted: only which stored trial won and what the measurement says it launched.
 """
 
@@ -38,7 +40,9 @@ def test_sweep_tunes_then_times_with_tuned_configs(tmp_path: Path, store_url: st
     )
     with session_scope(store_url) as s:
         sweep_id = submit_spec(s, load_spec(spec)).id
-    stats = run_worker(store_url, once=True, devices=1, device_kind="cpu", artifact_dir=tmp_path / "art")
+    # heartbeats commit while the point is tuned (a stale read transaction of the tuner then failed on SQLite)
+    stats = run_worker(store_url, once=True, devices=1, device_kind="cpu", artifact_dir=tmp_path / "art",
+                       lease_s=30, heartbeat_s=0.2)
     assert (stats.done, stats.failed) == (1, 0), stats
 
     with session_scope(store_url) as s:

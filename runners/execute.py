@@ -99,7 +99,7 @@ def build_mode(params: dict[str, Any], wl: Workload, rc: RankContext, options: d
     def cp_step() -> Tensor:
         return cp.forward(mode, op, *shards, group=rc.group, ctx=ctx_cp, backend=backend, scale=None, options=mode_opts)
 
-    expected = dict(cp.expected_collectives(mode, ctx_cp))
+    expected = dict(cp.expected_collectives(mode, ctx_cp, mode_opts))
     return ModeRun(
         step=cp_step,
         full_output=lambda: _gather(cp_step(), ctx_cp, rc.group),

@@ -245,7 +245,9 @@ class WarmupCorrectSpec(BaseModel):
     segments: int | Literal["auto"] = "auto"  # segments of the longest sequence ("auto": from SMs and H; CPU: 4)
     tol: float = Field(1e-3, gt=0, lt=1)  # bound on the relative error of each warmup-built entering state
     window: int | Literal["auto"] = "auto"  # warmup chunks (64 tokens) per segment
-    fallback: Literal["exact", "none"] = "exact"  # exact M where the decay bound fails, or warmup only
+    # auto: exact maps only for the segments whose per-channel decay bound fails (decided on the device);
+    # exact: exact maps for every segment; none: warmup windows only (error reported, not bounded)
+    fallback: Literal["auto", "exact", "none"] = "auto"
 
     @field_validator("segments", "window")
     @classmethod

@@ -26,6 +26,16 @@ from dashboards.figures.common import (
     single_value_log_range,
 )
 
+# tail_exchange's window when a point does not set one: kernels.cp.tail_exchange.DEFAULT_WINDOW_CHUNKS
+# (dashboards read stored rows only and do not import kernels)
+TAIL_EXCHANGE_DEFAULT_WINDOW = 2
+
+
+def _window(opts: dict) -> int:
+    w = opts.get("window")
+    return w if isinstance(w, int) and w > 0 else TAIL_EXCHANGE_DEFAULT_WINDOW
+
+
 NAME = "comm"
 TITLE = "Collectives per step: measured (markers) vs cost model (dashed)"
 COLUMNS = ("facet_W", "mode", "W", "op", "backend", "B", "T", "H", "K", "V", "dtype", "measured_calls", "model_calls",
@@ -38,10 +48,12 @@ def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for W in cp_sizes(prof):
         for r in sorted((r for r in prof if in_facet(r, W=W)), key=lambda r: (mode_rank(r["mode"]), r["B"], r["T"])):
-            model = comm_cost(r["mode"], B=r["B"], T=r["T"], H=r["H"], K=r["K"], V=r["V"], W=r["W"] or 1,
+            opts = (r.get("params") or {}).get("mode_options") or {}
+            model_mode = "true_cp" if r["mode"] == "tail_exchange" and opts.get("fallback") == "true_cp" else r["mode"]
+            model = comm_cost(model_mode, B=r["B"], T=r["T"], H=r["H"], K=r["K"], V=r["V"], W=r["W"] or 1,
                               dtype_bytes=dtype_bytes(r.get("dtype")), op=r.get("op") or "gdn",
                               layout=r.get("layout") or "contiguous", lengths=(r.get("params") or {}).get("lengths"),
-                              direction=r.get("direction") or "fwd")
+                              direction=r.get("direction") or "fwd", warmup_chunks=_window(opts))
             calls, nbytes = r.get("collectives") or {}, r.get("collective_bytes") or {}
             out.append({
                 **{c: r.get(c) for c in ("mode", "W", "op", "backend", "B", "T", "H", "K", "V", "dtype")}, "facet_W": W,

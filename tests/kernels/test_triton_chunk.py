@@ -1,6 +1,7 @@
-"""KDA (per-key gate) on the Triton backend against the fp32 per-token reference (interpreted on CPU; on a GPU with CPBENCH_TEST_GPU=1).
+"""GDN (scalar gate) and KDA (per-key gate) on the Triton backend against the fp32 per-token reference
+(interpreted on CPU; on a GPU with CPBENCH_TEST_GPU=1). Every test runs for both ops.
 
-Same scenarios as test_triton_gdn.py: dense batch with an initial state; varlen with lengths not multiple of 64 and shorter than a chunk,
+Scenarios: dense batch with an initial state; varlen with lengths not multiple of 64 and shorter than a chunk,
 K=V=64 (two column blocks in the intra-chunk kernel), with and without an initial state; the intra-device
 sequence split (transition pass + segment chain) and the unfused output pass, with a slow-decay gate so
 that states carry across segments; the transition (M S0 + S_ext == final state from S0), plain and split;
@@ -11,6 +12,7 @@ Tolerance: 1e-5 relative L2 on CPU (the interpreter computes fp32 dots in IEEE f
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import pytest
@@ -20,20 +22,20 @@ import kernels
 from kernels.configs import LAUNCHES, LaunchConfig
 from tests.utils import assert_rel_close, make_inputs, make_state
 
-OP = "kda"
 DEVICE = "cuda" if os.environ.get("CPBENCH_TEST_GPU") and torch.cuda.is_available() else "cpu"
 TOL = 1e-5 if DEVICE == "cpu" else 1e-2
 SLOW = -0.05  # gate lower bound: ~exp(-1.6) decay per chunk, so initial states and segment maps matter
 
 
-def _fwd():
-    from kernels.kda.chunk import chunk_kda_fwd
+pytestmark = pytest.mark.parametrize("OP", ["gdn", "kda"])
 
-    return chunk_kda_fwd
+
+def _fwd(op: str):
+    return getattr(importlib.import_module(f"kernels.{op}.chunk"), f"chunk_{op}_fwd")
 
 
 @pytest.mark.parametrize("with_h0", [False, True], ids=["no_h0", "h0"])
-def test_triton_chunk_dense(with_h0: bool) -> None:
+def test_triton_chunk_dense(OP: str, with_h0: bool) -> None:
     q, k, v, g, beta, _ = make_inputs(OP, B=2, T=130, H=2, K=32, V=32, lb=SLOW, device=DEVICE)
     h0 = make_state(2, 2, 32, 32, device=DEVICE) if with_h0 else None
     o_ref, ht_ref = kernels.reference(OP, q, k, v, g, beta, initial_state=h0, output_final_state=True)
@@ -42,7 +44,7 @@ def test_triton_chunk_dense(with_h0: bool) -> None:
     assert_rel_close("ht", ht_ref, ht, TOL)
 
 
-def test_triton_chunk_varlen() -> None:
+def test_triton_chunk_varlen(OP: str) -> None:
     lengths = (37, 150, 5, 64)
     q, k, v, g, beta, cu = make_inputs(OP, lengths, H=2, K=64, V=64, lb=-1.0, device=DEVICE)
     h0 = make_state(len(lengths), 2, 64, 64, device=DEVICE)
@@ -54,13 +56,13 @@ def test_triton_chunk_varlen() -> None:
 
 
 @pytest.mark.parametrize("split,fuse", [(1, True), (2, False)], ids=["split1-fused", "split2-unfused"])
-def test_triton_chunk_split(split: int, fuse: bool) -> None:
+def test_triton_chunk_split(OP: str, split: int, fuse: bool) -> None:
     lengths = (10, 190, 50)
     q, k, v, g, beta, cu = make_inputs(OP, lengths, H=2, K=32, V=32, lb=SLOW, device=DEVICE)
     h0 = make_state(len(lengths), 2, 32, 32, device=DEVICE)
     o_ref, ht_ref = kernels.reference(OP, q, k, v, g, beta, cu_seqlens=cu, initial_state=h0, output_final_state=True)
     LAUNCHES.clear()
-    o, ht = _fwd()(q, k, v, g, beta, scale=32**-0.5, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+    o, ht = _fwd(OP)(q, k, v, g, beta, scale=32**-0.5, initial_state=h0, output_final_state=True, cu_seqlens=cu,
                    split_chunks=split, fuse_output=fuse)
     assert "chunk_state_transition_fwd" in LAUNCHES and "seg_chain_fwd" in LAUNCHES
     assert_rel_close("o", o_ref, o, TOL)
@@ -68,7 +70,7 @@ def test_triton_chunk_split(split: int, fuse: bool) -> None:
 
 
 @pytest.mark.parametrize("split", [0, 1], ids=["plain", "split1"])
-def test_triton_transition(split: int) -> None:
+def test_triton_transition(OP: str, split: int) -> None:
     from kernels.common.transition_triton import chunk_transition_fwd
 
     lengths = (200, 20)
@@ -80,14 +82,14 @@ def test_triton_transition(split: int) -> None:
     assert_rel_close("M S0 + S_ext", ht_ref, M @ S0 + S_ext, TOL)
 
 
-def test_triton_launch_config_is_launched() -> None:
+def test_triton_launch_config_is_launched(OP: str) -> None:
     q, k, v, g, beta, _ = make_inputs(OP, B=1, T=100, H=2, K=32, V=32, device=DEVICE)
     cfg = {"chunk_state_output_fwd": LaunchConfig(BV=16, num_warps=2, num_stages=1),
-           "wy_kda_fwd": LaunchConfig(BK=16, BV=16, num_warps=2, num_stages=1)}
+           f"wy_{OP}_fwd": LaunchConfig(BK=16, BV=16, num_warps=2, num_stages=1)}
     o_ref, _ = kernels.reference(OP, q, k, v, g, beta)
     LAUNCHES.clear()
     o, _ = kernels.forward(OP, q, k, v, g, beta, backend="triton", config=cfg)
     for name, c in cfg.items():
         assert LAUNCHES[name][1] == c, f"{name} launched {LAUNCHES[name][1]}, asked {c}"
-    assert LAUNCHES["wy_kda_fwd"][0]["K"] == 32
+    assert LAUNCHES[f"wy_{OP}_fwd"][0]["K"] == 32
     assert_rel_close("o", o_ref, o, TOL)

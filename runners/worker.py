@@ -9,13 +9,13 @@ driver, CUDA, torch, Triton, Python, git sha, host), register the worker.
 Loop: claim the oldest queued point this worker can run (W <= its devices, its device kind; the claim also
 returns expired leases to the queue), keep the lease alive from a heartbeat thread, (for a sweep with
 `tune: true` and the triton backend, first tune the point's kernels on the W=1 gang: `runners.tuner.ensure_tuned`
-through `runners.execute.tune_job`, searching as the spec's `tuning` says, and time with the tuned configs), send the point to the persistent gang of
-its W (`runners.gang`, job `runners.execute.run_point_job`), then store the artifact
-(Chrome trace), measurement and profile and mark the point done, all in one transaction (`complete_point`
-commits them together, or drops them if the lease was lost meanwhile). Failures become data: a failed
-correctness gate or an exception raised on every rank fails the point (not retried: it is deterministic); a
-crashed, hung or OOM rank fails the attempt (retried while attempts remain) and restarts the gang. The worker
-keeps going either way.
+through `runners.execute.tune_job`, searching as the spec's `tuning` says, and time with the tuned configs),
+send the point to the persistent gang of its W (`runners.gang`, job `runners.execute.run_point_job`), then
+store the artifact (Chrome trace), measurement and profile and mark the point done, all in one transaction
+(`complete_point` commits them together, or drops them if the lease was lost meanwhile). Failures become data:
+a failed correctness gate or an exception raised on every rank fails the point (not retried: it is
+deterministic); a crashed, hung or OOM rank fails the attempt (retried while attempts remain) and restarts the
+gang. The worker keeps going either way.
 
 Stopping: SIGTERM (or SIGINT, or `stop_event`) lets the current point finish for up to `CPBENCH_STOP_GRACE_S`,
 then aborts it and releases it to the queue (no attempt used); the worker then closes its gangs and exits. A

@@ -456,7 +456,9 @@ def _run_one(
     if params.get("backend") not in have_backends:
         return fail(f"backend {params.get('backend')!r} is not available on worker {name} (has {', '.join(have_backends)})", False)
     options = _options(spec)
-    trace = art_root / f"sweep{sweep_id}" / f"point{point_id}.trace.json.gz" if options.get("profile", True) else None
+    # one file per worker and point: a rank orphaned by a killed worker can't overwrite the finishing worker's trace
+    tag = "".join(c if c.isalnum() else "-" for c in name.rsplit(":", 1)[-1])
+    trace = art_root / f"sweep{sweep_id}" / f"point{point_id}-{tag}.trace.json.gz" if options.get("profile", True) else None
     payload: dict[str, Any] = {"params": params, "options": options, "trace_path": str(trace) if trace else None}
     hb = _Heartbeat(url, point_id=point_id, worker=name, lease_s=lease_s, every_s=heartbeat_s)
     hb.start()

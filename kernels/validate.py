@@ -124,7 +124,7 @@ def check_gate_sign(g: Tensor) -> None:
     """g must be a log decay (<= 0). CPU tensors only: see the module docstring for why CUDA is skipped."""
     if g.device.type != "cpu" or g.numel() == 0:
         return
-    gmax = float(g.detach().max().numpy())
+    gmax = float(g.detach().max().float().numpy())  # numpy has no bfloat16
     if gmax > 0:
         raise ValueError(f"g must be a log decay, g <= 0 everywhere, got max(g)={gmax:.4g}")
 

@@ -6,8 +6,13 @@
     cpbench worker [--once]                     work the queue (persistent rank gangs; SIGTERM releases the point)
     cpbench status [SWEEP]                      sweeps, workers, or one sweep's progress and failures
     cpbench results SWEEP --format table|csv|json
+    cpbench serve [--demo]                      the API and dashboards
+    cpbench configs export -o autotune.json     tuned configs as the autotune JSON; `cpbench tune` fills the store
+    cpbench regress SUITE --baseline REF        nightly regression
+    cpbench bench kernels|cp [ARGS...]          the GPU benchmarks of the kernel suite
 
-Verbs written elsewhere (`serve`, `configs`, `regress`, `bench`) are added when their module is importable.
+Verbs written elsewhere (`serve`, `configs` with `tune`, `regress`, `bench`) are added when their module is
+importable. Every verb that uses the store takes `--db URL` (alias `--database-url`).
 User mistakes (`CpbenchError`, an unmigrated store) print one red line and exit 1; anything else is a bug and
 keeps its traceback. `-v` logs at INFO, `-vv` at DEBUG (to stderr).
 """

@@ -1,10 +1,11 @@
 """`cpbench bench kernels|cp [ARGS...]`: the GPU benchmarks of the kernel suite (not tests; figures go to benchmarks/results/).
 
     cpbench bench kernels --ops gdn,kda            # our Triton forward vs FLA vs the floor (= python -m kernels.bench)
-    cpbench bench kernels --dry-run                # CPU interpreter, tiny shapes: checks the script runs
+    cpbench bench kernels --dry-run --out /tmp/b   # CPU interpreter, tiny shapes: checks the script runs
     cpbench bench cp --world 2                     # every CP scheme on 2 GPUs vs FLA's CP (= python -m kernels.cp.bench)
 
 Everything after the target is handed to that module's own argument parser; `cpbench bench kernels --help` lists it.
+Both write into `--out` (default benchmarks/results/); give CPU smoke runs another folder.
 """
 
 from __future__ import annotations

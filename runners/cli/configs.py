@@ -1,7 +1,10 @@
 """`cpbench configs export` and `cpbench tune`: tuned launch configs out of the store, and a tuning run into it.
 
-    cpbench configs export [--device "NVIDIA H200"] -o autotune.json     # "-o -" writes to stdout
+    cpbench configs export [--device "NVIDIA H200"] -o autotune.json [--db URL]   # "-o -" writes to stdout
     cpbench tune --op gdn --shape B=1,T=8192,H=16,K=128,V=128 [--shape ...] [--strategy halving] [--budget 12]
+                 [--samples 20] [--kernel NAME] [--device cuda|cpu] [--seed 0] [--db URL]
+
+A `--shape` takes B, T (or lengths=100:300), H, K, V, and optionally dtype (default bfloat16), lb, initial_state.
 
 `export` refuses CPU timings (`--allow-cpu` exists for tests only) and, when the store holds several devices,
 asks for `--device`. The file's schema is documented in kernels/autotune.py; training jobs load it with
@@ -34,7 +37,7 @@ def export_configs(
     output: str = typer.Option("autotune.json", "-o", "--output", help="file to write; '-' for stdout"),
     device: str | None = typer.Option(None, "--device", help="device name as torch reports it, e.g. 'NVIDIA H200'"),
     allow_cpu: bool = typer.Option(False, "--allow-cpu", help="export CPU timings (tests only; never for real use)"),
-    database_url: str | None = typer.Option(None, "--database-url", help="default: CPBENCH_DATABASE_URL"),
+    database_url: str | None = typer.Option(None, "--db", "--database-url", help="default: CPBENCH_DATABASE_URL"),
 ) -> None:
     """Write the tuned configs of one device as the versioned autotune JSON."""
     from runners.tuner.export import ExportError, build_export
@@ -89,7 +92,7 @@ def tune_command(
     device: str | None = typer.Option(None, "--device", help="cuda (default when present) or cpu"),
     seed: int = typer.Option(0, "--seed"),
     samples: int = typer.Option(20, "--samples", help="samples per config (exhaustive, random)"),
-    database_url: str | None = typer.Option(None, "--database-url", help="default: CPBENCH_DATABASE_URL"),
+    database_url: str | None = typer.Option(None, "--db", "--database-url", help="default: CPBENCH_DATABASE_URL"),
 ) -> None:
     """Tune the Triton kernels of an op at the given shapes; trials and winners go to the store."""
     from runners.tuner import Shape, tune_kernels

@@ -2,7 +2,8 @@
 
     cpbench run runners/suites/demo.yaml [--db URL] [--devices N] [--cpu] [--format table|csv|json]
 
-Points this machine cannot run (W more than its devices, a backend not installed) are stored as skipped.
+Points this machine cannot run (W more than its devices, a backend not installed) are stored as skipped. On the
+CPU the devices are gloo ranks: `--devices N`, default `CPBENCH_CPU_RANKS` (4).
 Shows a progress bar while it works and the result table at the end; exits 1 when a point failed.
 """
 

@@ -1,6 +1,6 @@
 """`cpbench serve`: the API and the dashboards with uvicorn (`bench_server.main.create_app`).
 
-    cpbench serve [--host 127.0.0.1] [--port 8000] [--db URL] [--demo]
+    cpbench serve [--host 127.0.0.1] [--port 8000] [--db URL] [--demo] [--log-level info]
 
 Refuses an unmigrated store (run `cpbench db upgrade`). Prints the API token once when it was just generated
 (CPBENCH_API_TOKEN unset, no token file yet). `--demo`: when the store holds no sweep, submits

@@ -1,7 +1,7 @@
 """`cpbench status [SWEEP]`: the sweeps and workers, or one sweep's progress, running points and failures.
 
-    cpbench status            # recent sweeps with their counts, and the workers
-    cpbench status 3          # sweep 3: counts per status, what runs where, each failed point's error
+    cpbench status [--limit 20] [--db URL]   # recent sweeps with their counts, and the workers
+    cpbench status 3                         # sweep 3: counts per status, what runs where, each failed point's error
 """
 
 from __future__ import annotations

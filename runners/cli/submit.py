@@ -2,8 +2,9 @@
 
     cpbench submit runners/suites/demo.yaml [--db URL]
 
-Points that cannot run (H % W for headwise, token counts that do not split, W == 1 modes) are stored as
-skipped with the reason; device limits are left to the workers, which claim by W and device kind.
+Points that cannot run (H % W != 0 for headwise, token counts that do not split, the one-device modes `none` and
+`warmup_correct` at W > 1) are stored as skipped with the reason; device limits are left to the workers, which claim
+by W and device kind. Prints a summary line, then the sweep id alone on the last line.
 """
 
 from __future__ import annotations

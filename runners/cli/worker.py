@@ -1,8 +1,9 @@
 """`cpbench worker`: work the queue with persistent rank gangs until stopped (SIGTERM/Ctrl-C release the point).
 
-    cpbench worker [--db URL] [--once] [--max-points N] [--devices N] [--cpu] [--lease-s 60] [--heartbeat-s 10]
+    cpbench worker [--db URL] [--once] [--max-points N] [--devices N] [--cpu] [--lease-s 60] [--heartbeat-s 10] [--name NAME]
 
-Refuses an unmigrated store. Knobs not given here come from `CPBENCH_*` variables (runners/settings.py).
+Refuses an unmigrated store. Knobs not given here come from `CPBENCH_*` variables (runners/settings.py); on the
+CPU `--devices` defaults to `CPBENCH_CPU_RANKS` (4) gloo ranks.
 """
 
 from __future__ import annotations

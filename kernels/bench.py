@@ -311,13 +311,17 @@ def correctness(ops: list[str], device: str, quiet: bool = False) -> list[dict[s
 # main
 
 
+# the arguments of this run as the benchmark saw them (also when started through `cpbench bench kernels`)
+ARGV: list[str] = []
+
+
 def _env(device: str) -> dict[str, Any]:
     import triton
 
     info: dict[str, Any] = {
         "python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
         "host": platform.node(), "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.basename(sys.executable), "-m", "kernels.bench", *sys.argv[1:]]),
+        "command": " ".join([os.path.basename(sys.executable), "-m", "kernels.bench", *ARGV]),
         "git_sha": os.environ.get("CPBENCH_GIT_SHA") or _git_sha(),
         "git_note": os.environ.get("CPBENCH_GIT_NOTE"),
         "env": {k: os.environ.get(k) for k in ("FLA_DISABLE_BACKEND_DISPATCH", "NCCL_NVLS_ENABLE", "TRITON_CACHE_DIR")},
@@ -603,6 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deadline", type=float, default=0, help="stop starting new shapes after this many seconds")
     ap.add_argument("--dry-run", action="store_true", help="CPU interpreter, tiny shapes, no FLA: checks the script")
     args = ap.parse_args(argv)
+    ARGV[:] = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
     if args.dry_run:
         args.no_fla, args.jobs = True, 0

@@ -118,3 +118,12 @@ def test_use_autotune_without_loader_names_module(tmp_path: Any, monkeypatch: py
     monkeypatch.setitem(sys.modules, "kernels.autotune", None)
     with pytest.raises(ImportError, match=r"needs the module kernels.autotune"):
         kernels.use_autotune(tmp_path / "autotune.json")
+
+
+def test_gate_sign_check_takes_bf16_gates() -> None:
+    # numpy has no bf16: the CPU gate check must widen before reading, for valid and invalid gates alike
+    q, k, v, g, beta, _ = make_inputs("gdn", B=1, T=20, H=2, K=16, V=16)
+    o, _ = kernels.forward("gdn", q, k, v, g.to(torch.bfloat16), beta, backend="torch")
+    assert torch.isfinite(o).all()
+    with pytest.raises(ValueError, match=r"g must be a log decay, g <= 0 everywhere, got max\(g\)=0.5"):
+        kernels.forward("gdn", q, k, v, torch.full_like(g, 0.5, dtype=torch.bfloat16), beta, backend="torch")

@@ -307,6 +307,22 @@ class SweepSpec(BaseModel):
                     "mode", "mode_options keys are CP modes ({ok}); got '{m}'",
                     {"m": m, "ok": ", ".join(x for x in MODES if x not in SINGLE_DEVICE_MODES)},
                 )
+        from kernels import cp
+        from kernels.cp import tail_exchange
+
+        for m, opts in value.items():
+            known = cp.MODES[m].OPTIONS
+            unknown = sorted(set(opts) - set(known))
+            if unknown:
+                raise PydanticCustomError(
+                    "mode_option", "unknown option(s) {u} for mode '{m}'; known: {ok}",
+                    {"u": ", ".join(unknown), "m": m, "ok": ", ".join(sorted(known)) or "none"},
+                )
+            if m == "tail_exchange":
+                try:
+                    tail_exchange.resolve_options({**known, **opts})
+                except ValueError as err:
+                    raise PydanticCustomError("mode_option", "tail_exchange: {e}", {"e": str(err)}) from None
         return value
 
     @field_validator("backends")

@@ -6,8 +6,9 @@ decided as for the forward) is cut into segments whose maps are computed in para
 by `seg_compose_fwd` (fp32, tf32x3 products), so the map of a 128K-token sequence is not one serial walk.
 
 `need` (bool `[N]` on the device) masks sequences: the state pass and the fold of an unflagged sequence are
-skipped inside the kernels (its programs walk no chunk) and its M and S_ext are zeros. The intra-chunk WY
-prep still runs over every token (it is chunk-parallel and shared); the saving is the serial pass.
+skipped inside the kernels (its programs walk no chunk) and its M and S_ext are zeros; the intra-chunk WY
+prep skips the chunks of unflagged sequences too (their programs return at once), so the work is
+proportional to the flagged tokens.
 """
 
 from __future__ import annotations
@@ -48,10 +49,12 @@ def chunk_transition_fwd(
     k, v, g, beta = (x.contiguous() for x in (k, v, g, beta))
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=BT_WY, device=k.device)
     if op == "gdn":
-        w, u, gg, _, _ = wy_gdn_fwd(None, k, v, g, beta, scale=1.0, index=index, config=cfgs.get("wy_gdn_fwd"))
+        w, u, gg, _, _ = wy_gdn_fwd(None, k, v, g, beta, scale=1.0, index=index, config=cfgs.get("wy_gdn_fwd"),
+                                     need=need)
         kk, gate_vector = k, False
     else:
-        w, u, kk, gg, _, _, _ = wy_kda_fwd(None, k, v, g, beta, scale=1.0, index=index, config=cfgs.get("wy_kda_fwd"))
+        w, u, kk, gg, _, _, _ = wy_kda_fwd(None, k, v, g, beta, scale=1.0, index=index, config=cfgs.get("wy_kda_fwd"),
+                                             need=need)
         gate_vector = True
     cfg = cfgs.get("chunk_state_transition_fwd")
     bv = min(cfg.BV if cfg is not None and cfg.BV else 64, K, V)

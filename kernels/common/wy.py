@@ -178,6 +178,7 @@ def _load_inverse(a, p_row, m_t, BT: tl.constexpr):
 @triton.heuristics({
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
     "HAS_Q": lambda args: args["q"] is not None,
+    "USE_NEED": lambda args: args["need"] is not None,
 })
 @triton.jit(do_not_specialize=["T"])
 def wy_gdn_fwd_kernel(
@@ -193,6 +194,7 @@ def wy_gdn_fwd_kernel(
     ainv,  # out [B, T, H, BT] fp32: A, then T = (I + A)^{-1}
     cu_seqlens,  # [N+1] int32 or None
     chunk_indices,  # [NT_total, 2] int32 or None
+    need,  # [N] uint8 or None (transition only): 0 = this sequence's outputs are not needed, skip its chunks
     scale,
     T,
     H: tl.constexpr,
@@ -203,6 +205,7 @@ def wy_gdn_fwd_kernel(
     BV: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     HAS_Q: tl.constexpr,
+    USE_NEED: tl.constexpr,
 ):
     tl.static_assert(BT == 64, "the WY kernel is written for 64-token chunks")
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
@@ -214,7 +217,12 @@ def wy_gdn_fwd_kernel(
         eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
         T = eos - bos
     else:
+        i_n = i_b.to(tl.int64)
         bos = i_b.to(tl.int64) * T
+    # nested on purpose: the constexpr branch must guard the load (need is None when USE_NEED is False)
+    if USE_NEED:  # noqa: SIM102
+        if tl.load(need + i_n) == 0:
+            return
     t0 = i_t * BT
     o_t = tl.arange(0, BT)
     m_t = (t0 + o_t) < T
@@ -306,6 +314,7 @@ def _kda_rows(q, k, g, ainv, aqk, beta, bos, t0, T, i_h, scale, I: tl.constexpr,
 @triton.heuristics({
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
     "HAS_Q": lambda args: args["q"] is not None,
+    "USE_NEED": lambda args: args["need"] is not None,
 })
 @triton.jit(do_not_specialize=["T"])
 def wy_kda_fwd_kernel(
@@ -323,6 +332,7 @@ def wy_kda_fwd_kernel(
     ainv,  # out [B, T, H, BT] fp32: A, then T = (I + A)^{-1}
     cu_seqlens,
     chunk_indices,
+    need,  # [N] uint8 or None (transition only): 0 = this sequence's outputs are not needed, skip its chunks
     scale,
     T,
     H: tl.constexpr,
@@ -333,6 +343,7 @@ def wy_kda_fwd_kernel(
     BV: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     HAS_Q: tl.constexpr,
+    USE_NEED: tl.constexpr,
 ):
     tl.static_assert(BT == 64, "the WY kernel is written for 64-token chunks")
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
@@ -346,8 +357,13 @@ def wy_kda_fwd_kernel(
         i_tg = i_c.to(tl.int64)
     else:
         i_t = i_c
+        i_n = i_b.to(tl.int64)
         bos = i_b.to(tl.int64) * T
         i_tg = i_b.to(tl.int64) * tl.cdiv(T, BT) + i_t
+    # nested on purpose: the constexpr branch must guard the load (need is None when USE_NEED is False)
+    if USE_NEED:  # noqa: SIM102
+        if tl.load(need + i_n) == 0:
+            return
     t0 = i_t * BT
     o_t = tl.arange(0, BT)
     m_t = (t0 + o_t) < T
@@ -412,11 +428,25 @@ def _blocks(cfg: LaunchConfig, index: ChunkIndex, K: int, V: int) -> tuple[int, 
     return BK, BV
 
 
+def _need_flags(need: Tensor | None, index: ChunkIndex, q: Tensor | None) -> Tensor | None:
+    """bool [N] -> one byte per sequence for the kernel (same bytes); only without q (transition), since the
+    forward needs every chunk's outputs."""
+    if need is None:
+        return None
+    assert q is None, "need masks the transition's WY prep only"
+    assert need.shape == (index.num_seqs,) and need.dtype == torch.bool, \
+        f"need must be bool [{index.num_seqs}], got {need.dtype} {tuple(need.shape)}"
+    return need.contiguous().view(torch.uint8)
+
+
 def wy_gdn_fwd(
     q: Tensor | None, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex,
-    config: LaunchConfig | None = None,
+    config: LaunchConfig | None = None, need: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor]:
-    """GDN intra-chunk pass: (w, u, gcum fp32 [B, T, H], aqk or None without q, T = (I + A)^{-1} fp32)."""
+    """GDN intra-chunk pass: (w, u, gcum fp32 [B, T, H], aqk or None without q, T = (I + A)^{-1} fp32).
+
+    need: bool `[N]` (transition only): chunks of unflagged sequences are skipped and their outputs left unwritten.
+    """
     B, T, H, K = k.shape
     V = v.shape[-1]
     cfg = pick_config(WY_GDN_FWD, _key(index, H, K, V, k.dtype), config)
@@ -430,16 +460,19 @@ def wy_gdn_fwd(
     wy_gdn_fwd_kernel[_grid(index, B, T, H)](
         q, k, v, g, beta, w, u, gcum, aqk, ainv,
         index.cu_seqlens if index.is_varlen else None, index.chunk_indices if index.is_varlen else None,
-        scale, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        _need_flags(need, index, q), scale, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return w, u, gcum, aqk, ainv
 
 
 def wy_kda_fwd(
     q: Tensor | None, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex,
-    config: LaunchConfig | None = None,
+    config: LaunchConfig | None = None, need: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None, Tensor | None, Tensor]:
-    """KDA intra-chunk pass: (w, u, kg, gc fp32 [NT_total, H, K], qg, aqk, T fp32); qg/aqk are None without q."""
+    """KDA intra-chunk pass: (w, u, kg, gc fp32 [NT_total, H, K], qg, aqk, T fp32); qg/aqk are None without q.
+
+    need: bool `[N]` (transition only): chunks of unflagged sequences are skipped and their outputs left unwritten.
+    """
     B, T, H, K = k.shape
     V = v.shape[-1]
     cfg = pick_config(WY_KDA_FWD, _key(index, H, K, V, k.dtype), config)
@@ -455,6 +488,6 @@ def wy_kda_fwd(
     wy_kda_fwd_kernel[_grid(index, B, T, H)](
         q, k, v, g, beta, w, u, kg, gc, qg, aqk, ainv,
         index.cu_seqlens if index.is_varlen else None, index.chunk_indices if index.is_varlen else None,
-        scale, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        _need_flags(need, index, q), scale, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return w, u, kg, gc, qg, aqk, ainv

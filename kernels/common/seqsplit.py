@@ -277,13 +277,26 @@ def resolve_split(index: ChunkIndex, split_chunks: int | None, *, H: int, NV: in
 
 def seg_chain_fwd(M: Tensor, S_ext: Tensor, h0: Tensor | None, plan: SplitPlan, *, config: LaunchConfig | None = None) -> Tensor:
     """Entering state of every segment, [NS, H, K, V] fp32, from the non-last segments' maps and h0."""
+    return seg_chain_states(M, S_ext, h0, plan.seg_ptr, num_segments=plan.num_segments, config=config)
+
+
+def seg_chain_states(M: Tensor, S_ext: Tensor, h0: Tensor | None, seg_ptr: Tensor, *, num_segments: int,
+                     config: LaunchConfig | None = None) -> Tensor:
+    """`seg_chain_fwd` for any grouping of segments into chains: sequence n owns segments [seg_ptr[n], seg_ptr[n+1]).
+
+    M `[NS - N, H, K, K]`, S_ext `[NS - N, H, K, V]` are the maps of the non-last segments in segment order;
+    h0 `[N, H, K, V]` or None (zeros). Returns the entering state of every segment `[NS, H, K, V]` fp32, in one
+    launch (one program per sequence, head and V block, walking its chain serially).
+    """
     H, K, V = S_ext.shape[1], S_ext.shape[2], S_ext.shape[3]
+    N = seg_ptr.shape[0] - 1
+    assert M.shape[0] == S_ext.shape[0] == num_segments - N, f"need {num_segments - N} maps, got {M.shape[0]}"
     cfg = fit_bv(SEG_CHAIN_FWD, pick_config(SEG_CHAIN_FWD, {"H": H, "K": K, "V": V}, config), V)
     BV = cfg.BV
     assert BV is not None and BV >= 16 and K >= 16 and V % BV == 0, f"bad tiles BV={BV} K={K} V={V}"
-    hs = S_ext.new_empty(plan.num_segments, H, K, V)
-    seg_chain_fwd_kernel[(V // BV, plan.num_seqs * H)](
-        M, S_ext, h0, hs, plan.seg_ptr, H=H, K=K, V=V, BV=BV, PRECISION=CHAIN_DOT_PRECISION,
+    hs = S_ext.new_empty(num_segments, H, K, V)
+    seg_chain_fwd_kernel[(V // BV, N * H)](
+        M.contiguous(), S_ext.contiguous(), h0, hs, seg_ptr, H=H, K=K, V=V, BV=BV, PRECISION=CHAIN_DOT_PRECISION,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return hs

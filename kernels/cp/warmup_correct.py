@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from kernels.backends import resolve_backend
 from kernels.cp import intra, prims
 from kernels.cp.context import host_bounds
 from kernels.cp.decay_bound import log_span_bound, log_window_bound, token_terms
@@ -86,10 +87,13 @@ class WarmupPlan:
                 vals = list(self.chain_layout[1 if name == "map_pos" else 2])
             elif name == "valid":
                 vals = [self.win_start[r] > self.seq_start[r] for r in self.win_rows]
+            elif name == "seg_ptr":                       # sequence n owns segments [seg_ptr[n], seg_ptr[n+1])
+                vals = [i for i, f in enumerate(self.first) if f] + [self.num_segments]
             else:
                 vals = [getattr(self, name)[r] for r in self.win_rows] if name in ("win_start", "win_end") else \
                     list(getattr(self, name))
-            t = torch.tensor(vals, dtype=torch.bool if name == "valid" else torch.int64, device=device)
+            dtype = torch.bool if name == "valid" else torch.int32 if name == "seg_ptr" else torch.int64
+            t = torch.tensor(vals, dtype=dtype, device=device)
             self._dev[key] = t
         return t
 
@@ -349,6 +353,12 @@ def _auto_states(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: W
     prev = plan.index("prev_rows", dev)
     M, E = M.index_select(0, prev), E.index_select(0, prev)                  # the win rows' predecessors
     B = torch.where(fell[:, None, None, None], E, E_win)
+    if resolve_backend(backend, dev) == "triton" and K >= 16 and V >= 16:
+        # one launch: each sequence's chain of win rows walked serially on the device (the torch path below
+        # launches one batched matmul per segment position)
+        from kernels.common.seqsplit import seg_chain_states
+
+        return seg_chain_states(M.float(), B.float(), None, plan.index("seg_ptr", dev), num_segments=plan.num_segments)
     (steps, n), map_pos, _ = plan.chain_layout
     if map_pos == tuple(range(steps * n)):
         A_all, B_all = M, B

@@ -170,14 +170,17 @@ def test_auto_is_none_when_every_window_holds(op: str) -> None:
     assert_rel_close("o (auto) vs reference", ref, o, 1e-4)
 
 
-def test_auto_triton_matches_torch() -> None:
-    """The triton backend (interpreted; masked transition kernel) takes the same decisions and the same states."""
-    q, k, v, g, beta, cu = make_inputs("kda", (256,), H=1, K=16, V=16, lb=-3.0, seed=1)
+@pytest.mark.parametrize("lengths", [(256,), (256, 64, 192)], ids=["one-seq", "three-seqs"])
+def test_auto_triton_matches_torch(lengths: tuple[int, ...]) -> None:
+    """The triton backend (interpreted; masked transition and one-launch chain kernels) takes the same decisions
+    and reaches the same states; with several sequences the chain restarts at each sequence's first segment."""
+    q, k, v, g, beta, cu = make_inputs("kda", lengths, H=1, K=16, V=16, lb=-3.0, seed=1)
     g[0, 128:192, 0, 5] = -1e-3                                            # the window of segment 3
-    kw = {"cu_seqlens": [0, 256], "segments": 4, "tol": 1e-3, "window": 1}
+    kw = {"cu_seqlens": [int(x) for x in cu], "segments": 4, "tol": 1e-3, "window": 1}
     o_t, rep_t = cp.warmup_correct("kda", q, k, v, g, beta, backend="triton", **kw)
     o, rep = cp.warmup_correct("kda", q, k, v, g, beta, backend="torch", **kw)
-    assert rep_t.to_dict()["fallback_segments"] == rep.to_dict()["fallback_segments"] == [3]
+    assert rep_t.to_dict()["fallback_segments"] == rep.to_dict()["fallback_segments"]
+    assert 3 in rep.to_dict()["fallback_segments"]
     assert_rel_close("S0 triton vs torch", rep.initial_states, rep_t.initial_states, 1e-5)
     assert_rel_close("o triton vs torch", o, o_t, 1e-5)
 

@@ -8,10 +8,11 @@ drops; a segment is good when that bound is <= `tol` times the state norm for ev
 
 - `"auto"` (default): decided PER SEGMENT on the device. Good segments take their entering state from the
   window alone (E_win); for failing ones the exact map (M, S_ext) of the whole previous segment comes from
-  one masked `transition` (`need` = the failing segments' predecessors: on the triton backend the kernel
-  skips the serial pass of every other segment, so M costs only where it is needed). Both are combined
-  branch-free as one affine chain per sequence, S0[i+1] = A[i] S0[i] + B[i] with A[i] = M[i] (zeros where
-  not needed) and B[i] = where(fail[i+1], S_ext[i], E_win[i+1]): one `baddbmm` per segment position.
+  one masked `transition` (`need` = the failing segments' predecessors: on the triton backend the kernels
+  skip the WY prep and the serial pass of every other segment, so M costs only where it is needed). Both
+  are combined branch-free as one affine chain per sequence, S0[i+1] = A[i] S0[i] + B[i] with A[i] = M[i]
+  (zeros where not needed) and B[i] = where(fail[i+1], S_ext[i], E_win[i+1]): one `seg_chain` kernel
+  launch on the triton backend, one `baddbmm` per segment position on torch.
 - `"exact"`: exact maps of every segment and the serial correction (`kernels.cp.intra`), exact in fp32
   (the cost of exact intra-device CP); `fallback_count` says how many segments needed M at this window.
 - `"none"` (FlashKDA's scheme): windows only, no M; `violations` counts the failing segments left on the
@@ -342,7 +343,8 @@ def _auto_states(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: W
 
     One masked transition over all segments gives (M, S_ext) only for the predecessors of failing segments
     (zeros elsewhere); the choice is the affine chain S0[r] = A S0[r-1] + B with A = masked M and
-    B = where(fell, S_ext, E_win), one `baddbmm` per segment position, batched over sequences and heads.
+    B = where(fell, S_ext, E_win): on triton one `seg_chain` launch; on torch one `baddbmm` per segment position,
+    batched over sequences and heads.
     """
     if E_win is None:
         return None

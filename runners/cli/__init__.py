@@ -25,6 +25,7 @@ import sys
 from collections.abc import Sequence
 
 import click
+import pydantic
 import typer
 from rich.console import Console
 
@@ -80,6 +81,17 @@ def _fail(message: str) -> None:
     raise SystemExit(1)
 
 
+def _settings_error(err: pydantic.ValidationError) -> str | None:
+    """One line for a bad CPBENCH_* environment variable (a settings class failed to load), else None."""
+    if not err.title.endswith("Settings"):
+        return None
+    parts = []
+    for e in err.errors():
+        name = "CPBENCH_" + "_".join(str(x) for x in e.get("loc", ()))
+        parts.append(f"{name}={e.get('input')!r}: {e.get('msg')}")
+    return "invalid setting " + "; ".join(parts) + " (see ENVIRONMENT.md)"
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the `cpbench` script (`runners.cli:main`); `argv` defaults to `sys.argv[1:]`."""
     from db.errors import StoreNotMigratedError
@@ -88,6 +100,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         rc = app(args=list(argv) if argv is not None else None, prog_name="cpbench", standalone_mode=False)
     except (CpbenchError, StoreNotMigratedError) as err:
         _fail(" ".join(str(err).split("\n")))
+    except pydantic.ValidationError as err:
+        line = _settings_error(err)
+        if line is None:
+            raise
+        _fail(line)
     except click.exceptions.ClickException as err:
         err.show()
         raise SystemExit(err.exit_code) from None

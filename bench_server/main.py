@@ -5,8 +5,8 @@
 - refuses to start on a store that is not migrated (`db.migrate.require_migrated` raises
   `StoreNotMigratedError`, whose message says to run `cpbench db upgrade`);
 - settles the API token (`core.security.ensure_api_token`: environment, token file, or generated and logged once);
-- mounts the REST API under /api/v1 (OpenAPI at /docs, operation ids "<tag>-<name>"), /healthz, the dashboard pages
-  and plotly.js at /static/plotly.min.js;
+- mounts the REST API under /api/v1 (operation ids "<tag>-<name>"), its Swagger UI at /docs (served from the
+  installed swagger-ui-bundle-v2 package, no CDN), /healthz, the dashboard pages and plotly.js at /static/plotly.min.js;
 - request bodies over CPBENCH_MAX_BODY_BYTES get 413, and so does a spec whose grid passes the points limit.
 """
 
@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from sqlalchemy import text
 
-from bench_server import pages
+from bench_server import docs, pages
 from bench_server.api.deps import SessionDep
 from bench_server.api.router import api_router
 from bench_server.core.config import API_V1_STR, ServerSettings, get_settings
@@ -77,7 +77,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         version=_version(),
         summary="Benchmarks and autotuning of context-parallel delta-rule attention kernels (GDN, KDA)",
         openapi_url=f"{API_V1_STR}/openapi.json",
-        docs_url="/docs",
+        docs_url=None,  # served by bench_server.docs from local files, not FastAPI's CDN page
         redoc_url=None,
         generate_unique_id_function=custom_generate_unique_id,
     )
@@ -90,6 +90,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.include_router(api_router, prefix=API_V1_STR)
     app.add_api_route("/healthz", _health, methods=["GET"], response_model=Health, tags=["health"], name="healthz",
                       summary="Liveness of the server and its database", responses={503: {"model": Health}})
+    app.include_router(docs.router)
     app.include_router(pages.static_router)
     app.include_router(pages.router)
     logger.info("cpbench app on %s (token from %s, reads %s)", safe_url(settings.DATABASE_URL), token.source,

@@ -160,3 +160,14 @@ def test_missing_sweep_page(live: LiveServer) -> None:
     assert httpx.get(f"{live.url}/sweeps/999999").status_code == 404
     assert httpx.get(f"{live.url}/dash/999999/latency.csv").status_code == 404
     assert httpx.get(f"{live.url}/dash/1/nope.csv").status_code == 404
+
+
+def test_api_docs_page_offline(visit: Any, live: LiveServer) -> None:
+    # Swagger UI from the installed package: it renders every route group of the API with nothing off-host
+    v = visit(live.url + "/docs")
+    v.page.wait_for_selector(".opblock-tag", timeout=15_000)
+    tags = {t.strip().lower() for t in v.page.locator(".opblock-tag").all_inner_texts()}
+    assert {"sweeps", "results", "configs", "workers", "health"} <= {t.split("\n")[0] for t in tags}, tags
+    assert any(u.endswith("/static/swagger/swagger-ui-bundle.js") for u in v.requests)
+    v.check_clean()
+    assert httpx.get(live.url + "/static/swagger/swagger-ui-bundle.js.map").status_code == 404

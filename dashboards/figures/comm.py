@@ -7,7 +7,6 @@ bytes (log). Measured traces are named after their mode (`meta.kind == "measured
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
 import plotly.graph_objects as go
@@ -23,6 +22,7 @@ from dashboards.figures.common import (
     in_facet,
     mode_color,
     mode_rank,
+    mode_series,
     single_value_log_range,
 )
 
@@ -74,11 +74,7 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
                         horizontal_spacing=0.05, vertical_spacing=0.08)
     shown: set[str] = set()
     for j, W in enumerate(Ws, start=1):
-        series: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
-        for r in table:
-            if r["facet_W"] == W:
-                series[(r["mode"], r["B"])].append(r)
-        for (mode, B), pts in sorted(series.items(), key=lambda kv: (mode_rank(kv[0][0]), kv[0][1])):
+        for (mode, B), pts in mode_series(r for r in table if r["facet_W"] == W):
             first = mode not in shown
             shown.add(mode)
             T = [p["T"] for p in pts]

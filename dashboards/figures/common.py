@@ -7,6 +7,7 @@ beyond building an empty placeholder figure.
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -63,6 +64,14 @@ def single_device(row: dict[str, Any]) -> bool:
 def cp_sizes(rows: Sequence[dict[str, Any]]) -> list[int]:
     """The CP sizes to facet by: those of the multi-device runs, or [1] when every run is on one device."""
     return facet_values([r for r in rows if not single_device(r)], "W") or [1]
+
+
+def mode_series(rows: Iterable[dict[str, Any]]) -> list[tuple[tuple[str, int], list[dict[str, Any]]]]:
+    """Rows grouped into one series per (mode, B), in legend order (mode rank, then B); rows keep their order."""
+    series: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        series[(r["mode"], r["B"])].append(r)
+    return sorted(series.items(), key=lambda kv: (mode_rank(kv[0][0]), kv[0][1]))
 
 
 def in_facet(row: dict[str, Any], *, W: int, lb: float | None = None) -> bool:

@@ -6,7 +6,6 @@ facet as the baseline, and each point's hover and CSV row carry its speedup over
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
 import plotly.graph_objects as go
@@ -22,6 +21,7 @@ from dashboards.figures.common import (
     measured,
     mode_color,
     mode_rank,
+    mode_series,
     none_medians,
     single_value_log_range,
     speedup,
@@ -59,11 +59,7 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
     shown: set[str] = set()
     for i, lb in enumerate(lbs, start=1):
         for j, W in enumerate(Ws, start=1):
-            series: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
-            for r in table:
-                if r["facet_W"] == W and r["lb"] == lb:
-                    series[(r["mode"], r["B"])].append(r)
-            for (mode, B), pts in sorted(series.items(), key=lambda kv: (mode_rank(kv[0][0]), kv[0][1])):
+            for (mode, B), pts in mode_series(r for r in table if r["facet_W"] == W and r["lb"] == lb):
                 fig.add_trace(_trace(mode, B, pts, Bs, W=W, lb=lb, showlegend=mode not in shown), row=i, col=j)
                 shown.add(mode)
     fig.update_xaxes(type="log", range=single_value_log_range(r["T"] for r in table))

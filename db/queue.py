@@ -24,6 +24,8 @@ one ("database is locked"). Times are aware UTC, from this host's clock.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 
 from sqlalchemy import func, select, update
@@ -231,6 +233,28 @@ def _finish(session: Session, point_id: int, worker: str, action: str) -> Point 
     return point
 
 
+@contextmanager
+def _ending_attempt(session: Session, point_id: int, worker: str, action: str, now: datetime) -> Iterator[Point | None]:
+    """The write transaction that ends `worker`'s attempt at a point.
+
+    Yields the point for the caller to set its outcome, or None (the session already rolled back) when `worker` no
+    longer holds the lease. On a normal exit with a point: clears the lease, refreshes the sweep, commits; on an
+    error: rolls back and re-raises.
+    """
+    begin_write(session)
+    try:
+        point = _finish(session, point_id, worker, action)
+        yield point
+        if point is not None:
+            _clear_lease(point)
+            session.flush()
+            _refresh(session, point.sweep_id, now)
+            session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+
+
 def complete_point(session: Session, *, point_id: int, worker: str) -> bool:
     """Mark the point `done`, together with whatever the session holds (its measurement); commits.
 
@@ -238,21 +262,12 @@ def complete_point(session: Session, *, point_id: int, worker: str) -> bool:
     holds the lease.
     """
     now = _now()
-    begin_write(session)
-    try:
-        point = _finish(session, point_id, worker, "complete")
+    with _ending_attempt(session, point_id, worker, "complete", now) as point:
         if point is None:
             return False
         point.status = "done"
         point.error = None
         point.finished_at = now
-        _clear_lease(point)
-        session.flush()
-        _refresh(session, point.sweep_id, now)
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
     return True
 
 
@@ -263,9 +278,7 @@ def fail_point(session: Session, *, point_id: int, worker: str, error: str, retr
     error.
     """
     now = _now()
-    begin_write(session)
-    try:
-        point = _finish(session, point_id, worker, "fail")
+    with _ending_attempt(session, point_id, worker, "fail", now) as point:
         if point is None:
             return False
         point.error = error
@@ -275,13 +288,6 @@ def fail_point(session: Session, *, point_id: int, worker: str, error: str, retr
             point.status = "failed"
         if point.status != "queued":
             point.finished_at = now
-        _clear_lease(point)
-        session.flush()
-        _refresh(session, point.sweep_id, now)
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
     logger.info("point %s attempt %s failed (%s): %s", point_id, point.attempts, point.status, error)
     return True
 
@@ -292,22 +298,13 @@ def release_point(session: Session, *, point_id: int, worker: str) -> bool:
     False when `worker` no longer holds the lease. A point of a cancelled sweep becomes `cancelled` instead.
     """
     now = _now()
-    begin_write(session)
-    try:
-        point = _finish(session, point_id, worker, "release")
+    with _ending_attempt(session, point_id, worker, "release", now) as point:
         if point is None:
             return False
         point.status = _requeue_status(session, point.sweep_id)
         point.attempts = max(point.attempts - 1, 0)
         if point.status == "cancelled":
             point.finished_at = now
-        _clear_lease(point)
-        session.flush()
-        _refresh(session, point.sweep_id, now)
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
     return True
 
 

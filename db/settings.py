@@ -27,6 +27,14 @@ def normalize_url(url: str) -> str:
     return url
 
 
+def check_database_url(value: str) -> str:
+    """The validator of every settings class holding CPBENCH_DATABASE_URL: refuse an empty URL, normalise the driver."""
+    value = value.strip()
+    if not value:
+        raise ValueError("CPBENCH_DATABASE_URL is empty; give an SQLAlchemy URL such as sqlite:///path/to/cpbench.db")
+    return normalize_url(value)
+
+
 class DbSettings(BaseSettings):
     """Where the store lives. Read once per process through `get_db_settings()`."""
 
@@ -38,10 +46,7 @@ class DbSettings(BaseSettings):
     @field_validator("DATABASE_URL")
     @classmethod
     def _normalize(cls, value: str) -> str:
-        value = value.strip()
-        if not value:
-            raise ValueError("CPBENCH_DATABASE_URL is empty; give an SQLAlchemy URL such as sqlite:///path/to/cpbench.db")
-        return normalize_url(value)
+        return check_database_url(value)
 
 
 @lru_cache(maxsize=1)

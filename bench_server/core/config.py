@@ -20,7 +20,7 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from db.settings import default_database_url, normalize_url
+from db.settings import check_database_url, get_db_settings
 
 __all__ = ["API_V1_STR", "ServerSettings", "get_settings"]
 
@@ -32,7 +32,9 @@ class ServerSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="CPBENCH_", env_ignore_empty=True, extra="ignore")
 
-    DATABASE_URL: str = Field(default_factory=default_database_url)
+    # an unset (or, with env_ignore_empty, empty) variable falls back to the store's own settings, which refuse an
+    # empty URL: so every command treats CPBENCH_DATABASE_URL="" alike
+    DATABASE_URL: str = Field(default_factory=lambda: get_db_settings().DATABASE_URL)
     API_TOKEN: str | None = None
     READS_OPEN: bool = True
     MAX_BODY_BYTES: int = Field(1 << 20, ge=1024)
@@ -42,10 +44,7 @@ class ServerSettings(BaseSettings):
     @field_validator("DATABASE_URL")
     @classmethod
     def _normalize(cls, value: str) -> str:
-        value = value.strip()
-        if not value:
-            raise ValueError("CPBENCH_DATABASE_URL is empty; give an SQLAlchemy URL such as sqlite:///path/to/cpbench.db")
-        return normalize_url(value)
+        return check_database_url(value)
 
     @field_validator("API_TOKEN")
     @classmethod

@@ -170,11 +170,12 @@ def test_failed_gate_and_missing_backend(tmp_path: Path, store_url: str) -> None
     assert fla["status"] == "failed" and "backend 'fla' is not available on worker" in fla["error"]
 
 
-@pytest.mark.parametrize(("env", "needle"), [
-    ({"CPBENCH_CPU_RANKS": "abc"}, "invalid setting CPBENCH_CPU_RANKS='abc'"),
-    ({"CPBENCH_DATABASE_URL": ""}, "invalid setting CPBENCH_DATABASE_URL=''"),
-], ids=["bad-int", "empty-url"])
-def test_bad_environment_is_one_line(tmp_path: Path, env: dict[str, str], needle: str) -> None:
+@pytest.mark.parametrize(("verb", "env", "needle"), [
+    (["worker", "--once"], {"CPBENCH_CPU_RANKS": "abc"}, "invalid setting CPBENCH_CPU_RANKS='abc'"),
+    (["worker", "--once"], {"CPBENCH_DATABASE_URL": ""}, "invalid setting CPBENCH_DATABASE_URL=''"),
+    (["serve", "--port", "0"], {"CPBENCH_DATABASE_URL": ""}, "invalid setting CPBENCH_DATABASE_URL=''"),
+], ids=["bad-int", "empty-url-worker", "empty-url-serve"])
+def test_bad_environment_is_one_line(tmp_path: Path, verb: list[str], env: dict[str, str], needle: str) -> None:
     # a fresh process: settings are cached per process, so a bad variable must be there from the start
     import os
     import subprocess
@@ -182,7 +183,7 @@ def test_bad_environment_is_one_line(tmp_path: Path, env: dict[str, str], needle
 
     base = {k: v for k, v in os.environ.items() if not k.startswith("CPBENCH_")}
     base["CPBENCH_DATABASE_URL"] = f"sqlite:///{tmp_path}/x.db"
-    proc = subprocess.run([sys.executable, "-m", "runners.cli", "worker", "--once"], env={**base, **env},
+    proc = subprocess.run([sys.executable, "-m", "runners.cli", *verb], env={**base, **env},
                           capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 1, proc.stderr
     assert needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 from typing import Any
 
@@ -32,17 +31,11 @@ from bench_server.core.security import ensure_api_token
 from bench_server.schemas import Health
 from db.migrate import require_migrated, safe_url
 from db.session import get_sessionmaker
+from runners.versions import cpbench_version
 
 __all__ = ["create_app"]
 
 logger = logging.getLogger(__name__)
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("cpbench")
-    except importlib.metadata.PackageNotFoundError:
-        return "0.1.0"
 
 
 def custom_generate_unique_id(route: APIRoute) -> str:
@@ -74,7 +67,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     token = ensure_api_token(settings)
     app = FastAPI(
         title="cpbench",
-        version=_version(),
+        version=cpbench_version(),
         summary="Benchmarks and autotuning of context-parallel delta-rule attention kernels (GDN, KDA)",
         openapi_url=f"{API_V1_STR}/openapi.json",
         docs_url=None,  # served by bench_server.docs from local files, not FastAPI's CDN page

@@ -27,7 +27,6 @@ second Ctrl-C stops at once (the point's lease then expires and the point return
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import logging
 import os
 import platform
@@ -49,6 +48,7 @@ from runners.grid import available_backends
 from runners.profile import ProfileSummary, merge_ranks
 from runners.settings import get_worker_settings
 from runners.stats import summarize
+from runners.versions import software_versions
 
 __all__ = ["DeviceInfo", "WorkerStats", "detect_devices", "environment_facts", "run_worker"]
 
@@ -136,26 +136,17 @@ def environment_facts(info: DeviceInfo) -> dict[str, Any]:
     """The `db.models.Environment` facts of this process (stable across runs of the same setup)."""
     import torch
 
-    try:
-        import triton
-
-        triton_version: str | None = triton.__version__
-    except ImportError:
-        triton_version = None
-    try:
-        cpbench_version = importlib.metadata.version("cpbench")
-    except importlib.metadata.PackageNotFoundError:
-        cpbench_version = "0+source"
+    versions = software_versions()
     facts: dict[str, Any] = {
         "device_name": info.names[0] if info.kind == "cuda" else "cpu",
         "device_count": info.count,
         "compute_capability": info.compute_capability,
         "driver": _driver() if info.kind == "cuda" else None,
         "cuda": torch.version.cuda if info.kind == "cuda" else None,
-        "torch": torch.__version__,
-        "triton": triton_version,
+        "torch": versions["torch"],
+        "triton": versions["triton"],
         "python": platform.python_version(),
-        "cpbench": cpbench_version,
+        "cpbench": versions["cpbench"],
         "git_sha": _git_sha(),
         "host": socket.gethostname(),
         "cpu": platform.processor() or platform.machine(),

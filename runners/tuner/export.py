@@ -28,38 +28,20 @@ from typing import TYPE_CHECKING, Any
 
 from kernels.autotune import SCHEMA_VERSION, AutotuneError, parse_autotune, source_hash
 from runners.errors import CpbenchError
+from runners.versions import software_versions
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
     from db.models import TunedConfig
 
-__all__ = ["ExportError", "build_export", "export_from_rows", "process_versions", "write_export"]
+__all__ = ["ExportError", "build_export", "export_from_rows", "write_export"]
 
 logger = logging.getLogger(__name__)
 
 
 class ExportError(CpbenchError, ValueError):
     """Nothing (valid) to export: no tuned configs, several devices without --device, or CPU timings."""
-
-
-def process_versions() -> dict[str, str | None]:
-    """torch, triton and cpbench versions of this process."""
-    import importlib.metadata
-
-    import torch
-
-    try:
-        import triton
-
-        tv: str | None = triton.__version__
-    except ImportError:
-        tv = None
-    try:
-        cv = importlib.metadata.version("cpbench")
-    except importlib.metadata.PackageNotFoundError:
-        cv = "unknown"
-    return {"torch": torch.__version__, "triton": tv, "cpbench": cv}
 
 
 def _iso(t: Any) -> str:
@@ -125,7 +107,7 @@ def export_from_rows(rows: Sequence[TunedConfig], *, device_name: str | None = N
     data = {
         "schema_version": SCHEMA_VERSION,
         "device": {"name": device_name, "compute_capability": ccs.most_common(1)[0][0] if ccs else None},
-        "versions": versions or process_versions(),
+        "versions": versions or software_versions(),
         "created_at": datetime.now(timezone.utc).isoformat(),
         "kernels": kernels_out,
     }

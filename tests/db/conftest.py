@@ -11,52 +11,24 @@
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from sqlalchemy import create_engine
-from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from db.base import Base
 from db.migrate import upgrade
 from db.session import dispose_engine, get_sessionmaker
-from db.settings import normalize_url
+from tests.utils.postgres import ScratchDatabase
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 
-def _pg_server() -> str:
-    server = os.environ.get("CPBENCH_TEST_POSTGRES_URL")
-    if not server:
-        pytest.skip("CPBENCH_TEST_POSTGRES_URL not set")
-    return normalize_url(server)
-
-
-class _PgDatabase:
-    """A database created on the test server, dropped (with its connections) by `drop()`."""
-
-    def __init__(self) -> None:
-        server = _pg_server()
-        self.name = f"cpbench_test_{uuid.uuid4().hex[:12]}"
-        self.admin = create_engine(server, isolation_level="AUTOCOMMIT")
-        with self.admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE DATABASE "{self.name}"')
-        self.url = make_url(server).set(database=self.name).render_as_string(hide_password=False)
-
-    def drop(self) -> None:
-        dispose_engine(self.url)
-        with self.admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
-        self.admin.dispose()
-
-
 @pytest.fixture(scope="module")
 def pg_module_url() -> Iterator[str]:
-    database = _PgDatabase()
+    database = ScratchDatabase()
     try:
         upgrade(database.url)
         yield database.url
@@ -100,7 +72,7 @@ def empty_db_url(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[str]
         yield url
         dispose_engine(url)
     else:
-        database = _PgDatabase()
+        database = ScratchDatabase()
         try:
             yield database.url
         finally:

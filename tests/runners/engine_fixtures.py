@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -48,32 +47,17 @@ def store_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
 @pytest.fixture
 def pg_store_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    from sqlalchemy import create_engine
-    from sqlalchemy.engine import make_url
-
     from db.migrate import upgrade
-    from db.session import dispose_engine
-    from db.settings import normalize_url
+    from tests.utils.postgres import ScratchDatabase
 
-    server = os.environ.get("CPBENCH_TEST_POSTGRES_URL")
-    if not server:
-        pytest.skip("CPBENCH_TEST_POSTGRES_URL not set")
-    server = normalize_url(server)
-    name = f"cpbench_runners_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(server, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    url = make_url(server).set(database=name).render_as_string(hide_password=False)
+    database = ScratchDatabase("cpbench_runners")
     monkeypatch.setenv("CPBENCH_ARTIFACT_DIR", str(tmp_path / "artifacts"))
     _settings_reset()
     try:
-        upgrade(url)
-        yield url
+        upgrade(database.url)
+        yield database.url
     finally:
-        dispose_engine(url)
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
+        database.drop()
         _settings_reset()
 
 

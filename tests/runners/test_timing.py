@@ -76,7 +76,10 @@ def test_time_step_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     rule = StopRule(min_samples=10, max_samples=100, min_time_s=0.0, max_rel_iqr=0.01, timeout_s=0.5, warmup_s=0.0)
     res, _ = _run(monkeypatch, itertools.cycle([100.0, 250.0]), rule)
     assert res.stop_reason == "timeout"
-    assert 1 <= len(res.samples_ms) < 10
+    # warmup takes 100 + 250 ms (the second call is settled); samples then run until 0.5 s have passed:
+    # 100, 250, 100 (0.45 s), 250 (0.70 s >= timeout), well short of min_samples
+    assert res.warmup_iters == 2
+    assert res.samples_ms == pytest.approx([100.0, 250.0, 100.0, 250.0])
 
 
 def test_time_step_min_time(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -171,6 +171,32 @@ def _load_inverse(a, p_row, m_t, BT: tl.constexpr):
     return tl.load(a + p_row[:, None] * BT + o_t[None, :], mask=m_t[:, None] & (o_t[:, None] >= o_t[None, :]), other=0.)
 
 
+@triton.jit
+def _chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN: tl.constexpr):
+    """(sequence i_n, chunk i_t within it, first token bos, sequence length T) of program (i_c, i_b)."""
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
+        i_t = tl.load(chunk_indices + i_c * 2 + 1)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        T = eos - bos
+    else:
+        i_n = i_b.to(tl.int64)
+        i_t = i_c
+        bos = i_n * T
+    return i_n, i_t, bos, T
+
+
+@triton.jit
+def _store_u(v, u, b_T, b_beta, p_row, m_t, V: tl.constexpr, BV: tl.constexpr):
+    """u = T (beta V), in column blocks of BV (both ops); b_T is already in the input dtype."""
+    for i_v in tl.static_range(V // BV):
+        p_v = p_row[:, None] * V + (i_v * BV + tl.arange(0, BV))[None, :]
+        b_v = tl.load(v + p_v, mask=m_t[:, None], other=0.)
+        b_u = tl.dot(b_T, (b_v * b_beta[:, None]).to(b_T.dtype))
+        tl.store(u + p_v, b_u.to(u.dtype.element_ty), mask=m_t[:, None])
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # GDN
 
@@ -208,17 +234,9 @@ def wy_gdn_fwd_kernel(
     USE_NEED: tl.constexpr,
 ):
     tl.static_assert(BT == 64, "the WY kernel is written for 64-token chunks")
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-    if IS_VARLEN:
-        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int64)
-        i_t = tl.load(chunk_indices + i_t * 2 + 1)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        T = eos - bos
-    else:
-        i_n = i_b.to(tl.int64)
-        bos = i_b.to(tl.int64) * T
+    i_n, i_t, bos, T = _chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
     # nested on purpose: the constexpr branch must guard the load (need is None when USE_NEED is False)
     if USE_NEED:  # noqa: SIM102
         if tl.load(need + i_n) == 0:
@@ -262,11 +280,7 @@ def wy_gdn_fwd_kernel(
         b_k = tl.load(k + p_k, mask=m_t[:, None], other=0.)
         b_w = tl.dot(b_T, (b_k * b_kb[:, None]).to(dt))
         tl.store(w + p_k, b_w.to(w.dtype.element_ty), mask=m_t[:, None])
-    for i_v in tl.static_range(V // BV):
-        p_v = p_row[:, None] * V + (i_v * BV + tl.arange(0, BV))[None, :]
-        b_v = tl.load(v + p_v, mask=m_t[:, None], other=0.)
-        b_u = tl.dot(b_T, (b_v * b_beta[:, None]).to(dt))
-        tl.store(u + p_v, b_u.to(u.dtype.element_ty), mask=m_t[:, None])
+    _store_u(v, u, b_T, b_beta, p_row, m_t, V, BV)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -349,17 +363,10 @@ def wy_kda_fwd_kernel(
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     if IS_VARLEN:
-        i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
-        i_t = tl.load(chunk_indices + i_c * 2 + 1)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        T = eos - bos
-        i_tg = i_c.to(tl.int64)
+        i_tg = i_c.to(tl.int64)  # the row of gc: the global chunk index
     else:
-        i_t = i_c
-        i_n = i_b.to(tl.int64)
-        bos = i_b.to(tl.int64) * T
-        i_tg = i_b.to(tl.int64) * tl.cdiv(T, BT) + i_t
+        i_tg = i_b.to(tl.int64) * tl.cdiv(T, BT) + i_c
+    i_n, i_t, bos, T = _chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
     # nested on purpose: the constexpr branch must guard the load (need is None when USE_NEED is False)
     if USE_NEED:  # noqa: SIM102
         if tl.load(need + i_n) == 0:
@@ -399,11 +406,7 @@ def wy_kda_fwd_kernel(
         if HAS_Q:
             b_q = tl.load(q + p_k, mask=m_t[:, None], other=0.)
             tl.store(qg + p_k, (b_q * b_e * scale).to(qg.dtype.element_ty), mask=m_t[:, None])
-    for i_v in tl.static_range(V // BV):
-        p_v = p_row[:, None] * V + (i_v * BV + tl.arange(0, BV))[None, :]
-        b_v = tl.load(v + p_v, mask=m_t[:, None], other=0.)
-        b_u = tl.dot(b_T, (b_v * b_beta[:, None]).to(dt))
-        tl.store(u + p_v, b_u.to(u.dtype.element_ty), mask=m_t[:, None])
+    _store_u(v, u, b_T, b_beta, p_row, m_t, V, BV)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -53,6 +53,17 @@ FLA_MS_ANCHOR = {  # ../shared/anchors/fla-h200.md, forward, ms (do_bench median
 }
 
 
+def result_stem(prefix: str, name: str | None, device_name: Any) -> str:
+    """File stem of a benchmark's results: `name` if given, else <prefix>_h200 on an H200, else <prefix>_<device slug>
+    (so a CPU or dry run never overwrites the H200 table). Shared with `kernels.cp.bench`."""
+    if name:
+        return str(name)
+    device = str(device_name or "cpu")
+    if "H200" in device:
+        return f"{prefix}_h200"
+    return f"{prefix}_" + ("".join(ch if ch.isalnum() else "_" for ch in device.lower()).strip("_")[:40] or "cpu")
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # inputs, floors, timing
 
@@ -617,8 +628,7 @@ def main(argv: list[str] | None = None) -> int:
 
         patch_bf16_dot()
     res = run(args)
-    name = args.name or ("kernels_h200" if "H200" in str(res["env"].get("device")) else
-                         "kernels_" + "".join(ch if ch.isalnum() else "_" for ch in str(res["env"].get("device")).lower())[:40])
+    name = result_stem("kernels", args.name, res["env"].get("device"))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, name + ".json"), "w") as f:
         json.dump(res, f, indent=1, default=str)

@@ -45,6 +45,7 @@ import torch.distributed as dist
 
 import kernels
 import kernels.cp as cp
+from kernels.bench import result_stem
 
 TARGETS = {"true_cp W=2 T=128K": 2.8, "warmup_correct 1 GPU T=64K lb=-5": 0.6}
 PEER = "fla"
@@ -369,20 +370,10 @@ def fmt(x: Any, nd: int = 3) -> str:
     return str(x)
 
 
-def result_stem(args: argparse.Namespace, device_name: Any) -> str:
-    """File stem of the results: --name, else cp_h200 on an H200, else cp_<device slug> (cp_cpu for --cpu)."""
-    if args.name:
-        return str(args.name)
-    name = str(device_name or "cpu")
-    if "H200" in name:
-        return "cp_h200"
-    return "cp_" + ("".join(ch if ch.isalnum() else "_" for ch in name.lower()).strip("_")[:40] or "cpu")
-
-
 def write_results(recs: list[dict[str, Any]], args: argparse.Namespace, dev: torch.device) -> None:
     env = environment(dev, args)
     os.makedirs(args.out, exist_ok=True)
-    stem = result_stem(args, "cpu" if args.cpu else env.get("device"))
+    stem = result_stem("cp", args.name, "cpu" if args.cpu else env.get("device"))
     with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump({"environment": env, "targets_ms": TARGETS, "records": recs}, f, indent=1, default=str)
     lines = [f"# CP schemes on {env.get('device')}", "",

@@ -6,7 +6,7 @@
 | `CPBENCH_API_TOKEN`            | unset                                 | bearer token for writes; unset: generated once, kept in `.cpbench/api_token` beside the database |
 | `CPBENCH_READS_OPEN`           | true                                  | false: reads (API and dashboards) need the token too        |
 | `CPBENCH_MAX_BODY_BYTES`       | 1048576                               | larger request bodies get 413                               |
-| `CPBENCH_MAX_POINTS_PER_SWEEP` | 20000                                 | a spec expanding to more grid points gets 413               |
+| `CPBENCH_MAX_POINTS_PER_SWEEP` | 20000                                 | read by the spec (`runners.settings`): a larger grid gets 413 |
 | `CPBENCH_TOKEN_FILE`           | unset                                 | where a generated token is kept, instead of the default     |
 
 Tests build a `ServerSettings(...)` and pass it to `create_app(settings)`; `get_settings.cache_clear()` re-reads.
@@ -38,7 +38,6 @@ class ServerSettings(BaseSettings):
     API_TOKEN: str | None = None
     READS_OPEN: bool = True
     MAX_BODY_BYTES: int = Field(1 << 20, ge=1024)
-    MAX_POINTS_PER_SWEEP: int = Field(20_000, ge=1)
     TOKEN_FILE: Path | None = None
 
     @field_validator("DATABASE_URL")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,8 +44,12 @@ def submit_spec(
     *,
     max_W: int | None = None,
     backends: Iterable[str] | None = None,
+    keys: Collection[str] | None = None,
 ) -> Sweep:
-    """Expand the spec's grid and store the sweep with its points (queued or skipped); flushes, the caller commits."""
+    """Expand the spec's grid and store the sweep with its points (queued or skipped); flushes, the caller commits.
+
+    keys: keep only the points with these keys (a regression round rerunning some keys of a suite).
+    """
     from db import crud
 
     if isinstance(spec, (str, Path)):
@@ -53,6 +57,8 @@ def submit_spec(
     elif not isinstance(spec, SweepSpec):
         spec = parse_spec(spec)
     points = expand(spec, max_W=max_W, modes=available_modes(), backends=backends)
+    if keys is not None:
+        points = [p for p in points if p["key"] in keys]
     device_kind = _DEVICE_KIND[spec.device]
     for p in points:
         p["device_kind"] = device_kind

@@ -87,17 +87,10 @@ def _device_name(devices: int | None) -> tuple[str, int]:
 
 def _submit(session: Any, spec: SweepSpec, *, keys: set[str] | None, max_W: int) -> int:
     """Store one run of the suite as a sweep; with `keys`, only those keys' points (the rest of the grid is left out)."""
-    from db import crud
     from runners.engine import submit_spec
-    from runners.grid import available_backends, available_modes, expand
+    from runners.grid import available_backends
 
-    if keys is None:
-        return submit_spec(session, spec, max_W=max_W, backends=available_backends()).id
-    points = [p for p in expand(spec, max_W=max_W, modes=available_modes(), backends=available_backends()) if p["key"] in keys]
-    device_kind = {"any": None, "cuda": "cuda", "cpu": "cpu"}[spec.device]
-    for p in points:
-        p["device_kind"] = device_kind
-    return crud.create_sweep(session, name=spec.name, tags=spec.tags, spec=spec.model_dump(mode="json"), points=points).id
+    return submit_spec(session, spec, max_W=max_W, backends=available_backends(), keys=keys).id
 
 
 class _LocalWorker:

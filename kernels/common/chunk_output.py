@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.common.chunk_program import chunk_of_program
 from kernels.common.chunk_state import fit_bv
 from kernels.common.index import ChunkIndex
 from kernels.configs import KernelSpec, LaunchConfig, pick_config, register
@@ -55,17 +56,7 @@ def chunk_output_fwd_kernel(
 ):
     i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
-    if IS_VARLEN:
-        i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
-        i_t = tl.load(chunk_indices + i_c * 2 + 1)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        T = eos - bos
-        i_tg = i_c.to(tl.int64)
-    else:
-        i_t = i_c
-        bos = i_b.to(tl.int64) * T
-        i_tg = i_b.to(tl.int64) * tl.cdiv(T, BT) + i_t
+    _, i_t, i_tg, bos, T = chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
     dt = v_new.dtype.element_ty
 
     o_k = tl.arange(0, K)

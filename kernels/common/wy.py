@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.common.chunk_program import chunk_of_program
 from kernels.common.index import ChunkIndex
 from kernels.configs import KernelSpec, LaunchConfig, pick_config, register
 
@@ -172,22 +173,6 @@ def _load_inverse(a, p_row, m_t, BT: tl.constexpr):
 
 
 @triton.jit
-def _chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN: tl.constexpr):
-    """(sequence i_n, chunk i_t within it, first token bos, sequence length T) of program (i_c, i_b)."""
-    if IS_VARLEN:
-        i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
-        i_t = tl.load(chunk_indices + i_c * 2 + 1)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        T = eos - bos
-    else:
-        i_n = i_b.to(tl.int64)
-        i_t = i_c
-        bos = i_n * T
-    return i_n, i_t, bos, T
-
-
-@triton.jit
 def _store_u(v, u, b_T, b_beta, p_row, m_t, V: tl.constexpr, BV: tl.constexpr):
     """u = T (beta V), in column blocks of BV (both ops); b_T is already in the input dtype."""
     for i_v in tl.static_range(V // BV):
@@ -236,7 +221,7 @@ def wy_gdn_fwd_kernel(
     tl.static_assert(BT == 64, "the WY kernel is written for 64-token chunks")
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-    i_n, i_t, bos, T = _chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
+    i_n, i_t, _, bos, T = chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
     # nested on purpose: the constexpr branch must guard the load (need is None when USE_NEED is False)
     if USE_NEED:  # noqa: SIM102
         if tl.load(need + i_n) == 0:
@@ -362,11 +347,7 @@ def wy_kda_fwd_kernel(
     tl.static_assert(BT == 64, "the WY kernel is written for 64-token chunks")
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-    if IS_VARLEN:
-        i_tg = i_c.to(tl.int64)  # the row of gc: the global chunk index
-    else:
-        i_tg = i_b.to(tl.int64) * tl.cdiv(T, BT) + i_c
-    i_n, i_t, bos, T = _chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
+    i_n, i_t, i_tg, bos, T = chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
     # nested on purpose: the constexpr branch must guard the load (need is None when USE_NEED is False)
     if USE_NEED:  # noqa: SIM102
         if tl.load(need + i_n) == 0:

@@ -1,0 +1,30 @@
+"""Triton device helpers shared by the chunk-parallel kernels (WY prep, output): which chunk a program owns.
+
+Grid convention: program axis `i_c` walks chunks (all sequences' chunks for varlen, the chunks of one batch row
+for dense input), `i_b` the batch row (0 for varlen).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["chunk_of_program"]
+
+
+@triton.jit
+def chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(sequence i_n, chunk i_t within it, global chunk row i_tg, first token bos, sequence length T) of (i_c, i_b)."""
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
+        i_t = tl.load(chunk_indices + i_c * 2 + 1)
+        i_tg = i_c.to(tl.int64)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        T = eos - bos
+    else:
+        i_n = i_b.to(tl.int64)
+        i_t = i_c
+        i_tg = i_n * tl.cdiv(T, BT) + i_c
+        bos = i_n * T
+    return i_n, i_t, i_tg, bos, T

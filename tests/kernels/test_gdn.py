@@ -1,15 +1,13 @@
 """GDN (scalar gate per head): torch backend and reference against each other, fp32, random inputs.
 
-Scenarios: dense batches (T a multiple of 64 and not), varlen with lengths that are not multiples of 64
-(one short sequence, several sequences, a 1-token sequence), with and without an initial state; the
-reference's varlen semantics (== per-sequence dense runs); GDN's reference == KDA's reference with the gate
+Scenarios (the dense/varlen grid shared with KDA is in test_chunk_torch.py): `auto` is torch on CPU; scale and
+bf16 handling; varlen equals the dense runs; the reference's varlen semantics (== per-sequence dense runs); GDN's reference == KDA's reference with the gate
 broadcast over K; dtype handling (bf16 in, bf16 out, fp32 state).
 Tolerance 1e-5 relative L2: both sides are fp32, same math in another summation order (measured ~5e-7).
 """
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 import kernels
@@ -18,29 +16,6 @@ from tests.utils import assert_rel_close, make_inputs, make_state
 
 OP = "gdn"
 TOL = 1e-5
-LENGTHS = [(63,), (37, 100, 4, 89), (1, 130), (64, 128)]
-
-
-@pytest.mark.parametrize("B,T", [(1, 64), (2, 100), (3, 37)], ids=lambda x: str(x))
-@pytest.mark.parametrize("with_h0", [False, True], ids=["no_h0", "h0"])
-def test_chunk(B: int, T: int, with_h0: bool) -> None:
-    q, k, v, g, beta, _ = make_inputs(OP, B=B, T=T, H=2, K=32, V=16)
-    h0 = make_state(B, 2, 32, 16) if with_h0 else None
-    o_ref, ht_ref = kernels.reference(OP, q, k, v, g, beta, initial_state=h0, output_final_state=True)
-    o, ht = kernels.forward(OP, q, k, v, g, beta, initial_state=h0, output_final_state=True, backend="torch")
-    assert_rel_close("o", o_ref, o, TOL)
-    assert_rel_close("ht", ht_ref, ht, TOL)
-
-
-@pytest.mark.parametrize("lengths", [pytest.param(c, id="lens-" + "-".join(map(str, c))) for c in LENGTHS])
-@pytest.mark.parametrize("with_h0", [False, True], ids=["no_h0", "h0"])
-def test_chunk_varlen(lengths: tuple[int, ...], with_h0: bool) -> None:
-    q, k, v, g, beta, cu = make_inputs(OP, lengths, H=2, K=32, V=32, lb=-3.0)
-    h0 = make_state(len(lengths), 2, 32, 32) if with_h0 else None
-    o_ref, ht_ref = kernels.reference(OP, q, k, v, g, beta, cu_seqlens=cu, initial_state=h0, output_final_state=True)
-    o, ht = kernels.forward(OP, q, k, v, g, beta, cu_seqlens=cu, initial_state=h0, output_final_state=True, backend="torch")
-    assert_rel_close("o", o_ref, o, TOL)
-    assert_rel_close("ht", ht_ref, ht, TOL)
 
 
 def test_chunk_auto_is_torch_on_cpu_and_no_final_state() -> None:

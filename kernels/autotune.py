@@ -234,17 +234,30 @@ def _spec_module(name: str) -> Any:
 
 
 def source_hash(kernel_name: str) -> str:
-    """sha256 (hex) of the Python source of the module that defines the kernel (line endings normalised to LF).
+    """sha256 (hex) of the Python source of the module that defines the kernel, followed by the source of every
+    module its Triton device helpers come from (e.g. `kernels.common.chunk_program`), line endings normalised to LF.
 
     Identical wherever the same source tree is imported, so the tuner (at tuning time) and this loader agree.
     Note: the module also holds the kernel's declared space, so editing the space makes tuned entries stale too.
     """
     mod = _spec_module(kernel_name)
-    try:
-        src = inspect.getsource(mod)
-    except (OSError, TypeError) as e:
-        raise AutotuneError(f"cannot read the source of module {mod.__name__!r} defining kernel {kernel_name!r}: {e}") from e
-    return hashlib.sha256(src.replace("\r\n", "\n").encode()).hexdigest()
+    parts = []
+    for m in (mod, *_helper_modules(mod)):
+        try:
+            parts.append(inspect.getsource(m))
+        except (OSError, TypeError) as e:
+            raise AutotuneError(f"cannot read the source of module {m.__name__!r} used by kernel {kernel_name!r}: {e}") from e
+    return hashlib.sha256("\n".join(parts).replace("\r\n", "\n").encode()).hexdigest()
+
+
+def _helper_modules(mod: Any) -> list[Any]:
+    """Other `kernels` modules whose `@triton.jit` helpers `mod` calls (a jitted or interpreted function's `.fn`)."""
+    names = {
+        fn.__module__ for obj in vars(mod).values()
+        if inspect.isfunction(fn := getattr(obj, "fn", None)) and fn.__module__ != mod.__name__
+        and fn.__module__.startswith("kernels.")
+    }
+    return [sys.modules[n] for n in sorted(names)]
 
 
 def current_device() -> str:

@@ -329,3 +329,23 @@ def test_round_trip_triton_kernels_launch_exported(op, session, tmp_path) -> Non
     use_autotune(None)
     kernels.forward(op, *args, backend="triton", output_final_state=True)
     assert {n: c for n, (_k, c) in LAUNCHES.items()} == first
+
+
+def test_source_hash_covers_device_helper_modules(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the WY kernels call kernels.common.chunk_program's jitted helper: editing it must make tuned entries stale
+    import inspect
+
+    import kernels.common.chunk_state
+    import kernels.common.wy  # noqa: F401  (registers the kernels whose hashes are compared)
+    from kernels import autotune
+
+    before, unrelated = autotune.source_hash("wy_gdn_fwd"), autotune.source_hash("chunk_state_fwd")
+    real = inspect.getsource
+
+    def edited(obj):  # type: ignore[no-untyped-def]
+        src = real(obj)
+        return src + "\n# edited\n" if getattr(obj, "__name__", "") == "kernels.common.chunk_program" else src
+
+    monkeypatch.setattr(inspect, "getsource", edited)
+    assert autotune.source_hash("wy_gdn_fwd") != before
+    assert autotune.source_hash("chunk_state_fwd") == unrelated  # its module calls no chunk_program helper

@@ -482,14 +482,14 @@ def profile_kernels(op: str, q, k, v, g, beta, timer: Timer) -> dict[str, Any]:
     with torch.no_grad():
         if op == "gdn":
             wy_args = (q, k, v, g, beta)
-            w, u, gg, aqk, _ = wy_gdn_fwd(*wy_args, scale=scale, index=index)
+            w, u, gg, aqk = wy_gdn_fwd(*wy_args, scale=scale, index=index)
             kk, qq, gv = k, q, False
-            wy_bytes = th * (2 * (2 * K + V) + 4 + 2 * (K + V) + 4 + 2 * 64 + 2 * 4 * 64)
+            wy_bytes = th * (2 * (2 * K + V) + 4 + 2 * (K + V) + 4 + 2 * 64)
         else:
             wy_args = (q, k, v, g, beta)
-            w, u, kk, gg, qq, aqk, _ = wy_kda_fwd(*wy_args, scale=scale, index=index)
+            w, u, kk, gg, qq, aqk = wy_kda_fwd(*wy_args, scale=scale, index=index)
             gv = True
-            wy_bytes = th * (2 * (4 * K + V) + 2 + 2 * (3 * K + V) + 2 * 64 + 2 * 4 * 64)
+            wy_bytes = th * (2 * (4 * K + V) + 2 + 2 * (3 * K + V) + 2 * 64)
         fn = wy_gdn_fwd if op == "gdn" else wy_kda_fwd
         out["wy_ms"] = _timed(timer, fn, *wy_args, scale=scale, index=index)[0]
         out["wy_GBps"] = wy_bytes / (out["wy_ms"] * 1e-3) / 1e9

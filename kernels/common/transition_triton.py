@@ -49,11 +49,11 @@ def chunk_transition_fwd(
     k, v, g, beta = (x.contiguous() for x in (k, v, g, beta))
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=BT_WY, device=k.device)
     if op == "gdn":
-        w, u, gg, _, _ = wy_gdn_fwd(None, k, v, g, beta, scale=1.0, index=index, config=cfgs.get("wy_gdn_fwd"),
+        w, u, gg, _ = wy_gdn_fwd(None, k, v, g, beta, scale=1.0, index=index, config=cfgs.get("wy_gdn_fwd"),
                                      need=need)
         kk, gate_vector = k, False
     else:
-        w, u, kk, gg, _, _, _ = wy_kda_fwd(None, k, v, g, beta, scale=1.0, index=index, config=cfgs.get("wy_kda_fwd"),
+        w, u, kk, gg, _, _ = wy_kda_fwd(None, k, v, g, beta, scale=1.0, index=index, config=cfgs.get("wy_kda_fwd"),
                                              need=need)
         gate_vector = True
     cfg = cfgs.get("chunk_state_transition_fwd")

@@ -1,4 +1,4 @@
-"""Intra-chunk preparation (the WY form) of GDN and KDA, one Triton program per (chunk, head).
+"""Intra-chunk preparation (the WY form) of GDN and KDA, one Triton program per (chunk, head), all in registers.
 
 Per chunk of C = 64 tokens (DESIGN.md §1), with G the cumulative log gate inside the chunk:
 
@@ -7,23 +7,24 @@ Per chunk of C = 64 tokens (DESIGN.md §1), with G the cumulative log gate insid
     w = T (beta * exp(G) * K),   u = T (beta * V)
 
 and, when q is given (the transition primitive has none), the intra-chunk attention
-Aqk = scale * (Q K^T (x) exp(G_i - G_j)) on and below the diagonal, [B, T, H, C] in k's dtype.
+Aqk = scale * (Q K^T (x) exp(G_i - G_j)) on and below the diagonal, [B, T, H, C] in k's dtype (the blocks above
+the diagonal are not written: every reader masks them).
 GDN (`wy_gdn_fwd`) also stores the fp32 in-chunk gate cumsum `gcum` [B, T, H]; the later kernels apply the
 scalar gate themselves. KDA (`wy_kda_fwd`) stores what the later kernels need so that they never touch the
 per-key gate again: kg = K * exp(G_C - G) (the gated key of the state update), the per-chunk last-row gate
 gc [NT_total, H, K] fp32, and qg = scale * Q * exp(G).
 
-Three phases in one program, ordered by `debug_barrier` (all within the program):
-1. A (fp32) into `ainv` [B, T, H, C] (GDN: one 64x64 product over column blocks of K; KDA: one 16-row block
-   at a time, see below), Aqk into `aqk`.
-2. T = (I + A)^{-1} by forward substitution on the four diagonal 16x16 blocks, interleaved (rows read back
-   from `ainv`, as FLA's solve_tril does) and block forward substitution T_IJ = -T_II sum_K A_IK T_KJ off it
-   (tf32 products); T overwrites A in `ainv` (so `ainv` ends as T, fp32).
-3. w and u from T as one 64x64 tile, in column blocks of BK / BV.
+The chunk is handled as four 16-row blocks, so every tile is 16 x 16 (A, Aqk, T) or 16 x BK / 16 x BV (inputs)
+and nothing goes through memory between the phases (small tiles, few warps, many programs per SM: the
+kernel is latency-bound at B=1, so occupancy is what counts):
+1. the 10 lower blocks of A (fp32) and of Aqk, accumulated over column blocks of K;
+2. T = (I + A)^{-1}: forward substitution on the four diagonal blocks (rows taken out of the register tile,
+   four independent chains interleaved), then block substitution T_IJ = -T_II sum_K A_IK T_KJ (tf32 products);
+3. w and u from the blocks of T (in the input dtype), in column blocks of BK / BV.
 
-KDA numerics: for the rows of 16-row block I, exp(G_i - G_j) = exp(G_i - b_I) exp(b_I - G_j) with b_I the
-gate just before the block: every factor is <= 1 except exp(b_I - G_j) for j inside block I, which spans at
-most 16 tokens, so the per-key log-decay summed over 16 consecutive tokens must stay above -88 (fp32 exp
+KDA numerics: for the rows of block I, exp(G_i - G_j) = exp(G_i - b_I) exp(b_I - b_J) exp(b_J - G_j) with b_I
+the gate just before block I (per key dim). The first two factors are <= 1; the third spans at most the 16
+tokens of block J, so the per-key log-decay summed over 16 consecutive tokens must stay above -88 (fp32 exp
 overflow): g >= -5.5 per token is always safe (FLA's safe_gate asks g >= -5).
 
 Grid: dense input (NT, B*H); varlen (NT_total, H) with the chunk index of `kernels.common.index`.
@@ -47,20 +48,17 @@ BT_WY = 64  # the kernels are written for 4 blocks of 16 rows
 WY_GDN_FWD = register(KernelSpec(
     name="wy_gdn_fwd",
     key=("H", "K", "V", "BT", "IS_VARLEN", "dtype"),
-    # BK/BV: column blocks of the 64-row products. BK 32 / BV 64 / 4 warps (one warpgroup: wgmma) compiles to
-    # 177 registers and no spills for K=V=128 (ptxas, sm_90a): 2 programs per SM; BK 64 needs 241
-    default=LaunchConfig(BK=32, BV=64, num_warps=4, num_stages=2),
-    # chunk-parallel, so occupancy matters more than per-program speed; num_stages only affects the loads
-    space={"BK": (32, 64, 128), "BV": (32, 64, 128), "num_warps": (4, 8), "num_stages": (1, 2)},
+    # 16-row tiles: 4 warps hold the 20 accumulator blocks (A and Aqk) in 40 registers per thread
+    default=LaunchConfig(BK=64, BV=64, num_warps=4, num_stages=2),
+    space={"BK": (32, 64, 128), "BV": (32, 64, 128), "num_warps": (1, 2, 4), "num_stages": (1, 2, 3)},
 ))
 
 WY_KDA_FWD = register(KernelSpec(
     name="wy_kda_fwd",
     key=("H", "K", "V", "BT", "IS_VARLEN", "dtype"),
-    # the per-key gate needs fp32 [64, BK] tiles (G, exp factors) next to the keys: BK 32 with 8 warps is
-    # the smallest setting without register spills for K=V=128 (4 warps spill ~70 bytes; ptxas, sm_90a)
-    default=LaunchConfig(BK=32, BV=64, num_warps=8, num_stages=2),
-    space={"BK": (32, 64), "BV": (32, 64, 128), "num_warps": (4, 8), "num_stages": (1, 2)},
+    # the per-key gate adds fp32 [16, BK] tiles (G, the two exp factors) next to the keys
+    default=LaunchConfig(BK=32, BV=64, num_warps=4, num_stages=2),
+    space={"BK": (16, 32, 64), "BV": (32, 64, 128), "num_warps": (1, 2, 4), "num_stages": (1, 2)},
 ))
 
 
@@ -77,6 +75,14 @@ def _load_tile(p, bos, r0, T, i_h, H: tl.constexpr, D: tl.constexpr, c0, BR: tl.
 
 
 @triton.jit
+def _store_tile(p, x, bos, r0, T, i_h, H: tl.constexpr, D: tl.constexpr, c0, BR: tl.constexpr, BC: tl.constexpr):
+    """Store x [BR, BC] at rows [r0, r0+BR), columns [c0, c0+BC) of a [.., T, H, D] tensor; rows past T skipped."""
+    o_r = r0 + tl.arange(0, BR)
+    o_d = c0 + tl.arange(0, BC)
+    tl.store(p + ((bos + o_r) * H + i_h)[:, None] * D + o_d[None, :], x.to(p.dtype.element_ty), mask=(o_r < T)[:, None])
+
+
+@triton.jit
 def _load_vec(p, bos, r0, T, i_h, H: tl.constexpr, BR: tl.constexpr):
     """Rows [r0, r0+BR) of a [.., T, H] tensor for head i_h as fp32 [BR], zero past T."""
     o_r = r0 + tl.arange(0, BR)
@@ -84,102 +90,123 @@ def _load_vec(p, bos, r0, T, i_h, H: tl.constexpr, BR: tl.constexpr):
 
 
 @triton.jit
-def _diag_row(a, bos, r0, i, T, i_h, b_T, H: tl.constexpr, BT: tl.constexpr):
-    """One forward-substitution step on a diagonal 16x16 block (rows [r0, r0+16) of the token axis, chunk
-    columns [r0 % BT, ...)): row i of T (strict part) = -A_i - sum_k A_ik T_k, A_i read from memory."""
+def _decay(ga, gb, STRICT: tl.constexpr):
+    """exp(ga_i - gb_j) on and below the diagonal of a 16x16 diagonal block (strictly below if STRICT), else 0."""
     o_i = tl.arange(0, 16)
-    b_a = -tl.load(a + ((bos + r0 + i) * H + i_h) * BT + r0 % BT + o_i, mask=(o_i < i) & (r0 + i < T), other=0.)
-    b_a = b_a + tl.sum(b_a[:, None] * b_T, 0)
-    return tl.where(o_i[:, None] == i, b_a[None, :], b_T)
+    if STRICT:
+        m = o_i[:, None] > o_i[None, :]
+    else:
+        m = o_i[:, None] >= o_i[None, :]
+    return tl.exp(tl.where(m, ga[:, None] - gb[None, :], float("-inf")))
 
 
 @triton.jit
-def _diag_init(a, bos, r0, T, i_h, H: tl.constexpr, BT: tl.constexpr):
-    """-StrictLower(A_II) of the diagonal block at rows [r0, r0+16); rows past T are zero."""
+def _inv_diag(A):
+    """(I + A)^{-1} of a strictly lower 16x16 fp32 block held in registers: forward substitution, row i of the
+    strict part = -A_i - sum_k A_ik T_k, row i of A taken out of the tile by a masked sum."""
     o_i = tl.arange(0, 16)
-    p_a = a + ((bos + r0 + o_i) * H + i_h)[:, None] * BT + (r0 % BT + o_i)[None, :]
-    return -tl.load(p_a, mask=((r0 + o_i) < T)[:, None] & (o_i[:, None] > o_i[None, :]), other=0.)
-
-
-@triton.jit
-def _load_block(a, bos, r0, c0, T, i_h, H: tl.constexpr, BT: tl.constexpr):
-    """The 16x16 block at rows [r0, r0+16) (sequence token axis), chunk columns [c0, c0+16) of A."""
-    o_i = tl.arange(0, 16)
-    return tl.load(a + ((bos + r0 + o_i) * H + i_h)[:, None] * BT + (c0 + o_i)[None, :], mask=((r0 + o_i) < T)[:, None],
-                   other=0.)
-
-
-@triton.jit
-def _store_block(p, b, bos, r0, c0, T, i_h, H: tl.constexpr, BT: tl.constexpr):
-    """Store a 16x16 tile at rows [r0, r0+16) (sequence token axis), chunk columns [c0, c0+16)."""
-    o_i = tl.arange(0, 16)
-    tl.store(p + ((bos + r0 + o_i) * H + i_h)[:, None] * BT + (c0 + o_i)[None, :], b.to(p.dtype.element_ty),
-             mask=((r0 + o_i) < T)[:, None])
-
-
-@triton.jit
-def _solve(a, bos, t0, T, i_h, H: tl.constexpr, BT: tl.constexpr):
-    """Replace the chunk's strictly lower A (fp32, in memory at `a`) by T = (I + A)^{-1}.
-
-    Block forward substitution with 16x16 blocks: T_IJ = -T_II sum_{K=J}^{I-1} A_IK T_KJ.
-    """
-    # the four diagonal blocks by forward substitution, interleaved (independent chains: 4x the ILP)
-    T00 = _diag_init(a, bos, t0, T, i_h, H, BT)
-    T11 = _diag_init(a, bos, t0 + 16, T, i_h, H, BT)
-    T22 = _diag_init(a, bos, t0 + 32, T, i_h, H, BT)
-    T33 = _diag_init(a, bos, t0 + 48, T, i_h, H, BT)
+    b_T = -A
     for i in range(2, 16):
-        T00 = _diag_row(a, bos, t0, i, T, i_h, T00, H, BT)
-        T11 = _diag_row(a, bos, t0 + 16, i, T, i_h, T11, H, BT)
-        T22 = _diag_row(a, bos, t0 + 32, i, T, i_h, T22, H, BT)
-        T33 = _diag_row(a, bos, t0 + 48, i, T, i_h, T33, H, BT)
-    o_i = tl.arange(0, 16)
-    b_I = tl.where(o_i[:, None] == o_i[None, :], 1., 0.)
-    T00 += b_I
-    T11 += b_I
-    T22 += b_I
-    T33 += b_I
-    A10 = _load_block(a, bos, t0 + 16, 0, T, i_h, H, BT)
-    A20 = _load_block(a, bos, t0 + 32, 0, T, i_h, H, BT)
-    A21 = _load_block(a, bos, t0 + 32, 16, T, i_h, H, BT)
-    A30 = _load_block(a, bos, t0 + 48, 0, T, i_h, H, BT)
-    A31 = _load_block(a, bos, t0 + 48, 16, T, i_h, H, BT)
-    A32 = _load_block(a, bos, t0 + 48, 32, T, i_h, H, BT)
-    tl.debug_barrier()  # every read of A is done before T overwrites it
+        b_a = -tl.sum(tl.where((o_i == i)[:, None], A, 0.), 0)
+        b_a = b_a + tl.sum(b_a[:, None] * b_T, 0)
+        b_T = tl.where((o_i == i)[:, None], b_a[None, :], b_T)
+    return b_T + tl.where(o_i[:, None] == o_i[None, :], 1., 0.)
+
+
+@triton.jit
+def _solve(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33):
+    """The 10 lower blocks of T = (I + A)^{-1} from those of the strictly lower A (fp32, registers)."""
+    T00 = _inv_diag(A00)
+    T11 = _inv_diag(A11)
+    T22 = _inv_diag(A22)
+    T33 = _inv_diag(A33)
     T10 = -tl.dot(T11, tl.dot(A10, T00))
     T21 = -tl.dot(T22, tl.dot(A21, T11))
     T32 = -tl.dot(T33, tl.dot(A32, T22))
     T20 = -tl.dot(T22, tl.dot(A20, T00) + tl.dot(A21, T10))
     T31 = -tl.dot(T33, tl.dot(A31, T11) + tl.dot(A32, T21))
     T30 = -tl.dot(T33, tl.dot(A30, T00) + tl.dot(A31, T10) + tl.dot(A32, T20))
-    _store_block(a, T00, bos, t0, 0, T, i_h, H, BT)
-    _store_block(a, T10, bos, t0 + 16, 0, T, i_h, H, BT)
-    _store_block(a, T11, bos, t0 + 16, 16, T, i_h, H, BT)
-    _store_block(a, T20, bos, t0 + 32, 0, T, i_h, H, BT)
-    _store_block(a, T21, bos, t0 + 32, 16, T, i_h, H, BT)
-    _store_block(a, T22, bos, t0 + 32, 32, T, i_h, H, BT)
-    _store_block(a, T30, bos, t0 + 48, 0, T, i_h, H, BT)
-    _store_block(a, T31, bos, t0 + 48, 16, T, i_h, H, BT)
-    _store_block(a, T32, bos, t0 + 48, 32, T, i_h, H, BT)
-    _store_block(a, T33, bos, t0 + 48, 48, T, i_h, H, BT)
-    tl.debug_barrier()  # T is in memory before the whole-chunk phase reads it
+    return T00, T10, T11, T20, T21, T22, T30, T31, T32, T33
 
 
 @triton.jit
-def _load_inverse(a, p_row, m_t, BT: tl.constexpr):
-    """T as one [BT, BT] fp32 tile (lower triangle incl. diagonal; zero above and past T)."""
-    o_t = tl.arange(0, BT)
-    return tl.load(a + p_row[:, None] * BT + o_t[None, :], mask=m_t[:, None] & (o_t[:, None] >= o_t[None, :]), other=0.)
+def _apply_T(x0, x1, x2, x3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33):
+    """The four 16-row blocks of T X (lower block-triangular T times X; fp32 accumulation)."""
+    y0 = tl.dot(T00, x0)
+    y1 = tl.dot(T11, x1, tl.dot(T10, x0))
+    y2 = tl.dot(T22, x2, tl.dot(T21, x1, tl.dot(T20, x0)))
+    y3 = tl.dot(T33, x3, tl.dot(T32, x2, tl.dot(T31, x1, tl.dot(T30, x0))))
+    return y0, y1, y2, y3
 
 
 @triton.jit
-def _store_u(v, u, b_T, b_beta, p_row, m_t, V: tl.constexpr, BV: tl.constexpr):
-    """u = T (beta V), in column blocks of BV (both ops); b_T is already in the input dtype."""
-    for i_v in tl.static_range(V // BV):
-        p_v = p_row[:, None] * V + (i_v * BV + tl.arange(0, BV))[None, :]
-        b_v = tl.load(v + p_v, mask=m_t[:, None], other=0.)
-        b_u = tl.dot(b_T, (b_v * b_beta[:, None]).to(b_T.dtype))
-        tl.store(u + p_v, b_u.to(u.dtype.element_ty), mask=m_t[:, None])
+def _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
+             H: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
+    """u = T (beta V), in column blocks of BV (both ops); the T blocks are already in the input dtype."""
+    dt = T00.dtype
+    for i_v in range(V // BV):
+        c0 = i_v * BV
+        x0 = (_load_tile(v, bos, t0, T, i_h, H, V, c0, 16, BV) * b0[:, None]).to(dt)
+        x1 = (_load_tile(v, bos, t0 + 16, T, i_h, H, V, c0, 16, BV) * b1[:, None]).to(dt)
+        x2 = (_load_tile(v, bos, t0 + 32, T, i_h, H, V, c0, 16, BV) * b2[:, None]).to(dt)
+        x3 = (_load_tile(v, bos, t0 + 48, T, i_h, H, V, c0, 16, BV) * b3[:, None]).to(dt)
+        y0, y1, y2, y3 = _apply_T(x0, x1, x2, x3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33)
+        _store_tile(u, y0, bos, t0, T, i_h, H, V, c0, 16, BV)
+        _store_tile(u, y1, bos, t0 + 16, T, i_h, H, V, c0, 16, BV)
+        _store_tile(u, y2, bos, t0 + 32, T, i_h, H, V, c0, 16, BV)
+        _store_tile(u, y3, bos, t0 + 48, T, i_h, H, V, c0, 16, BV)
+
+
+@triton.jit
+def _gram(x, k, bos, t0, T, i_h, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr):
+    """The 10 lower 16x16 blocks of X K^T over the chunk at t0 (fp32), over column blocks of BK."""
+    X00 = tl.zeros([16, 16], dtype=tl.float32)
+    X10 = tl.zeros([16, 16], dtype=tl.float32)
+    X11 = tl.zeros([16, 16], dtype=tl.float32)
+    X20 = tl.zeros([16, 16], dtype=tl.float32)
+    X21 = tl.zeros([16, 16], dtype=tl.float32)
+    X22 = tl.zeros([16, 16], dtype=tl.float32)
+    X30 = tl.zeros([16, 16], dtype=tl.float32)
+    X31 = tl.zeros([16, 16], dtype=tl.float32)
+    X32 = tl.zeros([16, 16], dtype=tl.float32)
+    X33 = tl.zeros([16, 16], dtype=tl.float32)
+    for i_k in range(K // BK):
+        c0 = i_k * BK
+        k0t = tl.trans(_load_tile(k, bos, t0, T, i_h, H, K, c0, 16, BK))
+        k1t = tl.trans(_load_tile(k, bos, t0 + 16, T, i_h, H, K, c0, 16, BK))
+        k2t = tl.trans(_load_tile(k, bos, t0 + 32, T, i_h, H, K, c0, 16, BK))
+        k3t = tl.trans(_load_tile(k, bos, t0 + 48, T, i_h, H, K, c0, 16, BK))
+        x0 = _load_tile(x, bos, t0, T, i_h, H, K, c0, 16, BK)
+        X00 = tl.dot(x0, k0t, X00)
+        x1 = _load_tile(x, bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
+        X10 = tl.dot(x1, k0t, X10)
+        X11 = tl.dot(x1, k1t, X11)
+        x2 = _load_tile(x, bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
+        X20 = tl.dot(x2, k0t, X20)
+        X21 = tl.dot(x2, k1t, X21)
+        X22 = tl.dot(x2, k2t, X22)
+        x3 = _load_tile(x, bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
+        X30 = tl.dot(x3, k0t, X30)
+        X31 = tl.dot(x3, k1t, X31)
+        X32 = tl.dot(x3, k2t, X32)
+        X33 = tl.dot(x3, k3t, X33)
+    return X00, X10, X11, X20, X21, X22, X30, X31, X32, X33
+
+
+@triton.jit
+def _store_aqk(aqk, bos, t0, T, i_h, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33, H: tl.constexpr,
+               BT: tl.constexpr):
+    """The 10 lower 16x16 blocks of Aqk into [.., T, H, BT] (the blocks above the diagonal are left unwritten)."""
+    _store_tile(aqk, Q00, bos, t0, T, i_h, H, BT, 0, 16, 16)
+    _store_tile(aqk, Q10, bos, t0 + 16, T, i_h, H, BT, 0, 16, 16)
+    _store_tile(aqk, Q11, bos, t0 + 16, T, i_h, H, BT, 16, 16, 16)
+    _store_tile(aqk, Q20, bos, t0 + 32, T, i_h, H, BT, 0, 16, 16)
+    _store_tile(aqk, Q21, bos, t0 + 32, T, i_h, H, BT, 16, 16, 16)
+    _store_tile(aqk, Q22, bos, t0 + 32, T, i_h, H, BT, 32, 16, 16)
+    _store_tile(aqk, Q30, bos, t0 + 48, T, i_h, H, BT, 0, 16, 16)
+    _store_tile(aqk, Q31, bos, t0 + 48, T, i_h, H, BT, 16, 16, 16)
+    _store_tile(aqk, Q32, bos, t0 + 48, T, i_h, H, BT, 32, 16, 16)
+    _store_tile(aqk, Q33, bos, t0 + 48, T, i_h, H, BT, 48, 16, 16)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -202,7 +229,6 @@ def wy_gdn_fwd_kernel(
     u,  # out [B, T, H, V]
     gcum,  # out [B, T, H] fp32 in-chunk cumsum of g
     aqk,  # out [B, T, H, BT] (if q)
-    ainv,  # out [B, T, H, BT] fp32: A, then T = (I + A)^{-1}
     cu_seqlens,  # [N+1] int32 or None
     chunk_indices,  # [NT_total, 2] int32 or None
     need,  # [N] uint8 or None (transition only): 0 = this sequence's outputs are not needed, skip its chunks
@@ -227,45 +253,74 @@ def wy_gdn_fwd_kernel(
         if tl.load(need + i_n) == 0:
             return
     t0 = i_t * BT
-    o_t = tl.arange(0, BT)
-    m_t = (t0 + o_t) < T
-    p_row = (bos + t0 + o_t) * H + i_h
+    o_i = tl.arange(0, 16)
 
-    b_g = tl.cumsum(_load_vec(g, bos, t0, T, i_h, H, BT), 0)
-    b_beta = _load_vec(beta, bos, t0, T, i_h, H, BT)
-    tl.store(gcum + p_row, b_g, mask=m_t)
+    # the gate's in-chunk cumsum, block by block with the carry of the blocks before
+    x0 = _load_vec(g, bos, t0, T, i_h, H, 16)
+    x1 = _load_vec(g, bos, t0 + 16, T, i_h, H, 16)
+    x2 = _load_vec(g, bos, t0 + 32, T, i_h, H, 16)
+    x3 = _load_vec(g, bos, t0 + 48, T, i_h, H, 16)
+    g0 = tl.cumsum(x0, 0)
+    g1 = tl.cumsum(x1, 0) + tl.sum(x0, 0)
+    g2 = tl.cumsum(x2, 0) + tl.sum(x0, 0) + tl.sum(x1, 0)
+    g3 = tl.cumsum(x3, 0) + tl.sum(x0, 0) + tl.sum(x1, 0) + tl.sum(x2, 0)
+    p_g = gcum + (bos + t0 + o_i) * H + i_h
+    tl.store(p_g, g0, mask=t0 + o_i < T)
+    tl.store(p_g + 16 * H, g1, mask=t0 + 16 + o_i < T)
+    tl.store(p_g + 32 * H, g2, mask=t0 + 32 + o_i < T)
+    tl.store(p_g + 48 * H, g3, mask=t0 + 48 + o_i < T)
+    b0 = _load_vec(beta, bos, t0, T, i_h, H, 16)
+    b1 = _load_vec(beta, bos, t0 + 16, T, i_h, H, 16)
+    b2 = _load_vec(beta, bos, t0 + 32, T, i_h, H, 16)
+    b3 = _load_vec(beta, bos, t0 + 48, T, i_h, H, 16)
 
-    # phase 1: A = beta K K^T (x) decay (strictly lower) and Aqk, over column blocks of K
-    b_A = tl.zeros([BT, BT], dtype=tl.float32)
-    b_Aq = tl.zeros([BT, BT], dtype=tl.float32)
-    for i_k in tl.static_range(K // BK):
-        p_k = p_row[:, None] * K + (i_k * BK + tl.arange(0, BK))[None, :]
-        b_k = tl.load(k + p_k, mask=m_t[:, None], other=0.)
-        b_kT = tl.trans(b_k)
-        b_A = tl.dot(b_k, b_kT, b_A)
-        if HAS_Q:
-            b_Aq = tl.dot(tl.load(q + p_k, mask=m_t[:, None], other=0.), b_kT, b_Aq)
-    b_d = b_g[:, None] - b_g[None, :]
-    b_A = b_A * tl.exp(tl.where(o_t[:, None] > o_t[None, :], b_d, float("-inf"))) * b_beta[:, None]
-    tl.store(ainv + p_row[:, None] * BT + o_t[None, :], b_A, mask=m_t[:, None])
+    # phase 1: the lower blocks of Q K^T (stored), then of K K^T (one set of 10 accumulators live at a time)
     if HAS_Q:
-        b_Aq = b_Aq * tl.exp(tl.where(o_t[:, None] >= o_t[None, :], b_d, float("-inf"))) * scale
-        tl.store(aqk + p_row[:, None] * BT + o_t[None, :], b_Aq.to(aqk.dtype.element_ty), mask=m_t[:, None])
-    tl.debug_barrier()
+        Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33 = _gram(q, k, bos, t0, T, i_h, H, K, BK)
+        Q00 *= _decay(g0, g0, False) * scale
+        Q11 *= _decay(g1, g1, False) * scale
+        Q22 *= _decay(g2, g2, False) * scale
+        Q33 *= _decay(g3, g3, False) * scale
+        Q10 *= tl.exp(g1[:, None] - g0[None, :]) * scale
+        Q20 *= tl.exp(g2[:, None] - g0[None, :]) * scale
+        Q21 *= tl.exp(g2[:, None] - g1[None, :]) * scale
+        Q30 *= tl.exp(g3[:, None] - g0[None, :]) * scale
+        Q31 *= tl.exp(g3[:, None] - g1[None, :]) * scale
+        Q32 *= tl.exp(g3[:, None] - g2[None, :]) * scale
+        _store_aqk(aqk, bos, t0, T, i_h, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33, H, BT)
+    A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram(k, k, bos, t0, T, i_h, H, K, BK)
+    # the gate (blocks below the diagonal: i after j, so G_i - G_j <= 0) and beta on the rows
+    A00 *= _decay(g0, g0, True) * b0[:, None]
+    A11 *= _decay(g1, g1, True) * b1[:, None]
+    A22 *= _decay(g2, g2, True) * b2[:, None]
+    A33 *= _decay(g3, g3, True) * b3[:, None]
+    A10 *= tl.exp(g1[:, None] - g0[None, :]) * b1[:, None]
+    A20 *= tl.exp(g2[:, None] - g0[None, :]) * b2[:, None]
+    A21 *= tl.exp(g2[:, None] - g1[None, :]) * b2[:, None]
+    A30 *= tl.exp(g3[:, None] - g0[None, :]) * b3[:, None]
+    A31 *= tl.exp(g3[:, None] - g1[None, :]) * b3[:, None]
+    A32 *= tl.exp(g3[:, None] - g2[None, :]) * b3[:, None]
 
-    # phase 2: T = (I + A)^{-1} in place
-    _solve(ainv, bos, t0, T, i_h, H, BT)
+    # phase 2: T = (I + A)^{-1}, then in the input dtype for the products with K and V
+    T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33)
+    dt = k.dtype.element_ty
+    T00, T10, T11, T20, T21, T22 = T00.to(dt), T10.to(dt), T11.to(dt), T20.to(dt), T21.to(dt), T22.to(dt)
+    T30, T31, T32, T33 = T30.to(dt), T31.to(dt), T32.to(dt), T33.to(dt)
 
     # phase 3: w = T (beta exp(G) K), u = T (beta V), in column blocks
-    dt = k.dtype.element_ty
-    b_T = _load_inverse(ainv, p_row, m_t, BT).to(dt)
-    b_kb = b_beta * tl.exp(b_g)
-    for i_k in tl.static_range(K // BK):
-        p_k = p_row[:, None] * K + (i_k * BK + tl.arange(0, BK))[None, :]
-        b_k = tl.load(k + p_k, mask=m_t[:, None], other=0.)
-        b_w = tl.dot(b_T, (b_k * b_kb[:, None]).to(dt))
-        tl.store(w + p_k, b_w.to(w.dtype.element_ty), mask=m_t[:, None])
-    _store_u(v, u, b_T, b_beta, p_row, m_t, V, BV)
+    e0, e1, e2, e3 = b0 * tl.exp(g0), b1 * tl.exp(g1), b2 * tl.exp(g2), b3 * tl.exp(g3)
+    for i_k in range(K // BK):
+        c0 = i_k * BK
+        y0 = (_load_tile(k, bos, t0, T, i_h, H, K, c0, 16, BK) * e0[:, None]).to(dt)
+        y1 = (_load_tile(k, bos, t0 + 16, T, i_h, H, K, c0, 16, BK) * e1[:, None]).to(dt)
+        y2 = (_load_tile(k, bos, t0 + 32, T, i_h, H, K, c0, 16, BK) * e2[:, None]).to(dt)
+        y3 = (_load_tile(k, bos, t0 + 48, T, i_h, H, K, c0, 16, BK) * e3[:, None]).to(dt)
+        w0, w1, w2, w3 = _apply_T(y0, y1, y2, y3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33)
+        _store_tile(w, w0, bos, t0, T, i_h, H, K, c0, 16, BK)
+        _store_tile(w, w1, bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
+        _store_tile(w, w2, bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
+        _store_tile(w, w3, bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
+    _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, H, V, BV)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -273,41 +328,76 @@ def wy_gdn_fwd_kernel(
 
 
 @triton.jit
-def _kda_rows(q, k, g, ainv, aqk, beta, bos, t0, T, i_h, scale, I: tl.constexpr, R: tl.constexpr, H: tl.constexpr,
-              K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, HAS_Q: tl.constexpr):
-    """Rows of 16-row block I of A (strictly lower, times beta) and Aqk (lower, times scale), stored.
+def _kda_gate(g, bos, t0, T, i_h, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
+    """In-chunk cumsum G of the per-key gate for columns [c0, c0+BK), as four [16, BK] fp32 blocks, and the
+    gate before each block (b1, b2, b3; b0 = 0) and at the chunk's last row (gl), [BK] each."""
+    x0 = _load_tile(g, bos, t0, T, i_h, H, K, c0, 16, BK).to(tl.float32)
+    x1 = _load_tile(g, bos, t0 + 16, T, i_h, H, K, c0, 16, BK).to(tl.float32)
+    x2 = _load_tile(g, bos, t0 + 32, T, i_h, H, K, c0, 16, BK).to(tl.float32)
+    x3 = _load_tile(g, bos, t0 + 48, T, i_h, H, K, c0, 16, BK).to(tl.float32)
+    b1 = tl.sum(x0, 0)
+    b2 = b1 + tl.sum(x1, 0)
+    b3 = b2 + tl.sum(x2, 0)
+    gl = b3 + tl.sum(x3, 0)  # rows past T add 0
+    G0 = tl.cumsum(x0, 0)
+    G1 = tl.cumsum(x1, 0) + b1[None, :]
+    G2 = tl.cumsum(x2, 0) + b2[None, :]
+    G3 = tl.cumsum(x3, 0) + b3[None, :]
+    return G0, G1, G2, G3, b1, b2, b3, gl
 
-    With b the gate just before block I: left factor k_i exp(G_i - b) (rows of block I, <= 1), right factor
-    k_j exp(b - G_j) for j < R = 16(I+1) rounded up to a power of two (<= 1 before the block, a span of <= 16
-    tokens inside it; zero after it). Accumulated over column blocks of BK.
-    """
-    o_i = tl.arange(0, 16)
-    o_j = tl.arange(0, R)
-    r0 = t0 + 16 * I
-    m_j = (t0 + o_j) < T
-    p_j = ((bos + t0 + o_j) * H + i_h)[:, None] * K
-    m_c = (o_j < 16 * I + 16)[:, None]
-    b_A = tl.zeros([16, R], dtype=tl.float32)
-    b_Aq = tl.zeros([16, R], dtype=tl.float32)
-    for i_k in tl.static_range(K // BK):
-        o_k = (i_k * BK + tl.arange(0, BK))[None, :]
-        b_r = tl.load(g + p_j + o_k, mask=m_j[:, None], other=0.).to(tl.float32)  # [R, BK]
-        b_b = tl.sum(tl.where((o_j < 16 * I)[:, None], b_r, 0.), 0)  # [BK]
-        b_G = tl.cumsum(b_r, 0)
-        b_kj = tl.load(k + p_j + o_k, mask=m_j[:, None], other=0.)
-        b_c = tl.trans(tl.where(m_c, b_kj * tl.exp(tl.where(m_c, b_b[None, :] - b_G, 0.)), 0.))  # [BK, R]
-        b_L = tl.cumsum(_load_tile(g, bos, r0, T, i_h, H, K, i_k * BK, 16, BK).to(tl.float32), 0)
-        b_e = tl.exp(b_L)
-        b_A = tl.dot(_load_tile(k, bos, r0, T, i_h, H, K, i_k * BK, 16, BK) * b_e, b_c, b_A)
-        if HAS_Q:
-            b_Aq = tl.dot(_load_tile(q, bos, r0, T, i_h, H, K, i_k * BK, 16, BK) * b_e, b_c, b_Aq)
-    m_r = ((r0 + o_i) < T)[:, None]
-    p = ((bos + r0 + o_i) * H + i_h)[:, None] * BT + o_j[None, :]
-    b_beta = _load_vec(beta, bos, r0, T, i_h, H, 16)
-    tl.store(ainv + p, tl.where((16 * I + o_i)[:, None] > o_j[None, :], b_A, 0.) * b_beta[:, None], mask=m_r)
-    if HAS_Q:
-        b_Aq = tl.where((16 * I + o_i)[:, None] >= o_j[None, :], b_Aq, 0.) * scale
-        tl.store(aqk + p, b_Aq.to(aqk.dtype.element_ty), mask=m_r)
+
+@triton.jit
+def _kda_gram(x, k, g, xg, bos, t0, T, i_h, gc, scale, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+              IS_K: tl.constexpr):
+    """The 10 lower 16x16 blocks of sum_d x_id k_jd exp(G_id - G_jd) (fp32; diagonal blocks unmasked), over column
+    blocks of BK, each factor split at the gate b_I before the row block (module docstring). On the way it
+    stores the gated copy of x: kg = K exp(G_C - G) and gc (IS_K; `gc` points at the chunk's row), or
+    qg = scale Q exp(G) (`gc` unused)."""
+    X00 = tl.zeros([16, 16], dtype=tl.float32)
+    X10 = tl.zeros([16, 16], dtype=tl.float32)
+    X11 = tl.zeros([16, 16], dtype=tl.float32)
+    X20 = tl.zeros([16, 16], dtype=tl.float32)
+    X21 = tl.zeros([16, 16], dtype=tl.float32)
+    X22 = tl.zeros([16, 16], dtype=tl.float32)
+    X30 = tl.zeros([16, 16], dtype=tl.float32)
+    X31 = tl.zeros([16, 16], dtype=tl.float32)
+    X32 = tl.zeros([16, 16], dtype=tl.float32)
+    X33 = tl.zeros([16, 16], dtype=tl.float32)
+    for i_k in range(K // BK):
+        c0 = i_k * BK
+        G0, G1, G2, G3, g1, g2, g3, gl = _kda_gate(g, bos, t0, T, i_h, H, K, c0, BK)
+        # right factors k_j exp(b_J - G_j) (a span of <= 16 tokens), times exp(b_I - b_J) <= 1 for row block I > J
+        R0 = _load_tile(k, bos, t0, T, i_h, H, K, c0, 16, BK).to(tl.float32) * tl.exp(-G0)
+        R1 = _load_tile(k, bos, t0 + 16, T, i_h, H, K, c0, 16, BK).to(tl.float32) * tl.exp(g1[None, :] - G1)
+        R2 = _load_tile(k, bos, t0 + 32, T, i_h, H, K, c0, 16, BK).to(tl.float32) * tl.exp(g2[None, :] - G2)
+        R3 = _load_tile(k, bos, t0 + 48, T, i_h, H, K, c0, 16, BK).to(tl.float32) * tl.exp(g3[None, :] - G3)
+        # left factors x_i exp(G_i - b_I) <= 1
+        L0 = _load_tile(x, bos, t0, T, i_h, H, K, c0, 16, BK).to(tl.float32) * tl.exp(G0)
+        L1 = _load_tile(x, bos, t0 + 16, T, i_h, H, K, c0, 16, BK).to(tl.float32) * tl.exp(G1 - g1[None, :])
+        L2 = _load_tile(x, bos, t0 + 32, T, i_h, H, K, c0, 16, BK).to(tl.float32) * tl.exp(G2 - g2[None, :])
+        L3 = _load_tile(x, bos, t0 + 48, T, i_h, H, K, c0, 16, BK).to(tl.float32) * tl.exp(G3 - g3[None, :])
+        if IS_K:  # kg = K exp(G_C - G) = R_J exp(G_C - b_J); gc = G_C
+            tl.store(gc + c0 + tl.arange(0, BK), gl)
+            _store_tile(xg, R0 * tl.exp(gl)[None, :], bos, t0, T, i_h, H, K, c0, 16, BK)
+            _store_tile(xg, R1 * tl.exp(gl - g1)[None, :], bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
+            _store_tile(xg, R2 * tl.exp(gl - g2)[None, :], bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
+            _store_tile(xg, R3 * tl.exp(gl - g3)[None, :], bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
+        else:  # qg = scale Q exp(G) = scale L_I exp(b_I)
+            _store_tile(xg, L0 * scale, bos, t0, T, i_h, H, K, c0, 16, BK)
+            _store_tile(xg, L1 * (scale * tl.exp(g1))[None, :], bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
+            _store_tile(xg, L2 * (scale * tl.exp(g2))[None, :], bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
+            _store_tile(xg, L3 * (scale * tl.exp(g3))[None, :], bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
+        X00 = tl.dot(L0, tl.trans(R0), X00)
+        X10 = tl.dot(L1, tl.trans(R0 * tl.exp(g1)[None, :]), X10)
+        X11 = tl.dot(L1, tl.trans(R1), X11)
+        X20 = tl.dot(L2, tl.trans(R0 * tl.exp(g2)[None, :]), X20)
+        X21 = tl.dot(L2, tl.trans(R1 * tl.exp(g2 - g1)[None, :]), X21)
+        X22 = tl.dot(L2, tl.trans(R2), X22)
+        X30 = tl.dot(L3, tl.trans(R0 * tl.exp(g3)[None, :]), X30)
+        X31 = tl.dot(L3, tl.trans(R1 * tl.exp(g3 - g1)[None, :]), X31)
+        X32 = tl.dot(L3, tl.trans(R2 * tl.exp(g3 - g2)[None, :]), X32)
+        X33 = tl.dot(L3, tl.trans(R3), X33)
+    return X00, X10, X11, X20, X21, X22, X30, X31, X32, X33
 
 
 @triton.heuristics({
@@ -328,7 +418,6 @@ def wy_kda_fwd_kernel(
     gc,  # out [NT_total, H, K] fp32: G at the chunk's last row
     qg,  # out [B, T, H, K] = scale Q exp(G) (if q)
     aqk,  # out [B, T, H, BT] (if q)
-    ainv,  # out [B, T, H, BT] fp32: A, then T = (I + A)^{-1}
     cu_seqlens,
     chunk_indices,
     need,  # [N] uint8 or None (transition only): 0 = this sequence's outputs are not needed, skip its chunks
@@ -353,41 +442,58 @@ def wy_kda_fwd_kernel(
         if tl.load(need + i_n) == 0:
             return
     t0 = i_t * BT
-    o_t = tl.arange(0, BT)
-    m_t = (t0 + o_t) < T
-    p_row = (bos + t0 + o_t) * H + i_h
+    o_i = tl.arange(0, 16)
+    m_d = o_i[:, None] > o_i[None, :]
+    m_dq = o_i[:, None] >= o_i[None, :]
+    b0 = _load_vec(beta, bos, t0, T, i_h, H, 16)
+    b1 = _load_vec(beta, bos, t0 + 16, T, i_h, H, 16)
+    b2 = _load_vec(beta, bos, t0 + 32, T, i_h, H, 16)
+    b3 = _load_vec(beta, bos, t0 + 48, T, i_h, H, 16)
 
-    # phase 1: A and Aqk one 16-row block at a time (columns past the block's end are zero and not
-    # stored for the first two blocks; nothing reads them: T and Aqk are loaded lower-triangular)
-    _kda_rows(q, k, g, ainv, aqk, beta, bos, t0, T, i_h, scale, 0, 16, H, K, BT, BK, HAS_Q)
-    _kda_rows(q, k, g, ainv, aqk, beta, bos, t0, T, i_h, scale, 1, 32, H, K, BT, BK, HAS_Q)
-    _kda_rows(q, k, g, ainv, aqk, beta, bos, t0, T, i_h, scale, 2, 64, H, K, BT, BK, HAS_Q)
-    _kda_rows(q, k, g, ainv, aqk, beta, bos, t0, T, i_h, scale, 3, 64, H, K, BT, BK, HAS_Q)
-    tl.debug_barrier()
+    # phase 1: the lower blocks of Aqk (with qg; stored), then of A (with kg and gc): one set of 10 accumulators
+    # live at a time
+    if HAS_Q:
+        Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33 = _kda_gram(q, k, g, qg, bos, t0, T, i_h, gc, scale, H, K, BK,
+                                                                     False)
+        Q00 = tl.where(m_dq, Q00, 0.) * scale
+        Q11 = tl.where(m_dq, Q11, 0.) * scale
+        Q22 = tl.where(m_dq, Q22, 0.) * scale
+        Q33 = tl.where(m_dq, Q33, 0.) * scale
+        _store_aqk(aqk, bos, t0, T, i_h, Q00, Q10 * scale, Q11, Q20 * scale, Q21 * scale, Q22, Q30 * scale,
+                   Q31 * scale, Q32 * scale, Q33, H, BT)
+    A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _kda_gram(k, k, g, kg, bos, t0, T, i_h, gc + (i_tg * H + i_h) * K,
+                                                                 1.0, H, K, BK, True)
+    A00 = tl.where(m_d, A00, 0.) * b0[:, None]
+    A11 = tl.where(m_d, A11, 0.) * b1[:, None]
+    A22 = tl.where(m_d, A22, 0.) * b2[:, None]
+    A33 = tl.where(m_d, A33, 0.) * b3[:, None]
+    A10 *= b1[:, None]
+    A20 *= b2[:, None]
+    A21 *= b2[:, None]
+    A30 *= b3[:, None]
+    A31 *= b3[:, None]
+    A32 *= b3[:, None]
 
-    # phase 2: T = (I + A)^{-1} in place
-    _solve(ainv, bos, t0, T, i_h, H, BT)
-
-    # phase 3: w, kg, qg, gc in column blocks of BK (the gate is per key dim); u in blocks of BV
+    # phase 2: T = (I + A)^{-1}, then in the input dtype for the products with K and V
+    T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33)
     dt = k.dtype.element_ty
-    b_T = _load_inverse(ainv, p_row, m_t, BT).to(dt)
-    b_beta = _load_vec(beta, bos, t0, T, i_h, H, BT)
-    for i_k in tl.static_range(K // BK):
-        o_k = i_k * BK + tl.arange(0, BK)
-        p_k = p_row[:, None] * K + o_k[None, :]
-        b_r = tl.load(g + p_k, mask=m_t[:, None], other=0.).to(tl.float32)
-        b_g = tl.cumsum(b_r, 0)
-        b_gl = tl.sum(b_r, 0)  # G at the last valid row (rows past T add 0)
-        tl.store(gc + (i_tg * H + i_h) * K + o_k, b_gl)
-        b_e = tl.exp(b_g)
-        b_k = tl.load(k + p_k, mask=m_t[:, None], other=0.)
-        b_w = tl.dot(b_T, (b_k * b_e * b_beta[:, None]).to(dt))
-        tl.store(w + p_k, b_w.to(w.dtype.element_ty), mask=m_t[:, None])
-        tl.store(kg + p_k, (b_k * tl.exp(b_gl[None, :] - b_g)).to(kg.dtype.element_ty), mask=m_t[:, None])
-        if HAS_Q:
-            b_q = tl.load(q + p_k, mask=m_t[:, None], other=0.)
-            tl.store(qg + p_k, (b_q * b_e * scale).to(qg.dtype.element_ty), mask=m_t[:, None])
-    _store_u(v, u, b_T, b_beta, p_row, m_t, V, BV)
+    T00, T10, T11, T20, T21, T22 = T00.to(dt), T10.to(dt), T11.to(dt), T20.to(dt), T21.to(dt), T22.to(dt)
+    T30, T31, T32, T33 = T30.to(dt), T31.to(dt), T32.to(dt), T33.to(dt)
+
+    # phase 3: w = T (beta exp(G) K) in column blocks of BK (the gate is per key dim), u = T (beta V)
+    for i_k in range(K // BK):
+        c0 = i_k * BK
+        G0, G1, G2, G3, g1, g2, g3, gl = _kda_gate(g, bos, t0, T, i_h, H, K, c0, BK)
+        y0 = (_load_tile(k, bos, t0, T, i_h, H, K, c0, 16, BK) * tl.exp(G0) * b0[:, None]).to(dt)
+        y1 = (_load_tile(k, bos, t0 + 16, T, i_h, H, K, c0, 16, BK) * tl.exp(G1) * b1[:, None]).to(dt)
+        y2 = (_load_tile(k, bos, t0 + 32, T, i_h, H, K, c0, 16, BK) * tl.exp(G2) * b2[:, None]).to(dt)
+        y3 = (_load_tile(k, bos, t0 + 48, T, i_h, H, K, c0, 16, BK) * tl.exp(G3) * b3[:, None]).to(dt)
+        w0, w1, w2, w3 = _apply_T(y0, y1, y2, y3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33)
+        _store_tile(w, w0, bos, t0, T, i_h, H, K, c0, 16, BK)
+        _store_tile(w, w1, bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
+        _store_tile(w, w2, bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
+        _store_tile(w, w3, bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
+    _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, H, V, BV)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -426,8 +532,8 @@ def _need_flags(need: Tensor | None, index: ChunkIndex, q: Tensor | None) -> Ten
 def wy_gdn_fwd(
     q: Tensor | None, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex,
     config: LaunchConfig | None = None, need: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor]:
-    """GDN intra-chunk pass: (w, u, gcum fp32 [B, T, H], aqk or None without q, T = (I + A)^{-1} fp32).
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """GDN intra-chunk pass: (w, u, gcum fp32 [B, T, H], aqk or None without q).
 
     need: bool `[N]` (transition only): chunks of unflagged sequences are skipped and their outputs left unwritten.
     """
@@ -440,20 +546,19 @@ def wy_gdn_fwd(
     u = torch.empty_like(v)
     gcum = torch.empty(B, T, H, dtype=torch.float32, device=k.device)
     aqk = torch.empty(B, T, H, BT, dtype=k.dtype, device=k.device) if q is not None else None
-    ainv = torch.empty(B, T, H, BT, dtype=torch.float32, device=k.device)
     wy_gdn_fwd_kernel[_grid(index, B, T, H)](
-        q, k, v, g, beta, w, u, gcum, aqk, ainv,
+        q, k, v, g, beta, w, u, gcum, aqk,
         index.cu_seqlens if index.is_varlen else None, index.chunk_indices if index.is_varlen else None,
         _need_flags(need, index, q), scale, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return w, u, gcum, aqk, ainv
+    return w, u, gcum, aqk
 
 
 def wy_kda_fwd(
     q: Tensor | None, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex,
     config: LaunchConfig | None = None, need: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None, Tensor | None, Tensor]:
-    """KDA intra-chunk pass: (w, u, kg, gc fp32 [NT_total, H, K], qg, aqk, T fp32); qg/aqk are None without q.
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
+    """KDA intra-chunk pass: (w, u, kg, gc fp32 [NT_total, H, K], qg, aqk); qg/aqk are None without q.
 
     need: bool `[N]` (transition only): chunks of unflagged sequences are skipped and their outputs left unwritten.
     """
@@ -468,10 +573,9 @@ def wy_kda_fwd(
     gc = torch.empty(index.num_chunks, H, K, dtype=torch.float32, device=k.device)
     qg = torch.empty_like(q) if q is not None else None
     aqk = torch.empty(B, T, H, BT, dtype=k.dtype, device=k.device) if q is not None else None
-    ainv = torch.empty(B, T, H, BT, dtype=torch.float32, device=k.device)
     wy_kda_fwd_kernel[_grid(index, B, T, H)](
-        q, k, v, g, beta, w, u, kg, gc, qg, aqk, ainv,
+        q, k, v, g, beta, w, u, kg, gc, qg, aqk,
         index.cu_seqlens if index.is_varlen else None, index.chunk_indices if index.is_varlen else None,
         _need_flags(need, index, q), scale, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return w, u, kg, gc, qg, aqk, ainv
+    return w, u, kg, gc, qg, aqk

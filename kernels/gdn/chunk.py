@@ -49,7 +49,7 @@ def chunk_gdn_fwd(
     cfgs = dict(configs or {})
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=BT_WY, device=k.device)
-    w, u, gcum, aqk, _ = wy_gdn_fwd(q, k, v, g, beta, scale=scale, index=index, config=cfgs.get("wy_gdn_fwd"))
+    w, u, gcum, aqk = wy_gdn_fwd(q, k, v, g, beta, scale=scale, index=index, config=cfgs.get("wy_gdn_fwd"))
     assert aqk is not None
     return state_and_output(
         index=index, k=k, w=w, u=u, g=gcum, q=q, aqk=aqk, gate_vector=False, scale=scale,

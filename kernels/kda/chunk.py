@@ -50,7 +50,7 @@ def chunk_kda_fwd(
     cfgs = dict(configs or {})
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=BT_WY, device=k.device)
-    w, u, kg, gc, qg, aqk, _ = wy_kda_fwd(q, k, v, g, beta, scale=scale, index=index, config=cfgs.get("wy_kda_fwd"))
+    w, u, kg, gc, qg, aqk = wy_kda_fwd(q, k, v, g, beta, scale=scale, index=index, config=cfgs.get("wy_kda_fwd"))
     assert qg is not None and aqk is not None
     return state_and_output(
         index=index, k=kg, w=w, u=u, g=gc, q=qg, aqk=aqk, gate_vector=True, scale=scale,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -64,7 +65,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         "env": {"device": torch.cuda.get_device_name() if cuda else "cpu",
                 "compute_capability": "{}.{}".format(*torch.cuda.get_device_capability()) if cuda else None,
                 "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
-                "driver": _driver(), "git_sha": args.sha, "command": " ".join(sys.argv),
+                "driver": _driver(), "git_sha": args.sha or os.environ.get("CPBENCH_GIT_SHA"), "command": " ".join(sys.argv),
                 "started_at": datetime.now(timezone.utc).isoformat()},
         "trials": [], "tuned": [], "ops": [], "crashed": bad,
     }
@@ -144,25 +145,29 @@ def _precompile(args: argparse.Namespace) -> list[tuple[str, str, dict[str, int]
     """Compile the configs halving's first rung will draw, in parallel processes sharing Triton's disk cache.
 
     Compiling ~100 kernel variants one after another would take minutes of the device lease; the search then
-    finds them in the cache. Shapes that differ only in T share compiled kernels (T is not specialised), so
-    the B=1 and B=8 shapes at T=8K cover all three. Returns the configs that crashed the device.
+    finds them in the cache. Every shape is probed, although shapes that differ only in T share compiled
+    kernels (T is not specialised): a config that ran at T=8K crashed the device at T=64K (H200, 2026-11-30).
+    Returns the configs that crashed the device.
     """
     import multiprocessing as mp
 
     from kernels.configs import KERNELS, LAUNCHES
+    from runners.tuner.miscompiles import known_bad as known_bad_configs
     from runners.tuner.search import _draw, candidates
-    from runners.tuner.tune import Shape, make_case, op_runner
+    from runners.tuner.tune import Shape, device_facts, make_case, op_runner, triton_version
 
     t0 = time.perf_counter()
+    # configs a miscompile rule excludes are never launched, not even here (the search records them `failed`)
+    ruled_out = known_bad_configs(device_facts(args.device)[1], triton_version())
     tasks = []
     for op in args.ops:
-        for sd in (SHAPES[0], SHAPES[2]):
+        for sd in SHAPES:
             run = op_runner(op, make_case(op, Shape.of(sd), args.device))
             run({})
             LAUNCHES.clear()
             run({n: sp.default for n, sp in KERNELS.items()})
             items = [(n, c.as_dict()) for n, (_k, d) in list(LAUNCHES.items()) if KERNELS[n].space
-                     for c in _draw(candidates(KERNELS[n], d), args.budget, args.seed)[1:]]
+                     for c in _draw(candidates(KERNELS[n], d), args.budget, args.seed)[1:] if c not in ruled_out.get(n, {})]
             per = max(1, -(-len(items) // args.workers))
             tasks += [(op, sd, items[i:i + per], args.device) for i in range(0, len(items), per)]
     bad: list[tuple[str, str, dict[str, int], str]] = []
@@ -213,7 +218,7 @@ def cmd_import(args: argparse.Namespace) -> None:
     from db.base import Base
     from runners.tuner.export import write_export
 
-    run = json.loads(Path(args.run).read_text())
+    run = merge_runs([json.loads(Path(f).read_text()) for f in args.run], sha=args.sha)
     env = run["env"]
     engine = create_engine(args.db)
     Base.metadata.create_all(engine)
@@ -244,6 +249,48 @@ def cmd_import(args: argparse.Namespace) -> None:
     print(f"wrote {args.json} ({sum(len(k['entries']) for k in data['kernels'].values())} entries) and {args.md}")
 
 
+def merge_runs(runs: list[dict[str, Any]], sha: str | None = None) -> dict[str, Any]:
+    """One run from several device runs of the same code (e.g. per op, or a larger budget on some shapes).
+
+    Every trial is kept. Per (op, shape), the run whose whole-forward A/B speedup is largest supplies the
+    `ops` row and the tuned entries; the others' winners stay in the trials. Runs of different code are refused.
+    sha: the code's git sha, for runs that did not record one (a run that recorded another sha is refused).
+    """
+    if not runs:
+        raise ValueError("no run files given")
+    for r in runs:
+        if sha is not None and r["env"].get("git_sha") not in (None, sha):
+            raise ValueError(f"--sha {sha} but a run recorded git sha {r['env']['git_sha']}")
+        if r["env"].get("git_sha") is None:
+            r["env"]["git_sha"] = sha
+        # nvidia-smi prints one line per GPU
+        r["env"]["driver"] = str(r["env"].get("driver") or "").splitlines()[0] if r["env"].get("driver") else None
+    shas = {r["env"]["git_sha"] for r in runs}
+    if len(shas) != 1:
+        raise ValueError(f"runs of different code cannot be merged (git shas {sorted(shas)})")
+    best: dict[tuple[str, str], tuple[float, int]] = {}
+    for i, r in enumerate(runs):
+        for o in r["ops"]:
+            k = (o["op"], _shape_name(o["shape"]))
+            if k not in best or o["speedup"] > best[k][0]:
+                best[k] = (o["speedup"], i)
+    env = dict(runs[0]["env"])
+    env["command"] = " ; ".join(r["env"]["command"] for r in runs)
+    env["elapsed_s"] = sum(r["env"]["elapsed_s"] for r in runs)
+    env["started_at"] = min(r["env"]["started_at"] for r in runs)
+
+    def chosen(i: int, row: dict[str, Any]) -> bool:
+        return best.get((row["op"], _shape_name(row["shape"])), (0.0, -1))[1] == i
+
+    return {
+        "env": env,
+        "trials": [t for r in runs for t in r["trials"]],
+        "ops": [o for i, r in enumerate(runs) for o in r["ops"] if chosen(i, o)],
+        "tuned": [t for i, r in enumerate(runs) for t in r["tuned"] if chosen(i, t)],
+        "crashed": list({json.dumps(c, sort_keys=True): c for r in runs for c in r.get("crashed", [])}.values()),
+    }
+
+
 def _key_str(key: dict[str, Any]) -> str:
     from kernels.autotune import key_str
 
@@ -258,7 +305,7 @@ def _markdown(run: dict[str, Any], data: dict[str, Any], args: argparse.Namespac
         f"- device: {env['device']} (sm {env['compute_capability']}), driver {env['driver']}",
         f"- torch {env['torch']}, triton {env['triton']}, python {env['python']}",
         f"- code: working tree on git sha {env['git_sha']}",
-        f"- command (device): `{env['command']}`; import: `python benchmarks/autotune_h200.py import ...`",
+        f"- command (device): `{env['command']}`; import: `python {' '.join(sys.argv)}`",
         f"- run started {env['started_at']}, {env['elapsed_s']:.0f} s on the device",
         "- method: successive halving per kernel (default + random draw of the space, 5 -> 15 -> 45 samples), "
         "CUDA events with L2 flush; correctness vs the default config's outputs before timing; whole forward "
@@ -311,10 +358,11 @@ def main() -> None:
     r.add_argument("--tiny", action="store_true", help="tiny shapes (a CPU dry run of the script, not a measurement)")
     r.add_argument("--workers", type=int, default=12, help="processes that precompile the drawn configs (0: none)")
     i = sub.add_parser("import")
-    i.add_argument("run")
+    i.add_argument("run", nargs="+", help="run JSON file(s) of the same code; several are merged (merge_runs)")
     i.add_argument("--json", required=True)
     i.add_argument("--md", required=True)
     i.add_argument("--db", default="sqlite://")
+    i.add_argument("--sha", default=None, help="the code's git sha, for run files that did not record one")
     i.add_argument("--allow-cpu", action="store_true", help="accept a --tiny CPU dry run (never for the shipped file)")
     args = ap.parse_args()
     cmd_run(args) if args.cmd == "run" else cmd_import(args)

@@ -109,8 +109,13 @@ def _is_invalid_launch(err: BaseException) -> bool:
 
 
 def _is_fatal(err: BaseException) -> bool:
-    """A CUDA error poisons the context: later trials would fail too, so the search stops."""
-    return isinstance(err, RuntimeError) and "CUDA error" in str(err)
+    """A CUDA error poisons the context: later trials would fail too, so the search stops.
+
+    torch raises `torch.AcceleratorError` ("CUDA error: ..."); a Triton launch raises a RuntimeError
+    ("Triton Error [CUDA]: an illegal memory access was encountered"): both end the search.
+    """
+    text = str(err)
+    return isinstance(err, RuntimeError) and ("CUDA error" in text or "Triton Error [CUDA]" in text)
 
 
 def run_trial(ctx: TrialContext, cfg: LaunchConfig, *, n: int, rung: int = 0) -> Trial:

@@ -36,6 +36,7 @@ import torch
 from kernels.autotune import key_str, normalize_key, source_hash
 from kernels.configs import KERNELS, LAUNCHES, LaunchConfig, get_spec
 from runners.tuner.clock import Timer, make_timer
+from runners.tuner.miscompiles import known_bad as known_bad_configs
 from runners.tuner.search import SearchResult, candidates, search
 from runners.tuner.trials import RunFn, Trial, TrialContext, run_trial
 
@@ -128,6 +129,15 @@ def op_runner(op: str, case: Mapping[str, Any], *, backend: str = "triton") -> R
     return run
 
 
+def triton_version() -> str:
+    """The installed Triton's version, "" without Triton (CPU-only torch backend)."""
+    try:
+        import triton
+    except ImportError:  # pragma: no cover - triton ships with torch on Linux
+        return ""
+    return str(triton.__version__)
+
+
 def device_facts(device: torch.device | str) -> tuple[str, str | None]:
     """(device name as the autotune loader matches it, compute capability "major.minor" or None)."""
     d = torch.device(device)
@@ -193,6 +203,10 @@ def tune_case(
         if missing:
             raise ValueError(f"kernel(s) {sorted(missing)} did not launch for this op/shape; launched: {sorted(launched)}")
     fixed = {n: defaults[n] for n in launched}
+    # configs a rule says crash or miscompute on this device and compiler, merged with the caller's crashers
+    bad: dict[str, dict[LaunchConfig, str]] = known_bad_configs(cc, triton_version(), launched)
+    for n, cfgs in (known_bad or {}).items():
+        bad.setdefault(n, {}).update(cfgs)
     rows: list[TunedConfig] = []
     results: dict[str, SearchResult] = {}
     for name in launched:
@@ -210,7 +224,7 @@ def tune_case(
                 session.commit()  # never hold the store's write lock while the next config is measured
 
         ctx = TrialContext(spec=spec, key=key, run=run, fixed=dict(fixed), reference=reference, tol=tol, timer=timer,
-                           strategy=strategy, record=record, known_bad=dict((known_bad or {}).get(name, {})),
+                           strategy=strategy, record=record, known_bad=dict(bad.get(name, {})),
                            default=observed[name])
         try:
             res = search(strategy, candidates(spec, observed[name]), lambda c, n, r, _ctx=ctx: run_trial(_ctx, c, n=n, rung=r),

@@ -324,3 +324,45 @@ def test_known_bad_and_fatal_cuda_error(session: Session) -> None:
                   strategy="exhaustive", samples=1, timer=ScriptedTimer(lambda c: float(c.BV)))
     rec = session.scalars(select(TuningTrial).where(TuningTrial.status == "failed")).all()
     assert any("illegal memory access" in (t.error or "") for t in rec)
+
+
+def test_triton_launch_error_is_fatal(session: Session) -> None:
+    """A Triton launch reports a device fault as "Triton Error [CUDA]: ..." (not "CUDA error"): it must still end
+    the search (seen on an H200: every later trial failed on the poisoned context until torch raised)."""
+    calls: list[LaunchConfig] = []
+    crash = LaunchConfig(BV=32, num_warps=4, num_stages=2)
+    x = torch.randn(2 * V)
+
+    def run(configs):
+        cfg = configs.get(SCALE.name)
+        calls.append(cfg)
+        if cfg == crash:
+            raise RuntimeError("Triton Error [CUDA]: an illegal memory access was encountered")
+        return (scale(x, cfg),)
+
+    with pytest.raises(RuntimeError, match="Triton Error"):
+        tune_case(session, run=run, device="cpu", kernels=[SCALE.name], strategy="exhaustive", samples=1,
+                  timer=ScriptedTimer(lambda c: float(c.BV)))
+    assert calls[-1] == crash  # nothing launched after the fault
+
+
+def test_miscompile_rules_apply_by_capability_and_triton_version() -> None:
+    from runners.tuner.miscompiles import Rule, known_bad
+
+    rule = Rule(kernels=(SCALE.name,), matches=lambda c: c.BV == 32 and c.num_warps == 4, capabilities=("9",),
+                triton_min=(3, 4), triton_max=(3, 7, 0), reason="test rule")
+    hit = known_bad("9.0", "3.6.0", rules=[rule])
+    assert set(hit) == {SCALE.name}
+    assert hit[SCALE.name] and all(c.BV == 32 and c.num_warps == 4 for c in hit[SCALE.name])
+    assert set(hit[SCALE.name]) == {c for c in SCALE.configs() if c.BV == 32 and c.num_warps == 4}
+    assert set(hit[SCALE.name].values()) == {"test rule"}
+    for cap, ver in (("8.0", "3.6.0"), ("9.0", "3.7.1"), ("9.0", "3.3.0"), (None, "3.6.0"), ("9.0", "")):
+        assert known_bad(cap, ver, rules=[rule]) == {}, (cap, ver)
+    assert known_bad("9.0", "3.7.0+git5e3f", rules=[rule]) == hit
+    # the shipped rule covers the chunk-state kernels seen to crash on the H200
+    import kernels.common.chunk_state  # noqa: F401  (registers the specs)
+
+    shipped = known_bad("9.0", "3.6.0")
+    assert LaunchConfig(BV=32, num_warps=4, num_stages=1) in shipped["chunk_state_transition_fwd"]
+    assert LaunchConfig(BV=32, num_warps=4, num_stages=1) in shipped["chunk_state_output_fwd"]
+    assert all(c.BV == 32 and c.num_stages == 1 for cfgs in shipped.values() for c in cfgs)

@@ -1,0 +1,82 @@
+"""Launch configs known to crash or miscompute on a device/compiler pair: skipped by the tuner without a launch.
+
+A CUDA error (illegal address) poisons the tuning process, and a silently wrong kernel costs a correctness check
+per trial; both were seen on an H200 (sm_90, Triton 3.6.0, 2026-11-30, `benchmarks/results/autotune_h200.md`):
+the chunk-state kernels with a 32-wide V block and one pipeline stage hit an illegal memory access
+(`chunk_state_transition_fwd`, `chunk_state_output_fwd` at 4 and 8 warps, GDN and KDA, B=1 T=8K and T=64K) or
+return garbage (`chunk_state_output_fwd`, relative error 7.8 vs the default config). The same Triton range has a
+known Hopper miscompile in FLA's kernels (its issue #640: Triton 3.4 to 3.7.0), so the rule covers that range.
+
+Each rule names kernels, a predicate on the config, the compute capabilities and the Triton versions it
+applies to. `known_bad(...)` expands the rules over the kernels' declared spaces into the tuner's
+`{kernel: {config: reason}}` form; the tuner records those trials as `failed` with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from kernels.configs import KERNELS, LaunchConfig
+
+__all__ = ["RULES", "Rule", "known_bad"]
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """"3.6.0" / "3.7.0+git1234" -> (3, 6, 0); unparsable parts stop the tuple."""
+    out: list[int] = []
+    for part in text.split("+")[0].split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        if not digits or digits != part:
+            if digits and part.startswith(digits):
+                out.append(int(digits))
+            break
+        out.append(int(digits))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Rule:
+    kernels: tuple[str, ...]
+    matches: Callable[[LaunchConfig], bool]
+    capabilities: tuple[str, ...]  # compute capabilities ("9.0"); a major alone ("9") covers its minors
+    triton_min: tuple[int, ...]  # inclusive
+    triton_max: tuple[int, ...]  # inclusive
+    reason: str
+
+    def applies(self, capability: str | None, triton_version: str) -> bool:
+        if capability is None:
+            return False
+        if not any(capability == c or capability.split(".")[0] == c for c in self.capabilities):
+            return False
+        v = _version(triton_version)
+        return bool(v) and self.triton_min <= v <= self.triton_max
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        kernels=("chunk_state_output_fwd", "chunk_state_transition_fwd"),
+        matches=lambda c: c.BV == 32 and c.num_stages == 1,
+        capabilities=("9",),
+        triton_min=(3, 4),
+        triton_max=(3, 7, 0),
+        reason="known Hopper miscompile (BV=32, one stage): illegal memory access or wrong output on an H200 "
+               "with Triton 3.6.0 (runners/tuner/miscompiles.py)",
+    ),
+)
+
+
+def known_bad(capability: str | None, triton_version: str, kernels: Iterable[str] | None = None,
+              rules: Iterable[Rule] = RULES) -> dict[str, dict[LaunchConfig, str]]:
+    """{kernel: {config: reason}} of the configs in the registered spaces that a rule rules out on this device."""
+    names = list(KERNELS) if kernels is None else list(kernels)
+    out: dict[str, dict[LaunchConfig, str]] = {}
+    for rule in rules:
+        if not rule.applies(capability, triton_version):
+            continue
+        for name in names:
+            if name in rule.kernels and name in KERNELS:
+                for cfg in KERNELS[name].configs():
+                    if rule.matches(cfg):
+                        out.setdefault(name, {})[cfg] = rule.reason
+    return out

@@ -205,7 +205,7 @@ def _ab(timer: Any, run: Any, a_cfg: dict[str, Any], b_cfg: dict[str, Any], bloc
 def _driver() -> str | None:
     try:
         return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=20).stdout.strip() or None
+                              text=True, timeout=20).stdout.strip().splitlines()[0] or None
     except (OSError, subprocess.SubprocessError):
         return None
 

@@ -349,7 +349,7 @@ def _env(device: str) -> dict[str, Any]:
                     cuda=torch.version.cuda)
         with contextlib.suppress(Exception):
             info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                            capture_output=True, text=True, timeout=20).stdout.strip()
+                                            capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
     else:
         info.update(device="cpu (dry run, interpreter)")
     return info

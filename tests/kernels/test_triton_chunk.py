@@ -93,3 +93,21 @@ def test_triton_launch_config_is_launched(OP: str) -> None:
         assert LAUNCHES[name][1] == c, f"{name} launched {LAUNCHES[name][1]}, asked {c}"
     assert LAUNCHES[f"wy_{OP}_fwd"][0]["K"] == 32
     assert_rel_close("o", o_ref, o, TOL)
+
+
+def test_triton_strong_decay_at_the_documented_bound(OP: str) -> None:
+    """Gates near the WY kernel's documented limit (g >= -5.5 per token, `kernels/common/wy.py`): every token decays
+    by e^-5 to e^-5.4, so within a 16-row block the KDA right factor exp(b_J - G_j) reaches e^86 and the left one
+    e^-86: the products must stay finite and exact. Lengths cross chunk and 16-row block edges."""
+    lengths = (77, 130)
+    q, k, v, _, beta, cu = make_inputs(OP, lengths, H=2, K=64, V=32, device=DEVICE)
+    gen = torch.Generator().manual_seed(7)
+    g_shape = (1, sum(lengths), 2) if OP == "gdn" else (1, sum(lengths), 2, 64)
+    g = (-5.0 - 0.4 * torch.rand(*g_shape, generator=gen)).to(DEVICE)
+    h0 = make_state(len(lengths), 2, 64, 32, device=DEVICE)
+    o_ref, ht_ref = kernels.reference(OP, q, k, v, g, beta, cu_seqlens=cu, initial_state=h0, output_final_state=True)
+    o, ht = kernels.forward(OP, q, k, v, g, beta, cu_seqlens=cu, initial_state=h0, output_final_state=True,
+                            backend="triton")
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    assert_rel_close("o", o_ref, o, TOL)
+    assert_rel_close("ht", ht_ref, ht, TOL)

@@ -14,6 +14,7 @@ applies to. `known_bad(...)` expands the rules over the kernels' declared spaces
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -23,15 +24,15 @@ __all__ = ["RULES", "Rule", "known_bad"]
 
 
 def _version(text: str) -> tuple[int, ...]:
-    """"3.6.0" / "3.7.0+git1234" -> (3, 6, 0); unparsable parts stop the tuple."""
+    """"3.6.0" -> (3, 6, 0); "3.7.0+git1234" -> (3, 7, 0); "3.4.0rc1" -> (3, 4, 0); "" -> ()."""
     out: list[int] = []
     for part in text.split("+")[0].split("."):
-        digits = "".join(ch for ch in part if ch.isdigit())
-        if not digits or digits != part:
-            if digits and part.startswith(digits):
-                out.append(int(digits))
+        m = re.match(r"\d+", part)
+        if m is None:
             break
-        out.append(int(digits))
+        out.append(int(m.group()))
+        if m.end() != len(part):  # a pre-release suffix ends the numeric part
+            break
     return tuple(out)
 
 

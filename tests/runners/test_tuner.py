@@ -359,6 +359,7 @@ def test_miscompile_rules_apply_by_capability_and_triton_version() -> None:
     for cap, ver in (("8.0", "3.6.0"), ("9.0", "3.7.1"), ("9.0", "3.3.0"), (None, "3.6.0"), ("9.0", "")):
         assert known_bad(cap, ver, rules=[rule]) == {}, (cap, ver)
     assert known_bad("9.0", "3.7.0+git5e3f", rules=[rule]) == hit
+    assert known_bad("9.0", "3.4.0rc1", rules=[rule]) == hit
     # the shipped rule covers the chunk-state kernels seen to crash on the H200
     import kernels.common.chunk_state  # noqa: F401  (registers the specs)
 

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -48,6 +46,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     import triton
 
     from kernels.configs import KERNELS, LaunchConfig
+    from kernels.provenance import driver_version, git_sha
     from runners.tuner.clock import StepTimer
     from runners.tuner.tune import Shape, make_case, op_runner, tune_case
 
@@ -65,7 +64,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         "env": {"device": torch.cuda.get_device_name() if cuda else "cpu",
                 "compute_capability": "{}.{}".format(*torch.cuda.get_device_capability()) if cuda else None,
                 "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
-                "driver": _driver(), "git_sha": args.sha or os.environ.get("CPBENCH_GIT_SHA"), "command": " ".join(sys.argv),
+                "driver": driver_version(), "git_sha": args.sha or git_sha(), "command": " ".join(sys.argv),
                 "started_at": datetime.now(timezone.utc).isoformat()},
         "trials": [], "tuned": [], "ops": [], "crashed": bad,
     }
@@ -154,11 +153,11 @@ def _precompile(args: argparse.Namespace) -> list[tuple[str, str, dict[str, int]
     from kernels.configs import KERNELS, LAUNCHES
     from runners.tuner.miscompiles import known_bad as known_bad_configs
     from runners.tuner.search import _draw, candidates
-    from runners.tuner.tune import Shape, device_facts, make_case, op_runner, triton_version
+    from runners.tuner.tune import Shape, device_facts, make_case, op_runner
 
     t0 = time.perf_counter()
     # configs a miscompile rule excludes are never launched, not even here (the search records them `failed`)
-    ruled_out = known_bad_configs(device_facts(args.device)[1], triton_version())
+    ruled_out = known_bad_configs(device_facts(args.device)[1])
     tasks = []
     for op in args.ops:
         for sd in SHAPES:
@@ -200,14 +199,6 @@ def _ab(timer: Any, run: Any, a_cfg: dict[str, Any], b_cfg: dict[str, Any], bloc
         a += timer(lambda: run(a_cfg), n)
         b += timer(lambda: run(b_cfg), n)
     return statistics.median(a), statistics.median(b)
-
-
-def _driver() -> str | None:
-    try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=20).stdout.strip().splitlines()[0] or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def cmd_import(args: argparse.Namespace) -> None:

@@ -28,13 +28,11 @@ tiny shapes, wall-clock timer, no FLA) to check the script itself.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as _dt
 import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
 import traceback
@@ -43,6 +41,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from kernels.provenance import driver_version, git_sha
 
 H_DEFAULT, K_DIM, V_DIM, C = 16, 128, 128, 64
 SHAPES_DEFAULT = ((1, 8192), (1, 32768), (1, 65536), (1, 131072), (8, 8192))
@@ -333,7 +333,7 @@ def _env(device: str) -> dict[str, Any]:
         "python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
         "host": platform.node(), "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([os.path.basename(sys.executable), "-m", "kernels.bench", *ARGV]),
-        "git_sha": os.environ.get("CPBENCH_GIT_SHA") or _git_sha(),
+        "git_sha": git_sha(),
         "git_note": os.environ.get("CPBENCH_GIT_NOTE"),
         "env": {k: os.environ.get(k) for k in ("FLA_DISABLE_BACKEND_DISPATCH", "NCCL_NVLS_ENABLE", "TRITON_CACHE_DIR")},
     }
@@ -347,21 +347,10 @@ def _env(device: str) -> dict[str, Any]:
         p = torch.cuda.get_device_properties(0)
         info.update(device=p.name, sms=p.multi_processor_count, memory_GiB=round(p.total_memory / 2**30, 1),
                     cuda=torch.version.cuda)
-        with contextlib.suppress(Exception):
-            info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                            capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
+        info["driver"] = driver_version()
     else:
         info.update(device="cpu (dry run, interpreter)")
     return info
-
-
-def _git_sha() -> str | None:
-    with contextlib.suppress(Exception):
-        r = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                           cwd=os.path.dirname(os.path.abspath(__file__)))
-        if r.returncode == 0:
-            return r.stdout.strip()
-    return None
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -32,7 +32,6 @@ import os
 import platform
 import signal
 import socket
-import subprocess
 import threading
 import time
 import uuid
@@ -41,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernels.provenance import driver_version, git_sha
 from runners.errors import CpbenchError, GangError, SweepNotFoundError
 from runners.execute import run_point_job, tune_job
 from runners.gang import GangPool, JobCancelled
@@ -101,37 +101,6 @@ def detect_devices(devices: int | None = None, *, kind: str | None = None) -> De
     return DeviceInfo(kind="cpu", count=max(1, int(n)), names=(platform.processor() or platform.machine(),))
 
 
-def _run(cmd: list[str]) -> str | None:
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=True, cwd=_REPO)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
-def _git_sha() -> str | None:
-    """CPBENCH_GIT_SHA when set (a copied tree has no .git), else HEAD of the checkout, `-dirty` if modified."""
-    if os.environ.get("CPBENCH_GIT_SHA", "").strip():
-        return os.environ["CPBENCH_GIT_SHA"].strip()
-    sha = _run(["git", "rev-parse", "HEAD"])
-    if sha is None:
-        return None
-    dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"])
-    return f"{sha}-dirty" if dirty else sha
-
-
-def _driver() -> str | None:
-    try:
-        import pynvml  # type: ignore[import-not-found]
-
-        pynvml.nvmlInit()
-        v = pynvml.nvmlSystemGetDriverVersion()
-        return v.decode() if isinstance(v, bytes) else str(v)
-    except Exception:  # noqa: BLE001 - any failure means "ask nvidia-smi"
-        out = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
-        return out.splitlines()[0].strip() if out else None
-
-
 def environment_facts(info: DeviceInfo) -> dict[str, Any]:
     """The `db.models.Environment` facts of this process (stable across runs of the same setup)."""
     import torch
@@ -141,13 +110,13 @@ def environment_facts(info: DeviceInfo) -> dict[str, Any]:
         "device_name": info.names[0] if info.kind == "cuda" else "cpu",
         "device_count": info.count,
         "compute_capability": info.compute_capability,
-        "driver": _driver() if info.kind == "cuda" else None,
+        "driver": driver_version() if info.kind == "cuda" else None,
         "cuda": torch.version.cuda if info.kind == "cuda" else None,
         "torch": versions["torch"],
         "triton": versions["triton"],
         "python": platform.python_version(),
         "cpbench": versions["cpbench"],
-        "git_sha": _git_sha(),
+        "git_sha": git_sha(),
         "host": socket.gethostname(),
         "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),

@@ -20,6 +20,22 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     patch_bf16_dot()
 
 
+@pytest.fixture
+def session():
+    """A session on a fresh in-memory SQLite store with every table (tests/db and tests/dashboards override this
+    with their file or PostgreSQL stores)."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from db.base import Base
+
+    engine = create_engine("sqlite://")
+    Base.metadata.create_all(engine)
+    with Session(engine) as s:
+        yield s
+    engine.dispose()
+
+
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     import torch

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from dashboards.cost_model import comm_cost
 from dashboards.figures.common import (
@@ -18,12 +17,12 @@ from dashboards.figures.common import (
     cp_sizes,
     dtype_bytes,
     empty_figure,
-    facet_values,
     in_facet,
+    log_t_axis,
     mode_color,
     mode_rank,
     mode_series,
-    single_value_log_range,
+    per_step_grid,
 )
 
 # tail_exchange's window when a point does not set one: kernels.cp.tail_exchange.DEFAULT_WINDOW_CHUNKS
@@ -69,9 +68,7 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
     table = frame(rows)
     if not table:
         return empty_figure(TITLE, "no profiles yet")
-    Ws = facet_values(table, "facet_W")
-    fig = make_subplots(rows=2, cols=len(Ws), shared_xaxes=True, subplot_titles=[f"W={W}" for W in Ws],
-                        horizontal_spacing=0.05, vertical_spacing=0.08)
+    fig, Ws = per_step_grid(table)
     shown: set[str] = set()
     for j, W in enumerate(Ws, start=1):
         for (mode, B), pts in mode_series(r for r in table if r["facet_W"] == W):
@@ -95,8 +92,7 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
                         hovertemplate=f"{mode} model<br>T=%{{x}}<br>{label} %{{y:,}}<extra></extra>",
                         meta={"mode": mode, "B": B, "W": W, "kind": "model", "quantity": col},
                     ), row=i, col=j)
-    fig.update_xaxes(type="log", range=single_value_log_range(r["T"] for r in table))
-    fig.update_xaxes(title_text="T (tokens)", row=2)
+    log_t_axis(fig, table)
     fig.update_yaxes(title_text="collective calls", row=1, col=1, rangemode="tozero")
     fig.update_yaxes(type="log", row=2)
     fig.update_yaxes(title_text="bytes per rank", row=2, col=1)

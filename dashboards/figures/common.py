@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 MODE_ORDER = ("none", "headwise", "all_gather", "ring", "true_cp", "warmup_correct", "tail_exchange")
 _PALETTE = ("#7f7f7f", "#1f77b4", "#ff7f0e", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
@@ -110,6 +111,21 @@ def single_value_log_range(values: Iterable[Any]) -> list[float] | None:
         return None
     centre = math.log10(distinct.pop())
     return [centre - 0.5, centre + 0.5]
+
+
+def per_step_grid(table: Sequence[dict[str, Any]]) -> tuple[go.Figure, list[Any]]:
+    """Two stacked panels (rows 1 and 2) per CP size W (columns, from the rows' `facet_W`), x shared, and the W
+    values in column order: the layout of the per-step count figures (collectives, host syncs)."""
+    Ws = facet_values(table, "facet_W")
+    fig = make_subplots(rows=2, cols=len(Ws), shared_xaxes=True, subplot_titles=[f"W={W}" for W in Ws],
+                        horizontal_spacing=0.05, vertical_spacing=0.08)
+    return fig, Ws
+
+
+def log_t_axis(fig: go.Figure, table: Iterable[dict[str, Any]]) -> None:
+    """Log T on every x axis of a `per_step_grid`, titled under the bottom row."""
+    fig.update_xaxes(type="log", range=single_value_log_range(r["T"] for r in table))
+    fig.update_xaxes(title_text="T (tokens)", row=2)
 
 
 def empty_figure(title: str, message: str = "no data yet") -> go.Figure:

@@ -9,18 +9,17 @@ from __future__ import annotations
 from typing import Any
 
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from dashboards.figures.common import (
     base_layout,
     cp_sizes,
     empty_figure,
-    facet_values,
     in_facet,
+    log_t_axis,
     mode_color,
     mode_rank,
     mode_series,
-    single_value_log_range,
+    per_step_grid,
 )
 
 NAME = "syncs"
@@ -41,9 +40,7 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
     table = frame(rows)
     if not table:
         return empty_figure(TITLE, "no profiles yet")
-    Ws = facet_values(table, "facet_W")
-    fig = make_subplots(rows=2, cols=len(Ws), shared_xaxes=True, subplot_titles=[f"W={W}" for W in Ws],
-                        horizontal_spacing=0.05, vertical_spacing=0.08)
+    fig, Ws = per_step_grid(table)
     shown: set[str] = set()
     for j, W in enumerate(Ws, start=1):
         for (mode, B), pts in mode_series(r for r in table if r["facet_W"] == W):
@@ -56,8 +53,7 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
                     meta={"mode": mode, "B": B, "W": W, "kind": "measured", "quantity": col},
                 ), row=i, col=j)
             shown.add(mode)
-    fig.update_xaxes(type="log", range=single_value_log_range(r["T"] for r in table))
-    fig.update_xaxes(title_text="T (tokens)", row=2)
+    log_t_axis(fig, table)
     fig.update_yaxes(rangemode="tozero")
     fig.update_yaxes(title_text="host syncs / step", row=1, col=1)
     fig.update_yaxes(title_text="kernel launches / step", row=2, col=1)

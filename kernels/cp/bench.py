@@ -33,7 +33,6 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +45,7 @@ import torch.distributed as dist
 import kernels
 import kernels.cp as cp
 from kernels.bench import result_stem
+from kernels.provenance import driver_version, git_sha
 
 TARGETS = {"true_cp W=2 T=128K": 2.8, "warmup_correct 1 GPU T=64K lb=-5": 0.6}
 PEER = "fla"
@@ -331,7 +331,7 @@ def worker(rank: int, W: int, args: argparse.Namespace, init_file: str) -> None:
 def environment(dev: torch.device, args: argparse.Namespace) -> dict[str, Any]:
     env: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__, "host": platform.node(),
                            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                           "git_sha": args.git_sha or os.environ.get("CPBENCH_GIT_SHA", "unknown"),
+                           "git_sha": args.git_sha or git_sha() or "unknown",
                            "command": args.command or " ".join(sys.argv)}
     try:
         import triton
@@ -349,11 +349,7 @@ def environment(dev: torch.device, args: argparse.Namespace) -> dict[str, Any]:
         p = torch.cuda.get_device_properties(dev)
         env.update(device=p.name, sms=p.multi_processor_count, gpus=torch.cuda.device_count(),
                    nccl=".".join(map(str, torch.cuda.nccl.version())), cuda=torch.version.cuda)
-        try:
-            env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                           capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
-        except Exception:  # noqa: BLE001
-            env["driver"] = None
+        env["driver"] = driver_version()
     else:
         env.update(device="cpu (smoke test, gloo + torch backend)")
     env["nccl_env"] = {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")}

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from kernels.configs import KERNELS, LaunchConfig
+from runners.versions import software_versions
 
 __all__ = ["RULES", "Rule", "known_bad"]
 
@@ -67,9 +68,14 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def known_bad(capability: str | None, triton_version: str, kernels: Iterable[str] | None = None,
+def known_bad(capability: str | None, triton_version: str | None = None, kernels: Iterable[str] | None = None,
               rules: Iterable[Rule] = RULES) -> dict[str, dict[LaunchConfig, str]]:
-    """{kernel: {config: reason}} of the configs in the registered spaces that a rule rules out on this device."""
+    """{kernel: {config: reason}} of the configs in the registered spaces that a rule rules out on this device.
+
+    triton_version: None = the Triton of this process (`runners.versions.software_versions`).
+    """
+    if triton_version is None:
+        triton_version = software_versions()["triton"] or ""
     names = list(KERNELS) if kernels is None else list(kernels)
     out: dict[str, dict[LaunchConfig, str]] = {}
     for rule in rules:

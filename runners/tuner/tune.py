@@ -129,15 +129,6 @@ def op_runner(op: str, case: Mapping[str, Any], *, backend: str = "triton") -> R
     return run
 
 
-def triton_version() -> str:
-    """The installed Triton's version, "" without Triton (CPU-only torch backend)."""
-    try:
-        import triton
-    except ImportError:  # pragma: no cover - triton ships with torch on Linux
-        return ""
-    return str(triton.__version__)
-
-
 def device_facts(device: torch.device | str) -> tuple[str, str | None]:
     """(device name as the autotune loader matches it, compute capability "major.minor" or None)."""
     d = torch.device(device)
@@ -204,7 +195,7 @@ def tune_case(
             raise ValueError(f"kernel(s) {sorted(missing)} did not launch for this op/shape; launched: {sorted(launched)}")
     fixed = {n: defaults[n] for n in launched}
     # configs a rule says crash or miscompute on this device and compiler, merged with the caller's crashers
-    bad: dict[str, dict[LaunchConfig, str]] = known_bad_configs(cc, triton_version(), launched)
+    bad: dict[str, dict[LaunchConfig, str]] = known_bad_configs(cc, kernels=launched)
     for n, cfgs in (known_bad or {}).items():
         bad.setdefault(n, {}).update(cfgs)
     rows: list[TunedConfig] = []

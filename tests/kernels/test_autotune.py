@@ -25,10 +25,7 @@ from datetime import datetime, timezone
 
 import pytest
 import torch
-from sqlalchemy import create_engine
-from sqlalchemy.orm import Session
 
-from db.base import Base
 from db.models import Environment, TunedConfig
 from kernels import autotune
 from kernels.autotune import (
@@ -73,15 +70,6 @@ def _clean():
     autotune.install(None)
     yield
     autotune.install(None)
-
-
-@pytest.fixture
-def session():
-    engine = create_engine("sqlite://")
-    Base.metadata.create_all(engine)
-    with Session(engine) as s:
-        yield s
-    engine.dispose()
 
 
 def _write(tmp_path, data, name="autotune.json"):

@@ -61,15 +61,6 @@ def scale(x: torch.Tensor, override: LaunchConfig | None = None) -> torch.Tensor
     return y
 
 
-@pytest.fixture
-def session():
-    engine = create_engine("sqlite://")
-    Base.metadata.create_all(engine)
-    with Session(engine) as s:
-        yield s
-    engine.dispose()
-
-
 @pytest.fixture(autouse=True)
 def _no_resolver():
     install(None)

@@ -34,6 +34,7 @@ __all__ = [
     "check_config",
     "check_cu_seqlens",
     "check_gate_sign",
+    "check_grad_outputs",
     "check_inputs",
     "check_kernel_dims",
     "check_op",
@@ -142,34 +143,42 @@ def check_inputs(
     initial_state: Tensor | None = None,
     cu_seqlens: Tensor | None = None,
     cu_seqlens_cpu: Tensor | Sequence[int] | None = None,
+    grouped: bool = False,
 ) -> list[int] | None:
     """All checks of a forward (q given) or a transition (q None). `backend` is the resolved one.
 
-    Returns the host list of `cu_seqlens` (None for dense input).
+    grouped: v, g, beta and the state may have HV heads, a multiple of q/k's H (grouped value heads); else HV == H.
+    fp64 inputs are accepted by the reference and torch backends (tests, gradcheck). Returns the host list of
+    `cu_seqlens` (None for dense input).
     """
     check_op(op)
     check_backend(backend)
-    _check_tensor("k", k, ndim=4, dims="[B, T, H, K]")
+    dtypes = FLOAT_DTYPES + (torch.float64,) if backend in ("reference", "torch") else FLOAT_DTYPES
+    _check_tensor("k", k, ndim=4, dtypes=dtypes, dims="[B, T, H, K]")
     if q is not None:
-        _check_tensor("q", q, ndim=4, dims="[B, T, H, K]")
+        _check_tensor("q", q, ndim=4, dtypes=dtypes, dims="[B, T, H, K]")
         if q.shape != k.shape:
             raise ValueError(f"q and k must have the same shape [B, T, H, K], got q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}")
         if k.dtype != q.dtype:
             raise ValueError(f"k.dtype must equal q.dtype={q.dtype}, got {k.dtype}")
-    _check_tensor("v", v, ndim=4, dims="[B, T, H, V]")
-    _same_dims("v", v, "k", k, ((0, "batch B"), (1, "length T"), (2, "heads H")))
+    _check_tensor("v", v, ndim=4, dtypes=dtypes, dims="[B, T, HV, V]" if grouped else "[B, T, H, V]")
+    _same_dims("v", v, "k", k, ((0, "batch B"), (1, "length T")) if grouped else ((0, "batch B"), (1, "length T"), (2, "heads H")))
     if v.dtype != k.dtype:
         raise ValueError(f"v.dtype must equal k.dtype={k.dtype}, got {v.dtype}")
-    _check_tensor("beta", beta, ndim=3, dims="[B, T, H]")
-    _same_dims("beta", beta, "k", k, ((0, "batch B"), (1, "length T"), (2, "heads H")))
-    if op == "gdn":
-        _check_tensor("g", g, ndim=3, dims="[B, T, H] for op='gdn' (one gate per head)")
-        _same_dims("g", g, "k", k, ((0, "batch B"), (1, "length T"), (2, "heads H")))
-    else:
-        _check_tensor("g", g, ndim=4, dims="[B, T, H, K] for op='kda' (one gate per key dim)")
-        _same_dims("g", g, "k", k, ((0, "batch B"), (1, "length T"), (2, "heads H"), (3, "key dim K")))
     B, T, H, K = k.shape
-    V = v.shape[-1]
+    HV, V = v.shape[2], v.shape[3]
+    if grouped and (HV < 1 or HV % max(H, 1)):
+        raise ValueError(f"v.shape[2] (value heads HV={HV}) must be a positive multiple of k.shape[2] (key heads H={H}): "
+                         f"query/key head h // (HV/H) serves value head h, got v.shape={tuple(v.shape)}, k.shape={tuple(k.shape)}")
+    _check_tensor("beta", beta, ndim=3, dtypes=dtypes, dims="[B, T, HV]")
+    _same_dims("beta", beta, "v", v, ((0, "batch B"), (1, "length T"), (2, "heads HV")))
+    if op == "gdn":
+        _check_tensor("g", g, ndim=3, dtypes=dtypes, dims="[B, T, H] for op='gdn' (one gate per head)")
+        _same_dims("g", g, "v", v, ((0, "batch B"), (1, "length T"), (2, "heads HV")))
+    else:
+        _check_tensor("g", g, ndim=4, dtypes=dtypes, dims="[B, T, H, K] for op='kda' (one gate per key dim)")
+        _same_dims("g", g, "v", v, ((0, "batch B"), (1, "length T"), (2, "heads HV")))
+        _same_dims("g", g, "k", k, ((3, "key dim K"),))
     for name, d in (("B", B), ("T", T), ("H", H), ("K", K), ("V", V)):
         if d < 1:
             raise ValueError(f"{name} must be >= 1, got k.shape={tuple(k.shape)}, v.shape={tuple(v.shape)}")
@@ -184,13 +193,40 @@ def check_inputs(
         bounds = check_cu_seqlens(cu_seqlens, batch=B, seq_len=T, device=device, cu_seqlens_cpu=cu_seqlens_cpu)
     N = len(bounds) - 1 if bounds is not None else B
     if initial_state is not None:
-        _check_tensor("initial_state", initial_state, ndim=4, dims="[N, H, K, V]")
-        if tuple(initial_state.shape) != (N, H, K, V):
-            raise ValueError(f"initial_state must have shape [N, H, K, V] = {(N, H, K, V)} (N = number of sequences), "
-                             f"got initial_state.shape={tuple(initial_state.shape)}")
+        _check_tensor("initial_state", initial_state, ndim=4, dtypes=dtypes, dims="[N, H, K, V]")
+        if tuple(initial_state.shape) != (N, HV, K, V):
+            raise ValueError(f"initial_state must have shape [N, H, K, V] = {(N, HV, K, V)} (N = number of sequences"
+                             f"{', H = value heads' if grouped else ''}), got initial_state.shape={tuple(initial_state.shape)}")
     check_kernel_dims(backend, K, V)
     check_gate_sign(g)
     return bounds
+
+
+def check_grad_outputs(do: Any, dht: Any, *, q: Tensor, v: Tensor, num_seqs: int) -> None:
+    """The incoming gradients of a backward: `do` like o (`[B, T, HV, V]`, q's dtype and device), `dht` like the
+    final state (`[N, HV, K, V]`, fp32, fp64 for fp64 inputs) or None. A ValueError naming the argument otherwise."""
+    B, T, HV, V = v.shape
+    K = q.shape[-1]
+    if not isinstance(do, Tensor):
+        raise ValueError(f"do must be a torch.Tensor (the gradient of o), got {type(do).__name__}")
+    if tuple(do.shape) != (B, T, HV, V):
+        raise ValueError(f"do must have the shape of o [B, T, HV, V] = {(B, T, HV, V)}, got do.shape={tuple(do.shape)}")
+    if do.dtype != q.dtype:
+        raise ValueError(f"do.dtype must equal o's dtype (q.dtype={q.dtype}), got {do.dtype}")
+    if do.device != q.device:
+        raise ValueError(f"do is on {do.device} but q is on {q.device}")
+    if dht is None:
+        return
+    state_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    if not isinstance(dht, Tensor):
+        raise ValueError(f"dht must be a torch.Tensor (the gradient of the final state) or None, got {type(dht).__name__}")
+    if tuple(dht.shape) != (num_seqs, HV, K, V):
+        raise ValueError(f"dht must have the shape of the final state [N, H, K, V] = {(num_seqs, HV, K, V)}, "
+                         f"got dht.shape={tuple(dht.shape)}")
+    if dht.dtype != state_dtype:
+        raise ValueError(f"dht.dtype must be {state_dtype} (the final state's dtype), got {dht.dtype}")
+    if dht.device != q.device:
+        raise ValueError(f"dht is on {dht.device} but q is on {q.device}")
 
 
 def check_config(config: Any) -> dict[str, LaunchConfig]:

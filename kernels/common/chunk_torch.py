@@ -12,7 +12,7 @@ Per chunk of C tokens, with G the chunk-local cumulative log gate (natural log):
     v_new = u - w S                        S' = Diag(exp(G_C)) S + K~^T v_new
     o    = scale [(Q * exp(G)) S + (sum_d q_id k_jd exp(G_id - G_jd), i >= j) v_new]
 
-Everything is fp32 inside; o is cast to q.dtype, the final state stays fp32. Vectorised over chunks and
+Everything is fp32 inside (fp64 for fp64 inputs: tests and gradcheck); o is cast to q.dtype, the final state stays fp32. Vectorised over chunks and
 heads: the only Python loop is the state pass over chunk positions (plus, for a per-key gate, a loop over
 blocks of chunks that bounds the memory of the decay factors; see `_per_key_products` for the overflow-free split). Varlen: every sequence is padded to a
 multiple of C through gather maps built once on the host (`ChunkIndex.pad`); padded tokens have k = v = 0,
@@ -28,7 +28,7 @@ from torch import Tensor
 
 from kernels.common.index import ChunkIndex
 
-__all__ = ["ChunkPrep", "chunk_fwd_torch", "chunk_prepare", "chunk_state_pass", "to_chunks"]
+__all__ = ["ChunkPrep", "chunk_fwd_torch", "chunk_prepare", "chunk_state_pass", "compute_dtype", "from_chunks", "to_chunks"]
 
 # bytes allowed for one block of the per-key decay tensor [n, H, C, C, K] (a few temporaries of this size live at once)
 _DECAY_BLOCK_BYTES = 64 << 20
@@ -47,13 +47,19 @@ class ChunkPrep:
     gamma: Tensor      # [NT, H, Kg]    exp(G_C)
     qg: Tensor | None  # [NT, H, C, K]  Q * exp(G)
     aqk: Tensor | None  # [NT, H, C, C] lower triangle incl. diagonal, unscaled
+    akk: Tensor | None = None  # [NT, H, C, C] A = StrictLower(beta_i k_i . k_j decay), T = (I + A)^-1 (the backward)
 
 
-def to_chunks(x: Tensor, index: ChunkIndex) -> Tensor:
-    """`[B, T, H, *rest]` -> fp32 `[NT, H, C, *rest]`, padding each sequence to a multiple of C with zeros."""
+def compute_dtype(x: Tensor) -> torch.dtype:
+    """The dtype the torch path computes in: fp64 for fp64 inputs (tests, gradcheck), fp32 for everything else."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def to_chunks(x: Tensor, index: ChunkIndex, dtype: torch.dtype = torch.float32) -> Tensor:
+    """`[B, T, H, *rest]` -> `[NT, H, C, *rest]` in `dtype` (fp32), padding each sequence to a multiple of C with zeros."""
     B, T, H = x.shape[:3]
     rest = x.shape[3:]
-    flat = x.reshape(B * T, H, *rest).float()
+    flat = x.reshape(B * T, H, *rest).to(dtype)
     pad = index.pad
     if not pad.identity:
         flat = torch.cat([flat, flat.new_zeros(1, H, *rest)], 0)[pad.gather]
@@ -101,7 +107,7 @@ def chunk_prepare(k: Tensor, v: Tensor, g: Tensor, beta: Tensor, q: Tensor | Non
     G_C = G[:, :, -1:]                                                  # [NT, H, 1, Kg]
     kt = k * (G_C - G).exp()
     qg = q * eG if q is not None else None
-    return ChunkPrep(w=w, u=u, kt=kt, gamma=G_C[:, :, 0].exp(), qg=qg, aqk=aqk)
+    return ChunkPrep(w=w, u=u, kt=kt, gamma=G_C[:, :, 0].exp(), qg=qg, aqk=aqk, akk=A)
 
 
 def _per_key_products(a: Tensor, k: Tensor, G: Tensor) -> Tensor:
@@ -173,12 +179,13 @@ def chunk_fwd_torch(
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
-    qc, kc, vc, gc, bc = (to_chunks(x, index) for x in (q, k, v, g, beta))
+    cd = compute_dtype(q)
+    qc, kc, vc, gc, bc = (to_chunks(x, index, cd) for x in (q, k, v, g, beta))
     prep = chunk_prepare(kc, vc, gc, bc, q=qc)
     if initial_state is not None:
-        h0 = initial_state.float()
+        h0 = initial_state.to(cd)
     else:
-        h0 = q.new_zeros(index.num_seqs, H, K, V, dtype=torch.float32)
+        h0 = q.new_zeros(index.num_seqs, H, K, V, dtype=cd)
     ht, h, v_new = chunk_state_pass(prep, index, h0)
     assert h is not None and v_new is not None and prep.qg is not None and prep.aqk is not None
     o = scale * (prep.qg @ h + prep.aqk @ v_new)                         # [NT, H, C, V]

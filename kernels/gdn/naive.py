@@ -35,14 +35,15 @@ def naive_recurrent_gdn(
     V = v.shape[-1]
     scale = K**-0.5 if scale is None else scale
     bounds = cu_seqlens_cpu if cu_seqlens_cpu is not None else [i * T for i in range(B + 1)]
-    qf, kf, vf, gf, bf = (x.float().reshape(B * T, *x.shape[2:]) for x in (q, k, v, g, beta))
-    o = torch.zeros(B * T, H, V, dtype=torch.float32, device=q.device)
+    cd = torch.float64 if q.dtype == torch.float64 else torch.float32   # fp64 inputs (tests) stay fp64
+    qf, kf, vf, gf, bf = (x.to(cd).reshape(B * T, *x.shape[2:]) for x in (q, k, v, g, beta))
+    o = torch.zeros(B * T, H, V, dtype=cd, device=q.device)
     N = len(bounds) - 1
-    ht = torch.zeros(N, H, K, V, dtype=torch.float32, device=q.device)
+    ht = torch.zeros(N, H, K, V, dtype=cd, device=q.device)
     for n in range(N):
-        S = torch.zeros(H, K, V, dtype=torch.float32, device=q.device)
+        S = torch.zeros(H, K, V, dtype=cd, device=q.device)
         if initial_state is not None:
-            S = initial_state[n].float().clone()
+            S = initial_state[n].to(cd).clone()
         for t in range(bounds[n], bounds[n + 1]):
             k_t, b_t = kf[t], bf[t]                                           # [H, K], [H]
             S = S * gf[t].exp()[:, None, None]                                # alpha_t S

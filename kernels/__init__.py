@@ -5,6 +5,10 @@ Public surface (a contract; DESIGN.md §1-§3):
     o, ht = kernels.forward(op, q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
                             cu_seqlens=None, backend="auto", config=None)
     M, S_ext = kernels.transition(op, k, v, g, beta, *, cu_seqlens=None, backend="auto", config=None)
+    o, ht = kernels.chunk_gdn(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
+                              cu_seqlens=None, backend="auto", use_qk_l2norm_in_kernel=False)   # differentiable
+    o, ht = kernels.chunk_kda(...)                                # (FLA's signatures; kernels.ops)
+    dq, dk, dv, dg, dbeta, dh0 = kernels.backward(op, q, k, v, g, beta, do, *, dht=None, ...)    # kernels.autograd
     o, ht = kernels.reference(op, q, k, v, g, beta, ...)        # per-token fp32 ground truth
     M, S = kernels.compose(M1, S1, M2, S2);  S = kernels.chain(M, S_ext, S0=None)
     kernels.use_autotune(path)                                   # load tuned launch configs (kernels.autotune)
@@ -19,7 +23,9 @@ import os
 from typing import Any
 
 from kernels.api import chain, compose, forward, reference, transition
+from kernels.autograd import chunk_backward as backward
 from kernels.configs import KernelSpec, LaunchConfig
+from kernels.ops import chunk_gdn, chunk_kda
 from kernels.validate import BACKENDS, OPS
 
 __all__ = [
@@ -27,7 +33,10 @@ __all__ = [
     "OPS",
     "KernelSpec",
     "LaunchConfig",
+    "backward",
     "chain",
+    "chunk_gdn",
+    "chunk_kda",
     "compose",
     "forward",
     "reference",

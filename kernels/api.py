@@ -9,12 +9,13 @@ backend is asked for, so the torch path works on machines without Triton.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from kernels.autograd import _import_triton, _per_key_gate, differentiable_forward, needs_grad
 from kernels.backends import fla_forward, resolve_backend
 from kernels.common.chunk_torch import chunk_fwd_torch
 from kernels.common.index import prepare_chunk_index
@@ -57,15 +58,16 @@ def forward(
         k (torch.Tensor):
             keys of shape `[B, T, H, K]`, same dtype as q (L2-normalised per head, as FLA's callers do).
         v (torch.Tensor):
-            values of shape `[B, T, H, V]`, same dtype as q.
+            values of shape `[B, T, HV, V]`, same dtype as q. HV = H, or a multiple of H (grouped value heads:
+            query/key head `h // (HV / H)` serves value head h; then g, beta and the state have HV heads).
         g (torch.Tensor):
-            natural-log decay, `g <= 0`: `[B, T, H]` for gdn, `[B, T, H, K]` for kda.
+            natural-log decay, `g <= 0`: `[B, T, HV]` for gdn, `[B, T, HV, K]` for kda.
         beta (torch.Tensor):
-            write strengths of shape `[B, T, H]` (already post-sigmoid).
+            write strengths of shape `[B, T, HV]` (already post-sigmoid).
         scale (Optional[float]):
             output scale. Default: `None`, meaning `K ** -0.5`.
         initial_state (Optional[torch.Tensor]):
-            state entering each sequence, `[N, H, K, V]` (N = B, or the number of sequences in `cu_seqlens`);
+            state entering each sequence, `[N, HV, K, V]` (N = B, or the number of sequences in `cu_seqlens`);
             used in fp32. Default: `None` (zeros).
         output_final_state (Optional[bool]):
             whether to return the final state `[N, H, K, V]` in fp32. Default: `False`.
@@ -82,9 +84,13 @@ def forward(
             host copy of `cu_seqlens`; pass it with a GPU `cu_seqlens` that changes every step to avoid any
             device-to-host sync. Default: `None`.
 
+    Differentiable: with inputs that require grad (and grad enabled) the call runs through the autograd Function of
+    `kernels.autograd` (gradients for q, k, v, g, beta, initial_state; the final state's gradient is honoured), as
+    `kernels.chunk_gdn` / `kernels.chunk_kda` do; the fla backend uses FLA's own autograd op.
+
     Returns:
         o (torch.Tensor):
-            outputs of shape `[B, T, H, V]` in q's dtype.
+            outputs of shape `[B, T, HV, V]` in q's dtype.
         final_state (Optional[torch.Tensor]):
             fp32 `[N, H, K, V]` if `output_final_state=True`, else `None`.
 
@@ -114,10 +120,17 @@ def forward(
     check_backend(backend)
     be = resolve_backend(backend, k.device) if isinstance(k, Tensor) else backend
     bounds = check_inputs(op, q, k, v, g, beta, backend=be, scale=scale, initial_state=initial_state,
-                          cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
+                          cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, grouped=True)
     configs = check_config(config)
     B, T, H, K = k.shape
     scale = K**-0.5 if scale is None else float(scale)
+    if be != "fla" and (v.shape[2] != H or needs_grad(q, k, v, g, beta, initial_state)):
+        # grouped value heads or a training step: the differentiable op (kernels.autograd)
+        if be == "triton":
+            _check_config_names(configs)
+        return differentiable_forward(op, be, q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                      output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                      cu_seqlens_cpu=cu_seqlens_cpu, bounds=bounds, configs=configs)
     if be == "reference":
         return _naive(op, q, k, v, g, beta, scale=scale, initial_state=initial_state,
                       output_final_state=output_final_state, bounds=bounds)
@@ -256,20 +269,6 @@ def _check_need(need: Any, N: int, k: Tensor) -> None:
         raise ValueError(f"need must be a bool tensor of shape [{N}] (one flag per sequence), got need={got}")
     if need.device != k.device:
         raise ValueError(f"need is on {need.device} but k is on {k.device}")
-
-
-def _per_key_gate(op: str, g: Tensor) -> Tensor:
-    """The torch path works on a `[B, T, H, Kg]` gate: GDN's scalar gate is Kg = 1 and broadcasts over K."""
-    return g.unsqueeze(-1) if op == "gdn" else g
-
-
-def _import_triton(module: str, name: str) -> Callable[..., Any]:
-    import importlib
-
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as err:
-        raise ImportError(f"backend 'triton' could not load {module}.{name}: {err}") from err
 
 
 def _check_config_names(configs: Mapping[str, LaunchConfig]) -> None:

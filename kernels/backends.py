@@ -47,8 +47,10 @@ def fla_forward(
     output_final_state: bool,
     cu_seqlens: Tensor | None,
     cu_seqlens_cpu: Sequence[int] | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """FLA's `chunk_gated_delta_rule` (gdn) or `chunk_kda` (kda) forward on our inputs."""
+    """FLA's `chunk_gated_delta_rule` (gdn) or `chunk_kda` (kda) on our inputs (FLA's own autograd op; grouped value
+    heads and the in-kernel l2norm are FLA's too)."""
     try:
         if op == "gdn":
             from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
@@ -57,6 +59,8 @@ def fla_forward(
     except ImportError as err:
         raise ImportError(_FLA_MISSING.format(err=err)) from err
     kwargs: dict[str, object] = {}
+    if use_qk_l2norm_in_kernel:
+        kwargs["use_qk_l2norm_in_kernel"] = True
     if cu_seqlens is not None:
         # FLA reads the bounds on the device; the host copy spares it a device-to-host sync
         kwargs["cu_seqlens"] = cu_seqlens.to(q.device, non_blocking=True)

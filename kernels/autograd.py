@@ -1,0 +1,179 @@
+"""The differentiable chunked op: one `torch.autograd.Function` for GDN and KDA on the torch and triton backends.
+
+    ChunkFunction          forward = the backend's chunked forward; backward = `chunk_backward_impl`
+    chunk_backward         the functional backward (validated): (dq, dk, dv, dg, dbeta, dh0) from do and dht
+    differentiable_forward grouped heads + in-op l2norm + dispatch (reference: autograd through the per-token
+                           recurrence; torch / triton: ChunkFunction). FLA's own autograd op is `kernels.ops`' job.
+
+Recompute policy: the Function saves only its inputs (q, k, v, g, beta and the initial state); the backward
+recomputes the WY factors (w, u), the chunk states and v_new. Extra memory of the backward: O(chunks x H x K x V)
+(the chunk states and their gradients, `kernels.common.chunk_bwd_torch`); never `[T, K, K]` or per-token states.
+The final state's incoming gradient (`dht`) is honoured; the Function always produces the final state (one
+`[N, H, K, V]` tensor) and the entries drop it when it was not asked for (its gradient is then None).
+
+Grouped value heads (v, g, beta and the state with HV = G * H heads; q/k head h // G serves value head h):
+q and k are expanded with `repeat_interleave(G, dim=2)` before the Function, so every backend computes with HV
+heads and autograd sums the G gradients of each q/k head (memory: one `[B, T, HV, K]` copy of q and of k).
+`use_qk_l2norm_in_kernel` normalises q and k (`kernels.common.l2norm`) before that, differentiably.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from kernels.common.chunk_bwd_torch import chunk_bwd_torch
+from kernels.common.chunk_torch import chunk_fwd_torch
+from kernels.common.index import ChunkIndex, prepare_chunk_index
+from kernels.common.l2norm import l2norm
+from kernels.configs import LaunchConfig
+from kernels.validate import check_backend, check_config, check_grad_outputs, check_inputs
+
+__all__ = ["ChunkFunction", "chunk_backward", "chunk_backward_impl", "differentiable_forward", "needs_grad"]
+
+_TRITON_FWD = {"gdn": ("kernels.gdn.chunk", "chunk_gdn_fwd"), "kda": ("kernels.kda.chunk", "chunk_kda_fwd")}
+_TRITON_BWD = {"gdn": ("kernels.gdn.chunk_bwd", "chunk_gdn_bwd"), "kda": ("kernels.kda.chunk_bwd", "chunk_kda_bwd")}
+
+
+def needs_grad(*xs: Tensor | None) -> bool:
+    """True when autograd is on and one of the tensors requires a gradient."""
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in xs)
+
+
+class ChunkFunction(torch.autograd.Function):
+    """(o, final_state) of the chunked op with gradients for q, k, v, g, beta and the initial state."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, op: str, backend: str, index: ChunkIndex, cu_seqlens: Tensor | None,
+        configs: Mapping[str, LaunchConfig], scale: float,
+        q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Tensor | None,
+    ) -> tuple[Tensor, Tensor]:
+        ctx.set_materialize_grads(False)
+        if backend == "torch":
+            o, ht = chunk_fwd_torch(q, k, v, _per_key_gate(op, g), beta, scale=scale, initial_state=initial_state,
+                                    output_final_state=True, index=index)
+        else:
+            fwd = _import_triton(*_TRITON_FWD[op])
+            o, ht = fwd(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=True,
+                        cu_seqlens=cu_seqlens, configs=configs)
+        ctx.save_for_backward(q, k, v, g, beta, initial_state)
+        ctx.meta = (op, backend, index, cu_seqlens, configs, scale)
+        return o, ht
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, do: Tensor | None, dht: Tensor | None) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        q, k, v, g, beta, h0 = ctx.saved_tensors
+        op, backend, index, cu_seqlens, configs, scale = ctx.meta
+        if do is None:  # only the final state was used
+            do = q.new_zeros(v.shape)
+        dq, dk, dv, dg, dbeta, dh0 = chunk_backward_impl(
+            op, backend, q, k, v, g, beta, do, scale=scale, initial_state=h0, dht=dht, index=index,
+            cu_seqlens=cu_seqlens, configs=configs)
+        if dh0 is not None and h0 is not None:
+            dh0 = dh0.to(h0.dtype)
+        return None, None, None, None, None, None, dq, dk, dv, dg, dbeta, dh0
+
+
+def chunk_backward_impl(
+    op: str, backend: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *,
+    scale: float, initial_state: Tensor | None, dht: Tensor | None, index: ChunkIndex, cu_seqlens: Tensor | None,
+    configs: Mapping[str, LaunchConfig],
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    """The backend's backward on checked inputs (same heads everywhere); checks do / dht first."""
+    check_grad_outputs(do, dht, q=q, v=v, num_seqs=index.num_seqs)
+    do = do.contiguous()
+    dht = dht.contiguous() if dht is not None else None
+    if backend == "torch":
+        dq, dk, dv, dg, dbeta, dh0 = chunk_bwd_torch(q, k, v, _per_key_gate(op, g), beta, do, scale=scale,
+                                                     initial_state=initial_state, dht=dht, index=index)
+        return dq, dk, dv, (dg.squeeze(-1) if op == "gdn" else dg), dbeta, dh0
+    if backend != "triton":
+        raise ValueError(f"backend {backend!r} has no chunked backward here (use 'torch' or 'triton')")
+    bwd = _import_triton(*_TRITON_BWD[op])
+    return bwd(q, k, v, g, beta, do, scale=scale, initial_state=initial_state, dht=dht, cu_seqlens=cu_seqlens,
+               configs=configs)
+
+
+def chunk_backward(
+    op: str,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    do: Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    dht: Tensor | None = None,
+    cu_seqlens: Tensor | None = None,
+    backend: str = "auto",
+    config: LaunchConfig | Mapping[str, LaunchConfig] | None = None,
+    cu_seqlens_cpu: Tensor | Sequence[int] | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    """The gradients of `kernels.forward` without autograd: (dq, dk, dv, dg, dbeta, dh0) from do (and dht).
+
+    Same inputs as `kernels.forward` (one head count H for q, k, v; expand grouped heads first), plus `do`
+    `[B, T, H, V]` in q's dtype and `dht` `[N, H, K, V]` fp32 (the final state's gradient) or None. Backends
+    `torch` and `triton` (`auto`: triton on CUDA). Returns dq, dk, dv, dbeta in the input's dtype, dg in g's,
+    dh0 fp32 or None when there is no initial state. Raises ValueError naming a bad argument before any launch.
+    """
+    from kernels.backends import resolve_backend
+
+    check_backend(backend)
+    be = resolve_backend(backend, k.device) if isinstance(k, Tensor) else backend
+    if be not in ("torch", "triton"):
+        raise ValueError(f"backend must be 'torch', 'triton' or 'auto' for the chunked backward, got backend={backend!r}")
+    check_inputs(op, q, k, v, g, beta, backend=be, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                 cu_seqlens_cpu=cu_seqlens_cpu)
+    configs = check_config(config)
+    B, T, _, K = k.shape
+    index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, device=k.device, cu_seqlens_cpu=cu_seqlens_cpu)
+    return chunk_backward_impl(op, be, q, k, v, g, beta, do, scale=K**-0.5 if scale is None else float(scale),
+                               initial_state=initial_state, dht=dht, index=index, cu_seqlens=cu_seqlens,
+                               configs=configs)
+
+
+def differentiable_forward(
+    op: str, backend: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float,
+    initial_state: Tensor | None, output_final_state: bool, cu_seqlens: Tensor | None,
+    cu_seqlens_cpu: Tensor | Sequence[int] | None, bounds: list[int] | None, configs: Mapping[str, LaunchConfig],
+    use_qk_l2norm_in_kernel: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """(o, final state or None) on checked inputs (`backend` resolved, not fla), grouped heads allowed."""
+    if use_qk_l2norm_in_kernel:
+        q, k = l2norm(q), l2norm(k)
+    group = v.shape[2] // k.shape[2]
+    if group > 1:
+        q, k = q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
+    if backend == "reference":
+        from kernels.gdn.naive import naive_recurrent_gdn
+        from kernels.kda.naive import naive_recurrent_kda
+
+        fn = naive_recurrent_gdn if op == "gdn" else naive_recurrent_kda
+        return fn(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+                  cu_seqlens_cpu=bounds)
+    B, T = k.shape[:2]
+    index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, device=k.device, cu_seqlens_cpu=cu_seqlens_cpu)
+    o, ht = ChunkFunction.apply(op, backend, index, cu_seqlens, configs, scale, q, k, v, g, beta, initial_state)
+    return o, (ht if output_final_state else None)
+
+
+def _per_key_gate(op: str, g: Tensor) -> Tensor:
+    """The torch path works on a `[B, T, H, Kg]` gate: GDN's scalar gate is Kg = 1 and broadcasts over K."""
+    return g.unsqueeze(-1) if op == "gdn" else g
+
+
+def _import_triton(module: str, name: str) -> Callable[..., Any]:
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        raise ImportError(f"backend 'triton' could not load {module}.{name}: {err}") from err

@@ -240,15 +240,18 @@ def reference(
 ) -> tuple[Tensor, Tensor | None]:
     r"""The per-token fp32 recurrence (ground truth; slow: a Python loop over tokens).
 
-    Same arguments, shapes and returns as `forward` (without `backend`/`config`); computes in fp32 and
-    returns o in q's dtype and the final state in fp32.
+    Same arguments, shapes and returns as `forward` (without `backend`/`config`; grouped value heads too); computes
+    in fp32 (fp64 for fp64 inputs) and returns o in q's dtype and the final state in fp32. Differentiable by autograd.
 
     Examples::
         >>> o_ref, ht_ref = kernels.reference("kda", q, k, v, g, beta, cu_seqlens=cu_seqlens, output_final_state=True)
     """
     bounds = check_inputs(op, q, k, v, g, beta, backend="reference", scale=scale, initial_state=initial_state,
-                          cu_seqlens=cu_seqlens)
+                          cu_seqlens=cu_seqlens, grouped=True)
     scale = k.shape[-1] ** -0.5 if scale is None else float(scale)
+    group = v.shape[2] // k.shape[2]
+    if group > 1:  # grouped value heads: q/k head h // group serves value head h
+        q, k = q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
     return _naive(op, q, k, v, g, beta, scale=scale, initial_state=initial_state,
                   output_final_state=output_final_state, bounds=bounds)
 

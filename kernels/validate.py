@@ -161,7 +161,7 @@ def check_inputs(
             raise ValueError(f"q and k must have the same shape [B, T, H, K], got q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}")
         if k.dtype != q.dtype:
             raise ValueError(f"k.dtype must equal q.dtype={q.dtype}, got {k.dtype}")
-    _check_tensor("v", v, ndim=4, dtypes=dtypes, dims="[B, T, HV, V]" if grouped else "[B, T, H, V]")
+    _check_tensor("v", v, ndim=4, dtypes=dtypes, dims="[B, T, H, V]")
     _same_dims("v", v, "k", k, ((0, "batch B"), (1, "length T")) if grouped else ((0, "batch B"), (1, "length T"), (2, "heads H")))
     if v.dtype != k.dtype:
         raise ValueError(f"v.dtype must equal k.dtype={k.dtype}, got {v.dtype}")
@@ -170,14 +170,15 @@ def check_inputs(
     if grouped and (HV < 1 or HV % max(H, 1)):
         raise ValueError(f"v.shape[2] (value heads HV={HV}) must be a positive multiple of k.shape[2] (key heads H={H}): "
                          f"query/key head h // (HV/H) serves value head h, got v.shape={tuple(v.shape)}, k.shape={tuple(k.shape)}")
-    _check_tensor("beta", beta, ndim=3, dtypes=dtypes, dims="[B, T, HV]")
-    _same_dims("beta", beta, "v", v, ((0, "batch B"), (1, "length T"), (2, "heads HV")))
+    hv = "HV" if HV != H else "H"   # the value-head count's name in messages
+    _check_tensor("beta", beta, ndim=3, dtypes=dtypes, dims=f"[B, T, {hv}]")
+    _same_dims("beta", beta, "v", v, ((0, "batch B"), (1, "length T"), (2, f"heads {hv}")))
     if op == "gdn":
-        _check_tensor("g", g, ndim=3, dtypes=dtypes, dims="[B, T, H] for op='gdn' (one gate per head)")
-        _same_dims("g", g, "v", v, ((0, "batch B"), (1, "length T"), (2, "heads HV")))
+        _check_tensor("g", g, ndim=3, dtypes=dtypes, dims=f"[B, T, {hv}] for op='gdn' (one gate per head)")
+        _same_dims("g", g, "v", v, ((0, "batch B"), (1, "length T"), (2, f"heads {hv}")))
     else:
-        _check_tensor("g", g, ndim=4, dtypes=dtypes, dims="[B, T, H, K] for op='kda' (one gate per key dim)")
-        _same_dims("g", g, "v", v, ((0, "batch B"), (1, "length T"), (2, "heads HV")))
+        _check_tensor("g", g, ndim=4, dtypes=dtypes, dims=f"[B, T, {hv}, K] for op='kda' (one gate per key dim)")
+        _same_dims("g", g, "v", v, ((0, "batch B"), (1, "length T"), (2, f"heads {hv}")))
         _same_dims("g", g, "k", k, ((3, "key dim K"),))
     for name, d in (("B", B), ("T", T), ("H", H), ("K", K), ("V", V)):
         if d < 1:
@@ -193,10 +194,10 @@ def check_inputs(
         bounds = check_cu_seqlens(cu_seqlens, batch=B, seq_len=T, device=device, cu_seqlens_cpu=cu_seqlens_cpu)
     N = len(bounds) - 1 if bounds is not None else B
     if initial_state is not None:
-        _check_tensor("initial_state", initial_state, ndim=4, dtypes=dtypes, dims="[N, H, K, V]")
+        _check_tensor("initial_state", initial_state, ndim=4, dtypes=dtypes, dims=f"[N, {hv}, K, V]")
         if tuple(initial_state.shape) != (N, HV, K, V):
-            raise ValueError(f"initial_state must have shape [N, H, K, V] = {(N, HV, K, V)} (N = number of sequences"
-                             f"{', H = value heads' if grouped else ''}), got initial_state.shape={tuple(initial_state.shape)}")
+            raise ValueError(f"initial_state must have shape [N, {hv}, K, V] = {(N, HV, K, V)} "
+                             f"(N = number of sequences), got initial_state.shape={tuple(initial_state.shape)}")
     check_kernel_dims(backend, K, V)
     check_gate_sign(g)
     return bounds

@@ -1,7 +1,7 @@
 """Deterministic grid expansion: a `SweepSpec` -> the list of point rows the store queues (`db.models.Point`).
 
 The order is fixed (outermost first): op, backend, dtype, direction, layout, shape (dense B x T, then each
-varlen length list), H, K, V, lb, W, mode, seed, repetition; values keep the order the spec gives. So the
+varlen length list), H, HV (when given), K, V, lb, W, mode, seed, repetition; values keep the order the spec gives. So the
 same spec always yields the same points with the same `idx` and `key`, and the modes of one shape sit next
 to each other in the queue (compared within minutes of each other).
 
@@ -76,7 +76,7 @@ def point_key(params: dict[str, Any]) -> str:
     shape = f"lengths={'-'.join(str(n) for n in params['lengths'])}" if params.get("lengths") else f"T={params['T']}"
     key = (
         f"{params['op']}/{params['mode']}/{params['backend']}/"
-        f"B={params['B']},{shape},H={params['H']},K={params['K']},V={params['V']},lb={_fmt(params['lb'])},"
+        f"B={params['B']},{shape},H={params['H']},{_hv(params)}K={params['K']},V={params['V']},lb={_fmt(params['lb'])},"
         f"W={params['W']},layout={params['layout']},dir={params['direction']},dtype={params['dtype']},seed={params['seed']}"
     )
     opts = dict(params.get("mode_options") or {})
@@ -85,6 +85,12 @@ def point_key(params: dict[str, Any]) -> str:
     if opts:
         key += ",opts=" + ";".join(f"{k}={_fmt(opts[k])}" for k in sorted(opts))
     return key
+
+
+def _hv(params: dict[str, Any]) -> str:
+    """`HV=n,` in the key only for grouped value heads (HV != H), so the keys of HV == H points never change."""
+    hv = params.get("HV")
+    return f"HV={hv}," if hv is not None and int(hv) != int(params["H"]) else ""
 
 
 def mode_options(spec: SweepSpec, mode: str) -> dict[str, Any]:
@@ -111,6 +117,11 @@ def skip_reason(
         return f"mode '{mode}' runs on one device: needs W == 1, got W={W}"
     if max_W is not None and max_W < W:
         return f"W={W} is more than the {max_W} device(s) present"
+    HV = int(params.get("HV") or H)
+    if HV % H != 0:
+        return f"grouped value heads need HV % H == 0, got H={H}, HV={HV}"
+    if HV != H and mode != "none":
+        return f"grouped value heads (HV={HV} != H={H}) run in mode 'none' only; the CP schemes take HV == H"
     if mode == "headwise" and H % W != 0:
         return f"headwise needs H % W == 0, got H={H}, W={W}"
     if W > 1:
@@ -150,12 +161,14 @@ def expand(
     rows: list[dict[str, Any]] = []
     outer = itertools.product(spec.ops, spec.backends, a.dtype, a.direction, a.layout, list(_shapes(spec)))
     for op, backend, dtype, direction, layout, shape in outer:
-        inner = itertools.product(a.H, a.K, a.V, a.lb, a.W, spec.modes, spec.seeds, range(spec.repetitions))
-        for H, K, V, lb, W, mode, seed, rep in inner:
+        inner = itertools.product(a.H, a.HV or [None], a.K, a.V, a.lb, a.W, spec.modes, spec.seeds, range(spec.repetitions))
+        for H, HV, K, V, lb, W, mode, seed, rep in inner:
             params = {
                 "op": op, "mode": mode, "backend": backend, **shape, "H": H, "K": K, "V": V, "lb": float(lb), "W": W,
                 "layout": layout, "direction": direction, "dtype": dtype, "seed": seed, "rep": rep,
             }
+            if HV is not None:  # only when the spec has the axis (params of older specs stay as they were)
+                params["HV"] = HV
             opts = mode_options(spec, mode)
             if opts:
                 params["mode_options"] = opts

@@ -95,6 +95,7 @@ class Axes(BaseModel):
     T: list[PosInt] | None = None  # dense sequence lengths (B sequences of T tokens)
     lengths: list[list[PosInt]] | None = None  # varlen: each entry is one batch's sequence lengths (B = 1)
     H: list[PosInt] = [4]
+    HV: list[PosInt] | None = None  # value heads (grouped: a multiple of H; q/k head h // (HV/H) serves value head h); default H
     K: list[PosInt] = [64]
     V: list[PosInt] = [64]
     lb: list[float] = [-1.0]  # decay lower bound: g = lb * sigmoid(x), so lb <= g <= 0
@@ -103,7 +104,7 @@ class Axes(BaseModel):
     direction: list[str] = ["fwd"]
     dtype: list[Literal["float32", "bfloat16", "float16"]] = ["bfloat16"]
 
-    @field_validator("B", "T", "H", "K", "V", "lb", "W", "layout", "direction", "dtype", mode="before")
+    @field_validator("B", "T", "H", "HV", "K", "V", "lb", "W", "layout", "direction", "dtype", mode="before")
     @classmethod
     def _wrap(cls, value: Any) -> Any:
         return _listify(value)
@@ -116,7 +117,7 @@ class Axes(BaseModel):
             return [list(value)]
         return value
 
-    @field_validator("B", "T", "H", "K", "V", "lb", "W", "layout", "dtype", "lengths")
+    @field_validator("B", "T", "H", "HV", "K", "V", "lb", "W", "layout", "dtype", "lengths")
     @classmethod
     def _unique(cls, value: Any, info: Any) -> Any:
         if value is None:
@@ -353,7 +354,7 @@ def grid_size(spec: SweepSpec) -> int:
     shapes = len(a.B) * len(a.T or []) + len(a.lengths or [])
     return (
         len(spec.ops) * len(spec.backends) * len(a.dtype) * len(a.direction) * len(a.layout) * shapes
-        * len(a.H) * len(a.K) * len(a.V) * len(a.lb) * len(a.W) * len(spec.modes) * len(spec.seeds) * spec.repetitions
+        * len(a.H) * len(a.HV or [0]) * len(a.K) * len(a.V) * len(a.lb) * len(a.W) * len(spec.modes) * len(spec.seeds) * spec.repetitions
     )
 
 

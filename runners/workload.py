@@ -1,8 +1,8 @@
 """Seeded inputs of a grid point, built directly on the device (never zeros, never copied from the host).
 
-From the point's params (op, B, T or lengths, H, K, V, lb, dtype, seed), in this order from one generator on
+From the point's params (op, B, T or lengths, H, HV (default H), K, V, lb, dtype, seed), in this order from one generator on
 the device: q ~ N(0,1); k ~ N(0,1) L2-normalised over K; v ~ N(0,1); g = lb * sigmoid(N(0,1)) (so lb <= g <= 0,
-`[B, T, H]` for gdn, `[B, T, H, K]` for kda); beta = sigmoid(N(0,1)). q, k, v, beta take the point's dtype; g
+`[B, T, HV]` for gdn, `[B, T, HV, K]` for kda); beta = sigmoid(N(0,1)); v, g, beta have HV heads. q, k, v, beta take the point's dtype; g
 stays fp32 (a bf16 log decay loses its small values). The same params give the same tensors on every rank of
 a gang, so each rank can shard the global inputs itself.
 
@@ -53,6 +53,7 @@ def make_workload(params: dict[str, Any], *, device: torch.device | str) -> Work
     """The point's inputs on `device` (see the module docstring for the distributions)."""
     device = torch.device(device)
     op, H, K, V = params["op"], int(params["H"]), int(params["K"]), int(params["V"])
+    HV = int(params.get("HV") or H)  # grouped value heads: v, g, beta with HV heads
     lb, seed = float(params["lb"]), int(params["seed"])
     if params["dtype"] not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got dtype={params['dtype']!r}")
@@ -74,9 +75,9 @@ def make_workload(params: dict[str, Any], *, device: torch.device | str) -> Work
 
     q = randn(B, T, H, K)
     k = torch.nn.functional.normalize(randn(B, T, H, K), p=2, dim=-1)
-    v = randn(B, T, H, V)
-    g = lb * torch.sigmoid(randn(B, T, H) if op == "gdn" else randn(B, T, H, K))
-    beta = torch.sigmoid(randn(B, T, H))
+    v = randn(B, T, HV, V)
+    g = lb * torch.sigmoid(randn(B, T, HV) if op == "gdn" else randn(B, T, HV, K))
+    beta = torch.sigmoid(randn(B, T, HV))
     q, k, v, beta = (x.to(dtype) for x in (q, k, v, beta))
     cu = torch.tensor(bounds, dtype=torch.int32, device=device) if lengths else None
     return Workload(op=op, q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu, cu_seqlens_cpu=bounds)
@@ -94,6 +95,8 @@ def reduced_params(params: dict[str, Any], *, max_tokens: int) -> dict[str, Any]
     n -= n % unit
     out = dict(params)
     out["H"] = W if params["mode"] == "headwise" else min(int(params["H"]), 2)
+    if params.get("HV"):
+        out["HV"] = out["H"] * (int(params["HV"]) // int(params["H"]))   # the same grouping
     out["B"] = 1
     if params.get("lengths") or int(params["B"]) > 1:
         lens = list(params["lengths"]) if params.get("lengths") else [int(params["T"])] * int(params["B"])

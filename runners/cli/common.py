@@ -63,6 +63,12 @@ def fetch_results(url: str, sweep_id: int, *, page: int = 1000) -> list[dict[str
     return rows
 
 
+def _heads(r: dict[str, Any]) -> str:
+    """`H`, or `H/HV` for grouped value heads (HV != H)."""
+    hv = (r.get("params") or {}).get("HV")
+    return f"{r.get('H')}/{hv}" if hv is not None and hv != r.get("H") else str(r.get("H"))
+
+
 def _shape(r: dict[str, Any]) -> str:
     lengths = (r.get("params") or {}).get("lengths")
     if lengths:
@@ -97,7 +103,7 @@ def results_table(rows: Sequence[dict[str, Any]], *, title: str | None = None) -
         note = note if isinstance(note, str) else (note[0] if note else "")
         status = r.get("status") or ""
         table.add_row(
-            str(r.get("idx")), r.get("op"), r.get("mode"), r.get("backend"), _shape(r), str(r.get("H")), f"{r.get('K')}/{r.get('V')}",
+            str(r.get("idx")), r.get("op"), r.get("mode"), r.get("backend"), _shape(r), _heads(r), f"{r.get('K')}/{r.get('V')}",
             f"{r.get('lb'):g}", str(r.get("W")), r.get("layout"), r.get("dtype"), f"[{colors.get(status, 'white')}]{status}[/]",
             _num(r.get("median_ms"), ".4f"),
             "-" if r.get("p10_ms") is None else f"{r['p10_ms']:.4f}-{r['p90_ms']:.4f}",

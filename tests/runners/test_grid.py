@@ -83,3 +83,20 @@ def test_point_key_options_and_varlen() -> None:
     assert wc["T"] == 256 and wc["B"] == 1
     default = expand(parse_spec({"name": "d", "ops": "kda", "modes": "warmup_correct", "axes": {"T": 256}}))[0]
     assert "opts" not in default["key"]
+
+
+def test_hv_axis_grouped_value_heads() -> None:
+    # HV (default H): the key names HV only when it differs from H, so older keys never change; grouped points run
+    # in mode none only, and HV must be a multiple of H
+    spec = parse_spec({"name": "hv", "ops": "gdn", "modes": ["none", "ring"],
+                       "axes": {"T": 128, "H": [2, 4], "HV": [4, 6], "W": 1}})
+    rows = expand(spec)
+    assert len(rows) == grid_size(spec) == 8
+    by = {(r["params"]["H"], r["params"]["HV"], r["mode"]): r for r in rows}
+    assert ",H=2,HV=4,K=" in by[(2, 4, "none")]["key"] and by[(2, 4, "none")]["status"] == "queued"
+    assert ",H=4,K=" in by[(4, 4, "none")]["key"] and "HV=" not in by[(4, 4, "none")]["key"]
+    assert by[(4, 4, "ring")]["status"] == "queued"
+    assert "run in mode 'none' only" in by[(2, 4, "ring")]["reason"]
+    assert "HV % H == 0, got H=4, HV=6" in by[(4, 6, "none")]["reason"]
+    plain = expand(parse_spec({"name": "p", "ops": "gdn", "modes": "none", "axes": {"T": 128, "H": 4}}))[0]
+    assert "HV" not in plain["params"] and plain["key"] == by[(4, 4, "none")]["key"]

@@ -102,3 +102,14 @@ def test_tune_shape() -> None:
     assert dense == {"B": 2, "T": 96, "H": 3, "K": 16, "V": 8, "dtype": "bfloat16", "lb": -0.5, "seed": 5}
     cp = tune_shape(_params(mode="headwise", H=4, B=2, T=96))  # CP ranks launch varlen kernels on H/W heads
     assert cp["lengths"] == [96, 96] and (cp["B"], cp["T"], cp["H"]) == (1, 192, 2)
+
+
+def test_workload_grouped_value_heads() -> None:
+    wl = make_workload(_params(H=2, HV=6), device="cpu")
+    assert wl.q.shape == wl.k.shape == (2, 96, 2, 16)
+    assert wl.v.shape == (2, 96, 6, 8) and wl.g.shape == (2, 96, 6, 16) and wl.beta.shape == (2, 96, 6)
+    small = reduced_params(_params(mode="none", W=1, H=4, HV=8, B=1, T=1000), max_tokens=128)
+    assert (small["H"], small["HV"]) == (2, 4)   # the grouping is kept
+    # HV == H draws exactly the tensors of a point without the axis
+    same = make_workload(_params(HV=3), device="cpu")
+    assert all(torch.equal(x, y) for x, y in zip(same.tensors, make_workload(_params(), device="cpu").tensors, strict=True))

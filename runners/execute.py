@@ -182,6 +182,8 @@ def tune_shape(params: dict[str, Any]) -> dict[str, Any]:
         shape.update(B=1, T=int(sum(lengths)), lengths=list(lengths))
     if params["mode"] == "headwise":
         shape["H"] = int(params["H"]) // int(params["W"])
+    if params.get("HV"):  # grouped value heads: the kernels run with q/k expanded to HV heads
+        shape["H"] = int(params["HV"])
     return shape
 
 

@@ -102,6 +102,8 @@ def test_tune_shape() -> None:
     assert dense == {"B": 2, "T": 96, "H": 3, "K": 16, "V": 8, "dtype": "bfloat16", "lb": -0.5, "seed": 5}
     cp = tune_shape(_params(mode="headwise", H=4, B=2, T=96))  # CP ranks launch varlen kernels on H/W heads
     assert cp["lengths"] == [96, 96] and (cp["B"], cp["T"], cp["H"]) == (1, 192, 2)
+    grouped = tune_shape(_params(mode="none", H=2, HV=6))  # the kernels run with q/k expanded to HV heads
+    assert grouped["H"] == 6 and "HV" not in grouped
 
 
 def test_workload_grouped_value_heads() -> None:

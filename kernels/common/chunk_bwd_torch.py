@@ -48,6 +48,7 @@ from torch import Tensor
 from kernels.common.chunk_torch import (
     _DECAY_BLOCK_BYTES,
     _SUB,
+    ChunkPrep,
     chunk_prepare,
     chunk_state_pass,
     compute_dtype,
@@ -137,9 +138,10 @@ def chunk_bwd_torch(
 
 
 def _reverse_state_pass(
-    prep, doc: Tensor, index: ChunkIndex, scale: float, dS: Tensor  # noqa: ANN001 (ChunkPrep)
+    prep: ChunkPrep, doc: Tensor, index: ChunkIndex, scale: float, dS: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dh `[NT,H,K,V]` = gradient at each chunk's end, dv_new `[NT,H,C,V]`, dS at the start of each sequence)."""
+    assert prep.aqk is not None and prep.qg is not None
     dv_loc = scale * (prep.aqk.transpose(-1, -2) @ doc)                # [NT, H, C, V]
     dq_term = scale * (prep.qg.transpose(-1, -2) @ doc)                # [NT, H, K, V]
     dh = dS.new_empty(doc.shape[0], *dS.shape[1:])

@@ -179,3 +179,18 @@ def test_bf16_inputs_give_grads_in_input_dtypes(OP: str) -> None:
     ref = _grads(OP, "torch", [x.float() for x in lo], cu, torch.float32, do, dht)
     for name, r, x in zip(NAMES, ref, leaves, strict=True):
         assert_rel_close(f"d{name} bf16", r, x.grad, 2e-2)
+
+
+def test_backward_step_reads_no_device_value(OP: str) -> None:
+    # a training step (forward + backward, varlen, h0 and dht) holds no .item() / float(t) / bool(t): the
+    # profiler's aten::_local_scalar_dense, the marker of a device-to-host sync on a GPU (runners/profile.py)
+    from torch.profiler import ProfilerActivity, profile
+
+    xs, cu, do, dht = _case(OP, (37, 150))
+    leaves = [x.float().requires_grad_() for x in xs]
+    o, ht = _entry(OP)(*leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=cu, backend="torch")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.autograd.backward((o, ht), (do.float(), dht.float()))
+    names = [e.name for e in prof.events()]
+    assert any("ChunkFunctionBackward" in n for n in names)
+    assert "aten::_local_scalar_dense" not in names and "aten::item" not in names

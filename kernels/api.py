@@ -70,7 +70,7 @@ def forward(
             state entering each sequence, `[N, HV, K, V]` (N = B, or the number of sequences in `cu_seqlens`);
             used in fp32. Default: `None` (zeros).
         output_final_state (Optional[bool]):
-            whether to return the final state `[N, H, K, V]` in fp32. Default: `False`.
+            whether to return the final state `[N, HV, K, V]` in fp32. Default: `False`.
         cu_seqlens (Optional[torch.LongTensor]):
             int32/int64 `[N + 1]` cumulative sequence lengths of a varlen batch (FLA convention); then B must be 1.
             Its values are read on the host once per tensor (cached by identity). Default: `None`.
@@ -92,7 +92,7 @@ def forward(
         o (torch.Tensor):
             outputs of shape `[B, T, HV, V]` in q's dtype.
         final_state (Optional[torch.Tensor]):
-            fp32 `[N, H, K, V]` if `output_final_state=True`, else `None`.
+            fp32 `[N, HV, K, V]` if `output_final_state=True`, else `None`.
 
     Raises:
         ValueError: bad op/backend/config, shapes, dtypes, devices, cu_seqlens, initial_state, a positive gate

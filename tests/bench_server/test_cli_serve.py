@@ -21,9 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench_server.serve import DEMO_SPEC
 from db.migrate import upgrade
 from db.session import dispose_engine
-from bench_server.serve import DEMO_SPEC
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,9 +1,10 @@
 """GPU benchmark of the Triton forward against FLA's on the same inputs, with floors and correctness checks.
 
-    python -m kernels.bench [--out benchmarks/results] [--ops gdn,kda] [--shapes 1x8192,8x8192] [--explore]
-                            [--no-fla] [--jobs 8] [--dry-run]
+    cpbench bench kernels [--out benchmarks/results] [--ops gdn,kda] [--shapes 1x8192,8x8192] [--explore]
+                          [--no-fla] [--jobs 8] [--dry-run]      (also: python -m runners.bench.kernels ...)
 
-Method (the one ../shared/anchors/fla-h200.md used for FLA): bf16, H=16, K=V=128; q, k L2-normalised in
+Method (the one ../shared/anchors/fla-h200.md used for FLA, so our figures stand next to FLA's published ones;
+that is why the inputs are not `runners.workload`'s): bf16, H=16, K=V=128; q, k L2-normalised in
 fp32, v = randn, beta = sigmoid(randn), g = logsigmoid(randn) ([B,T,H] for GDN, [B,T,H,K] for KDA); forward
 only, under no_grad, no final state; `triton.testing.do_bench` median (L2 flushed between repetitions,
 warm-up 25 ms, 200 ms of repetitions) after one untimed call that compiles (and, for FLA, autotunes).
@@ -28,11 +29,9 @@ tiny shapes, wall-clock timer, no FLA) to check the script itself.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import math
 import os
-import platform
 import sys
 import time
 import traceback
@@ -42,7 +41,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kernels.provenance import driver_version, git_sha
+from runners.bench.common import environment, result_stem
+from runners.correctness import rel_l2
 
 H_DEFAULT, K_DIM, V_DIM, C = 16, 128, 128, 64
 SHAPES_DEFAULT = ((1, 8192), (1, 32768), (1, 65536), (1, 131072), (8, 8192))
@@ -51,17 +51,6 @@ FLA_MS_ANCHOR = {  # ../shared/anchors/fla-h200.md, forward, ms (do_bench median
     ("gdn", 8, 8192): 1.847, ("kda", 1, 8192): 0.890, ("kda", 1, 32768): 2.282, ("kda", 1, 65536): 4.521,
     ("kda", 1, 131072): 8.950, ("kda", 8, 8192): 3.765,
 }
-
-
-def result_stem(prefix: str, name: str | None, device_name: Any) -> str:
-    """File stem of a benchmark's results: `name` if given, else <prefix>_h200 on an H200, else <prefix>_<device slug>
-    (so a CPU or dry run never overwrites the H200 table). Shared with `kernels.cp.bench`."""
-    if name:
-        return str(name)
-    device = str(device_name or "cpu")
-    if "H200" in device:
-        return f"{prefix}_h200"
-    return f"{prefix}_" + ("".join(ch if ch.isalnum() else "_" for ch in device.lower()).strip("_")[:40] or "cpu")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -94,13 +83,6 @@ def bytes_floor(op: str, B: int, T: int, H: int, K: int = K_DIM, V: int = V_DIM,
 def flops_floor(B: int, T: int, H: int, K: int = K_DIM, V: int = V_DIM) -> float:
     chunks = B * math.ceil(T / C) * H
     return chunks * (2 * C * C * (3 * K + 2 * V) + 6 * C * K * V)
-
-
-def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
-    x, ref = x.detach().float(), ref.detach().float()
-    if not torch.isfinite(x).all():
-        return float("nan")
-    return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
 class Timer:
@@ -327,30 +309,10 @@ ARGV: list[str] = []
 
 
 def _env(device: str) -> dict[str, Any]:
-    import triton
-
-    info: dict[str, Any] = {
-        "python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
-        "host": platform.node(), "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.basename(sys.executable), "-m", "kernels.bench", *ARGV]),
-        "git_sha": git_sha(),
-        "git_note": os.environ.get("CPBENCH_GIT_NOTE"),
-        "env": {k: os.environ.get(k) for k in ("FLA_DISABLE_BACKEND_DISPATCH", "NCCL_NVLS_ENABLE", "TRITON_CACHE_DIR")},
-    }
-    try:
-        import fla
-
-        info["fla"] = getattr(fla, "__version__", "?")
-    except ImportError:
-        info["fla"] = None
-    if device == "cuda":
-        p = torch.cuda.get_device_properties(0)
-        info.update(device=p.name, sms=p.multi_processor_count, memory_GiB=round(p.total_memory / 2**30, 1),
-                    cuda=torch.version.cuda)
-        info["driver"] = driver_version()
-    else:
-        info.update(device="cpu (dry run, interpreter)")
-    return info
+    return environment(torch.device(device, 0) if device == "cuda" else torch.device("cpu"),
+                       command=" ".join([os.path.basename(sys.executable), "-m", "runners.bench.kernels", *ARGV]),
+                       cpu_label="cpu (dry run, interpreter)",
+                       env_vars=("FLA_DISABLE_BACKEND_DISPATCH", "NCCL_NVLS_ENABLE", "TRITON_CACHE_DIR"))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -593,7 +555,7 @@ def to_markdown(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="cpbench bench kernels", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--name", default=None, help="file stem (default kernels_<device>)")
     ap.add_argument("--ops", default="gdn,kda")

@@ -1,6 +1,7 @@
 """The GPU benchmarks of the kernel suite (not tests): `cpbench bench kernels|cp` runs them.
 
-- `runners.bench.kernels`: our Triton forward against FLA's and the bandwidth / compute floor, one GPU;
+- `runners.bench.kernels`: our Triton forward against FLA's and the bandwidth / compute floor, one GPU
+  (`kernels_ops`: what it times and how; `kernels_report`: its Markdown table);
 - `runners.bench.cp`: every CP scheme over W GPUs against FLA's CP, and warmup_correct on one GPU;
 - `runners.bench.common`: what both share (result file names, the environment block of a result).
 

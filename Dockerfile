@@ -30,7 +30,7 @@ ENV PYTHONUNBUFFERED=1 \
 RUN set -eux; \
     pkgs=""; \
     command -v python3 >/dev/null || pkgs="$pkgs python3 python3-venv python3-pip"; \
-    case ",${EXTRAS}," in *,gpu,*|*,triton,*) pkgs="$pkgs gcc libc6-dev python3-dev";; esac; \
+    case ",${EXTRAS}," in *,gpu,*) pkgs="$pkgs gcc libc6-dev python3-dev";; esac; \
     if [ -n "$pkgs" ]; then \
       apt-get update; apt-get install -y --no-install-recommends $pkgs; rm -rf /var/lib/apt/lists/*; \
     fi; \

@@ -30,6 +30,7 @@ from dashboards import data, render
 from dashboards.figures import SWEEP_FIGURES, history, tuning
 from db import crud
 from db.models import Sweep
+from runners.settings import get_worker_settings
 
 router = APIRouter(include_in_schema=False, dependencies=[Depends(require_read)])
 templates = Jinja2Templates(directory=Path(dashboards.__file__).parent / "templates")
@@ -64,7 +65,7 @@ def _sweep_or_404(session: Session, sweep_id: int) -> Sweep:
 @router.get("/sweeps/{sweep_id}", response_class=HTMLResponse)
 def sweep_page(request: Request, session: SessionDep, sweep_id: int) -> Any:
     sweep = _sweep_or_404(session, sweep_id)
-    rows = data.sweep_rows(session, sweep_id)
+    rows = data.sweep_rows(session, sweep_id, limit=get_worker_settings().MAX_POINTS_PER_SWEEP)
     options = data.slice_options(rows)
     sliced, selection = data.apply_slice(rows, request.query_params)
     query = "?" + urlencode(selection) if selection else ""
@@ -124,7 +125,7 @@ def figure_csv(request: Request, session: SessionDep, scope: str, figure: str) -
     sweep_id = int(scope)
     _sweep_or_404(session, sweep_id)
     module = SWEEP_FIGURES[figure]
-    sliced, _ = data.apply_slice(data.sweep_rows(session, sweep_id), params)
+    sliced, _ = data.apply_slice(data.sweep_rows(session, sweep_id, limit=get_worker_settings().MAX_POINTS_PER_SWEEP), params)
     return _csv(render.to_csv(module.frame(sliced), module.COLUMNS), f"cpbench-sweep{sweep_id}-{figure}.csv")
 
 

@@ -46,9 +46,9 @@ def cmd_run(args: argparse.Namespace) -> None:
     import triton
 
     from kernels.configs import KERNELS, LaunchConfig
-    from kernels.provenance import driver_version, git_sha
     from runners.tuner.clock import StepTimer
     from runners.tuner.tune import Shape, make_case, op_runner, tune_case
+    from runners.versions import driver_version, git_sha
 
     global SHAPES
     if args.tiny:  # a CPU dry run of the script itself (TRITON_INTERPRET=1), not a measurement

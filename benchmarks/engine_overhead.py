@@ -19,8 +19,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
+from typing import Any
 
 from runners.stats import summarize
 
@@ -69,9 +71,18 @@ def bench_store(url: str, points: int) -> dict[str, float]:
     return {"median_ms": statistics.median(times), "p90_ms": times[int(0.9 * (len(times) - 1))], "max_ms": times[-1], "n": len(times)}
 
 
+def whoami(ctx: Any, payload: Any) -> dict[str, Any]:
+    """A gang job with one real collective (rank processes import this script by reference, as `__mp_main__`)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(ctx.rank + 1)])
+    dist.all_reduce(t, group=ctx.group)
+    return {"rank": ctx.rank, "pid": os.getpid(), "sum": float(t[0]), "payload": payload}
+
+
 def bench_gang(jobs_n: int) -> dict[str, float]:
     from runners.gang import Gang
-    from tests.runners import jobs
 
     gang = Gang(2, device_kind="cpu")
     t0 = time.perf_counter()
@@ -81,7 +92,7 @@ def bench_gang(jobs_n: int) -> dict[str, float]:
     try:
         for i in range(jobs_n):
             t = time.perf_counter()
-            gang.run(jobs.whoami, i, timeout_s=60)
+            gang.run(whoami, i, timeout_s=60)
             lat.append((time.perf_counter() - t) * 1e3)
     finally:
         gang.close()

@@ -1,12 +1,17 @@
 """Communication cost model of the CP schemes (cp-schemes.md §5.2, forward, one layer): what the ranks should move.
 
-Pure arithmetic, no I/O: `comm_cost(mode, B=, T=, H=, K=, V=, W=, dtype_bytes=)` gives the number of collective
-calls per kind and their bytes, counted the way `runners.profile.merge_ranks` reports a measured step, so the
-communication figure can put the two side by side: group collectives (all-gather, all-to-all) per rank,
-point-to-point (send, recv) summed over the W ranks.
+No I/O: `comm_cost(mode, B=, T=, H=, K=, V=, W=, dtype_bytes=)` gives the number of collective calls per kind
+and their bytes, counted the way `runners.profile.merge_ranks` reports a measured step, so the communication
+figure can put the two side by side: group collectives (all-gather, all-to-all) per rank, point-to-point (send,
+recv) summed over the W ranks.
 
-How tokens sit on ranks (DESIGN.md §2, as kernels.cp shards them): the B sequences (or the varlen `lengths`) are
-one stream of N = B T tokens cut into P equal parts, P = W (`contiguous`: rank r holds part r) or P = 2W (`zigzag`:
+One source: the modes, the partition and the call counts are kernels.cp's own (`kernels.cp.MODES`,
+`build_context`, `expected_collectives_gang`, what the worker stores beside the measured profile); this module
+adds only the bytes. (dashboards -> kernels.cp is the one edge beside dashboards -> db: kernels.cp is the leaf
+library that owns the mode vocabulary, so the arrow still points down and nothing is re-derived.)
+
+How tokens sit on ranks (DESIGN.md §2, kernels.cp.context): the B sequences (or the varlen `lengths`) are one
+stream of N = B T tokens cut into P equal parts, P = W (`contiguous`: rank r holds part r) or P = 2W (`zigzag`:
 rank r holds parts r and 2W-1-r). A cut between two parts is *internal* when it falls inside a sequence; only
 internal cuts between parts on different ranks need state to travel.
 
@@ -31,11 +36,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 
-__all__ = ["CHUNK_SIZE", "MODELLED_MODES", "CommCost", "bytes_per_token", "comm_cost", "crossing_cuts"]
+import kernels.cp as cp
+
+__all__ = ["CHUNK_SIZE", "CommCost", "bytes_per_token", "comm_cost", "crossing_cuts"]
 
 CHUNK_SIZE = 64
-MODELLED_MODES = ("none", "headwise", "all_gather", "ring", "true_cp", "warmup_correct", "tail_exchange")
 
 
 @dataclass(frozen=True)
@@ -67,28 +74,13 @@ def bytes_per_token(op: str, *, H: int, K: int, V: int, dtype_bytes: int, gate_b
 
 def crossing_cuts(lengths: Sequence[int], W: int, layout: str = "contiguous") -> tuple[int, int]:
     """(internal cuts between parts on different ranks, internal cuts in all) of the token stream `lengths`."""
-    messages, internal, _ = _cut_plan(lengths, W, layout)
-    return messages, internal
+    ctx = cp.build_context(_bounds(lengths), W, 0, layout)
+    internal = [i for i in range(ctx.num_parts - 1) if ctx.part_carries[i]]
+    return sum(ctx.part_owner[i][0] != ctx.part_owner[i + 1][0] for i in internal), len(internal)
 
 
-def _cut_plan(lengths: Sequence[int], W: int, layout: str) -> tuple[int, int, int]:
-    """(cross-rank internal cuts, internal cuts, most messages one rank sends or receives)."""
-    if layout not in ("contiguous", "zigzag"):
-        raise ValueError(f"layout must be 'contiguous' or 'zigzag', got layout={layout!r}")
-    parts = W if layout == "contiguous" else 2 * W
-    total = sum(lengths)
-    ends, acc = set(), 0
-    for n in lengths:
-        acc += n
-        ends.add(acc)
-
-    def owner(part: int) -> int:
-        return part if part < W else 2 * W - 1 - part
-
-    internal = [i for i in range(1, parts) if (i * total) // parts not in ends]
-    hops = [(owner(i - 1), owner(i)) for i in internal if owner(i - 1) != owner(i)]
-    per_rank = [max(sum(src == r for src, _ in hops), sum(dst == r for _, dst in hops)) for r in range(W)]
-    return len(hops), len(internal), max(per_rank, default=0)
+def _bounds(lengths: Sequence[int]) -> list[int]:
+    return [0, *accumulate(int(n) for n in lengths)]
 
 
 def comm_cost(
@@ -111,48 +103,46 @@ def comm_cost(
 ) -> CommCost | None:
     """Model of one layer forward; None where the model does not cover the case.
 
-    `lengths` (varlen) replaces the B sequences of T tokens. None for: a mode outside MODELLED_MODES, a
+    `lengths` (varlen) replaces the B sequences of T tokens. None for: a mode outside `kernels.cp.MODES`, a
     `direction` other than "fwd" (the suite is forward-only), and `tail_exchange` without `warmup_chunks`.
+    The call counts are `kernels.cp.expected_collectives_gang`'s; an unknown layout raises its ValueError.
     """
     for name, value in (("B", B), ("T", T), ("H", H), ("K", K), ("V", V), ("W", W), ("dtype_bytes", dtype_bytes)):
         if int(value) < 1:
             raise ValueError(f"{name} must be >= 1, got {name}={value!r}")
-    if mode not in MODELLED_MODES or direction != "fwd":
+    if layout not in cp.LAYOUTS:
+        raise ValueError(f"layout must be one of {cp.LAYOUTS}, got layout={layout!r}")
+    if mode not in cp.MODES or direction != "fwd" or (mode == "tail_exchange" and warmup_chunks is None):
         return None
     seqs = list(lengths) if lengths else [T] * B
     tokens = sum(seqs)
     local = tokens // W
     tok_in, tok_out = bytes_per_token(op, H=H, K=K, V=V, dtype_bytes=dtype_bytes, gate_bytes=gate_bytes)
-    if mode in ("none", "warmup_correct"):
+    calls, per_rank = cp.expected_collectives_gang(mode, _bounds(seqs), W, layout)
+    if not calls:
         return CommCost(mode)
     if mode == "headwise":
         payload = local * (tok_in + tok_out)
         wire = payload * (W - 1) // W
-        return CommCost(mode, {"all_to_all": 2}, {"all_to_all": payload}, wire, wire)
+        return CommCost(mode, dict(calls), {"all_to_all": payload}, wire, wire)
     if mode == "all_gather":
-        return _all_gather(mode, local * tok_in, W)
-    messages, internal, busiest = _cut_plan(seqs, W, layout)
+        return _all_gather(mode, calls, local * tok_in, W)
     if mode == "true_cp":
-        if internal == 0:
-            return CommCost(mode)
-        per_rank = 1 if layout == "contiguous" else 2
-        return _all_gather(mode, per_rank * H * K * (K + V) * state_bytes, W)
+        per_rank_parts = 1 if layout == "contiguous" else 2
+        return _all_gather(mode, calls, per_rank_parts * H * K * (K + V) * state_bytes, W)
+    busiest = max(max(c.get("send", 0), c.get("recv", 0)) for c in per_rank)
     if mode == "ring":
-        return _chain(mode, H * K * V * state_bytes, messages, busiest)
-    if warmup_chunks is None:  # tail_exchange
-        return None
-    part = tokens // (W if layout == "contiguous" else 2 * W)
-    return _chain(mode, min(warmup_chunks * CHUNK_SIZE, part) * tok_in, messages, busiest)
+        return _chain(mode, calls, H * K * V * state_bytes, busiest)
+    part = tokens // (W if layout == "contiguous" else 2 * W)  # tail_exchange
+    return _chain(mode, calls, min(int(warmup_chunks or 0) * CHUNK_SIZE, part) * tok_in, busiest)
 
 
-def _all_gather(mode: str, payload: int, W: int) -> CommCost:
-    return CommCost(mode, {"all_gather": 1}, {"all_gather": payload}, (W - 1) * payload, (W - 1) * payload)
+def _all_gather(mode: str, calls: dict[str, int], payload: int, W: int) -> CommCost:
+    return CommCost(mode, dict(calls), {"all_gather": payload}, (W - 1) * payload, (W - 1) * payload)
 
 
-def _chain(mode: str, message: int, messages: int, busiest: int) -> CommCost:
-    """`messages` point-to-point hand-offs of `message` bytes; the busiest rank sends or receives `busiest`."""
-    if messages == 0:
-        return CommCost(mode)
-    total = messages * message
-    return CommCost(mode, {"send": messages, "recv": messages}, {"send": total, "recv": total},
-                    busiest * message, busiest * message)
+def _chain(mode: str, calls: dict[str, int], message: int, busiest: int) -> CommCost:
+    """Point-to-point hand-offs of `message` bytes (`calls`: sends and recvs over the gang); the busiest rank sends
+    or receives `busiest` of them."""
+    payload = {k: n * message for k, n in calls.items()}
+    return CommCost(mode, dict(calls), payload, busiest * message, busiest * message)

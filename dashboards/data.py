@@ -1,6 +1,6 @@
 """Queries for the dashboards: the store's rows as tidy lists of flat dicts (no plotly here).
 
-- `sweep_rows(session, sweep_id)`: a sweep's results (`db.crud.list_results` rows);
+- `sweep_rows(session, sweep_id, limit=)`: a sweep's results (`db.crud.list_results` rows);
 - `slice_options(rows)` / `apply_slice(rows, selection)`: the axes a sweep page lets the user fix (op, backend,
   H, K, V, dtype, direction, layout), so every figure compares modes on one shape family;
 - `tuning_rows(session, ...)`: tuning trials with `chosen` set on the winner stored in tuned_configs;
@@ -21,7 +21,6 @@ from db import crud
 from db.models import Environment, Measurement, Point, RegressionResult, Sweep, TuningTrial
 
 __all__ = [
-    "MAX_ROWS",
     "SLICE_AXES",
     "apply_slice",
     "history_keys",
@@ -32,13 +31,13 @@ __all__ = [
     "tuning_rows",
 ]
 
-MAX_ROWS = 20_000  # = the default CPBENCH_MAX_POINTS_PER_SWEEP
 SLICE_AXES = ("op", "backend", "H", "K", "V", "dtype", "direction", "layout")
 NIGHTLY_TAG = "nightly"
 
 
-def sweep_rows(session: Session, sweep_id: int) -> list[dict[str, Any]]:
-    rows, _ = crud.list_results(session, sweep_id=sweep_id, skip=0, limit=MAX_ROWS)
+def sweep_rows(session: Session, sweep_id: int, *, limit: int) -> list[dict[str, Any]]:
+    """A sweep's result rows, at most `limit` (the server passes CPBENCH_MAX_POINTS_PER_SWEEP: a sweep holds no more)."""
+    rows, _ = crud.list_results(session, sweep_id=sweep_id, skip=0, limit=limit)
     return rows
 
 

@@ -19,10 +19,10 @@ from kernels.autograd import _import_triton, _per_key_gate, differentiable_forwa
 from kernels.backends import fla_forward, resolve_backend
 from kernels.common.chunk_torch import chunk_fwd_torch
 from kernels.common.index import prepare_chunk_index
+from kernels.common.naive import naive_recurrent_kda
 from kernels.common.transition import chain, chunk_transition_torch, compose, mask_maps, naive_transition
 from kernels.configs import KERNELS, LaunchConfig
 from kernels.gdn.naive import naive_recurrent_gdn
-from kernels.kda.naive import naive_recurrent_kda
 from kernels.validate import check_backend, check_config, check_inputs
 
 __all__ = ["chain", "compose", "forward", "reference", "transition"]

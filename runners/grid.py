@@ -26,7 +26,8 @@ import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from runners.spec import SINGLE_DEVICE_MODES, SweepSpec, WarmupCorrectSpec
+from kernels.cp import SINGLE_DEVICE
+from runners.spec import SweepSpec, WarmupCorrectSpec
 
 __all__ = ["available_backends", "available_modes", "expand", "mode_options", "point_key", "skip_reason", "tokens"]
 
@@ -113,7 +114,7 @@ def skip_reason(
         return f"mode '{mode}' is not implemented by the installed kernels.cp (has {', '.join(modes)})"
     if backends is not None and params["backend"] not in tuple(backends):
         return f"backend '{params['backend']}' is not available here (have {', '.join(backends)})"
-    if mode in SINGLE_DEVICE_MODES and W != 1:
+    if mode in SINGLE_DEVICE and W != 1:
         return f"mode '{mode}' runs on one device: needs W == 1, got W={W}"
     if max_W is not None and max_W < W:
         return f"W={W} is more than the {max_W} device(s) present"

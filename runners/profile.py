@@ -7,7 +7,8 @@ rank; `merge_ranks` folds the per-rank summaries into the point's profile. Count
   `c10d::allgather_`, `_c10d_functional::all_gather_into_tensor`), the backend's event (`gloo:all_gather`,
   `nccl:all_gather`) and maybe a user range (`cp::all_gather`). One layer is counted, never several: the
   dispatcher ops when the step has any, else the backend events (anchors/cpu-feasibility.md §3). Kinds:
-  all_gather, all_to_all, all_reduce, reduce_scatter, send, recv, broadcast (barriers are not counted).
+  all_gather, all_to_all, all_reduce, reduce_scatter, send, recv, broadcast (barriers are not counted); a
+  dispatcher op of no known kind is listed by name in `unclassified` (a new collective is never silently missed).
   Bytes are the local input of each call (`record_shapes`): from the backend events where they carry shapes
   (gloo's `Input Dims`), else from the `*_base_` dispatcher ops' input argument.
 - Host syncs: `aten::_local_scalar_dense` (one per `.item()`, `float(t)`, `bool(t)`; `aten::item` wraps it and
@@ -84,6 +85,7 @@ class ProfileSummary:
     peak_memory_bytes: int | None = None
     trace_path: str | None = None
     per_rank: list[dict[str, Any]] = field(default_factory=list)
+    unclassified: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -149,9 +151,12 @@ def summarize_events(events: Sequence[Any]) -> ProfileSummary:
 
     by_layer: dict[str, dict[str, int]] = {"dispatch": {}, "backend": {}}
     bytes_by_layer: dict[str, dict[str, int]] = {"dispatch": {}, "backend": {}}
+    unclassified: list[str] = []
     for e in host:
         c = classify_collective(e.name)
         if c is None:
+            if e.name.startswith(DISPATCH_PREFIXES):
+                unclassified.append(e.name)
             continue
         layer, kind = c
         by_layer[layer][kind] = by_layer[layer].get(kind, 0) + 1
@@ -187,6 +192,7 @@ def summarize_events(events: Sequence[Any]) -> ProfileSummary:
         host_syncs=host_syncs,
         sync_events=sync_events,
         kernel_launches=launches,
+        unclassified=sorted(unclassified),
     )
 
 
@@ -259,4 +265,5 @@ def merge_ranks(summaries: Sequence[ProfileSummary]) -> ProfileSummary:
             {"collectives": s.collectives, "host_syncs": s.host_syncs, "kernel_launches": s.kernel_launches}
             for s in summaries
         ],
+        unclassified=sorted({n for s in summaries for n in s.unclassified}),
     )

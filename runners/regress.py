@@ -23,7 +23,7 @@ Deterministic signals are compared exactly and reported apart from the timing ve
 carries `changes`, and a key `fails` when it is SLOW or has changes.
 
 Only the standard library, numpy and scipy; no I/O. `runners/baseline.py` turns stored results into `Run`s;
-`runners/report.py` writes the reports; `runners/cli/regress.py` drives the rounds.
+`runners/report.py` writes the reports; `runners/regress_workflow.py` drives the rounds.
 """
 
 from __future__ import annotations

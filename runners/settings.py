@@ -29,6 +29,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 __all__ = ["WorkerSettings", "get_worker_settings"]
 
 
+# the one definition of the points limit: the spec refuses larger grids, the API pages results up to it
+DEFAULT_MAX_POINTS_PER_SWEEP = 20_000
+
+
 class WorkerSettings(BaseSettings):
     """Knobs of `runners.worker` and the limits of `runners.spec`; see the module table."""
 
@@ -43,7 +47,7 @@ class WorkerSettings(BaseSettings):
     CPU_RANKS: int = Field(4, ge=1)
     MAX_GANGS: int = Field(4, ge=1)
     STOP_GRACE_S: float = Field(10.0, ge=0)
-    MAX_POINTS_PER_SWEEP: int = Field(20_000, ge=1)
+    MAX_POINTS_PER_SWEEP: int = Field(DEFAULT_MAX_POINTS_PER_SWEEP, ge=1)
     MAX_T: int = Field(1 << 22, ge=1)
     MAX_W: int = Field(64, ge=1)
 

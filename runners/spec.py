@@ -32,8 +32,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+import kernels.cp as cp
 from runners.errors import SpecError
 from runners.settings import get_worker_settings
+from runners.timing import StopRule
 
 __all__ = [
     "BACKENDS",
@@ -54,15 +56,13 @@ __all__ = [
 ]
 
 OPS = ("gdn", "kda")
-# every mode the suite knows (DESIGN §2); whether the installed kernels.cp implements one is the grid's business
-MODES = ("none", "headwise", "all_gather", "ring", "true_cp", "warmup_correct", "tail_exchange")
+# every mode the suite knows (DESIGN §2): kernels.cp's, in its order
+MODES = tuple(cp.MODES)
 # benchmarked backends; "reference" (per-token fp32) is the correctness yardstick, not a contender
 BACKENDS = ("torch", "triton", "fla")
 LAYOUTS = ("contiguous", "zigzag")
 DIRECTIONS = ("fwd",)
 DTYPES = ("float32", "bfloat16", "float16")
-# modes that run on one device (W must be 1)
-SINGLE_DEVICE_MODES = ("none", "warmup_correct")
 
 PosInt = Annotated[int, Field(ge=1)]
 
@@ -185,18 +185,19 @@ class Axes(BaseModel):
 
 
 class TimingSpec(BaseModel):
-    """Stop rule and warmup of the timing loop (`runners.timing.StopRule`, same names and defaults)."""
+    """Stop rule and warmup of the timing loop: `runners.timing.StopRule`'s fields, whose defaults are the only
+    definition (this adds the bounds a spec is checked against)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    min_samples: int = Field(10, ge=1)
-    max_samples: int = Field(200, ge=1)
-    min_time_s: float = Field(0.5, ge=0)
-    max_rel_iqr: float = Field(0.02, gt=0)
-    timeout_s: float = Field(15.0, gt=0)
-    warmup_s: float = Field(0.025, ge=0)
-    warmup_min_iters: int = Field(2, ge=1)
-    flush_l2: bool = True
+    min_samples: int = Field(StopRule.min_samples, ge=1)
+    max_samples: int = Field(StopRule.max_samples, ge=1)
+    min_time_s: float = Field(StopRule.min_time_s, ge=0)
+    max_rel_iqr: float = Field(StopRule.max_rel_iqr, gt=0)
+    timeout_s: float = Field(StopRule.timeout_s, gt=0)
+    warmup_s: float = Field(StopRule.warmup_s, ge=0)
+    warmup_min_iters: int = Field(StopRule.warmup_min_iters, ge=1)
+    flush_l2: bool = StopRule.flush_l2
 
     @model_validator(mode="after")
     def _order(self) -> TimingSpec:
@@ -303,12 +304,11 @@ class SweepSpec(BaseModel):
     @classmethod
     def _mode_options(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for m in value:
-            if m not in MODES or m in SINGLE_DEVICE_MODES:
+            if m not in MODES or m in cp.SINGLE_DEVICE:
                 raise PydanticCustomError(
                     "mode", "mode_options keys are CP modes ({ok}); got '{m}'",
-                    {"m": m, "ok": ", ".join(x for x in MODES if x not in SINGLE_DEVICE_MODES)},
+                    {"m": m, "ok": ", ".join(x for x in MODES if x not in cp.SINGLE_DEVICE)},
                 )
-        from kernels import cp
         from kernels.cp import tail_exchange
 
         for m, opts in value.items():

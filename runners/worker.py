@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernels.provenance import driver_version, git_sha
 from runners.errors import CpbenchError, GangError, SweepNotFoundError
 from runners.execute import run_point_job, tune_job
 from runners.gang import GangPool, JobCancelled
@@ -48,7 +47,7 @@ from runners.grid import available_backends
 from runners.profile import ProfileSummary, merge_ranks
 from runners.settings import get_worker_settings
 from runners.stats import summarize
-from runners.versions import software_versions
+from runners.versions import driver_version, git_sha, software_versions
 
 __all__ = ["DeviceInfo", "WorkerStats", "detect_devices", "environment_facts", "run_worker"]
 

@@ -89,7 +89,7 @@ def test_nightly_workflow() -> None:
     assert {k: str(wf["env"][k]) for k in MULTICAST_OFF} == MULTICAST_OFF
     script = "\n".join(step.get("run", "") for step in job["steps"])
     assert 'pip install -e ".[gpu,postgres]"' in script and "cpbench db upgrade" in script
-    assert "cpbench regress suites/nightly.yaml --baseline nightly-baseline" in script
+    assert "cpbench regress nightly --baseline nightly-baseline" in script
     assert "./dev test" not in script
     uploads = [st for st in job["steps"] if str(st.get("uses", "")).startswith("actions/upload-artifact")]
     assert uploads and "reports/" in uploads[0]["with"]["path"]

@@ -48,7 +48,7 @@ def test_readme_documents_every_verb() -> None:
 def test_documented_verb_exists(words: list[str]) -> None:
     from typer.testing import CliRunner
 
-    from runners.cli import app
+    from bench_server.cli import app
 
     result = CliRunner().invoke(app, [*words, "--help"])
     assert result.exit_code == 0, result.output

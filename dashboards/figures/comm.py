@@ -24,10 +24,10 @@ from dashboards.figures.common import (
     mode_series,
     per_step_grid,
 )
+from kernels.cp.tail_exchange import DEFAULT_WINDOW_CHUNKS
 
-# tail_exchange's window when a point does not set one: kernels.cp.tail_exchange.DEFAULT_WINDOW_CHUNKS
-# (dashboards read stored rows only and do not import kernels)
-TAIL_EXCHANGE_DEFAULT_WINDOW = 2
+# tail_exchange's window when a point does not set one
+TAIL_EXCHANGE_DEFAULT_WINDOW = DEFAULT_WINDOW_CHUNKS
 
 
 def _window(opts: dict) -> int:

@@ -14,7 +14,9 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-MODE_ORDER = ("none", "headwise", "all_gather", "ring", "true_cp", "warmup_correct", "tail_exchange")
+import kernels.cp as cp
+
+MODE_ORDER = tuple(cp.MODES)  # kernels.cp owns the mode vocabulary (see dashboards/cost_model.py)
 _PALETTE = ("#7f7f7f", "#1f77b4", "#ff7f0e", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
 _SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "star", "cross", "triangle-down")
 DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp32": 4, "float32": 4, "float": 4}

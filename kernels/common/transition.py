@@ -22,6 +22,7 @@ from torch import Tensor
 
 from kernels.common.chunk_torch import chunk_prepare, chunk_state_pass, to_chunks
 from kernels.common.index import ChunkIndex
+from kernels.common.naive import naive_recurrent_kda
 
 __all__ = ["chain", "chunk_transition_torch", "compose", "mask_maps", "naive_transition"]
 
@@ -48,8 +49,6 @@ def mask_maps(M: Tensor, S_ext: Tensor, need: Tensor | None) -> tuple[Tensor, Te
 
 def naive_transition(k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, cu_seqlens_cpu: list[int] | None) -> tuple[Tensor, Tensor]:
     """The same pair from the per-token fp32 reference (tests and `backend="reference"`); g `[B,T,H,Kg]`."""
-    from kernels.kda.naive import naive_recurrent_kda
-
     B, T, H, K = k.shape
     N = len(cu_seqlens_cpu) - 1 if cu_seqlens_cpu is not None else B
     v_aug = torch.cat([v.new_zeros(B, T, H, K), v], -1)

@@ -9,16 +9,18 @@
 
 from kernels.cp.context import LAYOUTS, CPContext, build_context
 from kernels.cp.layout import shard, unshard
-from kernels.cp.modes import MODES, expected_collectives, forward
+from kernels.cp.modes import MODES, SINGLE_DEVICE, expected_collectives, expected_collectives_gang, forward
 from kernels.cp.warmup_correct import WarmupReport, warmup_correct
 
 __all__ = [
     "LAYOUTS",
     "MODES",
+    "SINGLE_DEVICE",
     "CPContext",
     "WarmupReport",
     "build_context",
     "expected_collectives",
+    "expected_collectives_gang",
     "forward",
     "shard",
     "unshard",

@@ -8,7 +8,7 @@ alone: what the tests assert against the profiler and what a runner can store ne
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -16,10 +16,10 @@ from torch import Tensor
 
 from kernels.cp import all_gather, comm, headwise, none, ring, tail_exchange, true_cp
 from kernels.cp import warmup_correct as warmup_module
-from kernels.cp.context import CPContext
+from kernels.cp.context import CPContext, build_context
 from kernels.validate import check_backend, check_op
 
-__all__ = ["MODES", "expected_collectives", "forward"]
+__all__ = ["MODES", "SINGLE_DEVICE", "expected_collectives", "expected_collectives_gang", "forward"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,10 @@ MODES: dict[str, Any] = {
     "tail_exchange": tail_exchange,
 }
 
+# the modes that run on one device (W must be 1); the suite's vocabulary of modes is MODES' keys
 SINGLE_DEVICE = ("none", "warmup_correct")
+# point-to-point kinds: a gang's count is the sum over ranks (group collectives: the max over ranks)
+P2P = ("send", "recv")
 
 
 def expected_collectives(mode: str, ctx: CPContext, options: Mapping[str, Any] | None = None) -> dict[str, int]:
@@ -76,6 +79,16 @@ def expected_collectives(mode: str, ctx: CPContext, options: Mapping[str, Any] |
         s, r = ring.p2p_counts(ctx)
         return {k: n for k, n in (("send", s), ("recv", r)) if n}
     return {}
+
+
+def expected_collectives_gang(mode: str, cu_seqlens: Sequence[int], world_size: int, layout: str = "contiguous",
+                              options: Mapping[str, Any] | None = None) -> tuple[dict[str, int], list[dict[str, int]]]:
+    """(the gang's count, each rank's count) of one step of `mode`: `expected_collectives` on every rank, merged
+    as the profiler merges ranks (send/recv summed over the ranks, group collectives the max over the ranks)."""
+    per_rank = [expected_collectives(mode, build_context(cu_seqlens, world_size, r, layout), options) for r in range(world_size)]
+    kinds = sorted({k for c in per_rank for k in c})
+    merged = {k: (sum if k in P2P else max)(c.get(k, 0) for c in per_rank) for k in kinds}
+    return merged, per_rank
 
 
 def _check_mode(mode: Any) -> None:

@@ -6,13 +6,14 @@
     cpbench worker [--once]                     work the queue (persistent rank gangs; SIGTERM releases the point)
     cpbench status [SWEEP]                      sweeps, workers, or one sweep's progress and failures
     cpbench results SWEEP --format table|csv|json
-    cpbench serve [--demo]                      the API and dashboards
+    cpbench serve [--demo]                      the API and dashboards (added by `bench_server.cli`, see below)
     cpbench configs export -o autotune.json     tuned configs as the autotune JSON; `cpbench tune` fills the store
     cpbench regress SUITE --baseline REF        nightly regression
     cpbench bench kernels|cp [ARGS...]          the GPU benchmarks of the kernel suite
 
-Verbs written elsewhere (`serve`, `configs` with `tune`, `regress`, `bench`) are added when their module is
-importable. Every verb that uses the store takes `--db URL` (alias `--database-url`).
+Verbs written elsewhere (`configs` with `tune`, `regress`, `bench`) are added when their module is importable.
+`serve` belongs to the server: `bench_server.cli` (the `cpbench` script) adds it to this app, so the import graph
+stays one-way (bench_server -> runners); `python -m runners.cli` is the engine's command without `serve`. Every verb that uses the store takes `--db URL` (alias `--database-url`).
 User mistakes (`CpbenchError`, an unmigrated store) print one red line and exit 1; anything else is a bug and
 keeps its traceback. `-v` logs at INFO, `-vv` at DEBUG (to stderr).
 """
@@ -44,7 +45,7 @@ app = typer.Typer(
 )
 
 VERBS = ("run", "submit", "worker", "status", "results", "db")
-OPTIONAL_VERBS = ("serve", "configs", "regress", "bench")
+OPTIONAL_VERBS = ("configs", "regress", "bench")
 
 
 @app.callback()
@@ -93,7 +94,7 @@ def _settings_error(err: pydantic.ValidationError) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Entry point of the `cpbench` script (`runners.cli:main`); `argv` defaults to `sys.argv[1:]`."""
+    """Run the app (the `cpbench` script is `bench_server.cli:main`, which adds `serve` first); `argv` defaults to `sys.argv[1:]`."""
     from db.errors import StoreNotMigratedError
 
     try:

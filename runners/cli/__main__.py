@@ -1,4 +1,4 @@
-"""`python -m runners.cli ...` is the `cpbench` command."""
+"""`python -m runners.cli ...`: the engine's verbs of the `cpbench` command (all but `serve`, see `bench_server.cli`)."""
 
 from runners.cli import main
 

@@ -21,9 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench_server.serve import DEMO_SPEC
 from db.migrate import upgrade
 from db.session import dispose_engine
-from runners.cli.serve import DEMO_SPEC
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,7 +35,7 @@ def _env() -> dict[str, str]:
 
 
 def _cmd(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from runners.cli import main; main()", "serve", "--host", "127.0.0.1", "--port", "0", *args]
+    return [sys.executable, "-c", "from bench_server.cli import main; main()", "serve", "--host", "127.0.0.1", "--port", "0", *args]
 
 
 @contextmanager

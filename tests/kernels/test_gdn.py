@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 import kernels
-from kernels.kda.naive import naive_recurrent_kda
+from kernels.common.naive import naive_recurrent_kda
 from tests.utils import assert_rel_close, make_inputs, make_state
 
 OP = "gdn"

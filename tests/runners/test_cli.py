@@ -183,7 +183,7 @@ def test_bad_environment_is_one_line(tmp_path: Path, verb: list[str], env: dict[
 
     base = {k: v for k, v in os.environ.items() if not k.startswith("CPBENCH_")}
     base["CPBENCH_DATABASE_URL"] = f"sqlite:///{tmp_path}/x.db"
-    proc = subprocess.run([sys.executable, "-m", "runners.cli", *verb], env={**base, **env},
+    proc = subprocess.run([sys.executable, "-m", "bench_server", *verb], env={**base, **env},  # the cpbench command
                           capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 1, proc.stderr
     assert needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

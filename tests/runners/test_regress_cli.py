@@ -8,7 +8,7 @@ two gloo ranks; `none` at W=2 is skipped on both sides and not judged):
    deterministic change, and 2 runs per side can never make a SLOW; verdicts are stored and both reports written;
 3. against a hand-made baseline file whose W=1 runs are 4x shorter and whose true_cp W=2 runs show two all-gathers
    instead of one, the W=1 keys are SLOW, true_cp is CHANGED, and the exit status is 1.
-Plus: packaged suites (the two nightly copies are identical), and the errors a user can make (unknown suite, a
+Plus: packaged suites (by name or by path), and the errors a user can make (unknown suite, a
 tag nothing carries, a malformed file, a baseline from another device).
 """
 
@@ -24,8 +24,9 @@ import typer
 from typer.testing import CliRunner
 
 from runners.baseline import BaselineError, load_baseline_file
-from runners.cli.regress import load_suite, register, run_regression
+from runners.cli.regress import register
 from runners.errors import CpbenchError, SpecError
+from runners.regress_workflow import load_suite, run_regression
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = """\
@@ -138,11 +139,10 @@ def test_regress_end_to_end(store: dict) -> None:
 
 
 def test_packaged_suites() -> None:
-    assert (ROOT / "suites" / "nightly.yaml").read_bytes() == (ROOT / "runners" / "suites" / "nightly.yaml").read_bytes()
     nightly = load_suite("nightly")
     assert nightly.name == "nightly" and nightly.backends == ["triton"] and nightly.axes.W == [1, 2]
     assert set(nightly.ops) == {"gdn", "kda"} and {"true_cp", "ring", "headwise", "all_gather"} <= set(nightly.modes)
-    assert load_suite(str(ROOT / "suites" / "nightly.yaml")) == nightly
+    assert load_suite(str(ROOT / "runners" / "suites" / "nightly.yaml")) == nightly  # a path loads the same suite
     cpu = load_suite("nightly-cpu")
     assert cpu.backends == ["torch"] and max(cpu.axes.T) <= 256
     with pytest.raises(SpecError, match="nightly-cpu"):

@@ -1,4 +1,4 @@
-"""suites/cp-w48-cpu.yaml (issue 7 on the CPU): the grid a CPU worker queues at W=4/8, without spawning ranks.
+"""runners/suites/cp-w48-cpu.yaml (issue 7 on the CPU): the grid a CPU worker queues at W=4/8, without spawning ranks.
 
 A CPU worker's rank count is `--devices N` or `CPBENCH_CPU_RANKS` (default 4): with 8 every W=8 point is
 queued, with the default they are stored as skipped with the reason. `none` runs only at W=1; headwise divides
@@ -17,7 +17,7 @@ from runners.settings import get_worker_settings
 from runners.spec import load_spec
 from runners.worker import detect_devices
 
-SUITE = Path(__file__).resolve().parents[2] / "suites" / "cp-w48-cpu.yaml"
+SUITE = Path(__file__).resolve().parents[2] / "runners" / "suites" / "cp-w48-cpu.yaml"
 CP_MODES = ("headwise", "all_gather", "ring", "true_cp")
 
 

@@ -12,10 +12,11 @@ from bench_server.api.deps import SessionDep, require_read
 from bench_server.schemas import ResultsPublic
 from dashboards.render import to_csv
 from db import crud
+from runners.settings import DEFAULT_MAX_POINTS_PER_SWEEP
 
 router = APIRouter(prefix="/results", tags=["results"])
 
-MAX_LIMIT = 20_000
+MAX_LIMIT = DEFAULT_MAX_POINTS_PER_SWEEP
 
 
 @router.get("", response_model=ResultsPublic, dependencies=[Depends(require_read)],

@@ -1,9 +1,10 @@
 """GPU benchmark of the Triton forward against FLA's on the same inputs, with floors and correctness checks.
 
-    python -m kernels.bench [--out benchmarks/results] [--ops gdn,kda] [--shapes 1x8192,8x8192] [--explore]
-                            [--no-fla] [--jobs 8] [--dry-run]
+    cpbench bench kernels [--out benchmarks/results] [--ops gdn,kda] [--shapes 1x8192,8x8192] [--explore]
+                          [--no-fla] [--jobs 8] [--dry-run]      (also: python -m runners.bench.kernels ...)
 
-Method (the one ../shared/anchors/fla-h200.md used for FLA): bf16, H=16, K=V=128; q, k L2-normalised in
+Method (the one ../shared/anchors/fla-h200.md used for FLA, so our figures stand next to FLA's published ones;
+that is why the inputs are not `runners.workload`'s): bf16, H=16, K=V=128; q, k L2-normalised in
 fp32, v = randn, beta = sigmoid(randn), g = logsigmoid(randn) ([B,T,H] for GDN, [B,T,H,K] for KDA); forward
 only, under no_grad, no final state; `triton.testing.do_bench` median (L2 flushed between repetitions,
 warm-up 25 ms, 200 ms of repetitions) after one untimed call that compiles (and, for FLA, autotunes).
@@ -28,11 +29,8 @@ tiny shapes, wall-clock timer, no FLA) to check the script itself.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
-import math
 import os
-import platform
 import sys
 import time
 import traceback
@@ -40,172 +38,26 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from kernels.provenance import driver_version, git_sha
-
-H_DEFAULT, K_DIM, V_DIM, C = 16, 128, 128, 64
-SHAPES_DEFAULT = ((1, 8192), (1, 32768), (1, 65536), (1, 131072), (8, 8192))
-FLA_MS_ANCHOR = {  # ../shared/anchors/fla-h200.md, forward, ms (do_bench median), H=16
-    ("gdn", 1, 8192): 0.831, ("gdn", 1, 32768): 1.263, ("gdn", 1, 65536): 2.504, ("gdn", 1, 131072): 4.969,
-    ("gdn", 8, 8192): 1.847, ("kda", 1, 8192): 0.890, ("kda", 1, 32768): 2.282, ("kda", 1, 65536): 4.521,
-    ("kda", 1, 131072): 8.950, ("kda", 8, 8192): 3.765,
-}
-
-
-def result_stem(prefix: str, name: str | None, device_name: Any) -> str:
-    """File stem of a benchmark's results: `name` if given, else <prefix>_h200 on an H200, else <prefix>_<device slug>
-    (so a CPU or dry run never overwrites the H200 table). Shared with `kernels.cp.bench`."""
-    if name:
-        return str(name)
-    device = str(device_name or "cpu")
-    if "H200" in device:
-        return f"{prefix}_h200"
-    return f"{prefix}_" + ("".join(ch if ch.isalnum() else "_" for ch in device.lower()).strip("_")[:40] or "cpu")
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# inputs, floors, timing
-
-
-def make_inputs(op: str, B: int, T: int, H: int, *, device: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0,
-                lb: float | None = None, K: int = K_DIM, V: int = V_DIM) -> tuple[torch.Tensor, ...]:
-    """Random inputs, never zeros. lb: gate g = lb * sigmoid(randn) (slow decay) instead of logsigmoid(randn)."""
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
-
-    def rn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, device=device, dtype=torch.float32, generator=gen)
-
-    q = F.normalize(rn(B, T, H, K), p=2, dim=-1).to(dtype)
-    k = F.normalize(rn(B, T, H, K), p=2, dim=-1).to(dtype)
-    v = rn(B, T, H, V).to(dtype)
-    gshape = (B, T, H) if op == "gdn" else (B, T, H, K)
-    g = (F.logsigmoid(rn(*gshape)) if lb is None else lb * torch.sigmoid(rn(*gshape))).to(dtype)
-    beta = torch.sigmoid(rn(B, T, H)).to(dtype)
-    return q, k, v, g, beta
-
-
-def bytes_floor(op: str, B: int, T: int, H: int, K: int = K_DIM, V: int = V_DIM, el: int = 2) -> int:
-    gk = 1 if op == "gdn" else K
-    return B * T * H * (K + K + V + gk + 1 + V) * el
-
-
-def flops_floor(B: int, T: int, H: int, K: int = K_DIM, V: int = V_DIM) -> float:
-    chunks = B * math.ceil(T / C) * H
-    return chunks * (2 * C * C * (3 * K + 2 * V) + 6 * C * K * V)
-
-
-def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
-    x, ref = x.detach().float(), ref.detach().float()
-    if not torch.isfinite(x).all():
-        return float("nan")
-    return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
-
-
-class Timer:
-    """do_bench median on CUDA; a wall-clock median on CPU (dry run)."""
-
-    def __init__(self, cuda: bool) -> None:
-        self.cuda = cuda
-
-    def __call__(self, fn: Callable[[], Any], warmup: int = 25, rep: int = 200) -> tuple[float, float, float]:
-        if self.cuda:
-            from triton.testing import do_bench
-
-            r = do_bench(fn, warmup=warmup, rep=rep, quantiles=[0.5, 0.2, 0.8])
-            return float(r[0]), float(r[1]), float(r[2])
-        ts = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            fn()
-            ts.append((time.perf_counter() - t0) * 1e3)
-        ts.sort()
-        return ts[1], ts[0], ts[2]
-
-
-def _timed(timer: Timer, fn: Callable[..., Any], *args: Any, warmup: int = 25, rep: int = 200,
-           **kw: Any) -> tuple[float, float, float]:
-    """timer(fn(*args, **kw)), binding the arguments now."""
-    return timer(lambda: fn(*args, **kw), warmup=warmup, rep=rep)
-
-
-def measure_ceilings(timer: Timer, device: str) -> dict[str, float]:
-    if device != "cuda":
-        return {"copy_GBps": float("nan"), "matmul_TFLOPs": float("nan")}
-    n = 1 << 29  # 1 GiB of bf16 each side
-    src = torch.randn(n, device=device, dtype=torch.float32).to(torch.bfloat16)
-    ms = _timed(timer, torch.Tensor.copy_, torch.empty_like(src), src, warmup=50, rep=300)[0]
-    copy = 2 * n * 2 / (ms * 1e-3) / 1e9
-    a, b = (torch.randn(8192, 8192, device=device, dtype=torch.bfloat16) for _ in range(2))
-    ms = _timed(timer, torch.matmul, a, b, out=torch.empty_like(a), warmup=100, rep=500)[0]
-    mm = 2 * 8192**3 / (ms * 1e-3) / 1e12
-    torch.cuda.empty_cache()
-    return {"copy_GBps": copy, "matmul_TFLOPs": mm}
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# the callables
-
-
-def ours(op: str, q, k, v, g, beta, *, split: int | None = None, fuse: bool | None = None,
-         configs: dict[str, Any] | None = None, api: bool = True, **kw: Any) -> tuple[torch.Tensor, Any]:
-    """Our Triton forward: through the public entry, or the op's orchestration directly (variants)."""
-    import kernels
-
-    if api and split is None and fuse is None and not configs:
-        return kernels.forward(op, q, k, v, g, beta, backend="triton", **kw)
-    if op == "gdn":
-        from kernels.gdn.chunk import chunk_gdn_fwd as fwd
-    else:
-        from kernels.kda.chunk import chunk_kda_fwd as fwd
-    scale = kw.pop("scale", None) or q.shape[-1] ** -0.5
-    return fwd(q, k, v, g, beta, scale=scale, split_chunks=split, fuse_output=fuse, configs=configs, **kw)
-
-
-def fla_fn(op: str) -> Callable[..., Any]:
-    if op == "gdn":
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-
-        return chunk_gated_delta_rule
-    from fla.ops.kda import chunk_kda
-
-    return chunk_kda
-
-
-def variants(op: str, B: int, T: int, explore: bool | str) -> list[tuple[str, dict[str, Any]]]:
-    """(label, kwargs of `ours`) per timed variant of one shape; the first is the headline (public API)."""
-    from kernels.configs import LaunchConfig
-
-    out: list[tuple[str, dict[str, Any]]] = [("ours", {})]
-    if not explore:
-        return out
-    nt = math.ceil(T / C)
-    if B == 1:
-        out.append(("plain", {"split": 0}))
-        for s in ((16, 32, 64) if explore == "light" else (8, 16, 32, 64, 128)):
-            if s < nt:
-                out.append((f"split{s}", {"split": s}))
-    out.append(("unfused", {"fuse": False}))
-    if explore == "light":
-        return out
-    if (B, T) in ((8, 8192), (1, 65536)):
-        # the fused state pass (default BV 64, 4 warps, 1 stage)
-        for bv, nw, ns in ((64, 4, 2), (32, 4, 1), (32, 4, 2), (64, 8, 1), (64, 8, 2)):
-            cfg = LaunchConfig(BV=bv, num_warps=nw, num_stages=ns)
-            out.append((f"state_bv{bv}_w{nw}_s{ns}", {"configs": {"chunk_state_output_fwd": cfg}}))
-        # the intra-chunk kernel (defaults: GDN BK 32 BV 64 4 warps; KDA BK 32 BV 64 8 warps)
-        wy = "wy_gdn_fwd" if op == "gdn" else "wy_kda_fwd"
-        alts = ((64, 64, 4), (32, 64, 8)) if op == "gdn" else ((32, 64, 4), (64, 64, 8))
-        for bk, bv, nw in alts:
-            out.append((f"wy_bk{bk}_bv{bv}_w{nw}", {"configs": {wy: LaunchConfig(BK=bk, BV=bv, num_warps=nw, num_stages=2)}}))
-    if B == 1 and T == 65536:
-        # the transition pass of the split (default BV 64, 4 warps, 1 stage)
-        for bv, nw, ns in ((64, 4, 2), (32, 4, 1), (128, 8, 1)):
-            cfg = LaunchConfig(BV=bv, num_warps=nw, num_stages=ns)
-            out.append((f"trans_bv{bv}_w{nw}_s{ns}", {"configs": {"chunk_state_transition_fwd": cfg}}))
-    return out
-
+from runners.bench.common import environment, result_stem
+from runners.bench.kernels_ops import (
+    FLA_MS_ANCHOR,
+    H_DEFAULT,
+    K_DIM,
+    SHAPES_DEFAULT,
+    V_DIM,
+    Timer,
+    _timed,
+    bytes_floor,
+    fla_fn,
+    flops_floor,
+    make_inputs,
+    measure_ceilings,
+    ours,
+    variants,
+)
+from runners.bench.kernels_report import to_markdown
+from runners.correctness import rel_l2
 
 # ---------------------------------------------------------------------------------------------------------------------
 # parallel precompile (fills Triton's on-disk cache; the timed process then only loads binaries)
@@ -327,30 +179,10 @@ ARGV: list[str] = []
 
 
 def _env(device: str) -> dict[str, Any]:
-    import triton
-
-    info: dict[str, Any] = {
-        "python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
-        "host": platform.node(), "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.basename(sys.executable), "-m", "kernels.bench", *ARGV]),
-        "git_sha": git_sha(),
-        "git_note": os.environ.get("CPBENCH_GIT_NOTE"),
-        "env": {k: os.environ.get(k) for k in ("FLA_DISABLE_BACKEND_DISPATCH", "NCCL_NVLS_ENABLE", "TRITON_CACHE_DIR")},
-    }
-    try:
-        import fla
-
-        info["fla"] = getattr(fla, "__version__", "?")
-    except ImportError:
-        info["fla"] = None
-    if device == "cuda":
-        p = torch.cuda.get_device_properties(0)
-        info.update(device=p.name, sms=p.multi_processor_count, memory_GiB=round(p.total_memory / 2**30, 1),
-                    cuda=torch.version.cuda)
-        info["driver"] = driver_version()
-    else:
-        info.update(device="cpu (dry run, interpreter)")
-    return info
+    return environment(torch.device(device, 0) if device == "cuda" else torch.device("cpu"),
+                       command=" ".join([os.path.basename(sys.executable), "-m", "runners.bench.kernels", *ARGV]),
+                       cpu_label="cpu (dry run, interpreter)",
+                       env_vars=("FLA_DISABLE_BACKEND_DISPATCH", "NCCL_NVLS_ENABLE", "TRITON_CACHE_DIR"))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -524,76 +356,8 @@ def _graph_times(op: str, q, k, v, g, beta, timer: Timer, with_fla: bool) -> dic
     return out
 
 
-def _fmt(x: Any, nd: int = 3) -> str:
-    if x is None or (isinstance(x, float) and x != x):
-        return "—"
-    if isinstance(x, float):
-        return f"{x:.{nd}f}"
-    return str(x)
-
-
-def _sci(x: Any) -> str:
-    return f"{x:.2e}" if isinstance(x, float) and x == x else _fmt(x)
-
-
-def to_markdown(res: dict[str, Any]) -> str:
-    env = res["env"]
-    lines = [
-        f"# Kernel benchmark: ours (Triton) vs FLA forward — {env.get('device')}",
-        "",
-        f"- device: {env.get('device')} ({env.get('sms')} SMs), driver {env.get('driver')}, CUDA {env.get('cuda')}",
-        f"- torch {env.get('torch')}, triton {env.get('triton')}, fla-core {env.get('fla')}, python {env.get('python')}",
-        f"- git sha: {env.get('git_sha')}{' (' + env['git_note'] + ')' if env.get('git_note') else ''}; date {env.get('date')}",
-        f"- command: `{env.get('command')}`",
-        f"- ceilings (measured in this run): copy {_fmt(res['ceilings']['copy_GBps'], 0)} GB/s, "
-        f"bf16 matmul {_fmt(res['ceilings']['matmul_TFLOPs'], 0)} TFLOP/s",
-        f"- H={res['H']}, K=V={res['K']}, bf16, forward only; do_bench medians (ms); ratio = ours / FLA (same run)",
-        "",
-        "| op | B | T | ours ms | FLA ms | ratio | floor ms (bytes / flops) | ours / floor | rel_l2 vs FLA |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in res["rows"]:
-        lines.append(
-            f"| {r['op']} | {r['B']} | {r['T']} | {_fmt(r.get('ms'))} | {_fmt(r.get('fla_ms'))} | {_fmt(r.get('ratio'), 2)} | "
-            f"{_fmt(r['floor_ms'])} ({_fmt(r['floor_bytes_ms'])} / {_fmt(r['floor_flops_ms'])}) | {_fmt(r.get('x_floor'), 1)} | "
-            f"{_sci(r.get('rel_l2_vs_fla'))} |")
-    prof = [r for r in res["rows"] if isinstance(r.get("profile"), dict) and "wy_ms" in r["profile"]]
-    if prof:
-        lines += ["", "Per launcher (each timed alone, ms; GB/s from the unique bytes it must move):", "",
-                  "| op | B | T | wy (GB/s) | transition | chain | state+output split (GB/s) | state+output plain (GB/s) | segments x chunks |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for r in prof:
-            p = r["profile"]
-            lines.append(f"| {r['op']} | {r['B']} | {r['T']} | {_fmt(p.get('wy_ms'))} ({_fmt(p.get('wy_GBps'), 0)}) | "
-                         f"{_fmt(p.get('transition_ms'))} | {_fmt(p.get('chain_ms'))} | {_fmt(p.get('state_split_ms'))} "
-                         f"({_fmt(p.get('state_split_GBps'), 0)}) | {_fmt(p.get('state_plain_ms'))} ({_fmt(p.get('state_plain_GBps'), 0)}) | "
-                         f"{p.get('segments', '—')} x {p.get('seg_chunks', '—')} |")
-    graph = [r for r in res["rows"] if "graph_ms" in r]
-    if graph:
-        lines += ["", "CUDA-graph replay (launch overhead removed), B=1 T=8192:", ""]
-        for r in graph:
-            lines.append(f"- {r['op']}: ours {_fmt(r.get('graph_ms'))} ms, FLA {_fmt(r.get('fla_graph_ms'))} ms")
-    if res.get("correctness"):
-        lines += ["", "## Correctness vs the fp32 per-token reference (reduced shapes)", "",
-                  "| op | case | B×T, H, K=V | dtype | o rel_l2 | final state rel_l2 | transition rel_l2 | bf16 rounding of the reference's o |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for c in res["correctness"]:
-            if "error" in c:
-                lines.append(f"| {c['op']} | {c['case']} | | | ERROR: {c['error']} | | | |")
-                continue
-            lines.append(f"| {c['op']} | {c['case']} | {c['B']}×{c['T']}, {c['H']}, {c['K']} | {c['dtype']} | "
-                         f"{_sci(c['o_rel_l2'])} | {_sci(c['ht_rel_l2'])} | {_sci(c['transition_rel_l2'])} | "
-                         f"{_sci(c['ref_bf16_rounding'])} |")
-    if res.get("explore"):
-        lines += ["", "## Variants (explore)", "", "| op | B | T | variant | ms | rel_l2 vs FLA |", "|---|---|---|---|---|---|"]
-        for r in res["explore"]:
-            lines.append(f"| {r['op']} | {r['B']} | {r['T']} | {r['variant']} | {_fmt(r.get('ms'))} | "
-                         f"{_sci(r.get('rel_l2_vs_fla')) if 'error' not in r else 'ERROR: ' + r['error'][:80]} |")
-    return "\n".join(lines) + "\n"
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="cpbench bench kernels", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--name", default=None, help="file stem (default kernels_<device>)")
     ap.add_argument("--ops", default="gdn,kda")

@@ -1,5 +1,8 @@
 """MATH REFERENCE for KDA: the per-token recurrence in fp32 (tests and `backend="reference"` only).
 
+It lives in `common/` because it is also the general per-token reference that `common/transition.py` runs
+(a GDN gate is a KDA gate broadcast over K); the op package `kernels.kda` re-exports it.
+
     S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T,    o_t = scale * S_t^T q_t
 
 with a per-key-dim natural-log gate g `[B, T, H, K]`. Varlen via `cu_seqlens` (B == 1), optional initial

@@ -1,4 +1,4 @@
-"""`kernels.provenance`: the git sha and driver every result records (benchmarks and the worker share it)."""
+"""`runners.versions`: the git sha and driver every result records (benchmarks and the worker share it)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels.provenance import driver_version, git_sha
+from runners.versions import driver_version, git_sha
 
 ROOT = Path(__file__).resolve().parents[2]
 

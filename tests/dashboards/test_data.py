@@ -11,7 +11,7 @@ from tests.dashboards.seed import MODES, Seeded
 
 
 def test_sweep_rows_and_slice(session: Session, seeded: Seeded) -> None:
-    rows = data.sweep_rows(session, seeded.sweep_id)
+    rows = data.sweep_rows(session, seeded.sweep_id, limit=1000)
     assert len(rows) == seeded.n_points
     assert {r["mode"] for r in rows if r["status"] == "done"} == set(MODES)
     assert sorted(r["status"] for r in rows if r["status"] != "done") == ["failed", "skipped"]

@@ -7,7 +7,8 @@ Refuses an unmigrated store (run `cpbench db upgrade`). Prints the API token onc
 runners/suites/demo.yaml; then starts one worker in a background process (`runners.worker.run_worker`), stopped
 with the server, and prints the dashboard URL. `--port 0` picks a free port (the URL printed is the real one).
 
-bench_server is imported inside the command only: the server depends on runners, not the other way round.
+The verb lives in bench_server (the top of the dependency graph) and `bench_server.cli` adds it to the engine's
+`runners.cli` app: runners never imports the server.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from runners.errors import CpbenchError
 
 __all__ = ["DEMO_SPEC", "register", "serve"]
 
-DEMO_SPEC = Path(__file__).resolve().parent.parent / "suites" / "demo.yaml"
+DEMO_SPEC = Path(__file__).resolve().parent.parent / "runners" / "suites" / "demo.yaml"
 
 
 def _bind(host: str, port: int) -> socket.socket:

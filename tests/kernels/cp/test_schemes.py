@@ -17,6 +17,7 @@ import torch
 
 import kernels
 import kernels.cp as cp
+from tests.kernels.cp import cases
 from tests.utils import assert_rel_close, make_inputs
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(300)]
@@ -52,7 +53,7 @@ def _truth(op: str, case: str) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
 @pytest.mark.parametrize("W", [2, 4])
 def test_forward_schemes(gangs: dict, W: int, case: str, op: str, layout: str) -> None:
     ref, base, cu = _truth(op, case)
-    per_rank = gangs[W].run("schemes", op=op, lengths=CASES[case], layout=layout, runs=RUNS, H=H, K=K, V=V, lb=-1.0, seed=0)
+    per_rank = gangs[W].run(cases.schemes, {"op": op, "lengths": CASES[case], "layout": layout, "runs": RUNS, "H": H, "K": K, "V": V, "lb": -1.0, "seed": 0})
     ctx = cp.build_context(cu, W, 0, layout)
     for label in per_rank[0]:
         o = cp.unshard([r[label] for r in per_rank], ctx)
@@ -61,5 +62,5 @@ def test_forward_schemes(gangs: dict, W: int, case: str, op: str, layout: str) -
 
 
 def test_group_mismatch_is_refused(gang2) -> None:
-    msgs = gang2.run("bad_group")
+    msgs = gang2.run(cases.bad_group, None)
     assert all("ctx was built for world_size=4" in m for m in msgs), msgs

@@ -1,7 +1,7 @@
-"""GPU benchmark of the CP schemes (not a test): `python -m kernels.cp.bench --out DIR`.
+"""GPU benchmark of the CP schemes (not a test): `cpbench bench cp --out DIR` (= `python -m runners.bench.cp`).
 
-Spawns W processes itself (NCCL, one GPU each; `--cpu` runs the same code on gloo + the torch backend with
-small shapes, as a smoke test) and measures, for GDN and KDA, bf16, B = 1 single sequence, H = 16,
+Runs on the engine's rank gang (`runners.gang.Gang`: W processes, NCCL, one GPU each; `--cpu` runs the same code
+on gloo + the torch backend with small shapes, as a smoke test) and measures, for GDN and KDA, bf16, B = 1 single sequence, H = 16,
 K = V = 128, T in {64K, 128K}:
 
 - `none` (our kernels, whole sequence on one GPU; every rank runs it on its own GPU) and FLA's one-GPU
@@ -10,12 +10,13 @@ K = V = 128, T in {64K, 128K}:
 - warmup_correct on one GPU at T in {16K, 64K}, lb in {-5, -1, -0.5}, fallback in {none, exact}
   (configs split over the GPUs, one GPU each).
 
-Method: inputs are built before timing (q, v ~ N(0,1), k L2-normalised, beta = sigmoid(N), g = lb sigmoid(N)
-fp32; identical on every rank from one seed); `--warmup` untimed steps (compile); then `--iters` steps, each
-after a device sync and a barrier, timed with CUDA events on every rank; a step's time is the max over
-ranks; we report the median and p20/p80. The inputs (>= 400 MB) are far larger than L2, so no flush.
-Error: relative L2 of the unsharded output vs `none` (and vs FLA's one-GPU output). One extra profiled step
-per scheme counts c10d collectives, `aten::item`/`_local_scalar_dense` and device-to-host copies.
+Method: the engine's parts. Inputs are a sweep point's (`runners.workload.make_workload`: q, v ~ N(0,1), k
+L2-normalised, beta = sigmoid(N), g = lb sigmoid(N) fp32; identical on every rank from one seed), built before
+timing. Timing is `runners.timing.time_step`: at least `--warmup` untimed steps (until the first-call costs are
+over), then exactly `--iters` samples with CUDA events on every rank; a sample is the max over ranks; we report
+the median and p20/p80. The inputs (>= 400 MB) are far larger than L2, so no flush.
+Error: `runners.correctness.rel_l2` of the unsharded output vs `none` (and vs FLA's one-GPU output). One extra
+profiled step per scheme (`runners.profile.profile_step`, the worker's counter) counts collectives and host syncs.
 A deadline (`--deadline`, seconds) skips what no longer fits and records it as skipped.
 
 Results: DIR/<stem>.json (every record, plus device, versions, git sha and the command) and DIR/<stem>.md, with
@@ -26,15 +27,12 @@ never overwrites the GPU table).
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import json
 import math
 import os
-import platform
 import statistics
 import sys
-import tempfile
 import time
 import traceback
 from typing import Any
@@ -44,83 +42,45 @@ import torch.distributed as dist
 
 import kernels
 import kernels.cp as cp
-from kernels.bench import result_stem
-from kernels.provenance import driver_version, git_sha
+from runners.bench.common import environment, result_stem
+from runners.correctness import rel_l2
+from runners.gang import Gang, RankContext
+from runners.profile import profile_step
+from runners.timing import StopRule, time_step
+from runners.workload import make_workload
 
 TARGETS = {"true_cp W=2 T=128K": 2.8, "warmup_correct 1 GPU T=64K lb=-5": 0.6}
 PEER = "fla"
 
 
-# ----------------------------------------------------------------------------------------------------------- inputs
+# ----------------------------------------------------------------------------------------------------------- parts
 def make_inputs(op: str, T: int, H: int, K: int, V: int, lb: float, dev: torch.device, seed: int,
                 dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    gen = torch.Generator(device=dev).manual_seed(seed)
-    q = torch.randn(1, T, H, K, device=dev, generator=gen).to(dtype)
-    k = torch.nn.functional.normalize(torch.randn(1, T, H, K, device=dev, generator=gen), p=2, dim=-1).to(dtype)
-    v = torch.randn(1, T, H, V, device=dev, generator=gen).to(dtype)
-    g = lb * torch.sigmoid(torch.randn(*((1, T, H) if op == "gdn" else (1, T, H, K)), device=dev, generator=gen))
-    beta = torch.sigmoid(torch.randn(1, T, H, device=dev, generator=gen)).to(dtype)
-    return q, k, v, g, beta
+    """One sequence of T tokens as a sweep point builds it (`runners.workload`): (q, k, v, g, beta)."""
+    name = str(dtype).removeprefix("torch.")
+    params = {"op": op, "B": 1, "T": T, "H": H, "K": K, "V": V, "lb": lb, "seed": seed, "dtype": name}
+    return make_workload(params, device=dev).tensors
 
 
-def rel(ref: torch.Tensor, x: torch.Tensor) -> float:
-    r, y = ref.double(), x.double()
-    return float((r - y).norm() / r.norm().clamp_min(1e-30))
-
-
-# ----------------------------------------------------------------------------------------------------------- timing
 def sync(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
 
 
 def time_steps(step: Any, dev: torch.device, iters: int, warmup: int, *, collective: bool) -> dict[str, Any]:
-    """Median over steps of the max over ranks (collective=True) or of this rank alone, in ms."""
-    for _ in range(warmup):
-        step()
-    sync(dev)
-    ts = []
-    for _ in range(iters):
-        sync(dev)
-        if collective:
-            dist.barrier()
-        if dev.type == "cuda":
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            step()
-            e1.record()
-            e1.synchronize()
-            ts.append(e0.elapsed_time(e1))
-        else:
-            t0 = time.perf_counter()
-            step()
-            ts.append((time.perf_counter() - t0) * 1e3)
-    local = torch.tensor(ts, dtype=torch.float64, device=dev)
-    if collective:
-        dist.all_reduce(local, op=dist.ReduceOp.MAX)
-    ms = sorted(local.tolist())
+    """`runners.timing.time_step` with exactly `iters` samples after at least `warmup` calls, no L2 flush; the
+    median and p20/p80 in ms of the max over ranks (collective=True) or of this rank alone."""
+    rule = StopRule(min_samples=iters, max_samples=iters, min_time_s=0.0, max_rel_iqr=0.0, timeout_s=600.0,
+                    warmup_min_iters=max(1, warmup), flush_l2=False)
+    ms = sorted(time_step(step, rule=rule, device=dev, group=dist.group.WORLD if collective else None).samples_ms)
     q = lambda p: ms[min(len(ms) - 1, int(round(p * (len(ms) - 1))))]  # noqa: E731
-    return {"ms": statistics.median(ms), "ms_p20": q(0.2), "ms_p80": q(0.8), "iters": iters}
+    return {"ms": statistics.median(ms), "ms_p20": q(0.2), "ms_p80": q(0.8), "iters": len(ms)}
 
 
-def profile_counts(step: Any, dev: torch.device) -> dict[str, int]:
-    from torch.profiler import ProfilerActivity, profile
-
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-    with profile(activities=acts) as prof:
-        step()
-        sync(dev)
-    out: dict[str, int] = {}
-    for e in prof.events():
-        n = e.name
-        key = None
-        if n.startswith("c10d::") or n in ("aten::item", "aten::_local_scalar_dense"):
-            key = n
-        elif "Memcpy DtoH" in n:
-            key = "memcpy_dtoh"
-        if key:
-            out[key] = out.get(key, 0) + 1
-    return out
+def profile_counts(step: Any, dev: torch.device) -> dict[str, Any]:
+    """One profiled step, counted as the worker counts it: collectives by kind and host syncs."""
+    p = profile_step(step, device=dev)
+    return {"collectives": p.collectives, "host_syncs": p.host_syncs, "sync_events": p.sync_events}
 
 
 class Deadline:
@@ -191,7 +151,7 @@ def run_cp_config(op: str, T: int, *, rank: int, W: int, args: argparse.Namespac
             sync(dev)
             first = time.time() - t0
             r = time_steps(fla_step, dev, args.iters, args.warmup, collective=True)
-            record(dict(base, scheme="fla_1gpu", gpus=1, first_call_s=round(first, 2), err_vs_none=rel(o_ref, o_fla), **r))
+            record(dict(base, scheme="fla_1gpu", gpus=1, first_call_s=round(first, 2), err_vs_none=rel_l2(o_fla, o_ref), **r))
         except Exception as e:  # noqa: BLE001
             record(dict(base, scheme="fla_1gpu", error=repr(e), tb=traceback.format_exc()[-1500:]))
     ctx = cp.build_context(cu, W, rank, "contiguous")
@@ -216,9 +176,9 @@ def run_cp_config(op: str, T: int, *, rank: int, W: int, args: argparse.Namespac
             shards = gather_shards(o, W)
             if rank == 0:
                 full = cp.unshard(shards, ctx)
-                rec["err_vs_none"] = rel(o_ref, full)
+                rec["err_vs_none"] = rel_l2(full, o_ref)
                 if o_fla is not None:
-                    rec["err_vs_fla"] = rel(o_fla, full)
+                    rec["err_vs_fla"] = rel_l2(full, o_fla)
             rec.update(time_steps(step, dev, args.iters, args.warmup, collective=True))
             rec["speedup_vs_none"] = base_ms / rec["ms"]
             rec["counts"] = profile_counts(step, dev)
@@ -256,7 +216,7 @@ def run_wc_config(op: str, T: int, lb: float, fb: str, *, args: argparse.Namespa
         first = time.time() - t0
         r = time_steps(wc_step, dev, args.iters, args.warmup, collective=False)
         rec = dict(base, first_call_s=round(first, 2), none_ms=none_r["ms"], speedup_vs_none=none_r["ms"] / r["ms"],
-                   err_vs_none=rel(o_ref, o), report=rep.to_dict(), **r)
+                   err_vs_none=rel_l2(o, o_ref), report=rep.to_dict(), **r)
         rec["report"].pop("segment_bounds", None)
         rec["report"]["window"] = sorted(set(rec["report"]["window"]))
         rec["counts"] = profile_counts(wc_step, dev)
@@ -269,18 +229,12 @@ def run_wc_config(op: str, T: int, lb: float, fb: str, *, args: argparse.Namespa
 
 
 
-def worker(rank: int, W: int, args: argparse.Namespace, init_file: str) -> None:
+def rank_job(rc: RankContext, args: argparse.Namespace) -> list[dict[str, Any]] | None:
+    """One rank's share of the run (a `Gang` job): every record on rank 0 (the others return None)."""
     os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
+    rank, W, dev = rc.rank, rc.world_size, rc.device
     if args.cpu:
-        dev = torch.device("cpu")
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=W,
-                                timeout=datetime.timedelta(seconds=600))
-    else:
-        torch.cuda.set_device(rank)
-        dev = torch.device("cuda", rank)
-        dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=W, device_id=dev,
-                                timeout=datetime.timedelta(seconds=600))
     group = dist.group.WORLD
     backend = "torch" if args.cpu else "auto"
     dtype = torch.float32 if args.cpu else torch.bfloat16
@@ -321,41 +275,11 @@ def worker(rank: int, W: int, args: argparse.Namespace, init_file: str) -> None:
             if r.get("kind") == "warmup_correct" and "ms" in r and (r["op"], r["T"]) in fla1:
                 r["fla_1gpu_ms"] = fla1[(r["op"], r["T"])]
                 r["speedup_vs_fla"] = r["fla_1gpu_ms"] / r["ms"]
-        write_results(merged, args, dev)
-    dist.barrier()
-    dist.destroy_process_group()
-    os._exit(0)
+        return merged
+    return None
 
 
 # ----------------------------------------------------------------------------------------------------------- output
-def environment(dev: torch.device, args: argparse.Namespace) -> dict[str, Any]:
-    env: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__, "host": platform.node(),
-                           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                           "git_sha": args.git_sha or git_sha() or "unknown",
-                           "command": args.command or " ".join(sys.argv)}
-    try:
-        import triton
-
-        env["triton"] = triton.__version__
-    except ImportError:
-        env["triton"] = None
-    try:
-        import fla
-
-        env["fla"] = getattr(fla, "__version__", "?")
-    except ImportError:
-        env["fla"] = None
-    if dev.type == "cuda":
-        p = torch.cuda.get_device_properties(dev)
-        env.update(device=p.name, sms=p.multi_processor_count, gpus=torch.cuda.device_count(),
-                   nccl=".".join(map(str, torch.cuda.nccl.version())), cuda=torch.version.cuda)
-        env["driver"] = driver_version()
-    else:
-        env.update(device="cpu (smoke test, gloo + torch backend)")
-    env["nccl_env"] = {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")}
-    return env
-
-
 def fmt(x: Any, nd: int = 3) -> str:
     if x is None:
         return "-"
@@ -367,7 +291,9 @@ def fmt(x: Any, nd: int = 3) -> str:
 
 
 def write_results(recs: list[dict[str, Any]], args: argparse.Namespace, dev: torch.device) -> None:
-    env = environment(dev, args)
+    env = environment(dev, command=args.command or " ".join(sys.argv), sha=args.git_sha,
+                      cpu_label="cpu (smoke test, gloo + torch backend)",
+                      env_vars=("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"))
     os.makedirs(args.out, exist_ok=True)
     stem = result_stem("cp", args.name, "cpu" if args.cpu else env.get("device"))
     with open(os.path.join(args.out, stem + ".json"), "w") as f:
@@ -376,10 +302,11 @@ def write_results(recs: list[dict[str, Any]], args: argparse.Namespace, dev: tor
              f"{env['date']} · torch {env['torch']} · triton {env.get('triton')} · NCCL {env.get('nccl')} · "
              f"driver {env.get('driver')} · fla {env.get('fla')} · git {env['git_sha']}", "",
              f"Command: `{env['command']}`", "",
-             "Method: CUDA events around each step after a sync and a barrier; step time = max over ranks; median "
-             f"(p20-p80) of {args.iters} steps after {args.warmup} warm-up steps. B=1, one sequence, bf16 inputs, fp32 g.",
+             "Method: the engine's timer (runners.timing.time_step: CUDA events, a sample = max over ranks, no L2 flush); "
+             f"median (p20-p80) of {args.iters} samples after at least {args.warmup} warm-up steps. B=1, one sequence, "
+             "bf16 inputs, fp32 g. Collectives and host syncs of rank 0 from the worker's profiler (runners.profile).",
              "", "## W-GPU schemes (forward)", "",
-             "| op | T | scheme | GPUs | ms (p20-p80) | x vs none | err vs none | collectives (c10d) | item / DtoH |",
+             "| op | T | scheme | GPUs | ms (p20-p80) | x vs none | err vs none | collectives | host syncs |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in recs:
         if r.get("kind") != "cp":
@@ -389,14 +316,14 @@ def write_results(recs: list[dict[str, Any]], args: argparse.Namespace, dev: tor
                          "| | | | |")
             continue
         c = r.get("counts", {})
-        coll = ", ".join(f"{k.replace('c10d::', '')} {v}" for k, v in c.items() if k.startswith("c10d::")) or "0"
-        syncs = f"{c.get('aten::item', 0)} / {c.get('memcpy_dtoh', 0)}"
+        coll = ", ".join(f"{k} {v}" for k, v in c.get("collectives", {}).items()) or "0"
+        syncs = str(c.get("host_syncs", ""))
         lines.append(f"| {r['op']} | {r['T']} | {r['scheme']} | {r.get('gpus', '')} | {fmt(r['ms'])} ({fmt(r['ms_p20'])}-"
                      f"{fmt(r['ms_p80'])}) | {fmt(r.get('speedup_vs_none'), 2)} | {fmt(r.get('err_vs_none'))} | {coll} | "
                      f"{syncs if 'counts' in r else ''} |")
     lines += ["", "## warmup_correct on one GPU", "",
               "| op | T | lb | fallback | ms | none ms | x vs none | FLA 1-GPU ms | x vs FLA | err vs none | segments "
-              "| window | fallback_count | violations | max bound | item / DtoH |",
+              "| window | fallback_count | violations | max bound | host syncs |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted((r for r in recs if r.get("kind") == "warmup_correct"), key=lambda r: (r["op"], r["T"], r["lb"], r["fallback"])):
         if "ms" not in r:
@@ -407,7 +334,7 @@ def write_results(recs: list[dict[str, Any]], args: argparse.Namespace, dev: tor
         lines.append(f"| {r['op']} | {r['T']} | {r['lb']} | {r['fallback']} | {fmt(r['ms'])} | {fmt(r['none_ms'])} | "
                      f"{fmt(r['speedup_vs_none'], 2)} | {fmt(r.get('fla_1gpu_ms'))} | {fmt(r.get('speedup_vs_fla'), 2)} | "
                      f"{fmt(r['err_vs_none'])} | {rep['segments']} | {rep['window']} | {rep['fallback_count']} | "
-                     f"{rep['violations']} | {fmt(rep['max_bound'])} | {c.get('aten::item', 0)} / {c.get('memcpy_dtoh', 0)} |")
+                     f"{rep['violations']} | {fmt(rep['max_bound'])} | {c.get('host_syncs', '')} |")
     lines += ["", "## Targets", ""]
     if args.cpu:
         lines.append("- not judged: the targets are GPU figures (W=2 H200 at T=128K; one H200 at T=64K), this was a --cpu run")
@@ -426,7 +353,7 @@ def write_results(recs: list[dict[str, Any]], args: argparse.Namespace, dev: tor
 
 # ----------------------------------------------------------------------------------------------------------- main
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="cpbench bench cp", description=__doc__.split("\n")[0])
     csv = lambda f: lambda s: [f(x) for x in s.split(",") if x]  # noqa: E731
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--name", default=None, help="file stem of the results (default: cp_h200 on an H200, cp_<device> elsewhere)")
@@ -463,8 +390,12 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     elif torch.cuda.device_count() < args.world:
         raise SystemExit(f"--world {args.world} needs {args.world} GPUs, found {torch.cuda.device_count()}")
-    init_file = os.path.join(tempfile.mkdtemp(prefix="cpbench-"), "rdzv")
-    torch.multiprocessing.spawn(worker, args=(args.world, args, init_file), nprocs=args.world, join=True)
+    gang = Gang(args.world, device_kind="cpu" if args.cpu else "cuda", pg_timeout_s=600.0)
+    try:
+        recs = gang.run(rank_job, args, timeout_s=args.deadline + 600.0)[0]
+    finally:
+        gang.close()
+    write_results(recs, args, torch.device("cpu") if args.cpu else torch.device("cuda", 0))
 
 
 if __name__ == "__main__":

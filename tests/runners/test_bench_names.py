@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kernels.bench import result_stem
+from runners.bench.common import result_stem
 
 
 def test_result_stem_per_device() -> None:

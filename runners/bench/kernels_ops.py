@@ -1,0 +1,161 @@
+"""What the kernel benchmark times and how (`runners.bench.kernels` runs it): FLA's input recipe, the bytes and
+flops floors, the do_bench timer, our forward and its variants, FLA's forward.
+
+The inputs and the timer are FLA's anchor method (../shared/anchors/fla-h200.md: `triton.testing.do_bench`
+medians, q and k L2-normalised, g = logsigmoid(randn)), on purpose: these figures stand next to FLA's published
+ones. The engine's sweep points use `runners.workload` and `runners.timing` instead.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+H_DEFAULT, K_DIM, V_DIM, C = 16, 128, 128, 64
+SHAPES_DEFAULT = ((1, 8192), (1, 32768), (1, 65536), (1, 131072), (8, 8192))
+FLA_MS_ANCHOR = {  # ../shared/anchors/fla-h200.md, forward, ms (do_bench median), H=16
+    ("gdn", 1, 8192): 0.831, ("gdn", 1, 32768): 1.263, ("gdn", 1, 65536): 2.504, ("gdn", 1, 131072): 4.969,
+    ("gdn", 8, 8192): 1.847, ("kda", 1, 8192): 0.890, ("kda", 1, 32768): 2.282, ("kda", 1, 65536): 4.521,
+    ("kda", 1, 131072): 8.950, ("kda", 8, 8192): 3.765,
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# inputs, floors, timing
+
+
+def make_inputs(op: str, B: int, T: int, H: int, *, device: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0,
+                lb: float | None = None, K: int = K_DIM, V: int = V_DIM) -> tuple[torch.Tensor, ...]:
+    """Random inputs, never zeros. lb: gate g = lb * sigmoid(randn) (slow decay) instead of logsigmoid(randn)."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+
+    def rn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=device, dtype=torch.float32, generator=gen)
+
+    q = F.normalize(rn(B, T, H, K), p=2, dim=-1).to(dtype)
+    k = F.normalize(rn(B, T, H, K), p=2, dim=-1).to(dtype)
+    v = rn(B, T, H, V).to(dtype)
+    gshape = (B, T, H) if op == "gdn" else (B, T, H, K)
+    g = (F.logsigmoid(rn(*gshape)) if lb is None else lb * torch.sigmoid(rn(*gshape))).to(dtype)
+    beta = torch.sigmoid(rn(B, T, H)).to(dtype)
+    return q, k, v, g, beta
+
+
+def bytes_floor(op: str, B: int, T: int, H: int, K: int = K_DIM, V: int = V_DIM, el: int = 2) -> int:
+    gk = 1 if op == "gdn" else K
+    return B * T * H * (K + K + V + gk + 1 + V) * el
+
+
+def flops_floor(B: int, T: int, H: int, K: int = K_DIM, V: int = V_DIM) -> float:
+    chunks = B * math.ceil(T / C) * H
+    return chunks * (2 * C * C * (3 * K + 2 * V) + 6 * C * K * V)
+
+
+class Timer:
+    """do_bench median on CUDA; a wall-clock median on CPU (dry run)."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+
+    def __call__(self, fn: Callable[[], Any], warmup: int = 25, rep: int = 200) -> tuple[float, float, float]:
+        if self.cuda:
+            from triton.testing import do_bench
+
+            r = do_bench(fn, warmup=warmup, rep=rep, quantiles=[0.5, 0.2, 0.8])
+            return float(r[0]), float(r[1]), float(r[2])
+        ts = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t0) * 1e3)
+        ts.sort()
+        return ts[1], ts[0], ts[2]
+
+
+def _timed(timer: Timer, fn: Callable[..., Any], *args: Any, warmup: int = 25, rep: int = 200,
+           **kw: Any) -> tuple[float, float, float]:
+    """timer(fn(*args, **kw)), binding the arguments now."""
+    return timer(lambda: fn(*args, **kw), warmup=warmup, rep=rep)
+
+
+def measure_ceilings(timer: Timer, device: str) -> dict[str, float]:
+    if device != "cuda":
+        return {"copy_GBps": float("nan"), "matmul_TFLOPs": float("nan")}
+    n = 1 << 29  # 1 GiB of bf16 each side
+    src = torch.randn(n, device=device, dtype=torch.float32).to(torch.bfloat16)
+    ms = _timed(timer, torch.Tensor.copy_, torch.empty_like(src), src, warmup=50, rep=300)[0]
+    copy = 2 * n * 2 / (ms * 1e-3) / 1e9
+    a, b = (torch.randn(8192, 8192, device=device, dtype=torch.bfloat16) for _ in range(2))
+    ms = _timed(timer, torch.matmul, a, b, out=torch.empty_like(a), warmup=100, rep=500)[0]
+    mm = 2 * 8192**3 / (ms * 1e-3) / 1e12
+    torch.cuda.empty_cache()
+    return {"copy_GBps": copy, "matmul_TFLOPs": mm}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the callables
+
+
+def ours(op: str, q, k, v, g, beta, *, split: int | None = None, fuse: bool | None = None,
+         configs: dict[str, Any] | None = None, api: bool = True, **kw: Any) -> tuple[torch.Tensor, Any]:
+    """Our Triton forward: through the public entry, or the op's orchestration directly (variants)."""
+    import kernels
+
+    if api and split is None and fuse is None and not configs:
+        return kernels.forward(op, q, k, v, g, beta, backend="triton", **kw)
+    if op == "gdn":
+        from kernels.gdn.chunk import chunk_gdn_fwd as fwd
+    else:
+        from kernels.kda.chunk import chunk_kda_fwd as fwd
+    scale = kw.pop("scale", None) or q.shape[-1] ** -0.5
+    return fwd(q, k, v, g, beta, scale=scale, split_chunks=split, fuse_output=fuse, configs=configs, **kw)
+
+
+def fla_fn(op: str) -> Callable[..., Any]:
+    if op == "gdn":
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+        return chunk_gated_delta_rule
+    from fla.ops.kda import chunk_kda
+
+    return chunk_kda
+
+
+def variants(op: str, B: int, T: int, explore: bool | str) -> list[tuple[str, dict[str, Any]]]:
+    """(label, kwargs of `ours`) per timed variant of one shape; the first is the headline (public API)."""
+    from kernels.configs import LaunchConfig
+
+    out: list[tuple[str, dict[str, Any]]] = [("ours", {})]
+    if not explore:
+        return out
+    nt = math.ceil(T / C)
+    if B == 1:
+        out.append(("plain", {"split": 0}))
+        for s in ((16, 32, 64) if explore == "light" else (8, 16, 32, 64, 128)):
+            if s < nt:
+                out.append((f"split{s}", {"split": s}))
+    out.append(("unfused", {"fuse": False}))
+    if explore == "light":
+        return out
+    if (B, T) in ((8, 8192), (1, 65536)):
+        # the fused state pass (default BV 64, 4 warps, 1 stage)
+        for bv, nw, ns in ((64, 4, 2), (32, 4, 1), (32, 4, 2), (64, 8, 1), (64, 8, 2)):
+            cfg = LaunchConfig(BV=bv, num_warps=nw, num_stages=ns)
+            out.append((f"state_bv{bv}_w{nw}_s{ns}", {"configs": {"chunk_state_output_fwd": cfg}}))
+        # the intra-chunk kernel (defaults: GDN BK 32 BV 64 4 warps; KDA BK 32 BV 64 8 warps)
+        wy = "wy_gdn_fwd" if op == "gdn" else "wy_kda_fwd"
+        alts = ((64, 64, 4), (32, 64, 8)) if op == "gdn" else ((32, 64, 4), (64, 64, 8))
+        for bk, bv, nw in alts:
+            out.append((f"wy_bk{bk}_bv{bv}_w{nw}", {"configs": {wy: LaunchConfig(BK=bk, BV=bv, num_warps=nw, num_stages=2)}}))
+    if B == 1 and T == 65536:
+        # the transition pass of the split (default BV 64, 4 warps, 1 stage)
+        for bv, nw, ns in ((64, 4, 2), (32, 4, 1), (128, 8, 1)):
+            cfg = LaunchConfig(BV=bv, num_warps=nw, num_stages=ns)
+            out.append((f"trans_bv{bv}_w{nw}_s{ns}", {"configs": {"chunk_state_transition_fwd": cfg}}))
+    return out

@@ -1,0 +1,1 @@
+"""Tests of tests, laid out like the source."""

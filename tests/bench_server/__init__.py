@@ -1,0 +1,1 @@
+"""Tests of bench_server, laid out like the source."""

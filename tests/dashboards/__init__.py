@@ -1,0 +1,1 @@
+"""Tests of dashboards, laid out like the source."""

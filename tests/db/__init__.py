@@ -1,0 +1,1 @@
+"""Tests of db, laid out like the source."""

@@ -1,0 +1,1 @@
+"""Tests of kernels, laid out like the source."""

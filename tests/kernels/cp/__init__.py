@@ -1,0 +1,1 @@
+"""Tests of kernels/cp, laid out like the source."""

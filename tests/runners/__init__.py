@@ -1,0 +1,1 @@
+"""Tests of runners, laid out like the source."""

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from kernels.validate import BACKENDS, check_backend
 
-__all__ = ["BACKENDS", "fla_forward", "resolve_backend"]
+__all__ = ["BACKENDS", "fla_forward", "fla_op", "resolve_backend"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +35,18 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
+def fla_op(op: str) -> Any:
+    """FLA's public chunk op of `op`: `chunk_gated_delta_rule` (gdn) or `chunk_kda` (kda), imported now."""
+    try:
+        if op == "gdn":
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
+        else:
+            from fla.ops.kda import chunk_kda as fla_chunk
+    except ImportError as err:
+        raise ImportError(_FLA_MISSING.format(err=err)) from err
+    return fla_chunk
+
+
 def fla_forward(
     op: str,
     q: Tensor,
@@ -49,13 +62,7 @@ def fla_forward(
     cu_seqlens_cpu: Sequence[int] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """FLA's `chunk_gated_delta_rule` (gdn) or `chunk_kda` (kda) forward on our inputs."""
-    try:
-        if op == "gdn":
-            from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
-        else:
-            from fla.ops.kda import chunk_kda as fla_chunk
-    except ImportError as err:
-        raise ImportError(_FLA_MISSING.format(err=err)) from err
+    fla_chunk = fla_op(op)
     kwargs: dict[str, object] = {}
     if cu_seqlens is not None:
         # FLA reads the bounds on the device; the host copy spares it a device-to-host sync

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import importlib.util
+import io
 import json
 from pathlib import Path
 

@@ -6,10 +6,12 @@ the `cpbench.backends` entry point group) and the spec errors of a broken one.
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import itertools
 from typing import Any
 
 import pytest
+import torch
 
 from kernels.peers import fla as fla_peer
 from runners import plugins
@@ -131,3 +133,19 @@ def test_plugin_from_spec_string_and_entry_point(monkeypatch: pytest.MonkeyPatch
         assert plugins.unavailable(row["params"], available_backends()) is None
     finally:
         plugins.load_peer.cache_clear()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("fla") is None, reason="needs fla-core (requirements-ci.txt installs it)")
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_fla_kcp_partition_matches_our_shards(layout: str) -> None:
+    """FLA's true_cp runs on our shards: FLA's rank-local bounds (its host metadata, no GPU needed) equal ours."""
+    from fla.ops.cp.context import get_cp_cu_seqlens
+
+    from kernels import cp
+
+    bounds = (0, 100, 356, 400, 1024)
+    for W in (2, 4):
+        for r in range(W):
+            ours = cp.build_context(bounds, W, r, layout)
+            theirs = get_cp_cu_seqlens(torch.tensor(bounds), world_size=W, rank=r, layout=layout)
+            assert tuple(theirs.cu_seqlens_cpu.tolist()) == ours.local_cu_seqlens, (W, r)

@@ -138,7 +138,8 @@ def _peer_mode(peer: Any, params: dict[str, Any], wl: Workload, rc: RankContext)
             return o.reshape(*shape, o.shape[-1]) if mode == "none" else o
         return _gather(step(), ctx_cp, rc.group)
 
-    expected = {} if one else dict(cp.expected_collectives(mode, ctx_cp, params.get("mode_options") or None))
+    count = getattr(peer, "expected_collectives", None)  # optional: what one step issues (else not stated)
+    expected = dict(count(mode, ctx_cp, opts)) if callable(count) else {}
     return ModeRun(step=step, full_output=full_output, report=lambda: {}, expected_collectives=expected)
 
 

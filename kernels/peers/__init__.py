@@ -13,6 +13,8 @@ A peer backend is any object (an instance or a class) with these attributes; `Pe
                                               # this rank's output `[1, ctx.local_len, H, V]`, inputs as
                                               # `kernels.cp.forward` takes them (flattened, B = 1; for `none` and
                                               # `warmup_correct` the whole batch with a world_size=1 context)
+    expected_collectives(mode, ctx, options) -> dict  # (optional) what one step issues on this rank, like
+                                              # `kernels.cp.expected_collectives` (stored beside the profile)
     backward(...)   (optional; Training II: the runner will call it for direction "fwd+bwd")
     transition(...) (optional; `kernels.transition`'s contract, for the modes that chain maps)
 

@@ -141,6 +141,17 @@ class _FLA(Peer):
                     "driver, and its fwd_h kernel does not interpret)")
         return None
 
+    def expected_collectives(self, mode: str, ctx: Any, options: Mapping[str, Any]) -> dict[str, int]:
+        """What one step issues on this rank: KCP one all_gather of the summaries (every rank, always); our
+        collectives' count for the modes that wrap FLA's op; nothing for the one-device modes."""
+        if mode == "true_cp":
+            return {"all_gather": 1}
+        if mode in ("headwise", "all_gather", "ring"):
+            from kernels.cp import expected_collectives
+
+            return expected_collectives(mode, ctx, {k: v for k, v in options.items() if k not in self.options})
+        return {}
+
     def _cp_context(self, ctx: Any, group: Any, device: torch.device) -> Any:
         """FLA's CP context of our context (built once per bounds, rank, layout, group, device; FLA caches on
         the identity of the bounds tensor, so the same tensors are handed back every step)."""

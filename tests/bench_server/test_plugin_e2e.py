@@ -25,7 +25,6 @@ SPEC: dict[str, Any] = {
     "axes": {"B": 1, "T": [64], "H": 2, "K": 16, "V": 16, "lb": -1.0, "W": [1, 2], "dtype": "float32"},
     "timing": {"min_samples": 2, "max_samples": 3, "min_time_s": 0, "warmup_s": 0, "flush_l2": False},
     "check": {"reference_tokens": 64},
-    "profile": False,
 }
 
 
@@ -53,6 +52,8 @@ def test_plugin_sweep_runs_gates_stores_and_shows(client: httpx.Client, auth: di
         assert row["key"].startswith(f"kda/{row['mode']}/torchpeer/")
         if row["mode"] != "none":
             assert row["err_vs_none"] < 1e-5
+        if row["W"] == 2:  # profiled like ours: the peer's five all-gathers (q, k, v, g, beta) were counted
+            assert row["collectives"] == {"all_gather": 5}, row["collectives"]
 
     page = client.get(f"/sweeps/{sweep['id']}", params={"backend": "torchpeer"})
     assert page.status_code == 200 and "torchpeer" in page.text

@@ -43,6 +43,9 @@ class TorchPeer:
     def skip_reason(self, params: Mapping[str, Any]) -> str | None:
         return "torchpeer loops over tokens in Python: at most 4096 tokens" if params["B"] * params["T"] > 4096 else None
 
+    def expected_collectives(self, mode: str, ctx: Any, options: Mapping[str, Any]) -> dict[str, int]:
+        return {"all_gather": 5} if mode == "all_gather" else {}  # q, k, v, g, beta
+
     def forward(self, mode: str, op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any,
                 ctx: Any, scale: float | None, options: Mapping[str, Any]) -> Tensor:
         s = q.shape[-1] ** -0.5 if scale is None else scale

@@ -8,6 +8,7 @@ no in-kernel l2norm, beta already post-sigmoid), the same `scale`, `initial_stat
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -33,6 +34,11 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     if backend == "auto":
         return "triton" if device.type == "cuda" else "torch"
     return backend
+
+
+@functools.lru_cache(maxsize=256)
+def _host_bounds(bounds: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    return torch.tensor(bounds, dtype=dtype)
 
 
 def fla_op(op: str) -> Any:
@@ -68,7 +74,8 @@ def fla_forward(
         # FLA reads the bounds on the device; the host copy spares it a device-to-host sync
         kwargs["cu_seqlens"] = cu_seqlens.to(q.device, non_blocking=True)
         if cu_seqlens_cpu is not None:
-            kwargs["cu_seqlens_cpu"] = torch.tensor(list(cu_seqlens_cpu), dtype=cu_seqlens.dtype)
+            # one host tensor per bounds (FLA caches its varlen indices on tensor identity)
+            kwargs["cu_seqlens_cpu"] = _host_bounds(tuple(int(x) for x in cu_seqlens_cpu), cu_seqlens.dtype)
     # FLA's KDA asserts an fp32 initial state; GDN accepts it too
     h0 = initial_state.float() if initial_state is not None else None
     o, ht = fla_chunk(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=output_final_state, **kwargs)

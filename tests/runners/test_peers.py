@@ -149,3 +149,22 @@ def test_fla_kcp_partition_matches_our_shards(layout: str) -> None:
             ours = cp.build_context(bounds, W, r, layout)
             theirs = get_cp_cu_seqlens(torch.tensor(bounds), world_size=W, rank=r, layout=layout)
             assert tuple(theirs.cu_seqlens_cpu.tolist()) == ours.local_cu_seqlens, (W, r)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("fla") is None, reason="needs fla-core (requirements-ci.txt installs it)")
+def test_bypass_lifts_flas_hopper_guard(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FLA's own guard fires on 'Hopper' with this Triton (3.6); the opt-in lets the call past it (here it then
+    fails later, at the launch, because there is no GPU), and the guard is back afterwards."""
+    import fla.ops.common.chunk_o as chunk_o
+
+    monkeypatch.setattr(chunk_o, "IS_NVIDIA_HOPPER", True)
+    x = torch.randn(1, 64, 1, 16)
+    args = {"q": x, "k": x, "v": x, "do": x, "h": torch.randn(1, 1, 1, 16, 16), "dh": torch.randn(1, 1, 1, 16, 16),
+            "g": torch.randn(1, 64, 1)}
+    with pytest.raises(RuntimeError, match="Hopper GPUs produces incorrect results"):
+        chunk_o.chunk_bwd_dqkwg(**args)
+    with fla_peer.hopper_guard({"bypass_hopper_guard": True}), pytest.raises(Exception) as err:
+        chunk_o.chunk_bwd_dqkwg(**args)
+    assert "Hopper" not in str(err.value)
+    with pytest.raises(RuntimeError, match="Hopper GPUs produces incorrect results"):
+        chunk_o.chunk_bwd_dqkwg(**args)

@@ -109,6 +109,8 @@ def tune_fla(
 
         session.commit()
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type != "cuda":
+        raise ValueError(f"tune --backend fla needs a CUDA GPU (FLA's autotuner and kernels run on one), got device={device}")
     dev_name, cc = device_facts(device)
     timer = timer or make_timer(device)
     fla_op(op)  # import FLA's op (a clear ImportError when FLA is missing)

@@ -155,3 +155,19 @@ def test_export_read_back_by_fla_loader(tmp_path: Path, monkeypatch: pytest.Monk
         assert got.all_kwargs() == tuner.configs[-1].all_kwargs()
     finally:
         tuner.cache.pop(ours, None)
+
+
+def test_tune_backend_fla_on_cpu_is_one_line(tmp_path: Path) -> None:
+    from db.migrate import upgrade
+    from db.session import dispose_engine
+    from runners.cli import main
+
+    url = f"sqlite:///{tmp_path / 'cpbench.db'}"
+    upgrade(url)
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exc:
+            main(["tune", "--backend", "fla", "--op", "gdn", "--shape", "B=1,T=64,H=1,K=16,V=16", "--device", "cpu", "--db", url])
+    finally:
+        dispose_engine(url)
+    assert exc.value.code == 1 and "needs a CUDA GPU" in err.getvalue() and len(err.getvalue().strip().splitlines()) == 1

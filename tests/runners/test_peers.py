@@ -168,3 +168,13 @@ def test_bypass_lifts_flas_hopper_guard(monkeypatch: pytest.MonkeyPatch) -> None
     assert "Hopper" not in str(err.value)
     with pytest.raises(RuntimeError, match="Hopper GPUs produces incorrect results"):
         chunk_o.chunk_bwd_dqkwg(**args)
+
+
+def test_peers_suite_expands_ours_and_flas_side_by_side() -> None:
+    from pathlib import Path
+
+    from runners.spec import load_spec
+
+    rows = expand(load_spec(Path(__file__).resolve().parents[2] / "suites" / "peers-h200.yaml"))
+    assert len(rows) == 2 * 2 * 2 * 2 and all(r["status"] == "queued" for r in rows)  # op x backend x T x mode
+    assert {(r["backend"], r["mode"]) for r in rows} == {(b, m) for b in ("triton", "fla") for m in ("none", "warmup_correct")}

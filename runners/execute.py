@@ -120,6 +120,11 @@ def _peer_mode(peer: Any, params: dict[str, Any], wl: Workload, rc: RankContext)
     from kernels.peers import peer_options
 
     op, mode = params["op"], params["mode"]
+    if params.get("direction", "fwd") != "fwd":
+        # Training II: time forward + `o.backward(do)` (FLA's ops are autograd Functions) inside the peer's
+        # `hopper_guard`-like context, and gate the gradients; until then a peer point runs forward only
+        raise ValueError(f"direction {params['direction']!r} of peer backend {params['backend']!r} is not wired in the "
+                         "runner yet (Training II)")
     flat = wl.flat()
     one = mode in ("none", "warmup_correct")
     ctx_cp = cp.build_context(flat.cu_seqlens_cpu, 1 if one else rc.world_size, 0 if one else rc.rank,

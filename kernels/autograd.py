@@ -153,8 +153,8 @@ def differentiable_forward(
     if group > 1:
         q, k = q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
     if backend == "reference":
-        from kernels.gdn.naive import naive_recurrent_gdn
         from kernels.common.naive import naive_recurrent_kda
+        from kernels.gdn.naive import naive_recurrent_gdn
 
         fn = naive_recurrent_gdn if op == "gdn" else naive_recurrent_kda
         return fn(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,

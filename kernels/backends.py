@@ -8,15 +8,17 @@ no in-kernel l2norm, beta already post-sigmoid), the same `scale`, `initial_stat
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from kernels.validate import BACKENDS, check_backend
 
-__all__ = ["BACKENDS", "fla_forward", "resolve_backend"]
+__all__ = ["BACKENDS", "fla_forward", "fla_op", "resolve_backend"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +34,23 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     if backend == "auto":
         return "triton" if device.type == "cuda" else "torch"
     return backend
+
+
+@functools.lru_cache(maxsize=256)
+def _host_bounds(bounds: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    return torch.tensor(bounds, dtype=dtype)
+
+
+def fla_op(op: str) -> Any:
+    """FLA's public chunk op of `op`: `chunk_gated_delta_rule` (gdn) or `chunk_kda` (kda), imported now."""
+    try:
+        if op == "gdn":
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
+        else:
+            from fla.ops.kda import chunk_kda as fla_chunk
+    except ImportError as err:
+        raise ImportError(_FLA_MISSING.format(err=err)) from err
+    return fla_chunk
 
 
 def fla_forward(
@@ -51,13 +70,7 @@ def fla_forward(
 ) -> tuple[Tensor, Tensor | None]:
     """FLA's `chunk_gated_delta_rule` (gdn) or `chunk_kda` (kda) on our inputs (FLA's own autograd op; grouped value
     heads and the in-kernel l2norm are FLA's too)."""
-    try:
-        if op == "gdn":
-            from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
-        else:
-            from fla.ops.kda import chunk_kda as fla_chunk
-    except ImportError as err:
-        raise ImportError(_FLA_MISSING.format(err=err)) from err
+    fla_chunk = fla_op(op)
     kwargs: dict[str, object] = {}
     if use_qk_l2norm_in_kernel:
         kwargs["use_qk_l2norm_in_kernel"] = True
@@ -65,7 +78,8 @@ def fla_forward(
         # FLA reads the bounds on the device; the host copy spares it a device-to-host sync
         kwargs["cu_seqlens"] = cu_seqlens.to(q.device, non_blocking=True)
         if cu_seqlens_cpu is not None:
-            kwargs["cu_seqlens_cpu"] = torch.tensor(list(cu_seqlens_cpu), dtype=cu_seqlens.dtype)
+            # one host tensor per bounds (FLA caches its varlen indices on tensor identity)
+            kwargs["cu_seqlens_cpu"] = _host_bounds(tuple(int(x) for x in cu_seqlens_cpu), cu_seqlens.dtype)
     # FLA's KDA asserts an fp32 initial state; GDN accepts it too
     h0 = initial_state.float() if initial_state is not None else None
     o, ht = fla_chunk(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=output_final_state, **kwargs)

@@ -62,6 +62,11 @@ def build_mode(params: dict[str, Any], wl: Workload, rc: RankContext, options: d
     import kernels
 
     op, mode, backend = params["op"], params["mode"], params["backend"]
+    from runners.plugins import peer_of_point
+
+    peer = peer_of_point(params)
+    if peer is not None:
+        return _peer_mode(peer, params, wl, rc)
     if mode == "none":
         args = wl.tensors
         cu = wl.cu_seqlens
@@ -108,6 +113,54 @@ def build_mode(params: dict[str, Any], wl: Workload, rc: RankContext, options: d
     )
 
 
+def _peer_mode(peer: Any, params: dict[str, Any], wl: Workload, rc: RankContext) -> ModeRun:
+    """A peer backend's implementation of the point's mode (`kernels.peers`): the flattened batch, sharded for
+    the multi-rank modes; `none` and `warmup_correct` get the whole batch with a one-rank context."""
+    from kernels import cp
+    from kernels.peers import peer_options
+
+    op, mode = params["op"], params["mode"]
+    if params.get("direction", "fwd") != "fwd":
+        # Training II: time forward + `o.backward(do)` (FLA's ops are autograd Functions) inside the peer's
+        # `hopper_guard`-like context, and gate the gradients; until then a peer point runs forward only
+        raise ValueError(f"direction {params['direction']!r} of peer backend {params['backend']!r} is not wired in the "
+                         "runner yet (Training II)")
+    flat = wl.flat()
+    one = mode in ("none", "warmup_correct")
+    ctx_cp = cp.build_context(flat.cu_seqlens_cpu, 1 if one else rc.world_size, 0 if one else rc.rank,
+                              "contiguous" if one else params["layout"])
+    xs = flat.tensors if one else [cp.shard(x, ctx_cp).clone() for x in flat.tensors]
+    opts = {**dict(params.get("mode_options") or {}), **peer_options(peer, params)}
+    group = None if one else rc.group
+    shape = wl.tensors[2].shape[:-1]  # none: the caller's (dense or varlen) layout [B, T, H]
+
+    def step() -> Tensor:
+        return peer.forward(mode, op, *xs, group=group, ctx=ctx_cp, scale=None, options=opts)
+
+    def full_output() -> Tensor:
+        if one:
+            o = step()
+            return o.reshape(*shape, o.shape[-1]) if mode == "none" else o
+        return _gather(step(), ctx_cp, rc.group)
+
+    count = getattr(peer, "expected_collectives", None)  # optional: what one step issues (else not stated)
+    expected = dict(count(mode, ctx_cp, opts)) if callable(count) else {}
+    return ModeRun(step=step, full_output=full_output, report=lambda: {}, expected_collectives=expected)
+
+
+def _none_output(params: dict[str, Any], wl: Workload, rc: RankContext) -> Tensor:
+    """The `none` output the gate compares a mode with: the backend's own `none` (a peer's when it has one,
+    else our torch/triton one) on the same inputs."""
+    import kernels
+    from runners.plugins import peer_of_point
+
+    peer = peer_of_point(params)
+    if peer is not None and "none" in peer.modes:
+        return _peer_mode(peer, {**params, "mode": "none"}, wl, rc).full_output()
+    backend = params["backend"] if peer is None else "auto"
+    return kernels.forward(params["op"], *wl.tensors, cu_seqlens=wl.cu_seqlens, backend=backend)[0]
+
+
 def _jsonable(x: Any) -> Any:
     """`x` with tensors, tuples and non-finite floats made JSON-safe (reports go to a JSON column)."""
     if isinstance(x, Tensor):
@@ -145,7 +198,7 @@ def _check(params: dict[str, Any], wl: Workload, run: ModeRun, rc: RankContext, 
         if params["mode"] == "none":
             err_none = 0.0
         else:
-            o_none = kernels.forward(params["op"], *wl.tensors, cu_seqlens=wl.cu_seqlens, backend=params["backend"])[0]
+            o_none = _none_output(params, wl, rc)
             err_none = rel_l2(o_full, o_none)
     if check.get("reference", True):
         small = reduced_params(params, max_tokens=int(check.get("reference_tokens", 256)))

@@ -8,11 +8,14 @@ to each other in the queue (compared within minutes of each other).
 A point that cannot run is kept, with `status="skipped"` and the reason (nvbench's `state.skip`), never
 dropped. The rules, first match wins:
 
-- the mode or backend is not available here (only when the caller says what is available);
+- the mode is not available here (only when the caller says what is available);
+- a peer backend (`fla`, a plugin: `runners.plugins`) does not implement the mode or direction, or its own rule
+  says why not (`kernels.peers.peer_skip_reason`: FLA's reasons, with or without FLA installed here);
 - `none` and `warmup_correct` run on one device: W must be 1;
 - W is more than the devices present (only when the caller passes `max_W`; workers also claim by W);
 - `headwise` needs H % W == 0;
-- the token count (B*T, or the sum of a varlen list) must split evenly: by W (contiguous) or 2W (zigzag).
+- the token count (B*T, or the sum of a varlen list) must split evenly: by W (contiguous) or 2W (zigzag);
+- the backend is not available here (only when the caller says what is available).
 
 The key names a benchmark across sweeps: every axis value except the repetition index, in a fixed order,
 e.g. `gdn/ring/torch/B=1,T=256,H=2,K=32,V=32,lb=-1,W=2,layout=contiguous,dir=fwd,dtype=float32,seed=0`.
@@ -27,6 +30,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from kernels.cp import SINGLE_DEVICE
+from kernels.peers import peer_skip_reason
+from runners.plugins import is_ours, load_peer, peer_of_point, unavailable
 from runners.spec import SweepSpec, WarmupCorrectSpec
 
 __all__ = ["available_backends", "available_modes", "expand", "mode_options", "point_key", "skip_reason", "tokens"]
@@ -83,6 +88,8 @@ def point_key(params: dict[str, Any]) -> str:
     opts = dict(params.get("mode_options") or {})
     if params["mode"] == "warmup_correct":
         opts = {k: v for k, v in opts.items() if _WC_DEFAULTS.get(k) != v}
+    # a peer's own options (`mode_options: {fla: {...}}`) name the backend: `,opts=fla.bypass_hopper_guard=True`
+    opts.update({f"{params['backend']}.{k}": v for k, v in (params.get("backend_options") or {}).items()})
     if opts:
         key += ",opts=" + ";".join(f"{k}={_fmt(opts[k])}" for k in sorted(opts))
     return key
@@ -112,8 +119,13 @@ def skip_reason(
     mode, W, H = params["mode"], int(params["W"]), int(params["H"])
     if modes is not None and mode not in tuple(modes):
         return f"mode '{mode}' is not implemented by the installed kernels.cp (has {', '.join(modes)})"
-    if backends is not None and params["backend"] not in tuple(backends):
-        return f"backend '{params['backend']}' is not available here (have {', '.join(backends)})"
+    if not is_ours(params["backend"]):
+        try:
+            why = peer_skip_reason(peer_of_point(params), params)
+        except ValueError as err:
+            return str(err)
+        if why:
+            return why
     if mode in SINGLE_DEVICE and W != 1:
         return f"mode '{mode}' runs on one device: needs W == 1, got W={W}"
     if max_W is not None and max_W < W:
@@ -131,6 +143,8 @@ def skip_reason(
         if n % parts != 0:
             what = "lengths sum" if params.get("lengths") else "B*T"
             return f"layout '{params['layout']}' splits the tokens into {parts} equal parts: needs {what}={n} divisible by {parts}"
+    if backends is not None:
+        return unavailable(params, tuple(backends))
     return None
 
 
@@ -161,7 +175,8 @@ def expand(
     a = spec.axes
     rows: list[dict[str, Any]] = []
     outer = itertools.product(spec.ops, spec.backends, a.dtype, a.direction, a.layout, list(_shapes(spec)))
-    for op, backend, dtype, direction, layout, shape in outer:
+    for op, ref, dtype, direction, layout, shape in outer:
+        backend = _backend_name(ref)
         inner = itertools.product(a.H, a.HV or [None], a.K, a.V, a.lb, a.W, spec.modes, spec.seeds, range(spec.repetitions))
         for H, HV, K, V, lb, W, mode, seed, rep in inner:
             params = {
@@ -173,8 +188,30 @@ def expand(
             opts = mode_options(spec, mode)
             if opts:
                 params["mode_options"] = opts
+            params.update(_backend_params(spec, ref, backend))
             rows.append(_row(len(rows), params, spec, max_W, modes, backends))
     return rows
+
+
+def _backend_name(ref: str) -> str:
+    """The points' `backend` of a spec's backends entry: ours as given, a peer's `name` (a broken plugin: its ref,
+    shortened; its points are skipped with the load error)."""
+    if is_ours(ref):
+        return ref
+    try:
+        return str(load_peer(ref).name)
+    except ValueError:
+        return ref.rsplit(":", 1)[-1].rsplit(".", 1)[-1][:16]
+
+
+def _backend_params(spec: SweepSpec, ref: str, backend: str) -> dict[str, Any]:
+    """`backend_ref` (a plugin's spec string, so the worker loads the same object) and `backend_options`."""
+    out: dict[str, Any] = {}
+    if ref != backend:
+        out["backend_ref"] = ref
+    if not is_ours(backend) and spec.mode_options.get(backend):
+        out["backend_options"] = dict(spec.mode_options[backend])
+    return out
 
 
 def _row(

@@ -302,11 +302,15 @@ class SweepSpec(BaseModel):
 
     @field_validator("mode_options")
     @classmethod
-    def _mode_options(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    def _mode_options(cls, value: dict[str, dict[str, Any]], info: Any) -> dict[str, dict[str, Any]]:
+        value = dict(value)
+        peers = _peer_options(info.data.get("backends") or [], value)  # `fla: {...}`: a peer's own options
+        for m in peers:
+            value.pop(m)
         for m in value:
             if m not in MODES or m in cp.SINGLE_DEVICE:
                 raise PydanticCustomError(
-                    "mode", "mode_options keys are CP modes ({ok}); got '{m}'",
+                    "mode", "mode_options keys are CP modes ({ok}) or a peer backend of the spec (fla); got '{m}'",
                     {"m": m, "ok": ", ".join(x for x in MODES if x not in cp.SINGLE_DEVICE)},
                 )
         from kernels.cp import tail_exchange
@@ -324,16 +328,26 @@ class SweepSpec(BaseModel):
                     tail_exchange.resolve_options({**known, **opts})
                 except ValueError as err:
                     raise PydanticCustomError("mode_option", "tail_exchange: {e}", {"e": str(err)}) from None
-        return value
+        return {**value, **peers}
 
     @field_validator("backends")
     @classmethod
     def _backends(cls, value: list[str]) -> list[str]:
+        # torch, triton, fla, or a peer plugin (an entry point name or `package.module:object`; runners.plugins)
+        from runners.plugins import is_ours, load_peer
+
+        names: dict[str, str] = {}
         for b in value:
-            if b not in BACKENDS:
-                raise PydanticCustomError(
-                    "backend", "unknown backend '{b}'; expected one of {ok}", {"b": b, "ok": ", ".join(BACKENDS)}
-                )
+            if is_ours(b):
+                continue
+            try:
+                name = load_peer(b).name
+            except ValueError as err:
+                raise PydanticCustomError("backend", "{e} (backends are {ok}, or a plugin)",
+                                          {"e": str(err), "ok": ", ".join(BACKENDS)}) from None
+            if name in names.values() or name in BACKENDS and b != name:
+                raise PydanticCustomError("backend", "backend {b} is named '{n}', like another backend", {"b": b, "n": name})
+            names[b] = name
         return value
 
     @model_validator(mode="after")
@@ -346,6 +360,28 @@ class SweepSpec(BaseModel):
                 {"n": n, "m": limit},
             )
         return self
+
+
+def _peer_options(backends: list[str], value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The entries of `mode_options` that name a peer backend of the spec (`fla: {bypass_hopper_guard: true}`),
+    checked against the peer's declared `options`."""
+    from runners.plugins import is_ours, load_peer
+
+    out: dict[str, dict[str, Any]] = {}
+    for ref in backends:
+        if is_ours(ref):
+            continue
+        peer = load_peer(ref)
+        if peer.name in value:
+            known = dict(getattr(peer, "options", {}) or {})
+            unknown = sorted(set(value[peer.name]) - set(known))
+            if unknown:
+                raise PydanticCustomError(
+                    "mode_option", "unknown option(s) {u} for backend '{m}'; known: {ok}",
+                    {"u": ", ".join(unknown), "m": peer.name, "ok": ", ".join(sorted(known)) or "none"},
+                )
+            out[peer.name] = dict(value[peer.name])
+    return out
 
 
 def grid_size(spec: SweepSpec) -> int:

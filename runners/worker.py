@@ -44,6 +44,7 @@ from runners.errors import CpbenchError, GangError, SweepNotFoundError
 from runners.execute import run_point_job, tune_job
 from runners.gang import GangPool, JobCancelled
 from runners.grid import available_backends
+from runners.plugins import unavailable
 from runners.profile import ProfileSummary, merge_ranks
 from runners.settings import get_worker_settings
 from runners.stats import summarize
@@ -412,8 +413,9 @@ def _run_one(
         stats.failed += 1
         return "failed" if not retryable else "retry"
 
-    if params.get("backend") not in have_backends:
-        return fail(f"backend {params.get('backend')!r} is not available on worker {name} (has {', '.join(have_backends)})", False)
+    missing = unavailable(params, have_backends, where=f"on worker {name}")
+    if missing:
+        return fail(missing, False)
     options = _options(spec)
     # one file per worker and point: a rank orphaned by a killed worker can't overwrite the finishing worker's trace
     tag = "".join(c if c.isalnum() else "-" for c in name.rsplit(":", 1)[-1])

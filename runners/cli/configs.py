@@ -1,8 +1,10 @@
 """`cpbench configs export` and `cpbench tune`: tuned launch configs out of the store, and a tuning run into it.
 
     cpbench configs export [--device "NVIDIA H200"] -o autotune.json [--db URL]   # "-o -" writes to stdout
+    cpbench configs export --format fla -o DIR      # FLA's config-cache directory (FLA_CONFIG_DIR=DIR)
     cpbench tune --op gdn --shape B=1,T=8192,H=16,K=128,V=128 [--shape ...] [--strategy halving] [--budget 12]
                  [--samples 20] [--kernel NAME] [--device cuda|cpu] [--seed 0] [--db URL]
+    cpbench tune --backend fla --op kda --shape ...   # FLA's kernels, whole-op timing (runners.tuner.fla)
 
 A `--shape` takes B, T (or lengths=100:300), H, K, V, and optionally dtype (default bfloat16), lb, initial_state.
 
@@ -34,13 +36,22 @@ def _session(database_url: str | None) -> Any:
 
 @configs_app.command("export")
 def export_configs(
-    output: str = typer.Option("autotune.json", "-o", "--output", help="file to write; '-' for stdout"),
+    output: str = typer.Option("autotune.json", "-o", "--output", help="file to write; '-' for stdout; with "
+                               "--format fla: the directory"),
     device: str | None = typer.Option(None, "--device", help="device name as torch reports it, e.g. 'NVIDIA H200'"),
+    fmt: str = typer.Option("cpbench", "--format", help="cpbench (our autotune JSON) | fla (FLA's config-cache "
+                            "directory, one <kernel_name>.json per kernel, for FLA_CONFIG_DIR)"),
     allow_cpu: bool = typer.Option(False, "--allow-cpu", help="export CPU timings (tests only; never for real use)"),
     database_url: str | None = typer.Option(None, "--db", "--database-url", help="default: CPBENCH_DATABASE_URL"),
 ) -> None:
-    """Write the tuned configs of one device as the versioned autotune JSON."""
+    """Write the tuned configs of one device as the versioned autotune JSON (or FLA's config-cache directory)."""
     from runners.tuner.export import ExportError, build_export
+
+    if fmt not in ("cpbench", "fla"):
+        raise CpbenchError(f"--format must be cpbench or fla, got {fmt!r}")
+    if fmt == "fla":
+        _export_fla(output, device, allow_cpu, database_url)
+        return
 
     with _session(database_url) as session:
         try:
@@ -58,6 +69,22 @@ def export_configs(
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(text, encoding="utf-8")
     typer.echo(f"wrote {p}: {len(data['kernels'])} kernels, {n} entries, device {data['device']['name']!r}")
+
+
+def _export_fla(output: str, device: str | None, allow_cpu: bool, database_url: str | None) -> None:
+    from runners.tuner.export import ExportError
+    from runners.tuner.fla_export import write_fla_export
+
+    if output == "-":
+        raise CpbenchError("--format fla writes a directory (one <kernel_name>.json per kernel): give -o DIR")
+    with _session(database_url) as session:
+        try:
+            files = write_fla_export(output, session, device_name=device, allow_cpu=allow_cpu)
+        except ExportError as e:
+            raise CpbenchError(str(e)) from None
+    n = sum(len(f["autotune_entries"]) for f in files.values())
+    typer.echo(f"wrote {output}: {len(files)} FLA config-cache files, {n} entries "
+               f"(use FLA_CONFIG_DIR={output} FLA_CACHE_MODE=strict)")
 
 
 def parse_shape(text: str) -> dict[str, Any]:
@@ -92,20 +119,30 @@ def tune_command(
     device: str | None = typer.Option(None, "--device", help="cuda (default when present) or cpu"),
     seed: int = typer.Option(0, "--seed"),
     samples: int = typer.Option(20, "--samples", help="samples per config (exhaustive, random)"),
+    backend: str = typer.Option("triton", "--backend", help="triton (our kernels) | fla (FLA's autotuned kernels, "
+                                "timed as FLA's whole op; stored as fla.<kernel>)"),
     database_url: str | None = typer.Option(None, "--db", "--database-url", help="default: CPBENCH_DATABASE_URL"),
 ) -> None:
     """Tune the Triton kernels of an op at the given shapes; trials and winners go to the store."""
     from runners.tuner import Shape, tune_kernels
 
+    if backend not in ("triton", "fla"):
+        raise CpbenchError(f"--backend must be triton or fla, got {backend!r}")
     try:
         shapes = [Shape.of(parse_shape(s)) for s in shape]
         with _session(database_url) as session:
-            rows = tune_kernels(session, op=op, shapes=shapes, strategy=strategy, budget=budget, device=device,
-                                kernels=kernel or None, seed=seed, samples=samples)
+            if backend == "fla":
+                from runners.tuner.fla import tune_fla
+
+                rows = tune_fla(session, op=op, shapes=shapes, device=device, budget=budget, samples=samples, seed=seed,
+                                kernels=kernel or None)
+            else:
+                rows = tune_kernels(session, op=op, shapes=shapes, strategy=strategy, budget=budget, device=device,
+                                    kernels=kernel or None, seed=seed, samples=samples)
             for r in rows:
                 speed = f"{r.default_ms / r.median_ms:.3f}x" if r.default_ms else "n/a"
                 typer.echo(f"{r.kernel:28s} {r.key_str:60s} {json.dumps(r.config):48s} {r.median_ms:9.4f} ms  vs default {speed}")
-    except ValueError as e:
+    except (ValueError, ImportError) as e:
         raise CpbenchError(str(e)) from None
 
 

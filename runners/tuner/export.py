@@ -4,6 +4,7 @@
     write_export("autotune.json", session, device_name=None)     # `cpbench configs export -o autotune.json`
 
 Rules:
+- our kernels only (FLA's tuned kernels, `fla.*`, export in FLA's own format: `runners.tuner.fla_export`);
 - one device per file: `device_name` picks it; when None, the store must hold exactly one device's configs;
 - CPU timings are never exported: device "cpu" is refused unless `allow_cpu=True` (tests only, and the
   in-process `install_tuned` of CPU sweeps); the CLI flag is `--allow-cpu`;
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernels.autotune import SCHEMA_VERSION, AutotuneError, parse_autotune, source_hash
 from runners.errors import CpbenchError
+from runners.tuner.fla import PREFIX as FLA_PREFIX
 from runners.versions import software_versions
 
 if TYPE_CHECKING:
@@ -121,7 +123,7 @@ def build_export(session: Session, *, device_name: str | None = None, allow_cpu:
 
     from db.models import Environment, TunedConfig
 
-    q = select(TunedConfig)
+    q = select(TunedConfig).where(~TunedConfig.kernel.startswith(FLA_PREFIX))  # FLA's go to its own format
     if device_name is not None:
         q = q.where(TunedConfig.device_name == device_name)
     rows = list(session.scalars(q))

@@ -1,0 +1,242 @@
+"""FLA's first call with our exported config cache vs its own autotune (issue 13, benchmark (b)); GPU only.
+
+    python benchmarks/fla_config_cache.py --ops gdn kda --T 8192 65536 --out $OUT [--budget 6] [--samples 10]
+
+Every step runs in a FRESH process with its own empty TRITON_CACHE_DIR (so compile and autotune caches start
+cold), FLA_DISABLE_BACKEND_DISPATCH=1 (FLA's Triton path on every side), shapes B=1, H=16, K=V=128, bf16, forward:
+
+1. tune: `runners.tuner.fla.tune_fla` (what `cpbench tune --backend fla` runs: each config of each autotuned FLA
+   kernel the op touches pinned in turn, the whole op timed) for every op and T, then the winners written as FLA's
+   config-cache directory `$OUT/fla_configs/` (what `cpbench configs export --format fla` writes);
+2. own, per op and T: FLA with its own autotune (FLA_CACHE_MODE unset): wall time of the first call (compile +
+   autotune), the number of autotune benchmark runs, its picks; then, in the same process, FLA's own picks vs the
+   exported configs pinned, timed interleaved (A/B blocks, CUDA events, L2 flushed), and the output with the
+   exported configs pinned;
+3. export, per op and T: FLA_CONFIG_DIR=$OUT/fla_configs FLA_CACHE_MODE=strict: wall time of the first call, the
+   number of autotune benchmark runs (target: 0), whether every pick equals the exported config, and whether the
+   output equals step 2's output with the same configs pinned (bitwise).
+
+Writes $OUT/fla_config_cache.{json,md}. Targets (issue 13): first call with the export <= 15 s; steady state with
+our configs <= FLA's own picks at every shape. A run takes ~3 min per op and T at --budget 6 on an H200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SHAPE = {"B": 1, "H": 16, "K": 128, "V": 128, "dtype": "bfloat16"}
+
+
+def _child(step: str, args: dict[str, Any], out: Path) -> dict[str, Any]:
+    """Run `step` in a fresh process with an empty Triton cache; returns its JSON result."""
+    res_path = out / f"_{step}_{args.get('op', 'all')}_{args.get('T', 0)}.json"
+    env = {**os.environ, "FLA_DISABLE_BACKEND_DISPATCH": "1", "PYTHONPATH": os.pathsep.join(
+        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
+    env.pop("FLA_CACHE_MODE", None)
+    env.pop("FLA_CONFIG_DIR", None)
+    if step == "export":
+        env.update(FLA_CONFIG_DIR=str(out / "fla_configs"), FLA_CACHE_MODE="strict")
+    with tempfile.TemporaryDirectory(prefix="triton-cache-") as cache:
+        env["TRITON_CACHE_DIR"] = cache
+        cmd = [sys.executable, __file__, "--child", step, "--child-args", json.dumps(args), "--out", str(out),
+               "--result", str(res_path)]
+        proc = subprocess.run(cmd, env=env, cwd=REPO, timeout=args.get("timeout_s", 1800))
+    if proc.returncode != 0:
+        return {"error": f"{step} exited {proc.returncode}"}
+    return json.loads(res_path.read_text())
+
+
+def _count_benchmarks() -> list[int]:
+    """Count Triton autotune benchmark runs (each config timed once per tuned key) from now on."""
+    from triton.runtime.autotuner import Autotuner
+
+    count = [0]
+    original = Autotuner._bench
+
+    def bench(self: Any, *a: Any, **kw: Any) -> Any:
+        count[0] += 1
+        return original(self, *a, **kw)
+
+    Autotuner._bench = bench  # type: ignore[method-assign]
+    return count
+
+
+def _load_export(out: Path) -> dict[str, dict[str, Any]]:
+    d = out / "fla_configs"
+    return {p.stem: json.loads(p.read_text()) for p in sorted(d.glob("*.json"))}
+
+
+def _first_call(op: str, T: int) -> tuple[Any, Any, float, list[tuple[str, tuple[Any, ...]]]]:
+    import torch
+
+    from kernels.peers import fla_autotune as fa
+    from runners.tuner.fla import _fla_runner
+    from runners.tuner.tune import Shape, make_case
+
+    case = make_case(op, Shape.of({**SHAPE, "T": T}), "cuda")
+    run = _fla_runner(op, case)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    touched = fa.record_touched(lambda: (run(), torch.cuda.synchronize()))
+    first_s = time.perf_counter() - t0
+    return case, run, first_s, touched
+
+
+def _picks(touched: list[tuple[str, tuple[Any, ...]]]) -> dict[str, dict[str, Any]]:
+    from kernels.peers import fla_autotune as fa
+
+    tuners = fa.autotuners()
+    return {f"{n}|{fa.entry_hash(k)}": fa.config_dict(tuners[n].cache[k]) for n, k in touched if k in tuners[n].cache}
+
+
+def child_tune(a: dict[str, Any], out: Path) -> dict[str, Any]:
+    from runners.tuner.fla import tune_fla
+    from runners.tuner.fla_export import fla_files_from_rows
+    from runners.versions import software_versions
+
+    rows = []
+    for op in a["ops"]:
+        rows += tune_fla(None, op=op, shapes=[{**SHAPE, "T": T} for T in a["T"]], device="cuda", budget=a["budget"],
+                         samples=a["samples"])
+    files = fla_files_from_rows(rows, device_name=None, allow_cpu=False, triton_version=software_versions()["triton"])
+    d = out / "fla_configs"
+    d.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        (d / name).write_text(json.dumps(content, indent=1, sort_keys=True) + "\n")
+    return {"kernels": len(files), "entries": sum(len(f["autotune_entries"]) for f in files.values()),
+            "rows": [{"kernel": r.kernel, "key": r.key_str, "config": r.config, "tuned_ms": r.median_ms,
+                      "fla_pick_ms": r.default_ms} for r in rows]}
+
+
+def child_own(a: dict[str, Any], out: Path) -> dict[str, Any]:
+    import torch
+
+    from kernels.peers import fla_autotune as fa
+    from runners.tuner.clock import StepTimer
+
+    benches = _count_benchmarks()
+    _case, run, first_s, touched = _first_call(a["op"], a["T"])
+    own = _picks(touched)
+    tuners = fa.autotuners()
+    export = _load_export(out)
+    own_cfg = {(n, k): tuners[n].cache[k] for n, k in touched if k in tuners[n].cache}
+    ours_cfg = dict(own_cfg)
+    for n, k in touched:
+        entry = export.get(n, {}).get("autotune_entries", {}).get(fa.entry_hash(k))
+        if entry is not None:
+            ours_cfg[(n, k)] = fa.config_of(entry["config"])
+
+    def pin(cfgs: dict[tuple[str, tuple[Any, ...]], Any]) -> None:
+        for (n, k), c in cfgs.items():
+            fa.pin(tuners[n], k, c)
+
+    timer = StepTimer("cuda")
+    own_ms: list[float] = []
+    ours_ms: list[float] = []
+    for _ in range(a["blocks"]):
+        pin(own_cfg)
+        own_ms += timer(run, a["samples"])
+        pin(ours_cfg)
+        ours_ms += timer(run, a["samples"])
+    pin(ours_cfg)
+    o = run()[0]
+    torch.save(o.cpu(), out / f"_pinned_{a['op']}_{a['T']}.pt")
+    return {"first_call_s": first_s, "autotune_benchmarks": benches[0], "picks": own,
+            "steady_own_ms": statistics.median(own_ms), "steady_ours_ms": statistics.median(ours_ms),
+            "keys_in_export": sum(1 for n, k in touched if fa.entry_hash(k) in export.get(n, {}).get("autotune_entries", {})),
+            "keys_touched": len(touched)}
+
+
+def child_export(a: dict[str, Any], out: Path) -> dict[str, Any]:
+    import torch
+
+    from kernels.peers import fla_autotune as fa
+
+    benches = _count_benchmarks()
+    _case, run, first_s, touched = _first_call(a["op"], a["T"])
+    got = _picks(touched)
+    export = _load_export(out)
+    mismatched = []
+    for n, k in touched:
+        entry = export.get(n, {}).get("autotune_entries", {}).get(fa.entry_hash(k))
+        if entry is None or got.get(f"{n}|{fa.entry_hash(k)}") != entry["config"]:
+            mismatched.append({"kernel": n, "key": list(k), "exported": entry and entry["config"],
+                               "picked": got.get(f"{n}|{fa.entry_hash(k)}")})
+    o = run()[0].cpu()
+    ref_path = out / f"_pinned_{a['op']}_{a['T']}.pt"
+    same = bool(torch.equal(o, torch.load(ref_path))) if ref_path.exists() else None
+    return {"first_call_s": first_s, "autotune_benchmarks": benches[0], "picks_match": not mismatched,
+            "mismatched": mismatched, "identical_output": same}
+
+
+def _markdown(rows: list[dict[str, Any]], tune: dict[str, Any], argv: list[str]) -> str:
+    lines = [
+        "# FLA's first call: our exported config cache vs FLA's own autotune (H200, forward, bf16, B=1 H=16 K=V=128)",
+        "",
+        f"Command: `python benchmarks/fla_config_cache.py {' '.join(argv)}`; each cell a fresh process with an empty "
+        "Triton cache, FLA_DISABLE_BACKEND_DISPATCH=1. Export: FLA_CONFIG_DIR + FLA_CACHE_MODE=strict. "
+        f"Tuned: {tune.get('kernels')} kernels, {tune.get('entries')} entries.",
+        "",
+        "| op | T | first call, own autotune (s) | first call, export (s) | autotune runs with export | same picks | "
+        "identical output | steady, FLA's picks (ms) | steady, ours (ms) | ours/own |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        own, exp = r["own"], r["export"]
+        if "error" in own or "error" in exp:
+            lines.append(f"| {r['op']} | {r['T']} | {own.get('error', '')} | {exp.get('error', '')} | | | | | | |")
+            continue
+        lines.append(
+            f"| {r['op']} | {r['T']} | {own['first_call_s']:.1f} | {exp['first_call_s']:.1f} | {exp['autotune_benchmarks']} "
+            f"| {exp['picks_match']} | {exp['identical_output']} | {own['steady_own_ms']:.3f} | {own['steady_ours_ms']:.3f} "
+            f"| {own['steady_ours_ms'] / own['steady_own_ms']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ops", nargs="+", default=["gdn", "kda"], choices=["gdn", "kda"])
+    p.add_argument("--T", nargs="+", type=int, default=[8192, 65536])
+    p.add_argument("--budget", type=int, default=None, help="configs per kernel and key (FLA's pick always in); all")
+    p.add_argument("--samples", type=int, default=10, help="samples per trial (tune) and per A/B block (own)")
+    p.add_argument("--blocks", type=int, default=5, help="interleaved A/B blocks of the steady-state comparison")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--skip-tune", action="store_true", help="reuse $OUT/fla_configs from an earlier run")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--child-args", help=argparse.SUPPRESS)
+    p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.child:
+        fn = {"tune": child_tune, "own": child_own, "export": child_export}[args.child]
+        args.result.write_text(json.dumps(fn(json.loads(args.child_args), args.out), indent=1, default=str))
+        return
+    tune: dict[str, Any] = {}
+    if not args.skip_tune:
+        tune = _child("tune", {"ops": args.ops, "T": args.T, "budget": args.budget, "samples": args.samples}, args.out)
+        print(f"tuned: {tune.get('kernels')} kernels, {tune.get('entries')} entries {tune.get('error', '')}", flush=True)
+    rows = []
+    for op in args.ops:
+        for T in args.T:
+            own = _child("own", {"op": op, "T": T, "samples": args.samples, "blocks": args.blocks}, args.out)
+            exp = _child("export", {"op": op, "T": T}, args.out)
+            rows.append({"op": op, "T": T, "own": own, "export": exp})
+            print(json.dumps(rows[-1], default=str)[:2000], flush=True)
+    shown = sys.argv[1:] if argv is None else argv
+    (args.out / "fla_config_cache.json").write_text(json.dumps({"tune": tune, "rows": rows}, indent=1, default=str))
+    (args.out / "fla_config_cache.md").write_text(_markdown(rows, tune, shown))
+    print(_markdown(rows, tune, shown))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""PEERS: implementations of the CP modes that are not ours (FLA's, or a team's own kernel as a plugin).
+
+A peer backend is any object (an instance or a class) with these attributes; `Peer` is a base with the defaults:
+
+    name: str                                 # the point's `backend` column: [a-z0-9_]{1,16}, not torch/triton
+    modes: Mapping[str, Sequence[str]]        # mode -> directions it implements, e.g. {"none": ("fwd",)}
+    unsupported: Mapping[str, str]            # (optional) mode -> why it is not implemented (shown as the reason)
+    direction_reasons: Mapping[str, str]      # (optional) mode -> why a direction it lacks is missing
+    options: Mapping[str, Any]                # (optional) knobs of `mode_options: {<name>: {...}}`, with defaults
+    skip_reason(params) -> str | None         # (optional) why a point cannot run; evaluated when the sweep is expanded
+    available() -> str | None                 # (optional) why it cannot run in this process (None: it can)
+    forward(mode, op, q, k, v, g, beta, *, group, ctx, scale, options) -> Tensor
+                                              # this rank's output `[1, ctx.local_len, H, V]`, inputs as
+                                              # `kernels.cp.forward` takes them (flattened, B = 1; for `none` and
+                                              # `warmup_correct` the whole batch with a world_size=1 context)
+    expected_collectives(mode, ctx, options) -> dict  # (optional) what one step issues on this rank, like
+                                              # `kernels.cp.expected_collectives` (stored beside the profile)
+    backward(...)   (optional; Training II: the runner will call it for direction "fwd+bwd")
+    transition(...) (optional; `kernels.transition`'s contract, for the modes that chain maps)
+
+`peer_skip_reason(peer, params)` is the one rule the grid applies to every peer point: the mode and direction
+must be declared, then the peer's own `skip_reason`. Nothing here imports a peer's package.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["NAME_RE", "Peer", "check_peer", "peer_options", "peer_skip_reason"]
+
+NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,15}$")
+_RESERVED = ("torch", "triton", "reference", "auto")
+
+
+class Peer:
+    """Defaults of the peer protocol (subclass it, or give the same attributes on any object)."""
+
+    name: str = ""
+    modes: Mapping[str, tuple[str, ...]] = {}
+    options: Mapping[str, Any] = {}
+
+    def skip_reason(self, params: Mapping[str, Any]) -> str | None:
+        return None
+
+    def available(self) -> str | None:
+        return None
+
+    def forward(self, mode: str, op: str, q: Any, k: Any, v: Any, g: Any, beta: Any, *, group: Any, ctx: Any,
+                scale: float | None, options: Mapping[str, Any]) -> Any:
+        raise NotImplementedError
+
+
+def check_peer(obj: Any, where: str) -> Any:
+    """`obj` if it satisfies the protocol, else a ValueError naming `where` and what is missing."""
+    name = getattr(obj, "name", None)
+    if not isinstance(name, str) or not NAME_RE.match(name) or name in _RESERVED:
+        raise ValueError(f"backend {where}: `name` must match [a-z][a-z0-9_]{{0,15}} and not be one of "
+                         f"{', '.join(_RESERVED)}, got {name!r}")
+    modes = getattr(obj, "modes", None)
+    if not isinstance(modes, Mapping) or not modes:
+        raise ValueError(f"backend {where}: `modes` must be a non-empty mapping mode -> directions, got {modes!r}")
+    for mode, dirs in modes.items():
+        if isinstance(dirs, str) or not all(isinstance(d, str) for d in dirs):
+            raise ValueError(f"backend {where}: modes[{mode!r}] must be a list of directions, got {dirs!r}")
+    if not callable(getattr(obj, "forward", None)):
+        raise ValueError(f"backend {where}: no callable `forward`")
+    return obj
+
+
+def peer_options(peer: Any, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The peer's options for a point: its defaults, overridden by `params["backend_options"]`."""
+    return {**dict(getattr(peer, "options", {}) or {}), **dict(params.get("backend_options") or {})}
+
+
+def peer_skip_reason(peer: Any, params: Mapping[str, Any]) -> str | None:
+    """Why the peer cannot run the point (mode, direction, then its own rule), or None."""
+    name, mode, direction = peer.name, params["mode"], params.get("direction", "fwd")
+    modes = peer.modes
+    if mode not in modes:
+        why = (getattr(peer, "unsupported", None) or {}).get(mode)
+        return f"backend '{name}' does not implement mode '{mode}'" + (f": {why}" if why else f" (it has {', '.join(modes)})")
+    if direction not in tuple(modes[mode]):
+        why = (getattr(peer, "direction_reasons", None) or {}).get(mode)
+        return (f"backend '{name}' runs mode '{mode}' only in direction(s) {', '.join(modes[mode])}, not '{direction}'"
+                + (f": {why}" if why else ""))
+    own = getattr(peer, "skip_reason", None)
+    return own(params) if callable(own) else None

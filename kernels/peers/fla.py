@@ -1,0 +1,191 @@
+"""FLA's implementation of each CP mode (the `fla` backend as a peer): what FLA runs, what it cannot, and why.
+
+| mode | FLA's implementation | directions |
+|---|---|---|
+| none | FLA's chunk op (`chunk_gated_delta_rule` / `chunk_kda`) over the varlen batch | fwd, fwd+bwd |
+| true_cp | FLA's KCP: `fla.ops.cp.build_cp_context` (contiguous or zigzag) + the chunk op's `cp_context` | fwd, fwd+bwd |
+| warmup_correct | FLA's intra-card CP (`FLA_INTRACARD_CP=1`, under `torch.inference_mode`, varlen) | fwd |
+| headwise, all_gather | our collectives (`kernels.cp`) around FLA's chunk op | fwd |
+| ring | FLA's chunk op with the final state passed from rank to rank (`kernels.cp.ring`) | fwd |
+| tail_exchange | not run: it rebuilds states from tail maps, and FLA has no transition primitive | - |
+
+The table is static: the grid reads it whether or not FLA is installed here (`skip_reason`), so a sweep is
+expanded the same way on a server without FLA. FLA is imported only when a point runs (`forward`).
+
+FLA's Hopper guard: FLA 0.6.0 refuses the gated GDN backward (`chunk_bwd_dqkwg`) on sm_90 with Triton >= 3.4.0,
+< 3.7.1 (FLA #640: it miscompiles). Such points are skipped when the sweep is expanded, judged by the Triton
+version installed where it is expanded, unless the spec opts in with `mode_options: {fla: {bypass_hopper_guard:
+true}}` (then part of the point key); `hopper_guard(options)` lifts the guard for the duration of a step.
+Backward (direction fwd+bwd): FLA's ops are autograd Functions; Training II calls `o.backward(do)` inside
+`hopper_guard(options)`. No backward hook is implemented here yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from kernels.peers import Peer
+
+__all__ = ["FLA", "HOPPER_GUARD", "hopper_guard", "triton_version"]
+
+HOPPER_GUARD = ((3, 4, 0), (3, 7, 1))  # FLA refuses the gated GDN backward on sm_90 for Triton in [lo, hi)
+_WC_DEFAULTS = {"segments": "auto", "tol": 1e-3, "window": "auto", "fallback": "auto"}
+
+
+def triton_version() -> tuple[int, int, int] | None:
+    """The installed Triton's (major, minor, patch), or None when it is not installed (read without importing it)."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        text = version("triton")
+    except (ImportError, PackageNotFoundError):
+        return None
+    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else None
+
+
+@contextlib.contextmanager
+def hopper_guard(options: Mapping[str, Any]) -> Iterator[None]:
+    """Lift FLA's Hopper guard on the GDN backward while inside, when `options["bypass_hopper_guard"]` is true."""
+    if not options.get("bypass_hopper_guard"):
+        yield
+        return
+    import fla.ops.common.chunk_o as chunk_o
+
+    before = chunk_o.TRITON_ABOVE_3_7_1
+    chunk_o.TRITON_ABOVE_3_7_1 = True
+    try:
+        yield
+    finally:
+        chunk_o.TRITON_ABOVE_3_7_1 = before
+
+
+@contextlib.contextmanager
+def _intracard() -> Iterator[None]:
+    """FLA's intra-card CP backend on (it reads the variable on every call) under inference mode."""
+    before = os.environ.get("FLA_INTRACARD_CP")
+    os.environ["FLA_INTRACARD_CP"] = "1"
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        if before is None:
+            os.environ.pop("FLA_INTRACARD_CP", None)
+        else:
+            os.environ["FLA_INTRACARD_CP"] = before
+
+
+class _FLA(Peer):
+    name = "fla"
+    modes = {
+        "none": ("fwd", "fwd+bwd"),
+        "true_cp": ("fwd", "fwd+bwd"),
+        "warmup_correct": ("fwd",),
+        "headwise": ("fwd",),
+        "all_gather": ("fwd",),
+        "ring": ("fwd",),
+    }
+    unsupported = {
+        "tail_exchange": "FLA has no transition primitive (its summary pass is fused into KCP), and tail_exchange "
+                         "rebuilds entering states from the maps of tail windows",
+    }
+    direction_reasons = {
+        "warmup_correct": "FLA's intra-card CP runs only under torch.inference_mode (forward only)",
+        "headwise": "cpbench's collectives around FLA's op are forward-only until Training II",
+        "all_gather": "cpbench's collectives around FLA's op are forward-only until Training II",
+        "ring": "cpbench's state passing around FLA's op is forward-only until Training II",
+    }
+    options = {"bypass_hopper_guard": False}
+
+    def __init__(self) -> None:
+        self._contexts: dict[tuple[Any, ...], Any] = {}
+
+    def skip_reason(self, params: Mapping[str, Any]) -> str | None:
+        """FLA's own limits of a point (mode and direction were checked by `peer_skip_reason`)."""
+        mode, op, direction = params["mode"], params["op"], params.get("direction", "fwd")
+        opts = {**self.options, **dict(params.get("backend_options") or {})}
+        if int(params["K"]) > 256:
+            return f"FLA asserts K <= 256, got K={params['K']}"
+        mode_opts = dict(params.get("mode_options") or {})
+        if mode == "warmup_correct":
+            changed = {k: v for k, v in mode_opts.items() if _WC_DEFAULTS.get(k, v) != v}
+            if changed:
+                return (f"FLA's intra-card CP takes no warmup_correct options (it splits by FLA_INTRACARD_MAX_SPLITS), "
+                        f"got {changed}")
+        elif mode_opts.get("segment_len"):
+            return f"mode '{mode}' with segment_len chains our transition maps; FLA has no transition primitive"
+        if op == "gdn" and direction != "fwd" and not opts.get("bypass_hopper_guard"):
+            tv = triton_version()
+            lo, hi = HOPPER_GUARD
+            if tv is None or lo <= tv < hi:
+                have = "is not installed here" if tv is None else "is " + ".".join(map(str, tv))
+                return (f"FLA refuses the GDN backward on Hopper (sm_90) with Triton >= 3.4.0, < 3.7.1 (FLA #640: "
+                        f"chunk_bwd_dqkwg miscompiles); Triton {have}. Opt in with mode_options: "
+                        f"{{fla: {{bypass_hopper_guard: true}}}}")
+        return None
+
+    def available(self) -> str | None:
+        """Why FLA's points cannot run in this process (None: they can)."""
+        if importlib.util.find_spec("fla") is None:
+            return "flash-linear-attention (fla-core) is not installed"
+        if not torch.cuda.is_available():
+            return ("FLA's Triton kernels need a CUDA GPU (under the CPU Triton interpreter FLA's autotuner needs a "
+                    "driver, and its fwd_h kernel does not interpret)")
+        return None
+
+    def expected_collectives(self, mode: str, ctx: Any, options: Mapping[str, Any]) -> dict[str, int]:
+        """What one step issues on this rank: KCP one all_gather of the summaries (every rank, always); our
+        collectives' count for the modes that wrap FLA's op; nothing for the one-device modes."""
+        if mode == "true_cp":
+            return {"all_gather": 1}
+        if mode in ("headwise", "all_gather", "ring"):
+            from kernels.cp import expected_collectives
+
+            return expected_collectives(mode, ctx, {k: v for k, v in options.items() if k not in self.options})
+        return {}
+
+    def _cp_context(self, ctx: Any, group: Any, device: torch.device) -> Any:
+        """FLA's CP context of our context (built once per bounds, rank, layout, group, device; FLA caches on
+        the identity of the bounds tensor, so the same tensors are handed back every step)."""
+        key = (ctx.cu_seqlens, ctx.world_size, ctx.rank, ctx.layout, id(group), str(device))
+        got = self._contexts.get(key)
+        if got is None:
+            from fla.ops.cp import build_cp_context
+
+            cpu = torch.tensor(ctx.cu_seqlens, dtype=torch.int64)
+            got = build_cp_context(cpu.to(device), group, cu_seqlens_cpu=cpu, layout=ctx.layout)
+            self._contexts[key] = got
+        return got
+
+    def forward(self, mode: str, op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any,
+                ctx: Any, scale: float | None, options: Mapping[str, Any]) -> Tensor:
+        """This rank's output of FLA's implementation of `mode` (see the module table)."""
+        from kernels.backends import fla_op
+        from kernels.cp import forward as cp_forward
+        from kernels.cp import prims
+
+        opts = {k_: v_ for k_, v_ in (options or {}).items() if k_ not in self.options}
+        s = q.shape[-1] ** -0.5 if scale is None else scale
+        with hopper_guard(options or {}):
+            if mode == "none":
+                return prims.fwd(op, q, k, v, g, beta, ctx.cu_seqlens, backend="fla", scale=s)[0]
+            if mode == "warmup_correct":
+                with _intracard():
+                    return prims.fwd(op, q, k, v, g, beta, ctx.cu_seqlens, backend="fla", scale=s)[0]
+            if mode == "true_cp":
+                o, _ = fla_op(op)(q, k, v, g, beta, scale=s, cp_context=self._cp_context(ctx, group, q.device))
+                return o
+            if mode in ("headwise", "all_gather", "ring"):
+                return cp_forward(mode, op, q, k, v, g, beta, group=group, ctx=ctx, backend="fla", scale=s, options=opts)
+        raise ValueError(f"backend 'fla' does not implement mode {mode!r}")
+
+
+FLA = _FLA()

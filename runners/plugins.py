@@ -1,0 +1,100 @@
+"""Backend resolution: our backends (torch, triton), FLA's (`fla`), and peer backends from outside the project.
+
+A sweep's `backends` entry is one of:
+
+- `torch` / `triton`: our kernels (not peers);
+- `fla`: FLA's implementation of each mode (`kernels.peers.fla`);
+- a name registered under the entry point group `cpbench.backends` by an installed package
+  (`[project.entry-points."cpbench.backends"] mine = "my_pkg.cpbench:BACKEND"`);
+- `package.module:object`: an importable object (a class is instantiated with no arguments).
+
+A peer must satisfy `kernels.peers`' protocol (checked when loaded). Its `name` becomes the points' backend;
+for a plugin the spec's string travels with each point (`params.backend_ref`) so a worker loads the same object.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from kernels.peers import check_peer
+
+__all__ = ["ENTRY_POINT_GROUP", "OURS", "is_ours", "load_peer", "peer_of_point", "unavailable"]
+
+logger = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "cpbench.backends"
+OURS = ("torch", "triton")
+
+
+def is_ours(ref: str) -> bool:
+    """True for our own backends (torch, triton), which are not peers."""
+    return ref in OURS
+
+
+def _entry_point(name: str) -> Any:
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == name:
+            return ep.load()
+    return None
+
+
+def _import(ref: str) -> Any:
+    module, _, attr = ref.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@functools.lru_cache(maxsize=64)
+def load_peer(ref: str) -> Any:
+    """The peer object of a backend reference (`fla`, an entry point name, or `module:object`).
+
+    Raises ValueError with one line naming the reference when it cannot be loaded or breaks the protocol.
+    """
+    if is_ours(ref):
+        raise ValueError(f"backend {ref!r} is one of ours, not a peer")
+    if ref == "fla":
+        from kernels.peers.fla import FLA
+
+        return FLA
+    try:
+        obj = _import(ref) if ":" in ref else _entry_point(ref)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"cannot load backend plugin {ref!r}: {type(err).__name__}: {err}") from None
+    if obj is None:
+        raise ValueError(f"unknown backend {ref!r}: not torch, triton or fla, not 'package.module:object', and no "
+                         f"installed package registers it under the entry point group '{ENTRY_POINT_GROUP}'")
+    if isinstance(obj, type):
+        obj = obj()
+    check_peer(obj, repr(ref))
+    if ":" not in ref and ref != obj.name:
+        raise ValueError(f"backend plugin {ref!r}: the entry point name must equal the backend's name {obj.name!r}")
+    return obj
+
+
+def peer_of_point(params: Mapping[str, Any]) -> Any | None:
+    """The peer that runs a point, or None for our own backends."""
+    backend = params["backend"]
+    if is_ours(backend):
+        return None
+    return load_peer(params.get("backend_ref") or backend)
+
+
+def unavailable(params: Mapping[str, Any], ours: tuple[str, ...], where: str = "here") -> str | None:
+    """Why this process cannot run the point's backend (None: it can). `ours`: our backends installed here."""
+    backend = params["backend"]
+    if is_ours(backend):
+        return None if backend in ours else f"backend {backend!r} is not available {where} (have {', '.join(ours)})"
+    try:
+        peer = peer_of_point(params)
+    except ValueError as err:
+        return str(err)
+    check = getattr(peer, "available", None)
+    why = check() if callable(check) else None
+    return f"backend {backend!r} is not available {where}: {why}" if why else None

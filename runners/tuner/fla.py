@@ -1,0 +1,171 @@
+"""`cpbench tune --backend fla`: tune FLA's autotuned kernels by timing FLA's WHOLE op, one pinned config at a time.
+
+FLA autotunes each kernel alone on the first call's shape. Here, per shape:
+1. FLA's op runs once with its own autotune (compiles; its picks fill the tuners' caches); the kernels it touched
+   and the keys FLA keys them by are recorded (`kernels.peers.fla_autotune.record_touched`), and its output is
+   the correctness reference;
+2. for each touched kernel and key, in call order, every config of its space (or `budget` of them, FLA's own
+   pick always among them) is pinned in the tuner's cache and the whole op is run: outputs checked against the
+   reference (relative L2 within the dtype's tolerance), then timed (`samples` samples, the tuner's clock);
+   the other kernels stay pinned at their best so far (coordinate descent, starting from FLA's picks);
+3. every trial is stored (`TuningTrial`, kernel `fla.<kernel_name>`, key `{"autotune_key": [...]}`), and the
+   winner per (kernel, key, device) as the `TunedConfig` whose `default_ms` is FLA's own pick's time.
+
+`cpbench configs export --format fla -o DIR` turns the winners into FLA's config-cache directory
+(`runners.tuner.fla_export`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from runners.tuner.clock import Timer, make_timer
+from runners.tuner.trials import output_error
+from runners.tuner.tune import _DTYPES, _TOL, Shape, device_facts, make_case
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from db.models import TunedConfig
+
+__all__ = ["PREFIX", "fla_key_str", "tune_fla"]
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "fla."
+
+
+def fla_key_str(key: Sequence[Any]) -> str:
+    """The stored key string of an FLA autotune key (its JSON, as FLA serializes it)."""
+    import json
+
+    return json.dumps(list(key), separators=(",", ":"), sort_keys=True)
+
+
+def _source_hash(tuner: Any) -> str:
+    src = getattr(getattr(tuner, "base_fn", None) or tuner.fn, "src", None) or repr(tuner.fn)
+    return "fla:" + hashlib.sha256(str(src).encode()).hexdigest()[:40]
+
+
+def _fla_runner(op: str, case: Mapping[str, Any]) -> Callable[[], Any]:
+    from kernels.backends import fla_forward
+
+    cu = case["cu_seqlens"]
+    bounds = cu.tolist() if cu is not None else None  # host bounds, read once here (not in the timed call)
+    scale = case["q"].shape[-1] ** -0.5
+
+    def run() -> tuple[torch.Tensor, torch.Tensor | None]:
+        return fla_forward(op, case["q"], case["k"], case["v"], case["g"], case["beta"], scale=scale,
+                           initial_state=case["initial_state"], output_final_state=True, cu_seqlens=cu,
+                           cu_seqlens_cpu=bounds)
+
+    return run
+
+
+def _trial(run: Callable[[], Any], reference: Any, tol: float, timer: Timer, samples: int) -> tuple[str, float | None, str | None]:
+    """(status, median ms, error) of the op with the current pins."""
+    try:
+        got = run()
+    except Exception as err:  # a config that cannot launch (resources, compile) is invalid, never fatal
+        text = f"{type(err).__name__}: {err}"
+        if "CUDA error" in text or "Triton Error [CUDA]" in text:
+            raise
+        return "invalid", None, text[:2000]
+    err = output_error(reference, got)
+    if err > tol:
+        return "disqualified", None, f"relative L2 error {err:.3g} vs FLA's own picks > tol {tol:g}"
+    ts = sorted(timer(run, samples))
+    return "ok", ts[len(ts) // 2], None
+
+
+def tune_fla(
+    session: Session | None,
+    *,
+    op: str,
+    shapes: Sequence[Shape | Mapping[str, Any]],
+    device: torch.device | str | None = None,
+    budget: int | None = None,
+    samples: int = 20,
+    seed: int = 0,
+    kernels: Sequence[str] | None = None,
+    timer: Timer | None = None,
+    sweep_id: int | None = None,
+    environment_id: int | None = None,
+) -> list[TunedConfig]:
+    """Tune FLA's kernels of `op` at each shape (module docstring); returns the winners (TunedConfig rows)."""
+    from db.models import TunedConfig
+    from kernels.backends import fla_op
+    from kernels.peers import fla_autotune as fa
+
+    if session is not None:
+        from db import crud
+
+        session.commit()
+    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type != "cuda":
+        raise ValueError(f"tune --backend fla needs a CUDA GPU (FLA's autotuner and kernels run on one), got device={device}")
+    dev_name, cc = device_facts(device)
+    timer = timer or make_timer(device)
+    fla_op(op)  # import FLA's op (a clear ImportError when FLA is missing)
+    rows: list[TunedConfig] = []
+    for s in shapes:
+        shape = Shape.of(s)
+        case = make_case(op, shape, device)
+        run = _fla_runner(op, case)
+        touched = fa.record_touched(run)  # FLA's own autotune on the first call
+        reference = run()
+        tuners = fa.autotuners()
+        wanted = {n.removeprefix(PREFIX) for n in kernels} if kernels else None
+        for name, key in touched:
+            tuner = tuners.get(name)
+            if tuner is None or (wanted is not None and name not in wanted):
+                continue
+            own = tuner.cache.get(tuple(key))
+            configs = list(tuner.configs)
+            if budget is not None and budget < len(configs):
+                rest = [c for c in configs if c is not own]
+                configs = ([own] if own is not None else []) + random.Random(seed).sample(rest, budget - (own is not None))
+            results: list[tuple[float, Any]] = []
+            own_ms = None
+            ks = fla_key_str(key)
+            for cfg in configs:
+                fa.pin(tuner, key, cfg)
+                status, ms, error = _trial(run, reference, _TOL[_DTYPES[shape.dtype]], timer, samples)
+                if status == "ok" and ms is not None:
+                    results.append((ms, cfg))
+                    if cfg is own:
+                        own_ms = ms
+                if session is not None:
+                    crud.store_trial(session, sweep_id=sweep_id, environment_id=environment_id, device_name=dev_name,
+                                     kernel=PREFIX + name, key={"autotune_key": list(key)}, key_str=ks,
+                                     config=fa.config_dict(cfg), strategy="exhaustive" if budget is None else "random",
+                                     rung=0, status=status, median_ms=ms, n=samples if ms is not None else 0, error=error)
+                    session.commit()
+            if not results:
+                logger.warning("fla tuner: no config of %s at %s ran correctly; keeping FLA's pick", name, ks)
+                if own is not None:
+                    fa.pin(tuner, key, own)
+                continue
+            results.sort(key=lambda r: r[0])
+            best_ms, best = results[0]
+            fa.pin(tuner, key, best)
+            tuned = {"kernel": PREFIX + name, "key": {"autotune_key": list(key)}, "key_str": ks, "device_name": dev_name,
+                     "compute_capability": cc, "config": fa.config_dict(best), "median_ms": best_ms, "default_ms": own_ms,
+                     "runner_up_ms": results[1][0] if len(results) > 1 else None, "source_hash": _source_hash(tuner),
+                     "sweep_id": sweep_id, "environment_id": environment_id}
+            if session is not None:
+                rows.append(crud.upsert_tuned_config(session, **tuned))
+                session.commit()
+            else:
+                rows.append(TunedConfig(**tuned, measured_at=datetime.now(timezone.utc)))
+            logger.info("fla tuner: %s at %s -> %s (%.4f ms; FLA's pick %s ms)", name, ks, fa.config_dict(best), best_ms,
+                        f"{own_ms:.4f}" if own_ms is not None else "n/a")
+        del case
+    return rows

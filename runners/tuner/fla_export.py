@@ -1,0 +1,89 @@
+"""Tuned FLA configs (`cpbench tune --backend fla`) -> FLA's config-cache directory, one `<kernel_name>.json` each.
+
+    files = build_fla_export(session, device_name="NVIDIA H200")     # {file name: content}
+    write_fla_export(DIR, session, device_name=None)                 # `cpbench configs export --format fla -o DIR`
+
+A job points FLA at it with `FLA_CONFIG_DIR=DIR FLA_CACHE_MODE=strict` (exact keys; `fuzzy`/`full` also match other
+shapes): FLA then injects the stored config for each key and runs no autotuning for it. Each file holds
+`kernel_name`, `triton_version` (of the tuning environment), `autotune_entries` keyed by the md5 of the key as FLA
+computes it (`kernels.peers.fla_autotune.entry_hash`) and `default_config` (the config that won the most keys,
+used by FLA_CACHE_MODE=full/default). Same device rules as the autotune JSON: one device per export, CPU timings
+refused unless `allow_cpu`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from runners.tuner.export import ExportError
+from runners.tuner.fla import PREFIX
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+__all__ = ["build_fla_export", "fla_files_from_rows", "write_fla_export"]
+
+
+def fla_files_from_rows(rows: list[Any], *, device_name: str | None, allow_cpu: bool,
+                        triton_version: str | None) -> dict[str, dict[str, Any]]:
+    """{`<kernel_name>.json`: content} of the `fla.`-prefixed TunedConfig rows of one device."""
+    from kernels.peers.fla_autotune import cache_file
+
+    rows = [r for r in rows if r.kernel.startswith(PREFIX)]
+    devices = sorted({r.device_name for r in rows})
+    if device_name is None:
+        if not devices:
+            raise ExportError("no tuned FLA configs to export (run `cpbench tune --backend fla` first)")
+        if len(devices) > 1:
+            raise ExportError(f"tuned FLA configs exist for several devices {devices}; choose one with --device")
+        device_name = devices[0]
+    rows = [r for r in rows if r.device_name == device_name]
+    if not rows:
+        raise ExportError(f"no tuned FLA configs for device {device_name!r}; devices with some: {devices}")
+    if device_name == "cpu" and not allow_cpu:
+        raise ExportError("refusing to export CPU timings (device 'cpu'): they say nothing about a GPU; "
+                          "--allow-cpu exists for tests only")
+    by_kernel: dict[str, list[Any]] = {}
+    for r in rows:
+        by_kernel.setdefault(r.kernel.removeprefix(PREFIX), []).append(r)
+    out: dict[str, dict[str, Any]] = {}
+    for name in sorted(by_kernel):
+        krows = sorted(by_kernel[name], key=lambda r: r.key_str)
+        wins = Counter(json.dumps(r.config, sort_keys=True) for r in krows)
+        default = json.loads(min(wins, key=lambda c: (-wins[c], c)))
+        entries = [(r.key["autotune_key"], r.config, float(r.median_ms)) for r in krows]
+        out[f"{name}.json"] = cache_file(name, entries, triton_version=triton_version, default_config=default)
+    return out
+
+
+def build_fla_export(session: Session, *, device_name: str | None = None, allow_cpu: bool = False) -> dict[str, dict[str, Any]]:
+    """The config-cache files of the store's tuned FLA configs for one device."""
+    from sqlalchemy import select
+
+    from db.models import Environment, TunedConfig
+    from runners.versions import software_versions
+
+    rows = list(session.scalars(select(TunedConfig).where(TunedConfig.kernel.startswith(PREFIX))))
+    triton_version = None
+    env_ids = [r.environment_id for r in rows if r.environment_id is not None
+               and (device_name is None or r.device_name == device_name)]
+    if env_ids:
+        env = session.get(Environment, max(env_ids))
+        triton_version = env.triton if env is not None else None
+    return fla_files_from_rows(rows, device_name=device_name, allow_cpu=allow_cpu,
+                               triton_version=triton_version or software_versions()["triton"])
+
+
+def write_fla_export(directory: str | os.PathLike[str], session: Session, *, device_name: str | None = None,
+                     allow_cpu: bool = False) -> dict[str, dict[str, Any]]:
+    """Write `build_fla_export(...)` into `directory` (created) and return it."""
+    files = build_fla_export(session, device_name=device_name, allow_cpu=allow_cpu)
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    for fname, content in files.items():
+        (d / fname).write_text(json.dumps(content, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return files

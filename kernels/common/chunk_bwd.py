@@ -26,6 +26,7 @@ dk and dG; never [T, K, K] or a per-token state.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 import triton
@@ -444,8 +445,8 @@ def chunk_bwd(
     dh = k.new_empty(NT, H, K, V)
     dv_new = torch.empty_like(v)
     dh0 = k.new_empty(N, H, K, V, dtype=torch.float32) if initial_state is not None else None
-    common = dict(BT=BT, gate_vector=gate_vector)
-    bwd = dict(scale=scale, config=cfgs.get("chunk_state_bwd"), **common)
+    common: dict[str, Any] = {"BT": BT, "gate_vector": gate_vector}
+    bwd: dict[str, Any] = {"scale": scale, "config": cfgs.get("chunk_state_bwd"), **common}
     if plan is None:
         layout = SeqLayout(N, index.cu_seqlens if index.is_varlen else None,
                            index.chunk_offsets if index.is_varlen else None)

@@ -6,8 +6,8 @@ final-state gradient (dht), slow-decay gates (lb = -0.01, so gradients travel ac
 reverse state pass split into one-chunk segments (transition, reverse chain, the ext pass); dense input without an
 initial state or dht, with gates at the WY kernel's documented bound (-5.5 per token), through the plain pass.
 Tolerance: 1e-5 relative L2 on CPU (the interpreter computes dots in IEEE fp32: measured 2e-7 to 5e-7 for every
-gradient), 1e-4 for the strong-decay case (dg there is a reverse cumsum of terms of ~1e-3 that cancel to ~1e-5:
-measured 5e-5 relative, 2e-7 absolute, the fp32 rounding of the reference itself); 5e-3 on a GPU with bf16 inputs
+gradient), 3e-4 for the strong-decay case (dg there is a reverse cumsum of terms of ~1e-3 that cancel to ~1e-5:
+measured 5e-5 (GDN) and 1.2e-4 (KDA) relative, 3e-7 absolute, the fp32 rounding of the reference itself); 5e-3 on a GPU with bf16 inputs
 (the issue's bound; bf16 operands of the tensor-core products).
 """
 
@@ -79,4 +79,4 @@ def test_triton_bwd_dense_strong_decay(OP: str) -> None:
     do = torch.randn(v.shape, generator=gen).to(DEVICE, DTYPE)
     got = _bwd(OP)(q, k, v, g, beta, do, scale=K**-0.5, split_chunks=0)
     assert all(torch.isfinite(x).all() for x in got[:5])
-    _check(got, _reference_grads(OP, q, k, v, g, beta, None, do, None, [i * T for i in range(B + 1)]), max(TOL, 1e-4))
+    _check(got, _reference_grads(OP, q, k, v, g, beta, None, do, None, [i * T for i in range(B + 1)]), max(TOL, 3e-4))

@@ -1,0 +1,1 @@
+"""Benchmarks of the kernels (forward+backward timing against FLA)."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import os
 import platform
 import sys
 from collections import defaultdict
@@ -142,10 +141,10 @@ def gradient_check(op: str, device: str, T: int = 1024, Hh: int = 4) -> dict[str
     ref = [x.grad for x in leaves]
     names = ("dq", "dk", "dv", "dg", "dbeta")
     _, ours = ours_step(op)(q, k, v, g, beta, do)
-    res: dict[str, Any] = {"shape": f"B=1 T={T} H={Hh}", "ours": {n: rel_l2(a, r) for n, a, r in zip(names, ours, ref)}}
+    res: dict[str, Any] = {"shape": f"B=1 T={T} H={Hh}", "ours": {n: rel_l2(a, r) for n, a, r in zip(names, ours, ref, strict=True)}}
     try:
         _, theirs = fla_step(op)[0](q, k, v, g, beta, do)
-        res["fla"] = {n: rel_l2(a, r) for n, a, r in zip(names, theirs, ref)}
+        res["fla"] = {n: rel_l2(a, r) for n, a, r in zip(names, theirs, ref, strict=True)}
     except Exception as err:  # FLA failing is a result, not a crash of our benchmark
         res["fla"] = {"error": repr(err)[:200]}
     return res
@@ -218,6 +217,11 @@ def to_markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _say(*parts: object) -> None:
+    sys.stdout.write(" ".join(str(p) for p in parts) + "\n")
+    sys.stdout.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m runners.bench.kernels_train", description=__doc__.splitlines()[0])
     ap.add_argument("--ops", default="gdn,kda")
@@ -228,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-grads", action="store_true")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        print("kernels_train: needs a CUDA device", file=sys.stderr)
+        sys.stderr.write("kernels_train: needs a CUDA device\n")
         return 1
     ops = [o for o in args.ops.split(",") if o]
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s]
@@ -236,18 +240,18 @@ def main(argv: list[str] | None = None) -> int:
     for op in ops:
         if not args.no_grads:
             res["grads"][op] = gradient_check(op, "cuda")
-            print(op, json.dumps(res["grads"][op]), flush=True)
+            _say(op, json.dumps(res["grads"][op]))
         for B, T in shapes:
             rec = run_shape(op, B, T, "cuda")
             res["rows"].append(rec)
-            print(json.dumps({k: v for k, v in rec.items() if k != "ours_kernels_ms"}), flush=True)
+            _say(json.dumps({k: v for k, v in rec.items() if k != "ours_kernels_ms"}))
             torch.cuda.empty_cache()
     name = args.stem or ("kernels_train_h200" if "H200" in res["env"]["device"] else "kernels_train_gpu")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(res, indent=1))
     (out / f"{name}.md").write_text(to_markdown(res))
-    print(to_markdown(res))
+    _say(to_markdown(res))
     return 0
 
 

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from kernels.configs import LaunchConfig, get_spec
 from kernels.provenance import driver_version, git_sha
 
 __all__ = ["BYTES_PER_TOKEN_HEAD", "main"]
@@ -56,15 +57,15 @@ def make_inputs(op: str, B: int, T: int, Hh: int, *, device: str, seed: int = 0)
     return q, k, v, g, beta, do
 
 
-def ours_step(op: str) -> Callable[..., Any]:
+def ours_step(op: str, configs: dict[str, LaunchConfig] | None = None) -> Callable[..., Any]:
     import importlib
 
     fwd = getattr(importlib.import_module(f"kernels.{op}.chunk"), f"chunk_{op}_fwd")
     bwd = getattr(importlib.import_module(f"kernels.{op}.chunk_bwd"), f"chunk_{op}_bwd")
 
     def step(q, k, v, g, beta, do):
-        o, _ = fwd(q, k, v, g, beta, scale=K**-0.5)
-        return o, bwd(q, k, v, g, beta, do, scale=K**-0.5)
+        o, _ = fwd(q, k, v, g, beta, scale=K**-0.5, configs=configs)
+        return o, bwd(q, k, v, g, beta, do, scale=K**-0.5, configs=configs)
 
     return step
 
@@ -141,7 +142,7 @@ def gradient_check(op: str, device: str, T: int = 1024, Hh: int = 4) -> dict[str
     ref = [x.grad for x in leaves]
     names = ("dq", "dk", "dv", "dg", "dbeta")
     _, ours = ours_step(op)(q, k, v, g, beta, do)
-    res: dict[str, Any] = {"shape": f"B=1 T={T} H={Hh}", "ours": {n: rel_l2(a, r) for n, a, r in zip(names, ours, ref, strict=True)}}
+    res: dict[str, Any] = {"shape": f"B=1 T={T} H={Hh}", "ours": {n: rel_l2(a, r) for n, a, r in zip(names, ours[:5], ref, strict=True)}}
     try:
         _, theirs = fla_step(op)[0](q, k, v, g, beta, do)
         res["fla"] = {n: rel_l2(a, r) for n, a, r in zip(names, theirs, ref, strict=True)}
@@ -168,6 +169,32 @@ def run_shape(op: str, B: int, T: int, device: str) -> dict[str, Any]:
     rec["floor_bytes"] = BYTES_PER_TOKEN_HEAD[op] * B * T * H
     rec["floor_ms"] = rec["floor_bytes"] / (COPY_TBPS * 1e12) * 1e3
     return rec
+
+
+# --explore: one backward kernel's config changed at a time from the defaults (the lead's tuner does the real search)
+EXPLORE = {
+    "chunk_bwd_dqk": ({"BK": 32}, {"num_warps": 8}, {"BK": 32, "num_warps": 8}, {"BV": 128}, {"num_stages": 1}),
+    "wy_bwd": ({"num_warps": 2}, {"num_warps": 8}, {"BK": 128, "BV": 128}, {"num_stages": 1}),
+    "chunk_state_bwd": ({"num_warps": 8}, {"num_stages": 2}, {"BV": 32, "num_stages": 2}),
+    "wy_inverse": ({"num_warps": 2}, {"num_warps": 4}, {"BK": 64}),
+}
+
+
+def explore(op: str, B: int, T: int, device: str) -> list[dict[str, Any]]:
+    """Step time with one backward kernel's config changed at a time (same inputs as `run_shape`)."""
+    import dataclasses
+
+    q, k, v, g, beta, do = make_inputs(op, B, T, H, device=device)
+    rows = [{"kernel": "-", "change": "defaults", "ms": timed(lambda: ours_step(op)(q, k, v, g, beta, do))}]
+    for name, changes in EXPLORE.items():
+        for ch in changes:
+            cfg = {name: dataclasses.replace(get_spec(name).default, **ch)}
+            try:
+                ms = timed(lambda cfg=cfg: ours_step(op, cfg)(q, k, v, g, beta, do))
+            except Exception as err:
+                ms = repr(err)[:100]
+            rows.append({"kernel": name, "change": ch, "ms": ms})
+    return rows
 
 
 def env(args: argparse.Namespace) -> dict[str, Any]:
@@ -230,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stem", default=None)
     ap.add_argument("--sha", default=None, help="git sha to record when the tree has no .git (device copies)")
     ap.add_argument("--no-grads", action="store_true")
+    ap.add_argument("--explore", default="", help="BxT: time backward config variants at this shape")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.stderr.write("kernels_train: needs a CUDA device\n")
@@ -246,6 +274,11 @@ def main(argv: list[str] | None = None) -> int:
             res["rows"].append(rec)
             _say(json.dumps({k: v for k, v in rec.items() if k != "ours_kernels_ms"}))
             torch.cuda.empty_cache()
+        if args.explore:
+            Be, Te = (int(x) for x in args.explore.split("x"))
+            res.setdefault("explore", {})[op] = explore(op, Be, Te, "cuda")
+            for r in res["explore"][op]:
+                _say("explore", op, r["kernel"], r["change"], r["ms"])
     name = args.stem or ("kernels_train_h200" if "H200" in res["env"]["device"] else "kernels_train_gpu")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

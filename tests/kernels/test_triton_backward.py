@@ -25,6 +25,9 @@ from tests.utils import assert_rel_close, make_inputs, make_state
 DEVICE = "cuda" if os.environ.get("CPBENCH_TEST_GPU") and torch.cuda.is_available() else "cpu"
 DTYPE = torch.float32 if DEVICE == "cpu" else torch.bfloat16
 TOL = 1e-5 if DEVICE == "cpu" else 5e-3
+# on the GPU K = V = 64: a state block of 32 columns with one pipeline stage hits the known Triton 3.6 sm_90
+# miscompile (kernels/NOTES.md), which a 32-wide head dim would force
+DIM = 32 if DEVICE == "cpu" else 64
 NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
 
 pytestmark = pytest.mark.parametrize("OP", ["gdn", "kda"])
@@ -56,7 +59,7 @@ def _check(got, ref, tol=TOL):
 
 def test_triton_bwd_varlen_split(OP: str) -> None:
     lengths = (37, 100, 5)
-    H, K, V = 1, 32, 32
+    H, K, V = 1, DIM, DIM
     q, k, v, g, beta, cu = make_inputs(OP, lengths, H=H, K=K, V=V, lb=-0.01, dtype=DTYPE, device=DEVICE)
     h0 = make_state(len(lengths), H, K, V, device=DEVICE)
     gen = torch.Generator().manual_seed(3)
@@ -71,7 +74,7 @@ def test_triton_bwd_varlen_split(OP: str) -> None:
 
 def test_triton_bwd_dense_strong_decay(OP: str) -> None:
     """No initial state (dh0 is None) nor dht; gates at the documented bound -5.5 (KDA's factors reach e^86)."""
-    B, T, H, K, V = 2, 66, 1, 32, 32
+    B, T, H, K, V = 2, 66, 1, DIM, DIM
     q, k, v, _, beta, _ = make_inputs(OP, B=B, T=T, H=H, K=K, V=V, dtype=DTYPE, device=DEVICE)
     gen = torch.Generator().manual_seed(7)
     g_shape = (B, T, H) if OP == "gdn" else (B, T, H, K)

@@ -19,8 +19,8 @@ matmul per 16-row block of the output.
 
 `chunk_bwd` is the whole backward: recompute (WY prep, T, the chunk states with the forward's sequence split),
 the reverse state pass (split the same way), then the two kernels above. Extra memory: the chunk states h and
-their gradients dh ([NT, H, K, V] each), v_new, dv_new, T, and fp32 [B, T, H, K] buffers for dw and the partial
-dk and dG; never [T, K, K] or a per-token state.
+their gradients dh ([NT, H, K, V] each), v_new, dv_new, T, dw ([B, T, H, K]) and fp32 [B, T, H, K] buffers for the
+partial dk and dG; never [T, K, K] or a per-token state.
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ def chunk_bwd_dqk_kernel(
     do,  # [B, T, H, V]
     dq,  # out [B, T, H, K]
     dk,  # out [B, T, H, K] fp32: dK~ and Aqk parts of dk
-    dw,  # out [B, T, H, K] fp32
+    dw,  # out [B, T, H, K] in k's dtype
     dg,  # out [B, T, H, K] fp32: the dG terms known here (not yet summed over K for GDN, not cumsummed)
     cu_seqlens,
     chunk_indices,
@@ -254,19 +254,23 @@ def chunk_bwd_dqk_kernel(
     b_k = tl.load(k + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.).to(tl.float32)
     b_G = _gate_tile(g, p_row, m_r, o_k, K, GATE_VECTOR)
     b_Gl = tl.sum(tl.where(o_t[:, None] == BT - 1, b_G, 0.), 0)[None, :]  # [1, BK] (KDA) or [1, 1] (GDN)
-    b_X = tl.where(o_t[:, None] >= o_t[None, :], b_da * scale, 0.)
+    # dAqk below the diagonal goes through the decayed products; its diagonal (decay e^0 = 1) is added in fp32 and
+    # left out of dG, where its two terms cancel exactly (with bf16 products they would not: under strong decay
+    # that rounding is larger than dg itself)
+    b_X = tl.where(o_t[:, None] > o_t[None, :], b_da * scale, 0.)
+    b_xd = tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_da * scale, 0.), 1)[:, None]  # [BT, 1]
     if GATE_VECTOR:
         b_rq = _rows_vec(b_X, b_k, b_G, BT, dt)
         b_cq = _cols_vec(b_X, b_q, b_G, BT, dt)
     else:
         b_gr = tl.sum(b_G, 1)  # [BT]
-        b_XE = b_X * tl.exp(tl.where(o_t[:, None] >= o_t[None, :], b_gr[:, None] - b_gr[None, :], float("-inf")))
+        b_XE = b_X * tl.exp(tl.where(o_t[:, None] > o_t[None, :], b_gr[:, None] - b_gr[None, :], float("-inf")))
         b_rq = tl.dot(b_XE.to(dt), b_k.to(dt))
         b_cq = tl.dot(tl.trans(b_XE).to(dt), b_q.to(dt))
     b_eg = tl.exp(b_G)
     b_ekt = tl.exp(b_Gl - b_G)
     b_dqs = b_dqg * scale * b_eg
-    b_dq = b_rq + b_dqs
+    b_dq = b_rq + b_xd * b_k + b_dqs
     b_kt = b_k * b_ekt
     b_ktdkt = b_kt * b_dkt
     b_dG = b_q * b_rq - b_k * b_cq + b_dqs * b_q - b_ktdkt
@@ -275,8 +279,8 @@ def chunk_bwd_dqk_kernel(
     b_dG += tl.where(o_t[:, None] == i_last, tl.sum(b_ktdkt, 0)[None, :] + tl.exp(b_Gl) * b_dgam[None, :], 0.)
     p_out = p_row[:, None] * K + o_k[None, :]
     tl.store(dq + p_out, b_dq.to(dq.dtype.element_ty), mask=m_r[:, None])
-    tl.store(dk + p_out, b_cq + b_ekt * b_dkt, mask=m_r[:, None])
-    tl.store(dw + p_out, -b_dw, mask=m_r[:, None])
+    tl.store(dk + p_out, b_cq + b_xd * b_q + b_ekt * b_dkt, mask=m_r[:, None])
+    tl.store(dw + p_out, (-b_dw).to(dw.dtype.element_ty), mask=m_r[:, None])
     tl.store(dg + p_out, b_dG, mask=m_r[:, None])
 
 
@@ -291,7 +295,7 @@ def wy_bwd_kernel(
     w,  # [B, T, H, K]
     u,  # [B, T, H, V]
     dv_new,  # [B, T, H, V]
-    dw,  # [B, T, H, K] fp32
+    dw,  # [B, T, H, K] in k's dtype
     dk_part,  # [B, T, H, K] fp32
     dg_part,  # [B, T, H, K] fp32
     dk,  # out [B, T, H, K]
@@ -478,7 +482,7 @@ def chunk_bwd(
     key = _key(index, H, K, V, gate_vector, k.dtype)
     dq = torch.empty_like(q)
     dk_part = torch.empty(B, T, H, K, dtype=torch.float32, device=k.device)
-    dw = torch.empty_like(dk_part)
+    dw = torch.empty_like(k)
     dg_part = torch.empty_like(dk_part)
     cfg = pick_config(CHUNK_BWD_DQK, key, cfgs.get("chunk_bwd_dqk"))
     BK, BV = _fit(cfg, K, V)

@@ -93,6 +93,8 @@ def tune_command(
     seed: int = typer.Option(0, "--seed"),
     samples: int = typer.Option(20, "--samples", help="samples per config (exhaustive, random)"),
     database_url: str | None = typer.Option(None, "--db", "--database-url", help="default: CPBENCH_DATABASE_URL"),
+    direction: str = typer.Option("fwd", "--direction", help="fwd | fwd+bwd (time forward + backward; tunes the "
+                                  "backward kernels too)"),
 ) -> None:
     """Tune the Triton kernels of an op at the given shapes; trials and winners go to the store."""
     from runners.tuner import Shape, tune_kernels
@@ -101,7 +103,8 @@ def tune_command(
         shapes = [Shape.of(parse_shape(s)) for s in shape]
         with _session(database_url) as session:
             rows = tune_kernels(session, op=op, shapes=shapes, strategy=strategy, budget=budget, device=device,
-                                kernels=kernel or None, seed=seed, samples=samples)
+                                kernels=kernel or None, seed=seed, samples=samples,
+                                direction=direction)
             for r in rows:
                 speed = f"{r.default_ms / r.median_ms:.3f}x" if r.default_ms else "n/a"
                 typer.echo(f"{r.kernel:28s} {r.key_str:60s} {json.dumps(r.config):48s} {r.median_ms:9.4f} ms  vs default {speed}")

@@ -358,3 +358,16 @@ def test_miscompile_rules_apply_by_capability_and_triton_version() -> None:
     assert LaunchConfig(BV=32, num_warps=4, num_stages=1) in shipped["chunk_state_transition_fwd"]
     assert LaunchConfig(BV=32, num_warps=4, num_stages=1) in shipped["chunk_state_output_fwd"]
     assert all(c.BV == 32 and c.num_stages == 1 for cfgs in shipped.values() for c in cfgs)
+
+
+def test_tune_kernels_fwd_bwd_tunes_a_backward_kernel(session: Session) -> None:
+    """direction fwd+bwd: the runner runs forward + Triton backward, so a backward kernel launches, is searched on
+    the whole step (its outputs, gradients included, checked against the defaults' run) and gets a tuned row."""
+    rows = tune_kernels(session, op="gdn", shapes=[{"B": 1, "T": 64, "H": 1, "K": 32, "V": 32, "dtype": "float32"}],
+                        strategy="random", budget=2, samples=1, device="cpu", kernels=["wy_bwd"], direction="fwd+bwd")
+    assert [r.kernel for r in rows] == ["wy_bwd"]
+    trials = [t for t in session.scalars(select(TuningTrial)) if t.kernel == "wy_bwd"]
+    assert rows[0].median_ms == min(t.median_ms for t in trials if t.status == "ok")
+    with pytest.raises(ValueError, match="direction"):
+        tune_kernels(None, op="gdn", shapes=[{"B": 1, "T": 64, "H": 1, "K": 32, "V": 32, "dtype": "float32"}],
+                     device="cpu", direction="bwd")

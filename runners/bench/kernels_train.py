@@ -70,14 +70,17 @@ def ours_step(op: str, configs: dict[str, LaunchConfig] | None = None) -> Callab
     return step
 
 
+_FLA_BYPASS: list[bool] = []
+
+
 def fla_step(op: str) -> tuple[Callable[..., Any], bool]:
     """FLA's forward+backward and whether the Hopper guard had to be bypassed."""
     import fla.ops.common.chunk_o as chunk_o
 
-    bypassed = False
     if not getattr(chunk_o, "TRITON_ABOVE_3_7_1", True):
         chunk_o.TRITON_ABOVE_3_7_1 = True
-        bypassed = True
+        _FLA_BYPASS.append(True)  # process-wide: every later FLA call runs with the guard bypassed too
+    bypassed = bool(_FLA_BYPASS)
     if op == "gdn":
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fn
     else:

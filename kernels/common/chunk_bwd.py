@@ -137,7 +137,7 @@ def _gate_tile(g, p_row, m_r, o_k, K: tl.constexpr, GATE_VECTOR: tl.constexpr):
 @triton.jit(do_not_specialize=["T"])
 def wy_inverse_kernel(
     k,  # [B, T, H, K]
-    g,  # GDN: gate cumsum [B, T, H] fp32; KDA: raw per-key gate [B, T, H, K]
+    g,  # raw gate: [B, T, H] (GDN) or [B, T, H, K] (KDA)
     beta,  # [B, T, H]
     tt,  # out [B, T, H, BT]: T = (I + A)^{-1}, lower blocks incl. the diagonal (the others are not written)
     kg,  # KDA: [B, T, H, K] rewritten with the values the WY prep stored (the gram helper stores them)
@@ -171,10 +171,16 @@ def wy_inverse_kernel(
         A22 = tl.where(m_d, A22, 0.)
         A33 = tl.where(m_d, A33, 0.)
     else:
-        g0 = _load_vec(g, bos, t0, T, i_h, H, 16)
-        g1 = _load_vec(g, bos, t0 + 16, T, i_h, H, 16)
-        g2 = _load_vec(g, bos, t0 + 32, T, i_h, H, 16)
-        g3 = _load_vec(g, bos, t0 + 48, T, i_h, H, 16)
+        # the in-chunk cumsum of the raw gate, flat past T (as the WY prep: a zero there would make
+        # exp(G_i - G_j) overflow against a strongly decayed G_j)
+        x0 = _load_vec(g, bos, t0, T, i_h, H, 16)
+        x1 = _load_vec(g, bos, t0 + 16, T, i_h, H, 16)
+        x2 = _load_vec(g, bos, t0 + 32, T, i_h, H, 16)
+        x3 = _load_vec(g, bos, t0 + 48, T, i_h, H, 16)
+        g0 = tl.cumsum(x0, 0)
+        g1 = tl.cumsum(x1, 0) + tl.sum(x0, 0)
+        g2 = tl.cumsum(x2, 0) + tl.sum(x0, 0) + tl.sum(x1, 0)
+        g3 = tl.cumsum(x3, 0) + tl.sum(x0, 0) + tl.sum(x1, 0) + tl.sum(x2, 0)
         A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram(k, k, bos, t0, T, i_h, H, K, BK)
         A00 *= _decay(g0, g0, True)
         A11 *= _decay(g1, g1, True)
@@ -400,7 +406,7 @@ def _fit(cfg: LaunchConfig, K: int, V: int) -> tuple[int, int]:
 
 def wy_inverse(k: Tensor, g: Tensor, beta: Tensor, *, index: ChunkIndex, gate_vector: bool, kg: Tensor | None = None,
                gc: Tensor | None = None, config: LaunchConfig | None = None) -> Tensor:
-    """T = (I + A)^{-1} per chunk, [B, T, H, BT] in k's dtype (lower blocks). GDN: g = gate cumsum; KDA: raw g."""
+    """T = (I + A)^{-1} per chunk, [B, T, H, BT] in k's dtype (lower blocks), from the raw gate g."""
     B, T, H, K = k.shape
     cfg = pick_config(WY_INVERSE, _key(index, H, K, K, gate_vector, k.dtype), config)
     BK, _ = _fit(cfg, K, K)
@@ -438,7 +444,7 @@ def chunk_bwd(
     else:
         w, u, gs, aqk = wy_gdn_fwd(q, k, v, g, beta, scale=scale, index=index, config=cfgs.get("wy_gdn_fwd"))
         qs, ks = q, k
-        tt = wy_inverse(k, gs, beta, index=index, gate_vector=False, config=cfgs.get("wy_inverse"))
+        tt = wy_inverse(k, g, beta, index=index, gate_vector=False, config=cfgs.get("wy_inverse"))
     assert qs is not None and aqk is not None
 
     # 2. the chunk states (forward) and their gradients (reverse), split across the sequence like the forward

@@ -141,7 +141,8 @@ SCHEMA: dict[str, Any] = {
 }
 
 # modules whose import registers the suite's Triton kernels; imported (best effort) before source hashes are checked
-_SUITE_MODULES = ("kernels.gdn.chunk", "kernels.kda.chunk", "kernels.common.transition_triton")
+_SUITE_MODULES = ("kernels.gdn.chunk", "kernels.kda.chunk", "kernels.common.transition_triton", "kernels.gdn.chunk_bwd",
+                  "kernels.kda.chunk_bwd")
 
 
 class AutotuneError(ValueError):

@@ -3,6 +3,7 @@
 - `runners.bench.kernels`: our Triton forward against FLA's and the bandwidth / compute floor, one GPU
   (`kernels_ops`: what it times and how; `kernels_report`: its Markdown table);
 - `runners.bench.cp`: every CP scheme over W GPUs against FLA's CP, and warmup_correct on one GPU;
+- `runners.bench.kernels_train`: our Triton forward+backward against FLA's (`cpbench bench train`);
 - `runners.bench.common`: what both share (result file names, the environment block of a result).
 
 They are engine code: inputs come from `runners.workload` (or FLA's anchor recipe where the figures are compared

@@ -1,8 +1,9 @@
-"""`cpbench bench kernels|cp [ARGS...]`: the GPU benchmarks of the kernel suite (not tests; figures go to benchmarks/results/).
+"""`cpbench bench kernels|cp|train [ARGS...]`: the GPU benchmarks of the kernel suite (not tests; figures go to benchmarks/results/).
 
     cpbench bench kernels --ops gdn,kda            # our Triton forward vs FLA vs the floor (runners/bench/kernels.py)
     cpbench bench kernels --dry-run --out /tmp/b   # CPU interpreter, tiny shapes: checks the script runs
     cpbench bench cp --world 2                     # every CP scheme on 2 GPUs vs FLA's CP (runners/bench/cp.py)
+    cpbench bench train                            # our Triton forward+backward vs FLA's (runners/bench/kernels_train.py)
 
 Everything after the target is handed to that module's own argument parser; `cpbench bench kernels --help` lists it.
 Both write into `--out` (default benchmarks/results/); give CPU smoke runs another folder.
@@ -18,7 +19,7 @@ from runners.errors import CpbenchError
 
 __all__ = ["register"]
 
-TARGETS = {"kernels": "runners.bench.kernels", "cp": "runners.bench.cp"}
+TARGETS = {"kernels": "runners.bench.kernels", "cp": "runners.bench.cp", "train": "runners.bench.kernels_train"}
 
 
 def bench(

@@ -122,6 +122,8 @@ def tune_command(
     backend: str = typer.Option("triton", "--backend", help="triton (our kernels) | fla (FLA's autotuned kernels, "
                                 "timed as FLA's whole op; stored as fla.<kernel>)"),
     database_url: str | None = typer.Option(None, "--db", "--database-url", help="default: CPBENCH_DATABASE_URL"),
+    direction: str = typer.Option("fwd", "--direction", help="fwd | fwd+bwd (time forward + backward; tunes the "
+                                  "backward kernels too)"),
 ) -> None:
     """Tune the Triton kernels of an op at the given shapes; trials and winners go to the store."""
     from runners.tuner import Shape, tune_kernels
@@ -138,7 +140,8 @@ def tune_command(
                                 kernels=kernel or None)
             else:
                 rows = tune_kernels(session, op=op, shapes=shapes, strategy=strategy, budget=budget, device=device,
-                                    kernels=kernel or None, seed=seed, samples=samples)
+                                    kernels=kernel or None, seed=seed, samples=samples,
+                                    direction=direction)
             for r in rows:
                 speed = f"{r.default_ms / r.median_ms:.3f}x" if r.default_ms else "n/a"
                 typer.echo(f"{r.kernel:28s} {r.key_str:60s} {json.dumps(r.config):48s} {r.median_ms:9.4f} ms  vs default {speed}")

@@ -65,6 +65,15 @@ RULES: tuple[Rule, ...] = (
         reason="known Hopper miscompile (BV=32, one stage): illegal memory access or wrong output on an H200 "
                "with Triton 3.6.0 (runners/tuner/miscompiles.py)",
     ),
+    Rule(
+        kernels=("chunk_state_bwd",),
+        matches=lambda c: c.BV == 32,
+        capabilities=("9",),
+        triton_min=(3, 4),
+        triton_max=(3, 7, 0),
+        reason="the reverse state pass with BV=32 hit an illegal memory access on an H200 with Triton 3.6.0 (one "
+               "stage at K=V=32, two stages at K=V=128; 2026-12-01, kernels/NOTES.md)",
+    ),
 )
 
 

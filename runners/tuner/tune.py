@@ -114,17 +114,39 @@ def make_case(op: str, shape: Shape, device: torch.device | str) -> dict[str, An
         cu = torch.tensor(bounds, dtype=torch.int32, device=dev)
         n_seq = len(shape.lengths)
     h0 = rnd(n_seq, H, K, V) if shape.initial_state else None
-    return {"q": q, "k": k, "v": v, "g": g, "beta": beta, "cu_seqlens": cu, "initial_state": h0}
+    do = rnd(B, T, H, V).to(dt)  # the output gradient of a fwd+bwd run (drawn last: forward inputs unchanged)
+    return {"q": q, "k": k, "v": v, "g": g, "beta": beta, "cu_seqlens": cu, "initial_state": h0, "do": do}
 
 
-def op_runner(op: str, case: Mapping[str, Any], *, backend: str = "triton") -> RunFn:
-    """A RunFn: `kernels.forward(op, ..., output_final_state=True, config=configs)` -> (o, final_state)."""
+DIRECTIONS = ("fwd", "fwd+bwd")
+
+
+def op_runner(op: str, case: Mapping[str, Any], *, backend: str = "triton", direction: str = "fwd") -> RunFn:
+    """A RunFn: `kernels.forward(op, ..., output_final_state=True, config=configs)` -> (o, final_state); with
+    direction "fwd+bwd" followed by the Triton backward (`kernels.<op>.chunk_bwd`, same configs, the case's seeded
+    `do`) -> (o, final_state, dq, dk, dv, dg, dbeta, dh0), so the backward kernels are tuned on the whole step."""
+    import importlib
+
     import kernels
 
-    def run(configs: Mapping[str, LaunchConfig]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return kernels.forward(op, case["q"], case["k"], case["v"], case["g"], case["beta"],
-                               initial_state=case["initial_state"], output_final_state=True,
-                               cu_seqlens=case["cu_seqlens"], backend=backend, config=dict(configs))
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    bwd = None
+    if direction == "fwd+bwd":
+        if backend != "triton":
+            raise ValueError(f"direction 'fwd+bwd' tunes the Triton backward; backend must be 'triton', got {backend!r}")
+        bwd = getattr(importlib.import_module(f"kernels.{op}.chunk_bwd"), f"chunk_{op}_bwd")
+
+    def run(configs: Mapping[str, LaunchConfig]) -> tuple[torch.Tensor | None, ...]:
+        o, ht = kernels.forward(op, case["q"], case["k"], case["v"], case["g"], case["beta"],
+                                initial_state=case["initial_state"], output_final_state=True,
+                                cu_seqlens=case["cu_seqlens"], backend=backend, config=dict(configs))
+        if bwd is None:
+            return o, ht
+        grads = bwd(case["q"], case["k"], case["v"], case["g"], case["beta"], case["do"],
+                    scale=case["k"].shape[-1] ** -0.5, initial_state=case["initial_state"], dht=None,
+                    cu_seqlens=case["cu_seqlens"], configs=dict(configs))
+        return (o, ht, *grads)
 
     return run
 
@@ -265,6 +287,7 @@ def tune_kernels(
     eta: int = 3,
     environment_id: int | None = None,
     group: Any = None,
+    direction: str = "fwd",
 ) -> list[TunedConfig]:
     """Tune the Triton kernels of `op` ("gdn" | "kda") at each shape; returns the TunedConfig rows (see module docstring).
 
@@ -276,6 +299,8 @@ def tune_kernels(
         device: where to tune (default: "cuda" when available, else "cpu").
         kernels: restrict to these kernel names (default: every kernel the op launches).
         group: process group whose rank 0 tunes and broadcasts (default: the world when torch.distributed is up).
+        direction: "fwd" (time the forward) or "fwd+bwd" (time forward + Triton backward: tunes the backward
+            kernels too, each on the whole step).
     """
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     dist_on = torch.distributed.is_available() and torch.distributed.is_initialized()
@@ -288,7 +313,7 @@ def tune_kernels(
             shape = Shape.of(s)
             case = make_case(op, shape, device)
             tol = _TOL[_DTYPES[shape.dtype]]
-            got, _ = tune_case(session, run=op_runner(op, case, backend=backend), device=device, kernels=kern,
+            got, _ = tune_case(session, run=op_runner(op, case, backend=backend, direction=direction), device=device, kernels=kern,
                                strategy=strategy, budget=budget, seed=seed, samples=samples, min_samples=min_samples,
                                max_samples=max_samples, eta=eta, tol=tol, sweep_id=sweep_id, environment_id=environment_id)
             rows.extend(got)

@@ -337,3 +337,30 @@ def test_source_hash_covers_device_helper_modules(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(inspect, "getsource", edited)
     assert autotune.source_hash("wy_gdn_fwd") != before
     assert autotune.source_hash("chunk_state_fwd") == unrelated  # its module calls no chunk_program helper
+
+
+def test_round_trip_backward_kernels_launch_exported(session, tmp_path) -> None:
+    """Tuned entries of the backward's kernels (exported like the forward's) are the configs the backward launches."""
+    from kernels.gdn.chunk_bwd import chunk_gdn_bwd
+    from runners.tuner import make_case
+    from runners.tuner.tune import Shape
+
+    case = make_case("gdn", Shape(B=1, T=64, H=1, K=32, V=32, dtype="float32"), "cpu")
+    args = (case["q"], case["k"], case["v"], case["g"], case["beta"], case["do"])
+    LAUNCHES.clear()
+    ref = chunk_gdn_bwd(*args, scale=32**-0.5)
+    key = LAUNCHES["wy_bwd"][0]
+    chosen = {"wy_bwd": LaunchConfig(BK=32, BV=32, num_warps=2, num_stages=1),
+              "chunk_bwd_dqk": LaunchConfig(BK=32, BV=32, num_warps=8, num_stages=1)}
+    for name, cfg in chosen.items():
+        session.add(_row(name, LAUNCHES[name][0], cfg.as_dict()))
+    session.commit()
+    assert key == LAUNCHES["chunk_bwd_dqk"][0]
+    path = tmp_path / "bwd.json"
+    write_export(path, session, allow_cpu=True)
+    use_autotune(path)
+    LAUNCHES.clear()
+    got = chunk_gdn_bwd(*args, scale=32**-0.5)
+    assert {n: LAUNCHES[n][1] for n in chosen} == chosen
+    for a, b in zip(got[:5], ref[:5], strict=True):
+        assert float((a - b).norm() / b.norm()) < 1e-5  # same math, other tiles: only summation order

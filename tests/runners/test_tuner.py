@@ -357,4 +357,25 @@ def test_miscompile_rules_apply_by_capability_and_triton_version() -> None:
     shipped = known_bad("9.0", "3.6.0")
     assert LaunchConfig(BV=32, num_warps=4, num_stages=1) in shipped["chunk_state_transition_fwd"]
     assert LaunchConfig(BV=32, num_warps=4, num_stages=1) in shipped["chunk_state_output_fwd"]
-    assert all(c.BV == 32 and c.num_stages == 1 for cfgs in shipped.values() for c in cfgs)
+    fwd = ("chunk_state_transition_fwd", "chunk_state_output_fwd")
+    assert all(c.BV == 32 and c.num_stages == 1 for n in fwd for c in shipped.get(n, {}))
+    # the reverse state pass crashed at BV=32 with one and with two stages
+    import kernels.common.state_bwd  # noqa: F401
+
+    shipped = known_bad("9.0", "3.6.0")
+    assert {c.BV for c in shipped["chunk_state_bwd"]} == {32}
+    assert LaunchConfig(BV=32, num_warps=4, num_stages=2) in shipped["chunk_state_bwd"]
+    assert set(shipped) <= {*fwd, "chunk_state_bwd"}
+
+
+def test_tune_kernels_fwd_bwd_tunes_a_backward_kernel(session: Session) -> None:
+    """direction fwd+bwd: the runner runs forward + Triton backward, so a backward kernel launches, is searched on
+    the whole step (its outputs, gradients included, checked against the defaults' run) and gets a tuned row."""
+    rows = tune_kernels(session, op="gdn", shapes=[{"B": 1, "T": 64, "H": 1, "K": 32, "V": 32, "dtype": "float32"}],
+                        strategy="random", budget=2, samples=1, device="cpu", kernels=["wy_bwd"], direction="fwd+bwd")
+    assert [r.kernel for r in rows] == ["wy_bwd"]
+    trials = [t for t in session.scalars(select(TuningTrial)) if t.kernel == "wy_bwd"]
+    assert rows[0].median_ms == min(t.median_ms for t in trials if t.status == "ok")
+    with pytest.raises(ValueError, match="direction"):
+        tune_kernels(None, op="gdn", shapes=[{"B": 1, "T": 64, "H": 1, "K": 32, "V": 32, "dtype": "float32"}],
+                     device="cpu", direction="bwd")

@@ -1,0 +1,512 @@
+"""The chunk-parallel kernels of the backward (GDN and KDA) and the launch sequence shared by both ops.
+
+Notation of DESIGN.md §1 and `kernels.common.wy` (per chunk of C = 64 tokens, G the in-chunk cumsum of the gate,
+S the state entering the chunk, dS' the gradient at its end from `kernels.common.state_bwd`, T = (I + A)^{-1},
+kb = beta exp(G) K, vb = beta V, w = T kb, u = T vb, K~ = K exp(G_C - G), Qg = scale Q exp(G)):
+
+    wy_inverse      T (the forward does not keep it), [B, T, H, C] in k's dtype; one program per (chunk, head)
+    chunk_bwd_dqk   per (K block, chunk, head), summing over V blocks:
+                      dQg = dO S^T,  dAqk = scale Tril(dO v_new^T),  dK~ = v_new dS'^T,  dw = -dv_new S^T,
+                      dgamma = rowsum_V(S * dS');
+                    then dq (final) and the parts of dk and dG that do not need the WY backward
+    wy_bwd          per (chunk, head): dkb = T^T dw, dvb = T^T dv_new, dA = -StrictLower(dkb w^T + dvb u^T);
+                    dv = beta dvb, dk, dbeta, and dg = the reverse in-chunk cumsum of dG
+
+The decayed products of dAqk and dA (R(X, b)_i = sum_j X_ij b_j e^(G_i - G_j), Cc(X, a)_j = sum_i X_ij a_i
+e^(G_i - G_j)): for GDN one [C, C] decay tile; for KDA (a decay per key) the factor is split around the gate at
+a 16-row block boundary so that no exponential exceeds e^88 (the forward's rule: g >= -5.5 per token), one
+matmul per 16-row block of the output.
+
+`chunk_bwd` is the whole backward: recompute (WY prep, T, the chunk states with the forward's sequence split),
+the reverse state pass (split the same way), then the two kernels above. Extra memory: the chunk states h and
+their gradients dh ([NT, H, K, V] each), v_new, dv_new, T, dw ([B, T, H, K]) and fp32 [B, T, H, K] buffers for the
+partial dk and dG; never [T, K, K] or a per-token state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels.common.chunk_program import chunk_of_program
+from kernels.common.chunk_state import SeqLayout, chunk_state_fwd, chunk_state_transition_fwd
+from kernels.common.index import ChunkIndex, prepare_chunk_index
+from kernels.common.seqsplit import resolve_split, seg_chain_states
+from kernels.common.state_bwd import chunk_state_bwd, first_segments, seg_chain_bwd, state_bwd_config
+from kernels.common.wy import (
+    BT_WY,
+    _decay,
+    _gram,
+    _kda_gram,
+    _load_vec,
+    _solve,
+    _store_aqk,
+    wy_gdn_fwd,
+    wy_kda_fwd,
+)
+from kernels.configs import KernelSpec, LaunchConfig, pick_config, register
+
+__all__ = ["CHUNK_BWD_DQK", "WY_BWD", "WY_INVERSE", "chunk_bwd"]
+
+_KEY = ("H", "K", "V", "BT", "GATE", "IS_VARLEN", "dtype")
+
+WY_INVERSE = register(KernelSpec(
+    name="wy_inverse",
+    key=_KEY,
+    # the WY prep's A and solve without w/u (same 16x16 register tiles: one warp, BK 32 / 16 as the forward)
+    default=LaunchConfig(BK=32, num_warps=1, num_stages=2),
+    space={"BK": (16, 32, 64), "num_warps": (1, 2, 4), "num_stages": (1, 2, 3)},
+))
+
+CHUNK_BWD_DQK = register(KernelSpec(
+    name="chunk_bwd_dqk",
+    key=_KEY,
+    # FLA's chunk_bwd_dqkwg: BK = BV = 64 on Hopper tiles, 4 warps
+    default=LaunchConfig(BK=64, BV=64, num_warps=4, num_stages=2),
+    space={"BK": (32, 64, 128), "BV": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
+))
+
+WY_BWD = register(KernelSpec(
+    name="wy_bwd",
+    key=_KEY,
+    # FLA's prepare_wy_repr_bwd: 64-wide column blocks, 2-4 warps
+    default=LaunchConfig(BK=64, BV=64, num_warps=4, num_stages=2),
+    space={"BK": (32, 64, 128), "BV": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
+))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# device helpers
+
+
+@triton.jit
+def _rows_vec(X, b, G, BT: tl.constexpr, DT: tl.constexpr):
+    """R_i = sum_{j <= i} X_ij b_j exp(G_i - G_j) per key: X [BT, BT] fp32 zero above the diagonal, b and G
+    [BT, BK] fp32 (G non-increasing down the rows). Row block I uses exp(G_i - g_I) exp(g_I - G_j), g_I the gate
+    before block I: both factors <= 1 except j inside block I (<= 16 tokens of decay)."""
+    o_t = tl.arange(0, BT)
+    blk = o_t // 16
+    R = tl.zeros_like(G)
+    for I in tl.static_range(BT // 16):
+        gI = tl.sum(tl.where(o_t[:, None] == 16 * I - 1, G, 0.), 0)  # zeros for I == 0
+        right = b * tl.exp(tl.where(o_t[:, None] < 16 * (I + 1), gI[None, :] - G, float("-inf")))
+        part = tl.dot(X.to(DT), right.to(DT))
+        m_I = (blk == I)[:, None]
+        R += tl.where(m_I, part * tl.exp(tl.where(m_I, G - gI[None, :], 0.)), 0.)
+    return R
+
+
+@triton.jit
+def _cols_vec(X, a, G, BT: tl.constexpr, DT: tl.constexpr):
+    """Cc_j = sum_{i >= j} X_ij a_i exp(G_i - G_j) per key (as `_rows_vec`, split at the last row of j's block)."""
+    o_t = tl.arange(0, BT)
+    blk = o_t // 16
+    C = tl.zeros_like(G)
+    Xt = tl.trans(X).to(DT)
+    for J in tl.static_range(BT // 16):
+        eJ = tl.sum(tl.where(o_t[:, None] == 16 * J + 15, G, 0.), 0)
+        left = a * tl.exp(tl.where(o_t[:, None] >= 16 * J, G - eJ[None, :], float("-inf")))
+        part = tl.dot(Xt, left.to(DT))
+        m_J = (blk == J)[:, None]
+        C += tl.where(m_J, part * tl.exp(tl.where(m_J, eJ[None, :] - G, 0.)), 0.)
+    return C
+
+
+@triton.jit
+def _gate_tile(g, p_row, m_r, o_k, K: tl.constexpr, GATE_VECTOR: tl.constexpr):
+    """The in-chunk cumsum of the raw gate: [BT, BK] (KDA, columns o_k) or [BT, 1] (GDN), fp32; 0 past T."""
+    if GATE_VECTOR:
+        b_g = tl.load(g + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.).to(tl.float32)
+        b_G = tl.cumsum(b_g, 0)
+    else:
+        b_g = tl.load(g + p_row, mask=m_r, other=0.).to(tl.float32)
+        b_G = tl.cumsum(b_g, 0)[:, None]
+    return b_G
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# kernels
+
+
+@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
+@triton.jit(do_not_specialize=["T"])
+def wy_inverse_kernel(
+    k,  # [B, T, H, K]
+    g,  # raw gate: [B, T, H] (GDN) or [B, T, H, K] (KDA)
+    beta,  # [B, T, H]
+    tt,  # out [B, T, H, BT]: T = (I + A)^{-1}, lower blocks incl. the diagonal (the others are not written)
+    kg,  # KDA: [B, T, H, K] rewritten with the values the WY prep stored (the gram helper stores them)
+    gc,  # KDA: [NT_total, H, K] fp32, likewise
+    cu_seqlens,
+    chunk_indices,
+    T,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    GATE_VECTOR: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    tl.static_assert(BT == 64, "written for 64-token chunks")
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    _, i_t, i_tg, bos, T = chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
+    t0 = i_t * BT
+    o_i = tl.arange(0, 16)
+    b0 = _load_vec(beta, bos, t0, T, i_h, H, 16)
+    b1 = _load_vec(beta, bos, t0 + 16, T, i_h, H, 16)
+    b2 = _load_vec(beta, bos, t0 + 32, T, i_h, H, 16)
+    b3 = _load_vec(beta, bos, t0 + 48, T, i_h, H, 16)
+    if GATE_VECTOR:
+        m_d = o_i[:, None] > o_i[None, :]
+        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _kda_gram(k, k, g, kg, bos, t0, T, i_h,
+                                                                     gc + (i_tg * H + i_h) * K, 1.0, H, K, BK, True)
+        A00 = tl.where(m_d, A00, 0.)
+        A11 = tl.where(m_d, A11, 0.)
+        A22 = tl.where(m_d, A22, 0.)
+        A33 = tl.where(m_d, A33, 0.)
+    else:
+        # the in-chunk cumsum of the raw gate, flat past T (as the WY prep: a zero there would make
+        # exp(G_i - G_j) overflow against a strongly decayed G_j)
+        x0 = _load_vec(g, bos, t0, T, i_h, H, 16)
+        x1 = _load_vec(g, bos, t0 + 16, T, i_h, H, 16)
+        x2 = _load_vec(g, bos, t0 + 32, T, i_h, H, 16)
+        x3 = _load_vec(g, bos, t0 + 48, T, i_h, H, 16)
+        g0 = tl.cumsum(x0, 0)
+        g1 = tl.cumsum(x1, 0) + tl.sum(x0, 0)
+        g2 = tl.cumsum(x2, 0) + tl.sum(x0, 0) + tl.sum(x1, 0)
+        g3 = tl.cumsum(x3, 0) + tl.sum(x0, 0) + tl.sum(x1, 0) + tl.sum(x2, 0)
+        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram(k, k, bos, t0, T, i_h, H, K, BK)
+        A00 *= _decay(g0, g0, True)
+        A11 *= _decay(g1, g1, True)
+        A22 *= _decay(g2, g2, True)
+        A33 *= _decay(g3, g3, True)
+        A10 *= tl.exp(g1[:, None] - g0[None, :])
+        A20 *= tl.exp(g2[:, None] - g0[None, :])
+        A21 *= tl.exp(g2[:, None] - g1[None, :])
+        A30 *= tl.exp(g3[:, None] - g0[None, :])
+        A31 *= tl.exp(g3[:, None] - g1[None, :])
+        A32 *= tl.exp(g3[:, None] - g2[None, :])
+    A00, A11, A22, A33 = A00 * b0[:, None], A11 * b1[:, None], A22 * b2[:, None], A33 * b3[:, None]
+    A10, A20, A21 = A10 * b1[:, None], A20 * b2[:, None], A21 * b2[:, None]
+    A30, A31, A32 = A30 * b3[:, None], A31 * b3[:, None], A32 * b3[:, None]
+    T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33)
+    _store_aqk(tt, bos, t0, T, i_h, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, H, BT)
+
+
+@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
+@triton.jit(do_not_specialize=["T"])
+def chunk_bwd_dqk_kernel(
+    q,  # [B, T, H, K] raw
+    k,  # [B, T, H, K] raw
+    g,  # raw gate: [B, T, H] (GDN) or [B, T, H, K] (KDA)
+    h,  # [NT_total, H, K, V] state entering each chunk
+    dh,  # [NT_total, H, K, V] gradient at each chunk's end
+    v_new,  # [B, T, H, V]
+    dv_new,  # [B, T, H, V]
+    do,  # [B, T, H, V]
+    dq,  # out [B, T, H, K]
+    dk,  # out [B, T, H, K] fp32: dK~ and Aqk parts of dk
+    dw,  # out [B, T, H, K] in k's dtype
+    dg,  # out [B, T, H, K] fp32: the dG terms known here (not yet summed over K for GDN, not cumsummed)
+    cu_seqlens,
+    chunk_indices,
+    scale,
+    T,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    GATE_VECTOR: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    i_k, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    _, i_t, i_tg, bos, T = chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
+    dt = k.dtype.element_ty
+    o_t = tl.arange(0, BT)
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_r = i_t * BT + o_t
+    m_r = o_r < T
+    p_row = (bos + o_r) * H + i_h
+    p_h = (i_tg * H + i_h) * K * V
+
+    b_dqg = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dkt = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dw = tl.zeros([BT, BK], dtype=tl.float32)
+    b_da = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dgam = tl.zeros([BK], dtype=tl.float32)
+    for i_v in range(V // BV):
+        o_v = i_v * BV + tl.arange(0, BV)
+        b_h = tl.load(h + p_h + o_k[:, None] * V + o_v[None, :])  # [BK, BV]
+        b_dh = tl.load(dh + p_h + o_k[:, None] * V + o_v[None, :])
+        b_vn = tl.load(v_new + p_row[:, None] * V + o_v[None, :], mask=m_r[:, None], other=0.)
+        b_dvn = tl.load(dv_new + p_row[:, None] * V + o_v[None, :], mask=m_r[:, None], other=0.)
+        b_do = tl.load(do + p_row[:, None] * V + o_v[None, :], mask=m_r[:, None], other=0.)
+        b_dqg = tl.dot(b_do, tl.trans(b_h), b_dqg)
+        b_dw = tl.dot(b_dvn, tl.trans(b_h), b_dw)
+        b_dkt = tl.dot(b_vn, tl.trans(b_dh), b_dkt)
+        b_da = tl.dot(b_do, tl.trans(b_vn), b_da)
+        b_dgam += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), 1)
+
+    b_q = tl.load(q + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.).to(tl.float32)
+    b_k = tl.load(k + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.).to(tl.float32)
+    b_G = _gate_tile(g, p_row, m_r, o_k, K, GATE_VECTOR)
+    b_Gl = tl.sum(tl.where(o_t[:, None] == BT - 1, b_G, 0.), 0)[None, :]  # [1, BK] (KDA) or [1, 1] (GDN)
+    # dAqk below the diagonal goes through the decayed products; its diagonal (decay e^0 = 1) is added in fp32 and
+    # left out of dG, where its two terms cancel exactly (with bf16 products they would not: under strong decay
+    # that rounding is larger than dg itself)
+    b_X = tl.where(o_t[:, None] > o_t[None, :], b_da * scale, 0.)
+    b_xd = tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_da * scale, 0.), 1)[:, None]  # [BT, 1]
+    if GATE_VECTOR:
+        b_rq = _rows_vec(b_X, b_k, b_G, BT, dt)
+        b_cq = _cols_vec(b_X, b_q, b_G, BT, dt)
+    else:
+        b_gr = tl.sum(b_G, 1)  # [BT]
+        b_XE = b_X * tl.exp(tl.where(o_t[:, None] > o_t[None, :], b_gr[:, None] - b_gr[None, :], float("-inf")))
+        b_rq = tl.dot(b_XE.to(dt), b_k.to(dt))
+        b_cq = tl.dot(tl.trans(b_XE).to(dt), b_q.to(dt))
+    b_eg = tl.exp(b_G)
+    b_ekt = tl.exp(b_Gl - b_G)
+    b_dqs = b_dqg * scale * b_eg
+    b_dq = b_rq + b_xd * b_k + b_dqs
+    b_kt = b_k * b_ekt
+    b_ktdkt = b_kt * b_dkt
+    b_dG = b_q * b_rq - b_k * b_cq + b_dqs * b_q - b_ktdkt
+    # d gamma_C and the sum of the K~ terms land on the last row of the chunk (the last one before T)
+    i_last = tl.minimum(T - i_t * BT, BT) - 1
+    b_dG += tl.where(o_t[:, None] == i_last, tl.sum(b_ktdkt, 0)[None, :] + tl.exp(b_Gl) * b_dgam[None, :], 0.)
+    p_out = p_row[:, None] * K + o_k[None, :]
+    tl.store(dq + p_out, b_dq.to(dq.dtype.element_ty), mask=m_r[:, None])
+    tl.store(dk + p_out, b_cq + b_xd * b_q + b_ekt * b_dkt, mask=m_r[:, None])
+    tl.store(dw + p_out, (-b_dw).to(dw.dtype.element_ty), mask=m_r[:, None])
+    tl.store(dg + p_out, b_dG, mask=m_r[:, None])
+
+
+@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
+@triton.jit(do_not_specialize=["T"])
+def wy_bwd_kernel(
+    k,  # [B, T, H, K] raw
+    v,  # [B, T, H, V]
+    g,  # raw gate: [B, T, H] (GDN) or [B, T, H, K] (KDA)
+    beta,  # [B, T, H]
+    tt,  # [B, T, H, BT] T, lower incl. the diagonal
+    w,  # [B, T, H, K]
+    u,  # [B, T, H, V]
+    dv_new,  # [B, T, H, V]
+    dw,  # [B, T, H, K] in k's dtype
+    dk_part,  # [B, T, H, K] fp32
+    dg_part,  # [B, T, H, K] fp32
+    dk,  # out [B, T, H, K]
+    dv,  # out [B, T, H, V]
+    dbeta,  # out [B, T, H]
+    dg,  # out: [B, T, H] (GDN) or [B, T, H, K] (KDA)
+    cu_seqlens,
+    chunk_indices,
+    T,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    GATE_VECTOR: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    _, i_t, _, bos, T = chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
+    dt = k.dtype.element_ty
+    o_t = tl.arange(0, BT)
+    o_r = i_t * BT + o_t
+    m_r = o_r < T
+    p_row = (bos + o_r) * H + i_h
+    m_low = o_t[:, None] >= o_t[None, :]
+    b_Tt = tl.trans(tl.load(tt + p_row[:, None] * BT + o_t[None, :], mask=m_r[:, None] & m_low, other=0.)).to(dt)
+    b_beta = tl.load(beta + p_row, mask=m_r, other=0.).to(tl.float32)
+
+    b_dA = tl.zeros([BT, BT], dtype=tl.float32)
+    b_db = tl.zeros([BT], dtype=tl.float32)
+    for i_v in range(V // BV):
+        o_v = i_v * BV + tl.arange(0, BV)
+        p_v = p_row[:, None] * V + o_v[None, :]
+        b_dvb = tl.dot(b_Tt, tl.load(dv_new + p_v, mask=m_r[:, None], other=0.))
+        b_dA = tl.dot(b_dvb.to(dt), tl.trans(tl.load(u + p_v, mask=m_r[:, None], other=0.)), b_dA)
+        b_v = tl.load(v + p_v, mask=m_r[:, None], other=0.).to(tl.float32)
+        b_db += tl.sum(b_dvb * b_v, 1)
+        tl.store(dv + p_v, (b_dvb * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_r[:, None])
+    for i_k in range(K // BK):
+        o_k = i_k * BK + tl.arange(0, BK)
+        p_k = p_row[:, None] * K + o_k[None, :]
+        b_dkb = tl.dot(b_Tt, tl.load(dw + p_k, mask=m_r[:, None], other=0.).to(dt))
+        b_dA = tl.dot(b_dkb.to(dt), tl.trans(tl.load(w + p_k, mask=m_r[:, None], other=0.)), b_dA)
+    b_dA = -tl.where(o_t[:, None] > o_t[None, :], b_dA, 0.)
+
+    b_dgs = tl.zeros([BT], dtype=tl.float32)
+    for i_k in range(K // BK):
+        o_k = i_k * BK + tl.arange(0, BK)
+        p_k = p_row[:, None] * K + o_k[None, :]
+        b_dkb = tl.dot(b_Tt, tl.load(dw + p_k, mask=m_r[:, None], other=0.).to(dt))
+        b_k = tl.load(k + p_k, mask=m_r[:, None], other=0.).to(tl.float32)
+        b_G = _gate_tile(g, p_row, m_r, o_k, K, GATE_VECTOR)
+        b_bk = b_k * b_beta[:, None]
+        if GATE_VECTOR:
+            b_ra = _rows_vec(b_dA, b_k, b_G, BT, dt)
+            b_ca = _cols_vec(b_dA, b_bk, b_G, BT, dt)
+        else:
+            b_gr = tl.sum(b_G, 1)
+            b_XE = b_dA * tl.exp(tl.where(o_t[:, None] > o_t[None, :], b_gr[:, None] - b_gr[None, :], float("-inf")))
+            b_ra = tl.dot(b_XE.to(dt), b_k.to(dt))
+            b_ca = tl.dot(tl.trans(b_XE).to(dt), b_bk.to(dt))
+        b_kbd = b_dkb * tl.exp(b_G) * b_k  # dkb (x) e^G (x) k
+        b_db += tl.sum(b_kbd + b_k * b_ra, 1)
+        b_dk = tl.load(dk_part + p_k, mask=m_r[:, None], other=0.)
+        b_dk += b_dkb * tl.exp(b_G) * b_beta[:, None] + b_beta[:, None] * b_ra + b_ca
+        tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_r[:, None])
+        b_dG = tl.load(dg_part + p_k, mask=m_r[:, None], other=0.)
+        b_dG += b_beta[:, None] * (b_kbd + b_k * b_ra) - b_k * b_ca
+        if GATE_VECTOR:
+            tl.store(dg + p_k, tl.cumsum(b_dG, 0, reverse=True).to(dg.dtype.element_ty), mask=m_r[:, None])
+        else:
+            b_dgs += tl.sum(b_dG, 1)
+    if not GATE_VECTOR:
+        tl.store(dg + p_row, tl.cumsum(b_dgs, 0, reverse=True).to(dg.dtype.element_ty), mask=m_r)
+    tl.store(dbeta + p_row, b_db.to(dbeta.dtype.element_ty), mask=m_r)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# launchers
+
+
+def _key(index: ChunkIndex, H: int, K: int, V: int, gate_vector: bool, dtype: torch.dtype) -> dict[str, object]:
+    return {"H": H, "K": K, "V": V, "BT": index.chunk_size, "GATE": "vector" if gate_vector else "scalar",
+            "IS_VARLEN": index.is_varlen, "dtype": str(dtype).removeprefix("torch.")}
+
+
+def _bounds(index: ChunkIndex) -> tuple[Tensor | None, Tensor | None]:
+    return (index.cu_seqlens, index.chunk_indices) if index.is_varlen else (None, None)
+
+
+def _chunk_grid(index: ChunkIndex, B: int, T: int, H: int) -> tuple[int, int]:
+    return (index.num_chunks, H) if index.is_varlen else (triton.cdiv(T, index.chunk_size), B * H)
+
+
+def _fit(cfg: LaunchConfig, K: int, V: int) -> tuple[int, int]:
+    BK, BV = min(cfg.BK or 64, K), min(cfg.BV or 64, V)
+    assert BK >= 16 and BV >= 16 and K % BK == 0 and V % BV == 0, f"bad column blocks BK={BK} BV={BV} for K={K} V={V}"
+    return BK, BV
+
+
+def wy_inverse(k: Tensor, g: Tensor, beta: Tensor, *, index: ChunkIndex, gate_vector: bool, kg: Tensor | None = None,
+               gc: Tensor | None = None, config: LaunchConfig | None = None) -> Tensor:
+    """T = (I + A)^{-1} per chunk, [B, T, H, BT] in k's dtype (lower blocks), from the raw gate g."""
+    B, T, H, K = k.shape
+    cfg = pick_config(WY_INVERSE, _key(index, H, K, K, gate_vector, k.dtype), config)
+    BK, _ = _fit(cfg, K, K)
+    BT = index.chunk_size
+    tt = torch.empty(B, T, H, BT, dtype=k.dtype, device=k.device)
+    cu, ci = _bounds(index)
+    wy_inverse_kernel[_chunk_grid(index, B, T, H)](
+        k, g, beta, tt, kg, gc, cu, ci, T, H=H, K=K, BT=BT, BK=BK, GATE_VECTOR=gate_vector,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return tt
+
+
+def chunk_bwd(
+    op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float,
+    initial_state: Tensor | None, dht: Tensor | None, cu_seqlens: Tensor | None,
+    configs: Mapping[str, LaunchConfig] | None, split_chunks: int | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    """(dq, dk, dv, dg, dbeta, dh0) of the GDN (`op="gdn"`) or KDA chunked forward; see the module docstring.
+
+    split_chunks: None = the automatic sequence split (as the forward), 0 = never, n = segments of n chunks.
+    """
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    cfgs = dict(configs or {})
+    gate_vector = op == "kda"
+    q, k, v, g, beta, do = (x.contiguous() for x in (q, k, v, g, beta, do))
+    index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=BT_WY, device=k.device)
+    BT, NT, N = index.chunk_size, index.num_chunks, index.num_seqs
+
+    # 1. recompute the WY factors and T
+    if gate_vector:
+        w, u, ks, gs, qs, aqk = wy_kda_fwd(q, k, v, g, beta, scale=scale, index=index, config=cfgs.get("wy_kda_fwd"))
+        tt = wy_inverse(k, g, beta, index=index, gate_vector=True, kg=ks, gc=gs, config=cfgs.get("wy_inverse"))
+    else:
+        w, u, gs, aqk = wy_gdn_fwd(q, k, v, g, beta, scale=scale, index=index, config=cfgs.get("wy_gdn_fwd"))
+        qs, ks = q, k
+        tt = wy_inverse(k, g, beta, index=index, gate_vector=False, config=cfgs.get("wy_inverse"))
+    assert qs is not None and aqk is not None
+
+    # 2. the chunk states (forward) and their gradients (reverse), split across the sequence like the forward
+    h0 = initial_state.float().contiguous() if initial_state is not None else None
+    dht = dht.float().contiguous() if dht is not None else None
+    bv = state_bwd_config(H, K, V, BT, gate_vector, index.is_varlen, k.dtype, cfgs.get("chunk_state_bwd")).BV or 64
+    plan = resolve_split(index, split_chunks, H=H, NV=max(1, V // bv), device=k.device)
+    dh = k.new_empty(NT, H, K, V)
+    dv_new = torch.empty_like(v)
+    dh0 = k.new_empty(N, H, K, V, dtype=torch.float32) if initial_state is not None else None
+    common: dict[str, Any] = {"BT": BT, "gate_vector": gate_vector}
+    bwd: dict[str, Any] = {"scale": scale, "config": cfgs.get("chunk_state_bwd"), **common}
+    if plan is None:
+        layout = SeqLayout(N, index.cu_seqlens if index.is_varlen else None,
+                           index.chunk_offsets if index.is_varlen else None)
+        h, v_new, _ = chunk_state_fwd(ks, w, u, gs, layout=layout, num_chunks=NT, h0=h0,
+                                      config=cfgs.get("chunk_state_fwd"), **common)
+        chunk_state_bwd(qs, ks, w, gs, aqk, do, layout=layout, dht=dht, ds_out=dh0, dh=dh, dv_new=dv_new, **bwd)
+    else:
+        segs = plan.all_segments
+        M, S = chunk_state_transition_fwd(ks, w, u, gs, layout=segs, config=cfgs.get("chunk_state_transition_fwd"),
+                                          **common)
+        nonlast = plan.transitions.seq_map
+        assert nonlast is not None
+        hs = seg_chain_states(M.index_select(0, nonlast), S.index_select(0, nonlast), h0, plan.seg_ptr,
+                              num_segments=plan.num_segments, config=cfgs.get("seg_chain_fwd"))
+        h, v_new, _ = chunk_state_fwd(ks, w, u, gs, layout=segs, num_chunks=NT, h0=hs,
+                                      config=cfgs.get("chunk_state_fwd"), **common)
+        rest, firsts = first_segments(plan)
+        ds_ext = torch.empty_like(S)  # rows of first segments stay unused
+        chunk_state_bwd(qs, ks, w, gs, aqk, do, dht=None, ds_out=ds_ext,
+                        layout=SeqLayout(plan.num_segments, segs.cu_seqlens, segs.chunk_offsets, seq_map=rest,
+                                         final_idx=rest), **bwd)
+        ds_end = seg_chain_bwd(M, ds_ext, dht, plan, config=cfgs.get("seg_chain_bwd"))
+        chunk_state_bwd(qs, ks, w, gs, aqk, do, dht=ds_end, ds_out=dh0, dh=dh, dv_new=dv_new,
+                        layout=SeqLayout(plan.num_segments, segs.cu_seqlens, segs.chunk_offsets, final_idx=firsts),
+                        **bwd)
+
+    # 3. the chunk-parallel gradients
+    cu, ci = _bounds(index)
+    key = _key(index, H, K, V, gate_vector, k.dtype)
+    dq = torch.empty_like(q)
+    dk_part = torch.empty(B, T, H, K, dtype=torch.float32, device=k.device)
+    dw = torch.empty_like(k)
+    dg_part = torch.empty_like(dk_part)
+    cfg = pick_config(CHUNK_BWD_DQK, key, cfgs.get("chunk_bwd_dqk"))
+    BK, BV = _fit(cfg, K, V)
+    grid = (K // BK, *_chunk_grid(index, B, T, H))
+    chunk_bwd_dqk_kernel[grid](
+        q, k, g, h, dh, v_new, dv_new, do, dq, dk_part, dw, dg_part, cu, ci, scale, T,
+        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE_VECTOR=gate_vector, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    dbeta = torch.empty_like(beta)
+    dg = torch.empty_like(g)
+    cfg = pick_config(WY_BWD, key, cfgs.get("wy_bwd"))
+    BK, BV = _fit(cfg, K, V)
+    wy_bwd_kernel[_chunk_grid(index, B, T, H)](
+        k, v, g, beta, tt, w, u, dv_new, dw, dk_part, dg_part, dk, dv, dbeta, dg, cu, ci, T,
+        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE_VECTOR=gate_vector, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return dq, dk, dv, dg, dbeta, dh0

@@ -39,7 +39,7 @@ def _bwd(op: str):
 
 def _reference_grads(op, q, k, v, g, beta, h0, do, dht, bounds):
     """Autograd through the per-token reference in fp32: (dq, dk, dv, dg, dbeta, dh0 or None)."""
-    mod = importlib.import_module(f"kernels.{op}.naive")
+    mod = importlib.import_module("kernels.gdn.naive" if op == "gdn" else "kernels.common.naive")
     ref = getattr(mod, f"naive_recurrent_{op}")
     xs = [x.detach().float().clone().requires_grad_() for x in (q, k, v, g, beta)]
     s0 = h0.detach().clone().requires_grad_() if h0 is not None else None

@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from kernels.provenance import driver_version, git_sha
 
 from kernels.configs import LaunchConfig, get_spec
+from runners.versions import driver_version, git_sha
 
 __all__ = ["BYTES_PER_TOKEN_HEAD", "main"]
 

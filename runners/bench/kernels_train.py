@@ -137,7 +137,8 @@ def gradient_check(op: str, device: str, T: int = 1024, Hh: int = 4) -> dict[str
     """Every gradient's rel_l2 (ours, FLA) vs autograd through the fp32 per-token reference, B=1."""
     import importlib
 
-    ref_fn = getattr(importlib.import_module(f"kernels.{op}.naive"), f"naive_recurrent_{op}")
+    ref_fn = getattr(importlib.import_module("kernels.gdn.naive" if op == "gdn" else "kernels.common.naive"),
+                     f"naive_recurrent_{op}")
     q, k, v, g, beta, do = make_inputs(op, 1, T, Hh, device=device, seed=7)
     leaves = [x.detach().float().requires_grad_() for x in (q, k, v, g, beta)]
     o, _ = ref_fn(*leaves, scale=K**-0.5)

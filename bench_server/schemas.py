@@ -157,7 +157,7 @@ class Health(BaseModel):
     """Liveness of the server and its store."""
 
     status: str  # "ok" | "degraded"
-    db: str  # "ok" or the error
+    db: str  # "ok" or "store unavailable" (the error itself goes to the server log only)
     version: str
 
 

@@ -14,6 +14,11 @@
 | `CPBENCH_MAX_POINTS_PER_SWEEP`  | 20000    | spec limit: grid points per sweep (skipped ones included)                |
 | `CPBENCH_MAX_T`                 | 4194304  | spec limit: tokens per point (T, or the sum of a varlen length list)     |
 | `CPBENCH_MAX_W`                 | 64       | spec limit: CP size                                                      |
+| `CPBENCH_MAX_B`, `_H`, `_K`, `_V` | 1024   | spec limits: batch, heads, key and value head dimensions                 |
+| `CPBENCH_MAX_SAMPLES`           | 100000   | spec limit: `timing.max_samples`                                         |
+| `CPBENCH_MAX_POINT_S`           | 600      | spec limit: `timing.timeout_s`, `min_time_s`, `warmup_s` (seconds)        |
+| `CPBENCH_STORE_RETRY_MAX_S`     | 30       | a worker's backoff cap between retries while the store is unavailable    |
+| `CPBENCH_SPOOL_DIR`             | (artifact dir)/spool | where a finished measurement waits while the store is away   |
 
 The database URL and the artifact folder are the store's settings (`db.settings`: `CPBENCH_DATABASE_URL`,
 `CPBENCH_ARTIFACT_DIR`). Tests override by setting the variables and calling `get_worker_settings.cache_clear()`.
@@ -46,6 +51,14 @@ class WorkerSettings(BaseSettings):
     MAX_POINTS_PER_SWEEP: int = Field(20_000, ge=1)
     MAX_T: int = Field(1 << 22, ge=1)
     MAX_W: int = Field(64, ge=1)
+    MAX_B: int = Field(1024, ge=1)
+    MAX_H: int = Field(1024, ge=1)
+    MAX_K: int = Field(1024, ge=1)
+    MAX_V: int = Field(1024, ge=1)
+    MAX_SAMPLES: int = Field(100_000, ge=1)
+    MAX_POINT_S: float = Field(600.0, gt=0, allow_inf_nan=False)
+    STORE_RETRY_MAX_S: float = Field(30.0, gt=0, allow_inf_nan=False)
+    SPOOL_DIR: str | None = None
 
 
 @lru_cache(maxsize=1)

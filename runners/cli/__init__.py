@@ -28,6 +28,7 @@ import click
 import pydantic
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from runners.errors import CpbenchError
 
@@ -77,7 +78,7 @@ _register_all()
 
 
 def _fail(message: str) -> None:
-    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/bold red] {message}")
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/bold red] {escape(message)}")
     raise SystemExit(1)
 
 

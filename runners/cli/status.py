@@ -14,6 +14,7 @@ from rich.table import Table
 
 from runners.cli.common import DbOption, fetch_results, out_console, resolve
 from runners.errors import SweepNotFoundError
+from runners.settings import get_worker_settings
 
 __all__ = ["register"]
 
@@ -32,6 +33,7 @@ def status(
 ) -> None:
     """Show sweeps and workers, or one sweep in detail."""
     from db import crud
+    from db.clock import store_now
     from db.migrate import require_migrated
     from db.session import session_scope
 
@@ -52,9 +54,10 @@ def status(
             wt = Table(title=f"workers ({len(workers)})", header_style="bold")
             for col in ("name", "status", "devices", "point", "done", "heartbeat"):
                 wt.add_column(col)
+            now, lease = store_now(s), get_worker_settings().LEASE_S
             for w in workers:
                 dev = w.devices or {}
-                wt.add_row(escape(w.name), escape(w.status), f"{dev.get('count', '?')} {dev.get('kind', '?')}", str(w.current_point_id or "-"),
+                wt.add_row(escape(w.name), escape(crud.worker_state(w, now, lease)), f"{dev.get('count', '?')} {dev.get('kind', '?')}", str(w.current_point_id or "-"),
                            str(w.points_done), _age(w.last_heartbeat))
         console.print(table)
         console.print(wt)

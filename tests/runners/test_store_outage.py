@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -192,10 +193,8 @@ def test_hung_rank_is_retried_within_the_points_time_limit(tmp_path: Path, store
     try:
         _wait(lambda: _statuses(store_url) == ["done"], 120, "the retried point")
     finally:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(stopped_pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     recovered_s = time.monotonic() - hung_at
     w.join(timeout=60)
     assert w.error is None and w.stats.done == 1 and w.stats.failed == 1

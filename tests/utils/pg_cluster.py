@@ -5,6 +5,7 @@ the `postgres` user, like `./dev`. Missing binaries skip the test, except under 
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -57,8 +58,6 @@ class ScratchCluster:
         self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
 
     def destroy(self) -> None:
-        try:
+        with contextlib.suppress(subprocess.CalledProcessError):
             self.stop("immediate")
-        except subprocess.CalledProcessError:
-            pass
         shutil.rmtree(self.root, ignore_errors=True)

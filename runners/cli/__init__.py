@@ -44,7 +44,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-VERBS = ("run", "submit", "worker", "status", "results", "db")
+VERBS = ("run", "submit", "worker", "status", "results", "db", "gc")
 OPTIONAL_VERBS = ("serve", "configs", "regress", "bench")
 
 

@@ -106,6 +106,35 @@ def _at_most(name: str, value: float, limit: float, setting: str) -> None:
         raise PydanticCustomError("limit", "{name}={v} is more than the limit {m} ({s})", {"name": name, "v": value, "m": limit, "s": setting})
 
 
+def _count(value: Any) -> int:
+    return max(1, len(value)) if isinstance(value, (list, tuple)) else 1
+
+
+def _refuse_oversized(data: Any) -> None:
+    """The grid size from the raw lists' lengths alone (an upper bound of `grid_size`), so a body whose grid cannot
+    fit the points limit is refused in O(number of axes), before its values are validated one by one."""
+    if not isinstance(data, Mapping):
+        return
+    axes = data.get("axes") if isinstance(data.get("axes"), Mapping) else {}
+    lengths = axes.get("lengths")
+    varlen = (1 if lengths and all(not isinstance(v, (list, tuple)) for v in lengths) else _count(lengths)) if lengths else 0
+    shapes = _count(axes.get("B", 1)) * (_count(axes.get("T")) if axes.get("T") is not None else 0) + varlen
+    n = max(shapes, 1)
+    for key in ("H", "K", "V", "lb", "W", "layout", "direction", "dtype"):
+        n *= _count(axes.get(key, 1))
+    for key in ("ops", "modes", "backends", "seeds"):
+        n *= _count(data.get(key, 1))
+    reps = data.get("repetitions", 1)
+    n *= reps if isinstance(reps, int) and not isinstance(reps, bool) and 1 <= reps <= 100 else 1
+    limit = get_worker_settings().MAX_POINTS_PER_SWEEP
+    if n > limit:
+        raise PydanticCustomError(
+            "limit",
+            "the grid has {n} points, more than the limit {m} per sweep (CPBENCH_MAX_POINTS_PER_SWEEP); shrink the axes",
+            {"n": n, "m": limit},
+        )
+
+
 def _refuse_bad_values(data: Any) -> None:
     """One walk over the raw input: a NUL in any string or a non-finite number anywhere (mode_options included)
     is refused, since neither JSON nor PostgreSQL can hold it."""
@@ -339,6 +368,7 @@ class SweepSpec(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _clean(cls, data: Any) -> Any:
+        _refuse_oversized(data)  # first: a huge body is refused before any per-value work
         _refuse_bad_values(data)
         return data
 

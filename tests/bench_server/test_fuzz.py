@@ -35,7 +35,7 @@ from schemathesis.checks import (
 
 TOKEN = "fuzz-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-EXAMPLES = 25  # per operation and generation mode
+EXAMPLES = 15  # per operation and generation mode
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 _SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
                      suppress_health_check=list(HealthCheck))
@@ -135,7 +135,7 @@ def test_hostile_spec_values_get_a_4xx_with_valid_json(app: Any) -> None:
     counts = {"cases": 0, "5xx": 0}
     with TestClient(app, raise_server_exceptions=False) as client:
 
-        @settings(_SETTINGS, max_examples=120)
+        @settings(_SETTINGS, max_examples=80)
         @given(spec=hostile_specs())
         def run(spec: dict[str, Any]) -> None:
             counts["cases"] += 1

@@ -30,7 +30,8 @@ def sweep_public(session: Session, sweep: Sweep) -> dict[str, Any]:
     response_model=SweepPublic,
     status_code=status.HTTP_201_CREATED,
     dependencies=[Depends(require_token)],
-    responses={401: {"model": Message}, 403: {"model": Message}, 413: {"model": Message}},
+    responses={400: {"model": Message, "description": "the body is not JSON text"}, 401: {"model": Message},
+               403: {"model": Message}, 413: {"model": Message}},
 )
 def create_sweep(session: SessionDep, spec: SweepCreate) -> Any:
     """Submit a sweep; its grid is expanded into queued (or skipped) points.

@@ -355,7 +355,7 @@ class SweepSpec(BaseModel):
     axes: Axes
     seeds: list[Seed] = [0]
     repetitions: Annotated[int, Strict()] = Field(1, ge=1, le=100)  # independent runs (points) per grid cell, same key
-    timing: TimingSpec = TimingSpec()
+    timing: TimingSpec = Field(default_factory=TimingSpec)  # a factory: its limits are read when a spec is parsed
     check: CheckSpec = CheckSpec()
     warmup_correct: WarmupCorrectSpec = WarmupCorrectSpec()
     mode_options: dict[str, dict[str, Any]] = {}  # per-mode knobs passed to kernels.cp.forward (e.g. segment_len)

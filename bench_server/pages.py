@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 from sqlalchemy.orm import Session
@@ -31,6 +32,7 @@ from dashboards.figures import SWEEP_FIGURES, history, tuning
 from db import crud
 from db.models import Sweep
 from runners.settings import get_worker_settings
+from runners.spec import INT32_MAX
 
 router = APIRouter(include_in_schema=False, dependencies=[Depends(require_read)])
 templates = Jinja2Templates(directory=Path(dashboards.__file__).parent / "templates")
@@ -47,7 +49,7 @@ def _query(request: Request) -> str:
 
 
 @router.get("/", response_class=HTMLResponse)
-def sweeps_page(request: Request, session: SessionDep, page: int = 1) -> Any:
+def sweeps_page(request: Request, session: SessionDep, page: int = Query(1, le=INT32_MAX // PAGE_SIZE)) -> Any:
     page = max(page, 1)
     sweeps, count = crud.list_sweeps(session, skip=(page - 1) * PAGE_SIZE, limit=PAGE_SIZE)
     rows = [{"sweep": s, "progress": _progress(session, s.id)} for s in sweeps]
@@ -63,7 +65,7 @@ def _sweep_or_404(session: Session, sweep_id: int) -> Sweep:
 
 
 @router.get("/sweeps/{sweep_id}", response_class=HTMLResponse)
-def sweep_page(request: Request, session: SessionDep, sweep_id: int) -> Any:
+def sweep_page(request: Request, session: SessionDep, sweep_id: int = PathParam(ge=1, le=INT32_MAX)) -> Any:
     sweep = _sweep_or_404(session, sweep_id)
     rows = data.sweep_rows(session, sweep_id, limit=get_worker_settings().MAX_POINTS_PER_SWEEP)
     options = data.slice_options(rows)
@@ -81,7 +83,7 @@ def sweep_page(request: Request, session: SessionDep, sweep_id: int) -> Any:
 
 
 @router.get("/tuning", response_class=HTMLResponse)
-def tuning_page(request: Request, session: SessionDep, sweep: int | None = None, device: str | None = None,
+def tuning_page(request: Request, session: SessionDep, sweep: int | None = Query(None, ge=1, le=INT32_MAX), device: str | None = None,
                 kernel: str | None = None) -> Any:
     rows = data.tuning_rows(session, sweep_id=sweep, device_name=device, kernel=kernel)
     fig = render.figure_div(tuning.figure(rows), "fig-tuning")

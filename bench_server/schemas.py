@@ -136,16 +136,17 @@ class WorkerPublic(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
     id: int
-    name: str
-    host: str
-    pid: int
+    name: str  # worker-<id> without the token
+    host: str | None = None  # null without the token
+    pid: int | None = None  # null without the token
     devices: dict[str, Any]
     status: str
+    state: str = Field(description="idle | busy | stopped | lost (heartbeat older than its lease)")
     current_point_id: int | None = None
     points_done: int
     started_at: datetime
     last_heartbeat: datetime
-    alive: bool = Field(description="heartbeat within the last few lease periods and not stopped")
+    alive: bool = Field(description="not stopped and not lost")
 
 
 class WorkersPublic(BaseModel):
@@ -157,7 +158,7 @@ class Health(BaseModel):
     """Liveness of the server and its store."""
 
     status: str  # "ok" | "degraded"
-    db: str  # "ok" or the error
+    db: str  # "ok" or "store unavailable" (the error itself goes to the server log only)
     version: str
 
 

@@ -20,11 +20,12 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import ColumnElement, String, cast, func, select
+from sqlalchemy import ColumnElement, String, cast, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import Select
 
+from db.clock import store_now
 from db.models import (
     POINT_STATUSES,
     Artifact,
@@ -197,17 +198,18 @@ def get_or_create_environment(session: Session, *, facts: Mapping[str, Any]) -> 
 
 
 def register_worker(
-    session: Session, *, name: str, host: str, pid: int, devices: Mapping[str, Any], environment_id: int | None
+    session: Session, *, name: str, host: str, pid: int, devices: Mapping[str, Any], environment_id: int | None,
+    lease_s: float | None = None,
 ) -> Worker:
     """Record a starting worker (a worker restarted under the same name is reset)."""
     begin_write(session)
-    now = _now()
+    now = store_now(session)
     worker = session.execute(select(Worker).where(Worker.name == name)).scalar_one_or_none()
     if worker is None:
         worker = Worker(name=name, points_done=0)
         session.add(worker)
     worker.host, worker.pid, worker.devices, worker.environment_id = host, pid, dict(devices), environment_id
-    worker.status, worker.current_point_id = "idle", None
+    worker.status, worker.current_point_id, worker.lease_s = "idle", None, lease_s
     worker.started_at = worker.last_heartbeat = now
     session.flush()
     return worker
@@ -225,13 +227,29 @@ def touch_worker(
         raise ValueError(f"no worker registered with name={name!r}")
     worker.status, worker.current_point_id = status, current_point_id
     worker.points_done += points_done_inc
-    worker.last_heartbeat = _now()
+    worker.last_heartbeat = store_now(session)
     session.flush()
     return worker
 
 
+def beat_worker(session: Session, *, name: str) -> bool:
+    """Renew a worker's heartbeat (during a point: its status stays); False when no such worker is registered."""
+    begin_write(session)
+    result = session.execute(update(Worker).where(Worker.name == name).values(last_heartbeat=store_now(session))
+                             .execution_options(synchronize_session=False))
+    return result.rowcount == 1
+
+
 def list_workers(session: Session) -> list[Worker]:
     return list(session.execute(select(Worker).order_by(Worker.id)).scalars())
+
+
+def worker_state(worker: Worker, now: datetime, default_lease_s: float) -> str:
+    """"idle" | "busy" | "stopped", or "lost" when it is not stopped and its heartbeat is older than its lease."""
+    if worker.status == "stopped":
+        return "stopped"
+    lease = worker.lease_s or default_lease_s
+    return "lost" if (now - worker.last_heartbeat).total_seconds() > lease else worker.status
 
 
 # --- results ---------------------------------------------------------------------------------------------------

@@ -76,6 +76,7 @@ class Worker(Base):
     points_done: Mapped[int] = mapped_column(Integer, default=0)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     last_heartbeat: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    lease_s: Mapped[float | None] = mapped_column(Float)  # the lease it takes: a heartbeat older than this is "lost"
 
 
 class Sweep(Base):

@@ -18,7 +18,8 @@ commit it. So `complete_point` commits the measurement and profile stored in the
 (`db.crud` functions never commit): results and the `done` status land together, or not at all when the lease
 was lost (the session is rolled back and it returns False). On SQLite, do not read in a session before calling
 them outside `begin_write`: a read transaction that another process overtakes cannot be turned into a write
-one ("database is locked"). Times are aware UTC, from this host's clock.
+one ("database is locked"). Times are aware UTC, from the store's clock (`db.clock.store_now`): a worker's own clock
+never decides whether a lease is live. `now=` exists for tests that move time forward.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from db.clock import store_now
 from db.models import Point, Sweep
 from db.session import begin_write
 from db.types import as_utc
@@ -41,8 +43,9 @@ ACTIVE_SWEEP_STATUSES = ("queued", "running")
 OPEN_POINT_STATUSES = ("queued", "running")
 
 
-def _now(now: datetime | None = None) -> datetime:
-    return as_utc(now) if now is not None else datetime.now(timezone.utc)
+def _now(session: Session, now: datetime | None = None) -> datetime:
+    """`now` (tests), else the store's clock; call it inside the write transaction."""
+    return as_utc(now) if now is not None else store_now(session)
 
 
 def _check_lease(lease_s: float) -> None:
@@ -122,9 +125,9 @@ def expire_leases(session: Session, *, now: datetime | None = None) -> int:
     A point that ran out of attempts becomes `failed` with "lease expired after N attempts". Returns the number
     of points whose lease expired.
     """
-    now = _now(now)
     begin_write(session)
     try:
+        now = _now(session, now)
         n, sweeps = _expire(session, now)
         for sweep_id in sorted(sweeps):
             _refresh(session, sweep_id, now)
@@ -152,7 +155,7 @@ def claim_point(
         max_W (int, Optional): only points with `W <= max_W` (the devices this worker has). Default: `None`.
         device_kind (str, Optional): only points for this kind of device ("cuda" | "cpu") or for any.
             Default: `None` (every point).
-        now (datetime, Optional): the current time (tests). Default: this host's clock.
+        now (datetime, Optional): the current time (tests). Default: the store's clock.
 
     Returns:
         The claimed point (status `running`, `attempts` counted), or None when nothing is left for this worker.
@@ -161,12 +164,12 @@ def claim_point(
     _check_lease(lease_s)
     if max_W is not None and max_W < 1:
         raise ValueError(f"max_W must be >= 1 or None, got max_W={max_W!r}")
-    now = _now(now)
     if session.in_transaction():
         # the claim must start its own write transaction (BEGIN IMMEDIATE on SQLite)
         session.commit()
     begin_write(session)
     try:
+        now = _now(session, now)
         _, touched = _expire(session, now)
         stmt = (
             select(Point)
@@ -209,9 +212,9 @@ def claim_point(
 def heartbeat(session: Session, *, point_id: int, worker: str, lease_s: float) -> bool:
     """Extend `worker`'s lease on the point to `lease_s` from now; commits. False if the lease was lost."""
     _check_lease(lease_s)
-    now = _now()
     begin_write(session)
     try:
+        now = _now(session)
         result = session.execute(
             update(Point)
             .where(Point.id == point_id, Point.status == "running", Point.lease_owner == worker)
@@ -234,17 +237,18 @@ def _finish(session: Session, point_id: int, worker: str, action: str) -> Point 
 
 
 @contextmanager
-def _ending_attempt(session: Session, point_id: int, worker: str, action: str, now: datetime) -> Iterator[Point | None]:
+def _ending_attempt(session: Session, point_id: int, worker: str, action: str) -> Iterator[tuple[Point | None, datetime]]:
     """The write transaction that ends `worker`'s attempt at a point.
 
-    Yields the point for the caller to set its outcome, or None (the session already rolled back) when `worker` no
+    Yields the point for the caller to set its outcome (with the store's time), or None (the session already rolled back) when `worker` no
     longer holds the lease. On a normal exit with a point: clears the lease, refreshes the sweep, commits; on an
     error: rolls back and re-raises.
     """
     begin_write(session)
     try:
+        now = _now(session)
         point = _finish(session, point_id, worker, action)
-        yield point
+        yield point, now
         if point is not None:
             _clear_lease(point)
             session.flush()
@@ -261,8 +265,7 @@ def complete_point(session: Session, *, point_id: int, worker: str) -> bool:
     Returns False, and rolls the session back (so no result of a lost lease is stored), when `worker` no longer
     holds the lease.
     """
-    now = _now()
-    with _ending_attempt(session, point_id, worker, "complete", now) as point:
+    with _ending_attempt(session, point_id, worker, "complete") as (point, now):
         if point is None:
             return False
         point.status = "done"
@@ -277,8 +280,7 @@ def fail_point(session: Session, *, point_id: int, worker: str, error: str, retr
     The point goes back to the queue while `retryable` and attempts remain, else it becomes `failed` with the
     error.
     """
-    now = _now()
-    with _ending_attempt(session, point_id, worker, "fail", now) as point:
+    with _ending_attempt(session, point_id, worker, "fail") as (point, now):
         if point is None:
             return False
         point.error = error
@@ -297,8 +299,7 @@ def release_point(session: Session, *, point_id: int, worker: str) -> bool:
 
     False when `worker` no longer holds the lease. A point of a cancelled sweep becomes `cancelled` instead.
     """
-    now = _now()
-    with _ending_attempt(session, point_id, worker, "release", now) as point:
+    with _ending_attempt(session, point_id, worker, "release") as (point, now):
         if point is None:
             return False
         point.status = _requeue_status(session, point.sweep_id)
@@ -313,9 +314,9 @@ def cancel_sweep(session: Session, *, sweep_id: int) -> int:
 
     Returns the number of points cancelled. Raises ValueError for an unknown sweep.
     """
-    now = _now()
     begin_write(session)
     try:
+        now = _now(session)
         if session.execute(select(Sweep.id).where(Sweep.id == sweep_id)).scalar_one_or_none() is None:
             raise ValueError(f"no sweep with sweep_id={sweep_id}")
         result = session.execute(
@@ -343,9 +344,9 @@ def refresh_sweep_status(session: Session, *, sweep_id: int) -> str:
 
     Returns the sweep's status.
     """
-    now = _now()
     begin_write(session)
     try:
+        now = _now(session)
         status = _refresh(session, sweep_id, now)
         session.commit()
     except BaseException:

@@ -12,9 +12,12 @@ The parent's `run()` is the watchdog: it polls the result queue, checks that eve
 fails the job when
 - a rank process died (its exit code / signal is in the message),
 - some rank raised while others did not answer within `error_grace_s` (they are stuck in a collective),
-- the job ran past `timeout_s`,
+- the job ran past `timeout_s` (a hung gang: retryable),
 - every rank raised an error that leaves the process unusable (OOM, CUDA/NCCL errors, compile errors),
-in each case with the gang torn down (`GangError.restarted`). A plain exception raised on every rank (a bad
+in each case with the gang torn down (`GangError.restarted`). A rank stuck in a collective (its peer hung or
+died) is a transient failure: `GangError.retryable` is True for it whatever the raising rank's error was.
+`run(..., collective_timeout_s=)` sets the process group's collective timeout for that job (ranks apply it
+before running it), so a hung peer is noticed after the point's own limits, not after `pg_timeout_s`. A plain exception raised on every rank (a bad
 input, a failed check) fails the job and keeps the gang. `cancel()` returning True aborts the job (SIGTERM).
 
 Rank shutdown follows anchors/cpu-feasibility.md §3 (profiler + gloo abort at exit): results are sent first,
@@ -112,6 +115,7 @@ def _rank_main(
         os._exit(1)
     result_q.put(("ready", rank, os.getpid(), None))
     ctx = RankContext(rank=rank, world_size=world_size, device=device, backend=backend, group=dist.group.WORLD)
+    current_timeout_s = pg_timeout_s
     while True:
         try:
             msg = job_q.get(timeout=1.0)
@@ -121,7 +125,11 @@ def _rank_main(
             continue
         if msg[0] == "stop":
             break
-        _, job_id, fn, payload = msg
+        _, job_id, fn, payload, collective_timeout_s = msg
+        if collective_timeout_s is not None and collective_timeout_s != current_timeout_s:
+            with contextlib.suppress(Exception):  # a private torch API: the watchdog is the backstop when it is gone
+                dist.distributed_c10d._set_pg_timeout(timedelta(seconds=collective_timeout_s))
+                current_timeout_s = collective_timeout_s
         try:
             value = fn(ctx, payload)
             pickle.dumps(value)
@@ -224,13 +232,17 @@ class Gang:
         *,
         timeout_s: float = 900.0,
         cancel: Callable[[], bool] | None = None,
+        collective_timeout_s: float | None = None,
     ) -> list[Any]:
-        """Run `fn(ctx, payload)` on every rank; the results, indexed by rank. Raises GangError / JobCancelled."""
+        """Run `fn(ctx, payload)` on every rank; the results, indexed by rank. Raises GangError / JobCancelled.
+
+        collective_timeout_s: the process group's collective timeout while this job runs (None: keep the last one).
+        """
         self.start()
         self._job_id += 1
         job_id = self._job_id
         for q in self._job_qs:
-            q.put(("job", job_id, fn, payload))
+            q.put(("job", job_id, fn, payload, collective_timeout_s))
         results: list[Any] = [None] * self.world_size
         errors: dict[int, dict[str, str]] = {}
         answered: set[int] = set()
@@ -264,7 +276,7 @@ class Gang:
                 raise GangError(
                     f"{_error_text(errors)}\n(ranks {missing} did not answer after rank {min(errors)} failed; gang restarted)",
                     restarted=True,
-                    retryable=_is_fatal(errors),
+                    retryable=True,  # a hung collective is transient, whatever the raising rank said
                 )
             if now > deadline:
                 missing = sorted(set(range(self.world_size)) - answered)

@@ -159,6 +159,7 @@ def write_reports(verdicts: Sequence[KeyVerdict], meta: ReportMeta, out_dir: str
 
 def console_table(verdicts: Sequence[KeyVerdict], *, title: str | None = None) -> Table:
     """A rich table of the verdicts for the terminal, failures first."""
+    from rich.markup import escape
     from rich.table import Table
 
     style = {"CHANGED": "bold red", "SLOW": "bold red", "FAST": "green", "SAME": "dim", "INCONCLUSIVE": "yellow"}
@@ -167,7 +168,7 @@ def console_table(verdicts: Sequence[KeyVerdict], *, title: str | None = None) -
                       ("change", "right"), ("90% CI", "left"), ("q", "right"), ("reason", "left")):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     for v in _sorted(verdicts):
-        t.add_row(f"[{style.get(v.status, '')}]{v.status}[/]", v.key, _num(v.base_median_ms, ".4g"),
+        t.add_row(f"[{style.get(v.status, '')}]{v.status}[/]", escape(v.key), _num(v.base_median_ms, ".4g"),
                   _num(v.new_median_ms, ".4g"), _pct(v.effect_log), _ci(v), _num(v.q_value, ".2g"),
-                  "; ".join([f"{c.field}: {c.base} -> {c.new}" for c in v.changes] + [v.reason]))
+                  escape("; ".join([f"{c.field}: {c.base} -> {c.new}" for c in v.changes] + [v.reason])))
     return t

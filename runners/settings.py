@@ -14,6 +14,12 @@
 | `CPBENCH_MAX_POINTS_PER_SWEEP`  | 20000    | spec limit: grid points per sweep (skipped ones included)                |
 | `CPBENCH_MAX_T`                 | 4194304  | spec limit: tokens per point (T, or the sum of a varlen length list)     |
 | `CPBENCH_MAX_W`                 | 64       | spec limit: CP size                                                      |
+| `CPBENCH_MAX_B`, `_H`, `_K`, `_V` | 1024   | spec limits: batch, heads, key and value head dimensions                 |
+| `CPBENCH_MAX_SAMPLES`           | 1000000  | spec limit: `timing.max_samples`                                         |
+| `CPBENCH_MAX_POINT_S`           | 600      | spec limit: `timing.timeout_s`, `min_time_s`, `warmup_s` (seconds)        |
+| `CPBENCH_POINT_OVERHEAD_S`      | 120      | a point's time limit is this plus twice its timing limits (watchdog and collective timeout) |
+| `CPBENCH_STORE_RETRY_MAX_S`     | 30       | a worker's backoff cap between retries while the store is unavailable    |
+| `CPBENCH_SPOOL_DIR`             | (artifact dir)/spool | where a finished measurement waits while the store is away   |
 
 The database URL and the artifact folder are the store's settings (`db.settings`: `CPBENCH_DATABASE_URL`,
 `CPBENCH_ARTIFACT_DIR`). Tests override by setting the variables and calling `get_worker_settings.cache_clear()`.
@@ -38,8 +44,8 @@ class WorkerSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="CPBENCH_", env_ignore_empty=True, extra="ignore")
 
-    LEASE_S: float = Field(60.0, gt=0)
-    HEARTBEAT_S: float = Field(10.0, gt=0)
+    LEASE_S: float = Field(60.0, gt=0, le=86_400, allow_inf_nan=False)
+    HEARTBEAT_S: float = Field(10.0, ge=0.1, allow_inf_nan=False)
     POLL_S: float = Field(1.0, gt=0)
     JOB_TIMEOUT_S: float = Field(900.0, gt=0)
     GANG_START_TIMEOUT_S: float = Field(180.0, gt=0)
@@ -50,6 +56,15 @@ class WorkerSettings(BaseSettings):
     MAX_POINTS_PER_SWEEP: int = Field(DEFAULT_MAX_POINTS_PER_SWEEP, ge=1)
     MAX_T: int = Field(1 << 22, ge=1)
     MAX_W: int = Field(64, ge=1)
+    MAX_B: int = Field(1024, ge=1)
+    MAX_H: int = Field(1024, ge=1)
+    MAX_K: int = Field(1024, ge=1)
+    MAX_V: int = Field(1024, ge=1)
+    MAX_SAMPLES: int = Field(1_000_000, ge=1)
+    MAX_POINT_S: float = Field(600.0, gt=0, allow_inf_nan=False)
+    POINT_OVERHEAD_S: float = Field(120.0, gt=0, allow_inf_nan=False)
+    STORE_RETRY_MAX_S: float = Field(30.0, gt=0, allow_inf_nan=False)
+    SPOOL_DIR: str | None = None
 
 
 @lru_cache(maxsize=1)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 import kernels.cp as cp
@@ -64,7 +64,12 @@ LAYOUTS = ("contiguous", "zigzag")
 DIRECTIONS = ("fwd",)
 DTYPES = ("float32", "bfloat16", "float16")
 
-PosInt = Annotated[int, Field(ge=1)]
+# Strict: a JSON `true` is not the number 1. Every integer is bounded to fit a 32-bit column on both stores.
+INT32_MAX = 2**31 - 1
+PosInt = Annotated[int, Strict(), Field(ge=1, le=INT32_MAX)]
+Seed = Annotated[int, Strict(), Field(ge=0, le=INT32_MAX)]
+Number = Annotated[float, Strict()]  # an int or a float, never a bool; finiteness is the models' allow_inf_nan=False
+_STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 def _listify(value: Any) -> Any:
@@ -74,11 +79,21 @@ def _listify(value: Any) -> Any:
     return [value]
 
 
+def _hashable(value: Any) -> Any:
+    return tuple(_hashable(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
 def _no_duplicates(values: list[Any], what: str) -> list[Any]:
-    seen: list[Any] = []
+    """O(n): a set of the values (lists as tuples), so a huge axis cannot stall the server while it is checked."""
+    seen: set[Any] = set()
     dups: list[Any] = []
     for v in values:
-        (dups if v in seen else seen).append(v)
+        h = _hashable(v)
+        if h in seen:
+            if len(dups) < 10:
+                dups.append(v)
+        else:
+            seen.add(h)
     if dups:
         raise PydanticCustomError("duplicate", "{what} lists a value twice: {dups}", {"what": what, "dups": repr(dups)})
     if not values:
@@ -86,10 +101,64 @@ def _no_duplicates(values: list[Any], what: str) -> list[Any]:
     return values
 
 
+def _at_most(name: str, value: float, limit: float, setting: str) -> None:
+    if value > limit:
+        raise PydanticCustomError("limit", "{name}={v} is more than the limit {m} ({s})", {"name": name, "v": value, "m": limit, "s": setting})
+
+
+def _count(value: Any) -> int:
+    return max(1, len(value)) if isinstance(value, (list, tuple)) else 1
+
+
+def _refuse_oversized(data: Any) -> None:
+    """The grid size from the raw lists' lengths alone (an upper bound of `grid_size`), so a body whose grid cannot
+    fit the points limit is refused in O(number of axes), before its values are validated one by one."""
+    if not isinstance(data, Mapping):
+        return
+    axes = data.get("axes") if isinstance(data.get("axes"), Mapping) else {}
+    lengths = axes.get("lengths")
+    varlen = (1 if lengths and all(not isinstance(v, (list, tuple)) for v in lengths) else _count(lengths)) if lengths else 0
+    shapes = _count(axes.get("B", 1)) * (_count(axes.get("T")) if axes.get("T") is not None else 0) + varlen
+    n = max(shapes, 1)
+    for key in ("H", "K", "V", "lb", "W", "layout", "direction", "dtype"):
+        n *= _count(axes.get(key, 1))
+    for key in ("ops", "modes", "backends", "seeds"):
+        n *= _count(data.get(key, 1))
+    reps = data.get("repetitions", 1)
+    n *= reps if isinstance(reps, int) and not isinstance(reps, bool) and 1 <= reps <= 100 else 1
+    limit = get_worker_settings().MAX_POINTS_PER_SWEEP
+    if n > limit:
+        raise PydanticCustomError(
+            "limit",
+            "the grid has {n} points, more than the limit {m} per sweep (CPBENCH_MAX_POINTS_PER_SWEEP); shrink the axes",
+            {"n": n, "m": limit},
+        )
+
+
+def _refuse_bad_values(data: Any) -> None:
+    """One walk over the raw input: a NUL in any string or a non-finite number anywhere (mode_options included)
+    is refused, since neither JSON nor PostgreSQL can hold it."""
+    stack: list[tuple[str, Any]] = [("spec", data)]
+    while stack:
+        where, x = stack.pop()
+        if isinstance(x, str):
+            if "\x00" in x:
+                raise PydanticCustomError("nul", "{where}: text must not contain a NUL character", {"where": where})
+        elif isinstance(x, float):
+            if not math.isfinite(x):
+                raise PydanticCustomError("finite_number", "{where}: numbers must be finite (no NaN or Infinity)", {"where": where})
+        elif isinstance(x, Mapping):
+            for k, v in x.items():
+                stack.append((where, k))
+                stack.append((f"{where}.{k}" if isinstance(k, str) and "\x00" not in k else where, v))
+        elif isinstance(x, (list, tuple)):
+            stack.extend((f"{where}.{i}", v) for i, v in enumerate(x))
+
+
 class Axes(BaseModel):
     """The grid axes. Each is a list (a single value is accepted for a one-element list)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
     B: list[PosInt] = [1]
     T: list[PosInt] | None = None  # dense sequence lengths (B sequences of T tokens)
@@ -98,7 +167,7 @@ class Axes(BaseModel):
     HV: list[PosInt] | None = None  # value heads (grouped: a multiple of H; q/k head h // (HV/H) serves value head h); default H
     K: list[PosInt] = [64]
     V: list[PosInt] = [64]
-    lb: list[float] = [-1.0]  # decay lower bound: g = lb * sigmoid(x), so lb <= g <= 0
+    lb: list[Number] = [-1.0]  # decay lower bound: g = lb * sigmoid(x), so lb <= g <= 0
     W: list[PosInt] = [1]  # CP size (ranks)
     layout: list[Literal["contiguous", "zigzag"]] = ["contiguous"]
     direction: list[str] = ["fwd"]
@@ -168,6 +237,14 @@ class Axes(BaseModel):
                 )
         return value
 
+    @field_validator("B", "H", "K", "V")
+    @classmethod
+    def _dim_limit(cls, value: list[int], info: Any) -> list[int]:
+        m = getattr(get_worker_settings(), f"MAX_{info.field_name}")
+        for x in value:
+            _at_most(info.field_name, x, m, f"CPBENCH_MAX_{info.field_name}")
+        return value
+
     @field_validator("W")
     @classmethod
     def _w_limit(cls, value: list[int]) -> list[int]:
@@ -188,16 +265,24 @@ class TimingSpec(BaseModel):
     """Stop rule and warmup of the timing loop: `runners.timing.StopRule`'s fields, whose defaults are the only
     definition (this adds the bounds a spec is checked against)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
-    min_samples: int = Field(StopRule.min_samples, ge=1)
-    max_samples: int = Field(StopRule.max_samples, ge=1)
-    min_time_s: float = Field(StopRule.min_time_s, ge=0)
-    max_rel_iqr: float = Field(StopRule.max_rel_iqr, gt=0)
-    timeout_s: float = Field(StopRule.timeout_s, gt=0)
-    warmup_s: float = Field(StopRule.warmup_s, ge=0)
-    warmup_min_iters: int = Field(StopRule.warmup_min_iters, ge=1)
+    min_samples: PosInt = StopRule.min_samples
+    max_samples: PosInt = StopRule.max_samples
+    min_time_s: Number = Field(StopRule.min_time_s, ge=0)
+    max_rel_iqr: Number = Field(StopRule.max_rel_iqr, gt=0)
+    timeout_s: Number = Field(StopRule.timeout_s, gt=0)
+    warmup_s: Number = Field(StopRule.warmup_s, ge=0)
+    warmup_min_iters: PosInt = StopRule.warmup_min_iters
     flush_l2: bool = StopRule.flush_l2
+
+    @model_validator(mode="after")
+    def _bounds(self) -> TimingSpec:
+        s = get_worker_settings()
+        _at_most("max_samples", self.max_samples, s.MAX_SAMPLES, "CPBENCH_MAX_SAMPLES")
+        for name in ("min_time_s", "timeout_s", "warmup_s"):
+            _at_most(name, getattr(self, name), s.MAX_POINT_S, "CPBENCH_MAX_POINT_S")
+        return self
 
     @model_validator(mode="after")
     def _order(self) -> TimingSpec:
@@ -211,24 +296,24 @@ class TimingSpec(BaseModel):
 class CheckSpec(BaseModel):
     """The correctness gate before timing. A tolerance of None takes the dtype's default (`runners.correctness`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
-    tol_none: float | None = Field(None, gt=0)  # relative L2 error vs `none` on the same inputs
-    tol_reference: float | None = Field(None, gt=0)  # relative L2 error vs the fp32 reference, reduced shape
-    reference_tokens: int = Field(256, ge=16)  # tokens of the reduced shape (at most; kept divisible for the layout)
+    tol_none: Number | None = Field(None, gt=0)  # relative L2 error vs `none` on the same inputs
+    tol_reference: Number | None = Field(None, gt=0)  # relative L2 error vs the fp32 reference, reduced shape
+    reference_tokens: Annotated[int, Strict()] = Field(256, ge=16, le=1 << 16)  # tokens of the reduced shape (at most; kept divisible for the layout)
     reference: bool = True  # run the reference check at all
 
 
 class TuneSpec(BaseModel):
     """How a sweep with `tune: true` searches each kernel's space (`runners.tuner.tune_case`: same names and defaults)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
     strategy: Literal["exhaustive", "random", "halving"] = "halving"
-    budget: int | None = Field(None, ge=1)  # configs measured per kernel and key (random; halving's first rung); None = all
-    samples: int = Field(20, ge=1)  # samples per config (exhaustive, random)
-    min_samples: int = Field(5, ge=1)  # halving: samples per config on the first rung
-    max_samples: int = Field(60, ge=1)  # halving: cap on the samples per config of later rungs
+    budget: Annotated[int, Strict()] | None = Field(None, ge=1, le=100_000)  # configs measured per kernel and key (random; halving's first rung); None = all
+    samples: Annotated[int, Strict()] = Field(20, ge=1, le=100_000)  # samples per config (exhaustive, random)
+    min_samples: Annotated[int, Strict()] = Field(5, ge=1, le=100_000)  # halving: samples per config on the first rung
+    max_samples: Annotated[int, Strict()] = Field(60, ge=1, le=100_000)  # halving: cap on the samples per config of later rungs
 
     @model_validator(mode="after")
     def _order(self) -> TuneSpec:
@@ -242,11 +327,11 @@ class TuneSpec(BaseModel):
 class WarmupCorrectSpec(BaseModel):
     """Options of the `warmup_correct` mode (FlashKDA's one-device scheme; `kernels.cp.warmup_correct`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
-    segments: int | Literal["auto"] = "auto"  # segments of the longest sequence ("auto": from SMs and H; CPU: 4)
-    tol: float = Field(1e-3, gt=0, lt=1)  # bound on the relative error of each warmup-built entering state
-    window: int | Literal["auto"] = "auto"  # warmup chunks (64 tokens) per segment
+    segments: PosInt | Literal["auto"] = "auto"  # segments of the longest sequence ("auto": from SMs and H; CPU: 4)
+    tol: Number = Field(1e-3, gt=0, lt=1)  # bound on the relative error of each warmup-built entering state
+    window: PosInt | Literal["auto"] = "auto"  # warmup chunks (64 tokens) per segment
     # auto: exact maps only for the segments whose per-channel decay bound fails (decided on the device);
     # exact: exact maps for every segment; none: warmup windows only (error reported, not bounded)
     fallback: Literal["auto", "exact", "none"] = "auto"
@@ -262,17 +347,17 @@ class WarmupCorrectSpec(BaseModel):
 class SweepSpec(BaseModel):
     """A sweep as submitted. `model_dump(mode="json")` is what the store keeps in `sweeps.spec`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
     name: str = Field(min_length=1, max_length=255)
-    tags: list[str] = []
+    tags: list[Annotated[str, Field(max_length=64)]] = Field([], max_length=32)
     ops: list[Literal["gdn", "kda"]]
     modes: list[str]
     backends: list[str] = ["torch"]
     axes: Axes
-    seeds: list[int] = [0]
-    repetitions: int = Field(1, ge=1, le=100)  # independent runs (points) per grid cell, same key
-    timing: TimingSpec = TimingSpec()
+    seeds: list[Seed] = [0]
+    repetitions: Annotated[int, Strict()] = Field(1, ge=1, le=100)  # independent runs (points) per grid cell, same key
+    timing: TimingSpec = Field(default_factory=TimingSpec)  # a factory: its limits are read when a spec is parsed
     check: CheckSpec = CheckSpec()
     warmup_correct: WarmupCorrectSpec = WarmupCorrectSpec()
     mode_options: dict[str, dict[str, Any]] = {}  # per-mode knobs passed to kernels.cp.forward (e.g. segment_len)
@@ -280,7 +365,14 @@ class SweepSpec(BaseModel):
     tune: bool = False  # tune the Triton launch configs of the point's kernels first (runners.tuner)
     tuning: TuneSpec = TuneSpec()  # the search `tune: true` runs (strategy, budget, samples)
     device: Literal["any", "cuda", "cpu"] = "any"  # which workers may claim the points
-    max_attempts: int = Field(3, ge=1, le=20)  # tries per point before it stays failed
+    max_attempts: Annotated[int, Strict()] = Field(3, ge=1, le=20)  # tries per point before it stays failed
+
+    @model_validator(mode="before")
+    @classmethod
+    def _clean(cls, data: Any) -> Any:
+        _refuse_oversized(data)  # first: a huge body is refused before any per-value work
+        _refuse_bad_values(data)
+        return data
 
     @field_validator("ops", "modes", "backends", "seeds", "tags", mode="before")
     @classmethod

@@ -1,21 +1,36 @@
 """THE WORKER: claim a point -> run it in a rank gang -> store measurement, profile and trace -> complete; repeat.
 
-    run_worker(url, once=False, max_points=None, lease_s=60, heartbeat_s=10, devices=None)
+    Worker(url, lease_s=60, heartbeat_s=10, devices=None).run(once=False, max_points=None)
+    run_worker(url, once=..., ...)          # the same, in one call
+
+A `Worker` holds its settings, the store URL, its gang pool, its stats and its stop state, and it is the only
+writer of the store in its process tree: rank processes return results, the parent stores them.
 
 Startup: refuse an unmigrated store (`db.migrate.require_migrated`), detect the devices (CUDA GPUs, else the
 CPU with up to `CPBENCH_CPU_RANKS` gloo ranks) and the environment (GPU name/count, compute capability,
-driver, CUDA, torch, Triton, Python, git sha, host), register the worker.
+driver, CUDA, torch, Triton, Python, git sha, host), remove its own leftover spool and trace files
+(`runners.housekeeping`), register the worker. Its identity is unique per process: `--name` (default the host)
+plus the pid and a random suffix, so two processes given the same name never share leases.
 
 Loop: claim the oldest queued point this worker can run (W <= its devices, its device kind; the claim also
-returns expired leases to the queue), keep the lease alive from a heartbeat thread, (for a sweep with
-`tune: true` and the triton backend, first tune the point's kernels on the W=1 gang: `runners.tuner.ensure_tuned`
-through `runners.execute.tune_job`, searching as the spec's `tuning` says, and time with the tuned configs),
-send the point to the persistent gang of its W (`runners.gang`, job `runners.execute.run_point_job`), then
-store the artifact (Chrome trace), measurement and profile and mark the point done, all in one transaction
-(`complete_point` commits them together, or drops them if the lease was lost meanwhile). Failures become data:
-a failed correctness gate or an exception raised on every rank fails the point (not retried: it is
-deterministic); a crashed, hung or OOM rank fails the attempt (retried while attempts remain) and restarts the
-gang. The worker keeps going either way.
+returns expired leases to the queue), keep the lease and the worker's own heartbeat alive from a heartbeat
+thread, (for a sweep with `tune: true` and the triton backend, first tune the point's kernels on the W=1 gang:
+`runners.tuner.ensure_tuned` through `runners.execute.tune_job`, searching as the spec's `tuning` says, and time
+with the tuned configs), send the point to the persistent gang of its W (`runners.gang`, job
+`runners.execute.run_point_job`) under a time limit derived from the spec's timing limits
+(`point_time_limit_s`: the watchdog and the collective timeout), then store the artifact (Chrome trace),
+measurement and profile and mark the point done, all in one transaction (`complete_point` commits them together,
+or drops them if the lease was lost meanwhile). Failures become data: a failed correctness gate or an exception
+raised on every rank fails the point (not retried: it is deterministic); a crashed, hung, timed-out or OOM rank
+fails the attempt (retried while attempts remain) and restarts the gang. The worker keeps going either way.
+
+Store outages: every store call goes through `db.retry.StoreRetry` (transient errors retried with capped,
+jittered exponential backoff; the outage logged once and the recovery once). A finished measurement is first
+written to the spool folder (`CPBENCH_SPOOL_DIR`, default `<artifact dir>/spool`) and stored when the store
+answers again; storing is idempotent by point and worker (a commit whose answer was lost is recognised, not
+repeated), and the spool file is removed once the outcome is known. While the store is away the lease cannot be
+renewed, so an outage longer than the lease gives the point back to the queue (the stale result is then refused
+and dropped, never stored twice).
 
 Stopping: SIGTERM (or SIGINT, or `stop_event`) lets the current point finish for up to `CPBENCH_STOP_GRACE_S`,
 then aborts it and releases it to the queue (no attempt used); the worker then closes its gangs and exits. A
@@ -27,7 +42,9 @@ second Ctrl-C stops at once (the point's lease then expires and the point return
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import math
 import os
 import platform
 import signal
@@ -40,17 +57,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from db.retry import StoreRetry, StoreUnavailable
 from runners.errors import CpbenchError, GangError, SweepNotFoundError
 from runners.execute import run_point_job, tune_job
 from runners.gang import GangPool, JobCancelled
 from runners.grid import available_backends
+from runners.housekeeping import remove_own_leftovers
 from runners.plugins import unavailable
 from runners.profile import ProfileSummary, merge_ranks
-from runners.settings import get_worker_settings
+from runners.settings import WorkerSettings, get_worker_settings
 from runners.stats import summarize
 from runners.versions import driver_version, git_sha, software_versions
 
-__all__ = ["DeviceInfo", "WorkerStats", "detect_devices", "environment_facts", "run_worker"]
+__all__ = ["DeviceInfo", "Worker", "WorkerStats", "detect_devices", "environment_facts", "point_time_limit_s", "run_worker"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +101,9 @@ class WorkerStats:
     gang_restarts: int = 0
     stopped_by: str | None = None
     point_ids: list[int] = field(default_factory=list)
+    spooled: int = 0  # results written to the spool before being stored
+    store_outages: int = 0  # times the store became unavailable
+    longest_outage_s: float = 0.0
 
 
 def detect_devices(devices: int | None = None, *, kind: str | None = None) -> DeviceInfo:
@@ -128,27 +150,67 @@ def environment_facts(info: DeviceInfo) -> dict[str, Any]:
     return facts
 
 
-class _Heartbeat(threading.Thread):
-    """Renews the lease of the running point every `every_s`; sets `lost` when the lease is gone."""
 
-    def __init__(self, url: str, *, point_id: int, worker: str, lease_s: float, every_s: float) -> None:
+MIN_HEARTBEAT_S = 0.1
+MAX_LEASE_S = 86_400.0
+
+
+def worker_identity(name: str | None = None) -> str:
+    """A name unique to this process: `name` (default the host), the pid and a random suffix."""
+    return f"{name or socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def point_time_limit_s(spec: dict[str, Any], settings: WorkerSettings) -> float:
+    """Seconds a point's job may take: the spec's timing limits plus `CPBENCH_POINT_OVERHEAD_S` (inputs, the
+    correctness gate, the profiled step, compilation), capped by `CPBENCH_JOB_TIMEOUT_S`. Also the collective
+    timeout of the gang while the point runs, so a hung peer is noticed after this, not after 300 s."""
+    timing = spec.get("timing") or {}
+    warmup = float(timing.get("warmup_s", 0.025))
+    run = max(float(timing.get("timeout_s", 15.0)), float(timing.get("min_time_s", 0.5)))
+    return min(settings.JOB_TIMEOUT_S, settings.POINT_OVERHEAD_S + 2.0 * (warmup + run))
+
+
+def _check_times(lease_s: float, heartbeat_s: float) -> None:
+    if not (math.isfinite(lease_s) and 0 < lease_s <= MAX_LEASE_S):
+        raise CpbenchError(f"the lease must be a number of seconds in (0, {MAX_LEASE_S:g}], got lease_s={lease_s}")
+    if not (math.isfinite(heartbeat_s) and heartbeat_s >= MIN_HEARTBEAT_S):
+        raise CpbenchError(f"the heartbeat must be at least {MIN_HEARTBEAT_S} s, got heartbeat_s={heartbeat_s}")
+    if heartbeat_s >= lease_s:
+        raise CpbenchError(f"the heartbeat must be shorter than the lease, got heartbeat_s={heartbeat_s}, lease_s={lease_s}")
+
+
+class _Heartbeat(threading.Thread):
+    """Renews the point's lease and the worker's heartbeat every `every_s`; sets `lost` when the lease is gone.
+
+    A beat that meets a store outage is recorded by the shared `StoreRetry` (logged once) and tried again on the
+    next beat; only the store's answer "not yours any more" marks the lease lost.
+    """
+
+    def __init__(self, worker: Worker, point_id: int) -> None:
         super().__init__(name=f"cpbench-heartbeat-{point_id}", daemon=True)
-        self.url, self.point_id, self.worker, self.lease_s, self.every_s = url, point_id, worker, lease_s, every_s
+        self.worker, self.point_id = worker, point_id
         self.lost = False
         self._stop_ev = threading.Event()
 
-    def run(self) -> None:
+    def _beat(self) -> bool:
+        from db import crud
         from db.queue import heartbeat
         from db.session import session_scope
 
-        while not self._stop_ev.wait(self.every_s):
+        with session_scope(self.worker.url) as s:
+            ok = heartbeat(s, point_id=self.point_id, worker=self.worker.name, lease_s=self.worker.lease_s)
+            if ok:
+                crud.beat_worker(s, name=self.worker.name)
+        return ok
+
+    def run(self) -> None:
+        while not self._stop_ev.wait(self.worker.heartbeat_s):
             try:
-                with session_scope(self.url) as s:
-                    ok = heartbeat(s, point_id=self.point_id, worker=self.worker, lease_s=self.lease_s)
-            except Exception:  # noqa: BLE001 - a missed beat is retried; the lease is longer than a beat
+                answered, ok = self.worker.retry.attempt("heartbeat", self._beat)
+            except Exception:  # noqa: BLE001 - a non-transient error: retried on the next beat, the lease is longer
                 logger.warning("heartbeat for point %s failed", self.point_id, exc_info=True)
                 continue
-            if not ok:
+            if answered and not ok:
                 logger.warning("lease on point %s lost", self.point_id)
                 self.lost = True
                 return
@@ -179,19 +241,359 @@ def _file_facts(path: Path) -> tuple[int, str]:
     return path.stat().st_size, h.hexdigest()
 
 
-def _store_results(
-    url: str,
+@dataclass
+class _Claim:
+    point_id: int
+    sweep_id: int
+    W: int
+    attempt: int
+    params: dict[str, Any]
+
+
+class Worker:
+    """One worker process: settings, store URL, gang pool, stats and stop state (see the module docstring)."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        lease_s: float | None = None,
+        heartbeat_s: float | None = None,
+        devices: int | None = None,
+        device_kind: str | None = None,
+        name: str | None = None,
+        stop_event: threading.Event | None = None,
+        artifact_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        from db.session import resolve_url
+        from db.settings import get_db_settings
+
+        self.settings = get_worker_settings()
+        self.url = resolve_url(url)
+        self.lease_s = float(lease_s if lease_s is not None else self.settings.LEASE_S)
+        self.heartbeat_s = float(heartbeat_s if heartbeat_s is not None else self.settings.HEARTBEAT_S)
+        _check_times(self.lease_s, self.heartbeat_s)
+        self.devices, self.device_kind = devices, device_kind
+        self.name = worker_identity(name)
+        self.art_root = Path(artifact_dir if artifact_dir is not None else get_db_settings().ARTIFACT_DIR).resolve()
+        self.spool_dir = Path(self.settings.SPOOL_DIR).resolve() if self.settings.SPOOL_DIR else self.art_root / "spool"
+        self.stop_event = stop_event
+        self.stats = WorkerStats(name=self.name)
+        self.retry = StoreRetry(who=f"worker {self.name}", max_delay_s=self.settings.STORE_RETRY_MAX_S)
+        self._stop_at: float | None = None
+        self._stop_why: str | None = None
+        self._specs: dict[int, dict[str, Any]] = {}
+        self.pool: GangPool | None = None
+        self.info: DeviceInfo | None = None
+        self.env_id: int | None = None
+
+    # -- stop state ------------------------------------------------------------------------------------------------
+    def request_stop(self, why: str) -> None:
+        if self._stop_at is None:
+            self._stop_at, self._stop_why = time.monotonic(), why
+            logger.info("worker %s: %s received; finishing or releasing the current point", self.name, why)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if signum == signal.SIGINT and self._stop_at is not None:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now (the gangs are still closed on the way out)
+        self.request_stop(signal.Signals(signum).name)
+
+    def stopping(self) -> bool:
+        if self.stop_event is not None and self.stop_event.is_set():
+            self.request_stop("stop_event")
+        return self._stop_at is not None
+
+    def _past_grace(self) -> bool:
+        return self.stopping() and time.monotonic() - (self._stop_at or 0.0) >= self.settings.STOP_GRACE_S
+
+    # -- the store, through the retry loop -------------------------------------------------------------------------
+    def _store(self, what: str, fn: Callable[[Any], Any], *, give_up: Callable[[], bool] | None = None) -> Any:
+        """`fn(session)` in one committed session, retried through store outages."""
+        from db.session import session_scope
+
+        def once() -> Any:
+            with session_scope(self.url) as s:
+                return fn(s)
+
+        return self.retry.call(what, once, give_up=give_up)
+
+    # -- lifecycle -------------------------------------------------------------------------------------------------
+    def _start(self, until_sweep: int | None) -> None:
+        from db import crud
+        from db.migrate import require_migrated
+
+        require_migrated(self.url)
+        self.info = info = detect_devices(self.devices, kind=self.device_kind)
+        facts = environment_facts(info)
+        remove_own_leftovers(self.url, self.art_root, self.spool_dir)
+
+        def register(s: Any) -> int | None:
+            # writes first: on SQLite a read transaction that another process overtakes cannot become a write one
+            env_id = crud.get_or_create_environment(s, facts=facts).id
+            crud.register_worker(s, name=self.name, host=socket.gethostname(), pid=os.getpid(), devices=info.as_dict(),
+                                 environment_id=env_id, lease_s=self.lease_s)
+            if until_sweep is not None and crud.get_sweep(s, sweep_id=until_sweep) is None:
+                raise SweepNotFoundError(f"no sweep with id {until_sweep}")  # (rolls the registration back)
+            return env_id
+
+        self.env_id = self._store("register", register, give_up=self.stopping)
+        s = self.settings
+        self.pool = GangPool(info.kind, max_alive=s.MAX_GANGS, start_timeout_s=s.GANG_START_TIMEOUT_S, pg_timeout_s=s.PG_TIMEOUT_S)
+        logger.info("worker %s: %d %s rank(s), environment %s", self.name, info.count, info.kind, self.env_id)
+
+    def run(
+        self,
+        *,
+        once: bool = False,
+        max_points: int | None = None,
+        until_sweep: int | None = None,
+        on_progress: Callable[[dict[str, int]], None] | None = None,
+        on_point: Callable[[int, str], None] | None = None,
+    ) -> WorkerStats:
+        """Work the queue until told to stop; see `run_worker` for the arguments. Returns what was done."""
+        from db import crud
+        from db.queue import refresh_sweep_status
+
+        previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, self._on_signal)
+        stats = self.stats
+        try:
+            self._start(until_sweep)
+
+            def progress(sweep_id: int) -> None:
+                if on_progress is not None and until_sweep is not None and sweep_id == until_sweep:
+                    on_progress(self._store("progress", lambda s: crud.sweep_progress(s, sweep_id=sweep_id)))
+
+            if until_sweep is not None:
+                progress(until_sweep)
+            while not self.stopping():
+                if max_points is not None and len(stats.point_ids) >= max_points:
+                    break
+                if until_sweep is not None and self._sweep_finished(until_sweep):
+                    break
+                claim = self._claim()
+                if claim is None:
+                    if once:
+                        break
+                    _sleep(self.settings.POLL_S, self.stopping)
+                    continue
+                status = self._run_point(claim)
+                stats.point_ids.append(claim.point_id)
+                self._store("refresh", lambda s, c=claim: refresh_sweep_status(s, sweep_id=c.sweep_id))
+                self._store("touch", lambda s, st=status: crud.touch_worker(
+                    s, name=self.name, status="idle", points_done_inc=1 if st == "done" else 0))
+                if on_point is not None:
+                    on_point(claim.point_id, status)
+                progress(claim.sweep_id)
+        except StoreUnavailable:
+            logger.warning("worker %s: stopping while the store is unavailable", self.name)
+        finally:
+            if self.pool is not None:
+                stats.gang_restarts = sum(max(0, g.starts - 1) for g in self.pool._gangs.values())
+                self.pool.close()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if self.env_id is not None or self.pool is not None:
+                try:
+                    with_retry = self.retry.attempt("stop", lambda: self._touch_stopped())
+                    if not with_retry[0]:
+                        logger.warning("could not mark worker %s stopped: the store is unavailable", self.name)
+                except Exception:  # noqa: BLE001 - the store may be gone at shutdown; nothing to do about it
+                    logger.warning("could not mark worker %s stopped", self.name, exc_info=True)
+        stats.stopped_by = self._stop_why
+        stats.store_outages, stats.longest_outage_s = self.retry.outages, self.retry.longest_outage_s
+        logger.info("worker %s exits: %d done, %d failed, %d released", self.name, stats.done, stats.failed, stats.released)
+        return stats
+
+    def _touch_stopped(self) -> None:
+        from db import crud
+        from db.session import session_scope
+
+        with session_scope(self.url) as s:
+            crud.touch_worker(s, name=self.name, status="stopped")
+
+    def _sweep_finished(self, sweep_id: int) -> bool:
+        from db import crud
+
+        def read(s: Any) -> bool:
+            sweep = crud.get_sweep(s, sweep_id=sweep_id)
+            return sweep is None or sweep.status in ("done", "cancelled")
+
+        return self._store("sweep status", read, give_up=self.stopping)
+
+    def _claim(self) -> _Claim | None:
+        from db import crud
+        from db.queue import claim_point
+
+        assert self.info is not None
+
+        def claim(s: Any) -> _Claim | None:
+            point = claim_point(s, worker=self.name, lease_s=self.lease_s, max_W=self.info.count, device_kind=self.info.kind)
+            if point is None:
+                return None
+            c = _Claim(point.id, point.sweep_id, point.W, point.attempts, dict(point.params))
+            # the write before the read (claim_point committed): see the registration
+            crud.touch_worker(s, name=self.name, status="busy", current_point_id=c.point_id)
+            if c.sweep_id not in self._specs:
+                self._specs[c.sweep_id] = dict(crud.get_sweep(s, sweep_id=c.sweep_id).spec)
+            return c
+
+        # a claim whose commit was lost in an outage holds a lease nobody renews: it expires and the point returns
+        return self._store("claim", claim, give_up=self.stopping)
+
+    # -- one point -------------------------------------------------------------------------------------------------
+    def _end_attempt(self, claim: _Claim, error: str, retryable: bool) -> str:
+        from db.queue import fail_point
+
+        self._store("fail", lambda s: fail_point(s, point_id=claim.point_id, worker=self.name, error=error, retryable=retryable),
+                    give_up=self._past_grace)
+        self.stats.failed += 1
+        return "failed" if not retryable else "retry"
+
+    def _run_point(self, claim: _Claim) -> str:
+        """Run one claimed point to an outcome; returns the point's new status ("done", "failed", "queued"...)."""
+        from db.queue import release_point
+
+        assert self.pool is not None and self.info is not None
+        stats, params, spec = self.stats, claim.params, self._specs[claim.sweep_id]
+        missing = unavailable(params, available_backends(), where=f"on worker {self.name}")
+        if missing:
+            return self._end_attempt(claim, missing, False)
+        options = _options(spec)
+        # one file per worker and point: a rank orphaned by a killed worker can't overwrite the finishing worker's trace
+        tag = _tag(self.name)
+        trace = (self.art_root / f"sweep{claim.sweep_id}" / f"point{claim.point_id}-{tag}.trace.json.gz"
+                 if options.get("profile", True) else None)
+        payload: dict[str, Any] = {"params": params, "options": options, "trace_path": str(trace) if trace else None}
+        limit_s = point_time_limit_s(spec, self.settings)
+        hb = _Heartbeat(self, claim.point_id)
+        hb.start()
+
+        def cancel() -> bool:
+            return hb.lost or self._past_grace()
+
+        t0 = time.monotonic()
+        try:
+            if options.get("tune") and params.get("backend") == "triton":
+                # tuning runs once, on one device (the W=1 gang), before the point's own gang times it
+                tune_payload = {"url": self.url, "params": params, "sweep_id": claim.sweep_id, "environment_id": self.env_id,
+                                "tuning": spec.get("tuning") or {}}
+                payload["autotune"] = self.pool.run(1, tune_job, tune_payload, timeout_s=self.settings.JOB_TIMEOUT_S,
+                                                    cancel=cancel)[0]
+            results = self.pool.run(claim.W, run_point_job, payload, timeout_s=limit_s, cancel=cancel,
+                                    collective_timeout_s=limit_s)
+        except JobCancelled:
+            hb.stop()
+            if hb.lost:
+                stats.lost += 1
+                return "lost"
+            self._store("release", lambda s: release_point(s, point_id=claim.point_id, worker=self.name), give_up=lambda: True)
+            stats.released += 1
+            logger.info("point %s released (worker stopping)", claim.point_id)
+            return "queued"
+        except GangError as err:
+            hb.stop()
+            if err.restarted:
+                logger.warning("point %s: gang W=%d restarted: %s", claim.point_id, claim.W, str(err).splitlines()[0])
+            return self._end_attempt(claim, str(err), err.retryable)
+        except StoreUnavailable:
+            hb.stop()
+            raise
+        except Exception as err:  # noqa: BLE001 - a bug of the parent side still fails only this point
+            hb.stop()
+            logger.exception("point %s: worker error", claim.point_id)
+            return self._end_attempt(claim, f"worker error: {type(err).__name__}: {err}", False)
+        hb.stop()
+        if hb.lost:
+            stats.lost += 1
+            return "lost"
+        r0 = results[0]
+        if not r0.get("ok"):
+            return self._end_attempt(claim, r0.get("error") or "point failed", False)
+        stored = self._store_results(claim, results)
+        if stored:
+            stats.done += 1
+            logger.info("point %s done in %.2f s", claim.point_id, time.monotonic() - t0)
+            return "done"
+        stats.lost += 1
+        return "lost"
+
+    def _store_results(self, claim: _Claim, results: list[dict[str, Any]]) -> bool:
+        """Spool the results, store them through outages (idempotent), drop the spool file; False if the lease was lost."""
+        spool = self.spool_dir / f"point{claim.point_id}-a{claim.attempt}-{_tag(self.name)}.json"
+        spool.parent.mkdir(parents=True, exist_ok=True)
+        tmp = spool.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"point_id": claim.point_id, "attempt": claim.attempt, "worker": self.name,
+                                   "environment_id": self.env_id, "results": results}, default=str))
+        tmp.replace(spool)
+        self.stats.spooled += 1
+        try:
+            stored = self._store("store results", lambda s: _write_results(
+                s, point_id=claim.point_id, worker=self.name, environment_id=self.env_id, results=results),
+                give_up=lambda: self.stopping() and self._past_grace())
+        except StoreUnavailable:
+            logger.warning("point %s: results left in %s (the store stayed unavailable while stopping)", claim.point_id, spool)
+            raise
+        except Exception as err:  # noqa: BLE001 - a non-transient store error fails this attempt (retried), not the worker
+            logger.exception("point %s: storing its results failed", claim.point_id)
+            spool.unlink(missing_ok=True)
+            _drop_trace(results)
+            self._end_attempt(claim, f"storing the results failed: {type(err).__name__}: {err}", True)
+            return False
+        spool.unlink(missing_ok=True)
+        if not stored:
+            _drop_trace(results)
+        return stored
+
+
+def _tag(name: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in name.rsplit(":", 1)[-1])
+
+
+def _trace_of(results: list[dict[str, Any]]) -> Path | None:
+    profiles = [ProfileSummary(**r["profile"]) for r in results if r.get("profile")]
+    prof = merge_ranks(profiles) if profiles else None
+    return Path(prof.trace_path) if prof is not None and prof.trace_path else None
+
+
+def _drop_trace(results: list[dict[str, Any]]) -> None:
+    trace = _trace_of(results)
+    if trace is not None:
+        trace.unlink(missing_ok=True)
+
+
+def _already_stored(session: Any, point_id: int, worker: str) -> bool:
+    """This worker's result of the point is in the store (a commit whose answer was lost in an outage)."""
+    from sqlalchemy import select
+
+    from db.models import Measurement, Point
+
+    row = session.execute(
+        select(Point.status).join(Measurement, Measurement.point_id == Point.id)
+        .where(Point.id == point_id, Measurement.worker == worker)
+    ).first()
+    return row is not None and row[0] == "done"
+
+
+def _write_results(
+    session: Any,
     *,
     point_id: int,
     worker: str,
     environment_id: int | None,
     results: list[dict[str, Any]],
 ) -> bool:
-    """Artifact + measurement + profile + `done`, committed together; False (nothing kept) if the lease was lost."""
+    """Artifact + measurement + profile + `done`, committed together; False (nothing kept) if the lease was lost.
+    True without writing when this worker's result is already stored (idempotent)."""
     from db import crud
     from db.queue import complete_point
-    from db.session import session_scope
+    from db.session import begin_write
 
+    begin_write(session)  # the write lock first (SQLite): the check and the writes see one state
+    if _already_stored(session, point_id, worker):
+        return True
     r0 = results[0]
     timing, gate = r0["timing"], r0["gate"]
     profiles = [ProfileSummary(**r["profile"]) for r in results if r.get("profile")]
@@ -214,27 +616,24 @@ def _store_results(
     if prof is not None:
         report["profile_ranks"] = prof.per_rank
     trace = Path(prof.trace_path) if prof is not None and prof.trace_path else None
-    with session_scope(url) as s:
-        artifact_id = None
-        if trace is not None and trace.exists():
-            size, sha = _file_facts(trace)
-            artifact_id = crud.store_artifact(s, point_id=point_id, kind="chrome_trace", path=str(trace), size_bytes=size, sha256=sha).id
-        crud.store_measurement(
-            s, point_id=point_id, environment_id=environment_id, worker=worker, clock=timing["clock"],
-            samples=timing["samples_ms"], summary={f"{k}_ms" if k != "n" else k: v for k, v in summary.as_dict().items()},
-            stop_reason=timing["stop_reason"], err_vs_none=gate["err_vs_none"], err_vs_reference=gate["err_vs_reference"],
-            configs=r0.get("configs", {}), report=report,
+    artifact_id = None
+    if trace is not None and trace.exists():
+        size, sha = _file_facts(trace)
+        artifact_id = crud.store_artifact(session, point_id=point_id, kind="chrome_trace", path=str(trace), size_bytes=size,
+                                          sha256=sha).id
+    crud.store_measurement(
+        session, point_id=point_id, environment_id=environment_id, worker=worker, clock=timing["clock"],
+        samples=timing["samples_ms"], summary={f"{k}_ms" if k != "n" else k: v for k, v in summary.as_dict().items()},
+        stop_reason=timing["stop_reason"], err_vs_none=gate["err_vs_none"], err_vs_reference=gate["err_vs_reference"],
+        configs=r0.get("configs", {}), report=report,
+    )
+    if prof is not None:
+        crud.store_profile(
+            session, point_id=point_id, collectives=prof.collectives, collective_bytes=prof.collective_bytes,
+            host_syncs=prof.host_syncs, sync_events=prof.sync_events, kernel_launches=prof.kernel_launches,
+            peak_memory_bytes=prof.peak_memory_bytes, artifact_id=artifact_id,
         )
-        if prof is not None:
-            crud.store_profile(
-                s, point_id=point_id, collectives=prof.collectives, collective_bytes=prof.collective_bytes,
-                host_syncs=prof.host_syncs, sync_events=prof.sync_events, kernel_launches=prof.kernel_launches,
-                peak_memory_bytes=prof.peak_memory_bytes, artifact_id=artifact_id,
-            )
-        ok = complete_point(s, point_id=point_id, worker=worker)
-    if not ok and trace is not None:
-        trace.unlink(missing_ok=True)
-    return ok
+    return complete_point(session, point_id=point_id, worker=worker)
 
 
 def run_worker(
@@ -253,222 +652,21 @@ def run_worker(
     stop_event: threading.Event | None = None,
     artifact_dir: str | os.PathLike[str] | None = None,
 ) -> WorkerStats:
-    """Work the queue until told to stop (see the module docstring). Returns what was done.
+    """Build a `Worker` and run it (see the module docstring). Returns what was done.
 
     url: the store (default `CPBENCH_DATABASE_URL`). once: exit when nothing is claimable. max_points: exit
     after this many points. lease_s / heartbeat_s: default `CPBENCH_LEASE_S` / `CPBENCH_HEARTBEAT_S`.
-    devices: cap on ranks (GPUs, or CPU ranks). device_kind: force "cpu" or "cuda". until_sweep: exit when
-    that sweep is finished. on_progress(progress): after each point of `until_sweep`. on_point(point_id,
-    status): after each point. stop_event: set it to stop like SIGTERM (from another thread).
+    devices: cap on ranks (GPUs, or CPU ranks). device_kind: force "cpu" or "cuda". name: the identity's prefix
+    (a pid and a random suffix are added). until_sweep: exit when that sweep is finished. on_progress(progress):
+    after each point of `until_sweep`. on_point(point_id, status): after each point. stop_event: set it to stop
+    like SIGTERM (from another thread).
     """
-    from db import crud
-    from db.migrate import require_migrated
-    from db.queue import claim_point, fail_point, refresh_sweep_status, release_point
-    from db.session import resolve_url, session_scope
-    from db.settings import get_db_settings
-
-    settings = get_worker_settings()
-    url = resolve_url(url)
-    lease_s = float(lease_s if lease_s is not None else settings.LEASE_S)
-    heartbeat_s = float(heartbeat_s if heartbeat_s is not None else settings.HEARTBEAT_S)
-    if heartbeat_s >= lease_s:
-        raise CpbenchError(f"the heartbeat must be shorter than the lease, got heartbeat_s={heartbeat_s}, lease_s={lease_s}")
-    require_migrated(url)
-    info = detect_devices(devices, kind=device_kind)
-    facts = environment_facts(info)
-    host = socket.gethostname()
-    name = name or f"{host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-    art_root = Path(artifact_dir if artifact_dir is not None else get_db_settings().ARTIFACT_DIR).resolve()
-    have_backends = available_backends()
-    with session_scope(url) as s:
-        # writes first: on SQLite a read transaction that another process overtakes cannot become a write one
-        env_id = crud.get_or_create_environment(s, facts=facts).id
-        crud.register_worker(s, name=name, host=host, pid=os.getpid(), devices=info.as_dict(), environment_id=env_id)
-        if until_sweep is not None and crud.get_sweep(s, sweep_id=until_sweep) is None:
-            raise SweepNotFoundError(f"no sweep with id {until_sweep}")  # (rolls the registration back)
-    logger.info("worker %s: %d %s rank(s), environment %s", name, info.count, info.kind, env_id)
-
-    stats = WorkerStats(name=name)
-    stop = {"at": None, "why": None}
-
-    def request_stop(why: str) -> None:
-        if stop["at"] is None:
-            stop["at"], stop["why"] = time.monotonic(), why
-            logger.info("worker %s: %s received; finishing or releasing the current point", name, why)
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        if signum == signal.SIGINT and stop["at"] is not None:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop now (the gangs are still closed on the way out)
-        request_stop(signal.Signals(signum).name)
-
-    previous: dict[int, Any] = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            previous[sig] = signal.signal(sig, on_signal)
-
-    def stopping() -> bool:
-        if stop_event is not None and stop_event.is_set():
-            request_stop("stop_event")
-        return stop["at"] is not None
-
-    pool = GangPool(
-        info.kind, max_alive=settings.MAX_GANGS, start_timeout_s=settings.GANG_START_TIMEOUT_S, pg_timeout_s=settings.PG_TIMEOUT_S
-    )
-    specs: dict[int, dict[str, Any]] = {}
-
-    def progress(sweep_id: int) -> None:
-        if on_progress is not None and until_sweep is not None and sweep_id == until_sweep:
-            with session_scope(url) as s:
-                on_progress(crud.sweep_progress(s, sweep_id=sweep_id))
-
-    try:
-        if until_sweep is not None:
-            progress(until_sweep)
-        while not stopping():
-            if max_points is not None and len(stats.point_ids) >= max_points:
-                break
-            if until_sweep is not None:
-                with session_scope(url) as s:
-                    sweep = crud.get_sweep(s, sweep_id=until_sweep)
-                    if sweep is None or sweep.status in ("done", "cancelled"):
-                        break
-            with session_scope(url) as s:
-                point = claim_point(s, worker=name, lease_s=lease_s, max_W=info.count, device_kind=info.kind)
-                if point is not None:
-                    pid, sweep_id, W, params = point.id, point.sweep_id, point.W, dict(point.params)
-                    # the write before the read (claim_point committed): see the registration above
-                    crud.touch_worker(s, name=name, status="busy", current_point_id=pid)
-                    if sweep_id not in specs:
-                        specs[sweep_id] = dict(crud.get_sweep(s, sweep_id=sweep_id).spec)
-            if point is None:
-                if once:
-                    break
-                _sleep(settings.POLL_S, stopping)
-                continue
-
-            status = _run_one(
-                url, pool, name=name, point_id=pid, sweep_id=sweep_id, W=W, params=params, spec=specs[sweep_id],
-                env_id=env_id, lease_s=lease_s, heartbeat_s=heartbeat_s, art_root=art_root, have_backends=have_backends,
-                stopping=stopping, grace_s=settings.STOP_GRACE_S, stop=stop, job_timeout_s=settings.JOB_TIMEOUT_S,
-                fail_point=fail_point, release_point=release_point, stats=stats,
-            )
-            stats.point_ids.append(pid)
-            with session_scope(url) as s:
-                refresh_sweep_status(s, sweep_id=sweep_id)
-            with session_scope(url) as s:
-                crud.touch_worker(s, name=name, status="idle", points_done_inc=1 if status == "done" else 0)
-            if on_point is not None:
-                on_point(pid, status)
-            progress(sweep_id)
-    finally:
-        stats.gang_restarts = sum(max(0, g.starts - 1) for g in pool._gangs.values())
-        pool.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        try:
-            with session_scope(url) as s:
-                crud.touch_worker(s, name=name, status="stopped")
-        except Exception:  # noqa: BLE001 - the store may be gone at shutdown; nothing to do about it
-            logger.warning("could not mark worker %s stopped", name, exc_info=True)
-    stats.stopped_by = stop["why"]
-    logger.info("worker %s exits: %d done, %d failed, %d released", name, stats.done, stats.failed, stats.released)
-    return stats
+    worker = Worker(url, lease_s=lease_s, heartbeat_s=heartbeat_s, devices=devices, device_kind=device_kind, name=name,
+                    stop_event=stop_event, artifact_dir=artifact_dir)
+    return worker.run(once=once, max_points=max_points, until_sweep=until_sweep, on_progress=on_progress, on_point=on_point)
 
 
 def _sleep(seconds: float, stopping: Callable[[], bool]) -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end and not stopping():
         time.sleep(min(0.1, max(0.0, end - time.monotonic())))
-
-
-def _run_one(
-    url: str,
-    pool: GangPool,
-    *,
-    name: str,
-    point_id: int,
-    sweep_id: int,
-    W: int,
-    params: dict[str, Any],
-    spec: dict[str, Any],
-    env_id: int | None,
-    lease_s: float,
-    heartbeat_s: float,
-    art_root: Path,
-    have_backends: tuple[str, ...],
-    stopping: Callable[[], bool],
-    grace_s: float,
-    stop: dict[str, Any],
-    job_timeout_s: float,
-    fail_point: Callable[..., bool],
-    release_point: Callable[..., bool],
-    stats: WorkerStats,
-) -> str:
-    """Run one claimed point to an outcome; returns the point's new status ("done", "failed", "queued"...)."""
-    from db.session import session_scope
-
-    def fail(error: str, retryable: bool) -> str:
-        with session_scope(url) as s:
-            fail_point(s, point_id=point_id, worker=name, error=error, retryable=retryable)
-        stats.failed += 1
-        return "failed" if not retryable else "retry"
-
-    missing = unavailable(params, have_backends, where=f"on worker {name}")
-    if missing:
-        return fail(missing, False)
-    options = _options(spec)
-    # one file per worker and point: a rank orphaned by a killed worker can't overwrite the finishing worker's trace
-    tag = "".join(c if c.isalnum() else "-" for c in name.rsplit(":", 1)[-1])
-    trace = art_root / f"sweep{sweep_id}" / f"point{point_id}-{tag}.trace.json.gz" if options.get("profile", True) else None
-    payload: dict[str, Any] = {"params": params, "options": options, "trace_path": str(trace) if trace else None}
-    hb = _Heartbeat(url, point_id=point_id, worker=name, lease_s=lease_s, every_s=heartbeat_s)
-    hb.start()
-
-    def cancel() -> bool:
-        return hb.lost or (stopping() and time.monotonic() - stop["at"] >= grace_s)
-
-    t0 = time.monotonic()
-    try:
-        if options.get("tune") and params.get("backend") == "triton":
-            # tuning runs once, on one device (the W=1 gang), before the point's own gang times it
-            tune_payload = {"url": url, "params": params, "sweep_id": sweep_id, "environment_id": env_id,
-                            "tuning": spec.get("tuning") or {}}
-            payload["autotune"] = pool.run(1, tune_job, tune_payload, timeout_s=job_timeout_s, cancel=cancel)[0]
-        results = pool.run(W, run_point_job, payload, timeout_s=job_timeout_s, cancel=cancel)
-    except JobCancelled:
-        hb.stop()
-        if hb.lost:
-            stats.lost += 1
-            return "lost"
-        with session_scope(url) as s:
-            release_point(s, point_id=point_id, worker=name)
-        stats.released += 1
-        logger.info("point %s released (worker stopping)", point_id)
-        return "queued"
-    except GangError as err:
-        hb.stop()
-        if err.restarted:
-            logger.warning("point %s: gang W=%d restarted: %s", point_id, W, str(err).splitlines()[0])
-        return fail(str(err), err.retryable)
-    except Exception as err:  # noqa: BLE001 - a bug of the parent side still fails only this point
-        hb.stop()
-        logger.exception("point %s: worker error", point_id)
-        return fail(f"worker error: {type(err).__name__}: {err}", False)
-    hb.stop()
-    if hb.lost:
-        stats.lost += 1
-        return "lost"
-    r0 = results[0]
-    if not r0.get("ok"):
-        return fail(r0.get("error") or "point failed", False)
-    try:
-        stored = _store_results(url, point_id=point_id, worker=name, environment_id=env_id, results=results)
-    except Exception as err:  # noqa: BLE001 - a store hiccup fails this attempt (retried), not the worker
-        logger.exception("point %s: storing its results failed", point_id)
-        return fail(f"storing the results failed: {type(err).__name__}: {err}", True)
-    if stored:
-        stats.done += 1
-        logger.info("point %s done in %.2f s", point_id, time.monotonic() - t0)
-        return "done"
-    stats.lost += 1
-    return "lost"

@@ -16,9 +16,9 @@ from sqlalchemy.orm import Session
 from bench_server.core.config import ServerSettings
 from bench_server.core.security import verify_token
 
-__all__ = ["SessionDep", "SettingsDep", "get_db", "get_settings_dep", "require_read", "require_token"]
+__all__ = ["SessionDep", "bearer", "SettingsDep", "get_db", "get_settings_dep", "require_read", "require_token"]
 
-_bearer = HTTPBearer(auto_error=False, description="The API token (CPBENCH_API_TOKEN, or the one generated at first start)")
+bearer = _bearer = HTTPBearer(auto_error=False, description="The API token (CPBENCH_API_TOKEN, or the one generated at first start)")
 
 
 def get_db(request: Request) -> Iterator[Session]:

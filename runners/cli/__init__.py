@@ -29,6 +29,7 @@ import click
 import pydantic
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from runners.errors import CpbenchError
 
@@ -44,7 +45,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-VERBS = ("run", "submit", "worker", "status", "results", "db")
+VERBS = ("run", "submit", "worker", "status", "results", "db", "gc")
 OPTIONAL_VERBS = ("configs", "regress", "bench")
 
 
@@ -78,7 +79,7 @@ _register_all()
 
 
 def _fail(message: str) -> None:
-    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/bold red] {message}")
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/bold red] {escape(message)}")
     raise SystemExit(1)
 
 

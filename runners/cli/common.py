@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 __all__ = ["CSV_FIELDS", "DbOption", "Format", "fetch_results", "out_console", "render_results", "resolve", "results_table"]
@@ -88,7 +89,7 @@ def _num(x: float | None, fmt: str) -> str:
 
 
 def results_table(rows: Sequence[dict[str, Any]], *, title: str | None = None) -> Table:
-    table = Table(title=title, show_lines=False, header_style="bold")
+    table = Table(title=escape(title) if title else None, show_lines=False, header_style="bold")
     for col, kw in (
         ("#", {"justify": "right"}), ("op", {}), ("mode", {}), ("backend", {}), ("shape", {}), ("H", {"justify": "right"}),
         ("K/V", {}), ("lb", {"justify": "right"}), ("W", {"justify": "right"}), ("layout", {}), ("dtype", {}),
@@ -104,14 +105,14 @@ def results_table(rows: Sequence[dict[str, Any]], *, title: str | None = None) -
         status = r.get("status") or ""
         table.add_row(
             str(r.get("idx")), r.get("op"), r.get("mode"), r.get("backend"), _shape(r), _heads(r), f"{r.get('K')}/{r.get('V')}",
-            f"{r.get('lb'):g}", str(r.get("W")), r.get("layout"), r.get("dtype"), f"[{colors.get(status, 'white')}]{status}[/]",
+            f"{r.get('lb'):g}", str(r.get("W")), r.get("layout"), r.get("dtype"), f"[{colors.get(status, 'white')}]{escape(status)}[/]",
             _num(r.get("median_ms"), ".4f"),
             "-" if r.get("p10_ms") is None else f"{r['p10_ms']:.4f}-{r['p90_ms']:.4f}",
             "-" if r.get("n") is None else str(r["n"]),
             _num(r.get("err_vs_none"), ".1e"), _num(r.get("err_vs_reference"), ".1e"),
             _coll(r.get("collectives")) if r.get("measurement_id") else "-",
             "-" if r.get("host_syncs") is None else str(r["host_syncs"]),
-            note,
+            escape(note),
         )
     return table
 

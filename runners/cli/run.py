@@ -13,6 +13,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from runners.cli.common import DbOption, Format, fetch_results, out_console, render_results, resolve
@@ -47,7 +48,7 @@ def run(
         start = crud.sweep_progress(s, sweep_id=sweep_id)
     err = Console(stderr=True)
     err.print(
-        f"sweep [bold]{sweep_id}[/bold] ({sweep_spec.name}): {start['total']} points, {start['skipped']} skipped; "
+        f"sweep [bold]{sweep_id}[/bold] ({escape(sweep_spec.name)}): {start['total']} points, {start['skipped']} skipped; "
         f"running on {info.count} {info.kind} rank(s)"
     )
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

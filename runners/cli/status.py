@@ -9,10 +9,12 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from runners.cli.common import DbOption, fetch_results, out_console, resolve
 from runners.errors import SweepNotFoundError
+from runners.settings import get_worker_settings
 
 __all__ = ["register"]
 
@@ -31,6 +33,7 @@ def status(
 ) -> None:
     """Show sweeps and workers, or one sweep in detail."""
     from db import crud
+    from db.clock import store_now
     from db.migrate import require_migrated
     from db.session import session_scope
 
@@ -45,15 +48,16 @@ def status(
                 table.add_column(col)
             for sw in sweeps:
                 c = crud.sweep_progress(s, sweep_id=sw.id)
-                table.add_row(str(sw.id), sw.name, sw.status, str(c["total"]), str(c["done"]), str(c["failed"]),
+                table.add_row(str(sw.id), escape(sw.name), escape(sw.status), str(c["total"]), str(c["done"]), str(c["failed"]),
                               str(c["skipped"]), str(c["queued"]), str(c["running"]), _age(sw.created_at))
             workers = crud.list_workers(s)
             wt = Table(title=f"workers ({len(workers)})", header_style="bold")
             for col in ("name", "status", "devices", "point", "done", "heartbeat"):
                 wt.add_column(col)
+            now, lease = store_now(s), get_worker_settings().LEASE_S
             for w in workers:
                 dev = w.devices or {}
-                wt.add_row(w.name, w.status, f"{dev.get('count', '?')} {dev.get('kind', '?')}", str(w.current_point_id or "-"),
+                wt.add_row(escape(w.name), escape(crud.worker_state(w, now, lease)), f"{dev.get('count', '?')} {dev.get('kind', '?')}", str(w.current_point_id or "-"),
                            str(w.points_done), _age(w.last_heartbeat))
         console.print(table)
         console.print(wt)
@@ -63,7 +67,7 @@ def status(
         if sw is None:
             raise SweepNotFoundError(f"no sweep with id {sweep}")
         c = crud.sweep_progress(s, sweep_id=sweep)
-        header = (f"sweep [bold]{sw.id}[/bold] {sw.name} [{sw.status}]  tags={','.join(sw.tags) or '-'}  created {_age(sw.created_at)}"
+        header = (f"sweep [bold]{sw.id}[/bold] {escape(sw.name)} {escape(f'[{sw.status}]')}  tags={escape(','.join(sw.tags)) or '-'}  created {_age(sw.created_at)}"
                   f"  finished {_age(sw.finished_at)}")
     console.print(header)
     console.print("  ".join(f"{k} {v}" for k, v in c.items()))
@@ -78,7 +82,7 @@ def status(
             t.add_column(col, overflow="fold")
         for r in subset:
             detail = (r.get(field) or "").strip().splitlines()[0] if field else f"claimed {_age(r.get('claimed_at'))}"
-            t.add_row(str(r["idx"]), r["key"], f"{r['attempts']}/{r['max_attempts']}", detail)
+            t.add_row(str(r["idx"]), escape(r["key"]), f"{r['attempts']}/{r['max_attempts']}", escape(detail))
         console.print(t)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from runners.cli.common import DbOption, resolve
 
@@ -36,7 +37,7 @@ def submit(spec: Path = typer.Argument(..., help="sweep spec, YAML or JSON"), db
     with session_scope(url) as s:
         prog = crud.sweep_progress(s, sweep_id=sweep_id)
     Console().print(
-        f"sweep [bold]{sweep_id}[/bold] ({sweep_spec.name}) queued: {n} points, {prog['queued']} to run, {prog['skipped']} skipped"
+        f"sweep [bold]{sweep_id}[/bold] ({escape(sweep_spec.name)}) queued: {n} points, {prog['queued']} to run, {prog['skipped']} skipped"
     )
     typer.echo(sweep_id)
 

@@ -24,7 +24,7 @@ def worker(
     cpu: bool = typer.Option(False, "--cpu", help="run on the CPU even when GPUs are present"),
     lease_s: float | None = typer.Option(None, "--lease-s", help="lease per claimed point (default CPBENCH_LEASE_S)"),
     heartbeat_s: float | None = typer.Option(None, "--heartbeat-s", help="lease renewal period (default CPBENCH_HEARTBEAT_S)"),
-    name: str | None = typer.Option(None, "--name", help="worker name (default host:pid:random)"),
+    name: str | None = typer.Option(None, "--name", help="name prefix (default the host); pid and a random suffix are added"),
 ) -> None:
     """Claim and run points until stopped."""
     from runners.worker import run_worker

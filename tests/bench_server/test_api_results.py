@@ -88,13 +88,25 @@ def test_export_configs(client: httpx.Client, seeded: Seeded) -> None:
     assert r.status_code == 404 and "NVIDIA H9000" in r.json()["detail"]
 
 
-def test_read_workers(client: httpx.Client, store_url: str, seeded: Seeded) -> None:
+def test_read_workers(client: httpx.Client, auth: dict[str, str], store_url: str, seeded: Seeded) -> None:
     with session_scope(store_url) as session:
         crud.register_worker(session, name="host:1:abcd", host="host", pid=1, devices={"kind": "cpu", "count": 1},
                              environment_id=None)
         crud.register_worker(session, name="host:2:dead", host="host", pid=2, devices={"kind": "cpu"}, environment_id=None)
         crud.touch_worker(session, name="host:2:dead", status="stopped")
-    body = client.get("/api/v1/workers").json()
+    body = client.get("/api/v1/workers", headers=auth).json()
     by_name = {w["name"]: w for w in body["data"]}
     assert body["count"] >= 2
     assert by_name["host:1:abcd"]["alive"] is True and by_name["host:2:dead"]["alive"] is False
+    assert by_name["host:1:abcd"]["state"] == "idle" and by_name["host:2:dead"]["state"] == "stopped"
+    assert by_name["host:1:abcd"]["host"] == "host" and by_name["host:1:abcd"]["pid"] == 1
+
+
+def test_workers_hide_host_and_pid_without_the_token(client: httpx.Client, store_url: str, seeded: Seeded) -> None:
+    with session_scope(store_url) as session:
+        crud.register_worker(session, name="secret-host:77:beef", host="secret-host", pid=77, devices={"kind": "cpu"},
+                             environment_id=None)
+    text = client.get("/api/v1/workers").text
+    assert "secret-host" not in text and '"pid":77' not in text
+    rows = client.get("/api/v1/workers").json()["data"]
+    assert all(w["host"] is None and w["pid"] is None and w["name"] == f"worker-{w['id']}" for w in rows)

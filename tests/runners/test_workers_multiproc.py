@@ -105,6 +105,11 @@ def _wait(what: str, cond, workers: Workers, *, alive: tuple[str, ...] = ()) -> 
         time.sleep(0.2)
 
 
+def _prefix(identity: str | None) -> str | None:
+    """The `--name` a worker identity starts with (the identity adds the pid and a random suffix)."""
+    return identity.split(":")[0] if identity else identity
+
+
 def _rows(url: str, ids: list[int]) -> dict:
     """Per point: status, attempts, measurement worker; plus the Measurement / Profile row counts per point."""
     from db.models import Measurement, Point, Profile
@@ -116,7 +121,8 @@ def _rows(url: str, ids: list[int]) -> dict:
                               .group_by(Measurement.point_id)).all())
         profs = dict(s.execute(select(Profile.point_id, func.count()).where(Profile.point_id.in_(ids))
                                .group_by(Profile.point_id)).all())
-        by = dict(s.execute(select(Measurement.point_id, Measurement.worker).where(Measurement.point_id.in_(ids))).all())
+        by = {pid: _prefix(w) for pid, w in
+              s.execute(select(Measurement.point_id, Measurement.worker).where(Measurement.point_id.in_(ids))).all()}
         n_meas = s.execute(select(func.count()).select_from(Measurement)).scalar_one()
     return {"points": points, "measurements": meas, "profiles": profs, "by": by, "n_measurements": n_meas}
 
@@ -148,7 +154,8 @@ def test_three_workers_run_every_point_once(tmp_path: Path, url: str) -> None:
     assert rows["n_measurements"] == len(ids)
     assert set(rows["by"].values()) <= set(names)
     with session_scope(url) as s:
-        registered = {w.name: w for w in crud.list_workers(s)}
+        registered = {_prefix(w.name): w for w in crud.list_workers(s)}
+        assert len(registered) == len(names)  # three identities, one per --name
         assert set(registered) == set(names)
         assert {w.status for w in registered.values()} == {"stopped"}
         # each worker counted exactly the points whose measurement it stored
@@ -173,7 +180,7 @@ def test_sigkilled_worker_lease_expires_and_another_finishes(tmp_path: Path, url
         with session_scope(url) as s:
             p = s.get(Point, slow)
             # renewed by a heartbeat: the victim is inside the point, not just past the claim
-            return (p.status == "running" and p.lease_owner == "victim"
+            return (p.status == "running" and _prefix(p.lease_owner) == "victim"
                     and p.lease_expires_at > p.claimed_at + timedelta(seconds=lease_s + 0.5))
 
     workers = Workers(url, tmp_path)
@@ -185,7 +192,7 @@ def test_sigkilled_worker_lease_expires_and_another_finishes(tmp_path: Path, url
         assert victim.wait(timeout=30) == -signal.SIGKILL
         with session_scope(url) as s:
             p = s.get(Point, slow)
-            assert (p.status, p.attempts, p.lease_owner, p.measurement) == ("running", 1, "victim", None)
+            assert (p.status, p.attempts, _prefix(p.lease_owner), p.measurement) == ("running", 1, "victim", None)
         _wait("every point done", lambda: _all_done(url, ids), workers, alive=("rescuer",))
     finally:
         workers.stop()

@@ -13,6 +13,7 @@ from bench_server.schemas import ResultsPublic
 from dashboards.render import to_csv
 from db import crud
 from runners.settings import DEFAULT_MAX_POINTS_PER_SWEEP
+from runners.spec import INT32_MAX
 
 router = APIRouter(prefix="/results", tags=["results"])
 
@@ -23,17 +24,17 @@ MAX_LIMIT = DEFAULT_MAX_POINTS_PER_SWEEP
             responses={200: {"content": {"text/csv": {}}, "description": "JSON page, or CSV with format=csv"}})
 def read_results(
     session: SessionDep,
-    sweep: int | None = Query(None, description="sweep id"),
+    sweep: int | None = Query(None, ge=1, le=INT32_MAX, description="sweep id"),
     op: str | None = None,
     mode: list[str] | None = Query(None, description="repeat to match several"),
     backend: str | None = None,
-    B: int | None = None,
-    T: int | None = None,
-    W: int | None = None,
-    lb: float | None = None,
+    B: int | None = Query(None, ge=1, le=INT32_MAX),
+    T: int | None = Query(None, ge=1, le=2**63 - 1),
+    W: int | None = Query(None, ge=1, le=INT32_MAX),
+    lb: float | None = Query(None, ge=-1e300, le=0),
     device: str | None = Query(None, description="device name of the environment, e.g. 'NVIDIA H200' or 'cpu'"),
     status: str | None = Query(None, description="point status: queued, running, done, failed, skipped, cancelled"),
-    skip: int = Query(0, ge=0),
+    skip: int = Query(0, ge=0, le=INT32_MAX),
     limit: int = Query(100, ge=1, le=MAX_LIMIT),
     format: Literal["json", "csv"] = "json",
 ) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, status
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, status
 from sqlalchemy.orm import Session
 
 from bench_server.api.deps import SessionDep, require_read, require_token
@@ -13,6 +13,7 @@ from db import crud, queue
 from db.models import Sweep
 from runners.engine import submit_spec
 from runners.errors import SpecError
+from runners.spec import INT32_MAX
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"])
 
@@ -29,7 +30,8 @@ def sweep_public(session: Session, sweep: Sweep) -> dict[str, Any]:
     response_model=SweepPublic,
     status_code=status.HTTP_201_CREATED,
     dependencies=[Depends(require_token)],
-    responses={401: {"model": Message}, 403: {"model": Message}, 413: {"model": Message}},
+    responses={400: {"model": Message, "description": "the body is not JSON text"}, 401: {"model": Message},
+               403: {"model": Message}, 413: {"model": Message}},
 )
 def create_sweep(session: SessionDep, spec: SweepCreate) -> Any:
     """Submit a sweep; its grid is expanded into queued (or skipped) points.
@@ -49,9 +51,9 @@ def create_sweep(session: SessionDep, spec: SweepCreate) -> Any:
 @router.get("", response_model=SweepsPublic, dependencies=[Depends(require_read)])
 def read_sweeps(
     session: SessionDep,
-    skip: int = Query(0, ge=0),
+    skip: int = Query(0, ge=0, le=INT32_MAX),
     limit: int = Query(50, ge=1, le=500),
-    tag: str | None = None,
+    tag: str | None = Query(None, max_length=255),
 ) -> Any:
     """Sweeps, newest first, with their progress; `tag` keeps those carrying it."""
     sweeps, count = crud.list_sweeps(session, skip=skip, limit=limit, tag=tag)
@@ -60,7 +62,7 @@ def read_sweeps(
 
 @router.get("/{sweep_id}", response_model=SweepPublic, dependencies=[Depends(require_read)],
             responses={404: {"model": Message}})
-def read_sweep(session: SessionDep, sweep_id: int) -> Any:
+def read_sweep(session: SessionDep, sweep_id: int = Path(ge=1, le=INT32_MAX)) -> Any:
     """Status and progress counts of one sweep."""
     if (sweep := crud.get_sweep(session, sweep_id=sweep_id)) is None:
         raise HTTPException(status_code=404, detail=NOT_FOUND)
@@ -69,7 +71,7 @@ def read_sweep(session: SessionDep, sweep_id: int) -> Any:
 
 @router.post("/{sweep_id}/cancel", response_model=SweepCancelled, dependencies=[Depends(require_token)],
              responses={401: {"model": Message}, 403: {"model": Message}, 404: {"model": Message}})
-def cancel_sweep(session: SessionDep, sweep_id: int) -> Any:
+def cancel_sweep(session: SessionDep, sweep_id: int = Path(ge=1, le=INT32_MAX)) -> Any:
     """Cancel a sweep: its queued points are cancelled; running points finish and keep their results."""
     if crud.get_sweep(session, sweep_id=sweep_id) is None:
         raise HTTPException(status_code=404, detail=NOT_FOUND)

@@ -33,9 +33,9 @@ def main() -> None:
 
     os.environ.setdefault("CPBENCH_MAX_BODY_BYTES", str(4 << 20))
     from bench_server.core.config import ServerSettings
+    from bench_server.live import LiveServer
     from bench_server.main import create_app
     from db.migrate import upgrade
-    from tests.bench_server.live_server import LiveServer
 
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{Path(tmp) / 'bench.db'}"

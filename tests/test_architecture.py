@@ -30,7 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "runners": {"kernels.peers", "kernels.cp", "kernels", "db"},
     "dashboards": {"db", "kernels.cp"},  # kernels.cp: the mode vocabulary and expected collectives (cost model)
     "bench_server": {"runners", "kernels.peers", "kernels.cp", "kernels", "db", "dashboards"},
-    "benchmarks": {"runners", "kernels.peers", "kernels.cp", "kernels", "db"},
+    "benchmarks": {"bench_server", "dashboards", "runners", "kernels.peers", "kernels.cp", "kernels", "db"},
 }
 KERNELS_THIRD_PARTY = {"torch", "triton", "numpy", "fla"}
 OPS = ("kernels.gdn", "kernels.kda", "kernels.cp")

@@ -1,5 +1,5 @@
 """Fixtures of the API tests: a migrated SQLite store per module, the app built on it with a known token, served
-by a real uvicorn on 127.0.0.1 (`live_server.LiveServer`), and an httpx client with and without the token."""
+by a real uvicorn on 127.0.0.1 (`bench_server.live.LiveServer`), and an httpx client with and without the token."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import httpx
 import pytest
 
 from bench_server.core.config import ServerSettings
+from bench_server.live import LiveServer
 from bench_server.main import create_app
 from db.migrate import upgrade
 from db.session import dispose_engine
-from tests.bench_server.live_server import LiveServer
 
 TOKEN = "test-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -16,13 +16,13 @@ import httpx
 import pytest
 
 from bench_server.core.config import ServerSettings
+from bench_server.live import LiveServer
 from bench_server.main import create_app
 from db.errors import StoreNotMigratedError
 from db.migrate import upgrade
 from db.session import dispose_engine
 from runners.spec import SweepSpec, grid_size
 from tests.bench_server.conftest import TOKEN
-from tests.bench_server.live_server import LiveServer
 
 TINY: dict[str, Any] = {
     "name": "tiny",

@@ -19,9 +19,9 @@ import httpx
 import pytest
 
 from bench_server.core.config import ServerSettings
+from bench_server.live import LiveServer
 from bench_server.main import create_app
 from dashboards.figures import SWEEP_FIGURES
-from tests.bench_server.live_server import LiveServer
 from tests.dashboards.seed import MODES, Seeded
 
 pytestmark = pytest.mark.browser

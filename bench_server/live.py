@@ -1,4 +1,4 @@
-"""A real uvicorn server on 127.0.0.1 (a free port) in a background thread, for tests that go over HTTP.
+"""A real uvicorn server on 127.0.0.1 (a free port) in a background thread: for tests and benchmarks that go over HTTP.
 
     with LiveServer(create_app(settings)) as server:
         httpx.get(server.url + "/healthz")

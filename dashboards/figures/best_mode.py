@@ -133,7 +133,8 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
                     meta={"mode": mode, "B": B, "lb": lb, "kind": "best"},
                 ), row=i, col=j)
                 shown.add(mode)
-    fig.update_xaxes(type="category", categoryorder="array", categoryarray=xs, title_text="CP size", row=len(Bs))
+    fig.update_xaxes(type="category", categoryorder="array", categoryarray=xs)
+    fig.update_xaxes(title_text="CP size", row=len(Bs))
     fig.update_yaxes(type="category", categoryorder="array", categoryarray=ys)
     fig.update_yaxes(title_text="tokens", col=1)
     fig.add_annotation(text=f"{APPROX_MARK}: an approximate scheme (within a tolerance) is faster than the exact "

@@ -14,12 +14,12 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from dashboards.figures.common import (
+    REFERENCE_NAME,
     base_layout,
     cp_sizes,
     empty_figure,
     facet_title,
     facet_values,
-    REFERENCE_NAME,
     in_facet,
     is_reference,
     measured,

@@ -83,7 +83,7 @@ def _label(c: dict[str, Any]) -> str:
     if c["runner_up"]:
         lines.append(f"2nd {c['runner_up']} +{100 * c['gap']:.0f}%")
     if c["faster_approx"]:
-        lines.append(f"{APPROX_MARK} {c['faster_approx']} {c['best_ms'] / c['faster_approx_ms']:.2f}× faster")
+        lines.append(f"{APPROX_MARK} {c['faster_approx']} {c['best_ms'] / c['faster_approx_ms']:.2f}×")
     return "<br>".join(lines)
 
 
@@ -138,6 +138,8 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
     fig.update_yaxes(type="category", categoryorder="array", categoryarray=ys)
     fig.update_yaxes(title_text="tokens", col=1)
     fig.add_annotation(text=f"{APPROX_MARK}: an approximate scheme (within a tolerance) is faster than the exact "
-                            "winner · +x%: how much slower the runner-up is",
-                       xref="paper", yref="paper", x=0, y=-0.02, yanchor="top", showarrow=False, font={"size": 11})
-    return base_layout(fig, TITLE, height=max(300, len(Bs) * (90 * len(Ts) + 60) + 60))
+                            "winner (named, with how much faster) · 2nd +x%: how much slower the runner-up is",
+                       xref="paper", yref="paper", x=0, y=0, yshift=-52, yanchor="top", showarrow=False,
+                       font={"size": 11})
+    height = max(300, len(Bs) * (90 * len(Ts) + 60) + 90)
+    return base_layout(fig, TITLE, height=height).update_layout(margin={"b": 90})

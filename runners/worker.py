@@ -252,6 +252,7 @@ def run_worker(
     on_point: Callable[[int, str], None] | None = None,
     stop_event: threading.Event | None = None,
     artifact_dir: str | os.PathLike[str] | None = None,
+    owner: str | None = None,
 ) -> WorkerStats:
     """Work the queue until told to stop (see the module docstring). Returns what was done.
 
@@ -259,7 +260,8 @@ def run_worker(
     after this many points. lease_s / heartbeat_s: default `CPBENCH_LEASE_S` / `CPBENCH_HEARTBEAT_S`.
     devices: cap on ranks (GPUs, or CPU ranks). device_kind: force "cpu" or "cuda". until_sweep: exit when
     that sweep is finished. on_progress(progress): after each point of `until_sweep`. on_point(point_id,
-    status): after each point. stop_event: set it to stop like SIGTERM (from another thread).
+    status): after each point. stop_event: set it to stop like SIGTERM (from another thread). owner: work only the
+    sweeps submitted with this owner token (`cpbench run`, `cpbench regress`); None: only sweeps without an owner.
     """
     from db import crud
     from db.migrate import require_migrated
@@ -333,7 +335,7 @@ def run_worker(
                     if sweep is None or sweep.status in ("done", "cancelled"):
                         break
             with session_scope(url) as s:
-                point = claim_point(s, worker=name, lease_s=lease_s, max_W=info.count, device_kind=info.kind)
+                point = claim_point(s, worker=name, lease_s=lease_s, max_W=info.count, device_kind=info.kind, owner=owner)
                 if point is not None:
                     pid, sweep_id, W, params = point.id, point.sweep_id, point.W, dict(point.params)
                     # the write before the read (claim_point committed): see the registration above

@@ -15,7 +15,8 @@ Verbs written elsewhere (`serve`, `configs` with `tune`, `regress`, `bench`) are
 importable. Every verb that uses the store takes `--db URL` (alias `--database-url`).
 User mistakes (`CpbenchError`, an unmigrated store, a bad verb, option or value) print one red line and exit 1;
 anything else is a bug and keeps its traceback. The verbs that run kernels on the CPU turn the Triton interpreter
-on themselves (`runners.cli.triton_cpu`). `-v` logs at INFO, `-vv` at DEBUG (to stderr).
+on themselves (`runners.cli.triton_cpu`). `-v` logs at INFO, `-vv` at DEBUG (to stderr); without it, lines a user
+cannot act on stay out (`runners.cli.logs`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ def _root(
     verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="log INFO (-v) or DEBUG (-vv) to stderr"),
 ) -> None:
     """cpbench: CP kernel benchmarking service."""
+    from runners.cli.logs import quiet
+
+    quiet(verbose)  # alembic INFO, Kineto's USDT lines, torch's all_gather FutureWarning: only at -v
     if verbose:
         level = logging.INFO if verbose == 1 else logging.DEBUG
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)

@@ -129,3 +129,28 @@ def test_triton_run_on_cpu_without_interpreter_env(store_url: str, tmp_path: Pat
     rows = json.loads(proc.stdout)
     assert [(r["backend"], r["status"]) for r in rows] == [("triton", "done")], rows
     assert rows[0]["err_vs_reference"] < 1e-4
+
+
+def test_default_log_leaves_out_what_a_user_cannot_act_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+    import warnings
+
+    from runners.cli import logs
+
+    monkeypatch.delenv("KINETO_LOG_LEVEL", raising=False)
+    monkeypatch.delenv("PYTHONWARNINGS", raising=False)
+    monkeypatch.setattr(logging.getLogger("alembic"), "level", logging.NOTSET)
+    with warnings.catch_warnings():
+        logs.quiet(1)  # -v: everything stays
+        assert "KINETO_LOG_LEVEL" not in os.environ and logging.getLogger("alembic").level == logging.NOTSET
+        logs.quiet(0)
+        assert os.environ["KINETO_LOG_LEVEL"] == logs.KINETO_SILENT
+        assert logs.ALL_GATHER_WARNING in os.environ["PYTHONWARNINGS"]
+        assert logging.getLogger("alembic").getEffectiveLevel() == logging.WARNING
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.warn(f"{logs.ALL_GATHER_WARNING}. Please use `all_gather_single` instead.", FutureWarning, stacklevel=1)
+            warnings.warn("another FutureWarning", FutureWarning, stacklevel=1)
+        assert [str(w.message) for w in seen] == ["another FutureWarning"]
+    monkeypatch.setenv("KINETO_LOG_LEVEL", "1")  # the user's choice is kept
+    logs.quiet(0)
+    assert os.environ["KINETO_LOG_LEVEL"] == "1"

@@ -155,7 +155,7 @@ def log_t_axis(fig: go.Figure, table: Iterable[dict[str, Any]]) -> None:
 
 def empty_figure(title: str, message: str = "no data yet") -> go.Figure:
     fig = go.Figure()
-    fig.update_layout(title=title, xaxis={"visible": False}, yaxis={"visible": False},
+    fig.update_layout(title=title, height=220, template="plotly_white", xaxis={"visible": False}, yaxis={"visible": False},
                       annotations=[{"text": message, "showarrow": False, "font": {"size": 16}}])
     return fig
 

@@ -1,7 +1,9 @@
 """HTML pages of the dashboards and their CSV downloads: rows from `dashboards.data`, figures from
 `dashboards.figures`, HTML from `dashboards.render` and the jinja2 templates in dashboards/templates.
 
-    /                         sweeps with live progress (the page polls GET /api/v1/sweeps)
+    /                         sweeps with live progress (the page polls GET /api/v1/sweeps), filtered by ?name=
+                              (substring), ?tag=, ?status= (a shown status, `dashboards.data.INDEX_STATUSES`);
+                              the sweeps of one regression run are collapsed into one row
     /sweeps/{id}              one sweep: progress (polls GET /api/v1/sweeps/{id}) and its figures, on one slice
                               of (op, backend, H, K, V, dtype, direction, layout) picked by query parameters
     /tuning                   tuning trials and the tuned configs (?sweep=, ?device=, ?kernel=)
@@ -29,6 +31,7 @@ import dashboards
 from bench_server.api.deps import SessionDep, require_read
 from dashboards import data, render
 from dashboards.figures import SWEEP_FIGURES, history, tuning
+from dashboards.figures.common import empty_figure
 from db import crud
 from db.models import Sweep
 from runners.settings import get_worker_settings
@@ -49,12 +52,16 @@ def _query(request: Request) -> str:
 
 
 @router.get("/", response_class=HTMLResponse)
-def sweeps_page(request: Request, session: SessionDep, page: int = Query(1, le=INT32_MAX // PAGE_SIZE)) -> Any:
+def sweeps_page(request: Request, session: SessionDep, page: int = Query(1, le=INT32_MAX // PAGE_SIZE),
+                name: str = "", tag: str = "", status: str = "") -> Any:
     page = max(page, 1)
-    sweeps, count = crud.list_sweeps(session, skip=(page - 1) * PAGE_SIZE, limit=PAGE_SIZE)
-    rows = [{"sweep": s, "progress": _progress(session, s.id)} for s in sweeps]
+    groups = data.sweep_index(session, name=name.strip() or None, tag=tag.strip() or None, status=status or None)
+    count = len(groups)
+    filters = {k: v for k, v in (("name", name), ("tag", tag), ("status", status)) if v}
     return templates.TemplateResponse(request, "sweeps.html", {
-        "rows": rows, "count": count, "page": page, "pages": max(1, -(-count // PAGE_SIZE)), "page_size": PAGE_SIZE,
+        "rows": groups[(page - 1) * PAGE_SIZE: page * PAGE_SIZE], "count": count, "page": page,
+        "pages": max(1, -(-count // PAGE_SIZE)), "page_size": PAGE_SIZE, "filters": filters,
+        "statuses": data.INDEX_STATUSES, "filter_query": urlencode(filters),
     })
 
 
@@ -71,15 +78,31 @@ def sweep_page(request: Request, session: SessionDep, sweep_id: int = PathParam(
     options = data.slice_options(rows)
     sliced, selection = data.apply_slice(rows, request.query_params)
     query = "?" + urlencode(selection) if selection else ""
+    progress = _progress(session, sweep_id)
+    status = data.display_status(sweep.status, progress)
+    nothing = None if any(r["status"] == "done" for r in rows) else (
+        f"no point finished: {progress['failed']} failed (errors above)" if progress["failed"] else None)
     figures = [{
-        "name": name, "title": module.TITLE, "div": render.figure_div(module.figure(sliced), f"fig-{name}"),
-        "csv": f"/dash/{sweep_id}/{name}.csv{query}",
+        "name": name, "title": module.TITLE, "csv": f"/dash/{sweep_id}/{name}.csv{query}",
+        "div": render.figure_div(empty_figure(module.TITLE, nothing) if nothing else module.figure(sliced), f"fig-{name}"),
     } for name, module in SWEEP_FIGURES.items()]
     return templates.TemplateResponse(request, "sweep.html", {
-        "sweep": sweep, "progress": _progress(session, sweep_id), "figures": figures, "plotly": True,
+        "sweep": sweep, "status": status, "progress": progress, "figures": figures, "plotly": True,
         "options": {a: v for a, v in options.items() if len(v) > 1}, "selection": selection,
-        "n_rows": len(rows), "n_sliced": len(sliced), "failed": [r for r in rows if r["status"] == "failed"][:50],
+        "n_rows": len(rows), "n_sliced": len(sliced), "errors": _errors([r for r in rows if r["status"] == "failed"]),
     })
+
+
+def _errors(failed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Failed points grouped by their error's last line (the exception), most frequent first; each group keeps the
+    full text of its first error (a traceback keeps its line breaks) and the points it hit."""
+    groups: dict[str, dict[str, Any]] = {}
+    for r in failed:
+        text = (r.get("error") or "").strip() or "(no error recorded)"
+        head = text.splitlines()[-1]
+        g = groups.setdefault(head, {"head": head, "text": text, "points": []})
+        g["points"].append(r)
+    return sorted(groups.values(), key=lambda g: -len(g["points"]))
 
 
 @router.get("/tuning", response_class=HTMLResponse)

@@ -13,6 +13,7 @@ The verb lives in bench_server (the top of the dependency graph) and `bench_serv
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import signal
 import socket
@@ -56,12 +57,13 @@ def _submit_demo(url: str) -> int | None:
         return submit_spec(s, DEMO_SPEC).id
 
 
-def _demo_worker(url: str) -> None:  # the child process: SIGTERM makes run_worker release its point and return
-    import logging
-
+def _demo_worker(url: str, verbose: int = 0) -> None:  # the child: SIGTERM makes run_worker release its point and return
+    from runners.cli.logs import quiet
     from runners.worker import run_worker
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.DEBUG if verbose > 1 else logging.INFO,
+                        format="%(asctime)s worker %(levelname)s %(name)s: %(message)s")
+    quiet(verbose)
     run_worker(url)
 
 
@@ -101,7 +103,10 @@ def serve(
     worker = None
     if demo:
         sweep_id = _submit_demo(url)
-        worker = multiprocessing.get_context("spawn").Process(target=_demo_worker, args=(url,), name="cpbench-demo-worker")
+        level = logging.getLogger().getEffectiveLevel()  # -v / -vv of this command
+        verbose = 2 if level <= logging.DEBUG else (1 if level <= logging.INFO else 0)
+        worker = multiprocessing.get_context("spawn").Process(target=_demo_worker, args=(url, verbose),
+                                                              name="cpbench-demo-worker")
         worker.start()
         typer.echo(f"demo: sweep {sweep_id} queued; one worker started (pid {worker.pid})" if sweep_id is not None
                    else f"demo: the store already holds sweeps; one worker started (pid {worker.pid})")

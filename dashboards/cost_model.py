@@ -28,6 +28,18 @@ are fp32 (`state_bytes = 4`): a state is `H K V`, a transition summary `[M, S_ex
 | ring | one send + one recv per internal cross-rank cut | per message H K V 4 |
 | tail_exchange | as ring | per message min(warmup_chunks C, N / P) in bytes per token |
 
+`model_speedup(mode, W, T=)` is the compute-only prediction of t(none) / t(mode at W) from the critical paths of
+kernels/cp/README.md §3: the device forward Φ is linear in tokens and heads, a transition (M, S_ext) costs
+TRANSITION_COST of a forward per token, and collective time is left out (so it is an upper bound where the
+collectives do not overlap):
+
+| mode | critical path | model speedup |
+|---|---|---|
+| headwise | Φ(T, H/W) | W |
+| all_gather, ring | Φ(T, H) | 1 |
+| true_cp | Φ_transition(T/W) + Φ(T/W) | W / (1 + TRANSITION_COST) |
+| tail_exchange | Φ_transition(window) + Φ(T/W) | W / (1 + TRANSITION_COST min(1, window 64 W / T)) |
+
 `bytes_out` / `bytes_in` are the wire bytes of the busiest rank: all-gathers on a ring (a rank forwards W-1
 blocks), all-to-alls keeping 1/W of the buffer local, and for the chains the most messages one rank sends.
 """
@@ -40,9 +52,12 @@ from itertools import accumulate
 
 import kernels.cp as cp
 
-__all__ = ["CHUNK_SIZE", "CommCost", "bytes_per_token", "comm_cost", "crossing_cuts"]
+__all__ = ["CHUNK_SIZE", "MODELLED_MODES", "TRANSITION_COST", "CommCost", "bytes_per_token", "comm_cost",
+           "crossing_cuts", "model_speedup"]
 
 CHUNK_SIZE = 64
+TRANSITION_COST = 0.5  # a transition (M, S_ext) per token, relative to a forward per token (assumed)
+MODELLED_MODES = tuple(cp.MODES)
 
 
 @dataclass(frozen=True)
@@ -146,3 +161,19 @@ def _chain(mode: str, calls: dict[str, int], message: int, busiest: int) -> Comm
     or receives `busiest` of them."""
     payload = {k: n * message for k, n in calls.items()}
     return CommCost(mode, dict(calls), payload, busiest * message, busiest * message)
+
+
+def model_speedup(mode: str, W: int, *, T: int, warmup_chunks: int = 2) -> float | None:
+    """Compute-only speedup over one device of `mode` at CP size W on T tokens (see the module doc); None for the
+    one-device modes (none, warmup_correct) and modes outside the model."""
+    if W < 1 or T < 1:
+        raise ValueError(f"W and T must be >= 1, got W={W!r}, T={T!r}")
+    if mode not in MODELLED_MODES or mode in ("none", "warmup_correct"):
+        return None
+    if W == 1 or mode in ("all_gather", "ring"):  # at W = 1 no cut: every scheme runs the one-device forward
+        return 1.0
+    if mode == "headwise":
+        return float(W)
+    if mode == "true_cp":
+        return W / (1.0 + TRANSITION_COST)
+    return W / (1.0 + TRANSITION_COST * min(1.0, warmup_chunks * CHUNK_SIZE * W / T))

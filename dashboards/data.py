@@ -5,6 +5,8 @@
   H, K, V, dtype, direction, layout), so every figure compares modes on one shape family;
 - `tuning_rows(session, ...)`: tuning trials with `chosen` set on the winner stored in tuned_configs;
   `tuned_config_rows(session, ...)`;
+- `display_status(status, progress)` and `sweep_index(session, name=, tag=, status=)`: the sweeps list, filtered by
+  name substring, tag and shown status, with the sweeps of one regression run collapsed into one group;
 - `history_rows(session, ...)`: per benchmark key, its result in every nightly sweep (tagged "nightly", or used by
   a regression run), with the verdict of the regression run that judged that sweep.
 """
@@ -14,22 +16,28 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from db import crud
-from db.models import Environment, Measurement, Point, RegressionResult, Sweep, TuningTrial
+from db.models import POINT_STATUSES, Environment, Measurement, Point, RegressionResult, Sweep, TuningTrial
 
 __all__ = [
+    "INDEX_STATUSES",
+    "INDEX_LIMIT",
     "SLICE_AXES",
     "apply_slice",
+    "display_status",
     "history_keys",
     "history_rows",
     "slice_options",
+    "sweep_index",
     "sweep_rows",
     "tuned_config_rows",
     "tuning_rows",
 ]
+
+INDEX_LIMIT = 500  # sweeps the index page reads at most (newest first), as the API's largest page
 
 SLICE_AXES = ("op", "backend", "H", "K", "V", "dtype", "direction", "layout")
 NIGHTLY_TAG = "nightly"
@@ -75,6 +83,66 @@ def apply_slice(rows: Sequence[dict[str, Any]], selection: Mapping[str, Any]) ->
     kept = [r for r in rows
             if all(r.get(a) == v for a, v in chosen.items() if not (a == "layout" and r.get("mode") == "none"))]
     return kept, chosen
+
+
+# the statuses the sweeps list shows and filters by: a finished sweep is "failed" when no point finished and some
+# failed, "done with failures" when some did each (the store keeps "done" for both: every point was worked)
+INDEX_STATUSES = ("queued", "running", "done", "done with failures", "failed", "cancelled")
+REGRESS_RUN_TAG = "regress-run:"  # = runners.baseline.RUN_TAG_PREFIX (dashboards do not import runners)
+
+
+def display_status(status: str, progress: Mapping[str, int]) -> str:
+    """The status to show for a sweep stored as `status` with point counts `progress`."""
+    if status != "done" or not progress.get("failed"):
+        return status
+    return "done with failures" if progress.get("done") else "failed"
+
+
+def _progress_all(session: Session, sweep_ids: Sequence[int]) -> dict[int, dict[str, int]]:
+    """`crud.sweep_progress` of many sweeps in one query."""
+    out = {i: {**dict.fromkeys(POINT_STATUSES, 0), "total": 0} for i in sweep_ids}
+    if not out:
+        return out
+    stmt = (select(Point.sweep_id, Point.status, func.count()).where(Point.sweep_id.in_(list(sweep_ids)))
+            .group_by(Point.sweep_id, Point.status))
+    for sweep_id, status, count in session.execute(stmt).all():
+        out[sweep_id][status] = count
+        out[sweep_id]["total"] += count
+    return out
+
+
+def sweep_index(session: Session, *, name: str | None = None, tag: str | None = None, status: str | None = None,
+                limit: int = INDEX_LIMIT) -> list[dict[str, Any]]:
+    """Groups of sweeps, newest first: one group per regression run (its sweeps share a `regress-run:` tag), one
+    per other sweep. A group is {"sweep": newest, "progress", "status" (shown), "members": [{"sweep", "progress",
+    "status"}, ...] (newest first), "run": the run id or None, "tags": the newest's tags but the run tag}; the
+    group's progress sums its members'.
+
+    `name` keeps sweeps whose name contains it (case-insensitive), `tag` those carrying it, `status` those whose
+    shown status (`display_status`) is it ("failed" also keeps "done with failures")."""
+    sweeps, _ = crud.list_sweeps(session, skip=0, limit=limit, tag=tag or None)
+    if name:
+        sweeps = [s for s in sweeps if name.lower() in s.name.lower()]
+    progress = _progress_all(session, [s.id for s in sweeps])
+    members = [{"sweep": s, "progress": progress[s.id], "status": display_status(s.status, progress[s.id])} for s in sweeps]
+    if status:
+        members = [m for m in members if m["status"] == status or (status == "failed" and m["status"] == "done with failures")]
+    groups: dict[Any, dict[str, Any]] = {}
+    for m in members:
+        run = next((t[len(REGRESS_RUN_TAG):] for t in (m["sweep"].tags or []) if t.startswith(REGRESS_RUN_TAG)), None)
+        key = ("run", run) if run else ("sweep", m["sweep"].id)
+        if key not in groups:
+            groups[key] = {"sweep": m["sweep"], "run": run, "members": [], "progress": dict.fromkeys(m["progress"], 0),
+                           "tags": [t for t in (m["sweep"].tags or []) if not t.startswith(REGRESS_RUN_TAG)]}
+        g = groups[key]
+        g["members"].append(m)
+        for k, v in m["progress"].items():
+            g["progress"][k] += v
+    for g in groups.values():
+        shown = [m["status"] for m in g["members"]]
+        active = [s for s in shown if s in ("running", "queued")]
+        g["status"] = active[0] if active else display_status(g["sweep"].status if len(shown) == 1 else "done", g["progress"])
+    return list(groups.values())
 
 
 def _trial_dict(t: TuningTrial) -> dict[str, Any]:

@@ -76,14 +76,15 @@ def decode_samples(blob: bytes) -> list[float]:
 
 
 def create_sweep(
-    session: Session, *, name: str, tags: Sequence[str], spec: Mapping[str, Any], points: Sequence[Mapping[str, Any]]
+    session: Session, *, name: str, tags: Sequence[str], spec: Mapping[str, Any], points: Sequence[Mapping[str, Any]],
+    owner: str | None = None,
 ) -> Sweep:
     """Store a sweep and its expanded points (queued, or skipped with a reason).
 
     Each point dict has the `Point` columns `idx, key, params, op, mode, backend, B, T, H, K, V, lb, W, layout,
     direction, dtype, seed` and optionally `status` ("queued" | "skipped", default "queued"), `reason`,
     `max_attempts` (default 3) and `device_kind` ("cuda" | "cpu" | None). A sweep with nothing to run is `done`
-    at once.
+    at once. `owner`: only the worker claiming with this token may take its points (None: any worker).
     """
     rows = []
     for i, point in enumerate(points):
@@ -114,6 +115,7 @@ def create_sweep(
         n_points=len(rows),
         created_at=now,
         finished_at=None if runnable else now,
+        owner=owner,
     )
     session.add(sweep)
     session.flush()

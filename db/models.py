@@ -92,6 +92,9 @@ class Sweep(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # the one worker (its `owner` token) that may claim the points: `cpbench run` and `cpbench regress` work their
+    # own sweeps in-process; NULL = any worker (db.queue.claim_point)
+    owner: Mapped[str | None] = mapped_column(String(128), index=True)
     points: Mapped[list[Point]] = relationship(back_populates="sweep", cascade="all, delete-orphan", order_by="Point.idx")
 
 

@@ -146,6 +146,7 @@ def claim_point(
     max_W: int | None = None,
     device_kind: str | None = None,
     now: datetime | None = None,
+    owner: str | None = None,
 ) -> Point | None:
     """Take the oldest queued point of a live sweep that this worker can run, under a lease; commits.
 
@@ -156,6 +157,8 @@ def claim_point(
         device_kind (str, Optional): only points for this kind of device ("cuda" | "cpu") or for any.
             Default: `None` (every point).
         now (datetime, Optional): the current time (tests). Default: the store's clock.
+        owner (str, Optional): claim only the sweeps owned by this token (`cpbench run` / `regress` working their
+            own sweeps). Default: `None` (only sweeps without an owner).
 
     Returns:
         The claimed point (status `running`, `attempts` counted), or None when nothing is left for this worker.
@@ -183,6 +186,7 @@ def claim_point(
             stmt = stmt.where(Point.W <= max_W)  # noqa: SIM300  (W is a column, not a constant)
         if device_kind is not None:
             stmt = stmt.where((Point.device_kind.is_(None)) | (Point.device_kind == device_kind))
+        stmt = stmt.where(Sweep.owner.is_(None) if owner is None else Sweep.owner == owner)
         point = session.execute(stmt).scalar_one_or_none()
         if point is not None:
             point.status = "running"

@@ -10,14 +10,18 @@ the sweep itself skip what this machine cannot do (`cpbench run` passes its own 
 the spec's own rules apply and workers pick points by W and device kind at claim time.
 
 `run_until_done` runs a worker (`runners.worker.run_worker`) in this process until the sweep is done or
-cancelled, and returns the sweep's final progress counts. Note: the queue has no per-sweep claim, so while
-it runs the worker also takes points of other queued sweeps that come first.
+cancelled, and returns the sweep's final progress counts. A sweep submitted with an `owner` token (`new_owner()`) is
+claimed only by a worker given the same token and never by the others; `cpbench run` and `cpbench regress` own
+their sweeps this way, so their in-process worker works exactly their points.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
+import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,7 +35,7 @@ if TYPE_CHECKING:
 
     from db.models import Sweep
 
-__all__ = ["run_until_done", "submit_spec"]
+__all__ = ["new_owner", "run_until_done", "submit_spec"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,10 +49,12 @@ def submit_spec(
     max_W: int | None = None,
     backends: Iterable[str] | None = None,
     keys: Collection[str] | None = None,
+    owner: str | None = None,
 ) -> Sweep:
     """Expand the spec's grid and store the sweep with its points (queued or skipped); flushes, the caller commits.
 
-    keys: keep only the points with these keys (a regression round rerunning some keys of a suite).
+    keys: keep only the points with these keys (a regression round rerunning some keys of a suite). owner: only a
+    worker with this token works the sweep (see the module doc).
     """
     from db import crud
 
@@ -62,9 +68,15 @@ def submit_spec(
     device_kind = _DEVICE_KIND[spec.device]
     for p in points:
         p["device_kind"] = device_kind
-    sweep = crud.create_sweep(session, name=spec.name, tags=spec.tags, spec=spec.model_dump(mode="json"), points=points)
+    sweep = crud.create_sweep(session, name=spec.name, tags=spec.tags, spec=spec.model_dump(mode="json"), points=points,
+                              owner=owner)
     logger.info("submitted sweep %s %r: %d points", sweep.id, spec.name, len(points))
     return sweep
+
+
+def new_owner(verb: str) -> str:
+    """A fresh owner token for the sweeps one process submits and works itself: `<verb>:<host>:<pid>:<random>`."""
+    return f"{verb}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"[:128]
 
 
 def run_until_done(
@@ -79,7 +91,8 @@ def run_until_done(
     """Work the sweep in this process until it is done or cancelled; returns its final progress counts.
 
     progress(counts) is called at the start and after each point (counts per status plus `total`).
-    Extra keyword arguments go to `run_worker` (lease_s, heartbeat_s, device_kind, artifact_dir, on_point...).
+    Extra keyword arguments go to `run_worker` (lease_s, heartbeat_s, device_kind, artifact_dir, on_point, owner:
+    the sweep's owner token when it has one...).
     """
     from db import crud
     from db.session import session_scope

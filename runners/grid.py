@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import logging
+import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -52,13 +53,20 @@ def available_modes() -> tuple[str, ...] | None:
 
 
 def available_backends() -> tuple[str, ...]:
-    """Benchmark backends usable in this process: torch always, triton and fla when installed."""
+    """Benchmark backends usable in this process: torch always, fla when installed, triton when installed and a CUDA
+    device is present or the interpreter is on (TRITON_INTERPRET=1; `cpbench` sets it for CPU runs)."""
     out = ["torch"]
-    if importlib.util.find_spec("triton") is not None:
+    if importlib.util.find_spec("triton") is not None and (os.environ.get("TRITON_INTERPRET") == "1" or _cuda()):
         out.append("triton")
     if importlib.util.find_spec("fla") is not None:
         out.append("fla")
     return tuple(out)
+
+
+def _cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def tokens(params: dict[str, Any]) -> int:

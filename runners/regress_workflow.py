@@ -84,20 +84,23 @@ def _device_name(devices: int | None) -> tuple[str, int]:
     return (info.names[0] if info.kind == "cuda" and info.names else "cpu"), info.count
 
 
-def _submit(session: Any, spec: SweepSpec, *, keys: set[str] | None, max_W: int) -> int:
+def _submit(session: Any, spec: SweepSpec, *, keys: set[str] | None, max_W: int, owner: str | None = None) -> int:
     """Store one run of the suite as a sweep; with `keys`, only those keys' points (the rest of the grid is left out)."""
     from runners.engine import submit_spec
     from runners.grid import available_backends
 
-    return submit_spec(session, spec, max_W=max_W, backends=available_backends(), keys=keys).id
+    return submit_spec(session, spec, max_W=max_W, backends=available_backends(), keys=keys, owner=owner).id
 
 
 class _LocalWorker:
     """One worker in a background thread for the whole invocation, so its rank gangs are spawned once and reused
-    by every round (a round's sweeps are worked in queue order)."""
+    by every round (a round's sweeps are worked in queue order). It owns the run's sweeps (`owner`): it claims only
+    them, and no other worker on the store does, so every timing of a regression run comes from this one worker."""
 
     def __init__(self, url: str, devices: int | None) -> None:
-        self.url, self.devices = url, devices
+        from runners.engine import new_owner
+
+        self.url, self.devices, self.owner = url, devices, new_owner("regress")
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
@@ -106,7 +109,7 @@ class _LocalWorker:
         from runners.worker import run_worker
 
         try:
-            run_worker(self.url, devices=self.devices, stop_event=self.stop)
+            run_worker(self.url, devices=self.devices, stop_event=self.stop, owner=self.owner)
         except BaseException as err:  # noqa: BLE001 - handed to the waiting thread, which raises it
             self.error = err
 
@@ -141,7 +144,7 @@ def _run_round(url: str, worker: _LocalWorker, spec: SweepSpec, *, n_runs: int, 
 
     tagged = spec.model_copy(update={"tags": list(dict.fromkeys([*spec.tags, *tags]))})
     with session_scope(url) as s:
-        ids = [_submit(s, tagged, keys=keys, max_W=max_W) for _ in range(n_runs)]
+        ids = [_submit(s, tagged, keys=keys, max_W=max_W, owner=worker.owner) for _ in range(n_runs)]
     what = "the whole suite" if keys is None else f"{len(keys)} key(s)"
     echo(f"{label}: {n_runs} run(s) of {what}: sweeps {', '.join(map(str, ids))}")
     worker.wait(ids)

@@ -264,6 +264,7 @@ class Worker:
         name: str | None = None,
         stop_event: threading.Event | None = None,
         artifact_dir: str | os.PathLike[str] | None = None,
+        owner: str | None = None,
     ) -> None:
         from db.session import resolve_url
         from db.settings import get_db_settings
@@ -278,6 +279,7 @@ class Worker:
         self.art_root = Path(artifact_dir if artifact_dir is not None else get_db_settings().ARTIFACT_DIR).resolve()
         self.spool_dir = Path(self.settings.SPOOL_DIR).resolve() if self.settings.SPOOL_DIR else self.art_root / "spool"
         self.stop_event = stop_event
+        self.owner = owner  # work only the sweeps submitted with this token (`cpbench run` / `regress`); None: unowned ones
         self.stats = WorkerStats(name=self.name)
         self.retry = StoreRetry(who=f"worker {self.name}", max_delay_s=self.settings.STORE_RETRY_MAX_S)
         self._stop_at: float | None = None
@@ -430,7 +432,8 @@ class Worker:
         assert self.info is not None
 
         def claim(s: Any) -> _Claim | None:
-            point = claim_point(s, worker=self.name, lease_s=self.lease_s, max_W=self.info.count, device_kind=self.info.kind)
+            point = claim_point(s, worker=self.name, lease_s=self.lease_s, max_W=self.info.count, device_kind=self.info.kind,
+                                owner=self.owner)
             if point is None:
                 return None
             c = _Claim(point.id, point.sweep_id, point.W, point.attempts, dict(point.params))
@@ -651,6 +654,7 @@ def run_worker(
     on_point: Callable[[int, str], None] | None = None,
     stop_event: threading.Event | None = None,
     artifact_dir: str | os.PathLike[str] | None = None,
+    owner: str | None = None,
 ) -> WorkerStats:
     """Build a `Worker` and run it (see the module docstring). Returns what was done.
 
@@ -659,10 +663,11 @@ def run_worker(
     devices: cap on ranks (GPUs, or CPU ranks). device_kind: force "cpu" or "cuda". name: the identity's prefix
     (a pid and a random suffix are added). until_sweep: exit when that sweep is finished. on_progress(progress):
     after each point of `until_sweep`. on_point(point_id, status): after each point. stop_event: set it to stop
-    like SIGTERM (from another thread).
+    like SIGTERM (from another thread). owner: work only the sweeps submitted with this owner token
+    (`cpbench run`, `cpbench regress`); None: only sweeps without an owner.
     """
     worker = Worker(url, lease_s=lease_s, heartbeat_s=heartbeat_s, devices=devices, device_kind=device_kind, name=name,
-                    stop_event=stop_event, artifact_dir=artifact_dir)
+                    stop_event=stop_event, artifact_dir=artifact_dir, owner=owner)
     return worker.run(once=once, max_points=max_points, until_sweep=until_sweep, on_progress=on_progress, on_point=on_point)
 
 

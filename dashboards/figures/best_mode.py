@@ -1,11 +1,16 @@
-"""Best-mode map: for each (B, T) cell, the fastest mode, per CP size W (columns) and decay bound lb (rows).
+"""Mode map: which CP mode to use for a shape, as a heatmap of T (rows, ascending) x CP size W (columns).
 
-Rows in, figure out. Each cell is a square marker coloured by the winning mode and labelled with its speedup over
-`none`; one trace per winning mode per facet, named after the mode. The CSV lists every cell with its runner-up.
+Rows in, figure out. The page slices the rows to one op and direction (and backend, H, K, V, dtype, layout); small
+multiples pick lb (columns) and B (rows). Each cell names the fastest EXACT mode at (B, T, W, lb), its speedup over
+`none` on one device, the runner-up exact mode and the runner-up's gap (how much slower it is); a "≈" mark says
+that an approximate scheme (tail_exchange / warmup_correct within a tolerance, `common.is_exact`) was faster still,
+and names it. Hover: the winner's p10-p90, sample count n, launch configs and collectives. One heatmap trace per
+winning mode per facet (`meta.kind == "best"`), named after the mode; `customdata[...][1]` is the winner's point id.
 """
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from typing import Any
 
@@ -14,78 +19,127 @@ from plotly.subplots import make_subplots
 
 from dashboards.figures.common import (
     base_layout,
-    cp_sizes,
     empty_figure,
-    facet_title,
     facet_values,
-    in_facet,
+    is_exact,
     measured,
     mode_color,
     mode_rank,
-    single_value_log_range,
+    none_medians,
+    run_W,
+    speedup,
 )
 
 NAME = "best_mode"
-TITLE = "Fastest mode per (B, T)"
-COLUMNS = ("W", "lb", "B", "T", "best_mode", "best_ms", "runner_up", "runner_up_ms", "none_ms", "speedup_vs_none",
-           "candidates")
+TITLE = "Mode map: fastest exact mode per T × W (speedup over one device, runner-up and gap)"
+COLUMNS = ("op", "direction", "lb", "B", "T", "W", "best_mode", "best_id", "best_ms", "p10_ms", "p90_ms", "n",
+           "speedup_vs_none", "exact", "runner_up", "runner_up_ms", "gap", "faster_approx", "faster_approx_ms", "candidates",
+           "configs", "collectives")
+APPROX_MARK = "≈"
+
+
+def _fastest_per_mode(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The fastest run of each mode (repetitions and seeds compete), fastest first."""
+    best: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r["mode"] not in best or r["median_ms"] < best[r["mode"]]["median_ms"]:
+            best[r["mode"]] = r
+    return sorted(best.values(), key=lambda r: (r["median_ms"], mode_rank(r["mode"])))
 
 
 def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (lb, W, B, T) cell; the fastest run of each mode competes."""
+    """One row per (op, direction, lb, B, T, W) cell that has at least one measured run."""
     done = measured(rows)
+    base = none_medians(done)
+    cells: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for r in done:
+        cells[(r.get("op"), r.get("direction"), r["lb"], r["B"], r["T"], run_W(r))].append(r)
     out = []
-    for lb in facet_values(done, "lb"):
-        for W in cp_sizes(done):
-            cells: dict[tuple[int, int], dict[str, float]] = defaultdict(dict)
-            for r in done:
-                if in_facet(r, W=W, lb=lb):
-                    best = cells[(r["B"], r["T"])]
-                    best[r["mode"]] = min(best.get(r["mode"], float("inf")), r["median_ms"])
-            for (B, T), by_mode in sorted(cells.items()):
-                ranked = sorted(by_mode.items(), key=lambda kv: (kv[1], mode_rank(kv[0])))
-                none_ms = by_mode.get("none")
-                out.append({
-                    "W": W, "lb": lb, "B": B, "T": T, "best_mode": ranked[0][0], "best_ms": ranked[0][1],
-                    "runner_up": ranked[1][0] if len(ranked) > 1 else None,
-                    "runner_up_ms": ranked[1][1] if len(ranked) > 1 else None,
-                    "none_ms": none_ms, "speedup_vs_none": none_ms / ranked[0][1] if none_ms else None,
-                    "candidates": len(ranked),
-                })
+    for (op, direction, lb, B, T, W), cands in sorted(cells.items(), key=lambda kv: tuple(map(str, kv[0][:2])) + kv[0][2:]):
+        ranked = _fastest_per_mode(cands)
+        exact = [r for r in ranked if is_exact(r)]
+        win = exact[0] if exact else ranked[0]
+        runner = exact[1] if len(exact) > 1 else None
+        approx = ranked[0] if exact and not is_exact(ranked[0]) else None
+        out.append({
+            "op": op, "direction": direction, "lb": lb, "B": B, "T": T, "W": W,
+            "best_mode": win["mode"], "best_id": win.get("id"), "best_ms": win["median_ms"],
+            "p10_ms": win.get("p10_ms"), "p90_ms": win.get("p90_ms"), "n": win.get("n"),
+            "speedup_vs_none": speedup(win, base), "exact": bool(exact),
+            "runner_up": runner["mode"] if runner else None, "runner_up_ms": runner["median_ms"] if runner else None,
+            "gap": runner["median_ms"] / win["median_ms"] - 1.0 if runner else None,
+            "faster_approx": approx["mode"] if approx else None,
+            "faster_approx_ms": approx["median_ms"] if approx else None,
+            "candidates": len(ranked), "configs": win.get("configs"), "collectives": win.get("collectives"),
+        })
     return out
+
+
+def _label(c: dict[str, Any]) -> str:
+    mark = "" if c["exact"] else f" {APPROX_MARK}"
+    lines = [f"<b>{c['best_mode']}</b>{mark}"]
+    if c["speedup_vs_none"] is not None:
+        lines.append(f"{c['speedup_vs_none']:.2f}×")
+    if c["runner_up"]:
+        lines.append(f"2nd {c['runner_up']} +{100 * c['gap']:.0f}%")
+    if c["faster_approx"]:
+        lines.append(f"{APPROX_MARK} {c['faster_approx']} {c['best_ms'] / c['faster_approx_ms']:.2f}×")
+    return "<br>".join(lines)
+
+
+def _hover(c: dict[str, Any]) -> str:
+    spread = "" if c["p10_ms"] is None else f" (p10–p90 {c['p10_ms']:.4g}–{c['p90_ms']:.4g})"
+    lines = [f"<b>{c['best_mode']}</b> fastest exact at B={c['B']} T={c['T']} W={c['W']} lb={c['lb']:g}",
+             f"{c['best_ms']:.4g} ms{spread}, n={c['n']}",
+             "speedup vs none: " + ("—" if c["speedup_vs_none"] is None else f"{c['speedup_vs_none']:.2f}×")]
+    if c["runner_up"]:
+        lines.append(f"runner-up {c['runner_up']} {c['runner_up_ms']:.4g} ms (+{100 * c['gap']:.1f}%)")
+    if c["faster_approx"]:
+        lines.append(f"{APPROX_MARK} approximate {c['faster_approx']} faster: {c['faster_approx_ms']:.4g} ms")
+    if not c["exact"]:
+        lines.append(f"{APPROX_MARK} no exact mode measured here")
+    for key in ("collectives", "configs"):
+        if c[key]:
+            lines.append(f"{key}: {json.dumps(c[key], sort_keys=True)[:160]}")
+    return "<br>".join(lines)
 
 
 def figure(rows: list[dict[str, Any]]) -> go.Figure:
     table = frame(rows)
     if not table:
         return empty_figure(TITLE)
-    lbs, Ws = facet_values(table, "lb"), facet_values(table, "W")
-    fig = make_subplots(rows=len(lbs), cols=len(Ws), shared_xaxes=True, shared_yaxes=True,
-                        subplot_titles=[facet_title(W, lb, len(lbs)) for lb in lbs for W in Ws],
-                        horizontal_spacing=0.04, vertical_spacing=0.1)
+    lbs, Bs = facet_values(table, "lb"), facet_values(table, "B")
+    Ws, Ts = facet_values(table, "W"), facet_values(table, "T")
+    xs, ys = [f"W={W}" for W in Ws], [f"T={T}" for T in Ts]
+    titles = [" · ".join(t for t in (f"B={B}" if len(Bs) > 1 else "", f"lb={lb:g}" if len(lbs) > 1 else "") if t) or " "
+              for B in Bs for lb in lbs]
+    fig = make_subplots(rows=len(Bs), cols=len(lbs), subplot_titles=titles, horizontal_spacing=0.06,
+                        vertical_spacing=0.12 if len(Bs) > 1 else 0.0)
     shown: set[str] = set()
-    for i, lb in enumerate(lbs, start=1):
-        for j, W in enumerate(Ws, start=1):
-            by_mode: dict[str, list[dict[str, Any]]] = defaultdict(list)
-            for c in table:
-                if c["W"] == W and c["lb"] == lb:
-                    by_mode[c["best_mode"]].append(c)
-            for mode in sorted(by_mode, key=mode_rank):
-                cells = by_mode[mode]
-                label = ["" if c["speedup_vs_none"] is None else f"{c['speedup_vs_none']:.2f}×" for c in cells]
-                fig.add_trace(go.Scatter(
-                    x=[c["T"] for c in cells], y=[str(c["B"]) for c in cells], name=mode, legendgroup=mode,
-                    showlegend=mode not in shown, mode="markers+text", text=label, textposition="middle center",
-                    textfont={"size": 9, "color": "white"},
-                    marker={"symbol": "square", "size": 34, "color": mode_color(mode)},
-                    customdata=[[c["best_ms"], c["runner_up"] or "—"] for c in cells],
-                    hovertemplate=f"{mode} wins<br>B=%{{y}} T=%{{x}}<br>%{{customdata[0]:.4g}} ms"
-                                  "<br>runner-up %{customdata[1]}<br>vs none %{text}<extra></extra>",
-                    meta={"mode": mode, "W": W, "lb": lb, "kind": "best"},
+    for i, B in enumerate(Bs, start=1):
+        for j, lb in enumerate(lbs, start=1):
+            facet = {(c["T"], c["W"]): c for c in table if c["B"] == B and c["lb"] == lb}
+            for mode in sorted({c["best_mode"] for c in facet.values()}, key=mode_rank):
+                won = {k: c for k, c in facet.items() if c["best_mode"] == mode}
+                grid = [[won.get((T, W)) for W in Ws] for T in Ts]
+                fig.add_trace(go.Heatmap(
+                    x=xs, y=ys, z=[[None if c is None else 1 for c in row] for row in grid],
+                    text=[["" if c is None else _label(c) for c in row] for row in grid], texttemplate="%{text}",
+                    textfont={"size": 12, "color": "white"},
+                    customdata=[[["", None] if c is None else [_hover(c), c["best_id"]] for c in row] for row in grid],
+                    hovertemplate="%{customdata[0]}<extra></extra>", hoverongaps=False,
+                    colorscale=[[0, mode_color(mode)], [1, mode_color(mode)]], showscale=False, xgap=2, ygap=2,
+                    name=mode, legendgroup=mode, showlegend=mode not in shown,
+                    meta={"mode": mode, "B": B, "lb": lb, "kind": "best"},
                 ), row=i, col=j)
                 shown.add(mode)
-    fig.update_xaxes(type="log", range=single_value_log_range(r["T"] for r in table))
-    fig.update_yaxes(type="category")
-    fig.update_xaxes(title_text="T (tokens)", row=len(lbs))
-    fig.update_yaxes(title_text="B", col=1)
-    return base_layout(fig, TITLE, height=max(320, 260 * len(lbs)))
+    fig.update_xaxes(type="category", categoryorder="array", categoryarray=xs)
+    fig.update_xaxes(title_text="CP size", row=len(Bs))
+    fig.update_yaxes(type="category", categoryorder="array", categoryarray=ys)
+    fig.update_yaxes(title_text="tokens", col=1)
+    fig.add_annotation(text=f"{APPROX_MARK}: an approximate scheme (within a tolerance) is faster than the exact "
+                            "winner (named, with how much faster) · 2nd +x%: how much slower the runner-up is",
+                       xref="paper", yref="paper", x=0, y=0, yshift=-52, yanchor="top", showarrow=False,
+                       font={"size": 11})
+    height = max(300, len(Bs) * (90 * len(Ts) + 60) + 90)
+    return base_layout(fig, TITLE, height=height).update_layout(margin={"b": 90})

@@ -37,7 +37,7 @@ def _window(opts: dict) -> int:
 
 NAME = "comm"
 TITLE = "Collectives per step: measured (markers) vs cost model (dashed)"
-COLUMNS = ("facet_W", "mode", "W", "op", "backend", "B", "T", "H", "K", "V", "dtype", "measured_calls", "model_calls",
+COLUMNS = ("facet_W", "id", "mode", "W", "op", "backend", "B", "T", "H", "K", "V", "dtype", "measured_calls", "model_calls",
            "measured_bytes", "model_bytes", "measured_by_kind", "model_by_kind")
 
 
@@ -45,7 +45,7 @@ def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per profiled point (per CP-size facet), with the model's calls and bytes beside the measured ones."""
     prof = [r for r in rows if r.get("status", "done") == "done" and r.get("collectives") is not None]
     out = []
-    for W in cp_sizes(prof):
+    for W in cp_sizes(prof, none_is_reference=False):
         for r in sorted((r for r in prof if in_facet(r, W=W)), key=lambda r: (mode_rank(r["mode"]), r["B"], r["T"])):
             opts = (r.get("params") or {}).get("mode_options") or {}
             model_mode = "true_cp" if r["mode"] == "tail_exchange" and opts.get("fallback") == "true_cp" else r["mode"]
@@ -55,7 +55,7 @@ def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                               direction=r.get("direction") or "fwd", warmup_chunks=_window(opts))
             calls, nbytes = r.get("collectives") or {}, r.get("collective_bytes") or {}
             out.append({
-                **{c: r.get(c) for c in ("mode", "W", "op", "backend", "B", "T", "H", "K", "V", "dtype")}, "facet_W": W,
+                **{c: r.get(c) for c in ("id", "mode", "W", "op", "backend", "B", "T", "H", "K", "V", "dtype")}, "facet_W": W,
                 "measured_calls": sum(calls.values()), "measured_bytes": sum(nbytes.values()),
                 "model_calls": None if model is None else model.count,
                 "model_bytes": None if model is None else model.total_payload_bytes,
@@ -78,7 +78,7 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
             for i, (col, label) in enumerate((("calls", "calls"), ("bytes", "bytes")), start=1):
                 fig.add_trace(go.Scatter(
                     x=T, y=[p[f"measured_{col}"] for p in pts], name=mode, legendgroup=mode, showlegend=first and i == 1,
-                    mode="markers", marker={"color": mode_color(mode), "size": 9},
+                    mode="markers", marker={"color": mode_color(mode), "size": 9}, ids=[str(p["id"]) for p in pts],
                     customdata=[[B, str(p["measured_by_kind"])] for p in pts],
                     hovertemplate=f"{mode} measured<br>B=%{{customdata[0]}} T=%{{x}}<br>{label} %{{y:,}}"
                                   "<br>%{customdata[1]}<extra></extra>",

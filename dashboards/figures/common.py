@@ -59,14 +59,24 @@ def facet_values(rows: Iterable[dict[str, Any]], key: str) -> list[Any]:
     return sorted({r[key] for r in rows if r.get(key) is not None})
 
 
-def single_device(row: dict[str, Any]) -> bool:
-    """`none`, and any run on one device (W = 1, e.g. warmup_correct), is drawn in every CP-size facet."""
-    return row["mode"] == "none" or (row.get("W") or 1) == 1
+def run_W(row: dict[str, Any]) -> int:
+    """The CP size a row ran at (1 when unset)."""
+    return row.get("W") or 1
 
 
-def cp_sizes(rows: Sequence[dict[str, Any]]) -> list[int]:
-    """The CP sizes to facet by: those of the multi-device runs, or [1] when every run is on one device."""
-    return facet_values([r for r in rows if not single_device(r)], "W") or [1]
+def cp_sizes(rows: Sequence[dict[str, Any]], *, none_is_reference: bool = True) -> list[int]:
+    """The CP sizes to facet by: every W a row ran at. With `none_is_reference` (figures that draw `none` as a
+    dashed reference in every facet) a W=1 facet that would hold `none` alone is left out."""
+    ran = [r for r in rows if not (none_is_reference and r["mode"] == "none")]
+    return sorted({run_W(r) for r in ran}) or sorted({run_W(r) for r in rows})
+
+
+def is_reference(row: dict[str, Any], *, W: int) -> bool:
+    """`none` (one device) drawn in a facet of another CP size: a labelled reference line, not a point of it."""
+    return row["mode"] == "none" and run_W(row) == 1 and W != 1
+
+
+REFERENCE_NAME = "none (1 device)"
 
 
 def mode_series(rows: Iterable[dict[str, Any]]) -> list[tuple[tuple[str, int], list[dict[str, Any]]]]:
@@ -78,7 +88,22 @@ def mode_series(rows: Iterable[dict[str, Any]]) -> list[tuple[tuple[str, int], l
 
 
 def in_facet(row: dict[str, Any], *, W: int, lb: float | None = None) -> bool:
-    return (single_device(row) or row["W"] == W) and (lb is None or row["lb"] == lb)
+    """The row ran at CP size W (and decay bound lb when given): the only rows a facet of W plots as its own."""
+    return run_W(row) == W and (lb is None or row["lb"] == lb)
+
+
+EXACT_MODES = ("none", "headwise", "all_gather", "ring", "true_cp")
+
+
+def is_exact(row: dict[str, Any]) -> bool:
+    """Exact in fp32 (kernels/cp/README.md §3): the exact schemes, tail_exchange with `fallback: true_cp` and
+    warmup_correct with `fallback: exact`; tail_exchange's and warmup_correct's other policies are approximate."""
+    opts = (row.get("params") or {}).get("mode_options") or {}
+    if row["mode"] == "tail_exchange":
+        return opts.get("fallback") == "true_cp"
+    if row["mode"] == "warmup_correct":
+        return opts.get("fallback") == "exact"
+    return row["mode"] in EXACT_MODES or row["mode"] not in MODE_ORDER
 
 
 def baseline_key(row: dict[str, Any]) -> tuple[Any, ...]:
@@ -132,7 +157,7 @@ def log_t_axis(fig: go.Figure, table: Iterable[dict[str, Any]]) -> None:
 
 def empty_figure(title: str, message: str = "no data yet") -> go.Figure:
     fig = go.Figure()
-    fig.update_layout(title=title, xaxis={"visible": False}, yaxis={"visible": False},
+    fig.update_layout(title=title, height=220, template="plotly_white", xaxis={"visible": False}, yaxis={"visible": False},
                       annotations=[{"text": message, "showarrow": False, "font": {"size": 16}}])
     return fig
 

@@ -1,7 +1,9 @@
 """Latency vs sequence length per mode (log-log), faceted by CP size W (columns) and decay bound lb (rows).
 
-Rows in, figure out. One trace per (mode, B) per facet, named after its mode; `none` (one device) is drawn in every
-facet as the baseline, and each point's hover and CSV row carry its speedup over `none` of the same shape.
+Rows in, figure out. A facet of W holds only the runs at W: one trace per (mode, B), named after its mode (plotly
+`ids` = point ids). `none` (one device) is also drawn in every other facet as a dashed reference line named
+REFERENCE_NAME (`meta.kind == "reference"`, CSV `role` = reference); each point's hover and CSV row carry its speedup
+over `none` of the same shape.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from dashboards.figures.common import (
+    REFERENCE_NAME,
     base_layout,
     cp_sizes,
     empty_figure,
     facet_title,
     facet_values,
     in_facet,
+    is_reference,
     measured,
     mode_color,
     mode_rank,
@@ -30,7 +34,7 @@ from dashboards.figures.common import (
 
 NAME = "latency"
 TITLE = "Latency vs T per mode (median, p10–p90)"
-COLUMNS = ("facet_W", "lb", "mode", "W", "op", "backend", "layout", "B", "T", "H", "K", "V", "dtype", "direction",
+COLUMNS = ("facet_W", "role", "id", "lb", "mode", "W", "op", "backend", "layout", "B", "T", "H", "K", "V", "dtype", "direction",
            "median_ms", "p10_ms", "p90_ms", "speedup_vs_none")
 
 
@@ -41,9 +45,10 @@ def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for lb in facet_values(done, "lb"):
         for W in cp_sizes(done):
-            pts = [r for r in done if in_facet(r, W=W, lb=lb)]
+            pts = [r for r in done if (in_facet(r, W=W, lb=lb) or is_reference(r, W=W)) and r["lb"] == lb]
             for r in sorted(pts, key=lambda r: (mode_rank(r["mode"]), r["B"], r["T"])):
-                out.append({**{c: r.get(c) for c in COLUMNS}, "facet_W": W, "speedup_vs_none": speedup(r, base)})
+                out.append({**{c: r.get(c) for c in COLUMNS}, "facet_W": W, "speedup_vs_none": speedup(r, base),
+                            "role": "reference" if is_reference(r, W=W) else "measured"})
     return out
 
 
@@ -59,9 +64,13 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
     shown: set[str] = set()
     for i, lb in enumerate(lbs, start=1):
         for j, W in enumerate(Ws, start=1):
-            for (mode, B), pts in mode_series(r for r in table if r["facet_W"] == W and r["lb"] == lb):
-                fig.add_trace(_trace(mode, B, pts, Bs, W=W, lb=lb, showlegend=mode not in shown), row=i, col=j)
-                shown.add(mode)
+            for role in ("reference", "measured"):
+                for (mode, B), pts in mode_series(r for r in table
+                                                  if r["facet_W"] == W and r["lb"] == lb and r["role"] == role):
+                    name = REFERENCE_NAME if role == "reference" else mode
+                    fig.add_trace(_trace(mode, B, pts, Bs, W=W, lb=lb, role=role, showlegend=name not in shown),
+                                  row=i, col=j)
+                    shown.add(name)
     fig.update_xaxes(type="log", range=single_value_log_range(r["T"] for r in table))
     fig.update_yaxes(type="log")
     fig.update_xaxes(title_text="T (tokens)", row=len(lbs))
@@ -69,17 +78,22 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
     return base_layout(fig, TITLE, height=max(380, 320 * len(lbs)))
 
 
-def _trace(mode: str, B: int, pts: list[dict[str, Any]], Bs: list[int], *, W: int, lb: float, showlegend: bool) -> go.Scatter:
+def _trace(mode: str, B: int, pts: list[dict[str, Any]], Bs: list[int], *, W: int, lb: float, role: str,
+           showlegend: bool) -> go.Scatter:
+    ref = role == "reference"
+    name = REFERENCE_NAME if ref else mode
     med = [p["median_ms"] for p in pts]
     up = [(p["p90_ms"] - p["median_ms"]) if p.get("p90_ms") is not None else 0.0 for p in pts]
     down = [(p["median_ms"] - p["p10_ms"]) if p.get("p10_ms") is not None else 0.0 for p in pts]
     speed = ["—" if p["speedup_vs_none"] is None else f"{p['speedup_vs_none']:.2f}×" for p in pts]
     return go.Scatter(
-        x=[p["T"] for p in pts], y=med, name=mode, legendgroup=mode, showlegend=showlegend, mode="lines+markers",
-        line={"color": mode_color(mode), "dash": "dash" if mode == "none" else "solid"},
-        marker={"symbol": symbol(Bs.index(B)), "size": 7},
-        error_y={"type": "data", "symmetric": False, "array": up, "arrayminus": down, "thickness": 1, "width": 2},
+        x=[p["T"] for p in pts], y=med, name=name, legendgroup=name, showlegend=showlegend,
+        mode="lines" if ref else "lines+markers", ids=[str(p["id"]) for p in pts],
+        line={"color": mode_color(mode), "dash": "dash" if ref else ("dot" if mode == "none" else "solid"),
+              "width": 1.5 if ref else 2},
+        marker={"symbol": symbol(Bs.index(B)), "size": 7}, opacity=0.7 if ref else 1.0,
+        error_y={"visible": not ref, "type": "data", "symmetric": False, "array": up, "arrayminus": down, "thickness": 1, "width": 2},
         customdata=[[B, s] for s in speed],
-        hovertemplate=f"{mode}<br>B=%{{customdata[0]}} T=%{{x}}<br>%{{y:.4g}} ms<br>speedup vs none %{{customdata[1]}}<extra></extra>",
-        meta={"mode": mode, "B": B, "W": W, "lb": lb, "kind": "measured"},
+        hovertemplate=f"{name}<br>B=%{{customdata[0]}} T=%{{x}}<br>%{{y:.4g}} ms<br>speedup vs none %{{customdata[1]}}<extra></extra>",
+        meta={"mode": mode, "B": B, "W": W, "lb": lb, "kind": role},
     )

@@ -1,7 +1,8 @@
 """Host syncs and kernel launches per step, per mode, vs sequence length, faceted by CP size W.
 
 Rows in, figure out. DESIGN.md §2 asks every scheme to show zero host syncs in its steady-state step; this figure is
-where a regression shows. One trace per (mode, B) per panel, named after its mode.
+where a regression shows. One trace per (mode, B) per panel, named after its mode; a facet of W holds only the
+runs at W (plotly `ids` = point ids).
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ from dashboards.figures.common import (
 
 NAME = "syncs"
 TITLE = "Host syncs and kernel launches per step"
-COLUMNS = ("facet_W", "mode", "W", "op", "backend", "B", "T", "H", "K", "V", "host_syncs", "kernel_launches", "peak_memory_bytes")
+COLUMNS = ("facet_W", "id", "mode", "W", "op", "backend", "B", "T", "H", "K", "V", "host_syncs", "kernel_launches", "peak_memory_bytes")
 
 
 def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     prof = [r for r in rows if r.get("status", "done") == "done" and r.get("host_syncs") is not None]
     out = []
-    for W in cp_sizes(prof):
+    for W in cp_sizes(prof, none_is_reference=False):
         for r in sorted((r for r in prof if in_facet(r, W=W)), key=lambda r: (mode_rank(r["mode"]), r["B"], r["T"])):
             out.append({**{c: r.get(c) for c in COLUMNS}, "facet_W": W})
     return out
@@ -48,7 +49,7 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
                 fig.add_trace(go.Scatter(
                     x=[p["T"] for p in pts], y=[p[col] for p in pts], name=mode, legendgroup=mode,
                     showlegend=mode not in shown and i == 1, mode="lines+markers", line={"color": mode_color(mode)},
-                    customdata=[B] * len(pts),
+                    customdata=[B] * len(pts), ids=[str(p["id"]) for p in pts],
                     hovertemplate=f"{mode}<br>B=%{{customdata}} T=%{{x}}<br>{col.replace('_', ' ')} %{{y}}<extra></extra>",
                     meta={"mode": mode, "B": B, "W": W, "kind": "measured", "quantity": col},
                 ), row=i, col=j)

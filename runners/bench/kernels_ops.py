@@ -70,12 +70,12 @@ class Timer:
             r = do_bench(fn, warmup=warmup, rep=rep, quantiles=[0.5, 0.2, 0.8])
             return float(r[0]), float(r[1]), float(r[2])
         ts = []
-        for _ in range(3):
+        for _ in range(max(1, min(3, rep))):
             t0 = time.perf_counter()
             fn()
             ts.append((time.perf_counter() - t0) * 1e3)
         ts.sort()
-        return ts[1], ts[0], ts[2]
+        return ts[len(ts) // 2], ts[0], ts[-1]
 
 
 def _timed(timer: Timer, fn: Callable[..., Any], *args: Any, warmup: int = 25, rep: int = 200,

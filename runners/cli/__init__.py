@@ -13,9 +13,12 @@
 
 Verbs written elsewhere (`configs` with `tune`, `regress`, `bench`) are added when their module is importable.
 `serve` belongs to the server: `bench_server.cli` (the `cpbench` script) adds it to this app, so the import graph
-stays one-way (bench_server -> runners); `python -m runners.cli` is the engine's command without `serve`. Every verb that uses the store takes `--db URL` (alias `--database-url`).
-User mistakes (`CpbenchError`, an unmigrated store) print one red line and exit 1; anything else is a bug and
-keeps its traceback. `-v` logs at INFO, `-vv` at DEBUG (to stderr).
+stays one-way (bench_server -> runners); `python -m runners.cli` is the engine's command without `serve`. Every verb
+that uses the store takes `--db URL` (alias `--database-url`).
+User mistakes (`CpbenchError`, an unmigrated store, a bad verb, option or value) print one red line and exit 1;
+anything else is a bug and keeps its traceback. The verbs that run kernels on the CPU turn the Triton interpreter
+on themselves (`runners.cli.triton_cpu`). `-v` logs at INFO, `-vv` at DEBUG (to stderr); without it, lines a user
+cannot act on stay out (`runners.cli.logs`).
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ def _root(
     verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="log INFO (-v) or DEBUG (-vv) to stderr"),
 ) -> None:
     """cpbench: CP kernel benchmarking service."""
+    from runners.cli.logs import quiet
+
+    quiet(verbose)  # alembic INFO, Kineto's USDT lines, torch's all_gather FutureWarning: only at -v
     if verbose:
         level = logging.INFO if verbose == 1 else logging.DEBUG
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -94,12 +100,40 @@ def _settings_error(err: pydantic.ValidationError) -> str | None:
     return "invalid setting " + "; ".join(parts) + " (see ENVIRONMENT.md)"
 
 
+def _click_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
+    """(usage/parameter errors, aborts) of click and of the click that typer vendors (typer >= 0.17, `typer._click`),
+    whichever parses the command line."""
+    usage: list[type[BaseException]] = [click.exceptions.ClickException]
+    aborts: list[type[BaseException]] = [click.exceptions.Abort]
+    for module, names in (("typer._click.exceptions", ("ClickException",)), ("typer.exceptions", ("Abort",))):
+        try:
+            found = importlib.import_module(module)
+        except ImportError:
+            continue
+        for name in names:
+            if isinstance(cls := getattr(found, name, None), type):
+                (usage if name == "ClickException" else aborts).append(cls)
+    return tuple(usage), tuple(aborts)
+
+
+def _usage_line(err: BaseException) -> str:
+    """One line for a bad command line: the parser's message and where the help is."""
+    message = " ".join(str(getattr(err, "format_message", lambda: str(err))()).split())
+    ctx = getattr(err, "ctx", None)
+    where = ctx.command_path if ctx is not None and getattr(ctx, "command_path", None) else "cpbench"
+    return f"{message} (see `{where} --help`)"
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the app (the `cpbench` script is `bench_server.cli:main`, which adds `serve` first); `argv` defaults to `sys.argv[1:]`."""
     from db.errors import StoreNotMigratedError
+    from runners.cli.triton_cpu import use_interpreter_if_cpu
 
+    args = list(argv) if argv is not None else sys.argv[1:]
+    use_interpreter_if_cpu(args)  # before any verb imports Triton
+    usage_errors, aborts = _click_errors()
     try:
-        rc = app(args=list(argv) if argv is not None else None, prog_name="cpbench", standalone_mode=False)
+        rc = app(args=args, prog_name="cpbench", standalone_mode=False)
     except (CpbenchError, StoreNotMigratedError) as err:
         _fail(" ".join(str(err).split("\n")))
     except pydantic.ValidationError as err:
@@ -107,10 +141,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         if line is None:
             raise
         _fail(line)
-    except click.exceptions.ClickException as err:
-        err.show()
-        raise SystemExit(err.exit_code) from None
-    except click.exceptions.Abort:
+    except usage_errors as err:  # a bad verb, option or value: one line, exit 1, like every user error
+        if type(err).__name__ == "NoArgsIsHelpError":  # `cpbench` or `cpbench db` alone: the help, as asked
+            err.show()  # type: ignore[attr-defined]
+            raise SystemExit(0) from None
+        _fail(_usage_line(err))
+    except aborts:
         _fail("aborted")
     except KeyboardInterrupt:
         _fail("interrupted")

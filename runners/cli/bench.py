@@ -6,12 +6,15 @@
     cpbench bench train                            # our Triton forward+backward vs FLA's (runners/bench/kernels_train.py)
 
 Everything after the target is handed to that module's own argument parser; `cpbench bench kernels --help` lists it.
-Both write into `--out` (default benchmarks/results/); give CPU smoke runs another folder.
+Both write into `--out` (default benchmarks/results/); give CPU smoke runs another folder. `--dry-run` runs the
+Triton interpreter: this verb sets TRITON_INTERPRET=1 itself before the kernels are imported.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 
 import typer
 
@@ -32,6 +35,11 @@ def bench(
         return
     if target not in TARGETS:
         raise CpbenchError(f"unknown bench target {target!r}; expected one of {sorted(TARGETS)}")
+    if target == "kernels" and "--dry-run" in ctx.args and os.environ.get("TRITON_INTERPRET") != "1":
+        if "triton" in sys.modules:
+            raise CpbenchError("--dry-run needs TRITON_INTERPRET=1 set before Triton is imported; set it and rerun")
+        os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are decorated, i.e. at import
+        typer.echo("dry run: Triton interpreter on the CPU (TRITON_INTERPRET=1)", err=True)
     module = importlib.import_module(TARGETS[target])
     rc = module.main(list(ctx.args))
     if rc:

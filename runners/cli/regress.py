@@ -37,7 +37,7 @@ def regress_command(
     devices: int | None = typer.Option(None, "--devices", help="cap on GPUs (or CPU ranks) the runs use"),
 ) -> None:
     """Run a fixed suite and compare it with a baseline: exit 1 on a confirmed SLOW or a changed deterministic signal."""
-    from rich.console import Console
+    from runners.cli.common import out_console
 
     try:
         policy = Policy(alpha=alpha, min_effect=min_effect, max_effect=max(Policy().max_effect, min_effect))
@@ -49,7 +49,7 @@ def regress_command(
                          echo=typer.echo)
     if out.recorded:
         return
-    Console().print(console_table(out.verdicts, title=f"cpbench regress {out.run_id} vs {baseline}"))
+    out_console().print(console_table(out.verdicts, title=f"cpbench regress {out.run_id} vs {baseline}"))
     md, xml = out.reports or (None, None)
     n_fail = sum(v.failed for v in out.verdicts)
     typer.echo(f"reports: {md} {xml}")

@@ -32,7 +32,7 @@ def run(
     from db import crud
     from db.migrate import require_migrated
     from db.session import session_scope
-    from runners.engine import run_until_done, submit_spec
+    from runners.engine import new_owner, run_until_done, submit_spec
     from runners.grid import available_backends
     from runners.spec import load_spec
     from runners.worker import detect_devices
@@ -41,8 +41,9 @@ def run(
     require_migrated(url)
     sweep_spec = load_spec(spec)
     info = detect_devices(devices, kind="cpu" if cpu else None)
+    owner = new_owner("run")  # this process works the sweep; other workers on the store never claim its points
     with session_scope(url) as s:
-        sweep = submit_spec(s, sweep_spec, max_W=info.count, backends=available_backends())
+        sweep = submit_spec(s, sweep_spec, max_W=info.count, backends=available_backends(), owner=owner)
         sweep_id = sweep.id
     with session_scope(url) as s:
         start = crud.sweep_progress(s, sweep_id=sweep_id)
@@ -59,7 +60,7 @@ def run(
             finished = c["done"] + c["failed"] + c["skipped"] + c["cancelled"]
             bar.update(task, completed=finished, description=f"done {c['done']}  failed {c['failed']}  skipped {c['skipped']}")
 
-        final = run_until_done(url, sweep_id, progress=progress, devices=info.count, device_kind=info.kind)
+        final = run_until_done(url, sweep_id, progress=progress, devices=info.count, device_kind=info.kind, owner=owner)
     render_results(fetch_results(url, sweep_id), fmt, console=out_console(), title=f"sweep {sweep_id}: {sweep_spec.name}")
     if final["failed"]:
         err.print(f"[red]{final['failed']} point(s) failed[/red] (see `cpbench status {sweep_id}`)")

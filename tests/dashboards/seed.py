@@ -166,3 +166,35 @@ def seed_store(url: str, *, seed: int = 0) -> Seeded:
         seed_tuning(session, rng, sweep_id)
         nightly, keys = seed_nightly(session, rng, env.id)
     return Seeded(sweep_id=sweep_id, n_points=n, nightly_ids=nightly, keys=keys)
+
+
+FAILED_ERROR = ('Traceback (most recent call last):\n  File "runners/execute.py", line 1, in run\n    step()\n'
+                'RuntimeError: 0 active drivers ([]). There should only be one.')
+
+
+@dataclass
+class Extras:
+    failed_id: int
+    run_ids: list[int]
+    run: str
+
+
+def seed_index_extras(url: str, *, seed: int = 1, run: str = "r-0001", sweeps_in_run: int = 4) -> Extras:
+    """A sweep whose every point failed (a traceback each), and one regression run of `sweeps_in_run` sweeps tagged
+    `regress` and `regress-run:<run>`: what the sweeps list must show as failed and collapse."""
+    rng = random.Random(seed)
+    with session_scope(url) as session:
+        env = crud.get_or_create_environment(session, facts=FACTS)
+        session.flush()
+        pts = [point(i, mode=m, W=2, T=256, B=1, lb=-1.0, backend="triton") for i, m in enumerate(("ring", "true_cp"))]
+        failed = crud.create_sweep(session, name="all-failed", tags=["cpu"], spec={"name": "all-failed"}, points=pts)
+        _mark(session, failed, {p["idx"]: ("failed", FAILED_ERROR) for p in pts}, datetime.now(timezone.utc))
+        ids = []
+        specs = [point(0, mode="true_cp", W=2, T=1024, B=1, lb=-1.0)]
+        for i in range(sweeps_in_run):
+            sweep = crud.create_sweep(session, name=f"nightly-regress-{i}", tags=["regress", f"regress-run:{run}"],
+                                      spec={"name": "nightly"}, points=specs)
+            for pt in _mark(session, sweep, {}, datetime.now(timezone.utc)):
+                _measure(session, pt.id, specs[pt.idx], env.id, model_ms(specs[pt.idx], rng))
+            ids.append(sweep.id)
+        return Extras(failed_id=failed.id, run_ids=ids, run=run)

@@ -1,8 +1,9 @@
 """The figure modules as pure functions: synthetic result rows in, plotly figures and CSV tables out.
 
 Scenarios: every sweep figure draws one trace name per mode present (and only those); latency facets by W and lb
-with `none` in every facet and the speedup it reports equal to none/mode; the best-mode map picks the argmin of
-each cell; the communication figure puts the cost model beside the measured counts; accuracy keeps the modes that
+holding only its own runs (`none` as the dashed reference elsewhere) and the speedup it reports equal to none/mode;
+the mode map names the fastest exact mode of each T x W cell with its runner-up, and marks a faster approximate one;
+scaling reports speedup, efficiency and the model; the communication figure puts the cost model beside the measured counts; accuracy keeps the modes that
 carry an error; tuning normalises to the best valid trial and marks rejected and chosen configs; history draws one
 line per key and one trace per non-SAME verdict; empty input gives a placeholder; render gives a div without any
 off-host URL and CSV with nested values as JSON.
@@ -20,8 +21,9 @@ from typing import Any
 import pytest
 
 from dashboards import render
-from dashboards.cost_model import comm_cost
-from dashboards.figures import SWEEP_FIGURES, accuracy, best_mode, comm, history, latency, syncs, tuning
+from dashboards.cost_model import comm_cost, model_speedup
+from dashboards.figures import SWEEP_FIGURES, accuracy, best_mode, comm, history, latency, scaling, syncs, tuning
+from dashboards.figures.common import REFERENCE_NAME
 from tests.dashboards.seed import CP_MODES, MODES, ONE_DEVICE_MODES, model_ms, point
 
 
@@ -58,10 +60,14 @@ def test_sweep_figure_one_trace_name_per_mode(name: str, modes: tuple[str, ...])
     traces = [t for t in fig.data if (t.meta or {}).get("kind") in ("measured", "best")]
     assert traces, f"{name} drew no trace"
     drawn = {t.meta["mode"] for t in traces}
+    references = {t.meta["mode"] for t in fig.data if (t.meta or {}).get("kind") == "reference"}
     if name == "best_mode":  # only modes that win a cell appear, and each winner is one of the modes
         assert drawn <= set(modes) and drawn
-    elif name == "accuracy":  # `none` is its own yardstick: no error vs none, but an error vs the reference
-        assert drawn == set(modes)
+    elif name == "scaling":  # `none` is the baseline every speedup divides
+        assert drawn == set(modes) - {"none"}
+    elif name == "latency":  # without a W=1 facet of its own, `none` is drawn only as the reference line
+        assert drawn | references == set(modes) and references == {"none"}
+        assert ("none" in drawn) == ("warmup_correct" in modes)
     else:
         assert drawn == set(modes)
     assert {t.name for t in traces} == drawn  # each trace is named after its mode
@@ -71,34 +77,76 @@ def test_latency_facets_and_speedup() -> None:
     rows = result_rows()
     fig = latency.figure(rows)
     table = latency.frame(rows)
-    # facets: lb in {-4, -1} x W in {2, 4}; `none` and warmup_correct (W=1) drawn in each facet
-    assert {(r["lb"], r["facet_W"]) for r in table} == {(lb, W) for lb in (-4.0, -1.0) for W in (2, 4)}
+    # facets: lb in {-4, -1} x W in {1, 2, 4}; each holds its own runs, `none` is a reference in W=2 and W=4
+    assert {(r["lb"], r["facet_W"]) for r in table} == {(lb, W) for lb in (-4.0, -1.0) for W in (1, 2, 4)}
     for lb in (-4.0, -1.0):
-        for W in (2, 4):
-            facet = {t.meta["mode"] for t in fig.data if t.meta["W"] == W and t.meta["lb"] == lb}
-            assert facet == set(MODES)
+        for W in (1, 2, 4):
+            facet = {t.meta["mode"] for t in fig.data if t.meta["W"] == W and t.meta["lb"] == lb and t.meta["kind"] == "measured"}
+            assert facet == (set(ONE_DEVICE_MODES) if W == 1 else set(CP_MODES))
+            ref = [t for t in fig.data if t.meta["W"] == W and t.meta["lb"] == lb and t.meta["kind"] == "reference"]
+            assert {t.name for t in ref} == (set() if W == 1 else {REFERENCE_NAME})
+            assert all(t.line.dash == "dash" for t in ref)
+    assert all(r["W"] == r["facet_W"] or r["role"] == "reference" for r in table)
     base = {(r["B"], r["T"], r["lb"]): r["median_ms"] for r in rows if r["mode"] == "none"}
     for r in table:
         assert r["speedup_vs_none"] == pytest.approx(base[(r["B"], r["T"], r["lb"])] / r["median_ms"], rel=1e-12)
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
 
 
-def test_best_mode_is_argmin_per_cell() -> None:
+def test_mode_map_is_fastest_exact_per_cell() -> None:
     rows = result_rows()
     table = best_mode.frame(rows)
-    assert len(table) == 2 * 2 * 3 * 2  # lb x W x T x B cells
+    assert len(table) == 2 * 3 * 2 * 3  # lb x T x B x W cells
     for cell in table:
-        cands = [r for r in rows if r["lb"] == cell["lb"] and r["T"] == cell["T"] and r["B"] == cell["B"]
-                 and (r["W"] == cell["W"] or r["W"] == 1)]
-        winner = min(cands, key=lambda r: r["median_ms"])
-        assert (cell["best_mode"], cell["best_ms"]) == (winner["mode"], winner["median_ms"])
-        none = next(r["median_ms"] for r in cands if r["mode"] == "none")
-        assert cell["speedup_vs_none"] == pytest.approx(none / winner["median_ms"])
-    # by construction true_cp at W=4 wins the largest cells, none wins the smallest
-    big = [c for c in table if c["T"] == 4096 and c["B"] == 2 and c["W"] == 4]
-    small = [c for c in table if c["T"] == 256 and c["B"] == 1]
-    assert {c["best_mode"] for c in big} == {"true_cp"}
-    assert {c["best_mode"] for c in small} == {"none"}
+        cands = [r for r in rows if (r["lb"], r["T"], r["B"], r["W"]) == (cell["lb"], cell["T"], cell["B"], cell["W"])]
+        exact = sorted((r for r in cands if r["mode"] != "warmup_correct"), key=lambda r: r["median_ms"])
+        assert (cell["best_mode"], cell["best_ms"], cell["best_id"]) == (exact[0]["mode"], exact[0]["median_ms"], exact[0]["id"])
+        none = next(r["median_ms"] for r in rows if r["mode"] == "none" and (r["lb"], r["T"], r["B"]) == (cell["lb"], cell["T"], cell["B"]))
+        assert cell["speedup_vs_none"] == pytest.approx(none / exact[0]["median_ms"])
+        if len(exact) > 1:
+            assert cell["runner_up"] == exact[1]["mode"]
+            assert cell["gap"] == pytest.approx(exact[1]["median_ms"] / exact[0]["median_ms"] - 1)
+    # by construction true_cp at W=4 wins the largest cells, none wins every W=1 cell (warmup_correct is slower)
+    assert {c["best_mode"] for c in table if c["T"] == 4096 and c["B"] == 2 and c["W"] == 4} == {"true_cp"}
+    assert {c["best_mode"] for c in table if c["W"] == 1} == {"none"}
+    fig = best_mode.figure(rows)
+    assert {t.type for t in fig.data} == {"heatmap"}
+    assert list(fig.layout.yaxis.categoryarray) == ["T=256", "T=1024", "T=4096"]  # T ascending, categorical
+    assert list(fig.layout.xaxis.categoryarray) == ["W=1", "W=2", "W=4"]
+
+
+def test_mode_map_marks_a_faster_approximate_scheme() -> None:
+    rows = result_rows()
+    fast = next(r for r in rows if r["mode"] == "warmup_correct" and (r["lb"], r["T"], r["B"]) == (-1.0, 256, 1))
+    fast["median_ms"] = 1e-4  # approximate (fallback auto): faster than none, but not the answer
+    cell = next(c for c in best_mode.frame(rows) if (c["lb"], c["T"], c["B"], c["W"]) == (-1.0, 256, 1, 1))
+    assert (cell["best_mode"], cell["faster_approx"], cell["exact"]) == ("none", "warmup_correct", True)
+    # every cell where warmup_correct beat none carries the mark naming it, and only those
+    faster = {(r["lb"], r["T"], r["B"]) for r in rows if r["mode"] == "warmup_correct"
+              for n in rows if n["mode"] == "none" and (n["lb"], n["T"], n["B"]) == (r["lb"], r["T"], r["B"])
+              and r["median_ms"] < n["median_ms"]}
+    assert (-1.0, 256, 1) in faster and len(faster) < 12
+    fig = best_mode.figure(rows)
+    labels = [t for trace in fig.data for line in trace.text for t in line if t]
+    assert sum(best_mode.APPROX_MARK + " warmup_correct" in t for t in labels) == len(faster)
+    fast["params"] = {**fast["params"], "mode_options": {"fallback": "exact"}}  # exact: now it is the answer
+    cell = next(c for c in best_mode.frame(rows) if (c["lb"], c["T"], c["B"], c["W"]) == (-1.0, 256, 1, 1))
+    assert (cell["best_mode"], cell["faster_approx"], cell["runner_up"]) == ("warmup_correct", None, "none")
+
+
+def test_scaling_speedup_efficiency_and_model() -> None:
+    rows = result_rows()
+    table = scaling.frame(rows)
+    none = {(r["lb"], r["T"], r["B"]): r["median_ms"] for r in rows if r["mode"] == "none"}
+    assert len(table) == len([r for r in rows if r["mode"] != "none"])
+    for r in table:
+        s = none[(r["lb"], r["T"], r["B"])] / r["median_ms"]
+        assert (r["speedup"], r["efficiency"]) == (pytest.approx(s), pytest.approx(s / r["W"]))
+        assert r["model_speedup"] == model_speedup(r["mode"], r["W"], T=r["T"] * r["B"])
+    assert model_speedup("headwise", 4, T=4096) == 4.0 and model_speedup("ring", 4, T=4096) == 1.0
+    assert model_speedup("true_cp", 2, T=4096) == pytest.approx(2 / 1.5) and model_speedup("none", 1, T=64) is None
+    fig = scaling.figure(rows)
+    assert names(fig, "model") == {f"{m} (model)" for m in CP_MODES}
 
 
 def test_comm_measured_beside_model() -> None:
@@ -124,7 +172,10 @@ def test_syncs_and_accuracy_tables() -> None:
     fig = accuracy.figure(rows)
     assert fig.layout.yaxis.type == "log"
     wc = [t for t in fig.data if t.meta["mode"] == "warmup_correct" and t.meta["quantity"] == "err_vs_none"]
-    assert len(wc) == 1 and sorted(set(wc[0].x)) == [-4.0, -1.0]
+    assert len(wc) == 1 and sorted({c[5] for c in wc[0].customdata}) == [-4.0, -1.0]  # the true lb in the hover
+    # modes are spread along x: no two modes share an x position
+    xs = [(t.meta["quantity"], x) for t in fig.data for x in set(t.x)]
+    assert len(xs) == len(set(xs))
 
 
 def test_exact_errors_and_single_length_stay_visible() -> None:
@@ -133,7 +184,11 @@ def test_exact_errors_and_single_length_stay_visible() -> None:
         r["err_vs_none"] = 0.0 if r["mode"] == "true_cp" else None
     fig = accuracy.figure(rows)
     drawn = next(t for t in fig.data if t.meta["mode"] == "true_cp" and t.meta["quantity"] == "err_vs_none")
-    assert set(drawn.y) == {accuracy.ZERO_FLOOR} and {c[4] for c in drawn.customdata} == {"0 (exact)"}
+    zero = accuracy.zero_level(accuracy.frame(rows))
+    assert zero == pytest.approx(1e-5)  # two decades under the smallest non-zero error (2e-3)
+    assert set(drawn.y) == {zero} and {c[4] for c in drawn.customdata} == {"exact (0)"}
+    assert fig.layout.yaxis.ticktext[0] == "exact (0)" and fig.layout.yaxis.tickvals[0] == zero
+    assert len(fig.layout.shapes) == 2  # the shaded band, in both rows
     assert {r["err_vs_none"] for r in accuracy.frame(rows) if r["mode"] == "true_cp"} == {0.0}
     # one sequence length: a log axis of half a decade each side, not an autorange over decades
     assert list(latency.figure(rows).layout.xaxis.range) == pytest.approx([math.log10(1024) - 0.5, math.log10(1024) + 0.5])

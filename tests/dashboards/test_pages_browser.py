@@ -2,9 +2,12 @@
 store.
 
 Scenarios: each page (sweeps list, one sweep, tuning, history) loads with no console error and no failed request;
-no request leaves 127.0.0.1 (plotly.js comes from /static); every chart holds one trace name per mode present in the
-data (read from `document.getElementById(div).data`); each figure's CSV link serves the table it plots; the sweeps
-list and the sweep page poll the JSON API for progress; a slice chosen in the page's form narrows the figures.
+no request leaves 127.0.0.1 (plotly.js comes from /static); every chart of a sweep with W in {1, 2, 4} and two lb
+values is non-empty, holds one trace name per mode present in the data and only its own points in each facet (read
+from `document.getElementById(div).data` and `.layout`); each figure's CSV link serves the table it plots; the sweeps
+list and the sweep page poll the JSON API for progress; a slice chosen in the page's form narrows the figures; a sweep
+whose points all failed shows "failed" with its traceback readable; the sweeps list filters by name, tag and status
+and collapses a regression run's sweeps into one row.
 """
 
 from __future__ import annotations
@@ -21,8 +24,11 @@ import pytest
 from bench_server.core.config import ServerSettings
 from bench_server.live import LiveServer
 from bench_server.main import create_app
+from dashboards import data
 from dashboards.figures import SWEEP_FIGURES
-from tests.dashboards.seed import MODES, Seeded
+from db.session import get_sessionmaker
+from tests.dashboards.seed import FAILED_ERROR, MODES, Extras, Seeded, seed_index_extras
+from tests.dashboards.test_facets import belongs, facet_of
 
 pytestmark = pytest.mark.browser
 
@@ -31,7 +37,12 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 
 
 @pytest.fixture(scope="module")
-def live(seeded_url: str, seeded: Seeded) -> Iterator[LiveServer]:
+def extras(seeded_url: str, seeded: Seeded) -> Extras:
+    return seed_index_extras(seeded_url)
+
+
+@pytest.fixture(scope="module")
+def live(seeded_url: str, seeded: Seeded, extras: Extras) -> Iterator[LiveServer]:
     app = create_app(ServerSettings(DATABASE_URL=seeded_url, API_TOKEN="browser-test-token-0123456789"))
     with LiveServer(app) as server:
         yield server
@@ -60,6 +71,10 @@ class PageVisit:
         self.page.on("request", lambda r: self.requests.append(r.url))
         self.page.on("requestfailed", lambda r: self.failed.append(f"{r.url}: {r.failure}"))
         self.response = self.page.goto(url, wait_until="load")
+
+    def figure_json(self, div: str) -> dict[str, Any]:
+        return self.page.evaluate("(id) => { const el = document.getElementById(id);"
+                                  " return JSON.parse(JSON.stringify({data: el.data, layout: el.layout})); }", div)
 
     def traces(self, div: str) -> list[dict[str, Any]]:
         return self.page.evaluate(
@@ -106,6 +121,8 @@ def test_sweep_page_one_trace_per_mode(visit: Any, live: LiveServer, seeded: See
         assert {t["name"] for t in measured} == modes, name
         if name == "best_mode":
             assert modes and modes <= set(MODES)
+        elif name == "scaling":  # `none` is the baseline of every speedup
+            assert modes == set(MODES) - {"none"}, name
         else:
             assert modes == set(MODES), name
         if name == "comm":
@@ -171,3 +188,64 @@ def test_api_docs_page_offline(visit: Any, live: LiveServer) -> None:
     assert any(u.endswith("/static/swagger/swagger-ui-bundle.js") for u in v.requests)
     v.check_clean()
     assert httpx.get(live.url + "/static/swagger/swagger-ui-bundle.js.map").status_code == 404
+
+
+def test_sweep_figures_non_empty_and_faceted(visit: Any, live: LiveServer, seeded: Seeded, seeded_url: str) -> None:
+    """W in {1, 2, 4}, lb in {-1, -4}: every figure draws points, and every point sits in its own facet."""
+    with get_sessionmaker(seeded_url)() as session:
+        by_id = {str(r["id"]): r for r in data.sweep_rows(session, seeded.sweep_id)}
+    assert {r["W"] for r in by_id.values()} >= {1, 2, 4} and len({r["lb"] for r in by_id.values()}) == 2
+    v = visit(f"{live.url}/sweeps/{seeded.sweep_id}")
+    for name in SWEEP_FIGURES:
+        fig = v.figure_json(f"fig-{name}")
+        points = 0
+        for trace in fig["data"]:
+            kind = (trace.get("meta") or {}).get("kind")
+            facet = facet_of(fig, trace)
+            if trace["type"] == "heatmap":
+                cells = [c[1] for line in trace["customdata"] for c in line if c[1] is not None]
+                assert all(belongs(by_id[str(pid)], facet) for pid in cells), name
+                points += len(cells)
+            elif kind == "measured":
+                points += len(trace["x"])
+                if trace.get("ids"):
+                    assert all(belongs(by_id[pid], facet) for pid in trace["ids"]), (name, facet)
+            elif kind == "reference":
+                assert all(by_id[pid]["mode"] == "none" and by_id[pid]["W"] == 1 for pid in trace["ids"])
+        assert points > 0, f"{name} is empty"
+    v.check_clean()
+
+
+def test_failed_sweep_page(visit: Any, live: LiveServer, extras: Extras) -> None:
+    v = visit(f"{live.url}/sweeps/{extras.failed_id}")
+    assert v.page.inner_text("#status") == "failed"
+    pre = v.page.inner_text("#errors pre.error")
+    assert pre == FAILED_ERROR  # the whole traceback, its line breaks kept
+    assert "2 points" in v.page.inner_text("#errors summary") and "0 active drivers" in v.page.inner_text("#errors summary")
+    # the figures say why they are empty instead of "no data yet"
+    notes = v.page.evaluate("() => [...document.querySelectorAll('section.figure .js-plotly-plot')]"
+                            ".map(el => (el.layout.annotations || []).map(a => a.text).join(' '))")
+    assert notes and all("no point finished: 2 failed" in n for n in notes)
+    v.check_clean()
+
+
+def test_sweeps_list_filters_and_collapses_runs(visit: Any, live: LiveServer, seeded: Seeded, extras: Extras) -> None:
+    v = visit(live.url + "/")
+    run_rows = v.page.locator("#sweeps tr[data-run]")
+    assert run_rows.count() == 1  # the run's four sweeps in one row
+    assert run_rows.first.get_attribute("data-members") == ",".join(str(i) for i in reversed(extras.run_ids))
+    assert v.page.locator("#sweeps tr[data-id]").count() == 1 + 1 + 3 + 1  # cp-demo, failed, 3 nightlies, the run
+    assert v.page.inner_text(f'#sweeps tr[data-id="{extras.failed_id}"] .status') == "failed"
+    v.check_clean()
+    failed = visit(live.url + "/?status=failed")
+    ids = failed.page.eval_on_selector_all("#sweeps tr[data-id]", "els => els.map(e => +e.dataset.id)")
+    assert ids == [extras.failed_id, seeded.sweep_id]  # cp-demo has one failed point: done with failures
+    assert failed.page.inner_text(f'#sweeps tr[data-id="{seeded.sweep_id}"] .status') == "done with failures"
+    by_tag = visit(live.url + "/?tag=regress")
+    assert by_tag.page.locator("#sweeps tr[data-id]").count() == 1 and by_tag.page.locator("#sweeps tr[data-run]").count() == 1
+    by_name = visit(live.url + "/?name=CP-DEMO")
+    assert by_name.page.eval_on_selector_all("#sweeps tr[data-id]", "els => els.map(e => +e.dataset.id)") == [seeded.sweep_id]
+    none = visit(live.url + "/?name=no-such-sweep")
+    assert "No sweep matches" in none.page.inner_text("main")
+    for page in (failed, by_tag, by_name, none):
+        page.check_clean()

@@ -17,7 +17,8 @@ Every axis takes a list or a single value. Example (`runners/suites/demo.yaml` i
 whole space).
 
 Limits (`runners.settings`): points per sweep, tokens per point, CP size. Errors are `SpecError`s whose message
-names the field (`axes.T.0: ...`) and the value received. Only the forward direction exists today.
+names the field (`axes.T.0: ...`) and the value received. `direction`: `fwd` (the forward step) or `fwd+bwd` (a
+training step: forward, then backward with a fixed output gradient).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ MODES = ("none", "headwise", "all_gather", "ring", "true_cp", "warmup_correct", 
 # benchmarked backends; "reference" (per-token fp32) is the correctness yardstick, not a contender
 BACKENDS = ("torch", "triton", "fla")
 LAYOUTS = ("contiguous", "zigzag")
-DIRECTIONS = ("fwd",)
+DIRECTIONS = ("fwd", "fwd+bwd")
 DTYPES = ("float32", "bfloat16", "float16")
 # modes that run on one device (W must be 1)
 SINGLE_DEVICE_MODES = ("none", "warmup_correct")
@@ -138,10 +139,6 @@ class Axes(BaseModel):
     @classmethod
     def _direction(cls, value: list[str]) -> list[str]:
         for d in value:
-            if d == "fwd+bwd":
-                raise PydanticCustomError(
-                    "direction", "only 'fwd' is supported now; 'fwd+bwd' waits for the backward kernels", {}
-                )
             if d not in DIRECTIONS:
                 raise PydanticCustomError("direction", "unknown direction '{d}'; expected one of {ok}", {"d": d, "ok": ", ".join(DIRECTIONS)})
         return _no_duplicates(value, "axis direction")

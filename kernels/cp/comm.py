@@ -45,6 +45,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+# torch >= 2.12 names it reduce_scatter_single (reduce_scatter_tensor deprecated); the same c10d op underneath
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _ALIGN = 16  # byte alignment of every packed field (>= the largest element size, keeps dtype views legal)
 
 
@@ -119,7 +121,7 @@ def reduce_scatter(x: Tensor, group: ProcessGroup | None) -> Tensor:
     """`x [W, ...]` (one block per destination rank) summed over ranks: this rank's block `[...]` (one reduce-scatter)."""
     x = x.contiguous()
     out = x.new_empty(x[0].numel())
-    dist.reduce_scatter_tensor(out, x.view(-1), group=group)
+    _REDUCE_SCATTER(out, x.view(-1), group=group)
     return out.view(x.shape[1:])
 
 

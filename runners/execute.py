@@ -260,7 +260,7 @@ def tune_job(rc: RankContext, payload: dict[str, Any]) -> dict[str, Any] | None:
         with session_scope(payload["url"]) as s:
             return ensure_tuned(s, op=params["op"], shape=tune_shape(params), device=rc.device,
                                 sweep_id=payload.get("sweep_id"), environment_id=payload.get("environment_id"),
-                                **(payload.get("tuning") or {}))
+                                direction=params.get("direction") or "fwd", **(payload.get("tuning") or {}))
     finally:
         install(previous)
 

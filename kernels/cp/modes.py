@@ -197,15 +197,15 @@ def forward(
         headwise.check(q, v, ctx)
     if mode == "tail_exchange":
         tail_exchange.resolve_options(opts)
+    train = needs_grad(q, k, v, g, beta)
+    if train and mode in (*HAND_BACKWARD, "warmup_correct") and resolve_backend(backend, q.device) == "reference":
+        raise ValueError(f"mode {mode!r} trains on the 'torch' or 'triton' backend (its backward is the chunked one), "
+                         f"got backend='reference'")
     if mode not in SINGLE_DEVICE:
         W, r = comm.group_size(group), comm.group_rank(group)
         if (W, r) != (ctx.world_size, ctx.rank):
             raise ValueError(f"group has size {W} and this rank is {r}, but ctx was built for world_size="
                              f"{ctx.world_size}, rank={ctx.rank}")
-    train = needs_grad(q, k, v, g, beta)
-    if train and mode in (*HAND_BACKWARD, "warmup_correct") and resolve_backend(backend, q.device) == "reference":
-        raise ValueError(f"mode {mode!r} trains on the 'torch' or 'triton' backend (its backward is the chunked one), "
-                         f"got backend='reference'")
     group_size = v.shape[2] // q.shape[2]
     if group_size > 1 and mode in (*HAND_BACKWARD, "warmup_correct"):
         # grouped value heads: these schemes run the transition and the backward on HV heads (autograd sums the

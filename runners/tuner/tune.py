@@ -117,8 +117,13 @@ def make_case(op: str, shape: Shape, device: torch.device | str) -> dict[str, An
     return {"q": q, "k": k, "v": v, "g": g, "beta": beta, "cu_seqlens": cu, "initial_state": h0}
 
 
-def op_runner(op: str, case: Mapping[str, Any], *, backend: str = "triton") -> RunFn:
-    """A RunFn: `kernels.forward(op, ..., output_final_state=True, config=configs)` -> (o, final_state)."""
+def op_runner(op: str, case: Mapping[str, Any], *, backend: str = "triton", direction: str = "fwd") -> RunFn:
+    """A RunFn: `kernels.forward(op, ..., output_final_state=True, config=configs)` -> (o, final_state).
+
+    direction `"fwd+bwd"`: the training step instead, forward then `o.backward(do)` with a fixed seeded `do` (the
+    configs reach the backward kernels through the op's autograd Function) -> (o, final_state, dq, dk, dv, dg,
+    dbeta); so every kernel the step launches, the backward's included, is seen, timed and checked.
+    """
     import kernels
 
     def run(configs: Mapping[str, LaunchConfig]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -126,7 +131,22 @@ def op_runner(op: str, case: Mapping[str, Any], *, backend: str = "triton") -> R
                                initial_state=case["initial_state"], output_final_state=True,
                                cu_seqlens=case["cu_seqlens"], backend=backend, config=dict(configs))
 
-    return run
+    if direction == "fwd":
+        return run
+    if direction != "fwd+bwd":
+        raise ValueError(f"direction must be 'fwd' or 'fwd+bwd', got direction={direction!r}")
+    v = case["v"]
+    gen = torch.Generator(device=v.device).manual_seed(1)
+    do = torch.randn(v.shape, generator=gen, device=v.device).to(case["q"].dtype)
+
+    def train(configs: Mapping[str, LaunchConfig]) -> tuple[torch.Tensor | None, ...]:
+        xs = [case[n].detach().requires_grad_() for n in ("q", "k", "v", "g", "beta")]
+        o, ht = kernels.forward(op, *xs, initial_state=case["initial_state"], output_final_state=True,
+                                cu_seqlens=case["cu_seqlens"], backend=backend, config=dict(configs))
+        o.backward(do)
+        return (o.detach(), ht.detach() if ht is not None else None, *(x.grad for x in xs))
+
+    return train
 
 
 def device_facts(device: torch.device | str) -> tuple[str, str | None]:

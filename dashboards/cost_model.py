@@ -1,4 +1,4 @@
-"""Communication cost model of the CP schemes (cp-schemes.md §5.2, forward, one layer): what the ranks should move.
+"""Communication cost model of the CP schemes (cp-schemes.md §5.2, one layer, forward and backward): what the ranks move.
 
 Pure arithmetic, no I/O: `comm_cost(mode, B=, T=, H=, K=, V=, W=, dtype_bytes=)` gives the number of collective
 calls per kind and their bytes, counted the way `runners.profile.merge_ranks` reports a measured step, so the
@@ -21,10 +21,21 @@ are fp32 (`state_bytes = 4`): a state is `H K V`, a transition summary `[M, S_ex
 | all_gather | 1 all_gather per rank | (N / W) in bytes per token |
 | true_cp | 1 all_gather per rank when any cut is internal, else 0 | parts per rank x H K (K + V) 4 |
 | ring | one send + one recv per internal cross-rank cut | per message H K V 4 |
-| tail_exchange | as ring | per message min(warmup_chunks C, N / P) in bytes per token |
+| tail_exchange | as ring | per message min(warmup_chunks C, N / P) x the k, v, g, beta bytes per token (no q) |
 
 `bytes_out` / `bytes_in` are the wire bytes of the busiest rank: all-gathers on a ring (a rank forwards W-1
 blocks), all-to-alls keeping 1/W of the buffer local, and for the chains the most messages one rank sends.
+
+The backward (`direction="bwd"`; `"fwd+bwd"` adds it to the forward, kind by kind; kernels/cp/README.md §7):
+
+| mode | calls (as profiled) | payload |
+|---|---|---|
+| none, warmup_correct | 0 | 0 |
+| headwise | 2 all_to_all per rank | as the forward (the gradients of the same tensors, same dtypes) |
+| all_gather | 1 reduce_scatter per rank | N x the input gradients per token in fp32 (the whole sequence's partials) |
+| true_cp | 1 all_gather per rank when any cut is internal | parts per rank x H K V 4 (the gradient terms G) |
+| ring | as the forward, reversed | per message H K V 4 |
+| tail_exchange | as the forward, reversed | per message min(warmup_chunks C, N / P) x the k, v, g, beta bytes per token |
 """
 
 from __future__ import annotations
@@ -32,10 +43,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["CHUNK_SIZE", "MODELLED_MODES", "CommCost", "bytes_per_token", "comm_cost", "crossing_cuts"]
+__all__ = ["CHUNK_SIZE", "DIRECTIONS", "MODELLED_MODES", "CommCost", "bytes_per_token", "comm_cost", "crossing_cuts"]
 
 CHUNK_SIZE = 64
 MODELLED_MODES = ("none", "headwise", "all_gather", "ring", "true_cp", "warmup_correct", "tail_exchange")
+DIRECTIONS = ("fwd", "bwd", "fwd+bwd")
 
 
 @dataclass(frozen=True)
@@ -109,16 +121,63 @@ def comm_cost(
     direction: str = "fwd",
     warmup_chunks: int | None = None,
 ) -> CommCost | None:
-    """Model of one layer forward; None where the model does not cover the case.
+    """Model of one layer in `direction` ("fwd", "bwd", "fwd+bwd"); None where the model does not cover the case.
 
-    `lengths` (varlen) replaces the B sequences of T tokens. None for: a mode outside MODELLED_MODES, a
-    `direction` other than "fwd" (the suite is forward-only), and `tail_exchange` without `warmup_chunks`.
+    `lengths` (varlen) replaces the B sequences of T tokens. None for: a mode outside MODELLED_MODES or a
+    direction outside DIRECTIONS, and `tail_exchange` without `warmup_chunks`.
     """
     for name, value in (("B", B), ("T", T), ("H", H), ("K", K), ("V", V), ("W", W), ("dtype_bytes", dtype_bytes)):
         if int(value) < 1:
             raise ValueError(f"{name} must be >= 1, got {name}={value!r}")
-    if mode not in MODELLED_MODES or direction != "fwd":
+    if mode not in MODELLED_MODES or direction not in DIRECTIONS:
         return None
+    kw = {"B": B, "T": T, "H": H, "K": K, "V": V, "W": W, "dtype_bytes": dtype_bytes, "op": op, "layout": layout,
+          "lengths": lengths, "gate_bytes": gate_bytes, "state_bytes": state_bytes, "warmup_chunks": warmup_chunks}
+    if direction == "fwd+bwd":
+        f, b = _forward(mode, **kw), _backward(mode, **kw)
+        if f is None or b is None:
+            return None
+        return CommCost(mode, _add(f.collectives, b.collectives), _add(f.payload_bytes, b.payload_bytes),
+                        f.bytes_out + b.bytes_out, f.bytes_in + b.bytes_in)
+    return (_backward if direction == "bwd" else _forward)(mode, **kw)
+
+
+def _add(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    return {k: a.get(k, 0) + b.get(k, 0) for k in sorted({*a, *b})}
+
+
+def _backward(mode: str, *, B: int, T: int, H: int, K: int, V: int, W: int, dtype_bytes: int, op: str, layout: str,
+              lengths: Sequence[int] | None, gate_bytes: int, state_bytes: int, warmup_chunks: int | None,
+              ) -> CommCost | None:
+    seqs = list(lengths) if lengths else [T] * B
+    tokens = sum(seqs)
+    if mode in ("none", "warmup_correct"):
+        return CommCost(mode)
+    if mode == "headwise":
+        return _forward(mode, B=B, T=T, H=H, K=K, V=V, W=W, dtype_bytes=dtype_bytes, op=op, layout=layout,
+                        lengths=lengths, gate_bytes=gate_bytes, state_bytes=state_bytes, warmup_chunks=warmup_chunks)
+    if mode == "all_gather":
+        payload = tokens * bytes_per_token(op, H=H, K=K, V=V, dtype_bytes=4, gate_bytes=4)[0]
+        wire = payload * (W - 1) // W
+        return CommCost(mode, {"reduce_scatter": 1}, {"reduce_scatter": payload}, wire, wire)
+    messages, internal, busiest = _cut_plan(seqs, W, layout)
+    if mode == "true_cp":
+        if internal == 0:
+            return CommCost(mode)
+        per_rank = 1 if layout == "contiguous" else 2
+        return _all_gather(mode, per_rank * H * K * V * state_bytes, W)
+    if mode == "ring":
+        return _chain(mode, H * K * V * state_bytes, messages, busiest)
+    if warmup_chunks is None:  # tail_exchange
+        return None
+    part = tokens // (W if layout == "contiguous" else 2 * W)
+    return _chain(mode, min(warmup_chunks * CHUNK_SIZE, part) * _tail_bytes(op, H, K, V, dtype_bytes, gate_bytes),
+                  messages, busiest)
+
+
+def _forward(mode: str, *, B: int, T: int, H: int, K: int, V: int, W: int, dtype_bytes: int, op: str, layout: str,
+             lengths: Sequence[int] | None, gate_bytes: int, state_bytes: int, warmup_chunks: int | None,
+             ) -> CommCost | None:
     seqs = list(lengths) if lengths else [T] * B
     tokens = sum(seqs)
     local = tokens // W
@@ -142,7 +201,14 @@ def comm_cost(
     if warmup_chunks is None:  # tail_exchange
         return None
     part = tokens // (W if layout == "contiguous" else 2 * W)
-    return _chain(mode, min(warmup_chunks * CHUNK_SIZE, part) * tok_in, messages, busiest)
+    return _chain(mode, min(warmup_chunks * CHUNK_SIZE, part) * _tail_bytes(op, H, K, V, dtype_bytes, gate_bytes),
+                  messages, busiest)
+
+
+def _tail_bytes(op: str, H: int, K: int, V: int, dtype_bytes: int, gate_bytes: int) -> int:
+    """Bytes per token of a tail_exchange message: k, v, beta (activation dtype) and the gate (no q)."""
+    gate = 1 if op == "gdn" else K
+    return H * ((K + V + 1) * dtype_bytes + gate * gate_bytes)
 
 
 def _all_gather(mode: str, payload: int, W: int) -> CommCost:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 
+from dashboards.cost_model import comm_cost
 from tests.runners.engine_fixtures import pg_store_url, store_url, write_spec  # noqa: F401
 
 pytestmark = pytest.mark.multiproc
@@ -63,6 +64,10 @@ def _check(rows: list[dict[str, Any]]) -> None:
             assert max(r["report"]["grad_errors_vs_none"].values()) <= 1e-4, where
             if r["W"] == 2:
                 assert r["collectives"] == FWD_BWD_W2[r["mode"]], where
+                model = comm_cost(r["mode"], B=1, T=128, H=2, K=16, V=16, W=2, dtype_bytes=4, direction="fwd+bwd",
+                                  warmup_chunks=2)
+                assert model is not None and model.collectives == r["collectives"], where
+                assert model.payload_bytes == r["collective_bytes"], (where, model, r["collective_bytes"])
     keys = {r["key"] for r in done}
     assert {k.replace("dir=fwd+bwd", "dir=fwd") for k in keys} == {k for k in keys if "dir=fwd," in k}
 

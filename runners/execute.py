@@ -239,10 +239,10 @@ def tune_shape(params: dict[str, Any]) -> dict[str, Any]:
         lengths = [int(params["T"])] * int(params["B"])
     if lengths:
         shape.update(B=1, T=int(sum(lengths)), lengths=list(lengths))
-    if params["mode"] == "headwise":
-        shape["H"] = int(params["H"]) // int(params["W"])
     if params.get("HV"):  # grouped value heads: the kernels run with q/k expanded to HV heads
         shape["H"] = int(params["HV"])
+    if params["mode"] == "headwise":
+        shape["H"] = int(shape["H"]) // int(params["W"])
     return shape
 
 

@@ -45,7 +45,7 @@ def train_step(fwd: Callable[[], Tensor], xs: Sequence[Tensor], do: Tensor) -> C
             x.grad = None
         o = fwd()
         o.backward(do)
-        return o
+        return o.detach()
 
     return step
 

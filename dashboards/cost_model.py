@@ -1,17 +1,12 @@
-"""Communication cost model of the CP schemes (cp-schemes.md §5.2, forward, one layer): what the ranks should move.
+"""Communication cost model of the CP schemes (cp-schemes.md §5.2, one layer, forward and backward): what the ranks move.
 
-No I/O: `comm_cost(mode, B=, T=, H=, K=, V=, W=, dtype_bytes=)` gives the number of collective calls per kind
-and their bytes, counted the way `runners.profile.merge_ranks` reports a measured step, so the communication
-figure can put the two side by side: group collectives (all-gather, all-to-all) per rank, point-to-point (send,
-recv) summed over the W ranks.
+Pure arithmetic, no I/O: `comm_cost(mode, B=, T=, H=, K=, V=, W=, dtype_bytes=)` gives the number of collective
+calls per kind and their bytes, counted the way `runners.profile.merge_ranks` reports a measured step, so the
+communication figure can put the two side by side: group collectives (all-gather, all-to-all) per rank,
+point-to-point (send, recv) summed over the W ranks.
 
-One source: the modes, the partition and the call counts are kernels.cp's own (`kernels.cp.MODES`,
-`build_context`, `expected_collectives_gang`, what the worker stores beside the measured profile); this module
-adds only the bytes. (dashboards -> kernels.cp is the one edge beside dashboards -> db: kernels.cp is the leaf
-library that owns the mode vocabulary, so the arrow still points down and nothing is re-derived.)
-
-How tokens sit on ranks (DESIGN.md §2, kernels.cp.context): the B sequences (or the varlen `lengths`) are one
-stream of N = B T tokens cut into P equal parts, P = W (`contiguous`: rank r holds part r) or P = 2W (`zigzag`:
+How tokens sit on ranks (DESIGN.md §2, as kernels.cp shards them): the B sequences (or the varlen `lengths`) are
+one stream of N = B T tokens cut into P equal parts, P = W (`contiguous`: rank r holds part r) or P = 2W (`zigzag`:
 rank r holds parts r and 2W-1-r). A cut between two parts is *internal* when it falls inside a sequence; only
 internal cuts between parts on different ranks need state to travel.
 
@@ -26,38 +21,41 @@ are fp32 (`state_bytes = 4`): a state is `H K V`, a transition summary `[M, S_ex
 | all_gather | 1 all_gather per rank | (N / W) in bytes per token |
 | true_cp | 1 all_gather per rank when any cut is internal, else 0 | parts per rank x H K (K + V) 4 |
 | ring | one send + one recv per internal cross-rank cut | per message H K V 4 |
-| tail_exchange | as ring | per message min(warmup_chunks C, N / P) in bytes per token |
-
-`model_speedup(mode, W, T=)` is the compute-only prediction of t(none) / t(mode at W) from the critical paths of
-kernels/cp/README.md §3: the device forward Φ is linear in tokens and heads, a transition (M, S_ext) costs
-TRANSITION_COST of a forward per token, and collective time is left out (so it is an upper bound where the
-collectives do not overlap):
-
-| mode | critical path | model speedup |
-|---|---|---|
-| headwise | Φ(T, H/W) | W |
-| all_gather, ring | Φ(T, H) | 1 |
-| true_cp | Φ_transition(T/W) + Φ(T/W) | W / (1 + TRANSITION_COST) |
-| tail_exchange | Φ_transition(window) + Φ(T/W) | W / (1 + TRANSITION_COST min(1, window 64 W / T)) |
+| tail_exchange | as ring | per message min(warmup_chunks C, N / P) x the k, v, g, beta bytes per token (no q) |
 
 `bytes_out` / `bytes_in` are the wire bytes of the busiest rank: all-gathers on a ring (a rank forwards W-1
 blocks), all-to-alls keeping 1/W of the buffer local, and for the chains the most messages one rank sends.
+
+`model_speedup(mode, W, T=)` is the compute-only prediction of t(none) / t(mode at W) from the critical paths of
+kernels/cp/README.md §3: the device forward Φ is linear in tokens and heads, a transition (M, S_ext) costs
+TRANSITION_COST of a forward per token, and collective time is left out (an upper bound where the collectives do
+not overlap): headwise W; all_gather and ring 1; true_cp W / (1 + TRANSITION_COST); tail_exchange
+W / (1 + TRANSITION_COST min(1, window 64 W / T)).
+
+The backward (`direction="bwd"`; `"fwd+bwd"` adds it to the forward, kind by kind; kernels/cp/README.md §7):
+
+| mode | calls (as profiled) | payload |
+|---|---|---|
+| none, warmup_correct | 0 | 0 |
+| headwise | 2 all_to_all per rank | as the forward (the gradients of the same tensors, same dtypes) |
+| all_gather | 1 reduce_scatter per rank | N x the input gradients per token in fp32 (the whole sequence's partials) |
+| true_cp | 1 all_gather per rank when any cut is internal | parts per rank x H K V 4 (the gradient terms G) |
+| ring | as the forward, reversed | per message H K V 4 |
+| tail_exchange | as the forward, reversed | per message min(warmup_chunks C, N / P) x the k, v, g, beta bytes per token |
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate
 
-import kernels.cp as cp
-
-__all__ = ["CHUNK_SIZE", "MODELLED_MODES", "TRANSITION_COST", "CommCost", "bytes_per_token", "comm_cost",
+__all__ = ["CHUNK_SIZE", "DIRECTIONS", "MODELLED_MODES", "TRANSITION_COST", "CommCost", "bytes_per_token", "comm_cost",
            "crossing_cuts", "model_speedup"]
 
 CHUNK_SIZE = 64
+MODELLED_MODES = ("none", "headwise", "all_gather", "ring", "true_cp", "warmup_correct", "tail_exchange")
+DIRECTIONS = ("fwd", "bwd", "fwd+bwd")
 TRANSITION_COST = 0.5  # a transition (M, S_ext) per token, relative to a forward per token (assumed)
-MODELLED_MODES = tuple(cp.MODES)
 
 
 @dataclass(frozen=True)
@@ -89,13 +87,28 @@ def bytes_per_token(op: str, *, H: int, K: int, V: int, dtype_bytes: int, gate_b
 
 def crossing_cuts(lengths: Sequence[int], W: int, layout: str = "contiguous") -> tuple[int, int]:
     """(internal cuts between parts on different ranks, internal cuts in all) of the token stream `lengths`."""
-    ctx = cp.build_context(_bounds(lengths), W, 0, layout)
-    internal = [i for i in range(ctx.num_parts - 1) if ctx.part_carries[i]]
-    return sum(ctx.part_owner[i][0] != ctx.part_owner[i + 1][0] for i in internal), len(internal)
+    messages, internal, _ = _cut_plan(lengths, W, layout)
+    return messages, internal
 
 
-def _bounds(lengths: Sequence[int]) -> list[int]:
-    return [0, *accumulate(int(n) for n in lengths)]
+def _cut_plan(lengths: Sequence[int], W: int, layout: str) -> tuple[int, int, int]:
+    """(cross-rank internal cuts, internal cuts, most messages one rank sends or receives)."""
+    if layout not in ("contiguous", "zigzag"):
+        raise ValueError(f"layout must be 'contiguous' or 'zigzag', got layout={layout!r}")
+    parts = W if layout == "contiguous" else 2 * W
+    total = sum(lengths)
+    ends, acc = set(), 0
+    for n in lengths:
+        acc += n
+        ends.add(acc)
+
+    def owner(part: int) -> int:
+        return part if part < W else 2 * W - 1 - part
+
+    internal = [i for i in range(1, parts) if (i * total) // parts not in ends]
+    hops = [(owner(i - 1), owner(i)) for i in internal if owner(i - 1) != owner(i)]
+    per_rank = [max(sum(src == r for src, _ in hops), sum(dst == r for _, dst in hops)) for r in range(W)]
+    return len(hops), len(internal), max(per_rank, default=0)
 
 
 def comm_cost(
@@ -116,51 +129,107 @@ def comm_cost(
     direction: str = "fwd",
     warmup_chunks: int | None = None,
 ) -> CommCost | None:
-    """Model of one layer forward; None where the model does not cover the case.
+    """Model of one layer in `direction` ("fwd", "bwd", "fwd+bwd"); None where the model does not cover the case.
 
-    `lengths` (varlen) replaces the B sequences of T tokens. None for: a mode outside `kernels.cp.MODES`, a
-    `direction` other than "fwd" (the suite is forward-only), and `tail_exchange` without `warmup_chunks`.
-    The call counts are `kernels.cp.expected_collectives_gang`'s; an unknown layout raises its ValueError.
+    `lengths` (varlen) replaces the B sequences of T tokens. None for: a mode outside MODELLED_MODES or a
+    direction outside DIRECTIONS, and `tail_exchange` without `warmup_chunks`.
     """
     for name, value in (("B", B), ("T", T), ("H", H), ("K", K), ("V", V), ("W", W), ("dtype_bytes", dtype_bytes)):
         if int(value) < 1:
             raise ValueError(f"{name} must be >= 1, got {name}={value!r}")
-    if layout not in cp.LAYOUTS:
-        raise ValueError(f"layout must be one of {cp.LAYOUTS}, got layout={layout!r}")
-    if mode not in cp.MODES or direction != "fwd" or (mode == "tail_exchange" and warmup_chunks is None):
+    if mode not in MODELLED_MODES or direction not in DIRECTIONS:
         return None
+    kw = {"B": B, "T": T, "H": H, "K": K, "V": V, "W": W, "dtype_bytes": dtype_bytes, "op": op, "layout": layout,
+          "lengths": lengths, "gate_bytes": gate_bytes, "state_bytes": state_bytes, "warmup_chunks": warmup_chunks}
+    if direction == "fwd+bwd":
+        f, b = _forward(mode, **kw), _backward(mode, **kw)
+        if f is None or b is None:
+            return None
+        return CommCost(mode, _add(f.collectives, b.collectives), _add(f.payload_bytes, b.payload_bytes),
+                        f.bytes_out + b.bytes_out, f.bytes_in + b.bytes_in)
+    return (_backward if direction == "bwd" else _forward)(mode, **kw)
+
+
+def _add(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    return {k: a.get(k, 0) + b.get(k, 0) for k in sorted({*a, *b})}
+
+
+def _backward(mode: str, *, B: int, T: int, H: int, K: int, V: int, W: int, dtype_bytes: int, op: str, layout: str,
+              lengths: Sequence[int] | None, gate_bytes: int, state_bytes: int, warmup_chunks: int | None,
+              ) -> CommCost | None:
+    seqs = list(lengths) if lengths else [T] * B
+    tokens = sum(seqs)
+    if mode in ("none", "warmup_correct"):
+        return CommCost(mode)
+    if mode == "headwise":
+        return _forward(mode, B=B, T=T, H=H, K=K, V=V, W=W, dtype_bytes=dtype_bytes, op=op, layout=layout,
+                        lengths=lengths, gate_bytes=gate_bytes, state_bytes=state_bytes, warmup_chunks=warmup_chunks)
+    if mode == "all_gather":
+        payload = tokens * bytes_per_token(op, H=H, K=K, V=V, dtype_bytes=4, gate_bytes=4)[0]
+        wire = payload * (W - 1) // W
+        return CommCost(mode, {"reduce_scatter": 1}, {"reduce_scatter": payload}, wire, wire)
+    messages, internal, busiest = _cut_plan(seqs, W, layout)
+    if mode == "true_cp":
+        if internal == 0:
+            return CommCost(mode)
+        per_rank = 1 if layout == "contiguous" else 2
+        return _all_gather(mode, per_rank * H * K * V * state_bytes, W)
+    if mode == "ring":
+        return _chain(mode, H * K * V * state_bytes, messages, busiest)
+    if warmup_chunks is None:  # tail_exchange
+        return None
+    part = tokens // (W if layout == "contiguous" else 2 * W)
+    return _chain(mode, min(warmup_chunks * CHUNK_SIZE, part) * _tail_bytes(op, H, K, V, dtype_bytes, gate_bytes),
+                  messages, busiest)
+
+
+def _forward(mode: str, *, B: int, T: int, H: int, K: int, V: int, W: int, dtype_bytes: int, op: str, layout: str,
+             lengths: Sequence[int] | None, gate_bytes: int, state_bytes: int, warmup_chunks: int | None,
+             ) -> CommCost | None:
     seqs = list(lengths) if lengths else [T] * B
     tokens = sum(seqs)
     local = tokens // W
     tok_in, tok_out = bytes_per_token(op, H=H, K=K, V=V, dtype_bytes=dtype_bytes, gate_bytes=gate_bytes)
-    calls, per_rank = cp.expected_collectives_gang(mode, _bounds(seqs), W, layout)
-    if not calls:
+    if mode in ("none", "warmup_correct"):
         return CommCost(mode)
     if mode == "headwise":
         payload = local * (tok_in + tok_out)
         wire = payload * (W - 1) // W
-        return CommCost(mode, dict(calls), {"all_to_all": payload}, wire, wire)
+        return CommCost(mode, {"all_to_all": 2}, {"all_to_all": payload}, wire, wire)
     if mode == "all_gather":
-        return _all_gather(mode, calls, local * tok_in, W)
+        return _all_gather(mode, local * tok_in, W)
+    messages, internal, busiest = _cut_plan(seqs, W, layout)
     if mode == "true_cp":
-        per_rank_parts = 1 if layout == "contiguous" else 2
-        return _all_gather(mode, calls, per_rank_parts * H * K * (K + V) * state_bytes, W)
-    busiest = max(max(c.get("send", 0), c.get("recv", 0)) for c in per_rank)
+        if internal == 0:
+            return CommCost(mode)
+        per_rank = 1 if layout == "contiguous" else 2
+        return _all_gather(mode, per_rank * H * K * (K + V) * state_bytes, W)
     if mode == "ring":
-        return _chain(mode, calls, H * K * V * state_bytes, busiest)
-    part = tokens // (W if layout == "contiguous" else 2 * W)  # tail_exchange
-    return _chain(mode, calls, min(int(warmup_chunks or 0) * CHUNK_SIZE, part) * tok_in, busiest)
+        return _chain(mode, H * K * V * state_bytes, messages, busiest)
+    if warmup_chunks is None:  # tail_exchange
+        return None
+    part = tokens // (W if layout == "contiguous" else 2 * W)
+    return _chain(mode, min(warmup_chunks * CHUNK_SIZE, part) * _tail_bytes(op, H, K, V, dtype_bytes, gate_bytes),
+                  messages, busiest)
 
 
-def _all_gather(mode: str, calls: dict[str, int], payload: int, W: int) -> CommCost:
-    return CommCost(mode, dict(calls), {"all_gather": payload}, (W - 1) * payload, (W - 1) * payload)
+def _tail_bytes(op: str, H: int, K: int, V: int, dtype_bytes: int, gate_bytes: int) -> int:
+    """Bytes per token of a tail_exchange message: k, v, beta (activation dtype) and the gate (no q)."""
+    gate = 1 if op == "gdn" else K
+    return H * ((K + V + 1) * dtype_bytes + gate * gate_bytes)
 
 
-def _chain(mode: str, calls: dict[str, int], message: int, busiest: int) -> CommCost:
-    """Point-to-point hand-offs of `message` bytes (`calls`: sends and recvs over the gang); the busiest rank sends
-    or receives `busiest` of them."""
-    payload = {k: n * message for k, n in calls.items()}
-    return CommCost(mode, dict(calls), payload, busiest * message, busiest * message)
+def _all_gather(mode: str, payload: int, W: int) -> CommCost:
+    return CommCost(mode, {"all_gather": 1}, {"all_gather": payload}, (W - 1) * payload, (W - 1) * payload)
+
+
+def _chain(mode: str, message: int, messages: int, busiest: int) -> CommCost:
+    """`messages` point-to-point hand-offs of `message` bytes; the busiest rank sends or receives `busiest`."""
+    if messages == 0:
+        return CommCost(mode)
+    total = messages * message
+    return CommCost(mode, {"send": messages, "recv": messages}, {"send": total, "recv": total},
+                    busiest * message, busiest * message)
 
 
 def model_speedup(mode: str, W: int, *, T: int, warmup_chunks: int = 2) -> float | None:

@@ -10,7 +10,9 @@ keeps the trace file). Rank 0 returns the measurement, every rank its profile.
 Modes (DESIGN §2): `none` is `kernels.forward` on the whole (dense or varlen) batch; `warmup_correct` is
 `kernels.cp.warmup_correct` on one device; every other mode is `kernels.cp.forward(mode, ...)` on the rank's
 shard of the flattened batch (`kernels.cp.build_context` / `shard`, built once per point, outside the step).
-The timed step is only that call: no gather, no host read.
+The timed step is only that call: no gather, no host read. A `direction: fwd+bwd` point times the training
+step instead (`runners.training`: forward + backward with the point's fixed `do`, gradients reset each sample)
+and its gate adds every input gradient (vs `none`'s and the reference's, max folded into the two errors).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from runners import training
 from runners.correctness import judge, rel_l2
 from runners.gang import RankContext
 from runners.profile import profile_step
@@ -44,6 +47,8 @@ class ModeRun:
     full_output: Callable[[], Tensor]  # the whole output [1, N, H, V] (or [B, T, H, V]) on rank 0, gathered
     report: Callable[[], dict[str, Any]]  # the scheme's own report (host values; call after timing)
     expected_collectives: dict[str, int] = field(default_factory=dict)  # kernels.cp's count for this rank
+    full_grads: Callable[[], list[Tensor]] | None = None  # fwd+bwd: the input gradients, gathered on rank 0
+    grad_errors: dict[str, float] = field(default_factory=dict)  # fwd+bwd: rel L2 error of each gradient vs none
 
 
 def _gather(o_local: Tensor, ctx_cp: Any, group: Any) -> Tensor:
@@ -67,13 +72,20 @@ def build_mode(params: dict[str, Any], wl: Workload, rc: RankContext, options: d
     peer = peer_of_point(params)
     if peer is not None:
         return _peer_mode(peer, params, wl, rc)
+    train = training.is_training(params)
     if mode == "none":
-        args = wl.tensors
+        args = training.leaves(wl.tensors) if train else wl.tensors
         cu = wl.cu_seqlens
 
         def step() -> Tensor:
             return kernels.forward(op, *args, cu_seqlens=cu, backend=backend)[0]
 
+        if train:
+            with torch.no_grad():
+                do = training.global_do(params, step())
+            tstep = training.train_step(step, args, do)
+            return ModeRun(step=tstep, full_output=tstep, report=lambda: {},
+                           full_grads=lambda: training.grads_of(tstep, args, lambda g: g))
         return ModeRun(step=step, full_output=step, report=lambda: {})
 
     from kernels import cp
@@ -83,9 +95,10 @@ def build_mode(params: dict[str, Any], wl: Workload, rc: RankContext, options: d
         wc = dict(params.get("mode_options") or {})
         holder: dict[str, Any] = {}
         bounds = flat.cu_seqlens_cpu
+        wc_args = training.leaves(flat.tensors) if train else flat.tensors
 
         def wc_step() -> Tensor:
-            o, rep = cp.warmup_correct(op, *flat.tensors, cu_seqlens=bounds, backend=backend, scale=None, **wc)
+            o, rep = cp.warmup_correct(op, *wc_args, cu_seqlens=bounds, backend=backend, scale=None, **wc)
             holder["report"] = rep
             return o
 
@@ -93,23 +106,40 @@ def build_mode(params: dict[str, Any], wl: Workload, rc: RankContext, options: d
             rep = holder.get("report")
             return {"warmup_correct": rep.to_dict()} if rep is not None and hasattr(rep, "to_dict") else {}
 
+        if train:
+            with torch.no_grad():
+                wc_do = training.global_do(params, wc_step())
+            wc_train = training.train_step(wc_step, wc_args, wc_do)
+            return ModeRun(step=wc_train, full_output=wc_train, report=wc_report,
+                           full_grads=lambda: training.grads_of(wc_train, wc_args, lambda g: g))
         return ModeRun(step=wc_step, full_output=wc_step, report=wc_report)
 
     W = rc.world_size
     ctx_cp = cp.build_context(flat.cu_seqlens_cpu, W, rc.rank, params["layout"])
     # a rank holds only its shard (a copy, so the global inputs can be freed before timing)
     shards = [cp.shard(x, ctx_cp).clone() for x in flat.tensors]
+    if train:
+        shards = training.leaves(shards)
     mode_opts = params.get("mode_options") or None
 
     def cp_step() -> Tensor:
         return cp.forward(mode, op, *shards, group=rc.group, ctx=ctx_cp, backend=backend, scale=None, options=mode_opts)
 
-    expected = dict(cp.expected_collectives(mode, ctx_cp, mode_opts))
+    expected = dict(cp.expected_collectives(mode, ctx_cp, mode_opts, "fwd+bwd" if train else "fwd"))
+    step, grads = cp_step, None
+    if train:
+        with torch.no_grad():
+            o_local = cp_step()
+        do_full = training.global_do(params, o_local.new_empty(1, ctx_cp.total_len, *o_local.shape[2:]))
+        step = training.train_step(cp_step, shards, cp.shard(do_full, ctx_cp))
+        grads = lambda: training.grads_of(step, shards, lambda g: _gather(g, ctx_cp, rc.group))  # noqa: E731
     return ModeRun(
-        step=cp_step,
-        full_output=lambda: _gather(cp_step(), ctx_cp, rc.group),
-        report=lambda: {},
+        step=step,
+        full_output=lambda: _gather(step(), ctx_cp, rc.group),
+        report=lambda: ({"expected_collectives_by_direction": {d: dict(cp.expected_collectives(mode, ctx_cp, mode_opts, d))
+                                                                for d in ("fwd", "bwd")}} if train else {}),
         expected_collectives=expected,
+        full_grads=grads,
     )
 
 
@@ -212,7 +242,36 @@ def _check(params: dict[str, Any], wl: Workload, run: ModeRun, rc: RankContext, 
             f = wl_r.flat() if params["mode"] != "none" else wl_r
             o_ref = kernels.reference(params["op"], *f.tensors, cu_seqlens=f.cu_seqlens)[0]
             err_ref = rel_l2(o_r, o_ref)
+    if run.full_grads is not None:   # fwd+bwd: every input gradient, vs none's and vs the reference's
+        err_none, err_ref = _check_grads(params, wl, run, rc, options, o_full, err_none, err_ref)
     return {"err_vs_none": err_none, "err_vs_reference": err_ref}
+
+
+def _check_grads(params: dict[str, Any], wl: Workload, run: ModeRun, rc: RankContext, options: dict[str, Any],
+                 o_full: Tensor, err_none: float | None, err_ref: float | None) -> tuple[float | None, float | None]:
+    """The gate's errors with the input gradients folded in (max over o, dq, dk, dv, dg, dbeta)."""
+    check = options.get("check") or {}
+    assert run.full_grads is not None
+    got = run.full_grads()
+    if rc.rank == 0:
+        do = training.global_do(params, o_full)
+        ref = training.reference_grads(params["op"], wl.tensors, do, cu_seqlens=wl.cu_seqlens, backend=params["backend"])
+        errs = [rel_l2(a, b) for a, b in zip(got, ref, strict=True)]
+        err_none = max([err_none or 0.0, *errs])
+        run.grad_errors = dict(zip(training.GRAD_NAMES, errs, strict=True))
+    if check.get("reference", True):
+        small = reduced_params(params, max_tokens=int(check.get("reference_tokens", 256)))
+        wl_r = make_workload(small, device=rc.device)
+        run_r = build_mode(small, wl_r, rc, options)
+        assert run_r.full_grads is not None
+        got_r = run_r.full_grads()
+        o_r = run_r.full_output()
+        if rc.rank == 0:
+            f = wl_r.flat() if params["mode"] != "none" else wl_r
+            do_r = training.global_do(small, o_r)
+            ref_r = training.reference_grads(params["op"], f.tensors, do_r, cu_seqlens=f.cu_seqlens, backend=None)
+            err_ref = max([err_ref or 0.0, *(rel_l2(a, b) for a, b in zip(got_r, ref_r, strict=True))])
+    return err_none, err_ref
 
 
 def _launch_configs() -> dict[str, Any]:
@@ -233,10 +292,10 @@ def tune_shape(params: dict[str, Any]) -> dict[str, Any]:
         lengths = [int(params["T"])] * int(params["B"])
     if lengths:
         shape.update(B=1, T=int(sum(lengths)), lengths=list(lengths))
-    if params["mode"] == "headwise":
-        shape["H"] = int(params["H"]) // int(params["W"])
     if params.get("HV"):  # grouped value heads: the kernels run with q/k expanded to HV heads
         shape["H"] = int(params["HV"])
+    if params["mode"] == "headwise":
+        shape["H"] = int(shape["H"]) // int(params["W"])
     return shape
 
 
@@ -254,7 +313,7 @@ def tune_job(rc: RankContext, payload: dict[str, Any]) -> dict[str, Any] | None:
         with session_scope(payload["url"]) as s:
             return ensure_tuned(s, op=params["op"], shape=tune_shape(params), device=rc.device,
                                 sweep_id=payload.get("sweep_id"), environment_id=payload.get("environment_id"),
-                                **(payload.get("tuning") or {}))
+                                direction=params.get("direction") or "fwd", **(payload.get("tuning") or {}))
     finally:
         install(previous)
 
@@ -315,6 +374,6 @@ def _run_point(rc: RankContext, payload: dict[str, Any]) -> dict[str, Any]:
             gate=gate.as_dict(),
             timing=timing.as_dict(),
             configs=configs,
-            report=_jsonable(run.report()),
+            report=_jsonable({**run.report(), **({"grad_errors_vs_none": run.grad_errors} if run.grad_errors else {})}),
         )
     return out

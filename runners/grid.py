@@ -141,10 +141,8 @@ def skip_reason(
     HV = int(params.get("HV") or H)
     if HV % H != 0:
         return f"grouped value heads need HV % H == 0, got H={H}, HV={HV}"
-    if HV != H and mode != "none":
-        return f"grouped value heads (HV={HV} != H={H}) run in mode 'none' only; the CP schemes take HV == H"
-    if mode == "headwise" and H % W != 0:
-        return f"headwise needs H % W == 0, got H={H}, W={W}"
+    if mode == "headwise" and (H % W != 0 or HV % W != 0):
+        return f"headwise needs H % W == 0 and HV % W == 0, got H={H}, HV={HV}, W={W}"
     if W > 1:
         n = tokens(params)
         parts = 2 * W if params["layout"] == "zigzag" else W

@@ -167,8 +167,9 @@ def summarize_events(events: Sequence[Any]) -> ProfileSummary:
         bytes_by_layer[layer][kind] = bytes_by_layer[layer].get(kind, 0) + nbytes
     layer = "dispatch" if by_layer["dispatch"] else "backend"
     collectives = {k: n for k, n in sorted(by_layer[layer].items()) if k != "barrier"}
-    blayer = "backend" if any(bytes_by_layer["backend"].values()) else "dispatch"
-    collective_bytes = {k: bytes_by_layer[blayer].get(k, 0) for k in collectives}
+    # per kind: the backend layer's bytes where it records them, else the dispatcher's (gloo's reduce-scatter
+    # event carries no input shape; its `c10d::_reduce_scatter_base_` does)
+    collective_bytes = {k: bytes_by_layer["backend"].get(k, 0) or bytes_by_layer["dispatch"].get(k, 0) for k in collectives}
 
     sync_events: dict[str, int] = {}
     host_syncs = 0

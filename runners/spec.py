@@ -17,7 +17,8 @@ Every axis takes a list or a single value. Example (`runners/suites/demo.yaml` i
 whole space).
 
 Limits (`runners.settings`): points per sweep, tokens per point, CP size. Errors are `SpecError`s whose message
-names the field (`axes.T.0: ...`) and the value received. Only the forward direction exists today.
+names the field (`axes.T.0: ...`) and the value received. `direction`: `fwd` (the forward step) or `fwd+bwd` (a
+training step: forward, then backward with a fixed output gradient).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ MODES = tuple(cp.MODES)
 # benchmarked backends; "reference" (per-token fp32) is the correctness yardstick, not a contender
 BACKENDS = ("torch", "triton", "fla")
 LAYOUTS = ("contiguous", "zigzag")
-DIRECTIONS = ("fwd",)
+DIRECTIONS = ("fwd", "fwd+bwd")
 DTYPES = ("float32", "bfloat16", "float16")
 
 # Strict: a JSON `true` is not the number 1. Every integer is bounded to fit a 32-bit column on both stores.
@@ -207,10 +208,6 @@ class Axes(BaseModel):
     @classmethod
     def _direction(cls, value: list[str]) -> list[str]:
         for d in value:
-            if d == "fwd+bwd":
-                raise PydanticCustomError(
-                    "direction", "only 'fwd' is supported now; 'fwd+bwd' waits for the backward kernels", {}
-                )
             if d not in DIRECTIONS:
                 raise PydanticCustomError("direction", "unknown direction '{d}'; expected one of {ok}", {"d": d, "ok": ", ".join(DIRECTIONS)})
         return _no_duplicates(value, "axis direction")

@@ -1,4 +1,4 @@
-"""The only module of the suite that calls torch.distributed: packed all-to-all, packed all-gather, ring send/recv.
+"""The only module of the suite that calls torch.distributed: packed all-to-all, packed all-gather, reduce-scatter, send/recv.
 
 Every collective moves ONE buffer: tensors of mixed dtypes (bf16 q/k/v with fp32 g, say) are packed
 byte-wise into a `[rows, row_bytes]` uint8 buffer, each field at a 16-byte aligned offset, so one
@@ -7,6 +7,7 @@ all_to_all / all_gather carries all of them; unpacking returns dtype views into 
 
     q_all, k_all = all_gather_packed([q, k], group)          # each [W, *shape]
     recv_blocks = all_to_all_packed([q_by_dst, g_by_dst], group)   # [W(dst), ...] -> [W(src), ...]
+    mine = reduce_scatter(partials_by_dst, group)             # [W(dst), ...] summed over ranks -> [...]
     work, buf = isend_packed([k_tail, v_tail, g_tail, b_tail], dst, group)   # one message for several tensors
     work, (k_t, v_t, g_t, b_t) = irecv_packed([(shape, dtype), ...], src, group, device)
 """
@@ -37,12 +38,15 @@ __all__ = [
     "isend",
     "isend_packed",
     "pack_rows",
+    "reduce_scatter",
     "unpack_rows",
     "wait_all",
 ]
 
 logger = logging.getLogger(__name__)
 
+# torch >= 2.12 names it reduce_scatter_single (reduce_scatter_tensor deprecated); the same c10d op underneath
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _ALIGN = 16  # byte alignment of every packed field (>= the largest element size, keeps dtype views legal)
 
 
@@ -111,6 +115,14 @@ def all_gather_packed(tensors: Sequence[Tensor], group: ProcessGroup | None) -> 
     buf = pack_rows(flat, 1)                                          # [1, row_bytes]
     got = all_gather(buf[0], group)                                   # [W, row_bytes]
     return [f.view(got.shape[0], *t.shape) for f, t in zip(unpack_rows(got, flat, 1), tensors, strict=True)]
+
+
+def reduce_scatter(x: Tensor, group: ProcessGroup | None) -> Tensor:
+    """`x [W, ...]` (one block per destination rank) summed over ranks: this rank's block `[...]` (one reduce-scatter)."""
+    x = x.contiguous()
+    out = x.new_empty(x[0].numel())
+    _REDUCE_SCATTER(out, x.view(-1), group=group)
+    return out.view(x.shape[1:])
 
 
 def all_to_all(x: Tensor, group: ProcessGroup | None) -> Tensor:

@@ -4,7 +4,13 @@ Exactly 2 all-to-all per forward: q, k, v, g, beta are packed byte-wise into ONE
 `[W(dst), row_bytes]` (rank d gets heads [d H/W, (d+1) H/W) of every local token), and the output goes
 back in one. Each rank then holds H/W heads of the whole sequence in global token order (zigzag shards
 are reordered by one index_select over parts) and runs one varlen forward over the global bounds. Needs
-H % W == 0 (ValueError otherwise). Option `segment_len` (default None) splits long sequences on each device.
+H % W == 0 and, with grouped value heads, HV % W == 0 (ValueError otherwise): rank d gets q/k heads
+[d H/W, (d+1) H/W) and value heads [d HV/W, (d+1) HV/W), which are exactly the ones they serve.
+Option `segment_len` (default None) splits long sequences on each device (forward only).
+
+Training: with inputs that require grad both all-to-alls are `comm_grad.all_to_all_grad`, so the backward
+is the two all-to-alls reversed (the output's gradient back to the head owners, then the input gradients
+packed into one buffer back to the token owners), around the local chunked backward on H/W heads.
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kernels.cp import comm, intra
+from kernels.autograd import needs_grad
+from kernels.cp import comm, comm_grad, intra
 from kernels.cp.all_gather import to_global_order
 from kernels.cp.context import CPContext
 
@@ -23,29 +30,29 @@ __all__ = ["forward"]
 OPTIONS = {"segment_len": None}
 
 
-def check(q: Tensor, ctx: CPContext) -> None:
-    H = q.shape[2]
-    if H % ctx.world_size:
-        raise ValueError(f"mode 'headwise' needs the head count divisible by the CP size, got H={H} (q.shape[2]) "
-                         f"and world_size={ctx.world_size}")
+def check(q: Tensor, v: Tensor, ctx: CPContext) -> None:
+    H, HV = q.shape[2], v.shape[2]
+    if H % ctx.world_size or HV % ctx.world_size:
+        raise ValueError(f"mode 'headwise' needs the head counts divisible by the CP size, got H={H} (q.shape[2]), "
+                         f"HV={HV} (v.shape[2]) and world_size={ctx.world_size}")
 
 
 def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
             backend: str, scale: float | None, options: dict[str, Any]) -> Tensor:
-    check(q, ctx)
-    W, Tl, H = ctx.world_size, ctx.local_len, q.shape[2]
-    Hl = H // W
-    # [1, Tl, H, *r] -> [W(dst), Tl, Hl, *r] views; the packing copy is the only copy on the way out
-    blocks = [x[0].reshape(Tl, W, Hl, *x.shape[3:]).transpose(0, 1) for x in (q, k, v, g, beta)]
-    got = comm.all_to_all_packed(blocks, group)                                   # each [W(src), Tl, Hl, *r]
-    qf, kf, vf, gf, bf = (to_global_order(x, ctx) for x in got)                    # [1, T, Hl, *r]
+    check(q, v, ctx)
+    W, Tl, HV = ctx.world_size, ctx.local_len, v.shape[2]
+    train = needs_grad(q, k, v, g, beta)
+    # [1, Tl, H, *r] -> [W(dst), Tl, H/W, *r] views; the packing copy is the only copy on the way out
+    blocks = [x[0].reshape(Tl, W, x.shape[2] // W, *x.shape[3:]).transpose(0, 1) for x in (q, k, v, g, beta)]
+    got = comm_grad.all_to_all_grad(blocks, group) if train else comm.all_to_all_packed(blocks, group)
+    qf, kf, vf, gf, bf = (to_global_order(x, ctx) for x in got)                    # [1, T, H/W, *r]
     cu = ctx.cu_seqlens
-    seg = intra.resolve_segment_len(options["segment_len"], [b - a for a, b in zip(cu[:-1], cu[1:], strict=True)],
-                                    Hl, q.device)
-    o = intra.split_forward(op, qf, kf, vf, gf, bf, cu, seg_len=seg, backend=backend, scale=scale)  # [1, T, Hl, V]
-    send = _to_rank_order(o[0], ctx)                                               # [W(dst), Tl, Hl, V]
-    back = comm.all_to_all(send, group)                                            # [W(src heads), Tl, Hl, V]
-    return back.permute(1, 0, 2, 3).reshape(1, Tl, H, o.shape[-1])
+    seg = None if train else intra.resolve_segment_len(
+        options["segment_len"], [b - a for a, b in zip(cu[:-1], cu[1:], strict=True)], HV // W, q.device)
+    o = intra.split_forward(op, qf, kf, vf, gf, bf, cu, seg_len=seg, backend=backend, scale=scale)  # [1, T, HV/W, V]
+    send = _to_rank_order(o[0], ctx)                                               # [W(dst), Tl, HV/W, V]
+    back = comm_grad.all_to_all_grad([send], group)[0] if train else comm.all_to_all(send, group)
+    return back.permute(1, 0, 2, 3).reshape(1, Tl, HV, o.shape[-1])               # [Tl, W(src heads), HV/W, V]
 
 
 def _to_rank_order(o: Tensor, ctx: CPContext) -> Tensor:

@@ -14,12 +14,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kernels.cp import all_gather, comm, headwise, none, ring, tail_exchange, true_cp
+from kernels.autograd import needs_grad
+from kernels.backends import resolve_backend
+from kernels.cp import all_gather, comm, headwise, none, ring, step_grad, tail_exchange, true_cp
 from kernels.cp import warmup_correct as warmup_module
 from kernels.cp.context import CPContext, build_context
 from kernels.validate import check_backend, check_op
 
-__all__ = ["MODES", "SINGLE_DEVICE", "expected_collectives", "expected_collectives_gang", "forward"]
+__all__ = ["DIRECTIONS", "MODES", "SINGLE_DEVICE", "expected_collectives", "expected_collectives_gang", "forward"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,40 +57,65 @@ SINGLE_DEVICE = ("none", "warmup_correct")
 # point-to-point kinds: a gang's count is the sum over ranks (group collectives: the max over ranks)
 P2P = ("send", "recv")
 
+# schemes that move computed states: their backward is written by hand (kernels.cp.step_grad); the others train
+# through plain autograd (the differentiable op + kernels.cp.comm_grad)
+HAND_BACKWARD = ("ring", "true_cp", "tail_exchange")
 
-def expected_collectives(mode: str, ctx: CPContext, options: Mapping[str, Any] | None = None) -> dict[str, int]:
-    """Collectives one step of `mode` issues on this rank: keys all_to_all, all_gather, send, recv (zeros omitted).
+
+DIRECTIONS: tuple[str, ...] = ("fwd", "bwd", "fwd+bwd")
+
+
+def expected_collectives(mode: str, ctx: CPContext, options: Mapping[str, Any] | None = None,
+                         direction: str = "fwd") -> dict[str, int]:
+    """Collectives one step of `mode` issues on this rank: keys all_to_all, all_gather, reduce_scatter, send, recv
+    (zeros omitted).
 
     `options`: the mode options of the step, where they change the count (tail_exchange's `fallback`).
+    `direction`: `"fwd"` (the forward), `"bwd"` (the backward alone) or `"fwd+bwd"` (their sum): the backward of
+    headwise is 2 all-to-alls, of all_gather 1 reduce-scatter, of true_cp 1 all-gather (when a sequence crosses a
+    part boundary), of ring and tail_exchange the forward's send/recv pairs reversed (README §7).
     """
     _check_mode(mode)
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got direction={direction!r}")
+    if direction == "fwd+bwd":
+        f = expected_collectives(mode, ctx, options, "fwd")
+        b = expected_collectives(mode, ctx, options, "bwd")
+        return {k: f.get(k, 0) + b.get(k, 0) for k in sorted({*f, *b})}
+    bwd = direction == "bwd"
     if mode == "tail_exchange":
         _, fallback = tail_exchange.resolve_options({**tail_exchange.OPTIONS, **(options or {})})
         if fallback == "true_cp":
             mode = "true_cp"
         else:
             s, r = tail_exchange.p2p_counts(ctx)
-            return {k: n for k, n in (("send", s), ("recv", r)) if n}
+            return _p2p(r, s) if bwd else _p2p(s, r)
     if mode == "headwise":
         return {"all_to_all": 2}
     if mode == "all_gather":
-        return {"all_gather": 1}
+        return {"reduce_scatter": 1} if bwd else {"all_gather": 1}
     if mode == "true_cp":
         return {"all_gather": 1} if ctx.any_crossing else {}
     if mode == "ring":
         s, r = ring.p2p_counts(ctx)
-        return {k: n for k, n in (("send", s), ("recv", r)) if n}
+        return _p2p(r, s) if bwd else _p2p(s, r)
     return {}
 
 
 def expected_collectives_gang(mode: str, cu_seqlens: Sequence[int], world_size: int, layout: str = "contiguous",
-                              options: Mapping[str, Any] | None = None) -> tuple[dict[str, int], list[dict[str, int]]]:
-    """(the gang's count, each rank's count) of one step of `mode`: `expected_collectives` on every rank, merged
-    as the profiler merges ranks (send/recv summed over the ranks, group collectives the max over the ranks)."""
-    per_rank = [expected_collectives(mode, build_context(cu_seqlens, world_size, r, layout), options) for r in range(world_size)]
+                              options: Mapping[str, Any] | None = None,
+                              direction: str = "fwd") -> tuple[dict[str, int], list[dict[str, int]]]:
+    """(the gang's count, each rank's count) of one step of `mode` in `direction`: `expected_collectives` on every
+    rank, merged as the profiler merges ranks (send/recv summed over the ranks, group collectives the max)."""
+    per_rank = [expected_collectives(mode, build_context(cu_seqlens, world_size, r, layout), options, direction)
+                for r in range(world_size)]
     kinds = sorted({k for c in per_rank for k in c})
     merged = {k: (sum if k in P2P else max)(c.get(k, 0) for c in per_rank) for k in kinds}
     return merged, per_rank
+
+
+def _p2p(sends: int, recvs: int) -> dict[str, int]:
+    return {k: n for k, n in (("send", sends), ("recv", recvs)) if n}
 
 
 def _check_mode(mode: Any) -> None:
@@ -105,8 +132,13 @@ def _check_inputs(op: str, q: Any, k: Any, v: Any, g: Any, beta: Any, ctx: CPCon
         if x.dim() != ndim or x.shape[0] != 1 or x.shape[1] != T:
             raise ValueError(f"{name} must be {ndim}-D [1, {T}, ...] (B = 1, the rank's {T} local tokens of the context), "
                              f"got {name}.shape={tuple(x.shape)}")
-        if x.shape[2] != q.shape[2]:
-            raise ValueError(f"{name}.shape[2] (heads) must equal q.shape[2]={q.shape[2]}, got {tuple(x.shape)}")
+    H, HV = q.shape[2], v.shape[2]
+    if HV % H:
+        raise ValueError(f"v.shape[2] (value heads HV) must be a multiple of q.shape[2]={H}, got {tuple(v.shape)}")
+    for name, x, heads in (("q", q, H), ("k", k, H), ("v", v, HV), ("g", g, HV), ("beta", beta, HV)):
+        if x.shape[2] != heads:
+            label = "H = q.shape[2]" if name in ("q", "k") else "HV = v.shape[2]"
+            raise ValueError(f"{name}.shape[2] (heads) must be {heads} ({label}), got {tuple(x.shape)}")
         if x.device != q.device:
             raise ValueError(f"{name} is on {x.device} but q is on {q.device}")
     if k.shape != q.shape:
@@ -153,12 +185,17 @@ def forward(
             intra-device exact split), `segments`/`tol`/`window`/`fallback` (warmup_correct), `window`/`fallback`
             (tail_exchange: `"none"` or `"true_cp"`).
 
+    Training: with inputs that require grad (and grad enabled) the output carries autograd: `o.backward(do_local)`
+    on EVERY rank gives each rank the gradients of its local q, k, v, g, beta (the backward issues collectives;
+    kernels/cp/README.md §7 lists them per scheme). Grouped value heads: v, g, beta with HV = G * H heads.
+
     Returns:
-        torch.Tensor: `[1, local_len, H, V]` in q's dtype.
+        torch.Tensor: `[1, local_len, HV, V]` in q's dtype.
 
     Raises:
         ValueError: unknown mode/op/backend/option; shapes that do not match the context; a group whose size or
-            rank differs from the context; H % W != 0 for headwise; W > 1 for the single-device modes.
+            rank differs from the context; H % W != 0 or HV % W != 0 for headwise; W > 1 for the single-device
+            modes; training ring/true_cp/tail_exchange/warmup_correct on the reference backend.
     """
     _check_mode(mode)
     check_op(op)
@@ -173,13 +210,25 @@ def forward(
             raise ValueError(f"unknown option {key!r} for mode {mode!r}; known: {sorted(opts)}")
         opts[key] = val
     if mode == "headwise":
-        headwise.check(q, ctx)
+        headwise.check(q, v, ctx)
     if mode == "tail_exchange":
         tail_exchange.resolve_options(opts)
+    train = needs_grad(q, k, v, g, beta)
+    if train and mode in (*HAND_BACKWARD, "warmup_correct") and resolve_backend(backend, q.device) == "reference":
+        raise ValueError(f"mode {mode!r} trains on the 'torch' or 'triton' backend (its backward is the chunked one), "
+                         f"got backend='reference'")
     if mode not in SINGLE_DEVICE:
         W, r = comm.group_size(group), comm.group_rank(group)
         if (W, r) != (ctx.world_size, ctx.rank):
             raise ValueError(f"group has size {W} and this rank is {r}, but ctx was built for world_size="
                              f"{ctx.world_size}, rank={ctx.rank}")
+    group_size = v.shape[2] // q.shape[2]
+    if group_size > 1 and mode in (*HAND_BACKWARD, "warmup_correct"):
+        # grouped value heads: these schemes run the transition and the backward on HV heads (autograd sums the
+        # G gradients of each q/k head); the others hand the grouped inputs to the differentiable op as they are
+        q, k = q.repeat_interleave(group_size, dim=2), k.repeat_interleave(group_size, dim=2)
     with torch.profiler.record_function(f"cp::{mode}"):
+        if train and mode in HAND_BACKWARD:
+            return step_grad.apply(scheme, q, k, v, g, beta, op=op, group=group, ctx=ctx, backend=backend, scale=scale,
+                                   options=opts)
         return scheme.forward(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, scale=scale, options=opts)

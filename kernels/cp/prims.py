@@ -1,4 +1,4 @@
-"""Thin calls of the kernel primitives with host bounds: cached device bounds + their host copy, so no call syncs.
+"""Calls of the kernel primitives (forward, backward, transition) with host bounds: cached device bounds, no sync.
 
 `kernels.forward`/`kernels.transition` read varlen bounds on the host; handing them `cu_seqlens_cpu` (our
 host tuple) and the same cached device tensor every step keeps their index caches warm and sync-free.
@@ -13,7 +13,7 @@ from torch import Tensor
 
 import kernels
 
-__all__ = ["bounds_tensor", "fwd", "trans"]
+__all__ = ["bounds_tensor", "bwd", "fwd", "trans"]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -42,3 +42,11 @@ def trans(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, bounds: tuple[
     """
     return kernels.transition(op, k, v, g, beta, cu_seqlens=bounds_tensor(bounds, k.device), cu_seqlens_cpu=bounds,
                               backend=backend, need=need)
+
+
+def bwd(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, bounds: tuple[int, ...], *,
+        h0: Tensor | None = None, dht: Tensor | None = None, backend: str = "auto", scale: float | None = None,
+        ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    """`kernels.backward` over the varlen batch `bounds`: (dq, dk, dv, dg, dbeta, dh0) from do (and dht `[N, H, K, V]`)."""
+    return kernels.backward(op, q, k, v, g, beta, do, scale=scale, initial_state=h0, dht=dht,
+                            cu_seqlens=bounds_tensor(bounds, k.device), cu_seqlens_cpu=bounds, backend=backend)

@@ -7,10 +7,15 @@ runs from it, and (when it is also the last piece) sends its final state on. Zig
 links of the chain, and rank W-1 hands its front part's state to its back part locally. Point-to-point
 count: one send per boundary a sequence crosses between parts on different ranks (W-1 for one sequence
 over contiguous shards, 2W-2 for zigzag). The critical path is the whole chain: no speedup by design.
+
+Training (`forward_saved` / `backward_saved`, through `kernels.cp.step_grad`): the backward is the chain run
+backwards: the gradient of each sent state (dS, fp32 `[H, K, V]`) goes from rank r+1 to rank r, the same
+count of send/recv pairs in the opposite direction, serial from the last part down.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,7 +24,7 @@ from torch import Tensor
 from kernels.cp import comm, prims
 from kernels.cp.context import CPContext, Slot
 
-__all__ = ["forward", "p2p_counts"]
+__all__ = ["backward_saved", "forward", "forward_saved", "p2p_counts"]
 
 OPTIONS: dict[str, Any] = {}
 
@@ -37,13 +42,33 @@ def _bounds(pieces: Any, base: int) -> tuple[int, ...]:
 
 def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
             backend: str, scale: float | None, options: dict[str, Any]) -> Tensor:
-    H, K, V = k.shape[2], k.shape[3], v.shape[3]
+    return forward_saved(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, scale=scale, options=options)[0]
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One forward call of the step: local tokens [a, b), its pieces, its entering state (None: zeros)."""
+
+    slot: Slot
+    a: int
+    b: int
+    pieces: tuple[Any, ...]
+    h0: Tensor | None
+    receives: bool      # its first piece's entering state came from the previous part
+    sends: bool         # its last piece's final state went on to the next part
+
+
+def forward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
+                  backend: str, scale: float | None, options: dict[str, Any]) -> tuple[Tensor, list[_Run]]:
+    """The ring step; also returns its runs (with their entering states) for the backward."""
+    H, K, V = v.shape[2], k.shape[3], v.shape[3]
     outs: list[Tensor] = []
+    runs: list[_Run] = []
     works: list[Any] = []
     keep: list[Tensor] = []          # sent states stay alive until their sends complete
     local: dict[int, Tensor] = {}    # part -> entering state handed over inside this rank (zigzag rank W-1)
 
-    def run(a: int, b: int, pieces: Any, h0: Tensor | None, final: bool) -> tuple[Tensor, Tensor | None]:
+    def run(slot: Slot, a: int, b: int, pieces: Any, h0: Tensor | None, final: bool) -> tuple[Tensor, Tensor | None]:
         xs = [x[:, a:b] for x in (q, k, v, g, beta)]
         init = None
         if h0 is not None and len(pieces) == 1:
@@ -51,6 +76,7 @@ def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *
         elif h0 is not None:
             init = torch.zeros(len(pieces), H, K, V, dtype=torch.float32, device=k.device)
             init[0] = h0
+        runs.append(_Run(slot, a, b, tuple(pieces), init, h0 is not None, final))
         return prims.fwd(op, *xs, _bounds(pieces, a), h0=init, final=final, backend=backend, scale=scale)
 
     def send(slot: Slot, ht: Tensor | None) -> None:
@@ -74,16 +100,59 @@ def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *
         return buf
 
     for slot in ctx.slots:
-        first, pieces = slot.first, slot.pieces
+        first, pieces, carries = slot.first, slot.pieces, slot.last.carries
         if first.cont and len(pieces) > 1:
-            o_rest, ht = run(pieces[1].start, slot.last.end, pieces[1:], None, slot.last.carries)
+            o_rest, ht = run(slot, pieces[1].start, slot.last.end, pieces[1:], None, carries)
             send(slot, ht)
-            o_first, _ = run(first.start, first.end, pieces[:1], recv(slot), False)
+            o_first, _ = run(slot, first.start, first.end, pieces[:1], recv(slot), False)
             outs += [o_first, o_rest]
         else:
             h0 = recv(slot) if first.cont else None
-            o, ht = run(first.start, slot.last.end, pieces, h0, slot.last.carries)
+            o, ht = run(slot, first.start, slot.last.end, pieces, h0, carries)
             send(slot, ht)
             outs.append(o)
     comm.wait_all(works)
-    return outs[0] if len(outs) == 1 else torch.cat(outs, 1)
+    return (outs[0] if len(outs) == 1 else torch.cat(outs, 1)), runs
+
+
+def backward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, runs: list[_Run], *,
+                   group: Any, ctx: CPContext, backend: str, scale: float | None, options: dict[str, Any],
+                   ) -> tuple[Tensor, ...]:
+    """The mirror of the step: runs in reverse order; a run that sent its final state waits for that state's
+    gradient from the next part (dht), runs the chunked backward, and sends the gradient of its entering state
+    (dh0) to the previous part. Serial along the chain, from the last rank down (zigzag: rank W-1's back part
+    hands its dh0 to its front part locally)."""
+    H, K, V = v.shape[2], k.shape[3], v.shape[3]
+    xs = (q, k, v, g, beta)
+    grads = [torch.empty_like(x) for x in xs]
+    works: list[Any] = []
+    keep: list[Tensor] = []
+    local: dict[int, Tensor] = {}    # part -> gradient of its final state, handed over inside this rank
+
+    for r in reversed(runs):
+        dht = None
+        if r.sends:
+            nxt = ctx.part_owner[r.slot.part + 1][0]
+            if nxt == ctx.rank:
+                d_last = local.pop(r.slot.part)
+            else:
+                d_last = torch.empty(H, K, V, dtype=torch.float32, device=k.device)
+                comm.irecv(d_last, nxt, group).wait()
+            dht = torch.zeros(len(r.pieces), H, K, V, dtype=torch.float32, device=k.device)
+            dht[-1] = d_last
+        out = prims.bwd(op, *(x[:, r.a:r.b] for x in xs), do[:, r.a:r.b], _bounds(r.pieces, r.a), h0=r.h0, dht=dht,
+                        backend=backend, scale=scale)
+        for gr, d in zip(grads, out[:5], strict=True):
+            gr[:, r.a:r.b] = d
+        if r.receives:
+            dh0 = out[5]
+            assert dh0 is not None
+            prev = ctx.part_owner[r.slot.part - 1][0]
+            if prev == ctx.rank:
+                local[r.slot.part - 1] = dh0[0]
+            else:
+                state = dh0[0].contiguous()
+                keep.append(state)
+                works.append(comm.isend(state, prev, group))
+    comm.wait_all(works)
+    return tuple(grads)

@@ -20,6 +20,12 @@ would need the exact summaries always, i.e. true_cp's all-gather in every step. 
 - `"true_cp"`: the exact path of this call: `kernels.cp.true_cp` (one all-gather of [M | S_ext], no tails).
 
 Option `window`: chunks of 64 tokens, or `"auto"` (2, as warmup_correct).
+
+Training (`forward_saved` / `backward_saved`, through `kernels.cp.step_grad`): the gradient of the function the
+step computes (the warmup estimate included, so it differs from the exact gradient exactly as the output
+differs from the exact output): the local backward gives the gradient of each received window's E_win (its
+dh0), the windows' backward turns it into gradients of the tail's k, v, g, beta, and those travel back to
+the tail's owner: one packed send/recv per crossed boundary, the forward's pairs reversed.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from torch import Tensor
 from kernels.cp import comm, intra, prims, true_cp
 from kernels.cp.context import CPContext
 
-__all__ = ["FALLBACKS", "forward", "p2p_counts", "resolve_options"]
+__all__ = ["FALLBACKS", "backward_saved", "forward", "forward_saved", "p2p_counts", "resolve_options"]
 
 OPTIONS: dict[str, Any] = {"window": "auto", "fallback": "none"}
 FALLBACKS: tuple[str, ...] = ("none", "true_cp")
@@ -109,8 +115,14 @@ def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *
     if fallback == "true_cp":
         return true_cp.forward(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, scale=scale,
                                options=dict(true_cp.OPTIONS))
+    return _step(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, scale=scale, window=window)[0]
+
+
+def _step(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
+          backend: str, scale: float | None, window: int) -> tuple[Tensor, Any]:
+    """(o, (entering states or None, the windows' k, v, g, beta or None)): the tail exchange step."""
     plan = _plan(ctx, window)
-    H, K, V = k.shape[2], k.shape[3], v.shape[3]
+    H, K, V = v.shape[2], k.shape[3], v.shape[3]
     dev = k.device
     xs = (k, v, g, beta)
     works, keep = [], []
@@ -128,15 +140,78 @@ def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *
             pending.append(work)
             windows.append(views)
     comm.wait_all(pending)
-    h0 = None
+    h0, win = None, None
     if windows:
-        kw, vw, gw, bw = (torch.cat([w[i] for w in windows], 1) if len(windows) > 1 else windows[0][i] for i in range(4))
-        _, E = prims.trans(op, kw, vw, gw, bw, plan.win_bounds, backend=backend)
+        win = tuple(torch.cat([w[i] for w in windows], 1) if len(windows) > 1 else windows[0][i] for i in range(4))
+        _, E = prims.trans(op, *win, plan.win_bounds, backend=backend)
         if plan.num_pieces == 1:
             h0 = E
         else:
             h0 = torch.zeros(plan.num_pieces, H, K, V, dtype=torch.float32, device=dev)
-            h0.index_copy_(0, ctx.index(f"tail_exchange:rows:{window}", plan.rows, dev), E)
+            h0.index_copy_(0, _rows(ctx, plan, window, dev), E)
     o, _ = prims.fwd(op, q, k, v, g, beta, ctx.local_cu_seqlens, h0=h0, backend=backend, scale=scale)
     comm.wait_all(works)
-    return o
+    return o, (h0, win)
+
+
+def _rows(ctx: CPContext, plan: _Plan, window: int, dev: torch.device) -> Tensor:
+    return ctx.index(f"tail_exchange:rows:{window}", plan.rows, dev)
+
+
+def forward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
+                  backend: str, scale: float | None, options: dict[str, Any]) -> tuple[Tensor, Any]:
+    """The step, saving the entering states and the received windows (fallback "true_cp": true_cp's)."""
+    window, fallback = resolve_options(options)
+    if fallback == "true_cp":
+        return true_cp.forward_saved(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, scale=scale,
+                                     options=dict(true_cp.OPTIONS))
+    return _step(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, scale=scale, window=window)
+
+
+def backward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, saved: Any, *,
+                   group: Any, ctx: CPContext, backend: str, scale: float | None, options: dict[str, Any],
+                   ) -> tuple[Tensor, ...]:
+    """The gradient of the function the step computes: local backward (dh0 of the continued pieces = the
+    gradient of each window's E_win), the windows' backward from that dht (do = 0, zero start), and the
+    window gradients of k, v, g, beta sent back to the tail's owner (one packed message per crossed boundary,
+    the forward's pairs reversed), where they add to its input gradients."""
+    window, fallback = resolve_options(options)
+    if fallback == "true_cp":
+        return true_cp.backward_saved(op, q, k, v, g, beta, do, saved, group=group, ctx=ctx, backend=backend,
+                                      scale=scale, options=dict(true_cp.OPTIONS))
+    h0, win = saved
+    plan = _plan(ctx, window)
+    dev = k.device
+    xs = (k, v, g, beta)
+    pending, incoming = [], []
+    for a, b, dst in plan.sends:                      # post the receives of the tails' gradients first
+        like = [((1, b - a, *x.shape[2:]), x.dtype) for x in xs]
+        work, views = comm.irecv_packed(like, dst, group, dev)
+        pending.append(work)
+        incoming.append((a, b, views))
+    dq, dk, dv, dg, dbeta, dh0 = prims.bwd(op, q, k, v, g, beta, do, ctx.local_cu_seqlens, h0=h0, backend=backend,
+                                           scale=scale)
+    grads = [dq, dk, dv, dg, dbeta]
+    works, keep = [], []
+    if win is not None:
+        assert dh0 is not None
+        dE = dh0 if plan.num_pieces == 1 else dh0.index_select(0, _rows(ctx, plan, window, dev))
+        kw = win[0]
+        dw = prims.bwd(op, torch.zeros_like(kw), *win, torch.zeros(*kw.shape[:3], v.shape[3], dtype=q.dtype, device=dev),
+                       plan.win_bounds, dht=dE, backend=backend, scale=scale)[1:5]
+        wb = plan.win_bounds
+        for j, (src, a, n) in enumerate(plan.recvs):
+            parts = [d[:, wb[j]:wb[j + 1]] for d in dw]
+            if src is None:                           # zigzag rank W-1: its own front part's tail
+                for gr, d in zip(grads[1:], parts, strict=True):
+                    gr[:, a:a + n] += d
+            else:
+                work, buf = comm.isend_packed(parts, src, group)
+                works.append(work)
+                keep.append(buf)
+    comm.wait_all(pending)
+    for a, b, views in incoming:
+        for gr, d in zip(grads[1:], views, strict=True):
+            gr[:, a:b] += d
+    comm.wait_all(works)
+    return tuple(grads)

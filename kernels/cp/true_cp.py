@@ -13,6 +13,12 @@ split of our own on the triton backend, whose primitives already split long sequ
 (kernels/common/seqsplit.py), and a split by the SM count for the torch backend on CUDA, none on CPU):
 intra-device sequence parallelism, exact (no truncation), so a rank's serial chain is one sub-segment
 instead of its whole shard.
+
+Training (`forward_saved` / `backward_saved`, through `kernels.cp.step_grad`; no intra-device split): the
+backward mirrors the merge (README §7): each rank's backward segment term G (the gradient reaching a
+continued piece's entering state from its own outputs, dht = 0), ONE all-gather of G (fp32 `[slots, H, K, V]`;
+the M of every part is already on every rank from the forward's all-gather, saved), the reverse chain from the
+last part down, and the merged gradient entering the local backward of the carried piece as dht.
 """
 
 from __future__ import annotations
@@ -26,24 +32,31 @@ from kernels.backends import resolve_backend
 from kernels.cp import comm, intra, prims
 from kernels.cp.context import CPContext
 
-__all__ = ["forward"]
+__all__ = ["backward_saved", "forward", "forward_saved"]
 
 OPTIONS = {"segment_len": "auto"}
 
 
 def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
             backend: str, scale: float | None, options: dict[str, Any]) -> Tensor:
-    H, K, V = k.shape[2], k.shape[3], v.shape[3]
+    return _step(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, scale=scale,
+                 seg_opt=options["segment_len"])[0]
+
+
+def _step(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
+          backend: str, scale: float | None, seg_opt: Any) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """(o, entering states of the forward's (sub-)segments or None, the gathered summaries or None)."""
+    H, K, V = v.shape[2], k.shape[3], v.shape[3]
     dev = k.device
     pieces = ctx.pieces
     specs = tuple(intra.PieceSpec(p.start, p.end, p.cont, p.carries) for p in pieces)
-    seg_opt = options["segment_len"]
     if seg_opt == "auto" and resolve_backend(backend, dev) == "triton":
         seg_opt = None   # the triton primitives split long sequences themselves (kernels/common/seqsplit.py)
     seg = intra.resolve_segment_len(seg_opt, [p.length for p in pieces], H, dev)
     plan = intra.build_plan(specs, seg)
     X = intra.chain_states(op, k, v, g, beta, plan, backend=backend)
     h0 = None
+    gathered = None
     if ctx.any_crossing:
         chain_pos = {piece: c for c, piece in enumerate(plan.chain)}
         first_idx = _slot_piece_indices(ctx)
@@ -60,7 +73,67 @@ def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *
                     h0[chain_pos[first_idx[s][0]]].copy_(_fold(gathered, slot.preds, ctx, K))
     S0 = intra.initial_states(plan, X, h0, H=H, K=K, V=V, device=dev)
     o, _ = prims.fwd(op, q, k, v, g, beta, plan.sub_bounds, h0=S0, backend=backend, scale=scale)
-    return o
+    return o, S0, gathered
+
+
+def forward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
+                  backend: str, scale: float | None, options: dict[str, Any]) -> tuple[Tensor, Any]:
+    """The step without intra-device splitting (one forward over the local pieces); saves S0 and the summaries."""
+    o, S0, gathered = _step(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, scale=scale, seg_opt=None)
+    return o, (S0, gathered)
+
+
+def backward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, saved: Any, *,
+                   group: Any, ctx: CPContext, backend: str, scale: float | None, options: dict[str, Any],
+                   ) -> tuple[Tensor, ...]:
+    """The mirror of the forward merge (README §7): local backward with dht = 0 (its dh0 of every continued first
+    piece is that piece's backward segment term G), ONE all-gather of G, the reverse chain
+    dS_p = G_{p+1} + M_{p+1}^T dS_{p+1} from the sequence's last part down (M from the forward's gathered
+    summaries, never differentiated), and the merged dS entering the local backward of the carried last piece as
+    dht (by linearity: a second backward of that piece alone with do = 0, added)."""
+    S0, gathered = saved
+    xs = (q, k, v, g, beta)
+    bounds = ctx.local_cu_seqlens
+    out = prims.bwd(op, *xs, do, bounds, h0=S0, backend=backend, scale=scale)
+    grads = list(out[:5])
+    if gathered is None:
+        return tuple(grads)
+    H, K, V = v.shape[2], k.shape[3], v.shape[3]
+    dh0 = out[5]
+    first_idx = _slot_piece_indices(ctx)
+    G = torch.zeros(ctx.slots_per_rank, H, K, V, dtype=torch.float32, device=k.device)
+    for s, slot in enumerate(ctx.slots):
+        if slot.first.cont:
+            assert dh0 is not None
+            G[s].copy_(dh0[first_idx[s][0]])
+    G_all = comm.all_gather(G, group)                                                # [W, slots, H, K, V]
+    for s, slot in enumerate(ctx.slots):
+        if not slot.last.carries:
+            continue
+        dS = _reverse_fold(G_all, gathered, _successors(ctx, slot.part), ctx, K)
+        p = slot.last
+        i = first_idx[s][1]
+        h0 = S0[i:i + 1] if S0 is not None else None
+        extra = prims.bwd(op, *(x[:, p.start:p.end] for x in xs), torch.zeros_like(do[:, p.start:p.end]),
+                          (0, p.length), h0=h0, dht=dS.unsqueeze(0), backend=backend, scale=scale)
+        for gr, d in zip(grads, extra[:5], strict=True):
+            gr[:, p.start:p.end] += d
+    return tuple(grads)
+
+
+def _successors(ctx: CPContext, part: int) -> list[int]:
+    """The parts that continue the sequence carried out of `part`, in chain order."""
+    return [p for p in range(part + 1, ctx.num_parts) if part in ctx.part_preds[p]]
+
+
+def _reverse_fold(G_all: Tensor, gathered: Tensor, succ: list[int], ctx: CPContext, K: int) -> Tensor:
+    """The gradient of the state leaving the first part before `succ`: fold G and M^T from the last successor down."""
+    r, s = ctx.part_owner[succ[-1]]
+    dS = G_all[r, s]
+    for p in reversed(succ[:-1]):
+        r, s = ctx.part_owner[p]
+        dS = torch.baddbmm(G_all[r, s], gathered[r, s, ..., :K].transpose(-1, -2), dS)
+    return dS
 
 
 def _slot_piece_indices(ctx: CPContext) -> list[tuple[int, int]]:

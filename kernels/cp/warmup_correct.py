@@ -20,6 +20,11 @@ drops; a segment is good when that bound is <= `tol` times the state norm for ev
 
 Then one varlen forward over all segments runs from the corrected states. No `.item()`, no Python branch
 on a device value: the report holds device tensors; `report.to_dict()` reads them (call it after timing).
+
+Training: with inputs that require grad the output carries the gradient of the function the step computes
+(`_backward`: the fallback decisions held fixed; the chain of exact links run backwards with M^T, the
+windows' backward for the warmup links), through `kernels.cp.step_grad`. Its error against the exact
+gradient is measured by the engine like the forward's.
 """
 
 from __future__ import annotations
@@ -34,8 +39,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from kernels.autograd import needs_grad
 from kernels.backends import resolve_backend
-from kernels.cp import intra, prims
+from kernels.cp import intra, prims, step_grad
 from kernels.cp.context import host_bounds
 from kernels.cp.decay_bound import log_span_bound, log_window_bound, token_terms
 
@@ -272,6 +278,19 @@ def warmup_correct(
         window = DEFAULT_WINDOW_CHUNKS
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window must be 'auto' or an int >= 1 (chunks of {intra.CHUNK} tokens), got window={window!r}")
+    if needs_grad(q, k, v, g, beta):
+        out: dict[str, Any] = {}
+        o = step_grad.apply(_Train, q, k, v, g, beta, op=op, group=None, ctx=None, backend=backend, scale=scale,
+                            options={"cu": cu, "segments": segments, "tol": tol, "window": window, "fallback": fallback,
+                                     "out": out})
+        return o, out["report"]
+    o, report, _ = _run(op, q, k, v, g, beta, cu, segments, tol, backend, scale, window, fallback)
+    return o, report
+
+
+def _run(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu: tuple[int, ...], segments: Any,
+         tol: float, backend: str, scale: float | None, window: int, fallback: str) -> tuple[Tensor, WarmupReport, Any]:
+    """The checked step: (o, report, (plan, S0, fell_back)) for the backward."""
     H, K, V = k.shape[2], k.shape[3], v.shape[3]
     dev = k.device
     plan = _plan(cu, _seg_len(segments, cu, H, dev), window)
@@ -313,7 +332,77 @@ def warmup_correct(
     report = WarmupReport(tol=float(tol), fallback=fallback, window_chunks=window, segment_bounds=plan.bounds,
                           window=plan.window_tokens, log_bound=log_bound, ok=ok, fallback_count=failed,
                           violations=violations, state_err_bound=err, initial_states=S0, fell_back=fell_back)
-    return o, report
+    return o, report, (plan, S0, fell_back)
+
+
+class _Train:
+    """The step_grad protocol for warmup_correct (one device; `options` carries the checked call arguments)."""
+
+    @staticmethod
+    def forward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: Any,
+                      backend: str, scale: float | None, options: dict[str, Any]) -> tuple[Tensor, Any]:
+        o, report, saved = _run(op, q, k, v, g, beta, options["cu"], options["segments"], options["tol"], backend,
+                                scale, options["window"], options["fallback"])
+        options["out"]["report"] = report
+        return o, saved
+
+    @staticmethod
+    def backward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, saved: Any, *,
+                       group: Any, ctx: Any, backend: str, scale: float | None, options: dict[str, Any],
+                       ) -> tuple[Tensor, ...]:
+        return _backward(op, q, k, v, g, beta, do, saved, backend=backend, scale=scale, fallback=options["fallback"])
+
+
+def _backward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, saved: Any, *,
+              backend: str, scale: float | None, fallback: str) -> tuple[Tensor, ...]:
+    """The gradient of the function the step computes (README §7), with a[r] = fell_back[r] held fixed:
+
+        S0[r] = a[r] ht[r-1] + (1 - a[r]) E_win[r]          (ht[r-1]: segment r-1's final state, run from S0[r-1])
+
+    1. one varlen backward with dht = 0 gives G[r] (the gradient of S0[r] from segment r's own outputs);
+    2. the reverse chain dht[r] = a[r+1] (G[r+1] + M[r+1]^T dht[r+1]) per sequence, M from one masked transition
+       (need[r] = a[r+1], as the forward's), never differentiated; a second varlen backward with do = 0 and that
+       dht adds the state path (linearity); skipped under fallback "none", where a = 0;
+    3. dE_win[r] = (1 - a[r]) (G[r] + M[r]^T dht[r]) enters the windows' backward (do = 0, zero start), whose
+       k, v, g, beta gradients add at the window tokens; skipped under "exact", where a = 1.
+    """
+    plan, S0, a = saved
+    dev = k.device
+    xs = (q, k, v, g, beta)
+    out = prims.bwd(op, *xs, do, plan.bounds, h0=S0, backend=backend, scale=scale)
+    grads = list(out[:5])
+    if not plan.win_rows:
+        return tuple(grads)
+    G = out[5]
+    assert G is not None and S0 is not None
+    nseg = plan.num_segments
+    D = G
+    if fallback != "none":
+        need = torch.zeros(nseg, dtype=torch.bool, device=dev)
+        need[:-1] = a[1:]
+        M, _ = prims.trans(op, k, v, g, beta, plan.bounds, backend=backend, need=need)
+        dht = torch.zeros_like(G)
+        D = G.clone()
+        af = a.to(G.dtype)[:, None, None, None]
+        for r in range(nseg - 2, -1, -1):          # serial over segments (host loop, device values only)
+            if plan.first[r + 1]:
+                continue
+            dht[r] = af[r + 1] * D[r + 1]
+            D[r] = G[r] + M[r].transpose(-1, -2) @ dht[r]
+        extra = prims.bwd(op, *xs, torch.zeros_like(do), plan.bounds, h0=S0, dht=dht, backend=backend, scale=scale)
+        for gr, d in zip(grads, extra[:5], strict=True):
+            gr += d
+    if fallback != "exact":
+        rows = plan.index("win_rows", dev)
+        dE = ((1.0 - a.to(G.dtype)[:, None, None, None]) * D).index_select(0, rows)
+        idx = plan.index("gather", dev)
+        kw, vw, gw, bw = (x.index_select(1, idx) for x in (k, v, g, beta))
+        dw = prims.bwd(op, torch.zeros_like(kw), kw, vw, gw, bw,
+                       torch.zeros(*kw.shape[:3], v.shape[3], dtype=q.dtype, device=dev), plan.win_bounds, dht=dE,
+                       backend=backend, scale=scale)[1:5]
+        for gr, d in zip(grads[1:], dw, strict=True):
+            gr.index_add_(1, idx, d)
+    return tuple(grads)
 
 
 def _window_maps(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: WarmupPlan, *, backend: str,

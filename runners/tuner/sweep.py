@@ -8,7 +8,8 @@ The worker's hook, per point (before its correctness check and timing):
     ... time the point ...
     measurement.configs = launched_configs()      # what each kernel actually launched with (observed)
 
-`ensure_tuned` runs the op once at the point's shape with every kernel at its default to see which kernels
+A `direction: fwd+bwd` point tunes with the training step (forward + backward), so the backward's kernels
+are found and tuned the same way. `ensure_tuned` runs the op once at the point's shape with every kernel at its default to see which kernels
 launch with which keys; keys already tuned on this device with this build's source hash are reused from the
 store (so a sweep tunes each distinct key once, and a second sweep not at all); the others are tuned
 (`tune_case`, trials stored with the sweep id; configs whose earlier trial crashed the device are skipped,
@@ -57,16 +58,19 @@ def ensure_tuned(
     max_samples: int = 60,
     backend: str = "triton",
     retune: bool = False,
+    direction: str = "fwd",
 ) -> dict[str, Any] | None:
     """Tune the point's kernels that the store lacks (see the module docstring); install and return their configs.
 
-    strategy, budget, samples, min_samples, max_samples: the search (`tune_case`; a sweep's `tuning` spec)."""
+    strategy, budget, samples, min_samples, max_samples: the search (`tune_case`; a sweep's `tuning` spec).
+    direction: `"fwd"` (the forward's kernels) or `"fwd+bwd"` (the training step: the backward's kernels too, each
+    trial timing and checking the whole step; `op_runner`)."""
     from db import crud
 
     shape = Shape.of(shape)
     dev_name, _cc = device_facts(device)
     case = make_case(op, shape, device)
-    run = op_runner(op, case, backend=backend)
+    run = op_runner(op, case, backend=backend, direction=direction)
     install(None)
     run({})
     LAUNCHES.clear()

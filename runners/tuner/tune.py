@@ -122,33 +122,48 @@ DIRECTIONS = ("fwd", "fwd+bwd")
 
 
 def op_runner(op: str, case: Mapping[str, Any], *, backend: str = "triton", direction: str = "fwd") -> RunFn:
-    """A RunFn: `kernels.forward(op, ..., output_final_state=True, config=configs)` -> (o, final_state); with
-    direction "fwd+bwd" followed by the Triton backward (`kernels.<op>.chunk_bwd`, same configs, the case's seeded
-    `do`) -> (o, final_state, dq, dk, dv, dg, dbeta, dh0), so the backward kernels are tuned on the whole step."""
+    """A RunFn: `kernels.forward(op, ..., output_final_state=True, config=configs)` -> (o, final_state).
+
+    direction `"fwd+bwd"`: the training step, so the backward kernels are tuned on the whole step. On the triton
+    backend the forward is followed by the Triton backward (`kernels.<op>.chunk_bwd`, same configs, the case's
+    seeded `do`) -> (o, final_state, dq, dk, dv, dg, dbeta, dh0); on the others, `o.backward(do)` through the op's
+    autograd Function with fresh leaves each call -> (o, final_state, dq, dk, dv, dg, dbeta).
+    """
     import importlib
 
     import kernels
 
     if direction not in DIRECTIONS:
-        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
-    bwd = None
-    if direction == "fwd+bwd":
-        if backend != "triton":
-            raise ValueError(f"direction 'fwd+bwd' tunes the Triton backward; backend must be 'triton', got {backend!r}")
-        bwd = getattr(importlib.import_module(f"kernels.{op}.chunk_bwd"), f"chunk_{op}_bwd")
+        raise ValueError(f"direction must be 'fwd' or 'fwd+bwd', got direction={direction!r}")
 
     def run(configs: Mapping[str, LaunchConfig]) -> tuple[torch.Tensor | None, ...]:
-        o, ht = kernels.forward(op, case["q"], case["k"], case["v"], case["g"], case["beta"],
-                                initial_state=case["initial_state"], output_final_state=True,
-                                cu_seqlens=case["cu_seqlens"], backend=backend, config=dict(configs))
-        if bwd is None:
-            return o, ht
-        grads = bwd(case["q"], case["k"], case["v"], case["g"], case["beta"], case["do"],
-                    scale=case["k"].shape[-1] ** -0.5, initial_state=case["initial_state"], dht=None,
-                    cu_seqlens=case["cu_seqlens"], configs=dict(configs))
-        return (o, ht, *grads)
+        return kernels.forward(op, case["q"], case["k"], case["v"], case["g"], case["beta"],
+                               initial_state=case["initial_state"], output_final_state=True,
+                               cu_seqlens=case["cu_seqlens"], backend=backend, config=dict(configs))
 
-    return run
+    if direction == "fwd":
+        return run
+    do = case["do"]
+    if backend == "triton":
+        bwd = getattr(importlib.import_module(f"kernels.{op}.chunk_bwd"), f"chunk_{op}_bwd")
+
+        def step(configs: Mapping[str, LaunchConfig]) -> tuple[torch.Tensor | None, ...]:
+            o, ht = run(configs)
+            grads = bwd(case["q"], case["k"], case["v"], case["g"], case["beta"], do,
+                        scale=case["k"].shape[-1] ** -0.5, initial_state=case["initial_state"], dht=None,
+                        cu_seqlens=case["cu_seqlens"], configs=dict(configs))
+            return (o, ht, *grads)
+
+        return step
+
+    def train(configs: Mapping[str, LaunchConfig]) -> tuple[torch.Tensor | None, ...]:
+        xs = [case[n].detach().requires_grad_() for n in ("q", "k", "v", "g", "beta")]
+        o, ht = kernels.forward(op, *xs, initial_state=case["initial_state"], output_final_state=True,
+                                cu_seqlens=case["cu_seqlens"], backend=backend, config=dict(configs))
+        o.backward(do)
+        return (o.detach(), ht.detach() if ht is not None else None, *(x.grad for x in xs))
+
+    return train
 
 
 def device_facts(device: torch.device | str) -> tuple[str, str | None]:

@@ -96,12 +96,35 @@ def test_comm_cost_tail_exchange_needs_warmup_chunks() -> None:
     assert comm_cost("tail_exchange", **SHAPE) is None
     cost = comm_cost("tail_exchange", **SHAPE, warmup_chunks=2)
     assert cost is not None
-    assert cost.collectives == {"send": 1, "recv": 1} and cost.payload_bytes["send"] == 128 * 792  # 2 chunks of 64
+    # 2 chunks of 64 tokens of k, v, beta (bf16) and the gate (fp32): no q
+    assert cost.collectives == {"send": 1, "recv": 1} and cost.payload_bytes["send"] == 128 * 4 * ((32 + 32 + 1) * 2 + 4)
 
 
 def test_comm_cost_unmodelled_cases_are_none() -> None:
     assert comm_cost("fancy_mode", **SHAPE) is None
-    assert comm_cost("true_cp", **SHAPE, direction="fwd+bwd") is None
+    assert comm_cost("true_cp", **SHAPE, direction="sideways") is None
+    assert comm_cost("tail_exchange", **SHAPE, direction="bwd") is None
+
+
+def test_comm_cost_backward_and_training_step() -> None:
+    # the backward mirrors the forward (kernels/cp/README.md §7); fwd+bwd adds the two, kind by kind
+    W4 = {**SHAPE, "W": 4}
+    hw_f, hw_b = comm_cost("headwise", **SHAPE), comm_cost("headwise", **SHAPE, direction="bwd")
+    assert hw_b == hw_f
+    ag = comm_cost("all_gather", **W4, direction="bwd")
+    assert ag is not None and ag.collectives == {"reduce_scatter": 1}
+    assert ag.payload_bytes == {"reduce_scatter": 1024 * 4 * (97 * 4 + 4)}  # every token's input gradients in fp32
+    assert ag.bytes_out == 3 * ag.payload_bytes["reduce_scatter"] // 4
+    cp = comm_cost("true_cp", **W4, direction="bwd")
+    assert cp is not None and cp.payload_bytes == {"all_gather": 4 * 32 * 32 * 4}  # G [H, K, V] per part
+    assert comm_cost("ring", **W4, direction="bwd") == comm_cost("ring", **W4)
+    te = comm_cost("tail_exchange", **SHAPE, warmup_chunks=2, direction="bwd")
+    assert te is not None and te.payload_bytes["send"] == 128 * 4 * ((32 + 32 + 1) * 2 + 4)  # dk, dv, dbeta, dg
+    both = comm_cost("all_gather", **W4, direction="fwd+bwd")
+    assert both is not None and both.collectives == {"all_gather": 1, "reduce_scatter": 1}
+    assert both.bytes_out == comm_cost("all_gather", **W4).bytes_out + ag.bytes_out
+    for mode in ("none", "warmup_correct"):
+        assert comm_cost(mode, **SHAPE, direction="fwd+bwd").count == 0
 
 
 @pytest.mark.parametrize("arg", ["B", "T", "W", "dtype_bytes"])

@@ -46,7 +46,7 @@ def test_expand_demo_deterministic() -> None:
         pytest.param({"mode": "none", "W": 2}, {}, "mode 'none' runs on one device: needs W == 1, got W=2", id="none-W2"),
         pytest.param({"mode": "warmup_correct", "W": 4}, {}, "needs W == 1, got W=4", id="wc-W4"),
         pytest.param({"W": 4}, {"max_W": 2}, "W=4 is more than the 2 device(s) present", id="devices"),
-        pytest.param({"mode": "headwise", "H": 3}, {}, "headwise needs H % W == 0, got H=3, W=2", id="headwise"),
+        pytest.param({"mode": "headwise", "H": 3}, {}, "headwise needs H % W == 0 and HV % W == 0, got H=3, HV=3, W=2", id="headwise"),
         pytest.param({"T": 255}, {}, "needs B*T=255 divisible by 2", id="contiguous"),
         pytest.param({"T": 258, "layout": "zigzag"}, {}, "needs B*T=258 divisible by 4", id="zigzag"),
         pytest.param({"lengths": [100, 55], "T": 155}, {}, "needs lengths sum=155 divisible by 2", id="varlen"),
@@ -87,7 +87,7 @@ def test_point_key_options_and_varlen() -> None:
 
 def test_hv_axis_grouped_value_heads() -> None:
     # HV (default H): the key names HV only when it differs from H, so older keys never change; grouped points run
-    # in mode none only, and HV must be a multiple of H
+    # in every mode (headwise needs H % W and HV % W), and HV must be a multiple of H
     spec = parse_spec({"name": "hv", "ops": "gdn", "modes": ["none", "ring"],
                        "axes": {"T": 128, "H": [2, 4], "HV": [4, 6], "W": 1}})
     rows = expand(spec)
@@ -96,7 +96,9 @@ def test_hv_axis_grouped_value_heads() -> None:
     assert ",H=2,HV=4,K=" in by[(2, 4, "none")]["key"] and by[(2, 4, "none")]["status"] == "queued"
     assert ",H=4,K=" in by[(4, 4, "none")]["key"] and "HV=" not in by[(4, 4, "none")]["key"]
     assert by[(4, 4, "ring")]["status"] == "queued"
-    assert "run in mode 'none' only" in by[(2, 4, "ring")]["reason"]
+    assert by[(2, 4, "ring")]["status"] == "queued"
+    hw = expand(parse_spec({"name": "hw", "ops": "gdn", "modes": "headwise", "axes": {"T": 128, "H": 2, "HV": 4, "W": 4}}))
+    assert "headwise needs H % W == 0 and HV % W == 0, got H=2, HV=4, W=4" in hw[0]["reason"]
     assert "HV % H == 0, got H=4, HV=6" in by[(4, 6, "none")]["reason"]
     plain = expand(parse_spec({"name": "p", "ops": "gdn", "modes": "none", "axes": {"T": 128, "H": 4}}))[0]
     assert "HV" not in plain["params"] and plain["key"] == by[(4, 4, "none")]["key"]

@@ -142,6 +142,7 @@ def test_packaged_suites() -> None:
     nightly = load_suite("nightly")
     assert nightly.name == "nightly" and nightly.backends == ["triton"] and nightly.axes.W == [1, 2]
     assert set(nightly.ops) == {"gdn", "kda"} and {"true_cp", "ring", "headwise", "all_gather"} <= set(nightly.modes)
+    assert nightly.axes.direction == ["fwd", "fwd+bwd"]
     assert load_suite(str(ROOT / "runners" / "suites" / "nightly.yaml")) == nightly  # a path loads the same suite
     cpu = load_suite("nightly-cpu")
     assert cpu.backends == ["torch"] and max(cpu.axes.T) <= 256

@@ -271,7 +271,7 @@ def test_ensure_tuned_tunes_once_then_reuses(session: Session, monkeypatch) -> N
     import runners.tuner.sweep as sweep_mod
     from runners.tuner import ensure_tuned, launched_configs
 
-    monkeypatch.setattr(sweep_mod, "op_runner", lambda op, case, backend: _runner())
+    monkeypatch.setattr(sweep_mod, "op_runner", lambda op, case, backend, direction="fwd": _runner())
     monkeypatch.setattr(sweep_mod, "make_case", lambda op, shape, device: {})
     real = sweep_mod.tune_case
     cost = ScriptedTimer(lambda c: c.BV + c.num_warps / 10)

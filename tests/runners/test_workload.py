@@ -104,6 +104,8 @@ def test_tune_shape() -> None:
     assert cp["lengths"] == [96, 96] and (cp["B"], cp["T"], cp["H"]) == (1, 192, 2)
     grouped = tune_shape(_params(mode="none", H=2, HV=6))  # the kernels run with q/k expanded to HV heads
     assert grouped["H"] == 6 and "HV" not in grouped
+    hw = tune_shape(_params(mode="headwise", H=4, HV=8))  # headwise with grouped heads: HV/W heads per rank
+    assert int(_params()["W"]) == 2 and hw["H"] == 4
 
 
 def test_workload_grouped_value_heads() -> None:

@@ -65,3 +65,63 @@ def bad_group(ctx: RankContext, payload: None = None) -> str:
     except ValueError as err:
         return str(err)
     return "no error"
+
+
+def train_inputs(op: str, lengths: tuple[int, ...], H: int, HV: int, K: int, V: int, lb: float,
+                 seed: int) -> tuple[Any, ...]:
+    """(q, k, v, g, beta, cu, do): fp32 global inputs with HV value heads (HV = H: plain) and the output gradient."""
+    q, k, v, g, beta, cu = make_inputs(op, lengths, H=H, K=K, V=V, lb=lb, seed=seed)
+    if HV != H:
+        _, _, v, g, beta, _ = make_inputs(op, lengths, H=HV, K=K, V=V, lb=lb, seed=seed + 1)
+    gen = torch.Generator().manual_seed(seed + 2)
+    do = torch.randn(1, sum(lengths), HV, V, generator=gen)
+    return q, k, v, g, beta, cu, do
+
+
+def grads(ctx: RankContext, payload: dict[str, Any]) -> dict[str, list[torch.Tensor]]:
+    """`_grads` on this rank of the gang."""
+    return _grads(rank=ctx.rank, world_size=ctx.world_size, **payload)
+
+
+def _grads(*, rank: int, world_size: int, op: str, lengths: tuple[int, ...], layout: str, runs: list[tuple[str, Any]],
+          H: int = 4, HV: int | None = None, K: int = 16, V: int = 16, lb: float = -1.0,
+          seed: int = 0) -> dict[str, list[torch.Tensor]]:
+    """Every (mode, options) of `runs`: o_local.backward(shard(do)) on this rank; {label: [o, dq, dk, dv, dg, dbeta]}."""
+    q, k, v, g, beta, cu, do = train_inputs(op, lengths, H, HV or H, K, V, lb, seed)
+    ctx = cp.build_context(cu, world_size, rank, layout)
+    out = {}
+    for i, (mode, options) in enumerate(runs):
+        xs = [cp.shard(x, ctx).clone().requires_grad_() for x in (q, k, v, g, beta)]
+        o = cp.forward(mode, op, *xs, group=None, ctx=ctx, backend="torch", options=options)
+        o.backward(cp.shard(do, ctx))
+        out[f"{i}:{mode}"] = [o.detach(), *(x.grad for x in xs)]
+    return out
+
+
+def profile_train(ctx: RankContext, payload: dict[str, Any]) -> dict[str, Any]:
+    """`_profile_train` on this rank of the gang."""
+    return _profile_train(rank=ctx.rank, world_size=ctx.world_size, **payload)
+
+
+def _profile_train(*, rank: int, world_size: int, op: str, lengths: tuple[int, ...], layout: str, mode: str,
+                  options: dict[str, Any] | None = None, H: int = 4, K: int = 16, V: int = 16) -> dict[str, Any]:
+    """One warm-up training step, then profiles of one backward alone and of one whole step (forward + backward)."""
+    q, k, v, g, beta, cu, do = train_inputs(op, lengths, H, H, K, V, -1.0, 1)
+    ctx = cp.build_context(cu, world_size, rank, layout)
+    xs = [cp.shard(x, ctx).clone().requires_grad_() for x in (q, k, v, g, beta)]
+    do_l = cp.shard(do, ctx)
+
+    def fwd() -> torch.Tensor:
+        return cp.forward(mode, op, *xs, group=None, ctx=ctx, backend="torch", options=options)
+
+    def step() -> None:
+        for x in xs:
+            x.grad = None
+        fwd().backward(do_l)
+
+    step()
+    o = fwd()
+    cpu = torch.device("cpu")
+    res = {"bwd": profile_step(lambda: o.backward(do_l), device=cpu).as_dict(), "step": profile_step(step, device=cpu).as_dict()}
+    res["expected"] = {d: cp.expected_collectives(mode, ctx, options, d) for d in ("bwd", "fwd+bwd")}
+    return res

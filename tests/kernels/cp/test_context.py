@@ -113,8 +113,15 @@ def test_forward_errors_before_any_collective() -> None:
         cp.forward("ring", "mamba", *xs, group=None, ctx=ctx)
     with pytest.raises(ValueError, match="backend must be one of"):
         cp.forward("ring", "gdn", *xs, group=None, ctx=ctx, backend="cuda")
-    with pytest.raises(ValueError, match="head count divisible by the CP size, got H=3"):
+    with pytest.raises(ValueError, match=r"head counts divisible by the CP size, got H=3 \(q.shape\[2\]\), HV=3"):
         cp.forward("headwise", "gdn", *xs, group=None, ctx=ctx)
+    with pytest.raises(ValueError, match=r"v.shape\[2\] \(value heads HV\) must be a multiple of q.shape\[2\]=3"):
+        cp.forward("ring", "gdn", *xs[:2], xs[2][:, :, :2], *xs[3:], group=None, ctx=ctx)
+    with pytest.raises(ValueError, match=r"g.shape\[2\] \(heads\) must be 6 \(HV = v.shape\[2\]\)"):
+        cp.forward("ring", "gdn", *xs[:2], xs[2].repeat(1, 1, 2, 1), *xs[3:], group=None, ctx=ctx)
+    train = [x.clone().requires_grad_() for x in xs]
+    with pytest.raises(ValueError, match="mode 'ring' trains on the 'torch' or 'triton' backend"):
+        cp.forward("ring", "gdn", *train, group=None, ctx=ctx, backend="reference")
     with pytest.raises(ValueError, match=r"q must be 4-D \[1, 128, ...\]"):
         cp.forward("ring", "gdn", xs[0][:, :100], *xs[1:], group=None, ctx=ctx)
     with pytest.raises(ValueError, match=r"g must be 3-D"):

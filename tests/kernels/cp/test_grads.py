@@ -74,27 +74,27 @@ def _compare(per_rank: list[dict], ref: list, base: list, cu: list[int], W: int,
 @pytest.mark.parametrize("case", list(CASES))
 def test_grads_w2(gang2, case: str, op: str, layout: str) -> None:
     ref, base, cu = _truth(op, case, 4, 4)
-    per_rank = gang2.run(cases.grads, dict(op=op, lengths=CASES[case], layout=layout, runs=EXACT, H=4, K=K, V=V))
+    per_rank = gang2.run(cases.grads, {"op": op, "lengths": CASES[case], "layout": layout, "runs": EXACT, "H": 4, "K": K, "V": V})
     _compare(per_rank, ref, base, cu, 2, layout)
 
 
 @pytest.mark.parametrize(("op", "case", "layout"), [("gdn", "short-at-edge", "zigzag"), ("kda", "single-long", "contiguous")])
 def test_grads_w4(gang4, op: str, case: str, layout: str) -> None:
     ref, base, cu = _truth(op, case, 4, 4)
-    per_rank = gang4.run(cases.grads, dict(op=op, lengths=CASES[case], layout=layout, runs=EXACT, H=4, K=K, V=V))
+    per_rank = gang4.run(cases.grads, {"op": op, "lengths": CASES[case], "layout": layout, "runs": EXACT, "H": 4, "K": K, "V": V})
     _compare(per_rank, ref, base, cu, 4, layout)
 
 
 @pytest.mark.parametrize("op", ["gdn", "kda"])
 def test_grads_grouped_heads(gang2, op: str) -> None:
     ref, base, cu = _truth(op, "short-at-edge", 2, 4)
-    per_rank = gang2.run(cases.grads, dict(op=op, lengths=CASES["short-at-edge"], layout="zigzag", runs=EXACT, H=2, HV=4, K=K, V=V))
+    per_rank = gang2.run(cases.grads, {"op": op, "lengths": CASES["short-at-edge"], "layout": "zigzag", "runs": EXACT, "H": 2, "HV": 4, "K": K, "V": V})
     _compare(per_rank, ref, base, cu, 2, "zigzag")
 
 
 def test_headwise_grouped_heads_needs_heads_divisible(gang4) -> None:
     with pytest.raises(Exception, match=r"head counts divisible by the CP size, got H=2 \(q.shape\[2\]\), HV=4"):
-        gang4.run(cases.grads, dict(op="gdn", lengths=(256,), layout="contiguous", runs=[("headwise", None)], H=2, HV=4, K=K, V=V))
+        gang4.run(cases.grads, {"op": "gdn", "lengths": (256,), "layout": "contiguous", "runs": [("headwise", None)], "H": 2, "HV": 4, "K": K, "V": V})
 
 
 @pytest.mark.parametrize("op", ["gdn", "kda"])
@@ -153,7 +153,7 @@ def test_backward_single_device_modes() -> None:
     ("tail_exchange", {"fallback": "true_cp"}, {"all_gather": 1})])
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
 def test_backward_collectives_w2(gang2, mode: str, options: dict | None, bwd: dict | None, layout: str) -> None:
-    res = gang2.run(cases.profile_train, dict(op="kda", lengths=(100, 300, 112), layout=layout, mode=mode, options=options))
+    res = gang2.run(cases.profile_train, {"op": "kda", "lengths": (100, 300, 112), "layout": layout, "mode": mode, "options": options})
     _check_profile(res)
     if bwd is not None:
         assert all(r["bwd"]["collectives"] == bwd for r in res), res
@@ -165,4 +165,4 @@ def test_backward_collectives_w2(gang2, mode: str, options: dict | None, bwd: di
 
 @pytest.mark.parametrize("mode", ["ring", "true_cp"])
 def test_backward_collectives_w4(gang4, mode: str) -> None:
-    _check_profile(gang4.run(cases.profile_train, dict(op="gdn", lengths=(512,), layout="zigzag", mode=mode)))
+    _check_profile(gang4.run(cases.profile_train, {"op": "gdn", "lengths": (512,), "layout": "zigzag", "mode": mode}))

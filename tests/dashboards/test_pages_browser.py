@@ -193,7 +193,7 @@ def test_api_docs_page_offline(visit: Any, live: LiveServer) -> None:
 def test_sweep_figures_non_empty_and_faceted(visit: Any, live: LiveServer, seeded: Seeded, seeded_url: str) -> None:
     """W in {1, 2, 4}, lb in {-1, -4}: every figure draws points, and every point sits in its own facet."""
     with get_sessionmaker(seeded_url)() as session:
-        by_id = {str(r["id"]): r for r in data.sweep_rows(session, seeded.sweep_id)}
+        by_id = {str(r["id"]): r for r in data.sweep_rows(session, seeded.sweep_id, limit=1000)}
     assert {r["W"] for r in by_id.values()} >= {1, 2, 4} and len({r["lb"] for r in by_id.values()}) == 2
     v = visit(f"{live.url}/sweeps/{seeded.sweep_id}")
     for name in SWEEP_FIGURES:

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from runners.cli import main, triton_cpu
+from bench_server.cli import main  # the whole `cpbench` command (runners' verbs + serve)
+from runners.cli import triton_cpu
 from runners.cli.triton_cpu import use_interpreter_if_cpu, verb_of
 from tests.runners.engine_fixtures import REPO, store_url, write_spec  # noqa: F401
 
@@ -55,6 +56,7 @@ BAD = {
     "tune-bad-shape": (("tune", "--op", "gdn", "--shape", "T=abc", "--db", "{db}"), "T must be an integer"),
     "regress-unknown-suite": (("regress", "nosuch", "--baseline", "x", "--db", "{db}"), "neither a spec file"),
     "bench-unknown-target": (("bench", "frob"), "unknown bench target 'frob'"),
+    "gc-bad-age": (("gc", "--min-age-s", "old"), "'--min-age-s'"),
     "unknown-verb": (("frob",), "No such command 'frob'"),
 }
 
@@ -72,7 +74,7 @@ def test_bad_argument_one_line_exit_1(case: str, store_url: str, tmp_path: Path)
 
 
 def test_every_verb_has_a_bad_argument_case() -> None:
-    from runners.cli import app
+    from bench_server.cli import app
 
     verbs = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
     covered = {verb_of(args) for args, _ in BAD.values()}

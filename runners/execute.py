@@ -21,7 +21,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -33,6 +33,9 @@ from runners.gang import RankContext
 from runners.profile import profile_step
 from runners.timing import L2Flush, StopRule, time_step
 from runners.workload import Workload, make_workload, reduced_params
+
+if TYPE_CHECKING:
+    from runners.tuner.sweep import TuningOutcome
 
 __all__ = ["ModeRun", "build_mode", "run_point_job", "tune_job", "tune_shape"]
 
@@ -299,21 +302,21 @@ def tune_shape(params: dict[str, Any]) -> dict[str, Any]:
     return shape
 
 
-def tune_job(rc: RankContext, payload: dict[str, Any]) -> dict[str, Any] | None:
-    """Gang job (one rank): tune the kernels a point launches that the store lacks (`runners.tuner.ensure_tuned`,
-    searching as the sweep's `tuning` spec says) and return their configs in the autotune-file format; this
-    process's own configs are left as they were."""
-    from db.session import session_scope
+def tune_job(rc: RankContext, payload: dict[str, Any]) -> TuningOutcome:
+    """Gang job (one rank): tune the kernels a point launches that the store lacks (`runners.tuner.tune_missing`,
+    searching as the sweep's `tuning` spec says) and return what it measured: the configs in the autotune-file
+    format, the trials and the winners. No store session is opened here: the parent read the store into
+    `payload["state"]` (`runners.tuner.tuning_state`) and stores the outcome. This process's own configs are
+    left as they were."""
     from kernels.autotune import active_table, install
-    from runners.tuner import ensure_tuned
+    from runners.tuner import tune_missing
 
     params = payload["params"]
     previous = active_table()
     try:
-        with session_scope(payload["url"]) as s:
-            return ensure_tuned(s, op=params["op"], shape=tune_shape(params), device=rc.device,
-                                sweep_id=payload.get("sweep_id"), environment_id=payload.get("environment_id"),
-                                direction=params.get("direction") or "fwd", **(payload.get("tuning") or {}))
+        return tune_missing(payload["state"], op=params["op"], shape=tune_shape(params), device=rc.device,
+                            sweep_id=payload.get("sweep_id"), environment_id=payload.get("environment_id"),
+                            direction=params.get("direction") or "fwd", **(payload.get("tuning") or {}))
     finally:
         install(previous)
 

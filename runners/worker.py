@@ -15,8 +15,10 @@ plus the pid and a random suffix, so two processes given the same name never sha
 Loop: claim the oldest queued point this worker can run (W <= its devices, its device kind; the claim also
 returns expired leases to the queue), keep the lease and the worker's own heartbeat alive from a heartbeat
 thread, (for a sweep with `tune: true` and the triton backend, first tune the point's kernels on the W=1 gang:
-`runners.tuner.ensure_tuned` through `runners.execute.tune_job`, searching as the spec's `tuning` says, and time
-with the tuned configs), send the point to the persistent gang of its W (`runners.gang`, job
+`runners.tuner.tune_missing` through `runners.execute.tune_job`, searching as the spec's `tuning` says, with the
+store's tuned configs read here and passed in; the rank returns its trials and winners and this process stores
+them (`runners.tuner.store_tuning`; a device crash stores the trials so far, restarts the gang and retries the
+attempt); then time with the tuned configs), send the point to the persistent gang of its W (`runners.gang`, job
 `runners.execute.run_point_job`) under a time limit derived from the spec's timing limits
 (`point_time_limit_s`: the watchdog and the collective timeout), then store the artifact (Chrome trace),
 measurement and profile and mark the point done, all in one transaction (`complete_point` commits them together,
@@ -481,10 +483,20 @@ class Worker:
         try:
             if options.get("tune") and params.get("backend") == "triton":
                 # tuning runs once, on one device (the W=1 gang), before the point's own gang times it
-                tune_payload = {"url": self.url, "params": params, "sweep_id": claim.sweep_id, "environment_id": self.env_id,
+                from runners.tuner.sweep import store_tuning, tuning_state
+
+                # the rank reads nothing from the store and writes nothing: this process reads, then stores its outcome
+                state = self._store("read tuning state", tuning_state)
+                tune_payload = {"state": state, "params": params, "sweep_id": claim.sweep_id, "environment_id": self.env_id,
                                 "tuning": spec.get("tuning") or {}}
-                payload["autotune"] = self.pool.run(1, tune_job, tune_payload, timeout_s=self.settings.JOB_TIMEOUT_S,
-                                                    cancel=cancel)[0]
+                outcome = self.pool.run(1, tune_job, tune_payload, timeout_s=self.settings.JOB_TIMEOUT_S, cancel=cancel)[0]
+                self._store("store tuning", lambda s: store_tuning(s, outcome))
+                if outcome.error is not None:
+                    # a device crash poisons the rank's process: restart the gang, retry (its crasher is now known)
+                    self.pool.get(1).close()
+                    hb.stop()
+                    return self._end_attempt(claim, outcome.error, True)
+                payload["autotune"] = outcome.payload
             results = self.pool.run(claim.W, run_point_job, payload, timeout_s=limit_s, cancel=cancel,
                                     collective_timeout_s=limit_s)
         except JobCancelled:

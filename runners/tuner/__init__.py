@@ -5,13 +5,15 @@ store the winners, export them as the versioned autotune JSON that `kernels.use_
 - `trials.py`: one config: validity, correctness against the default config's outputs, timing, record;
 - `tune.py`: `tune_kernels(session, op=, shapes=, strategy=, budget=, sweep_id=, device=)` and `install_tuned`;
 - `export.py`: `build_export(session, device_name=)` and `write_export(path, session, ...)`;
-- `sweep.py`: `ensure_tuned(...)`, the worker's hook for sweeps with `tune: true`, and `install_payload`;
+- `sweep.py`: the hook for sweeps with `tune: true`: `tuning_state(session)` (the reads), `tune_missing(state, ...)`
+  (measures, no session: a rank process runs it), `store_tuning(session, outcome)` (the writes, in the worker),
+  `ensure_tuned(session, ...)` (all three in one process) and `install_payload`;
 - `clock.py`: the tuner's timers (CUDA events with L2 flush; wall clock on CPU, never exported).
 """
 
 from runners.tuner.export import ExportError, build_export, export_from_rows, write_export
 from runners.tuner.search import STRATEGIES, SearchResult, candidates, search
-from runners.tuner.sweep import ensure_tuned, install_payload
+from runners.tuner.sweep import TuningOutcome, ensure_tuned, install_payload, store_tuning, tune_missing, tuning_state
 from runners.tuner.trials import Trial, run_trial
 from runners.tuner.tune import Shape, install_tuned, launched_configs, make_case, tune_case, tune_kernels
 
@@ -21,6 +23,7 @@ __all__ = [
     "SearchResult",
     "Shape",
     "Trial",
+    "TuningOutcome",
     "build_export",
     "candidates",
     "ensure_tuned",
@@ -31,7 +34,10 @@ __all__ = [
     "make_case",
     "run_trial",
     "search",
+    "store_tuning",
     "tune_case",
     "tune_kernels",
+    "tune_missing",
+    "tuning_state",
     "write_export",
 ]

@@ -13,7 +13,9 @@ Per shape (`tune_case` for any callable that runs an op):
 3. every trial is stored as a `TuningTrial`; the best `ok` trial per (kernel, key, device) is upserted as the
    `TunedConfig`, with the runner-up's and the default's medians and the kernel's source hash (through
    `db.crud.store_trial` / `db.crud.upsert_tuned_config`). The session is committed before the search, after
-   each trial and after each kernel's winner (a long GPU search must not hold SQLite's write lock).
+   each trial and after each kernel's winner (a long GPU search must not hold SQLite's write lock). Without a
+   session nothing is stored: the winners come back as transient rows and each trial's fields go to `on_trial`
+   (how a worker's rank process tunes while its parent stays the only writer: runners.tuner.sweep).
 
 Multi-rank (`group`, or whenever torch.distributed is initialised): only rank 0 of the group tunes and
 stores; the winners are broadcast (`broadcast_object_list`) and every rank returns the same configs, so all
@@ -26,7 +28,7 @@ CPU tuning (wall clock) is allowed for tests; CPU rows are never exported (runne
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -198,11 +200,13 @@ def tune_case(
     environment_id: int | None = None,
     timer: Timer | None = None,
     known_bad: Mapping[str, Mapping[LaunchConfig, str]] | None = None,
+    on_trial: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[list[TunedConfig], dict[str, SearchResult]]:
     """Tune every kernel `run` launches (or those named in `kernels`); see the module docstring.
 
     known_bad: {kernel: {config: error}} of configs that crashed the device elsewhere (a CUDA error poisons the
     process, so such configs are found in throwaway processes): recorded `failed` without launching.
+    on_trial: called with each trial's `store_trial` fields (plain data) as it ends, stored or not.
     Returns the upserted TunedConfig rows (transient objects when `session` is None) and each kernel's SearchResult.
     """
     from db.models import TunedConfig
@@ -245,10 +249,13 @@ def tune_case(
         ks = key_str(key)
 
         def record(t: Trial, _ks: str = ks) -> None:
+            row = {"sweep_id": sweep_id, "environment_id": environment_id, "device_name": dev_name, "kernel": t.kernel,
+                   "key": t.key, "key_str": _ks, "config": t.config.as_dict(), "strategy": t.strategy, "rung": t.rung,
+                   "status": t.status, "median_ms": t.median_ms, "n": t.n, "error": t.error}
+            if on_trial is not None:
+                on_trial(row)
             if session is not None:
-                crud.store_trial(session, sweep_id=sweep_id, environment_id=environment_id, device_name=dev_name,
-                             kernel=t.kernel, key=t.key, key_str=_ks, config=t.config.as_dict(), strategy=t.strategy,
-                             rung=t.rung, status=t.status, median_ms=t.median_ms, n=t.n, error=t.error)
+                crud.store_trial(session, **row)
                 session.commit()  # never hold the store's write lock while the next config is measured
 
         ctx = TrialContext(spec=spec, key=key, run=run, fixed=dict(fixed), reference=reference, tol=tol, timer=timer,

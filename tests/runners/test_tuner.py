@@ -291,6 +291,42 @@ def test_ensure_tuned_tunes_once_then_reuses(session: Session, monkeypatch) -> N
     assert again["kernels"] == payload["kernels"]
 
 
+def test_tune_missing_keeps_the_trials_of_a_device_crash_for_the_parent(session: Session, monkeypatch) -> None:
+    """`tune_missing` (what a rank process runs, no session) ends on a device crash with the trials so far (the
+    crasher included) and the error; stored by the parent (`store_tuning`), the crasher is skipped on the retry."""
+    import runners.tuner.sweep as sweep_mod
+    from runners.tuner import store_tuning, tune_missing, tuning_state
+
+    crash = LaunchConfig(BV=32, num_warps=2, num_stages=2)
+    x = torch.randn(2 * V)
+    launched: list[LaunchConfig] = []
+
+    def run(configs):
+        cfg = configs.get(SCALE.name)
+        launched.append(cfg)
+        if cfg == crash:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return (scale(x, cfg),)
+
+    monkeypatch.setattr(sweep_mod, "op_runner", lambda op, case, backend, direction="fwd": run)
+    monkeypatch.setattr(sweep_mod, "make_case", lambda op, shape, device: {})
+    real = sweep_mod.tune_case
+    monkeypatch.setattr(sweep_mod, "tune_case", lambda *a, **kw: real(*a, **{**kw, "timer": ScriptedTimer(lambda c: float(c.BV))}))
+    shape = {"B": 1, "T": 64, "H": 1, "K": 16, "V": 32, "dtype": "float32"}
+    first = tune_missing(tuning_state(session), op="gdn", shape=shape, device="cpu", strategy="exhaustive", samples=1)
+    assert first.payload is None and first.winners == [] and "illegal memory access" in (first.error or "")
+    assert first.trials[-1]["config"] == crash.as_dict() and first.trials[-1]["status"] == "failed"
+    assert launched[-1] == crash  # nothing launched after the fault
+    store_tuning(session, first)
+    session.commit()
+    assert len(session.scalars(select(TuningTrial)).all()) == len(first.trials)
+    launched.clear()
+    again = tune_missing(tuning_state(session), op="gdn", shape=shape, device="cpu", strategy="exhaustive", samples=1)
+    assert again.error is None and crash not in launched and again.payload is not None
+    assert [t for t in again.trials if t["config"] == crash.as_dict()][0]["status"] == "failed"
+    assert [w["kernel"] for w in again.winners] == [SCALE.name]
+
+
 def test_known_bad_and_fatal_cuda_error(session: Session) -> None:
     bad = LaunchConfig(BV=32, num_warps=2, num_stages=2)
     crash = LaunchConfig(BV=32, num_warps=4, num_stages=2)

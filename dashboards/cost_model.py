@@ -49,12 +49,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import kernels.cp as cp
+
 __all__ = ["CHUNK_SIZE", "DIRECTIONS", "MODELLED_MODES", "TRANSITION_COST", "CommCost", "bytes_per_token", "comm_cost",
            "crossing_cuts", "model_speedup"]
 
 CHUNK_SIZE = 64
-MODELLED_MODES = ("none", "headwise", "all_gather", "ring", "true_cp", "warmup_correct", "tail_exchange")
-DIRECTIONS = ("fwd", "bwd", "fwd+bwd")
+MODELLED_MODES = tuple(cp.MODES)
+DIRECTIONS = cp.DIRECTIONS  # the directions kernels.cp counts collectives for
 TRANSITION_COST = 0.5  # a transition (M, S_ext) per token, relative to a forward per token (assumed)
 
 

@@ -422,8 +422,8 @@ def wy_inverse(k: Tensor, g: Tensor, beta: Tensor, *, index: ChunkIndex, gate_ve
 
 def chunk_bwd(
     op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float,
-    initial_state: Tensor | None, dht: Tensor | None, cu_seqlens: Tensor | None,
-    configs: Mapping[str, LaunchConfig] | None, split_chunks: int | None = None,
+    initial_state: Tensor | None = None, dht: Tensor | None = None, cu_seqlens: Tensor | None = None,
+    configs: Mapping[str, LaunchConfig] | None = None, split_chunks: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """(dq, dk, dv, dg, dbeta, dh0) of the GDN (`op="gdn"`) or KDA chunked forward; see the module docstring.
 

@@ -1,43 +1,16 @@
-"""Gated DeltaNet backward on the Triton backend: the launch sequence of `kernels.common.chunk_bwd` for GDN.
+"""Gated DeltaNet backward on the Triton backend: `kernels.common.chunk_bwd.chunk_bwd` for op "gdn" (g [B, T, H]).
 
-    recompute    WY prep (`kernels.common.wy`), T = (I + A)^{-1} (`wy_inverse`), the chunk states (split across
-                 the sequence like the forward)                                   kernels.common.chunk_state
-    reverse      the gradient of the state, chunk by chunk from dht (split the same way)  kernels.common.state_bwd
-    gradients    dq and the parts of dk / dg (`chunk_bwd_dqk`), the WY backward and the reverse gate cumsum
-                 (`wy_bwd`)                                                       kernels.common.chunk_bwd
-
-Inputs as the forward (g [B, T, H], raw natural-log gates), plus do `[B, T, H, V]` and dht fp32 `[N, H, K, V]`
-or None. Validation happens in `kernels.autograd` before this is called.
+`chunk_gdn_bwd(q, k, v, g, beta, do, *, scale, initial_state=None, dht=None, cu_seqlens=None, configs=None,
+split_chunks=None) -> (dq, dk, dv, dg, dbeta, dh0)`: the launch sequence (recompute, reverse state pass, gradients)
+and the arguments are documented there. Validation happens in `kernels.autograd` before this is called.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from torch import Tensor
+import functools
 
 from kernels.common.chunk_bwd import chunk_bwd
-from kernels.configs import LaunchConfig
 
 __all__ = ["chunk_gdn_bwd"]
 
-
-def chunk_gdn_bwd(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    do: Tensor,
-    *,
-    scale: float,
-    initial_state: Tensor | None = None,
-    dht: Tensor | None = None,
-    cu_seqlens: Tensor | None = None,
-    configs: Mapping[str, LaunchConfig] | None = None,
-    split_chunks: int | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
-    """(dq, dk, dv, dg, dbeta, dh0): dq, dk, dv, dbeta in the input dtype, dg in g's, dh0 fp32 or None without an
-    initial state. split_chunks: None = automatic sequence split, 0 = never, n = segments of n chunks."""
-    return chunk_bwd("gdn", q, k, v, g, beta, do, scale=scale, initial_state=initial_state, dht=dht,
-                     cu_seqlens=cu_seqlens, configs=configs, split_chunks=split_chunks)
+chunk_gdn_bwd = functools.partial(chunk_bwd, "gdn")

@@ -120,20 +120,17 @@ def make_case(op: str, shape: Shape, device: torch.device | str) -> dict[str, An
     return {"q": q, "k": k, "v": v, "g": g, "beta": beta, "cu_seqlens": cu, "initial_state": h0, "do": do}
 
 
-DIRECTIONS = ("fwd", "fwd+bwd")
-
 
 def op_runner(op: str, case: Mapping[str, Any], *, backend: str = "triton", direction: str = "fwd") -> RunFn:
     """A RunFn: `kernels.forward(op, ..., output_final_state=True, config=configs)` -> (o, final_state).
 
-    direction `"fwd+bwd"`: the training step, so the backward kernels are tuned on the whole step. On the triton
-    backend the forward is followed by the Triton backward (`kernels.<op>.chunk_bwd`, same configs, the case's
-    seeded `do`) -> (o, final_state, dq, dk, dv, dg, dbeta, dh0); on the others, `o.backward(do)` through the op's
-    autograd Function with fresh leaves each call -> (o, final_state, dq, dk, dv, dg, dbeta).
+    direction `"fwd+bwd"`: the training step, so the backward kernels are tuned on the whole step: `o.backward(do)`
+    with the case's seeded `do` through the op's autograd Function (which hands the same configs to the backward
+    kernels), fresh leaves each call -> (o, final_state, dq, dk, dv, dg, dbeta[, dh0 when the case has an initial
+    state]).
     """
-    import importlib
-
     import kernels
+    from runners.spec import DIRECTIONS
 
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be 'fwd' or 'fwd+bwd', got direction={direction!r}")
@@ -146,24 +143,16 @@ def op_runner(op: str, case: Mapping[str, Any], *, backend: str = "triton", dire
     if direction == "fwd":
         return run
     do = case["do"]
-    if backend == "triton":
-        bwd = getattr(importlib.import_module(f"kernels.{op}.chunk_bwd"), f"chunk_{op}_bwd")
-
-        def step(configs: Mapping[str, LaunchConfig]) -> tuple[torch.Tensor | None, ...]:
-            o, ht = run(configs)
-            grads = bwd(case["q"], case["k"], case["v"], case["g"], case["beta"], do,
-                        scale=case["k"].shape[-1] ** -0.5, initial_state=case["initial_state"], dht=None,
-                        cu_seqlens=case["cu_seqlens"], configs=dict(configs))
-            return (o, ht, *grads)
-
-        return step
+    h0 = case["initial_state"]
 
     def train(configs: Mapping[str, LaunchConfig]) -> tuple[torch.Tensor | None, ...]:
         xs = [case[n].detach().requires_grad_() for n in ("q", "k", "v", "g", "beta")]
-        o, ht = kernels.forward(op, *xs, initial_state=case["initial_state"], output_final_state=True,
+        s0 = h0.detach().requires_grad_() if h0 is not None else None
+        o, ht = kernels.forward(op, *xs, initial_state=s0, output_final_state=True,
                                 cu_seqlens=case["cu_seqlens"], backend=backend, config=dict(configs))
         o.backward(do)
-        return (o.detach(), ht.detach() if ht is not None else None, *(x.grad for x in xs))
+        grads = [x.grad for x in xs] + ([s0.grad] if s0 is not None else [])
+        return (o.detach(), ht.detach() if ht is not None else None, *grads)
 
     return train
 

@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import pytest
+from tests.utils.postgres import missing_postgres
 
 __all__ = ["ScratchCluster"]
 
@@ -22,9 +22,7 @@ __all__ = ["ScratchCluster"]
 def _bin_dir() -> Path:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"), key=lambda p: [int(x) if x.isdigit() else x for x in p.split("/")])
     if not found:
-        if os.environ.get("CI"):
-            pytest.fail("no PostgreSQL server binaries under CI: `./dev test` installs them")
-        pytest.skip("no PostgreSQL server binaries")
+        missing_postgres("no PostgreSQL server binaries", "`./dev test` installs them")
     return Path(found[-1]).parent
 
 

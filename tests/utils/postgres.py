@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from typing import NoReturn
 
 import pytest
 from sqlalchemy import create_engine
@@ -16,15 +17,20 @@ from sqlalchemy.engine import make_url
 from db.session import dispose_engine
 from db.settings import normalize_url
 
-__all__ = ["ScratchDatabase", "server_url"]
+__all__ = ["ScratchDatabase", "missing_postgres", "server_url"]
+
+
+def missing_postgres(what: str, under_ci: str) -> NoReturn:
+    """A PostgreSQL part is missing: skip the test, except under CI (`CI` set), where it fails with `under_ci`."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{what} under CI: {under_ci}")
+    pytest.skip(what)
 
 
 def server_url() -> str:
     server = os.environ.get("CPBENCH_TEST_POSTGRES_URL")
     if not server:
-        if os.environ.get("CI"):
-            pytest.fail("CPBENCH_TEST_POSTGRES_URL is not set under CI: `./dev test` must start PostgreSQL")
-        pytest.skip("CPBENCH_TEST_POSTGRES_URL not set")
+        missing_postgres("CPBENCH_TEST_POSTGRES_URL not set", "`./dev test` must start PostgreSQL")
     return normalize_url(server)
 
 

@@ -55,6 +55,11 @@ __all__ = ["CHUNK_BWD_DQK", "WY_BWD", "WY_INVERSE", "chunk_bwd"]
 
 _KEY = ("H", "K", "V", "BT", "GATE", "IS_VARLEN", "dtype")
 
+# KDA's decayed products (`_rows_vec` / `_cols_vec`): the operands' precision in their matmuls. "bf16" rounds the
+# decayed operand to bf16 (its 2^-8 error survives the q.rq - k.cq cancellation of dG: dg 1.1e-2 rel_l2 on the
+# H200); "tf32" / "tf32x3" keep them fp32 (Triton's input_precision). GDN's scalar-gate products stay in bf16.
+VECTOR_GATE_DOT = "tf32"
+
 WY_INVERSE = register(KernelSpec(
     name="wy_inverse",
     key=_KEY,
@@ -85,7 +90,7 @@ WY_BWD = register(KernelSpec(
 
 
 @triton.jit
-def _rows_vec(X, b, G, BT: tl.constexpr, DT: tl.constexpr):
+def _rows_vec(X, b, G, BT: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """R_i = sum_{j <= i} X_ij b_j exp(G_i - G_j) per key: X [BT, BT] fp32 zero above the diagonal, b and G
     [BT, BK] fp32 (G non-increasing down the rows). Row block I uses exp(G_i - g_I) exp(g_I - G_j), g_I the gate
     before block I: both factors <= 1 except j inside block I (<= 16 tokens of decay)."""
@@ -95,23 +100,29 @@ def _rows_vec(X, b, G, BT: tl.constexpr, DT: tl.constexpr):
     for I in tl.static_range(BT // 16):
         gI = tl.sum(tl.where(o_t[:, None] == 16 * I - 1, G, 0.), 0)  # zeros for I == 0
         right = b * tl.exp(tl.where(o_t[:, None] < 16 * (I + 1), gI[None, :] - G, float("-inf")))
-        part = tl.dot(X.to(DT), right.to(DT))
+        if PREC == "bf16":
+            part = tl.dot(X.to(DT), right.to(DT))
+        else:
+            part = tl.dot(X, right, input_precision=PREC)
         m_I = (blk == I)[:, None]
         R += tl.where(m_I, part * tl.exp(tl.where(m_I, G - gI[None, :], 0.)), 0.)
     return R
 
 
 @triton.jit
-def _cols_vec(X, a, G, BT: tl.constexpr, DT: tl.constexpr):
+def _cols_vec(X, a, G, BT: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """Cc_j = sum_{i >= j} X_ij a_i exp(G_i - G_j) per key (as `_rows_vec`, split at the last row of j's block)."""
     o_t = tl.arange(0, BT)
     blk = o_t // 16
     C = tl.zeros_like(G)
-    Xt = tl.trans(X).to(DT)
+    Xt = tl.trans(X)
     for J in tl.static_range(BT // 16):
         eJ = tl.sum(tl.where(o_t[:, None] == 16 * J + 15, G, 0.), 0)
         left = a * tl.exp(tl.where(o_t[:, None] >= 16 * J, G - eJ[None, :], float("-inf")))
-        part = tl.dot(Xt, left.to(DT))
+        if PREC == "bf16":
+            part = tl.dot(Xt.to(DT), left.to(DT))
+        else:
+            part = tl.dot(Xt, left, input_precision=PREC)
         m_J = (blk == J)[:, None]
         C += tl.where(m_J, part * tl.exp(tl.where(m_J, eJ[None, :] - G, 0.)), 0.)
     return C
@@ -225,6 +236,7 @@ def chunk_bwd_dqk_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     GATE_VECTOR: tl.constexpr,
+    DOT_PREC: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
     i_k, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -266,8 +278,8 @@ def chunk_bwd_dqk_kernel(
     b_X = tl.where(o_t[:, None] > o_t[None, :], b_da * scale, 0.)
     b_xd = tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_da * scale, 0.), 1)[:, None]  # [BT, 1]
     if GATE_VECTOR:
-        b_rq = _rows_vec(b_X, b_k, b_G, BT, dt)
-        b_cq = _cols_vec(b_X, b_q, b_G, BT, dt)
+        b_rq = _rows_vec(b_X, b_k, b_G, BT, dt, DOT_PREC)
+        b_cq = _cols_vec(b_X, b_q, b_G, BT, dt, DOT_PREC)
     else:
         b_gr = tl.sum(b_G, 1)  # [BT]
         b_XE = b_X * tl.exp(tl.where(o_t[:, None] > o_t[None, :], b_gr[:, None] - b_gr[None, :], float("-inf")))
@@ -318,6 +330,7 @@ def wy_bwd_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     GATE_VECTOR: tl.constexpr,
+    DOT_PREC: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
@@ -358,8 +371,8 @@ def wy_bwd_kernel(
         b_G = _gate_tile(g, p_row, m_r, o_k, K, GATE_VECTOR)
         b_bk = b_k * b_beta[:, None]
         if GATE_VECTOR:
-            b_ra = _rows_vec(b_dA, b_k, b_G, BT, dt)
-            b_ca = _cols_vec(b_dA, b_bk, b_G, BT, dt)
+            b_ra = _rows_vec(b_dA, b_k, b_G, BT, dt, DOT_PREC)
+            b_ca = _cols_vec(b_dA, b_bk, b_G, BT, dt, DOT_PREC)
         else:
             b_gr = tl.sum(b_G, 1)
             b_XE = b_dA * tl.exp(tl.where(o_t[:, None] > o_t[None, :], b_gr[:, None] - b_gr[None, :], float("-inf")))
@@ -495,8 +508,8 @@ def chunk_bwd(
     grid = (K // BK, *_chunk_grid(index, B, T, H))
     chunk_bwd_dqk_kernel[grid](
         q, k, g, h, dh, v_new, dv_new, do, dq, dk_part, dw, dg_part, cu, ci, scale, T,
-        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE_VECTOR=gate_vector, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE_VECTOR=gate_vector, DOT_PREC=VECTOR_GATE_DOT,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
@@ -506,7 +519,7 @@ def chunk_bwd(
     BK, BV = _fit(cfg, K, V)
     wy_bwd_kernel[_chunk_grid(index, B, T, H)](
         k, v, g, beta, tt, w, u, dv_new, dw, dk_part, dg_part, dk, dv, dbeta, dg, cu, ci, T,
-        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE_VECTOR=gate_vector, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE_VECTOR=gate_vector, DOT_PREC=VECTOR_GATE_DOT,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return dq, dk, dv, dg, dbeta, dh0

@@ -59,6 +59,7 @@ _KEY = ("H", "K", "V", "BT", "GATE", "IS_VARLEN", "dtype")
 # decayed operand to bf16 (its 2^-8 error survives the q.rq - k.cq cancellation of dG: dg 1.1e-2 rel_l2 on the
 # H200); "tf32" / "tf32x3" keep them fp32 (Triton's input_precision). GDN's scalar-gate products stay in bf16.
 VECTOR_GATE_DOT = "tf32"
+VECTOR_GATE_BATCHED = True
 
 WY_INVERSE = register(KernelSpec(
     name="wy_inverse",
@@ -90,41 +91,66 @@ WY_BWD = register(KernelSpec(
 
 
 @triton.jit
-def _rows_vec(X, b, G, BT: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+def _dot_prec(a, b, DT: tl.constexpr, PREC: tl.constexpr):
+    """a @ b (2-D or batched 3-D) with operands rounded to DT ("bf16") or kept fp32 at Triton's input_precision."""
+    if PREC == "bf16":
+        return tl.dot(a.to(DT), b.to(DT))
+    else:
+        return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
+def _rows_vec(X, b, G, BT: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+              BATCHED: tl.constexpr):
     """R_i = sum_{j <= i} X_ij b_j exp(G_i - G_j) per key: X [BT, BT] fp32 zero above the diagonal, b and G
     [BT, BK] fp32 (G non-increasing down the rows). Row block I uses exp(G_i - g_I) exp(g_I - G_j), g_I the gate
-    before block I: both factors <= 1 except j inside block I (<= 16 tokens of decay)."""
+    before block I: both factors <= 1 except j inside block I (<= 16 tokens of decay).
+    BATCHED: the row blocks as one [BT/16, 16, BT] x [BT/16, BT, BK] batched product (a quarter of the flops of
+    four masked [BT, BT] x [BT, BK] products)."""
     o_t = tl.arange(0, BT)
-    blk = o_t // 16
-    R = tl.zeros_like(G)
-    for I in tl.static_range(BT // 16):
-        gI = tl.sum(tl.where(o_t[:, None] == 16 * I - 1, G, 0.), 0)  # zeros for I == 0
-        right = b * tl.exp(tl.where(o_t[:, None] < 16 * (I + 1), gI[None, :] - G, float("-inf")))
-        if PREC == "bf16":
-            part = tl.dot(X.to(DT), right.to(DT))
-        else:
-            part = tl.dot(X, right, input_precision=PREC)
-        m_I = (blk == I)[:, None]
-        R += tl.where(m_I, part * tl.exp(tl.where(m_I, G - gI[None, :], 0.)), 0.)
+    if BATCHED:
+        NB: tl.constexpr = BT // 16
+        o_b = tl.arange(0, NB)
+        gI = tl.sum(tl.where(o_t[None, :, None] == (16 * o_b - 1)[:, None, None], G[None, :, :], 0.), 1)  # [NB, BK]
+        m = o_t[None, :, None] < (16 * o_b + 16)[:, None, None]
+        right = b[None, :, :] * tl.exp(tl.where(m, gI[:, None, :] - G[None, :, :], float("-inf")))  # [NB, BT, BK]
+        part = _dot_prec(tl.reshape(X, (NB, 16, BT)), right, DT, PREC)  # [NB, 16, BK]
+        R = tl.reshape(part * tl.exp(tl.reshape(G, (NB, 16, BK)) - gI[:, None, :]), (BT, BK))
+    else:
+        blk = o_t // 16
+        R = tl.zeros_like(G)
+        for I in tl.static_range(BT // 16):
+            gI = tl.sum(tl.where(o_t[:, None] == 16 * I - 1, G, 0.), 0)  # zeros for I == 0
+            right = b * tl.exp(tl.where(o_t[:, None] < 16 * (I + 1), gI[None, :] - G, float("-inf")))
+            part = _dot_prec(X, right, DT, PREC)
+            m_I = (blk == I)[:, None]
+            R += tl.where(m_I, part * tl.exp(tl.where(m_I, G - gI[None, :], 0.)), 0.)
     return R
 
 
 @triton.jit
-def _cols_vec(X, a, G, BT: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+def _cols_vec(X, a, G, BT: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+              BATCHED: tl.constexpr):
     """Cc_j = sum_{i >= j} X_ij a_i exp(G_i - G_j) per key (as `_rows_vec`, split at the last row of j's block)."""
     o_t = tl.arange(0, BT)
-    blk = o_t // 16
-    C = tl.zeros_like(G)
     Xt = tl.trans(X)
-    for J in tl.static_range(BT // 16):
-        eJ = tl.sum(tl.where(o_t[:, None] == 16 * J + 15, G, 0.), 0)
-        left = a * tl.exp(tl.where(o_t[:, None] >= 16 * J, G - eJ[None, :], float("-inf")))
-        if PREC == "bf16":
-            part = tl.dot(Xt.to(DT), left.to(DT))
-        else:
-            part = tl.dot(Xt, left, input_precision=PREC)
-        m_J = (blk == J)[:, None]
-        C += tl.where(m_J, part * tl.exp(tl.where(m_J, eJ[None, :] - G, 0.)), 0.)
+    if BATCHED:
+        NB: tl.constexpr = BT // 16
+        o_b = tl.arange(0, NB)
+        eJ = tl.sum(tl.where(o_t[None, :, None] == (16 * o_b + 15)[:, None, None], G[None, :, :], 0.), 1)
+        m = o_t[None, :, None] >= (16 * o_b)[:, None, None]
+        left = a[None, :, :] * tl.exp(tl.where(m, G[None, :, :] - eJ[:, None, :], float("-inf")))  # [NB, BT, BK]
+        part = _dot_prec(tl.reshape(Xt, (NB, 16, BT)), left, DT, PREC)  # [NB, 16, BK]
+        C = tl.reshape(part * tl.exp(eJ[:, None, :] - tl.reshape(G, (NB, 16, BK))), (BT, BK))
+    else:
+        blk = o_t // 16
+        C = tl.zeros_like(G)
+        for J in tl.static_range(BT // 16):
+            eJ = tl.sum(tl.where(o_t[:, None] == 16 * J + 15, G, 0.), 0)
+            left = a * tl.exp(tl.where(o_t[:, None] >= 16 * J, G - eJ[None, :], float("-inf")))
+            part = _dot_prec(Xt, left, DT, PREC)
+            m_J = (blk == J)[:, None]
+            C += tl.where(m_J, part * tl.exp(tl.where(m_J, eJ[None, :] - G, 0.)), 0.)
     return C
 
 
@@ -237,6 +263,7 @@ def chunk_bwd_dqk_kernel(
     BV: tl.constexpr,
     GATE_VECTOR: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    DOT_BATCHED: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
     i_k, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -278,8 +305,8 @@ def chunk_bwd_dqk_kernel(
     b_X = tl.where(o_t[:, None] > o_t[None, :], b_da * scale, 0.)
     b_xd = tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_da * scale, 0.), 1)[:, None]  # [BT, 1]
     if GATE_VECTOR:
-        b_rq = _rows_vec(b_X, b_k, b_G, BT, dt, DOT_PREC)
-        b_cq = _cols_vec(b_X, b_q, b_G, BT, dt, DOT_PREC)
+        b_rq = _rows_vec(b_X, b_k, b_G, BT, BK, dt, DOT_PREC, DOT_BATCHED)
+        b_cq = _cols_vec(b_X, b_q, b_G, BT, BK, dt, DOT_PREC, DOT_BATCHED)
     else:
         b_gr = tl.sum(b_G, 1)  # [BT]
         b_XE = b_X * tl.exp(tl.where(o_t[:, None] > o_t[None, :], b_gr[:, None] - b_gr[None, :], float("-inf")))
@@ -331,6 +358,7 @@ def wy_bwd_kernel(
     BV: tl.constexpr,
     GATE_VECTOR: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    DOT_BATCHED: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
@@ -371,8 +399,8 @@ def wy_bwd_kernel(
         b_G = _gate_tile(g, p_row, m_r, o_k, K, GATE_VECTOR)
         b_bk = b_k * b_beta[:, None]
         if GATE_VECTOR:
-            b_ra = _rows_vec(b_dA, b_k, b_G, BT, dt, DOT_PREC)
-            b_ca = _cols_vec(b_dA, b_bk, b_G, BT, dt, DOT_PREC)
+            b_ra = _rows_vec(b_dA, b_k, b_G, BT, BK, dt, DOT_PREC, DOT_BATCHED)
+            b_ca = _cols_vec(b_dA, b_bk, b_G, BT, BK, dt, DOT_PREC, DOT_BATCHED)
         else:
             b_gr = tl.sum(b_G, 1)
             b_XE = b_dA * tl.exp(tl.where(o_t[:, None] > o_t[None, :], b_gr[:, None] - b_gr[None, :], float("-inf")))
@@ -508,7 +536,8 @@ def chunk_bwd(
     grid = (K // BK, *_chunk_grid(index, B, T, H))
     chunk_bwd_dqk_kernel[grid](
         q, k, g, h, dh, v_new, dv_new, do, dq, dk_part, dw, dg_part, cu, ci, scale, T,
-        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE_VECTOR=gate_vector, DOT_PREC=VECTOR_GATE_DOT,
+        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE_VECTOR=gate_vector,
+        DOT_PREC=VECTOR_GATE_DOT, DOT_BATCHED=VECTOR_GATE_BATCHED,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     dk = torch.empty_like(k)
@@ -519,7 +548,8 @@ def chunk_bwd(
     BK, BV = _fit(cfg, K, V)
     wy_bwd_kernel[_chunk_grid(index, B, T, H)](
         k, v, g, beta, tt, w, u, dv_new, dw, dk_part, dg_part, dk, dv, dbeta, dg, cu, ci, T,
-        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE_VECTOR=gate_vector, DOT_PREC=VECTOR_GATE_DOT,
+        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE_VECTOR=gate_vector,
+        DOT_PREC=VECTOR_GATE_DOT, DOT_BATCHED=VECTOR_GATE_BATCHED,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return dq, dk, dv, dg, dbeta, dh0

@@ -7,6 +7,8 @@ other module is refused with a one-line 422 (`runners.plugins.refusal`).
 
 from __future__ import annotations
 
+import csv
+import io
 from pathlib import Path
 from typing import Any
 
@@ -76,3 +78,12 @@ def test_plugin_sweep_runs_gates_stores_and_shows(client: httpx.Client, auth: di
     assert page.status_code == 200 and "torchpeer" in page.text
     csv_text = client.get(f"/dash/{sweep['id']}/latency.csv", params={"backend": "torchpeer"}).text
     assert "torchpeer" in csv_text and "all_gather" in csv_text
+
+    # without a choice the page shows every backend (ours and the plugin's all_gather on the same axes)
+    page = client.get(f"/sweeps/{sweep['id']}")
+    assert page.status_code == 200 and '<option value="all" selected>all</option>' in page.text
+    shown = page.text.replace("\\u00b7", "·")
+    assert all(f'"name":"{m} · {b}"' in shown for m in ("all_gather", "none") for b in ("torch", "torchpeer")), shown[:2000]
+    rows = list(csv.DictReader(io.StringIO(client.get(f"/dash/{sweep['id']}/latency.csv").text)))
+    drawn = {(r["mode"], r["backend_label"], r["W"]) for r in rows if r["role"] == "measured"}
+    assert {("all_gather", "torch", "2"), ("all_gather", "torchpeer", "2")} <= drawn

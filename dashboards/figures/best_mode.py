@@ -108,9 +108,10 @@ def _label(c: dict[str, Any]) -> str:
 
 def _hover(c: dict[str, Any]) -> str:
     spread = "" if c["p10_ms"] is None else f" (p10–p90 {c['p10_ms']:.4g}–{c['p90_ms']:.4g})"
+    own = f" ({c['best_backend']})" if c["best"] != c["best_mode"] else ""  # its own backend's none
     lines = [f"<b>{c['best']}</b> fastest exact at B={c['B']} T={c['T']} W={c['W']} lb={c['lb']:g}",
              f"{c['best_ms']:.4g} ms{spread}, n={c['n']}",
-             f"speedup vs none ({c['best_backend']}): " + ("—" if c["speedup_vs_none"] is None else f"{c['speedup_vs_none']:.2f}×")]
+             f"speedup vs none{own}: " + ("—" if c["speedup_vs_none"] is None else f"{c['speedup_vs_none']:.2f}×")]
     if c["runner_up"]:
         lines.append(f"runner-up {c['runner_up']} {c['runner_up_ms']:.4g} ms (+{100 * c['gap']:.1f}%)")
     if c["faster_approx"]:

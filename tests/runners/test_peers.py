@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from kernels.peers import check_peer
 from kernels.peers import fla as fla_peer
 from runners import plugins
 from runners.errors import SpecError
@@ -178,6 +179,11 @@ def test_plugin_modules_allow_list(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     with pytest.raises(SpecError, match="backend 'cpbench_spy_a:PEER': `name` must match"):
         parse_spec({**base, "backends": ["cpbench_spy_a:PEER"]})
     assert marker.exists()
+
+    # "all" is the dashboards' every-backend choice: no backend may be named so
+    spy = type("Spy", (), {"name": "all", "modes": {"none": ("fwd",)}, "forward": lambda *a, **k: None})()
+    with pytest.raises(ValueError, match="not be one of .*all, got 'all'"):
+        check_peer(spy, "'spy'")
 
     assert plugins.module_allowed("a.b.c", ("a.",)) and plugins.module_allowed("a.b", ("a.b",))
     assert not plugins.module_allowed("a.b", ("a",)) and not plugins.module_allowed("ab.c", ("a.",))

@@ -5,7 +5,8 @@
                               (substring), ?tag=, ?status= (a shown status, `dashboards.data.INDEX_STATUSES`);
                               the sweeps of one regression run are collapsed into one row
     /sweeps/{id}              one sweep: progress (polls GET /api/v1/sweeps/{id}) and its figures, on one slice
-                              of (op, backend, H, K, V, dtype, direction, layout) picked by query parameters
+                              of (op, backend, H, K, V, dtype, direction, layout) picked by query parameters;
+                              backend=all (the default when the sweep has several) draws every backend side by side
     /tuning                   tuning trials and the tuned configs (?sweep=, ?device=, ?kernel=)
     /history                  nightly history per benchmark key with regression verdicts (?key= substring)
     /dash/{id}/{figure}.csv   the table behind a sweep figure (same query parameters as the page)

@@ -2,7 +2,9 @@
 
 - `sweep_rows(session, sweep_id, limit=)`: a sweep's results (`db.crud.list_results` rows);
 - `slice_options(rows)` / `apply_slice(rows, selection)`: the axes a sweep page lets the user fix (op, backend,
-  H, K, V, dtype, direction, layout), so every figure compares modes on one shape family;
+  H, K, V, dtype, direction, layout), so every figure compares modes on one shape family; the backend axis also
+  offers ALL ("all", the default when a sweep holds several backends): every backend at once, which the figures
+  draw side by side ("<mode> · <backend>", `dashboards.figures.common.series_name`);
 - `tuning_rows(session, ...)`: tuning trials with `chosen` set on the winner stored in tuned_configs;
   `tuned_config_rows(session, ...)`;
 - `display_status(status, progress)` and `sweep_index(session, name=, tag=, status=)`: the sweeps list, filtered by
@@ -23,6 +25,8 @@ from db import crud
 from db.models import POINT_STATUSES, Environment, Measurement, Point, RegressionResult, Sweep, TuningTrial
 
 __all__ = [
+    "ALL",
+    "ALL_AXES",
     "INDEX_STATUSES",
     "INDEX_LIMIT",
     "SLICE_AXES",
@@ -40,6 +44,10 @@ __all__ = [
 INDEX_LIMIT = 500  # sweeps the index page reads at most (newest first), as the API's largest page
 
 SLICE_AXES = ("op", "backend", "H", "K", "V", "dtype", "direction", "layout")
+# the slice axes whose values the figures can tell apart on the same axes: they also offer ALL (first, the default)
+# when the sweep has several values; "all" is no backend's name (kernels.peers reserves it)
+ALL_AXES = ("backend",)
+ALL = "all"
 NIGHTLY_TAG = "nightly"
 
 
@@ -50,7 +58,8 @@ def sweep_rows(session: Session, sweep_id: int, *, limit: int) -> list[dict[str,
 
 
 def slice_options(rows: Iterable[dict[str, Any]]) -> dict[str, list[Any]]:
-    """For each slice axis, the values present (sorted); `none`'s layout is ignored (it runs on one device)."""
+    """For each slice axis, the values present (sorted), ALL first on an ALL_AXES axis with several values; `none`'s
+    layout is ignored (it runs on one device)."""
     out: dict[str, set[Any]] = {a: set() for a in SLICE_AXES}
     for r in rows:
         for a in SLICE_AXES:
@@ -58,7 +67,7 @@ def slice_options(rows: Iterable[dict[str, Any]]) -> dict[str, list[Any]]:
                 continue
             if r.get(a) is not None:
                 out[a].add(r[a])
-    return {a: sorted(v) for a, v in out.items() if v}
+    return {a: ([ALL] if a in ALL_AXES and len(v) > 1 else []) + sorted(v) for a, v in out.items() if v}
 
 
 def _coerce(value: Any, like: Any) -> Any:
@@ -71,7 +80,8 @@ def _coerce(value: Any, like: Any) -> Any:
 
 
 def apply_slice(rows: Sequence[dict[str, Any]], selection: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Rows on one value of each slice axis: `selection[axis]` where given and present, else the first value.
+    """Rows on one value of each slice axis: `selection[axis]` where given and present, else the first value (ALL
+    where offered: that axis keeps every value).
 
     Returns (rows, the selection used). Query-string values are coerced to the axis' type.
     """
@@ -80,8 +90,9 @@ def apply_slice(rows: Sequence[dict[str, Any]], selection: Mapping[str, Any]) ->
     for axis, values in options.items():
         want = _coerce(selection.get(axis), values[0])
         chosen[axis] = want if want in values else values[0]
+    fixed = {a: v for a, v in chosen.items() if not (a in ALL_AXES and v == ALL)}
     kept = [r for r in rows
-            if all(r.get(a) == v for a, v in chosen.items() if not (a == "layout" and r.get("mode") == "none"))]
+            if all(r.get(a) == v for a, v in fixed.items() if not (a == "layout" and r.get("mode") == "none"))]
     return kept, chosen
 
 

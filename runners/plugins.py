@@ -6,7 +6,11 @@ A sweep's `backends` entry is one of:
 - `fla`: FLA's implementation of each mode (`kernels.peers.fla`);
 - a name registered under the entry point group `cpbench.backends` by an installed package
   (`[project.entry-points."cpbench.backends"] mine = "my_pkg.cpbench:BACKEND"`);
-- `package.module:object`: an importable object (a class is instantiated with no arguments).
+- `package.module:object`: an importable object (a class is instantiated with no arguments), only from a module
+  allowed by the setting `CPBENCH_PLUGIN_MODULES` (comma-separated module names, or prefixes ending in '.':
+  `my_pkg.` allows `my_pkg.bench`) or the value of an installed `cpbench.backends` entry point. A spec comes over
+  REST too: no other module is ever imported, not when the spec is submitted (`cpbench serve`, `cpbench run`) and
+  not by a worker that finds such a point in the store (its point fails with the reason).
 
 A peer must satisfy `kernels.peers`' protocol (checked when loaded). Its `name` becomes the points' backend;
 for a plugin the spec's string travels with each point (`params.backend_ref`) so a worker loads the same object.
@@ -22,13 +26,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from kernels.peers import check_peer
+from runners.settings import get_worker_settings
 
-__all__ = ["ENTRY_POINT_GROUP", "OURS", "is_ours", "load_peer", "peer_of_point", "unavailable"]
+__all__ = ["ENTRY_POINT_GROUP", "OURS", "PLUGIN_MODULES_SETTING", "allowed_modules", "clear_cache", "is_ours", "load_peer",
+           "module_allowed", "peer_of_point", "refusal", "unavailable"]
 
 logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "cpbench.backends"
 OURS = ("torch", "triton")
+PLUGIN_MODULES_SETTING = "CPBENCH_PLUGIN_MODULES"  # = runners.settings.WorkerSettings.PLUGIN_MODULES
 
 
 def is_ours(ref: str) -> bool:
@@ -43,6 +50,33 @@ def _entry_point(name: str) -> Any:
     return None
 
 
+def allowed_modules() -> tuple[str, ...]:
+    """The module names and prefixes (ending in '.') of the setting CPBENCH_PLUGIN_MODULES, as read by this process."""
+    return tuple(m.strip() for m in get_worker_settings().PLUGIN_MODULES.split(",") if m.strip())
+
+
+def module_allowed(module: str, allowed: tuple[str, ...]) -> bool:
+    """`module` is one of `allowed`, or starts with one of its prefixes (an entry ending in '.')."""
+    return any(module == a or (a.endswith(".") and module.startswith(a)) for a in allowed)
+
+
+def _registered(module: str, attr: str) -> bool:
+    """`module:attr` is the value of an installed `cpbench.backends` entry point."""
+    return any(ep.module == module and ep.attr == attr for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+
+
+def refusal(ref: str) -> str | None:
+    """Why the `module:object` reference `ref` may not be imported here (one line), or None: its module is allowed
+    by CPBENCH_PLUGIN_MODULES or it is an installed entry point's value. Other references are never refused."""
+    if ":" not in ref:
+        return None
+    module, _, attr = ref.partition(":")
+    if module_allowed(module, allowed_modules()) or _registered(module, attr):
+        return None
+    return (f"backend {ref!r} is refused: module {module!r} is not allowed by the setting {PLUGIN_MODULES_SETTING} "
+            f"(comma-separated module names or prefixes ending in '.') nor an installed '{ENTRY_POINT_GROUP}' entry point")
+
+
 def _import(ref: str) -> Any:
     module, _, attr = ref.partition(":")
     obj: Any = importlib.import_module(module)
@@ -51,12 +85,25 @@ def _import(ref: str) -> Any:
     return obj
 
 
-@functools.lru_cache(maxsize=64)
 def load_peer(ref: str) -> Any:
-    """The peer object of a backend reference (`fla`, an entry point name, or `module:object`).
+    """The peer object of a backend reference (`fla`, an entry point name, or an allowed `module:object`).
 
-    Raises ValueError with one line naming the reference when it cannot be loaded or breaks the protocol.
+    Raises ValueError with one line naming the reference when it is refused (`refusal`; checked on every call, before
+    any import), cannot be loaded or breaks the protocol.
     """
+    why = refusal(ref)
+    if why:
+        raise ValueError(why)
+    return _load(ref)
+
+
+def clear_cache() -> None:
+    """Forget the loaded peers (tests that change the installed entry points)."""
+    _load.cache_clear()
+
+
+@functools.lru_cache(maxsize=64)
+def _load(ref: str) -> Any:
     if is_ours(ref):
         raise ValueError(f"backend {ref!r} is one of ours, not a peer")
     if ref == "fla":

@@ -20,6 +20,7 @@
 | `CPBENCH_POINT_OVERHEAD_S`      | 120      | a point's time limit is this plus twice its timing limits (watchdog and collective timeout) |
 | `CPBENCH_STORE_RETRY_MAX_S`     | 30       | a worker's backoff cap between retries while the store is unavailable    |
 | `CPBENCH_SPOOL_DIR`             | (artifact dir)/spool | where a finished measurement waits while the store is away   |
+| `CPBENCH_PLUGIN_MODULES`        | (none)   | modules a spec's `module:object` backend may import: comma-separated names, or prefixes ending in '.' (`runners.plugins`) |
 
 The database URL and the artifact folder are the store's settings (`db.settings`: `CPBENCH_DATABASE_URL`,
 `CPBENCH_ARTIFACT_DIR`). Tests override by setting the variables and calling `get_worker_settings.cache_clear()`.
@@ -65,6 +66,7 @@ class WorkerSettings(BaseSettings):
     POINT_OVERHEAD_S: float = Field(120.0, gt=0, allow_inf_nan=False)
     STORE_RETRY_MAX_S: float = Field(30.0, gt=0, allow_inf_nan=False)
     SPOOL_DIR: str | None = None
+    PLUGIN_MODULES: str = ""
 
 
 @lru_cache(maxsize=1)

@@ -36,6 +36,21 @@ def session():
     engine.dispose()
 
 
+@pytest.fixture
+def plugin_modules(monkeypatch: pytest.MonkeyPatch):
+    """`allow("pkg.,other.mod")` sets CPBENCH_PLUGIN_MODULES for this test (and the ranks it spawns): the modules a
+    spec's `module:object` backend may import (`runners.plugins.refusal`)."""
+    from runners.settings import get_worker_settings
+
+    def allow(value: str) -> None:
+        monkeypatch.setenv("CPBENCH_PLUGIN_MODULES", value)
+        get_worker_settings.cache_clear()
+
+    yield allow
+    monkeypatch.delenv("CPBENCH_PLUGIN_MODULES", raising=False)
+    get_worker_settings.cache_clear()
+
+
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     import torch

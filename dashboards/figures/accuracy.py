@@ -2,8 +2,9 @@
 
 Rows in, figure out. `warmup_correct` is the one mode whose error depends on the gate decay (lb): it truncates the
 state to its last warmup chunks. The exact modes sit at bf16 noise and serve as the floor. Top row: error vs
-`none` on the full shape; bottom row: error vs the fp32 reference on the reduced shape. One trace per mode per row,
-named after the mode; each point's hover shows the scheme report (warmup chunks, fallback fraction). An exact 0
+`none` on the full shape; bottom row: error vs the fp32 reference on the reduced shape. One trace per (mode, backend)
+per row, named after the mode ("<mode> · <backend>" when the rows hold several backends: `common.series_name`, a
+peer's markers open; each backend's errors are against its own `none`); each point's hover shows the scheme report (warmup chunks, fallback fraction). An exact 0
 (bitwise-equal outputs) is drawn on a separate shaded band at the bottom, ticked "exact (0)" (`zero_level`, two
 decades under the smallest non-zero error); hover and CSV keep the 0. Modes are spread a little along x (`x_offset`)
 so that equal errors do not hide each other; the hover gives the true lb.
@@ -18,11 +19,21 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dashboards.figures.common import base_layout, empty_figure, mode_color, mode_rank, sort_modes, symbol
+from dashboards.figures.common import (
+    backend_label,
+    backend_labels,
+    backend_marker,
+    base_layout,
+    empty_figure,
+    mode_color,
+    mode_rank,
+    series_name,
+    symbol,
+)
 
 NAME = "accuracy"
 TITLE = "Error vs decay bound lb (relative L2)"
-COLUMNS = ("mode", "lb", "op", "backend", "B", "T", "H", "K", "V", "W", "dtype", "err_vs_none", "err_vs_reference",
+COLUMNS = ("mode", "lb", "op", "backend", "backend_label", "B", "T", "H", "K", "V", "W", "dtype", "err_vs_none", "err_vs_reference",
            "report")
 _ROWS = (("err_vs_none", "vs none"), ("err_vs_reference", "vs fp32 reference"))
 # an error of exactly 0 (bitwise equal outputs) has no place on a log axis: it is drawn on a band this many decades
@@ -36,7 +47,7 @@ def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     done = [r for r in rows if r.get("status", "done") == "done"
             and (r.get("err_vs_none") is not None or r.get("err_vs_reference") is not None)]
     done.sort(key=lambda r: (mode_rank(r["mode"]), r["lb"], r["T"], r["B"], r["W"]))
-    return [{c: r.get(c) for c in COLUMNS} for r in done]
+    return [{**{c: r.get(c) for c in COLUMNS}, "backend_label": backend_label(r)} for r in done]
 
 
 def _report_text(report: Any) -> str:
@@ -77,22 +88,25 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, subplot_titles=[label for _, label in _ROWS],
                         vertical_spacing=0.1)
     zero = zero_level(table)
-    modes = sort_modes(r["mode"] for r in table)
+    labels = backend_labels(table)
+    series = sorted({(r["mode"], r["backend_label"]) for r in table}, key=lambda s: (mode_rank(s[0]), labels.index(s[1])))
+    modes = list(dict.fromkeys(mode for mode, _ in series))
     lbs = sorted({r["lb"] for r in table})
-    for k, mode in enumerate(modes):
-        pts = sorted((r for r in table if r["mode"] == mode), key=lambda r: (r["lb"], r["T"]))
-        dx = x_offset(k, len(modes), lbs)
+    for k, (mode, backend) in enumerate(series):
+        pts = sorted((r for r in table if (r["mode"], r["backend_label"]) == (mode, backend)), key=lambda r: (r["lb"], r["T"]))
+        dx = x_offset(k, len(series), lbs)
+        name = series_name(mode, backend, labels)
         for i, (col, _label) in enumerate(_ROWS, start=1):
             fig.add_trace(go.Scatter(
-                x=[p["lb"] + dx for p in pts], y=[_drawn(p[col], zero) for p in pts], name=mode, legendgroup=mode,
+                x=[p["lb"] + dx for p in pts], y=[_drawn(p[col], zero) for p in pts], name=name, legendgroup=name,
                 showlegend=i == 1, mode="markers+lines" if mode == "warmup_correct" else "markers",
-                marker={"color": mode_color(mode), "size": 8, "symbol": symbol(k), "opacity": 0.85,
-                        "line": {"width": 1, "color": "white"}},
+                marker={"color": mode_color(mode), "size": 8, "opacity": 0.85, "line": {"width": 1, "color": "white"},
+                        "symbol": backend_marker(symbol(modes.index(mode)), backend, labels)},
                 line={"color": mode_color(mode)},
                 customdata=[[p["T"], p["B"], p["W"], _report_text(p["report"]), _shown(p[col]), p["lb"]] for p in pts],
-                hovertemplate=f"{mode}<br>lb=%{{customdata[5]}} T=%{{customdata[0]}} B=%{{customdata[1]}} W=%{{customdata[2]}}"
+                hovertemplate=f"{name}<br>lb=%{{customdata[5]}} T=%{{customdata[0]}} B=%{{customdata[1]}} W=%{{customdata[2]}}"
                               "<br>rel. L2 %{customdata[4]}%{customdata[3]}<extra></extra>",
-                meta={"mode": mode, "kind": "measured", "quantity": col},
+                meta={"mode": mode, "backend": backend, "kind": "measured", "quantity": col},
             ), row=i, col=1)
     fig.update_xaxes(title_text="decay lower bound lb (g ≥ lb)", row=2)
     top = max([zero * 10] + [r[c] for r in table for c, _ in _ROWS if r.get(c)])

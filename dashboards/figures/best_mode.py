@@ -6,6 +6,11 @@ multiples pick lb (columns) and B (rows). Each cell names the fastest EXACT mode
 that an approximate scheme (tail_exchange / warmup_correct within a tolerance, `common.is_exact`) was faster still,
 and names it. Hover: the winner's p10-p90, sample count n, launch configs and collectives. One heatmap trace per
 winning mode per facet (`meta.kind == "best"`), named after the mode; `customdata[...][1]` is the winner's point id.
+
+Rows of several backends (the page's backend choice "all") compete in the same cells: each (mode, backend) is a
+candidate, the cell names the backend of the winner, runner-up and faster approximate scheme ("true_cp (fla)";
+the label carries peer options that are set, `common.backend_label`), the winner's speedup is over `none` of its
+own backend, and the traces are per (mode, backend), named "<mode> · <backend>" (`meta.backend`).
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from dashboards.figures.common import (
+    backend_label,
+    backend_labels,
     base_layout,
     empty_figure,
     facet_values,
@@ -27,30 +34,41 @@ from dashboards.figures.common import (
     mode_rank,
     none_medians,
     run_W,
+    series_name,
+    shows_backend,
     speedup,
 )
 
 NAME = "best_mode"
 TITLE = "Mode map: fastest exact mode per T × W (speedup over one device, runner-up and gap)"
-COLUMNS = ("op", "direction", "lb", "B", "T", "W", "best_mode", "best_id", "best_ms", "p10_ms", "p90_ms", "n",
+COLUMNS = ("op", "direction", "lb", "B", "T", "W", "best_mode", "best_backend", "best", "best_id", "best_ms", "p10_ms", "p90_ms", "n",
            "speedup_vs_none", "exact", "runner_up", "runner_up_ms", "gap", "faster_approx", "faster_approx_ms", "candidates",
            "configs", "collectives")
 APPROX_MARK = "≈"
 
 
 def _fastest_per_mode(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The fastest run of each mode (repetitions and seeds compete), fastest first."""
-    best: dict[str, dict[str, Any]] = {}
+    """The fastest run of each (mode, backend) (repetitions and seeds compete), fastest first."""
+    best: dict[tuple[str, str], dict[str, Any]] = {}
     for r in rows:
-        if r["mode"] not in best or r["median_ms"] < best[r["mode"]]["median_ms"]:
-            best[r["mode"]] = r
+        k = (r["mode"], backend_label(r))
+        if k not in best or r["median_ms"] < best[k]["median_ms"]:
+            best[k] = r
     return sorted(best.values(), key=lambda r: (r["median_ms"], mode_rank(r["mode"])))
+
+
+def _who(r: dict[str, Any] | None, named: bool) -> str | None:
+    """A candidate as the map names it: its mode, with its backend label in parentheses when `named`."""
+    if r is None:
+        return None
+    return f"{r['mode']} ({backend_label(r)})" if named else r["mode"]
 
 
 def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (op, direction, lb, B, T, W) cell that has at least one measured run."""
     done = measured(rows)
     base = none_medians(done)
+    named = shows_backend(backend_labels(done))
     cells: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for r in done:
         cells[(r.get("op"), r.get("direction"), r["lb"], r["B"], r["T"], run_W(r))].append(r)
@@ -63,12 +81,13 @@ def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         approx = ranked[0] if exact and not is_exact(ranked[0]) else None
         out.append({
             "op": op, "direction": direction, "lb": lb, "B": B, "T": T, "W": W,
-            "best_mode": win["mode"], "best_id": win.get("id"), "best_ms": win["median_ms"],
+            "best_mode": win["mode"], "best_backend": backend_label(win), "best": _who(win, named),
+            "best_id": win.get("id"), "best_ms": win["median_ms"],
             "p10_ms": win.get("p10_ms"), "p90_ms": win.get("p90_ms"), "n": win.get("n"),
             "speedup_vs_none": speedup(win, base), "exact": bool(exact),
-            "runner_up": runner["mode"] if runner else None, "runner_up_ms": runner["median_ms"] if runner else None,
+            "runner_up": _who(runner, named), "runner_up_ms": runner["median_ms"] if runner else None,
             "gap": runner["median_ms"] / win["median_ms"] - 1.0 if runner else None,
-            "faster_approx": approx["mode"] if approx else None,
+            "faster_approx": _who(approx, named),
             "faster_approx_ms": approx["median_ms"] if approx else None,
             "candidates": len(ranked), "configs": win.get("configs"), "collectives": win.get("collectives"),
         })
@@ -77,7 +96,7 @@ def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _label(c: dict[str, Any]) -> str:
     mark = "" if c["exact"] else f" {APPROX_MARK}"
-    lines = [f"<b>{c['best_mode']}</b>{mark}"]
+    lines = [f"<b>{c['best']}</b>{mark}"]
     if c["speedup_vs_none"] is not None:
         lines.append(f"{c['speedup_vs_none']:.2f}×")
     if c["runner_up"]:
@@ -89,9 +108,10 @@ def _label(c: dict[str, Any]) -> str:
 
 def _hover(c: dict[str, Any]) -> str:
     spread = "" if c["p10_ms"] is None else f" (p10–p90 {c['p10_ms']:.4g}–{c['p90_ms']:.4g})"
-    lines = [f"<b>{c['best_mode']}</b> fastest exact at B={c['B']} T={c['T']} W={c['W']} lb={c['lb']:g}",
+    own = f" ({c['best_backend']})" if c["best"] != c["best_mode"] else ""  # its own backend's none
+    lines = [f"<b>{c['best']}</b> fastest exact at B={c['B']} T={c['T']} W={c['W']} lb={c['lb']:g}",
              f"{c['best_ms']:.4g} ms{spread}, n={c['n']}",
-             "speedup vs none: " + ("—" if c["speedup_vs_none"] is None else f"{c['speedup_vs_none']:.2f}×")]
+             f"speedup vs none{own}: " + ("—" if c["speedup_vs_none"] is None else f"{c['speedup_vs_none']:.2f}×")]
     if c["runner_up"]:
         lines.append(f"runner-up {c['runner_up']} {c['runner_up_ms']:.4g} ms (+{100 * c['gap']:.1f}%)")
     if c["faster_approx"]:
@@ -115,12 +135,15 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
               for B in Bs for lb in lbs]
     fig = make_subplots(rows=len(Bs), cols=len(lbs), subplot_titles=titles, horizontal_spacing=0.06,
                         vertical_spacing=0.12 if len(Bs) > 1 else 0.0)
+    labels = backend_labels(measured(rows))  # every candidate's, as `frame` names them
     shown: set[str] = set()
     for i, B in enumerate(Bs, start=1):
         for j, lb in enumerate(lbs, start=1):
             facet = {(c["T"], c["W"]): c for c in table if c["B"] == B and c["lb"] == lb}
-            for mode in sorted({c["best_mode"] for c in facet.values()}, key=mode_rank):
-                won = {k: c for k, c in facet.items() if c["best_mode"] == mode}
+            winners = {(c["best_mode"], c["best_backend"]) for c in facet.values()}
+            for mode, backend in sorted(winners, key=lambda w: (mode_rank(w[0]), labels.index(w[1]))):
+                won = {k: c for k, c in facet.items() if (c["best_mode"], c["best_backend"]) == (mode, backend)}
+                name = series_name(mode, backend, labels)
                 grid = [[won.get((T, W)) for W in Ws] for T in Ts]
                 fig.add_trace(go.Heatmap(
                     x=xs, y=ys, z=[[None if c is None else 1 for c in row] for row in grid],
@@ -129,10 +152,10 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
                     customdata=[[["", None] if c is None else [_hover(c), c["best_id"]] for c in row] for row in grid],
                     hovertemplate="%{customdata[0]}<extra></extra>", hoverongaps=False,
                     colorscale=[[0, mode_color(mode)], [1, mode_color(mode)]], showscale=False, xgap=2, ygap=2,
-                    name=mode, legendgroup=mode, showlegend=mode not in shown,
-                    meta={"mode": mode, "B": B, "lb": lb, "kind": "best"},
+                    name=name, legendgroup=name, showlegend=name not in shown,
+                    meta={"mode": mode, "backend": backend, "B": B, "lb": lb, "kind": "best"},
                 ), row=i, col=j)
-                shown.add(mode)
+                shown.add(name)
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=xs)
     fig.update_xaxes(title_text="CP size", row=len(Bs))
     fig.update_yaxes(type="category", categoryorder="array", categoryarray=ys)

@@ -1,8 +1,9 @@
 """Communication per mode: collective calls and bytes per rank, measured by the profiler beside the cost model.
 
 Rows in, figure out. Columns facet CP size W; the top row counts collective calls per step, the bottom row their
-bytes (log). Measured traces are named after their mode (`meta.kind == "measured"`); the model of
-`dashboards.cost_model` is drawn as a dashed line named "<mode> (model)" (`meta.kind == "model"`).
+bytes (log). Measured traces are named after their mode ("<mode> · <backend>" when the rows hold several backends:
+`common.series_name`; `meta.kind == "measured"`); the model of `dashboards.cost_model` is drawn as a dashed line
+named "<trace name> (model)" (`meta.kind == "model"`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import plotly.graph_objects as go
 
 from dashboards.cost_model import comm_cost
 from dashboards.figures.common import (
+    backend_label,
+    backend_labels,
+    backend_marker,
     base_layout,
     cp_sizes,
     dtype_bytes,
@@ -23,6 +27,7 @@ from dashboards.figures.common import (
     mode_rank,
     mode_series,
     per_step_grid,
+    series_name,
 )
 from kernels.cp.tail_exchange import DEFAULT_WINDOW_CHUNKS
 
@@ -59,7 +64,7 @@ def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "measured_calls": sum(calls.values()), "measured_bytes": sum(nbytes.values()),
                 "model_calls": None if model is None else model.count,
                 "model_bytes": None if model is None else model.total_payload_bytes,
-                "measured_by_kind": dict(calls), "model_by_kind": None if model is None else dict(model.collectives),
+                "backend_label": backend_label(r), "measured_by_kind": dict(calls), "model_by_kind": None if model is None else dict(model.collectives),
             })
     return out
 
@@ -69,28 +74,31 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
     if not table:
         return empty_figure(TITLE, "no profiles yet")
     fig, Ws = per_step_grid(table)
+    labels = backend_labels(table)
     shown: set[str] = set()
     for j, W in enumerate(Ws, start=1):
-        for (mode, B), pts in mode_series(r for r in table if r["facet_W"] == W):
-            first = mode not in shown
-            shown.add(mode)
+        for (mode, backend, B), pts in mode_series(r for r in table if r["facet_W"] == W):
+            name = series_name(mode, backend, labels)
+            first = name not in shown
+            shown.add(name)
             T = [p["T"] for p in pts]
             for i, (col, label) in enumerate((("calls", "calls"), ("bytes", "bytes")), start=1):
                 fig.add_trace(go.Scatter(
-                    x=T, y=[p[f"measured_{col}"] for p in pts], name=mode, legendgroup=mode, showlegend=first and i == 1,
-                    mode="markers", marker={"color": mode_color(mode), "size": 9}, ids=[str(p["id"]) for p in pts],
+                    x=T, y=[p[f"measured_{col}"] for p in pts], name=name, legendgroup=name, showlegend=first and i == 1,
+                    mode="markers", ids=[str(p["id"]) for p in pts],
+                    marker={"color": mode_color(mode), "size": 9, "symbol": backend_marker("circle", backend, labels)},
                     customdata=[[B, str(p["measured_by_kind"])] for p in pts],
-                    hovertemplate=f"{mode} measured<br>B=%{{customdata[0]}} T=%{{x}}<br>{label} %{{y:,}}"
+                    hovertemplate=f"{name} measured<br>B=%{{customdata[0]}} T=%{{x}}<br>{label} %{{y:,}}"
                                   "<br>%{customdata[1]}<extra></extra>",
-                    meta={"mode": mode, "B": B, "W": W, "kind": "measured", "quantity": col},
+                    meta={"mode": mode, "backend": backend, "B": B, "W": W, "kind": "measured", "quantity": col},
                 ), row=i, col=j)
                 model = [p[f"model_{col}"] for p in pts]
                 if any(m is not None for m in model):
                     fig.add_trace(go.Scatter(
-                        x=T, y=model, name=f"{mode} (model)", legendgroup=mode, showlegend=False, mode="lines",
+                        x=T, y=model, name=f"{name} (model)", legendgroup=name, showlegend=False, mode="lines",
                         line={"color": mode_color(mode), "dash": "dash", "width": 1.5},
                         hovertemplate=f"{mode} model<br>T=%{{x}}<br>{label} %{{y:,}}<extra></extra>",
-                        meta={"mode": mode, "B": B, "W": W, "kind": "model", "quantity": col},
+                        meta={"mode": mode, "backend": backend, "B": B, "W": W, "kind": "model", "quantity": col},
                     ), row=i, col=j)
     log_t_axis(fig, table)
     fig.update_yaxes(title_text="collective calls", row=1, col=1, rangemode="tozero")

@@ -1,4 +1,6 @@
-"""Helpers shared by the figure modules: mode order and colours, facets, the `none` baseline, dtype sizes.
+"""Helpers shared by the figure modules: mode order and colours, facets, the `none` baseline, dtype sizes, and the
+backend of each series (a sweep page showing every backend draws ours and a peer's implementation of a mode on the
+same axes: `backend_label`, `series_name`, `backend_marker`).
 
 Pure functions over result rows (the flat dicts of `db.crud.list_results`); nothing here touches plotly state
 beyond building an empty placeholder figure.
@@ -79,12 +81,46 @@ def is_reference(row: dict[str, Any], *, W: int) -> bool:
 REFERENCE_NAME = "none (1 device)"
 
 
-def mode_series(rows: Iterable[dict[str, Any]]) -> list[tuple[tuple[str, int], list[dict[str, Any]]]]:
-    """Rows grouped into one series per (mode, B), in legend order (mode rank, then B); rows keep their order."""
-    series: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+def backend_label(row: dict[str, Any]) -> str:
+    """What tells a row's implementation apart: its backend, plus the peer options it ran with that are set
+    (`params.backend_options`, e.g. FLA's Hopper-guard opt-in: `fla+bypass_hopper_guard`). A figure's frame stores
+    it in the key "backend_label"; the helpers below read that key when present."""
+    if "backend_label" in row:
+        return str(row["backend_label"])
+    opts = (row.get("params") or {}).get("backend_options") or {}
+    on = [k if v is True else f"{k}={v}" for k, v in sorted(opts.items()) if v is not False and v is not None]
+    return "+".join([str(row.get("backend")), *on])
+
+
+def backend_labels(rows: Iterable[dict[str, Any]]) -> list[str]:
+    """The distinct backend labels of `rows`, in order of first appearance (the spec's order of its backends)."""
+    return list(dict.fromkeys(backend_label(r) for r in rows))
+
+
+def shows_backend(labels: Sequence[str]) -> bool:
+    """Whether series names carry the backend: a figure of several backends (or of one run with peer options,
+    which must be seen), so that ours and a peer's implementation of a mode are told apart on the same axes."""
+    return len(labels) > 1 or any("+" in label for label in labels)
+
+
+def series_name(mode: str, label: str, labels: Sequence[str]) -> str:
+    """A trace's name: its mode, or "<mode> · <backend label>" when `shows_backend(labels)`."""
+    return f"{mode} · {label}" if shows_backend(labels) else mode
+
+
+def backend_marker(symbol_name: str, label: str, labels: Sequence[str]) -> str:
+    """The marker of a series: filled for the first backend, open for the others (the colour stays the mode's)."""
+    return symbol_name if not labels or labels.index(label) == 0 else f"{symbol_name}-open"
+
+
+def mode_series(rows: Iterable[dict[str, Any]]) -> list[tuple[tuple[str, str, int], list[dict[str, Any]]]]:
+    """Rows grouped into one series per (mode, backend label, B), in legend order (mode rank, backends in order of
+    appearance, then B); rows keep their order."""
+    series: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        series[(r["mode"], r["B"])].append(r)
-    return sorted(series.items(), key=lambda kv: (mode_rank(kv[0][0]), kv[0][1]))
+        series[(r["mode"], backend_label(r), r["B"])].append(r)
+    order = list(dict.fromkeys(k[1] for k in series))
+    return sorted(series.items(), key=lambda kv: (mode_rank(kv[0][0]), order.index(kv[0][1]), kv[0][2]))
 
 
 def in_facet(row: dict[str, Any], *, W: int, lb: float | None = None) -> bool:

@@ -1,8 +1,10 @@
 """Scaling per mode: speedup over one device t(1)/t(W) (top row) and parallel efficiency t(1)/(W t(W)) (bottom
 row) against the CP size W, one column per sequence length T, measured beside the cost model's prediction.
 
-Rows in, figure out. t(1) is `none` on one device at the same shape and lb. Measured traces, one per (mode, B, lb),
-are named after their mode (`meta.kind == "measured"`, plotly `ids` = point ids; lb by line dash, B by marker);
+Rows in, figure out. t(1) is `none` on one device at the same shape, lb and backend. Measured traces, one per
+(mode, backend, B, lb), are named after their mode ("<mode> · <backend>" when the rows hold several backends:
+`common.series_name`, a peer's markers open; `meta.kind == "measured"`, plotly `ids` = point ids; lb by line dash,
+B by marker);
 `dashboards.cost_model.model_speedup` (compute only, collectives left out) is drawn per mode as a thin dashed line
 named "<mode> (model)" (`meta.kind == "model"`). The ideal (speedup W, efficiency 1) is a dotted grey line.
 """
@@ -17,6 +19,9 @@ from plotly.subplots import make_subplots
 
 from dashboards.cost_model import model_speedup
 from dashboards.figures.common import (
+    backend_label,
+    backend_labels,
+    backend_marker,
     base_layout,
     empty_figure,
     facet_values,
@@ -25,13 +30,14 @@ from dashboards.figures.common import (
     mode_rank,
     none_medians,
     run_W,
+    series_name,
     speedup,
     symbol,
 )
 
 NAME = "scaling"
 TITLE = "Speedup and parallel efficiency vs CP size W: measured (markers) vs cost model (dashed)"
-COLUMNS = ("id", "mode", "op", "direction", "B", "T", "lb", "W", "median_ms", "none_ms", "speedup", "efficiency",
+COLUMNS = ("id", "mode", "backend", "backend_label", "op", "direction", "B", "T", "lb", "W", "median_ms", "none_ms", "speedup", "efficiency",
            "model_speedup", "model_efficiency")
 _DASHES = ("solid", "dot", "dashdot", "longdash")
 
@@ -52,7 +58,8 @@ def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         W = run_W(r)
         model = model_speedup(r["mode"], W, T=r["T"] * r["B"], warmup_chunks=_window(r))
-        out.append({**{c: r.get(c) for c in ("id", "mode", "op", "direction", "B", "T", "lb", "median_ms")}, "W": W,
+        out.append({**{c: r.get(c) for c in ("id", "mode", "backend", "op", "direction", "B", "T", "lb", "median_ms")},
+                    "W": W, "backend_label": backend_label(r),
                     "none_ms": r["median_ms"] * s, "speedup": s, "efficiency": s / W,
                     "model_speedup": model, "model_efficiency": None if model is None else model / W})
     return out
@@ -64,28 +71,31 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
         return empty_figure(TITLE, "no runs with a `none` baseline yet")
     Ts, Ws = facet_values(table, "T"), facet_values(table, "W")
     lbs, Bs = facet_values(table, "lb"), facet_values(table, "B")
+    labels = backend_labels(measured(rows))
     fig = make_subplots(rows=2, cols=len(Ts), shared_xaxes=True, subplot_titles=[f"T={T}" for T in Ts],
                         horizontal_spacing=0.04, vertical_spacing=0.08)
     shown: set[str] = set()
     for j, T in enumerate(Ts, start=1):
-        series: dict[tuple[str, int, float], list[dict[str, Any]]] = defaultdict(list)
+        series: dict[tuple[str, str, int, float], list[dict[str, Any]]] = defaultdict(list)
         for r in table:
             if r["T"] == T:
-                series[(r["mode"], r["B"], r["lb"])].append(r)
-        for (mode, B, lb), pts in sorted(series.items(), key=lambda kv: (mode_rank(kv[0][0]), kv[0][1], kv[0][2])):
+                series[(r["mode"], r["backend_label"], r["B"], r["lb"])].append(r)
+        order = sorted(series.items(), key=lambda kv: (mode_rank(kv[0][0]), labels.index(kv[0][1]), *kv[0][2:]))
+        for (mode, backend, B, lb), pts in order:
             pts.sort(key=lambda p: p["W"])
+            name = series_name(mode, backend, labels)
             for i, col in enumerate(("speedup", "efficiency"), start=1):
                 fig.add_trace(go.Scatter(
-                    x=[p["W"] for p in pts], y=[p[col] for p in pts], name=mode, legendgroup=mode,
-                    showlegend=mode not in shown and i == 1, mode="lines+markers", ids=[str(p["id"]) for p in pts],
+                    x=[p["W"] for p in pts], y=[p[col] for p in pts], name=name, legendgroup=name,
+                    showlegend=name not in shown and i == 1, mode="lines+markers", ids=[str(p["id"]) for p in pts],
                     line={"color": mode_color(mode), "dash": _DASHES[lbs.index(lb) % len(_DASHES)]},
-                    marker={"symbol": symbol(Bs.index(B)), "size": 8},
+                    marker={"symbol": backend_marker(symbol(Bs.index(B)), backend, labels), "size": 8},
                     customdata=[[B, lb, p["median_ms"], p["none_ms"]] for p in pts],
-                    hovertemplate=f"{mode}<br>B=%{{customdata[0]}} T={T} lb=%{{customdata[1]}} W=%{{x}}<br>{col} %{{y:.3f}}"
+                    hovertemplate=f"{name}<br>B=%{{customdata[0]}} T={T} lb=%{{customdata[1]}} W=%{{x}}<br>{col} %{{y:.3f}}"
                                   "<br>%{customdata[2]:.4g} ms vs none %{customdata[3]:.4g} ms<extra></extra>",
-                    meta={"mode": mode, "B": B, "lb": lb, "T": T, "kind": "measured", "quantity": col},
+                    meta={"mode": mode, "backend": backend, "B": B, "lb": lb, "T": T, "kind": "measured", "quantity": col},
                 ), row=i, col=j)
-            shown.add(mode)
+            shown.add(name)
         for mode in sorted({r["mode"] for r in table if r["T"] == T}, key=mode_rank):
             pts = sorted({r["W"]: r for r in table if r["T"] == T and r["mode"] == mode}.values(), key=lambda p: p["W"])
             if all(p["model_speedup"] is None for p in pts):

@@ -2,7 +2,7 @@
 
 A peer backend is any object (an instance or a class) with these attributes; `Peer` is a base with the defaults:
 
-    name: str                                 # the point's `backend` column: [a-z0-9_]{1,16}, not torch/triton
+    name: str                                 # the point's `backend` column: [a-z][a-z0-9_]{0,15}, not torch, triton, reference, auto or all
     modes: Mapping[str, Sequence[str]]        # mode -> directions it implements, e.g. {"none": ("fwd",)}
     unsupported: Mapping[str, str]            # (optional) mode -> why it is not implemented (shown as the reason)
     direction_reasons: Mapping[str, str]      # (optional) mode -> why a direction it lacks is missing
@@ -31,7 +31,7 @@ from typing import Any
 __all__ = ["NAME_RE", "Peer", "check_peer", "peer_options", "peer_skip_reason"]
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,15}$")
-_RESERVED = ("torch", "triton", "reference", "auto")
+_RESERVED = ("torch", "triton", "reference", "auto", "all")  # "all": the dashboards' every-backend choice
 
 
 class Peer:

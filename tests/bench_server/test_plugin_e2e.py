@@ -1,11 +1,14 @@
 """A team's own kernel as a backend plugin, end to end on SQLite: the example peer `tests.plugins.torch_peer:PEER`
 (a pure-torch per-token recurrence) is named in a spec next to our torch backend, expanded (its missing modes
 skipped with the reason), run by a real worker through the same gate and timing (gloo ranks on the CPU), stored,
-and shown on the sweep's dashboard page.
+and shown on the sweep's dashboard page. The module must be allowed by CPBENCH_PLUGIN_MODULES: a spec naming any
+other module is refused with a one-line 422 (`runners.plugins.refusal`).
 """
 
 from __future__ import annotations
 
+import csv
+import io
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +31,24 @@ SPEC: dict[str, Any] = {
 }
 
 
+def test_plugin_module_must_be_allowed(client: httpx.Client, auth: dict[str, str], plugin_modules: Any) -> None:
+    plugin_modules("tests.plugin")  # not a prefix (no trailing '.'), not the module
+    r = client.post("/api/v1/sweeps", json=SPEC, headers=auth)
+    assert r.status_code == 422, r.text
+    (entry,) = r.json()["detail"]
+    assert "\n" not in entry["msg"] and "CPBENCH_PLUGIN_MODULES" in entry["msg"]
+    assert f"backend '{PLUGIN}' is refused: module 'tests.plugins.torch_peer' is not allowed" in entry["msg"]
+    assert client.get("/api/v1/sweeps").json()["count"] == 0
+
+    plugin_modules("tests.plugins.torch_peer")
+    r = client.post("/api/v1/sweeps", json={**SPEC, "name": "allowed"}, headers=auth)
+    assert r.status_code == 201, r.text
+    assert client.post(f"/api/v1/sweeps/{r.json()['id']}/cancel", headers=auth).status_code == 200
+
+
 def test_plugin_sweep_runs_gates_stores_and_shows(client: httpx.Client, auth: dict[str, str], store_url: str,
-                                                 tmp_path: Path) -> None:
+                                                 tmp_path: Path, plugin_modules: Any) -> None:
+    plugin_modules("tests.plugins.")  # the server's check and the worker's (and its ranks')
     r = client.post("/api/v1/sweeps", json=SPEC, headers=auth)
     assert r.status_code == 201, r.text
     sweep = r.json()
@@ -59,3 +78,12 @@ def test_plugin_sweep_runs_gates_stores_and_shows(client: httpx.Client, auth: di
     assert page.status_code == 200 and "torchpeer" in page.text
     csv_text = client.get(f"/dash/{sweep['id']}/latency.csv", params={"backend": "torchpeer"}).text
     assert "torchpeer" in csv_text and "all_gather" in csv_text
+
+    # without a choice the page shows every backend (ours and the plugin's all_gather on the same axes)
+    page = client.get(f"/sweeps/{sweep['id']}")
+    assert page.status_code == 200 and '<option value="all" selected>all</option>' in page.text
+    shown = page.text.replace("\\u00b7", "·")
+    assert all(f'"name":"{m} · {b}"' in shown for m in ("all_gather", "none") for b in ("torch", "torchpeer")), shown[:2000]
+    rows = list(csv.DictReader(io.StringIO(client.get(f"/dash/{sweep['id']}/latency.csv").text)))
+    drawn = {(r["mode"], r["backend_label"], r["W"]) for r in rows if r["role"] == "measured"}
+    assert {("all_gather", "torch", "2"), ("all_gather", "torchpeer", "2")} <= drawn

@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,6 +72,22 @@ def test_bad_argument_one_line_exit_1(case: str, store_url: str, tmp_path: Path)
     assert len(lines) == 1 and lines[0].startswith("error:"), (case, err)
     assert expected in lines[0], (case, lines[0])
     assert "Traceback" not in err and out == ""
+
+
+def test_run_refuses_a_plugin_module_unless_the_setting_allows_it(store_url: str, tmp_path: Path,  # noqa: F811
+                                                                  plugin_modules: Any) -> None:
+    ref = "tests.plugins.torch_peer:PEER"
+    spec = write_spec(tmp_path, backends=[ref], ops=["kda"], axes={"T": 64, "K": 16, "V": 16})
+    plugin_modules("")
+    code, out, err = _cli("run", str(spec), "--db", store_url, "--cpu", "--devices", "1")
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 1 and len(lines) == 1 and lines[0].startswith("error:"), err
+    assert f"backend '{ref}' is refused" in lines[0] and "CPBENCH_PLUGIN_MODULES" in lines[0]
+
+    plugin_modules("tests.plugins.torch_peer")
+    code, out, err = _cli("run", str(spec), "--db", store_url, "--cpu", "--devices", "1")
+    assert code == 0, err
+    assert "torchpeer" in out
 
 
 def test_every_verb_has_a_bad_argument_case() -> None:

@@ -8,16 +8,20 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import itertools
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from kernels.peers import check_peer
 from kernels.peers import fla as fla_peer
 from runners import plugins
 from runners.errors import SpecError
 from runners.grid import available_backends, expand, point_key, skip_reason
 from runners.spec import MODES, parse_spec
+from tests.runners.engine_fixtures import store_url  # noqa: F401
 
 PLUGIN = "tests.plugins.torch_peer:PEER"
 GUARDED, FIXED = (3, 6, 0), (3, 7, 1)
@@ -97,7 +101,8 @@ def test_fla_expansion_same_with_and_without_fla(monkeypatch: pytest.MonkeyPatch
         assert all(why in r["reason"] for r in rows if r["key"] in runs)
 
 
-def test_spec_peer_options_and_errors() -> None:
+def test_spec_peer_options_and_errors(plugin_modules: Any) -> None:
+    plugin_modules("no_such_pkg.,runners.spec")  # the two module:object backends below may be imported
     base = {"name": "o", "ops": "gdn", "modes": "none", "axes": {"T": 128}}
     spec = parse_spec({**base, "backends": ["fla"], "mode_options": {"fla": {"bypass_hopper_guard": True}}})
     (row,) = expand(spec)
@@ -114,7 +119,8 @@ def test_spec_peer_options_and_errors() -> None:
         parse_spec({**base, "backends": ["runners.spec:MODES"]})  # importable, but not a backend
 
 
-def test_plugin_from_spec_string_and_entry_point(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plugin_from_spec_string_and_entry_point(monkeypatch: pytest.MonkeyPatch, plugin_modules: Any) -> None:
+    plugin_modules("tests.plugins.")
     spec = parse_spec({"name": "p", "ops": "kda", "modes": ["none", "ring"], "backends": [PLUGIN], "axes": {"T": 128}})
     none, ring = expand(spec)
     assert none["backend"] == "torchpeer" and none["params"]["backend_ref"] == PLUGIN and none["status"] == "queued"
@@ -125,14 +131,75 @@ def test_plugin_from_spec_string_and_entry_point(monkeypatch: pytest.MonkeyPatch
     real = importlib.metadata.entry_points
     monkeypatch.setattr(importlib.metadata, "entry_points",
                         lambda **kw: [ep] if kw.get("group") == plugins.ENTRY_POINT_GROUP else real(**kw))
-    plugins.load_peer.cache_clear()
+    plugins.clear_cache()
     try:
         (row, _) = expand(parse_spec({"name": "e", "ops": "kda", "modes": ["none", "ring"], "backends": ["torchpeer"],
                                       "axes": {"T": 128}}))
         assert row["backend"] == "torchpeer" and "backend_ref" not in row["params"] and row["status"] == "queued"
         assert plugins.unavailable(row["params"], available_backends()) is None
     finally:
-        plugins.load_peer.cache_clear()
+        plugins.clear_cache()
+
+
+# a module that records being imported: the allow-list must refuse it before any import
+_SPY = """
+import pathlib
+pathlib.Path(__file__).with_name("imported").write_text("yes")
+PEER = object()
+"""
+
+
+def _spy_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> Path:
+    (tmp_path / f"{name}.py").write_text(_SPY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path / "imported"
+
+
+def test_plugin_modules_allow_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, plugin_modules: Any) -> None:
+    marker = _spy_module(tmp_path, monkeypatch, "cpbench_spy_a")
+    base = {"name": "a", "ops": "kda", "modes": "none", "axes": {"T": 128}}
+    plugin_modules("")
+    for ref in ("cpbench_spy_a:PEER", PLUGIN):
+        module = ref.split(":")[0]
+        with pytest.raises(SpecError) as err:
+            parse_spec({**base, "backends": [ref]})
+        msg = str(err.value)
+        assert "\n" not in msg and f"backend '{ref}' is refused: module '{module}' is not allowed" in msg
+        assert "CPBENCH_PLUGIN_MODULES" in msg
+    assert not marker.exists()  # refused before the import
+    # an entry the module does not match: a name without the trailing '.' is no prefix
+    plugin_modules("cpbench_spy, tests.plugins")
+    with pytest.raises(SpecError, match="is refused"):
+        parse_spec({**base, "backends": [PLUGIN]})
+    assert not marker.exists() and plugins.refusal("cpbench_spy_a:PEER")
+
+    plugin_modules("other.mod, tests.")  # a prefix ending in '.'
+    assert parse_spec({**base, "backends": [PLUGIN]}).backends == [PLUGIN]
+    plugin_modules("cpbench_spy_a")  # the exact module: imported, then judged by the protocol
+    with pytest.raises(SpecError, match="backend 'cpbench_spy_a:PEER': `name` must match"):
+        parse_spec({**base, "backends": ["cpbench_spy_a:PEER"]})
+    assert marker.exists()
+
+    # "all" is the dashboards' every-backend choice: no backend may be named so
+    spy = type("Spy", (), {"name": "all", "modes": {"none": ("fwd",)}, "forward": lambda *a, **k: None})()
+    with pytest.raises(ValueError, match="not be one of .*all, got 'all'"):
+        check_peer(spy, "'spy'")
+
+    assert plugins.module_allowed("a.b.c", ("a.",)) and plugins.module_allowed("a.b", ("a.b",))
+    assert not plugins.module_allowed("a.b", ("a",)) and not plugins.module_allowed("ab.c", ("a.",))
+    assert not plugins.module_allowed("a.bc", ("a.b",))
+
+
+def test_plugin_module_of_an_installed_entry_point_needs_no_setting(monkeypatch: pytest.MonkeyPatch,
+                                                                   plugin_modules: Any) -> None:
+    plugin_modules("")
+    ep = importlib.metadata.EntryPoint(name="torchpeer", value=PLUGIN, group=plugins.ENTRY_POINT_GROUP)
+    real = importlib.metadata.entry_points
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda **kw: [ep] if kw.get("group") == plugins.ENTRY_POINT_GROUP else real(**kw))
+    assert plugins.refusal(PLUGIN) is None and plugins.refusal("tests.plugins.torch_peer:OTHER")
+    (row,) = expand(parse_spec({"name": "e", "ops": "kda", "modes": "none", "backends": [PLUGIN], "axes": {"T": 128}}))
+    assert row["backend"] == "torchpeer" and row["status"] == "queued"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("fla") is None, reason="needs fla-core (requirements-ci.txt installs it)")
@@ -178,3 +245,32 @@ def test_peers_suite_expands_ours_and_flas_side_by_side() -> None:
     rows = expand(load_spec(Path(__file__).resolve().parents[2] / "runners" / "suites" / "peers-h200.yaml"))
     assert len(rows) == 2 * 2 * 2 * 2 and all(r["status"] == "queued" for r in rows)  # op x backend x T x mode
     assert {(r["backend"], r["mode"]) for r in rows} == {(b, m) for b in ("triton", "fla") for m in ("none", "warmup_correct")}
+
+
+@pytest.mark.multiproc
+def test_worker_refuses_a_plugin_point_that_reached_the_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              store_url: str, plugin_modules: Any) -> None:  # noqa: F811
+    """Defence in depth: a `module:object` point written to the store without the API's check (here: by hand) is
+    failed by the worker with the refusal, and the module is never imported."""
+    from db.models import Point
+    from db.session import session_scope
+    from runners.engine import submit_spec
+    from runners.worker import run_worker
+
+    marker = _spy_module(tmp_path, monkeypatch, "cpbench_spy_b")
+    plugin_modules("")
+    with session_scope(store_url) as s:
+        sweep = submit_spec(s, parse_spec({"name": "w", "ops": "kda", "modes": "none", "axes": {"T": 64, "H": 2, "K": 16,
+                                                                                         "V": 16}}))
+        (point,) = s.query(Point).filter_by(sweep_id=sweep.id).all()
+        point.params = {**point.params, "backend": "spy", "backend_ref": "cpbench_spy_b:PEER"}
+        point.backend = "spy"
+        sweep_id = sweep.id
+    stats = run_worker(store_url, once=True, until_sweep=sweep_id, device_kind="cpu", devices=1,
+                       artifact_dir=tmp_path / "art")
+    assert (stats.done, stats.failed) == (0, 1)
+    with session_scope(store_url) as s:
+        (point,) = s.query(Point).filter_by(sweep_id=sweep_id).all()
+        assert point.status == "failed" and point.attempts == 1
+        assert "backend 'cpbench_spy_b:PEER' is refused" in point.error and "CPBENCH_PLUGIN_MODULES" in point.error
+    assert not marker.exists() and "cpbench_spy_b" not in sys.modules

@@ -19,7 +19,7 @@ rank; `merge_ranks` folds the per-rank summaries into the point's profile. Count
 - Kernel launches: GPU kernel events (memcpy/memset, NCCL's `nccl:*` and user annotations excluded); 0 on CPU.
 - Peak memory: `torch.cuda.max_memory_allocated` over the step on CUDA; None on the CPU.
 - Per direction (`by_direction`): a training step (`runners.training.train_step`) runs its forward inside a
-  `cpbench::fwd` range and its backward inside `cpbench::bwd`. Each counted event (collective, sync, D2H copy)
+  `cpbench::fwd` range and its backward inside `cpbench::bwd` (`direction_range`: only while profiled). Each counted event (collective, sync, D2H copy)
   goes to the direction whose range started last at or before the event's start: by time, not by the parent
   chain, so the backward's events on CUDA's autograd thread (no parent in the caller's ranges) and the GPU's copies
   that trail the CPU go to the direction that issued them; events before any range (resetting the gradients) go
@@ -39,14 +39,15 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["BWD_RANGE", "FWD_RANGE", "PROFILE_DIRECTIONS", "ProfileSummary", "classify_collective", "merge_ranks",
-           "profile_step", "summarize_events"]
+__all__ = ["BWD_RANGE", "FWD_RANGE", "PROFILE_DIRECTIONS", "ProfileSummary", "classify_collective", "direction_range",
+           "merge_ranks", "profile_step", "summarize_events"]
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +106,16 @@ class ProfileSummary:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def direction_range(direction: str) -> AbstractContextManager[Any]:
+    """The profiler range of a training step's `direction` ("fwd" or "bwd"); a no-op while no profiler runs (a
+    range costs microseconds of host time even then, and the timed steps run unprofiled)."""
+    if direction not in PROFILE_DIRECTIONS:
+        raise ValueError(f"direction must be one of {tuple(PROFILE_DIRECTIONS)}, got direction={direction!r}")
+    if not torch.autograd._profiler_enabled():
+        return nullcontext()
+    return torch.profiler.record_function(PROFILE_DIRECTIONS[direction])
 
 
 def classify_collective(name: str) -> tuple[str, str] | None:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from runners.profile import BWD_RANGE, FWD_RANGE
+from runners.profile import direction_range
 
 __all__ = ["GRAD_NAMES", "global_do", "grads_of", "is_training", "leaves", "reference_grads", "train_step"]
 
@@ -42,15 +42,15 @@ def leaves(tensors: Sequence[Tensor]) -> list[Tensor]:
 
 def train_step(fwd: Callable[[], Tensor], xs: Sequence[Tensor], do: Tensor) -> Callable[[], Tensor]:
     """The timed training step: reset the gradients, forward, backward with `do` (no host read); the forward and
-    the backward each in their profiler range (the backward's range encloses the autograd engine's work, on
-    CUDA's autograd thread too: `o.backward` returns when it is done)."""
+    the backward each in their profiler range while profiled (the backward's range encloses the autograd engine's
+    work, on CUDA's autograd thread too: `o.backward` returns when it is done)."""
 
     def step() -> Tensor:
         for x in xs:
             x.grad = None
-        with torch.profiler.record_function(FWD_RANGE):
+        with direction_range("fwd"):
             o = fwd()
-        with torch.profiler.record_function(BWD_RANGE):
+        with direction_range("bwd"):
             o.backward(do)
         return o.detach()
 

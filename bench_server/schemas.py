@@ -117,6 +117,8 @@ class ResultPublic(BaseModel):
     collectives: dict[str, int] | None = None
     collective_bytes: dict[str, int] | None = None
     host_syncs: int | None = None
+    # a training step's counts per direction: {"fwd": {collectives, collective_bytes, host_syncs}, "bwd": {...}}
+    by_direction: dict[str, dict[str, Any]] | None = None
     kernel_launches: int | None = None
     peak_memory_bytes: int | None = None
     device_name: str | None = None

@@ -310,8 +310,10 @@ def store_profile(
     kernel_launches: int,
     peak_memory_bytes: int | None,
     artifact_id: int | None = None,
+    by_direction: Mapping[str, Any] | None = None,
 ) -> Profile:
-    """Store the profiled step of a point (collective counts and bytes, host syncs, launches, peak memory)."""
+    """Store the profiled step of a point (collective counts and bytes, host syncs, launches, peak memory; for a
+    training step `by_direction`, the same counts of its forward and of its backward)."""
     begin_write(session)
     profile = Profile(
         point_id=point_id,
@@ -322,6 +324,7 @@ def store_profile(
         kernel_launches=kernel_launches,
         peak_memory_bytes=peak_memory_bytes,
         artifact_id=artifact_id,
+        by_direction=dict(by_direction) if by_direction else None,
     )
     session.add(profile)
     session.flush()
@@ -390,6 +393,7 @@ _RESULT_COLUMNS: tuple[ColumnElement[Any], ...] = (
     Profile.kernel_launches,
     Profile.peak_memory_bytes,
     Profile.artifact_id,
+    Profile.by_direction,
     Measurement.environment_id,
     Environment.device_name,
     Environment.device_count,

@@ -182,7 +182,8 @@ class Artifact(Base):
 
 
 class Profile(Base):
-    """One profiled step of a point: collectives (counts and bytes), host syncs, launches, peak memory."""
+    """One profiled step of a point: collectives (counts and bytes), host syncs, launches, peak memory; for a
+    training step the same counts per direction."""
 
     __tablename__ = "profiles"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -194,6 +195,9 @@ class Profile(Base):
     kernel_launches: Mapped[int] = mapped_column(Integer, default=0)
     peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
     artifact_id: Mapped[int | None] = mapped_column(ForeignKey("artifacts.id", ondelete="SET NULL"))
+    # a training step's split (runners.profile): {"fwd": {collectives, collective_bytes, host_syncs}, "bwd": {...}};
+    # NULL for a forward point (and for profiles stored before 0004)
+    by_direction: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     point: Mapped[Point] = relationship(back_populates="profile")
 

@@ -5,7 +5,8 @@
 its shard and runs the mode; rank 0 gathers the output and holds the checks (`runners.correctness`); all ranks
 learn the verdict through one all-reduce, so a failed gate skips timing everywhere. Then every rank times its
 step together (`runners.timing`: sample = max over ranks) and profiles one step (`runners.profile`; rank 0
-keeps the trace file). Rank 0 returns the measurement, every rank its profile.
+keeps the trace file). Rank 0 returns the measurement, every rank its profile and kernels.cp's count of its
+collectives, in all and per direction the step runs (`runners.collective_check`; the worker compares them).
 
 Modes (DESIGN §2): `none` is `kernels.forward` on the whole (dense or varlen) batch; `warmup_correct` is
 `kernels.cp.warmup_correct` on one device; every other mode is `kernels.cp.forward(mode, ...)` on the rank's
@@ -28,6 +29,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from runners import training
+from runners.collective_check import expected_by_direction, step_directions
 from runners.correctness import judge, rel_l2
 from runners.gang import RankContext
 from runners.profile import profile_step
@@ -50,6 +52,8 @@ class ModeRun:
     full_output: Callable[[], Tensor]  # the whole output [1, N, H, V] (or [B, T, H, V]) on rank 0, gathered
     report: Callable[[], dict[str, Any]]  # the scheme's own report (host values; call after timing)
     expected_collectives: dict[str, int] = field(default_factory=dict)  # kernels.cp's count for this rank
+    # the same per direction the step runs (runners.collective_check); None: the backend states no count
+    expected_by_direction: dict[str, dict[str, int]] | None = None
     full_grads: Callable[[], list[Tensor]] | None = None  # fwd+bwd: the input gradients, gathered on rank 0
     grad_errors: dict[str, float] = field(default_factory=dict)  # fwd+bwd: rel L2 error of each gradient vs none
 
@@ -76,6 +80,7 @@ def build_mode(params: dict[str, Any], wl: Workload, rc: RankContext, options: d
     if peer is not None:
         return _peer_mode(peer, params, wl, rc)
     train = training.is_training(params)
+    no_comm: dict[str, dict[str, int]] = {d: {} for d in step_directions(params.get("direction") or "fwd")}
     if mode == "none":
         args = training.leaves(wl.tensors) if train else wl.tensors
         cu = wl.cu_seqlens
@@ -87,9 +92,9 @@ def build_mode(params: dict[str, Any], wl: Workload, rc: RankContext, options: d
             with torch.no_grad():
                 do = training.global_do(params, step())
             tstep = training.train_step(step, args, do)
-            return ModeRun(step=tstep, full_output=tstep, report=lambda: {},
+            return ModeRun(step=tstep, full_output=tstep, report=lambda: {}, expected_by_direction=no_comm,
                            full_grads=lambda: training.grads_of(tstep, args, lambda g: g))
-        return ModeRun(step=step, full_output=step, report=lambda: {})
+        return ModeRun(step=step, full_output=step, report=lambda: {}, expected_by_direction=no_comm)
 
     from kernels import cp
 
@@ -113,9 +118,9 @@ def build_mode(params: dict[str, Any], wl: Workload, rc: RankContext, options: d
             with torch.no_grad():
                 wc_do = training.global_do(params, wc_step())
             wc_train = training.train_step(wc_step, wc_args, wc_do)
-            return ModeRun(step=wc_train, full_output=wc_train, report=wc_report,
+            return ModeRun(step=wc_train, full_output=wc_train, report=wc_report, expected_by_direction=no_comm,
                            full_grads=lambda: training.grads_of(wc_train, wc_args, lambda g: g))
-        return ModeRun(step=wc_step, full_output=wc_step, report=wc_report)
+        return ModeRun(step=wc_step, full_output=wc_step, report=wc_report, expected_by_direction=no_comm)
 
     W = rc.world_size
     ctx_cp = cp.build_context(flat.cu_seqlens_cpu, W, rc.rank, params["layout"])
@@ -129,6 +134,7 @@ def build_mode(params: dict[str, Any], wl: Workload, rc: RankContext, options: d
         return cp.forward(mode, op, *shards, group=rc.group, ctx=ctx_cp, backend=backend, scale=None, options=mode_opts)
 
     expected = dict(cp.expected_collectives(mode, ctx_cp, mode_opts, "fwd+bwd" if train else "fwd"))
+    by_direction = expected_by_direction(mode, ctx_cp, mode_opts, "fwd+bwd" if train else "fwd")
     step, grads = cp_step, None
     if train:
         with torch.no_grad():
@@ -139,9 +145,9 @@ def build_mode(params: dict[str, Any], wl: Workload, rc: RankContext, options: d
     return ModeRun(
         step=step,
         full_output=lambda: _gather(step(), ctx_cp, rc.group),
-        report=lambda: ({"expected_collectives_by_direction": {d: dict(cp.expected_collectives(mode, ctx_cp, mode_opts, d))
-                                                                for d in ("fwd", "bwd")}} if train else {}),
+        report=lambda: {},
         expected_collectives=expected,
+        expected_by_direction=by_direction,
         full_grads=grads,
     )
 
@@ -178,7 +184,8 @@ def _peer_mode(peer: Any, params: dict[str, Any], wl: Workload, rc: RankContext)
 
     count = getattr(peer, "expected_collectives", None)  # optional: what one step issues (else not stated)
     expected = dict(count(mode, ctx_cp, opts)) if callable(count) else {}
-    return ModeRun(step=step, full_output=full_output, report=lambda: {}, expected_collectives=expected)
+    return ModeRun(step=step, full_output=full_output, report=lambda: {}, expected_collectives=expected,
+                   expected_by_direction={"fwd": expected} if callable(count) else None)
 
 
 def _none_output(params: dict[str, Any], wl: Workload, rc: RankContext) -> Tensor:
@@ -371,7 +378,8 @@ def _run_point(rc: RankContext, payload: dict[str, Any]) -> dict[str, Any]:
     if options.get("profile", True):
         trace = payload.get("trace_path") if rc.rank == 0 else None
         prof = profile_step(run.step, device=rc.device, trace_path=trace).as_dict()
-    out: dict[str, Any] = {"ok": True, "profile": prof, "expected_collectives": run.expected_collectives}
+    out: dict[str, Any] = {"ok": True, "profile": prof, "expected_collectives": run.expected_collectives,
+                           "expected_collectives_by_direction": run.expected_by_direction}
     if rc.rank == 0:
         out.update(
             gate=gate.as_dict(),

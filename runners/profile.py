@@ -18,9 +18,17 @@ rank; `merge_ranks` folds the per-rank summaries into the point's profile. Count
   step's range.
 - Kernel launches: GPU kernel events (memcpy/memset, NCCL's `nccl:*` and user annotations excluded); 0 on CPU.
 - Peak memory: `torch.cuda.max_memory_allocated` over the step on CUDA; None on the CPU.
+- Per direction (`by_direction`): a training step (`runners.training.train_step`) runs its forward inside a
+  `cpbench::fwd` range and its backward inside `cpbench::bwd` (`direction_range`: only while profiled). Each counted event (collective, sync, D2H copy)
+  goes to the direction whose range started last at or before the event's start: by time, not by the parent
+  chain, so the backward's events on CUDA's autograd thread (no parent in the caller's ranges) and the GPU's copies
+  that trail the CPU go to the direction that issued them; events before any range (resetting the gradients) go
+  to the forward. The same naming layer as the totals is counted, so the directions sum to the totals. A step
+  without a `cpbench::bwd` range (a forward point) has no split: `by_direction` is empty.
 
 Merging ranks: group collectives, launches and peak memory are per rank (max over ranks); point-to-point
-send/recv and host syncs are totals over the gang (a ring of W ranks shows W-1 sends and W-1 recvs).
+send/recv and host syncs are totals over the gang (a ring of W ranks shows W-1 sends and W-1 recvs); each
+direction of `by_direction` is merged the same way.
 """
 
 from __future__ import annotations
@@ -31,17 +39,24 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["ProfileSummary", "classify_collective", "merge_ranks", "profile_step", "summarize_events"]
+__all__ = ["BWD_RANGE", "FWD_RANGE", "PROFILE_DIRECTIONS", "ProfileSummary", "classify_collective", "direction_range",
+           "merge_ranks", "profile_step", "summarize_events"]
 
 logger = logging.getLogger(__name__)
 
 STEP_RANGE = "cpbench::step"
+FWD_RANGE = "cpbench::fwd"  # a training step's forward (runners.training.train_step)
+BWD_RANGE = "cpbench::bwd"  # a training step's backward
+# the directions a training step's profile is split into (kernels.cp.expected_collectives's "fwd" and "bwd")
+PROFILE_DIRECTIONS = {"fwd": FWD_RANGE, "bwd": BWD_RANGE}
+_RANGES = (STEP_RANGE, FWD_RANGE, BWD_RANGE)
 DISPATCH_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::")
 BACKEND_PREFIXES = ("gloo:", "nccl:", "mpi:", "ucc:", "xccl:")
 # (prefix of the op name with underscores removed, kind); first match wins
@@ -86,9 +101,21 @@ class ProfileSummary:
     trace_path: str | None = None
     per_rank: list[dict[str, Any]] = field(default_factory=list)
     unclassified: list[str] = field(default_factory=list)
+    # a training step's split: {"fwd": {collectives, collective_bytes, host_syncs}, "bwd": {...}}; {} without one
+    by_direction: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def direction_range(direction: str) -> AbstractContextManager[Any]:
+    """The profiler range of a training step's `direction` ("fwd" or "bwd"); a no-op while no profiler runs (a
+    range costs microseconds of host time even then, and the timed steps run unprofiled)."""
+    if direction not in PROFILE_DIRECTIONS:
+        raise ValueError(f"direction must be one of {tuple(PROFILE_DIRECTIONS)}, got direction={direction!r}")
+    if not torch.autograd._profiler_enabled():
+        return nullcontext()
+    return torch.profiler.record_function(PROFILE_DIRECTIONS[direction])
 
 
 def classify_collective(name: str) -> tuple[str, str] | None:
@@ -142,13 +169,9 @@ def _is_device_event(evt: Any) -> bool:
     return dt is not None and getattr(dt, "name", str(dt)) not in ("CPU",)
 
 
-def summarize_events(events: Sequence[Any]) -> ProfileSummary:
-    """Counts of one rank's profiler events (`prof.events()`), limited to the `cpbench::step` range if present."""
-    step = [e for e in events if e.name == STEP_RANGE and not _is_device_event(e)]
-    window = (step[0].time_range.start, step[0].time_range.end) if step else None
-    host = [e for e in events if not _is_device_event(e) and e.name != STEP_RANGE and _in_window(e, window)]
-    device = [e for e in events if _is_device_event(e)]
-
+def _tally(host: Sequence[Any], device: Sequence[Any], layer: str | None = None) -> dict[str, Any]:
+    """Collectives (counts, bytes; of `layer`, else the dispatcher layer when present), host syncs and their
+    events of a set of events; `layer` is the layer counted."""
     by_layer: dict[str, dict[str, int]] = {"dispatch": {}, "backend": {}}
     bytes_by_layer: dict[str, dict[str, int]] = {"dispatch": {}, "backend": {}}
     unclassified: list[str] = []
@@ -158,14 +181,15 @@ def summarize_events(events: Sequence[Any]) -> ProfileSummary:
             if e.name.startswith(DISPATCH_PREFIXES):
                 unclassified.append(e.name)
             continue
-        layer, kind = c
-        by_layer[layer][kind] = by_layer[layer].get(kind, 0) + 1
-        if layer == "backend":
+        lay, kind = c
+        by_layer[lay][kind] = by_layer[lay].get(kind, 0) + 1
+        if lay == "backend":
             nbytes = _input_bytes(e, 0)
         else:
             nbytes = _input_bytes(e, 1) if e.name in _BASE_OP_INPUT_ARG else 0
-        bytes_by_layer[layer][kind] = bytes_by_layer[layer].get(kind, 0) + nbytes
-    layer = "dispatch" if by_layer["dispatch"] else "backend"
+        bytes_by_layer[lay][kind] = bytes_by_layer[lay].get(kind, 0) + nbytes
+    if layer is None:
+        layer = "dispatch" if by_layer["dispatch"] else "backend"
     collectives = {k: n for k, n in sorted(by_layer[layer].items()) if k != "barrier"}
     # per kind: the backend layer's bytes where it records them, else the dispatcher's (gloo's reduce-scatter
     # event carries no input shape; its `c10d::_reduce_scatter_base_` does)
@@ -183,17 +207,55 @@ def summarize_events(events: Sequence[Any]) -> ProfileSummary:
         sync_events["Memcpy DtoH"] = len(d2h)
         # a blocking D2H copy comes with a runtime sync counted above; count only the copies beyond those
         host_syncs += max(0, len(d2h) - sum(sync_events.get(n, 0) for n in SYNC_RUNTIME))
+    return {"layer": layer, "collectives": collectives, "collective_bytes": collective_bytes, "host_syncs": host_syncs,
+            "sync_events": sync_events, "unclassified": sorted(unclassified)}
+
+
+def _direction_of(evt: Any, starts: Sequence[tuple[float, str]]) -> str:
+    """The direction whose range started last at or before `evt` starts ("fwd" before any range)."""
+    t, out = evt.time_range.start, "fwd"
+    for start, direction in starts:
+        if start > t:
+            break
+        out = direction
+    return out
+
+
+def _split(host: Sequence[Any], device: Sequence[Any], ranges: Sequence[Any], layer: str) -> dict[str, dict[str, Any]]:
+    """`by_direction` of a training step (see the module docstring); {} when the step has no backward range."""
+    names = {r: d for d, r in PROFILE_DIRECTIONS.items()}
+    if not any(r.name == BWD_RANGE for r in ranges):
+        return {}
+    starts = sorted((r.time_range.start, names[r.name]) for r in ranges)
+    out = {}
+    for d in PROFILE_DIRECTIONS:
+        t = _tally([e for e in host if _direction_of(e, starts) == d], [e for e in device if _direction_of(e, starts) == d],
+                   layer)
+        out[d] = {k: t[k] for k in ("collectives", "collective_bytes", "host_syncs")}
+    return out
+
+
+def summarize_events(events: Sequence[Any]) -> ProfileSummary:
+    """Counts of one rank's profiler events (`prof.events()`), limited to the `cpbench::step` range if present."""
+    step = [e for e in events if e.name == STEP_RANGE and not _is_device_event(e)]
+    window = (step[0].time_range.start, step[0].time_range.end) if step else None
+    host = [e for e in events if not _is_device_event(e) and e.name not in _RANGES and _in_window(e, window)]
+    device = [e for e in events if _is_device_event(e)]
+    ranges = [e for e in events if e.name in (FWD_RANGE, BWD_RANGE) and not _is_device_event(e) and _in_window(e, window)]
+
+    total = _tally(host, device)
     launches = sum(
         1 for e in device
         if not e.name.startswith(("Memcpy", "Memset", *BACKEND_PREFIXES)) and not getattr(e, "is_user_annotation", False)
     )
     return ProfileSummary(
-        collectives=collectives,
-        collective_bytes=collective_bytes,
-        host_syncs=host_syncs,
-        sync_events=sync_events,
+        collectives=total["collectives"],
+        collective_bytes=total["collective_bytes"],
+        host_syncs=total["host_syncs"],
+        sync_events=total["sync_events"],
         kernel_launches=launches,
-        unclassified=sorted(unclassified),
+        unclassified=total["unclassified"],
+        by_direction=_split(host, device, ranges, total["layer"]),
     )
 
 
@@ -238,26 +300,37 @@ def _export_trace(prof: Any, path: Path) -> Path:
     return path
 
 
-def merge_ranks(summaries: Sequence[ProfileSummary]) -> ProfileSummary:
-    """The gang's profile from each rank's: group collectives, launches, peak memory as max over ranks;
-    send/recv counts and bytes, host syncs and sync events as totals. The trace is rank 0's."""
-    if not summaries:
-        return ProfileSummary()
-    kinds = sorted({k for s in summaries for k in s.collectives})
+def _merge_counts(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """collectives / collective_bytes (group kinds: max over ranks; send/recv: sum) and host_syncs (sum) of the
+    ranks' `parts` (dicts with those keys)."""
+    kinds = sorted({k for s in parts for k in s["collectives"]})
     coll, cbytes = {}, {}
     for k in kinds:
         agg = sum if k in P2P_KINDS else max
-        coll[k] = agg(s.collectives.get(k, 0) for s in summaries)
-        cbytes[k] = agg(s.collective_bytes.get(k, 0) for s in summaries)
+        coll[k] = agg(s["collectives"].get(k, 0) for s in parts)
+        cbytes[k] = agg(s["collective_bytes"].get(k, 0) for s in parts)
+    return {"collectives": coll, "collective_bytes": cbytes, "host_syncs": sum(s["host_syncs"] for s in parts)}
+
+
+def merge_ranks(summaries: Sequence[ProfileSummary]) -> ProfileSummary:
+    """The gang's profile from each rank's: group collectives, launches, peak memory as max over ranks;
+    send/recv counts and bytes, host syncs and sync events as totals; each direction of `by_direction` alike
+    (kept only when every rank split its step). The trace is rank 0's."""
+    if not summaries:
+        return ProfileSummary()
+    total = _merge_counts([asdict(s) for s in summaries])
+    by_direction: dict[str, dict[str, Any]] = {}
+    if all(s.by_direction for s in summaries):
+        by_direction = {d: _merge_counts([s.by_direction[d] for s in summaries]) for d in PROFILE_DIRECTIONS}
     sync_events: dict[str, int] = {}
     for s in summaries:
         for n, c in s.sync_events.items():
             sync_events[n] = sync_events.get(n, 0) + c
     peaks = [s.peak_memory_bytes for s in summaries if s.peak_memory_bytes is not None]
     return ProfileSummary(
-        collectives=coll,
-        collective_bytes=cbytes,
-        host_syncs=sum(s.host_syncs for s in summaries),
+        collectives=total["collectives"],
+        collective_bytes=total["collective_bytes"],
+        host_syncs=total["host_syncs"],
         sync_events=sync_events,
         kernel_launches=max(s.kernel_launches for s in summaries),
         peak_memory_bytes=max(peaks) if peaks else None,
@@ -267,4 +340,5 @@ def merge_ranks(summaries: Sequence[ProfileSummary]) -> ProfileSummary:
             for s in summaries
         ],
         unclassified=sorted({n for s in summaries for n in s.unclassified}),
+        by_direction=by_direction,
     )

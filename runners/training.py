@@ -3,7 +3,8 @@
 `train_run(fwd, leaves, do, gather)` turns a mode's forward into a training step: the inputs become leaves that
 require grad (made once, outside the step), `do` is fixed for the point (drawn from its seed over the whole
 output, then sharded like the output), and each step resets the gradients (`grad = None`), runs the forward
-and `o.backward(do)`; no host read. `full_grads()` runs one step and returns the input gradients gathered to
+and `o.backward(do)`, each inside its profiler range (`cpbench::fwd`, `cpbench::bwd`: the profile of the step
+counts collectives and host syncs per direction, `runners.profile`); no host read. `full_grads()` runs one step and returns the input gradients gathered to
 rank 0 in the global layout, for the correctness gate (`grad_errors`): every input gradient against `none`'s
 (autograd through `kernels.forward` on the whole batch) and against autograd through the fp32 reference on the
 reduced shape, as the forward's output is checked.
@@ -16,6 +17,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from runners.profile import direction_range
 
 __all__ = ["GRAD_NAMES", "global_do", "grads_of", "is_training", "leaves", "reference_grads", "train_step"]
 
@@ -38,13 +41,17 @@ def leaves(tensors: Sequence[Tensor]) -> list[Tensor]:
 
 
 def train_step(fwd: Callable[[], Tensor], xs: Sequence[Tensor], do: Tensor) -> Callable[[], Tensor]:
-    """The timed training step: reset the gradients, forward, backward with `do` (no host read)."""
+    """The timed training step: reset the gradients, forward, backward with `do` (no host read); the forward and
+    the backward each in their profiler range while profiled (the backward's range encloses the autograd engine's
+    work, on CUDA's autograd thread too: `o.backward` returns when it is done)."""
 
     def step() -> Tensor:
         for x in xs:
             x.grad = None
-        o = fwd()
-        o.backward(do)
+        with direction_range("fwd"):
+            o = fwd()
+        with direction_range("bwd"):
+            o.backward(do)
         return o.detach()
 
     return step

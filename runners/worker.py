@@ -21,7 +21,9 @@ them (`runners.tuner.store_tuning`; a device crash stores the trials so far, res
 attempt); then time with the tuned configs), send the point to the persistent gang of its W (`runners.gang`, job
 `runners.execute.run_point_job`) under a time limit derived from the spec's timing limits
 (`point_time_limit_s`: the watchdog and the collective timeout), then store the artifact (Chrome trace),
-measurement and profile and mark the point done, all in one transaction (`complete_point` commits them together,
+measurement and profile (its collectives checked against kernels.cp's count, per direction for a training step:
+`runners.collective_check`, the differences in the report's `collective_mismatches`) and mark the point done,
+all in one transaction (`complete_point` commits them together,
 or drops them if the lease was lost meanwhile). Failures become data: a failed correctness gate or an exception
 raised on every rank fails the point (not retried: it is deterministic); a crashed, hung, timed-out or OOM rank
 fails the attempt (retried while attempts remain) and restarts the gang. The worker keeps going either way.
@@ -60,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from db.retry import StoreRetry, StoreUnavailable
+from runners import collective_check
 from runners.errors import CpbenchError, GangError, SweepNotFoundError
 from runners.execute import run_point_job, tune_job
 from runners.gang import GangPool, JobCancelled
@@ -228,11 +231,7 @@ def _options(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _merge_expected(results: list[dict[str, Any]]) -> dict[str, int]:
     """kernels.cp's expected collectives of the gang, merged like the profile (send/recv summed, others max)."""
-    out: dict[str, int] = {}
-    for r in results:
-        for k, n in (r.get("expected_collectives") or {}).items():
-            out[k] = out.get(k, 0) + n if k in ("send", "recv") else max(out.get(k, 0), n)
-    return dict(sorted(out.items()))
+    return collective_check.merge_counts([r.get("expected_collectives") or {} for r in results])
 
 
 def _file_facts(path: Path) -> tuple[int, str]:
@@ -628,8 +627,15 @@ def _write_results(
         },
     }
     report["expected_collectives"] = _merge_expected(results)
+    expected = collective_check.merge_gang([r.get("expected_collectives_by_direction") for r in results])
+    if expected is not None:
+        report["expected_collectives_by_direction"] = expected
     if prof is not None:
         report["profile_ranks"] = prof.per_rank
+        if expected is not None:
+            report["collective_mismatches"] = wrong = collective_check.mismatches(prof.as_dict(), expected)
+            if wrong:
+                logger.warning("point %s: collectives differ from kernels.cp's count: %s", point_id, "; ".join(wrong))
     trace = Path(prof.trace_path) if prof is not None and prof.trace_path else None
     artifact_id = None
     if trace is not None and trace.exists():
@@ -646,7 +652,7 @@ def _write_results(
         crud.store_profile(
             session, point_id=point_id, collectives=prof.collectives, collective_bytes=prof.collective_bytes,
             host_syncs=prof.host_syncs, sync_events=prof.sync_events, kernel_launches=prof.kernel_launches,
-            peak_memory_bytes=prof.peak_memory_bytes, artifact_id=artifact_id,
+            peak_memory_bytes=prof.peak_memory_bytes, artifact_id=artifact_id, by_direction=prof.by_direction or None,
         )
     return complete_point(session, point_id=point_id, worker=worker)
 

@@ -3,7 +3,7 @@
 Scenarios: each filter (sweep, op, mode, backend, B, T, W, lb, device, status) keeps exactly the matching points
 and the count says how many match; pagination walks the same ordered list; CSV carries the same page with a header
 and the total in X-Total-Count; the autotune export is served for a device (CPU only when asked), 404 for an
-unknown one; workers list with `alive`.
+unknown one; workers list with `alive`; a training step's per-direction profile comes with its row.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from db import crud
 from db.session import session_scope
-from tests.dashboards.seed import Seeded, seed_store
+from tests.dashboards.seed import Seeded, point, seed_store
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +64,22 @@ def test_read_results_pagination(client: httpx.Client, seeded: Seeded) -> None:
         assert page["count"] == len(ids)
         walked += [r["id"] for r in page["data"]]
     assert walked == ids == sorted(ids)
+
+
+
+def test_read_results_per_direction_profile(client: httpx.Client, store_url: str, seeded: Seeded) -> None:
+    """A training step's profile per direction is served with the point's row (null for a forward point)."""
+    split = {"fwd": {"collectives": {"all_gather": 1}, "collective_bytes": {"all_gather": 4096}, "host_syncs": 0},
+             "bwd": {"collectives": {"all_gather": 1}, "collective_bytes": {"all_gather": 4096}, "host_syncs": 0}}
+    with session_scope(store_url) as s:
+        p = {**point(0, mode="true_cp", W=2, T=1024, B=1, lb=-1.0), "direction": "fwd+bwd"}
+        sweep = crud.create_sweep(s, name="train", tags=[], spec={"name": "train"}, points=[{**p, "key": p["key"] + "/dir=fwd+bwd"}])
+        crud.store_profile(s, point_id=sweep.points[0].id, collectives={"all_gather": 2}, collective_bytes={"all_gather": 8192},
+                           host_syncs=0, sync_events={}, kernel_launches=0, peak_memory_bytes=None, by_direction=split)
+        sweep_id = sweep.id
+    [row] = all_rows(client, sweep_id)
+    assert row["direction"] == "fwd+bwd" and row["collectives"] == {"all_gather": 2} and row["by_direction"] == split
+    assert all(r["by_direction"] is None for r in all_rows(client, seeded.sweep_id))
 
 
 def test_read_results_csv(client: httpx.Client, seeded: Seeded) -> None:

@@ -3,7 +3,8 @@
 Scenarios: every sweep figure draws one trace name per mode present (and only those); latency facets by W and lb
 holding only its own runs (`none` as the dashed reference elsewhere) and the speedup it reports equal to none/mode;
 the mode map names the fastest exact mode of each T x W cell with its runner-up, and marks a faster approximate one;
-scaling reports speedup, efficiency and the model; the communication figure puts the cost model beside the measured counts; accuracy keeps the modes that
+scaling reports speedup, efficiency and the model; the communication figure puts the cost model beside the measured counts
+(a training step's forward and backward apart, each beside its direction's model); accuracy keeps the modes that
 carry an error; tuning normalises to the best valid trial and marks rejected and chosen configs; history draws one
 line per key and one trace per non-SAME verdict; empty input gives a placeholder; render gives a div without any
 off-host URL and CSV with nested values as JSON.
@@ -162,6 +163,42 @@ def test_comm_measured_beside_model() -> None:
             assert (r["model_calls"], r["model_bytes"]) == (cost.count, cost.total_payload_bytes)
     odd = [r for r in table if r["measured_calls"] != r["model_calls"]]
     assert odd and all(r["measured_by_kind"] == {"all_gather": 3} for r in odd)
+
+
+
+def test_comm_training_step_per_direction() -> None:
+    """A fwd+bwd row profiled per direction is drawn as its forward (circles) and backward (triangles), each beside
+    the model of that direction; a backward with an extra all-gather stands out from its model, the forward not."""
+    rows = []
+    for i, mode in enumerate(("all_gather", "true_cp")):
+        p = {**point(i, mode=mode, W=2, T=1024, B=1, lb=-1.0), "direction": "fwd+bwd"}
+        split = {}
+        for d in ("fwd", "bwd"):
+            cost = comm_cost(mode, B=1, T=1024, H=4, K=32, V=32, W=2, dtype_bytes=2, direction=d)
+            assert cost is not None
+            split[d] = {"collectives": dict(cost.collectives), "collective_bytes": dict(cost.payload_bytes), "host_syncs": 0}
+        if mode == "true_cp":
+            split["bwd"]["collectives"] = {"all_gather": 2}
+        total = {k: sum(split[d]["collectives"].get(k, 0) for d in split) for k in ("all_gather", "reduce_scatter")}
+        rows.append({**p, "id": i, "status": "done", "collectives": {k: n for k, n in total.items() if n},
+                     "collective_bytes": {}, "by_direction": split})
+    table = comm.frame(rows)
+    assert [(t["mode"], t["part"]) for t in table] == [("all_gather", "fwd"), ("all_gather", "bwd"), ("true_cp", "fwd"),
+                                                      ("true_cp", "bwd")]
+    by = {(t["mode"], t["part"]): t for t in table}
+    assert by["all_gather", "bwd"]["measured_by_kind"] == by["all_gather", "bwd"]["model_by_kind"] == {"reduce_scatter": 1}
+    assert by["all_gather", "fwd"]["model_by_kind"] == {"all_gather": 1}
+    assert by["true_cp", "fwd"]["measured_calls"] == by["true_cp", "fwd"]["model_calls"] == 1
+    assert (by["true_cp", "bwd"]["measured_calls"], by["true_cp", "bwd"]["model_calls"]) == (2, 1)
+    fig = comm.figure(rows)
+    calls = [t for t in fig.data if t.meta["quantity"] == "calls"]
+    measured = {(t.meta["mode"], t.meta["part"]): (t.marker.symbol, list(t.y)) for t in calls if t.meta["kind"] == "measured"}
+    assert measured == {("all_gather", "fwd"): ("circle", [1]), ("all_gather", "bwd"): ("triangle-down", [1]),
+                        ("true_cp", "fwd"): ("circle", [1]), ("true_cp", "bwd"): ("triangle-down", [2])}
+    models = {(t.meta["mode"], t.meta["part"]): (t.line.dash, list(t.y)) for t in calls if t.meta["kind"] == "model"}
+    assert models[("true_cp", "bwd")] == ("dot", [1]) and models[("true_cp", "fwd")] == ("dash", [1])
+    unsplit = comm.frame([{**rows[0], "by_direction": None}])   # a training step stored before the split
+    assert [(t["part"], t["measured_calls"], t["model_calls"]) for t in unsplit] == [("step", 2, 2)]
 
 
 def test_syncs_and_accuracy_tables() -> None:

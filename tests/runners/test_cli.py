@@ -78,6 +78,7 @@ def check_demo(url: str, rows: list[dict[str, Any]]) -> None:
         assert r["err_vs_none"] is not None and r["err_vs_none"] <= 2e-3, where
         assert r["err_vs_reference"] is not None and r["err_vs_reference"] <= 2e-3, where
         assert r["collectives"] == r["report"]["expected_collectives"], where
+        assert r["report"]["collective_mismatches"] == [] and r["by_direction"] is None, where   # a forward point
         if r["W"] == 2:
             assert r["collectives"] == (EXPECTED_W2[r["mode"]] or {}), where
         if r["mode"] in ("none", "warmup_correct"):

@@ -7,6 +7,10 @@ covered every input gradient (errors under the fp32 tolerance 2e-3, per-gradient
 its measured collectives are the forward's plus the backward's (`kernels.cp.expected_collectives(..,
 "fwd+bwd")`: e.g. true_cp 2 all-gathers, headwise 4 all-to-alls, all_gather 1 all-gather + 1 reduce-scatter,
 ring twice the forward's send/recv), zero host syncs, and its key differs from the fwd point's only by `dir=`.
+Its profile is stored per direction too (`by_direction`): each direction's collectives = kernels.cp's count of
+that direction (the report's `expected_collectives_by_direction`, e.g. all_gather's backward 1 reduce-scatter),
+its calls and bytes = the cost model's of that direction, no host sync in either, and no collective mismatch
+reported; a forward point stores no split.
 The fault: `kernels.cp.warmup_correct._backward` monkeypatched to double dg, run in this process (W = 1): the
 point fails its gate vs none with the error in its message, and is not timed.
 """
@@ -31,6 +35,13 @@ FWD_BWD_W2 = {
     "headwise": {"all_to_all": 4},
     "ring": {"send": 2, "recv": 2},
     "tail_exchange": {"send": 2, "recv": 2},
+}
+BWD_W2 = {   # the backward alone (the profile's by_direction["bwd"])
+    "all_gather": {"reduce_scatter": 1},
+    "true_cp": {"all_gather": 1},
+    "headwise": {"all_to_all": 2},
+    "ring": {"send": 1, "recv": 1},
+    "tail_exchange": {"send": 1, "recv": 1},
 }
 
 
@@ -58,16 +69,26 @@ def _check(rows: list[dict[str, Any]]) -> None:
         where = r["key"]
         assert r["err_vs_none"] <= 2e-3 and r["err_vs_reference"] <= 2e-3, where
         assert r["collectives"] == r["report"]["expected_collectives"], where
+        assert r["report"]["collective_mismatches"] == [], where
         assert r["host_syncs"] == 0, where
+        if r["direction"] == "fwd":
+            assert r["by_direction"] is None and set(r["report"]["expected_collectives_by_direction"]) == {"fwd"}, where
         if r["direction"] == "fwd+bwd":
             assert set(r["report"]["grad_errors_vs_none"]) == {"dq", "dk", "dv", "dg", "dbeta"}, where
             assert max(r["report"]["grad_errors_vs_none"].values()) <= 1e-4, where
+            split, expected = r["by_direction"], r["report"]["expected_collectives_by_direction"]
+            assert set(split) == set(expected) == {"fwd", "bwd"}, where
+            for d in ("fwd", "bwd"):
+                assert split[d]["collectives"] == expected[d] and split[d]["host_syncs"] == 0, (where, d, split)
             if r["W"] == 2:
                 assert r["collectives"] == FWD_BWD_W2[r["mode"]], where
-                model = comm_cost(r["mode"], B=1, T=128, H=2, K=16, V=16, W=2, dtype_bytes=4, direction="fwd+bwd",
-                                  warmup_chunks=2)
-                assert model is not None and model.collectives == r["collectives"], where
-                assert model.payload_bytes == r["collective_bytes"], (where, model, r["collective_bytes"])
+                assert split["bwd"]["collectives"] == BWD_W2[r["mode"]], where
+                for d in ("fwd+bwd", "fwd", "bwd"):
+                    model = comm_cost(r["mode"], B=1, T=128, H=2, K=16, V=16, W=2, dtype_bytes=4, direction=d,
+                                      warmup_chunks=2)
+                    got = r if d == "fwd+bwd" else split[d]
+                    assert model is not None and model.collectives == got["collectives"], (where, d)
+                    assert model.payload_bytes == got["collective_bytes"], (where, d, model, got["collective_bytes"])
     keys = {r["key"] for r in done}
     assert {k.replace("dir=fwd+bwd", "dir=fwd") for k in keys} == {k for k in keys if "dir=fwd," in k}
 

@@ -10,6 +10,7 @@ import torch
 import kernels.cp as cp
 from runners.gang import RankContext
 from runners.profile import profile_step
+from runners.training import train_step
 from tests.utils import make_inputs
 
 
@@ -105,7 +106,8 @@ def profile_train(ctx: RankContext, payload: dict[str, Any]) -> dict[str, Any]:
 
 def _profile_train(*, rank: int, world_size: int, op: str, lengths: tuple[int, ...], layout: str, mode: str,
                   options: dict[str, Any] | None = None, H: int = 4, K: int = 16, V: int = 16) -> dict[str, Any]:
-    """One warm-up training step, then profiles of one backward alone and of one whole step (forward + backward)."""
+    """One warm-up training step, then profiles of one backward alone and of one whole step (the engine's
+    `runners.training.train_step`: forward + backward, each in its profiler range)."""
     q, k, v, g, beta, cu, do = train_inputs(op, lengths, H, H, K, V, -1.0, 1)
     ctx = cp.build_context(cu, world_size, rank, layout)
     xs = [cp.shard(x, ctx).clone().requires_grad_() for x in (q, k, v, g, beta)]
@@ -114,14 +116,10 @@ def _profile_train(*, rank: int, world_size: int, op: str, lengths: tuple[int, .
     def fwd() -> torch.Tensor:
         return cp.forward(mode, op, *xs, group=None, ctx=ctx, backend="torch", options=options)
 
-    def step() -> None:
-        for x in xs:
-            x.grad = None
-        fwd().backward(do_l)
-
+    step = train_step(fwd, xs, do_l)
     step()
     o = fwd()
     cpu = torch.device("cpu")
     res = {"bwd": profile_step(lambda: o.backward(do_l), device=cpu).as_dict(), "step": profile_step(step, device=cpu).as_dict()}
-    res["expected"] = {d: cp.expected_collectives(mode, ctx, options, d) for d in ("bwd", "fwd+bwd")}
+    res["expected"] = {d: cp.expected_collectives(mode, ctx, options, d) for d in ("fwd", "bwd", "fwd+bwd")}
     return res

@@ -10,7 +10,9 @@ warmup estimate) is checked where its function is exact (every crossing sequence
 and, at lb = -1, within the tolerance like its forward. warmup_correct (one device) vs the same truths, and
 its `none` fallback against autograd through its own forward (the gradient of the function it computes).
 Then the profiler: the backward's collectives per scheme = `expected_collectives(..., "bwd")`, and zero host
-syncs in the whole training step.
+syncs in the whole training step; the engine's training step (`runners.training.train_step`) profiled as one,
+split per direction (`by_direction`): its forward's counts = `expected_collectives(..., "fwd")`, its backward's
+= `(..., "bwd")`, the two directions' bytes summing to the step's.
 """
 
 from __future__ import annotations
@@ -131,6 +133,12 @@ def _check_profile(results: list[dict]) -> None:
     for r, res in enumerate(results):
         assert res["bwd"]["collectives"] == res["expected"]["bwd"], f"rank {r}: {res}"
         assert res["step"]["collectives"] == res["expected"]["fwd+bwd"], f"rank {r}: {res}"
+        split = res["step"]["by_direction"]   # the step's forward and backward apart (runners.profile)
+        for d in ("fwd", "bwd"):
+            assert split[d]["collectives"] == res["expected"][d], f"rank {r} {d}: {res}"
+            assert split[d]["host_syncs"] == 0, f"rank {r} {d}: {res}"
+        assert {k: split["fwd"]["collective_bytes"].get(k, 0) + split["bwd"]["collective_bytes"].get(k, 0)
+                for k in res["step"]["collective_bytes"]} == res["step"]["collective_bytes"], f"rank {r}: {res}"
         for part in ("bwd", "step"):
             assert res[part]["unclassified"] == [], f"rank {r}: {res}"
             assert res[part]["host_syncs"] == 0, f"rank {r}: host syncs in the training step: {res}"

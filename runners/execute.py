@@ -18,6 +18,7 @@ and its gate adds every input gradient (vs `none`'s and the reference's, max fol
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Callable
@@ -159,33 +160,59 @@ def _peer_mode(peer: Any, params: dict[str, Any], wl: Workload, rc: RankContext)
     from kernels.peers import peer_options
 
     op, mode = params["op"], params["mode"]
-    if params.get("direction", "fwd") != "fwd":
-        # Training II: time forward + `o.backward(do)` (FLA's ops are autograd Functions) inside the peer's
-        # `hopper_guard`-like context, and gate the gradients; until then a peer point runs forward only
-        raise ValueError(f"direction {params['direction']!r} of peer backend {params['backend']!r} is not wired in the "
-                         "runner yet (Training II)")
+    train = training.is_training(params)
     flat = wl.flat()
     one = mode in ("none", "warmup_correct")
     ctx_cp = cp.build_context(flat.cu_seqlens_cpu, 1 if one else rc.world_size, 0 if one else rc.rank,
                               "contiguous" if one else params["layout"])
     xs = flat.tensors if one else [cp.shard(x, ctx_cp).clone() for x in flat.tensors]
+    if train:
+        xs = training.leaves(xs)
     opts = {**dict(params.get("mode_options") or {}), **peer_options(peer, params)}
     group = None if one else rc.group
     shape = wl.tensors[2].shape[:-1]  # none: the caller's (dense or varlen) layout [B, T, H]
 
-    def step() -> Tensor:
+    def fwd() -> Tensor:
         return peer.forward(mode, op, *xs, group=group, ctx=ctx_cp, scale=None, options=opts)
 
-    def full_output() -> Tensor:
+    def to_global(x: Tensor, like: Tensor) -> Tensor:
+        """A local tensor (output or input gradient) in the global layout on rank 0."""
         if one:
-            o = step()
-            return o.reshape(*shape, o.shape[-1]) if mode == "none" else o
-        return _gather(step(), ctx_cp, rc.group)
+            return x.reshape(like.shape) if mode == "none" else x
+        return _gather(x, ctx_cp, rc.group)
+
+    step: Callable[[], Tensor] = fwd
+    full_grads = None
+    if train:
+        # forward + `o.backward(do)` (a peer's forward is differentiable by autograd), inside the peer's step
+        # context (FLA: its Hopper-guard opt-in, which the backward needs too)
+        context = getattr(peer, "step_context", None)
+        with torch.no_grad():
+            o_local = fwd()
+        if one:
+            do = training.global_do(params, o_local)
+        else:
+            do = cp.shard(training.global_do(params, o_local.new_empty(1, ctx_cp.total_len, *o_local.shape[2:])),
+                          ctx_cp)
+        inner = training.train_step(fwd, xs, do)
+
+        def step() -> Tensor:
+            with context(opts) if callable(context) else contextlib.nullcontext():
+                return inner()
+
+        def full_grads() -> list[Tensor]:
+            step()
+            return [to_global(x.grad if x.grad is not None else torch.zeros_like(x), t)
+                    for x, t in zip(xs, wl.tensors, strict=True)]
+
+    def full_output() -> Tensor:
+        o = step()
+        return o.reshape(*shape, o.shape[-1]) if one and mode == "none" else to_global(o, o)
 
     count = getattr(peer, "expected_collectives", None)  # optional: what one step issues (else not stated)
     expected = dict(count(mode, ctx_cp, opts)) if callable(count) else {}
     return ModeRun(step=step, full_output=full_output, report=lambda: {}, expected_collectives=expected,
-                   expected_by_direction={"fwd": expected} if callable(count) else None)
+                   full_grads=full_grads)
 
 
 def _none_output(params: dict[str, Any], wl: Workload, rc: RankContext) -> Tensor:
@@ -265,7 +292,10 @@ def _check_grads(params: dict[str, Any], wl: Workload, run: ModeRun, rc: RankCon
     got = run.full_grads()
     if rc.rank == 0:
         do = training.global_do(params, o_full)
-        ref = training.reference_grads(params["op"], wl.tensors, do, cu_seqlens=wl.cu_seqlens, backend=params["backend"])
+        from runners.plugins import peer_of_point
+
+        none_backend = "auto" if peer_of_point(params) is not None else params["backend"]  # a peer: against ours
+        ref = training.reference_grads(params["op"], wl.tensors, do, cu_seqlens=wl.cu_seqlens, backend=none_backend)
         errs = [rel_l2(a, b) for a, b in zip(got, ref, strict=True)]
         err_none = max([err_none or 0.0, *errs])
         run.grad_errors = dict(zip(training.GRAD_NAMES, errs, strict=True))

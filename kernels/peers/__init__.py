@@ -15,7 +15,9 @@ A peer backend is any object (an instance or a class) with these attributes; `Pe
                                               # `warmup_correct` the whole batch with a world_size=1 context)
     expected_collectives(mode, ctx, options) -> dict  # (optional) what one step issues on this rank, like
                                               # `kernels.cp.expected_collectives` (stored beside the profile)
-    backward(...)   (optional; Training II: the runner will call it for direction "fwd+bwd")
+    step_context(options) -> context manager  # (optional) entered around each timed step; for direction
+                                              # "fwd+bwd" the step is forward + `o.backward(do)` (the output must
+                                              # carry autograd: a differentiable forward is the backward)
     transition(...) (optional; `kernels.transition`'s contract, for the modes that chain maps)
 
 `peer_skip_reason(peer, params)` is the one rule the grid applies to every peer point: the mode and direction
@@ -24,6 +26,7 @@ must be declared, then the peer's own `skip_reason`. Nothing here imports a peer
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -46,6 +49,9 @@ class Peer:
 
     def available(self) -> str | None:
         return None
+
+    def step_context(self, options: Mapping[str, Any]) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
 
     def forward(self, mode: str, op: str, q: Any, k: Any, v: Any, g: Any, beta: Any, *, group: Any, ctx: Any,
                 scale: float | None, options: Mapping[str, Any]) -> Any:

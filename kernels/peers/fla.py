@@ -16,8 +16,8 @@ FLA's Hopper guard: FLA 0.6.0 refuses the gated GDN backward (`chunk_bwd_dqkwg`)
 < 3.7.1 (FLA #640: it miscompiles). Such points are skipped when the sweep is expanded, judged by the Triton
 version installed where it is expanded, unless the spec opts in with `mode_options: {fla: {bypass_hopper_guard:
 true}}` (then part of the point key); `hopper_guard(options)` lifts the guard for the duration of a step.
-Backward (direction fwd+bwd): FLA's ops are autograd Functions; Training II calls `o.backward(do)` inside
-`hopper_guard(options)`. No backward hook is implemented here yet.
+Backward (direction fwd+bwd): FLA's ops are autograd Functions; the runner times forward + `o.backward(do)`
+inside `step_context(options)` (= `hopper_guard(options)`: the guard sits in FLA's backward).
 """
 
 from __future__ import annotations
@@ -99,9 +99,9 @@ class _FLA(Peer):
     }
     direction_reasons = {
         "warmup_correct": "FLA's intra-card CP runs only under torch.inference_mode (forward only)",
-        "headwise": "cpbench's collectives around FLA's op are forward-only until Training II",
-        "all_gather": "cpbench's collectives around FLA's op are forward-only until Training II",
-        "ring": "cpbench's state passing around FLA's op is forward-only until Training II",
+        "headwise": "cpbench's collectives around FLA's op are timed forward only (not differentiated here)",
+        "all_gather": "cpbench's collectives around FLA's op are timed forward only (not differentiated here)",
+        "ring": "cpbench's state passing around FLA's op is timed forward only (not differentiated here)",
     }
     options = {"bypass_hopper_guard": False}
 
@@ -140,6 +140,10 @@ class _FLA(Peer):
             return ("FLA's Triton kernels need a CUDA GPU (under the CPU Triton interpreter FLA's autotuner needs a "
                     "driver, and its fwd_h kernel does not interpret)")
         return None
+
+    def step_context(self, options: Mapping[str, Any]) -> contextlib.AbstractContextManager[Any]:
+        """Around each timed step (forward + backward): the Hopper-guard opt-in."""
+        return hopper_guard(options)
 
     def expected_collectives(self, mode: str, ctx: Any, options: Mapping[str, Any]) -> dict[str, int]:
         """What one step issues on this rank: KCP one all_gather of the summaries (every rank, always); our

@@ -2,7 +2,8 @@
 
 Sweep it with `backends: ["tests.plugins.torch_peer:PEER"]` (or register it under the entry point group
 `cpbench.backends`). It implements `none` (the whole batch) and `all_gather` (gather every rank's shard with
-torch.distributed, run the whole batch, keep this rank's tokens), forward only.
+torch.distributed, run the whole batch, keep this rank's tokens). `none` also runs forward+backward: the recurrence
+is plain torch, so autograd differentiates it (the engine times forward + `o.backward(do)`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def recurrent(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
 
 class TorchPeer:
     name = "torchpeer"
-    modes = {"none": ("fwd",), "all_gather": ("fwd",)}
+    modes = {"none": ("fwd", "fwd+bwd"), "all_gather": ("fwd",)}
     options: Mapping[str, Any] = {}
 
     def skip_reason(self, params: Mapping[str, Any]) -> str | None:

@@ -33,8 +33,8 @@ FLA_TABLE: dict[tuple[str, str], str | None] = {
     ("warmup_correct", "fwd"): None,
     ("warmup_correct", "fwd+bwd"): "intra-card CP runs only under torch.inference_mode",
     ("headwise", "fwd"): None, ("all_gather", "fwd"): None, ("ring", "fwd"): None,
-    ("headwise", "fwd+bwd"): "forward-only until Training II", ("all_gather", "fwd+bwd"): "forward-only until Training II",
-    ("ring", "fwd+bwd"): "forward-only until Training II",
+    ("headwise", "fwd+bwd"): "timed forward only", ("all_gather", "fwd+bwd"): "timed forward only",
+    ("ring", "fwd+bwd"): "timed forward only",
     ("tail_exchange", "fwd"): "FLA has no transition primitive", ("tail_exchange", "fwd+bwd"): "FLA has no transition primitive",
 }
 

@@ -165,14 +165,27 @@ def worker_identity(name: str | None = None) -> str:
     return f"{name or socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def point_time_limit_s(spec: dict[str, Any], settings: WorkerSettings) -> float:
+def point_time_limit_s(spec: dict[str, Any], settings: WorkerSettings, first_call_s: float = 0.0) -> float:
     """Seconds a point's job may take: the spec's timing limits plus `CPBENCH_POINT_OVERHEAD_S` (inputs, the
-    correctness gate, the profiled step, compilation), capped by `CPBENCH_JOB_TIMEOUT_S`. Also the collective
-    timeout of the gang while the point runs, so a hung peer is noticed after this, not after 300 s."""
+    correctness gate, the profiled step, compilation) plus a peer's `first_call_s` (its own first-call autotune:
+    FLA's takes minutes), capped by `CPBENCH_JOB_TIMEOUT_S`. Also the collective timeout of the gang while the
+    point runs, so a hung peer is noticed after this, not after 300 s."""
     timing = spec.get("timing") or {}
     warmup = float(timing.get("warmup_s", 0.025))
     run = max(float(timing.get("timeout_s", 15.0)), float(timing.get("min_time_s", 0.5)))
-    return min(settings.JOB_TIMEOUT_S, settings.POINT_OVERHEAD_S + 2.0 * (warmup + run))
+    return min(settings.JOB_TIMEOUT_S, settings.POINT_OVERHEAD_S + 2.0 * (warmup + run) + max(0.0, first_call_s))
+
+
+def _first_call_s(params: dict[str, Any]) -> float:
+    """The first-call allowance the point's peer backend states (0 for ours)."""
+    from runners.plugins import peer_of_point
+
+    try:
+        peer = peer_of_point(params)
+    except ValueError:
+        return 0.0
+    value = getattr(peer, "first_call_s", 0.0) if peer is not None else 0.0
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else 0.0
 
 
 def _check_times(lease_s: float, heartbeat_s: float) -> None:
@@ -471,7 +484,7 @@ class Worker:
         trace = (self.art_root / f"sweep{claim.sweep_id}" / f"point{claim.point_id}-{tag}.trace.json.gz"
                  if options.get("profile", True) else None)
         payload: dict[str, Any] = {"params": params, "options": options, "trace_path": str(trace) if trace else None}
-        limit_s = point_time_limit_s(spec, self.settings)
+        limit_s = point_time_limit_s(spec, self.settings, _first_call_s(params))
         hb = _Heartbeat(self, claim.point_id)
         hb.start()
 

@@ -15,6 +15,8 @@ A peer backend is any object (an instance or a class) with these attributes; `Pe
                                               # `warmup_correct` the whole batch with a world_size=1 context)
     expected_collectives(mode, ctx, options) -> dict  # (optional) what one step issues on this rank, like
                                               # `kernels.cp.expected_collectives` (stored beside the profile)
+    first_call_s: float                       # (optional) seconds its first call may spend compiling/autotuning,
+                                              # added to the point's time limit (default 0)
     step_context(options) -> context manager  # (optional) entered around each timed step; for direction
                                               # "fwd+bwd" the step is forward + `o.backward(do)` (the output must
                                               # carry autograd: a differentiable forward is the backward)
@@ -43,6 +45,7 @@ class Peer:
     name: str = ""
     modes: Mapping[str, tuple[str, ...]] = {}
     options: Mapping[str, Any] = {}
+    first_call_s: float = 0.0
 
     def skip_reason(self, params: Mapping[str, Any]) -> str | None:
         return None

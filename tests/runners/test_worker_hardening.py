@@ -63,6 +63,19 @@ def test_point_time_limit_follows_the_spec_not_the_gang_default(monkeypatch: pyt
         get_worker_settings.cache_clear()
 
 
+def test_a_peers_first_call_allowance_extends_its_points_limit() -> None:
+    """FLA autotunes for minutes on its first call: its points get its `first_call_s` on top (ours get nothing)."""
+    from runners.settings import get_worker_settings
+    from runners.worker import _first_call_s, point_time_limit_s
+
+    spec = {"timing": {"timeout_s": 2, "warmup_s": 0, "min_time_s": 0}}
+    s = get_worker_settings()
+    fla, ours = {"backend": "fla"}, {"backend": "triton"}
+    assert _first_call_s(ours) == 0.0 and _first_call_s(fla) >= 300.0
+    assert point_time_limit_s(spec, s, _first_call_s(ours)) == s.POINT_OVERHEAD_S + 4
+    assert point_time_limit_s(spec, s, _first_call_s(fla)) == min(s.JOB_TIMEOUT_S, s.POINT_OVERHEAD_S + 4 + _first_call_s(fla))
+
+
 def test_store_outage_is_logged_once_and_recovery_once(caplog: pytest.LogCaptureFixture) -> None:
     from db.retry import StoreRetry, StoreUnavailable, is_transient
 

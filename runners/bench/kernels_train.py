@@ -1,6 +1,6 @@
 """Forward+backward benchmark of our Triton GDN / KDA against FLA's `chunk_gated_delta_rule` / `chunk_kda` (GPU).
 
-    python -m runners.bench.kernels_train [--ops gdn,kda] [--shapes 1x8192,...] [--out benchmarks/results/]
+    python -m runners.bench.kernels_train [--ops gdn,kda] [--shapes 1x8192,...] [--out benchmarks/results/] [--no-fla]
 
 Per shape (bf16, H=16, K=V=128): ours ms (forward `chunk_*_fwd` + backward `chunk_*_bwd`, direct calls), FLA ms
 (its autograd op, `o.backward(do)`), the ratio, the bytes floor of a forward+backward (FLA's count: 2828 B per
@@ -11,7 +11,10 @@ the fp32 per-token reference on a reduced shape, ours and FLA's.
 FLA 0.6.0 refuses its gated GDN backward on Hopper with Triton < 3.7.1 (its issue #640 guard, a version flag in
 `fla.ops.common.chunk_o`): to time it anyway the flag is flipped before the first call and the table records the
 bypass (`fla_hopper_guard_bypassed`); FLA's gradients are checked against the reference like ours. Ours needs no
-bypass. Writes `<stem>.md` and `<stem>.json` (stem kernels_train_h200 on an H200).
+bypass. Writes `<stem>.md` and `<stem>.json` (stem kernels_train_h200 on an H200) after every row, so a run cut
+short keeps what it measured. FLA autotunes on its first call (on an H200 with a fresh Triton cache: about 4 min
+for KDA's forward+backward, 1.5 min for GDN's); the gradient check runs at the timed shapes' H so that this
+happens once per op. `--no-fla` measures ours alone.
 """
 
 from __future__ import annotations
@@ -133,8 +136,9 @@ def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-def gradient_check(op: str, device: str, T: int = 1024, Hh: int = 4) -> dict[str, Any]:
-    """Every gradient's rel_l2 (ours, FLA) vs autograd through the fp32 per-token reference, B=1."""
+def gradient_check(op: str, device: str, T: int = 1024, Hh: int = H, fla: bool = True) -> dict[str, Any]:
+    """Every gradient's rel_l2 (ours, FLA) vs autograd through the fp32 per-token reference, B=1. H as the timed
+    shapes: FLA's autotune keys hold H (not T), so its first-call autotune (minutes) happens once, here."""
     import importlib
 
     ref_fn = getattr(importlib.import_module("kernels.gdn.naive" if op == "gdn" else "kernels.common.naive"),
@@ -147,6 +151,9 @@ def gradient_check(op: str, device: str, T: int = 1024, Hh: int = 4) -> dict[str
     names = ("dq", "dk", "dv", "dg", "dbeta")
     _, ours = ours_step(op)(q, k, v, g, beta, do)
     res: dict[str, Any] = {"shape": f"B=1 T={T} H={Hh}", "ours": {n: rel_l2(a, r) for n, a, r in zip(names, ours[:5], ref, strict=True)}}
+    if not fla:
+        res["fla"] = {"error": "not run (--no-fla)"}
+        return res
     try:
         _, theirs = fla_step(op)[0](q, k, v, g, beta, do)
         res["fla"] = {n: rel_l2(a, r) for n, a, r in zip(names, theirs, ref, strict=True)}
@@ -155,7 +162,7 @@ def gradient_check(op: str, device: str, T: int = 1024, Hh: int = 4) -> dict[str
     return res
 
 
-def run_shape(op: str, B: int, T: int, device: str) -> dict[str, Any]:
+def run_shape(op: str, B: int, T: int, device: str, fla: bool = True) -> dict[str, Any]:
     q, k, v, g, beta, do = make_inputs(op, B, T, H, device=device)
     ours = ours_step(op)
     rec: dict[str, Any] = {"op": op, "B": B, "T": T, "H": H, "K": K, "V": V}
@@ -163,6 +170,8 @@ def run_shape(op: str, B: int, T: int, device: str) -> dict[str, Any]:
     rec["ours_peak_MB"] = peak_mb(lambda: ours(q, k, v, g, beta, do))
     rec["ours_kernels_ms"] = kernel_times(lambda: ours(q, k, v, g, beta, do))
     try:
+        if not fla:
+            raise RuntimeError("not run (--no-fla)")
         fla, bypassed = fla_step(op)
         rec["fla_hopper_guard_bypassed"] = bypassed
         rec["fla_ms"] = timed(lambda: fla(q, k, v, g, beta, do))
@@ -244,8 +253,15 @@ def to_markdown(res: dict[str, Any]) -> str:
     lines += ["", "## Our per-kernel times (one step, ms)", ""]
     for r in res["rows"]:
         ks = ", ".join(f"{n} {t:.2f}" for n, t in list(r["ours_kernels_ms"].items())[:14])
-        lines.append(f"- {r['op']} B={r['B']} T={r['T']}: {ks}")
+        lines.append(f"- {r['op']} B={r['B']} T={r['T']} (step {r['ours_ms']:.2f}, floor {r['floor_ms']:.2f}): {ks}")
     return "\n".join(lines) + "\n"
+
+
+def write(res: dict[str, Any], out: Path, name: str) -> None:
+    """The JSON and markdown as they stand (after every row: a run cut short keeps what it measured)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(res, indent=1))
+    (out / f"{name}.md").write_text(to_markdown(res))
 
 
 def _say(*parts: object) -> None:
@@ -261,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stem", default=None)
     ap.add_argument("--sha", default=None, help="git sha to record when the tree has no .git (device copies)")
     ap.add_argument("--no-grads", action="store_true")
+    ap.add_argument("--no-fla", action="store_true", help="ours only (FLA's first-call autotune takes minutes)")
     ap.add_argument("--explore", default="", help="BxT: time backward config variants at this shape")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -269,25 +286,25 @@ def main(argv: list[str] | None = None) -> int:
     ops = [o for o in args.ops.split(",") if o]
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s]
     res: dict[str, Any] = {"env": env(args), "rows": [], "grads": {}}
+    name = args.stem or ("kernels_train_h200" if "H200" in res["env"]["device"] else "kernels_train_gpu")
+    out = Path(args.out)
     for op in ops:
         if not args.no_grads:
-            res["grads"][op] = gradient_check(op, "cuda")
+            res["grads"][op] = gradient_check(op, "cuda", fla=not args.no_fla)
             _say(op, json.dumps(res["grads"][op]))
+            write(res, out, name)
         for B, T in shapes:
-            rec = run_shape(op, B, T, "cuda")
+            rec = run_shape(op, B, T, "cuda", fla=not args.no_fla)
             res["rows"].append(rec)
-            _say(json.dumps({k: v for k, v in rec.items() if k != "ours_kernels_ms"}))
+            _say(json.dumps(rec))
+            write(res, out, name)
             torch.cuda.empty_cache()
         if args.explore:
             Be, Te = (int(x) for x in args.explore.split("x"))
             res.setdefault("explore", {})[op] = explore(op, Be, Te, "cuda")
             for r in res["explore"][op]:
                 _say("explore", op, r["kernel"], r["change"], r["ms"])
-    name = args.stem or ("kernels_train_h200" if "H200" in res["env"]["device"] else "kernels_train_gpu")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(res, indent=1))
-    (out / f"{name}.md").write_text(to_markdown(res))
+    write(res, out, name)
     _say(to_markdown(res))
     return 0
 

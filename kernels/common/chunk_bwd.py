@@ -465,10 +465,13 @@ def chunk_bwd(
     op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float,
     initial_state: Tensor | None = None, dht: Tensor | None = None, cu_seqlens: Tensor | None = None,
     configs: Mapping[str, LaunchConfig] | None = None, split_chunks: int | None = None,
+    wy: Mapping[str, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """(dq, dk, dv, dg, dbeta, dh0) of the GDN (`op="gdn"`) or KDA chunked forward; see the module docstring.
 
     split_chunks: None = the automatic sequence split (as the forward), 0 = never, n = segments of n chunks.
+    wy: the WY factors the forward kept (`chunk_*_fwd(keep=...)`: w, u, gs, aqk, and ks, qs for KDA): the
+    recompute of step 1 is skipped (T is still formed here).
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
@@ -478,13 +481,18 @@ def chunk_bwd(
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=BT_WY, device=k.device)
     BT, NT, N = index.chunk_size, index.num_chunks, index.num_seqs
 
-    # 1. recompute the WY factors and T
-    if gate_vector:
+    # 1. the WY factors (recomputed unless the forward kept them) and T
+    if wy is not None:
+        w, u, gs, aqk = wy["w"], wy["u"], wy["gs"], wy["aqk"]
+        ks, qs = (wy["ks"], wy["qs"]) if gate_vector else (k, q)
+    elif gate_vector:
         w, u, ks, gs, qs, aqk = wy_kda_fwd(q, k, v, g, beta, scale=scale, index=index, config=cfgs.get("wy_kda_fwd"))
-        tt = wy_inverse(k, g, beta, index=index, gate_vector=True, kg=ks, gc=gs, config=cfgs.get("wy_inverse"))
     else:
         w, u, gs, aqk = wy_gdn_fwd(q, k, v, g, beta, scale=scale, index=index, config=cfgs.get("wy_gdn_fwd"))
         qs, ks = q, k
+    if gate_vector:
+        tt = wy_inverse(k, g, beta, index=index, gate_vector=True, kg=ks, gc=gs, config=cfgs.get("wy_inverse"))
+    else:
         tt = wy_inverse(k, g, beta, index=index, gate_vector=False, config=cfgs.get("wy_inverse"))
     assert qs is not None and aqk is not None
 

@@ -40,11 +40,13 @@ def chunk_kda_fwd(
     configs: Mapping[str, LaunchConfig] | None = None,
     split_chunks: int | None = None,
     fuse_output: bool | None = None,
+    keep: dict[str, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """KDA chunked forward: (o `[B, T, H, V]` in q's dtype, final state `[N, H, K, V]` fp32 or None).
 
     configs: `{kernel name: LaunchConfig}` overrides. split_chunks: None = automatic sequence splitting,
-    0 = never, n = segments of n chunks. fuse_output: None = FUSE_OUTPUT.
+    0 = never, n = segments of n chunks. fuse_output: None = FUSE_OUTPUT. keep: a dict that receives the WY
+    factors the backward would recompute (`kernels.common.chunk_bwd.chunk_bwd(wy=...)`).
     """
     B, T, H, _ = k.shape
     cfgs = dict(configs or {})
@@ -52,6 +54,8 @@ def chunk_kda_fwd(
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=BT_WY, device=k.device)
     w, u, kg, gc, qg, aqk = wy_kda_fwd(q, k, v, g, beta, scale=scale, index=index, config=cfgs.get("wy_kda_fwd"))
     assert qg is not None and aqk is not None
+    if keep is not None:
+        keep.update(w=w, u=u, ks=kg, gs=gc, qs=qg, aqk=aqk)
     return state_and_output(
         index=index, k=kg, w=w, u=u, g=gc, q=qg, aqk=aqk, gate_vector=True, scale=scale,
         initial_state=initial_state, output_final_state=output_final_state, out_dtype=q.dtype, configs=cfgs,

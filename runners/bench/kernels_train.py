@@ -60,15 +60,18 @@ def make_inputs(op: str, B: int, T: int, Hh: int, *, device: str, seed: int = 0)
     return q, k, v, g, beta, do
 
 
-def ours_step(op: str, configs: dict[str, LaunchConfig] | None = None) -> Callable[..., Any]:
+def ours_step(op: str, configs: dict[str, LaunchConfig] | None = None, keep_wy: bool = False) -> Callable[..., Any]:
+    """Our forward + backward; keep_wy: the forward's WY factors handed to the backward (`kernels.autograd.KEEP_WY`)
+    instead of recomputed."""
     import importlib
 
     fwd = getattr(importlib.import_module(f"kernels.{op}.chunk"), f"chunk_{op}_fwd")
     bwd = getattr(importlib.import_module(f"kernels.{op}.chunk_bwd"), f"chunk_{op}_bwd")
 
     def step(q, k, v, g, beta, do):
-        o, _ = fwd(q, k, v, g, beta, scale=K**-0.5, configs=configs)
-        return o, bwd(q, k, v, g, beta, do, scale=K**-0.5, configs=configs)
+        keep: dict[str, torch.Tensor] | None = {} if keep_wy else None
+        o, _ = fwd(q, k, v, g, beta, scale=K**-0.5, configs=configs, keep=keep)
+        return o, bwd(q, k, v, g, beta, do, scale=K**-0.5, configs=configs, wy=keep)
 
     return step
 
@@ -169,6 +172,9 @@ def run_shape(op: str, B: int, T: int, device: str, fla: bool = True) -> dict[st
     rec["ours_ms"] = timed(lambda: ours(q, k, v, g, beta, do))
     rec["ours_peak_MB"] = peak_mb(lambda: ours(q, k, v, g, beta, do))
     rec["ours_kernels_ms"] = kernel_times(lambda: ours(q, k, v, g, beta, do))
+    kept = ours_step(op, keep_wy=True)
+    rec["ours_keep_wy_ms"] = timed(lambda: kept(q, k, v, g, beta, do))
+    rec["ours_keep_wy_peak_MB"] = peak_mb(lambda: kept(q, k, v, g, beta, do))
     try:
         if not fla:
             raise RuntimeError("not run (--no-fla)")
@@ -238,13 +244,19 @@ def to_markdown(res: dict[str, Any]) -> str:
         f"git {e['git_sha']}, {e['date']}", f"command: `{e['command']}`", "",
         "ms: triton.testing.do_bench median (L2 flushed). floor: FLA's fwd+bwd bytes at the 4.2 TB/s copy ceiling. "
         "peak: max allocated during one step above the inputs.", "",
-        "| op | B | T | ours ms | FLA ms | ours/FLA | floor ms | ours peak MB | FLA peak MB | FLA guard bypassed |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "ours keep-WY: the forward's WY factors handed to the backward (`kernels.autograd.KEEP_WY`), not recomputed.",
+        "",
+        "| op | B | T | ours ms | FLA ms | ours/FLA | floor ms | ours peak MB | FLA peak MB | ours keep-WY ms | "
+        "keep-WY/FLA | keep-WY peak MB | FLA guard bypassed |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in res["rows"]:
         lines.append(f"| {r['op']} | {r['B']} | {r['T']} | {r['ours_ms']:.2f} | {r.get('fla_ms', float('nan')):.2f} | "
                      f"{r.get('ratio', float('nan')):.2f} | {r['floor_ms']:.2f} | {r['ours_peak_MB']:.0f} | "
-                     f"{r.get('fla_peak_MB', float('nan')):.0f} | {r.get('fla_hopper_guard_bypassed', r.get('fla_error'))} |")
+                     f"{r.get('fla_peak_MB', float('nan')):.0f} | {r.get('ours_keep_wy_ms', float('nan')):.2f} | "
+                     f"{r.get('ours_keep_wy_ms', float('nan')) / r.get('fla_ms', float('nan')):.2f} | "
+                     f"{r.get('ours_keep_wy_peak_MB', float('nan')):.0f} | "
+                     f"{r.get('fla_hopper_guard_bypassed', r.get('fla_error'))} |")
     lines += ["", "## Gradients vs the fp32 per-token reference (rel_l2)", ""]
     for op, c in res["grads"].items():
         for who in ("ours", "fla"):

@@ -33,7 +33,7 @@ CSV_FIELDS = (
     "point_id", "sweep_id", "idx", "key", "op", "mode", "backend", "B", "T", "H", "K", "V", "lb", "W", "layout",
     "direction", "dtype", "seed", "status", "reason", "error", "attempts", "clock", "n", "median_ms", "p10_ms",
     "p90_ms", "iqr_ms", "mean_ms", "min_ms", "max_ms", "stop_reason", "err_vs_none", "err_vs_reference",
-    "collectives", "collective_bytes", "host_syncs", "kernel_launches", "peak_memory_bytes", "artifact_id",
+    "collectives", "collective_bytes", "host_syncs", "by_direction", "kernel_launches", "peak_memory_bytes", "artifact_id",
     "device_name", "torch", "triton", "git_sha", "host", "params",
 )  # fmt: skip
 

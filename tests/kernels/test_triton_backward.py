@@ -83,3 +83,35 @@ def test_triton_bwd_dense_strong_decay(OP: str) -> None:
     got = _bwd(OP)(q, k, v, g, beta, do, scale=K**-0.5, split_chunks=0)
     assert all(torch.isfinite(x).all() for x in got[:5])
     _check(got, _reference_grads(OP, q, k, v, g, beta, None, do, None, [i * T for i in range(B + 1)]), max(TOL, 3e-4))
+
+
+def test_triton_bwd_with_the_forwards_wy_factors(OP: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`kernels.autograd.KEEP_WY`: the forward keeps its WY factors and the backward skips their recompute (the WY
+    prep is not launched in the backward); the gradients are those of the recompute path (bitwise: the same
+    kernels on the same inputs) and of the reference, varlen, with an initial state and dht."""
+    import kernels
+    import kernels.autograd as autograd
+
+    lengths = (37, 70, 5)
+    H, K, V = 1, DIM, DIM
+    q, k, v, g, beta, cu = make_inputs(OP, lengths, H=H, K=K, V=V, lb=-0.01, dtype=DTYPE, device=DEVICE)
+    h0 = make_state(len(lengths), H, K, V, device=DEVICE)
+    gen = torch.Generator().manual_seed(5)
+    do = torch.randn(v.shape, generator=gen).to(DEVICE, DTYPE)
+    dht = torch.randn(h0.shape, generator=gen).to(DEVICE)
+
+    def grads(keep: bool) -> list[torch.Tensor]:
+        monkeypatch.setattr(autograd, "KEEP_WY", keep)
+        xs = [x.detach().clone().requires_grad_() for x in (q, k, v, g, beta, h0)]
+        o, ht = kernels.forward(OP, *xs[:5], initial_state=xs[5], output_final_state=True, cu_seqlens=cu,
+                                backend="triton")
+        LAUNCHES.clear()
+        ((o.float() * do.float()).sum() + (ht * dht).sum()).backward()
+        wy_prep = f"wy_{OP}_fwd"
+        assert (wy_prep in LAUNCHES) is not keep, sorted(LAUNCHES)  # recomputed only without the kept factors
+        return [x.grad for x in xs]
+
+    kept, recomputed = grads(True), grads(False)
+    for name, a, b in zip(NAMES, kept, recomputed, strict=True):
+        assert torch.equal(a, b), name
+    _check(kept, _reference_grads(OP, q, k, v, g, beta, h0, do, dht, cu.tolist()))

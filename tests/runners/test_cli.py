@@ -115,6 +115,7 @@ def test_run_demo_then_results_and_status(tmp_path: Path, store_url: str) -> Non
     table = list(csv.DictReader(io.StringIO(out)))
     assert len(table) == 24 and table[0]["key"] == rows[0]["key"]
     assert json.loads(next(t for t in table if t["mode"] == "headwise")["collectives"]) == {"all_to_all": 2}
+    assert all(t["by_direction"] == "" for t in table)  # the demo is forward only: no per-direction split
     code, out, _ = _cli("results", sid, "--db", store_url, "--format", "json")
     assert code == 0 and [r["point_id"] for r in json.loads(out)] == [r["point_id"] for r in rows]
     code, out, _ = _cli("results", sid, "--db", store_url)

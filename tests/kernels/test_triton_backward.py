@@ -57,14 +57,21 @@ def _check(got, ref, tol=TOL):
         assert_rel_close(name, r, a.float(), tol)
 
 
-def test_triton_bwd_varlen_split(OP: str) -> None:
+def _varlen_case(op: str, seed: int):
+    """Three sequences (37, 70, 5 tokens: partial chunks, one shorter than a chunk), slow-decay gates (lb -0.01),
+    an initial state, random do and dht."""
     lengths = (37, 70, 5)
-    H, K, V = 1, DIM, DIM
-    q, k, v, g, beta, cu = make_inputs(OP, lengths, H=H, K=K, V=V, lb=-0.01, dtype=DTYPE, device=DEVICE)
-    h0 = make_state(len(lengths), H, K, V, device=DEVICE)
-    gen = torch.Generator().manual_seed(3)
+    q, k, v, g, beta, cu = make_inputs(op, lengths, H=1, K=DIM, V=DIM, lb=-0.01, dtype=DTYPE, device=DEVICE)
+    h0 = make_state(len(lengths), 1, DIM, DIM, device=DEVICE)
+    gen = torch.Generator().manual_seed(seed)
     do = torch.randn(v.shape, generator=gen).to(DEVICE, DTYPE)
     dht = torch.randn(h0.shape, generator=gen).to(DEVICE)
+    return q, k, v, g, beta, cu, h0, do, dht
+
+
+def test_triton_bwd_varlen_split(OP: str) -> None:
+    K = DIM
+    q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP, 3)
     LAUNCHES.clear()
     got = _bwd(OP)(q, k, v, g, beta, do, scale=K**-0.5, initial_state=h0, dht=dht, cu_seqlens=cu, split_chunks=1)
     assert {"chunk_state_transition_fwd", "seg_chain_fwd", "chunk_state_bwd", "seg_chain_bwd"} <= set(LAUNCHES)
@@ -92,13 +99,7 @@ def test_triton_bwd_with_the_forwards_wy_factors(OP: str, monkeypatch: pytest.Mo
     import kernels
     import kernels.autograd as autograd
 
-    lengths = (37, 70, 5)
-    H, K, V = 1, DIM, DIM
-    q, k, v, g, beta, cu = make_inputs(OP, lengths, H=H, K=K, V=V, lb=-0.01, dtype=DTYPE, device=DEVICE)
-    h0 = make_state(len(lengths), H, K, V, device=DEVICE)
-    gen = torch.Generator().manual_seed(5)
-    do = torch.randn(v.shape, generator=gen).to(DEVICE, DTYPE)
-    dht = torch.randn(h0.shape, generator=gen).to(DEVICE)
+    q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP, 5)
 
     def grads(keep: bool) -> list[torch.Tensor]:
         monkeypatch.setattr(autograd, "KEEP_WY", keep)

@@ -37,7 +37,8 @@ from kernels.common.l2norm import l2norm
 from kernels.configs import LaunchConfig
 from kernels.validate import check_backend, check_config, check_grad_outputs, check_inputs
 
-__all__ = ["ChunkFunction", "chunk_backward", "chunk_backward_impl", "differentiable_forward", "needs_grad"]
+__all__ = ["ChunkFunction", "chunk_backward", "chunk_backward_impl", "chunk_state_gradient", "differentiable_forward",
+           "needs_grad"]
 
 _TRITON_FWD = {"gdn": ("kernels.gdn.chunk", "chunk_gdn_fwd"), "kda": ("kernels.kda.chunk", "chunk_kda_fwd")}
 _TRITON_BWD = {"gdn": ("kernels.gdn.chunk_bwd", "chunk_gdn_bwd"), "kda": ("kernels.kda.chunk_bwd", "chunk_kda_bwd")}
@@ -147,6 +148,37 @@ def chunk_backward(
     return chunk_backward_impl(op, be, q, k, v, g, beta, do, scale=K**-0.5 if scale is None else float(scale),
                                initial_state=initial_state, dht=dht, index=index, cu_seqlens=cu_seqlens,
                                configs=configs)
+
+
+def chunk_state_gradient(
+    op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float | None = None,
+    dht: Tensor | None = None, cu_seqlens: Tensor | None = None, backend: str = "auto",
+    cu_seqlens_cpu: Tensor | Sequence[int] | None = None,
+) -> Tensor:
+    """dh0 of `chunk_backward` alone (`[N, H, K, V]` fp32; fp64 for fp64 inputs on torch): the gradient of each sequence's entering state from do
+    (and dht); it does not depend on the entering state. On triton only the WY prep and the reverse state pass run
+    (`kernels.common.chunk_bwd.chunk_state_grad`); torch runs its whole chunked backward. Same checks as
+    `chunk_backward`."""
+    from kernels.backends import resolve_backend
+
+    check_backend(backend)
+    be = resolve_backend(backend, k.device) if isinstance(k, Tensor) else backend
+    if be not in ("torch", "triton"):
+        raise ValueError(f"backend must be 'torch', 'triton' or 'auto' for the state gradient, got backend={backend!r}")
+    check_inputs(op, q, k, v, g, beta, backend=be, scale=scale, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
+    B, T, _, K = k.shape
+    index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, device=k.device, cu_seqlens_cpu=cu_seqlens_cpu)
+    check_grad_outputs(do, dht, q=q, v=v, num_seqs=index.num_seqs)
+    s = K**-0.5 if scale is None else float(scale)
+    if be == "torch":
+        zero = q.new_zeros(index.num_seqs, k.shape[2], K, v.shape[-1], dtype=torch.float32)
+        dh0 = chunk_bwd_torch(q, k, v, _per_key_gate(op, g), beta, do.contiguous(), scale=s, initial_state=zero,
+                              dht=dht, index=index)[5]
+        assert dh0 is not None
+        return dh0
+    from kernels.common.chunk_bwd import chunk_state_grad
+
+    return chunk_state_grad(op, q, k, v, g, beta, do, scale=s, dht=dht, cu_seqlens=cu_seqlens)
 
 
 def differentiable_forward(

@@ -51,7 +51,7 @@ from kernels.common.wy import (
 )
 from kernels.configs import KernelSpec, LaunchConfig, pick_config, register
 
-__all__ = ["CHUNK_BWD_DQK", "WY_BWD", "WY_INVERSE", "chunk_bwd"]
+__all__ = ["CHUNK_BWD_DQK", "WY_BWD", "WY_INVERSE", "chunk_bwd", "chunk_state_grad"]
 
 _KEY = ("H", "K", "V", "BT", "GATE", "IS_VARLEN", "dtype")
 
@@ -461,6 +461,63 @@ def wy_inverse(k: Tensor, g: Tensor, beta: Tensor, *, index: ChunkIndex, gate_ve
     return tt
 
 
+def _wy_factors(
+    gate_vector: bool, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex,
+    cfgs: Mapping[str, LaunchConfig], wy: Mapping[str, Tensor] | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(w, u, ks, gs, qs, aqk): the forward's kept factors, or the WY prep run again (GDN: ks, qs = k, q)."""
+    if wy is not None:
+        w, u, gs, aqk = wy["w"], wy["u"], wy["gs"], wy["aqk"]
+        ks, qs = (wy["ks"], wy["qs"]) if gate_vector else (k, q)
+    elif gate_vector:
+        w, u, ks, gs, qs, aqk = wy_kda_fwd(q, k, v, g, beta, scale=scale, index=index, config=cfgs.get("wy_kda_fwd"))
+    else:
+        w, u, gs, aqk = wy_gdn_fwd(q, k, v, g, beta, scale=scale, index=index, config=cfgs.get("wy_gdn_fwd"))
+        qs, ks = q, k
+    assert qs is not None and aqk is not None
+    return w, u, ks, gs, qs, aqk
+
+
+def chunk_state_grad(
+    op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float,
+    dht: Tensor | None = None, cu_seqlens: Tensor | None = None, configs: Mapping[str, LaunchConfig] | None = None,
+    split_chunks: int | None = None,
+) -> Tensor:
+    """dh0 `[N, H, K, V]` fp32 alone: the gradient of each sequence's entering state, from do (and dht). It does not
+    depend on the entering state itself. The WY prep and the reverse state pass of `chunk_bwd` (split the same way),
+    without the chunk states, T or the gradient kernels: what true_cp's backward gathers before it knows its dht."""
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    cfgs = dict(configs or {})
+    gate_vector = op == "kda"
+    q, k, v, g, beta, do = (x.contiguous() for x in (q, k, v, g, beta, do))
+    index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=BT_WY, device=k.device)
+    BT, N = index.chunk_size, index.num_seqs
+    w, u, ks, gs, qs, aqk = _wy_factors(gate_vector, q, k, v, g, beta, scale=scale, index=index, cfgs=cfgs, wy=None)
+    dht = dht.float().contiguous() if dht is not None else None
+    bv = state_bwd_config(H, K, V, BT, gate_vector, index.is_varlen, k.dtype, cfgs.get("chunk_state_bwd")).BV or 64
+    plan = resolve_split(index, split_chunks, H=H, NV=max(1, V // bv), device=k.device)
+    dh0 = k.new_empty(N, H, K, V, dtype=torch.float32)
+    bwd: dict[str, Any] = {"scale": scale, "config": cfgs.get("chunk_state_bwd"), "BT": BT, "gate_vector": gate_vector}
+    if plan is None:
+        layout = SeqLayout(N, index.cu_seqlens if index.is_varlen else None,
+                           index.chunk_offsets if index.is_varlen else None)
+        chunk_state_bwd(qs, ks, w, gs, aqk, do, layout=layout, dht=dht, ds_out=dh0, **bwd)
+        return dh0
+    segs = plan.all_segments
+    M, S = chunk_state_transition_fwd(ks, w, u, gs, layout=segs, BT=BT, gate_vector=gate_vector,
+                                      config=cfgs.get("chunk_state_transition_fwd"))
+    rest, firsts = first_segments(plan)
+    ds_ext = torch.empty_like(S)
+    chunk_state_bwd(qs, ks, w, gs, aqk, do, dht=None, ds_out=ds_ext,
+                    layout=SeqLayout(plan.num_segments, segs.cu_seqlens, segs.chunk_offsets, seq_map=rest,
+                                     final_idx=rest), **bwd)
+    ds_end = seg_chain_bwd(M, ds_ext, dht, plan, config=cfgs.get("seg_chain_bwd"))
+    chunk_state_bwd(qs, ks, w, gs, aqk, do, dht=ds_end, ds_out=dh0,
+                    layout=SeqLayout(plan.num_segments, segs.cu_seqlens, segs.chunk_offsets, final_idx=firsts), **bwd)
+    return dh0
+
+
 def chunk_bwd(
     op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float,
     initial_state: Tensor | None = None, dht: Tensor | None = None, cu_seqlens: Tensor | None = None,
@@ -482,19 +539,11 @@ def chunk_bwd(
     BT, NT, N = index.chunk_size, index.num_chunks, index.num_seqs
 
     # 1. the WY factors (recomputed unless the forward kept them) and T
-    if wy is not None:
-        w, u, gs, aqk = wy["w"], wy["u"], wy["gs"], wy["aqk"]
-        ks, qs = (wy["ks"], wy["qs"]) if gate_vector else (k, q)
-    elif gate_vector:
-        w, u, ks, gs, qs, aqk = wy_kda_fwd(q, k, v, g, beta, scale=scale, index=index, config=cfgs.get("wy_kda_fwd"))
-    else:
-        w, u, gs, aqk = wy_gdn_fwd(q, k, v, g, beta, scale=scale, index=index, config=cfgs.get("wy_gdn_fwd"))
-        qs, ks = q, k
+    w, u, ks, gs, qs, aqk = _wy_factors(gate_vector, q, k, v, g, beta, scale=scale, index=index, cfgs=cfgs, wy=wy)
     if gate_vector:
         tt = wy_inverse(k, g, beta, index=index, gate_vector=True, kg=ks, gc=gs, config=cfgs.get("wy_inverse"))
     else:
         tt = wy_inverse(k, g, beta, index=index, gate_vector=False, config=cfgs.get("wy_inverse"))
-    assert qs is not None and aqk is not None
 
     # 2. the chunk states (forward) and their gradients (reverse), split across the sequence like the forward
     h0 = initial_state.float().contiguous() if initial_state is not None else None

@@ -86,39 +86,45 @@ def forward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Ten
 def backward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, saved: Any, *,
                    group: Any, ctx: CPContext, backend: str, scale: float | None, options: dict[str, Any],
                    ) -> tuple[Tensor, ...]:
-    """The mirror of the forward merge (README §7): local backward with dht = 0 (its dh0 of every continued first
-    piece is that piece's backward segment term G), ONE all-gather of G, the reverse chain
-    dS_p = G_{p+1} + M_{p+1}^T dS_{p+1} from the sequence's last part down (M from the forward's gathered
-    summaries, never differentiated), and the merged dS entering the local backward of the carried last piece as
-    dht (by linearity: a second backward of that piece alone with do = 0, added)."""
+    """The mirror of the forward merge (README §7): each continued first piece's backward segment term G (the
+    gradient of its entering state with dht = 0), ONE all-gather of G, the reverse chain
+    dS_p = G_{p+1} + M_{p+1}^T dS_{p+1} from the sequence's last part down (M from the forward's gathered summaries,
+    never differentiated), and ONE local backward with the merged dS as the carried last piece's dht.
+
+    A rank that carries no state out (the last part of every sequence it holds) gets G from its one backward,
+    run before the all-gather (its dht is zero). A rank that does carry one needs G before it knows its dht: it
+    gets G from `prims.state_grad` (on triton the WY prep and the reverse state pass, not the whole backward) and
+    runs its one backward after the all-gather."""
     S0, gathered = saved
     xs = (q, k, v, g, beta)
     bounds = ctx.local_cu_seqlens
-    out = prims.bwd(op, *xs, do, bounds, h0=S0, backend=backend, scale=scale)
-    grads = list(out[:5])
     if gathered is None:
-        return tuple(grads)
+        return tuple(prims.bwd(op, *xs, do, bounds, h0=S0, backend=backend, scale=scale)[:5])
     H, K, V = v.shape[2], k.shape[3], v.shape[3]
-    dh0 = out[5]
     first_idx = _slot_piece_indices(ctx)
+    carries = any(slot.last.carries for slot in ctx.slots)
+    continued = any(slot.first.cont for slot in ctx.slots)
+    out = None
+    if not carries:
+        out = prims.bwd(op, *xs, do, bounds, h0=S0, backend=backend, scale=scale)
+        dh0 = out[5]
+    elif continued:
+        dh0 = prims.state_grad(op, *xs, do, bounds, backend=backend, scale=scale)
+    else:
+        dh0 = None
     G = torch.zeros(ctx.slots_per_rank, H, K, V, dtype=torch.float32, device=k.device)
     for s, slot in enumerate(ctx.slots):
         if slot.first.cont:
             assert dh0 is not None
             G[s].copy_(dh0[first_idx[s][0]])
     G_all = comm.all_gather(G, group)                                                # [W, slots, H, K, V]
+    if out is not None:
+        return tuple(out[:5])
+    dht = torch.zeros(len(bounds) - 1, H, K, V, dtype=torch.float32, device=k.device)
     for s, slot in enumerate(ctx.slots):
-        if not slot.last.carries:
-            continue
-        dS = _reverse_fold(G_all, gathered, _successors(ctx, slot.part), ctx, K)
-        p = slot.last
-        i = first_idx[s][1]
-        h0 = S0[i:i + 1] if S0 is not None else None
-        extra = prims.bwd(op, *(x[:, p.start:p.end] for x in xs), torch.zeros_like(do[:, p.start:p.end]),
-                          (0, p.length), h0=h0, dht=dS.unsqueeze(0), backend=backend, scale=scale)
-        for gr, d in zip(grads, extra[:5], strict=True):
-            gr[:, p.start:p.end] += d
-    return tuple(grads)
+        if slot.last.carries:
+            dht[first_idx[s][1]] = _reverse_fold(G_all, gathered, _successors(ctx, slot.part), ctx, K)
+    return tuple(prims.bwd(op, *xs, do, bounds, h0=S0, dht=dht, backend=backend, scale=scale)[:5])
 
 
 def _successors(ctx: CPContext, part: int) -> list[int]:

@@ -359,25 +359,29 @@ def _backward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
 
         S0[r] = a[r] ht[r-1] + (1 - a[r]) E_win[r]          (ht[r-1]: segment r-1's final state, run from S0[r-1])
 
-    1. one varlen backward with dht = 0 gives G[r] (the gradient of S0[r] from segment r's own outputs);
+    1. G[r], the gradient of S0[r] from segment r's own outputs (dht = 0): under fallback "none" the dh0 of the one
+       varlen backward; otherwise the state gradient alone (`prims.state_grad`: on triton the WY prep and the reverse
+       state pass, not a whole backward);
     2. the reverse chain dht[r] = a[r+1] (G[r+1] + M[r+1]^T dht[r+1]) per sequence, M from one masked transition
-       (need[r] = a[r+1], as the forward's), never differentiated; a second varlen backward with do = 0 and that
-       dht adds the state path (linearity); skipped under fallback "none", where a = 0;
+       (need[r] = a[r+1], as the forward's), never differentiated; then ONE varlen backward with do and that dht
+       (skipped under fallback "none", where a = 0 and step 1's backward is the one);
     3. dE_win[r] = (1 - a[r]) (G[r] + M[r]^T dht[r]) enters the windows' backward (do = 0, zero start), whose
        k, v, g, beta gradients add at the window tokens; skipped under "exact", where a = 1.
     """
     plan, S0, a = saved
     dev = k.device
     xs = (q, k, v, g, beta)
-    out = prims.bwd(op, *xs, do, plan.bounds, h0=S0, backend=backend, scale=scale)
-    grads = list(out[:5])
-    if not plan.win_rows:
-        return tuple(grads)
-    G = out[5]
-    assert G is not None and S0 is not None
-    nseg = plan.num_segments
-    D = G
-    if fallback != "none":
+    if not plan.win_rows or fallback == "none":
+        out = prims.bwd(op, *xs, do, plan.bounds, h0=S0, backend=backend, scale=scale)
+        grads = list(out[:5])
+        if not plan.win_rows:
+            return tuple(grads)
+        G = out[5]
+        assert G is not None and S0 is not None
+        D = G
+    else:
+        G = prims.state_grad(op, *xs, do, plan.bounds, backend=backend, scale=scale)
+        nseg = plan.num_segments
         need = torch.zeros(nseg, dtype=torch.bool, device=dev)
         need[:-1] = a[1:]
         M, _ = prims.trans(op, k, v, g, beta, plan.bounds, backend=backend, need=need)
@@ -389,9 +393,7 @@ def _backward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
                 continue
             dht[r] = af[r + 1] * D[r + 1]
             D[r] = G[r] + M[r].transpose(-1, -2) @ dht[r]
-        extra = prims.bwd(op, *xs, torch.zeros_like(do), plan.bounds, h0=S0, dht=dht, backend=backend, scale=scale)
-        for gr, d in zip(grads, extra[:5], strict=True):
-            gr += d
+        grads = list(prims.bwd(op, *xs, do, plan.bounds, h0=S0, dht=dht, backend=backend, scale=scale)[:5])
     if fallback != "exact":
         rows = plan.index("win_rows", dev)
         dE = ((1.0 - a.to(G.dtype)[:, None, None, None]) * D).index_select(0, rows)

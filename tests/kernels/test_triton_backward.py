@@ -116,3 +116,36 @@ def test_triton_bwd_with_the_forwards_wy_factors(OP: str, monkeypatch: pytest.Mo
     for name, a, b in zip(NAMES, kept, recomputed, strict=True):
         assert torch.equal(a, b), name
     _check(kept, _reference_grads(OP, q, k, v, g, beta, h0, do, dht, cu.tolist()))
+
+
+@pytest.mark.parametrize("split", [0, 1])
+def test_triton_state_grad_alone(OP: str, split: int) -> None:
+    """`chunk_state_grad` (what true_cp gathers before it knows its dht): the dh0 of the whole backward, from the WY
+    prep and the reverse state pass alone (no chunk states, T or gradient kernels), plain and split, with dht."""
+    from kernels.common.chunk_bwd import chunk_state_grad
+
+    q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP, 9)
+    LAUNCHES.clear()
+    got = chunk_state_grad(OP, q, k, v, g, beta, do, scale=DIM**-0.5, dht=dht, cu_seqlens=cu, split_chunks=split)
+    ran = set(LAUNCHES)
+    assert "chunk_state_bwd" in ran and not ran & {"chunk_state_fwd", "wy_inverse", "chunk_bwd_dqk", "wy_bwd"}, ran
+    full = _bwd(OP)(q, k, v, g, beta, do, scale=DIM**-0.5, initial_state=h0, dht=dht, cu_seqlens=cu,
+                    split_chunks=split)[5]
+    assert_rel_close("dh0", full, got, 1e-6 if DEVICE == "cpu" else 1e-3)
+    ref = _reference_grads(OP, q, k, v, g, beta, h0, do, dht, cu.tolist())[5]
+    assert_rel_close("dh0 vs reference", ref, got, TOL)
+
+
+def test_state_gradient_api_torch_and_triton(OP: str) -> None:
+    """`kernels.autograd.chunk_state_gradient` (`kernels.cp.prims.state_grad`): both backends give the reference's
+    dh0, without an initial state (it does not depend on one); a `do` of the wrong shape is refused by name."""
+    from kernels.autograd import chunk_state_gradient
+
+    q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP, 11)
+    ref = _reference_grads(OP, q, k, v, g, beta, h0, do, dht, cu.tolist())[5]
+    for backend in ("torch", "triton"):
+        got = chunk_state_gradient(OP, q, k, v, g, beta, do, dht=dht, cu_seqlens=cu, backend=backend)
+        assert got.dtype == torch.float32
+        assert_rel_close(f"dh0 ({backend})", ref, got, TOL)
+    with pytest.raises(ValueError, match="do"):
+        chunk_state_gradient(OP, q, k, v, g, beta, do[:, :-1], cu_seqlens=cu, backend="torch")

@@ -86,14 +86,14 @@ def grads(ctx: RankContext, payload: dict[str, Any]) -> dict[str, list[torch.Ten
 
 def _grads(*, rank: int, world_size: int, op: str, lengths: tuple[int, ...], layout: str, runs: list[tuple[str, Any]],
           H: int = 4, HV: int | None = None, K: int = 16, V: int = 16, lb: float = -1.0,
-          seed: int = 0) -> dict[str, list[torch.Tensor]]:
+          seed: int = 0, backend: str = "torch") -> dict[str, list[torch.Tensor]]:
     """Every (mode, options) of `runs`: o_local.backward(shard(do)) on this rank; {label: [o, dq, dk, dv, dg, dbeta]}."""
     q, k, v, g, beta, cu, do = train_inputs(op, lengths, H, HV or H, K, V, lb, seed)
     ctx = cp.build_context(cu, world_size, rank, layout)
     out = {}
     for i, (mode, options) in enumerate(runs):
         xs = [cp.shard(x, ctx).clone().requires_grad_() for x in (q, k, v, g, beta)]
-        o = cp.forward(mode, op, *xs, group=None, ctx=ctx, backend="torch", options=options)
+        o = cp.forward(mode, op, *xs, group=None, ctx=ctx, backend=backend, options=options)
         o.backward(cp.shard(do, ctx))
         out[f"{i}:{mode}"] = [o.detach(), *(x.grad for x in xs)]
     return out

@@ -88,6 +88,17 @@ def test_grads_w4(gang4, op: str, case: str, layout: str) -> None:
 
 
 @pytest.mark.parametrize("op", ["gdn", "kda"])
+def test_true_cp_grads_triton_w2(gang2, op: str) -> None:
+    """true_cp on the triton backend (interpreted): rank 0 carries its state out, so it takes its segment term from
+    the state gradient alone (`prims.state_grad`: WY prep + reverse state pass) and runs one backward after the
+    all-gather; rank 1 runs its one backward before it. Every gradient as `none`'s and the reference's."""
+    ref, base, cu = _truth(op, "short-at-edge", 2, 2)
+    per_rank = gang2.run(cases.grads, {"op": op, "lengths": CASES["short-at-edge"], "layout": "contiguous",
+                                       "runs": [("true_cp", None)], "H": 2, "K": K, "V": V, "backend": "triton"})
+    _compare(per_rank, ref, base, cu, 2, "contiguous")
+
+
+@pytest.mark.parametrize("op", ["gdn", "kda"])
 def test_grads_grouped_heads(gang2, op: str) -> None:
     ref, base, cu = _truth(op, "short-at-edge", 2, 4)
     per_rank = gang2.run(cases.grads, {"op": op, "lengths": CASES["short-at-edge"], "layout": "zigzag", "runs": EXACT, "H": 2, "HV": 4, "K": K, "V": V})
@@ -127,6 +138,27 @@ def test_warmup_correct_grads(op: str, fallback: str, lb: float) -> None:
         truth = [x.grad for x in xs]
     for name, a, b in zip(NAMES[1:], truth, got, strict=True):
         assert_rel_close(f"warmup_correct {fallback} lb={lb} {name}", a, b, TOL)
+
+
+@pytest.mark.parametrize(("op", "fallback"), [("gdn", "auto"), ("kda", "exact")])
+def test_warmup_correct_grads_triton(op: str, fallback: str) -> None:
+    """warmup_correct on the triton backend (interpreted), slow decay so segments fall back to exact maps: the
+    segment terms G come from the state gradient alone (`prims.state_grad`) and ONE varlen backward takes do and
+    the chained dht; every gradient as the reference's."""
+    lengths = (40, 300)
+    q, k, v, g, beta, cu, do = train_inputs(op, lengths, 1, 1, K, V, -0.01, 0)
+    xs = [x.clone().requires_grad_() for x in (q, k, v, g, beta)]
+    ref, _ = kernels.reference(op, *xs, cu_seqlens=cu)
+    ref.backward(do)
+    truth = [x.grad.clone() for x in xs]
+    for x in xs:
+        x.grad = None
+    o, report = cp.warmup_correct(op, *xs, cu_seqlens=cu, backend="triton", fallback=fallback, segments=3,
+                                  window=1)
+    o.backward(do)
+    assert int(report.fallback_count) > 0  # the exact chain ran
+    for name, x, t in zip(NAMES[1:], xs, truth, strict=True):
+        assert_rel_close(f"warmup_correct triton {fallback} {name}", t, x.grad, TOL)
 
 
 def _check_profile(results: list[dict]) -> None:

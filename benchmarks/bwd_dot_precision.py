@@ -2,8 +2,7 @@
 
     python benchmarks/bwd_dot_precision.py --out $OUT [--T 65536]
 
-For each `kernels.common.chunk_bwd.VECTOR_GATE_DOT` in (bf16, tf32, tf32x3) and VECTOR_GATE_BATCHED (the four
-masked products per call, or one batched product of 16-row blocks): every gradient's rel_l2 vs autograd
+For each `kernels.common.chunk_bwd.VECTOR_GATE_DOT` in (bf16, tf32, tf32x3): every gradient's rel_l2 vs autograd
 through the fp32 per-token reference (bf16 inputs, B=1 T=1024 H=4, K=V=128) with the benchmark's gates
 (logsigmoid(randn)) and with gates at the documented bound (-5 - 0.5 rand, the strong-decay test's), then the
 forward+backward step time of ours at B=1 T=--T H=16 (do_bench median). Writes $OUT/bwd_dot_precision.json.
@@ -43,9 +42,9 @@ def main() -> None:
     args = ap.parse_args()
     x = make_inputs("kda", 1, args.T, H, device="cuda")
     res = []
-    for prec, batched in (("bf16", False), ("bf16", True), ("tf32", True), ("tf32x3", True)):
-        chunk_bwd.VECTOR_GATE_DOT, chunk_bwd.VECTOR_GATE_BATCHED = prec, batched
-        rec = {"prec": prec, "batched": batched, "bench_gates": grads_error("bench"), "bound_gates": grads_error("bound")}
+    for prec in ("bf16", "tf32", "tf32x3"):
+        chunk_bwd.VECTOR_GATE_DOT = prec
+        rec = {"prec": prec, "bench_gates": grads_error("bench"), "bound_gates": grads_error("bound")}
         rec[f"ms_T{args.T}"] = timed(lambda: ours_step("kda")(*x))
         print(json.dumps(rec), flush=True)
         res.append(rec)

@@ -134,6 +134,18 @@ def chunk_backward(
     `torch` and `triton` (`auto`: triton on CUDA). Returns dq, dk, dv, dbeta in the input's dtype, dg in g's,
     dh0 fp32 or None when there is no initial state. Raises ValueError naming a bad argument before any launch.
     """
+    be, index, s = _checked(op, q, k, v, g, beta, backend=backend, scale=scale, initial_state=initial_state,
+                            cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
+    configs = check_config(config)
+    return chunk_backward_impl(op, be, q, k, v, g, beta, do, scale=s, initial_state=initial_state, dht=dht,
+                               index=index, cu_seqlens=cu_seqlens, configs=configs)
+
+
+def _checked(
+    op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, backend: str, scale: float | None,
+    initial_state: Tensor | None, cu_seqlens: Tensor | None, cu_seqlens_cpu: Tensor | Sequence[int] | None,
+) -> tuple[str, ChunkIndex, float]:
+    """The backward entries' checks before any launch: (resolved backend, torch or triton; chunk index; scale)."""
     from kernels.backends import resolve_backend
 
     check_backend(backend)
@@ -142,12 +154,9 @@ def chunk_backward(
         raise ValueError(f"backend must be 'torch', 'triton' or 'auto' for the chunked backward, got backend={backend!r}")
     check_inputs(op, q, k, v, g, beta, backend=be, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                  cu_seqlens_cpu=cu_seqlens_cpu)
-    configs = check_config(config)
     B, T, _, K = k.shape
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, device=k.device, cu_seqlens_cpu=cu_seqlens_cpu)
-    return chunk_backward_impl(op, be, q, k, v, g, beta, do, scale=K**-0.5 if scale is None else float(scale),
-                               initial_state=initial_state, dht=dht, index=index, cu_seqlens=cu_seqlens,
-                               configs=configs)
+    return be, index, K**-0.5 if scale is None else float(scale)
 
 
 def chunk_state_gradient(
@@ -155,23 +164,15 @@ def chunk_state_gradient(
     dht: Tensor | None = None, cu_seqlens: Tensor | None = None, backend: str = "auto",
     cu_seqlens_cpu: Tensor | Sequence[int] | None = None,
 ) -> Tensor:
-    """dh0 of `chunk_backward` alone (`[N, H, K, V]` fp32; fp64 for fp64 inputs on torch): the gradient of each sequence's entering state from do
-    (and dht); it does not depend on the entering state. On triton only the WY prep and the reverse state pass run
+    """dh0 of `chunk_backward` alone (`[N, H, K, V]` fp32; fp64 for fp64 inputs on torch): the gradient of each
+    sequence's entering state from do (and dht); it does not depend on the entering state. On triton only the WY prep and the reverse state pass run
     (`kernels.common.chunk_bwd.chunk_state_grad`); torch runs its whole chunked backward. Same checks as
     `chunk_backward`."""
-    from kernels.backends import resolve_backend
-
-    check_backend(backend)
-    be = resolve_backend(backend, k.device) if isinstance(k, Tensor) else backend
-    if be not in ("torch", "triton"):
-        raise ValueError(f"backend must be 'torch', 'triton' or 'auto' for the state gradient, got backend={backend!r}")
-    check_inputs(op, q, k, v, g, beta, backend=be, scale=scale, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
-    B, T, _, K = k.shape
-    index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, device=k.device, cu_seqlens_cpu=cu_seqlens_cpu)
+    be, index, s = _checked(op, q, k, v, g, beta, backend=backend, scale=scale, initial_state=None,
+                            cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
     check_grad_outputs(do, dht, q=q, v=v, num_seqs=index.num_seqs)
-    s = K**-0.5 if scale is None else float(scale)
     if be == "torch":
-        zero = q.new_zeros(index.num_seqs, k.shape[2], K, v.shape[-1], dtype=torch.float32)
+        zero = q.new_zeros(index.num_seqs, k.shape[2], k.shape[3], v.shape[-1], dtype=torch.float32)
         dh0 = chunk_bwd_torch(q, k, v, _per_key_gate(op, g), beta, do.contiguous(), scale=s, initial_state=zero,
                               dht=dht, index=index)[5]
         assert dh0 is not None

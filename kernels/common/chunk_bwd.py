@@ -58,8 +58,8 @@ _KEY = ("H", "K", "V", "BT", "GATE", "IS_VARLEN", "dtype")
 # KDA's decayed products (`_rows_vec` / `_cols_vec`): the operands' precision in their matmuls. "bf16" rounds the
 # decayed operand to bf16 (its 2^-8 error survives the q.rq - k.cq cancellation of dG: dg 1.1e-2 rel_l2 on the
 # H200); "tf32" / "tf32x3" keep them fp32 (Triton's input_precision). GDN's scalar-gate products stay in bf16.
+# Measured: benchmarks/results/bwd_dot_precision_h200.md.
 VECTOR_GATE_DOT = "tf32"
-VECTOR_GATE_BATCHED = True
 
 WY_INVERSE = register(KernelSpec(
     name="wy_inverse",
@@ -100,58 +100,32 @@ def _dot_prec(a, b, DT: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def _rows_vec(X, b, G, BT: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
-              BATCHED: tl.constexpr):
+def _rows_vec(X, b, G, BT: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """R_i = sum_{j <= i} X_ij b_j exp(G_i - G_j) per key: X [BT, BT] fp32 zero above the diagonal, b and G
     [BT, BK] fp32 (G non-increasing down the rows). Row block I uses exp(G_i - g_I) exp(g_I - G_j), g_I the gate
-    before block I: both factors <= 1 except j inside block I (<= 16 tokens of decay).
-    BATCHED: the row blocks as one [BT/16, 16, BT] x [BT/16, BT, BK] batched product (a quarter of the flops of
-    four masked [BT, BT] x [BT, BK] products)."""
+    before block I: both factors <= 1 except j inside block I (<= 16 tokens of decay). The row blocks are one
+    batched [BT/16, 16, BT] x [BT/16, BT, BK] product."""
+    NB: tl.constexpr = BT // 16
     o_t = tl.arange(0, BT)
-    if BATCHED:
-        NB: tl.constexpr = BT // 16
-        o_b = tl.arange(0, NB)
-        gI = tl.sum(tl.where(o_t[None, :, None] == (16 * o_b - 1)[:, None, None], G[None, :, :], 0.), 1)  # [NB, BK]
-        m = o_t[None, :, None] < (16 * o_b + 16)[:, None, None]
-        right = b[None, :, :] * tl.exp(tl.where(m, gI[:, None, :] - G[None, :, :], float("-inf")))  # [NB, BT, BK]
-        part = _dot_prec(tl.reshape(X, (NB, 16, BT)), right, DT, PREC)  # [NB, 16, BK]
-        R = tl.reshape(part * tl.exp(tl.reshape(G, (NB, 16, BK)) - gI[:, None, :]), (BT, BK))
-    else:
-        blk = o_t // 16
-        R = tl.zeros_like(G)
-        for I in tl.static_range(BT // 16):
-            gI = tl.sum(tl.where(o_t[:, None] == 16 * I - 1, G, 0.), 0)  # zeros for I == 0
-            right = b * tl.exp(tl.where(o_t[:, None] < 16 * (I + 1), gI[None, :] - G, float("-inf")))
-            part = _dot_prec(X, right, DT, PREC)
-            m_I = (blk == I)[:, None]
-            R += tl.where(m_I, part * tl.exp(tl.where(m_I, G - gI[None, :], 0.)), 0.)
-    return R
+    o_b = tl.arange(0, NB)
+    gI = tl.sum(tl.where(o_t[None, :, None] == (16 * o_b - 1)[:, None, None], G[None, :, :], 0.), 1)  # [NB, BK]
+    m = o_t[None, :, None] < (16 * o_b + 16)[:, None, None]
+    right = b[None, :, :] * tl.exp(tl.where(m, gI[:, None, :] - G[None, :, :], float("-inf")))  # [NB, BT, BK]
+    part = _dot_prec(tl.reshape(X, (NB, 16, BT)), right, DT, PREC)  # [NB, 16, BK]
+    return tl.reshape(part * tl.exp(tl.reshape(G, (NB, 16, BK)) - gI[:, None, :]), (BT, BK))
 
 
 @triton.jit
-def _cols_vec(X, a, G, BT: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
-              BATCHED: tl.constexpr):
+def _cols_vec(X, a, G, BT: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """Cc_j = sum_{i >= j} X_ij a_i exp(G_i - G_j) per key (as `_rows_vec`, split at the last row of j's block)."""
+    NB: tl.constexpr = BT // 16
     o_t = tl.arange(0, BT)
-    Xt = tl.trans(X)
-    if BATCHED:
-        NB: tl.constexpr = BT // 16
-        o_b = tl.arange(0, NB)
-        eJ = tl.sum(tl.where(o_t[None, :, None] == (16 * o_b + 15)[:, None, None], G[None, :, :], 0.), 1)
-        m = o_t[None, :, None] >= (16 * o_b)[:, None, None]
-        left = a[None, :, :] * tl.exp(tl.where(m, G[None, :, :] - eJ[:, None, :], float("-inf")))  # [NB, BT, BK]
-        part = _dot_prec(tl.reshape(Xt, (NB, 16, BT)), left, DT, PREC)  # [NB, 16, BK]
-        C = tl.reshape(part * tl.exp(eJ[:, None, :] - tl.reshape(G, (NB, 16, BK))), (BT, BK))
-    else:
-        blk = o_t // 16
-        C = tl.zeros_like(G)
-        for J in tl.static_range(BT // 16):
-            eJ = tl.sum(tl.where(o_t[:, None] == 16 * J + 15, G, 0.), 0)
-            left = a * tl.exp(tl.where(o_t[:, None] >= 16 * J, G - eJ[None, :], float("-inf")))
-            part = _dot_prec(Xt, left, DT, PREC)
-            m_J = (blk == J)[:, None]
-            C += tl.where(m_J, part * tl.exp(tl.where(m_J, eJ[None, :] - G, 0.)), 0.)
-    return C
+    o_b = tl.arange(0, NB)
+    eJ = tl.sum(tl.where(o_t[None, :, None] == (16 * o_b + 15)[:, None, None], G[None, :, :], 0.), 1)  # [NB, BK]
+    m = o_t[None, :, None] >= (16 * o_b)[:, None, None]
+    left = a[None, :, :] * tl.exp(tl.where(m, G[None, :, :] - eJ[:, None, :], float("-inf")))  # [NB, BT, BK]
+    part = _dot_prec(tl.reshape(tl.trans(X), (NB, 16, BT)), left, DT, PREC)  # [NB, 16, BK]
+    return tl.reshape(part * tl.exp(eJ[:, None, :] - tl.reshape(G, (NB, 16, BK))), (BT, BK))
 
 
 @triton.jit
@@ -263,7 +237,6 @@ def chunk_bwd_dqk_kernel(
     BV: tl.constexpr,
     GATE_VECTOR: tl.constexpr,
     DOT_PREC: tl.constexpr,
-    DOT_BATCHED: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
     i_k, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -305,8 +278,8 @@ def chunk_bwd_dqk_kernel(
     b_X = tl.where(o_t[:, None] > o_t[None, :], b_da * scale, 0.)
     b_xd = tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_da * scale, 0.), 1)[:, None]  # [BT, 1]
     if GATE_VECTOR:
-        b_rq = _rows_vec(b_X, b_k, b_G, BT, BK, dt, DOT_PREC, DOT_BATCHED)
-        b_cq = _cols_vec(b_X, b_q, b_G, BT, BK, dt, DOT_PREC, DOT_BATCHED)
+        b_rq = _rows_vec(b_X, b_k, b_G, BT, BK, dt, DOT_PREC)
+        b_cq = _cols_vec(b_X, b_q, b_G, BT, BK, dt, DOT_PREC)
     else:
         b_gr = tl.sum(b_G, 1)  # [BT]
         b_XE = b_X * tl.exp(tl.where(o_t[:, None] > o_t[None, :], b_gr[:, None] - b_gr[None, :], float("-inf")))
@@ -358,7 +331,6 @@ def wy_bwd_kernel(
     BV: tl.constexpr,
     GATE_VECTOR: tl.constexpr,
     DOT_PREC: tl.constexpr,
-    DOT_BATCHED: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
@@ -399,8 +371,8 @@ def wy_bwd_kernel(
         b_G = _gate_tile(g, p_row, m_r, o_k, K, GATE_VECTOR)
         b_bk = b_k * b_beta[:, None]
         if GATE_VECTOR:
-            b_ra = _rows_vec(b_dA, b_k, b_G, BT, BK, dt, DOT_PREC, DOT_BATCHED)
-            b_ca = _cols_vec(b_dA, b_bk, b_G, BT, BK, dt, DOT_PREC, DOT_BATCHED)
+            b_ra = _rows_vec(b_dA, b_k, b_G, BT, BK, dt, DOT_PREC)
+            b_ca = _cols_vec(b_dA, b_bk, b_G, BT, BK, dt, DOT_PREC)
         else:
             b_gr = tl.sum(b_G, 1)
             b_XE = b_dA * tl.exp(tl.where(o_t[:, None] > o_t[None, :], b_gr[:, None] - b_gr[None, :], float("-inf")))
@@ -478,6 +450,53 @@ def _wy_factors(
     return w, u, ks, gs, qs, aqk
 
 
+def _state_pass(
+    qs: Tensor, ks: Tensor, w: Tensor, u: Tensor, gs: Tensor, aqk: Tensor, do: Tensor, *, index: ChunkIndex,
+    gate_vector: bool, scale: float, h0: Tensor | None, dht: Tensor | None, dh0: Tensor | None,
+    cfgs: Mapping[str, LaunchConfig], split_chunks: int | None, states: bool,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
+    """The reverse state pass, split across the sequence like the forward (module docstring), writing dh0 when given;
+    with `states` also the chunk states h and v_new (forward, from h0) and their gradients dh, dv_new that the
+    gradient kernels read. Returns (h, v_new, dh, dv_new), all None without `states`."""
+    _, _, H, K = ks.shape
+    V = do.shape[-1]
+    BT, NT, N = index.chunk_size, index.num_chunks, index.num_seqs
+    bv = state_bwd_config(H, K, V, BT, gate_vector, index.is_varlen, ks.dtype, cfgs.get("chunk_state_bwd")).BV or 64
+    plan = resolve_split(index, split_chunks, H=H, NV=max(1, V // bv), device=ks.device)
+    common: dict[str, Any] = {"BT": BT, "gate_vector": gate_vector}
+    bwd: dict[str, Any] = {"scale": scale, "config": cfgs.get("chunk_state_bwd"), **common}
+    dh = ks.new_empty(NT, H, K, V) if states else None
+    dv_new = do.new_empty(do.shape, dtype=ks.dtype) if states else None
+    h = v_new = None
+    if plan is None:
+        layout = SeqLayout(N, index.cu_seqlens if index.is_varlen else None,
+                           index.chunk_offsets if index.is_varlen else None)
+        if states:
+            h, v_new, _ = chunk_state_fwd(ks, w, u, gs, layout=layout, num_chunks=NT, h0=h0,
+                                          config=cfgs.get("chunk_state_fwd"), **common)
+        chunk_state_bwd(qs, ks, w, gs, aqk, do, layout=layout, dht=dht, ds_out=dh0, dh=dh, dv_new=dv_new, **bwd)
+        return h, v_new, dh, dv_new
+    segs = plan.all_segments
+    M, S = chunk_state_transition_fwd(ks, w, u, gs, layout=segs, config=cfgs.get("chunk_state_transition_fwd"),
+                                      **common)
+    if states:
+        nonlast = plan.transitions.seq_map
+        assert nonlast is not None
+        hs = seg_chain_states(M.index_select(0, nonlast), S.index_select(0, nonlast), h0, plan.seg_ptr,
+                              num_segments=plan.num_segments, config=cfgs.get("seg_chain_fwd"))
+        h, v_new, _ = chunk_state_fwd(ks, w, u, gs, layout=segs, num_chunks=NT, h0=hs,
+                                      config=cfgs.get("chunk_state_fwd"), **common)
+    rest, firsts = first_segments(plan)
+    ds_ext = torch.empty_like(S)  # rows of first segments stay unused
+    chunk_state_bwd(qs, ks, w, gs, aqk, do, dht=None, ds_out=ds_ext,
+                    layout=SeqLayout(plan.num_segments, segs.cu_seqlens, segs.chunk_offsets, seq_map=rest,
+                                     final_idx=rest), **bwd)
+    ds_end = seg_chain_bwd(M, ds_ext, dht, plan, config=cfgs.get("seg_chain_bwd"))
+    chunk_state_bwd(qs, ks, w, gs, aqk, do, dht=ds_end, ds_out=dh0, dh=dh, dv_new=dv_new,
+                    layout=SeqLayout(plan.num_segments, segs.cu_seqlens, segs.chunk_offsets, final_idx=firsts), **bwd)
+    return h, v_new, dh, dv_new
+
+
 def chunk_state_grad(
     op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float,
     dht: Tensor | None = None, cu_seqlens: Tensor | None = None, configs: Mapping[str, LaunchConfig] | None = None,
@@ -487,34 +506,15 @@ def chunk_state_grad(
     depend on the entering state itself. The WY prep and the reverse state pass of `chunk_bwd` (split the same way),
     without the chunk states, T or the gradient kernels: what true_cp's backward gathers before it knows its dht."""
     B, T, H, K = k.shape
-    V = v.shape[-1]
     cfgs = dict(configs or {})
     gate_vector = op == "kda"
     q, k, v, g, beta, do = (x.contiguous() for x in (q, k, v, g, beta, do))
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=BT_WY, device=k.device)
-    BT, N = index.chunk_size, index.num_seqs
     w, u, ks, gs, qs, aqk = _wy_factors(gate_vector, q, k, v, g, beta, scale=scale, index=index, cfgs=cfgs, wy=None)
-    dht = dht.float().contiguous() if dht is not None else None
-    bv = state_bwd_config(H, K, V, BT, gate_vector, index.is_varlen, k.dtype, cfgs.get("chunk_state_bwd")).BV or 64
-    plan = resolve_split(index, split_chunks, H=H, NV=max(1, V // bv), device=k.device)
-    dh0 = k.new_empty(N, H, K, V, dtype=torch.float32)
-    bwd: dict[str, Any] = {"scale": scale, "config": cfgs.get("chunk_state_bwd"), "BT": BT, "gate_vector": gate_vector}
-    if plan is None:
-        layout = SeqLayout(N, index.cu_seqlens if index.is_varlen else None,
-                           index.chunk_offsets if index.is_varlen else None)
-        chunk_state_bwd(qs, ks, w, gs, aqk, do, layout=layout, dht=dht, ds_out=dh0, **bwd)
-        return dh0
-    segs = plan.all_segments
-    M, S = chunk_state_transition_fwd(ks, w, u, gs, layout=segs, BT=BT, gate_vector=gate_vector,
-                                      config=cfgs.get("chunk_state_transition_fwd"))
-    rest, firsts = first_segments(plan)
-    ds_ext = torch.empty_like(S)
-    chunk_state_bwd(qs, ks, w, gs, aqk, do, dht=None, ds_out=ds_ext,
-                    layout=SeqLayout(plan.num_segments, segs.cu_seqlens, segs.chunk_offsets, seq_map=rest,
-                                     final_idx=rest), **bwd)
-    ds_end = seg_chain_bwd(M, ds_ext, dht, plan, config=cfgs.get("seg_chain_bwd"))
-    chunk_state_bwd(qs, ks, w, gs, aqk, do, dht=ds_end, ds_out=dh0,
-                    layout=SeqLayout(plan.num_segments, segs.cu_seqlens, segs.chunk_offsets, final_idx=firsts), **bwd)
+    dh0 = k.new_empty(index.num_seqs, H, K, v.shape[-1], dtype=torch.float32)
+    _state_pass(qs, ks, w, u, gs, aqk, do, index=index, gate_vector=gate_vector, scale=scale, h0=None,
+                dht=dht.float().contiguous() if dht is not None else None, dh0=dh0, cfgs=cfgs,
+                split_chunks=split_chunks, states=False)
     return dh0
 
 
@@ -536,7 +536,7 @@ def chunk_bwd(
     gate_vector = op == "kda"
     q, k, v, g, beta, do = (x.contiguous() for x in (q, k, v, g, beta, do))
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=BT_WY, device=k.device)
-    BT, NT, N = index.chunk_size, index.num_chunks, index.num_seqs
+    BT, N = index.chunk_size, index.num_seqs
 
     # 1. the WY factors (recomputed unless the forward kept them) and T
     w, u, ks, gs, qs, aqk = _wy_factors(gate_vector, q, k, v, g, beta, scale=scale, index=index, cfgs=cfgs, wy=wy)
@@ -546,40 +546,13 @@ def chunk_bwd(
         tt = wy_inverse(k, g, beta, index=index, gate_vector=False, config=cfgs.get("wy_inverse"))
 
     # 2. the chunk states (forward) and their gradients (reverse), split across the sequence like the forward
-    h0 = initial_state.float().contiguous() if initial_state is not None else None
-    dht = dht.float().contiguous() if dht is not None else None
-    bv = state_bwd_config(H, K, V, BT, gate_vector, index.is_varlen, k.dtype, cfgs.get("chunk_state_bwd")).BV or 64
-    plan = resolve_split(index, split_chunks, H=H, NV=max(1, V // bv), device=k.device)
-    dh = k.new_empty(NT, H, K, V)
-    dv_new = torch.empty_like(v)
     dh0 = k.new_empty(N, H, K, V, dtype=torch.float32) if initial_state is not None else None
-    common: dict[str, Any] = {"BT": BT, "gate_vector": gate_vector}
-    bwd: dict[str, Any] = {"scale": scale, "config": cfgs.get("chunk_state_bwd"), **common}
-    if plan is None:
-        layout = SeqLayout(N, index.cu_seqlens if index.is_varlen else None,
-                           index.chunk_offsets if index.is_varlen else None)
-        h, v_new, _ = chunk_state_fwd(ks, w, u, gs, layout=layout, num_chunks=NT, h0=h0,
-                                      config=cfgs.get("chunk_state_fwd"), **common)
-        chunk_state_bwd(qs, ks, w, gs, aqk, do, layout=layout, dht=dht, ds_out=dh0, dh=dh, dv_new=dv_new, **bwd)
-    else:
-        segs = plan.all_segments
-        M, S = chunk_state_transition_fwd(ks, w, u, gs, layout=segs, config=cfgs.get("chunk_state_transition_fwd"),
-                                          **common)
-        nonlast = plan.transitions.seq_map
-        assert nonlast is not None
-        hs = seg_chain_states(M.index_select(0, nonlast), S.index_select(0, nonlast), h0, plan.seg_ptr,
-                              num_segments=plan.num_segments, config=cfgs.get("seg_chain_fwd"))
-        h, v_new, _ = chunk_state_fwd(ks, w, u, gs, layout=segs, num_chunks=NT, h0=hs,
-                                      config=cfgs.get("chunk_state_fwd"), **common)
-        rest, firsts = first_segments(plan)
-        ds_ext = torch.empty_like(S)  # rows of first segments stay unused
-        chunk_state_bwd(qs, ks, w, gs, aqk, do, dht=None, ds_out=ds_ext,
-                        layout=SeqLayout(plan.num_segments, segs.cu_seqlens, segs.chunk_offsets, seq_map=rest,
-                                         final_idx=rest), **bwd)
-        ds_end = seg_chain_bwd(M, ds_ext, dht, plan, config=cfgs.get("seg_chain_bwd"))
-        chunk_state_bwd(qs, ks, w, gs, aqk, do, dht=ds_end, ds_out=dh0, dh=dh, dv_new=dv_new,
-                        layout=SeqLayout(plan.num_segments, segs.cu_seqlens, segs.chunk_offsets, final_idx=firsts),
-                        **bwd)
+    h, v_new, dh, dv_new = _state_pass(
+        qs, ks, w, u, gs, aqk, do, index=index, gate_vector=gate_vector, scale=scale,
+        h0=initial_state.float().contiguous() if initial_state is not None else None,
+        dht=dht.float().contiguous() if dht is not None else None, dh0=dh0, cfgs=cfgs, split_chunks=split_chunks,
+        states=True)
+    assert h is not None and v_new is not None and dh is not None and dv_new is not None
 
     # 3. the chunk-parallel gradients
     cu, ci = _bounds(index)
@@ -594,7 +567,7 @@ def chunk_bwd(
     chunk_bwd_dqk_kernel[grid](
         q, k, g, h, dh, v_new, dv_new, do, dq, dk_part, dw, dg_part, cu, ci, scale, T,
         H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE_VECTOR=gate_vector,
-        DOT_PREC=VECTOR_GATE_DOT, DOT_BATCHED=VECTOR_GATE_BATCHED,
+        DOT_PREC=VECTOR_GATE_DOT,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     dk = torch.empty_like(k)
@@ -606,7 +579,7 @@ def chunk_bwd(
     wy_bwd_kernel[_chunk_grid(index, B, T, H)](
         k, v, g, beta, tt, w, u, dv_new, dw, dk_part, dg_part, dk, dv, dbeta, dg, cu, ci, T,
         H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE_VECTOR=gate_vector,
-        DOT_PREC=VECTOR_GATE_DOT, DOT_BATCHED=VECTOR_GATE_BATCHED,
+        DOT_PREC=VECTOR_GATE_DOT,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return dq, dk, dv, dg, dbeta, dh0

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
     from db.models import TunedConfig
 
-__all__ = ["ExportError", "build_export", "export_from_rows", "write_export"]
+__all__ = ["ExportError", "build_export", "export_from_rows", "rows_of_one_device", "write_export"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,22 +69,31 @@ def _current_hash(kernel: str) -> str | None:
         return None
 
 
-def export_from_rows(rows: Sequence[TunedConfig], *, device_name: str | None = None, allow_cpu: bool = False,
-                     versions: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The autotune dict of TunedConfig rows (stored or transient); see the module docstring for the rules."""
+def rows_of_one_device(rows: Sequence[Any], *, device_name: str | None, allow_cpu: bool, what: str,
+                       how: str) -> tuple[str, list[Any]]:
+    """(device, its rows) of tuned rows: the only device, or `device_name`; refuses none, several without a name, and
+    CPU timings without `allow_cpu`. `what` names the rows in the messages ("configs"), `how` how to make some."""
     devices = sorted({r.device_name for r in rows})
     if device_name is None:
         if not devices:
-            raise ExportError("no tuned configs to export (run a sweep with tune: true, or `cpbench tune`)")
+            raise ExportError(f"no tuned {what} to export ({how})")
         if len(devices) > 1:
-            raise ExportError(f"tuned configs exist for several devices {devices}; choose one with device_name (--device)")
+            raise ExportError(f"tuned {what} exist for several devices {devices}; choose one with device_name (--device)")
         device_name = devices[0]
-    rows = [r for r in rows if r.device_name == device_name]
-    if not rows:
-        raise ExportError(f"no tuned configs for device {device_name!r}; devices with tuned configs: {devices}")
+    mine = [r for r in rows if r.device_name == device_name]
+    if not mine:
+        raise ExportError(f"no tuned {what} for device {device_name!r}; devices with tuned {what}: {devices}")
     if device_name == "cpu" and not allow_cpu:
         raise ExportError("refusing to export CPU timings (device 'cpu'): they say nothing about a GPU; "
                           "allow_cpu=True (--allow-cpu) exists for tests only")
+    return device_name, mine
+
+
+def export_from_rows(rows: Sequence[TunedConfig], *, device_name: str | None = None, allow_cpu: bool = False,
+                     versions: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The autotune dict of TunedConfig rows (stored or transient); see the module docstring for the rules."""
+    device_name, rows = rows_of_one_device(rows, device_name=device_name, allow_cpu=allow_cpu, what="configs",
+                                           how="run a sweep with tune: true, or `cpbench tune`")
     by_kernel: dict[str, list[TunedConfig]] = {}
     for r in rows:
         by_kernel.setdefault(r.kernel, []).append(r)

@@ -19,7 +19,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runners.tuner.export import ExportError
+from runners.tuner.export import rows_of_one_device
 from runners.tuner.fla import PREFIX
 
 if TYPE_CHECKING:
@@ -33,20 +33,8 @@ def fla_files_from_rows(rows: list[Any], *, device_name: str | None, allow_cpu: 
     """{`<kernel_name>.json`: content} of the `fla.`-prefixed TunedConfig rows of one device."""
     from kernels.peers.fla_autotune import cache_file
 
-    rows = [r for r in rows if r.kernel.startswith(PREFIX)]
-    devices = sorted({r.device_name for r in rows})
-    if device_name is None:
-        if not devices:
-            raise ExportError("no tuned FLA configs to export (run `cpbench tune --backend fla` first)")
-        if len(devices) > 1:
-            raise ExportError(f"tuned FLA configs exist for several devices {devices}; choose one with --device")
-        device_name = devices[0]
-    rows = [r for r in rows if r.device_name == device_name]
-    if not rows:
-        raise ExportError(f"no tuned FLA configs for device {device_name!r}; devices with some: {devices}")
-    if device_name == "cpu" and not allow_cpu:
-        raise ExportError("refusing to export CPU timings (device 'cpu'): they say nothing about a GPU; "
-                          "--allow-cpu exists for tests only")
+    _, rows = rows_of_one_device([r for r in rows if r.kernel.startswith(PREFIX)], device_name=device_name,
+                                 allow_cpu=allow_cpu, what="FLA configs", how="run `cpbench tune --backend fla` first")
     by_kernel: dict[str, list[Any]] = {}
     for r in rows:
         by_kernel.setdefault(r.kernel.removeprefix(PREFIX), []).append(r)

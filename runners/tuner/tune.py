@@ -93,7 +93,8 @@ class Shape:
 
 
 def make_case(op: str, shape: Shape, device: torch.device | str) -> dict[str, Any]:
-    """Seeded inputs for `kernels.forward` (FLA layout, never zeros; k L2-normalised, g = lb * sigmoid(x))."""
+    """Seeded inputs for `kernels.forward` (FLA layout, never zeros; k L2-normalised, g = lb * sigmoid(x)); varlen
+    bounds both on the device (`cu_seqlens`) and on the host (`cu_seqlens_cpu`), so no call reads them back."""
     dev = torch.device(device)
     gen = torch.Generator(device=dev).manual_seed(shape.seed)
     B, T, H, K, V = shape.B, shape.T, shape.H, shape.K, shape.V
@@ -107,7 +108,7 @@ def make_case(op: str, shape: Shape, device: torch.device | str) -> dict[str, An
     v = rnd(B, T, H, V).to(dt)
     g = shape.lb * torch.sigmoid(rnd(B, T, H) if op == "gdn" else rnd(B, T, H, K))
     beta = torch.sigmoid(rnd(B, T, H)).to(dt)
-    cu = None
+    cu, bounds = None, None
     n_seq = B
     if shape.lengths is not None:
         bounds = [0]
@@ -117,7 +118,8 @@ def make_case(op: str, shape: Shape, device: torch.device | str) -> dict[str, An
         n_seq = len(shape.lengths)
     h0 = rnd(n_seq, H, K, V) if shape.initial_state else None
     do = rnd(B, T, H, V).to(dt)  # the output gradient of a fwd+bwd run (drawn last: forward inputs unchanged)
-    return {"q": q, "k": k, "v": v, "g": g, "beta": beta, "cu_seqlens": cu, "initial_state": h0, "do": do}
+    return {"q": q, "k": k, "v": v, "g": g, "beta": beta, "cu_seqlens": cu, "cu_seqlens_cpu": bounds,
+            "initial_state": h0, "do": do}
 
 
 
@@ -138,7 +140,8 @@ def op_runner(op: str, case: Mapping[str, Any], *, backend: str = "triton", dire
     def run(configs: Mapping[str, LaunchConfig]) -> tuple[torch.Tensor | None, ...]:
         return kernels.forward(op, case["q"], case["k"], case["v"], case["g"], case["beta"],
                                initial_state=case["initial_state"], output_final_state=True,
-                               cu_seqlens=case["cu_seqlens"], backend=backend, config=dict(configs))
+                               cu_seqlens=case["cu_seqlens"], cu_seqlens_cpu=case.get("cu_seqlens_cpu"),
+                               backend=backend, config=dict(configs))
 
     if direction == "fwd":
         return run
@@ -149,7 +152,8 @@ def op_runner(op: str, case: Mapping[str, Any], *, backend: str = "triton", dire
         xs = [case[n].detach().requires_grad_() for n in ("q", "k", "v", "g", "beta")]
         s0 = h0.detach().requires_grad_() if h0 is not None else None
         o, ht = kernels.forward(op, *xs, initial_state=s0, output_final_state=True,
-                                cu_seqlens=case["cu_seqlens"], backend=backend, config=dict(configs))
+                                cu_seqlens=case["cu_seqlens"], cu_seqlens_cpu=case.get("cu_seqlens_cpu"),
+                                backend=backend, config=dict(configs))
         o.backward(do)
         grads = [x.grad for x in xs] + ([s0.grad] if s0 is not None else [])
         return (o.detach(), ht.detach() if ht is not None else None, *grads)

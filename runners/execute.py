@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -175,44 +175,38 @@ def _peer_mode(peer: Any, params: dict[str, Any], wl: Workload, rc: RankContext)
     def fwd() -> Tensor:
         return peer.forward(mode, op, *xs, group=group, ctx=ctx_cp, scale=None, options=opts)
 
-    def to_global(x: Tensor, like: Tensor) -> Tensor:
-        """A local tensor (output or input gradient) in the global layout on rank 0."""
+    def to_global(x: Tensor, dense: Sequence[int]) -> Tensor:
+        """A local tensor (output or input gradient) in the global layout on rank 0 (`none`: the caller's `dense`)."""
         if one:
-            return x.reshape(like.shape) if mode == "none" else x
+            return x.reshape(dense) if mode == "none" else x
         return _gather(x, ctx_cp, rc.group)
 
-    step: Callable[[], Tensor] = fwd
-    full_grads = None
-    if train:
-        # forward + `o.backward(do)` (a peer's forward is differentiable by autograd), inside the peer's step
-        # context (FLA: its Hopper-guard opt-in, which the backward needs too)
-        context = getattr(peer, "step_context", None)
+    base: Callable[[], Tensor] = fwd
+    if train:  # forward + `o.backward(do)`: a peer's forward is differentiable by autograd
         with torch.no_grad():
             o_local = fwd()
-        if one:
-            do = training.global_do(params, o_local)
-        else:
-            do = cp.shard(training.global_do(params, o_local.new_empty(1, ctx_cp.total_len, *o_local.shape[2:])),
-                          ctx_cp)
-        inner = training.train_step(fwd, xs, do)
+        like = o_local if one else o_local.new_empty(1, ctx_cp.total_len, *o_local.shape[2:])
+        do = training.global_do(params, like)
+        base = training.train_step(fwd, xs, do if one else cp.shard(do, ctx_cp))
+    context = getattr(peer, "step_context", None)  # around every step (FLA: the Hopper-guard opt-in, for its backward)
 
-        def step() -> Tensor:
-            with context(opts) if callable(context) else contextlib.nullcontext():
-                return inner()
+    def step() -> Tensor:
+        with context(opts) if callable(context) else contextlib.nullcontext():
+            return base()
 
-        def full_grads() -> list[Tensor]:
-            step()
-            return [to_global(x.grad if x.grad is not None else torch.zeros_like(x), t)
-                    for x, t in zip(xs, wl.tensors, strict=True)]
+    def full_grads() -> list[Tensor]:
+        step()
+        return [to_global(x.grad if x.grad is not None else torch.zeros_like(x), t.shape)
+                for x, t in zip(xs, wl.tensors, strict=True)]
 
     def full_output() -> Tensor:
         o = step()
-        return o.reshape(*shape, o.shape[-1]) if one and mode == "none" else to_global(o, o)
+        return to_global(o, (*shape, o.shape[-1]))
 
     count = getattr(peer, "expected_collectives", None)  # optional: what one step issues (else not stated)
     expected = dict(count(mode, ctx_cp, opts)) if callable(count) else {}
     return ModeRun(step=step, full_output=full_output, report=lambda: {}, expected_collectives=expected,
-                   full_grads=full_grads)
+                   full_grads=full_grads if train else None)
 
 
 def _none_output(params: dict[str, Any], wl: Workload, rc: RankContext) -> Tensor:

@@ -16,7 +16,6 @@ Scenarios:
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import hashlib
 import io
@@ -26,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from runners.cli import main
 from tests.runners.engine_fixtures import DEMO_SPEC, pg_store_url, store_url, write_spec  # noqa: F401
+from tests.utils.cli import cpbench as _cli
 
 pytestmark = pytest.mark.multiproc
 
@@ -40,17 +39,6 @@ EXPECTED_W2 = {
     "headwise": {"all_to_all": 2},
     "ring": {"send": 1, "recv": 1},
 }
-
-
-def _cli(*args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(list(args))
-        except SystemExit as e:
-            code = int(e.code or 0)
-    return code, out.getvalue(), err.getvalue()
 
 
 def _run_demo(url: str) -> tuple[int, list[dict[str, Any]], str]:

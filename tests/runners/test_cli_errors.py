@@ -10,8 +10,6 @@ run by `cpbench run` in a fresh process without a GPU and without TRITON_INTERPR
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import subprocess
@@ -21,22 +19,10 @@ from typing import Any
 
 import pytest
 
-from bench_server.cli import main  # the whole `cpbench` command (runners' verbs + serve)
 from runners.cli import triton_cpu
 from runners.cli.triton_cpu import use_interpreter_if_cpu, verb_of
 from tests.runners.engine_fixtures import REPO, store_url, write_spec  # noqa: F401
-
-
-def _cli(*args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(list(args))
-        except SystemExit as e:
-            code = int(e.code or 0)
-    return code, out.getvalue(), err.getvalue()
-
+from tests.utils.cli import cpbench as _cli
 
 BAD = {
     "results-not-an-id": (("results", "abc"), "Invalid value for 'sweep'"),

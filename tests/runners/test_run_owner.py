@@ -7,8 +7,6 @@ run's sweep as soon as they are queued.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import subprocess
@@ -18,21 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from runners.cli import main
 from tests.runners.engine_fixtures import REPO, store_url, write_spec  # noqa: F401
+from tests.utils.cli import cpbench as _cli
 
 pytestmark = pytest.mark.multiproc
-
-
-def _cli(*args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(list(args))
-        except SystemExit as e:
-            code = int(e.code or 0)
-    return code, out.getvalue(), err.getvalue()
 
 
 def _wait(what: str, ok, timeout_s: float = 120.0) -> None:  # type: ignore[no-untyped-def]

@@ -5,8 +5,6 @@ lost, `cpbench gc` removes orphans only, and user text with rich markup prints a
 
 from __future__ import annotations
 
-import contextlib
-import io
 import logging
 import os
 import time
@@ -16,19 +14,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from runners.cli import main
 from tests.runners.engine_fixtures import store_url, write_spec  # noqa: F401
-
-
-def _cli(*args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(list(args))
-        except SystemExit as e:
-            code = int(e.code or 0)
-    return code, out.getvalue(), err.getvalue()
+from tests.utils.cli import cpbench as _cli
 
 
 @pytest.mark.parametrize("opts, needle", [

@@ -110,18 +110,24 @@ def test_headwise_grouped_heads_needs_heads_divisible(gang4) -> None:
         gang4.run(cases.grads, {"op": "gdn", "lengths": (256,), "layout": "contiguous", "runs": [("headwise", None)], "H": 2, "HV": 4, "K": K, "V": V})
 
 
+def _leaves_and_reference_grads(op, inputs, cu, do):
+    """Leaves of the inputs (gradients cleared) and their gradients through the fp32 per-token reference."""
+    xs = [x.clone().requires_grad_() for x in inputs]
+    ref, _ = kernels.reference(op, *xs, cu_seqlens=cu)
+    ref.backward(do)
+    truth = [x.grad.clone() for x in xs]
+    for x in xs:
+        x.grad = None
+    return xs, truth
+
+
 @pytest.mark.parametrize("op", ["gdn", "kda"])
 @pytest.mark.parametrize("fallback", ["none", "exact", "auto"])
 @pytest.mark.parametrize("lb", [-1.0, -0.01])
 def test_warmup_correct_grads(op: str, fallback: str, lb: float) -> None:
     lengths = (100, 200, 212)
     q, k, v, g, beta, cu, do = train_inputs(op, lengths, 2, 2, K, V, lb, 0)
-    xs = [x.clone().requires_grad_() for x in (q, k, v, g, beta)]
-    ref, _ = kernels.reference(op, *xs, cu_seqlens=cu)
-    ref.backward(do)
-    truth = [x.grad.clone() for x in xs]
-    for x in xs:
-        x.grad = None
+    xs, truth = _leaves_and_reference_grads(op, (q, k, v, g, beta), cu, do)
     o, report = cp.warmup_correct(op, *xs, cu_seqlens=cu, backend="torch", fallback=fallback, segments=4)
     o.backward(do)
     got = [x.grad.clone() for x in xs]
@@ -147,12 +153,7 @@ def test_warmup_correct_grads_triton(op: str, fallback: str) -> None:
     the chained dht; every gradient as the reference's."""
     lengths = (40, 300)
     q, k, v, g, beta, cu, do = train_inputs(op, lengths, 1, 1, K, V, -0.01, 0)
-    xs = [x.clone().requires_grad_() for x in (q, k, v, g, beta)]
-    ref, _ = kernels.reference(op, *xs, cu_seqlens=cu)
-    ref.backward(do)
-    truth = [x.grad.clone() for x in xs]
-    for x in xs:
-        x.grad = None
+    xs, truth = _leaves_and_reference_grads(op, (q, k, v, g, beta), cu, do)
     o, report = cp.warmup_correct(op, *xs, cu_seqlens=cu, backend="triton", fallback=fallback, segments=3,
                                   window=1)
     o.backward(do)

@@ -1,9 +1,11 @@
-"""Tune the GDN and KDA forward kernels on an H200 and report default vs tuned, per kernel and shape (issue 5).
+"""Tune the GDN and KDA kernels (forward; backward with `--directions fwd fwd+bwd`) on an H200 and report default vs
+tuned, per kernel, shape and direction (issues 5 and 11).
 
 Two steps, because the GPU machine has no database:
 
     # on the GPU (device tool; SQLAlchemy carried as a wheel): tune, then time the whole forward default vs tuned
     python benchmarks/autotune_h200.py run --out $OUT/autotune_run.json [--budget 9] [--deadline-s 240]
+        [--directions fwd fwd+bwd]
     # here: store the trials and winners in SQLite, export the autotune JSON, write the Markdown table
     python benchmarks/autotune_h200.py import RUN.json --json benchmarks/results/autotune_h200.json \
         --md benchmarks/results/autotune_h200.md [--db sqlite:///...]
@@ -15,6 +17,9 @@ each; survivors x3 samples per rung, up to 45; CUDA events, L2 flushed before ev
 Every trial is checked against the default config's outputs (relative L2 <= 2e-2) before it is timed. Then
 the whole forward is timed with all defaults vs all winners, interleaved A/B in 5 blocks of 20 samples, and
 the medians are reported. A deadline stops new searches so the run fits the device lease.
+Direction fwd+bwd: the kernels only the backward launches (what the training step launches beyond the forward's)
+are tuned on the whole step (forward + `o.backward(do)`, `runners.tuner.tune.op_runner`); the forward's kernels
+keep their forward winners; the A/B then times the whole step.
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ def cmd_run(args: argparse.Namespace) -> None:
     from runners.versions import driver_version, git_sha
 
     global SHAPES
+    if args.shapes:
+        SHAPES = [{**SHAPES[0], "B": int(b), "T": int(t)} for b, t in (x.split("x") for x in args.shapes.split(","))]
     if args.tiny:  # a CPU dry run of the script itself (TRITON_INTERPRET=1), not a measurement
         SHAPES = [{"B": 1, "T": 128, "H": 1, "K": 16, "V": 32, "dtype": "float32"}, {"B": 1, "T": 192, "H": 1, "K": 16, "V": 32, "dtype": "float32"},
                   {"B": 2, "T": 64, "H": 1, "K": 16, "V": 32, "dtype": "float32"}]
@@ -68,49 +75,70 @@ def cmd_run(args: argparse.Namespace) -> None:
                 "started_at": datetime.now(timezone.utc).isoformat()},
         "trials": [], "tuned": [], "ops": [], "crashed": bad,
     }
-    for op in args.ops:
-        for sd in SHAPES:
-            left = args.deadline_s - (time.perf_counter() - t_start)
-            if left < 20:
-                print(f"deadline: skipping {op} {_shape_name(sd)}", flush=True)
-                continue
-            shape = Shape.of(sd)
-            case = make_case(op, shape, dev)
-            run = op_runner(op, case)
-            t0 = time.perf_counter()
-            known_bad: dict[str, dict[LaunchConfig, str]] = {}
-            for b_op, b_kernel, b_cfg, b_err in bad:
-                if b_op == op:
-                    known_bad.setdefault(b_kernel, {})[LaunchConfig.from_dict(b_cfg)] = f"crashed the device when precompiled: {b_err}"
-            rows, results = tune_case(None, run=run, device=dev, strategy="halving", budget=args.budget, seed=args.seed,
-                                      min_samples=5, max_samples=45, eta=3, tol=2e-2, timer=timer, known_bad=known_bad)
-            t_tune = time.perf_counter() - t0
-            for res in results.values():
-                for t in res.trials:
-                    out["trials"].append({"op": op, "shape": sd, "kernel": t.kernel, "key": t.key, "config": t.config.as_dict(),
-                                          "strategy": t.strategy, "rung": t.rung, "status": t.status,
-                                          "median_ms": t.median_ms, "n": t.n, "error": t.error})
-            for r in rows:
-                out["tuned"].append({"op": op, "shape": sd, "kernel": r.kernel, "key": r.key, "key_str": r.key_str,
-                                     "device_name": r.device_name, "compute_capability": r.compute_capability,
-                                     "config": r.config, "median_ms": r.median_ms, "default_ms": r.default_ms,
-                                     "runner_up_ms": r.runner_up_ms, "source_hash": r.source_hash})
-            defaults = {n: s.default for n, s in KERNELS.items()}
-            tuned = {**defaults, **{r.kernel: LaunchConfig.from_dict(r.config) for r in rows}}
-            ma, mb = _ab(timer, run, defaults, tuned)
-            out["ops"].append({"op": op, "shape": sd, "default_ms": ma, "tuned_ms": mb, "speedup": ma / mb, "tune_s": t_tune,
-                               "n_trials": sum(len(r.trials) for r in results.values()),
-                               "tuned": {r.kernel: r.config for r in rows if r.config != KERNELS[r.kernel].default.as_dict()}})
-            print(f"{op} {_shape_name(sd)}: default {ma:.4f} ms, tuned {mb:.4f} ms ({ma / mb:.3f}x), tuning {t_tune:.1f} s, "
-                  f"{out['ops'][-1]['n_trials']} trials", flush=True)
-            out["env"]["elapsed_s"] = time.perf_counter() - t_start
-            Path(args.out).write_text(json.dumps(out, indent=1, default=str))  # partial results survive a kill
-            del case, run
-            if cuda:
-                torch.cuda.empty_cache()
+    for direction, op, sd in ((d, op, sd) for d in args.directions for op in args.ops for sd in SHAPES):
+        left = args.deadline_s - (time.perf_counter() - t_start)
+        if left < 20:
+            print(f"deadline: skipping {op} {_shape_name(sd)} {direction}", flush=True)
+            continue
+        shape = Shape.of(sd)
+        case = make_case(op, shape, dev)
+        run = op_runner(op, case, direction=direction)
+        tuned_here = tuned_kernels(op, case, direction)
+        t0 = time.perf_counter()
+        known_bad: dict[str, dict[LaunchConfig, str]] = {}
+        for b_op, b_kernel, b_cfg, b_err in bad:
+            if b_op == op:
+                known_bad.setdefault(b_kernel, {})[LaunchConfig.from_dict(b_cfg)] = f"crashed the device when precompiled: {b_err}"
+        rows, results = tune_case(None, run=run, device=dev, kernels=tuned_here, strategy="halving",
+                                  budget=args.budget, seed=args.seed,
+                                  min_samples=5, max_samples=45, eta=3, tol=2e-2, timer=timer, known_bad=known_bad)
+        t_tune = time.perf_counter() - t0
+        for res in results.values():
+            for t in res.trials:
+                out["trials"].append({"op": op, "shape": sd, "direction": direction, "kernel": t.kernel, "key": t.key, "config": t.config.as_dict(),
+                                      "strategy": t.strategy, "rung": t.rung, "status": t.status,
+                                      "median_ms": t.median_ms, "n": t.n, "error": t.error})
+        for r in rows:
+            out["tuned"].append({"op": op, "shape": sd, "direction": direction, "kernel": r.kernel, "key": r.key, "key_str": r.key_str,
+                                 "device_name": r.device_name, "compute_capability": r.compute_capability,
+                                 "config": r.config, "median_ms": r.median_ms, "default_ms": r.default_ms,
+                                 "runner_up_ms": r.runner_up_ms, "source_hash": r.source_hash})
+        defaults = {n: s.default for n, s in KERNELS.items()}
+        # the step A/B keeps the forward's winners of this op and shape on both sides
+        fwd_won = {t["kernel"]: LaunchConfig.from_dict(t["config"]) for t in out["tuned"]
+                   if t["op"] == op and t["shape"] == sd and t["direction"] == "fwd"}
+        defaults = {**defaults, **fwd_won} if direction != "fwd" else defaults
+        tuned = {**defaults, **{r.kernel: LaunchConfig.from_dict(r.config) for r in rows}}
+        ma, mb = _ab(timer, run, defaults, tuned, *((1, 3) if args.tiny else ()))
+        out["ops"].append({"op": op, "shape": sd, "direction": direction, "default_ms": ma, "tuned_ms": mb, "speedup": ma / mb, "tune_s": t_tune,
+                           "n_trials": sum(len(r.trials) for r in results.values()),
+                           "tuned": {r.kernel: r.config for r in rows if r.config != KERNELS[r.kernel].default.as_dict()}})
+        print(f"{op} {_shape_name(sd)} {direction}: default {ma:.4f} ms, tuned {mb:.4f} ms ({ma / mb:.3f}x), tuning {t_tune:.1f} s, "
+              f"{out['ops'][-1]['n_trials']} trials", flush=True)
+        out["env"]["elapsed_s"] = time.perf_counter() - t_start
+        Path(args.out).write_text(json.dumps(out, indent=1, default=str))  # partial results survive a kill
+        del case, run
+        if cuda:
+            torch.cuda.empty_cache()
     out["env"]["elapsed_s"] = time.perf_counter() - t_start
     Path(args.out).write_text(json.dumps(out, indent=1, default=str))
     print(f"wrote {args.out} in {out['env']['elapsed_s']:.1f} s")
+
+
+def tuned_kernels(op: str, case: dict[str, Any], direction: str) -> list[str] | None:
+    """The kernels a direction tunes: None (all the forward launches) for fwd; for fwd+bwd those the training step
+    launches beyond the forward's (the backward's own), in launch order."""
+    from kernels.configs import LAUNCHES
+    from runners.tuner.tune import op_runner
+
+    if direction == "fwd":
+        return None
+    LAUNCHES.clear()
+    op_runner(op, case)({})
+    forward = set(LAUNCHES)
+    LAUNCHES.clear()
+    op_runner(op, case, direction=direction)({})
+    return [n for n in LAUNCHES if n not in forward]
 
 
 def _precompile_worker(task: tuple[str, dict[str, Any], list[tuple[str, dict[str, int]]], str]) -> dict[str, Any]:
@@ -124,8 +152,8 @@ def _precompile_worker(task: tuple[str, dict[str, Any], list[tuple[str, dict[str
     from kernels.configs import LaunchConfig
     from runners.tuner.tune import Shape, make_case, op_runner
 
-    op, sd, items, dev = task
-    run = op_runner(op, make_case(op, Shape.of(sd), dev))
+    op, sd, items, dev, direction = task
+    run = op_runner(op, make_case(op, Shape.of(sd), dev), direction=direction)
     ok = 0
     for i, (kernel, cfg) in enumerate(items):
         try:
@@ -136,7 +164,7 @@ def _precompile_worker(task: tuple[str, dict[str, Any], list[tuple[str, dict[str
         except Exception as e:  # noqa: BLE001 - invalid configs are the search's business; CUDA errors are reported
             if "CUDA error" in str(e) or type(e).__name__ == "AcceleratorError":
                 return {"ok": ok, "bad": (op, kernel, cfg, f"{type(e).__name__}: {str(e).splitlines()[0]}"),
-                        "rest": (op, sd, items[i + 1:], dev)}
+                        "rest": (op, sd, items[i + 1:], dev, direction)}
     return {"ok": ok, "bad": None, "rest": None}
 
 
@@ -159,16 +187,18 @@ def _precompile(args: argparse.Namespace) -> list[tuple[str, str, dict[str, int]
     # configs a miscompile rule excludes are never launched, not even here (the search records them `failed`)
     ruled_out = known_bad_configs(device_facts(args.device)[1])
     tasks = []
-    for op in args.ops:
-        for sd in SHAPES:
-            run = op_runner(op, make_case(op, Shape.of(sd), args.device))
-            run({})
-            LAUNCHES.clear()
-            run({n: sp.default for n, sp in KERNELS.items()})
-            items = [(n, c.as_dict()) for n, (_k, d) in list(LAUNCHES.items()) if KERNELS[n].space
-                     for c in _draw(candidates(KERNELS[n], d), args.budget, args.seed)[1:] if c not in ruled_out.get(n, {})]
-            per = max(1, -(-len(items) // args.workers))
-            tasks += [(op, sd, items[i:i + per], args.device) for i in range(0, len(items), per)]
+    for direction, op, sd in ((d, op, sd) for d in args.directions for op in args.ops for sd in SHAPES):
+        case = make_case(op, Shape.of(sd), args.device)
+        run = op_runner(op, case, direction=direction)
+        only = tuned_kernels(op, case, direction)
+        run({})
+        LAUNCHES.clear()
+        run({n: sp.default for n, sp in KERNELS.items()})
+        items = [(n, c.as_dict()) for n, (_k, d) in list(LAUNCHES.items()) if KERNELS[n].space
+                 and (only is None or n in only)
+                 for c in _draw(candidates(KERNELS[n], d), args.budget, args.seed)[1:] if c not in ruled_out.get(n, {})]
+        per = max(1, -(-len(items) // args.workers))
+        tasks += [(op, sd, items[i:i + per], args.device, direction) for i in range(0, len(items), per)]
     bad: list[tuple[str, str, dict[str, int], str]] = []
     done = 0
     ctx = mp.get_context("spawn")
@@ -262,7 +292,7 @@ def merge_runs(runs: list[dict[str, Any]], sha: str | None = None) -> dict[str, 
     best: dict[tuple[str, str], tuple[float, int]] = {}
     for i, r in enumerate(runs):
         for o in r["ops"]:
-            k = (o["op"], _shape_name(o["shape"]))
+            k = (o["op"], _shape_name(o["shape"]), o.get("direction", "fwd"))
             if k not in best or o["speedup"] > best[k][0]:
                 best[k] = (o["speedup"], i)
     env = dict(runs[0]["env"])
@@ -271,7 +301,7 @@ def merge_runs(runs: list[dict[str, Any]], sha: str | None = None) -> dict[str, 
     env["started_at"] = min(r["env"]["started_at"] for r in runs)
 
     def chosen(i: int, row: dict[str, Any]) -> bool:
-        return best.get((row["op"], _shape_name(row["shape"])), (0.0, -1))[1] == i
+        return best.get((row["op"], _shape_name(row["shape"]), row.get("direction", "fwd")), (0.0, -1))[1] == i
 
     return {
         "env": env,
@@ -291,7 +321,7 @@ def _key_str(key: dict[str, Any]) -> str:
 def _markdown(run: dict[str, Any], data: dict[str, Any], args: argparse.Namespace) -> str:
     env = run["env"]
     lines = [
-        "# Autotuning on H200: default vs tuned launch configs (GDN and KDA forward)",
+        "# Autotuning on H200: default vs tuned launch configs (GDN and KDA, forward and forward+backward)",
         "",
         f"- device: {env['device']} (sm {env['compute_capability']}), driver {env['driver']}",
         f"- torch {env['torch']}, triton {env['triton']}, python {env['python']}",
@@ -302,22 +332,27 @@ def _markdown(run: dict[str, Any], data: dict[str, Any], args: argparse.Namespac
         "CUDA events with L2 flush; correctness vs the default config's outputs before timing; whole forward "
         "then timed all-defaults vs all-winners, interleaved, 5 x 20 samples, medians",
         "",
-        "## Whole forward, per op and shape (bf16, H=16, K=V=128)",
+        "## Whole op, per op, shape and direction (bf16, H=16, K=V=128)",
         "",
-        "| op | shape | default ms | tuned ms | speedup | trials | changed configs |",
-        "|---|---|---:|---:|---:|---:|---|",
+        "fwd: the forward, all defaults vs all winners. fwd+bwd: the training step, the backward's kernels at their "
+        "defaults vs their winners (the forward's kernels at their forward winners on both sides).",
+        "",
+        "| op | shape | direction | default ms | tuned ms | speedup | trials | changed configs |",
+        "|---|---|---|---:|---:|---:|---:|---|",
     ]
     for o in run["ops"]:
         changed = "; ".join(f"{k}: {json.dumps(v)}" for k, v in o["tuned"].items()) or "none (defaults won)"
-        lines.append(f"| {o['op']} | {_shape_name(o['shape'])} | {o['default_ms']:.4f} | {o['tuned_ms']:.4f} | "
-                     f"{o['speedup']:.3f}x | {o['n_trials']} | {changed} |")
+        lines.append(f"| {o['op']} | {_shape_name(o['shape'])} | {o.get('direction', 'fwd')} | {o['default_ms']:.4f} | "
+                     f"{o['tuned_ms']:.4f} | {o['speedup']:.3f}x | {o['n_trials']} | {changed} |")
     lines += ["", "## Per kernel (the kernel's search: op time with that kernel at its default vs at the winner)", "",
-              "| op | shape | kernel | winner | winner ms | default ms | runner-up ms | gain |", "|---|---|---|---|---:|---:|---:|---:|"]
+              "| op | shape | direction | kernel | winner | winner ms | default ms | runner-up ms | gain |",
+              "|---|---|---|---|---|---:|---:|---:|---:|"]
     for r in run["tuned"]:
         gain = f"{(r['default_ms'] / r['median_ms'] - 1) * 100:+.1f}%" if r["default_ms"] else "n/a"
         ru = f"{r['runner_up_ms']:.4f}" if r["runner_up_ms"] else "n/a"
         dm = f"{r['default_ms']:.4f}" if r["default_ms"] else "n/a"
-        lines.append(f"| {r['op']} | {_shape_name(r['shape'])} | {r['kernel']} | `{json.dumps(r['config'])}` | "
+        lines.append(f"| {r['op']} | {_shape_name(r['shape'])} | {r.get('direction', 'fwd')} | {r['kernel']} | "
+                     f"`{json.dumps(r['config'])}` | "
                      f"{r['median_ms']:.4f} | {dm} | {ru} | {gain} |")
     statuses: dict[str, int] = {}
     for t in run["trials"]:
@@ -340,6 +375,10 @@ def main() -> None:
     r.add_argument("--out", required=True)
     r.add_argument("--ops", nargs="+", default=["gdn", "kda"])
     r.add_argument("--budget", type=int, default=9)
+    r.add_argument("--shapes", default="", help="BxT,... (H=16, K=V=128 bf16) instead of the three default shapes; "
+                   "T and B are not in the kernels' keys, so one shape gives one entry per kernel and key")
+    r.add_argument("--directions", nargs="+", default=["fwd"], choices=["fwd", "fwd+bwd"],
+                   help="fwd: the forward's kernels on the forward; fwd+bwd: the backward's kernels on the step")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--deadline-s", type=float, default=240.0)
     r.add_argument("--sha", default=None)

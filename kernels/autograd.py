@@ -5,11 +5,16 @@
     differentiable_forward grouped heads + in-op l2norm + dispatch (reference: autograd through the per-token
                            recurrence; torch / triton: ChunkFunction). FLA's own autograd op is `kernels.ops`' job.
 
-Recompute policy (`KEEP_WY`): False (default, FLA's policy) saves only the inputs (q, k, v, g, beta and the
-initial state); the backward recomputes the WY factors (w, u), the chunk states and v_new. True (triton
-backend) also keeps the forward's WY factors until the backward (w, u, Aqk, the gate cumsum; KDA: the gated k and
-q too), so the backward skips the WY prep (on the H200 at T=128K, H=16: 1.8 ms for GDN, 5.7 ms for KDA) for
-[B, T, H, 2K + V + 64] (GDN: + [B, T, H] fp32; KDA: [B, T, H, 4K + V + 64] and [NT, H, K] fp32) held per call.
+Recompute policy (`KEEP`, triton backend; a process-wide choice), what the forward holds until the backward:
+    "inputs"      (default, FLA's policy) only the inputs (q, k, v, g, beta and the initial state); the backward
+                  recomputes the WY factors (w, u), the chunk states, v_new and the segment maps
+    "wy"          also the WY factors (w, u, Aqk, the gate cumsum; KDA: the gated k and q): the backward skips the
+                  WY prep, for [B, T, H, 2K + V + 64] (GDN: + [B, T, H] fp32; KDA: [B, T, H, 4K + V + 64] and
+                  [NT, H, K] fp32) held per call
+    "wy+states"   also the chunk states h [NT, H, K, V] and v_new [B, T, H, V] (k's dtype) and the maps of every
+                  segment [NS, H, K, K] fp32: the backward skips the forward state pass and the transition pass
+                  (per call about 2.5x v's bytes more than "wy" at K = V = 128)
+The figures of each policy on the H200 (time and the bytes held): `benchmarks/results/kernels_train_h200.md`.
 Extra memory of the backward: O(chunks x H x K x V) (the chunk states and their gradients,
 `kernels.common.chunk_bwd_torch`); never `[T, K, K]` or per-token states.
 The final state's incoming gradient (`dht`) is honoured; the Function always produces the final state (one
@@ -37,12 +42,20 @@ from kernels.common.l2norm import l2norm
 from kernels.configs import LaunchConfig
 from kernels.validate import check_backend, check_config, check_grad_outputs, check_inputs
 
-__all__ = ["ChunkFunction", "chunk_backward", "chunk_backward_impl", "chunk_state_gradient", "differentiable_forward",
+__all__ = ["KEEP_POLICIES", "ChunkFunction", "chunk_backward", "chunk_backward_impl", "chunk_state_gradient", "differentiable_forward",
            "needs_grad"]
 
 _TRITON_FWD = {"gdn": ("kernels.gdn.chunk", "chunk_gdn_fwd"), "kda": ("kernels.kda.chunk", "chunk_kda_fwd")}
 _TRITON_BWD = {"gdn": ("kernels.gdn.chunk_bwd", "chunk_gdn_bwd"), "kda": ("kernels.kda.chunk_bwd", "chunk_kda_bwd")}
-KEEP_WY = False  # the triton backend's recompute policy (module docstring); a process-wide choice
+KEEP_POLICIES = ("inputs", "wy", "wy+states")
+KEEP = "inputs"  # the triton backend's recompute policy (module docstring), one of KEEP_POLICIES
+
+
+def keep_policy() -> tuple[bool, bool]:
+    """(keep the WY factors, keep the chunk states) for `KEEP`; a one-line ValueError for an unknown policy."""
+    if KEEP not in KEEP_POLICIES:
+        raise ValueError(f"kernels.autograd.KEEP must be one of {', '.join(KEEP_POLICIES)}, got {KEEP!r}")
+    return KEEP != "inputs", KEEP == "wy+states"
 
 
 def needs_grad(*xs: Tensor | None) -> bool:
@@ -65,10 +78,11 @@ class ChunkFunction(torch.autograd.Function):
             o, ht = chunk_fwd_torch(q, k, v, _per_key_gate(op, g), beta, scale=scale, initial_state=initial_state,
                                     output_final_state=True, index=index)
         else:
-            keep = {} if KEEP_WY else None
+            keep_wy, keep_states = keep_policy()
+            keep = {} if keep_wy else None
             fwd = _import_triton(*_TRITON_FWD[op])
             o, ht = fwd(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=True,
-                        cu_seqlens=cu_seqlens, configs=configs, keep=keep)
+                        cu_seqlens=cu_seqlens, configs=configs, keep=keep, keep_states=keep_states)
         names = tuple(sorted(keep)) if keep else ()
         ctx.save_for_backward(q, k, v, g, beta, initial_state, *(keep[n] for n in names))  # type: ignore[index]
         ctx.meta = (op, backend, index, cu_seqlens, configs, scale, names)
@@ -95,7 +109,7 @@ def chunk_backward_impl(
     configs: Mapping[str, LaunchConfig], wy: Mapping[str, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """The backend's backward on checked inputs (same heads everywhere); checks do / dht first. wy: the forward's
-    WY factors (triton, KEEP_WY)."""
+    WY factors and with "wy+states" its chunk states (triton, `KEEP`)."""
     check_grad_outputs(do, dht, q=q, v=v, num_seqs=index.num_seqs)
     do = do.contiguous()
     dht = dht.contiguous() if dht is not None else None

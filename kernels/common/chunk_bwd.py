@@ -454,10 +454,14 @@ def _state_pass(
     qs: Tensor, ks: Tensor, w: Tensor, u: Tensor, gs: Tensor, aqk: Tensor, do: Tensor, *, index: ChunkIndex,
     gate_vector: bool, scale: float, h0: Tensor | None, dht: Tensor | None, dh0: Tensor | None,
     cfgs: Mapping[str, LaunchConfig], split_chunks: int | None, states: bool,
+    kept: Mapping[str, Tensor] | None = None,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
     """The reverse state pass, split across the sequence like the forward (module docstring), writing dh0 when given;
     with `states` also the chunk states h and v_new (forward, from h0) and their gradients dh, dv_new that the
-    gradient kernels read. Returns (h, v_new, dh, dv_new), all None without `states`."""
+    gradient kernels read. Returns (h, v_new, dh, dv_new), all None without `states`.
+
+    kept: the forward's h, v_new and segment maps M (`state_and_output(keep=...)`; `split_chunks` must then be its
+    `split`): the forward state pass and the transition pass are not run again."""
     _, _, H, K = ks.shape
     V = do.shape[-1]
     BT, NT, N = index.chunk_size, index.num_chunks, index.num_seqs
@@ -468,18 +472,25 @@ def _state_pass(
     dh = ks.new_empty(NT, H, K, V) if states else None
     dv_new = do.new_empty(do.shape, dtype=ks.dtype) if states else None
     h = v_new = None
+    if kept is not None:
+        h, v_new = kept["h"], kept["v_new"]
     if plan is None:
         layout = SeqLayout(N, index.cu_seqlens if index.is_varlen else None,
                            index.chunk_offsets if index.is_varlen else None)
-        if states:
+        if states and kept is None:
             h, v_new, _ = chunk_state_fwd(ks, w, u, gs, layout=layout, num_chunks=NT, h0=h0,
                                           config=cfgs.get("chunk_state_fwd"), **common)
         chunk_state_bwd(qs, ks, w, gs, aqk, do, layout=layout, dht=dht, ds_out=dh0, dh=dh, dv_new=dv_new, **bwd)
         return h, v_new, dh, dv_new
     segs = plan.all_segments
-    M, S = chunk_state_transition_fwd(ks, w, u, gs, layout=segs, config=cfgs.get("chunk_state_transition_fwd"),
-                                      **common)
-    if states:
+    if kept is not None:
+        M = kept["M"]
+        assert M.shape[0] == plan.num_segments, f"kept maps of {M.shape[0]} segments, the plan has {plan.num_segments}"
+        S = M.new_empty(plan.num_segments, H, K, V)
+    else:
+        M, S = chunk_state_transition_fwd(ks, w, u, gs, layout=segs, config=cfgs.get("chunk_state_transition_fwd"),
+                                          **common)
+    if states and kept is None:
         nonlast = plan.transitions.seq_map
         assert nonlast is not None
         hs = seg_chain_states(M.index_select(0, nonlast), S.index_select(0, nonlast), h0, plan.seg_ptr,
@@ -528,7 +539,9 @@ def chunk_bwd(
 
     split_chunks: None = the automatic sequence split (as the forward), 0 = never, n = segments of n chunks.
     wy: the WY factors the forward kept (`chunk_*_fwd(keep=...)`: w, u, gs, aqk, and ks, qs for KDA): the
-    recompute of step 1 is skipped (T is still formed here).
+    recompute of step 1 is skipped (T is still formed here). With the chunk states too (`keep_states=True`: h,
+    v_new, M, split) the forward state pass and the transitions of step 2 are skipped, and the forward's split is
+    used (split_chunks is then ignored).
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
@@ -545,13 +558,16 @@ def chunk_bwd(
     else:
         tt = wy_inverse(k, g, beta, index=index, gate_vector=False, config=cfgs.get("wy_inverse"))
 
-    # 2. the chunk states (forward) and their gradients (reverse), split across the sequence like the forward
+    # 2. the chunk states (forward; or the forward's) and their gradients (reverse), split like the forward
+    kept = wy if wy is not None and "h" in wy else None
+    if kept is not None:
+        split_chunks = int(kept["split"])  # a CPU scalar: no device read
     dh0 = k.new_empty(N, H, K, V, dtype=torch.float32) if initial_state is not None else None
     h, v_new, dh, dv_new = _state_pass(
         qs, ks, w, u, gs, aqk, do, index=index, gate_vector=gate_vector, scale=scale,
         h0=initial_state.float().contiguous() if initial_state is not None else None,
         dht=dht.float().contiguous() if dht is not None else None, dh0=dh0, cfgs=cfgs, split_chunks=split_chunks,
-        states=True)
+        states=True, kept=kept)
     assert h is not None and v_new is not None and dh is not None and dv_new is not None
 
     # 3. the chunk-parallel gradients

@@ -40,12 +40,14 @@ def chunk_gdn_fwd(
     split_chunks: int | None = None,
     fuse_output: bool | None = None,
     keep: dict[str, Tensor] | None = None,
+    keep_states: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """GDN chunked forward: (o `[B, T, H, V]` in q's dtype, final state `[N, H, K, V]` fp32 or None).
 
     configs: `{kernel name: LaunchConfig}` overrides. split_chunks: None = automatic sequence splitting,
     0 = never, n = segments of n chunks. fuse_output: None = FUSE_OUTPUT. keep: a dict that receives the WY
-    factors the backward would recompute (`kernels.common.chunk_bwd.chunk_bwd(wy=...)`).
+    factors the backward would recompute (`kernels.common.chunk_bwd.chunk_bwd(wy=...)`); keep_states: and the chunk
+    states, new values and segment maps (`kernels.common.seqsplit.state_and_output`).
     """
     B, T, H, _ = k.shape
     cfgs = dict(configs or {})
@@ -59,4 +61,5 @@ def chunk_gdn_fwd(
         index=index, k=k, w=w, u=u, g=gcum, q=q, aqk=aqk, gate_vector=False, scale=scale,
         initial_state=initial_state, output_final_state=output_final_state, out_dtype=q.dtype, configs=cfgs,
         split_chunks=split_chunks, fuse_output=FUSE_OUTPUT if fuse_output is None else fuse_output,
+        keep=keep if keep_states else None,
     )

@@ -41,12 +41,14 @@ def chunk_kda_fwd(
     split_chunks: int | None = None,
     fuse_output: bool | None = None,
     keep: dict[str, Tensor] | None = None,
+    keep_states: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """KDA chunked forward: (o `[B, T, H, V]` in q's dtype, final state `[N, H, K, V]` fp32 or None).
 
     configs: `{kernel name: LaunchConfig}` overrides. split_chunks: None = automatic sequence splitting,
     0 = never, n = segments of n chunks. fuse_output: None = FUSE_OUTPUT. keep: a dict that receives the WY
-    factors the backward would recompute (`kernels.common.chunk_bwd.chunk_bwd(wy=...)`).
+    factors the backward would recompute (`kernels.common.chunk_bwd.chunk_bwd(wy=...)`); keep_states: and the chunk
+    states, new values and segment maps (`kernels.common.seqsplit.state_and_output`).
     """
     B, T, H, _ = k.shape
     cfgs = dict(configs or {})
@@ -60,4 +62,5 @@ def chunk_kda_fwd(
         index=index, k=kg, w=w, u=u, g=gc, q=qg, aqk=aqk, gate_vector=True, scale=scale,
         initial_state=initial_state, output_final_state=output_final_state, out_dtype=q.dtype, configs=cfgs,
         split_chunks=split_chunks, fuse_output=FUSE_OUTPUT if fuse_output is None else fuse_output,
+        keep=keep if keep_states else None,
     )

@@ -1,12 +1,15 @@
 """Forward+backward benchmark of our Triton GDN / KDA against FLA's `chunk_gated_delta_rule` / `chunk_kda` (GPU).
 
     python -m runners.bench.kernels_train [--ops gdn,kda] [--shapes 1x8192,...] [--out benchmarks/results/] [--no-fla]
+        [--autotune FILE]
 
 Per shape (bf16, H=16, K=V=128): ours ms (forward `chunk_*_fwd` + backward `chunk_*_bwd`, direct calls), FLA ms
 (its autograd op, `o.backward(do)`), the ratio, the bytes floor of a forward+backward (FLA's count: 2828 B per
 token-head for GDN, 3590 for KDA), the peak memory of one step above the inputs (ours and FLA's), our per-kernel
-times (torch profiler, one step) for the miss analysis; once per op, every gradient's rel_l2 vs autograd through
-the fp32 per-token reference on a reduced shape, ours and FLA's.
+times (torch profiler, one step) for the miss analysis; our step under the kept recompute policies
+(`kernels.autograd.KEEP`: "wy", "wy+states") with the MB each holds; once per op, every gradient's rel_l2 vs
+autograd through the fp32 per-token reference on a reduced shape, ours (each policy) and FLA's. `--autotune FILE`
+applies an autotune JSON to ours (default: the registry's configs).
 
 FLA 0.6.0 refuses its gated GDN backward on Hopper with Triton < 3.7.1 (its issue #640 guard, a version flag in
 `fla.ops.common.chunk_o`): to time it anyway the flag is flipped before the first call and the table records the
@@ -60,20 +63,33 @@ def make_inputs(op: str, B: int, T: int, Hh: int, *, device: str, seed: int = 0)
     return q, k, v, g, beta, do
 
 
-def ours_step(op: str, configs: dict[str, LaunchConfig] | None = None, keep_wy: bool = False) -> Callable[..., Any]:
-    """Our forward + backward; keep_wy: the forward's WY factors handed to the backward (`kernels.autograd.KEEP_WY`)
-    instead of recomputed."""
+POLICIES = ("wy", "wy+states")  # the kept policies timed beside the default ("inputs"; kernels.autograd.KEEP)
+
+
+def ours_step(op: str, configs: dict[str, LaunchConfig] | None = None, policy: str = "inputs") -> Callable[..., Any]:
+    """Our forward + backward under a recompute policy of `kernels.autograd.KEEP`: "inputs" (recompute all), "wy"
+    (the forward's WY factors handed to the backward), "wy+states" (and its chunk states, v_new, segment maps)."""
     import importlib
 
     fwd = getattr(importlib.import_module(f"kernels.{op}.chunk"), f"chunk_{op}_fwd")
     bwd = getattr(importlib.import_module(f"kernels.{op}.chunk_bwd"), f"chunk_{op}_bwd")
 
     def step(q, k, v, g, beta, do):
-        keep: dict[str, torch.Tensor] | None = {} if keep_wy else None
-        o, _ = fwd(q, k, v, g, beta, scale=K**-0.5, configs=configs, keep=keep)
+        keep: dict[str, torch.Tensor] | None = {} if policy != "inputs" else None
+        o, _ = fwd(q, k, v, g, beta, scale=K**-0.5, configs=configs, keep=keep, keep_states=policy == "wy+states")
         return o, bwd(q, k, v, g, beta, do, scale=K**-0.5, configs=configs, wy=keep)
 
     return step
+
+
+def held_mb(op: str, policy: str, q, k, v, g, beta) -> float:
+    """MB the forward holds for the backward beyond its inputs under `policy` (the kept tensors)."""
+    import importlib
+
+    fwd = getattr(importlib.import_module(f"kernels.{op}.chunk"), f"chunk_{op}_fwd")
+    keep: dict[str, torch.Tensor] = {}
+    fwd(q, k, v, g, beta, scale=K**-0.5, keep=keep, keep_states=policy == "wy+states")
+    return sum(t.numel() * t.element_size() for t in keep.values() if t.is_cuda) / 2**20
 
 
 _FLA_BYPASS: list[bool] = []
@@ -152,8 +168,10 @@ def gradient_check(op: str, device: str, T: int = 1024, Hh: int = H, fla: bool =
     o.backward(do.float())
     ref = [x.grad for x in leaves]
     names = ("dq", "dk", "dv", "dg", "dbeta")
-    _, ours = ours_step(op)(q, k, v, g, beta, do)
-    res: dict[str, Any] = {"shape": f"B=1 T={T} H={Hh}", "ours": {n: rel_l2(a, r) for n, a, r in zip(names, ours[:5], ref, strict=True)}}
+    res: dict[str, Any] = {"shape": f"B=1 T={T} H={Hh}"}
+    for who, policy in (("ours", "inputs"), *((f"ours {p}", p) for p in POLICIES)):
+        _, ours = ours_step(op, policy=policy)(q, k, v, g, beta, do)
+        res[who] = {n: rel_l2(a, r) for n, a, r in zip(names, ours[:5], ref, strict=True)}
     if not fla:
         res["fla"] = {"error": "not run (--no-fla)"}
         return res
@@ -172,9 +190,11 @@ def run_shape(op: str, B: int, T: int, device: str, fla: bool = True) -> dict[st
     rec["ours_ms"] = timed(lambda: ours(q, k, v, g, beta, do))
     rec["ours_peak_MB"] = peak_mb(lambda: ours(q, k, v, g, beta, do))
     rec["ours_kernels_ms"] = kernel_times(lambda: ours(q, k, v, g, beta, do))
-    kept = ours_step(op, keep_wy=True)
-    rec["ours_keep_wy_ms"] = timed(lambda: kept(q, k, v, g, beta, do))
-    rec["ours_keep_wy_peak_MB"] = peak_mb(lambda: kept(q, k, v, g, beta, do))
+    rec["policies"] = {}
+    for policy in POLICIES:
+        kept = ours_step(op, policy=policy)
+        rec["policies"][policy] = {"ms": timed(lambda kept=kept: kept(q, k, v, g, beta, do)),
+                                   "held_MB": held_mb(op, policy, q, k, v, g, beta)}
     try:
         if not fla:
             raise RuntimeError("not run (--no-fla)")
@@ -241,25 +261,29 @@ def to_markdown(res: dict[str, Any]) -> str:
     lines = [
         "# Forward+backward: ours vs FLA (bf16, H=16, K=V=128)", "",
         f"device {e['device']}, torch {e['torch']}, triton {e['triton']}, fla {e['fla']}, driver {e['driver']}, "
-        f"git {e['git_sha']}, {e['date']}", f"command: `{e['command']}`", "",
+        f"git {e['git_sha']}, {e['date']}", f"command: `{e['command']}`",
+        f"our launch configs: {e.get('autotune') or 'the registry defaults'}", "",
         "ms: triton.testing.do_bench median (L2 flushed). floor: FLA's fwd+bwd bytes at the 4.2 TB/s copy ceiling. "
         "peak: max allocated during one step above the inputs.", "",
-        "ours keep-WY: the forward's WY factors handed to the backward (`kernels.autograd.KEEP_WY`), not recomputed.",
-        "",
-        "| op | B | T | ours ms | FLA ms | ours/FLA | floor ms | ours peak MB | FLA peak MB | ours keep-WY ms | "
-        "keep-WY/FLA | keep-WY peak MB | FLA guard bypassed |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "ours = the default recompute policy (`kernels.autograd.KEEP = \"inputs\"`, FLA's: the forward holds only its "
+        "inputs). `wy` / `wy+states`: the forward also holds its WY factors / and its chunk states, v_new and segment "
+        "maps for the backward; held MB = what it holds beyond the inputs (FLA keeps its [B, T, H, 64] WY inverse; not counted here).", "",
+        "| op | B | T | ours ms | FLA ms | ours/FLA | floor ms | ours peak MB | FLA peak MB | "
+        + " | ".join(f"{p} ms | {p}/FLA | {p} held MB" for p in POLICIES) + " | FLA guard bypassed |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|---:|---:|" * len(POLICIES) + "---|",
     ]
+    nan = float("nan")
     for r in res["rows"]:
-        lines.append(f"| {r['op']} | {r['B']} | {r['T']} | {r['ours_ms']:.2f} | {r.get('fla_ms', float('nan')):.2f} | "
-                     f"{r.get('ratio', float('nan')):.2f} | {r['floor_ms']:.2f} | {r['ours_peak_MB']:.0f} | "
-                     f"{r.get('fla_peak_MB', float('nan')):.0f} | {r.get('ours_keep_wy_ms', float('nan')):.2f} | "
-                     f"{r.get('ours_keep_wy_ms', float('nan')) / r.get('fla_ms', float('nan')):.2f} | "
-                     f"{r.get('ours_keep_wy_peak_MB', float('nan')):.0f} | "
+        pol = r.get("policies", {})
+        cells = " | ".join(f"{pol.get(p, {}).get('ms', nan):.2f} | {pol.get(p, {}).get('ms', nan) / r.get('fla_ms', nan):.2f}"
+                           f" | {pol.get(p, {}).get('held_MB', nan):.0f}" for p in POLICIES)
+        lines.append(f"| {r['op']} | {r['B']} | {r['T']} | {r['ours_ms']:.2f} | {r.get('fla_ms', nan):.2f} | "
+                     f"{r.get('ratio', nan):.2f} | {r['floor_ms']:.2f} | {r['ours_peak_MB']:.0f} | "
+                     f"{r.get('fla_peak_MB', nan):.0f} | {cells} | "
                      f"{r.get('fla_hopper_guard_bypassed', r.get('fla_error'))} |")
     lines += ["", "## Gradients vs the fp32 per-token reference (rel_l2)", ""]
     for op, c in res["grads"].items():
-        for who in ("ours", "fla"):
+        for who in (w for w in c if w != "shape"):
             vals = ", ".join(f"{n} {x:.1e}" if isinstance(x, float) else f"{n} {x}" for n, x in c[who].items())
             lines.append(f"- {op} {who} ({c['shape']}): {vals}")
     lines += ["", "## Our per-kernel times (one step, ms)", ""]
@@ -291,13 +315,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-grads", action="store_true")
     ap.add_argument("--no-fla", action="store_true", help="ours only (FLA's first-call autotune takes minutes)")
     ap.add_argument("--explore", default="", help="BxT: time backward config variants at this shape")
+    ap.add_argument("--autotune", default=None, help="an autotune JSON applied to ours (`kernels.use_autotune`)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.stderr.write("kernels_train: needs a CUDA device\n")
         return 1
+    if args.autotune:
+        import kernels
+
+        kernels.use_autotune(args.autotune)
     ops = [o for o in args.ops.split(",") if o]
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s]
-    res: dict[str, Any] = {"env": env(args), "rows": [], "grads": {}}
+    res: dict[str, Any] = {"env": {**env(args), "autotune": args.autotune}, "rows": [], "grads": {}}
     name = args.stem or ("kernels_train_h200" if "H200" in res["env"]["device"] else "kernels_train_gpu")
     out = Path(args.out)
     for op in ops:

@@ -92,30 +92,60 @@ def test_triton_bwd_dense_strong_decay(OP: str) -> None:
     _check(got, _reference_grads(OP, q, k, v, g, beta, None, do, None, [i * T for i in range(B + 1)]), max(TOL, 3e-4))
 
 
-def test_triton_bwd_with_the_forwards_wy_factors(OP: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`kernels.autograd.KEEP_WY`: the forward keeps its WY factors and the backward skips their recompute (the WY
-    prep is not launched in the backward); the gradients are those of the recompute path (bitwise: the same
-    kernels on the same inputs) and of the reference, varlen, with an initial state and dht."""
+# kernels the backward launches only when it recomputes (per policy of `kernels.autograd.KEEP`)
+_RECOMPUTED = {"wy": ("wy_{op}_fwd",), "wy+states": ("wy_{op}_fwd", "chunk_state_fwd", "chunk_state_transition_fwd")}
+
+
+@pytest.mark.parametrize("policy", ["wy", "wy+states"])
+def test_triton_bwd_with_what_the_forward_kept(OP: str, policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`kernels.autograd.KEEP`: the forward keeps its WY factors (and with "wy+states" its chunk states, v_new and
+    segment maps) and the backward skips their recompute (those launchers do not run in the backward); the
+    gradients are those of the recompute path (bitwise: the same kernels on the same inputs) and of the
+    reference, varlen, with an initial state and dht."""
     import kernels
     import kernels.autograd as autograd
 
     q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP, 5)
 
-    def grads(keep: bool) -> list[torch.Tensor]:
-        monkeypatch.setattr(autograd, "KEEP_WY", keep)
+    def grads(keep: str) -> list[torch.Tensor]:
+        monkeypatch.setattr(autograd, "KEEP", keep)
         xs = [x.detach().clone().requires_grad_() for x in (q, k, v, g, beta, h0)]
         o, ht = kernels.forward(OP, *xs[:5], initial_state=xs[5], output_final_state=True, cu_seqlens=cu,
                                 backend="triton")
         LAUNCHES.clear()
         ((o.float() * do.float()).sum() + (ht * dht).sum()).backward()
-        wy_prep = f"wy_{OP}_fwd"
-        assert (wy_prep in LAUNCHES) is not keep, sorted(LAUNCHES)  # recomputed only without the kept factors
+        skipped = {name.format(op=OP) for name in _RECOMPUTED.get(keep, ())}
+        assert not skipped & set(LAUNCHES), sorted(LAUNCHES)
+        if keep == "inputs":
+            assert f"wy_{OP}_fwd" in LAUNCHES and "chunk_state_fwd" in LAUNCHES, sorted(LAUNCHES)
         return [x.grad for x in xs]
 
-    kept, recomputed = grads(True), grads(False)
+    kept, recomputed = grads(policy), grads("inputs")
     for name, a, b in zip(NAMES, kept, recomputed, strict=True):
         assert torch.equal(a, b), name
     _check(kept, _reference_grads(OP, q, k, v, g, beta, h0, do, dht, cu.tolist()))
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_triton_bwd_with_the_forwards_states_split(OP: str, fuse: bool) -> None:
+    """The forward split into one-chunk segments keeps the maps of every segment, its states and v_new (fused output
+    pass or plain pass); the backward reuses them (no transition or forward state pass) and gives the gradients of
+    the recompute path, the same split."""
+    q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP, 7)
+    fwd = getattr(importlib.import_module(f"kernels.{OP}.chunk"), f"chunk_{OP}_fwd")
+    keep: dict[str, torch.Tensor] = {}
+    fwd(q, k, v, g, beta, scale=DIM**-0.5, initial_state=h0, cu_seqlens=cu, split_chunks=1, fuse_output=fuse,
+        keep=keep, keep_states=True)
+    assert int(keep["split"]) == 1 and keep["split"].device.type == "cpu"
+    assert keep["M"].shape[0] == keep["h"].shape[0]  # one-chunk segments: one map per chunk, the last ones too
+    LAUNCHES.clear()
+    got = _bwd(OP)(q, k, v, g, beta, do, scale=DIM**-0.5, initial_state=h0, dht=dht, cu_seqlens=cu, wy=keep)
+    assert not {"chunk_state_fwd", "chunk_state_transition_fwd", "seg_chain_fwd"} & set(LAUNCHES), sorted(LAUNCHES)
+    assert "seg_chain_bwd" in LAUNCHES
+    ref = _bwd(OP)(q, k, v, g, beta, do, scale=DIM**-0.5, initial_state=h0, dht=dht, cu_seqlens=cu, split_chunks=1)
+    for name, a, b in zip(NAMES, got, ref, strict=True):
+        assert_rel_close(name, b.float(), a.float(), 1e-6)
+    _check(got, _reference_grads(OP, q, k, v, g, beta, h0, do, dht, cu.tolist()))
 
 
 @pytest.mark.parametrize("split", [0, 1])

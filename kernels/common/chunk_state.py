@@ -290,19 +290,15 @@ def chunk_state_output_fwd(
     k: Tensor, w: Tensor, u: Tensor, g: Tensor, q: Tensor, *, layout: SeqLayout, BT: int, gate_vector: bool,
     scale: float, aqk: Tensor, h0: Tensor | None = None, output_final_state: bool = False,
     num_states: int | None = None, out_dtype: torch.dtype | None = None, config: LaunchConfig | None = None,
-    h: Tensor | None = None, v_new: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """Pass with the output fused in: (o [B, T, H, V], ht fp32 or None). GDN: raw q; KDA: q is qg (scaled).
-
-    h `[NT_total, H, K, V]` / v_new (like u), when given, also receive the chunk states and new values (what
-    `chunk_state_fwd` returns), for a backward that keeps them instead of recomputing them."""
+    """Pass with the output fused in: (o [B, T, H, V], ht fp32 or None). GDN: raw q; KDA: q is qg (scaled)."""
     H, K, V = k.shape[2], k.shape[3], u.shape[-1]
     cfg = pick_config(CHUNK_STATE_OUTPUT_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype), config)
     cfg = fit_bv(CHUNK_STATE_OUTPUT_FWD, cfg, V)
     o = torch.empty(u.shape, dtype=out_dtype or q.dtype, device=u.device)
     ht = k.new_empty(num_states or layout.num_seqs, H, K, V, dtype=torch.float32) if output_final_state else None
     _launch(cfg, V, layout, H, k=k, w=w, u=u, g=g, BT=BT, gate_vector=gate_vector, q=q, aqk=aqk, h0=h0, ht=ht, o=o,
-            h=h, v_new=v_new, scale=scale)
+            scale=scale)
     return o, ht
 
 

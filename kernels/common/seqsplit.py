@@ -339,15 +339,10 @@ def state_and_output(
     configs: dict[str, LaunchConfig],
     split_chunks: int | None,
     fuse_output: bool,
-    keep: dict[str, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """State pass + output for GDN (k raw, g = gate cumsum, q raw) or KDA (k = kg, g = gc, q = qg); aqk from wy.
 
     Returns (o [B, T, H, V] in out_dtype, final state [N, H, K, V] fp32 or None).
-    keep: a dict that receives what the backward's state recompute would produce (`chunk_bwd(wy=...)`): the chunk
-    states `h` [NT, H, K, V] and new values `v_new` (k's dtype), the maps `M` of every segment [NS, H, K, K] fp32
-    (split runs: the transition pass then covers the last segments too) and `split`, the segment length in chunks
-    (0: not split) as a CPU int64 scalar, so that the backward rebuilds the same plan without reading the device.
     """
     B, T, H, K = k.shape
     V = u.shape[-1]
@@ -360,38 +355,20 @@ def state_and_output(
         layout = SeqLayout(index.num_seqs, index.cu_seqlens if index.is_varlen else None,
                            index.chunk_offsets if index.is_varlen else None)
         h0_run, num_states = h0, None
-    elif keep is None:
+    else:
         # 1. maps of the non-last segments  2. chain them into every segment's entering state
         M, S_ext = chunk_state_transition_fwd(k, w, u, g, layout=plan.transitions, BT=BT, gate_vector=gate_vector,
                                               config=configs.get("chunk_state_transition_fwd"))
         h0_run = seg_chain_fwd(M, S_ext, h0, plan, config=configs.get("seg_chain_fwd"))
         layout, num_states = plan.final, index.num_seqs
-    else:
-        # the maps of every segment (the backward's reverse chain needs the last ones too), then the same chain
-        M, S_ext = chunk_state_transition_fwd(k, w, u, g, layout=plan.all_segments, BT=BT, gate_vector=gate_vector,
-                                              config=configs.get("chunk_state_transition_fwd"))
-        nonlast = plan.transitions.seq_map
-        assert nonlast is not None
-        h0_run = seg_chain_fwd(M.index_select(0, nonlast), S_ext.index_select(0, nonlast), h0, plan,
-                               config=configs.get("seg_chain_fwd"))
-        layout, num_states = plan.final, index.num_seqs
-        keep["M"] = M
-    if keep is not None:
-        keep["split"] = torch.tensor(plan.seg_chunks if plan is not None else 0, dtype=torch.int64)
     if fuse_output:
-        h = v_new = None
-        if keep is not None:
-            h, v_new = k.new_empty(index.num_chunks, H, K, V), torch.empty_like(u)
-            keep.update(h=h, v_new=v_new)
         return chunk_state_output_fwd(k, w, u, g, q, layout=layout, BT=BT, gate_vector=gate_vector, scale=scale,
                                       aqk=aqk, h0=h0_run, output_final_state=output_final_state,
                                       num_states=num_states, out_dtype=out_dtype,
-                                      config=configs.get("chunk_state_output_fwd"), h=h, v_new=v_new)
+                                      config=configs.get("chunk_state_output_fwd"))
     h, v_new, ht = chunk_state_fwd(k, w, u, g, layout=layout, num_chunks=index.num_chunks, BT=BT,
                                    gate_vector=gate_vector, h0=h0_run, output_final_state=output_final_state,
                                    num_states=num_states, config=configs.get("chunk_state_fwd"))
-    if keep is not None:
-        keep.update(h=h, v_new=v_new)
     o = chunk_output_fwd(q, v_new, h, None if gate_vector else g, aqk, index=index, scale=scale,
                          gate_vector=gate_vector, out_dtype=out_dtype, config=configs.get("chunk_output_fwd"))
     return o, ht

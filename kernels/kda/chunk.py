@@ -12,11 +12,13 @@ Inputs in FLA's layout (DESIGN.md §1): q, k, g `[B, T, H, K]`, v `[B, T, H, V]`
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 
 from torch import Tensor
 
 from kernels.common.index import prepare_chunk_index
 from kernels.common.seqsplit import state_and_output
+from kernels.common.state_keep import state_and_output_keep
 from kernels.common.wy import BT_WY, wy_kda_fwd
 from kernels.configs import LaunchConfig
 
@@ -48,7 +50,7 @@ def chunk_kda_fwd(
     configs: `{kernel name: LaunchConfig}` overrides. split_chunks: None = automatic sequence splitting,
     0 = never, n = segments of n chunks. fuse_output: None = FUSE_OUTPUT. keep: a dict that receives the WY
     factors the backward would recompute (`kernels.common.chunk_bwd.chunk_bwd(wy=...)`); keep_states: and the chunk
-    states, new values and segment maps (`kernels.common.seqsplit.state_and_output`).
+    states, new values and segment maps (`kernels.common.state_keep`).
     """
     B, T, H, _ = k.shape
     cfgs = dict(configs or {})
@@ -58,9 +60,9 @@ def chunk_kda_fwd(
     assert qg is not None and aqk is not None
     if keep is not None:
         keep.update(w=w, u=u, ks=kg, gs=gc, qs=qg, aqk=aqk)
-    return state_and_output(
+    state_pass = state_and_output if keep is None or not keep_states else partial(state_and_output_keep, keep=keep)
+    return state_pass(
         index=index, k=kg, w=w, u=u, g=gc, q=qg, aqk=aqk, gate_vector=True, scale=scale,
         initial_state=initial_state, output_final_state=output_final_state, out_dtype=q.dtype, configs=cfgs,
         split_chunks=split_chunks, fuse_output=FUSE_OUTPUT if fuse_output is None else fuse_output,
-        keep=keep if keep_states else None,
     )

@@ -134,6 +134,21 @@ def get_sweep(session: Session, *, sweep_id: int) -> Sweep | None:
     return session.get(Sweep, sweep_id)
 
 
+def take_over_sweep(session: Session, *, sweep_id: int, owner: str) -> Sweep:
+    """Give an unfinished sweep a new owner token (`cpbench run --resume`): from now on only the worker with
+    `owner` claims its queued points (a point still leased by the old owner finishes or, its lease expired, is
+    queued again by the lease rules). ValueError naming the sweep when it does not exist or has finished."""
+    begin_write(session)
+    sweep = session.get(Sweep, sweep_id)
+    if sweep is None:
+        raise ValueError(f"no sweep with id {sweep_id}")
+    if sweep.status not in ("queued", "running"):
+        raise ValueError(f"sweep {sweep_id} is {sweep.status}: nothing to resume")
+    sweep.owner = owner
+    session.flush()
+    return sweep
+
+
 def _like_escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 

@@ -1,6 +1,11 @@
 """`cpbench run SPEC`: submit a sweep and work it in this process until every point is done, failed or skipped.
 
     cpbench run runners/suites/demo.yaml [--db URL] [--devices N] [--cpu] [--format table|csv|json]
+    cpbench run --resume SWEEP_ID [--db URL] ...      # take over an unfinished sweep (its run was stopped)
+
+A sweep that `cpbench run` submits is owned by that process: no other worker claims its points. When the run is
+stopped (Ctrl-C, a time limit, a crash), `--resume SWEEP_ID` gives the sweep to this process and works the points
+left; what was measured stays stored.
 
 Points this machine cannot run (W more than its devices, a backend not installed) are stored as skipped. On the
 CPU the devices are gloo ranks: `--devices N`, default `CPBENCH_CPU_RANKS` (4).
@@ -22,7 +27,8 @@ __all__ = ["register"]
 
 
 def run(
-    spec: Path = typer.Argument(..., help="sweep spec, YAML or JSON"),
+    spec: Path | None = typer.Argument(None, help="sweep spec, YAML or JSON (not with --resume)"),
+    resume: int | None = typer.Option(None, "--resume", min=1, help="take over this unfinished sweep instead"),
     db: DbOption = None,
     devices: int | None = typer.Option(None, "--devices", min=1, help="ranks to use (GPUs, or gloo ranks on the CPU)"),
     cpu: bool = typer.Option(False, "--cpu", help="run on the CPU even when GPUs are present"),
@@ -37,20 +43,32 @@ def run(
     from runners.spec import load_spec
     from runners.worker import detect_devices
 
+    if (spec is None) == (resume is None):
+        raise typer.BadParameter("give a spec file or --resume SWEEP_ID (one of them)")
     url = resolve(db)
     require_migrated(url)
-    sweep_spec = load_spec(spec)
     info = detect_devices(devices, kind="cpu" if cpu else None)
     owner = new_owner("run")  # this process works the sweep; other workers on the store never claim its points
-    with session_scope(url) as s:
-        sweep = submit_spec(s, sweep_spec, max_W=info.count, backends=available_backends(), owner=owner)
-        sweep_id = sweep.id
+    if spec is not None:
+        sweep_spec = load_spec(spec)
+        with session_scope(url) as s:
+            sweep = submit_spec(s, sweep_spec, max_W=info.count, backends=available_backends(), owner=owner)
+            sweep_id, name = sweep.id, sweep_spec.name
+    else:
+        assert resume is not None
+        try:
+            with session_scope(url) as s:
+                name = crud.take_over_sweep(s, sweep_id=resume, owner=owner).name
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--resume") from None
+        sweep_id = resume
     with session_scope(url) as s:
         start = crud.sweep_progress(s, sweep_id=sweep_id)
     err = Console(stderr=True)
+    left = start["queued"] + start["running"]
     err.print(
-        f"sweep [bold]{sweep_id}[/bold] ({escape(sweep_spec.name)}): {start['total']} points, {start['skipped']} skipped; "
-        f"running on {info.count} {info.kind} rank(s)"
+        f"sweep [bold]{sweep_id}[/bold] ({escape(name)}): {start['total']} points, {start['skipped']} skipped"
+        + (f", {left} left to run" if resume is not None else "") + f"; running on {info.count} {info.kind} rank(s)"
     )
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=False) as bar:
@@ -61,12 +79,13 @@ def run(
             bar.update(task, completed=finished, description=f"done {c['done']}  failed {c['failed']}  skipped {c['skipped']}")
 
         final = run_until_done(url, sweep_id, progress=progress, devices=info.count, device_kind=info.kind, owner=owner)
-    render_results(fetch_results(url, sweep_id), fmt, console=out_console(), title=f"sweep {sweep_id}: {sweep_spec.name}")
+    render_results(fetch_results(url, sweep_id), fmt, console=out_console(), title=f"sweep {sweep_id}: {name}")
     if final["failed"]:
         err.print(f"[red]{final['failed']} point(s) failed[/red] (see `cpbench status {sweep_id}`)")
         raise typer.Exit(1)
     if final["queued"] or final["running"]:
-        err.print(f"[yellow]stopped with {final['queued'] + final['running']} point(s) unfinished[/yellow]")
+        err.print(f"[yellow]stopped with {final['queued'] + final['running']} point(s) unfinished[/yellow] "
+                  f"(`cpbench run --resume {sweep_id}` works them)")
         raise typer.Exit(1)
 
 

@@ -179,3 +179,16 @@ def test_state_gradient_api_torch_and_triton(OP: str) -> None:
         assert_rel_close(f"dh0 ({backend})", ref, got, TOL)
     with pytest.raises(ValueError, match="do"):
         chunk_state_gradient(OP, q, k, v, g, beta, do[:, :-1], cu_seqlens=cu, backend="torch")
+
+
+def test_unknown_keep_policy_is_one_line_error(OP: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `kernels.autograd.KEEP` outside KEEP_POLICIES fails before any launch, naming the allowed policies."""
+    import kernels
+    import kernels.autograd as autograd
+
+    q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP, 9)
+    monkeypatch.setattr(autograd, "KEEP", "states")
+    LAUNCHES.clear()
+    with pytest.raises(ValueError, match=r"^kernels\.autograd\.KEEP must be one of inputs, wy, wy\+states, got 'states'$"):
+        kernels.forward(OP, q.requires_grad_(), k, v, g, beta, cu_seqlens=cu, backend="triton")
+    assert not LAUNCHES

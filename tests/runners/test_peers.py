@@ -243,7 +243,12 @@ def test_peers_suite_expands_ours_and_flas_side_by_side() -> None:
     from runners.spec import load_spec
 
     rows = expand(load_spec(Path(__file__).resolve().parents[2] / "runners" / "suites" / "peers-h200.yaml"))
-    assert len(rows) == 2 * 2 * 2 * 2 and all(r["status"] == "queued" for r in rows)  # op x backend x T x mode
+    assert len(rows) == 2 * 2 * 2 * 2 * 2  # op x backend x T x mode x direction
+    skipped = [r for r in rows if r["status"] == "skipped"]
+    # FLA's intra-card CP is forward only: skipped at fwd+bwd with FLA's reason, everything else runs
+    assert {(r["backend"], r["mode"], r["direction"]) for r in skipped} == {("fla", "warmup_correct", "fwd+bwd")}
+    assert len(skipped) == 4 and all("inference_mode" in r["reason"] for r in skipped)
+    assert all(r["status"] == "queued" for r in rows if r not in skipped)
     assert {(r["backend"], r["mode"]) for r in rows} == {(b, m) for b in ("triton", "fla") for m in ("none", "warmup_correct")}
 
 

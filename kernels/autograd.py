@@ -15,6 +15,8 @@ Recompute policy (`KEEP`, triton backend; a process-wide choice), what the forwa
                   segment [NS, H, K, K] fp32: the backward skips the forward state pass and the transition pass
                   (per call about 2.5x v's bytes more than "wy" at K = V = 128)
 The figures of each policy on the H200 (time and the bytes held): `benchmarks/results/kernels_train_h200.md`.
+`keeping(policy)` sets it for a block (restored after); a sweep sets it per point with `mode_options: {triton:
+{keep: ...}}` (`TRITON_OPTIONS`, the triton backend's options; runners.backend_options applies them around each step).
 Extra memory of the backward: O(chunks x H x K x V) (the chunk states and their gradients,
 `kernels.common.chunk_bwd_torch`); never `[T, K, K]` or per-token states.
 The final state's incoming gradient (`dht`) is honoured; the Function always produces the final state (one
@@ -28,7 +30,8 @@ heads and autograd sums the G gradients of each q/k head (memory: one `[B, T, HV
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -42,13 +45,16 @@ from kernels.common.l2norm import l2norm
 from kernels.configs import LaunchConfig
 from kernels.validate import check_backend, check_config, check_grad_outputs, check_inputs
 
-__all__ = ["KEEP_POLICIES", "ChunkFunction", "chunk_backward", "chunk_backward_impl", "chunk_state_gradient", "differentiable_forward",
-           "needs_grad"]
+__all__ = ["KEEP_POLICIES", "TRITON_OPTIONS", "ChunkFunction", "chunk_backward", "chunk_backward_impl", "chunk_state_gradient", "differentiable_forward",
+           "keeping", "needs_grad"]
 
 _TRITON_FWD = {"gdn": ("kernels.gdn.chunk", "chunk_gdn_fwd"), "kda": ("kernels.kda.chunk", "chunk_kda_fwd")}
 _TRITON_BWD = {"gdn": ("kernels.gdn.chunk_bwd", "chunk_gdn_bwd"), "kda": ("kernels.kda.chunk_bwd", "chunk_kda_bwd")}
 KEEP_POLICIES = ("inputs", "wy", "wy+states")
-KEEP = "inputs"  # the triton backend's recompute policy (module docstring), one of KEEP_POLICIES
+KEEP = KEEP_POLICIES[0]  # the triton backend's recompute policy (module docstring), one of KEEP_POLICIES
+# the triton backend's options a sweep may set (`mode_options: {triton: {...}}`): name -> its allowed values, the first
+# the default
+TRITON_OPTIONS: dict[str, tuple[str, ...]] = {"keep": KEEP_POLICIES}
 
 
 def keep_policy() -> tuple[bool, bool]:
@@ -56,6 +62,20 @@ def keep_policy() -> tuple[bool, bool]:
     if KEEP not in KEEP_POLICIES:
         raise ValueError(f"kernels.autograd.KEEP must be one of {', '.join(KEEP_POLICIES)}, got {KEEP!r}")
     return KEEP != "inputs", KEEP == "wy+states"
+
+
+@contextlib.contextmanager
+def keeping(policy: str) -> Iterator[None]:
+    """`KEEP = policy` inside the block, the policy before restored after (also when the block raises); a one-line
+    ValueError for an unknown policy. Only a module variable: no device work."""
+    global KEEP
+    if policy not in KEEP_POLICIES:
+        raise ValueError(f"kernels.autograd.KEEP must be one of {', '.join(KEEP_POLICIES)}, got {policy!r}")
+    before, KEEP = KEEP, policy
+    try:
+        yield
+    finally:
+        KEEP = before
 
 
 def needs_grad(*xs: Tensor | None) -> bool:

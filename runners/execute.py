@@ -14,6 +14,8 @@ shard of the flattened batch (`kernels.cp.build_context` / `shard`, built once p
 The timed step is only that call: no gather, no host read. A `direction: fwd+bwd` point times the training
 step instead (`runners.training`: forward + backward with the point's fixed `do`, gradients reset each sample)
 and its gate adds every input gradient (vs `none`'s and the reference's, max folded into the two errors).
+Around every step (timed, checked, profiled) a peer's `step_context(options)` is entered, and for our backends
+their options' context (`runners.backend_options`: triton's recompute policy `keep`, where the point carries it).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from runners import training
+from runners import backend_options, training
 from runners.collective_check import expected_by_direction, step_directions
 from runners.correctness import judge, rel_l2
 from runners.gang import RankContext
@@ -72,14 +74,40 @@ def _gather(o_local: Tensor, ctx_cp: Any, group: Any) -> Tensor:
 
 def build_mode(params: dict[str, Any], wl: Workload, rc: RankContext, options: dict[str, Any]) -> ModeRun:
     """The step and checked output of the point's mode on this rank (inputs sharded here, once)."""
-    import kernels
-
-    op, mode, backend = params["op"], params["mode"], params["backend"]
     from runners.plugins import peer_of_point
 
     peer = peer_of_point(params)
     if peer is not None:
         return _peer_mode(peer, params, wl, rc)
+    run = _our_mode(params, wl, rc)
+    opts = params.get("backend_options") or {}
+    if not opts:
+        return run
+    # our backend's options (runners.backend_options: triton's recompute policy) hold while each step runs
+    return _in_context(run, lambda: backend_options.step_context(params["backend"], opts))
+
+
+def _in_context(run: ModeRun, context: Callable[[], contextlib.AbstractContextManager[Any]]) -> ModeRun:
+    """`run` with its step, checked output and gradients each entered in a fresh `context()`."""
+
+    def wrap(fn: Callable[[], Any]) -> Callable[[], Any]:
+        def inside() -> Any:
+            with context():
+                return fn()
+
+        return inside
+
+    run.step, run.full_output = wrap(run.step), wrap(run.full_output)
+    if run.full_grads is not None:
+        run.full_grads = wrap(run.full_grads)
+    return run
+
+
+def _our_mode(params: dict[str, Any], wl: Workload, rc: RankContext) -> ModeRun:
+    """Our backend's (torch, triton) implementation of the point's mode on this rank."""
+    import kernels
+
+    op, mode, backend = params["op"], params["mode"], params["backend"]
     train = training.is_training(params)
     no_comm: dict[str, dict[str, int]] = {d: {} for d in step_directions(params.get("direction") or "fwd")}
     if mode == "none":

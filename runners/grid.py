@@ -32,6 +32,7 @@ from typing import Any
 
 from kernels.cp import SINGLE_DEVICE
 from kernels.peers import peer_skip_reason
+from runners import backend_options
 from runners.plugins import is_ours, load_peer, peer_of_point, unavailable
 from runners.spec import SweepSpec, WarmupCorrectSpec
 
@@ -86,7 +87,8 @@ def point_key(params: dict[str, Any]) -> str:
     """Canonical key of a point: the same benchmark in any sweep has the same key (repetition excluded).
 
     Mode options that differ from the defaults (`mode_options`; for warmup_correct its segments, tol, window,
-    fallback) are appended as `,opts=name=value;...` so that differently configured runs never share a key."""
+    fallback) are appended as `,opts=name=value;...` so that differently configured runs never share a key; so are
+    the point's backend options, named by the backend (`fla.bypass_hopper_guard=True`, `triton.keep=wy+states`)."""
     shape = f"lengths={'-'.join(str(n) for n in params['lengths'])}" if params.get("lengths") else f"T={params['T']}"
     key = (
         f"{params['op']}/{params['mode']}/{params['backend']}/"
@@ -194,7 +196,7 @@ def expand(
             opts = mode_options(spec, mode)
             if opts:
                 params["mode_options"] = opts
-            params.update(_backend_params(spec, ref, backend))
+            params.update(_backend_params(spec, ref, backend, mode, direction))
             rows.append(_row(len(rows), params, spec, max_W, modes, backends))
     return rows
 
@@ -210,13 +212,17 @@ def _backend_name(ref: str) -> str:
         return ref.rsplit(":", 1)[-1].rsplit(".", 1)[-1][:16]
 
 
-def _backend_params(spec: SweepSpec, ref: str, backend: str) -> dict[str, Any]:
-    """`backend_ref` (a plugin's spec string, so the worker loads the same object) and `backend_options`."""
+def _backend_params(spec: SweepSpec, ref: str, backend: str, mode: str, direction: str) -> dict[str, Any]:
+    """`backend_ref` (a plugin's spec string, so the worker loads the same object) and `backend_options` (a peer's
+    as the spec gives them; ours only where they take effect, `runners.backend_options.for_point`)."""
     out: dict[str, Any] = {}
     if ref != backend:
         out["backend_ref"] = ref
-    if not is_ours(backend) and spec.mode_options.get(backend):
-        out["backend_options"] = dict(spec.mode_options[backend])
+    opts = dict(spec.mode_options.get(backend) or {})
+    if is_ours(backend):
+        opts = backend_options.for_point(backend, opts, mode, direction)
+    if opts:
+        out["backend_options"] = opts
     return out
 
 

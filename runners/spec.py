@@ -16,6 +16,11 @@ Every axis takes a list or a single value. Example (`runners/suites/demo.yaml` i
 `tuning: {strategy: random, budget: 8, samples: 10}` bounds that search (`TuneSpec`; default: halving over the
 whole space).
 
+`mode_options` holds the knobs of the multi-device modes (`true_cp: {segment_len: 4096}`) and a backend's own
+options: a peer's (`fla: {bypass_hopper_guard: true}`) or our triton backend's recompute policy (`triton: {keep:
+wy+states}`, one of `kernels.autograd.KEEP_POLICIES`), which a point carries (and its key names) only where it
+takes effect: fwd+bwd in the modes that train through the autograd op (`runners.backend_options`).
+
 Limits (`runners.settings`): points per sweep, tokens per point, CP size. Errors are `SpecError`s whose message
 names the field (`axes.T.0: ...`) and the value received. `direction`: `fwd` (the forward step) or `fwd+bwd` (a
 training step: forward, then backward with a fixed output gradient).
@@ -393,13 +398,15 @@ class SweepSpec(BaseModel):
     @classmethod
     def _mode_options(cls, value: dict[str, dict[str, Any]], info: Any) -> dict[str, dict[str, Any]]:
         value = dict(value)
-        peers = _peer_options(info.data.get("backends") or [], value)  # `fla: {...}`: a peer's own options
+        # `fla: {...}` / `triton: {keep: ...}`: a backend's own options
+        peers = _peer_options(info.data.get("backends") or [], value)
         for m in peers:
             value.pop(m)
         for m in value:
             if m not in MODES or m in cp.SINGLE_DEVICE:
                 raise PydanticCustomError(
-                    "mode", "mode_options keys are CP modes ({ok}) or a peer backend of the spec (fla); got '{m}'",
+                    "mode", "mode_options keys are CP modes ({ok}) or a peer backend of the spec (fla) or triton "
+                    "(when the spec has it); got '{m}'",
                     {"m": m, "ok": ", ".join(x for x in MODES if x not in cp.SINGLE_DEVICE)},
                 )
         from kernels.cp import tail_exchange
@@ -452,13 +459,20 @@ class SweepSpec(BaseModel):
 
 
 def _peer_options(backends: list[str], value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The entries of `mode_options` that name a peer backend of the spec (`fla: {bypass_hopper_guard: true}`),
-    checked against the peer's declared `options`."""
+    """The entries of `mode_options` that name a backend of the spec with options: a peer (`fla:
+    {bypass_hopper_guard: true}`, checked against its declared `options`) or ours (`triton: {keep: wy+states}`,
+    runners.backend_options)."""
+    from runners import backend_options
     from runners.plugins import is_ours, load_peer
 
     out: dict[str, dict[str, Any]] = {}
     for ref in backends:
         if is_ours(ref):
+            if ref in value:
+                try:
+                    out[ref] = backend_options.check(ref, value[ref])
+                except ValueError as err:
+                    raise PydanticCustomError("mode_option", "{e}", {"e": str(err)}) from None
             continue
         peer = load_peer(ref)
         if peer.name in value:

@@ -82,8 +82,9 @@ REFERENCE_NAME = "none (1 device)"
 
 
 def backend_label(row: dict[str, Any]) -> str:
-    """What tells a row's implementation apart: its backend, plus the peer options it ran with that are set
-    (`params.backend_options`, e.g. FLA's Hopper-guard opt-in: `fla+bypass_hopper_guard`). A figure's frame stores
+    """What tells a row's implementation apart: its backend, plus the backend options it ran with that are set
+    (`params.backend_options`, e.g. FLA's Hopper-guard opt-in: `fla+bypass_hopper_guard`; a value other than true
+    as `name=value`: our recompute policy `triton+keep=wy+states`). A figure's frame stores
     it in the key "backend_label"; the helpers below read that key when present."""
     if "backend_label" in row:
         return str(row["backend_label"])

@@ -9,10 +9,19 @@
 
 from kernels.cp.context import LAYOUTS, CPContext, build_context
 from kernels.cp.layout import shard, unshard
-from kernels.cp.modes import DIRECTIONS, MODES, SINGLE_DEVICE, expected_collectives, expected_collectives_gang, forward
+from kernels.cp.modes import (
+    AUTOGRAD_MODES,
+    DIRECTIONS,
+    MODES,
+    SINGLE_DEVICE,
+    expected_collectives,
+    expected_collectives_gang,
+    forward,
+)
 from kernels.cp.warmup_correct import WarmupReport, warmup_correct
 
 __all__ = [
+    "AUTOGRAD_MODES",
     "DIRECTIONS",
     "LAYOUTS",
     "MODES",

@@ -21,7 +21,7 @@ from kernels.cp import warmup_correct as warmup_module
 from kernels.cp.context import CPContext, build_context
 from kernels.validate import check_backend, check_op
 
-__all__ = ["DIRECTIONS", "MODES", "SINGLE_DEVICE", "expected_collectives", "expected_collectives_gang", "forward"]
+__all__ = ["AUTOGRAD_MODES", "DIRECTIONS", "MODES", "SINGLE_DEVICE", "expected_collectives", "expected_collectives_gang", "forward"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +60,10 @@ P2P = ("send", "recv")
 # schemes that move computed states: their backward is written by hand (kernels.cp.step_grad); the others train
 # through plain autograd (the differentiable op + kernels.cp.comm_grad)
 HAND_BACKWARD = ("ring", "true_cp", "tail_exchange")
+# the schemes whose training step is the differentiable op (`kernels.autograd.ChunkFunction`) under plain autograd,
+# so the triton backend's recompute policy (`kernels.autograd.KEEP`) applies to them; warmup_correct and
+# HAND_BACKWARD run their forward without autograd and call the chunked backward, which recomputes
+AUTOGRAD_MODES = tuple(m for m in MODES if m not in (*HAND_BACKWARD, "warmup_correct"))
 
 
 DIRECTIONS: tuple[str, ...] = ("fwd", "bwd", "fwd+bwd")

@@ -6,7 +6,8 @@ with several backends, absent with one) and "all" keeps every backend's rows; la
 axes as ours, and each backend's own `none` as a reference; the mode map's cells name the winner's backend
 ("true_cp (fla)") and point at the winning row; accuracy keeps each backend's errors apart; no figure mixes two
 backends in one trace; FLA's Hopper-guard opt-in (`params.backend_options`) shows in the trace names and hovers,
-also when fla is the only backend; one backend alone keeps the plain mode names.
+also when fla is the only backend; so does our triton recompute policy (`triton+keep=wy+states`, a non-boolean
+option), as a series apart from the default policy's; one backend alone keeps the plain mode names.
 """
 
 from __future__ import annotations
@@ -155,6 +156,23 @@ def test_hopper_guard_opt_in_is_named_in_legend_and_hover() -> None:
     # off (False) is the default: not shown
     plain = two_backend_rows(fla_options={"bypass_hopper_guard": False}, backends=("fla",))
     assert {t["name"] for t in traces(latency.figure(plain), "measured")} == {m for m, _ in RUNS}
+
+
+def test_triton_recompute_policy_is_a_series_of_its_own() -> None:
+    """`mode_options: {triton: {keep: wy+states}}` (a non-boolean option): its points are `triton+keep=wy+states`,
+    drawn apart from the same sweep's default-policy triton points, each trace holding only its own rows."""
+    label = "triton+keep=wy+states"
+    plain = [{**r, "backend": "triton", "params": {**r["params"], "backend": "triton"}}
+             for r in two_backend_rows(backends=("torch",))]
+    kept = [{**r, "id": r["id"] + 1000, "median_ms": r["median_ms"] * 0.8,
+             "params": {**r["params"], "backend_options": {"keep": "wy+states"}}} for r in plain]
+    rows = plain + kept
+    lat = traces(latency.figure(rows), "measured")
+    assert {t["name"] for t in lat} == {f"{m} · {b}" for m, _ in RUNS for b in ("triton", label)}
+    kept_ids = {r["id"] for r in kept}
+    for t in lat:
+        assert {int(i) in kept_ids for i in t["ids"]} == {t["name"].endswith(label)}, t["name"]
+        assert t["name"].endswith(label) == (label in t["hovertemplate"]), t["name"]
 
 
 def test_one_backend_keeps_plain_mode_names() -> None:

@@ -1,9 +1,12 @@
 """FLA's first call with our exported config cache vs its own autotune (issue 13, benchmark (b)); GPU only.
 
     python benchmarks/fla_config_cache.py --ops gdn kda --T 8192 65536 --out $OUT [--budget 6] [--samples 10]
+        [--direction fwd+bwd [--bypass-hopper-guard]]
 
 Every step runs in a FRESH process with its own empty TRITON_CACHE_DIR (so compile and autotune caches start
-cold), FLA_DISABLE_BACKEND_DISPATCH=1 (FLA's Triton path on every side), shapes B=1, H=16, K=V=128, bf16, forward:
+cold), FLA_DISABLE_BACKEND_DISPATCH=1 (FLA's Triton path on every side), shapes B=1, H=16, K=V=128, bf16, forward
+(`--direction fwd+bwd`: FLA's training step, forward + `o.backward(do)`, so its backward kernels are tuned, exported
+and checked too; `--bypass-hopper-guard` lifts FLA's guard on the GDN backward, FLA #640, as the `fla` peer does):
 
 1. tune: `runners.tuner.fla.tune_fla` (what `cpbench tune --backend fla` runs: each config of each autotuned FLA
    kernel the op touches pinned in turn, the whole op timed) for every op and T, then the winners written as FLA's
@@ -76,7 +79,7 @@ def _load_export(out: Path) -> dict[str, dict[str, Any]]:
     return {p.stem: json.loads(p.read_text()) for p in sorted(d.glob("*.json"))}
 
 
-def _first_call(op: str, T: int) -> tuple[Any, Any, float, list[tuple[str, tuple[Any, ...]]]]:
+def _first_call(op: str, T: int, direction: str, options: dict[str, Any]) -> tuple[Any, Any, float, list[tuple[str, tuple[Any, ...]]]]:
     import torch
 
     from kernels.peers import fla_autotune as fa
@@ -84,12 +87,17 @@ def _first_call(op: str, T: int) -> tuple[Any, Any, float, list[tuple[str, tuple
     from runners.tuner.tune import Shape, make_case
 
     case = make_case(op, Shape.of({**SHAPE, "T": T}), "cuda")
-    run = _fla_runner(op, case)
+    run = _fla_runner(op, case, direction, options)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     touched = fa.record_touched(lambda: (run(), torch.cuda.synchronize()))
     first_s = time.perf_counter() - t0
     return case, run, first_s, touched
+
+
+def _outputs(got: Any) -> list[Any]:
+    """Every output of the run on the host (o and the final state; at fwd+bwd every input gradient too)."""
+    return [x.detach().cpu() for x in got if x is not None]
 
 
 def _picks(touched: list[tuple[str, tuple[Any, ...]]]) -> dict[str, dict[str, Any]]:
@@ -107,7 +115,7 @@ def child_tune(a: dict[str, Any], out: Path) -> dict[str, Any]:
     rows = []
     for op in a["ops"]:
         rows += tune_fla(None, op=op, shapes=[{**SHAPE, "T": T} for T in a["T"]], device="cuda", budget=a["budget"],
-                         samples=a["samples"])
+                         samples=a["samples"], direction=a["direction"], options=a["options"])
     files = fla_files_from_rows(rows, device_name=None, allow_cpu=False, triton_version=software_versions()["triton"])
     d = out / "fla_configs"
     d.mkdir(parents=True, exist_ok=True)
@@ -125,7 +133,7 @@ def child_own(a: dict[str, Any], out: Path) -> dict[str, Any]:
     from runners.tuner.clock import StepTimer
 
     benches = _count_benchmarks()
-    _case, run, first_s, touched = _first_call(a["op"], a["T"])
+    _case, run, first_s, touched = _first_call(a["op"], a["T"], a["direction"], a["options"])
     own = _picks(touched)
     tuners = fa.autotuners()
     export = _load_export(out)
@@ -149,8 +157,7 @@ def child_own(a: dict[str, Any], out: Path) -> dict[str, Any]:
         pin(ours_cfg)
         ours_ms += timer(run, a["samples"])
     pin(ours_cfg)
-    o = run()[0]
-    torch.save(o.cpu(), out / f"_pinned_{a['op']}_{a['T']}.pt")
+    torch.save(_outputs(run()), out / f"_pinned_{a['op']}_{a['T']}.pt")
     return {"first_call_s": first_s, "autotune_benchmarks": benches[0], "picks": own,
             "steady_own_ms": statistics.median(own_ms), "steady_ours_ms": statistics.median(ours_ms),
             "keys_in_export": sum(1 for n, k in touched if fa.entry_hash(k) in export.get(n, {}).get("autotune_entries", {})),
@@ -163,7 +170,7 @@ def child_export(a: dict[str, Any], out: Path) -> dict[str, Any]:
     from kernels.peers import fla_autotune as fa
 
     benches = _count_benchmarks()
-    _case, run, first_s, touched = _first_call(a["op"], a["T"])
+    _case, run, first_s, touched = _first_call(a["op"], a["T"], a["direction"], a["options"])
     got = _picks(touched)
     export = _load_export(out)
     mismatched = []
@@ -172,16 +179,19 @@ def child_export(a: dict[str, Any], out: Path) -> dict[str, Any]:
         if entry is None or got.get(f"{n}|{fa.entry_hash(k)}") != entry["config"]:
             mismatched.append({"kernel": n, "key": list(k), "exported": entry and entry["config"],
                                "picked": got.get(f"{n}|{fa.entry_hash(k)}")})
-    o = run()[0].cpu()
+    got_out = _outputs(run())
     ref_path = out / f"_pinned_{a['op']}_{a['T']}.pt"
-    same = bool(torch.equal(o, torch.load(ref_path))) if ref_path.exists() else None
+    same = None
+    if ref_path.exists():
+        ref = torch.load(ref_path)
+        same = len(ref) == len(got_out) and all(torch.equal(x, r) for x, r in zip(got_out, ref, strict=True))
     return {"first_call_s": first_s, "autotune_benchmarks": benches[0], "picks_match": not mismatched,
             "mismatched": mismatched, "identical_output": same}
 
 
-def _markdown(rows: list[dict[str, Any]], tune: dict[str, Any], argv: list[str]) -> str:
+def _markdown(rows: list[dict[str, Any]], tune: dict[str, Any], argv: list[str], direction: str = "forward") -> str:
     lines = [
-        "# FLA's first call: our exported config cache vs FLA's own autotune (H200, forward, bf16, B=1 H=16 K=V=128)",
+        f"# FLA's first call: our exported config cache vs FLA's own autotune (H200, {direction}, bf16, B=1 H=16 K=V=128)",
         "",
         f"Command: `python benchmarks/fla_config_cache.py {' '.join(argv)}`; each cell a fresh process with an empty "
         "Triton cache, FLA_DISABLE_BACKEND_DISPATCH=1. Export: FLA_CONFIG_DIR + FLA_CACHE_MODE=strict. "
@@ -212,6 +222,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--blocks", type=int, default=5, help="interleaved A/B blocks of the steady-state comparison")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--skip-tune", action="store_true", help="reuse $OUT/fla_configs from an earlier run")
+    p.add_argument("--direction", default="fwd", choices=["fwd", "fwd+bwd"], help="FLA's forward or its training step")
+    p.add_argument("--bypass-hopper-guard", action="store_true", help="fwd+bwd: lift FLA's guard on the GDN backward")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--child-args", help=argparse.SUPPRESS)
     p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
@@ -221,21 +233,24 @@ def main(argv: list[str] | None = None) -> None:
         fn = {"tune": child_tune, "own": child_own, "export": child_export}[args.child]
         args.result.write_text(json.dumps(fn(json.loads(args.child_args), args.out), indent=1, default=str))
         return
+    side = {"direction": args.direction, "options": {"bypass_hopper_guard": True} if args.bypass_hopper_guard else {}}
     tune: dict[str, Any] = {}
     if not args.skip_tune:
-        tune = _child("tune", {"ops": args.ops, "T": args.T, "budget": args.budget, "samples": args.samples}, args.out)
+        tune = _child("tune", {"ops": args.ops, "T": args.T, "budget": args.budget, "samples": args.samples, **side},
+                      args.out)
         print(f"tuned: {tune.get('kernels')} kernels, {tune.get('entries')} entries {tune.get('error', '')}", flush=True)
     rows = []
     for op in args.ops:
         for T in args.T:
-            own = _child("own", {"op": op, "T": T, "samples": args.samples, "blocks": args.blocks}, args.out)
-            exp = _child("export", {"op": op, "T": T}, args.out)
+            own = _child("own", {"op": op, "T": T, "samples": args.samples, "blocks": args.blocks, **side}, args.out)
+            exp = _child("export", {"op": op, "T": T, **side}, args.out)
             rows.append({"op": op, "T": T, "own": own, "export": exp})
             print(json.dumps(rows[-1], default=str)[:2000], flush=True)
     shown = sys.argv[1:] if argv is None else argv
     (args.out / "fla_config_cache.json").write_text(json.dumps({"tune": tune, "rows": rows}, indent=1, default=str))
-    (args.out / "fla_config_cache.md").write_text(_markdown(rows, tune, shown))
-    print(_markdown(rows, tune, shown))
+    label = "forward" if args.direction == "fwd" else "forward+backward"
+    (args.out / "fla_config_cache.md").write_text(_markdown(rows, tune, shown, label))
+    print(_markdown(rows, tune, shown, label))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
     cpbench tune --op gdn --shape B=1,T=8192,H=16,K=128,V=128 [--shape ...] [--strategy halving] [--budget 12]
                  [--samples 20] [--kernel NAME] [--device cuda|cpu] [--seed 0] [--db URL]
     cpbench tune --backend fla --op kda --shape ...   # FLA's kernels, whole-op timing (runners.tuner.fla)
+    cpbench tune --backend fla --direction fwd+bwd [--fla-bypass-hopper-guard] ...   # FLA's training step
 
 A `--shape` takes B, T (or lengths=100:300), H, K, V, and optionally dtype (default bfloat16), lb, initial_state.
 
@@ -124,6 +125,8 @@ def tune_command(
     database_url: str | None = typer.Option(None, "--db", "--database-url", help="default: CPBENCH_DATABASE_URL"),
     direction: str = typer.Option("fwd", "--direction", help="fwd | fwd+bwd (time forward + backward; tunes the "
                                   "backward kernels too)"),
+    fla_bypass_hopper_guard: bool = typer.Option(False, "--fla-bypass-hopper-guard", help="--backend fla at fwd+bwd: "
+                                                 "lift FLA's Hopper guard on the GDN backward (FLA #640; Triton < 3.7.1)"),
 ) -> None:
     """Tune the Triton kernels of an op at the given shapes; trials and winners go to the store."""
     from runners.tuner import Shape, tune_kernels
@@ -137,7 +140,8 @@ def tune_command(
                 from runners.tuner.fla import tune_fla
 
                 rows = tune_fla(session, op=op, shapes=shapes, device=device, budget=budget, samples=samples, seed=seed,
-                                kernels=kernel or None)
+                                kernels=kernel or None, direction=direction,
+                                options={"bypass_hopper_guard": True} if fla_bypass_hopper_guard else None)
             else:
                 rows = tune_kernels(session, op=op, shapes=shapes, strategy=strategy, budget=budget, device=device,
                                     kernels=kernel or None, seed=seed, samples=samples,

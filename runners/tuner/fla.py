@@ -11,6 +11,12 @@ FLA autotunes each kernel alone on the first call's shape. Here, per shape:
 3. every trial is stored (`TuningTrial`, kernel `fla.<kernel_name>`, key `{"autotune_key": [...]}`), and the
    winner per (kernel, key, device) as the `TunedConfig` whose `default_ms` is FLA's own pick's time.
 
+Direction `fwd+bwd` (`cpbench tune --backend fla --direction fwd+bwd`): the op timed is FLA's training step,
+forward + `o.backward(do)` with fresh leaves each call, so the kernels touched (and tuned) include FLA's backward
+kernels, and the reference compares every input gradient too. FLA's Hopper guard on the GDN backward (FLA #640,
+Triton >= 3.4.0, < 3.7.1) refuses such a run with FLA's reason unless `options={"bypass_hopper_guard": True}`
+(`--fla-bypass-hopper-guard`), which lifts it around each step as the `fla` peer does.
+
 `cpbench configs export --format fla -o DIR` turns the winners into FLA's config-cache directory
 (`runners.tuner.fla_export`).
 """
@@ -35,7 +41,7 @@ if TYPE_CHECKING:
 
     from db.models import TunedConfig
 
-__all__ = ["PREFIX", "fla_key_str", "tune_fla"]
+__all__ = ["PREFIX", "check_direction", "fla_key_str", "tune_fla"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,18 +60,56 @@ def _source_hash(tuner: Any) -> str:
     return "fla:" + hashlib.sha256(str(src).encode()).hexdigest()[:40]
 
 
-def _fla_runner(op: str, case: Mapping[str, Any]) -> Callable[[], Any]:
-    from kernels.backends import fla_forward
+def _fla_runner(op: str, case: Mapping[str, Any], direction: str = "fwd",
+                options: Mapping[str, Any] | None = None) -> Callable[[], Any]:
+    """FLA's op on the case: the forward -> (o, final_state); fwd+bwd: forward + `o.backward(case["do"])` with fresh
+    leaves, inside the `fla` peer's step context (`options`: the Hopper-guard opt-in) -> (o, final_state, dq, dk,
+    dv, dg, dbeta[, dh0])."""
+    from kernels import backends
+    from kernels.peers.fla import FLA
 
     cu, bounds = case["cu_seqlens"], case["cu_seqlens_cpu"]
     scale = case["q"].shape[-1] ** -0.5
 
-    def run() -> tuple[torch.Tensor, torch.Tensor | None]:
-        return fla_forward(op, case["q"], case["k"], case["v"], case["g"], case["beta"], scale=scale,
-                           initial_state=case["initial_state"], output_final_state=True, cu_seqlens=cu,
-                           cu_seqlens_cpu=bounds)
+    def forward(*xs: torch.Tensor, h0: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return backends.fla_forward(op, *xs, scale=scale, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                                    cu_seqlens_cpu=bounds)
 
-    return run
+    def run() -> tuple[torch.Tensor, torch.Tensor | None]:
+        return forward(*(case[n] for n in _INPUTS), h0=case["initial_state"])
+
+    if direction == "fwd":
+        return run
+    h0 = case["initial_state"]
+
+    def train() -> tuple[torch.Tensor | None, ...]:
+        xs = [case[n].detach().requires_grad_() for n in _INPUTS]
+        s0 = h0.detach().requires_grad_() if h0 is not None else None
+        with FLA.step_context(dict(options or {})):
+            o, ht = forward(*xs, h0=s0)
+            o.backward(case["do"])
+        grads = [x.grad for x in xs] + ([s0.grad] if s0 is not None else [])
+        return (o.detach(), ht.detach() if ht is not None else None, *grads)
+
+    return train
+
+
+_INPUTS = ("q", "k", "v", "g", "beta")
+
+
+def check_direction(op: str, K: int, direction: str, options: Mapping[str, Any] | None) -> None:
+    """A one-line ValueError when FLA cannot run `op` in `direction` here: an unknown direction, or FLA's own
+    refusal (the `fla` peer's skip reason: its Hopper guard on the GDN backward unless opted out)."""
+    from kernels.peers.fla import FLA
+    from runners.spec import DIRECTIONS
+
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}")
+    reason = FLA.skip_reason({"mode": "none", "op": op, "direction": direction, "K": K,
+                              "backend_options": dict(options or {})})
+    if reason:
+        raise ValueError(reason.replace("mode_options: {fla: {bypass_hopper_guard: true}}",
+                                        "--fla-bypass-hopper-guard (cpbench tune)"))
 
 
 def _trial(run: Callable[[], Any], reference: Any, tol: float, timer: Timer, samples: int) -> tuple[str, float | None, str | None]:
@@ -97,12 +141,18 @@ def tune_fla(
     timer: Timer | None = None,
     sweep_id: int | None = None,
     environment_id: int | None = None,
+    direction: str = "fwd",
+    options: Mapping[str, Any] | None = None,
 ) -> list[TunedConfig]:
-    """Tune FLA's kernels of `op` at each shape (module docstring); returns the winners (TunedConfig rows)."""
+    """Tune FLA's kernels of `op` at each shape (module docstring); returns the winners (TunedConfig rows).
+
+    direction: "fwd" or "fwd+bwd" (FLA's training step); options: the `fla` peer's (`bypass_hopper_guard`)."""
     from db.models import TunedConfig
     from kernels.backends import fla_op
     from kernels.peers import fla_autotune as fa
 
+    for s in shapes:
+        check_direction(op, Shape.of(s).K, direction, options)
     if session is not None:
         from db import crud
 
@@ -117,7 +167,7 @@ def tune_fla(
     for s in shapes:
         shape = Shape.of(s)
         case = make_case(op, shape, device)
-        run = _fla_runner(op, case)
+        run = _fla_runner(op, case, direction, options)
         touched = fa.record_touched(run)  # FLA's own autotune on the first call
         reference = run()
         tuners = fa.autotuners()

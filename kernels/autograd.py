@@ -13,7 +13,8 @@ Recompute policy (`KEEP`, triton backend; a process-wide choice), what the forwa
                   [NT, H, K] fp32) held per call
     "wy+states"   also the chunk states h [NT, H, K, V] and v_new [B, T, H, V] (k's dtype) and the maps of every
                   segment [NS, H, K, K] fp32: the backward skips the forward state pass and the transition pass
-                  (per call about 2.5x v's bytes more than "wy" at K = V = 128)
+                  (per call 2.9x v's bytes more than "wy" at K = V = 128: 785 MB at T=64K, H=16; "wy" holds
+                  2.4x v's bytes for GDN, 4.3x for KDA)
 The figures of each policy on the H200 (time and the bytes held): `benchmarks/results/kernels_train_h200.md`.
 `keeping(policy)` sets it for a block (restored after); a sweep sets it per point with `mode_options: {triton:
 {keep: ...}}` (`TRITON_OPTIONS`, the triton backend's options; runners.backend_options applies them around each step).
@@ -45,8 +46,8 @@ from kernels.common.l2norm import l2norm
 from kernels.configs import LaunchConfig
 from kernels.validate import check_backend, check_config, check_grad_outputs, check_inputs
 
-__all__ = ["KEEP_POLICIES", "TRITON_OPTIONS", "ChunkFunction", "chunk_backward", "chunk_backward_impl", "chunk_state_gradient", "differentiable_forward",
-           "keeping", "needs_grad"]
+__all__ = ["KEEP_POLICIES", "TRITON_OPTIONS", "ChunkFunction", "chunk_backward", "chunk_backward_impl",
+           "chunk_state_gradient", "differentiable_forward", "keeping", "needs_grad"]
 
 _TRITON_FWD = {"gdn": ("kernels.gdn.chunk", "chunk_gdn_fwd"), "kda": ("kernels.kda.chunk", "chunk_kda_fwd")}
 _TRITON_BWD = {"gdn": ("kernels.gdn.chunk_bwd", "chunk_gdn_bwd"), "kda": ("kernels.kda.chunk_bwd", "chunk_kda_bwd")}
@@ -57,11 +58,16 @@ KEEP = KEEP_POLICIES[0]  # the triton backend's recompute policy (module docstri
 TRITON_OPTIONS: dict[str, tuple[str, ...]] = {"keep": KEEP_POLICIES}
 
 
+def _checked_policy(policy: str) -> str:
+    if policy not in KEEP_POLICIES:
+        raise ValueError(f"kernels.autograd.KEEP must be one of {', '.join(KEEP_POLICIES)}, got {policy!r}")
+    return policy
+
+
 def keep_policy() -> tuple[bool, bool]:
     """(keep the WY factors, keep the chunk states) for `KEEP`; a one-line ValueError for an unknown policy."""
-    if KEEP not in KEEP_POLICIES:
-        raise ValueError(f"kernels.autograd.KEEP must be one of {', '.join(KEEP_POLICIES)}, got {KEEP!r}")
-    return KEEP != "inputs", KEEP == "wy+states"
+    policy = _checked_policy(KEEP)
+    return policy != "inputs", policy == "wy+states"
 
 
 @contextlib.contextmanager
@@ -69,9 +75,7 @@ def keeping(policy: str) -> Iterator[None]:
     """`KEEP = policy` inside the block, the policy before restored after (also when the block raises); a one-line
     ValueError for an unknown policy. Only a module variable: no device work."""
     global KEEP
-    if policy not in KEEP_POLICIES:
-        raise ValueError(f"kernels.autograd.KEEP must be one of {', '.join(KEEP_POLICIES)}, got {policy!r}")
-    before, KEEP = KEEP, policy
+    before, KEEP = KEEP, _checked_policy(policy)
     try:
         yield
     finally:

@@ -280,10 +280,13 @@ def cmd_import(args: argparse.Namespace) -> None:
 
 
 def merge_runs(runs: list[dict[str, Any]], sha: str | None = None) -> dict[str, Any]:
-    """One run from several device runs of the same code (e.g. per op, or a larger budget on some shapes).
+    """One run from several device runs of the same kernels (e.g. per op or direction, or a larger budget on some
+    shapes).
 
-    Every trial is kept. Per (op, shape), the run whose whole-forward A/B speedup is largest supplies the
-    `ops` row and the tuned entries; the others' winners stay in the trials. Runs of different code are refused.
+    Every trial is kept. Per (op, shape, direction), the run whose whole-op A/B speedup is largest supplies the
+    `ops` row and the tuned entries; the others' winners stay in the trials. "The same kernels": every kernel tuned
+    in several runs has one source hash across them (a kernel's tuned entry is valid for its source only), so runs
+    made at different commits merge when the kernels they share did not change; otherwise they are refused.
     sha: the code's git sha, for runs that did not record one (a run that recorded another sha is refused).
     """
     if not runs:
@@ -295,9 +298,15 @@ def merge_runs(runs: list[dict[str, Any]], sha: str | None = None) -> dict[str, 
             r["env"]["git_sha"] = sha
         # nvidia-smi prints one line per GPU
         r["env"]["driver"] = str(r["env"].get("driver") or "").splitlines()[0] if r["env"].get("driver") else None
-    shas = {r["env"]["git_sha"] for r in runs}
-    if len(shas) != 1:
-        raise ValueError(f"runs of different code cannot be merged (git shas {sorted(shas)})")
+    hashes: dict[str, set[str]] = {}
+    for r in runs:
+        for t in r["tuned"]:
+            hashes.setdefault(t["kernel"], set()).add(t["source_hash"])
+    changed = sorted(k for k, h in hashes.items() if len(h) > 1)
+    shas = sorted({str(r["env"]["git_sha"]) for r in runs})
+    if changed:
+        raise ValueError(f"runs of different code cannot be merged: kernel(s) {', '.join(changed)} changed between "
+                         f"them (git shas {shas})")
     best: dict[tuple[str, str], tuple[float, int]] = {}
     for i, r in enumerate(runs):
         for o in r["ops"]:
@@ -305,6 +314,7 @@ def merge_runs(runs: list[dict[str, Any]], sha: str | None = None) -> dict[str, 
             if k not in best or o["speedup"] > best[k][0]:
                 best[k] = (o["speedup"], i)
     env = dict(runs[0]["env"])
+    env["git_shas"] = list(dict.fromkeys(str(r["env"]["git_sha"]) for r in runs))  # every commit, in run order
     env["command"] = " ; ".join(r["env"]["command"] for r in runs)
     env["elapsed_s"] = sum(r["env"]["elapsed_s"] for r in runs)
     env["started_at"] = min(r["env"]["started_at"] for r in runs)
@@ -334,7 +344,7 @@ def _markdown(run: dict[str, Any], data: dict[str, Any], args: argparse.Namespac
         "",
         f"- device: {env['device']} (sm {env['compute_capability']}), driver {env['driver']}",
         f"- torch {env['torch']}, triton {env['triton']}, python {env['python']}",
-        f"- code: working tree on git sha {env['git_sha']}",
+        f"- code: working tree on git sha {' + '.join(env.get('git_shas') or [env['git_sha']])}",
         f"- command (device): `{env['command']}`; import: `python {' '.join(sys.argv)}`",
         f"- run started {env['started_at']}, {env['elapsed_s']:.0f} s on the device",
         "- method: successive halving per kernel (default + random draw of the space, 5 -> 15 -> 45 samples), "

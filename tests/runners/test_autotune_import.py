@@ -1,6 +1,7 @@
-"""`benchmarks/autotune_h200.py import`: several device runs of one code merge into one export (per op and shape,
-the run with the best whole-forward speedup supplies the tuned entries; every trial is kept), and runs of
-different code are refused. Runs the script's import step on real run files from a CPU dry run."""
+"""`benchmarks/autotune_h200.py import`: several device runs of the same kernels merge into one export (per op,
+shape and direction, the run with the best whole-op speedup supplies the tuned entries; every trial is kept), runs
+of other commits merge when the kernels they share are unchanged, and runs where a shared kernel changed are
+refused. Runs the script's import step on real run files from a CPU dry run."""
 
 from __future__ import annotations
 
@@ -59,8 +60,14 @@ def test_merge_keeps_every_trial_and_the_best_run_per_shape() -> None:
     assert {t["kernel"]: t["config"]["BK"] for t in m["tuned"]} == {"wy_gdn_fwd": 64, "wy_kda_fwd": 16}
     assert m["env"]["command"] == "run a ; run b ; run c" and m["env"]["elapsed_s"] == 30.0
     assert len(m["crashed"]) == 1  # the same crash seen by three runs is listed once
-    with pytest.raises(ValueError, match="different code"):
-        mod.merge_runs([a, _run("def", "kda", 1.0, {"BK": 16}, "other")])
+    # another commit whose kernels are those of the first: merged, both commits recorded
+    later = mod.merge_runs([a, _run("def", "kda", 1.0, {"BK": 16}, "other")])
+    assert later["env"]["git_shas"] == ["abc", "def"] and len(later["tuned"]) == 2
+    # another commit where a kernel tuned in both changed: refused, naming the kernel
+    edited = _run("def", "gdn", 1.2, {"BK": 16}, "edited")
+    edited["tuned"][0]["source_hash"] = "0" * 64
+    with pytest.raises(ValueError, match="different code cannot be merged: kernel.s. wy_gdn_fwd changed"):
+        mod.merge_runs([a, edited])
     with pytest.raises(ValueError, match="no run files"):
         mod.merge_runs([])
 

@@ -460,10 +460,12 @@ def _state_pass(
     with `states` also the chunk states h and v_new (forward, from h0) and their gradients dh, dv_new that the
     gradient kernels read. Returns (h, v_new, dh, dv_new), all None without `states`.
 
-    kept: the forward's h, v_new and segment maps M (`state_and_output(keep=...)`; `split_chunks` must then be its
-    `split`): the forward state pass and the transition pass are not run again."""
+    kept: the forward's h, v_new, segment maps M and split (`kernels.common.state_keep`): its split replaces
+    `split_chunks`, and the forward state pass and the transition pass are not run again."""
     _, _, H, K = ks.shape
     V = do.shape[-1]
+    if kept is not None:
+        split_chunks = int(kept["split"])  # a CPU scalar: no device read
     BT, NT, N = index.chunk_size, index.num_chunks, index.num_seqs
     bv = state_bwd_config(H, K, V, BT, gate_vector, index.is_varlen, ks.dtype, cfgs.get("chunk_state_bwd")).BV or 64
     plan = resolve_split(index, split_chunks, H=H, NV=max(1, V // bv), device=ks.device)
@@ -560,8 +562,6 @@ def chunk_bwd(
 
     # 2. the chunk states (forward; or the forward's) and their gradients (reverse), split like the forward
     kept = wy if wy is not None and "h" in wy else None
-    if kept is not None:
-        split_chunks = int(kept["split"])  # a CPU scalar: no device read
     dh0 = k.new_empty(N, H, K, V, dtype=torch.float32) if initial_state is not None else None
     h, v_new, dh, dv_new = _state_pass(
         qs, ks, w, u, gs, aqk, do, index=index, gate_vector=gate_vector, scale=scale,

@@ -488,7 +488,6 @@ def _state_pass(
     if kept is not None:
         M = kept["M"]
         assert M.shape[0] == plan.num_segments, f"kept maps of {M.shape[0]} segments, the plan has {plan.num_segments}"
-        S = M.new_empty(plan.num_segments, H, K, V)
     else:
         M, S = chunk_state_transition_fwd(ks, w, u, gs, layout=segs, config=cfgs.get("chunk_state_transition_fwd"),
                                           **common)
@@ -500,7 +499,7 @@ def _state_pass(
         h, v_new, _ = chunk_state_fwd(ks, w, u, gs, layout=segs, num_chunks=NT, h0=hs,
                                       config=cfgs.get("chunk_state_fwd"), **common)
     rest, firsts = first_segments(plan)
-    ds_ext = torch.empty_like(S)  # rows of first segments stay unused
+    ds_ext = M.new_empty(plan.num_segments, H, K, V)  # fp32 like the maps; rows of first segments stay unused
     chunk_state_bwd(qs, ks, w, gs, aqk, do, dht=None, ds_out=ds_ext,
                     layout=SeqLayout(plan.num_segments, segs.cu_seqlens, segs.chunk_offsets, seq_map=rest,
                                      final_idx=rest), **bwd)

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from kernels.autograd import KEEP_POLICIES, keep_policy, keeping
 from kernels.configs import LaunchConfig, get_spec
 from runners.versions import driver_version, git_sha
 
@@ -63,7 +64,14 @@ def make_inputs(op: str, B: int, T: int, Hh: int, *, device: str, seed: int = 0)
     return q, k, v, g, beta, do
 
 
-POLICIES = ("wy", "wy+states")  # the kept policies timed beside the default ("inputs"; kernels.autograd.KEEP)
+POLICIES = KEEP_POLICIES[1:]  # the kept policies timed beside the default (KEEP_POLICIES[0], "inputs")
+
+
+def _kept(policy: str) -> tuple[bool, bool]:
+    """(keep the WY factors, keep the chunk states) under `policy` (`kernels.autograd.keep_policy`: a one-line
+    ValueError for an unknown one)."""
+    with keeping(policy):
+        return keep_policy()
 
 
 def ours_step(op: str, configs: dict[str, LaunchConfig] | None = None, policy: str = "inputs") -> Callable[..., Any]:
@@ -73,10 +81,11 @@ def ours_step(op: str, configs: dict[str, LaunchConfig] | None = None, policy: s
 
     fwd = getattr(importlib.import_module(f"kernels.{op}.chunk"), f"chunk_{op}_fwd")
     bwd = getattr(importlib.import_module(f"kernels.{op}.chunk_bwd"), f"chunk_{op}_bwd")
+    keep_wy, keep_states = _kept(policy)
 
     def step(q, k, v, g, beta, do):
-        keep: dict[str, torch.Tensor] | None = {} if policy != "inputs" else None
-        o, _ = fwd(q, k, v, g, beta, scale=K**-0.5, configs=configs, keep=keep, keep_states=policy == "wy+states")
+        keep: dict[str, torch.Tensor] | None = {} if keep_wy else None
+        o, _ = fwd(q, k, v, g, beta, scale=K**-0.5, configs=configs, keep=keep, keep_states=keep_states)
         return o, bwd(q, k, v, g, beta, do, scale=K**-0.5, configs=configs, wy=keep)
 
     return step
@@ -88,7 +97,7 @@ def held_mb(op: str, policy: str, q, k, v, g, beta) -> float:
 
     fwd = getattr(importlib.import_module(f"kernels.{op}.chunk"), f"chunk_{op}_fwd")
     keep: dict[str, torch.Tensor] = {}
-    fwd(q, k, v, g, beta, scale=K**-0.5, keep=keep, keep_states=policy == "wy+states")
+    fwd(q, k, v, g, beta, scale=K**-0.5, keep=keep, keep_states=_kept(policy)[1])
     return sum(t.numel() * t.element_size() for t in keep.values() if t.is_cuda) / 2**20
 
 

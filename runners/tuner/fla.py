@@ -34,7 +34,7 @@ import torch
 
 from runners.tuner.clock import Timer, make_timer
 from runners.tuner.trials import output_error
-from runners.tuner.tune import _DTYPES, _TOL, Shape, device_facts, make_case
+from runners.tuner.tune import _DTYPES, _INPUTS, _TOL, Shape, device_facts, make_case, training_step
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -80,21 +80,12 @@ def _fla_runner(op: str, case: Mapping[str, Any], direction: str = "fwd",
 
     if direction == "fwd":
         return run
-    h0 = case["initial_state"]
 
     def train() -> tuple[torch.Tensor | None, ...]:
-        xs = [case[n].detach().requires_grad_() for n in _INPUTS]
-        s0 = h0.detach().requires_grad_() if h0 is not None else None
         with FLA.step_context(dict(options or {})):
-            o, ht = forward(*xs, h0=s0)
-            o.backward(case["do"])
-        grads = [x.grad for x in xs] + ([s0.grad] if s0 is not None else [])
-        return (o.detach(), ht.detach() if ht is not None else None, *grads)
+            return training_step(forward, case)
 
     return train
-
-
-_INPUTS = ("q", "k", "v", "g", "beta")
 
 
 def check_direction(op: str, K: int, direction: str, options: Mapping[str, Any] | None) -> None:

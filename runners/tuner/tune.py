@@ -27,6 +27,7 @@ CPU tuning (wall clock) is allowed for tests; CPU rows are never exported (runne
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -47,7 +48,8 @@ if TYPE_CHECKING:
 
     from db.models import TunedConfig
 
-__all__ = ["Shape", "device_facts", "install_tuned", "launched_configs", "make_case", "tune_case", "tune_kernels"]
+__all__ = ["Shape", "device_facts", "install_tuned", "launched_configs", "make_case", "training_step", "tune_case",
+           "tune_kernels"]
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +124,8 @@ def make_case(op: str, shape: Shape, device: torch.device | str) -> dict[str, An
             "initial_state": h0, "do": do}
 
 
+_INPUTS = ("q", "k", "v", "g", "beta")  # the op's differentiable inputs, in call order
+
 
 def op_runner(op: str, case: Mapping[str, Any], *, backend: str = "triton", direction: str = "fwd") -> RunFn:
     """A RunFn: `kernels.forward(op, ..., output_final_state=True, config=configs)` -> (o, final_state).
@@ -137,28 +141,35 @@ def op_runner(op: str, case: Mapping[str, Any], *, backend: str = "triton", dire
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be 'fwd' or 'fwd+bwd', got direction={direction!r}")
 
+    def forward(configs: Mapping[str, LaunchConfig], *xs: torch.Tensor,
+                h0: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return kernels.forward(op, *xs, initial_state=h0, output_final_state=True, cu_seqlens=case["cu_seqlens"],
+                               cu_seqlens_cpu=case.get("cu_seqlens_cpu"), backend=backend, config=dict(configs))
+
     def run(configs: Mapping[str, LaunchConfig]) -> tuple[torch.Tensor | None, ...]:
-        return kernels.forward(op, case["q"], case["k"], case["v"], case["g"], case["beta"],
-                               initial_state=case["initial_state"], output_final_state=True,
-                               cu_seqlens=case["cu_seqlens"], cu_seqlens_cpu=case.get("cu_seqlens_cpu"),
-                               backend=backend, config=dict(configs))
+        return forward(configs, *(case[n] for n in _INPUTS), h0=case["initial_state"])
 
     if direction == "fwd":
         return run
-    do = case["do"]
-    h0 = case["initial_state"]
 
     def train(configs: Mapping[str, LaunchConfig]) -> tuple[torch.Tensor | None, ...]:
-        xs = [case[n].detach().requires_grad_() for n in ("q", "k", "v", "g", "beta")]
-        s0 = h0.detach().requires_grad_() if h0 is not None else None
-        o, ht = kernels.forward(op, *xs, initial_state=s0, output_final_state=True,
-                                cu_seqlens=case["cu_seqlens"], cu_seqlens_cpu=case.get("cu_seqlens_cpu"),
-                                backend=backend, config=dict(configs))
-        o.backward(do)
-        grads = [x.grad for x in xs] + ([s0.grad] if s0 is not None else [])
-        return (o.detach(), ht.detach() if ht is not None else None, *grads)
+        return training_step(functools.partial(forward, configs), case)
 
     return train
+
+
+def training_step(forward: Callable[..., tuple[torch.Tensor, torch.Tensor | None]],
+                  case: Mapping[str, Any]) -> tuple[torch.Tensor | None, ...]:
+    """One training step of `forward(q, k, v, g, beta, h0=...) -> (o, final_state)` on the case: fresh leaves (no
+    gradient accumulates across calls), `o.backward(case["do"])` -> (o, final_state, dq, dk, dv, dg, dbeta[, dh0
+    when the case has an initial state])."""
+    h0 = case["initial_state"]
+    xs = [case[n].detach().requires_grad_() for n in _INPUTS]
+    s0 = h0.detach().requires_grad_() if h0 is not None else None
+    o, ht = forward(*xs, h0=s0)
+    o.backward(case["do"])
+    grads = [x.grad for x in xs] + ([s0.grad] if s0 is not None else [])
+    return (o.detach(), ht.detach() if ht is not None else None, *grads)
 
 
 def device_facts(device: torch.device | str) -> tuple[str, str | None]:

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from kernels.peers import Peer
 
-__all__ = ["FLA", "HOPPER_GUARD", "hopper_guard", "triton_version"]
+__all__ = ["FLA", "HOPPER_GUARD", "hopper_guard", "hopper_guard_refusal", "triton_version"]
 
 HOPPER_GUARD = ((3, 4, 0), (3, 7, 1))  # FLA refuses the gated GDN backward on sm_90 for Triton in [lo, hi)
 _WC_DEFAULTS = {"segments": "auto", "tol": 1e-3, "window": "auto", "fallback": "auto"}
@@ -50,6 +50,21 @@ def triton_version() -> tuple[int, int, int] | None:
         return None
     m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
     return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else None
+
+
+def hopper_guard_refusal(op: str, direction: str, options: Mapping[str, Any], opt_in: str) -> str | None:
+    """Why FLA refuses `op` in `direction` here under its Hopper guard (the GDN backward, judged by the installed
+    Triton, unless `options` lift it), naming `opt_in`, the caller's way to lift it (a spec's mode_options, a CLI
+    flag); None when it runs."""
+    if op != "gdn" or direction == "fwd" or options.get("bypass_hopper_guard"):
+        return None
+    tv = triton_version()
+    lo, hi = HOPPER_GUARD
+    if tv is not None and not lo <= tv < hi:
+        return None
+    have = "is not installed here" if tv is None else "is " + ".".join(map(str, tv))
+    return (f"FLA refuses the GDN backward on Hopper (sm_90) with Triton >= 3.4.0, < 3.7.1 (FLA #640: "
+            f"chunk_bwd_dqkwg miscompiles); Triton {have}. Opt in with {opt_in}")
 
 
 @contextlib.contextmanager
@@ -126,15 +141,7 @@ class _FLA(Peer):
                         f"got {changed}")
         elif mode_opts.get("segment_len"):
             return f"mode '{mode}' with segment_len chains our transition maps; FLA has no transition primitive"
-        if op == "gdn" and direction != "fwd" and not opts.get("bypass_hopper_guard"):
-            tv = triton_version()
-            lo, hi = HOPPER_GUARD
-            if tv is None or lo <= tv < hi:
-                have = "is not installed here" if tv is None else "is " + ".".join(map(str, tv))
-                return (f"FLA refuses the GDN backward on Hopper (sm_90) with Triton >= 3.4.0, < 3.7.1 (FLA #640: "
-                        f"chunk_bwd_dqkwg miscompiles); Triton {have}. Opt in with mode_options: "
-                        f"{{fla: {{bypass_hopper_guard: true}}}}")
-        return None
+        return hopper_guard_refusal(op, direction, opts, "mode_options: {fla: {bypass_hopper_guard: true}}")
 
     def available(self) -> str | None:
         """Why FLA's points cannot run in this process (None: they can)."""

@@ -91,16 +91,16 @@ def _fla_runner(op: str, case: Mapping[str, Any], direction: str = "fwd",
 def check_direction(op: str, K: int, direction: str, options: Mapping[str, Any] | None) -> None:
     """A one-line ValueError when FLA cannot run `op` in `direction` here: an unknown direction, or FLA's own
     refusal (the `fla` peer's skip reason: its Hopper guard on the GDN backward unless opted out)."""
-    from kernels.peers.fla import FLA
+    from kernels.peers.fla import FLA, hopper_guard_refusal
     from runners.spec import DIRECTIONS
 
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}")
-    reason = FLA.skip_reason({"mode": "none", "op": op, "direction": direction, "K": K,
-                              "backend_options": dict(options or {})})
+    opts = dict(options or {})
+    reason = (FLA.skip_reason({"mode": "none", "op": op, "direction": "fwd", "K": K, "backend_options": opts})
+              or hopper_guard_refusal(op, direction, opts, "--fla-bypass-hopper-guard (cpbench tune)"))
     if reason:
-        raise ValueError(reason.replace("mode_options: {fla: {bypass_hopper_guard: true}}",
-                                        "--fla-bypass-hopper-guard (cpbench tune)"))
+        raise ValueError(reason)
 
 
 def _trial(run: Callable[[], Any], reference: Any, tol: float, timer: Timer, samples: int) -> tuple[str, float | None, str | None]:

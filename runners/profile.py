@@ -38,7 +38,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 __all__ = ["BWD_RANGE", "FWD_RANGE", "PROFILE_DIRECTIONS", "ProfileSummary", "classify_collective", "direction_range",
-           "merge_ranks", "profile_step", "summarize_events"]
+           "merge_kinds", "merge_ranks", "profile_step", "summarize_events"]
 
 logger = logging.getLogger(__name__)
 
@@ -300,16 +300,20 @@ def _export_trace(prof: Any, path: Path) -> Path:
     return path
 
 
+def merge_kinds(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """The gang's value per collective kind from each rank's (counts or bytes): send/recv summed over the ranks,
+    group collectives the max; kinds sorted."""
+    counts = list(counts)
+    kinds = sorted({k for c in counts for k in c})
+    return {k: (sum if k in P2P_KINDS else max)(c.get(k, 0) for c in counts) for k in kinds}
+
+
 def _merge_counts(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """collectives / collective_bytes (group kinds: max over ranks; send/recv: sum) and host_syncs (sum) of the
-    ranks' `parts` (dicts with those keys)."""
-    kinds = sorted({k for s in parts for k in s["collectives"]})
-    coll, cbytes = {}, {}
-    for k in kinds:
-        agg = sum if k in P2P_KINDS else max
-        coll[k] = agg(s["collectives"].get(k, 0) for s in parts)
-        cbytes[k] = agg(s["collective_bytes"].get(k, 0) for s in parts)
-    return {"collectives": coll, "collective_bytes": cbytes, "host_syncs": sum(s["host_syncs"] for s in parts)}
+    """collectives / collective_bytes (`merge_kinds`) and host_syncs (sum) of the ranks' `parts` (dicts with those
+    keys)."""
+    return {"collectives": merge_kinds(s["collectives"] for s in parts),
+            "collective_bytes": merge_kinds(s["collective_bytes"] for s in parts),
+            "host_syncs": sum(s["host_syncs"] for s in parts)}
 
 
 def merge_ranks(summaries: Sequence[ProfileSummary]) -> ProfileSummary:

@@ -33,6 +33,7 @@ direction of `by_direction` is merged the same way.
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import logging
 import os
@@ -211,26 +212,22 @@ def _tally(host: Sequence[Any], device: Sequence[Any], layer: str | None = None)
             "sync_events": sync_events, "unclassified": sorted(unclassified)}
 
 
-def _direction_of(evt: Any, starts: Sequence[tuple[float, str]]) -> str:
-    """The direction whose range started last at or before `evt` starts ("fwd" before any range)."""
-    t, out = evt.time_range.start, "fwd"
-    for start, direction in starts:
-        if start > t:
-            break
-        out = direction
-    return out
-
-
 def _split(host: Sequence[Any], device: Sequence[Any], ranges: Sequence[Any], layer: str) -> dict[str, dict[str, Any]]:
-    """`by_direction` of a training step (see the module docstring); {} when the step has no backward range."""
-    names = {r: d for d, r in PROFILE_DIRECTIONS.items()}
+    """`by_direction` of a training step (see the module docstring); {} when the step has no backward range. Each
+    event goes to the direction whose range started last at or before it starts ("fwd" before any range)."""
     if not any(r.name == BWD_RANGE for r in ranges):
         return {}
+    names = {r: d for d, r in PROFILE_DIRECTIONS.items()}
     starts = sorted((r.time_range.start, names[r.name]) for r in ranges)
+    times = [t for t, _ in starts]
+    parts: dict[str, tuple[list[Any], list[Any]]] = {d: ([], []) for d in PROFILE_DIRECTIONS}
+    for side, events in enumerate((host, device)):
+        for e in events:
+            i = bisect.bisect_right(times, e.time_range.start)
+            parts[starts[i - 1][1] if i else "fwd"][side].append(e)
     out = {}
-    for d in PROFILE_DIRECTIONS:
-        t = _tally([e for e in host if _direction_of(e, starts) == d], [e for e in device if _direction_of(e, starts) == d],
-                   layer)
+    for d, (h, dev) in parts.items():
+        t = _tally(h, dev, layer)
         out[d] = {k: t[k] for k in ("collectives", "collective_bytes", "host_syncs")}
     return out
 

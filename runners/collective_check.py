@@ -17,7 +17,7 @@ from typing import Any
 
 from runners.profile import PROFILE_DIRECTIONS, merge_kinds
 
-__all__ = ["expected_by_direction", "merge_gang", "mismatches", "step_directions"]
+__all__ = ["expected_by_direction", "merge_gang", "mismatches", "step_directions", "step_total"]
 
 
 def step_directions(direction: str) -> tuple[str, ...]:
@@ -45,6 +45,15 @@ def merge_gang(per_rank: Sequence[Mapping[str, Mapping[str, int]] | None]) -> di
     return {d: merge_kinds(r.get(d, {}) for r in per_rank if r is not None) for d in directions}
 
 
+def step_total(by_direction: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+    """The whole step's count from its directions' (kernels.cp's "fwd+bwd" is the sum of "fwd" and "bwd")."""
+    total: dict[str, int] = {}
+    for counts in by_direction.values():
+        for k, n in counts.items():
+            total[k] = total.get(k, 0) + n
+    return dict(sorted(total.items()))
+
+
 def _diff(where: str, measured: Mapping[str, int], expected: Mapping[str, int]) -> list[str]:
     return [f"{where} {k}: measured {measured.get(k, 0)}, expected {expected.get(k, 0)}"
             for k in sorted({*measured, *expected}) if measured.get(k, 0) != expected.get(k, 0)]
@@ -54,11 +63,7 @@ def mismatches(profile: Mapping[str, Any], expected: Mapping[str, Mapping[str, i
     """Each collective count of `profile` (a merged `ProfileSummary.as_dict()`) that differs from `expected`
     (the gang's counts per direction): the step's totals, then each direction of `by_direction` when present.
     Empty when all agree."""
-    total: dict[str, int] = {}
-    for counts in expected.values():
-        for k, n in counts.items():
-            total[k] = total.get(k, 0) + n
-    out = _diff("step", profile.get("collectives") or {}, total)
+    out = _diff("step", profile.get("collectives") or {}, step_total(expected))
     split = profile.get("by_direction") or {}
     for d in PROFILE_DIRECTIONS:
         if split and d in expected:

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from runners import backend_options, training
-from runners.collective_check import expected_by_direction, step_directions
+from runners.collective_check import expected_by_direction, step_directions, step_total
 from runners.correctness import judge, rel_l2
 from runners.gang import RankContext
 from runners.profile import profile_step
@@ -162,7 +162,6 @@ def _our_mode(params: dict[str, Any], wl: Workload, rc: RankContext) -> ModeRun:
     def cp_step() -> Tensor:
         return cp.forward(mode, op, *shards, group=rc.group, ctx=ctx_cp, backend=backend, scale=None, options=mode_opts)
 
-    expected = dict(cp.expected_collectives(mode, ctx_cp, mode_opts, "fwd+bwd" if train else "fwd"))
     by_direction = expected_by_direction(mode, ctx_cp, mode_opts, "fwd+bwd" if train else "fwd")
     step, grads = cp_step, None
     if train:
@@ -175,7 +174,7 @@ def _our_mode(params: dict[str, Any], wl: Workload, rc: RankContext) -> ModeRun:
         step=step,
         full_output=lambda: _gather(step(), ctx_cp, rc.group),
         report=lambda: {},
-        expected_collectives=expected,
+        expected_collectives=step_total(by_direction),
         expected_by_direction=by_direction,
         full_grads=grads,
     )

@@ -2,7 +2,7 @@
 
 `expected_by_direction(mode, ctx, options, direction)` is kernels.cp's count of one rank's step, one entry per
 direction the point runs (`fwd`, and `bwd` for a `fwd+bwd` point); `merge_gang` folds the ranks' counts as the
-profiler folds the ranks (`runners.profile.merge_ranks`: send/recv summed over the ranks, group collectives the
+profiler folds the ranks (`runners.profile.merge_kinds`: send/recv summed over the ranks, group collectives the
 max). `mismatches(profile, expected)` compares the gang's profile with it: the whole step against the sum of the
 directions, and, when the profile split a training step (`by_direction`), each direction against its own count,
 so a backward that issues an extra all-gather is caught even where the forward issues one fewer. The worker stores
@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from runners.profile import P2P_KINDS, PROFILE_DIRECTIONS
+from runners.profile import PROFILE_DIRECTIONS, merge_kinds
 
-__all__ = ["expected_by_direction", "merge_counts", "merge_gang", "mismatches", "step_directions"]
+__all__ = ["expected_by_direction", "merge_gang", "mismatches", "step_directions", "step_total"]
 
 
 def step_directions(direction: str) -> tuple[str, ...]:
@@ -36,22 +36,22 @@ def expected_by_direction(mode: str, ctx: Any, options: Mapping[str, Any] | None
     return {d: dict(cp.expected_collectives(mode, ctx, options, d)) for d in step_directions(direction)}
 
 
-def merge_counts(counts: Sequence[Mapping[str, int]]) -> dict[str, int]:
-    """The gang's count of collectives from each rank's: send/recv summed, group collectives the max."""
-    out: dict[str, int] = {}
-    for c in counts:
-        for k, n in c.items():
-            out[k] = out.get(k, 0) + n if k in P2P_KINDS else max(out.get(k, 0), n)
-    return dict(sorted(out.items()))
-
-
 def merge_gang(per_rank: Sequence[Mapping[str, Mapping[str, int]] | None]) -> dict[str, dict[str, int]] | None:
     """The gang's expected counts per direction from each rank's; None when a rank states none (a peer backend
     without `expected_collectives`)."""
     if not per_rank or any(r is None for r in per_rank):
         return None
     directions = [d for d in PROFILE_DIRECTIONS if any(d in r for r in per_rank if r is not None)]
-    return {d: merge_counts([r.get(d, {}) for r in per_rank if r is not None]) for d in directions}
+    return {d: merge_kinds(r.get(d, {}) for r in per_rank if r is not None) for d in directions}
+
+
+def step_total(by_direction: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+    """The whole step's count from its directions' (kernels.cp's "fwd+bwd" is the sum of "fwd" and "bwd")."""
+    total: dict[str, int] = {}
+    for counts in by_direction.values():
+        for k, n in counts.items():
+            total[k] = total.get(k, 0) + n
+    return dict(sorted(total.items()))
 
 
 def _diff(where: str, measured: Mapping[str, int], expected: Mapping[str, int]) -> list[str]:
@@ -63,11 +63,7 @@ def mismatches(profile: Mapping[str, Any], expected: Mapping[str, Mapping[str, i
     """Each collective count of `profile` (a merged `ProfileSummary.as_dict()`) that differs from `expected`
     (the gang's counts per direction): the step's totals, then each direction of `by_direction` when present.
     Empty when all agree."""
-    total: dict[str, int] = {}
-    for counts in expected.values():
-        for k, n in counts.items():
-            total[k] = total.get(k, 0) + n
-    out = _diff("step", profile.get("collectives") or {}, total)
+    out = _diff("step", profile.get("collectives") or {}, step_total(expected))
     split = profile.get("by_direction") or {}
     for d in PROFILE_DIRECTIONS:
         if split and d in expected:

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from runners import backend_options, training
-from runners.collective_check import expected_by_direction, step_directions
+from runners.collective_check import expected_by_direction, step_directions, step_total
 from runners.correctness import judge, rel_l2
 from runners.gang import RankContext
 from runners.profile import profile_step
@@ -162,7 +162,6 @@ def _our_mode(params: dict[str, Any], wl: Workload, rc: RankContext) -> ModeRun:
     def cp_step() -> Tensor:
         return cp.forward(mode, op, *shards, group=rc.group, ctx=ctx_cp, backend=backend, scale=None, options=mode_opts)
 
-    expected = dict(cp.expected_collectives(mode, ctx_cp, mode_opts, "fwd+bwd" if train else "fwd"))
     by_direction = expected_by_direction(mode, ctx_cp, mode_opts, "fwd+bwd" if train else "fwd")
     step, grads = cp_step, None
     if train:
@@ -175,7 +174,7 @@ def _our_mode(params: dict[str, Any], wl: Workload, rc: RankContext) -> ModeRun:
         step=step,
         full_output=lambda: _gather(step(), ctx_cp, rc.group),
         report=lambda: {},
-        expected_collectives=expected,
+        expected_collectives=step_total(by_direction),
         expected_by_direction=by_direction,
         full_grads=grads,
     )
@@ -216,25 +215,21 @@ def _peer_mode(peer: Any, params: dict[str, Any], wl: Workload, rc: RankContext)
         like = o_local if one else o_local.new_empty(1, ctx_cp.total_len, *o_local.shape[2:])
         do = training.global_do(params, like)
         base = training.train_step(fwd, xs, do if one else cp.shard(do, ctx_cp))
-    context = getattr(peer, "step_context", None)  # around every step (FLA: the Hopper-guard opt-in, for its backward)
-
-    def step() -> Tensor:
-        with context(opts) if callable(context) else contextlib.nullcontext():
-            return base()
 
     def full_grads() -> list[Tensor]:
-        step()
-        return [to_global(x.grad if x.grad is not None else torch.zeros_like(x), t.shape)
-                for x, t in zip(xs, wl.tensors, strict=True)]
+        local = training.grads_of(base, xs, lambda g: g)
+        return [to_global(g, t.shape) for g, t in zip(local, wl.tensors, strict=True)]
 
     def full_output() -> Tensor:
-        o = step()
+        o = base()
         return to_global(o, (*shape, o.shape[-1]))
 
     count = getattr(peer, "expected_collectives", None)  # optional: what one step issues (else not stated)
     expected = dict(count(mode, ctx_cp, opts)) if callable(count) else {}
-    return ModeRun(step=step, full_output=full_output, report=lambda: {}, expected_collectives=expected,
-                   full_grads=full_grads if train else None)
+    run = ModeRun(step=base, full_output=full_output, report=lambda: {}, expected_collectives=expected,
+                  full_grads=full_grads if train else None)
+    context = getattr(peer, "step_context", None)  # around every step (FLA: the Hopper-guard opt-in, for its backward)
+    return _in_context(run, lambda: context(opts)) if callable(context) else run
 
 
 def _none_output(params: dict[str, Any], wl: Workload, rc: RankContext) -> Tensor:

@@ -33,12 +33,13 @@ direction of `by_direction` is merged the same way.
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -47,7 +48,7 @@ from typing import Any
 import torch
 
 __all__ = ["BWD_RANGE", "FWD_RANGE", "PROFILE_DIRECTIONS", "ProfileSummary", "classify_collective", "direction_range",
-           "merge_ranks", "profile_step", "summarize_events"]
+           "merge_kinds", "merge_ranks", "profile_step", "summarize_events"]
 
 logger = logging.getLogger(__name__)
 
@@ -211,26 +212,22 @@ def _tally(host: Sequence[Any], device: Sequence[Any], layer: str | None = None)
             "sync_events": sync_events, "unclassified": sorted(unclassified)}
 
 
-def _direction_of(evt: Any, starts: Sequence[tuple[float, str]]) -> str:
-    """The direction whose range started last at or before `evt` starts ("fwd" before any range)."""
-    t, out = evt.time_range.start, "fwd"
-    for start, direction in starts:
-        if start > t:
-            break
-        out = direction
-    return out
-
-
 def _split(host: Sequence[Any], device: Sequence[Any], ranges: Sequence[Any], layer: str) -> dict[str, dict[str, Any]]:
-    """`by_direction` of a training step (see the module docstring); {} when the step has no backward range."""
-    names = {r: d for d, r in PROFILE_DIRECTIONS.items()}
+    """`by_direction` of a training step (see the module docstring); {} when the step has no backward range. Each
+    event goes to the direction whose range started last at or before it starts ("fwd" before any range)."""
     if not any(r.name == BWD_RANGE for r in ranges):
         return {}
+    names = {r: d for d, r in PROFILE_DIRECTIONS.items()}
     starts = sorted((r.time_range.start, names[r.name]) for r in ranges)
+    times = [t for t, _ in starts]
+    parts: dict[str, tuple[list[Any], list[Any]]] = {d: ([], []) for d in PROFILE_DIRECTIONS}
+    for side, events in enumerate((host, device)):
+        for e in events:
+            i = bisect.bisect_right(times, e.time_range.start)
+            parts[starts[i - 1][1] if i else "fwd"][side].append(e)
     out = {}
-    for d in PROFILE_DIRECTIONS:
-        t = _tally([e for e in host if _direction_of(e, starts) == d], [e for e in device if _direction_of(e, starts) == d],
-                   layer)
+    for d, (h, dev) in parts.items():
+        t = _tally(h, dev, layer)
         out[d] = {k: t[k] for k in ("collectives", "collective_bytes", "host_syncs")}
     return out
 
@@ -300,16 +297,20 @@ def _export_trace(prof: Any, path: Path) -> Path:
     return path
 
 
+def merge_kinds(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """The gang's value per collective kind from each rank's (counts or bytes): send/recv summed over the ranks,
+    group collectives the max; kinds sorted."""
+    counts = list(counts)
+    kinds = sorted({k for c in counts for k in c})
+    return {k: (sum if k in P2P_KINDS else max)(c.get(k, 0) for c in counts) for k in kinds}
+
+
 def _merge_counts(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """collectives / collective_bytes (group kinds: max over ranks; send/recv: sum) and host_syncs (sum) of the
-    ranks' `parts` (dicts with those keys)."""
-    kinds = sorted({k for s in parts for k in s["collectives"]})
-    coll, cbytes = {}, {}
-    for k in kinds:
-        agg = sum if k in P2P_KINDS else max
-        coll[k] = agg(s["collectives"].get(k, 0) for s in parts)
-        cbytes[k] = agg(s["collective_bytes"].get(k, 0) for s in parts)
-    return {"collectives": coll, "collective_bytes": cbytes, "host_syncs": sum(s["host_syncs"] for s in parts)}
+    """collectives / collective_bytes (`merge_kinds`) and host_syncs (sum) of the ranks' `parts` (dicts with those
+    keys)."""
+    return {"collectives": merge_kinds(s["collectives"] for s in parts),
+            "collective_bytes": merge_kinds(s["collective_bytes"] for s in parts),
+            "host_syncs": sum(s["host_syncs"] for s in parts)}
 
 
 def merge_ranks(summaries: Sequence[ProfileSummary]) -> ProfileSummary:

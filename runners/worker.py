@@ -69,7 +69,7 @@ from runners.gang import GangPool, JobCancelled
 from runners.grid import available_backends
 from runners.housekeeping import remove_own_leftovers
 from runners.plugins import unavailable
-from runners.profile import ProfileSummary, merge_ranks
+from runners.profile import ProfileSummary, merge_kinds, merge_ranks
 from runners.settings import WorkerSettings, get_worker_settings
 from runners.stats import summarize
 from runners.versions import driver_version, git_sha, software_versions
@@ -240,11 +240,6 @@ class _Heartbeat(threading.Thread):
 
 def _options(spec: dict[str, Any]) -> dict[str, Any]:
     return {k: spec.get(k) for k in ("timing", "check", "profile", "tune")}
-
-
-def _merge_expected(results: list[dict[str, Any]]) -> dict[str, int]:
-    """kernels.cp's expected collectives of the gang, merged like the profile (send/recv summed, others max)."""
-    return collective_check.merge_counts([r.get("expected_collectives") or {} for r in results])
 
 
 def _file_facts(path: Path) -> tuple[int, str]:
@@ -639,7 +634,8 @@ def _write_results(
             "host_enqueue_median_ms": summarize(timing["host_ms"]).median if timing.get("host_ms") else None,
         },
     }
-    report["expected_collectives"] = _merge_expected(results)
+    # kernels.cp's expected collectives of the gang, merged like the profile (runners.profile.merge_kinds)
+    report["expected_collectives"] = merge_kinds(r.get("expected_collectives") or {} for r in results)
     expected = collective_check.merge_gang([r.get("expected_collectives_by_direction") for r in results])
     if expected is not None:
         report["expected_collectives_by_direction"] = expected

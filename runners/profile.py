@@ -39,13 +39,15 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from kernels.cp.modes import merge_rank_counts
 
 __all__ = ["BWD_RANGE", "FWD_RANGE", "PROFILE_DIRECTIONS", "ProfileSummary", "classify_collective", "direction_range",
            "merge_kinds", "merge_ranks", "profile_step", "summarize_events"]
@@ -71,7 +73,6 @@ _KINDS = (
     ("broadcast", "broadcast"),
     ("barrier", "barrier"),
 )
-P2P_KINDS = ("send", "recv")
 # dispatcher ops whose argument 1 is the local input tensor (argument 0 is the output)
 _BASE_OP_INPUT_ARG = ("c10d::_allgather_base_", "c10d::alltoall_base_", "c10d::_reduce_scatter_base_")
 ITEM_EVENTS = ("aten::_local_scalar_dense",)
@@ -297,12 +298,9 @@ def _export_trace(prof: Any, path: Path) -> Path:
     return path
 
 
-def merge_kinds(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
-    """The gang's value per collective kind from each rank's (counts or bytes): send/recv summed over the ranks,
-    group collectives the max; kinds sorted."""
-    counts = list(counts)
-    kinds = sorted({k for c in counts for k in c})
-    return {k: (sum if k in P2P_KINDS else max)(c.get(k, 0) for c in counts) for k in kinds}
+# the gang's value per collective kind from each rank's (counts or bytes): the rule kernels.cp states its expected
+# gang counts by (send/recv summed over the ranks, group collectives the max)
+merge_kinds = merge_rank_counts
 
 
 def _merge_counts(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:

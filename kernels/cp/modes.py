@@ -8,7 +8,7 @@ alone: what the tests assert against the profiler and what a runner can store ne
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -21,7 +21,8 @@ from kernels.cp import warmup_correct as warmup_module
 from kernels.cp.context import CPContext, build_context
 from kernels.validate import check_backend, check_op
 
-__all__ = ["AUTOGRAD_MODES", "DIRECTIONS", "MODES", "SINGLE_DEVICE", "expected_collectives", "expected_collectives_gang", "forward"]
+__all__ = ["AUTOGRAD_MODES", "DIRECTIONS", "MODES", "SINGLE_DEVICE", "expected_collectives", "expected_collectives_gang",
+           "forward", "merge_rank_counts"]
 
 logger = logging.getLogger(__name__)
 
@@ -113,9 +114,15 @@ def expected_collectives_gang(mode: str, cu_seqlens: Sequence[int], world_size: 
     rank, merged as the profiler merges ranks (send/recv summed over the ranks, group collectives the max)."""
     per_rank = [expected_collectives(mode, build_context(cu_seqlens, world_size, r, layout), options, direction)
                 for r in range(world_size)]
-    kinds = sorted({k for c in per_rank for k in c})
-    merged = {k: (sum if k in P2P else max)(c.get(k, 0) for c in per_rank) for k in kinds}
-    return merged, per_rank
+    return merge_rank_counts(per_rank), per_rank
+
+
+def merge_rank_counts(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """The gang's value per collective kind from each rank's (counts or bytes), as the profiler merges ranks:
+    send/recv summed over the ranks, group collectives the max; kinds sorted."""
+    counts = list(counts)
+    kinds = sorted({k for c in counts for k in c})
+    return {k: (sum if k in P2P else max)(c.get(k, 0) for c in counts) for k in kinds}
 
 
 def _p2p(sends: int, recvs: int) -> dict[str, int]:

@@ -184,8 +184,7 @@ def _first_call_s(params: dict[str, Any]) -> float:
         peer = peer_of_point(params)
     except ValueError:
         return 0.0
-    value = getattr(peer, "first_call_s", 0.0) if peer is not None else 0.0
-    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else 0.0
+    return float(getattr(peer, "first_call_s", 0.0)) if peer is not None else 0.0  # checked by kernels.peers.check_peer
 
 
 def _check_times(lease_s: float, heartbeat_s: float) -> None:

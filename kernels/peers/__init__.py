@@ -29,6 +29,7 @@ must be declared, then the peer's own `skip_reason`. Nothing here imports a peer
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -75,6 +76,9 @@ def check_peer(obj: Any, where: str) -> Any:
             raise ValueError(f"backend {where}: modes[{mode!r}] must be a list of directions, got {dirs!r}")
     if not callable(getattr(obj, "forward", None)):
         raise ValueError(f"backend {where}: no callable `forward`")
+    first = getattr(obj, "first_call_s", 0.0)
+    if isinstance(first, bool) or not isinstance(first, (int, float)) or not math.isfinite(first) or first < 0:
+        raise ValueError(f"backend {where}: `first_call_s` must be a finite number of seconds >= 0, got {first!r}")
     return obj
 
 

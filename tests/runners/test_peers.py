@@ -184,6 +184,14 @@ def test_plugin_modules_allow_list(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     spy = type("Spy", (), {"name": "all", "modes": {"none": ("fwd",)}, "forward": lambda *a, **k: None})()
     with pytest.raises(ValueError, match="not be one of .*all, got 'all'"):
         check_peer(spy, "'spy'")
+    # the first-call allowance is added to the point's time limit: a bad one is refused, not read as 0
+    for bad in (-1.0, float("inf"), "600", True):
+        slow = type("Slow", (), {"name": "slow", "modes": {"none": ("fwd",)}, "forward": lambda *a, **k: None,
+                                 "first_call_s": bad})()
+        with pytest.raises(ValueError, match=r"`first_call_s` must be a finite number of seconds >= 0"):
+            check_peer(slow, "'slow'")
+    slow.first_call_s = 90
+    assert check_peer(slow, "'slow'") is slow
 
     assert plugins.module_allowed("a.b.c", ("a.",)) and plugins.module_allowed("a.b", ("a.b",))
     assert not plugins.module_allowed("a.b", ("a",)) and not plugins.module_allowed("ab.c", ("a.",))

@@ -27,6 +27,7 @@ from dashboards.figures.common import (
     empty_figure,
     mode_color,
     mode_rank,
+    series_key,
     series_name,
     symbol,
 )
@@ -89,7 +90,7 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
                         vertical_spacing=0.1)
     zero = zero_level(table)
     labels = backend_labels(table)
-    series = sorted({(r["mode"], r["backend_label"]) for r in table}, key=lambda s: (mode_rank(s[0]), labels.index(s[1])))
+    series = sorted({(r["mode"], r["backend_label"]) for r in table}, key=lambda s: series_key(*s, labels))
     modes = list(dict.fromkeys(mode for mode, _ in series))
     lbs = sorted({r["lb"] for r in table})
     for k, (mode, backend) in enumerate(series):

@@ -34,6 +34,7 @@ from dashboards.figures.common import (
     mode_rank,
     none_medians,
     run_W,
+    series_key,
     series_name,
     shows_backend,
     speedup,
@@ -141,7 +142,7 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
         for j, lb in enumerate(lbs, start=1):
             facet = {(c["T"], c["W"]): c for c in table if c["B"] == B and c["lb"] == lb}
             winners = {(c["best_mode"], c["best_backend"]) for c in facet.values()}
-            for mode, backend in sorted(winners, key=lambda w: (mode_rank(w[0]), labels.index(w[1]))):
+            for mode, backend in sorted(winners, key=lambda w: series_key(*w, labels)):
                 won = {k: c for k, c in facet.items() if (c["best_mode"], c["best_backend"]) == (mode, backend)}
                 name = series_name(mode, backend, labels)
                 grid = [[won.get((T, W)) for W in Ws] for T in Ts]

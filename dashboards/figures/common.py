@@ -114,6 +114,11 @@ def backend_marker(symbol_name: str, label: str, labels: Sequence[str]) -> str:
     return symbol_name if not labels or labels.index(label) == 0 else f"{symbol_name}-open"
 
 
+def series_key(mode: str, label: str, labels: Sequence[str]) -> tuple[int, int]:
+    """Legend order of a (mode, backend label) series: the mode's rank, then the backend's place in `labels`."""
+    return mode_rank(mode), list(labels).index(label)
+
+
 def mode_series(rows: Iterable[dict[str, Any]]) -> list[tuple[tuple[str, str, int], list[dict[str, Any]]]]:
     """Rows grouped into one series per (mode, backend label, B), in legend order (mode rank, backends in order of
     appearance, then B); rows keep their order."""
@@ -121,7 +126,7 @@ def mode_series(rows: Iterable[dict[str, Any]]) -> list[tuple[tuple[str, str, in
     for r in rows:
         series[(r["mode"], backend_label(r), r["B"])].append(r)
     order = list(dict.fromkeys(k[1] for k in series))
-    return sorted(series.items(), key=lambda kv: (mode_rank(kv[0][0]), order.index(kv[0][1]), kv[0][2]))
+    return sorted(series.items(), key=lambda kv: (*series_key(kv[0][0], kv[0][1], order), kv[0][2]))
 
 
 def in_facet(row: dict[str, Any], *, W: int, lb: float | None = None) -> bool:

@@ -30,6 +30,7 @@ from dashboards.figures.common import (
     mode_rank,
     none_medians,
     run_W,
+    series_key,
     series_name,
     speedup,
     symbol,
@@ -80,7 +81,7 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
         for r in table:
             if r["T"] == T:
                 series[(r["mode"], r["backend_label"], r["B"], r["lb"])].append(r)
-        order = sorted(series.items(), key=lambda kv: (mode_rank(kv[0][0]), labels.index(kv[0][1]), *kv[0][2:]))
+        order = sorted(series.items(), key=lambda kv: (*series_key(kv[0][0], kv[0][1], labels), *kv[0][2:]))
         for (mode, backend, B, lb), pts in order:
             pts.sort(key=lambda p: p["W"])
             name = series_name(mode, backend, labels)

@@ -182,7 +182,7 @@ def _precompile(args: argparse.Namespace, until: float) -> list[tuple[str, str, 
 
     from kernels.configs import KERNELS, LAUNCHES
     from runners.tuner.miscompiles import known_bad as known_bad_configs
-    from runners.tuner.search import _draw, candidates
+    from runners.tuner.search import _draw, candidates, pinned
     from runners.tuner.tune import Shape, device_facts, make_case, op_runner
 
     t0 = time.perf_counter()
@@ -198,7 +198,7 @@ def _precompile(args: argparse.Namespace, until: float) -> list[tuple[str, str, 
         run({n: sp.default for n, sp in KERNELS.items()})
         items = [(n, c.as_dict()) for n, (_k, d) in list(LAUNCHES.items()) if KERNELS[n].space
                  and (only is None or n in only)
-                 for c in _draw(candidates(KERNELS[n], d), args.budget, args.seed)[1:] if c not in ruled_out.get(n, {})]
+                 for c in _draw(candidates(KERNELS[n], d), args.budget, args.seed, pinned(KERNELS[n], d))[1:] if c not in ruled_out.get(n, {})]
         per = max(1, -(-len(items) // args.workers))
         tasks += [(op, sd, items[i:i + per], args.device, direction) for i in range(0, len(items), per)]
     bad: list[tuple[str, str, dict[str, int], str]] = []

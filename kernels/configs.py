@@ -47,12 +47,21 @@ class KernelSpec:
     key: the launch arguments its speed depends on (the shape key of tuned configs).
     default: the config used when nothing is tuned.
     space: the values each config field may take; the product is the search space.
+    hints: configs of the space a budgeted search always measures (after the default), e.g. those the compiler
+        reports free of register spills (benchmarks/results/ptxas_bwd_sm90.md); a random draw fills the rest.
     """
 
     name: str
     key: tuple[str, ...]
     default: LaunchConfig
     space: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    hints: tuple[LaunchConfig, ...] = ()
+
+    def __post_init__(self) -> None:
+        for h in self.hints:
+            outside = {k: v for k, v in h.as_dict().items() if k in self.space and v not in self.space[k]}
+            if outside or set(h.as_dict()) != set(self.default.as_dict()):
+                raise ValueError(f"kernel spec {self.name!r}: hint {h.as_dict()} is not a config of its space")
 
     def configs(self) -> Iterator[LaunchConfig]:
         """Every config of the space (the product of the fields' values), in a deterministic order."""

@@ -75,6 +75,8 @@ CHUNK_BWD_DQK = register(KernelSpec(
     # FLA's chunk_bwd_dqkwg: BK = BV = 64 on Hopper tiles, 4 warps
     default=LaunchConfig(BK=64, BV=64, num_warps=4, num_stages=2),
     space={"BK": (32, 64, 128), "BV": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
+    # the compiler's low-spill configs (benchmarks/results/ptxas_bwd_sm90.md): 8 warps, and 32-wide tiles at 8
+    hints=(LaunchConfig(BK=32, BV=32, num_warps=8, num_stages=2), LaunchConfig(BK=64, BV=64, num_warps=8, num_stages=2)),
 ))
 
 WY_BWD = register(KernelSpec(
@@ -83,6 +85,8 @@ WY_BWD = register(KernelSpec(
     # FLA's prepare_wy_repr_bwd: 64-wide column blocks, 2-4 warps
     default=LaunchConfig(BK=64, BV=64, num_warps=4, num_stages=2),
     space={"BK": (32, 64, 128), "BV": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
+    # the compiler's low-spill configs (benchmarks/results/ptxas_bwd_sm90.md): 8 warps, and 32-wide tiles at 8
+    hints=(LaunchConfig(BK=32, BV=32, num_warps=8, num_stages=2), LaunchConfig(BK=64, BV=64, num_warps=8, num_stages=2)),
 ))
 
 

@@ -5,8 +5,8 @@ deterministic order) and `measure(cfg, n, rung) -> Trial` (runners.tuner.trials.
 and returns a `SearchResult`. Only `ok` trials compete; invalid, disqualified and failed ones are kept as data.
 
 - `exhaustive`: every candidate, `samples` samples each. Best = lowest median.
-- `random_search`: the default plus `budget - 1` other candidates drawn without replacement with
-  `random.Random(seed)`, `samples` each. Best = lowest median among those measured.
+- `random_search`: the default (and the spec's hints: `pinned` leading candidates) plus `budget - pinned` other
+  candidates drawn without replacement with `random.Random(seed)`, `samples` each. Best = lowest median among those measured.
 - `successive_halving`: rung 0 measures every candidate with `min_samples`; each next rung keeps the best
   `ceil(len / eta)` (at least 2) and measures them afresh with `eta` times more samples (capped at
   `max_samples`), until 2 survive (3 with the pinned default) or the samples are capped; `budget` caps the rung-0 candidates (random
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from kernels.configs import KernelSpec, LaunchConfig
 from runners.tuner.trials import Trial
 
-__all__ = ["STRATEGIES", "SearchResult", "candidates", "exhaustive", "random_search", "search", "successive_halving"]
+__all__ = ["STRATEGIES", "SearchResult", "candidates", "exhaustive", "pinned", "random_search", "search", "successive_halving"]
 
 Measure = Callable[[LaunchConfig, int, int], Trial]
 STRATEGIES = ("exhaustive", "random", "halving")
@@ -44,7 +44,8 @@ class SearchResult:
 
 
 def candidates(spec: KernelSpec, default: LaunchConfig | None = None) -> list[LaunchConfig]:
-    """The default config first, then every config of the space (deduplicated, deterministic order).
+    """The default config first, then the spec's hints, then every config of the space (deduplicated,
+    deterministic order). `pinned(spec, default)` of them lead: a budgeted draw always keeps those.
 
     default: the default as it actually launches, when the launcher adapts it to the shape (e.g. BV clamped
     to a small V); None = `spec.default`.
@@ -52,7 +53,7 @@ def candidates(spec: KernelSpec, default: LaunchConfig | None = None) -> list[La
     default = default or spec.default
     out = [default]
     seen = {default}
-    for cfg in spec.configs():
+    for cfg in (*spec.hints, *spec.configs()):
         if cfg not in seen:
             seen.add(cfg)
             out.append(cfg)
@@ -67,13 +68,20 @@ def _finish(trials: list[Trial], final: Sequence[Trial], default_cfg: LaunchConf
     return SearchResult(trials=trials, best=ok[0] if ok else None, runner_up=ok[1] if len(ok) > 1 else None, default=default)
 
 
-def _draw(configs: Sequence[LaunchConfig], budget: int | None, seed: int) -> list[LaunchConfig]:
+def pinned(spec: KernelSpec, default: LaunchConfig | None = None) -> int:
+    """How many leading `candidates(spec, default)` a budgeted draw keeps: the default and the distinct hints."""
+    default = default or spec.default
+    return 1 + len({h for h in spec.hints if h != default})
+
+
+def _draw(configs: Sequence[LaunchConfig], budget: int | None, seed: int, pinned: int = 1) -> list[LaunchConfig]:
     if budget is None or budget >= len(configs):
         return list(configs)
     if budget < 1:
         raise ValueError(f"budget must be >= 1 (configs to measure), got budget={budget}")
-    rest = random.Random(seed).sample(list(configs[1:]), budget - 1)
-    return [configs[0], *rest]
+    keep = max(1, min(pinned, budget))
+    rest = random.Random(seed).sample(list(configs[keep:]), budget - keep)
+    return [*configs[:keep], *rest]
 
 
 def exhaustive(configs: Sequence[LaunchConfig], measure: Measure, *, samples: int) -> SearchResult:
@@ -81,8 +89,9 @@ def exhaustive(configs: Sequence[LaunchConfig], measure: Measure, *, samples: in
     return _finish(trials, trials, configs[0])
 
 
-def random_search(configs: Sequence[LaunchConfig], measure: Measure, *, budget: int | None, seed: int, samples: int) -> SearchResult:
-    trials = [measure(c, samples, 0) for c in _draw(configs, budget, seed)]
+def random_search(configs: Sequence[LaunchConfig], measure: Measure, *, budget: int | None, seed: int, samples: int,
+                  pinned: int = 1) -> SearchResult:
+    trials = [measure(c, samples, 0) for c in _draw(configs, budget, seed, pinned)]
     return _finish(trials, trials, configs[0])
 
 
@@ -95,11 +104,12 @@ def successive_halving(
     eta: int = 3,
     budget: int | None = None,
     seed: int = 0,
+    pinned: int = 1,
 ) -> SearchResult:
     if eta < 2:
         raise ValueError(f"eta must be >= 2, got eta={eta}")
     default = configs[0]
-    alive = _draw(configs, budget, seed)
+    alive = _draw(configs, budget, seed, pinned)
     n, rung = min_samples, 0
     trials: list[Trial] = []
     while True:
@@ -118,13 +128,14 @@ def successive_halving(
 
 
 def search(strategy: str, configs: Sequence[LaunchConfig], measure: Measure, *, budget: int | None = None, seed: int = 0,
-           samples: int = 20, min_samples: int = 5, max_samples: int = 60, eta: int = 3) -> SearchResult:
-    """Dispatch by name: "exhaustive" | "random" | "halving" (see the module docstring)."""
+           samples: int = 20, min_samples: int = 5, max_samples: int = 60, eta: int = 3, pinned: int = 1) -> SearchResult:
+    """Dispatch by name: "exhaustive" | "random" | "halving" (see the module docstring). pinned: the leading
+    configs a budgeted draw always keeps (`pinned(spec)`: the default and the spec's hints)."""
     if strategy == "exhaustive":
         return exhaustive(configs, measure, samples=samples)
     if strategy == "random":
-        return random_search(configs, measure, budget=budget, seed=seed, samples=samples)
+        return random_search(configs, measure, budget=budget, seed=seed, samples=samples, pinned=pinned)
     if strategy == "halving":
         return successive_halving(configs, measure, min_samples=min_samples, max_samples=max_samples, eta=eta,
-                                  budget=budget, seed=seed)
+                                  budget=budget, seed=seed, pinned=pinned)
     raise ValueError(f"strategy must be one of {STRATEGIES}, got strategy={strategy!r}")

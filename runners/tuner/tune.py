@@ -40,7 +40,7 @@ from kernels.autotune import key_str, normalize_key, source_hash
 from kernels.configs import KERNELS, LAUNCHES, LaunchConfig, get_spec
 from runners.tuner.clock import Timer, make_timer
 from runners.tuner.miscompiles import known_bad as known_bad_configs
-from runners.tuner.search import SearchResult, candidates, search
+from runners.tuner.search import SearchResult, candidates, pinned, search
 from runners.tuner.trials import RunFn, Trial, TrialContext, run_trial
 
 if TYPE_CHECKING:
@@ -267,7 +267,8 @@ def tune_case(
                            default=observed[name])
         try:
             res = search(strategy, candidates(spec, observed[name]), lambda c, n, r, _ctx=ctx: run_trial(_ctx, c, n=n, rung=r),
-                         budget=budget, seed=seed, samples=samples, min_samples=min_samples, max_samples=max_samples, eta=eta)
+                         budget=budget, seed=seed, samples=samples, min_samples=min_samples, max_samples=max_samples, eta=eta,
+                         pinned=pinned(spec, observed[name]))
         except Exception:
             # a device crash ends the search: keep the trials so far (the crashing one included) before it propagates
             if session is not None:

@@ -31,6 +31,8 @@ from kernels.autotune import install
 from kernels.configs import LAUNCHES, KernelSpec, LaunchConfig, pick_config, register
 from runners.tuner import Shape, candidates, tune_case, tune_kernels
 from runners.tuner.clock import WallTimer
+from runners.tuner.search import _draw, pinned, search
+from runners.tuner.trials import Trial
 
 
 @triton.jit
@@ -158,6 +160,39 @@ def test_random_budget_and_seed(session: Session) -> None:
 def test_candidates_default_first_and_unique() -> None:
     c = candidates(SCALE)
     assert c[0] == SCALE.default and len(c) == len(set(c)) == 16
+
+
+def test_hints_lead_the_candidates_and_a_budgeted_draw_always_measures_them() -> None:
+    hints = (LaunchConfig(BV=32, num_warps=2, num_stages=2), LaunchConfig(BV=16, num_warps=2, num_stages=3))
+    spec = KernelSpec(name="test_tuner_hinted", key=("N",), default=SCALE.default, space=SCALE.space, hints=hints)
+    c = candidates(spec)
+    assert c[:3] == [SCALE.default, *hints] and len(c) == len(set(c)) == 16
+    assert pinned(spec) == 3 and pinned(spec, hints[0]) == 2  # a hint equal to the default counts once
+    cost = {cfg: float(i) for i, cfg in enumerate(c)}
+    for seed in range(8):  # whatever the random draw, both hints are in every budgeted search's first rung
+        for strategy in ("random", "halving"):
+            res = search(strategy, c, lambda cfg, n, r, _s=strategy: Trial(kernel="k", key={}, config=cfg, strategy=_s, rung=r,
+                                                              status="ok", median_ms=cost[cfg], n=n),
+                         budget=4, seed=seed, min_samples=1, max_samples=1, pinned=pinned(spec))
+            first = [t.config for t in res.trials if t.rung == 0]
+            assert first[:3] == [SCALE.default, *hints] and len(first) == len(set(first)) == 4
+    # without hints (pinned=1) a budget of 4 draws 3 of the 15 others
+    drawn = {tuple(_draw(c, 4, s)[1:]) for s in range(8)}
+    assert len(drawn) > 1 and all(SCALE.default not in d for d in drawn)
+
+
+def test_a_hint_outside_the_space_is_refused() -> None:
+    with pytest.raises(ValueError, match="hint .* is not a config of its space"):
+        KernelSpec(name="test_tuner_bad_hint", key=("N",), default=SCALE.default, space=SCALE.space,
+                   hints=(LaunchConfig(BV=128, num_warps=2, num_stages=2),))
+
+
+def test_backward_kernels_hint_their_low_spill_configs() -> None:
+    from kernels.common import chunk_bwd, state_bwd
+
+    for spec in (chunk_bwd.CHUNK_BWD_DQK, chunk_bwd.WY_BWD, state_bwd.CHUNK_STATE_BWD):
+        assert spec.hints and all(h.num_warps == 8 for h in spec.hints)
+        assert candidates(spec)[1:1 + len(spec.hints)] == list(spec.hints)
 
 
 def test_bad_strategy_and_unknown_kernel() -> None:

@@ -62,12 +62,17 @@ def cmd_run(args: argparse.Namespace) -> None:
         SHAPES = [{"B": 1, "T": 128, "H": 1, "K": 16, "V": 32, "dtype": "float32"}, {"B": 1, "T": 192, "H": 1, "K": 16, "V": 32, "dtype": "float32"},
                   {"B": 2, "T": 64, "H": 1, "K": 16, "V": 32, "dtype": "float32"}]
     t_start = time.perf_counter()
-    bad = [_parse_bad(b) for b in args.known_bad]
-    bad += _precompile(args, until=t_start + args.deadline_s / 2) if args.workers > 0 else []
+    partial = json.loads(Path(args.partial).read_text()) if args.partial else None
+    if partial is not None:  # a restart after a device crash: the time spent so far counts against the deadline
+        t_start -= partial["env"]["elapsed_s"]
+        bad = [tuple(c) for c in partial["crashed"]]
+    else:
+        bad = [_parse_bad(b) for b in args.known_bad]
+        bad += _precompile(args, until=t_start + args.deadline_s / 2) if args.workers > 0 else []
     dev = args.device
     timer = StepTimer(dev)
     cuda = dev == "cuda"
-    out: dict[str, Any] = {
+    out: dict[str, Any] = partial or {
         "env": {"device": torch.cuda.get_device_name() if cuda else "cpu",
                 "compute_capability": "{}.{}".format(*torch.cuda.get_device_capability()) if cuda else None,
                 "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
@@ -76,6 +81,8 @@ def cmd_run(args: argparse.Namespace) -> None:
         "trials": [], "tuned": [], "ops": [], "crashed": bad,
     }
     for direction, op, sd in ((d, op, sd) for d in args.directions for op in args.ops for sd in SHAPES):
+        if any(o["op"] == op and o["shape"] == sd and o["direction"] == direction for o in out["ops"]):
+            continue  # done before a restart
         left = args.deadline_s - (time.perf_counter() - t_start)
         if left < 20:
             print(f"deadline: skipping {op} {_shape_name(sd)} {direction}", flush=True)
@@ -89,9 +96,20 @@ def cmd_run(args: argparse.Namespace) -> None:
         for b_op, b_kernel, b_cfg, b_err in bad:
             if b_op == op:
                 known_bad.setdefault(b_kernel, {})[LaunchConfig.from_dict(b_cfg)] = f"crashed the device when precompiled: {b_err}"
-        rows, results = tune_case(None, run=run, device=dev, kernels=tuned_here, strategy="halving",
-                                  budget=args.budget, seed=args.seed,
-                                  min_samples=5, max_samples=45, eta=3, tol=2e-2, timer=timer, known_bad=known_bad)
+        last: list[dict[str, Any]] = []
+        try:
+            rows, results = tune_case(None, run=run, device=dev, kernels=tuned_here, strategy="halving",
+                                      budget=args.budget, seed=args.seed, min_samples=5, max_samples=45, eta=3, tol=2e-2,
+                                      timer=timer, known_bad=known_bad, on_trial=last.append)
+        except Exception as e:  # a CUDA error poisons this process: record the culprit, let the parent restart
+            if not (last and last[-1]["status"] == "failed" and "CUDA" in str(e)):
+                raise
+            culprit = (op, last[-1]["kernel"], last[-1]["config"], f"{type(e).__name__}: {str(e).splitlines()[0]} (in the search)")
+            out["crashed"].append(culprit)
+            out["env"]["elapsed_s"] = time.perf_counter() - t_start
+            Path(args.out).write_text(json.dumps(out, indent=1, default=str))
+            print(f"device crash: {culprit}; this case restarts in a fresh process", flush=True)
+            raise SystemExit(CRASH_EXIT) from e
         t_tune = time.perf_counter() - t0
         for res in results.values():
             for t in res.trials:
@@ -413,8 +431,30 @@ def main() -> None:
     i.add_argument("--db", default="sqlite://")
     i.add_argument("--sha", default=None, help="the code's git sha, for run files that did not record one")
     i.add_argument("--allow-cpu", action="store_true", help="accept a --tiny CPU dry run (never for the shipped file)")
+    r.add_argument("--restarts", type=int, default=4, help="fresh processes after device crashes in the search")
+    r.add_argument("--partial", default=None, help=argparse.SUPPRESS)  # a restarted child: the run so far
     args = ap.parse_args()
+    if args.cmd == "run" and args.partial is None and args.restarts > 0:
+        raise SystemExit(run_with_restarts(args))
     cmd_run(args) if args.cmd == "run" else cmd_import(args)
+
+
+CRASH_EXIT = 75  # a search met a CUDA error: the culprit is in --out's "crashed", the case restarts
+
+
+def run_with_restarts(args: argparse.Namespace) -> int:
+    """Run the search in child processes: a config that crashes the device mid-search (an illegal address poisons
+    the CUDA context; the precompile probes each config alone and once, so some crashes surface only here) is
+    recorded in "crashed" and never launched again, and a fresh process resumes with the cases not yet done."""
+    import subprocess
+
+    argv = sys.argv[1:]
+    rc = subprocess.call([sys.executable, __file__, *argv, "--restarts", "0"])
+    for _ in range(args.restarts):
+        if rc != CRASH_EXIT:
+            return rc
+        rc = subprocess.call([sys.executable, __file__, *argv, "--restarts", "0", "--partial", args.out])
+    return rc
 
 
 if __name__ == "__main__":

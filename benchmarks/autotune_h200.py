@@ -305,13 +305,11 @@ def merge_runs(runs: list[dict[str, Any]], sha: str | None = None) -> dict[str, 
     `ops` row and the tuned entries; the others' winners stay in the trials. "The same kernels": every kernel tuned
     in several runs has one source hash across them (a kernel's tuned entry is valid for its source only), so runs
     made at different commits merge when the kernels they share did not change; otherwise they are refused.
-    sha: the code's git sha, for runs that did not record one (a run that recorded another sha is refused).
+    sha: the code's git sha, for runs that did not record one (a run that recorded one keeps it).
     """
     if not runs:
         raise ValueError("no run files given")
     for r in runs:
-        if sha is not None and r["env"].get("git_sha") not in (None, sha):
-            raise ValueError(f"--sha {sha} but a run recorded git sha {r['env']['git_sha']}")
         if r["env"].get("git_sha") is None:
             r["env"]["git_sha"] = sha
         # nvidia-smi prints one line per GPU
@@ -429,7 +427,7 @@ def main() -> None:
     i.add_argument("--json", required=True)
     i.add_argument("--md", required=True)
     i.add_argument("--db", default="sqlite://")
-    i.add_argument("--sha", default=None, help="the code's git sha, for run files that did not record one")
+    i.add_argument("--sha", default=None, help="the code's git sha, for run files that did not record one (the others keep theirs)")
     i.add_argument("--allow-cpu", action="store_true", help="accept a --tiny CPU dry run (never for the shipped file)")
     r.add_argument("--restarts", type=int, default=4, help="fresh processes after device crashes in the search")
     r.add_argument("--partial", default=None, help=argparse.SUPPRESS)  # a restarted child: the run so far

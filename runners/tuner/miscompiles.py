@@ -57,13 +57,23 @@ class Rule:
 
 RULES: tuple[Rule, ...] = (
     Rule(
-        kernels=("chunk_state_output_fwd", "chunk_state_transition_fwd"),
+        kernels=("chunk_state_output_fwd", "chunk_state_transition_fwd", "chunk_state_fwd"),
         matches=lambda c: c.BV == 32 and c.num_stages == 1,
         capabilities=("9",),
         triton_min=(3, 4),
         triton_max=(3, 7, 0),
         reason="known Hopper miscompile (BV=32, one stage): illegal memory access or wrong output on an H200 "
-               "with Triton 3.6.0 (runners/tuner/miscompiles.py)",
+               "with Triton 3.6.0 (chunk_state_fwd, the backward's state recompute: 2026-12-01; "
+               "runners/tuner/miscompiles.py)",
+    ),
+    Rule(
+        kernels=("wy_bwd",),
+        matches=lambda c: c.BK == 128 and c.BV == 32 and c.num_stages == 1,
+        capabilities=("9",),
+        triton_min=(3, 4),
+        triton_max=(3, 7, 0),
+        reason="the WY backward with BK=128, BV=32 and one stage hit an illegal memory access on an H200 with "
+               "Triton 3.6.0 (8 warps, GDN and KDA, K=V=128; 2026-12-01, precompile of autotune_h200.py)",
     ),
     Rule(
         kernels=("chunk_state_bwd",),

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 import kernels
+import kernels.common.chunk_bwd  # noqa: F401  (registers the specs of the backward's kernels)
 import kernels.common.chunk_state  # noqa: F401  (registers the specs of every Triton kernel of the forward)
 import kernels.common.seqsplit  # noqa: F401
+import kernels.common.state_bwd  # noqa: F401
 import kernels.common.wy  # noqa: F401
 from kernels.autotune import AutotuneMismatchError, load_autotune, parse_autotune, source_hash
 from kernels.configs import KERNELS, LAUNCHES, LaunchConfig, pick_config
@@ -31,7 +33,7 @@ def test_shipped_file_is_valid_and_inside_the_declared_spaces() -> None:
     data = _data()
     table = parse_autotune(data, device_name=H200, check_sources=False)
     assert table.device_name == H200 and table.compute_capability == "9.0"
-    assert set(table.kernels()) >= {"wy_gdn_fwd", "wy_kda_fwd", "chunk_state_output_fwd"}
+    assert set(table.kernels()) >= {"wy_gdn_fwd", "wy_kda_fwd", "chunk_state_output_fwd", "chunk_bwd_dqk", "wy_bwd"}
     ruled_out = known_bad("9.0", data["versions"]["triton"])
     for name, block in data["kernels"].items():
         space = set(KERNELS[name].configs())

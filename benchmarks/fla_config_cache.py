@@ -19,7 +19,7 @@ and checked too; `--bypass-hopper-guard` lifts FLA's guard on the GDN backward, 
    number of autotune benchmark runs (target: 0), whether every pick equals the exported config, and whether the
    output equals step 2's output with the same configs pinned (bitwise).
 
-Writes $OUT/fla_config_cache.{json,md}. Targets (issue 13): first call with the export <= 15 s; steady state with
+Writes $OUT/fla_config_cache.{json,md} (after the tuning and after every op and T, so a stopped run keeps its rows). Targets (issue 13): first call with the export <= 15 s; steady state with
 our configs <= FLA's own picks at every shape. A run takes ~3 min per op and T at --budget 6 on an H200.
 """
 
@@ -239,17 +239,22 @@ def main(argv: list[str] | None = None) -> None:
         tune = _child("tune", {"ops": args.ops, "T": args.T, "budget": args.budget, "samples": args.samples, **side},
                       args.out)
         print(f"tuned: {tune.get('kernels')} kernels, {tune.get('entries')} entries {tune.get('error', '')}", flush=True)
-    rows = []
+    shown = sys.argv[1:] if argv is None else argv
+    label = "forward" if args.direction == "fwd" else "forward+backward"
+    rows: list[dict[str, Any]] = []
+
+    def write() -> None:  # after every row: a call that runs out of time keeps what it measured
+        (args.out / "fla_config_cache.json").write_text(json.dumps({"tune": tune, "rows": rows}, indent=1, default=str))
+        (args.out / "fla_config_cache.md").write_text(_markdown(rows, tune, shown, label))
+
+    write()
     for op in args.ops:
         for T in args.T:
             own = _child("own", {"op": op, "T": T, "samples": args.samples, "blocks": args.blocks, **side}, args.out)
             exp = _child("export", {"op": op, "T": T, **side}, args.out)
             rows.append({"op": op, "T": T, "own": own, "export": exp})
             print(json.dumps(rows[-1], default=str)[:2000], flush=True)
-    shown = sys.argv[1:] if argv is None else argv
-    (args.out / "fla_config_cache.json").write_text(json.dumps({"tune": tune, "rows": rows}, indent=1, default=str))
-    label = "forward" if args.direction == "fwd" else "forward+backward"
-    (args.out / "fla_config_cache.md").write_text(_markdown(rows, tune, shown, label))
+            write()
     print(_markdown(rows, tune, shown, label))
 
 

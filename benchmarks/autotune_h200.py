@@ -12,11 +12,12 @@ Two steps, because the GPU machine has no database:
 
 Method (run): shapes bf16, H=16, K=V=128: B=1 T=8K, B=1 T=64K, B=8 T=8K. For each op and shape,
 `runners.tuner.tune_case` tunes every Triton kernel the forward launches, in launch order (coordinate descent),
-with successive halving (first rung: the default plus `budget - 1` random configs of the space, 5 samples
-each; survivors x3 samples per rung, up to 45; CUDA events, L2 flushed before every sample, warmup first).
+with successive halving (first rung: the default, the kernel's `hints` and random configs of the space up to
+`budget`, 5 samples each; survivors x3 samples per rung, up to 45; CUDA events, L2 flushed before every sample, warmup first).
 Every trial is checked against the default config's outputs (relative L2 <= 2e-2) before it is timed. Then
 the whole forward is timed with all defaults vs all winners, interleaved A/B in 5 blocks of 20 samples, and
-the medians are reported. A deadline stops new searches so the run fits the device lease.
+the medians are reported. A deadline stops new searches so the run fits the device lease. A device crash in a
+search (CUDA error) records the culprit in "crashed" and the run resumes in a fresh process (`--restarts`).
 Direction fwd+bwd: the kernels only the backward launches (what the training step launches beyond the forward's)
 are tuned on the whole step (forward + `o.backward(do)`, `runners.tuner.tune.op_runner`); the forward's kernels
 keep their forward winners; the A/B then times the whole step.

@@ -182,6 +182,35 @@ def single_value_log_range(values: Iterable[Any]) -> list[float] | None:
     return [centre - 0.5, centre + 0.5]
 
 
+def tokens_label(T: int) -> str:
+    """8192 -> "8K", 131072 -> "128K", 1000 -> "1000": how the pages name a sequence length."""
+    return f"{T // 1024}K" if T >= 1024 and T % 1024 == 0 else str(T)
+
+
+def t_ticks(values: Iterable[Any]) -> dict[str, Any]:
+    """A log T axis labelled at the measured lengths ("8K", "64K"; at most 12 labels, every other one beyond),
+    instead of plotly's abbreviated minor ticks ("2", "3", ... meaning 20K, 30K)."""
+    Ts = sorted({int(v) for v in values if isinstance(v, (int, float)) and v > 0})
+    Ts = Ts if len(Ts) <= 12 else Ts[::2]
+    return {"tickvals": Ts, "ticktext": [tokens_label(T) for T in Ts]}
+
+
+def ms_ticks(values: Iterable[Any]) -> dict[str, Any]:
+    """A log time axis labelled on the 1-2-5 sequence spanning the values ("0.5", "1", "2", "5", "10", ...), one
+    step beyond each end, instead of plotly's abbreviated minor ticks."""
+    vs = [float(v) for v in values if isinstance(v, (int, float)) and v > 0]
+    if not vs:
+        return {}
+    lo, hi = min(vs), max(vs)
+    ticks: list[float] = []
+    for d in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1):
+        ticks += [m * 10.0 ** d for m in (1, 2, 5)]
+    below = [t for t in ticks if t <= lo]
+    above = [t for t in ticks if t >= hi]
+    ticks = [t for t in ticks if (below[-1] if below else ticks[0]) <= t <= (above[0] if above else ticks[-1])]
+    return {"tickvals": ticks, "ticktext": [f"{t:.3g}" for t in ticks]}
+
+
 def per_step_grid(table: Sequence[dict[str, Any]]) -> tuple[go.Figure, list[Any]]:
     """Two stacked panels (rows 1 and 2) per CP size W (columns, from the rows' `facet_W`), x shared, and the W
     values in column order: the layout of the per-step count figures (collectives, host syncs)."""
@@ -193,7 +222,7 @@ def per_step_grid(table: Sequence[dict[str, Any]]) -> tuple[go.Figure, list[Any]
 
 def log_t_axis(fig: go.Figure, table: Iterable[dict[str, Any]]) -> None:
     """Log T on every x axis of a `per_step_grid`, titled under the bottom row."""
-    fig.update_xaxes(type="log", range=single_value_log_range(r["T"] for r in table))
+    fig.update_xaxes(type="log", range=single_value_log_range(r["T"] for r in table), **t_ticks(r["T"] for r in table))
     fig.update_xaxes(title_text="T (tokens)", row=2)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from dashboards.figures.common import base_layout, empty_figure
+from dashboards.figures.common import base_layout, empty_figure, ms_ticks
 
 NAME = "history"
 TITLE = "Nightly history per benchmark key"
@@ -66,7 +66,7 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
                 meta={"verdict": verdict, "kind": "verdict"},
             ))
     fig.update_xaxes(title_text="run")
-    fig.update_yaxes(type="log", title_text="median ms")
+    fig.update_yaxes(type="log", title_text="median ms", **ms_ticks(v for r in table for v in (r["median_ms"], r["p10_ms"], r["p90_ms"])))
     base_layout(fig, TITLE, height=520)
     fig.update_layout(legend={"title": {"text": "key"}})
     return fig

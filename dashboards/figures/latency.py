@@ -32,11 +32,13 @@ from dashboards.figures.common import (
     mode_color,
     mode_rank,
     mode_series,
+    ms_ticks,
     none_medians,
     series_name,
     single_value_log_range,
     speedup,
     symbol,
+    t_ticks,
 )
 
 NAME = "latency"
@@ -79,8 +81,8 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
                     fig.add_trace(_trace(mode, label, B, pts, Bs, labels, W=W, lb=lb, role=role,
                                          showlegend=name not in shown), row=i, col=j)
                     shown.add(name)
-    fig.update_xaxes(type="log", range=single_value_log_range(r["T"] for r in table))
-    fig.update_yaxes(type="log")
+    fig.update_xaxes(type="log", range=single_value_log_range(r["T"] for r in table), **t_ticks(r["T"] for r in table))
+    fig.update_yaxes(type="log", **ms_ticks(v for r in table for v in (r["median_ms"], r.get("p10_ms"), r.get("p90_ms"))))
     fig.update_xaxes(title_text="T (tokens)", row=len(lbs))
     fig.update_yaxes(title_text="ms", col=1)
     return base_layout(fig, TITLE, height=max(380, 320 * len(lbs)))

@@ -23,7 +23,7 @@ import pytest
 
 from dashboards import render
 from dashboards.cost_model import comm_cost, model_speedup
-from dashboards.figures import SWEEP_FIGURES, accuracy, best_mode, comm, history, latency, scaling, syncs, tuning
+from dashboards.figures import SWEEP_FIGURES, accuracy, best_mode, comm, common, history, latency, scaling, syncs, tuning
 from dashboards.figures.common import REFERENCE_NAME
 from tests.dashboards.seed import CP_MODES, MODES, ONE_DEVICE_MODES, model_ms, point
 
@@ -254,6 +254,25 @@ def test_tuning_relative_to_best() -> None:
     assert len(rejected.x) == 2
 
 
+def test_log_axes_are_labelled_in_tokens_and_on_the_1_2_5_sequence() -> None:
+    """The latency page names the measured lengths on its T axis and labels its time axis 1-2-5 over every median
+    and error bar (plotly's own log ticks read "2", "3" for 20K, 30K)."""
+    rows = result_rows()
+    fig = latency.figure(rows)
+    assert list(fig.layout.xaxis.tickvals) == [256, 1024, 4096]
+    assert list(fig.layout.xaxis.ticktext) == ["256", "1K", "4K"]
+    ticks, text = list(fig.layout.yaxis.tickvals), list(fig.layout.yaxis.ticktext)
+    drawn = [v for r in latency.frame(rows) for v in (r["median_ms"], r["p10_ms"], r["p90_ms"])]
+    assert ticks[0] <= min(drawn) < ticks[1] and ticks[-2] < max(drawn) <= ticks[-1]  # one step beyond each end
+    assert all(f"{t:.3g}" == x and float(x) / 10 ** math.floor(math.log10(float(x))) in (1, 2, 5)
+               for t, x in zip(ticks, text, strict=True))
+    assert common.tokens_label(131072) == "128K" and common.tokens_label(1000) == "1000"
+    assert common.ms_ticks([0.338, 25.5])["ticktext"] == ["0.2", "0.5", "1", "2", "5", "10", "20", "50"]
+    assert common.ms_ticks([2.0])["ticktext"] == ["2"] and common.ms_ticks([]) == {}
+    many = common.t_ticks(range(1024, 20 * 1024 + 1, 1024))["tickvals"]
+    assert len(many) <= 12 and many[0] == 1024  # every other length beyond 12
+
+
 def test_history_lines_and_verdicts() -> None:
     rows = []
     for night in range(3):
@@ -267,6 +286,7 @@ def test_history_lines_and_verdicts() -> None:
     assert names(fig, "verdict") == {"SLOW"}  # SAME is not marked
     slow = next(t for t in fig.data if t.name == "SLOW")
     assert list(slow.y) == [1.25]
+    assert list(fig.layout.yaxis.ticktext) == ["0.5", "1", "2"]  # medians 1-1.25, error bars 0.9-1.4
 
 
 @pytest.mark.parametrize("module", [*SWEEP_FIGURES.values(), tuning, history], ids=lambda m: m.NAME)

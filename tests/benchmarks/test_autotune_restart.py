@@ -7,23 +7,18 @@ file and the resume run as on the device, with the child processes run in-proces
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "autotune_h200.py"
+from tests.utils.scripts import load_script
+
 CULPRIT = {"BV": 32, "num_warps": 4, "num_stages": 1}
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("autotune_h200_restart", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("autotune_h200")
 
 
 def test_a_crash_mid_search_restarts_the_case_without_the_culprit(tmp_path, monkeypatch) -> None:

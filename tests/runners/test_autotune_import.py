@@ -5,7 +5,6 @@ refused. Runs the script's import step on real run files from a CPU dry run."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,16 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.utils.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "autotune_h200.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("autotune_h200", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("autotune_h200")
 
 
 def _hash(kernel: str) -> str:

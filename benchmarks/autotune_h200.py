@@ -53,6 +53,7 @@ def cmd_run(args: argparse.Namespace) -> None:
 
     from kernels.configs import KERNELS, LaunchConfig
     from runners.tuner.clock import StepTimer
+    from runners.tuner.trials import is_device_crash
     from runners.tuner.tune import Shape, make_case, op_runner, tune_case
     from runners.versions import driver_version, git_sha
 
@@ -66,7 +67,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     partial = json.loads(Path(args.partial).read_text()) if args.partial else None
     if partial is not None:  # a restart after a device crash: the time spent so far counts against the deadline
         t_start -= partial["env"]["elapsed_s"]
-        bad = [tuple(c) for c in partial["crashed"]]
+        bad = partial["crashed"]
     else:
         bad = [_parse_bad(b) for b in args.known_bad]
         bad += _precompile(args, until=t_start + args.deadline_s / 2) if args.workers > 0 else []
@@ -80,7 +81,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                 "driver": driver_version(), "git_sha": args.sha or git_sha(), "command": " ".join(sys.argv),
                 "started_at": datetime.now(timezone.utc).isoformat()},
         "trials": [], "tuned": [], "ops": [], "crashed": bad,
-    }
+    }  # out["crashed"] is `bad`: a crash found in the search below joins it
     for direction, op, sd in ((d, op, sd) for d in args.directions for op in args.ops for sd in SHAPES):
         if any(o["op"] == op and o["shape"] == sd and o["direction"] == direction for o in out["ops"]):
             continue  # done before a restart
@@ -96,17 +97,17 @@ def cmd_run(args: argparse.Namespace) -> None:
         known_bad: dict[str, dict[LaunchConfig, str]] = {}
         for b_op, b_kernel, b_cfg, b_err in bad:
             if b_op == op:
-                known_bad.setdefault(b_kernel, {})[LaunchConfig.from_dict(b_cfg)] = f"crashed the device when precompiled: {b_err}"
+                known_bad.setdefault(b_kernel, {})[LaunchConfig.from_dict(b_cfg)] = f"crashed the device earlier in this run: {b_err}"
         last: list[dict[str, Any]] = []
         try:
             rows, results = tune_case(None, run=run, device=dev, kernels=tuned_here, strategy="halving",
                                       budget=args.budget, seed=args.seed, min_samples=5, max_samples=45, eta=3, tol=2e-2,
                                       timer=timer, known_bad=known_bad, on_trial=last.append)
         except Exception as e:  # a CUDA error poisons this process: record the culprit, let the parent restart
-            if not (last and last[-1]["status"] == "failed" and "CUDA" in str(e)):
+            if not (last and last[-1]["status"] == "failed" and is_device_crash(e)):
                 raise
             culprit = (op, last[-1]["kernel"], last[-1]["config"], f"{type(e).__name__}: {str(e).splitlines()[0]} (in the search)")
-            out["crashed"].append(culprit)
+            bad.append(culprit)
             out["env"]["elapsed_s"] = time.perf_counter() - t_start
             Path(args.out).write_text(json.dumps(out, indent=1, default=str))
             print(f"device crash: {culprit}; this case restarts in a fresh process", flush=True)
@@ -201,7 +202,7 @@ def _precompile(args: argparse.Namespace, until: float) -> list[tuple[str, str, 
 
     from kernels.configs import KERNELS, LAUNCHES
     from runners.tuner.miscompiles import known_bad as known_bad_configs
-    from runners.tuner.search import _draw, candidates, pinned
+    from runners.tuner.search import first_rung
     from runners.tuner.tune import Shape, device_facts, make_case, op_runner
 
     t0 = time.perf_counter()
@@ -217,7 +218,7 @@ def _precompile(args: argparse.Namespace, until: float) -> list[tuple[str, str, 
         run({n: sp.default for n, sp in KERNELS.items()})
         items = [(n, c.as_dict()) for n, (_k, d) in list(LAUNCHES.items()) if KERNELS[n].space
                  and (only is None or n in only)
-                 for c in _draw(candidates(KERNELS[n], d), args.budget, args.seed, pinned(KERNELS[n], d))[1:] if c not in ruled_out.get(n, {})]
+                 for c in first_rung(KERNELS[n], d, args.budget, args.seed)[1:] if c not in ruled_out.get(n, {})]
         per = max(1, -(-len(items) // args.workers))
         tasks += [(op, sd, items[i:i + per], args.device, direction) for i in range(0, len(items), per)]
     bad: list[tuple[str, str, dict[str, int], str]] = []

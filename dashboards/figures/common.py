@@ -205,9 +205,8 @@ def ms_ticks(values: Iterable[Any]) -> dict[str, Any]:
     ticks: list[float] = []
     for d in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1):
         ticks += [m * 10.0 ** d for m in (1, 2, 5)]
-    below = [t for t in ticks if t <= lo]
-    above = [t for t in ticks if t >= hi]
-    ticks = [t for t in ticks if (below[-1] if below else ticks[0]) <= t <= (above[0] if above else ticks[-1])]
+    first, last = max(t for t in ticks if t <= lo), min(t for t in ticks if t >= hi)  # the decades bracket lo and hi
+    ticks = [t for t in ticks if first <= t <= last]
     return {"tickvals": ticks, "ticktext": [f"{t:.3g}" for t in ticks]}
 
 

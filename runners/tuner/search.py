@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from kernels.configs import KernelSpec, LaunchConfig
 from runners.tuner.trials import Trial
 
-__all__ = ["STRATEGIES", "SearchResult", "candidates", "exhaustive", "pinned", "random_search", "search", "successive_halving"]
+__all__ = ["STRATEGIES", "SearchResult", "candidates", "exhaustive", "first_rung", "pinned", "random_search", "search", "successive_halving"]
 
 Measure = Callable[[LaunchConfig, int, int], Trial]
 STRATEGIES = ("exhaustive", "random", "halving")
@@ -72,6 +72,12 @@ def pinned(spec: KernelSpec, default: LaunchConfig | None = None) -> int:
     """How many leading `candidates(spec, default)` a budgeted draw keeps: the default and the distinct hints."""
     default = default or spec.default
     return 1 + len({h for h in spec.hints if h != default})
+
+
+def first_rung(spec: KernelSpec, default: LaunchConfig | None, budget: int | None, seed: int) -> list[LaunchConfig]:
+    """The configs a budgeted search of `spec` measures first (random_search's all, halving's rung 0): the default,
+    the hints, then a seeded draw of the rest up to `budget`."""
+    return _draw(candidates(spec, default), budget, seed, pinned(spec, default))
 
 
 def _draw(configs: Sequence[LaunchConfig], budget: int | None, seed: int, pinned: int = 1) -> list[LaunchConfig]:

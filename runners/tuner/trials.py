@@ -108,7 +108,7 @@ def _is_invalid_launch(err: BaseException) -> bool:
     return isinstance(err, kinds)
 
 
-def _is_fatal(err: BaseException) -> bool:
+def is_device_crash(err: BaseException) -> bool:
     """A CUDA error poisons the context: later trials would fail too, so the search stops.
 
     torch raises `torch.AcceleratorError` ("CUDA error: ..."); a Triton launch raises a RuntimeError
@@ -149,7 +149,7 @@ def run_trial(ctx: TrialContext, cfg: LaunchConfig, *, n: int, rung: int = 0) ->
                 trial.status = "invalid"
             else:
                 trial.status = "failed"
-                fatal = e if _is_fatal(e) else None
+                fatal = e if is_device_crash(e) else None
             trial.error = f"{type(e).__name__}: {e}"[:2000]
             logger.debug("trial %s %s: %s", name, cfg, traceback.format_exc())
     logger.info("trial %s %s rung %d: %s %s", name, cfg.as_dict(), rung, trial.status,

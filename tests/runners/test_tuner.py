@@ -31,7 +31,7 @@ from kernels.autotune import install
 from kernels.configs import LAUNCHES, KernelSpec, LaunchConfig, pick_config, register
 from runners.tuner import Shape, candidates, tune_case, tune_kernels
 from runners.tuner.clock import WallTimer
-from runners.tuner.search import _draw, pinned, search
+from runners.tuner.search import first_rung, pinned, search
 from runners.tuner.trials import Trial
 
 
@@ -176,8 +176,9 @@ def test_hints_lead_the_candidates_and_a_budgeted_draw_always_measures_them() ->
                          budget=4, seed=seed, min_samples=1, max_samples=1, pinned=pinned(spec))
             first = [t.config for t in res.trials if t.rung == 0]
             assert first[:3] == [SCALE.default, *hints] and len(first) == len(set(first)) == 4
-    # without hints (pinned=1) a budget of 4 draws 3 of the 15 others
-    drawn = {tuple(_draw(c, 4, s)[1:]) for s in range(8)}
+    # without hints (pinned=1) a budget of 4 draws 3 of the 15 others; with them, 1 beside the two hints
+    assert all(first_rung(spec, None, 4, s)[:3] == [SCALE.default, *hints] for s in range(8))
+    drawn = {tuple(first_rung(SCALE, None, 4, s)[1:]) for s in range(8)}
     assert len(drawn) > 1 and all(SCALE.default not in d for d in drawn)
 
 

@@ -8,19 +8,21 @@ cold), FLA_DISABLE_BACKEND_DISPATCH=1 (FLA's Triton path on every side), shapes 
 (`--direction fwd+bwd`: FLA's training step, forward + `o.backward(do)`, so its backward kernels are tuned, exported
 and checked too; `--bypass-hopper-guard` lifts FLA's guard on the GDN backward, FLA #640, as the `fla` peer does):
 
-1. tune: `runners.tuner.fla.tune_fla` (what `cpbench tune --backend fla` runs: each config of each autotuned FLA
-   kernel the op touches pinned in turn, the whole op timed) for every op and T, then the winners written as FLA's
-   config-cache directory `$OUT/fla_configs/` (what `cpbench configs export --format fla` writes);
-2. own, per op and T: FLA with its own autotune (FLA_CACHE_MODE unset): wall time of the first call (compile +
-   autotune), the number of autotune benchmark runs, its picks; then, in the same process, FLA's own picks vs the
-   exported configs pinned, timed interleaved (A/B blocks, CUDA events, L2 flushed), and the output with the
-   exported configs pinned;
-3. export, per op and T: FLA_CONFIG_DIR=$OUT/fla_configs FLA_CACHE_MODE=strict: wall time of the first call, the
+1. own + tune, per op and T, one process: FLA with its own autotune (FLA_CACHE_MODE unset): wall time of the first
+   call (compile + autotune), the number of autotune benchmark runs, its picks; then `runners.tuner.fla.tune_fla`
+   (what `cpbench tune --backend fla` runs: each config of each autotuned FLA kernel the op touches pinned in turn,
+   the whole op timed; FLA's own picks are already cached, so FLA autotunes once per op and T, not twice) with the
+   winners merged into FLA's config-cache directory `$OUT/fla_configs/` (what `cpbench configs export --format fla`
+   writes); then FLA's own picks vs the exported configs pinned, timed interleaved (A/B blocks, CUDA events, L2
+   flushed), and the output with the exported configs pinned (`--skip-tune`: the export of an earlier run);
+2. export, per op and T: FLA_CONFIG_DIR=$OUT/fla_configs FLA_CACHE_MODE=strict: wall time of the first call, the
    number of autotune benchmark runs (target: 0), whether every pick equals the exported config, and whether the
-   output equals step 2's output with the same configs pinned (bitwise).
+   output equals step 1's output with the same configs pinned (bitwise).
 
-Writes $OUT/fla_config_cache.{json,md} (after the tuning and after every op and T, so a stopped run keeps its rows). Targets (issue 13): first call with the export <= 15 s; steady state with
-our configs <= FLA's own picks at every shape. A run takes ~3 min per op and T at --budget 6 on an H200.
+Writes $OUT/fla_config_cache.{json,md} after every op and T, so a stopped run keeps its rows. Targets (issue 13):
+first call with the export <= 15 s; steady state with our configs <= FLA's own picks at every shape. The forward
+takes ~1-2 min per op and T at --budget 6 on an H200; the training step is dominated by FLA's own first call
+(its backward's autotune: ~4 min for GDN at T=8K).
 """
 
 from __future__ import annotations
@@ -107,23 +109,32 @@ def _picks(touched: list[tuple[str, tuple[Any, ...]]]) -> dict[str, dict[str, An
     return {f"{n}|{fa.entry_hash(k)}": fa.config_dict(tuners[n].cache[k]) for n, k in touched if k in tuners[n].cache}
 
 
-def child_tune(a: dict[str, Any], out: Path) -> dict[str, Any]:
+def _merge_export(out: Path, files: dict[str, dict[str, Any]]) -> None:
+    """Write FLA config-cache files into $OUT/fla_configs, keeping the entries of earlier ops and Ts."""
+    d = out / "fla_configs"
+    d.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        path = d / name
+        if path.exists():
+            merged = json.loads(path.read_text())
+            merged["autotune_entries"].update(content["autotune_entries"])
+            content = {**content, "autotune_entries": merged["autotune_entries"]}
+        path.write_text(json.dumps(content, indent=1, sort_keys=True) + "\n")
+
+
+def _tune(a: dict[str, Any], out: Path) -> list[dict[str, Any]]:
+    """`cpbench tune --backend fla` for one op and T in this process (FLA's own picks already cached by its first
+    call, so no second autotune); the winners merged into $OUT/fla_configs."""
     from runners.tuner.fla import tune_fla
     from runners.tuner.fla_export import fla_files_from_rows
     from runners.versions import software_versions
 
-    rows = []
-    for op in a["ops"]:
-        rows += tune_fla(None, op=op, shapes=[{**SHAPE, "T": T} for T in a["T"]], device="cuda", budget=a["budget"],
-                         samples=a["samples"], direction=a["direction"], options=a["options"])
-    files = fla_files_from_rows(rows, device_name=None, allow_cpu=False, triton_version=software_versions()["triton"])
-    d = out / "fla_configs"
-    d.mkdir(parents=True, exist_ok=True)
-    for name, content in files.items():
-        (d / name).write_text(json.dumps(content, indent=1, sort_keys=True) + "\n")
-    return {"kernels": len(files), "entries": sum(len(f["autotune_entries"]) for f in files.values()),
-            "rows": [{"kernel": r.kernel, "key": r.key_str, "config": r.config, "tuned_ms": r.median_ms,
-                      "fla_pick_ms": r.default_ms} for r in rows]}
+    rows = tune_fla(None, op=a["op"], shapes=[{**SHAPE, "T": a["T"]}], device="cuda", budget=a["budget"],
+                    samples=a["samples"], direction=a["direction"], options=a["options"])
+    _merge_export(out, fla_files_from_rows(rows, device_name=None, allow_cpu=False,
+                                           triton_version=software_versions()["triton"]))
+    return [{"kernel": r.kernel, "key": r.key_str, "config": r.config, "tuned_ms": r.median_ms,
+             "fla_pick_ms": r.default_ms} for r in rows]
 
 
 def child_own(a: dict[str, Any], out: Path) -> dict[str, Any]:
@@ -134,10 +145,14 @@ def child_own(a: dict[str, Any], out: Path) -> dict[str, Any]:
 
     benches = _count_benchmarks()
     _case, run, first_s, touched = _first_call(a["op"], a["T"], a["direction"], a["options"])
+    own_benchmarks = benches[0]
+    print(f"{a['op']} T={a['T']}: first call with FLA's own autotune {first_s:.1f} s, {own_benchmarks} "
+          "benchmark runs", flush=True)
     own = _picks(touched)
     tuners = fa.autotuners()
+    own_cfg = {(n, k): tuners[n].cache[k] for n, k in touched if k in tuners[n].cache}  # before the tuner pins
+    tuned = _tune(a, out) if a.get("tune") else None
     export = _load_export(out)
-    own_cfg = {(n, k): tuners[n].cache[k] for n, k in touched if k in tuners[n].cache}
     ours_cfg = dict(own_cfg)
     for n, k in touched:
         entry = export.get(n, {}).get("autotune_entries", {}).get(fa.entry_hash(k))
@@ -158,7 +173,7 @@ def child_own(a: dict[str, Any], out: Path) -> dict[str, Any]:
         ours_ms += timer(run, a["samples"])
     pin(ours_cfg)
     torch.save(_outputs(run()), out / f"_pinned_{a['op']}_{a['T']}.pt")
-    return {"first_call_s": first_s, "autotune_benchmarks": benches[0], "picks": own,
+    return {"first_call_s": first_s, "autotune_benchmarks": own_benchmarks, "picks": own, "tuned": tuned,
             "steady_own_ms": statistics.median(own_ms), "steady_ours_ms": statistics.median(ours_ms),
             "keys_in_export": sum(1 for n, k in touched if fa.entry_hash(k) in export.get(n, {}).get("autotune_entries", {})),
             "keys_touched": len(touched)}
@@ -230,27 +245,28 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.child:
-        fn = {"tune": child_tune, "own": child_own, "export": child_export}[args.child]
+        fn = {"own": child_own, "export": child_export}[args.child]
         args.result.write_text(json.dumps(fn(json.loads(args.child_args), args.out), indent=1, default=str))
         return
     side = {"direction": args.direction, "options": {"bypass_hopper_guard": True} if args.bypass_hopper_guard else {}}
-    tune: dict[str, Any] = {}
-    if not args.skip_tune:
-        tune = _child("tune", {"ops": args.ops, "T": args.T, "budget": args.budget, "samples": args.samples, **side},
-                      args.out)
-        print(f"tuned: {tune.get('kernels')} kernels, {tune.get('entries')} entries {tune.get('error', '')}", flush=True)
+    if args.skip_tune and not (args.out / "fla_configs").is_dir():
+        p.error(f"--skip-tune: no {args.out / 'fla_configs'} from an earlier run")
     shown = sys.argv[1:] if argv is None else argv
     label = "forward" if args.direction == "fwd" else "forward+backward"
     rows: list[dict[str, Any]] = []
+    tune: dict[str, Any] = {}
 
     def write() -> None:  # after every row: a call that runs out of time keeps what it measured
+        export = _load_export(args.out) if (args.out / "fla_configs").is_dir() else {}
+        tune.update(kernels=len(export), entries=sum(len(f["autotune_entries"]) for f in export.values()))
         (args.out / "fla_config_cache.json").write_text(json.dumps({"tune": tune, "rows": rows}, indent=1, default=str))
         (args.out / "fla_config_cache.md").write_text(_markdown(rows, tune, shown, label))
 
     write()
     for op in args.ops:
         for T in args.T:
-            own = _child("own", {"op": op, "T": T, "samples": args.samples, "blocks": args.blocks, **side}, args.out)
+            own = _child("own", {"op": op, "T": T, "samples": args.samples, "blocks": args.blocks,
+                                 "tune": not args.skip_tune, "budget": args.budget, **side}, args.out)
             exp = _child("export", {"op": op, "T": T, **side}, args.out)
             rows.append({"op": op, "T": T, "own": own, "export": exp})
             print(json.dumps(rows[-1], default=str)[:2000], flush=True)

@@ -91,6 +91,26 @@ def test_fla_files_format_hash_and_default() -> None:
         fla_files_from_rows(rows, device_name=None, allow_cpu=False, triton_version=None)
 
 
+def test_benchmark_merges_each_op_and_t_into_one_export(tmp_path: Path) -> None:
+    """benchmarks/fla_config_cache.py tunes one op and T per process and merges the winners into one directory:
+    a later run keeps the earlier runs' entries and replaces an entry it tuned again."""
+    from tests.utils.scripts import load_script
+
+    script = load_script("fla_config_cache")
+    first = fla_files_from_rows(_rows(KEYS, [CFG[0], CFG[0], CFG[0]]), device_name=None, allow_cpu=False,
+                                triton_version="3.6.0")
+    again = [KEYS[0], [2, 4, 256, 256, 64, False, "torch.bfloat16"], KEYS[2]]
+    second = fla_files_from_rows(_rows(again, [CFG[1], CFG[1], CFG[1]]), device_name=None, allow_cpu=False,
+                                 triton_version="3.6.0")
+    script._merge_export(tmp_path, first)
+    script._merge_export(tmp_path, second)
+    merged = script._load_export(tmp_path)
+    entries = merged["kern_a"]["autotune_entries"]
+    by_key = {json.dumps(e["autotune_key"]): e["config"] for e in entries.values()}
+    assert by_key == {json.dumps(KEYS[0]): CFG[1], json.dumps(KEYS[1]): CFG[0], json.dumps(again[1]): CFG[1]}
+    assert [e["config"] for e in merged["kern_b"]["autotune_entries"].values()] == [CFG[1]]
+
+
 def test_cli_export_fla_and_cpbench_format_keeps_them_apart(tmp_path: Path) -> None:
     from db import crud
     from db.migrate import upgrade

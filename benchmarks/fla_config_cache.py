@@ -102,11 +102,11 @@ def _outputs(got: Any) -> list[Any]:
     return [x.detach().cpu() for x in got if x is not None]
 
 
-def _picks(touched: list[tuple[str, tuple[Any, ...]]]) -> dict[str, dict[str, Any]]:
+def _picks(touched: list[Any]) -> dict[str, dict[str, Any]]:
+    """{"name|entry hash": the config the call's Autotuner holds for its key} (FLA's pick, or the loaded one)."""
     from kernels.peers import fla_autotune as fa
 
-    tuners = fa.autotuners()
-    return {f"{n}|{fa.entry_hash(k)}": fa.config_dict(tuners[n].cache[k]) for n, k in touched if k in tuners[n].cache}
+    return {f"{n}|{fa.entry_hash(k)}": fa.config_dict(t.cache[k]) for n, k, t in touched if k in t.cache}
 
 
 def _merge_export(out: Path, files: dict[str, dict[str, Any]]) -> None:
@@ -149,19 +149,19 @@ def child_own(a: dict[str, Any], out: Path) -> dict[str, Any]:
     print(f"{a['op']} T={a['T']}: first call with FLA's own autotune {first_s:.1f} s, {own_benchmarks} "
           "benchmark runs", flush=True)
     own = _picks(touched)
-    tuners = fa.autotuners()
-    own_cfg = {(n, k): tuners[n].cache[k] for n, k in touched if k in tuners[n].cache}  # before the tuner pins
+    tuners = {(n, k): t for n, k, t in touched}
+    own_cfg = {(n, k): t.cache[k] for n, k, t in touched if k in t.cache}  # before the tuner pins
     tuned = _tune(a, out) if a.get("tune") else None
     export = _load_export(out)
     ours_cfg = dict(own_cfg)
-    for n, k in touched:
+    for n, k, _t in touched:
         entry = export.get(n, {}).get("autotune_entries", {}).get(fa.entry_hash(k))
         if entry is not None:
             ours_cfg[(n, k)] = fa.config_of(entry["config"])
 
     def pin(cfgs: dict[tuple[str, tuple[Any, ...]], Any]) -> None:
         for (n, k), c in cfgs.items():
-            fa.pin(tuners[n], k, c)
+            fa.pin(tuners[(n, k)], k, c)
 
     timer = StepTimer("cuda")
     own_ms: list[float] = []
@@ -175,7 +175,7 @@ def child_own(a: dict[str, Any], out: Path) -> dict[str, Any]:
     torch.save(_outputs(run()), out / f"_pinned_{a['op']}_{a['T']}.pt")
     return {"first_call_s": first_s, "autotune_benchmarks": own_benchmarks, "picks": own, "tuned": tuned,
             "steady_own_ms": statistics.median(own_ms), "steady_ours_ms": statistics.median(ours_ms),
-            "keys_in_export": sum(1 for n, k in touched if fa.entry_hash(k) in export.get(n, {}).get("autotune_entries", {})),
+            "keys_in_export": sum(1 for n, k, _t in touched if fa.entry_hash(k) in export.get(n, {}).get("autotune_entries", {})),
             "keys_touched": len(touched)}
 
 
@@ -189,7 +189,7 @@ def child_export(a: dict[str, Any], out: Path) -> dict[str, Any]:
     got = _picks(touched)
     export = _load_export(out)
     mismatched = []
-    for n, k in touched:
+    for n, k, _t in touched:
         entry = export.get(n, {}).get("autotune_entries", {}).get(fa.entry_hash(k))
         if entry is None or got.get(f"{n}|{fa.entry_hash(k)}") != entry["config"]:
             mismatched.append({"kernel": n, "key": list(k), "exported": entry and entry["config"],

@@ -7,8 +7,12 @@ FLA's kernels are `triton.runtime.autotuner.Autotuner`s (most of them FLA's `Cac
 under the md5 of that list serialized with sorted keys and no spaces. `pin(tuner, key, config)` writes the
 config into the tuner's own cache (what FLA's loader does), so no benchmarking runs for that key.
 
-    touched = record_touched(lambda: fla_chunk(q, k, v, g, beta))   # [(kernel_name, key), ...] in call order
-    tuner = autotuners()[name]; pin(tuner, key, tuner.configs[3])
+    touched = record_touched(lambda: fla_chunk(q, k, v, g, beta))   # [Touched(name, key, tuner), ...] in call order
+    t = touched[0]; pin(t.tuner, t.key, t.tuner.configs[3])
+
+Kernel names repeat across FLA's modules (`recompute_w_u_fwd_kernel` and `prepare_wy_repr_bwd_kernel` are four
+Autotuners each in 0.6.0: GDN's, KDA's, ...), so a touched call carries the Autotuner that ran it; `autotuners()`
+(one per name) is for listing, not for pinning what a call touched.
 
 Imports FLA and Triton only inside the functions (kernels/ imports FLA only when asked for the fla backend).
 """
@@ -20,7 +24,7 @@ import hashlib
 import json
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "autotuner_of",
@@ -32,8 +36,17 @@ __all__ = [
     "pin",
     "record_touched",
     "tuning_key",
+    "Touched",
     "unpin",
 ]
+
+
+class Touched(NamedTuple):
+    """One autotuned kernel call: FLA's kernel name (its config-cache file), the key, and the Autotuner that ran."""
+
+    name: str
+    key: tuple[Any, ...]
+    tuner: Any
 
 
 def autotuner_of(obj: Any) -> Any:
@@ -50,7 +63,8 @@ def autotuner_of(obj: Any) -> Any:
 
 
 def autotuners() -> dict[str, Any]:
-    """{kernel name: Autotuner} of the FLA modules imported so far (import the op first)."""
+    """{kernel name: Autotuner} of the FLA modules imported so far (import the op first); where a name repeats
+    across modules, the first found (pin what `record_touched` returns instead)."""
     out: dict[str, Any] = {}
     for mod_name, mod in list(sys.modules.items()):
         if mod is None or not (mod_name == "fla" or mod_name.startswith("fla.")):
@@ -77,15 +91,15 @@ def tuning_key(tuner: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tu
 
 
 @contextlib.contextmanager
-def _recording(calls: list[tuple[str, tuple[Any, ...]]]) -> Iterator[None]:
+def _recording(calls: list[Touched]) -> Iterator[None]:
     from triton.runtime.autotuner import Autotuner
 
     original = Autotuner.run
 
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         if len(self.configs) > 1:
-            item = (_name(self), tuning_key(self, args, kwargs))
-            if item not in calls:
+            item = Touched(_name(self), tuning_key(self, args, kwargs), self)
+            if not any(c.tuner is self and c.key == item.key for c in calls):
                 calls.append(item)
         return original(self, *args, **kwargs)
 
@@ -96,10 +110,10 @@ def _recording(calls: list[tuple[str, tuple[Any, ...]]]) -> Iterator[None]:
         Autotuner.run = original  # type: ignore[method-assign]
 
 
-def record_touched(fn: Callable[[], Any]) -> list[tuple[str, tuple[Any, ...]]]:
-    """Run `fn` once and return the (kernel name, key) of every autotuned kernel call (more than one config),
-    first call first, each pair once."""
-    calls: list[tuple[str, tuple[Any, ...]]] = []
+def record_touched(fn: Callable[[], Any]) -> list[Touched]:
+    """Run `fn` once and return every autotuned kernel call (more than one config) as (name, key, the Autotuner),
+    first call first, each Autotuner and key once."""
+    calls: list[Touched] = []
     with _recording(calls):
         fn()
     return calls

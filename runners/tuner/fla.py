@@ -161,11 +161,9 @@ def tune_fla(
         run = _fla_runner(op, case, direction, options)
         touched = fa.record_touched(run)  # FLA's own autotune on the first call
         reference = run()
-        tuners = fa.autotuners()
         wanted = {n.removeprefix(PREFIX) for n in kernels} if kernels else None
-        for name, key in touched:
-            tuner = tuners.get(name)
-            if tuner is None or (wanted is not None and name not in wanted):
+        for name, key, tuner in touched:  # the Autotuner that ran: names repeat across FLA's modules
+            if wanted is not None and name not in wanted:
                 continue
             own = tuner.cache.get(tuple(key))
             configs = list(tuner.configs)

@@ -44,6 +44,32 @@ def _launch(x: torch.Tensor) -> torch.Tensor:
     return y
 
 
+@triton.autotune(configs=[triton.Config({"BS": 16}, num_warps=1), triton.Config({"BS": 32}, num_warps=2)], key=["n"])
+@triton.jit
+def _scale_kernel_elsewhere(x, y, n, BS: tl.constexpr):
+    offs = tl.program_id(0) * BS + tl.arange(0, BS)
+    m = offs < n
+    tl.store(y + offs, tl.load(x + offs, mask=m) * 3.0, mask=m)
+
+
+def test_touched_call_carries_its_own_autotuner_when_names_repeat() -> None:
+    """FLA 0.6.0 has four Autotuners named `recompute_w_u_fwd_kernel` (GDN's, KDA's, ...): the tuner must pin the
+    one that ran, not the first of that name."""
+    first, elsewhere = fa.autotuner_of(_scale_kernel), fa.autotuner_of(_scale_kernel_elsewhere)
+    elsewhere.kernel_name = "_scale_kernel"  # as FLA's CachedAutotuner names it: the same name in another module
+    x = torch.randn(64)
+    key = (64, "torch.float32", "torch.float32")
+    fa.pin(elsewhere, key, elsewhere.configs[0])
+    try:
+        y = torch.empty_like(x)
+        calls = fa.record_touched(lambda: _scale_kernel_elsewhere[lambda meta: (triton.cdiv(64, meta["BS"]),)](x, y, 64))
+        assert [(c.name, c.key) for c in calls] == [("_scale_kernel", key)]
+        assert calls[0].tuner is elsewhere and calls[0].tuner is not first
+        torch.testing.assert_close(y, 3 * x)
+    finally:
+        fa.unpin(elsewhere, key)
+
+
 def test_recorded_key_is_the_one_triton_caches_and_a_pin_skips_benchmarking() -> None:
     # under TRITON_INTERPRET=1 benchmarking needs a GPU driver: the call succeeds only if the pinned key matches
     x = torch.randn(100)
@@ -53,7 +79,7 @@ def test_recorded_key_is_the_one_triton_caches_and_a_pin_skips_benchmarking() ->
     fa.pin(tuner, key, cfg)
     try:
         calls = fa.record_touched(lambda: _launch(x))
-        assert calls == [("_scale_kernel", key)]
+        assert calls == [("_scale_kernel", key, tuner)] and calls[0].tuner is tuner
         torch.testing.assert_close(_launch(x), 2 * x)
         assert tuner.best_config is cfg
     finally:

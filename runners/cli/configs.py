@@ -127,6 +127,8 @@ def tune_command(
                                   "backward kernels too)"),
     fla_bypass_hopper_guard: bool = typer.Option(False, "--fla-bypass-hopper-guard", help="--backend fla at fwd+bwd: "
                                                  "lift FLA's Hopper guard on the GDN backward (FLA #640; Triton < 3.7.1)"),
+    fla_min_gain: float = typer.Option(0.01, "--fla-min-gain", help="--backend fla: FLA's own pick stays unless a "
+                                       "config runs the whole op this fraction faster (default 0.01 = 1%)"),
 ) -> None:
     """Tune the Triton kernels of an op at the given shapes; trials and winners go to the store."""
     from runners.tuner import Shape, tune_kernels
@@ -140,7 +142,7 @@ def tune_command(
                 from runners.tuner.fla import tune_fla
 
                 rows = tune_fla(session, op=op, shapes=shapes, device=device, budget=budget, samples=samples, seed=seed,
-                                kernels=kernel or None, direction=direction,
+                                kernels=kernel or None, direction=direction, min_gain=fla_min_gain,
                                 options={"bypass_hopper_guard": True} if fla_bypass_hopper_guard else None)
             else:
                 rows = tune_kernels(session, op=op, shapes=shapes, strategy=strategy, budget=budget, device=device,

@@ -89,3 +89,25 @@ def test_cli_tune_fla_fwd_bwd_errors_are_one_line(tmp_path: Path) -> None:
     assert code == 1 and want in err and len(err.strip().splitlines()) == 1, err
     code, _, err = _cli(*args, "--fla-bypass-hopper-guard")
     assert code == 1 and "needs a CUDA GPU" in err and len(err.strip().splitlines()) == 1, err
+    code, _, err = _cli(*args, "--fla-bypass-hopper-guard", "--fla-min-gain", "0.6")
+    assert code == 1 and "min_gain must be a fraction in [0, 0.5), got 0.6" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_fla_tuner_keeps_flas_pick_unless_a_config_wins_by_the_min_gain() -> None:
+    """One kernel's config moves FLA's whole op by less than the trial noise: a "winner" within `min_gain` of
+    FLA's own pick is a coin toss (two H200 runs of KDA's training step picked opposite configs), so FLA's pick
+    stays; a real gain replaces it. Configs are compared by identity, as the tuner pins Triton's objects."""
+    from runners.tuner.fla import MIN_GAIN, winner
+
+    own, a, b = object(), object(), object()
+    assert MIN_GAIN == 0.01
+    # 0.4 % faster than FLA's pick: within the noise, FLA's pick stays and the fastest is the runner-up
+    assert winner([(2.8292, a), (2.8303, own), (2.85, b)], own, 2.8303) == (2.8303, own, 2.8292)
+    # 2 % faster: a finding
+    assert winner([(2.80, a), (2.86, own), (2.90, b)], own, 2.86) == (2.80, a, 2.86)
+    # FLA's pick fastest; and a pick that was never measured (own_ms None) cannot be kept
+    assert winner([(2.90, a), (2.86, own)], own, 2.86) == (2.86, own, 2.90)
+    assert winner([(2.85, a), (2.90, b)], own, None) == (2.85, a, 2.90)
+    assert winner([(2.85, a)], own, None) == (2.85, a, None)
+    # min_gain=0 is the plain fastest
+    assert winner([(2.8292, a), (2.8303, own)], own, 2.8303, min_gain=0.0) == (2.8292, a, 2.8303)

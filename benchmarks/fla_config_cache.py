@@ -22,7 +22,7 @@ and checked too; `--bypass-hopper-guard` lifts FLA's guard on the GDN backward, 
 Writes $OUT/fla_config_cache.{json,md} after every op and T, so a stopped run keeps its rows. Targets (issue 13):
 first call with the export <= 15 s; steady state with our configs <= FLA's own picks at every shape. The forward
 takes ~1-2 min per op and T at --budget 6 on an H200; the training step is dominated by FLA's own first call
-(its backward's autotune: ~4 min for GDN at T=8K).
+(its own autotune of the forward and backward: 2-4 min per op at T=8K).
 """
 
 from __future__ import annotations

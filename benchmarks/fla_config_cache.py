@@ -149,19 +149,18 @@ def child_own(a: dict[str, Any], out: Path) -> dict[str, Any]:
     print(f"{a['op']} T={a['T']}: first call with FLA's own autotune {first_s:.1f} s, {own_benchmarks} "
           "benchmark runs", flush=True)
     own = _picks(touched)
-    tuners = {(n, k): t for n, k, t in touched}
-    own_cfg = {(n, k): t.cache[k] for n, k, t in touched if k in t.cache}  # before the tuner pins
+    own_cfg = {t: t.tuner.cache[t.key] for t in touched if t.key in t.tuner.cache}  # before the tuner pins
     tuned = _tune(a, out) if a.get("tune") else None
     export = _load_export(out)
     ours_cfg = dict(own_cfg)
-    for n, k, _t in touched:
-        entry = export.get(n, {}).get("autotune_entries", {}).get(fa.entry_hash(k))
+    for t in touched:
+        entry = export.get(t.name, {}).get("autotune_entries", {}).get(fa.entry_hash(t.key))
         if entry is not None:
-            ours_cfg[(n, k)] = fa.config_of(entry["config"])
+            ours_cfg[t] = fa.config_of(entry["config"])
 
-    def pin(cfgs: dict[tuple[str, tuple[Any, ...]], Any]) -> None:
-        for (n, k), c in cfgs.items():
-            fa.pin(tuners[(n, k)], k, c)
+    def pin(cfgs: dict[Any, Any]) -> None:  # {touched call: config}
+        for t, c in cfgs.items():
+            fa.pin(t.tuner, t.key, c)
 
     timer = StepTimer("cuda")
     own_ms: list[float] = []

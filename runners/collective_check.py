@@ -2,7 +2,7 @@
 
 `expected_by_direction(mode, ctx, options, direction)` is kernels.cp's count of one rank's step, one entry per
 direction the point runs (`fwd`, and `bwd` for a `fwd+bwd` point); `merge_gang` folds the ranks' counts as the
-profiler folds the ranks (`runners.profile.merge_kinds`: send/recv summed over the ranks, group collectives the
+profiler folds the ranks (`kernels.cp.modes.merge_rank_counts`: send/recv summed over the ranks, group collectives the
 max). `mismatches(profile, expected)` compares the gang's profile with it: the whole step against the sum of the
 directions, and, when the profile split a training step (`by_direction`), each direction against its own count,
 so a backward that issues an extra all-gather is caught even where the forward issues one fewer. The worker stores
@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from runners.profile import PROFILE_DIRECTIONS, merge_kinds
+from kernels.cp.modes import merge_rank_counts
+from runners.profile import PROFILE_DIRECTIONS
 
 __all__ = ["expected_by_direction", "merge_gang", "mismatches", "step_directions", "step_total"]
 
@@ -42,7 +43,7 @@ def merge_gang(per_rank: Sequence[Mapping[str, Mapping[str, int]] | None]) -> di
     if not per_rank or any(r is None for r in per_rank):
         return None
     directions = [d for d in PROFILE_DIRECTIONS if any(d in r for r in per_rank if r is not None)]
-    return {d: merge_kinds(r.get(d, {}) for r in per_rank if r is not None) for d in directions}
+    return {d: merge_rank_counts(r.get(d, {}) for r in per_rank if r is not None) for d in directions}
 
 
 def step_total(by_direction: Mapping[str, Mapping[str, int]]) -> dict[str, int]:

@@ -50,7 +50,7 @@ import torch
 from kernels.cp.modes import merge_rank_counts
 
 __all__ = ["BWD_RANGE", "FWD_RANGE", "PROFILE_DIRECTIONS", "ProfileSummary", "classify_collective", "direction_range",
-           "merge_kinds", "merge_ranks", "profile_step", "summarize_events"]
+           "merge_ranks", "profile_step", "summarize_events"]
 
 logger = logging.getLogger(__name__)
 
@@ -298,16 +298,12 @@ def _export_trace(prof: Any, path: Path) -> Path:
     return path
 
 
-# the gang's value per collective kind from each rank's (counts or bytes): the rule kernels.cp states its expected
-# gang counts by (send/recv summed over the ranks, group collectives the max)
-merge_kinds = merge_rank_counts
-
-
 def _merge_counts(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """collectives / collective_bytes (`merge_kinds`) and host_syncs (sum) of the ranks' `parts` (dicts with those
+    """collectives / collective_bytes (`kernels.cp.modes.merge_rank_counts`, the rule kernels.cp states its
+    expected gang counts by) and host_syncs (sum) of the ranks' `parts` (dicts with those
     keys)."""
-    return {"collectives": merge_kinds(s["collectives"] for s in parts),
-            "collective_bytes": merge_kinds(s["collective_bytes"] for s in parts),
+    return {"collectives": merge_rank_counts(s["collectives"] for s in parts),
+            "collective_bytes": merge_rank_counts(s["collective_bytes"] for s in parts),
             "host_syncs": sum(s["host_syncs"] for s in parts)}
 
 

@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from db.retry import StoreRetry, StoreUnavailable
+from kernels.cp.modes import merge_rank_counts
 from runners import collective_check
 from runners.errors import CpbenchError, GangError, SweepNotFoundError
 from runners.execute import run_point_job, tune_job
@@ -69,7 +70,7 @@ from runners.gang import GangPool, JobCancelled
 from runners.grid import available_backends
 from runners.housekeeping import remove_own_leftovers
 from runners.plugins import unavailable
-from runners.profile import ProfileSummary, merge_kinds, merge_ranks
+from runners.profile import ProfileSummary, merge_ranks
 from runners.settings import WorkerSettings, get_worker_settings
 from runners.stats import summarize
 from runners.versions import driver_version, git_sha, software_versions
@@ -633,8 +634,8 @@ def _write_results(
             "host_enqueue_median_ms": summarize(timing["host_ms"]).median if timing.get("host_ms") else None,
         },
     }
-    # kernels.cp's expected collectives of the gang, merged like the profile (runners.profile.merge_kinds)
-    report["expected_collectives"] = merge_kinds(r.get("expected_collectives") or {} for r in results)
+    # kernels.cp's expected collectives of the gang, merged like the profile merges the ranks
+    report["expected_collectives"] = merge_rank_counts(r.get("expected_collectives") or {} for r in results)
     expected = collective_check.merge_gang([r.get("expected_collectives_by_direction") for r in results])
     if expected is not None:
         report["expected_collectives_by_direction"] = expected

@@ -104,9 +104,7 @@ def params_reads(tree: ast.AST) -> int:
     count = 0
     for n in ast.walk(tree):
         if (isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == "params"
-                and isinstance(n.slice, ast.Constant) and isinstance(n.slice.value, str)):
-            count += 1
-        elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get"
+                and isinstance(n.slice, ast.Constant) and isinstance(n.slice.value, str)) or (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get"
               and isinstance(n.func.value, ast.Name) and n.func.value.id == "params"
               and n.args and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)):
             count += 1

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from kernels.peers import check_peer
-from kernels.peers import fla as fla_peer
+from runners.peers import check_peer
+from runners.peers import fla as fla_peer
 from runners import plugins
 from runners.errors import SpecError
 from runners.grid import available_backends, expand, point_key, skip_reason

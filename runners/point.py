@@ -24,18 +24,19 @@ _OPTIONAL = ("HV", "mode_options", "backend_ref", "backend_options")  # in the J
 
 @dataclass(frozen=True)
 class PointSpec:
-    """One benchmark point: op, mode and backend, the shape (dense B x T, or varlen `lengths` with B = 1 and T their
-    sum), heads (HV: grouped value heads, None = H), head dims, decay bound, ranks, layout, direction, dtype, seed,
-    repetition, the mode's options, a plugin's spec string (`backend_ref`) and the backend's options."""
+    """One benchmark point: op, mode and backend, heads and head dims, the shape (dense B x T, or varlen `lengths`
+    with B = 1 and T their sum), decay bound, ranks, layout, direction, dtype, seed, repetition, grouped value heads
+    (HV, None = H), the mode's options, a plugin's spec string (`backend_ref`) and the backend's options. Every field
+    past V has its default here, the one place defaults of a point live."""
 
     op: str
     mode: str
     backend: str
-    B: int
-    T: int
     H: int
     K: int
     V: int
+    B: int
+    T: int
     lb: float = -1.0
     W: int = 1
     layout: str = "contiguous"

@@ -27,7 +27,7 @@ class PointSpec:
     """One benchmark point: op, mode and backend, heads and head dims, the shape (dense B x T, or varlen `lengths`
     with B = 1 and T their sum), decay bound, ranks, layout, direction, dtype, seed, repetition, grouped value heads
     (HV, None = H), the mode's options, a plugin's spec string (`backend_ref`) and the backend's options. Every field
-    past V has its default here, the one place defaults of a point live."""
+    past T has its default here, the one place defaults of a point live."""
 
     op: str
     mode: str

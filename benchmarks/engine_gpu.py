@@ -39,9 +39,10 @@ def trivial(ctx: Any, payload: Any) -> int:
 
 
 def _inputs(op: str, T: int, H: int = 16, K: int = 128, V: int = 128) -> tuple[torch.Tensor, ...]:
+    from runners.point import PointSpec
     from runners.workload import make_workload
 
-    wl = make_workload({"op": op, "B": 1, "T": T, "H": H, "K": K, "V": V, "lb": -1.0, "dtype": "bfloat16", "seed": 0},
+    wl = make_workload(PointSpec(op, "none", "triton", B=1, T=T, H=H, K=K, V=V, lb=-1.0, dtype="bfloat16", seed=0),
                        device="cuda")
     return wl.tensors
 
@@ -85,6 +86,7 @@ def honesty(lines: list[str], rounds: int = 3) -> None:
 def points(world: int, out: Path, lines: list[str], ops: tuple[str, ...] = ("gdn", "kda")) -> None:
     from runners.execute import run_point_job
     from runners.gang import Gang
+    from runners.point import PointJob, PointSpec
 
     gang = Gang(world, device_kind="cuda", start_timeout_s=300)
     t0 = time.perf_counter()
@@ -106,25 +108,23 @@ def points(world: int, out: Path, lines: list[str], ops: tuple[str, ...] = ("gdn
     lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for op in ops:
         for mode in modes:
-            params = {"op": op, "mode": mode, "backend": "triton", "B": 1, "T": 8192, "H": 16, "K": 128, "V": 128,
-                      "lb": -1.0, "W": world, "layout": "contiguous", "direction": "fwd", "dtype": "bfloat16", "seed": 0, "rep": 0}
-            if mode == "warmup_correct":
-                params["mode_options"] = {"segments": "auto", "tol": 1e-3, "window": "auto", "fallback": "exact"}
+            wc = {"segments": "auto", "tol": 1e-3, "window": "auto", "fallback": "exact"} if mode == "warmup_correct" else {}
+            point = PointSpec(op, mode, "triton", B=1, T=8192, H=16, K=128, V=128, lb=-1.0, W=world, layout="contiguous",
+                              direction="fwd", dtype="bfloat16", seed=0, rep=0, mode_options=wc)
             trace = out / f"trace_{op}_{mode}_W{world}.json.gz" if (op, mode) == ("gdn", modes[-1]) else None
             t = time.perf_counter()
             try:
-                res = gang.run(run_point_job, {"params": params, "options": options, "trace_path": str(trace) if trace else None},
-                               timeout_s=400)
+                res = gang.run(run_point_job, PointJob(point, options, str(trace) if trace else None), timeout_s=400)
             except Exception as err:  # noqa: BLE001 - report and go on
                 lines.append(f"| {op} | {mode} | {world} | failed: {type(err).__name__}: {str(err).splitlines()[0][:300]} |")
                 continue
             wall = time.perf_counter() - t
             r0 = res[0]
-            if not r0["ok"]:
-                lines.append(f"| {op} | {mode} | {world} | gate failed: {r0['error'][:300]} |")
+            if not r0.ok:
+                lines.append(f"| {op} | {mode} | {world} | gate failed: {(r0.error or '')[:300]} |")
                 continue
-            g, tm, p = r0["gate"], r0["timing"], r0["profile"]
-            exp = res[0].get("expected_collectives")
+            g, tm, p = r0.gate, r0.timing, r0.profile
+            exp = r0.expected_collectives
             lines.append(
                 f"| {op} | {mode} | {world} | {g['err_vs_none']:.2e} | {g['err_vs_reference']:.2e} | "
                 f"{statistics.median(tm['samples_ms']):.4f} | {len(tm['samples_ms'])} | {tm['stop_reason']} | {p['collectives']} | {exp} | "

@@ -84,7 +84,7 @@ def _load_export(out: Path) -> dict[str, dict[str, Any]]:
 def _first_call(op: str, T: int, direction: str, options: dict[str, Any]) -> tuple[Any, Any, float, list[tuple[str, tuple[Any, ...]]]]:
     import torch
 
-    from kernels.peers import fla_autotune as fa
+    from runners.peers import fla_autotune as fa
     from runners.tuner.fla import _fla_runner
     from runners.tuner.tune import Shape, make_case
 
@@ -104,7 +104,7 @@ def _outputs(got: Any) -> list[Any]:
 
 def _picks(touched: list[Any]) -> dict[str, dict[str, Any]]:
     """{"name|entry hash": the config the call's Autotuner holds for its key} (FLA's pick, or the loaded one)."""
-    from kernels.peers import fla_autotune as fa
+    from runners.peers import fla_autotune as fa
 
     return {f"{n}|{fa.entry_hash(k)}": fa.config_dict(t.cache[k]) for n, k, t in touched if k in t.cache}
 
@@ -140,7 +140,7 @@ def _tune(a: dict[str, Any], out: Path) -> list[dict[str, Any]]:
 def child_own(a: dict[str, Any], out: Path) -> dict[str, Any]:
     import torch
 
-    from kernels.peers import fla_autotune as fa
+    from runners.peers import fla_autotune as fa
     from runners.tuner.clock import StepTimer
 
     benches = _count_benchmarks()
@@ -181,7 +181,7 @@ def child_own(a: dict[str, Any], out: Path) -> dict[str, Any]:
 def child_export(a: dict[str, Any], out: Path) -> dict[str, Any]:
     import torch
 
-    from kernels.peers import fla_autotune as fa
+    from runners.peers import fla_autotune as fa
 
     benches = _count_benchmarks()
     _case, run, first_s, touched = _first_call(a["op"], a["T"], a["direction"], a["options"])

@@ -45,7 +45,7 @@ INDEX_LIMIT = 500  # sweeps the index page reads at most (newest first), as the 
 
 SLICE_AXES = ("op", "backend", "H", "K", "V", "dtype", "direction", "layout")
 # the slice axes whose values the figures can tell apart on the same axes: they also offer ALL (first, the default)
-# when the sweep has several values; "all" is no backend's name (kernels.peers reserves it)
+# when the sweep has several values; "all" is no backend's name (runners.peers reserves it)
 ALL_AXES = ("backend",)
 ALL = "all"
 NIGHTLY_TAG = "nightly"

@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from runners.point import PointSpec
+
 __all__ = ["DEFAULT_TOL", "GateResult", "judge", "rel_l2", "tolerances"]
 
 DEFAULT_TOL = {"float32": 2e-3, "bfloat16": 3e-2, "float16": 1e-2}
@@ -39,13 +41,13 @@ def rel_l2(out: Tensor, ref: Tensor) -> float:
     return float(num / den)
 
 
-def tolerances(params: Mapping[str, Any], check: Mapping[str, Any]) -> tuple[float, float]:
+def tolerances(point: PointSpec, check: Mapping[str, Any]) -> tuple[float, float]:
     """(tol vs none, tol vs reference) for this point."""
-    base = DEFAULT_TOL.get(str(params["dtype"]), 3e-2)
+    base = DEFAULT_TOL.get(point.dtype, 3e-2)
     tol_none = check.get("tol_none") or base
     tol_ref = check.get("tol_reference") or base
-    if params["mode"] == "warmup_correct":
-        extra = float((params.get("mode_options") or {}).get("tol", 1e-3))
+    if point.mode == "warmup_correct":
+        extra = float(point.mode_options.get("tol", 1e-3))
         tol_none, tol_ref = tol_none + extra, tol_ref + extra
     return float(tol_none), float(tol_ref)
 
@@ -70,14 +72,14 @@ def _bad(err: float | None, tol: float) -> bool:
 
 
 def judge(
-    params: Mapping[str, Any],
+    point: PointSpec,
     *,
     err_vs_none: float | None,
     err_vs_reference: float | None,
     check: Mapping[str, Any],
 ) -> GateResult:
     """Pass or fail from the two errors (None: that check did not run)."""
-    tol_none, tol_ref = tolerances(params, check)
+    tol_none, tol_ref = tolerances(point, check)
     problems = []
     if _bad(err_vs_none, tol_none):
         problems.append(f"rel L2 error vs none {err_vs_none:.3g} > tol {tol_none:.3g}")
@@ -85,5 +87,5 @@ def judge(
         problems.append(f"rel L2 error vs reference (reduced shape) {err_vs_reference:.3g} > tol {tol_ref:.3g}")
     message = None
     if problems:
-        message = f"correctness gate failed for {params['op']}/{params['mode']}/{params['backend']}: " + "; ".join(problems)
+        message = f"correctness gate failed for {point.op}/{point.mode}/{point.backend}: " + "; ".join(problems)
     return GateResult(err_vs_none, err_vs_reference, tol_none, tol_ref, passed=not problems, message=message)

@@ -5,8 +5,10 @@
 its shard and runs the mode; rank 0 gathers the output and holds the checks (`runners.correctness`); all ranks
 learn the verdict through one all-reduce, so a failed gate skips timing everywhere. Then every rank times its
 step together (`runners.timing`: sample = max over ranks) and profiles one step (`runners.profile`; rank 0
-keeps the trace file). Rank 0 returns the measurement, every rank its profile and kernels.cp's count of its
-collectives, in all and per direction the step runs (`runners.collective_check`; the worker compares them).
+keeps the trace file). Every rank returns a `runners.results.PointResult`: rank 0 with the measurement, every
+rank with its profile and kernels.cp's count of its collectives, in all and per direction the step runs
+(`runners.collective_check`; `runners.results.store_rows` compares them). The point arrives as a
+`runners.point.PointSpec` inside a `PointJob`.
 
 Modes (DESIGN §2): `none` is `kernels.forward` on the whole (dense or varlen) batch; `warmup_correct` is
 `kernels.cp.warmup_correct` on one device; every other mode is `kernels.cp.forward(mode, ...)` on the rank's
@@ -24,7 +26,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -35,7 +37,9 @@ from runners import backend_options, training
 from runners.collective_check import expected_by_direction, step_directions, step_total
 from runners.correctness import judge, rel_l2
 from runners.gang import RankContext
+from runners.point import PointJob, PointSpec
 from runners.profile import profile_step
+from runners.results import PointResult
 from runners.timing import L2Flush, StopRule, time_step
 from runners.workload import Workload, make_workload, reduced_params
 
@@ -72,19 +76,19 @@ def _gather(o_local: Tensor, ctx_cp: Any, group: Any) -> Tensor:
     return cp.unshard(shards, ctx_cp)
 
 
-def build_mode(params: dict[str, Any], wl: Workload, rc: RankContext, options: dict[str, Any]) -> ModeRun:
+def build_mode(point: PointSpec, wl: Workload, rc: RankContext, options: dict[str, Any]) -> ModeRun:
     """The step and checked output of the point's mode on this rank (inputs sharded here, once)."""
     from runners.plugins import peer_of_point
 
-    peer = peer_of_point(params)
+    peer = peer_of_point(point)
     if peer is not None:
-        return _peer_mode(peer, params, wl, rc)
-    run = _our_mode(params, wl, rc)
-    opts = params.get("backend_options") or {}
+        return _peer_mode(peer, point, wl, rc)
+    run = _our_mode(point, wl, rc)
+    opts = point.backend_options
     if not opts:
         return run
     # our backend's options (runners.backend_options: triton's recompute policy) hold while each step runs
-    return _in_context(run, lambda: backend_options.step_context(params["backend"], opts))
+    return _in_context(run, lambda: backend_options.step_context(point.backend, opts))
 
 
 def _in_context(run: ModeRun, context: Callable[[], contextlib.AbstractContextManager[Any]]) -> ModeRun:
@@ -103,13 +107,13 @@ def _in_context(run: ModeRun, context: Callable[[], contextlib.AbstractContextMa
     return run
 
 
-def _our_mode(params: dict[str, Any], wl: Workload, rc: RankContext) -> ModeRun:
+def _our_mode(point: PointSpec, wl: Workload, rc: RankContext) -> ModeRun:
     """Our backend's (torch, triton) implementation of the point's mode on this rank."""
     import kernels
 
-    op, mode, backend = params["op"], params["mode"], params["backend"]
-    train = training.is_training(params)
-    no_comm: dict[str, dict[str, int]] = {d: {} for d in step_directions(params.get("direction") or "fwd")}
+    op, mode, backend = point.op, point.mode, point.backend
+    train = training.is_training(point)
+    no_comm: dict[str, dict[str, int]] = {d: {} for d in step_directions(point.direction)}
     if mode == "none":
         args = training.leaves(wl.tensors) if train else wl.tensors
         cu = wl.cu_seqlens
@@ -119,7 +123,7 @@ def _our_mode(params: dict[str, Any], wl: Workload, rc: RankContext) -> ModeRun:
 
         if train:
             with torch.no_grad():
-                do = training.global_do(params, step())
+                do = training.global_do(point, step())
             tstep = training.train_step(step, args, do)
             return ModeRun(step=tstep, full_output=tstep, report=lambda: {}, expected_by_direction=no_comm,
                            full_grads=lambda: training.grads_of(tstep, args, lambda g: g))
@@ -129,7 +133,7 @@ def _our_mode(params: dict[str, Any], wl: Workload, rc: RankContext) -> ModeRun:
 
     flat = wl.flat()
     if mode == "warmup_correct":
-        wc = dict(params.get("mode_options") or {})
+        wc = dict(point.mode_options)
         holder: dict[str, Any] = {}
         bounds = flat.cu_seqlens_cpu
         wc_args = training.leaves(flat.tensors) if train else flat.tensors
@@ -145,19 +149,19 @@ def _our_mode(params: dict[str, Any], wl: Workload, rc: RankContext) -> ModeRun:
 
         if train:
             with torch.no_grad():
-                wc_do = training.global_do(params, wc_step())
+                wc_do = training.global_do(point, wc_step())
             wc_train = training.train_step(wc_step, wc_args, wc_do)
             return ModeRun(step=wc_train, full_output=wc_train, report=wc_report, expected_by_direction=no_comm,
                            full_grads=lambda: training.grads_of(wc_train, wc_args, lambda g: g))
         return ModeRun(step=wc_step, full_output=wc_step, report=wc_report, expected_by_direction=no_comm)
 
     W = rc.world_size
-    ctx_cp = cp.build_context(flat.cu_seqlens_cpu, W, rc.rank, params["layout"])
+    ctx_cp = cp.build_context(flat.cu_seqlens_cpu, W, rc.rank, point.layout)
     # a rank holds only its shard (a copy, so the global inputs can be freed before timing)
     shards = [cp.shard(x, ctx_cp).clone() for x in flat.tensors]
     if train:
         shards = training.leaves(shards)
-    mode_opts = params.get("mode_options") or None
+    mode_opts = point.mode_options or None
 
     def cp_step() -> Tensor:
         return cp.forward(mode, op, *shards, group=rc.group, ctx=ctx_cp, backend=backend, scale=None, options=mode_opts)
@@ -167,7 +171,7 @@ def _our_mode(params: dict[str, Any], wl: Workload, rc: RankContext) -> ModeRun:
     if train:
         with torch.no_grad():
             o_local = cp_step()
-        do_full = training.global_do(params, o_local.new_empty(1, ctx_cp.total_len, *o_local.shape[2:]))
+        do_full = training.global_do(point, o_local.new_empty(1, ctx_cp.total_len, *o_local.shape[2:]))
         step = training.train_step(cp_step, shards, cp.shard(do_full, ctx_cp))
         grads = lambda: training.grads_of(step, shards, lambda g: _gather(g, ctx_cp, rc.group))  # noqa: E731
     return ModeRun(
@@ -180,22 +184,22 @@ def _our_mode(params: dict[str, Any], wl: Workload, rc: RankContext) -> ModeRun:
     )
 
 
-def _peer_mode(peer: Any, params: dict[str, Any], wl: Workload, rc: RankContext) -> ModeRun:
-    """A peer backend's implementation of the point's mode (`kernels.peers`): the flattened batch, sharded for
+def _peer_mode(peer: Any, point: PointSpec, wl: Workload, rc: RankContext) -> ModeRun:
+    """A peer backend's implementation of the point's mode (`runners.peers`): the flattened batch, sharded for
     the multi-rank modes; `none` and `warmup_correct` get the whole batch with a one-rank context."""
     from kernels import cp
-    from kernels.peers import peer_options
+    from runners.peers import peer_options
 
-    op, mode = params["op"], params["mode"]
-    train = training.is_training(params)
+    op, mode = point.op, point.mode
+    train = training.is_training(point)
     flat = wl.flat()
     one = mode in ("none", "warmup_correct")
     ctx_cp = cp.build_context(flat.cu_seqlens_cpu, 1 if one else rc.world_size, 0 if one else rc.rank,
-                              "contiguous" if one else params["layout"])
+                              "contiguous" if one else point.layout)
     xs = flat.tensors if one else [cp.shard(x, ctx_cp).clone() for x in flat.tensors]
     if train:
         xs = training.leaves(xs)
-    opts = {**dict(params.get("mode_options") or {}), **peer_options(peer, params)}
+    opts = {**point.mode_options, **peer_options(peer, point)}
     group = None if one else rc.group
     shape = wl.tensors[2].shape[:-1]  # none: the caller's (dense or varlen) layout [B, T, H]
 
@@ -213,7 +217,7 @@ def _peer_mode(peer: Any, params: dict[str, Any], wl: Workload, rc: RankContext)
         with torch.no_grad():
             o_local = fwd()
         like = o_local if one else o_local.new_empty(1, ctx_cp.total_len, *o_local.shape[2:])
-        do = training.global_do(params, like)
+        do = training.global_do(point, like)
         base = training.train_step(fwd, xs, do if one else cp.shard(do, ctx_cp))
 
     def full_grads() -> list[Tensor]:
@@ -232,17 +236,17 @@ def _peer_mode(peer: Any, params: dict[str, Any], wl: Workload, rc: RankContext)
     return _in_context(run, lambda: context(opts)) if callable(context) else run
 
 
-def _none_output(params: dict[str, Any], wl: Workload, rc: RankContext) -> Tensor:
+def _none_output(point: PointSpec, wl: Workload, rc: RankContext) -> Tensor:
     """The `none` output the gate compares a mode with: the backend's own `none` (a peer's when it has one,
     else our torch/triton one) on the same inputs."""
     import kernels
     from runners.plugins import peer_of_point
 
-    peer = peer_of_point(params)
+    peer = peer_of_point(point)
     if peer is not None and "none" in peer.modes:
-        return _peer_mode(peer, {**params, "mode": "none"}, wl, rc).full_output()
-    backend = params["backend"] if peer is None else "auto"
-    return kernels.forward(params["op"], *wl.tensors, cu_seqlens=wl.cu_seqlens, backend=backend)[0]
+        return _peer_mode(peer, replace(point, mode="none"), wl, rc).full_output()
+    backend = point.backend if peer is None else "auto"
+    return kernels.forward(point.op, *wl.tensors, cu_seqlens=wl.cu_seqlens, backend=backend)[0]
 
 
 def _jsonable(x: Any) -> Any:
@@ -271,7 +275,7 @@ def _agree(rc: RankContext, failed: bool) -> bool:
     return bool(flag.item())
 
 
-def _check(params: dict[str, Any], wl: Workload, run: ModeRun, rc: RankContext, options: dict[str, Any]) -> dict[str, Any]:
+def _check(point: PointSpec, wl: Workload, run: ModeRun, rc: RankContext, options: dict[str, Any]) -> dict[str, Any]:
     """Errors vs none and vs the reference (rank 0 computes; others only join the collectives)."""
     import kernels
 
@@ -279,54 +283,54 @@ def _check(params: dict[str, Any], wl: Workload, run: ModeRun, rc: RankContext, 
     o_full = run.full_output()
     err_none = err_ref = None
     if rc.rank == 0:
-        if params["mode"] == "none":
+        if point.mode == "none":
             err_none = 0.0
         else:
-            o_none = _none_output(params, wl, rc)
+            o_none = _none_output(point, wl, rc)
             err_none = rel_l2(o_full, o_none)
     if check.get("reference", True):
-        small = reduced_params(params, max_tokens=int(check.get("reference_tokens", 256)))
-        same = all(small.get(k) == params.get(k) for k in ("B", "T", "H", "lengths"))
+        small = reduced_params(point, max_tokens=int(check.get("reference_tokens", 256)))
+        same = (small.B, small.T, small.H, small.lengths) == (point.B, point.T, point.H, point.lengths)
         if same:
             wl_r, o_r = wl, o_full
         else:
             wl_r = make_workload(small, device=rc.device)
             o_r = build_mode(small, wl_r, rc, options).full_output()
         if rc.rank == 0:
-            f = wl_r.flat() if params["mode"] != "none" else wl_r
-            o_ref = kernels.reference(params["op"], *f.tensors, cu_seqlens=f.cu_seqlens)[0]
+            f = wl_r.flat() if point.mode != "none" else wl_r
+            o_ref = kernels.reference(point.op, *f.tensors, cu_seqlens=f.cu_seqlens)[0]
             err_ref = rel_l2(o_r, o_ref)
     if run.full_grads is not None:   # fwd+bwd: every input gradient, vs none's and vs the reference's
-        err_none, err_ref = _check_grads(params, wl, run, rc, options, o_full, err_none, err_ref)
+        err_none, err_ref = _check_grads(point, wl, run, rc, options, o_full, err_none, err_ref)
     return {"err_vs_none": err_none, "err_vs_reference": err_ref}
 
 
-def _check_grads(params: dict[str, Any], wl: Workload, run: ModeRun, rc: RankContext, options: dict[str, Any],
+def _check_grads(point: PointSpec, wl: Workload, run: ModeRun, rc: RankContext, options: dict[str, Any],
                  o_full: Tensor, err_none: float | None, err_ref: float | None) -> tuple[float | None, float | None]:
     """The gate's errors with the input gradients folded in (max over o, dq, dk, dv, dg, dbeta)."""
     check = options.get("check") or {}
     assert run.full_grads is not None
     got = run.full_grads()
     if rc.rank == 0:
-        do = training.global_do(params, o_full)
+        do = training.global_do(point, o_full)
         from runners.plugins import peer_of_point
 
-        none_backend = "auto" if peer_of_point(params) is not None else params["backend"]  # a peer: against ours
-        ref = training.reference_grads(params["op"], wl.tensors, do, cu_seqlens=wl.cu_seqlens, backend=none_backend)
+        none_backend = "auto" if peer_of_point(point) is not None else point.backend  # a peer: against ours
+        ref = training.reference_grads(point.op, wl.tensors, do, cu_seqlens=wl.cu_seqlens, backend=none_backend)
         errs = [rel_l2(a, b) for a, b in zip(got, ref, strict=True)]
         err_none = max([err_none or 0.0, *errs])
         run.grad_errors = dict(zip(training.GRAD_NAMES, errs, strict=True))
     if check.get("reference", True):
-        small = reduced_params(params, max_tokens=int(check.get("reference_tokens", 256)))
+        small = reduced_params(point, max_tokens=int(check.get("reference_tokens", 256)))
         wl_r = make_workload(small, device=rc.device)
         run_r = build_mode(small, wl_r, rc, options)
         assert run_r.full_grads is not None
         got_r = run_r.full_grads()
         o_r = run_r.full_output()
         if rc.rank == 0:
-            f = wl_r.flat() if params["mode"] != "none" else wl_r
+            f = wl_r.flat() if point.mode != "none" else wl_r
             do_r = training.global_do(small, o_r)
-            ref_r = training.reference_grads(params["op"], f.tensors, do_r, cu_seqlens=f.cu_seqlens, backend=None)
+            ref_r = training.reference_grads(point.op, f.tensors, do_r, cu_seqlens=f.cu_seqlens, backend=None)
             err_ref = max([err_ref or 0.0, *(rel_l2(a, b) for a, b in zip(got_r, ref_r, strict=True))])
     return err_none, err_ref
 
@@ -339,20 +343,20 @@ def _launch_configs() -> dict[str, Any]:
     return {name: {"key": _jsonable(key), "config": cfg.as_dict()} for name, (key, cfg) in LAUNCHES.items()}
 
 
-def tune_shape(params: dict[str, Any]) -> dict[str, Any]:
+def tune_shape(point: PointSpec) -> dict[str, Any]:
     """The shape the tuner tunes for a point: its global shape, flattened (varlen) for the CP modes, whose ranks
     launch varlen kernels, with H/W heads for headwise. Launch keys do not hold T, so this covers the shards."""
-    shape: dict[str, Any] = {k: params[k] for k in ("B", "T", "H", "K", "V", "dtype")}
-    shape["lb"], shape["seed"] = float(params["lb"]), int(params["seed"])
-    lengths = params.get("lengths")
-    if params["mode"] != "none" and not lengths:
-        lengths = [int(params["T"])] * int(params["B"])
+    shape: dict[str, Any] = {"B": point.B, "T": point.T, "H": point.H, "K": point.K, "V": point.V,
+                             "dtype": point.dtype, "lb": point.lb, "seed": point.seed}
+    lengths = point.lengths
+    if point.mode != "none" and not lengths:
+        lengths = (point.T,) * point.B
     if lengths:
         shape.update(B=1, T=int(sum(lengths)), lengths=list(lengths))
-    if params.get("HV"):  # grouped value heads: the kernels run with q/k expanded to HV heads
-        shape["H"] = int(params["HV"])
-    if params["mode"] == "headwise":
-        shape["H"] = int(shape["H"]) // int(params["W"])
+    if point.HV:  # grouped value heads: the kernels run with q/k expanded to HV heads
+        shape["H"] = point.HV
+    if point.mode == "headwise":
+        shape["H"] = int(shape["H"]) // point.W
     return shape
 
 
@@ -360,50 +364,50 @@ def tune_job(rc: RankContext, payload: dict[str, Any]) -> TuningOutcome:
     """Gang job (one rank): tune the kernels a point launches that the store lacks (`runners.tuner.tune_missing`,
     searching as the sweep's `tuning` spec says) and return what it measured: the configs in the autotune-file
     format, the trials and the winners. No store session is opened here: the parent read the store into
-    `payload["state"]` (`runners.tuner.tuning_state`) and stores the outcome. This process's own configs are
-    left as they were."""
+    `payload["state"]` (`runners.tuner.tuning_state`) and stores the outcome; `payload["point"]` is the point
+    (a `PointSpec`). This process's own configs are left as they were."""
     from kernels.autotune import active_table, install
     from runners.tuner import tune_missing
 
-    params = payload["params"]
+    point: PointSpec = payload["point"]
     previous = active_table()
     try:
-        return tune_missing(payload["state"], op=params["op"], shape=tune_shape(params), device=rc.device,
+        return tune_missing(payload["state"], op=point.op, shape=tune_shape(point), device=rc.device,
                             sweep_id=payload.get("sweep_id"), environment_id=payload.get("environment_id"),
-                            direction=params.get("direction") or "fwd", **(payload.get("tuning") or {}))
+                            direction=point.direction, **(payload.get("tuning") or {}))
     finally:
         install(previous)
 
 
-def run_point_job(rc: RankContext, payload: dict[str, Any]) -> dict[str, Any]:
-    """Gang job: run one point on this rank. Payload: `params`, `options` (the sweep spec's timing, check,
-    profile), `trace_path` (rank 0's Chrome trace target, or None) and `autotune` (tuned configs to launch
-    with, from `tune_job`; absent: the process's configs)."""
-    if payload.get("autotune") is None:
+def run_point_job(rc: RankContext, payload: PointJob) -> PointResult:
+    """Gang job: run one point on this rank (`runners.point.PointJob`: the point, the sweep spec's timing, check
+    and profile options, rank 0's Chrome trace target and the tuned configs to launch with, from `tune_job`;
+    None: the process's configs)."""
+    if payload.autotune is None:
         return _run_point(rc, payload)
     from kernels.autotune import active_table, install
     from runners.tuner import install_payload
 
     previous = active_table()
-    install_payload(payload["autotune"])
+    install_payload(payload.autotune)
     try:
         return _run_point(rc, payload)
     finally:
         install(previous)
 
 
-def _run_point(rc: RankContext, payload: dict[str, Any]) -> dict[str, Any]:
-    params, options = payload["params"], payload["options"]
-    if int(params["W"]) != rc.world_size:
-        raise ValueError(f"point W={params['W']} sent to a gang of {rc.world_size} ranks")
-    wl = make_workload(params, device=rc.device)
-    run = build_mode(params, wl, rc, options)
+def _run_point(rc: RankContext, payload: PointJob) -> PointResult:
+    point, options = payload.point, payload.options
+    if rc.world_size != point.W:
+        raise ValueError(f"point W={point.W} sent to a gang of {rc.world_size} ranks")
+    wl = make_workload(point, device=rc.device)
+    run = build_mode(point, wl, rc, options)
 
-    errs = _check(params, wl, run, rc, options)
-    gate = judge(params, **errs, check=options.get("check") or {})
+    errs = _check(point, wl, run, rc, options)
+    gate = judge(point, **errs, check=options.get("check") or {})
     if _agree(rc, rc.rank == 0 and not gate.passed):
-        return {"ok": False, "gate": gate.as_dict(), "error": gate.message}
-    if params["mode"] not in ("none",):
+        return PointResult(ok=False, gate=gate.as_dict(), error=gate.message)
+    if point.mode not in ("none",):
         del wl  # CP ranks keep only their shards (and none/warmup_correct their closures) while timed
 
     try:
@@ -423,12 +427,13 @@ def _run_point(rc: RankContext, payload: dict[str, Any]) -> dict[str, Any]:
 
     prof = None
     if options.get("profile", True):
-        trace = payload.get("trace_path") if rc.rank == 0 else None
+        trace = payload.trace_path if rc.rank == 0 else None
         prof = profile_step(run.step, device=rc.device, trace_path=trace).as_dict()
-    out: dict[str, Any] = {"ok": True, "profile": prof, "expected_collectives": run.expected_collectives,
-                           "expected_collectives_by_direction": run.expected_by_direction}
+    out = PointResult(ok=True, profile=prof, expected_collectives=run.expected_collectives,
+                      expected_by_direction=run.expected_by_direction)
     if rc.rank == 0:
-        out.update(
+        out = replace(
+            out,
             gate=gate.as_dict(),
             timing=timing.as_dict(),
             configs=configs,

@@ -10,7 +10,7 @@ dropped. The rules, first match wins:
 
 - the mode is not available here (only when the caller says what is available);
 - a peer backend (`fla`, a plugin: `runners.plugins`) does not implement the mode or direction, or its own rule
-  says why not (`kernels.peers.peer_skip_reason`: FLA's reasons, with or without FLA installed here);
+  says why not (`runners.peers.peer_skip_reason`: FLA's reasons, with or without FLA installed here);
 - `none` and `warmup_correct` run on one device: W must be 1;
 - W is more than the devices present (only when the caller passes `max_W`; workers also claim by W);
 - `headwise` needs H % W == 0;
@@ -31,12 +31,13 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from kernels.cp import SINGLE_DEVICE
-from kernels.peers import peer_skip_reason
 from runners import backend_options
+from runners.peers import peer_skip_reason
 from runners.plugins import is_ours, load_peer, peer_of_point, unavailable
+from runners.point import PointSpec
 from runners.spec import SweepSpec, WarmupCorrectSpec
 
-__all__ = ["available_backends", "available_modes", "expand", "mode_options", "point_key", "skip_reason", "tokens"]
+__all__ = ["available_backends", "available_modes", "expand", "mode_options", "point_key", "points", "skip_reason", "tokens"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,11 +71,9 @@ def _cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def tokens(params: dict[str, Any]) -> int:
+def tokens(point: PointSpec) -> int:
     """Total tokens of a point: B*T dense, or the sum of its varlen lengths."""
-    if params.get("lengths"):
-        return int(sum(params["lengths"]))
-    return int(params["B"]) * int(params["T"])
+    return point.tokens
 
 
 def _fmt(x: Any) -> str:
@@ -83,32 +82,32 @@ def _fmt(x: Any) -> str:
     return str(x)
 
 
-def point_key(params: dict[str, Any]) -> str:
+def point_key(point: PointSpec) -> str:
     """Canonical key of a point: the same benchmark in any sweep has the same key (repetition excluded).
 
     Mode options that differ from the defaults (`mode_options`; for warmup_correct its segments, tol, window,
     fallback) are appended as `,opts=name=value;...` so that differently configured runs never share a key; so are
     the point's backend options, named by the backend (`fla.bypass_hopper_guard=True`, `triton.keep=wy+states`)."""
-    shape = f"lengths={'-'.join(str(n) for n in params['lengths'])}" if params.get("lengths") else f"T={params['T']}"
+    p = point
+    shape = f"lengths={'-'.join(str(n) for n in p.lengths)}" if p.lengths else f"T={p.T}"
     key = (
-        f"{params['op']}/{params['mode']}/{params['backend']}/"
-        f"B={params['B']},{shape},H={params['H']},{_hv(params)}K={params['K']},V={params['V']},lb={_fmt(params['lb'])},"
-        f"W={params['W']},layout={params['layout']},dir={params['direction']},dtype={params['dtype']},seed={params['seed']}"
+        f"{p.op}/{p.mode}/{p.backend}/"
+        f"B={p.B},{shape},H={p.H},{_hv(p)}K={p.K},V={p.V},lb={_fmt(p.lb)},"
+        f"W={p.W},layout={p.layout},dir={p.direction},dtype={p.dtype},seed={p.seed}"
     )
-    opts = dict(params.get("mode_options") or {})
-    if params["mode"] == "warmup_correct":
+    opts = dict(p.mode_options)
+    if p.mode == "warmup_correct":
         opts = {k: v for k, v in opts.items() if _WC_DEFAULTS.get(k) != v}
     # a peer's own options (`mode_options: {fla: {...}}`) name the backend: `,opts=fla.bypass_hopper_guard=True`
-    opts.update({f"{params['backend']}.{k}": v for k, v in (params.get("backend_options") or {}).items()})
+    opts.update({f"{p.backend}.{k}": v for k, v in p.backend_options.items()})
     if opts:
         key += ",opts=" + ";".join(f"{k}={_fmt(opts[k])}" for k in sorted(opts))
     return key
 
 
-def _hv(params: dict[str, Any]) -> str:
+def _hv(point: PointSpec) -> str:
     """`HV=n,` in the key only for grouped value heads (HV != H), so the keys of HV == H points never change."""
-    hv = params.get("HV")
-    return f"HV={hv}," if hv is not None and int(hv) != int(params["H"]) else ""
+    return f"HV={point.HV}," if point.HV is not None and point.HV != point.H else ""
 
 
 def mode_options(spec: SweepSpec, mode: str) -> dict[str, Any]:
@@ -119,19 +118,19 @@ def mode_options(spec: SweepSpec, mode: str) -> dict[str, Any]:
 
 
 def skip_reason(
-    params: dict[str, Any],
+    point: PointSpec,
     *,
     max_W: int | None = None,
     modes: Iterable[str] | None = None,
     backends: Iterable[str] | None = None,
 ) -> str | None:
     """Why the point cannot run, or None. `modes`/`backends`: what is available (None: not checked)."""
-    mode, W, H = params["mode"], int(params["W"]), int(params["H"])
+    mode, W, H, HV = point.mode, point.W, point.H, point.value_heads
     if modes is not None and mode not in tuple(modes):
         return f"mode '{mode}' is not implemented by the installed kernels.cp (has {', '.join(modes)})"
-    if not is_ours(params["backend"]):
+    if not is_ours(point.backend):
         try:
-            why = peer_skip_reason(peer_of_point(params), params)
+            why = peer_skip_reason(peer_of_point(point), point)
         except ValueError as err:
             return str(err)
         if why:
@@ -140,19 +139,18 @@ def skip_reason(
         return f"mode '{mode}' runs on one device: needs W == 1, got W={W}"
     if max_W is not None and max_W < W:
         return f"W={W} is more than the {max_W} device(s) present"
-    HV = int(params.get("HV") or H)
     if HV % H != 0:
         return f"grouped value heads need HV % H == 0, got H={H}, HV={HV}"
     if mode == "headwise" and (H % W != 0 or HV % W != 0):
         return f"headwise needs H % W == 0 and HV % W == 0, got H={H}, HV={HV}, W={W}"
     if W > 1:
-        n = tokens(params)
-        parts = 2 * W if params["layout"] == "zigzag" else W
+        n = point.tokens
+        parts = 2 * W if point.layout == "zigzag" else W
         if n % parts != 0:
-            what = "lengths sum" if params.get("lengths") else "B*T"
-            return f"layout '{params['layout']}' splits the tokens into {parts} equal parts: needs {what}={n} divisible by {parts}"
+            what = "lengths sum" if point.lengths else "B*T"
+            return f"layout '{point.layout}' splits the tokens into {parts} equal parts: needs {what}={n} divisible by {parts}"
     if backends is not None:
-        return unavailable(params, tuple(backends))
+        return unavailable(point, tuple(backends))
     return None
 
 
@@ -162,7 +160,25 @@ def _shapes(spec: SweepSpec) -> Iterator[dict[str, Any]]:
         for T in a.T or []:
             yield {"B": B, "T": T}
     for lens in a.lengths or []:
-        yield {"B": 1, "T": sum(lens), "lengths": list(lens)}
+        yield {"B": 1, "T": sum(lens), "lengths": tuple(lens)}
+
+
+def points(spec: SweepSpec) -> list[PointSpec]:
+    """The points of `spec`, in grid order (see the module docstring)."""
+    a = spec.axes
+    out: list[PointSpec] = []
+    outer = itertools.product(spec.ops, spec.backends, a.dtype, a.direction, a.layout, list(_shapes(spec)))
+    for op, ref, dtype, direction, layout, shape in outer:
+        backend = _backend_name(ref)
+        inner = itertools.product(a.H, a.HV or [None], a.K, a.V, a.lb, a.W, spec.modes, spec.seeds, range(spec.repetitions))
+        for H, HV, K, V, lb, W, mode, seed, rep in inner:
+            # HV only when the spec has the axis (params of older specs stay as they were)
+            out.append(PointSpec(
+                op=op, mode=mode, backend=backend, **shape, H=H, HV=HV, K=K, V=V, lb=float(lb), W=W, layout=layout,
+                direction=direction, dtype=dtype, seed=seed, rep=rep, mode_options=mode_options(spec, mode),
+                **_backend_fields(spec, ref, backend, mode, direction),
+            ))
+    return out
 
 
 def expand(
@@ -174,31 +190,15 @@ def expand(
 ) -> list[dict[str, Any]]:
     """The point rows of `spec`, in grid order, as dicts of `db.models.Point` columns.
 
-    Each row: idx, key, params (every axis value; `lengths` for varlen; `rep`), the indexed columns (op, mode,
-    backend, B, T, H, K, V, lb, W, layout, direction, dtype, seed), status (`queued` or `skipped`), reason and
-    max_attempts. Params also hold `mode_options` (see `mode_options`) when the mode has any. `max_W`, `modes`, `backends`: what this machine has (see `skip_reason`); None = not checked.
+    Each row: idx, key, params (the point's JSON, `PointSpec.to_json`: every axis value, `lengths` for varlen,
+    `rep`, `mode_options` when the mode has any (see `mode_options`), the backend's fields), the indexed columns
+    (op, mode, backend, B, T, H, K, V, lb, W, layout, direction, dtype, seed), status (`queued` or `skipped`),
+    reason and max_attempts. `max_W`, `modes`, `backends`: what this machine has (see `skip_reason`); None = not
+    checked.
     """
     modes = tuple(modes) if modes is not None else None
     backends = tuple(backends) if backends is not None else None
-    a = spec.axes
-    rows: list[dict[str, Any]] = []
-    outer = itertools.product(spec.ops, spec.backends, a.dtype, a.direction, a.layout, list(_shapes(spec)))
-    for op, ref, dtype, direction, layout, shape in outer:
-        backend = _backend_name(ref)
-        inner = itertools.product(a.H, a.HV or [None], a.K, a.V, a.lb, a.W, spec.modes, spec.seeds, range(spec.repetitions))
-        for H, HV, K, V, lb, W, mode, seed, rep in inner:
-            params = {
-                "op": op, "mode": mode, "backend": backend, **shape, "H": H, "K": K, "V": V, "lb": float(lb), "W": W,
-                "layout": layout, "direction": direction, "dtype": dtype, "seed": seed, "rep": rep,
-            }
-            if HV is not None:  # only when the spec has the axis (params of older specs stay as they were)
-                params["HV"] = HV
-            opts = mode_options(spec, mode)
-            if opts:
-                params["mode_options"] = opts
-            params.update(_backend_params(spec, ref, backend, mode, direction))
-            rows.append(_row(len(rows), params, spec, max_W, modes, backends))
-    return rows
+    return [_row(idx, point, spec, max_W, modes, backends) for idx, point in enumerate(points(spec))]
 
 
 def _backend_name(ref: str) -> str:
@@ -212,34 +212,32 @@ def _backend_name(ref: str) -> str:
         return ref.rsplit(":", 1)[-1].rsplit(".", 1)[-1][:16]
 
 
-def _backend_params(spec: SweepSpec, ref: str, backend: str, mode: str, direction: str) -> dict[str, Any]:
+def _backend_fields(spec: SweepSpec, ref: str, backend: str, mode: str, direction: str) -> dict[str, Any]:
     """`backend_ref` (a plugin's spec string, so the worker loads the same object) and `backend_options` (a peer's
     as the spec gives them; ours only where they take effect, `runners.backend_options.for_point`)."""
-    out: dict[str, Any] = {}
-    if ref != backend:
-        out["backend_ref"] = ref
     opts = dict(spec.mode_options.get(backend) or {})
     if is_ours(backend):
         opts = backend_options.for_point(backend, opts, mode, direction)
-    if opts:
-        out["backend_options"] = opts
-    return out
+    return {"backend_ref": ref if ref != backend else None, "backend_options": opts}
+
+
+_COLUMNS = ("op", "mode", "backend", "B", "T", "H", "K", "V", "lb", "W", "layout", "direction", "dtype", "seed")
 
 
 def _row(
     idx: int,
-    params: dict[str, Any],
+    point: PointSpec,
     spec: SweepSpec,
     max_W: int | None,
     modes: tuple[str, ...] | None,
     backends: tuple[str, ...] | None,
 ) -> dict[str, Any]:
-    reason = skip_reason(params, max_W=max_W, modes=modes, backends=backends)
+    reason = skip_reason(point, max_W=max_W, modes=modes, backends=backends)
     return {
         "idx": idx,
-        "key": point_key(params),
-        "params": params,
-        **{c: params[c] for c in ("op", "mode", "backend", "B", "T", "H", "K", "V", "lb", "W", "layout", "direction", "dtype", "seed")},
+        "key": point_key(point),
+        "params": point.to_json(),
+        **{c: getattr(point, c) for c in _COLUMNS},
         "status": "skipped" if reason else "queued",
         "reason": reason,
         "max_attempts": spec.max_attempts,

@@ -3,7 +3,7 @@
 A sweep's `backends` entry is one of:
 
 - `torch` / `triton`: our kernels (not peers);
-- `fla`: FLA's implementation of each mode (`kernels.peers.fla`);
+- `fla`: FLA's implementation of each mode (`runners.peers.fla`);
 - a name registered under the entry point group `cpbench.backends` by an installed package
   (`[project.entry-points."cpbench.backends"] mine = "my_pkg.cpbench:BACKEND"`);
 - `package.module:object`: an importable object (a class is instantiated with no arguments), only from a module
@@ -12,8 +12,8 @@ A sweep's `backends` entry is one of:
   REST too: no other module is ever imported, not when the spec is submitted (`cpbench serve`, `cpbench run`) and
   not by a worker that finds such a point in the store (its point fails with the reason).
 
-A peer must satisfy `kernels.peers`' protocol (checked when loaded). Its `name` becomes the points' backend;
-for a plugin the spec's string travels with each point (`params.backend_ref`) so a worker loads the same object.
+A peer must satisfy `runners.peers`' protocol (checked when loaded). Its `name` becomes the points' backend;
+for a plugin the spec's string travels with each point (`PointSpec.backend_ref`) so a worker loads the same object.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import functools
 import importlib
 import importlib.metadata
 import logging
-from collections.abc import Mapping
 from typing import Any
 
-from kernels.peers import check_peer
+from runners.peers import check_peer
+from runners.point import PointSpec
 from runners.settings import get_worker_settings
 
 __all__ = ["ENTRY_POINT_GROUP", "OURS", "PLUGIN_MODULES_SETTING", "allowed_modules", "clear_cache", "is_ours", "load_peer",
@@ -107,7 +107,7 @@ def _load(ref: str) -> Any:
     if is_ours(ref):
         raise ValueError(f"backend {ref!r} is one of ours, not a peer")
     if ref == "fla":
-        from kernels.peers.fla import FLA
+        from runners.peers.fla import FLA
 
         return FLA
     try:
@@ -125,21 +125,20 @@ def _load(ref: str) -> Any:
     return obj
 
 
-def peer_of_point(params: Mapping[str, Any]) -> Any | None:
+def peer_of_point(point: PointSpec) -> Any | None:
     """The peer that runs a point, or None for our own backends."""
-    backend = params["backend"]
-    if is_ours(backend):
+    if is_ours(point.backend):
         return None
-    return load_peer(params.get("backend_ref") or backend)
+    return load_peer(point.backend_ref or point.backend)
 
 
-def unavailable(params: Mapping[str, Any], ours: tuple[str, ...], where: str = "here") -> str | None:
+def unavailable(point: PointSpec, ours: tuple[str, ...], where: str = "here") -> str | None:
     """Why this process cannot run the point's backend (None: it can). `ours`: our backends installed here."""
-    backend = params["backend"]
+    backend = point.backend
     if is_ours(backend):
         return None if backend in ours else f"backend {backend!r} is not available {where} (have {', '.join(ours)})"
     try:
-        peer = peer_of_point(params)
+        peer = peer_of_point(point)
     except ValueError as err:
         return str(err)
     check = getattr(peer, "available", None)

@@ -13,11 +13,11 @@ reduced shape, as the forward's output is checked.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 from torch import Tensor
 
+from runners.point import PointSpec
 from runners.profile import direction_range
 
 __all__ = ["GRAD_NAMES", "global_do", "grads_of", "is_training", "leaves", "reference_grads", "train_step"]
@@ -25,13 +25,13 @@ __all__ = ["GRAD_NAMES", "global_do", "grads_of", "is_training", "leaves", "refe
 GRAD_NAMES = ("dq", "dk", "dv", "dg", "dbeta")
 
 
-def is_training(params: dict[str, Any]) -> bool:
-    return params.get("direction") == "fwd+bwd"
+def is_training(point: PointSpec) -> bool:
+    return point.direction == "fwd+bwd"
 
 
-def global_do(params: dict[str, Any], like: Tensor) -> Tensor:
+def global_do(point: PointSpec, like: Tensor) -> Tensor:
     """The point's fixed output gradient, shaped like the whole output `like` (dense or flat), from its seed."""
-    gen = torch.Generator().manual_seed(int(params.get("seed", 0)) + 7919)
+    gen = torch.Generator().manual_seed(point.seed + 7919)
     return torch.randn(like.shape, generator=gen).to(device=like.device, dtype=like.dtype)
 
 

@@ -20,11 +20,12 @@ store's tuned configs read here and passed in; the rank returns its trials and w
 them (`runners.tuner.store_tuning`; a device crash stores the trials so far, restarts the gang and retries the
 attempt); then time with the tuned configs), send the point to the persistent gang of its W (`runners.gang`, job
 `runners.execute.run_point_job`) under a time limit derived from the spec's timing limits
-(`point_time_limit_s`: the watchdog and the collective timeout), then store the artifact (Chrome trace),
-measurement and profile (its collectives checked against kernels.cp's count, per direction for a training step:
-`runners.collective_check`, the differences in the report's `collective_mismatches`) and mark the point done,
-all in one transaction (`complete_point` commits them together,
-or drops them if the lease was lost meanwhile). Failures become data: a failed correctness gate or an exception
+(`point_time_limit_s`: the watchdog and the collective timeout; the point travels as a `runners.point.PointJob`,
+rebuilt from the stored JSON, and every rank returns a `runners.results.PointResult`), turn the results into rows
+before any session opens (`runners.results.store_rows`: the merged profile, its collectives checked against
+kernels.cp's count, per direction for a training step, the differences in the report's `collective_mismatches`),
+then store the artifact (Chrome trace), measurement and profile and mark the point done, all in one transaction
+(`complete_point` commits them together, or drops them if the lease was lost meanwhile). Failures become data: a failed correctness gate or an exception
 raised on every rank fails the point (not retried: it is deterministic); a crashed, hung, timed-out or OOM rank
 fails the attempt (retried while attempts remain) and restarts the gang. The worker keeps going either way.
 
@@ -57,22 +58,20 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from db.retry import StoreRetry, StoreUnavailable
-from kernels.cp.modes import merge_rank_counts
-from runners import collective_check
 from runners.errors import CpbenchError, GangError, SweepNotFoundError
 from runners.execute import run_point_job, tune_job
 from runners.gang import GangPool, JobCancelled
 from runners.grid import available_backends
 from runners.housekeeping import remove_own_leftovers
 from runners.plugins import unavailable
-from runners.profile import ProfileSummary, merge_ranks
+from runners.point import PointJob, PointSpec
+from runners.results import PointResult, StoreRows, store_rows, trace_path
 from runners.settings import WorkerSettings, get_worker_settings
-from runners.stats import summarize
 from runners.versions import driver_version, git_sha, software_versions
 
 __all__ = ["DeviceInfo", "Worker", "WorkerStats", "detect_devices", "environment_facts", "point_time_limit_s", "run_worker"]
@@ -177,15 +176,15 @@ def point_time_limit_s(spec: dict[str, Any], settings: WorkerSettings, first_cal
     return min(settings.JOB_TIMEOUT_S, settings.POINT_OVERHEAD_S + 2.0 * (warmup + run) + max(0.0, first_call_s))
 
 
-def _first_call_s(params: dict[str, Any]) -> float:
+def _first_call_s(point: PointSpec) -> float:
     """The first-call allowance the point's peer backend states (0 for ours)."""
     from runners.plugins import peer_of_point
 
     try:
-        peer = peer_of_point(params)
+        peer = peer_of_point(point)
     except ValueError:
         return 0.0
-    return float(getattr(peer, "first_call_s", 0.0)) if peer is not None else 0.0  # checked by kernels.peers.check_peer
+    return float(getattr(peer, "first_call_s", 0.0)) if peer is not None else 0.0  # checked by runners.peers.check_peer
 
 
 def _check_times(lease_s: float, heartbeat_s: float) -> None:
@@ -256,7 +255,7 @@ class _Claim:
     sweep_id: int
     W: int
     attempt: int
-    params: dict[str, Any]
+    point: PointSpec
 
 
 class Worker:
@@ -445,7 +444,7 @@ class Worker:
                                 owner=self.owner)
             if point is None:
                 return None
-            c = _Claim(point.id, point.sweep_id, point.W, point.attempts, dict(point.params))
+            c = _Claim(point.id, point.sweep_id, point.W, point.attempts, PointSpec.from_json(point.params))
             # the write before the read (claim_point committed): see the registration
             crud.touch_worker(s, name=self.name, status="busy", current_point_id=c.point_id)
             if c.sweep_id not in self._specs:
@@ -469,8 +468,8 @@ class Worker:
         from db.queue import release_point
 
         assert self.pool is not None and self.info is not None
-        stats, params, spec = self.stats, claim.params, self._specs[claim.sweep_id]
-        missing = unavailable(params, available_backends(), where=f"on worker {self.name}")
+        stats, point, spec = self.stats, claim.point, self._specs[claim.sweep_id]
+        missing = unavailable(point, available_backends(), where=f"on worker {self.name}")
         if missing:
             return self._end_attempt(claim, missing, False)
         options = _options(spec)
@@ -478,8 +477,8 @@ class Worker:
         tag = _tag(self.name)
         trace = (self.art_root / f"sweep{claim.sweep_id}" / f"point{claim.point_id}-{tag}.trace.json.gz"
                  if options.get("profile", True) else None)
-        payload: dict[str, Any] = {"params": params, "options": options, "trace_path": str(trace) if trace else None}
-        limit_s = point_time_limit_s(spec, self.settings, _first_call_s(params))
+        payload = PointJob(point=point, options=options, trace_path=str(trace) if trace else None)
+        limit_s = point_time_limit_s(spec, self.settings, _first_call_s(point))
         hb = _Heartbeat(self, claim.point_id)
         hb.start()
 
@@ -488,13 +487,13 @@ class Worker:
 
         t0 = time.monotonic()
         try:
-            if options.get("tune") and params.get("backend") == "triton":
+            if options.get("tune") and point.backend == "triton":
                 # tuning runs once, on one device (the W=1 gang), before the point's own gang times it
                 from runners.tuner.sweep import store_tuning, tuning_state
 
                 # the rank reads nothing from the store and writes nothing: this process reads, then stores its outcome
                 state = self._store("read tuning state", tuning_state)
-                tune_payload = {"state": state, "params": params, "sweep_id": claim.sweep_id, "environment_id": self.env_id,
+                tune_payload = {"state": state, "point": point, "sweep_id": claim.sweep_id, "environment_id": self.env_id,
                                 "tuning": spec.get("tuning") or {}}
                 outcome = self.pool.run(1, tune_job, tune_payload, timeout_s=self.settings.JOB_TIMEOUT_S, cancel=cancel)[0]
                 self._store("store tuning", lambda s: store_tuning(s, outcome))
@@ -503,7 +502,7 @@ class Worker:
                     self.pool.get(1).close()
                     hb.stop()
                     return self._end_attempt(claim, outcome.error, True)
-                payload["autotune"] = outcome.payload
+                payload = replace(payload, autotune=outcome.payload)
             results = self.pool.run(claim.W, run_point_job, payload, timeout_s=limit_s, cancel=cancel,
                                     collective_timeout_s=limit_s)
         except JobCancelled:
@@ -532,8 +531,8 @@ class Worker:
             stats.lost += 1
             return "lost"
         r0 = results[0]
-        if not r0.get("ok"):
-            return self._end_attempt(claim, r0.get("error") or "point failed", False)
+        if not r0.ok:
+            return self._end_attempt(claim, r0.error or "point failed", False)
         stored = self._store_results(claim, results)
         if stored:
             stats.done += 1
@@ -542,18 +541,24 @@ class Worker:
         stats.lost += 1
         return "lost"
 
-    def _store_results(self, claim: _Claim, results: list[dict[str, Any]]) -> bool:
-        """Spool the results, store them through outages (idempotent), drop the spool file; False if the lease was lost."""
+    def _store_results(self, claim: _Claim, results: list[PointResult]) -> bool:
+        """Spool the results, turn them into rows (`runners.results.store_rows`, before any session), store them
+        through outages (idempotent), drop the spool file; False if the lease was lost."""
         spool = self.spool_dir / f"point{claim.point_id}-a{claim.attempt}-{_tag(self.name)}.json"
         spool.parent.mkdir(parents=True, exist_ok=True)
         tmp = spool.with_suffix(".tmp")
         tmp.write_text(json.dumps({"point_id": claim.point_id, "attempt": claim.attempt, "worker": self.name,
-                                   "environment_id": self.env_id, "results": results}, default=str))
+                                   "environment_id": self.env_id, "results": [r.to_json() for r in results]}, default=str))
         tmp.replace(spool)
         self.stats.spooled += 1
         try:
+            rows = store_rows(claim.point, results)
+            if rows.mismatches:
+                logger.warning("point %s: collectives differ from kernels.cp's count: %s", claim.point_id,
+                               "; ".join(rows.mismatches))
+            artifact = _trace_artifact(rows.trace)
             stored = self._store("store results", lambda s: _write_results(
-                s, point_id=claim.point_id, worker=self.name, environment_id=self.env_id, results=results),
+                s, point_id=claim.point_id, worker=self.name, environment_id=self.env_id, rows=rows, artifact=artifact),
                 give_up=lambda: self.stopping() and self._past_grace())
         except StoreUnavailable:
             logger.warning("point %s: results left in %s (the store stayed unavailable while stopping)", claim.point_id, spool)
@@ -574,16 +579,18 @@ def _tag(name: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in name.rsplit(":", 1)[-1])
 
 
-def _trace_of(results: list[dict[str, Any]]) -> Path | None:
-    profiles = [ProfileSummary(**r["profile"]) for r in results if r.get("profile")]
-    prof = merge_ranks(profiles) if profiles else None
-    return Path(prof.trace_path) if prof is not None and prof.trace_path else None
-
-
-def _drop_trace(results: list[dict[str, Any]]) -> None:
-    trace = _trace_of(results)
+def _drop_trace(results: list[PointResult]) -> None:
+    trace = trace_path(results)
     if trace is not None:
-        trace.unlink(missing_ok=True)
+        Path(trace).unlink(missing_ok=True)
+
+
+def _trace_artifact(trace: str | None) -> dict[str, Any] | None:
+    """The `db.crud.store_artifact` fields of rank 0's trace file (None: no file)."""
+    if trace is None or not Path(trace).exists():
+        return None
+    size, sha = _file_facts(Path(trace))
+    return {"kind": "chrome_trace", "path": trace, "size_bytes": size, "sha256": sha}
 
 
 def _already_stored(session: Any, point_id: int, worker: str) -> bool:
@@ -605,7 +612,8 @@ def _write_results(
     point_id: int,
     worker: str,
     environment_id: int | None,
-    results: list[dict[str, Any]],
+    rows: StoreRows,
+    artifact: dict[str, Any] | None,
 ) -> bool:
     """Artifact + measurement + profile + `done`, committed together; False (nothing kept) if the lease was lost.
     True without writing when this worker's result is already stored (idempotent)."""
@@ -616,53 +624,10 @@ def _write_results(
     begin_write(session)  # the write lock first (SQLite): the check and the writes see one state
     if _already_stored(session, point_id, worker):
         return True
-    r0 = results[0]
-    timing, gate = r0["timing"], r0["gate"]
-    profiles = [ProfileSummary(**r["profile"]) for r in results if r.get("profile")]
-    prof = merge_ranks(profiles) if profiles else None
-    summary = summarize(timing["samples_ms"])
-    skews = [hi - lo for hi, lo in zip(timing["samples_ms"], timing["rank_min_ms"], strict=False)]
-    report = {
-        **r0.get("report", {}),
-        "gate": {k: gate[k] for k in ("tol_none", "tol_reference")},
-        "timing": {
-            "warmup_iters": timing["warmup_iters"],
-            "warmup_s": round(timing["warmup_s"], 6),
-            "l2_flush_bytes": timing["l2_flush_bytes"],
-            "rank_skew_median_ms": summarize(skews).median if skews else 0.0,
-            # CUDA: host time to enqueue one step; near the sample itself means the step is launch-bound
-            "host_enqueue_median_ms": summarize(timing["host_ms"]).median if timing.get("host_ms") else None,
-        },
-    }
-    # kernels.cp's expected collectives of the gang, merged like the profile merges the ranks
-    report["expected_collectives"] = merge_rank_counts(r.get("expected_collectives") or {} for r in results)
-    expected = collective_check.merge_gang([r.get("expected_collectives_by_direction") for r in results])
-    if expected is not None:
-        report["expected_collectives_by_direction"] = expected
-    if prof is not None:
-        report["profile_ranks"] = prof.per_rank
-        if expected is not None:
-            report["collective_mismatches"] = wrong = collective_check.mismatches(prof.as_dict(), expected)
-            if wrong:
-                logger.warning("point %s: collectives differ from kernels.cp's count: %s", point_id, "; ".join(wrong))
-    trace = Path(prof.trace_path) if prof is not None and prof.trace_path else None
-    artifact_id = None
-    if trace is not None and trace.exists():
-        size, sha = _file_facts(trace)
-        artifact_id = crud.store_artifact(session, point_id=point_id, kind="chrome_trace", path=str(trace), size_bytes=size,
-                                          sha256=sha).id
-    crud.store_measurement(
-        session, point_id=point_id, environment_id=environment_id, worker=worker, clock=timing["clock"],
-        samples=timing["samples_ms"], summary={f"{k}_ms" if k != "n" else k: v for k, v in summary.as_dict().items()},
-        stop_reason=timing["stop_reason"], err_vs_none=gate["err_vs_none"], err_vs_reference=gate["err_vs_reference"],
-        configs=r0.get("configs", {}), report=report,
-    )
-    if prof is not None:
-        crud.store_profile(
-            session, point_id=point_id, collectives=prof.collectives, collective_bytes=prof.collective_bytes,
-            host_syncs=prof.host_syncs, sync_events=prof.sync_events, kernel_launches=prof.kernel_launches,
-            peak_memory_bytes=prof.peak_memory_bytes, artifact_id=artifact_id, by_direction=prof.by_direction or None,
-        )
+    artifact_id = crud.store_artifact(session, point_id=point_id, **artifact).id if artifact is not None else None
+    crud.store_measurement(session, point_id=point_id, environment_id=environment_id, worker=worker, **rows.measurement)
+    if rows.profile is not None:
+        crud.store_profile(session, point_id=point_id, artifact_id=artifact_id, **rows.profile)
     return complete_point(session, point_id=point_id, worker=worker)
 
 

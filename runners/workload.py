@@ -1,9 +1,9 @@
 """Seeded inputs of a grid point, built directly on the device (never zeros, never copied from the host).
 
-From the point's params (op, B, T or lengths, H, HV (default H), K, V, lb, dtype, seed), in this order from one generator on
+From the point (`runners.point.PointSpec`: op, B, T or lengths, H, HV (default H), K, V, lb, dtype, seed), in this order from one generator on
 the device: q ~ N(0,1); k ~ N(0,1) L2-normalised over K; v ~ N(0,1); g = lb * sigmoid(N(0,1)) (so lb <= g <= 0,
 `[B, T, HV]` for gdn, `[B, T, HV, K]` for kda); beta = sigmoid(N(0,1)); v, g, beta have HV heads. q, k, v, beta take the point's dtype; g
-stays fp32 (a bf16 log decay loses its small values). The same params give the same tensors on every rank of
+stays fp32 (a bf16 log decay loses its small values). The same point gives the same tensors on every rank of
 a gang, so each rank can shard the global inputs itself.
 
 CP schemes take the token axis flattened (B = 1, `cu_seqlens` bounds): `Workload.flat()` gives that view of a
@@ -13,10 +13,11 @@ dense batch. `reduced_params` shrinks a point for the reference check (the per-t
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
 from torch import Tensor
+
+from runners.point import PointSpec
 
 __all__ = ["DTYPES", "Workload", "make_workload", "reduced_params"]
 
@@ -49,23 +50,23 @@ class Workload:
         return replace(self, q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu)
 
 
-def make_workload(params: dict[str, Any], *, device: torch.device | str) -> Workload:
+def make_workload(point: PointSpec, *, device: torch.device | str) -> Workload:
     """The point's inputs on `device` (see the module docstring for the distributions)."""
     device = torch.device(device)
-    op, H, K, V = params["op"], int(params["H"]), int(params["K"]), int(params["V"])
-    HV = int(params.get("HV") or H)  # grouped value heads: v, g, beta with HV heads
-    lb, seed = float(params["lb"]), int(params["seed"])
-    if params["dtype"] not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got dtype={params['dtype']!r}")
-    dtype = DTYPES[params["dtype"]]
-    lengths = params.get("lengths")
+    op, H, K, V = point.op, point.H, point.K, point.V
+    HV = point.value_heads  # grouped value heads: v, g, beta with HV heads
+    lb, seed = point.lb, point.seed
+    if point.dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got dtype={point.dtype!r}")
+    dtype = DTYPES[point.dtype]
+    lengths = point.lengths
     if lengths:
         B, T = 1, int(sum(lengths))
         bounds = [0]
         for n in lengths:
             bounds.append(bounds[-1] + int(n))
     else:
-        B, T = int(params["B"]), int(params["T"])
+        B, T = point.B, point.T
         bounds = [i * T for i in range(B + 1)]
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
@@ -83,34 +84,28 @@ def make_workload(params: dict[str, Any], *, device: torch.device | str) -> Work
     return Workload(op=op, q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu, cu_seqlens_cpu=bounds)
 
 
-def reduced_params(params: dict[str, Any], *, max_tokens: int) -> dict[str, Any]:
+def reduced_params(point: PointSpec, *, max_tokens: int) -> PointSpec:
     """A smaller point of the same kind for the reference check: at most `max_tokens` tokens (B = 1), at most
     2 heads (W for headwise, which needs H % W == 0), same op, dims, decay, dtype, mode, W, layout and seed.
     Varlen length lists are scaled down keeping their shape (several sequences crossing rank boundaries).
     The token count stays divisible by W (contiguous) or 2W (zigzag)."""
-    W = int(params["W"])
-    unit = 2 * W if params["layout"] == "zigzag" else W
-    total = int(sum(params["lengths"])) if params.get("lengths") else int(params["B"]) * int(params["T"])
+    W = point.W
+    unit = 2 * W if point.layout == "zigzag" else W
+    total = point.tokens
     n = min(total, max(unit, max_tokens // unit * unit))
     n -= n % unit
-    out = dict(params)
-    out["H"] = W if params["mode"] == "headwise" else min(int(params["H"]), 2)
-    if params.get("HV"):
-        out["HV"] = out["H"] * (int(params["HV"]) // int(params["H"]))   # the same grouping
-    out["B"] = 1
-    if params.get("lengths") or int(params["B"]) > 1:
-        lens = list(params["lengths"]) if params.get("lengths") else [int(params["T"])] * int(params["B"])
-        if total != n:
-            scaled = [max(1, x * n // total) for x in lens]
-            # fix the rounding so the lengths sum to n exactly (take from or add to the longest)
-            while sum(scaled) != n:
-                i = max(range(len(scaled)), key=lambda j: scaled[j])
-                scaled[i] += 1 if sum(scaled) < n else -1
-                if scaled[i] == 0:
-                    scaled.pop(i)
-            lens = scaled
-        out["lengths"], out["T"] = lens, n
-    else:
-        out.pop("lengths", None)
-        out["T"] = n
-    return out
+    H = W if point.mode == "headwise" else min(point.H, 2)
+    HV = H * (point.HV // point.H) if point.HV else None   # the same grouping
+    if not (point.lengths or point.B > 1):
+        return replace(point, B=1, T=n, H=H, HV=HV, lengths=None)
+    lens = list(point.lengths) if point.lengths else [point.T] * point.B
+    if total != n:
+        scaled = [max(1, x * n // total) for x in lens]
+        # fix the rounding so the lengths sum to n exactly (take from or add to the longest)
+        while sum(scaled) != n:
+            i = max(range(len(scaled)), key=lambda j: scaled[j])
+            scaled[i] += 1 if sum(scaled) < n else -1
+            if scaled[i] == 0:
+                scaled.pop(i)
+        lens = scaled
+    return replace(point, B=1, T=n, H=H, HV=HV, lengths=tuple(lens))

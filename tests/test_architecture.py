@@ -1,6 +1,7 @@
 """The import graph, read from the AST of every tracked module, keeps to DESIGN.md's one-way rule.
 
-Nodes are the top-level packages, with `kernels.cp` and `kernels.peers` apart from the rest of `kernels` (peers -> kernels.cp -> kernels):
+Nodes are the top-level packages, with `kernels.cp` apart from the rest of `kernels` (the peer protocol and FLA's
+peer sit in the engine, `runners.peers`):
 
     bench_server -> runners -> kernels.cp -> kernels;   runners -> db;   bench_server -> db, dashboards;
     dashboards -> db, kernels.cp (the mode vocabulary);   benchmarks (device-only scripts) -> runners and below
@@ -25,12 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 ALLOWED: dict[str, set[str]] = {
     "kernels": set(),
     "kernels.cp": {"kernels"},
-    "kernels.peers": {"kernels.cp", "kernels"},  # peers' implementations of the CP modes sit beside ours
     "db": set(),
-    "runners": {"kernels.peers", "kernels.cp", "kernels", "db"},
+    "runners": {"kernels.cp", "kernels", "db"},
     "dashboards": {"db", "kernels.cp"},  # kernels.cp: the mode vocabulary and expected collectives (cost model)
-    "bench_server": {"runners", "kernels.peers", "kernels.cp", "kernels", "db", "dashboards"},
-    "benchmarks": {"bench_server", "dashboards", "runners", "kernels.peers", "kernels.cp", "kernels", "db"},
+    "bench_server": {"runners", "kernels.cp", "kernels", "db", "dashboards"},
+    "benchmarks": {"bench_server", "dashboards", "runners", "kernels.cp", "kernels", "db"},
 }
 KERNELS_THIRD_PARTY = {"torch", "triton", "numpy", "fla"}
 OPS = ("kernels.gdn", "kernels.kda", "kernels.cp")
@@ -39,9 +39,8 @@ OPS = ("kernels.gdn", "kernels.kda", "kernels.cp")
 def node(module: str) -> str | None:
     """The graph node of a dotted module name (None outside the project's packages)."""
     top = module.split(".")[0]
-    for sub in ("kernels.cp", "kernels.peers"):
-        if module == sub or module.startswith(sub + "."):
-            return sub
+    if module == "kernels.cp" or module.startswith("kernels.cp."):
+        return "kernels.cp"
     return top if top in ALLOWED or top == "tests" else None
 
 

@@ -45,6 +45,7 @@ import kernels.cp as cp
 from runners.bench.common import environment, result_stem
 from runners.correctness import rel_l2
 from runners.gang import Gang, RankContext
+from runners.point import PointSpec
 from runners.profile import profile_step
 from runners.timing import StopRule, time_step
 from runners.workload import make_workload
@@ -58,8 +59,8 @@ def make_inputs(op: str, T: int, H: int, K: int, V: int, lb: float, dev: torch.d
                 dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     """One sequence of T tokens as a sweep point builds it (`runners.workload`): (q, k, v, g, beta)."""
     name = str(dtype).removeprefix("torch.")
-    params = {"op": op, "B": 1, "T": T, "H": H, "K": K, "V": V, "lb": lb, "seed": seed, "dtype": name}
-    return make_workload(params, device=dev).tensors
+    point = PointSpec(op, "none", "triton", B=1, T=T, H=H, K=K, V=V, lb=lb, seed=seed, dtype=name)
+    return make_workload(point, device=dev).tensors
 
 
 def sync(dev: torch.device) -> None:

@@ -2,7 +2,7 @@
 
 FLA autotunes each kernel alone on the first call's shape. Here, per shape:
 1. FLA's op runs once with its own autotune (compiles; its picks fill the tuners' caches); the kernels it touched
-   and the keys FLA keys them by are recorded (`kernels.peers.fla_autotune.record_touched`), and its output is
+   and the keys FLA keys them by are recorded (`runners.peers.fla_autotune.record_touched`), and its output is
    the correctness reference;
 2. for each touched kernel and key, in call order, every config of its space (or `budget` of them, FLA's own
    pick always among them) is pinned in the tuner's cache and the whole op is run: outputs checked against the
@@ -69,7 +69,7 @@ def _fla_runner(op: str, case: Mapping[str, Any], direction: str = "fwd",
     leaves, inside the `fla` peer's step context (`options`: the Hopper-guard opt-in) -> (o, final_state, dq, dk,
     dv, dg, dbeta[, dh0])."""
     from kernels import backends
-    from kernels.peers.fla import FLA
+    from runners.peers.fla import FLA
 
     cu, bounds = case["cu_seqlens"], case["cu_seqlens_cpu"]
     scale = case["q"].shape[-1] ** -0.5
@@ -94,13 +94,14 @@ def _fla_runner(op: str, case: Mapping[str, Any], direction: str = "fwd",
 def check_direction(op: str, K: int, direction: str, options: Mapping[str, Any] | None) -> None:
     """A one-line ValueError when FLA cannot run `op` in `direction` here: an unknown direction, or FLA's own
     refusal (the `fla` peer's skip reason: its Hopper guard on the GDN backward unless opted out)."""
-    from kernels.peers.fla import FLA, hopper_guard_refusal
+    from runners.peers.fla import FLA, hopper_guard_refusal
+    from runners.point import PointSpec
     from runners.spec import DIRECTIONS
 
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}")
     opts = dict(options or {})
-    reason = (FLA.skip_reason({"mode": "none", "op": op, "direction": "fwd", "K": K, "backend_options": opts})
+    reason = (FLA.skip_reason(PointSpec(op, "none", "fla", B=1, T=1, H=1, K=K, V=K, backend_options=opts))
               or hopper_guard_refusal(op, direction, opts, "--fla-bypass-hopper-guard (cpbench tune)"))
     if reason:
         raise ValueError(reason)
@@ -158,7 +159,7 @@ def tune_fla(
     min_gain: how much faster than FLA's own pick (a fraction of its time) a config must run the op to replace it."""
     from db.models import TunedConfig
     from kernels.backends import fla_op
-    from kernels.peers import fla_autotune as fa
+    from runners.peers import fla_autotune as fa
 
     if not 0.0 <= min_gain < 0.5:
         raise ValueError(f"min_gain must be a fraction in [0, 0.5), got {min_gain!r}")

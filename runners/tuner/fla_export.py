@@ -6,7 +6,7 @@
 A job points FLA at it with `FLA_CONFIG_DIR=DIR FLA_CACHE_MODE=strict` (exact keys; `fuzzy`/`full` also match other
 shapes): FLA then injects the stored config for each key and runs no autotuning for it. Each file holds
 `kernel_name`, `triton_version` (of the tuning environment), `autotune_entries` keyed by the md5 of the key as FLA
-computes it (`kernels.peers.fla_autotune.entry_hash`) and `default_config` (the config that won the most keys,
+computes it (`runners.peers.fla_autotune.entry_hash`) and `default_config` (the config that won the most keys,
 used by FLA_CACHE_MODE=full/default). Same device rules as the autotune JSON: one device per export, CPU timings
 refused unless `allow_cpu`.
 """
@@ -31,7 +31,7 @@ __all__ = ["build_fla_export", "fla_files_from_rows", "write_fla_export"]
 def fla_files_from_rows(rows: list[Any], *, device_name: str | None, allow_cpu: bool,
                         triton_version: str | None) -> dict[str, dict[str, Any]]:
     """{`<kernel_name>.json`: content} of the `fla.`-prefixed TunedConfig rows of one device."""
-    from kernels.peers.fla_autotune import cache_file
+    from runners.peers.fla_autotune import cache_file
 
     _, rows = rows_of_one_device([r for r in rows if r.kernel.startswith(PREFIX)], device_name=device_name,
                                  allow_cpu=allow_cpu, what="FLA configs", how="run `cpbench tune --backend fla` first")

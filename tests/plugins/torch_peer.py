@@ -3,19 +3,23 @@
 Sweep it with `backends: ["tests.plugins.torch_peer:PEER"]` (or register it under the entry point group
 `cpbench.backends`). It implements `none` (the whole batch) and `all_gather` (gather every rank's shard with
 torch.distributed, run the whole batch, keep this rank's tokens). `none` also runs forward+backward: the recurrence
-is plain torch, so autograd differentiates it (the engine times forward + `o.backward(do)`).
+is plain torch, so autograd differentiates it (the engine times forward + `o.backward(do)`). The protocol it
+follows is `runners.peers`' (a point arrives as a `runners.point.PointSpec`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from kernels import cp
+
+if TYPE_CHECKING:
+    from runners.point import PointSpec
 
 
 def recurrent(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, bounds: tuple[int, ...],
@@ -41,8 +45,8 @@ class TorchPeer:
     modes = {"none": ("fwd", "fwd+bwd"), "all_gather": ("fwd",)}
     options: Mapping[str, Any] = {}
 
-    def skip_reason(self, params: Mapping[str, Any]) -> str | None:
-        return "torchpeer loops over tokens in Python: at most 4096 tokens" if params["B"] * params["T"] > 4096 else None
+    def skip_reason(self, point: PointSpec) -> str | None:
+        return "torchpeer loops over tokens in Python: at most 4096 tokens" if point.B * point.T > 4096 else None
 
     def expected_collectives(self, mode: str, ctx: Any, options: Mapping[str, Any]) -> dict[str, int]:
         return {"all_gather": 5} if mode == "all_gather" else {}  # q, k, v, g, beta

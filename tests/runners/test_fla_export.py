@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 from typer.testing import CliRunner
 
-from kernels.peers import fla_autotune as fa
+from runners.peers import fla_autotune as fa
 from runners.tuner.export import build_export
 from runners.tuner.fla_export import fla_files_from_rows
 

@@ -59,7 +59,7 @@ def test_fla_training_step_runner(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.skipif(not HAS_FLA, reason="needs fla-core (requirements-ci.txt installs it)")
 def test_tune_fla_checks_direction_and_guard_first() -> None:
-    from kernels.peers.fla import HOPPER_GUARD, triton_version
+    from runners.peers.fla import HOPPER_GUARD, triton_version
     from runners.tuner.fla import tune_fla
 
     with pytest.raises(ValueError, match=r"^direction must be one of fwd, fwd\+bwd, got 'bwd'$"):
@@ -76,7 +76,7 @@ def test_tune_fla_checks_direction_and_guard_first() -> None:
 
 @pytest.mark.skipif(not HAS_FLA, reason="needs fla-core (requirements-ci.txt installs it)")
 def test_cli_tune_fla_fwd_bwd_errors_are_one_line(tmp_path: Path) -> None:
-    from kernels.peers.fla import HOPPER_GUARD, triton_version
+    from runners.peers.fla import HOPPER_GUARD, triton_version
 
     url = f"sqlite:///{tmp_path / 'x.db'}"
     assert _cli("db", "upgrade", "--db", url)[0] == 0

@@ -12,15 +12,16 @@ import pytest
 
 from db.crud import POINT_FIELDS
 from runners.grid import expand, point_key, skip_reason
+from runners.point import PointSpec
 from runners.spec import grid_size, load_spec, parse_spec
 from tests.runners.engine_fixtures import DEMO_SPEC
 
 
-def _params(**over: object) -> dict:
+def _params(**over: object) -> PointSpec:
     p = {"op": "gdn", "mode": "ring", "backend": "torch", "B": 1, "T": 256, "H": 4, "K": 32, "V": 32, "lb": -1.0,
          "W": 2, "layout": "contiguous", "direction": "fwd", "dtype": "float32", "seed": 0, "rep": 0}
     p.update(over)
-    return p
+    return PointSpec.from_json(p)
 
 
 def test_expand_demo_deterministic() -> None:
@@ -32,7 +33,7 @@ def test_expand_demo_deterministic() -> None:
     assert len({r["key"] for r in a}) == 24
     for r in a:
         assert set(POINT_FIELDS) <= set(r)
-        assert r["key"] == point_key(r["params"])
+        assert r["key"] == point_key(PointSpec.from_json(r["params"]))
     skipped = [(r["op"], r["mode"], r["W"]) for r in a if r["status"] == "skipped"]
     assert sorted(skipped) == sorted((op, m, 2) for op in ("gdn", "kda") for m in ("none", "warmup_correct"))
     # the modes of one shape sit next to each other; W is outside mode

@@ -9,17 +9,19 @@ import importlib.metadata
 import importlib.util
 import itertools
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from kernels.peers import check_peer
-from kernels.peers import fla as fla_peer
 from runners import plugins
 from runners.errors import SpecError
 from runners.grid import available_backends, expand, point_key, skip_reason
+from runners.peers import check_peer
+from runners.peers import fla as fla_peer
+from runners.point import PointSpec
 from runners.spec import MODES, parse_spec
 from tests.runners.engine_fixtures import store_url  # noqa: F401
 
@@ -39,11 +41,11 @@ FLA_TABLE: dict[tuple[str, str], str | None] = {
 }
 
 
-def _params(**kw: Any) -> dict[str, Any]:
+def _params(**kw: Any) -> PointSpec:
     p = {"op": "gdn", "mode": "none", "backend": "fla", "B": 1, "T": 256, "H": 4, "K": 32, "V": 32, "lb": -1.0, "W": 1,
          "layout": "contiguous", "direction": "fwd", "dtype": "bfloat16", "seed": 0, "rep": 0}
     p.update(kw)
-    return p
+    return PointSpec.from_json(p)
 
 
 @pytest.mark.parametrize(("op", "mode", "direction"), list(itertools.product(("gdn", "kda"), MODES, ("fwd", "fwd+bwd"))))
@@ -64,9 +66,9 @@ def test_fla_hopper_guard_is_a_skip_unless_opted_in(monkeypatch: pytest.MonkeyPa
     bwd = _params(direction="fwd+bwd")
     why = skip_reason(bwd)
     assert why is not None and "Hopper" in why and "Triton is 3.6.0" in why and "bypass_hopper_guard: true" in why
-    assert skip_reason({**bwd, "op": "kda"}) is None  # the guard is on the GDN backward only
-    assert skip_reason({**bwd, "direction": "fwd"}) is None
-    opted = {**bwd, "backend_options": {"bypass_hopper_guard": True}}
+    assert skip_reason(replace(bwd, op="kda")) is None  # the guard is on the GDN backward only
+    assert skip_reason(replace(bwd, direction="fwd")) is None
+    opted = replace(bwd, backend_options={"bypass_hopper_guard": True})
     assert skip_reason(opted) is None
     assert point_key(opted) == point_key(bwd) + ",opts=fla.bypass_hopper_guard=True"
     monkeypatch.setattr(fla_peer, "triton_version", lambda: FIXED)
@@ -125,7 +127,7 @@ def test_plugin_from_spec_string_and_entry_point(monkeypatch: pytest.MonkeyPatch
     none, ring = expand(spec)
     assert none["backend"] == "torchpeer" and none["params"]["backend_ref"] == PLUGIN and none["status"] == "queued"
     assert ring["status"] == "skipped" and "does not implement mode 'ring'" in ring["reason"]
-    assert "at most 4096 tokens" in (skip_reason({**none["params"], "T": 8192}) or "")  # the plugin's own rule
+    assert "at most 4096 tokens" in (skip_reason(PointSpec.from_json({**none["params"], "T": 8192})) or "")  # the plugin's own rule
 
     ep = importlib.metadata.EntryPoint(name="torchpeer", value=PLUGIN, group=plugins.ENTRY_POINT_GROUP)
     real = importlib.metadata.entry_points
@@ -136,7 +138,7 @@ def test_plugin_from_spec_string_and_entry_point(monkeypatch: pytest.MonkeyPatch
         (row, _) = expand(parse_spec({"name": "e", "ops": "kda", "modes": ["none", "ring"], "backends": ["torchpeer"],
                                       "axes": {"T": 128}}))
         assert row["backend"] == "torchpeer" and "backend_ref" not in row["params"] and row["status"] == "queued"
-        assert plugins.unavailable(row["params"], available_backends()) is None
+        assert plugins.unavailable(PointSpec.from_json(row["params"]), available_backends()) is None
     finally:
         plugins.clear_cache()
 

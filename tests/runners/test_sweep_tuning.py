@@ -91,7 +91,7 @@ class _NoStorePool:
     def run(self, world_size: int, fn: Callable[..., Any], payload: Any, **_kw: Any) -> list[Any]:
         from runners.gang import RankContext
 
-        assert world_size == 1 and "url" not in payload
+        assert world_size == 1 and "url" not in (payload if isinstance(payload, dict) else vars(payload))
         self.jobs.append(fn.__name__)
         rc = RankContext(rank=0, world_size=1, device=torch.device("cpu"), backend="gloo", group=None)
         self.guard.in_job = True

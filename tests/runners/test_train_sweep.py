@@ -105,6 +105,7 @@ def test_fwd_bwd_sweep_postgres(tmp_path: Path, pg_store_url: str) -> None:  # n
 def test_wrong_gradient_fails_the_gate(monkeypatch: pytest.MonkeyPatch) -> None:
     from runners.execute import run_point_job
     from runners.gang import RankContext
+    from runners.point import PointJob, PointSpec
 
     wc = importlib.import_module("kernels.cp.warmup_correct")
     real = wc._backward
@@ -119,10 +120,11 @@ def test_wrong_gradient_fails_the_gate(monkeypatch: pytest.MonkeyPatch) -> None:
     options = {"timing": {"min_samples": 2, "max_samples": 2, "min_time_s": 0.0, "timeout_s": 1.0, "warmup_s": 0.0,
                           "flush_l2": False}, "check": {"reference_tokens": 128}, "profile": False}
     rc = RankContext(rank=0, world_size=1, device=torch.device("cpu"), backend="gloo", group=None)
-    ok = run_point_job(rc, {"params": params, "options": options, "trace_path": None})
-    assert ok["ok"] and ok["gate"]["err_vs_none"] < 1e-5, ok
+    job = PointJob(PointSpec.from_json(params), options, trace_path=None)
+    ok = run_point_job(rc, job)
+    assert ok.ok and ok.gate is not None and ok.gate["err_vs_none"] < 1e-5, ok
     monkeypatch.setattr(wc, "_backward", wrong)
-    bad = run_point_job(rc, {"params": params, "options": options, "trace_path": None})
-    assert not bad["ok"] and "timing" not in bad, bad
-    assert "correctness gate failed for gdn/warmup_correct/torch" in bad["error"] and "vs none" in bad["error"], bad
-    assert bad["gate"]["err_vs_none"] > 0.1
+    bad = run_point_job(rc, job)
+    assert not bad.ok and bad.timing is None, bad
+    assert bad.error is not None and "correctness gate failed for gdn/warmup_correct/torch" in bad.error and "vs none" in bad.error, bad
+    assert bad.gate is not None and bad.gate["err_vs_none"] > 0.1

@@ -97,6 +97,7 @@ def test_step_context_sets_and_restores_keep_also_on_error() -> None:
 def test_a_kept_point_runs_with_its_policy_and_passes_its_gate(monkeypatch: pytest.MonkeyPatch) -> None:
     from runners.execute import run_point_job
     from runners.gang import RankContext
+    from runners.point import PointJob, PointSpec
 
     spec = {**BASE, "backends": ["triton"], "modes": ["none"], "mode_options": {"triton": {"keep": "wy+states"}},
             "axes": {**BASE["axes"], "direction": "fwd+bwd"}}
@@ -120,11 +121,11 @@ def test_a_kept_point_runs_with_its_policy_and_passes_its_gate(monkeypatch: pyte
     options = {"timing": {"min_samples": 2, "max_samples": 2, "min_time_s": 0.0, "timeout_s": 5.0, "warmup_s": 0.0,
                           "flush_l2": False}, "check": {"reference_tokens": 64}, "profile": False}
     rc = RankContext(rank=0, world_size=1, device=torch.device("cpu"), backend="gloo", group=None)
-    out = run_point_job(rc, {"params": row["params"], "options": options, "trace_path": None})
-    assert out["ok"], out.get("error")
+    out = run_point_job(rc, PointJob(PointSpec.from_json(row["params"]), options, trace_path=None))
+    assert out.ok and out.gate is not None, out.error
     # the gradients match those of the recompute path (the gate's `none` gradients: triton under the default
     # policy, outside the point's steps) and of the reference
-    assert out["gate"]["err_vs_none"] <= 1e-6 and out["gate"]["err_vs_reference"] < 1e-3, out["gate"]
+    assert out.gate["err_vs_none"] <= 1e-6 and out.gate["err_vs_reference"] < 1e-3, out.gate
     assert policies.count("inputs") == 1 and policies.count("wy+states") >= 4, policies
     recomputed = [launched for kept, launched in backward if not kept]  # that `none` backward
     assert len(recomputed) == 1 and {"wy_gdn_fwd", "chunk_state_fwd"} <= recomputed[0], recomputed

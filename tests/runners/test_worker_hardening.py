@@ -57,7 +57,9 @@ def test_a_peers_first_call_allowance_extends_its_points_limit() -> None:
 
     spec = {"timing": {"timeout_s": 2, "warmup_s": 0, "min_time_s": 0}}
     s = get_worker_settings()
-    fla, ours = {"backend": "fla"}, {"backend": "triton"}
+    from runners.point import PointSpec
+
+    fla, ours = (PointSpec("gdn", "none", backend, B=1, T=64, H=2, K=16, V=16) for backend in ("fla", "triton"))
     assert _first_call_s(ours) == 0.0 and _first_call_s(fla) >= 300.0
     assert point_time_limit_s(spec, s, _first_call_s(ours)) == s.POINT_OVERHEAD_S + 4
     assert point_time_limit_s(spec, s, _first_call_s(fla)) == min(s.JOB_TIMEOUT_S, s.POINT_OVERHEAD_S + 4 + _first_call_s(fla))

@@ -14,14 +14,15 @@ import pytest
 import torch
 
 from runners.correctness import DEFAULT_TOL, judge, rel_l2, tolerances
+from runners.point import PointSpec
 from runners.workload import make_workload, reduced_params
 
 
-def _params(**over: object) -> dict:
+def _params(**over: object) -> PointSpec:
     p = {"op": "kda", "mode": "ring", "backend": "torch", "B": 2, "T": 96, "H": 3, "K": 16, "V": 8, "lb": -0.5,
          "W": 2, "layout": "contiguous", "direction": "fwd", "dtype": "bfloat16", "seed": 5}
     p.update(over)
-    return p
+    return PointSpec.from_json(p)
 
 
 def test_make_workload_seeded_and_in_range() -> None:
@@ -62,17 +63,17 @@ def test_workload_flat_and_varlen() -> None:
 )
 def test_reduced_params(over: dict, tokens: int, H: int) -> None:
     small = reduced_params(_params(**over), max_tokens=128)
-    unit = 2 * small["W"] if small["layout"] == "zigzag" else small["W"]
-    n = sum(small["lengths"]) if small.get("lengths") else small["T"]
-    assert n == tokens and n % unit == 0 and small["H"] == H and small["B"] == 1
+    unit = 2 * small.W if small.layout == "zigzag" else small.W
+    n = sum(small.lengths) if small.lengths else small.T
+    assert n == tokens and n % unit == 0 and small.H == H and small.B == 1
 
 
 def test_reduced_params_varlen_keeps_structure() -> None:
     small = reduced_params(_params(B=1, T=1000, lengths=[600, 300, 100]), max_tokens=200)
-    assert sum(small["lengths"]) == small["T"] == 200
-    assert len(small["lengths"]) == 3 and small["lengths"][0] > small["lengths"][1] > small["lengths"][2]
+    assert small.lengths is not None and sum(small.lengths) == small.T == 200
+    assert len(small.lengths) == 3 and small.lengths[0] > small.lengths[1] > small.lengths[2]
     batch = reduced_params(_params(B=4, T=100), max_tokens=200)  # a dense batch becomes a varlen list
-    assert batch["lengths"] == [50, 50, 50, 50] and batch["T"] == 200
+    assert batch.lengths == (50, 50, 50, 50) and batch.T == 200
 
 
 def test_rel_l2() -> None:
@@ -105,7 +106,7 @@ def test_tune_shape() -> None:
     grouped = tune_shape(_params(mode="none", H=2, HV=6))  # the kernels run with q/k expanded to HV heads
     assert grouped["H"] == 6 and "HV" not in grouped
     hw = tune_shape(_params(mode="headwise", H=4, HV=8))  # headwise with grouped heads: HV/W heads per rank
-    assert int(_params()["W"]) == 2 and hw["H"] == 4
+    assert _params().W == 2 and hw["H"] == 4
 
 
 def test_workload_grouped_value_heads() -> None:
@@ -113,7 +114,7 @@ def test_workload_grouped_value_heads() -> None:
     assert wl.q.shape == wl.k.shape == (2, 96, 2, 16)
     assert wl.v.shape == (2, 96, 6, 8) and wl.g.shape == (2, 96, 6, 16) and wl.beta.shape == (2, 96, 6)
     small = reduced_params(_params(mode="none", W=1, H=4, HV=8, B=1, T=1000), max_tokens=128)
-    assert (small["H"], small["HV"]) == (2, 4)   # the grouping is kept
+    assert (small.H, small.HV) == (2, 4)   # the grouping is kept
     # HV == H draws exactly the tensors of a point without the axis
     same = make_workload(_params(HV=3), device="cpu")
     assert all(torch.equal(x, y) for x, y in zip(same.tensors, make_workload(_params(), device="cpu").tensors, strict=True))

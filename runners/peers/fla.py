@@ -32,7 +32,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kernels.peers import Peer
+from runners.peers import Peer, peer_options
+from runners.point import PointSpec
 
 __all__ = ["FLA", "HOPPER_GUARD", "hopper_guard", "hopper_guard_refusal", "triton_version"]
 
@@ -127,13 +128,13 @@ class _FLA(Peer):
     def __init__(self) -> None:
         self._contexts: dict[tuple[Any, ...], Any] = {}
 
-    def skip_reason(self, params: Mapping[str, Any]) -> str | None:
+    def skip_reason(self, point: PointSpec) -> str | None:
         """FLA's own limits of a point (mode and direction were checked by `peer_skip_reason`)."""
-        mode, op, direction = params["mode"], params["op"], params.get("direction", "fwd")
-        opts = {**self.options, **dict(params.get("backend_options") or {})}
-        if int(params["K"]) > 256:
-            return f"FLA asserts K <= 256, got K={params['K']}"
-        mode_opts = dict(params.get("mode_options") or {})
+        mode, op, direction = point.mode, point.op, point.direction
+        opts = peer_options(self, point)
+        if point.K > 256:
+            return f"FLA asserts K <= 256, got K={point.K}"
+        mode_opts = point.mode_options
         if mode == "warmup_correct":
             changed = {k: v for k, v in mode_opts.items() if _WC_DEFAULTS.get(k, v) != v}
             if changed:

@@ -1,5 +1,8 @@
 """PEERS: implementations of the CP modes that are not ours (FLA's, or a team's own kernel as a plugin).
 
+The engine's side of the protocol (`runners.plugins` loads a peer, `runners.grid` asks why a point cannot run,
+`runners.execute` runs it); a point reaches a peer as a `runners.point.PointSpec` (attributes: `point.K`,
+`point.direction`, `point.mode_options`; `point["K"]` still reads for peers written against the former params dict).
 A peer backend is any object (an instance or a class) with these attributes; `Peer` is a base with the defaults:
 
     name: str                                 # the point's `backend` column: [a-z][a-z0-9_]{0,15}, not torch, triton, reference, auto or all
@@ -7,7 +10,8 @@ A peer backend is any object (an instance or a class) with these attributes; `Pe
     unsupported: Mapping[str, str]            # (optional) mode -> why it is not implemented (shown as the reason)
     direction_reasons: Mapping[str, str]      # (optional) mode -> why a direction it lacks is missing
     options: Mapping[str, Any]                # (optional) knobs of `mode_options: {<name>: {...}}`, with defaults
-    skip_reason(params) -> str | None         # (optional) why a point cannot run; evaluated when the sweep is expanded
+    skip_reason(point) -> str | None          # (optional) why a point (a PointSpec) cannot run; evaluated when
+                                              # the sweep is expanded
     available() -> str | None                 # (optional) why it cannot run in this process (None: it can)
     forward(mode, op, q, k, v, g, beta, *, group, ctx, scale, options) -> Tensor
                                               # this rank's output `[1, ctx.local_len, H, V]`, inputs as
@@ -22,8 +26,9 @@ A peer backend is any object (an instance or a class) with these attributes; `Pe
                                               # carry autograd: a differentiable forward is the backward)
     transition(...) (optional; `kernels.transition`'s contract, for the modes that chain maps)
 
-`peer_skip_reason(peer, params)` is the one rule the grid applies to every peer point: the mode and direction
-must be declared, then the peer's own `skip_reason`. Nothing here imports a peer's package.
+`peer_skip_reason(peer, point)` is the one rule the grid applies to every peer point: the mode and direction
+must be declared, then the peer's own `skip_reason`; `peer_options(peer, point)` are the options a point runs
+with. Nothing here imports a peer's package.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ import math
 import re
 from collections.abc import Mapping
 from typing import Any
+
+from runners.point import PointSpec
 
 __all__ = ["NAME_RE", "Peer", "check_peer", "peer_options", "peer_skip_reason"]
 
@@ -48,7 +55,7 @@ class Peer:
     options: Mapping[str, Any] = {}
     first_call_s: float = 0.0
 
-    def skip_reason(self, params: Mapping[str, Any]) -> str | None:
+    def skip_reason(self, point: PointSpec) -> str | None:
         return None
 
     def available(self) -> str | None:
@@ -82,14 +89,14 @@ def check_peer(obj: Any, where: str) -> Any:
     return obj
 
 
-def peer_options(peer: Any, params: Mapping[str, Any]) -> dict[str, Any]:
-    """The peer's options for a point: its defaults, overridden by `params["backend_options"]`."""
-    return {**dict(getattr(peer, "options", {}) or {}), **dict(params.get("backend_options") or {})}
+def peer_options(peer: Any, point: PointSpec) -> dict[str, Any]:
+    """The peer's options for a point: its defaults, overridden by the point's `backend_options`."""
+    return {**dict(getattr(peer, "options", {}) or {}), **point.backend_options}
 
 
-def peer_skip_reason(peer: Any, params: Mapping[str, Any]) -> str | None:
+def peer_skip_reason(peer: Any, point: PointSpec) -> str | None:
     """Why the peer cannot run the point (mode, direction, then its own rule), or None."""
-    name, mode, direction = peer.name, params["mode"], params.get("direction", "fwd")
+    name, mode, direction = peer.name, point.mode, point.direction
     modes = peer.modes
     if mode not in modes:
         why = (getattr(peer, "unsupported", None) or {}).get(mode)
@@ -99,4 +106,4 @@ def peer_skip_reason(peer: Any, params: Mapping[str, Any]) -> str | None:
         return (f"backend '{name}' runs mode '{mode}' only in direction(s) {', '.join(modes[mode])}, not '{direction}'"
                 + (f": {why}" if why else ""))
     own = getattr(peer, "skip_reason", None)
-    return own(params) if callable(own) else None
+    return own(point) if callable(own) else None

@@ -121,9 +121,9 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.state.token_source = token.source
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.MAX_BODY_BYTES)
     app.add_middleware(HardeningMiddleware)  # outermost: its headers go on every answer, the 413 included
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(DataError, _data_error)
-    app.add_exception_handler(OverflowError, _overflow)
+    app.exception_handler(RequestValidationError)(_validation_error)
+    app.exception_handler(DataError)(_data_error)
+    app.exception_handler(OverflowError)(_overflow)
     app.include_router(api_router, prefix=API_V1_STR)
     app.add_api_route("/healthz", _health, methods=["GET"], response_model=Health, tags=["health"], name="healthz",
                       summary="Liveness of the server and its database", responses={503: {"model": Health}})

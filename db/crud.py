@@ -22,8 +22,9 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, String, cast, func, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import InstrumentedAttribute, Session
 from sqlalchemy.sql import Select
+from sqlalchemy.sql.elements import Label
 
 from db.clock import store_now
 from db.models import (
@@ -39,7 +40,7 @@ from db.models import (
     TuningTrial,
     Worker,
 )
-from db.session import begin_write
+from db.session import begin_write, execute_rowcount
 
 logger = logging.getLogger(__name__)
 
@@ -252,9 +253,9 @@ def touch_worker(
 def beat_worker(session: Session, *, name: str) -> bool:
     """Renew a worker's heartbeat (during a point: its status stays); False when no such worker is registered."""
     begin_write(session)
-    result = session.execute(update(Worker).where(Worker.name == name).values(last_heartbeat=store_now(session))
-                             .execution_options(synchronize_session=False))
-    return result.rowcount == 1
+    matched = execute_rowcount(session, update(Worker).where(Worker.name == name).values(last_heartbeat=store_now(session))
+                               .execution_options(synchronize_session=False))
+    return matched == 1
 
 
 def list_workers(session: Session) -> list[Worker]:
@@ -355,7 +356,7 @@ def store_artifact(session: Session, *, point_id: int | None, kind: str, path: s
     return artifact
 
 
-_RESULT_COLUMNS: tuple[ColumnElement[Any], ...] = (
+_RESULT_COLUMNS: tuple[Label[Any] | InstrumentedAttribute[Any], ...] = (
     Point.id.label("id"),
     Point.id.label("point_id"),
     Point.sweep_id,

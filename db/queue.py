@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session
 
 from db.clock import store_now
 from db.models import Point, Sweep
-from db.session import begin_write
+from db.session import begin_write, execute_rowcount
 from db.types import as_utc
 
 logger = logging.getLogger(__name__)
@@ -219,17 +219,18 @@ def heartbeat(session: Session, *, point_id: int, worker: str, lease_s: float) -
     begin_write(session)
     try:
         now = _now(session)
-        result = session.execute(
+        matched = execute_rowcount(
+            session,
             update(Point)
             .where(Point.id == point_id, Point.status == "running", Point.lease_owner == worker)
             .values(lease_expires_at=now + timedelta(seconds=lease_s))
-            .execution_options(synchronize_session=False)
+            .execution_options(synchronize_session=False),
         )
         session.commit()
     except BaseException:
         session.rollback()
         raise
-    return result.rowcount == 1
+    return matched == 1
 
 
 def _finish(session: Session, point_id: int, worker: str, action: str) -> Point | None:
@@ -323,11 +324,12 @@ def cancel_sweep(session: Session, *, sweep_id: int) -> int:
         now = _now(session)
         if session.execute(select(Sweep.id).where(Sweep.id == sweep_id)).scalar_one_or_none() is None:
             raise ValueError(f"no sweep with sweep_id={sweep_id}")
-        result = session.execute(
+        matched = execute_rowcount(
+            session,
             update(Point)
             .where(Point.sweep_id == sweep_id, Point.status == "queued")
             .values(status="cancelled", finished_at=now)
-            .execution_options(synchronize_session=False)
+            .execution_options(synchronize_session=False),
         )
         session.execute(
             update(Sweep)
@@ -340,7 +342,7 @@ def cancel_sweep(session: Session, *, sweep_id: int) -> int:
     except BaseException:
         session.rollback()
         raise
-    return result.rowcount
+    return matched
 
 
 def refresh_sweep_status(session: Session, *, sweep_id: int) -> str:

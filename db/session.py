@@ -18,9 +18,9 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import CursorResult, Engine, Executable, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -126,6 +126,12 @@ def begin_write(session: Session) -> None:
     """
     if not session.in_transaction():
         session.connection(execution_options={_IMMEDIATE: True})
+
+
+def execute_rowcount(session: Session, statement: Executable) -> int:
+    """Execute an UPDATE or DELETE in `session`; the number of rows it matched."""
+    result = cast(CursorResult[Any], session.execute(statement))  # a DML statement's result is a CursorResult
+    return result.rowcount
 
 
 def dispose_engine(url: str | None = None) -> None:

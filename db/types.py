@@ -8,13 +8,17 @@ so comparisons such as `lease_expires_at < now` mean the same thing on both. Nai
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, overload
 
 from sqlalchemy import DateTime
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
 
+@overload
+def as_utc(value: datetime) -> datetime: ...
+@overload
+def as_utc(value: None) -> None: ...
 def as_utc(value: datetime | None) -> datetime | None:
     """`value` as an aware UTC datetime (a naive one is taken to be UTC already)."""
     if value is None:

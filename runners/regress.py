@@ -190,7 +190,7 @@ def summarize_run(samples_ms: Sequence[float], *, signals: Mapping[str, Any] | N
     return Run(median_ms=med, rel_iqr=float((q75 - q25) / med), n=int(a.size), signals=dict(signals or {}))
 
 
-def hodges_lehmann(base_log: Sequence[float], new_log: Sequence[float], *,
+def hodges_lehmann(base_log: Sequence[float] | np.ndarray, new_log: Sequence[float] | np.ndarray, *,
                    level: float = 0.90) -> tuple[float, tuple[float, float] | None, float | None]:
     """Hodges–Lehmann shift of `new` over `base` and its Moses confidence interval.
 

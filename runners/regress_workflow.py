@@ -92,6 +92,15 @@ def _submit(session: Any, spec: SweepSpec, *, keys: set[str] | None, max_W: int,
     return submit_spec(session, spec, max_W=max_W, backends=available_backends(), keys=keys, owner=owner).id
 
 
+def _sweep_status(session: Any, sweep_id: int) -> str:
+    from db import crud
+
+    sweep = crud.get_sweep(session, sweep_id=sweep_id)
+    if sweep is None:
+        raise CpbenchError(f"regression sweep {sweep_id} is gone from the store")
+    return sweep.status
+
+
 class _LocalWorker:
     """One worker in a background thread for the whole invocation, so its rank gangs are spawned once and reused
     by every round (a round's sweeps are worked in queue order). It owns the run's sweeps (`owner`): it claims only
@@ -115,7 +124,6 @@ class _LocalWorker:
 
     def wait(self, ids: Sequence[int], poll_s: float = 0.2) -> None:
         """Work until every sweep in `ids` is done or cancelled."""
-        from db import crud
         from db.session import session_scope
 
         if self.thread is None:
@@ -123,7 +131,7 @@ class _LocalWorker:
             self.thread.start()
         while True:
             with session_scope(self.url) as s:
-                if all(crud.get_sweep(s, sweep_id=sid).status in ("done", "cancelled") for sid in ids):
+                if all(_sweep_status(s, sid) in ("done", "cancelled") for sid in ids):
                     return
             if not self.thread.is_alive():
                 raise CpbenchError(f"the regression worker stopped before sweeps {list(ids)} were done: {self.error!r}")
@@ -139,7 +147,6 @@ class _LocalWorker:
 def _run_round(url: str, worker: _LocalWorker, spec: SweepSpec, *, n_runs: int, keys: set[str] | None,
                tags: Sequence[str], max_W: int, echo: Echo, label: str) -> tuple[list[int], dict[str, list[Run]]]:
     """Submit `n_runs` sweeps of the suite (or of `keys`), work them here, and read back their runs."""
-    from db import crud
     from db.session import session_scope
 
     tagged = spec.model_copy(update={"tags": list(dict.fromkeys([*spec.tags, *tags]))})
@@ -149,7 +156,7 @@ def _run_round(url: str, worker: _LocalWorker, spec: SweepSpec, *, n_runs: int, 
     echo(f"{label}: {n_runs} run(s) of {what}: sweeps {', '.join(map(str, ids))}")
     worker.wait(ids)
     with session_scope(url) as s:
-        cancelled = [sid for sid in ids if crud.get_sweep(s, sweep_id=sid).status == "cancelled"]
+        cancelled = [sid for sid in ids if _sweep_status(s, sid) == "cancelled"]
         if cancelled:
             raise CpbenchError(f"regression sweeps {cancelled} were cancelled; the run is incomplete")
         runs, _ = collect_runs(s, sweep_ids=ids, keys=keys)

@@ -183,15 +183,16 @@ def time_step(
     """
     on_cuda = device.type == "cuda"
     rank_max = _RankMax(group, device)
-    hold = _StreamHold(device) if on_cuda else None
+    hold: _StreamHold | None = None
     if on_cuda:
+        hold = spin = _StreamHold(device)
         start_ev, end_ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
         def one() -> tuple[float, float]:
             if flush is not None and rule.flush_l2:
                 flush()
             # the stream waits in a spin kernel while the host enqueues the step: launch gaps stay out of the sample
-            hold()
+            spin()
             t_host = time.perf_counter()
             start_ev.record()
             step()

@@ -1,4 +1,9 @@
-"""Test-wide setup: the Triton interpreter on CPU, gloo on loopback, seeds, and the markers' skip rules.
+"""Test-wide setup: the Triton interpreter on CPU, gloo on loopback, seeds, migrated stores, and the markers' skip
+rules.
+
+Stores are built the way a user builds one, by the Alembic migrations (`db.migrate.upgrade`, what `cpbench db
+upgrade` runs), never from the models' metadata: `migrated_sqlite` migrates one SQLite file per test session (per xdist
+worker) and copies it wherever a test or fixture needs a fresh store.
 
 `TRITON_INTERPRET=1` must be in the environment before any `@triton.jit` runs, so it is set here, before
 any kernel module is imported (../shared/anchors/cpu-feasibility.md §1). Spawned ranks inherit it.
@@ -7,6 +12,13 @@ any kernel module is imported (../shared/anchors/cpu-feasibility.md §1). Spawne
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 if not os.environ.get("CPBENCH_TEST_GPU"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -20,20 +32,35 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     patch_bf16_dot()
 
 
+@pytest.fixture(scope="session")
+def migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path], str]:
+    """`copy(folder)`: a fresh SQLite store at the head revision in `folder` (created), as its URL. The migrations
+    run once per session into a template file; each call copies it."""
+    from db.migrate import upgrade
+    from db.session import dispose_engine
+
+    template = tmp_path_factory.mktemp("migrated") / "cpbench.db"
+    upgrade(f"sqlite:///{template}")
+    dispose_engine(f"sqlite:///{template}")  # the last connection closed: the WAL is checkpointed into the file
+    assert not template.with_name("cpbench.db-wal").exists()
+
+    def copy(folder: Path) -> str:
+        folder.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{shutil.copyfile(template, folder / 'cpbench.db')}"
+
+    return copy
+
+
 @pytest.fixture
-def session():
-    """A session on a fresh in-memory SQLite store with every table (tests/db and tests/dashboards override this
-    with their file or PostgreSQL stores)."""
-    from sqlalchemy import create_engine
-    from sqlalchemy.orm import Session
+def session(migrated_sqlite: Callable[[Path], str], tmp_path: Path) -> Iterator[Session]:
+    """A session on a fresh migrated SQLite store (tests/db and tests/dashboards override this with their file or
+    PostgreSQL stores)."""
+    from db.session import dispose_engine, get_sessionmaker
 
-    from db.base import Base
-
-    engine = create_engine("sqlite://")
-    Base.metadata.create_all(engine)
-    with Session(engine) as s:
+    url = migrated_sqlite(tmp_path / "store")
+    with get_sessionmaker(url)() as s:
         yield s
-    engine.dispose()
+    dispose_engine(url)
 
 
 @pytest.fixture
@@ -61,8 +88,6 @@ def _seed() -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip what this machine cannot run, except under CI (`CI` set): there a missing PostgreSQL or browser must
     fail the run (`./dev test` provides both), never pass it by skipping; only the GPU tests are skipped."""
-    import shutil
-
     import torch
 
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")

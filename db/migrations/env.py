@@ -8,9 +8,10 @@ column type change shows up in autogenerate.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from alembic import context
+from alembic.autogenerate.api import AutogenContext
 from sqlalchemy import Connection
 
 import db.models  # noqa: F401  (registers every table on Base.metadata)
@@ -26,7 +27,7 @@ def _url() -> str:
     return resolve_url(config.attributes.get("url") or config.get_main_option("sqlalchemy.url") or None)
 
 
-def _render_item(type_: str, obj: Any, autogen_context: Any) -> str | bool:
+def _render_item(type_: str, obj: Any, autogen_context: AutogenContext) -> str | Literal[False]:
     # migrations spell the plain type, so they do not import db.types
     if type_ == "type" and isinstance(obj, UTCDateTime):
         return "sa.DateTime(timezone=True)"

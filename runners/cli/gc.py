@@ -39,7 +39,8 @@ def gc(
     url = resolve(db)
     require_migrated(url)
     art = Path(artifact_dir or get_db_settings().ARTIFACT_DIR).resolve()
-    spool = Path(get_worker_settings().SPOOL_DIR).resolve() if get_worker_settings().SPOOL_DIR else art / "spool"
+    spool_dir = get_worker_settings().SPOOL_DIR
+    spool = Path(spool_dir).resolve() if spool_dir else art / "spool"
     report = collect_garbage(url, art, spool, min_age_s=min_age_s, dry_run=dry_run)
     out = Console(highlight=False)
     for f in report.removed:

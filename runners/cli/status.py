@@ -63,12 +63,12 @@ def status(
         console.print(wt)
         return
     with session_scope(url) as s:
-        sw = crud.get_sweep(s, sweep_id=sweep)
-        if sw is None:
+        found = crud.get_sweep(s, sweep_id=sweep)
+        if found is None:
             raise SweepNotFoundError(f"no sweep with id {sweep}")
         c = crud.sweep_progress(s, sweep_id=sweep)
-        header = (f"sweep [bold]{sw.id}[/bold] {escape(sw.name)} {escape(f'[{sw.status}]')}  tags={escape(','.join(sw.tags)) or '-'}  created {_age(sw.created_at)}"
-                  f"  finished {_age(sw.finished_at)}")
+        header = (f"sweep [bold]{found.id}[/bold] {escape(found.name)} {escape(f'[{found.status}]')}  tags={escape(','.join(found.tags)) or '-'}  created {_age(found.created_at)}"
+                  f"  finished {_age(found.finished_at)}")
     console.print(header)
     console.print("  ".join(f"{k} {v}" for k, v in c.items()))
     rows = fetch_results(url, sweep)

@@ -1,9 +1,9 @@
-"""Fixtures of the API tests: a migrated SQLite store per module, the app built on it with a known token, served
+"""Fixtures of the API tests: a migrated SQLite store per module (a copy of the session's migrated template), the app built on it with a known token, served
 by a real uvicorn on 127.0.0.1 (`bench_server.live.LiveServer`), and an httpx client with and without the token."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -12,7 +12,6 @@ import pytest
 from bench_server.core.config import ServerSettings
 from bench_server.live import LiveServer
 from bench_server.main import create_app
-from db.migrate import upgrade
 from db.session import dispose_engine
 
 TOKEN = "test-token-0123456789abcdef"
@@ -20,9 +19,8 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture(scope="module")
-def store_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    url = f"sqlite:///{Path(tmp_path_factory.mktemp('api')) / 'cpbench.db'}"
-    upgrade(url)
+def store_url(tmp_path_factory: pytest.TempPathFactory, migrated_sqlite: Callable[[Path], str]) -> Iterator[str]:
+    url = migrated_sqlite(tmp_path_factory.mktemp("api"))
     yield url
     dispose_engine(url)
 

@@ -1,6 +1,7 @@
 """Fixtures for the store's tests: migrated databases on SQLite and on PostgreSQL, and point factories.
 
-- `db_url`: a migrated store, parametrised over a fresh SQLite file per test and PostgreSQL (marked `postgres`:
+- `db_url`: a migrated store, parametrised over a fresh SQLite file per test (a copy of the session's migrated
+  template, `migrated_sqlite` in tests/conftest.py) and PostgreSQL (marked `postgres`:
   one fresh database per test module on the server at CPBENCH_TEST_POSTGRES_URL, emptied after each test and
   dropped after the module).
 - `empty_db_url`: the same two backends, never migrated (a fresh PostgreSQL database per test).
@@ -12,6 +13,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -51,10 +53,9 @@ def _empty_pg(url: str) -> None:
 
 
 @pytest.fixture(params=BACKENDS)
-def db_url(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[str]:
+def db_url(request: pytest.FixtureRequest, tmp_path: Any, migrated_sqlite: Callable[[Path], str]) -> Iterator[str]:
     if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'store' / 'cpbench.db'}"
-        upgrade(url)
+        url = migrated_sqlite(tmp_path / "store")
         yield url
         dispose_engine(url)
     else:

@@ -2,12 +2,14 @@
 
 Scenarios: upgrade of an empty database reaches head and leaves no difference between the models and the schema;
 `require_migrated` refuses an empty database with the command to run and accepts a migrated one; downgrade to
-base and upgrade again; the Alembic config works from any cwd; `DbSettings` defaults and URL normalisation.
+base and upgrade again; the Alembic config works from any cwd; `DbSettings` defaults and URL normalisation; no test
+builds a store from the models' metadata instead of the migrations.
 """
 
 from __future__ import annotations
 
 from datetime import timezone
+from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -146,3 +148,10 @@ def test_0004_adds_by_direction_to_a_store_with_profiles(empty_db_url: str, make
         s.commit()
         rows, _ = crud.list_results(s, sweep_id=sweep_id)
     assert [r["by_direction"] for r in rows] == [None, split]
+
+
+def test_tests_build_stores_by_migrations() -> None:
+    """Every store of the tests is migrated (`migrated_sqlite` in tests/conftest.py), as users' stores are."""
+    tests = Path(__file__).resolve().parents[1]
+    call = "create_" + "all("  # in two halves, so that this file does not find itself
+    assert [str(p.relative_to(tests)) for p in sorted(tests.rglob("*.py")) if call in p.read_text()] == []

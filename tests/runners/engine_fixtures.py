@@ -1,6 +1,7 @@
 """Fixtures of the engine tests (imported by the test modules that use them; the folder is shared, so no conftest).
 
-- `store_url`: a migrated SQLite store in the test's tmp dir, with `CPBENCH_ARTIFACT_DIR` beside it.
+- `store_url`: a migrated SQLite store in the test's tmp dir (a copy of the session's migrated template,
+  `migrated_sqlite` in tests/conftest.py), with `CPBENCH_ARTIFACT_DIR` beside it.
 - `pg_store_url`: the same on a fresh database of the PostgreSQL server at CPBENCH_TEST_POSTGRES_URL (dropped after).
 - `demo_spec_path`: runners/suites/demo.yaml.
 - `write_spec(tmp_path, **overrides)`: a small sweep spec file (one op, `none` at W=1 by default).
@@ -9,7 +10,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +33,12 @@ def _settings_reset() -> None:
 
 
 @pytest.fixture
-def store_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    from db.migrate import upgrade
+def store_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, migrated_sqlite: Callable[[Path], str]) -> Iterator[str]:
     from db.session import dispose_engine
 
-    url = f"sqlite:///{tmp_path / 'store' / 'cpbench.db'}"
+    url = migrated_sqlite(tmp_path / "store")
     monkeypatch.setenv("CPBENCH_ARTIFACT_DIR", str(tmp_path / "artifacts"))
     _settings_reset()
-    upgrade(url)
     yield url
     dispose_engine(url)
     _settings_reset()

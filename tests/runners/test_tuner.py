@@ -25,7 +25,6 @@ import triton.language as tl
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
-from db.base import Base
 from db.models import TunedConfig, TuningTrial
 from kernels.autotune import install
 from kernels.configs import LAUNCHES, KernelSpec, LaunchConfig, pick_config, register
@@ -272,7 +271,7 @@ def test_tune_kernels_rank0_tunes_and_broadcasts() -> None:
     assert got[1][1][0][2] == {"BV": 16, "num_warps": 2, "num_stages": 2}
 
 
-def test_cli_configs_export(tmp_path) -> None:
+def test_cli_configs_export(tmp_path, migrated_sqlite) -> None:
     import json
 
     import typer
@@ -281,9 +280,8 @@ def test_cli_configs_export(tmp_path) -> None:
     from runners.cli.configs import parse_shape, register
     from runners.errors import CpbenchError
 
-    url = f"sqlite:///{tmp_path / 'c.db'}"
+    url = migrated_sqlite(tmp_path)
     engine = create_engine(url)
-    Base.metadata.create_all(engine)
     with Session(engine) as s:
         tune_case(s, run=_runner(), device="cpu", kernels=[SCALE.name], strategy="exhaustive", samples=1,
                   timer=ScriptedTimer(lambda c: c.BV + c.num_warps / 10))

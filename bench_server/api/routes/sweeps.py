@@ -73,9 +73,8 @@ def read_sweep(session: SessionDep, sweep_id: int = Path(ge=1, le=INT32_MAX)) ->
              responses={401: {"model": Message}, 403: {"model": Message}, 404: {"model": Message}})
 def cancel_sweep(session: SessionDep, sweep_id: int = Path(ge=1, le=INT32_MAX)) -> Any:
     """Cancel a sweep: its queued points are cancelled; running points finish and keep their results."""
-    if crud.get_sweep(session, sweep_id=sweep_id) is None:
+    if (sweep := crud.get_sweep(session, sweep_id=sweep_id)) is None:
         raise HTTPException(status_code=404, detail=NOT_FOUND)
     cancelled = queue.cancel_sweep(session, sweep_id=sweep_id)
-    session.expire_all()
-    sweep = crud.get_sweep(session, sweep_id=sweep_id)
+    session.expire_all()  # the sweep's attributes are read again, after the cancel
     return {**sweep_public(session, sweep), "cancelled_points": cancelled}

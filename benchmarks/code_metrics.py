@@ -99,15 +99,22 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def _is_params(n: ast.AST) -> bool:
+    return isinstance(n, ast.Name) and n.id == "params"
+
+
+def _is_str(n: ast.AST) -> bool:
+    return isinstance(n, ast.Constant) and isinstance(n.value, str)
+
+
 def params_reads(tree: ast.AST) -> int:
     """`params[...]` subscripts with a string key and `params.get("...")` calls."""
     count = 0
     for n in ast.walk(tree):
-        if (isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == "params"
-                and isinstance(n.slice, ast.Constant) and isinstance(n.slice.value, str)) or (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get"
-              and isinstance(n.func.value, ast.Name) and n.func.value.id == "params"
-              and n.args and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)):
-            count += 1
+        subscript = isinstance(n, ast.Subscript) and _is_params(n.value) and _is_str(n.slice)
+        get = (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get"
+               and _is_params(n.func.value) and bool(n.args) and _is_str(n.args[0]))
+        count += subscript or get
     return count
 
 

@@ -49,14 +49,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import kernels.cp as cp
+from kernels.vocabulary import COUNTED_DIRECTIONS, MODES, SINGLE_DEVICE
 
-__all__ = ["CHUNK_SIZE", "DIRECTIONS", "MODELLED_MODES", "TRANSITION_COST", "CommCost", "bytes_per_token", "comm_cost",
-           "crossing_cuts", "model_speedup"]
+__all__ = ["CHUNK_SIZE", "TRANSITION_COST", "CommCost", "bytes_per_token", "comm_cost", "crossing_cuts",
+           "model_speedup"]
 
 CHUNK_SIZE = 64
-MODELLED_MODES = tuple(cp.MODES)
-DIRECTIONS = cp.DIRECTIONS  # the directions kernels.cp counts collectives for
 TRANSITION_COST = 0.5  # a transition (M, S_ext) per token, relative to a forward per token (assumed)
 
 
@@ -133,13 +131,13 @@ def comm_cost(
 ) -> CommCost | None:
     """Model of one layer in `direction` ("fwd", "bwd", "fwd+bwd"); None where the model does not cover the case.
 
-    `lengths` (varlen) replaces the B sequences of T tokens. None for: a mode outside MODELLED_MODES or a
-    direction outside DIRECTIONS, and `tail_exchange` without `warmup_chunks`.
+    `lengths` (varlen) replaces the B sequences of T tokens. None for: a mode outside `kernels.vocabulary.MODES`
+    or a direction outside its COUNTED_DIRECTIONS, and `tail_exchange` without `warmup_chunks`.
     """
     for name, value in (("B", B), ("T", T), ("H", H), ("K", K), ("V", V), ("W", W), ("dtype_bytes", dtype_bytes)):
         if int(value) < 1:
             raise ValueError(f"{name} must be >= 1, got {name}={value!r}")
-    if mode not in MODELLED_MODES or direction not in DIRECTIONS:
+    if mode not in MODES or direction not in COUNTED_DIRECTIONS:
         return None
     kw = {"B": B, "T": T, "H": H, "K": K, "V": V, "W": W, "dtype_bytes": dtype_bytes, "op": op, "layout": layout,
           "lengths": lengths, "gate_bytes": gate_bytes, "state_bytes": state_bytes, "warmup_chunks": warmup_chunks}
@@ -239,7 +237,7 @@ def model_speedup(mode: str, W: int, *, T: int, warmup_chunks: int = 2) -> float
     one-device modes (none, warmup_correct) and modes outside the model."""
     if W < 1 or T < 1:
         raise ValueError(f"W and T must be >= 1, got W={W!r}, T={T!r}")
-    if mode not in MODELLED_MODES or mode in ("none", "warmup_correct"):
+    if mode not in MODES or mode in SINGLE_DEVICE:
         return None
     if W == 1 or mode in ("all_gather", "ring"):  # at W = 1 no cut: every scheme runs the one-device forward
         return 1.0

@@ -32,15 +32,12 @@ from dashboards.figures.common import (
     per_step_grid,
     series_name,
 )
-from kernels.cp.tail_exchange import DEFAULT_WINDOW_CHUNKS
-
-# tail_exchange's window when a point does not set one
-TAIL_EXCHANGE_DEFAULT_WINDOW = DEFAULT_WINDOW_CHUNKS
+from kernels.vocabulary import TAIL_EXCHANGE_WINDOW_CHUNKS
 
 
 def _window(opts: dict) -> int:
     w = opts.get("window")
-    return w if isinstance(w, int) and w > 0 else TAIL_EXCHANGE_DEFAULT_WINDOW
+    return w if isinstance(w, int) and w > 0 else TAIL_EXCHANGE_WINDOW_CHUNKS  # the window when a point sets none
 
 
 NAME = "comm"

@@ -23,30 +23,24 @@ import importlib
 import os
 from typing import Any
 
-_LAZY: dict[str, tuple[str, str]] = {  # public name -> (module, attribute), imported on first use (PEP 562)
-    "BACKENDS": ("kernels.vocabulary", "BACKENDS"),
-    "OPS": ("kernels.vocabulary", "OPS"),
-    "KernelSpec": ("kernels.configs", "KernelSpec"),
-    "LaunchConfig": ("kernels.configs", "LaunchConfig"),
-    "backward": ("kernels.autograd", "chunk_backward"),
-    "chain": ("kernels.api", "chain"),
-    "chunk_gdn": ("kernels.ops", "chunk_gdn"),
-    "chunk_kda": ("kernels.ops", "chunk_kda"),
-    "compose": ("kernels.api", "compose"),
-    "forward": ("kernels.api", "forward"),
-    "reference": ("kernels.api", "reference"),
-    "transition": ("kernels.api", "transition"),
+_FROM: dict[str, tuple[str, ...]] = {  # module -> its public names here, each imported on first use (PEP 562)
+    "kernels.api": ("chain", "compose", "forward", "reference", "transition"),
+    "kernels.autograd": ("backward",),
+    "kernels.configs": ("KernelSpec", "LaunchConfig"),
+    "kernels.ops": ("chunk_gdn", "chunk_kda"),
+    "kernels.vocabulary": ("BACKENDS", "OPS"),
 }
+_RENAMED = {"backward": "chunk_backward"}  # public name -> the module's name
+_LAZY = {name: module for module, names in _FROM.items() for name in names}
 
-__all__ = [*_LAZY, "use_autotune"]
+__all__ = sorted([*_LAZY, "use_autotune"])
 
 
 def __getattr__(name: str) -> Any:
     """The public names, each imported on first use, so `import kernels.vocabulary` loads no torch."""
     if name not in _LAZY:
         raise AttributeError(f"module 'kernels' has no attribute {name!r}")
-    module, attr = _LAZY[name]
-    value = getattr(importlib.import_module(module), attr)
+    value = getattr(importlib.import_module(_LAZY[name]), _RENAMED.get(name, name))
     globals()[name] = value
     return value
 

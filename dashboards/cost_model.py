@@ -50,7 +50,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kernels.vocabulary import COUNTED_DIRECTIONS, HAND_BACKWARD, MODES, SINGLE_DEVICE, collective_count
+from kernels.vocabulary import COUNTED_DIRECTIONS, HAND_BACKWARD, LAYOUTS, MODES, OPS, SINGLE_DEVICE, collective_count
 
 __all__ = ["CHUNK_SIZE", "TRANSITION_COST", "CommCost", "bytes_per_token", "comm_cost", "crossing_cuts",
            "model_speedup"]
@@ -80,7 +80,7 @@ class CommCost:
 
 def bytes_per_token(op: str, *, H: int, K: int, V: int, dtype_bytes: int, gate_bytes: int = 4) -> tuple[int, int]:
     """(input bytes, output bytes) per token for `op` ("gdn": scalar gate per head, "kda": gate per key dim)."""
-    if op not in ("gdn", "kda"):
+    if op not in OPS:
         raise ValueError(f"op must be 'gdn' or 'kda', got op={op!r}")
     gate = 1 if op == "gdn" else K
     return H * ((2 * K + V + 1) * dtype_bytes + gate * gate_bytes), H * V * dtype_bytes
@@ -94,7 +94,7 @@ def crossing_cuts(lengths: Sequence[int], W: int, layout: str = "contiguous") ->
 
 def _cut_plan(lengths: Sequence[int], W: int, layout: str) -> tuple[int, int, int]:
     """(cross-rank internal cuts, internal cuts, most messages one rank sends or receives)."""
-    if layout not in ("contiguous", "zigzag"):
+    if layout not in LAYOUTS:
         raise ValueError(f"layout must be 'contiguous' or 'zigzag', got layout={layout!r}")
     parts = W if layout == "contiguous" else 2 * W
     total = sum(lengths)

@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from kernels.vocabulary import MODE_OPTIONS
+
 __all__ = ["DEFAULT_TOL", "GateResult", "judge", "rel_l2", "tolerances"]
 
 DEFAULT_TOL = {"float32": 2e-3, "bfloat16": 3e-2, "float16": 1e-2}
@@ -60,7 +62,7 @@ def tolerances(params: Mapping[str, Any], check: Mapping[str, Any]) -> tuple[flo
     tol_none = check.get("tol_none") or base
     tol_ref = check.get("tol_reference") or base
     if params["mode"] == "warmup_correct":
-        extra = float((params.get("mode_options") or {}).get("tol", 1e-3))
+        extra = float((params.get("mode_options") or {}).get("tol", MODE_OPTIONS["warmup_correct"]["tol"]))
         tol_none, tol_ref = tol_none + extra, tol_ref + extra
     return float(tol_none), float(tol_ref)
 

@@ -328,7 +328,7 @@ class WarmupCorrectSpec(BaseModel):
     model_config = _STRICT
 
     segments: PosInt | Literal["auto"] = "auto"  # segments of the longest sequence ("auto": from SMs and H; CPU: 4)
-    tol: Number = Field(1e-3, gt=0, lt=1)  # bound on the relative error of each warmup-built entering state
+    tol: Number = Field(MODE_OPTIONS["warmup_correct"]["tol"], gt=0, lt=1)  # bound on the relative error of each warmup-built entering state
     window: PosInt | Literal["auto"] = "auto"  # warmup chunks (64 tokens) per segment
     # auto: exact maps only for the segments whose per-channel decay bound fails (decided on the device);
     # exact: exact maps for every segment; none: warmup windows only (error reported, not bounded)

@@ -32,7 +32,7 @@ from dashboards.figures.common import (
     per_step_grid,
     series_name,
 )
-from kernels.vocabulary import TAIL_EXCHANGE_WINDOW_CHUNKS
+from kernels.vocabulary import PHASES, TAIL_EXCHANGE_WINDOW_CHUNKS
 
 
 def _window(opts: dict) -> int:
@@ -52,8 +52,8 @@ def _parts(r: dict[str, Any]) -> list[tuple[str, str, dict[str, int], dict[str, 
     """(part, model direction, measured calls, measured bytes) of a row: its forward and backward when the profile
     split the step, else the whole step."""
     split = r.get("by_direction") or {}
-    if all(d in split for d in ("fwd", "bwd")):
-        return [(d, d, split[d].get("collectives") or {}, split[d].get("collective_bytes") or {}) for d in ("fwd", "bwd")]
+    if all(d in split for d in PHASES):
+        return [(d, d, split[d].get("collectives") or {}, split[d].get("collective_bytes") or {}) for d in PHASES]
     return [("step", r.get("direction") or "fwd", r.get("collectives") or {}, r.get("collective_bytes") or {})]
 
 

@@ -77,7 +77,7 @@ def expected_collectives(mode: str, ctx: CPContext, options: Mapping[str, Any] |
     `options`: the mode options of the step, where they change the count (tail_exchange's `fallback`).
     `direction`: `"fwd"` (the forward), `"bwd"` (the backward alone) or `"fwd+bwd"` (their sum; README §7).
     """
-    sends, recvs = ring.p2p_counts(ctx) if mode in ("ring", "tail_exchange") else (0, 0)
+    sends, recvs = ring.p2p_counts(ctx)
     return collective_count(mode, crossing=ctx.any_crossing, sends=sends, recvs=recvs, options=options,
                             direction=direction)
 

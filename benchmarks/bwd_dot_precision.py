@@ -18,7 +18,8 @@ import torch
 
 import kernels.common.chunk_bwd as chunk_bwd
 from kernels.common.naive import naive_recurrent_kda
-from runners.bench.kernels_train import H, K, make_inputs, ours_step, rel_l2, timed
+from runners.bench.kernels_train import H, K, make_inputs, ours_step, timed
+from runners.correctness import rel_l2
 
 NAMES = ("dq", "dk", "dv", "dg", "dbeta")
 

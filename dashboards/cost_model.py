@@ -3,7 +3,8 @@
 Pure arithmetic, no I/O: `comm_cost(mode, B=, T=, H=, K=, V=, W=, dtype_bytes=)` gives the number of collective
 calls per kind and their bytes, counted the way `runners.profile.merge_ranks` reports a measured step, so the
 communication figure can put the two side by side: group collectives (all-gather, all-to-all) per rank,
-point-to-point (send, recv) summed over the W ranks.
+point-to-point (send, recv) summed over the W ranks. The calls are `kernels.vocabulary.collective_count` over the
+whole gang (the kernels' own count, torch-free); this module adds their bytes.
 
 How tokens sit on ranks (DESIGN.md §2, as kernels.cp shards them): the B sequences (or the varlen `lengths`) are
 one stream of N = B T tokens cut into P equal parts, P = W (`contiguous`: rank r holds part r) or P = 2W (`zigzag`:
@@ -49,14 +50,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import kernels.cp as cp
+from kernels.vocabulary import COUNTED_DIRECTIONS, HAND_BACKWARD, LAYOUTS, MODES, OPS, SINGLE_DEVICE, collective_count
 
-__all__ = ["CHUNK_SIZE", "DIRECTIONS", "MODELLED_MODES", "TRANSITION_COST", "CommCost", "bytes_per_token", "comm_cost",
-           "crossing_cuts", "model_speedup"]
+__all__ = ["CHUNK_SIZE", "TRANSITION_COST", "CommCost", "bytes_per_token", "comm_cost", "crossing_cuts",
+           "model_speedup"]
 
 CHUNK_SIZE = 64
-MODELLED_MODES = tuple(cp.MODES)
-DIRECTIONS = cp.DIRECTIONS  # the directions kernels.cp counts collectives for
 TRANSITION_COST = 0.5  # a transition (M, S_ext) per token, relative to a forward per token (assumed)
 
 
@@ -81,7 +80,7 @@ class CommCost:
 
 def bytes_per_token(op: str, *, H: int, K: int, V: int, dtype_bytes: int, gate_bytes: int = 4) -> tuple[int, int]:
     """(input bytes, output bytes) per token for `op` ("gdn": scalar gate per head, "kda": gate per key dim)."""
-    if op not in ("gdn", "kda"):
+    if op not in OPS:
         raise ValueError(f"op must be 'gdn' or 'kda', got op={op!r}")
     gate = 1 if op == "gdn" else K
     return H * ((2 * K + V + 1) * dtype_bytes + gate * gate_bytes), H * V * dtype_bytes
@@ -95,7 +94,7 @@ def crossing_cuts(lengths: Sequence[int], W: int, layout: str = "contiguous") ->
 
 def _cut_plan(lengths: Sequence[int], W: int, layout: str) -> tuple[int, int, int]:
     """(cross-rank internal cuts, internal cuts, most messages one rank sends or receives)."""
-    if layout not in ("contiguous", "zigzag"):
+    if layout not in LAYOUTS:
         raise ValueError(f"layout must be 'contiguous' or 'zigzag', got layout={layout!r}")
     parts = W if layout == "contiguous" else 2 * W
     total = sum(lengths)
@@ -133,13 +132,13 @@ def comm_cost(
 ) -> CommCost | None:
     """Model of one layer in `direction` ("fwd", "bwd", "fwd+bwd"); None where the model does not cover the case.
 
-    `lengths` (varlen) replaces the B sequences of T tokens. None for: a mode outside MODELLED_MODES or a
-    direction outside DIRECTIONS, and `tail_exchange` without `warmup_chunks`.
+    `lengths` (varlen) replaces the B sequences of T tokens. None for: a mode outside `kernels.vocabulary.MODES`
+    or a direction outside its COUNTED_DIRECTIONS, and `tail_exchange` without `warmup_chunks`.
     """
     for name, value in (("B", B), ("T", T), ("H", H), ("K", K), ("V", V), ("W", W), ("dtype_bytes", dtype_bytes)):
         if int(value) < 1:
             raise ValueError(f"{name} must be >= 1, got {name}={value!r}")
-    if mode not in MODELLED_MODES or direction not in DIRECTIONS:
+    if mode not in MODES or direction not in COUNTED_DIRECTIONS:
         return None
     kw = {"B": B, "T": T, "H": H, "K": K, "V": V, "W": W, "dtype_bytes": dtype_bytes, "op": op, "layout": layout,
           "lengths": lengths, "gate_bytes": gate_bytes, "state_bytes": state_bytes, "warmup_chunks": warmup_chunks}
@@ -156,32 +155,34 @@ def _add(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
     return {k: a.get(k, 0) + b.get(k, 0) for k in sorted({*a, *b})}
 
 
+def _calls(mode: str, direction: str, seqs: list[int], W: int, layout: str) -> tuple[dict[str, int], int, int]:
+    """(the gang's calls per kind, cross-rank internal cuts, the busiest rank's messages): `collective_count` of
+    kernels.vocabulary over the whole gang (its hand-offs are every cross-rank cut: send/recv summed over the ranks)."""
+    messages, internal, busiest = _cut_plan(seqs, W, layout) if mode in HAND_BACKWARD else (0, 0, 0)
+    calls = collective_count(mode, crossing=internal > 0, sends=messages, recvs=messages, direction=direction)
+    return calls, messages, busiest
+
+
 def _backward(mode: str, *, B: int, T: int, H: int, K: int, V: int, W: int, dtype_bytes: int, op: str, layout: str,
               lengths: Sequence[int] | None, gate_bytes: int, state_bytes: int, warmup_chunks: int | None,
               ) -> CommCost | None:
-    seqs = list(lengths) if lengths else [T] * B
-    tokens = sum(seqs)
-    if mode in ("none", "warmup_correct"):
-        return CommCost(mode)
-    if mode == "headwise":
+    if mode == "headwise":  # the gradients of the same tensors, in the same dtypes
         return _forward(mode, B=B, T=T, H=H, K=K, V=V, W=W, dtype_bytes=dtype_bytes, op=op, layout=layout,
                         lengths=lengths, gate_bytes=gate_bytes, state_bytes=state_bytes, warmup_chunks=warmup_chunks)
-    if mode == "all_gather":
-        payload = tokens * bytes_per_token(op, H=H, K=K, V=V, dtype_bytes=4, gate_bytes=4)[0]
-        wire = payload * (W - 1) // W
-        return CommCost(mode, {"reduce_scatter": 1}, {"reduce_scatter": payload}, wire, wire)
-    messages, internal, busiest = _cut_plan(seqs, W, layout)
-    if mode == "true_cp":
-        if internal == 0:
-            return CommCost(mode)
-        per_rank = 1 if layout == "contiguous" else 2
-        return _all_gather(mode, per_rank * H * K * V * state_bytes, W)
-    if mode == "ring":
-        return _chain(mode, H * K * V * state_bytes, messages, busiest)
-    if warmup_chunks is None:  # tail_exchange
+    seqs = list(lengths) if lengths else [T] * B
+    calls, messages, busiest = _calls(mode, "bwd", seqs, W, layout)
+    if mode == "tail_exchange" and warmup_chunks is None:
         return None
-    part = tokens // (W if layout == "contiguous" else 2 * W)
-    return _chain(mode, min(warmup_chunks * CHUNK_SIZE, part) * _tail_bytes(op, H, K, V, dtype_bytes, gate_bytes),
+    if not calls:
+        return CommCost(mode)
+    if mode == "all_gather":
+        payload = sum(seqs) * bytes_per_token(op, H=H, K=K, V=V, dtype_bytes=4, gate_bytes=4)[0]
+        wire = payload * (W - 1) // W
+        return CommCost(mode, calls, {"reduce_scatter": payload}, wire, wire)
+    if mode == "true_cp":
+        return _all_gather(mode, calls, (1 if layout == "contiguous" else 2) * H * K * V * state_bytes, W)
+    return _chain(mode, calls, _message(mode, seqs, H=H, K=K, V=V, W=W, dtype_bytes=dtype_bytes, op=op, layout=layout,
+                                        gate_bytes=gate_bytes, state_bytes=state_bytes, warmup_chunks=warmup_chunks),
                   messages, busiest)
 
 
@@ -189,30 +190,33 @@ def _forward(mode: str, *, B: int, T: int, H: int, K: int, V: int, W: int, dtype
              lengths: Sequence[int] | None, gate_bytes: int, state_bytes: int, warmup_chunks: int | None,
              ) -> CommCost | None:
     seqs = list(lengths) if lengths else [T] * B
-    tokens = sum(seqs)
-    local = tokens // W
+    local = sum(seqs) // W
     tok_in, tok_out = bytes_per_token(op, H=H, K=K, V=V, dtype_bytes=dtype_bytes, gate_bytes=gate_bytes)
-    if mode in ("none", "warmup_correct"):
+    calls, messages, busiest = _calls(mode, "fwd", seqs, W, layout)
+    if mode == "tail_exchange" and warmup_chunks is None:
+        return None
+    if not calls:
         return CommCost(mode)
     if mode == "headwise":
         payload = local * (tok_in + tok_out)
         wire = payload * (W - 1) // W
-        return CommCost(mode, {"all_to_all": 2}, {"all_to_all": payload}, wire, wire)
+        return CommCost(mode, calls, {"all_to_all": payload}, wire, wire)
     if mode == "all_gather":
-        return _all_gather(mode, local * tok_in, W)
-    messages, internal, busiest = _cut_plan(seqs, W, layout)
+        return _all_gather(mode, calls, local * tok_in, W)
     if mode == "true_cp":
-        if internal == 0:
-            return CommCost(mode)
-        per_rank = 1 if layout == "contiguous" else 2
-        return _all_gather(mode, per_rank * H * K * (K + V) * state_bytes, W)
-    if mode == "ring":
-        return _chain(mode, H * K * V * state_bytes, messages, busiest)
-    if warmup_chunks is None:  # tail_exchange
-        return None
-    part = tokens // (W if layout == "contiguous" else 2 * W)
-    return _chain(mode, min(warmup_chunks * CHUNK_SIZE, part) * _tail_bytes(op, H, K, V, dtype_bytes, gate_bytes),
+        return _all_gather(mode, calls, (1 if layout == "contiguous" else 2) * H * K * (K + V) * state_bytes, W)
+    return _chain(mode, calls, _message(mode, seqs, H=H, K=K, V=V, W=W, dtype_bytes=dtype_bytes, op=op, layout=layout,
+                                        gate_bytes=gate_bytes, state_bytes=state_bytes, warmup_chunks=warmup_chunks),
                   messages, busiest)
+
+
+def _message(mode: str, seqs: list[int], *, H: int, K: int, V: int, W: int, dtype_bytes: int, op: str, layout: str,
+             gate_bytes: int, state_bytes: int, warmup_chunks: int | None) -> int:
+    """Bytes of one point-to-point hand-off: a state (ring), or a tail window of k, v, g, beta (tail_exchange)."""
+    if mode == "ring":
+        return H * K * V * state_bytes
+    part = sum(seqs) // (W if layout == "contiguous" else 2 * W)
+    return min((warmup_chunks or 0) * CHUNK_SIZE, part) * _tail_bytes(op, H, K, V, dtype_bytes, gate_bytes)
 
 
 def _tail_bytes(op: str, H: int, K: int, V: int, dtype_bytes: int, gate_bytes: int) -> int:
@@ -221,17 +225,14 @@ def _tail_bytes(op: str, H: int, K: int, V: int, dtype_bytes: int, gate_bytes: i
     return H * ((K + V + 1) * dtype_bytes + gate * gate_bytes)
 
 
-def _all_gather(mode: str, payload: int, W: int) -> CommCost:
-    return CommCost(mode, {"all_gather": 1}, {"all_gather": payload}, (W - 1) * payload, (W - 1) * payload)
+def _all_gather(mode: str, calls: dict[str, int], payload: int, W: int) -> CommCost:
+    return CommCost(mode, calls, {"all_gather": payload}, (W - 1) * payload, (W - 1) * payload)
 
 
-def _chain(mode: str, message: int, messages: int, busiest: int) -> CommCost:
+def _chain(mode: str, calls: dict[str, int], message: int, messages: int, busiest: int) -> CommCost:
     """`messages` point-to-point hand-offs of `message` bytes; the busiest rank sends or receives `busiest`."""
-    if messages == 0:
-        return CommCost(mode)
     total = messages * message
-    return CommCost(mode, {"send": messages, "recv": messages}, {"send": total, "recv": total},
-                    busiest * message, busiest * message)
+    return CommCost(mode, calls, {"send": total, "recv": total}, busiest * message, busiest * message)
 
 
 def model_speedup(mode: str, W: int, *, T: int, warmup_chunks: int = 2) -> float | None:
@@ -239,7 +240,7 @@ def model_speedup(mode: str, W: int, *, T: int, warmup_chunks: int = 2) -> float
     one-device modes (none, warmup_correct) and modes outside the model."""
     if W < 1 or T < 1:
         raise ValueError(f"W and T must be >= 1, got W={W!r}, T={T!r}")
-    if mode not in MODELLED_MODES or mode in ("none", "warmup_correct"):
+    if mode not in MODES or mode in SINGLE_DEVICE:
         return None
     if W == 1 or mode in ("all_gather", "ring"):  # at W = 1 no cut: every scheme runs the one-device forward
         return 1.0

@@ -13,7 +13,8 @@ Public surface (a contract; DESIGN.md §1-§3):
     M, S = kernels.compose(M1, S1, M2, S2);  S = kernels.chain(M, S_ext, S0=None)
     kernels.use_autotune(path)                                   # load tuned launch configs (kernels.autotune)
 
-`kernels` imports only torch (Triton when the triton backend runs, FLA when the fla backend runs).
+`kernels` imports only torch (Triton when the triton backend runs, FLA when the fla backend runs), each name on
+first use: `import kernels.vocabulary` (the suite's names and counts, standard library only) loads no torch.
 """
 
 from __future__ import annotations
@@ -22,27 +23,30 @@ import importlib
 import os
 from typing import Any
 
-from kernels.api import chain, compose, forward, reference, transition
-from kernels.autograd import chunk_backward as backward
-from kernels.configs import KernelSpec, LaunchConfig
-from kernels.ops import chunk_gdn, chunk_kda
-from kernels.validate import BACKENDS, OPS
+_FROM: dict[str, tuple[str, ...]] = {  # module -> its public names here, each imported on first use (PEP 562)
+    "kernels.api": ("chain", "compose", "forward", "reference", "transition"),
+    "kernels.autograd": ("backward",),
+    "kernels.configs": ("KernelSpec", "LaunchConfig"),
+    "kernels.ops": ("chunk_gdn", "chunk_kda"),
+    "kernels.vocabulary": ("BACKENDS", "OPS"),
+}
+_RENAMED = {"backward": "chunk_backward"}  # public name -> the module's name
+_LAZY = {name: module for module, names in _FROM.items() for name in names}
 
-__all__ = [
-    "BACKENDS",
-    "OPS",
-    "KernelSpec",
-    "LaunchConfig",
-    "backward",
-    "chain",
-    "chunk_gdn",
-    "chunk_kda",
-    "compose",
-    "forward",
-    "reference",
-    "transition",
-    "use_autotune",
-]
+__all__ = sorted([*_LAZY, "use_autotune"])
+
+
+def __getattr__(name: str) -> Any:
+    """The public names, each imported on first use, so `import kernels.vocabulary` loads no torch."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'kernels' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), _RENAMED.get(name, name))
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
 
 
 def use_autotune(path: str | os.PathLike[str] | None, *, strict: bool = True, **kwargs: Any) -> Any:
@@ -60,6 +64,5 @@ def use_autotune(path: str | os.PathLike[str] | None, *, strict: bool = True, **
 
 
 # CPBENCH_AUTOTUNE=path/to/autotune.json makes every launch of this process use the tuned configs
-from kernels.autotune import _autoload_from_env  # noqa: E402
-
-_autoload_from_env()
+if os.environ.get("CPBENCH_AUTOTUNE", "").strip():
+    importlib.import_module("kernels.autotune")._autoload_from_env()

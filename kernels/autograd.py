@@ -45,17 +45,17 @@ from kernels.common.index import ChunkIndex, prepare_chunk_index
 from kernels.common.l2norm import l2norm
 from kernels.configs import LaunchConfig
 from kernels.validate import check_backend, check_config, check_grad_outputs, check_inputs
+from kernels.vocabulary import BACKEND_OPTIONS, KEEP_POLICIES
 
 __all__ = ["KEEP_POLICIES", "TRITON_OPTIONS", "ChunkFunction", "chunk_backward", "chunk_backward_impl",
            "chunk_state_gradient", "differentiable_forward", "keeping", "needs_grad"]
 
 _TRITON_FWD = {"gdn": ("kernels.gdn.chunk", "chunk_gdn_fwd"), "kda": ("kernels.kda.chunk", "chunk_kda_fwd")}
 _TRITON_BWD = {"gdn": ("kernels.gdn.chunk_bwd", "chunk_gdn_bwd"), "kda": ("kernels.kda.chunk_bwd", "chunk_kda_bwd")}
-KEEP_POLICIES = ("inputs", "wy", "wy+states")
 KEEP = KEEP_POLICIES[0]  # the triton backend's recompute policy (module docstring), one of KEEP_POLICIES
 # the triton backend's options a sweep may set (`mode_options: {triton: {...}}`): name -> its allowed values, the first
 # the default
-TRITON_OPTIONS: dict[str, tuple[str, ...]] = {"keep": KEEP_POLICIES}
+TRITON_OPTIONS = BACKEND_OPTIONS["triton"]
 
 
 def _checked_policy(policy: str) -> str:

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from kernels.common.index import cu_seqlens_host
 from kernels.configs import LaunchConfig
+from kernels.vocabulary import BACKENDS, OPS
 
 __all__ = [
     "BACKENDS",
@@ -40,8 +41,6 @@ __all__ = [
     "check_op",
 ]
 
-OPS: tuple[str, ...] = ("gdn", "kda")
-BACKENDS: tuple[str, ...] = ("reference", "torch", "triton", "fla", "auto")
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
 # largest head dim the Triton state kernels hold (the state tile is split into <= 4 blocks of 64 rows)
 MAX_TRITON_HEAD_DIM = 256

@@ -11,7 +11,8 @@ Error = ||o - o_ref||_2 / ||o_ref||_2 over all elements, in fp32. Default tolera
 is off by O(1); these only have to sit above rounding noise): float32 2e-3 (TF32 dots on GPUs), bfloat16
 3e-2, float16 1e-2. `warmup_correct` is approximate by design: its allowance adds the scheme's own target
 (the point's `mode_options.tol`). A spec's `check.tol_none` / `check.tol_reference` override the defaults. A point over
-its tolerance fails without being timed, with both errors in its message; NaN/Inf fail too.
+its tolerance fails without being timed, with both errors in its message; NaN/Inf fail too (`rel_l2` states its
+rule for non-finite values).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 from torch import Tensor
 
 from runners.point import PointSpec
+from kernels.vocabulary import MODE_OPTIONS
 
 __all__ = ["DEFAULT_TOL", "GateResult", "judge", "rel_l2", "tolerances"]
 
@@ -32,12 +34,26 @@ DEFAULT_TOL = {"float32": 2e-3, "bfloat16": 3e-2, "float16": 1e-2}
 
 
 def rel_l2(out: Tensor, ref: Tensor) -> float:
-    """||out - ref|| / ||ref|| in fp32 (a host read: call it outside any timed step)."""
+    """||out - ref||_2 / ||ref||_2 over all elements (a host read: call it outside any timed step): the suite's one
+    relative error (the gate, the tuner's trials, the benches, the tests' `rel_err`).
+
+    Computed in fp32, or in fp64 when either tensor is fp64; `out` is reshaped to `ref`'s shape (same numel).
+    Non-finite values: an element where both are the same non-finite value (NaN and NaN, or the same infinity)
+    agrees and is left out of both norms; any other element holding a NaN or an infinity (in `out` or in `ref`)
+    makes the error inf. So the result is never NaN, and inf means "not comparable": it fails every tolerance.
+    """
     if out.shape != ref.shape:
         out = out.reshape(ref.shape)
-    o, r = out.float(), ref.float()
+    dt = torch.float64 if torch.float64 in (out.dtype, ref.dtype) else torch.float32
+    o, r = out.detach().to(dt), ref.detach().to(dt)
+    finite = torch.isfinite(o) & torch.isfinite(r)
+    if not bool(finite.all()):
+        same = (o == r) | (torch.isnan(o) & torch.isnan(r))
+        if not bool((finite | same).all()):
+            return math.inf
+        o, r = o[finite], r[finite]
     num = torch.linalg.vector_norm(o - r)
-    den = torch.linalg.vector_norm(r).clamp_min(torch.finfo(torch.float32).tiny)
+    den = torch.linalg.vector_norm(r).clamp_min(torch.finfo(dt).tiny)
     return float(num / den)
 
 

@@ -30,7 +30,7 @@ import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from kernels.cp import SINGLE_DEVICE
+from kernels.vocabulary import SINGLE_DEVICE
 from runners import backend_options
 from runners.peers import peer_skip_reason
 from runners.plugins import is_ours, load_peer, peer_of_point, unavailable

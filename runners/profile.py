@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from kernels.cp.modes import merge_rank_counts
+from kernels.vocabulary import PHASES
 
 __all__ = ["BWD_RANGE", "FWD_RANGE", "PROFILE_DIRECTIONS", "ProfileSummary", "classify_collective", "direction_range",
            "merge_ranks", "profile_step", "summarize_events"]
@@ -57,8 +58,8 @@ logger = logging.getLogger(__name__)
 STEP_RANGE = "cpbench::step"
 FWD_RANGE = "cpbench::fwd"  # a training step's forward (runners.training.train_step)
 BWD_RANGE = "cpbench::bwd"  # a training step's backward
-# the directions a training step's profile is split into (kernels.cp.expected_collectives's "fwd" and "bwd")
-PROFILE_DIRECTIONS = {"fwd": FWD_RANGE, "bwd": BWD_RANGE}
+# the phases a training step's profile is split into (kernels.vocabulary.PHASES) -> their record_function ranges
+PROFILE_DIRECTIONS = dict(zip(PHASES, (FWD_RANGE, BWD_RANGE), strict=True))
 _RANGES = (STEP_RANGE, FWD_RANGE, BWD_RANGE)
 DISPATCH_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::")
 BACKEND_PREFIXES = ("gloo:", "nccl:", "mpi:", "ucc:", "xccl:")

@@ -18,7 +18,7 @@ whole space).
 
 `mode_options` holds the knobs of the multi-device modes (`true_cp: {segment_len: 4096}`) and a backend's own
 options: a peer's (`fla: {bypass_hopper_guard: true}`) or our triton backend's recompute policy (`triton: {keep:
-wy+states}`, one of `kernels.autograd.KEEP_POLICIES`), which a point carries (and its key names) only where it
+wy+states}`, one of `kernels.vocabulary.KEEP_POLICIES`), which a point carries (and its key names) only where it
 takes effect: fwd+bwd in the modes that train through the autograd op (`runners.backend_options`).
 
 Limits (`runners.settings`): points per sweep, tokens per point, CP size. Errors are `SpecError`s whose message
@@ -38,18 +38,20 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-import kernels.cp as cp
+from kernels.vocabulary import (
+    BENCHMARKED_BACKENDS,
+    MODE_OPTIONS,
+    MODES,
+    POINT_DIRECTIONS,
+    SINGLE_DEVICE,
+    tail_exchange_options,
+)
 from runners.errors import SpecError
 from runners.settings import get_worker_settings
 from runners.timing import StopRule
 
 __all__ = [
-    "BACKENDS",
-    "DIRECTIONS",
-    "DTYPES",
-    "LAYOUTS",
     "MODES",
-    "OPS",
     "Axes",
     "CheckSpec",
     "SweepSpec",
@@ -61,14 +63,8 @@ __all__ = [
     "parse_spec",
 ]
 
-OPS = ("gdn", "kda")
-# every mode the suite knows (DESIGN §2): kernels.cp's, in its order
-MODES = tuple(cp.MODES)
-# benchmarked backends; "reference" (per-token fp32) is the correctness yardstick, not a contender
-BACKENDS = ("torch", "triton", "fla")
-LAYOUTS = ("contiguous", "zigzag")
-DIRECTIONS = ("fwd", "fwd+bwd")
-DTYPES = ("float32", "bfloat16", "float16")
+# the names a spec may use (ops, modes, backends, layouts, directions, dtypes) are kernels.vocabulary's; the typed
+# Literal fields below restate ops, layouts and dtypes for the type checker (tests/runners/test_spec.py pins them)
 
 # Strict: a JSON `true` is not the number 1. Every integer is bounded to fit a 32-bit column on both stores.
 INT32_MAX = 2**31 - 1
@@ -213,8 +209,8 @@ class Axes(BaseModel):
     @classmethod
     def _direction(cls, value: list[str]) -> list[str]:
         for d in value:
-            if d not in DIRECTIONS:
-                raise PydanticCustomError("direction", "unknown direction '{d}'; expected one of {ok}", {"d": d, "ok": ", ".join(DIRECTIONS)})
+            if d not in POINT_DIRECTIONS:
+                raise PydanticCustomError("direction", "unknown direction '{d}'; expected one of {ok}", {"d": d, "ok": ", ".join(POINT_DIRECTIONS)})
         return _no_duplicates(value, "axis direction")
 
     @field_validator("T")
@@ -332,7 +328,7 @@ class WarmupCorrectSpec(BaseModel):
     model_config = _STRICT
 
     segments: PosInt | Literal["auto"] = "auto"  # segments of the longest sequence ("auto": from SMs and H; CPU: 4)
-    tol: Number = Field(1e-3, gt=0, lt=1)  # bound on the relative error of each warmup-built entering state
+    tol: Number = Field(MODE_OPTIONS["warmup_correct"]["tol"], gt=0, lt=1)  # bound on the relative error of each warmup-built entering state
     window: PosInt | Literal["auto"] = "auto"  # warmup chunks (64 tokens) per segment
     # auto: exact maps only for the segments whose per-channel decay bound fails (decided on the device);
     # exact: exact maps for every segment; none: warmup windows only (error reported, not bounded)
@@ -403,16 +399,14 @@ class SweepSpec(BaseModel):
         for m in peers:
             value.pop(m)
         for m in value:
-            if m not in MODES or m in cp.SINGLE_DEVICE:
+            if m not in MODES or m in SINGLE_DEVICE:
                 raise PydanticCustomError(
                     "mode", "mode_options keys are CP modes ({ok}) or a peer backend of the spec (fla) or triton "
                     "(when the spec has it); got '{m}'",
-                    {"m": m, "ok": ", ".join(x for x in MODES if x not in cp.SINGLE_DEVICE)},
+                    {"m": m, "ok": ", ".join(x for x in MODES if x not in SINGLE_DEVICE)},
                 )
-        from kernels.cp import tail_exchange
-
         for m, opts in value.items():
-            known = cp.MODES[m].OPTIONS
+            known = MODE_OPTIONS[m]
             unknown = sorted(set(opts) - set(known))
             if unknown:
                 raise PydanticCustomError(
@@ -421,7 +415,7 @@ class SweepSpec(BaseModel):
                 )
             if m == "tail_exchange":
                 try:
-                    tail_exchange.resolve_options({**known, **opts})
+                    tail_exchange_options({**known, **opts})
                 except ValueError as err:
                     raise PydanticCustomError("mode_option", "tail_exchange: {e}", {"e": str(err)}) from None
         return {**value, **peers}
@@ -440,8 +434,8 @@ class SweepSpec(BaseModel):
                 name = load_peer(b).name
             except ValueError as err:
                 raise PydanticCustomError("backend", "{e} (backends are {ok}, or a plugin)",
-                                          {"e": str(err), "ok": ", ".join(BACKENDS)}) from None
-            if name in names.values() or name in BACKENDS and b != name:
+                                          {"e": str(err), "ok": ", ".join(BENCHMARKED_BACKENDS)}) from None
+            if name in names.values() or name in BENCHMARKED_BACKENDS and b != name:
                 raise PydanticCustomError("backend", "backend {b} is named '{n}', like another backend", {"b": b, "n": name})
             names[b] = name
         return value

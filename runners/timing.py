@@ -31,11 +31,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from runners.stats import rel_iqr
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["L2Flush", "StopRule", "TimingResult", "should_stop", "time_step"]
 
@@ -105,6 +106,8 @@ class L2Flush:
     """A buffer of twice the device's L2 size; calling it zeroes the buffer (evicting the step's data from L2)."""
 
     def __init__(self, device: torch.device) -> None:
+        import torch
+
         props = torch.cuda.get_device_properties(device)
         l2 = int(getattr(props, "L2_cache_size", 0) or 0) or (50 << 20)
         self.nbytes = 2 * l2
@@ -129,6 +132,8 @@ class _RankMax:
         """(max ms, min ms, max elapsed, max host enqueue ms) over the ranks."""
         if not self.active:
             return ms, ms, elapsed, host_ms
+        import torch
+
         buf = torch.tensor([ms, -ms, elapsed, host_ms], dtype=torch.float64, device=self.device)
         self.dist.all_reduce(buf, op=self.dist.ReduceOp.MAX, group=self.group)
         hi, neg_lo, el, host = buf.tolist()
@@ -146,6 +151,8 @@ class _StreamHold:
         # host enqueue times of the last 16 steps (max over ranks): one slow enqueue (a GC pause) is forgotten soon
         self.recent: deque[float] = deque(maxlen=16)
         # cycles per ms of the spin kernel, calibrated once
+        import torch
+
         with torch.cuda.device(device):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda._sleep(1000)
@@ -156,6 +163,8 @@ class _StreamHold:
             self.cycles_per_ms = 2_000_000 / max(a.elapsed_time(b), 1e-3)
 
     def __call__(self) -> None:
+        import torch
+
         ms = min(2.0 * max(self.recent), 50.0) if self.recent else 1.0
         torch.cuda._sleep(int(self.cycles_per_ms * ms))
 
@@ -181,6 +190,8 @@ def time_step(
 
     `flush`: the L2 flush to run before each CUDA sample (None: no flush). On the CPU it is ignored.
     """
+    import torch
+
     on_cuda = device.type == "cuda"
     rank_max = _RankMax(group, device)
     hold: _StreamHold | None = None

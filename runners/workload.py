@@ -1,10 +1,16 @@
-"""Seeded inputs of a grid point, built directly on the device (never zeros, never copied from the host).
+"""Seeded inputs, built directly on the device (never zeros, never copied from the host): the suite's one input
+maker, `make_inputs(op, B=, T=, H=, K=, V=, ...)`, which a grid point (`make_workload`), the tuner
+(`runners.tuner.make_case`) and the benches (`runners.bench`) all call; `TORCH_DTYPES` maps the vocabulary's dtype
+names (`kernels.vocabulary.DTYPES`) to torch dtypes.
 
-From the point (`runners.point.PointSpec`: op, B, T or lengths, H, HV (default H), K, V, lb, dtype, seed), in this order from one generator on
-the device: q ~ N(0,1); k ~ N(0,1) L2-normalised over K; v ~ N(0,1); g = lb * sigmoid(N(0,1)) (so lb <= g <= 0,
-`[B, T, HV]` for gdn, `[B, T, HV, K]` for kda); beta = sigmoid(N(0,1)); v, g, beta have HV heads. q, k, v, beta take the point's dtype; g
-stays fp32 (a bf16 log decay loses its small values). The same point gives the same tensors on every rank of
-a gang, so each rank can shard the global inputs itself.
+From explicit shapes (op, B, T or lengths, H, HV (default H), K, V, lb, dtype, seed), in this order from one generator
+on the device: q ~ N(0,1); k ~ N(0,1) L2-normalised over K; v ~ N(0,1); g = lb * sigmoid(N(0,1)) (so lb <= g <= 0,
+`[B, T, HV]` for gdn, `[B, T, HV, K]` for kda); beta = sigmoid(N(0,1)); then, when asked, the initial state
+h0 ~ N(0,1) `[N, HV, K, V]` (fp32, N sequences) and the output gradient do ~ N(0,1) `[B, T, HV, V]`. v, g, beta have
+HV heads. q, k, v, beta, do take the dtype; g stays fp32 (a bf16 log decay loses its small values). `fla_recipe`
+is FLA's anchor recipe instead (../shared/anchors/fla-h200.md, what the kernel benches compare against): q is
+L2-normalised too and g takes the dtype; with `lb=None` the gate is g = logsigmoid(N(0,1)). The same arguments
+give the same tensors on every rank of a gang, so each rank can shard the global inputs itself.
 
 CP schemes take the token axis flattened (B = 1, `cu_seqlens` bounds): `Workload.flat()` gives that view of a
 dense batch. `reduced_params` shrinks a point for the reference check (the per-token fp32 recurrence is slow).
@@ -12,16 +18,19 @@ dense batch. `reduced_params` shrinks a point for the reference check (the per-t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
+from kernels.vocabulary import DTYPES
 from runners.point import PointSpec
 
-__all__ = ["DTYPES", "Workload", "make_workload", "reduced_params"]
+__all__ = ["INPUT_NAMES", "TORCH_DTYPES", "Workload", "make_inputs", "make_workload", "reduced_params"]
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPES}  # name -> torch dtype
+INPUT_NAMES = ("q", "k", "v", "g", "beta")  # the op's differentiable inputs, in call order (`Workload.tensors`)
 
 
 @dataclass
@@ -36,6 +45,8 @@ class Workload:
     beta: Tensor
     cu_seqlens: Tensor | None  # int32 on the device, or None for dense input
     cu_seqlens_cpu: list[int]  # the sequence bounds over the flattened token axis (always set)
+    initial_state: Tensor | None = None  # h0 `[N, HV, K, V]` fp32, when asked for
+    do: Tensor | None = None  # the output gradient of a training step, when asked for
 
     @property
     def tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -50,23 +61,23 @@ class Workload:
         return replace(self, q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu)
 
 
-def make_workload(point: PointSpec, *, device: torch.device | str) -> Workload:
-    """The point's inputs on `device` (see the module docstring for the distributions)."""
-    device = torch.device(device)
-    op, H, K, V = point.op, point.H, point.K, point.V
-    HV = point.value_heads  # grouped value heads: v, g, beta with HV heads
-    lb, seed = point.lb, point.seed
-    if point.dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got dtype={point.dtype!r}")
-    dtype = DTYPES[point.dtype]
-    lengths = point.lengths
+def make_inputs(op: str, *, B: int, T: int, H: int, K: int, V: int, device: torch.device | str, HV: int | None = None,
+                lb: float | None, dtype: str = "bfloat16", seed: int = 0, lengths: Sequence[int] | None = None,
+                initial_state: bool = False, grad_out: bool = False, fla_recipe: bool = False) -> Workload:
+    """Seeded inputs of one shape on `device` (the module docstring gives the distributions and the draw order).
+
+    `lengths` (varlen) replaces the B sequences of T tokens: B = 1, T = sum(lengths), `cu_seqlens` on the device.
+    `initial_state` / `grad_out` draw h0 / do after the inputs (so the inputs do not change with them).
+    """
+    if dtype not in TORCH_DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(TORCH_DTYPES)}, got dtype={dtype!r}")
+    dt, HV, device = TORCH_DTYPES[dtype], HV or H, torch.device(device)
     if lengths:
         B, T = 1, int(sum(lengths))
         bounds = [0]
         for n in lengths:
             bounds.append(bounds[-1] + int(n))
     else:
-        B, T = point.B, point.T
         bounds = [i * T for i in range(B + 1)]
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
@@ -75,13 +86,24 @@ def make_workload(point: PointSpec, *, device: torch.device | str) -> Workload:
         return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32)
 
     q = randn(B, T, H, K)
+    q = torch.nn.functional.normalize(q, p=2, dim=-1) if fla_recipe else q
     k = torch.nn.functional.normalize(randn(B, T, H, K), p=2, dim=-1)
     v = randn(B, T, HV, V)
-    g = lb * torch.sigmoid(randn(B, T, HV) if op == "gdn" else randn(B, T, HV, K))
+    x = randn(B, T, HV) if op == "gdn" else randn(B, T, HV, K)
+    g = torch.nn.functional.logsigmoid(x) if lb is None else lb * torch.sigmoid(x)
     beta = torch.sigmoid(randn(B, T, HV))
-    q, k, v, beta = (x.to(dtype) for x in (q, k, v, beta))
+    h0 = randn(len(bounds) - 1, HV, K, V) if initial_state else None
+    do = randn(B, T, HV, V).to(dt) if grad_out else None
+    q, k, v, beta = (t.to(dt) for t in (q, k, v, beta))
     cu = torch.tensor(bounds, dtype=torch.int32, device=device) if lengths else None
-    return Workload(op=op, q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu, cu_seqlens_cpu=bounds)
+    return Workload(op=op, q=q, k=k, v=v, g=g.to(dt) if fla_recipe else g, beta=beta, cu_seqlens=cu,
+                    cu_seqlens_cpu=bounds, initial_state=h0, do=do)
+
+
+def make_workload(point: PointSpec, *, device: torch.device | str) -> Workload:
+    """The point's inputs on `device`: `make_inputs` over the point's shape."""
+    return make_inputs(point.op, B=point.B, T=point.T, H=point.H, K=point.K, V=point.V, HV=point.value_heads,
+                       dtype=point.dtype, lb=point.lb, seed=point.seed, lengths=point.lengths, device=device)
 
 
 def reduced_params(point: PointSpec, *, max_tokens: int) -> PointSpec:

@@ -1,10 +1,10 @@
 """The import graph, read from the AST of every tracked module, keeps to DESIGN.md's one-way rule.
 
-Nodes are the top-level packages, with `kernels.cp` apart from the rest of `kernels` (the peer protocol and FLA's
-peer sit in the engine, `runners.peers`):
+Nodes are the top-level packages, with `kernels.cp` and `kernels.vocabulary` apart from the rest of `kernels`
+(kernels.cp -> kernels -> kernels.vocabulary; the peer protocol and FLA's peer sit in the engine, `runners.peers`):
 
-    bench_server -> runners -> kernels.cp -> kernels;   runners -> db;   bench_server -> db, dashboards;
-    dashboards -> db, kernels.cp (the mode vocabulary);   benchmarks (device-only scripts) -> runners and below
+    bench_server -> runners -> kernels.cp -> kernels -> kernels.vocabulary;   runners -> db;   bench_server -> db, dashboards;
+    dashboards -> db, kernels.vocabulary (the names and counts, no torch);   benchmarks (device-only scripts) -> runners and below
 
 An edge is allowed when the target is listed for the source (listing is transitive by hand: bench_server may use
 everything runners may). Inside `kernels`, `common/` is shared by the ops and must not import an op (`gdn`,
@@ -16,6 +16,7 @@ Every import counts, including the ones inside functions.
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,14 +24,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+VOCAB = "kernels.vocabulary"
 ALLOWED: dict[str, set[str]] = {
-    "kernels": set(),
-    "kernels.cp": {"kernels"},
+    VOCAB: set(),  # the standard library only: the web process imports it
+    "kernels": {VOCAB},
+    "kernels.cp": {"kernels", VOCAB},
     "db": set(),
-    "runners": {"kernels.cp", "kernels", "db"},
-    "dashboards": {"db", "kernels.cp"},  # kernels.cp: the mode vocabulary and expected collectives (cost model)
-    "bench_server": {"runners", "kernels.cp", "kernels", "db", "dashboards"},
-    "benchmarks": {"bench_server", "dashboards", "runners", "kernels.cp", "kernels", "db"},
+    "runners": {"kernels.cp", "kernels", VOCAB, "db"},
+    "dashboards": {"db", VOCAB},  # the mode names, dtype sizes and directions (no torch)
+    "bench_server": {"runners", "kernels.cp", "kernels", VOCAB, "db", "dashboards"},
+    "benchmarks": {"bench_server", "dashboards", "runners", "kernels.cp", "kernels", VOCAB, "db"},
 }
 KERNELS_THIRD_PARTY = {"torch", "triton", "numpy", "fla"}
 OPS = ("kernels.gdn", "kernels.kda", "kernels.cp")
@@ -39,8 +42,9 @@ OPS = ("kernels.gdn", "kernels.kda", "kernels.cp")
 def node(module: str) -> str | None:
     """The graph node of a dotted module name (None outside the project's packages)."""
     top = module.split(".")[0]
-    if module == "kernels.cp" or module.startswith("kernels.cp."):
-        return "kernels.cp"
+    for sub in ("kernels.cp", VOCAB):
+        if module == sub or module.startswith(sub + "."):
+            return sub
     return top if top in ALLOWED or top == "tests" else None
 
 
@@ -98,6 +102,7 @@ def test_the_checker_sees_nested_and_relative_imports(tmp_path: Path) -> None:
     found = set(imports(probe, "runners.probe"))
     assert found == {("bench_server.main", 2), ("runners", 3), ("runners.cli", 4)}
     assert node("bench_server.main") == "bench_server" and node("kernels.cp.modes") == "kernels.cp" and node("os") is None
+    assert node("kernels.vocabulary") == VOCAB and node("kernels.api") == "kernels"
 
 
 def test_kernels_common_imports_no_op() -> None:
@@ -111,3 +116,31 @@ def test_kernels_imports_only_torch_triton_and_the_standard_library() -> None:
     bad = [f"{path.relative_to(ROOT)}:{line} {target}" for path in (ROOT / "kernels").rglob("*.py")
            for target, line in imports(path) if target.split(".")[0] not in allowed]
     assert bad == []
+
+
+def test_the_vocabulary_imports_only_the_standard_library() -> None:
+    path = ROOT / "kernels" / "vocabulary.py"
+    bad = [f"{line} {target}" for target, line in imports(path)
+           if target.split(".")[0] not in sys.stdlib_module_names and target != "__future__"]
+    assert bad == []
+
+
+def _modules_after_import(module: str) -> set[str]:
+    """The names in sys.modules after a fresh interpreter imports `module` (the tree under test first on the path)."""
+    code = f"import sys, {module}; print(' '.join(sys.modules))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env.pop("CPBENCH_AUTOTUNE", None)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
+
+
+def test_the_web_process_imports_no_torch() -> None:
+    """`import bench_server.main` (the FastAPI app, its routes, the dashboards, the spec) loads no torch."""
+    loaded = _modules_after_import("bench_server.main")
+    assert "fastapi" in loaded and "torch" not in loaded
+
+
+def test_the_vocabulary_imports_no_torch() -> None:
+    """`import kernels.vocabulary` runs `kernels/__init__.py`, whose public names load on first use."""
+    loaded = _modules_after_import("kernels.vocabulary")
+    assert "kernels.vocabulary" in loaded and "torch" not in loaded and "kernels.api" not in loaded

@@ -32,15 +32,12 @@ from dashboards.figures.common import (
     per_step_grid,
     series_name,
 )
-from kernels.cp.tail_exchange import DEFAULT_WINDOW_CHUNKS
-
-# tail_exchange's window when a point does not set one
-TAIL_EXCHANGE_DEFAULT_WINDOW = DEFAULT_WINDOW_CHUNKS
+from kernels.vocabulary import PHASES, TAIL_EXCHANGE_WINDOW_CHUNKS
 
 
 def _window(opts: dict) -> int:
     w = opts.get("window")
-    return w if isinstance(w, int) and w > 0 else TAIL_EXCHANGE_DEFAULT_WINDOW
+    return w if isinstance(w, int) and w > 0 else TAIL_EXCHANGE_WINDOW_CHUNKS  # the window when a point sets none
 
 
 NAME = "comm"
@@ -55,8 +52,8 @@ def _parts(r: dict[str, Any]) -> list[tuple[str, str, dict[str, int], dict[str, 
     """(part, model direction, measured calls, measured bytes) of a row: its forward and backward when the profile
     split the step, else the whole step."""
     split = r.get("by_direction") or {}
-    if all(d in split for d in ("fwd", "bwd")):
-        return [(d, d, split[d].get("collectives") or {}, split[d].get("collective_bytes") or {}) for d in ("fwd", "bwd")]
+    if all(d in split for d in PHASES):
+        return [(d, d, split[d].get("collectives") or {}, split[d].get("collective_bytes") or {}) for d in PHASES]
     return [("step", r.get("direction") or "fwd", r.get("collectives") or {}, r.get("collective_bytes") or {})]
 
 

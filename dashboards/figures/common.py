@@ -16,18 +16,17 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-import kernels.cp as cp
+from kernels.vocabulary import DTYPE_BYTES, EXACT_MODES, MODES
 
-MODE_ORDER = tuple(cp.MODES)  # kernels.cp owns the mode vocabulary (see dashboards/cost_model.py)
 _PALETTE = ("#7f7f7f", "#1f77b4", "#ff7f0e", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
 _SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "star", "cross", "triangle-down")
-DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp32": 4, "float32": 4, "float": 4}
+_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
 # the axes that pick a series apart from mode; the baseline `none` matches on these plus T and lb
 SHAPE_KEYS = ("op", "backend", "B", "H", "K", "V", "dtype", "direction")
 
 
 def mode_rank(mode: str) -> tuple[int, str]:
-    return (MODE_ORDER.index(mode), "") if mode in MODE_ORDER else (len(MODE_ORDER), mode)
+    return (MODES.index(mode), "") if mode in MODES else (len(MODES), mode)
 
 
 def sort_modes(modes: Iterable[str]) -> list[str]:
@@ -35,9 +34,9 @@ def sort_modes(modes: Iterable[str]) -> list[str]:
 
 
 def mode_color(mode: str) -> str:
-    if mode in MODE_ORDER:
-        return _PALETTE[MODE_ORDER.index(mode)]
-    return _PALETTE[len(MODE_ORDER) + sum(map(ord, mode)) % (len(_PALETTE) - len(MODE_ORDER))]
+    if mode in MODES:
+        return _PALETTE[MODES.index(mode)]
+    return _PALETTE[len(MODES) + sum(map(ord, mode)) % (len(_PALETTE) - len(MODES))]
 
 
 def symbol(i: int) -> str:
@@ -45,7 +44,8 @@ def symbol(i: int) -> str:
 
 
 def dtype_bytes(dtype: str | None) -> int:
-    return DTYPE_BYTES.get(str(dtype).lower(), 2)
+    name = str(dtype).lower()
+    return DTYPE_BYTES.get(_DTYPE_ALIASES.get(name, name), 2)
 
 
 def measured(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -134,9 +134,6 @@ def in_facet(row: dict[str, Any], *, W: int, lb: float | None = None) -> bool:
     return run_W(row) == W and (lb is None or row["lb"] == lb)
 
 
-EXACT_MODES = ("none", "headwise", "all_gather", "ring", "true_cp")
-
-
 def is_exact(row: dict[str, Any]) -> bool:
     """Exact in fp32 (kernels/cp/README.md §3): the exact schemes, tail_exchange with `fallback: true_cp` and
     warmup_correct with `fallback: exact`; tail_exchange's and warmup_correct's other policies are approximate."""
@@ -145,7 +142,7 @@ def is_exact(row: dict[str, Any]) -> bool:
         return opts.get("fallback") == "true_cp"
     if row["mode"] == "warmup_correct":
         return opts.get("fallback") == "exact"
-    return row["mode"] in EXACT_MODES or row["mode"] not in MODE_ORDER
+    return row["mode"] in EXACT_MODES or row["mode"] not in MODES
 
 
 def baseline_key(row: dict[str, Any]) -> tuple[Any, ...]:

@@ -11,7 +11,7 @@ from kernels.cp.context import LAYOUTS, CPContext, build_context
 from kernels.cp.layout import shard, unshard
 from kernels.cp.modes import (
     AUTOGRAD_MODES,
-    DIRECTIONS,
+    COUNTED_DIRECTIONS,
     MODES,
     SINGLE_DEVICE,
     expected_collectives,
@@ -22,7 +22,7 @@ from kernels.cp.warmup_correct import WarmupReport, warmup_correct
 
 __all__ = [
     "AUTOGRAD_MODES",
-    "DIRECTIONS",
+    "COUNTED_DIRECTIONS",
     "LAYOUTS",
     "MODES",
     "SINGLE_DEVICE",

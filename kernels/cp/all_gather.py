@@ -21,10 +21,11 @@ from kernels.autograd import needs_grad
 from kernels.cp import comm, comm_grad, intra
 from kernels.cp.context import CPContext
 from kernels.cp.layout import shard
+from kernels.vocabulary import MODE_OPTIONS
 
 __all__ = ["forward", "to_global_order"]
 
-OPTIONS = {"segment_len": None}
+OPTIONS = MODE_OPTIONS["all_gather"]
 
 
 def to_global_order(x: Tensor, ctx: CPContext) -> Tensor:

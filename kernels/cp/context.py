@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from kernels.vocabulary import LAYOUTS
+
 __all__ = ["LAYOUTS", "CPContext", "Piece", "Slot", "build_context", "host_bounds"]
 
 logger = logging.getLogger(__name__)
-
-LAYOUTS: tuple[str, ...] = ("contiguous", "zigzag")
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,11 @@ from kernels.autograd import needs_grad
 from kernels.cp import comm, comm_grad, intra
 from kernels.cp.all_gather import to_global_order
 from kernels.cp.context import CPContext
+from kernels.vocabulary import MODE_OPTIONS
 
 __all__ = ["forward"]
 
-OPTIONS = {"segment_len": None}
+OPTIONS = MODE_OPTIONS["headwise"]
 
 
 def check(q: Tensor, v: Tensor, ctx: CPContext) -> None:

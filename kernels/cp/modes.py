@@ -20,9 +20,17 @@ from kernels.cp import all_gather, comm, headwise, none, ring, step_grad, tail_e
 from kernels.cp import warmup_correct as warmup_module
 from kernels.cp.context import CPContext, build_context
 from kernels.validate import check_backend, check_op
+from kernels.vocabulary import (
+    AUTOGRAD_MODES,
+    COUNTED_DIRECTIONS,
+    HAND_BACKWARD,
+    MODE_OPTIONS,
+    SINGLE_DEVICE,
+    collective_count,
+)
 
-__all__ = ["AUTOGRAD_MODES", "DIRECTIONS", "MODES", "SINGLE_DEVICE", "expected_collectives", "expected_collectives_gang",
-           "forward", "merge_rank_counts"]
+__all__ = ["AUTOGRAD_MODES", "COUNTED_DIRECTIONS", "MODES", "SINGLE_DEVICE", "expected_collectives",
+           "expected_collectives_gang", "forward", "merge_rank_counts"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +38,7 @@ logger = logging.getLogger(__name__)
 class _WarmupMode:
     """Adapter: `cp.forward("warmup_correct", ...)` runs `cp.warmup_correct` on the whole batch (W = 1)."""
 
-    OPTIONS = {"segments": "auto", "tol": warmup_module.DEFAULT_TOL, "window": "auto", "fallback": "auto"}
+    OPTIONS = MODE_OPTIONS["warmup_correct"]
 
     @staticmethod
     def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
@@ -53,58 +61,25 @@ MODES: dict[str, Any] = {
     "tail_exchange": tail_exchange,
 }
 
-# the modes that run on one device (W must be 1); the suite's vocabulary of modes is MODES' keys
-SINGLE_DEVICE = ("none", "warmup_correct")
+# MODES' keys are kernels.vocabulary.MODES, in its order; SINGLE_DEVICE (W must be 1) is the vocabulary's
 # point-to-point kinds: a gang's count is the sum over ranks (group collectives: the max over ranks)
 P2P = ("send", "recv")
-
-# schemes that move computed states: their backward is written by hand (kernels.cp.step_grad); the others train
-# through plain autograd (the differentiable op + kernels.cp.comm_grad)
-HAND_BACKWARD = ("ring", "true_cp", "tail_exchange")
-# the schemes whose training step is the differentiable op (`kernels.autograd.ChunkFunction`) under plain autograd,
-# so the triton backend's recompute policy (`kernels.autograd.KEEP`) applies to them; warmup_correct and
-# HAND_BACKWARD run their forward without autograd and call the chunked backward, which recomputes
-AUTOGRAD_MODES = tuple(m for m in MODES if m not in (*HAND_BACKWARD, "warmup_correct"))
-
-
-DIRECTIONS: tuple[str, ...] = ("fwd", "bwd", "fwd+bwd")
+# HAND_BACKWARD (a hand-written backward: kernels.cp.step_grad) and AUTOGRAD_MODES (plain autograd through the
+# differentiable op) are the vocabulary's too
 
 
 def expected_collectives(mode: str, ctx: CPContext, options: Mapping[str, Any] | None = None,
                          direction: str = "fwd") -> dict[str, int]:
     """Collectives one step of `mode` issues on this rank: keys all_to_all, all_gather, reduce_scatter, send, recv
-    (zeros omitted).
+    (zeros omitted). `kernels.vocabulary.collective_count` over the context's facts: whether a sequence crosses a
+    part boundary and the point-to-point hand-offs this rank posts (the same for ring and tail_exchange).
 
     `options`: the mode options of the step, where they change the count (tail_exchange's `fallback`).
-    `direction`: `"fwd"` (the forward), `"bwd"` (the backward alone) or `"fwd+bwd"` (their sum): the backward of
-    headwise is 2 all-to-alls, of all_gather 1 reduce-scatter, of true_cp 1 all-gather (when a sequence crosses a
-    part boundary), of ring and tail_exchange the forward's send/recv pairs reversed (README §7).
+    `direction`: `"fwd"` (the forward), `"bwd"` (the backward alone) or `"fwd+bwd"` (their sum; README §7).
     """
-    _check_mode(mode)
-    if direction not in DIRECTIONS:
-        raise ValueError(f"direction must be one of {DIRECTIONS}, got direction={direction!r}")
-    if direction == "fwd+bwd":
-        f = expected_collectives(mode, ctx, options, "fwd")
-        b = expected_collectives(mode, ctx, options, "bwd")
-        return {k: f.get(k, 0) + b.get(k, 0) for k in sorted({*f, *b})}
-    bwd = direction == "bwd"
-    if mode == "tail_exchange":
-        _, fallback = tail_exchange.resolve_options({**tail_exchange.OPTIONS, **(options or {})})
-        if fallback == "true_cp":
-            mode = "true_cp"
-        else:
-            s, r = tail_exchange.p2p_counts(ctx)
-            return _p2p(r, s) if bwd else _p2p(s, r)
-    if mode == "headwise":
-        return {"all_to_all": 2}
-    if mode == "all_gather":
-        return {"reduce_scatter": 1} if bwd else {"all_gather": 1}
-    if mode == "true_cp":
-        return {"all_gather": 1} if ctx.any_crossing else {}
-    if mode == "ring":
-        s, r = ring.p2p_counts(ctx)
-        return _p2p(r, s) if bwd else _p2p(s, r)
-    return {}
+    sends, recvs = ring.p2p_counts(ctx)
+    return collective_count(mode, crossing=ctx.any_crossing, sends=sends, recvs=recvs, options=options,
+                            direction=direction)
 
 
 def expected_collectives_gang(mode: str, cu_seqlens: Sequence[int], world_size: int, layout: str = "contiguous",
@@ -123,10 +98,6 @@ def merge_rank_counts(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
     counts = list(counts)
     kinds = sorted({k for c in counts for k in c})
     return {k: (sum if k in P2P else max)(c.get(k, 0) for c in counts) for k in kinds}
-
-
-def _p2p(sends: int, recvs: int) -> dict[str, int]:
-    return {k: n for k, n in (("send", sends), ("recv", recvs)) if n}
 
 
 def _check_mode(mode: Any) -> None:

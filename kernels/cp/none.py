@@ -16,10 +16,11 @@ from torch import Tensor
 from kernels.autograd import needs_grad
 from kernels.cp import intra
 from kernels.cp.context import CPContext
+from kernels.vocabulary import MODE_OPTIONS
 
 __all__ = ["forward"]
 
-OPTIONS = {"segment_len": None}
+OPTIONS = MODE_OPTIONS["none"]
 
 
 def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,

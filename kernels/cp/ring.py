@@ -23,10 +23,11 @@ from torch import Tensor
 
 from kernels.cp import comm, prims
 from kernels.cp.context import CPContext, Slot
+from kernels.vocabulary import MODE_OPTIONS
 
 __all__ = ["backward_saved", "forward", "forward_saved", "p2p_counts"]
 
-OPTIONS: dict[str, Any] = {}
+OPTIONS = MODE_OPTIONS["ring"]
 
 
 def p2p_counts(ctx: CPContext) -> tuple[int, int]:

@@ -39,12 +39,12 @@ from torch import Tensor
 
 from kernels.cp import comm, intra, prims, true_cp
 from kernels.cp.context import CPContext
+from kernels.vocabulary import MODE_OPTIONS, TAIL_EXCHANGE_WINDOW_CHUNKS, tail_exchange_options
 
-__all__ = ["FALLBACKS", "backward_saved", "forward", "forward_saved", "p2p_counts", "resolve_options"]
+__all__ = ["backward_saved", "forward", "forward_saved", "p2p_counts", "resolve_options"]
 
-OPTIONS: dict[str, Any] = {"window": "auto", "fallback": "none"}
-FALLBACKS: tuple[str, ...] = ("none", "true_cp")
-DEFAULT_WINDOW_CHUNKS = 2
+OPTIONS = MODE_OPTIONS["tail_exchange"]
+resolve_options = tail_exchange_options  # (window chunks, fallback) from the options; ValueError naming the bad one
 
 
 @dataclass(frozen=True)
@@ -56,18 +56,6 @@ class _Plan:
     rows: tuple[int, ...]                          # per continued slot: index of its first piece among local pieces
     win_bounds: tuple[int, ...]                    # bounds of the received windows, concatenated
     num_pieces: int
-
-
-def resolve_options(options: dict[str, Any]) -> tuple[int, str]:
-    """(window chunks, fallback) from the mode options; ValueError naming the bad option."""
-    window, fallback = options["window"], options["fallback"]
-    if window == "auto":
-        window = DEFAULT_WINDOW_CHUNKS
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"option window must be 'auto' or an int >= 1 (chunks of {intra.CHUNK} tokens), got window={window!r}")
-    if fallback not in FALLBACKS:
-        raise ValueError(f"option fallback must be one of {FALLBACKS}, got fallback={fallback!r}")
-    return window, fallback
 
 
 def _window_len(ctx: CPContext, part: int, seq: int, window: int) -> int:
@@ -105,7 +93,7 @@ def _plan(ctx: CPContext, window: int) -> _Plan:
 
 def p2p_counts(ctx: CPContext) -> tuple[int, int]:
     """(sends, recvs) this rank posts in one step with fallback `"none"` (the window does not change them)."""
-    plan = _plan(ctx, DEFAULT_WINDOW_CHUNKS)
+    plan = _plan(ctx, TAIL_EXCHANGE_WINDOW_CHUNKS)
     return len(plan.sends), sum(1 for src, _, _ in plan.recvs if src is not None)
 
 

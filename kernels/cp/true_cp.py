@@ -31,10 +31,11 @@ from torch import Tensor
 from kernels.backends import resolve_backend
 from kernels.cp import comm, intra, prims
 from kernels.cp.context import CPContext
+from kernels.vocabulary import MODE_OPTIONS
 
 __all__ = ["backward_saved", "forward", "forward_saved"]
 
-OPTIONS = {"segment_len": "auto"}
+OPTIONS = MODE_OPTIONS["true_cp"]
 
 
 def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,

@@ -44,13 +44,14 @@ from kernels.backends import resolve_backend
 from kernels.cp import intra, prims, step_grad
 from kernels.cp.context import host_bounds
 from kernels.cp.decay_bound import log_span_bound, log_window_bound, token_terms
+from kernels.vocabulary import MODE_OPTIONS
 
 __all__ = ["FALLBACKS", "WarmupPlan", "WarmupReport", "warmup_correct"]
 
 logger = logging.getLogger(__name__)
 
 FALLBACKS: tuple[str, ...] = ("auto", "exact", "none")
-DEFAULT_TOL = 1e-3
+DEFAULT_TOL = MODE_OPTIONS["warmup_correct"]["tol"]
 DEFAULT_WINDOW_CHUNKS = 2
 
 

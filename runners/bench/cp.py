@@ -10,7 +10,7 @@ K = V = 128, T in {64K, 128K}:
 - warmup_correct on one GPU at T in {16K, 64K}, lb in {-5, -1, -0.5}, fallback in {none, exact}
   (configs split over the GPUs, one GPU each).
 
-Method: the engine's parts. Inputs are a sweep point's (`runners.workload.make_workload`: q, v ~ N(0,1), k
+Method: the engine's parts. Inputs are a sweep point's (`runners.workload.make_inputs`: q, v ~ N(0,1), k
 L2-normalised, beta = sigmoid(N), g = lb sigmoid(N) fp32; identical on every rank from one seed), built before
 timing. Timing is `runners.timing.time_step`: at least `--warmup` untimed steps (until the first-call costs are
 over), then exactly `--iters` samples with CUDA events on every rank; a sample is the max over ranks; we report
@@ -45,22 +45,20 @@ import kernels.cp as cp
 from runners.bench.common import environment, result_stem
 from runners.correctness import rel_l2
 from runners.gang import Gang, RankContext
-from runners.point import PointSpec
 from runners.profile import profile_step
 from runners.timing import StopRule, time_step
-from runners.workload import make_workload
+from runners.workload import make_inputs
 
 TARGETS = {"true_cp W=2 T=128K": 2.8, "warmup_correct 1 GPU T=64K lb=-5": 0.6}
 PEER = "fla"
 
 
 # ----------------------------------------------------------------------------------------------------------- parts
-def make_inputs(op: str, T: int, H: int, K: int, V: int, lb: float, dev: torch.device, seed: int,
-                dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """One sequence of T tokens as a sweep point builds it (`runners.workload`): (q, k, v, g, beta)."""
+def point_inputs(op: str, T: int, H: int, K: int, V: int, lb: float, dev: torch.device, seed: int,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """One sequence of T tokens as a sweep point builds it (`runners.workload.make_inputs`): (q, k, v, g, beta)."""
     name = str(dtype).removeprefix("torch.")
-    point = PointSpec(op, "none", "triton", B=1, T=T, H=H, K=K, V=V, lb=lb, seed=seed, dtype=name)
-    return make_workload(point, device=dev).tensors
+    return make_inputs(op, B=1, T=T, H=H, K=K, V=V, lb=lb, seed=seed, dtype=name, device=dev).tensors
 
 
 def sync(dev: torch.device) -> None:
@@ -122,7 +120,7 @@ def run_cp_config(op: str, T: int, *, rank: int, W: int, args: argparse.Namespac
     if dl.left() < args.min_left:
         record(dict(base, scheme="*", skipped="deadline"))
         return
-    q, k, v, g, beta = make_inputs(op, T, H, K, V, args.lb, dev, 1000 + T, dtype)
+    q, k, v, g, beta = point_inputs(op, T, H, K, V, args.lb, dev, 1000 + T, dtype)
     cu = [0, T]
     ctx1 = cp.build_context(cu, 1, 0)
 
@@ -199,7 +197,7 @@ def run_wc_config(op: str, T: int, lb: float, fb: str, *, args: argparse.Namespa
     if dl.left() < args.min_left:
         return dict(base, skipped="deadline")
     try:
-        q, k, v, g, beta = make_inputs(op, T, H, K, V, lb, dev, 2000 + T, dtype)
+        q, k, v, g, beta = point_inputs(op, T, H, K, V, lb, dev, 2000 + T, dtype)
         ctx1 = cp.build_context([0, T], 1, 0)
         kw = {"cu_seqlens": [0, T], "tol": args.tol, "fallback": fb, "backend": backend, "window": args.window, "segments": args.segments}
 

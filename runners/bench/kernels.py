@@ -4,7 +4,7 @@
                           [--no-fla] [--jobs 8] [--dry-run]      (also: python -m runners.bench.kernels ...)
 
 Method (the one ../shared/anchors/fla-h200.md used for FLA, so our figures stand next to FLA's published ones;
-that is why the inputs are not `runners.workload`'s): bf16, H=16, K=V=128; q, k L2-normalised in
+that is why the inputs take `runners.workload`'s FLA recipe, not a sweep point's): bf16, H=16, K=V=128; q, k L2-normalised in
 fp32, v = randn, beta = sigmoid(randn), g = logsigmoid(randn) ([B,T,H] for GDN, [B,T,H,K] for KDA); forward
 only, under no_grad, no final state; `triton.testing.do_bench` median (L2 flushed between repetitions,
 warm-up 25 ms, 200 ms of repetitions) after one untimed call that compiles (and, for FLA, autotunes).
@@ -50,8 +50,8 @@ from runners.bench.kernels_ops import (
     _timed,
     bytes_floor,
     fla_fn,
+    fla_inputs,
     flops_floor,
-    make_inputs,
     measure_ceilings,
     ours,
     variants,
@@ -69,7 +69,7 @@ def _warm_job(job: tuple[str, int, int, str, dict[str, Any]]) -> str:
         if label == "correctness":
             rows = correctness([op], "cuda", quiet=True)
             return f"{op} correctness: " + ", ".join(r.get("error", "ok") for r in rows)
-        q, k, v, g, beta = make_inputs(op, B, T, H_DEFAULT, device="cuda")
+        q, k, v, g, beta = fla_inputs(op, B, T, H_DEFAULT, device="cuda").tensors
         with torch.no_grad():
             ours(op, q, k, v, g, beta, **kw)
         torch.cuda.synchronize()
@@ -138,7 +138,7 @@ def correctness(ops: list[str], device: str, quiet: bool = False) -> list[dict[s
             ("slow decay lb=-0.01, split auto", {"B": 1, "T": T, "lb": -0.01}, {"h0": True}),
             ("slow decay, split 1 chunk", {"B": 1, "T": T, "lb": -0.01}, {"h0": True, "split": 1}),
             ("slow decay, unfused", {"B": 1, "T": T, "lb": -0.01}, {"h0": True, "fuse": False}),
-            ("fp32 inputs", {"B": 1, "T": T // 2, "dtype": torch.float32}, {"h0": True}),
+            ("fp32 inputs", {"B": 1, "T": T // 2, "dtype": "float32"}, {"h0": True}),
         ]
         for name, shp, opt in cases:
             if small and name not in DRY_RUN_CHECKS:
@@ -146,8 +146,8 @@ def correctness(ops: list[str], device: str, quiet: bool = False) -> list[dict[s
             print(f"check {op} {name}", flush=True)
             rec: dict[str, Any] = {"op": op, "case": name, "H": H, "K": K, "V": V}
             try:
-                q, k, v, g, beta = make_inputs(op, shp["B"], shp["T"], H, device=device, K=K, V=V, seed=1,
-                                               lb=shp.get("lb"), dtype=shp.get("dtype", torch.bfloat16))
+                q, k, v, g, beta = fla_inputs(op, shp["B"], shp["T"], H, device=device, K=K, V=V, seed=1,
+                                              lb=shp.get("lb"), dtype=shp.get("dtype", "bfloat16")).tensors
                 cu = shp.get("cu")
                 cu_t = torch.tensor(cu, dtype=torch.int32, device=device) if cu else None
                 N = len(cu) - 1 if cu else shp["B"]
@@ -223,7 +223,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if args.deadline and time.time() - t_start > args.deadline:
                 print(f"deadline reached, skipping {op} {B}x{T}", flush=True)
                 continue
-            q, k, v, g, beta = make_inputs(op, B, T, H, device=device, K=K, V=V)
+            q, k, v, g, beta = fla_inputs(op, B, T, H, device=device, K=K, V=V).tensors
             rec: dict[str, Any] = {"op": op, "B": B, "T": T, "H": H, "K": K, "V": V,
                                    "bytes": bytes_floor(op, B, T, H, K, V), "flops": flops_floor(B, T, H, K, V)}
             rec["floor_bytes_ms"] = rec["bytes"] / bw * 1e3 if bw == bw else float("nan")

@@ -3,7 +3,8 @@ flops floors, the do_bench timer, our forward and its variants, FLA's forward.
 
 The inputs and the timer are FLA's anchor method (../shared/anchors/fla-h200.md: `triton.testing.do_bench`
 medians, q and k L2-normalised, g = logsigmoid(randn)), on purpose: these figures stand next to FLA's published
-ones. The engine's sweep points use `runners.workload` and `runners.timing` instead.
+ones. `fla_inputs` draws them from the one maker (`runners.workload.make_inputs`, its `fla_recipe`); the engine's
+sweep points use that maker's own recipe and `runners.timing` instead.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
+
+from runners.workload import Workload, make_inputs
 
 H_DEFAULT, K_DIM, V_DIM, C = 16, 128, 128, 64
 SHAPES_DEFAULT = ((1, 8192), (1, 32768), (1, 65536), (1, 131072), (8, 8192))
@@ -29,22 +31,12 @@ FLA_MS_ANCHOR = {  # ../shared/anchors/fla-h200.md, forward, ms (do_bench median
 # inputs, floors, timing
 
 
-def make_inputs(op: str, B: int, T: int, H: int, *, device: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0,
-                lb: float | None = None, K: int = K_DIM, V: int = V_DIM) -> tuple[torch.Tensor, ...]:
-    """Random inputs, never zeros. lb: gate g = lb * sigmoid(randn) (slow decay) instead of logsigmoid(randn)."""
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
-
-    def rn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, device=device, dtype=torch.float32, generator=gen)
-
-    q = F.normalize(rn(B, T, H, K), p=2, dim=-1).to(dtype)
-    k = F.normalize(rn(B, T, H, K), p=2, dim=-1).to(dtype)
-    v = rn(B, T, H, V).to(dtype)
-    gshape = (B, T, H) if op == "gdn" else (B, T, H, K)
-    g = (F.logsigmoid(rn(*gshape)) if lb is None else lb * torch.sigmoid(rn(*gshape))).to(dtype)
-    beta = torch.sigmoid(rn(B, T, H)).to(dtype)
-    return q, k, v, g, beta
+def fla_inputs(op: str, B: int, T: int, H: int, *, device: str, dtype: str = "bfloat16", seed: int = 0,
+               lb: float | None = None, K: int = K_DIM, V: int = V_DIM, grad_out: bool = False) -> Workload:
+    """FLA's recipe at the bench's head dims (`runners.workload.make_inputs(..., fla_recipe=True)`). lb: gate
+    g = lb * sigmoid(randn) (slow decay) instead of logsigmoid(randn); `grad_out` also draws `do`."""
+    return make_inputs(op, B=B, T=T, H=H, K=K, V=V, dtype=dtype, lb=lb, seed=seed, device=device, grad_out=grad_out,
+                       fla_recipe=True)
 
 
 def bytes_floor(op: str, B: int, T: int, H: int, K: int = K_DIM, V: int = V_DIM, el: int = 2) -> int:

@@ -33,10 +33,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from kernels.autograd import KEEP_POLICIES, keep_policy, keeping
 from kernels.configs import LaunchConfig, get_spec
+from runners.bench.kernels_ops import fla_inputs
+from runners.correctness import rel_l2
 from runners.versions import driver_version, git_sha
 
 __all__ = ["BYTES_PER_TOKEN_HEAD", "main"]
@@ -49,19 +50,10 @@ COPY_TBPS = 4.2  # measured device copy ceiling on the H200 (kernels/NOTES.md)
 
 
 def make_inputs(op: str, B: int, T: int, Hh: int, *, device: str, seed: int = 0) -> tuple[torch.Tensor, ...]:
-    """bf16 q, k (L2-normalised), v, g = logsigmoid(randn), beta = sigmoid(randn), do: random, never zeros."""
-    gen = torch.Generator(device=device).manual_seed(seed)
-
-    def rn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, device=device, generator=gen)
-
-    q = F.normalize(rn(B, T, Hh, K), dim=-1).bfloat16()
-    k = F.normalize(rn(B, T, Hh, K), dim=-1).bfloat16()
-    v = rn(B, T, Hh, V).bfloat16()
-    g = F.logsigmoid(rn(B, T, Hh) if op == "gdn" else rn(B, T, Hh, K)).bfloat16()
-    beta = torch.sigmoid(rn(B, T, Hh)).bfloat16()
-    do = rn(B, T, Hh, V).bfloat16()
-    return q, k, v, g, beta, do
+    """bf16 q, k (L2-normalised), v, g = logsigmoid(randn), beta = sigmoid(randn), do: random, never zeros (FLA's
+    recipe from the one maker, `runners.bench.kernels_ops.fla_inputs`)."""
+    w = fla_inputs(op, B, T, Hh, device=device, seed=seed, K=K, V=V, grad_out=True)
+    return (*w.tensors, w.do)
 
 
 POLICIES = KEEP_POLICIES[1:]  # the kept policies timed beside the default (KEEP_POLICIES[0], "inputs")
@@ -155,13 +147,6 @@ def kernel_times(fn: Callable[[], Any]) -> dict[str, float]:
         if e.device_type == torch.autograd.DeviceType.CUDA:
             out[e.name.split("(")[0][:60]] += e.device_time_total / 1e3
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
-
-
-def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
-    x, ref = x.detach().float(), ref.detach().float()
-    if not torch.isfinite(x).all():
-        return float("nan")
-    return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
 def gradient_check(op: str, device: str, T: int = 1024, Hh: int = H, fla: bool = True) -> dict[str, Any]:

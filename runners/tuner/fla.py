@@ -37,7 +37,8 @@ import torch
 
 from runners.tuner.clock import Timer, make_timer
 from runners.tuner.trials import output_error
-from runners.tuner.tune import _DTYPES, _INPUTS, _TOL, Shape, device_facts, make_case, training_step
+from runners.tuner.tune import TRIAL_TOL, Shape, device_facts, make_case, training_step
+from runners.workload import INPUT_NAMES
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -79,7 +80,7 @@ def _fla_runner(op: str, case: Mapping[str, Any], direction: str = "fwd",
                                     cu_seqlens_cpu=bounds)
 
     def run() -> tuple[torch.Tensor, torch.Tensor | None]:
-        return forward(*(case[n] for n in _INPUTS), h0=case["initial_state"])
+        return forward(*(case[n] for n in INPUT_NAMES), h0=case["initial_state"])
 
     if direction == "fwd":
         return run
@@ -94,9 +95,9 @@ def _fla_runner(op: str, case: Mapping[str, Any], direction: str = "fwd",
 def check_direction(op: str, K: int, direction: str, options: Mapping[str, Any] | None) -> None:
     """A one-line ValueError when FLA cannot run `op` in `direction` here: an unknown direction, or FLA's own
     refusal (the `fla` peer's skip reason: its Hopper guard on the GDN backward unless opted out)."""
+    from kernels.vocabulary import POINT_DIRECTIONS as DIRECTIONS
     from runners.peers.fla import FLA, hopper_guard_refusal
     from runners.point import PointSpec
-    from runners.spec import DIRECTIONS
 
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}")
@@ -196,7 +197,7 @@ def tune_fla(
             ks = fla_key_str(key)
             for cfg in configs:
                 fa.pin(tuner, key, cfg)
-                status, ms, error = _trial(run, reference, _TOL[_DTYPES[shape.dtype]], timer, samples)
+                status, ms, error = _trial(run, reference, TRIAL_TOL[shape.dtype], timer, samples)
                 if status == "ok" and ms is not None:
                     results.append((ms, cfg))
                     if cfg is own:

@@ -32,7 +32,7 @@ import torch
 from kernels.autotune import install, key_str, normalize_key, parse_autotune, source_hash
 from kernels.configs import KERNELS, LAUNCHES, LaunchConfig, get_spec
 from runners.tuner.export import export_from_rows
-from runners.tuner.tune import _DTYPES, _ROW_FIELDS, _TOL, Shape, device_facts, make_case, op_runner, tune_case
+from runners.tuner.tune import _ROW_FIELDS, TRIAL_TOL, Shape, device_facts, make_case, op_runner, tune_case
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -124,7 +124,7 @@ def tune_missing(
         try:
             rows, _ = tune_case(None, run=run, device=device, kernels=missing, strategy=strategy, budget=budget,
                                 samples=samples, min_samples=min_samples, max_samples=max_samples,
-                                tol=_TOL[_DTYPES[shape.dtype]], sweep_id=sweep_id, environment_id=environment_id,
+                                tol=TRIAL_TOL[shape.dtype], sweep_id=sweep_id, environment_id=environment_id,
                                 known_bad=known_bad, on_trial=out.trials.append)
         except Exception as err:  # noqa: BLE001 - a fatal trial: the trials so far go back with the error
             if not out.trials:

@@ -23,10 +23,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from kernels.configs import LAUNCHES, KernelSpec, LaunchConfig
+from runners.correctness import rel_l2
 from runners.tuner.clock import Timer
 
 __all__ = ["Trial", "TrialContext", "output_error", "run_trial", "static_invalid_reason"]
@@ -83,17 +83,15 @@ def static_invalid_reason(cfg: LaunchConfig, key: Mapping[str, Any]) -> str | No
 
 
 def output_error(reference: Outputs, got: Outputs) -> float:
-    """Largest relative L2 error over the outputs (inf when a shape differs or a value is not finite)."""
+    """Largest relative L2 error over the outputs (`runners.correctness.rel_l2`; inf when a shape differs or a
+    value is not finite)."""
     worst = 0.0
     for r, x in zip(reference, got, strict=True):
         if r is None and x is None:
             continue
         if r is None or x is None or r.shape != x.shape:
             return float("inf")
-        xd, rd = x.double(), r.double()
-        if not bool(torch.isfinite(xd).all()):
-            return float("inf")
-        worst = max(worst, float((rd - xd).norm() / rd.norm().clamp_min(1e-30)))
+        worst = max(worst, rel_l2(x, r))
     return worst
 
 

@@ -42,21 +42,21 @@ from runners.tuner.clock import Timer, make_timer
 from runners.tuner.miscompiles import known_bad as known_bad_configs
 from runners.tuner.search import SearchResult, candidates, pinned, search
 from runners.tuner.trials import RunFn, Trial, TrialContext, run_trial
+from runners.workload import INPUT_NAMES, TORCH_DTYPES, make_inputs
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
     from db.models import TunedConfig
 
-__all__ = ["Shape", "device_facts", "install_tuned", "launched_configs", "make_case", "training_step", "tune_case",
+__all__ = ["TRIAL_TOL", "Shape", "device_facts", "install_tuned", "launched_configs", "make_case", "training_step", "tune_case",
            "tune_kernels"]
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # relative L2 tolerance of a trial's outputs against the default config's: configs only reorder fp32
 # accumulations, so honest configs agree to a few output ulps; a wrong config is off by O(1)
-_TOL = {torch.float32: 2e-3, torch.bfloat16: 2e-2, torch.float16: 2e-2}
+TRIAL_TOL = {"float32": 2e-3, "bfloat16": 2e-2, "float16": 2e-2}  # by dtype name
 
 
 @dataclass(frozen=True)
@@ -89,42 +89,21 @@ class Shape:
             d.setdefault("B", 1)
             if d["B"] != 1 or d["T"] != sum(d["lengths"]):
                 raise ValueError(f"varlen shape needs B=1 and T=sum(lengths), got B={d['B']}, T={d['T']}, lengths={d['lengths']}")
-        if d.get("dtype", "bfloat16") not in _DTYPES:
-            raise ValueError(f"shape dtype must be one of {sorted(_DTYPES)}, got dtype={d.get('dtype')!r}")
+        if d.get("dtype", "bfloat16") not in TORCH_DTYPES:
+            raise ValueError(f"shape dtype must be one of {sorted(TORCH_DTYPES)}, got dtype={d.get('dtype')!r}")
         return cls(**d)
 
 
 def make_case(op: str, shape: Shape, device: torch.device | str) -> dict[str, Any]:
-    """Seeded inputs for `kernels.forward` (FLA layout, never zeros; k L2-normalised, g = lb * sigmoid(x)); varlen
+    """Seeded inputs for `kernels.forward` from the one maker (`runners.workload.make_inputs`: FLA layout, never
+    zeros; k L2-normalised, g = lb * sigmoid(x)), with the output gradient `do` of a fwd+bwd run drawn last; varlen
     bounds both on the device (`cu_seqlens`) and on the host (`cu_seqlens_cpu`), so no call reads them back."""
-    dev = torch.device(device)
-    gen = torch.Generator(device=dev).manual_seed(shape.seed)
-    B, T, H, K, V = shape.B, shape.T, shape.H, shape.K, shape.V
-    dt = _DTYPES[shape.dtype]
-
-    def rnd(*s: int) -> torch.Tensor:
-        return torch.randn(*s, generator=gen, device=dev)
-
-    q = rnd(B, T, H, K).to(dt)
-    k = torch.nn.functional.normalize(rnd(B, T, H, K), p=2, dim=-1).to(dt)
-    v = rnd(B, T, H, V).to(dt)
-    g = shape.lb * torch.sigmoid(rnd(B, T, H) if op == "gdn" else rnd(B, T, H, K))
-    beta = torch.sigmoid(rnd(B, T, H)).to(dt)
-    cu, bounds = None, None
-    n_seq = B
-    if shape.lengths is not None:
-        bounds = [0]
-        for n in shape.lengths:
-            bounds.append(bounds[-1] + n)
-        cu = torch.tensor(bounds, dtype=torch.int32, device=dev)
-        n_seq = len(shape.lengths)
-    h0 = rnd(n_seq, H, K, V) if shape.initial_state else None
-    do = rnd(B, T, H, V).to(dt)  # the output gradient of a fwd+bwd run (drawn last: forward inputs unchanged)
-    return {"q": q, "k": k, "v": v, "g": g, "beta": beta, "cu_seqlens": cu, "cu_seqlens_cpu": bounds,
-            "initial_state": h0, "do": do}
-
-
-_INPUTS = ("q", "k", "v", "g", "beta")  # the op's differentiable inputs, in call order
+    w = make_inputs(op, B=shape.B, T=shape.T, H=shape.H, K=shape.K, V=shape.V, dtype=shape.dtype, lb=shape.lb,
+                    seed=shape.seed, lengths=shape.lengths, device=device, initial_state=shape.initial_state,
+                    grad_out=True)
+    bounds = w.cu_seqlens_cpu if shape.lengths is not None else None
+    return {"q": w.q, "k": w.k, "v": w.v, "g": w.g, "beta": w.beta, "cu_seqlens": w.cu_seqlens,
+            "cu_seqlens_cpu": bounds, "initial_state": w.initial_state, "do": w.do}
 
 
 def op_runner(op: str, case: Mapping[str, Any], *, backend: str = "triton", direction: str = "fwd") -> RunFn:
@@ -136,7 +115,7 @@ def op_runner(op: str, case: Mapping[str, Any], *, backend: str = "triton", dire
     state]).
     """
     import kernels
-    from runners.spec import DIRECTIONS
+    from kernels.vocabulary import POINT_DIRECTIONS as DIRECTIONS
 
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be 'fwd' or 'fwd+bwd', got direction={direction!r}")
@@ -147,7 +126,7 @@ def op_runner(op: str, case: Mapping[str, Any], *, backend: str = "triton", dire
                                cu_seqlens_cpu=case.get("cu_seqlens_cpu"), backend=backend, config=dict(configs))
 
     def run(configs: Mapping[str, LaunchConfig]) -> tuple[torch.Tensor | None, ...]:
-        return forward(configs, *(case[n] for n in _INPUTS), h0=case["initial_state"])
+        return forward(configs, *(case[n] for n in INPUT_NAMES), h0=case["initial_state"])
 
     if direction == "fwd":
         return run
@@ -164,7 +143,7 @@ def training_step(forward: Callable[..., tuple[torch.Tensor, torch.Tensor | None
     gradient accumulates across calls), `o.backward(case["do"])` -> (o, final_state, dq, dk, dv, dg, dbeta[, dh0
     when the case has an initial state])."""
     h0 = case["initial_state"]
-    xs = [case[n].detach().requires_grad_() for n in _INPUTS]
+    xs = [case[n].detach().requires_grad_() for n in INPUT_NAMES]
     s0 = h0.detach().requires_grad_() if h0 is not None else None
     o, ht = forward(*xs, h0=s0)
     o.backward(case["do"])
@@ -339,7 +318,7 @@ def tune_kernels(
         for s in shapes:
             shape = Shape.of(s)
             case = make_case(op, shape, device)
-            tol = _TOL[_DTYPES[shape.dtype]]
+            tol = TRIAL_TOL[shape.dtype]
             got, _ = tune_case(session, run=op_runner(op, case, backend=backend, direction=direction), device=device, kernels=kern,
                                strategy=strategy, budget=budget, seed=seed, samples=samples, min_samples=min_samples,
                                max_samples=max_samples, eta=eta, tol=tol, sweep_id=sweep_id, environment_id=environment_id)

@@ -3,7 +3,9 @@
 Scenarios: the same params give the same tensors and another seed other tensors; gates lie in [lb, 0] with the
 op's shape, k is unit-norm, nothing is all zeros; a dense batch flattens to a varlen view with the right bounds;
 reduced shapes keep divisibility, heads for headwise and the varlen structure; rel_l2 and the gate verdict
-(message names both errors, NaN fails, warmup_correct gets its scheme tolerance on top).
+(message names both errors, NaN fails, warmup_correct gets its scheme tolerance on top); rel_l2's rule for
+non-finite values; the tuner's case, the benches' inputs and a point's workload come from the one maker
+(`make_inputs`: the same arguments give the same tensors; h0 and do are drawn after the inputs).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 
 from runners.correctness import DEFAULT_TOL, judge, rel_l2, tolerances
 from runners.point import PointSpec
-from runners.workload import make_workload, reduced_params
+from runners.workload import make_inputs, make_workload, reduced_params
 
 
 def _params(**over: object) -> PointSpec:
@@ -84,6 +86,30 @@ def test_rel_l2() -> None:
     assert rel_l2(ref.reshape(1, 32), ref) == 0.0
 
 
+def test_rel_l2_non_finite_rule() -> None:
+    """Same non-finite value in both: agrees (left out of both norms); any other non-finite value: inf, never NaN."""
+    ref = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    nan, inf = math.nan, math.inf
+    both = torch.tensor([nan, inf, -inf, 4.0])
+    assert rel_l2(both, both) == 0.0
+    assert rel_l2(torch.tensor([nan, inf, -inf, 4.4]), both) == pytest.approx(0.1)  # the finite element alone
+    for bad in ([nan, 2.0, 3.0, 4.0], [1.0, inf, 3.0, 4.0], [1.0, 2.0, -inf, 4.0]):
+        assert rel_l2(torch.tensor(bad), ref) == inf  # out broken where ref is finite
+        assert rel_l2(ref, torch.tensor(bad)) == inf  # ref broken where out is finite
+    assert rel_l2(torch.tensor([inf, 0.0]), torch.tensor([-inf, 0.0])) == inf  # opposite infinities differ
+    assert rel_l2(torch.tensor([nan, 0.0]), torch.tensor([inf, 0.0])) == inf
+    assert not judge(_params(dtype="float32"), err_vs_none=rel_l2(torch.tensor([nan]), torch.tensor([1.0])),
+                     err_vs_reference=None, check={}).passed
+
+
+def test_rel_l2_precision() -> None:
+    """fp32 unless a tensor is fp64; low-precision inputs are compared in fp32, not in their own dtype."""
+    ref = torch.tensor([1.0, 1e-9], dtype=torch.float64)
+    assert rel_l2(ref + torch.tensor([0.0, 1e-12], dtype=torch.float64), ref) == pytest.approx(1e-12, rel=1e-6)
+    x = torch.full((4096,), 1.0, dtype=torch.bfloat16)
+    assert rel_l2(x, x.float() * (1 + 2**-10)) == pytest.approx(2**-10 / (1 + 2**-10), rel=1e-5)
+
+
 def test_judge() -> None:
     p = _params(dtype="float32")
     ok = judge(p, err_vs_none=1e-6, err_vs_reference=None, check={})
@@ -118,3 +144,45 @@ def test_workload_grouped_value_heads() -> None:
     # HV == H draws exactly the tensors of a point without the axis
     same = make_workload(_params(HV=3), device="cpu")
     assert all(torch.equal(x, y) for x, y in zip(same.tensors, make_workload(_params(), device="cpu").tensors, strict=True))
+
+
+@pytest.mark.parametrize("op", ["gdn", "kda"])
+def test_the_tuner_case_comes_from_the_one_maker(op: str) -> None:
+    from runners.tuner.tune import Shape, make_case
+
+    case = make_case(op, Shape(B=2, T=48, H=2, K=16, V=8, dtype="bfloat16", lb=-0.7, seed=9, initial_state=True), "cpu")
+    w = make_inputs(op, B=2, T=48, H=2, K=16, V=8, dtype="bfloat16", lb=-0.7, seed=9, device="cpu",
+                    initial_state=True, grad_out=True)
+    for name, x in zip(("q", "k", "v", "g", "beta", "initial_state", "do"), (*w.tensors, w.initial_state, w.do),
+                       strict=True):
+        assert torch.equal(case[name], x), name
+    assert case["cu_seqlens"] is None and case["cu_seqlens_cpu"] is None
+    # a point with the same shape draws the same inputs: h0 and do come after them
+    point = make_workload(_params(op=op, B=2, T=48, H=2, K=16, V=8, lb=-0.7, seed=9), device="cpu")
+    assert all(torch.equal(a, b) for a, b in zip(point.tensors, w.tensors, strict=True))
+    assert point.initial_state is None and point.do is None
+
+
+def test_the_benches_inputs_come_from_the_one_maker() -> None:
+    from runners.bench import kernels_train
+    from runners.bench.cp import point_inputs
+    from runners.bench.kernels_ops import fla_inputs
+
+    fla = make_inputs("kda", B=1, T=64, H=2, K=16, V=16, lb=None, seed=7, device="cpu", grad_out=True, fla_recipe=True)
+    assert torch.allclose(fla.q.float().norm(dim=-1), torch.ones(1, 64, 2), atol=1e-2)  # FLA's recipe: q normalised
+    assert fla.g.dtype == torch.bfloat16 and float(fla.g.max()) < 0.0  # logsigmoid gate, in the activation dtype
+    ops = fla_inputs("kda", 1, 64, 2, device="cpu", K=16, V=16, seed=7, grad_out=True)
+    assert all(torch.equal(a, b) for a, b in zip((*ops.tensors, ops.do), (*fla.tensors, fla.do), strict=True))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kernels_train, "K", 16)
+        mp.setattr(kernels_train, "V", 16)
+        train = kernels_train.make_inputs("kda", 1, 64, 2, device="cpu", seed=7)
+    assert all(torch.equal(a, b) for a, b in zip(train, (*fla.tensors, fla.do), strict=True))
+    cp_in = point_inputs("gdn", 64, 2, 16, 8, -0.5, torch.device("cpu"), 3, torch.float32)
+    point = make_workload(_params(op="gdn", B=1, T=64, H=2, K=16, V=8, lb=-0.5, seed=3, dtype="float32"), device="cpu")
+    assert all(torch.equal(a, b) for a, b in zip(cp_in, point.tensors, strict=True))
+
+
+def test_make_inputs_names_a_bad_dtype() -> None:
+    with pytest.raises(ValueError, match=r"dtype must be one of \['bfloat16', 'float16', 'float32'\], got dtype='fp8'"):
+        make_inputs("gdn", B=1, T=8, H=1, K=16, V=16, lb=-1.0, dtype="fp8", device="cpu")

@@ -1,15 +1,16 @@
-"""Relative L2 comparisons: `||ref - got|| / ||ref||`, reported with the max abs diff."""
+"""Relative L2 comparisons: `||ref - got|| / ||ref||` (`runners.correctness.rel_l2`), reported with the max abs diff."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
+from runners.correctness import rel_l2
+
 
 def rel_err(ref: Tensor, got: Tensor) -> float:
-    """Relative L2 error of got against ref, computed in fp64."""
-    r, x = ref.double(), got.double()
-    return float((r - x).norm() / r.norm().clamp_min(1e-30))
+    """Relative L2 error of got against ref, computed in fp64 (`runners.correctness.rel_l2`, the suite's one rule)."""
+    return rel_l2(got.double(), ref.double())
 
 
 def assert_rel_close(name: str, ref: Tensor, got: Tensor, tol: float) -> None:

@@ -8,7 +8,6 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 
 from bench_server.api.deps import SessionDep, require_read
 from bench_server.schemas import Message
-from runners.tuner.export import ExportError, build_export
 
 router = APIRouter(prefix="/configs", tags=["configs"])
 
@@ -20,6 +19,8 @@ def export_configs(
     allow_cpu: bool = Query(False, description="export CPU timings (tests only: they say nothing about a GPU)"),
 ) -> dict[str, Any]:
     """The versioned autotune JSON of one device's tuned configs."""
+    from runners.tuner.export import ExportError, build_export  # the tuner imports torch: only when exporting
+
     try:
         return build_export(session, device_name=device, allow_cpu=allow_cpu)
     except ExportError as err:

@@ -1,0 +1,150 @@
+"""The suite's vocabulary, standard library only: names and plain-fact counts that the web process, the spec, the
+dashboards and the kernels share without importing torch.
+
+- `OPS`, `BACKENDS` (every backend name `kernels.forward` takes), `BENCHMARKED_BACKENDS` (the contenders a
+  sweep times), `LAYOUTS`;
+- `MODES` (the CP scheme registry's keys, in its order; `kernels.cp.MODES` maps them to their modules),
+  `MODE_OPTIONS` (each mode's option defaults), `SINGLE_DEVICE`, `EXACT_MODES` / `APPROXIMATE_MODES`,
+  `HAND_BACKWARD` / `AUTOGRAD_MODES` (how a mode trains);
+- `KEEP_POLICIES` and `BACKEND_OPTIONS` (our backends' own options: triton's recompute policy);
+- two direction concepts: `POINT_DIRECTIONS` (what a point may ask for: the forward, or the training step) and
+  `PHASES` (what a profile splits a step into); `COUNTED_DIRECTIONS` are both, the directions collectives are
+  counted for;
+- `DTYPE_BYTES` (dtype name -> bytes per element) and `DTYPES` (the names; `runners.workload.TORCH_DTYPES` maps
+  them to torch dtypes);
+- `collective_count(mode, ...)`: the collectives one step of a mode issues on one rank, from plain facts (the
+  crossing facts of the partition come from `kernels.cp.CPContext` in `kernels.cp.expected_collectives`);
+  `tail_exchange_options(options)` resolves that mode's options.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+__all__ = [
+    "APPROXIMATE_MODES",
+    "AUTOGRAD_MODES",
+    "BACKEND_OPTIONS",
+    "BACKENDS",
+    "BENCHMARKED_BACKENDS",
+    "COUNTED_DIRECTIONS",
+    "DTYPES",
+    "DTYPE_BYTES",
+    "EXACT_MODES",
+    "HAND_BACKWARD",
+    "KEEP_POLICIES",
+    "LAYOUTS",
+    "MODES",
+    "MODE_OPTIONS",
+    "OPS",
+    "PHASES",
+    "POINT_DIRECTIONS",
+    "SINGLE_DEVICE",
+    "TAIL_EXCHANGE_FALLBACKS",
+    "TAIL_EXCHANGE_WINDOW_CHUNKS",
+    "collective_count",
+    "tail_exchange_options",
+]
+
+OPS: tuple[str, ...] = ("gdn", "kda")
+# every backend `kernels.forward` takes; "reference" (per-token fp32) is the correctness yardstick, "auto" picks
+BACKENDS: tuple[str, ...] = ("reference", "torch", "triton", "fla", "auto")
+# the backends a sweep benchmarks (peer plugins come on top: runners.plugins)
+BENCHMARKED_BACKENDS: tuple[str, ...] = ("torch", "triton", "fla")
+LAYOUTS: tuple[str, ...] = ("contiguous", "zigzag")
+
+TAIL_EXCHANGE_FALLBACKS: tuple[str, ...] = ("none", "true_cp")
+TAIL_EXCHANGE_WINDOW_CHUNKS = 2  # tail_exchange's window (chunks of 64 tokens) under `window: auto`
+_CHUNK = 64  # the kernels' chunk size (kernels.cp.intra.CHUNK), named in tail_exchange's option errors
+
+# the CP schemes (DESIGN §2) in the registry's order, each with its option defaults (kernels.cp.forward's `options`)
+MODE_OPTIONS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
+    "none": MappingProxyType({"segment_len": None}),
+    "headwise": MappingProxyType({"segment_len": None}),
+    "all_gather": MappingProxyType({"segment_len": None}),
+    "ring": MappingProxyType({}),
+    "true_cp": MappingProxyType({"segment_len": "auto"}),
+    "warmup_correct": MappingProxyType({"segments": "auto", "tol": 1e-3, "window": "auto", "fallback": "auto"}),
+    "tail_exchange": MappingProxyType({"window": "auto", "fallback": "none"}),
+})
+MODES: tuple[str, ...] = tuple(MODE_OPTIONS)
+# the modes that run on one device (W must be 1)
+SINGLE_DEVICE: tuple[str, ...] = ("none", "warmup_correct")
+# exact: equal to the one-device forward up to rounding; approximate: within a tolerance (warmup windows)
+EXACT_MODES: tuple[str, ...] = ("none", "headwise", "all_gather", "ring", "true_cp")
+APPROXIMATE_MODES: tuple[str, ...] = tuple(m for m in MODES if m not in EXACT_MODES)
+# schemes that move computed states: their backward is written by hand (kernels.cp.step_grad); the others train
+# through plain autograd (the differentiable op + kernels.cp.comm_grad)
+HAND_BACKWARD: tuple[str, ...] = ("ring", "true_cp", "tail_exchange")
+# the schemes whose training step is the differentiable op (`kernels.autograd.ChunkFunction`) under plain autograd,
+# so the triton backend's recompute policy applies to them; warmup_correct and HAND_BACKWARD run their forward
+# without autograd and call the chunked backward, which recomputes
+AUTOGRAD_MODES: tuple[str, ...] = tuple(m for m in MODES if m not in (*HAND_BACKWARD, "warmup_correct"))
+
+# the triton backend's recompute policies (what its forward keeps for the backward), the default first
+KEEP_POLICIES: tuple[str, ...] = ("inputs", "wy", "wy+states")
+# our backends' own options (`mode_options: {triton: {keep: wy+states}}`): backend -> name -> values, default first
+BACKEND_OPTIONS: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyType({"triton": {"keep": KEEP_POLICIES}})
+
+# what a point may ask for: the forward step, or the training step (forward, then backward)
+POINT_DIRECTIONS: tuple[str, ...] = ("fwd", "fwd+bwd")
+# what a profile splits a training step into (runners.profile's record_function ranges)
+PHASES: tuple[str, ...] = ("fwd", "bwd")
+# the directions collectives are counted for: a phase alone or a point's whole step
+COUNTED_DIRECTIONS: tuple[str, ...] = ("fwd", "bwd", "fwd+bwd")
+
+DTYPE_BYTES: Mapping[str, int] = MappingProxyType({"float32": 4, "bfloat16": 2, "float16": 2})
+DTYPES: tuple[str, ...] = tuple(DTYPE_BYTES)
+
+
+def tail_exchange_options(options: Mapping[str, Any]) -> tuple[int, str]:
+    """(window chunks, fallback) from tail_exchange's full options; ValueError naming the bad option."""
+    window, fallback = options["window"], options["fallback"]
+    if window == "auto":
+        window = TAIL_EXCHANGE_WINDOW_CHUNKS
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"option window must be 'auto' or an int >= 1 (chunks of {_CHUNK} tokens), got window={window!r}")
+    if fallback not in TAIL_EXCHANGE_FALLBACKS:
+        raise ValueError(f"option fallback must be one of {TAIL_EXCHANGE_FALLBACKS}, got fallback={fallback!r}")
+    return window, fallback
+
+
+def collective_count(mode: str, *, crossing: bool, sends: int, recvs: int, options: Mapping[str, Any] | None = None,
+                     direction: str = "fwd") -> dict[str, int]:
+    """Collectives one step of `mode` issues on one rank: keys all_to_all, all_gather, reduce_scatter, send, recv
+    (zeros omitted).
+
+    The plain facts of the partition: `crossing` (a sequence crosses a part boundary), `sends` / `recvs` (the
+    forward's point-to-point hand-offs this rank posts: states for ring, tail windows for tail_exchange; the
+    same count). `options`: the mode options where they change the count (tail_exchange's `fallback`).
+    `direction`: one of COUNTED_DIRECTIONS; the backward of headwise is 2 all-to-alls, of all_gather 1
+    reduce-scatter, of true_cp 1 all-gather (when a sequence crosses), of ring and tail_exchange the forward's
+    send/recv pairs reversed (kernels/cp/README.md §7); "fwd+bwd" is their sum, kind by kind.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got mode={mode!r}")
+    if direction not in COUNTED_DIRECTIONS:
+        raise ValueError(f"direction must be one of {COUNTED_DIRECTIONS}, got direction={direction!r}")
+    if direction == "fwd+bwd":
+        f, b = (collective_count(mode, crossing=crossing, sends=sends, recvs=recvs, options=options, direction=d)
+                for d in PHASES)
+        return {k: f.get(k, 0) + b.get(k, 0) for k in sorted({*f, *b})}
+    bwd = direction == "bwd"
+    if mode == "tail_exchange":
+        _, fallback = tail_exchange_options({**MODE_OPTIONS[mode], **(options or {})})
+        mode = "true_cp" if fallback == "true_cp" else "ring"  # its windows go where ring's states go
+    if mode == "headwise":
+        return {"all_to_all": 2}
+    if mode == "all_gather":
+        return {"reduce_scatter": 1} if bwd else {"all_gather": 1}
+    if mode == "true_cp":
+        return {"all_gather": 1} if crossing else {}
+    if mode == "ring":
+        return _p2p(recvs, sends) if bwd else _p2p(sends, recvs)
+    return {}
+
+
+def _p2p(sends: int, recvs: int) -> dict[str, int]:
+    return {k: n for k, n in (("send", sends), ("recv", recvs)) if n}

@@ -26,7 +26,6 @@ import torch
 from torch import Tensor
 
 from runners.point import PointSpec
-from kernels.vocabulary import MODE_OPTIONS
 
 __all__ = ["DEFAULT_TOL", "GateResult", "judge", "rel_l2", "tolerances"]
 

@@ -16,9 +16,9 @@ import json
 import logging
 import struct
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import ColumnElement, String, cast, func, select, update
 from sqlalchemy.exc import IntegrityError
@@ -134,6 +134,16 @@ def get_sweep(session: Session, *, sweep_id: int) -> Sweep | None:
     return session.get(Sweep, sweep_id)
 
 
+def point_done_by(session: Session, *, point_id: int, worker: str) -> bool:
+    """The point is `done` with a measurement by `worker` (its result is stored, e.g. by a commit whose answer was
+    lost in an outage)."""
+    row = session.execute(
+        select(Point.status).join(Measurement, Measurement.point_id == Point.id)
+        .where(Point.id == point_id, Measurement.worker == worker)
+    ).first()
+    return row is not None and row[0] == "done"
+
+
 def take_over_sweep(session: Session, *, sweep_id: int, owner: str) -> Sweep:
     """Give an unfinished sweep a new owner token (`cpbench run --resume`): from now on only the worker with
     `owner` claims its queued points (a point still leased by the old owner finishes or, its lease expired, is
@@ -212,6 +222,10 @@ def get_or_create_environment(session: Session, *, facts: Mapping[str, Any]) -> 
     except IntegrityError:
         return session.execute(select(Environment).where(Environment.fingerprint == fingerprint)).scalar_one()
     return env
+
+
+def get_environment(session: Session, *, environment_id: int) -> Environment | None:
+    return session.get(Environment, environment_id)
 
 
 def register_worker(
@@ -353,6 +367,11 @@ def store_artifact(session: Session, *, point_id: int | None, kind: str, path: s
     session.add(artifact)
     session.flush()
     return artifact
+
+
+def list_artifact_paths(session: Session) -> list[str]:
+    """The path of every artifact row (files kept beside the database)."""
+    return list(session.execute(select(Artifact.path)).scalars())
 
 
 _RESULT_COLUMNS: tuple[ColumnElement[Any], ...] = (
@@ -515,9 +534,15 @@ def store_trial(session: Session, **fields: Any) -> TuningTrial:
 
 
 def list_trials(
-    session: Session, *, kernel: str | None = None, sweep_id: int | None = None, device_name: str | None = None
+    session: Session, *, kernel: str | None = None, sweep_id: int | None = None, device_name: str | None = None,
+    status: str | None = None, error_contains: str | None = None,
 ) -> list[TuningTrial]:
+    """Tuning trials in the order stored, filtered by kernel, sweep, device, status and a substring of the error."""
     stmt = select(TuningTrial).order_by(TuningTrial.id)
+    if status is not None:
+        stmt = stmt.where(TuningTrial.status == status)
+    if error_contains is not None:
+        stmt = stmt.where(TuningTrial.error.contains(error_contains))
     if kernel is not None:
         stmt = stmt.where(TuningTrial.kernel == kernel)
     if sweep_id is not None:
@@ -542,13 +567,14 @@ def upsert_tuned_config(
     source_hash: str,
     sweep_id: int | None,
     environment_id: int | None,
+    measured_at: datetime | None = None,
 ) -> TunedConfig:
-    """Insert or replace the winning config for (kernel, key_str, device_name)."""
+    """Insert or replace the winning config for (kernel, key_str, device_name); `measured_at` default: now."""
     begin_write(session)
     values = {
         "key": dict(key), "compute_capability": compute_capability, "config": dict(config), "median_ms": median_ms,
         "default_ms": default_ms, "runner_up_ms": runner_up_ms, "source_hash": source_hash, "sweep_id": sweep_id,
-        "environment_id": environment_id, "measured_at": _now(),
+        "environment_id": environment_id, "measured_at": measured_at or _now(),
     }  # fmt: skip
     ident = (TunedConfig.kernel == kernel, TunedConfig.key_str == key_str, TunedConfig.device_name == device_name)
     for _ in range(2):
@@ -573,6 +599,25 @@ def list_tuned_configs(session: Session, *, device_name: str | None = None) -> l
     if device_name is not None:
         stmt = stmt.where(TunedConfig.device_name == device_name)
     return list(session.execute(stmt).scalars())
+
+
+class TuningRows(Protocol):
+    """What `store_tuning` stores (`runners.tuner.TuneResult` is one): plain field dicts, measured beforehand."""
+
+    def trial_rows(self) -> Iterable[Mapping[str, Any]]: ...  # `store_trial` fields but sweep_id, environment_id
+
+    def winner_rows(self) -> Iterable[Mapping[str, Any]]: ...  # `upsert_tuned_config` fields but the same two
+
+
+def store_tuning(
+    session: Session, *, result: TuningRows, sweep_id: int | None = None, environment_id: int | None = None
+) -> list[TunedConfig]:
+    """Store a tuning run measured without a session: its trials, then its winners (upserted, each keeping when it
+    was measured), all with `sweep_id` and `environment_id`; returns the winners' rows."""
+    ids = {"sweep_id": sweep_id, "environment_id": environment_id}
+    for trial in result.trial_rows():
+        store_trial(session, **trial, **ids)
+    return [upsert_tuned_config(session, **winner, **ids) for winner in result.winner_rows()]
 
 
 # --- regression ------------------------------------------------------------------------------------------------

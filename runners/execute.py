@@ -363,14 +363,13 @@ def tune_job(rc: RankContext, payload: dict[str, Any]) -> TuningOutcome:
     `payload["state"]` (`runners.tuner.tuning_state`) and stores the outcome. This process's own configs are
     left as they were."""
     from kernels.autotune import active_table, install
-    from runners.tuner import tune_missing
+    from runners.tuner import TuneSpec, tune_missing
 
     params = payload["params"]
     previous = active_table()
     try:
         return tune_missing(payload["state"], op=params["op"], shape=tune_shape(params), device=rc.device,
-                            sweep_id=payload.get("sweep_id"), environment_id=payload.get("environment_id"),
-                            direction=params.get("direction") or "fwd", **(payload.get("tuning") or {}))
+                            spec=TuneSpec.of(payload.get("tuning"), direction=params.get("direction") or "fwd"))
     finally:
         install(previous)
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from sqlalchemy import ColumnElement, String, cast, func, select, update
+from sqlalchemy import ColumnElement, String, cast, func, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import Select
@@ -70,6 +70,11 @@ def decode_samples(blob: bytes) -> list[float]:
     if len(raw) % 8:
         raise ValueError(f"samples blob holds {len(raw)} bytes, not a whole number of float64 values")
     return list(struct.unpack(f"<{len(raw) // 8}d", raw))
+
+
+def ping(session: Session) -> None:
+    """One round trip to the store (`SELECT 1`); raises when it is unavailable."""
+    session.execute(text("SELECT 1"))
 
 
 # --- sweeps and points -----------------------------------------------------------------------------------------
@@ -183,6 +188,42 @@ def sweep_progress(session: Session, *, sweep_id: int) -> dict[str, int]:
         counts[status] = count
     counts["total"] = sum(count for _, count in rows)
     return counts
+
+
+def sweeps_progress(session: Session, *, sweep_ids: Sequence[int]) -> dict[int, dict[str, int]]:
+    """`sweep_progress` of many sweeps in one query."""
+    out = {i: {**dict.fromkeys(POINT_STATUSES, 0), "total": 0} for i in sweep_ids}
+    if not out:
+        return out
+    stmt = (select(Point.sweep_id, Point.status, func.count()).where(Point.sweep_id.in_(list(sweep_ids)))
+            .group_by(Point.sweep_id, Point.status))
+    for sweep_id, status, count in session.execute(stmt).all():
+        out[sweep_id][status] = count
+        out[sweep_id]["total"] += count
+    return out
+
+
+def sweeps_by_age(session: Session) -> list[Sweep]:
+    """Every sweep, oldest first."""
+    return list(session.execute(select(Sweep).order_by(Sweep.created_at)).scalars())
+
+
+def point_keys(session: Session, *, sweep_ids: Sequence[int]) -> list[str]:
+    """The distinct benchmark keys of these sweeps' points, sorted."""
+    stmt = select(Point.key).where(Point.sweep_id.in_(list(sweep_ids))).distinct().order_by(Point.key)
+    return list(session.execute(stmt).scalars())
+
+
+def done_medians(session: Session, *, keys: Sequence[str], sweep_ids: Sequence[int]) -> list[tuple[Any, ...]]:
+    """(key, mode, sweep_id, median_ms, p10_ms, p90_ms, device_name) of the `done` points of these keys in these
+    sweeps, by sweep then point."""
+    stmt = (select(Point.key, Point.mode, Point.sweep_id, Measurement.median_ms, Measurement.p10_ms, Measurement.p90_ms,
+                   Environment.device_name)
+            .join(Measurement, Measurement.point_id == Point.id)
+            .outerjoin(Environment, Environment.id == Measurement.environment_id)
+            .where(Point.key.in_(list(keys)), Point.sweep_id.in_(list(sweep_ids)), Point.status == "done")
+            .order_by(Point.sweep_id, Point.id))
+    return [tuple(r) for r in session.execute(stmt).all()]
 
 
 # --- environments and workers ----------------------------------------------------------------------------------
@@ -638,11 +679,12 @@ def store_regression_results(session: Session, *, rows: Sequence[Mapping[str, An
 
 
 def list_regression_results(
-    session: Session, *, key: str | None = None, suite: str | None = None, run_id: str | None = None
+    session: Session, *, key: str | Sequence[str] | None = None, suite: str | None = None, run_id: str | None = None
 ) -> list[RegressionResult]:
+    """Regression verdicts in the order stored; `key` one key or a list of keys."""
     stmt = select(RegressionResult).order_by(RegressionResult.id)
     if key is not None:
-        stmt = stmt.where(RegressionResult.key == key)
+        stmt = stmt.where(_match(RegressionResult.key, key))
     if suite is not None:
         stmt = stmt.where(RegressionResult.suite == suite)
     if run_id is not None:

@@ -470,3 +470,54 @@ def test_tune_kernels_fwd_bwd_tunes_a_backward_kernel(session: Session) -> None:
     with pytest.raises(ValueError, match="direction"):
         tune_kernels(op="gdn", shapes=[{"B": 1, "T": 64, "H": 1, "K": 32, "V": 32, "dtype": "float32"}],
                      device="cpu", spec=TuneSpec(direction="bwd"))
+
+
+def test_tune_spec_is_the_one_source_of_the_defaults() -> None:
+    """`cpbench tune`'s options and the search functions default to `TuneSpec()`'s values; `TuneSpec.of` builds one
+    from a stored `tuning` block, refusing unknown options; importing it loads no torch (the sweep spec reads it)."""
+    import inspect
+    import subprocess
+    import sys
+
+    from runners.cli.configs import tune_command
+
+    d = TuneSpec()
+    cli = {p.name: p.default.default for p in inspect.signature(tune_command).parameters.values()}
+    assert (cli["strategy"], cli["budget"], cli["seed"], cli["samples"], cli["direction"], cli["fla_min_gain"]) == (
+        d.strategy, d.budget, d.seed, d.samples, d.direction, d.min_gain)
+    params = inspect.signature(search).parameters
+    assert {f: params[f].default for f in ("budget", "seed", "samples", "min_samples", "max_samples", "eta")} == {
+        f: getattr(d, f) for f in ("budget", "seed", "samples", "min_samples", "max_samples", "eta")}
+    assert TuneSpec.of({"strategy": "random", "budget": 4}, kernels=["a"]) == TuneSpec(strategy="random", budget=4,
+                                                                                       kernels=("a",))
+    with pytest.raises(ValueError, match=r"unknown tuning option\(s\) \['rungs'\]"):
+        TuneSpec.of({"rungs": 3})
+    code = "import sys, runners.tuner.spec, runners.tuner.result; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_a_tune_result_holds_what_storing_and_exporting_need() -> None:
+    """The decision per kernel and key (winner, its median, the default's and runner-up's), the trials as stored
+    rows, the winners as transient TunedConfig rows the exporter reads; it survives pickling (a gang's queue), and so
+    does the TuningStopped of a crashed search with its partial result."""
+    import pickle
+
+    from runners.tuner.export import export_from_rows
+
+    timer = ScriptedTimer(lambda c: float(c.BV) + c.num_warps / 10)
+    result = tune_case(_runner(), device="cpu", spec=TuneSpec(kernels=(SCALE.name,), strategy="exhaustive", samples=1),
+                       timer=timer)
+    assert pickle.loads(pickle.dumps(result)) == result
+    (k,) = result.winners()
+    assert (k.kernel, k.key_str, k.config, k.median_ms) == (SCALE.name, "N=64,V=32", {"BV": 16, "num_warps": 2, "num_stages": 2}, 16.2)
+    assert k.default_ms == 16.4 and k.runner_up_ms == 16.4 and len(k.source_hash) == 64
+    trials = result.trial_rows()
+    assert len(trials) == len(k.trials) == 16 and {t["kernel"] for t in trials} == {SCALE.name}
+    assert {t["device_name"] for t in trials} == {"cpu"} and trials[0]["config"] == SCALE.default.as_dict()
+    (row,) = result.tuned_rows()
+    assert (row.kernel, row.config, row.measured_at) == (k.kernel, k.config, k.measured_at)
+    data = export_from_rows(result.tuned_rows(), allow_cpu=True)
+    assert data["kernels"][SCALE.name]["entries"][0]["config"] == k.config
+    stop = TuningStopped(result, RuntimeError("CUDA error: an illegal memory access was encountered"))
+    again = pickle.loads(pickle.dumps(stop))
+    assert again.result == result and str(again) == "tuning stopped: RuntimeError: CUDA error: an illegal memory access was encountered"

@@ -52,8 +52,8 @@ def cmd_run(args: argparse.Namespace) -> None:
     import triton
 
     from kernels.configs import KERNELS, LaunchConfig
-    from runners.tuner.clock import StepTimer
     from runners.tuner import TuneSpec, TuningStopped
+    from runners.tuner.clock import StepTimer
     from runners.tuner.trials import is_device_crash
     from runners.tuner.tune import Shape, make_case, op_runner, tune_case
     from runners.versions import driver_version, git_sha

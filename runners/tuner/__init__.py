@@ -27,9 +27,9 @@ from typing import Any
 
 _WHERE = {
     "STRATEGIES": "spec", "TuneSpec": "spec",
-    "KernelResult": "result", "TrialRecord": "result", "TuneResult": "result", "TuningStopped": "result",
+    "KernelResult": "result", "TuneResult": "result", "TuningStopped": "result",
     "SearchResult": "search", "candidates": "search", "search": "search",
-    "Trial": "trials", "run_trial": "trials",
+    "Trial": "result", "run_trial": "trials",
     "Shape": "tune", "install_tuned": "tune", "launched_configs": "tune", "make_case": "tune", "tune_case": "tune",
     "tune_kernels": "tune",
     "tune_fla": "fla",

@@ -40,7 +40,7 @@ import torch
 from kernels.peers import fla_autotune as fa
 from runners.tuner.clock import Timer, make_timer
 from runners.tuner.result import FLA_PREFIX as PREFIX
-from runners.tuner.result import KernelResult, TrialRecord, TuneResult
+from runners.tuner.result import KernelResult, Trial, TuneResult
 from runners.tuner.spec import TuneSpec
 from runners.tuner.trials import output_error
 from runners.tuner.tune import Shape, case_inputs, case_tol, device_facts, make_case, training_step
@@ -194,7 +194,7 @@ def _tune_touched(name: str, key: Sequence[Any], tuner: Any, measure: Callable[[
     unless beaten by `spec.min_gain`); the kernel is left pinned at the winner."""
     own = tuner.cache.get(tuple(key))
     results: list[tuple[float, Any]] = []
-    trials: list[TrialRecord] = []
+    trials: list[Trial[dict[str, Any]]] = []
     own_ms = None
     ks = fla_key_str(key)
     base = KernelResult(kernel=PREFIX + name, key={"autotune_key": list(key)}, key_str=ks,
@@ -205,8 +205,9 @@ def _tune_touched(name: str, key: Sequence[Any], tuner: Any, measure: Callable[[
             status, ms, error = measure()
         except Exception as err:  # a device crash: the trials so far go with it
             so_far.extended([replace(base, trials=tuple(trials))] if trials else []).stop(err)
-        trials.append(TrialRecord(config=fa.config_dict(cfg), strategy="exhaustive" if spec.budget is None else "random",
-                                  rung=0, status=status, median_ms=ms, n=spec.samples if ms is not None else 0, error=error))
+        trials.append(Trial(kernel=base.kernel, key=base.key, config=fa.config_dict(cfg), rung=0, status=status,
+                            strategy="exhaustive" if spec.budget is None else "random", median_ms=ms,
+                            n=spec.samples if ms is not None else 0, error=error))
         if status == "ok" and ms is not None:
             results.append((ms, cfg))
             own_ms = ms if cfg is own else own_ms

@@ -1,7 +1,7 @@
 """What a tuning run measured and decided, as plain picklable data, with no store session anywhere.
 
 A strategy (`runners.tuner.tune.tune_case` for our kernels, `runners.tuner.fla.tune_fla` for FLA's) returns a
-`TuneResult`: per kernel and key (`KernelResult`), its trials, the winner, its median and the default's and
+`TuneResult`: per kernel and key (`KernelResult`), its trials (`Trial`), the winner, its median and the default's and
 runner-up's medians, and what storing and exporting them needs (device, key string, source hash, time measured).
 The caller stores it afterwards, in one transaction (`db.crud.store_tuning(session, result=...)`, which reads
 `trial_rows()` and `winner_rows()`), exports it (`tuned_rows()`, transient `TunedConfig`s) or installs it.
@@ -13,16 +13,17 @@ everything measured so far, the crashing trial included, so the caller still sto
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
 
 if TYPE_CHECKING:
     from db.models import TunedConfig
 
-__all__ = ["FLA_PREFIX", "TUNED_FIELDS", "KernelResult", "TrialRecord", "TuneResult", "TuningStopped"]
+__all__ = ["FLA_PREFIX", "TUNED_FIELDS", "KernelResult", "Trial", "TuneResult", "TuningStopped"]
 
 FLA_PREFIX = "fla."  # FLA's kernels are stored as `fla.<kernel_name>` (exported in FLA's format, never in ours)
+TRIAL_FIELDS = ("kernel", "key", "config", "strategy", "rung", "status", "median_ms", "n", "error")  # stored
 # a TunedConfig row's fields as plain data (what `runners.tuner.sweep.tuning_state` hands a rank process)
 TUNED_FIELDS = ("kernel", "key", "key_str", "device_name", "compute_capability", "config", "median_ms", "default_ms",
                 "runner_up_ms", "source_hash", "sweep_id", "environment_id", "measured_at")
@@ -32,17 +33,24 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-@dataclass(frozen=True)
-class TrialRecord:
-    """One config's trial as stored (a TuningTrial row's own fields; the kernel and key are its KernelResult's)."""
+C = TypeVar("C")
 
-    config: dict[str, Any]
+
+@dataclass
+class Trial(Generic[C]):
+    """What one config did for one kernel and key (mirrors a TuningTrial row). A search's trials hold the config
+    itself (a `LaunchConfig`); a KernelResult's, its dict as stored."""
+
+    kernel: str
+    key: dict[str, Any]
+    config: C
     strategy: str
     rung: int
     status: str
     median_ms: float | None = None
     n: int = 0
     error: str | None = None
+    samples: list[float] = field(default_factory=list, repr=False)
 
 
 @dataclass(frozen=True)
@@ -54,7 +62,7 @@ class KernelResult:
     key: dict[str, Any]
     key_str: str
     source_hash: str
-    trials: tuple[TrialRecord, ...]
+    trials: tuple[Trial[dict[str, Any]], ...]
     config: dict[str, Any] | None = None
     median_ms: float | None = None
     default_ms: float | None = None
@@ -78,7 +86,7 @@ class TuneResult:
 
     def trial_rows(self) -> list[dict[str, Any]]:
         """`db.crud.store_trial`'s fields of every trial (sweep and environment left to the caller)."""
-        return [{"device_name": self.device_name, "kernel": k.kernel, "key": k.key, "key_str": k.key_str, **asdict(t)}
+        return [{"device_name": self.device_name, "key_str": k.key_str, **{f: getattr(t, f) for f in TRIAL_FIELDS}}
                 for k in self.kernels for t in k.trials]
 
     def winner_rows(self) -> list[dict[str, Any]]:

@@ -20,31 +20,22 @@ STRATEGIES = ("exhaustive", "random", "halving")
 
 @dataclass(frozen=True)
 class TuneSpec:
-    """A tuning run's search options, every default filled in.
+    """A tuning run's search options, every default filled in (FLA's tuner measures every config of a kernel, or
+    `budget` of them drawn with `seed`, FLA's own pick always among them; it uses no `strategy`)."""
 
-    strategy: "exhaustive" | "random" | "halving" (`runners.tuner.search`); FLA's tuner measures every config of a
-        kernel, or `budget` of them drawn with `seed` (FLA's own pick always among them).
-    budget: configs measured per kernel and key (random; halving's first rung); None = the whole space.
-    samples: samples per config (exhaustive, random, FLA); min_samples / max_samples / eta: successive halving's
-        first rung, cap and growth per rung.
-    direction: "fwd" (time the forward) or "fwd+bwd" (the training step: the backward's kernels are tuned too).
-    kernels: tune only these kernel names (None: every kernel the op launches).
-    tol: relative L2 tolerance of a trial's outputs against the defaults' (None: the case dtype's,
-        `runners.tuner.tune.case_tol`).
-    min_gain: FLA only: how much faster than FLA's own pick (a fraction of its time) a config must run the whole
-        op to replace it; smaller gains are within the trial noise.
-    """
-
-    strategy: str = "halving"
-    budget: int | None = None
-    seed: int = 0
-    samples: int = 20
-    min_samples: int = 5
-    max_samples: int = 60
-    eta: int = 3
-    direction: str = "fwd"
-    kernels: tuple[str, ...] | None = None
+    strategy: str = "halving"  # exhaustive | random | halving (runners.tuner.search)
+    budget: int | None = None  # configs measured per kernel and key (random; halving's first rung); None: all
+    seed: int = 0  # of the random draws
+    samples: int = 20  # per config (exhaustive, random, FLA)
+    min_samples: int = 5  # halving: per config on the first rung,
+    max_samples: int = 60  # ... at most on the later ones,
+    eta: int = 3  # ... which keep the best 1/eta with eta times the samples
+    direction: str = "fwd"  # fwd | fwd+bwd (the training step: the backward's kernels are tuned too)
+    kernels: tuple[str, ...] | None = None  # tune only these kernel names (None: every kernel the op launches)
+    # relative L2 tolerance of a trial's outputs against the defaults' (None: the case dtype's, tune.case_tol)
     tol: float | None = None
+    # FLA only: how much faster than FLA's own pick (a fraction of its time) a config must run the whole op to
+    # replace it; smaller gains are within the trial noise
     min_gain: float = 0.01
 
     @classmethod

@@ -39,7 +39,7 @@ from kernels.autotune import key_str, normalize_key, source_hash
 from kernels.configs import KERNELS, LAUNCHES, LaunchConfig, get_spec
 from runners.tuner.clock import Timer, make_timer
 from runners.tuner.miscompiles import known_bad as known_bad_configs
-from runners.tuner.result import KernelResult, TrialRecord, TuneResult
+from runners.tuner.result import KernelResult, TuneResult
 from runners.tuner.search import SearchResult, candidates, pinned, search
 from runners.tuner.spec import TuneSpec
 from runners.tuner.trials import RunFn, Trial, TrialContext, run_trial
@@ -267,8 +267,7 @@ def _known_bad(cc: str | None, launched: Iterable[str],
 def _decide(ctx: TrialContext, trials: Sequence[Trial], res: SearchResult | None) -> KernelResult:
     """The kernel's result: its trials and, when the search found a correct config, the winner."""
     name, ks = ctx.spec.name, key_str(ctx.key)
-    records = tuple(TrialRecord(config=t.config.as_dict(), strategy=t.strategy, rung=t.rung, status=t.status,
-                                median_ms=t.median_ms, n=t.n, error=t.error) for t in trials)
+    records = tuple(replace(t, config=t.config.as_dict(), samples=[]) for t in trials)  # the trials as stored
     base = KernelResult(kernel=name, key=dict(ctx.key), key_str=ks, source_hash=source_hash(name), trials=records)
     if res is None or res.best is None:
         if res is not None:

@@ -24,7 +24,7 @@ def _module():
 def test_a_crash_mid_search_restarts_the_case_without_the_culprit(tmp_path, monkeypatch) -> None:
     import runners.tuner.tune as tune
     from kernels.configs import LaunchConfig
-    from runners.tuner.result import KernelResult, TrialRecord, TuneResult
+    from runners.tuner.result import KernelResult, Trial, TuneResult
 
     mod = _module()
     out = tmp_path / "run.json"
@@ -35,7 +35,7 @@ def test_a_crash_mid_search_restarts_the_case_without_the_culprit(tmp_path, monk
         calls.append({"op": op, "known_bad": {k: set(v) for k, v in known_bad.items()}})
         result = TuneResult(device_name="cpu", compute_capability=None)
         if op == "kda" and "chunk_state_fwd" not in known_bad:  # the device crashes on the culprit
-            crashed = TrialRecord(config=CULPRIT, strategy="halving", rung=0, status="failed")
+            crashed = Trial(kernel="chunk_state_fwd", key={}, config=CULPRIT, strategy="halving", rung=0, status="failed")
             result.extended([KernelResult(kernel="chunk_state_fwd", key={}, key_str="", source_hash="",
                                           trials=(crashed,))]).stop(
                 RuntimeError("CUDA error: an illegal memory access was encountered"))

@@ -238,14 +238,15 @@ def test_tuning_and_regression_records(session) -> None:
 
 
 def test_store_tuning_stores_a_run_measured_without_a_session(session) -> None:
-    from runners.tuner.result import KernelResult, TrialRecord, TuneResult
+    from runners.tuner.result import KernelResult, Trial, TuneResult
 
     env = crud.get_or_create_environment(session, facts=FACTS)
     sweep = crud.create_sweep(session, name="tuned", tags=[], spec={}, points=[])
     measured = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
-    ok = tuple(TrialRecord(config={"BV": bv}, strategy="exhaustive", rung=0, status="ok", median_ms=ms, n=3)
-               for bv, ms in ((64, 1.0), (32, 0.8)))
-    crash = TrialRecord(config={"BV": 16}, strategy="exhaustive", rung=0, status="failed", error="RuntimeError: CUDA error: x")
+    ok = tuple(Trial(kernel="chunk_state_fwd", key={"H": 4}, config={"BV": bv}, strategy="exhaustive", rung=0, status="ok",
+                     median_ms=ms, n=3) for bv, ms in ((64, 1.0), (32, 0.8)))
+    crash = Trial(kernel="wy_fwd", key={}, config={"BV": 16}, strategy="exhaustive", rung=0, status="failed",
+                  error="RuntimeError: CUDA error: x")
     won = KernelResult(kernel="chunk_state_fwd", key={"H": 4}, key_str="H=4", source_hash="h1", trials=ok,
                        config={"BV": 32}, median_ms=0.8, default_ms=1.0, runner_up_ms=1.0, measured_at=measured)
     stopped = KernelResult(kernel="wy_fwd", key={}, key_str="", source_hash="h2", trials=(crash,))  # no winner

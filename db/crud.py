@@ -1,5 +1,8 @@
 """Store and read back sweeps, results, workers, environments, tuning and regression records.
 
+Every query of the store outside the queue (`db.queue`) is here: no other package runs a `select` or a session's
+`execute` (tests/test_architecture.py); the tuner, the worker, the exporters and the dashboards call these.
+
 Keyword-only functions that take a session. Writers open a write transaction when none is open
 (`db.session.begin_write`) and flush, but never commit: the caller owns the transaction (`session_scope`, or
 `db.queue.complete_point`, which commits a point's results together with its `done` status). Readers return ORM
@@ -655,7 +658,7 @@ def store_tuning(
 ) -> list[TunedConfig]:
     """Store a tuning run measured without a session: its trials, then its winners (upserted, each keeping when it
     was measured), all with `sweep_id` and `environment_id`; returns the winners' rows."""
-    ids = {"sweep_id": sweep_id, "environment_id": environment_id}
+    ids: dict[str, Any] = {"sweep_id": sweep_id, "environment_id": environment_id}
     for trial in result.trial_rows():
         store_trial(session, **trial, **ids)
     return [upsert_tuned_config(session, **winner, **ids) for winner in result.winner_rows()]

@@ -133,9 +133,9 @@ def build_export(session: Session, *, device_name: str | None = None, allow_cpu:
     # FLA's go to its own format
     rows = [r for r in crud.list_tuned_configs(session, device_name=device_name) if not r.kernel.startswith(FLA_PREFIX)]
     versions = None
-    with_env = [r for r in rows if r.environment_id is not None]
+    with_env = [(_iso(r.measured_at), r.environment_id) for r in rows if r.environment_id is not None]
     if with_env:
-        env = crud.get_environment(session, environment_id=max(with_env, key=lambda r: _iso(r.measured_at)).environment_id)
+        env = crud.get_environment(session, environment_id=max(with_env, key=lambda m: m[0])[1])
         if env is not None:
             versions = {"torch": env.torch, "triton": env.triton, "cpbench": env.cpbench}
     if device_name is None:

@@ -169,8 +169,11 @@ def tune_fla(
         shape = Shape.of(s)
         case = make_case(op, shape, device)
         run = _fla_runner(op, case, spec.direction, options)
-        touched = fa.record_touched(run)  # FLA's own autotune on the first call
-        reference = run()
+        try:
+            touched = fa.record_touched(run)  # FLA's own autotune on the first call
+            reference = run()
+        except Exception as err:  # the shapes tuned before a device crash are kept
+            out.stop(err)
         measure = functools.partial(_trial, run, reference, case_tol(spec, shape.dtype), timer, spec.samples)
         for name, key, tuner in touched:  # the Autotuner that ran: names repeat across FLA's modules
             if wanted is None or name in wanted:

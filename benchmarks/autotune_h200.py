@@ -52,6 +52,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     import triton
 
     from kernels.configs import KERNELS, LaunchConfig
+    from runners.tuner import TuneSpec, TuningStopped
     from runners.tuner.clock import StepTimer
     from runners.tuner.trials import is_device_crash
     from runners.tuner.tune import Shape, make_case, op_runner, tune_case
@@ -98,26 +99,25 @@ def cmd_run(args: argparse.Namespace) -> None:
         for b_op, b_kernel, b_cfg, b_err in bad:
             if b_op == op:
                 known_bad.setdefault(b_kernel, {})[LaunchConfig.from_dict(b_cfg)] = f"crashed the device earlier in this run: {b_err}"
-        last: list[dict[str, Any]] = []
+        spec = TuneSpec(kernels=tuple(tuned_here) if tuned_here is not None else None, strategy="halving",
+                        budget=args.budget, seed=args.seed, min_samples=5, max_samples=45, eta=3, tol=2e-2)
         try:
-            rows, results = tune_case(None, run=run, device=dev, kernels=tuned_here, strategy="halving",
-                                      budget=args.budget, seed=args.seed, min_samples=5, max_samples=45, eta=3, tol=2e-2,
-                                      timer=timer, known_bad=known_bad, on_trial=last.append)
+            result = tune_case(run, device=dev, spec=spec, timer=timer, known_bad=known_bad)
         except Exception as e:  # a CUDA error poisons this process: record the culprit, let the parent restart
-            if not (last and last[-1]["status"] == "failed" and is_device_crash(e)):
+            last, crash = (e.result.trial_rows(), e.error) if isinstance(e, TuningStopped) else ([], e)
+            if not (last and last[-1]["status"] == "failed" and is_device_crash(crash)):
                 raise
-            culprit = (op, last[-1]["kernel"], last[-1]["config"], f"{type(e).__name__}: {str(e).splitlines()[0]} (in the search)")
+            culprit = (op, last[-1]["kernel"], last[-1]["config"], f"{type(crash).__name__}: {str(crash).splitlines()[0]} (in the search)")
             bad.append(culprit)
             out["env"]["elapsed_s"] = time.perf_counter() - t_start
             Path(args.out).write_text(json.dumps(out, indent=1, default=str))
             print(f"device crash: {culprit}; this case restarts in a fresh process", flush=True)
             raise SystemExit(CRASH_EXIT) from e
         t_tune = time.perf_counter() - t0
-        for res in results.values():
-            for t in res.trials:
-                out["trials"].append({"op": op, "shape": sd, "direction": direction, "kernel": t.kernel, "key": t.key, "config": t.config.as_dict(),
-                                      "strategy": t.strategy, "rung": t.rung, "status": t.status,
-                                      "median_ms": t.median_ms, "n": t.n, "error": t.error})
+        for t in result.trial_rows():
+            out["trials"].append({"op": op, "shape": sd, "direction": direction, "kernel": t["kernel"], "key": t["key"],
+                                  **{k: t[k] for k in ("config", "strategy", "rung", "status", "median_ms", "n", "error")}})
+        rows = result.tuned_rows()
         for r in rows:
             out["tuned"].append({"op": op, "shape": sd, "direction": direction, "kernel": r.kernel, "key": r.key, "key_str": r.key_str,
                                  "device_name": r.device_name, "compute_capability": r.compute_capability,
@@ -131,7 +131,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         tuned = {**defaults, **{r.kernel: LaunchConfig.from_dict(r.config) for r in rows}}
         ma, mb = _ab(timer, run, defaults, tuned, *((1, 3) if args.tiny else ()))
         out["ops"].append({"op": op, "shape": sd, "direction": direction, "default_ms": ma, "tuned_ms": mb, "speedup": ma / mb, "tune_s": t_tune,
-                           "n_trials": sum(len(r.trials) for r in results.values()),
+                           "n_trials": len(result.trial_rows()),
                            "tuned": {r.kernel: r.config for r in rows if r.config != KERNELS[r.kernel].default.as_dict()}})
         print(f"{op} {_shape_name(sd)} {direction}: default {ma:.4f} ms, tuned {mb:.4f} ms ({ma / mb:.3f}x), tuning {t_tune:.1f} s, "
               f"{out['ops'][-1]['n_trials']} trials", flush=True)

@@ -125,12 +125,13 @@ def _merge_export(out: Path, files: dict[str, dict[str, Any]]) -> None:
 def _tune(a: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     """`cpbench tune --backend fla` for one op and T in this process (FLA's own picks already cached by its first
     call, so no second autotune); the winners merged into $OUT/fla_configs."""
+    from runners.tuner import TuneSpec
     from runners.tuner.fla import tune_fla
     from runners.tuner.fla_export import fla_files_from_rows
     from runners.versions import software_versions
 
-    rows = tune_fla(None, op=a["op"], shapes=[{**SHAPE, "T": a["T"]}], device="cuda", budget=a["budget"],
-                    samples=a["samples"], direction=a["direction"], options=a["options"])
+    rows = tune_fla(op=a["op"], shapes=[{**SHAPE, "T": a["T"]}], device="cuda", options=a["options"],
+                    spec=TuneSpec(budget=a["budget"], samples=a["samples"], direction=a["direction"])).tuned_rows()
     _merge_export(out, fla_files_from_rows(rows, device_name=None, allow_cpu=False,
                                            triton_version=software_versions()["triton"]))
     return [{"kernel": r.kernel, "key": r.key_str, "config": r.config, "tuned_ms": r.median_ms,

@@ -18,11 +18,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from db import crud
-from db.models import POINT_STATUSES, Environment, Measurement, Point, RegressionResult, Sweep, TuningTrial
+from db.models import RegressionResult, Sweep, TuningTrial
 
 __all__ = [
     "ALL",
@@ -109,19 +108,6 @@ def display_status(status: str, progress: Mapping[str, int]) -> str:
     return "done with failures" if progress.get("done") else "failed"
 
 
-def _progress_all(session: Session, sweep_ids: Sequence[int]) -> dict[int, dict[str, int]]:
-    """`crud.sweep_progress` of many sweeps in one query."""
-    out = {i: {**dict.fromkeys(POINT_STATUSES, 0), "total": 0} for i in sweep_ids}
-    if not out:
-        return out
-    stmt = (select(Point.sweep_id, Point.status, func.count()).where(Point.sweep_id.in_(list(sweep_ids)))
-            .group_by(Point.sweep_id, Point.status))
-    for sweep_id, status, count in session.execute(stmt).all():
-        out[sweep_id][status] = count
-        out[sweep_id]["total"] += count
-    return out
-
-
 def sweep_index(session: Session, *, name: str | None = None, tag: str | None = None, status: str | None = None,
                 limit: int = INDEX_LIMIT) -> list[dict[str, Any]]:
     """Groups of sweeps, newest first: one group per regression run (its sweeps share a `regress-run:` tag), one
@@ -134,7 +120,7 @@ def sweep_index(session: Session, *, name: str | None = None, tag: str | None = 
     sweeps, _ = crud.list_sweeps(session, skip=0, limit=limit, tag=tag or None)
     if name:
         sweeps = [s for s in sweeps if name.lower() in s.name.lower()]
-    progress = _progress_all(session, [s.id for s in sweeps])
+    progress = crud.sweeps_progress(session, sweep_ids=[s.id for s in sweeps])
     members = [{"sweep": s, "progress": progress[s.id], "status": display_status(s.status, progress[s.id])} for s in sweeps]
     if status:
         members = [m for m in members if m["status"] == status or (status == "failed" and m["status"] == "done with failures")]
@@ -189,20 +175,17 @@ def tuned_config_rows(session: Session, *, device_name: str | None = None) -> li
 
 
 def _nightly_sweeps(session: Session) -> dict[int, Sweep]:
-    judged = set(session.execute(select(RegressionResult.sweep_id).where(RegressionResult.sweep_id.is_not(None))).scalars())
-    sweeps = session.execute(select(Sweep).order_by(Sweep.created_at)).scalars()
-    return {s.id: s for s in sweeps if s.id in judged or NIGHTLY_TAG in (s.tags or [])}
+    judged = {r.sweep_id for r in crud.list_regression_results(session) if r.sweep_id is not None}
+    return {s.id: s for s in crud.sweeps_by_age(session) if s.id in judged or NIGHTLY_TAG in (s.tags or [])}
 
 
 def history_keys(session: Session, *, contains: str | None = None, limit: int = 12) -> list[str]:
     """Benchmark keys to show: those with a non-SAME verdict first (newest first), then any judged or nightly key."""
-    verdicts = session.execute(select(RegressionResult.key, RegressionResult.verdict)
-                               .order_by(RegressionResult.id.desc())).all()
+    verdicts = [(r.key, r.verdict) for r in reversed(crud.list_regression_results(session))]
     flagged = [k for k, v in verdicts if v != "SAME"]
     judged = [k for k, _ in verdicts]
     sweeps = list(_nightly_sweeps(session))
-    nightly = list(session.execute(select(Point.key).where(Point.sweep_id.in_(sweeps)).distinct().order_by(Point.key))
-                   .scalars()) if sweeps else []
+    nightly = crud.point_keys(session, sweep_ids=sweeps) if sweeps else []
     out: list[str] = []
     for k in (*flagged, *judged, *nightly):
         if k not in out and (contains is None or contains in k):
@@ -215,19 +198,12 @@ def history_rows(session: Session, *, keys: Sequence[str]) -> list[dict[str, Any
     sweeps = _nightly_sweeps(session)
     if not keys or not sweeps:
         return []
-    stmt = (select(Point.key, Point.mode, Point.sweep_id, Measurement.median_ms, Measurement.p10_ms, Measurement.p90_ms,
-                   Environment.device_name)
-            .join(Measurement, Measurement.point_id == Point.id)
-            .outerjoin(Environment, Environment.id == Measurement.environment_id)
-            .where(Point.key.in_(list(keys)), Point.sweep_id.in_(list(sweeps)), Point.status == "done")
-            .order_by(Point.sweep_id, Point.id))
     verdicts: dict[tuple[str, int], RegressionResult] = {}
-    for v in session.execute(select(RegressionResult).where(RegressionResult.key.in_(list(keys)))
-                             .order_by(RegressionResult.id)).scalars():
+    for v in crud.list_regression_results(session, key=list(keys)):
         if v.sweep_id is not None:
             verdicts[(v.key, v.sweep_id)] = v  # the latest verdict on that sweep wins
     out: dict[tuple[str, int], dict[str, Any]] = {}
-    for key, mode, sweep_id, med, p10, p90, device in session.execute(stmt).all():
+    for key, mode, sweep_id, med, p10, p90, device in crud.done_medians(session, keys=keys, sweep_ids=list(sweeps)):
         if (key, sweep_id) in out:  # repetitions of one key in a sweep: keep the first
             continue
         s, v = sweeps[sweep_id], verdicts.get((key, sweep_id))

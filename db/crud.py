@@ -1,5 +1,8 @@
 """Store and read back sweeps, results, workers, environments, tuning and regression records.
 
+Every query of the store outside the queue (`db.queue`) is here: no other package runs a `select` or a session's
+`execute` (tests/test_architecture.py); the tuner, the worker, the exporters and the dashboards call these.
+
 Keyword-only functions that take a session. Writers open a write transaction when none is open
 (`db.session.begin_write`) and flush, but never commit: the caller owns the transaction (`session_scope`, or
 `db.queue.complete_point`, which commits a point's results together with its `done` status). Readers return ORM
@@ -16,11 +19,11 @@ import json
 import logging
 import struct
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Protocol
 
-from sqlalchemy import ColumnElement, String, cast, func, select, update
+from sqlalchemy import ColumnElement, String, cast, func, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import InstrumentedAttribute, Session
 from sqlalchemy.sql import Select
@@ -71,6 +74,11 @@ def decode_samples(blob: bytes) -> list[float]:
     if len(raw) % 8:
         raise ValueError(f"samples blob holds {len(raw)} bytes, not a whole number of float64 values")
     return list(struct.unpack(f"<{len(raw) // 8}d", raw))
+
+
+def ping(session: Session) -> None:
+    """One round trip to the store (`SELECT 1`); raises when it is unavailable."""
+    session.execute(text("SELECT 1"))
 
 
 # --- sweeps and points -----------------------------------------------------------------------------------------
@@ -135,6 +143,16 @@ def get_sweep(session: Session, *, sweep_id: int) -> Sweep | None:
     return session.get(Sweep, sweep_id)
 
 
+def point_done_by(session: Session, *, point_id: int, worker: str) -> bool:
+    """The point is `done` with a measurement by `worker` (its result is stored, e.g. by a commit whose answer was
+    lost in an outage)."""
+    row = session.execute(
+        select(Point.status).join(Measurement, Measurement.point_id == Point.id)
+        .where(Point.id == point_id, Measurement.worker == worker)
+    ).first()
+    return row is not None and row[0] == "done"
+
+
 def take_over_sweep(session: Session, *, sweep_id: int, owner: str) -> Sweep:
     """Give an unfinished sweep a new owner token (`cpbench run --resume`): from now on only the worker with
     `owner` claims its queued points (a point still leased by the old owner finishes or, its lease expired, is
@@ -176,6 +194,42 @@ def sweep_progress(session: Session, *, sweep_id: int) -> dict[str, int]:
     return counts
 
 
+def sweeps_progress(session: Session, *, sweep_ids: Sequence[int]) -> dict[int, dict[str, int]]:
+    """`sweep_progress` of many sweeps in one query."""
+    out = {i: {**dict.fromkeys(POINT_STATUSES, 0), "total": 0} for i in sweep_ids}
+    if not out:
+        return out
+    stmt = (select(Point.sweep_id, Point.status, func.count()).where(Point.sweep_id.in_(list(sweep_ids)))
+            .group_by(Point.sweep_id, Point.status))
+    for sweep_id, status, count in session.execute(stmt).all():
+        out[sweep_id][status] = count
+        out[sweep_id]["total"] += count
+    return out
+
+
+def sweeps_by_age(session: Session) -> list[Sweep]:
+    """Every sweep, oldest first."""
+    return list(session.execute(select(Sweep).order_by(Sweep.created_at)).scalars())
+
+
+def point_keys(session: Session, *, sweep_ids: Sequence[int]) -> list[str]:
+    """The distinct benchmark keys of these sweeps' points, sorted."""
+    stmt = select(Point.key).where(Point.sweep_id.in_(list(sweep_ids))).distinct().order_by(Point.key)
+    return list(session.execute(stmt).scalars())
+
+
+def done_medians(session: Session, *, keys: Sequence[str], sweep_ids: Sequence[int]) -> list[tuple[Any, ...]]:
+    """(key, mode, sweep_id, median_ms, p10_ms, p90_ms, device_name) of the `done` points of these keys in these
+    sweeps, by sweep then point."""
+    stmt = (select(Point.key, Point.mode, Point.sweep_id, Measurement.median_ms, Measurement.p10_ms, Measurement.p90_ms,
+                   Environment.device_name)
+            .join(Measurement, Measurement.point_id == Point.id)
+            .outerjoin(Environment, Environment.id == Measurement.environment_id)
+            .where(Point.key.in_(list(keys)), Point.sweep_id.in_(list(sweep_ids)), Point.status == "done")
+            .order_by(Point.sweep_id, Point.id))
+    return [tuple(r) for r in session.execute(stmt).all()]
+
+
 # --- environments and workers ----------------------------------------------------------------------------------
 
 _ENV_COLUMNS = (
@@ -213,6 +267,10 @@ def get_or_create_environment(session: Session, *, facts: Mapping[str, Any]) -> 
     except IntegrityError:
         return session.execute(select(Environment).where(Environment.fingerprint == fingerprint)).scalar_one()
     return env
+
+
+def get_environment(session: Session, *, environment_id: int) -> Environment | None:
+    return session.get(Environment, environment_id)
 
 
 def register_worker(
@@ -354,6 +412,11 @@ def store_artifact(session: Session, *, point_id: int | None, kind: str, path: s
     session.add(artifact)
     session.flush()
     return artifact
+
+
+def list_artifact_paths(session: Session) -> list[str]:
+    """The path of every artifact row (files kept beside the database)."""
+    return list(session.execute(select(Artifact.path)).scalars())
 
 
 _RESULT_COLUMNS: tuple[Label[Any] | InstrumentedAttribute[Any], ...] = (
@@ -516,9 +579,15 @@ def store_trial(session: Session, **fields: Any) -> TuningTrial:
 
 
 def list_trials(
-    session: Session, *, kernel: str | None = None, sweep_id: int | None = None, device_name: str | None = None
+    session: Session, *, kernel: str | None = None, sweep_id: int | None = None, device_name: str | None = None,
+    status: str | None = None, error_contains: str | None = None,
 ) -> list[TuningTrial]:
+    """Tuning trials in the order stored, filtered by kernel, sweep, device, status and a substring of the error."""
     stmt = select(TuningTrial).order_by(TuningTrial.id)
+    if status is not None:
+        stmt = stmt.where(TuningTrial.status == status)
+    if error_contains is not None:
+        stmt = stmt.where(TuningTrial.error.contains(error_contains))
     if kernel is not None:
         stmt = stmt.where(TuningTrial.kernel == kernel)
     if sweep_id is not None:
@@ -543,13 +612,14 @@ def upsert_tuned_config(
     source_hash: str,
     sweep_id: int | None,
     environment_id: int | None,
+    measured_at: datetime | None = None,
 ) -> TunedConfig:
-    """Insert or replace the winning config for (kernel, key_str, device_name)."""
+    """Insert or replace the winning config for (kernel, key_str, device_name); `measured_at` default: now."""
     begin_write(session)
     values = {
         "key": dict(key), "compute_capability": compute_capability, "config": dict(config), "median_ms": median_ms,
         "default_ms": default_ms, "runner_up_ms": runner_up_ms, "source_hash": source_hash, "sweep_id": sweep_id,
-        "environment_id": environment_id, "measured_at": _now(),
+        "environment_id": environment_id, "measured_at": measured_at or _now(),
     }  # fmt: skip
     ident = (TunedConfig.kernel == kernel, TunedConfig.key_str == key_str, TunedConfig.device_name == device_name)
     for _ in range(2):
@@ -576,6 +646,25 @@ def list_tuned_configs(session: Session, *, device_name: str | None = None) -> l
     return list(session.execute(stmt).scalars())
 
 
+class TuningRows(Protocol):
+    """What `store_tuning` stores (`runners.tuner.TuneResult` is one): plain field dicts, measured beforehand."""
+
+    def trial_rows(self) -> Iterable[Mapping[str, Any]]: ...  # `store_trial` fields but sweep_id, environment_id
+
+    def winner_rows(self) -> Iterable[Mapping[str, Any]]: ...  # `upsert_tuned_config` fields but the same two
+
+
+def store_tuning(
+    session: Session, *, result: TuningRows, sweep_id: int | None = None, environment_id: int | None = None
+) -> list[TunedConfig]:
+    """Store a tuning run measured without a session: its trials, then its winners (upserted, each keeping when it
+    was measured), all with `sweep_id` and `environment_id`; returns the winners' rows."""
+    ids: dict[str, Any] = {"sweep_id": sweep_id, "environment_id": environment_id}
+    for trial in result.trial_rows():
+        store_trial(session, **trial, **ids)
+    return [upsert_tuned_config(session, **winner, **ids) for winner in result.winner_rows()]
+
+
 # --- regression ------------------------------------------------------------------------------------------------
 
 
@@ -594,11 +683,12 @@ def store_regression_results(session: Session, *, rows: Sequence[Mapping[str, An
 
 
 def list_regression_results(
-    session: Session, *, key: str | None = None, suite: str | None = None, run_id: str | None = None
+    session: Session, *, key: str | Sequence[str] | None = None, suite: str | None = None, run_id: str | None = None
 ) -> list[RegressionResult]:
+    """Regression verdicts in the order stored; `key` one key or a list of keys."""
     stmt = select(RegressionResult).order_by(RegressionResult.id)
     if key is not None:
-        stmt = stmt.where(RegressionResult.key == key)
+        stmt = stmt.where(_match(RegressionResult.key, key))
     if suite is not None:
         stmt = stmt.where(RegressionResult.suite == suite)
     if run_id is not None:

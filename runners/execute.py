@@ -367,14 +367,13 @@ def tune_job(rc: RankContext, payload: dict[str, Any]) -> TuningOutcome:
     `payload["state"]` (`runners.tuner.tuning_state`) and stores the outcome; `payload["point"]` is the point
     (a `PointSpec`). This process's own configs are left as they were."""
     from kernels.autotune import active_table, install
-    from runners.tuner import tune_missing
+    from runners.tuner import TuneSpec, tune_missing
 
     point: PointSpec = payload["point"]
     previous = active_table()
     try:
         return tune_missing(payload["state"], op=point.op, shape=tune_shape(point), device=rc.device,
-                            sweep_id=payload.get("sweep_id"), environment_id=payload.get("environment_id"),
-                            direction=point.direction, **(payload.get("tuning") or {}))
+                            spec=TuneSpec.of(payload.get("tuning"), direction=point.direction))
     finally:
         install(previous)
 

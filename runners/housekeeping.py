@@ -79,13 +79,11 @@ def _worker_tags(url: str) -> tuple[set[str], set[str], set[str]]:
 
 
 def _artifact_paths(url: str) -> set[str]:
-    from sqlalchemy import select
-
-    from db.models import Artifact
+    from db import crud
     from db.session import session_scope
 
     with session_scope(url) as s:
-        return {str(Path(p).resolve()) for p in s.execute(select(Artifact.path)).scalars()}
+        return {str(Path(p).resolve()) for p in crud.list_artifact_paths(s)}
 
 
 def _orphans(art_root: Path, spool_dir: Path, known: set[str], dead: set[str], live: set[str],

@@ -13,8 +13,8 @@ Every axis takes a list or a single value. Example (`runners/suites/demo.yaml` i
     timing: {min_samples: 10, max_samples: 200, max_rel_iqr: 0.02}
 
 `tune: true` tunes the Triton launch configs of each point's kernels before timing it (triton backend only);
-`tuning: {strategy: random, budget: 8, samples: 10}` bounds that search (`TuneSpec`; default: halving over the
-whole space).
+`tuning: {strategy: random, budget: 8, samples: 10}` bounds that search (`TuningSpec`; its defaults are
+`runners.tuner.spec.TuneSpec`'s: halving over the whole space).
 
 `mode_options` holds the knobs of the multi-device modes (`true_cp: {segment_len: 4096}`) and a backend's own
 options: a peer's (`fla: {bypass_hopper_guard: true}`) or our triton backend's recompute policy (`triton: {keep:
@@ -49,6 +49,7 @@ from kernels.vocabulary import (
 from runners.errors import SpecError
 from runners.settings import get_worker_settings
 from runners.timing import StopRule
+from runners.tuner.spec import TuneSpec
 
 __all__ = [
     "MODES",
@@ -56,7 +57,7 @@ __all__ = [
     "CheckSpec",
     "SweepSpec",
     "TimingSpec",
-    "TuneSpec",
+    "TuningSpec",
     "WarmupCorrectSpec",
     "grid_size",
     "load_spec",
@@ -302,19 +303,22 @@ class CheckSpec(BaseModel):
     reference: bool = True  # run the reference check at all
 
 
-class TuneSpec(BaseModel):
-    """How a sweep with `tune: true` searches each kernel's space (`runners.tuner.tune_case`: same names and defaults)."""
+_TUNE = TuneSpec()  # the tuner's defaults
+
+
+class TuningSpec(BaseModel):
+    """How a sweep with `tune: true` searches each kernel's space (fields and defaults of `runners.tuner.spec.TuneSpec`)."""
 
     model_config = _STRICT
 
-    strategy: Literal["exhaustive", "random", "halving"] = "halving"
-    budget: Annotated[int, Strict()] | None = Field(None, ge=1, le=100_000)  # configs measured per kernel and key (random; halving's first rung); None = all
-    samples: Annotated[int, Strict()] = Field(20, ge=1, le=100_000)  # samples per config (exhaustive, random)
-    min_samples: Annotated[int, Strict()] = Field(5, ge=1, le=100_000)  # halving: samples per config on the first rung
-    max_samples: Annotated[int, Strict()] = Field(60, ge=1, le=100_000)  # halving: cap on the samples per config of later rungs
+    strategy: Literal["exhaustive", "random", "halving"] = Field(_TUNE.strategy)
+    budget: Annotated[int, Strict()] | None = Field(_TUNE.budget, ge=1, le=100_000)  # configs measured per kernel and key (random; halving's first rung); None = all
+    samples: Annotated[int, Strict()] = Field(_TUNE.samples, ge=1, le=100_000)  # samples per config (exhaustive, random)
+    min_samples: Annotated[int, Strict()] = Field(_TUNE.min_samples, ge=1, le=100_000)  # halving: samples per config on the first rung
+    max_samples: Annotated[int, Strict()] = Field(_TUNE.max_samples, ge=1, le=100_000)  # halving: cap on the samples per config of later rungs
 
     @model_validator(mode="after")
-    def _order(self) -> TuneSpec:
+    def _order(self) -> TuningSpec:
         if self.max_samples < self.min_samples:
             raise PydanticCustomError(
                 "order", "max_samples ({mx}) must be >= min_samples ({mn})", {"mx": self.max_samples, "mn": self.min_samples}
@@ -361,7 +365,7 @@ class SweepSpec(BaseModel):
     mode_options: dict[str, dict[str, Any]] = {}  # per-mode knobs passed to kernels.cp.forward (e.g. segment_len)
     profile: bool = True  # profile one step per point (collectives, syncs, launches, trace file)
     tune: bool = False  # tune the Triton launch configs of the point's kernels first (runners.tuner)
-    tuning: TuneSpec = TuneSpec()  # the search `tune: true` runs (strategy, budget, samples)
+    tuning: TuningSpec = TuningSpec()  # the search `tune: true` runs (strategy, budget, samples)
     device: Literal["any", "cuda", "cpu"] = "any"  # which workers may claim the points
     max_attempts: Annotated[int, Strict()] = Field(3, ge=1, le=20)  # tries per point before it stays failed
 

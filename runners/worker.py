@@ -17,7 +17,7 @@ returns expired leases to the queue), keep the lease and the worker's own heartb
 thread, (for a sweep with `tune: true` and the triton backend, first tune the point's kernels on the W=1 gang:
 `runners.tuner.tune_missing` through `runners.execute.tune_job`, searching as the spec's `tuning` says, with the
 store's tuned configs read here and passed in; the rank returns its trials and winners and this process stores
-them (`runners.tuner.store_tuning`; a device crash stores the trials so far, restarts the gang and retries the
+them (`db.crud.store_tuning`; a device crash stores the trials so far, restarts the gang and retries the
 attempt); then time with the tuned configs), send the point to the persistent gang of its W (`runners.gang`, job
 `runners.execute.run_point_job`) under a time limit derived from the spec's timing limits
 (`point_time_limit_s`: the watchdog and the collective timeout; the point travels as a `runners.point.PointJob`,
@@ -489,14 +489,15 @@ class Worker:
         try:
             if options.get("tune") and point.backend == "triton":
                 # tuning runs once, on one device (the W=1 gang), before the point's own gang times it
-                from runners.tuner.sweep import store_tuning, tuning_state
+                from db.crud import store_tuning
+                from runners.tuner.sweep import tuning_state
 
                 # the rank reads nothing from the store and writes nothing: this process reads, then stores its outcome
                 state = self._store("read tuning state", tuning_state)
-                tune_payload = {"state": state, "point": point, "sweep_id": claim.sweep_id, "environment_id": self.env_id,
-                                "tuning": spec.get("tuning") or {}}
+                tune_payload = {"state": state, "point": point, "tuning": spec.get("tuning") or {}}
                 outcome = self.pool.run(1, tune_job, tune_payload, timeout_s=self.settings.JOB_TIMEOUT_S, cancel=cancel)[0]
-                self._store("store tuning", lambda s: store_tuning(s, outcome))
+                self._store("store tuning", lambda s: store_tuning(s, result=outcome.result, sweep_id=claim.sweep_id,
+                                                                   environment_id=self.env_id))
                 if outcome.error is not None:
                     # a device crash poisons the rank's process: restart the gang, retry (its crasher is now known)
                     self.pool.get(1).close()
@@ -595,15 +596,9 @@ def _trace_artifact(trace: str | None) -> dict[str, Any] | None:
 
 def _already_stored(session: Any, point_id: int, worker: str) -> bool:
     """This worker's result of the point is in the store (a commit whose answer was lost in an outage)."""
-    from sqlalchemy import select
+    from db import crud
 
-    from db.models import Measurement, Point
-
-    row = session.execute(
-        select(Point.status).join(Measurement, Measurement.point_id == Point.id)
-        .where(Point.id == point_id, Measurement.worker == worker)
-    ).first()
-    return row is not None and row[0] == "done"
+    return crud.point_done_by(session, point_id=point_id, worker=worker)
 
 
 def _write_results(

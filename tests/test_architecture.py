@@ -11,6 +11,9 @@ everything runners may). Inside `kernels`, `common/` is shared by the ops and mu
 `kda`) or `cp`; `kernels` imports only torch, triton, numpy (the interpreter shim), the standard library and
 FLA (the optional `fla` backend), because a training job imports it alone.
 Every import counts, including the ones inside functions.
+
+Between modules: no import cycle, even through imports inside functions. Only `db/` queries the store: no
+`select(...)` and no `.execute(...)` on a session elsewhere (the rest goes through `db.crud` / `db.queue`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import ast
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,10 +55,11 @@ def module_name(path: str) -> str:
     return path[: -len(".py")].replace("/", ".").removesuffix(".__init__")
 
 
-def imports(path: Path, name: str | None = None) -> Iterator[tuple[str, int]]:
+def imports(path: Path, name: str | None = None, known: Collection[str] = ()) -> Iterator[tuple[str, int]]:
     """(absolute module name, line) of every import statement in a file; relative imports are resolved.
 
-    `name` is the file's dotted module name (default: from its path under the repository root).
+    `name` is the file's dotted module name (default: from its path under the repository root). `known`: module
+    names; `from a import b` then stands for a.b when a.b is one of them (b is a module, not a name of a).
     """
     name = name or module_name(str(path.relative_to(ROOT)))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -67,7 +71,9 @@ def imports(path: Path, name: str | None = None) -> Iterator[tuple[str, int]]:
             base = n.module or ""
             if n.level:
                 base = ".".join(package.split(".")[: len(package.split(".")) - n.level + 1] + ([base] if base else []))
-            yield base, n.lineno
+            subs = [f"{base}.{a.name}" for a in n.names if f"{base}.{a.name}" in known]
+            for target in subs or [base]:
+                yield target, n.lineno
 
 
 def tracked_modules() -> list[Path]:
@@ -144,3 +150,68 @@ def test_the_vocabulary_imports_no_torch() -> None:
     """`import kernels.vocabulary` runs `kernels/__init__.py`, whose public names load on first use."""
     loaded = _modules_after_import("kernels.vocabulary")
     assert "kernels.vocabulary" in loaded and "torch" not in loaded and "kernels.api" not in loaded
+
+
+def project_modules() -> dict[str, Path]:
+    """{dotted name: path} of every tracked module outside tests/."""
+    out = {}
+    for path in tracked_modules():
+        name = module_name(str(path.relative_to(ROOT)))
+        if node(name) not in (None, "tests"):
+            out[name] = path
+    return out
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of `graph` as a path [a, b, ..., a] (depth-first, back edge), or [] when there is none."""
+    done: set[str] = set()
+    stack: list[str] = []
+
+    def visit(v: str) -> list[str]:
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w in stack:
+                return [*stack[stack.index(w):], w]
+            if w not in done and (found := visit(w)):
+                return found
+        done.add(stack.pop())
+        return []
+
+    for v in sorted(graph):
+        if v not in done and (found := visit(v)):
+            return found
+    return []
+
+
+def test_no_import_cycle_between_modules(tmp_path: Path) -> None:
+    mods = project_modules()
+    graph = {m: {t for t, _ in imports(p, m, known=mods) if t in mods and t != m} for m, p in mods.items()}
+    assert find_cycle(graph) == []
+    # the checker: a cycle is found wherever it closes; `from a import b` stands for a.b when b is a module
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"b", "d"}, "d": set()}) == ["b", "c", "b"]
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from runners.tuner import export, TuneSpec\n    from . import spec\n")
+    assert set(imports(probe, "runners.probe", known={"runners.tuner.export"})) == {("runners.tuner.export", 2),
+                                                                                   ("runners", 3)}
+
+
+def _store_queries(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """(line, call) of every `select(...)` (SQLAlchemy's) and every `.execute(...)` (a session's) in a module."""
+    for n in ast.walk(tree):
+        if not isinstance(n, ast.Call):
+            continue
+        f = n.func
+        if isinstance(f, ast.Name) and f.id == "select" or isinstance(f, ast.Attribute) and f.attr == "select" and (
+                isinstance(f.value, ast.Name) and f.value.id in ("sqlalchemy", "sa")):
+            yield n.lineno, "select("
+        elif isinstance(f, ast.Attribute) and f.attr == "execute":
+            yield n.lineno, f"{ast.unparse(f.value)}.execute("
+
+
+def test_only_db_queries_the_store() -> None:
+    bad = [f"{path.relative_to(ROOT)}:{line} {call}" for name, path in project_modules().items() if node(name) != "db"
+           for line, call in _store_queries(ast.parse(path.read_text()))]
+    assert bad == []
+    probe = "def f(s):\n    s.execute(select(A))\n    t.index_select(0, i)\n    self.session.execute(sa.select(B))\n"
+    assert sorted(_store_queries(ast.parse(probe))) == [(2, "s.execute("), (2, "select("), (4, "select("),
+                                                        (4, "self.session.execute(")]

@@ -1,5 +1,9 @@
 """`cpbench configs export` and `cpbench tune`: tuned launch configs out of the store, and a tuning run into it.
 
+`cpbench tune` measures first (no store session is open during the search), then stores the trials and winners
+in one transaction (`db.crud.store_tuning`); a device crash stores what was measured before it, then fails.
+Its options' defaults are `runners.tuner.spec.TuneSpec`'s.
+
     cpbench configs export [--device "NVIDIA H200"] -o autotune.json [--db URL]   # "-o -" writes to stdout
     cpbench configs export --format fla -o DIR      # FLA's config-cache directory (FLA_CONFIG_DIR=DIR)
     cpbench tune --op gdn --shape B=1,T=8192,H=16,K=128,V=128 [--shape ...] [--strategy halving] [--budget 12]
@@ -23,6 +27,7 @@ from typing import Any
 import typer
 
 from runners.errors import CpbenchError
+from runners.tuner.spec import TuneSpec
 
 __all__ = ["parse_shape", "register"]
 
@@ -111,48 +116,69 @@ def parse_shape(text: str) -> dict[str, Any]:
     return out
 
 
+_D = TuneSpec()  # the tuner's defaults
+
+
 def tune_command(
     op: str = typer.Option(..., "--op", help="gdn | kda"),
     shape: list[str] = typer.Option(..., "--shape", help="B=1,T=8192,H=16,K=128,V=128[,dtype=bfloat16]; repeatable"),
-    strategy: str = typer.Option("halving", "--strategy", help="exhaustive | random | halving"),
-    budget: int | None = typer.Option(None, "--budget", help="configs per kernel and key (random; halving's first rung)"),
+    strategy: str = typer.Option(_D.strategy, "--strategy", help="exhaustive | random | halving"),
+    budget: int | None = typer.Option(_D.budget, "--budget", help="configs per kernel and key (random; halving's first rung)"),
     kernel: list[str] = typer.Option([], "--kernel", help="tune only these kernels (default: all the op launches)"),
     device: str | None = typer.Option(None, "--device", help="cuda (default when present) or cpu"),
-    seed: int = typer.Option(0, "--seed"),
-    samples: int = typer.Option(20, "--samples", help="samples per config (exhaustive, random)"),
+    seed: int = typer.Option(_D.seed, "--seed"),
+    samples: int = typer.Option(_D.samples, "--samples", help="samples per config (exhaustive, random)"),
     backend: str = typer.Option("triton", "--backend", help="triton (our kernels) | fla (FLA's autotuned kernels, "
                                 "timed as FLA's whole op; stored as fla.<kernel>)"),
     database_url: str | None = typer.Option(None, "--db", "--database-url", help="default: CPBENCH_DATABASE_URL"),
-    direction: str = typer.Option("fwd", "--direction", help="fwd | fwd+bwd (time forward + backward; tunes the "
-                                  "backward kernels too)"),
+    direction: str = typer.Option(_D.direction, "--direction", help="fwd | fwd+bwd (time forward + backward; tunes "
+                                  "the backward kernels too)"),
     fla_bypass_hopper_guard: bool = typer.Option(False, "--fla-bypass-hopper-guard", help="--backend fla at fwd+bwd: "
                                                  "lift FLA's Hopper guard on the GDN backward (FLA #640; Triton < 3.7.1)"),
-    fla_min_gain: float = typer.Option(0.01, "--fla-min-gain", help="--backend fla: FLA's own pick stays unless a "
-                                       "config runs the whole op this fraction faster (default 0.01 = 1%)"),
+    fla_min_gain: float = typer.Option(_D.min_gain, "--fla-min-gain", help="--backend fla: FLA's own pick stays unless "
+                                       "a config runs the whole op this fraction faster (default 0.01 = 1%)"),
 ) -> None:
-    """Tune the Triton kernels of an op at the given shapes; trials and winners go to the store."""
-    from runners.tuner import Shape, tune_kernels
+    """Tune the Triton kernels of an op at the given shapes, then store the trials and winners."""
+    from runners.tuner import Shape, TuningStopped
 
     if backend not in ("triton", "fla"):
         raise CpbenchError(f"--backend must be triton or fla, got {backend!r}")
+    spec = TuneSpec(strategy=strategy, budget=budget, seed=seed, samples=samples, direction=direction,
+                    kernels=tuple(kernel) or None, min_gain=fla_min_gain)
+    options = {"bypass_hopper_guard": True} if fla_bypass_hopper_guard else None
     try:
         shapes = [Shape.of(parse_shape(s)) for s in shape]
-        with _session(database_url) as session:
-            if backend == "fla":
-                from runners.tuner.fla import tune_fla
-
-                rows = tune_fla(session, op=op, shapes=shapes, device=device, budget=budget, samples=samples, seed=seed,
-                                kernels=kernel or None, direction=direction, min_gain=fla_min_gain,
-                                options={"bypass_hopper_guard": True} if fla_bypass_hopper_guard else None)
-            else:
-                rows = tune_kernels(session, op=op, shapes=shapes, strategy=strategy, budget=budget, device=device,
-                                    kernels=kernel or None, seed=seed, samples=samples,
-                                    direction=direction)
-            for r in rows:
-                speed = f"{r.default_ms / r.median_ms:.3f}x" if r.default_ms else "n/a"
-                typer.echo(f"{r.kernel:28s} {r.key_str:60s} {json.dumps(r.config):48s} {r.median_ms:9.4f} ms  vs default {speed}")
+        try:
+            result = _measure(backend, op, shapes, spec, device, options)
+        except TuningStopped as stop:  # a device crash: what was measured before it is kept
+            _store(database_url, stop.result)
+            raise
+        _store(database_url, result)
+        for r in result.winners():
+            speed = f"{r.default_ms / r.median_ms:.3f}x" if r.default_ms else "n/a"
+            typer.echo(f"{r.kernel:28s} {r.key_str:60s} {json.dumps(r.config):48s} {r.median_ms:9.4f} ms  vs default {speed}")
     except (ValueError, ImportError) as e:
         raise CpbenchError(str(e)) from None
+
+
+def _measure(backend: str, op: str, shapes: list[Any], spec: TuneSpec, device: str | None,
+             options: dict[str, Any] | None) -> Any:
+    """The TuneResult of our kernels (`tune_kernels`) or FLA's (`tune_fla`); no store session is open meanwhile."""
+    if backend == "fla":
+        from runners.tuner.fla import tune_fla
+
+        return tune_fla(op=op, shapes=shapes, spec=spec, device=device, options=options)
+    from runners.tuner.tune import tune_kernels
+
+    return tune_kernels(op=op, shapes=shapes, spec=spec, device=device)
+
+
+def _store(database_url: str | None, result: Any) -> None:
+    """Store a TuneResult's trials and winners in one transaction (`db.crud.store_tuning`)."""
+    from db import crud
+
+    with _session(database_url) as session:
+        crud.store_tuning(session, result=result)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,43 +1,47 @@
 """Autotuning of the suite's Triton kernels: search each kernel's declared space per shape key, keep every trial,
-store the winners, export them as the versioned autotune JSON that `kernels.use_autotune` loads.
+decide the winners, export them as the versioned autotune JSON that `kernels.use_autotune` loads.
 
+Measuring and deciding never touch the store; the caller stores the result (`db.crud.store_tuning`):
+- `spec.py`: `TuneSpec`, the tuner's options and the one place of their defaults (torch-free);
+- `result.py`: `TuneResult` (per kernel and key: trials, winner, default's and runner-up's times) and
+  `TuningStopped` (a search ended by a device crash, with what it measured so far);
 - `search.py`: exhaustive, random(budget, seed), successive halving;
-- `trials.py`: one config: validity, correctness against the default config's outputs, timing, record;
-- `tune.py`: `tune_kernels(session, op=, shapes=, strategy=, budget=, sweep_id=, device=)` and `install_tuned`;
+- `trials.py`: one config: validity, correctness against the default config's outputs, timing;
+- `tune.py`: `tune_kernels(op=, shapes=, spec=, device=)` / `tune_case(run, device=, spec=)` -> TuneResult,
+  and `install_tuned`;
+- `fla.py`: `tune_fla(op=, shapes=, spec=)` -> TuneResult, the sibling strategy for FLA's autotuned kernels;
 - `export.py`: `build_export(session, device_name=)` and `write_export(path, session, ...)`;
 - `sweep.py`: the hook for sweeps with `tune: true`: `tuning_state(session)` (the reads), `tune_missing(state, ...)`
-  (measures, no session: a rank process runs it), `store_tuning(session, outcome)` (the writes, in the worker),
-  `ensure_tuned(session, ...)` (all three in one process) and `install_payload`;
+  (measures, no session: a rank process runs it; the worker stores its result), `ensure_tuned(session, ...)`
+  (all three in one process) and `install_payload`;
 - `clock.py`: the tuner's timers (CUDA events with L2 flush; wall clock on CPU, never exported).
+
+The names below load their module on first use, so `import runners.tuner.spec` (the sweep spec's defaults)
+imports no torch.
 """
 
-from runners.tuner.export import ExportError, build_export, export_from_rows, write_export
-from runners.tuner.search import STRATEGIES, SearchResult, candidates, search
-from runners.tuner.sweep import TuningOutcome, ensure_tuned, install_payload, store_tuning, tune_missing, tuning_state
-from runners.tuner.trials import Trial, run_trial
-from runners.tuner.tune import Shape, install_tuned, launched_configs, make_case, tune_case, tune_kernels
+from __future__ import annotations
 
-__all__ = [
-    "STRATEGIES",
-    "ExportError",
-    "SearchResult",
-    "Shape",
-    "Trial",
-    "TuningOutcome",
-    "build_export",
-    "candidates",
-    "ensure_tuned",
-    "export_from_rows",
-    "install_payload",
-    "install_tuned",
-    "launched_configs",
-    "make_case",
-    "run_trial",
-    "search",
-    "store_tuning",
-    "tune_case",
-    "tune_kernels",
-    "tune_missing",
-    "tuning_state",
-    "write_export",
-]
+import importlib
+from typing import Any
+
+_WHERE = {
+    "STRATEGIES": "spec", "TuneSpec": "spec",
+    "KernelResult": "result", "TuneResult": "result", "TuningStopped": "result",
+    "SearchResult": "search", "candidates": "search", "search": "search",
+    "Trial": "result", "run_trial": "trials",
+    "Shape": "tune", "install_tuned": "tune", "launched_configs": "tune", "make_case": "tune", "tune_case": "tune",
+    "tune_kernels": "tune",
+    "tune_fla": "fla",
+    "ExportError": "export", "build_export": "export", "export_from_rows": "export", "write_export": "export",
+    "TuningOutcome": "sweep", "ensure_tuned": "sweep", "install_payload": "sweep", "tune_missing": "sweep",
+    "tuning_state": "sweep",
+}  # fmt: skip
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernels.autotune import SCHEMA_VERSION, AutotuneError, parse_autotune, source_hash
 from runners.errors import CpbenchError
-from runners.tuner.fla import PREFIX as FLA_PREFIX
+from runners.tuner.result import FLA_PREFIX
 from runners.versions import software_versions
 
 if TYPE_CHECKING:
@@ -128,19 +128,14 @@ def export_from_rows(rows: Sequence[TunedConfig], *, device_name: str | None = N
 
 def build_export(session: Session, *, device_name: str | None = None, allow_cpu: bool = False) -> dict[str, Any]:
     """The autotune dict of the store's TunedConfig rows for one device (what GET /api/v1/configs/export returns)."""
-    from sqlalchemy import select
+    from db import crud
 
-    from db.models import Environment, TunedConfig
-
-    q = select(TunedConfig).where(~TunedConfig.kernel.startswith(FLA_PREFIX))  # FLA's go to its own format
-    if device_name is not None:
-        q = q.where(TunedConfig.device_name == device_name)
-    rows = list(session.scalars(q))
+    # FLA's go to its own format
+    rows = [r for r in crud.list_tuned_configs(session, device_name=device_name) if not r.kernel.startswith(FLA_PREFIX)]
     versions = None
-    chosen = [r for r in rows if device_name is None or r.device_name == device_name]
-    with_env = [r for r in chosen if r.environment_id is not None]
+    with_env = [(_iso(r.measured_at), r.environment_id) for r in rows if r.environment_id is not None]
     if with_env:
-        env = session.get(Environment, max(with_env, key=lambda r: _iso(r.measured_at)).environment_id)
+        env = crud.get_environment(session, environment_id=max(with_env, key=lambda m: m[0])[1])
         if env is not None:
             versions = {"torch": env.torch, "triton": env.triton, "cpbench": env.cpbench}
     if device_name is None:

@@ -1,6 +1,7 @@
 """`cpbench tune --backend fla`: tune FLA's autotuned kernels by timing FLA's WHOLE op, one pinned config at a time.
 
-FLA autotunes each kernel alone on the first call's shape. Here, per shape:
+`tune_fla(op=, shapes=, spec=TuneSpec(...))` is the sibling strategy of `runners.tuner.tune.tune_kernels`: it
+measures and decides without a store and returns the same `TuneResult` (the caller stores it). FLA autotunes each kernel alone on the first call's shape. Here, per shape:
 1. FLA's op runs once with its own autotune (compiles; its picks fill the tuners' caches); the kernels it touched
    and the keys FLA keys them by are recorded (`runners.peers.fla_autotune.record_touched`), and its output is
    the correctness reference;
@@ -8,8 +9,8 @@ FLA autotunes each kernel alone on the first call's shape. Here, per shape:
    pick always among them) is pinned in the tuner's cache and the whole op is run: outputs checked against the
    reference (relative L2 within the dtype's tolerance), then timed (`samples` samples, the tuner's clock);
    the other kernels stay pinned at their best so far (coordinate descent, starting from FLA's picks);
-3. every trial is stored (`TuningTrial`, kernel `fla.<kernel_name>`, key `{"autotune_key": [...]}`), and the
-   winner per (kernel, key, device) as the `TunedConfig` whose `default_ms` is FLA's own pick's time.
+3. every trial is kept (stored as a `TuningTrial`, kernel `fla.<kernel_name>`, key `{"autotune_key": [...]}`),
+   and the winner per (kernel, key) is decided, its `default_ms` FLA's own pick's time.
    FLA's own pick stays the winner unless a config runs the whole op at least `min_gain` (default 1 %) faster:
    one kernel's config moves the whole op's median by less than the trial-to-trial noise (0.3 % on the H200,
    `benchmarks/results/fla_config_cache_train_h200.md`), so a smaller "gain" is a coin toss, not a finding.
@@ -26,30 +27,29 @@ Triton >= 3.4.0, < 3.7.1) refuses such a run with FLA's reason unless `options={
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import Any
 
 import torch
 
+from runners.peers import fla_autotune as fa
 from runners.tuner.clock import Timer, make_timer
+from runners.tuner.result import FLA_PREFIX as PREFIX
+from runners.tuner.result import KernelResult, Trial, TuneResult
+from runners.tuner.spec import TuneSpec
 from runners.tuner.trials import output_error
-from runners.tuner.tune import TRIAL_TOL, Shape, device_facts, make_case, training_step
-from runners.workload import INPUT_NAMES
-
-if TYPE_CHECKING:
-    from sqlalchemy.orm import Session
-
-    from db.models import TunedConfig
+from runners.tuner.tune import Shape, case_inputs, case_tol, device_facts, make_case, training_step
 
 __all__ = ["PREFIX", "check_direction", "fla_key_str", "tune_fla"]
 
 logger = logging.getLogger(__name__)
 
-PREFIX = "fla."
+DEFAULTS = TuneSpec()
 
 
 def fla_key_str(key: Sequence[Any]) -> str:
@@ -80,7 +80,7 @@ def _fla_runner(op: str, case: Mapping[str, Any], direction: str = "fwd",
                                     cu_seqlens_cpu=bounds)
 
     def run() -> tuple[torch.Tensor, torch.Tensor | None]:
-        return forward(*(case[n] for n in INPUT_NAMES), h0=case["initial_state"])
+        return forward(*case_inputs(case), h0=case["initial_state"])
 
     if direction == "fwd":
         return run
@@ -108,7 +108,7 @@ def check_direction(op: str, K: int, direction: str, options: Mapping[str, Any] 
         raise ValueError(reason)
 
 
-MIN_GAIN = 0.01
+MIN_GAIN = DEFAULTS.min_gain
 
 
 def winner(results: Sequence[tuple[float, Any]], own: Any, own_ms: float | None,
@@ -138,93 +138,89 @@ def _trial(run: Callable[[], Any], reference: Any, tol: float, timer: Timer, sam
 
 
 def tune_fla(
-    session: Session | None,
     *,
     op: str,
     shapes: Sequence[Shape | Mapping[str, Any]],
+    spec: TuneSpec = DEFAULTS,
     device: torch.device | str | None = None,
-    budget: int | None = None,
-    samples: int = 20,
-    seed: int = 0,
-    kernels: Sequence[str] | None = None,
-    timer: Timer | None = None,
-    sweep_id: int | None = None,
-    environment_id: int | None = None,
-    direction: str = "fwd",
     options: Mapping[str, Any] | None = None,
-    min_gain: float = MIN_GAIN,
-) -> list[TunedConfig]:
-    """Tune FLA's kernels of `op` at each shape (module docstring); returns the winners (TunedConfig rows).
+    timer: Timer | None = None,
+) -> TuneResult:
+    """Measure and decide, no store: tune FLA's kernels of `op` at each shape (module docstring).
 
-    direction: "fwd" or "fwd+bwd" (FLA's training step); options: the `fla` peer's (`bypass_hopper_guard`);
-    min_gain: how much faster than FLA's own pick (a fraction of its time) a config must run the op to replace it."""
-    from db.models import TunedConfig
+    spec: budget, samples, seed, direction ("fwd" or "fwd+bwd", FLA's training step), kernels (with or without
+    the `fla.` prefix), min_gain (how much faster than FLA's own pick, a fraction of its time, a config must run
+    the op to replace it); options: the `fla` peer's (`bypass_hopper_guard`). A device crash raises
+    `TuningStopped` with the trials so far."""
     from kernels.backends import fla_op
-    from runners.peers import fla_autotune as fa
 
-    if not 0.0 <= min_gain < 0.5:
-        raise ValueError(f"min_gain must be a fraction in [0, 0.5), got {min_gain!r}")
+    if not 0.0 <= spec.min_gain < 0.5:
+        raise ValueError(f"min_gain must be a fraction in [0, 0.5), got {spec.min_gain!r}")
     for s in shapes:
-        check_direction(op, Shape.of(s).K, direction, options)
-    if session is not None:
-        from db import crud
-
-        session.commit()
+        check_direction(op, Shape.of(s).K, spec.direction, options)
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type != "cuda":
         raise ValueError(f"tune --backend fla needs a CUDA GPU (FLA's autotuner and kernels run on one), got device={device}")
     dev_name, cc = device_facts(device)
     timer = timer or make_timer(device)
     fla_op(op)  # import FLA's op (a clear ImportError when FLA is missing)
-    rows: list[TunedConfig] = []
+    wanted = {n.removeprefix(PREFIX) for n in spec.kernels} if spec.kernels else None
+    out = TuneResult(device_name=dev_name, compute_capability=cc)
     for s in shapes:
         shape = Shape.of(s)
         case = make_case(op, shape, device)
-        run = _fla_runner(op, case, direction, options)
-        touched = fa.record_touched(run)  # FLA's own autotune on the first call
-        reference = run()
-        wanted = {n.removeprefix(PREFIX) for n in kernels} if kernels else None
+        run = _fla_runner(op, case, spec.direction, options)
+        try:
+            touched = fa.record_touched(run)  # FLA's own autotune on the first call
+            reference = run()
+        except Exception as err:  # the shapes tuned before a device crash are kept
+            out.stop(err)
+        measure = functools.partial(_trial, run, reference, case_tol(spec, shape.dtype), timer, spec.samples)
         for name, key, tuner in touched:  # the Autotuner that ran: names repeat across FLA's modules
-            if wanted is not None and name not in wanted:
-                continue
-            own = tuner.cache.get(tuple(key))
-            configs = list(tuner.configs)
-            if budget is not None and budget < len(configs):
-                rest = [c for c in configs if c is not own]
-                configs = ([own] if own is not None else []) + random.Random(seed).sample(rest, budget - (own is not None))
-            results: list[tuple[float, Any]] = []
-            own_ms = None
-            ks = fla_key_str(key)
-            for cfg in configs:
-                fa.pin(tuner, key, cfg)
-                status, ms, error = _trial(run, reference, TRIAL_TOL[shape.dtype], timer, samples)
-                if status == "ok" and ms is not None:
-                    results.append((ms, cfg))
-                    if cfg is own:
-                        own_ms = ms
-                if session is not None:
-                    crud.store_trial(session, sweep_id=sweep_id, environment_id=environment_id, device_name=dev_name,
-                                     kernel=PREFIX + name, key={"autotune_key": list(key)}, key_str=ks,
-                                     config=fa.config_dict(cfg), strategy="exhaustive" if budget is None else "random",
-                                     rung=0, status=status, median_ms=ms, n=samples if ms is not None else 0, error=error)
-                    session.commit()
-            if not results:
-                logger.warning("fla tuner: no config of %s at %s ran correctly; keeping FLA's pick", name, ks)
-                if own is not None:
-                    fa.pin(tuner, key, own)
-                continue
-            best_ms, best, runner_up_ms = winner(results, own, own_ms, min_gain)
-            fa.pin(tuner, key, best)
-            tuned = {"kernel": PREFIX + name, "key": {"autotune_key": list(key)}, "key_str": ks, "device_name": dev_name,
-                     "compute_capability": cc, "config": fa.config_dict(best), "median_ms": best_ms, "default_ms": own_ms,
-                     "runner_up_ms": runner_up_ms, "source_hash": _source_hash(tuner),
-                     "sweep_id": sweep_id, "environment_id": environment_id}
-            if session is not None:
-                rows.append(crud.upsert_tuned_config(session, **tuned))
-                session.commit()
-            else:
-                rows.append(TunedConfig(**tuned, measured_at=datetime.now(timezone.utc)))
-            logger.info("fla tuner: %s at %s -> %s (%.4f ms; FLA's pick %s ms)", name, ks, fa.config_dict(best), best_ms,
-                        f"{own_ms:.4f}" if own_ms is not None else "n/a")
         del case
-    return rows
+    return out
+
+
+def _candidates(tuner: Any, own: Any, spec: TuneSpec) -> list[Any]:
+    """The configs measured: every config of the tuner, or `budget` of them drawn with `seed`, FLA's pick first."""
+    configs = list(tuner.configs)
+    if spec.budget is not None and spec.budget < len(configs):
+        rest = [c for c in configs if c is not own]
+        configs = ([own] if own is not None else []) + random.Random(spec.seed).sample(rest, spec.budget - (own is not None))
+    return configs
+
+
+def _tune_touched(name: str, key: Sequence[Any], tuner: Any, measure: Callable[[], tuple[str, float | None, str | None]],
+                  spec: TuneSpec, so_far: TuneResult) -> KernelResult:
+    """Pin each candidate config of one touched kernel and key, measure the whole op, decide (FLA's pick stays
+    unless beaten by `spec.min_gain`); the kernel is left pinned at the winner."""
+    own = tuner.cache.get(tuple(key))
+    results: list[tuple[float, Any]] = []
+    trials: list[Trial[dict[str, Any]]] = []
+    own_ms = None
+    ks = fla_key_str(key)
+    base = KernelResult(kernel=PREFIX + name, key={"autotune_key": list(key)}, key_str=ks,
+                        source_hash=_source_hash(tuner), trials=())
+    for cfg in _candidates(tuner, own, spec):
+        fa.pin(tuner, key, cfg)
+        try:
+            status, ms, error = measure()
+        except Exception as err:  # a device crash: the trials so far go with it
+            so_far.extended([replace(base, trials=tuple(trials))] if trials else []).stop(err)
+        trials.append(Trial(kernel=base.kernel, key=base.key, config=fa.config_dict(cfg), rung=0, status=status,
+                            strategy="exhaustive" if spec.budget is None else "random", median_ms=ms,
+                            n=spec.samples if ms is not None else 0, error=error))
+        if status == "ok" and ms is not None:
+            results.append((ms, cfg))
+            own_ms = ms if cfg is own else own_ms
+    base = replace(base, trials=tuple(trials))
+    if not results:
+        logger.warning("fla tuner: no config of %s at %s ran correctly; keeping FLA's pick", name, ks)
+        if own is not None:
+            fa.pin(tuner, key, own)
+        return base
+    best_ms, best, runner_up_ms = winner(results, own, own_ms, spec.min_gain)
+    fa.pin(tuner, key, best)
+    logger.info("fla tuner: %s at %s -> %s (%.4f ms; FLA's pick %s ms)", name, ks, fa.config_dict(best), best_ms,
+                f"{own_ms:.4f}" if own_ms is not None else "n/a")
+    return replace(base, config=fa.config_dict(best), median_ms=best_ms, default_ms=own_ms, runner_up_ms=runner_up_ms)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runners.tuner.export import rows_of_one_device
-from runners.tuner.fla import PREFIX
+from runners.tuner.result import FLA_PREFIX as PREFIX
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -50,17 +50,15 @@ def fla_files_from_rows(rows: list[Any], *, device_name: str | None, allow_cpu: 
 
 def build_fla_export(session: Session, *, device_name: str | None = None, allow_cpu: bool = False) -> dict[str, dict[str, Any]]:
     """The config-cache files of the store's tuned FLA configs for one device."""
-    from sqlalchemy import select
-
-    from db.models import Environment, TunedConfig
+    from db import crud
     from runners.versions import software_versions
 
-    rows = list(session.scalars(select(TunedConfig).where(TunedConfig.kernel.startswith(PREFIX))))
+    rows = [r for r in crud.list_tuned_configs(session) if r.kernel.startswith(PREFIX)]
     triton_version = None
     env_ids = [r.environment_id for r in rows if r.environment_id is not None
                and (device_name is None or r.device_name == device_name)]
     if env_ids:
-        env = session.get(Environment, max(env_ids))
+        env = crud.get_environment(session, environment_id=max(env_ids))
         triton_version = env.triton if env is not None else None
     return fla_files_from_rows(rows, device_name=device_name, allow_cpu=allow_cpu,
                                triton_version=triton_version or software_versions()["triton"])

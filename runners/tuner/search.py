@@ -25,12 +25,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kernels.configs import KernelSpec, LaunchConfig
+from runners.tuner.spec import STRATEGIES, TuneSpec
 from runners.tuner.trials import Trial
 
 __all__ = ["STRATEGIES", "SearchResult", "candidates", "exhaustive", "first_rung", "pinned", "random_search", "search", "successive_halving"]
 
 Measure = Callable[[LaunchConfig, int, int], Trial]
-STRATEGIES = ("exhaustive", "random", "halving")
+_D = TuneSpec()  # the defaults
 
 
 @dataclass
@@ -107,9 +108,9 @@ def successive_halving(
     *,
     min_samples: int,
     max_samples: int,
-    eta: int = 3,
+    eta: int = _D.eta,
     budget: int | None = None,
-    seed: int = 0,
+    seed: int = _D.seed,
     pinned: int = 1,
 ) -> SearchResult:
     if eta < 2:
@@ -133,8 +134,9 @@ def successive_halving(
         alive, n, rung = nxt, min(max_samples, n * eta), rung + 1
 
 
-def search(strategy: str, configs: Sequence[LaunchConfig], measure: Measure, *, budget: int | None = None, seed: int = 0,
-           samples: int = 20, min_samples: int = 5, max_samples: int = 60, eta: int = 3, pinned: int = 1) -> SearchResult:
+def search(strategy: str, configs: Sequence[LaunchConfig], measure: Measure, *, budget: int | None = _D.budget,
+           seed: int = _D.seed, samples: int = _D.samples, min_samples: int = _D.min_samples,
+           max_samples: int = _D.max_samples, eta: int = _D.eta, pinned: int = 1) -> SearchResult:
     """Dispatch by name: "exhaustive" | "random" | "halving" (see the module docstring). pinned: the leading
     configs a budgeted draw always keeps (`pinned(spec)`: the default and the spec's hints)."""
     if strategy == "exhaustive":

@@ -5,26 +5,26 @@ process touches the store (a rank process of a gang measures; the parent reads a
 
     state = tuning_state(session)                      # parent: tuned configs and device crashers, plain data
     outcome = tune_missing(state, op=point.op, shape={"B": .., "T": .., "H": .., "K": .., "V": .., "dtype": ..,
-                           "lengths": ..}, device=device, sweep_id=point.sweep_id, environment_id=env_id)  # rank
-    store_tuning(session, outcome)                     # parent: the trials and the winners
+                           "lengths": ..}, device=device, spec=TuneSpec.of(sweep_spec["tuning"]))   # rank
+    crud.store_tuning(session, result=outcome.result, sweep_id=.., environment_id=..)   # parent: trials, winners
     # the rank launches with outcome.payload's configs (install_payload(outcome.payload) in a rank of the gang)
     ... time the point ...
     measurement.configs = launched_configs()      # what each kernel actually launched with (observed)
 
-`ensure_tuned(session, ...)` does the three in one process. A `direction: fwd+bwd` point tunes with the training
+`ensure_tuned(session, ...)` does the three in one process. A `direction: fwd+bwd` spec tunes with the training
 step (forward + backward), so the backward's kernels are found and tuned the same way. `tune_missing` runs the op
 once at the point's shape with every kernel at its default to see which kernels launch with which keys; keys
 already tuned on this device with this build's source hash are reused from the state (so a sweep tunes each
-distinct key once, and a second sweep not at all); the others are tuned (`tune_case` without a session, trials
-collected with the sweep id; configs whose earlier trial crashed the device are skipped, so a retried point does
-not crash again). It returns the configs for the point's kernels in the autotune-file format (a plain, picklable
-dict) with the trials and winners, and installs the configs in this process.
+distinct key once, and a second sweep not at all); the others are tuned (`tune_case`, no session; configs whose
+earlier trial crashed the device are skipped, so a retried point does not crash again). It returns the configs
+for the point's kernels in the autotune-file format (a plain, picklable dict) with the `TuneResult`, and
+installs the configs in this process.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -32,12 +32,14 @@ import torch
 from kernels.autotune import install, key_str, normalize_key, parse_autotune, source_hash
 from kernels.configs import KERNELS, LAUNCHES, LaunchConfig, get_spec
 from runners.tuner.export import export_from_rows
-from runners.tuner.tune import _ROW_FIELDS, TRIAL_TOL, Shape, device_facts, make_case, op_runner, tune_case
+from runners.tuner.result import TUNED_FIELDS, TuneResult, TuningStopped
+from runners.tuner.spec import TuneSpec
+from runners.tuner.tune import Shape, device_facts, make_case, op_runner, tune_case
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
-__all__ = ["TuningOutcome", "ensure_tuned", "install_payload", "store_tuning", "tune_missing", "tuning_state"]
+__all__ = ["TuningOutcome", "ensure_tuned", "install_payload", "tune_missing", "tuning_state"]
 
 
 def install_payload(payload: Mapping[str, Any] | None) -> None:
@@ -51,26 +53,21 @@ def install_payload(payload: Mapping[str, Any] | None) -> None:
 def tuning_state(session: Session) -> dict[str, Any]:
     """What `tune_missing` reads from the store, as plain picklable data (the parent reads it for a rank process):
     every TunedConfig row, and the trials whose config crashed a device (`failed` with a CUDA error)."""
-    from sqlalchemy import select
-
     from db import crud
-    from db.models import TuningTrial
 
-    crashed = session.execute(select(TuningTrial).where(TuningTrial.status == "failed",
-                                                        TuningTrial.error.contains("CUDA error"))).scalars()
-    return {"tuned": [{f: getattr(r, f) for f in _ROW_FIELDS} for r in crud.list_tuned_configs(session)],
+    crashed = crud.list_trials(session, status="failed", error_contains="CUDA error")
+    return {"tuned": [{f: getattr(r, f) for f in TUNED_FIELDS} for r in crud.list_tuned_configs(session)],
             "crashed": [{"kernel": t.kernel, "key_str": t.key_str, "device_name": t.device_name, "config": t.config,
                          "error": t.error} for t in crashed]}
 
 
 @dataclass
 class TuningOutcome:
-    """What `tune_missing` measured (plain, picklable): the autotune payload for the point's kernels, the trials
-    and the winners as `store_trial` / `upsert_tuned_config` fields, and the error that ended the search (if any)."""
+    """What `tune_missing` measured (plain, picklable): the autotune payload for the point's kernels, the
+    `TuneResult` (trials and winners of the keys it tuned) and the error that ended the search (if any)."""
 
     payload: dict[str, Any] | None
-    trials: list[dict[str, Any]] = field(default_factory=list)
-    winners: list[dict[str, Any]] = field(default_factory=list)
+    result: TuneResult
     error: str | None = None
 
 
@@ -80,16 +77,9 @@ def tune_missing(
     op: str,
     shape: Shape | Mapping[str, Any],
     device: torch.device | str,
-    sweep_id: int | None = None,
-    environment_id: int | None = None,
-    strategy: str = "halving",
-    budget: int | None = None,
-    samples: int = 20,
-    min_samples: int = 5,
-    max_samples: int = 60,
+    spec: TuneSpec = TuneSpec(),
     backend: str = "triton",
     retune: bool = False,
-    direction: str = "fwd",
 ) -> TuningOutcome:
     """Tune the point's kernels that `state` (`tuning_state`) lacks, without a store session; install and return.
 
@@ -98,9 +88,9 @@ def tune_missing(
     from db.models import TunedConfig
 
     shape = Shape.of(shape)
-    dev_name, _cc = device_facts(device)
+    dev_name, cc = device_facts(device)
     case = make_case(op, shape, device)
-    run = op_runner(op, case, backend=backend, direction=direction)
+    run = op_runner(op, case, backend=backend, direction=spec.direction)
     install(None)
     run({})
     LAUNCHES.clear()
@@ -112,28 +102,17 @@ def tune_missing(
         r = stored.get((name, key_str(launched[name])))
         return r if r is not None and r.source_hash == source_hash(name) else None
 
-    out = TuningOutcome(payload=None)
+    out = TuningOutcome(payload=None, result=TuneResult(device_name=dev_name, compute_capability=cc))
     missing = [n for n in launched if retune or current(n) is None]
     if missing:
-        # configs that crashed the device in an earlier attempt (the point was retried in a fresh gang) stay out
-        known_bad: dict[str, dict[LaunchConfig, str]] = {}
-        for t in state.get("crashed", ()):
-            n = t["kernel"]
-            if n in missing and t["device_name"] == dev_name and t["key_str"] == key_str(launched[n]):
-                known_bad.setdefault(n, {})[LaunchConfig.from_dict(t["config"])] = f"crashed the device in an earlier trial: {t['error']}"
         try:
-            rows, _ = tune_case(None, run=run, device=device, kernels=missing, strategy=strategy, budget=budget,
-                                samples=samples, min_samples=min_samples, max_samples=max_samples,
-                                tol=TRIAL_TOL[shape.dtype], sweep_id=sweep_id, environment_id=environment_id,
-                                known_bad=known_bad, on_trial=out.trials.append)
-        except Exception as err:  # noqa: BLE001 - a fatal trial: the trials so far go back with the error
-            if not out.trials:
-                raise
-            out.error = f"tuning stopped: {type(err).__name__}: {err}"[:2000]
+            out.result = tune_case(run, device=device, spec=replace(spec, kernels=tuple(missing)), dtype=shape.dtype,
+                                   known_bad=_crashed(state, missing, {n: key_str(launched[n]) for n in missing}, dev_name))
+        except TuningStopped as stop:  # a fatal trial: the trials so far go back with the error
+            out.result, out.error = stop.result, str(stop)[:2000]
             install(None)
             return out
-        out.winners = [{f: getattr(r, f) for f in _ROW_FIELDS} for r in rows]
-        stored.update({(r.kernel, r.key_str): r for r in rows})
+        stored.update({(r.kernel, r.key_str): r for r in out.result.tuned_rows()})
     rows = [r for n in launched if (r := current(n)) is not None]
     if not rows:
         install(None)
@@ -143,24 +122,28 @@ def tune_missing(
     return out
 
 
-def store_tuning(session: Session, outcome: TuningOutcome) -> None:
-    """Store what `tune_missing` measured: its trials, then its winners (one transaction, the caller's)."""
+def _crashed(state: Mapping[str, Any], kernels: list[str], keys: Mapping[str, str],
+             dev_name: str) -> dict[str, dict[LaunchConfig, str]]:
+    """The configs of `kernels` at their keys that crashed this device in an earlier attempt (the point was
+    retried in a fresh gang): they stay out."""
+    known_bad: dict[str, dict[LaunchConfig, str]] = {}
+    for t in state.get("crashed", ()):
+        n = t["kernel"]
+        if n in kernels and t["device_name"] == dev_name and t["key_str"] == keys[n]:
+            known_bad.setdefault(n, {})[LaunchConfig.from_dict(t["config"])] = f"crashed the device in an earlier trial: {t['error']}"
+    return known_bad
+
+
+def ensure_tuned(session: Session, *, sweep_id: int | None = None, environment_id: int | None = None,
+                 **kwargs: Any) -> dict[str, Any] | None:
+    """Tune the point's kernels that the store lacks in this process (`tuning_state` -> `tune_missing` ->
+    `db.crud.store_tuning`); install and return their configs. kwargs: `tune_missing`'s. A device crash stores the
+    trials so far, then raises."""
     from db import crud
 
-    for t in outcome.trials:
-        crud.store_trial(session, **t)
-    for w in outcome.winners:
-        row = crud.upsert_tuned_config(session, **{k: v for k, v in w.items() if k != "measured_at"})
-        row.measured_at = w["measured_at"]  # when it was measured (the payload the rank launched with says so too)
-
-
-def ensure_tuned(session: Session, **kwargs: Any) -> dict[str, Any] | None:
-    """Tune the point's kernels that the store lacks in this process (`tuning_state` -> `tune_missing` ->
-    `store_tuning`); install and return their configs. kwargs: `tune_missing`'s. A device crash stores the
-    trials so far, then raises."""
     outcome = tune_missing(tuning_state(session), **kwargs)
     session.commit()  # end the read transaction before the writes (SQLite: a stale snapshot cannot become a write)
-    store_tuning(session, outcome)
+    crud.store_tuning(session, result=outcome.result, sweep_id=sweep_id, environment_id=environment_id)
     session.commit()
     if outcome.error is not None:
         raise RuntimeError(outcome.error)

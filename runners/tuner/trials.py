@@ -28,6 +28,7 @@ from torch import Tensor
 from kernels.configs import LAUNCHES, KernelSpec, LaunchConfig
 from runners.correctness import rel_l2
 from runners.tuner.clock import Timer
+from runners.tuner.result import Trial
 
 __all__ = ["Trial", "TrialContext", "output_error", "run_trial", "static_invalid_reason"]
 
@@ -36,22 +37,6 @@ logger = logging.getLogger(__name__)
 Outputs = Sequence[Tensor | None]
 # runs the op once with explicit configs {kernel name: config} and returns its outputs
 RunFn = Callable[[Mapping[str, LaunchConfig]], Outputs]
-
-
-@dataclass
-class Trial:
-    """What one config did for one kernel and key (mirrors a TuningTrial row)."""
-
-    kernel: str
-    key: dict[str, Any]
-    config: LaunchConfig
-    strategy: str
-    rung: int
-    status: str
-    median_ms: float | None = None
-    n: int = 0
-    error: str | None = None
-    samples: list[float] = field(default_factory=list, repr=False)
 
 
 @dataclass
@@ -66,7 +51,7 @@ class TrialContext:
     tol: float  # relative L2 tolerance against `reference`
     timer: Timer
     strategy: str
-    record: Callable[[Trial], None] | None = None
+    record: Callable[[Trial[LaunchConfig]], None] | None = None
     # configs known to crash the device (found in a separate process): recorded `failed`, never launched here
     known_bad: Mapping[LaunchConfig, str] = field(default_factory=dict)
     # the default as it launched in the reference run: known to launch, so never rejected by the static check
@@ -116,7 +101,7 @@ def is_device_crash(err: BaseException) -> bool:
     return isinstance(err, RuntimeError) and ("CUDA error" in text or "Triton Error [CUDA]" in text)
 
 
-def run_trial(ctx: TrialContext, cfg: LaunchConfig, *, n: int, rung: int = 0) -> Trial:
+def run_trial(ctx: TrialContext, cfg: LaunchConfig, *, n: int, rung: int = 0) -> Trial[LaunchConfig]:
     """Check, run, verify and time one config (see the module docstring); records and returns the trial."""
     name = ctx.spec.name
     trial = Trial(kernel=name, key=dict(ctx.key), config=cfg, strategy=ctx.strategy, rung=rung, status="ok")

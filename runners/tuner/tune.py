@@ -1,7 +1,8 @@
-"""The tuner's entry: for an op and its shapes, search every Triton kernel the op launches, store trials and winners.
+"""The tuner's measuring and deciding: for an op and its shapes, search every Triton kernel the op launches.
 
-    rows = tune_kernels(session, op="gdn", shapes=[{"B": 1, "T": 8192, "H": 16, "K": 128, "V": 128}],
-                        strategy="halving", budget=None, sweep_id=None, device="cuda")
+    result = tune_kernels(op="gdn", shapes=[{"B": 1, "T": 8192, "H": 16, "K": 128, "V": 128}],
+                          spec=TuneSpec(strategy="halving"), device="cuda")       # a TuneResult, no store
+    crud.store_tuning(session, result=result, sweep_id=None)                      # the caller stores it
 
 Per shape (`tune_case` for any callable that runs an op):
 1. run the op once (imports and compiles), then once with every kernel at its default config: the outputs of
@@ -10,17 +11,16 @@ Per shape (`tune_case` for any callable that runs an op):
 2. for each launched kernel with a non-empty space, in launch order, search its space (runners.tuner.search)
    with the op's other kernels fixed at their best so far (coordinate descent: later kernels are tuned on top
    of the earlier winners, and their `default_ms` is measured that way too);
-3. every trial is stored as a `TuningTrial`; the best `ok` trial per (kernel, key, device) is upserted as the
-   `TunedConfig`, with the runner-up's and the default's medians and the kernel's source hash (through
-   `db.crud.store_trial` / `db.crud.upsert_tuned_config`). The session is committed before the search, after
-   each trial and after each kernel's winner (a long GPU search must not hold SQLite's write lock). Without a
-   session nothing is stored: the winners come back as transient rows and each trial's fields go to `on_trial`
-   (how a worker's rank process tunes while its parent stays the only writer: runners.tuner.sweep).
+3. decide: every trial is kept, and the best `ok` trial per (kernel, key) is the winner, with the runner-up's
+   and the default's medians and the kernel's source hash (`runners.tuner.result.KernelResult`).
+No store session is open while anything is measured: the caller stores the `TuneResult` afterwards
+(`db.crud.store_tuning`; a worker's rank process measures and its parent stores: runners.tuner.sweep). A device
+crash raises `TuningStopped` carrying the trials so far, so the caller stores them too.
 
-Multi-rank (`group`, or whenever torch.distributed is initialised): only rank 0 of the group tunes and
-stores; the winners are broadcast (`broadcast_object_list`) and every rank returns the same configs, so all
-ranks launch identically (the failure mode of per-rank autotuning: Megatron-LM#6966). Install them on every
-rank with `install_tuned(rows)`.
+Multi-rank (`group`, or whenever torch.distributed is initialised): only rank 0 of the group tunes; its result
+is broadcast (`broadcast_object_list`) and every rank returns the same winners, so all ranks launch identically
+(the failure mode of per-rank autotuning: Megatron-LM#6966). Install them on every rank with
+`install_tuned(result.tuned_rows())`.
 
 CPU tuning (wall clock) is allowed for tests; CPU rows are never exported (runners.tuner.export).
 """
@@ -30,8 +30,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
-from datetime import datetime, timezone
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,17 +39,19 @@ from kernels.autotune import key_str, normalize_key, source_hash
 from kernels.configs import KERNELS, LAUNCHES, LaunchConfig, get_spec
 from runners.tuner.clock import Timer, make_timer
 from runners.tuner.miscompiles import known_bad as known_bad_configs
+from runners.tuner.result import KernelResult, TuneResult
 from runners.tuner.search import SearchResult, candidates, pinned, search
+from runners.tuner.spec import TuneSpec
 from runners.tuner.trials import RunFn, Trial, TrialContext, run_trial
 from runners.workload import INPUT_NAMES, TORCH_DTYPES, make_inputs
 
 if TYPE_CHECKING:
-    from sqlalchemy.orm import Session
-
     from db.models import TunedConfig
 
-__all__ = ["TRIAL_TOL", "Shape", "device_facts", "install_tuned", "launched_configs", "make_case", "training_step", "tune_case",
-           "tune_kernels"]
+__all__ = ["TRIAL_TOL", "Shape", "case_inputs", "case_tol", "device_facts", "install_tuned", "launched_configs",
+           "make_case", "training_step", "tune_case", "tune_kernels"]
+
+DEFAULTS = TuneSpec()
 
 logger = logging.getLogger(__name__)
 
@@ -165,44 +166,34 @@ def launched_configs() -> dict[str, dict[str, Any]]:
     return {name: cfg.as_dict() for name, (_key, cfg) in LAUNCHES.items()}
 
 
+def case_tol(spec: TuneSpec, dtype: str) -> float:
+    """The relative L2 tolerance of a trial's outputs on a case of `dtype`: the spec's, else the dtype's."""
+    return spec.tol if spec.tol is not None else TRIAL_TOL[dtype]
+
+
+def case_inputs(case: Mapping[str, Any]) -> list[torch.Tensor]:
+    """The op's differentiable inputs of a `make_case` case, in call order (q, k, v, g, beta)."""
+    return [case[n] for n in INPUT_NAMES]
+
+
 def tune_case(
-    session: Session | None,
-    *,
     run: RunFn,
+    *,
     device: torch.device | str,
-    kernels: Iterable[str] | None = None,
-    strategy: str = "halving",
-    budget: int | None = None,
-    seed: int = 0,
-    samples: int = 20,
-    min_samples: int = 5,
-    max_samples: int = 60,
-    eta: int = 3,
-    tol: float = 2e-2,
-    sweep_id: int | None = None,
-    environment_id: int | None = None,
-    timer: Timer | None = None,
+    spec: TuneSpec = DEFAULTS,
+    dtype: str = "bfloat16",
     known_bad: Mapping[str, Mapping[LaunchConfig, str]] | None = None,
-    on_trial: Callable[[dict[str, Any]], None] | None = None,
-) -> tuple[list[TunedConfig], dict[str, SearchResult]]:
-    """Tune every kernel `run` launches (or those named in `kernels`); see the module docstring.
+    timer: Timer | None = None,
+) -> TuneResult:
+    """Measure and decide, no store: tune every kernel `run` launches (or those in `spec.kernels`); see the module
+    docstring. dtype: the case's (the trials' tolerance, `case_tol`).
 
     known_bad: {kernel: {config: error}} of configs that crashed the device elsewhere (a CUDA error poisons the
     process, so such configs are found in throwaway processes): recorded `failed` without launching.
-    on_trial: called with each trial's `store_trial` fields (plain data) as it ends, stored or not.
-    Returns the upserted TunedConfig rows (transient objects when `session` is None) and each kernel's SearchResult.
+    A device crash mid-search raises `TuningStopped` with the trials so far (the crashing one included).
     """
-    from db.models import TunedConfig
-
-    if session is not None:
-        from db import crud  # (db.crud needs pydantic settings; a session-less run needs only SQLAlchemy)
-
-        # end the caller's (read) transaction: on SQLite a read snapshot that another process (e.g. a worker's
-        # heartbeat) overtakes can never become a write ("database is locked"); each trial commits on its own
-        session.commit()
-    dev_name, cc = device_facts(device)
     timer = timer or make_timer(device)
-    wanted = set(kernels) if kernels is not None else None
+    wanted = set(spec.kernels) if spec.kernels is not None else None
     # the first run imports the op's kernel modules (registering their specs) and compiles the defaults
     run({})
     if wanted is not None and wanted - set(KERNELS):
@@ -213,140 +204,115 @@ def tune_case(
     launched = {n: normalize_key(key) for n, (key, _cfg) in LAUNCHES.items()}
     # the defaults as launched (a launcher may adapt a config to the shape, e.g. clamp BV to a small V)
     observed = {n: cfg for n, (_key, cfg) in LAUNCHES.items()}
-    if wanted is not None:
-        missing = wanted - set(launched)
-        if missing:
-            raise ValueError(f"kernel(s) {sorted(missing)} did not launch for this op/shape; launched: {sorted(launched)}")
+    if wanted is not None and wanted - set(launched):
+        raise ValueError(f"kernel(s) {sorted(wanted - set(launched))} did not launch for this op/shape; launched: {sorted(launched)}")
+    dev_name, cc = device_facts(device)
+    bad = _known_bad(cc, launched, known_bad)
+    # coordinate descent: each kernel is searched with the ones before it at their winners
     fixed = {n: defaults[n] for n in launched}
-    # configs a rule says crash or miscompute on this device and compiler, merged with the caller's crashers
-    bad: dict[str, dict[LaunchConfig, str]] = known_bad_configs(cc, kernels=launched)
-    for n, cfgs in (known_bad or {}).items():
-        bad.setdefault(n, {}).update(cfgs)
-    rows: list[TunedConfig] = []
-    results: dict[str, SearchResult] = {}
+    out = TuneResult(device_name=dev_name, compute_capability=cc)
     for name in launched:
-        spec = get_spec(name)
-        if (wanted is not None and name not in wanted) or not spec.space:
+        if (wanted is not None and name not in wanted) or not get_spec(name).space:
             continue
-        key = launched[name]
-        ks = key_str(key)
-
-        def record(t: Trial, _ks: str = ks) -> None:
-            row = {"sweep_id": sweep_id, "environment_id": environment_id, "device_name": dev_name, "kernel": t.kernel,
-                   "key": t.key, "key_str": _ks, "config": t.config.as_dict(), "strategy": t.strategy, "rung": t.rung,
-                   "status": t.status, "median_ms": t.median_ms, "n": t.n, "error": t.error}
-            if on_trial is not None:
-                on_trial(row)
-            if session is not None:
-                crud.store_trial(session, **row)
-                session.commit()  # never hold the store's write lock while the next config is measured
-
-        ctx = TrialContext(spec=spec, key=key, run=run, fixed=dict(fixed), reference=reference, tol=tol, timer=timer,
-                           strategy=strategy, record=record, known_bad=dict(bad.get(name, {})),
-                           default=observed[name])
+        trials: list[Trial] = []
+        ctx = TrialContext(spec=get_spec(name), key=launched[name], run=run, fixed=dict(fixed), reference=reference,
+                           tol=case_tol(spec, dtype), timer=timer, strategy=spec.strategy,
+                           record=trials.append, known_bad=dict(bad.get(name, {})), default=observed[name])
         try:
-            res = search(strategy, candidates(spec, observed[name]), lambda c, n, r, _ctx=ctx: run_trial(_ctx, c, n=n, rung=r),
-                         budget=budget, seed=seed, samples=samples, min_samples=min_samples, max_samples=max_samples, eta=eta,
-                         pinned=pinned(spec, observed[name]))
-        except Exception:
-            # a device crash ends the search: keep the trials so far (the crashing one included) before it propagates
-            if session is not None:
-                session.commit()
-            raise
-        results[name] = res
-        if res.best is None:
+            res = search(spec.strategy, candidates(ctx.spec, ctx.default), functools.partial(_measure, ctx), budget=spec.budget,
+                         seed=spec.seed, samples=spec.samples, min_samples=spec.min_samples,
+                         max_samples=spec.max_samples, eta=spec.eta, pinned=pinned(ctx.spec, ctx.default))
+        except Exception as err:  # a device crash ends the search: the trials so far go with it
+            out.extended([_decide(ctx, trials, None)] if trials else []).stop(err)
+        out = out.extended([_decide(ctx, trials, res)])
+        if res.best is not None:
+            fixed[name] = res.best.config
+    return out
+
+
+def _measure(ctx: TrialContext, cfg: LaunchConfig, n: int, rung: int) -> Trial:
+    return run_trial(ctx, cfg, n=n, rung=rung)
+
+
+def _known_bad(cc: str | None, launched: Iterable[str],
+               given: Mapping[str, Mapping[LaunchConfig, str]] | None) -> dict[str, dict[LaunchConfig, str]]:
+    """Configs a rule says crash or miscompute on this device and compiler, merged with the caller's crashers."""
+    bad: dict[str, dict[LaunchConfig, str]] = known_bad_configs(cc, kernels=launched)
+    for n, cfgs in (given or {}).items():
+        bad.setdefault(n, {}).update(cfgs)
+    return bad
+
+
+def _decide(ctx: TrialContext, trials: Sequence[Trial], res: SearchResult | None) -> KernelResult:
+    """The kernel's result: its trials and, when the search found a correct config, the winner."""
+    name, ks = ctx.spec.name, key_str(ctx.key)
+    records = tuple(replace(t, config=t.config.as_dict(), samples=[]) for t in trials)  # the trials as stored
+    base = KernelResult(kernel=name, key=dict(ctx.key), key_str=ks, source_hash=source_hash(name), trials=records)
+    if res is None or res.best is None:
+        if res is not None:
             logger.warning("tuner: no config of %s at %s was correct and timed; keeping the default", name, ks)
-            if session is not None:
-                session.commit()
-            continue
-        fixed[name] = res.best.config
-        tuned = {"kernel": name, "key": key, "key_str": ks, "device_name": dev_name, "compute_capability": cc,
-                 "config": res.best.config.as_dict(), "median_ms": res.best.median_ms,
-                 "default_ms": res.default.median_ms if res.default else None,
-                 "runner_up_ms": res.runner_up.median_ms if res.runner_up else None,
-                 "source_hash": source_hash(name), "sweep_id": sweep_id, "environment_id": environment_id}
-        if session is not None:
-            rows.append(crud.upsert_tuned_config(session, **tuned))
-            session.commit()
-        else:
-            rows.append(TunedConfig(**tuned, measured_at=datetime.now(timezone.utc)))
-        logger.info("tuner: %s at %s -> %s (%.4f ms; default %s ms)", name, ks, res.best.config.as_dict(),
-                    res.best.median_ms, f"{res.default.median_ms:.4f}" if res.default else "n/a")
-    return rows, results
+        return base
+    default_ms = res.default.median_ms if res.default else None
+    logger.info("tuner: %s at %s -> %s (%.4f ms; default %s ms)", name, ks, res.best.config.as_dict(),
+                res.best.median_ms, f"{default_ms:.4f}" if default_ms is not None else "n/a")
+    return replace(base, config=res.best.config.as_dict(), median_ms=res.best.median_ms, default_ms=default_ms,
+                   runner_up_ms=res.runner_up.median_ms if res.runner_up else None)
 
 
 def tune_kernels(
-    session: Session | None,
     *,
     op: str,
     shapes: Sequence[Shape | Mapping[str, Any]],
-    strategy: str = "halving",
-    budget: int | None = None,
-    sweep_id: int | None = None,
+    spec: TuneSpec = DEFAULTS,
     device: torch.device | str | None = None,
-    kernels: Iterable[str] | None = None,
     backend: str = "triton",
-    seed: int = 0,
-    samples: int = 20,
-    min_samples: int = 5,
-    max_samples: int = 60,
-    eta: int = 3,
-    environment_id: int | None = None,
     group: Any = None,
-    direction: str = "fwd",
-) -> list[TunedConfig]:
-    """Tune the Triton kernels of `op` ("gdn" | "kda") at each shape; returns the TunedConfig rows (see module docstring).
+) -> TuneResult:
+    """Tune the Triton kernels of `op` ("gdn" | "kda") at each shape, searching as `spec` says (module docstring).
 
     Args:
-        session: the store (None: nothing stored, transient rows returned; non-zero ranks may pass None).
         shapes: `Shape`s or dicts with B, T, H, K, V, dtype, lengths, lb, initial_state, seed.
-        strategy: "exhaustive" | "random" | "halving"; budget: configs measured per kernel and key (random,
-            halving's first rung); None = the whole space.
+        spec: strategy, budget, samples, direction ("fwd+bwd": time forward + Triton backward, which tunes the
+            backward kernels too, each on the whole step), kernels (default: every kernel the op launches).
         device: where to tune (default: "cuda" when available, else "cpu").
-        kernels: restrict to these kernel names (default: every kernel the op launches).
         group: process group whose rank 0 tunes and broadcasts (default: the world when torch.distributed is up).
-        direction: "fwd" (time the forward) or "fwd+bwd" (time forward + Triton backward: tunes the backward
-            kernels too, each on the whole step).
+    A device crash raises `TuningStopped` with every shape's results so far.
     """
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     dist_on = torch.distributed.is_available() and torch.distributed.is_initialized()
     multi = dist_on and torch.distributed.get_world_size(group) > 1
     rank = torch.distributed.get_rank(group) if multi else 0
-    rows: list[TunedConfig] = []
-    if rank == 0:
-        kern = list(kernels) if kernels is not None else None
-        for s in shapes:
-            shape = Shape.of(s)
-            case = make_case(op, shape, device)
-            tol = TRIAL_TOL[shape.dtype]
-            got, _ = tune_case(session, run=op_runner(op, case, backend=backend, direction=direction), device=device, kernels=kern,
-                               strategy=strategy, budget=budget, seed=seed, samples=samples, min_samples=min_samples,
-                               max_samples=max_samples, eta=eta, tol=tol, sweep_id=sweep_id, environment_id=environment_id)
-            rows.extend(got)
-            del case
+    result = _tune_shapes(op, shapes, spec, device, backend) if rank == 0 else None
     if multi:
-        rows = _broadcast_rows(rows, rank=rank, group=group, device=device)
-    return rows
+        payload: list[Any] = [result]
+        src = torch.distributed.get_global_rank(group, 0) if group is not None else 0
+        torch.distributed.broadcast_object_list(payload, src=src, group=group,
+                                                device=device if device.type == "cuda" else None)
+        result = payload[0]
+    assert result is not None
+    return result
 
 
-_ROW_FIELDS = ("kernel", "key", "key_str", "device_name", "compute_capability", "config", "median_ms", "default_ms",
-               "runner_up_ms", "source_hash", "sweep_id", "environment_id", "measured_at")
-
-
-def _broadcast_rows(rows: list[TunedConfig], *, rank: int, group: Any, device: torch.device) -> list[TunedConfig]:
-    from db.models import TunedConfig
-
-    payload: list[Any] = [[{f: getattr(r, f) for f in _ROW_FIELDS} for r in rows] if rank == 0 else None]
-    src = torch.distributed.get_global_rank(group, 0) if group is not None else 0
-    torch.distributed.broadcast_object_list(payload, src=src, group=group,
-                                            device=device if device.type == "cuda" else None)
-    if rank == 0:
-        return rows
-    return [TunedConfig(**d) for d in payload[0]]
+def _tune_shapes(op: str, shapes: Sequence[Shape | Mapping[str, Any]], spec: TuneSpec, device: torch.device,
+                 backend: str) -> TuneResult:
+    dev_name, cc = device_facts(device)
+    out = TuneResult(device_name=dev_name, compute_capability=cc)
+    for s in shapes:
+        shape = Shape.of(s)
+        case = make_case(op, shape, device)
+        try:
+            got = tune_case(op_runner(op, case, backend=backend, direction=spec.direction), device=device, spec=spec,
+                            dtype=shape.dtype)
+        except Exception as err:  # the shapes tuned before a device crash are kept
+            out.stop(err)
+        out = out.extended(got.kernels)
+        del case
+    return out
 
 
 def install_tuned(rows: Sequence[TunedConfig], *, strict: bool = False) -> Any:
-    """Make launches in this process use `rows` (e.g. just tuned, or read back from the store for a sweep).
+    """Make launches in this process use `rows` (e.g. just tuned, `TuneResult.tuned_rows()`, or read back from the
+    store for a sweep).
 
     Builds the same table an exported file would give (runners.tuner.export) and installs it as the resolver.
     strict=False: rows of another device or a stale source hash are skipped with a warning.

@@ -24,18 +24,22 @@ def _module():
 def test_a_crash_mid_search_restarts_the_case_without_the_culprit(tmp_path, monkeypatch) -> None:
     import runners.tuner.tune as tune
     from kernels.configs import LaunchConfig
+    from runners.tuner.result import KernelResult, Trial, TuneResult
 
     mod = _module()
     out = tmp_path / "run.json"
     calls: list[dict] = []  # what each tune_case call was given
 
-    def fake_tune_case(session, *, run, known_bad, on_trial, **kw):
+    def fake_tune_case(run, *, known_bad, **kw):
         op = run.op
         calls.append({"op": op, "known_bad": {k: set(v) for k, v in known_bad.items()}})
+        result = TuneResult(device_name="cpu", compute_capability=None)
         if op == "kda" and "chunk_state_fwd" not in known_bad:  # the device crashes on the culprit
-            on_trial({"kernel": "chunk_state_fwd", "config": CULPRIT, "status": "failed"})
-            raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        return [], {}
+            crashed = Trial(kernel="chunk_state_fwd", key={}, config=CULPRIT, strategy="halving", rung=0, status="failed")
+            result.extended([KernelResult(kernel="chunk_state_fwd", key={}, key_str="", source_hash="",
+                                          trials=(crashed,))]).stop(
+                RuntimeError("CUDA error: an illegal memory access was encountered"))
+        return result
 
     def fake_runner(op, case, direction="fwd"):
         r = lambda configs: None  # noqa: E731
@@ -83,7 +87,7 @@ def test_a_crash_the_search_did_not_record_is_not_swallowed(tmp_path, monkeypatc
 
     mod = _module()
 
-    def boom(session, **kw):
+    def boom(run, **kw):
         raise RuntimeError("CUDA error: out of memory")
 
     monkeypatch.setattr(tune, "tune_case", boom)

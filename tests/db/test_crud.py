@@ -4,14 +4,17 @@ Scenarios: a sweep with queued and skipped points and its progress counts; a swe
 at once; malformed point dicts are refused naming the field; timing samples compress and decode exactly;
 `list_results` joins measurement, profile and environment, filters and paginates; `results_by_key` keeps the latest
 measurement per key; environments are deduplicated by fingerprint; workers, tuning trials, tuned-config upserts and
-regression verdicts round-trip; `list_sweeps` filters by tag and paginates.
+regression verdicts round-trip; `list_sweeps` filters by tag and paginates; a tuning run measured without a
+session (`runners.tuner.TuneResult`) is stored by `store_tuning`: its trials, then its winners, with the sweep,
+the environment and when each winner was measured; every store function is keyword-only after the session.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
-from datetime import timezone
+from datetime import datetime, timezone
 
 import pytest
 from sqlalchemy import func, select
@@ -232,3 +235,44 @@ def test_tuning_and_regression_records(session) -> None:
     assert b.ratio == 1.3 and b.detail == {"medians": [1, 1.3]} and b.created_at.tzinfo == timezone.utc
     with pytest.raises(ValueError, match=r"rows\[0\] has unknown fields \['p'\]"):
         crud.store_regression_results(session, rows=[{"p": 1}])
+
+
+def test_store_tuning_stores_a_run_measured_without_a_session(session) -> None:
+    from runners.tuner.result import KernelResult, Trial, TuneResult
+
+    env = crud.get_or_create_environment(session, facts=FACTS)
+    sweep = crud.create_sweep(session, name="tuned", tags=[], spec={}, points=[])
+    measured = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    ok = tuple(Trial(kernel="chunk_state_fwd", key={"H": 4}, config={"BV": bv}, strategy="exhaustive", rung=0, status="ok",
+                     median_ms=ms, n=3) for bv, ms in ((64, 1.0), (32, 0.8)))
+    crash = Trial(kernel="wy_fwd", key={}, config={"BV": 16}, strategy="exhaustive", rung=0, status="failed",
+                  error="RuntimeError: CUDA error: x")
+    won = KernelResult(kernel="chunk_state_fwd", key={"H": 4}, key_str="H=4", source_hash="h1", trials=ok,
+                       config={"BV": 32}, median_ms=0.8, default_ms=1.0, runner_up_ms=1.0, measured_at=measured)
+    stopped = KernelResult(kernel="wy_fwd", key={}, key_str="", source_hash="h2", trials=(crash,))  # no winner
+    result = TuneResult(device_name="cpu", compute_capability=None, kernels=(won, stopped))
+    (row,) = crud.store_tuning(session, result=result, sweep_id=sweep.id, environment_id=env.id)
+    session.commit()
+    assert (row.kernel, row.key, row.config, row.median_ms, row.default_ms, row.runner_up_ms, row.source_hash) == (
+        "chunk_state_fwd", {"H": 4}, {"BV": 32}, 0.8, 1.0, 1.0, "h1")
+    assert row.measured_at == measured and (row.sweep_id, row.environment_id, row.device_name) == (sweep.id, env.id, "cpu")
+    trials = crud.list_trials(session, sweep_id=sweep.id)
+    assert [(t.kernel, t.config, t.status, t.median_ms) for t in trials] == [
+        ("chunk_state_fwd", {"BV": 64}, "ok", 1.0), ("chunk_state_fwd", {"BV": 32}, "ok", 0.8),
+        ("wy_fwd", {"BV": 16}, "failed", None)]
+    assert {(t.environment_id, t.device_name) for t in trials} == {(env.id, "cpu")}
+    (crashed,) = crud.list_trials(session, status="failed", error_contains="CUDA error")
+    assert crashed.kernel == "wy_fwd" and crud.list_trials(session, status="ok", error_contains="CUDA") == []
+
+
+def test_every_store_function_is_keyword_only_after_the_session() -> None:
+    checked = []
+    for module in (crud, queue):
+        for name, f in vars(module).items():
+            if not inspect.isfunction(f) or f.__module__ != module.__name__ or name.startswith("_"):
+                continue
+            params = list(inspect.signature(f).parameters.values())
+            if params and params[0].name == "session":
+                checked.append(name)
+                assert all(p.kind in (p.KEYWORD_ONLY, p.VAR_KEYWORD) for p in params[1:]), f"{module.__name__}.{name}"
+    assert {"store_tuning", "list_tuned_configs", "claim_point", "complete_point"} <= set(checked)

@@ -60,18 +60,19 @@ def test_fla_training_step_runner(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.skipif(not HAS_FLA, reason="needs fla-core (requirements-ci.txt installs it)")
 def test_tune_fla_checks_direction_and_guard_first() -> None:
     from runners.peers.fla import HOPPER_GUARD, triton_version
+    from runners.tuner import TuneSpec
     from runners.tuner.fla import tune_fla
 
     with pytest.raises(ValueError, match=r"^direction must be one of fwd, fwd\+bwd, got 'bwd'$"):
-        tune_fla(None, op="kda", shapes=[SHAPE], device="cpu", direction="bwd")
+        tune_fla(op="kda", shapes=[SHAPE], device="cpu", spec=TuneSpec(direction="bwd"))
     tv = triton_version()
     if tv is not None and HOPPER_GUARD[0] <= tv < HOPPER_GUARD[1]:  # CI's Triton (3.6): FLA's guard applies
         with pytest.raises(ValueError, match=r"FLA refuses the GDN backward on Hopper.*--fla-bypass-hopper-guard"):
-            tune_fla(None, op="gdn", shapes=[SHAPE], device="cpu", direction="fwd+bwd")
+            tune_fla(op="gdn", shapes=[SHAPE], device="cpu", spec=TuneSpec(direction="fwd+bwd"))
     # opted in (or KDA, which FLA does not guard), the next check is the device's
     for op, opts in (("gdn", {"bypass_hopper_guard": True}), ("kda", None)):
         with pytest.raises(ValueError, match="needs a CUDA GPU"):
-            tune_fla(None, op=op, shapes=[SHAPE], device="cpu", direction="fwd+bwd", options=opts)
+            tune_fla(op=op, shapes=[SHAPE], device="cpu", spec=TuneSpec(direction="fwd+bwd"), options=opts)
 
 
 @pytest.mark.skipif(not HAS_FLA, reason="needs fla-core (requirements-ci.txt installs it)")

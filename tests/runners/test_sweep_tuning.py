@@ -1,4 +1,4 @@
-"""A sweep with `tune: true` (runners.worker -> runners.execute.tune_job -> runners.tuner.ensure_tuned) on the CPU.
+"""A sweep with `tune: true` (runners.worker -> runners.execute.tune_job -> runners.tuner.tune_missing) on the CPU.
 
 Scenario: one GDN point on the interpreted Triton backend (T=64, H=1, K=V=32, fp32, mode none, W=1) with a small
 random search (`tuning: {strategy: random, budget: 4, samples: 1}`). The worker tunes the kernels the point
@@ -7,7 +7,7 @@ timed with `samples` samples; the winner per kernel (lowest median among its ok 
 the measurement records, per kernel, the launch key and config it ran with, which are the TunedConfig's key and
 config. The worker's heartbeat beats every 0.2 s meanwhile, so other writers commit while trials are stored
 (on SQLite the tuner must not write from a read transaction they overtook). Also: the `tuning` block is
-validated with errors naming the field.
+validated with errors naming the field, and its defaults are `runners.tuner.TuneSpec`'s.
 One writer: the same sweep with the gang replaced by an in-process pool whose jobs cannot open a store session
 (`Session()` raises inside a job): the tuning job still returns its trials and winners, and the worker (the
 parent) stores them.
@@ -156,3 +156,16 @@ def test_tuning_spec_errors_name_the_field(tmp_path: Path, tuning: dict, match: 
 
     with pytest.raises(SpecError, match=match):
         load_spec(write_spec(tmp_path, tune=True, tuning=tuning))
+
+
+def test_tuning_block_defaults_are_the_tuners(tmp_path: Path) -> None:
+    """A sweep spec's `tuning` block takes `runners.tuner.TuneSpec`'s defaults, and the worker's tune job builds
+    its TuneSpec from the stored block."""
+    from runners.spec import TuningSpec, load_spec
+    from runners.tuner import TuneSpec
+
+    d = TuneSpec()
+    fields = ("strategy", "budget", "samples", "min_samples", "max_samples")
+    assert TuningSpec().model_dump() == {f: getattr(d, f) for f in fields}
+    stored = load_spec(write_spec(tmp_path, tune=True, tuning={"budget": 3})).model_dump(mode="json")["tuning"]
+    assert TuneSpec.of(stored, direction="fwd+bwd") == TuneSpec(budget=3, direction="fwd+bwd")

@@ -16,6 +16,7 @@ No timing is asserted: only which trial wins among the stored ones.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 
 import pytest
@@ -25,10 +26,11 @@ import triton.language as tl
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
+from db import crud
 from db.models import TunedConfig, TuningTrial
 from kernels.autotune import install
 from kernels.configs import LAUNCHES, KernelSpec, LaunchConfig, pick_config, register
-from runners.tuner import Shape, candidates, tune_case, tune_kernels
+from runners.tuner import Shape, TuneSpec, TuningStopped, candidates, tune_case, tune_kernels
 from runners.tuner.clock import WallTimer
 from runners.tuner.search import first_rung, pinned, search
 from runners.tuner.trials import Trial
@@ -80,11 +82,12 @@ def _stored(session: Session, strategy: str) -> list[TuningTrial]:
 
 @pytest.mark.parametrize("strategy", ["exhaustive", "random", "halving"])
 def test_tune_case_best_of_stored_trials(session: Session, strategy: str) -> None:
-    rows, results = tune_case(session, run=_runner(), device="cpu", kernels=[SCALE.name], strategy=strategy,
-                              budget=6 if strategy == "random" else None, seed=3, samples=2, min_samples=1,
-                              max_samples=3, eta=2, timer=WallTimer(warmup=0))
+    result = tune_case(_runner(), device="cpu", spec=TuneSpec(kernels=(SCALE.name,), strategy=strategy,
+                       budget=6 if strategy == "random" else None, seed=3, samples=2, min_samples=1,
+                       max_samples=3, eta=2), timer=WallTimer(warmup=0))
+    rows = crud.store_tuning(session, result=result)
     trials = _stored(session, strategy)
-    res = results[SCALE.name]
+    (res,) = result.kernels
     assert len(trials) == len(res.trials)
     by_status = {s: [t for t in trials if t.status == s] for s in ("ok", "invalid", "disqualified", "failed")}
     assert not by_status["failed"], [t.error for t in by_status["failed"]]
@@ -131,14 +134,15 @@ def test_halving_keeps_fastest_and_default(session: Session) -> None:
     # cost: BV=32, 2 warps fastest; default (BV=16, 4 warps) slowest of the valid ones
     cost = lambda c: {(32, 2): 1.0, (32, 4): 2.0, (16, 2): 3.0, (16, 4): 4.0}[(c.BV, c.num_warps)]
     timer = ScriptedTimer(cost)
-    rows, results = tune_case(session, run=_runner(), device="cpu", kernels=[SCALE.name], strategy="halving",
-                              min_samples=2, max_samples=50, eta=3, timer=timer)
-    res = results[SCALE.name]
+    result = tune_case(_runner(), device="cpu", spec=TuneSpec(kernels=(SCALE.name,), strategy="halving",
+                       min_samples=2, max_samples=50, eta=3), timer=timer)
+    rows = crud.store_tuning(session, result=result)
+    (res,) = result.kernels
     rungs = sorted({t.rung for t in res.trials})
     assert rungs == [0, 1]
     r1 = [t for t in res.trials if t.rung == 1]
     # best ceil(4/3)=2 survivors plus the pinned default, measured with eta times more samples
-    assert sorted((t.config.BV, t.config.num_warps) for t in r1) == [(16, 4), (32, 2), (32, 4)]
+    assert sorted((t.config["BV"], t.config["num_warps"]) for t in r1) == [(16, 4), (32, 2), (32, 4)]
     assert {t.n for t in r1} == {6} and {t.n for t in res.trials if t.rung == 0 and t.status == "ok"} == {2}
     (row,) = rows
     assert row.config == {"BV": 32, "num_warps": 2, "num_stages": 2}
@@ -147,13 +151,14 @@ def test_halving_keeps_fastest_and_default(session: Session) -> None:
 
 def test_random_budget_and_seed(session: Session) -> None:
     timer = ScriptedTimer(lambda c: float(c.BV + c.num_warps))
-    _, r1 = tune_case(None, run=_runner(), device="cpu", kernels=[SCALE.name], strategy="random", budget=5, seed=11, timer=timer)
-    _, r2 = tune_case(None, run=_runner(), device="cpu", kernels=[SCALE.name], strategy="random", budget=5, seed=11, timer=timer)
-    cfgs = [t.config for t in r1[SCALE.name].trials]
-    assert cfgs == [t.config for t in r2[SCALE.name].trials]
+    spec = TuneSpec(kernels=(SCALE.name,), strategy="random", budget=5, seed=11)
+    (r1,) = tune_case(_runner(), device="cpu", spec=spec, timer=timer).kernels
+    (r2,) = tune_case(_runner(), device="cpu", spec=spec, timer=timer).kernels
+    cfgs = [LaunchConfig.from_dict(t.config) for t in r1.trials]
+    assert cfgs == [LaunchConfig.from_dict(t.config) for t in r2.trials]
     assert len(cfgs) == 5 and cfgs[0] == SCALE.default and len(set(cfgs)) == 5
-    ok = [t for t in r1[SCALE.name].trials if t.status == "ok"]
-    assert r1[SCALE.name].best.median_ms == min(t.median_ms for t in ok)
+    ok = [t for t in r1.trials if t.status == "ok"]
+    assert r1.median_ms == min(t.median_ms for t in ok)
 
 
 def test_candidates_default_first_and_unique() -> None:
@@ -197,9 +202,9 @@ def test_backward_kernels_hint_their_low_spill_configs() -> None:
 
 def test_bad_strategy_and_unknown_kernel() -> None:
     with pytest.raises(ValueError, match="strategy must be one of"):
-        tune_case(None, run=_runner(), device="cpu", kernels=[SCALE.name], strategy="bayes")
+        tune_case(_runner(), device="cpu", spec=TuneSpec(kernels=(SCALE.name,), strategy="bayes"))
     with pytest.raises(ValueError, match="unknown kernel"):
-        tune_case(None, run=_runner(), device="cpu", kernels=["no_such_kernel"])
+        tune_case(_runner(), device="cpu", spec=TuneSpec(kernels=("no_such_kernel",)))
 
 
 def test_shape_validation() -> None:
@@ -215,8 +220,9 @@ _HAVE_GDN = importlib.util.find_spec("kernels.gdn.chunk") is not None
 
 @pytest.mark.skipif(not _HAVE_GDN, reason="kernels/gdn/chunk.py (the Triton GDN path) does not exist yet")
 def test_tune_kernels_gdn_triton_tiny(session: Session) -> None:
-    rows = tune_kernels(session, op="gdn", shapes=[{"B": 1, "T": 64, "H": 1, "K": 16, "V": 32, "dtype": "float32"}],
-                        strategy="random", budget=2, samples=1, device="cpu")
+    result = tune_kernels(op="gdn", shapes=[{"B": 1, "T": 64, "H": 1, "K": 16, "V": 32, "dtype": "float32"}],
+                          spec=TuneSpec(strategy="random", budget=2, samples=1), device="cpu")
+    rows = crud.store_tuning(session, result=result)
     trials = list(session.scalars(select(TuningTrial)))
     kernels_tuned = {r.kernel for r in rows}
     assert kernels_tuned and kernels_tuned <= {t.kernel for t in trials}
@@ -236,14 +242,14 @@ def _rank_main(rank: int, world: int, port: int, out) -> None:
     tuned_here = []
     real = tune_mod.tune_case
 
-    def fake_tune_case(session, *, run, **kw):  # the op's runner replaced by the test kernel's
+    def fake_tune_case(run, *, spec, **kw):  # the op's runner replaced by the test kernel's
         tuned_here.append(rank)
-        kw.update(kernels=[SCALE.name], timer=ScriptedTimer(lambda c: float(c.BV) + c.num_warps / 10 + rank))
-        return real(session, run=_runner(), **kw)
+        kw.update(timer=ScriptedTimer(lambda c: float(c.BV) + c.num_warps / 10 + rank))
+        return real(_runner(), spec=dataclasses.replace(spec, kernels=(SCALE.name,)), **kw)
 
     tune_mod.tune_case = fake_tune_case
-    rows = tune_kernels(None, op="gdn", shapes=[{"B": 1, "T": 64, "H": 1, "K": 16, "V": 32, "dtype": "float32"}],
-                        strategy="exhaustive", samples=1, device="cpu")
+    rows = tune_kernels(op="gdn", shapes=[{"B": 1, "T": 64, "H": 1, "K": 16, "V": 32, "dtype": "float32"}],
+                        spec=TuneSpec(strategy="exhaustive", samples=1), device="cpu").winners()
     out.put((rank, tuned_here, [(r.kernel, r.key_str, r.config, r.median_ms) for r in rows]))
     dist.barrier()
     dist.destroy_process_group()
@@ -282,9 +288,11 @@ def test_cli_configs_export(tmp_path, migrated_sqlite) -> None:
 
     url = migrated_sqlite(tmp_path)
     engine = create_engine(url)
+    result = tune_case(_runner(), device="cpu", spec=TuneSpec(kernels=(SCALE.name,), strategy="exhaustive", samples=1),
+                       timer=ScriptedTimer(lambda c: c.BV + c.num_warps / 10))
     with Session(engine) as s:
-        tune_case(s, run=_runner(), device="cpu", kernels=[SCALE.name], strategy="exhaustive", samples=1,
-                  timer=ScriptedTimer(lambda c: c.BV + c.num_warps / 10))
+        crud.store_tuning(s, result=result)
+        s.commit()
     engine.dispose()
     app = typer.Typer()
     register(app)
@@ -329,7 +337,7 @@ def test_tune_missing_keeps_the_trials_of_a_device_crash_for_the_parent(session:
     """`tune_missing` (what a rank process runs, no session) ends on a device crash with the trials so far (the
     crasher included) and the error; stored by the parent (`store_tuning`), the crasher is skipped on the retry."""
     import runners.tuner.sweep as sweep_mod
-    from runners.tuner import store_tuning, tune_missing, tuning_state
+    from runners.tuner import tune_missing, tuning_state
 
     crash = LaunchConfig(BV=32, num_warps=2, num_stages=2)
     x = torch.randn(2 * V)
@@ -347,18 +355,20 @@ def test_tune_missing_keeps_the_trials_of_a_device_crash_for_the_parent(session:
     real = sweep_mod.tune_case
     monkeypatch.setattr(sweep_mod, "tune_case", lambda *a, **kw: real(*a, **{**kw, "timer": ScriptedTimer(lambda c: float(c.BV))}))
     shape = {"B": 1, "T": 64, "H": 1, "K": 16, "V": 32, "dtype": "float32"}
-    first = tune_missing(tuning_state(session), op="gdn", shape=shape, device="cpu", strategy="exhaustive", samples=1)
-    assert first.payload is None and first.winners == [] and "illegal memory access" in (first.error or "")
-    assert first.trials[-1]["config"] == crash.as_dict() and first.trials[-1]["status"] == "failed"
+    spec = TuneSpec(strategy="exhaustive", samples=1)
+    first = tune_missing(tuning_state(session), op="gdn", shape=shape, device="cpu", spec=spec)
+    assert first.payload is None and first.result.winner_rows() == [] and "illegal memory access" in (first.error or "")
+    trials = first.result.trial_rows()
+    assert trials[-1]["config"] == crash.as_dict() and trials[-1]["status"] == "failed"
     assert launched[-1] == crash  # nothing launched after the fault
-    store_tuning(session, first)
+    crud.store_tuning(session, result=first.result)
     session.commit()
-    assert len(session.scalars(select(TuningTrial)).all()) == len(first.trials)
+    assert len(session.scalars(select(TuningTrial)).all()) == len(trials)
     launched.clear()
-    again = tune_missing(tuning_state(session), op="gdn", shape=shape, device="cpu", strategy="exhaustive", samples=1)
+    again = tune_missing(tuning_state(session), op="gdn", shape=shape, device="cpu", spec=spec)
     assert again.error is None and crash not in launched and again.payload is not None
-    assert [t for t in again.trials if t["config"] == crash.as_dict()][0]["status"] == "failed"
-    assert [w["kernel"] for w in again.winners] == [SCALE.name]
+    assert [t for t in again.result.trial_rows() if t["config"] == crash.as_dict()][0]["status"] == "failed"
+    assert [w["kernel"] for w in again.result.winner_rows()] == [SCALE.name]
 
 
 def test_known_bad_and_fatal_cuda_error(session: Session) -> None:
@@ -374,15 +384,18 @@ def test_known_bad_and_fatal_cuda_error(session: Session) -> None:
         return (scale(x, cfg),)
 
     # a known crasher is recorded `failed` without launching; the search goes on
-    _, res = tune_case(session, run=run, device="cpu", kernels=[SCALE.name], strategy="exhaustive", samples=1,
-                       timer=ScriptedTimer(lambda c: float(c.BV)), known_bad={SCALE.name: {bad: "crashed elsewhere", crash: "too"}})
-    failed = [t for t in res[SCALE.name].trials if t.status == "failed"]
-    assert {t.config for t in failed} == {bad, crash} and {t.error for t in failed} == {"crashed elsewhere", "too"}
-    # an unknown device crash poisons the process: recorded, then raised (the search cannot go on)
-    session.rollback()
-    with pytest.raises(RuntimeError, match="illegal memory access"):
-        tune_case(session, run=lambda c: run({k: v for k, v in c.items() if v != bad}), device="cpu", kernels=[SCALE.name],
-                  strategy="exhaustive", samples=1, timer=ScriptedTimer(lambda c: float(c.BV)))
+    spec = TuneSpec(kernels=(SCALE.name,), strategy="exhaustive", samples=1)
+    (res,) = tune_case(run, device="cpu", spec=spec, timer=ScriptedTimer(lambda c: float(c.BV)),
+                       known_bad={SCALE.name: {bad: "crashed elsewhere", crash: "too"}}).kernels
+    failed = [t for t in res.trials if t.status == "failed"]
+    assert {LaunchConfig.from_dict(t.config) for t in failed} == {bad, crash}
+    assert {t.error for t in failed} == {"crashed elsewhere", "too"}
+    # an unknown device crash poisons the process: raised (the search cannot go on) with the trials so far, stored
+    with pytest.raises(RuntimeError, match="illegal memory access") as stopped:
+        tune_case(lambda c: run({k: v for k, v in c.items() if v != bad}), device="cpu", spec=spec,
+                  timer=ScriptedTimer(lambda c: float(c.BV)))
+    assert isinstance(stopped.value, TuningStopped)
+    crud.store_tuning(session, result=stopped.value.result)
     rec = session.scalars(select(TuningTrial).where(TuningTrial.status == "failed")).all()
     assert any("illegal memory access" in (t.error or "") for t in rec)
 
@@ -402,7 +415,7 @@ def test_triton_launch_error_is_fatal(session: Session) -> None:
         return (scale(x, cfg),)
 
     with pytest.raises(RuntimeError, match="Triton Error"):
-        tune_case(session, run=run, device="cpu", kernels=[SCALE.name], strategy="exhaustive", samples=1,
+        tune_case(run, device="cpu", spec=TuneSpec(kernels=(SCALE.name,), strategy="exhaustive", samples=1),
                   timer=ScriptedTimer(lambda c: float(c.BV)))
     assert calls[-1] == crash  # nothing launched after the fault
 
@@ -445,11 +458,64 @@ def test_miscompile_rules_apply_by_capability_and_triton_version() -> None:
 def test_tune_kernels_fwd_bwd_tunes_a_backward_kernel(session: Session) -> None:
     """direction fwd+bwd: the runner runs forward + Triton backward, so a backward kernel launches, is searched on
     the whole step (its outputs, gradients included, checked against the defaults' run) and gets a tuned row."""
-    rows = tune_kernels(session, op="gdn", shapes=[{"B": 1, "T": 64, "H": 1, "K": 32, "V": 32, "dtype": "float32"}],
-                        strategy="random", budget=2, samples=1, device="cpu", kernels=["wy_bwd"], direction="fwd+bwd")
+    result = tune_kernels(op="gdn", shapes=[{"B": 1, "T": 64, "H": 1, "K": 32, "V": 32, "dtype": "float32"}],
+                          spec=TuneSpec(strategy="random", budget=2, samples=1, kernels=("wy_bwd",), direction="fwd+bwd"),
+                          device="cpu")
+    rows = crud.store_tuning(session, result=result)
     assert [r.kernel for r in rows] == ["wy_bwd"]
     trials = [t for t in session.scalars(select(TuningTrial)) if t.kernel == "wy_bwd"]
     assert rows[0].median_ms == min(t.median_ms for t in trials if t.status == "ok")
     with pytest.raises(ValueError, match="direction"):
-        tune_kernels(None, op="gdn", shapes=[{"B": 1, "T": 64, "H": 1, "K": 32, "V": 32, "dtype": "float32"}],
-                     device="cpu", direction="bwd")
+        tune_kernels(op="gdn", shapes=[{"B": 1, "T": 64, "H": 1, "K": 32, "V": 32, "dtype": "float32"}],
+                     device="cpu", spec=TuneSpec(direction="bwd"))
+
+
+def test_tune_spec_is_the_one_source_of_the_defaults() -> None:
+    """`cpbench tune`'s options and the search functions default to `TuneSpec()`'s values; `TuneSpec.of` builds one
+    from a stored `tuning` block, refusing unknown options; importing it loads no torch (the sweep spec reads it)."""
+    import inspect
+    import subprocess
+    import sys
+
+    from runners.cli.configs import tune_command
+
+    d = TuneSpec()
+    cli = {p.name: p.default.default for p in inspect.signature(tune_command).parameters.values()}
+    assert (cli["strategy"], cli["budget"], cli["seed"], cli["samples"], cli["direction"], cli["fla_min_gain"]) == (
+        d.strategy, d.budget, d.seed, d.samples, d.direction, d.min_gain)
+    params = inspect.signature(search).parameters
+    assert {f: params[f].default for f in ("budget", "seed", "samples", "min_samples", "max_samples", "eta")} == {
+        f: getattr(d, f) for f in ("budget", "seed", "samples", "min_samples", "max_samples", "eta")}
+    assert TuneSpec.of({"strategy": "random", "budget": 4}, kernels=["a"]) == TuneSpec(strategy="random", budget=4,
+                                                                                       kernels=("a",))
+    with pytest.raises(ValueError, match=r"unknown tuning option\(s\) \['rungs'\]"):
+        TuneSpec.of({"rungs": 3})
+    code = "import sys, runners.tuner.spec, runners.tuner.result; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_a_tune_result_holds_what_storing_and_exporting_need() -> None:
+    """The decision per kernel and key (winner, its median, the default's and runner-up's), the trials as stored
+    rows, the winners as transient TunedConfig rows the exporter reads; it survives pickling (a gang's queue), and so
+    does the TuningStopped of a crashed search with its partial result."""
+    import pickle
+
+    from runners.tuner.export import export_from_rows
+
+    timer = ScriptedTimer(lambda c: float(c.BV) + c.num_warps / 10)
+    result = tune_case(_runner(), device="cpu", spec=TuneSpec(kernels=(SCALE.name,), strategy="exhaustive", samples=1),
+                       timer=timer)
+    assert pickle.loads(pickle.dumps(result)) == result
+    (k,) = result.winners()
+    assert (k.kernel, k.key_str, k.config, k.median_ms) == (SCALE.name, "N=64,V=32", {"BV": 16, "num_warps": 2, "num_stages": 2}, 16.2)
+    assert k.default_ms == 16.4 and k.runner_up_ms == 16.4 and len(k.source_hash) == 64
+    trials = result.trial_rows()
+    assert len(trials) == len(k.trials) == 16 and {t["kernel"] for t in trials} == {SCALE.name}
+    assert {t["device_name"] for t in trials} == {"cpu"} and trials[0]["config"] == SCALE.default.as_dict()
+    (row,) = result.tuned_rows()
+    assert (row.kernel, row.config, row.measured_at) == (k.kernel, k.config, k.measured_at)
+    data = export_from_rows(result.tuned_rows(), allow_cpu=True)
+    assert data["kernels"][SCALE.name]["entries"][0]["config"] == k.config
+    stop = TuningStopped(result, RuntimeError("CUDA error: an illegal memory access was encountered"))
+    again = pickle.loads(pickle.dumps(stop))
+    assert again.result == result and str(again) == "tuning stopped: RuntimeError: CUDA error: an illegal memory access was encountered"

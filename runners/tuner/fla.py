@@ -177,6 +177,8 @@ def tune_fla(
             out.stop(err)
         measure = functools.partial(_trial, run, reference, case_tol(spec, shape.dtype), timer, spec.samples)
         for name, key, tuner in touched:  # the Autotuner that ran: names repeat across FLA's modules
+            if wanted is None or name in wanted:
+                out = out.extended([_tune_touched(name, key, tuner, measure, spec, out)])
         del case
     return out
 

@@ -170,7 +170,8 @@ def points(spec: SweepSpec) -> list[PointSpec]:
     outer = itertools.product(spec.ops, spec.backends, a.dtype, a.direction, a.layout, list(_shapes(spec)))
     for op, ref, dtype, direction, layout, shape in outer:
         backend = _backend_name(ref)
-        inner = itertools.product(a.H, a.HV or [None], a.K, a.V, a.lb, a.W, spec.modes, spec.seeds, range(spec.repetitions))
+        value_heads: list[int | None] = list(a.HV) if a.HV else [None]
+        inner = itertools.product(a.H, value_heads, a.K, a.V, a.lb, a.W, spec.modes, spec.seeds, range(spec.repetitions))
         for H, HV, K, V, lb, W, mode, seed, rep in inner:
             # HV only when the spec has the axis (params of older specs stay as they were)
             out.append(PointSpec(

@@ -65,7 +65,9 @@ def _worker_tags(url: str) -> tuple[set[str], set[str], set[str]]:
     from runners.settings import get_worker_settings
 
     lease = get_worker_settings().LEASE_S
-    live, dead, own_dead = set(), set(), set()
+    live: set[str] = set()
+    dead: set[str] = set()
+    own_dead: set[str] = set()
     host = socket.gethostname()
     with session_scope(url) as s:
         now = store_now(s)

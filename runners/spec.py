@@ -49,7 +49,7 @@ from kernels.vocabulary import (
 from runners.errors import SpecError
 from runners.settings import get_worker_settings
 from runners.timing import StopRule
-from runners.tuner.spec import TuneSpec
+from runners.tuner.spec import Strategy, TuneSpec
 
 __all__ = [
     "MODES",
@@ -118,7 +118,8 @@ def _refuse_oversized(data: Any) -> None:
     fit the points limit is refused in O(number of axes), before its values are validated one by one."""
     if not isinstance(data, Mapping):
         return
-    axes = data.get("axes") if isinstance(data.get("axes"), Mapping) else {}
+    raw_axes = data.get("axes")
+    axes: Mapping[str, Any] = raw_axes if isinstance(raw_axes, Mapping) else {}
     lengths = axes.get("lengths")
     varlen = (1 if lengths and all(not isinstance(v, (list, tuple)) for v in lengths) else _count(lengths)) if lengths else 0
     shapes = _count(axes.get("B", 1)) * (_count(axes.get("T")) if axes.get("T") is not None else 0) + varlen
@@ -311,7 +312,7 @@ class TuningSpec(BaseModel):
 
     model_config = _STRICT
 
-    strategy: Literal["exhaustive", "random", "halving"] = Field(_TUNE.strategy)
+    strategy: Strategy = Field(_TUNE.strategy)
     budget: Annotated[int, Strict()] | None = Field(_TUNE.budget, ge=1, le=100_000)  # configs measured per kernel and key (random; halving's first rung); None = all
     samples: Annotated[int, Strict()] = Field(_TUNE.samples, ge=1, le=100_000)  # samples per config (exhaustive, random)
     min_samples: Annotated[int, Strict()] = Field(_TUNE.min_samples, ge=1, le=100_000)  # halving: samples per config on the first rung

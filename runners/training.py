@@ -74,4 +74,4 @@ def reference_grads(op: str, tensors: Sequence[Tensor], do: Tensor, *, cu_seqlen
     else:
         o = kernels.forward(op, *xs, cu_seqlens=cu_seqlens, backend=backend)[0]
     o.backward(do.reshape(o.shape))
-    return [x.grad for x in xs]
+    return [x.grad if x.grad is not None else torch.zeros_like(x) for x in xs]

@@ -46,6 +46,7 @@ second Ctrl-C stops at once (the point's lease then expires and the point return
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -364,7 +365,7 @@ class Worker:
         from db import crud
         from db.queue import refresh_sweep_status
 
-        previous: dict[int, Any] = {}
+        previous: dict[signal.Signals, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, self._on_signal)
@@ -391,9 +392,9 @@ class Worker:
                     continue
                 status = self._run_point(claim)
                 stats.point_ids.append(claim.point_id)
-                self._store("refresh", lambda s, c=claim: refresh_sweep_status(s, sweep_id=c.sweep_id))
-                self._store("touch", lambda s, st=status: crud.touch_worker(
-                    s, name=self.name, status="idle", points_done_inc=1 if st == "done" else 0))
+                self._store("refresh", functools.partial(refresh_sweep_status, sweep_id=claim.sweep_id))
+                self._store("touch", functools.partial(crud.touch_worker, name=self.name, status="idle",
+                                                       points_done_inc=1 if status == "done" else 0))
                 if on_point is not None:
                     on_point(claim.point_id, status)
                 progress(claim.sweep_id)
@@ -437,10 +438,11 @@ class Worker:
         from db import crud
         from db.queue import claim_point
 
-        assert self.info is not None
+        info = self.info
+        assert info is not None
 
         def claim(s: Any) -> _Claim | None:
-            point = claim_point(s, worker=self.name, lease_s=self.lease_s, max_W=self.info.count, device_kind=self.info.kind,
+            point = claim_point(s, worker=self.name, lease_s=self.lease_s, max_W=info.count, device_kind=info.kind,
                                 owner=self.owner)
             if point is None:
                 return None
@@ -448,7 +450,9 @@ class Worker:
             # the write before the read (claim_point committed): see the registration
             crud.touch_worker(s, name=self.name, status="busy", current_point_id=c.point_id)
             if c.sweep_id not in self._specs:
-                self._specs[c.sweep_id] = dict(crud.get_sweep(s, sweep_id=c.sweep_id).spec)
+                sweep = crud.get_sweep(s, sweep_id=c.sweep_id)
+                assert sweep is not None, f"point {c.point_id} of a missing sweep {c.sweep_id}"  # a foreign key
+                self._specs[c.sweep_id] = dict(sweep.spec)
             return c
 
         # a claim whose commit was lost in an outage holds a lease nobody renews: it expires and the point returns

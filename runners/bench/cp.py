@@ -107,7 +107,7 @@ def fla_cp_fn(op: str, T: int, dev: torch.device, group: Any) -> Any:
     cu = torch.tensor([0, T], dtype=torch.long)
     ctx = build_cp_context(cu.to(dev), group=group, cu_seqlens_cpu=cu)
 
-    def run(q, k, v, g, beta):  # type: ignore[no-untyped-def]
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
         return fn(q, k, v, g, beta, cp_context=ctx)[0]
     return run
 

@@ -186,6 +186,12 @@ def correctness(ops: list[str], device: str, quiet: bool = False) -> list[dict[s
 ARGV: list[str] = []
 
 
+def _shape(text: str) -> tuple[int, int]:
+    """`"8x8192"` -> (8, 8192): a `--shapes` item, B x T."""
+    B, T = (int(x) for x in text.split("x"))
+    return B, T
+
+
 def _env(device: str) -> dict[str, Any]:
     return environment(torch.device(device, 0) if device == "cuda" else torch.device("cpu"),
                        command=" ".join([os.path.basename(sys.executable), "-m", "runners.bench.kernels", *ARGV]),
@@ -196,7 +202,7 @@ def _env(device: str) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     device = "cpu" if args.dry_run else "cuda"
     ops = args.ops.split(",")
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")] if args.shapes else list(SHAPES_DEFAULT)
+    shapes = [_shape(s) for s in args.shapes.split(",")] if args.shapes else list(SHAPES_DEFAULT)
     if args.dry_run:
         shapes = list(DRY_RUN_SHAPES)
     H = 2 if args.dry_run else H_DEFAULT
@@ -285,7 +291,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 rec["x_floor"] = rec["ms"] / rec["floor_ms"]
             rows.append(rec)
             print("RESULT", json.dumps(rec, default=str), flush=True)
-            q = k = v = g = beta = o_fla = None
+            del q, k, v, g, beta, o_fla  # free the inputs before the next shape
             if device == "cuda":
                 torch.cuda.empty_cache()
     result["rows"] = rows

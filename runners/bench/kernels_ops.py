@@ -119,7 +119,7 @@ def fla_fn(op: str) -> Callable[..., Any]:
     return chunk_kda
 
 
-def variants(op: str, B: int, T: int, explore: bool | str) -> list[tuple[str, dict[str, Any]]]:
+def variants(op: str, B: int, T: int, explore: bool | str | None) -> list[tuple[str, dict[str, Any]]]:
     """(label, kwargs of `ours`) per timed variant of one shape; the first is the headline (public API)."""
     from kernels.configs import LaunchConfig
 

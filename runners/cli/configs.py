@@ -27,7 +27,7 @@ from typing import Any
 import typer
 
 from runners.errors import CpbenchError
-from runners.tuner.spec import TuneSpec
+from runners.tuner.spec import STRATEGIES, TuneSpec
 
 __all__ = ["parse_shape", "register"]
 
@@ -143,6 +143,8 @@ def tune_command(
 
     if backend not in ("triton", "fla"):
         raise CpbenchError(f"--backend must be triton or fla, got {backend!r}")
+    if strategy not in STRATEGIES:
+        raise CpbenchError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     spec = TuneSpec(strategy=strategy, budget=budget, seed=seed, samples=samples, direction=direction,
                     kernels=tuple(kernel) or None, min_gain=fla_min_gain)
     options = {"bypass_hopper_guard": True} if fla_bypass_hopper_guard else None

@@ -78,7 +78,7 @@ def autotuners() -> dict[str, Any]:
 
 def _name(tuner: Any) -> str:
     fn = tuner.fn
-    return getattr(tuner, "kernel_name", None) or getattr(getattr(fn, "fn", fn), "__name__", str(fn))
+    return str(getattr(tuner, "kernel_name", None) or getattr(getattr(fn, "fn", fn), "__name__", str(fn)))
 
 
 def tuning_key(tuner: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -103,11 +103,11 @@ def _recording(calls: list[Touched]) -> Iterator[None]:
                 calls.append(item)
         return original(self, *args, **kwargs)
 
-    Autotuner.run = run  # type: ignore[method-assign]
+    Autotuner.run = run
     try:
         yield
     finally:
-        Autotuner.run = original  # type: ignore[method-assign]
+        Autotuner.run = original
 
 
 def record_touched(fn: Callable[[], Any]) -> list[Touched]:

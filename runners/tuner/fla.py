@@ -130,9 +130,9 @@ def _trial(run: Callable[[], Any], reference: Any, tol: float, timer: Timer, sam
         if "CUDA error" in text or "Triton Error [CUDA]" in text:
             raise
         return "invalid", None, text[:2000]
-    err = output_error(reference, got)
-    if err > tol:
-        return "disqualified", None, f"relative L2 error {err:.3g} vs FLA's own picks > tol {tol:g}"
+    error = output_error(reference, got)
+    if error > tol:
+        return "disqualified", None, f"relative L2 error {error:.3g} vs FLA's own picks > tol {tol:g}"
     ts = sorted(timer(run, samples))
     return "ok", ts[len(ts) // 2], None
 

@@ -122,7 +122,7 @@ def successive_halving(
     while True:
         this = [measure(c, n, rung) for c in alive]
         trials.extend(this)
-        ok = sorted((t for t in this if t.status == "ok"), key=lambda t: t.median_ms)
+        ok = sorted((t for t in this if t.status == "ok" and t.median_ms is not None), key=lambda t: t.median_ms or 0.0)
         if len(ok) <= 2 or n >= max_samples:
             return _finish(trials, this, default)
         keep = max(2, math.ceil(len(ok) / eta))

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, Literal, get_args
 
-__all__ = ["STRATEGIES", "TuneSpec"]
+__all__ = ["STRATEGIES", "Strategy", "TuneSpec"]
 
-STRATEGIES = ("exhaustive", "random", "halving")
+Strategy = Literal["exhaustive", "random", "halving"]
+STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ class TuneSpec:
     """A tuning run's search options, every default filled in (FLA's tuner measures every config of a kernel, or
     `budget` of them drawn with `seed`, FLA's own pick always among them; it uses no `strategy`)."""
 
-    strategy: str = "halving"  # exhaustive | random | halving (runners.tuner.search)
+    strategy: Strategy = "halving"  # exhaustive | random | halving (runners.tuner.search)
     budget: int | None = None  # configs measured per kernel and key (random; halving's first rung); None: all
     seed: int = 0  # of the random draws
     samples: int = 20  # per config (exhaustive, random, FLA)

@@ -11,7 +11,9 @@ Public surface (a contract; DESIGN.md §1-§3):
     dq, dk, dv, dg, dbeta, dh0 = kernels.backward(op, q, k, v, g, beta, do, *, dht=None, ...)    # kernels.autograd
     o, ht = kernels.reference(op, q, k, v, g, beta, ...)        # per-token fp32 ground truth
     M, S = kernels.compose(M1, S1, M2, S2);  S = kernels.chain(M, S_ext, S0=None)
-    kernels.use_autotune(path)                                   # load tuned launch configs (kernels.autotune)
+    kernels.use_autotune(path)                                   # tuned launch configs for the default plan
+    o, ht = kernels.forward(..., plan=kernels.LaunchPlan(configs=..., table=..., keep="wy", recorder=rec))
+    plan = kernels.default_plan()                                # what a call without plan= uses (kernels.plan)
 
 `kernels` imports only torch (Triton when the triton backend runs, FLA when the fla backend runs).
 """
@@ -26,6 +28,7 @@ from kernels.api import chain, compose, forward, reference, transition
 from kernels.autograd import chunk_backward as backward
 from kernels.configs import KernelSpec, LaunchConfig
 from kernels.ops import chunk_gdn, chunk_kda
+from kernels.plan import LaunchPlan, LaunchRecorder, default_plan
 from kernels.validate import BACKENDS, OPS
 
 __all__ = [
@@ -33,11 +36,14 @@ __all__ = [
     "OPS",
     "KernelSpec",
     "LaunchConfig",
+    "LaunchPlan",
+    "LaunchRecorder",
     "backward",
     "chain",
     "chunk_gdn",
     "chunk_kda",
     "compose",
+    "default_plan",
     "forward",
     "reference",
     "transition",
@@ -46,20 +52,16 @@ __all__ = [
 
 
 def use_autotune(path: str | os.PathLike[str] | None, *, strict: bool = True, **kwargs: Any) -> Any:
-    """Load a tuned-config JSON (exported by `cpbench configs export`) so launches use its configs; None removes it.
+    """Load a tuned-config JSON (exported by `cpbench configs export`) into the default launch plan, so calls without
+    `plan=` use its configs; None removes it.
 
-    A thin forwarder to `kernels.autotune.use_autotune(path, strict=strict, **kwargs)`, imported on first use.
+    A thin forwarder to `kernels.plan.use_autotune(path, strict=strict, **kwargs)`, imported on first use.
+    CPBENCH_AUTOTUNE=path/to/autotune.json does the same, at the first call that needs the default plan.
     """
     try:
-        autotune = importlib.import_module("kernels.autotune")
+        plan = importlib.import_module("kernels.plan")
     except ModuleNotFoundError as err:
-        if err.name == "kernels.autotune":
-            raise ImportError("kernels.use_autotune needs the module kernels.autotune, which is not available") from err
+        if err.name == "kernels.plan":
+            raise ImportError("kernels.use_autotune needs the module kernels.plan, which is not available") from err
         raise
-    return autotune.use_autotune(path, strict=strict, **kwargs)
-
-
-# CPBENCH_AUTOTUNE=path/to/autotune.json makes every launch of this process use the tuned configs
-from kernels.autotune import _autoload_from_env  # noqa: E402
-
-_autoload_from_env()
+    return plan.use_autotune(path, strict=strict, **kwargs)

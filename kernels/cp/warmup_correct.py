@@ -290,14 +290,16 @@ def warmup_correct(
                             scale=scale, options={"cu": cu, "segments": segments, "tol": tol, "window": window,
                                                   "fallback": fallback, "out": out})
         return o, out["report"]
-    o, report, _ = _run(op, q, k, v, g, beta, cu, segments, tol, backend, launch, scale, window, fallback)
+    o, report, _ = _run(op, q, k, v, g, beta, cu, segments, tol, backend, scale, window, fallback, launch)
     return o, report
 
 
 def _run(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu: tuple[int, ...], segments: Any,
-         tol: float, backend: str, launch: LaunchPlan, scale: float | None, window: int,
-         fallback: str) -> tuple[Tensor, WarmupReport, Any]:
-    """The checked step: (o, report, (plan, S0, fell_back)) for the backward."""
+         tol: float, backend: str, scale: float | None, window: int, fallback: str,
+         launch: LaunchPlan | None = None) -> tuple[Tensor, WarmupReport, Any]:
+    """The checked step: (o, report, (plan, S0, fell_back)) for the backward; launch: the launch plan (None: the
+    default plan)."""
+    launch = launch if launch is not None else default_plan()
     H, K, V = k.shape[2], k.shape[3], v.shape[3]
     dev = k.device
     plan = _plan(cu, _seg_len(segments, cu, H, dev), window)
@@ -350,7 +352,7 @@ class _Train:
                       backend: str, launch: LaunchPlan, scale: float | None,
                       options: dict[str, Any]) -> tuple[Tensor, Any]:
         o, report, saved = _run(op, q, k, v, g, beta, options["cu"], options["segments"], options["tol"], backend,
-                                launch, scale, options["window"], options["fallback"])
+                                scale, options["window"], options["fallback"], launch)
         options["out"]["report"] = report
         return o, saved
 
@@ -460,7 +462,8 @@ def _auto_states(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: W
         # launches one batched matmul per segment position)
         from kernels.common.seqsplit import seg_chain_states
 
-        return seg_chain_states(M.float(), B.float(), None, plan.index("seg_ptr", dev), num_segments=plan.num_segments)
+        return seg_chain_states(M.float(), B.float(), None, plan.index("seg_ptr", dev), num_segments=plan.num_segments,
+                                launch=launch)
     (steps, n), map_pos, _ = plan.chain_layout
     if map_pos == tuple(range(steps * n)):
         A_all, B_all = M, B

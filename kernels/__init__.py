@@ -3,10 +3,10 @@
 Public surface (a contract; DESIGN.md §1-§3):
 
     o, ht = kernels.forward(op, q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
-                            cu_seqlens=None, backend="auto", config=None)
-    M, S_ext = kernels.transition(op, k, v, g, beta, *, cu_seqlens=None, backend="auto", config=None)
+                            cu_seqlens=None, backend="auto", config=None, plan=None)
+    M, S_ext = kernels.transition(op, k, v, g, beta, *, cu_seqlens=None, backend="auto", config=None, plan=None)
     o, ht = kernels.chunk_gdn(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
-                              cu_seqlens=None, backend="auto", use_qk_l2norm_in_kernel=False)   # differentiable
+                              cu_seqlens=None, backend="auto", use_qk_l2norm_in_kernel=False, plan=None)  # differentiable
     o, ht = kernels.chunk_kda(...)                                # (FLA's signatures; kernels.ops)
     dq, dk, dv, dg, dbeta, dh0 = kernels.backward(op, q, k, v, g, beta, do, *, dht=None, ...)    # kernels.autograd
     o, ht = kernels.reference(op, q, k, v, g, beta, ...)        # per-token fp32 ground truth

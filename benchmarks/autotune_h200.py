@@ -148,17 +148,15 @@ def cmd_run(args: argparse.Namespace) -> None:
 def tuned_kernels(op: str, case: dict[str, Any], direction: str) -> list[str] | None:
     """The kernels a direction tunes: None (all the forward launches) for fwd; for fwd+bwd those the training step
     launches beyond the forward's (the backward's own), in launch order."""
-    from kernels.configs import LAUNCHES
+    from kernels.plan import LaunchPlan, LaunchRecorder
     from runners.tuner.tune import op_runner
 
     if direction == "fwd":
         return None
-    LAUNCHES.clear()
-    op_runner(op, case)({})
-    forward = set(LAUNCHES)
-    LAUNCHES.clear()
-    op_runner(op, case, direction=direction)({})
-    return [n for n in LAUNCHES if n not in forward]
+    forward, step = LaunchRecorder(), LaunchRecorder()
+    op_runner(op, case)(LaunchPlan(recorder=forward))
+    op_runner(op, case, direction=direction)(LaunchPlan(recorder=step))
+    return [n for n in step if n not in forward]
 
 
 def _precompile_worker(task: tuple[str, dict[str, Any], list[tuple[str, dict[str, int]]], str]) -> dict[str, Any]:
@@ -170,6 +168,7 @@ def _precompile_worker(task: tuple[str, dict[str, Any], list[tuple[str, dict[str
     import torch
 
     from kernels.configs import LaunchConfig
+    from kernels.plan import LaunchPlan
     from runners.tuner.tune import Shape, make_case, op_runner
 
     op, sd, items, dev, direction = task
@@ -177,7 +176,7 @@ def _precompile_worker(task: tuple[str, dict[str, Any], list[tuple[str, dict[str
     ok = 0
     for i, (kernel, cfg) in enumerate(items):
         try:
-            run({kernel: LaunchConfig.from_dict(cfg)})
+            run(LaunchPlan(configs={kernel: LaunchConfig.from_dict(cfg)}))
             if dev == "cuda":
                 torch.cuda.synchronize()
             ok += 1
@@ -200,7 +199,8 @@ def _precompile(args: argparse.Namespace, until: float) -> list[tuple[str, str, 
     """
     import multiprocessing as mp
 
-    from kernels.configs import KERNELS, LAUNCHES
+    from kernels.configs import KERNELS
+    from kernels.plan import LaunchPlan, LaunchRecorder
     from runners.tuner.miscompiles import known_bad as known_bad_configs
     from runners.tuner.search import first_rung
     from runners.tuner.tune import Shape, device_facts, make_case, op_runner
@@ -213,10 +213,10 @@ def _precompile(args: argparse.Namespace, until: float) -> list[tuple[str, str, 
         case = make_case(op, Shape.of(sd), args.device)
         run = op_runner(op, case, direction=direction)
         only = tuned_kernels(op, case, direction)
-        run({})
-        LAUNCHES.clear()
-        run({n: sp.default for n, sp in KERNELS.items()})
-        items = [(n, c.as_dict()) for n, (_k, d) in list(LAUNCHES.items()) if KERNELS[n].space
+        run(LaunchPlan())
+        seen = LaunchRecorder()
+        run(LaunchPlan(configs={n: sp.default for n, sp in KERNELS.items()}, recorder=seen))
+        items = [(n, c.as_dict()) for n, (_k, d) in seen.items() if KERNELS[n].space
                  and (only is None or n in only)
                  for c in first_rung(KERNELS[n], d, args.budget, args.seed)[1:] if c not in ruled_out.get(n, {})]
         per = max(1, -(-len(items) // args.workers))
@@ -252,11 +252,14 @@ def _ab(timer: Any, run: Any, a_cfg: dict[str, Any], b_cfg: dict[str, Any], bloc
     """Medians of the whole forward with configs A vs B, interleaved in blocks (drift hits both alike)."""
     import statistics
 
+    from kernels.plan import LaunchPlan
+
     a: list[float] = []
     b: list[float] = []
+    plan_a, plan_b = LaunchPlan(configs=a_cfg), LaunchPlan(configs=b_cfg)
     for _ in range(blocks):
-        a += timer(lambda: run(a_cfg), n)
-        b += timer(lambda: run(b_cfg), n)
+        a += timer(lambda: run(plan_a), n)
+        b += timer(lambda: run(plan_b), n)
     return statistics.median(a), statistics.median(b)
 
 

@@ -3,15 +3,17 @@
 Public surface (a contract; DESIGN.md §1-§3):
 
     o, ht = kernels.forward(op, q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
-                            cu_seqlens=None, backend="auto", config=None)
-    M, S_ext = kernels.transition(op, k, v, g, beta, *, cu_seqlens=None, backend="auto", config=None)
+                            cu_seqlens=None, backend="auto", config=None, plan=None)
+    M, S_ext = kernels.transition(op, k, v, g, beta, *, cu_seqlens=None, backend="auto", config=None, plan=None)
     o, ht = kernels.chunk_gdn(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
-                              cu_seqlens=None, backend="auto", use_qk_l2norm_in_kernel=False)   # differentiable
+                              cu_seqlens=None, backend="auto", use_qk_l2norm_in_kernel=False, plan=None)  # differentiable
     o, ht = kernels.chunk_kda(...)                                # (FLA's signatures; kernels.ops)
     dq, dk, dv, dg, dbeta, dh0 = kernels.backward(op, q, k, v, g, beta, do, *, dht=None, ...)    # kernels.autograd
     o, ht = kernels.reference(op, q, k, v, g, beta, ...)        # per-token fp32 ground truth
     M, S = kernels.compose(M1, S1, M2, S2);  S = kernels.chain(M, S_ext, S0=None)
-    kernels.use_autotune(path)                                   # load tuned launch configs (kernels.autotune)
+    kernels.use_autotune(path)                                   # tuned launch configs for the default plan
+    o, ht = kernels.forward(..., plan=kernels.LaunchPlan(configs=..., table=..., keep="wy", recorder=rec))
+    plan = kernels.default_plan()                                # what a call without plan= uses (kernels.plan)
 
 `kernels` imports only torch (Triton when the triton backend runs, FLA when the fla backend runs), each name on
 first use: `import kernels.vocabulary` (the suite's names and counts, standard library only) loads no torch.
@@ -28,6 +30,7 @@ _FROM: dict[str, tuple[str, ...]] = {  # module -> its public names here, each i
     "kernels.autograd": ("backward",),
     "kernels.configs": ("KernelSpec", "LaunchConfig"),
     "kernels.ops": ("chunk_gdn", "chunk_kda"),
+    "kernels.plan": ("LaunchPlan", "LaunchRecorder", "default_plan"),
     "kernels.vocabulary": ("BACKENDS", "OPS"),
 }
 _RENAMED = {"backward": "chunk_backward"}  # public name -> the module's name
@@ -50,19 +53,16 @@ def __dir__() -> list[str]:
 
 
 def use_autotune(path: str | os.PathLike[str] | None, *, strict: bool = True, **kwargs: Any) -> Any:
-    """Load a tuned-config JSON (exported by `cpbench configs export`) so launches use its configs; None removes it.
+    """Load a tuned-config JSON (exported by `cpbench configs export`) into the default launch plan, so calls without
+    `plan=` use its configs; None removes it.
 
-    A thin forwarder to `kernels.autotune.use_autotune(path, strict=strict, **kwargs)`, imported on first use.
+    A thin forwarder to `kernels.plan.use_autotune(path, strict=strict, **kwargs)`, imported on first use.
+    CPBENCH_AUTOTUNE=path/to/autotune.json does the same, at the first call that needs the default plan.
     """
     try:
-        autotune = importlib.import_module("kernels.autotune")
+        plan = importlib.import_module("kernels.plan")
     except ModuleNotFoundError as err:
-        if err.name == "kernels.autotune":
-            raise ImportError("kernels.use_autotune needs the module kernels.autotune, which is not available") from err
+        if err.name == "kernels.plan":
+            raise ImportError("kernels.use_autotune needs the module kernels.plan, which is not available") from err
         raise
-    return autotune.use_autotune(path, strict=strict, **kwargs)
-
-
-# CPBENCH_AUTOTUNE=path/to/autotune.json makes every launch of this process use the tuned configs
-if os.environ.get("CPBENCH_AUTOTUNE", "").strip():
-    importlib.import_module("kernels.autotune")._autoload_from_env()
+    return plan.use_autotune(path, strict=strict, **kwargs)

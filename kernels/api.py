@@ -23,6 +23,7 @@ from kernels.common.naive import naive_recurrent_kda
 from kernels.common.transition import chain, chunk_transition_torch, compose, mask_maps, naive_transition
 from kernels.configs import KERNELS, LaunchConfig
 from kernels.gdn.naive import naive_recurrent_gdn
+from kernels.plan import LaunchPlan, plan_with
 from kernels.validate import check_backend, check_config, check_inputs
 
 __all__ = ["chain", "compose", "forward", "reference", "transition"]
@@ -47,6 +48,7 @@ def forward(
     backend: str = "auto",
     config: ConfigArg = None,
     cu_seqlens_cpu: Tensor | Sequence[int] | None = None,
+    plan: LaunchPlan | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     r"""Chunked forward of a gated delta rule, `S_t = (I - beta_t k_t k_t^T) D_t S_{t-1} + beta_t k_t v_t^T`, `o_t = scale S_t^T q_t`.
 
@@ -79,10 +81,14 @@ def forward(
             (flash-linear-attention, when installed) or `"auto"` (triton on CUDA, torch elsewhere). Default: `"auto"`.
         config (Optional[LaunchConfig | Mapping[str, LaunchConfig]]):
             Triton launch configs: one `LaunchConfig` (for the chunk-state kernel) or `{kernel name: LaunchConfig}`.
-            Only the triton backend uses it; otherwise tuned configs / defaults apply. Default: `None`.
+            Only the triton backend uses it; merged on top of the plan's configs. Default: `None`.
         cu_seqlens_cpu (Optional[torch.Tensor | Sequence[int]]):
             host copy of `cu_seqlens`; pass it with a GPU `cu_seqlens` that changes every step to avoid any
             device-to-host sync. Default: `None`.
+        plan (Optional[LaunchPlan]):
+            the launch plan of the call (`kernels.plan`): explicit and tuned configs of the Triton kernels, the
+            recompute policy of a training step (kept for its backward), a recorder of what launched. Default:
+            `None`, meaning `kernels.default_plan()` (`use_autotune` / `CPBENCH_AUTOTUNE`).
 
     Differentiable: with inputs that require grad (and grad enabled) the call runs through the autograd Function of
     `kernels.autograd` (gradients for q, k, v, g, beta, initial_state; the final state's gradient is honoured), as
@@ -130,7 +136,7 @@ def forward(
             _check_config_names(configs)
         return differentiable_forward(op, be, q, k, v, g, beta, scale=scale, initial_state=initial_state,
                                       output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                                      cu_seqlens_cpu=cu_seqlens_cpu, bounds=bounds, configs=configs)
+                                      cu_seqlens_cpu=cu_seqlens_cpu, bounds=bounds, plan=plan_with(plan, configs))
     if be == "reference":
         return _naive(op, q, k, v, g, beta, scale=scale, initial_state=initial_state,
                       output_final_state=output_final_state, bounds=bounds)
@@ -147,7 +153,7 @@ def forward(
         fwd = _import_triton("kernels.kda.chunk", "chunk_kda_fwd")
     _check_config_names(configs)
     return fwd(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-               cu_seqlens=cu_seqlens, configs=configs)
+               cu_seqlens=cu_seqlens, plan=plan_with(plan, configs))
 
 
 def transition(
@@ -162,6 +168,7 @@ def transition(
     config: ConfigArg = None,
     cu_seqlens_cpu: Tensor | Sequence[int] | None = None,
     need: Tensor | None = None,
+    plan: LaunchPlan | None = None,
 ) -> tuple[Tensor, Tensor]:
     r"""The affine state map of each sequence: `S_end = M @ S_start + S_ext` (per sequence and head).
 
@@ -193,6 +200,8 @@ def transition(
             S_ext = 0). Decided on the device, never read on the host. On the triton backend the serial state
             pass of an unflagged sequence is skipped inside the kernel (the saving); the torch and reference
             backends compute every sequence and mask. Default: `None` (all).
+        plan (Optional[LaunchPlan]):
+            the launch plan, as in `forward`. Default: `None` (`kernels.default_plan()`).
 
     Returns:
         M (torch.Tensor):
@@ -222,7 +231,7 @@ def transition(
         return mask_maps(*chunk_transition_torch(k, v, _per_key_gate(op, g), beta, index=index), need)
     fwd = _import_triton("kernels.common.transition_triton", "chunk_transition_fwd")
     _check_config_names(configs)
-    return fwd(op, k, v, g, beta, cu_seqlens=cu_seqlens, configs=configs, need=need)
+    return fwd(op, k, v, g, beta, cu_seqlens=cu_seqlens, plan=plan_with(plan, configs), need=need)
 
 
 def reference(

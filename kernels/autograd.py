@@ -5,7 +5,8 @@
     differentiable_forward grouped heads + in-op l2norm + dispatch (reference: autograd through the per-token
                            recurrence; torch / triton: ChunkFunction). FLA's own autograd op is `kernels.ops`' job.
 
-Recompute policy (`KEEP`, triton backend; a process-wide choice), what the forward holds until the backward:
+Recompute policy (`LaunchPlan.keep` of the call's launch plan, `kernels.plan`; triton backend), what the forward holds
+until the backward:
     "inputs"      (default, FLA's policy) only the inputs (q, k, v, g, beta and the initial state); the backward
                   recomputes the WY factors (w, u), the chunk states, v_new and the segment maps
     "wy"          also the WY factors (w, u, Aqk, the gate cumsum; KDA: the gated k and q): the backward skips the
@@ -16,8 +17,9 @@ Recompute policy (`KEEP`, triton backend; a process-wide choice), what the forwa
                   (per call 2.9x v's bytes more than "wy" at K = V = 128: 785 MB at T=64K, H=16; "wy" holds
                   2.4x v's bytes for GDN, 4.3x for KDA)
 The figures of each policy on the H200 (time and the bytes held): `benchmarks/results/kernels_train_h200.md`.
-`keeping(policy)` sets it for a block (restored after); a sweep sets it per point with `mode_options: {triton:
-{keep: ...}}` (`TRITON_OPTIONS`, the triton backend's options; runners.backend_options applies them around each step).
+A caller passes it in its plan (`kernels.forward(..., plan=LaunchPlan(keep="wy"))`; ChunkFunction keeps the plan of
+its forward for its backward); a sweep sets it per point with `mode_options: {triton: {keep: ...}}` (`TRITON_OPTIONS`,
+the triton backend's options; runners.backend_options turns them into the point's plan).
 Extra memory of the backward: O(chunks x H x K x V) (the chunk states and their gradients,
 `kernels.common.chunk_bwd_torch`); never `[T, K, K]` or per-token states.
 The final state's incoming gradient (`dht`) is honoured; the Function always produces the final state (one
@@ -31,8 +33,7 @@ heads and autograd sums the G gradients of each q/k head (memory: one `[B, T, HV
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -44,42 +45,18 @@ from kernels.common.chunk_torch import chunk_fwd_torch
 from kernels.common.index import ChunkIndex, prepare_chunk_index
 from kernels.common.l2norm import l2norm
 from kernels.configs import LaunchConfig
+from kernels.plan import LaunchPlan, default_plan, plan_with
 from kernels.validate import check_backend, check_config, check_grad_outputs, check_inputs
 from kernels.vocabulary import BACKEND_OPTIONS, KEEP_POLICIES
 
 __all__ = ["KEEP_POLICIES", "TRITON_OPTIONS", "ChunkFunction", "chunk_backward", "chunk_backward_impl",
-           "chunk_state_gradient", "differentiable_forward", "keeping", "needs_grad"]
+           "chunk_state_gradient", "differentiable_forward", "needs_grad"]
 
 _TRITON_FWD = {"gdn": ("kernels.gdn.chunk", "chunk_gdn_fwd"), "kda": ("kernels.kda.chunk", "chunk_kda_fwd")}
 _TRITON_BWD = {"gdn": ("kernels.gdn.chunk_bwd", "chunk_gdn_bwd"), "kda": ("kernels.kda.chunk_bwd", "chunk_kda_bwd")}
-KEEP = KEEP_POLICIES[0]  # the triton backend's recompute policy (module docstring), one of KEEP_POLICIES
 # the triton backend's options a sweep may set (`mode_options: {triton: {...}}`): name -> its allowed values, the first
 # the default
 TRITON_OPTIONS = BACKEND_OPTIONS["triton"]
-
-
-def _checked_policy(policy: str) -> str:
-    if policy not in KEEP_POLICIES:
-        raise ValueError(f"kernels.autograd.KEEP must be one of {', '.join(KEEP_POLICIES)}, got {policy!r}")
-    return policy
-
-
-def keep_policy() -> tuple[bool, bool]:
-    """(keep the WY factors, keep the chunk states) for `KEEP`; a one-line ValueError for an unknown policy."""
-    policy = _checked_policy(KEEP)
-    return policy != "inputs", policy == "wy+states"
-
-
-@contextlib.contextmanager
-def keeping(policy: str) -> Iterator[None]:
-    """`KEEP = policy` inside the block, the policy before restored after (also when the block raises); a one-line
-    ValueError for an unknown policy. Only a module variable: no device work."""
-    global KEEP
-    before, KEEP = KEEP, _checked_policy(policy)
-    try:
-        yield
-    finally:
-        KEEP = before
 
 
 def needs_grad(*xs: Tensor | None) -> bool:
@@ -92,8 +69,7 @@ class ChunkFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, op: str, backend: str, index: ChunkIndex, cu_seqlens: Tensor | None,
-        configs: Mapping[str, LaunchConfig], scale: float,
+        ctx: Any, op: str, backend: str, index: ChunkIndex, cu_seqlens: Tensor | None, plan: LaunchPlan, scale: float,
         q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Tensor | None,
     ) -> tuple[Tensor, Tensor]:
         ctx.set_materialize_grads(False)
@@ -102,26 +78,26 @@ class ChunkFunction(torch.autograd.Function):
             o, ht = chunk_fwd_torch(q, k, v, _per_key_gate(op, g), beta, scale=scale, initial_state=initial_state,
                                     output_final_state=True, index=index)
         else:
-            keep_wy, keep_states = keep_policy()
+            keep_wy, keep_states = plan.keeps
             keep = {} if keep_wy else None
             fwd = _import_triton(*_TRITON_FWD[op])
             o, ht = fwd(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=True,
-                        cu_seqlens=cu_seqlens, configs=configs, keep=keep, keep_states=keep_states)
+                        cu_seqlens=cu_seqlens, plan=plan, keep=keep, keep_states=keep_states)
         names = tuple(sorted(keep)) if keep else ()
         ctx.save_for_backward(q, k, v, g, beta, initial_state, *(keep[n] for n in names))  # type: ignore[index]
-        ctx.meta = (op, backend, index, cu_seqlens, configs, scale, names)
+        ctx.meta = (op, backend, index, cu_seqlens, plan, scale, names)  # the backward launches with the same plan
         return o, ht
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, do: Tensor | None, dht: Tensor | None) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         q, k, v, g, beta, h0, *kept = ctx.saved_tensors
-        op, backend, index, cu_seqlens, configs, scale, names = ctx.meta
+        op, backend, index, cu_seqlens, plan, scale, names = ctx.meta
         if do is None:  # only the final state was used
             do = q.new_zeros(v.shape)
         dq, dk, dv, dg, dbeta, dh0 = chunk_backward_impl(
             op, backend, q, k, v, g, beta, do, scale=scale, initial_state=h0, dht=dht, index=index,
-            cu_seqlens=cu_seqlens, configs=configs, wy=dict(zip(names, kept, strict=True)) if names else None)
+            cu_seqlens=cu_seqlens, plan=plan, wy=dict(zip(names, kept, strict=True)) if names else None)
         if dh0 is not None and h0 is not None:
             dh0 = dh0.to(h0.dtype)
         return None, None, None, None, None, None, dq, dk, dv, dg, dbeta, dh0
@@ -130,10 +106,10 @@ class ChunkFunction(torch.autograd.Function):
 def chunk_backward_impl(
     op: str, backend: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *,
     scale: float, initial_state: Tensor | None, dht: Tensor | None, index: ChunkIndex, cu_seqlens: Tensor | None,
-    configs: Mapping[str, LaunchConfig], wy: Mapping[str, Tensor] | None = None,
+    plan: LaunchPlan, wy: Mapping[str, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """The backend's backward on checked inputs (same heads everywhere); checks do / dht first. wy: the forward's
-    WY factors and with "wy+states" its chunk states (triton, `KEEP`)."""
+    WY factors and with "wy+states" its chunk states (triton, the plan's `keep`)."""
     check_grad_outputs(do, dht, q=q, v=v, num_seqs=index.num_seqs)
     do = do.contiguous()
     dht = dht.contiguous() if dht is not None else None
@@ -145,7 +121,7 @@ def chunk_backward_impl(
         raise ValueError(f"backend {backend!r} has no chunked backward here (use 'torch' or 'triton')")
     bwd = _import_triton(*_TRITON_BWD[op])
     return bwd(q, k, v, g, beta, do, scale=scale, initial_state=initial_state, dht=dht, cu_seqlens=cu_seqlens,
-               configs=configs, wy=wy)
+               plan=plan, wy=wy)
 
 
 def chunk_backward(
@@ -164,6 +140,7 @@ def chunk_backward(
     backend: str = "auto",
     config: LaunchConfig | Mapping[str, LaunchConfig] | None = None,
     cu_seqlens_cpu: Tensor | Sequence[int] | None = None,
+    plan: LaunchPlan | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """The gradients of `kernels.forward` without autograd: (dq, dk, dv, dg, dbeta, dh0) from do (and dht).
 
@@ -171,12 +148,13 @@ def chunk_backward(
     `[B, T, H, V]` in q's dtype and `dht` `[N, H, K, V]` fp32 (the final state's gradient) or None. Backends
     `torch` and `triton` (`auto`: triton on CUDA). Returns dq, dk, dv, dbeta in the input's dtype, dg in g's,
     dh0 fp32 or None when there is no initial state. Raises ValueError naming a bad argument before any launch.
+    plan: the launch plan (`kernels.plan`; None: `default_plan()`), `config` merged on top.
     """
     be, index, s = _checked(op, q, k, v, g, beta, backend=backend, scale=scale, initial_state=initial_state,
                             cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
-    configs = check_config(config)
+    launch = plan_with(plan, check_config(config))
     return chunk_backward_impl(op, be, q, k, v, g, beta, do, scale=s, initial_state=initial_state, dht=dht,
-                               index=index, cu_seqlens=cu_seqlens, configs=configs)
+                               index=index, cu_seqlens=cu_seqlens, plan=launch)
 
 
 def _checked(
@@ -200,7 +178,7 @@ def _checked(
 def chunk_state_gradient(
     op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float | None = None,
     dht: Tensor | None = None, cu_seqlens: Tensor | None = None, backend: str = "auto",
-    cu_seqlens_cpu: Tensor | Sequence[int] | None = None,
+    cu_seqlens_cpu: Tensor | Sequence[int] | None = None, plan: LaunchPlan | None = None,
 ) -> Tensor:
     """dh0 of `chunk_backward` alone (`[N, H, K, V]` fp32; fp64 for fp64 inputs on torch): the gradient of each
     sequence's entering state from do (and dht); it does not depend on the entering state. On triton only the WY prep and the reverse state pass run
@@ -217,13 +195,14 @@ def chunk_state_gradient(
         return dh0
     from kernels.common.chunk_bwd import chunk_state_grad
 
-    return chunk_state_grad(op, q, k, v, g, beta, do, scale=s, dht=dht, cu_seqlens=cu_seqlens)
+    return chunk_state_grad(op, q, k, v, g, beta, do, scale=s, dht=dht, cu_seqlens=cu_seqlens,
+                            plan=plan if plan is not None else default_plan())
 
 
 def differentiable_forward(
     op: str, backend: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float,
     initial_state: Tensor | None, output_final_state: bool, cu_seqlens: Tensor | None,
-    cu_seqlens_cpu: Tensor | Sequence[int] | None, bounds: list[int] | None, configs: Mapping[str, LaunchConfig],
+    cu_seqlens_cpu: Tensor | Sequence[int] | None, bounds: list[int] | None, plan: LaunchPlan,
     use_qk_l2norm_in_kernel: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """(o, final state or None) on checked inputs (`backend` resolved, not fla), grouped heads allowed."""
@@ -241,7 +220,7 @@ def differentiable_forward(
                   cu_seqlens_cpu=bounds)
     B, T = k.shape[:2]
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, device=k.device, cu_seqlens_cpu=cu_seqlens_cpu)
-    o, ht = ChunkFunction.apply(op, backend, index, cu_seqlens, configs, scale, q, k, v, g, beta, initial_state)
+    o, ht = ChunkFunction.apply(op, backend, index, cu_seqlens, plan, scale, q, k, v, g, beta, initial_state)
     return o, (ht if output_final_state else None)
 
 

@@ -1,8 +1,10 @@
 """TUNED-CONFIG LOADER: the versioned autotune JSON that training jobs load, and the launch-time resolver.
 
 A training job points `CPBENCH_AUTOTUNE=path/to/autotune.json` at a file exported by `cpbench configs export`
-(or calls `kernels.use_autotune(path)`); every Triton kernel of the suite then launches with the tuned config
-for its shape key. This module imports only the standard library and torch.
+(or calls `kernels.use_autotune(path)`): the default launch plan (`kernels.plan`) then holds the file's table, and
+every Triton kernel of the suite launches with the tuned config for its shape key. A caller can also hand a table to
+one call: `kernels.forward(..., plan=LaunchPlan(table=load_autotune(path)))`. This module imports only the standard
+library and torch.
 
 File format (schema_version 1; `SCHEMA` below says the same as a JSON-schema-like dict)::
 
@@ -33,7 +35,7 @@ With `strict=False` these are logged as warnings and the offending part is ignor
 mismatch, that kernel's entries for a stale hash). A malformed file (not JSON, wrong `schema_version`, a missing
 or mistyped field) raises `AutotuneFormatError` naming the field, in both modes.
 
-Resolution at launch (`AutotuneTable.resolve`, installed through `kernels.configs.set_resolver`):
+Resolution at launch (`AutotuneTable.resolve`, called by `LaunchPlan.config_for` for a kernel the plan does not pin):
 1. the entry whose key equals the launch key (values compared after `normalize_key`);
 2. else the nearest entry of the same kernel: its key must have the same field names and equal non-numeric
    values (strings, bools, and numbers <= 0), and its config must fit the launch (BV <= V, BK <= K where those
@@ -42,9 +44,9 @@ Resolution at launch (`AutotuneTable.resolve`, installed through `kernels.config
 3. else the kernel's default config.
 Cases 2 and 3 warn once per (kernel, key) with `AutotuneFallbackWarning`. No file loaded → defaults, silently.
 
-`CPBENCH_AUTOTUNE=path` is read when `kernels` is imported (`_autoload_from_env`); `CPBENCH_AUTOTUNE_STRICT=0`
-makes that load non-strict. With the variable set, the device check is deferred to the first kernel launch,
-so importing `kernels` never initialises CUDA.
+`CPBENCH_AUTOTUNE=path` is read at the first call that needs the default plan (`kernels.plan.default_plan`), not at
+import; `CPBENCH_AUTOTUNE_STRICT=0` makes that load non-strict. The device check of that load is deferred to the
+first kernel launch, so it never initialises CUDA.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernels.configs import KERNELS, KernelSpec, LaunchConfig, set_resolver
+from kernels.configs import KERNELS, KernelSpec, LaunchConfig
 
 __all__ = [
     "SCHEMA",
@@ -74,16 +76,13 @@ __all__ = [
     "AutotuneMismatchError",
     "AutotuneTable",
     "Entry",
-    "active_table",
     "current_device",
-    "install",
     "key_distance",
     "key_str",
     "load_autotune",
     "normalize_key",
     "parse_autotune",
     "source_hash",
-    "use_autotune",
 ]
 
 logger = logging.getLogger(__name__)
@@ -377,7 +376,7 @@ class AutotuneTable:
         return (best[2].config, "nearest") if best else (None, "default")
 
     def resolve(self, spec: KernelSpec, key: Mapping[str, Any]) -> LaunchConfig | None:
-        """The resolver installed in kernels.configs: exact key, else nearest, else None (the default)."""
+        """The tuned config of a launch: exact key, else nearest, else None (the default)."""
         if self.pending_device_check:
             self.pending_device_check = False
             self._check_device(current_device())
@@ -498,53 +497,3 @@ def load_autotune(path: str | os.PathLike[str], *, strict: bool = True, device_n
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise AutotuneFormatError(f"autotune file {str(p)!r} is not valid JSON: {e}") from None
     return parse_autotune(data, strict=strict, device_name=device_name, path=str(p), defer_device_check=defer_device_check)
-
-
-_active: AutotuneTable | None = None
-
-
-def active_table() -> AutotuneTable | None:
-    """The table installed by `use_autotune` / `CPBENCH_AUTOTUNE`, or None."""
-    return _active
-
-
-def install(table: AutotuneTable | None) -> None:
-    """Install a parsed table as the launch resolver (None: back to defaults)."""
-    global _active
-    _active = table
-    set_resolver(table.resolve if table is not None else None)
-
-
-def use_autotune(path: str | os.PathLike[str] | None, *, strict: bool = True, device_name: str | None = None) -> AutotuneTable | None:
-    """Load an autotune file and make every kernel launch use it; `None` removes it (defaults again).
-
-    Examples::
-
-        import kernels
-        kernels.use_autotune("autotune_h200.json")         # or: CPBENCH_AUTOTUNE=autotune_h200.json python train.py
-        o, _ = kernels.forward("gdn", q, k, v, g, beta)    # launches with the tuned configs for these shapes
-    """
-    if path is None:
-        install(None)
-        return None
-    table = load_autotune(path, strict=strict, device_name=device_name)
-    install(table)
-    logger.info("autotune: loaded %s (%d kernels, device %s)", path, len(table.entries), table.device_name)
-    return table
-
-
-def _autoload_from_env() -> AutotuneTable | None:
-    """Honour CPBENCH_AUTOTUNE=path at `import kernels` (called from kernels/__init__.py); unset or empty: nothing.
-
-    CPBENCH_AUTOTUNE_STRICT=0 loads non-strictly. The device check waits for the first launch (no CUDA init here).
-    """
-    path = os.environ.get("CPBENCH_AUTOTUNE", "").strip()
-    if not path:
-        return None
-    flag = os.environ.get("CPBENCH_AUTOTUNE_STRICT", "1").strip().lower()
-    if flag not in ("0", "1", "true", "false", "yes", "no", ""):
-        raise ValueError(f"CPBENCH_AUTOTUNE_STRICT must be one of 0, 1, true, false, yes, no; got {flag!r}")
-    strict = flag not in ("0", "false", "no")
-    table = load_autotune(path, strict=strict, defer_device_check=True)
-    install(table)
-    return table

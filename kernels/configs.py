@@ -2,8 +2,8 @@
 
 Every Triton kernel of the suite registers one `KernelSpec` here (at import of the module that
 defines it). The tuner (`runners/tuner`) searches `spec.space`; the autotune loader
-(`kernels/autotune.py`) picks a `LaunchConfig` per shape key; launchers take an explicit
-`LaunchConfig` and never use a hidden `triton.autotune`.
+(`kernels/autotune.py`) reads a `LaunchConfig` per shape key; launchers take theirs from the call's launch plan
+(`kernels.plan.LaunchPlan.config_for`) and never use a hidden `triton.autotune`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-__all__ = ["KERNELS", "LAUNCHES", "KernelSpec", "LaunchConfig", "get_spec", "pick_config", "register", "set_resolver"]
+__all__ = ["KERNELS", "KernelSpec", "LaunchConfig", "get_spec", "register"]
 
 
 @dataclass(frozen=True)
@@ -85,32 +85,3 @@ def get_spec(name: str) -> KernelSpec:
         return KERNELS[name]
     except KeyError:
         raise ValueError(f"unknown kernel {name!r}; registered: {sorted(KERNELS)}") from None
-
-
-# the tuned-config loader (kernels/autotune.py) installs itself here; None means "defaults only"
-
-_resolver: Any = None
-
-# name -> (key, config) of the most recent launch of each kernel: lets tests and the profiler observe
-# what a kernel actually launched with, not what a caller assumed
-LAUNCHES: dict[str, tuple[dict[str, Any], LaunchConfig]] = {}
-
-
-def set_resolver(fn: Any) -> None:
-    """Install (or with None remove) the function that maps (spec, key) to a tuned config."""
-    global _resolver
-    _resolver = fn
-
-
-def pick_config(spec: KernelSpec, key: Mapping[str, Any], override: LaunchConfig | None = None) -> LaunchConfig:
-    """The config a launcher uses: an explicit override, else the tuned one for `key`, else the default.
-
-    Launchers call this on the host with shape facts only (ints, strings); it never touches device data.
-    """
-    cfg = override
-    if cfg is None and _resolver is not None:
-        cfg = _resolver(spec, key)
-    if cfg is None:
-        cfg = spec.default
-    LAUNCHES[spec.name] = (dict(key), cfg)
-    return cfg

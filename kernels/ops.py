@@ -18,6 +18,7 @@ from kernels.api import _check_config_names
 from kernels.autograd import differentiable_forward
 from kernels.backends import fla_forward, resolve_backend
 from kernels.configs import LaunchConfig
+from kernels.plan import LaunchPlan, plan_with
 from kernels.validate import check_backend, check_config, check_inputs
 
 __all__ = ["chunk_gdn", "chunk_kda"]
@@ -45,6 +46,7 @@ def chunk_gdn(
     use_qk_l2norm_in_kernel: bool = False,
     config: LaunchConfig | Mapping[str, LaunchConfig] | None = None,
     cu_seqlens_cpu: Tensor | Sequence[int] | None = None,
+    plan: LaunchPlan | None = None,
     **kwargs: Any,
 ) -> tuple[Tensor, Tensor | None]:
     r"""Gated DeltaNet, `S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T`, `o_t = scale S_t^T q_t`, differentiable.
@@ -77,6 +79,9 @@ def chunk_gdn(
             Triton launch configs `{kernel name: LaunchConfig}` (triton backend only). Default: `None`.
         cu_seqlens_cpu (Optional[torch.Tensor | Sequence[int]]):
             host copy of `cu_seqlens` (spares the one device-to-host read of a new GPU `cu_seqlens`). Default: `None`.
+        plan (Optional[LaunchPlan]):
+            the launch plan (`kernels.plan`: configs, recompute policy, recorder; kept for the backward). Default:
+            `None` (`kernels.default_plan()`).
         kwargs:
             FLA's other options, accepted at their defaults only (`chunk_size=64`, `use_gate_in_kernel=False`, ...).
 
@@ -108,7 +113,7 @@ def chunk_gdn(
     return _chunk("gdn", q, k, v, g, beta, scale=scale, initial_state=initial_state,
                   output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=backend,
                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, config=config, cu_seqlens_cpu=cu_seqlens_cpu,
-                  fla_kwargs=kwargs)
+                  plan=plan, fla_kwargs=kwargs)
 
 
 def chunk_kda(
@@ -126,6 +131,7 @@ def chunk_kda(
     use_qk_l2norm_in_kernel: bool = False,
     config: LaunchConfig | Mapping[str, LaunchConfig] | None = None,
     cu_seqlens_cpu: Tensor | Sequence[int] | None = None,
+    plan: LaunchPlan | None = None,
     **kwargs: Any,
 ) -> tuple[Tensor, Tensor | None]:
     r"""Kimi Delta Attention, `S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T`, differentiable.
@@ -142,14 +148,14 @@ def chunk_kda(
     return _chunk("kda", q, k, v, g, beta, scale=scale, initial_state=initial_state,
                   output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=backend,
                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, config=config, cu_seqlens_cpu=cu_seqlens_cpu,
-                  fla_kwargs=kwargs)
+                  plan=plan, fla_kwargs=kwargs)
 
 
 def _chunk(
     op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float | None,
     initial_state: Tensor | None, output_final_state: bool, cu_seqlens: Tensor | None, backend: str,
     use_qk_l2norm_in_kernel: bool, config: Any, cu_seqlens_cpu: Tensor | Sequence[int] | None,
-    fla_kwargs: Mapping[str, Any],
+    plan: LaunchPlan | None, fla_kwargs: Mapping[str, Any],
 ) -> tuple[Tensor, Tensor | None]:
     for name, value in fla_kwargs.items():
         if name not in _FLA_DEFAULTS:
@@ -174,5 +180,5 @@ def _chunk(
         _check_config_names(configs)
     return differentiable_forward(op, be, q, k, v, g, beta, scale=scale, initial_state=initial_state,
                                   output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                                  cu_seqlens_cpu=cu_seqlens_cpu, bounds=bounds, configs=configs,
+                                  cu_seqlens_cpu=cu_seqlens_cpu, bounds=bounds, plan=plan_with(plan, configs),
                                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)

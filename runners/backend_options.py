@@ -1,7 +1,7 @@
-"""Our backends' own options (`mode_options: {triton: {keep: "wy+states"}}`): checked, per point, applied per step.
+"""Our backends' own options (`mode_options: {triton: {keep: "wy+states"}}`): checked, per point, put in its launch plan.
 
-Only `triton` has options: `kernels.vocabulary.BACKEND_OPTIONS` (`keep`: the recompute policy
-`kernels.autograd.KEEP`, default "inputs"). They travel like a peer's options (`params.backend_options`, in the point
+Only `triton` has options: `kernels.vocabulary.BACKEND_OPTIONS` (`keep`: the recompute policy `LaunchPlan.keep` of
+`kernels.plan`, default "inputs"). They travel like a peer's options (`params.backend_options`, in the point
 key as `,opts=triton.keep=wy+states`), but a point carries only those that change what it measures:
 
     check(backend, options)             the spec's entry, or a one-line ValueError (unknown option, value not allowed)
@@ -9,18 +9,18 @@ key as `,opts=triton.keep=wy+states`), but a point carries only those that chang
                                         what a point runs with: the values other than the default, and nothing
                                         unless the point trains (fwd+bwd) through `kernels.autograd.ChunkFunction`
                                         (`kernels.vocabulary.AUTOGRAD_MODES`; the others recompute in any case)
-    step_context(backend, options)      entered around each step of the point: `kernels.autograd.keeping(keep)`
+    plan_fields(backend, options)       the fields of the point's launch plan they set: `{"keep": ...}` (runners.execute
+                                        builds the plan the point's kernels calls get)
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
 from typing import Any
 
 from kernels.vocabulary import AUTOGRAD_MODES, BACKEND_OPTIONS
 
-__all__ = ["OPTIONS", "check", "for_point", "step_context"]
+__all__ = ["OPTIONS", "check", "for_point", "plan_fields"]
 
 OPTIONS = BACKEND_OPTIONS  # backend -> name -> values (default first)
 
@@ -47,10 +47,8 @@ def for_point(backend: str, options: Mapping[str, Any], mode: str, direction: st
     return {k: v for k, v in options.items() if k in known and v != known[k][0]}
 
 
-def step_context(backend: str, options: Mapping[str, Any]) -> contextlib.AbstractContextManager[Any]:
-    """The context a step of the point runs in: the recompute policy `keep` set (restored after), or nothing."""
+def plan_fields(backend: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The `kernels.plan.LaunchPlan` fields a point's options set: triton's recompute policy `keep`, or none."""
     if backend == "triton" and "keep" in options:
-        from kernels import autograd
-
-        return autograd.keeping(options["keep"])
-    return contextlib.nullcontext()
+        return {"keep": options["keep"]}
+    return {}

@@ -16,8 +16,9 @@ shard of the flattened batch (`kernels.cp.build_context` / `shard`, built once p
 The timed step is only that call: no gather, no host read. A `direction: fwd+bwd` point times the training
 step instead (`runners.training`: forward + backward with the point's fixed `do`, gradients reset each sample)
 and its gate adds every input gradient (vs `none`'s and the reference's, max folded into the two errors).
-Around every step (timed, checked, profiled) a peer's `step_context(options)` is entered, and for our backends
-their options' context (`runners.backend_options`: triton's recompute policy `keep`, where the point carries it).
+Around every step (timed, checked, profiled) a peer's `step_context(options)` is entered. Our backends' kernels calls
+get the point's launch plan (`launch_plan`: the tuned configs `tune_job` found, the recompute policy `keep` of the
+triton options, `runners.backend_options`, and a recorder of what launched, which gives the stored `configs`).
 """
 
 from __future__ import annotations
@@ -44,9 +45,10 @@ from runners.timing import L2Flush, StopRule, time_step
 from runners.workload import Workload, make_workload, reduced_params
 
 if TYPE_CHECKING:
+    from kernels.plan import LaunchPlan
     from runners.tuner.sweep import TuningOutcome
 
-__all__ = ["ModeRun", "build_mode", "run_point_job", "tune_job", "tune_shape"]
+__all__ = ["ModeRun", "build_mode", "launch_plan", "run_point_job", "tune_job", "tune_shape"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,19 +78,15 @@ def _gather(o_local: Tensor, ctx_cp: Any, group: Any) -> Tensor:
     return cp.unshard(shards, ctx_cp)
 
 
-def build_mode(point: PointSpec, wl: Workload, rc: RankContext, options: dict[str, Any]) -> ModeRun:
-    """The step and checked output of the point's mode on this rank (inputs sharded here, once)."""
+def build_mode(point: PointSpec, wl: Workload, rc: RankContext, options: dict[str, Any], plan: LaunchPlan) -> ModeRun:
+    """The step and checked output of the point's mode on this rank (inputs sharded here, once); our kernels launch
+    with `plan`."""
     from runners.plugins import peer_of_point
 
     peer = peer_of_point(point)
     if peer is not None:
         return _peer_mode(peer, point, wl, rc)
-    run = _our_mode(point, wl, rc)
-    opts = point.backend_options
-    if not opts:
-        return run
-    # our backend's options (runners.backend_options: triton's recompute policy) hold while each step runs
-    return _in_context(run, lambda: backend_options.step_context(point.backend, opts))
+    return _our_mode(point, wl, rc, plan)
 
 
 def _in_context(run: ModeRun, context: Callable[[], contextlib.AbstractContextManager[Any]]) -> ModeRun:
@@ -107,7 +105,7 @@ def _in_context(run: ModeRun, context: Callable[[], contextlib.AbstractContextMa
     return run
 
 
-def _our_mode(point: PointSpec, wl: Workload, rc: RankContext) -> ModeRun:
+def _our_mode(point: PointSpec, wl: Workload, rc: RankContext, plan: LaunchPlan) -> ModeRun:
     """Our backend's (torch, triton) implementation of the point's mode on this rank."""
     import kernels
 
@@ -119,7 +117,7 @@ def _our_mode(point: PointSpec, wl: Workload, rc: RankContext) -> ModeRun:
         cu = wl.cu_seqlens
 
         def step() -> Tensor:
-            return kernels.forward(op, *args, cu_seqlens=cu, backend=backend)[0]
+            return kernels.forward(op, *args, cu_seqlens=cu, backend=backend, plan=plan)[0]
 
         if train:
             with torch.no_grad():
@@ -139,7 +137,7 @@ def _our_mode(point: PointSpec, wl: Workload, rc: RankContext) -> ModeRun:
         wc_args = training.leaves(flat.tensors) if train else flat.tensors
 
         def wc_step() -> Tensor:
-            o, rep = cp.warmup_correct(op, *wc_args, cu_seqlens=bounds, backend=backend, scale=None, **wc)
+            o, rep = cp.warmup_correct(op, *wc_args, cu_seqlens=bounds, backend=backend, scale=None, plan=plan, **wc)
             holder["report"] = rep
             return o
 
@@ -164,7 +162,8 @@ def _our_mode(point: PointSpec, wl: Workload, rc: RankContext) -> ModeRun:
     mode_opts = point.mode_options or None
 
     def cp_step() -> Tensor:
-        return cp.forward(mode, op, *shards, group=rc.group, ctx=ctx_cp, backend=backend, scale=None, options=mode_opts)
+        return cp.forward(mode, op, *shards, group=rc.group, ctx=ctx_cp, backend=backend, scale=None, options=mode_opts,
+                          plan=plan)
 
     by_direction = expected_by_direction(mode, ctx_cp, mode_opts, "fwd+bwd" if train else "fwd")
     step, grads = cp_step, None
@@ -236,7 +235,7 @@ def _peer_mode(peer: Any, point: PointSpec, wl: Workload, rc: RankContext) -> Mo
     return _in_context(run, lambda: context(opts)) if callable(context) else run
 
 
-def _none_output(point: PointSpec, wl: Workload, rc: RankContext) -> Tensor:
+def _none_output(point: PointSpec, wl: Workload, rc: RankContext, plan: LaunchPlan) -> Tensor:
     """The `none` output the gate compares a mode with: the backend's own `none` (a peer's when it has one,
     else our torch/triton one) on the same inputs."""
     import kernels
@@ -246,7 +245,7 @@ def _none_output(point: PointSpec, wl: Workload, rc: RankContext) -> Tensor:
     if peer is not None and "none" in peer.modes:
         return _peer_mode(peer, replace(point, mode="none"), wl, rc).full_output()
     backend = point.backend if peer is None else "auto"
-    return kernels.forward(point.op, *wl.tensors, cu_seqlens=wl.cu_seqlens, backend=backend)[0]
+    return kernels.forward(point.op, *wl.tensors, cu_seqlens=wl.cu_seqlens, backend=backend, plan=plan)[0]
 
 
 def _jsonable(x: Any) -> Any:
@@ -275,7 +274,8 @@ def _agree(rc: RankContext, failed: bool) -> bool:
     return bool(flag.item())
 
 
-def _check(point: PointSpec, wl: Workload, run: ModeRun, rc: RankContext, options: dict[str, Any]) -> dict[str, Any]:
+def _check(point: PointSpec, wl: Workload, run: ModeRun, rc: RankContext, options: dict[str, Any],
+           plan: LaunchPlan) -> dict[str, Any]:
     """Errors vs none and vs the reference (rank 0 computes; others only join the collectives)."""
     import kernels
 
@@ -286,7 +286,7 @@ def _check(point: PointSpec, wl: Workload, run: ModeRun, rc: RankContext, option
         if point.mode == "none":
             err_none = 0.0
         else:
-            o_none = _none_output(point, wl, rc)
+            o_none = _none_output(point, wl, rc, plan)
             err_none = rel_l2(o_full, o_none)
     if check.get("reference", True):
         small = reduced_params(point, max_tokens=int(check.get("reference_tokens", 256)))
@@ -295,18 +295,19 @@ def _check(point: PointSpec, wl: Workload, run: ModeRun, rc: RankContext, option
             wl_r, o_r = wl, o_full
         else:
             wl_r = make_workload(small, device=rc.device)
-            o_r = build_mode(small, wl_r, rc, options).full_output()
+            o_r = build_mode(small, wl_r, rc, options, plan).full_output()
         if rc.rank == 0:
             f = wl_r.flat() if point.mode != "none" else wl_r
             o_ref = kernels.reference(point.op, *f.tensors, cu_seqlens=f.cu_seqlens)[0]
             err_ref = rel_l2(o_r, o_ref)
     if run.full_grads is not None:   # fwd+bwd: every input gradient, vs none's and vs the reference's
-        err_none, err_ref = _check_grads(point, wl, run, rc, options, o_full, err_none, err_ref)
+        err_none, err_ref = _check_grads(point, wl, run, rc, options, o_full, err_none, err_ref, plan)
     return {"err_vs_none": err_none, "err_vs_reference": err_ref}
 
 
 def _check_grads(point: PointSpec, wl: Workload, run: ModeRun, rc: RankContext, options: dict[str, Any],
-                 o_full: Tensor, err_none: float | None, err_ref: float | None) -> tuple[float | None, float | None]:
+                 o_full: Tensor, err_none: float | None, err_ref: float | None,
+                 plan: LaunchPlan) -> tuple[float | None, float | None]:
     """The gate's errors with the input gradients folded in (max over o, dq, dk, dv, dg, dbeta)."""
     check = options.get("check") or {}
     assert run.full_grads is not None
@@ -323,7 +324,7 @@ def _check_grads(point: PointSpec, wl: Workload, run: ModeRun, rc: RankContext, 
     if check.get("reference", True):
         small = reduced_params(point, max_tokens=int(check.get("reference_tokens", 256)))
         wl_r = make_workload(small, device=rc.device)
-        run_r = build_mode(small, wl_r, rc, options)
+        run_r = build_mode(small, wl_r, rc, options, plan)
         assert run_r.full_grads is not None
         got_r = run_r.full_grads()
         o_r = run_r.full_output()
@@ -335,12 +336,22 @@ def _check_grads(point: PointSpec, wl: Workload, run: ModeRun, rc: RankContext, 
     return err_none, err_ref
 
 
-def _launch_configs() -> dict[str, Any]:
-    try:
-        from kernels.configs import LAUNCHES
-    except ImportError:
-        return {}
-    return {name: {"key": _jsonable(key), "config": cfg.as_dict()} for name, (key, cfg) in LAUNCHES.items()}
+def launch_plan(point: PointSpec, payload: PointJob) -> LaunchPlan:
+    """The launch plan of a point's kernels calls: the default plan with the tuned configs of the payload (`autotune`,
+    from `tune_job`; None: the default plan's), the recompute policy of its triton options and a fresh recorder."""
+    from kernels.plan import LaunchRecorder, default_plan
+    from runners.tuner import payload_table
+
+    plan = default_plan()
+    if payload.autotune is not None:
+        plan = plan.replace(table=payload_table(payload.autotune))
+    fields = backend_options.plan_fields(point.backend, point.backend_options)
+    return plan.replace(recorder=LaunchRecorder(), **fields)
+
+
+def _launch_configs(plan: LaunchPlan) -> dict[str, Any]:
+    launched = plan.recorder or {}
+    return {name: {"key": _jsonable(key), "config": cfg.as_dict()} for name, (key, cfg) in launched.items()}
 
 
 def tune_shape(point: PointSpec) -> dict[str, Any]:
@@ -365,56 +376,34 @@ def tune_job(rc: RankContext, payload: dict[str, Any]) -> TuningOutcome:
     searching as the sweep's `tuning` spec says) and return what it measured: the configs in the autotune-file
     format, the trials and the winners. No store session is opened here: the parent read the store into
     `payload["state"]` (`runners.tuner.tuning_state`) and stores the outcome; `payload["point"]` is the point
-    (a `PointSpec`). This process's own configs are left as they were."""
-    from kernels.autotune import active_table, install
+    (a `PointSpec`)."""
     from runners.tuner import TuneSpec, tune_missing
 
     point: PointSpec = payload["point"]
-    previous = active_table()
-    try:
-        return tune_missing(payload["state"], op=point.op, shape=tune_shape(point), device=rc.device,
-                            spec=TuneSpec.of(payload.get("tuning"), direction=point.direction))
-    finally:
-        install(previous)
+    return tune_missing(payload["state"], op=point.op, shape=tune_shape(point), device=rc.device,
+                        spec=TuneSpec.of(payload.get("tuning"), direction=point.direction))
 
 
 def run_point_job(rc: RankContext, payload: PointJob) -> PointResult:
     """Gang job: run one point on this rank (`runners.point.PointJob`: the point, the sweep spec's timing, check
     and profile options, rank 0's Chrome trace target and the tuned configs to launch with, from `tune_job`;
-    None: the process's configs)."""
-    if payload.autotune is None:
-        return _run_point(rc, payload)
-    from kernels.autotune import active_table, install
-    from runners.tuner import install_payload
-
-    previous = active_table()
-    install_payload(payload.autotune)
-    try:
-        return _run_point(rc, payload)
-    finally:
-        install(previous)
-
-
-def _run_point(rc: RankContext, payload: PointJob) -> PointResult:
+    None: the default plan's); the kernels calls get `launch_plan(point, payload)`."""
     point, options = payload.point, payload.options
+    plan = launch_plan(point, payload)
     if rc.world_size != point.W:
         raise ValueError(f"point W={point.W} sent to a gang of {rc.world_size} ranks")
     wl = make_workload(point, device=rc.device)
-    run = build_mode(point, wl, rc, options)
+    run = build_mode(point, wl, rc, options, plan)
 
-    errs = _check(point, wl, run, rc, options)
+    errs = _check(point, wl, run, rc, options, plan)
     gate = judge(point, **errs, check=options.get("check") or {})
     if _agree(rc, rc.rank == 0 and not gate.passed):
         return PointResult(ok=False, gate=gate.as_dict(), error=gate.message)
     if point.mode not in ("none",):
         del wl  # CP ranks keep only their shards (and none/warmup_correct their closures) while timed
 
-    try:
-        from kernels.configs import LAUNCHES
-
-        LAUNCHES.clear()
-    except ImportError:
-        pass
+    if plan.recorder is not None:
+        plan.recorder.clear()  # the stored configs are those of the timed steps
     rule = StopRule.from_mapping(options.get("timing"))
     flush = None
     if rc.device.type == "cuda" and rule.flush_l2:
@@ -422,7 +411,7 @@ def _run_point(rc: RankContext, payload: PointJob) -> PointResult:
         if flush is None:
             flush = rc.cache["l2flush"] = L2Flush(rc.device)
     timing = time_step(run.step, rule=rule, device=rc.device, group=rc.group, flush=flush)
-    configs = _launch_configs()
+    configs = _launch_configs(plan)
 
     prof = None
     if options.get("profile", True):

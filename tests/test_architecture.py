@@ -215,3 +215,55 @@ def test_only_db_queries_the_store() -> None:
     probe = "def f(s):\n    s.execute(select(A))\n    t.index_select(0, i)\n    self.session.execute(sa.select(B))\n"
     assert sorted(_store_queries(ast.parse(probe))) == [(2, "s.execute("), (2, "select("), (4, "select("),
                                                         (4, "self.session.execute(")]
+
+
+def _kernels_trees() -> Iterator[tuple[str, ast.Module]]:
+    for path in sorted((ROOT / "kernels").rglob("*.py")):
+        yield str(path.relative_to(ROOT)), ast.parse(path.read_text(), str(path))
+
+
+def test_kernels_has_no_global_statement() -> None:
+    """Launch configs, the recompute policy and what launched travel in a `kernels.plan.LaunchPlan` passed as an
+    argument: no function of `kernels/` rebinds a module variable."""
+    bad = [f"{rel}:{n.lineno} global {', '.join(n.names)}" for rel, tree in _kernels_trees() for n in ast.walk(tree)
+           if isinstance(n, ast.Global)]
+    assert bad == []
+
+
+_MUTATORS = {"clear", "pop", "popitem", "update", "setdefault", "append", "extend", "remove", "insert", "add",
+             "discard", "move_to_end"}
+
+
+def _mutated_module_names(tree: ast.Module) -> Iterator[tuple[str, str, int]]:
+    """(function, module-level name, line) of every in-place change of a module-level container inside a function:
+    a mutating method call or an item store / delete."""
+    top = {t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+           for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for n in ast.walk(fn):
+            targets: list[ast.expr] = []
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _MUTATORS:
+                targets = [n.func.value]
+            elif isinstance(n, (ast.Assign, ast.Delete)):
+                targets = [t.value for t in n.targets if isinstance(t, ast.Subscript)]
+            elif isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Subscript):
+                targets = [n.target.value]
+            for t in targets:
+                if isinstance(t, ast.Name) and t.id in top:
+                    yield fn.name, t.id, n.lineno
+
+
+def test_kernels_mutates_no_module_state_at_run_time() -> None:
+    """No module-level container of `kernels/` is written by a function, except the kernel registry filled by
+    `register` at import (`kernels.configs.KERNELS`) and memo caches (`*_CACHE`, keyed by what they cache)."""
+    bad = [f"{rel}:{line} {fn}() changes {name}" for rel, tree in _kernels_trees()
+           for fn, name, line in _mutated_module_names(tree)
+           if not (name.endswith("_CACHE") or (name, fn) == ("KERNELS", "register"))]
+    assert bad == []
+
+
+def test_the_module_state_checker_sees_item_stores_and_mutating_calls() -> None:
+    probe = ast.parse("SEEN = {}\nKEEP = []\ndef f(x):\n    SEEN[x] = 1\n    KEEP.clear()\n    y = {}\n    y[x] = 2\n")
+    assert sorted(_mutated_module_names(probe)) == [("f", "KEEP", 5), ("f", "SEEN", 4)]

@@ -49,7 +49,8 @@ from kernels.common.wy import (
     wy_gdn_fwd,
     wy_kda_fwd,
 )
-from kernels.configs import KernelSpec, LaunchConfig, pick_config, register
+from kernels.configs import KernelSpec, LaunchConfig, register
+from kernels.plan import LaunchPlan, default_plan, launch_config
 
 __all__ = ["CHUNK_BWD_DQK", "WY_BWD", "WY_INVERSE", "chunk_bwd", "chunk_state_grad"]
 
@@ -422,10 +423,10 @@ def _fit(cfg: LaunchConfig, K: int, V: int) -> tuple[int, int]:
 
 
 def wy_inverse(k: Tensor, g: Tensor, beta: Tensor, *, index: ChunkIndex, gate_vector: bool, kg: Tensor | None = None,
-               gc: Tensor | None = None, config: LaunchConfig | None = None) -> Tensor:
+               gc: Tensor | None = None, launch: LaunchPlan | None = None) -> Tensor:
     """T = (I + A)^{-1} per chunk, [B, T, H, BT] in k's dtype (lower blocks), from the raw gate g."""
     B, T, H, K = k.shape
-    cfg = pick_config(WY_INVERSE, _key(index, H, K, K, gate_vector, k.dtype), config)
+    cfg = launch_config(launch, WY_INVERSE, _key(index, H, K, K, gate_vector, k.dtype))
     BK, _ = _fit(cfg, K, K)
     BT = index.chunk_size
     tt = torch.empty(B, T, H, BT, dtype=k.dtype, device=k.device)
@@ -439,16 +440,16 @@ def wy_inverse(k: Tensor, g: Tensor, beta: Tensor, *, index: ChunkIndex, gate_ve
 
 def _wy_factors(
     gate_vector: bool, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex,
-    cfgs: Mapping[str, LaunchConfig], wy: Mapping[str, Tensor] | None,
+    launch: LaunchPlan, wy: Mapping[str, Tensor] | None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(w, u, ks, gs, qs, aqk): the forward's kept factors, or the WY prep run again (GDN: ks, qs = k, q)."""
     if wy is not None:
         w, u, gs, aqk = wy["w"], wy["u"], wy["gs"], wy["aqk"]
         ks, qs = (wy["ks"], wy["qs"]) if gate_vector else (k, q)
     elif gate_vector:
-        w, u, ks, gs, qs, aqk = wy_kda_fwd(q, k, v, g, beta, scale=scale, index=index, config=cfgs.get("wy_kda_fwd"))
+        w, u, ks, gs, qs, aqk = wy_kda_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch)
     else:
-        w, u, gs, aqk = wy_gdn_fwd(q, k, v, g, beta, scale=scale, index=index, config=cfgs.get("wy_gdn_fwd"))
+        w, u, gs, aqk = wy_gdn_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch)
         qs, ks = q, k
     assert qs is not None and aqk is not None
     return w, u, ks, gs, qs, aqk
@@ -457,7 +458,7 @@ def _wy_factors(
 def _state_pass(
     qs: Tensor, ks: Tensor, w: Tensor, u: Tensor, gs: Tensor, aqk: Tensor, do: Tensor, *, index: ChunkIndex,
     gate_vector: bool, scale: float, h0: Tensor | None, dht: Tensor | None, dh0: Tensor | None,
-    cfgs: Mapping[str, LaunchConfig], split_chunks: int | None, states: bool,
+    launch: LaunchPlan, split_chunks: int | None, states: bool,
     kept: Mapping[str, Tensor] | None = None,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
     """The reverse state pass, split across the sequence like the forward (module docstring), writing dh0 when given;
@@ -471,10 +472,10 @@ def _state_pass(
     if kept is not None:
         split_chunks = int(kept["split"])  # a CPU scalar: no device read
     BT, NT, N = index.chunk_size, index.num_chunks, index.num_seqs
-    bv = state_bwd_config(H, K, V, BT, gate_vector, index.is_varlen, ks.dtype, cfgs.get("chunk_state_bwd")).BV or 64
+    bv = state_bwd_config(H, K, V, BT, gate_vector, index.is_varlen, ks.dtype, launch).BV or 64
     plan = resolve_split(index, split_chunks, H=H, NV=max(1, V // bv), device=ks.device)
     common: dict[str, Any] = {"BT": BT, "gate_vector": gate_vector}
-    bwd: dict[str, Any] = {"scale": scale, "config": cfgs.get("chunk_state_bwd"), **common}
+    bwd: dict[str, Any] = {"scale": scale, "launch": launch, **common}
     dh = ks.new_empty(NT, H, K, V) if states else None
     dv_new = do.new_empty(do.shape, dtype=ks.dtype) if states else None
     h = v_new = None
@@ -484,8 +485,8 @@ def _state_pass(
         layout = SeqLayout(N, index.cu_seqlens if index.is_varlen else None,
                            index.chunk_offsets if index.is_varlen else None)
         if states and kept is None:
-            h, v_new, _ = chunk_state_fwd(ks, w, u, gs, layout=layout, num_chunks=NT, h0=h0,
-                                          config=cfgs.get("chunk_state_fwd"), **common)
+            h, v_new, _ = chunk_state_fwd(ks, w, u, gs, layout=layout, num_chunks=NT, h0=h0, launch=launch,
+                                          **common)
         chunk_state_bwd(qs, ks, w, gs, aqk, do, layout=layout, dht=dht, ds_out=dh0, dh=dh, dv_new=dv_new, **bwd)
         return h, v_new, dh, dv_new
     segs = plan.all_segments
@@ -493,21 +494,19 @@ def _state_pass(
         M = kept["M"]
         assert M.shape[0] == plan.num_segments, f"kept maps of {M.shape[0]} segments, the plan has {plan.num_segments}"
     else:
-        M, S = chunk_state_transition_fwd(ks, w, u, gs, layout=segs, config=cfgs.get("chunk_state_transition_fwd"),
-                                          **common)
+        M, S = chunk_state_transition_fwd(ks, w, u, gs, layout=segs, launch=launch, **common)
     if states and kept is None:
         nonlast = plan.transitions.seq_map
         assert nonlast is not None
         hs = seg_chain_states(M.index_select(0, nonlast), S.index_select(0, nonlast), h0, plan.seg_ptr,
-                              num_segments=plan.num_segments, config=cfgs.get("seg_chain_fwd"))
-        h, v_new, _ = chunk_state_fwd(ks, w, u, gs, layout=segs, num_chunks=NT, h0=hs,
-                                      config=cfgs.get("chunk_state_fwd"), **common)
+                              num_segments=plan.num_segments, launch=launch)
+        h, v_new, _ = chunk_state_fwd(ks, w, u, gs, layout=segs, num_chunks=NT, h0=hs, launch=launch, **common)
     rest, firsts = first_segments(plan)
     ds_ext = M.new_empty(plan.num_segments, H, K, V)  # fp32 like the maps; rows of first segments stay unused
     chunk_state_bwd(qs, ks, w, gs, aqk, do, dht=None, ds_out=ds_ext,
                     layout=SeqLayout(plan.num_segments, segs.cu_seqlens, segs.chunk_offsets, seq_map=rest,
                                      final_idx=rest), **bwd)
-    ds_end = seg_chain_bwd(M, ds_ext, dht, plan, config=cfgs.get("seg_chain_bwd"))
+    ds_end = seg_chain_bwd(M, ds_ext, dht, plan, launch=launch)
     chunk_state_bwd(qs, ks, w, gs, aqk, do, dht=ds_end, ds_out=dh0, dh=dh, dv_new=dv_new,
                     layout=SeqLayout(plan.num_segments, segs.cu_seqlens, segs.chunk_offsets, final_idx=firsts), **bwd)
     return h, v_new, dh, dv_new
@@ -515,21 +514,22 @@ def _state_pass(
 
 def chunk_state_grad(
     op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float,
-    dht: Tensor | None = None, cu_seqlens: Tensor | None = None, configs: Mapping[str, LaunchConfig] | None = None,
+    dht: Tensor | None = None, cu_seqlens: Tensor | None = None, plan: LaunchPlan | None = None,
     split_chunks: int | None = None,
 ) -> Tensor:
     """dh0 `[N, H, K, V]` fp32 alone: the gradient of each sequence's entering state, from do (and dht). It does not
     depend on the entering state itself. The WY prep and the reverse state pass of `chunk_bwd` (split the same way),
-    without the chunk states, T or the gradient kernels: what true_cp's backward gathers before it knows its dht."""
+    without the chunk states, T or the gradient kernels: what true_cp's backward gathers before it knows its dht.
+    plan: the launch plan (None: `kernels.plan.default_plan()`)."""
     B, T, H, K = k.shape
-    cfgs = dict(configs or {})
+    launch = plan if plan is not None else default_plan()
     gate_vector = op == "kda"
     q, k, v, g, beta, do = (x.contiguous() for x in (q, k, v, g, beta, do))
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=BT_WY, device=k.device)
-    w, u, ks, gs, qs, aqk = _wy_factors(gate_vector, q, k, v, g, beta, scale=scale, index=index, cfgs=cfgs, wy=None)
+    w, u, ks, gs, qs, aqk = _wy_factors(gate_vector, q, k, v, g, beta, scale=scale, index=index, launch=launch, wy=None)
     dh0 = k.new_empty(index.num_seqs, H, K, v.shape[-1], dtype=torch.float32)
     _state_pass(qs, ks, w, u, gs, aqk, do, index=index, gate_vector=gate_vector, scale=scale, h0=None,
-                dht=dht.float().contiguous() if dht is not None else None, dh0=dh0, cfgs=cfgs,
+                dht=dht.float().contiguous() if dht is not None else None, dh0=dh0, launch=launch,
                 split_chunks=split_chunks, states=False)
     return dh0
 
@@ -537,7 +537,7 @@ def chunk_state_grad(
 def chunk_bwd(
     op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float,
     initial_state: Tensor | None = None, dht: Tensor | None = None, cu_seqlens: Tensor | None = None,
-    configs: Mapping[str, LaunchConfig] | None = None, split_chunks: int | None = None,
+    plan: LaunchPlan | None = None, split_chunks: int | None = None,
     wy: Mapping[str, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """(dq, dk, dv, dg, dbeta, dh0) of the GDN (`op="gdn"`) or KDA chunked forward; see the module docstring.
@@ -546,22 +546,22 @@ def chunk_bwd(
     wy: the WY factors the forward kept (`chunk_*_fwd(keep=...)`: w, u, gs, aqk, and ks, qs for KDA): the
     recompute of step 1 is skipped (T is still formed here). With the chunk states too (`keep_states=True`: h,
     v_new, M, split) the forward state pass and the transitions of step 2 are skipped, and the forward's split is
-    used (split_chunks is then ignored).
+    used (split_chunks is then ignored). plan: the launch plan (None: `kernels.plan.default_plan()`).
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
-    cfgs = dict(configs or {})
+    launch = plan if plan is not None else default_plan()
     gate_vector = op == "kda"
     q, k, v, g, beta, do = (x.contiguous() for x in (q, k, v, g, beta, do))
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=BT_WY, device=k.device)
     BT, N = index.chunk_size, index.num_seqs
 
     # 1. the WY factors (recomputed unless the forward kept them) and T
-    w, u, ks, gs, qs, aqk = _wy_factors(gate_vector, q, k, v, g, beta, scale=scale, index=index, cfgs=cfgs, wy=wy)
+    w, u, ks, gs, qs, aqk = _wy_factors(gate_vector, q, k, v, g, beta, scale=scale, index=index, launch=launch, wy=wy)
     if gate_vector:
-        tt = wy_inverse(k, g, beta, index=index, gate_vector=True, kg=ks, gc=gs, config=cfgs.get("wy_inverse"))
+        tt = wy_inverse(k, g, beta, index=index, gate_vector=True, kg=ks, gc=gs, launch=launch)
     else:
-        tt = wy_inverse(k, g, beta, index=index, gate_vector=False, config=cfgs.get("wy_inverse"))
+        tt = wy_inverse(k, g, beta, index=index, gate_vector=False, launch=launch)
 
     # 2. the chunk states (forward; or the forward's) and their gradients (reverse), split like the forward
     kept = wy if wy is not None and "h" in wy else None
@@ -569,7 +569,7 @@ def chunk_bwd(
     h, v_new, dh, dv_new = _state_pass(
         qs, ks, w, u, gs, aqk, do, index=index, gate_vector=gate_vector, scale=scale,
         h0=initial_state.float().contiguous() if initial_state is not None else None,
-        dht=dht.float().contiguous() if dht is not None else None, dh0=dh0, cfgs=cfgs, split_chunks=split_chunks,
+        dht=dht.float().contiguous() if dht is not None else None, dh0=dh0, launch=launch, split_chunks=split_chunks,
         states=True, kept=kept)
     assert h is not None and v_new is not None and dh is not None and dv_new is not None
 
@@ -580,7 +580,7 @@ def chunk_bwd(
     dk_part = torch.empty(B, T, H, K, dtype=torch.float32, device=k.device)
     dw = torch.empty_like(k)
     dg_part = torch.empty_like(dk_part)
-    cfg = pick_config(CHUNK_BWD_DQK, key, cfgs.get("chunk_bwd_dqk"))
+    cfg = launch.config_for(CHUNK_BWD_DQK, key)
     BK, BV = _fit(cfg, K, V)
     grid = (K // BK, *_chunk_grid(index, B, T, H))
     chunk_bwd_dqk_kernel[grid](
@@ -593,7 +593,7 @@ def chunk_bwd(
     dv = torch.empty_like(v)
     dbeta = torch.empty_like(beta)
     dg = torch.empty_like(g)
-    cfg = pick_config(WY_BWD, key, cfgs.get("wy_bwd"))
+    cfg = launch.config_for(WY_BWD, key)
     BK, BV = _fit(cfg, K, V)
     wy_bwd_kernel[_chunk_grid(index, B, T, H)](
         k, v, g, beta, tt, w, u, dv_new, dw, dk_part, dg_part, dk, dv, dbeta, dg, cu, ci, T,

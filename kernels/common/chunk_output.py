@@ -18,9 +18,9 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels.common.chunk_program import chunk_of_program
-from kernels.common.chunk_state import fit_bv
 from kernels.common.index import ChunkIndex
-from kernels.configs import KernelSpec, LaunchConfig, pick_config, register
+from kernels.configs import KernelSpec, LaunchConfig, register
+from kernels.plan import LaunchPlan, launch_config
 
 __all__ = ["CHUNK_OUTPUT_FWD", "chunk_output_fwd"]
 
@@ -81,14 +81,14 @@ def chunk_output_fwd_kernel(
 
 def chunk_output_fwd(
     q: Tensor, v_new: Tensor, h: Tensor, g: Tensor | None, aqk: Tensor, *, index: ChunkIndex, scale: float,
-    gate_vector: bool, out_dtype: torch.dtype | None = None, config: LaunchConfig | None = None,
+    gate_vector: bool, out_dtype: torch.dtype | None = None, launch: LaunchPlan | None = None,
 ) -> Tensor:
     """o [B, T, H, V]. GDN: raw q and g = gate cumsum. KDA: q = qg (scaled), g unused."""
     B, T, H, K = q.shape
     V = v_new.shape[-1]
     key = {"H": H, "K": K, "V": V, "BT": index.chunk_size, "GATE": "vector" if gate_vector else "scalar",
            "IS_VARLEN": index.is_varlen, "dtype": str(q.dtype).removeprefix("torch.")}
-    cfg = fit_bv(CHUNK_OUTPUT_FWD, pick_config(CHUNK_OUTPUT_FWD, key, config), V)
+    cfg = launch_config(launch, CHUNK_OUTPUT_FWD, key, bv_limit=V)
     BV, BT = cfg.BV, index.chunk_size
     assert BV is not None and BV >= 16 and K >= 16 and BT >= 16, f"tiles must be >= 16, got BV={BV} K={K} BT={BT}"
     assert V % BV == 0, f"BV={BV} must divide V={V}"

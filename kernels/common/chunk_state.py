@@ -25,14 +25,13 @@ chunk loop runs zero times and they store M = 0, S_ext = 0 (a device-side mask: 
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.configs import LAUNCHES, KernelSpec, LaunchConfig, pick_config, register
+from kernels.configs import KernelSpec, LaunchConfig, register
+from kernels.plan import LaunchPlan, launch_config
 
 __all__ = [
     "CHUNK_STATE_FWD",
@@ -42,7 +41,6 @@ __all__ = [
     "chunk_state_fwd",
     "chunk_state_output_fwd",
     "chunk_state_transition_fwd",
-    "fit_bv",
 ]
 
 _KEY = ("H", "K", "V", "BT", "GATE", "IS_VARLEN", "dtype")
@@ -243,14 +241,6 @@ def _key(H: int, K: int, V: int, BT: int, gate_vector: bool, layout: SeqLayout, 
             "IS_VARLEN": layout.cu_seqlens is not None, "dtype": str(dtype).removeprefix("torch.")}
 
 
-def fit_bv(spec: KernelSpec, cfg: LaunchConfig, limit: int) -> LaunchConfig:
-    """Clamp BV to a small head dim (K or V below the picked BV); the clamped config is the one recorded as launched."""
-    if cfg.BV is not None and limit < cfg.BV:
-        cfg = dataclasses.replace(cfg, BV=limit)
-        LAUNCHES[spec.name] = (LAUNCHES[spec.name][0], cfg)
-    return cfg
-
-
 def _launch(cfg: LaunchConfig, ncols: int, layout: SeqLayout, H: int, *, k: Tensor, w: Tensor, u: Tensor, g: Tensor,
             BT: int, gate_vector: bool, q: Tensor | None = None, aqk: Tensor | None = None, h0: Tensor | None = None,
             h: Tensor | None = None, ht: Tensor | None = None, m: Tensor | None = None, v_new: Tensor | None = None,
@@ -274,11 +264,11 @@ def _launch(cfg: LaunchConfig, ncols: int, layout: SeqLayout, H: int, *, k: Tens
 def chunk_state_fwd(
     k: Tensor, w: Tensor, u: Tensor, g: Tensor, *, layout: SeqLayout, num_chunks: int, BT: int, gate_vector: bool,
     h0: Tensor | None = None, output_final_state: bool = False, num_states: int | None = None,
-    config: LaunchConfig | None = None,
+    launch: LaunchPlan | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Plain pass: (h [NT_total, H, K, V] in k's dtype, v_new, ht fp32 or None)."""
     H, K, V = k.shape[2], k.shape[3], u.shape[-1]
-    cfg = fit_bv(CHUNK_STATE_FWD, pick_config(CHUNK_STATE_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype), config), V)
+    cfg = launch_config(launch, CHUNK_STATE_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype), bv_limit=V)
     h = k.new_empty(num_chunks, H, K, V)
     v_new = torch.empty_like(u)
     ht = k.new_empty(num_states or layout.num_seqs, H, K, V, dtype=torch.float32) if output_final_state else None
@@ -289,12 +279,11 @@ def chunk_state_fwd(
 def chunk_state_output_fwd(
     k: Tensor, w: Tensor, u: Tensor, g: Tensor, q: Tensor, *, layout: SeqLayout, BT: int, gate_vector: bool,
     scale: float, aqk: Tensor, h0: Tensor | None = None, output_final_state: bool = False,
-    num_states: int | None = None, out_dtype: torch.dtype | None = None, config: LaunchConfig | None = None,
+    num_states: int | None = None, out_dtype: torch.dtype | None = None, launch: LaunchPlan | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Pass with the output fused in: (o [B, T, H, V], ht fp32 or None). GDN: raw q; KDA: q is qg (scaled)."""
     H, K, V = k.shape[2], k.shape[3], u.shape[-1]
-    cfg = pick_config(CHUNK_STATE_OUTPUT_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype), config)
-    cfg = fit_bv(CHUNK_STATE_OUTPUT_FWD, cfg, V)
+    cfg = launch_config(launch, CHUNK_STATE_OUTPUT_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype), bv_limit=V)
     o = torch.empty(u.shape, dtype=out_dtype or q.dtype, device=u.device)
     ht = k.new_empty(num_states or layout.num_seqs, H, K, V, dtype=torch.float32) if output_final_state else None
     _launch(cfg, V, layout, H, k=k, w=w, u=u, g=g, BT=BT, gate_vector=gate_vector, q=q, aqk=aqk, h0=h0, ht=ht, o=o,
@@ -304,15 +293,15 @@ def chunk_state_output_fwd(
 
 def chunk_state_transition_fwd(
     k: Tensor, w: Tensor, u: Tensor, g: Tensor, *, layout: SeqLayout, BT: int, gate_vector: bool,
-    config: LaunchConfig | None = None, need: Tensor | None = None,
+    launch: LaunchPlan | None = None, need: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Segment maps of the programs' sequences: (M [N, H, K, K], S_ext [N, H, K, V]) fp32, N = layout.num_programs.
 
     need: bool `[N]` on the device, or None (all): programs whose flag is False skip their pass and return zeros.
     """
     H, K, V = k.shape[2], k.shape[3], u.shape[-1]
-    cfg = pick_config(CHUNK_STATE_TRANSITION_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype), config)
-    cfg = fit_bv(CHUNK_STATE_TRANSITION_FWD, cfg, min(K, V))
+    cfg = launch_config(launch, CHUNK_STATE_TRANSITION_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype),
+                        bv_limit=min(K, V))
     assert cfg.BV is not None and K % cfg.BV == 0, f"BV={cfg.BV} must divide K={K} for the transition pass"
     N = layout.num_programs
     M = k.new_empty(N, H, K, K, dtype=torch.float32)

@@ -39,10 +39,10 @@ from kernels.common.chunk_state import (
     chunk_state_fwd,
     chunk_state_output_fwd,
     chunk_state_transition_fwd,
-    fit_bv,
 )
 from kernels.common.index import ChunkIndex
-from kernels.configs import KernelSpec, LaunchConfig, pick_config, register
+from kernels.configs import KernelSpec, LaunchConfig, register
+from kernels.plan import LaunchPlan, launch_config
 
 __all__ = [
     "SEG_CHAIN_FWD",
@@ -275,13 +275,14 @@ def resolve_split(index: ChunkIndex, split_chunks: int | None, *, H: int, NV: in
 # launchers
 
 
-def seg_chain_fwd(M: Tensor, S_ext: Tensor, h0: Tensor | None, plan: SplitPlan, *, config: LaunchConfig | None = None) -> Tensor:
+def seg_chain_fwd(M: Tensor, S_ext: Tensor, h0: Tensor | None, plan: SplitPlan, *,
+                  launch: LaunchPlan | None = None) -> Tensor:
     """Entering state of every segment, [NS, H, K, V] fp32, from the non-last segments' maps and h0."""
-    return seg_chain_states(M, S_ext, h0, plan.seg_ptr, num_segments=plan.num_segments, config=config)
+    return seg_chain_states(M, S_ext, h0, plan.seg_ptr, num_segments=plan.num_segments, launch=launch)
 
 
 def seg_chain_states(M: Tensor, S_ext: Tensor, h0: Tensor | None, seg_ptr: Tensor, *, num_segments: int,
-                     config: LaunchConfig | None = None) -> Tensor:
+                     launch: LaunchPlan | None = None) -> Tensor:
     """`seg_chain_fwd` for any grouping of segments into chains: sequence n owns segments [seg_ptr[n], seg_ptr[n+1]).
 
     M `[NS - N, H, K, K]`, S_ext `[NS - N, H, K, V]` are the maps of the non-last segments in segment order;
@@ -291,7 +292,7 @@ def seg_chain_states(M: Tensor, S_ext: Tensor, h0: Tensor | None, seg_ptr: Tenso
     H, K, V = S_ext.shape[1], S_ext.shape[2], S_ext.shape[3]
     N = seg_ptr.shape[0] - 1
     assert M.shape[0] == S_ext.shape[0] == num_segments - N, f"need {num_segments - N} maps, got {M.shape[0]}"
-    cfg = fit_bv(SEG_CHAIN_FWD, pick_config(SEG_CHAIN_FWD, {"H": H, "K": K, "V": V}, config), V)
+    cfg = launch_config(launch, SEG_CHAIN_FWD, {"H": H, "K": K, "V": V}, bv_limit=V)
     BV = cfg.BV
     assert BV is not None and BV >= 16 and K >= 16 and V % BV == 0, f"bad tiles BV={BV} K={K} V={V}"
     hs = S_ext.new_empty(num_segments, H, K, V)
@@ -302,14 +303,14 @@ def seg_chain_states(M: Tensor, S_ext: Tensor, h0: Tensor | None, seg_ptr: Tenso
     return hs
 
 
-def seg_compose_fwd(M: Tensor, S_ext: Tensor, plan: SplitPlan, *, config: LaunchConfig | None = None,
+def seg_compose_fwd(M: Tensor, S_ext: Tensor, plan: SplitPlan, *, launch: LaunchPlan | None = None,
                     need: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Fold all segment maps of each sequence: (M [N, H, K, K], S_ext [N, H, K, V]) fp32.
 
     need: bool `[N]` on the device, or None: sequences whose flag is False skip the fold and get zeros.
     """
     H, K, V = S_ext.shape[1], S_ext.shape[2], S_ext.shape[3]
-    cfg = fit_bv(SEG_COMPOSE_FWD, pick_config(SEG_COMPOSE_FWD, {"H": H, "K": K, "V": V}, config), min(K, V))
+    cfg = launch_config(launch, SEG_COMPOSE_FWD, {"H": H, "K": K, "V": V}, bv_limit=min(K, V))
     BV = cfg.BV
     assert BV is not None and BV >= 16 and K % BV == 0, f"BV={BV} must divide K={K} (and be >= 16)"
     m_out = M.new_empty(plan.num_seqs, H, K, K)
@@ -336,7 +337,7 @@ def state_and_output(
     initial_state: Tensor | None,
     output_final_state: bool,
     out_dtype: torch.dtype,
-    configs: dict[str, LaunchConfig],
+    launch: LaunchPlan,
     split_chunks: int | None,
     fuse_output: bool,
 ) -> tuple[Tensor, Tensor | None]:
@@ -348,7 +349,7 @@ def state_and_output(
     V = u.shape[-1]
     BT = index.chunk_size
     h0 = initial_state.float().contiguous() if initial_state is not None else None
-    bv = _state_bv(configs, H=H, K=K, V=V, BT=BT, gate_vector=gate_vector, dtype=k.dtype, fuse=fuse_output,
+    bv = _state_bv(launch, H=H, K=K, V=V, BT=BT, gate_vector=gate_vector, dtype=k.dtype, fuse=fuse_output,
                    varlen=index.is_varlen)
     plan = resolve_split(index, split_chunks, H=H, NV=max(1, V // bv), device=k.device)
     if plan is None:
@@ -358,27 +359,26 @@ def state_and_output(
     else:
         # 1. maps of the non-last segments  2. chain them into every segment's entering state
         M, S_ext = chunk_state_transition_fwd(k, w, u, g, layout=plan.transitions, BT=BT, gate_vector=gate_vector,
-                                              config=configs.get("chunk_state_transition_fwd"))
-        h0_run = seg_chain_fwd(M, S_ext, h0, plan, config=configs.get("seg_chain_fwd"))
+                                              launch=launch)
+        h0_run = seg_chain_fwd(M, S_ext, h0, plan, launch=launch)
         layout, num_states = plan.final, index.num_seqs
     if fuse_output:
         return chunk_state_output_fwd(k, w, u, g, q, layout=layout, BT=BT, gate_vector=gate_vector, scale=scale,
                                       aqk=aqk, h0=h0_run, output_final_state=output_final_state,
-                                      num_states=num_states, out_dtype=out_dtype,
-                                      config=configs.get("chunk_state_output_fwd"))
+                                      num_states=num_states, out_dtype=out_dtype, launch=launch)
     h, v_new, ht = chunk_state_fwd(k, w, u, g, layout=layout, num_chunks=index.num_chunks, BT=BT,
                                    gate_vector=gate_vector, h0=h0_run, output_final_state=output_final_state,
-                                   num_states=num_states, config=configs.get("chunk_state_fwd"))
+                                   num_states=num_states, launch=launch)
     o = chunk_output_fwd(q, v_new, h, None if gate_vector else g, aqk, index=index, scale=scale,
-                         gate_vector=gate_vector, out_dtype=out_dtype, config=configs.get("chunk_output_fwd"))
+                         gate_vector=gate_vector, out_dtype=out_dtype, launch=launch)
     return o, ht
 
 
-def _state_bv(configs: dict[str, LaunchConfig], *, H: int, K: int, V: int, BT: int, gate_vector: bool,
+def _state_bv(launch: LaunchPlan, *, H: int, K: int, V: int, BT: int, gate_vector: bool,
               dtype: torch.dtype, fuse: bool, varlen: bool) -> int:
     """The BV the state pass will use (the split rule counts its programs); the launch itself re-picks it."""
     spec = CHUNK_STATE_OUTPUT_FWD if fuse else CHUNK_STATE_FWD
     key = {"H": H, "K": K, "V": V, "BT": BT, "GATE": "vector" if gate_vector else "scalar", "IS_VARLEN": varlen,
            "dtype": str(dtype).removeprefix("torch.")}
-    cfg = pick_config(spec, key, configs.get(spec.name))
+    cfg = launch.config_for(spec, key)
     return min(int(cfg.BV or 64), V)

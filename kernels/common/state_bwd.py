@@ -27,9 +27,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.common.chunk_state import SeqLayout, fit_bv
+from kernels.common.chunk_state import SeqLayout
 from kernels.common.seqsplit import CHAIN_DOT_PRECISION, SplitPlan
-from kernels.configs import KernelSpec, LaunchConfig, pick_config, register
+from kernels.configs import KernelSpec, LaunchConfig, register
+from kernels.plan import LaunchPlan, launch_config
 
 __all__ = ["CHUNK_STATE_BWD", "SEG_CHAIN_BWD", "chunk_state_bwd", "first_segments", "seg_chain_bwd"]
 
@@ -213,20 +214,20 @@ def first_segments(plan: SplitPlan) -> tuple[Tensor, Tensor]:
 
 
 def state_bwd_config(H: int, K: int, V: int, BT: int, gate_vector: bool, varlen: bool, dtype: torch.dtype,
-                     config: LaunchConfig | None) -> LaunchConfig:
+                     launch: LaunchPlan | None) -> LaunchConfig:
     key = {"H": H, "K": K, "V": V, "BT": BT, "GATE": "vector" if gate_vector else "scalar", "IS_VARLEN": varlen,
            "dtype": str(dtype).removeprefix("torch.")}
-    return fit_bv(CHUNK_STATE_BWD, pick_config(CHUNK_STATE_BWD, key, config), V)
+    return launch_config(launch, CHUNK_STATE_BWD, key, bv_limit=V)
 
 
 def chunk_state_bwd(
     q: Tensor, k: Tensor, w: Tensor, g: Tensor, aqk: Tensor, do: Tensor, *, layout: SeqLayout, BT: int,
     gate_vector: bool, scale: float, dht: Tensor | None, ds_out: Tensor | None, dh: Tensor | None = None,
-    dv_new: Tensor | None = None, config: LaunchConfig | None = None,
+    dv_new: Tensor | None = None, launch: LaunchPlan | None = None,
 ) -> None:
     """Launch the reverse pass over `layout`'s ranges (see the module docstring); writes dh, dv_new, ds_out."""
     H, K, V = k.shape[2], k.shape[3], do.shape[-1]
-    cfg = state_bwd_config(H, K, V, BT, gate_vector, layout.cu_seqlens is not None, k.dtype, config)
+    cfg = state_bwd_config(H, K, V, BT, gate_vector, layout.cu_seqlens is not None, k.dtype, launch)
     BV = cfg.BV
     assert BV is not None and BV >= 16 and K >= 16 and V % BV == 0, f"bad tiles BV={BV} K={K} V={V}"
     grid = (V // BV, layout.num_programs * H)
@@ -241,11 +242,11 @@ def chunk_state_bwd(
 
 
 def seg_chain_bwd(M: Tensor, ds_ext: Tensor, dht: Tensor | None, plan: SplitPlan, *,
-                  config: LaunchConfig | None = None) -> Tensor:
+                  launch: LaunchPlan | None = None) -> Tensor:
     """The gradient at the end of every segment, [NS, H, K, V] fp32, from all segments' forward maps M [NS, H, K, K],
     the non-first segments' dS_ext (rows of `ds_ext` [NS, H, K, V]) and dht [N, H, K, V] (or None: zeros)."""
     H, K, V = ds_ext.shape[1], ds_ext.shape[2], ds_ext.shape[3]
-    cfg = fit_bv(SEG_CHAIN_BWD, pick_config(SEG_CHAIN_BWD, {"H": H, "K": K, "V": V}, config), V)
+    cfg = launch_config(launch, SEG_CHAIN_BWD, {"H": H, "K": K, "V": V}, bv_limit=V)
     BV = cfg.BV
     assert BV is not None and BV >= 16 and K >= 16 and V % BV == 0, f"bad tiles BV={BV} K={K} V={V}"
     ds_end = ds_ext.new_empty(plan.num_segments, H, K, V)

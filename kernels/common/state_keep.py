@@ -1,6 +1,6 @@
 """The forward's state pass + output that also keeps what the backward's state recompute would produce.
 
-Used by the recompute policy "wy+states" (`kernels.autograd.KEEP`): the same launches as
+Used by the recompute policy "wy+states" (`LaunchPlan.keep`, kernels.autograd): the same launches as
 `kernels.common.seqsplit.state_and_output` (same kernels, same configs, same split), except that
 
     - the transition pass covers every segment, the last ones too (the backward's reverse chain needs their maps;
@@ -24,11 +24,10 @@ from kernels.common.chunk_state import (
     _launch,
     chunk_state_fwd,
     chunk_state_transition_fwd,
-    fit_bv,
 )
 from kernels.common.index import ChunkIndex
 from kernels.common.seqsplit import _state_bv, resolve_split, seg_chain_fwd
-from kernels.configs import LaunchConfig, pick_config
+from kernels.plan import LaunchPlan
 
 __all__ = ["state_and_output_keep"]
 
@@ -36,7 +35,7 @@ __all__ = ["state_and_output_keep"]
 def state_and_output_keep(
     *, index: ChunkIndex, k: Tensor, w: Tensor, u: Tensor, g: Tensor, q: Tensor, aqk: Tensor, gate_vector: bool,
     scale: float, initial_state: Tensor | None, output_final_state: bool, out_dtype: torch.dtype,
-    configs: dict[str, LaunchConfig], split_chunks: int | None, fuse_output: bool, keep: dict[str, Tensor],
+    launch: LaunchPlan, split_chunks: int | None, fuse_output: bool, keep: dict[str, Tensor],
 ) -> tuple[Tensor, Tensor | None]:
     """`state_and_output` (same arguments and result) that fills `keep` with the chunk states `h` [NT, H, K, V] and
     new values `v_new` (k's dtype), the maps `M` of every segment [NS, H, K, K] fp32 (split runs) and `split`, the
@@ -46,7 +45,7 @@ def state_and_output_keep(
     V = u.shape[-1]
     BT = index.chunk_size
     h0 = initial_state.float().contiguous() if initial_state is not None else None
-    bv = _state_bv(configs, H=H, K=K, V=V, BT=BT, gate_vector=gate_vector, dtype=k.dtype, fuse=fuse_output,
+    bv = _state_bv(launch, H=H, K=K, V=V, BT=BT, gate_vector=gate_vector, dtype=k.dtype, fuse=fuse_output,
                    varlen=index.is_varlen)
     plan = resolve_split(index, split_chunks, H=H, NV=max(1, V // bv), device=k.device)
     if plan is None:
@@ -55,26 +54,23 @@ def state_and_output_keep(
         h0_run, num_states = h0, None
     else:
         M, S_ext = chunk_state_transition_fwd(k, w, u, g, layout=plan.all_segments, BT=BT, gate_vector=gate_vector,
-                                              config=configs.get("chunk_state_transition_fwd"))
+                                              launch=launch)
         nonlast = plan.transitions.seq_map
         assert nonlast is not None
-        h0_run = seg_chain_fwd(M.index_select(0, nonlast), S_ext.index_select(0, nonlast), h0, plan,
-                               config=configs.get("seg_chain_fwd"))
+        h0_run = seg_chain_fwd(M.index_select(0, nonlast), S_ext.index_select(0, nonlast), h0, plan, launch=launch)
         layout, num_states = plan.final, index.num_seqs
         keep["M"] = M
     keep["split"] = torch.tensor(plan.seg_chunks if plan is not None else 0, dtype=torch.int64)
     if not fuse_output:
         h, v_new, ht = chunk_state_fwd(k, w, u, g, layout=layout, num_chunks=index.num_chunks, BT=BT,
                                        gate_vector=gate_vector, h0=h0_run, output_final_state=output_final_state,
-                                       num_states=num_states, config=configs.get("chunk_state_fwd"))
+                                       num_states=num_states, launch=launch)
         keep.update(h=h, v_new=v_new)
         o = chunk_output_fwd(q, v_new, h, None if gate_vector else g, aqk, index=index, scale=scale,
-                             gate_vector=gate_vector, out_dtype=out_dtype, config=configs.get("chunk_output_fwd"))
+                             gate_vector=gate_vector, out_dtype=out_dtype, launch=launch)
         return o, ht
     # the fused pass of `chunk_state_output_fwd`, with the state and new-value stores switched on
-    cfg = pick_config(CHUNK_STATE_OUTPUT_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype),
-                      configs.get("chunk_state_output_fwd"))
-    cfg = fit_bv(CHUNK_STATE_OUTPUT_FWD, cfg, V)
+    cfg = launch.config_for(CHUNK_STATE_OUTPUT_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype), bv_limit=V)
     h, v_new = k.new_empty(index.num_chunks, H, K, V), torch.empty_like(u)
     keep.update(h=h, v_new=v_new)
     o = torch.empty(u.shape, dtype=out_dtype, device=u.device)

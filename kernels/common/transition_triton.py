@@ -13,15 +13,13 @@ proportional to the flagged tokens.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from torch import Tensor
 
 from kernels.common.chunk_state import SeqLayout, chunk_state_transition_fwd
 from kernels.common.index import prepare_chunk_index
 from kernels.common.seqsplit import resolve_split, seg_compose_fwd
 from kernels.common.wy import BT_WY, wy_gdn_fwd, wy_kda_fwd
-from kernels.configs import LaunchConfig
+from kernels.plan import LaunchPlan, default_plan
 
 __all__ = ["chunk_transition_fwd"]
 
@@ -34,7 +32,7 @@ def chunk_transition_fwd(
     beta: Tensor,
     *,
     cu_seqlens: Tensor | None = None,
-    configs: Mapping[str, LaunchConfig] | None = None,
+    plan: LaunchPlan | None = None,
     split_chunks: int | None = None,
     need: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
@@ -42,29 +40,30 @@ def chunk_transition_fwd(
 
     split_chunks: None = automatic, 0 = never split, n = segments of n chunks.
     need: bool `[N]` on the device, or None (all sequences): unflagged sequences are skipped and get zeros.
+    plan: the launch plan (None: `kernels.plan.default_plan()`).
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
-    cfgs = dict(configs or {})
+    launch = plan if plan is not None else default_plan()
     k, v, g, beta = (x.contiguous() for x in (k, v, g, beta))
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=BT_WY, device=k.device)
     if op == "gdn":
-        w, u, gg, _ = wy_gdn_fwd(None, k, v, g, beta, scale=1.0, index=index, config=cfgs.get("wy_gdn_fwd"),
+        w, u, gg, _ = wy_gdn_fwd(None, k, v, g, beta, scale=1.0, index=index, launch=launch,
                                      need=need)
         kk, gate_vector = k, False
     else:
-        w, u, kk, gg, _, _ = wy_kda_fwd(None, k, v, g, beta, scale=1.0, index=index, config=cfgs.get("wy_kda_fwd"),
+        w, u, kk, gg, _, _ = wy_kda_fwd(None, k, v, g, beta, scale=1.0, index=index, launch=launch,
                                              need=need)
         gate_vector = True
-    cfg = cfgs.get("chunk_state_transition_fwd")
+    cfg = launch.configs.get("chunk_state_transition_fwd")
     bv = min(cfg.BV if cfg is not None and cfg.BV else 64, K, V)
-    plan = resolve_split(index, split_chunks, H=H, NV=max(1, (K + V) // bv), device=k.device)
-    if plan is None:
+    split = resolve_split(index, split_chunks, H=H, NV=max(1, (K + V) // bv), device=k.device)
+    if split is None:
         layout = SeqLayout(index.num_seqs, index.cu_seqlens if index.is_varlen else None,
                            index.chunk_offsets if index.is_varlen else None)
-        return chunk_state_transition_fwd(kk, w, u, gg, layout=layout, BT=BT_WY, gate_vector=gate_vector, config=cfg,
+        return chunk_state_transition_fwd(kk, w, u, gg, layout=layout, BT=BT_WY, gate_vector=gate_vector, launch=launch,
                                           need=need)
-    seg_need = None if need is None else need.index_select(0, plan.seg_seq)
-    M, S = chunk_state_transition_fwd(kk, w, u, gg, layout=plan.all_segments, BT=BT_WY, gate_vector=gate_vector,
-                                      config=cfg, need=seg_need)
-    return seg_compose_fwd(M, S, plan, config=cfgs.get("seg_compose_fwd"), need=need)
+    seg_need = None if need is None else need.index_select(0, split.seg_seq)
+    M, S = chunk_state_transition_fwd(kk, w, u, gg, layout=split.all_segments, BT=BT_WY, gate_vector=gate_vector,
+                                      launch=launch, need=seg_need)
+    return seg_compose_fwd(M, S, split, launch=launch, need=need)

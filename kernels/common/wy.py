@@ -39,7 +39,8 @@ from torch import Tensor
 
 from kernels.common.chunk_program import chunk_of_program
 from kernels.common.index import ChunkIndex
-from kernels.configs import KernelSpec, LaunchConfig, pick_config, register
+from kernels.configs import KernelSpec, LaunchConfig, register
+from kernels.plan import LaunchPlan, launch_config
 
 __all__ = ["BT_WY", "WY_GDN_FWD", "WY_KDA_FWD", "wy_gdn_fwd", "wy_kda_fwd"]
 
@@ -533,7 +534,7 @@ def _need_flags(need: Tensor | None, index: ChunkIndex, q: Tensor | None) -> Ten
 
 def wy_gdn_fwd(
     q: Tensor | None, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex,
-    config: LaunchConfig | None = None, need: Tensor | None = None,
+    launch: LaunchPlan | None = None, need: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """GDN intra-chunk pass: (w, u, gcum fp32 [B, T, H], aqk or None without q).
 
@@ -541,7 +542,7 @@ def wy_gdn_fwd(
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
-    cfg = pick_config(WY_GDN_FWD, _key(index, H, K, V, k.dtype), config)
+    cfg = launch_config(launch, WY_GDN_FWD, _key(index, H, K, V, k.dtype))
     BK, BV = _blocks(cfg, index, K, V)
     BT = index.chunk_size
     w = torch.empty_like(k)
@@ -558,7 +559,7 @@ def wy_gdn_fwd(
 
 def wy_kda_fwd(
     q: Tensor | None, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex,
-    config: LaunchConfig | None = None, need: Tensor | None = None,
+    launch: LaunchPlan | None = None, need: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
     """KDA intra-chunk pass: (w, u, kg, gc fp32 [NT_total, H, K], qg, aqk); qg/aqk are None without q.
 
@@ -566,7 +567,7 @@ def wy_kda_fwd(
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
-    cfg = pick_config(WY_KDA_FWD, _key(index, H, K, V, k.dtype), config)
+    cfg = launch_config(launch, WY_KDA_FWD, _key(index, H, K, V, k.dtype))
     BK, BV = _blocks(cfg, index, K, V)
     BT = index.chunk_size
     w = torch.empty_like(k)

@@ -21,6 +21,7 @@ from kernels.autograd import needs_grad
 from kernels.cp import comm, comm_grad, intra
 from kernels.cp.context import CPContext
 from kernels.cp.layout import shard
+from kernels.plan import LaunchPlan
 from kernels.vocabulary import MODE_OPTIONS
 
 __all__ = ["forward", "to_global_order"]
@@ -41,7 +42,7 @@ def to_global_order(x: Tensor, ctx: CPContext) -> Tensor:
 
 
 def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
-            backend: str, scale: float | None, options: dict[str, Any]) -> Tensor:
+            backend: str, launch: LaunchPlan, scale: float | None, options: dict[str, Any]) -> Tensor:
     train = needs_grad(q, k, v, g, beta)
     xs = [x[0] for x in (q, k, v, g, beta)]
     got = comm_grad.all_gather_grad(xs, group) if train else comm.all_gather_packed(xs, group)  # each [W, local_len, ...]
@@ -49,5 +50,5 @@ def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *
     cu = ctx.cu_seqlens
     seg = None if train else intra.resolve_segment_len(
         options["segment_len"], [b - a for a, b in zip(cu[:-1], cu[1:], strict=True)], v.shape[2], q.device)
-    o = intra.split_forward(op, qf, kf, vf, gf, bf, cu, seg_len=seg, backend=backend, scale=scale)
+    o = intra.split_forward(op, qf, kf, vf, gf, bf, cu, seg_len=seg, backend=backend, launch=launch, scale=scale)
     return shard(o, ctx)

@@ -24,6 +24,7 @@ from kernels.autograd import needs_grad
 from kernels.cp import comm, comm_grad, intra
 from kernels.cp.all_gather import to_global_order
 from kernels.cp.context import CPContext
+from kernels.plan import LaunchPlan
 from kernels.vocabulary import MODE_OPTIONS
 
 __all__ = ["forward"]
@@ -39,7 +40,7 @@ def check(q: Tensor, v: Tensor, ctx: CPContext) -> None:
 
 
 def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
-            backend: str, scale: float | None, options: dict[str, Any]) -> Tensor:
+            backend: str, launch: LaunchPlan, scale: float | None, options: dict[str, Any]) -> Tensor:
     check(q, v, ctx)
     W, Tl, HV = ctx.world_size, ctx.local_len, v.shape[2]
     train = needs_grad(q, k, v, g, beta)
@@ -50,7 +51,8 @@ def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *
     cu = ctx.cu_seqlens
     seg = None if train else intra.resolve_segment_len(
         options["segment_len"], [b - a for a, b in zip(cu[:-1], cu[1:], strict=True)], HV // W, q.device)
-    o = intra.split_forward(op, qf, kf, vf, gf, bf, cu, seg_len=seg, backend=backend, scale=scale)  # [1, T, HV/W, V]
+    o = intra.split_forward(op, qf, kf, vf, gf, bf, cu, seg_len=seg, backend=backend, launch=launch,
+                            scale=scale)  # [1, T, HV/W, V]
     send = _to_rank_order(o[0], ctx)                                               # [W(dst), Tl, HV/W, V]
     back = comm_grad.all_to_all_grad([send], group)[0] if train else comm.all_to_all(send, group)
     return back.permute(1, 0, 2, 3).reshape(1, Tl, HV, o.shape[-1])               # [Tl, W(src heads), HV/W, V]

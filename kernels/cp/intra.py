@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from kernels.cp import prims
+from kernels.plan import LaunchPlan
 
 __all__ = ["CHUNK", "PieceSpec", "SplitPlan", "auto_segment_len", "build_plan", "chain_states", "initial_states", "totals"]
 
@@ -176,7 +177,8 @@ def _runs(sub_bounds: tuple[int, ...], map_subs: list[int]) -> tuple[tuple[Run, 
     return tuple(runs), (None if row == len(map_subs) else tuple(select))
 
 
-def chain_states(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: SplitPlan, *, backend: str) -> Tensor | None:
+def chain_states(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: SplitPlan, *, backend: str,
+                 launch: LaunchPlan) -> Tensor | None:
     """The chain buffer X `[steps+1, n, H, K, K+V or V]` (fp32) of a plan, or None if no piece needs the chain."""
     n = len(plan.chain)
     if n == 0:
@@ -195,7 +197,7 @@ def chain_states(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: S
     Ms, Es = [], []
     for r in plan.runs:
         M, E = prims.trans(op, k[:, r.start:r.end], v[:, r.start:r.end], g[:, r.start:r.end], beta[:, r.start:r.end],
-                           r.bounds, backend=backend)
+                           r.bounds, backend=backend, launch=launch)
         Ms.append(M)
         Es.append(E)
     M = Ms[0] if len(Ms) == 1 else torch.cat(Ms, 0)
@@ -267,11 +269,11 @@ def resolve_segment_len(segment_len: int | str | None, lengths: Sequence[int], H
 
 
 def split_forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, bounds: tuple[int, ...], *,
-                  seg_len: int | None, backend: str, scale: float | None) -> Tensor:
+                  seg_len: int | None, backend: str, launch: LaunchPlan, scale: float | None) -> Tensor:
     """Forward of independent sequences (`bounds`, all entering with zeros), exactly split into sub-segments."""
     if seg_len is None or max(b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)) <= seg_len:
-        return prims.fwd(op, q, k, v, g, beta, bounds, backend=backend, scale=scale)[0]
+        return prims.fwd(op, q, k, v, g, beta, bounds, backend=backend, launch=launch, scale=scale)[0]
     plan = build_plan(tuple(PieceSpec(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)), seg_len)
-    X = chain_states(op, k, v, g, beta, plan, backend=backend)
+    X = chain_states(op, k, v, g, beta, plan, backend=backend, launch=launch)
     S0 = initial_states(plan, X, None, H=k.shape[2], K=k.shape[3], V=v.shape[3], device=k.device)
-    return prims.fwd(op, q, k, v, g, beta, plan.sub_bounds, h0=S0, backend=backend, scale=scale)[0]
+    return prims.fwd(op, q, k, v, g, beta, plan.sub_bounds, h0=S0, backend=backend, launch=launch, scale=scale)[0]

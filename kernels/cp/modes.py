@@ -19,6 +19,7 @@ from kernels.backends import resolve_backend
 from kernels.cp import all_gather, comm, headwise, none, ring, step_grad, tail_exchange, true_cp
 from kernels.cp import warmup_correct as warmup_module
 from kernels.cp.context import CPContext, build_context
+from kernels.plan import LaunchPlan, default_plan
 from kernels.validate import check_backend, check_op
 from kernels.vocabulary import (
     AUTOGRAD_MODES,
@@ -42,12 +43,12 @@ class _WarmupMode:
 
     @staticmethod
     def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
-                backend: str, scale: float | None, options: dict[str, Any]) -> Tensor:
+                backend: str, launch: LaunchPlan, scale: float | None, options: dict[str, Any]) -> Tensor:
         if ctx.world_size != 1:
             raise ValueError(f"mode 'warmup_correct' runs on one device: build its context with world_size=1 and pass "
                              f"the whole batch, got ctx.world_size={ctx.world_size}")
         o, _ = warmup_module.warmup_correct(op, q, k, v, g, beta, cu_seqlens=ctx.cu_seqlens, backend=backend,
-                                            scale=scale, **options)
+                                            scale=scale, plan=launch, **options)
         return o
 
 
@@ -65,7 +66,7 @@ MODES: dict[str, Any] = {
 # point-to-point kinds: a gang's count is the sum over ranks (group collectives: the max over ranks)
 P2P = ("send", "recv")
 # HAND_BACKWARD (a hand-written backward: kernels.cp.step_grad) and AUTOGRAD_MODES (plain autograd through the
-# differentiable op) are the vocabulary's too
+# differentiable op, so the triton backend's recompute policy `LaunchPlan.keep` applies) are the vocabulary's too
 
 
 def expected_collectives(mode: str, ctx: CPContext, options: Mapping[str, Any] | None = None,
@@ -143,6 +144,7 @@ def forward(
     backend: str = "auto",
     scale: float | None = None,
     options: Mapping[str, Any] | None = None,
+    plan: LaunchPlan | None = None,
 ) -> Tensor:
     """The local output of one CP scheme step: this rank's tokens, equal to a single-device run over the whole batch.
 
@@ -166,6 +168,9 @@ def forward(
             mode knobs, defaults in each scheme's `OPTIONS`: `segment_len` (none, headwise, all_gather, true_cp:
             intra-device exact split), `segments`/`tol`/`window`/`fallback` (warmup_correct), `window`/`fallback`
             (tail_exchange: `"none"` or `"true_cp"`).
+        plan (LaunchPlan | None):
+            the launch plan of the step's primitives (`kernels.plan`: configs, recompute policy, recorder; the
+            backward launches with the same). Default: `None` (`kernels.default_plan()`).
 
     Training: with inputs that require grad (and grad enabled) the output carries autograd: `o.backward(do_local)`
     on EVERY rank gives each rank the gradients of its local q, k, v, g, beta (the backward issues collectives;
@@ -209,8 +214,10 @@ def forward(
         # grouped value heads: these schemes run the transition and the backward on HV heads (autograd sums the
         # G gradients of each q/k head); the others hand the grouped inputs to the differentiable op as they are
         q, k = q.repeat_interleave(group_size, dim=2), k.repeat_interleave(group_size, dim=2)
+    launch = plan if plan is not None else default_plan()
     with torch.profiler.record_function(f"cp::{mode}"):
         if train and mode in HAND_BACKWARD:
-            return step_grad.apply(scheme, q, k, v, g, beta, op=op, group=group, ctx=ctx, backend=backend, scale=scale,
-                                   options=opts)
-        return scheme.forward(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, scale=scale, options=opts)
+            return step_grad.apply(scheme, q, k, v, g, beta, op=op, group=group, ctx=ctx, backend=backend,
+                                   launch=launch, scale=scale, options=opts)
+        return scheme.forward(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, launch=launch, scale=scale,
+                              options=opts)

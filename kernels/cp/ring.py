@@ -23,6 +23,7 @@ from torch import Tensor
 
 from kernels.cp import comm, prims
 from kernels.cp.context import CPContext, Slot
+from kernels.plan import LaunchPlan
 from kernels.vocabulary import MODE_OPTIONS
 
 __all__ = ["backward_saved", "forward", "forward_saved", "p2p_counts"]
@@ -42,8 +43,9 @@ def _bounds(pieces: Any, base: int) -> tuple[int, ...]:
 
 
 def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
-            backend: str, scale: float | None, options: dict[str, Any]) -> Tensor:
-    return forward_saved(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, scale=scale, options=options)[0]
+            backend: str, launch: LaunchPlan, scale: float | None, options: dict[str, Any]) -> Tensor:
+    return forward_saved(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, launch=launch, scale=scale,
+                         options=options)[0]
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,8 @@ class _Run:
 
 
 def forward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
-                  backend: str, scale: float | None, options: dict[str, Any]) -> tuple[Tensor, list[_Run]]:
+                  backend: str, launch: LaunchPlan, scale: float | None,
+                  options: dict[str, Any]) -> tuple[Tensor, list[_Run]]:
     """The ring step; also returns its runs (with their entering states) for the backward."""
     H, K, V = v.shape[2], k.shape[3], v.shape[3]
     outs: list[Tensor] = []
@@ -78,7 +81,7 @@ def forward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Ten
             init = torch.zeros(len(pieces), H, K, V, dtype=torch.float32, device=k.device)
             init[0] = h0
         runs.append(_Run(slot, a, b, tuple(pieces), init, h0 is not None, final))
-        return prims.fwd(op, *xs, _bounds(pieces, a), h0=init, final=final, backend=backend, scale=scale)
+        return prims.fwd(op, *xs, _bounds(pieces, a), h0=init, final=final, backend=backend, launch=launch, scale=scale)
 
     def send(slot: Slot, ht: Tensor | None) -> None:
         if not slot.last.carries:
@@ -117,7 +120,8 @@ def forward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Ten
 
 
 def backward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, runs: list[_Run], *,
-                   group: Any, ctx: CPContext, backend: str, scale: float | None, options: dict[str, Any],
+                   group: Any, ctx: CPContext, backend: str, launch: LaunchPlan, scale: float | None,
+                   options: dict[str, Any],
                    ) -> tuple[Tensor, ...]:
     """The mirror of the step: runs in reverse order; a run that sent its final state waits for that state's
     gradient from the next part (dht), runs the chunked backward, and sends the gradient of its entering state
@@ -142,7 +146,7 @@ def backward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Te
             dht = torch.zeros(len(r.pieces), H, K, V, dtype=torch.float32, device=k.device)
             dht[-1] = d_last
         out = prims.bwd(op, *(x[:, r.a:r.b] for x in xs), do[:, r.a:r.b], _bounds(r.pieces, r.a), h0=r.h0, dht=dht,
-                        backend=backend, scale=scale)
+                        backend=backend, launch=launch, scale=scale)
         for gr, d in zip(grads, out[:5], strict=True):
             gr[:, r.a:r.b] = d
         if r.receives:

@@ -39,6 +39,7 @@ from torch import Tensor
 
 from kernels.cp import comm, intra, prims, true_cp
 from kernels.cp.context import CPContext
+from kernels.plan import LaunchPlan
 from kernels.vocabulary import MODE_OPTIONS, TAIL_EXCHANGE_WINDOW_CHUNKS, tail_exchange_options
 
 __all__ = ["backward_saved", "forward", "forward_saved", "p2p_counts", "resolve_options"]
@@ -98,16 +99,16 @@ def p2p_counts(ctx: CPContext) -> tuple[int, int]:
 
 
 def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
-            backend: str, scale: float | None, options: dict[str, Any]) -> Tensor:
+            backend: str, launch: LaunchPlan, scale: float | None, options: dict[str, Any]) -> Tensor:
     window, fallback = resolve_options(options)
     if fallback == "true_cp":
-        return true_cp.forward(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, scale=scale,
+        return true_cp.forward(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, launch=launch, scale=scale,
                                options=dict(true_cp.OPTIONS))
-    return _step(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, scale=scale, window=window)[0]
+    return _step(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, launch=launch, scale=scale, window=window)[0]
 
 
 def _step(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
-          backend: str, scale: float | None, window: int) -> tuple[Tensor, Any]:
+          backend: str, launch: LaunchPlan, scale: float | None, window: int) -> tuple[Tensor, Any]:
     """(o, (entering states or None, the windows' k, v, g, beta or None)): the tail exchange step."""
     plan = _plan(ctx, window)
     H, K, V = v.shape[2], k.shape[3], v.shape[3]
@@ -131,13 +132,13 @@ def _step(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, 
     h0, win = None, None
     if windows:
         win = tuple(torch.cat([w[i] for w in windows], 1) if len(windows) > 1 else windows[0][i] for i in range(4))
-        _, E = prims.trans(op, *win, plan.win_bounds, backend=backend)
+        _, E = prims.trans(op, *win, plan.win_bounds, backend=backend, launch=launch)
         if plan.num_pieces == 1:
             h0 = E
         else:
             h0 = torch.zeros(plan.num_pieces, H, K, V, dtype=torch.float32, device=dev)
             h0.index_copy_(0, _rows(ctx, plan, window, dev), E)
-    o, _ = prims.fwd(op, q, k, v, g, beta, ctx.local_cu_seqlens, h0=h0, backend=backend, scale=scale)
+    o, _ = prims.fwd(op, q, k, v, g, beta, ctx.local_cu_seqlens, h0=h0, backend=backend, launch=launch, scale=scale)
     comm.wait_all(works)
     return o, (h0, win)
 
@@ -147,17 +148,17 @@ def _rows(ctx: CPContext, plan: _Plan, window: int, dev: torch.device) -> Tensor
 
 
 def forward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
-                  backend: str, scale: float | None, options: dict[str, Any]) -> tuple[Tensor, Any]:
+                  backend: str, launch: LaunchPlan, scale: float | None, options: dict[str, Any]) -> tuple[Tensor, Any]:
     """The step, saving the entering states and the received windows (fallback "true_cp": true_cp's)."""
     window, fallback = resolve_options(options)
     if fallback == "true_cp":
-        return true_cp.forward_saved(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, scale=scale,
+        return true_cp.forward_saved(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, launch=launch, scale=scale,
                                      options=dict(true_cp.OPTIONS))
-    return _step(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, scale=scale, window=window)
+    return _step(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, launch=launch, scale=scale, window=window)
 
 
 def backward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, saved: Any, *,
-                   group: Any, ctx: CPContext, backend: str, scale: float | None, options: dict[str, Any],
+                   group: Any, ctx: CPContext, backend: str, launch: LaunchPlan, scale: float | None, options: dict[str, Any],
                    ) -> tuple[Tensor, ...]:
     """The gradient of the function the step computes: local backward (dh0 of the continued pieces = the
     gradient of each window's E_win), the windows' backward from that dht (do = 0, zero start), and the
@@ -165,7 +166,7 @@ def backward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Te
     the forward's pairs reversed), where they add to its input gradients."""
     window, fallback = resolve_options(options)
     if fallback == "true_cp":
-        return true_cp.backward_saved(op, q, k, v, g, beta, do, saved, group=group, ctx=ctx, backend=backend,
+        return true_cp.backward_saved(op, q, k, v, g, beta, do, saved, group=group, ctx=ctx, backend=backend, launch=launch,
                                       scale=scale, options=dict(true_cp.OPTIONS))
     h0, win = saved
     plan = _plan(ctx, window)
@@ -178,7 +179,7 @@ def backward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Te
         pending.append(work)
         incoming.append((a, b, views))
     dq, dk, dv, dg, dbeta, dh0 = prims.bwd(op, q, k, v, g, beta, do, ctx.local_cu_seqlens, h0=h0, backend=backend,
-                                           scale=scale)
+                                           launch=launch, scale=scale)
     grads = [dq, dk, dv, dg, dbeta]
     works, keep = [], []
     if win is not None:
@@ -186,7 +187,7 @@ def backward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Te
         dE = dh0 if plan.num_pieces == 1 else dh0.index_select(0, _rows(ctx, plan, window, dev))
         kw = win[0]
         dw = prims.bwd(op, torch.zeros_like(kw), *win, torch.zeros(*kw.shape[:3], v.shape[3], dtype=q.dtype, device=dev),
-                       plan.win_bounds, dht=dE, backend=backend, scale=scale)[1:5]
+                       plan.win_bounds, dht=dE, backend=backend, launch=launch, scale=scale)[1:5]
         wb = plan.win_bounds
         for j, (src, a, n) in enumerate(plan.recvs):
             parts = [d[:, wb[j]:wb[j + 1]] for d in dw]

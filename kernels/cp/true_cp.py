@@ -31,6 +31,7 @@ from torch import Tensor
 from kernels.backends import resolve_backend
 from kernels.cp import comm, intra, prims
 from kernels.cp.context import CPContext
+from kernels.plan import LaunchPlan
 from kernels.vocabulary import MODE_OPTIONS
 
 __all__ = ["backward_saved", "forward", "forward_saved"]
@@ -39,13 +40,13 @@ OPTIONS = MODE_OPTIONS["true_cp"]
 
 
 def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
-            backend: str, scale: float | None, options: dict[str, Any]) -> Tensor:
-    return _step(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, scale=scale,
+            backend: str, launch: LaunchPlan, scale: float | None, options: dict[str, Any]) -> Tensor:
+    return _step(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, launch=launch, scale=scale,
                  seg_opt=options["segment_len"])[0]
 
 
 def _step(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
-          backend: str, scale: float | None, seg_opt: Any) -> tuple[Tensor, Tensor | None, Tensor | None]:
+          backend: str, launch: LaunchPlan, scale: float | None, seg_opt: Any) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """(o, entering states of the forward's (sub-)segments or None, the gathered summaries or None)."""
     H, K, V = v.shape[2], k.shape[3], v.shape[3]
     dev = k.device
@@ -55,7 +56,7 @@ def _step(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, 
         seg_opt = None   # the triton primitives split long sequences themselves (kernels/common/seqsplit.py)
     seg = intra.resolve_segment_len(seg_opt, [p.length for p in pieces], H, dev)
     plan = intra.build_plan(specs, seg)
-    X = intra.chain_states(op, k, v, g, beta, plan, backend=backend)
+    X = intra.chain_states(op, k, v, g, beta, plan, backend=backend, launch=launch)
     h0 = None
     gathered = None
     if ctx.any_crossing:
@@ -73,19 +74,20 @@ def _step(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, 
                 if slot.first.cont:
                     h0[chain_pos[first_idx[s][0]]].copy_(_fold(gathered, slot.preds, ctx, K))
     S0 = intra.initial_states(plan, X, h0, H=H, K=K, V=V, device=dev)
-    o, _ = prims.fwd(op, q, k, v, g, beta, plan.sub_bounds, h0=S0, backend=backend, scale=scale)
+    o, _ = prims.fwd(op, q, k, v, g, beta, plan.sub_bounds, h0=S0, backend=backend, launch=launch, scale=scale)
     return o, S0, gathered
 
 
 def forward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
-                  backend: str, scale: float | None, options: dict[str, Any]) -> tuple[Tensor, Any]:
+                  backend: str, launch: LaunchPlan, scale: float | None, options: dict[str, Any]) -> tuple[Tensor, Any]:
     """The step without intra-device splitting (one forward over the local pieces); saves S0 and the summaries."""
-    o, S0, gathered = _step(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, scale=scale, seg_opt=None)
+    o, S0, gathered = _step(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, launch=launch, scale=scale,
+                            seg_opt=None)
     return o, (S0, gathered)
 
 
 def backward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, saved: Any, *,
-                   group: Any, ctx: CPContext, backend: str, scale: float | None, options: dict[str, Any],
+                   group: Any, ctx: CPContext, backend: str, launch: LaunchPlan, scale: float | None, options: dict[str, Any],
                    ) -> tuple[Tensor, ...]:
     """The mirror of the forward merge (README §7): each continued first piece's backward segment term G (the
     gradient of its entering state with dht = 0), ONE all-gather of G, the reverse chain
@@ -100,17 +102,17 @@ def backward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Te
     xs = (q, k, v, g, beta)
     bounds = ctx.local_cu_seqlens
     if gathered is None:
-        return tuple(prims.bwd(op, *xs, do, bounds, h0=S0, backend=backend, scale=scale)[:5])
+        return tuple(prims.bwd(op, *xs, do, bounds, h0=S0, backend=backend, launch=launch, scale=scale)[:5])
     H, K, V = v.shape[2], k.shape[3], v.shape[3]
     first_idx = _slot_piece_indices(ctx)
     carries = any(slot.last.carries for slot in ctx.slots)
     continued = any(slot.first.cont for slot in ctx.slots)
     out = None
     if not carries:
-        out = prims.bwd(op, *xs, do, bounds, h0=S0, backend=backend, scale=scale)
+        out = prims.bwd(op, *xs, do, bounds, h0=S0, backend=backend, launch=launch, scale=scale)
         dh0 = out[5]
     elif continued:
-        dh0 = prims.state_grad(op, *xs, do, bounds, backend=backend, scale=scale)
+        dh0 = prims.state_grad(op, *xs, do, bounds, backend=backend, launch=launch, scale=scale)
     else:
         dh0 = None
     G = torch.zeros(ctx.slots_per_rank, H, K, V, dtype=torch.float32, device=k.device)
@@ -125,7 +127,7 @@ def backward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Te
     for s, slot in enumerate(ctx.slots):
         if slot.last.carries:
             dht[first_idx[s][1]] = _reverse_fold(G_all, gathered, _successors(ctx, slot.part), ctx, K)
-    return tuple(prims.bwd(op, *xs, do, bounds, h0=S0, dht=dht, backend=backend, scale=scale)[:5])
+    return tuple(prims.bwd(op, *xs, do, bounds, h0=S0, dht=dht, backend=backend, launch=launch, scale=scale)[:5])
 
 
 def _successors(ctx: CPContext, part: int) -> list[int]:

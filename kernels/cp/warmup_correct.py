@@ -44,6 +44,7 @@ from kernels.backends import resolve_backend
 from kernels.cp import intra, prims, step_grad
 from kernels.cp.context import host_bounds
 from kernels.cp.decay_bound import log_span_bound, log_window_bound, token_terms
+from kernels.plan import LaunchPlan, default_plan
 from kernels.vocabulary import MODE_OPTIONS
 
 __all__ = ["FALLBACKS", "WarmupPlan", "WarmupReport", "warmup_correct"]
@@ -233,6 +234,7 @@ def warmup_correct(
     scale: float | None = None,
     window: int | str = "auto",
     fallback: str = "auto",
+    plan: LaunchPlan | None = None,
 ) -> tuple[Tensor, WarmupReport]:
     """Intra-device CP forward of a B = 1 varlen batch on one device: segments, warmup/correction, one varlen forward.
 
@@ -260,6 +262,9 @@ def warmup_correct(
             previous segment where it does not; `violations` = 0), `"exact"` (exact M for every segment: the
             cost of exact intra-device CP) or `"none"` (warmup only: certified iff `report.violations == 0`).
             Default: `"auto"`.
+        plan (LaunchPlan | None):
+            the launch plan of the primitives (`kernels.plan`; kept for the backward). Default: `None`
+            (`kernels.default_plan()`).
 
     Returns:
         o (torch.Tensor): `[1, T, H, V]` in q's dtype.
@@ -279,19 +284,23 @@ def warmup_correct(
         window = DEFAULT_WINDOW_CHUNKS
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window must be 'auto' or an int >= 1 (chunks of {intra.CHUNK} tokens), got window={window!r}")
+    launch = plan if plan is not None else default_plan()  # one plan for the forward and its backward
     if needs_grad(q, k, v, g, beta):
         out: dict[str, Any] = {}
-        o = step_grad.apply(_Train, q, k, v, g, beta, op=op, group=None, ctx=None, backend=backend, scale=scale,
-                            options={"cu": cu, "segments": segments, "tol": tol, "window": window, "fallback": fallback,
-                                     "out": out})
+        o = step_grad.apply(_Train, q, k, v, g, beta, op=op, group=None, ctx=None, backend=backend, launch=launch,
+                            scale=scale, options={"cu": cu, "segments": segments, "tol": tol, "window": window,
+                                                  "fallback": fallback, "out": out})
         return o, out["report"]
-    o, report, _ = _run(op, q, k, v, g, beta, cu, segments, tol, backend, scale, window, fallback)
+    o, report, _ = _run(op, q, k, v, g, beta, cu, segments, tol, backend, scale, window, fallback, launch)
     return o, report
 
 
 def _run(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu: tuple[int, ...], segments: Any,
-         tol: float, backend: str, scale: float | None, window: int, fallback: str) -> tuple[Tensor, WarmupReport, Any]:
-    """The checked step: (o, report, (plan, S0, fell_back)) for the backward."""
+         tol: float, backend: str, scale: float | None, window: int, fallback: str,
+         launch: LaunchPlan | None = None) -> tuple[Tensor, WarmupReport, Any]:
+    """The checked step: (o, report, (plan, S0, fell_back)) for the backward; launch: the launch plan (None: the
+    default plan)."""
+    launch = launch if launch is not None else default_plan()
     H, K, V = k.shape[2], k.shape[3], v.shape[3]
     dev = k.device
     plan = _plan(cu, _seg_len(segments, cu, H, dev), window)
@@ -301,16 +310,16 @@ def _run(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu: 
     lb = log_window_bound(ell, log_u, plan.index("win_end", dev), plan.index("win_start", dev), plan.index("valid", dev))
     fell_rows = None
     if fallback == "exact":
-        S0, ref_log = _exact_states(op, k, v, g, beta, plan, backend=backend, H=H, K=K, V=V)
+        S0, ref_log = _exact_states(op, k, v, g, beta, plan, backend=backend, launch=launch, H=H, K=K, V=V)
         ok_rows = lb <= ref_log + math.log(tol)
     else:
-        E_win, ref_log = _window_maps(op, k, v, g, beta, plan, backend=backend, H=H)
+        E_win, ref_log = _window_maps(op, k, v, g, beta, plan, backend=backend, launch=launch, H=H)
         ok_rows = lb <= ref_log + math.log(tol / (1.0 + tol))
         if fallback == "none":
             S0 = _scatter(plan, E_win, H=H, K=K, V=V, device=dev)
         else:
             fell_rows = (~ok_rows).any(1)
-            S0 = _auto_states(op, k, v, g, beta, plan, E_win, fell_rows, backend=backend, H=H, K=K, V=V)
+            S0 = _auto_states(op, k, v, g, beta, plan, E_win, fell_rows, backend=backend, launch=launch, H=H, K=K, V=V)
     log_bound = torch.full((nseg, H), float("-inf"), dtype=torch.float64, device=dev)
     ok = torch.ones(nseg, H, dtype=torch.bool, device=dev)
     fell_back = torch.zeros(nseg, dtype=torch.bool, device=dev)
@@ -329,7 +338,7 @@ def _run(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu: 
         err, violations = torch.zeros_like(log_bound), zero
     else:
         err, violations = _auto_err_bound(plan, ell, log_bound, fell_back, device=dev).exp(), zero
-    o, _ = prims.fwd(op, q, k, v, g, beta, plan.bounds, h0=S0, backend=backend, scale=scale)
+    o, _ = prims.fwd(op, q, k, v, g, beta, plan.bounds, h0=S0, backend=backend, launch=launch, scale=scale)
     report = WarmupReport(tol=float(tol), fallback=fallback, window_chunks=window, segment_bounds=plan.bounds,
                           window=plan.window_tokens, log_bound=log_bound, ok=ok, fallback_count=failed,
                           violations=violations, state_err_bound=err, initial_states=S0, fell_back=fell_back)
@@ -341,21 +350,23 @@ class _Train:
 
     @staticmethod
     def forward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: Any,
-                      backend: str, scale: float | None, options: dict[str, Any]) -> tuple[Tensor, Any]:
+                      backend: str, launch: LaunchPlan, scale: float | None,
+                      options: dict[str, Any]) -> tuple[Tensor, Any]:
         o, report, saved = _run(op, q, k, v, g, beta, options["cu"], options["segments"], options["tol"], backend,
-                                scale, options["window"], options["fallback"])
+                                scale, options["window"], options["fallback"], launch)
         options["out"]["report"] = report
         return o, saved
 
     @staticmethod
     def backward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, saved: Any, *,
-                       group: Any, ctx: Any, backend: str, scale: float | None, options: dict[str, Any],
-                       ) -> tuple[Tensor, ...]:
-        return _backward(op, q, k, v, g, beta, do, saved, backend=backend, scale=scale, fallback=options["fallback"])
+                       group: Any, ctx: Any, backend: str, launch: LaunchPlan, scale: float | None,
+                       options: dict[str, Any]) -> tuple[Tensor, ...]:
+        return _backward(op, q, k, v, g, beta, do, saved, backend=backend, launch=launch, scale=scale,
+                         fallback=options["fallback"])
 
 
 def _backward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, saved: Any, *,
-              backend: str, scale: float | None, fallback: str) -> tuple[Tensor, ...]:
+              backend: str, launch: LaunchPlan, scale: float | None, fallback: str) -> tuple[Tensor, ...]:
     """The gradient of the function the step computes (README §7), with a[r] = fell_back[r] held fixed:
 
         S0[r] = a[r] ht[r-1] + (1 - a[r]) E_win[r]          (ht[r-1]: segment r-1's final state, run from S0[r-1])
@@ -373,7 +384,7 @@ def _backward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     dev = k.device
     xs = (q, k, v, g, beta)
     if not plan.win_rows or fallback == "none":
-        out = prims.bwd(op, *xs, do, plan.bounds, h0=S0, backend=backend, scale=scale)
+        out = prims.bwd(op, *xs, do, plan.bounds, h0=S0, backend=backend, launch=launch, scale=scale)
         grads = list(out[:5])
         if not plan.win_rows:
             return tuple(grads)
@@ -381,11 +392,11 @@ def _backward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
         assert G is not None and S0 is not None
         D = G
     else:
-        G = prims.state_grad(op, *xs, do, plan.bounds, backend=backend, scale=scale)
+        G = prims.state_grad(op, *xs, do, plan.bounds, backend=backend, launch=launch, scale=scale)
         nseg = plan.num_segments
         need = torch.zeros(nseg, dtype=torch.bool, device=dev)
         need[:-1] = a[1:]
-        M, _ = prims.trans(op, k, v, g, beta, plan.bounds, backend=backend, need=need)
+        M, _ = prims.trans(op, k, v, g, beta, plan.bounds, backend=backend, launch=launch, need=need)
         dht = torch.zeros_like(G)
         D = G.clone()
         af = a.to(G.dtype)[:, None, None, None]
@@ -394,7 +405,7 @@ def _backward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
                 continue
             dht[r] = af[r + 1] * D[r + 1]
             D[r] = G[r] + M[r].transpose(-1, -2) @ dht[r]
-        grads = list(prims.bwd(op, *xs, do, plan.bounds, h0=S0, dht=dht, backend=backend, scale=scale)[:5])
+        grads = list(prims.bwd(op, *xs, do, plan.bounds, h0=S0, dht=dht, backend=backend, launch=launch, scale=scale)[:5])
     if fallback != "exact":
         rows = plan.index("win_rows", dev)
         dE = ((1.0 - a.to(G.dtype)[:, None, None, None]) * D).index_select(0, rows)
@@ -402,13 +413,13 @@ def _backward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
         kw, vw, gw, bw = (x.index_select(1, idx) for x in (k, v, g, beta))
         dw = prims.bwd(op, torch.zeros_like(kw), kw, vw, gw, bw,
                        torch.zeros(*kw.shape[:3], v.shape[3], dtype=q.dtype, device=dev), plan.win_bounds, dht=dE,
-                       backend=backend, scale=scale)[1:5]
+                       backend=backend, launch=launch, scale=scale)[1:5]
         for gr, d in zip(grads[1:], dw, strict=True):
             gr.index_add_(1, idx, d)
     return tuple(grads)
 
 
-def _window_maps(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: WarmupPlan, *, backend: str,
+def _window_maps(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: WarmupPlan, *, backend: str, launch: LaunchPlan,
                  H: int) -> tuple[Tensor | None, Tensor]:
     """E_win `[n_win, H, K, V]` of every window (the end state from a zero start), and log ||E_win||_F (fp64)."""
     dev = k.device
@@ -416,7 +427,7 @@ def _window_maps(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: W
         return None, torch.empty(0, H, dtype=torch.float64, device=dev)
     idx = plan.index("gather", dev)
     kw, vw, gw, bw = (x.index_select(1, idx) for x in (k, v, g, beta))
-    _, E = prims.trans(op, kw, vw, gw, bw, plan.win_bounds, backend=backend)
+    _, E = prims.trans(op, kw, vw, gw, bw, plan.win_bounds, backend=backend, launch=launch)
     return E, torch.linalg.vector_norm(E, dim=(-2, -1)).double().log()
 
 
@@ -430,7 +441,7 @@ def _scatter(plan: WarmupPlan, rows: Tensor | None, *, H: int, K: int, V: int, d
 
 
 def _auto_states(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: WarmupPlan, E_win: Tensor | None,
-                 fell: Tensor, *, backend: str, H: int, K: int, V: int) -> Tensor | None:
+                 fell: Tensor, *, backend: str, launch: LaunchPlan, H: int, K: int, V: int) -> Tensor | None:
     """Per-segment choice on the device: S0[r] = fell[r] ? M[r-1] S0[r-1] + S_ext[r-1] : E_win[r].
 
     One masked transition over all segments gives (M, S_ext) only for the predecessors of failing segments
@@ -443,7 +454,7 @@ def _auto_states(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: W
     dev = k.device
     need = torch.zeros(plan.num_segments, dtype=torch.bool, device=dev)
     need.index_copy_(0, plan.index("prev_rows", dev), fell)
-    M, E = prims.trans(op, k, v, g, beta, plan.bounds, backend=backend, need=need)
+    M, E = prims.trans(op, k, v, g, beta, plan.bounds, backend=backend, launch=launch, need=need)
     prev = plan.index("prev_rows", dev)
     M, E = M.index_select(0, prev), E.index_select(0, prev)                  # the win rows' predecessors
     B = torch.where(fell[:, None, None, None], E, E_win)
@@ -452,7 +463,8 @@ def _auto_states(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: W
         # launches one batched matmul per segment position)
         from kernels.common.seqsplit import seg_chain_states
 
-        return seg_chain_states(M.float(), B.float(), None, plan.index("seg_ptr", dev), num_segments=plan.num_segments)
+        return seg_chain_states(M.float(), B.float(), None, plan.index("seg_ptr", dev), num_segments=plan.num_segments,
+                                launch=launch)
     (steps, n), map_pos, _ = plan.chain_layout
     if map_pos == tuple(range(steps * n)):
         A_all, B_all = M, B
@@ -491,12 +503,12 @@ def _auto_err_bound(plan: WarmupPlan, ell: Tensor, log_bound: Tensor, fell: Tens
 
 
 def _exact_states(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: WarmupPlan, *, backend: str,
-                  H: int, K: int, V: int) -> tuple[Tensor | None, Tensor]:
+                  launch: LaunchPlan, H: int, K: int, V: int) -> tuple[Tensor | None, Tensor]:
     """Exact entering states (exact maps + serial correction), and log ||S0||_F of the non-first segments."""
     dev = k.device
     sp = intra.build_plan(plan.pieces(), plan.seg_len)
     assert sp.sub_bounds == plan.bounds, "segment plans disagree"
-    X = intra.chain_states(op, k, v, g, beta, sp, backend=backend)
+    X = intra.chain_states(op, k, v, g, beta, sp, backend=backend, launch=launch)
     S0 = intra.initial_states(sp, X, None, H=H, K=K, V=V, device=dev)
     if S0 is None or not plan.win_rows:
         return S0, torch.empty(0, H, dtype=torch.float64, device=dev)

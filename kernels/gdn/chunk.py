@@ -10,7 +10,6 @@ via `cu_seqlens` with B == 1. Validation happens in `kernels.api` before this is
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from functools import partial
 
 from torch import Tensor
@@ -19,7 +18,7 @@ from kernels.common.index import prepare_chunk_index
 from kernels.common.seqsplit import state_and_output
 from kernels.common.state_keep import state_and_output_keep
 from kernels.common.wy import BT_WY, wy_gdn_fwd
-from kernels.configs import LaunchConfig
+from kernels.plan import LaunchPlan, default_plan
 
 __all__ = ["FUSE_OUTPUT", "chunk_gdn_fwd"]
 
@@ -38,7 +37,7 @@ def chunk_gdn_fwd(
     initial_state: Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: Tensor | None = None,
-    configs: Mapping[str, LaunchConfig] | None = None,
+    plan: LaunchPlan | None = None,
     split_chunks: int | None = None,
     fuse_output: bool | None = None,
     keep: dict[str, Tensor] | None = None,
@@ -46,22 +45,23 @@ def chunk_gdn_fwd(
 ) -> tuple[Tensor, Tensor | None]:
     """GDN chunked forward: (o `[B, T, H, V]` in q's dtype, final state `[N, H, K, V]` fp32 or None).
 
-    configs: `{kernel name: LaunchConfig}` overrides. split_chunks: None = automatic sequence splitting,
+    plan: the launch plan (`kernels.plan`; None: `default_plan()`). split_chunks: None = automatic sequence
+    splitting,
     0 = never, n = segments of n chunks. fuse_output: None = FUSE_OUTPUT. keep: a dict that receives the WY
     factors the backward would recompute (`kernels.common.chunk_bwd.chunk_bwd(wy=...)`); keep_states: and the chunk
     states, new values and segment maps (`kernels.common.state_keep`).
     """
     B, T, H, _ = k.shape
-    cfgs = dict(configs or {})
+    launch = plan if plan is not None else default_plan()
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=BT_WY, device=k.device)
-    w, u, gcum, aqk = wy_gdn_fwd(q, k, v, g, beta, scale=scale, index=index, config=cfgs.get("wy_gdn_fwd"))
+    w, u, gcum, aqk = wy_gdn_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch)
     assert aqk is not None
     if keep is not None:
         keep.update(w=w, u=u, gs=gcum, aqk=aqk)
     state_pass = state_and_output if keep is None or not keep_states else partial(state_and_output_keep, keep=keep)
     return state_pass(
         index=index, k=k, w=w, u=u, g=gcum, q=q, aqk=aqk, gate_vector=False, scale=scale,
-        initial_state=initial_state, output_final_state=output_final_state, out_dtype=q.dtype, configs=cfgs,
+        initial_state=initial_state, output_final_state=output_final_state, out_dtype=q.dtype, launch=launch,
         split_chunks=split_chunks, fuse_output=FUSE_OUTPUT if fuse_output is None else fuse_output,
     )

@@ -1,6 +1,6 @@
 """Gated DeltaNet backward on the Triton backend: `kernels.common.chunk_bwd.chunk_bwd` for op "gdn" (g [B, T, H]).
 
-`chunk_gdn_bwd(q, k, v, g, beta, do, *, scale, initial_state=None, dht=None, cu_seqlens=None, configs=None,
+`chunk_gdn_bwd(q, k, v, g, beta, do, *, scale, initial_state=None, dht=None, cu_seqlens=None, plan=None,
 split_chunks=None) -> (dq, dk, dv, dg, dbeta, dh0)`: the launch sequence (recompute, reverse state pass, gradients)
 and the arguments are documented there. Validation happens in `kernels.autograd` before this is called.
 """

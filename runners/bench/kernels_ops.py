@@ -105,8 +105,11 @@ def ours(op: str, q, k, v, g, beta, *, split: int | None = None, fuse: bool | No
         from kernels.gdn.chunk import chunk_gdn_fwd as fwd
     else:
         from kernels.kda.chunk import chunk_kda_fwd as fwd
+    from kernels.plan import plan_with
+
     scale = kw.pop("scale", None) or q.shape[-1] ** -0.5
-    return fwd(q, k, v, g, beta, scale=scale, split_chunks=split, fuse_output=fuse, configs=configs, **kw)
+    return fwd(q, k, v, g, beta, scale=scale, split_chunks=split, fuse_output=fuse, plan=plan_with(None, configs or {}),
+               **kw)
 
 
 def fla_fn(op: str) -> Callable[..., Any]:

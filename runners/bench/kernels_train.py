@@ -7,7 +7,7 @@ Per shape (bf16, H=16, K=V=128): ours ms (forward `chunk_*_fwd` + backward `chun
 (its autograd op, `o.backward(do)`), the ratio, the bytes floor of a forward+backward (FLA's count: 2828 B per
 token-head for GDN, 3590 for KDA), the peak memory of one step above the inputs (ours and FLA's), our per-kernel
 times (torch profiler, one step) for the miss analysis; our step under the kept recompute policies
-(`kernels.autograd.KEEP`: "wy", "wy+states") with the MB each holds; once per op, every gradient's rel_l2 vs
+(`LaunchPlan.keep`: "wy", "wy+states") with the MB each holds; once per op, every gradient's rel_l2 vs
 autograd through the fp32 per-token reference on a reduced shape, ours (each policy) and FLA's. `--autotune FILE`
 applies an autotune JSON to ours (default: the registry's configs).
 
@@ -34,8 +34,9 @@ from typing import Any
 
 import torch
 
-from kernels.autograd import KEEP_POLICIES, keep_policy, keeping
 from kernels.configs import LaunchConfig, get_spec
+from kernels.plan import LaunchPlan, plan_with
+from kernels.vocabulary import KEEP_POLICIES
 from runners.bench.kernels_ops import fla_inputs
 from runners.correctness import rel_l2
 from runners.versions import driver_version, git_sha
@@ -60,25 +61,25 @@ POLICIES = KEEP_POLICIES[1:]  # the kept policies timed beside the default (KEEP
 
 
 def _kept(policy: str) -> tuple[bool, bool]:
-    """(keep the WY factors, keep the chunk states) under `policy` (`kernels.autograd.keep_policy`: a one-line
-    ValueError for an unknown one)."""
-    with keeping(policy):
-        return keep_policy()
+    """(keep the WY factors, keep the chunk states) under `policy` (`LaunchPlan.keeps`: a one-line ValueError for an
+    unknown one)."""
+    return LaunchPlan(keep=policy).keeps
 
 
 def ours_step(op: str, configs: dict[str, LaunchConfig] | None = None, policy: str = "inputs") -> Callable[..., Any]:
-    """Our forward + backward under a recompute policy of `kernels.autograd.KEEP`: "inputs" (recompute all), "wy"
+    """Our forward + backward under a recompute policy (`LaunchPlan.keep`): "inputs" (recompute all), "wy"
     (the forward's WY factors handed to the backward), "wy+states" (and its chunk states, v_new, segment maps)."""
     import importlib
 
     fwd = getattr(importlib.import_module(f"kernels.{op}.chunk"), f"chunk_{op}_fwd")
     bwd = getattr(importlib.import_module(f"kernels.{op}.chunk_bwd"), f"chunk_{op}_bwd")
-    keep_wy, keep_states = _kept(policy)
+    plan = plan_with(None, configs or {}).replace(keep=policy)
+    keep_wy, keep_states = plan.keeps
 
     def step(q, k, v, g, beta, do):
         keep: dict[str, torch.Tensor] | None = {} if keep_wy else None
-        o, _ = fwd(q, k, v, g, beta, scale=K**-0.5, configs=configs, keep=keep, keep_states=keep_states)
-        return o, bwd(q, k, v, g, beta, do, scale=K**-0.5, configs=configs, wy=keep)
+        o, _ = fwd(q, k, v, g, beta, scale=K**-0.5, plan=plan, keep=keep, keep_states=keep_states)
+        return o, bwd(q, k, v, g, beta, do, scale=K**-0.5, plan=plan, wy=keep)
 
     return step
 
@@ -259,7 +260,7 @@ def to_markdown(res: dict[str, Any]) -> str:
         f"our launch configs: {e.get('autotune') or 'the registry defaults'}", "",
         "ms: triton.testing.do_bench median (L2 flushed). floor: FLA's fwd+bwd bytes at the 4.2 TB/s copy ceiling. "
         "peak: max allocated during one step above the inputs.", "",
-        "ours = the default recompute policy (`kernels.autograd.KEEP = \"inputs\"`, FLA's: the forward holds only its "
+        "ours = the default recompute policy (`LaunchPlan.keep = \"inputs\"`, FLA's: the forward holds only its "
         "inputs). `wy` / `wy+states`: the forward also holds its WY factors / and its chunk states, v_new and segment "
         "maps for the backward; held MB = what it holds beyond the inputs (FLA keeps its [B, T, H, 64] WY inverse; not counted here).", "",
         "| op | B | T | ours ms | FLA ms | ours/FLA | floor ms | ours peak MB | FLA peak MB | "

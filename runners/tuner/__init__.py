@@ -8,12 +8,12 @@ Measuring and deciding never touch the store; the caller stores the result (`db.
 - `search.py`: exhaustive, random(budget, seed), successive halving;
 - `trials.py`: one config: validity, correctness against the default config's outputs, timing;
 - `tune.py`: `tune_kernels(op=, shapes=, spec=, device=)` / `tune_case(run, device=, spec=)` -> TuneResult,
-  and `install_tuned`;
+  and `tuned_table` (stored winners as a table for a launch plan);
 - `fla.py`: `tune_fla(op=, shapes=, spec=)` -> TuneResult, the sibling strategy for FLA's autotuned kernels;
 - `export.py`: `build_export(session, device_name=)` and `write_export(path, session, ...)`;
 - `sweep.py`: the hook for sweeps with `tune: true`: `tuning_state(session)` (the reads), `tune_missing(state, ...)`
   (measures, no session: a rank process runs it; the worker stores its result), `ensure_tuned(session, ...)`
-  (all three in one process) and `install_payload`;
+  (all three in one process) and `payload_table` (their configs for a launch plan);
 - `clock.py`: the tuner's timers (CUDA events with L2 flush; wall clock on CPU, never exported).
 
 The names below load their module on first use, so `import runners.tuner.spec` (the sweep spec's defaults)
@@ -30,11 +30,11 @@ _WHERE = {
     "KernelResult": "result", "TuneResult": "result", "TuningStopped": "result",
     "SearchResult": "search", "candidates": "search", "search": "search",
     "Trial": "result", "run_trial": "trials",
-    "Shape": "tune", "install_tuned": "tune", "launched_configs": "tune", "make_case": "tune", "tune_case": "tune",
+    "Shape": "tune", "tuned_table": "tune", "launched_configs": "tune", "make_case": "tune", "tune_case": "tune",
     "tune_kernels": "tune",
     "tune_fla": "fla",
     "ExportError": "export", "build_export": "export", "export_from_rows": "export", "write_export": "export",
-    "TuningOutcome": "sweep", "ensure_tuned": "sweep", "install_payload": "sweep", "tune_missing": "sweep",
+    "TuningOutcome": "sweep", "ensure_tuned": "sweep", "payload_table": "sweep", "tune_missing": "sweep",
     "tuning_state": "sweep",
 }  # fmt: skip
 

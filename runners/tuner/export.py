@@ -7,7 +7,7 @@ Rules:
 - our kernels only (FLA's tuned kernels, `fla.*`, export in FLA's own format: `runners.tuner.fla_export`);
 - one device per file: `device_name` picks it; when None, the store must hold exactly one device's configs;
 - CPU timings are never exported: device "cpu" is refused unless `allow_cpu=True` (tests only, and the
-  in-process `install_tuned` of CPU sweeps); the CLI flag is `--allow-cpu`;
+  `tuned_table` of CPU sweeps); the CLI flag is `--allow-cpu`;
 - per kernel, only entries whose source hash equals this build's `kernels.autotune.source_hash(kernel)` are
   exported (older ones are stale and would be refused by the loader); a kernel this process cannot hash
   (not registered here) keeps the entries of its most recently measured hash;

@@ -7,9 +7,9 @@ process touches the store (a rank process of a gang measures; the parent reads a
     outcome = tune_missing(state, op=point.op, shape={"B": .., "T": .., "H": .., "K": .., "V": .., "dtype": ..,
                            "lengths": ..}, device=device, spec=TuneSpec.of(sweep_spec["tuning"]))   # rank
     crud.store_tuning(session, result=outcome.result, sweep_id=.., environment_id=..)   # parent: trials, winners
-    # the rank launches with outcome.payload's configs (install_payload(outcome.payload) in a rank of the gang)
+    # the rank launches with outcome.payload's configs: LaunchPlan(table=payload_table(outcome.payload), recorder=rec)
     ... time the point ...
-    measurement.configs = launched_configs()      # what each kernel actually launched with (observed)
+    measurement.configs = launched_configs(rec)   # what each kernel actually launched with (observed)
 
 `ensure_tuned(session, ...)` does the three in one process. A `direction: fwd+bwd` spec tunes with the training
 step (forward + backward), so the backward's kernels are found and tuned the same way. `tune_missing` runs the op
@@ -17,8 +17,8 @@ once at the point's shape with every kernel at its default to see which kernels 
 already tuned on this device with this build's source hash are reused from the state (so a sweep tunes each
 distinct key once, and a second sweep not at all); the others are tuned (`tune_case`, no session; configs whose
 earlier trial crashed the device are skipped, so a retried point does not crash again). It returns the configs
-for the point's kernels in the autotune-file format (a plain, picklable dict) with the `TuneResult`, and
-installs the configs in this process.
+for the point's kernels in the autotune-file format (a plain, picklable dict) with the `TuneResult`; this
+process's launches are left as they were (plans are passed, not installed).
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kernels.autotune import install, key_str, normalize_key, parse_autotune, source_hash
-from kernels.configs import KERNELS, LAUNCHES, LaunchConfig, get_spec
+from kernels.autotune import AutotuneTable, key_str, normalize_key, parse_autotune, source_hash
+from kernels.configs import KERNELS, LaunchConfig, get_spec
+from kernels.plan import LaunchPlan, LaunchRecorder
 from runners.tuner.export import export_from_rows
 from runners.tuner.result import TUNED_FIELDS, TuneResult, TuningStopped
 from runners.tuner.spec import TuneSpec
@@ -39,15 +40,15 @@ from runners.tuner.tune import Shape, device_facts, make_case, op_runner, tune_c
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
-__all__ = ["TuningOutcome", "ensure_tuned", "install_payload", "tune_missing", "tuning_state"]
+__all__ = ["TuningOutcome", "ensure_tuned", "payload_table", "tune_missing", "tuning_state"]
 
 
-def install_payload(payload: Mapping[str, Any] | None) -> None:
-    """Install configs returned by `ensure_tuned` (e.g. in each rank process of a gang); None: defaults."""
+def payload_table(payload: Mapping[str, Any] | None) -> AutotuneTable | None:
+    """The table of configs returned by `ensure_tuned` / `tune_missing` for a launch plan (e.g. in each rank process
+    of a gang: `LaunchPlan(table=payload_table(payload))`); None or no kernels: None (defaults)."""
     if not payload or not payload.get("kernels"):
-        install(None)
-        return
-    install(parse_autotune(dict(payload), device_name=payload["device"]["name"]))
+        return None
+    return parse_autotune(dict(payload), device_name=payload["device"]["name"])
 
 
 def tuning_state(session: Session) -> dict[str, Any]:
@@ -81,7 +82,7 @@ def tune_missing(
     backend: str = "triton",
     retune: bool = False,
 ) -> TuningOutcome:
-    """Tune the point's kernels that `state` (`tuning_state`) lacks, without a store session; install and return.
+    """Tune the point's kernels that `state` (`tuning_state`) lacks, without a store session; return them.
 
     A device crash during the search ends it: the outcome keeps the trials so far (the crashing one included)
     and the error, so the caller stores them before failing the attempt."""
@@ -91,11 +92,10 @@ def tune_missing(
     dev_name, cc = device_facts(device)
     case = make_case(op, shape, device)
     run = op_runner(op, case, backend=backend, direction=spec.direction)
-    install(None)
-    run({})
-    LAUNCHES.clear()
-    run({n: s.default for n, s in KERNELS.items()})
-    launched = {n: normalize_key(k) for n, (k, _c) in LAUNCHES.items() if get_spec(n).space}
+    run(LaunchPlan())
+    seen = LaunchRecorder()
+    run(LaunchPlan(configs={n: s.default for n, s in KERNELS.items()}, recorder=seen))
+    launched = {n: normalize_key(k) for n, (k, _c) in seen.items() if get_spec(n).space}
     stored = {(r["kernel"], r["key_str"]): TunedConfig(**r) for r in state.get("tuned", ()) if r["device_name"] == dev_name}
 
     def current(name: str) -> Any:
@@ -110,15 +110,12 @@ def tune_missing(
                                    known_bad=_crashed(state, missing, {n: key_str(launched[n]) for n in missing}, dev_name))
         except TuningStopped as stop:  # a fatal trial: the trials so far go back with the error
             out.result, out.error = stop.result, str(stop)[:2000]
-            install(None)
             return out
         stored.update({(r.kernel, r.key_str): r for r in out.result.tuned_rows()})
     rows = [r for n in launched if (r := current(n)) is not None]
     if not rows:
-        install(None)
         return out
     out.payload = export_from_rows(rows, device_name=dev_name, allow_cpu=True)
-    install_payload(out.payload)
     return out
 
 
@@ -137,7 +134,7 @@ def _crashed(state: Mapping[str, Any], kernels: list[str], keys: Mapping[str, st
 def ensure_tuned(session: Session, *, sweep_id: int | None = None, environment_id: int | None = None,
                  **kwargs: Any) -> dict[str, Any] | None:
     """Tune the point's kernels that the store lacks in this process (`tuning_state` -> `tune_missing` ->
-    `db.crud.store_tuning`); install and return their configs. kwargs: `tune_missing`'s. A device crash stores the
+    `db.crud.store_tuning`); return their configs (a payload: `payload_table` makes it a launch plan's table). kwargs: `tune_missing`'s. A device crash stores the
     trials so far, then raises."""
     from db import crud
 

@@ -6,8 +6,8 @@ Outcomes (db.models.TRIAL_STATUSES):
   raised a resource/compile/argument error (triton OutOfResources, CompilationError, a ValueError of the
   launcher). Recorded with the reason; never crashes the search.
 - `disqualified`: it ran, but its outputs differ from the default config's outputs by more than the tolerance
-  (relative L2), or are not finite, or the kernel did not launch with the trial config (observed through
-  `kernels.configs.LAUNCHES`, never assumed). A wrong config can never win.
+  (relative L2), or are not finite, or the kernel did not launch with the trial config (observed through the
+  `LaunchRecorder` of the trial's launch plan, never assumed). A wrong config can never win.
 - `failed`: any other error (the text is kept).
 - `ok`: correct, then timed: `n` samples, median kept.
 
@@ -25,7 +25,8 @@ from typing import Any
 
 from torch import Tensor
 
-from kernels.configs import LAUNCHES, KernelSpec, LaunchConfig
+from kernels.configs import KernelSpec, LaunchConfig
+from kernels.plan import LaunchPlan, LaunchRecorder
 from runners.correctness import rel_l2
 from runners.tuner.clock import Timer
 from runners.tuner.result import Trial
@@ -35,8 +36,8 @@ __all__ = ["Trial", "TrialContext", "output_error", "run_trial", "static_invalid
 logger = logging.getLogger(__name__)
 
 Outputs = Sequence[Tensor | None]
-# runs the op once with explicit configs {kernel name: config} and returns its outputs
-RunFn = Callable[[Mapping[str, LaunchConfig]], Outputs]
+# runs the op once with a launch plan (explicit configs {kernel name: config}, a recorder) and returns its outputs
+RunFn = Callable[[LaunchPlan], Outputs]
 
 
 @dataclass
@@ -105,7 +106,8 @@ def run_trial(ctx: TrialContext, cfg: LaunchConfig, *, n: int, rung: int = 0) ->
     """Check, run, verify and time one config (see the module docstring); records and returns the trial."""
     name = ctx.spec.name
     trial = Trial(kernel=name, key=dict(ctx.key), config=cfg, strategy=ctx.strategy, rung=rung, status="ok")
-    configs = {**ctx.fixed, name: cfg}
+    seen = LaunchRecorder()
+    plan = LaunchPlan(configs={**ctx.fixed, name: cfg}, recorder=seen)
     fatal: BaseException | None = None
     reason = static_invalid_reason(cfg, ctx.key) if cfg != ctx.default else None
     if reason is not None:
@@ -114,9 +116,8 @@ def run_trial(ctx: TrialContext, cfg: LaunchConfig, *, n: int, rung: int = 0) ->
         trial.status, trial.error = "failed", ctx.known_bad[cfg]
     else:
         try:
-            LAUNCHES.pop(name, None)
-            got = ctx.run(configs)
-            launched = LAUNCHES.get(name)
+            got = ctx.run(plan)
+            launched = seen.get(name)
             err = output_error(ctx.reference, got)
             if launched is None or launched[1] != cfg:
                 trial.status = "disqualified"
@@ -124,7 +125,7 @@ def run_trial(ctx: TrialContext, cfg: LaunchConfig, *, n: int, rung: int = 0) ->
             elif not err <= ctx.tol:
                 trial.status, trial.error = "disqualified", f"relative L2 error {err:.3e} > tol {ctx.tol:.1e} vs the default config"
             else:
-                trial.samples = ctx.timer(lambda: ctx.run(configs), n)
+                trial.samples = ctx.timer(lambda: ctx.run(plan), n)
                 trial.n = len(trial.samples)
                 trial.median_ms = statistics.median(trial.samples)
         except Exception as e:  # noqa: BLE001 - every failure is data

@@ -6,8 +6,8 @@
 
 Per shape (`tune_case` for any callable that runs an op):
 1. run the op once (imports and compiles), then once with every kernel at its default config: the outputs of
-   that run are the correctness reference, and `kernels.configs.LAUNCHES` tells which kernels launched with
-   which shape keys (observed, not assumed);
+   that run are the correctness reference, and the recorder of its launch plan (`kernels.plan.LaunchRecorder`)
+   tells which kernels launched with which shape keys (observed, not assumed);
 2. for each launched kernel with a non-empty space, in launch order, search its space (runners.tuner.search)
    with the op's other kernels fixed at their best so far (coordinate descent: later kernels are tuned on top
    of the earlier winners, and their `default_ms` is measured that way too);
@@ -19,8 +19,8 @@ crash raises `TuningStopped` carrying the trials so far, so the caller stores th
 
 Multi-rank (`group`, or whenever torch.distributed is initialised): only rank 0 of the group tunes; its result
 is broadcast (`broadcast_object_list`) and every rank returns the same winners, so all ranks launch identically
-(the failure mode of per-rank autotuning: Megatron-LM#6966). Install them on every rank with
-`install_tuned(result.tuned_rows())`.
+(the failure mode of per-rank autotuning: Megatron-LM#6966). Every rank launches with them through a plan:
+`LaunchPlan(table=tuned_table(result.tuned_rows()))`.
 
 CPU tuning (wall clock) is allowed for tests; CPU rows are never exported (runners.tuner.export).
 """
@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kernels.autotune import key_str, normalize_key, source_hash
-from kernels.configs import KERNELS, LAUNCHES, LaunchConfig, get_spec
+from kernels.configs import KERNELS, LaunchConfig, get_spec
+from kernels.plan import LaunchPlan, LaunchRecorder
 from runners.tuner.clock import Timer, make_timer
 from runners.tuner.miscompiles import known_bad as known_bad_configs
 from runners.tuner.result import KernelResult, TuneResult
@@ -48,8 +49,8 @@ from runners.workload import INPUT_NAMES, TORCH_DTYPES, make_inputs
 if TYPE_CHECKING:
     from db.models import TunedConfig
 
-__all__ = ["TRIAL_TOL", "Shape", "case_inputs", "case_tol", "device_facts", "install_tuned", "launched_configs",
-           "make_case", "training_step", "tune_case", "tune_kernels"]
+__all__ = ["TRIAL_TOL", "Shape", "case_inputs", "case_tol", "device_facts", "launched_configs", "make_case",
+           "training_step", "tune_case", "tune_kernels", "tuned_table"]
 
 DEFAULTS = TuneSpec()
 
@@ -108,10 +109,10 @@ def make_case(op: str, shape: Shape, device: torch.device | str) -> dict[str, An
 
 
 def op_runner(op: str, case: Mapping[str, Any], *, backend: str = "triton", direction: str = "fwd") -> RunFn:
-    """A RunFn: `kernels.forward(op, ..., output_final_state=True, config=configs)` -> (o, final_state).
+    """A RunFn: `kernels.forward(op, ..., output_final_state=True, plan=plan)` -> (o, final_state).
 
     direction `"fwd+bwd"`: the training step, so the backward kernels are tuned on the whole step: `o.backward(do)`
-    with the case's seeded `do` through the op's autograd Function (which hands the same configs to the backward
+    with the case's seeded `do` through the op's autograd Function (which hands the same plan to the backward
     kernels), fresh leaves each call -> (o, final_state, dq, dk, dv, dg, dbeta[, dh0 when the case has an initial
     state]).
     """
@@ -121,19 +122,19 @@ def op_runner(op: str, case: Mapping[str, Any], *, backend: str = "triton", dire
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be 'fwd' or 'fwd+bwd', got direction={direction!r}")
 
-    def forward(configs: Mapping[str, LaunchConfig], *xs: torch.Tensor,
+    def forward(plan: LaunchPlan, *xs: torch.Tensor,
                 h0: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         return kernels.forward(op, *xs, initial_state=h0, output_final_state=True, cu_seqlens=case["cu_seqlens"],
-                               cu_seqlens_cpu=case.get("cu_seqlens_cpu"), backend=backend, config=dict(configs))
+                               cu_seqlens_cpu=case.get("cu_seqlens_cpu"), backend=backend, plan=plan)
 
-    def run(configs: Mapping[str, LaunchConfig]) -> tuple[torch.Tensor | None, ...]:
-        return forward(configs, *(case[n] for n in INPUT_NAMES), h0=case["initial_state"])
+    def run(plan: LaunchPlan) -> tuple[torch.Tensor | None, ...]:
+        return forward(plan, *(case[n] for n in INPUT_NAMES), h0=case["initial_state"])
 
     if direction == "fwd":
         return run
 
-    def train(configs: Mapping[str, LaunchConfig]) -> tuple[torch.Tensor | None, ...]:
-        return training_step(functools.partial(forward, configs), case)
+    def train(plan: LaunchPlan) -> tuple[torch.Tensor | None, ...]:
+        return training_step(functools.partial(forward, plan), case)
 
     return train
 
@@ -161,9 +162,9 @@ def device_facts(device: torch.device | str) -> tuple[str, str | None]:
     return torch.cuda.get_device_name(d), f"{major}.{minor}"
 
 
-def launched_configs() -> dict[str, dict[str, Any]]:
-    """{kernel: config dict} of the most recent launches: what a measurement actually ran with (Measurement.configs)."""
-    return {name: cfg.as_dict() for name, (_key, cfg) in LAUNCHES.items()}
+def launched_configs(recorder: Mapping[str, tuple[Any, LaunchConfig]]) -> dict[str, dict[str, Any]]:
+    """{kernel: config dict} of the launches a plan's recorder saw: what a measurement actually ran with."""
+    return {name: cfg.as_dict() for name, (_key, cfg) in recorder.items()}
 
 
 def case_tol(spec: TuneSpec, dtype: str) -> float:
@@ -195,15 +196,15 @@ def tune_case(
     timer = timer or make_timer(device)
     wanted = set(spec.kernels) if spec.kernels is not None else None
     # the first run imports the op's kernel modules (registering their specs) and compiles the defaults
-    run({})
+    run(LaunchPlan())
     if wanted is not None and wanted - set(KERNELS):
         raise ValueError(f"kernels names unknown kernel(s) {sorted(wanted - set(KERNELS))}; registered: {sorted(KERNELS)}")
     defaults = {n: s.default for n, s in KERNELS.items()}
-    LAUNCHES.clear()
-    reference = run(defaults)
-    launched = {n: normalize_key(key) for n, (key, _cfg) in LAUNCHES.items()}
+    seen = LaunchRecorder()
+    reference = run(LaunchPlan(configs=defaults, recorder=seen))
+    launched = {n: normalize_key(key) for n, (key, _cfg) in seen.items()}
     # the defaults as launched (a launcher may adapt a config to the shape, e.g. clamp BV to a small V)
-    observed = {n: cfg for n, (_key, cfg) in LAUNCHES.items()}
+    observed = {n: cfg for n, (_key, cfg) in seen.items()}
     if wanted is not None and wanted - set(launched):
         raise ValueError(f"kernel(s) {sorted(wanted - set(launched))} did not launch for this op/shape; launched: {sorted(launched)}")
     dev_name, cc = device_facts(device)
@@ -310,20 +311,16 @@ def _tune_shapes(op: str, shapes: Sequence[Shape | Mapping[str, Any]], spec: Tun
     return out
 
 
-def install_tuned(rows: Sequence[TunedConfig], *, strict: bool = False) -> Any:
-    """Make launches in this process use `rows` (e.g. just tuned, `TuneResult.tuned_rows()`, or read back from the
-    store for a sweep).
+def tuned_table(rows: Sequence[TunedConfig], *, strict: bool = False) -> Any:
+    """The table of `rows` (e.g. just tuned, or read back from the store) for a launch plan, or None without rows:
+    `LaunchPlan(table=tuned_table(rows))` launches with them.
 
-    Builds the same table an exported file would give (runners.tuner.export) and installs it as the resolver.
+    The same table an exported file would give (runners.tuner.export).
     strict=False: rows of another device or a stale source hash are skipped with a warning.
     """
-    from kernels.autotune import install, parse_autotune
+    from kernels.autotune import parse_autotune
     from runners.tuner.export import export_from_rows
 
     if not rows:
-        install(None)
         return None
-    data = export_from_rows(rows, allow_cpu=True)
-    table = parse_autotune(data, strict=strict)
-    install(table)
-    return table
+    return parse_autotune(export_from_rows(rows, allow_cpu=True), strict=strict)

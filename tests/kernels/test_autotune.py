@@ -3,14 +3,14 @@
 Scenarios:
 - export -> load round trip: tuned configs stored for the kernels the GDN and KDA Triton paths launch are
   exported (`--allow-cpu`, tests only), loaded with `use_autotune`, and the kernels then launch with exactly
-  the exported configs, observed through `kernels.configs.LAUNCHES` (interpreted Triton, tiny shapes;
+  the exported configs, observed through a `LaunchRecorder` in the default plan (interpreted Triton, tiny shapes;
   skipped until the Triton kernels exist); the same with a test-only kernel, always;
 - resolution: exact key; nearest key (distance, non-numeric fields must match, config must fit) warns once
   per (kernel, key); no comparable key -> the default, warned once; no file -> the default, silently;
 - refusals: garbage, wrong schema_version, missing and mistyped fields (the message names the field),
   another device, a stale source hash, an unregistered kernel; strict=False ignores with a warning;
-- CPBENCH_AUTOTUNE at import (`_autoload_from_env`): installs the table, defers the device check to the
-  first launch; CPBENCH_AUTOTUNE_STRICT=0;
+- CPBENCH_AUTOTUNE at the first call (`kernels.plan.default_plan`): loads the table once, defers the device check
+  to the first launch; CPBENCH_AUTOTUNE_STRICT=0;
 - the exporter refuses CPU timings without allow_cpu, several devices without a device name, and drops
   stale entries.
 """
@@ -37,9 +37,9 @@ from kernels.autotune import (
     load_autotune,
     parse_autotune,
     source_hash,
-    use_autotune,
 )
-from kernels.configs import KERNELS, LAUNCHES, KernelSpec, LaunchConfig, pick_config, register
+from kernels.configs import KERNELS, KernelSpec, LaunchConfig, register
+from kernels.plan import LaunchPlan, LaunchRecorder, default_plan, set_default_plan, use_autotune
 from runners.tuner.export import ExportError, build_export, write_export
 
 SPEC = register(KernelSpec(
@@ -65,11 +65,16 @@ def _file(entries=None, *, device="cpu", kernel=SPEC.name, h=None):
             "kernels": {kernel: {"source_hash": h or source_hash(SPEC.name), "entries": entries}}}
 
 
+def pick_config(spec: KernelSpec, key, recorder: LaunchRecorder | None = None) -> LaunchConfig:
+    """What a launcher of `spec` picks for `key` under the default plan (use_autotune / CPBENCH_AUTOTUNE)."""
+    return default_plan().with_recorder(recorder).config_for(spec, key)
+
+
 @pytest.fixture(autouse=True)
 def _clean():
-    autotune.install(None)
+    set_default_plan(LaunchPlan())
     yield
-    autotune.install(None)
+    set_default_plan(None)
 
 
 def _write(tmp_path, data, name="autotune.json"):
@@ -85,9 +90,9 @@ def test_exact_key_no_warning(tmp_path) -> None:
     use_autotune(_write(tmp_path, _file()))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        cfg = pick_config(SPEC, KEY)
+        cfg = pick_config(SPEC, KEY, rec := LaunchRecorder())
     assert cfg == LaunchConfig(BV=64, num_warps=8, num_stages=3)
-    assert LAUNCHES[SPEC.name] == (KEY, cfg)
+    assert rec[SPEC.name] == (KEY, cfg)
 
 
 def test_no_file_defaults_silently() -> None:
@@ -193,24 +198,29 @@ def test_stale_source_hash_and_unknown_kernel(tmp_path) -> None:
 
 
 def test_autoload_from_env_defers_device_check(tmp_path, monkeypatch) -> None:
+    set_default_plan(None)  # the default plan comes from CPBENCH_AUTOTUNE
     monkeypatch.delenv("CPBENCH_AUTOTUNE", raising=False)
-    assert autotune._autoload_from_env() is None
+    assert default_plan().table is None
     monkeypatch.setenv("CPBENCH_AUTOTUNE", str(_write(tmp_path, _file())))
-    table = autotune._autoload_from_env()
-    assert autotune.active_table() is table
+    table = default_plan().table
+    assert table is not None and default_plan().table is table  # loaded once, at the first call
     assert pick_config(SPEC, KEY).BV == 64
-    # a file for another device loads at import, and is refused at the first launch
+    # a file for another device loads at the first call, and is refused at the first launch
     monkeypatch.setenv("CPBENCH_AUTOTUNE", str(_write(tmp_path, _file(device="NVIDIA H200"), "h200.json")))
-    autotune._autoload_from_env()
+    assert default_plan().table is not None
     with pytest.raises(AutotuneMismatchError, match="NVIDIA H200"):
         pick_config(SPEC, KEY)
     monkeypatch.setenv("CPBENCH_AUTOTUNE_STRICT", "0")
-    autotune._autoload_from_env()
+    default_plan()
     with pytest.warns(AutotuneFallbackWarning):
         assert pick_config(SPEC, KEY) == SPEC.default
+    # use_autotune takes precedence over the variable in its context
+    use_autotune(_write(tmp_path, _file()))
+    assert pick_config(SPEC, KEY).BV == 64
+    set_default_plan(None)
     monkeypatch.setenv("CPBENCH_AUTOTUNE_STRICT", "maybe")
     with pytest.raises(ValueError, match="CPBENCH_AUTOTUNE_STRICT must be one of"):
-        autotune._autoload_from_env()
+        default_plan()
 
 
 def test_schema_dict_matches_parser() -> None:
@@ -273,8 +283,8 @@ def test_round_trip_test_kernel(session, tmp_path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for k, c in zip(keys, cfgs, strict=True):
-            pick_config(SPEC, k)
-            assert LAUNCHES[SPEC.name][1] == LaunchConfig.from_dict(c)
+            pick_config(SPEC, k, rec := LaunchRecorder())
+            assert rec[SPEC.name][1] == LaunchConfig.from_dict(c)
 
 
 _HAVE_TRITON_OPS = all(importlib.util.find_spec(m) is not None for m in ("kernels.gdn.chunk", "kernels.kda.chunk"))
@@ -289,10 +299,10 @@ def test_round_trip_triton_kernels_launch_exported(op, session, tmp_path) -> Non
 
     case = make_case(op, Shape(B=1, T=64, H=1, K=16, V=32, dtype="float32"), "cpu")
     args = (case["q"], case["k"], case["v"], case["g"], case["beta"])
-    LAUNCHES.clear()
-    kernels.forward(op, *args, backend="triton", output_final_state=True)
-    launched = {n: k for n, (k, _c) in LAUNCHES.items()}
-    first = {n: c for n, (_k, c) in LAUNCHES.items()}  # the defaults (clamped to small head dims by the launchers)
+    rec = LaunchRecorder()
+    kernels.forward(op, *args, backend="triton", output_final_state=True, plan=default_plan().with_recorder(rec))
+    launched = {n: k for n, (k, _c) in rec.items()}
+    first = {n: c for n, (_k, c) in rec.items()}  # the defaults (clamped to small head dims by the launchers)
     assert launched
     # for each launched kernel: a non-default config of its space that fits the key
     chosen = {}
@@ -306,17 +316,17 @@ def test_round_trip_triton_kernels_launch_exported(op, session, tmp_path) -> Non
     path = tmp_path / f"{op}.json"
     write_export(path, session, allow_cpu=True)
     use_autotune(path)
-    LAUNCHES.clear()
+    rec = LaunchRecorder()
     with warnings.catch_warnings():
         warnings.simplefilter("error", AutotuneFallbackWarning)
-        o, ht = kernels.forward(op, *args, backend="triton", output_final_state=True)
-    assert {n: c for n, (_k, c) in LAUNCHES.items()} == chosen
+        o, ht = kernels.forward(op, *args, backend="triton", output_final_state=True, plan=default_plan().with_recorder(rec))
+    assert {n: c for n, (_k, c) in rec.items()} == chosen
     o_ref, ht_ref = kernels.reference(op, *args, output_final_state=True)
     assert float((o - o_ref).norm() / o_ref.norm()) < 1e-3  # fp32 in, tf32-free interpreter: only summation order
     # with the file removed, the same launches use the defaults again
     use_autotune(None)
-    kernels.forward(op, *args, backend="triton", output_final_state=True)
-    assert {n: c for n, (_k, c) in LAUNCHES.items()} == first
+    kernels.forward(op, *args, backend="triton", output_final_state=True, plan=default_plan().with_recorder(rec))
+    assert {n: c for n, (_k, c) in rec.items()} == first
 
 
 def test_source_hash_covers_device_helper_modules(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -347,20 +357,20 @@ def test_round_trip_backward_kernels_launch_exported(session, tmp_path) -> None:
 
     case = make_case("gdn", Shape(B=1, T=64, H=1, K=32, V=32, dtype="float32"), "cpu")
     args = (case["q"], case["k"], case["v"], case["g"], case["beta"], case["do"])
-    LAUNCHES.clear()
-    ref = chunk_gdn_bwd(*args, scale=32**-0.5)
-    key = LAUNCHES["wy_bwd"][0]
+    seen = LaunchRecorder()
+    ref = chunk_gdn_bwd(*args, scale=32**-0.5, plan=default_plan().with_recorder(seen))
+    key = seen["wy_bwd"][0]
     chosen = {"wy_bwd": LaunchConfig(BK=32, BV=32, num_warps=2, num_stages=1),
               "chunk_bwd_dqk": LaunchConfig(BK=32, BV=32, num_warps=8, num_stages=1)}
     for name, cfg in chosen.items():
-        session.add(_row(name, LAUNCHES[name][0], cfg.as_dict()))
+        session.add(_row(name, seen[name][0], cfg.as_dict()))
     session.commit()
-    assert key == LAUNCHES["chunk_bwd_dqk"][0]
+    assert key == seen["chunk_bwd_dqk"][0]
     path = tmp_path / "bwd.json"
     write_export(path, session, allow_cpu=True)
     use_autotune(path)
-    LAUNCHES.clear()
-    got = chunk_gdn_bwd(*args, scale=32**-0.5)
-    assert {n: LAUNCHES[n][1] for n in chosen} == chosen
+    seen.clear()
+    got = chunk_gdn_bwd(*args, scale=32**-0.5, plan=default_plan().with_recorder(seen))
+    assert {n: seen[n][1] for n in chosen} == chosen
     for a, b in zip(got[:5], ref[:5], strict=True):
         assert float((a - b).norm() / b.norm()) < 1e-5  # same math, other tiles: only summation order

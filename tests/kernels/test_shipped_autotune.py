@@ -18,7 +18,8 @@ import kernels.common.seqsplit  # noqa: F401
 import kernels.common.state_bwd  # noqa: F401
 import kernels.common.wy  # noqa: F401
 from kernels.autotune import AutotuneMismatchError, load_autotune, parse_autotune, source_hash
-from kernels.configs import KERNELS, LAUNCHES, LaunchConfig, pick_config
+from kernels.configs import KERNELS, LaunchConfig
+from kernels.plan import LaunchPlan, LaunchRecorder
 from runners.tuner.miscompiles import known_bad
 
 SHIPPED = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "autotune_h200.json"
@@ -47,25 +48,21 @@ def test_shipped_file_is_valid_and_inside_the_declared_spaces() -> None:
 @pytest.mark.skipif(any(b["source_hash"] != source_hash(n) for n, b in _data()["kernels"].items()),
                     reason="the kernels changed since the H200 tuning run: the file is stale until re-tuned on the device")
 def test_shipped_configs_are_launched_for_the_h200() -> None:
-    """Loaded for the H200, every shipped entry is what a launcher's `pick_config` returns (and records in
-    LAUNCHES, which measurements report) for that kernel and key."""
-    table = load_autotune(SHIPPED, device_name=H200)
-    kernels.autotune.install(table)
-    try:
-        n = 0
-        for name, block in _data()["kernels"].items():
-            for e in block["entries"]:
-                LAUNCHES.pop(name, None)
-                cfg = pick_config(KERNELS[name], e["key"])
-                assert cfg.as_dict() == e["config"], (name, e["key"])
-                assert LAUNCHES[name][1] == cfg
-                n += 1
-        assert n == sum(len(b["entries"]) for b in _data()["kernels"].values()) > 0
-        # a config that differs from the default really is picked up (not only equal-to-default entries)
-        assert any(e["config"] != KERNELS[name].default.as_dict() for name, b in _data()["kernels"].items()
-                   for e in b["entries"])
-    finally:
-        kernels.autotune.install(None)
+    """Loaded for the H200, every shipped entry is what a launcher's `LaunchPlan.config_for` returns (and records in
+    the plan's recorder, which measurements report) for that kernel and key."""
+    plan = LaunchPlan(table=load_autotune(SHIPPED, device_name=H200))
+    n = 0
+    for name, block in _data()["kernels"].items():
+        for e in block["entries"]:
+            rec = LaunchRecorder()
+            cfg = plan.with_recorder(rec).config_for(KERNELS[name], e["key"])
+            assert cfg.as_dict() == e["config"], (name, e["key"])
+            assert rec[name][1] == cfg
+            n += 1
+    assert n == sum(len(b["entries"]) for b in _data()["kernels"].values()) > 0
+    # a config that differs from the default really is picked up (not only equal-to-default entries)
+    assert any(e["config"] != KERNELS[name].default.as_dict() for name, b in _data()["kernels"].items()
+               for e in b["entries"])
 
 
 def test_shipped_file_is_refused_for_another_device() -> None:

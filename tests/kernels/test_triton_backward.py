@@ -19,7 +19,7 @@ import os
 import pytest
 import torch
 
-from kernels.configs import LAUNCHES
+from kernels.plan import LaunchPlan, LaunchRecorder, default_plan
 from tests.utils import assert_rel_close, make_inputs, make_state
 
 DEVICE = "cuda" if os.environ.get("CPBENCH_TEST_GPU") and torch.cuda.is_available() else "cpu"
@@ -72,9 +72,10 @@ def _varlen_case(op: str, seed: int):
 def test_triton_bwd_varlen_split(OP: str) -> None:
     K = DIM
     q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP, 3)
-    LAUNCHES.clear()
-    got = _bwd(OP)(q, k, v, g, beta, do, scale=K**-0.5, initial_state=h0, dht=dht, cu_seqlens=cu, split_chunks=1)
-    assert {"chunk_state_transition_fwd", "seg_chain_fwd", "chunk_state_bwd", "seg_chain_bwd"} <= set(LAUNCHES)
+    rec = LaunchRecorder()
+    got = _bwd(OP)(q, k, v, g, beta, do, scale=K**-0.5, initial_state=h0, dht=dht, cu_seqlens=cu, split_chunks=1,
+                   plan=default_plan().with_recorder(rec))
+    assert {"chunk_state_transition_fwd", "seg_chain_fwd", "chunk_state_bwd", "seg_chain_bwd"} <= set(rec)
     assert got[0].dtype == DTYPE and got[3].dtype == g.dtype and got[5].dtype == torch.float32
     _check(got, _reference_grads(OP, q, k, v, g, beta, h0, do, dht, cu.tolist()))
 
@@ -92,32 +93,32 @@ def test_triton_bwd_dense_strong_decay(OP: str) -> None:
     _check(got, _reference_grads(OP, q, k, v, g, beta, None, do, None, [i * T for i in range(B + 1)]), max(TOL, 3e-4))
 
 
-# kernels the backward launches only when it recomputes (per policy of `kernels.autograd.KEEP`)
+# kernels the backward launches only when it recomputes (per recompute policy, `LaunchPlan.keep`)
 _RECOMPUTED = {"wy": ("wy_{op}_fwd",), "wy+states": ("wy_{op}_fwd", "chunk_state_fwd", "chunk_state_transition_fwd")}
 
 
 @pytest.mark.parametrize("policy", ["wy", "wy+states"])
-def test_triton_bwd_with_what_the_forward_kept(OP: str, policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`kernels.autograd.KEEP`: the forward keeps its WY factors (and with "wy+states" its chunk states, v_new and
+def test_triton_bwd_with_what_the_forward_kept(OP: str, policy: str) -> None:
+    """`LaunchPlan.keep`: the forward keeps its WY factors (and with "wy+states" its chunk states, v_new and
     segment maps) and the backward skips their recompute (those launchers do not run in the backward); the
     gradients are those of the recompute path (bitwise: the same kernels on the same inputs) and of the
-    reference, varlen, with an initial state and dht."""
+    reference, varlen, with an initial state and dht. The backward launches with the plan of its forward (its
+    launches reach the forward's recorder)."""
     import kernels
-    import kernels.autograd as autograd
 
     q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP, 5)
 
     def grads(keep: str) -> list[torch.Tensor]:
-        monkeypatch.setattr(autograd, "KEEP", keep)
+        rec = LaunchRecorder()
         xs = [x.detach().clone().requires_grad_() for x in (q, k, v, g, beta, h0)]
         o, ht = kernels.forward(OP, *xs[:5], initial_state=xs[5], output_final_state=True, cu_seqlens=cu,
-                                backend="triton")
-        LAUNCHES.clear()
+                                backend="triton", plan=LaunchPlan(keep=keep, recorder=rec))
+        rec.clear()
         ((o.float() * do.float()).sum() + (ht * dht).sum()).backward()
         skipped = {name.format(op=OP) for name in _RECOMPUTED.get(keep, ())}
-        assert not skipped & set(LAUNCHES), sorted(LAUNCHES)
+        assert not skipped & set(rec), sorted(rec)
         if keep == "inputs":
-            assert f"wy_{OP}_fwd" in LAUNCHES and "chunk_state_fwd" in LAUNCHES, sorted(LAUNCHES)
+            assert f"wy_{OP}_fwd" in rec and "chunk_state_fwd" in rec, sorted(rec)
         return [x.grad for x in xs]
 
     kept, recomputed = grads(policy), grads("inputs")
@@ -141,10 +142,11 @@ def test_triton_bwd_with_the_forwards_states_split(OP: str, fuse: bool) -> None:
     assert torch.equal(o, o_plain) and torch.equal(ht, ht_plain)  # keeping changes what is stored, not the result
     assert int(keep["split"]) == 1 and keep["split"].device.type == "cpu"
     assert keep["M"].shape[0] == keep["h"].shape[0]  # one-chunk segments: one map per chunk, the last ones too
-    LAUNCHES.clear()
-    got = _bwd(OP)(q, k, v, g, beta, do, scale=DIM**-0.5, initial_state=h0, dht=dht, cu_seqlens=cu, wy=keep)
-    assert not {"chunk_state_fwd", "chunk_state_transition_fwd", "seg_chain_fwd"} & set(LAUNCHES), sorted(LAUNCHES)
-    assert "seg_chain_bwd" in LAUNCHES
+    rec = LaunchRecorder()
+    got = _bwd(OP)(q, k, v, g, beta, do, scale=DIM**-0.5, initial_state=h0, dht=dht, cu_seqlens=cu, wy=keep,
+                   plan=default_plan().with_recorder(rec))
+    assert not {"chunk_state_fwd", "chunk_state_transition_fwd", "seg_chain_fwd"} & set(rec), sorted(rec)
+    assert "seg_chain_bwd" in rec
     ref = _bwd(OP)(q, k, v, g, beta, do, scale=DIM**-0.5, initial_state=h0, dht=dht, cu_seqlens=cu, split_chunks=1)
     for name, a, b in zip(NAMES, got, ref, strict=True):
         assert_rel_close(name, b.float(), a.float(), 1e-6)
@@ -158,9 +160,10 @@ def test_triton_state_grad_alone(OP: str, split: int) -> None:
     from kernels.common.chunk_bwd import chunk_state_grad
 
     q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP, 9)
-    LAUNCHES.clear()
-    got = chunk_state_grad(OP, q, k, v, g, beta, do, scale=DIM**-0.5, dht=dht, cu_seqlens=cu, split_chunks=split)
-    ran = set(LAUNCHES)
+    rec = LaunchRecorder()
+    got = chunk_state_grad(OP, q, k, v, g, beta, do, scale=DIM**-0.5, dht=dht, cu_seqlens=cu, split_chunks=split,
+                           plan=default_plan().with_recorder(rec))
+    ran = set(rec)
     assert "chunk_state_bwd" in ran and not ran & {"chunk_state_fwd", "wy_inverse", "chunk_bwd_dqk", "wy_bwd"}, ran
     full = _bwd(OP)(q, k, v, g, beta, do, scale=DIM**-0.5, initial_state=h0, dht=dht, cu_seqlens=cu,
                     split_chunks=split)[5]
@@ -184,14 +187,13 @@ def test_state_gradient_api_torch_and_triton(OP: str) -> None:
         chunk_state_gradient(OP, q, k, v, g, beta, do[:, :-1], cu_seqlens=cu, backend="torch")
 
 
-def test_unknown_keep_policy_is_one_line_error(OP: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A `kernels.autograd.KEEP` outside KEEP_POLICIES fails before any launch, naming the allowed policies."""
+def test_unknown_keep_policy_is_one_line_error(OP: str) -> None:
+    """A `LaunchPlan.keep` outside KEEP_POLICIES fails before any launch, naming the allowed policies."""
     import kernels
-    import kernels.autograd as autograd
 
     q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP, 9)
-    monkeypatch.setattr(autograd, "KEEP", "states")
-    LAUNCHES.clear()
-    with pytest.raises(ValueError, match=r"^kernels\.autograd\.KEEP must be one of inputs, wy, wy\+states, got 'states'$"):
-        kernels.forward(OP, q.requires_grad_(), k, v, g, beta, cu_seqlens=cu, backend="triton")
-    assert not LAUNCHES
+    rec = LaunchRecorder()
+    with pytest.raises(ValueError, match=r"^LaunchPlan\.keep must be one of inputs, wy, wy\+states, got 'states'$"):
+        kernels.forward(OP, q.requires_grad_(), k, v, g, beta, cu_seqlens=cu, backend="triton",
+                        plan=LaunchPlan(keep="states", recorder=rec))
+    assert not rec

@@ -19,7 +19,8 @@ import pytest
 import torch
 
 import kernels
-from kernels.configs import LAUNCHES, LaunchConfig
+from kernels.configs import LaunchConfig
+from kernels.plan import LaunchRecorder, default_plan
 from tests.utils import assert_rel_close, make_inputs, make_state
 
 DEVICE = "cuda" if os.environ.get("CPBENCH_TEST_GPU") and torch.cuda.is_available() else "cpu"
@@ -61,10 +62,10 @@ def test_triton_chunk_split(OP: str, split: int, fuse: bool) -> None:
     q, k, v, g, beta, cu = make_inputs(OP, lengths, H=2, K=32, V=32, lb=SLOW, device=DEVICE)
     h0 = make_state(len(lengths), 2, 32, 32, device=DEVICE)
     o_ref, ht_ref = kernels.reference(OP, q, k, v, g, beta, cu_seqlens=cu, initial_state=h0, output_final_state=True)
-    LAUNCHES.clear()
+    rec = LaunchRecorder()
     o, ht = _fwd(OP)(q, k, v, g, beta, scale=32**-0.5, initial_state=h0, output_final_state=True, cu_seqlens=cu,
-                   split_chunks=split, fuse_output=fuse)
-    assert "chunk_state_transition_fwd" in LAUNCHES and "seg_chain_fwd" in LAUNCHES
+                   split_chunks=split, fuse_output=fuse, plan=default_plan().with_recorder(rec))
+    assert "chunk_state_transition_fwd" in rec and "seg_chain_fwd" in rec
     assert_rel_close("o", o_ref, o, TOL)
     assert_rel_close("ht", ht_ref, ht, TOL)
 
@@ -87,11 +88,11 @@ def test_triton_launch_config_is_launched(OP: str) -> None:
     cfg = {"chunk_state_output_fwd": LaunchConfig(BV=16, num_warps=2, num_stages=1),
            f"wy_{OP}_fwd": LaunchConfig(BK=16, BV=16, num_warps=2, num_stages=1)}
     o_ref, _ = kernels.reference(OP, q, k, v, g, beta)
-    LAUNCHES.clear()
-    o, _ = kernels.forward(OP, q, k, v, g, beta, backend="triton", config=cfg)
+    rec = LaunchRecorder()
+    o, _ = kernels.forward(OP, q, k, v, g, beta, backend="triton", config=cfg, plan=default_plan().with_recorder(rec))
     for name, c in cfg.items():
-        assert LAUNCHES[name][1] == c, f"{name} launched {LAUNCHES[name][1]}, asked {c}"
-    assert LAUNCHES[f"wy_{OP}_fwd"][0]["K"] == 32
+        assert rec[name][1] == c, f"{name} launched {rec[name][1]}, asked {c}"
+    assert rec[f"wy_{OP}_fwd"][0]["K"] == 32
     assert_rel_close("o", o_ref, o, TOL)
 
 

@@ -114,9 +114,9 @@ def test_fla_missing_names_package(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_use_autotune_without_loader_names_module(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    # None in sys.modules makes the import fail as if kernels/autotune.py were missing
-    monkeypatch.setitem(sys.modules, "kernels.autotune", None)
-    with pytest.raises(ImportError, match=r"needs the module kernels.autotune"):
+    # None in sys.modules makes the import fail as if kernels/plan.py were missing
+    monkeypatch.setitem(sys.modules, "kernels.plan", None)
+    with pytest.raises(ImportError, match=r"needs the module kernels.plan"):
         kernels.use_autotune(tmp_path / "autotune.json")
 
 

@@ -1,9 +1,10 @@
-"""`mode_options: {triton: {keep: ...}}`: the triton backend's recompute policy (`kernels.autograd.KEEP`) per point.
+"""`mode_options: {triton: {keep: ...}}`: the triton backend's recompute policy (`LaunchPlan.keep`) per point.
 
 The spec checks it (one-line errors naming the option and the allowed values); a point carries it (and its key
 names it, `,opts=triton.keep=wy+states`) only when it differs from the default and takes effect: fwd+bwd on triton
-in a mode that trains through `kernels.autograd.ChunkFunction` (none, headwise, all_gather); the step runs with
-KEEP set and restores it after, also when the step raises. End to end (in this process, Triton interpreter): a
+in a mode that trains through `kernels.autograd.ChunkFunction` (none, headwise, all_gather); the point's kernels
+calls get it in their launch plan (`runners.execute.launch_plan`), and the process's default plan is left as it
+was. End to end (in this process, Triton interpreter): a
 `none` fwd+bwd point with `keep: wy+states` passes its gate (its gradients equal those of the default policy),
 its steps' forwards ran under "wy+states" and their backward reused the kept WY factors and chunk states (no
 `wy_gdn_fwd` / `chunk_state_fwd` launch in it), while the gate's own `none` gradients ran under the default.
@@ -16,8 +17,9 @@ from typing import Any
 import pytest
 import torch
 
+import kernels.api as api
 import kernels.autograd as autograd
-from kernels.configs import LAUNCHES
+from kernels.plan import LaunchPlan, LaunchRecorder, default_plan
 from runners import backend_options
 from runners.errors import SpecError
 from runners.grid import expand
@@ -70,28 +72,19 @@ def test_key_and_params_only_where_the_policy_takes_effect() -> None:
     assert backend_options.for_point("triton", {"keep": "wy"}, ring["mode"], ring["direction"]) == {}
 
 
-def test_step_context_sets_and_restores_keep_also_on_error() -> None:
-    from runners.execute import ModeRun, _in_context
+def test_point_plan_carries_keep_and_leaves_the_default() -> None:
+    from runners.execute import launch_plan
 
-    seen: list[str] = []
-
-    def step() -> None:
-        seen.append(autograd.KEEP)
-        raise RuntimeError("step failed")
-
-    run = _in_context(ModeRun(step=step, full_output=step, report=dict, full_grads=step),
-                      lambda: backend_options.step_context("triton", {"keep": "wy+states"}))
-    for fn in (run.step, run.full_output, run.full_grads):
-        assert fn is not None
-        with pytest.raises(RuntimeError, match="step failed"):
-            fn()
-        assert autograd.KEEP == "inputs"
-    assert seen == ["wy+states"] * 3
-    with backend_options.step_context("torch", {}), backend_options.step_context("triton", {}):
-        assert autograd.KEEP == "inputs"
-    with pytest.raises(ValueError, match=r"must be one of inputs, wy, wy\+states, got 'all'"), autograd.keeping("all"):
-        pass
-    assert autograd.KEEP == "inputs"
+    assert backend_options.plan_fields("triton", {"keep": "wy+states"}) == {"keep": "wy+states"}
+    assert backend_options.plan_fields("torch", {}) == backend_options.plan_fields("triton", {}) == {}
+    params = {"backend": "triton", "backend_options": {"keep": "wy+states"}}
+    plan, again = launch_plan(params, {}), launch_plan(params, {})
+    assert plan.keep == again.keep == "wy+states" and plan.table is default_plan().table
+    assert plan.recorder is not None and again.recorder is not None and plan.recorder is not again.recorder
+    assert launch_plan({"backend": "triton"}, {}).keep == "inputs"
+    assert default_plan().keep == "inputs"  # nothing process-wide was set
+    with pytest.raises(ValueError, match=r"must be one of inputs, wy, wy\+states, got 'all'"):
+        LaunchPlan(keep="all")
 
 
 def test_a_kept_point_runs_with_its_policy_and_passes_its_gate(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -104,19 +97,20 @@ def test_a_kept_point_runs_with_its_policy_and_passes_its_gate(monkeypatch: pyte
     (row,) = expand(parse_spec(spec))
     policies: list[str] = []
     backward: list[tuple[set[str], set[str]]] = []  # (kept tensors handed to the backward, kernels it launched)
-    real_policy, real_backward = autograd.keep_policy, autograd.chunk_backward_impl
+    real_forward, real_backward = api.differentiable_forward, autograd.chunk_backward_impl
 
-    def policy() -> tuple[bool, bool]:
-        policies.append(autograd.KEEP)
-        return real_policy()
+    def differentiable_forward(*args: Any, **kwargs: Any) -> Any:
+        if args[1] == "triton":  # the policy each triton training forward ran under (its plan's)
+            policies.append(kwargs["plan"].keep)
+        return real_forward(*args, **kwargs)
 
     def chunk_backward_impl(*args: Any, **kwargs: Any) -> Any:
-        LAUNCHES.clear()
-        out = real_backward(*args, **kwargs)
-        backward.append((set(kwargs.get("wy") or {}), set(LAUNCHES)))
+        seen = LaunchRecorder()  # what this backward launched, whatever recorder its plan has
+        out = real_backward(*args, **{**kwargs, "plan": kwargs["plan"].with_recorder(seen)})
+        backward.append((set(kwargs.get("wy") or {}), set(seen)))
         return out
 
-    monkeypatch.setattr(autograd, "keep_policy", policy)
+    monkeypatch.setattr(api, "differentiable_forward", differentiable_forward)
     monkeypatch.setattr(autograd, "chunk_backward_impl", chunk_backward_impl)
     options = {"timing": {"min_samples": 2, "max_samples": 2, "min_time_s": 0.0, "timeout_s": 5.0, "warmup_s": 0.0,
                           "flush_l2": False}, "check": {"reference_tokens": 64}, "profile": False}
@@ -134,4 +128,4 @@ def test_a_kept_point_runs_with_its_policy_and_passes_its_gate(monkeypatch: pyte
     for kept, launched in reused:
         assert {"w", "u", "h", "v_new"} <= kept, kept
         assert not {"wy_gdn_fwd", "chunk_state_fwd"} & launched, sorted(launched)
-    assert autograd.KEEP == "inputs"
+    assert default_plan().keep == "inputs"

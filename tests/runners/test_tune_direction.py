@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import kernels
+from kernels.plan import LaunchPlan
 from runners.tuner.tune import Shape, make_case, op_runner
 from tests.utils import assert_rel_close
 
@@ -22,9 +23,9 @@ def test_fwd_bwd_runner_returns_the_gradients(op: str) -> None:
     shape = Shape(B=1, T=160, H=2, K=16, V=16, dtype="float32", lengths=(100, 60), lb=-1.0)
     case = make_case(op, shape, "cpu")
     run = op_runner(op, case, backend="torch", direction="fwd+bwd")
-    got = run({})
+    got = run(LaunchPlan())
     assert len(got) == 7
-    again = run({})
+    again = run(LaunchPlan())
     for a, b in zip(got, again, strict=True):
         assert torch.equal(a, b)
     do = case["do"]  # the case's seeded output gradient, which the runner uses
@@ -34,7 +35,7 @@ def test_fwd_bwd_runner_returns_the_gradients(op: str) -> None:
     for name, ref, mine in zip(("o", "ht", "dq", "dk", "dv", "dg", "dbeta"), (o, ht, *(x.grad for x in xs)), got,
                                strict=True):
         assert_rel_close(f"fwd+bwd runner {name}", ref.detach(), mine, 1e-5)
-    assert len(op_runner(op, case, backend="torch")({})) == 2
+    assert len(op_runner(op, case, backend="torch")(LaunchPlan())) == 2
 
 
 def test_bad_direction() -> None:

@@ -28,8 +28,8 @@ from sqlalchemy.orm import Session
 
 from db import crud
 from db.models import TunedConfig, TuningTrial
-from kernels.autotune import install
-from kernels.configs import LAUNCHES, KernelSpec, LaunchConfig, pick_config, register
+from kernels.configs import KernelSpec, LaunchConfig, register
+from kernels.plan import LaunchPlan, LaunchRecorder
 from runners.tuner import Shape, TuneSpec, TuningStopped, candidates, tune_case, tune_kernels
 from runners.tuner.clock import WallTimer
 from runners.tuner.search import first_rung, pinned, search
@@ -53,10 +53,13 @@ SCALE = register(KernelSpec(
     space={"BV": (16, 32, 48, 64), "num_warps": (2, 4), "num_stages": (2, 3)},
 ))
 V = 32
+SEEN = LaunchRecorder()  # every launch of the test kernel, whatever plan it had (the scripted timer reads it)
 
 
-def scale(x: torch.Tensor, override: LaunchConfig | None = None) -> torch.Tensor:
-    cfg = pick_config(SCALE, {"N": x.numel(), "V": V}, override)
+def scale(x: torch.Tensor, plan: LaunchPlan) -> torch.Tensor:
+    key = {"N": x.numel(), "V": V}
+    cfg = plan.config_for(SCALE, key)
+    SEEN.record(SCALE.name, key, cfg)
     y = torch.empty_like(x)
     factor = 3.0 if cfg.num_stages == 3 else 2.0
     _tuner_scale_kernel[(triton.cdiv(x.numel(), cfg.BV),)](x, y, x.numel(), FACTOR=factor, BV=cfg.BV,
@@ -64,16 +67,9 @@ def scale(x: torch.Tensor, override: LaunchConfig | None = None) -> torch.Tensor
     return y
 
 
-@pytest.fixture(autouse=True)
-def _no_resolver():
-    install(None)
-    yield
-    install(None)
-
-
 def _runner():
     x = torch.randn(2 * V)
-    return lambda configs: (scale(x, configs.get(SCALE.name)),)
+    return lambda plan: (scale(x, plan),)
 
 
 def _stored(session: Session, strategy: str) -> list[TuningTrial]:
@@ -125,7 +121,7 @@ class ScriptedTimer:
 
     def __call__(self, fn, n):
         fn()
-        cfg = LAUNCHES[SCALE.name][1]
+        cfg = SEEN[SCALE.name][1]
         self.calls.append((cfg, n))
         return [self.cost(cfg)] * n
 
@@ -311,7 +307,7 @@ def test_cli_configs_export(tmp_path, migrated_sqlite) -> None:
 
 def test_ensure_tuned_tunes_once_then_reuses(session: Session, monkeypatch) -> None:
     import runners.tuner.sweep as sweep_mod
-    from runners.tuner import ensure_tuned, launched_configs
+    from runners.tuner import ensure_tuned, launched_configs, payload_table
 
     monkeypatch.setattr(sweep_mod, "op_runner", lambda op, case, backend, direction="fwd": _runner())
     monkeypatch.setattr(sweep_mod, "make_case", lambda op, shape, device: {})
@@ -324,9 +320,10 @@ def test_ensure_tuned_tunes_once_then_reuses(session: Session, monkeypatch) -> N
     assert n_trials > 0
     best = payload["kernels"][SCALE.name]["entries"][0]["config"]
     assert best == {"BV": 16, "num_warps": 2, "num_stages": 2}
-    # installed: a plain launch now uses the tuned config, and the measurement can record it
-    _runner()({})
-    assert launched_configs()[SCALE.name] == best
+    # through a plan with the payload's table, a launch uses the tuned config, and the measurement can record it
+    rec = LaunchRecorder()
+    _runner()(LaunchPlan(table=payload_table(payload), recorder=rec))
+    assert launched_configs(rec)[SCALE.name] == best
     # a second point with the same key reuses the stored winner: no new trials
     again = ensure_tuned(session, op="gdn", shape=shape, device="cpu", sweep_id=None)
     assert len(list(session.scalars(select(TuningTrial)))) == n_trials
@@ -343,12 +340,12 @@ def test_tune_missing_keeps_the_trials_of_a_device_crash_for_the_parent(session:
     x = torch.randn(2 * V)
     launched: list[LaunchConfig] = []
 
-    def run(configs):
-        cfg = configs.get(SCALE.name)
+    def run(plan):
+        cfg = plan.configs.get(SCALE.name)
         launched.append(cfg)
         if cfg == crash:
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        return (scale(x, cfg),)
+        return (scale(x, plan),)
 
     monkeypatch.setattr(sweep_mod, "op_runner", lambda op, case, backend, direction="fwd": run)
     monkeypatch.setattr(sweep_mod, "make_case", lambda op, shape, device: {})
@@ -376,12 +373,12 @@ def test_known_bad_and_fatal_cuda_error(session: Session) -> None:
     crash = LaunchConfig(BV=32, num_warps=4, num_stages=2)
     x = torch.randn(2 * V)
 
-    def run(configs):
-        cfg = configs.get(SCALE.name)
+    def run(plan):
+        cfg = plan.configs.get(SCALE.name)
         assert cfg != bad, "a known-bad config must never launch"
         if cfg == crash:
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        return (scale(x, cfg),)
+        return (scale(x, plan),)
 
     # a known crasher is recorded `failed` without launching; the search goes on
     spec = TuneSpec(kernels=(SCALE.name,), strategy="exhaustive", samples=1)
@@ -392,8 +389,8 @@ def test_known_bad_and_fatal_cuda_error(session: Session) -> None:
     assert {t.error for t in failed} == {"crashed elsewhere", "too"}
     # an unknown device crash poisons the process: raised (the search cannot go on) with the trials so far, stored
     with pytest.raises(RuntimeError, match="illegal memory access") as stopped:
-        tune_case(lambda c: run({k: v for k, v in c.items() if v != bad}), device="cpu", spec=spec,
-                  timer=ScriptedTimer(lambda c: float(c.BV)))
+        tune_case(lambda p: run(p.replace(configs={k: v for k, v in p.configs.items() if v != bad})), device="cpu",
+                  spec=spec, timer=ScriptedTimer(lambda c: float(c.BV)))
     assert isinstance(stopped.value, TuningStopped)
     crud.store_tuning(session, result=stopped.value.result)
     rec = session.scalars(select(TuningTrial).where(TuningTrial.status == "failed")).all()
@@ -407,12 +404,12 @@ def test_triton_launch_error_is_fatal(session: Session) -> None:
     crash = LaunchConfig(BV=32, num_warps=4, num_stages=2)
     x = torch.randn(2 * V)
 
-    def run(configs):
-        cfg = configs.get(SCALE.name)
+    def run(plan):
+        cfg = plan.configs.get(SCALE.name)
         calls.append(cfg)
         if cfg == crash:
             raise RuntimeError("Triton Error [CUDA]: an illegal memory access was encountered")
-        return (scale(x, cfg),)
+        return (scale(x, plan),)
 
     with pytest.raises(RuntimeError, match="Triton Error"):
         tune_case(run, device="cpu", spec=TuneSpec(kernels=(SCALE.name,), strategy="exhaustive", samples=1),

@@ -1,0 +1,91 @@
+"""Launch plans (`kernels/plan.py`): configs, recompute policy and recorder passed with each call, no process globals.
+
+Scenarios:
+- two plans coexist in one process: two calls with different explicit configs each launch with their own (observed
+  through two recorders), and a training step's backward launches with the plan of its forward although another
+  plan ran in between (interpreted Triton, tiny shapes);
+- `config=` is sugar for the plan's configs (merged on top); the plan is frozen; `keep` is validated in one line;
+- the default plan: `set_default_plan` / `use_autotune` hold in the context that set them; a thread started later
+  sees the `CPBENCH_AUTOTUNE` plan (here none); `set_default_plan(None)` goes back to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import pytest
+import torch
+
+import kernels
+from kernels.configs import LaunchConfig
+from kernels.plan import KEEP_POLICIES, LaunchPlan, LaunchRecorder, default_plan, set_default_plan
+from tests.utils import make_inputs
+
+OP = "gdn"
+SMALL = LaunchConfig(BK=16, BV=16, num_warps=2, num_stages=1)
+OTHER = LaunchConfig(BK=16, BV=16, num_warps=1, num_stages=2)
+
+
+def _inputs(grad: bool = False) -> tuple[torch.Tensor, ...]:
+    q, k, v, g, beta, _ = make_inputs(OP, B=1, T=64, H=1, K=16, V=16)
+    return tuple(x.detach().clone().requires_grad_(grad) for x in (q, k, v, g, beta))
+
+
+def test_two_plans_coexist_in_one_process() -> None:
+    xs = _inputs()
+    rec_a, rec_b = LaunchRecorder(), LaunchRecorder()
+    plan_a = LaunchPlan(configs={"wy_gdn_fwd": SMALL}, recorder=rec_a)
+    plan_b = LaunchPlan(configs={"wy_gdn_fwd": OTHER, "chunk_state_output_fwd": LaunchConfig(BV=16, num_warps=1)},
+                        recorder=rec_b)
+    o_a, _ = kernels.forward(OP, *xs, backend="triton", plan=plan_a)
+    o_b, _ = kernels.forward(OP, *xs, backend="triton", plan=plan_b)
+    assert rec_a["wy_gdn_fwd"][1] == SMALL and rec_b["wy_gdn_fwd"][1] == OTHER
+    assert rec_a["chunk_state_output_fwd"][1] != rec_b["chunk_state_output_fwd"][1]
+    assert rec_a["wy_gdn_fwd"][0] == rec_b["wy_gdn_fwd"][0]  # same shape key, each call its own config
+    torch.testing.assert_close(o_a, o_b, rtol=1e-5, atol=1e-5)  # other tiles, same math
+
+
+def test_a_backward_launches_with_the_plan_of_its_forward() -> None:
+    rec_a, rec_b = LaunchRecorder(), LaunchRecorder()
+    xs = _inputs(grad=True)
+    o, _ = kernels.forward(OP, *xs, backend="triton", plan=LaunchPlan(configs={"wy_bwd": SMALL}, recorder=rec_a))
+    kernels.forward(OP, *_inputs(grad=True), backend="triton", plan=LaunchPlan(configs={"wy_bwd": OTHER}, recorder=rec_b))
+    assert "wy_bwd" not in rec_a and "wy_bwd" not in rec_b  # forwards only so far
+    o.sum().backward()
+    assert rec_a["wy_bwd"][1] == SMALL and "wy_bwd" not in rec_b
+
+
+def test_config_is_merged_on_top_of_the_plan() -> None:
+    rec = LaunchRecorder()
+    plan = LaunchPlan(configs={"wy_gdn_fwd": SMALL, "chunk_state_output_fwd": LaunchConfig(BV=16)}, recorder=rec)
+    kernels.forward(OP, *_inputs(), backend="triton", plan=plan, config={"wy_gdn_fwd": OTHER})
+    assert rec["wy_gdn_fwd"][1] == OTHER and rec["chunk_state_output_fwd"][1] == LaunchConfig(BV=16)
+    assert plan.configs["wy_gdn_fwd"] == SMALL  # the caller's plan is unchanged
+
+
+def test_plan_is_frozen_and_keep_is_checked() -> None:
+    plan = LaunchPlan(configs={"wy_gdn_fwd": SMALL})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.keep = "wy"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        plan.configs["wy_gdn_fwd"] = OTHER  # type: ignore[index]
+    assert [LaunchPlan(keep=k).keeps for k in KEEP_POLICIES] == [(False, False), (True, False), (True, True)]
+    with pytest.raises(ValueError, match=r"^LaunchPlan\.keep must be one of inputs, wy, wy\+states, got 'none'$"):
+        plan.replace(keep="none")
+
+
+def test_default_plan_holds_in_its_context_not_in_a_later_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CPBENCH_AUTOTUNE", raising=False)
+    mine = LaunchPlan(configs={"wy_gdn_fwd": SMALL}, keep="wy")
+    set_default_plan(mine)
+    try:
+        assert default_plan() is mine
+        seen: list[LaunchPlan] = []
+        thread = threading.Thread(target=lambda: seen.append(default_plan()))
+        thread.start()
+        thread.join()
+        assert seen == [LaunchPlan()]  # the CPBENCH_AUTOTUNE plan: none set, so every kernel at its default
+    finally:
+        set_default_plan(None)
+    assert default_plan() == LaunchPlan()

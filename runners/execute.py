@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -350,7 +350,7 @@ def launch_plan(point: PointSpec, payload: PointJob) -> LaunchPlan:
 
 
 def _launch_configs(plan: LaunchPlan) -> dict[str, Any]:
-    launched = plan.recorder or {}
+    launched: Mapping[str, tuple[dict[str, Any], Any]] = plan.recorder or {}
     return {name: {"key": _jsonable(key), "config": cfg.as_dict()} for name, (key, cfg) in launched.items()}
 
 

@@ -12,6 +12,7 @@ its steps' forwards ran under "wy+states" and their backward reused the kept WY 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -74,14 +75,17 @@ def test_key_and_params_only_where_the_policy_takes_effect() -> None:
 
 def test_point_plan_carries_keep_and_leaves_the_default() -> None:
     from runners.execute import launch_plan
+    from runners.point import PointJob, PointSpec
 
     assert backend_options.plan_fields("triton", {"keep": "wy+states"}) == {"keep": "wy+states"}
     assert backend_options.plan_fields("torch", {}) == backend_options.plan_fields("triton", {}) == {}
-    params = {"backend": "triton", "backend_options": {"keep": "wy+states"}}
-    plan, again = launch_plan(params, {}), launch_plan(params, {})
+    point = PointSpec("gdn", "none", "triton", B=1, T=64, H=2, K=16, V=16, backend_options={"keep": "wy+states"})
+    job = PointJob(point=point, options={})
+    plan, again = launch_plan(point, job), launch_plan(point, job)
     assert plan.keep == again.keep == "wy+states" and plan.table is default_plan().table
     assert plan.recorder is not None and again.recorder is not None and plan.recorder is not again.recorder
-    assert launch_plan({"backend": "triton"}, {}).keep == "inputs"
+    plain = replace(point, backend_options={})
+    assert launch_plan(plain, PointJob(point=plain, options={})).keep == "inputs"
     assert default_plan().keep == "inputs"  # nothing process-wide was set
     with pytest.raises(ValueError, match=r"must be one of inputs, wy, wy\+states, got 'all'"):
         LaunchPlan(keep="all")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import functools
 import json
 import platform
 import sys
@@ -54,6 +55,7 @@ def make_inputs(op: str, B: int, T: int, Hh: int, *, device: str, seed: int = 0)
     """bf16 q, k (L2-normalised), v, g = logsigmoid(randn), beta = sigmoid(randn), do: random, never zeros (FLA's
     recipe from the one maker, `runners.bench.kernels_ops.fla_inputs`)."""
     w = fla_inputs(op, B, T, Hh, device=device, seed=seed, K=K, V=V, grad_out=True)
+    assert w.do is not None  # asked for with grad_out
     return (*w.tensors, w.do)
 
 
@@ -161,7 +163,7 @@ def gradient_check(op: str, device: str, T: int = 1024, Hh: int = H, fla: bool =
     leaves = [x.detach().float().requires_grad_() for x in (q, k, v, g, beta)]
     o, _ = ref_fn(*leaves, scale=K**-0.5)
     o.backward(do.float())
-    ref = [x.grad for x in leaves]
+    ref = [x.grad if x.grad is not None else torch.zeros_like(x) for x in leaves]
     names = ("dq", "dk", "dv", "dg", "dbeta")
     res: dict[str, Any] = {"shape": f"B=1 T={T} H={Hh}"}
     for who, policy in (("ours", "inputs"), *((f"ours {p}", p) for p in POLICIES)):
@@ -182,21 +184,23 @@ def run_shape(op: str, B: int, T: int, device: str, fla: bool = True) -> dict[st
     q, k, v, g, beta, do = make_inputs(op, B, T, H, device=device)
     ours = ours_step(op)
     rec: dict[str, Any] = {"op": op, "B": B, "T": T, "H": H, "K": K, "V": V}
-    rec["ours_ms"] = timed(lambda: ours(q, k, v, g, beta, do))
-    rec["ours_peak_MB"] = peak_mb(lambda: ours(q, k, v, g, beta, do))
-    rec["ours_kernels_ms"] = kernel_times(lambda: ours(q, k, v, g, beta, do))
+    step = functools.partial(ours, q, k, v, g, beta, do)
+    rec["ours_ms"] = timed(step)
+    rec["ours_peak_MB"] = peak_mb(step)
+    rec["ours_kernels_ms"] = kernel_times(step)
     rec["policies"] = {}
     for policy in POLICIES:
         kept = ours_step(op, policy=policy)
-        rec["policies"][policy] = {"ms": timed(lambda kept=kept: kept(q, k, v, g, beta, do)),
+        rec["policies"][policy] = {"ms": timed(functools.partial(kept, q, k, v, g, beta, do)),
                                    "held_MB": held_mb(op, policy, q, k, v, g, beta)}
     try:
         if not fla:
             raise RuntimeError("not run (--no-fla)")
-        fla, bypassed = fla_step(op)
+        fla_fn, bypassed = fla_step(op)
         rec["fla_hopper_guard_bypassed"] = bypassed
-        rec["fla_ms"] = timed(lambda: fla(q, k, v, g, beta, do))
-        rec["fla_peak_MB"] = peak_mb(lambda: fla(q, k, v, g, beta, do))
+        theirs = functools.partial(fla_fn, q, k, v, g, beta, do)
+        rec["fla_ms"] = timed(theirs)
+        rec["fla_peak_MB"] = peak_mb(theirs)
         rec["ratio"] = rec["ours_ms"] / rec["fla_ms"]
     except Exception as err:
         rec["fla_error"] = repr(err)[:300]
@@ -223,8 +227,9 @@ def explore(op: str, B: int, T: int, device: str) -> list[dict[str, Any]]:
     for name, changes in EXPLORE.items():
         for ch in changes:
             cfg = {name: dataclasses.replace(get_spec(name).default, **ch)}
+            ms: float | str
             try:
-                ms = timed(lambda cfg=cfg: ours_step(op, cfg)(q, k, v, g, beta, do))
+                ms = timed(functools.partial(ours_step(op, cfg), q, k, v, g, beta, do))
             except Exception as err:
                 ms = repr(err)[:100]
             rows.append({"kernel": name, "change": ch, "ms": ms})

@@ -27,8 +27,9 @@ from torch import Tensor
 
 from runners.point import PointSpec
 
-__all__ = ["DEFAULT_TOL", "GateResult", "judge", "rel_l2", "tolerances"]
+__all__ = ["DEFAULT_TOL", "NORM_FLOOR", "GateResult", "judge", "rel_l2", "tolerances"]
 
+NORM_FLOOR = 1e-30  # the smallest reference norm rel_l2 divides by
 DEFAULT_TOL = {"float32": 2e-3, "bfloat16": 3e-2, "float16": 1e-2}
 
 
@@ -40,6 +41,8 @@ def rel_l2(out: Tensor, ref: Tensor) -> float:
     Non-finite values: an element where both are the same non-finite value (NaN and NaN, or the same infinity)
     agrees and is left out of both norms; any other element holding a NaN or an infinity (in `out` or in `ref`)
     makes the error inf. So the result is never NaN, and inf means "not comparable": it fails every tolerance.
+    A reference norm below `NORM_FLOOR` (1e-30: an all-zero or all-denormal reference, e.g. a state map decayed
+    below fp32's normal range) counts as 1e-30, so the error of such a reference is absolute, not noise over noise.
     """
     if out.shape != ref.shape:
         out = out.reshape(ref.shape)
@@ -52,7 +55,7 @@ def rel_l2(out: Tensor, ref: Tensor) -> float:
             return math.inf
         o, r = o[finite], r[finite]
     num = torch.linalg.vector_norm(o - r)
-    den = torch.linalg.vector_norm(r).clamp_min(torch.finfo(dt).tiny)
+    den = torch.linalg.vector_norm(r).clamp_min(NORM_FLOOR)
     return float(num / den)
 
 

@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 
-from runners.correctness import DEFAULT_TOL, judge, rel_l2, tolerances
+from runners.correctness import DEFAULT_TOL, NORM_FLOOR, judge, rel_l2, tolerances
 from runners.point import PointSpec
 from runners.workload import make_inputs, make_workload, reduced_params
 
@@ -201,3 +201,12 @@ def test_the_benches_inputs_come_from_the_one_maker() -> None:
 def test_make_inputs_names_a_bad_dtype() -> None:
     with pytest.raises(ValueError, match=r"dtype must be one of \['bfloat16', 'float16', 'float32'\], got dtype='fp8'"):
         make_inputs("gdn", B=1, T=8, H=1, K=16, V=16, lb=-1.0, dtype="fp8", device="cpu")
+
+
+def test_rel_l2_floor_makes_a_vanishing_reference_absolute() -> None:
+    """A reference whose norm is below NORM_FLOOR (all zero, or decayed to denormals) is divided by the floor: the
+    error of denormal noise around it is tiny, not O(1); a real difference from zero still fails."""
+    tiny = torch.tensor([7e-45, 0.0, 1.4e-45])  # fp32 denormals
+    assert rel_l2(torch.zeros(3), tiny) == pytest.approx(float(tiny.norm()) / NORM_FLOOR, rel=1e-3)
+    assert rel_l2(torch.zeros(3), tiny) < 1e-13
+    assert rel_l2(torch.tensor([1e-3, 0.0, 0.0]), torch.zeros(3)) > 1e20

@@ -14,6 +14,10 @@ Every import counts, including the ones inside functions.
 
 Between modules: no import cycle, even through imports inside functions. Only `db/` queries the store: no
 `select(...)` and no `.execute(...)` on a session elsewhere (the rest goes through `db.crud` / `db.queue`).
+`kernels/` holds no process state: no `global` statement, no module-level container written at run time (launch
+configs, the recompute policy and what launched travel in a `kernels.plan.LaunchPlan`). `kernels.vocabulary` and
+the web process (`bench_server.main`) import no torch. Tests of the engine mirror it: each module under
+tests/runners/ (tests/benchmarks/) is `test_<module>[_<feature>].py` beside the path of the module it exercises.
 """
 
 from __future__ import annotations
@@ -324,3 +328,34 @@ def test_kernels_mutates_no_module_state_at_run_time() -> None:
 def test_the_module_state_checker_sees_item_stores_and_mutating_calls() -> None:
     probe = ast.parse("SEEN = {}\nKEEP = []\ndef f(x):\n    SEEN[x] = 1\n    KEEP.clear()\n    y = {}\n    y[x] = 2\n")
     assert sorted(_mutated_module_names(probe)) == [("f", "KEEP", 5), ("f", "SEEN", 4)]
+
+
+def mirrored_source(test: Path, tests_root: Path, source_root: Path) -> Path | None:
+    """The source module a test module covers: `tests/runners/tuner/test_tune_direction.py` covers
+    `runners/tuner/tune.py` (the longest `<module>` with `test_<module>[_<feature>].py`); `test_<package>.py` covers a
+    package's `__init__.py`. None when no module of the mirrored folder matches."""
+    folder = source_root / test.parent.relative_to(tests_root)
+    words = test.stem.removeprefix("test_").split("_")
+    for n in range(len(words), 0, -1):
+        stem = "_".join(words[:n])
+        for candidate in (folder / f"{stem}.py", folder / stem / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def test_tests_of_the_engine_mirror_its_modules() -> None:
+    """Every test module under tests/runners/ names the runners module it exercises, in the same folder, and every
+    test module under tests/benchmarks/ the script it runs: "where is runners/tuner/trials.py tested?" has one answer."""
+    pairs = [(ROOT / "tests" / "runners", ROOT / "runners"), (ROOT / "tests" / "benchmarks", ROOT / "benchmarks")]
+    bad = [
+        str(test.relative_to(ROOT))
+        for tests_root, source_root in pairs
+        for test in sorted(tests_root.rglob("test_*.py"))
+        if mirrored_source(test, tests_root, source_root) is None
+    ]
+    assert bad == []
+    probe = ROOT / "tests" / "runners" / "tuner" / "test_tune_direction.py"
+    assert mirrored_source(probe, ROOT / "tests" / "runners", ROOT / "runners") == ROOT / "runners" / "tuner" / "tune.py"
+    nowhere = ROOT / "tests" / "runners" / "test_nosuch_feature.py"
+    assert mirrored_source(nowhere, ROOT / "tests" / "runners", ROOT / "runners") is None

@@ -183,7 +183,7 @@ def test_bad_environment_is_one_line(tmp_path: Path, verb: list[str], env: dict[
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=Path(__file__).resolve().parents[3],
     )
     assert proc.returncode == 1, proc.stderr
     assert needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

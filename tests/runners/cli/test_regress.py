@@ -28,7 +28,7 @@ from runners.cli.regress import register
 from runners.errors import CpbenchError, SpecError
 from runners.regress_workflow import load_suite, run_regression
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SPEC = """\
 name: regress-smoke
 tags: [regress-smoke]

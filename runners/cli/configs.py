@@ -1,7 +1,8 @@
 """`cpbench configs export` and `cpbench tune`: tuned launch configs out of the store, and a tuning run into it.
 
-`cpbench tune` measures first (no store session is open during the search), then stores the trials and winners
-in one transaction (`db.crud.store_tuning`); a device crash stores what was measured before it, then fails.
+`cpbench tune` opens no store session while it measures; it stores (`db.crud.store_tuning`) and prints each
+kernel's trials and winner as soon as that kernel is decided (the tuner's `on_result`), so a killed run keeps every
+kernel decided before it, and a device crash the crashing kernel's trials too, then fails.
 Its options' defaults are `runners.tuner.spec.TuneSpec`'s.
 
     cpbench configs export [--device "NVIDIA H200"] -o autotune.json [--db URL]   # "-o -" writes to stdout
@@ -27,6 +28,7 @@ from typing import Any
 import typer
 
 from runners.errors import CpbenchError
+from runners.tuner.result import KernelResult, OnResult, TuneResult
 from runners.tuner.spec import STRATEGIES, TuneSpec
 
 __all__ = ["parse_shape", "register"]
@@ -173,33 +175,51 @@ def tune_command(
     options = {"bypass_hopper_guard": True} if fla_bypass_hopper_guard else None
     try:
         shapes = [Shape.of(parse_shape(s)) for s in shape]
+
+        def store_as_it_goes(part: TuneResult) -> None:  # a killed run keeps every kernel decided before it
+            _store(database_url, part)
+            for r in part.kernels:
+                typer.echo(_kernel_line(r))
+
         try:
-            result = _measure(backend, op, shapes, spec, device, options)
-        except TuningStopped as stop:  # a device crash: what was measured before it is kept
-            _store(database_url, stop.result)
+            result = _measure(backend, op, shapes, spec, device, options, store_as_it_goes)
+        except TuningStopped as stop:  # a device crash: what was measured before it is stored already
+            typer.echo(f"tuning stopped after {len(stop.result.kernels)} kernel(s): {stop.error}", err=True)
             raise
-        _store(database_url, result)
-        for r in result.winners():
-            speed = f"{r.default_ms / r.median_ms:.3f}x" if r.default_ms else "n/a"
-            typer.echo(f"{r.kernel:28s} {r.key_str:60s} {json.dumps(r.config):48s} {r.median_ms:9.4f} ms  vs default {speed}")
+        typer.echo(f"tuned {len(result.winners())} of {len(result.kernels)} kernel(s) and key(s); stored")
     except (ValueError, ImportError) as e:
         raise CpbenchError(str(e)) from None
 
 
 def _measure(
-    backend: str, op: str, shapes: list[Any], spec: TuneSpec, device: str | None, options: dict[str, Any] | None
-) -> Any:
-    """The TuneResult of our kernels (`tune_kernels`) or FLA's (`tune_fla`); no store session is open meanwhile."""
+    backend: str,
+    op: str,
+    shapes: list[Any],
+    spec: TuneSpec,
+    device: str | None,
+    options: dict[str, Any] | None,
+    on_result: OnResult,
+) -> TuneResult:
+    """The TuneResult of our kernels (`tune_kernels`) or FLA's (`tune_fla`); no store session is open while a
+    kernel is measured (`on_result` gets each kernel's result once it is decided)."""
     if backend == "fla":
         from runners.tuner.fla import tune_fla
 
-        return tune_fla(op=op, shapes=shapes, spec=spec, device=device, options=options)
+        return tune_fla(op=op, shapes=shapes, spec=spec, device=device, options=options, on_result=on_result)
     from runners.tuner.tune import tune_kernels
 
-    return tune_kernels(op=op, shapes=shapes, spec=spec, device=device)
+    return tune_kernels(op=op, shapes=shapes, spec=spec, device=device, on_result=on_result)
 
 
-def _store(database_url: str | None, result: Any) -> None:
+def _kernel_line(r: KernelResult) -> str:
+    """One kernel and key of a tuning run: its winner and speed against the default, or why there is none."""
+    if r.config is None or r.median_ms is None:
+        return f"{r.kernel:28s} {r.key_str:60s} no config was correct and timed ({len(r.trials)} trials); default kept"
+    speed = f"{r.default_ms / r.median_ms:.3f}x" if r.default_ms else "n/a"
+    return f"{r.kernel:28s} {r.key_str:60s} {json.dumps(r.config):48s} {r.median_ms:9.4f} ms  vs default {speed}"
+
+
+def _store(database_url: str | None, result: TuneResult) -> None:
     """Store a TuneResult's trials and winners in one transaction (`db.crud.store_tuning`)."""
     from db import crud
 

@@ -40,7 +40,7 @@ import torch
 from runners.peers import fla_autotune as fa
 from runners.tuner.clock import Timer, make_timer
 from runners.tuner.result import FLA_PREFIX as PREFIX
-from runners.tuner.result import KernelResult, Trial, TuneResult
+from runners.tuner.result import KernelResult, OnResult, Trial, TuneResult, TuningStopped, report_new
 from runners.tuner.spec import TuneSpec
 from runners.tuner.trials import output_error
 from runners.tuner.tune import Shape, case_inputs, case_tol, device_facts, make_case, training_step
@@ -151,13 +151,15 @@ def tune_fla(
     device: torch.device | str | None = None,
     options: Mapping[str, Any] | None = None,
     timer: Timer | None = None,
+    on_result: OnResult | None = None,
 ) -> TuneResult:
     """Measure and decide, no store: tune FLA's kernels of `op` at each shape (module docstring).
 
     spec: budget, samples, seed, direction ("fwd" or "fwd+bwd", FLA's training step), kernels (with or without
     the `fla.` prefix), min_gain (how much faster than FLA's own pick, a fraction of its time, a config must run
     the op to replace it); options: the `fla` peer's (`bypass_hopper_guard`). A device crash raises
-    `TuningStopped` with the trials so far."""
+    `TuningStopped` with the trials so far. on_result: called with each kernel's result as soon as it is decided
+    (`runners.tuner.result.OnResult`), the partial one of a device crash included."""
     from kernels.backends import fla_op
 
     if not 0.0 <= spec.min_gain < 0.5:
@@ -184,7 +186,13 @@ def tune_fla(
         measure = functools.partial(_trial, run, reference, case_tol(spec, shape.dtype), timer, spec.samples)
         for name, key, tuner in touched:  # the Autotuner that ran: names repeat across FLA's modules
             if wanted is None or name in wanted:
-                out = out.extended([_tune_touched(name, key, tuner, measure, spec, out)])
+                try:
+                    done = out.extended([_tune_touched(name, key, tuner, measure, spec, out)])
+                except TuningStopped as stop:
+                    report_new(on_result, out, stop.result)
+                    raise
+                report_new(on_result, out, done)
+                out = done
         del case
     return out
 

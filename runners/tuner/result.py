@@ -12,7 +12,7 @@ everything measured so far, the crashing trial included, so the caller still sto
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
 if TYPE_CHECKING:
     from db.models import TunedConfig
 
-__all__ = ["FLA_PREFIX", "TUNED_FIELDS", "KernelResult", "Trial", "TuneResult", "TuningStopped"]
+__all__ = ["FLA_PREFIX", "TUNED_FIELDS", "KernelResult", "OnResult", "Trial", "TuneResult", "TuningStopped", "report_new"]
 
 FLA_PREFIX = "fla."  # FLA's kernels are stored as `fla.<kernel_name>` (exported in FLA's format, never in ours)
 TRIAL_FIELDS = ("kernel", "key", "config", "strategy", "rung", "status", "median_ms", "n", "error")  # stored
@@ -149,3 +149,15 @@ class TuningStopped(RuntimeError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return type(self), (self.result, self.error)
+
+
+# called with each kernel's result as soon as it is decided (also the partial one a device crash ends), as a
+# TuneResult of its own: how `cpbench tune` stores as it goes, so a killed run keeps what it measured
+OnResult = Callable[[TuneResult], None]
+
+
+def report_new(on_result: OnResult | None, before: TuneResult, after: TuneResult) -> None:
+    """Hand `on_result` the kernels `after` holds beyond `before` (nothing when there are none or no callback)."""
+    new = after.kernels[len(before.kernels) :]
+    if on_result is not None and new:
+        on_result(replace(after, kernels=new))

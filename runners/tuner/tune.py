@@ -40,7 +40,7 @@ from kernels.configs import KERNELS, LaunchConfig, get_spec
 from kernels.plan import LaunchPlan, LaunchRecorder
 from runners.tuner.clock import Timer, make_timer
 from runners.tuner.miscompiles import known_bad as known_bad_configs
-from runners.tuner.result import KernelResult, TuneResult
+from runners.tuner.result import KernelResult, OnResult, TuneResult, report_new
 from runners.tuner.search import SearchResult, candidates, pinned, search
 from runners.tuner.spec import TuneSpec
 from runners.tuner.trials import RunFn, Trial, TrialContext, run_trial
@@ -227,9 +227,11 @@ def tune_case(
     dtype: str = "bfloat16",
     known_bad: Mapping[str, Mapping[LaunchConfig, str]] | None = None,
     timer: Timer | None = None,
+    on_result: OnResult | None = None,
 ) -> TuneResult:
     """Measure and decide, no store: tune every kernel `run` launches (or those in `spec.kernels`); see the module
-    docstring. dtype: the case's (the trials' tolerance, `case_tol`).
+    docstring. dtype: the case's (the trials' tolerance, `case_tol`). on_result: called with each kernel's result
+    as soon as it is decided (`runners.tuner.result.OnResult`), the partial one of a device crash included.
 
     known_bad: {kernel: {config: error}} of configs that crashed the device elsewhere (a CUDA error poisons the
     process, so such configs are found in throwaway processes): recorded `failed` without launching.
@@ -287,8 +289,12 @@ def tune_case(
                 pinned=pinned(ctx.spec, ctx.default),
             )
         except Exception as err:  # a device crash ends the search: the trials so far go with it
-            out.extended([_decide(ctx, trials, None)] if trials else []).stop(err)
-        out = out.extended([_decide(ctx, trials, res)])
+            partial = out.extended([_decide(ctx, trials, None)] if trials else [])
+            report_new(on_result, out, partial)
+            partial.stop(err)
+        done = out.extended([_decide(ctx, trials, res)])
+        report_new(on_result, out, done)
+        out = done
         if res.best is not None:
             fixed[name] = res.best.config
     return out
@@ -343,6 +349,7 @@ def tune_kernels(
     device: torch.device | str | None = None,
     backend: str = "triton",
     group: Any = None,
+    on_result: OnResult | None = None,
 ) -> TuneResult:
     """Tune the Triton kernels of `op` ("gdn" | "kda") at each shape, searching as `spec` says (module docstring).
 
@@ -352,13 +359,14 @@ def tune_kernels(
             backward kernels too, each on the whole step), kernels (default: every kernel the op launches).
         device: where to tune (default: "cuda" when available, else "cpu").
         group: process group whose rank 0 tunes and broadcasts (default: the world when torch.distributed is up).
+        on_result: called on rank 0 with each kernel's result as soon as it is decided (`tune_case`).
     A device crash raises `TuningStopped` with every shape's results so far.
     """
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     dist_on = torch.distributed.is_available() and torch.distributed.is_initialized()
     multi = dist_on and torch.distributed.get_world_size(group) > 1
     rank = torch.distributed.get_rank(group) if multi else 0
-    result = _tune_shapes(op, shapes, spec, device, backend) if rank == 0 else None
+    result = _tune_shapes(op, shapes, spec, device, backend, on_result) if rank == 0 else None
     if multi:
         payload: list[Any] = [result]
         src = torch.distributed.get_global_rank(group, 0) if group is not None else 0
@@ -371,7 +379,12 @@ def tune_kernels(
 
 
 def _tune_shapes(
-    op: str, shapes: Sequence[Shape | Mapping[str, Any]], spec: TuneSpec, device: torch.device, backend: str
+    op: str,
+    shapes: Sequence[Shape | Mapping[str, Any]],
+    spec: TuneSpec,
+    device: torch.device,
+    backend: str,
+    on_result: OnResult | None,
 ) -> TuneResult:
     dev_name, cc = device_facts(device)
     out = TuneResult(device_name=dev_name, compute_capability=cc)
@@ -380,7 +393,11 @@ def _tune_shapes(
         case = make_case(op, shape, device)
         try:
             got = tune_case(
-                op_runner(op, case, backend=backend, direction=spec.direction), device=device, spec=spec, dtype=shape.dtype
+                op_runner(op, case, backend=backend, direction=spec.direction),
+                device=device,
+                spec=spec,
+                dtype=shape.dtype,
+                on_result=on_result,
             )
         except Exception as err:  # the shapes tuned before a device crash are kept
             out.stop(err)

@@ -453,6 +453,29 @@ def test_known_bad_and_fatal_cuda_error(session: Session) -> None:
     assert any("illegal memory access" in (t.error or "") for t in rec)
 
 
+def test_each_kernel_is_handed_over_as_decided_and_a_crash_hands_over_its_trials() -> None:
+    """`on_result` (how `cpbench tune` stores as it goes) gets each kernel's result once decided; when a device crash
+    ends the search, the partial result (the crashing trial included) is handed over before `TuningStopped`."""
+    crash = LaunchConfig(BV=32, num_warps=4, num_stages=2)
+    x = torch.randn(2 * V)
+
+    def run(plan):
+        if plan.configs.get(SCALE.name) == crash:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return (scale(x, plan),)
+
+    spec = TuneSpec(kernels=(SCALE.name,), strategy="exhaustive", samples=1)
+    parts: list = []
+    result = tune_case(_runner(), device="cpu", spec=spec, timer=ScriptedTimer(lambda c: float(c.BV)), on_result=parts.append)
+    assert [p.kernels for p in parts] == [result.kernels] and result.winners()
+    parts.clear()
+    with pytest.raises(TuningStopped) as stopped:
+        tune_case(run, device="cpu", spec=spec, timer=ScriptedTimer(lambda c: float(c.BV)), on_result=parts.append)
+    (part,) = parts
+    assert part.kernels == stopped.value.result.kernels and part.kernels[0].config is None
+    assert part.kernels[0].trials[-1].status == "failed" and "illegal memory access" in part.kernels[0].trials[-1].error
+
+
 def test_triton_launch_error_is_fatal(session: Session) -> None:
     """A Triton launch reports a device fault as "Triton Error [CUDA]: ..." (not "CUDA error"): it must still end
     the search (seen on an H200: every later trial failed on the poisoned context until torch raised)."""

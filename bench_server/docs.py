@@ -31,10 +31,8 @@ def _swagger_dir() -> Path:
 def swagger_docs(request: Request) -> HTMLResponse:
     app = request.app
     return get_swagger_ui_html(
-        openapi_url=app.openapi_url,
-        title=f"{app.title} API",
-        swagger_js_url="/static/swagger/swagger-ui-bundle.js",
-        swagger_css_url="/static/swagger/swagger-ui.css",
+        openapi_url=app.openapi_url, title=f"{app.title} API",
+        swagger_js_url="/static/swagger/swagger-ui-bundle.js", swagger_css_url="/static/swagger/swagger-ui.css",
         swagger_favicon_url="/static/swagger/favicon-32x32.png",
     )
 
@@ -43,6 +41,4 @@ def swagger_docs(request: Request) -> HTMLResponse:
 def swagger_file(name: str) -> FileResponse:
     if name not in SWAGGER_FILES:
         raise HTTPException(status_code=404, detail="Not found")
-    return FileResponse(
-        _swagger_dir() / name, media_type=SWAGGER_FILES[name], headers={"Cache-Control": "public, max-age=86400"}
-    )
+    return FileResponse(_swagger_dir() / name, media_type=SWAGGER_FILES[name], headers={"Cache-Control": "public, max-age=86400"})

@@ -1,7 +1,7 @@
 """A real uvicorn server on 127.0.0.1 (a free port) in a background thread: for tests and benchmarks that go over HTTP.
 
-with LiveServer(create_app(settings)) as server:
-    httpx.get(server.url + "/healthz")
+    with LiveServer(create_app(settings)) as server:
+        httpx.get(server.url + "/healthz")
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ class LiveServer:
         self.port = self.sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
-        self.thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True, name=f"uvicorn-{self.port}"
-        )
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True,
+                                       name=f"uvicorn-{self.port}")
 
     def start(self, timeout_s: float = 15.0) -> LiveServer:
         self.thread.start()

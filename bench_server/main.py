@@ -81,18 +81,13 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> An
 async def _data_error(request: Request, exc: DataError) -> Any:
     """A value the store's column cannot hold (out of its range, a NUL...) is the client's error, not the server's."""
     logger.info("refused a value the store cannot hold: %s", str(exc.orig).splitlines()[0] if exc.orig else exc)
-    return JSONResponse(
-        status_code=422,
-        content={
-            "detail": [{"loc": ["body"], "msg": "a value is out of the range the store can hold", "type": "store_range"}]
-        },
-    )
+    return JSONResponse(status_code=422, content={"detail": [{"loc": ["body"], "msg": "a value is out of the range the store can hold",
+                                                              "type": "store_range"}]})
 
 
 async def _overflow(request: Request, exc: OverflowError) -> Any:
-    return JSONResponse(
-        status_code=422, content={"detail": [{"loc": ["query"], "msg": "a number is out of range", "type": "range"}]}
-    )
+    return JSONResponse(status_code=422, content={"detail": [{"loc": ["query"], "msg": "a number is out of range",
+                                                              "type": "range"}]})
 
 
 def _health(request: Request, session: SessionDep) -> Any:
@@ -130,23 +125,11 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.exception_handler(DataError)(_data_error)
     app.exception_handler(OverflowError)(_overflow)
     app.include_router(api_router, prefix=API_V1_STR)
-    app.add_api_route(
-        "/healthz",
-        _health,
-        methods=["GET"],
-        response_model=Health,
-        tags=["health"],
-        name="healthz",
-        summary="Liveness of the server and its database",
-        responses={503: {"model": Health}},
-    )
+    app.add_api_route("/healthz", _health, methods=["GET"], response_model=Health, tags=["health"], name="healthz",
+                      summary="Liveness of the server and its database", responses={503: {"model": Health}})
     app.include_router(docs.router)
     app.include_router(pages.static_router)
     app.include_router(pages.router)
-    logger.info(
-        "cpbench app on %s (token from %s, reads %s)",
-        safe_url(settings.DATABASE_URL),
-        token.source,
-        "open" if settings.READS_OPEN else "need the token",
-    )
+    logger.info("cpbench app on %s (token from %s, reads %s)", safe_url(settings.DATABASE_URL), token.source,
+                "open" if settings.READS_OPEN else "need the token")
     return app

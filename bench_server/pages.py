@@ -53,32 +53,17 @@ def _query(request: Request) -> str:
 
 
 @router.get("/", response_class=HTMLResponse)
-def sweeps_page(
-    request: Request,
-    session: SessionDep,
-    page: int = Query(1, le=INT32_MAX // PAGE_SIZE),
-    name: str = "",
-    tag: str = "",
-    status: str = "",
-) -> Any:
+def sweeps_page(request: Request, session: SessionDep, page: int = Query(1, le=INT32_MAX // PAGE_SIZE),
+                name: str = "", tag: str = "", status: str = "") -> Any:
     page = max(page, 1)
     groups = data.sweep_index(session, name=name.strip() or None, tag=tag.strip() or None, status=status or None)
     count = len(groups)
     filters = {k: v for k, v in (("name", name), ("tag", tag), ("status", status)) if v}
-    return templates.TemplateResponse(
-        request,
-        "sweeps.html",
-        {
-            "rows": groups[(page - 1) * PAGE_SIZE : page * PAGE_SIZE],
-            "count": count,
-            "page": page,
-            "pages": max(1, -(-count // PAGE_SIZE)),
-            "page_size": PAGE_SIZE,
-            "filters": filters,
-            "statuses": data.INDEX_STATUSES,
-            "filter_query": urlencode(filters),
-        },
-    )
+    return templates.TemplateResponse(request, "sweeps.html", {
+        "rows": groups[(page - 1) * PAGE_SIZE: page * PAGE_SIZE], "count": count, "page": page,
+        "pages": max(1, -(-count // PAGE_SIZE)), "page_size": PAGE_SIZE, "filters": filters,
+        "statuses": data.INDEX_STATUSES, "filter_query": urlencode(filters),
+    })
 
 
 def _sweep_or_404(session: Session, sweep_id: int) -> Sweep:
@@ -96,36 +81,17 @@ def sweep_page(request: Request, session: SessionDep, sweep_id: int = PathParam(
     query = "?" + urlencode(selection) if selection else ""
     progress = _progress(session, sweep_id)
     status = data.display_status(sweep.status, progress)
-    nothing = (
-        None
-        if any(r["status"] == "done" for r in rows)
-        else (f"no point finished: {progress['failed']} failed (errors above)" if progress["failed"] else None)
-    )
-    figures = [
-        {
-            "name": name,
-            "title": module.TITLE,
-            "csv": f"/dash/{sweep_id}/{name}.csv{query}",
-            "div": render.figure_div(empty_figure(module.TITLE, nothing) if nothing else module.figure(sliced), f"fig-{name}"),
-        }
-        for name, module in SWEEP_FIGURES.items()
-    ]
-    return templates.TemplateResponse(
-        request,
-        "sweep.html",
-        {
-            "sweep": sweep,
-            "status": status,
-            "progress": progress,
-            "figures": figures,
-            "plotly": True,
-            "options": {a: v for a, v in options.items() if len(v) > 1},
-            "selection": selection,
-            "n_rows": len(rows),
-            "n_sliced": len(sliced),
-            "errors": _errors([r for r in rows if r["status"] == "failed"]),
-        },
-    )
+    nothing = None if any(r["status"] == "done" for r in rows) else (
+        f"no point finished: {progress['failed']} failed (errors above)" if progress["failed"] else None)
+    figures = [{
+        "name": name, "title": module.TITLE, "csv": f"/dash/{sweep_id}/{name}.csv{query}",
+        "div": render.figure_div(empty_figure(module.TITLE, nothing) if nothing else module.figure(sliced), f"fig-{name}"),
+    } for name, module in SWEEP_FIGURES.items()]
+    return templates.TemplateResponse(request, "sweep.html", {
+        "sweep": sweep, "status": status, "progress": progress, "figures": figures, "plotly": True,
+        "options": {a: v for a, v in options.items() if len(v) > 1}, "selection": selection,
+        "n_rows": len(rows), "n_sliced": len(sliced), "errors": _errors([r for r in rows if r["status"] == "failed"]),
+    })
 
 
 def _errors(failed: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -141,25 +107,14 @@ def _errors(failed: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @router.get("/tuning", response_class=HTMLResponse)
-def tuning_page(
-    request: Request,
-    session: SessionDep,
-    sweep: int | None = Query(None, ge=1, le=INT32_MAX),
-    device: str | None = None,
-    kernel: str | None = None,
-) -> Any:
+def tuning_page(request: Request, session: SessionDep, sweep: int | None = Query(None, ge=1, le=INT32_MAX), device: str | None = None,
+                kernel: str | None = None) -> Any:
     rows = data.tuning_rows(session, sweep_id=sweep, device_name=device, kernel=kernel)
     fig = render.figure_div(tuning.figure(rows), "fig-tuning")
-    return templates.TemplateResponse(
-        request,
-        "tuning.html",
-        {
-            "figure": {"name": "tuning", "title": tuning.TITLE, "div": fig, "csv": f"/dash/all/tuning.csv{_query(request)}"},
-            "configs": data.tuned_config_rows(session, device_name=device),
-            "n_trials": len(rows),
-            "plotly": True,
-        },
-    )
+    return templates.TemplateResponse(request, "tuning.html", {
+        "figure": {"name": "tuning", "title": tuning.TITLE, "div": fig, "csv": f"/dash/all/tuning.csv{_query(request)}"},
+        "configs": data.tuned_config_rows(session, device_name=device), "n_trials": len(rows), "plotly": True,
+    })
 
 
 @router.get("/history", response_class=HTMLResponse)
@@ -167,28 +122,16 @@ def history_page(request: Request, session: SessionDep, key: str | None = None) 
     keys = data.history_keys(session, contains=key or None)
     rows = data.history_rows(session, keys=keys)
     fig = render.figure_div(history.figure(rows), "fig-history")
-    return templates.TemplateResponse(
-        request,
-        "history.html",
-        {
-            "figure": {
-                "name": "history",
-                "title": history.TITLE,
-                "div": fig,
-                "csv": f"/dash/all/history.csv{_query(request)}",
-            },
-            "keys": keys,
-            "key": key or "",
-            "plotly": True,
-            "verdicts": [r for r in rows if r["verdict"] and r["verdict"] != "SAME"],
-        },
-    )
+    return templates.TemplateResponse(request, "history.html", {
+        "figure": {"name": "history", "title": history.TITLE, "div": fig, "csv": f"/dash/all/history.csv{_query(request)}"},
+        "keys": keys, "key": key or "", "plotly": True,
+        "verdicts": [r for r in rows if r["verdict"] and r["verdict"] != "SAME"],
+    })
 
 
 def _csv(text: str, filename: str) -> Response:
-    return Response(
-        text, media_type="text/csv; charset=utf-8", headers={"Content-Disposition": f'attachment; filename="{filename}"'}
-    )
+    return Response(text, media_type="text/csv; charset=utf-8",
+                    headers={"Content-Disposition": f'attachment; filename="{filename}"'})
 
 
 @router.get("/dash/{scope}/{figure}.csv")
@@ -203,11 +146,8 @@ def figure_csv(request: Request, session: SessionDep, scope: str, figure: str) -
         rows = data.tuning_rows(session, sweep_id=sweep_id, device_name=params.get("device"), kernel=params.get("kernel"))
         return _csv(render.to_csv(tuning.frame(rows), tuning.COLUMNS), f"cpbench-tuning-{scope}.csv")
     if not scope.isdigit() or figure not in SWEEP_FIGURES:
-        raise HTTPException(
-            status_code=404,
-            detail=f"no figure {figure!r} for {scope!r}; sweep figures: "
-            f"{', '.join(SWEEP_FIGURES)}; 'all' has tuning and history",
-        )
+        raise HTTPException(status_code=404, detail=f"no figure {figure!r} for {scope!r}; sweep figures: "
+                                                    f"{', '.join(SWEEP_FIGURES)}; 'all' has tuning and history")
     sweep_id = int(scope)
     _sweep_or_404(session, sweep_id)
     module = SWEEP_FIGURES[figure]
@@ -220,6 +160,5 @@ static_router = APIRouter(include_in_schema=False)
 
 @static_router.get("/static/plotly.min.js")
 def plotly_js() -> FileResponse:
-    return FileResponse(
-        render.plotly_js_path(), media_type="text/javascript", headers={"Cache-Control": "public, max-age=86400"}
-    )
+    return FileResponse(render.plotly_js_path(), media_type="text/javascript",
+                        headers={"Cache-Control": "public, max-age=86400"})

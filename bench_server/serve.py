@@ -61,9 +61,8 @@ def _demo_worker(url: str, verbose: int = 0) -> None:  # the child: SIGTERM make
     from runners.cli.logs import quiet
     from runners.worker import run_worker
 
-    logging.basicConfig(
-        level=logging.DEBUG if verbose > 1 else logging.INFO, format="%(asctime)s worker %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=logging.DEBUG if verbose > 1 else logging.INFO,
+                        format="%(asctime)s worker %(levelname)s %(name)s: %(message)s")
     quiet(verbose)
     run_worker(url)
 
@@ -106,15 +105,11 @@ def serve(
         sweep_id = _submit_demo(url)
         level = logging.getLogger().getEffectiveLevel()  # -v / -vv of this command
         verbose = 2 if level <= logging.DEBUG else (1 if level <= logging.INFO else 0)
-        worker = multiprocessing.get_context("spawn").Process(
-            target=_demo_worker, args=(url, verbose), name="cpbench-demo-worker"
-        )
+        worker = multiprocessing.get_context("spawn").Process(target=_demo_worker, args=(url, verbose),
+                                                              name="cpbench-demo-worker")
         worker.start()
-        typer.echo(
-            f"demo: sweep {sweep_id} queued; one worker started (pid {worker.pid})"
-            if sweep_id is not None
-            else f"demo: the store already holds sweeps; one worker started (pid {worker.pid})"
-        )
+        typer.echo(f"demo: sweep {sweep_id} queued; one worker started (pid {worker.pid})" if sweep_id is not None
+                   else f"demo: the store already holds sweeps; one worker started (pid {worker.pid})")
         typer.echo(f"dashboard: {base}/sweeps/{sweep_id}" if sweep_id is not None else f"dashboard: {base}/")
     else:
         typer.echo(f"dashboard: {base}/")

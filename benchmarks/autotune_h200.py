@@ -62,11 +62,8 @@ def cmd_run(args: argparse.Namespace) -> None:
     if args.shapes:
         SHAPES = [{**SHAPES[0], "B": int(b), "T": int(t)} for b, t in (x.split("x") for x in args.shapes.split(","))]
     if args.tiny:  # a CPU dry run of the script itself (TRITON_INTERPRET=1), not a measurement
-        SHAPES = [
-            {"B": 1, "T": 128, "H": 1, "K": 16, "V": 32, "dtype": "float32"},
-            {"B": 1, "T": 192, "H": 1, "K": 16, "V": 32, "dtype": "float32"},
-            {"B": 2, "T": 64, "H": 1, "K": 16, "V": 32, "dtype": "float32"},
-        ]
+        SHAPES = [{"B": 1, "T": 128, "H": 1, "K": 16, "V": 32, "dtype": "float32"}, {"B": 1, "T": 192, "H": 1, "K": 16, "V": 32, "dtype": "float32"},
+                  {"B": 2, "T": 64, "H": 1, "K": 16, "V": 32, "dtype": "float32"}]
     t_start = time.perf_counter()
     partial = json.loads(Path(args.partial).read_text()) if args.partial else None
     if partial is not None:  # a restart after a device crash: the time spent so far counts against the deadline
@@ -79,21 +76,12 @@ def cmd_run(args: argparse.Namespace) -> None:
     timer = StepTimer(dev)
     cuda = dev == "cuda"
     out: dict[str, Any] = partial or {
-        "env": {
-            "device": torch.cuda.get_device_name() if cuda else "cpu",
-            "compute_capability": "{}.{}".format(*torch.cuda.get_device_capability()) if cuda else None,
-            "torch": torch.__version__,
-            "triton": triton.__version__,
-            "python": platform.python_version(),
-            "driver": driver_version(),
-            "git_sha": args.sha or git_sha(),
-            "command": " ".join(sys.argv),
-            "started_at": datetime.now(timezone.utc).isoformat(),
-        },
-        "trials": [],
-        "tuned": [],
-        "ops": [],
-        "crashed": bad,
+        "env": {"device": torch.cuda.get_device_name() if cuda else "cpu",
+                "compute_capability": "{}.{}".format(*torch.cuda.get_device_capability()) if cuda else None,
+                "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
+                "driver": driver_version(), "git_sha": args.sha or git_sha(), "command": " ".join(sys.argv),
+                "started_at": datetime.now(timezone.utc).isoformat()},
+        "trials": [], "tuned": [], "ops": [], "crashed": bad,
     }  # out["crashed"] is `bad`: a crash found in the search below joins it
     for direction, op, sd in ((d, op, sd) for d in args.directions for op in args.ops for sd in SHAPES):
         if any(o["op"] == op and o["shape"] == sd and o["direction"] == direction for o in out["ops"]):
@@ -110,31 +98,16 @@ def cmd_run(args: argparse.Namespace) -> None:
         known_bad: dict[str, dict[LaunchConfig, str]] = {}
         for b_op, b_kernel, b_cfg, b_err in bad:
             if b_op == op:
-                known_bad.setdefault(b_kernel, {})[LaunchConfig.from_dict(b_cfg)] = (
-                    f"crashed the device earlier in this run: {b_err}"
-                )
-        spec = TuneSpec(
-            kernels=tuple(tuned_here) if tuned_here is not None else None,
-            strategy="halving",
-            budget=args.budget,
-            seed=args.seed,
-            min_samples=5,
-            max_samples=45,
-            eta=3,
-            tol=2e-2,
-        )
+                known_bad.setdefault(b_kernel, {})[LaunchConfig.from_dict(b_cfg)] = f"crashed the device earlier in this run: {b_err}"
+        spec = TuneSpec(kernels=tuple(tuned_here) if tuned_here is not None else None, strategy="halving",
+                        budget=args.budget, seed=args.seed, min_samples=5, max_samples=45, eta=3, tol=2e-2)
         try:
             result = tune_case(run, device=dev, spec=spec, timer=timer, known_bad=known_bad)
         except Exception as e:  # a CUDA error poisons this process: record the culprit, let the parent restart
             last, crash = (e.result.trial_rows(), e.error) if isinstance(e, TuningStopped) else ([], e)
             if not (last and last[-1]["status"] == "failed" and is_device_crash(crash)):
                 raise
-            culprit = (
-                op,
-                last[-1]["kernel"],
-                last[-1]["config"],
-                f"{type(crash).__name__}: {str(crash).splitlines()[0]} (in the search)",
-            )
+            culprit = (op, last[-1]["kernel"], last[-1]["config"], f"{type(crash).__name__}: {str(crash).splitlines()[0]} (in the search)")
             bad.append(culprit)
             out["env"]["elapsed_s"] = time.perf_counter() - t_start
             Path(args.out).write_text(json.dumps(out, indent=1, default=str))
@@ -142,63 +115,26 @@ def cmd_run(args: argparse.Namespace) -> None:
             raise SystemExit(CRASH_EXIT) from e
         t_tune = time.perf_counter() - t0
         for t in result.trial_rows():
-            out["trials"].append(
-                {
-                    "op": op,
-                    "shape": sd,
-                    "direction": direction,
-                    "kernel": t["kernel"],
-                    "key": t["key"],
-                    **{k: t[k] for k in ("config", "strategy", "rung", "status", "median_ms", "n", "error")},
-                }
-            )
+            out["trials"].append({"op": op, "shape": sd, "direction": direction, "kernel": t["kernel"], "key": t["key"],
+                                  **{k: t[k] for k in ("config", "strategy", "rung", "status", "median_ms", "n", "error")}})
         rows = result.tuned_rows()
         for r in rows:
-            out["tuned"].append(
-                {
-                    "op": op,
-                    "shape": sd,
-                    "direction": direction,
-                    "kernel": r.kernel,
-                    "key": r.key,
-                    "key_str": r.key_str,
-                    "device_name": r.device_name,
-                    "compute_capability": r.compute_capability,
-                    "config": r.config,
-                    "median_ms": r.median_ms,
-                    "default_ms": r.default_ms,
-                    "runner_up_ms": r.runner_up_ms,
-                    "source_hash": r.source_hash,
-                }
-            )
+            out["tuned"].append({"op": op, "shape": sd, "direction": direction, "kernel": r.kernel, "key": r.key, "key_str": r.key_str,
+                                 "device_name": r.device_name, "compute_capability": r.compute_capability,
+                                 "config": r.config, "median_ms": r.median_ms, "default_ms": r.default_ms,
+                                 "runner_up_ms": r.runner_up_ms, "source_hash": r.source_hash})
         defaults = {n: s.default for n, s in KERNELS.items()}
         # the step A/B keeps the forward's winners of this op and shape on both sides
-        fwd_won = {
-            t["kernel"]: LaunchConfig.from_dict(t["config"])
-            for t in out["tuned"]
-            if t["op"] == op and t["shape"] == sd and t["direction"] == "fwd"
-        }
+        fwd_won = {t["kernel"]: LaunchConfig.from_dict(t["config"]) for t in out["tuned"]
+                   if t["op"] == op and t["shape"] == sd and t["direction"] == "fwd"}
         defaults = {**defaults, **fwd_won} if direction != "fwd" else defaults
         tuned = {**defaults, **{r.kernel: LaunchConfig.from_dict(r.config) for r in rows}}
         ma, mb = _ab(timer, run, defaults, tuned, *((1, 3) if args.tiny else ()))
-        out["ops"].append(
-            {
-                "op": op,
-                "shape": sd,
-                "direction": direction,
-                "default_ms": ma,
-                "tuned_ms": mb,
-                "speedup": ma / mb,
-                "tune_s": t_tune,
-                "n_trials": len(result.trial_rows()),
-                "tuned": {r.kernel: r.config for r in rows if r.config != KERNELS[r.kernel].default.as_dict()},
-            }
-        )
-        print(
-            f"{op} {_shape_name(sd)} {direction}: default {ma:.4f} ms, tuned {mb:.4f} ms ({ma / mb:.3f}x), tuning {t_tune:.1f} s, "
-            f"{out['ops'][-1]['n_trials']} trials",
-            flush=True,
-        )
+        out["ops"].append({"op": op, "shape": sd, "direction": direction, "default_ms": ma, "tuned_ms": mb, "speedup": ma / mb, "tune_s": t_tune,
+                           "n_trials": len(result.trial_rows()),
+                           "tuned": {r.kernel: r.config for r in rows if r.config != KERNELS[r.kernel].default.as_dict()}})
+        print(f"{op} {_shape_name(sd)} {direction}: default {ma:.4f} ms, tuned {mb:.4f} ms ({ma / mb:.3f}x), tuning {t_tune:.1f} s, "
+              f"{out['ops'][-1]['n_trials']} trials", flush=True)
         out["env"]["elapsed_s"] = time.perf_counter() - t_start
         Path(args.out).write_text(json.dumps(out, indent=1, default=str))  # partial results survive a kill
         del case, run
@@ -246,11 +182,8 @@ def _precompile_worker(task: tuple[str, dict[str, Any], list[tuple[str, dict[str
             ok += 1
         except Exception as e:  # noqa: BLE001 - invalid configs are the search's business; CUDA errors are reported
             if "CUDA error" in str(e) or type(e).__name__ == "AcceleratorError":
-                return {
-                    "ok": ok,
-                    "bad": (op, kernel, cfg, f"{type(e).__name__}: {str(e).splitlines()[0]}"),
-                    "rest": (op, sd, items[i + 1 :], dev, direction),
-                }
+                return {"ok": ok, "bad": (op, kernel, cfg, f"{type(e).__name__}: {str(e).splitlines()[0]}"),
+                        "rest": (op, sd, items[i + 1:], dev, direction)}
     return {"ok": ok, "bad": None, "rest": None}
 
 
@@ -283,15 +216,11 @@ def _precompile(args: argparse.Namespace, until: float) -> list[tuple[str, str, 
         run(LaunchPlan())
         seen = LaunchRecorder()
         run(LaunchPlan(configs={n: sp.default for n, sp in KERNELS.items()}, recorder=seen))
-        items = [
-            (n, c.as_dict())
-            for n, (_k, d) in seen.items()
-            if KERNELS[n].space and (only is None or n in only)
-            for c in first_rung(KERNELS[n], d, args.budget, args.seed)[1:]
-            if c not in ruled_out.get(n, {})
-        ]
+        items = [(n, c.as_dict()) for n, (_k, d) in seen.items() if KERNELS[n].space
+                 and (only is None or n in only)
+                 for c in first_rung(KERNELS[n], d, args.budget, args.seed)[1:] if c not in ruled_out.get(n, {})]
         per = max(1, -(-len(items) // args.workers))
-        tasks += [(op, sd, items[i : i + per], args.device, direction) for i in range(0, len(items), per)]
+        tasks += [(op, sd, items[i:i + per], args.device, direction) for i in range(0, len(items), per)]
     bad: list[tuple[str, str, dict[str, int], str]] = []
     done = 0
     ctx = mp.get_context("spawn")
@@ -302,11 +231,8 @@ def _precompile(args: argparse.Namespace, until: float) -> list[tuple[str, str, 
             pending.wait(max(0.0, until - time.perf_counter()))
             if not pending.ready():
                 pool.terminate()
-                print(
-                    f"precompile stopped at half the deadline ({time.perf_counter() - t0:.1f} s); the remaining "
-                    "variants compile during the search",
-                    flush=True,
-                )
+                print(f"precompile stopped at half the deadline ({time.perf_counter() - t0:.1f} s); the remaining "
+                      "variants compile during the search", flush=True)
                 return bad
             res = pending.get()
         done += sum(r["ok"] for r in res)
@@ -317,19 +243,12 @@ def _precompile(args: argparse.Namespace, until: float) -> list[tuple[str, str, 
 
 
 def _parse_bad(text: str) -> tuple[str, str, dict[str, int], str]:
-    """ "gdn:chunk_state_output_fwd:BV=32,num_warps=4,num_stages=1" -> a known crasher (skipped, recorded failed)."""
+    """"gdn:chunk_state_output_fwd:BV=32,num_warps=4,num_stages=1" -> a known crasher (skipped, recorded failed)."""
     op, kernel, cfg = text.split(":", 2)
-    return (
-        op,
-        kernel,
-        {k: int(v) for k, v in (p.split("=") for p in cfg.split(","))},
-        "known to crash the device (--known-bad)",
-    )
+    return op, kernel, {k: int(v) for k, v in (p.split("=") for p in cfg.split(","))}, "known to crash the device (--known-bad)"
 
 
-def _ab(
-    timer: Any, run: Any, a_cfg: dict[str, Any], b_cfg: dict[str, Any], blocks: int = 5, n: int = 20
-) -> tuple[float, float]:
+def _ab(timer: Any, run: Any, a_cfg: dict[str, Any], b_cfg: dict[str, Any], blocks: int = 5, n: int = 20) -> tuple[float, float]:
     """Medians of the whole forward with configs A vs B, interleaved in blocks (drift hits both alike)."""
     import statistics
 
@@ -357,37 +276,14 @@ def cmd_import(args: argparse.Namespace) -> None:
     engine = create_engine(args.db)
     Base.metadata.create_all(engine)
     with Session(engine) as session:
-        e = crud.get_or_create_environment(
-            session,
-            facts={
-                "device_name": env["device"],
-                "device_count": 1,
-                "compute_capability": env["compute_capability"],
-                "driver": env["driver"],
-                "torch": env["torch"],
-                "triton": env["triton"],
-                "python": env["python"],
-                "cpbench": "0.1.0",
-                "git_sha": env["git_sha"],
-                "host": "device-h200",
-            },
-        )
+        e = crud.get_or_create_environment(session, facts={
+            "device_name": env["device"], "device_count": 1, "compute_capability": env["compute_capability"],
+            "driver": env["driver"], "torch": env["torch"], "triton": env["triton"], "python": env["python"],
+            "cpbench": "0.1.0", "git_sha": env["git_sha"], "host": "device-h200"})
         for t in run["trials"]:
-            crud.store_trial(
-                session,
-                environment_id=e.id,
-                device_name=env["device"],
-                kernel=t["kernel"],
-                key=t["key"],
-                key_str=_key_str(t["key"]),
-                config=t["config"],
-                strategy=t["strategy"],
-                rung=t["rung"],
-                status=t["status"],
-                median_ms=t["median_ms"],
-                n=t["n"],
-                error=t["error"],
-            )
+            crud.store_trial(session, environment_id=e.id, device_name=env["device"], kernel=t["kernel"], key=t["key"],
+                             key_str=_key_str(t["key"]), config=t["config"], strategy=t["strategy"], rung=t["rung"],
+                             status=t["status"], median_ms=t["median_ms"], n=t["n"], error=t["error"])
         # one entry per (kernel, key): when several shapes share a key, keep the winner of the largest default time
         # (the shape where the kernel matters most); every shape's winner is in the Markdown table
         best: dict[tuple[str, str], dict[str, Any]] = {}
@@ -396,21 +292,10 @@ def cmd_import(args: argparse.Namespace) -> None:
             if k not in best or (r["default_ms"] or 0) > (best[k]["default_ms"] or 0):
                 best[k] = r
         for r in best.values():
-            crud.upsert_tuned_config(
-                session,
-                kernel=r["kernel"],
-                key=r["key"],
-                key_str=r["key_str"],
-                device_name=r["device_name"],
-                compute_capability=r["compute_capability"],
-                config=r["config"],
-                median_ms=r["median_ms"],
-                default_ms=r["default_ms"],
-                runner_up_ms=r["runner_up_ms"],
-                source_hash=r["source_hash"],
-                sweep_id=None,
-                environment_id=e.id,
-            )
+            crud.upsert_tuned_config(session, kernel=r["kernel"], key=r["key"], key_str=r["key_str"], device_name=r["device_name"],
+                                     compute_capability=r["compute_capability"], config=r["config"], median_ms=r["median_ms"],
+                                     default_ms=r["default_ms"], runner_up_ms=r["runner_up_ms"], source_hash=r["source_hash"],
+                                     sweep_id=None, environment_id=e.id)
         session.commit()
         data = write_export(args.json, session, device_name=env["device"], allow_cpu=args.allow_cpu)
     Path(args.md).write_text(_markdown(run, data, args))
@@ -441,9 +326,8 @@ def merge_runs(runs: list[dict[str, Any]], sha: str | None = None) -> dict[str, 
     changed = sorted(k for k, h in hashes.items() if len(h) > 1)
     shas = sorted({str(r["env"]["git_sha"]) for r in runs})
     if changed:
-        raise ValueError(
-            f"runs of different code cannot be merged: kernel(s) {', '.join(changed)} changed between them (git shas {shas})"
-        )
+        raise ValueError(f"runs of different code cannot be merged: kernel(s) {', '.join(changed)} changed between "
+                         f"them (git shas {shas})")
     best: dict[tuple[str, str], tuple[float, int]] = {}
     for i, r in enumerate(runs):
         for o in r["ops"]:
@@ -498,45 +382,29 @@ def _markdown(run: dict[str, Any], data: dict[str, Any], args: argparse.Namespac
     ]
     for o in run["ops"]:
         changed = "; ".join(f"{k}: {json.dumps(v)}" for k, v in o["tuned"].items()) or "none (defaults won)"
-        lines.append(
-            f"| {o['op']} | {_shape_name(o['shape'])} | {o.get('direction', 'fwd')} | {o['default_ms']:.4f} | "
-            f"{o['tuned_ms']:.4f} | {o['speedup']:.3f}x | {o['n_trials']} | {changed} |"
-        )
-    lines += [
-        "",
-        "## Per kernel (the kernel's search: op time with that kernel at its default vs at the winner)",
-        "",
-        "| op | shape | direction | kernel | winner | winner ms | default ms | runner-up ms | gain |",
-        "|---|---|---|---|---|---:|---:|---:|---:|",
-    ]
+        lines.append(f"| {o['op']} | {_shape_name(o['shape'])} | {o.get('direction', 'fwd')} | {o['default_ms']:.4f} | "
+                     f"{o['tuned_ms']:.4f} | {o['speedup']:.3f}x | {o['n_trials']} | {changed} |")
+    lines += ["", "## Per kernel (the kernel's search: op time with that kernel at its default vs at the winner)", "",
+              "| op | shape | direction | kernel | winner | winner ms | default ms | runner-up ms | gain |",
+              "|---|---|---|---|---|---:|---:|---:|---:|"]
     for r in run["tuned"]:
         gain = f"{(r['default_ms'] / r['median_ms'] - 1) * 100:+.1f}%" if r["default_ms"] else "n/a"
         ru = f"{r['runner_up_ms']:.4f}" if r["runner_up_ms"] else "n/a"
         dm = f"{r['default_ms']:.4f}" if r["default_ms"] else "n/a"
-        lines.append(
-            f"| {r['op']} | {_shape_name(r['shape'])} | {r.get('direction', 'fwd')} | {r['kernel']} | "
-            f"`{json.dumps(r['config'])}` | "
-            f"{r['median_ms']:.4f} | {dm} | {ru} | {gain} |"
-        )
+        lines.append(f"| {r['op']} | {_shape_name(r['shape'])} | {r.get('direction', 'fwd')} | {r['kernel']} | "
+                     f"`{json.dumps(r['config'])}` | "
+                     f"{r['median_ms']:.4f} | {dm} | {ru} | {gain} |")
     statuses: dict[str, int] = {}
     for t in run["trials"]:
         statuses[t["status"]] = statuses.get(t["status"], 0) + 1
     if run.get("crashed"):
-        lines += [
-            "",
-            "Configs that crashed the device when compiled and run in a throwaway process (excluded from the "
-            "search, recorded `failed`; a kernel bug for its owner):",
-            "",
-        ]
+        lines += ["", "Configs that crashed the device when compiled and run in a throwaway process (excluded from the "
+                  "search, recorded `failed`; a kernel bug for its owner):", ""]
         lines += [f"- {op} {kernel} `{json.dumps(cfg)}`: {err}" for op, kernel, cfg, err in run["crashed"]]
-    lines += [
-        "",
-        f"Trials: {len(run['trials'])} ({', '.join(f'{k} {v}' for k, v in sorted(statuses.items()))}).",
-        f"Exported: `{args.json}` ({sum(len(k['entries']) for k in data['kernels'].values())} entries, "
-        f"schema_version {data['schema_version']}); several shapes share a key (T and B are not in the "
-        "kernels' keys), and the exported entry is the winner of the shape with the largest default time.",
-        "",
-    ]
+    lines += ["", f"Trials: {len(run['trials'])} ({', '.join(f'{k} {v}' for k, v in sorted(statuses.items()))}).",
+              f"Exported: `{args.json}` ({sum(len(k['entries']) for k in data['kernels'].values())} entries, "
+              f"schema_version {data['schema_version']}); several shapes share a key (T and B are not in the "
+              "kernels' keys), and the exported entry is the winner of the shape with the largest default time.", ""]
     return "\n".join(lines)
 
 
@@ -547,30 +415,16 @@ def main() -> None:
     r.add_argument("--out", required=True)
     r.add_argument("--ops", nargs="+", default=["gdn", "kda"])
     r.add_argument("--budget", type=int, default=9)
-    r.add_argument(
-        "--shapes",
-        default="",
-        help="BxT,... (H=16, K=V=128 bf16) instead of the three default shapes; "
-        "T and B are not in the kernels' keys, so one shape gives one entry per kernel and key",
-    )
-    r.add_argument(
-        "--directions",
-        nargs="+",
-        default=["fwd"],
-        choices=["fwd", "fwd+bwd"],
-        help="fwd: the forward's kernels on the forward; fwd+bwd: the backward's kernels on the step",
-    )
+    r.add_argument("--shapes", default="", help="BxT,... (H=16, K=V=128 bf16) instead of the three default shapes; "
+                   "T and B are not in the kernels' keys, so one shape gives one entry per kernel and key")
+    r.add_argument("--directions", nargs="+", default=["fwd"], choices=["fwd", "fwd+bwd"],
+                   help="fwd: the forward's kernels on the forward; fwd+bwd: the backward's kernels on the step")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--deadline-s", type=float, default=240.0)
     r.add_argument("--sha", default=None)
     r.add_argument("--device", default="cuda")
-    r.add_argument(
-        "--known-bad",
-        action="append",
-        default=[],
-        metavar="OP:KERNEL:BV=32,num_warps=4,num_stages=1",
-        help="a config that crashes the device: never launched, recorded failed (repeatable)",
-    )
+    r.add_argument("--known-bad", action="append", default=[], metavar="OP:KERNEL:BV=32,num_warps=4,num_stages=1",
+                   help="a config that crashes the device: never launched, recorded failed (repeatable)")
     r.add_argument("--tiny", action="store_true", help="tiny shapes (a CPU dry run of the script, not a measurement)")
     r.add_argument("--workers", type=int, default=12, help="processes that precompile the drawn configs (0: none)")
     i = sub.add_parser("import")
@@ -578,9 +432,7 @@ def main() -> None:
     i.add_argument("--json", required=True)
     i.add_argument("--md", required=True)
     i.add_argument("--db", default="sqlite://")
-    i.add_argument(
-        "--sha", default=None, help="the code's git sha, for run files that did not record one (the others keep theirs)"
-    )
+    i.add_argument("--sha", default=None, help="the code's git sha, for run files that did not record one (the others keep theirs)")
     i.add_argument("--allow-cpu", action="store_true", help="accept a --tiny CPU dry run (never for the shipped file)")
     r.add_argument("--restarts", type=int, default=4, help="fresh processes after device crashes in the search")
     r.add_argument("--partial", default=None, help=argparse.SUPPRESS)  # a restarted child: the run so far

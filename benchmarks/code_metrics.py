@@ -23,13 +23,8 @@ PACKAGES = ("bench_server", "dashboards", "db", "kernels", "runners")
 
 
 def sources() -> list[Path]:
-    out = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout.split()
     return [ROOT / f for f in out if f.split("/")[0] in PACKAGES and (ROOT / f).is_file()]
 
 
@@ -117,14 +112,8 @@ def params_reads(tree: ast.AST) -> int:
     count = 0
     for n in ast.walk(tree):
         subscript = isinstance(n, ast.Subscript) and _is_params(n.value) and _is_str(n.slice)
-        get = (
-            isinstance(n, ast.Call)
-            and isinstance(n.func, ast.Attribute)
-            and n.func.attr == "get"
-            and _is_params(n.func.value)
-            and bool(n.args)
-            and _is_str(n.args[0])
-        )
+        get = (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get"
+               and _is_params(n.func.value) and bool(n.args) and _is_str(n.args[0]))
         count += subscript or get
     return count
 
@@ -132,23 +121,17 @@ def params_reads(tree: ast.AST) -> int:
 def duplicate_pairs(min_lines: int) -> str:
     if shutil.which("duplicates") is None:
         return "n/a (no `duplicates` on the PATH)"
-    out = subprocess.run(
-        ["duplicates", "--min-lines", str(min_lines), "--most", "1", "--seconds", "120"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    ).stdout
+    out = subprocess.run(["duplicates", "--min-lines", str(min_lines), "--most", "1", "--seconds", "120"], cwd=ROOT,
+                         capture_output=True, text=True).stdout
     first = out.splitlines()[0] if out else ""
     m = re.search(r"(\d+) pairs?", first)
     return m.group(1) if m else first
 
 
 def import_probe() -> str:
-    code = (
-        "import sys, time; t = time.perf_counter(); import bench_server.main; dt = time.perf_counter() - t; "
-        "print(f'{dt:.2f} s, {len(sys.modules)} modules in sys.modules, torch loaded: {\"torch\" in sys.modules}, '"
-        'f\'{sum(1 for m in sys.modules if m.split(".")[0] in {"bench_server","dashboards","db","kernels","runners"})} project modules\')'
-    )
+    code = ("import sys, time; t = time.perf_counter(); import bench_server.main; dt = time.perf_counter() - t; "
+            "print(f'{dt:.2f} s, {len(sys.modules)} modules in sys.modules, torch loaded: {\"torch\" in sys.modules}, '"
+            "f'{sum(1 for m in sys.modules if m.split(\".\")[0] in {\"bench_server\",\"dashboards\",\"db\",\"kernels\",\"runners\"})} project modules')")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     return r.stdout.strip() or r.stderr.strip().splitlines()[-1]
 
@@ -168,7 +151,7 @@ def main() -> None:
         sizes.append((len(text.splitlines()), name))
         funcs += [(lines, count, f"{name}.{fn}") for fn, lines, count in functions(tree)]
         graph[name] = imported(p, tree, known)
-        if r := params_reads(tree):
+        if (r := params_reads(tree)):
             reads[name] = r
     print(f"## Code metrics ({len(files)} modules, {sum(s for s, _ in sizes)} lines)\n")
     print("| largest modules | lines |\n|---|---:|")

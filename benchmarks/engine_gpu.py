@@ -42,9 +42,8 @@ def _inputs(op: str, T: int, H: int = 16, K: int = 128, V: int = 128) -> tuple[t
     from runners.point import PointSpec
     from runners.workload import make_workload
 
-    wl = make_workload(
-        PointSpec(op, "none", "triton", B=1, T=T, H=H, K=K, V=V, lb=-1.0, dtype="bfloat16", seed=0), device="cuda"
-    )
+    wl = make_workload(PointSpec(op, "none", "triton", B=1, T=T, H=H, K=K, V=V, lb=-1.0, dtype="bfloat16", seed=0),
+                       device="cuda")
     return wl.tensors
 
 
@@ -60,7 +59,7 @@ def honesty(lines: list[str], rounds: int = 3) -> None:
     calls = {}
     for op in ("gdn", "kda"):
         args = _inputs(op, 32768)
-        calls[f"{op} forward triton T=32768"] = lambda a=args, o=op: kernels.forward(o, *a, backend="triton")
+        calls[f"{op} forward triton T=32768"] = (lambda a=args, o=op: kernels.forward(o, *a, backend="triton"))
     a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
     calls["matmul bf16 8192^3"] = lambda: a @ b
@@ -80,9 +79,7 @@ def honesty(lines: list[str], rounds: int = 3) -> None:
             mine = statistics.median(res.samples_ms)
             theirs = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
             ratios.append(mine / theirs)
-            lines.append(
-                f"| {name} | {rnd} | {mine:.4f} ({len(res.samples_ms)}, {res.stop_reason}) | {theirs:.4f} | {mine / theirs:.4f} |"
-            )
+            lines.append(f"| {name} | {rnd} | {mine:.4f} ({len(res.samples_ms)}, {res.stop_reason}) | {theirs:.4f} | {mine / theirs:.4f} |")
         lines.append(f"| {name} | all | | | median ratio {statistics.median(ratios):.4f} |")
 
 
@@ -101,45 +98,19 @@ def points(world: int, out: Path, lines: list[str], ops: tuple[str, ...] = ("gdn
         gang.run(trivial, None, timeout_s=60)
         lat.append((time.perf_counter() - t) * 1e3)
     lines.append(f"## CUDA gang W={world}")
-    lines.append(
-        f"cold start (spawn + NCCL init) {cold:.2f} s; warm trivial job round trip median {statistics.median(lat):.2f} ms, "
-        f"max {max(lat):.2f} ms (n=20)"
-    )
-    modes = (
-        ["none", "warmup_correct", "all_gather", "true_cp", "ring", "headwise"]
-        if world == 1
-        else ["all_gather", "true_cp", "ring", "headwise"]
-    )
-    options = {
-        "timing": {"min_samples": 10, "max_samples": 100, "min_time_s": 0.2, "max_rel_iqr": 0.02, "timeout_s": 5.0},
-        "check": {"reference_tokens": 256},
-        "profile": True,
-    }
-    lines.append(
-        "| op | mode | W | err/none | err/ref | median ms | n | stop | collectives | expected | syncs | sync events | launches | peak MiB | wall s |"
-    )
+    lines.append(f"cold start (spawn + NCCL init) {cold:.2f} s; warm trivial job round trip median {statistics.median(lat):.2f} ms, "
+                 f"max {max(lat):.2f} ms (n=20)")
+    modes = ["none", "warmup_correct", "all_gather", "true_cp", "ring", "headwise"] if world == 1 else \
+        ["all_gather", "true_cp", "ring", "headwise"]
+    options = {"timing": {"min_samples": 10, "max_samples": 100, "min_time_s": 0.2, "max_rel_iqr": 0.02, "timeout_s": 5.0},
+               "check": {"reference_tokens": 256}, "profile": True}
+    lines.append("| op | mode | W | err/none | err/ref | median ms | n | stop | collectives | expected | syncs | sync events | launches | peak MiB | wall s |")
     lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for op in ops:
         for mode in modes:
             wc = {"segments": "auto", "tol": 1e-3, "window": "auto", "fallback": "exact"} if mode == "warmup_correct" else {}
-            point = PointSpec(
-                op,
-                mode,
-                "triton",
-                B=1,
-                T=8192,
-                H=16,
-                K=128,
-                V=128,
-                lb=-1.0,
-                W=world,
-                layout="contiguous",
-                direction="fwd",
-                dtype="bfloat16",
-                seed=0,
-                rep=0,
-                mode_options=wc,
-            )
+            point = PointSpec(op, mode, "triton", B=1, T=8192, H=16, K=128, V=128, lb=-1.0, W=world, layout="contiguous",
+                              direction="fwd", dtype="bfloat16", seed=0, rep=0, mode_options=wc)
             trace = out / f"trace_{op}_{mode}_W{world}.json.gz" if (op, mode) == ("gdn", modes[-1]) else None
             t = time.perf_counter()
             try:
@@ -172,9 +143,7 @@ def syncs(lines: list[str]) -> None:
     for name, fn in (("x.sum().item()", lambda: x.sum().item()), ("x.cpu()", lambda: x.cpu()), ("x * 2", lambda: x * 2)):
         fn()
         p = profile_step(fn, device=dev)
-        lines.append(
-            f"- `{name}`: host_syncs={p.host_syncs}, sync_events={p.sync_events}, kernel_launches={p.kernel_launches}"
-        )
+        lines.append(f"- `{name}`: host_syncs={p.host_syncs}, sync_events={p.sync_events}, kernel_launches={p.kernel_launches}")
 
 
 def main() -> None:
@@ -187,16 +156,11 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    lines = [
-        f"# engine_gpu W={args.world}: {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}, torch {torch.__version__}, "
-        f"CUDA {torch.version.cuda}"
-    ]
+    lines = [f"# engine_gpu W={args.world}: {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}, torch {torch.__version__}, "
+             f"CUDA {torch.version.cuda}"]
     shown = 0
-    for step in (
-        ("honesty", lambda: None if args.skip_honesty else honesty(lines, args.rounds)),
-        ("syncs", lambda: syncs(lines)),
-        ("points", lambda: points(args.world, out, lines, tuple(args.ops.split(",")))),
-    ):
+    for step in (("honesty", lambda: None if args.skip_honesty else honesty(lines, args.rounds)), ("syncs", lambda: syncs(lines)),
+                 ("points", lambda: points(args.world, out, lines, tuple(args.ops.split(","))))):
         t = time.perf_counter()
         try:
             step[1]()

@@ -43,9 +43,7 @@ def bench_store(url: str, points: int) -> dict[str, float]:
         })  # fmt: skip
     with session_scope(url) as s:
         sweep_id = crud.create_sweep(s, name="overhead", tags=["bench"], spec={}, points=rows).id
-        env_id = crud.get_or_create_environment(
-            s, facts={"device_name": "cpu", "torch": "x", "python": "3", "cpbench": "0", "host": "h"}
-        ).id
+        env_id = crud.get_or_create_environment(s, facts={"device_name": "cpu", "torch": "x", "python": "3", "cpbench": "0", "host": "h"}).id
         crud.register_worker(s, name="bench", host="h", pid=1, devices={}, environment_id=env_id)
     samples = [1.0 + 0.001 * i for i in range(200)]
     summary = {f"{k}_ms" if k != "n" else k: v for k, v in summarize(samples).as_dict().items()}
@@ -58,31 +56,11 @@ def bench_store(url: str, points: int) -> dict[str, float]:
             crud.touch_worker(s, name="bench", status="busy", current_point_id=pid)
         with session_scope(url) as s:
             art = crud.store_artifact(s, point_id=pid, kind="chrome_trace", path="/dev/null", size_bytes=0, sha256="0" * 64)
-            crud.store_measurement(
-                s,
-                point_id=pid,
-                environment_id=env_id,
-                worker="bench",
-                clock="wall",
-                samples=samples,
-                summary=summary,
-                stop_reason="noise",
-                err_vs_none=0.0,
-                err_vs_reference=1e-7,
-                configs={},
-                report={"timing": {}},
-            )
-            crud.store_profile(
-                s,
-                point_id=pid,
-                collectives={"all_gather": 1},
-                collective_bytes={"all_gather": 1024},
-                host_syncs=0,
-                sync_events={},
-                kernel_launches=3,
-                peak_memory_bytes=None,
-                artifact_id=art.id,
-            )
+            crud.store_measurement(s, point_id=pid, environment_id=env_id, worker="bench", clock="wall", samples=samples,
+                                   summary=summary, stop_reason="noise", err_vs_none=0.0, err_vs_reference=1e-7,
+                                   configs={}, report={"timing": {}})
+            crud.store_profile(s, point_id=pid, collectives={"all_gather": 1}, collective_bytes={"all_gather": 1024},
+                               host_syncs=0, sync_events={}, kernel_launches=3, peak_memory_bytes=None, artifact_id=art.id)
             assert complete_point(s, point_id=pid, worker="bench")
         with session_scope(url) as s:
             refresh_sweep_status(s, sweep_id=sweep_id)
@@ -90,12 +68,7 @@ def bench_store(url: str, points: int) -> dict[str, float]:
             crud.touch_worker(s, name="bench", status="idle", points_done_inc=1)
         times.append((time.perf_counter() - t0) * 1e3)
     times.sort()
-    return {
-        "median_ms": statistics.median(times),
-        "p90_ms": times[int(0.9 * (len(times) - 1))],
-        "max_ms": times[-1],
-        "n": len(times),
-    }
+    return {"median_ms": statistics.median(times), "p90_ms": times[int(0.9 * (len(times) - 1))], "max_ms": times[-1], "n": len(times)}
 
 
 def whoami(ctx: Any, payload: Any) -> dict[str, Any]:
@@ -148,13 +121,8 @@ def bench_worker(url: str, points: int) -> dict[str, float]:
     rows.sort(key=lambda r: r["claimed_at"])
     gaps = [(b["claimed_at"] - a["finished_at"]).total_seconds() * 1e3 for a, b in zip(rows, rows[1:], strict=False)]
     runs = [(r["finished_at"] - r["claimed_at"]).total_seconds() for r in rows]
-    return {
-        "gap_median_ms": statistics.median(gaps),
-        "gap_max_ms": max(gaps),
-        "first_s": runs[0],
-        "later_median_s": statistics.median(runs[1:]),
-        "n": len(rows),
-    }
+    return {"gap_median_ms": statistics.median(gaps), "gap_max_ms": max(gaps), "first_s": runs[0],
+            "later_median_s": statistics.median(runs[1:]), "n": len(rows)}
 
 
 def main() -> None:
@@ -168,22 +136,16 @@ def main() -> None:
     args = ap.parse_args()
     for url in args.db:
         r = bench_store(url, args.points)
-        print(
-            f"claim+store per point on {url.split('://')[0]}: median {r['median_ms']:.2f} ms, p90 {r['p90_ms']:.2f} ms, "
-            f"max {r['max_ms']:.2f} ms (n={r['n']})"
-        )
+        print(f"claim+store per point on {url.split('://')[0]}: median {r['median_ms']:.2f} ms, p90 {r['p90_ms']:.2f} ms, "
+              f"max {r['max_ms']:.2f} ms (n={r['n']})")
     if args.gang:
         r = bench_gang(args.gang_jobs)
-        print(
-            f"W=2 gloo gang: cold start (spawn + init) {r['cold_start_s']:.2f} s; warm job round trip median "
-            f"{r['job_median_ms']:.2f} ms, max {r['job_max_ms']:.2f} ms (n={r['n']})"
-        )
+        print(f"W=2 gloo gang: cold start (spawn + init) {r['cold_start_s']:.2f} s; warm job round trip median "
+              f"{r['job_median_ms']:.2f} ms, max {r['job_max_ms']:.2f} ms (n={r['n']})")
     if args.worker:
         r = bench_worker(args.worker, args.worker_points)
-        print(
-            f"worker, W=2 points back to back: finished -> next claimed median {r['gap_median_ms']:.1f} ms, max "
-            f"{r['gap_max_ms']:.1f} ms; first point {r['first_s']:.2f} s (gang start), later median {r['later_median_s']:.2f} s (n={r['n']})"
-        )
+        print(f"worker, W=2 points back to back: finished -> next claimed median {r['gap_median_ms']:.1f} ms, max "
+              f"{r['gap_max_ms']:.1f} ms; first point {r['first_s']:.2f} s (gang start), later median {r['later_median_s']:.2f} s (n={r['n']})")
 
 
 if __name__ == "__main__":

@@ -45,29 +45,16 @@ SHAPE = {"B": 1, "H": 16, "K": 128, "V": 128, "dtype": "bfloat16"}
 def _child(step: str, args: dict[str, Any], out: Path) -> dict[str, Any]:
     """Run `step` in a fresh process with an empty Triton cache; returns its JSON result."""
     res_path = out / f"_{step}_{args.get('op', 'all')}_{args.get('T', 0)}.json"
-    env = {
-        **os.environ,
-        "FLA_DISABLE_BACKEND_DISPATCH": "1",
-        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
-    }
+    env = {**os.environ, "FLA_DISABLE_BACKEND_DISPATCH": "1", "PYTHONPATH": os.pathsep.join(
+        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
     env.pop("FLA_CACHE_MODE", None)
     env.pop("FLA_CONFIG_DIR", None)
     if step == "export":
         env.update(FLA_CONFIG_DIR=str(out / "fla_configs"), FLA_CACHE_MODE="strict")
     with tempfile.TemporaryDirectory(prefix="triton-cache-") as cache:
         env["TRITON_CACHE_DIR"] = cache
-        cmd = [
-            sys.executable,
-            __file__,
-            "--child",
-            step,
-            "--child-args",
-            json.dumps(args),
-            "--out",
-            str(out),
-            "--result",
-            str(res_path),
-        ]
+        cmd = [sys.executable, __file__, "--child", step, "--child-args", json.dumps(args), "--out", str(out),
+               "--result", str(res_path)]
         proc = subprocess.run(cmd, env=env, cwd=REPO, timeout=args.get("timeout_s", 1800))
     if proc.returncode != 0:
         return {"error": f"{step} exited {proc.returncode}"}
@@ -94,9 +81,7 @@ def _load_export(out: Path) -> dict[str, dict[str, Any]]:
     return {p.stem: json.loads(p.read_text()) for p in sorted(d.glob("*.json"))}
 
 
-def _first_call(
-    op: str, T: int, direction: str, options: dict[str, Any]
-) -> tuple[Any, Any, float, list[tuple[str, tuple[Any, ...]]]]:
+def _first_call(op: str, T: int, direction: str, options: dict[str, Any]) -> tuple[Any, Any, float, list[tuple[str, tuple[Any, ...]]]]:
     import torch
 
     from runners.peers import fla_autotune as fa
@@ -145,20 +130,12 @@ def _tune(a: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     from runners.tuner.fla_export import fla_files_from_rows
     from runners.versions import software_versions
 
-    rows = tune_fla(
-        op=a["op"],
-        shapes=[{**SHAPE, "T": a["T"]}],
-        device="cuda",
-        options=a["options"],
-        spec=TuneSpec(budget=a["budget"], samples=a["samples"], direction=a["direction"]),
-    ).tuned_rows()
-    _merge_export(
-        out, fla_files_from_rows(rows, device_name=None, allow_cpu=False, triton_version=software_versions()["triton"])
-    )
-    return [
-        {"kernel": r.kernel, "key": r.key_str, "config": r.config, "tuned_ms": r.median_ms, "fla_pick_ms": r.default_ms}
-        for r in rows
-    ]
+    rows = tune_fla(op=a["op"], shapes=[{**SHAPE, "T": a["T"]}], device="cuda", options=a["options"],
+                    spec=TuneSpec(budget=a["budget"], samples=a["samples"], direction=a["direction"])).tuned_rows()
+    _merge_export(out, fla_files_from_rows(rows, device_name=None, allow_cpu=False,
+                                           triton_version=software_versions()["triton"]))
+    return [{"kernel": r.kernel, "key": r.key_str, "config": r.config, "tuned_ms": r.median_ms,
+             "fla_pick_ms": r.default_ms} for r in rows]
 
 
 def child_own(a: dict[str, Any], out: Path) -> dict[str, Any]:
@@ -170,10 +147,8 @@ def child_own(a: dict[str, Any], out: Path) -> dict[str, Any]:
     benches = _count_benchmarks()
     _case, run, first_s, touched = _first_call(a["op"], a["T"], a["direction"], a["options"])
     own_benchmarks = benches[0]
-    print(
-        f"{a['op']} T={a['T']}: first call with FLA's own autotune {first_s:.1f} s, {own_benchmarks} benchmark runs",
-        flush=True,
-    )
+    print(f"{a['op']} T={a['T']}: first call with FLA's own autotune {first_s:.1f} s, {own_benchmarks} "
+          "benchmark runs", flush=True)
     own = _picks(touched)
     own_cfg = {t: t.tuner.cache[t.key] for t in touched if t.key in t.tuner.cache}  # before the tuner pins
     tuned = _tune(a, out) if a.get("tune") else None
@@ -198,16 +173,10 @@ def child_own(a: dict[str, Any], out: Path) -> dict[str, Any]:
         ours_ms += timer(run, a["samples"])
     pin(ours_cfg)
     torch.save(_outputs(run()), out / f"_pinned_{a['op']}_{a['T']}.pt")
-    return {
-        "first_call_s": first_s,
-        "autotune_benchmarks": own_benchmarks,
-        "picks": own,
-        "tuned": tuned,
-        "steady_own_ms": statistics.median(own_ms),
-        "steady_ours_ms": statistics.median(ours_ms),
-        "keys_in_export": sum(1 for n, k, _t in touched if fa.entry_hash(k) in export.get(n, {}).get("autotune_entries", {})),
-        "keys_touched": len(touched),
-    }
+    return {"first_call_s": first_s, "autotune_benchmarks": own_benchmarks, "picks": own, "tuned": tuned,
+            "steady_own_ms": statistics.median(own_ms), "steady_ours_ms": statistics.median(ours_ms),
+            "keys_in_export": sum(1 for n, k, _t in touched if fa.entry_hash(k) in export.get(n, {}).get("autotune_entries", {})),
+            "keys_touched": len(touched)}
 
 
 def child_export(a: dict[str, Any], out: Path) -> dict[str, Any]:
@@ -223,27 +192,16 @@ def child_export(a: dict[str, Any], out: Path) -> dict[str, Any]:
     for n, k, _t in touched:
         entry = export.get(n, {}).get("autotune_entries", {}).get(fa.entry_hash(k))
         if entry is None or got.get(f"{n}|{fa.entry_hash(k)}") != entry["config"]:
-            mismatched.append(
-                {
-                    "kernel": n,
-                    "key": list(k),
-                    "exported": entry and entry["config"],
-                    "picked": got.get(f"{n}|{fa.entry_hash(k)}"),
-                }
-            )
+            mismatched.append({"kernel": n, "key": list(k), "exported": entry and entry["config"],
+                               "picked": got.get(f"{n}|{fa.entry_hash(k)}")})
     got_out = _outputs(run())
     ref_path = out / f"_pinned_{a['op']}_{a['T']}.pt"
     same = None
     if ref_path.exists():
         ref = torch.load(ref_path)
         same = len(ref) == len(got_out) and all(torch.equal(x, r) for x, r in zip(got_out, ref, strict=True))
-    return {
-        "first_call_s": first_s,
-        "autotune_benchmarks": benches[0],
-        "picks_match": not mismatched,
-        "mismatched": mismatched,
-        "identical_output": same,
-    }
+    return {"first_call_s": first_s, "autotune_benchmarks": benches[0], "picks_match": not mismatched,
+            "mismatched": mismatched, "identical_output": same}
 
 
 def _markdown(rows: list[dict[str, Any]], tune: dict[str, Any], argv: list[str], direction: str = "forward") -> str:
@@ -266,8 +224,7 @@ def _markdown(rows: list[dict[str, Any]], tune: dict[str, Any], argv: list[str],
         lines.append(
             f"| {r['op']} | {r['T']} | {own['first_call_s']:.1f} | {exp['first_call_s']:.1f} | {exp['autotune_benchmarks']} "
             f"| {exp['picks_match']} | {exp['identical_output']} | {own['steady_own_ms']:.3f} | {own['steady_ours_ms']:.3f} "
-            f"| {own['steady_ours_ms'] / own['steady_own_ms']:.3f} |"
-        )
+            f"| {own['steady_ours_ms'] / own['steady_own_ms']:.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -308,19 +265,8 @@ def main(argv: list[str] | None = None) -> None:
     write()
     for op in args.ops:
         for T in args.T:
-            own = _child(
-                "own",
-                {
-                    "op": op,
-                    "T": T,
-                    "samples": args.samples,
-                    "blocks": args.blocks,
-                    "tune": not args.skip_tune,
-                    "budget": args.budget,
-                    **side,
-                },
-                args.out,
-            )
+            own = _child("own", {"op": op, "T": T, "samples": args.samples, "blocks": args.blocks,
+                                 "tune": not args.skip_tune, "budget": args.budget, **side}, args.out)
             exp = _child("export", {"op": op, "T": T, **side}, args.out)
             rows.append({"op": op, "T": T, "own": own, "export": exp})
             print(json.dumps(rows[-1], default=str)[:2000], flush=True)

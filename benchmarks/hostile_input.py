@@ -41,14 +41,8 @@ def main() -> None:
         url = f"sqlite:///{Path(tmp) / 'bench.db'}"
         upgrade(url)
         app = create_app(ServerSettings(DATABASE_URL=url, API_TOKEN=TOKEN))
-        body = json.dumps(
-            {
-                "name": "big",
-                "ops": ["gdn"],
-                "modes": ["none"],
-                "axes": {"T": list(range(1, args.values + 1)), "H": 2, "K": 16, "V": 16},
-            }
-        )
+        body = json.dumps({"name": "big", "ops": ["gdn"], "modes": ["none"],
+                           "axes": {"T": list(range(1, args.values + 1)), "H": 2, "K": 16, "V": 16}})
         with LiveServer(app) as live, httpx.Client(base_url=live.url, timeout=120) as c:
             c.get("/healthz")
             latencies: list[tuple[float, float]] = []  # (start, ms)
@@ -68,11 +62,8 @@ def main() -> None:
             posts: list[tuple[float, float, int]] = []
             for _ in range(args.repeat):
                 t0 = time.perf_counter()
-                r = c.post(
-                    "/api/v1/sweeps",
-                    content=body,
-                    headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
-                )
+                r = c.post("/api/v1/sweeps", content=body,
+                           headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
                 posts.append((t0, time.perf_counter(), r.status_code))
                 time.sleep(0.3)
             done.set()
@@ -93,18 +84,14 @@ def main() -> None:
         during = [ms for s0, ms in latencies if any(a <= s0 <= b for a, b, _ in posts)]
         before = [ms for s0, ms in latencies if s0 < posts[0][0]]
         walls = sorted((b - a) * 1e3 for a, b, _ in posts)
-        print(
-            f"body {len(body) / 2**20:.2f} MiB ({args.values} values): HTTP {sorted({c for *_, c in posts})}, "
-            f"request wall median {statistics.median(walls):.1f} ms (upload + JSON parse {parse_ms:.1f} ms + validation)"
-        )
+        print(f"body {len(body) / 2**20:.2f} MiB ({args.values} values): HTTP {sorted({c for *_, c in posts})}, "
+              f"request wall median {statistics.median(walls):.1f} ms (upload + JSON parse {parse_ms:.1f} ms + validation)")
         print(f"spec validation of the parsed body: median {statistics.median(took):.2f} ms")
         if before:
             print(f"/healthz before: median {statistics.median(before):.1f} ms over {len(before)} calls")
         if during:
-            print(
-                f"/healthz during the POSTs: median {statistics.median(during):.1f} ms, max {max(during):.1f} ms "
-                f"over {len(during)} calls"
-            )
+            print(f"/healthz during the POSTs: median {statistics.median(during):.1f} ms, max {max(during):.1f} ms "
+                  f"over {len(during)} calls")
 
 
 if __name__ == "__main__":

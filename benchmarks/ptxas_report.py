@@ -31,55 +31,10 @@ SHAPE = {"H": 16, "K": 128, "V": 128, "BT": 64}
 BF16, F32 = "*bf16", "*fp32"
 # per kernel: its pointer arguments' element types (fp32 where the launcher passes fp32) and scalar arguments
 SIGNATURES: dict[str, dict[str, str]] = {
-    "chunk_bwd_dqk": {
-        "q": BF16,
-        "k": BF16,
-        "g": BF16,
-        "h": BF16,
-        "dh": BF16,
-        "v_new": BF16,
-        "dv_new": BF16,
-        "do": BF16,
-        "dq": BF16,
-        "dk": F32,
-        "dw": BF16,
-        "dg": F32,
-        "scale": "fp32",
-        "T": "i32",
-    },
-    "wy_bwd": {
-        "k": BF16,
-        "v": BF16,
-        "g": BF16,
-        "beta": BF16,
-        "tt": BF16,
-        "w": BF16,
-        "u": BF16,
-        "dv_new": BF16,
-        "dw": BF16,
-        "dk_part": F32,
-        "dg_part": F32,
-        "dk": BF16,
-        "dv": BF16,
-        "dbeta": BF16,
-        "dg": BF16,
-        "T": "i32",
-    },
+    "chunk_bwd_dqk": {"q": BF16, "k": BF16, "g": BF16, "h": BF16, "dh": BF16, "v_new": BF16, "dv_new": BF16, "do": BF16, "dq": BF16, "dk": F32, "dw": BF16, "dg": F32, "scale": "fp32", "T": "i32"},
+    "wy_bwd": {"k": BF16, "v": BF16, "g": BF16, "beta": BF16, "tt": BF16, "w": BF16, "u": BF16, "dv_new": BF16, "dw": BF16, "dk_part": F32, "dg_part": F32, "dk": BF16, "dv": BF16, "dbeta": BF16, "dg": BF16, "T": "i32"},
     "wy_inverse": {"k": BF16, "g": BF16, "beta": BF16, "tt": BF16, "kg": BF16, "gc": F32, "T": "i32"},
-    "chunk_state_bwd": {
-        "q": BF16,
-        "k": BF16,
-        "w": BF16,
-        "g": F32,
-        "aqk": BF16,
-        "do": BF16,
-        "dht": F32,
-        "dh": BF16,
-        "dv_new": BF16,
-        "ds_out": F32,
-        "scale": "fp32",
-        "T": "i32",
-    },
+    "chunk_state_bwd": {"q": BF16, "k": BF16, "w": BF16, "g": F32, "aqk": BF16, "do": BF16, "dht": F32, "dh": BF16, "dv_new": BF16, "ds_out": F32, "scale": "fp32", "T": "i32"},
 }
 _KERNEL_FNS = {
     "chunk_bwd_dqk": ("kernels.common.chunk_bwd", "chunk_bwd_dqk_kernel"),
@@ -105,24 +60,15 @@ def _constexprs(kernel: str, op: str, cfg: dict[str, int]) -> dict[str, Any]:
     from kernels.common.chunk_bwd import VECTOR_GATE_DOT
 
     gate_vector = op == "kda"
-    base: dict[str, Any] = {**SHAPE, "GATE_VECTOR": gate_vector, "IS_VARLEN": False, "cu_seqlens": None, "chunk_indices": None}
+    base: dict[str, Any] = {**SHAPE, "GATE_VECTOR": gate_vector, "IS_VARLEN": False, "cu_seqlens": None,
+                            "chunk_indices": None}
     if kernel in ("chunk_bwd_dqk", "wy_bwd"):
         return {**base, "BK": cfg["BK"], "BV": cfg["BV"], "DOT_PREC": VECTOR_GATE_DOT}
     if kernel == "wy_inverse":
         return {**base, "BK": cfg["BK"]}
     # chunk_state_bwd, main launch of a plain (unsplit) pass: dht given, dh and dv_new stored, ds_out stored
-    return {
-        **base,
-        "BV": cfg["BV"],
-        "chunk_offsets": None,
-        "seq_map": None,
-        "final_idx": None,
-        "USE_DHT": True,
-        "STORE_DS": True,
-        "STORE_DH": True,
-        "USE_SEQ_MAP": False,
-        "USE_FINAL_IDX": False,
-    }
+    return {**base, "BV": cfg["BV"], "chunk_offsets": None, "seq_map": None, "final_idx": None, "USE_DHT": True,
+            "STORE_DS": True, "STORE_DH": True, "USE_SEQ_MAP": False, "USE_FINAL_IDX": False}
 
 
 def compile_report(kernel: str, op: str, cfg: dict[str, int], arch: int = 90) -> dict[str, Any]:
@@ -141,34 +87,23 @@ def compile_report(kernel: str, op: str, cfg: dict[str, int], arch: int = 90) ->
         else:
             sig[name] = "constexpr"
             cx[(i,)] = consts[name]
-    compiled = triton.compile(
-        ASTSource(fn=fn, signature=sig, constexprs=cx),
-        target=GPUTarget("cuda", arch, 32),
-        options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]},
-    )
+    compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx), target=GPUTarget("cuda", arch, 32),
+                              options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "k.ptx"
         src.write_text(compiled.asm["ptx"])
         gpu = f"sm_{arch}a" if arch == 90 else f"sm_{arch}"
-        done = subprocess.run(
-            [str(ptxas), "-v", f"--gpu-name={gpu}", str(src), "-o", str(Path(tmp) / "k.cubin")],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        done = subprocess.run([str(ptxas), "-v", f"--gpu-name={gpu}", str(src), "-o", str(Path(tmp) / "k.cubin")],
+                              capture_output=True, text=True, timeout=600)
     text = done.stdout + done.stderr
     if done.returncode != 0:
         raise RuntimeError(f"ptxas failed for {kernel} {cfg}: {text.strip().splitlines()[-1] if text.strip() else ''}")
     regs = re.search(r"Used (\d+) registers", text)
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
     smem = compiled.metadata.shared
-    return {
-        "regs": int(regs.group(1)) if regs else None,
-        "spill_stores": int(spill.group(1)) if spill else None,
-        "spill_loads": int(spill.group(2)) if spill else None,
-        "shared": int(smem),
-    }
+    return {"regs": int(regs.group(1)) if regs else None, "spill_stores": int(spill.group(1)) if spill else None,
+            "spill_loads": int(spill.group(2)) if spill else None, "shared": int(smem)}
 
 
 def configs_of(kernel: str, every: bool) -> list[dict[str, int]]:
@@ -189,11 +124,8 @@ def configs_of(kernel: str, every: bool) -> list[dict[str, int]]:
             if cand not in out:
                 out.append(cand)
     # the two knobs that drive register pressure together: the smallest column block at the most warps
-    small = {
-        **default,
-        **{k: min(spec.space[k]) for k in ("BK", "BV") if k in spec.space and k in default},
-        "num_warps": max(spec.space["num_warps"]),
-    }
+    small = {**default, **{k: min(spec.space[k]) for k in ("BK", "BV") if k in spec.space and k in default},
+             "num_warps": max(spec.space["num_warps"])}
     if small not in out:
         out.append(small)
     return out
@@ -207,14 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ops", nargs="+", default=["gdn", "kda"], choices=["gdn", "kda"])
     ap.add_argument("--kernels", nargs="+", default=list(SIGNATURES), choices=list(SIGNATURES))
     ap.add_argument("--all-configs", action="store_true")
-    ap.add_argument(
-        "--config",
-        action="append",
-        default=[],
-        type=json.loads,
-        metavar="JSON",
-        help='only these configs, e.g. \'{"BK": 32, "num_warps": 1, "num_stages": 2}\' (repeatable)',
-    )
+    ap.add_argument("--config", action="append", default=[], type=json.loads, metavar="JSON",
+                    help='only these configs, e.g. \'{"BK": 32, "num_warps": 1, "num_stages": 2}\' (repeatable)')
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--out", type=Path, default=None, help="write the Markdown table here (default: print it)")
     args = ap.parse_args(argv)
@@ -224,17 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     import kernels.common.state_bwd  # noqa: F401
     from kernels.configs import get_spec
 
-    lines = [
-        f"# Registers and spills of the backward kernels (compile only: Triton {triton.__version__}, its ptxas, "
-        f"sm_{args.arch}; H=16 K=V=128 BT=64 bf16 dense)",
-        "",
-        f"command: `python benchmarks/ptxas_report.py {' '.join(argv if argv is not None else sys.argv[1:])}`",
-        "",
-        "Bytes spilled per thread (stores / loads); 255 registers is the per-thread maximum. `*` = the default.",
-        "",
-        "| kernel | op | config | regs | spill stores | spill loads | shared B |",
-        "|---|---|---|---:|---:|---:|---:|",
-    ]
+    lines = [f"# Registers and spills of the backward kernels (compile only: Triton {triton.__version__}, its ptxas, "
+             f"sm_{args.arch}; H=16 K=V=128 BT=64 bf16 dense)", "",
+             f"command: `python benchmarks/ptxas_report.py {' '.join(argv if argv is not None else sys.argv[1:])}`", "",
+             "Bytes spilled per thread (stores / loads); 255 registers is the per-thread maximum. `*` = the default.",
+             "", "| kernel | op | config | regs | spill stores | spill loads | shared B |", "|---|---|---|---:|---:|---:|---:|"]
     for kernel in args.kernels:
         default = get_spec(kernel).default.as_dict()
         for op in args.ops:

@@ -15,16 +15,8 @@ import shutil
 import sys
 from pathlib import Path
 
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 WAIT_PLOTS = "() => [...document.querySelectorAll('.js-plotly-plot')].every(el => el._fullLayout)"
 
 
@@ -35,12 +27,8 @@ def shoot(url: str, sweep: int, out: Path, *, query: str = "", chromium: str | N
     out.mkdir(parents=True, exist_ok=True)
     saved: list[Path] = []
     url = url.rstrip("/")
-    pages = [
-        ("index", "/"),
-        (f"sweep-{sweep}", f"/sweeps/{sweep}" + (f"?{query}" if query else "")),
-        ("tuning", "/tuning"),
-        ("history", "/history"),
-    ]
+    pages = [("index", "/"), (f"sweep-{sweep}", f"/sweeps/{sweep}" + (f"?{query}" if query else "")),
+             ("tuning", "/tuning"), ("history", "/history")]
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
         page = browser.new_page(viewport={"width": width, "height": 900}, device_scale_factor=1)

@@ -52,7 +52,8 @@ from dataclasses import dataclass, field
 
 from kernels.vocabulary import COUNTED_DIRECTIONS, HAND_BACKWARD, LAYOUTS, MODES, OPS, SINGLE_DEVICE, collective_count
 
-__all__ = ["CHUNK_SIZE", "TRANSITION_COST", "CommCost", "bytes_per_token", "comm_cost", "crossing_cuts", "model_speedup"]
+__all__ = ["CHUNK_SIZE", "TRANSITION_COST", "CommCost", "bytes_per_token", "comm_cost", "crossing_cuts",
+           "model_speedup"]
 
 CHUNK_SIZE = 64
 TRANSITION_COST = 0.5  # a transition (M, S_ext) per token, relative to a forward per token (assumed)
@@ -139,32 +140,14 @@ def comm_cost(
             raise ValueError(f"{name} must be >= 1, got {name}={value!r}")
     if mode not in MODES or direction not in COUNTED_DIRECTIONS:
         return None
-    kw = {
-        "B": B,
-        "T": T,
-        "H": H,
-        "K": K,
-        "V": V,
-        "W": W,
-        "dtype_bytes": dtype_bytes,
-        "op": op,
-        "layout": layout,
-        "lengths": lengths,
-        "gate_bytes": gate_bytes,
-        "state_bytes": state_bytes,
-        "warmup_chunks": warmup_chunks,
-    }
+    kw = {"B": B, "T": T, "H": H, "K": K, "V": V, "W": W, "dtype_bytes": dtype_bytes, "op": op, "layout": layout,
+          "lengths": lengths, "gate_bytes": gate_bytes, "state_bytes": state_bytes, "warmup_chunks": warmup_chunks}
     if direction == "fwd+bwd":
         f, b = _forward(mode, **kw), _backward(mode, **kw)
         if f is None or b is None:
             return None
-        return CommCost(
-            mode,
-            _add(f.collectives, b.collectives),
-            _add(f.payload_bytes, b.payload_bytes),
-            f.bytes_out + b.bytes_out,
-            f.bytes_in + b.bytes_in,
-        )
+        return CommCost(mode, _add(f.collectives, b.collectives), _add(f.payload_bytes, b.payload_bytes),
+                        f.bytes_out + b.bytes_out, f.bytes_in + b.bytes_in)
     return (_backward if direction == "bwd" else _forward)(mode, **kw)
 
 
@@ -180,40 +163,12 @@ def _calls(mode: str, direction: str, seqs: list[int], W: int, layout: str) -> t
     return calls, messages, busiest
 
 
-def _backward(
-    mode: str,
-    *,
-    B: int,
-    T: int,
-    H: int,
-    K: int,
-    V: int,
-    W: int,
-    dtype_bytes: int,
-    op: str,
-    layout: str,
-    lengths: Sequence[int] | None,
-    gate_bytes: int,
-    state_bytes: int,
-    warmup_chunks: int | None,
-) -> CommCost | None:
+def _backward(mode: str, *, B: int, T: int, H: int, K: int, V: int, W: int, dtype_bytes: int, op: str, layout: str,
+              lengths: Sequence[int] | None, gate_bytes: int, state_bytes: int, warmup_chunks: int | None,
+              ) -> CommCost | None:
     if mode == "headwise":  # the gradients of the same tensors, in the same dtypes
-        return _forward(
-            mode,
-            B=B,
-            T=T,
-            H=H,
-            K=K,
-            V=V,
-            W=W,
-            dtype_bytes=dtype_bytes,
-            op=op,
-            layout=layout,
-            lengths=lengths,
-            gate_bytes=gate_bytes,
-            state_bytes=state_bytes,
-            warmup_chunks=warmup_chunks,
-        )
+        return _forward(mode, B=B, T=T, H=H, K=K, V=V, W=W, dtype_bytes=dtype_bytes, op=op, layout=layout,
+                        lengths=lengths, gate_bytes=gate_bytes, state_bytes=state_bytes, warmup_chunks=warmup_chunks)
     seqs = list(lengths) if lengths else [T] * B
     calls, messages, busiest = _calls(mode, "bwd", seqs, W, layout)
     if mode == "tail_exchange" and warmup_chunks is None:
@@ -226,45 +181,14 @@ def _backward(
         return CommCost(mode, calls, {"reduce_scatter": payload}, wire, wire)
     if mode == "true_cp":
         return _all_gather(mode, calls, (1 if layout == "contiguous" else 2) * H * K * V * state_bytes, W)
-    return _chain(
-        mode,
-        calls,
-        _message(
-            mode,
-            seqs,
-            H=H,
-            K=K,
-            V=V,
-            W=W,
-            dtype_bytes=dtype_bytes,
-            op=op,
-            layout=layout,
-            gate_bytes=gate_bytes,
-            state_bytes=state_bytes,
-            warmup_chunks=warmup_chunks,
-        ),
-        messages,
-        busiest,
-    )
+    return _chain(mode, calls, _message(mode, seqs, H=H, K=K, V=V, W=W, dtype_bytes=dtype_bytes, op=op, layout=layout,
+                                        gate_bytes=gate_bytes, state_bytes=state_bytes, warmup_chunks=warmup_chunks),
+                  messages, busiest)
 
 
-def _forward(
-    mode: str,
-    *,
-    B: int,
-    T: int,
-    H: int,
-    K: int,
-    V: int,
-    W: int,
-    dtype_bytes: int,
-    op: str,
-    layout: str,
-    lengths: Sequence[int] | None,
-    gate_bytes: int,
-    state_bytes: int,
-    warmup_chunks: int | None,
-) -> CommCost | None:
+def _forward(mode: str, *, B: int, T: int, H: int, K: int, V: int, W: int, dtype_bytes: int, op: str, layout: str,
+             lengths: Sequence[int] | None, gate_bytes: int, state_bytes: int, warmup_chunks: int | None,
+             ) -> CommCost | None:
     seqs = list(lengths) if lengths else [T] * B
     local = sum(seqs) // W
     tok_in, tok_out = bytes_per_token(op, H=H, K=K, V=V, dtype_bytes=dtype_bytes, gate_bytes=gate_bytes)
@@ -281,43 +205,13 @@ def _forward(
         return _all_gather(mode, calls, local * tok_in, W)
     if mode == "true_cp":
         return _all_gather(mode, calls, (1 if layout == "contiguous" else 2) * H * K * (K + V) * state_bytes, W)
-    return _chain(
-        mode,
-        calls,
-        _message(
-            mode,
-            seqs,
-            H=H,
-            K=K,
-            V=V,
-            W=W,
-            dtype_bytes=dtype_bytes,
-            op=op,
-            layout=layout,
-            gate_bytes=gate_bytes,
-            state_bytes=state_bytes,
-            warmup_chunks=warmup_chunks,
-        ),
-        messages,
-        busiest,
-    )
+    return _chain(mode, calls, _message(mode, seqs, H=H, K=K, V=V, W=W, dtype_bytes=dtype_bytes, op=op, layout=layout,
+                                        gate_bytes=gate_bytes, state_bytes=state_bytes, warmup_chunks=warmup_chunks),
+                  messages, busiest)
 
 
-def _message(
-    mode: str,
-    seqs: list[int],
-    *,
-    H: int,
-    K: int,
-    V: int,
-    W: int,
-    dtype_bytes: int,
-    op: str,
-    layout: str,
-    gate_bytes: int,
-    state_bytes: int,
-    warmup_chunks: int | None,
-) -> int:
+def _message(mode: str, seqs: list[int], *, H: int, K: int, V: int, W: int, dtype_bytes: int, op: str, layout: str,
+             gate_bytes: int, state_bytes: int, warmup_chunks: int | None) -> int:
     """Bytes of one point-to-point hand-off: a state (ring), or a tail window of k, v, g, beta (tail_exchange)."""
     if mode == "ring":
         return H * K * V * state_bytes

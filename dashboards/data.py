@@ -90,7 +90,8 @@ def apply_slice(rows: Sequence[dict[str, Any]], selection: Mapping[str, Any]) ->
         want = _coerce(selection.get(axis), values[0])
         chosen[axis] = want if want in values else values[0]
     fixed = {a: v for a, v in chosen.items() if not (a in ALL_AXES and v == ALL)}
-    kept = [r for r in rows if all(r.get(a) == v for a, v in fixed.items() if not (a == "layout" and r.get("mode") == "none"))]
+    kept = [r for r in rows
+            if all(r.get(a) == v for a, v in fixed.items() if not (a == "layout" and r.get("mode") == "none"))]
     return kept, chosen
 
 
@@ -107,9 +108,8 @@ def display_status(status: str, progress: Mapping[str, int]) -> str:
     return "done with failures" if progress.get("done") else "failed"
 
 
-def sweep_index(
-    session: Session, *, name: str | None = None, tag: str | None = None, status: str | None = None, limit: int = INDEX_LIMIT
-) -> list[dict[str, Any]]:
+def sweep_index(session: Session, *, name: str | None = None, tag: str | None = None, status: str | None = None,
+                limit: int = INDEX_LIMIT) -> list[dict[str, Any]]:
     """Groups of sweeps, newest first: one group per regression run (its sweeps share a `regress-run:` tag), one
     per other sweep. A group is {"sweep": newest, "progress", "status" (shown), "members": [{"sweep", "progress",
     "status"}, ...] (newest first), "run": the run id or None, "tags": the newest's tags but the run tag}; the
@@ -126,16 +126,11 @@ def sweep_index(
         members = [m for m in members if m["status"] == status or (status == "failed" and m["status"] == "done with failures")]
     groups: dict[Any, dict[str, Any]] = {}
     for m in members:
-        run = next((t[len(REGRESS_RUN_TAG) :] for t in (m["sweep"].tags or []) if t.startswith(REGRESS_RUN_TAG)), None)
+        run = next((t[len(REGRESS_RUN_TAG):] for t in (m["sweep"].tags or []) if t.startswith(REGRESS_RUN_TAG)), None)
         key = ("run", run) if run else ("sweep", m["sweep"].id)
         if key not in groups:
-            groups[key] = {
-                "sweep": m["sweep"],
-                "run": run,
-                "members": [],
-                "progress": dict.fromkeys(m["progress"], 0),
-                "tags": [t for t in (m["sweep"].tags or []) if not t.startswith(REGRESS_RUN_TAG)],
-            }
+            groups[key] = {"sweep": m["sweep"], "run": run, "members": [], "progress": dict.fromkeys(m["progress"], 0),
+                           "tags": [t for t in (m["sweep"].tags or []) if not t.startswith(REGRESS_RUN_TAG)]}
         g = groups[key]
         g["members"].append(m)
         for k, v in m["progress"].items():
@@ -148,35 +143,15 @@ def sweep_index(
 
 
 def _trial_dict(t: TuningTrial) -> dict[str, Any]:
-    return {
-        c: getattr(t, c)
-        for c in (
-            "id",
-            "sweep_id",
-            "device_name",
-            "kernel",
-            "key",
-            "key_str",
-            "config",
-            "strategy",
-            "rung",
-            "status",
-            "median_ms",
-            "n",
-            "error",
-            "created_at",
-        )
-    }
+    return {c: getattr(t, c) for c in ("id", "sweep_id", "device_name", "kernel", "key", "key_str", "config", "strategy",
+                                       "rung", "status", "median_ms", "n", "error", "created_at")}
 
 
-def tuning_rows(
-    session: Session, *, sweep_id: int | None = None, device_name: str | None = None, kernel: str | None = None
-) -> list[dict[str, Any]]:
+def tuning_rows(session: Session, *, sweep_id: int | None = None, device_name: str | None = None,
+                kernel: str | None = None) -> list[dict[str, Any]]:
     """Tuning trials, oldest first; `chosen` is True on the trial whose config is the stored winner of its key."""
     trials = crud.list_trials(session, kernel=kernel, sweep_id=sweep_id, device_name=device_name)
-    winners = {
-        (c.kernel, c.key_str, c.device_name): c.config for c in crud.list_tuned_configs(session, device_name=device_name)
-    }
+    winners = {(c.kernel, c.key_str, c.device_name): c.config for c in crud.list_tuned_configs(session, device_name=device_name)}
     rows = []
     for t in trials:
         row = _trial_dict(t)
@@ -189,21 +164,13 @@ def tuned_config_rows(session: Session, *, device_name: str | None = None) -> li
     """The winning configs with their margin over the runner-up and over the default config."""
     out = []
     for c in crud.list_tuned_configs(session, device_name=device_name):
-        out.append(
-            {
-                "kernel": c.kernel,
-                "key": c.key_str,
-                "device_name": c.device_name,
-                "config": c.config,
-                "median_ms": c.median_ms,
-                "default_ms": c.default_ms,
-                "runner_up_ms": c.runner_up_ms,
-                "vs_runner_up": c.runner_up_ms / c.median_ms if c.runner_up_ms and c.median_ms else None,
-                "vs_default": c.default_ms / c.median_ms if c.default_ms and c.median_ms else None,
-                "sweep_id": c.sweep_id,
-                "measured_at": c.measured_at,
-            }
-        )
+        out.append({
+            "kernel": c.kernel, "key": c.key_str, "device_name": c.device_name, "config": c.config,
+            "median_ms": c.median_ms, "default_ms": c.default_ms, "runner_up_ms": c.runner_up_ms,
+            "vs_runner_up": c.runner_up_ms / c.median_ms if c.runner_up_ms and c.median_ms else None,
+            "vs_default": c.default_ms / c.median_ms if c.default_ms and c.median_ms else None,
+            "sweep_id": c.sweep_id, "measured_at": c.measured_at,
+        })
     return out
 
 
@@ -241,19 +208,9 @@ def history_rows(session: Session, *, keys: Sequence[str]) -> list[dict[str, Any
             continue
         s, v = sweeps[sweep_id], verdicts.get((key, sweep_id))
         out[(key, sweep_id)] = {
-            "key": key,
-            "mode": mode,
-            "device_name": device,
-            "sweep_id": sweep_id,
-            "sweep_name": s.name,
-            "at": s.created_at,
-            "median_ms": med,
-            "p10_ms": p10,
-            "p90_ms": p90,
-            "verdict": v.verdict if v else None,
-            "ratio": v.ratio if v else None,
-            "q_value": v.q_value if v else None,
-            "run_id": v.run_id if v else None,
+            "key": key, "mode": mode, "device_name": device, "sweep_id": sweep_id, "sweep_name": s.name, "at": s.created_at,
+            "median_ms": med, "p10_ms": p10, "p90_ms": p90, "verdict": v.verdict if v else None,
+            "ratio": v.ratio if v else None, "q_value": v.q_value if v else None, "run_id": v.run_id if v else None,
             "baseline_ref": v.baseline_ref if v else None,
         }
     return list(out.values())

@@ -37,15 +37,8 @@ def figure_div(fig: go.Figure, div_id: str, *, keep_title: bool = False) -> str:
     """
     if not keep_title:
         fig = go.Figure(fig).update_layout(title=None, margin={"t": 40})
-    return pio.to_html(
-        fig,
-        full_html=False,
-        include_plotlyjs=False,
-        include_mathjax=False,
-        div_id=div_id,
-        config=PLOTLY_CONFIG,
-        default_height=fig.layout.height or 450,
-    )
+    return pio.to_html(fig, full_html=False, include_plotlyjs=False, include_mathjax=False, div_id=div_id,
+                       config=PLOTLY_CONFIG, default_height=fig.layout.height or 450)
 
 
 def _cell(value: Any) -> Any:

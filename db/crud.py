@@ -85,12 +85,7 @@ def ping(session: Session) -> None:
 
 
 def create_sweep(
-    session: Session,
-    *,
-    name: str,
-    tags: Sequence[str],
-    spec: Mapping[str, Any],
-    points: Sequence[Mapping[str, Any]],
+    session: Session, *, name: str, tags: Sequence[str], spec: Mapping[str, Any], points: Sequence[Mapping[str, Any]],
     owner: str | None = None,
 ) -> Sweep:
     """Store a sweep and its expanded points (queued, or skipped with a reason).
@@ -152,8 +147,7 @@ def point_done_by(session: Session, *, point_id: int, worker: str) -> bool:
     """The point is `done` with a measurement by `worker` (its result is stored, e.g. by a commit whose answer was
     lost in an outage)."""
     row = session.execute(
-        select(Point.status)
-        .join(Measurement, Measurement.point_id == Point.id)
+        select(Point.status).join(Measurement, Measurement.point_id == Point.id)
         .where(Point.id == point_id, Measurement.worker == worker)
     ).first()
     return row is not None and row[0] == "done"
@@ -205,11 +199,8 @@ def sweeps_progress(session: Session, *, sweep_ids: Sequence[int]) -> dict[int, 
     out = {i: {**dict.fromkeys(POINT_STATUSES, 0), "total": 0} for i in sweep_ids}
     if not out:
         return out
-    stmt = (
-        select(Point.sweep_id, Point.status, func.count())
-        .where(Point.sweep_id.in_(list(sweep_ids)))
-        .group_by(Point.sweep_id, Point.status)
-    )
+    stmt = (select(Point.sweep_id, Point.status, func.count()).where(Point.sweep_id.in_(list(sweep_ids)))
+            .group_by(Point.sweep_id, Point.status))
     for sweep_id, status, count in session.execute(stmt).all():
         out[sweep_id][status] = count
         out[sweep_id]["total"] += count
@@ -230,21 +221,12 @@ def point_keys(session: Session, *, sweep_ids: Sequence[int]) -> list[str]:
 def done_medians(session: Session, *, keys: Sequence[str], sweep_ids: Sequence[int]) -> list[tuple[Any, ...]]:
     """(key, mode, sweep_id, median_ms, p10_ms, p90_ms, device_name) of the `done` points of these keys in these
     sweeps, by sweep then point."""
-    stmt = (
-        select(
-            Point.key,
-            Point.mode,
-            Point.sweep_id,
-            Measurement.median_ms,
-            Measurement.p10_ms,
-            Measurement.p90_ms,
-            Environment.device_name,
-        )
-        .join(Measurement, Measurement.point_id == Point.id)
-        .outerjoin(Environment, Environment.id == Measurement.environment_id)
-        .where(Point.key.in_(list(keys)), Point.sweep_id.in_(list(sweep_ids)), Point.status == "done")
-        .order_by(Point.sweep_id, Point.id)
-    )
+    stmt = (select(Point.key, Point.mode, Point.sweep_id, Measurement.median_ms, Measurement.p10_ms, Measurement.p90_ms,
+                   Environment.device_name)
+            .join(Measurement, Measurement.point_id == Point.id)
+            .outerjoin(Environment, Environment.id == Measurement.environment_id)
+            .where(Point.key.in_(list(keys)), Point.sweep_id.in_(list(sweep_ids)), Point.status == "done")
+            .order_by(Point.sweep_id, Point.id))
     return [tuple(r) for r in session.execute(stmt).all()]
 
 
@@ -292,13 +274,7 @@ def get_environment(session: Session, *, environment_id: int) -> Environment | N
 
 
 def register_worker(
-    session: Session,
-    *,
-    name: str,
-    host: str,
-    pid: int,
-    devices: Mapping[str, Any],
-    environment_id: int | None,
+    session: Session, *, name: str, host: str, pid: int, devices: Mapping[str, Any], environment_id: int | None,
     lease_s: float | None = None,
 ) -> Worker:
     """Record a starting worker (a worker restarted under the same name is reset)."""
@@ -335,13 +311,8 @@ def touch_worker(
 def beat_worker(session: Session, *, name: str) -> bool:
     """Renew a worker's heartbeat (during a point: its status stays); False when no such worker is registered."""
     begin_write(session)
-    matched = execute_rowcount(
-        session,
-        update(Worker)
-        .where(Worker.name == name)
-        .values(last_heartbeat=store_now(session))
-        .execution_options(synchronize_session=False),
-    )
+    matched = execute_rowcount(session, update(Worker).where(Worker.name == name).values(last_heartbeat=store_now(session))
+                               .execution_options(synchronize_session=False))
     return matched == 1
 
 
@@ -350,7 +321,7 @@ def list_workers(session: Session) -> list[Worker]:
 
 
 def worker_state(worker: Worker, now: datetime, default_lease_s: float) -> str:
-    """ "idle" | "busy" | "stopped", or "lost" when it is not stopped and its heartbeat is older than its lease."""
+    """"idle" | "busy" | "stopped", or "lost" when it is not stopped and its heartbeat is older than its lease."""
     if worker.status == "stopped":
         return "stopped"
     lease = worker.lease_s or default_lease_s
@@ -608,13 +579,8 @@ def store_trial(session: Session, **fields: Any) -> TuningTrial:
 
 
 def list_trials(
-    session: Session,
-    *,
-    kernel: str | None = None,
-    sweep_id: int | None = None,
-    device_name: str | None = None,
-    status: str | None = None,
-    error_contains: str | None = None,
+    session: Session, *, kernel: str | None = None, sweep_id: int | None = None, device_name: str | None = None,
+    status: str | None = None, error_contains: str | None = None,
 ) -> list[TuningTrial]:
     """Tuning trials in the order stored, filtered by kernel, sweep, device, status and a substring of the error."""
     stmt = select(TuningTrial).order_by(TuningTrial.id)

@@ -191,9 +191,7 @@ class Profile(Base):
     collectives: Mapped[dict[str, int]] = mapped_column(JSON, default=dict)  # all_to_all, all_gather, send, recv, all_reduce
     collective_bytes: Mapped[dict[str, int]] = mapped_column(JSON, default=dict)
     host_syncs: Mapped[int] = mapped_column(Integer, default=0)
-    sync_events: Mapped[dict[str, int]] = mapped_column(
-        JSON, default=dict
-    )  # aten::item, aten::_local_scalar_dense, d2h copies...
+    sync_events: Mapped[dict[str, int]] = mapped_column(JSON, default=dict)  # aten::item, aten::_local_scalar_dense, d2h copies...
     kernel_launches: Mapped[int] = mapped_column(Integer, default=0)
     peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
     artifact_id: Mapped[int | None] = mapped_column(ForeignKey("artifacts.id", ondelete="SET NULL"))

@@ -26,33 +26,12 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _TRANSIENT_TEXT = (
-    "database is locked",
-    "database is busy",
-    "connection",
-    "server closed",
-    "terminating connection",
-    "could not serialize",
-    "deadlock detected",
-    "shutting down",
-    "starting up",
-    "could not connect",
-    "timeout expired",
-    "no route to host",
-    "broken pipe",
-    "ssl syscall",
-    "consuming input failed",
-    "the database system is",
+    "database is locked", "database is busy", "connection", "server closed", "terminating connection",
+    "could not serialize", "deadlock detected", "shutting down", "starting up", "could not connect", "timeout expired",
+    "no route to host", "broken pipe", "ssl syscall", "consuming input failed", "the database system is",
 )
-_PERMANENT_TEXT = (
-    "no such table",
-    "no such column",
-    "does not exist",
-    "syntax error",
-    "unique constraint",
-    "violates",
-    "readonly database",
-    "disk i/o error",
-)
+_PERMANENT_TEXT = ("no such table", "no such column", "does not exist", "syntax error", "unique constraint",
+                   "violates", "readonly database", "disk i/o error")
 
 
 def is_transient(err: BaseException) -> bool:
@@ -79,9 +58,8 @@ class StoreUnavailable(RuntimeError):
 class StoreRetry:
     """Retry store calls through transient errors with capped, jittered exponential backoff (thread-safe)."""
 
-    def __init__(
-        self, *, who: str, max_delay_s: float = 30.0, base_delay_s: float = 0.2, sleep: Callable[[float], None] = time.sleep
-    ) -> None:
+    def __init__(self, *, who: str, max_delay_s: float = 30.0, base_delay_s: float = 0.2,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.who, self.max_delay_s, self.base_delay_s, self._sleep = who, max_delay_s, base_delay_s, sleep
         self._lock = threading.Lock()
         self.down_since: float | None = None
@@ -94,9 +72,7 @@ class StoreRetry:
                 self.down_since = time.monotonic()
                 self.outages += 1
                 first = str(getattr(err, "orig", None) or err).strip().splitlines()[:1]
-                logger.warning(
-                    "%s: store unavailable (%s: %s); retrying with backoff", self.who, what, first[0] if first else err
-                )
+                logger.warning("%s: store unavailable (%s: %s); retrying with backoff", self.who, what, first[0] if first else err)
 
     def _up(self) -> None:
         with self._lock:

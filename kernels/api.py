@@ -125,20 +125,8 @@ def forward(
     """
     check_backend(backend)
     be = resolve_backend(backend, k.device) if isinstance(k, Tensor) else backend
-    bounds = check_inputs(
-        op,
-        q,
-        k,
-        v,
-        g,
-        beta,
-        backend=be,
-        scale=scale,
-        initial_state=initial_state,
-        cu_seqlens=cu_seqlens,
-        cu_seqlens_cpu=cu_seqlens_cpu,
-        grouped=True,
-    )
+    bounds = check_inputs(op, q, k, v, g, beta, backend=be, scale=scale, initial_state=initial_state,
+                          cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, grouped=True)
     configs = check_config(config)
     B, T, H, K = k.shape
     scale = K**-0.5 if scale is None else float(scale)
@@ -146,79 +134,26 @@ def forward(
         # grouped value heads or a training step: the differentiable op (kernels.autograd)
         if be == "triton":
             _check_config_names(configs)
-        return differentiable_forward(
-            op,
-            be,
-            q,
-            k,
-            v,
-            g,
-            beta,
-            scale=scale,
-            initial_state=initial_state,
-            output_final_state=output_final_state,
-            cu_seqlens=cu_seqlens,
-            cu_seqlens_cpu=cu_seqlens_cpu,
-            bounds=bounds,
-            plan=plan_with(plan, configs),
-        )
+        return differentiable_forward(op, be, q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                      output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                      cu_seqlens_cpu=cu_seqlens_cpu, bounds=bounds, plan=plan_with(plan, configs))
     if be == "reference":
-        return _naive(
-            op,
-            q,
-            k,
-            v,
-            g,
-            beta,
-            scale=scale,
-            initial_state=initial_state,
-            output_final_state=output_final_state,
-            bounds=bounds,
-        )
+        return _naive(op, q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                      output_final_state=output_final_state, bounds=bounds)
     if be == "torch":
         index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, device=k.device, cu_seqlens_cpu=cu_seqlens_cpu)
-        return chunk_fwd_torch(
-            q,
-            k,
-            v,
-            _per_key_gate(op, g),
-            beta,
-            scale=scale,
-            initial_state=initial_state,
-            output_final_state=output_final_state,
-            index=index,
-        )
+        return chunk_fwd_torch(q, k, v, _per_key_gate(op, g), beta, scale=scale, initial_state=initial_state,
+                               output_final_state=output_final_state, index=index)
     if be == "fla":
-        return fla_forward(
-            op,
-            q,
-            k,
-            v,
-            g,
-            beta,
-            scale=scale,
-            initial_state=initial_state,
-            output_final_state=output_final_state,
-            cu_seqlens=cu_seqlens,
-            cu_seqlens_cpu=bounds,
-        )
+        return fla_forward(op, q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                           output_final_state=output_final_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=bounds)
     if op == "gdn":
         fwd = _import_triton("kernels.gdn.chunk", "chunk_gdn_fwd")
     else:
         fwd = _import_triton("kernels.kda.chunk", "chunk_kda_fwd")
     _check_config_names(configs)
-    return fwd(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale=scale,
-        initial_state=initial_state,
-        output_final_state=output_final_state,
-        cu_seqlens=cu_seqlens,
-        plan=plan_with(plan, configs),
-    )
+    return fwd(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+               cu_seqlens=cu_seqlens, plan=plan_with(plan, configs))
 
 
 def transition(
@@ -283,10 +218,8 @@ def transition(
     check_backend(backend)
     be = resolve_backend(backend, k.device) if isinstance(k, Tensor) else backend
     if be == "fla":
-        raise ValueError(
-            "backend='fla' has no transition primitive (FLA exposes only its CP pre-process); "
-            "use backend='triton', 'torch' or 'reference'"
-        )
+        raise ValueError("backend='fla' has no transition primitive (FLA exposes only its CP pre-process); "
+                         "use backend='triton', 'torch' or 'reference'")
     bounds = check_inputs(op, None, k, v, g, beta, backend=be, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
     configs = check_config(config)
     B, T = k.shape[:2]
@@ -322,53 +255,21 @@ def reference(
     Examples::
         >>> o_ref, ht_ref = kernels.reference("kda", q, k, v, g, beta, cu_seqlens=cu_seqlens, output_final_state=True)
     """
-    bounds = check_inputs(
-        op,
-        q,
-        k,
-        v,
-        g,
-        beta,
-        backend="reference",
-        scale=scale,
-        initial_state=initial_state,
-        cu_seqlens=cu_seqlens,
-        grouped=True,
-    )
+    bounds = check_inputs(op, q, k, v, g, beta, backend="reference", scale=scale, initial_state=initial_state,
+                          cu_seqlens=cu_seqlens, grouped=True)
     scale = k.shape[-1] ** -0.5 if scale is None else float(scale)
     group = v.shape[2] // k.shape[2]
     if group > 1:  # grouped value heads: q/k head h // group serves value head h
         q, k = q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
-    return _naive(
-        op, q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state, bounds=bounds
-    )
+    return _naive(op, q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                  output_final_state=output_final_state, bounds=bounds)
 
 
-def _naive(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    scale: float,
-    initial_state: Tensor | None,
-    output_final_state: bool,
-    bounds: list[int] | None,
-) -> tuple[Tensor, Tensor | None]:
+def _naive(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float,
+           initial_state: Tensor | None, output_final_state: bool, bounds: list[int] | None) -> tuple[Tensor, Tensor | None]:
     fn = naive_recurrent_gdn if op == "gdn" else naive_recurrent_kda
-    return fn(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale=scale,
-        initial_state=initial_state,
-        output_final_state=output_final_state,
-        cu_seqlens_cpu=bounds,
-    )
+    return fn(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+              cu_seqlens_cpu=bounds)
 
 
 def _check_need(need: Any, N: int, k: Tensor) -> None:
@@ -386,3 +287,4 @@ def _check_config_names(configs: Mapping[str, LaunchConfig]) -> None:
     unknown = sorted(set(configs) - set(KERNELS))
     if unknown and KERNELS:
         raise ValueError(f"config names unknown kernel(s) {unknown}; registered kernels: {sorted(KERNELS)}")
+

@@ -49,16 +49,8 @@ from kernels.plan import LaunchPlan, default_plan, plan_with
 from kernels.validate import check_backend, check_config, check_grad_outputs, check_inputs
 from kernels.vocabulary import BACKEND_OPTIONS, KEEP_POLICIES
 
-__all__ = [
-    "KEEP_POLICIES",
-    "TRITON_OPTIONS",
-    "ChunkFunction",
-    "chunk_backward",
-    "chunk_backward_impl",
-    "chunk_state_gradient",
-    "differentiable_forward",
-    "needs_grad",
-]
+__all__ = ["KEEP_POLICIES", "TRITON_OPTIONS", "ChunkFunction", "chunk_backward", "chunk_backward_impl",
+           "chunk_state_gradient", "differentiable_forward", "needs_grad"]
 
 _TRITON_FWD = {"gdn": ("kernels.gdn.chunk", "chunk_gdn_fwd"), "kda": ("kernels.kda.chunk", "chunk_kda_fwd")}
 _TRITON_BWD = {"gdn": ("kernels.gdn.chunk_bwd", "chunk_gdn_bwd"), "kda": ("kernels.kda.chunk_bwd", "chunk_kda_bwd")}
@@ -77,52 +69,20 @@ class ChunkFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any,
-        op: str,
-        backend: str,
-        index: ChunkIndex,
-        cu_seqlens: Tensor | None,
-        plan: LaunchPlan,
-        scale: float,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        g: Tensor,
-        beta: Tensor,
-        initial_state: Tensor | None,
+        ctx: Any, op: str, backend: str, index: ChunkIndex, cu_seqlens: Tensor | None, plan: LaunchPlan, scale: float,
+        q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Tensor | None,
     ) -> tuple[Tensor, Tensor]:
         ctx.set_materialize_grads(False)
         keep: dict[str, Tensor] | None = None
         if backend == "torch":
-            o, ht = chunk_fwd_torch(
-                q,
-                k,
-                v,
-                _per_key_gate(op, g),
-                beta,
-                scale=scale,
-                initial_state=initial_state,
-                output_final_state=True,
-                index=index,
-            )
+            o, ht = chunk_fwd_torch(q, k, v, _per_key_gate(op, g), beta, scale=scale, initial_state=initial_state,
+                                    output_final_state=True, index=index)
         else:
             keep_wy, keep_states = plan.keeps
             keep = {} if keep_wy else None
             fwd = _import_triton(*_TRITON_FWD[op])
-            o, ht = fwd(
-                q,
-                k,
-                v,
-                g,
-                beta,
-                scale=scale,
-                initial_state=initial_state,
-                output_final_state=True,
-                cu_seqlens=cu_seqlens,
-                plan=plan,
-                keep=keep,
-                keep_states=keep_states,
-            )
+            o, ht = fwd(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=True,
+                        cu_seqlens=cu_seqlens, plan=plan, keep=keep, keep_states=keep_states)
         names = tuple(sorted(keep)) if keep else ()
         ctx.save_for_backward(q, k, v, g, beta, initial_state, *(keep[n] for n in names))  # type: ignore[index]
         ctx.meta = (op, backend, index, cu_seqlens, plan, scale, names)  # the backward launches with the same plan
@@ -136,44 +96,17 @@ class ChunkFunction(torch.autograd.Function):
         if do is None:  # only the final state was used
             do = q.new_zeros(v.shape)
         dq, dk, dv, dg, dbeta, dh0 = chunk_backward_impl(
-            op,
-            backend,
-            q,
-            k,
-            v,
-            g,
-            beta,
-            do,
-            scale=scale,
-            initial_state=h0,
-            dht=dht,
-            index=index,
-            cu_seqlens=cu_seqlens,
-            plan=plan,
-            wy=dict(zip(names, kept, strict=True)) if names else None,
-        )
+            op, backend, q, k, v, g, beta, do, scale=scale, initial_state=h0, dht=dht, index=index,
+            cu_seqlens=cu_seqlens, plan=plan, wy=dict(zip(names, kept, strict=True)) if names else None)
         if dh0 is not None and h0 is not None:
             dh0 = dh0.to(h0.dtype)
         return None, None, None, None, None, None, dq, dk, dv, dg, dbeta, dh0
 
 
 def chunk_backward_impl(
-    op: str,
-    backend: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    do: Tensor,
-    *,
-    scale: float,
-    initial_state: Tensor | None,
-    dht: Tensor | None,
-    index: ChunkIndex,
-    cu_seqlens: Tensor | None,
-    plan: LaunchPlan,
-    wy: Mapping[str, Tensor] | None = None,
+    op: str, backend: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *,
+    scale: float, initial_state: Tensor | None, dht: Tensor | None, index: ChunkIndex, cu_seqlens: Tensor | None,
+    plan: LaunchPlan, wy: Mapping[str, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """The backend's backward on checked inputs (same heads everywhere); checks do / dht first. wy: the forward's
     WY factors and with "wy+states" its chunk states (triton, the plan's `keep`)."""
@@ -181,16 +114,14 @@ def chunk_backward_impl(
     do = do.contiguous()
     dht = dht.contiguous() if dht is not None else None
     if backend == "torch":
-        dq, dk, dv, dg, dbeta, dh0 = chunk_bwd_torch(
-            q, k, v, _per_key_gate(op, g), beta, do, scale=scale, initial_state=initial_state, dht=dht, index=index
-        )
+        dq, dk, dv, dg, dbeta, dh0 = chunk_bwd_torch(q, k, v, _per_key_gate(op, g), beta, do, scale=scale,
+                                                     initial_state=initial_state, dht=dht, index=index)
         return dq, dk, dv, (dg.squeeze(-1) if op == "gdn" else dg), dbeta, dh0
     if backend != "triton":
         raise ValueError(f"backend {backend!r} has no chunked backward here (use 'torch' or 'triton')")
     bwd = _import_triton(*_TRITON_BWD[op])
-    return bwd(
-        q, k, v, g, beta, do, scale=scale, initial_state=initial_state, dht=dht, cu_seqlens=cu_seqlens, plan=plan, wy=wy
-    )
+    return bwd(q, k, v, g, beta, do, scale=scale, initial_state=initial_state, dht=dht, cu_seqlens=cu_seqlens,
+               plan=plan, wy=wy)
 
 
 def chunk_backward(
@@ -219,51 +150,16 @@ def chunk_backward(
     dh0 fp32 or None when there is no initial state. Raises ValueError naming a bad argument before any launch.
     plan: the launch plan (`kernels.plan`; None: `default_plan()`), `config` merged on top.
     """
-    be, index, s = _checked(
-        op,
-        q,
-        k,
-        v,
-        g,
-        beta,
-        backend=backend,
-        scale=scale,
-        initial_state=initial_state,
-        cu_seqlens=cu_seqlens,
-        cu_seqlens_cpu=cu_seqlens_cpu,
-    )
+    be, index, s = _checked(op, q, k, v, g, beta, backend=backend, scale=scale, initial_state=initial_state,
+                            cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
     launch = plan_with(plan, check_config(config))
-    return chunk_backward_impl(
-        op,
-        be,
-        q,
-        k,
-        v,
-        g,
-        beta,
-        do,
-        scale=s,
-        initial_state=initial_state,
-        dht=dht,
-        index=index,
-        cu_seqlens=cu_seqlens,
-        plan=launch,
-    )
+    return chunk_backward_impl(op, be, q, k, v, g, beta, do, scale=s, initial_state=initial_state, dht=dht,
+                               index=index, cu_seqlens=cu_seqlens, plan=launch)
 
 
 def _checked(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    backend: str,
-    scale: float | None,
-    initial_state: Tensor | None,
-    cu_seqlens: Tensor | None,
-    cu_seqlens_cpu: Tensor | Sequence[int] | None,
+    op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, backend: str, scale: float | None,
+    initial_state: Tensor | None, cu_seqlens: Tensor | None, cu_seqlens_cpu: Tensor | Sequence[int] | None,
 ) -> tuple[str, ChunkIndex, float]:
     """The backward entries' checks before any launch: (resolved backend, torch or triton; chunk index; scale)."""
     from kernels.backends import resolve_backend
@@ -272,88 +168,41 @@ def _checked(
     be = resolve_backend(backend, k.device) if isinstance(k, Tensor) else backend
     if be not in ("torch", "triton"):
         raise ValueError(f"backend must be 'torch', 'triton' or 'auto' for the chunked backward, got backend={backend!r}")
-    check_inputs(
-        op,
-        q,
-        k,
-        v,
-        g,
-        beta,
-        backend=be,
-        scale=scale,
-        initial_state=initial_state,
-        cu_seqlens=cu_seqlens,
-        cu_seqlens_cpu=cu_seqlens_cpu,
-    )
+    check_inputs(op, q, k, v, g, beta, backend=be, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                 cu_seqlens_cpu=cu_seqlens_cpu)
     B, T, _, K = k.shape
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, device=k.device, cu_seqlens_cpu=cu_seqlens_cpu)
     return be, index, K**-0.5 if scale is None else float(scale)
 
 
 def chunk_state_gradient(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    do: Tensor,
-    *,
-    scale: float | None = None,
-    dht: Tensor | None = None,
-    cu_seqlens: Tensor | None = None,
-    backend: str = "auto",
-    cu_seqlens_cpu: Tensor | Sequence[int] | None = None,
-    plan: LaunchPlan | None = None,
+    op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float | None = None,
+    dht: Tensor | None = None, cu_seqlens: Tensor | None = None, backend: str = "auto",
+    cu_seqlens_cpu: Tensor | Sequence[int] | None = None, plan: LaunchPlan | None = None,
 ) -> Tensor:
     """dh0 of `chunk_backward` alone (`[N, H, K, V]` fp32; fp64 for fp64 inputs on torch): the gradient of each
     sequence's entering state from do (and dht); it does not depend on the entering state. On triton only the WY prep and the reverse state pass run
     (`kernels.common.chunk_bwd.chunk_state_grad`); torch runs its whole chunked backward. Same checks as
     `chunk_backward`."""
-    be, index, s = _checked(
-        op,
-        q,
-        k,
-        v,
-        g,
-        beta,
-        backend=backend,
-        scale=scale,
-        initial_state=None,
-        cu_seqlens=cu_seqlens,
-        cu_seqlens_cpu=cu_seqlens_cpu,
-    )
+    be, index, s = _checked(op, q, k, v, g, beta, backend=backend, scale=scale, initial_state=None,
+                            cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
     check_grad_outputs(do, dht, q=q, v=v, num_seqs=index.num_seqs)
     if be == "torch":
         zero = q.new_zeros(index.num_seqs, k.shape[2], k.shape[3], v.shape[-1], dtype=torch.float32)
-        dh0 = chunk_bwd_torch(
-            q, k, v, _per_key_gate(op, g), beta, do.contiguous(), scale=s, initial_state=zero, dht=dht, index=index
-        )[5]
+        dh0 = chunk_bwd_torch(q, k, v, _per_key_gate(op, g), beta, do.contiguous(), scale=s, initial_state=zero,
+                              dht=dht, index=index)[5]
         assert dh0 is not None
         return dh0
     from kernels.common.chunk_bwd import chunk_state_grad
 
-    return chunk_state_grad(
-        op, q, k, v, g, beta, do, scale=s, dht=dht, cu_seqlens=cu_seqlens, plan=plan if plan is not None else default_plan()
-    )
+    return chunk_state_grad(op, q, k, v, g, beta, do, scale=s, dht=dht, cu_seqlens=cu_seqlens,
+                            plan=plan if plan is not None else default_plan())
 
 
 def differentiable_forward(
-    op: str,
-    backend: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    scale: float,
-    initial_state: Tensor | None,
-    output_final_state: bool,
-    cu_seqlens: Tensor | None,
-    cu_seqlens_cpu: Tensor | Sequence[int] | None,
-    bounds: list[int] | None,
-    plan: LaunchPlan,
+    op: str, backend: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float,
+    initial_state: Tensor | None, output_final_state: bool, cu_seqlens: Tensor | None,
+    cu_seqlens_cpu: Tensor | Sequence[int] | None, bounds: list[int] | None, plan: LaunchPlan,
     use_qk_l2norm_in_kernel: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """(o, final state or None) on checked inputs (`backend` resolved, not fla), grouped heads allowed."""
@@ -367,17 +216,8 @@ def differentiable_forward(
         from kernels.gdn.naive import naive_recurrent_gdn
 
         fn = naive_recurrent_gdn if op == "gdn" else naive_recurrent_kda
-        return fn(
-            q,
-            k,
-            v,
-            g,
-            beta,
-            scale=scale,
-            initial_state=initial_state,
-            output_final_state=output_final_state,
-            cu_seqlens_cpu=bounds,
-        )
+        return fn(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+                  cu_seqlens_cpu=bounds)
     B, T = k.shape[:2]
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, device=k.device, cu_seqlens_cpu=cu_seqlens_cpu)
     o, ht = ChunkFunction.apply(op, backend, index, cu_seqlens, plan, scale, q, k, v, g, beta, initial_state)

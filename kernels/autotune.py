@@ -121,20 +121,9 @@ SCHEMA: dict[str, Any] = {
                         "type": "array",
                         "items": {
                             "type": "object",
-                            "required": [
-                                "key",
-                                "config",
-                                "median_ms",
-                                "default_ms",
-                                "runner_up_ms",
-                                "sweep_id",
-                                "measured_at",
-                            ],
+                            "required": ["key", "config", "median_ms", "default_ms", "runner_up_ms", "sweep_id", "measured_at"],
                             "properties": {
-                                "key": {
-                                    "type": "object",
-                                    "additionalProperties": {"type": ["integer", "number", "string", "boolean"]},
-                                },
+                                "key": {"type": "object", "additionalProperties": {"type": ["integer", "number", "string", "boolean"]}},
                                 "config": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1}},
                                 "median_ms": {"type": "number", "exclusiveMinimum": 0},
                                 "default_ms": {"type": ["number", "null"]},
@@ -151,13 +140,8 @@ SCHEMA: dict[str, Any] = {
 }
 
 # modules whose import registers the suite's Triton kernels; imported (best effort) before source hashes are checked
-_SUITE_MODULES = (
-    "kernels.gdn.chunk",
-    "kernels.kda.chunk",
-    "kernels.common.transition_triton",
-    "kernels.gdn.chunk_bwd",
-    "kernels.kda.chunk_bwd",
-)
+_SUITE_MODULES = ("kernels.gdn.chunk", "kernels.kda.chunk", "kernels.common.transition_triton", "kernels.gdn.chunk_bwd",
+                  "kernels.kda.chunk_bwd")
 
 
 class AutotuneError(ValueError):
@@ -186,7 +170,7 @@ def _norm_value(v: Any) -> Any:
         return int(v) if v.is_integer() else v
     # torch.dtype and the like: "torch.bfloat16" -> "bfloat16"
     s = str(v)
-    return s[len("torch.") :] if s.startswith("torch.") else s
+    return s[len("torch."):] if s.startswith("torch.") else s
 
 
 def normalize_key(key: Mapping[str, Any]) -> dict[str, Any]:
@@ -269,10 +253,8 @@ def source_hash(kernel_name: str) -> str:
 def _helper_modules(mod: Any) -> list[Any]:
     """Other `kernels` modules whose `@triton.jit` helpers `mod` calls (a jitted or interpreted function's `.fn`)."""
     names = {
-        fn.__module__
-        for obj in vars(mod).values()
-        if inspect.isfunction(fn := getattr(obj, "fn", None))
-        and fn.__module__ != mod.__name__
+        fn.__module__ for obj in vars(mod).values()
+        if inspect.isfunction(fn := getattr(obj, "fn", None)) and fn.__module__ != mod.__name__
         and fn.__module__.startswith("kernels.")
     }
     return [sys.modules[n] for n in sorted(names)]
@@ -416,10 +398,8 @@ class AutotuneTable:
     def _check_device(self, device: str) -> None:
         if device == self.device_name:
             return
-        msg = (
-            f"autotune file {self.path or '<dict>'} was tuned on device {self.device_name!r}, "
-            f"but this process runs on {device!r}"
-        )
+        msg = (f"autotune file {self.path or '<dict>'} was tuned on device {self.device_name!r}, "
+               f"but this process runs on {device!r}")
         if self.strict:
             raise AutotuneMismatchError(msg + "; export a file for this device or load with strict=False")
         logger.warning("%s; ignoring the file (strict=False), kernels use their defaults", msg)
@@ -427,15 +407,8 @@ class AutotuneTable:
         self.disabled = True
 
 
-def parse_autotune(
-    data: Any,
-    *,
-    strict: bool = True,
-    device_name: str | None = None,
-    path: str | None = None,
-    defer_device_check: bool = False,
-    check_sources: bool = True,
-) -> AutotuneTable:
+def parse_autotune(data: Any, *, strict: bool = True, device_name: str | None = None, path: str | None = None,
+                   defer_device_check: bool = False, check_sources: bool = True) -> AutotuneTable:
     """Validate a decoded autotune file and build its table (see the module docstring for the checks).
 
     device_name: the device to match (default: `current_device()`); with `defer_device_check` the check waits
@@ -472,16 +445,8 @@ def parse_autotune(
         hashes[name] = h
         entries[name] = parsed
 
-    table = AutotuneTable(
-        device_name=dev_name,
-        compute_capability=cc,
-        versions=dict(vers),
-        created_at=created,
-        source_hashes=hashes,
-        entries=entries,
-        path=path,
-        strict=strict,
-    )
+    table = AutotuneTable(device_name=dev_name, compute_capability=cc, versions=dict(vers), created_at=created,
+                          source_hashes=hashes, entries=entries, path=path, strict=strict)
     if defer_device_check and device_name is None:
         table.pending_device_check = True
     else:
@@ -499,10 +464,8 @@ def parse_autotune(
             have = source_hash(name)
             if have == hashes[name]:
                 continue
-            problem = (
-                f"autotune file {path or '<dict>'}: kernel {name!r} was tuned with source hash {hashes[name][:12]}…, "
-                f"this build's source hash is {have[:12]}… (the kernel changed since it was tuned; re-tune and re-export)"
-            )
+            problem = (f"autotune file {path or '<dict>'}: kernel {name!r} was tuned with source hash {hashes[name][:12]}…, "
+                       f"this build's source hash is {have[:12]}… (the kernel changed since it was tuned; re-tune and re-export)")
         if strict:
             raise AutotuneMismatchError(problem)
         logger.warning("%s; ignoring its entries (strict=False)", problem)
@@ -511,9 +474,8 @@ def parse_autotune(
     return table
 
 
-def load_autotune(
-    path: str | os.PathLike[str], *, strict: bool = True, device_name: str | None = None, defer_device_check: bool = False
-) -> AutotuneTable:
+def load_autotune(path: str | os.PathLike[str], *, strict: bool = True, device_name: str | None = None,
+                  defer_device_check: bool = False) -> AutotuneTable:
     """Read and validate an autotune file. Raises AutotuneFormatError / AutotuneMismatchError (see module docstring).
 
     Args:

@@ -84,3 +84,4 @@ def fla_forward(
     h0 = initial_state.float() if initial_state is not None else None
     o, ht = fla_chunk(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=output_final_state, **kwargs)
     return o, (ht if output_final_state else None)
+

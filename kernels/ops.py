@@ -25,18 +25,9 @@ __all__ = ["chunk_gdn", "chunk_kda"]
 
 # FLA keyword arguments accepted at these values only (anything else is a ValueError naming the argument)
 _FLA_DEFAULTS: dict[str, Any] = {
-    "chunk_size": 64,
-    "use_beta_sigmoid_in_kernel": False,
-    "allow_neg_eigval": False,
-    "state_v_first": False,
-    "use_gate_in_kernel": False,
-    "safe_gate": False,
-    "lower_bound": None,
-    "disable_recompute": False,
-    "return_intermediate_states": False,
-    "cp_context": None,
-    "chunk_indices": None,
-    "transpose_state_layout": False,
+    "chunk_size": 64, "use_beta_sigmoid_in_kernel": False, "allow_neg_eigval": False, "state_v_first": False,
+    "use_gate_in_kernel": False, "safe_gate": False, "lower_bound": None, "disable_recompute": False,
+    "return_intermediate_states": False, "cp_context": None, "chunk_indices": None, "transpose_state_layout": False,
 }
 
 
@@ -119,24 +110,10 @@ def chunk_gdn(
         >>> cu_seqlens = torch.tensor([0, 1000, 4096], dtype=torch.int32, device="cuda")
         >>> o, _ = chunk_gdn(q, k, v, g, beta, cu_seqlens=cu_seqlens)
     """
-    return _chunk(
-        "gdn",
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale=scale,
-        initial_state=initial_state,
-        output_final_state=output_final_state,
-        cu_seqlens=cu_seqlens,
-        backend=backend,
-        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        config=config,
-        cu_seqlens_cpu=cu_seqlens_cpu,
-        plan=plan,
-        fla_kwargs=kwargs,
-    )
+    return _chunk("gdn", q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                  output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=backend,
+                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, config=config, cu_seqlens_cpu=cu_seqlens_cpu,
+                  plan=plan, fla_kwargs=kwargs)
 
 
 def chunk_kda(
@@ -168,104 +145,40 @@ def chunk_kda(
         >>> g = F.logsigmoid(torch.randn(B, T, HV, K, device="cuda")).clamp_min(-5).requires_grad_()
         >>> o, ht = chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu_seqlens)
     """
-    return _chunk(
-        "kda",
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale=scale,
-        initial_state=initial_state,
-        output_final_state=output_final_state,
-        cu_seqlens=cu_seqlens,
-        backend=backend,
-        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        config=config,
-        cu_seqlens_cpu=cu_seqlens_cpu,
-        plan=plan,
-        fla_kwargs=kwargs,
-    )
+    return _chunk("kda", q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                  output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=backend,
+                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, config=config, cu_seqlens_cpu=cu_seqlens_cpu,
+                  plan=plan, fla_kwargs=kwargs)
 
 
 def _chunk(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    scale: float | None,
-    initial_state: Tensor | None,
-    output_final_state: bool,
-    cu_seqlens: Tensor | None,
-    backend: str,
-    use_qk_l2norm_in_kernel: bool,
-    config: Any,
-    cu_seqlens_cpu: Tensor | Sequence[int] | None,
-    plan: LaunchPlan | None,
-    fla_kwargs: Mapping[str, Any],
+    op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float | None,
+    initial_state: Tensor | None, output_final_state: bool, cu_seqlens: Tensor | None, backend: str,
+    use_qk_l2norm_in_kernel: bool, config: Any, cu_seqlens_cpu: Tensor | Sequence[int] | None,
+    plan: LaunchPlan | None, fla_kwargs: Mapping[str, Any],
 ) -> tuple[Tensor, Tensor | None]:
     for name, value in fla_kwargs.items():
         if name not in _FLA_DEFAULTS:
             raise ValueError(f"chunk_{op} got an unexpected argument {name}={value!r}")
         default = _FLA_DEFAULTS[name]
         if not (value is default or (type(value) is type(default) and value == default)):
-            raise ValueError(
-                f"{name}={value!r} is not supported by cpbench's chunk_{op} (only the default {name}={default!r})"
-            )
+            raise ValueError(f"{name}={value!r} is not supported by cpbench's chunk_{op} "
+                             f"(only the default {name}={default!r})")
     if not isinstance(use_qk_l2norm_in_kernel, bool):
         raise ValueError(f"use_qk_l2norm_in_kernel must be a bool, got {use_qk_l2norm_in_kernel!r}")
     check_backend(backend)
     be = resolve_backend(backend, k.device) if isinstance(k, Tensor) else backend
-    bounds = check_inputs(
-        op,
-        q,
-        k,
-        v,
-        g,
-        beta,
-        backend=be,
-        scale=scale,
-        initial_state=initial_state,
-        cu_seqlens=cu_seqlens,
-        cu_seqlens_cpu=cu_seqlens_cpu,
-        grouped=True,
-    )
+    bounds = check_inputs(op, q, k, v, g, beta, backend=be, scale=scale, initial_state=initial_state,
+                          cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, grouped=True)
     configs = check_config(config)
     scale = k.shape[-1] ** -0.5 if scale is None else float(scale)
     if be == "fla":
-        return fla_forward(
-            op,
-            q,
-            k,
-            v,
-            g,
-            beta,
-            scale=scale,
-            initial_state=initial_state,
-            output_final_state=output_final_state,
-            cu_seqlens=cu_seqlens,
-            cu_seqlens_cpu=bounds,
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        )
+        return fla_forward(op, q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                           output_final_state=output_final_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=bounds,
+                           use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
     if be == "triton":
         _check_config_names(configs)
-    return differentiable_forward(
-        op,
-        be,
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale=scale,
-        initial_state=initial_state,
-        output_final_state=output_final_state,
-        cu_seqlens=cu_seqlens,
-        cu_seqlens_cpu=cu_seqlens_cpu,
-        bounds=bounds,
-        plan=plan_with(plan, configs),
-        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-    )
+    return differentiable_forward(op, be, q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                  output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                  cu_seqlens_cpu=cu_seqlens_cpu, bounds=bounds, plan=plan_with(plan, configs),
+                                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)

@@ -38,7 +38,8 @@ from kernels.autotune import AutotuneTable, load_autotune
 from kernels.configs import KernelSpec, LaunchConfig
 from kernels.vocabulary import KEEP_POLICIES  # the triton backend's recompute policies, the first the default
 
-__all__ = ["LaunchPlan", "LaunchRecorder", "default_plan", "launch_config", "plan_with", "set_default_plan", "use_autotune"]
+__all__ = ["LaunchPlan", "LaunchRecorder", "default_plan", "launch_config", "plan_with",
+           "set_default_plan", "use_autotune"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,9 +88,8 @@ class LaunchPlan:
             raise ValueError(f"LaunchPlan.keep must be one of {', '.join(KEEP_POLICIES)}, got {self.keep!r}")
         object.__setattr__(self, "configs", MappingProxyType(dict(self.configs)))
 
-    def config_for(
-        self, spec: KernelSpec, key: Mapping[str, Any], override: LaunchConfig | None = None, *, bv_limit: int | None = None
-    ) -> LaunchConfig:
+    def config_for(self, spec: KernelSpec, key: Mapping[str, Any], override: LaunchConfig | None = None, *,
+                   bv_limit: int | None = None) -> LaunchConfig:
         """The config a launcher uses: `override`, else the plan's explicit one, else the table's for `key`, else
         the default; BV clamped to `bv_limit` (a small head dim); recorded as launched. Host facts only."""
         cfg = override or self.configs.get(spec.name)
@@ -130,9 +130,8 @@ def default_plan() -> LaunchPlan:
     return chosen if chosen is not None else _env_plan(*_env_setting())
 
 
-def launch_config(
-    plan: LaunchPlan | None, spec: KernelSpec, key: Mapping[str, Any], *, bv_limit: int | None = None
-) -> LaunchConfig:
+def launch_config(plan: LaunchPlan | None, spec: KernelSpec, key: Mapping[str, Any], *,
+                  bv_limit: int | None = None) -> LaunchConfig:
     """A launcher's config: `plan.config_for(spec, key)`, the default plan's for a launcher called without one."""
     return (plan if plan is not None else default_plan()).config_for(spec, key, bv_limit=bv_limit)
 
@@ -147,9 +146,8 @@ def set_default_plan(plan: LaunchPlan | None) -> None:
     _CHOSEN.set(plan)
 
 
-def use_autotune(
-    path: str | os.PathLike[str] | None, *, strict: bool = True, device_name: str | None = None
-) -> AutotuneTable | None:
+def use_autotune(path: str | os.PathLike[str] | None, *, strict: bool = True,
+                 device_name: str | None = None) -> AutotuneTable | None:
     """Load an autotune file into this context's default plan, so calls without `plan=` launch with its configs;
     None removes it (defaults again). Returns the loaded table.
 

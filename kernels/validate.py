@@ -44,7 +44,7 @@ __all__ = [
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
 # largest head dim the Triton state kernels hold (the state tile is split into <= 4 blocks of 64 rows)
 MAX_TRITON_HEAD_DIM = 256
-MIN_TRITON_HEAD_DIM = 16  # tl.dot needs every tile dim >= 16
+MIN_TRITON_HEAD_DIM = 16   # tl.dot needs every tile dim >= 16
 
 
 def check_op(op: Any) -> str:
@@ -99,14 +99,10 @@ def check_cu_seqlens(
         raise ValueError(f"cu_seqlens must start at 0, got cu_seqlens[0]={bounds[0]}")
     for i in range(len(bounds) - 1):
         if bounds[i + 1] < bounds[i]:
-            raise ValueError(
-                f"cu_seqlens must be non-decreasing, got cu_seqlens[{i}]={bounds[i]} > cu_seqlens[{i + 1}]={bounds[i + 1]}"
-            )
+            raise ValueError(f"cu_seqlens must be non-decreasing, got cu_seqlens[{i}]={bounds[i]} > cu_seqlens[{i + 1}]={bounds[i + 1]}")
         if bounds[i + 1] == bounds[i]:
-            raise ValueError(
-                f"cu_seqlens holds an empty sequence {i} (cu_seqlens[{i}] == cu_seqlens[{i + 1}] == {bounds[i]}); "
-                "every sequence needs >= 1 token"
-            )
+            raise ValueError(f"cu_seqlens holds an empty sequence {i} (cu_seqlens[{i}] == cu_seqlens[{i + 1}] == {bounds[i]}); "
+                             "every sequence needs >= 1 token")
     if bounds[-1] != seq_len:
         raise ValueError(f"cu_seqlens must end at T={seq_len} (the token dim of q/k), got cu_seqlens[-1]={bounds[-1]}")
     return bounds
@@ -161,25 +157,19 @@ def check_inputs(
     if q is not None:
         _check_tensor("q", q, ndim=4, dtypes=dtypes, dims="[B, T, H, K]")
         if q.shape != k.shape:
-            raise ValueError(
-                f"q and k must have the same shape [B, T, H, K], got q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}"
-            )
+            raise ValueError(f"q and k must have the same shape [B, T, H, K], got q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}")
         if k.dtype != q.dtype:
             raise ValueError(f"k.dtype must equal q.dtype={q.dtype}, got {k.dtype}")
     _check_tensor("v", v, ndim=4, dtypes=dtypes, dims="[B, T, H, V]")
-    _same_dims(
-        "v", v, "k", k, ((0, "batch B"), (1, "length T")) if grouped else ((0, "batch B"), (1, "length T"), (2, "heads H"))
-    )
+    _same_dims("v", v, "k", k, ((0, "batch B"), (1, "length T")) if grouped else ((0, "batch B"), (1, "length T"), (2, "heads H")))
     if v.dtype != k.dtype:
         raise ValueError(f"v.dtype must equal k.dtype={k.dtype}, got {v.dtype}")
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     if grouped and (HV < 1 or HV % max(H, 1)):
-        raise ValueError(
-            f"v.shape[2] (value heads HV={HV}) must be a positive multiple of k.shape[2] (key heads H={H}): "
-            f"query/key head h // (HV/H) serves value head h, got v.shape={tuple(v.shape)}, k.shape={tuple(k.shape)}"
-        )
-    hv = "HV" if HV != H else "H"  # the value-head count's name in messages
+        raise ValueError(f"v.shape[2] (value heads HV={HV}) must be a positive multiple of k.shape[2] (key heads H={H}): "
+                         f"query/key head h // (HV/H) serves value head h, got v.shape={tuple(v.shape)}, k.shape={tuple(k.shape)}")
+    hv = "HV" if HV != H else "H"   # the value-head count's name in messages
     _check_tensor("beta", beta, ndim=3, dtypes=dtypes, dims=f"[B, T, {hv}]")
     _same_dims("beta", beta, "v", v, ((0, "batch B"), (1, "length T"), (2, f"heads {hv}")))
     if op == "gdn":
@@ -205,10 +195,8 @@ def check_inputs(
     if initial_state is not None:
         _check_tensor("initial_state", initial_state, ndim=4, dtypes=dtypes, dims=f"[N, {hv}, K, V]")
         if tuple(initial_state.shape) != (N, HV, K, V):
-            raise ValueError(
-                f"initial_state must have shape [N, {hv}, K, V] = {(N, HV, K, V)} "
-                f"(N = number of sequences), got initial_state.shape={tuple(initial_state.shape)}"
-            )
+            raise ValueError(f"initial_state must have shape [N, {hv}, K, V] = {(N, HV, K, V)} "
+                             f"(N = number of sequences), got initial_state.shape={tuple(initial_state.shape)}")
     check_kernel_dims(backend, K, V)
     check_gate_sign(g)
     return bounds
@@ -233,10 +221,8 @@ def check_grad_outputs(do: Any, dht: Any, *, q: Tensor, v: Tensor, num_seqs: int
     if not isinstance(dht, Tensor):
         raise ValueError(f"dht must be a torch.Tensor (the gradient of the final state) or None, got {type(dht).__name__}")
     if tuple(dht.shape) != (num_seqs, HV, K, V):
-        raise ValueError(
-            f"dht must have the shape of the final state [N, H, K, V] = {(num_seqs, HV, K, V)}, "
-            f"got dht.shape={tuple(dht.shape)}"
-        )
+        raise ValueError(f"dht must have the shape of the final state [N, H, K, V] = {(num_seqs, HV, K, V)}, "
+                         f"got dht.shape={tuple(dht.shape)}")
     if dht.dtype != state_dtype:
         raise ValueError(f"dht.dtype must be {state_dtype} (the final state's dtype), got {dht.dtype}")
     if dht.device != q.device:

@@ -60,17 +60,15 @@ TAIL_EXCHANGE_WINDOW_CHUNKS = 2  # tail_exchange's window (chunks of 64 tokens) 
 _CHUNK = 64  # the kernels' chunk size (kernels.cp.intra.CHUNK), named in tail_exchange's option errors
 
 # the CP schemes (DESIGN §2) in the registry's order, each with its option defaults (kernels.cp.forward's `options`)
-MODE_OPTIONS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
-    {
-        "none": MappingProxyType({"segment_len": None}),
-        "headwise": MappingProxyType({"segment_len": None}),
-        "all_gather": MappingProxyType({"segment_len": None}),
-        "ring": MappingProxyType({}),
-        "true_cp": MappingProxyType({"segment_len": "auto"}),
-        "warmup_correct": MappingProxyType({"segments": "auto", "tol": 1e-3, "window": "auto", "fallback": "auto"}),
-        "tail_exchange": MappingProxyType({"window": "auto", "fallback": "none"}),
-    }
-)
+MODE_OPTIONS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
+    "none": MappingProxyType({"segment_len": None}),
+    "headwise": MappingProxyType({"segment_len": None}),
+    "all_gather": MappingProxyType({"segment_len": None}),
+    "ring": MappingProxyType({}),
+    "true_cp": MappingProxyType({"segment_len": "auto"}),
+    "warmup_correct": MappingProxyType({"segments": "auto", "tol": 1e-3, "window": "auto", "fallback": "auto"}),
+    "tail_exchange": MappingProxyType({"window": "auto", "fallback": "none"}),
+})
 MODES: tuple[str, ...] = tuple(MODE_OPTIONS)
 # the modes that run on one device (W must be 1)
 SINGLE_DEVICE: tuple[str, ...] = ("none", "warmup_correct")
@@ -113,9 +111,8 @@ def tail_exchange_options(options: Mapping[str, Any]) -> tuple[int, str]:
     return window, fallback
 
 
-def collective_count(
-    mode: str, *, crossing: bool, sends: int, recvs: int, options: Mapping[str, Any] | None = None, direction: str = "fwd"
-) -> dict[str, int]:
+def collective_count(mode: str, *, crossing: bool, sends: int, recvs: int, options: Mapping[str, Any] | None = None,
+                     direction: str = "fwd") -> dict[str, int]:
     """Collectives one step of `mode` issues on one rank: keys all_to_all, all_gather, reduce_scatter, send, recv
     (zeros omitted).
 
@@ -131,9 +128,8 @@ def collective_count(
     if direction not in COUNTED_DIRECTIONS:
         raise ValueError(f"direction must be one of {COUNTED_DIRECTIONS}, got direction={direction!r}")
     if direction == "fwd+bwd":
-        f, b = (
-            collective_count(mode, crossing=crossing, sends=sends, recvs=recvs, options=options, direction=d) for d in PHASES
-        )
+        f, b = (collective_count(mode, crossing=crossing, sends=sends, recvs=recvs, options=options, direction=d)
+                for d in PHASES)
         return {k: f.get(k, 0) + b.get(k, 0) for k in sorted({*f, *b})}
     bwd = direction == "bwd"
     if mode == "tail_exchange":

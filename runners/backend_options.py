@@ -30,9 +30,8 @@ def check(backend: str, options: Mapping[str, Any]) -> dict[str, Any]:
     known = OPTIONS.get(backend, {})
     unknown = sorted(set(options) - set(known))
     if unknown:
-        raise ValueError(
-            f"unknown option(s) {', '.join(unknown)} for backend '{backend}'; known: {', '.join(sorted(known)) or 'none'}"
-        )
+        raise ValueError(f"unknown option(s) {', '.join(unknown)} for backend '{backend}'; known: "
+                         f"{', '.join(sorted(known)) or 'none'}")
     for name, value in options.items():
         if value not in known[name]:
             raise ValueError(f"backend '{backend}' option {name} must be one of {', '.join(known[name])}, got {value!r}")

@@ -85,9 +85,8 @@ def run_from_result(row: Mapping[str, Any]) -> Run | None:
     return Run(median_ms=float(median), rel_iqr=rel_iqr, n=row.get("n"), signals=signals)
 
 
-def collect_runs(
-    session: Session, *, sweep_ids: Sequence[int], keys: Iterable[str] | None = None
-) -> tuple[dict[str, list[Run]], str | None]:
+def collect_runs(session: Session, *, sweep_ids: Sequence[int],
+                 keys: Iterable[str] | None = None) -> tuple[dict[str, list[Run]], str | None]:
     """Runs per key of these sweeps (in sweep, then point order), and the device most of them ran on."""
     from db import crud
 
@@ -132,10 +131,8 @@ def resolve_baseline(session: Session, ref: str) -> Side:
     else:
         ids = tagged_sweeps(session, ref)
         if not ids:
-            raise BaselineError(
-                f"no sweep is tagged {ref!r}: record a baseline with "
-                f"`cpbench regress SUITE --baseline {ref} --record-baseline`, or pass a sweep id or a file"
-            )
+            raise BaselineError(f"no sweep is tagged {ref!r}: record a baseline with "
+                                f"`cpbench regress SUITE --baseline {ref} --record-baseline`, or pass a sweep id or a file")
     runs, device = collect_runs(session, sweep_ids=ids)
     sweep = crud.get_sweep(session, sweep_id=ids[0])
     return Side(ref=ref, runs=runs, sweep_ids=ids, device=device, suite=sweep.name if sweep else None)
@@ -193,30 +190,17 @@ def load_baseline_file(path: str | Path) -> Side:
     except (OSError, json.JSONDecodeError) as err:
         raise BaselineError(f"cannot read baseline file {p}: {err}") from None
     if not isinstance(doc, dict) or doc.get("format") != BASELINE_FORMAT:
-        raise BaselineError(
-            f"{p} is not a cpbench baseline file (format must be {BASELINE_FORMAT!r}, "
-            f"got {doc.get('format') if isinstance(doc, dict) else type(doc).__name__!r})"
-        )
+        raise BaselineError(f"{p} is not a cpbench baseline file (format must be {BASELINE_FORMAT!r}, "
+                            f"got {doc.get('format') if isinstance(doc, dict) else type(doc).__name__!r})")
     if doc.get("version") != BASELINE_VERSION:
         raise BaselineError(f"{p}: baseline version {doc.get('version')!r} is not supported (expected {BASELINE_VERSION})")
     runs: dict[str, list[Run]] = {}
     for key, items in (doc.get("keys") or {}).items():
         try:
-            runs[key] = [
-                Run(
-                    median_ms=None if it.get("median_ms") is None else float(it["median_ms"]),
-                    rel_iqr=it.get("rel_iqr"),
-                    n=it.get("n"),
-                    signals=dict(it.get("signals") or {}),
-                )
-                for it in items
-            ]
+            runs[key] = [Run(median_ms=None if it.get("median_ms") is None else float(it["median_ms"]),
+                             rel_iqr=it.get("rel_iqr"), n=it.get("n"), signals=dict(it.get("signals") or {}))
+                         for it in items]
         except (AttributeError, TypeError, ValueError) as err:
             raise BaselineError(f"{p}: keys[{key!r}] is malformed: {err}") from None
-    return Side(
-        ref=str(p),
-        runs=runs,
-        sweep_ids=[int(x) for x in doc.get("sweep_ids") or []],
-        device=doc.get("device"),
-        suite=doc.get("suite"),
-    )
+    return Side(ref=str(p), runs=runs, sweep_ids=[int(x) for x in doc.get("sweep_ids") or []],
+                device=doc.get("device"), suite=doc.get("suite"))

@@ -56,11 +56,8 @@ def step_total(by_direction: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
 
 
 def _diff(where: str, measured: Mapping[str, int], expected: Mapping[str, int]) -> list[str]:
-    return [
-        f"{where} {k}: measured {measured.get(k, 0)}, expected {expected.get(k, 0)}"
-        for k in sorted({*measured, *expected})
-        if measured.get(k, 0) != expected.get(k, 0)
-    ]
+    return [f"{where} {k}: measured {measured.get(k, 0)}, expected {expected.get(k, 0)}"
+            for k in sorted({*measured, *expected}) if measured.get(k, 0) != expected.get(k, 0)]
 
 
 def mismatches(profile: Mapping[str, Any], expected: Mapping[str, Mapping[str, int]]) -> list[str]:

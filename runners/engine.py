@@ -68,9 +68,8 @@ def submit_spec(
     device_kind = _DEVICE_KIND[spec.device]
     for p in points:
         p["device_kind"] = device_kind
-    sweep = crud.create_sweep(
-        session, name=spec.name, tags=spec.tags, spec=spec.model_dump(mode="json"), points=points, owner=owner
-    )
+    sweep = crud.create_sweep(session, name=spec.name, tags=spec.tags, spec=spec.model_dump(mode="json"), points=points,
+                              owner=owner)
     logger.info("submitted sweep %s %r: %d points", sweep.id, spec.name, len(points))
     return sweep
 

@@ -123,13 +123,8 @@ def _our_mode(point: PointSpec, wl: Workload, rc: RankContext, plan: LaunchPlan)
             with torch.no_grad():
                 do = training.global_do(point, step())
             tstep = training.train_step(step, args, do)
-            return ModeRun(
-                step=tstep,
-                full_output=tstep,
-                report=lambda: {},
-                expected_by_direction=no_comm,
-                full_grads=lambda: training.grads_of(tstep, args, lambda g: g),
-            )
+            return ModeRun(step=tstep, full_output=tstep, report=lambda: {}, expected_by_direction=no_comm,
+                           full_grads=lambda: training.grads_of(tstep, args, lambda g: g))
         return ModeRun(step=step, full_output=step, report=lambda: {}, expected_by_direction=no_comm)
 
     from kernels import cp
@@ -154,13 +149,8 @@ def _our_mode(point: PointSpec, wl: Workload, rc: RankContext, plan: LaunchPlan)
             with torch.no_grad():
                 wc_do = training.global_do(point, wc_step())
             wc_train = training.train_step(wc_step, wc_args, wc_do)
-            return ModeRun(
-                step=wc_train,
-                full_output=wc_train,
-                report=wc_report,
-                expected_by_direction=no_comm,
-                full_grads=lambda: training.grads_of(wc_train, wc_args, lambda g: g),
-            )
+            return ModeRun(step=wc_train, full_output=wc_train, report=wc_report, expected_by_direction=no_comm,
+                           full_grads=lambda: training.grads_of(wc_train, wc_args, lambda g: g))
         return ModeRun(step=wc_step, full_output=wc_step, report=wc_report, expected_by_direction=no_comm)
 
     W = rc.world_size
@@ -172,9 +162,8 @@ def _our_mode(point: PointSpec, wl: Workload, rc: RankContext, plan: LaunchPlan)
     mode_opts = point.mode_options or None
 
     def cp_step() -> Tensor:
-        return cp.forward(
-            mode, op, *shards, group=rc.group, ctx=ctx_cp, backend=backend, scale=None, options=mode_opts, plan=plan
-        )
+        return cp.forward(mode, op, *shards, group=rc.group, ctx=ctx_cp, backend=backend, scale=None, options=mode_opts,
+                          plan=plan)
 
     by_direction = expected_by_direction(mode, ctx_cp, mode_opts, "fwd+bwd" if train else "fwd")
     step, grads = cp_step, None
@@ -204,9 +193,8 @@ def _peer_mode(peer: Any, point: PointSpec, wl: Workload, rc: RankContext) -> Mo
     train = training.is_training(point)
     flat = wl.flat()
     one = mode in ("none", "warmup_correct")
-    ctx_cp = cp.build_context(
-        flat.cu_seqlens_cpu, 1 if one else rc.world_size, 0 if one else rc.rank, "contiguous" if one else point.layout
-    )
+    ctx_cp = cp.build_context(flat.cu_seqlens_cpu, 1 if one else rc.world_size, 0 if one else rc.rank,
+                              "contiguous" if one else point.layout)
     xs = flat.tensors if one else [cp.shard(x, ctx_cp).clone() for x in flat.tensors]
     if train:
         xs = training.leaves(xs)
@@ -241,13 +229,8 @@ def _peer_mode(peer: Any, point: PointSpec, wl: Workload, rc: RankContext) -> Mo
 
     count = getattr(peer, "expected_collectives", None)  # optional: what one step issues (else not stated)
     expected = dict(count(mode, ctx_cp, opts)) if callable(count) else {}
-    run = ModeRun(
-        step=base,
-        full_output=full_output,
-        report=lambda: {},
-        expected_collectives=expected,
-        full_grads=full_grads if train else None,
-    )
+    run = ModeRun(step=base, full_output=full_output, report=lambda: {}, expected_collectives=expected,
+                  full_grads=full_grads if train else None)
     context = getattr(peer, "step_context", None)  # around every step (FLA: the Hopper-guard opt-in, for its backward)
     return _in_context(run, lambda: context(opts)) if callable(context) else run
 
@@ -291,9 +274,8 @@ def _agree(rc: RankContext, failed: bool) -> bool:
     return bool(flag.item())
 
 
-def _check(
-    point: PointSpec, wl: Workload, run: ModeRun, rc: RankContext, options: dict[str, Any], plan: LaunchPlan
-) -> dict[str, Any]:
+def _check(point: PointSpec, wl: Workload, run: ModeRun, rc: RankContext, options: dict[str, Any],
+           plan: LaunchPlan) -> dict[str, Any]:
     """Errors vs none and vs the reference (rank 0 computes; others only join the collectives)."""
     import kernels
 
@@ -318,22 +300,14 @@ def _check(
             f = wl_r.flat() if point.mode != "none" else wl_r
             o_ref = kernels.reference(point.op, *f.tensors, cu_seqlens=f.cu_seqlens)[0]
             err_ref = rel_l2(o_r, o_ref)
-    if run.full_grads is not None:  # fwd+bwd: every input gradient, vs none's and vs the reference's
+    if run.full_grads is not None:   # fwd+bwd: every input gradient, vs none's and vs the reference's
         err_none, err_ref = _check_grads(point, wl, run, rc, options, o_full, err_none, err_ref, plan)
     return {"err_vs_none": err_none, "err_vs_reference": err_ref}
 
 
-def _check_grads(
-    point: PointSpec,
-    wl: Workload,
-    run: ModeRun,
-    rc: RankContext,
-    options: dict[str, Any],
-    o_full: Tensor,
-    err_none: float | None,
-    err_ref: float | None,
-    plan: LaunchPlan,
-) -> tuple[float | None, float | None]:
+def _check_grads(point: PointSpec, wl: Workload, run: ModeRun, rc: RankContext, options: dict[str, Any],
+                 o_full: Tensor, err_none: float | None, err_ref: float | None,
+                 plan: LaunchPlan) -> tuple[float | None, float | None]:
     """The gate's errors with the input gradients folded in (max over o, dq, dk, dv, dg, dbeta)."""
     check = options.get("check") or {}
     assert run.full_grads is not None
@@ -383,16 +357,8 @@ def _launch_configs(plan: LaunchPlan) -> dict[str, Any]:
 def tune_shape(point: PointSpec) -> dict[str, Any]:
     """The shape the tuner tunes for a point: its global shape, flattened (varlen) for the CP modes, whose ranks
     launch varlen kernels, with H/W heads for headwise. Launch keys do not hold T, so this covers the shards."""
-    shape: dict[str, Any] = {
-        "B": point.B,
-        "T": point.T,
-        "H": point.H,
-        "K": point.K,
-        "V": point.V,
-        "dtype": point.dtype,
-        "lb": point.lb,
-        "seed": point.seed,
-    }
+    shape: dict[str, Any] = {"B": point.B, "T": point.T, "H": point.H, "K": point.K, "V": point.V,
+                             "dtype": point.dtype, "lb": point.lb, "seed": point.seed}
     lengths = point.lengths
     if point.mode != "none" and not lengths:
         lengths = (point.T,) * point.B
@@ -414,13 +380,8 @@ def tune_job(rc: RankContext, payload: dict[str, Any]) -> TuningOutcome:
     from runners.tuner import TuneSpec, tune_missing
 
     point: PointSpec = payload["point"]
-    return tune_missing(
-        payload["state"],
-        op=point.op,
-        shape=tune_shape(point),
-        device=rc.device,
-        spec=TuneSpec.of(payload.get("tuning"), direction=point.direction),
-    )
+    return tune_missing(payload["state"], op=point.op, shape=tune_shape(point), device=rc.device,
+                        spec=TuneSpec.of(payload.get("tuning"), direction=point.direction))
 
 
 def run_point_job(rc: RankContext, payload: PointJob) -> PointResult:
@@ -456,9 +417,8 @@ def run_point_job(rc: RankContext, payload: PointJob) -> PointResult:
     if options.get("profile", True):
         trace = payload.trace_path if rc.rank == 0 else None
         prof = profile_step(run.step, device=rc.device, trace_path=trace).as_dict()
-    out = PointResult(
-        ok=True, profile=prof, expected_collectives=run.expected_collectives, expected_by_direction=run.expected_by_direction
-    )
+    out = PointResult(ok=True, profile=prof, expected_collectives=run.expected_collectives,
+                      expected_by_direction=run.expected_by_direction)
     if rc.rank == 0:
         out = replace(
             out,

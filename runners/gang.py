@@ -51,22 +51,8 @@ __all__ = ["Gang", "GangPool", "JobCancelled", "RankContext"]
 logger = logging.getLogger(__name__)
 
 # exceptions after which a rank process is not trusted for the next job, matched on type name or message
-_FATAL_TYPES = (
-    "OutOfMemoryError",
-    "CompilationError",
-    "DistBackendError",
-    "DistNetworkError",
-    "DistError",
-    "AcceleratorError",
-)
-_FATAL_TEXT = (
-    "out of memory",
-    "CUDA error",
-    "NCCL",
-    "device-side assert",
-    "illegal memory access",
-    "Connection closed by peer",
-)
+_FATAL_TYPES = ("OutOfMemoryError", "CompilationError", "DistBackendError", "DistNetworkError", "DistError", "AcceleratorError")
+_FATAL_TEXT = ("out of memory", "CUDA error", "NCCL", "device-side assert", "illegal memory access", "Connection closed by peer")
 _TRACEBACK_CHARS = 6000
 
 
@@ -205,16 +191,7 @@ class Gang:
         self._procs = [
             ctx.Process(
                 target=_rank_main,
-                args=(
-                    r,
-                    self.world_size,
-                    self.device_kind,
-                    rdzv,
-                    self.pg_timeout_s,
-                    self._job_qs[r],
-                    self._result_q,
-                    os.getpid(),
-                ),
+                args=(r, self.world_size, self.device_kind, rdzv, self.pg_timeout_s, self._job_qs[r], self._result_q, os.getpid()),
                 name=f"cpbench-rank{r}of{self.world_size}",
                 daemon=True,
             )
@@ -239,17 +216,14 @@ class Gang:
             if dead:
                 self._teardown()
                 raise GangError(
-                    f"rank {dead[0][0]} of a W={self.world_size} gang {_signal_name(dead[0][1])} while starting",
-                    restarted=True,
+                    f"rank {dead[0][0]} of a W={self.world_size} gang {_signal_name(dead[0][1])} while starting", restarted=True
                 )
             if time.monotonic() > deadline:
                 self._teardown()
                 raise GangError(f"a W={self.world_size} gang did not start within {self.start_timeout_s:g} s", restarted=True)
         self.pids = [pids[r] for r in range(self.world_size)]
         self.starts += 1
-        logger.info(
-            "started a W=%d %s gang in %.2f s (pids %s)", self.world_size, self.device_kind, time.monotonic() - t0, self.pids
-        )
+        logger.info("started a W=%d %s gang in %.2f s (pids %s)", self.world_size, self.device_kind, time.monotonic() - t0, self.pids)
 
     def run(
         self,

@@ -174,27 +174,11 @@ def points(spec: SweepSpec) -> list[PointSpec]:
         inner = itertools.product(a.H, value_heads, a.K, a.V, a.lb, a.W, spec.modes, spec.seeds, range(spec.repetitions))
         for H, HV, K, V, lb, W, mode, seed, rep in inner:
             # HV only when the spec has the axis (params of older specs stay as they were)
-            out.append(
-                PointSpec(
-                    op=op,
-                    mode=mode,
-                    backend=backend,
-                    **shape,
-                    H=H,
-                    HV=HV,
-                    K=K,
-                    V=V,
-                    lb=float(lb),
-                    W=W,
-                    layout=layout,
-                    direction=direction,
-                    dtype=dtype,
-                    seed=seed,
-                    rep=rep,
-                    mode_options=mode_options(spec, mode),
-                    **_backend_fields(spec, ref, backend, mode, direction),
-                )
-            )
+            out.append(PointSpec(
+                op=op, mode=mode, backend=backend, **shape, H=H, HV=HV, K=K, V=V, lb=float(lb), W=W, layout=layout,
+                direction=direction, dtype=dtype, seed=seed, rep=rep, mode_options=mode_options(spec, mode),
+                **_backend_fields(spec, ref, backend, mode, direction),
+            ))
     return out
 
 

@@ -88,7 +88,8 @@ def _artifact_paths(url: str) -> set[str]:
         return {str(Path(p).resolve()) for p in crud.list_artifact_paths(s)}
 
 
-def _orphans(art_root: Path, spool_dir: Path, known: set[str], dead: set[str], live: set[str], min_age_s: float) -> list[Path]:
+def _orphans(art_root: Path, spool_dir: Path, known: set[str], dead: set[str], live: set[str],
+             min_age_s: float) -> list[Path]:
     now = time.time()
     out: list[Path] = []
     if art_root.is_dir():
@@ -120,9 +121,8 @@ def _remove(files: list[Path], dry_run: bool) -> GcReport:
     return report
 
 
-def collect_garbage(
-    url: str, art_root: Path, spool_dir: Path, *, min_age_s: float = 3600.0, dry_run: bool = False
-) -> GcReport:
+def collect_garbage(url: str, art_root: Path, spool_dir: Path, *, min_age_s: float = 3600.0,
+                    dry_run: bool = False) -> GcReport:
     """Remove every orphan trace and spool file (see the module docstring)."""
     live, dead, _ = _worker_tags(url)
     known = _artifact_paths(url)

@@ -28,19 +28,8 @@ from runners.peers import check_peer
 from runners.point import PointSpec
 from runners.settings import get_worker_settings
 
-__all__ = [
-    "ENTRY_POINT_GROUP",
-    "OURS",
-    "PLUGIN_MODULES_SETTING",
-    "allowed_modules",
-    "clear_cache",
-    "is_ours",
-    "load_peer",
-    "module_allowed",
-    "peer_of_point",
-    "refusal",
-    "unavailable",
-]
+__all__ = ["ENTRY_POINT_GROUP", "OURS", "PLUGIN_MODULES_SETTING", "allowed_modules", "clear_cache", "is_ours", "load_peer",
+           "module_allowed", "peer_of_point", "refusal", "unavailable"]
 
 logger = logging.getLogger(__name__)
 
@@ -84,10 +73,8 @@ def refusal(ref: str) -> str | None:
     module, _, attr = ref.partition(":")
     if module_allowed(module, allowed_modules()) or _registered(module, attr):
         return None
-    return (
-        f"backend {ref!r} is refused: module {module!r} is not allowed by the setting {PLUGIN_MODULES_SETTING} "
-        f"(comma-separated module names or prefixes ending in '.') nor an installed '{ENTRY_POINT_GROUP}' entry point"
-    )
+    return (f"backend {ref!r} is refused: module {module!r} is not allowed by the setting {PLUGIN_MODULES_SETTING} "
+            f"(comma-separated module names or prefixes ending in '.') nor an installed '{ENTRY_POINT_GROUP}' entry point")
 
 
 def _import(ref: str) -> Any:
@@ -128,10 +115,8 @@ def _load(ref: str) -> Any:
     except (ImportError, AttributeError) as err:
         raise ValueError(f"cannot load backend plugin {ref!r}: {type(err).__name__}: {err}") from None
     if obj is None:
-        raise ValueError(
-            f"unknown backend {ref!r}: not torch, triton or fla, not 'package.module:object', and no "
-            f"installed package registers it under the entry point group '{ENTRY_POINT_GROUP}'"
-        )
+        raise ValueError(f"unknown backend {ref!r}: not torch, triton or fla, not 'package.module:object', and no "
+                         f"installed package registers it under the entry point group '{ENTRY_POINT_GROUP}'")
     if isinstance(obj, type):
         obj = obj()
     check_peer(obj, repr(ref))

@@ -77,18 +77,8 @@ class PointSpec:
         out: dict[str, Any] = {"op": self.op, "mode": self.mode, "backend": self.backend, "B": self.B, "T": self.T}
         if self.lengths:
             out["lengths"] = list(self.lengths)
-        out.update(
-            H=self.H,
-            K=self.K,
-            V=self.V,
-            lb=self.lb,
-            W=self.W,
-            layout=self.layout,
-            direction=self.direction,
-            dtype=self.dtype,
-            seed=self.seed,
-            rep=self.rep,
-        )
+        out.update(H=self.H, K=self.K, V=self.V, lb=self.lb, W=self.W, layout=self.layout, direction=self.direction,
+                   dtype=self.dtype, seed=self.seed, rep=self.rep)
         for k in _OPTIONAL:
             value = getattr(self, k)
             if value:

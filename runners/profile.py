@@ -50,17 +50,8 @@ import torch
 from kernels.cp.modes import merge_rank_counts
 from kernels.vocabulary import PHASES
 
-__all__ = [
-    "BWD_RANGE",
-    "FWD_RANGE",
-    "PROFILE_DIRECTIONS",
-    "ProfileSummary",
-    "classify_collective",
-    "direction_range",
-    "merge_ranks",
-    "profile_step",
-    "summarize_events",
-]
+__all__ = ["BWD_RANGE", "FWD_RANGE", "PROFILE_DIRECTIONS", "ProfileSummary", "classify_collective", "direction_range",
+           "merge_ranks", "profile_step", "summarize_events"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,19 +86,8 @@ SYNC_RUNTIME = (
     "cuEventSynchronize",
 )
 _DTYPE_BYTES = {
-    "float": 4,
-    "double": 8,
-    "c10::Half": 2,
-    "c10::BFloat16": 2,
-    "long int": 8,
-    "long": 8,
-    "int": 4,
-    "short int": 2,
-    "signed char": 1,
-    "unsigned char": 1,
-    "bool": 1,
-    "c10::Float8_e4m3fn": 1,
-    "c10::Float8_e5m2": 1,
+    "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "long": 8, "int": 4,
+    "short int": 2, "signed char": 1, "unsigned char": 1, "bool": 1, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1,
 }
 
 
@@ -146,7 +126,7 @@ def classify_collective(name: str) -> tuple[str, str] | None:
     for layer, prefixes in (("dispatch", DISPATCH_PREFIXES), ("backend", BACKEND_PREFIXES)):
         for p in prefixes:
             if name.startswith(p):
-                op = name[len(p) :].replace("_", "").lower()
+                op = name[len(p):].replace("_", "").lower()
                 for stem, kind in _KINDS:
                     if op.startswith(stem):
                         return layer, kind
@@ -230,14 +210,8 @@ def _tally(host: Sequence[Any], device: Sequence[Any], layer: str | None = None)
         sync_events["Memcpy DtoH"] = len(d2h)
         # a blocking D2H copy comes with a runtime sync counted above; count only the copies beyond those
         host_syncs += max(0, len(d2h) - sum(sync_events.get(n, 0) for n in SYNC_RUNTIME))
-    return {
-        "layer": layer,
-        "collectives": collectives,
-        "collective_bytes": collective_bytes,
-        "host_syncs": host_syncs,
-        "sync_events": sync_events,
-        "unclassified": sorted(unclassified),
-    }
+    return {"layer": layer, "collectives": collectives, "collective_bytes": collective_bytes, "host_syncs": host_syncs,
+            "sync_events": sync_events, "unclassified": sorted(unclassified)}
 
 
 def _split(host: Sequence[Any], device: Sequence[Any], ranges: Sequence[Any], layer: str) -> dict[str, dict[str, Any]]:
@@ -270,8 +244,7 @@ def summarize_events(events: Sequence[Any]) -> ProfileSummary:
 
     total = _tally(host, device)
     launches = sum(
-        1
-        for e in device
+        1 for e in device
         if not e.name.startswith(("Memcpy", "Memset", *BACKEND_PREFIXES)) and not getattr(e, "is_user_annotation", False)
     )
     return ProfileSummary(
@@ -330,11 +303,9 @@ def _merge_counts(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """collectives / collective_bytes (`kernels.cp.modes.merge_rank_counts`, the rule kernels.cp states its
     expected gang counts by) and host_syncs (sum) of the ranks' `parts` (dicts with those
     keys)."""
-    return {
-        "collectives": merge_rank_counts(s["collectives"] for s in parts),
-        "collective_bytes": merge_rank_counts(s["collective_bytes"] for s in parts),
-        "host_syncs": sum(s["host_syncs"] for s in parts),
-    }
+    return {"collectives": merge_rank_counts(s["collectives"] for s in parts),
+            "collective_bytes": merge_rank_counts(s["collective_bytes"] for s in parts),
+            "host_syncs": sum(s["host_syncs"] for s in parts)}
 
 
 def merge_ranks(summaries: Sequence[ProfileSummary]) -> ProfileSummary:
@@ -361,7 +332,8 @@ def merge_ranks(summaries: Sequence[ProfileSummary]) -> ProfileSummary:
         peak_memory_bytes=max(peaks) if peaks else None,
         trace_path=summaries[0].trace_path,
         per_rank=[
-            {"collectives": s.collectives, "host_syncs": s.host_syncs, "kernel_launches": s.kernel_launches} for s in summaries
+            {"collectives": s.collectives, "host_syncs": s.host_syncs, "kernel_launches": s.kernel_launches}
+            for s in summaries
         ],
         unclassified=sorted({n for s in summaries for n in s.unclassified}),
         by_direction=by_direction,

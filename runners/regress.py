@@ -83,10 +83,8 @@ class Policy:
             if not 0.0 < v < 1.0:
                 raise ValueError(f"Policy.{name} must lie in (0, 1), got {v!r}")
         if not 0.0 < self.min_effect <= self.max_effect:
-            raise ValueError(
-                f"Policy needs 0 < min_effect <= max_effect, got min_effect={self.min_effect!r}, "
-                f"max_effect={self.max_effect!r}"
-            )
+            raise ValueError(f"Policy needs 0 < min_effect <= max_effect, got min_effect={self.min_effect!r}, "
+                             f"max_effect={self.max_effect!r}")
         if self.min_runs < 2:
             raise ValueError(f"Policy.min_runs must be >= 2 (a variance needs two runs), got {self.min_runs!r}")
 
@@ -192,9 +190,8 @@ def summarize_run(samples_ms: Sequence[float], *, signals: Mapping[str, Any] | N
     return Run(median_ms=med, rel_iqr=float((q75 - q25) / med), n=int(a.size), signals=dict(signals or {}))
 
 
-def hodges_lehmann(
-    base_log: Sequence[float] | np.ndarray, new_log: Sequence[float] | np.ndarray, *, level: float = 0.90
-) -> tuple[float, tuple[float, float] | None, float | None]:
+def hodges_lehmann(base_log: Sequence[float] | np.ndarray, new_log: Sequence[float] | np.ndarray, *,
+                   level: float = 0.90) -> tuple[float, tuple[float, float] | None, float | None]:
     """Hodges–Lehmann shift of `new` over `base` and its Moses confidence interval.
 
     Returns (Δ, (lo, hi) or None, achieved coverage or None). The interval is [D_(k), D_(mn+1-k)] over the sorted
@@ -233,9 +230,8 @@ def benjamini_hochberg(pvalues: Sequence[float | None]) -> list[float | None]:
     return out
 
 
-def compare_deterministic(
-    base: Mapping[str, Any], new: Mapping[str, Any], *, fields: Iterable[str] = DETERMINISTIC_FIELDS
-) -> list[Change]:
+def compare_deterministic(base: Mapping[str, Any], new: Mapping[str, Any], *,
+                          fields: Iterable[str] = DETERMINISTIC_FIELDS) -> list[Change]:
     """Exact comparison of two runs' deterministic signals.
 
     A field missing or None on either side was not recorded and is not compared. Dict fields are compared entry
@@ -259,13 +255,8 @@ def compare_deterministic(
     return changes
 
 
-def decide(
-    base: Mapping[str, Sequence[Run]],
-    new: Mapping[str, Sequence[Run]],
-    *,
-    policy: Policy | None = None,
-    stage: Stage = "confirm",
-) -> tuple[list[KeyVerdict], list[str]]:
+def decide(base: Mapping[str, Sequence[Run]], new: Mapping[str, Sequence[Run]], *,
+           policy: Policy | None = None, stage: Stage = "confirm") -> tuple[list[KeyVerdict], list[str]]:
     """Verdict for every key of `new` that the baseline has, and the keys worth rerunning (INCONCLUSIVE).
 
     `base` and `new` map a benchmark key to its runs. Keys only in `new` have no baseline and are left out (the
@@ -286,9 +277,8 @@ def decide(
     return verdicts, rerun
 
 
-def geomean_ratio(
-    verdicts: Sequence[KeyVerdict], *, level: float = 0.95, n_boot: int = 2000, seed: int = 0
-) -> tuple[float, tuple[float, float]] | None:
+def geomean_ratio(verdicts: Sequence[KeyVerdict], *, level: float = 0.95, n_boot: int = 2000,
+                  seed: int = 0) -> tuple[float, tuple[float, float]] | None:
     """Headline of a regression run: geometric mean of `e^Δ` over keys, with a bootstrap CI over keys."""
     d = np.asarray([v.effect_log for v in verdicts if v.effect_log is not None], dtype=np.float64)
     if d.size == 0:
@@ -305,12 +295,8 @@ def _analyse(key: str, runs_b: list[Run], runs_n: list[Run], pol: Policy, stage:
     yb = _logs(runs_b, "base", key)
     yn = _logs(runs_n, "new", key)
     out: dict[str, Any] = {
-        "key": key,
-        "changes": tuple(changes),
-        "n_base": yb.size,
-        "n_new": yn.size,
-        "noisy_base": _n_noisy(runs_b, pol),
-        "noisy_new": _n_noisy(runs_n, pol),
+        "key": key, "changes": tuple(changes), "n_base": yb.size, "n_new": yn.size,
+        "noisy_base": _n_noisy(runs_b, pol), "noisy_new": _n_noisy(runs_n, pol),
     }
     if yb.size == 0 or yn.size == 0:
         side = "either side" if yb.size == 0 and yn.size == 0 else "the baseline" if yb.size == 0 else "the new side"
@@ -334,17 +320,8 @@ def _analyse(key: str, runs_b: list[Run], runs_n: list[Run], pol: Policy, stage:
 
 def _verdict(a: dict[str, Any], q: float | None, pol: Policy, stage: Stage) -> KeyVerdict:
     common = {k: a[k] for k in ("key", "n_base", "n_new", "noisy_base", "noisy_new", "changes")}
-    for k in (
-        "base_median_ms",
-        "new_median_ms",
-        "effect_log",
-        "ci_log",
-        "ci_coverage",
-        "threshold",
-        "p_welch",
-        "p_mannwhitney",
-        "too_noisy",
-    ):
+    for k in ("base_median_ms", "new_median_ms", "effect_log", "ci_log", "ci_coverage", "threshold", "p_welch",
+              "p_mannwhitney", "too_noisy"):
         if k in a:
             common[k] = a[k]
     common["q_value"] = q
@@ -357,38 +334,24 @@ def _verdict(a: dict[str, Any], q: float | None, pol: Policy, stage: Stage) -> K
         if abs(delta) < thr / 2 and clean:
             return KeyVerdict(verdict="SAME", reason=f"screen: {pct} within half the threshold", stage=stage, **common)
         why = "noisy runs" if not clean else f"{pct} not within half the threshold {a['threshold']:.1%}"
-        return KeyVerdict(
-            verdict="INCONCLUSIVE",
-            reason=f"screen flagged it ({why}); confirm with fresh runs",
-            stage=stage,
-            rerun=True,
-            **common,
-        )
+        return KeyVerdict(verdict="INCONCLUSIVE", reason=f"screen flagged it ({why}); confirm with fresh runs",
+                          stage=stage, rerun=True, **common)
     if "p_welch" not in a:
         short_new = a["n_new"] < pol.min_runs
-        return KeyVerdict(
-            verdict="INCONCLUSIVE",
-            stage=stage,
-            rerun=short_new,
-            reason=f"too few runs to test (base {a['n_base']}, new {a['n_new']}; need {pol.min_runs} each)",
-            **common,
-        )
+        return KeyVerdict(verdict="INCONCLUSIVE", stage=stage, rerun=short_new,
+                          reason=f"too few runs to test (base {a['n_base']}, new {a['n_new']}; need {pol.min_runs} each)",
+                          **common)
     p_mw, sign = a["p_mannwhitney"], a["mw_sign"]
     if q is not None and q < pol.alpha and abs(delta) > thr and p_mw < pol.mw_alpha and sign == np.sign(delta):
         verdict = "SLOW" if delta > 0 else "FAST"
-        return KeyVerdict(
-            verdict=verdict, reason=f"{pct} beyond the {a['threshold']:.1%} threshold, q={q:.2g}", stage=stage, **common
-        )
+        return KeyVerdict(verdict=verdict, reason=f"{pct} beyond the {a['threshold']:.1%} threshold, q={q:.2g}",
+                          stage=stage, **common)
     ci = a["ci_log"]
     # ours: equivalence is never declared with a margin wider than max_effect, however noisy the key
     margin = min(a["threshold"], pol.max_effect)
     if ci is not None and -math.log1p(margin) < ci[0] and ci[1] < math.log1p(margin):
-        return KeyVerdict(
-            verdict="SAME",
-            stage=stage,
-            **common,
-            reason=f"CI [{math.expm1(ci[0]):+.1%}, {math.expm1(ci[1]):+.1%}] inside ±{margin:.1%}",
-        )
+        return KeyVerdict(verdict="SAME", stage=stage, **common,
+                          reason=f"CI [{math.expm1(ci[0]):+.1%}, {math.expm1(ci[1]):+.1%}] inside ±{margin:.1%}")
     if ci is None:
         why = "too few runs for a CI"
     elif a["too_noisy"]:
@@ -417,7 +380,7 @@ def _key_changes(runs_b: list[Run], runs_n: list[Run]) -> list[Change]:
 
 
 def _statuses(runs: list[Run]) -> str:
-    """ "3 done, 1 failed" for the runs of one side; "no runs" when there are none."""
+    """"3 done, 1 failed" for the runs of one side; "no runs" when there are none."""
     if not runs:
         return "no runs"
     counts: dict[str, int] = {}

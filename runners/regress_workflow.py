@@ -144,18 +144,8 @@ class _LocalWorker:
             self.thread = None
 
 
-def _run_round(
-    url: str,
-    worker: _LocalWorker,
-    spec: SweepSpec,
-    *,
-    n_runs: int,
-    keys: set[str] | None,
-    tags: Sequence[str],
-    max_W: int,
-    echo: Echo,
-    label: str,
-) -> tuple[list[int], dict[str, list[Run]]]:
+def _run_round(url: str, worker: _LocalWorker, spec: SweepSpec, *, n_runs: int, keys: set[str] | None,
+               tags: Sequence[str], max_W: int, echo: Echo, label: str) -> tuple[list[int], dict[str, list[Run]]]:
     """Submit `n_runs` sweeps of the suite (or of `keys`), work them here, and read back their runs."""
     from db.session import session_scope
 
@@ -208,10 +198,8 @@ def run_regression(
     from db.session import resolve_url, session_scope
 
     if runs < 1 or screen_runs < 0 or max_reruns < 0:
-        raise CpbenchError(
-            f"--runs must be >= 1, --screen-runs and --max-reruns >= 0; got runs={runs}, "
-            f"screen_runs={screen_runs}, max_reruns={max_reruns}"
-        )
+        raise CpbenchError(f"--runs must be >= 1, --screen-runs and --max-reruns >= 0; got runs={runs}, "
+                           f"screen_runs={screen_runs}, max_reruns={max_reruns}")
     spec = load_suite(suite)
     url = resolve_url(database_url)
     require_migrated(url)
@@ -220,9 +208,7 @@ def run_regression(
     base_tags = ["regress", f"{RUN_TAG_PREFIX}{run_id}", *tags]
     device, max_W = _device_name(devices)
 
-    is_tag = not (
-        re.fullmatch(r"\d+(\s*,\s*\d+)*", baseline) or baseline.lower().endswith(".json") or Path(baseline).is_file()
-    )
+    is_tag = not (re.fullmatch(r"\d+(\s*,\s*\d+)*", baseline) or baseline.lower().endswith(".json") or Path(baseline).is_file())
     if (record_baseline or init_baseline) and not is_tag:
         raise CpbenchError(f"--record-baseline/--init-baseline need --baseline to be a tag, got {baseline!r}")
     if init_baseline and not record_baseline:
@@ -233,98 +219,30 @@ def run_regression(
 
     worker = _LocalWorker(url, devices)
     try:
-        return _regress(
-            url,
-            spec,
-            worker,
-            run_id=run_id,
-            baseline=baseline,
-            runs=runs,
-            screen_runs=screen_runs,
-            max_reruns=max_reruns,
-            report_dir=report_dir,
-            base_tags=base_tags,
-            save_baseline=save_baseline,
-            record_baseline=record_baseline,
-            policy=policy,
-            device=device,
-            max_W=max_W,
-            echo=echo,
-        )
+        return _regress(url, spec, worker, run_id=run_id, baseline=baseline, runs=runs, screen_runs=screen_runs,
+                        max_reruns=max_reruns, report_dir=report_dir, base_tags=base_tags, save_baseline=save_baseline,
+                        record_baseline=record_baseline, policy=policy, device=device, max_W=max_W, echo=echo)
     finally:
         worker.close()
 
 
-def _regress(
-    url: str,
-    spec: SweepSpec,
-    worker: _LocalWorker,
-    *,
-    run_id: str,
-    baseline: str,
-    runs: int,
-    screen_runs: int,
-    max_reruns: int,
-    report_dir: str | Path,
-    base_tags: list[str],
-    save_baseline: str | Path | None,
-    record_baseline: bool,
-    policy: Policy,
-    device: str,
-    max_W: int,
-    echo: Echo,
-) -> RegressOutcome:
+def _regress(url: str, spec: SweepSpec, worker: _LocalWorker, *, run_id: str, baseline: str, runs: int,
+             screen_runs: int, max_reruns: int, report_dir: str | Path, base_tags: list[str],
+             save_baseline: str | Path | None, record_baseline: bool, policy: Policy, device: str, max_W: int,
+             echo: Echo) -> RegressOutcome:
     if record_baseline:
-        return _record(
-            url,
-            spec,
-            worker,
-            run_id=run_id,
-            baseline=baseline,
-            runs=runs,
-            base_tags=base_tags,
-            save_baseline=save_baseline,
-            device=device,
-            max_W=max_W,
-            echo=echo,
-        )
-    return _compare(
-        url,
-        spec,
-        worker,
-        run_id=run_id,
-        baseline=baseline,
-        runs=runs,
-        screen_runs=screen_runs,
-        max_reruns=max_reruns,
-        report_dir=report_dir,
-        base_tags=base_tags,
-        save_baseline=save_baseline,
-        policy=policy,
-        device=device,
-        max_W=max_W,
-        echo=echo,
-    )
+        return _record(url, spec, worker, run_id=run_id, baseline=baseline, runs=runs, base_tags=base_tags,
+                       save_baseline=save_baseline, device=device, max_W=max_W, echo=echo)
+    return _compare(url, spec, worker, run_id=run_id, baseline=baseline, runs=runs, screen_runs=screen_runs,
+                    max_reruns=max_reruns, report_dir=report_dir, base_tags=base_tags, save_baseline=save_baseline,
+                    policy=policy, device=device, max_W=max_W, echo=echo)
 
 
-def _record(
-    url: str,
-    spec: SweepSpec,
-    worker: _LocalWorker,
-    *,
-    run_id: str,
-    baseline: str,
-    runs: int,
-    base_tags: list[str],
-    save_baseline: str | Path | None,
-    device: str,
-    max_W: int,
-    echo: Echo,
-) -> RegressOutcome:
+def _record(url: str, spec: SweepSpec, worker: _LocalWorker, *, run_id: str, baseline: str, runs: int,
+            base_tags: list[str], save_baseline: str | Path | None, device: str, max_W: int, echo: Echo) -> RegressOutcome:
     """`--record-baseline`: `runs` full runs tagged with the baseline tag; nothing is compared."""
-    ids, new_runs = _run_round(
-        url, worker, spec, n_runs=runs, keys=None, tags=[*base_tags, baseline], max_W=max_W, echo=echo, label="record"
-    )
+    ids, new_runs = _run_round(url, worker, spec, n_runs=runs, keys=None, tags=[*base_tags, baseline], max_W=max_W,
+                               echo=echo, label="record")
     side = Side(ref=baseline, runs=new_runs, sweep_ids=ids, device=device, suite=spec.name)
     if save_baseline:
         echo(f"baseline written to {save_baseline_file(save_baseline, side)}")
@@ -332,24 +250,9 @@ def _record(
     return RegressOutcome(run_id=run_id, verdicts=[], new_sweeps=ids, baseline=side, reports=None, recorded=True)
 
 
-def _compare(
-    url: str,
-    spec: SweepSpec,
-    worker: _LocalWorker,
-    *,
-    run_id: str,
-    baseline: str,
-    runs: int,
-    screen_runs: int,
-    max_reruns: int,
-    report_dir: str | Path,
-    base_tags: list[str],
-    save_baseline: str | Path | None,
-    policy: Policy,
-    device: str,
-    max_W: int,
-    echo: Echo,
-) -> RegressOutcome:
+def _compare(url: str, spec: SweepSpec, worker: _LocalWorker, *, run_id: str, baseline: str, runs: int,
+             screen_runs: int, max_reruns: int, report_dir: str | Path, base_tags: list[str],
+             save_baseline: str | Path | None, policy: Policy, device: str, max_W: int, echo: Echo) -> RegressOutcome:
     """The screen, confirm and rerun rounds against the baseline, then the stored verdicts and the reports."""
     from db import crud
     from db.session import session_scope
@@ -357,10 +260,8 @@ def _compare(
     with session_scope(url) as s:
         base = resolve_baseline(s, baseline)
     if base.device and base.device != device:
-        raise CpbenchError(
-            f"the baseline {baseline!r} was measured on {base.device!r} but this machine is {device!r}; "
-            "timings are only compared on the same device"
-        )
+        raise CpbenchError(f"the baseline {baseline!r} was measured on {base.device!r} but this machine is {device!r}; "
+                           "timings are only compared on the same device")
     from runners.grid import expand
 
     suite_keys = {p["key"] for p in expand(spec)}
@@ -378,11 +279,7 @@ def _compare(
     def judge(stage: str, ids: list[int], new: dict[str, list[Run]], keys: Iterable[str]) -> list[str]:
         for k, rs in new.items():
             all_new.setdefault(k, []).extend(rs)
-        base_sub = {
-            k: base_runs[k]
-            for k in keys
-            if k in base_runs and not (_only_skipped(base_runs[k]) and _only_skipped(new.get(k, ())))
-        }
+        base_sub = {k: base_runs[k] for k in keys if k in base_runs and not (_only_skipped(base_runs[k]) and _only_skipped(new.get(k, ())))}
         verdicts, rerun = decide(base_sub, new, policy=policy, stage=stage)  # type: ignore[arg-type]
         for v in verdicts:
             final[v.key] = _merge(final.get(v.key), v)
@@ -391,9 +288,8 @@ def _compare(
 
     pending: set[str] | None = None
     if screen_runs:
-        ids, new = _run_round(
-            url, worker, spec, n_runs=screen_runs, keys=None, tags=base_tags, max_W=max_W, echo=echo, label="screen"
-        )
+        ids, new = _run_round(url, worker, spec, n_runs=screen_runs, keys=None, tags=base_tags, max_W=max_W,
+                              echo=echo, label="screen")
         new_ids += ids
         no_baseline = {k for k in new if k not in base_runs and not _only_skipped(new[k])}
         pending = set(judge("screen", ids, new, base_runs))
@@ -402,7 +298,8 @@ def _compare(
         if pending is not None and not pending:
             break
         label = "confirm" if attempt == 0 else f"rerun {attempt}"
-        ids, new = _run_round(url, worker, spec, n_runs=k, keys=pending, tags=base_tags, max_W=max_W, echo=echo, label=label)
+        ids, new = _run_round(url, worker, spec, n_runs=k, keys=pending, tags=base_tags, max_W=max_W,
+                              echo=echo, label=label)
         new_ids += ids
         if pending is None:
             no_baseline = {key for key in new if key not in base_runs and not _only_skipped(new[key])}
@@ -415,41 +312,18 @@ def _compare(
     skipped_both = len(base_runs) - len(verdicts)
     if skipped_both > 0:
         notes.append(f"{skipped_both} key(s) were skipped on both sides (e.g. W above the devices) and not judged.")
-    meta = ReportMeta(
-        suite=spec.name,
-        run_id=run_id,
-        baseline_ref=baseline,
-        baseline_sweeps=base.sweep_ids,
-        new_sweeps=new_ids,
-        device=device,
-        no_baseline=sorted(no_baseline),
-        notes=notes,
-    )
+    meta = ReportMeta(suite=spec.name, run_id=run_id, baseline_ref=baseline, baseline_sweeps=base.sweep_ids,
+                      new_sweeps=new_ids, device=device, no_baseline=sorted(no_baseline), notes=notes)
     with session_scope(url) as s:
-        crud.store_regression_results(
-            s,
-            rows=[
-                {
-                    "run_id": run_id,
-                    "suite": spec.name,
-                    "sweep_id": decided_in.get(v.key),
-                    "baseline_ref": baseline,
-                    "key": v.key,
-                    "verdict": v.status,
-                    "ratio": v.ratio,
-                    "effect_log": v.effect_log,
-                    "p_welch": v.p_welch,
-                    "p_mannwhitney": v.p_mannwhitney,
-                    "q_value": v.q_value,
-                    "detail": {**v.as_detail(), "baseline_sweeps": list(base.sweep_ids), "new_sweeps": new_ids},
-                }
-                for v in verdicts
-            ],
-        )
+        crud.store_regression_results(s, rows=[{
+            "run_id": run_id, "suite": spec.name, "sweep_id": decided_in.get(v.key), "baseline_ref": baseline,
+            "key": v.key, "verdict": v.status, "ratio": v.ratio, "effect_log": v.effect_log, "p_welch": v.p_welch,
+            "p_mannwhitney": v.p_mannwhitney, "q_value": v.q_value,
+            "detail": {**v.as_detail(), "baseline_sweeps": list(base.sweep_ids), "new_sweeps": new_ids},
+        } for v in verdicts])
     reports = write_reports(verdicts, meta, report_dir)
     if save_baseline:
-        path = save_baseline_file(
-            save_baseline, Side(ref=run_id, runs=all_new, sweep_ids=new_ids, device=device, suite=spec.name)
-        )
+        path = save_baseline_file(save_baseline, Side(ref=run_id, runs=all_new, sweep_ids=new_ids, device=device,
+                                                      suite=spec.name))
         echo(f"this run's measurements written to {path}")
     return RegressOutcome(run_id=run_id, verdicts=verdicts, new_sweeps=new_ids, baseline=base, reports=reports)

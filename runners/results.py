@@ -97,7 +97,8 @@ def _report(results: list[PointResult], prof: ProfileSummary | None) -> dict[str
     like the profile merges the ranks) and, where both are known, how the measured ones differ."""
     r0 = results[0]
     assert r0.gate is not None and r0.timing is not None
-    report = {**r0.report, "gate": {k: r0.gate[k] for k in ("tol_none", "tol_reference")}, "timing": _timing_report(r0.timing)}
+    report = {**r0.report, "gate": {k: r0.gate[k] for k in ("tol_none", "tol_reference")},
+              "timing": _timing_report(r0.timing)}
     report["expected_collectives"] = merge_rank_counts(r.expected_collectives or {} for r in results)
     expected = collective_check.merge_gang([r.expected_by_direction for r in results])
     if expected is not None:
@@ -118,24 +119,16 @@ def store_rows(point: PointSpec, results: list[PointResult]) -> StoreRows:
     prof = _merged_profile(results)
     summary = summarize(timing["samples_ms"])
     measurement = {
-        "clock": timing["clock"],
-        "samples": timing["samples_ms"],
+        "clock": timing["clock"], "samples": timing["samples_ms"],
         "summary": {f"{k}_ms" if k != "n" else k: v for k, v in summary.as_dict().items()},
-        "stop_reason": timing["stop_reason"],
-        "err_vs_none": gate["err_vs_none"],
-        "err_vs_reference": gate["err_vs_reference"],
-        "configs": r0.configs,
-        "report": _report(results, prof),
+        "stop_reason": timing["stop_reason"], "err_vs_none": gate["err_vs_none"],
+        "err_vs_reference": gate["err_vs_reference"], "configs": r0.configs, "report": _report(results, prof),
     }
     profile = None
     if prof is not None:
         profile = {
-            "collectives": prof.collectives,
-            "collective_bytes": prof.collective_bytes,
-            "host_syncs": prof.host_syncs,
-            "sync_events": prof.sync_events,
-            "kernel_launches": prof.kernel_launches,
-            "peak_memory_bytes": prof.peak_memory_bytes,
-            "by_direction": prof.by_direction or None,
+            "collectives": prof.collectives, "collective_bytes": prof.collective_bytes, "host_syncs": prof.host_syncs,
+            "sync_events": prof.sync_events, "kernel_launches": prof.kernel_launches,
+            "peak_memory_bytes": prof.peak_memory_bytes, "by_direction": prof.by_direction or None,
         }
     return StoreRows(measurement=measurement, profile=profile, trace=(prof.trace_path or None) if prof is not None else None)

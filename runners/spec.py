@@ -106,9 +106,7 @@ def _no_duplicates(values: list[Any], what: str) -> list[Any]:
 
 def _at_most(name: str, value: float, limit: float, setting: str) -> None:
     if value > limit:
-        raise PydanticCustomError(
-            "limit", "{name}={v} is more than the limit {m} ({s})", {"name": name, "v": value, "m": limit, "s": setting}
-        )
+        raise PydanticCustomError("limit", "{name}={v} is more than the limit {m} ({s})", {"name": name, "v": value, "m": limit, "s": setting})
 
 
 def _count(value: Any) -> int:
@@ -152,9 +150,7 @@ def _refuse_bad_values(data: Any) -> None:
                 raise PydanticCustomError("nul", "{where}: text must not contain a NUL character", {"where": where})
         elif isinstance(x, float):
             if not math.isfinite(x):
-                raise PydanticCustomError(
-                    "finite_number", "{where}: numbers must be finite (no NaN or Infinity)", {"where": where}
-                )
+                raise PydanticCustomError("finite_number", "{where}: numbers must be finite (no NaN or Infinity)", {"where": where})
         elif isinstance(x, Mapping):
             for k, v in x.items():
                 stack.append((where, k))
@@ -172,9 +168,7 @@ class Axes(BaseModel):
     T: list[PosInt] | None = None  # dense sequence lengths (B sequences of T tokens)
     lengths: list[list[PosInt]] | None = None  # varlen: each entry is one batch's sequence lengths (B = 1)
     H: list[PosInt] = [4]
-    HV: list[PosInt] | None = (
-        None  # value heads (grouped: a multiple of H; q/k head h // (HV/H) serves value head h); default H
-    )
+    HV: list[PosInt] | None = None  # value heads (grouped: a multiple of H; q/k head h // (HV/H) serves value head h); default H
     K: list[PosInt] = [64]
     V: list[PosInt] = [64]
     lb: list[Number] = [-1.0]  # decay lower bound: g = lb * sigmoid(x), so lb <= g <= 0
@@ -218,9 +212,7 @@ class Axes(BaseModel):
     def _direction(cls, value: list[str]) -> list[str]:
         for d in value:
             if d not in POINT_DIRECTIONS:
-                raise PydanticCustomError(
-                    "direction", "unknown direction '{d}'; expected one of {ok}", {"d": d, "ok": ", ".join(POINT_DIRECTIONS)}
-                )
+                raise PydanticCustomError("direction", "unknown direction '{d}'; expected one of {ok}", {"d": d, "ok": ", ".join(POINT_DIRECTIONS)})
         return _no_duplicates(value, "axis direction")
 
     @field_validator("T")
@@ -229,9 +221,7 @@ class Axes(BaseModel):
         m = get_worker_settings().MAX_T
         for t in value or []:
             if t > m:
-                raise PydanticCustomError(
-                    "limit", "T={t} is more than the limit of {m} tokens (CPBENCH_MAX_T)", {"t": t, "m": m}
-                )
+                raise PydanticCustomError("limit", "T={t} is more than the limit of {m} tokens (CPBENCH_MAX_T)", {"t": t, "m": m})
         return value
 
     @field_validator("lengths")
@@ -243,9 +233,7 @@ class Axes(BaseModel):
                 raise PydanticCustomError("empty", "a varlen length list must not be empty", {})
             if sum(lens) > m:
                 raise PydanticCustomError(
-                    "limit",
-                    "a length list sums to {s} tokens, more than the limit of {m} (CPBENCH_MAX_T)",
-                    {"s": sum(lens), "m": m},
+                    "limit", "a length list sums to {s} tokens, more than the limit of {m} (CPBENCH_MAX_T)", {"s": sum(lens), "m": m}
                 )
         return value
 
@@ -312,9 +300,7 @@ class CheckSpec(BaseModel):
 
     tol_none: Number | None = Field(None, gt=0)  # relative L2 error vs `none` on the same inputs
     tol_reference: Number | None = Field(None, gt=0)  # relative L2 error vs the fp32 reference, reduced shape
-    reference_tokens: Annotated[int, Strict()] = Field(
-        256, ge=16, le=1 << 16
-    )  # tokens of the reduced shape (at most; kept divisible for the layout)
+    reference_tokens: Annotated[int, Strict()] = Field(256, ge=16, le=1 << 16)  # tokens of the reduced shape (at most; kept divisible for the layout)
     reference: bool = True  # run the reference check at all
 
 
@@ -327,16 +313,10 @@ class TuningSpec(BaseModel):
     model_config = _STRICT
 
     strategy: Strategy = Field(_TUNE.strategy)
-    budget: Annotated[int, Strict()] | None = Field(
-        _TUNE.budget, ge=1, le=100_000
-    )  # configs measured per kernel and key (random; halving's first rung); None = all
+    budget: Annotated[int, Strict()] | None = Field(_TUNE.budget, ge=1, le=100_000)  # configs measured per kernel and key (random; halving's first rung); None = all
     samples: Annotated[int, Strict()] = Field(_TUNE.samples, ge=1, le=100_000)  # samples per config (exhaustive, random)
-    min_samples: Annotated[int, Strict()] = Field(
-        _TUNE.min_samples, ge=1, le=100_000
-    )  # halving: samples per config on the first rung
-    max_samples: Annotated[int, Strict()] = Field(
-        _TUNE.max_samples, ge=1, le=100_000
-    )  # halving: cap on the samples per config of later rungs
+    min_samples: Annotated[int, Strict()] = Field(_TUNE.min_samples, ge=1, le=100_000)  # halving: samples per config on the first rung
+    max_samples: Annotated[int, Strict()] = Field(_TUNE.max_samples, ge=1, le=100_000)  # halving: cap on the samples per config of later rungs
 
     @model_validator(mode="after")
     def _order(self) -> TuningSpec:
@@ -353,9 +333,7 @@ class WarmupCorrectSpec(BaseModel):
     model_config = _STRICT
 
     segments: PosInt | Literal["auto"] = "auto"  # segments of the longest sequence ("auto": from SMs and H; CPU: 4)
-    tol: Number = Field(
-        MODE_OPTIONS["warmup_correct"]["tol"], gt=0, lt=1
-    )  # bound on the relative error of each warmup-built entering state
+    tol: Number = Field(MODE_OPTIONS["warmup_correct"]["tol"], gt=0, lt=1)  # bound on the relative error of each warmup-built entering state
     window: PosInt | Literal["auto"] = "auto"  # warmup chunks (64 tokens) per segment
     # auto: exact maps only for the segments whose per-channel decay bound fails (decided on the device);
     # exact: exact maps for every segment; none: warmup windows only (error reported, not bounded)
@@ -428,8 +406,7 @@ class SweepSpec(BaseModel):
         for m in value:
             if m not in MODES or m in SINGLE_DEVICE:
                 raise PydanticCustomError(
-                    "mode",
-                    "mode_options keys are CP modes ({ok}) or a peer backend of the spec (fla) or triton "
+                    "mode", "mode_options keys are CP modes ({ok}) or a peer backend of the spec (fla) or triton "
                     "(when the spec has it); got '{m}'",
                     {"m": m, "ok": ", ".join(x for x in MODES if x not in SINGLE_DEVICE)},
                 )
@@ -438,8 +415,7 @@ class SweepSpec(BaseModel):
             unknown = sorted(set(opts) - set(known))
             if unknown:
                 raise PydanticCustomError(
-                    "mode_option",
-                    "unknown option(s) {u} for mode '{m}'; known: {ok}",
+                    "mode_option", "unknown option(s) {u} for mode '{m}'; known: {ok}",
                     {"u": ", ".join(unknown), "m": m, "ok": ", ".join(sorted(known)) or "none"},
                 )
             if m == "tail_exchange":
@@ -462,9 +438,8 @@ class SweepSpec(BaseModel):
             try:
                 name = load_peer(b).name
             except ValueError as err:
-                raise PydanticCustomError(
-                    "backend", "{e} (backends are {ok}, or a plugin)", {"e": str(err), "ok": ", ".join(BENCHMARKED_BACKENDS)}
-                ) from None
+                raise PydanticCustomError("backend", "{e} (backends are {ok}, or a plugin)",
+                                          {"e": str(err), "ok": ", ".join(BENCHMARKED_BACKENDS)}) from None
             if name in names.values() or name in BENCHMARKED_BACKENDS and b != name:
                 raise PydanticCustomError("backend", "backend {b} is named '{n}', like another backend", {"b": b, "n": name})
             names[b] = name
@@ -504,8 +479,7 @@ def _peer_options(backends: list[str], value: dict[str, dict[str, Any]]) -> dict
             unknown = sorted(set(value[peer.name]) - set(known))
             if unknown:
                 raise PydanticCustomError(
-                    "mode_option",
-                    "unknown option(s) {u} for backend '{m}'; known: {ok}",
+                    "mode_option", "unknown option(s) {u} for backend '{m}'; known: {ok}",
                     {"u": ", ".join(unknown), "m": peer.name, "ok": ", ".join(sorted(known)) or "none"},
                 )
             out[peer.name] = dict(value[peer.name])
@@ -517,21 +491,8 @@ def grid_size(spec: SweepSpec) -> int:
     a = spec.axes
     shapes = len(a.B) * len(a.T or []) + len(a.lengths or [])
     return (
-        len(spec.ops)
-        * len(spec.backends)
-        * len(a.dtype)
-        * len(a.direction)
-        * len(a.layout)
-        * shapes
-        * len(a.H)
-        * len(a.HV or [0])
-        * len(a.K)
-        * len(a.V)
-        * len(a.lb)
-        * len(a.W)
-        * len(spec.modes)
-        * len(spec.seeds)
-        * spec.repetitions
+        len(spec.ops) * len(spec.backends) * len(a.dtype) * len(a.direction) * len(a.layout) * shapes
+        * len(a.H) * len(a.HV or [0]) * len(a.K) * len(a.V) * len(a.lb) * len(a.W) * len(spec.modes) * len(spec.seeds) * spec.repetitions
     )
 
 

@@ -63,9 +63,8 @@ def grads_of(step: Callable[[], Tensor], xs: Sequence[Tensor], gather: Callable[
     return [gather(x.grad if x.grad is not None else torch.zeros_like(x)) for x in xs]
 
 
-def reference_grads(
-    op: str, tensors: Sequence[Tensor], do: Tensor, *, cu_seqlens: Tensor | None, backend: str | None
-) -> list[Tensor]:
+def reference_grads(op: str, tensors: Sequence[Tensor], do: Tensor, *, cu_seqlens: Tensor | None,
+                    backend: str | None) -> list[Tensor]:
     """Input gradients of `kernels.forward` (backend) or, with backend None, of `kernels.reference`, for `do`."""
     import kernels
 

@@ -92,12 +92,7 @@ class DeviceInfo:
     compute_capability: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "count": self.count,
-            "names": list(self.names),
-            "compute_capability": self.compute_capability,
-        }
+        return {"kind": self.kind, "count": self.count, "names": list(self.names), "compute_capability": self.compute_capability}
 
 
 @dataclass
@@ -156,12 +151,10 @@ def environment_facts(info: DeviceInfo) -> dict[str, Any]:
     }
     if info.kind == "cuda":
         props = torch.cuda.get_device_properties(0)
-        facts.update(
-            l2_cache_bytes=int(getattr(props, "L2_cache_size", 0)),
-            sm_count=props.multi_processor_count,
-            memory_bytes=int(props.total_memory),
-        )
+        facts.update(l2_cache_bytes=int(getattr(props, "L2_cache_size", 0)), sm_count=props.multi_processor_count,
+                     memory_bytes=int(props.total_memory))
     return facts
+
 
 
 MIN_HEARTBEAT_S = 0.1
@@ -348,24 +341,15 @@ class Worker:
         def register(s: Any) -> int | None:
             # writes first: on SQLite a read transaction that another process overtakes cannot become a write one
             env_id = crud.get_or_create_environment(s, facts=facts).id
-            crud.register_worker(
-                s,
-                name=self.name,
-                host=socket.gethostname(),
-                pid=os.getpid(),
-                devices=info.as_dict(),
-                environment_id=env_id,
-                lease_s=self.lease_s,
-            )
+            crud.register_worker(s, name=self.name, host=socket.gethostname(), pid=os.getpid(), devices=info.as_dict(),
+                                 environment_id=env_id, lease_s=self.lease_s)
             if until_sweep is not None and crud.get_sweep(s, sweep_id=until_sweep) is None:
                 raise SweepNotFoundError(f"no sweep with id {until_sweep}")  # (rolls the registration back)
             return env_id
 
         self.env_id = self._store("register", register, give_up=self.stopping)
         s = self.settings
-        self.pool = GangPool(
-            info.kind, max_alive=s.MAX_GANGS, start_timeout_s=s.GANG_START_TIMEOUT_S, pg_timeout_s=s.PG_TIMEOUT_S
-        )
+        self.pool = GangPool(info.kind, max_alive=s.MAX_GANGS, start_timeout_s=s.GANG_START_TIMEOUT_S, pg_timeout_s=s.PG_TIMEOUT_S)
         logger.info("worker %s: %d %s rank(s), environment %s", self.name, info.count, info.kind, self.env_id)
 
     def run(
@@ -409,12 +393,8 @@ class Worker:
                 status = self._run_point(claim)
                 stats.point_ids.append(claim.point_id)
                 self._store("refresh", functools.partial(refresh_sweep_status, sweep_id=claim.sweep_id))
-                self._store(
-                    "touch",
-                    functools.partial(
-                        crud.touch_worker, name=self.name, status="idle", points_done_inc=1 if status == "done" else 0
-                    ),
-                )
+                self._store("touch", functools.partial(crud.touch_worker, name=self.name, status="idle",
+                                                       points_done_inc=1 if status == "done" else 0))
                 if on_point is not None:
                     on_point(claim.point_id, status)
                 progress(claim.sweep_id)
@@ -462,9 +442,8 @@ class Worker:
         assert info is not None
 
         def claim(s: Any) -> _Claim | None:
-            point = claim_point(
-                s, worker=self.name, lease_s=self.lease_s, max_W=info.count, device_kind=info.kind, owner=self.owner
-            )
+            point = claim_point(s, worker=self.name, lease_s=self.lease_s, max_W=info.count, device_kind=info.kind,
+                                owner=self.owner)
             if point is None:
                 return None
             c = _Claim(point.id, point.sweep_id, point.W, point.attempts, PointSpec.from_json(point.params))
@@ -483,11 +462,8 @@ class Worker:
     def _end_attempt(self, claim: _Claim, error: str, retryable: bool) -> str:
         from db.queue import fail_point
 
-        self._store(
-            "fail",
-            lambda s: fail_point(s, point_id=claim.point_id, worker=self.name, error=error, retryable=retryable),
-            give_up=self._past_grace,
-        )
+        self._store("fail", lambda s: fail_point(s, point_id=claim.point_id, worker=self.name, error=error, retryable=retryable),
+                    give_up=self._past_grace)
         self.stats.failed += 1
         return "failed" if not retryable else "retry"
 
@@ -503,11 +479,8 @@ class Worker:
         options = _options(spec)
         # one file per worker and point: a rank orphaned by a killed worker can't overwrite the finishing worker's trace
         tag = _tag(self.name)
-        trace = (
-            self.art_root / f"sweep{claim.sweep_id}" / f"point{claim.point_id}-{tag}.trace.json.gz"
-            if options.get("profile", True)
-            else None
-        )
+        trace = (self.art_root / f"sweep{claim.sweep_id}" / f"point{claim.point_id}-{tag}.trace.json.gz"
+                 if options.get("profile", True) else None)
         payload = PointJob(point=point, options=options, trace_path=str(trace) if trace else None)
         limit_s = point_time_limit_s(spec, self.settings, _first_call_s(point))
         hb = _Heartbeat(self, claim.point_id)
@@ -527,19 +500,16 @@ class Worker:
                 state = self._store("read tuning state", tuning_state)
                 tune_payload = {"state": state, "point": point, "tuning": spec.get("tuning") or {}}
                 outcome = self.pool.run(1, tune_job, tune_payload, timeout_s=self.settings.JOB_TIMEOUT_S, cancel=cancel)[0]
-                self._store(
-                    "store tuning",
-                    lambda s: store_tuning(s, result=outcome.result, sweep_id=claim.sweep_id, environment_id=self.env_id),
-                )
+                self._store("store tuning", lambda s: store_tuning(s, result=outcome.result, sweep_id=claim.sweep_id,
+                                                                   environment_id=self.env_id))
                 if outcome.error is not None:
                     # a device crash poisons the rank's process: restart the gang, retry (its crasher is now known)
                     self.pool.get(1).close()
                     hb.stop()
                     return self._end_attempt(claim, outcome.error, True)
                 payload = replace(payload, autotune=outcome.payload)
-            results = self.pool.run(
-                claim.W, run_point_job, payload, timeout_s=limit_s, cancel=cancel, collective_timeout_s=limit_s
-            )
+            results = self.pool.run(claim.W, run_point_job, payload, timeout_s=limit_s, cancel=cancel,
+                                    collective_timeout_s=limit_s)
         except JobCancelled:
             hb.stop()
             if hb.lost:
@@ -582,34 +552,19 @@ class Worker:
         spool = self.spool_dir / f"point{claim.point_id}-a{claim.attempt}-{_tag(self.name)}.json"
         spool.parent.mkdir(parents=True, exist_ok=True)
         tmp = spool.with_suffix(".tmp")
-        tmp.write_text(
-            json.dumps(
-                {
-                    "point_id": claim.point_id,
-                    "attempt": claim.attempt,
-                    "worker": self.name,
-                    "environment_id": self.env_id,
-                    "results": [r.to_json() for r in results],
-                },
-                default=str,
-            )
-        )
+        tmp.write_text(json.dumps({"point_id": claim.point_id, "attempt": claim.attempt, "worker": self.name,
+                                   "environment_id": self.env_id, "results": [r.to_json() for r in results]}, default=str))
         tmp.replace(spool)
         self.stats.spooled += 1
         try:
             rows = store_rows(claim.point, results)
             if rows.mismatches:
-                logger.warning(
-                    "point %s: collectives differ from kernels.cp's count: %s", claim.point_id, "; ".join(rows.mismatches)
-                )
+                logger.warning("point %s: collectives differ from kernels.cp's count: %s", claim.point_id,
+                               "; ".join(rows.mismatches))
             artifact = _trace_artifact(rows.trace)
-            stored = self._store(
-                "store results",
-                lambda s: _write_results(
-                    s, point_id=claim.point_id, worker=self.name, environment_id=self.env_id, rows=rows, artifact=artifact
-                ),
-                give_up=lambda: self.stopping() and self._past_grace(),
-            )
+            stored = self._store("store results", lambda s: _write_results(
+                s, point_id=claim.point_id, worker=self.name, environment_id=self.env_id, rows=rows, artifact=artifact),
+                give_up=lambda: self.stopping() and self._past_grace())
         except StoreUnavailable:
             logger.warning("point %s: results left in %s (the store stayed unavailable while stopping)", claim.point_id, spool)
             raise
@@ -702,17 +657,8 @@ def run_worker(
     like SIGTERM (from another thread). owner: work only the sweeps submitted with this owner token
     (`cpbench run`, `cpbench regress`); None: only sweeps without an owner.
     """
-    worker = Worker(
-        url,
-        lease_s=lease_s,
-        heartbeat_s=heartbeat_s,
-        devices=devices,
-        device_kind=device_kind,
-        name=name,
-        stop_event=stop_event,
-        artifact_dir=artifact_dir,
-        owner=owner,
-    )
+    worker = Worker(url, lease_s=lease_s, heartbeat_s=heartbeat_s, devices=devices, device_kind=device_kind, name=name,
+                    stop_event=stop_event, artifact_dir=artifact_dir, owner=owner)
     return worker.run(once=once, max_points=max_points, until_sweep=until_sweep, on_progress=on_progress, on_point=on_point)
 
 

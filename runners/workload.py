@@ -61,24 +61,9 @@ class Workload:
         return replace(self, q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu)
 
 
-def make_inputs(
-    op: str,
-    *,
-    B: int,
-    T: int,
-    H: int,
-    K: int,
-    V: int,
-    device: torch.device | str,
-    HV: int | None = None,
-    lb: float | None,
-    dtype: str = "bfloat16",
-    seed: int = 0,
-    lengths: Sequence[int] | None = None,
-    initial_state: bool = False,
-    grad_out: bool = False,
-    fla_recipe: bool = False,
-) -> Workload:
+def make_inputs(op: str, *, B: int, T: int, H: int, K: int, V: int, device: torch.device | str, HV: int | None = None,
+                lb: float | None, dtype: str = "bfloat16", seed: int = 0, lengths: Sequence[int] | None = None,
+                initial_state: bool = False, grad_out: bool = False, fla_recipe: bool = False) -> Workload:
     """Seeded inputs of one shape on `device` (the module docstring gives the distributions and the draw order).
 
     `lengths` (varlen) replaces the B sequences of T tokens: B = 1, T = sum(lengths), `cu_seqlens` on the device.
@@ -111,36 +96,14 @@ def make_inputs(
     do = randn(B, T, HV, V).to(dt) if grad_out else None
     q, k, v, beta = (t.to(dt) for t in (q, k, v, beta))
     cu = torch.tensor(bounds, dtype=torch.int32, device=device) if lengths else None
-    return Workload(
-        op=op,
-        q=q,
-        k=k,
-        v=v,
-        g=g.to(dt) if fla_recipe else g,
-        beta=beta,
-        cu_seqlens=cu,
-        cu_seqlens_cpu=bounds,
-        initial_state=h0,
-        do=do,
-    )
+    return Workload(op=op, q=q, k=k, v=v, g=g.to(dt) if fla_recipe else g, beta=beta, cu_seqlens=cu,
+                    cu_seqlens_cpu=bounds, initial_state=h0, do=do)
 
 
 def make_workload(point: PointSpec, *, device: torch.device | str) -> Workload:
     """The point's inputs on `device`: `make_inputs` over the point's shape."""
-    return make_inputs(
-        point.op,
-        B=point.B,
-        T=point.T,
-        H=point.H,
-        K=point.K,
-        V=point.V,
-        HV=point.value_heads,
-        dtype=point.dtype,
-        lb=point.lb,
-        seed=point.seed,
-        lengths=point.lengths,
-        device=device,
-    )
+    return make_inputs(point.op, B=point.B, T=point.T, H=point.H, K=point.K, V=point.V, HV=point.value_heads,
+                       dtype=point.dtype, lb=point.lb, seed=point.seed, lengths=point.lengths, device=device)
 
 
 def reduced_params(point: PointSpec, *, max_tokens: int) -> PointSpec:
@@ -154,7 +117,7 @@ def reduced_params(point: PointSpec, *, max_tokens: int) -> PointSpec:
     n = min(total, max(unit, max_tokens // unit * unit))
     n -= n % unit
     H = W if point.mode == "headwise" else min(point.H, 2)
-    HV = H * (point.HV // point.H) if point.HV else None  # the same grouping
+    HV = H * (point.HV // point.H) if point.HV else None   # the same grouping
     if not (point.lengths or point.B > 1):
         return replace(point, B=1, T=n, H=H, HV=HV, lengths=None)
     lens = list(point.lengths) if point.lengths else [point.T] * point.B

@@ -81,13 +81,8 @@ def imports(path: Path, name: str | None = None, known: Collection[str] = ()) ->
 
 
 def tracked_modules() -> list[Path]:
-    out = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout.split()
     return [ROOT / f for f in out if (ROOT / f).is_file()]
 
 
@@ -113,9 +108,7 @@ def test_the_graph_between_packages_is_one_way() -> None:
 
 def test_the_checker_sees_nested_and_relative_imports(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
-    probe.write_text(
-        "def f():\n    from bench_server.main import create_app\n    from . import spec\n    from .cli import common\n"
-    )
+    probe.write_text("def f():\n    from bench_server.main import create_app\n    from . import spec\n    from .cli import common\n")
     found = set(imports(probe, "runners.probe"))
     assert found == {("bench_server.main", 2), ("runners", 3), ("runners.cli", 4)}
     assert node("bench_server.main") == "bench_server" and node("kernels.cp.modes") == "kernels.cp" and node("os") is None
@@ -123,33 +116,22 @@ def test_the_checker_sees_nested_and_relative_imports(tmp_path: Path) -> None:
 
 
 def test_kernels_common_imports_no_op() -> None:
-    bad = [
-        f"{path.relative_to(ROOT)}:{line} {target}"
-        for path in (ROOT / "kernels" / "common").glob("*.py")
-        for target, line in imports(path)
-        if target.startswith(OPS)
-    ]
+    bad = [f"{path.relative_to(ROOT)}:{line} {target}" for path in (ROOT / "kernels" / "common").glob("*.py")
+           for target, line in imports(path) if target.startswith(OPS)]
     assert bad == []
 
 
 def test_kernels_imports_only_torch_triton_and_the_standard_library() -> None:
     allowed = KERNELS_THIRD_PARTY | set(sys.stdlib_module_names) | {"kernels"}
-    bad = [
-        f"{path.relative_to(ROOT)}:{line} {target}"
-        for path in (ROOT / "kernels").rglob("*.py")
-        for target, line in imports(path)
-        if target.split(".")[0] not in allowed
-    ]
+    bad = [f"{path.relative_to(ROOT)}:{line} {target}" for path in (ROOT / "kernels").rglob("*.py")
+           for target, line in imports(path) if target.split(".")[0] not in allowed]
     assert bad == []
 
 
 def test_the_vocabulary_imports_only_the_standard_library() -> None:
     path = ROOT / "kernels" / "vocabulary.py"
-    bad = [
-        f"{line} {target}"
-        for target, line in imports(path)
-        if target.split(".")[0] not in sys.stdlib_module_names and target != "__future__"
-    ]
+    bad = [f"{line} {target}" for target, line in imports(path)
+           if target.split(".")[0] not in sys.stdlib_module_names and target != "__future__"]
     assert bad == []
 
 
@@ -193,7 +175,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
         stack.append(v)
         for w in sorted(graph.get(v, ())):
             if w in stack:
-                return [*stack[stack.index(w) :], w]
+                return [*stack[stack.index(w):], w]
             if w not in done and (found := visit(w)):
                 return found
         done.add(stack.pop())
@@ -213,10 +195,8 @@ def test_no_import_cycle_between_modules(tmp_path: Path) -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"b", "d"}, "d": set()}) == ["b", "c", "b"]
     probe = tmp_path / "probe.py"
     probe.write_text("def f():\n    from runners.tuner import export, TuneSpec\n    from . import spec\n")
-    assert set(imports(probe, "runners.probe", known={"runners.tuner.export"})) == {
-        ("runners.tuner.export", 2),
-        ("runners", 3),
-    }
+    assert set(imports(probe, "runners.probe", known={"runners.tuner.export"})) == {("runners.tuner.export", 2),
+                                                                                   ("runners", 3)}
 
 
 def _store_queries(tree: ast.AST) -> Iterator[tuple[int, str]]:
@@ -225,33 +205,20 @@ def _store_queries(tree: ast.AST) -> Iterator[tuple[int, str]]:
         if not isinstance(n, ast.Call):
             continue
         f = n.func
-        if (
-            isinstance(f, ast.Name)
-            and f.id == "select"
-            or isinstance(f, ast.Attribute)
-            and f.attr == "select"
-            and (isinstance(f.value, ast.Name) and f.value.id in ("sqlalchemy", "sa"))
-        ):
+        if isinstance(f, ast.Name) and f.id == "select" or isinstance(f, ast.Attribute) and f.attr == "select" and (
+                isinstance(f.value, ast.Name) and f.value.id in ("sqlalchemy", "sa")):
             yield n.lineno, "select("
         elif isinstance(f, ast.Attribute) and f.attr == "execute":
             yield n.lineno, f"{ast.unparse(f.value)}.execute("
 
 
 def test_only_db_queries_the_store() -> None:
-    bad = [
-        f"{path.relative_to(ROOT)}:{line} {call}"
-        for name, path in project_modules().items()
-        if node(name) != "db"
-        for line, call in _store_queries(ast.parse(path.read_text()))
-    ]
+    bad = [f"{path.relative_to(ROOT)}:{line} {call}" for name, path in project_modules().items() if node(name) != "db"
+           for line, call in _store_queries(ast.parse(path.read_text()))]
     assert bad == []
     probe = "def f(s):\n    s.execute(select(A))\n    t.index_select(0, i)\n    self.session.execute(sa.select(B))\n"
-    assert sorted(_store_queries(ast.parse(probe))) == [
-        (2, "s.execute("),
-        (2, "select("),
-        (4, "select("),
-        (4, "self.session.execute("),
-    ]
+    assert sorted(_store_queries(ast.parse(probe))) == [(2, "s.execute("), (2, "select("), (4, "select("),
+                                                        (4, "self.session.execute(")]
 
 
 def _kernels_trees() -> Iterator[tuple[str, ast.Module]]:
@@ -262,41 +229,20 @@ def _kernels_trees() -> Iterator[tuple[str, ast.Module]]:
 def test_kernels_has_no_global_statement() -> None:
     """Launch configs, the recompute policy and what launched travel in a `kernels.plan.LaunchPlan` passed as an
     argument: no function of `kernels/` rebinds a module variable."""
-    bad = [
-        f"{rel}:{n.lineno} global {', '.join(n.names)}"
-        for rel, tree in _kernels_trees()
-        for n in ast.walk(tree)
-        if isinstance(n, ast.Global)
-    ]
+    bad = [f"{rel}:{n.lineno} global {', '.join(n.names)}" for rel, tree in _kernels_trees() for n in ast.walk(tree)
+           if isinstance(n, ast.Global)]
     assert bad == []
 
 
-_MUTATORS = {
-    "clear",
-    "pop",
-    "popitem",
-    "update",
-    "setdefault",
-    "append",
-    "extend",
-    "remove",
-    "insert",
-    "add",
-    "discard",
-    "move_to_end",
-}
+_MUTATORS = {"clear", "pop", "popitem", "update", "setdefault", "append", "extend", "remove", "insert", "add",
+             "discard", "move_to_end"}
 
 
 def _mutated_module_names(tree: ast.Module) -> Iterator[tuple[str, str, int]]:
     """(function, module-level name, line) of every in-place change of a module-level container inside a function:
     a mutating method call or an item store / delete."""
-    top = {
-        t.id
-        for n in tree.body
-        if isinstance(n, (ast.Assign, ast.AnnAssign))
-        for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
-        if isinstance(t, ast.Name)
-    }
+    top = {t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+           for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
     for fn in ast.walk(tree):
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
@@ -316,12 +262,9 @@ def _mutated_module_names(tree: ast.Module) -> Iterator[tuple[str, str, int]]:
 def test_kernels_mutates_no_module_state_at_run_time() -> None:
     """No module-level container of `kernels/` is written by a function, except the kernel registry filled by
     `register` at import (`kernels.configs.KERNELS`) and memo caches (`*_CACHE`, keyed by what they cache)."""
-    bad = [
-        f"{rel}:{line} {fn}() changes {name}"
-        for rel, tree in _kernels_trees()
-        for fn, name, line in _mutated_module_names(tree)
-        if not (name.endswith("_CACHE") or (name, fn) == ("KERNELS", "register"))
-    ]
+    bad = [f"{rel}:{line} {fn}() changes {name}" for rel, tree in _kernels_trees()
+           for fn, name, line in _mutated_module_names(tree)
+           if not (name.endswith("_CACHE") or (name, fn) == ("KERNELS", "register"))]
     assert bad == []
 
 
@@ -348,14 +291,10 @@ def test_tests_of_the_engine_mirror_its_modules() -> None:
     """Every test module under tests/runners/ names the runners module it exercises, in the same folder, and every
     test module under tests/benchmarks/ the script it runs: "where is runners/tuner/trials.py tested?" has one answer."""
     pairs = [(ROOT / "tests" / "runners", ROOT / "runners"), (ROOT / "tests" / "benchmarks", ROOT / "benchmarks")]
-    bad = [
-        str(test.relative_to(ROOT))
-        for tests_root, source_root in pairs
-        for test in sorted(tests_root.rglob("test_*.py"))
-        if mirrored_source(test, tests_root, source_root) is None
-    ]
+    bad = [str(test.relative_to(ROOT)) for tests_root, source_root in pairs for test in sorted(tests_root.rglob("test_*.py"))
+           if mirrored_source(test, tests_root, source_root) is None]
     assert bad == []
-    probe = ROOT / "tests" / "runners" / "tuner" / "test_tune_direction.py"
-    assert mirrored_source(probe, ROOT / "tests" / "runners", ROOT / "runners") == ROOT / "runners" / "tuner" / "tune.py"
-    nowhere = ROOT / "tests" / "runners" / "test_nosuch_feature.py"
-    assert mirrored_source(nowhere, ROOT / "tests" / "runners", ROOT / "runners") is None
+    runners_tests = ROOT / "tests" / "runners"
+    probe = runners_tests / "tuner" / "test_tune_direction.py"
+    assert mirrored_source(probe, runners_tests, ROOT / "runners") == ROOT / "runners" / "tuner" / "tune.py"
+    assert mirrored_source(runners_tests / "test_nosuch_feature.py", runners_tests, ROOT / "runners") is None

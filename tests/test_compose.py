@@ -59,9 +59,7 @@ def test_compose_worker_gpu_and_environment() -> None:
     assert s["worker"]["build"]["args"]["BASE_IMAGE"].startswith("nvidia/cuda:")
     for name in ("migrate", "api", "worker"):
         env = s[name]["environment"]
-        assert re.fullmatch(
-            r"postgresql\+psycopg://cpbench:\$\{POSTGRES_PASSWORD[^}]*\}@db:5432/cpbench", env["CPBENCH_DATABASE_URL"]
-        )
+        assert re.fullmatch(r"postgresql\+psycopg://cpbench:\$\{POSTGRES_PASSWORD[^}]*\}@db:5432/cpbench", env["CPBENCH_DATABASE_URL"])
         assert env["CPBENCH_API_TOKEN"].startswith("${CPBENCH_API_TOKEN")
     example = (ROOT / ".env.example").read_text()
     assert "CPBENCH_API_TOKEN=" in example and "POSTGRES_PASSWORD=" in example

@@ -21,53 +21,22 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PLATFORM = [
-    "--platform",
-    "manylinux_2_28_x86_64",
-    "--python-version",
-    "3.11",
-    "--implementation",
-    "cp",
-    "--only-binary",
-    ":all:",
-]
-NETWORK_HINTS = (
-    "Could not fetch URL",
-    "Max retries exceeded",
-    "NewConnectionError",
-    "Temporary failure in name resolution",
-    "Network is unreachable",
-    "ConnectTimeoutError",
-    "ProxyError",
-)
+PLATFORM = ["--platform", "manylinux_2_28_x86_64", "--python-version", "3.11", "--implementation", "cp",
+            "--only-binary", ":all:"]
+NETWORK_HINTS = ("Could not fetch URL", "Max retries exceeded", "NewConnectionError", "Temporary failure in name resolution",
+                 "Network is unreachable", "ConnectTimeoutError", "ProxyError")
 
 
 def _pip_report(tmp_path: Path, name: str, args: list[str]) -> list[dict[str, Any]]:
     """`pip install --dry-run --report` (isolated from this machine's pip configuration) for the GPU platform."""
     report = tmp_path / f"{name}.json"
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "--isolated",
-        "install",
-        "--dry-run",
-        "--ignore-installed",
-        "--quiet",
-        "--target",
-        str(tmp_path / f"{name}-target"),
-        "--report",
-        str(report),
-        *PLATFORM,
-        *args,
-    ]
+    cmd = [sys.executable, "-m", "pip", "--isolated", "install", "--dry-run", "--ignore-installed", "--quiet",
+           "--target", str(tmp_path / f"{name}-target"), "--report", str(report), *PLATFORM, *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         if any(h in proc.stderr for h in NETWORK_HINTS):
-            pytest.fail(
-                "cannot reach the package index: this test resolves the GPU install from PyPI's wheel metadata "
-                f"and needs network access ({proc.stderr.strip().splitlines()[-1]})"
-            )
+            pytest.fail("cannot reach the package index: this test resolves the GPU install from PyPI's wheel metadata "
+                        f"and needs network access ({proc.stderr.strip().splitlines()[-1]})")
         pytest.fail(f"the GPU install does not resolve ({' '.join(args)}):\n{proc.stderr.strip()}")
     return json.loads(report.read_text())["install"]
 
@@ -77,9 +46,8 @@ def _name(line: str) -> str:
 
 
 def test_gpu_install_resolves(tmp_path: Path) -> None:
-    out = subprocess.run(
-        ["bash", str(REPO / "dev"), "gpu-requirements"], capture_output=True, text=True, check=True, cwd=REPO
-    ).stdout
+    out = subprocess.run(["bash", str(REPO / "dev"), "gpu-requirements"], capture_output=True, text=True, check=True,
+                         cwd=REPO).stdout
     lines = [ln.strip() for ln in out.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     names = [_name(ln) for ln in lines]
     assert names.count("torch") == 1 and "pytest" not in names and "ruff" not in names, names
@@ -96,14 +64,9 @@ def test_gpu_install_resolves(tmp_path: Path) -> None:
     # every package of the set (torch's Triton instead of torch) has a wheel for the platform
     rest = tmp_path / "rest.txt"
     rest.write_text("\n".join([ln for ln in lines if _name(ln) not in ("torch", "triton")] + [triton_pin]) + "\n")
-    got = {
-        i["metadata"]["name"].lower(): i["metadata"]["version"]
-        for i in _pip_report(tmp_path, "rest", ["--no-deps", "-r", str(rest)])
-    }
+    got = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in _pip_report(tmp_path, "rest", ["--no-deps", "-r", str(rest)])}
     assert set(got) == {n for n in names if n not in ("torch",)} | {"triton"}, got
     # that Triton with the set's other pins on what it touches, dependencies resolved
     numpy = [ln for ln in lines if _name(ln) == "numpy"]
-    resolved = {
-        i["metadata"]["name"].lower(): i["metadata"]["version"] for i in _pip_report(tmp_path, "triton", [triton_pin, *numpy])
-    }
+    resolved = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in _pip_report(tmp_path, "triton", [triton_pin, *numpy])}
     assert resolved["triton"] == triton_pin.split("==")[1]

@@ -18,9 +18,7 @@ from bench_server.core.security import verify_token
 
 __all__ = ["SessionDep", "bearer", "SettingsDep", "get_db", "get_settings_dep", "require_read", "require_token"]
 
-bearer = _bearer = HTTPBearer(
-    auto_error=False, description="The API token (CPBENCH_API_TOKEN, or the one generated at first start)"
-)
+bearer = _bearer = HTTPBearer(auto_error=False, description="The API token (CPBENCH_API_TOKEN, or the one generated at first start)")
 
 
 def get_db(request: Request) -> Iterator[Session]:
@@ -39,11 +37,8 @@ Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 def _check(request: Request, credentials: HTTPAuthorizationCredentials | None) -> None:
     if credentials is None:
-        raise HTTPException(
-            status_code=status.HTTP_401_UNAUTHORIZED,
-            detail="Not authenticated: send 'Authorization: Bearer <token>'",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+        raise HTTPException(status_code=status.HTTP_401_UNAUTHORIZED, detail="Not authenticated: send 'Authorization: Bearer <token>'",
+                            headers={"WWW-Authenticate": "Bearer"})
     if not verify_token(credentials.credentials, request.app.state.api_token):
         raise HTTPException(status_code=status.HTTP_403_FORBIDDEN, detail="Invalid token")
 

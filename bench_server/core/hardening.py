@@ -53,16 +53,11 @@ class HardeningMiddleware:
             await send(message)
 
         if _has_nul(scope):
-            payload = json.dumps(
-                {"detail": [{"loc": ["query"], "msg": "the URL must not contain a NUL character", "type": "nul"}]}
-            ).encode()
-            await send_with_headers(
-                {
-                    "type": "http.response.start",
-                    "status": 422,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
-                }
-            )
+            payload = json.dumps({"detail": [{"loc": ["query"], "msg": "the URL must not contain a NUL character",
+                                              "type": "nul"}]}).encode()
+            await send_with_headers({"type": "http.response.start", "status": 422,
+                                     "headers": [(b"content-type", b"application/json"),
+                                                 (b"content-length", str(len(payload)).encode())]})
             await send({"type": "http.response.body", "body": payload})
             return
         await self.app(scope, receive, send_with_headers)

@@ -59,19 +59,10 @@ class BodySizeLimitMiddleware:
         return size
 
     async def _refuse(self, send: Send, size: int) -> None:
-        body: dict[str, Any] = {
-            "detail": f"request body of {size} bytes is over the limit of {self.max_bytes} bytes (CPBENCH_MAX_BODY_BYTES)"
-        }
+        body: dict[str, Any] = {"detail": f"request body of {size} bytes is over the limit of {self.max_bytes} bytes "
+                                          "(CPBENCH_MAX_BODY_BYTES)"}
         payload = json.dumps(body).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(payload)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+                                (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": payload})

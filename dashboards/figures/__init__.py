@@ -9,4 +9,5 @@ from dashboards.figures import accuracy, best_mode, comm, history, latency, scal
 SWEEP_FIGURES = {m.NAME: m for m in (best_mode, latency, scaling, comm, syncs, accuracy)}
 ALL_FIGURES = {**SWEEP_FIGURES, tuning.NAME: tuning, history.NAME: history}
 
-__all__ = ["ALL_FIGURES", "SWEEP_FIGURES", "accuracy", "best_mode", "comm", "history", "latency", "scaling", "syncs", "tuning"]
+__all__ = ["ALL_FIGURES", "SWEEP_FIGURES", "accuracy", "best_mode", "comm", "history", "latency", "scaling", "syncs",
+           "tuning"]

@@ -42,32 +42,9 @@ from dashboards.figures.common import (
 
 NAME = "best_mode"
 TITLE = "Mode map: fastest exact mode per T × W (speedup over one device, runner-up and gap)"
-COLUMNS = (
-    "op",
-    "direction",
-    "lb",
-    "B",
-    "T",
-    "W",
-    "best_mode",
-    "best_backend",
-    "best",
-    "best_id",
-    "best_ms",
-    "p10_ms",
-    "p90_ms",
-    "n",
-    "speedup_vs_none",
-    "exact",
-    "runner_up",
-    "runner_up_ms",
-    "gap",
-    "faster_approx",
-    "faster_approx_ms",
-    "candidates",
-    "configs",
-    "collectives",
-)
+COLUMNS = ("op", "direction", "lb", "B", "T", "W", "best_mode", "best_backend", "best", "best_id", "best_ms", "p10_ms", "p90_ms", "n",
+           "speedup_vs_none", "exact", "runner_up", "runner_up_ms", "gap", "faster_approx", "faster_approx_ms", "candidates",
+           "configs", "collectives")
 APPROX_MARK = "≈"
 
 
@@ -103,34 +80,18 @@ def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         win = exact[0] if exact else ranked[0]
         runner = exact[1] if len(exact) > 1 else None
         approx = ranked[0] if exact and not is_exact(ranked[0]) else None
-        out.append(
-            {
-                "op": op,
-                "direction": direction,
-                "lb": lb,
-                "B": B,
-                "T": T,
-                "W": W,
-                "best_mode": win["mode"],
-                "best_backend": backend_label(win),
-                "best": _who(win, named),
-                "best_id": win.get("id"),
-                "best_ms": win["median_ms"],
-                "p10_ms": win.get("p10_ms"),
-                "p90_ms": win.get("p90_ms"),
-                "n": win.get("n"),
-                "speedup_vs_none": speedup(win, base),
-                "exact": bool(exact),
-                "runner_up": _who(runner, named),
-                "runner_up_ms": runner["median_ms"] if runner else None,
-                "gap": runner["median_ms"] / win["median_ms"] - 1.0 if runner else None,
-                "faster_approx": _who(approx, named),
-                "faster_approx_ms": approx["median_ms"] if approx else None,
-                "candidates": len(ranked),
-                "configs": win.get("configs"),
-                "collectives": win.get("collectives"),
-            }
-        )
+        out.append({
+            "op": op, "direction": direction, "lb": lb, "B": B, "T": T, "W": W,
+            "best_mode": win["mode"], "best_backend": backend_label(win), "best": _who(win, named),
+            "best_id": win.get("id"), "best_ms": win["median_ms"],
+            "p10_ms": win.get("p10_ms"), "p90_ms": win.get("p90_ms"), "n": win.get("n"),
+            "speedup_vs_none": speedup(win, base), "exact": bool(exact),
+            "runner_up": _who(runner, named), "runner_up_ms": runner["median_ms"] if runner else None,
+            "gap": runner["median_ms"] / win["median_ms"] - 1.0 if runner else None,
+            "faster_approx": _who(approx, named),
+            "faster_approx_ms": approx["median_ms"] if approx else None,
+            "candidates": len(ranked), "configs": win.get("configs"), "collectives": win.get("collectives"),
+        })
     return out
 
 
@@ -149,11 +110,9 @@ def _label(c: dict[str, Any]) -> str:
 def _hover(c: dict[str, Any]) -> str:
     spread = "" if c["p10_ms"] is None else f" (p10–p90 {c['p10_ms']:.4g}–{c['p90_ms']:.4g})"
     own = f" ({c['best_backend']})" if c["best"] != c["best_mode"] else ""  # its own backend's none
-    lines = [
-        f"<b>{c['best']}</b> fastest exact at B={c['B']} T={c['T']} W={c['W']} lb={c['lb']:g}",
-        f"{c['best_ms']:.4g} ms{spread}, n={c['n']}",
-        f"speedup vs none{own}: " + ("—" if c["speedup_vs_none"] is None else f"{c['speedup_vs_none']:.2f}×"),
-    ]
+    lines = [f"<b>{c['best']}</b> fastest exact at B={c['B']} T={c['T']} W={c['W']} lb={c['lb']:g}",
+             f"{c['best_ms']:.4g} ms{spread}, n={c['n']}",
+             f"speedup vs none{own}: " + ("—" if c["speedup_vs_none"] is None else f"{c['speedup_vs_none']:.2f}×")]
     if c["runner_up"]:
         lines.append(f"runner-up {c['runner_up']} {c['runner_up_ms']:.4g} ms (+{100 * c['gap']:.1f}%)")
     if c["faster_approx"]:
@@ -173,18 +132,10 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
     lbs, Bs = facet_values(table, "lb"), facet_values(table, "B")
     Ws, Ts = facet_values(table, "W"), facet_values(table, "T")
     xs, ys = [f"W={W}" for W in Ws], [f"T={T}" for T in Ts]
-    titles = [
-        " · ".join(t for t in (f"B={B}" if len(Bs) > 1 else "", f"lb={lb:g}" if len(lbs) > 1 else "") if t) or " "
-        for B in Bs
-        for lb in lbs
-    ]
-    fig = make_subplots(
-        rows=len(Bs),
-        cols=len(lbs),
-        subplot_titles=titles,
-        horizontal_spacing=0.06,
-        vertical_spacing=0.12 if len(Bs) > 1 else 0.0,
-    )
+    titles = [" · ".join(t for t in (f"B={B}" if len(Bs) > 1 else "", f"lb={lb:g}" if len(lbs) > 1 else "") if t) or " "
+              for B in Bs for lb in lbs]
+    fig = make_subplots(rows=len(Bs), cols=len(lbs), subplot_titles=titles, horizontal_spacing=0.06,
+                        vertical_spacing=0.12 if len(Bs) > 1 else 0.0)
     labels = backend_labels(measured(rows))  # every candidate's, as `frame` names them
     shown: set[str] = set()
     for i, B in enumerate(Bs, start=1):
@@ -195,45 +146,24 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
                 won = {k: c for k, c in facet.items() if (c["best_mode"], c["best_backend"]) == (mode, backend)}
                 name = series_name(mode, backend, labels)
                 grid = [[won.get((T, W)) for W in Ws] for T in Ts]
-                fig.add_trace(
-                    go.Heatmap(
-                        x=xs,
-                        y=ys,
-                        z=[[None if c is None else 1 for c in row] for row in grid],
-                        text=[["" if c is None else _label(c) for c in row] for row in grid],
-                        texttemplate="%{text}",
-                        textfont={"size": 12, "color": "white"},
-                        customdata=[[["", None] if c is None else [_hover(c), c["best_id"]] for c in row] for row in grid],
-                        hovertemplate="%{customdata[0]}<extra></extra>",
-                        hoverongaps=False,
-                        colorscale=[[0, mode_color(mode)], [1, mode_color(mode)]],
-                        showscale=False,
-                        xgap=2,
-                        ygap=2,
-                        name=name,
-                        legendgroup=name,
-                        showlegend=name not in shown,
-                        meta={"mode": mode, "backend": backend, "B": B, "lb": lb, "kind": "best"},
-                    ),
-                    row=i,
-                    col=j,
-                )
+                fig.add_trace(go.Heatmap(
+                    x=xs, y=ys, z=[[None if c is None else 1 for c in row] for row in grid],
+                    text=[["" if c is None else _label(c) for c in row] for row in grid], texttemplate="%{text}",
+                    textfont={"size": 12, "color": "white"},
+                    customdata=[[["", None] if c is None else [_hover(c), c["best_id"]] for c in row] for row in grid],
+                    hovertemplate="%{customdata[0]}<extra></extra>", hoverongaps=False,
+                    colorscale=[[0, mode_color(mode)], [1, mode_color(mode)]], showscale=False, xgap=2, ygap=2,
+                    name=name, legendgroup=name, showlegend=name not in shown,
+                    meta={"mode": mode, "backend": backend, "B": B, "lb": lb, "kind": "best"},
+                ), row=i, col=j)
                 shown.add(name)
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=xs)
     fig.update_xaxes(title_text="CP size", row=len(Bs))
     fig.update_yaxes(type="category", categoryorder="array", categoryarray=ys)
     fig.update_yaxes(title_text="tokens", col=1)
-    fig.add_annotation(
-        text=f"{APPROX_MARK}: an approximate scheme (within a tolerance) is faster than the exact "
-        "winner (named, with how much faster) · 2nd +x%: how much slower the runner-up is",
-        xref="paper",
-        yref="paper",
-        x=0,
-        y=0,
-        yshift=-52,
-        yanchor="top",
-        showarrow=False,
-        font={"size": 11},
-    )
+    fig.add_annotation(text=f"{APPROX_MARK}: an approximate scheme (within a tolerance) is faster than the exact "
+                            "winner (named, with how much faster) · 2nd +x%: how much slower the runner-up is",
+                       xref="paper", yref="paper", x=0, y=0, yshift=-52, yanchor="top", showarrow=False,
+                       font={"size": 11})
     height = max(300, len(Bs) * (90 * len(Ts) + 60) + 90)
     return base_layout(fig, TITLE, height=height).update_layout(margin={"b": 90})

@@ -42,27 +42,8 @@ def _window(opts: dict) -> int:
 
 NAME = "comm"
 TITLE = "Collectives per step: measured (markers) vs cost model (lines); a training step's fwd (●) and bwd (▼) apart"
-COLUMNS = (
-    "facet_W",
-    "id",
-    "mode",
-    "W",
-    "op",
-    "backend",
-    "B",
-    "T",
-    "H",
-    "K",
-    "V",
-    "dtype",
-    "part",
-    "measured_calls",
-    "model_calls",
-    "measured_bytes",
-    "model_bytes",
-    "measured_by_kind",
-    "model_by_kind",
-)
+COLUMNS = ("facet_W", "id", "mode", "W", "op", "backend", "B", "T", "H", "K", "V", "dtype", "part", "measured_calls",
+           "model_calls", "measured_bytes", "model_bytes", "measured_by_kind", "model_by_kind")
 # part of a step -> (marker symbol, model line dash)
 PART_STYLE = {"step": ("circle", "dash"), "fwd": ("circle", "dash"), "bwd": ("triangle-down", "dot")}
 
@@ -86,35 +67,18 @@ def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             opts = (r.get("params") or {}).get("mode_options") or {}
             model_mode = "true_cp" if r["mode"] == "tail_exchange" and opts.get("fallback") == "true_cp" else r["mode"]
             for part, direction, calls, nbytes in _parts(r):
-                model = comm_cost(
-                    model_mode,
-                    B=r["B"],
-                    T=r["T"],
-                    H=r["H"],
-                    K=r["K"],
-                    V=r["V"],
-                    W=r["W"] or 1,
-                    dtype_bytes=dtype_bytes(r.get("dtype")),
-                    op=r.get("op") or "gdn",
-                    layout=r.get("layout") or "contiguous",
-                    lengths=(r.get("params") or {}).get("lengths"),
-                    direction=direction,
-                    warmup_chunks=_window(opts),
-                )
-                out.append(
-                    {
-                        **{c: r.get(c) for c in ("id", "mode", "W", "op", "backend", "B", "T", "H", "K", "V", "dtype")},
-                        "facet_W": W,
-                        "part": part,
-                        "measured_calls": sum(calls.values()),
-                        "measured_bytes": sum(nbytes.values()),
-                        "model_calls": None if model is None else model.count,
-                        "model_bytes": None if model is None else model.total_payload_bytes,
-                        "backend_label": backend_label(r),
-                        "measured_by_kind": dict(calls),
-                        "model_by_kind": None if model is None else dict(model.collectives),
-                    }
-                )
+                model = comm_cost(model_mode, B=r["B"], T=r["T"], H=r["H"], K=r["K"], V=r["V"], W=r["W"] or 1,
+                                  dtype_bytes=dtype_bytes(r.get("dtype")), op=r.get("op") or "gdn",
+                                  layout=r.get("layout") or "contiguous", lengths=(r.get("params") or {}).get("lengths"),
+                                  direction=direction, warmup_chunks=_window(opts))
+                out.append({
+                    **{c: r.get(c) for c in ("id", "mode", "W", "op", "backend", "B", "T", "H", "K", "V", "dtype")},
+                    "facet_W": W, "part": part, "measured_calls": sum(calls.values()), "measured_bytes": sum(nbytes.values()),
+                    "model_calls": None if model is None else model.count,
+                    "model_bytes": None if model is None else model.total_payload_bytes,
+                    "backend_label": backend_label(r), "measured_by_kind": dict(calls),
+                    "model_by_kind": None if model is None else dict(model.collectives),
+                })
     return out
 
 
@@ -134,57 +98,26 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
                 T = [p["T"] for p in pts]
                 what = "" if part == "step" else f" {part}"
                 for i, (col, label) in enumerate((("calls", "calls"), ("bytes", "bytes")), start=1):
-                    fig.add_trace(
-                        go.Scatter(
-                            x=T,
-                            y=[p[f"measured_{col}"] for p in pts],
-                            name=name,
-                            legendgroup=name,
-                            showlegend=first and i == 1,
-                            mode="markers",
-                            ids=[str(p["id"]) for p in pts],
-                            marker={"color": mode_color(mode), "size": 9, "symbol": backend_marker(symbol, backend, labels)},
-                            customdata=[[B, str(p["measured_by_kind"])] for p in pts],
-                            hovertemplate=f"{name}{what} measured<br>B=%{{customdata[0]}} T=%{{x}}<br>{label} %{{y:,}}"
-                            "<br>%{customdata[1]}<extra></extra>",
-                            meta={
-                                "mode": mode,
-                                "backend": backend,
-                                "B": B,
-                                "W": W,
-                                "kind": "measured",
-                                "quantity": col,
-                                "part": part,
-                            },
-                        ),
-                        row=i,
-                        col=j,
-                    )
+                    fig.add_trace(go.Scatter(
+                        x=T, y=[p[f"measured_{col}"] for p in pts], name=name, legendgroup=name,
+                        showlegend=first and i == 1, mode="markers", ids=[str(p["id"]) for p in pts],
+                        marker={"color": mode_color(mode), "size": 9,
+                                "symbol": backend_marker(symbol, backend, labels)},
+                        customdata=[[B, str(p["measured_by_kind"])] for p in pts],
+                        hovertemplate=f"{name}{what} measured<br>B=%{{customdata[0]}} T=%{{x}}<br>{label} %{{y:,}}"
+                                      "<br>%{customdata[1]}<extra></extra>",
+                        meta={"mode": mode, "backend": backend, "B": B, "W": W, "kind": "measured", "quantity": col,
+                              "part": part},
+                    ), row=i, col=j)
                     model = [p[f"model_{col}"] for p in pts]
                     if any(m is not None for m in model):
-                        fig.add_trace(
-                            go.Scatter(
-                                x=T,
-                                y=model,
-                                name=f"{name} (model)",
-                                legendgroup=name,
-                                showlegend=False,
-                                mode="lines",
-                                line={"color": mode_color(mode), "dash": dash, "width": 1.5},
-                                hovertemplate=f"{mode}{what} model<br>T=%{{x}}<br>{label} %{{y:,}}<extra></extra>",
-                                meta={
-                                    "mode": mode,
-                                    "backend": backend,
-                                    "B": B,
-                                    "W": W,
-                                    "kind": "model",
-                                    "quantity": col,
-                                    "part": part,
-                                },
-                            ),
-                            row=i,
-                            col=j,
-                        )
+                        fig.add_trace(go.Scatter(
+                            x=T, y=model, name=f"{name} (model)", legendgroup=name, showlegend=False, mode="lines",
+                            line={"color": mode_color(mode), "dash": dash, "width": 1.5},
+                            hovertemplate=f"{mode}{what} model<br>T=%{{x}}<br>{label} %{{y:,}}<extra></extra>",
+                            meta={"mode": mode, "backend": backend, "B": B, "W": W, "kind": "model", "quantity": col,
+                                  "part": part},
+                        ), row=i, col=j)
     log_t_axis(fig, table)
     fig.update_yaxes(title_text="collective calls", row=1, col=1, rangemode="tozero")
     fig.update_yaxes(type="log", row=2)

@@ -201,7 +201,7 @@ def ms_ticks(values: Iterable[Any]) -> dict[str, Any]:
     lo, hi = min(vs), max(vs)
     ticks: list[float] = []
     for d in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1):
-        ticks += [m * 10.0**d for m in (1, 2, 5)]
+        ticks += [m * 10.0 ** d for m in (1, 2, 5)]
     first, last = max(t for t in ticks if t <= lo), min(t for t in ticks if t >= hi)  # the decades bracket lo and hi
     ticks = [t for t in ticks if first <= t <= last]
     return {"tickvals": ticks, "ticktext": [f"{t:.3g}" for t in ticks]}
@@ -211,14 +211,8 @@ def per_step_grid(table: Sequence[dict[str, Any]]) -> tuple[go.Figure, list[Any]
     """Two stacked panels (rows 1 and 2) per CP size W (columns, from the rows' `facet_W`), x shared, and the W
     values in column order: the layout of the per-step count figures (collectives, host syncs)."""
     Ws = facet_values(table, "facet_W")
-    fig = make_subplots(
-        rows=2,
-        cols=len(Ws),
-        shared_xaxes=True,
-        subplot_titles=[f"W={W}" for W in Ws],
-        horizontal_spacing=0.05,
-        vertical_spacing=0.08,
-    )
+    fig = make_subplots(rows=2, cols=len(Ws), shared_xaxes=True, subplot_titles=[f"W={W}" for W in Ws],
+                        horizontal_spacing=0.05, vertical_spacing=0.08)
     return fig, Ws
 
 
@@ -230,24 +224,12 @@ def log_t_axis(fig: go.Figure, table: Iterable[dict[str, Any]]) -> None:
 
 def empty_figure(title: str, message: str = "no data yet") -> go.Figure:
     fig = go.Figure()
-    fig.update_layout(
-        title=title,
-        height=220,
-        template="plotly_white",
-        xaxis={"visible": False},
-        yaxis={"visible": False},
-        annotations=[{"text": message, "showarrow": False, "font": {"size": 16}}],
-    )
+    fig.update_layout(title=title, height=220, template="plotly_white", xaxis={"visible": False}, yaxis={"visible": False},
+                      annotations=[{"text": message, "showarrow": False, "font": {"size": 16}}])
     return fig
 
 
 def base_layout(fig: go.Figure, title: str, *, height: int) -> go.Figure:
-    fig.update_layout(
-        title=title,
-        template="plotly_white",
-        height=height,
-        legend={"title": {"text": "mode"}},
-        margin={"l": 60, "r": 20, "t": 70, "b": 50},
-        hovermode="closest",
-    )
+    fig.update_layout(title=title, template="plotly_white", height=height, legend={"title": {"text": "mode"}},
+                      margin={"l": 60, "r": 20, "t": 70, "b": 50}, hovermode="closest")
     return fig

@@ -17,22 +17,8 @@ from dashboards.figures.common import base_layout, empty_figure, ms_ticks
 
 NAME = "history"
 TITLE = "Nightly history per benchmark key"
-COLUMNS = (
-    "key",
-    "mode",
-    "device_name",
-    "sweep_id",
-    "sweep_name",
-    "at",
-    "median_ms",
-    "p10_ms",
-    "p90_ms",
-    "verdict",
-    "ratio",
-    "q_value",
-    "run_id",
-    "baseline_ref",
-)
+COLUMNS = ("key", "mode", "device_name", "sweep_id", "sweep_name", "at", "median_ms", "p10_ms", "p90_ms", "verdict",
+           "ratio", "q_value", "run_id", "baseline_ref")
 VERDICT_STYLE = {
     "SLOW": {"symbol": "triangle-up", "color": "#d62728"},
     "FAST": {"symbol": "triangle-down", "color": "#2ca02c"},
@@ -57,47 +43,30 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
     for r in table:
         series[r["key"]].append(r)
     for n, (key, pts) in enumerate(sorted(series.items())):
-        fig.add_trace(
-            go.Scatter(
-                x=[p["at"] for p in pts],
-                y=[p["median_ms"] for p in pts],
-                name=key,
-                mode="lines+markers",
-                line={"color": _PALETTE[n % len(_PALETTE)]},
-                error_y={
-                    "type": "data",
-                    "symmetric": False,
-                    "thickness": 1,
-                    "width": 2,
-                    "array": [(p["p90_ms"] - p["median_ms"]) if p["p90_ms"] is not None else 0 for p in pts],
-                    "arrayminus": [(p["median_ms"] - p["p10_ms"]) if p["p10_ms"] is not None else 0 for p in pts],
-                },
-                customdata=[[p["sweep_id"], p["sweep_name"], p["verdict"] or "—"] for p in pts],
-                hovertemplate=f"{key}<br>%{{x}}<br>%{{y:.4g}} ms<br>sweep %{{customdata[0]}} %{{customdata[1]}}"
-                "<br>verdict %{customdata[2]}<extra></extra>",
-                meta={"key": key, "mode": pts[0]["mode"], "kind": "history"},
-            )
-        )
+        fig.add_trace(go.Scatter(
+            x=[p["at"] for p in pts], y=[p["median_ms"] for p in pts], name=key, mode="lines+markers",
+            line={"color": _PALETTE[n % len(_PALETTE)]},
+            error_y={"type": "data", "symmetric": False, "thickness": 1, "width": 2,
+                     "array": [(p["p90_ms"] - p["median_ms"]) if p["p90_ms"] is not None else 0 for p in pts],
+                     "arrayminus": [(p["median_ms"] - p["p10_ms"]) if p["p10_ms"] is not None else 0 for p in pts]},
+            customdata=[[p["sweep_id"], p["sweep_name"], p["verdict"] or "—"] for p in pts],
+            hovertemplate=f"{key}<br>%{{x}}<br>%{{y:.4g}} ms<br>sweep %{{customdata[0]}} %{{customdata[1]}}"
+                          "<br>verdict %{customdata[2]}<extra></extra>",
+            meta={"key": key, "mode": pts[0]["mode"], "kind": "history"},
+        ))
     for verdict, style in VERDICT_STYLE.items():
         marks = [r for r in table if r["verdict"] == verdict]
         if marks:
-            fig.add_trace(
-                go.Scatter(
-                    x=[m["at"] for m in marks],
-                    y=[m["median_ms"] for m in marks],
-                    name=verdict,
-                    mode="markers",
-                    marker={**style, "size": 15, "line": {"width": 1, "color": "black"}},
-                    customdata=[[m["key"], m["ratio"], m["q_value"], m["baseline_ref"]] for m in marks],
-                    hovertemplate=f"{verdict}<br>%{{customdata[0]}}<br>ratio %{{customdata[1]:.3f}} q %{{customdata[2]:.2g}}"
-                    "<br>baseline %{customdata[3]}<extra></extra>",
-                    meta={"verdict": verdict, "kind": "verdict"},
-                )
-            )
+            fig.add_trace(go.Scatter(
+                x=[m["at"] for m in marks], y=[m["median_ms"] for m in marks], name=verdict, mode="markers",
+                marker={**style, "size": 15, "line": {"width": 1, "color": "black"}},
+                customdata=[[m["key"], m["ratio"], m["q_value"], m["baseline_ref"]] for m in marks],
+                hovertemplate=f"{verdict}<br>%{{customdata[0]}}<br>ratio %{{customdata[1]:.3f}} q %{{customdata[2]:.2g}}"
+                              "<br>baseline %{customdata[3]}<extra></extra>",
+                meta={"verdict": verdict, "kind": "verdict"},
+            ))
     fig.update_xaxes(title_text="run")
-    fig.update_yaxes(
-        type="log", title_text="median ms", **ms_ticks(v for r in table for v in (r["median_ms"], r["p10_ms"], r["p90_ms"]))
-    )
+    fig.update_yaxes(type="log", title_text="median ms", **ms_ticks(v for r in table for v in (r["median_ms"], r["p10_ms"], r["p90_ms"])))
     base_layout(fig, TITLE, height=520)
     fig.update_layout(legend={"title": {"text": "key"}})
     return fig

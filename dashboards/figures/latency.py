@@ -43,29 +43,8 @@ from dashboards.figures.common import (
 
 NAME = "latency"
 TITLE = "Latency vs T per mode (median, p10–p90)"
-COLUMNS = (
-    "facet_W",
-    "role",
-    "id",
-    "lb",
-    "mode",
-    "W",
-    "op",
-    "backend",
-    "backend_label",
-    "layout",
-    "B",
-    "T",
-    "H",
-    "K",
-    "V",
-    "dtype",
-    "direction",
-    "median_ms",
-    "p10_ms",
-    "p90_ms",
-    "speedup_vs_none",
-)
+COLUMNS = ("facet_W", "role", "id", "lb", "mode", "W", "op", "backend", "backend_label", "layout", "B", "T", "H", "K", "V",
+           "dtype", "direction", "median_ms", "p10_ms", "p90_ms", "speedup_vs_none")
 
 
 def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -77,15 +56,9 @@ def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for W in cp_sizes(done):
             pts = [r for r in done if (in_facet(r, W=W, lb=lb) or is_reference(r, W=W)) and r["lb"] == lb]
             for r in sorted(pts, key=lambda r: (mode_rank(r["mode"]), r["B"], r["T"])):
-                out.append(
-                    {
-                        **{c: r.get(c) for c in COLUMNS},
-                        "facet_W": W,
-                        "speedup_vs_none": speedup(r, base),
-                        "backend_label": backend_label(r),
-                        "role": "reference" if is_reference(r, W=W) else "measured",
-                    }
-                )
+                out.append({**{c: r.get(c) for c in COLUMNS}, "facet_W": W, "speedup_vs_none": speedup(r, base),
+                            "backend_label": backend_label(r),
+                            "role": "reference" if is_reference(r, W=W) else "measured"})
     return out
 
 
@@ -95,28 +68,18 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
         return empty_figure(TITLE)
     lbs, Ws = facet_values(table, "lb"), facet_values(table, "facet_W")
     Bs, labels = facet_values(table, "B"), backend_labels(measured(rows))
-    fig = make_subplots(
-        rows=len(lbs),
-        cols=len(Ws),
-        shared_xaxes=True,
-        shared_yaxes=True,
-        subplot_titles=[facet_title(W, lb, len(lbs)) for lb in lbs for W in Ws],
-        horizontal_spacing=0.04,
-        vertical_spacing=0.08,
-    )
+    fig = make_subplots(rows=len(lbs), cols=len(Ws), shared_xaxes=True, shared_yaxes=True,
+                        subplot_titles=[facet_title(W, lb, len(lbs)) for lb in lbs for W in Ws],
+                        horizontal_spacing=0.04, vertical_spacing=0.08)
     shown: set[str] = set()
     for i, lb in enumerate(lbs, start=1):
         for j, W in enumerate(Ws, start=1):
             for role in ("reference", "measured"):
-                for (mode, label, B), pts in mode_series(
-                    r for r in table if r["facet_W"] == W and r["lb"] == lb and r["role"] == role
-                ):
+                for (mode, label, B), pts in mode_series(r for r in table
+                                                         if r["facet_W"] == W and r["lb"] == lb and r["role"] == role):
                     name = series_name(REFERENCE_NAME if role == "reference" else mode, label, labels)
-                    fig.add_trace(
-                        _trace(mode, label, B, pts, Bs, labels, W=W, lb=lb, role=role, showlegend=name not in shown),
-                        row=i,
-                        col=j,
-                    )
+                    fig.add_trace(_trace(mode, label, B, pts, Bs, labels, W=W, lb=lb, role=role,
+                                         showlegend=name not in shown), row=i, col=j)
                     shown.add(name)
     fig.update_xaxes(type="log", range=single_value_log_range(r["T"] for r in table), **t_ticks(r["T"] for r in table))
     fig.update_yaxes(type="log", **ms_ticks(v for r in table for v in (r["median_ms"], r.get("p10_ms"), r.get("p90_ms"))))
@@ -125,19 +88,8 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
     return base_layout(fig, TITLE, height=max(380, 320 * len(lbs)))
 
 
-def _trace(
-    mode: str,
-    label: str,
-    B: int,
-    pts: list[dict[str, Any]],
-    Bs: list[int],
-    labels: list[str],
-    *,
-    W: int,
-    lb: float,
-    role: str,
-    showlegend: bool,
-) -> go.Scatter:
+def _trace(mode: str, label: str, B: int, pts: list[dict[str, Any]], Bs: list[int], labels: list[str], *, W: int,
+           lb: float, role: str, showlegend: bool) -> go.Scatter:
     ref = role == "reference"
     name = series_name(REFERENCE_NAME if ref else mode, label, labels)
     med = [p["median_ms"] for p in pts]
@@ -145,29 +97,13 @@ def _trace(
     down = [(p["median_ms"] - p["p10_ms"]) if p.get("p10_ms") is not None else 0.0 for p in pts]
     speed = ["—" if p["speedup_vs_none"] is None else f"{p['speedup_vs_none']:.2f}×" for p in pts]
     return go.Scatter(
-        x=[p["T"] for p in pts],
-        y=med,
-        name=name,
-        legendgroup=name,
-        showlegend=showlegend,
-        mode="lines" if ref else "lines+markers",
-        ids=[str(p["id"]) for p in pts],
-        line={
-            "color": mode_color(mode),
-            "dash": "dash" if ref else ("dot" if mode == "none" else "solid" if labels.index(label) == 0 else "dashdot"),
-            "width": 1.5 if ref else 2,
-        },
-        marker={"symbol": backend_marker(symbol(Bs.index(B)), label, labels), "size": 7},
-        opacity=0.7 if ref else 1.0,
-        error_y={
-            "visible": not ref,
-            "type": "data",
-            "symmetric": False,
-            "array": up,
-            "arrayminus": down,
-            "thickness": 1,
-            "width": 2,
-        },
+        x=[p["T"] for p in pts], y=med, name=name, legendgroup=name, showlegend=showlegend,
+        mode="lines" if ref else "lines+markers", ids=[str(p["id"]) for p in pts],
+        line={"color": mode_color(mode), "dash": "dash" if ref else ("dot" if mode == "none" else
+                                                                     "solid" if labels.index(label) == 0 else "dashdot"),
+              "width": 1.5 if ref else 2},
+        marker={"symbol": backend_marker(symbol(Bs.index(B)), label, labels), "size": 7}, opacity=0.7 if ref else 1.0,
+        error_y={"visible": not ref, "type": "data", "symmetric": False, "array": up, "arrayminus": down, "thickness": 1, "width": 2},
         customdata=[[B, s] for s in speed],
         hovertemplate=f"{name}<br>B=%{{customdata[0]}} T=%{{x}}<br>%{{y:.4g}} ms<br>speedup vs none %{{customdata[1]}}<extra></extra>",
         meta={"mode": mode, "backend": label, "B": B, "W": W, "lb": lb, "kind": role},

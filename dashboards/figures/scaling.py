@@ -38,24 +38,8 @@ from dashboards.figures.common import (
 
 NAME = "scaling"
 TITLE = "Speedup and parallel efficiency vs CP size W: measured (markers) vs cost model (dashed)"
-COLUMNS = (
-    "id",
-    "mode",
-    "backend",
-    "backend_label",
-    "op",
-    "direction",
-    "B",
-    "T",
-    "lb",
-    "W",
-    "median_ms",
-    "none_ms",
-    "speedup",
-    "efficiency",
-    "model_speedup",
-    "model_efficiency",
-)
+COLUMNS = ("id", "mode", "backend", "backend_label", "op", "direction", "B", "T", "lb", "W", "median_ms", "none_ms", "speedup", "efficiency",
+           "model_speedup", "model_efficiency")
 _DASHES = ("solid", "dot", "dashdot", "longdash")
 
 
@@ -75,18 +59,10 @@ def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         W = run_W(r)
         model = model_speedup(r["mode"], W, T=r["T"] * r["B"], warmup_chunks=_window(r))
-        out.append(
-            {
-                **{c: r.get(c) for c in ("id", "mode", "backend", "op", "direction", "B", "T", "lb", "median_ms")},
-                "W": W,
-                "backend_label": backend_label(r),
-                "none_ms": r["median_ms"] * s,
-                "speedup": s,
-                "efficiency": s / W,
-                "model_speedup": model,
-                "model_efficiency": None if model is None else model / W,
-            }
-        )
+        out.append({**{c: r.get(c) for c in ("id", "mode", "backend", "op", "direction", "B", "T", "lb", "median_ms")},
+                    "W": W, "backend_label": backend_label(r),
+                    "none_ms": r["median_ms"] * s, "speedup": s, "efficiency": s / W,
+                    "model_speedup": model, "model_efficiency": None if model is None else model / W})
     return out
 
 
@@ -97,14 +73,8 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
     Ts, Ws = facet_values(table, "T"), facet_values(table, "W")
     lbs, Bs = facet_values(table, "lb"), facet_values(table, "B")
     labels = backend_labels(measured(rows))
-    fig = make_subplots(
-        rows=2,
-        cols=len(Ts),
-        shared_xaxes=True,
-        subplot_titles=[f"T={T}" for T in Ts],
-        horizontal_spacing=0.04,
-        vertical_spacing=0.08,
-    )
+    fig = make_subplots(rows=2, cols=len(Ts), shared_xaxes=True, subplot_titles=[f"T={T}" for T in Ts],
+                        horizontal_spacing=0.04, vertical_spacing=0.08)
     shown: set[str] = set()
     for j, T in enumerate(Ts, start=1):
         series: dict[tuple[str, str, int, float], list[dict[str, Any]]] = defaultdict(list)
@@ -116,68 +86,38 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
             pts.sort(key=lambda p: p["W"])
             name = series_name(mode, backend, labels)
             for i, col in enumerate(("speedup", "efficiency"), start=1):
-                fig.add_trace(
-                    go.Scatter(
-                        x=[p["W"] for p in pts],
-                        y=[p[col] for p in pts],
-                        name=name,
-                        legendgroup=name,
-                        showlegend=name not in shown and i == 1,
-                        mode="lines+markers",
-                        ids=[str(p["id"]) for p in pts],
-                        line={"color": mode_color(mode), "dash": _DASHES[lbs.index(lb) % len(_DASHES)]},
-                        marker={"symbol": backend_marker(symbol(Bs.index(B)), backend, labels), "size": 8},
-                        customdata=[[B, lb, p["median_ms"], p["none_ms"]] for p in pts],
-                        hovertemplate=f"{name}<br>B=%{{customdata[0]}} T={T} lb=%{{customdata[1]}} W=%{{x}}<br>{col} %{{y:.3f}}"
-                        "<br>%{customdata[2]:.4g} ms vs none %{customdata[3]:.4g} ms<extra></extra>",
-                        meta={"mode": mode, "backend": backend, "B": B, "lb": lb, "T": T, "kind": "measured", "quantity": col},
-                    ),
-                    row=i,
-                    col=j,
-                )
+                fig.add_trace(go.Scatter(
+                    x=[p["W"] for p in pts], y=[p[col] for p in pts], name=name, legendgroup=name,
+                    showlegend=name not in shown and i == 1, mode="lines+markers", ids=[str(p["id"]) for p in pts],
+                    line={"color": mode_color(mode), "dash": _DASHES[lbs.index(lb) % len(_DASHES)]},
+                    marker={"symbol": backend_marker(symbol(Bs.index(B)), backend, labels), "size": 8},
+                    customdata=[[B, lb, p["median_ms"], p["none_ms"]] for p in pts],
+                    hovertemplate=f"{name}<br>B=%{{customdata[0]}} T={T} lb=%{{customdata[1]}} W=%{{x}}<br>{col} %{{y:.3f}}"
+                                  "<br>%{customdata[2]:.4g} ms vs none %{customdata[3]:.4g} ms<extra></extra>",
+                    meta={"mode": mode, "backend": backend, "B": B, "lb": lb, "T": T, "kind": "measured", "quantity": col},
+                ), row=i, col=j)
             shown.add(name)
         for mode in sorted({r["mode"] for r in table if r["T"] == T}, key=mode_rank):
             pts = sorted({r["W"]: r for r in table if r["T"] == T and r["mode"] == mode}.values(), key=lambda p: p["W"])
             if all(p["model_speedup"] is None for p in pts):
                 continue
             for i, col in enumerate(("model_speedup", "model_efficiency"), start=1):
-                fig.add_trace(
-                    go.Scatter(
-                        x=[p["W"] for p in pts],
-                        y=[p[col] for p in pts],
-                        name=f"{mode} (model)",
-                        legendgroup=mode,
-                        showlegend=False,
-                        mode="lines",
-                        line={"color": mode_color(mode), "dash": "dash", "width": 1},
-                        hovertemplate=f"{mode} model (compute only)<br>W=%{{x}}<br>%{{y:.3f}}<extra></extra>",
-                        meta={"mode": mode, "T": T, "kind": "model", "quantity": col.removeprefix("model_")},
-                    ),
-                    row=i,
-                    col=j,
-                )
+                fig.add_trace(go.Scatter(
+                    x=[p["W"] for p in pts], y=[p[col] for p in pts], name=f"{mode} (model)", legendgroup=mode,
+                    showlegend=False, mode="lines", line={"color": mode_color(mode), "dash": "dash", "width": 1},
+                    hovertemplate=f"{mode} model (compute only)<br>W=%{{x}}<br>%{{y:.3f}}<extra></extra>",
+                    meta={"mode": mode, "T": T, "kind": "model", "quantity": col.removeprefix("model_")},
+                ), row=i, col=j)
         for i, ideal in enumerate(([float(W) for W in Ws], [1.0] * len(Ws)), start=1):
-            fig.add_trace(
-                go.Scatter(
-                    x=Ws,
-                    y=ideal,
-                    name="ideal",
-                    mode="lines",
-                    showlegend=False,
-                    hoverinfo="skip",
-                    line={"color": "#bbbbbb", "dash": "dot", "width": 1},
-                    meta={"kind": "ideal"},
-                ),
-                row=i,
-                col=j,
-            )
+            fig.add_trace(go.Scatter(x=Ws, y=ideal, name="ideal", mode="lines", showlegend=False, hoverinfo="skip",
+                                     line={"color": "#bbbbbb", "dash": "dot", "width": 1}, meta={"kind": "ideal"}),
+                          row=i, col=j)
     fig.update_xaxes(type="log", tickvals=Ws, ticktext=[str(W) for W in Ws])
     fig.update_xaxes(title_text="CP size W", row=2)
     fig.update_yaxes(title_text="speedup vs none", row=1, col=1, rangemode="tozero")
     fig.update_yaxes(title_text="efficiency t(1)/(W·t(W))", row=2, col=1, rangemode="tozero")
     note = " · ".join(f"lb={lb:g}: {_DASHES[k % len(_DASHES)]}" for k, lb in enumerate(lbs)) if len(lbs) > 1 else ""
     if note:
-        fig.add_annotation(
-            text=note, xref="paper", yref="paper", x=1, y=-0.08, xanchor="right", showarrow=False, font={"size": 11}
-        )
+        fig.add_annotation(text=note, xref="paper", yref="paper", x=1, y=-0.08, xanchor="right", showarrow=False,
+                           font={"size": 11})
     return base_layout(fig, TITLE, height=600)

@@ -30,22 +30,7 @@ from dashboards.figures.common import (
 
 NAME = "syncs"
 TITLE = "Host syncs and kernel launches per step"
-COLUMNS = (
-    "facet_W",
-    "id",
-    "mode",
-    "W",
-    "op",
-    "backend",
-    "B",
-    "T",
-    "H",
-    "K",
-    "V",
-    "host_syncs",
-    "kernel_launches",
-    "peak_memory_bytes",
-)
+COLUMNS = ("facet_W", "id", "mode", "W", "op", "backend", "B", "T", "H", "K", "V", "host_syncs", "kernel_launches", "peak_memory_bytes")
 
 
 def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -68,24 +53,14 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
         for (mode, backend, B), pts in mode_series(r for r in table if r["facet_W"] == W):
             name = series_name(mode, backend, labels)
             for i, col in enumerate(("host_syncs", "kernel_launches"), start=1):
-                fig.add_trace(
-                    go.Scatter(
-                        x=[p["T"] for p in pts],
-                        y=[p[col] for p in pts],
-                        name=name,
-                        legendgroup=name,
-                        showlegend=name not in shown and i == 1,
-                        mode="lines+markers",
-                        line={"color": mode_color(mode)},
-                        marker={"symbol": backend_marker("circle", backend, labels)},
-                        customdata=[B] * len(pts),
-                        ids=[str(p["id"]) for p in pts],
-                        hovertemplate=f"{name}<br>B=%{{customdata}} T=%{{x}}<br>{col.replace('_', ' ')} %{{y}}<extra></extra>",
-                        meta={"mode": mode, "backend": backend, "B": B, "W": W, "kind": "measured", "quantity": col},
-                    ),
-                    row=i,
-                    col=j,
-                )
+                fig.add_trace(go.Scatter(
+                    x=[p["T"] for p in pts], y=[p[col] for p in pts], name=name, legendgroup=name,
+                    showlegend=name not in shown and i == 1, mode="lines+markers", line={"color": mode_color(mode)},
+                    marker={"symbol": backend_marker("circle", backend, labels)},
+                    customdata=[B] * len(pts), ids=[str(p["id"]) for p in pts],
+                    hovertemplate=f"{name}<br>B=%{{customdata}} T=%{{x}}<br>{col.replace('_', ' ')} %{{y}}<extra></extra>",
+                    meta={"mode": mode, "backend": backend, "B": B, "W": W, "kind": "measured", "quantity": col},
+                ), row=i, col=j)
             shown.add(name)
     log_t_axis(fig, table)
     fig.update_yaxes(rangemode="tozero")

@@ -18,20 +18,8 @@ from dashboards.figures.common import base_layout, empty_figure
 
 NAME = "tuning"
 TITLE = "Tuning trials: median relative to the best config of each key"
-COLUMNS = (
-    "kernel",
-    "key",
-    "device_name",
-    "trial",
-    "strategy",
-    "rung",
-    "status",
-    "median_ms",
-    "rel_to_best",
-    "chosen",
-    "config",
-    "error",
-)
+COLUMNS = ("kernel", "key", "device_name", "trial", "strategy", "rung", "status", "median_ms", "rel_to_best", "chosen",
+           "config", "error")
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 
@@ -46,22 +34,12 @@ def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         best = min(valid) if valid else None
         for n, t in enumerate(trials, start=1):
             ok = t["status"] == "ok" and t.get("median_ms") and best
-            out.append(
-                {
-                    "kernel": kernel,
-                    "key": key,
-                    "device_name": device,
-                    "trial": n,
-                    "strategy": t.get("strategy"),
-                    "rung": t.get("rung"),
-                    "status": t["status"],
-                    "median_ms": t.get("median_ms"),
-                    "rel_to_best": t["median_ms"] / best if ok else None,
-                    "chosen": bool(t.get("chosen")),
-                    "config": t.get("config"),
-                    "error": t.get("error"),
-                }
-            )
+            out.append({
+                "kernel": kernel, "key": key, "device_name": device, "trial": n, "strategy": t.get("strategy"),
+                "rung": t.get("rung"), "status": t["status"], "median_ms": t.get("median_ms"),
+                "rel_to_best": t["median_ms"] / best if ok else None, "chosen": bool(t.get("chosen")),
+                "config": t.get("config"), "error": t.get("error"),
+            })
     return out
 
 
@@ -73,49 +51,32 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
     kernels = sorted({r["kernel"] for r in table})
     for k, kernel in enumerate(kernels):
         pts = [r for r in table if r["kernel"] == kernel and r["rel_to_best"] is not None]
-        fig.add_trace(
-            go.Scatter(
-                x=[p["trial"] for p in pts],
-                y=[p["rel_to_best"] for p in pts],
-                name=kernel,
-                mode="markers",
-                marker={"color": _PALETTE[k % len(_PALETTE)], "size": 7, "opacity": 0.8},
-                customdata=[[p["key"], json.dumps(p["config"]), p["median_ms"], p["strategy"], p["rung"]] for p in pts],
-                hovertemplate=f"{kernel}<br>%{{customdata[0]}}<br>%{{customdata[1]}}<br>%{{customdata[2]:.4g}} ms "
-                "(×%{y:.3f} of best)<br>%{customdata[3]} rung %{customdata[4]}<extra></extra>",
-                meta={"kernel": kernel, "kind": "trials"},
-            )
-        )
+        fig.add_trace(go.Scatter(
+            x=[p["trial"] for p in pts], y=[p["rel_to_best"] for p in pts], name=kernel, mode="markers",
+            marker={"color": _PALETTE[k % len(_PALETTE)], "size": 7, "opacity": 0.8},
+            customdata=[[p["key"], json.dumps(p["config"]), p["median_ms"], p["strategy"], p["rung"]] for p in pts],
+            hovertemplate=f"{kernel}<br>%{{customdata[0]}}<br>%{{customdata[1]}}<br>%{{customdata[2]:.4g}} ms "
+                          "(×%{y:.3f} of best)<br>%{customdata[3]} rung %{customdata[4]}<extra></extra>",
+            meta={"kernel": kernel, "kind": "trials"},
+        ))
     rejected = [r for r in table if r["status"] != "ok"]
     if rejected:
-        fig.add_trace(
-            go.Scatter(
-                x=[p["trial"] for p in rejected],
-                y=[1.0] * len(rejected),
-                name="rejected",
-                mode="markers",
-                marker={"symbol": "x", "color": "#444", "size": 8},
-                customdata=[
-                    [p["kernel"], p["key"], p["status"], (p["error"] or "")[:120], json.dumps(p["config"])] for p in rejected
-                ],
-                hovertemplate="%{customdata[0]} %{customdata[1]}<br>%{customdata[2]}: %{customdata[3]}<br>"
-                "%{customdata[4]}<extra></extra>",
-                meta={"kind": "rejected"},
-            )
-        )
+        fig.add_trace(go.Scatter(
+            x=[p["trial"] for p in rejected], y=[1.0] * len(rejected), name="rejected", mode="markers",
+            marker={"symbol": "x", "color": "#444", "size": 8},
+            customdata=[[p["kernel"], p["key"], p["status"], (p["error"] or "")[:120], json.dumps(p["config"])]
+                        for p in rejected],
+            hovertemplate="%{customdata[0]} %{customdata[1]}<br>%{customdata[2]}: %{customdata[3]}<br>"
+                          "%{customdata[4]}<extra></extra>",
+            meta={"kind": "rejected"},
+        ))
     chosen = [r for r in table if r["chosen"] and r["rel_to_best"] is not None]
     if chosen:
-        fig.add_trace(
-            go.Scatter(
-                x=[p["trial"] for p in chosen],
-                y=[p["rel_to_best"] for p in chosen],
-                name="chosen",
-                mode="markers",
-                marker={"symbol": "circle-open", "color": "black", "size": 14, "line": {"width": 2}},
-                hoverinfo="skip",
-                meta={"kind": "chosen"},
-            )
-        )
+        fig.add_trace(go.Scatter(
+            x=[p["trial"] for p in chosen], y=[p["rel_to_best"] for p in chosen], name="chosen", mode="markers",
+            marker={"symbol": "circle-open", "color": "black", "size": 14, "line": {"width": 2}}, hoverinfo="skip",
+            meta={"kind": "chosen"},
+        ))
     fig.update_xaxes(title_text="trial (order within its kernel and key)")
     fig.update_yaxes(type="log", title_text="median / best median")
     base_layout(fig, TITLE, height=460)

@@ -62,39 +62,33 @@ _KEY = ("H", "K", "V", "BT", "GATE", "IS_VARLEN", "dtype")
 # Measured: benchmarks/results/bwd_dot_precision_h200.md.
 VECTOR_GATE_DOT = "tf32"
 
-WY_INVERSE = register(
-    KernelSpec(
-        name="wy_inverse",
-        key=_KEY,
-        # the WY prep's A and solve without w/u (same 16x16 register tiles: one warp, BK 32 / 16 as the forward)
-        default=LaunchConfig(BK=32, num_warps=1, num_stages=2),
-        space={"BK": (16, 32, 64), "num_warps": (1, 2, 4), "num_stages": (1, 2, 3)},
-    )
-)
+WY_INVERSE = register(KernelSpec(
+    name="wy_inverse",
+    key=_KEY,
+    # the WY prep's A and solve without w/u (same 16x16 register tiles: one warp, BK 32 / 16 as the forward)
+    default=LaunchConfig(BK=32, num_warps=1, num_stages=2),
+    space={"BK": (16, 32, 64), "num_warps": (1, 2, 4), "num_stages": (1, 2, 3)},
+))
 
-CHUNK_BWD_DQK = register(
-    KernelSpec(
-        name="chunk_bwd_dqk",
-        key=_KEY,
-        # FLA's chunk_bwd_dqkwg: BK = BV = 64 on Hopper tiles, 4 warps
-        default=LaunchConfig(BK=64, BV=64, num_warps=4, num_stages=2),
-        space={"BK": (32, 64, 128), "BV": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
-        # the compiler's low-spill configs (benchmarks/results/ptxas_bwd_sm90.md): 8 warps, and 32-wide tiles at 8
-        hints=(LaunchConfig(BK=32, BV=32, num_warps=8, num_stages=2), LaunchConfig(BK=64, BV=64, num_warps=8, num_stages=2)),
-    )
-)
+CHUNK_BWD_DQK = register(KernelSpec(
+    name="chunk_bwd_dqk",
+    key=_KEY,
+    # FLA's chunk_bwd_dqkwg: BK = BV = 64 on Hopper tiles, 4 warps
+    default=LaunchConfig(BK=64, BV=64, num_warps=4, num_stages=2),
+    space={"BK": (32, 64, 128), "BV": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
+    # the compiler's low-spill configs (benchmarks/results/ptxas_bwd_sm90.md): 8 warps, and 32-wide tiles at 8
+    hints=(LaunchConfig(BK=32, BV=32, num_warps=8, num_stages=2), LaunchConfig(BK=64, BV=64, num_warps=8, num_stages=2)),
+))
 
-WY_BWD = register(
-    KernelSpec(
-        name="wy_bwd",
-        key=_KEY,
-        # FLA's prepare_wy_repr_bwd: 64-wide column blocks, 2-4 warps
-        default=LaunchConfig(BK=64, BV=64, num_warps=4, num_stages=2),
-        space={"BK": (32, 64, 128), "BV": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
-        # the compiler's low-spill configs (benchmarks/results/ptxas_bwd_sm90.md): 8 warps, and 32-wide tiles at 8
-        hints=(LaunchConfig(BK=32, BV=32, num_warps=8, num_stages=2), LaunchConfig(BK=64, BV=64, num_warps=8, num_stages=2)),
-    )
-)
+WY_BWD = register(KernelSpec(
+    name="wy_bwd",
+    key=_KEY,
+    # FLA's prepare_wy_repr_bwd: 64-wide column blocks, 2-4 warps
+    default=LaunchConfig(BK=64, BV=64, num_warps=4, num_stages=2),
+    space={"BK": (32, 64, 128), "BV": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
+    # the compiler's low-spill configs (benchmarks/results/ptxas_bwd_sm90.md): 8 warps, and 32-wide tiles at 8
+    hints=(LaunchConfig(BK=32, BV=32, num_warps=8, num_stages=2), LaunchConfig(BK=64, BV=64, num_warps=8, num_stages=2)),
+))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -119,7 +113,7 @@ def _rows_vec(X, b, G, BT: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, PRE
     NB: tl.constexpr = BT // 16
     o_t = tl.arange(0, BT)
     o_b = tl.arange(0, NB)
-    gI = tl.sum(tl.where(o_t[None, :, None] == (16 * o_b - 1)[:, None, None], G[None, :, :], 0.0), 1)  # [NB, BK]
+    gI = tl.sum(tl.where(o_t[None, :, None] == (16 * o_b - 1)[:, None, None], G[None, :, :], 0.), 1)  # [NB, BK]
     m = o_t[None, :, None] < (16 * o_b + 16)[:, None, None]
     right = b[None, :, :] * tl.exp(tl.where(m, gI[:, None, :] - G[None, :, :], float("-inf")))  # [NB, BT, BK]
     part = _dot_prec(tl.reshape(X, (NB, 16, BT)), right, DT, PREC)  # [NB, 16, BK]
@@ -132,7 +126,7 @@ def _cols_vec(X, a, G, BT: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, PRE
     NB: tl.constexpr = BT // 16
     o_t = tl.arange(0, BT)
     o_b = tl.arange(0, NB)
-    eJ = tl.sum(tl.where(o_t[None, :, None] == (16 * o_b + 15)[:, None, None], G[None, :, :], 0.0), 1)  # [NB, BK]
+    eJ = tl.sum(tl.where(o_t[None, :, None] == (16 * o_b + 15)[:, None, None], G[None, :, :], 0.), 1)  # [NB, BK]
     m = o_t[None, :, None] >= (16 * o_b)[:, None, None]
     left = a[None, :, :] * tl.exp(tl.where(m, G[None, :, :] - eJ[:, None, :], float("-inf")))  # [NB, BT, BK]
     part = _dot_prec(tl.reshape(tl.trans(X), (NB, 16, BT)), left, DT, PREC)  # [NB, 16, BK]
@@ -143,10 +137,10 @@ def _cols_vec(X, a, G, BT: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, PRE
 def _gate_tile(g, p_row, m_r, o_k, K: tl.constexpr, GATE_VECTOR: tl.constexpr):
     """The in-chunk cumsum of the raw gate: [BT, BK] (KDA, columns o_k) or [BT, 1] (GDN), fp32; 0 past T."""
     if GATE_VECTOR:
-        b_g = tl.load(g + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.0).to(tl.float32)
+        b_g = tl.load(g + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.).to(tl.float32)
         b_G = tl.cumsum(b_g, 0)
     else:
-        b_g = tl.load(g + p_row, mask=m_r, other=0.0).to(tl.float32)
+        b_g = tl.load(g + p_row, mask=m_r, other=0.).to(tl.float32)
         b_G = tl.cumsum(b_g, 0)[:, None]
     return b_G
 
@@ -186,13 +180,12 @@ def wy_inverse_kernel(
     b3 = _load_vec(beta, bos, t0 + 48, T, i_h, H, 16)
     if GATE_VECTOR:
         m_d = o_i[:, None] > o_i[None, :]
-        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _kda_gram(
-            k, k, g, kg, bos, t0, T, i_h, gc + (i_tg * H + i_h) * K, 1.0, H, K, BK, True
-        )
-        A00 = tl.where(m_d, A00, 0.0)
-        A11 = tl.where(m_d, A11, 0.0)
-        A22 = tl.where(m_d, A22, 0.0)
-        A33 = tl.where(m_d, A33, 0.0)
+        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _kda_gram(k, k, g, kg, bos, t0, T, i_h,
+                                                                     gc + (i_tg * H + i_h) * K, 1.0, H, K, BK, True)
+        A00 = tl.where(m_d, A00, 0.)
+        A11 = tl.where(m_d, A11, 0.)
+        A22 = tl.where(m_d, A22, 0.)
+        A33 = tl.where(m_d, A33, 0.)
     else:
         # the in-chunk cumsum of the raw gate, flat past T (as the WY prep: a zero there would make
         # exp(G_i - G_j) overflow against a strongly decayed G_j)
@@ -271,24 +264,24 @@ def chunk_bwd_dqk_kernel(
         o_v = i_v * BV + tl.arange(0, BV)
         b_h = tl.load(h + p_h + o_k[:, None] * V + o_v[None, :])  # [BK, BV]
         b_dh = tl.load(dh + p_h + o_k[:, None] * V + o_v[None, :])
-        b_vn = tl.load(v_new + p_row[:, None] * V + o_v[None, :], mask=m_r[:, None], other=0.0)
-        b_dvn = tl.load(dv_new + p_row[:, None] * V + o_v[None, :], mask=m_r[:, None], other=0.0)
-        b_do = tl.load(do + p_row[:, None] * V + o_v[None, :], mask=m_r[:, None], other=0.0)
+        b_vn = tl.load(v_new + p_row[:, None] * V + o_v[None, :], mask=m_r[:, None], other=0.)
+        b_dvn = tl.load(dv_new + p_row[:, None] * V + o_v[None, :], mask=m_r[:, None], other=0.)
+        b_do = tl.load(do + p_row[:, None] * V + o_v[None, :], mask=m_r[:, None], other=0.)
         b_dqg = tl.dot(b_do, tl.trans(b_h), b_dqg)
         b_dw = tl.dot(b_dvn, tl.trans(b_h), b_dw)
         b_dkt = tl.dot(b_vn, tl.trans(b_dh), b_dkt)
         b_da = tl.dot(b_do, tl.trans(b_vn), b_da)
         b_dgam += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), 1)
 
-    b_q = tl.load(q + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.0).to(tl.float32)
-    b_k = tl.load(k + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.0).to(tl.float32)
+    b_q = tl.load(q + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.).to(tl.float32)
+    b_k = tl.load(k + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.).to(tl.float32)
     b_G = _gate_tile(g, p_row, m_r, o_k, K, GATE_VECTOR)
-    b_Gl = tl.sum(tl.where(o_t[:, None] == BT - 1, b_G, 0.0), 0)[None, :]  # [1, BK] (KDA) or [1, 1] (GDN)
+    b_Gl = tl.sum(tl.where(o_t[:, None] == BT - 1, b_G, 0.), 0)[None, :]  # [1, BK] (KDA) or [1, 1] (GDN)
     # dAqk below the diagonal goes through the decayed products; its diagonal (decay e^0 = 1) is added in fp32 and
     # left out of dG, where its two terms cancel exactly (with bf16 products they would not: under strong decay
     # that rounding is larger than dg itself)
-    b_X = tl.where(o_t[:, None] > o_t[None, :], b_da * scale, 0.0)
-    b_xd = tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_da * scale, 0.0), 1)[:, None]  # [BT, 1]
+    b_X = tl.where(o_t[:, None] > o_t[None, :], b_da * scale, 0.)
+    b_xd = tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_da * scale, 0.), 1)[:, None]  # [BT, 1]
     if GATE_VECTOR:
         b_rq = _rows_vec(b_X, b_k, b_G, BT, BK, dt, DOT_PREC)
         b_cq = _cols_vec(b_X, b_q, b_G, BT, BK, dt, DOT_PREC)
@@ -306,7 +299,7 @@ def chunk_bwd_dqk_kernel(
     b_dG = b_q * b_rq - b_k * b_cq + b_dqs * b_q - b_ktdkt
     # d gamma_C and the sum of the K~ terms land on the last row of the chunk (the last one before T)
     i_last = tl.minimum(T - i_t * BT, BT) - 1
-    b_dG += tl.where(o_t[:, None] == i_last, tl.sum(b_ktdkt, 0)[None, :] + tl.exp(b_Gl) * b_dgam[None, :], 0.0)
+    b_dG += tl.where(o_t[:, None] == i_last, tl.sum(b_ktdkt, 0)[None, :] + tl.exp(b_Gl) * b_dgam[None, :], 0.)
     p_out = p_row[:, None] * K + o_k[None, :]
     tl.store(dq + p_out, b_dq.to(dq.dtype.element_ty), mask=m_r[:, None])
     tl.store(dk + p_out, b_cq + b_xd * b_q + b_ekt * b_dkt, mask=m_r[:, None])
@@ -354,32 +347,32 @@ def wy_bwd_kernel(
     m_r = o_r < T
     p_row = (bos + o_r) * H + i_h
     m_low = o_t[:, None] >= o_t[None, :]
-    b_Tt = tl.trans(tl.load(tt + p_row[:, None] * BT + o_t[None, :], mask=m_r[:, None] & m_low, other=0.0)).to(dt)
-    b_beta = tl.load(beta + p_row, mask=m_r, other=0.0).to(tl.float32)
+    b_Tt = tl.trans(tl.load(tt + p_row[:, None] * BT + o_t[None, :], mask=m_r[:, None] & m_low, other=0.)).to(dt)
+    b_beta = tl.load(beta + p_row, mask=m_r, other=0.).to(tl.float32)
 
     b_dA = tl.zeros([BT, BT], dtype=tl.float32)
     b_db = tl.zeros([BT], dtype=tl.float32)
     for i_v in range(V // BV):
         o_v = i_v * BV + tl.arange(0, BV)
         p_v = p_row[:, None] * V + o_v[None, :]
-        b_dvb = tl.dot(b_Tt, tl.load(dv_new + p_v, mask=m_r[:, None], other=0.0))
-        b_dA = tl.dot(b_dvb.to(dt), tl.trans(tl.load(u + p_v, mask=m_r[:, None], other=0.0)), b_dA)
-        b_v = tl.load(v + p_v, mask=m_r[:, None], other=0.0).to(tl.float32)
+        b_dvb = tl.dot(b_Tt, tl.load(dv_new + p_v, mask=m_r[:, None], other=0.))
+        b_dA = tl.dot(b_dvb.to(dt), tl.trans(tl.load(u + p_v, mask=m_r[:, None], other=0.)), b_dA)
+        b_v = tl.load(v + p_v, mask=m_r[:, None], other=0.).to(tl.float32)
         b_db += tl.sum(b_dvb * b_v, 1)
         tl.store(dv + p_v, (b_dvb * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_r[:, None])
     for i_k in range(K // BK):
         o_k = i_k * BK + tl.arange(0, BK)
         p_k = p_row[:, None] * K + o_k[None, :]
-        b_dkb = tl.dot(b_Tt, tl.load(dw + p_k, mask=m_r[:, None], other=0.0).to(dt))
-        b_dA = tl.dot(b_dkb.to(dt), tl.trans(tl.load(w + p_k, mask=m_r[:, None], other=0.0)), b_dA)
-    b_dA = -tl.where(o_t[:, None] > o_t[None, :], b_dA, 0.0)
+        b_dkb = tl.dot(b_Tt, tl.load(dw + p_k, mask=m_r[:, None], other=0.).to(dt))
+        b_dA = tl.dot(b_dkb.to(dt), tl.trans(tl.load(w + p_k, mask=m_r[:, None], other=0.)), b_dA)
+    b_dA = -tl.where(o_t[:, None] > o_t[None, :], b_dA, 0.)
 
     b_dgs = tl.zeros([BT], dtype=tl.float32)
     for i_k in range(K // BK):
         o_k = i_k * BK + tl.arange(0, BK)
         p_k = p_row[:, None] * K + o_k[None, :]
-        b_dkb = tl.dot(b_Tt, tl.load(dw + p_k, mask=m_r[:, None], other=0.0).to(dt))
-        b_k = tl.load(k + p_k, mask=m_r[:, None], other=0.0).to(tl.float32)
+        b_dkb = tl.dot(b_Tt, tl.load(dw + p_k, mask=m_r[:, None], other=0.).to(dt))
+        b_k = tl.load(k + p_k, mask=m_r[:, None], other=0.).to(tl.float32)
         b_G = _gate_tile(g, p_row, m_r, o_k, K, GATE_VECTOR)
         b_bk = b_k * b_beta[:, None]
         if GATE_VECTOR:
@@ -392,10 +385,10 @@ def wy_bwd_kernel(
             b_ca = tl.dot(tl.trans(b_XE).to(dt), b_bk.to(dt))
         b_kbd = b_dkb * tl.exp(b_G) * b_k  # dkb (x) e^G (x) k
         b_db += tl.sum(b_kbd + b_k * b_ra, 1)
-        b_dk = tl.load(dk_part + p_k, mask=m_r[:, None], other=0.0)
+        b_dk = tl.load(dk_part + p_k, mask=m_r[:, None], other=0.)
         b_dk += b_dkb * tl.exp(b_G) * b_beta[:, None] + b_beta[:, None] * b_ra + b_ca
         tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_r[:, None])
-        b_dG = tl.load(dg_part + p_k, mask=m_r[:, None], other=0.0)
+        b_dG = tl.load(dg_part + p_k, mask=m_r[:, None], other=0.)
         b_dG += b_beta[:, None] * (b_kbd + b_k * b_ra) - b_k * b_ca
         if GATE_VECTOR:
             tl.store(dg + p_k, tl.cumsum(b_dG, 0, reverse=True).to(dg.dtype.element_ty), mask=m_r[:, None])
@@ -411,15 +404,8 @@ def wy_bwd_kernel(
 
 
 def _key(index: ChunkIndex, H: int, K: int, V: int, gate_vector: bool, dtype: torch.dtype) -> dict[str, object]:
-    return {
-        "H": H,
-        "K": K,
-        "V": V,
-        "BT": index.chunk_size,
-        "GATE": "vector" if gate_vector else "scalar",
-        "IS_VARLEN": index.is_varlen,
-        "dtype": str(dtype).removeprefix("torch."),
-    }
+    return {"H": H, "K": K, "V": V, "BT": index.chunk_size, "GATE": "vector" if gate_vector else "scalar",
+            "IS_VARLEN": index.is_varlen, "dtype": str(dtype).removeprefix("torch.")}
 
 
 def _bounds(index: ChunkIndex) -> tuple[Tensor | None, Tensor | None]:
@@ -436,17 +422,8 @@ def _fit(cfg: LaunchConfig, K: int, V: int) -> tuple[int, int]:
     return BK, BV
 
 
-def wy_inverse(
-    k: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    index: ChunkIndex,
-    gate_vector: bool,
-    kg: Tensor | None = None,
-    gc: Tensor | None = None,
-    launch: LaunchPlan | None = None,
-) -> Tensor:
+def wy_inverse(k: Tensor, g: Tensor, beta: Tensor, *, index: ChunkIndex, gate_vector: bool, kg: Tensor | None = None,
+               gc: Tensor | None = None, launch: LaunchPlan | None = None) -> Tensor:
     """T = (I + A)^{-1} per chunk, [B, T, H, BT] in k's dtype (lower blocks), from the raw gate g."""
     B, T, H, K = k.shape
     cfg = launch_config(launch, WY_INVERSE, _key(index, H, K, K, gate_vector, k.dtype))
@@ -455,38 +432,15 @@ def wy_inverse(
     tt = torch.empty(B, T, H, BT, dtype=k.dtype, device=k.device)
     cu, ci = _bounds(index)
     wy_inverse_kernel[_chunk_grid(index, B, T, H)](
-        k,
-        g,
-        beta,
-        tt,
-        kg,
-        gc,
-        cu,
-        ci,
-        T,
-        H=H,
-        K=K,
-        BT=BT,
-        BK=BK,
-        GATE_VECTOR=gate_vector,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        k, g, beta, tt, kg, gc, cu, ci, T, H=H, K=K, BT=BT, BK=BK, GATE_VECTOR=gate_vector,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return tt
 
 
 def _wy_factors(
-    gate_vector: bool,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    scale: float,
-    index: ChunkIndex,
-    launch: LaunchPlan,
-    wy: Mapping[str, Tensor] | None,
+    gate_vector: bool, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex,
+    launch: LaunchPlan, wy: Mapping[str, Tensor] | None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(w, u, ks, gs, qs, aqk): the forward's kept factors, or the WY prep run again (GDN: ks, qs = k, q)."""
     if wy is not None:
@@ -502,23 +456,9 @@ def _wy_factors(
 
 
 def _state_pass(
-    qs: Tensor,
-    ks: Tensor,
-    w: Tensor,
-    u: Tensor,
-    gs: Tensor,
-    aqk: Tensor,
-    do: Tensor,
-    *,
-    index: ChunkIndex,
-    gate_vector: bool,
-    scale: float,
-    h0: Tensor | None,
-    dht: Tensor | None,
-    dh0: Tensor | None,
-    launch: LaunchPlan,
-    split_chunks: int | None,
-    states: bool,
+    qs: Tensor, ks: Tensor, w: Tensor, u: Tensor, gs: Tensor, aqk: Tensor, do: Tensor, *, index: ChunkIndex,
+    gate_vector: bool, scale: float, h0: Tensor | None, dht: Tensor | None, dh0: Tensor | None,
+    launch: LaunchPlan, split_chunks: int | None, states: bool,
     kept: Mapping[str, Tensor] | None = None,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
     """The reverse state pass, split across the sequence like the forward (module docstring), writing dh0 when given;
@@ -542,9 +482,11 @@ def _state_pass(
     if kept is not None:
         h, v_new = kept["h"], kept["v_new"]
     if plan is None:
-        layout = SeqLayout(N, index.cu_seqlens if index.is_varlen else None, index.chunk_offsets if index.is_varlen else None)
+        layout = SeqLayout(N, index.cu_seqlens if index.is_varlen else None,
+                           index.chunk_offsets if index.is_varlen else None)
         if states and kept is None:
-            h, v_new, _ = chunk_state_fwd(ks, w, u, gs, layout=layout, num_chunks=NT, h0=h0, launch=launch, **common)
+            h, v_new, _ = chunk_state_fwd(ks, w, u, gs, layout=layout, num_chunks=NT, h0=h0, launch=launch,
+                                          **common)
         chunk_state_bwd(qs, ks, w, gs, aqk, do, layout=layout, dht=dht, ds_out=dh0, dh=dh, dv_new=dv_new, **bwd)
         return h, v_new, dh, dv_new
     segs = plan.all_segments
@@ -556,60 +498,23 @@ def _state_pass(
     if states and kept is None:
         nonlast = plan.transitions.seq_map
         assert nonlast is not None
-        hs = seg_chain_states(
-            M.index_select(0, nonlast),
-            S.index_select(0, nonlast),
-            h0,
-            plan.seg_ptr,
-            num_segments=plan.num_segments,
-            launch=launch,
-        )
+        hs = seg_chain_states(M.index_select(0, nonlast), S.index_select(0, nonlast), h0, plan.seg_ptr,
+                              num_segments=plan.num_segments, launch=launch)
         h, v_new, _ = chunk_state_fwd(ks, w, u, gs, layout=segs, num_chunks=NT, h0=hs, launch=launch, **common)
     rest, firsts = first_segments(plan)
     ds_ext = M.new_empty(plan.num_segments, H, K, V)  # fp32 like the maps; rows of first segments stay unused
-    chunk_state_bwd(
-        qs,
-        ks,
-        w,
-        gs,
-        aqk,
-        do,
-        dht=None,
-        ds_out=ds_ext,
-        layout=SeqLayout(plan.num_segments, segs.cu_seqlens, segs.chunk_offsets, seq_map=rest, final_idx=rest),
-        **bwd,
-    )
+    chunk_state_bwd(qs, ks, w, gs, aqk, do, dht=None, ds_out=ds_ext,
+                    layout=SeqLayout(plan.num_segments, segs.cu_seqlens, segs.chunk_offsets, seq_map=rest,
+                                     final_idx=rest), **bwd)
     ds_end = seg_chain_bwd(M, ds_ext, dht, plan, launch=launch)
-    chunk_state_bwd(
-        qs,
-        ks,
-        w,
-        gs,
-        aqk,
-        do,
-        dht=ds_end,
-        ds_out=dh0,
-        dh=dh,
-        dv_new=dv_new,
-        layout=SeqLayout(plan.num_segments, segs.cu_seqlens, segs.chunk_offsets, final_idx=firsts),
-        **bwd,
-    )
+    chunk_state_bwd(qs, ks, w, gs, aqk, do, dht=ds_end, ds_out=dh0, dh=dh, dv_new=dv_new,
+                    layout=SeqLayout(plan.num_segments, segs.cu_seqlens, segs.chunk_offsets, final_idx=firsts), **bwd)
     return h, v_new, dh, dv_new
 
 
 def chunk_state_grad(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    do: Tensor,
-    *,
-    scale: float,
-    dht: Tensor | None = None,
-    cu_seqlens: Tensor | None = None,
-    plan: LaunchPlan | None = None,
+    op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float,
+    dht: Tensor | None = None, cu_seqlens: Tensor | None = None, plan: LaunchPlan | None = None,
     split_chunks: int | None = None,
 ) -> Tensor:
     """dh0 `[N, H, K, V]` fp32 alone: the gradient of each sequence's entering state, from do (and dht). It does not
@@ -623,42 +528,16 @@ def chunk_state_grad(
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=BT_WY, device=k.device)
     w, u, ks, gs, qs, aqk = _wy_factors(gate_vector, q, k, v, g, beta, scale=scale, index=index, launch=launch, wy=None)
     dh0 = k.new_empty(index.num_seqs, H, K, v.shape[-1], dtype=torch.float32)
-    _state_pass(
-        qs,
-        ks,
-        w,
-        u,
-        gs,
-        aqk,
-        do,
-        index=index,
-        gate_vector=gate_vector,
-        scale=scale,
-        h0=None,
-        dht=dht.float().contiguous() if dht is not None else None,
-        dh0=dh0,
-        launch=launch,
-        split_chunks=split_chunks,
-        states=False,
-    )
+    _state_pass(qs, ks, w, u, gs, aqk, do, index=index, gate_vector=gate_vector, scale=scale, h0=None,
+                dht=dht.float().contiguous() if dht is not None else None, dh0=dh0, launch=launch,
+                split_chunks=split_chunks, states=False)
     return dh0
 
 
 def chunk_bwd(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    do: Tensor,
-    *,
-    scale: float,
-    initial_state: Tensor | None = None,
-    dht: Tensor | None = None,
-    cu_seqlens: Tensor | None = None,
-    plan: LaunchPlan | None = None,
-    split_chunks: int | None = None,
+    op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float,
+    initial_state: Tensor | None = None, dht: Tensor | None = None, cu_seqlens: Tensor | None = None,
+    plan: LaunchPlan | None = None, split_chunks: int | None = None,
     wy: Mapping[str, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """(dq, dk, dv, dg, dbeta, dh0) of the GDN (`op="gdn"`) or KDA chunked forward; see the module docstring.
@@ -688,24 +567,10 @@ def chunk_bwd(
     kept = wy if wy is not None and "h" in wy else None
     dh0 = k.new_empty(N, H, K, V, dtype=torch.float32) if initial_state is not None else None
     h, v_new, dh, dv_new = _state_pass(
-        qs,
-        ks,
-        w,
-        u,
-        gs,
-        aqk,
-        do,
-        index=index,
-        gate_vector=gate_vector,
-        scale=scale,
+        qs, ks, w, u, gs, aqk, do, index=index, gate_vector=gate_vector, scale=scale,
         h0=initial_state.float().contiguous() if initial_state is not None else None,
-        dht=dht.float().contiguous() if dht is not None else None,
-        dh0=dh0,
-        launch=launch,
-        split_chunks=split_chunks,
-        states=True,
-        kept=kept,
-    )
+        dht=dht.float().contiguous() if dht is not None else None, dh0=dh0, launch=launch, split_chunks=split_chunks,
+        states=True, kept=kept)
     assert h is not None and v_new is not None and dh is not None and dv_new is not None
 
     # 3. the chunk-parallel gradients
@@ -719,32 +584,10 @@ def chunk_bwd(
     BK, BV = _fit(cfg, K, V)
     grid = (K // BK, *_chunk_grid(index, B, T, H))
     chunk_bwd_dqk_kernel[grid](
-        q,
-        k,
-        g,
-        h,
-        dh,
-        v_new,
-        dv_new,
-        do,
-        dq,
-        dk_part,
-        dw,
-        dg_part,
-        cu,
-        ci,
-        scale,
-        T,
-        H=H,
-        K=K,
-        V=V,
-        BT=BT,
-        BK=BK,
-        BV=BV,
-        GATE_VECTOR=gate_vector,
+        q, k, g, h, dh, v_new, dv_new, do, dq, dk_part, dw, dg_part, cu, ci, scale, T,
+        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE_VECTOR=gate_vector,
         DOT_PREC=VECTOR_GATE_DOT,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
@@ -753,33 +596,9 @@ def chunk_bwd(
     cfg = launch.config_for(WY_BWD, key)
     BK, BV = _fit(cfg, K, V)
     wy_bwd_kernel[_chunk_grid(index, B, T, H)](
-        k,
-        v,
-        g,
-        beta,
-        tt,
-        w,
-        u,
-        dv_new,
-        dw,
-        dk_part,
-        dg_part,
-        dk,
-        dv,
-        dbeta,
-        dg,
-        cu,
-        ci,
-        T,
-        H=H,
-        K=K,
-        V=V,
-        BT=BT,
-        BK=BK,
-        BV=BV,
-        GATE_VECTOR=gate_vector,
+        k, v, g, beta, tt, w, u, dv_new, dw, dk_part, dg_part, dk, dv, dbeta, dg, cu, ci, T,
+        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE_VECTOR=gate_vector,
         DOT_PREC=VECTOR_GATE_DOT,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return dq, dk, dv, dg, dbeta, dh0

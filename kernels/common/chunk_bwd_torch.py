@@ -86,20 +86,20 @@ def chunk_bwd_torch(
     prep = chunk_prepare(kc, vc, gc, bc, q=qc)
     assert prep.qg is not None and prep.aqk is not None and prep.akk is not None
     h0 = initial_state.to(cd) if initial_state is not None else qc.new_zeros(index.num_seqs, H, K, V)
-    _, h, v_new = chunk_state_pass(prep, index, h0)  # states entering each chunk, v_new
+    _, h, v_new = chunk_state_pass(prep, index, h0)                    # states entering each chunk, v_new
     assert h is not None and v_new is not None
 
     dh, dv_new, dS0 = _reverse_state_pass(prep, doc, index, scale, dht.to(cd) if dht is not None else torch.zeros_like(h0))
 
-    G = gc.cumsum(2)  # [NT, H, C, Kg]
+    G = gc.cumsum(2)                                                   # [NT, H, C, Kg]
     eG = G.exp()
-    ht = h.transpose(-1, -2)  # [NT, H, V, K]
-    dqg = scale * (doc @ ht)  # [NT, H, C, K]
+    ht = h.transpose(-1, -2)                                           # [NT, H, V, K]
+    dqg = scale * (doc @ ht)                                           # [NT, H, C, K]
     causal = torch.ones(prep.aqk.shape[-1], prep.aqk.shape[-1], dtype=torch.bool, device=k.device).tril()
     daqk = (scale * (doc @ v_new.transpose(-1, -2))).masked_fill(~causal, 0.0)
-    dkt = v_new @ dh.transpose(-1, -2)  # [NT, H, C, K]
-    dgamma = (h * dh).sum(-1)  # [NT, H, K]
-    dw = -(dv_new @ ht)  # [NT, H, C, K]
+    dkt = v_new @ dh.transpose(-1, -2)                                 # [NT, H, C, K]
+    dgamma = (h * dh).sum(-1)                                          # [NT, H, K]
+    dw = -(dv_new @ ht)                                                # [NT, H, C, K]
 
     # WY: L w = kb, L u = vb with L = I + A unit lower triangular
     Lt = (prep.akk + torch.eye(prep.akk.shape[-1], dtype=cd, device=k.device)).transpose(-1, -2)
@@ -111,7 +111,7 @@ def chunk_bwd_torch(
     dk = dkb * b1 * eG
     dv = dvb * b1
     dbeta = (dkb * eG * kc).sum(-1) + (dvb * vc).sum(-1)
-    dG = dkb * b1 * eG * kc  # [NT, H, C, K]
+    dG = dkb * b1 * eG * kc                                            # [NT, H, C, K]
 
     # the decayed products A (strict) and Aqk (inclusive)
     Ra, Ca, Rq, Cq = _decayed(dA, daqk, kc, b1 * kc, qc, G)
@@ -124,11 +124,11 @@ def chunk_bwd_torch(
     dk = dk + dkt * (G[:, :, -1:] - G).exp()
     ktdkt = dkt * prep.kt
     dG = dG - ktdkt
-    dG_C = ktdkt.sum(2) + dgamma * prep.gamma  # [NT, H, K]
+    dG_C = ktdkt.sum(2) + dgamma * prep.gamma                          # [NT, H, K]
     dG[:, :, -1] += dG_C
     if gc.shape[-1] == 1:
         dG = dG.sum(-1, keepdim=True)
-    dg = dG.flip(2).cumsum(2).flip(2)  # G = cumsum(g) within the chunk
+    dg = dG.flip(2).cumsum(2).flip(2)                                  # G = cumsum(g) within the chunk
 
     def out(x: Tensor, like: Tensor) -> Tensor:
         return from_chunks(x, index, B, T).to(like.dtype)
@@ -142,11 +142,11 @@ def _reverse_state_pass(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dh `[NT,H,K,V]` = gradient at each chunk's end, dv_new `[NT,H,C,V]`, dS at the start of each sequence)."""
     assert prep.aqk is not None and prep.qg is not None
-    dv_loc = scale * (prep.aqk.transpose(-1, -2) @ doc)  # [NT, H, C, V]
-    dq_term = scale * (prep.qg.transpose(-1, -2) @ doc)  # [NT, H, K, V]
+    dv_loc = scale * (prep.aqk.transpose(-1, -2) @ doc)                # [NT, H, C, V]
+    dq_term = scale * (prep.qg.transpose(-1, -2) @ doc)                # [NT, H, K, V]
     dh = dS.new_empty(doc.shape[0], *dS.shape[1:])
     dv_new = torch.empty_like(dv_loc)
-    wT = prep.w.transpose(-1, -2)  # [NT, H, K, C]
+    wT = prep.w.transpose(-1, -2)                                      # [NT, H, K, C]
     for seq_ids, chunk_ids in reversed(index.pad.steps):
         dSj = dS if seq_ids is None else dS.index_select(0, seq_ids)
         dh[chunk_ids] = dSj
@@ -188,18 +188,18 @@ def _rows(X: Tensor, b: Tensor, G: Tensor) -> Tensor:
     BC = _SUB if C % _SUB == 0 else C
     NB = C // BC
     Gb = G.view(n, H, NB, BC, K)
-    Gr = Gb[:, :, :, -1]  # [n, H, NB, K]
+    Gr = Gb[:, :, :, -1]                                               # [n, H, NB, K]
     blk = torch.arange(C, device=b.device) // BC
     after = blk[None, :] > torch.arange(NB, device=b.device)[:, None]  # [NB, C]
-    El = torch.where(after[:, :, None], G[:, :, None] - Gr[:, :, :, None], float("-inf")).exp_()  # [n, H, NB, C, K]
+    El = torch.where(after[:, :, None], G[:, :, None] - Gr[:, :, :, None], float("-inf")).exp_()   # [n, H, NB, C, K]
     bb = b.view(n, H, NB, BC, K)
-    Bb = bb * (Gr[:, :, :, None] - Gb).exp()  # [n, H, NB, BC, K]
-    Xb = X.view(n, H, C, NB, BC).permute(0, 1, 3, 2, 4)  # [n, H, NB, C, BC]
-    R = (El * (Xb @ Bb)).sum(2)  # [n, H, C, K]
+    Bb = bb * (Gr[:, :, :, None] - Gb).exp()                           # [n, H, NB, BC, K]
+    Xb = X.view(n, H, C, NB, BC).permute(0, 1, 3, 2, 4)                # [n, H, NB, C, BC]
+    R = (El * (Xb @ Bb)).sum(2)                                        # [n, H, C, K]
     causal = torch.ones(BC, BC, dtype=torch.bool, device=b.device).tril()
     Ed = (Gb[:, :, :, :, None] - Gb[:, :, :, None]).masked_fill(~causal[:, :, None], float("-inf")).exp_()  # [n,H,NB,BC,BC,K]
-    Xd = X.view(n, H, NB, BC, NB, BC).diagonal(0, 2, 4).permute(0, 1, 4, 2, 3)  # [n,H,NB,BC,BC]
-    Rd = ((Xd[..., None] * Ed) * bb[:, :, :, None]).sum(-2)  # [n,H,NB,BC,K]
+    Xd = X.view(n, H, NB, BC, NB, BC).diagonal(0, 2, 4).permute(0, 1, 4, 2, 3)                          # [n,H,NB,BC,BC]
+    Rd = ((Xd[..., None] * Ed) * bb[:, :, :, None]).sum(-2)                                              # [n,H,NB,BC,K]
     return R + Rd.reshape(n, H, C, K)
 
 

@@ -24,15 +24,13 @@ from kernels.plan import LaunchPlan, launch_config
 
 __all__ = ["CHUNK_OUTPUT_FWD", "chunk_output_fwd"]
 
-CHUNK_OUTPUT_FWD = register(
-    KernelSpec(
-        name="chunk_output_fwd",
-        key=("H", "K", "V", "BT", "GATE", "IS_VARLEN", "dtype"),
-        # FLA's chunk_fwd_o list on Hopper: (BV 128, 8 warps) and (64, 4); 64/4 keeps 2+ programs per SM
-        default=LaunchConfig(BV=64, num_warps=4, num_stages=2),
-        space={"BV": (32, 64, 128), "num_warps": (4, 8), "num_stages": (1, 2, 3)},
-    )
-)
+CHUNK_OUTPUT_FWD = register(KernelSpec(
+    name="chunk_output_fwd",
+    key=("H", "K", "V", "BT", "GATE", "IS_VARLEN", "dtype"),
+    # FLA's chunk_fwd_o list on Hopper: (BV 128, 8 warps) and (64, 4); 64/4 keeps 2+ programs per SM
+    default=LaunchConfig(BV=64, num_warps=4, num_stages=2),
+    space={"BV": (32, 64, 128), "num_warps": (4, 8), "num_stages": (1, 2, 3)},
+))
 
 
 @triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
@@ -70,42 +68,26 @@ def chunk_output_fwd_kernel(
     m_causal = o_t[:, None] >= o_t[None, :]
 
     b_h = tl.load(h + (i_tg * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :])  # [K, BV]
-    b_q = tl.load(q + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.0)
-    b_v = tl.load(v_new + p_row[:, None] * V + o_v[None, :], mask=m_r[:, None], other=0.0)
-    b_A = tl.load(aqk + p_row[:, None] * BT + o_t[None, :], mask=m_r[:, None] & m_causal, other=0.0)
+    b_q = tl.load(q + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.)
+    b_v = tl.load(v_new + p_row[:, None] * V + o_v[None, :], mask=m_r[:, None], other=0.)
+    b_A = tl.load(aqk + p_row[:, None] * BT + o_t[None, :], mask=m_r[:, None] & m_causal, other=0.)
     if GATE_VECTOR:
         b_o = tl.dot(b_q, b_h) + tl.dot(b_A.to(dt), b_v)
     else:
-        b_g = tl.load(g + p_row, mask=m_r, other=0.0)
+        b_g = tl.load(g + p_row, mask=m_r, other=0.)
         b_o = tl.dot(b_q, b_h) * (tl.exp(b_g) * scale)[:, None] + tl.dot(b_A.to(dt), b_v)
     tl.store(o + p_row[:, None] * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_r[:, None])
 
 
 def chunk_output_fwd(
-    q: Tensor,
-    v_new: Tensor,
-    h: Tensor,
-    g: Tensor | None,
-    aqk: Tensor,
-    *,
-    index: ChunkIndex,
-    scale: float,
-    gate_vector: bool,
-    out_dtype: torch.dtype | None = None,
-    launch: LaunchPlan | None = None,
+    q: Tensor, v_new: Tensor, h: Tensor, g: Tensor | None, aqk: Tensor, *, index: ChunkIndex, scale: float,
+    gate_vector: bool, out_dtype: torch.dtype | None = None, launch: LaunchPlan | None = None,
 ) -> Tensor:
     """o [B, T, H, V]. GDN: raw q and g = gate cumsum. KDA: q = qg (scaled), g unused."""
     B, T, H, K = q.shape
     V = v_new.shape[-1]
-    key = {
-        "H": H,
-        "K": K,
-        "V": V,
-        "BT": index.chunk_size,
-        "GATE": "vector" if gate_vector else "scalar",
-        "IS_VARLEN": index.is_varlen,
-        "dtype": str(q.dtype).removeprefix("torch."),
-    }
+    key = {"H": H, "K": K, "V": V, "BT": index.chunk_size, "GATE": "vector" if gate_vector else "scalar",
+           "IS_VARLEN": index.is_varlen, "dtype": str(q.dtype).removeprefix("torch.")}
     cfg = launch_config(launch, CHUNK_OUTPUT_FWD, key, bv_limit=V)
     BV, BT = cfg.BV, index.chunk_size
     assert BV is not None and BV >= 16 and K >= 16 and BT >= 16, f"tiles must be >= 16, got BV={BV} K={K} BT={BT}"
@@ -116,23 +98,9 @@ def chunk_output_fwd(
     else:
         grid = (V // BV, triton.cdiv(T, BT), B * H)
     chunk_output_fwd_kernel[grid](
-        q,
-        v_new,
-        h,
-        g,
-        aqk,
-        o,
-        index.cu_seqlens if index.is_varlen else None,
-        index.chunk_indices if index.is_varlen else None,
-        scale,
-        T,
-        H=H,
-        K=K,
-        V=V,
-        BT=BT,
-        BV=BV,
-        GATE_VECTOR=gate_vector,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        q, v_new, h, g, aqk, o,
+        index.cu_seqlens if index.is_varlen else None, index.chunk_indices if index.is_varlen else None,
+        scale, T, H=H, K=K, V=V, BT=BT, BV=BV, GATE_VECTOR=gate_vector,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return o

@@ -45,55 +45,47 @@ __all__ = [
 
 _KEY = ("H", "K", "V", "BT", "GATE", "IS_VARLEN", "dtype")
 
-CHUNK_STATE_FWD = register(
-    KernelSpec(
-        name="chunk_state_fwd",
-        key=_KEY,
-        # FLA's fwd_h picks BV=64 on Hopper for K=V=128: a [128, 64] fp32 state is 64 registers a thread at 4 warps
-        # (182 in all, ptxas sm_90a); num_stages 2 prefetches w/u/k (98 KB of shared memory)
-        default=LaunchConfig(BV=64, num_warps=4, num_stages=2),
-        # BV 32 doubles the programs (helps when N*H is small), 128 halves them; stages prefetch w/u/k
-        space={"BV": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
-    )
-)
+CHUNK_STATE_FWD = register(KernelSpec(
+    name="chunk_state_fwd",
+    key=_KEY,
+    # FLA's fwd_h picks BV=64 on Hopper for K=V=128: a [128, 64] fp32 state is 64 registers a thread at 4 warps
+    # (182 in all, ptxas sm_90a); num_stages 2 prefetches w/u/k (98 KB of shared memory)
+    default=LaunchConfig(BV=64, num_warps=4, num_stages=2),
+    # BV 32 doubles the programs (helps when N*H is small), 128 halves them; stages prefetch w/u/k
+    space={"BV": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
+))
 
-CHUNK_STATE_OUTPUT_FWD = register(
-    KernelSpec(
-        name="chunk_state_output_fwd",
-        key=_KEY,
-        # the fused pass also loads q and Aqk: BV 64 / 4 warps is 247-255 registers without spills; one stage keeps
-        # shared memory at 57 KB so 2 programs share an SM (two stages take 131 KB: one program per SM)
-        default=LaunchConfig(BV=64, num_warps=4, num_stages=1),
-        space={"BV": (32, 64, 128), "num_warps": (4, 8), "num_stages": (1, 2, 3)},
-    )
-)
+CHUNK_STATE_OUTPUT_FWD = register(KernelSpec(
+    name="chunk_state_output_fwd",
+    key=_KEY,
+    # the fused pass also loads q and Aqk: BV 64 / 4 warps is 247-255 registers without spills; one stage keeps
+    # shared memory at 57 KB so 2 programs share an SM (two stages take 131 KB: one program per SM)
+    default=LaunchConfig(BV=64, num_warps=4, num_stages=1),
+    space={"BV": (32, 64, 128), "num_warps": (4, 8), "num_stages": (1, 2, 3)},
+))
 
-CHUNK_STATE_TRANSITION_FWD = register(
-    KernelSpec(
-        name="chunk_state_transition_fwd",
-        key=_KEY,
-        # (K+V)/BV programs per sequence and head; same per-chunk work as the plain pass without stores;
-        # 167 registers and 57 KB of shared memory at one stage: 3 programs per SM
-        default=LaunchConfig(BV=64, num_warps=4, num_stages=1),
-        space={"BV": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
-    )
-)
+CHUNK_STATE_TRANSITION_FWD = register(KernelSpec(
+    name="chunk_state_transition_fwd",
+    key=_KEY,
+    # (K+V)/BV programs per sequence and head; same per-chunk work as the plain pass without stores;
+    # 167 registers and 57 KB of shared memory at one stage: 3 programs per SM
+    default=LaunchConfig(BV=64, num_warps=4, num_stages=1),
+    space={"BV": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
+))
 
 
-@triton.heuristics(
-    {
-        "USE_INITIAL_STATE": lambda args: args["h0"] is not None,
-        "STORE_FINAL_STATE": lambda args: args["ht"] is not None,
-        "STORE_STATES": lambda args: args["h"] is not None,
-        "SAVE_NEW_VALUE": lambda args: args["v_new"] is not None,
-        "FUSE_OUTPUT": lambda args: args["o"] is not None,
-        "TRANSITION": lambda args: args["m"] is not None,
-        "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
-        "USE_SEQ_MAP": lambda args: args["seq_map"] is not None,
-        "USE_FINAL_IDX": lambda args: args["final_idx"] is not None,
-        "USE_NEED": lambda args: args["need"] is not None,
-    }
-)
+@triton.heuristics({
+    "USE_INITIAL_STATE": lambda args: args["h0"] is not None,
+    "STORE_FINAL_STATE": lambda args: args["ht"] is not None,
+    "STORE_STATES": lambda args: args["h"] is not None,
+    "SAVE_NEW_VALUE": lambda args: args["v_new"] is not None,
+    "FUSE_OUTPUT": lambda args: args["o"] is not None,
+    "TRANSITION": lambda args: args["m"] is not None,
+    "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+    "USE_SEQ_MAP": lambda args: args["seq_map"] is not None,
+    "USE_FINAL_IDX": lambda args: args["final_idx"] is not None,
+    "USE_NEED": lambda args: args["need"] is not None,
+})
 @triton.jit(do_not_specialize=["T"])
 def chunk_state_fwd_kernel(
     k,  # [B, T, H, K]: raw keys (GDN) or kg (KDA)
@@ -162,7 +154,7 @@ def chunk_state_fwd_kernel(
     m_causal = o_t[:, None] >= o_t[None, :]
 
     if TRANSITION:
-        b_h = tl.where((o_k[:, None] == o_c[None, :]) & b_need, 1.0, 0.0)  # [I | 0] (zeros when masked)
+        b_h = tl.where((o_k[:, None] == o_c[None, :]) & b_need, 1., 0.)  # [I | 0] (zeros when masked)
     else:
         b_h = tl.zeros([K, BV], dtype=tl.float32)
         if USE_INITIAL_STATE:
@@ -174,12 +166,13 @@ def chunk_state_fwd_kernel(
         p_row = (bos + o_r) * H + i_h  # [BT] token-head rows
         if STORE_STATES:
             tl.store(h + ((boc + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_c[None, :], b_h.to(h.dtype.element_ty))
-        b_w = tl.load(w + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.0)
+        b_w = tl.load(w + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.)
         if TRANSITION:
-            b_u = tl.load(u + p_row[:, None] * V + (o_c - K)[None, :], mask=m_r[:, None] & (o_c >= K)[None, :], other=0.0)
+            b_u = tl.load(u + p_row[:, None] * V + (o_c - K)[None, :], mask=m_r[:, None] & (o_c >= K)[None, :],
+                          other=0.)
         else:
-            b_u = tl.load(u + p_row[:, None] * V + o_c[None, :], mask=m_r[:, None], other=0.0)
-        b_kT = tl.load(k + p_row[None, :] * K + o_k[:, None], mask=m_r[None, :], other=0.0)  # [K, BT]
+            b_u = tl.load(u + p_row[:, None] * V + o_c[None, :], mask=m_r[:, None], other=0.)
+        b_kT = tl.load(k + p_row[None, :] * K + o_k[:, None], mask=m_r[None, :], other=0.)  # [K, BT]
         b_hc = b_h.to(dt)
         b_v = b_u.to(tl.float32) - tl.dot(b_w, b_hc)  # v_new [BT, BV]
         if SAVE_NEW_VALUE:
@@ -187,21 +180,21 @@ def chunk_state_fwd_kernel(
         if GATE_VECTOR:
             b_gl = tl.load(g + ((boc + i_t) * H + i_h) * K + o_k)  # [K]
             if FUSE_OUTPUT:
-                b_q = tl.load(q + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.0)
-                b_A = tl.load(aqk + p_row[:, None] * BT + o_t[None, :], mask=m_r[:, None] & m_causal, other=0.0)
+                b_q = tl.load(q + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.)
+                b_A = tl.load(aqk + p_row[:, None] * BT + o_t[None, :], mask=m_r[:, None] & m_causal, other=0.)
                 b_o = tl.dot(b_q, b_hc) + tl.dot(b_A, b_v.to(dt))
                 tl.store(o + p_row[:, None] * V + o_c[None, :], b_o.to(o.dtype.element_ty), mask=m_r[:, None])
             b_h = b_h * tl.exp(b_gl)[:, None]
             b_h = tl.dot(b_kT, b_v.to(dt), b_h)
         else:
-            b_g = tl.load(g + p_row, mask=m_r, other=0.0)  # [BT]
+            b_g = tl.load(g + p_row, mask=m_r, other=0.)  # [BT]
             b_gl = tl.load(g + (bos + tl.minimum(i_t * BT + BT, T) - 1) * H + i_h)
             if FUSE_OUTPUT:
-                b_q = tl.load(q + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.0)
-                b_A = tl.load(aqk + p_row[:, None] * BT + o_t[None, :], mask=m_r[:, None] & m_causal, other=0.0)
+                b_q = tl.load(q + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.)
+                b_A = tl.load(aqk + p_row[:, None] * BT + o_t[None, :], mask=m_r[:, None] & m_causal, other=0.)
                 b_o = tl.dot(b_q, b_hc) * (tl.exp(b_g) * scale)[:, None] + tl.dot(b_A, b_v.to(dt))
                 tl.store(o + p_row[:, None] * V + o_c[None, :], b_o.to(o.dtype.element_ty), mask=m_r[:, None])
-            b_v = tl.where(m_r[:, None], b_v * tl.exp(b_gl - b_g)[:, None], 0.0)
+            b_v = tl.where(m_r[:, None], b_v * tl.exp(b_gl - b_g)[:, None], 0.)
             b_h = b_h * tl.exp(b_gl)
             b_h = tl.dot(b_kT, b_v.to(dt), b_h)
 
@@ -230,14 +223,8 @@ class SeqLayout:
 
     __slots__ = ("chunk_offsets", "cu_seqlens", "final_idx", "num_seqs", "seq_map")
 
-    def __init__(
-        self,
-        num_seqs: int,
-        cu_seqlens: Tensor | None = None,
-        chunk_offsets: Tensor | None = None,
-        seq_map: Tensor | None = None,
-        final_idx: Tensor | None = None,
-    ) -> None:
+    def __init__(self, num_seqs: int, cu_seqlens: Tensor | None = None, chunk_offsets: Tensor | None = None,
+                 seq_map: Tensor | None = None, final_idx: Tensor | None = None) -> None:
         self.num_seqs = num_seqs
         self.cu_seqlens = cu_seqlens
         self.chunk_offsets = chunk_offsets
@@ -250,40 +237,14 @@ class SeqLayout:
 
 
 def _key(H: int, K: int, V: int, BT: int, gate_vector: bool, layout: SeqLayout, dtype: torch.dtype) -> dict[str, object]:
-    return {
-        "H": H,
-        "K": K,
-        "V": V,
-        "BT": BT,
-        "GATE": "vector" if gate_vector else "scalar",
-        "IS_VARLEN": layout.cu_seqlens is not None,
-        "dtype": str(dtype).removeprefix("torch."),
-    }
+    return {"H": H, "K": K, "V": V, "BT": BT, "GATE": "vector" if gate_vector else "scalar",
+            "IS_VARLEN": layout.cu_seqlens is not None, "dtype": str(dtype).removeprefix("torch.")}
 
 
-def _launch(
-    cfg: LaunchConfig,
-    ncols: int,
-    layout: SeqLayout,
-    H: int,
-    *,
-    k: Tensor,
-    w: Tensor,
-    u: Tensor,
-    g: Tensor,
-    BT: int,
-    gate_vector: bool,
-    q: Tensor | None = None,
-    aqk: Tensor | None = None,
-    h0: Tensor | None = None,
-    h: Tensor | None = None,
-    ht: Tensor | None = None,
-    m: Tensor | None = None,
-    v_new: Tensor | None = None,
-    o: Tensor | None = None,
-    need: Tensor | None = None,
-    scale: float = 1.0,
-) -> None:
+def _launch(cfg: LaunchConfig, ncols: int, layout: SeqLayout, H: int, *, k: Tensor, w: Tensor, u: Tensor, g: Tensor,
+            BT: int, gate_vector: bool, q: Tensor | None = None, aqk: Tensor | None = None, h0: Tensor | None = None,
+            h: Tensor | None = None, ht: Tensor | None = None, m: Tensor | None = None, v_new: Tensor | None = None,
+            o: Tensor | None = None, need: Tensor | None = None, scale: float = 1.0) -> None:
     BV = cfg.BV
     K, V = k.shape[-1], u.shape[-1]
     assert BV is not None and BV >= 16 and K >= 16 and BT >= 16, f"tiles must be >= 16, got BV={BV} K={K} BT={BT}"
@@ -293,49 +254,16 @@ def _launch(
     if grid[1] == 0:
         return
     chunk_state_fwd_kernel[grid](
-        k,
-        w,
-        u,
-        g,
-        q,
-        aqk,
-        h0,
-        h,
-        ht,
-        m,
-        v_new,
-        o,
-        layout.cu_seqlens,
-        layout.chunk_offsets,
-        layout.seq_map,
-        layout.final_idx,
-        need,
-        scale,
-        T,
-        H=H,
-        K=K,
-        V=V,
-        BT=BT,
-        BV=BV,
-        GATE_VECTOR=gate_vector,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        k, w, u, g, q, aqk, h0, h, ht, m, v_new, o,
+        layout.cu_seqlens, layout.chunk_offsets, layout.seq_map, layout.final_idx, need,
+        scale, T, H=H, K=K, V=V, BT=BT, BV=BV, GATE_VECTOR=gate_vector,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
 
 def chunk_state_fwd(
-    k: Tensor,
-    w: Tensor,
-    u: Tensor,
-    g: Tensor,
-    *,
-    layout: SeqLayout,
-    num_chunks: int,
-    BT: int,
-    gate_vector: bool,
-    h0: Tensor | None = None,
-    output_final_state: bool = False,
-    num_states: int | None = None,
+    k: Tensor, w: Tensor, u: Tensor, g: Tensor, *, layout: SeqLayout, num_chunks: int, BT: int, gate_vector: bool,
+    h0: Tensor | None = None, output_final_state: bool = False, num_states: int | None = None,
     launch: LaunchPlan | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Plain pass: (h [NT_total, H, K, V] in k's dtype, v_new, ht fp32 or None)."""
@@ -349,63 +277,38 @@ def chunk_state_fwd(
 
 
 def chunk_state_output_fwd(
-    k: Tensor,
-    w: Tensor,
-    u: Tensor,
-    g: Tensor,
-    q: Tensor,
-    *,
-    layout: SeqLayout,
-    BT: int,
-    gate_vector: bool,
-    scale: float,
-    aqk: Tensor,
-    h0: Tensor | None = None,
-    output_final_state: bool = False,
-    num_states: int | None = None,
-    out_dtype: torch.dtype | None = None,
-    launch: LaunchPlan | None = None,
+    k: Tensor, w: Tensor, u: Tensor, g: Tensor, q: Tensor, *, layout: SeqLayout, BT: int, gate_vector: bool,
+    scale: float, aqk: Tensor, h0: Tensor | None = None, output_final_state: bool = False,
+    num_states: int | None = None, out_dtype: torch.dtype | None = None, launch: LaunchPlan | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Pass with the output fused in: (o [B, T, H, V], ht fp32 or None). GDN: raw q; KDA: q is qg (scaled)."""
     H, K, V = k.shape[2], k.shape[3], u.shape[-1]
     cfg = launch_config(launch, CHUNK_STATE_OUTPUT_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype), bv_limit=V)
     o = torch.empty(u.shape, dtype=out_dtype or q.dtype, device=u.device)
     ht = k.new_empty(num_states or layout.num_seqs, H, K, V, dtype=torch.float32) if output_final_state else None
-    _launch(
-        cfg, V, layout, H, k=k, w=w, u=u, g=g, BT=BT, gate_vector=gate_vector, q=q, aqk=aqk, h0=h0, ht=ht, o=o, scale=scale
-    )
+    _launch(cfg, V, layout, H, k=k, w=w, u=u, g=g, BT=BT, gate_vector=gate_vector, q=q, aqk=aqk, h0=h0, ht=ht, o=o,
+            scale=scale)
     return o, ht
 
 
 def chunk_state_transition_fwd(
-    k: Tensor,
-    w: Tensor,
-    u: Tensor,
-    g: Tensor,
-    *,
-    layout: SeqLayout,
-    BT: int,
-    gate_vector: bool,
-    launch: LaunchPlan | None = None,
-    need: Tensor | None = None,
+    k: Tensor, w: Tensor, u: Tensor, g: Tensor, *, layout: SeqLayout, BT: int, gate_vector: bool,
+    launch: LaunchPlan | None = None, need: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Segment maps of the programs' sequences: (M [N, H, K, K], S_ext [N, H, K, V]) fp32, N = layout.num_programs.
 
     need: bool `[N]` on the device, or None (all): programs whose flag is False skip their pass and return zeros.
     """
     H, K, V = k.shape[2], k.shape[3], u.shape[-1]
-    cfg = launch_config(
-        launch, CHUNK_STATE_TRANSITION_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype), bv_limit=min(K, V)
-    )
+    cfg = launch_config(launch, CHUNK_STATE_TRANSITION_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype),
+                        bv_limit=min(K, V))
     assert cfg.BV is not None and K % cfg.BV == 0, f"BV={cfg.BV} must divide K={K} for the transition pass"
     N = layout.num_programs
     M = k.new_empty(N, H, K, K, dtype=torch.float32)
     S = k.new_empty(N, H, K, V, dtype=torch.float32)
     flags = None
     if need is not None:
-        assert need.shape == (N,) and need.dtype == torch.bool, (
-            f"need must be bool [{N}], got {need.dtype} {tuple(need.shape)}"
-        )
-        flags = need.contiguous().view(torch.uint8)  # same bytes; the kernel reads one byte per program
+        assert need.shape == (N,) and need.dtype == torch.bool, f"need must be bool [{N}], got {need.dtype} {tuple(need.shape)}"
+        flags = need.contiguous().view(torch.uint8)   # same bytes; the kernel reads one byte per program
     _launch(cfg, K + V, layout, H, k=k, w=w, u=u, g=g, BT=BT, gate_vector=gate_vector, ht=S, m=M, need=flags)
     return M, S

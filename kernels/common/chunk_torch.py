@@ -41,10 +41,10 @@ _SUB = 8
 class ChunkPrep:
     """Per-chunk quantities, all fp32 and `[NT, H, C, ...]` (chunk-major, heads second)."""
 
-    w: Tensor  # [NT, H, C, K]
-    u: Tensor  # [NT, H, C, V]
-    kt: Tensor  # [NT, H, C, K]  K~ = K * exp(G_C - G)
-    gamma: Tensor  # [NT, H, Kg]    exp(G_C)
+    w: Tensor          # [NT, H, C, K]
+    u: Tensor          # [NT, H, C, V]
+    kt: Tensor         # [NT, H, C, K]  K~ = K * exp(G_C - G)
+    gamma: Tensor      # [NT, H, Kg]    exp(G_C)
     qg: Tensor | None  # [NT, H, C, K]  Q * exp(G)
     aqk: Tensor | None  # [NT, H, C, C] lower triangle incl. diagonal, unscaled
     akk: Tensor | None = None  # [NT, H, C, C] A = StrictLower(beta_i k_i . k_j decay), T = (I + A)^-1 (the backward)
@@ -80,14 +80,14 @@ def chunk_prepare(k: Tensor, v: Tensor, g: Tensor, beta: Tensor, q: Tensor | Non
     """Intra-chunk work on chunked fp32 inputs: k, q `[NT,H,C,K]`, v `[NT,H,C,V]`, g `[NT,H,C,Kg]`, beta `[NT,H,C]`."""
     NT, H, C, K = k.shape
     Kg = g.shape[-1]
-    G = g.cumsum(2)  # [NT, H, C, Kg]
+    G = g.cumsum(2)                                                     # [NT, H, C, Kg]
     causal = torch.ones(C, C, dtype=torch.bool, device=k.device).tril()
     strict = causal.tril(-1)
     A = k.new_empty(NT, H, C, C)
     aqk = k.new_empty(NT, H, C, C) if q is not None else None
     if Kg == 1:
         # scalar gate: the decay exp(G_i - G_j) is one [C, C] matrix per chunk and head
-        E = (G - G.transpose(-1, -2)).masked_fill(~causal, float("-inf")).exp()  # [NT, H, C, C]
+        E = (G - G.transpose(-1, -2)).masked_fill(~causal, float("-inf")).exp()   # [NT, H, C, C]
         A = (k @ k.transpose(-1, -2)) * E
         if q is not None:
             aqk = (q @ k.transpose(-1, -2)) * E
@@ -98,13 +98,13 @@ def chunk_prepare(k: Tensor, v: Tensor, g: Tensor, beta: Tensor, q: Tensor | Non
             A[sl] = _per_key_products(k[sl], k[sl], G[sl])
             if q is not None and aqk is not None:
                 aqk[sl] = _per_key_products(q[sl], k[sl], G[sl])
-    A = A.masked_fill(~strict, 0.0) * beta[..., None]  # beta_i on row i
+    A = A.masked_fill(~strict, 0.0) * beta[..., None]                    # beta_i on row i
     eye = torch.eye(C, dtype=A.dtype, device=A.device)
     eG = G.exp()
     rhs = torch.cat([beta[..., None] * eG * k, beta[..., None] * v], -1)  # [NT, H, C, K+V]
     sol = torch.linalg.solve_triangular(A + eye, rhs, upper=False, unitriangular=True)
     w, u = sol[..., :K], sol[..., K:]
-    G_C = G[:, :, -1:]  # [NT, H, 1, Kg]
+    G_C = G[:, :, -1:]                                                  # [NT, H, 1, Kg]
     kt = k * (G_C - G).exp()
     qg = q * eG if q is not None else None
     return ChunkPrep(w=w, u=u, kt=kt, gamma=G_C[:, :, 0].exp(), qg=qg, aqk=aqk, akk=A)
@@ -122,16 +122,16 @@ def _per_key_products(a: Tensor, k: Tensor, G: Tensor) -> Tensor:
     BC = _SUB if C % _SUB == 0 else C
     NB = C // BC
     Gb = G.view(n, H, NB, BC, K)
-    Gr = Gb[:, :, :, -1]  # [n, H, NB, K]  G at each sub-block's end
+    Gr = Gb[:, :, :, -1]                                               # [n, H, NB, K]  G at each sub-block's end
     blk = torch.arange(C, device=k.device) // BC
     after = blk[None, :] > torch.arange(NB, device=k.device)[:, None]  # [NB, C]  row i lies after sub-block b
-    El = torch.where(after[:, :, None], G[:, :, None] - Gr[:, :, :, None], float("-inf")).exp_()  # [n, H, NB, C, K]
+    El = torch.where(after[:, :, None], G[:, :, None] - Gr[:, :, :, None], float("-inf")).exp_()   # [n, H, NB, C, K]
     kb = k.view(n, H, NB, BC, K)
-    R = kb * (Gr[:, :, :, None] - Gb).exp()  # [n, H, NB, BC, K]
+    R = kb * (Gr[:, :, :, None] - Gb).exp()                            # [n, H, NB, BC, K]
     P = ((a[:, :, None] * El) @ R.transpose(-1, -2)).permute(0, 1, 3, 2, 4).reshape(n, H, C, C)
     causal = torch.ones(BC, BC, dtype=torch.bool, device=k.device).tril()
     Ed = (Gb[:, :, :, :, None] - Gb[:, :, :, None]).masked_fill(~causal[:, :, None], float("-inf")).exp_()  # [n,H,NB,BC,BC,K]
-    Pd = torch.einsum("nhbik,nhbijk->nhbij", a.view(n, H, NB, BC, K), Ed * kb[:, :, :, None])  # [n, H, NB, BC, BC]
+    Pd = torch.einsum("nhbik,nhbijk->nhbij", a.view(n, H, NB, BC, K), Ed * kb[:, :, :, None])        # [n, H, NB, BC, BC]
     P.view(n, H, NB, BC, NB, BC).diagonal(0, 2, 4).copy_(Pd.permute(0, 1, 3, 4, 2))
     return P
 
@@ -147,12 +147,12 @@ def chunk_state_pass(
     u = prep.u if u is None else u
     NT, H, C, _ = u.shape
     S = h0
-    h = S.new_empty(NT, *S.shape[1:]) if store else None  # [NT, H, K, Vs]
-    v_new = u.new_empty(u.shape) if store else None  # [NT, H, C, Vs]
-    wT = prep.kt.transpose(-1, -2)  # [NT, H, K, C]
+    h = S.new_empty(NT, *S.shape[1:]) if store else None              # [NT, H, K, Vs]
+    v_new = u.new_empty(u.shape) if store else None                    # [NT, H, C, Vs]
+    wT = prep.kt.transpose(-1, -2)                                     # [NT, H, K, C]
     for seq_ids, chunk_ids in index.pad.steps:
         Sj = S if seq_ids is None else S.index_select(0, seq_ids)
-        vn = u[chunk_ids] - prep.w[chunk_ids] @ Sj  # [n, H, C, Vs]
+        vn = u[chunk_ids] - prep.w[chunk_ids] @ Sj                       # [n, H, C, Vs]
         if h is not None and v_new is not None:
             h[chunk_ids] = Sj
             v_new[chunk_ids] = vn
@@ -188,6 +188,6 @@ def chunk_fwd_torch(
         h0 = q.new_zeros(index.num_seqs, H, K, V, dtype=cd)
     ht, h, v_new = chunk_state_pass(prep, index, h0)
     assert h is not None and v_new is not None and prep.qg is not None and prep.aqk is not None
-    o = scale * (prep.qg @ h + prep.aqk @ v_new)  # [NT, H, C, V]
+    o = scale * (prep.qg @ h + prep.aqk @ v_new)                         # [NT, H, C, V]
     o = from_chunks(o, index, B, T).to(q.dtype)
     return o, (ht if output_final_state else None)

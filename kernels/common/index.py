@@ -152,9 +152,7 @@ def prepare_chunk_index(
 
     The values are assumed valid (kernels.validate checks them before any launch).
     """
-    dev = (
-        torch.device(device) if device is not None else (cu_seqlens.device if cu_seqlens is not None else torch.device("cpu"))
-    )
+    dev = torch.device(device) if device is not None else (cu_seqlens.device if cu_seqlens is not None else torch.device("cpu"))
     if cu_seqlens is None:
         key: tuple[Any, ...] = ("dense", batch, seq_len, chunk_size, str(dev))
         hit = _INDEX_CACHE.get(key)

@@ -38,7 +38,7 @@ def naive_recurrent_kda(
     V = v.shape[-1]
     scale = K**-0.5 if scale is None else scale
     bounds = cu_seqlens_cpu if cu_seqlens_cpu is not None else [i * T for i in range(B + 1)]
-    cd = torch.float64 if q.dtype == torch.float64 else torch.float32  # fp64 inputs (tests) stay fp64
+    cd = torch.float64 if q.dtype == torch.float64 else torch.float32   # fp64 inputs (tests) stay fp64
     qf, kf, vf, gf, bf = (x.to(cd).reshape(B * T, *x.shape[2:]) for x in (q, k, v, g, beta))
     o = torch.zeros(B * T, H, V, dtype=cd, device=q.device)
     N = len(bounds) - 1
@@ -48,9 +48,9 @@ def naive_recurrent_kda(
         if initial_state is not None:
             S = initial_state[n].to(cd).clone()
         for t in range(bounds[n], bounds[n + 1]):
-            S = S * gf[t].exp()[:, :, None]  # Diag(exp(g_t)) S
-            k_t, b_t = kf[t], bf[t]  # [H, K], [H]
-            err = vf[t] - torch.einsum("hkv,hk->hv", S, k_t)  # v_t - S^T k_t
+            S = S * gf[t].exp()[:, :, None]                                   # Diag(exp(g_t)) S
+            k_t, b_t = kf[t], bf[t]                                           # [H, K], [H]
+            err = vf[t] - torch.einsum("hkv,hk->hv", S, k_t)                  # v_t - S^T k_t
             S = S + b_t[:, None, None] * k_t[:, :, None] * err[:, None, :]
             o[t] = scale * torch.einsum("hkv,hk->hv", S, qf[t])
         ht[n] = S

@@ -67,26 +67,22 @@ SPLIT_MIN_SEG_CHUNKS = 8
 # fp32-accurate products for the chain (tf32x3: three tf32 MMAs; the interpreter computes in fp32 anyway)
 CHAIN_DOT_PRECISION = "tf32x3"
 
-SEG_CHAIN_FWD = register(
-    KernelSpec(
-        name="seg_chain_fwd",
-        key=("H", "K", "V"),
-        # N*H*V/BV programs, each S-1 dependent [K,K]x[K,BV] tf32x3 products. The fp32 [K, K] map dominates the
-        # registers: BV 32 with 8 warps spills 16 bytes (ptxas sm_90a, K=V=128); BV 64 / 4 warps spills 1.1 KB
-        default=LaunchConfig(BV=32, num_warps=8, num_stages=1),
-        space={"BV": (16, 32, 64), "num_warps": (4, 8)},
-    )
-)
+SEG_CHAIN_FWD = register(KernelSpec(
+    name="seg_chain_fwd",
+    key=("H", "K", "V"),
+    # N*H*V/BV programs, each S-1 dependent [K,K]x[K,BV] tf32x3 products. The fp32 [K, K] map dominates the
+    # registers: BV 32 with 8 warps spills 16 bytes (ptxas sm_90a, K=V=128); BV 64 / 4 warps spills 1.1 KB
+    default=LaunchConfig(BV=32, num_warps=8, num_stages=1),
+    space={"BV": (16, 32, 64), "num_warps": (4, 8)},
+))
 
-SEG_COMPOSE_FWD = register(
-    KernelSpec(
-        name="seg_compose_fwd",
-        key=("H", "K", "V"),
-        # as seg_chain_fwd, over the K+V columns of [M | S_ext]
-        default=LaunchConfig(BV=32, num_warps=8, num_stages=1),
-        space={"BV": (16, 32, 64), "num_warps": (4, 8)},
-    )
-)
+SEG_COMPOSE_FWD = register(KernelSpec(
+    name="seg_compose_fwd",
+    key=("H", "K", "V"),
+    # as seg_chain_fwd, over the K+V columns of [M | S_ext]
+    default=LaunchConfig(BV=32, num_warps=8, num_stages=1),
+    space={"BV": (16, 32, 64), "num_warps": (4, 8)},
+))
 
 
 @triton.heuristics({"USE_INITIAL_STATE": lambda args: args["h0"] is not None})
@@ -150,12 +146,11 @@ def seg_compose_fwd_kernel(
         b_need = True
     o_k = tl.arange(0, K)
     o_c = i_c * BV + tl.arange(0, BV)
-    b_x = tl.where((o_k[:, None] == o_c[None, :]) & b_need, 1.0, 0.0)
+    b_x = tl.where((o_k[:, None] == o_c[None, :]) & b_need, 1., 0.)
     for j in range(s0, s1):
         b_m = tl.load(m + (j * H + i_h) * K * K + o_k[:, None] * K + o_k[None, :])
-        b_e = tl.load(
-            s_ext + (j * H + i_h) * K * V + o_k[:, None] * V + (o_c - K)[None, :], mask=(o_c >= K)[None, :], other=0.0
-        )
+        b_e = tl.load(s_ext + (j * H + i_h) * K * V + o_k[:, None] * V + (o_c - K)[None, :],
+                      mask=(o_c >= K)[None, :], other=0.)
         b_x = tl.dot(b_m, b_x, input_precision=PRECISION) + b_e
     tl.store(m_out + (i_n * H + i_h) * K * K + o_k[:, None] * K + o_c[None, :], b_x, mask=(o_c < K)[None, :])
     tl.store(s_out + (i_n * H + i_h) * K * V + o_k[:, None] * V + (o_c - K)[None, :], b_x, mask=(o_c >= K)[None, :])
@@ -185,7 +180,7 @@ class SplitPlan:
     final: SeqLayout
     seg_ptr: Tensor
     seg_ptr_cpu: list[int]
-    seg_seq: Tensor  # int32 `[NS]`: the sequence of each segment (per-segment masks from per-sequence ones)
+    seg_seq: Tensor          # int32 `[NS]`: the sequence of each segment (per-segment masks from per-sequence ones)
 
 
 _PLAN_CACHE: OrderedDict[tuple[int, int], tuple[ChunkIndex, SplitPlan]] = OrderedDict()
@@ -280,14 +275,14 @@ def resolve_split(index: ChunkIndex, split_chunks: int | None, *, H: int, NV: in
 # launchers
 
 
-def seg_chain_fwd(M: Tensor, S_ext: Tensor, h0: Tensor | None, plan: SplitPlan, *, launch: LaunchPlan | None = None) -> Tensor:
+def seg_chain_fwd(M: Tensor, S_ext: Tensor, h0: Tensor | None, plan: SplitPlan, *,
+                  launch: LaunchPlan | None = None) -> Tensor:
     """Entering state of every segment, [NS, H, K, V] fp32, from the non-last segments' maps and h0."""
     return seg_chain_states(M, S_ext, h0, plan.seg_ptr, num_segments=plan.num_segments, launch=launch)
 
 
-def seg_chain_states(
-    M: Tensor, S_ext: Tensor, h0: Tensor | None, seg_ptr: Tensor, *, num_segments: int, launch: LaunchPlan | None = None
-) -> Tensor:
+def seg_chain_states(M: Tensor, S_ext: Tensor, h0: Tensor | None, seg_ptr: Tensor, *, num_segments: int,
+                     launch: LaunchPlan | None = None) -> Tensor:
     """`seg_chain_fwd` for any grouping of segments into chains: sequence n owns segments [seg_ptr[n], seg_ptr[n+1]).
 
     M `[NS - N, H, K, K]`, S_ext `[NS - N, H, K, V]` are the maps of the non-last segments in segment order;
@@ -302,25 +297,14 @@ def seg_chain_states(
     assert BV is not None and BV >= 16 and K >= 16 and V % BV == 0, f"bad tiles BV={BV} K={K} V={V}"
     hs = S_ext.new_empty(num_segments, H, K, V)
     seg_chain_fwd_kernel[(V // BV, N * H)](
-        M.contiguous(),
-        S_ext.contiguous(),
-        h0,
-        hs,
-        seg_ptr,
-        H=H,
-        K=K,
-        V=V,
-        BV=BV,
-        PRECISION=CHAIN_DOT_PRECISION,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        M.contiguous(), S_ext.contiguous(), h0, hs, seg_ptr, H=H, K=K, V=V, BV=BV, PRECISION=CHAIN_DOT_PRECISION,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return hs
 
 
-def seg_compose_fwd(
-    M: Tensor, S_ext: Tensor, plan: SplitPlan, *, launch: LaunchPlan | None = None, need: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
+def seg_compose_fwd(M: Tensor, S_ext: Tensor, plan: SplitPlan, *, launch: LaunchPlan | None = None,
+                    need: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Fold all segment maps of each sequence: (M [N, H, K, K], S_ext [N, H, K, V]) fp32.
 
     need: bool `[N]` on the device, or None: sequences whose flag is False skip the fold and get zeros.
@@ -333,19 +317,8 @@ def seg_compose_fwd(
     s_out = S_ext.new_empty(plan.num_seqs, H, K, V)
     flags = None if need is None else need.contiguous().view(torch.uint8)
     seg_compose_fwd_kernel[((K + V) // BV, plan.num_seqs * H)](
-        M,
-        S_ext,
-        m_out,
-        s_out,
-        plan.seg_ptr,
-        flags,
-        H=H,
-        K=K,
-        V=V,
-        BV=BV,
-        PRECISION=CHAIN_DOT_PRECISION,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        M, S_ext, m_out, s_out, plan.seg_ptr, flags, H=H, K=K, V=V, BV=BV, PRECISION=CHAIN_DOT_PRECISION,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return m_out, s_out
 
@@ -376,82 +349,36 @@ def state_and_output(
     V = u.shape[-1]
     BT = index.chunk_size
     h0 = initial_state.float().contiguous() if initial_state is not None else None
-    bv = _state_bv(
-        launch, H=H, K=K, V=V, BT=BT, gate_vector=gate_vector, dtype=k.dtype, fuse=fuse_output, varlen=index.is_varlen
-    )
+    bv = _state_bv(launch, H=H, K=K, V=V, BT=BT, gate_vector=gate_vector, dtype=k.dtype, fuse=fuse_output,
+                   varlen=index.is_varlen)
     plan = resolve_split(index, split_chunks, H=H, NV=max(1, V // bv), device=k.device)
     if plan is None:
-        layout = SeqLayout(
-            index.num_seqs, index.cu_seqlens if index.is_varlen else None, index.chunk_offsets if index.is_varlen else None
-        )
+        layout = SeqLayout(index.num_seqs, index.cu_seqlens if index.is_varlen else None,
+                           index.chunk_offsets if index.is_varlen else None)
         h0_run, num_states = h0, None
     else:
         # 1. maps of the non-last segments  2. chain them into every segment's entering state
-        M, S_ext = chunk_state_transition_fwd(
-            k, w, u, g, layout=plan.transitions, BT=BT, gate_vector=gate_vector, launch=launch
-        )
+        M, S_ext = chunk_state_transition_fwd(k, w, u, g, layout=plan.transitions, BT=BT, gate_vector=gate_vector,
+                                              launch=launch)
         h0_run = seg_chain_fwd(M, S_ext, h0, plan, launch=launch)
         layout, num_states = plan.final, index.num_seqs
     if fuse_output:
-        return chunk_state_output_fwd(
-            k,
-            w,
-            u,
-            g,
-            q,
-            layout=layout,
-            BT=BT,
-            gate_vector=gate_vector,
-            scale=scale,
-            aqk=aqk,
-            h0=h0_run,
-            output_final_state=output_final_state,
-            num_states=num_states,
-            out_dtype=out_dtype,
-            launch=launch,
-        )
-    h, v_new, ht = chunk_state_fwd(
-        k,
-        w,
-        u,
-        g,
-        layout=layout,
-        num_chunks=index.num_chunks,
-        BT=BT,
-        gate_vector=gate_vector,
-        h0=h0_run,
-        output_final_state=output_final_state,
-        num_states=num_states,
-        launch=launch,
-    )
-    o = chunk_output_fwd(
-        q,
-        v_new,
-        h,
-        None if gate_vector else g,
-        aqk,
-        index=index,
-        scale=scale,
-        gate_vector=gate_vector,
-        out_dtype=out_dtype,
-        launch=launch,
-    )
+        return chunk_state_output_fwd(k, w, u, g, q, layout=layout, BT=BT, gate_vector=gate_vector, scale=scale,
+                                      aqk=aqk, h0=h0_run, output_final_state=output_final_state,
+                                      num_states=num_states, out_dtype=out_dtype, launch=launch)
+    h, v_new, ht = chunk_state_fwd(k, w, u, g, layout=layout, num_chunks=index.num_chunks, BT=BT,
+                                   gate_vector=gate_vector, h0=h0_run, output_final_state=output_final_state,
+                                   num_states=num_states, launch=launch)
+    o = chunk_output_fwd(q, v_new, h, None if gate_vector else g, aqk, index=index, scale=scale,
+                         gate_vector=gate_vector, out_dtype=out_dtype, launch=launch)
     return o, ht
 
 
-def _state_bv(
-    launch: LaunchPlan, *, H: int, K: int, V: int, BT: int, gate_vector: bool, dtype: torch.dtype, fuse: bool, varlen: bool
-) -> int:
+def _state_bv(launch: LaunchPlan, *, H: int, K: int, V: int, BT: int, gate_vector: bool,
+              dtype: torch.dtype, fuse: bool, varlen: bool) -> int:
     """The BV the state pass will use (the split rule counts its programs); the launch itself re-picks it."""
     spec = CHUNK_STATE_OUTPUT_FWD if fuse else CHUNK_STATE_FWD
-    key = {
-        "H": H,
-        "K": K,
-        "V": V,
-        "BT": BT,
-        "GATE": "vector" if gate_vector else "scalar",
-        "IS_VARLEN": varlen,
-        "dtype": str(dtype).removeprefix("torch."),
-    }
+    key = {"H": H, "K": K, "V": V, "BT": BT, "GATE": "vector" if gate_vector else "scalar", "IS_VARLEN": varlen,
+           "dtype": str(dtype).removeprefix("torch.")}
     cfg = launch.config_for(spec, key)
     return min(int(cfg.BV or 64), V)

@@ -34,40 +34,34 @@ from kernels.plan import LaunchPlan, launch_config
 
 __all__ = ["CHUNK_STATE_BWD", "SEG_CHAIN_BWD", "chunk_state_bwd", "first_segments", "seg_chain_bwd"]
 
-CHUNK_STATE_BWD = register(
-    KernelSpec(
-        name="chunk_state_bwd",
-        key=("H", "K", "V", "BT", "GATE", "IS_VARLEN", "dtype"),
-        # as the forward's state pass (FLA's bwd_dhu: BV 32/64, 2-4 warps, 2-4 stages); an fp32 [K, BV] gradient state
-        default=LaunchConfig(BV=64, num_warps=4, num_stages=1),
-        space={"BV": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
-        # 8 warps spill ~10x less than the default's 4 (benchmarks/results/ptxas_bwd_sm90.md); BV=32 is a known
-        # Hopper crasher (runners/tuner/miscompiles.py)
-        hints=(LaunchConfig(BV=64, num_warps=8, num_stages=1), LaunchConfig(BV=64, num_warps=8, num_stages=2)),
-    )
-)
+CHUNK_STATE_BWD = register(KernelSpec(
+    name="chunk_state_bwd",
+    key=("H", "K", "V", "BT", "GATE", "IS_VARLEN", "dtype"),
+    # as the forward's state pass (FLA's bwd_dhu: BV 32/64, 2-4 warps, 2-4 stages); an fp32 [K, BV] gradient state
+    default=LaunchConfig(BV=64, num_warps=4, num_stages=1),
+    space={"BV": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
+    # 8 warps spill ~10x less than the default's 4 (benchmarks/results/ptxas_bwd_sm90.md); BV=32 is a known
+    # Hopper crasher (runners/tuner/miscompiles.py)
+    hints=(LaunchConfig(BV=64, num_warps=8, num_stages=1), LaunchConfig(BV=64, num_warps=8, num_stages=2)),
+))
 
-SEG_CHAIN_BWD = register(
-    KernelSpec(
-        name="seg_chain_bwd",
-        key=("H", "K", "V"),
-        # the mirror of seg_chain_fwd (same registers: an fp32 [K, K] map and a [K, BV] state)
-        default=LaunchConfig(BV=32, num_warps=8, num_stages=1),
-        space={"BV": (16, 32, 64), "num_warps": (4, 8)},
-    )
-)
+SEG_CHAIN_BWD = register(KernelSpec(
+    name="seg_chain_bwd",
+    key=("H", "K", "V"),
+    # the mirror of seg_chain_fwd (same registers: an fp32 [K, K] map and a [K, BV] state)
+    default=LaunchConfig(BV=32, num_warps=8, num_stages=1),
+    space={"BV": (16, 32, 64), "num_warps": (4, 8)},
+))
 
 
-@triton.heuristics(
-    {
-        "USE_DHT": lambda args: args["dht"] is not None,
-        "STORE_DS": lambda args: args["ds_out"] is not None,
-        "STORE_DH": lambda args: args["dh"] is not None,
-        "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
-        "USE_SEQ_MAP": lambda args: args["seq_map"] is not None,
-        "USE_FINAL_IDX": lambda args: args["final_idx"] is not None,
-    }
-)
+@triton.heuristics({
+    "USE_DHT": lambda args: args["dht"] is not None,
+    "STORE_DS": lambda args: args["ds_out"] is not None,
+    "STORE_DH": lambda args: args["dh"] is not None,
+    "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+    "USE_SEQ_MAP": lambda args: args["seq_map"] is not None,
+    "USE_FINAL_IDX": lambda args: args["final_idx"] is not None,
+})
 @triton.jit(do_not_specialize=["T"])
 def chunk_state_bwd_kernel(
     q,  # [B, T, H, K]: raw q (GDN) or qg (KDA, scaled)
@@ -132,20 +126,20 @@ def chunk_state_bwd_kernel(
         p_row = (bos + o_r) * H + i_h
         if STORE_DH:
             tl.store(dh + ((boc + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_ds.to(dh.dtype.element_ty))
-        b_do = tl.load(do + p_row[:, None] * V + o_v[None, :], mask=m_r[:, None], other=0.0)
-        b_aT = tl.load(aqk + p_row[None, :] * BT + o_t[:, None], mask=m_r[None, :] & m_causal_T, other=0.0)  # [j, i]
-        b_k = tl.load(k + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.0)  # [BT, K]
-        b_qT = tl.load(q + p_row[None, :] * K + o_k[:, None], mask=m_r[None, :], other=0.0)  # [K, BT]
-        b_wT = tl.load(w + p_row[None, :] * K + o_k[:, None], mask=m_r[None, :], other=0.0)  # [K, BT]
+        b_do = tl.load(do + p_row[:, None] * V + o_v[None, :], mask=m_r[:, None], other=0.)
+        b_aT = tl.load(aqk + p_row[None, :] * BT + o_t[:, None], mask=m_r[None, :] & m_causal_T, other=0.)  # [j, i]
+        b_k = tl.load(k + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.)  # [BT, K]
+        b_qT = tl.load(q + p_row[None, :] * K + o_k[:, None], mask=m_r[None, :], other=0.)  # [K, BT]
+        b_wT = tl.load(w + p_row[None, :] * K + o_k[:, None], mask=m_r[None, :], other=0.)  # [K, BT]
         if GATE_VECTOR:
             b_gl = tl.load(g + ((boc + i_t) * H + i_h) * K + o_k)  # [K]
             b_kt = b_k
             b_qgT = b_qT
             b_gam = tl.exp(b_gl)[:, None]
         else:
-            b_g = tl.load(g + p_row, mask=m_r, other=0.0)  # [BT]
+            b_g = tl.load(g + p_row, mask=m_r, other=0.)  # [BT]
             b_gl = tl.load(g + (bos + tl.minimum(i_t * BT + BT, T) - 1) * H + i_h)
-            b_kt = (b_k * tl.where(m_r, tl.exp(b_gl - b_g), 0.0)[:, None]).to(dt)
+            b_kt = (b_k * tl.where(m_r, tl.exp(b_gl - b_g), 0.)[:, None]).to(dt)
             b_qgT = (b_qT * (tl.exp(b_g) * scale)[None, :]).to(dt)
             b_gam = tl.exp(b_gl)
         b_dv = tl.dot(b_aT.to(dt), b_do) + tl.dot(b_kt, b_ds.to(dt))  # [BT, BV]
@@ -219,38 +213,17 @@ def first_segments(plan: SplitPlan) -> tuple[Tensor, Tensor]:
     return out
 
 
-def state_bwd_config(
-    H: int, K: int, V: int, BT: int, gate_vector: bool, varlen: bool, dtype: torch.dtype, launch: LaunchPlan | None
-) -> LaunchConfig:
-    key = {
-        "H": H,
-        "K": K,
-        "V": V,
-        "BT": BT,
-        "GATE": "vector" if gate_vector else "scalar",
-        "IS_VARLEN": varlen,
-        "dtype": str(dtype).removeprefix("torch."),
-    }
+def state_bwd_config(H: int, K: int, V: int, BT: int, gate_vector: bool, varlen: bool, dtype: torch.dtype,
+                     launch: LaunchPlan | None) -> LaunchConfig:
+    key = {"H": H, "K": K, "V": V, "BT": BT, "GATE": "vector" if gate_vector else "scalar", "IS_VARLEN": varlen,
+           "dtype": str(dtype).removeprefix("torch.")}
     return launch_config(launch, CHUNK_STATE_BWD, key, bv_limit=V)
 
 
 def chunk_state_bwd(
-    q: Tensor,
-    k: Tensor,
-    w: Tensor,
-    g: Tensor,
-    aqk: Tensor,
-    do: Tensor,
-    *,
-    layout: SeqLayout,
-    BT: int,
-    gate_vector: bool,
-    scale: float,
-    dht: Tensor | None,
-    ds_out: Tensor | None,
-    dh: Tensor | None = None,
-    dv_new: Tensor | None = None,
-    launch: LaunchPlan | None = None,
+    q: Tensor, k: Tensor, w: Tensor, g: Tensor, aqk: Tensor, do: Tensor, *, layout: SeqLayout, BT: int,
+    gate_vector: bool, scale: float, dht: Tensor | None, ds_out: Tensor | None, dh: Tensor | None = None,
+    dv_new: Tensor | None = None, launch: LaunchPlan | None = None,
 ) -> None:
     """Launch the reverse pass over `layout`'s ranges (see the module docstring); writes dh, dv_new, ds_out."""
     H, K, V = k.shape[2], k.shape[3], do.shape[-1]
@@ -261,36 +234,15 @@ def chunk_state_bwd(
     if grid[1] == 0:
         return
     chunk_state_bwd_kernel[grid](
-        q,
-        k,
-        w,
-        g,
-        aqk,
-        do,
-        dht,
-        dh,
-        dv_new,
-        ds_out,
-        layout.cu_seqlens,
-        layout.chunk_offsets,
-        layout.seq_map,
-        layout.final_idx,
-        scale,
-        k.shape[1],
-        H=H,
-        K=K,
-        V=V,
-        BT=BT,
-        BV=BV,
-        GATE_VECTOR=gate_vector,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        q, k, w, g, aqk, do, dht, dh, dv_new, ds_out,
+        layout.cu_seqlens, layout.chunk_offsets, layout.seq_map, layout.final_idx,
+        scale, k.shape[1], H=H, K=K, V=V, BT=BT, BV=BV, GATE_VECTOR=gate_vector,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
 
-def seg_chain_bwd(
-    M: Tensor, ds_ext: Tensor, dht: Tensor | None, plan: SplitPlan, *, launch: LaunchPlan | None = None
-) -> Tensor:
+def seg_chain_bwd(M: Tensor, ds_ext: Tensor, dht: Tensor | None, plan: SplitPlan, *,
+                  launch: LaunchPlan | None = None) -> Tensor:
     """The gradient at the end of every segment, [NS, H, K, V] fp32, from all segments' forward maps M [NS, H, K, K],
     the non-first segments' dS_ext (rows of `ds_ext` [NS, H, K, V]) and dht [N, H, K, V] (or None: zeros)."""
     H, K, V = ds_ext.shape[1], ds_ext.shape[2], ds_ext.shape[3]
@@ -299,17 +251,7 @@ def seg_chain_bwd(
     assert BV is not None and BV >= 16 and K >= 16 and V % BV == 0, f"bad tiles BV={BV} K={K} V={V}"
     ds_end = ds_ext.new_empty(plan.num_segments, H, K, V)
     seg_chain_bwd_kernel[(V // BV, plan.num_seqs * H)](
-        M,
-        ds_ext,
-        dht,
-        ds_end,
-        plan.seg_ptr,
-        H=H,
-        K=K,
-        V=V,
-        BV=BV,
-        PRECISION=CHAIN_DOT_PRECISION,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        M, ds_ext, dht, ds_end, plan.seg_ptr, H=H, K=K, V=V, BV=BV, PRECISION=CHAIN_DOT_PRECISION,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return ds_end

@@ -33,23 +33,9 @@ __all__ = ["state_and_output_keep"]
 
 
 def state_and_output_keep(
-    *,
-    index: ChunkIndex,
-    k: Tensor,
-    w: Tensor,
-    u: Tensor,
-    g: Tensor,
-    q: Tensor,
-    aqk: Tensor,
-    gate_vector: bool,
-    scale: float,
-    initial_state: Tensor | None,
-    output_final_state: bool,
-    out_dtype: torch.dtype,
-    launch: LaunchPlan,
-    split_chunks: int | None,
-    fuse_output: bool,
-    keep: dict[str, Tensor],
+    *, index: ChunkIndex, k: Tensor, w: Tensor, u: Tensor, g: Tensor, q: Tensor, aqk: Tensor, gate_vector: bool,
+    scale: float, initial_state: Tensor | None, output_final_state: bool, out_dtype: torch.dtype,
+    launch: LaunchPlan, split_chunks: int | None, fuse_output: bool, keep: dict[str, Tensor],
 ) -> tuple[Tensor, Tensor | None]:
     """`state_and_output` (same arguments and result) that fills `keep` with the chunk states `h` [NT, H, K, V] and
     new values `v_new` (k's dtype), the maps `M` of every segment [NS, H, K, K] fp32 (split runs) and `split`, the
@@ -59,19 +45,16 @@ def state_and_output_keep(
     V = u.shape[-1]
     BT = index.chunk_size
     h0 = initial_state.float().contiguous() if initial_state is not None else None
-    bv = _state_bv(
-        launch, H=H, K=K, V=V, BT=BT, gate_vector=gate_vector, dtype=k.dtype, fuse=fuse_output, varlen=index.is_varlen
-    )
+    bv = _state_bv(launch, H=H, K=K, V=V, BT=BT, gate_vector=gate_vector, dtype=k.dtype, fuse=fuse_output,
+                   varlen=index.is_varlen)
     plan = resolve_split(index, split_chunks, H=H, NV=max(1, V // bv), device=k.device)
     if plan is None:
-        layout = SeqLayout(
-            index.num_seqs, index.cu_seqlens if index.is_varlen else None, index.chunk_offsets if index.is_varlen else None
-        )
+        layout = SeqLayout(index.num_seqs, index.cu_seqlens if index.is_varlen else None,
+                           index.chunk_offsets if index.is_varlen else None)
         h0_run, num_states = h0, None
     else:
-        M, S_ext = chunk_state_transition_fwd(
-            k, w, u, g, layout=plan.all_segments, BT=BT, gate_vector=gate_vector, launch=launch
-        )
+        M, S_ext = chunk_state_transition_fwd(k, w, u, g, layout=plan.all_segments, BT=BT, gate_vector=gate_vector,
+                                              launch=launch)
         nonlast = plan.transitions.seq_map
         assert nonlast is not None
         h0_run = seg_chain_fwd(M.index_select(0, nonlast), S_ext.index_select(0, nonlast), h0, plan, launch=launch)
@@ -79,33 +62,12 @@ def state_and_output_keep(
         keep["M"] = M
     keep["split"] = torch.tensor(plan.seg_chunks if plan is not None else 0, dtype=torch.int64)
     if not fuse_output:
-        h, v_new, ht = chunk_state_fwd(
-            k,
-            w,
-            u,
-            g,
-            layout=layout,
-            num_chunks=index.num_chunks,
-            BT=BT,
-            gate_vector=gate_vector,
-            h0=h0_run,
-            output_final_state=output_final_state,
-            num_states=num_states,
-            launch=launch,
-        )
+        h, v_new, ht = chunk_state_fwd(k, w, u, g, layout=layout, num_chunks=index.num_chunks, BT=BT,
+                                       gate_vector=gate_vector, h0=h0_run, output_final_state=output_final_state,
+                                       num_states=num_states, launch=launch)
         keep.update(h=h, v_new=v_new)
-        o = chunk_output_fwd(
-            q,
-            v_new,
-            h,
-            None if gate_vector else g,
-            aqk,
-            index=index,
-            scale=scale,
-            gate_vector=gate_vector,
-            out_dtype=out_dtype,
-            launch=launch,
-        )
+        o = chunk_output_fwd(q, v_new, h, None if gate_vector else g, aqk, index=index, scale=scale,
+                             gate_vector=gate_vector, out_dtype=out_dtype, launch=launch)
         return o, ht
     # the fused pass of `chunk_state_output_fwd`, with the state and new-value stores switched on
     cfg = launch.config_for(CHUNK_STATE_OUTPUT_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype), bv_limit=V)
@@ -113,24 +75,6 @@ def state_and_output_keep(
     keep.update(h=h, v_new=v_new)
     o = torch.empty(u.shape, dtype=out_dtype, device=u.device)
     ht = k.new_empty(num_states or layout.num_seqs, H, K, V, dtype=torch.float32) if output_final_state else None
-    _launch(
-        cfg,
-        V,
-        layout,
-        H,
-        k=k,
-        w=w,
-        u=u,
-        g=g,
-        BT=BT,
-        gate_vector=gate_vector,
-        q=q,
-        aqk=aqk,
-        h0=h0_run,
-        ht=ht,
-        o=o,
-        h=h,
-        v_new=v_new,
-        scale=scale,
-    )
+    _launch(cfg, V, layout, H, k=k, w=w, u=u, g=g, BT=BT, gate_vector=gate_vector, q=q, aqk=aqk, h0=h0_run, ht=ht, o=o,
+            h=h, v_new=v_new, scale=scale)
     return o, ht

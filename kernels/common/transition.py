@@ -32,11 +32,9 @@ def chunk_transition_torch(k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, ind
     H, K = k.shape[2], k.shape[3]
     kc, vc, gc, bc = (to_chunks(x, index) for x in (k, v, g, beta))
     prep = chunk_prepare(kc, vc, gc, bc)
-    u_aug = torch.cat([prep.u.new_zeros(*prep.u.shape[:-1], K), prep.u], -1)  # [NT, H, C, K+V]
+    u_aug = torch.cat([prep.u.new_zeros(*prep.u.shape[:-1], K), prep.u], -1)     # [NT, H, C, K+V]
     eye = torch.eye(K, dtype=torch.float32, device=k.device)
-    h0 = torch.cat(
-        [eye.expand(index.num_seqs, H, K, K), k.new_zeros(index.num_seqs, H, K, v.shape[-1], dtype=torch.float32)], -1
-    )
+    h0 = torch.cat([eye.expand(index.num_seqs, H, K, K), k.new_zeros(index.num_seqs, H, K, v.shape[-1], dtype=torch.float32)], -1)
     S, _, _ = chunk_state_pass(prep, index, h0, u=u_aug, store=False)
     return S[..., :K].contiguous(), S[..., K:].contiguous()
 
@@ -49,9 +47,7 @@ def mask_maps(M: Tensor, S_ext: Tensor, need: Tensor | None) -> tuple[Tensor, Te
     return torch.where(keep, M, 0.0), torch.where(keep, S_ext, 0.0)
 
 
-def naive_transition(
-    k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, cu_seqlens_cpu: list[int] | None
-) -> tuple[Tensor, Tensor]:
+def naive_transition(k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, cu_seqlens_cpu: list[int] | None) -> tuple[Tensor, Tensor]:
     """The same pair from the per-token fp32 reference (tests and `backend="reference"`); g `[B,T,H,Kg]`."""
     B, T, H, K = k.shape
     N = len(cu_seqlens_cpu) - 1 if cu_seqlens_cpu is not None else B
@@ -59,9 +55,7 @@ def naive_transition(
     eye = torch.eye(K, dtype=torch.float32, device=k.device)
     h0 = torch.cat([eye.expand(N, H, K, K), k.new_zeros(N, H, K, v.shape[-1], dtype=torch.float32)], -1)
     # q is not used for the state; pass k so shapes line up
-    _, S = naive_recurrent_kda(
-        k, k, v_aug.float(), g, beta, initial_state=h0, output_final_state=True, cu_seqlens_cpu=cu_seqlens_cpu
-    )
+    _, S = naive_recurrent_kda(k, k, v_aug.float(), g, beta, initial_state=h0, output_final_state=True, cu_seqlens_cpu=cu_seqlens_cpu)
     assert S is not None
     return S[..., :K].contiguous(), S[..., K:].contiguous()
 
@@ -82,10 +76,8 @@ def chain(M: Tensor, S_ext: Tensor, S0: Tensor | None = None) -> Tensor:
     P is small (the number of CP ranks or segments), so this is a short loop of batched matmuls over heads.
     """
     if M.dim() != 4 or S_ext.dim() != 4 or M.shape[0] != S_ext.shape[0]:
-        raise ValueError(
-            f"chain expects M [P,H,K,K] and S_ext [P,H,K,V] with the same P, got M.shape={tuple(M.shape)}, "
-            f"S_ext.shape={tuple(S_ext.shape)}"
-        )
+        raise ValueError(f"chain expects M [P,H,K,K] and S_ext [P,H,K,V] with the same P, got M.shape={tuple(M.shape)}, "
+                         f"S_ext.shape={tuple(S_ext.shape)}")
     S = S_ext.new_zeros(S_ext.shape[1:], dtype=torch.float32) if S0 is None else S0.float()
     for p in range(M.shape[0]):
         S = M[p].float() @ S + S_ext[p].float()

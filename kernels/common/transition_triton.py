@@ -48,23 +48,22 @@ def chunk_transition_fwd(
     k, v, g, beta = (x.contiguous() for x in (k, v, g, beta))
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=BT_WY, device=k.device)
     if op == "gdn":
-        w, u, gg, _ = wy_gdn_fwd(None, k, v, g, beta, scale=1.0, index=index, launch=launch, need=need)
+        w, u, gg, _ = wy_gdn_fwd(None, k, v, g, beta, scale=1.0, index=index, launch=launch,
+                                     need=need)
         kk, gate_vector = k, False
     else:
-        w, u, kk, gg, _, _ = wy_kda_fwd(None, k, v, g, beta, scale=1.0, index=index, launch=launch, need=need)
+        w, u, kk, gg, _, _ = wy_kda_fwd(None, k, v, g, beta, scale=1.0, index=index, launch=launch,
+                                             need=need)
         gate_vector = True
     cfg = launch.configs.get("chunk_state_transition_fwd")
     bv = min(cfg.BV if cfg is not None and cfg.BV else 64, K, V)
     split = resolve_split(index, split_chunks, H=H, NV=max(1, (K + V) // bv), device=k.device)
     if split is None:
-        layout = SeqLayout(
-            index.num_seqs, index.cu_seqlens if index.is_varlen else None, index.chunk_offsets if index.is_varlen else None
-        )
-        return chunk_state_transition_fwd(
-            kk, w, u, gg, layout=layout, BT=BT_WY, gate_vector=gate_vector, launch=launch, need=need
-        )
+        layout = SeqLayout(index.num_seqs, index.cu_seqlens if index.is_varlen else None,
+                           index.chunk_offsets if index.is_varlen else None)
+        return chunk_state_transition_fwd(kk, w, u, gg, layout=layout, BT=BT_WY, gate_vector=gate_vector, launch=launch,
+                                          need=need)
     seg_need = None if need is None else need.index_select(0, split.seg_seq)
-    M, S = chunk_state_transition_fwd(
-        kk, w, u, gg, layout=split.all_segments, BT=BT_WY, gate_vector=gate_vector, launch=launch, need=seg_need
-    )
+    M, S = chunk_state_transition_fwd(kk, w, u, gg, layout=split.all_segments, BT=BT_WY, gate_vector=gate_vector,
+                                      launch=launch, need=seg_need)
     return seg_compose_fwd(M, S, split, launch=launch, need=need)

@@ -46,27 +46,23 @@ __all__ = ["BT_WY", "WY_GDN_FWD", "WY_KDA_FWD", "wy_gdn_fwd", "wy_kda_fwd"]
 
 BT_WY = 64  # the kernels are written for 4 blocks of 16 rows
 
-WY_GDN_FWD = register(
-    KernelSpec(
-        name="wy_gdn_fwd",
-        key=("H", "K", "V", "BT", "IS_VARLEN", "dtype"),
-        # one warp per program (16x16 tiles gain nothing from more; more programs per SM hide the serial solve):
-        # H200, B=1 T=64K: 0.94 ms vs 1.87 at 4 warps and 1.83 for the older kernel with an fp32 scratch
-        default=LaunchConfig(BK=32, BV=64, num_warps=1, num_stages=2),
-        space={"BK": (32, 64, 128), "BV": (32, 64, 128), "num_warps": (1, 2, 4), "num_stages": (1, 2, 3)},
-    )
-)
+WY_GDN_FWD = register(KernelSpec(
+    name="wy_gdn_fwd",
+    key=("H", "K", "V", "BT", "IS_VARLEN", "dtype"),
+    # one warp per program (16x16 tiles gain nothing from more; more programs per SM hide the serial solve):
+    # H200, B=1 T=64K: 0.94 ms vs 1.87 at 4 warps and 1.83 for the older kernel with an fp32 scratch
+    default=LaunchConfig(BK=32, BV=64, num_warps=1, num_stages=2),
+    space={"BK": (32, 64, 128), "BV": (32, 64, 128), "num_warps": (1, 2, 4), "num_stages": (1, 2, 3)},
+))
 
-WY_KDA_FWD = register(
-    KernelSpec(
-        name="wy_kda_fwd",
-        key=("H", "K", "V", "BT", "IS_VARLEN", "dtype"),
-        # the per-key gate adds fp32 [16, BK] tiles (G, the two exp factors) next to the keys: BK 16, one warp
-        # (H200, B=1 T=64K: 2.76 ms vs 4.18 at BK 32 / 4 warps and 9.67 for the older kernel)
-        default=LaunchConfig(BK=16, BV=64, num_warps=1, num_stages=2),
-        space={"BK": (16, 32, 64), "BV": (32, 64, 128), "num_warps": (1, 2, 4), "num_stages": (1, 2)},
-    )
-)
+WY_KDA_FWD = register(KernelSpec(
+    name="wy_kda_fwd",
+    key=("H", "K", "V", "BT", "IS_VARLEN", "dtype"),
+    # the per-key gate adds fp32 [16, BK] tiles (G, the two exp factors) next to the keys: BK 16, one warp
+    # (H200, B=1 T=64K: 2.76 ms vs 4.18 at BK 32 / 4 warps and 9.67 for the older kernel)
+    default=LaunchConfig(BK=16, BV=64, num_warps=1, num_stages=2),
+    space={"BK": (16, 32, 64), "BV": (32, 64, 128), "num_warps": (1, 2, 4), "num_stages": (1, 2)},
+))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -78,7 +74,7 @@ def _load_tile(p, bos, r0, T, i_h, H: tl.constexpr, D: tl.constexpr, c0, BR: tl.
     """Rows [r0, r0+BR), columns [c0, c0+BC) of a [.., T, H, D] tensor for head i_h, zero past T."""
     o_r = r0 + tl.arange(0, BR)
     o_d = c0 + tl.arange(0, BC)
-    return tl.load(p + ((bos + o_r) * H + i_h)[:, None] * D + o_d[None, :], mask=(o_r < T)[:, None], other=0.0)
+    return tl.load(p + ((bos + o_r) * H + i_h)[:, None] * D + o_d[None, :], mask=(o_r < T)[:, None], other=0.)
 
 
 @triton.jit
@@ -93,7 +89,7 @@ def _store_tile(p, x, bos, r0, T, i_h, H: tl.constexpr, D: tl.constexpr, c0, BR:
 def _load_vec(p, bos, r0, T, i_h, H: tl.constexpr, BR: tl.constexpr):
     """Rows [r0, r0+BR) of a [.., T, H] tensor for head i_h as fp32 [BR], zero past T."""
     o_r = r0 + tl.arange(0, BR)
-    return tl.load(p + (bos + o_r) * H + i_h, mask=o_r < T, other=0.0).to(tl.float32)
+    return tl.load(p + (bos + o_r) * H + i_h, mask=o_r < T, other=0.).to(tl.float32)
 
 
 @triton.jit
@@ -114,10 +110,10 @@ def _inv_diag(A):
     o_i = tl.arange(0, 16)
     b_T = -A
     for i in range(2, 16):
-        b_a = -tl.sum(tl.where((o_i == i)[:, None], A, 0.0), 0)
+        b_a = -tl.sum(tl.where((o_i == i)[:, None], A, 0.), 0)
         b_a = b_a + tl.sum(b_a[:, None] * b_T, 0)
         b_T = tl.where((o_i == i)[:, None], b_a[None, :], b_T)
-    return b_T + tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)
+    return b_T + tl.where(o_i[:, None] == o_i[None, :], 1., 0.)
 
 
 @triton.jit
@@ -147,31 +143,8 @@ def _apply_T(x0, x1, x2, x3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33):
 
 
 @triton.jit
-def _store_u(
-    v,
-    u,
-    bos,
-    t0,
-    T,
-    i_h,
-    b0,
-    b1,
-    b2,
-    b3,
-    T00,
-    T10,
-    T11,
-    T20,
-    T21,
-    T22,
-    T30,
-    T31,
-    T32,
-    T33,
-    H: tl.constexpr,
-    V: tl.constexpr,
-    BV: tl.constexpr,
-):
+def _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
+             H: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
     """u = T (beta V), in column blocks of BV (both ops); the T blocks are already in the input dtype."""
     dt = T00.dtype
     for i_v in range(V // BV):
@@ -224,7 +197,8 @@ def _gram(x, k, bos, t0, T, i_h, H: tl.constexpr, K: tl.constexpr, BK: tl.conste
 
 
 @triton.jit
-def _store_aqk(aqk, bos, t0, T, i_h, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33, H: tl.constexpr, BT: tl.constexpr):
+def _store_aqk(aqk, bos, t0, T, i_h, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33, H: tl.constexpr,
+               BT: tl.constexpr):
     """The 10 lower 16x16 blocks of Aqk into [.., T, H, BT] (the blocks above the diagonal are left unwritten)."""
     _store_tile(aqk, Q00, bos, t0, T, i_h, H, BT, 0, 16, 16)
     _store_tile(aqk, Q10, bos, t0 + 16, T, i_h, H, BT, 0, 16, 16)
@@ -242,13 +216,11 @@ def _store_aqk(aqk, bos, t0, T, i_h, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32
 # GDN
 
 
-@triton.heuristics(
-    {
-        "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
-        "HAS_Q": lambda args: args["q"] is not None,
-        "USE_NEED": lambda args: args["need"] is not None,
-    }
-)
+@triton.heuristics({
+    "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+    "HAS_Q": lambda args: args["q"] is not None,
+    "USE_NEED": lambda args: args["need"] is not None,
+})
 @triton.jit(do_not_specialize=["T"])
 def wy_gdn_fwd_kernel(
     q,  # [B, T, H, K] or None (transition only)
@@ -378,7 +350,8 @@ def _kda_gate(g, bos, t0, T, i_h, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.c
 
 
 @triton.jit
-def _kda_gram(x, k, g, xg, bos, t0, T, i_h, gc, scale, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, IS_K: tl.constexpr):
+def _kda_gram(x, k, g, xg, bos, t0, T, i_h, gc, scale, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+              IS_K: tl.constexpr):
     """The 10 lower 16x16 blocks of sum_d x_id k_jd exp(G_id - G_jd) (fp32; diagonal blocks unmasked), over column
     blocks of BK, each factor split at the gate b_I before the row block (module docstring). On the way it
     stores the gated copy of x: kg = K exp(G_C - G) and gc (IS_K; `gc` points at the chunk's row), or
@@ -430,13 +403,11 @@ def _kda_gram(x, k, g, xg, bos, t0, T, i_h, gc, scale, H: tl.constexpr, K: tl.co
     return X00, X10, X11, X20, X21, X22, X30, X31, X32, X33
 
 
-@triton.heuristics(
-    {
-        "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
-        "HAS_Q": lambda args: args["q"] is not None,
-        "USE_NEED": lambda args: args["need"] is not None,
-    }
-)
+@triton.heuristics({
+    "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+    "HAS_Q": lambda args: args["q"] is not None,
+    "USE_NEED": lambda args: args["need"] is not None,
+})
 @triton.jit(do_not_specialize=["T"])
 def wy_kda_fwd_kernel(
     q,  # [B, T, H, K] or None (transition only)
@@ -485,37 +456,20 @@ def wy_kda_fwd_kernel(
     # phase 1: the lower blocks of Aqk (with qg; stored), then of A (with kg and gc): one set of 10 accumulators
     # live at a time
     if HAS_Q:
-        Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33 = _kda_gram(q, k, g, qg, bos, t0, T, i_h, gc, scale, H, K, BK, False)
-        Q00 = tl.where(m_dq, Q00, 0.0) * scale
-        Q11 = tl.where(m_dq, Q11, 0.0) * scale
-        Q22 = tl.where(m_dq, Q22, 0.0) * scale
-        Q33 = tl.where(m_dq, Q33, 0.0) * scale
-        _store_aqk(
-            aqk,
-            bos,
-            t0,
-            T,
-            i_h,
-            Q00,
-            Q10 * scale,
-            Q11,
-            Q20 * scale,
-            Q21 * scale,
-            Q22,
-            Q30 * scale,
-            Q31 * scale,
-            Q32 * scale,
-            Q33,
-            H,
-            BT,
-        )
-    A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _kda_gram(
-        k, k, g, kg, bos, t0, T, i_h, gc + (i_tg * H + i_h) * K, 1.0, H, K, BK, True
-    )
-    A00 = tl.where(m_d, A00, 0.0) * b0[:, None]
-    A11 = tl.where(m_d, A11, 0.0) * b1[:, None]
-    A22 = tl.where(m_d, A22, 0.0) * b2[:, None]
-    A33 = tl.where(m_d, A33, 0.0) * b3[:, None]
+        Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33 = _kda_gram(q, k, g, qg, bos, t0, T, i_h, gc, scale, H, K, BK,
+                                                                     False)
+        Q00 = tl.where(m_dq, Q00, 0.) * scale
+        Q11 = tl.where(m_dq, Q11, 0.) * scale
+        Q22 = tl.where(m_dq, Q22, 0.) * scale
+        Q33 = tl.where(m_dq, Q33, 0.) * scale
+        _store_aqk(aqk, bos, t0, T, i_h, Q00, Q10 * scale, Q11, Q20 * scale, Q21 * scale, Q22, Q30 * scale,
+                   Q31 * scale, Q32 * scale, Q33, H, BT)
+    A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _kda_gram(k, k, g, kg, bos, t0, T, i_h, gc + (i_tg * H + i_h) * K,
+                                                                 1.0, H, K, BK, True)
+    A00 = tl.where(m_d, A00, 0.) * b0[:, None]
+    A11 = tl.where(m_d, A11, 0.) * b1[:, None]
+    A22 = tl.where(m_d, A22, 0.) * b2[:, None]
+    A33 = tl.where(m_d, A33, 0.) * b3[:, None]
     A10 *= b1[:, None]
     A20 *= b2[:, None]
     A21 *= b2[:, None]
@@ -550,14 +504,8 @@ def wy_kda_fwd_kernel(
 
 
 def _key(index: ChunkIndex, H: int, K: int, V: int, dtype: torch.dtype) -> dict[str, object]:
-    return {
-        "H": H,
-        "K": K,
-        "V": V,
-        "BT": index.chunk_size,
-        "IS_VARLEN": index.is_varlen,
-        "dtype": str(dtype).removeprefix("torch."),
-    }
+    return {"H": H, "K": K, "V": V, "BT": index.chunk_size, "IS_VARLEN": index.is_varlen,
+            "dtype": str(dtype).removeprefix("torch.")}
 
 
 def _grid(index: ChunkIndex, B: int, T: int, H: int) -> tuple[int, int]:
@@ -579,23 +527,14 @@ def _need_flags(need: Tensor | None, index: ChunkIndex, q: Tensor | None) -> Ten
     if need is None:
         return None
     assert q is None, "need masks the transition's WY prep only"
-    assert need.shape == (index.num_seqs,) and need.dtype == torch.bool, (
+    assert need.shape == (index.num_seqs,) and need.dtype == torch.bool, \
         f"need must be bool [{index.num_seqs}], got {need.dtype} {tuple(need.shape)}"
-    )
     return need.contiguous().view(torch.uint8)
 
 
 def wy_gdn_fwd(
-    q: Tensor | None,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    scale: float,
-    index: ChunkIndex,
-    launch: LaunchPlan | None = None,
-    need: Tensor | None = None,
+    q: Tensor | None, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex,
+    launch: LaunchPlan | None = None, need: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """GDN intra-chunk pass: (w, u, gcum fp32 [B, T, H], aqk or None without q).
 
@@ -611,43 +550,16 @@ def wy_gdn_fwd(
     gcum = torch.empty(B, T, H, dtype=torch.float32, device=k.device)
     aqk = torch.empty(B, T, H, BT, dtype=k.dtype, device=k.device) if q is not None else None
     wy_gdn_fwd_kernel[_grid(index, B, T, H)](
-        q,
-        k,
-        v,
-        g,
-        beta,
-        w,
-        u,
-        gcum,
-        aqk,
-        index.cu_seqlens if index.is_varlen else None,
-        index.chunk_indices if index.is_varlen else None,
-        _need_flags(need, index, q),
-        scale,
-        T,
-        H=H,
-        K=K,
-        V=V,
-        BT=BT,
-        BK=BK,
-        BV=BV,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        q, k, v, g, beta, w, u, gcum, aqk,
+        index.cu_seqlens if index.is_varlen else None, index.chunk_indices if index.is_varlen else None,
+        _need_flags(need, index, q), scale, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return w, u, gcum, aqk
 
 
 def wy_kda_fwd(
-    q: Tensor | None,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    scale: float,
-    index: ChunkIndex,
-    launch: LaunchPlan | None = None,
-    need: Tensor | None = None,
+    q: Tensor | None, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex,
+    launch: LaunchPlan | None = None, need: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
     """KDA intra-chunk pass: (w, u, kg, gc fp32 [NT_total, H, K], qg, aqk); qg/aqk are None without q.
 
@@ -665,29 +577,8 @@ def wy_kda_fwd(
     qg = torch.empty_like(q) if q is not None else None
     aqk = torch.empty(B, T, H, BT, dtype=k.dtype, device=k.device) if q is not None else None
     wy_kda_fwd_kernel[_grid(index, B, T, H)](
-        q,
-        k,
-        v,
-        g,
-        beta,
-        w,
-        u,
-        kg,
-        gc,
-        qg,
-        aqk,
-        index.cu_seqlens if index.is_varlen else None,
-        index.chunk_indices if index.is_varlen else None,
-        _need_flags(need, index, q),
-        scale,
-        T,
-        H=H,
-        K=K,
-        V=V,
-        BT=BT,
-        BK=BK,
-        BV=BV,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        q, k, v, g, beta, w, u, kg, gc, qg, aqk,
+        index.cu_seqlens if index.is_varlen else None, index.chunk_indices if index.is_varlen else None,
+        _need_flags(need, index, q), scale, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return w, u, kg, gc, qg, aqk

@@ -1,10 +1,10 @@
 """CP SCHEMES: context-parallel forwards of GDN/KDA over the kernel primitives (see README.md for the math).
 
-ctx = kernels.cp.build_context(cu_seqlens, world_size, rank, layout="contiguous")   # host, cached
-q_local = kernels.cp.shard(q, ctx)                                                  # and k, v, g, beta
-o_local = kernels.cp.forward("true_cp", "kda", q_local, ..., group=group, ctx=ctx)
-o = kernels.cp.unshard(all_ranks_o_local, ctx)
-o, report = kernels.cp.warmup_correct("kda", q, k, v, g, beta, cu_seqlens=cu, segments="auto", tol=1e-3)
+    ctx = kernels.cp.build_context(cu_seqlens, world_size, rank, layout="contiguous")   # host, cached
+    q_local = kernels.cp.shard(q, ctx)                                                  # and k, v, g, beta
+    o_local = kernels.cp.forward("true_cp", "kda", q_local, ..., group=group, ctx=ctx)
+    o = kernels.cp.unshard(all_ranks_o_local, ctx)
+    o, report = kernels.cp.warmup_correct("kda", q, k, v, g, beta, cu_seqlens=cu, segments="auto", tol=1e-3)
 """
 
 from kernels.cp.context import LAYOUTS, CPContext, build_context

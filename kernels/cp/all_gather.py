@@ -41,32 +41,14 @@ def to_global_order(x: Tensor, ctx: CPContext) -> Tensor:
     return parts.index_select(0, idx).reshape(1, ctx.total_len, *rest)
 
 
-def forward(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    group: Any,
-    ctx: CPContext,
-    backend: str,
-    launch: LaunchPlan,
-    scale: float | None,
-    options: dict[str, Any],
-) -> Tensor:
+def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
+            backend: str, launch: LaunchPlan, scale: float | None, options: dict[str, Any]) -> Tensor:
     train = needs_grad(q, k, v, g, beta)
     xs = [x[0] for x in (q, k, v, g, beta)]
     got = comm_grad.all_gather_grad(xs, group) if train else comm.all_gather_packed(xs, group)  # each [W, local_len, ...]
     qf, kf, vf, gf, bf = (to_global_order(x, ctx) for x in got)
     cu = ctx.cu_seqlens
-    seg = (
-        None
-        if train
-        else intra.resolve_segment_len(
-            options["segment_len"], [b - a for a, b in zip(cu[:-1], cu[1:], strict=True)], v.shape[2], q.device
-        )
-    )
+    seg = None if train else intra.resolve_segment_len(
+        options["segment_len"], [b - a for a, b in zip(cu[:-1], cu[1:], strict=True)], v.shape[2], q.device)
     o = intra.split_forward(op, qf, kf, vf, gf, bf, cu, seg_len=seg, backend=backend, launch=launch, scale=scale)
     return shard(o, ctx)

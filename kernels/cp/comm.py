@@ -81,7 +81,7 @@ def pack_rows(tensors: Sequence[Tensor], rows: int) -> Tensor:
     for t, s in zip(tensors, sizes, strict=True):
         if t.shape[0] != rows:
             raise ValueError(f"packed tensors need {rows} leading rows, got shape {tuple(t.shape)}")
-        buf[:, off : off + s].view(t.dtype).view(t.shape).copy_(t)
+        buf[:, off:off + s].view(t.dtype).view(t.shape).copy_(t)
         off += _aligned(s)
     return buf
 
@@ -92,7 +92,7 @@ def unpack_rows(buf: Tensor, like: Sequence[Tensor], rows: int) -> list[Tensor]:
     off = 0
     for t in like:
         s = _field_bytes(t, rows)
-        out.append(buf[:, off : off + s].view(t.dtype).view(buf.shape[0], *t.shape[1:]))
+        out.append(buf[:, off:off + s].view(t.dtype).view(buf.shape[0], *t.shape[1:]))
         off += _aligned(s)
     return out
 
@@ -112,8 +112,8 @@ def all_gather_packed(tensors: Sequence[Tensor], group: ProcessGroup | None) -> 
     if len(tensors) == 1:
         return [all_gather(tensors[0], group)]
     flat = [t.reshape(1, -1) for t in tensors]
-    buf = pack_rows(flat, 1)  # [1, row_bytes]
-    got = all_gather(buf[0], group)  # [W, row_bytes]
+    buf = pack_rows(flat, 1)                                          # [1, row_bytes]
+    got = all_gather(buf[0], group)                                   # [W, row_bytes]
     return [f.view(got.shape[0], *t.shape) for f, t in zip(unpack_rows(got, flat, 1), tensors, strict=True)]
 
 
@@ -138,8 +138,8 @@ def all_to_all_packed(blocks: Sequence[Tensor], group: ProcessGroup | None) -> l
     if len(blocks) == 1:
         return [all_to_all(blocks[0], group)]
     W = blocks[0].shape[0]
-    buf = pack_rows(blocks, W)  # [W(dst), row_bytes]
-    got = all_to_all(buf, group)  # [W(src), row_bytes]
+    buf = pack_rows(blocks, W)                                        # [W(dst), row_bytes]
+    got = all_to_all(buf, group)                                      # [W(src), row_bytes]
     return unpack_rows(got, blocks, W)
 
 
@@ -164,9 +164,8 @@ def isend_packed(tensors: Sequence[Tensor], dst: int, group: ProcessGroup | None
     return isend(buf, dst, group), buf
 
 
-def irecv_packed(
-    like: Sequence[tuple[tuple[int, ...], torch.dtype]], src: int, group: ProcessGroup | None, device: torch.device
-) -> tuple[Work, list[Tensor]]:
+def irecv_packed(like: Sequence[tuple[tuple[int, ...], torch.dtype]], src: int, group: ProcessGroup | None,
+                 device: torch.device) -> tuple[Work, list[Tensor]]:
     """Post the receive of an `isend_packed` message of tensors with the given (shape, dtype): views valid after wait."""
     metas = [torch.empty(1, math.prod(shape), dtype=dt, device="meta") for shape, dt in like]
     row_bytes = sum(_aligned(_field_bytes(m, 1)) for m in metas)

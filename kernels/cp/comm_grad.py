@@ -38,10 +38,7 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        full = [
-            g if g is not None else torch.zeros(s, dtype=dt, device=ctx.device)
-            for g, (s, dt) in zip(grads, ctx.like, strict=True)
-        ]
+        full = [g if g is not None else torch.zeros(s, dtype=dt, device=ctx.device) for g, (s, dt) in zip(grads, ctx.like, strict=True)]
         back = comm.all_to_all_packed(full, ctx.group)
         return (None, *back)
 
@@ -58,15 +55,13 @@ class _AllGather(torch.autograd.Function):
     def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         W = comm.group_size(ctx.group)
         ref = next(g for g in grads if g is not None)
-        flat = [
-            (g.float() if g is not None else ref.new_zeros((W, *s), dtype=torch.float32)).reshape(W, -1)
-            for g, (s, _) in zip(grads, ctx.like, strict=True)
-        ]
-        mine = comm.reduce_scatter(torch.cat(flat, 1) if len(flat) > 1 else flat[0], ctx.group)  # fp32 sums
+        flat = [(g.float() if g is not None else ref.new_zeros((W, *s), dtype=torch.float32)).reshape(W, -1)
+                for g, (s, _) in zip(grads, ctx.like, strict=True)]
+        mine = comm.reduce_scatter(torch.cat(flat, 1) if len(flat) > 1 else flat[0], ctx.group)   # fp32 sums
         out, off = [], 0
         for f, (s, dt) in zip(flat, ctx.like, strict=True):
             n = f.shape[1]
-            out.append(mine[off : off + n].view(s).to(dt))
+            out.append(mine[off:off + n].view(s).to(dt))
             off += n
         return (None, *out)
 

@@ -37,11 +37,11 @@ logger = logging.getLogger(__name__)
 class Piece:
     """The part of one global sequence that lies in one part, in the rank's local token coordinates."""
 
-    start: int  # local token offset of the first token
-    end: int  # local token offset past the last token
-    seq: int  # global sequence id
-    cont: bool  # the sequence started in an earlier part: the initial state comes from predecessors
-    carries: bool  # the sequence goes on in a later part: the final state is needed by a successor
+    start: int      # local token offset of the first token
+    end: int        # local token offset past the last token
+    seq: int        # global sequence id
+    cont: bool      # the sequence started in an earlier part: the initial state comes from predecessors
+    carries: bool   # the sequence goes on in a later part: the final state is needed by a successor
 
     @property
     def length(self) -> int:
@@ -52,13 +52,13 @@ class Piece:
 class Slot:
     """One part held by this rank (contiguous: one slot; zigzag: front slot 0 and back slot 1)."""
 
-    part: int  # global part index = position in the chain
-    global_start: int  # global token interval [global_start, global_end)
+    part: int                    # global part index = position in the chain
+    global_start: int            # global token interval [global_start, global_end)
     global_end: int
-    offset: int  # local token offset of the slot
+    offset: int                  # local token offset of the slot
     pieces: tuple[Piece, ...]
-    preds: tuple[int, ...]  # parts (chain order) whose last pieces precede the first piece, () unless cont
-    next_part: int | None  # the part that continues the last piece's sequence, None unless carries
+    preds: tuple[int, ...]       # parts (chain order) whose last pieces precede the first piece, () unless cont
+    next_part: int | None        # the part that continues the last piece's sequence, None unless carries
 
     @property
     def first(self) -> Piece:
@@ -157,9 +157,7 @@ def host_bounds(cu_seqlens: object) -> tuple[int, ...]:
                 f"got a tensor on {cu_seqlens.device}; pass cu_seqlens.cpu() once, outside the step"
             )
         if cu_seqlens.dim() != 1 or cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype == torch.bool:
-            raise ValueError(
-                f"cu_seqlens must be a 1-D integer tensor, got shape={tuple(cu_seqlens.shape)} dtype={cu_seqlens.dtype}"
-            )
+            raise ValueError(f"cu_seqlens must be a 1-D integer tensor, got shape={tuple(cu_seqlens.shape)} dtype={cu_seqlens.dtype}")
         return tuple(int(x) for x in cu_seqlens.tolist())
     if isinstance(cu_seqlens, Sequence) and not isinstance(cu_seqlens, (str, bytes)):
         out = []
@@ -211,17 +209,13 @@ def _build_context(cu: tuple[int, ...], W: int, rank: int, layout: str) -> CPCon
         raise ValueError(f"cu_seqlens must start at 0, got cu_seqlens[0]={cu[0]}")
     for i in range(len(cu) - 1):
         if cu[i + 1] <= cu[i]:
-            raise ValueError(
-                f"cu_seqlens must be strictly increasing (no empty sequence), got cu_seqlens[{i}]={cu[i]} "
-                f">= cu_seqlens[{i + 1}]={cu[i + 1]}"
-            )
+            raise ValueError(f"cu_seqlens must be strictly increasing (no empty sequence), got cu_seqlens[{i}]={cu[i]} "
+                             f">= cu_seqlens[{i + 1}]={cu[i + 1]}")
     T = cu[-1]
     nparts = 2 * W if layout == "zigzag" else W
     if T % nparts != 0:
-        raise ValueError(
-            f"total tokens T={T} must be divisible by {'2W' if layout == 'zigzag' else 'W'}={nparts} "
-            f"(world_size={W}, layout={layout!r}); pad the batch"
-        )
+        raise ValueError(f"total tokens T={T} must be divisible by {'2W' if layout == 'zigzag' else 'W'}={nparts} "
+                         f"(world_size={W}, layout={layout!r}); pad the batch")
     P = T // nparts
 
     # global facts: per part, its pieces as (global start, global end, seq, cont, carries)
@@ -230,7 +224,7 @@ def _build_context(cu: tuple[int, ...], W: int, rank: int, layout: str) -> CPCon
     part_pieces: list[list[tuple[int, int, int, bool, bool]]] = []
     for p in range(nparts):
         a, b = p * P, (p + 1) * P
-        s = bisect.bisect_right(cu, a) - 1  # sequence holding token a
+        s = bisect.bisect_right(cu, a) - 1         # sequence holding token a
         pieces = []
         while s < len(cu) - 1 and cu[s] < b:
             lo, hi = max(cu[s], a), min(cu[s + 1], b)
@@ -251,34 +245,12 @@ def _build_context(cu: tuple[int, ...], W: int, rank: int, layout: str) -> CPCon
     for p in _parts_of(rank, W, layout):
         a = p * P
         pieces = tuple(Piece(offset + lo - a, offset + hi - a, s, c, y) for lo, hi, s, c, y in part_pieces[p])
-        slots.append(
-            Slot(
-                part=p,
-                global_start=a,
-                global_end=a + P,
-                offset=offset,
-                pieces=pieces,
-                preds=part_preds[p],
-                next_part=p + 1 if part_carries[p] else None,
-            )
-        )
+        slots.append(Slot(part=p, global_start=a, global_end=a + P, offset=offset, pieces=pieces,
+                          preds=part_preds[p], next_part=p + 1 if part_carries[p] else None))
         local_cu.extend(pc.end for pc in pieces)
         offset += P
-    ctx = CPContext(
-        world_size=W,
-        rank=rank,
-        layout=layout,
-        cu_seqlens=cu,
-        total_len=T,
-        num_parts=nparts,
-        part_len=P,
-        part_owner=tuple(owner),
-        part_cont=part_cont,
-        part_carries=part_carries,
-        part_preds=part_preds,
-        slots=tuple(slots),
-        local_len=offset,
-        local_cu_seqlens=tuple(local_cu),
-    )
+    ctx = CPContext(world_size=W, rank=rank, layout=layout, cu_seqlens=cu, total_len=T, num_parts=nparts, part_len=P,
+                    part_owner=tuple(owner), part_cont=part_cont, part_carries=part_carries, part_preds=part_preds,
+                    slots=tuple(slots), local_len=offset, local_cu_seqlens=tuple(local_cu))
     logger.debug("built CP context W=%s rank=%s layout=%s T=%s: local cu %s", W, rank, layout, T, ctx.local_cu_seqlens)
     return ctx

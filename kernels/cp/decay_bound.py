@@ -28,7 +28,7 @@ __all__ = ["log_span_bound", "log_window_bound", "token_terms"]
 
 def token_terms(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
     """Per token and head, fp64 `[T, H]`: l_t (log of the map-norm bound) and log u_t (log of the write norm)."""
-    gmax = g[0] if op == "gdn" else g[0].amax(-1)  # slowest channel: the largest log decay
+    gmax = g[0] if op == "gdn" else g[0].amax(-1)                         # slowest channel: the largest log decay
     kk = torch.linalg.vector_norm(k[0], dim=-1, dtype=torch.float32).double().square()
     vn = torch.linalg.vector_norm(v[0], dim=-1, dtype=torch.float32).double()
     b = beta[0].double()
@@ -55,6 +55,6 @@ def log_window_bound(ell: Tensor, log_u: Tensor, ends: Tensor, starts: Tensor, v
 
 def log_span_bound(ell: Tensor, starts: Tensor, ends: Tensor) -> Tensor:
     """log of the bound on ||M_[a,b)||_2, fp64 `[n, H]`: sum of l_t over each span [a, b) = [starts, ends)."""
-    lam = ell.t().cumsum(-1)  # [H, T] (a parallel scan, see above)
-    lam = torch.cat([lam.new_zeros(lam.shape[0], 1), lam], -1)  # lam[:, t] = sum over tokens < t
+    lam = ell.t().cumsum(-1)                                               # [H, T] (a parallel scan, see above)
+    lam = torch.cat([lam.new_zeros(lam.shape[0], 1), lam], -1)             # lam[:, t] = sum over tokens < t
     return (lam.index_select(1, ends) - lam.index_select(1, starts)).t()

@@ -35,48 +35,27 @@ OPTIONS = MODE_OPTIONS["headwise"]
 def check(q: Tensor, v: Tensor, ctx: CPContext) -> None:
     H, HV = q.shape[2], v.shape[2]
     if H % ctx.world_size or HV % ctx.world_size:
-        raise ValueError(
-            f"mode 'headwise' needs the head counts divisible by the CP size, got H={H} (q.shape[2]), "
-            f"HV={HV} (v.shape[2]) and world_size={ctx.world_size}"
-        )
+        raise ValueError(f"mode 'headwise' needs the head counts divisible by the CP size, got H={H} (q.shape[2]), "
+                         f"HV={HV} (v.shape[2]) and world_size={ctx.world_size}")
 
 
-def forward(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    group: Any,
-    ctx: CPContext,
-    backend: str,
-    launch: LaunchPlan,
-    scale: float | None,
-    options: dict[str, Any],
-) -> Tensor:
+def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
+            backend: str, launch: LaunchPlan, scale: float | None, options: dict[str, Any]) -> Tensor:
     check(q, v, ctx)
     W, Tl, HV = ctx.world_size, ctx.local_len, v.shape[2]
     train = needs_grad(q, k, v, g, beta)
     # [1, Tl, H, *r] -> [W(dst), Tl, H/W, *r] views; the packing copy is the only copy on the way out
     blocks = [x[0].reshape(Tl, W, x.shape[2] // W, *x.shape[3:]).transpose(0, 1) for x in (q, k, v, g, beta)]
     got = comm_grad.all_to_all_grad(blocks, group) if train else comm.all_to_all_packed(blocks, group)
-    qf, kf, vf, gf, bf = (to_global_order(x, ctx) for x in got)  # [1, T, H/W, *r]
+    qf, kf, vf, gf, bf = (to_global_order(x, ctx) for x in got)                    # [1, T, H/W, *r]
     cu = ctx.cu_seqlens
-    seg = (
-        None
-        if train
-        else intra.resolve_segment_len(
-            options["segment_len"], [b - a for a, b in zip(cu[:-1], cu[1:], strict=True)], HV // W, q.device
-        )
-    )
-    o = intra.split_forward(
-        op, qf, kf, vf, gf, bf, cu, seg_len=seg, backend=backend, launch=launch, scale=scale
-    )  # [1, T, HV/W, V]
-    send = _to_rank_order(o[0], ctx)  # [W(dst), Tl, HV/W, V]
+    seg = None if train else intra.resolve_segment_len(
+        options["segment_len"], [b - a for a, b in zip(cu[:-1], cu[1:], strict=True)], HV // W, q.device)
+    o = intra.split_forward(op, qf, kf, vf, gf, bf, cu, seg_len=seg, backend=backend, launch=launch,
+                            scale=scale)  # [1, T, HV/W, V]
+    send = _to_rank_order(o[0], ctx)                                               # [W(dst), Tl, HV/W, V]
     back = comm_grad.all_to_all_grad([send], group)[0] if train else comm.all_to_all(send, group)
-    return back.permute(1, 0, 2, 3).reshape(1, Tl, HV, o.shape[-1])  # [Tl, W(src heads), HV/W, V]
+    return back.permute(1, 0, 2, 3).reshape(1, Tl, HV, o.shape[-1])               # [Tl, W(src heads), HV/W, V]
 
 
 def _to_rank_order(o: Tensor, ctx: CPContext) -> Tensor:

@@ -60,20 +60,20 @@ class Run:
 class SplitPlan:
     """Host plan of a split + exact chain (see the module docstring). Index tensors are cached per device."""
 
-    sub_bounds: tuple[int, ...]  # forward bounds over the local axis (all sub-segments of all pieces)
+    sub_bounds: tuple[int, ...]            # forward bounds over the local axis (all sub-segments of all pieces)
     piece_first_sub: tuple[int, ...]
     piece_nsub: tuple[int, ...]
-    chain: tuple[int, ...]  # pieces that need the chain, in token order (chain position = index here)
-    with_m: bool  # chain carries the M columns (an entering state or a total is needed)
-    steps: int  # chain length: max maps over chain pieces
+    chain: tuple[int, ...]                 # pieces that need the chain, in token order (chain position = index here)
+    with_m: bool                           # chain carries the M columns (an entering state or a total is needed)
+    steps: int                             # chain length: max maps over chain pieces
     num_maps: int
-    map_pos: tuple[int, ...]  # padded position j*n + i of each map (maps in token order)
+    map_pos: tuple[int, ...]               # padded position j*n + i of each map (maps in token order)
     runs: tuple[Run, ...]
-    select: tuple[int, ...] | None  # rows of the concatenated run outputs that are maps (None: all, in order)
-    state_subs: tuple[int, ...]  # sub-segments whose entering state comes from the chain
-    state_pos: tuple[int, ...]  # their padded X position
-    state_chain: tuple[int, ...]  # their chain position
-    total_pos: tuple[int | None, ...]  # per chain position: padded X position of the total (None unless carries)
+    select: tuple[int, ...] | None         # rows of the concatenated run outputs that are maps (None: all, in order)
+    state_subs: tuple[int, ...]            # sub-segments whose entering state comes from the chain
+    state_pos: tuple[int, ...]             # their padded X position
+    state_chain: tuple[int, ...]           # their chain position
+    total_pos: tuple[int | None, ...]      # per chain position: padded X position of the total (None unless carries)
     _dev: dict[tuple[str, str], Tensor] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -141,22 +141,10 @@ def build_plan(pieces: tuple[PieceSpec, ...], seg_len: int | None) -> SplitPlan:
             state_chain.append(c)
         total_pos.append(nmaps[c] * n + c if pieces[i].carries else None)
     runs, select = _runs(tuple(sub_bounds), map_subs)
-    return SplitPlan(
-        sub_bounds=tuple(sub_bounds),
-        piece_first_sub=tuple(first),
-        piece_nsub=tuple(nsub),
-        chain=chain,
-        with_m=with_m,
-        steps=steps,
-        num_maps=len(map_subs),
-        map_pos=tuple(map_pos),
-        runs=runs,
-        select=select,
-        state_subs=tuple(state_subs),
-        state_pos=tuple(state_pos),
-        state_chain=tuple(state_chain),
-        total_pos=tuple(total_pos),
-    )
+    return SplitPlan(sub_bounds=tuple(sub_bounds), piece_first_sub=tuple(first), piece_nsub=tuple(nsub), chain=chain,
+                     with_m=with_m, steps=steps, num_maps=len(map_subs), map_pos=tuple(map_pos), runs=runs, select=select,
+                     state_subs=tuple(state_subs), state_pos=tuple(state_pos), state_chain=tuple(state_chain),
+                     total_pos=tuple(total_pos))
 
 
 def _runs(sub_bounds: tuple[int, ...], map_subs: list[int]) -> tuple[tuple[Run, ...], tuple[int, ...] | None]:
@@ -167,7 +155,7 @@ def _runs(sub_bounds: tuple[int, ...], map_subs: list[int]) -> tuple[tuple[Run, 
             groups[-1].append(s)
         else:
             groups.append([s])
-    merged: list[list[int]] = []  # runs as lists of sub indices including bridged gaps
+    merged: list[list[int]] = []   # runs as lists of sub indices including bridged gaps
     for grp in groups:
         if merged:
             prev = merged[-1]
@@ -189,9 +177,8 @@ def _runs(sub_bounds: tuple[int, ...], map_subs: list[int]) -> tuple[tuple[Run, 
     return tuple(runs), (None if row == len(map_subs) else tuple(select))
 
 
-def chain_states(
-    op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: SplitPlan, *, backend: str, launch: LaunchPlan
-) -> Tensor | None:
+def chain_states(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: SplitPlan, *, backend: str,
+                 launch: LaunchPlan) -> Tensor | None:
     """The chain buffer X `[steps+1, n, H, K, K+V or V]` (fp32) of a plan, or None if no piece needs the chain."""
     n = len(plan.chain)
     if n == 0:
@@ -209,16 +196,8 @@ def chain_states(
         return X
     Ms, Es = [], []
     for r in plan.runs:
-        M, E = prims.trans(
-            op,
-            k[:, r.start : r.end],
-            v[:, r.start : r.end],
-            g[:, r.start : r.end],
-            beta[:, r.start : r.end],
-            r.bounds,
-            backend=backend,
-            launch=launch,
-        )
+        M, E = prims.trans(op, k[:, r.start:r.end], v[:, r.start:r.end], g[:, r.start:r.end], beta[:, r.start:r.end],
+                           r.bounds, backend=backend, launch=launch)
         Ms.append(M)
         Es.append(E)
     M = Ms[0] if len(Ms) == 1 else torch.cat(Ms, 0)
@@ -235,7 +214,7 @@ def chain_states(
         A.index_copy_(0, plan.index("map_pos", dev), M)
     if plan.with_m or not dense:
         B = M.new_zeros(S * n, H, K, Cw)
-        B[..., Cw - V :].index_copy_(0, plan.index("map_pos", dev), E)
+        B[..., Cw - V:].index_copy_(0, plan.index("map_pos", dev), E)
     else:
         B = E.reshape(S * n, H, K, V)
     A = A.view(S, n * H, K, K)
@@ -246,9 +225,8 @@ def chain_states(
     return X
 
 
-def initial_states(
-    plan: SplitPlan, X: Tensor | None, h0: Tensor | None, *, H: int, K: int, V: int, device: torch.device
-) -> Tensor | None:
+def initial_states(plan: SplitPlan, X: Tensor | None, h0: Tensor | None, *, H: int, K: int, V: int,
+                   device: torch.device) -> Tensor | None:
     """Entering states `[num_subs, H, K, V]` fp32 of every sub-segment (None when all are zero).
 
     h0: `[n_chain, H, K, V]` entering state per chain position (zeros for pieces that start here), or None.
@@ -290,20 +268,8 @@ def resolve_segment_len(segment_len: int | str | None, lengths: Sequence[int], H
     return -(-segment_len // CHUNK) * CHUNK
 
 
-def split_forward(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    bounds: tuple[int, ...],
-    *,
-    seg_len: int | None,
-    backend: str,
-    launch: LaunchPlan,
-    scale: float | None,
-) -> Tensor:
+def split_forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, bounds: tuple[int, ...], *,
+                  seg_len: int | None, backend: str, launch: LaunchPlan, scale: float | None) -> Tensor:
     """Forward of independent sequences (`bounds`, all entering with zeros), exactly split into sub-segments."""
     if seg_len is None or max(b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)) <= seg_len:
         return prims.fwd(op, q, k, v, g, beta, bounds, backend=backend, launch=launch, scale=scale)[0]

@@ -34,7 +34,7 @@ def shard(x: Tensor, ctx: CPContext) -> Tensor:
     """The rank's shard `[1, local_len, ...]` of a global tensor `[1, T, ...]` (a view for contiguous, one copy for zigzag)."""
     _check_token_dim("x", x, ctx.total_len)
     P = ctx.part_len
-    parts = [x[:, s.part * P : (s.part + 1) * P] for s in ctx.slots]
+    parts = [x[:, s.part * P:(s.part + 1) * P] for s in ctx.slots]
     return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
 
@@ -49,5 +49,5 @@ def unshard(shards: Sequence[Tensor], ctx: CPContext) -> Tensor:
     parts: list[Tensor | None] = [None] * ctx.num_parts
     for r, s in enumerate(shards):
         for slot, p in enumerate(ctx.parts_of(r)):
-            parts[p] = s[:, slot * P : (slot + 1) * P]
+            parts[p] = s[:, slot * P:(slot + 1) * P]
     return torch.cat(parts, 1)  # type: ignore[arg-type]

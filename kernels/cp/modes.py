@@ -30,16 +30,8 @@ from kernels.vocabulary import (
     collective_count,
 )
 
-__all__ = [
-    "AUTOGRAD_MODES",
-    "COUNTED_DIRECTIONS",
-    "MODES",
-    "SINGLE_DEVICE",
-    "expected_collectives",
-    "expected_collectives_gang",
-    "forward",
-    "merge_rank_counts",
-]
+__all__ = ["AUTOGRAD_MODES", "COUNTED_DIRECTIONS", "MODES", "SINGLE_DEVICE", "expected_collectives",
+           "expected_collectives_gang", "forward", "merge_rank_counts"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,29 +42,13 @@ class _WarmupMode:
     OPTIONS = MODE_OPTIONS["warmup_correct"]
 
     @staticmethod
-    def forward(
-        op: str,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        g: Tensor,
-        beta: Tensor,
-        *,
-        group: Any,
-        ctx: CPContext,
-        backend: str,
-        launch: LaunchPlan,
-        scale: float | None,
-        options: dict[str, Any],
-    ) -> Tensor:
+    def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
+                backend: str, launch: LaunchPlan, scale: float | None, options: dict[str, Any]) -> Tensor:
         if ctx.world_size != 1:
-            raise ValueError(
-                f"mode 'warmup_correct' runs on one device: build its context with world_size=1 and pass "
-                f"the whole batch, got ctx.world_size={ctx.world_size}"
-            )
-        o, _ = warmup_module.warmup_correct(
-            op, q, k, v, g, beta, cu_seqlens=ctx.cu_seqlens, backend=backend, scale=scale, plan=launch, **options
-        )
+            raise ValueError(f"mode 'warmup_correct' runs on one device: build its context with world_size=1 and pass "
+                             f"the whole batch, got ctx.world_size={ctx.world_size}")
+        o, _ = warmup_module.warmup_correct(op, q, k, v, g, beta, cu_seqlens=ctx.cu_seqlens, backend=backend,
+                                            scale=scale, plan=launch, **options)
         return o
 
 
@@ -93,9 +69,8 @@ P2P = ("send", "recv")
 # differentiable op, so the triton backend's recompute policy `LaunchPlan.keep` applies) are the vocabulary's too
 
 
-def expected_collectives(
-    mode: str, ctx: CPContext, options: Mapping[str, Any] | None = None, direction: str = "fwd"
-) -> dict[str, int]:
+def expected_collectives(mode: str, ctx: CPContext, options: Mapping[str, Any] | None = None,
+                         direction: str = "fwd") -> dict[str, int]:
     """Collectives one step of `mode` issues on this rank: keys all_to_all, all_gather, reduce_scatter, send, recv
     (zeros omitted). `kernels.vocabulary.collective_count` over the context's facts: whether a sequence crosses a
     part boundary and the point-to-point hand-offs this rank posts (the same for ring and tail_exchange).
@@ -104,23 +79,17 @@ def expected_collectives(
     `direction`: `"fwd"` (the forward), `"bwd"` (the backward alone) or `"fwd+bwd"` (their sum; README §7).
     """
     sends, recvs = ring.p2p_counts(ctx)
-    return collective_count(mode, crossing=ctx.any_crossing, sends=sends, recvs=recvs, options=options, direction=direction)
+    return collective_count(mode, crossing=ctx.any_crossing, sends=sends, recvs=recvs, options=options,
+                            direction=direction)
 
 
-def expected_collectives_gang(
-    mode: str,
-    cu_seqlens: Sequence[int],
-    world_size: int,
-    layout: str = "contiguous",
-    options: Mapping[str, Any] | None = None,
-    direction: str = "fwd",
-) -> tuple[dict[str, int], list[dict[str, int]]]:
+def expected_collectives_gang(mode: str, cu_seqlens: Sequence[int], world_size: int, layout: str = "contiguous",
+                              options: Mapping[str, Any] | None = None,
+                              direction: str = "fwd") -> tuple[dict[str, int], list[dict[str, int]]]:
     """(the gang's count, each rank's count) of one step of `mode` in `direction`: `expected_collectives` on every
     rank, merged as the profiler merges ranks (send/recv summed over the ranks, group collectives the max)."""
-    per_rank = [
-        expected_collectives(mode, build_context(cu_seqlens, world_size, r, layout), options, direction)
-        for r in range(world_size)
-    ]
+    per_rank = [expected_collectives(mode, build_context(cu_seqlens, world_size, r, layout), options, direction)
+                for r in range(world_size)]
     return merge_rank_counts(per_rank), per_rank
 
 
@@ -144,10 +113,8 @@ def _check_inputs(op: str, q: Any, k: Any, v: Any, g: Any, beta: Any, ctx: CPCon
         if not isinstance(x, Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() != ndim or x.shape[0] != 1 or x.shape[1] != T:
-            raise ValueError(
-                f"{name} must be {ndim}-D [1, {T}, ...] (B = 1, the rank's {T} local tokens of the context), "
-                f"got {name}.shape={tuple(x.shape)}"
-            )
+            raise ValueError(f"{name} must be {ndim}-D [1, {T}, ...] (B = 1, the rank's {T} local tokens of the context), "
+                             f"got {name}.shape={tuple(x.shape)}")
     H, HV = q.shape[2], v.shape[2]
     if HV % H:
         raise ValueError(f"v.shape[2] (value heads HV) must be a multiple of q.shape[2]={H}, got {tuple(v.shape)}")
@@ -235,16 +202,13 @@ def forward(
         tail_exchange.resolve_options(opts)
     train = needs_grad(q, k, v, g, beta)
     if train and mode in (*HAND_BACKWARD, "warmup_correct") and resolve_backend(backend, q.device) == "reference":
-        raise ValueError(
-            f"mode {mode!r} trains on the 'torch' or 'triton' backend (its backward is the chunked one), "
-            f"got backend='reference'"
-        )
+        raise ValueError(f"mode {mode!r} trains on the 'torch' or 'triton' backend (its backward is the chunked one), "
+                         f"got backend='reference'")
     if mode not in SINGLE_DEVICE:
         W, r = comm.group_size(group), comm.group_rank(group)
         if (W, r) != (ctx.world_size, ctx.rank):
-            raise ValueError(
-                f"group has size {W} and this rank is {r}, but ctx was built for world_size={ctx.world_size}, rank={ctx.rank}"
-            )
+            raise ValueError(f"group has size {W} and this rank is {r}, but ctx was built for world_size="
+                             f"{ctx.world_size}, rank={ctx.rank}")
     group_size = v.shape[2] // q.shape[2]
     if group_size > 1 and mode in (*HAND_BACKWARD, "warmup_correct"):
         # grouped value heads: these schemes run the transition and the backward on HV heads (autograd sums the
@@ -253,21 +217,7 @@ def forward(
     launch = plan if plan is not None else default_plan()
     with torch.profiler.record_function(f"cp::{mode}"):
         if train and mode in HAND_BACKWARD:
-            return step_grad.apply(
-                scheme,
-                q,
-                k,
-                v,
-                g,
-                beta,
-                op=op,
-                group=group,
-                ctx=ctx,
-                backend=backend,
-                launch=launch,
-                scale=scale,
-                options=opts,
-            )
-        return scheme.forward(
-            op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, launch=launch, scale=scale, options=opts
-        )
+            return step_grad.apply(scheme, q, k, v, g, beta, op=op, group=group, ctx=ctx, backend=backend,
+                                   launch=launch, scale=scale, options=opts)
+        return scheme.forward(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, launch=launch, scale=scale,
+                              options=opts)

@@ -24,32 +24,12 @@ __all__ = ["forward"]
 OPTIONS = MODE_OPTIONS["none"]
 
 
-def forward(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    group: Any,
-    ctx: CPContext,
-    backend: str,
-    launch: LaunchPlan,
-    scale: float | None,
-    options: dict[str, Any],
-) -> Tensor:
+def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
+            backend: str, launch: LaunchPlan, scale: float | None, options: dict[str, Any]) -> Tensor:
     if ctx.world_size != 1:
-        raise ValueError(
-            f"mode 'none' is the single-device baseline: build its context with world_size=1 and pass the "
-            f"whole batch, got ctx.world_size={ctx.world_size}"
-        )
+        raise ValueError(f"mode 'none' is the single-device baseline: build its context with world_size=1 and pass the "
+                         f"whole batch, got ctx.world_size={ctx.world_size}")
     cu = ctx.cu_seqlens
-    seg = (
-        None
-        if needs_grad(q, k, v, g, beta)
-        else intra.resolve_segment_len(
-            options["segment_len"], [b - a for a, b in zip(cu[:-1], cu[1:], strict=True)], v.shape[2], q.device
-        )
-    )
+    seg = None if needs_grad(q, k, v, g, beta) else intra.resolve_segment_len(
+        options["segment_len"], [b - a for a, b in zip(cu[:-1], cu[1:], strict=True)], v.shape[2], q.device)
     return intra.split_forward(op, q, k, v, g, beta, cu, seg_len=seg, backend=backend, launch=launch, scale=scale)

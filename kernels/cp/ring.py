@@ -42,24 +42,10 @@ def _bounds(pieces: Any, base: int) -> tuple[int, ...]:
     return (0, *(p.end - base for p in pieces))
 
 
-def forward(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    group: Any,
-    ctx: CPContext,
-    backend: str,
-    launch: LaunchPlan,
-    scale: float | None,
-    options: dict[str, Any],
-) -> Tensor:
-    return forward_saved(
-        op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, launch=launch, scale=scale, options=options
-    )[0]
+def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
+            backend: str, launch: LaunchPlan, scale: float | None, options: dict[str, Any]) -> Tensor:
+    return forward_saved(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, launch=launch, scale=scale,
+                         options=options)[0]
 
 
 @dataclass(frozen=True)
@@ -71,32 +57,20 @@ class _Run:
     b: int
     pieces: tuple[Any, ...]
     h0: Tensor | None
-    receives: bool  # its first piece's entering state came from the previous part
-    sends: bool  # its last piece's final state went on to the next part
+    receives: bool      # its first piece's entering state came from the previous part
+    sends: bool         # its last piece's final state went on to the next part
 
 
-def forward_saved(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    group: Any,
-    ctx: CPContext,
-    backend: str,
-    launch: LaunchPlan,
-    scale: float | None,
-    options: dict[str, Any],
-) -> tuple[Tensor, list[_Run]]:
+def forward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
+                  backend: str, launch: LaunchPlan, scale: float | None,
+                  options: dict[str, Any]) -> tuple[Tensor, list[_Run]]:
     """The ring step; also returns its runs (with their entering states) for the backward."""
     H, K, V = v.shape[2], k.shape[3], v.shape[3]
     outs: list[Tensor] = []
     runs: list[_Run] = []
     works: list[Any] = []
-    keep: list[Tensor] = []  # sent states stay alive until their sends complete
-    local: dict[int, Tensor] = {}  # part -> entering state handed over inside this rank (zigzag rank W-1)
+    keep: list[Tensor] = []          # sent states stay alive until their sends complete
+    local: dict[int, Tensor] = {}    # part -> entering state handed over inside this rank (zigzag rank W-1)
 
     def run(slot: Slot, a: int, b: int, pieces: Any, h0: Tensor | None, final: bool) -> tuple[Tensor, Tensor | None]:
         xs = [x[:, a:b] for x in (q, k, v, g, beta)]
@@ -145,23 +119,10 @@ def forward_saved(
     return (outs[0] if len(outs) == 1 else torch.cat(outs, 1)), runs
 
 
-def backward_saved(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    do: Tensor,
-    runs: list[_Run],
-    *,
-    group: Any,
-    ctx: CPContext,
-    backend: str,
-    launch: LaunchPlan,
-    scale: float | None,
-    options: dict[str, Any],
-) -> tuple[Tensor, ...]:
+def backward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, runs: list[_Run], *,
+                   group: Any, ctx: CPContext, backend: str, launch: LaunchPlan, scale: float | None,
+                   options: dict[str, Any],
+                   ) -> tuple[Tensor, ...]:
     """The mirror of the step: runs in reverse order; a run that sent its final state waits for that state's
     gradient from the next part (dht), runs the chunked backward, and sends the gradient of its entering state
     (dh0) to the previous part. Serial along the chain, from the last rank down (zigzag: rank W-1's back part
@@ -171,7 +132,7 @@ def backward_saved(
     grads = [torch.empty_like(x) for x in xs]
     works: list[Any] = []
     keep: list[Tensor] = []
-    local: dict[int, Tensor] = {}  # part -> gradient of its final state, handed over inside this rank
+    local: dict[int, Tensor] = {}    # part -> gradient of its final state, handed over inside this rank
 
     for r in reversed(runs):
         dht = None
@@ -184,19 +145,10 @@ def backward_saved(
                 comm.irecv(d_last, nxt, group).wait()
             dht = torch.zeros(len(r.pieces), H, K, V, dtype=torch.float32, device=k.device)
             dht[-1] = d_last
-        out = prims.bwd(
-            op,
-            *(x[:, r.a : r.b] for x in xs),
-            do[:, r.a : r.b],
-            _bounds(r.pieces, r.a),
-            h0=r.h0,
-            dht=dht,
-            backend=backend,
-            launch=launch,
-            scale=scale,
-        )
+        out = prims.bwd(op, *(x[:, r.a:r.b] for x in xs), do[:, r.a:r.b], _bounds(r.pieces, r.a), h0=r.h0, dht=dht,
+                        backend=backend, launch=launch, scale=scale)
         for gr, d in zip(grads, out[:5], strict=True):
-            gr[:, r.a : r.b] = d
+            gr[:, r.a:r.b] = d
         if r.receives:
             dh0 = out[5]
             assert dh0 is not None

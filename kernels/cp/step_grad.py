@@ -27,30 +27,11 @@ __all__ = ["apply"]
 
 class _Step(torch.autograd.Function):
     @staticmethod
-    def forward(
-        ctx: Any,
-        scheme: Any,
-        kw: dict[str, Any],
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        g: Tensor,  # type: ignore[override]
-        beta: Tensor,
-    ) -> Tensor:
-        o, saved = scheme.forward_saved(
-            kw["op"],
-            q,
-            k,
-            v,
-            g,
-            beta,
-            group=kw["group"],
-            ctx=kw["ctx"],
-            backend=kw["backend"],
-            launch=kw["launch"],
-            scale=kw["scale"],
-            options=kw["options"],
-        )
+    def forward(ctx: Any, scheme: Any, kw: dict[str, Any], q: Tensor, k: Tensor, v: Tensor, g: Tensor,  # type: ignore[override]
+                beta: Tensor) -> Tensor:
+        o, saved = scheme.forward_saved(kw["op"], q, k, v, g, beta, group=kw["group"], ctx=kw["ctx"],
+                                        backend=kw["backend"], launch=kw["launch"], scale=kw["scale"],
+                                        options=kw["options"])
         ctx.scheme, ctx.kw, ctx.saved = scheme, kw, saved
         ctx.save_for_backward(q, k, v, g, beta)
         return o
@@ -60,22 +41,9 @@ class _Step(torch.autograd.Function):
     def backward(ctx: Any, do: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         q, k, v, g, beta = ctx.saved_tensors
         kw = ctx.kw
-        grads = ctx.scheme.backward_saved(
-            kw["op"],
-            q,
-            k,
-            v,
-            g,
-            beta,
-            do.contiguous(),
-            ctx.saved,
-            group=kw["group"],
-            ctx=kw["ctx"],
-            backend=kw["backend"],
-            launch=kw["launch"],
-            scale=kw["scale"],
-            options=kw["options"],
-        )
+        grads = ctx.scheme.backward_saved(kw["op"], q, k, v, g, beta, do.contiguous(), ctx.saved, group=kw["group"],
+                                          ctx=kw["ctx"], backend=kw["backend"], launch=kw["launch"], scale=kw["scale"],
+                                          options=kw["options"])
         ctx.saved = None
         return (None, None, *grads)
 

@@ -52,10 +52,10 @@ resolve_options = tail_exchange_options  # (window chunks, fallback) from the op
 class _Plan:
     """Host plan of one (context, window): what this rank sends and receives, and where the states go."""
 
-    sends: tuple[tuple[int, int, int], ...]  # (local start, local end, destination rank)
+    sends: tuple[tuple[int, int, int], ...]        # (local start, local end, destination rank)
     recvs: tuple[tuple[int | None, int, int], ...]  # per continued slot: (source rank or None = local, start, tokens)
-    rows: tuple[int, ...]  # per continued slot: index of its first piece among local pieces
-    win_bounds: tuple[int, ...]  # bounds of the received windows, concatenated
+    rows: tuple[int, ...]                          # per continued slot: index of its first piece among local pieces
+    win_bounds: tuple[int, ...]                    # bounds of the received windows, concatenated
     num_pieces: int
 
 
@@ -81,7 +81,7 @@ def _plan(ctx: CPContext, window: int) -> _Plan:
             prev = slot.part - 1
             n = _window_len(ctx, prev, slot.first.seq, window)
             src, prev_slot = ctx.part_owner[prev]
-            if src == ctx.rank:  # zigzag rank W-1: the front part's tail is local
+            if src == ctx.rank:   # zigzag rank W-1: the front part's tail is local
                 end = ctx.slots[prev_slot].last.end
                 recvs.append((None, end - n, n))
             else:
@@ -98,69 +98,31 @@ def p2p_counts(ctx: CPContext) -> tuple[int, int]:
     return len(plan.sends), sum(1 for src, _, _ in plan.recvs if src is not None)
 
 
-def forward(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    group: Any,
-    ctx: CPContext,
-    backend: str,
-    launch: LaunchPlan,
-    scale: float | None,
-    options: dict[str, Any],
-) -> Tensor:
+def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
+            backend: str, launch: LaunchPlan, scale: float | None, options: dict[str, Any]) -> Tensor:
     window, fallback = resolve_options(options)
     if fallback == "true_cp":
-        return true_cp.forward(
-            op,
-            q,
-            k,
-            v,
-            g,
-            beta,
-            group=group,
-            ctx=ctx,
-            backend=backend,
-            launch=launch,
-            scale=scale,
-            options=dict(true_cp.OPTIONS),
-        )
+        return true_cp.forward(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, launch=launch, scale=scale,
+                               options=dict(true_cp.OPTIONS))
     return _step(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, launch=launch, scale=scale, window=window)[0]
 
 
-def _step(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    group: Any,
-    ctx: CPContext,
-    backend: str,
-    launch: LaunchPlan,
-    scale: float | None,
-    window: int,
-) -> tuple[Tensor, Any]:
+def _step(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
+          backend: str, launch: LaunchPlan, scale: float | None, window: int) -> tuple[Tensor, Any]:
     """(o, (entering states or None, the windows' k, v, g, beta or None)): the tail exchange step."""
     plan = _plan(ctx, window)
     H, K, V = v.shape[2], k.shape[3], v.shape[3]
     dev = k.device
     xs = (k, v, g, beta)
     works, keep = [], []
-    for a, b, dst in plan.sends:  # every send first: nothing here waits on computed state
+    for a, b, dst in plan.sends:                       # every send first: nothing here waits on computed state
         work, buf = comm.isend_packed([x[:, a:b] for x in xs], dst, group)
         works.append(work)
         keep.append(buf)
     pending, windows = [], []
     for src, a, n in plan.recvs:
         if src is None:
-            windows.append([x[:, a : a + n] for x in xs])
+            windows.append([x[:, a:a + n] for x in xs])
         else:
             like = [((1, n, *x.shape[2:]), x.dtype) for x in xs]
             work, views = comm.irecv_packed(like, src, group, dev)
@@ -185,116 +147,53 @@ def _rows(ctx: CPContext, plan: _Plan, window: int, dev: torch.device) -> Tensor
     return ctx.index(f"tail_exchange:rows:{window}", plan.rows, dev)
 
 
-def forward_saved(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    group: Any,
-    ctx: CPContext,
-    backend: str,
-    launch: LaunchPlan,
-    scale: float | None,
-    options: dict[str, Any],
-) -> tuple[Tensor, Any]:
+def forward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
+                  backend: str, launch: LaunchPlan, scale: float | None, options: dict[str, Any]) -> tuple[Tensor, Any]:
     """The step, saving the entering states and the received windows (fallback "true_cp": true_cp's)."""
     window, fallback = resolve_options(options)
     if fallback == "true_cp":
-        return true_cp.forward_saved(
-            op,
-            q,
-            k,
-            v,
-            g,
-            beta,
-            group=group,
-            ctx=ctx,
-            backend=backend,
-            launch=launch,
-            scale=scale,
-            options=dict(true_cp.OPTIONS),
-        )
+        return true_cp.forward_saved(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, launch=launch, scale=scale,
+                                     options=dict(true_cp.OPTIONS))
     return _step(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, launch=launch, scale=scale, window=window)
 
 
-def backward_saved(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    do: Tensor,
-    saved: Any,
-    *,
-    group: Any,
-    ctx: CPContext,
-    backend: str,
-    launch: LaunchPlan,
-    scale: float | None,
-    options: dict[str, Any],
-) -> tuple[Tensor, ...]:
+def backward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, saved: Any, *,
+                   group: Any, ctx: CPContext, backend: str, launch: LaunchPlan, scale: float | None, options: dict[str, Any],
+                   ) -> tuple[Tensor, ...]:
     """The gradient of the function the step computes: local backward (dh0 of the continued pieces = the
     gradient of each window's E_win), the windows' backward from that dht (do = 0, zero start), and the
     window gradients of k, v, g, beta sent back to the tail's owner (one packed message per crossed boundary,
     the forward's pairs reversed), where they add to its input gradients."""
     window, fallback = resolve_options(options)
     if fallback == "true_cp":
-        return true_cp.backward_saved(
-            op,
-            q,
-            k,
-            v,
-            g,
-            beta,
-            do,
-            saved,
-            group=group,
-            ctx=ctx,
-            backend=backend,
-            launch=launch,
-            scale=scale,
-            options=dict(true_cp.OPTIONS),
-        )
+        return true_cp.backward_saved(op, q, k, v, g, beta, do, saved, group=group, ctx=ctx, backend=backend, launch=launch,
+                                      scale=scale, options=dict(true_cp.OPTIONS))
     h0, win = saved
     plan = _plan(ctx, window)
     dev = k.device
     xs = (k, v, g, beta)
     pending, incoming = [], []
-    for a, b, dst in plan.sends:  # post the receives of the tails' gradients first
+    for a, b, dst in plan.sends:                      # post the receives of the tails' gradients first
         like = [((1, b - a, *x.shape[2:]), x.dtype) for x in xs]
         work, views = comm.irecv_packed(like, dst, group, dev)
         pending.append(work)
         incoming.append((a, b, views))
-    dq, dk, dv, dg, dbeta, dh0 = prims.bwd(
-        op, q, k, v, g, beta, do, ctx.local_cu_seqlens, h0=h0, backend=backend, launch=launch, scale=scale
-    )
+    dq, dk, dv, dg, dbeta, dh0 = prims.bwd(op, q, k, v, g, beta, do, ctx.local_cu_seqlens, h0=h0, backend=backend,
+                                           launch=launch, scale=scale)
     grads = [dq, dk, dv, dg, dbeta]
     works, keep = [], []
     if win is not None:
         assert dh0 is not None
         dE = dh0 if plan.num_pieces == 1 else dh0.index_select(0, _rows(ctx, plan, window, dev))
         kw = win[0]
-        dw = prims.bwd(
-            op,
-            torch.zeros_like(kw),
-            *win,
-            torch.zeros(*kw.shape[:3], v.shape[3], dtype=q.dtype, device=dev),
-            plan.win_bounds,
-            dht=dE,
-            backend=backend,
-            launch=launch,
-            scale=scale,
-        )[1:5]
+        dw = prims.bwd(op, torch.zeros_like(kw), *win, torch.zeros(*kw.shape[:3], v.shape[3], dtype=q.dtype, device=dev),
+                       plan.win_bounds, dht=dE, backend=backend, launch=launch, scale=scale)[1:5]
         wb = plan.win_bounds
         for j, (src, a, n) in enumerate(plan.recvs):
-            parts = [d[:, wb[j] : wb[j + 1]] for d in dw]
-            if src is None:  # zigzag rank W-1: its own front part's tail
+            parts = [d[:, wb[j]:wb[j + 1]] for d in dw]
+            if src is None:                           # zigzag rank W-1: its own front part's tail
                 for gr, d in zip(grads[1:], parts, strict=True):
-                    gr[:, a : a + n] += d
+                    gr[:, a:a + n] += d
             else:
                 work, buf = comm.isend_packed(parts, src, group)
                 works.append(work)

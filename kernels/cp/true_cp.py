@@ -39,48 +39,21 @@ __all__ = ["backward_saved", "forward", "forward_saved"]
 OPTIONS = MODE_OPTIONS["true_cp"]
 
 
-def forward(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    group: Any,
-    ctx: CPContext,
-    backend: str,
-    launch: LaunchPlan,
-    scale: float | None,
-    options: dict[str, Any],
-) -> Tensor:
-    return _step(
-        op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, launch=launch, scale=scale, seg_opt=options["segment_len"]
-    )[0]
+def forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
+            backend: str, launch: LaunchPlan, scale: float | None, options: dict[str, Any]) -> Tensor:
+    return _step(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, launch=launch, scale=scale,
+                 seg_opt=options["segment_len"])[0]
 
 
-def _step(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    group: Any,
-    ctx: CPContext,
-    backend: str,
-    launch: LaunchPlan,
-    scale: float | None,
-    seg_opt: Any,
-) -> tuple[Tensor, Tensor | None, Tensor | None]:
+def _step(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
+          backend: str, launch: LaunchPlan, scale: float | None, seg_opt: Any) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """(o, entering states of the forward's (sub-)segments or None, the gathered summaries or None)."""
     H, K, V = v.shape[2], k.shape[3], v.shape[3]
     dev = k.device
     pieces = ctx.pieces
     specs = tuple(intra.PieceSpec(p.start, p.end, p.cont, p.carries) for p in pieces)
     if seg_opt == "auto" and resolve_backend(backend, dev) == "triton":
-        seg_opt = None  # the triton primitives split long sequences themselves (kernels/common/seqsplit.py)
+        seg_opt = None   # the triton primitives split long sequences themselves (kernels/common/seqsplit.py)
     seg = intra.resolve_segment_len(seg_opt, [p.length for p in pieces], H, dev)
     plan = intra.build_plan(specs, seg)
     X = intra.chain_states(op, k, v, g, beta, plan, backend=backend, launch=launch)
@@ -94,7 +67,7 @@ def _step(
             if slot.last.carries:
                 assert X is not None
                 summ[s].copy_(intra.totals(plan, X, chain_pos[first_idx[s][1]]))
-        gathered = comm.all_gather(summ, group)  # [W, slots, H, K, K+V]
+        gathered = comm.all_gather(summ, group)                                      # [W, slots, H, K, K+V]
         if plan.with_m and any(pieces[i].cont for i in plan.chain):
             h0 = torch.zeros(len(plan.chain), H, K, V, dtype=torch.float32, device=dev)
             for s, slot in enumerate(ctx.slots):
@@ -105,45 +78,17 @@ def _step(
     return o, S0, gathered
 
 
-def forward_saved(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    group: Any,
-    ctx: CPContext,
-    backend: str,
-    launch: LaunchPlan,
-    scale: float | None,
-    options: dict[str, Any],
-) -> tuple[Tensor, Any]:
+def forward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: CPContext,
+                  backend: str, launch: LaunchPlan, scale: float | None, options: dict[str, Any]) -> tuple[Tensor, Any]:
     """The step without intra-device splitting (one forward over the local pieces); saves S0 and the summaries."""
-    o, S0, gathered = _step(
-        op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, launch=launch, scale=scale, seg_opt=None
-    )
+    o, S0, gathered = _step(op, q, k, v, g, beta, group=group, ctx=ctx, backend=backend, launch=launch, scale=scale,
+                            seg_opt=None)
     return o, (S0, gathered)
 
 
-def backward_saved(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    do: Tensor,
-    saved: Any,
-    *,
-    group: Any,
-    ctx: CPContext,
-    backend: str,
-    launch: LaunchPlan,
-    scale: float | None,
-    options: dict[str, Any],
-) -> tuple[Tensor, ...]:
+def backward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, saved: Any, *,
+                   group: Any, ctx: CPContext, backend: str, launch: LaunchPlan, scale: float | None, options: dict[str, Any],
+                   ) -> tuple[Tensor, ...]:
     """The mirror of the forward merge (README §7): each continued first piece's backward segment term G (the
     gradient of its entering state with dht = 0), ONE all-gather of G, the reverse chain
     dS_p = G_{p+1} + M_{p+1}^T dS_{p+1} from the sequence's last part down (M from the forward's gathered summaries,
@@ -175,7 +120,7 @@ def backward_saved(
         if slot.first.cont:
             assert dh0 is not None
             G[s].copy_(dh0[first_idx[s][0]])
-    G_all = comm.all_gather(G, group)  # [W, slots, H, K, V]
+    G_all = comm.all_gather(G, group)                                                # [W, slots, H, K, V]
     if out is not None:
         return tuple(out[:5])
     dht = torch.zeros(len(bounds) - 1, H, K, V, dtype=torch.float32, device=k.device)

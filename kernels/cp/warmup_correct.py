@@ -63,13 +63,13 @@ class WarmupPlan:
     cu_seqlens: tuple[int, ...]
     seg_len: int | None
     window_chunks: int
-    bounds: tuple[int, ...]  # segment bounds (the forward's varlen batch)
-    first: tuple[bool, ...]  # per segment: first of its sequence (enters with a zero state)
-    win_start: tuple[int, ...]  # per segment: window start c in the PREVIOUS segment (0 for first segments)
-    win_end: tuple[int, ...]  # per segment: window end b = segment start (0 for first segments)
-    seq_start: tuple[int, ...]  # per segment: start of its sequence
-    win_rows: tuple[int, ...]  # segments that get a warmup state (not first), in order
-    win_bounds: tuple[int, ...]  # bounds of the gathered windows
+    bounds: tuple[int, ...]          # segment bounds (the forward's varlen batch)
+    first: tuple[bool, ...]          # per segment: first of its sequence (enters with a zero state)
+    win_start: tuple[int, ...]       # per segment: window start c in the PREVIOUS segment (0 for first segments)
+    win_end: tuple[int, ...]         # per segment: window end b = segment start (0 for first segments)
+    seq_start: tuple[int, ...]       # per segment: start of its sequence
+    win_rows: tuple[int, ...]        # segments that get a warmup state (not first), in order
+    win_bounds: tuple[int, ...]      # bounds of the gathered windows
     _dev: dict[tuple[str, str], Tensor] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -86,7 +86,7 @@ class WarmupPlan:
         if t is None:
             if name == "gather":
                 vals = [t for r in self.win_rows for t in range(self.win_start[r], self.win_end[r])]
-            elif name == "prev_start":  # the previous segment of each win row: [start, end)
+            elif name == "prev_start":                    # the previous segment of each win row: [start, end)
                 vals = [self.bounds[r - 1] for r in self.win_rows]
             elif name == "prev_end":
                 vals = [self.bounds[r] for r in self.win_rows]
@@ -96,14 +96,11 @@ class WarmupPlan:
                 vals = list(self.chain_layout[1 if name == "map_pos" else 2])
             elif name == "valid":
                 vals = [self.win_start[r] > self.seq_start[r] for r in self.win_rows]
-            elif name == "seg_ptr":  # sequence n owns segments [seg_ptr[n], seg_ptr[n+1])
+            elif name == "seg_ptr":                       # sequence n owns segments [seg_ptr[n], seg_ptr[n+1])
                 vals = [i for i, f in enumerate(self.first) if f] + [self.num_segments]
             else:
-                vals = (
-                    [getattr(self, name)[r] for r in self.win_rows]
-                    if name in ("win_start", "win_end")
-                    else list(getattr(self, name))
-                )
+                vals = [getattr(self, name)[r] for r in self.win_rows] if name in ("win_start", "win_end") else \
+                    list(getattr(self, name))
             dtype = torch.bool if name == "valid" else torch.int32 if name == "seg_ptr" else torch.int64
             t = torch.tensor(vals, dtype=dtype, device=device)
             self._dev[key] = t
@@ -161,18 +158,8 @@ def _plan(cu: tuple[int, ...], seg_len: int | None, window_chunks: int) -> Warmu
     wb = [0]
     for r in rows:
         wb.append(wb[-1] + we[r] - ws[r])
-    return WarmupPlan(
-        cu_seqlens=cu,
-        seg_len=seg_len,
-        window_chunks=window_chunks,
-        bounds=tuple(bounds),
-        first=tuple(first),
-        win_start=tuple(ws),
-        win_end=tuple(we),
-        seq_start=tuple(ss),
-        win_rows=rows,
-        win_bounds=tuple(wb),
-    )
+    return WarmupPlan(cu_seqlens=cu, seg_len=seg_len, window_chunks=window_chunks, bounds=tuple(bounds), first=tuple(first),
+                      win_start=tuple(ws), win_end=tuple(we), seq_start=tuple(ss), win_rows=rows, win_bounds=tuple(wb))
 
 
 @dataclass(eq=False)
@@ -192,11 +179,11 @@ class WarmupReport:
     window_chunks: int
     segment_bounds: tuple[int, ...]
     window: tuple[int, ...]
-    log_bound: Tensor  # fp64 [S, H]
-    ok: Tensor  # bool [S, H]
-    fallback_count: Tensor  # int64 []: segments where some head fails the bound at this window
-    violations: Tensor  # int64 []: failing segments left on the warmup estimate ("none"), else 0
-    state_err_bound: Tensor  # fp64 [S, H]
+    log_bound: Tensor              # fp64 [S, H]
+    ok: Tensor                     # bool [S, H]
+    fallback_count: Tensor         # int64 []: segments where some head fails the bound at this window
+    violations: Tensor             # int64 []: failing segments left on the warmup estimate ("none"), else 0
+    state_err_bound: Tensor        # fp64 [S, H]
     initial_states: Tensor | None  # fp32 [S, H, K, V]
     fell_back: Tensor | None = None  # bool [S]
 
@@ -210,17 +197,10 @@ class WarmupReport:
         err = self.state_err_bound.max().item() if self.state_err_bound.numel() else 0.0
         fell = [] if self.fell_back is None else torch.nonzero(self.fell_back.cpu()).flatten().tolist()
         return {
-            "tol": self.tol,
-            "fallback": self.fallback,
-            "window_chunks": self.window_chunks,
-            "segments": self.num_segments,
-            "segment_bounds": list(self.segment_bounds),
-            "window": list(self.window),
-            "max_bound": math.exp(lb) if lb > -math.inf else 0.0,
-            "fallback_count": int(self.fallback_count.item()),
-            "fallback_segments": fell,
-            "violations": int(self.violations.item()),
-            "max_state_err_bound": err,
+            "tol": self.tol, "fallback": self.fallback, "window_chunks": self.window_chunks,
+            "segments": self.num_segments, "segment_bounds": list(self.segment_bounds), "window": list(self.window),
+            "max_bound": math.exp(lb) if lb > -math.inf else 0.0, "fallback_count": int(self.fallback_count.item()),
+            "fallback_segments": fell, "violations": int(self.violations.item()), "max_state_err_bound": err,
         }
 
 
@@ -307,42 +287,17 @@ def warmup_correct(
     launch = plan if plan is not None else default_plan()  # one plan for the forward and its backward
     if needs_grad(q, k, v, g, beta):
         out: dict[str, Any] = {}
-        o = step_grad.apply(
-            _Train,
-            q,
-            k,
-            v,
-            g,
-            beta,
-            op=op,
-            group=None,
-            ctx=None,
-            backend=backend,
-            launch=launch,
-            scale=scale,
-            options={"cu": cu, "segments": segments, "tol": tol, "window": window, "fallback": fallback, "out": out},
-        )
+        o = step_grad.apply(_Train, q, k, v, g, beta, op=op, group=None, ctx=None, backend=backend, launch=launch,
+                            scale=scale, options={"cu": cu, "segments": segments, "tol": tol, "window": window,
+                                                  "fallback": fallback, "out": out})
         return o, out["report"]
     o, report, _ = _run(op, q, k, v, g, beta, cu, segments, tol, backend, scale, window, fallback, launch)
     return o, report
 
 
-def _run(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    cu: tuple[int, ...],
-    segments: Any,
-    tol: float,
-    backend: str,
-    scale: float | None,
-    window: int,
-    fallback: str,
-    launch: LaunchPlan | None = None,
-) -> tuple[Tensor, WarmupReport, Any]:
+def _run(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu: tuple[int, ...], segments: Any,
+         tol: float, backend: str, scale: float | None, window: int, fallback: str,
+         launch: LaunchPlan | None = None) -> tuple[Tensor, WarmupReport, Any]:
     """The checked step: (o, report, (plan, S0, fell_back)) for the backward; launch: the launch plan (None: the
     default plan)."""
     launch = launch if launch is not None else default_plan()
@@ -384,20 +339,9 @@ def _run(
     else:
         err, violations = _auto_err_bound(plan, ell, log_bound, fell_back, device=dev).exp(), zero
     o, _ = prims.fwd(op, q, k, v, g, beta, plan.bounds, h0=S0, backend=backend, launch=launch, scale=scale)
-    report = WarmupReport(
-        tol=float(tol),
-        fallback=fallback,
-        window_chunks=window,
-        segment_bounds=plan.bounds,
-        window=plan.window_tokens,
-        log_bound=log_bound,
-        ok=ok,
-        fallback_count=failed,
-        violations=violations,
-        state_err_bound=err,
-        initial_states=S0,
-        fell_back=fell_back,
-    )
+    report = WarmupReport(tol=float(tol), fallback=fallback, window_chunks=window, segment_bounds=plan.bounds,
+                          window=plan.window_tokens, log_bound=log_bound, ok=ok, fallback_count=failed,
+                          violations=violations, state_err_bound=err, initial_states=S0, fell_back=fell_back)
     return o, report, (plan, S0, fell_back)
 
 
@@ -405,78 +349,24 @@ class _Train:
     """The step_grad protocol for warmup_correct (one device; `options` carries the checked call arguments)."""
 
     @staticmethod
-    def forward_saved(
-        op: str,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        g: Tensor,
-        beta: Tensor,
-        *,
-        group: Any,
-        ctx: Any,
-        backend: str,
-        launch: LaunchPlan,
-        scale: float | None,
-        options: dict[str, Any],
-    ) -> tuple[Tensor, Any]:
-        o, report, saved = _run(
-            op,
-            q,
-            k,
-            v,
-            g,
-            beta,
-            options["cu"],
-            options["segments"],
-            options["tol"],
-            backend,
-            scale,
-            options["window"],
-            options["fallback"],
-            launch,
-        )
+    def forward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any, ctx: Any,
+                      backend: str, launch: LaunchPlan, scale: float | None,
+                      options: dict[str, Any]) -> tuple[Tensor, Any]:
+        o, report, saved = _run(op, q, k, v, g, beta, options["cu"], options["segments"], options["tol"], backend,
+                                scale, options["window"], options["fallback"], launch)
         options["out"]["report"] = report
         return o, saved
 
     @staticmethod
-    def backward_saved(
-        op: str,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        g: Tensor,
-        beta: Tensor,
-        do: Tensor,
-        saved: Any,
-        *,
-        group: Any,
-        ctx: Any,
-        backend: str,
-        launch: LaunchPlan,
-        scale: float | None,
-        options: dict[str, Any],
-    ) -> tuple[Tensor, ...]:
-        return _backward(
-            op, q, k, v, g, beta, do, saved, backend=backend, launch=launch, scale=scale, fallback=options["fallback"]
-        )
+    def backward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, saved: Any, *,
+                       group: Any, ctx: Any, backend: str, launch: LaunchPlan, scale: float | None,
+                       options: dict[str, Any]) -> tuple[Tensor, ...]:
+        return _backward(op, q, k, v, g, beta, do, saved, backend=backend, launch=launch, scale=scale,
+                         fallback=options["fallback"])
 
 
-def _backward(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    do: Tensor,
-    saved: Any,
-    *,
-    backend: str,
-    launch: LaunchPlan,
-    scale: float | None,
-    fallback: str,
-) -> tuple[Tensor, ...]:
+def _backward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, saved: Any, *,
+              backend: str, launch: LaunchPlan, scale: float | None, fallback: str) -> tuple[Tensor, ...]:
     """The gradient of the function the step computes (README §7), with a[r] = fell_back[r] held fixed:
 
         S0[r] = a[r] ht[r-1] + (1 - a[r]) E_win[r]          (ht[r-1]: segment r-1's final state, run from S0[r-1])
@@ -510,7 +400,7 @@ def _backward(
         dht = torch.zeros_like(G)
         D = G.clone()
         af = a.to(G.dtype)[:, None, None, None]
-        for r in range(nseg - 2, -1, -1):  # serial over segments (host loop, device values only)
+        for r in range(nseg - 2, -1, -1):          # serial over segments (host loop, device values only)
             if plan.first[r + 1]:
                 continue
             dht[r] = af[r + 1] * D[r + 1]
@@ -521,28 +411,16 @@ def _backward(
         dE = ((1.0 - a.to(G.dtype)[:, None, None, None]) * D).index_select(0, rows)
         idx = plan.index("gather", dev)
         kw, vw, gw, bw = (x.index_select(1, idx) for x in (k, v, g, beta))
-        dw = prims.bwd(
-            op,
-            torch.zeros_like(kw),
-            kw,
-            vw,
-            gw,
-            bw,
-            torch.zeros(*kw.shape[:3], v.shape[3], dtype=q.dtype, device=dev),
-            plan.win_bounds,
-            dht=dE,
-            backend=backend,
-            launch=launch,
-            scale=scale,
-        )[1:5]
+        dw = prims.bwd(op, torch.zeros_like(kw), kw, vw, gw, bw,
+                       torch.zeros(*kw.shape[:3], v.shape[3], dtype=q.dtype, device=dev), plan.win_bounds, dht=dE,
+                       backend=backend, launch=launch, scale=scale)[1:5]
         for gr, d in zip(grads[1:], dw, strict=True):
             gr.index_add_(1, idx, d)
     return tuple(grads)
 
 
-def _window_maps(
-    op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: WarmupPlan, *, backend: str, launch: LaunchPlan, H: int
-) -> tuple[Tensor | None, Tensor]:
+def _window_maps(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: WarmupPlan, *, backend: str, launch: LaunchPlan,
+                 H: int) -> tuple[Tensor | None, Tensor]:
     """E_win `[n_win, H, K, V]` of every window (the end state from a zero start), and log ||E_win||_F (fp64)."""
     dev = k.device
     if not plan.win_rows:
@@ -562,22 +440,8 @@ def _scatter(plan: WarmupPlan, rows: Tensor | None, *, H: int, K: int, V: int, d
     return S0
 
 
-def _auto_states(
-    op: str,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    plan: WarmupPlan,
-    E_win: Tensor | None,
-    fell: Tensor,
-    *,
-    backend: str,
-    launch: LaunchPlan,
-    H: int,
-    K: int,
-    V: int,
-) -> Tensor | None:
+def _auto_states(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: WarmupPlan, E_win: Tensor | None,
+                 fell: Tensor, *, backend: str, launch: LaunchPlan, H: int, K: int, V: int) -> Tensor | None:
     """Per-segment choice on the device: S0[r] = fell[r] ? M[r-1] S0[r-1] + S_ext[r-1] : E_win[r].
 
     One masked transition over all segments gives (M, S_ext) only for the predecessors of failing segments
@@ -592,16 +456,15 @@ def _auto_states(
     need.index_copy_(0, plan.index("prev_rows", dev), fell)
     M, E = prims.trans(op, k, v, g, beta, plan.bounds, backend=backend, launch=launch, need=need)
     prev = plan.index("prev_rows", dev)
-    M, E = M.index_select(0, prev), E.index_select(0, prev)  # the win rows' predecessors
+    M, E = M.index_select(0, prev), E.index_select(0, prev)                  # the win rows' predecessors
     B = torch.where(fell[:, None, None, None], E, E_win)
     if resolve_backend(backend, dev) == "triton" and K >= 16 and V >= 16:
         # one launch: each sequence's chain of win rows walked serially on the device (the torch path below
         # launches one batched matmul per segment position)
         from kernels.common.seqsplit import seg_chain_states
 
-        return seg_chain_states(
-            M.float(), B.float(), None, plan.index("seg_ptr", dev), num_segments=plan.num_segments, launch=launch
-        )
+        return seg_chain_states(M.float(), B.float(), None, plan.index("seg_ptr", dev), num_segments=plan.num_segments,
+                                launch=launch)
     (steps, n), map_pos, _ = plan.chain_layout
     if map_pos == tuple(range(steps * n)):
         A_all, B_all = M, B
@@ -631,31 +494,16 @@ def _auto_err_bound(plan: WarmupPlan, ell: Tensor, log_bound: Tensor, fell: Tens
     if not plan.win_rows:
         return log_bound
     span = torch.zeros(S, H, dtype=torch.float64, device=device)
-    span.index_copy_(
-        0,
-        plan.index("win_rows", device),
-        log_span_bound(ell, plan.index("prev_start", device), plan.index("prev_end", device)),
-    )
+    span.index_copy_(0, plan.index("win_rows", device),
+                     log_span_bound(ell, plan.index("prev_start", device), plan.index("prev_end", device)))
     ar = torch.arange(S, device=device)
-    reset = torch.cummax(torch.where(fell, 0, ar), 0).values  # last non-fallback segment <= s
+    reset = torch.cummax(torch.where(fell, 0, ar), 0).values                 # last non-fallback segment <= s
     C = torch.where(fell[:, None], span, 0.0).cumsum(0)
     return log_bound.index_select(0, reset) + C - C.index_select(0, reset)
 
 
-def _exact_states(
-    op: str,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    plan: WarmupPlan,
-    *,
-    backend: str,
-    launch: LaunchPlan,
-    H: int,
-    K: int,
-    V: int,
-) -> tuple[Tensor | None, Tensor]:
+def _exact_states(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: WarmupPlan, *, backend: str,
+                  launch: LaunchPlan, H: int, K: int, V: int) -> tuple[Tensor | None, Tensor]:
     """Exact entering states (exact maps + serial correction), and log ||S0||_F of the non-first segments."""
     dev = k.device
     sp = intra.build_plan(plan.pieces(), plan.seg_len)

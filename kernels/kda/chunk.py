@@ -62,19 +62,7 @@ def chunk_kda_fwd(
         keep.update(w=w, u=u, ks=kg, gs=gc, qs=qg, aqk=aqk)
     state_pass = state_and_output if keep is None or not keep_states else partial(state_and_output_keep, keep=keep)
     return state_pass(
-        index=index,
-        k=kg,
-        w=w,
-        u=u,
-        g=gc,
-        q=qg,
-        aqk=aqk,
-        gate_vector=True,
-        scale=scale,
-        initial_state=initial_state,
-        output_final_state=output_final_state,
-        out_dtype=q.dtype,
-        launch=launch,
-        split_chunks=split_chunks,
-        fuse_output=FUSE_OUTPUT if fuse_output is None else fuse_output,
+        index=index, k=kg, w=w, u=u, g=gc, q=qg, aqk=aqk, gate_vector=True, scale=scale,
+        initial_state=initial_state, output_final_state=output_final_state, out_dtype=q.dtype, launch=launch,
+        split_chunks=split_chunks, fuse_output=FUSE_OUTPUT if fuse_output is None else fuse_output,
     )

@@ -25,21 +25,15 @@ def result_stem(prefix: str, name: str | None, device_name: Any) -> str:
     return f"{prefix}_" + ("".join(ch if ch.isalnum() else "_" for ch in device.lower()).strip("_")[:40] or "cpu")
 
 
-def environment(
-    device: torch.device, *, command: str, cpu_label: str, env_vars: tuple[str, ...], sha: str | None = None
-) -> dict[str, Any]:
+def environment(device: torch.device, *, command: str, cpu_label: str, env_vars: tuple[str, ...],
+                sha: str | None = None) -> dict[str, Any]:
     """Versions (python, torch, triton, fla), host, UTC date, git sha (`sha` overrides), the command, the named
     environment variables under "env"; on CUDA the device name, SM count, GPU count, memory, CUDA, NCCL and driver."""
     versions = software_versions()
     info: dict[str, Any] = {
-        "python": platform.python_version(),
-        "torch": versions["torch"],
-        "triton": versions["triton"],
-        "host": platform.node(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_sha": sha or git_sha() or "unknown",
-        "git_note": os.environ.get("CPBENCH_GIT_NOTE"),
-        "command": command,
+        "python": platform.python_version(), "torch": versions["torch"], "triton": versions["triton"],
+        "host": platform.node(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git_sha": sha or git_sha() or "unknown", "git_note": os.environ.get("CPBENCH_GIT_NOTE"), "command": command,
         "env": {k: os.environ.get(k) for k in env_vars},
     }
     try:
@@ -50,15 +44,9 @@ def environment(
         info["fla"] = None
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
-        info.update(
-            device=p.name,
-            sms=p.multi_processor_count,
-            gpus=torch.cuda.device_count(),
-            memory_GiB=round(p.total_memory / 2**30, 1),
-            cuda=torch.version.cuda,
-            nccl=".".join(map(str, torch.cuda.nccl.version())),
-            driver=driver_version(),
-        )
+        info.update(device=p.name, sms=p.multi_processor_count, gpus=torch.cuda.device_count(),
+                    memory_GiB=round(p.total_memory / 2**30, 1), cuda=torch.version.cuda,
+                    nccl=".".join(map(str, torch.cuda.nccl.version())), driver=driver_version())
     else:
         info["device"] = cpu_label
     return info

@@ -54,9 +54,8 @@ PEER = "fla"
 
 
 # ----------------------------------------------------------------------------------------------------------- parts
-def point_inputs(
-    op: str, T: int, H: int, K: int, V: int, lb: float, dev: torch.device, seed: int, dtype: torch.dtype
-) -> tuple[torch.Tensor, ...]:
+def point_inputs(op: str, T: int, H: int, K: int, V: int, lb: float, dev: torch.device, seed: int,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     """One sequence of T tokens as a sweep point builds it (`runners.workload.make_inputs`): (q, k, v, g, beta)."""
     name = str(dtype).removeprefix("torch.")
     return make_inputs(op, B=1, T=T, H=H, K=K, V=V, lb=lb, seed=seed, dtype=name, device=dev).tensors
@@ -70,15 +69,8 @@ def sync(dev: torch.device) -> None:
 def time_steps(step: Any, dev: torch.device, iters: int, warmup: int, *, collective: bool) -> dict[str, Any]:
     """`runners.timing.time_step` with exactly `iters` samples after at least `warmup` calls, no L2 flush; the
     median and p20/p80 in ms of the max over ranks (collective=True) or of this rank alone."""
-    rule = StopRule(
-        min_samples=iters,
-        max_samples=iters,
-        min_time_s=0.0,
-        max_rel_iqr=0.0,
-        timeout_s=600.0,
-        warmup_min_iters=max(1, warmup),
-        flush_l2=False,
-    )
+    rule = StopRule(min_samples=iters, max_samples=iters, min_time_s=0.0, max_rel_iqr=0.0, timeout_s=600.0,
+                    warmup_min_iters=max(1, warmup), flush_l2=False)
     ms = sorted(time_step(step, rule=rule, device=dev, group=dist.group.WORLD if collective else None).samples_ms)
     q = lambda p: ms[min(len(ms) - 1, int(round(p * (len(ms) - 1))))]  # noqa: E731
     return {"ms": statistics.median(ms), "ms_p20": q(0.2), "ms_p80": q(0.8), "iters": len(ms)}
@@ -117,25 +109,11 @@ def fla_cp_fn(op: str, T: int, dev: torch.device, group: Any) -> Any:
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
         return fn(q, k, v, g, beta, cp_context=ctx)[0]
-
     return run
 
 
-def run_cp_config(
-    op: str,
-    T: int,
-    *,
-    rank: int,
-    W: int,
-    args: argparse.Namespace,
-    dev: torch.device,
-    group: Any,
-    backend: str,
-    dtype: torch.dtype,
-    dl: Deadline,
-    record: Any,
-    ours: bool,
-) -> None:
+def run_cp_config(op: str, T: int, *, rank: int, W: int, args: argparse.Namespace, dev: torch.device, group: Any,
+                  backend: str, dtype: torch.dtype, dl: Deadline, record: Any, ours: bool) -> None:
     """`none` on each GPU, then our W-GPU schemes (ours=True) or FLA's one-GPU forward and its CP (ours=False)."""
     H, K, V = args.H, args.K, args.V
     base = {"kind": "cp", "op": op, "T": T, "H": H, "K": K, "V": V, "W": W, "dtype": str(dtype).split(".")[-1], "lb": args.lb}
@@ -177,10 +155,8 @@ def run_cp_config(
             record(dict(base, scheme="fla_1gpu", error=repr(e), tb=traceback.format_exc()[-1500:]))
     ctx = cp.build_context(cu, W, rank, "contiguous")
     xs = [cp.shard(x, ctx).contiguous() for x in (q, k, v, g, beta)]
-    schemes: list[tuple[str, Any]] = [
-        (m, functools.partial(cp.forward, m, op, *xs, group=group, ctx=ctx, backend=backend))
-        for m in (args.modes if ours else ())
-    ]
+    schemes: list[tuple[str, Any]] = [(m, functools.partial(cp.forward, m, op, *xs, group=group, ctx=ctx, backend=backend))
+                                      for m in (args.modes if ours else ())]
     if not ours:
         try:
             schemes.append(("fla_cp", functools.partial(fla_cp_fn(op, T, dev, group), *xs)))
@@ -212,46 +188,18 @@ def run_cp_config(
         record(rec)
 
 
-def run_wc_config(
-    op: str,
-    T: int,
-    lb: float,
-    fb: str,
-    *,
-    args: argparse.Namespace,
-    dev: torch.device,
-    backend: str,
-    dtype: torch.dtype,
-    dl: Deadline,
-) -> dict[str, Any]:
+def run_wc_config(op: str, T: int, lb: float, fb: str, *, args: argparse.Namespace, dev: torch.device, backend: str,
+                  dtype: torch.dtype, dl: Deadline) -> dict[str, Any]:
     """warmup_correct on this GPU alone, against `none` and FLA on the same GPU and inputs."""
     H, K, V = args.H, args.K, args.V
-    base = {
-        "kind": "warmup_correct",
-        "op": op,
-        "T": T,
-        "H": H,
-        "K": K,
-        "V": V,
-        "lb": lb,
-        "fallback": fb,
-        "gpus": 1,
-        "scheme": f"warmup_correct[{fb}]",
-        "dtype": str(dtype).split(".")[-1],
-    }
+    base = {"kind": "warmup_correct", "op": op, "T": T, "H": H, "K": K, "V": V, "lb": lb, "fallback": fb, "gpus": 1,
+            "scheme": f"warmup_correct[{fb}]", "dtype": str(dtype).split(".")[-1]}
     if dl.left() < args.min_left:
         return dict(base, skipped="deadline")
     try:
         q, k, v, g, beta = point_inputs(op, T, H, K, V, lb, dev, 2000 + T, dtype)
         ctx1 = cp.build_context([0, T], 1, 0)
-        kw = {
-            "cu_seqlens": [0, T],
-            "tol": args.tol,
-            "fallback": fb,
-            "backend": backend,
-            "window": args.window,
-            "segments": args.segments,
-        }
+        kw = {"cu_seqlens": [0, T], "tol": args.tol, "fallback": fb, "backend": backend, "window": args.window, "segments": args.segments}
 
         def none_step() -> torch.Tensor:
             return cp.forward("none", op, q, k, v, g, beta, group=None, ctx=ctx1, backend=backend)
@@ -266,15 +214,8 @@ def run_wc_config(
         sync(dev)
         first = time.time() - t0
         r = time_steps(wc_step, dev, args.iters, args.warmup, collective=False)
-        rec = dict(
-            base,
-            first_call_s=round(first, 2),
-            none_ms=none_r["ms"],
-            speedup_vs_none=none_r["ms"] / r["ms"],
-            err_vs_none=rel_l2(o, o_ref),
-            report=rep.to_dict(),
-            **r,
-        )
+        rec = dict(base, first_call_s=round(first, 2), none_ms=none_r["ms"], speedup_vs_none=none_r["ms"] / r["ms"],
+                   err_vs_none=rel_l2(o, o_ref), report=rep.to_dict(), **r)
         rec["report"].pop("segment_bounds", None)
         rec["report"]["window"] = sorted(set(rec["report"]["window"]))
         rec["counts"] = profile_counts(wc_step, dev)
@@ -284,6 +225,7 @@ def run_wc_config(
     finally:
         if dev.type == "cuda":
             torch.cuda.empty_cache()
+
 
 
 def rank_job(rc: RankContext, args: argparse.Namespace) -> list[dict[str, Any]] | None:
@@ -311,20 +253,8 @@ def rank_job(rc: RankContext, args: argparse.Namespace) -> list[dict[str, Any]] 
     # config first; one GPU each, configs spread over the GPUs), then the FLA peers (their autotune is slow)
     cp_cfgs = [(op, T) for T in sorted(args.T, reverse=True) for op in args.ops]
     for op, T in cp_cfgs:
-        run_cp_config(
-            op,
-            T,
-            rank=rank,
-            W=W,
-            args=args,
-            dev=dev,
-            group=group,
-            backend=backend,
-            dtype=dtype,
-            dl=dl,
-            record=record,
-            ours=True,
-        )
+        run_cp_config(op, T, rank=rank, W=W, args=args, dev=dev, group=group, backend=backend, dtype=dtype, dl=dl,
+                      record=record, ours=True)
     wc = [(op, T, lb, fb) for T in args.wc_T for op in args.ops for lb in args.wc_lb for fb in args.wc_fallback]
     wc.sort(key=lambda c: (c[1] != 65536 or c[2] != -5.0, -c[1]))
     for op, T, lb, fb in wc[rank::W]:
@@ -332,27 +262,15 @@ def rank_job(rc: RankContext, args: argparse.Namespace) -> list[dict[str, Any]] 
     dist.barrier()
     if not args.cpu and not args.no_fla:
         for op, T in cp_cfgs:
-            run_cp_config(
-                op,
-                T,
-                rank=rank,
-                W=W,
-                args=args,
-                dev=dev,
-                group=group,
-                backend=backend,
-                dtype=dtype,
-                dl=dl,
-                record=record,
-                ours=False,
-            )
+            run_cp_config(op, T, rank=rank, W=W, args=args, dev=dev, group=group, backend=backend, dtype=dtype, dl=dl,
+                          record=record, ours=False)
 
     allrecs: list[Any] = [None] * W
     dist.all_gather_object(allrecs, recs)
     if rank == 0:
         merged = recs + [r for rr in allrecs[1:] for r in rr if r.get("kind") == "warmup_correct"]
         fla1 = {(r["op"], r["T"]): r["ms"] for r in merged if r.get("scheme") == "fla_1gpu" and "ms" in r}
-        for r in merged:  # FLA's one-GPU time on the same shape (its speed does not depend on the gate values)
+        for r in merged:   # FLA's one-GPU time on the same shape (its speed does not depend on the gate values)
             if r.get("kind") == "warmup_correct" and "ms" in r and (r["op"], r["T"]) in fla1:
                 r["fla_1gpu_ms"] = fla1[(r["op"], r["T"])]
                 r["speedup_vs_fla"] = r["fla_1gpu_ms"] / r["ms"]
@@ -372,92 +290,60 @@ def fmt(x: Any, nd: int = 3) -> str:
 
 
 def write_results(recs: list[dict[str, Any]], args: argparse.Namespace, dev: torch.device) -> None:
-    env = environment(
-        dev,
-        command=args.command or " ".join(sys.argv),
-        sha=args.git_sha,
-        cpu_label="cpu (smoke test, gloo + torch backend)",
-        env_vars=("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"),
-    )
+    env = environment(dev, command=args.command or " ".join(sys.argv), sha=args.git_sha,
+                      cpu_label="cpu (smoke test, gloo + torch backend)",
+                      env_vars=("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"))
     os.makedirs(args.out, exist_ok=True)
     stem = result_stem("cp", args.name, "cpu" if args.cpu else env.get("device"))
     with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump({"environment": env, "targets_ms": TARGETS, "records": recs}, f, indent=1, default=str)
-    lines = [
-        f"# CP schemes on {env.get('device')}",
-        "",
-        f"{env['date']} · torch {env['torch']} · triton {env.get('triton')} · NCCL {env.get('nccl')} · "
-        f"driver {env.get('driver')} · fla {env.get('fla')} · git {env['git_sha']}",
-        "",
-        f"Command: `{env['command']}`",
-        "",
-        "Method: the engine's timer (runners.timing.time_step: CUDA events, a sample = max over ranks, no L2 flush); "
-        f"median (p20-p80) of {args.iters} samples after at least {args.warmup} warm-up steps. B=1, one sequence, "
-        "bf16 inputs, fp32 g. Collectives and host syncs of rank 0 from the worker's profiler (runners.profile).",
-        "",
-        "## W-GPU schemes (forward)",
-        "",
-        "| op | T | scheme | GPUs | ms (p20-p80) | x vs none | err vs none | collectives | host syncs |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    lines = [f"# CP schemes on {env.get('device')}", "",
+             f"{env['date']} · torch {env['torch']} · triton {env.get('triton')} · NCCL {env.get('nccl')} · "
+             f"driver {env.get('driver')} · fla {env.get('fla')} · git {env['git_sha']}", "",
+             f"Command: `{env['command']}`", "",
+             "Method: the engine's timer (runners.timing.time_step: CUDA events, a sample = max over ranks, no L2 flush); "
+             f"median (p20-p80) of {args.iters} samples after at least {args.warmup} warm-up steps. B=1, one sequence, "
+             "bf16 inputs, fp32 g. Collectives and host syncs of rank 0 from the worker's profiler (runners.profile).",
+             "", "## W-GPU schemes (forward)", "",
+             "| op | T | scheme | GPUs | ms (p20-p80) | x vs none | err vs none | collectives | host syncs |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in recs:
         if r.get("kind") != "cp":
             continue
         if "ms" not in r:
-            lines.append(
-                f"| {r['op']} | {r['T']} | {r.get('scheme')} | | {r.get('skipped') or r.get('error', '')[:80]} | | | | |"
-            )
+            lines.append(f"| {r['op']} | {r['T']} | {r.get('scheme')} | | {r.get('skipped') or r.get('error', '')[:80]} "
+                         "| | | | |")
             continue
         c = r.get("counts", {})
         coll = ", ".join(f"{k} {v}" for k, v in c.get("collectives", {}).items()) or "0"
         syncs = str(c.get("host_syncs", ""))
-        lines.append(
-            f"| {r['op']} | {r['T']} | {r['scheme']} | {r.get('gpus', '')} | {fmt(r['ms'])} ({fmt(r['ms_p20'])}-"
-            f"{fmt(r['ms_p80'])}) | {fmt(r.get('speedup_vs_none'), 2)} | {fmt(r.get('err_vs_none'))} | {coll} | "
-            f"{syncs if 'counts' in r else ''} |"
-        )
-    lines += [
-        "",
-        "## warmup_correct on one GPU",
-        "",
-        "| op | T | lb | fallback | ms | none ms | x vs none | FLA 1-GPU ms | x vs FLA | err vs none | segments "
-        "| window | fallback_count | violations | max bound | host syncs |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in sorted(
-        (r for r in recs if r.get("kind") == "warmup_correct"), key=lambda r: (r["op"], r["T"], r["lb"], r["fallback"])
-    ):
+        lines.append(f"| {r['op']} | {r['T']} | {r['scheme']} | {r.get('gpus', '')} | {fmt(r['ms'])} ({fmt(r['ms_p20'])}-"
+                     f"{fmt(r['ms_p80'])}) | {fmt(r.get('speedup_vs_none'), 2)} | {fmt(r.get('err_vs_none'))} | {coll} | "
+                     f"{syncs if 'counts' in r else ''} |")
+    lines += ["", "## warmup_correct on one GPU", "",
+              "| op | T | lb | fallback | ms | none ms | x vs none | FLA 1-GPU ms | x vs FLA | err vs none | segments "
+              "| window | fallback_count | violations | max bound | host syncs |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted((r for r in recs if r.get("kind") == "warmup_correct"), key=lambda r: (r["op"], r["T"], r["lb"], r["fallback"])):
         if "ms" not in r:
-            lines.append(
-                f"| {r['op']} | {r['T']} | {r['lb']} | {r['fallback']} | {r.get('skipped') or r.get('error', '')[:80]} "
-                "| | | | | | | | | | | |"
-            )
+            lines.append(f"| {r['op']} | {r['T']} | {r['lb']} | {r['fallback']} | {r.get('skipped') or r.get('error', '')[:80]} "
+                         "| | | | | | | | | | | |")
             continue
         rep, c = r["report"], r.get("counts", {})
-        lines.append(
-            f"| {r['op']} | {r['T']} | {r['lb']} | {r['fallback']} | {fmt(r['ms'])} | {fmt(r['none_ms'])} | "
-            f"{fmt(r['speedup_vs_none'], 2)} | {fmt(r.get('fla_1gpu_ms'))} | {fmt(r.get('speedup_vs_fla'), 2)} | "
-            f"{fmt(r['err_vs_none'])} | {rep['segments']} | {rep['window']} | {rep['fallback_count']} | "
-            f"{rep['violations']} | {fmt(rep['max_bound'])} | {c.get('host_syncs', '')} |"
-        )
+        lines.append(f"| {r['op']} | {r['T']} | {r['lb']} | {r['fallback']} | {fmt(r['ms'])} | {fmt(r['none_ms'])} | "
+                     f"{fmt(r['speedup_vs_none'], 2)} | {fmt(r.get('fla_1gpu_ms'))} | {fmt(r.get('speedup_vs_fla'), 2)} | "
+                     f"{fmt(r['err_vs_none'])} | {rep['segments']} | {rep['window']} | {rep['fallback_count']} | "
+                     f"{rep['violations']} | {fmt(rep['max_bound'])} | {c.get('host_syncs', '')} |")
     lines += ["", "## Targets", ""]
     if args.cpu:
         lines.append("- not judged: the targets are GPU figures (W=2 H200 at T=128K; one H200 at T=64K), this was a --cpu run")
     for name, target in ({} if args.cpu else TARGETS).items():
         if name.startswith("true_cp"):
-            got = [
-                r for r in recs if r.get("kind") == "cp" and r.get("scheme") == "true_cp" and r["T"] == 131072 and "ms" in r
-            ]
+            got = [r for r in recs if r.get("kind") == "cp" and r.get("scheme") == "true_cp" and r["T"] == 131072 and "ms" in r]
         else:
             got = [r for r in recs if r.get("kind") == "warmup_correct" and r["T"] == 65536 and r["lb"] == -5.0 and "ms" in r]
-        vals = (
-            ", ".join(
-                f"{r['op']}{'/' + r['fallback'] if 'fallback' in r else ''} {fmt(r['ms'])} ms "
-                f"({'met' if r['ms'] <= target else 'missed'})"
-                for r in got
-            )
-            or "not measured"
-        )
+        vals = ", ".join(f"{r['op']}{'/' + r['fallback'] if 'fallback' in r else ''} {fmt(r['ms'])} ms "
+                         f"({'met' if r['ms'] <= target else 'missed'})" for r in got) or "not measured"
         lines.append(f"- {name} <= {target} ms: {vals}")
     with open(os.path.join(args.out, stem + ".md"), "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -469,9 +355,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="cpbench bench cp", description=__doc__.split("\n")[0])
     csv = lambda f: lambda s: [f(x) for x in s.split(",") if x]  # noqa: E731
     p.add_argument("--out", default="benchmarks/results")
-    p.add_argument(
-        "--name", default=None, help="file stem of the results (default: cp_h200 on an H200, cp_<device> elsewhere)"
-    )
+    p.add_argument("--name", default=None, help="file stem of the results (default: cp_h200 on an H200, cp_<device> elsewhere)")
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--ops", type=csv(str), default=["gdn", "kda"])
     p.add_argument("--T", type=csv(int), default=[65536, 131072])

@@ -78,9 +78,7 @@ def _warm_job(job: tuple[str, int, int, str, dict[str, Any]]) -> str:
         return f"{op} {label}: {type(err).__name__}: {err}"
 
 
-def precompile(
-    ops: list[str], shapes: list[tuple[int, int]], explore: bool | str | None, jobs: int, timeout_s: float = 150
-) -> list[str]:
+def precompile(ops: list[str], shapes: list[tuple[int, int]], explore: bool | str | None, jobs: int, timeout_s: float = 150) -> list[str]:
     """Run every variant once on a small input with the same specialisations, `jobs` processes at a time.
 
     Only the launch specialisations matter (split or not, fused or not, configs), so split lengths collapse
@@ -148,43 +146,27 @@ def correctness(ops: list[str], device: str, quiet: bool = False) -> list[dict[s
             print(f"check {op} {name}", flush=True)
             rec: dict[str, Any] = {"op": op, "case": name, "H": H, "K": K, "V": V}
             try:
-                q, k, v, g, beta = fla_inputs(
-                    op,
-                    shp["B"],
-                    shp["T"],
-                    H,
-                    device=device,
-                    K=K,
-                    V=V,
-                    seed=1,
-                    lb=shp.get("lb"),
-                    dtype=shp.get("dtype", "bfloat16"),
-                ).tensors
+                q, k, v, g, beta = fla_inputs(op, shp["B"], shp["T"], H, device=device, K=K, V=V, seed=1,
+                                              lb=shp.get("lb"), dtype=shp.get("dtype", "bfloat16")).tensors
                 cu = shp.get("cu")
                 cu_t = torch.tensor(cu, dtype=torch.int32, device=device) if cu else None
                 N = len(cu) - 1 if cu else shp["B"]
                 h0 = torch.randn(N, H, K, V, device=device) if opt.get("h0") else None
                 with torch.no_grad():
-                    o_ref, ht_ref = kernels.reference(
-                        op, q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu_t
-                    )
-                    o_ref32, _ = kernels.reference(
-                        op, *(x.float() for x in (q, k, v, g, beta)), initial_state=h0, cu_seqlens=cu_t
-                    )
+                    o_ref, ht_ref = kernels.reference(op, q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                                      cu_seqlens=cu_t)
+                    o_ref32, _ = kernels.reference(op, *(x.float() for x in (q, k, v, g, beta)), initial_state=h0,
+                                                   cu_seqlens=cu_t)
                     kw = {k2: opt[k2] for k2 in ("split", "fuse") if k2 in opt}
                     o, ht = ours(op, q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu_t, **kw)
-                rec.update(
-                    T=shp["T"],
-                    B=shp["B"],
-                    dtype=str(q.dtype).removeprefix("torch."),
-                    o_rel_l2=rel_l2(o, o_ref32),
-                    ht_rel_l2=rel_l2(ht, ht_ref),
-                    ref_bf16_rounding=rel_l2(o_ref, o_ref32),
-                )
+                rec.update(T=shp["T"], B=shp["B"], dtype=str(q.dtype).removeprefix("torch."),
+                           o_rel_l2=rel_l2(o, o_ref32), ht_rel_l2=rel_l2(ht, ht_ref),
+                           ref_bf16_rounding=rel_l2(o_ref, o_ref32))
                 # transition: M S0 + S_ext == final state from S0
                 M, S_ext = kernels.transition(op, k, v, g, beta, cu_seqlens=cu_t, backend="triton")
                 S0 = torch.randn(N, H, K, V, device=device)
-                _, ht_s0 = kernels.reference(op, q, k, v, g, beta, initial_state=S0, output_final_state=True, cu_seqlens=cu_t)
+                _, ht_s0 = kernels.reference(op, q, k, v, g, beta, initial_state=S0, output_final_state=True,
+                                             cu_seqlens=cu_t)
                 rec["transition_rel_l2"] = rel_l2(M @ S0 + S_ext, ht_s0)
             except Exception as err:  # noqa: BLE001 - recorded in the results
                 rec["error"] = f"{type(err).__name__}: {err}"
@@ -211,12 +193,10 @@ def _shape(text: str) -> tuple[int, int]:
 
 
 def _env(device: str) -> dict[str, Any]:
-    return environment(
-        torch.device(device, 0) if device == "cuda" else torch.device("cpu"),
-        command=" ".join([os.path.basename(sys.executable), "-m", "runners.bench.kernels", *ARGV]),
-        cpu_label="cpu (dry run, interpreter)",
-        env_vars=("FLA_DISABLE_BACKEND_DISPATCH", "NCCL_NVLS_ENABLE", "TRITON_CACHE_DIR"),
-    )
+    return environment(torch.device(device, 0) if device == "cuda" else torch.device("cpu"),
+                       command=" ".join([os.path.basename(sys.executable), "-m", "runners.bench.kernels", *ARGV]),
+                       cpu_label="cpu (dry run, interpreter)",
+                       env_vars=("FLA_DISABLE_BACKEND_DISPATCH", "NCCL_NVLS_ENABLE", "TRITON_CACHE_DIR"))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -250,16 +230,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"deadline reached, skipping {op} {B}x{T}", flush=True)
                 continue
             q, k, v, g, beta = fla_inputs(op, B, T, H, device=device, K=K, V=V).tensors
-            rec: dict[str, Any] = {
-                "op": op,
-                "B": B,
-                "T": T,
-                "H": H,
-                "K": K,
-                "V": V,
-                "bytes": bytes_floor(op, B, T, H, K, V),
-                "flops": flops_floor(B, T, H, K, V),
-            }
+            rec: dict[str, Any] = {"op": op, "B": B, "T": T, "H": H, "K": K, "V": V,
+                                   "bytes": bytes_floor(op, B, T, H, K, V), "flops": flops_floor(B, T, H, K, V)}
             rec["floor_bytes_ms"] = rec["bytes"] / bw * 1e3 if bw == bw else float("nan")
             rec["floor_flops_ms"] = rec["flops"] / mm * 1e3 if mm == mm else float("nan")
             rec["floor_ms"] = max(rec["floor_bytes_ms"], rec["floor_flops_ms"])
@@ -279,13 +251,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     traceback.print_exc()
             rec["fla_anchor_ms"] = FLA_MS_ANCHOR.get((op, B, T))
             for label, kw in variants(op, B, T, args.explore):
-                vrec: dict[str, Any] = {
-                    "op": op,
-                    "B": B,
-                    "T": T,
-                    "variant": label,
-                    "kwargs": {a: repr(b) for a, b in kw.items()},
-                }
+                vrec: dict[str, Any] = {"op": op, "B": B, "T": T, "variant": label,
+                                        "kwargs": {a: repr(b) for a, b in kw.items()}}
                 try:
                     t0 = time.time()
                     with torch.no_grad():
@@ -300,9 +267,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     if args.dry_run:  # the interpreter: a check that the script runs, not a timing
                         reps = DRY_RUN_REPS
                     with torch.no_grad():
-                        vrec["ms"], vrec["p20"], vrec["p80"] = _timed(
-                            timer, ours, op, q, k, v, g, beta, warmup=reps[0], rep=reps[1], **kw
-                        )
+                        vrec["ms"], vrec["p20"], vrec["p80"] = _timed(timer, ours, op, q, k, v, g, beta, warmup=reps[0],
+                                                                      rep=reps[1], **kw)
                 except Exception as err:  # noqa: BLE001
                     vrec["error"] = f"{type(err).__name__}: {err}"
                     traceback.print_exc()
@@ -366,33 +332,18 @@ def profile_kernels(op: str, q, k, v, g, beta, timer: Timer) -> dict[str, Any]:
         out["wy_GBps"] = wy_bytes / (out["wy_ms"] * 1e-3) / 1e9
         step_bytes = th * (2 * (3 * K + V) + 2 * 64 + 4 + 2 * V)  # w, k, q, u, aqk, gate in; o out
         plain = SeqLayout(index.num_seqs)
-        out["state_plain_ms"] = _timed(
-            timer, chunk_state_output_fwd, kk, w, u, gg, qq, layout=plain, BT=BT_WY, gate_vector=gv, scale=scale, aqk=aqk
-        )[0]
+        out["state_plain_ms"] = _timed(timer, chunk_state_output_fwd, kk, w, u, gg, qq, layout=plain, BT=BT_WY,
+                                       gate_vector=gv, scale=scale, aqk=aqk)[0]
         plan = resolve_split(index, None, H=H, NV=V // 64, device=k.device)
         if plan is not None:
             out["seg_chunks"], out["segments"] = plan.seg_chunks, plan.num_segments
             M, S = chunk_state_transition_fwd(kk, w, u, gg, layout=plan.transitions, BT=BT_WY, gate_vector=gv)
-            out["transition_ms"] = _timed(
-                timer, chunk_state_transition_fwd, kk, w, u, gg, layout=plan.transitions, BT=BT_WY, gate_vector=gv
-            )[0]
+            out["transition_ms"] = _timed(timer, chunk_state_transition_fwd, kk, w, u, gg, layout=plan.transitions,
+                                          BT=BT_WY, gate_vector=gv)[0]
             hs = seg_chain_fwd(M, S, None, plan)
             out["chain_ms"] = _timed(timer, seg_chain_fwd, M, S, None, plan)[0]
-            out["state_split_ms"] = _timed(
-                timer,
-                chunk_state_output_fwd,
-                kk,
-                w,
-                u,
-                gg,
-                qq,
-                layout=plan.final,
-                BT=BT_WY,
-                gate_vector=gv,
-                scale=scale,
-                aqk=aqk,
-                h0=hs,
-            )[0]
+            out["state_split_ms"] = _timed(timer, chunk_state_output_fwd, kk, w, u, gg, qq, layout=plan.final, BT=BT_WY,
+                                           gate_vector=gv, scale=scale, aqk=aqk, h0=hs)[0]
             out["state_split_GBps"] = step_bytes / (out["state_split_ms"] * 1e-3) / 1e9
         out["state_plain_GBps"] = step_bytes / (out["state_plain_ms"] * 1e-3) / 1e9
     return {k2: (round(v2, 4) if isinstance(v2, float) else v2) for k2, v2 in out.items()}
@@ -427,14 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default=None, help="file stem (default kernels_<device>)")
     ap.add_argument("--ops", default="gdn,kda")
     ap.add_argument("--shapes", default=None, help="comma list of BxT (default: the issue's five shapes)")
-    ap.add_argument(
-        "--explore",
-        nargs="?",
-        const="full",
-        default=None,
-        choices=("full", "light"),
-        help="also time variants: split lengths, fusion and launch configs (full) or the first two (light)",
-    )
+    ap.add_argument("--explore", nargs="?", const="full", default=None, choices=("full", "light"),
+                    help="also time variants: split lengths, fusion and launch configs (full) or the first two (light)")
     ap.add_argument("--profile", action="store_true", help="also time each launcher of our forward alone")
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--no-check", action="store_true")

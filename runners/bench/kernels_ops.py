@@ -21,16 +21,9 @@ from runners.workload import Workload, make_inputs
 H_DEFAULT, K_DIM, V_DIM, C = 16, 128, 128, 64
 SHAPES_DEFAULT = ((1, 8192), (1, 32768), (1, 65536), (1, 131072), (8, 8192))
 FLA_MS_ANCHOR = {  # ../shared/anchors/fla-h200.md, forward, ms (do_bench median), H=16
-    ("gdn", 1, 8192): 0.831,
-    ("gdn", 1, 32768): 1.263,
-    ("gdn", 1, 65536): 2.504,
-    ("gdn", 1, 131072): 4.969,
-    ("gdn", 8, 8192): 1.847,
-    ("kda", 1, 8192): 0.890,
-    ("kda", 1, 32768): 2.282,
-    ("kda", 1, 65536): 4.521,
-    ("kda", 1, 131072): 8.950,
-    ("kda", 8, 8192): 3.765,
+    ("gdn", 1, 8192): 0.831, ("gdn", 1, 32768): 1.263, ("gdn", 1, 65536): 2.504, ("gdn", 1, 131072): 4.969,
+    ("gdn", 8, 8192): 1.847, ("kda", 1, 8192): 0.890, ("kda", 1, 32768): 2.282, ("kda", 1, 65536): 4.521,
+    ("kda", 1, 131072): 8.950, ("kda", 8, 8192): 3.765,
 }
 
 
@@ -38,25 +31,12 @@ FLA_MS_ANCHOR = {  # ../shared/anchors/fla-h200.md, forward, ms (do_bench median
 # inputs, floors, timing
 
 
-def fla_inputs(
-    op: str,
-    B: int,
-    T: int,
-    H: int,
-    *,
-    device: str,
-    dtype: str = "bfloat16",
-    seed: int = 0,
-    lb: float | None = None,
-    K: int = K_DIM,
-    V: int = V_DIM,
-    grad_out: bool = False,
-) -> Workload:
+def fla_inputs(op: str, B: int, T: int, H: int, *, device: str, dtype: str = "bfloat16", seed: int = 0,
+               lb: float | None = None, K: int = K_DIM, V: int = V_DIM, grad_out: bool = False) -> Workload:
     """FLA's recipe at the bench's head dims (`runners.workload.make_inputs(..., fla_recipe=True)`). lb: gate
     g = lb * sigmoid(randn) (slow decay) instead of logsigmoid(randn); `grad_out` also draws `do`."""
-    return make_inputs(
-        op, B=B, T=T, H=H, K=K, V=V, dtype=dtype, lb=lb, seed=seed, device=device, grad_out=grad_out, fla_recipe=True
-    )
+    return make_inputs(op, B=B, T=T, H=H, K=K, V=V, dtype=dtype, lb=lb, seed=seed, device=device, grad_out=grad_out,
+                       fla_recipe=True)
 
 
 def bytes_floor(op: str, B: int, T: int, H: int, K: int = K_DIM, V: int = V_DIM, el: int = 2) -> int:
@@ -90,9 +70,8 @@ class Timer:
         return ts[len(ts) // 2], ts[0], ts[-1]
 
 
-def _timed(
-    timer: Timer, fn: Callable[..., Any], *args: Any, warmup: int = 25, rep: int = 200, **kw: Any
-) -> tuple[float, float, float]:
+def _timed(timer: Timer, fn: Callable[..., Any], *args: Any, warmup: int = 25, rep: int = 200,
+           **kw: Any) -> tuple[float, float, float]:
     """timer(fn(*args, **kw)), binding the arguments now."""
     return timer(lambda: fn(*args, **kw), warmup=warmup, rep=rep)
 
@@ -115,20 +94,8 @@ def measure_ceilings(timer: Timer, device: str) -> dict[str, float]:
 # the callables
 
 
-def ours(
-    op: str,
-    q,
-    k,
-    v,
-    g,
-    beta,
-    *,
-    split: int | None = None,
-    fuse: bool | None = None,
-    configs: dict[str, Any] | None = None,
-    api: bool = True,
-    **kw: Any,
-) -> tuple[torch.Tensor, Any]:
+def ours(op: str, q, k, v, g, beta, *, split: int | None = None, fuse: bool | None = None,
+         configs: dict[str, Any] | None = None, api: bool = True, **kw: Any) -> tuple[torch.Tensor, Any]:
     """Our Triton forward: through the public entry, or the op's orchestration directly (variants)."""
     import kernels
 
@@ -141,7 +108,8 @@ def ours(
     from kernels.plan import plan_with
 
     scale = kw.pop("scale", None) or q.shape[-1] ** -0.5
-    return fwd(q, k, v, g, beta, scale=scale, split_chunks=split, fuse_output=fuse, plan=plan_with(None, configs or {}), **kw)
+    return fwd(q, k, v, g, beta, scale=scale, split_chunks=split, fuse_output=fuse, plan=plan_with(None, configs or {}),
+               **kw)
 
 
 def fla_fn(op: str) -> Callable[..., Any]:
@@ -164,7 +132,7 @@ def variants(op: str, B: int, T: int, explore: bool | str | None) -> list[tuple[
     nt = math.ceil(T / C)
     if B == 1:
         out.append(("plain", {"split": 0}))
-        for s in (16, 32, 64) if explore == "light" else (8, 16, 32, 64, 128):
+        for s in ((16, 32, 64) if explore == "light" else (8, 16, 32, 64, 128)):
             if s < nt:
                 out.append((f"split{s}", {"split": s}))
     out.append(("unfused", {"fuse": False}))

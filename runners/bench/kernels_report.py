@@ -38,58 +38,37 @@ def to_markdown(res: dict[str, Any]) -> str:
         lines.append(
             f"| {r['op']} | {r['B']} | {r['T']} | {_fmt(r.get('ms'))} | {_fmt(r.get('fla_ms'))} | {_fmt(r.get('ratio'), 2)} | "
             f"{_fmt(r['floor_ms'])} ({_fmt(r['floor_bytes_ms'])} / {_fmt(r['floor_flops_ms'])}) | {_fmt(r.get('x_floor'), 1)} | "
-            f"{_sci(r.get('rel_l2_vs_fla'))} |"
-        )
+            f"{_sci(r.get('rel_l2_vs_fla'))} |")
     prof = [r for r in res["rows"] if isinstance(r.get("profile"), dict) and "wy_ms" in r["profile"]]
     if prof:
-        lines += [
-            "",
-            "Per launcher (each timed alone, ms; GB/s from the unique bytes it must move):",
-            "",
-            "| op | B | T | wy (GB/s) | transition | chain | state+output split (GB/s) | state+output plain (GB/s) | segments x chunks |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
+        lines += ["", "Per launcher (each timed alone, ms; GB/s from the unique bytes it must move):", "",
+                  "| op | B | T | wy (GB/s) | transition | chain | state+output split (GB/s) | state+output plain (GB/s) | segments x chunks |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in prof:
             p = r["profile"]
-            lines.append(
-                f"| {r['op']} | {r['B']} | {r['T']} | {_fmt(p.get('wy_ms'))} ({_fmt(p.get('wy_GBps'), 0)}) | "
-                f"{_fmt(p.get('transition_ms'))} | {_fmt(p.get('chain_ms'))} | {_fmt(p.get('state_split_ms'))} "
-                f"({_fmt(p.get('state_split_GBps'), 0)}) | {_fmt(p.get('state_plain_ms'))} ({_fmt(p.get('state_plain_GBps'), 0)}) | "
-                f"{p.get('segments', '—')} x {p.get('seg_chunks', '—')} |"
-            )
+            lines.append(f"| {r['op']} | {r['B']} | {r['T']} | {_fmt(p.get('wy_ms'))} ({_fmt(p.get('wy_GBps'), 0)}) | "
+                         f"{_fmt(p.get('transition_ms'))} | {_fmt(p.get('chain_ms'))} | {_fmt(p.get('state_split_ms'))} "
+                         f"({_fmt(p.get('state_split_GBps'), 0)}) | {_fmt(p.get('state_plain_ms'))} ({_fmt(p.get('state_plain_GBps'), 0)}) | "
+                         f"{p.get('segments', '—')} x {p.get('seg_chunks', '—')} |")
     graph = [r for r in res["rows"] if "graph_ms" in r]
     if graph:
         lines += ["", "CUDA-graph replay (launch overhead removed), B=1 T=8192:", ""]
         for r in graph:
             lines.append(f"- {r['op']}: ours {_fmt(r.get('graph_ms'))} ms, FLA {_fmt(r.get('fla_graph_ms'))} ms")
     if res.get("correctness"):
-        lines += [
-            "",
-            "## Correctness vs the fp32 per-token reference (reduced shapes)",
-            "",
-            "| op | case | B×T, H, K=V | dtype | o rel_l2 | final state rel_l2 | transition rel_l2 | bf16 rounding of the reference's o |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
+        lines += ["", "## Correctness vs the fp32 per-token reference (reduced shapes)", "",
+                  "| op | case | B×T, H, K=V | dtype | o rel_l2 | final state rel_l2 | transition rel_l2 | bf16 rounding of the reference's o |",
+                  "|---|---|---|---|---|---|---|---|"]
         for c in res["correctness"]:
             if "error" in c:
                 lines.append(f"| {c['op']} | {c['case']} | | | ERROR: {c['error']} | | | |")
                 continue
-            lines.append(
-                f"| {c['op']} | {c['case']} | {c['B']}×{c['T']}, {c['H']}, {c['K']} | {c['dtype']} | "
-                f"{_sci(c['o_rel_l2'])} | {_sci(c['ht_rel_l2'])} | {_sci(c['transition_rel_l2'])} | "
-                f"{_sci(c['ref_bf16_rounding'])} |"
-            )
+            lines.append(f"| {c['op']} | {c['case']} | {c['B']}×{c['T']}, {c['H']}, {c['K']} | {c['dtype']} | "
+                         f"{_sci(c['o_rel_l2'])} | {_sci(c['ht_rel_l2'])} | {_sci(c['transition_rel_l2'])} | "
+                         f"{_sci(c['ref_bf16_rounding'])} |")
     if res.get("explore"):
-        lines += [
-            "",
-            "## Variants (explore)",
-            "",
-            "| op | B | T | variant | ms | rel_l2 vs FLA |",
-            "|---|---|---|---|---|---|",
-        ]
+        lines += ["", "## Variants (explore)", "", "| op | B | T | variant | ms | rel_l2 vs FLA |", "|---|---|---|---|---|---|"]
         for r in res["explore"]:
-            lines.append(
-                f"| {r['op']} | {r['B']} | {r['T']} | {r['variant']} | {_fmt(r.get('ms'))} | "
-                f"{_sci(r.get('rel_l2_vs_fla')) if 'error' not in r else 'ERROR: ' + r['error'][:80]} |"
-            )
+            lines.append(f"| {r['op']} | {r['B']} | {r['T']} | {r['variant']} | {_fmt(r.get('ms'))} | "
+                         f"{_sci(r.get('rel_l2_vs_fla')) if 'error' not in r else 'ERROR: ' + r['error'][:80]} |")
     return "\n".join(lines) + "\n"

@@ -157,9 +157,8 @@ def gradient_check(op: str, device: str, T: int = 1024, Hh: int = H, fla: bool =
     shapes: FLA's autotune keys hold H (not T), so its first-call autotune (minutes) happens once, here."""
     import importlib
 
-    ref_fn = getattr(
-        importlib.import_module("kernels.gdn.naive" if op == "gdn" else "kernels.common.naive"), f"naive_recurrent_{op}"
-    )
+    ref_fn = getattr(importlib.import_module("kernels.gdn.naive" if op == "gdn" else "kernels.common.naive"),
+                     f"naive_recurrent_{op}")
     q, k, v, g, beta, do = make_inputs(op, 1, T, Hh, device=device, seed=7)
     leaves = [x.detach().float().requires_grad_() for x in (q, k, v, g, beta)]
     o, _ = ref_fn(*leaves, scale=K**-0.5)
@@ -192,10 +191,8 @@ def run_shape(op: str, B: int, T: int, device: str, fla: bool = True) -> dict[st
     rec["policies"] = {}
     for policy in POLICIES:
         kept = ours_step(op, policy=policy)
-        rec["policies"][policy] = {
-            "ms": timed(functools.partial(kept, q, k, v, g, beta, do)),
-            "held_MB": held_mb(op, policy, q, k, v, g, beta),
-        }
+        rec["policies"][policy] = {"ms": timed(functools.partial(kept, q, k, v, g, beta, do)),
+                                   "held_MB": held_mb(op, policy, q, k, v, g, beta)}
     try:
         if not fla:
             raise RuntimeError("not run (--no-fla)")
@@ -243,13 +240,10 @@ def env(args: argparse.Namespace) -> dict[str, Any]:
     import triton
 
     info: dict[str, Any] = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
+        "python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["python", "-m", "runners.bench.kernels_train", *sys.argv[1:]]),
-        "git_sha": args.sha or git_sha(),
-        "driver": driver_version(),
+        "git_sha": args.sha or git_sha(), "driver": driver_version(),
     }
     try:
         import fla
@@ -265,39 +259,28 @@ def env(args: argparse.Namespace) -> dict[str, Any]:
 def to_markdown(res: dict[str, Any]) -> str:
     e = res["env"]
     lines = [
-        "# Forward+backward: ours vs FLA (bf16, H=16, K=V=128)",
-        "",
+        "# Forward+backward: ours vs FLA (bf16, H=16, K=V=128)", "",
         f"device {e['device']}, torch {e['torch']}, triton {e['triton']}, fla {e['fla']}, driver {e['driver']}, "
-        f"git {e['git_sha']}, {e['date']}",
-        f"command: `{e['command']}`",
-        f"our launch configs: {e.get('autotune') or 'the registry defaults'}",
-        "",
+        f"git {e['git_sha']}, {e['date']}", f"command: `{e['command']}`",
+        f"our launch configs: {e.get('autotune') or 'the registry defaults'}", "",
         "ms: triton.testing.do_bench median (L2 flushed). floor: FLA's fwd+bwd bytes at the 4.2 TB/s copy ceiling. "
-        "peak: max allocated during one step above the inputs.",
-        "",
-        'ours = the default recompute policy (`LaunchPlan.keep = "inputs"`, FLA\'s: the forward holds only its '
+        "peak: max allocated during one step above the inputs.", "",
+        "ours = the default recompute policy (`LaunchPlan.keep = \"inputs\"`, FLA's: the forward holds only its "
         "inputs). `wy` / `wy+states`: the forward also holds its WY factors / and its chunk states, v_new and segment "
-        "maps for the backward; held MB = what it holds beyond the inputs (FLA keeps its [B, T, H, 64] WY inverse; not counted here).",
-        "",
+        "maps for the backward; held MB = what it holds beyond the inputs (FLA keeps its [B, T, H, 64] WY inverse; not counted here).", "",
         "| op | B | T | ours ms | FLA ms | ours/FLA | floor ms | ours peak MB | FLA peak MB | "
-        + " | ".join(f"{p} ms | {p}/FLA | {p} held MB" for p in POLICIES)
-        + " | FLA guard bypassed |",
+        + " | ".join(f"{p} ms | {p}/FLA | {p} held MB" for p in POLICIES) + " | FLA guard bypassed |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|---:|---:|" * len(POLICIES) + "---|",
     ]
     nan = float("nan")
     for r in res["rows"]:
         pol = r.get("policies", {})
-        cells = " | ".join(
-            f"{pol.get(p, {}).get('ms', nan):.2f} | {pol.get(p, {}).get('ms', nan) / r.get('fla_ms', nan):.2f}"
-            f" | {pol.get(p, {}).get('held_MB', nan):.0f}"
-            for p in POLICIES
-        )
-        lines.append(
-            f"| {r['op']} | {r['B']} | {r['T']} | {r['ours_ms']:.2f} | {r.get('fla_ms', nan):.2f} | "
-            f"{r.get('ratio', nan):.2f} | {r['floor_ms']:.2f} | {r['ours_peak_MB']:.0f} | "
-            f"{r.get('fla_peak_MB', nan):.0f} | {cells} | "
-            f"{r.get('fla_hopper_guard_bypassed', r.get('fla_error'))} |"
-        )
+        cells = " | ".join(f"{pol.get(p, {}).get('ms', nan):.2f} | {pol.get(p, {}).get('ms', nan) / r.get('fla_ms', nan):.2f}"
+                           f" | {pol.get(p, {}).get('held_MB', nan):.0f}" for p in POLICIES)
+        lines.append(f"| {r['op']} | {r['B']} | {r['T']} | {r['ours_ms']:.2f} | {r.get('fla_ms', nan):.2f} | "
+                     f"{r.get('ratio', nan):.2f} | {r['floor_ms']:.2f} | {r['ours_peak_MB']:.0f} | "
+                     f"{r.get('fla_peak_MB', nan):.0f} | {cells} | "
+                     f"{r.get('fla_hopper_guard_bypassed', r.get('fla_error'))} |")
     lines += ["", "## Gradients vs the fp32 per-token reference (rel_l2)", ""]
     for op, c in res["grads"].items():
         for who in (w for w in c if w != "shape"):

@@ -19,9 +19,7 @@ __all__ = ["CSV_FIELDS", "DbOption", "Format", "fetch_results", "out_console", "
 
 DbOption = Annotated[
     str | None,
-    typer.Option(
-        "--db", "--database-url", help="SQLAlchemy URL of the store (default: CPBENCH_DATABASE_URL, else a local SQLite file)"
-    ),
+    typer.Option("--db", "--database-url", help="SQLAlchemy URL of the store (default: CPBENCH_DATABASE_URL, else a local SQLite file)"),
 ]
 
 
@@ -80,14 +78,7 @@ def _shape(r: dict[str, Any]) -> str:
 
 
 def _coll(c: dict[str, int] | None) -> str:
-    short = {
-        "all_gather": "ag",
-        "all_to_all": "a2a",
-        "all_reduce": "ar",
-        "reduce_scatter": "rs",
-        "send": "send",
-        "recv": "recv",
-    }
+    short = {"all_gather": "ag", "all_to_all": "a2a", "all_reduce": "ar", "reduce_scatter": "rs", "send": "send", "recv": "recv"}
     if not c:
         return "-" if c is None else "0"
     return " ".join(f"{short.get(k, k)}{n}" for k, n in sorted(c.items()) if n) or "0"
@@ -100,25 +91,10 @@ def _num(x: float | None, fmt: str) -> str:
 def results_table(rows: Sequence[dict[str, Any]], *, title: str | None = None) -> Table:
     table = Table(title=escape(title) if title else None, show_lines=False, header_style="bold")
     for col, kw in (
-        ("#", {"justify": "right"}),
-        ("op", {}),
-        ("mode", {}),
-        ("backend", {}),
-        ("shape", {}),
-        ("H", {"justify": "right"}),
-        ("K/V", {}),
-        ("lb", {"justify": "right"}),
-        ("W", {"justify": "right"}),
-        ("layout", {}),
-        ("dtype", {}),
-        ("status", {}),
-        ("median ms", {"justify": "right"}),
-        ("p10-p90 ms", {"justify": "right"}),
-        ("n", {"justify": "right"}),
-        ("err/none", {"justify": "right"}),
-        ("err/ref", {"justify": "right"}),
-        ("collectives", {}),
-        ("syncs", {"justify": "right"}),
+        ("#", {"justify": "right"}), ("op", {}), ("mode", {}), ("backend", {}), ("shape", {}), ("H", {"justify": "right"}),
+        ("K/V", {}), ("lb", {"justify": "right"}), ("W", {"justify": "right"}), ("layout", {}), ("dtype", {}),
+        ("status", {}), ("median ms", {"justify": "right"}), ("p10-p90 ms", {"justify": "right"}), ("n", {"justify": "right"}),
+        ("err/none", {"justify": "right"}), ("err/ref", {"justify": "right"}), ("collectives", {}), ("syncs", {"justify": "right"}),
         ("note", {"overflow": "fold", "max_width": 48}),
     ):
         table.add_column(col, **kw)
@@ -128,23 +104,12 @@ def results_table(rows: Sequence[dict[str, Any]], *, title: str | None = None) -
         note = note if isinstance(note, str) else (note[0] if note else "")
         status = r.get("status") or ""
         table.add_row(
-            str(r.get("idx")),
-            r.get("op"),
-            r.get("mode"),
-            r.get("backend"),
-            _shape(r),
-            _heads(r),
-            f"{r.get('K')}/{r.get('V')}",
-            f"{r.get('lb'):g}",
-            str(r.get("W")),
-            r.get("layout"),
-            r.get("dtype"),
-            f"[{colors.get(status, 'white')}]{escape(status)}[/]",
+            str(r.get("idx")), r.get("op"), r.get("mode"), r.get("backend"), _shape(r), _heads(r), f"{r.get('K')}/{r.get('V')}",
+            f"{r.get('lb'):g}", str(r.get("W")), r.get("layout"), r.get("dtype"), f"[{colors.get(status, 'white')}]{escape(status)}[/]",
             _num(r.get("median_ms"), ".4f"),
             "-" if r.get("p10_ms") is None else f"{r['p10_ms']:.4f}-{r['p90_ms']:.4f}",
             "-" if r.get("n") is None else str(r["n"]),
-            _num(r.get("err_vs_none"), ".1e"),
-            _num(r.get("err_vs_reference"), ".1e"),
+            _num(r.get("err_vs_none"), ".1e"), _num(r.get("err_vs_reference"), ".1e"),
             _coll(r.get("collectives")) if r.get("measurement_id") else "-",
             "-" if r.get("host_syncs") is None else str(r["host_syncs"]),
             escape(note),

@@ -44,16 +44,11 @@ def _session(database_url: str | None) -> Any:
 
 @configs_app.command("export")
 def export_configs(
-    output: str = typer.Option(
-        "autotune.json", "-o", "--output", help="file to write; '-' for stdout; with --format fla: the directory"
-    ),
+    output: str = typer.Option("autotune.json", "-o", "--output", help="file to write; '-' for stdout; with "
+                               "--format fla: the directory"),
     device: str | None = typer.Option(None, "--device", help="device name as torch reports it, e.g. 'NVIDIA H200'"),
-    fmt: str = typer.Option(
-        "cpbench",
-        "--format",
-        help="cpbench (our autotune JSON) | fla (FLA's config-cache "
-        "directory, one <kernel_name>.json per kernel, for FLA_CONFIG_DIR)",
-    ),
+    fmt: str = typer.Option("cpbench", "--format", help="cpbench (our autotune JSON) | fla (FLA's config-cache "
+                            "directory, one <kernel_name>.json per kernel, for FLA_CONFIG_DIR)"),
     allow_cpu: bool = typer.Option(False, "--allow-cpu", help="export CPU timings (tests only; never for real use)"),
     database_url: str | None = typer.Option(None, "--db", "--database-url", help="default: CPBENCH_DATABASE_URL"),
 ) -> None:
@@ -96,13 +91,12 @@ def _export_fla(output: str, device: str | None, allow_cpu: bool, database_url: 
         except ExportError as e:
             raise CpbenchError(str(e)) from None
     n = sum(len(f["autotune_entries"]) for f in files.values())
-    typer.echo(
-        f"wrote {output}: {len(files)} FLA config-cache files, {n} entries (use FLA_CONFIG_DIR={output} FLA_CACHE_MODE=strict)"
-    )
+    typer.echo(f"wrote {output}: {len(files)} FLA config-cache files, {n} entries "
+               f"(use FLA_CONFIG_DIR={output} FLA_CACHE_MODE=strict)")
 
 
 def parse_shape(text: str) -> dict[str, Any]:
-    """ "B=1,T=8192,H=16,K=128,V=128,dtype=bfloat16" (or "lengths=100:300,H=16,...") -> a shape dict."""
+    """"B=1,T=8192,H=16,K=128,V=128,dtype=bfloat16" (or "lengths=100:300,H=16,...") -> a shape dict."""
     out: dict[str, Any] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, sep, val = part.partition("=")
@@ -136,25 +130,15 @@ def tune_command(
     device: str | None = typer.Option(None, "--device", help="cuda (default when present) or cpu"),
     seed: int = typer.Option(_D.seed, "--seed"),
     samples: int = typer.Option(_D.samples, "--samples", help="samples per config (exhaustive, random)"),
-    backend: str = typer.Option(
-        "triton",
-        "--backend",
-        help="triton (our kernels) | fla (FLA's autotuned kernels, timed as FLA's whole op; stored as fla.<kernel>)",
-    ),
+    backend: str = typer.Option("triton", "--backend", help="triton (our kernels) | fla (FLA's autotuned kernels, "
+                                "timed as FLA's whole op; stored as fla.<kernel>)"),
     database_url: str | None = typer.Option(None, "--db", "--database-url", help="default: CPBENCH_DATABASE_URL"),
-    direction: str = typer.Option(
-        _D.direction, "--direction", help="fwd | fwd+bwd (time forward + backward; tunes the backward kernels too)"
-    ),
-    fla_bypass_hopper_guard: bool = typer.Option(
-        False,
-        "--fla-bypass-hopper-guard",
-        help="--backend fla at fwd+bwd: lift FLA's Hopper guard on the GDN backward (FLA #640; Triton < 3.7.1)",
-    ),
-    fla_min_gain: float = typer.Option(
-        _D.min_gain,
-        "--fla-min-gain",
-        help="--backend fla: FLA's own pick stays unless a config runs the whole op this fraction faster (default 0.01 = 1%)",
-    ),
+    direction: str = typer.Option(_D.direction, "--direction", help="fwd | fwd+bwd (time forward + backward; tunes "
+                                  "the backward kernels too)"),
+    fla_bypass_hopper_guard: bool = typer.Option(False, "--fla-bypass-hopper-guard", help="--backend fla at fwd+bwd: "
+                                                 "lift FLA's Hopper guard on the GDN backward (FLA #640; Triton < 3.7.1)"),
+    fla_min_gain: float = typer.Option(_D.min_gain, "--fla-min-gain", help="--backend fla: FLA's own pick stays unless "
+                                       "a config runs the whole op this fraction faster (default 0.01 = 1%)"),
 ) -> None:
     """Tune the Triton kernels of an op at the given shapes, then store the trials and winners."""
     from runners.tuner import Shape, TuningStopped
@@ -163,15 +147,8 @@ def tune_command(
         raise CpbenchError(f"--backend must be triton or fla, got {backend!r}")
     if strategy not in STRATEGIES:
         raise CpbenchError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
-    spec = TuneSpec(
-        strategy=strategy,
-        budget=budget,
-        seed=seed,
-        samples=samples,
-        direction=direction,
-        kernels=tuple(kernel) or None,
-        min_gain=fla_min_gain,
-    )
+    spec = TuneSpec(strategy=strategy, budget=budget, seed=seed, samples=samples, direction=direction,
+                    kernels=tuple(kernel) or None, min_gain=fla_min_gain)
     options = {"bypass_hopper_guard": True} if fla_bypass_hopper_guard else None
     try:
         shapes = [Shape.of(parse_shape(s)) for s in shape]
@@ -191,15 +168,8 @@ def tune_command(
         raise CpbenchError(str(e)) from None
 
 
-def _measure(
-    backend: str,
-    op: str,
-    shapes: list[Any],
-    spec: TuneSpec,
-    device: str | None,
-    options: dict[str, Any] | None,
-    on_result: OnResult,
-) -> TuneResult:
+def _measure(backend: str, op: str, shapes: list[Any], spec: TuneSpec, device: str | None,
+             options: dict[str, Any] | None, on_result: OnResult) -> TuneResult:
     """The TuneResult of our kernels (`tune_kernels`) or FLA's (`tune_fla`); no store session is open while a
     kernel is measured (`on_result` gets each kernel's result once it is decided)."""
     if backend == "fla":

@@ -1,7 +1,7 @@
 """`cpbench db upgrade`: migrate the store to the newest schema (what the worker and the server require).
 
-cpbench db upgrade [--db URL]      # creates the SQLite file when it does not exist
-cpbench db current [--db URL]      # the revision the store is at
+    cpbench db upgrade [--db URL]      # creates the SQLite file when it does not exist
+    cpbench db current [--db URL]      # the revision the store is at
 """
 
 from __future__ import annotations

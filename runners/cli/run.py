@@ -68,8 +68,7 @@ def run(
     left = start["queued"] + start["running"]
     err.print(
         f"sweep [bold]{sweep_id}[/bold] ({escape(name)}): {start['total']} points, {start['skipped']} skipped"
-        + (f", {left} left to run" if resume is not None else "")
-        + f"; running on {info.count} {info.kind} rank(s)"
+        + (f", {left} left to run" if resume is not None else "") + f"; running on {info.count} {info.kind} rank(s)"
     )
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=False) as bar:
@@ -85,10 +84,8 @@ def run(
         err.print(f"[red]{final['failed']} point(s) failed[/red] (see `cpbench status {sweep_id}`)")
         raise typer.Exit(1)
     if final["queued"] or final["running"]:
-        err.print(
-            f"[yellow]stopped with {final['queued'] + final['running']} point(s) unfinished[/yellow] "
-            f"(`cpbench run --resume {sweep_id}` works them)"
-        )
+        err.print(f"[yellow]stopped with {final['queued'] + final['running']} point(s) unfinished[/yellow] "
+                  f"(`cpbench run --resume {sweep_id}` works them)")
         raise typer.Exit(1)
 
 

@@ -1,7 +1,7 @@
 """`cpbench status [SWEEP]`: the sweeps and workers, or one sweep's progress, running points and failures.
 
-cpbench status [--limit 20] [--db URL]   # recent sweeps with their counts, and the workers
-cpbench status 3                         # sweep 3: counts per status, what runs where, each failed point's error
+    cpbench status [--limit 20] [--db URL]   # recent sweeps with their counts, and the workers
+    cpbench status 3                         # sweep 3: counts per status, what runs where, each failed point's error
 """
 
 from __future__ import annotations
@@ -48,18 +48,8 @@ def status(
                 table.add_column(col)
             for sw in sweeps:
                 c = crud.sweep_progress(s, sweep_id=sw.id)
-                table.add_row(
-                    str(sw.id),
-                    escape(sw.name),
-                    escape(sw.status),
-                    str(c["total"]),
-                    str(c["done"]),
-                    str(c["failed"]),
-                    str(c["skipped"]),
-                    str(c["queued"]),
-                    str(c["running"]),
-                    _age(sw.created_at),
-                )
+                table.add_row(str(sw.id), escape(sw.name), escape(sw.status), str(c["total"]), str(c["done"]), str(c["failed"]),
+                              str(c["skipped"]), str(c["queued"]), str(c["running"]), _age(sw.created_at))
             workers = crud.list_workers(s)
             wt = Table(title=f"workers ({len(workers)})", header_style="bold")
             for col in ("name", "status", "devices", "point", "done", "heartbeat"):
@@ -67,14 +57,8 @@ def status(
             now, lease = store_now(s), get_worker_settings().LEASE_S
             for w in workers:
                 dev = w.devices or {}
-                wt.add_row(
-                    escape(w.name),
-                    escape(crud.worker_state(w, now, lease)),
-                    f"{dev.get('count', '?')} {dev.get('kind', '?')}",
-                    str(w.current_point_id or "-"),
-                    str(w.points_done),
-                    _age(w.last_heartbeat),
-                )
+                wt.add_row(escape(w.name), escape(crud.worker_state(w, now, lease)), f"{dev.get('count', '?')} {dev.get('kind', '?')}", str(w.current_point_id or "-"),
+                           str(w.points_done), _age(w.last_heartbeat))
         console.print(table)
         console.print(wt)
         return
@@ -83,10 +67,8 @@ def status(
         if found is None:
             raise SweepNotFoundError(f"no sweep with id {sweep}")
         c = crud.sweep_progress(s, sweep_id=sweep)
-        header = (
-            f"sweep [bold]{found.id}[/bold] {escape(found.name)} {escape(f'[{found.status}]')}  tags={escape(','.join(found.tags)) or '-'}  created {_age(found.created_at)}"
-            f"  finished {_age(found.finished_at)}"
-        )
+        header = (f"sweep [bold]{found.id}[/bold] {escape(found.name)} {escape(f'[{found.status}]')}  tags={escape(','.join(found.tags)) or '-'}  created {_age(found.created_at)}"
+                  f"  finished {_age(found.finished_at)}")
     console.print(header)
     console.print("  ".join(f"{k} {v}" for k, v in c.items()))
     rows = fetch_results(url, sweep)

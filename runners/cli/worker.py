@@ -30,14 +30,8 @@ def worker(
     from runners.worker import run_worker
 
     stats = run_worker(
-        resolve(db),
-        once=once,
-        max_points=max_points,
-        devices=devices,
-        device_kind="cpu" if cpu else None,
-        lease_s=lease_s,
-        heartbeat_s=heartbeat_s,
-        name=name,
+        resolve(db), once=once, max_points=max_points, devices=devices, device_kind="cpu" if cpu else None,
+        lease_s=lease_s, heartbeat_s=heartbeat_s, name=name,
     )
     Console(stderr=True).print(
         f"worker {stats.name}: {stats.done} done, {stats.failed} failed, {stats.released} released"

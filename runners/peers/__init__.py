@@ -64,21 +64,8 @@ class Peer:
     def step_context(self, options: Mapping[str, Any]) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
-    def forward(
-        self,
-        mode: str,
-        op: str,
-        q: Any,
-        k: Any,
-        v: Any,
-        g: Any,
-        beta: Any,
-        *,
-        group: Any,
-        ctx: Any,
-        scale: float | None,
-        options: Mapping[str, Any],
-    ) -> Any:
+    def forward(self, mode: str, op: str, q: Any, k: Any, v: Any, g: Any, beta: Any, *, group: Any, ctx: Any,
+                scale: float | None, options: Mapping[str, Any]) -> Any:
         raise NotImplementedError
 
 
@@ -86,9 +73,8 @@ def check_peer(obj: Any, where: str) -> Any:
     """`obj` if it satisfies the protocol, else a ValueError naming `where` and what is missing."""
     name = getattr(obj, "name", None)
     if not isinstance(name, str) or not NAME_RE.match(name) or name in _RESERVED:
-        raise ValueError(
-            f"backend {where}: `name` must match [a-z][a-z0-9_]{{0,15}} and not be one of {', '.join(_RESERVED)}, got {name!r}"
-        )
+        raise ValueError(f"backend {where}: `name` must match [a-z][a-z0-9_]{{0,15}} and not be one of "
+                         f"{', '.join(_RESERVED)}, got {name!r}")
     modes = getattr(obj, "modes", None)
     if not isinstance(modes, Mapping) or not modes:
         raise ValueError(f"backend {where}: `modes` must be a non-empty mapping mode -> directions, got {modes!r}")
@@ -117,8 +103,7 @@ def peer_skip_reason(peer: Any, point: PointSpec) -> str | None:
         return f"backend '{name}' does not implement mode '{mode}'" + (f": {why}" if why else f" (it has {', '.join(modes)})")
     if direction not in tuple(modes[mode]):
         why = (getattr(peer, "direction_reasons", None) or {}).get(mode)
-        return f"backend '{name}' runs mode '{mode}' only in direction(s) {', '.join(modes[mode])}, not '{direction}'" + (
-            f": {why}" if why else ""
-        )
+        return (f"backend '{name}' runs mode '{mode}' only in direction(s) {', '.join(modes[mode])}, not '{direction}'"
+                + (f": {why}" if why else ""))
     own = getattr(peer, "skip_reason", None)
     return own(point) if callable(own) else None

@@ -64,10 +64,8 @@ def hopper_guard_refusal(op: str, direction: str, options: Mapping[str, Any], op
     if tv is not None and not lo <= tv < hi:
         return None
     have = "is not installed here" if tv is None else "is " + ".".join(map(str, tv))
-    return (
-        f"FLA refuses the GDN backward on Hopper (sm_90) with Triton >= 3.4.0, < 3.7.1 (FLA #640: "
-        f"chunk_bwd_dqkwg miscompiles); Triton {have}. Opt in with {opt_in}"
-    )
+    return (f"FLA refuses the GDN backward on Hopper (sm_90) with Triton >= 3.4.0, < 3.7.1 (FLA #640: "
+            f"chunk_bwd_dqkwg miscompiles); Triton {have}. Opt in with {opt_in}")
 
 
 @contextlib.contextmanager
@@ -113,7 +111,7 @@ class _FLA(Peer):
     }
     unsupported = {
         "tail_exchange": "FLA has no transition primitive (its summary pass is fused into KCP), and tail_exchange "
-        "rebuilds entering states from the maps of tail windows",
+                         "rebuilds entering states from the maps of tail windows",
     }
     direction_reasons = {
         "warmup_correct": "FLA's intra-card CP runs only under torch.inference_mode (forward only)",
@@ -140,10 +138,8 @@ class _FLA(Peer):
         if mode == "warmup_correct":
             changed = {k: v for k, v in mode_opts.items() if _WC_DEFAULTS.get(k, v) != v}
             if changed:
-                return (
-                    f"FLA's intra-card CP takes no warmup_correct options (it splits by FLA_INTRACARD_MAX_SPLITS), "
-                    f"got {changed}"
-                )
+                return (f"FLA's intra-card CP takes no warmup_correct options (it splits by FLA_INTRACARD_MAX_SPLITS), "
+                        f"got {changed}")
         elif mode_opts.get("segment_len"):
             return f"mode '{mode}' with segment_len chains our transition maps; FLA has no transition primitive"
         return hopper_guard_refusal(op, direction, opts, "mode_options: {fla: {bypass_hopper_guard: true}}")
@@ -153,10 +149,8 @@ class _FLA(Peer):
         if importlib.util.find_spec("fla") is None:
             return "flash-linear-attention (fla-core) is not installed"
         if not torch.cuda.is_available():
-            return (
-                "FLA's Triton kernels need a CUDA GPU (under the CPU Triton interpreter FLA's autotuner needs a "
-                "driver, and its fwd_h kernel does not interpret)"
-            )
+            return ("FLA's Triton kernels need a CUDA GPU (under the CPU Triton interpreter FLA's autotuner needs a "
+                    "driver, and its fwd_h kernel does not interpret)")
         return None
 
     def step_context(self, options: Mapping[str, Any]) -> contextlib.AbstractContextManager[Any]:
@@ -187,21 +181,8 @@ class _FLA(Peer):
             self._contexts[key] = got
         return got
 
-    def forward(
-        self,
-        mode: str,
-        op: str,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        g: Tensor,
-        beta: Tensor,
-        *,
-        group: Any,
-        ctx: Any,
-        scale: float | None,
-        options: Mapping[str, Any],
-    ) -> Tensor:
+    def forward(self, mode: str, op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any,
+                ctx: Any, scale: float | None, options: Mapping[str, Any]) -> Tensor:
         """This rank's output of FLA's implementation of `mode` (see the module table)."""
         from kernels.backends import fla_op
         from kernels.cp import forward as cp_forward

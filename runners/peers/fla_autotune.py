@@ -122,28 +122,17 @@ def record_touched(fn: Callable[[], Any]) -> list[Touched]:
 def config_dict(cfg: Any) -> dict[str, Any]:
     """A `triton.Config` in FLA's config-cache form (`kwargs`, `num_warps`, `num_stages`, `num_ctas`, `maxnreg`,
     `ir_override`: FLA reads the last three on Triton >= 3.5.1)."""
-    return {
-        "kwargs": dict(cfg.kwargs),
-        "num_warps": int(cfg.num_warps),
-        "num_stages": int(cfg.num_stages),
-        "num_ctas": int(getattr(cfg, "num_ctas", 1) or 1),
-        "maxnreg": getattr(cfg, "maxnreg", None),
-        "ir_override": getattr(cfg, "ir_override", None),
-    }
+    return {"kwargs": dict(cfg.kwargs), "num_warps": int(cfg.num_warps), "num_stages": int(cfg.num_stages),
+            "num_ctas": int(getattr(cfg, "num_ctas", 1) or 1), "maxnreg": getattr(cfg, "maxnreg", None),
+            "ir_override": getattr(cfg, "ir_override", None)}
 
 
 def config_of(d: Mapping[str, Any]) -> Any:
     """The `triton.Config` of a config-cache dict."""
     import triton
 
-    return triton.Config(
-        dict(d["kwargs"]),
-        num_warps=d["num_warps"],
-        num_stages=d["num_stages"],
-        num_ctas=d.get("num_ctas", 1),
-        maxnreg=d.get("maxnreg"),
-        ir_override=d.get("ir_override"),
-    )
+    return triton.Config(dict(d["kwargs"]), num_warps=d["num_warps"], num_stages=d["num_stages"],
+                         num_ctas=d.get("num_ctas", 1), maxnreg=d.get("maxnreg"), ir_override=d.get("ir_override"))
 
 
 def pin(tuner: Any, key: Sequence[Any], cfg: Any) -> None:
@@ -169,13 +158,8 @@ def _listify(x: Any) -> Any:
     return x
 
 
-def cache_file(
-    kernel_name: str,
-    entries: Sequence[tuple[Sequence[Any], Mapping[str, Any], float | None]],
-    *,
-    triton_version: str | None,
-    default_config: Mapping[str, Any] | None,
-) -> dict[str, Any]:
+def cache_file(kernel_name: str, entries: Sequence[tuple[Sequence[Any], Mapping[str, Any], float | None]],
+               *, triton_version: str | None, default_config: Mapping[str, Any] | None) -> dict[str, Any]:
     """The `<kernel_name>.json` FLA's config cache reads: entries are (autotune key, config dict, best ms)."""
     return {
         "kernel_name": kernel_name,

@@ -69,9 +69,8 @@ def _current_hash(kernel: str) -> str | None:
         return None
 
 
-def rows_of_one_device(
-    rows: Sequence[Any], *, device_name: str | None, allow_cpu: bool, what: str, how: str
-) -> tuple[str, list[Any]]:
+def rows_of_one_device(rows: Sequence[Any], *, device_name: str | None, allow_cpu: bool, what: str,
+                       how: str) -> tuple[str, list[Any]]:
     """(device, its rows) of tuned rows: the only device, or `device_name`; refuses none, several without a name, and
     CPU timings without `allow_cpu`. `what` names the rows in the messages ("configs"), `how` how to make some."""
     devices = sorted({r.device_name for r in rows})
@@ -85,28 +84,16 @@ def rows_of_one_device(
     if not mine:
         raise ExportError(f"no tuned {what} for device {device_name!r}; devices with tuned {what}: {devices}")
     if device_name == "cpu" and not allow_cpu:
-        raise ExportError(
-            "refusing to export CPU timings (device 'cpu'): they say nothing about a GPU; "
-            "allow_cpu=True (--allow-cpu) exists for tests only"
-        )
+        raise ExportError("refusing to export CPU timings (device 'cpu'): they say nothing about a GPU; "
+                          "allow_cpu=True (--allow-cpu) exists for tests only")
     return device_name, mine
 
 
-def export_from_rows(
-    rows: Sequence[TunedConfig],
-    *,
-    device_name: str | None = None,
-    allow_cpu: bool = False,
-    versions: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+def export_from_rows(rows: Sequence[TunedConfig], *, device_name: str | None = None, allow_cpu: bool = False,
+                     versions: dict[str, Any] | None = None) -> dict[str, Any]:
     """The autotune dict of TunedConfig rows (stored or transient); see the module docstring for the rules."""
-    device_name, rows = rows_of_one_device(
-        rows,
-        device_name=device_name,
-        allow_cpu=allow_cpu,
-        what="configs",
-        how="run a sweep with tune: true, or `cpbench tune`",
-    )
+    device_name, rows = rows_of_one_device(rows, device_name=device_name, allow_cpu=allow_cpu, what="configs",
+                                           how="run a sweep with tune: true, or `cpbench tune`")
     by_kernel: dict[str, list[TunedConfig]] = {}
     for r in rows:
         by_kernel.setdefault(r.kernel, []).append(r)
@@ -118,23 +105,14 @@ def export_from_rows(
             want = max(krows, key=lambda r: _iso(r.measured_at)).source_hash
         keep = [r for r in krows if r.source_hash == want]
         if len(keep) < len(krows):
-            logger.warning(
-                "export: dropping %d stale entries of %s (tuned with an older kernel source)", len(krows) - len(keep), name
-            )
+            logger.warning("export: dropping %d stale entries of %s (tuned with an older kernel source)", len(krows) - len(keep), name)
         if not keep:
             continue
-        entries = [
-            {
-                "key": dict(r.key),
-                "config": dict(r.config),
-                "median_ms": float(r.median_ms),
-                "default_ms": None if r.default_ms is None else float(r.default_ms),
-                "runner_up_ms": None if r.runner_up_ms is None else float(r.runner_up_ms),
-                "sweep_id": r.sweep_id,
-                "measured_at": _iso(r.measured_at),
-            }
-            for r in sorted(keep, key=lambda r: r.key_str)
-        ]
+        entries = [{"key": dict(r.key), "config": dict(r.config), "median_ms": float(r.median_ms),
+                    "default_ms": None if r.default_ms is None else float(r.default_ms),
+                    "runner_up_ms": None if r.runner_up_ms is None else float(r.runner_up_ms),
+                    "sweep_id": r.sweep_id, "measured_at": _iso(r.measured_at)}
+                   for r in sorted(keep, key=lambda r: r.key_str)]
         kernels_out[name] = {"source_hash": want, "entries": entries}
     ccs = Counter(r.compute_capability for r in rows if r.compute_capability)
     data = {
@@ -168,9 +146,8 @@ def build_export(session: Session, *, device_name: str | None = None, allow_cpu:
     return export_from_rows(rows, device_name=device_name, allow_cpu=allow_cpu, versions=versions)
 
 
-def write_export(
-    path: str | os.PathLike[str], session: Session, *, device_name: str | None = None, allow_cpu: bool = False
-) -> dict[str, Any]:
+def write_export(path: str | os.PathLike[str], session: Session, *, device_name: str | None = None,
+                 allow_cpu: bool = False) -> dict[str, Any]:
     """Write `build_export(...)` as JSON to `path` (parent folders created) and return it."""
     data = build_export(session, device_name=device_name, allow_cpu=allow_cpu)
     p = Path(path)

@@ -64,9 +64,8 @@ def _source_hash(tuner: Any) -> str:
     return "fla:" + hashlib.sha256(str(src).encode()).hexdigest()[:40]
 
 
-def _fla_runner(
-    op: str, case: Mapping[str, Any], direction: str = "fwd", options: Mapping[str, Any] | None = None
-) -> Callable[[], Any]:
+def _fla_runner(op: str, case: Mapping[str, Any], direction: str = "fwd",
+                options: Mapping[str, Any] | None = None) -> Callable[[], Any]:
     """FLA's op on the case: the forward -> (o, final_state); fwd+bwd: forward + `o.backward(case["do"])` with fresh
     leaves, inside the `fla` peer's step context (`options`: the Hopper-guard opt-in) -> (o, final_state, dq, dk,
     dv, dg, dbeta[, dh0])."""
@@ -77,9 +76,8 @@ def _fla_runner(
     scale = case["q"].shape[-1] ** -0.5
 
     def forward(*xs: torch.Tensor, h0: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return backends.fla_forward(
-            op, *xs, scale=scale, initial_state=h0, output_final_state=True, cu_seqlens=cu, cu_seqlens_cpu=bounds
-        )
+        return backends.fla_forward(op, *xs, scale=scale, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                                    cu_seqlens_cpu=bounds)
 
     def run() -> tuple[torch.Tensor, torch.Tensor | None]:
         return forward(*case_inputs(case), h0=case["initial_state"])
@@ -104,9 +102,8 @@ def check_direction(op: str, K: int, direction: str, options: Mapping[str, Any] 
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}")
     opts = dict(options or {})
-    reason = FLA.skip_reason(
-        PointSpec(op, "none", "fla", B=1, T=1, H=1, K=K, V=K, backend_options=opts)
-    ) or hopper_guard_refusal(op, direction, opts, "--fla-bypass-hopper-guard (cpbench tune)")
+    reason = (FLA.skip_reason(PointSpec(op, "none", "fla", B=1, T=1, H=1, K=K, V=K, backend_options=opts))
+              or hopper_guard_refusal(op, direction, opts, "--fla-bypass-hopper-guard (cpbench tune)"))
     if reason:
         raise ValueError(reason)
 
@@ -114,9 +111,8 @@ def check_direction(op: str, K: int, direction: str, options: Mapping[str, Any] 
 MIN_GAIN = DEFAULTS.min_gain
 
 
-def winner(
-    results: Sequence[tuple[float, Any]], own: Any, own_ms: float | None, min_gain: float = MIN_GAIN
-) -> tuple[float, Any, float | None]:
+def winner(results: Sequence[tuple[float, Any]], own: Any, own_ms: float | None,
+           min_gain: float = MIN_GAIN) -> tuple[float, Any, float | None]:
     """(ms, config, runner-up ms) of the ok trials `results` [(median ms, config)]: the fastest, unless FLA's own
     pick `own` was measured (`own_ms`) and the fastest beats it by less than `min_gain` of its time."""
     ranked = sorted(results, key=lambda r: r[0])
@@ -125,9 +121,7 @@ def winner(
     return ranked[0][0], ranked[0][1], ranked[1][0] if len(ranked) > 1 else None
 
 
-def _trial(
-    run: Callable[[], Any], reference: Any, tol: float, timer: Timer, samples: int
-) -> tuple[str, float | None, str | None]:
+def _trial(run: Callable[[], Any], reference: Any, tol: float, timer: Timer, samples: int) -> tuple[str, float | None, str | None]:
     """(status, median ms, error) of the op with the current pins."""
     try:
         got = run()
@@ -206,14 +200,8 @@ def _candidates(tuner: Any, own: Any, spec: TuneSpec) -> list[Any]:
     return configs
 
 
-def _tune_touched(
-    name: str,
-    key: Sequence[Any],
-    tuner: Any,
-    measure: Callable[[], tuple[str, float | None, str | None]],
-    spec: TuneSpec,
-    so_far: TuneResult,
-) -> KernelResult:
+def _tune_touched(name: str, key: Sequence[Any], tuner: Any, measure: Callable[[], tuple[str, float | None, str | None]],
+                  spec: TuneSpec, so_far: TuneResult) -> KernelResult:
     """Pin each candidate config of one touched kernel and key, measure the whole op, decide (FLA's pick stays
     unless beaten by `spec.min_gain`); the kernel is left pinned at the winner."""
     own = tuner.cache.get(tuple(key))
@@ -221,28 +209,17 @@ def _tune_touched(
     trials: list[Trial[dict[str, Any]]] = []
     own_ms = None
     ks = fla_key_str(key)
-    base = KernelResult(
-        kernel=PREFIX + name, key={"autotune_key": list(key)}, key_str=ks, source_hash=_source_hash(tuner), trials=()
-    )
+    base = KernelResult(kernel=PREFIX + name, key={"autotune_key": list(key)}, key_str=ks,
+                        source_hash=_source_hash(tuner), trials=())
     for cfg in _candidates(tuner, own, spec):
         fa.pin(tuner, key, cfg)
         try:
             status, ms, error = measure()
         except Exception as err:  # a device crash: the trials so far go with it
             so_far.extended([replace(base, trials=tuple(trials))] if trials else []).stop(err)
-        trials.append(
-            Trial(
-                kernel=base.kernel,
-                key=base.key,
-                config=fa.config_dict(cfg),
-                rung=0,
-                status=status,
-                strategy="exhaustive" if spec.budget is None else "random",
-                median_ms=ms,
-                n=spec.samples if ms is not None else 0,
-                error=error,
-            )
-        )
+        trials.append(Trial(kernel=base.kernel, key=base.key, config=fa.config_dict(cfg), rung=0, status=status,
+                            strategy="exhaustive" if spec.budget is None else "random", median_ms=ms,
+                            n=spec.samples if ms is not None else 0, error=error))
         if status == "ok" and ms is not None:
             results.append((ms, cfg))
             own_ms = ms if cfg is own else own_ms
@@ -254,12 +231,6 @@ def _tune_touched(
         return base
     best_ms, best, runner_up_ms = winner(results, own, own_ms, spec.min_gain)
     fa.pin(tuner, key, best)
-    logger.info(
-        "fla tuner: %s at %s -> %s (%.4f ms; FLA's pick %s ms)",
-        name,
-        ks,
-        fa.config_dict(best),
-        best_ms,
-        f"{own_ms:.4f}" if own_ms is not None else "n/a",
-    )
+    logger.info("fla tuner: %s at %s -> %s (%.4f ms; FLA's pick %s ms)", name, ks, fa.config_dict(best), best_ms,
+                f"{own_ms:.4f}" if own_ms is not None else "n/a")
     return replace(base, config=fa.config_dict(best), median_ms=best_ms, default_ms=own_ms, runner_up_ms=runner_up_ms)

@@ -28,19 +28,13 @@ if TYPE_CHECKING:
 __all__ = ["build_fla_export", "fla_files_from_rows", "write_fla_export"]
 
 
-def fla_files_from_rows(
-    rows: list[Any], *, device_name: str | None, allow_cpu: bool, triton_version: str | None
-) -> dict[str, dict[str, Any]]:
+def fla_files_from_rows(rows: list[Any], *, device_name: str | None, allow_cpu: bool,
+                        triton_version: str | None) -> dict[str, dict[str, Any]]:
     """{`<kernel_name>.json`: content} of the `fla.`-prefixed TunedConfig rows of one device."""
     from runners.peers.fla_autotune import cache_file
 
-    _, rows = rows_of_one_device(
-        [r for r in rows if r.kernel.startswith(PREFIX)],
-        device_name=device_name,
-        allow_cpu=allow_cpu,
-        what="FLA configs",
-        how="run `cpbench tune --backend fla` first",
-    )
+    _, rows = rows_of_one_device([r for r in rows if r.kernel.startswith(PREFIX)], device_name=device_name,
+                                 allow_cpu=allow_cpu, what="FLA configs", how="run `cpbench tune --backend fla` first")
     by_kernel: dict[str, list[Any]] = {}
     for r in rows:
         by_kernel.setdefault(r.kernel.removeprefix(PREFIX), []).append(r)
@@ -54,31 +48,24 @@ def fla_files_from_rows(
     return out
 
 
-def build_fla_export(
-    session: Session, *, device_name: str | None = None, allow_cpu: bool = False
-) -> dict[str, dict[str, Any]]:
+def build_fla_export(session: Session, *, device_name: str | None = None, allow_cpu: bool = False) -> dict[str, dict[str, Any]]:
     """The config-cache files of the store's tuned FLA configs for one device."""
     from db import crud
     from runners.versions import software_versions
 
     rows = [r for r in crud.list_tuned_configs(session) if r.kernel.startswith(PREFIX)]
     triton_version = None
-    env_ids = [
-        r.environment_id
-        for r in rows
-        if r.environment_id is not None and (device_name is None or r.device_name == device_name)
-    ]
+    env_ids = [r.environment_id for r in rows if r.environment_id is not None
+               and (device_name is None or r.device_name == device_name)]
     if env_ids:
         env = crud.get_environment(session, environment_id=max(env_ids))
         triton_version = env.triton if env is not None else None
-    return fla_files_from_rows(
-        rows, device_name=device_name, allow_cpu=allow_cpu, triton_version=triton_version or software_versions()["triton"]
-    )
+    return fla_files_from_rows(rows, device_name=device_name, allow_cpu=allow_cpu,
+                               triton_version=triton_version or software_versions()["triton"])
 
 
-def write_fla_export(
-    directory: str | os.PathLike[str], session: Session, *, device_name: str | None = None, allow_cpu: bool = False
-) -> dict[str, dict[str, Any]]:
+def write_fla_export(directory: str | os.PathLike[str], session: Session, *, device_name: str | None = None,
+                     allow_cpu: bool = False) -> dict[str, dict[str, Any]]:
     """Write `build_fla_export(...)` into `directory` (created) and return it."""
     files = build_fla_export(session, device_name=device_name, allow_cpu=allow_cpu)
     d = Path(directory)

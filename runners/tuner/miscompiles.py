@@ -25,7 +25,7 @@ __all__ = ["RULES", "Rule", "known_bad"]
 
 
 def _version(text: str) -> tuple[int, ...]:
-    """ "3.6.0" -> (3, 6, 0); "3.7.0+git1234" -> (3, 7, 0); "3.4.0rc1" -> (3, 4, 0); "" -> ()."""
+    """"3.6.0" -> (3, 6, 0); "3.7.0+git1234" -> (3, 7, 0); "3.4.0rc1" -> (3, 4, 0); "" -> ()."""
     out: list[int] = []
     for part in text.split("+")[0].split("."):
         m = re.match(r"\d+", part)
@@ -63,8 +63,8 @@ RULES: tuple[Rule, ...] = (
         triton_min=(3, 4),
         triton_max=(3, 7, 0),
         reason="known Hopper miscompile (BV=32, one stage): illegal memory access or wrong output on an H200 "
-        "with Triton 3.6.0 (chunk_state_fwd, the backward's state recompute: 2026-12-01; "
-        "runners/tuner/miscompiles.py)",
+               "with Triton 3.6.0 (chunk_state_fwd, the backward's state recompute: 2026-12-01; "
+               "runners/tuner/miscompiles.py)",
     ),
     Rule(
         kernels=("wy_bwd",),
@@ -73,7 +73,7 @@ RULES: tuple[Rule, ...] = (
         triton_min=(3, 4),
         triton_max=(3, 7, 0),
         reason="the WY backward with BK=128, BV=32 and one stage hit an illegal memory access on an H200 with "
-        "Triton 3.6.0 (8 warps, GDN and KDA, K=V=128; 2026-12-01, precompile of autotune_h200.py)",
+               "Triton 3.6.0 (8 warps, GDN and KDA, K=V=128; 2026-12-01, precompile of autotune_h200.py)",
     ),
     Rule(
         kernels=("chunk_state_bwd",),
@@ -82,17 +82,13 @@ RULES: tuple[Rule, ...] = (
         triton_min=(3, 4),
         triton_max=(3, 7, 0),
         reason="the reverse state pass with BV=32 hit an illegal memory access on an H200 with Triton 3.6.0 (one "
-        "stage at K=V=32, two stages at K=V=128; 2026-12-01, kernels/NOTES.md)",
+               "stage at K=V=32, two stages at K=V=128; 2026-12-01, kernels/NOTES.md)",
     ),
 )
 
 
-def known_bad(
-    capability: str | None,
-    triton_version: str | None = None,
-    kernels: Iterable[str] | None = None,
-    rules: Iterable[Rule] = RULES,
-) -> dict[str, dict[LaunchConfig, str]]:
+def known_bad(capability: str | None, triton_version: str | None = None, kernels: Iterable[str] | None = None,
+              rules: Iterable[Rule] = RULES) -> dict[str, dict[LaunchConfig, str]]:
     """{kernel: {config: reason}} of the configs in the registered spaces that a rule rules out on this device.
 
     triton_version: None = the Triton of this process (`runners.versions.software_versions`).

@@ -25,21 +25,8 @@ __all__ = ["FLA_PREFIX", "TUNED_FIELDS", "KernelResult", "OnResult", "Trial", "T
 FLA_PREFIX = "fla."  # FLA's kernels are stored as `fla.<kernel_name>` (exported in FLA's format, never in ours)
 TRIAL_FIELDS = ("kernel", "key", "config", "strategy", "rung", "status", "median_ms", "n", "error")  # stored
 # a TunedConfig row's fields as plain data (what `runners.tuner.sweep.tuning_state` hands a rank process)
-TUNED_FIELDS = (
-    "kernel",
-    "key",
-    "key_str",
-    "device_name",
-    "compute_capability",
-    "config",
-    "median_ms",
-    "default_ms",
-    "runner_up_ms",
-    "source_hash",
-    "sweep_id",
-    "environment_id",
-    "measured_at",
-)
+TUNED_FIELDS = ("kernel", "key", "key_str", "device_name", "compute_capability", "config", "median_ms", "default_ms",
+                "runner_up_ms", "source_hash", "sweep_id", "environment_id", "measured_at")
 
 
 def _now() -> datetime:
@@ -99,30 +86,15 @@ class TuneResult:
 
     def trial_rows(self) -> list[dict[str, Any]]:
         """`db.crud.store_trial`'s fields of every trial (sweep and environment left to the caller)."""
-        return [
-            {"device_name": self.device_name, "key_str": k.key_str, **{f: getattr(t, f) for f in TRIAL_FIELDS}}
-            for k in self.kernels
-            for t in k.trials
-        ]
+        return [{"device_name": self.device_name, "key_str": k.key_str, **{f: getattr(t, f) for f in TRIAL_FIELDS}}
+                for k in self.kernels for t in k.trials]
 
     def winner_rows(self) -> list[dict[str, Any]]:
         """`db.crud.upsert_tuned_config`'s fields of every winner, with when it was measured."""
-        return [
-            {
-                "kernel": k.kernel,
-                "key": k.key,
-                "key_str": k.key_str,
-                "device_name": self.device_name,
-                "compute_capability": self.compute_capability,
-                "config": k.config,
-                "median_ms": k.median_ms,
-                "default_ms": k.default_ms,
-                "runner_up_ms": k.runner_up_ms,
-                "source_hash": k.source_hash,
-                "measured_at": k.measured_at,
-            }
-            for k in self.winners()
-        ]
+        return [{"kernel": k.kernel, "key": k.key, "key_str": k.key_str, "device_name": self.device_name,
+                 "compute_capability": self.compute_capability, "config": k.config, "median_ms": k.median_ms,
+                 "default_ms": k.default_ms, "runner_up_ms": k.runner_up_ms, "source_hash": k.source_hash,
+                 "measured_at": k.measured_at} for k in self.winners()]
 
     def tuned_rows(self) -> list[TunedConfig]:
         """The winners as transient TunedConfig rows (what `runners.tuner.export.export_from_rows` reads)."""
@@ -158,6 +130,6 @@ OnResult = Callable[[TuneResult], None]
 
 def report_new(on_result: OnResult | None, before: TuneResult, after: TuneResult) -> None:
     """Hand `on_result` the kernels `after` holds beyond `before` (nothing when there are none or no callback)."""
-    new = after.kernels[len(before.kernels) :]
+    new = after.kernels[len(before.kernels):]
     if on_result is not None and new:
         on_result(replace(after, kernels=new))

@@ -28,17 +28,7 @@ from kernels.configs import KernelSpec, LaunchConfig
 from runners.tuner.spec import STRATEGIES, TuneSpec
 from runners.tuner.trials import Trial
 
-__all__ = [
-    "STRATEGIES",
-    "SearchResult",
-    "candidates",
-    "exhaustive",
-    "first_rung",
-    "pinned",
-    "random_search",
-    "search",
-    "successive_halving",
-]
+__all__ = ["STRATEGIES", "SearchResult", "candidates", "exhaustive", "first_rung", "pinned", "random_search", "search", "successive_halving"]
 
 Measure = Callable[[LaunchConfig, int, int], Trial]
 _D = TuneSpec()  # the defaults
@@ -73,9 +63,8 @@ def candidates(spec: KernelSpec, default: LaunchConfig | None = None) -> list[La
 
 def _finish(trials: list[Trial], final: Sequence[Trial], default_cfg: LaunchConfig) -> SearchResult:
     # an exact tie keeps the default (no change without evidence), then a deterministic order
-    ok = sorted(
-        (t for t in final if t.status == "ok"), key=lambda t: (t.median_ms, t.config != default_cfg, repr(t.config.as_dict()))
-    )
+    ok = sorted((t for t in final if t.status == "ok"),
+                key=lambda t: (t.median_ms, t.config != default_cfg, repr(t.config.as_dict())))
     default = next((t for t in final if t.config == default_cfg and t.status == "ok"), None)
     return SearchResult(trials=trials, best=ok[0] if ok else None, runner_up=ok[1] if len(ok) > 1 else None, default=default)
 
@@ -107,9 +96,8 @@ def exhaustive(configs: Sequence[LaunchConfig], measure: Measure, *, samples: in
     return _finish(trials, trials, configs[0])
 
 
-def random_search(
-    configs: Sequence[LaunchConfig], measure: Measure, *, budget: int | None, seed: int, samples: int, pinned: int = 1
-) -> SearchResult:
+def random_search(configs: Sequence[LaunchConfig], measure: Measure, *, budget: int | None, seed: int, samples: int,
+                  pinned: int = 1) -> SearchResult:
     trials = [measure(c, samples, 0) for c in _draw(configs, budget, seed, pinned)]
     return _finish(trials, trials, configs[0])
 
@@ -146,19 +134,9 @@ def successive_halving(
         alive, n, rung = nxt, min(max_samples, n * eta), rung + 1
 
 
-def search(
-    strategy: str,
-    configs: Sequence[LaunchConfig],
-    measure: Measure,
-    *,
-    budget: int | None = _D.budget,
-    seed: int = _D.seed,
-    samples: int = _D.samples,
-    min_samples: int = _D.min_samples,
-    max_samples: int = _D.max_samples,
-    eta: int = _D.eta,
-    pinned: int = 1,
-) -> SearchResult:
+def search(strategy: str, configs: Sequence[LaunchConfig], measure: Measure, *, budget: int | None = _D.budget,
+           seed: int = _D.seed, samples: int = _D.samples, min_samples: int = _D.min_samples,
+           max_samples: int = _D.max_samples, eta: int = _D.eta, pinned: int = 1) -> SearchResult:
     """Dispatch by name: "exhaustive" | "random" | "halving" (see the module docstring). pinned: the leading
     configs a budgeted draw always keeps (`pinned(spec)`: the default and the spec's hints)."""
     if strategy == "exhaustive":
@@ -166,14 +144,6 @@ def search(
     if strategy == "random":
         return random_search(configs, measure, budget=budget, seed=seed, samples=samples, pinned=pinned)
     if strategy == "halving":
-        return successive_halving(
-            configs,
-            measure,
-            min_samples=min_samples,
-            max_samples=max_samples,
-            eta=eta,
-            budget=budget,
-            seed=seed,
-            pinned=pinned,
-        )
+        return successive_halving(configs, measure, min_samples=min_samples, max_samples=max_samples, eta=eta,
+                                  budget=budget, seed=seed, pinned=pinned)
     raise ValueError(f"strategy must be one of {STRATEGIES}, got strategy={strategy!r}")

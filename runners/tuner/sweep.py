@@ -57,13 +57,9 @@ def tuning_state(session: Session) -> dict[str, Any]:
     from db import crud
 
     crashed = crud.list_trials(session, status="failed", error_contains="CUDA error")
-    return {
-        "tuned": [{f: getattr(r, f) for f in TUNED_FIELDS} for r in crud.list_tuned_configs(session)],
-        "crashed": [
-            {"kernel": t.kernel, "key_str": t.key_str, "device_name": t.device_name, "config": t.config, "error": t.error}
-            for t in crashed
-        ],
-    }
+    return {"tuned": [{f: getattr(r, f) for f in TUNED_FIELDS} for r in crud.list_tuned_configs(session)],
+            "crashed": [{"kernel": t.kernel, "key_str": t.key_str, "device_name": t.device_name, "config": t.config,
+                         "error": t.error} for t in crashed]}
 
 
 @dataclass
@@ -110,13 +106,8 @@ def tune_missing(
     missing = [n for n in launched if retune or current(n) is None]
     if missing:
         try:
-            out.result = tune_case(
-                run,
-                device=device,
-                spec=replace(spec, kernels=tuple(missing)),
-                dtype=shape.dtype,
-                known_bad=_crashed(state, missing, {n: key_str(launched[n]) for n in missing}, dev_name),
-            )
+            out.result = tune_case(run, device=device, spec=replace(spec, kernels=tuple(missing)), dtype=shape.dtype,
+                                   known_bad=_crashed(state, missing, {n: key_str(launched[n]) for n in missing}, dev_name))
         except TuningStopped as stop:  # a fatal trial: the trials so far go back with the error
             out.result, out.error = stop.result, str(stop)[:2000]
             return out
@@ -128,24 +119,20 @@ def tune_missing(
     return out
 
 
-def _crashed(
-    state: Mapping[str, Any], kernels: list[str], keys: Mapping[str, str], dev_name: str
-) -> dict[str, dict[LaunchConfig, str]]:
+def _crashed(state: Mapping[str, Any], kernels: list[str], keys: Mapping[str, str],
+             dev_name: str) -> dict[str, dict[LaunchConfig, str]]:
     """The configs of `kernels` at their keys that crashed this device in an earlier attempt (the point was
     retried in a fresh gang): they stay out."""
     known_bad: dict[str, dict[LaunchConfig, str]] = {}
     for t in state.get("crashed", ()):
         n = t["kernel"]
         if n in kernels and t["device_name"] == dev_name and t["key_str"] == keys[n]:
-            known_bad.setdefault(n, {})[LaunchConfig.from_dict(t["config"])] = (
-                f"crashed the device in an earlier trial: {t['error']}"
-            )
+            known_bad.setdefault(n, {})[LaunchConfig.from_dict(t["config"])] = f"crashed the device in an earlier trial: {t['error']}"
     return known_bad
 
 
-def ensure_tuned(
-    session: Session, *, sweep_id: int | None = None, environment_id: int | None = None, **kwargs: Any
-) -> dict[str, Any] | None:
+def ensure_tuned(session: Session, *, sweep_id: int | None = None, environment_id: int | None = None,
+                 **kwargs: Any) -> dict[str, Any] | None:
     """Tune the point's kernels that the store lacks in this process (`tuning_state` -> `tune_missing` ->
     `db.crud.store_tuning`); return their configs (a payload: `payload_table` makes it a launch plan's table). kwargs: `tune_missing`'s. A device crash stores the
     trials so far, then raises."""

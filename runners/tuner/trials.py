@@ -121,14 +121,9 @@ def run_trial(ctx: TrialContext, cfg: LaunchConfig, *, n: int, rung: int = 0) ->
             err = output_error(ctx.reference, got)
             if launched is None or launched[1] != cfg:
                 trial.status = "disqualified"
-                trial.error = (
-                    f"kernel {name} did not launch with the trial config (launched: {launched[1] if launched else None})"
-                )
+                trial.error = f"kernel {name} did not launch with the trial config (launched: {launched[1] if launched else None})"
             elif not err <= ctx.tol:
-                trial.status, trial.error = (
-                    "disqualified",
-                    f"relative L2 error {err:.3e} > tol {ctx.tol:.1e} vs the default config",
-                )
+                trial.status, trial.error = "disqualified", f"relative L2 error {err:.3e} > tol {ctx.tol:.1e} vs the default config"
             else:
                 trial.samples = ctx.timer(lambda: ctx.run(plan), n)
                 trial.n = len(trial.samples)
@@ -141,14 +136,8 @@ def run_trial(ctx: TrialContext, cfg: LaunchConfig, *, n: int, rung: int = 0) ->
                 fatal = e if is_device_crash(e) else None
             trial.error = f"{type(e).__name__}: {e}"[:2000]
             logger.debug("trial %s %s: %s", name, cfg, traceback.format_exc())
-    logger.info(
-        "trial %s %s rung %d: %s %s",
-        name,
-        cfg.as_dict(),
-        rung,
-        trial.status,
-        f"{trial.median_ms:.4f} ms" if trial.median_ms is not None else trial.error,
-    )
+    logger.info("trial %s %s rung %d: %s %s", name, cfg.as_dict(), rung, trial.status,
+                f"{trial.median_ms:.4f} ms" if trial.median_ms is not None else trial.error)
     if ctx.record is not None:
         ctx.record(trial)
     if fatal is not None:

@@ -49,19 +49,8 @@ from runners.workload import INPUT_NAMES, TORCH_DTYPES, make_inputs
 if TYPE_CHECKING:
     from db.models import TunedConfig
 
-__all__ = [
-    "TRIAL_TOL",
-    "Shape",
-    "case_inputs",
-    "case_tol",
-    "device_facts",
-    "launched_configs",
-    "make_case",
-    "training_step",
-    "tune_case",
-    "tune_kernels",
-    "tuned_table",
-]
+__all__ = ["TRIAL_TOL", "Shape", "case_inputs", "case_tol", "device_facts", "launched_configs", "make_case",
+           "training_step", "tune_case", "tune_kernels", "tuned_table"]
 
 DEFAULTS = TuneSpec()
 
@@ -101,9 +90,7 @@ class Shape:
             d.setdefault("T", sum(d["lengths"]))
             d.setdefault("B", 1)
             if d["B"] != 1 or d["T"] != sum(d["lengths"]):
-                raise ValueError(
-                    f"varlen shape needs B=1 and T=sum(lengths), got B={d['B']}, T={d['T']}, lengths={d['lengths']}"
-                )
+                raise ValueError(f"varlen shape needs B=1 and T=sum(lengths), got B={d['B']}, T={d['T']}, lengths={d['lengths']}")
         if d.get("dtype", "bfloat16") not in TORCH_DTYPES:
             raise ValueError(f"shape dtype must be one of {sorted(TORCH_DTYPES)}, got dtype={d.get('dtype')!r}")
         return cls(**d)
@@ -113,33 +100,12 @@ def make_case(op: str, shape: Shape, device: torch.device | str) -> dict[str, An
     """Seeded inputs for `kernels.forward` from the one maker (`runners.workload.make_inputs`: FLA layout, never
     zeros; k L2-normalised, g = lb * sigmoid(x)), with the output gradient `do` of a fwd+bwd run drawn last; varlen
     bounds both on the device (`cu_seqlens`) and on the host (`cu_seqlens_cpu`), so no call reads them back."""
-    w = make_inputs(
-        op,
-        B=shape.B,
-        T=shape.T,
-        H=shape.H,
-        K=shape.K,
-        V=shape.V,
-        dtype=shape.dtype,
-        lb=shape.lb,
-        seed=shape.seed,
-        lengths=shape.lengths,
-        device=device,
-        initial_state=shape.initial_state,
-        grad_out=True,
-    )
+    w = make_inputs(op, B=shape.B, T=shape.T, H=shape.H, K=shape.K, V=shape.V, dtype=shape.dtype, lb=shape.lb,
+                    seed=shape.seed, lengths=shape.lengths, device=device, initial_state=shape.initial_state,
+                    grad_out=True)
     bounds = w.cu_seqlens_cpu if shape.lengths is not None else None
-    return {
-        "q": w.q,
-        "k": w.k,
-        "v": w.v,
-        "g": w.g,
-        "beta": w.beta,
-        "cu_seqlens": w.cu_seqlens,
-        "cu_seqlens_cpu": bounds,
-        "initial_state": w.initial_state,
-        "do": w.do,
-    }
+    return {"q": w.q, "k": w.k, "v": w.v, "g": w.g, "beta": w.beta, "cu_seqlens": w.cu_seqlens,
+            "cu_seqlens_cpu": bounds, "initial_state": w.initial_state, "do": w.do}
 
 
 def op_runner(op: str, case: Mapping[str, Any], *, backend: str = "triton", direction: str = "fwd") -> RunFn:
@@ -156,17 +122,10 @@ def op_runner(op: str, case: Mapping[str, Any], *, backend: str = "triton", dire
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be 'fwd' or 'fwd+bwd', got direction={direction!r}")
 
-    def forward(plan: LaunchPlan, *xs: torch.Tensor, h0: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return kernels.forward(
-            op,
-            *xs,
-            initial_state=h0,
-            output_final_state=True,
-            cu_seqlens=case["cu_seqlens"],
-            cu_seqlens_cpu=case.get("cu_seqlens_cpu"),
-            backend=backend,
-            plan=plan,
-        )
+    def forward(plan: LaunchPlan, *xs: torch.Tensor,
+                h0: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return kernels.forward(op, *xs, initial_state=h0, output_final_state=True, cu_seqlens=case["cu_seqlens"],
+                               cu_seqlens_cpu=case.get("cu_seqlens_cpu"), backend=backend, plan=plan)
 
     def run(plan: LaunchPlan) -> tuple[torch.Tensor | None, ...]:
         return forward(plan, *(case[n] for n in INPUT_NAMES), h0=case["initial_state"])
@@ -180,9 +139,8 @@ def op_runner(op: str, case: Mapping[str, Any], *, backend: str = "triton", dire
     return train
 
 
-def training_step(
-    forward: Callable[..., tuple[torch.Tensor, torch.Tensor | None]], case: Mapping[str, Any]
-) -> tuple[torch.Tensor | None, ...]:
+def training_step(forward: Callable[..., tuple[torch.Tensor, torch.Tensor | None]],
+                  case: Mapping[str, Any]) -> tuple[torch.Tensor | None, ...]:
     """One training step of `forward(q, k, v, g, beta, h0=...) -> (o, final_state)` on the case: fresh leaves (no
     gradient accumulates across calls), `o.backward(case["do"])` -> (o, final_state, dq, dk, dv, dg, dbeta[, dh0
     when the case has an initial state])."""
@@ -250,9 +208,7 @@ def tune_case(
     # the defaults as launched (a launcher may adapt a config to the shape, e.g. clamp BV to a small V)
     observed = {n: cfg for n, (_key, cfg) in seen.items()}
     if wanted is not None and wanted - set(launched):
-        raise ValueError(
-            f"kernel(s) {sorted(wanted - set(launched))} did not launch for this op/shape; launched: {sorted(launched)}"
-        )
+        raise ValueError(f"kernel(s) {sorted(wanted - set(launched))} did not launch for this op/shape; launched: {sorted(launched)}")
     dev_name, cc = device_facts(device)
     bad = _known_bad(cc, launched, known_bad)
     # coordinate descent: each kernel is searched with the ones before it at their winners
@@ -262,32 +218,13 @@ def tune_case(
         if (wanted is not None and name not in wanted) or not get_spec(name).space:
             continue
         trials: list[Trial] = []
-        ctx = TrialContext(
-            spec=get_spec(name),
-            key=launched[name],
-            run=run,
-            fixed=dict(fixed),
-            reference=reference,
-            tol=case_tol(spec, dtype),
-            timer=timer,
-            strategy=spec.strategy,
-            record=trials.append,
-            known_bad=dict(bad.get(name, {})),
-            default=observed[name],
-        )
+        ctx = TrialContext(spec=get_spec(name), key=launched[name], run=run, fixed=dict(fixed), reference=reference,
+                           tol=case_tol(spec, dtype), timer=timer, strategy=spec.strategy,
+                           record=trials.append, known_bad=dict(bad.get(name, {})), default=observed[name])
         try:
-            res = search(
-                spec.strategy,
-                candidates(ctx.spec, ctx.default),
-                functools.partial(_measure, ctx),
-                budget=spec.budget,
-                seed=spec.seed,
-                samples=spec.samples,
-                min_samples=spec.min_samples,
-                max_samples=spec.max_samples,
-                eta=spec.eta,
-                pinned=pinned(ctx.spec, ctx.default),
-            )
+            res = search(spec.strategy, candidates(ctx.spec, ctx.default), functools.partial(_measure, ctx), budget=spec.budget,
+                         seed=spec.seed, samples=spec.samples, min_samples=spec.min_samples,
+                         max_samples=spec.max_samples, eta=spec.eta, pinned=pinned(ctx.spec, ctx.default))
         except Exception as err:  # a device crash ends the search: the trials so far go with it
             partial = out.extended([_decide(ctx, trials, None)] if trials else [])
             report_new(on_result, out, partial)
@@ -304,9 +241,8 @@ def _measure(ctx: TrialContext, cfg: LaunchConfig, n: int, rung: int) -> Trial:
     return run_trial(ctx, cfg, n=n, rung=rung)
 
 
-def _known_bad(
-    cc: str | None, launched: Iterable[str], given: Mapping[str, Mapping[LaunchConfig, str]] | None
-) -> dict[str, dict[LaunchConfig, str]]:
+def _known_bad(cc: str | None, launched: Iterable[str],
+               given: Mapping[str, Mapping[LaunchConfig, str]] | None) -> dict[str, dict[LaunchConfig, str]]:
     """Configs a rule says crash or miscompute on this device and compiler, merged with the caller's crashers."""
     bad: dict[str, dict[LaunchConfig, str]] = known_bad_configs(cc, kernels=launched)
     for n, cfgs in (given or {}).items():
@@ -324,21 +260,10 @@ def _decide(ctx: TrialContext, trials: Sequence[Trial], res: SearchResult | None
             logger.warning("tuner: no config of %s at %s was correct and timed; keeping the default", name, ks)
         return base
     default_ms = res.default.median_ms if res.default else None
-    logger.info(
-        "tuner: %s at %s -> %s (%.4f ms; default %s ms)",
-        name,
-        ks,
-        res.best.config.as_dict(),
-        res.best.median_ms,
-        f"{default_ms:.4f}" if default_ms is not None else "n/a",
-    )
-    return replace(
-        base,
-        config=res.best.config.as_dict(),
-        median_ms=res.best.median_ms,
-        default_ms=default_ms,
-        runner_up_ms=res.runner_up.median_ms if res.runner_up else None,
-    )
+    logger.info("tuner: %s at %s -> %s (%.4f ms; default %s ms)", name, ks, res.best.config.as_dict(),
+                res.best.median_ms, f"{default_ms:.4f}" if default_ms is not None else "n/a")
+    return replace(base, config=res.best.config.as_dict(), median_ms=res.best.median_ms, default_ms=default_ms,
+                   runner_up_ms=res.runner_up.median_ms if res.runner_up else None)
 
 
 def tune_kernels(
@@ -370,35 +295,23 @@ def tune_kernels(
     if multi:
         payload: list[Any] = [result]
         src = torch.distributed.get_global_rank(group, 0) if group is not None else 0
-        torch.distributed.broadcast_object_list(
-            payload, src=src, group=group, device=device if device.type == "cuda" else None
-        )
+        torch.distributed.broadcast_object_list(payload, src=src, group=group,
+                                                device=device if device.type == "cuda" else None)
         result = payload[0]
     assert result is not None
     return result
 
 
-def _tune_shapes(
-    op: str,
-    shapes: Sequence[Shape | Mapping[str, Any]],
-    spec: TuneSpec,
-    device: torch.device,
-    backend: str,
-    on_result: OnResult | None,
-) -> TuneResult:
+def _tune_shapes(op: str, shapes: Sequence[Shape | Mapping[str, Any]], spec: TuneSpec, device: torch.device,
+                 backend: str, on_result: OnResult | None) -> TuneResult:
     dev_name, cc = device_facts(device)
     out = TuneResult(device_name=dev_name, compute_capability=cc)
     for s in shapes:
         shape = Shape.of(s)
         case = make_case(op, shape, device)
         try:
-            got = tune_case(
-                op_runner(op, case, backend=backend, direction=spec.direction),
-                device=device,
-                spec=spec,
-                dtype=shape.dtype,
-                on_result=on_result,
-            )
+            got = tune_case(op_runner(op, case, backend=backend, direction=spec.direction), device=device, spec=spec,
+                            dtype=shape.dtype, on_result=on_result)
         except Exception as err:  # the shapes tuned before a device crash are kept
             out.stop(err)
         out = out.extended(got.kernels)

@@ -39,16 +39,8 @@ def test_submit_run_and_serve(client: httpx.Client, auth: dict[str, str], store_
     queued = sweep["progress"]["queued"]
     assert queued == 5 and sweep["progress"]["skipped"] == 1  # `none` runs on one device: skipped at W=2
 
-    stats = run_worker(
-        store_url,
-        once=True,
-        until_sweep=sweep["id"],
-        device_kind="cpu",
-        devices=2,
-        artifact_dir=tmp_path / "artifacts",
-        lease_s=120,
-        heartbeat_s=5,
-    )
+    stats = run_worker(store_url, once=True, until_sweep=sweep["id"], device_kind="cpu", devices=2,
+                       artifact_dir=tmp_path / "artifacts", lease_s=120, heartbeat_s=5)
     assert len(stats.point_ids) == queued
 
     done = client.get(f"/api/v1/sweeps/{sweep['id']}").json()

@@ -31,20 +31,10 @@ def all_rows(client: httpx.Client, sweep_id: int) -> list[dict[str, Any]]:
     return page["data"]
 
 
-@pytest.mark.parametrize(
-    ("name", "value"),
-    [
-        ("mode", "true_cp"),
-        ("op", "gdn"),
-        ("backend", "torch"),
-        ("B", 2),
-        ("T", 1024),
-        ("W", 4),
-        ("lb", -4.0),
-        ("device", "cpu"),
-        ("status", "failed"),
-    ],
-)
+@pytest.mark.parametrize(("name", "value"), [
+    ("mode", "true_cp"), ("op", "gdn"), ("backend", "torch"), ("B", 2), ("T", 1024), ("W", 4), ("lb", -4.0),
+    ("device", "cpu"), ("status", "failed"),
+])
 def test_read_results_filter(client: httpx.Client, seeded: Seeded, name: str, value: Any) -> None:
     rows = all_rows(client, seeded.sweep_id)
     column = "device_name" if name == "device" else name
@@ -55,9 +45,7 @@ def test_read_results_filter(client: httpx.Client, seeded: Seeded, name: str, va
 
 
 def test_read_results_combined_filters_and_fields(client: httpx.Client, seeded: Seeded) -> None:
-    page = client.get(
-        "/api/v1/results", params={"sweep": seeded.sweep_id, "mode": "ring", "W": 2, "T": 256, "lb": -1.0}
-    ).json()
+    page = client.get("/api/v1/results", params={"sweep": seeded.sweep_id, "mode": "ring", "W": 2, "T": 256, "lb": -1.0}).json()
     assert page["count"] == 2  # B in (1, 2)
     row = page["data"][0]
     assert row["status"] == "done" and row["median_ms"] > 0 and row["p10_ms"] <= row["median_ms"] <= row["p90_ms"]
@@ -78,28 +66,16 @@ def test_read_results_pagination(client: httpx.Client, seeded: Seeded) -> None:
     assert walked == ids == sorted(ids)
 
 
+
 def test_read_results_per_direction_profile(client: httpx.Client, store_url: str, seeded: Seeded) -> None:
     """A training step's profile per direction is served with the point's row (null for a forward point)."""
-    split = {
-        "fwd": {"collectives": {"all_gather": 1}, "collective_bytes": {"all_gather": 4096}, "host_syncs": 0},
-        "bwd": {"collectives": {"all_gather": 1}, "collective_bytes": {"all_gather": 4096}, "host_syncs": 0},
-    }
+    split = {"fwd": {"collectives": {"all_gather": 1}, "collective_bytes": {"all_gather": 4096}, "host_syncs": 0},
+             "bwd": {"collectives": {"all_gather": 1}, "collective_bytes": {"all_gather": 4096}, "host_syncs": 0}}
     with session_scope(store_url) as s:
         p = {**point(0, mode="true_cp", W=2, T=1024, B=1, lb=-1.0), "direction": "fwd+bwd"}
-        sweep = crud.create_sweep(
-            s, name="train", tags=[], spec={"name": "train"}, points=[{**p, "key": p["key"] + "/dir=fwd+bwd"}]
-        )
-        crud.store_profile(
-            s,
-            point_id=sweep.points[0].id,
-            collectives={"all_gather": 2},
-            collective_bytes={"all_gather": 8192},
-            host_syncs=0,
-            sync_events={},
-            kernel_launches=0,
-            peak_memory_bytes=None,
-            by_direction=split,
-        )
+        sweep = crud.create_sweep(s, name="train", tags=[], spec={"name": "train"}, points=[{**p, "key": p["key"] + "/dir=fwd+bwd"}])
+        crud.store_profile(s, point_id=sweep.points[0].id, collectives={"all_gather": 2}, collective_bytes={"all_gather": 8192},
+                           host_syncs=0, sync_events={}, kernel_launches=0, peak_memory_bytes=None, by_direction=split)
         sweep_id = sweep.id
     [row] = all_rows(client, sweep_id)
     assert row["direction"] == "fwd+bwd" and row["collectives"] == {"all_gather": 2} and row["by_direction"] == split
@@ -130,9 +106,8 @@ def test_export_configs(client: httpx.Client, seeded: Seeded) -> None:
 
 def test_read_workers(client: httpx.Client, auth: dict[str, str], store_url: str, seeded: Seeded) -> None:
     with session_scope(store_url) as session:
-        crud.register_worker(
-            session, name="host:1:abcd", host="host", pid=1, devices={"kind": "cpu", "count": 1}, environment_id=None
-        )
+        crud.register_worker(session, name="host:1:abcd", host="host", pid=1, devices={"kind": "cpu", "count": 1},
+                             environment_id=None)
         crud.register_worker(session, name="host:2:dead", host="host", pid=2, devices={"kind": "cpu"}, environment_id=None)
         crud.touch_worker(session, name="host:2:dead", status="stopped")
     body = client.get("/api/v1/workers", headers=auth).json()
@@ -145,9 +120,8 @@ def test_read_workers(client: httpx.Client, auth: dict[str, str], store_url: str
 
 def test_workers_hide_host_and_pid_without_the_token(client: httpx.Client, store_url: str, seeded: Seeded) -> None:
     with session_scope(store_url) as session:
-        crud.register_worker(
-            session, name="secret-host:77:beef", host="secret-host", pid=77, devices={"kind": "cpu"}, environment_id=None
-        )
+        crud.register_worker(session, name="secret-host:77:beef", host="secret-host", pid=77, devices={"kind": "cpu"},
+                             environment_id=None)
     text = client.get("/api/v1/workers").text
     assert "secret-host" not in text and '"pid":77' not in text
     rows = client.get("/api/v1/workers").json()["data"]

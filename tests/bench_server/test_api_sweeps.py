@@ -65,20 +65,16 @@ def test_create_sweep_refused_without_token(client: httpx.Client) -> None:
     assert client.get("/api/v1/sweeps").json()["count"] == before
 
 
-@pytest.mark.parametrize(
-    ("body", "loc"),
-    [
-        pytest.param(spec(modes=["none", "bogus"]), ["body", "modes"], id="unknown-mode"),
-        pytest.param(spec(axes={**TINY["axes"], "T": [128, -4]}), ["body", "axes", "T", 1], id="negative-T"),
-        pytest.param(spec(axes={**TINY["axes"], "lb": 0.5}), ["body", "axes", "lb"], id="positive-lb"),
-        pytest.param({k: v for k, v in TINY.items() if k != "ops"}, ["body", "ops"], id="missing-ops"),
-        pytest.param(spec(colour="red"), ["body", "colour"], id="unknown-field"),
-        pytest.param(spec(timing={"min_samples": 10, "max_samples": 2}), ["body", "timing"], id="timing-order"),
-    ],
-)
-def test_create_sweep_bad_spec_names_the_field(
-    client: httpx.Client, auth: dict[str, str], body: dict[str, Any], loc: list[Any]
-) -> None:
+@pytest.mark.parametrize(("body", "loc"), [
+    pytest.param(spec(modes=["none", "bogus"]), ["body", "modes"], id="unknown-mode"),
+    pytest.param(spec(axes={**TINY["axes"], "T": [128, -4]}), ["body", "axes", "T", 1], id="negative-T"),
+    pytest.param(spec(axes={**TINY["axes"], "lb": 0.5}), ["body", "axes", "lb"], id="positive-lb"),
+    pytest.param({k: v for k, v in TINY.items() if k != "ops"}, ["body", "ops"], id="missing-ops"),
+    pytest.param(spec(colour="red"), ["body", "colour"], id="unknown-field"),
+    pytest.param(spec(timing={"min_samples": 10, "max_samples": 2}), ["body", "timing"], id="timing-order"),
+])
+def test_create_sweep_bad_spec_names_the_field(client: httpx.Client, auth: dict[str, str], body: dict[str, Any],
+                                               loc: list[Any]) -> None:
     r = client.post("/api/v1/sweeps", json=body, headers=auth)
     assert r.status_code == 422, r.text
     locs = [e["loc"] for e in r.json()["detail"]]
@@ -94,19 +90,15 @@ def test_create_sweep_limits(client: httpx.Client, auth: dict[str, str]) -> None
     huge = spec(tags=["x" * 1000] * 1100)  # ~1.1 MB of body, over the 1 MiB default
     r = client.post("/api/v1/sweeps", json=huge, headers=auth)
     assert r.status_code == 413 and "CPBENCH_MAX_BODY_BYTES" in r.json()["detail"]
-    grid = spec(
-        axes={**TINY["axes"], "T": list(range(64, 64 * 101, 64)), "lb": [-0.1 * i for i in range(1, 31)]},
-        modes=["none", "true_cp", "ring", "all_gather"],
-    )  # 100 T x 30 lb x 4 modes x 2 W = 24000 points
+    grid = spec(axes={**TINY["axes"], "T": list(range(64, 64 * 101, 64)), "lb": [-0.1 * i for i in range(1, 31)]},
+                modes=["none", "true_cp", "ring", "all_gather"])  # 100 T x 30 lb x 4 modes x 2 W = 24000 points
     r = client.post("/api/v1/sweeps", json=grid, headers=auth)
     assert r.status_code == 413 and "24000" in r.json()["detail"]
 
 
 def test_read_sweeps_pagination(client: httpx.Client, auth: dict[str, str]) -> None:
-    ids = [
-        client.post("/api/v1/sweeps", json=spec(name=f"page-{i}", tags=["paging"]), headers=auth).json()["id"]
-        for i in range(3)
-    ]
+    ids = [client.post("/api/v1/sweeps", json=spec(name=f"page-{i}", tags=["paging"]), headers=auth).json()["id"]
+           for i in range(3)]
     page = client.get("/api/v1/sweeps", params={"tag": "paging", "limit": 2}).json()
     assert page["count"] == 3 and [s["id"] for s in page["data"]] == ids[::-1][:2]  # newest first
     rest = client.get("/api/v1/sweeps", params={"tag": "paging", "skip": 2, "limit": 2}).json()
@@ -136,15 +128,8 @@ def test_healthz_and_openapi(client: httpx.Client) -> None:
     assert health.status_code == 200 and health.json()["status"] == "ok" and health.json()["db"] == "ok"
     schema = client.get("/api/v1/openapi.json").json()
     ops = {op["operationId"] for path in schema["paths"].values() for op in path.values()}
-    assert {
-        "sweeps-create_sweep",
-        "sweeps-read_sweeps",
-        "sweeps-read_sweep",
-        "sweeps-cancel_sweep",
-        "results-read_results",
-        "configs-export_configs",
-        "workers-read_workers",
-    } <= ops
+    assert {"sweeps-create_sweep", "sweeps-read_sweeps", "sweeps-read_sweep", "sweeps-cancel_sweep",
+            "results-read_results", "configs-export_configs", "workers-read_workers"} <= ops
     assert client.get("/docs").status_code == 200
 
 

@@ -35,17 +35,7 @@ def _env() -> dict[str, str]:
 
 
 def _cmd(*args: str) -> list[str]:
-    return [
-        sys.executable,
-        "-c",
-        "from bench_server.cli import main; main()",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        *args,
-    ]
+    return [sys.executable, "-c", "from bench_server.cli import main; main()", "serve", "--host", "127.0.0.1", "--port", "0", *args]
 
 
 @contextmanager

@@ -37,9 +37,8 @@ TOKEN = "fuzz-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 EXAMPLES = 15  # per operation and generation mode
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
-_SETTINGS = settings(
-    max_examples=EXAMPLES, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
-)
+_SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
+                     suppress_health_check=list(HealthCheck))
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -99,60 +98,19 @@ def test_schemathesis_finds_no_5xx_and_no_schema_violation(app: Any) -> None:
 
 # -- Hypothesis over the spec model --------------------------------------------------------------------------------
 
-_HOSTILE_NUMBERS = st.sampled_from(
-    [math.nan, math.inf, -math.inf, 2**63, 2**64 + 1, -(2**70), True, False, 0, -1, 1e308, 2**31, 2**40, "1", None]
-)
-_HOSTILE_TEXT = st.sampled_from(
-    [
-        "a\x00b",
-        "[/oops] markup",
-        "[bold]x[/bold]",
-        "",
-        "x" * 300,
-        "</script><script>",
-        "'; DROP TABLE points; --",
-        "\u202e",
-        "ok",
-    ]
-)
-_VALID = {
-    "name": "fuzz",
-    "ops": ["gdn"],
-    "modes": ["none"],
-    "backends": ["torch"],
-    "axes": {"B": 1, "T": [64], "H": 2, "K": 16, "V": 16, "lb": -1.0, "W": 1, "dtype": "float32"},
-}
-_NUMERIC_FIELDS = [
-    ("axes", "B"),
-    ("axes", "T"),
-    ("axes", "H"),
-    ("axes", "K"),
-    ("axes", "V"),
-    ("axes", "lb"),
-    ("axes", "W"),
-    ("timing", "min_samples"),
-    ("timing", "max_samples"),
-    ("timing", "min_time_s"),
-    ("timing", "timeout_s"),
-    ("timing", "max_rel_iqr"),
-    ("timing", "warmup_s"),
-    (None, "seeds"),
-    (None, "repetitions"),
-    (None, "max_attempts"),
-    ("check", "tol_none"),
-    ("check", "reference_tokens"),
-    ("warmup_correct", "tol"),
-    ("tuning", "budget"),
-]
-_TEXT_FIELDS = [
-    (None, "name"),
-    (None, "tags"),
-    (None, "modes"),
-    (None, "ops"),
-    ("axes", "layout"),
-    ("axes", "dtype"),
-    ("mode_options", "ring"),
-]
+_HOSTILE_NUMBERS = st.sampled_from([math.nan, math.inf, -math.inf, 2**63, 2**64 + 1, -(2**70), True, False, 0, -1,
+                                    1e308, 2**31, 2**40, "1", None])
+_HOSTILE_TEXT = st.sampled_from(["a\x00b", "[/oops] markup", "[bold]x[/bold]", "", "x" * 300, "</script><script>",
+                                 "'; DROP TABLE points; --", "\u202e", "ok"])
+_VALID = {"name": "fuzz", "ops": ["gdn"], "modes": ["none"], "backends": ["torch"],
+          "axes": {"B": 1, "T": [64], "H": 2, "K": 16, "V": 16, "lb": -1.0, "W": 1, "dtype": "float32"}}
+_NUMERIC_FIELDS = [("axes", "B"), ("axes", "T"), ("axes", "H"), ("axes", "K"), ("axes", "V"), ("axes", "lb"), ("axes", "W"),
+                   ("timing", "min_samples"), ("timing", "max_samples"), ("timing", "min_time_s"), ("timing", "timeout_s"),
+                   ("timing", "max_rel_iqr"), ("timing", "warmup_s"), (None, "seeds"), (None, "repetitions"),
+                   (None, "max_attempts"), ("check", "tol_none"), ("check", "reference_tokens"), ("warmup_correct", "tol"),
+                   ("tuning", "budget")]
+_TEXT_FIELDS = [(None, "name"), (None, "tags"), (None, "modes"), (None, "ops"), ("axes", "layout"), ("axes", "dtype"),
+                ("mode_options", "ring")]
 
 
 @st.composite

@@ -36,19 +36,9 @@ def _with(path: str, value: Any) -> dict[str, Any]:
     return body
 
 
-@pytest.mark.parametrize(
-    "path, literal",
-    [
-        ("axes.lb", "NaN"),
-        ("axes.lb", "-Infinity"),
-        ("timing.timeout_s", "Infinity"),
-        ("timing.min_time_s", "NaN"),
-        ("check.tol_none", "Infinity"),
-    ],
-)
-def test_non_finite_numbers_get_422_with_valid_json(
-    client: httpx.Client, auth: dict[str, str], path: str, literal: str
-) -> None:
+@pytest.mark.parametrize("path, literal", [("axes.lb", "NaN"), ("axes.lb", "-Infinity"), ("timing.timeout_s", "Infinity"),
+                                           ("timing.min_time_s", "NaN"), ("check.tol_none", "Infinity")])
+def test_non_finite_numbers_get_422_with_valid_json(client: httpx.Client, auth: dict[str, str], path: str, literal: str) -> None:
     body = json.dumps(_with(path, "@@")).replace('"@@"', literal)
     r = _post(client, auth, body)
     assert r.status_code == 422
@@ -78,9 +68,7 @@ def test_int32_columns_are_range_checked_before_the_store(client: httpx.Client, 
     assert r.status_code == 422 and "H" in r.text
 
 
-@pytest.mark.parametrize(
-    "path, value", [("name", "a\u0000b"), ("tags", ["x\u0000"]), ("mode_options", {"ring": {"x": "\u0000"}})]
-)
+@pytest.mark.parametrize("path, value", [("name", "a\u0000b"), ("tags", ["x\u0000"]), ("mode_options", {"ring": {"x": "\u0000"}})])
 def test_nul_in_text_gets_422(client: httpx.Client, auth: dict[str, str], path: str, value: Any) -> None:
     r = _post(client, auth, json.dumps(_with(path, value)))
     assert r.status_code == 422 and "NUL" in r.text
@@ -93,34 +81,15 @@ def test_nul_in_the_url_gets_422(client: httpx.Client, query: str) -> None:
     assert r.status_code == 422 and "NUL" in r.text
 
 
-@pytest.mark.parametrize(
-    "path, value",
-    [
-        ("axes.T", True),
-        ("axes.B", [True]),
-        ("axes.lb", False),
-        ("timing.min_samples", True),
-        ("repetitions", True),
-        ("seeds", [False]),
-    ],
-)
+@pytest.mark.parametrize("path, value", [("axes.T", True), ("axes.B", [True]), ("axes.lb", False), ("timing.min_samples", True),
+                                         ("repetitions", True), ("seeds", [False])])
 def test_booleans_are_not_numbers(client: httpx.Client, auth: dict[str, str], path: str, value: Any) -> None:
     assert _post(client, auth, json.dumps(_with(path, value))).status_code == 422
 
 
-@pytest.mark.parametrize(
-    "path, value",
-    [
-        ("axes.B", 10**6),
-        ("axes.H", 5000),
-        ("axes.K", 4096),
-        ("axes.V", 4096),
-        ("timing.min_time_s", 1e6),
-        ("timing.timeout_s", 1e9),
-        ("timing.max_samples", 10**9),
-        ("timing.warmup_s", 1e5),
-    ],
-)
+@pytest.mark.parametrize("path, value", [("axes.B", 10**6), ("axes.H", 5000), ("axes.K", 4096), ("axes.V", 4096),
+                                         ("timing.min_time_s", 1e6), ("timing.timeout_s", 1e9), ("timing.max_samples", 10**9),
+                                         ("timing.warmup_s", 1e5)])
 def test_every_numeric_field_has_an_upper_bound(client: httpx.Client, auth: dict[str, str], path: str, value: Any) -> None:
     r = _post(client, auth, json.dumps(_with(path, value)))
     assert r.status_code == 422 and "limit" in r.text, r.text

@@ -46,9 +46,8 @@ def test_plugin_module_must_be_allowed(client: httpx.Client, auth: dict[str, str
     assert client.post(f"/api/v1/sweeps/{r.json()['id']}/cancel", headers=auth).status_code == 200
 
 
-def test_plugin_sweep_runs_gates_stores_and_shows(
-    client: httpx.Client, auth: dict[str, str], store_url: str, tmp_path: Path, plugin_modules: Any
-) -> None:
+def test_plugin_sweep_runs_gates_stores_and_shows(client: httpx.Client, auth: dict[str, str], store_url: str,
+                                                 tmp_path: Path, plugin_modules: Any) -> None:
     plugin_modules("tests.plugins.")  # the server's check and the worker's (and its ranks')
     r = client.post("/api/v1/sweeps", json=SPEC, headers=auth)
     assert r.status_code == 201, r.text
@@ -56,21 +55,10 @@ def test_plugin_sweep_runs_gates_stores_and_shows(
     points = client.get("/api/v1/results", params={"sweep": sweep["id"], "backend": "torchpeer"}).json()["data"]
     status = {(p["mode"], p["W"]): (p["status"], p["reason"] or "") for p in points}
     assert status[("none", 1)][0] == status[("all_gather", 1)][0] == status[("all_gather", 2)][0] == "queued"
-    assert status[("true_cp", 1)] == (
-        "skipped",
-        "backend 'torchpeer' does not implement mode 'true_cp' (it has none, all_gather)",
-    )
+    assert status[("true_cp", 1)] == ("skipped", "backend 'torchpeer' does not implement mode 'true_cp' (it has none, all_gather)")
 
-    stats = run_worker(
-        store_url,
-        once=True,
-        until_sweep=sweep["id"],
-        device_kind="cpu",
-        devices=2,
-        artifact_dir=tmp_path / "artifacts",
-        lease_s=120,
-        heartbeat_s=5,
-    )
+    stats = run_worker(store_url, once=True, until_sweep=sweep["id"], device_kind="cpu", devices=2,
+                       artifact_dir=tmp_path / "artifacts", lease_s=120, heartbeat_s=5)
     assert len(stats.point_ids) == sweep["progress"]["queued"]
     rows = client.get("/api/v1/results", params={"sweep": sweep["id"], "status": "done"}).json()["data"]
     failed = client.get("/api/v1/results", params={"sweep": sweep["id"], "status": "failed"}).json()["data"]

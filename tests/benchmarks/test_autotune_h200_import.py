@@ -33,62 +33,17 @@ def _hash(kernel: str) -> str:
 def _run(sha: str, op: str, speedup: float, cfg: dict, command: str) -> dict:
     shape = {"B": 1, "T": 8192, "H": 16, "K": 128, "V": 128, "dtype": "bfloat16"}
     key = {"H": 16, "K": 128, "V": 128, "BT": 64, "IS_VARLEN": False, "dtype": "bfloat16"}
-    tuned = {
-        "op": op,
-        "shape": shape,
-        "kernel": f"wy_{op}_fwd",
-        "key": key,
-        "key_str": json.dumps(key, sort_keys=True),
-        "device_name": "NVIDIA H200",
-        "compute_capability": "9.0",
-        "config": cfg,
-        "median_ms": 1.0 / speedup,
-        "default_ms": 1.0,
-        "runner_up_ms": 1.01,
-        "source_hash": _hash(f"wy_{op}_fwd"),
-    }
-    trial = {
-        "op": op,
-        "shape": shape,
-        "kernel": tuned["kernel"],
-        "key": key,
-        "config": cfg,
-        "strategy": "halving",
-        "rung": 0,
-        "status": "ok",
-        "median_ms": 1.0 / speedup,
-        "n": 5,
-        "error": None,
-    }
-    return {
-        "env": {
-            "device": "NVIDIA H200",
-            "compute_capability": "9.0",
-            "torch": "2.11",
-            "triton": "3.6.0",
-            "python": "3.12",
-            "driver": "580",
-            "git_sha": sha,
-            "command": command,
-            "started_at": "2026-11-30T00:00:00",
-            "elapsed_s": 10.0,
-        },
-        "trials": [trial],
-        "tuned": [tuned],
-        "ops": [
-            {
-                "op": op,
-                "shape": shape,
-                "default_ms": 1.0,
-                "tuned_ms": 1.0 / speedup,
-                "speedup": speedup,
-                "tune_s": 1.0,
-                "n_trials": 1,
-                "tuned": {tuned["kernel"]: cfg},
-            }
-        ],
-        "crashed": [["gdn", "chunk_state_output_fwd", {"BV": 32}, "illegal address"]],
-    }
+    tuned = {"op": op, "shape": shape, "kernel": f"wy_{op}_fwd", "key": key, "key_str": json.dumps(key, sort_keys=True),
+             "device_name": "NVIDIA H200", "compute_capability": "9.0", "config": cfg, "median_ms": 1.0 / speedup,
+             "default_ms": 1.0, "runner_up_ms": 1.01, "source_hash": _hash(f"wy_{op}_fwd")}
+    trial = {"op": op, "shape": shape, "kernel": tuned["kernel"], "key": key, "config": cfg, "strategy": "halving",
+             "rung": 0, "status": "ok", "median_ms": 1.0 / speedup, "n": 5, "error": None}
+    return {"env": {"device": "NVIDIA H200", "compute_capability": "9.0", "torch": "2.11", "triton": "3.6.0", "python": "3.12",
+                    "driver": "580", "git_sha": sha, "command": command, "started_at": "2026-11-30T00:00:00", "elapsed_s": 10.0},
+            "trials": [trial], "tuned": [tuned],
+            "ops": [{"op": op, "shape": shape, "default_ms": 1.0, "tuned_ms": 1.0 / speedup, "speedup": speedup,
+                     "tune_s": 1.0, "n_trials": 1, "tuned": {tuned["kernel"]: cfg}}],
+            "crashed": [["gdn", "chunk_state_output_fwd", {"BV": 32}, "illegal address"]]}
 
 
 def test_merge_keeps_every_trial_and_the_best_run_per_shape() -> None:
@@ -123,19 +78,12 @@ def test_import_cli_merges_files(tmp_path: Path) -> None:
     fa.write_text(json.dumps(a))
     fb.write_text(json.dumps(b))
     out_json, out_md = tmp_path / "auto.json", tmp_path / "auto.md"
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "import", str(fa), str(fb), "--json", str(out_json), "--md", str(out_md)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = subprocess.run([sys.executable, str(SCRIPT), "import", str(fa), str(fb), "--json", str(out_json), "--md", str(out_md)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(out_json.read_text())
     assert data["device"]["name"] == "NVIDIA H200"
     assert {k: [e["config"] for e in v["entries"]] for k, v in data["kernels"].items()} == {
-        "wy_gdn_fwd": [a["tuned"][0]["config"]],
-        "wy_kda_fwd": [b["tuned"][0]["config"]],
-    }
+        "wy_gdn_fwd": [a["tuned"][0]["config"]], "wy_kda_fwd": [b["tuned"][0]["config"]]}
     md = out_md.read_text()
     assert "| gdn | B=1 T=8K |" in md and "| kda | B=1 T=8K |" in md and "run a ; run b" in md

@@ -36,9 +36,9 @@ def test_a_crash_mid_search_restarts_the_case_without_the_culprit(tmp_path, monk
         result = TuneResult(device_name="cpu", compute_capability=None)
         if op == "kda" and "chunk_state_fwd" not in known_bad:  # the device crashes on the culprit
             crashed = Trial(kernel="chunk_state_fwd", key={}, config=CULPRIT, strategy="halving", rung=0, status="failed")
-            result.extended(
-                [KernelResult(kernel="chunk_state_fwd", key={}, key_str="", source_hash="", trials=(crashed,))]
-            ).stop(RuntimeError("CUDA error: an illegal memory access was encountered"))
+            result.extended([KernelResult(kernel="chunk_state_fwd", key={}, key_str="", source_hash="",
+                                          trials=(crashed,))]).stop(
+                RuntimeError("CUDA error: an illegal memory access was encountered"))
         return result
 
     def fake_runner(op, case, direction="fwd"):
@@ -53,29 +53,12 @@ def test_a_crash_mid_search_restarts_the_case_without_the_culprit(tmp_path, monk
     monkeypatch.setattr("runners.tuner.clock.StepTimer", lambda dev: None)
     monkeypatch.setattr("runners.versions.driver_version", lambda: None)
 
-    argv = [
-        "autotune_h200.py",
-        "run",
-        "--out",
-        str(out),
-        "--ops",
-        "gdn",
-        "kda",
-        "--shapes",
-        "1x128",
-        "--workers",
-        "0",
-        "--device",
-        "cpu",
-        "--sha",
-        "abc1234",
-        "--deadline-s",
-        "1000",
-    ]
+    argv = ["autotune_h200.py", "run", "--out", str(out), "--ops", "gdn", "kda", "--shapes", "1x128",
+            "--workers", "0", "--device", "cpu", "--sha", "abc1234", "--deadline-s", "1000"]
     children: list[list[str]] = []
 
     def in_process(cmd: list[str]) -> int:  # the child processes, run here (the "fresh process" is the point of
-        children.append(cmd[2:])  # the loop on a GPU; on the CPU nothing is poisoned)
+        children.append(cmd[2:])            # the loop on a GPU; on the CPU nothing is poisoned)
         monkeypatch.setattr(sys, "argv", ["autotune_h200.py", *cmd[2:]])
         try:
             mod.main()
@@ -109,27 +92,9 @@ def test_a_crash_the_search_did_not_record_is_not_swallowed(tmp_path, monkeypatc
 
     monkeypatch.setattr(tune, "tune_case", boom)
     monkeypatch.setattr(tune, "make_case", lambda op, shape, dev: {})
-    monkeypatch.setattr(tune, "op_runner", lambda op, case, direction="fwd": lambda configs: None)
+    monkeypatch.setattr(tune, "op_runner", lambda op, case, direction="fwd": (lambda configs: None))
     monkeypatch.setattr("runners.tuner.clock.StepTimer", lambda dev: None)
-    monkeypatch.setattr(
-        sys,
-        "argv",
-        [
-            "autotune_h200.py",
-            "run",
-            "--out",
-            str(tmp_path / "r.json"),
-            "--ops",
-            "gdn",
-            "--shapes",
-            "1x128",
-            "--workers",
-            "0",
-            "--device",
-            "cpu",
-            "--restarts",
-            "0",
-        ],
-    )
+    monkeypatch.setattr(sys, "argv", ["autotune_h200.py", "run", "--out", str(tmp_path / "r.json"), "--ops", "gdn",
+                                      "--shapes", "1x128", "--workers", "0", "--device", "cpu", "--restarts", "0"])
     with pytest.raises(RuntimeError, match="out of memory"):
         mod.main()

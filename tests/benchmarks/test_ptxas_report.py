@@ -29,27 +29,9 @@ def test_registers_and_spills_of_two_configs(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            "--ops",
-            "gdn",
-            "--kernels",
-            "wy_inverse",
-            "--config",
-            json.dumps(FITS),
-            "--config",
-            json.dumps(SPILLS),
-            "--out",
-            str(out),
-        ],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--ops", "gdn", "--kernels", "wy_inverse", "--config",
+                           json.dumps(FITS), "--config", json.dumps(SPILLS), "--out", str(out)],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line.split("|")[1:-1] for line in out.read_text().splitlines() if line.startswith("| wy_inverse | gdn")]
     assert len(rows) == 2
@@ -62,7 +44,6 @@ def test_registers_and_spills_of_two_configs(tmp_path: Path) -> None:
 
 def test_refuses_the_interpreter(tmp_path: Path) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--ops", "gdn"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
-    )
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--ops", "gdn"], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
     assert proc.returncode == 1 and "unset TRITON_INTERPRET" in proc.stderr

@@ -38,40 +38,11 @@ class Seeded:
     keys: tuple[str, ...] = ()
 
 
-def point(
-    idx: int,
-    *,
-    mode: str,
-    W: int,
-    T: int,
-    B: int,
-    lb: float,
-    H: int = 4,
-    K: int = 32,
-    V: int = 32,
-    backend: str = "torch",
-    op: str = "gdn",
-) -> dict[str, Any]:
-    p: dict[str, Any] = {
-        "idx": idx,
-        "op": op,
-        "mode": mode,
-        "backend": backend,
-        "B": B,
-        "T": T,
-        "H": H,
-        "K": K,
-        "V": V,
-        "lb": lb,
-        "W": W,
-        "layout": "contiguous",
-        "direction": "fwd",
-        "dtype": "bfloat16",
-        "seed": 0,
-    }
-    p["key"] = "/".join(
-        f"{k}={p[k]}" for k in ("op", "mode", "backend", "B", "T", "H", "K", "V", "lb", "W", "layout", "dtype")
-    )
+def point(idx: int, *, mode: str, W: int, T: int, B: int, lb: float, H: int = 4, K: int = 32, V: int = 32,
+          backend: str = "torch", op: str = "gdn") -> dict[str, Any]:
+    p: dict[str, Any] = {"idx": idx, "op": op, "mode": mode, "backend": backend, "B": B, "T": T, "H": H, "K": K, "V": V,
+                         "lb": lb, "W": W, "layout": "contiguous", "direction": "fwd", "dtype": "bfloat16", "seed": 0}
+    p["key"] = "/".join(f"{k}={p[k]}" for k in ("op", "mode", "backend", "B", "T", "H", "K", "V", "lb", "W", "layout", "dtype"))
     p["params"] = {k: p[k] for k in ("B", "T", "H", "K", "V", "lb", "W", "layout", "direction", "dtype")}
     return p
 
@@ -79,60 +50,27 @@ def point(
 def model_ms(p: dict[str, Any], rng: random.Random) -> float:
     """none ∝ B T; CP modes pay an overhead and gain ~W/1.7 (true_cp), ring gains nothing, all_gather nothing."""
     base = 1e-3 * p["B"] * p["T"]
-    speed = {
-        "none": 1.0,
-        "warmup_correct": 1.6,
-        "headwise": p["W"] / 2.0,
-        "all_gather": 0.9,
-        "ring": 0.95,
-        "true_cp": p["W"] / 1.7,
-    }[p["mode"]]
+    speed = {"none": 1.0, "warmup_correct": 1.6, "headwise": p["W"] / 2.0, "all_gather": 0.9, "ring": 0.95,
+             "true_cp": p["W"] / 1.7}[p["mode"]]
     overhead = 0.0 if p["mode"] == "none" else 0.2
     return (base / speed + overhead) * rng.uniform(0.97, 1.03)
 
 
 def _measure(session: Any, point_id: int, p: dict[str, Any], env_id: int, ms: float) -> None:
     samples = [ms * f for f in (0.96, 0.98, 1.0, 1.02, 1.04)]
-    summary = {
-        "median_ms": ms,
-        "p10_ms": ms * 0.97,
-        "p90_ms": ms * 1.03,
-        "iqr_ms": ms * 0.04,
-        "mean_ms": ms,
-        "min_ms": ms * 0.96,
-        "max_ms": ms * 1.04,
-        "n": 5,
-    }
+    summary = {"median_ms": ms, "p10_ms": ms * 0.97, "p90_ms": ms * 1.03, "iqr_ms": ms * 0.04, "mean_ms": ms,
+               "min_ms": ms * 0.96, "max_ms": ms * 1.04, "n": 5}
     err_none = 2e-3 * 10 ** (p["lb"] / 2) if p["mode"] == "warmup_correct" else 4e-3
     if p["mode"] == "none":
         err_none = None
     report = {"warmup_chunks": 2, "fallback_fraction": 0.25} if p["mode"] == "warmup_correct" else {}
-    crud.store_measurement(
-        session,
-        point_id=point_id,
-        environment_id=env_id,
-        worker="seed",
-        clock="wall",
-        samples=samples,
-        summary=summary,
-        stop_reason="max_samples",
-        err_vs_none=err_none,
-        err_vs_reference=3e-3,
-        configs={},
-        report=report,
-    )
+    crud.store_measurement(session, point_id=point_id, environment_id=env_id, worker="seed", clock="wall",
+                           samples=samples, summary=summary, stop_reason="max_samples", err_vs_none=err_none,
+                           err_vs_reference=3e-3, configs={}, report=report)
     cost = comm_cost(p["mode"], B=p["B"], T=p["T"], H=p["H"], K=p["K"], V=p["V"], W=p["W"], dtype_bytes=2, op=p["op"])
     assert cost is not None
-    crud.store_profile(
-        session,
-        point_id=point_id,
-        collectives=cost.collectives,
-        collective_bytes=cost.payload_bytes,
-        host_syncs=0,
-        sync_events={},
-        kernel_launches=0,
-        peak_memory_bytes=None,
-    )
+    crud.store_profile(session, point_id=point_id, collectives=cost.collectives, collective_bytes=cost.payload_bytes,
+                       host_syncs=0, sync_events={}, kernel_launches=0, peak_memory_bytes=None)
 
 
 def _mark(session: Any, sweep: Sweep, statuses: dict[int, tuple[str, str | None]], when: datetime) -> list[Point]:
@@ -180,55 +118,19 @@ def seed_tuning(session: Any, rng: random.Random, sweep_id: int) -> None:
             for i, (bv, warps) in enumerate([(16, 2), (16, 4), (32, 2), (32, 4), (64, 8)]):
                 config = {"BV": bv, "num_warps": warps, "num_stages": 1}
                 if bv == 64:
-                    crud.store_trial(
-                        session,
-                        sweep_id=sweep_id,
-                        device_name="cpu",
-                        kernel=kernel,
-                        key=key,
-                        key_str=key_str,
-                        config=config,
-                        strategy="exhaustive",
-                        rung=0,
-                        status="invalid",
-                        median_ms=None,
-                        n=0,
-                        error="BV=64 exceeds V=32",
-                    )
+                    crud.store_trial(session, sweep_id=sweep_id, device_name="cpu", kernel=kernel, key=key, key_str=key_str,
+                                     config=config, strategy="exhaustive", rung=0, status="invalid", median_ms=None, n=0,
+                                     error="BV=64 exceeds V=32")
                     continue
                 ms = (1.0 + 0.1 * i) * rng.uniform(0.9, 1.1)
-                crud.store_trial(
-                    session,
-                    sweep_id=sweep_id,
-                    device_name="cpu",
-                    kernel=kernel,
-                    key=key,
-                    key_str=key_str,
-                    config=config,
-                    strategy="exhaustive",
-                    rung=0,
-                    status="ok",
-                    median_ms=ms,
-                    n=10,
-                )
+                crud.store_trial(session, sweep_id=sweep_id, device_name="cpu", kernel=kernel, key=key, key_str=key_str,
+                                 config=config, strategy="exhaustive", rung=0, status="ok", median_ms=ms, n=10)
                 if best is None or ms < best[0]:
                     best = (ms, config)
             assert best is not None
-            crud.upsert_tuned_config(
-                session,
-                kernel=kernel,
-                key=key,
-                key_str=key_str,
-                device_name="cpu",
-                compute_capability=None,
-                config=best[1],
-                median_ms=best[0],
-                default_ms=best[0] * 1.2,
-                runner_up_ms=best[0] * 1.05,
-                source_hash="0" * 64,
-                sweep_id=sweep_id,
-                environment_id=None,
-            )
+            crud.upsert_tuned_config(session, kernel=kernel, key=key, key_str=key_str, device_name="cpu",
+                                     compute_capability=None, config=best[1], median_ms=best[0], default_ms=best[0] * 1.2,
+                                     runner_up_ms=best[0] * 1.05, source_hash="0" * 64, sweep_id=sweep_id, environment_id=None)
 
 
 def seed_nightly(session: Any, rng: random.Random, env_id: int) -> tuple[list[int], tuple[str, ...]]:
@@ -244,42 +146,12 @@ def seed_nightly(session: Any, rng: random.Random, env_id: int) -> tuple[list[in
             _measure(session, pt.id, specs[pt.idx], env_id, model_ms(specs[pt.idx], rng) * slow)
         ids.append(sweep.id)
     rows = [
-        {
-            "run_id": "run-2",
-            "suite": "nightly",
-            "sweep_id": ids[2],
-            "baseline_ref": "night-1",
-            "key": keys[0],
-            "verdict": "SLOW",
-            "ratio": 1.25,
-            "effect_log": 0.22,
-            "p_welch": 1e-4,
-            "p_mannwhitney": 1e-3,
-            "q_value": 2e-4,
-        },
-        {
-            "run_id": "run-2",
-            "suite": "nightly",
-            "sweep_id": ids[2],
-            "baseline_ref": "night-1",
-            "key": keys[1],
-            "verdict": "SAME",
-            "ratio": 1.0,
-            "effect_log": 0.0,
-            "p_welch": 0.8,
-            "p_mannwhitney": 0.7,
-            "q_value": 0.8,
-        },
-        {
-            "run_id": "run-1",
-            "suite": "nightly",
-            "sweep_id": ids[1],
-            "baseline_ref": "night-0",
-            "key": keys[1],
-            "verdict": "CHANGED",
-            "ratio": 1.0,
-            "detail": {"collectives": {"send": [1, 2]}},
-        },
+        {"run_id": "run-2", "suite": "nightly", "sweep_id": ids[2], "baseline_ref": "night-1", "key": keys[0],
+         "verdict": "SLOW", "ratio": 1.25, "effect_log": 0.22, "p_welch": 1e-4, "p_mannwhitney": 1e-3, "q_value": 2e-4},
+        {"run_id": "run-2", "suite": "nightly", "sweep_id": ids[2], "baseline_ref": "night-1", "key": keys[1],
+         "verdict": "SAME", "ratio": 1.0, "effect_log": 0.0, "p_welch": 0.8, "p_mannwhitney": 0.7, "q_value": 0.8},
+        {"run_id": "run-1", "suite": "nightly", "sweep_id": ids[1], "baseline_ref": "night-0", "key": keys[1],
+         "verdict": "CHANGED", "ratio": 1.0, "detail": {"collectives": {"send": [1, 2]}}},
     ]
     crud.store_regression_results(session, rows=rows)
     return ids, keys
@@ -296,10 +168,8 @@ def seed_store(url: str, *, seed: int = 0) -> Seeded:
     return Seeded(sweep_id=sweep_id, n_points=n, nightly_ids=nightly, keys=keys)
 
 
-FAILED_ERROR = (
-    'Traceback (most recent call last):\n  File "runners/execute.py", line 1, in run\n    step()\n'
-    "RuntimeError: 0 active drivers ([]). There should only be one."
-)
+FAILED_ERROR = ('Traceback (most recent call last):\n  File "runners/execute.py", line 1, in run\n    step()\n'
+                'RuntimeError: 0 active drivers ([]). There should only be one.')
 
 
 @dataclass
@@ -322,13 +192,8 @@ def seed_index_extras(url: str, *, seed: int = 1, run: str = "r-0001", sweeps_in
         ids = []
         specs = [point(0, mode="true_cp", W=2, T=1024, B=1, lb=-1.0)]
         for i in range(sweeps_in_run):
-            sweep = crud.create_sweep(
-                session,
-                name=f"nightly-regress-{i}",
-                tags=["regress", f"regress-run:{run}"],
-                spec={"name": "nightly"},
-                points=specs,
-            )
+            sweep = crud.create_sweep(session, name=f"nightly-regress-{i}", tags=["regress", f"regress-run:{run}"],
+                                      spec={"name": "nightly"}, points=specs)
             for pt in _mark(session, sweep, {}, datetime.now(timezone.utc)):
                 _measure(session, pt.id, specs[pt.idx], env.id, model_ms(specs[pt.idx], rng))
             ids.append(sweep.id)

@@ -29,11 +29,8 @@ RUNS = (("none", 1), ("warmup_correct", 1), ("true_cp", 2), ("true_cp", 4), ("al
 FLA_FACTOR = {"none": 1.1, "warmup_correct": 1.2, "all_gather": 1.3}
 
 
-def two_backend_rows(
-    *,
-    fla_options: dict[str, Any] | None = None,
-    backends: tuple[str, ...] = ("torch", "fla"),
-) -> list[dict[str, Any]]:
+def two_backend_rows(*, fla_options: dict[str, Any] | None = None, backends: tuple[str, ...] = ("torch", "fla"),
+                     ) -> list[dict[str, Any]]:
     rng, rows = random.Random(3), []
     for backend in backends:
         for T in TS:
@@ -46,24 +43,11 @@ def two_backend_rows(
                 ms = model_ms(p, rng)
                 if backend == "fla":
                     ms *= (0.5 if max(TS) == T else 1.5) if mode == "true_cp" else FLA_FACTOR[mode]
-                rows.append(
-                    {
-                        **p,
-                        "id": 100 + len(rows),
-                        "status": "done",
-                        "median_ms": ms,
-                        "p10_ms": ms * 0.97,
-                        "p90_ms": ms * 1.03,
-                        "n": 5,
-                        "collectives": {"all_gather": W - 1},
-                        "collective_bytes": {},
-                        "host_syncs": 0,
-                        "kernel_launches": 5 if backend == "fla" else 7,
-                        "err_vs_none": None if mode == "none" else (1e-3 if backend == "fla" else 1e-5),
-                        "err_vs_reference": 2e-3,
-                        "report": {},
-                    }
-                )
+                rows.append({**p, "id": 100 + len(rows), "status": "done", "median_ms": ms, "p10_ms": ms * 0.97,
+                             "p90_ms": ms * 1.03, "n": 5, "collectives": {"all_gather": W - 1}, "collective_bytes": {},
+                             "host_syncs": 0, "kernel_launches": 5 if backend == "fla" else 7,
+                             "err_vs_none": None if mode == "none" else (1e-3 if backend == "fla" else 1e-5),
+                             "err_vs_reference": 2e-3, "report": {}})
     return rows
 
 
@@ -178,19 +162,10 @@ def test_triton_recompute_policy_is_a_series_of_its_own() -> None:
     """`mode_options: {triton: {keep: wy+states}}` (a non-boolean option): its points are `triton+keep=wy+states`,
     drawn apart from the same sweep's default-policy triton points, each trace holding only its own rows."""
     label = "triton+keep=wy+states"
-    plain = [
-        {**r, "backend": "triton", "params": {**r["params"], "backend": "triton"}}
-        for r in two_backend_rows(backends=("torch",))
-    ]
-    kept = [
-        {
-            **r,
-            "id": r["id"] + 1000,
-            "median_ms": r["median_ms"] * 0.8,
-            "params": {**r["params"], "backend_options": {"keep": "wy+states"}},
-        }
-        for r in plain
-    ]
+    plain = [{**r, "backend": "triton", "params": {**r["params"], "backend": "triton"}}
+             for r in two_backend_rows(backends=("torch",))]
+    kept = [{**r, "id": r["id"] + 1000, "median_ms": r["median_ms"] * 0.8,
+             "params": {**r["params"], "backend_options": {"keep": "wy+states"}}} for r in plain]
     rows = plain + kept
     lat = traces(latency.figure(rows), "measured")
     assert {t["name"] for t in lat} == {f"{m} · {b}" for m, _ in RUNS for b in ("triton", label)}

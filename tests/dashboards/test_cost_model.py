@@ -57,10 +57,7 @@ def test_comm_cost_true_cp_and_ring_move_states() -> None:
     for T in (4096, 65536):  # independent of the sequence length
         assert comm_cost("true_cp", **{**SHAPE, "W": 4, "T": T}) == cp
         assert comm_cost("ring", **{**SHAPE, "W": 4, "T": T}) == ring
-    assert (
-        comm_cost("all_gather", **{**SHAPE, "T": 8192}).total_payload_bytes
-        == 8 * comm_cost("all_gather", **SHAPE).total_payload_bytes
-    )
+    assert comm_cost("all_gather", **{**SHAPE, "T": 8192}).total_payload_bytes == 8 * comm_cost("all_gather", **SHAPE).total_payload_bytes
 
 
 @pytest.mark.parametrize(("B", "W", "messages"), [(1, 2, 1), (2, 2, 0), (2, 4, 2), (3, 2, 1), (4, 4, 0), (1, 8, 7)])
@@ -73,18 +70,15 @@ def test_comm_cost_dense_batches_cut_between_sequences(B: int, W: int, messages:
     assert cp.count == (1 if messages else 0)
 
 
-@pytest.mark.parametrize(
-    ("lengths", "W", "layout", "expected"),
-    [
-        ((256,), 2, "zigzag", (2, 3)),  # parts 0|1|2|3 on ranks 0,1,1,0: the middle cut stays on rank 1
-        ((256,), 4, "zigzag", (6, 7)),
-        ((128, 128), 2, "zigzag", (2, 2)),  # the middle cut is the sequence end
-        ((100, 156), 2, "contiguous", (1, 1)),
-        ((64, 192), 4, "contiguous", (2, 2)),  # the cut at 64 is a sequence end
-        ((128, 128), 2, "contiguous", (0, 0)),
-        ((32, 32, 32, 160), 4, "contiguous", (2, 2)),
-    ],
-)
+@pytest.mark.parametrize(("lengths", "W", "layout", "expected"), [
+    ((256,), 2, "zigzag", (2, 3)),  # parts 0|1|2|3 on ranks 0,1,1,0: the middle cut stays on rank 1
+    ((256,), 4, "zigzag", (6, 7)),
+    ((128, 128), 2, "zigzag", (2, 2)),  # the middle cut is the sequence end
+    ((100, 156), 2, "contiguous", (1, 1)),
+    ((64, 192), 4, "contiguous", (2, 2)),  # the cut at 64 is a sequence end
+    ((128, 128), 2, "contiguous", (0, 0)),
+    ((32, 32, 32, 160), 4, "contiguous", (2, 2)),
+])
 def test_crossing_cuts(lengths: tuple[int, ...], W: int, layout: str, expected: tuple[int, int]) -> None:
     assert crossing_cuts(lengths, W, layout) == expected
     ring = comm_cost("ring", B=1, T=sum(lengths), H=2, K=16, V=16, W=W, dtype_bytes=2, layout=layout, lengths=lengths)

@@ -61,30 +61,12 @@ def test_direction_is_a_slice_and_the_comm_model_covers_the_training_step() -> N
     from dashboards.figures import comm
 
     def row(mode: str, direction: str, calls: dict) -> dict:
-        return {
-            "status": "done",
-            "mode": mode,
-            "direction": direction,
-            "op": "gdn",
-            "backend": "torch",
-            "B": 1,
-            "T": 256,
-            "H": 2,
-            "K": 16,
-            "V": 16,
-            "W": 2,
-            "layout": "contiguous",
-            "dtype": "float32",
-            "collectives": calls,
-            "collective_bytes": dict.fromkeys(calls, 1),
-            "params": {},
-        }
+        return {"status": "done", "mode": mode, "direction": direction, "op": "gdn", "backend": "torch", "B": 1,
+                "T": 256, "H": 2, "K": 16, "V": 16, "W": 2, "layout": "contiguous", "dtype": "float32",
+                "collectives": calls, "collective_bytes": dict.fromkeys(calls, 1), "params": {}}
 
-    rows = [
-        row("true_cp", "fwd", {"all_gather": 1}),
-        row("true_cp", "fwd+bwd", {"all_gather": 2}),
-        row("all_gather", "fwd+bwd", {"all_gather": 1, "reduce_scatter": 1}),
-    ]
+    rows = [row("true_cp", "fwd", {"all_gather": 1}), row("true_cp", "fwd+bwd", {"all_gather": 2}),
+            row("all_gather", "fwd+bwd", {"all_gather": 1, "reduce_scatter": 1})]
     assert data.slice_options(rows)["direction"] == ["fwd", "fwd+bwd"]
     kept, chosen = data.apply_slice(rows, {"direction": "fwd+bwd"})
     assert chosen["direction"] == "fwd+bwd" and {r["mode"] for r in kept} == {"true_cp", "all_gather"}

@@ -35,25 +35,11 @@ def rows_all_W() -> list[dict[str, Any]]:
                     ms = model_ms(p, rng)
                     cost = comm_cost(mode, B=B, T=T, H=4, K=32, V=32, W=W, dtype_bytes=2)
                     assert cost is not None
-                    rows.append(
-                        {
-                            **p,
-                            "id": 1000 + len(rows),
-                            "status": "done",
-                            "median_ms": ms,
-                            "p10_ms": ms * 0.9,
-                            "p90_ms": ms * 1.1,
-                            "n": 10,
-                            "collectives": cost.collectives,
-                            "collective_bytes": cost.payload_bytes,
-                            "host_syncs": W - 1,
-                            "kernel_launches": 3 + W,
-                            "err_vs_none": None if mode == "none" else 1e-6,
-                            "err_vs_reference": 2e-6,
-                            "report": {},
-                            "configs": {},
-                        }
-                    )
+                    rows.append({**p, "id": 1000 + len(rows), "status": "done", "median_ms": ms, "p10_ms": ms * 0.9,
+                                 "p90_ms": ms * 1.1, "n": 10, "collectives": cost.collectives,
+                                 "collective_bytes": cost.payload_bytes, "host_syncs": W - 1, "kernel_launches": 3 + W,
+                                 "err_vs_none": None if mode == "none" else 1e-6, "err_vs_reference": 2e-6,
+                                 "report": {}, "configs": {}})
     return rows
 
 

@@ -36,28 +36,16 @@ def result_rows(*, modes: tuple[str, ...] = MODES, seed: int = 0) -> list[dict[s
         for T in (256, 1024, 4096):
             for B in (1, 2):
                 for mode in modes:
-                    for W in (1,) if mode in ONE_DEVICE_MODES else (2, 4):
+                    for W in ((1,) if mode in ONE_DEVICE_MODES else (2, 4)):
                         p = point(len(rows), mode=mode, W=W, T=T, B=B, lb=lb)
                         ms = model_ms(p, rng)
                         cost = comm_cost(mode, B=B, T=T, H=4, K=32, V=32, W=W, dtype_bytes=2)
                         assert cost is not None
-                        rows.append(
-                            {
-                                **p,
-                                "id": len(rows),
-                                "status": "done",
-                                "median_ms": ms,
-                                "p10_ms": ms * 0.97,
-                                "p90_ms": ms * 1.03,
-                                "collectives": cost.collectives,
-                                "collective_bytes": cost.payload_bytes,
-                                "host_syncs": 0,
-                                "kernel_launches": 7,
-                                "err_vs_none": None if mode == "none" else 1e-3 * (2 if mode == "warmup_correct" else 1),
-                                "err_vs_reference": 2e-3,
-                                "report": {"warmup_chunks": 2},
-                            }
-                        )
+                        rows.append({**p, "id": len(rows), "status": "done", "median_ms": ms, "p10_ms": ms * 0.97,
+                                     "p90_ms": ms * 1.03, "collectives": cost.collectives,
+                                     "collective_bytes": cost.payload_bytes, "host_syncs": 0, "kernel_launches": 7,
+                                     "err_vs_none": None if mode == "none" else 1e-3 * (2 if mode == "warmup_correct" else 1),
+                                     "err_vs_reference": 2e-3, "report": {"warmup_chunks": 2}})
     return rows
 
 
@@ -94,9 +82,7 @@ def test_latency_facets_and_speedup() -> None:
     assert {(r["lb"], r["facet_W"]) for r in table} == {(lb, W) for lb in (-4.0, -1.0) for W in (1, 2, 4)}
     for lb in (-4.0, -1.0):
         for W in (1, 2, 4):
-            facet = {
-                t.meta["mode"] for t in fig.data if t.meta["W"] == W and t.meta["lb"] == lb and t.meta["kind"] == "measured"
-            }
+            facet = {t.meta["mode"] for t in fig.data if t.meta["W"] == W and t.meta["lb"] == lb and t.meta["kind"] == "measured"}
             assert facet == (set(ONE_DEVICE_MODES) if W == 1 else set(CP_MODES))
             ref = [t for t in fig.data if t.meta["W"] == W and t.meta["lb"] == lb and t.meta["kind"] == "reference"]
             assert {t.name for t in ref} == (set() if W == 1 else {REFERENCE_NAME})
@@ -115,16 +101,8 @@ def test_mode_map_is_fastest_exact_per_cell() -> None:
     for cell in table:
         cands = [r for r in rows if (r["lb"], r["T"], r["B"], r["W"]) == (cell["lb"], cell["T"], cell["B"], cell["W"])]
         exact = sorted((r for r in cands if r["mode"] != "warmup_correct"), key=lambda r: r["median_ms"])
-        assert (cell["best_mode"], cell["best_ms"], cell["best_id"]) == (
-            exact[0]["mode"],
-            exact[0]["median_ms"],
-            exact[0]["id"],
-        )
-        none = next(
-            r["median_ms"]
-            for r in rows
-            if r["mode"] == "none" and (r["lb"], r["T"], r["B"]) == (cell["lb"], cell["T"], cell["B"])
-        )
+        assert (cell["best_mode"], cell["best_ms"], cell["best_id"]) == (exact[0]["mode"], exact[0]["median_ms"], exact[0]["id"])
+        none = next(r["median_ms"] for r in rows if r["mode"] == "none" and (r["lb"], r["T"], r["B"]) == (cell["lb"], cell["T"], cell["B"]))
         assert cell["speedup_vs_none"] == pytest.approx(none / exact[0]["median_ms"])
         if len(exact) > 1:
             assert cell["runner_up"] == exact[1]["mode"]
@@ -145,13 +123,9 @@ def test_mode_map_marks_a_faster_approximate_scheme() -> None:
     cell = next(c for c in best_mode.frame(rows) if (c["lb"], c["T"], c["B"], c["W"]) == (-1.0, 256, 1, 1))
     assert (cell["best_mode"], cell["faster_approx"], cell["exact"]) == ("none", "warmup_correct", True)
     # every cell where warmup_correct beat none carries the mark naming it, and only those
-    faster = {
-        (r["lb"], r["T"], r["B"])
-        for r in rows
-        if r["mode"] == "warmup_correct"
-        for n in rows
-        if n["mode"] == "none" and (n["lb"], n["T"], n["B"]) == (r["lb"], r["T"], r["B"]) and r["median_ms"] < n["median_ms"]
-    }
+    faster = {(r["lb"], r["T"], r["B"]) for r in rows if r["mode"] == "warmup_correct"
+              for n in rows if n["mode"] == "none" and (n["lb"], n["T"], n["B"]) == (r["lb"], r["T"], r["B"])
+              and r["median_ms"] < n["median_ms"]}
     assert (-1.0, 256, 1) in faster and len(faster) < 12
     fig = best_mode.figure(rows)
     labels = [t for trace in fig.data for line in trace.text for t in line if t]
@@ -191,6 +165,7 @@ def test_comm_measured_beside_model() -> None:
     assert odd and all(r["measured_by_kind"] == {"all_gather": 3} for r in odd)
 
 
+
 def test_comm_training_step_per_direction() -> None:
     """A fwd+bwd row profiled per direction is drawn as its forward (circles) and backward (triangles), each beside
     the model of that direction; a backward with an extra all-gather stands out from its model, the forward not."""
@@ -205,23 +180,11 @@ def test_comm_training_step_per_direction() -> None:
         if mode == "true_cp":
             split["bwd"]["collectives"] = {"all_gather": 2}
         total = {k: sum(split[d]["collectives"].get(k, 0) for d in split) for k in ("all_gather", "reduce_scatter")}
-        rows.append(
-            {
-                **p,
-                "id": i,
-                "status": "done",
-                "collectives": {k: n for k, n in total.items() if n},
-                "collective_bytes": {},
-                "by_direction": split,
-            }
-        )
+        rows.append({**p, "id": i, "status": "done", "collectives": {k: n for k, n in total.items() if n},
+                     "collective_bytes": {}, "by_direction": split})
     table = comm.frame(rows)
-    assert [(t["mode"], t["part"]) for t in table] == [
-        ("all_gather", "fwd"),
-        ("all_gather", "bwd"),
-        ("true_cp", "fwd"),
-        ("true_cp", "bwd"),
-    ]
+    assert [(t["mode"], t["part"]) for t in table] == [("all_gather", "fwd"), ("all_gather", "bwd"), ("true_cp", "fwd"),
+                                                      ("true_cp", "bwd")]
     by = {(t["mode"], t["part"]): t for t in table}
     assert by["all_gather", "bwd"]["measured_by_kind"] == by["all_gather", "bwd"]["model_by_kind"] == {"reduce_scatter": 1}
     assert by["all_gather", "fwd"]["model_by_kind"] == {"all_gather": 1}
@@ -230,15 +193,11 @@ def test_comm_training_step_per_direction() -> None:
     fig = comm.figure(rows)
     calls = [t for t in fig.data if t.meta["quantity"] == "calls"]
     measured = {(t.meta["mode"], t.meta["part"]): (t.marker.symbol, list(t.y)) for t in calls if t.meta["kind"] == "measured"}
-    assert measured == {
-        ("all_gather", "fwd"): ("circle", [1]),
-        ("all_gather", "bwd"): ("triangle-down", [1]),
-        ("true_cp", "fwd"): ("circle", [1]),
-        ("true_cp", "bwd"): ("triangle-down", [2]),
-    }
+    assert measured == {("all_gather", "fwd"): ("circle", [1]), ("all_gather", "bwd"): ("triangle-down", [1]),
+                        ("true_cp", "fwd"): ("circle", [1]), ("true_cp", "bwd"): ("triangle-down", [2])}
     models = {(t.meta["mode"], t.meta["part"]): (t.line.dash, list(t.y)) for t in calls if t.meta["kind"] == "model"}
     assert models[("true_cp", "bwd")] == ("dot", [1]) and models[("true_cp", "fwd")] == ("dash", [1])
-    unsplit = comm.frame([{**rows[0], "by_direction": None}])  # a training step stored before the split
+    unsplit = comm.frame([{**rows[0], "by_direction": None}])   # a training step stored before the split
     assert [(t["part"], t["measured_calls"], t["model_calls"]) for t in unsplit] == [("step", 2, 2)]
 
 
@@ -277,21 +236,9 @@ def trial_rows() -> list[dict[str, Any]]:
     rows = []
     for kernel in ("k_a", "k_b"):
         for i, ms in enumerate([1.3, 1.0, 1.6, None]):
-            rows.append(
-                {
-                    "id": len(rows),
-                    "kernel": kernel,
-                    "key_str": "H=4",
-                    "device_name": "cpu",
-                    "config": {"BV": 16 * (i + 1)},
-                    "status": "ok" if ms else "invalid",
-                    "median_ms": ms,
-                    "strategy": "exhaustive",
-                    "rung": 0,
-                    "chosen": ms == 1.0,
-                    "error": None if ms else "too big",
-                }
-            )
+            rows.append({"id": len(rows), "kernel": kernel, "key_str": "H=4", "device_name": "cpu",
+                         "config": {"BV": 16 * (i + 1)}, "status": "ok" if ms else "invalid", "median_ms": ms,
+                         "strategy": "exhaustive", "rung": 0, "chosen": ms == 1.0, "error": None if ms else "too big"})
     return rows
 
 
@@ -317,10 +264,8 @@ def test_log_axes_are_labelled_in_tokens_and_on_the_1_2_5_sequence() -> None:
     ticks, text = list(fig.layout.yaxis.tickvals), list(fig.layout.yaxis.ticktext)
     drawn = [v for r in latency.frame(rows) for v in (r["median_ms"], r["p10_ms"], r["p90_ms"])]
     assert ticks[0] <= min(drawn) < ticks[1] and ticks[-2] < max(drawn) <= ticks[-1]  # one step beyond each end
-    assert all(
-        f"{t:.3g}" == x and float(x) / 10 ** math.floor(math.log10(float(x))) in (1, 2, 5)
-        for t, x in zip(ticks, text, strict=True)
-    )
+    assert all(f"{t:.3g}" == x and float(x) / 10 ** math.floor(math.log10(float(x))) in (1, 2, 5)
+               for t, x in zip(ticks, text, strict=True))
     assert common.tokens_label(131072) == "128K" and common.tokens_label(1000) == "1000"
     assert common.ms_ticks([0.338, 25.5])["ticktext"] == ["0.2", "0.5", "1", "2", "5", "10", "20", "50"]
     assert common.ms_ticks([2.0])["ticktext"] == ["2"] and common.ms_ticks([]) == {}
@@ -333,21 +278,9 @@ def test_history_lines_and_verdicts() -> None:
     for night in range(3):
         for key, mode in (("k1", "true_cp"), ("k2", "ring")):
             verdict = "SLOW" if (night == 2 and key == "k1") else ("SAME" if night == 2 else None)
-            rows.append(
-                {
-                    "key": key,
-                    "mode": mode,
-                    "sweep_id": night + 1,
-                    "sweep_name": f"n{night}",
-                    "at": f"2026-11-0{night + 1}",
-                    "median_ms": 1.0 + (0.25 if verdict == "SLOW" else 0),
-                    "p10_ms": 0.9,
-                    "p90_ms": 1.4,
-                    "verdict": verdict,
-                    "ratio": 1.25 if verdict == "SLOW" else 1.0,
-                    "q_value": 0.01,
-                }
-            )
+            rows.append({"key": key, "mode": mode, "sweep_id": night + 1, "sweep_name": f"n{night}", "at": f"2026-11-0{night + 1}",
+                         "median_ms": 1.0 + (0.25 if verdict == "SLOW" else 0), "p10_ms": 0.9, "p90_ms": 1.4,
+                         "verdict": verdict, "ratio": 1.25 if verdict == "SLOW" else 1.0, "q_value": 0.01})
     fig = history.figure(rows)
     assert names(fig, "history") == {"k1", "k2"}
     assert names(fig, "verdict") == {"SLOW"}  # SAME is not marked

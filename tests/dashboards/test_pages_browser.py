@@ -32,16 +32,8 @@ from tests.dashboards.test_facets import belongs, facet_of
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 @pytest.fixture(scope="module")
@@ -74,26 +66,19 @@ class PageVisit:
         self.console: list[str] = []
         self.requests: list[str] = []
         self.failed: list[str] = []
-        self.page.on(
-            "console", lambda m: self.console.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None
-        )
+        self.page.on("console", lambda m: self.console.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None)
         self.page.on("pageerror", lambda e: self.console.append(f"pageerror: {e}"))
         self.page.on("request", lambda r: self.requests.append(r.url))
         self.page.on("requestfailed", lambda r: self.failed.append(f"{r.url}: {r.failure}"))
         self.response = self.page.goto(url, wait_until="load")
 
     def figure_json(self, div: str) -> dict[str, Any]:
-        return self.page.evaluate(
-            "(id) => { const el = document.getElementById(id);"
-            " return JSON.parse(JSON.stringify({data: el.data, layout: el.layout})); }",
-            div,
-        )
+        return self.page.evaluate("(id) => { const el = document.getElementById(id);"
+                                  " return JSON.parse(JSON.stringify({data: el.data, layout: el.layout})); }", div)
 
     def traces(self, div: str) -> list[dict[str, Any]]:
         return self.page.evaluate(
-            "(id) => document.getElementById(id).data.map(t => ({name: t.name, meta: t.meta || {}, n: (t.x || []).length}))",
-            div,
-        )
+            "(id) => document.getElementById(id).data.map(t => ({name: t.name, meta: t.meta || {}, n: (t.x || []).length}))", div)
 
     def check_clean(self) -> None:
         assert self.response is not None and self.response.status == 200
@@ -238,10 +223,8 @@ def test_failed_sweep_page(visit: Any, live: LiveServer, extras: Extras) -> None
     assert pre == FAILED_ERROR  # the whole traceback, its line breaks kept
     assert "2 points" in v.page.inner_text("#errors summary") and "0 active drivers" in v.page.inner_text("#errors summary")
     # the figures say why they are empty instead of "no data yet"
-    notes = v.page.evaluate(
-        "() => [...document.querySelectorAll('section.figure .js-plotly-plot')]"
-        ".map(el => (el.layout.annotations || []).map(a => a.text).join(' '))"
-    )
+    notes = v.page.evaluate("() => [...document.querySelectorAll('section.figure .js-plotly-plot')]"
+                            ".map(el => (el.layout.annotations || []).map(a => a.text).join(' '))")
     assert notes and all("no point finished: 2 failed" in n for n in notes)
     v.check_clean()
 

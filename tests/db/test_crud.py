@@ -243,60 +243,23 @@ def test_store_tuning_stores_a_run_measured_without_a_session(session) -> None:
     env = crud.get_or_create_environment(session, facts=FACTS)
     sweep = crud.create_sweep(session, name="tuned", tags=[], spec={}, points=[])
     measured = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
-    ok = tuple(
-        Trial(
-            kernel="chunk_state_fwd",
-            key={"H": 4},
-            config={"BV": bv},
-            strategy="exhaustive",
-            rung=0,
-            status="ok",
-            median_ms=ms,
-            n=3,
-        )
-        for bv, ms in ((64, 1.0), (32, 0.8))
-    )
-    crash = Trial(
-        kernel="wy_fwd",
-        key={},
-        config={"BV": 16},
-        strategy="exhaustive",
-        rung=0,
-        status="failed",
-        error="RuntimeError: CUDA error: x",
-    )
-    won = KernelResult(
-        kernel="chunk_state_fwd",
-        key={"H": 4},
-        key_str="H=4",
-        source_hash="h1",
-        trials=ok,
-        config={"BV": 32},
-        median_ms=0.8,
-        default_ms=1.0,
-        runner_up_ms=1.0,
-        measured_at=measured,
-    )
+    ok = tuple(Trial(kernel="chunk_state_fwd", key={"H": 4}, config={"BV": bv}, strategy="exhaustive", rung=0, status="ok",
+                     median_ms=ms, n=3) for bv, ms in ((64, 1.0), (32, 0.8)))
+    crash = Trial(kernel="wy_fwd", key={}, config={"BV": 16}, strategy="exhaustive", rung=0, status="failed",
+                  error="RuntimeError: CUDA error: x")
+    won = KernelResult(kernel="chunk_state_fwd", key={"H": 4}, key_str="H=4", source_hash="h1", trials=ok,
+                       config={"BV": 32}, median_ms=0.8, default_ms=1.0, runner_up_ms=1.0, measured_at=measured)
     stopped = KernelResult(kernel="wy_fwd", key={}, key_str="", source_hash="h2", trials=(crash,))  # no winner
     result = TuneResult(device_name="cpu", compute_capability=None, kernels=(won, stopped))
     (row,) = crud.store_tuning(session, result=result, sweep_id=sweep.id, environment_id=env.id)
     session.commit()
     assert (row.kernel, row.key, row.config, row.median_ms, row.default_ms, row.runner_up_ms, row.source_hash) == (
-        "chunk_state_fwd",
-        {"H": 4},
-        {"BV": 32},
-        0.8,
-        1.0,
-        1.0,
-        "h1",
-    )
+        "chunk_state_fwd", {"H": 4}, {"BV": 32}, 0.8, 1.0, 1.0, "h1")
     assert row.measured_at == measured and (row.sweep_id, row.environment_id, row.device_name) == (sweep.id, env.id, "cpu")
     trials = crud.list_trials(session, sweep_id=sweep.id)
     assert [(t.kernel, t.config, t.status, t.median_ms) for t in trials] == [
-        ("chunk_state_fwd", {"BV": 64}, "ok", 1.0),
-        ("chunk_state_fwd", {"BV": 32}, "ok", 0.8),
-        ("wy_fwd", {"BV": 16}, "failed", None),
-    ]
+        ("chunk_state_fwd", {"BV": 64}, "ok", 1.0), ("chunk_state_fwd", {"BV": 32}, "ok", 0.8),
+        ("wy_fwd", {"BV": 16}, "failed", None)]
     assert {(t.environment_id, t.device_name) for t in trials} == {(env.id, "cpu")}
     (crashed,) = crud.list_trials(session, status="failed", error_contains="CUDA error")
     assert crashed.kernel == "wy_fwd" and crud.list_trials(session, status="ok", error_contains="CUDA") == []

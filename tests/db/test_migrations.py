@@ -126,44 +126,25 @@ def test_0004_adds_by_direction_to_a_store_with_profiles(empty_db_url: str, make
         sweep_id = crud.create_sweep(s, name="t", tags=[], spec={}, points=make_points(2)).id
     with get_sessionmaker(empty_db_url)() as s:
         old = queue.claim_point(s, worker="w", lease_s=30)
-        crud.store_profile(
-            s,
-            point_id=old.id,
-            collectives={"all_gather": 2},
-            collective_bytes={"all_gather": 64},
-            host_syncs=0,
-            sync_events={},
-            kernel_launches=0,
-            peak_memory_bytes=None,
-        )
+        crud.store_profile(s, point_id=old.id, collectives={"all_gather": 2}, collective_bytes={"all_gather": 64},
+                           host_syncs=0, sync_events={}, kernel_launches=0, peak_memory_bytes=None)
         s.commit()
     dispose_engine(empty_db_url)
-    assert downgrade(empty_db_url, "0003_dash") == "0003_dash"  # the store as 0003 left it, with its profile
+    assert downgrade(empty_db_url, "0003_dash") == "0003_dash"   # the store as 0003 left it, with its profile
     with get_engine(empty_db_url).connect() as conn:
         assert "by_direction" not in {c["name"] for c in inspect(conn).get_columns("profiles")}
         assert conn.exec_driver_sql("SELECT count(*) FROM profiles").scalar() == 1
     dispose_engine(empty_db_url)
 
     assert upgrade(empty_db_url) == head_revision() == "0004_prof"
-    split = {
-        "fwd": {"collectives": {"all_gather": 1}, "collective_bytes": {"all_gather": 32}, "host_syncs": 0},
-        "bwd": {"collectives": {"all_gather": 1}, "collective_bytes": {"all_gather": 32}, "host_syncs": 0},
-    }
+    split = {"fwd": {"collectives": {"all_gather": 1}, "collective_bytes": {"all_gather": 32}, "host_syncs": 0},
+             "bwd": {"collectives": {"all_gather": 1}, "collective_bytes": {"all_gather": 32}, "host_syncs": 0}}
     with get_sessionmaker(empty_db_url)() as s:
         kept = s.query(Profile).one()
         assert kept.point_id == old.id and kept.collectives == {"all_gather": 2} and kept.by_direction is None
         new = queue.claim_point(s, worker="w", lease_s=30)
-        crud.store_profile(
-            s,
-            point_id=new.id,
-            collectives={"all_gather": 2},
-            collective_bytes={"all_gather": 64},
-            host_syncs=0,
-            sync_events={},
-            kernel_launches=0,
-            peak_memory_bytes=None,
-            by_direction=split,
-        )
+        crud.store_profile(s, point_id=new.id, collectives={"all_gather": 2}, collective_bytes={"all_gather": 64},
+                           host_syncs=0, sync_events={}, kernel_launches=0, peak_memory_bytes=None, by_direction=split)
         s.commit()
         rows, _ = crud.list_results(s, sweep_id=sweep_id)
     assert [r["by_direction"] for r in rows] == [None, split]

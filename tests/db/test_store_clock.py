@@ -20,9 +20,8 @@ class _FastClock(datetime):
         return datetime.now(tz) + timedelta(days=1)
 
 
-def test_lease_expiry_uses_the_store_clock_not_the_host_clock(
-    db_url: str, make_points, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_lease_expiry_uses_the_store_clock_not_the_host_clock(db_url: str, make_points,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     with session_scope(db_url) as s:
         sweep = crud.create_sweep(s, name="clock", tags=[], spec={}, points=make_points(1))
         (pid,) = [p.id for p in sweep.points]

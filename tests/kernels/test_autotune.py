@@ -42,39 +42,27 @@ from kernels.configs import KERNELS, KernelSpec, LaunchConfig, register
 from kernels.plan import LaunchPlan, LaunchRecorder, default_plan, set_default_plan, use_autotune
 from runners.tuner.export import ExportError, build_export, write_export
 
-SPEC = register(
-    KernelSpec(
-        name="test_autotune_probe",
-        key=("H", "K", "V", "BT", "IS_VARLEN", "dtype"),
-        default=LaunchConfig(BV=32, num_warps=4, num_stages=2),
-        space={"BV": (16, 32, 64), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
-    )
-)
+SPEC = register(KernelSpec(
+    name="test_autotune_probe",
+    key=("H", "K", "V", "BT", "IS_VARLEN", "dtype"),
+    default=LaunchConfig(BV=32, num_warps=4, num_stages=2),
+    space={"BV": (16, 32, 64), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
+))
 KEY = {"H": 16, "K": 128, "V": 128, "BT": 64, "IS_VARLEN": False, "dtype": torch.bfloat16}
 
 
 def _entry(key, cfg, median=0.5):
-    return {
-        "key": autotune.normalize_key(key),
-        "config": cfg,
-        "median_ms": median,
-        "default_ms": 0.6,
-        "runner_up_ms": 0.55,
-        "sweep_id": None,
-        "measured_at": "2026-11-30T00:00:00+00:00",
-    }
+    return {"key": autotune.normalize_key(key), "config": cfg, "median_ms": median, "default_ms": 0.6,
+            "runner_up_ms": 0.55, "sweep_id": None, "measured_at": "2026-11-30T00:00:00+00:00"}
 
 
 def _file(entries=None, *, device="cpu", kernel=SPEC.name, h=None):
     if entries is None:
         entries = [_entry(KEY, {"BV": 64, "num_warps": 8, "num_stages": 3})]
-    return {
-        "schema_version": 1,
-        "device": {"name": device, "compute_capability": None},
-        "versions": {"torch": torch.__version__, "triton": "3.6.0", "cpbench": "0.1.0"},
-        "created_at": "2026-11-30T00:00:00+00:00",
-        "kernels": {kernel: {"source_hash": h or source_hash(SPEC.name), "entries": entries}},
-    }
+    return {"schema_version": 1, "device": {"name": device, "compute_capability": None},
+            "versions": {"torch": torch.__version__, "triton": "3.6.0", "cpbench": "0.1.0"},
+            "created_at": "2026-11-30T00:00:00+00:00",
+            "kernels": {kernel: {"source_hash": h or source_hash(SPEC.name), "entries": entries}}}
 
 
 def pick_config(spec: KernelSpec, key, recorder: LaunchRecorder | None = None) -> LaunchConfig:
@@ -115,21 +103,12 @@ def test_no_file_defaults_silently() -> None:
 
 
 def test_nearest_key_warns_once(tmp_path) -> None:
-    near = {**KEY, "H": 32}  # distance 1
-    far = {**KEY, "H": 64, "K": 64}  # distance 2 + 1
-    narrow = {**KEY, "H": 8, "V": 256}  # distance 2; nearest to the V=64 key below, but BV=128 > 64
-    use_autotune(
-        _write(
-            tmp_path,
-            _file(
-                [
-                    _entry(near, {"BV": 16, "num_warps": 2, "num_stages": 1}),
-                    _entry(far, {"BV": 64, "num_warps": 8, "num_stages": 3}),
-                    _entry(narrow, {"BV": 128, "num_warps": 4, "num_stages": 2}),
-                ]
-            ),
-        )
-    )
+    near = {**KEY, "H": 32}                                   # distance 1
+    far = {**KEY, "H": 64, "K": 64}                           # distance 2 + 1
+    narrow = {**KEY, "H": 8, "V": 256}                        # distance 2; nearest to the V=64 key below, but BV=128 > 64
+    use_autotune(_write(tmp_path, _file([_entry(near, {"BV": 16, "num_warps": 2, "num_stages": 1}),
+                                         _entry(far, {"BV": 64, "num_warps": 8, "num_stages": 3}),
+                                         _entry(narrow, {"BV": 128, "num_warps": 4, "num_stages": 2})])))
     with pytest.warns(AutotuneFallbackWarning, match="nearest key") as rec:
         cfg = pick_config(SPEC, KEY)
         cfg2 = pick_config(SPEC, KEY)
@@ -159,33 +138,18 @@ def test_key_distance_rules() -> None:
 @pytest.mark.parametrize(
     ("mutate", "match"),
     [
-        pytest.param(
-            lambda d: d.update(schema_version=2),
-            "'schema_version' is 2; this build reads schema_version 1",
-            id="schema-version",
-        ),
+        pytest.param(lambda d: d.update(schema_version=2), "'schema_version' is 2; this build reads schema_version 1", id="schema-version"),
         pytest.param(lambda d: d.pop("versions"), "field 'versions' is missing", id="no-versions"),
         pytest.param(lambda d: d["device"].pop("name"), "field 'device.name' is missing", id="no-device-name"),
-        pytest.param(
-            lambda d: d["kernels"][SPEC.name]["entries"][0].pop("median_ms"),
-            r"field 'kernels.test_autotune_probe.entries\[0\].median_ms' is missing",
-            id="no-median",
-        ),
-        pytest.param(
-            lambda d: d["kernels"][SPEC.name]["entries"][0]["config"].update(BV="64"),
-            r"entries\[0\].config' is not a launch config",
-            id="config-str",
-        ),
-        pytest.param(
-            lambda d: d["kernels"][SPEC.name]["entries"][0]["config"].update(BX=64),
-            "unknown launch-config fields",
-            id="config-unknown-field",
-        ),
+        pytest.param(lambda d: d["kernels"][SPEC.name]["entries"][0].pop("median_ms"),
+                     r"field 'kernels.test_autotune_probe.entries\[0\].median_ms' is missing", id="no-median"),
+        pytest.param(lambda d: d["kernels"][SPEC.name]["entries"][0]["config"].update(BV="64"),
+                     r"entries\[0\].config' is not a launch config", id="config-str"),
+        pytest.param(lambda d: d["kernels"][SPEC.name]["entries"][0]["config"].update(BX=64),
+                     "unknown launch-config fields", id="config-unknown-field"),
         pytest.param(lambda d: d["kernels"][SPEC.name].update(source_hash="abc"), "64 lowercase hex", id="bad-hash"),
         pytest.param(lambda d: d.update(kernels=[]), "field 'kernels' must be dict", id="kernels-list"),
-        pytest.param(
-            lambda d: d["kernels"][SPEC.name]["entries"][0].update(key=3), r"entries\[0\].key' must be dict", id="key-int"
-        ),
+        pytest.param(lambda d: d["kernels"][SPEC.name]["entries"][0].update(key=3), r"entries\[0\].key' must be dict", id="key-int"),
     ],
 )
 def test_malformed_file_names_field(tmp_path, mutate, match) -> None:
@@ -270,30 +234,15 @@ def test_schema_dict_matches_parser() -> None:
 
 
 def _row(kernel, key, cfg, *, device="cpu", h=None, median=0.5, env=None):
-    return TunedConfig(
-        kernel=kernel,
-        key=autotune.normalize_key(key),
-        key_str=key_str(key),
-        device_name=device,
-        compute_capability=None if device == "cpu" else "9.0",
-        config=cfg,
-        median_ms=median,
-        default_ms=0.7,
-        runner_up_ms=0.6,
-        source_hash=h or source_hash(kernel),
-        sweep_id=None,
-        environment_id=env,
-        measured_at=datetime.now(timezone.utc),
-    )
+    return TunedConfig(kernel=kernel, key=autotune.normalize_key(key), key_str=key_str(key), device_name=device,
+                       compute_capability=None if device == "cpu" else "9.0", config=cfg, median_ms=median, default_ms=0.7,
+                       runner_up_ms=0.6, source_hash=h or source_hash(kernel), sweep_id=None, environment_id=env,
+                       measured_at=datetime.now(timezone.utc))
 
 
 def test_export_rules(session, tmp_path) -> None:
-    session.add_all(
-        [
-            _row(SPEC.name, KEY, {"BV": 16, "num_warps": 2, "num_stages": 1}),
-            _row(SPEC.name, {**KEY, "H": 8}, {"BV": 64, "num_warps": 8, "num_stages": 3}, h="f" * 64),
-        ]
-    )
+    session.add_all([_row(SPEC.name, KEY, {"BV": 16, "num_warps": 2, "num_stages": 1}),
+                     _row(SPEC.name, {**KEY, "H": 8}, {"BV": 64, "num_warps": 8, "num_stages": 3}, h="f" * 64)])
     session.commit()
     with pytest.raises(ExportError, match="refusing to export CPU timings"):
         build_export(session)
@@ -302,15 +251,8 @@ def test_export_rules(session, tmp_path) -> None:
     assert [e["key"]["H"] for e in data["kernels"][SPEC.name]["entries"]] == [16]
     use_autotune(tmp_path / "out" / "a.json")
     assert pick_config(SPEC, KEY) == LaunchConfig(BV=16, num_warps=2, num_stages=1)
-    env = Environment(
-        fingerprint="x" * 64,
-        device_name="NVIDIA H200",
-        torch="2.11.0+cu130",
-        triton="3.6.0",
-        python="3.12",
-        cpbench="0.1.0",
-        host="h",
-    )
+    env = Environment(fingerprint="x" * 64, device_name="NVIDIA H200", torch="2.11.0+cu130", triton="3.6.0",
+                      python="3.12", cpbench="0.1.0", host="h")
     session.add(env)
     session.flush()
     session.add(_row(SPEC.name, KEY, {"BV": 64, "num_warps": 4, "num_stages": 2}, device="NVIDIA H200", env=env.id))
@@ -331,11 +273,8 @@ def test_export_rules(session, tmp_path) -> None:
 
 def test_round_trip_test_kernel(session, tmp_path) -> None:
     keys = [KEY, {**KEY, "H": 4}, {**KEY, "IS_VARLEN": True}]
-    cfgs = [
-        {"BV": 16, "num_warps": 2, "num_stages": 1},
-        {"BV": 64, "num_warps": 8, "num_stages": 3},
-        {"BV": 32, "num_warps": 8, "num_stages": 1},
-    ]
+    cfgs = [{"BV": 16, "num_warps": 2, "num_stages": 1}, {"BV": 64, "num_warps": 8, "num_stages": 3},
+            {"BV": 32, "num_warps": 8, "num_stages": 1}]
     session.add_all([_row(SPEC.name, k, c) for k, c in zip(keys, cfgs, strict=True)])
     session.commit()
     path = tmp_path / "autotune.json"
@@ -369,11 +308,8 @@ def test_round_trip_triton_kernels_launch_exported(op, session, tmp_path) -> Non
     chosen = {}
     for name, key in launched.items():
         spec = KERNELS[name]
-        fits = [
-            c
-            for c in spec.configs()
-            if c != spec.default and (c.BV or 0) <= key.get("V", 1 << 30) and (c.BK or 0) <= key.get("K", 1 << 30)
-        ]
+        fits = [c for c in spec.configs() if c != spec.default and (c.BV or 0) <= key.get("V", 1 << 30)
+                and (c.BK or 0) <= key.get("K", 1 << 30)]
         chosen[name] = fits[-1] if fits else spec.default
         session.add(_row(name, key, chosen[name].as_dict()))
     session.commit()
@@ -424,10 +360,8 @@ def test_round_trip_backward_kernels_launch_exported(session, tmp_path) -> None:
     seen = LaunchRecorder()
     ref = chunk_gdn_bwd(*args, scale=32**-0.5, plan=default_plan().with_recorder(seen))
     key = seen["wy_bwd"][0]
-    chosen = {
-        "wy_bwd": LaunchConfig(BK=32, BV=32, num_warps=2, num_stages=1),
-        "chunk_bwd_dqk": LaunchConfig(BK=32, BV=32, num_warps=8, num_stages=1),
-    }
+    chosen = {"wy_bwd": LaunchConfig(BK=32, BV=32, num_warps=2, num_stages=1),
+              "chunk_bwd_dqk": LaunchConfig(BK=32, BV=32, num_warps=8, num_stages=1)}
     for name, cfg in chosen.items():
         session.add(_row(name, seen[name][0], cfg.as_dict()))
     session.commit()

@@ -31,9 +31,8 @@ def _entry(op: str):  # noqa: ANN202
     return kernels.chunk_gdn if op == "gdn" else kernels.chunk_kda
 
 
-def _grads(
-    op: str, backend: str, xs: tuple[Tensor | None, ...], cu: Tensor | None, dtype: torch.dtype, do: Tensor, dht: Tensor | None
-) -> list[Tensor | None]:
+def _grads(op: str, backend: str, xs: tuple[Tensor | None, ...], cu: Tensor | None, dtype: torch.dtype,
+           do: Tensor, dht: Tensor | None) -> list[Tensor | None]:
     """Input gradients of sum(o * do) + sum(ht * dht) through `backend`, inputs cast to `dtype` (g and h0 too)."""
     leaves = [x.detach().to(dtype).requires_grad_() if x is not None else None for x in xs]
     q, k, v, g, beta, h0 = leaves
@@ -45,19 +44,8 @@ def _grads(
     return [x.grad if x is not None else None for x in leaves]
 
 
-def _case(
-    op: str,
-    lengths: tuple[int, ...] | None,
-    *,
-    B: int = 1,
-    T: int = 0,
-    lb: float = -2.0,
-    with_h0: bool = True,
-    with_dht: bool = True,
-    H: int = 2,
-    K: int = 32,
-    V: int = 16,
-):  # noqa: ANN202
+def _case(op: str, lengths: tuple[int, ...] | None, *, B: int = 1, T: int = 0, lb: float = -2.0, with_h0: bool = True,
+          with_dht: bool = True, H: int = 2, K: int = 32, V: int = 16):  # noqa: ANN202
     if lengths is not None:
         q, k, v, g, beta, cu = make_inputs(op, lengths, H=H, K=K, V=V, lb=lb, dtype=torch.float64)
         N = len(lengths)
@@ -88,9 +76,8 @@ LENGTHS = [(37, 150, 4, 89), (1, 70), (63,)]
 
 
 @pytest.mark.parametrize("lengths", [pytest.param(c, id="lens-" + "-".join(map(str, c))) for c in LENGTHS])
-@pytest.mark.parametrize(
-    "with_h0,with_dht", [(True, True), (False, False), (True, False), (False, True)], ids=["h0-dht", "plain", "h0", "dht"]
-)
+@pytest.mark.parametrize("with_h0,with_dht", [(True, True), (False, False), (True, False), (False, True)],
+                         ids=["h0-dht", "plain", "h0", "dht"])
 def test_backward_varlen_fp32(OP: str, lengths: tuple[int, ...], with_h0: bool, with_dht: bool) -> None:
     xs, cu, do, dht = _case(OP, lengths, with_h0=with_h0, with_dht=with_dht)
     _compare(OP, xs, cu, do, dht, dtype=torch.float32, tol=TOL32)
@@ -108,11 +95,9 @@ def test_backward_dense(OP: str, B: int, T: int) -> None:
     _compare(OP, xs, cu, do, dht, dtype=torch.float32, tol=TOL32)
 
 
-@pytest.mark.parametrize(
-    "lb,dtype,tol",
-    [(-0.01, torch.float32, TOL32), (-5.5, torch.float32, TOL32), (-30.0, torch.float64, TOL64)],
-    ids=["slow_decay", "kda_triton_bound", "far_below_bound"],
-)
+@pytest.mark.parametrize("lb,dtype,tol", [(-0.01, torch.float32, TOL32), (-5.5, torch.float32, TOL32),
+                                          (-30.0, torch.float64, TOL64)],
+                         ids=["slow_decay", "kda_triton_bound", "far_below_bound"])
 def test_backward_gate_range(OP: str, lb: float, dtype: torch.dtype, tol: float) -> None:
     # lb = -0.01: the state carries over hundreds of tokens, so dS reaches far back; -5.5: the documented Triton KDA
     # bound; -30: far below it (the torch path splits its decays and has no bound). At -30 a chunk's cumulative gate
@@ -157,7 +142,8 @@ def test_functional_backward_matches_autograd(OP: str) -> None:
     xs, cu, do, dht = _case(OP, (37, 100))
     xs32 = [x.float() for x in xs]
     ref = _grads(OP, "torch", xs32, cu, torch.float32, do, dht)
-    got = kernels.backward(OP, *xs32[:5], do.float(), initial_state=xs32[5], dht=dht.float(), cu_seqlens=cu, backend="torch")
+    got = kernels.backward(OP, *xs32[:5], do.float(), initial_state=xs32[5], dht=dht.float(), cu_seqlens=cu,
+                           backend="torch")
     for name, r, x in zip(NAMES, ref, got, strict=True):
         assert x is not None and x.dtype == torch.float32
         assert_rel_close(f"d{name}", r, x, 1e-6)
@@ -167,10 +153,12 @@ def test_forward_with_requires_grad_goes_through_the_function(OP: str) -> None:
     # kernels.forward keeps its outputs; with requires_grad inputs it is differentiable like chunk_gdn / chunk_kda
     xs, cu, do, dht = _case(OP, (37, 100))
     xs32 = [x.float() for x in xs]
-    o0, ht0 = kernels.forward(OP, *xs32[:5], initial_state=xs32[5], output_final_state=True, cu_seqlens=cu, backend="torch")
+    o0, ht0 = kernels.forward(OP, *xs32[:5], initial_state=xs32[5], output_final_state=True, cu_seqlens=cu,
+                              backend="torch")
     assert o0.grad_fn is None
     leaves = [x.clone().requires_grad_() for x in xs32]
-    o, ht = kernels.forward(OP, *leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=cu, backend="torch")
+    o, ht = kernels.forward(OP, *leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=cu,
+                            backend="torch")
     assert type(o.grad_fn).__name__ == "ChunkFunctionBackward"
     assert torch.equal(o.detach(), o0) and torch.equal(ht.detach(), ht0)
     ((o.double() * do).sum() + (ht.double() * dht).sum()).backward()

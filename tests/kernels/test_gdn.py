@@ -64,8 +64,6 @@ def test_naive_matches_kda_with_broadcast_gate() -> None:
     q, k, v, g, beta, _ = make_inputs(OP, B=2, T=50, H=2, K=16, V=16)
     h0 = make_state(2, 2, 16, 16)
     o, ht = kernels.reference(OP, q, k, v, g, beta, initial_state=h0, output_final_state=True)
-    o_k, ht_k = naive_recurrent_kda(
-        q, k, v, g[..., None].expand(*g.shape, 16), beta, initial_state=h0, output_final_state=True
-    )
+    o_k, ht_k = naive_recurrent_kda(q, k, v, g[..., None].expand(*g.shape, 16), beta, initial_state=h0, output_final_state=True)
     assert_rel_close("o", o, o_k, 1e-6)
     assert_rel_close("ht", ht, ht_k, 1e-6)

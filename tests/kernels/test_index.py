@@ -43,4 +43,4 @@ def test_host_copy_is_used() -> None:
     # a given host copy is what is read (the device tensor is not touched): meta tensors hold no data
     cu = torch.empty(3, dtype=torch.int32, device="meta")
     assert cu_seqlens_host(cu, [0, 5, 9]) == [0, 5, 9]
-    assert cu_seqlens_host(cu) == [0, 5, 9]  # remembered for this tensor
+    assert cu_seqlens_host(cu) == [0, 5, 9]   # remembered for this tensor

@@ -32,7 +32,7 @@ def _grouped(op: str, H: int, HV: int, lengths: tuple[int, ...] = (37, 100), K: 
     gen = torch.Generator().manual_seed(9)
     do = torch.randn(*v.shape, generator=gen, dtype=torch.float64)
     dht = torch.randn(*h0.shape, generator=gen, dtype=torch.float64)
-    return (3 * q, 2 * k, v, g.double(), beta, h0), cu, do, dht  # q, k not unit-norm: the l2norm matters
+    return (3 * q, 2 * k, v, g.double(), beta, h0), cu, do, dht   # q, k not unit-norm: the l2norm matters
 
 
 def _oracle(op: str, xs, cu, do, dht, *, l2norm: bool) -> list[Tensor]:  # noqa: ANN001
@@ -49,14 +49,8 @@ def _oracle(op: str, xs, cu, do, dht, *, l2norm: bool) -> list[Tensor]:  # noqa:
 
 def _ours(op: str, backend: str, dtype: torch.dtype, xs, cu, do, dht, *, l2norm: bool) -> list[Tensor]:  # noqa: ANN001
     leaves = [x.detach().to(dtype).requires_grad_() for x in xs]
-    o, ht = _entry(op)(
-        *leaves[:5],
-        initial_state=leaves[5],
-        output_final_state=True,
-        cu_seqlens=cu,
-        backend=backend,
-        use_qk_l2norm_in_kernel=l2norm,
-    )
+    o, ht = _entry(op)(*leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=cu, backend=backend,
+                       use_qk_l2norm_in_kernel=l2norm)
     ((o.double() * do).sum() + (ht.double() * dht).sum()).backward()
     return [x.grad for x in leaves] + [o.detach(), ht.detach()]
 
@@ -64,12 +58,10 @@ def _ours(op: str, backend: str, dtype: torch.dtype, xs, cu, do, dht, *, l2norm:
 @pytest.mark.parametrize("OP", ["gdn", "kda"])
 @pytest.mark.parametrize("H,HV", [(2, 4), (1, 4), (2, 2)], ids=["HV=2H", "HV=4H", "HV=H"])
 @pytest.mark.parametrize("l2norm", [False, True], ids=["raw", "l2norm"])
-@pytest.mark.parametrize(
-    "backend,dtype,tol", [("torch", torch.float32, TOL32), ("reference", torch.float64, 1e-10)], ids=["torch", "reference"]
-)
-def test_grouped_heads_and_l2norm(
-    OP: str, H: int, HV: int, l2norm: bool, backend: str, dtype: torch.dtype, tol: float
-) -> None:
+@pytest.mark.parametrize("backend,dtype,tol", [("torch", torch.float32, TOL32), ("reference", torch.float64, 1e-10)],
+                         ids=["torch", "reference"])
+def test_grouped_heads_and_l2norm(OP: str, H: int, HV: int, l2norm: bool, backend: str, dtype: torch.dtype,
+                                  tol: float) -> None:
     xs, cu, do, dht = _grouped(OP, H, HV)
     ref = _oracle(OP, xs, cu, do, dht, l2norm=l2norm)
     got = _ours(OP, backend, dtype, xs, cu, do, dht, l2norm=l2norm)
@@ -81,9 +73,8 @@ def test_grouped_heads_and_l2norm(
 def test_forward_takes_grouped_heads_without_grad(OP: str) -> None:
     xs, cu, _, _ = _grouped(OP, 2, 4)
     ref = _oracle(OP, xs, cu, torch.zeros_like(xs[2]), torch.zeros_like(xs[5]), l2norm=False)
-    o, ht = kernels.forward(
-        OP, *(x.float() for x in xs[:5]), initial_state=xs[5].float(), output_final_state=True, cu_seqlens=cu, backend="torch"
-    )
+    o, ht = kernels.forward(OP, *(x.float() for x in xs[:5]), initial_state=xs[5].float(), output_final_state=True,
+                            cu_seqlens=cu, backend="torch")
     assert o.grad_fn is None and o.shape == xs[2].shape
     assert_rel_close("o", ref[6], o, TOL32)
     assert_rel_close("ht", ref[7], ht, TOL32)
@@ -97,31 +88,11 @@ def _gdn_args(**over):  # noqa: ANN003, ANN202
 
 
 BAD = [
-    (
-        "hv_not_multiple",
-        _gdn_args(v=torch.randn(2, 20, 3, 16)),
-        r"v.shape\[2\] \(value heads HV=3\) must be a positive multiple of k.shape\[2\] \(key heads H=2\)",
-    ),
-    (
-        "beta_heads",
-        _gdn_args(v=torch.randn(2, 20, 4, 16), g=-torch.rand(2, 20, 4)),
-        r"beta.shape\[2\] \(heads HV\) must equal v.shape\[2\]=4",
-    ),
-    (
-        "g_heads",
-        _gdn_args(v=torch.randn(2, 20, 4, 16), beta=torch.rand(2, 20, 4)),
-        r"g.shape\[2\] \(heads HV\) must equal v.shape\[2\]=4",
-    ),
-    (
-        "h0_heads",
-        _gdn_args(
-            v=torch.randn(2, 20, 4, 16),
-            beta=torch.rand(2, 20, 4),
-            g=-torch.rand(2, 20, 4),
-            initial_state=torch.randn(2, 2, 16, 16),
-        ),
-        r"initial_state must have shape \[N, HV, K, V\] = \(2, 4, 16, 16\)",
-    ),
+    ("hv_not_multiple", _gdn_args(v=torch.randn(2, 20, 3, 16)), r"v.shape\[2\] \(value heads HV=3\) must be a positive multiple of k.shape\[2\] \(key heads H=2\)"),
+    ("beta_heads", _gdn_args(v=torch.randn(2, 20, 4, 16), g=-torch.rand(2, 20, 4)), r"beta.shape\[2\] \(heads HV\) must equal v.shape\[2\]=4"),
+    ("g_heads", _gdn_args(v=torch.randn(2, 20, 4, 16), beta=torch.rand(2, 20, 4)), r"g.shape\[2\] \(heads HV\) must equal v.shape\[2\]=4"),
+    ("h0_heads", _gdn_args(v=torch.randn(2, 20, 4, 16), beta=torch.rand(2, 20, 4), g=-torch.rand(2, 20, 4),
+                           initial_state=torch.randn(2, 2, 16, 16)), r"initial_state must have shape \[N, HV, K, V\] = \(2, 4, 16, 16\)"),
     ("fla_option", _gdn_args(use_gate_in_kernel=True), r"use_gate_in_kernel=True is not supported by cpbench's chunk_gdn"),
     ("chunk_size", _gdn_args(chunk_size=32), r"chunk_size=32 is not supported .*only the default chunk_size=64"),
     ("unknown_kwarg", _gdn_args(head_first=True), r"chunk_gdn got an unexpected argument head_first=True"),
@@ -145,50 +116,20 @@ def test_fla_defaults_are_accepted() -> None:
 
 def _bwd_args(**over):  # noqa: ANN003, ANN202
     q, k, v, g, beta, cu = make_inputs("kda", (5, 70), H=2, K=16, V=8)
-    args = {
-        "q": q,
-        "k": k,
-        "v": v,
-        "g": g,
-        "beta": beta,
-        "do": torch.randn_like(v),
-        "cu_seqlens": cu,
-        "initial_state": make_state(2, 2, 16, 8),
-        "dht": torch.randn(2, 2, 16, 8),
-        "backend": "torch",
-    }
+    args = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "do": torch.randn_like(v), "cu_seqlens": cu,
+            "initial_state": make_state(2, 2, 16, 8), "dht": torch.randn(2, 2, 16, 8), "backend": "torch"}
     args.update(over)
     return args
 
 
 BAD_BWD = [
-    (
-        "do_shape",
-        _bwd_args(do=torch.randn(1, 75, 2, 4)),
-        r"do must have the shape of o \[B, T, HV, V\] = \(1, 75, 2, 8\), got do.shape=\(1, 75, 2, 4\)",
-    ),
-    (
-        "do_dtype",
-        _bwd_args(do=torch.randn(1, 75, 2, 8, dtype=torch.float64)),
-        r"do.dtype must equal o's dtype \(q.dtype=torch.float32\), got torch.float64",
-    ),
+    ("do_shape", _bwd_args(do=torch.randn(1, 75, 2, 4)), r"do must have the shape of o \[B, T, HV, V\] = \(1, 75, 2, 8\), got do.shape=\(1, 75, 2, 4\)"),
+    ("do_dtype", _bwd_args(do=torch.randn(1, 75, 2, 8, dtype=torch.float64)), r"do.dtype must equal o's dtype \(q.dtype=torch.float32\), got torch.float64"),
     ("do_type", _bwd_args(do=None), r"do must be a torch.Tensor \(the gradient of o\), got NoneType"),
-    (
-        "dht_shape",
-        _bwd_args(dht=torch.randn(1, 2, 16, 8)),
-        r"dht must have the shape of the final state \[N, H, K, V\] = \(2, 2, 16, 8\)",
-    ),
-    (
-        "dht_dtype",
-        _bwd_args(dht=torch.randn(2, 2, 16, 8).bfloat16()),
-        r"dht.dtype must be torch.float32 \(the final state's dtype\), got torch.bfloat16",
-    ),
+    ("dht_shape", _bwd_args(dht=torch.randn(1, 2, 16, 8)), r"dht must have the shape of the final state \[N, H, K, V\] = \(2, 2, 16, 8\)"),
+    ("dht_dtype", _bwd_args(dht=torch.randn(2, 2, 16, 8).bfloat16()), r"dht.dtype must be torch.float32 \(the final state's dtype\), got torch.bfloat16"),
     ("backend", _bwd_args(backend="reference"), r"backend must be 'torch', 'triton' or 'auto' for the chunked backward"),
-    (
-        "h0_shape",
-        _bwd_args(initial_state=torch.randn(3, 2, 16, 8)),
-        r"initial_state must have shape \[N, H, K, V\] = \(2, 2, 16, 8\)",
-    ),
+    ("h0_shape", _bwd_args(initial_state=torch.randn(3, 2, 16, 8)), r"initial_state must have shape \[N, H, K, V\] = \(2, 2, 16, 8\)"),
 ]
 
 

@@ -36,9 +36,8 @@ def test_two_plans_coexist_in_one_process() -> None:
     xs = _inputs()
     rec_a, rec_b = LaunchRecorder(), LaunchRecorder()
     plan_a = LaunchPlan(configs={"wy_gdn_fwd": SMALL}, recorder=rec_a)
-    plan_b = LaunchPlan(
-        configs={"wy_gdn_fwd": OTHER, "chunk_state_output_fwd": LaunchConfig(BV=16, num_warps=1)}, recorder=rec_b
-    )
+    plan_b = LaunchPlan(configs={"wy_gdn_fwd": OTHER, "chunk_state_output_fwd": LaunchConfig(BV=16, num_warps=1)},
+                        recorder=rec_b)
     o_a, _ = kernels.forward(OP, *xs, backend="triton", plan=plan_a)
     o_b, _ = kernels.forward(OP, *xs, backend="triton", plan=plan_b)
     assert rec_a["wy_gdn_fwd"][1] == SMALL and rec_b["wy_gdn_fwd"][1] == OTHER

@@ -45,10 +45,8 @@ def test_shipped_file_is_valid_and_inside_the_declared_spaces() -> None:
             assert e["median_ms"] <= e["default_ms"] * 1.02, (name, e)  # never slower than the default beyond noise
 
 
-@pytest.mark.skipif(
-    any(b["source_hash"] != source_hash(n) for n, b in _data()["kernels"].items()),
-    reason="the kernels changed since the H200 tuning run: the file is stale until re-tuned on the device",
-)
+@pytest.mark.skipif(any(b["source_hash"] != source_hash(n) for n, b in _data()["kernels"].items()),
+                    reason="the kernels changed since the H200 tuning run: the file is stale until re-tuned on the device")
 def test_shipped_configs_are_launched_for_the_h200() -> None:
     """Loaded for the H200, every shipped entry is what a launcher's `LaunchPlan.config_for` returns (and records in
     the plan's recorder, which measurements report) for that kernel and key."""
@@ -63,7 +61,8 @@ def test_shipped_configs_are_launched_for_the_h200() -> None:
             n += 1
     assert n == sum(len(b["entries"]) for b in _data()["kernels"].values()) > 0
     # a config that differs from the default really is picked up (not only equal-to-default entries)
-    assert any(e["config"] != KERNELS[name].default.as_dict() for name, b in _data()["kernels"].items() for e in b["entries"])
+    assert any(e["config"] != KERNELS[name].default.as_dict() for name, b in _data()["kernels"].items()
+               for e in b["entries"])
 
 
 def test_shipped_file_is_refused_for_another_device() -> None:

@@ -17,11 +17,7 @@ from tests.utils import assert_rel_close, make_inputs, make_state
 
 TOL = 1e-5
 OPS = ["gdn", "kda"]
-CASES = [
-    pytest.param(None, id="dense-B2-T100"),
-    pytest.param((63,), id="lens-63"),
-    pytest.param((37, 100, 4, 89), id="lens-37-100-4-89"),
-]
+CASES = [pytest.param(None, id="dense-B2-T100"), pytest.param((63,), id="lens-63"), pytest.param((37, 100, 4, 89), id="lens-37-100-4-89")]
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -47,7 +43,7 @@ def test_transition_matches_forward(op: str, lengths: tuple[int, ...] | None) ->
 
 @pytest.mark.parametrize("op", OPS)
 def test_chain_of_segments(op: str) -> None:
-    T, cuts = 200, [0, 70, 71, 150, 200]  # segments of 70, 1, 79, 50 tokens
+    T, cuts = 200, [0, 70, 71, 150, 200]           # segments of 70, 1, 79, 50 tokens
     q, k, v, g, beta, _ = make_inputs(op, B=1, T=T, H=2, K=16, V=32)
     Ms, Ss = [], []
     for a, b in zip(cuts[:-1], cuts[1:], strict=True):
@@ -75,7 +71,7 @@ def test_compose_associative_and_order() -> None:
     assert_rel_close("M", left[0], right[0], 1e-6)
     assert_rel_close("S", left[1], right[1], 1e-6)
     S0 = torch.randn(2, 8, 4, generator=gen)
-    step = M3 @ (M2 @ (M1 @ S0 + S1) + S2) + S3  # apply map 1, then 2, then 3
+    step = M3 @ (M2 @ (M1 @ S0 + S1) + S2) + S3       # apply map 1, then 2, then 3
     assert_rel_close("compose applies map 1 first", step, left[0] @ S0 + left[1], 1e-6)
     assert_rel_close("chain", step, kernels.chain(torch.stack([M1, M2, M3]), torch.stack([S1, S2, S3]), S0), 1e-6)
 
@@ -86,7 +82,7 @@ def test_transition_without_writes_is_decay(op: str) -> None:
     M, S_ext = kernels.transition(op, k, v, g, torch.zeros_like(beta), cu_seqlens=cu, backend="torch")
     g_k = g[..., None].expand(*g.shape, 16) if op == "gdn" else g
     for n, (a, b) in enumerate([(0, 40), (40, 130)]):
-        decay = g_k[0, a:b].sum(0).exp()  # [H, K]
+        decay = g_k[0, a:b].sum(0).exp()                                   # [H, K]
         assert_rel_close("M", torch.diag_embed(decay), M[n], 1e-5)
     assert float(S_ext.abs().max()) == 0.0
 

@@ -20,7 +20,7 @@ from tests.utils import assert_rel_close, make_inputs
 
 DEVICE = "cuda" if os.environ.get("CPBENCH_TEST_GPU") and torch.cuda.is_available() else "cpu"
 TOL = 1e-5 if DEVICE == "cpu" else 1e-2
-LENGTHS = (130, 70, 40)  # 3 + 2 + 1 chunks: the split pass (1 chunk per segment) folds 3 and 2 segments
+LENGTHS = (130, 70, 40)          # 3 + 2 + 1 chunks: the split pass (1 chunk per segment) folds 3 and 2 segments
 NEED = (True, False, True)
 
 
@@ -53,19 +53,16 @@ def test_masked_transition_triton(op: str, split: int) -> None:
     M0, S0 = chunk_transition_fwd(op, k, v, g, beta, cu_seqlens=cu, split_chunks=split)
     M, S = chunk_transition_fwd(op, k, v, g, beta, cu_seqlens=cu, split_chunks=split, need=need)
     _check(op, M, S, M0, S0, k.cpu(), v.cpu(), g.cpu(), beta.cpu(), cu.cpu())
-    if split == 0:  # the public entry routes the mask to the same kernel
+    if split == 0:   # the public entry routes the mask to the same kernel
         M2, S2 = kernels.transition(op, k, v, g, beta, cu_seqlens=cu, backend="triton", need=need)
         assert torch.equal(M2, M) and torch.equal(S2, S)
 
 
-@pytest.mark.parametrize(
-    ("need", "match"),
-    [
-        (torch.ones(2, dtype=torch.bool), r"need must be a bool tensor of shape \[3\]"),
-        (torch.ones(3, dtype=torch.int32), r"need must be a bool tensor of shape \[3\].*int32"),
-        ([True, False, True], r"need must be a bool tensor of shape \[3\].*list"),
-    ],
-)
+@pytest.mark.parametrize(("need", "match"), [
+    (torch.ones(2, dtype=torch.bool), r"need must be a bool tensor of shape \[3\]"),
+    (torch.ones(3, dtype=torch.int32), r"need must be a bool tensor of shape \[3\].*int32"),
+    ([True, False, True], r"need must be a bool tensor of shape \[3\].*list"),
+])
 def test_bad_mask_is_refused(need: object, match: str) -> None:
     _, k, v, g, beta, cu = make_inputs("gdn", LENGTHS, H=1, K=16, V=16)
     with pytest.raises(ValueError, match=match):

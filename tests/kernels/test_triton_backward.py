@@ -73,20 +73,8 @@ def test_triton_bwd_varlen_split(OP: str) -> None:
     K = DIM
     q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP, 3)
     rec = LaunchRecorder()
-    got = _bwd(OP)(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        do,
-        scale=K**-0.5,
-        initial_state=h0,
-        dht=dht,
-        cu_seqlens=cu,
-        split_chunks=1,
-        plan=default_plan().with_recorder(rec),
-    )
+    got = _bwd(OP)(q, k, v, g, beta, do, scale=K**-0.5, initial_state=h0, dht=dht, cu_seqlens=cu, split_chunks=1,
+                   plan=default_plan().with_recorder(rec))
     assert {"chunk_state_transition_fwd", "seg_chain_fwd", "chunk_state_bwd", "seg_chain_bwd"} <= set(rec)
     assert got[0].dtype == DTYPE and got[3].dtype == g.dtype and got[5].dtype == torch.float32
     _check(got, _reference_grads(OP, q, k, v, g, beta, h0, do, dht, cu.tolist()))
@@ -123,15 +111,8 @@ def test_triton_bwd_with_what_the_forward_kept(OP: str, policy: str) -> None:
     def grads(keep: str) -> list[torch.Tensor]:
         rec = LaunchRecorder()
         xs = [x.detach().clone().requires_grad_() for x in (q, k, v, g, beta, h0)]
-        o, ht = kernels.forward(
-            OP,
-            *xs[:5],
-            initial_state=xs[5],
-            output_final_state=True,
-            cu_seqlens=cu,
-            backend="triton",
-            plan=LaunchPlan(keep=keep, recorder=rec),
-        )
+        o, ht = kernels.forward(OP, *xs[:5], initial_state=xs[5], output_final_state=True, cu_seqlens=cu,
+                                backend="triton", plan=LaunchPlan(keep=keep, recorder=rec))
         rec.clear()
         ((o.float() * do.float()).sum() + (ht * dht).sum()).backward()
         skipped = {name.format(op=OP) for name in _RECOMPUTED.get(keep, ())}
@@ -154,52 +135,16 @@ def test_triton_bwd_with_the_forwards_states_split(OP: str, fuse: bool) -> None:
     q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP, 7)
     fwd = getattr(importlib.import_module(f"kernels.{OP}.chunk"), f"chunk_{OP}_fwd")
     keep: dict[str, torch.Tensor] = {}
-    o, ht = fwd(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale=DIM**-0.5,
-        initial_state=h0,
-        output_final_state=True,
-        cu_seqlens=cu,
-        split_chunks=1,
-        fuse_output=fuse,
-        keep=keep,
-        keep_states=True,
-    )
-    o_plain, ht_plain = fwd(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale=DIM**-0.5,
-        initial_state=h0,
-        output_final_state=True,
-        cu_seqlens=cu,
-        split_chunks=1,
-        fuse_output=fuse,
-    )
+    o, ht = fwd(q, k, v, g, beta, scale=DIM**-0.5, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                split_chunks=1, fuse_output=fuse, keep=keep, keep_states=True)
+    o_plain, ht_plain = fwd(q, k, v, g, beta, scale=DIM**-0.5, initial_state=h0, output_final_state=True,
+                            cu_seqlens=cu, split_chunks=1, fuse_output=fuse)
     assert torch.equal(o, o_plain) and torch.equal(ht, ht_plain)  # keeping changes what is stored, not the result
     assert int(keep["split"]) == 1 and keep["split"].device.type == "cpu"
     assert keep["M"].shape[0] == keep["h"].shape[0]  # one-chunk segments: one map per chunk, the last ones too
     rec = LaunchRecorder()
-    got = _bwd(OP)(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        do,
-        scale=DIM**-0.5,
-        initial_state=h0,
-        dht=dht,
-        cu_seqlens=cu,
-        wy=keep,
-        plan=default_plan().with_recorder(rec),
-    )
+    got = _bwd(OP)(q, k, v, g, beta, do, scale=DIM**-0.5, initial_state=h0, dht=dht, cu_seqlens=cu, wy=keep,
+                   plan=default_plan().with_recorder(rec))
     assert not {"chunk_state_fwd", "chunk_state_transition_fwd", "seg_chain_fwd"} & set(rec), sorted(rec)
     assert "seg_chain_bwd" in rec
     ref = _bwd(OP)(q, k, v, g, beta, do, scale=DIM**-0.5, initial_state=h0, dht=dht, cu_seqlens=cu, split_chunks=1)
@@ -216,23 +161,12 @@ def test_triton_state_grad_alone(OP: str, split: int) -> None:
 
     q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP, 9)
     rec = LaunchRecorder()
-    got = chunk_state_grad(
-        OP,
-        q,
-        k,
-        v,
-        g,
-        beta,
-        do,
-        scale=DIM**-0.5,
-        dht=dht,
-        cu_seqlens=cu,
-        split_chunks=split,
-        plan=default_plan().with_recorder(rec),
-    )
+    got = chunk_state_grad(OP, q, k, v, g, beta, do, scale=DIM**-0.5, dht=dht, cu_seqlens=cu, split_chunks=split,
+                           plan=default_plan().with_recorder(rec))
     ran = set(rec)
     assert "chunk_state_bwd" in ran and not ran & {"chunk_state_fwd", "wy_inverse", "chunk_bwd_dqk", "wy_bwd"}, ran
-    full = _bwd(OP)(q, k, v, g, beta, do, scale=DIM**-0.5, initial_state=h0, dht=dht, cu_seqlens=cu, split_chunks=split)[5]
+    full = _bwd(OP)(q, k, v, g, beta, do, scale=DIM**-0.5, initial_state=h0, dht=dht, cu_seqlens=cu,
+                    split_chunks=split)[5]
     assert_rel_close("dh0", full, got, 1e-6 if DEVICE == "cpu" else 1e-3)
     ref = _reference_grads(OP, q, k, v, g, beta, h0, do, dht, cu.tolist())[5]
     assert_rel_close("dh0 vs reference", ref, got, TOL)
@@ -260,15 +194,6 @@ def test_unknown_keep_policy_is_one_line_error(OP: str) -> None:
     q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP, 9)
     rec = LaunchRecorder()
     with pytest.raises(ValueError, match=r"^LaunchPlan\.keep must be one of inputs, wy, wy\+states, got 'states'$"):
-        kernels.forward(
-            OP,
-            q.requires_grad_(),
-            k,
-            v,
-            g,
-            beta,
-            cu_seqlens=cu,
-            backend="triton",
-            plan=LaunchPlan(keep="states", recorder=rec),
-        )
+        kernels.forward(OP, q.requires_grad_(), k, v, g, beta, cu_seqlens=cu, backend="triton",
+                        plan=LaunchPlan(keep="states", recorder=rec))
     assert not rec

@@ -50,7 +50,8 @@ def test_triton_chunk_varlen(OP: str) -> None:
     q, k, v, g, beta, cu = make_inputs(OP, lengths, H=2, K=64, V=64, lb=-1.0, device=DEVICE)
     h0 = make_state(len(lengths), 2, 64, 64, device=DEVICE)
     o_ref, ht_ref = kernels.reference(OP, q, k, v, g, beta, cu_seqlens=cu, initial_state=h0, output_final_state=True)
-    o, ht = kernels.forward(OP, q, k, v, g, beta, cu_seqlens=cu, initial_state=h0, output_final_state=True, backend="triton")
+    o, ht = kernels.forward(OP, q, k, v, g, beta, cu_seqlens=cu, initial_state=h0, output_final_state=True,
+                            backend="triton")
     assert_rel_close("o", o_ref, o, TOL)
     assert_rel_close("ht", ht_ref, ht, TOL)
 
@@ -62,20 +63,8 @@ def test_triton_chunk_split(OP: str, split: int, fuse: bool) -> None:
     h0 = make_state(len(lengths), 2, 32, 32, device=DEVICE)
     o_ref, ht_ref = kernels.reference(OP, q, k, v, g, beta, cu_seqlens=cu, initial_state=h0, output_final_state=True)
     rec = LaunchRecorder()
-    o, ht = _fwd(OP)(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale=32**-0.5,
-        initial_state=h0,
-        output_final_state=True,
-        cu_seqlens=cu,
-        split_chunks=split,
-        fuse_output=fuse,
-        plan=default_plan().with_recorder(rec),
-    )
+    o, ht = _fwd(OP)(q, k, v, g, beta, scale=32**-0.5, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                   split_chunks=split, fuse_output=fuse, plan=default_plan().with_recorder(rec))
     assert "chunk_state_transition_fwd" in rec and "seg_chain_fwd" in rec
     assert_rel_close("o", o_ref, o, TOL)
     assert_rel_close("ht", ht_ref, ht, TOL)
@@ -96,10 +85,8 @@ def test_triton_transition(OP: str, split: int) -> None:
 
 def test_triton_launch_config_is_launched(OP: str) -> None:
     q, k, v, g, beta, _ = make_inputs(OP, B=1, T=100, H=2, K=32, V=32, device=DEVICE)
-    cfg = {
-        "chunk_state_output_fwd": LaunchConfig(BV=16, num_warps=2, num_stages=1),
-        f"wy_{OP}_fwd": LaunchConfig(BK=16, BV=16, num_warps=2, num_stages=1),
-    }
+    cfg = {"chunk_state_output_fwd": LaunchConfig(BV=16, num_warps=2, num_stages=1),
+           f"wy_{OP}_fwd": LaunchConfig(BK=16, BV=16, num_warps=2, num_stages=1)}
     o_ref, _ = kernels.reference(OP, q, k, v, g, beta)
     rec = LaunchRecorder()
     o, _ = kernels.forward(OP, q, k, v, g, beta, backend="triton", config=cfg, plan=default_plan().with_recorder(rec))
@@ -120,7 +107,8 @@ def test_triton_strong_decay_at_the_documented_bound(OP: str) -> None:
     g = (-5.0 - 0.4 * torch.rand(*g_shape, generator=gen)).to(DEVICE)
     h0 = make_state(len(lengths), 2, 64, 32, device=DEVICE)
     o_ref, ht_ref = kernels.reference(OP, q, k, v, g, beta, cu_seqlens=cu, initial_state=h0, output_final_state=True)
-    o, ht = kernels.forward(OP, q, k, v, g, beta, cu_seqlens=cu, initial_state=h0, output_final_state=True, backend="triton")
+    o, ht = kernels.forward(OP, q, k, v, g, beta, cu_seqlens=cu, initial_state=h0, output_final_state=True,
+                            backend="triton")
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()
     assert_rel_close("o", o_ref, o, TOL)
     assert_rel_close("ht", ht_ref, ht, TOL)

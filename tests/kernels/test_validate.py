@@ -44,97 +44,36 @@ BAD: list[tuple[str, Callable[[], dict[str, Any]], str]] = [
     ("q_rank", lambda: _gdn(q=torch.randn(2, 20, 16)), r"q must be 4-D \[B, T, H, K\], got q.shape=\(2, 20, 16\)"),
     ("q_not_tensor", lambda: _gdn(q=[1.0]), r"q must be a torch.Tensor, got list"),
     ("qk_shape", lambda: _gdn(q=torch.randn(2, 20, 2, 32)), r"q and k must have the same shape .*q.shape=\(2, 20, 2, 32\)"),
-    (
-        "v_heads",
-        lambda: _gdn(v=torch.randn(2, 20, 3, 16)),
-        r"v.shape\[2\] \(value heads HV=3\) must be a positive multiple of k.shape\[2\] \(key heads H=2\)",
-    ),
+    ("v_heads", lambda: _gdn(v=torch.randn(2, 20, 3, 16)), r"v.shape\[2\] \(value heads HV=3\) must be a positive multiple of k.shape\[2\] \(key heads H=2\)"),
     ("v_length", lambda: _gdn(v=torch.randn(2, 19, 2, 16)), r"v.shape\[1\] \(length T\) must equal k.shape\[1\]=20"),
     ("v_batch", lambda: _gdn(v=torch.randn(1, 20, 2, 16)), r"v.shape\[0\] \(batch B\) must equal k.shape\[0\]=2"),
-    (
-        "beta_shape",
-        lambda: _gdn(beta=torch.rand(2, 20, 2, 1)),
-        r"beta must be 3-D \[B, T, H\], got beta.shape=\(2, 20, 2, 1\)",
-    ),
+    ("beta_shape", lambda: _gdn(beta=torch.rand(2, 20, 2, 1)), r"beta must be 3-D \[B, T, H\], got beta.shape=\(2, 20, 2, 1\)"),
     ("beta_heads", lambda: _gdn(beta=torch.rand(2, 20, 4)), r"beta.shape\[2\] \(heads H\) must equal v.shape\[2\]=2"),
-    (
-        "gdn_gate_per_key",
-        lambda: _gdn(g=-torch.rand(2, 20, 2, 16)),
-        r"g must be 3-D \[B, T, H\] for op='gdn'.*got g.shape=\(2, 20, 2, 16\)",
-    ),
-    (
-        "kda_gate_scalar",
-        lambda: _varlen(g=-torch.rand(1, 20, 2)),
-        r"g must be 4-D \[B, T, H, K\] for op='kda'.*got g.shape=\(1, 20, 2\)",
-    ),
+    ("gdn_gate_per_key", lambda: _gdn(g=-torch.rand(2, 20, 2, 16)), r"g must be 3-D \[B, T, H\] for op='gdn'.*got g.shape=\(2, 20, 2, 16\)"),
+    ("kda_gate_scalar", lambda: _varlen(g=-torch.rand(1, 20, 2)), r"g must be 4-D \[B, T, H, K\] for op='kda'.*got g.shape=\(1, 20, 2\)"),
     ("kda_gate_keys", lambda: _varlen(g=-torch.rand(1, 20, 2, 8)), r"g.shape\[3\] \(key dim K\) must equal k.shape\[3\]=16"),
     ("int_dtype", lambda: _gdn(q=torch.ones(2, 20, 2, 16, dtype=torch.int32)), r"q.dtype must be one of .*got torch.int32"),
-    (
-        "k_dtype",
-        lambda: _gdn(k=torch.randn(2, 20, 2, 16, dtype=torch.float16)),
-        r"k.dtype must equal q.dtype=torch.float32, got torch.float16",
-    ),
+    ("k_dtype", lambda: _gdn(k=torch.randn(2, 20, 2, 16, dtype=torch.float16)), r"k.dtype must equal q.dtype=torch.float32, got torch.float16"),
     ("g_positive", lambda: _gdn(g=torch.full((2, 20, 2), 0.5)), r"g must be a log decay, g <= 0 everywhere, got max\(g\)=0.5"),
     ("device_mix", lambda: _gdn(v=torch.randn(2, 20, 2, 16, device="meta")), r"v is on meta but k is on cpu"),
     ("scale", lambda: _gdn(scale=float("nan")), r"scale must be a finite float or None, got scale=nan"),
-    (
-        "h0_shape",
-        lambda: _gdn(initial_state=make_state(1, 2, 16, 16)),
-        r"initial_state must have shape \[N, H, K, V\] = \(2, 2, 16, 16\).*\(1, 2, 16, 16\)",
-    ),
+    ("h0_shape", lambda: _gdn(initial_state=make_state(1, 2, 16, 16)), r"initial_state must have shape \[N, H, K, V\] = \(2, 2, 16, 16\).*\(1, 2, 16, 16\)"),
     ("h0_rank", lambda: _gdn(initial_state=torch.zeros(2, 16, 16)), r"initial_state must be 4-D"),
-    (
-        "h0_varlen_N",
-        lambda: _varlen(initial_state=make_state(1, 2, 16, 16)),
-        r"\(N = number of sequences\), got initial_state.shape=\(1, 2, 16, 16\)",
-    ),
-    (
-        "cu_dtype",
-        lambda: _varlen(cu_seqlens=torch.tensor([0.0, 5.0, 20.0])),
-        r"cu_seqlens.dtype must be torch.int32 or torch.int64, got torch.float32",
-    ),
-    (
-        "cu_rank",
-        lambda: _varlen(cu_seqlens=torch.tensor([[0, 5, 20]])),
-        r"cu_seqlens must be 1-D with N\+1 >= 2 entries, got cu_seqlens.shape=\(1, 3\)",
-    ),
+    ("h0_varlen_N", lambda: _varlen(initial_state=make_state(1, 2, 16, 16)), r"\(N = number of sequences\), got initial_state.shape=\(1, 2, 16, 16\)"),
+    ("cu_dtype", lambda: _varlen(cu_seqlens=torch.tensor([0.0, 5.0, 20.0])), r"cu_seqlens.dtype must be torch.int32 or torch.int64, got torch.float32"),
+    ("cu_rank", lambda: _varlen(cu_seqlens=torch.tensor([[0, 5, 20]])), r"cu_seqlens must be 1-D with N\+1 >= 2 entries, got cu_seqlens.shape=\(1, 3\)"),
     ("cu_short", lambda: _varlen(cu_seqlens=torch.tensor([20])), r"cu_seqlens must be 1-D with N\+1 >= 2 entries"),
     ("cu_start", lambda: _varlen(cu_seqlens=torch.tensor([1, 5, 20])), r"cu_seqlens must start at 0, got cu_seqlens\[0\]=1"),
-    (
-        "cu_decreasing",
-        lambda: _varlen(cu_seqlens=torch.tensor([0, 12, 5, 20])),
-        r"non-decreasing, got cu_seqlens\[1\]=12 > cu_seqlens\[2\]=5",
-    ),
-    (
-        "cu_empty_seq",
-        lambda: _varlen(cu_seqlens=torch.tensor([0, 5, 5, 20])),
-        r"empty sequence 1 \(cu_seqlens\[1\] == cu_seqlens\[2\] == 5\)",
-    ),
+    ("cu_decreasing", lambda: _varlen(cu_seqlens=torch.tensor([0, 12, 5, 20])), r"non-decreasing, got cu_seqlens\[1\]=12 > cu_seqlens\[2\]=5"),
+    ("cu_empty_seq", lambda: _varlen(cu_seqlens=torch.tensor([0, 5, 5, 20])), r"empty sequence 1 \(cu_seqlens\[1\] == cu_seqlens\[2\] == 5\)"),
     ("cu_end", lambda: _varlen(cu_seqlens=torch.tensor([0, 5, 19])), r"cu_seqlens must end at T=20 .*got cu_seqlens\[-1\]=19"),
     ("cu_batch", lambda: _gdn(cu_seqlens=torch.tensor([0, 5, 20])), r"cu_seqlens needs flattened input with B == 1, got B=2"),
-    (
-        "cu_device",
-        lambda: _varlen(cu_seqlens=torch.tensor([0, 5, 20], device="meta")),
-        r"cu_seqlens must be on the CPU or on the inputs' device",
-    ),
+    ("cu_device", lambda: _varlen(cu_seqlens=torch.tensor([0, 5, 20], device="meta")), r"cu_seqlens must be on the CPU or on the inputs' device"),
     ("cu_cpu_len", lambda: _varlen(cu_seqlens_cpu=[0, 20]), r"cu_seqlens_cpu has 2 entries but cu_seqlens has 3"),
-    (
-        "triton_K_pow2",
-        lambda: _varlen(
-            backend="triton", q=torch.randn(1, 20, 2, 24), k=torch.randn(1, 20, 2, 24), g=-torch.rand(1, 20, 2, 24)
-        ),
-        r"head dim K=24 is not supported by the triton backend",
-    ),
-    (
-        "triton_V_big",
-        lambda: _gdn(backend="triton", v=torch.randn(2, 20, 2, 512)),
-        r"head dim V=512 is not supported by the triton backend.*\[16, 256\]",
-    ),
-    (
-        "triton_K_small",
-        lambda: _gdn(backend="triton", q=torch.randn(2, 20, 2, 8), k=torch.randn(2, 20, 2, 8)),
-        r"head dim K=8 is not supported",
-    ),
+    ("triton_K_pow2", lambda: _varlen(backend="triton", q=torch.randn(1, 20, 2, 24), k=torch.randn(1, 20, 2, 24),
+                                      g=-torch.rand(1, 20, 2, 24)), r"head dim K=24 is not supported by the triton backend"),
+    ("triton_V_big", lambda: _gdn(backend="triton", v=torch.randn(2, 20, 2, 512)), r"head dim V=512 is not supported by the triton backend.*\[16, 256\]"),
+    ("triton_K_small", lambda: _gdn(backend="triton", q=torch.randn(2, 20, 2, 8), k=torch.randn(2, 20, 2, 8)), r"head dim K=8 is not supported"),
     ("config_type", lambda: _gdn(config={"BV": 32}), r"config must map kernel names \(str\) to LaunchConfig, got 'BV': int"),
     ("config_obj", lambda: _gdn(config=32), r"config must be None, a LaunchConfig or a Mapping\[str, LaunchConfig\], got int"),
 ]
@@ -170,9 +109,7 @@ def test_chain_invalid() -> None:
 def test_fla_missing_names_package(monkeypatch: pytest.MonkeyPatch) -> None:
     # None in sys.modules makes the import fail as if FLA were not installed (CI installs fla-core)
     monkeypatch.setitem(sys.modules, "fla.ops.gated_delta_rule", None)
-    with pytest.raises(
-        ImportError, match=r"backend 'fla' needs the flash-linear-attention package \(pip install flash-linear-attention\)"
-    ):
+    with pytest.raises(ImportError, match=r"backend 'fla' needs the flash-linear-attention package \(pip install flash-linear-attention\)"):
         _run(_gdn(backend="fla"))
 
 

@@ -51,9 +51,8 @@ def test_the_pure_count_is_the_kernels_count(mode: str, direction: str) -> None:
     for ctx in _contexts():
         sends, recvs = ring.p2p_counts(ctx)
         for options in OPTIONS if mode == "tail_exchange" else [None]:
-            pure = vocab.collective_count(
-                mode, crossing=ctx.any_crossing, sends=sends, recvs=recvs, options=options, direction=direction
-            )
+            pure = vocab.collective_count(mode, crossing=ctx.any_crossing, sends=sends, recvs=recvs, options=options,
+                                          direction=direction)
             assert pure == cp.expected_collectives(mode, ctx, options, direction), (ctx, options)
 
 
@@ -67,20 +66,8 @@ def test_ring_and_tail_exchange_post_the_same_hand_offs() -> None:
 def test_the_gang_count_is_the_cost_models(mode: str, direction: str) -> None:
     for lengths, W, layout in PARTITIONS:
         gang, _ = cp.expected_collectives_gang(mode, _bounds(lengths), W, layout, direction=direction)
-        model = comm_cost(
-            mode,
-            B=1,
-            T=sum(lengths),
-            H=2,
-            K=16,
-            V=16,
-            W=W,
-            dtype_bytes=2,
-            layout=layout,
-            lengths=lengths,
-            direction=direction,
-            warmup_chunks=2,
-        )
+        model = comm_cost(mode, B=1, T=sum(lengths), H=2, K=16, V=16, W=W, dtype_bytes=2, layout=layout,
+                          lengths=lengths, direction=direction, warmup_chunks=2)
         assert model is not None and model.collectives == gang, (lengths, W, layout)
 
 

@@ -22,9 +22,8 @@ if TYPE_CHECKING:
     from runners.point import PointSpec
 
 
-def recurrent(
-    op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, bounds: tuple[int, ...], scale: float
-) -> Tensor:
+def recurrent(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, bounds: tuple[int, ...],
+              scale: float) -> Tensor:
     """The delta rule token by token in fp32 over the varlen batch `[1, T, ...]` with sequence `bounds`."""
     _, T, H, K = q.shape
     o = torch.zeros(1, T, H, v.shape[-1], dtype=torch.float32, device=q.device)
@@ -32,9 +31,9 @@ def recurrent(
     for bos, eos in zip(bounds[:-1], bounds[1:], strict=True):
         S = torch.zeros(H, K, v.shape[-1], dtype=torch.float32, device=q.device)
         for t in range(bos, eos):
-            a = gf[0, t].exp()  # [H] (gdn) or [H, K] (kda)
+            a = gf[0, t].exp()                                   # [H] (gdn) or [H, K] (kda)
             S = S * (a[:, None, None] if op == "gdn" else a[:, :, None])
-            kt = kf[0, t]  # [H, K]
+            kt = kf[0, t]                                        # [H, K]
             err = vf[0, t] - torch.einsum("hkv,hk->hv", S, kt)  # [H, V]
             S = S + bf[0, t][:, None, None] * kt[:, :, None] * err[:, None, :]
             o[0, t] = scale * torch.einsum("hkv,hk->hv", S, qf[0, t])
@@ -52,21 +51,8 @@ class TorchPeer:
     def expected_collectives(self, mode: str, ctx: Any, options: Mapping[str, Any]) -> dict[str, int]:
         return {"all_gather": 5} if mode == "all_gather" else {}  # q, k, v, g, beta
 
-    def forward(
-        self,
-        mode: str,
-        op: str,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        g: Tensor,
-        beta: Tensor,
-        *,
-        group: Any,
-        ctx: Any,
-        scale: float | None,
-        options: Mapping[str, Any],
-    ) -> Tensor:
+    def forward(self, mode: str, op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any,
+                ctx: Any, scale: float | None, options: Mapping[str, Any]) -> Tensor:
         s = q.shape[-1] ** -0.5 if scale is None else scale
         if mode == "none":
             return recurrent(op, q, k, v, g, beta, ctx.cu_seqlens, s)

@@ -72,15 +72,8 @@ def write_spec(tmp_path: Path, name: str = "spec.yaml", **overrides: Any) -> Pat
         "modes": ["none"],
         "backends": ["torch"],
         "axes": {"B": 1, "T": 128, "H": 2, "K": 32, "V": 32, "lb": -1.0, "W": 1, "dtype": "float32"},
-        "timing": {
-            "min_samples": 2,
-            "max_samples": 4,
-            "min_time_s": 0.0,
-            "max_rel_iqr": 0.5,
-            "timeout_s": 1.0,
-            "warmup_s": 0.0,
-            "flush_l2": False,
-        },
+        "timing": {"min_samples": 2, "max_samples": 4, "min_time_s": 0.0, "max_rel_iqr": 0.5, "timeout_s": 1.0,
+                   "warmup_s": 0.0, "flush_l2": False},
         "check": {"reference_tokens": 64},
     }
     for k, v in overrides.items():

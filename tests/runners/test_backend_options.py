@@ -27,9 +27,7 @@ from runners.grid import expand
 from runners.spec import parse_spec
 
 BASE: dict[str, Any] = {
-    "name": "keep",
-    "ops": ["gdn"],
-    "backends": ["torch", "triton"],
+    "name": "keep", "ops": ["gdn"], "backends": ["torch", "triton"],
     "modes": ["none", "warmup_correct", "headwise", "all_gather", "ring", "true_cp", "tail_exchange"],
     "axes": {"T": 64, "H": 2, "K": 16, "V": 16, "W": 1, "dtype": "float32", "direction": ["fwd", "fwd+bwd"]},
 }
@@ -44,15 +42,10 @@ def test_spec_accepts_a_policy_and_refuses_others_in_one_line() -> None:
     spec = parse_spec({**BASE, "mode_options": {"triton": {"keep": "wy+states"}, "true_cp": {"segment_len": 64}}})
     assert spec.mode_options == {"triton": {"keep": "wy+states"}, "true_cp": {"segment_len": 64}}
     cases = [
-        (
-            {"triton": {"keep": "states"}},
-            "invalid sweep spec: mode_options: backend 'triton' option keep must be one of inputs, wy, wy+states, "
-            "got 'states'",
-        ),
-        (
-            {"triton": {"kept": "wy"}},
-            "invalid sweep spec: mode_options: unknown option(s) kept for backend 'triton'; known: keep",
-        ),
+        ({"triton": {"keep": "states"}},
+         "invalid sweep spec: mode_options: backend 'triton' option keep must be one of inputs, wy, wy+states, "
+         "got 'states'"),
+        ({"triton": {"kept": "wy"}}, "invalid sweep spec: mode_options: unknown option(s) kept for backend 'triton'; known: keep"),
     ]
     for options, message in cases:
         with pytest.raises(SpecError) as err:
@@ -103,13 +96,8 @@ def test_a_kept_point_runs_with_its_policy_and_passes_its_gate(monkeypatch: pyte
     from runners.gang import RankContext
     from runners.point import PointJob, PointSpec
 
-    spec = {
-        **BASE,
-        "backends": ["triton"],
-        "modes": ["none"],
-        "mode_options": {"triton": {"keep": "wy+states"}},
-        "axes": {**BASE["axes"], "direction": "fwd+bwd"},
-    }
+    spec = {**BASE, "backends": ["triton"], "modes": ["none"], "mode_options": {"triton": {"keep": "wy+states"}},
+            "axes": {**BASE["axes"], "direction": "fwd+bwd"}}
     (row,) = expand(parse_spec(spec))
     policies: list[str] = []
     backward: list[tuple[set[str], set[str]]] = []  # (kept tensors handed to the backward, kernels it launched)
@@ -128,18 +116,8 @@ def test_a_kept_point_runs_with_its_policy_and_passes_its_gate(monkeypatch: pyte
 
     monkeypatch.setattr(api, "differentiable_forward", differentiable_forward)
     monkeypatch.setattr(autograd, "chunk_backward_impl", chunk_backward_impl)
-    options = {
-        "timing": {
-            "min_samples": 2,
-            "max_samples": 2,
-            "min_time_s": 0.0,
-            "timeout_s": 5.0,
-            "warmup_s": 0.0,
-            "flush_l2": False,
-        },
-        "check": {"reference_tokens": 64},
-        "profile": False,
-    }
+    options = {"timing": {"min_samples": 2, "max_samples": 2, "min_time_s": 0.0, "timeout_s": 5.0, "warmup_s": 0.0,
+                          "flush_l2": False}, "check": {"reference_tokens": 64}, "profile": False}
     rc = RankContext(rank=0, world_size=1, device=torch.device("cpu"), backend="gloo", group=None)
     out = run_point_job(rc, PointJob(PointSpec.from_json(row["params"]), options, trace_path=None))
     assert out.ok and out.gate is not None, out.error

@@ -17,33 +17,13 @@ from runners.point import PointJob, PointSpec
 from runners.results import PointResult
 
 PLUGIN = "tests.plugins.torch_peer:PEER"
-OPTIONS = {
-    "timing": {"min_samples": 2, "max_samples": 2, "min_time_s": 0.0, "timeout_s": 1.0, "warmup_s": 0.0, "flush_l2": False},
-    "check": {"reference_tokens": 48},
-    "profile": False,
-}
+OPTIONS = {"timing": {"min_samples": 2, "max_samples": 2, "min_time_s": 0.0, "timeout_s": 1.0, "warmup_s": 0.0,
+                      "flush_l2": False}, "check": {"reference_tokens": 48}, "profile": False}
 
 
 def _params(op: str) -> PointSpec:
-    return PointSpec.from_json(
-        {
-            "op": op,
-            "mode": "none",
-            "backend": "torchpeer",
-            "backend_ref": PLUGIN,
-            "B": 2,
-            "T": 24,
-            "H": 2,
-            "K": 8,
-            "V": 8,
-            "lb": -1.0,
-            "W": 1,
-            "layout": "contiguous",
-            "direction": "fwd+bwd",
-            "dtype": "float32",
-            "seed": 0,
-        }
-    )
+    return PointSpec.from_json({"op": op, "mode": "none", "backend": "torchpeer", "backend_ref": PLUGIN, "B": 2, "T": 24, "H": 2, "K": 8,
+            "V": 8, "lb": -1.0, "W": 1, "layout": "contiguous", "direction": "fwd+bwd", "dtype": "float32", "seed": 0})
 
 
 def _run(op: str) -> PointResult:
@@ -65,7 +45,6 @@ def test_peer_fwd_bwd_point_is_timed_and_gated(op: str, plugin_modules: Any, mon
         def cm() -> Any:
             entered.append("in")
             yield
-
         return cm()
 
     monkeypatch.setattr(torch_peer.TorchPeer, "step_context", lambda self, options: context(options), raising=False)

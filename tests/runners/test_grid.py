@@ -18,23 +18,8 @@ from tests.runners.engine_fixtures import DEMO_SPEC
 
 
 def _params(**over: object) -> PointSpec:
-    p = {
-        "op": "gdn",
-        "mode": "ring",
-        "backend": "torch",
-        "B": 1,
-        "T": 256,
-        "H": 4,
-        "K": 32,
-        "V": 32,
-        "lb": -1.0,
-        "W": 2,
-        "layout": "contiguous",
-        "direction": "fwd",
-        "dtype": "float32",
-        "seed": 0,
-        "rep": 0,
-    }
+    p = {"op": "gdn", "mode": "ring", "backend": "torch", "B": 1, "T": 256, "H": 4, "K": 32, "V": 32, "lb": -1.0,
+         "W": 2, "layout": "contiguous", "direction": "fwd", "dtype": "float32", "seed": 0, "rep": 0}
     p.update(over)
     return PointSpec.from_json(p)
 
@@ -62,15 +47,11 @@ def test_expand_demo_deterministic() -> None:
         pytest.param({"mode": "none", "W": 2}, {}, "mode 'none' runs on one device: needs W == 1, got W=2", id="none-W2"),
         pytest.param({"mode": "warmup_correct", "W": 4}, {}, "needs W == 1, got W=4", id="wc-W4"),
         pytest.param({"W": 4}, {"max_W": 2}, "W=4 is more than the 2 device(s) present", id="devices"),
-        pytest.param(
-            {"mode": "headwise", "H": 3}, {}, "headwise needs H % W == 0 and HV % W == 0, got H=3, HV=3, W=2", id="headwise"
-        ),
+        pytest.param({"mode": "headwise", "H": 3}, {}, "headwise needs H % W == 0 and HV % W == 0, got H=3, HV=3, W=2", id="headwise"),
         pytest.param({"T": 255}, {}, "needs B*T=255 divisible by 2", id="contiguous"),
         pytest.param({"T": 258, "layout": "zigzag"}, {}, "needs B*T=258 divisible by 4", id="zigzag"),
         pytest.param({"lengths": [100, 55], "T": 155}, {}, "needs lengths sum=155 divisible by 2", id="varlen"),
-        pytest.param(
-            {"mode": "tail_exchange"}, {"modes": ("none", "ring")}, "mode 'tail_exchange' is not implemented", id="mode"
-        ),
+        pytest.param({"mode": "tail_exchange"}, {"modes": ("none", "ring")}, "mode 'tail_exchange' is not implemented", id="mode"),
         pytest.param({"backend": "fla"}, {"backends": ("torch",)}, "backend 'fla' is not available here", id="backend"),
     ],
 )
@@ -94,15 +75,8 @@ def test_expand_repetitions_share_key() -> None:
 
 
 def test_point_key_options_and_varlen() -> None:
-    spec = parse_spec(
-        {
-            "name": "o",
-            "ops": "kda",
-            "modes": ["warmup_correct", "true_cp"],
-            "axes": {"lengths": [[100, 156]], "W": 1},
-            "warmup_correct": {"tol": 0.01},
-        }
-    )
+    spec = parse_spec({"name": "o", "ops": "kda", "modes": ["warmup_correct", "true_cp"],
+                       "axes": {"lengths": [[100, 156]], "W": 1}, "warmup_correct": {"tol": 0.01}})
     wc, tcp = expand(spec)
     assert wc["key"].endswith(",opts=tol=0.01") and "lengths=100-156" in wc["key"]
     assert wc["params"]["mode_options"]["tol"] == 0.01
@@ -115,9 +89,8 @@ def test_point_key_options_and_varlen() -> None:
 def test_hv_axis_grouped_value_heads() -> None:
     # HV (default H): the key names HV only when it differs from H, so older keys never change; grouped points run
     # in every mode (headwise needs H % W and HV % W), and HV must be a multiple of H
-    spec = parse_spec(
-        {"name": "hv", "ops": "gdn", "modes": ["none", "ring"], "axes": {"T": 128, "H": [2, 4], "HV": [4, 6], "W": 1}}
-    )
+    spec = parse_spec({"name": "hv", "ops": "gdn", "modes": ["none", "ring"],
+                       "axes": {"T": 128, "H": [2, 4], "HV": [4, 6], "W": 1}})
     rows = expand(spec)
     assert len(rows) == grid_size(spec) == 8
     by = {(r["params"]["H"], r["params"]["HV"], r["mode"]): r for r in rows}

@@ -30,41 +30,20 @@ GUARDED, FIXED = (3, 6, 0), (3, 7, 1)
 
 # FLA's implementation of each mode and what it runs: (mode, direction) -> None (runs) or a reason substring
 FLA_TABLE: dict[tuple[str, str], str | None] = {
-    ("none", "fwd"): None,
-    ("none", "fwd+bwd"): None,
-    ("true_cp", "fwd"): None,
-    ("true_cp", "fwd+bwd"): None,
+    ("none", "fwd"): None, ("none", "fwd+bwd"): None,
+    ("true_cp", "fwd"): None, ("true_cp", "fwd+bwd"): None,
     ("warmup_correct", "fwd"): None,
     ("warmup_correct", "fwd+bwd"): "intra-card CP runs only under torch.inference_mode",
-    ("headwise", "fwd"): None,
-    ("all_gather", "fwd"): None,
-    ("ring", "fwd"): None,
-    ("headwise", "fwd+bwd"): "timed forward only",
-    ("all_gather", "fwd+bwd"): "timed forward only",
+    ("headwise", "fwd"): None, ("all_gather", "fwd"): None, ("ring", "fwd"): None,
+    ("headwise", "fwd+bwd"): "timed forward only", ("all_gather", "fwd+bwd"): "timed forward only",
     ("ring", "fwd+bwd"): "timed forward only",
-    ("tail_exchange", "fwd"): "FLA has no transition primitive",
-    ("tail_exchange", "fwd+bwd"): "FLA has no transition primitive",
+    ("tail_exchange", "fwd"): "FLA has no transition primitive", ("tail_exchange", "fwd+bwd"): "FLA has no transition primitive",
 }
 
 
 def _params(**kw: Any) -> PointSpec:
-    p = {
-        "op": "gdn",
-        "mode": "none",
-        "backend": "fla",
-        "B": 1,
-        "T": 256,
-        "H": 4,
-        "K": 32,
-        "V": 32,
-        "lb": -1.0,
-        "W": 1,
-        "layout": "contiguous",
-        "direction": "fwd",
-        "dtype": "bfloat16",
-        "seed": 0,
-        "rep": 0,
-    }
+    p = {"op": "gdn", "mode": "none", "backend": "fla", "B": 1, "T": 256, "H": 4, "K": 32, "V": 32, "lb": -1.0, "W": 1,
+         "layout": "contiguous", "direction": "fwd", "dtype": "bfloat16", "seed": 0, "rep": 0}
     p.update(kw)
     return PointSpec.from_json(p)
 
@@ -112,24 +91,15 @@ def test_fla_limits_of_its_own() -> None:
 def test_fla_expansion_same_with_and_without_fla(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without availability checks the expansion is FLA's static table; with them, FLA's points that would run
     are skipped because FLA is missing, or (installed, on this CPU-only machine) because it needs a GPU."""
-    spec = parse_spec(
-        {
-            "name": "f",
-            "ops": ["gdn", "kda"],
-            "modes": list(MODES),
-            "backends": ["fla"],
-            "axes": {"T": 256, "W": [1, 2], "H": 4, "K": 32, "V": 32},
-        }
-    )
+    spec = parse_spec({"name": "f", "ops": ["gdn", "kda"], "modes": list(MODES), "backends": ["fla"],
+                       "axes": {"T": 256, "W": [1, 2], "H": 4, "K": 32, "V": 32}})
     static = [(r["key"], r["status"], r["reason"]) for r in expand(spec)]
     runs = {k for k, st, _ in static if st == "queued"}
     assert len(runs) == 2 * (2 + 4 * 2)  # per op: none, warmup_correct at W=1; true_cp, headwise, all_gather, ring at W=1, 2
     for installed, why in ((None, "fla-core) is not installed"), (object(), "need a CUDA GPU")):
         monkeypatch.setattr(fla_peer.importlib.util, "find_spec", lambda name, _i=installed: _i)
         rows = expand(spec, backends=("torch", "triton"))
-        assert [(r["key"], r["status"]) for r in rows if r["key"] not in runs] == [
-            (k, s) for k, s, _ in static if k not in runs
-        ]
+        assert [(r["key"], r["status"]) for r in rows if r["key"] not in runs] == [(k, s) for k, s, _ in static if k not in runs]
         assert all(why in r["reason"] for r in rows if r["key"] in runs)
 
 
@@ -138,9 +108,7 @@ def test_spec_peer_options_and_errors(plugin_modules: Any) -> None:
     base = {"name": "o", "ops": "gdn", "modes": "none", "axes": {"T": 128}}
     spec = parse_spec({**base, "backends": ["fla"], "mode_options": {"fla": {"bypass_hopper_guard": True}}})
     (row,) = expand(spec)
-    assert row["params"]["backend_options"] == {"bypass_hopper_guard": True} and row["key"].endswith(
-        ",opts=fla.bypass_hopper_guard=True"
-    )
+    assert row["params"]["backend_options"] == {"bypass_hopper_guard": True} and row["key"].endswith(",opts=fla.bypass_hopper_guard=True")
     with pytest.raises(SpecError, match=r"unknown option\(s\) bypass for backend 'fla'; known: bypass_hopper_guard"):
         parse_spec({**base, "backends": ["fla"], "mode_options": {"fla": {"bypass": True}}})
     with pytest.raises(SpecError, match="mode_options keys are CP modes .* or a peer backend of the spec"):
@@ -159,20 +127,16 @@ def test_plugin_from_spec_string_and_entry_point(monkeypatch: pytest.MonkeyPatch
     none, ring = expand(spec)
     assert none["backend"] == "torchpeer" and none["params"]["backend_ref"] == PLUGIN and none["status"] == "queued"
     assert ring["status"] == "skipped" and "does not implement mode 'ring'" in ring["reason"]
-    assert "at most 4096 tokens" in (
-        skip_reason(PointSpec.from_json({**none["params"], "T": 8192})) or ""
-    )  # the plugin's own rule
+    assert "at most 4096 tokens" in (skip_reason(PointSpec.from_json({**none["params"], "T": 8192})) or "")  # the plugin's own rule
 
     ep = importlib.metadata.EntryPoint(name="torchpeer", value=PLUGIN, group=plugins.ENTRY_POINT_GROUP)
     real = importlib.metadata.entry_points
-    monkeypatch.setattr(
-        importlib.metadata, "entry_points", lambda **kw: [ep] if kw.get("group") == plugins.ENTRY_POINT_GROUP else real(**kw)
-    )
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda **kw: [ep] if kw.get("group") == plugins.ENTRY_POINT_GROUP else real(**kw))
     plugins.clear_cache()
     try:
-        (row, _) = expand(
-            parse_spec({"name": "e", "ops": "kda", "modes": ["none", "ring"], "backends": ["torchpeer"], "axes": {"T": 128}})
-        )
+        (row, _) = expand(parse_spec({"name": "e", "ops": "kda", "modes": ["none", "ring"], "backends": ["torchpeer"],
+                                      "axes": {"T": 128}}))
         assert row["backend"] == "torchpeer" and "backend_ref" not in row["params"] and row["status"] == "queued"
         assert plugins.unavailable(PointSpec.from_json(row["params"]), available_backends()) is None
     finally:
@@ -224,9 +188,8 @@ def test_plugin_modules_allow_list(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         check_peer(spy, "'spy'")
     # the first-call allowance is added to the point's time limit: a bad one is refused, not read as 0
     for bad in (-1.0, float("inf"), "600", True):
-        slow = type(
-            "Slow", (), {"name": "slow", "modes": {"none": ("fwd",)}, "forward": lambda *a, **k: None, "first_call_s": bad}
-        )()
+        slow = type("Slow", (), {"name": "slow", "modes": {"none": ("fwd",)}, "forward": lambda *a, **k: None,
+                                 "first_call_s": bad})()
         with pytest.raises(ValueError, match=r"`first_call_s` must be a finite number of seconds >= 0"):
             check_peer(slow, "'slow'")
     slow.first_call_s = 90
@@ -237,15 +200,13 @@ def test_plugin_modules_allow_list(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert not plugins.module_allowed("a.bc", ("a.b",))
 
 
-def test_plugin_module_of_an_installed_entry_point_needs_no_setting(
-    monkeypatch: pytest.MonkeyPatch, plugin_modules: Any
-) -> None:
+def test_plugin_module_of_an_installed_entry_point_needs_no_setting(monkeypatch: pytest.MonkeyPatch,
+                                                                   plugin_modules: Any) -> None:
     plugin_modules("")
     ep = importlib.metadata.EntryPoint(name="torchpeer", value=PLUGIN, group=plugins.ENTRY_POINT_GROUP)
     real = importlib.metadata.entry_points
-    monkeypatch.setattr(
-        importlib.metadata, "entry_points", lambda **kw: [ep] if kw.get("group") == plugins.ENTRY_POINT_GROUP else real(**kw)
-    )
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda **kw: [ep] if kw.get("group") == plugins.ENTRY_POINT_GROUP else real(**kw))
     assert plugins.refusal(PLUGIN) is None and plugins.refusal("tests.plugins.torch_peer:OTHER")
     (row,) = expand(parse_spec({"name": "e", "ops": "kda", "modes": "none", "backends": [PLUGIN], "axes": {"T": 128}}))
     assert row["backend"] == "torchpeer" and row["status"] == "queued"
@@ -275,15 +236,8 @@ def test_bypass_lifts_flas_hopper_guard(monkeypatch: pytest.MonkeyPatch) -> None
 
     monkeypatch.setattr(chunk_o, "IS_NVIDIA_HOPPER", True)
     x = torch.randn(1, 64, 1, 16)
-    args = {
-        "q": x,
-        "k": x,
-        "v": x,
-        "do": x,
-        "h": torch.randn(1, 1, 1, 16, 16),
-        "dh": torch.randn(1, 1, 1, 16, 16),
-        "g": torch.randn(1, 64, 1),
-    }
+    args = {"q": x, "k": x, "v": x, "do": x, "h": torch.randn(1, 1, 1, 16, 16), "dh": torch.randn(1, 1, 1, 16, 16),
+            "g": torch.randn(1, 64, 1)}
     with pytest.raises(RuntimeError, match="Hopper GPUs produces incorrect results"):
         chunk_o.chunk_bwd_dqkwg(**args)
     with fla_peer.hopper_guard({"bypass_hopper_guard": True}), pytest.raises(Exception) as err:
@@ -309,12 +263,8 @@ def test_peers_suite_expands_ours_and_flas_side_by_side() -> None:
 
 
 @pytest.mark.multiproc
-def test_worker_refuses_a_plugin_point_that_reached_the_store(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    store_url: str,  # noqa: F811
-    plugin_modules: Any,
-) -> None:
+def test_worker_refuses_a_plugin_point_that_reached_the_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              store_url: str, plugin_modules: Any) -> None:  # noqa: F811
     """Defence in depth: a `module:object` point written to the store without the API's check (here: by hand) is
     failed by the worker with the refusal, and the module is never imported."""
     from db.models import Point
@@ -325,14 +275,14 @@ def test_worker_refuses_a_plugin_point_that_reached_the_store(
     marker = _spy_module(tmp_path, monkeypatch, "cpbench_spy_b")
     plugin_modules("")
     with session_scope(store_url) as s:
-        sweep = submit_spec(
-            s, parse_spec({"name": "w", "ops": "kda", "modes": "none", "axes": {"T": 64, "H": 2, "K": 16, "V": 16}})
-        )
+        sweep = submit_spec(s, parse_spec({"name": "w", "ops": "kda", "modes": "none", "axes": {"T": 64, "H": 2, "K": 16,
+                                                                                         "V": 16}}))
         (point,) = s.query(Point).filter_by(sweep_id=sweep.id).all()
         point.params = {**point.params, "backend": "spy", "backend_ref": "cpbench_spy_b:PEER"}
         point.backend = "spy"
         sweep_id = sweep.id
-    stats = run_worker(store_url, once=True, until_sweep=sweep_id, device_kind="cpu", devices=1, artifact_dir=tmp_path / "art")
+    stats = run_worker(store_url, once=True, until_sweep=sweep_id, device_kind="cpu", devices=1,
+                       artifact_dir=tmp_path / "art")
     assert (stats.done, stats.failed) == (0, 1)
     with session_scope(store_url) as s:
         (point,) = s.query(Point).filter_by(sweep_id=sweep_id).all()

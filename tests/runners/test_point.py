@@ -19,45 +19,12 @@ from runners.grid import point_key
 from runners.point import PointJob, PointSpec
 from runners.training import is_training
 
-FULL = {
-    "op": "kda",
-    "mode": "warmup_correct",
-    "backend": "torchpeer",
-    "B": 1,
-    "T": 96,
-    "lengths": [50, 30, 16],
-    "H": 2,
-    "K": 16,
-    "V": 8,
-    "lb": -0.5,
-    "W": 1,
-    "layout": "zigzag",
-    "direction": "fwd+bwd",
-    "dtype": "bfloat16",
-    "seed": 3,
-    "rep": 1,
-    "HV": 4,
-    "mode_options": {"tol": 0.01},
-    "backend_ref": "tests.plugins.torch_peer:PEER",
-    "backend_options": {"x": 1},
-}
-PLAIN = {
-    "op": "gdn",
-    "mode": "ring",
-    "backend": "torch",
-    "B": 2,
-    "T": 128,
-    "H": 4,
-    "K": 32,
-    "V": 32,
-    "lb": -1.0,
-    "W": 2,
-    "layout": "contiguous",
-    "direction": "fwd",
-    "dtype": "float32",
-    "seed": 0,
-    "rep": 0,
-}
+FULL = {"op": "kda", "mode": "warmup_correct", "backend": "torchpeer", "B": 1, "T": 96, "lengths": [50, 30, 16], "H": 2,
+        "K": 16, "V": 8, "lb": -0.5, "W": 1, "layout": "zigzag", "direction": "fwd+bwd", "dtype": "bfloat16", "seed": 3,
+        "rep": 1, "HV": 4, "mode_options": {"tol": 0.01}, "backend_ref": "tests.plugins.torch_peer:PEER",
+        "backend_options": {"x": 1}}
+PLAIN = {"op": "gdn", "mode": "ring", "backend": "torch", "B": 2, "T": 128, "H": 4, "K": 32, "V": 32, "lb": -1.0, "W": 2,
+         "layout": "contiguous", "direction": "fwd", "dtype": "float32", "seed": 0, "rep": 0}
 
 
 @pytest.mark.parametrize("data", [FULL, PLAIN], ids=["every-field", "plain"])

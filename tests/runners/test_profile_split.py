@@ -48,24 +48,17 @@ def test_training_step_splits_host_syncs_per_direction() -> None:
     step()
     p = profile_step(step, device=CPU)
     assert p.host_syncs == 3
-    assert p.by_direction == {
-        "fwd": {"collectives": {}, "collective_bytes": {}, "host_syncs": 1},
-        "bwd": {"collectives": {}, "collective_bytes": {}, "host_syncs": 2},
-    }
+    assert p.by_direction == {"fwd": {"collectives": {}, "collective_bytes": {}, "host_syncs": 1},
+                              "bwd": {"collectives": {}, "collective_bytes": {}, "host_syncs": 2}}
     assert torch.equal(x.grad, torch.full((8,), 2.0))
     fwd_only = profile_step(lambda: _ReadsHost.apply(x.detach()), device=CPU)
     assert fwd_only.host_syncs == 1 and fwd_only.by_direction == {}
 
 
 def _evt(name: str, start: float, end: float, *, device: str = "CPU", shapes: list | None = None) -> SimpleNamespace:
-    return SimpleNamespace(
-        name=name,
-        time_range=SimpleNamespace(start=start, end=end),
-        device_type=SimpleNamespace(name=device),
-        cpu_parent=None,
-        input_shapes=shapes or [],
-        input_dtypes=["float"] * len(shapes or []),
-    )
+    return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end),
+                           device_type=SimpleNamespace(name=device), cpu_parent=None, input_shapes=shapes or [],
+                           input_dtypes=["float"] * len(shapes or []))
 
 
 def _training_events() -> list[SimpleNamespace]:
@@ -77,12 +70,12 @@ def _training_events() -> list[SimpleNamespace]:
         _evt("gloo:reduce_scatter", 1, 2),
         _evt(FWD_RANGE, 10, 40),
         _evt("c10d::_allgather_base_", 12, 14, shapes=[[8], [4]]),
-        _evt("gloo:all_gather", 12, 14, shapes=[[4]]),  # the same call, backend layer: not counted twice
+        _evt("gloo:all_gather", 12, 14, shapes=[[4]]),               # the same call, backend layer: not counted twice
         _evt(BWD_RANGE, 50, 90),
         _evt("c10d::_allgather_base_", 60, 62, shapes=[[16], [8]]),  # the autograd thread's, no parent
         _evt("gloo:all_gather", 60, 62, shapes=[[8]]),
-        _evt("Memcpy DtoH (Device -> Pinned)", 92, 93, device="CUDA"),  # the GPU trails the host
-        _evt("aten::item", 200, 201),  # outside the step: not counted
+        _evt("Memcpy DtoH (Device -> Pinned)", 92, 93, device="CUDA"),   # the GPU trails the host
+        _evt("aten::item", 200, 201),                                 # outside the step: not counted
     ]
 
 
@@ -90,11 +83,9 @@ def test_split_by_time_attributes_threads_and_trailing_device_events() -> None:
     s = summarize_events(_training_events())
     assert s.collectives == {"all_gather": 2, "reduce_scatter": 1} and s.host_syncs == 1
     assert s.by_direction == {
-        "fwd": {
-            "collectives": {"all_gather": 1, "reduce_scatter": 1},
-            "collective_bytes": {"all_gather": 16, "reduce_scatter": 32},
-            "host_syncs": 0,
-        },
+        "fwd": {"collectives": {"all_gather": 1, "reduce_scatter": 1}, "collective_bytes": {"all_gather": 16,
+                                                                                          "reduce_scatter": 32},
+                "host_syncs": 0},
         "bwd": {"collectives": {"all_gather": 1}, "collective_bytes": {"all_gather": 32}, "host_syncs": 1},
     }
     for kind, n in s.collectives.items():
@@ -106,11 +97,8 @@ def test_merge_ranks_per_direction() -> None:
     a = summarize_events(_training_events())
     b = summarize_events([*_training_events(), _evt("c10d::send", 70, 71), _evt("gloo:send", 70, 71, shapes=[[2]])])
     m = merge_ranks([a, b])
-    assert m.by_direction["bwd"] == {
-        "collectives": {"all_gather": 1, "send": 1},
-        "collective_bytes": {"all_gather": 32, "send": 8},
-        "host_syncs": 2,
-    }
+    assert m.by_direction["bwd"] == {"collectives": {"all_gather": 1, "send": 1}, "collective_bytes": {"all_gather": 32, "send": 8},
+                                     "host_syncs": 2}
     assert m.by_direction["fwd"]["collectives"] == {"all_gather": 1, "reduce_scatter": 1}
     assert merge_ranks([a, ProfileSummary(**{**b.as_dict(), "by_direction": {}})]).by_direction == {}
 
@@ -118,27 +106,17 @@ def test_merge_ranks_per_direction() -> None:
 def test_check_catches_a_backward_with_an_extra_all_gather() -> None:
     expected = collective_check.merge_gang([{"fwd": {"all_gather": 1}, "bwd": {"all_gather": 1}}] * 2)
     assert expected == {"fwd": {"all_gather": 1}, "bwd": {"all_gather": 1}}
-    moved = {
-        "collectives": {"all_gather": 2},
-        "by_direction": {"fwd": {"collectives": {}}, "bwd": {"collectives": {"all_gather": 2}}},
-    }
-    assert collective_check.mismatches(moved, expected) == [
-        "fwd all_gather: measured 0, expected 1",
-        "bwd all_gather: measured 2, expected 1",
-    ]
-    exact = {
-        "collectives": {"all_gather": 2},
-        "by_direction": {"fwd": {"collectives": {"all_gather": 1}}, "bwd": {"collectives": {"all_gather": 1}}},
-    }
+    moved = {"collectives": {"all_gather": 2},
+             "by_direction": {"fwd": {"collectives": {}}, "bwd": {"collectives": {"all_gather": 2}}}}
+    assert collective_check.mismatches(moved, expected) == ["fwd all_gather: measured 0, expected 1",
+                                                            "bwd all_gather: measured 2, expected 1"]
+    exact = {"collectives": {"all_gather": 2},
+             "by_direction": {"fwd": {"collectives": {"all_gather": 1}}, "bwd": {"collectives": {"all_gather": 1}}}}
     assert collective_check.mismatches(exact, expected) == []
-    extra = {
-        "collectives": {"all_gather": 3},
-        "by_direction": {"fwd": {"collectives": {"all_gather": 1}}, "bwd": {"collectives": {"all_gather": 2}}},
-    }
-    assert collective_check.mismatches(extra, expected) == [
-        "step all_gather: measured 3, expected 2",
-        "bwd all_gather: measured 2, expected 1",
-    ]
+    extra = {"collectives": {"all_gather": 3},
+             "by_direction": {"fwd": {"collectives": {"all_gather": 1}}, "bwd": {"collectives": {"all_gather": 2}}}}
+    assert collective_check.mismatches(extra, expected) == ["step all_gather: measured 3, expected 2",
+                                                            "bwd all_gather: measured 2, expected 1"]
     ring = collective_check.merge_gang([{"fwd": {"send": 1}}, {"fwd": {"recv": 1}}])
     assert collective_check.mismatches({"collectives": {"send": 1, "recv": 1}}, ring) == []
-    assert collective_check.merge_gang([{"fwd": {}}, None]) is None  # a rank states no count: nothing to check
+    assert collective_check.merge_gang([{"fwd": {}}, None]) is None   # a rank states no count: nothing to check

@@ -25,19 +25,10 @@ from runners.report import ReportMeta, junit_xml, markdown_report, write_reports
 SIG = {"status": "done", "collectives": {"all_gather": 1}, "host_syncs": 0, "configs": {"chunk_state_fwd": {"BV": 32}}}
 
 
-def make_runs(
-    rng: np.random.Generator,
-    median_ms: float,
-    n: int,
-    *,
-    sd: float = 0.01,
-    rel_iqr: float = 0.005,
-    signals: dict | None = None,
-) -> list[Run]:
-    return [
-        Run(median_ms=median_ms * math.exp(rng.normal(0.0, sd)), rel_iqr=rel_iqr, n=50, signals=signals or SIG)
-        for _ in range(n)
-    ]
+def make_runs(rng: np.random.Generator, median_ms: float, n: int, *, sd: float = 0.01, rel_iqr: float = 0.005,
+              signals: dict | None = None) -> list[Run]:
+    return [Run(median_ms=median_ms * math.exp(rng.normal(0.0, sd)), rel_iqr=rel_iqr, n=50, signals=signals or SIG)
+            for _ in range(n)]
 
 
 def one(verdicts: list[KeyVerdict], key: str) -> KeyVerdict:
@@ -126,16 +117,10 @@ def test_decide_inconclusive_on_too_noisy_runs() -> None:
 
 def test_decide_screen_stage() -> None:
     rng = np.random.default_rng(9)
-    base = {
-        "same": make_runs(rng, 1.0, 2, sd=0.002),
-        "moved": make_runs(rng, 1.0, 2, sd=0.002),
-        "noisy": make_runs(rng, 1.0, 2, sd=0.002, rel_iqr=0.05),
-    }
-    new = {
-        "same": make_runs(rng, 1.0, 2, sd=0.002),
-        "moved": make_runs(rng, 1.08, 2, sd=0.002),
-        "noisy": make_runs(rng, 1.0, 2, sd=0.002, rel_iqr=0.05),
-    }
+    base = {"same": make_runs(rng, 1.0, 2, sd=0.002), "moved": make_runs(rng, 1.0, 2, sd=0.002),
+            "noisy": make_runs(rng, 1.0, 2, sd=0.002, rel_iqr=0.05)}
+    new = {"same": make_runs(rng, 1.0, 2, sd=0.002), "moved": make_runs(rng, 1.08, 2, sd=0.002),
+           "noisy": make_runs(rng, 1.0, 2, sd=0.002, rel_iqr=0.05)}
     verdicts, rerun = decide(base, new, stage="screen")
     assert one(verdicts, "same").verdict == "SAME"
     assert one(verdicts, "moved").verdict == "INCONCLUSIVE" and one(verdicts, "noisy").verdict == "INCONCLUSIVE"
@@ -144,17 +129,12 @@ def test_decide_screen_stage() -> None:
 
 def test_compare_deterministic() -> None:
     base = {"collectives": {"send": 0, "all_gather": 1}, "host_syncs": 0, "configs": {"wy": {"BK": 32, "num_warps": 4}}}
-    assert (
-        compare_deterministic(
-            base, {"collectives": {"all_gather": 1}, "host_syncs": 0.0, "configs": {"wy": {"num_warps": 4, "BK": 32}}}
-        )
-        == []
-    )
+    assert compare_deterministic(base, {"collectives": {"all_gather": 1}, "host_syncs": 0.0,
+                                        "configs": {"wy": {"num_warps": 4, "BK": 32}}}) == []
     assert compare_deterministic(base, {"collectives": {"all_gather": 1}, "host_syncs": 3}) == [Change("host_syncs", 0, 3)]
     assert compare_deterministic(base, {"collectives": {"send": 1, "all_gather": 1}}) == [Change("collectives.send", 0, 1)]
     assert compare_deterministic(base, {"configs": {"wy": {"BK": 64, "num_warps": 4}}}) == [
-        Change("configs.wy", {"BK": 32, "num_warps": 4}, {"BK": 64, "num_warps": 4})
-    ]
+        Change("configs.wy", {"BK": 32, "num_warps": 4}, {"BK": 64, "num_warps": 4})]
     # a field recorded on one side only is not compared
     assert compare_deterministic({"host_syncs": None}, {"host_syncs": 2}) == []
 
@@ -202,32 +182,18 @@ def test_summarize_run() -> None:
 
 def _mixed_verdicts() -> list[KeyVerdict]:
     rng = np.random.default_rng(12)
-    base = {
-        "op=gdn|mode=ring|T=4096": make_runs(rng, 1.0, 7),
-        "op=kda|mode=none|T=<1024>": make_runs(rng, 1.0, 7),
-        "op=gdn|mode=true_cp|T=4096": make_runs(rng, 1.0, 7),
-        "op=kda|mode=headwise&x": make_runs(rng, 1.0, 7),
-    }
-    new = {
-        "op=gdn|mode=ring|T=4096": make_runs(rng, 1.1, 7),
-        "op=kda|mode=none|T=<1024>": make_runs(rng, 1.0, 7),
-        "op=gdn|mode=true_cp|T=4096": make_runs(rng, 1.0, 7, signals={**SIG, "host_syncs": 4}),
-        "op=kda|mode=headwise&x": make_runs(rng, 1.0, 1),
-    }
+    base = {"op=gdn|mode=ring|T=4096": make_runs(rng, 1.0, 7), "op=kda|mode=none|T=<1024>": make_runs(rng, 1.0, 7),
+            "op=gdn|mode=true_cp|T=4096": make_runs(rng, 1.0, 7), "op=kda|mode=headwise&x": make_runs(rng, 1.0, 7)}
+    new = {"op=gdn|mode=ring|T=4096": make_runs(rng, 1.1, 7), "op=kda|mode=none|T=<1024>": make_runs(rng, 1.0, 7),
+           "op=gdn|mode=true_cp|T=4096": make_runs(rng, 1.0, 7, signals={**SIG, "host_syncs": 4}),
+           "op=kda|mode=headwise&x": make_runs(rng, 1.0, 1)}
     return decide(base, new)[0]
 
 
 def test_report_junit_and_markdown(tmp_path) -> None:
     verdicts = _mixed_verdicts()
-    meta = ReportMeta(
-        suite="nightly",
-        run_id="r1",
-        baseline_ref="nightly-baseline",
-        baseline_sweeps=(1, 2),
-        new_sweeps=(3, 4),
-        device="cpu",
-        no_baseline=("op=gdn|mode=new",),
-    )
+    meta = ReportMeta(suite="nightly", run_id="r1", baseline_ref="nightly-baseline", baseline_sweeps=(1, 2),
+                      new_sweeps=(3, 4), device="cpu", no_baseline=("op=gdn|mode=new",))
     md_path, xml_path = write_reports(verdicts, meta, tmp_path / "out")
     root = ET.parse(xml_path).getroot()
     cases = root.findall("./testsuite/testcase")

@@ -19,62 +19,27 @@ from runners.point import PointSpec
 from runners.results import PointResult, store_rows, trace_path
 
 POINT = PointSpec("gdn", "ring", "torch", B=1, T=256, H=2, K=32, V=32, W=2, direction="fwd+bwd")
-TIMING = {
-    "samples_ms": [1.0, 2.0, 3.0],
-    "stop_reason": "max_samples",
-    "clock": "wall",
-    "rank_min_ms": [0.5, 1.5, 2.5],
-    "host_ms": [],
-    "warmup_iters": 4,
-    "warmup_s": 0.0123456789,
-    "l2_flush_bytes": 0,
-}
-GATE = {
-    "err_vs_none": 1e-7,
-    "err_vs_reference": 2e-4,
-    "tol_none": 2e-3,
-    "tol_reference": 2e-3,
-    "passed": True,
-    "message": None,
-}
+TIMING = {"samples_ms": [1.0, 2.0, 3.0], "stop_reason": "max_samples", "clock": "wall", "rank_min_ms": [0.5, 1.5, 2.5],
+          "host_ms": [], "warmup_iters": 4, "warmup_s": 0.0123456789, "l2_flush_bytes": 0}
+GATE = {"err_vs_none": 1e-7, "err_vs_reference": 2e-4, "tol_none": 2e-3, "tol_reference": 2e-3, "passed": True,
+        "message": None}
 EXPECTED = {"fwd": {"send": 1, "recv": 1}, "bwd": {"send": 1, "recv": 1}}
 
 
 def _profile(launches: int, peak: int, *, bwd_send: int = 1, trace: str | None = None) -> dict[str, Any]:
-    return {
-        "collectives": {"send": 1 + bwd_send, "recv": 2},
-        "collective_bytes": {"send": 64, "recv": 64},
-        "host_syncs": 0,
-        "sync_events": {},
-        "kernel_launches": launches,
-        "peak_memory_bytes": peak,
-        "trace_path": trace,
-        "per_rank": [],
-        "unclassified": [],
-        "by_direction": {
-            "fwd": {"collectives": {"send": 1, "recv": 1}, "collective_bytes": {}, "host_syncs": 0},
-            "bwd": {"collectives": {"send": bwd_send, "recv": 1}, "collective_bytes": {}, "host_syncs": 0},
-        },
-    }
+    return {"collectives": {"send": 1 + bwd_send, "recv": 2}, "collective_bytes": {"send": 64, "recv": 64},
+            "host_syncs": 0, "sync_events": {}, "kernel_launches": launches, "peak_memory_bytes": peak,
+            "trace_path": trace, "per_rank": [], "unclassified": [],
+            "by_direction": {"fwd": {"collectives": {"send": 1, "recv": 1}, "collective_bytes": {}, "host_syncs": 0},
+                             "bwd": {"collectives": {"send": bwd_send, "recv": 1}, "collective_bytes": {}, "host_syncs": 0}}}
 
 
 def _gang(rank1_bwd_send: int = 1) -> list[PointResult]:
-    r0 = PointResult(
-        ok=True,
-        gate=GATE,
-        timing=TIMING,
-        profile=_profile(10, 100, trace="/tmp/t.json.gz"),
-        expected_collectives={"send": 2, "recv": 2},
-        expected_by_direction=EXPECTED,
-        configs={"k": {"config": {"BT": 64}}},
-        report={"note": 1},
-    )
-    r1 = PointResult(
-        ok=True,
-        profile=_profile(12, 50, bwd_send=rank1_bwd_send),
-        expected_collectives={"send": 2, "recv": 2},
-        expected_by_direction=EXPECTED,
-    )
+    r0 = PointResult(ok=True, gate=GATE, timing=TIMING, profile=_profile(10, 100, trace="/tmp/t.json.gz"),
+                     expected_collectives={"send": 2, "recv": 2}, expected_by_direction=EXPECTED,
+                     configs={"k": {"config": {"BT": 64}}}, report={"note": 1})
+    r1 = PointResult(ok=True, profile=_profile(12, 50, bwd_send=rank1_bwd_send),
+                     expected_collectives={"send": 2, "recv": 2}, expected_by_direction=EXPECTED)
     return [r0, r1]
 
 

@@ -52,18 +52,10 @@ def test_parse_spec_scalar_shorthand_and_varlen() -> None:
         pytest.param({"axes": {"T": 256, "Q": 1}}, "axes.Q", "Extra inputs", id="unknown-axis"),
         pytest.param({"timing": {"min_samples": 20, "max_samples": 10}}, "timing", "max_samples", id="timing-order"),
         pytest.param({"name": ""}, "name", "at least 1", id="empty-name"),
-        pytest.param(
-            {"mode_options": {"ring": {"window": 2}}},
-            "mode_options",
-            "unknown option(s) window for mode 'ring'",
-            id="unknown-mode-option",
-        ),
-        pytest.param(
-            {"mode_options": {"tail_exchange": {"fallback": "exact"}}},
-            "mode_options",
-            "fallback must be one of",
-            id="bad-tail-exchange-fallback",
-        ),
+        pytest.param({"mode_options": {"ring": {"window": 2}}}, "mode_options", "unknown option(s) window for mode 'ring'",
+                     id="unknown-mode-option"),
+        pytest.param({"mode_options": {"tail_exchange": {"fallback": "exact"}}}, "mode_options", "fallback must be one of",
+                     id="bad-tail-exchange-fallback"),
     ],
 )
 def test_parse_spec_invalid_names_field(over: dict, field: str, detail: str) -> None:

@@ -36,7 +36,7 @@ FWD_BWD_W2 = {
     "ring": {"send": 2, "recv": 2},
     "tail_exchange": {"send": 2, "recv": 2},
 }
-BWD_W2 = {  # the backward alone (the profile's by_direction["bwd"])
+BWD_W2 = {   # the backward alone (the profile's by_direction["bwd"])
     "all_gather": {"reduce_scatter": 1},
     "true_cp": {"all_gather": 1},
     "headwise": {"all_to_all": 2},
@@ -51,13 +51,9 @@ def _sweep(tmp_path: Path, url: str) -> list[dict[str, Any]]:
     from runners.engine import run_until_done, submit_spec
     from runners.spec import load_spec
 
-    spec = load_spec(
-        write_spec(
-            tmp_path,
-            modes=["none", "warmup_correct", "headwise", "all_gather", "ring", "true_cp", "tail_exchange"],
-            axes={"T": 128, "H": 2, "K": 16, "V": 16, "W": [1, 2], "direction": ["fwd", "fwd+bwd"]},
-        )
-    )
+    spec = load_spec(write_spec(tmp_path, modes=["none", "warmup_correct", "headwise", "all_gather", "ring", "true_cp",
+                                                 "tail_exchange"],
+                                axes={"T": 128, "H": 2, "K": 16, "V": 16, "W": [1, 2], "direction": ["fwd", "fwd+bwd"]}))
     with session_scope(url) as s:
         sid = submit_spec(s, spec).id
     run_until_done(url, sid, devices=2, device_kind="cpu")
@@ -88,7 +84,8 @@ def _check(rows: list[dict[str, Any]]) -> None:
                 assert r["collectives"] == FWD_BWD_W2[r["mode"]], where
                 assert split["bwd"]["collectives"] == BWD_W2[r["mode"]], where
                 for d in ("fwd+bwd", "fwd", "bwd"):
-                    model = comm_cost(r["mode"], B=1, T=128, H=2, K=16, V=16, W=2, dtype_bytes=4, direction=d, warmup_chunks=2)
+                    model = comm_cost(r["mode"], B=1, T=128, H=2, K=16, V=16, W=2, dtype_bytes=4, direction=d,
+                                      warmup_chunks=2)
                     got = r if d == "fwd+bwd" else split[d]
                     assert model is not None and model.collectives == got["collectives"], (where, d)
                     assert model.payload_bytes == got["collective_bytes"], (where, d, model, got["collective_bytes"])
@@ -117,35 +114,11 @@ def test_wrong_gradient_fails_the_gate(monkeypatch: pytest.MonkeyPatch) -> None:
         dq, dk, dv, dg, dbeta = real(*args, **kwargs)
         return dq, dk, dv, 2 * dg, dbeta
 
-    params = {
-        "op": "gdn",
-        "mode": "warmup_correct",
-        "backend": "torch",
-        "B": 1,
-        "T": 256,
-        "H": 2,
-        "K": 16,
-        "V": 16,
-        "lb": -1.0,
-        "W": 1,
-        "layout": "contiguous",
-        "direction": "fwd+bwd",
-        "dtype": "float32",
-        "seed": 0,
-        "mode_options": {"segments": 2},
-    }
-    options = {
-        "timing": {
-            "min_samples": 2,
-            "max_samples": 2,
-            "min_time_s": 0.0,
-            "timeout_s": 1.0,
-            "warmup_s": 0.0,
-            "flush_l2": False,
-        },
-        "check": {"reference_tokens": 128},
-        "profile": False,
-    }
+    params = {"op": "gdn", "mode": "warmup_correct", "backend": "torch", "B": 1, "T": 256, "H": 2, "K": 16, "V": 16,
+              "lb": -1.0, "W": 1, "layout": "contiguous", "direction": "fwd+bwd", "dtype": "float32", "seed": 0,
+              "mode_options": {"segments": 2}}
+    options = {"timing": {"min_samples": 2, "max_samples": 2, "min_time_s": 0.0, "timeout_s": 1.0, "warmup_s": 0.0,
+                          "flush_l2": False}, "check": {"reference_tokens": 128}, "profile": False}
     rc = RankContext(rank=0, world_size=1, device=torch.device("cpu"), backend="gloo", group=None)
     job = PointJob(PointSpec.from_json(params), options, trace_path=None)
     ok = run_point_job(rc, job)
@@ -153,9 +126,5 @@ def test_wrong_gradient_fails_the_gate(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(wc, "_backward", wrong)
     bad = run_point_job(rc, job)
     assert not bad.ok and bad.timing is None, bad
-    assert (
-        bad.error is not None
-        and "correctness gate failed for gdn/warmup_correct/torch" in bad.error
-        and "vs none" in bad.error
-    ), bad
+    assert bad.error is not None and "correctness gate failed for gdn/warmup_correct/torch" in bad.error and "vs none" in bad.error, bad
     assert bad.gate is not None and bad.gate["err_vs_none"] > 0.1

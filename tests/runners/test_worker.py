@@ -46,10 +46,7 @@ def test_worker_sigterm_releases_point(tmp_path: Path, store_url: str) -> None: 
     log = open(tmp_path / "worker.log", "w+")  # noqa: SIM115 - read back after the process ends
     proc = subprocess.Popen(
         [sys.executable, "-m", "runners.cli", "worker", "--db", store_url, "--cpu", "--devices", "1"],
-        cwd=REPO,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
     )
     try:
         deadline = time.monotonic() + 120

@@ -18,18 +18,11 @@ from tests.runners.engine_fixtures import store_url, write_spec  # noqa: F401
 from tests.utils.cli import cpbench as _cli
 
 
-@pytest.mark.parametrize(
-    "opts, needle",
-    [
-        (["--heartbeat-s", "0"], "heartbeat"),
-        (["--lease-s", "0"], "lease"),
-        (["--lease-s", "-5"], "lease"),
-        (["--lease-s", "nan"], "lease"),
-        (["--lease-s", "inf"], "lease"),
-        (["--heartbeat-s", "nan"], "heartbeat"),
-        (["--lease-s", "5", "--heartbeat-s", "5"], "shorter"),
-    ],
-)
+@pytest.mark.parametrize("opts, needle", [
+    (["--heartbeat-s", "0"], "heartbeat"), (["--lease-s", "0"], "lease"), (["--lease-s", "-5"], "lease"),
+    (["--lease-s", "nan"], "lease"), (["--lease-s", "inf"], "lease"), (["--heartbeat-s", "nan"], "heartbeat"),
+    (["--lease-s", "5", "--heartbeat-s", "5"], "shorter"),
+])
 def test_bad_lease_and_heartbeat_options_are_one_line(store_url: str, opts: list[str], needle: str) -> None:  # noqa: F811
     code, out, err = _cli("worker", "--db", store_url, "--cpu", "--once", *opts)
     assert code == 1 and needle in err and "Traceback" not in err + out
@@ -91,9 +84,7 @@ def test_store_outage_is_logged_once_and_recovery_once(caplog: pytest.LogCapture
     assert retry.outages == 1 and calls["n"] == 6
     assert not is_transient(OperationalError("x", {}, Exception("no such table: points")))
     with pytest.raises(StoreUnavailable):
-        StoreRetry(who="w", base_delay_s=0.001).call(
-            "claim", lambda: flaky() if calls.update(n=0) is None else "", give_up=lambda: True
-        )
+        StoreRetry(who="w", base_delay_s=0.001).call("claim", lambda: flaky() if calls.update(n=0) is None else "", give_up=lambda: True)
 
 
 def test_heartbeats_renew_the_worker_row_during_a_point(tmp_path: Path, store_url: str) -> None:  # noqa: F811

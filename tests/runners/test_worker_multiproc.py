@@ -55,25 +55,8 @@ class Workers:
     def start(self, name: str, *args: str) -> subprocess.Popen:
         log = open(self.root / f"{name}.log", "w")  # noqa: SIM115 - closed with the process (the child holds it)
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "runners.cli",
-                "worker",
-                "--db",
-                self.url,
-                "--cpu",
-                "--devices",
-                "1",
-                "--name",
-                name,
-                *args,
-            ],
-            cwd=REPO,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+            [sys.executable, "-m", "runners.cli", "worker", "--db", self.url, "--cpu", "--devices", "1", "--name", name, *args],
+            cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         log.close()
         self.procs[name] = proc
@@ -134,20 +117,12 @@ def _rows(url: str, ids: list[int]) -> dict:
 
     with session_scope(url) as s:
         points = {p.id: (p.status, p.attempts, p.error) for p in s.scalars(select(Point).where(Point.id.in_(ids)))}
-        meas = dict(
-            s.execute(
-                select(Measurement.point_id, func.count()).where(Measurement.point_id.in_(ids)).group_by(Measurement.point_id)
-            ).all()
-        )
-        profs = dict(
-            s.execute(select(Profile.point_id, func.count()).where(Profile.point_id.in_(ids)).group_by(Profile.point_id)).all()
-        )
-        by = {
-            pid: _prefix(w)
-            for pid, w in s.execute(
-                select(Measurement.point_id, Measurement.worker).where(Measurement.point_id.in_(ids))
-            ).all()
-        }
+        meas = dict(s.execute(select(Measurement.point_id, func.count()).where(Measurement.point_id.in_(ids))
+                              .group_by(Measurement.point_id)).all())
+        profs = dict(s.execute(select(Profile.point_id, func.count()).where(Profile.point_id.in_(ids))
+                               .group_by(Profile.point_id)).all())
+        by = {pid: _prefix(w) for pid, w in
+              s.execute(select(Measurement.point_id, Measurement.worker).where(Measurement.point_id.in_(ids))).all()}
         n_meas = s.execute(select(func.count()).select_from(Measurement)).scalar_one()
     return {"points": points, "measurements": meas, "profiles": profs, "by": by, "n_measurements": n_meas}
 
@@ -160,16 +135,8 @@ def test_three_workers_run_every_point_once(tmp_path: Path, url: str) -> None:
     from db import crud
     from db.session import session_scope
 
-    ids = _submit(
-        url,
-        write_spec(
-            tmp_path,
-            axes={"T": [64, 128], "H": 1, "K": 16, "V": 16},
-            seeds=[0, 1, 2, 3],
-            timing=FAST_TIMING,
-            check={"reference_tokens": 32},
-        ),
-    )
+    ids = _submit(url, write_spec(tmp_path, axes={"T": [64, 128], "H": 1, "K": 16, "V": 16}, seeds=[0, 1, 2, 3],
+                                  timing=FAST_TIMING, check={"reference_tokens": 32}))
     assert len(ids) == 8
     names = ("w0", "w1", "w2")
     workers = Workers(url, tmp_path)
@@ -203,32 +170,18 @@ def test_sigkilled_worker_lease_expires_and_another_finishes(tmp_path: Path, url
 
     lease_s = 3.0
     # the slow sweep is older, so its point is claimed first
-    (slow,) = _submit(
-        url,
-        write_spec(tmp_path, "slow.yaml", axes={"H": 1, "K": 16, "V": 16}, timing=SLOW_TIMING, check={"reference_tokens": 32}),
-    )
-    fast = _submit(
-        url,
-        write_spec(
-            tmp_path,
-            "fast.yaml",
-            axes={"T": 64, "H": 1, "K": 16, "V": 16},
-            seeds=[0, 1, 2],
-            timing=FAST_TIMING,
-            check={"reference_tokens": 32},
-        ),
-    )
+    (slow,) = _submit(url, write_spec(tmp_path, "slow.yaml", axes={"H": 1, "K": 16, "V": 16},
+                                      timing=SLOW_TIMING, check={"reference_tokens": 32}))
+    fast = _submit(url, write_spec(tmp_path, "fast.yaml", axes={"T": 64, "H": 1, "K": 16, "V": 16},
+                                   seeds=[0, 1, 2], timing=FAST_TIMING, check={"reference_tokens": 32}))
     ids = [slow, *fast]
 
     def held_by_victim_and_renewed() -> bool:
         with session_scope(url) as s:
             p = s.get(Point, slow)
             # renewed by a heartbeat: the victim is inside the point, not just past the claim
-            return (
-                p.status == "running"
-                and _prefix(p.lease_owner) == "victim"
-                and p.lease_expires_at > p.claimed_at + timedelta(seconds=lease_s + 0.5)
-            )
+            return (p.status == "running" and _prefix(p.lease_owner) == "victim"
+                    and p.lease_expires_at > p.claimed_at + timedelta(seconds=lease_s + 0.5))
 
     workers = Workers(url, tmp_path)
     try:

@@ -96,15 +96,8 @@ def test_workers_survive_postgres_outage_and_store_spooled_results(tmp_path: Pat
         url = cluster.url
         upgrade(url)
         sweep_id = _submit(url, write_spec(tmp_path, seeds=[0, 1, 2], timing={**SLOW, "timeout_s": 3.0}))
-        workers = [
-            _Thread(
-                Worker(
-                    url, lease_s=60, heartbeat_s=0.5, devices=1, device_kind="cpu", name="pgw", artifact_dir=tmp_path / "art"
-                ),
-                until_sweep=sweep_id,
-            )
-            for _ in range(3)
-        ]
+        workers = [_Thread(Worker(url, lease_s=60, heartbeat_s=0.5, devices=1, device_kind="cpu", name="pgw",
+                                  artifact_dir=tmp_path / "art"), until_sweep=sweep_id) for _ in range(3)]
         for w in workers:
             w.start()
         _wait(lambda: _statuses(url).count("running") == 3, 180, "three running points")
@@ -124,10 +117,8 @@ def test_workers_survive_postgres_outage_and_store_spooled_results(tmp_path: Pat
         assert all(st.spooled == st.done for st in stats)
         assert not list((tmp_path / "art" / "spool").glob("*.json"))  # stored, so removed
         assert up_after_s >= 10.0
-        print(
-            f"postgres outage: {up_after_s:.1f} s down, {sum(not w.is_alive() and w.error is None for w in workers)}/3 workers "
-            f"survived, {3 - sum(st.done for st in stats)} points lost, {sum(st.spooled for st in stats)} spooled results stored"
-        )
+        print(f"postgres outage: {up_after_s:.1f} s down, {sum(not w.is_alive() and w.error is None for w in workers)}/3 workers "
+              f"survived, {3 - sum(st.done for st in stats)} points lost, {sum(st.spooled for st in stats)} spooled results stored")
         names = {w.worker.name for w in workers}
         assert len(names) == 3 and all(n.startswith("pgw:") for n in names)  # one --name, three identities
     finally:
@@ -146,11 +137,8 @@ def _hold_sqlite_lock(path: Path, seconds: float) -> None:
         conn.close()
 
 
-def test_worker_survives_sqlite_lock_past_busy_timeout(
-    tmp_path: Path,
-    store_url: str,  # noqa: F811
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_worker_survives_sqlite_lock_past_busy_timeout(tmp_path: Path, store_url: str,  # noqa: F811
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from db import session as db_session
     from db.session import dispose_engine, sqlite_path
     from runners.worker import Worker
@@ -161,17 +149,8 @@ def test_worker_survives_sqlite_lock_past_busy_timeout(
     _settings_reset()
     dispose_engine(store_url)
     stop = threading.Event()
-    w = _Thread(
-        Worker(
-            store_url,
-            lease_s=60,
-            heartbeat_s=0.5,
-            devices=1,
-            device_kind="cpu",
-            stop_event=stop,
-            artifact_dir=tmp_path / "art",
-        )
-    )
+    w = _Thread(Worker(store_url, lease_s=60, heartbeat_s=0.5, devices=1, device_kind="cpu", stop_event=stop,
+                       artifact_dir=tmp_path / "art"))
     w.start()
     try:
         time.sleep(2.0)  # idle, polling
@@ -190,11 +169,8 @@ def test_worker_survives_sqlite_lock_past_busy_timeout(
     assert _one_measurement_each(store_url) == [("done", 1, None)] * 2
 
 
-def test_hung_rank_is_retried_within_the_points_time_limit(
-    tmp_path: Path,
-    store_url: str,  # noqa: F811
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_hung_rank_is_retried_within_the_points_time_limit(tmp_path: Path, store_url: str,  # noqa: F811
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from db.models import Point
     from db.session import session_scope
     from runners.worker import Worker

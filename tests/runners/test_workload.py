@@ -21,22 +21,8 @@ from runners.workload import make_inputs, make_workload, reduced_params
 
 
 def _params(**over: object) -> PointSpec:
-    p = {
-        "op": "kda",
-        "mode": "ring",
-        "backend": "torch",
-        "B": 2,
-        "T": 96,
-        "H": 3,
-        "K": 16,
-        "V": 8,
-        "lb": -0.5,
-        "W": 2,
-        "layout": "contiguous",
-        "direction": "fwd",
-        "dtype": "bfloat16",
-        "seed": 5,
-    }
+    p = {"op": "kda", "mode": "ring", "backend": "torch", "B": 2, "T": 96, "H": 3, "K": 16, "V": 8, "lb": -0.5,
+         "W": 2, "layout": "contiguous", "direction": "fwd", "dtype": "bfloat16", "seed": 5}
     p.update(over)
     return PointSpec.from_json(p)
 
@@ -112,9 +98,8 @@ def test_rel_l2_non_finite_rule() -> None:
         assert rel_l2(ref, torch.tensor(bad)) == inf  # ref broken where out is finite
     assert rel_l2(torch.tensor([inf, 0.0]), torch.tensor([-inf, 0.0])) == inf  # opposite infinities differ
     assert rel_l2(torch.tensor([nan, 0.0]), torch.tensor([inf, 0.0])) == inf
-    assert not judge(
-        _params(dtype="float32"), err_vs_none=rel_l2(torch.tensor([nan]), torch.tensor([1.0])), err_vs_reference=None, check={}
-    ).passed
+    assert not judge(_params(dtype="float32"), err_vs_none=rel_l2(torch.tensor([nan]), torch.tensor([1.0])),
+                     err_vs_reference=None, check={}).passed
 
 
 def test_rel_l2_precision() -> None:
@@ -155,7 +140,7 @@ def test_workload_grouped_value_heads() -> None:
     assert wl.q.shape == wl.k.shape == (2, 96, 2, 16)
     assert wl.v.shape == (2, 96, 6, 8) and wl.g.shape == (2, 96, 6, 16) and wl.beta.shape == (2, 96, 6)
     small = reduced_params(_params(mode="none", W=1, H=4, HV=8, B=1, T=1000), max_tokens=128)
-    assert (small.H, small.HV) == (2, 4)  # the grouping is kept
+    assert (small.H, small.HV) == (2, 4)   # the grouping is kept
     # HV == H draws exactly the tensors of a point without the axis
     same = make_workload(_params(HV=3), device="cpu")
     assert all(torch.equal(x, y) for x, y in zip(same.tensors, make_workload(_params(), device="cpu").tensors, strict=True))
@@ -166,10 +151,10 @@ def test_the_tuner_case_comes_from_the_one_maker(op: str) -> None:
     from runners.tuner.tune import Shape, make_case
 
     case = make_case(op, Shape(B=2, T=48, H=2, K=16, V=8, dtype="bfloat16", lb=-0.7, seed=9, initial_state=True), "cpu")
-    w = make_inputs(
-        op, B=2, T=48, H=2, K=16, V=8, dtype="bfloat16", lb=-0.7, seed=9, device="cpu", initial_state=True, grad_out=True
-    )
-    for name, x in zip(("q", "k", "v", "g", "beta", "initial_state", "do"), (*w.tensors, w.initial_state, w.do), strict=True):
+    w = make_inputs(op, B=2, T=48, H=2, K=16, V=8, dtype="bfloat16", lb=-0.7, seed=9, device="cpu",
+                    initial_state=True, grad_out=True)
+    for name, x in zip(("q", "k", "v", "g", "beta", "initial_state", "do"), (*w.tensors, w.initial_state, w.do),
+                       strict=True):
         assert torch.equal(case[name], x), name
     assert case["cu_seqlens"] is None and case["cu_seqlens_cpu"] is None
     # a point with the same shape draws the same inputs: h0 and do come after them

@@ -33,9 +33,7 @@ def make_inputs(
         raise ValueError(f"give either lengths or both B and T, got lengths={lengths}, B={B}, T={T}")
     if lengths is not None:
         B, T = 1, sum(lengths)
-        cu: Tensor | None = torch.tensor(
-            [0, *torch.tensor(list(lengths)).cumsum(0).tolist()], dtype=torch.int32, device=device
-        )
+        cu: Tensor | None = torch.tensor([0, *torch.tensor(list(lengths)).cumsum(0).tolist()], dtype=torch.int32, device=device)
     else:
         cu = None
     assert B is not None and T is not None

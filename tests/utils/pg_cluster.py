@@ -20,9 +20,7 @@ __all__ = ["ScratchCluster"]
 
 
 def _bin_dir() -> Path:
-    found = sorted(
-        glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"), key=lambda p: [int(x) if x.isdigit() else x for x in p.split("/")]
-    )
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"), key=lambda p: [int(x) if x.isdigit() else x for x in p.split("/")])
     if not found:
         missing_postgres("no PostgreSQL server binaries", "`./dev test` installs them")
     return Path(found[-1]).parent
@@ -50,10 +48,8 @@ class ScratchCluster:
         subprocess.run([*self.as_user, str(self.bin / tool), *args], check=True, capture_output=True, timeout=120)
 
     def start(self) -> None:
-        opts = (
-            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off "
-            "-c full_page_writes=off"
-        )
+        opts = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off "
+                "-c full_page_writes=off")
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"), "-w", "-t", "60", "-o", opts, "start")
 
     def stop(self, mode: str = "fast") -> None:

@@ -20,12 +20,8 @@ router = APIRouter(prefix="/results", tags=["results"])
 MAX_LIMIT = DEFAULT_MAX_POINTS_PER_SWEEP
 
 
-@router.get(
-    "",
-    response_model=ResultsPublic,
-    dependencies=[Depends(require_read)],
-    responses={200: {"content": {"text/csv": {}}, "description": "JSON page, or CSV with format=csv"}},
-)
+@router.get("", response_model=ResultsPublic, dependencies=[Depends(require_read)],
+            responses={200: {"content": {"text/csv": {}}, "description": "JSON page, or CSV with format=csv"}})
 def read_results(
     session: SessionDep,
     sweep: int | None = Query(None, ge=1, le=INT32_MAX, description="sweep id"),
@@ -43,26 +39,10 @@ def read_results(
     format: Literal["json", "csv"] = "json",
 ) -> Any:
     """Results of points, filtered by sweep, op, mode, backend, B, T, W, lb, device and status."""
-    rows, count = crud.list_results(
-        session,
-        sweep_id=sweep,
-        op=op,
-        mode=mode,
-        backend=backend,
-        B=B,
-        T=T,
-        W=W,
-        lb=lb,
-        device=device,
-        status=status,
-        skip=skip,
-        limit=limit,
-    )
+    rows, count = crud.list_results(session, sweep_id=sweep, op=op, mode=mode, backend=backend, B=B, T=T, W=W, lb=lb,
+                                    device=device, status=status, skip=skip, limit=limit)
     if format == "csv":
         name = f"cpbench-results{'-sweep' + str(sweep) if sweep is not None else ''}.csv"
-        return Response(
-            to_csv(rows, crud.RESULT_FIELDS),
-            media_type="text/csv; charset=utf-8",
-            headers={"Content-Disposition": f'attachment; filename="{name}"', "X-Total-Count": str(count)},
-        )
+        return Response(to_csv(rows, crud.RESULT_FIELDS), media_type="text/csv; charset=utf-8",
+                        headers={"Content-Disposition": f'attachment; filename="{name}"', "X-Total-Count": str(count)})
     return {"data": rows, "count": count}

@@ -30,12 +30,8 @@ def sweep_public(session: Session, sweep: Sweep) -> dict[str, Any]:
     response_model=SweepPublic,
     status_code=status.HTTP_201_CREATED,
     dependencies=[Depends(require_token)],
-    responses={
-        400: {"model": Message, "description": "the body is not JSON text"},
-        401: {"model": Message},
-        403: {"model": Message},
-        413: {"model": Message},
-    },
+    responses={400: {"model": Message, "description": "the body is not JSON text"}, 401: {"model": Message},
+               403: {"model": Message}, 413: {"model": Message}},
 )
 def create_sweep(session: SessionDep, spec: SweepCreate) -> Any:
     """Submit a sweep; its grid is expanded into queued (or skipped) points.
@@ -64,9 +60,8 @@ def read_sweeps(
     return {"data": [sweep_public(session, s) for s in sweeps], "count": count}
 
 
-@router.get(
-    "/{sweep_id}", response_model=SweepPublic, dependencies=[Depends(require_read)], responses={404: {"model": Message}}
-)
+@router.get("/{sweep_id}", response_model=SweepPublic, dependencies=[Depends(require_read)],
+            responses={404: {"model": Message}})
 def read_sweep(session: SessionDep, sweep_id: int = Path(ge=1, le=INT32_MAX)) -> Any:
     """Status and progress counts of one sweep."""
     if (sweep := crud.get_sweep(session, sweep_id=sweep_id)) is None:
@@ -74,12 +69,8 @@ def read_sweep(session: SessionDep, sweep_id: int = Path(ge=1, le=INT32_MAX)) ->
     return sweep_public(session, sweep)
 
 
-@router.post(
-    "/{sweep_id}/cancel",
-    response_model=SweepCancelled,
-    dependencies=[Depends(require_token)],
-    responses={401: {"model": Message}, 403: {"model": Message}, 404: {"model": Message}},
-)
+@router.post("/{sweep_id}/cancel", response_model=SweepCancelled, dependencies=[Depends(require_token)],
+             responses={401: {"model": Message}, 403: {"model": Message}, 404: {"model": Message}})
 def cancel_sweep(session: SessionDep, sweep_id: int = Path(ge=1, le=INT32_MAX)) -> Any:
     """Cancel a sweep: its queued points are cancelled; running points finish and keep their results."""
     if (sweep := crud.get_sweep(session, sweep_id=sweep_id)) is None:

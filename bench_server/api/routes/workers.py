@@ -23,9 +23,8 @@ router = APIRouter(prefix="/workers", tags=["workers"])
 
 
 @router.get("", response_model=WorkersPublic, dependencies=[Depends(require_read)])
-def read_workers(
-    request: Request, session: SessionDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
-) -> Any:
+def read_workers(request: Request, session: SessionDep,
+                 credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Any:
     """Every registered worker; `alive` unless stopped or lost. Host and pid need the token."""
     now = store_now(session)
     default_lease = get_worker_settings().LEASE_S
@@ -33,11 +32,8 @@ def read_workers(
     data = []
     for w in crud.list_workers(session):
         state = crud.worker_state(w, now, default_lease)
-        row = {
-            **{c: getattr(w, c, None) for c in WorkerPublic.model_fields},
-            "state": state,
-            "alive": state not in ("stopped", "lost"),
-        }
+        row = {**{c: getattr(w, c, None) for c in WorkerPublic.model_fields}, "state": state,
+               "alive": state not in ("stopped", "lost")}
         if not trusted:
             row.update(name=f"worker-{w.id}", host=None, pid=None)
         data.append(WorkerPublic.model_validate(row))

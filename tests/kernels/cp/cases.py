@@ -23,20 +23,8 @@ def schemes(ctx: RankContext, payload: dict[str, Any]) -> dict[str, torch.Tensor
     return _schemes(rank=ctx.rank, world_size=ctx.world_size, **payload)
 
 
-def _schemes(
-    *,
-    rank: int,
-    world_size: int,
-    op: str,
-    lengths: tuple[int, ...],
-    layout: str,
-    runs: list[tuple[str, Any]],
-    H: int = 4,
-    K: int = 16,
-    V: int = 32,
-    lb: float = -1.0,
-    seed: int = 0,
-) -> dict[str, torch.Tensor]:
+def _schemes(*, rank: int, world_size: int, op: str, lengths: tuple[int, ...], layout: str, runs: list[tuple[str, Any]],
+             H: int = 4, K: int = 16, V: int = 32, lb: float = -1.0, seed: int = 0) -> dict[str, torch.Tensor]:
     q, k, v, g, beta, cu = _inputs(op, lengths, H, K, V, lb, seed)
     ctx = cp.build_context(cu, world_size, rank, layout)
     xs = [cp.shard(x, ctx) for x in (q, k, v, g, beta)]
@@ -52,19 +40,8 @@ def profile(ctx: RankContext, payload: dict[str, Any]) -> dict[str, Any]:
     return _profile(rank=ctx.rank, world_size=ctx.world_size, **payload)
 
 
-def _profile(
-    *,
-    rank: int,
-    world_size: int,
-    op: str,
-    lengths: tuple[int, ...],
-    layout: str,
-    mode: str,
-    options: dict[str, Any] | None = None,
-    H: int = 4,
-    K: int = 16,
-    V: int = 16,
-) -> dict[str, Any]:
+def _profile(*, rank: int, world_size: int, op: str, lengths: tuple[int, ...], layout: str, mode: str,
+             options: dict[str, Any] | None = None, H: int = 4, K: int = 16, V: int = 16) -> dict[str, Any]:
     q, k, v, g, beta, cu = _inputs(op, lengths, H, K, V, -1.0, 1)
     ctx = cp.build_context(cu, world_size, rank, layout)
     xs = [cp.shard(x, ctx) for x in (q, k, v, g, beta)]
@@ -91,7 +68,8 @@ def bad_group(ctx: RankContext, payload: None = None) -> str:
     return "no error"
 
 
-def train_inputs(op: str, lengths: tuple[int, ...], H: int, HV: int, K: int, V: int, lb: float, seed: int) -> tuple[Any, ...]:
+def train_inputs(op: str, lengths: tuple[int, ...], H: int, HV: int, K: int, V: int, lb: float,
+                 seed: int) -> tuple[Any, ...]:
     """(q, k, v, g, beta, cu, do): fp32 global inputs with HV value heads (HV = H: plain) and the output gradient."""
     q, k, v, g, beta, cu = make_inputs(op, lengths, H=H, K=K, V=V, lb=lb, seed=seed)
     if HV != H:
@@ -106,22 +84,9 @@ def grads(ctx: RankContext, payload: dict[str, Any]) -> dict[str, list[torch.Ten
     return _grads(rank=ctx.rank, world_size=ctx.world_size, **payload)
 
 
-def _grads(
-    *,
-    rank: int,
-    world_size: int,
-    op: str,
-    lengths: tuple[int, ...],
-    layout: str,
-    runs: list[tuple[str, Any]],
-    H: int = 4,
-    HV: int | None = None,
-    K: int = 16,
-    V: int = 16,
-    lb: float = -1.0,
-    seed: int = 0,
-    backend: str = "torch",
-) -> dict[str, list[torch.Tensor]]:
+def _grads(*, rank: int, world_size: int, op: str, lengths: tuple[int, ...], layout: str, runs: list[tuple[str, Any]],
+          H: int = 4, HV: int | None = None, K: int = 16, V: int = 16, lb: float = -1.0,
+          seed: int = 0, backend: str = "torch") -> dict[str, list[torch.Tensor]]:
     """Every (mode, options) of `runs`: o_local.backward(shard(do)) on this rank; {label: [o, dq, dk, dv, dg, dbeta]}."""
     q, k, v, g, beta, cu, do = train_inputs(op, lengths, H, HV or H, K, V, lb, seed)
     ctx = cp.build_context(cu, world_size, rank, layout)
@@ -139,19 +104,8 @@ def profile_train(ctx: RankContext, payload: dict[str, Any]) -> dict[str, Any]:
     return _profile_train(rank=ctx.rank, world_size=ctx.world_size, **payload)
 
 
-def _profile_train(
-    *,
-    rank: int,
-    world_size: int,
-    op: str,
-    lengths: tuple[int, ...],
-    layout: str,
-    mode: str,
-    options: dict[str, Any] | None = None,
-    H: int = 4,
-    K: int = 16,
-    V: int = 16,
-) -> dict[str, Any]:
+def _profile_train(*, rank: int, world_size: int, op: str, lengths: tuple[int, ...], layout: str, mode: str,
+                  options: dict[str, Any] | None = None, H: int = 4, K: int = 16, V: int = 16) -> dict[str, Any]:
     """One warm-up training step, then profiles of one backward alone and of one whole step (the engine's
     `runners.training.train_step`: forward + backward, each in its profiler range)."""
     q, k, v, g, beta, cu, do = train_inputs(op, lengths, H, H, K, V, -1.0, 1)
@@ -166,9 +120,6 @@ def _profile_train(
     step()
     o = fwd()
     cpu = torch.device("cpu")
-    res = {
-        "bwd": profile_step(lambda: o.backward(do_l), device=cpu).as_dict(),
-        "step": profile_step(step, device=cpu).as_dict(),
-    }
+    res = {"bwd": profile_step(lambda: o.backward(do_l), device=cpu).as_dict(), "step": profile_step(step, device=cpu).as_dict()}
     res["expected"] = {d: cp.expected_collectives(mode, ctx, options, d) for d in ("fwd", "bwd", "fwd+bwd")}
     return res

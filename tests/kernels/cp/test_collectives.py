@@ -38,29 +38,16 @@ def _check(results: list[dict], expected_each: dict | None = None) -> None:
 @pytest.mark.parametrize("op", ["gdn", "kda"])
 def test_headwise_all_gather(gangs: dict, W: int, layout: str, op: str) -> None:
     for lengths in (SINGLE, CROSSING):
-        _check(
-            gangs[W].run(cases.profile, {"op": op, "lengths": lengths, "layout": layout, "mode": "headwise"}),
-            {"all_to_all": 2},
-        )
-        _check(
-            gangs[W].run(cases.profile, {"op": op, "lengths": lengths, "layout": layout, "mode": "all_gather"}),
-            {"all_gather": 1},
-        )
+        _check(gangs[W].run(cases.profile, {"op": op, "lengths": lengths, "layout": layout, "mode": "headwise"}), {"all_to_all": 2})
+        _check(gangs[W].run(cases.profile, {"op": op, "lengths": lengths, "layout": layout, "mode": "all_gather"}), {"all_gather": 1})
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
 @pytest.mark.parametrize("W", [2, 4])
 def test_true_cp(gangs: dict, W: int, layout: str) -> None:
-    _check(
-        gangs[W].run(cases.profile, {"op": "kda", "lengths": SINGLE, "layout": layout, "mode": "true_cp"}), {"all_gather": 1}
-    )
-    _check(
-        gangs[W].run(
-            cases.profile,
-            {"op": "gdn", "lengths": CROSSING, "layout": layout, "mode": "true_cp", "options": {"segment_len": 64}},
-        ),
-        {"all_gather": 1},
-    )
+    _check(gangs[W].run(cases.profile, {"op": "kda", "lengths": SINGLE, "layout": layout, "mode": "true_cp"}), {"all_gather": 1})
+    _check(gangs[W].run(cases.profile, {"op": "gdn", "lengths": CROSSING, "layout": layout, "mode": "true_cp",
+                        "options": {"segment_len": 64}}), {"all_gather": 1})
     if layout == "contiguous":
         _check(gangs[W].run(cases.profile, {"op": "gdn", "lengths": ALIGNED, "layout": layout, "mode": "true_cp"}), {})
 
@@ -78,15 +65,9 @@ def test_ring(gangs: dict, W: int, layout: str) -> None:
         _check(gangs[W].run(cases.profile, {"op": "gdn", "lengths": ALIGNED, "layout": layout, "mode": "ring"}), {})
 
 
-@pytest.mark.parametrize(
-    ("mode", "options"),
-    [
-        ("none", None),
-        ("none", {"segment_len": 128}),
-        ("warmup_correct", {"fallback": "none", "segments": 4}),
-        ("warmup_correct", {"fallback": "exact", "segments": 4}),
-    ],
-)
+@pytest.mark.parametrize(("mode", "options"), [("none", None), ("none", {"segment_len": 128}),
+                                               ("warmup_correct", {"fallback": "none", "segments": 4}),
+                                               ("warmup_correct", {"fallback": "exact", "segments": 4})])
 def test_single_device_modes(mode: str, options: dict | None) -> None:
     q, k, v, g, beta, cu = make_inputs("kda", (300, 212), H=2, K=16, V=16, lb=-1.0)
     ctx = cp.build_context(cu, 1, 0)

@@ -19,10 +19,7 @@ def test_build_context_contiguous_example() -> None:
     assert ctx.local_cu_seqlens == (0, 1, 4)
     (slot,) = ctx.slots
     assert slot.part == 1 and slot.preds == (0,) and slot.next_part == 2
-    assert [(p.start, p.end, p.seq, p.cont, p.carries) for p in slot.pieces] == [
-        (0, 1, 0, True, False),
-        (1, 4, 1, False, True),
-    ]
+    assert [(p.start, p.end, p.seq, p.cont, p.carries) for p in slot.pieces] == [(0, 1, 0, True, False), (1, 4, 1, False, True)]
     assert ctx.part_cont == (False, True, True) and ctx.part_carries == (True, True, False)
     assert ctx.part_preds == ((), (0,), (1,))
     assert cp.build_context([0, 5, 12], 3, 1) is ctx  # cached
@@ -62,7 +59,7 @@ def test_shard_unshard_roundtrip(W: int, layout: str) -> None:
     torch.testing.assert_close(cp.unshard(shards, ctxs[0]), x, rtol=0, atol=0)
     if layout == "zigzag" and W == 2:
         P = 128
-        torch.testing.assert_close(shards[0], torch.cat([x[:, :P], x[:, 3 * P :]], 1), rtol=0, atol=0)
+        torch.testing.assert_close(shards[0], torch.cat([x[:, :P], x[:, 3 * P:]], 1), rtol=0, atol=0)
     for c in ctxs:  # local bounds cover the shard and cut it where the global bounds do
         assert c.local_cu_seqlens[0] == 0 and c.local_cu_seqlens[-1] == c.local_len
         assert sum(p.length for p in c.pieces) == c.local_len

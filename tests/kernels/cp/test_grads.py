@@ -36,18 +36,12 @@ TOL = 1e-5
 K = V = 16
 NAMES = ("o", "dq", "dk", "dv", "dg", "dbeta")
 CASES = {
-    "cut-mid-rank": (100, 156),  # W = 2: sequence 1 starts inside rank 0's tail window (tail_exchange exact)
+    "cut-mid-rank": (100, 156),       # W = 2: sequence 1 starts inside rank 0's tail window (tail_exchange exact)
     "single-long": (256,),
     "short-at-edge": (120, 12, 124),
 }
-EXACT = [
-    ("headwise", None),
-    ("all_gather", None),
-    ("ring", None),
-    ("true_cp", None),
-    ("tail_exchange", {"fallback": "true_cp"}),
-    ("tail_exchange", None),
-]
+EXACT = [("headwise", None), ("all_gather", None), ("ring", None), ("true_cp", None),
+         ("tail_exchange", {"fallback": "true_cp"}), ("tail_exchange", None)]
 
 
 @functools.cache
@@ -82,18 +76,14 @@ def _compare(per_rank: list[dict], ref: list, base: list, cu: list[int], W: int,
 @pytest.mark.parametrize("case", list(CASES))
 def test_grads_w2(gang2, case: str, op: str, layout: str) -> None:
     ref, base, cu = _truth(op, case, 4, 4)
-    per_rank = gang2.run(
-        cases.grads, {"op": op, "lengths": CASES[case], "layout": layout, "runs": EXACT, "H": 4, "K": K, "V": V}
-    )
+    per_rank = gang2.run(cases.grads, {"op": op, "lengths": CASES[case], "layout": layout, "runs": EXACT, "H": 4, "K": K, "V": V})
     _compare(per_rank, ref, base, cu, 2, layout)
 
 
 @pytest.mark.parametrize(("op", "case", "layout"), [("gdn", "short-at-edge", "zigzag"), ("kda", "single-long", "contiguous")])
 def test_grads_w4(gang4, op: str, case: str, layout: str) -> None:
     ref, base, cu = _truth(op, case, 4, 4)
-    per_rank = gang4.run(
-        cases.grads, {"op": op, "lengths": CASES[case], "layout": layout, "runs": EXACT, "H": 4, "K": K, "V": V}
-    )
+    per_rank = gang4.run(cases.grads, {"op": op, "lengths": CASES[case], "layout": layout, "runs": EXACT, "H": 4, "K": K, "V": V})
     _compare(per_rank, ref, base, cu, 4, layout)
 
 
@@ -103,47 +93,21 @@ def test_true_cp_grads_triton_w2(gang2, op: str) -> None:
     the state gradient alone (`prims.state_grad`: WY prep + reverse state pass) and runs one backward after the
     all-gather; rank 1 runs its one backward before it. Every gradient as `none`'s and the reference's."""
     ref, base, cu = _truth(op, "short-at-edge", 2, 2)
-    per_rank = gang2.run(
-        cases.grads,
-        {
-            "op": op,
-            "lengths": CASES["short-at-edge"],
-            "layout": "contiguous",
-            "runs": [("true_cp", None)],
-            "H": 2,
-            "K": K,
-            "V": V,
-            "backend": "triton",
-        },
-    )
+    per_rank = gang2.run(cases.grads, {"op": op, "lengths": CASES["short-at-edge"], "layout": "contiguous",
+                                       "runs": [("true_cp", None)], "H": 2, "K": K, "V": V, "backend": "triton"})
     _compare(per_rank, ref, base, cu, 2, "contiguous")
 
 
 @pytest.mark.parametrize("op", ["gdn", "kda"])
 def test_grads_grouped_heads(gang2, op: str) -> None:
     ref, base, cu = _truth(op, "short-at-edge", 2, 4)
-    per_rank = gang2.run(
-        cases.grads,
-        {"op": op, "lengths": CASES["short-at-edge"], "layout": "zigzag", "runs": EXACT, "H": 2, "HV": 4, "K": K, "V": V},
-    )
+    per_rank = gang2.run(cases.grads, {"op": op, "lengths": CASES["short-at-edge"], "layout": "zigzag", "runs": EXACT, "H": 2, "HV": 4, "K": K, "V": V})
     _compare(per_rank, ref, base, cu, 2, "zigzag")
 
 
 def test_headwise_grouped_heads_needs_heads_divisible(gang4) -> None:
     with pytest.raises(Exception, match=r"head counts divisible by the CP size, got H=2 \(q.shape\[2\]\), HV=4"):
-        gang4.run(
-            cases.grads,
-            {
-                "op": "gdn",
-                "lengths": (256,),
-                "layout": "contiguous",
-                "runs": [("headwise", None)],
-                "H": 2,
-                "HV": 4,
-                "K": K,
-                "V": V,
-            },
-        )
+        gang4.run(cases.grads, {"op": "gdn", "lengths": (256,), "layout": "contiguous", "runs": [("headwise", None)], "H": 2, "HV": 4, "K": K, "V": V})
 
 
 def _leaves_and_reference_grads(op, inputs, cu, do):
@@ -190,7 +154,8 @@ def test_warmup_correct_grads_triton(op: str, fallback: str) -> None:
     lengths = (40, 300)
     q, k, v, g, beta, cu, do = train_inputs(op, lengths, 1, 1, K, V, -0.01, 0)
     xs, truth = _leaves_and_reference_grads(op, (q, k, v, g, beta), cu, do)
-    o, report = cp.warmup_correct(op, *xs, cu_seqlens=cu, backend="triton", fallback=fallback, segments=3, window=1)
+    o, report = cp.warmup_correct(op, *xs, cu_seqlens=cu, backend="triton", fallback=fallback, segments=3,
+                                  window=1)
     o.backward(do)
     assert int(report.fallback_count) > 0  # the exact chain ran
     for name, x, t in zip(NAMES[1:], xs, truth, strict=True):
@@ -201,14 +166,12 @@ def _check_profile(results: list[dict]) -> None:
     for r, res in enumerate(results):
         assert res["bwd"]["collectives"] == res["expected"]["bwd"], f"rank {r}: {res}"
         assert res["step"]["collectives"] == res["expected"]["fwd+bwd"], f"rank {r}: {res}"
-        split = res["step"]["by_direction"]  # the step's forward and backward apart (runners.profile)
+        split = res["step"]["by_direction"]   # the step's forward and backward apart (runners.profile)
         for d in ("fwd", "bwd"):
             assert split[d]["collectives"] == res["expected"][d], f"rank {r} {d}: {res}"
             assert split[d]["host_syncs"] == 0, f"rank {r} {d}: {res}"
-        assert {
-            k: split["fwd"]["collective_bytes"].get(k, 0) + split["bwd"]["collective_bytes"].get(k, 0)
-            for k in res["step"]["collective_bytes"]
-        } == res["step"]["collective_bytes"], f"rank {r}: {res}"
+        assert {k: split["fwd"]["collective_bytes"].get(k, 0) + split["bwd"]["collective_bytes"].get(k, 0)
+                for k in res["step"]["collective_bytes"]} == res["step"]["collective_bytes"], f"rank {r}: {res}"
         for part in ("bwd", "step"):
             assert res[part]["unclassified"] == [], f"rank {r}: {res}"
             assert res[part]["host_syncs"] == 0, f"rank {r}: host syncs in the training step: {res}"
@@ -225,26 +188,17 @@ def test_backward_single_device_modes() -> None:
         assert cp.expected_collectives(mode, ctx, opts, "fwd+bwd") == {}
 
 
-@pytest.mark.parametrize(
-    ("mode", "options", "bwd"),
-    [
-        ("headwise", None, {"all_to_all": 2}),
-        ("all_gather", None, {"reduce_scatter": 1}),
-        ("true_cp", None, {"all_gather": 1}),
-        ("ring", None, None),
-        ("tail_exchange", None, None),
-        ("tail_exchange", {"fallback": "true_cp"}, {"all_gather": 1}),
-    ],
-)
+@pytest.mark.parametrize(("mode", "options", "bwd"), [
+    ("headwise", None, {"all_to_all": 2}), ("all_gather", None, {"reduce_scatter": 1}),
+    ("true_cp", None, {"all_gather": 1}), ("ring", None, None), ("tail_exchange", None, None),
+    ("tail_exchange", {"fallback": "true_cp"}, {"all_gather": 1})])
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
 def test_backward_collectives_w2(gang2, mode: str, options: dict | None, bwd: dict | None, layout: str) -> None:
-    res = gang2.run(
-        cases.profile_train, {"op": "kda", "lengths": (100, 300, 112), "layout": layout, "mode": mode, "options": options}
-    )
+    res = gang2.run(cases.profile_train, {"op": "kda", "lengths": (100, 300, 112), "layout": layout, "mode": mode, "options": options})
     _check_profile(res)
     if bwd is not None:
         assert all(r["bwd"]["collectives"] == bwd for r in res), res
-    else:  # the forward's point-to-point pairs reversed
+    else:   # the forward's point-to-point pairs reversed
         pairs = 1 if layout == "contiguous" else 2
         assert sum(r["bwd"]["collectives"].get("send", 0) for r in res) == pairs, res
         assert sum(r["bwd"]["collectives"].get("recv", 0) for r in res) == pairs, res

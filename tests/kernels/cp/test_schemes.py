@@ -32,14 +32,8 @@ CASES = {
     "many-short": (37, 3, 45, 20, 64, 7, 100, 33, 51, 88, 64),
     "short-at-edge": (250, 12, 250),
 }
-RUNS = [
-    ("headwise", None),
-    ("all_gather", None),
-    ("ring", None),
-    ("true_cp", {"segment_len": None}),
-    ("true_cp", {"segment_len": 64}),
-    ("all_gather", {"segment_len": 128}),
-]
+RUNS = [("headwise", None), ("all_gather", None), ("ring", None), ("true_cp", {"segment_len": None}),
+        ("true_cp", {"segment_len": 64}), ("all_gather", {"segment_len": 128})]
 
 
 @functools.cache
@@ -59,10 +53,7 @@ def _truth(op: str, case: str) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
 @pytest.mark.parametrize("W", [2, 4])
 def test_forward_schemes(gangs: dict, W: int, case: str, op: str, layout: str) -> None:
     ref, base, cu = _truth(op, case)
-    per_rank = gangs[W].run(
-        cases.schemes,
-        {"op": op, "lengths": CASES[case], "layout": layout, "runs": RUNS, "H": H, "K": K, "V": V, "lb": -1.0, "seed": 0},
-    )
+    per_rank = gangs[W].run(cases.schemes, {"op": op, "lengths": CASES[case], "layout": layout, "runs": RUNS, "H": H, "K": K, "V": V, "lb": -1.0, "seed": 0})
     ctx = cp.build_context(cu, W, 0, layout)
     for label in per_rank[0]:
         o = cp.unshard([r[label] for r in per_rank], ctx)

@@ -30,10 +30,7 @@ CASES = {"single-long": (512,), "span-3-ranks": (60, 260, 192), "short-at-edge":
 
 
 def _unshard_runs(gang, W: int, op: str, lengths: tuple[int, ...], layout: str, runs: list, lb: float):
-    per_rank = gang.run(
-        cases.schemes,
-        {"op": op, "lengths": lengths, "layout": layout, "runs": runs, "H": H, "K": K, "V": V, "lb": lb, "seed": 0},
-    )
+    per_rank = gang.run(cases.schemes, {"op": op, "lengths": lengths, "layout": layout, "runs": runs, "H": H, "K": K, "V": V, "lb": lb, "seed": 0})
     q, k, v, g, beta, cu = make_inputs(op, lengths, H=H, K=K, V=V, lb=lb, seed=0)
     ref, _ = kernels.reference(op, q, k, v, g, beta, cu_seqlens=cu)
     base = cp.forward("none", op, q, k, v, g, beta, group=None, ctx=cp.build_context(cu, 1, 0), backend="torch")
@@ -66,35 +63,23 @@ def test_slow_decay_true_cp_fallback_is_exact(gang2, op: str) -> None:
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
 @pytest.mark.parametrize("W", [2, 4])
 def test_collectives(gangs: dict, W: int, layout: str) -> None:
-    res = gangs[W].run(
-        cases.profile,
-        {"op": "kda", "lengths": (512,), "layout": layout, "mode": "tail_exchange", "options": {"fallback": "none"}},
-    )
+    res = gangs[W].run(cases.profile, {"op": "kda", "lengths": (512,), "layout": layout, "mode": "tail_exchange",
+                       "options": {"fallback": "none"}})
     for r, x in enumerate(res):
         assert x["collectives"] == x["expected"] and x["unclassified"] == [] and x["host_syncs"] == 0, (r, x)
         assert "all_gather" not in x["collectives"], (r, x)
     pairs = W - 1 if layout == "contiguous" else 2 * W - 2
     assert sum(x["collectives"].get("send", 0) for x in res) == pairs
     assert sum(x["collectives"].get("recv", 0) for x in res) == pairs
-    res = gangs[W].run(
-        cases.profile,
-        {
-            "op": "gdn",
-            "lengths": (100, 300, 112),
-            "layout": layout,
-            "mode": "tail_exchange",
-            "options": {"fallback": "true_cp"},
-        },
-    )
+    res = gangs[W].run(cases.profile, {"op": "gdn", "lengths": (100, 300, 112), "layout": layout, "mode": "tail_exchange",
+                       "options": {"fallback": "true_cp"}})
     for r, x in enumerate(res):
         assert x["collectives"] == x["expected"] == {"all_gather": 1}, (r, x)
         assert x["host_syncs"] == 0, (r, x)
 
 
-@pytest.mark.parametrize(
-    ("options", "match"),
-    [({"fallback": "ring"}, "option fallback must be one of"), ({"window": 0}, "option window must be 'auto' or an int >= 1")],
-)
+@pytest.mark.parametrize(("options", "match"), [({"fallback": "ring"}, "option fallback must be one of"),
+                                                ({"window": 0}, "option window must be 'auto' or an int >= 1")])
 def test_bad_option_is_refused(options: dict, match: str) -> None:
     q, k, v, g, beta, cu = make_inputs("gdn", (128,), H=2, K=16, V=16)
     ctx = cp.build_context(cu, 1, 0)

@@ -75,24 +75,24 @@ def test_state_error_within_bound(op: str, lb: float) -> None:
     norm = S_exact.flatten(2).norm(dim=-1)
     for fb in ("none", "auto"):
         _, _, _, warm = _run(op, lb, segments=4, tol=tol, window=2, fallback=fb)
-        err = (warm.initial_states.double() - S_exact).flatten(2).norm(dim=-1)  # [segments, H]
+        err = (warm.initial_states.double() - S_exact).flatten(2).norm(dim=-1)      # [segments, H]
         assert bool((err <= warm.state_err_bound * (1 + 1e-6) + 1e-5 * norm).all()), (fb, err, warm.state_err_bound)
         assert bool((err <= tol * norm + 1e-5 * norm)[warm.ok].all()), fb
 
 
 def test_slow_channel_is_caught() -> None:
     q, k, v, g, beta, cu = make_inputs("kda", (512,), H=H, K=K, V=V, lb=-5.0, seed=5)
-    g[..., 0] = -1e-4  # one key channel barely decays; the mean over K still looks fast
+    g[..., 0] = -1e-4                        # one key channel barely decays; the mean over K still looks fast
     ref, _ = kernels.reference("kda", q, k, v, g, beta, cu_seqlens=cu)
-    mean_decay = g.mean(-1).sum(1)  # what an averaged test sees over the whole sequence: very negative
+    mean_decay = g.mean(-1).sum(1)           # what an averaged test sees over the whole sequence: very negative
     assert float(mean_decay.max()) < -100
-    o, rep = cp.warmup_correct(
-        "kda", q, k, v, g, beta, cu_seqlens=[0, 512], segments=4, tol=1e-3, window=1, fallback="none", backend="torch"
-    )
+    o, rep = cp.warmup_correct("kda", q, k, v, g, beta, cu_seqlens=[0, 512], segments=4, tol=1e-3, window=1,
+                               fallback="none", backend="torch")
     d = rep.to_dict()
-    assert d["violations"] == 3, d  # every non-first segment fails the per-channel bound
-    assert rel_err(ref, o) > 1e-3  # and the warmup estimate is indeed wrong
-    o, rep = cp.warmup_correct("kda", q, k, v, g, beta, cu_seqlens=[0, 512], segments=4, tol=1e-3, window=1, backend="torch")
+    assert d["violations"] == 3, d           # every non-first segment fails the per-channel bound
+    assert rel_err(ref, o) > 1e-3            # and the warmup estimate is indeed wrong
+    o, rep = cp.warmup_correct("kda", q, k, v, g, beta, cu_seqlens=[0, 512], segments=4, tol=1e-3, window=1,
+                               backend="torch")
     assert rep.to_dict()["fallback_count"] == 3
     assert_rel_close("o (exact)", ref, o, 1e-5)
 
@@ -107,7 +107,7 @@ def test_one_segment_is_the_plain_forward() -> None:
 
 # --- fallback="auto": per-segment decision on the device --------------------------------------------------
 
-SLOW_RANGES = ((192, 256), (744, 808))  # the windows (window=1) of segments 2 and 7 of LENGTHS at segments=4
+SLOW_RANGES = ((192, 256), (744, 808))   # the windows (window=1) of segments 2 and 7 of LENGTHS at segments=4
 
 
 def _mixed_gates(op: str, seed: int = 3):
@@ -115,7 +115,7 @@ def _mixed_gates(op: str, seed: int = 3):
     q, k, v, g, beta, cu = make_inputs(op, LENGTHS, H=H, K=K, V=V, lb=-3.0, seed=seed)
     for a, b in SLOW_RANGES:
         if op == "kda":
-            g[0, a:b, 1, 3] = -1e-3  # one key channel of one head, hidden among 15 fast ones
+            g[0, a:b, 1, 3] = -1e-3          # one key channel of one head, hidden among 15 fast ones
         else:
             g[0, a:b, 1] = -1e-3
     return q, k, v, g, beta, cu
@@ -123,10 +123,10 @@ def _mixed_gates(op: str, seed: int = 3):
 
 def _failing(g: torch.Tensor, rep: cp.WarmupReport, tol: float) -> list[int]:
     """Segments whose window fails the simple per-channel test: exp(sum_t max_{h,k} g_t) over the window > tol."""
-    gmax = g[0].amax(dim=tuple(range(1, g[0].dim())))  # [T]: slowest head and channel
+    gmax = g[0].amax(dim=tuple(range(1, g[0].dim())))                       # [T]: slowest head and channel
     out, b0 = [], rep.segment_bounds
     for s, w in enumerate(rep.window):
-        if w and float(gmax[b0[s] - w : b0[s]].sum().exp()) > tol:
+        if w and float(gmax[b0[s] - w:b0[s]].sum().exp()) > tol:
             out.append(s)
     return out
 
@@ -137,24 +137,24 @@ def test_auto_falls_back_per_segment(op: str) -> None:
     q, k, v, g, beta, cu = _mixed_gates(op)
     ref, _ = kernels.reference(op, q, k, v, g, beta, cu_seqlens=cu)
     kw = {"cu_seqlens": cu.tolist(), "segments": 4, "tol": tol, "window": 1, "backend": "torch"}
-    o, rep = cp.warmup_correct(op, q, k, v, g, beta, **kw)  # the default is "auto"
+    o, rep = cp.warmup_correct(op, q, k, v, g, beta, **kw)                 # the default is "auto"
     d = rep.to_dict()
     expected = _failing(g, rep, tol)
     assert expected == [2, 7], expected
     assert d["fallback"] == "auto" and d["fallback_count"] == len(expected) and d["violations"] == 0, d
     assert d["fallback_segments"] == expected, d
     assert_rel_close("o (auto) vs reference", ref, o, tol)
-    assert rel_err(ref, o) < 1e-5  # failing links took the exact map
+    assert rel_err(ref, o) < 1e-5                                          # failing links took the exact map
     _, rep_none = cp.warmup_correct(op, q, k, v, g, beta, fallback="none", **kw)
     _, rep_exact = cp.warmup_correct(op, q, k, v, g, beta, fallback="exact", **kw)
     assert rep_none.to_dict()["violations"] == len(expected)
     S_exact = rep_exact.initial_states[expected]
-    err_none = rel_err(S_exact, rep_none.initial_states[expected])  # the failing segments' entering states
+    err_none = rel_err(S_exact, rep_none.initial_states[expected])        # the failing segments' entering states
     err_auto = rel_err(S_exact, rep.initial_states[expected])
-    assert err_none > tol and err_auto <= 1e-5, (err_none, err_auto)  # warmup alone is wrong there; auto is not
-    if op == "kda":  # FlashKDA's averaged test would pass
+    assert err_none > tol and err_auto <= 1e-5, (err_none, err_auto)      # warmup alone is wrong there; auto is not
+    if op == "kda":                                                        # FlashKDA's averaged test would pass
         for a, b in SLOW_RANGES:
-            assert float(g[0, a:b].mean(-1).sum(0).max()) * 1.4427 < -10  # log2 units, its -10 threshold
+            assert float(g[0, a:b].mean(-1).sum(0).max()) * 1.4427 < -10   # log2 units, its -10 threshold
 
 
 @pytest.mark.parametrize("op", ["gdn", "kda"])
@@ -175,7 +175,7 @@ def test_auto_triton_matches_torch(lengths: tuple[int, ...]) -> None:
     """The triton backend (interpreted; masked transition and one-launch chain kernels) takes the same decisions
     and reaches the same states; with several sequences the chain restarts at each sequence's first segment."""
     q, k, v, g, beta, cu = make_inputs("kda", lengths, H=1, K=16, V=16, lb=-3.0, seed=1)
-    g[0, 128:192, 0, 5] = -1e-3  # the window of segment 3
+    g[0, 128:192, 0, 5] = -1e-3                                            # the window of segment 3
     kw = {"cu_seqlens": [int(x) for x in cu], "segments": 4, "tol": 1e-3, "window": 1}
     o_t, rep_t = cp.warmup_correct("kda", q, k, v, g, beta, backend="triton", **kw)
     o, rep = cp.warmup_correct("kda", q, k, v, g, beta, backend="torch", **kw)

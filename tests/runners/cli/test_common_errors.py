@@ -60,11 +60,8 @@ def test_bad_argument_one_line_exit_1(case: str, store_url: str, tmp_path: Path)
     assert "Traceback" not in err and out == ""
 
 
-def test_run_refuses_a_plugin_module_unless_the_setting_allows_it(
-    store_url: str,  # noqa: F811
-    tmp_path: Path,
-    plugin_modules: Any,
-) -> None:
+def test_run_refuses_a_plugin_module_unless_the_setting_allows_it(store_url: str, tmp_path: Path,  # noqa: F811
+                                                                  plugin_modules: Any) -> None:
     ref = "tests.plugins.torch_peer:PEER"
     spec = write_spec(tmp_path, backends=[ref], ops=["kda"], axes={"T": 64, "K": 16, "V": 16})
     plugin_modules("")
@@ -87,23 +84,19 @@ def test_every_verb_has_a_bad_argument_case() -> None:
     assert verbs and verbs <= covered, verbs - covered
 
 
-@pytest.mark.parametrize(
-    ("argv", "cuda", "expected"),
-    [
-        (["run", "spec.yaml"], False, True),
-        (["-v", "worker", "--once"], False, True),
-        (["tune", "--op", "gdn", "--device", "cpu"], True, True),  # a GPU host, but this run is on the CPU
-        (["run", "spec.yaml", "--cpu"], True, True),
-        (["run", "spec.yaml"], True, False),  # the GPU runs Triton
-        (["serve"], False, False),  # serving runs no kernel
-        (["serve", "--demo"], False, True),
-        (["status"], False, False),
-        (["run", "--help"], False, False),
-    ],
-)
-def test_interpreter_set_for_cpu_kernel_runs(
-    argv: list[str], cuda: bool, expected: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.parametrize(("argv", "cuda", "expected"), [
+    (["run", "spec.yaml"], False, True),
+    (["-v", "worker", "--once"], False, True),
+    (["tune", "--op", "gdn", "--device", "cpu"], True, True),  # a GPU host, but this run is on the CPU
+    (["run", "spec.yaml", "--cpu"], True, True),
+    (["run", "spec.yaml"], True, False),  # the GPU runs Triton
+    (["serve"], False, False),  # serving runs no kernel
+    (["serve", "--demo"], False, True),
+    (["status"], False, False),
+    (["run", "--help"], False, False),
+])
+def test_interpreter_set_for_cpu_kernel_runs(argv: list[str], cuda: bool, expected: bool,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(triton_cpu, "_triton_imported", lambda: False)
     assert use_interpreter_if_cpu(argv, cuda_available=lambda: cuda) is expected
@@ -130,23 +123,13 @@ def test_triton_backend_offered_only_with_gpu_or_interpreter(monkeypatch: pytest
 
 def test_triton_run_on_cpu_without_interpreter_env(store_url: str, tmp_path: Path) -> None:  # noqa: F811
     """A fresh `cpbench run` (no TRITON_INTERPRET, CUDA hidden) of a triton point: the CLI turns the interpreter on."""
-    spec = write_spec(
-        tmp_path,
-        backends=["triton"],
-        axes={"T": 64, "H": 1, "K": 16, "V": 16, "dtype": "float32"},
-        timing={"min_samples": 1, "max_samples": 2, "min_time_s": 0.0, "warmup_s": 0.0, "timeout_s": 5},
-        check={"reference_tokens": 64},
-    )
+    spec = write_spec(tmp_path, backends=["triton"], axes={"T": 64, "H": 1, "K": 16, "V": 16, "dtype": "float32"},
+                      timing={"min_samples": 1, "max_samples": 2, "min_time_s": 0.0, "warmup_s": 0.0, "timeout_s": 5},
+                      check={"reference_tokens": 64})
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO))
-    proc = subprocess.run(
-        [sys.executable, "-m", "runners.cli", "run", str(spec), "--db", store_url, "--format", "json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
+    proc = subprocess.run([sys.executable, "-m", "runners.cli", "run", str(spec), "--db", store_url, "--format", "json"],
+                          env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(proc.stdout)
     assert [(r["backend"], r["status"]) for r in rows] == [("triton", "done")], rows

@@ -95,18 +95,8 @@ def test_regress_end_to_end(store: dict) -> None:
     d, url, spec = store["dir"], store["url"], str(store["spec"])
 
     # 1. record the baseline
-    code, out = invoke(
-        spec,
-        "--baseline",
-        "smoke-base",
-        "--record-baseline",
-        "--runs",
-        "3",
-        "--db",
-        url,
-        "--save-baseline",
-        str(d / "base.json"),
-    )
+    code, out = invoke(spec, "--baseline", "smoke-base", "--record-baseline", "--runs", "3", "--db", url,
+                       "--save-baseline", str(d / "base.json"))
     assert code == 0, out
     base = load_baseline_file(d / "base.json")
     keys = sorted(k for k, runs in base.runs.items() if any(r.median_ms is not None for r in runs))
@@ -116,21 +106,8 @@ def test_regress_end_to_end(store: dict) -> None:
     assert base.device == "cpu"
 
     # 2. compare with the tag: screen, then confirm the flagged keys with sweeps of those keys only
-    code, out = invoke(
-        spec,
-        "--baseline",
-        "smoke-base",
-        "--screen-runs",
-        "2",
-        "--runs",
-        "2",
-        "--max-reruns",
-        "0",
-        "--db",
-        url,
-        "--report-dir",
-        str(d / "rep-same"),
-    )
+    code, out = invoke(spec, "--baseline", "smoke-base", "--screen-runs", "2", "--runs", "2", "--max-reruns", "0",
+                       "--db", url, "--report-dir", str(d / "rep-same"))
     assert code == 0, out
     assert "PASS" in out and junit_failures(d / "rep-same") == {}
     with session_scope(url) as s:
@@ -147,27 +124,13 @@ def test_regress_end_to_end(store: dict) -> None:
     for k in slow_keys:
         m = sorted(r["median_ms"] for r in doc["keys"][k])[1]
         sig = doc["keys"][k][0]["signals"]
-        doc["keys"][k] = [
-            {"median_ms": 0.25 * m * math.exp(0.001 * i), "rel_iqr": 0.001, "n": 10, "signals": sig} for i in range(6)
-        ]
+        doc["keys"][k] = [{"median_ms": 0.25 * m * math.exp(0.001 * i), "rel_iqr": 0.001, "n": 10, "signals": sig}
+                          for i in range(6)]
     for r in doc["keys"][cp_key]:
         r["signals"]["collectives"] = {"all_gather": 2}
     (d / "edited-base.json").write_text(json.dumps(doc))
-    code, out = invoke(
-        spec,
-        "--baseline",
-        str(d / "edited-base.json"),
-        "--screen-runs",
-        "0",
-        "--runs",
-        "4",
-        "--max-reruns",
-        "0",
-        "--db",
-        url,
-        "--report-dir",
-        str(d / "rep-fail"),
-    )
+    code, out = invoke(spec, "--baseline", str(d / "edited-base.json"), "--screen-runs", "0", "--runs", "4",
+                       "--max-reruns", "0", "--db", url, "--report-dir", str(d / "rep-fail"))
     assert code == 1, out
     failures = junit_failures(d / "rep-fail")
     assert {k: failures.get(k) for k in slow_keys} == dict.fromkeys(slow_keys, "SLOW")
@@ -194,9 +157,8 @@ def test_regress_user_errors(store: dict) -> None:
     (d / "bad.json").write_text('{"format": "something-else"}')
     with pytest.raises(BaselineError, match="not a cpbench baseline file"):
         run_regression(spec, baseline=str(d / "bad.json"), database_url=url)
-    (d / "gpu.json").write_text(
-        json.dumps({"format": "cpbench-regress-baseline", "version": 1, "device": "NVIDIA H200", "keys": {}})
-    )
+    (d / "gpu.json").write_text(json.dumps({"format": "cpbench-regress-baseline", "version": 1, "device": "NVIDIA H200",
+                                            "keys": {}}))
     with pytest.raises(CpbenchError, match="NVIDIA H200"):
         run_regression(spec, baseline=str(d / "gpu.json"), database_url=url)
     with pytest.raises(CpbenchError, match="need --baseline to be a tag"):

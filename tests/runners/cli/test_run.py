@@ -66,7 +66,7 @@ def check_demo(url: str, rows: list[dict[str, Any]]) -> None:
         assert r["err_vs_none"] is not None and r["err_vs_none"] <= 2e-3, where
         assert r["err_vs_reference"] is not None and r["err_vs_reference"] <= 2e-3, where
         assert r["collectives"] == r["report"]["expected_collectives"], where
-        assert r["report"]["collective_mismatches"] == [] and r["by_direction"] is None, where  # a forward point
+        assert r["report"]["collective_mismatches"] == [] and r["by_direction"] is None, where   # a forward point
         if r["W"] == 2:
             assert r["collectives"] == (EXPECTED_W2[r["mode"]] or {}), where
         if r["mode"] in ("none", "warmup_correct"):
@@ -160,15 +160,11 @@ def test_failed_gate_and_missing_backend(tmp_path: Path, store_url: str) -> None
     assert fla["status"] == "failed" and "backend 'fla' is not available on worker" in fla["error"]
 
 
-@pytest.mark.parametrize(
-    ("verb", "env", "needle"),
-    [
-        (["worker", "--once"], {"CPBENCH_CPU_RANKS": "abc"}, "invalid setting CPBENCH_CPU_RANKS='abc'"),
-        (["worker", "--once"], {"CPBENCH_DATABASE_URL": ""}, "invalid setting CPBENCH_DATABASE_URL=''"),
-        (["serve", "--port", "0"], {"CPBENCH_DATABASE_URL": ""}, "invalid setting CPBENCH_DATABASE_URL=''"),
-    ],
-    ids=["bad-int", "empty-url-worker", "empty-url-serve"],
-)
+@pytest.mark.parametrize(("verb", "env", "needle"), [
+    (["worker", "--once"], {"CPBENCH_CPU_RANKS": "abc"}, "invalid setting CPBENCH_CPU_RANKS='abc'"),
+    (["worker", "--once"], {"CPBENCH_DATABASE_URL": ""}, "invalid setting CPBENCH_DATABASE_URL=''"),
+    (["serve", "--port", "0"], {"CPBENCH_DATABASE_URL": ""}, "invalid setting CPBENCH_DATABASE_URL=''"),
+], ids=["bad-int", "empty-url-worker", "empty-url-serve"])
 def test_bad_environment_is_one_line(tmp_path: Path, verb: list[str], env: dict[str, str], needle: str) -> None:
     # a fresh process: settings are cached per process, so a bad variable must be there from the start
     import os
@@ -177,13 +173,7 @@ def test_bad_environment_is_one_line(tmp_path: Path, verb: list[str], env: dict[
 
     base = {k: v for k, v in os.environ.items() if not k.startswith("CPBENCH_")}
     base["CPBENCH_DATABASE_URL"] = f"sqlite:///{tmp_path}/x.db"
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench_server", *verb],
-        env={**base, **env},  # the cpbench command
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=Path(__file__).resolve().parents[3],
-    )
+    proc = subprocess.run([sys.executable, "-m", "bench_server", *verb], env={**base, **env},  # the cpbench command
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[3])
     assert proc.returncode == 1, proc.stderr
     assert needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -41,14 +41,9 @@ def test_run_beside_live_worker(store_url: str, tmp_path: Path) -> None:  # noqa
             return {w.name for w in crud.list_workers(s)}
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "", "CPBENCH_POLL_S": "0.1"}
-    live = subprocess.Popen(
-        [sys.executable, "-m", "runners.cli", "worker", "--db", store_url, "--cpu", "--devices", "1", "--name", "live-worker"],
-        env=env,
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    live = subprocess.Popen([sys.executable, "-m", "runners.cli", "worker", "--db", store_url, "--cpu", "--devices", "1",
+                             "--name", "live-worker"], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
     try:
         _wait("the live worker", lambda: any(live_worker(n) for n in workers()))
         spec = write_spec(tmp_path, axes={"T": [64, 128, 192, 256], "H": 1, "K": 16, "V": 16})
@@ -58,9 +53,8 @@ def test_run_beside_live_worker(store_url: str, tmp_path: Path) -> None:  # noqa
         assert len(rows) == 4 and {r["status"] for r in rows} == {"done"}
         assert not any(live_worker(r["worker"]) for r in rows)  # every point timed by the run's own worker
         # the live worker is alive and claims open sweeps
-        code, out, err = _cli(
-            "submit", str(write_spec(tmp_path, "open.yaml", axes={"T": 64, "H": 1, "K": 16, "V": 16})), "--db", store_url
-        )
+        code, out, err = _cli("submit", str(write_spec(tmp_path, "open.yaml", axes={"T": 64, "H": 1, "K": 16, "V": 16})),
+                              "--db", store_url)
         assert code == 0, err
         open_id = int(out.split()[-1])  # the id is the last line
 

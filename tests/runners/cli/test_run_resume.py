@@ -32,7 +32,8 @@ def test_resume_finishes_a_stopped_run_and_keeps_its_points(store_url: str, tmp_
     stats = run_worker(store_url, once=True, devices=1, device_kind="cpu", name="bystander")
     assert stats.done == 0
 
-    code, out, err = _cli("run", "--resume", str(sweep_id), "--db", store_url, "--cpu", "--devices", "1", "--format", "json")
+    code, out, err = _cli("run", "--resume", str(sweep_id), "--db", store_url, "--cpu", "--devices", "1",
+                          "--format", "json")
     assert code == 0, err
     assert "2 left to run" in err
     rows = json.loads(out)
@@ -45,14 +46,11 @@ def test_resume_finishes_a_stopped_run_and_keeps_its_points(store_url: str, tmp_
         assert sweep.status == "done" and sweep.owner != gone
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        ((), "give a spec file or --resume SWEEP_ID"),
-        (("spec.yaml", "--resume", "1"), "give a spec file or --resume SWEEP_ID"),
-        (("--resume", "999"), "no sweep with id 999"),
-    ],
-)
+@pytest.mark.parametrize(("args", "message"), [
+    ((), "give a spec file or --resume SWEEP_ID"),
+    (("spec.yaml", "--resume", "1"), "give a spec file or --resume SWEEP_ID"),
+    (("--resume", "999"), "no sweep with id 999"),
+])
 def test_run_resume_errors(store_url: str, args: tuple[str, ...], message: str) -> None:  # noqa: F811
     code, out, err = _cli("run", *args, "--db", store_url, "--cpu")
     assert code == 1 and message in err and len(err.strip().splitlines()) == 1, err

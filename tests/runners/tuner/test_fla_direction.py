@@ -33,19 +33,8 @@ def test_fla_training_step_runner(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def stand_in(op, q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu=None):
         seen.append(chunk_o.TRITON_ABOVE_3_7_1)  # the guard flag while FLA's op would run
-        return kernels.forward(
-            op,
-            q,
-            k,
-            v,
-            g,
-            beta,
-            scale=scale,
-            initial_state=initial_state,
-            output_final_state=output_final_state,
-            cu_seqlens=cu_seqlens,
-            backend="torch",
-        )
+        return kernels.forward(op, q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                               output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend="torch")
 
     monkeypatch.setattr(backends, "fla_forward", stand_in)
     case = make_case("gdn", Shape.of(SHAPE), "cpu")
@@ -56,13 +45,11 @@ def test_fla_training_step_runner(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(got) == 8  # o, final state, dq, dk, dv, dg, dbeta, dh0
 
     xs = [case[n].detach().clone().requires_grad_() for n in ("q", "k", "v", "g", "beta", "initial_state")]
-    o, ht = kernels.forward(
-        "gdn", *xs[:5], scale=SHAPE["K"] ** -0.5, initial_state=xs[5], output_final_state=True, backend="torch"
-    )
+    o, ht = kernels.forward("gdn", *xs[:5], scale=SHAPE["K"] ** -0.5, initial_state=xs[5], output_final_state=True,
+                            backend="torch")
     o.backward(case["do"])
-    for name, a, b in zip(
-        ("o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0"), got, [o.detach(), ht.detach(), *(x.grad for x in xs)], strict=True
-    ):
+    for name, a, b in zip(("o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0"), got,
+                          [o.detach(), ht.detach(), *(x.grad for x in xs)], strict=True):
         assert torch.allclose(a, b, rtol=1e-6, atol=1e-7), name
     again = run()  # fresh leaves: gradients do not accumulate across calls
     for a, b in zip(got[2:], again[2:], strict=True):
@@ -94,24 +81,12 @@ def test_cli_tune_fla_fwd_bwd_errors_are_one_line(tmp_path: Path) -> None:
 
     url = f"sqlite:///{tmp_path / 'x.db'}"
     assert _cli("db", "upgrade", "--db", url)[0] == 0
-    args = [
-        "tune",
-        "--backend",
-        "fla",
-        "--direction",
-        "fwd+bwd",
-        "--op",
-        "gdn",
-        "--shape",
-        "B=1,T=64,H=1,K=16,V=16",
-        "--device",
-        "cpu",
-        "--db",
-        url,
-    ]
+    args = ["tune", "--backend", "fla", "--direction", "fwd+bwd", "--op", "gdn", "--shape", "B=1,T=64,H=1,K=16,V=16",
+            "--device", "cpu", "--db", url]
     code, _, err = _cli(*args)
     tv = triton_version()
-    want = "--fla-bypass-hopper-guard" if tv is not None and HOPPER_GUARD[0] <= tv < HOPPER_GUARD[1] else "needs a CUDA GPU"
+    want = ("--fla-bypass-hopper-guard" if tv is not None and HOPPER_GUARD[0] <= tv < HOPPER_GUARD[1]
+            else "needs a CUDA GPU")
     assert code == 1 and want in err and len(err.strip().splitlines()) == 1, err
     code, _, err = _cli(*args, "--fla-bypass-hopper-guard")
     assert code == 1 and "needs a CUDA GPU" in err and len(err.strip().splitlines()) == 1, err

@@ -83,36 +83,20 @@ def test_recorded_key_is_the_one_triton_caches_and_a_pin_skips_benchmarking() ->
 def _rows(key: list, configs: list[dict]) -> list:
     from db.models import TunedConfig
 
-    return [
-        TunedConfig(
-            kernel=f"fla.{name}",
-            key={"autotune_key": k},
-            key_str=json.dumps(k),
-            device_name=DEVICE,
-            compute_capability="9.0",
-            config=c,
-            median_ms=ms,
-            default_ms=ms * 1.1,
-            runner_up_ms=None,
-            source_hash="fla:x",
-            sweep_id=None,
-            environment_id=None,
-        )
-        for name, k, c, ms in zip(["kern_a", "kern_a", "kern_b"], key, configs, (1.0, 2.0, 3.0), strict=True)
-    ]
+    return [TunedConfig(kernel=f"fla.{name}", key={"autotune_key": k}, key_str=json.dumps(k), device_name=DEVICE,
+                        compute_capability="9.0", config=c, median_ms=ms, default_ms=ms * 1.1, runner_up_ms=None,
+                        source_hash="fla:x", sweep_id=None, environment_id=None)
+            for name, k, c, ms in zip(["kern_a", "kern_a", "kern_b"], key, configs, (1.0, 2.0, 3.0), strict=True)]
 
 
-CFG = [
-    {"kwargs": {"BV": 32}, "num_warps": 2, "num_stages": 3, "num_ctas": 1, "maxnreg": None, "ir_override": None},
-    {"kwargs": {"BV": 64}, "num_warps": 4, "num_stages": 2, "num_ctas": 1, "maxnreg": None, "ir_override": None},
-]
+CFG = [{"kwargs": {"BV": 32}, "num_warps": 2, "num_stages": 3, "num_ctas": 1, "maxnreg": None, "ir_override": None},
+       {"kwargs": {"BV": 64}, "num_warps": 4, "num_stages": 2, "num_ctas": 1, "maxnreg": None, "ir_override": None}]
 KEYS = [[2, 4, 128, 128, 64, False, "torch.bfloat16"], [2, 4, 64, 64, 64, False, "torch.bfloat16"], [16, "torch.float32"]]
 
 
 def test_fla_files_format_hash_and_default() -> None:
-    files = fla_files_from_rows(
-        _rows(KEYS, [CFG[0], CFG[1], CFG[1]]), device_name=None, allow_cpu=False, triton_version="3.6.0"
-    )
+    files = fla_files_from_rows(_rows(KEYS, [CFG[0], CFG[1], CFG[1]]), device_name=None, allow_cpu=False,
+                                triton_version="3.6.0")
     assert sorted(files) == ["kern_a.json", "kern_b.json"]
     a = files["kern_a.json"]
     assert a["kernel_name"] == "kern_a" and a["triton_version"] == "3.6.0"
@@ -132,13 +116,11 @@ def test_benchmark_merges_each_op_and_t_into_one_export(tmp_path: Path) -> None:
     from tests.utils.scripts import load_script
 
     script = load_script("fla_config_cache")
-    first = fla_files_from_rows(
-        _rows(KEYS, [CFG[0], CFG[0], CFG[0]]), device_name=None, allow_cpu=False, triton_version="3.6.0"
-    )
+    first = fla_files_from_rows(_rows(KEYS, [CFG[0], CFG[0], CFG[0]]), device_name=None, allow_cpu=False,
+                                triton_version="3.6.0")
     again = [KEYS[0], [2, 4, 256, 256, 64, False, "torch.bfloat16"], KEYS[2]]
-    second = fla_files_from_rows(
-        _rows(again, [CFG[1], CFG[1], CFG[1]]), device_name=None, allow_cpu=False, triton_version="3.6.0"
-    )
+    second = fla_files_from_rows(_rows(again, [CFG[1], CFG[1], CFG[1]]), device_name=None, allow_cpu=False,
+                                 triton_version="3.6.0")
     script._merge_export(tmp_path, first)
     script._merge_export(tmp_path, second)
     merged = script._load_export(tmp_path)
@@ -159,26 +141,9 @@ def test_cli_export_fla_and_cpbench_format_keeps_them_apart(tmp_path: Path) -> N
     try:
         with session_scope(url) as s:
             for r in _rows(KEYS, [CFG[0], CFG[1], CFG[1]]):
-                crud.upsert_tuned_config(
-                    s,
-                    **{
-                        c: getattr(r, c)
-                        for c in (
-                            "kernel",
-                            "key",
-                            "key_str",
-                            "device_name",
-                            "compute_capability",
-                            "config",
-                            "median_ms",
-                            "default_ms",
-                            "runner_up_ms",
-                            "source_hash",
-                            "sweep_id",
-                            "environment_id",
-                        )
-                    },
-                )
+                crud.upsert_tuned_config(s, **{c: getattr(r, c) for c in (
+                    "kernel", "key", "key_str", "device_name", "compute_capability", "config", "median_ms", "default_ms",
+                    "runner_up_ms", "source_hash", "sweep_id", "environment_id")})
         out = tmp_path / "fla-configs"
         res = CliRunner().invoke(app, ["configs", "export", "--format", "fla", "-o", str(out), "--db", url])
         assert res.exit_code == 0, res.output
@@ -211,18 +176,9 @@ def test_export_read_back_by_fla_loader(tmp_path: Path, monkeypatch: pytest.Monk
     other = (*ours[:2], 64, 64, *ours[4:])
     from db.models import TunedConfig
 
-    rows = [
-        TunedConfig(
-            kernel=f"fla.{name}",
-            key={"autotune_key": list(k)},
-            key_str=json.dumps(list(k)),
-            device_name=DEVICE,
-            config=fa.config_dict(c),
-            median_ms=ms,
-            source_hash="fla:x",
-        )
-        for k, c, ms in ((ours, tuner.configs[-1], 1.0), (other, tuner.configs[0], 2.0))
-    ]
+    rows = [TunedConfig(kernel=f"fla.{name}", key={"autotune_key": list(k)}, key_str=json.dumps(list(k)), device_name=DEVICE,
+                        config=fa.config_dict(c), median_ms=ms, source_hash="fla:x")
+            for k, c, ms in ((ours, tuner.configs[-1], 1.0), (other, tuner.configs[0], 2.0))]
     files = fla_files_from_rows(rows, device_name=DEVICE, allow_cpu=False, triton_version=triton.__version__)
     for fname, content in files.items():
         (tmp_path / fname).write_text(json.dumps(content))
@@ -250,21 +206,7 @@ def test_tune_backend_fla_on_cpu_is_one_line(tmp_path: Path) -> None:
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exc:
-            main(
-                [
-                    "tune",
-                    "--backend",
-                    "fla",
-                    "--op",
-                    "gdn",
-                    "--shape",
-                    "B=1,T=64,H=1,K=16,V=16",
-                    "--device",
-                    "cpu",
-                    "--db",
-                    url,
-                ]
-            )
+            main(["tune", "--backend", "fla", "--op", "gdn", "--shape", "B=1,T=64,H=1,K=16,V=16", "--device", "cpu", "--db", url])
     finally:
         dispose_engine(url)
     assert exc.value.code == 1 and "needs a CUDA GPU" in err.getvalue() and len(err.getvalue().strip().splitlines()) == 1

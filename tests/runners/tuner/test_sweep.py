@@ -44,18 +44,14 @@ def test_sweep_tunes_then_times_with_tuned_configs(tmp_path: Path, store_url: st
     from runners.worker import run_worker
 
     spec = write_spec(
-        tmp_path,
-        backends=["triton"],
-        axes={"T": 64, "H": 1, "K": 32, "V": 32},
-        tune=True,
+        tmp_path, backends=["triton"], axes={"T": 64, "H": 1, "K": 32, "V": 32}, tune=True,
         tuning={"strategy": "random", "budget": BUDGET, "samples": 1},
     )
     with session_scope(store_url) as s:
         sweep_id = submit_spec(s, load_spec(spec)).id
     # heartbeats commit while the point is tuned (a stale read transaction of the tuner then failed on SQLite)
-    stats = run_worker(
-        store_url, once=True, devices=1, device_kind="cpu", artifact_dir=tmp_path / "art", lease_s=30, heartbeat_s=0.2
-    )
+    stats = run_worker(store_url, once=True, devices=1, device_kind="cpu", artifact_dir=tmp_path / "art",
+                       lease_s=30, heartbeat_s=0.2)
     assert (stats.done, stats.failed) == (1, 0), stats
 
     with session_scope(store_url) as s:
@@ -109,10 +105,7 @@ class _NoStorePool:
 
 
 def test_tuning_job_opens_no_session_and_the_worker_stores_its_outcome(
-    tmp_path: Path,
-    store_url: str,  # noqa: F811
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+        tmp_path: Path, store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     import runners.worker as worker_mod
     from db.models import TunedConfig, TuningTrial
     from db.session import session_scope
@@ -126,22 +119,15 @@ def test_tuning_job_opens_no_session_and_the_worker_stores_its_outcome(
             raise AssertionError("a job opened a store session")
         real_init(self, *a, **kw)
 
-    spec = write_spec(
-        tmp_path,
-        backends=["triton"],
-        axes={"T": 64, "H": 1, "K": 32, "V": 32},
-        tune=True,
-        tuning={"strategy": "random", "budget": 2, "samples": 1},
-        profile=False,
-    )
+    spec = write_spec(tmp_path, backends=["triton"], axes={"T": 64, "H": 1, "K": 32, "V": 32}, tune=True,
+                      tuning={"strategy": "random", "budget": 2, "samples": 1}, profile=False)
     with session_scope(store_url) as s:
         sweep_id = submit_spec(s, load_spec(spec)).id
     pools: list[_NoStorePool] = []
     monkeypatch.setattr(worker_mod, "GangPool", lambda *a, **kw: pools.append(_NoStorePool()) or pools[-1])
     monkeypatch.setattr(Session, "__init__", guarded)
-    stats = worker_mod.run_worker(
-        store_url, once=True, devices=1, device_kind="cpu", artifact_dir=tmp_path / "art", lease_s=30, heartbeat_s=0.2
-    )
+    stats = worker_mod.run_worker(store_url, once=True, devices=1, device_kind="cpu", artifact_dir=tmp_path / "art",
+                                  lease_s=30, heartbeat_s=0.2)
     assert pools[0].jobs == ["tune_job", "run_point_job"]
     assert (stats.done, stats.failed) == (1, 0), stats
     with session_scope(store_url) as s:

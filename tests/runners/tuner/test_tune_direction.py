@@ -32,7 +32,8 @@ def test_fwd_bwd_runner_returns_the_gradients(op: str) -> None:
     xs = [case[n].detach().clone().requires_grad_() for n in ("q", "k", "v", "g", "beta")]
     o, ht = kernels.reference(op, *xs, cu_seqlens=case["cu_seqlens"], output_final_state=True)
     o.backward(do)
-    for name, ref, mine in zip(("o", "ht", "dq", "dk", "dv", "dg", "dbeta"), (o, ht, *(x.grad for x in xs)), got, strict=True):
+    for name, ref, mine in zip(("o", "ht", "dq", "dk", "dv", "dg", "dbeta"), (o, ht, *(x.grad for x in xs)), got,
+                               strict=True):
         assert_rel_close(f"fwd+bwd runner {name}", ref.detach(), mine, 1e-5)
     assert len(op_runner(op, case, backend="torch")(LaunchPlan())) == 2
 

@@ -219,13 +219,13 @@ def differentiable_forward(
     op: str, backend: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float,
     initial_state: Tensor | None, output_final_state: bool, cu_seqlens: Tensor | None,
     cu_seqlens_cpu: Tensor | Sequence[int] | None, bounds: list[int] | None, plan: LaunchPlan,
-    use_qk_l2norm_in_kernel: bool = False, states: list[Tensor] | None = None,
+    use_qk_l2norm_in_kernel: bool = False, states: list[Tensor] | None = None, chunk_size: int = 64,
 ) -> tuple[Tensor, Tensor | None]:
     """(o, final state or None) on checked inputs (`backend` resolved, not fla), grouped heads allowed.
 
     With grad off (`torch.no_grad()`, `torch.inference_mode()`) or no input requiring grad, the torch / triton forward
     runs directly: no autograd node, nothing saved. states: a list that receives the chunk states (`chunk_forward`;
-    torch and triton only)."""
+    torch and triton only). chunk_size: the torch backend's chunk (the triton kernels run 64)."""
     if use_qk_l2norm_in_kernel:
         q, k = l2norm(q), l2norm(k)
     group = v.shape[2] // k.shape[2]
@@ -239,7 +239,8 @@ def differentiable_forward(
         return fn(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
                   cu_seqlens_cpu=bounds)
     B, T = k.shape[:2]
-    index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, device=k.device, cu_seqlens_cpu=cu_seqlens_cpu)
+    index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device,
+                                cu_seqlens_cpu=cu_seqlens_cpu)
     args = (op, backend, index, cu_seqlens, plan, scale, q, k, v, g, beta, initial_state)
     if needs_grad(q, k, v, g, beta, initial_state):
         o, ht = ChunkFunction.apply(*args)

@@ -20,12 +20,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["FLA_CHUNK_SIZES", "IMPLEMENTED_CHUNK_SIZES", "FlaArgs", "check_fla_tensors", "parse_fla_args"]
+__all__ = [
+    "FLA_CHUNK_SIZES",
+    "TRITON_CHUNK_SIZES",
+    "FlaArgs",
+    "check_fla_backend",
+    "check_fla_tensors",
+    "parse_fla_args",
+]
 
-# the chunk sizes FLA 0.6.0 accepts per op, and those our kernels run (a value of the first and not the second is
-# refused as not implemented)
+# the chunk sizes FLA 0.6.0 accepts per op (all run on the torch, reference and fla backends), and those the triton
+# backend's kernels run (a value of the first and not the second is refused there as not implemented)
 FLA_CHUNK_SIZES: Mapping[str, tuple[int, ...]] = {"gdn": (16, 32, 64), "kda": (32, 64)}
-IMPLEMENTED_CHUNK_SIZES: Mapping[str, tuple[int, ...]] = {"gdn": (64,), "kda": (64,)}
+TRITON_CHUNK_SIZES: Mapping[str, tuple[int, ...]] = {"gdn": (64,), "kda": (64,)}
 SAFE_LOWER_BOUND = -5.0  # FLA's safe range of lower_bound with safe_gate and the in-kernel gate: [-5, 0)
 
 _FLAGS = (
@@ -188,11 +195,6 @@ def _check_max_num_seqs(value: Any) -> None:
 def _check_chunk_size(op: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value not in FLA_CHUNK_SIZES[op]:
         raise ValueError(f"chunk_size must be one of {FLA_CHUNK_SIZES[op]} for chunk_{op} (FLA's), got chunk_size={value!r}")
-    if value not in IMPLEMENTED_CHUNK_SIZES[op]:
-        raise ValueError(
-            f"chunk_size={value} is not implemented by cpbench's chunk_{op} (its kernels run chunks of "
-            f"{IMPLEMENTED_CHUNK_SIZES[op]}); use chunk_size=64, the same result"
-        )
     return value
 
 
@@ -230,6 +232,21 @@ def _check_intermediate_states(kw: Mapping[str, Any]) -> None:
         )
     if kw.get("disable_recompute", False):
         raise ValueError("return_intermediate_states=True cannot be combined with disable_recompute=True (FLA's rule)")
+
+
+def check_fla_backend(op: str, args: FlaArgs, backend: str) -> None:
+    """What a resolved backend cannot run: chunk_size outside TRITON_CHUNK_SIZES on triton, intermediate states on
+    the reference (the per-token recurrence keeps no chunk states)."""
+    if backend == "triton" and args.chunk_size not in TRITON_CHUNK_SIZES[op]:
+        raise ValueError(
+            f"chunk_size={args.chunk_size} is not implemented by the triton backend of chunk_{op} (its kernels run "
+            f"chunks of {TRITON_CHUNK_SIZES[op]}); use chunk_size=64 (the same result) or backend='torch'"
+        )
+    if args.return_intermediate_states and backend == "reference":
+        raise ValueError(
+            "return_intermediate_states=True needs backend 'torch', 'triton' or 'fla', got backend='reference' "
+            "(the per-token recurrence keeps no chunk states)"
+        )
 
 
 def check_fla_tensors(op: str, args: FlaArgs, *, k: Tensor, v: Tensor, bounds: Sequence[int] | None) -> None:

@@ -22,7 +22,7 @@ from kernels.autograd import differentiable_forward
 from kernels.backends import fla_forward, resolve_backend
 from kernels.common.gate import activate_beta, activate_gate
 from kernels.configs import LaunchConfig
-from kernels.fla_args import check_fla_tensors, parse_fla_args
+from kernels.fla_args import check_fla_backend, check_fla_tensors, parse_fla_args
 from kernels.plan import LaunchPlan, plan_with
 from kernels.validate import check_backend, check_config, check_inputs
 from kernels.vocabulary import KEEP_POLICIES
@@ -98,7 +98,8 @@ def chunk_gdn(
         chunk_indices             validated, then unused (our index is built from cu_seqlens): FLA's [NT, 2]
                                   (sequence, chunk) pairs; shape always, values when a CPU tensor; refused without
                                   cu_seqlens
-        chunk_size                64 implemented; 16 and 32 (FLA's) refused as not implemented; others refused
+        chunk_size                16, 32, 64 (FLA's) implemented on torch (its chunks; intermediate states at that
+                                  size) and fla; triton runs 64 (others refused there); other values refused
         cp_context                None only; our CP is kernels.cp (refused: use kernels.cp.forward)
         head_first                refused at any value (FLA raises for it too)
         chunk_kda's own options (safe_gate, lower_bound, disable_recompute, return_intermediate_states, use_graph,
@@ -175,11 +176,11 @@ def chunk_kda(
         disable_recompute         implemented: the triton backend keeps WY factors and chunk states for the backward
                                   (the plan's keep "wy+states", `kernels.plan`); torch and reference recompute anyway
         return_intermediate_states   implemented on torch, triton and fla: returns (o, final_state, h), h the state
-                                  entering each chunk of 64, `[B, NT, HV, K, V]` in k's dtype (varlen: B = 1, NT the
+                                  entering each chunk (of chunk_size), `[B, NT, HV, K, V]` in k's dtype (varlen: B = 1, NT the
                                   chunks of all sequences; `[..., V, K]` with state_v_first); FLA's rules: only under
                                   torch.inference_mode() and not with disable_recompute, else refused; refused on the
                                   reference backend
-        chunk_size                64 implemented; 32 (FLA's) refused as not implemented; others refused
+        chunk_size                32, 64 (FLA's) implemented on torch and fla; triton runs 64 (32 refused there)
         use_graph                 False only (our varlen index is built on the host: not CUDA-graph capturable)
         max_num_seqs              None or a positive int, unused (FLA reads it only with use_graph)
 
@@ -205,9 +206,7 @@ def _chunk(
         raise ValueError(f"use_qk_l2norm_in_kernel must be a bool, got {use_qk_l2norm_in_kernel!r}")
     check_backend(backend)
     be = resolve_backend(backend, k.device) if isinstance(k, Tensor) else backend
-    if args.return_intermediate_states and be == "reference":
-        raise ValueError("return_intermediate_states=True needs backend 'torch', 'triton' or 'fla', got "
-                         "backend='reference' (the per-token recurrence keeps no chunk states)")
+    check_fla_backend(op, args, be)
     bounds = check_inputs(op, q, k, v, g, beta, backend=be, scale=scale, initial_state=initial_state,
                           cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, grouped=True,
                           raw_gate=args.use_gate_in_kernel, gate_bound=args.gate_bound,
@@ -235,7 +234,8 @@ def _chunk(
     o, ht = differentiable_forward(op, be, q, k, v, g, beta, scale=scale, initial_state=initial_state,
                                    output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                                    cu_seqlens_cpu=cu_seqlens_cpu, bounds=bounds, plan=launch,
-                                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, states=states)
+                                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, states=states,
+                                   chunk_size=args.chunk_size)
     if args.state_v_first and ht is not None:
         ht = ht.transpose(-1, -2).contiguous()
     if states is None:

@@ -130,6 +130,8 @@ CASES = {
     "kda-state_v_first": ("kda", {"state_v_first": True}),
     "kda-disable_recompute": ("kda", {"disable_recompute": True}),
     "kda-safe_precomputed": ("kda", {"safe_gate": True, "lower_bound": -3.0}),
+    "gdn-chunk_size_16": ("gdn", {"chunk_size": 16}),
+    "kda-chunk_size_32": ("kda", {**GATE, "chunk_size": 32}),
 }
 # the triton backend under the interpreter (slow): every argument, in three calls
 TRITON_CASES = {
@@ -151,13 +153,13 @@ def test_argument_triton(case: str) -> None:
     _check(op, "triton", dict(opts))
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend,chunk", [("torch", 64), ("triton", 64), ("torch", 32)], ids=["torch", "triton", "torch-32"])
 @pytest.mark.parametrize("v_first", [False, True], ids=["kv", "v_first"])
-def test_intermediate_states(backend: str, v_first: bool) -> None:
-    """FLA's h: the state entering each chunk of 64 tokens, `[1, NT, HV, K, V]` (varlen), k's dtype: against the
-    reference's final state of each sequence's prefix (h0 for the first chunk); with the in-kernel gate."""
+def test_intermediate_states(backend: str, chunk: int, v_first: bool) -> None:
+    """FLA's h: the state entering each chunk of chunk_size tokens, `[1, NT, HV, K, V]` (varlen), k's dtype: against
+    the reference's final state of each sequence's prefix (h0 for the first chunk); with the in-kernel gate."""
     lengths, op = (37, 150), "kda"
-    opts = {**GATE, "state_v_first": v_first}
+    opts = {**GATE, "state_v_first": v_first, "chunk_size": chunk}
     _, _, v, _, beta, cu = make_inputs(op, lengths, H=HV, K=K, V=V, seed=21)
     q, k, *_ = make_inputs(op, lengths, H=H, K=K, V=V, seed=22)
     gen = torch.Generator().manual_seed(23)
@@ -166,7 +168,7 @@ def test_intermediate_states(backend: str, v_first: bool) -> None:
     g = -A_log.exp().view(HV, 1) * F.softplus(g_raw + dt_bias.view(HV, K))
     want = []
     for n, (bos, eos) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
-        for start in range(bos, eos, 64):
+        for start in range(bos, eos, chunk):
             if start == bos:
                 want.append(h0[n])
                 continue
@@ -287,7 +289,7 @@ def _args(op: str, **over: Any) -> dict[str, Any]:
 
 A2, B2 = torch.zeros(2), torch.zeros(2 * 16)
 REFUSED = [
-    ("gdn", {"chunk_size": 32}, r"^chunk_size=32 is not implemented by cpbench's chunk_gdn"),
+    ("gdn", {"chunk_size": 32, "backend": "triton"}, r"^chunk_size=32 is not implemented by the triton backend of chunk_gdn"),
     ("gdn", {"chunk_size": 128}, r"^chunk_size must be one of \(16, 32, 64\) for chunk_gdn \(FLA's\), got chunk_size=128"),
     ("kda", {"chunk_size": 16}, r"^chunk_size must be one of \(32, 64\) for chunk_kda"),
     ("kda", {"cp_context": object()}, r"^cp_context=<object.*is not supported by chunk_kda.*use kernels.cp.forward"),

@@ -22,6 +22,15 @@ TOL = 1e-5
 H, HV, K, V = 1, 2, 16, 16
 LENGTHS = (30, 70)
 MODES = {"inference_mode": torch.inference_mode, "no_grad": torch.no_grad}
+# Kimi Linear's options (the serving call)
+KIMI = {
+    "use_gate_in_kernel": True,
+    "safe_gate": True,
+    "lower_bound": -5.0,
+    "use_beta_sigmoid_in_kernel": True,
+    "use_qk_l2norm_in_kernel": True,
+    "state_v_first": True,
+}
 
 
 def _entry(op: str):  # noqa: ANN202
@@ -102,17 +111,7 @@ def test_real_model_call_in_inference(mode: str) -> None:
     call = {**xs, "g": g_raw, "beta": b_raw, "initial_state": xs["initial_state"].transpose(-1, -2).contiguous()}
     with MODES[mode](), _count_saved() as saved:
         o, ht = kernels.chunk_kda(
-            **_in_mode(mode, call),
-            A_log=A_log,
-            dt_bias=dt_bias,
-            use_gate_in_kernel=True,
-            safe_gate=True,
-            lower_bound=-5.0,
-            use_beta_sigmoid_in_kernel=True,
-            use_qk_l2norm_in_kernel=True,
-            state_v_first=True,
-            output_final_state=True,
-            backend="torch",
+            **_in_mode(mode, call), A_log=A_log, dt_bias=dt_bias, **KIMI, output_final_state=True, backend="torch"
         )
     assert saved[0] == 0 and o.grad_fn is None
     assert_rel_close("o", o_ref, o, TOL)

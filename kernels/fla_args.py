@@ -63,6 +63,19 @@ _BOTH = frozenset(
 _KDA_ONLY = frozenset(
     {"safe_gate", "lower_bound", "disable_recompute", "return_intermediate_states", "use_graph", "max_num_seqs"}
 )
+# FlaArgs' fields taken from the call as they are
+_FIELDS = (
+    "use_gate_in_kernel",
+    "A_log",
+    "dt_bias",
+    "safe_gate",
+    "use_beta_sigmoid_in_kernel",
+    "allow_neg_eigval",
+    "disable_recompute",
+    "return_intermediate_states",
+    "state_v_first",
+    "chunk_indices",
+)
 _DEFAULTS: Mapping[str, Any] = {"chunk_size": 64, "lower_bound": None, "max_num_seqs": None, **dict.fromkeys(_FLAGS, False)}
 
 
@@ -99,18 +112,27 @@ def parse_fla_args(op: str, kwargs: Mapping[str, Any]) -> FlaArgs:
     for name in _FLAGS:
         if name in kw and not isinstance(kw[name], bool):
             raise ValueError(f"{name} must be a bool, got {name}={kw[name]!r}")
-    if kw.get("cp_context") is not None:
-        raise ValueError(
-            f"cp_context={kw['cp_context']!r} is not supported by chunk_{op}: cpbench's context "
-            "parallelism lives in kernels.cp; use kernels.cp.forward (cp_context=None here)"
-        )
-    if kw.get("use_graph", False):
-        raise ValueError(
-            f"use_graph=True is not supported by chunk_{op}: cpbench builds its varlen chunk index on the "
-            "host from cu_seqlens, which a CUDA graph replay cannot refresh; use use_graph=False"
-        )
-    _check_max_num_seqs(kw.get("max_num_seqs"))
+    _check_dispatch_args(op, kw)
     chunk_size = _check_chunk_size(op, kw.get("chunk_size", 64))
+    lower_bound = _check_gate_args(op, kw)
+    if kw.get("allow_neg_eigval", False) and not kw.get("use_beta_sigmoid_in_kernel", False):
+        raise ValueError(
+            "allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (FLA's rule: it scales the "
+            "in-kernel sigmoid of beta to (0, 2))"
+        )
+    if kw.get("return_intermediate_states", False):
+        _check_intermediate_states(kw)
+    known = {name: kw[name] for name in _FIELDS if name in kw}
+    return FlaArgs(
+        **known,
+        lower_bound=lower_bound,
+        chunk_size=chunk_size,
+        given={n: x for n, x in kw.items() if n not in ("cp_context", "use_graph", "max_num_seqs")},
+    )
+
+
+def _check_gate_args(op: str, kw: Mapping[str, Any]) -> float | None:
+    """The in-kernel gate's arguments (A_log, dt_bias, lower_bound, safe_gate): the checked lower_bound."""
     gate = kw.get("use_gate_in_kernel", False)
     lower_bound = _check_lower_bound(op, kw, gate)
     for name in ("A_log", "dt_bias"):
@@ -124,35 +146,7 @@ def parse_fla_args(op: str, kwargs: Mapping[str, Any]) -> FlaArgs:
             "A_log=None with use_gate_in_kernel=True: the gate -exp(A_log) * softplus(g + dt_bias) needs "
             "A_log (shape [HV])" + ("" if op == "gdn" else ", unless lower_bound is set")
         )
-    if kw.get("allow_neg_eigval", False) and not kw.get("use_beta_sigmoid_in_kernel", False):
-        raise ValueError(
-            "allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (FLA's rule: it scales the "
-            "in-kernel sigmoid of beta to (0, 2))"
-        )
-    if kw.get("return_intermediate_states", False):
-        _check_intermediate_states(kw)
-    known = {
-        n: kw[n]
-        for n in (
-            "use_gate_in_kernel",
-            "A_log",
-            "dt_bias",
-            "safe_gate",
-            "use_beta_sigmoid_in_kernel",
-            "allow_neg_eigval",
-            "disable_recompute",
-            "return_intermediate_states",
-            "state_v_first",
-            "chunk_indices",
-        )
-        if n in kw
-    }
-    return FlaArgs(
-        **known,
-        lower_bound=lower_bound,
-        chunk_size=chunk_size,
-        given={n: x for n, x in kw.items() if n not in ("cp_context", "use_graph", "max_num_seqs")},
-    )
+    return lower_bound
 
 
 def _rename_transpose_state_layout(op: str, kw: dict[str, Any]) -> None:
@@ -187,7 +181,19 @@ def _check_name(op: str, name: str, value: Any) -> None:
     raise ValueError(f"chunk_{op} got an unexpected argument {name}={value!r}")
 
 
-def _check_max_num_seqs(value: Any) -> None:
+def _check_dispatch_args(op: str, kw: Mapping[str, Any]) -> None:
+    """FLA's dispatch knobs: cp_context (refused: our CP is kernels.cp), use_graph (refused), max_num_seqs (unused)."""
+    if kw.get("cp_context") is not None:
+        raise ValueError(
+            f"cp_context={kw['cp_context']!r} is not supported by chunk_{op}: cpbench's context "
+            "parallelism lives in kernels.cp; use kernels.cp.forward (cp_context=None here)"
+        )
+    if kw.get("use_graph", False):
+        raise ValueError(
+            f"use_graph=True is not supported by chunk_{op}: cpbench builds its varlen chunk index on the "
+            "host from cu_seqlens, which a CUDA graph replay cannot refresh; use use_graph=False"
+        )
+    value = kw.get("max_num_seqs")
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise ValueError(f"max_num_seqs must be None or a positive int, got max_num_seqs={value!r}")
 

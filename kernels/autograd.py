@@ -1,9 +1,10 @@
 """The differentiable chunked op: one `torch.autograd.Function` for GDN and KDA on the torch and triton backends.
 
-    ChunkFunction          forward = the backend's chunked forward; backward = `chunk_backward_impl`
+    ChunkFunction          forward = `chunk_forward` (the backend's chunked forward); backward = `chunk_backward_impl`
     chunk_backward         the functional backward (validated): (dq, dk, dv, dg, dbeta, dh0) from do and dht
     differentiable_forward grouped heads + in-op l2norm + dispatch (reference: autograd through the per-token
-                           recurrence; torch / triton: ChunkFunction). FLA's own autograd op is `kernels.ops`' job.
+                           recurrence; torch / triton: ChunkFunction, or `chunk_forward` alone when grad is off:
+                           inference saves nothing). FLA's own autograd op is `kernels.ops`' job.
 
 Recompute policy (`LaunchPlan.keep` of the call's launch plan, `kernels.plan`; triton backend), what the forward holds
 until the backward:
@@ -49,7 +50,7 @@ from kernels.plan import LaunchPlan, default_plan, plan_with
 from kernels.validate import check_backend, check_config, check_grad_outputs, check_inputs
 from kernels.vocabulary import BACKEND_OPTIONS, KEEP_POLICIES
 
-__all__ = ["KEEP_POLICIES", "TRITON_OPTIONS", "ChunkFunction", "chunk_backward", "chunk_backward_impl",
+__all__ = ["KEEP_POLICIES", "TRITON_OPTIONS", "ChunkFunction", "chunk_backward", "chunk_backward_impl", "chunk_forward",
            "chunk_state_gradient", "differentiable_forward", "needs_grad"]
 
 _TRITON_FWD = {"gdn": ("kernels.gdn.chunk", "chunk_gdn_fwd"), "kda": ("kernels.kda.chunk", "chunk_kda_fwd")}
@@ -73,16 +74,10 @@ class ChunkFunction(torch.autograd.Function):
         q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Tensor | None,
     ) -> tuple[Tensor, Tensor]:
         ctx.set_materialize_grads(False)
-        keep: dict[str, Tensor] | None = None
-        if backend == "torch":
-            o, ht = chunk_fwd_torch(q, k, v, _per_key_gate(op, g), beta, scale=scale, initial_state=initial_state,
-                                    output_final_state=True, index=index)
-        else:
-            keep_wy, keep_states = plan.keeps
-            keep = {} if keep_wy else None
-            fwd = _import_triton(*_TRITON_FWD[op])
-            o, ht = fwd(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=True,
-                        cu_seqlens=cu_seqlens, plan=plan, keep=keep, keep_states=keep_states)
+        keep_wy, keep_states = plan.keeps
+        keep: dict[str, Tensor] | None = {} if backend == "triton" and keep_wy else None
+        o, ht = chunk_forward(op, backend, index, cu_seqlens, plan, scale, q, k, v, g, beta, initial_state,
+                              keep=keep, keep_states=keep_states)
         names = tuple(sorted(keep)) if keep else ()
         ctx.save_for_backward(q, k, v, g, beta, initial_state, *(keep[n] for n in names))  # type: ignore[index]
         ctx.meta = (op, backend, index, cu_seqlens, plan, scale, names)  # the backward launches with the same plan
@@ -101,6 +96,27 @@ class ChunkFunction(torch.autograd.Function):
         if dh0 is not None and h0 is not None:
             dh0 = dh0.to(h0.dtype)
         return None, None, None, None, None, None, dq, dk, dv, dg, dbeta, dh0
+
+
+def chunk_forward(
+    op: str, backend: str, index: ChunkIndex, cu_seqlens: Tensor | None, plan: LaunchPlan, scale: float,
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Tensor | None, *,
+    keep: dict[str, Tensor] | None = None, keep_states: bool = False, states: list[Tensor] | None = None,
+) -> tuple[Tensor, Tensor]:
+    """ChunkFunction's forward without autograd: (o, final state), the final state always computed. keep /
+    keep_states: what the triton forward holds for the backward (the plan's policy); states: a list that receives
+    the chunk states `[NT, H, K, V]` (the state entering each chunk; fp32 on torch, k's dtype on triton)."""
+    if backend == "torch":
+        return chunk_fwd_torch(q, k, v, _per_key_gate(op, g), beta, scale=scale,  # type: ignore[return-value]
+                               initial_state=initial_state, output_final_state=True, index=index, states=states)
+    if states is not None:
+        keep, keep_states = ({} if keep is None else keep), True
+    fwd = _import_triton(*_TRITON_FWD[op])
+    o, ht = fwd(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=True,
+                cu_seqlens=cu_seqlens, plan=plan, keep=keep, keep_states=keep_states)
+    if states is not None and keep is not None:
+        states.append(keep["h"])
+    return o, ht
 
 
 def chunk_backward_impl(
@@ -203,9 +219,13 @@ def differentiable_forward(
     op: str, backend: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float,
     initial_state: Tensor | None, output_final_state: bool, cu_seqlens: Tensor | None,
     cu_seqlens_cpu: Tensor | Sequence[int] | None, bounds: list[int] | None, plan: LaunchPlan,
-    use_qk_l2norm_in_kernel: bool = False,
+    use_qk_l2norm_in_kernel: bool = False, states: list[Tensor] | None = None, chunk_size: int = 64,
 ) -> tuple[Tensor, Tensor | None]:
-    """(o, final state or None) on checked inputs (`backend` resolved, not fla), grouped heads allowed."""
+    """(o, final state or None) on checked inputs (`backend` resolved, not fla), grouped heads allowed.
+
+    With grad off (`torch.no_grad()`, `torch.inference_mode()`) or no input requiring grad, the torch / triton forward
+    runs directly: no autograd node, nothing saved. states: a list that receives the chunk states (`chunk_forward`;
+    torch and triton only). chunk_size: the torch backend's chunk (the triton kernels run 64)."""
     if use_qk_l2norm_in_kernel:
         q, k = l2norm(q), l2norm(k)
     group = v.shape[2] // k.shape[2]
@@ -219,8 +239,13 @@ def differentiable_forward(
         return fn(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
                   cu_seqlens_cpu=bounds)
     B, T = k.shape[:2]
-    index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, device=k.device, cu_seqlens_cpu=cu_seqlens_cpu)
-    o, ht = ChunkFunction.apply(op, backend, index, cu_seqlens, plan, scale, q, k, v, g, beta, initial_state)
+    index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device,
+                                cu_seqlens_cpu=cu_seqlens_cpu)
+    args = (op, backend, index, cu_seqlens, plan, scale, q, k, v, g, beta, initial_state)
+    if needs_grad(q, k, v, g, beta, initial_state):
+        o, ht = ChunkFunction.apply(*args)
+    else:
+        o, ht = chunk_forward(*args, states=states)
     return o, (ht if output_final_state else None)
 
 

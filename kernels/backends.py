@@ -1,16 +1,16 @@
 """Backend names, the "auto" rule, and the adapter to flash-linear-attention (the `fla` backend).
 
 `auto` resolves to `triton` when the inputs are on a CUDA device and to `torch` elsewhere. The FLA adapter
-calls FLA's public chunk forwards on our inputs unchanged: gates in natural-log space (no in-kernel gate,
-no in-kernel l2norm, beta already post-sigmoid), the same `scale`, `initial_state`, `output_final_state`,
-`cu_seqlens`. FLA is imported only when asked for; without it the backend raises ImportError naming the package.
+calls FLA's public chunk forwards on our inputs unchanged: the same `scale`, `initial_state`, `output_final_state`,
+`cu_seqlens`, and FLA's options as the caller gave them (in-kernel gate, in-kernel l2norm, beta sigmoid, state
+layout, ...; `kernels.chunk_gdn` / `kernels.chunk_kda`). FLA is imported only when asked for; without it the backend raises ImportError naming the package.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -67,11 +67,15 @@ def fla_forward(
     cu_seqlens: Tensor | None,
     cu_seqlens_cpu: Sequence[int] | None = None,
     use_qk_l2norm_in_kernel: bool = False,
+    options: Mapping[str, Any] | None = None,
+    states: list[Tensor] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """FLA's `chunk_gated_delta_rule` (gdn) or `chunk_kda` (kda) on our inputs (FLA's own autograd op; grouped value
-    heads and the in-kernel l2norm are FLA's too)."""
+    heads and the in-kernel l2norm are FLA's too). options: FLA's other keyword arguments, passed as they are
+    (`kernels.fla_args`: the in-kernel gate, beta sigmoid, state_v_first, ...); with return_intermediate_states
+    FLA's intermediate states h go to the list `states`."""
     fla_chunk = fla_op(op)
-    kwargs: dict[str, object] = {}
+    kwargs: dict[str, object] = dict(options or {})
     if use_qk_l2norm_in_kernel:
         kwargs["use_qk_l2norm_in_kernel"] = True
     if cu_seqlens is not None:
@@ -82,6 +86,9 @@ def fla_forward(
             kwargs["cu_seqlens_cpu"] = _host_bounds(tuple(int(x) for x in cu_seqlens_cpu), cu_seqlens.dtype)
     # FLA's KDA asserts an fp32 initial state; GDN accepts it too
     h0 = initial_state.float() if initial_state is not None else None
-    o, ht = fla_chunk(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=output_final_state, **kwargs)
+    o, ht, *h = fla_chunk(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=output_final_state,
+                          **kwargs)
+    if states is not None:
+        states.extend(h)
     return o, (ht if output_final_state else None)
 

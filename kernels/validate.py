@@ -120,13 +120,19 @@ def check_kernel_dims(backend: str, K: int, V: int) -> None:
             )
 
 
-def check_gate_sign(g: Tensor) -> None:
-    """g must be a log decay (<= 0). CPU tensors only: see the module docstring for why CUDA is skipped."""
+def check_gate_sign(g: Tensor, lower_bound: float | None = None) -> None:
+    """g must be a log decay (<= 0), and >= lower_bound when a safe gate promises one (`safe_gate`). CPU tensors
+    only: see the module docstring for why CUDA is skipped."""
     if g.device.type != "cpu" or g.numel() == 0:
         return
     gmax = float(g.detach().max().float().numpy())  # numpy has no bfloat16
     if gmax > 0:
         raise ValueError(f"g must be a log decay, g <= 0 everywhere, got max(g)={gmax:.4g}")
+    if lower_bound is not None:
+        gmin = float(g.detach().min().float().numpy())
+        if not gmin >= lower_bound:
+            raise ValueError(f"g must be >= lower_bound={lower_bound} everywhere (safe_gate=True promises it), "
+                             f"got min(g)={gmin:.4g}")
 
 
 def check_inputs(
@@ -143,10 +149,15 @@ def check_inputs(
     cu_seqlens: Tensor | None = None,
     cu_seqlens_cpu: Tensor | Sequence[int] | None = None,
     grouped: bool = False,
+    raw_gate: bool = False,
+    gate_bound: float | None = None,
+    state_v_first: bool = False,
 ) -> list[int] | None:
     """All checks of a forward (q given) or a transition (q None). `backend` is the resolved one.
 
     grouped: v, g, beta and the state may have HV heads, a multiple of q/k's H (grouped value heads); else HV == H.
+    raw_gate: g is the raw input of the in-kernel gate (any sign; its shape is checked). gate_bound: a safe gate's
+    promise `g >= gate_bound` (CPU tensors). state_v_first: initial_state in FLA's transposed layout `[N, HV, V, K]`.
     fp64 inputs are accepted by the reference and torch backends (tests, gradcheck). Returns the host list of
     `cu_seqlens` (None for dense input).
     """
@@ -193,12 +204,14 @@ def check_inputs(
         bounds = check_cu_seqlens(cu_seqlens, batch=B, seq_len=T, device=device, cu_seqlens_cpu=cu_seqlens_cpu)
     N = len(bounds) - 1 if bounds is not None else B
     if initial_state is not None:
-        _check_tensor("initial_state", initial_state, ndim=4, dtypes=dtypes, dims=f"[N, {hv}, K, V]")
-        if tuple(initial_state.shape) != (N, HV, K, V):
-            raise ValueError(f"initial_state must have shape [N, {hv}, K, V] = {(N, HV, K, V)} "
+        dims, want = (f"[N, {hv}, V, K]", (N, HV, V, K)) if state_v_first else (f"[N, {hv}, K, V]", (N, HV, K, V))
+        _check_tensor("initial_state", initial_state, ndim=4, dtypes=dtypes, dims=dims)
+        if tuple(initial_state.shape) != want:
+            raise ValueError(f"initial_state must have shape {dims} = {want} "
                              f"(N = number of sequences), got initial_state.shape={tuple(initial_state.shape)}")
     check_kernel_dims(backend, K, V)
-    check_gate_sign(g)
+    if not raw_gate:
+        check_gate_sign(g, gate_bound)
     return bounds
 
 

@@ -172,10 +172,12 @@ def chunk_fwd_torch(
     initial_state: Tensor | None,
     output_final_state: bool,
     index: ChunkIndex,
+    states: list[Tensor] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Chunked forward. q, k `[B,T,H,K]`, v `[B,T,H,V]`, g `[B,T,H,Kg]` (Kg in {1, K}), beta `[B,T,H]`.
 
-    Returns o `[B,T,H,V]` in q.dtype and the fp32 final state `[N,H,K,V]` (or None).
+    Returns o `[B,T,H,V]` in q.dtype and the fp32 final state `[N,H,K,V]` (or None); `states`, a list, receives
+    the states entering each chunk `[NT,H,K,V]` (fp32).
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
@@ -188,6 +190,8 @@ def chunk_fwd_torch(
         h0 = q.new_zeros(index.num_seqs, H, K, V, dtype=cd)
     ht, h, v_new = chunk_state_pass(prep, index, h0)
     assert h is not None and v_new is not None and prep.qg is not None and prep.aqk is not None
+    if states is not None:
+        states.append(h)
     o = scale * (prep.qg @ h + prep.aqk @ v_new)                         # [NT, H, C, V]
     o = from_chunks(o, index, B, T).to(q.dtype)
     return o, (ht if output_final_state else None)

@@ -9,7 +9,9 @@ Host syncs: the values of `cu_seqlens` are needed on the host exactly once per t
 is on the CPU that costs nothing; when it lives on a GPU the first `prepare_chunk_index` copies it to
 the host (one device-to-host sync) and every later call with the same tensor object (same identity,
 not modified in place since) hits the cache. Callers that build a new `cu_seqlens` every step should
-pass its CPU copy as `cu_seqlens_cpu` so that not even the first call syncs.
+pass its CPU copy as `cu_seqlens_cpu` so that not even the first call syncs. An inference tensor (made under
+`torch.inference_mode()`) has no version counter: it is keyed by its values when they are on the host (a CPU
+tensor, or `cu_seqlens_cpu` given), else by identity alone, as FLA does (refill one in place: pass cu_seqlens_cpu).
 """
 
 from __future__ import annotations
@@ -102,6 +104,12 @@ def _remember(cache: OrderedDict, key: tuple[Any, ...], value: Any) -> None:
         cache.popitem(last=False)
 
 
+def _version(t: Tensor) -> int | None:
+    """The tensor's version counter; None for an inference tensor (made under `torch.inference_mode()`), which has
+    none: such a GPU tensor is cached by identity alone, as FLA caches its indices (a CPU one by its values)."""
+    return None if t.is_inference() else t._version
+
+
 def cu_seqlens_host(cu_seqlens: Tensor, cu_seqlens_cpu: Tensor | Sequence[int] | None = None) -> list[int]:
     """The values of `cu_seqlens` as a host list, read at most once per tensor (see the module docstring).
 
@@ -116,11 +124,11 @@ def cu_seqlens_host(cu_seqlens: Tensor, cu_seqlens_cpu: Tensor | Sequence[int] |
             values = [int(x) for x in cu_seqlens_cpu]
         if cu_seqlens.device.type != "cpu":
             # later calls with the same device tensor (e.g. from a launcher that was not handed the copy) hit this entry
-            _remember(_HOST_CACHE, (id(cu_seqlens), cu_seqlens._version), (cu_seqlens, values))
+            _remember(_HOST_CACHE, (id(cu_seqlens), _version(cu_seqlens)), (cu_seqlens, values))
         return values
     if cu_seqlens.device.type == "cpu":
         return [int(x) for x in cu_seqlens.tolist()]
-    key = (id(cu_seqlens), cu_seqlens._version)
+    key = (id(cu_seqlens), _version(cu_seqlens))
     hit = _HOST_CACHE.get(key)
     if hit is not None and hit[0] is cu_seqlens:
         _HOST_CACHE.move_to_end(key)
@@ -164,7 +172,10 @@ def prepare_chunk_index(
         _remember(_INDEX_CACHE, key, (None, index))
         return index
     # a given cu_seqlens_cpu is trusted to match the tensor, so identity + version of the tensor is the whole key
-    key = ("varlen", id(cu_seqlens), cu_seqlens._version, batch, seq_len, chunk_size, str(dev))
+    version: Any = _version(cu_seqlens)
+    if version is None and (cu_seqlens_cpu is not None or cu_seqlens.device.type == "cpu"):
+        version = tuple(cu_seqlens_host(cu_seqlens, cu_seqlens_cpu))  # host values, free here, stand in for it
+    key = ("varlen", id(cu_seqlens), version, batch, seq_len, chunk_size, str(dev))
     hit = _INDEX_CACHE.get(key)
     if hit is not None and hit[0] is cu_seqlens:
         _INDEX_CACHE.move_to_end(key)

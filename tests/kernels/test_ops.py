@@ -1,5 +1,5 @@
-"""The public differentiable ops kernels.chunk_gdn / chunk_kda: grouped value heads, the in-op l2norm, FLA's options,
-and bad input (a ValueError naming the argument, forward and backward).
+"""The public differentiable ops kernels.chunk_gdn / chunk_kda: grouped value heads, the in-op l2norm, and bad input (a
+ValueError naming the argument, forward and backward). FLA's other options: test_ops_args.py.
 
 Grouped heads (HV = 2H and 4H) and `use_qk_l2norm_in_kernel` are checked forward and backward against an oracle
 built by hand: q and k normalised with FLA's formula x / sqrt(sum x^2 + 1e-6) and expanded with repeat_interleave
@@ -93,9 +93,7 @@ BAD = [
     ("g_heads", _gdn_args(v=torch.randn(2, 20, 4, 16), beta=torch.rand(2, 20, 4)), r"g.shape\[2\] \(heads HV\) must equal v.shape\[2\]=4"),
     ("h0_heads", _gdn_args(v=torch.randn(2, 20, 4, 16), beta=torch.rand(2, 20, 4), g=-torch.rand(2, 20, 4),
                            initial_state=torch.randn(2, 2, 16, 16)), r"initial_state must have shape \[N, HV, K, V\] = \(2, 4, 16, 16\)"),
-    ("fla_option", _gdn_args(use_gate_in_kernel=True), r"use_gate_in_kernel=True is not supported by cpbench's chunk_gdn"),
-    ("chunk_size", _gdn_args(chunk_size=32), r"chunk_size=32 is not supported .*only the default chunk_size=64"),
-    ("unknown_kwarg", _gdn_args(head_first=True), r"chunk_gdn got an unexpected argument head_first=True"),
+    ("unknown_kwarg", _gdn_args(headfirst=True), r"chunk_gdn got an unexpected argument headfirst=True"),
     ("l2norm_type", _gdn_args(use_qk_l2norm_in_kernel="yes"), r"use_qk_l2norm_in_kernel must be a bool, got 'yes'"),
     ("triton_fp64", _gdn_args(backend="triton", q=torch.randn(2, 20, 2, 16, dtype=torch.float64)), r"q.dtype must be one of"),
 ]

@@ -68,6 +68,7 @@ __all__ = [
     "WarmupCorrectSpec",
     "grid_size",
     "load_spec",
+    "load_specs",
     "parse_spec",
 ]
 
@@ -555,8 +556,8 @@ def parse_spec(data: Any, *, source: str | None = None) -> SweepSpec:
         raise SpecError(f"{where}: {_format_errors(err)}") from None
 
 
-def load_spec(path: str | Path) -> SweepSpec:
-    """Read a sweep spec from a YAML or JSON file (by suffix; YAML otherwise) and validate it."""
+def _documents(path: str | Path) -> tuple[Path, list[Any]]:
+    """The parsed documents of a spec file: JSON (one), or YAML (one or several, separated by `---`)."""
     p = Path(path)
     try:
         text = p.read_text()
@@ -565,7 +566,9 @@ def load_spec(path: str | Path) -> SweepSpec:
     except OSError as err:
         raise SpecError(f"cannot read spec file {p}: {err.strerror}") from None
     try:
-        data = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
+        if p.suffix.lower() == ".json":
+            return p, [json.loads(text)]
+        return p, [d for d in yaml.safe_load_all(text) if d is not None] or [None]
     except json.JSONDecodeError as err:
         raise SpecError(f"malformed JSON in {p}: line {err.lineno} column {err.colno}: {err.msg}") from None
     except yaml.YAMLError as err:
@@ -573,4 +576,19 @@ def load_spec(path: str | Path) -> SweepSpec:
         where = f"line {mark.line + 1} column {mark.column + 1}: " if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err)
         raise SpecError(f"malformed YAML in {p}: {where}{problem}") from None
-    return parse_spec(data, source=str(p))
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    """Read a sweep spec from a YAML or JSON file (by suffix; YAML otherwise) and validate it."""
+    p, docs = _documents(path)
+    if len(docs) > 1:
+        raise SpecError(f"spec file {p} holds {len(docs)} sweeps (YAML documents); load it with runners.spec.load_specs "
+                        f"or queue them with `cpbench submit`")
+    return parse_spec(docs[0], source=str(p))
+
+
+def load_specs(path: str | Path) -> list[SweepSpec]:
+    """Every sweep spec of a file: one per YAML document (`---` between them; a suite such as
+    runners/suites/models.yaml holds one sweep per model), each validated; a JSON file holds one."""
+    p, docs = _documents(path)
+    return [parse_spec(d, source=str(p) if len(docs) == 1 else f"{p} (document {i + 1})") for i, d in enumerate(docs)]

@@ -12,49 +12,14 @@ import pytest
 
 from kernels.vocabulary import MODES, SINGLE_DEVICE
 from runners.gang import Gang
-from runners.grid import points, skip_reason
-from runners.spec import parse_spec
-from tests.runners.test_execute_grouped_heads import TOL, _run, gangs  # noqa: F401
+from tests.runners.test_execute_grouped_heads import _grid, _sweep, gangs  # noqa: F401
 
 pytestmark = pytest.mark.multiproc
 
 
 @pytest.mark.parametrize("gate", ["in_kernel", "safe"])
 def test_real_model_gate_through_every_mode(gate: str, gangs: dict[int, Gang]) -> None:  # noqa: F811
-    spec = parse_spec(
-        {
-            "name": "gate",
-            "ops": ["gdn", "kda"],
-            "modes": list(MODES),
-            "backends": ["torch"],
-            "axes": {
-                "lengths": [80, 48],
-                "H": 2,
-                "HV": 4,
-                "K": 16,
-                "V": 16,
-                "W": [1, 2],
-                "gate": gate,
-                "lower_bound": -3.0,
-                "l2norm_in_kernel": True,
-                "direction": "fwd+bwd",
-                "dtype": "float32",
-            },
-        }
-    )
-    grid = [p for p in points(spec) if skip_reason(p) is None]
+    grid = _grid("torch", ["gdn", "kda"], list(MODES), ["fwd+bwd"], gate=gate, lower_bound=-3.0, l2norm_in_kernel=True)
     assert len(grid) == 2 * (2 * len(MODES) - len(SINGLE_DEVICE))
     assert all(p.gate == gate and p.l2norm_in_kernel for p in grid)
-    failed = []
-    for point in grid:
-        res = _run(point, gangs)
-        where = f"{point.op}/{point.mode}/W={point.W}"
-        if not res.ok:
-            failed.append((where, res.error))
-            continue
-        assert res.gate is not None and res.report is not None, where
-        assert res.gate["err_vs_none"] <= TOL and res.gate["err_vs_reference"] <= TOL, (where, res.gate)
-        errs = res.report["grad_errors_vs_none"]
-        assert set(errs) == {"dq", "dk", "dv", "dg", "dbeta", "dA_log", "ddt_bias"}, where
-        assert max(errs.values()) <= 1e-4, (where, errs)
-    assert not failed, failed
+    _sweep(grid, gangs, {"dq", "dk", "dv", "dg", "dbeta", "dA_log", "ddt_bias"})

@@ -44,7 +44,8 @@ OPTIONS = {
 TOL = 2e-3  # fp32: the gate's own tolerance (runners.correctness), every exact scheme is ~1e-6
 
 
-def _grid(backend: str, ops: list[str], modes: list[str], directions: list[str]) -> list[PointSpec]:
+def _grid(backend: str, ops: list[str], modes: list[str], directions: list[str], **axes: object) -> list[PointSpec]:
+    """The runnable points of a tiny grouped-head spec (`axes`: more axes, e.g. the gate's)."""
     spec = parse_spec(
         {
             "name": "grouped",
@@ -60,6 +61,7 @@ def _grid(backend: str, ops: list[str], modes: list[str], directions: list[str])
                 "W": [1, 2],
                 "direction": directions,
                 "dtype": "float32",
+                **axes,
             },
         }
     )
@@ -79,7 +81,9 @@ def _run(point: PointSpec, gangs: dict[int, Gang]) -> PointResult:
     return result
 
 
-def _sweep(grid: list[PointSpec], gangs: dict[int, Gang]) -> None:
+def _sweep(grid: list[PointSpec], gangs: dict[int, Gang], grad_names: set[str] | None = None) -> None:
+    """Run every point; none may fail, each within TOL of `none` and the reference; `grad_names`: the gradients a
+    fwd+bwd point's report must hold, each within 1e-4 of `none`'s."""
     assert grid and all(p.value_heads == 2 * p.H for p in grid)
     failed = []
     for point in grid:
@@ -88,8 +92,11 @@ def _sweep(grid: list[PointSpec], gangs: dict[int, Gang]) -> None:
         if not res.ok:
             failed.append((where, res.error))
             continue
-        assert res.gate is not None and res.timing is not None, where
+        assert res.gate is not None and res.timing is not None and res.report is not None, where
         assert res.gate["err_vs_none"] <= TOL and res.gate["err_vs_reference"] <= TOL, (where, res.gate)
+        if grad_names is not None:
+            errs = res.report["grad_errors_vs_none"]
+            assert set(errs) == grad_names and max(errs.values()) <= 1e-4, (where, errs)
     assert not failed, failed
 
 

@@ -4,7 +4,9 @@
 - `slice_options(rows)` / `apply_slice(rows, selection)`: the axes a sweep page lets the user fix (op, backend,
   H, K, V, dtype, direction, layout), so every figure compares modes on one shape family; the backend axis also
   offers ALL ("all", the default when a sweep holds several backends): every backend at once, which the figures
-  draw side by side ("<mode> · <backend>", `dashboards.figures.common.series_name`);
+  draw side by side ("<mode> · <backend>", `dashboards.figures.common.series_name`); a sweep whose points differ in
+  how the step is called (`gate`, the safe gate's `lower_bound`, `l2norm_in_kernel`: in the point's params, issue 25)
+  offers those too, so a page never mixes a precomputed-gate point with an in-kernel-gate one;
 - `tuning_rows(session, ...)`: tuning trials with `chosen` set on the winner stored in tuned_configs;
   `tuned_config_rows(session, ...)`;
 - `display_status(status, progress)` and `sweep_index(session, name=, tag=, status=)`: the sweeps list, filtered by
@@ -46,6 +48,9 @@ SLICE_AXES = ("op", "backend", "H", "K", "V", "dtype", "direction", "layout")
 # the slice axes whose values the figures can tell apart on the same axes: they also offer ALL (first, the default)
 # when the sweep has several values; "all" is no backend's name (runners.peers reserves it)
 ALL_AXES = ("backend",)
+# axes read from a point's params, with the default an older point (which lacks the key) has (runners.point's
+# `_NEW_DEFAULTS`: dashboards do not import runners); offered only where a sweep holds several values
+PARAM_AXES: dict[str, Any] = {"gate": "precomputed", "lower_bound": -5.0, "l2norm_in_kernel": False}
 ALL = "all"
 NIGHTLY_TAG = "nightly"
 
@@ -56,20 +61,31 @@ def sweep_rows(session: Session, sweep_id: int, *, limit: int) -> list[dict[str,
     return rows
 
 
+def _axis(r: Mapping[str, Any], a: str) -> Any:
+    """A row's value on slice axis `a`: its column, or for a PARAM_AXES axis its params' value (else the default)."""
+    if a in PARAM_AXES:
+        return (r.get("params") or {}).get(a, PARAM_AXES[a])
+    return r.get(a)
+
+
 def slice_options(rows: Iterable[dict[str, Any]]) -> dict[str, list[Any]]:
     """For each slice axis, the values present (sorted), ALL first on an ALL_AXES axis with several values; `none`'s
-    layout is ignored (it runs on one device)."""
-    out: dict[str, set[Any]] = {a: set() for a in SLICE_AXES}
+    layout is ignored (it runs on one device); a PARAM_AXES axis only where the rows hold several values."""
+    axes = (*SLICE_AXES, *PARAM_AXES)
+    out: dict[str, set[Any]] = {a: set() for a in axes}
     for r in rows:
-        for a in SLICE_AXES:
+        for a in axes:
             if a == "layout" and r.get("mode") == "none":
                 continue
-            if r.get(a) is not None:
-                out[a].add(r[a])
-    return {a: ([ALL] if a in ALL_AXES and len(v) > 1 else []) + sorted(v) for a, v in out.items() if v}
+            if _axis(r, a) is not None:
+                out[a].add(_axis(r, a))
+    return {a: ([ALL] if a in ALL_AXES and len(v) > 1 else []) + sorted(v) for a, v in out.items()
+            if v and (a not in PARAM_AXES or len(v) > 1)}
 
 
 def _coerce(value: Any, like: Any) -> Any:
+    if isinstance(like, bool) and isinstance(value, str):
+        return value.lower() in ("true", "1")
     if isinstance(like, bool) or value is None:
         return value
     try:
@@ -91,7 +107,7 @@ def apply_slice(rows: Sequence[dict[str, Any]], selection: Mapping[str, Any]) ->
         chosen[axis] = want if want in values else values[0]
     fixed = {a: v for a, v in chosen.items() if not (a in ALL_AXES and v == ALL)}
     kept = [r for r in rows
-            if all(r.get(a) == v for a, v in fixed.items() if not (a == "layout" and r.get("mode") == "none"))]
+            if all(_axis(r, a) == v for a, v in fixed.items() if not (a == "layout" and r.get("mode") == "none"))]
     return kept, chosen
 
 

@@ -16,6 +16,9 @@ shard of the flattened batch (`kernels.cp.build_context` / `shard`, built once p
 The timed step is only that call: no gather, no host read. A `direction: fwd+bwd` point times the training
 step instead (`runners.training`: forward + backward with the point's fixed `do`, gradients reset each sample)
 and its gate adds every input gradient (vs `none`'s and the reference's, max folded into the two errors).
+A real-model gate or `l2norm_in_kernel` (`runners.workload.Activation`): the step activates the raw gate and
+normalises q, k on its own shard (per token), then runs the mode; A_log and dt_bias are step inputs replicated on every
+rank, their gradient in the gate is the sum of the ranks' contributions (as FLA's CP leaves it to data parallelism).
 Around every step (timed, checked, profiled) a peer's `step_context(options)` is entered. Our backends' kernels calls
 get the point's launch plan (`launch_plan`: the tuned configs `tune_job` found, the recompute policy `keep` of the
 triton options, `runners.backend_options`, and a recorder of what launched, which gives the stored `configs`).
@@ -42,7 +45,7 @@ from runners.point import PointJob, PointSpec
 from runners.profile import profile_step
 from runners.results import PointResult
 from runners.timing import L2Flush, StopRule, time_step
-from runners.workload import Workload, make_workload, reduced_params
+from runners.workload import Activation, Workload, make_workload, reduced_params
 
 if TYPE_CHECKING:
     from kernels.plan import LaunchPlan
@@ -112,12 +115,13 @@ def _our_mode(point: PointSpec, wl: Workload, rc: RankContext, plan: LaunchPlan)
     op, mode, backend = point.op, point.mode, point.backend
     train = training.is_training(point)
     no_comm: dict[str, dict[str, int]] = {d: {} for d in step_directions(point.direction)}
+    act = _activation(point)
     if mode == "none":
-        args = training.leaves(wl.tensors) if train else wl.tensors
+        args = _inputs(wl, train)
         cu = wl.cu_seqlens
 
         def step() -> Tensor:
-            return kernels.forward(op, *args, cu_seqlens=cu, backend=backend, plan=plan)[0]
+            return kernels.forward(op, *act(args), cu_seqlens=cu, backend=backend, plan=plan)[0]
 
         if train:
             with torch.no_grad():
@@ -134,10 +138,10 @@ def _our_mode(point: PointSpec, wl: Workload, rc: RankContext, plan: LaunchPlan)
         wc = dict(point.mode_options)
         holder: dict[str, Any] = {}
         bounds = flat.cu_seqlens_cpu
-        wc_args = training.leaves(flat.tensors) if train else flat.tensors
+        wc_args = _inputs(flat, train)
 
         def wc_step() -> Tensor:
-            o, rep = cp.warmup_correct(op, *wc_args, cu_seqlens=bounds, backend=backend, scale=None, plan=plan, **wc)
+            o, rep = cp.warmup_correct(op, *act(wc_args), cu_seqlens=bounds, backend=backend, scale=None, plan=plan, **wc)
             holder["report"] = rep
             return o
 
@@ -156,13 +160,13 @@ def _our_mode(point: PointSpec, wl: Workload, rc: RankContext, plan: LaunchPlan)
     W = rc.world_size
     ctx_cp = cp.build_context(flat.cu_seqlens_cpu, W, rc.rank, point.layout)
     # a rank holds only its shard (a copy, so the global inputs can be freed before timing)
-    shards = [cp.shard(x, ctx_cp).clone() for x in flat.tensors]
+    shards = [*(cp.shard(x, ctx_cp).clone() for x in flat.tensors), *flat.params]  # params: replicated
     if train:
         shards = training.leaves(shards)
     mode_opts = point.mode_options or None
 
     def cp_step() -> Tensor:
-        return cp.forward(mode, op, *shards, group=rc.group, ctx=ctx_cp, backend=backend, scale=None, options=mode_opts,
+        return cp.forward(mode, op, *act(shards), group=rc.group, ctx=ctx_cp, backend=backend, scale=None, options=mode_opts,
                           plan=plan)
 
     by_direction = expected_by_direction(mode, ctx_cp, mode_opts, "fwd+bwd" if train else "fwd")
@@ -172,7 +176,7 @@ def _our_mode(point: PointSpec, wl: Workload, rc: RankContext, plan: LaunchPlan)
             o_local = cp_step()
         do_full = training.global_do(point, o_local.new_empty(1, ctx_cp.total_len, *o_local.shape[2:]))
         step = training.train_step(cp_step, shards, cp.shard(do_full, ctx_cp))
-        grads = lambda: training.grads_of(step, shards, lambda g: _gather(g, ctx_cp, rc.group))  # noqa: E731
+        grads = lambda: _cp_grads(step, shards, ctx_cp, rc.group)  # noqa: E731
     return ModeRun(
         step=step,
         full_output=lambda: _gather(step(), ctx_cp, rc.group),
@@ -181,6 +185,31 @@ def _our_mode(point: PointSpec, wl: Workload, rc: RankContext, plan: LaunchPlan)
         expected_by_direction=by_direction,
         full_grads=grads,
     )
+
+
+def _activation(point: PointSpec) -> Callable[[Sequence[Tensor]], Sequence[Tensor]]:
+    """The step's per-token work on the stored inputs (`runners.workload.Activation`); the five inputs as they are for
+    a point with a precomputed gate and no l2norm (every point before the real-model gates: the same step as then)."""
+    act = Activation.of(point)
+    return (lambda xs: xs) if act.identity else act
+
+
+def _inputs(wl: Workload, train: bool) -> Sequence[Tensor]:
+    """A single-device step's stored inputs: the op's five and the gate's parameters, leaves when it trains."""
+    xs = [*wl.tensors, *wl.params]
+    return training.leaves(xs) if train else xs
+
+
+def _cp_grads(step: Callable[[], Tensor], shards: Sequence[Tensor], ctx_cp: Any, group: Any) -> list[Tensor]:
+    """One training step's input gradients on rank 0 in the global layout: the five sharded inputs' gathered, the
+    replicated gate parameters' summed over the ranks (each rank's is its shard's contribution)."""
+    local = training.grads_of(step, shards, lambda g: g)
+    out = [_gather(g, ctx_cp, group) for g in local[:5]]
+    for g in local[5:]:
+        if dist.get_world_size(group) > 1:
+            dist.all_reduce(g, group=group)
+        out.append(g)
+    return out
 
 
 def _peer_mode(peer: Any, point: PointSpec, wl: Workload, rc: RankContext) -> ModeRun:
@@ -245,7 +274,8 @@ def _none_output(point: PointSpec, wl: Workload, rc: RankContext, plan: LaunchPl
     if peer is not None and "none" in peer.modes:
         return _peer_mode(peer, replace(point, mode="none"), wl, rc).full_output()
     backend = point.backend if peer is None else "auto"
-    return kernels.forward(point.op, *wl.tensors, cu_seqlens=wl.cu_seqlens, backend=backend, plan=plan)[0]
+    xs = _activation(point)([*wl.tensors, *wl.params])
+    return kernels.forward(point.op, *xs, cu_seqlens=wl.cu_seqlens, backend=backend, plan=plan)[0]
 
 
 def _jsonable(x: Any) -> Any:
@@ -298,7 +328,7 @@ def _check(point: PointSpec, wl: Workload, run: ModeRun, rc: RankContext, option
             o_r = build_mode(small, wl_r, rc, options, plan).full_output()
         if rc.rank == 0:
             f = wl_r.flat() if point.mode != "none" else wl_r
-            o_ref = kernels.reference(point.op, *f.tensors, cu_seqlens=f.cu_seqlens)[0]
+            o_ref = kernels.reference(point.op, *_activation(point)([*f.tensors, *f.params]), cu_seqlens=f.cu_seqlens)[0]
             err_ref = rel_l2(o_r, o_ref)
     if run.full_grads is not None:   # fwd+bwd: every input gradient, vs none's and vs the reference's
         err_none, err_ref = _check_grads(point, wl, run, rc, options, o_full, err_none, err_ref, plan)
@@ -317,10 +347,11 @@ def _check_grads(point: PointSpec, wl: Workload, run: ModeRun, rc: RankContext, 
         from runners.plugins import peer_of_point
 
         none_backend = "auto" if peer_of_point(point) is not None else point.backend  # a peer: against ours
-        ref = training.reference_grads(point.op, wl.tensors, do, cu_seqlens=wl.cu_seqlens, backend=none_backend)
+        ref = training.reference_grads(point.op, wl.tensors, do, cu_seqlens=wl.cu_seqlens, backend=none_backend,
+                                       params=wl.params, activation=_activation(point))
         errs = [rel_l2(a, b) for a, b in zip(got, ref, strict=True)]
         err_none = max([err_none or 0.0, *errs])
-        run.grad_errors = dict(zip(training.GRAD_NAMES, errs, strict=True))
+        run.grad_errors = dict(zip(training.grad_names(len(wl.params)), errs, strict=True))
     if check.get("reference", True):
         small = reduced_params(point, max_tokens=int(check.get("reference_tokens", 256)))
         wl_r = make_workload(small, device=rc.device)
@@ -331,7 +362,8 @@ def _check_grads(point: PointSpec, wl: Workload, run: ModeRun, rc: RankContext, 
         if rc.rank == 0:
             f = wl_r.flat() if point.mode != "none" else wl_r
             do_r = training.global_do(small, o_r)
-            ref_r = training.reference_grads(point.op, f.tensors, do_r, cu_seqlens=f.cu_seqlens, backend=None)
+            ref_r = training.reference_grads(point.op, f.tensors, do_r, cu_seqlens=f.cu_seqlens, backend=None,
+                                             params=f.params, activation=_activation(point))
             err_ref = max([err_ref or 0.0, *(rel_l2(a, b) for a, b in zip(got_r, ref_r, strict=True))])
     return err_none, err_ref
 

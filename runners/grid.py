@@ -1,7 +1,8 @@
 """Deterministic grid expansion: a `SweepSpec` -> the list of point rows the store queues (`db.models.Point`).
 
 The order is fixed (outermost first): op, backend, dtype, direction, layout, shape (dense B x T, then each
-varlen length list), H, HV (when given), K, V, lb, W, mode, seed, repetition; values keep the order the spec gives. So the
+varlen length list), H, HV (when given), K, V, lb, gate (with each lower_bound for `safe`), l2norm_in_kernel, W, mode,
+seed, repetition; values keep the order the spec gives. So the
 same spec always yields the same points with the same `idx` and `key`, and the modes of one shape sit next
 to each other in the queue (compared within minutes of each other).
 
@@ -10,7 +11,8 @@ dropped. The rules, first match wins:
 
 - the mode is not available here (only when the caller says what is available);
 - a peer backend (`fla`, a plugin: `runners.plugins`) does not implement the mode or direction, or its own rule
-  says why not (`runners.peers.peer_skip_reason`: FLA's reasons, with or without FLA installed here);
+  says why not (`runners.peers.peer_skip_reason`: FLA's reasons, with or without FLA installed here); a peer takes
+  no real-model gate and no `l2norm_in_kernel` (the engine hands it the stored inputs as they are);
 - `none` and `warmup_correct` run on one device: W must be 1;
 - W is more than the devices present (only when the caller passes `max_W`; workers also claim by W);
 - `headwise` needs H % W == 0;
@@ -18,7 +20,8 @@ dropped. The rules, first match wins:
 - the backend is not available here (only when the caller says what is available).
 
 The key names a benchmark across sweeps: every axis value except the repetition index, in a fixed order,
-e.g. `gdn/ring/torch/B=1,T=256,H=2,K=32,V=32,lb=-1,W=2,layout=contiguous,dir=fwd,dtype=float32,seed=0`.
+e.g. `gdn/ring/torch/B=1,T=256,H=2,K=32,V=32,lb=-1,W=2,layout=contiguous,dir=fwd,dtype=float32,seed=0`; a real-model
+gate and `l2norm_in_kernel` add `,gate=safe,lower_bound=-3,l2norm_in_kernel=True` (each only when not its default).
 """
 
 from __future__ import annotations
@@ -95,6 +98,7 @@ def point_key(point: PointSpec) -> str:
         f"B={p.B},{shape},H={p.H},{_hv(p)}K={p.K},V={p.V},lb={_fmt(p.lb)},"
         f"W={p.W},layout={p.layout},dir={p.direction},dtype={p.dtype},seed={p.seed}"
     )
+    key += "".join(f",{k}={_fmt(v)}" for k, v in p.new_fields().items())
     opts = dict(p.mode_options)
     if p.mode == "warmup_correct":
         opts = {k: v for k, v in opts.items() if _WC_DEFAULTS.get(k) != v}
@@ -135,6 +139,9 @@ def skip_reason(
             return str(err)
         if why:
             return why
+        if point.new_fields():
+            what = ", ".join(f"{k}={v}" for k, v in point.new_fields().items())
+            return f"backend '{point.backend}' takes the stored inputs as they are: no {what}"
     if mode in SINGLE_DEVICE and W != 1:
         return f"mode '{mode}' runs on one device: needs W == 1, got W={W}"
     if max_W is not None and max_W < W:
@@ -171,12 +178,15 @@ def points(spec: SweepSpec) -> list[PointSpec]:
     for op, ref, dtype, direction, layout, shape in outer:
         backend = _backend_name(ref)
         value_heads: list[int | None] = list(a.HV) if a.HV else [None]
-        inner = itertools.product(a.H, value_heads, a.K, a.V, a.lb, a.W, spec.modes, spec.seeds, range(spec.repetitions))
-        for H, HV, K, V, lb, W, mode, seed, rep in inner:
+        calls = [(gate, bound, l2) for gate, bound in a.gates() for l2 in a.l2norm_in_kernel]  # the real models' call
+        inner = itertools.product(a.H, value_heads, a.K, a.V, a.lb, calls, a.W, spec.modes, spec.seeds,
+                                  range(spec.repetitions))
+        for H, HV, K, V, lb, (gate, lower_bound, l2norm), W, mode, seed, rep in inner:
             # HV only when the spec has the axis (params of older specs stay as they were)
             out.append(PointSpec(
                 op=op, mode=mode, backend=backend, **shape, H=H, HV=HV, K=K, V=V, lb=float(lb), W=W, layout=layout,
                 direction=direction, dtype=dtype, seed=seed, rep=rep, mode_options=mode_options(spec, mode),
+                gate=gate, lower_bound=float(lower_bound), l2norm_in_kernel=l2norm,
                 **_backend_fields(spec, ref, backend, mode, direction),
             ))
     return out

@@ -16,18 +16,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["PointJob", "PointSpec"]
+__all__ = ["DEFAULT_LOWER_BOUND", "GATES", "PointJob", "PointSpec"]
 
 _INTS = ("B", "T", "H", "K", "V", "W", "seed", "rep")
 _OPTIONAL = ("HV", "mode_options", "backend_ref", "backend_options")  # in the JSON only when set (as `expand` wrote them)
+GATES = ("precomputed", "in_kernel", "safe")  # how the step gets its gate (`runners.workload.Activation`)
+DEFAULT_LOWER_BOUND = -5.0  # the safe gate's lower bound when a spec names none (FLA's range is [-5, 0))
+# fields added after points were stored: in the JSON (and the key) only where they differ from their default, so every
+# stored point of an older spec keeps its params and key byte for byte
+_NEW_DEFAULTS: dict[str, Any] = {"gate": "precomputed", "lower_bound": DEFAULT_LOWER_BOUND, "l2norm_in_kernel": False}
 
 
 @dataclass(frozen=True)
 class PointSpec:
     """One benchmark point: op, mode and backend, heads and head dims, the shape (dense B x T, or varlen `lengths`
     with B = 1 and T their sum), decay bound, ranks, layout, direction, dtype, seed, repetition, grouped value heads
-    (HV, None = H), the mode's options, a plugin's spec string (`backend_ref`) and the backend's options. Every field
-    past T has its default here, the one place defaults of a point live."""
+    (HV, None = H), the mode's options, a plugin's spec string (`backend_ref`) and the backend's options; the real
+    models' call: `gate` (`precomputed`: g given; `in_kernel`: -exp(A_log) softplus(g + dt_bias); `safe`:
+    lower_bound * sigmoid(exp(A_log) (g + dt_bias)), `kernels.common.gate`), the safe gate's `lower_bound` and
+    `l2norm_in_kernel` (q, k L2-normalised in the step). Every field past T has its default here, the one place
+    defaults of a point live."""
 
     op: str
     mode: str
@@ -49,6 +57,9 @@ class PointSpec:
     mode_options: dict[str, Any] = field(default_factory=dict)
     backend_ref: str | None = None
     backend_options: dict[str, Any] = field(default_factory=dict)
+    gate: str = "precomputed"
+    lower_bound: float = DEFAULT_LOWER_BOUND
+    l2norm_in_kernel: bool = False
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PointSpec:
@@ -58,8 +69,11 @@ class PointSpec:
         for k in _INTS:
             if kw.get(k) is not None:
                 kw[k] = int(kw[k])
-        if kw.get("lb") is not None:
-            kw["lb"] = float(kw["lb"])
+        for k in ("lb", "lower_bound"):
+            if kw.get(k) is not None:
+                kw[k] = float(kw[k])
+        if "l2norm_in_kernel" in kw:
+            kw["l2norm_in_kernel"] = bool(kw["l2norm_in_kernel"])
         for k in ("HV", "lengths", "backend_ref", "mode_options", "backend_options"):
             if not kw.get(k):
                 kw.pop(k, None)
@@ -83,7 +97,13 @@ class PointSpec:
             value = getattr(self, k)
             if value:
                 out[k] = dict(value) if isinstance(value, dict) else value
+        out.update(self.new_fields())
         return out
+
+    def new_fields(self) -> dict[str, Any]:
+        """The fields added since points were first stored that differ from their default (`gate`, `lower_bound`,
+        `l2norm_in_kernel`), in that order: the JSON and the key carry only these."""
+        return {k: getattr(self, k) for k, d in _NEW_DEFAULTS.items() if getattr(self, k) != d}
 
     @property
     def value_heads(self) -> int:

@@ -24,6 +24,12 @@ takes effect: fwd+bwd in the modes that train through the autograd op (`runners.
 Limits (`runners.settings`): points per sweep, tokens per point, CP size. Errors are `SpecError`s whose message
 names the field (`axes.T.0: ...`) and the value received. `direction`: `fwd` (the forward step) or `fwd+bwd` (a
 training step: forward, then backward with a fixed output gradient).
+
+The real models' call (axes too): `gate: precomputed | in_kernel | safe` (`precomputed`, the default: g drawn with
+`lb`; `in_kernel`: g = -exp(A_log) softplus(g_raw + dt_bias), KDA's `use_gate_in_kernel`; `safe`: g = lower_bound *
+sigmoid(exp(A_log) (g_raw + dt_bias)), KDA's `safe_gate`, at each `lower_bound` in [-5, 0), default -5; A_log, dt_bias
+and g_raw drawn from the seed) and `l2norm_in_kernel: true | false` (q and k L2-normalised in the step, FLA's
+`use_qk_l2norm_in_kernel`). A point carries them (and its key names them) only where they differ from their default.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from kernels.vocabulary import (
     tail_exchange_options,
 )
 from runners.errors import SpecError
+from runners.point import DEFAULT_LOWER_BOUND
 from runners.settings import get_worker_settings
 from runners.timing import StopRule
 from runners.tuner.spec import Strategy, TuneSpec
@@ -61,6 +68,7 @@ __all__ = [
     "WarmupCorrectSpec",
     "grid_size",
     "load_spec",
+    "load_specs",
     "parse_spec",
 ]
 
@@ -124,8 +132,9 @@ def _refuse_oversized(data: Any) -> None:
     varlen = (1 if lengths and all(not isinstance(v, (list, tuple)) for v in lengths) else _count(lengths)) if lengths else 0
     shapes = _count(axes.get("B", 1)) * (_count(axes.get("T")) if axes.get("T") is not None else 0) + varlen
     n = max(shapes, 1)
-    for key in ("H", "K", "V", "lb", "W", "layout", "direction", "dtype"):
+    for key in ("H", "K", "V", "lb", "W", "layout", "direction", "dtype", "l2norm_in_kernel"):
         n *= _count(axes.get(key, 1))
+    n *= _count(axes.get("gate", 1)) * _count(axes.get("lower_bound", 1))  # at most: only `safe` takes lower_bound
     for key in ("ops", "modes", "backends", "seeds"):
         n *= _count(data.get(key, 1))
     reps = data.get("repetitions", 1)
@@ -176,8 +185,12 @@ class Axes(BaseModel):
     layout: list[Literal["contiguous", "zigzag"]] = ["contiguous"]
     direction: list[str] = ["fwd"]
     dtype: list[Literal["float32", "bfloat16", "float16"]] = ["bfloat16"]
+    gate: list[Literal["precomputed", "in_kernel", "safe"]] = ["precomputed"]  # runners.point.GATES
+    lower_bound: list[Number] = [DEFAULT_LOWER_BOUND]  # the safe gate's bound, in [-5, 0); only `gate: safe` takes it
+    l2norm_in_kernel: list[Annotated[bool, Strict()]] = [False]
 
-    @field_validator("B", "T", "H", "HV", "K", "V", "lb", "W", "layout", "direction", "dtype", mode="before")
+    @field_validator("B", "T", "H", "HV", "K", "V", "lb", "W", "layout", "direction", "dtype", "gate", "lower_bound",
+                     "l2norm_in_kernel", mode="before")
     @classmethod
     def _wrap(cls, value: Any) -> Any:
         return _listify(value)
@@ -190,7 +203,8 @@ class Axes(BaseModel):
             return [list(value)]
         return value
 
-    @field_validator("B", "T", "H", "HV", "K", "V", "lb", "W", "layout", "dtype", "lengths")
+    @field_validator("B", "T", "H", "HV", "K", "V", "lb", "W", "layout", "dtype", "lengths", "gate", "lower_bound",
+                     "l2norm_in_kernel")
     @classmethod
     def _unique(cls, value: Any, info: Any) -> Any:
         if value is None:
@@ -206,6 +220,20 @@ class Axes(BaseModel):
                     "lb", "the decay lower bound must be finite and <= 0 (g = lb * sigmoid(x)), got {x}", {"x": x}
                 )
         return value
+
+    @field_validator("lower_bound")
+    @classmethod
+    def _lower_bound(cls, value: list[float]) -> list[float]:
+        for x in value:
+            if not -5.0 <= x < 0.0:
+                raise PydanticCustomError(
+                    "lower_bound", "the safe gate's lower_bound must be in [-5, 0) (FLA's safe_gate), got {x}", {"x": x}
+                )
+        return value
+
+    def gates(self) -> list[tuple[str, float]]:
+        """(gate, lower_bound) pairs of the grid: every lower_bound for `safe`, the default for the others."""
+        return [(g, lb) for g in self.gate for lb in (self.lower_bound if g == "safe" else [DEFAULT_LOWER_BOUND])]
 
     @field_validator("direction")
     @classmethod
@@ -493,6 +521,7 @@ def grid_size(spec: SweepSpec) -> int:
     return (
         len(spec.ops) * len(spec.backends) * len(a.dtype) * len(a.direction) * len(a.layout) * shapes
         * len(a.H) * len(a.HV or [0]) * len(a.K) * len(a.V) * len(a.lb) * len(a.W) * len(spec.modes) * len(spec.seeds) * spec.repetitions
+        * len(a.gates()) * len(a.l2norm_in_kernel)
     )
 
 
@@ -527,8 +556,8 @@ def parse_spec(data: Any, *, source: str | None = None) -> SweepSpec:
         raise SpecError(f"{where}: {_format_errors(err)}") from None
 
 
-def load_spec(path: str | Path) -> SweepSpec:
-    """Read a sweep spec from a YAML or JSON file (by suffix; YAML otherwise) and validate it."""
+def _documents(path: str | Path) -> tuple[Path, list[Any]]:
+    """The parsed documents of a spec file: JSON (one), or YAML (one or several, separated by `---`)."""
     p = Path(path)
     try:
         text = p.read_text()
@@ -537,7 +566,9 @@ def load_spec(path: str | Path) -> SweepSpec:
     except OSError as err:
         raise SpecError(f"cannot read spec file {p}: {err.strerror}") from None
     try:
-        data = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
+        if p.suffix.lower() == ".json":
+            return p, [json.loads(text)]
+        return p, [d for d in yaml.safe_load_all(text) if d is not None] or [None]
     except json.JSONDecodeError as err:
         raise SpecError(f"malformed JSON in {p}: line {err.lineno} column {err.colno}: {err.msg}") from None
     except yaml.YAMLError as err:
@@ -545,4 +576,19 @@ def load_spec(path: str | Path) -> SweepSpec:
         where = f"line {mark.line + 1} column {mark.column + 1}: " if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err)
         raise SpecError(f"malformed YAML in {p}: {where}{problem}") from None
-    return parse_spec(data, source=str(p))
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    """Read a sweep spec from a YAML or JSON file (by suffix; YAML otherwise) and validate it."""
+    p, docs = _documents(path)
+    if len(docs) > 1:
+        raise SpecError(f"spec file {p} holds {len(docs)} sweeps (YAML documents); load it with runners.spec.load_specs "
+                        f"or queue them with `cpbench submit`")
+    return parse_spec(docs[0], source=str(p))
+
+
+def load_specs(path: str | Path) -> list[SweepSpec]:
+    """Every sweep spec of a file: one per YAML document (`---` between them; a suite such as
+    runners/suites/models.yaml holds one sweep per model), each validated; a JSON file holds one."""
+    p, docs = _documents(path)
+    return [parse_spec(d, source=str(p) if len(docs) == 1 else f"{p} (document {i + 1})") for i, d in enumerate(docs)]

@@ -20,9 +20,15 @@ from torch import Tensor
 from runners.point import PointSpec
 from runners.profile import direction_range
 
-__all__ = ["GRAD_NAMES", "global_do", "grads_of", "is_training", "leaves", "reference_grads", "train_step"]
+__all__ = ["GRAD_NAMES", "global_do", "grad_names", "grads_of", "is_training", "leaves", "reference_grads", "train_step"]
 
 GRAD_NAMES = ("dq", "dk", "dv", "dg", "dbeta")
+PARAM_GRAD_NAMES = ("dA_log", "ddt_bias")  # a real-model gate's parameters (`runners.workload.PARAM_NAMES`)
+
+
+def grad_names(n_params: int) -> tuple[str, ...]:
+    """The names of a step's input gradients: the op's five, then those of its `n_params` gate parameters."""
+    return GRAD_NAMES + PARAM_GRAD_NAMES[:n_params]
 
 
 def is_training(point: PointSpec) -> bool:
@@ -64,14 +70,17 @@ def grads_of(step: Callable[[], Tensor], xs: Sequence[Tensor], gather: Callable[
 
 
 def reference_grads(op: str, tensors: Sequence[Tensor], do: Tensor, *, cu_seqlens: Tensor | None,
-                    backend: str | None) -> list[Tensor]:
-    """Input gradients of `kernels.forward` (backend) or, with backend None, of `kernels.reference`, for `do`."""
+                    backend: str | None, params: Sequence[Tensor] = (),
+                    activation: Callable[[Sequence[Tensor]], Sequence[Tensor]] | None = None) -> list[Tensor]:
+    """Input gradients of `kernels.forward` (backend) or, with backend None, of `kernels.reference`, for `do`; with a
+    real-model gate those of the gate's `params` too, through `activation` (`runners.workload.Activation`)."""
     import kernels
 
-    xs = leaves(tensors)
+    xs = leaves([*tensors, *params])
+    ins = activation(xs) if activation is not None else xs
     if backend is None:
-        o = kernels.reference(op, *xs, cu_seqlens=cu_seqlens)[0]
+        o = kernels.reference(op, *ins, cu_seqlens=cu_seqlens)[0]
     else:
-        o = kernels.forward(op, *xs, cu_seqlens=cu_seqlens, backend=backend)[0]
+        o = kernels.forward(op, *ins, cu_seqlens=cu_seqlens, backend=backend)[0]
     o.backward(do.reshape(o.shape))
     return [x.grad if x.grad is not None else torch.zeros_like(x) for x in xs]

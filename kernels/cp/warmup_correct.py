@@ -242,7 +242,8 @@ def warmup_correct(
         op (str):
             `"gdn"` or `"kda"`.
         q, k, v, g, beta (torch.Tensor):
-            `[1, T, H, K]`, `[1, T, H, K]`, `[1, T, H, V]`, `[1, T, H]` (gdn) or `[1, T, H, K]` (kda), `[1, T, H]`.
+            `[1, T, H, K]`, `[1, T, H, K]`, `[1, T, HV, V]`, `[1, T, HV]` (gdn) or `[1, T, HV, K]` (kda), `[1, T, HV]`
+            (grouped value heads: HV a multiple of H, query/key head `h // (HV / H)` serves value head h).
         cu_seqlens (torch.Tensor | Sequence[int]):
             host bounds `[N+1]` (a CUDA tensor is refused: reading it would sync).
         segments (int | str):
@@ -267,7 +268,7 @@ def warmup_correct(
             (`kernels.default_plan()`).
 
     Returns:
-        o (torch.Tensor): `[1, T, H, V]` in q's dtype.
+        o (torch.Tensor): `[1, T, HV, V]` in q's dtype.
         report (WarmupReport): see its docstring.
     """
     cu = host_bounds(cu_seqlens)
@@ -284,6 +285,12 @@ def warmup_correct(
         window = DEFAULT_WINDOW_CHUNKS
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window must be 'auto' or an int >= 1 (chunks of {intra.CHUNK} tokens), got window={window!r}")
+    if v.dim() != 4 or v.shape[2] % q.shape[2]:
+        raise ValueError(f"v.shape[2] (value heads HV) must be a multiple of q.shape[2]={q.shape[2]}, "
+                         f"got v.shape={tuple(v.shape)}")
+    group_size = v.shape[2] // q.shape[2]
+    if group_size > 1:  # grouped value heads: every step runs on HV heads (autograd sums each q/k head's G grads)
+        q, k = q.repeat_interleave(group_size, dim=2), k.repeat_interleave(group_size, dim=2)
     launch = plan if plan is not None else default_plan()  # one plan for the forward and its backward
     if needs_grad(q, k, v, g, beta):
         out: dict[str, Any] = {}

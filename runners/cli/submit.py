@@ -20,26 +20,29 @@ from runners.cli.common import DbOption, resolve
 __all__ = ["register"]
 
 
-def submit(spec: Path = typer.Argument(..., help="sweep spec, YAML or JSON"), db: DbOption = None) -> None:
-    """Queue a sweep for the workers."""
+def submit(
+    spec: Path = typer.Argument(..., help="sweep spec, YAML or JSON (a YAML file of several documents: one sweep each)"),
+    db: DbOption = None,
+) -> None:
+    """Queue a sweep (or each sweep of a multi-document suite) for the workers."""
     from db import crud
     from db.migrate import require_migrated
     from db.session import session_scope
     from runners.engine import submit_spec
-    from runners.spec import load_spec
+    from runners.spec import load_specs
 
     url = resolve(db)
     require_migrated(url)
-    sweep_spec = load_spec(spec)
-    with session_scope(url) as s:
-        sweep = submit_spec(s, sweep_spec)
-        sweep_id, n = sweep.id, sweep.n_points
-    with session_scope(url) as s:
-        prog = crud.sweep_progress(s, sweep_id=sweep_id)
-    Console().print(
-        f"sweep [bold]{sweep_id}[/bold] ({escape(sweep_spec.name)}) queued: {n} points, {prog['queued']} to run, {prog['skipped']} skipped"
-    )
-    typer.echo(sweep_id)
+    for sweep_spec in load_specs(spec):  # every document is checked before any is queued
+        with session_scope(url) as s:
+            sweep = submit_spec(s, sweep_spec)
+            sweep_id, n = sweep.id, sweep.n_points
+        with session_scope(url) as s:
+            prog = crud.sweep_progress(s, sweep_id=sweep_id)
+        Console().print(
+            f"sweep [bold]{sweep_id}[/bold] ({escape(sweep_spec.name)}) queued: {n} points, {prog['queued']} to run, {prog['skipped']} skipped"
+        )
+        typer.echo(sweep_id)
 
 
 def register(app: typer.Typer) -> None:

@@ -4,6 +4,8 @@ chosen config marked, and the nightly history with the verdicts of the regressio
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy.orm import Session
 
 from dashboards import data
@@ -72,3 +74,25 @@ def test_direction_is_a_slice_and_the_comm_model_covers_the_training_step() -> N
     assert chosen["direction"] == "fwd+bwd" and {r["mode"] for r in kept} == {"true_cp", "all_gather"}
     table = comm.frame(kept)
     assert all(t["model_by_kind"] == t["measured_by_kind"] for t in table), table
+
+
+def test_a_sweep_of_several_gates_is_sliced_by_gate() -> None:
+    """gate / lower_bound / l2norm_in_kernel live in a point's params (issue 25): a page of a sweep that mixes them
+    offers them as slice axes (a point without the key has the default), and keeps one value of each; a sweep of one
+    value (every older one) offers none of them."""
+    def row(mode: str, **params: Any) -> dict[str, Any]:
+        return {"op": "kda", "backend": "torch", "H": 2, "K": 16, "V": 16, "dtype": "float32", "direction": "fwd",
+                "layout": "contiguous", "mode": mode, "params": params}
+
+    rows = [row(m, **extra) for m in ("none", "ring") for extra in
+            ({}, {"gate": "in_kernel"}, {"gate": "in_kernel", "l2norm_in_kernel": True})]
+    options = data.slice_options(rows)
+    assert options["gate"] == ["in_kernel", "precomputed"] and options["l2norm_in_kernel"] == [False, True]
+    assert "lower_bound" not in options
+    kept, chosen = data.apply_slice(rows, {"gate": "precomputed"})
+    assert chosen["gate"] == "precomputed" and chosen["l2norm_in_kernel"] is False
+    assert [r["params"] for r in kept] == [{}, {}]
+    kept, chosen = data.apply_slice(rows, {"gate": "in_kernel", "l2norm_in_kernel": "true"})  # query strings
+    assert chosen["l2norm_in_kernel"] is True and [r["mode"] for r in kept] == ["none", "ring"]
+    old = [row("none"), row("ring")]
+    assert not {"gate", "lower_bound", "l2norm_in_kernel"} & set(data.slice_options(old))

@@ -103,3 +103,24 @@ def test_hv_axis_grouped_value_heads() -> None:
     assert "HV % H == 0, got H=4, HV=6" in by[(4, 6, "none")]["reason"]
     plain = expand(parse_spec({"name": "p", "ops": "gdn", "modes": "none", "axes": {"T": 128, "H": 4}}))[0]
     assert "HV" not in plain["params"] and plain["key"] == by[(4, 4, "none")]["key"]
+
+
+def test_gate_axes_real_model_call() -> None:
+    # gate (lower_bound crossed for `safe` only) and l2norm_in_kernel (issue 25): the key and params name them only when
+    # not their default, so a spec without them expands as before; a peer cannot take them (skipped at expansion)
+    spec = parse_spec({"name": "g", "ops": "kda", "modes": "none", "backends": ["torch", "fla"],
+                       "axes": {"T": 128, "H": 2, "gate": ["precomputed", "in_kernel", "safe"],
+                                "lower_bound": [-5.0, -2.5], "l2norm_in_kernel": [False, True]}})
+    rows = expand(spec)
+    assert len(rows) == grid_size(spec) == 2 * (1 + 1 + 2) * 2
+    torch_rows = [r for r in rows if r["backend"] == "torch"]
+    calls = [(r["params"].get("gate"), r["params"].get("lower_bound"), r["params"].get("l2norm_in_kernel")) for r in torch_rows]
+    assert calls == [(None, None, None), (None, None, True), ("in_kernel", None, None), ("in_kernel", None, True),
+                     ("safe", None, None), ("safe", None, True), ("safe", -2.5, None), ("safe", -2.5, True)]
+    assert all(r["status"] == "queued" for r in torch_rows)
+    assert torch_rows[6]["key"].endswith(",seed=0,gate=safe,lower_bound=-2.5")
+    plain = expand(parse_spec({"name": "p", "ops": "kda", "modes": "none", "axes": {"T": 128, "H": 2}}))[0]
+    assert plain["key"] == torch_rows[0]["key"] and plain["params"] == torch_rows[0]["params"]
+    fla = [r for r in rows if r["backend"] == "fla"]
+    assert all("takes the stored inputs as they are" in r["reason"] for r in fla[1:])
+    assert "takes the stored inputs" not in (fla[0]["reason"] or "")

@@ -65,3 +65,20 @@ def test_name_reads_for_peers_written_against_params() -> None:
     assert point.get("nope", 3) == 3
     with pytest.raises(KeyError):
         point["nope"]
+
+
+def test_real_model_call_fields_only_when_not_default() -> None:
+    """gate / lower_bound / l2norm_in_kernel (issue 25): an older point keeps its params JSON and key byte for byte; a
+    point that sets them carries each that differs from its default, in the JSON and the key, and round-trips."""
+    old = PointSpec.from_json(PLAIN)
+    assert (old.gate, old.lower_bound, old.l2norm_in_kernel) == ("precomputed", -5.0, False)
+    assert old.to_json() == PLAIN and list(old.to_json()) == list(PLAIN)
+    assert point_key(old) == point_key(replace(old, lower_bound=-5.0))
+    assert "gate" not in point_key(old) and "l2norm" not in point_key(old)
+    safe = replace(old, gate="safe", lower_bound=-3.0, l2norm_in_kernel=True)
+    assert safe.to_json() == {**PLAIN, "gate": "safe", "lower_bound": -3.0, "l2norm_in_kernel": True}
+    assert PointSpec.from_json(safe.to_json()) == safe
+    assert point_key(safe) == point_key(old) + ",gate=safe,lower_bound=-3,l2norm_in_kernel=True"
+    in_kernel = replace(old, gate="in_kernel")
+    assert in_kernel.to_json() == {**PLAIN, "gate": "in_kernel"}
+    assert point_key(in_kernel) == point_key(old) + ",gate=in_kernel"

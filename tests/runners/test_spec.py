@@ -113,3 +113,26 @@ def test_load_spec_not_a_mapping(tmp_path: Path) -> None:
     p.write_text("- a\n- b\n")
     with pytest.raises(SpecError, match="top level must be a mapping, got list"):
         load_spec(p)
+
+
+@pytest.mark.parametrize(("axes", "detail"), [
+    ({"lower_bound": -6.0}, "lower_bound must be in [-5, 0)"),
+    ({"lower_bound": 0.0}, "lower_bound must be in [-5, 0)"),
+    ({"gate": "softplus"}, "axes.gate.0"),
+    ({"l2norm_in_kernel": "yes"}, "axes.l2norm_in_kernel.0"),
+    ({"l2norm_in_kernel": 1}, "axes.l2norm_in_kernel.0"),
+])
+def test_gate_axes_are_checked(axes: dict, detail: str) -> None:
+    with pytest.raises(SpecError, match=detail.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        parse_spec({"name": "g", "ops": "kda", "modes": "none", "axes": {"T": 64, **axes}})
+
+
+def test_load_specs_one_sweep_per_document(tmp_path: Path) -> None:
+    path = tmp_path / "two.yaml"
+    path.write_text("name: a\nops: gdn\nmodes: none\naxes: {T: 64}\n---\nname: b\nops: kda\nmodes: none\naxes: {T: 32}\n")
+    from runners.spec import load_specs
+
+    assert [s.name for s in load_specs(path)] == ["a", "b"]
+    with pytest.raises(SpecError, match="holds 2 sweeps"):
+        load_spec(path)
+    assert [s.name for s in load_specs(DEMO_SPEC)] == [load_spec(DEMO_SPEC).name]

@@ -195,3 +195,34 @@ def test_rel_l2_floor_makes_a_vanishing_reference_absolute() -> None:
     assert rel_l2(torch.zeros(3), tiny) == pytest.approx(float(tiny.norm()) / NORM_FLOOR, rel=1e-3)
     assert rel_l2(torch.zeros(3), tiny) < 1e-13
     assert rel_l2(torch.tensor([1e-3, 0.0, 0.0]), torch.zeros(3)) > 1e20
+
+
+@pytest.mark.parametrize("op", ["gdn", "kda"])
+def test_real_model_gate_inputs_come_after_the_old_draws(op: str) -> None:
+    """A real-model gate (issue 25) draws A_log, dt_bias and the raw gate after every older draw (the old inputs do not
+    change), and the step's `Activation` is FLA's formulas, written out here (fp32):
+        in_kernel: g = -exp(A_log) * softplus(g_raw + dt_bias);  safe: g = lower_bound * sigmoid(exp(A_log) * (g_raw + dt_bias))
+    with q, k L2-normalised per head (x / sqrt(sum x^2 + 1e-6)) under l2norm_in_kernel."""
+    from runners.workload import Activation, Workload
+
+    def inputs(**extra: str) -> Workload:
+        return make_inputs(op, B=1, T=40, H=2, HV=4, K=8, V=8, lb=-1.0, dtype="float32", seed=5, device="cpu",
+                           lengths=[25, 15], **extra)
+
+    old, new = inputs(), inputs(gate="in_kernel")
+    for a, b in zip(old.tensors, new.tensors, strict=True):
+        if a is not old.g:
+            assert torch.equal(a, b)
+    A_log, dt_bias = new.params
+    assert A_log.shape == (4,) and dt_bias.shape == ((4,) if op == "gdn" else (4 * 8,))
+    assert ((A_log >= 0) & (A_log <= math.log(16.0))).all() and new.g.shape == old.g.shape
+    assert not torch.equal(new.g, old.g) and (new.g > 0).any()  # the raw gate, not a log decay
+    per_head = (4,) if op == "gdn" else (4, 1)
+    x = new.g + dt_bias.view(new.g.shape[2:])
+    q, k, v, g, beta = Activation(op=op, gate="in_kernel", l2norm=True)([*new.tensors, *new.params])
+    torch.testing.assert_close(g, -A_log.exp().view(per_head) * torch.log1p(x.exp()), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(q, new.q / (new.q.square().sum(-1, keepdim=True) + 1e-6).sqrt(), rtol=1e-6, atol=1e-6)
+    assert v is new.v and beta is new.beta
+    _, _, _, g_safe, _ = Activation(op=op, gate="safe", lower_bound=-3.0)([*new.tensors, *new.params])
+    torch.testing.assert_close(g_safe, -3.0 / (1 + (-(A_log.exp().view(per_head) * x)).exp()), rtol=1e-6, atol=1e-6)
+    assert Activation(op=op).identity and not Activation(op=op, l2norm=True).identity

@@ -162,6 +162,26 @@ def test_warmup_correct_grads_triton(op: str, fallback: str) -> None:
         assert_rel_close(f"warmup_correct triton {fallback} {name}", t, x.grad, TOL)
 
 
+@pytest.mark.parametrize(("op", "backend", "fallback", "lb"), [
+    ("gdn", "torch", "auto", -0.01), ("kda", "torch", "exact", -0.01), ("kda", "torch", "none", -1.0),
+    ("kda", "triton", "auto", -0.01)])
+def test_warmup_correct_grouped_value_heads(op: str, backend: str, fallback: str, lb: float) -> None:
+    """`cp.warmup_correct` called as the engine calls it (directly, not through `cp.forward`) with grouped value heads,
+    HV = 2H: issue 25's GPU sweep (H = 16, HV = 32) failed with `The size of tensor a (32) must match the size of tensor
+    b (16)`. Now the output and every gradient (dq, dk summed over their value heads) equal the reference's; slow decay
+    makes auto fall back to exact maps (exact states); under `none` lb = -1 makes the dropped state negligible."""
+    q, k, v, g, beta, cu, do = train_inputs(op, (40, 300), 1, 2, K, V, lb, 0)
+    xs, truth = _leaves_and_reference_grads(op, (q, k, v, g, beta), cu, do)
+    ref, _ = kernels.reference(op, q, k, v, g, beta, cu_seqlens=cu)
+    o, report = cp.warmup_correct(op, *xs, cu_seqlens=cu, backend=backend, fallback=fallback, segments=3, window=1)
+    o.backward(do)
+    assert o.shape == (1, 340, 2, V) and report.log_bound.shape == (report.num_segments, 2)
+    assert fallback != "auto" or int(report.fallback_count) > 0
+    assert_rel_close(f"warmup_correct HV=2H {backend} {fallback} o", ref, o.detach(), TOL)
+    for name, x, t in zip(NAMES[1:], xs, truth, strict=True):
+        assert_rel_close(f"warmup_correct HV=2H {backend} {fallback} {name}", t, x.grad, TOL)
+
+
 def _check_profile(results: list[dict]) -> None:
     for r, res in enumerate(results):
         assert res["bwd"]["collectives"] == res["expected"]["bwd"], f"rank {r}: {res}"

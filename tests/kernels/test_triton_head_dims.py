@@ -8,7 +8,8 @@ split into one-chunk segments so the transition, chain and ext kernels run too),
 (M S0 + S_ext == the final state from S0; plain and split, which folds the segment maps). The kernel tests run
 with NaN-poisoned allocations (tests/kernels/conftest.py): a column past K or V left unwritten inside a tensor
 the caller reads shows up as NaN.
-Chunk sizes: GDN with chunk_size 16 and 32, forward and backward, triton and torch, against the reference.
+Chunk sizes: chunk_size 16 and 32 (FLA's argument of GDN; KDA too), forward and backward, triton and torch, against
+the reference (varlen with h0 and dht, split into one-chunk segments).
 Tolerance: 1e-5 relative L2 on CPU (the interpreter computes dots in IEEE fp32; measured <= 1e-6); 1e-2 on a GPU
 (tf32 products; bf16-free inputs here).
 """
@@ -27,7 +28,6 @@ from kernels.common.chunk_bwd_torch import chunk_bwd_torch
 from kernels.common.chunk_torch import chunk_fwd_torch
 from kernels.common.index import prepare_chunk_index
 from kernels.common.transition_triton import chunk_transition_fwd
-from kernels.gdn.chunk import chunk_gdn_fwd
 from kernels.validate import check_kernel_dims
 from tests.utils import assert_rel_close, make_inputs, make_state
 
@@ -125,62 +125,44 @@ def test_head_dims_transition(OP: str, dims: tuple[int, int], split: int) -> Non
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# GDN chunk sizes
+# chunk sizes (FLA's chunk_size of GDN; KDA's kernels take them too)
 
 
+def _fwd(op: str):
+    return getattr(importlib.import_module(f"kernels.{op}.chunk"), f"chunk_{op}_fwd")
+
+
+def _torch_gate(op: str, g: torch.Tensor) -> torch.Tensor:
+    return g.unsqueeze(-1) if op == "gdn" else g  # the torch path's [B, T, H, Kg] gate
+
+
+@pytest.mark.parametrize("OP", ["gdn", "kda"])
 @pytest.mark.parametrize("chunk_size", [16, 32])
-def test_gdn_chunk_size_forward(chunk_size: int) -> None:
-    q, k, v, g, beta, cu = make_inputs("gdn", LENGTHS, H=2, K=32, V=32, lb=LB, device=DEVICE)
+def test_chunk_size_forward(OP: str, chunk_size: int) -> None:
+    q, k, v, g, beta, cu = make_inputs(OP, LENGTHS, H=2, K=32, V=32, lb=LB, device=DEVICE)
     h0 = make_state(len(LENGTHS), 2, 32, 32, device=DEVICE)
-    o_ref, ht_ref = kernels.reference("gdn", q, k, v, g, beta, cu_seqlens=cu, initial_state=h0, output_final_state=True)
-    o, ht = chunk_gdn_fwd(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale=32**-0.5,
-        initial_state=h0,
-        output_final_state=True,
-        cu_seqlens=cu,
-        chunk_size=chunk_size,
-        split_chunks=1,
-    )
+    o_ref, ht_ref = kernels.reference(OP, q, k, v, g, beta, cu_seqlens=cu, initial_state=h0, output_final_state=True)
+    common = {"scale": 32**-0.5, "initial_state": h0, "output_final_state": True}
+    o, ht = _fwd(OP)(q, k, v, g, beta, cu_seqlens=cu, chunk_size=chunk_size, split_chunks=1, **common)
     assert_rel_close("o triton", o_ref, o, TOL)
     assert_rel_close("ht triton", ht_ref, ht, TOL)
     index = prepare_chunk_index(cu, batch=1, seq_len=q.shape[1], chunk_size=chunk_size, device=q.device)
-    o_t, ht_t = chunk_fwd_torch(
-        q, k, v, g.unsqueeze(-1), beta, scale=32**-0.5, initial_state=h0, output_final_state=True, index=index
-    )
+    o_t, ht_t = chunk_fwd_torch(q, k, v, _torch_gate(OP, g), beta, index=index, **common)
     assert_rel_close("o torch", o_ref, o_t, TOL)
     assert_rel_close("ht torch", ht_ref, ht_t, TOL)
 
 
+@pytest.mark.parametrize("OP", ["gdn", "kda"])
 @pytest.mark.parametrize("chunk_size", [16, 32])
-def test_gdn_chunk_size_backward(chunk_size: int) -> None:
-    q, k, v, g, beta, cu, h0, do, dht = _grad_case("gdn", 32, 32)
-    ref = _reference_grads("gdn", q, k, v, g, beta, h0, do, dht, cu.tolist())
-    got = chunk_bwd(
-        "gdn",
-        q,
-        k,
-        v,
-        g,
-        beta,
-        do,
-        scale=32**-0.5,
-        initial_state=h0,
-        dht=dht,
-        cu_seqlens=cu,
-        split_chunks=1,
-        chunk_size=chunk_size,
-    )
+def test_chunk_size_backward(OP: str, chunk_size: int) -> None:
+    q, k, v, g, beta, cu, h0, do, dht = _grad_case(OP, 32, 32)
+    ref = _reference_grads(OP, q, k, v, g, beta, h0, do, dht, cu.tolist())
+    common = {"scale": 32**-0.5, "initial_state": h0, "dht": dht}
+    got = chunk_bwd(OP, q, k, v, g, beta, do, cu_seqlens=cu, split_chunks=1, chunk_size=chunk_size, **common)
     _check_grads(got, ref)
     index = prepare_chunk_index(cu, batch=1, seq_len=q.shape[1], chunk_size=chunk_size, device=q.device)
-    dq, dk, dv, dg, dbeta, dh0 = chunk_bwd_torch(
-        q, k, v, g.unsqueeze(-1), beta, do, scale=32**-0.5, initial_state=h0, dht=dht, index=index
-    )
-    _check_grads((dq, dk, dv, dg.squeeze(-1), dbeta, dh0), ref)
+    dq, dk, dv, dg, dbeta, dh0 = chunk_bwd_torch(q, k, v, _torch_gate(OP, g), beta, do, index=index, **common)
+    _check_grads((dq, dk, dv, dg.squeeze(-1) if OP == "gdn" else dg, dbeta, dh0), ref)
 
 
 @pytest.mark.parametrize("OP", ["gdn", "kda"])
@@ -190,7 +172,7 @@ def test_head_dims_unfused_and_kept(OP: str, dims: tuple[int, int]) -> None:
     (`keep_states`, both split into one-chunk segments), for a head dim past and one below the 16-wide tile."""
     K, V = dims
     q, k, v, g, beta, cu, h0, do, dht = _grad_case(OP, K, V)
-    fwd = getattr(importlib.import_module(f"kernels.{OP}.chunk"), f"chunk_{OP}_fwd")
+    fwd = _fwd(OP)
     o_ref, ht_ref = kernels.reference(OP, q, k, v, g, beta, cu_seqlens=cu, initial_state=h0, output_final_state=True)
     common = {"scale": K**-0.5, "initial_state": h0, "output_final_state": True, "cu_seqlens": cu, "split_chunks": 1}
     o, ht = fwd(q, k, v, g, beta, fuse_output=False, **common)

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-__all__ = ["KERNELS", "KernelSpec", "LaunchConfig", "get_spec", "register"]
+__all__ = ["KERNELS", "KernelSpec", "LaunchConfig", "get_spec", "head_block", "register"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,12 @@ class KernelSpec:
 
 
 KERNELS: dict[str, KernelSpec] = {}
+
+
+def head_block(d: int) -> int:
+    """The tile that holds a whole head dim d: the next power of two, at least 16 (tl.arange needs a power of two,
+    tl.dot tiles >= 16); the columns past d are masked (128 -> 128, 100 -> 128, 60 -> 64, 8 -> 16)."""
+    return max(16, 1 << (d - 1).bit_length())
 
 
 def register(spec: KernelSpec) -> KernelSpec:

@@ -42,9 +42,9 @@ __all__ = [
 ]
 
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
-# largest head dim the Triton state kernels hold (the state tile is split into <= 4 blocks of 64 rows)
+# largest head dim the Triton state kernels hold (a [K, BV] fp32 state tile in registers; FLA's limit too)
 MAX_TRITON_HEAD_DIM = 256
-MIN_TRITON_HEAD_DIM = 16   # tl.dot needs every tile dim >= 16
+MIN_TRITON_HEAD_DIM = 1    # any smaller dim runs in a masked power-of-two tile (`kernels.configs.head_block`)
 
 
 def check_op(op: Any) -> str:
@@ -109,14 +109,14 @@ def check_cu_seqlens(
 
 
 def check_kernel_dims(backend: str, K: int, V: int) -> None:
-    """The Triton kernels hold a [K, V] state tile: both dims powers of two in [16, 256]."""
+    """The Triton kernels hold a [K, V] state tile: both dims in [1, 256] (any value: the tiles are masked)."""
     if backend != "triton":
         return
     for name, d in (("K", K), ("V", V)):
-        if d > MAX_TRITON_HEAD_DIM or d < MIN_TRITON_HEAD_DIM or d & (d - 1):
+        if d > MAX_TRITON_HEAD_DIM or d < MIN_TRITON_HEAD_DIM:
             raise ValueError(
-                f"head dim {name}={d} is not supported by the triton backend (state larger than the kernel handles, or not a "
-                f"tile size): expected a power of two in [{MIN_TRITON_HEAD_DIM}, {MAX_TRITON_HEAD_DIM}]; use backend='torch'"
+                f"head dim {name}={d} is not supported by the triton backend (a state larger than the kernels hold): "
+                f"expected {MIN_TRITON_HEAD_DIM} <= {name} <= {MAX_TRITON_HEAD_DIM}; use backend='torch'"
             )
 
 

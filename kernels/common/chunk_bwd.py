@@ -49,7 +49,7 @@ from kernels.common.wy import (
     wy_gdn_fwd,
     wy_kda_fwd,
 )
-from kernels.configs import KernelSpec, LaunchConfig, register
+from kernels.configs import KernelSpec, LaunchConfig, head_block, register
 from kernels.plan import LaunchPlan, default_plan, launch_config
 
 __all__ = ["CHUNK_BWD_DQK", "WY_BWD", "WY_INVERSE", "chunk_bwd", "chunk_state_grad"]
@@ -135,9 +135,10 @@ def _cols_vec(X, a, G, BT: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, PRE
 
 @triton.jit
 def _gate_tile(g, p_row, m_r, o_k, K: tl.constexpr, GATE_VECTOR: tl.constexpr):
-    """The in-chunk cumsum of the raw gate: [BT, BK] (KDA, columns o_k) or [BT, 1] (GDN), fp32; 0 past T."""
+    """The in-chunk cumsum of the raw gate: [BT, BK] (KDA, columns o_k) or [BT, 1] (GDN), fp32; 0 past T and K."""
     if GATE_VECTOR:
-        b_g = tl.load(g + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.).to(tl.float32)
+        b_g = tl.load(g + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None] & (o_k < K)[None, :],
+                      other=0.).to(tl.float32)
         b_G = tl.cumsum(b_g, 0)
     else:
         b_g = tl.load(g + p_row, mask=m_r, other=0.).to(tl.float32)
@@ -168,11 +169,12 @@ def wy_inverse_kernel(
     GATE_VECTOR: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
-    tl.static_assert(BT == 64, "written for 64-token chunks")
+    tl.static_assert(BT == 16 or BT == 32 or BT == 64, "written for chunks of 16, 32 or 64 tokens")
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     _, i_t, i_tg, bos, T = chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
     t0 = i_t * BT
+    T = tl.minimum(T, t0 + BT)  # the four 16-row blocks end at the chunk: rows past it load as zero (BT 16, 32)
     o_i = tl.arange(0, 16)
     b0 = _load_vec(beta, bos, t0, T, i_h, H, 16)
     b1 = _load_vec(beta, bos, t0 + 16, T, i_h, H, 16)
@@ -250,8 +252,10 @@ def chunk_bwd_dqk_kernel(
     dt = k.dtype.element_ty
     o_t = tl.arange(0, BT)
     o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < K
     o_r = i_t * BT + o_t
     m_r = o_r < T
+    m_rk = m_r[:, None] & m_k[None, :]
     p_row = (bos + o_r) * H + i_h
     p_h = (i_tg * H + i_h) * K * V
 
@@ -260,21 +264,23 @@ def chunk_bwd_dqk_kernel(
     b_dw = tl.zeros([BT, BK], dtype=tl.float32)
     b_da = tl.zeros([BT, BT], dtype=tl.float32)
     b_dgam = tl.zeros([BK], dtype=tl.float32)
-    for i_v in range(V // BV):
+    for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
-        b_h = tl.load(h + p_h + o_k[:, None] * V + o_v[None, :])  # [BK, BV]
-        b_dh = tl.load(dh + p_h + o_k[:, None] * V + o_v[None, :])
-        b_vn = tl.load(v_new + p_row[:, None] * V + o_v[None, :], mask=m_r[:, None], other=0.)
-        b_dvn = tl.load(dv_new + p_row[:, None] * V + o_v[None, :], mask=m_r[:, None], other=0.)
-        b_do = tl.load(do + p_row[:, None] * V + o_v[None, :], mask=m_r[:, None], other=0.)
+        m_v = o_v < V
+        m_rv = m_r[:, None] & m_v[None, :]
+        b_h = tl.load(h + p_h + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
+        b_dh = tl.load(dh + p_h + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+        b_vn = tl.load(v_new + p_row[:, None] * V + o_v[None, :], mask=m_rv, other=0.)
+        b_dvn = tl.load(dv_new + p_row[:, None] * V + o_v[None, :], mask=m_rv, other=0.)
+        b_do = tl.load(do + p_row[:, None] * V + o_v[None, :], mask=m_rv, other=0.)
         b_dqg = tl.dot(b_do, tl.trans(b_h), b_dqg)
         b_dw = tl.dot(b_dvn, tl.trans(b_h), b_dw)
         b_dkt = tl.dot(b_vn, tl.trans(b_dh), b_dkt)
         b_da = tl.dot(b_do, tl.trans(b_vn), b_da)
         b_dgam += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), 1)
 
-    b_q = tl.load(q + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.).to(tl.float32)
-    b_k = tl.load(k + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.).to(tl.float32)
+    b_q = tl.load(q + p_row[:, None] * K + o_k[None, :], mask=m_rk, other=0.).to(tl.float32)
+    b_k = tl.load(k + p_row[:, None] * K + o_k[None, :], mask=m_rk, other=0.).to(tl.float32)
     b_G = _gate_tile(g, p_row, m_r, o_k, K, GATE_VECTOR)
     b_Gl = tl.sum(tl.where(o_t[:, None] == BT - 1, b_G, 0.), 0)[None, :]  # [1, BK] (KDA) or [1, 1] (GDN)
     # dAqk below the diagonal goes through the decayed products; its diagonal (decay e^0 = 1) is added in fp32 and
@@ -301,10 +307,10 @@ def chunk_bwd_dqk_kernel(
     i_last = tl.minimum(T - i_t * BT, BT) - 1
     b_dG += tl.where(o_t[:, None] == i_last, tl.sum(b_ktdkt, 0)[None, :] + tl.exp(b_Gl) * b_dgam[None, :], 0.)
     p_out = p_row[:, None] * K + o_k[None, :]
-    tl.store(dq + p_out, b_dq.to(dq.dtype.element_ty), mask=m_r[:, None])
-    tl.store(dk + p_out, b_cq + b_xd * b_q + b_ekt * b_dkt, mask=m_r[:, None])
-    tl.store(dw + p_out, (-b_dw).to(dw.dtype.element_ty), mask=m_r[:, None])
-    tl.store(dg + p_out, b_dG, mask=m_r[:, None])
+    tl.store(dq + p_out, b_dq.to(dq.dtype.element_ty), mask=m_rk)
+    tl.store(dk + p_out, b_cq + b_xd * b_q + b_ekt * b_dkt, mask=m_rk)
+    tl.store(dw + p_out, (-b_dw).to(dw.dtype.element_ty), mask=m_rk)
+    tl.store(dg + p_out, b_dG, mask=m_rk)
 
 
 @triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
@@ -352,27 +358,30 @@ def wy_bwd_kernel(
 
     b_dA = tl.zeros([BT, BT], dtype=tl.float32)
     b_db = tl.zeros([BT], dtype=tl.float32)
-    for i_v in range(V // BV):
+    for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         p_v = p_row[:, None] * V + o_v[None, :]
-        b_dvb = tl.dot(b_Tt, tl.load(dv_new + p_v, mask=m_r[:, None], other=0.))
-        b_dA = tl.dot(b_dvb.to(dt), tl.trans(tl.load(u + p_v, mask=m_r[:, None], other=0.)), b_dA)
-        b_v = tl.load(v + p_v, mask=m_r[:, None], other=0.).to(tl.float32)
+        m_rv = m_r[:, None] & (o_v < V)[None, :]
+        b_dvb = tl.dot(b_Tt, tl.load(dv_new + p_v, mask=m_rv, other=0.))
+        b_dA = tl.dot(b_dvb.to(dt), tl.trans(tl.load(u + p_v, mask=m_rv, other=0.)), b_dA)
+        b_v = tl.load(v + p_v, mask=m_rv, other=0.).to(tl.float32)
         b_db += tl.sum(b_dvb * b_v, 1)
-        tl.store(dv + p_v, (b_dvb * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_r[:, None])
-    for i_k in range(K // BK):
+        tl.store(dv + p_v, (b_dvb * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_rv)
+    for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         p_k = p_row[:, None] * K + o_k[None, :]
-        b_dkb = tl.dot(b_Tt, tl.load(dw + p_k, mask=m_r[:, None], other=0.).to(dt))
-        b_dA = tl.dot(b_dkb.to(dt), tl.trans(tl.load(w + p_k, mask=m_r[:, None], other=0.)), b_dA)
+        m_rk = m_r[:, None] & (o_k < K)[None, :]
+        b_dkb = tl.dot(b_Tt, tl.load(dw + p_k, mask=m_rk, other=0.).to(dt))
+        b_dA = tl.dot(b_dkb.to(dt), tl.trans(tl.load(w + p_k, mask=m_rk, other=0.)), b_dA)
     b_dA = -tl.where(o_t[:, None] > o_t[None, :], b_dA, 0.)
 
     b_dgs = tl.zeros([BT], dtype=tl.float32)
-    for i_k in range(K // BK):
+    for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         p_k = p_row[:, None] * K + o_k[None, :]
-        b_dkb = tl.dot(b_Tt, tl.load(dw + p_k, mask=m_r[:, None], other=0.).to(dt))
-        b_k = tl.load(k + p_k, mask=m_r[:, None], other=0.).to(tl.float32)
+        m_rk = m_r[:, None] & (o_k < K)[None, :]
+        b_dkb = tl.dot(b_Tt, tl.load(dw + p_k, mask=m_rk, other=0.).to(dt))
+        b_k = tl.load(k + p_k, mask=m_rk, other=0.).to(tl.float32)
         b_G = _gate_tile(g, p_row, m_r, o_k, K, GATE_VECTOR)
         b_bk = b_k * b_beta[:, None]
         if GATE_VECTOR:
@@ -385,13 +394,13 @@ def wy_bwd_kernel(
             b_ca = tl.dot(tl.trans(b_XE).to(dt), b_bk.to(dt))
         b_kbd = b_dkb * tl.exp(b_G) * b_k  # dkb (x) e^G (x) k
         b_db += tl.sum(b_kbd + b_k * b_ra, 1)
-        b_dk = tl.load(dk_part + p_k, mask=m_r[:, None], other=0.)
+        b_dk = tl.load(dk_part + p_k, mask=m_rk, other=0.)
         b_dk += b_dkb * tl.exp(b_G) * b_beta[:, None] + b_beta[:, None] * b_ra + b_ca
-        tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_r[:, None])
-        b_dG = tl.load(dg_part + p_k, mask=m_r[:, None], other=0.)
+        tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_rk)
+        b_dG = tl.load(dg_part + p_k, mask=m_rk, other=0.)
         b_dG += b_beta[:, None] * (b_kbd + b_k * b_ra) - b_k * b_ca
         if GATE_VECTOR:
-            tl.store(dg + p_k, tl.cumsum(b_dG, 0, reverse=True).to(dg.dtype.element_ty), mask=m_r[:, None])
+            tl.store(dg + p_k, tl.cumsum(b_dG, 0, reverse=True).to(dg.dtype.element_ty), mask=m_rk)
         else:
             b_dgs += tl.sum(b_dG, 1)
     if not GATE_VECTOR:
@@ -417,8 +426,9 @@ def _chunk_grid(index: ChunkIndex, B: int, T: int, H: int) -> tuple[int, int]:
 
 
 def _fit(cfg: LaunchConfig, K: int, V: int) -> tuple[int, int]:
-    BK, BV = min(cfg.BK or 64, K), min(cfg.BV or 64, V)
-    assert BK >= 16 and BV >= 16 and K % BK == 0 and V % BV == 0, f"bad column blocks BK={BK} BV={BV} for K={K} V={V}"
+    """The column blocks: the config's, at most the tile of the head dim (`head_block`; the last block is masked)."""
+    BK, BV = min(cfg.BK or 64, head_block(K)), min(cfg.BV or 64, head_block(V))
+    assert BK >= 16 and BV >= 16, f"bad column blocks BK={BK} BV={BV} for K={K} V={V}"
     return BK, BV
 
 
@@ -473,7 +483,7 @@ def _state_pass(
         split_chunks = int(kept["split"])  # a CPU scalar: no device read
     BT, NT, N = index.chunk_size, index.num_chunks, index.num_seqs
     bv = state_bwd_config(H, K, V, BT, gate_vector, index.is_varlen, ks.dtype, launch).BV or 64
-    plan = resolve_split(index, split_chunks, H=H, NV=max(1, V // bv), device=ks.device)
+    plan = resolve_split(index, split_chunks, H=H, NV=-(-V // bv), device=ks.device)
     common: dict[str, Any] = {"BT": BT, "gate_vector": gate_vector}
     bwd: dict[str, Any] = {"scale": scale, "launch": launch, **common}
     dh = ks.new_empty(NT, H, K, V) if states else None
@@ -515,17 +525,17 @@ def _state_pass(
 def chunk_state_grad(
     op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float,
     dht: Tensor | None = None, cu_seqlens: Tensor | None = None, plan: LaunchPlan | None = None,
-    split_chunks: int | None = None,
+    split_chunks: int | None = None, chunk_size: int = BT_WY,
 ) -> Tensor:
     """dh0 `[N, H, K, V]` fp32 alone: the gradient of each sequence's entering state, from do (and dht). It does not
     depend on the entering state itself. The WY prep and the reverse state pass of `chunk_bwd` (split the same way),
     without the chunk states, T or the gradient kernels: what true_cp's backward gathers before it knows its dht.
-    plan: the launch plan (None: `kernels.plan.default_plan()`)."""
+    plan: the launch plan (None: `kernels.plan.default_plan()`); chunk_size: the forward's."""
     B, T, H, K = k.shape
     launch = plan if plan is not None else default_plan()
     gate_vector = op == "kda"
     q, k, v, g, beta, do = (x.contiguous() for x in (q, k, v, g, beta, do))
-    index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=BT_WY, device=k.device)
+    index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device)
     w, u, ks, gs, qs, aqk = _wy_factors(gate_vector, q, k, v, g, beta, scale=scale, index=index, launch=launch, wy=None)
     dh0 = k.new_empty(index.num_seqs, H, K, v.shape[-1], dtype=torch.float32)
     _state_pass(qs, ks, w, u, gs, aqk, do, index=index, gate_vector=gate_vector, scale=scale, h0=None,
@@ -538,7 +548,7 @@ def chunk_bwd(
     op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float,
     initial_state: Tensor | None = None, dht: Tensor | None = None, cu_seqlens: Tensor | None = None,
     plan: LaunchPlan | None = None, split_chunks: int | None = None,
-    wy: Mapping[str, Tensor] | None = None,
+    wy: Mapping[str, Tensor] | None = None, chunk_size: int = BT_WY,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """(dq, dk, dv, dg, dbeta, dh0) of the GDN (`op="gdn"`) or KDA chunked forward; see the module docstring.
 
@@ -546,14 +556,15 @@ def chunk_bwd(
     wy: the WY factors the forward kept (`chunk_*_fwd(keep=...)`: w, u, gs, aqk, and ks, qs for KDA): the
     recompute of step 1 is skipped (T is still formed here). With the chunk states too (`keep_states=True`: h,
     v_new, M, split) the forward state pass and the transitions of step 2 are skipped, and the forward's split is
-    used (split_chunks is then ignored). plan: the launch plan (None: `kernels.plan.default_plan()`).
+    used (split_chunks is then ignored). plan: the launch plan (None: `kernels.plan.default_plan()`). chunk_size:
+    the forward's (`kernels.common.wy.CHUNK_SIZES`).
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
     launch = plan if plan is not None else default_plan()
     gate_vector = op == "kda"
     q, k, v, g, beta, do = (x.contiguous() for x in (q, k, v, g, beta, do))
-    index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=BT_WY, device=k.device)
+    index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device)
     BT, N = index.chunk_size, index.num_seqs
 
     # 1. the WY factors (recomputed unless the forward kept them) and T
@@ -582,7 +593,7 @@ def chunk_bwd(
     dg_part = torch.empty_like(dk_part)
     cfg = launch.config_for(CHUNK_BWD_DQK, key)
     BK, BV = _fit(cfg, K, V)
-    grid = (K // BK, *_chunk_grid(index, B, T, H))
+    grid = (triton.cdiv(K, BK), *_chunk_grid(index, B, T, H))
     chunk_bwd_dqk_kernel[grid](
         q, k, g, h, dh, v_new, dv_new, do, dq, dk_part, dw, dg_part, cu, ci, scale, T,
         H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE_VECTOR=gate_vector,

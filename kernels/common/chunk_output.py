@@ -19,7 +19,7 @@ from torch import Tensor
 
 from kernels.common.chunk_program import chunk_of_program
 from kernels.common.index import ChunkIndex
-from kernels.configs import KernelSpec, LaunchConfig, register
+from kernels.configs import KernelSpec, LaunchConfig, head_block, register
 from kernels.plan import LaunchPlan, launch_config
 
 __all__ = ["CHUNK_OUTPUT_FWD", "chunk_output_fwd"]
@@ -50,6 +50,7 @@ def chunk_output_fwd_kernel(
     K: tl.constexpr,
     V: tl.constexpr,
     BT: tl.constexpr,
+    BK: tl.constexpr,
     BV: tl.constexpr,
     GATE_VECTOR: tl.constexpr,
     IS_VARLEN: tl.constexpr,
@@ -59,24 +60,27 @@ def chunk_output_fwd_kernel(
     _, i_t, i_tg, bos, T = chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
     dt = v_new.dtype.element_ty
 
-    o_k = tl.arange(0, K)
+    o_k = tl.arange(0, BK)  # K padded to a power of two, the columns past K masked
+    m_k = o_k < K
     o_t = tl.arange(0, BT)
     o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
     o_r = i_t * BT + o_t
     m_r = o_r < T
     p_row = (bos + o_r) * H + i_h
     m_causal = o_t[:, None] >= o_t[None, :]
 
-    b_h = tl.load(h + (i_tg * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :])  # [K, BV]
-    b_q = tl.load(q + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.)
-    b_v = tl.load(v_new + p_row[:, None] * V + o_v[None, :], mask=m_r[:, None], other=0.)
+    b_h = tl.load(h + (i_tg * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :],
+                  other=0.)  # [BK, BV]
+    b_q = tl.load(q + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+    b_v = tl.load(v_new + p_row[:, None] * V + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.)
     b_A = tl.load(aqk + p_row[:, None] * BT + o_t[None, :], mask=m_r[:, None] & m_causal, other=0.)
     if GATE_VECTOR:
         b_o = tl.dot(b_q, b_h) + tl.dot(b_A.to(dt), b_v)
     else:
         b_g = tl.load(g + p_row, mask=m_r, other=0.)
         b_o = tl.dot(b_q, b_h) * (tl.exp(b_g) * scale)[:, None] + tl.dot(b_A.to(dt), b_v)
-    tl.store(o + p_row[:, None] * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_r[:, None])
+    tl.store(o + p_row[:, None] * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_r[:, None] & m_v[None, :])
 
 
 def chunk_output_fwd(
@@ -88,19 +92,18 @@ def chunk_output_fwd(
     V = v_new.shape[-1]
     key = {"H": H, "K": K, "V": V, "BT": index.chunk_size, "GATE": "vector" if gate_vector else "scalar",
            "IS_VARLEN": index.is_varlen, "dtype": str(q.dtype).removeprefix("torch.")}
-    cfg = launch_config(launch, CHUNK_OUTPUT_FWD, key, bv_limit=V)
+    cfg = launch_config(launch, CHUNK_OUTPUT_FWD, key, bv_limit=head_block(V))
     BV, BT = cfg.BV, index.chunk_size
-    assert BV is not None and BV >= 16 and K >= 16 and BT >= 16, f"tiles must be >= 16, got BV={BV} K={K} BT={BT}"
-    assert V % BV == 0, f"BV={BV} must divide V={V}"
+    assert BV is not None and BV >= 16 and BT >= 16, f"tiles must be >= 16, got BV={BV} BT={BT}"
     o = torch.empty(v_new.shape, dtype=out_dtype or q.dtype, device=q.device)
     if index.is_varlen:
-        grid = (V // BV, index.num_chunks, H)
+        grid = (triton.cdiv(V, BV), index.num_chunks, H)
     else:
-        grid = (V // BV, triton.cdiv(T, BT), B * H)
+        grid = (triton.cdiv(V, BV), triton.cdiv(T, BT), B * H)
     chunk_output_fwd_kernel[grid](
         q, v_new, h, g, aqk, o,
         index.cu_seqlens if index.is_varlen else None, index.chunk_indices if index.is_varlen else None,
-        scale, T, H=H, K=K, V=V, BT=BT, BV=BV, GATE_VECTOR=gate_vector,
+        scale, T, H=H, K=K, V=V, BT=BT, BK=head_block(K), BV=BV, GATE_VECTOR=gate_vector,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return o

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.configs import KernelSpec, LaunchConfig, register
+from kernels.configs import KernelSpec, LaunchConfig, head_block, register
 from kernels.plan import LaunchPlan, launch_config
 
 __all__ = [
@@ -111,6 +111,7 @@ def chunk_state_fwd_kernel(
     K: tl.constexpr,
     V: tl.constexpr,
     BT: tl.constexpr,
+    BK: tl.constexpr,
     BV: tl.constexpr,
     GATE_VECTOR: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr,
@@ -148,66 +149,75 @@ def chunk_state_fwd_kernel(
         b_need = True
     dt = w.dtype.element_ty
 
-    o_k = tl.arange(0, K)
+    o_k = tl.arange(0, BK)  # the state rows: K padded to a power of two, the rows past K masked
+    m_k = o_k < K
     o_t = tl.arange(0, BT)
     o_c = i_v * BV + tl.arange(0, BV)  # state columns (TRANSITION: of the augmented [K, K+V] state)
     m_causal = o_t[:, None] >= o_t[None, :]
+    if TRANSITION:
+        m_c = o_c < K + V
+    else:
+        m_c = o_c < V
+    m_kc = m_k[:, None] & m_c[None, :]
 
     if TRANSITION:
-        b_h = tl.where((o_k[:, None] == o_c[None, :]) & b_need, 1., 0.)  # [I | 0] (zeros when masked)
+        b_h = tl.where((o_k[:, None] == o_c[None, :]) & (o_c < K)[None, :] & b_need, 1., 0.)  # [I | 0] (zeros when masked)
     else:
-        b_h = tl.zeros([K, BV], dtype=tl.float32)
+        b_h = tl.zeros([BK, BV], dtype=tl.float32)
         if USE_INITIAL_STATE:
-            b_h += tl.load(h0 + (i_n * H + i_h) * K * V + o_k[:, None] * V + o_c[None, :])
+            b_h += tl.load(h0 + (i_n * H + i_h) * K * V + o_k[:, None] * V + o_c[None, :], mask=m_kc, other=0.)
 
     for i_t in range(NT):
         o_r = i_t * BT + o_t
         m_r = o_r < T
         p_row = (bos + o_r) * H + i_h  # [BT] token-head rows
         if STORE_STATES:
-            tl.store(h + ((boc + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_c[None, :], b_h.to(h.dtype.element_ty))
-        b_w = tl.load(w + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.)
+            tl.store(h + ((boc + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_c[None, :], b_h.to(h.dtype.element_ty),
+                     mask=m_kc)
+        b_w = tl.load(w + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
         if TRANSITION:
-            b_u = tl.load(u + p_row[:, None] * V + (o_c - K)[None, :], mask=m_r[:, None] & (o_c >= K)[None, :],
+            b_u = tl.load(u + p_row[:, None] * V + (o_c - K)[None, :], mask=m_r[:, None] & ((o_c >= K) & m_c)[None, :],
                           other=0.)
         else:
-            b_u = tl.load(u + p_row[:, None] * V + o_c[None, :], mask=m_r[:, None], other=0.)
-        b_kT = tl.load(k + p_row[None, :] * K + o_k[:, None], mask=m_r[None, :], other=0.)  # [K, BT]
+            b_u = tl.load(u + p_row[:, None] * V + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.)
+        b_kT = tl.load(k + p_row[None, :] * K + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)  # [BK, BT]
         b_hc = b_h.to(dt)
         b_v = b_u.to(tl.float32) - tl.dot(b_w, b_hc)  # v_new [BT, BV]
         if SAVE_NEW_VALUE:
-            tl.store(v_new + p_row[:, None] * V + o_c[None, :], b_v.to(v_new.dtype.element_ty), mask=m_r[:, None])
+            tl.store(v_new + p_row[:, None] * V + o_c[None, :], b_v.to(v_new.dtype.element_ty),
+                     mask=m_r[:, None] & m_c[None, :])
         if GATE_VECTOR:
-            b_gl = tl.load(g + ((boc + i_t) * H + i_h) * K + o_k)  # [K]
+            b_gl = tl.load(g + ((boc + i_t) * H + i_h) * K + o_k, mask=m_k, other=0.)  # [BK]
             if FUSE_OUTPUT:
-                b_q = tl.load(q + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.)
+                b_q = tl.load(q + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
                 b_A = tl.load(aqk + p_row[:, None] * BT + o_t[None, :], mask=m_r[:, None] & m_causal, other=0.)
                 b_o = tl.dot(b_q, b_hc) + tl.dot(b_A, b_v.to(dt))
-                tl.store(o + p_row[:, None] * V + o_c[None, :], b_o.to(o.dtype.element_ty), mask=m_r[:, None])
+                tl.store(o + p_row[:, None] * V + o_c[None, :], b_o.to(o.dtype.element_ty), mask=m_r[:, None] & m_c[None, :])
             b_h = b_h * tl.exp(b_gl)[:, None]
             b_h = tl.dot(b_kT, b_v.to(dt), b_h)
         else:
             b_g = tl.load(g + p_row, mask=m_r, other=0.)  # [BT]
             b_gl = tl.load(g + (bos + tl.minimum(i_t * BT + BT, T) - 1) * H + i_h)
             if FUSE_OUTPUT:
-                b_q = tl.load(q + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.)
+                b_q = tl.load(q + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
                 b_A = tl.load(aqk + p_row[:, None] * BT + o_t[None, :], mask=m_r[:, None] & m_causal, other=0.)
                 b_o = tl.dot(b_q, b_hc) * (tl.exp(b_g) * scale)[:, None] + tl.dot(b_A, b_v.to(dt))
-                tl.store(o + p_row[:, None] * V + o_c[None, :], b_o.to(o.dtype.element_ty), mask=m_r[:, None])
+                tl.store(o + p_row[:, None] * V + o_c[None, :], b_o.to(o.dtype.element_ty), mask=m_r[:, None] & m_c[None, :])
             b_v = tl.where(m_r[:, None], b_v * tl.exp(b_gl - b_g)[:, None], 0.)
             b_h = b_h * tl.exp(b_gl)
             b_h = tl.dot(b_kT, b_v.to(dt), b_h)
 
     if TRANSITION:
-        tl.store(m + (i_n * H + i_h) * K * K + o_k[:, None] * K + o_c[None, :], b_h, mask=(o_c < K)[None, :])
-        tl.store(ht + (i_n * H + i_h) * K * V + o_k[:, None] * V + (o_c - K)[None, :], b_h, mask=(o_c >= K)[None, :])
+        tl.store(m + (i_n * H + i_h) * K * K + o_k[:, None] * K + o_c[None, :], b_h, mask=m_k[:, None] & (o_c < K)[None, :])
+        tl.store(ht + (i_n * H + i_h) * K * V + o_k[:, None] * V + (o_c - K)[None, :], b_h,
+                 mask=m_k[:, None] & ((o_c >= K) & m_c)[None, :])
     elif STORE_FINAL_STATE:
         if USE_FINAL_IDX:
             i_f = tl.load(final_idx + i_n).to(tl.int64)
             if i_f >= 0:
-                tl.store(ht + (i_f * H + i_h) * K * V + o_k[:, None] * V + o_c[None, :], b_h)
+                tl.store(ht + (i_f * H + i_h) * K * V + o_k[:, None] * V + o_c[None, :], b_h, mask=m_kc)
         else:
-            tl.store(ht + (i_n * H + i_h) * K * V + o_k[:, None] * V + o_c[None, :], b_h)
+            tl.store(ht + (i_n * H + i_h) * K * V + o_k[:, None] * V + o_c[None, :], b_h, mask=m_kc)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -247,16 +257,15 @@ def _launch(cfg: LaunchConfig, ncols: int, layout: SeqLayout, H: int, *, k: Tens
             o: Tensor | None = None, need: Tensor | None = None, scale: float = 1.0) -> None:
     BV = cfg.BV
     K, V = k.shape[-1], u.shape[-1]
-    assert BV is not None and BV >= 16 and K >= 16 and BT >= 16, f"tiles must be >= 16, got BV={BV} K={K} BT={BT}"
-    assert ncols % BV == 0, f"BV={BV} must divide the state width {ncols}"
+    assert BV is not None and BV >= 16 and BT >= 16, f"tiles must be >= 16, got BV={BV} BT={BT}"
     T = k.shape[1]
-    grid = (ncols // BV, layout.num_programs * H)
+    grid = (triton.cdiv(ncols, BV), layout.num_programs * H)  # the last block's columns past ncols are masked
     if grid[1] == 0:
         return
     chunk_state_fwd_kernel[grid](
         k, w, u, g, q, aqk, h0, h, ht, m, v_new, o,
         layout.cu_seqlens, layout.chunk_offsets, layout.seq_map, layout.final_idx, need,
-        scale, T, H=H, K=K, V=V, BT=BT, BV=BV, GATE_VECTOR=gate_vector,
+        scale, T, H=H, K=K, V=V, BT=BT, BK=head_block(K), BV=BV, GATE_VECTOR=gate_vector,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
@@ -268,7 +277,7 @@ def chunk_state_fwd(
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Plain pass: (h [NT_total, H, K, V] in k's dtype, v_new, ht fp32 or None)."""
     H, K, V = k.shape[2], k.shape[3], u.shape[-1]
-    cfg = launch_config(launch, CHUNK_STATE_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype), bv_limit=V)
+    cfg = launch_config(launch, CHUNK_STATE_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype), bv_limit=head_block(V))
     h = k.new_empty(num_chunks, H, K, V)
     v_new = torch.empty_like(u)
     ht = k.new_empty(num_states or layout.num_seqs, H, K, V, dtype=torch.float32) if output_final_state else None
@@ -283,7 +292,7 @@ def chunk_state_output_fwd(
 ) -> tuple[Tensor, Tensor | None]:
     """Pass with the output fused in: (o [B, T, H, V], ht fp32 or None). GDN: raw q; KDA: q is qg (scaled)."""
     H, K, V = k.shape[2], k.shape[3], u.shape[-1]
-    cfg = launch_config(launch, CHUNK_STATE_OUTPUT_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype), bv_limit=V)
+    cfg = launch_config(launch, CHUNK_STATE_OUTPUT_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype), bv_limit=head_block(V))
     o = torch.empty(u.shape, dtype=out_dtype or q.dtype, device=u.device)
     ht = k.new_empty(num_states or layout.num_seqs, H, K, V, dtype=torch.float32) if output_final_state else None
     _launch(cfg, V, layout, H, k=k, w=w, u=u, g=g, BT=BT, gate_vector=gate_vector, q=q, aqk=aqk, h0=h0, ht=ht, o=o,
@@ -301,8 +310,7 @@ def chunk_state_transition_fwd(
     """
     H, K, V = k.shape[2], k.shape[3], u.shape[-1]
     cfg = launch_config(launch, CHUNK_STATE_TRANSITION_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype),
-                        bv_limit=min(K, V))
-    assert cfg.BV is not None and K % cfg.BV == 0, f"BV={cfg.BV} must divide K={K} for the transition pass"
+                        bv_limit=min(head_block(K), head_block(V)))
     N = layout.num_programs
     M = k.new_empty(N, H, K, K, dtype=torch.float32)
     S = k.new_empty(N, H, K, V, dtype=torch.float32)

@@ -154,7 +154,7 @@ def prepare_chunk_index(
     Args:
         cu_seqlens: int `[N+1]` sequence bounds (varlen, then batch must be 1), or None for dense input.
         batch, seq_len: B and T of the `[B, T, ...]` inputs.
-        chunk_size: C (64 for every kernel of the suite).
+        chunk_size: C (64 by default; the Triton kernels take 16, 32 and 64, `kernels.common.wy.CHUNK_SIZES`).
         device: where the index tensors live (the data's device); defaults to cu_seqlens' device, else CPU.
         cu_seqlens_cpu: optional host copy of cu_seqlens (list or CPU tensor) so no device data is read.
 

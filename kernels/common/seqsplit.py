@@ -41,7 +41,7 @@ from kernels.common.chunk_state import (
     chunk_state_transition_fwd,
 )
 from kernels.common.index import ChunkIndex
-from kernels.configs import KernelSpec, LaunchConfig, register
+from kernels.configs import KernelSpec, LaunchConfig, head_block, register
 from kernels.plan import LaunchPlan, launch_config
 
 __all__ = [
@@ -96,6 +96,7 @@ def seg_chain_fwd_kernel(
     H: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
+    BK: tl.constexpr,
     BV: tl.constexpr,
     PRECISION: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr,
@@ -104,18 +105,20 @@ def seg_chain_fwd_kernel(
     i_n, i_h = (i_nh // H).to(tl.int64), i_nh % H
     s0 = tl.load(seg_ptr + i_n).to(tl.int64)
     s1 = tl.load(seg_ptr + i_n + 1).to(tl.int64)
-    o_k = tl.arange(0, K)
+    o_k = tl.arange(0, BK)  # K padded to a power of two, the rows (and map columns) past K masked
     o_v = i_v * BV + tl.arange(0, BV)
-    b_s = tl.zeros([K, BV], dtype=tl.float32)
+    m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
+    m_kk = (o_k < K)[:, None] & (o_k < K)[None, :]
+    b_s = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_INITIAL_STATE:
-        b_s += tl.load(h0 + (i_n * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :])
+        b_s += tl.load(h0 + (i_n * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.)
     for j in range(s0, s1 - 1):
-        tl.store(hs + (j * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_s)
+        tl.store(hs + (j * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_s, mask=m_kv)
         i_m = j - i_n  # sequences before n each own one last segment without a map
-        b_m = tl.load(m + (i_m * H + i_h) * K * K + o_k[:, None] * K + o_k[None, :])
-        b_e = tl.load(s_ext + (i_m * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :])
+        b_m = tl.load(m + (i_m * H + i_h) * K * K + o_k[:, None] * K + o_k[None, :], mask=m_kk, other=0.)
+        b_e = tl.load(s_ext + (i_m * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.)
         b_s = tl.dot(b_m, b_s, input_precision=PRECISION) + b_e
-    tl.store(hs + ((s1 - 1) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_s)
+    tl.store(hs + ((s1 - 1) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_s, mask=m_kv)
 
 
 @triton.heuristics({"USE_NEED": lambda args: args["need"] is not None})
@@ -130,6 +133,7 @@ def seg_compose_fwd_kernel(
     H: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
+    BK: tl.constexpr,
     BV: tl.constexpr,
     PRECISION: tl.constexpr,
     USE_NEED: tl.constexpr,
@@ -144,16 +148,19 @@ def seg_compose_fwd_kernel(
         s1 = tl.where(b_need, s1, s0)
     else:
         b_need = True
-    o_k = tl.arange(0, K)
+    o_k = tl.arange(0, BK)  # K padded to a power of two, the rows past K masked
+    m_k = o_k < K
     o_c = i_c * BV + tl.arange(0, BV)
-    b_x = tl.where((o_k[:, None] == o_c[None, :]) & b_need, 1., 0.)
+    m_e = m_k[:, None] & ((o_c >= K) & (o_c < K + V))[None, :]  # the S_ext columns
+    b_x = tl.where((o_k[:, None] == o_c[None, :]) & (o_c < K)[None, :] & b_need, 1., 0.)
     for j in range(s0, s1):
-        b_m = tl.load(m + (j * H + i_h) * K * K + o_k[:, None] * K + o_k[None, :])
+        b_m = tl.load(m + (j * H + i_h) * K * K + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :],
+                      other=0.)
         b_e = tl.load(s_ext + (j * H + i_h) * K * V + o_k[:, None] * V + (o_c - K)[None, :],
-                      mask=(o_c >= K)[None, :], other=0.)
+                      mask=m_e, other=0.)
         b_x = tl.dot(b_m, b_x, input_precision=PRECISION) + b_e
-    tl.store(m_out + (i_n * H + i_h) * K * K + o_k[:, None] * K + o_c[None, :], b_x, mask=(o_c < K)[None, :])
-    tl.store(s_out + (i_n * H + i_h) * K * V + o_k[:, None] * V + (o_c - K)[None, :], b_x, mask=(o_c >= K)[None, :])
+    tl.store(m_out + (i_n * H + i_h) * K * K + o_k[:, None] * K + o_c[None, :], b_x, mask=m_k[:, None] & (o_c < K)[None, :])
+    tl.store(s_out + (i_n * H + i_h) * K * V + o_k[:, None] * V + (o_c - K)[None, :], b_x, mask=m_e)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -292,12 +299,13 @@ def seg_chain_states(M: Tensor, S_ext: Tensor, h0: Tensor | None, seg_ptr: Tenso
     H, K, V = S_ext.shape[1], S_ext.shape[2], S_ext.shape[3]
     N = seg_ptr.shape[0] - 1
     assert M.shape[0] == S_ext.shape[0] == num_segments - N, f"need {num_segments - N} maps, got {M.shape[0]}"
-    cfg = launch_config(launch, SEG_CHAIN_FWD, {"H": H, "K": K, "V": V}, bv_limit=V)
+    cfg = launch_config(launch, SEG_CHAIN_FWD, {"H": H, "K": K, "V": V}, bv_limit=head_block(V))
     BV = cfg.BV
-    assert BV is not None and BV >= 16 and K >= 16 and V % BV == 0, f"bad tiles BV={BV} K={K} V={V}"
+    assert BV is not None and BV >= 16, f"bad tiles BV={BV} K={K} V={V}"
     hs = S_ext.new_empty(num_segments, H, K, V)
-    seg_chain_fwd_kernel[(V // BV, N * H)](
-        M.contiguous(), S_ext.contiguous(), h0, hs, seg_ptr, H=H, K=K, V=V, BV=BV, PRECISION=CHAIN_DOT_PRECISION,
+    seg_chain_fwd_kernel[(triton.cdiv(V, BV), N * H)](
+        M.contiguous(), S_ext.contiguous(), h0, hs, seg_ptr, H=H, K=K, V=V, BK=head_block(K), BV=BV,
+        PRECISION=CHAIN_DOT_PRECISION,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return hs
@@ -310,14 +318,14 @@ def seg_compose_fwd(M: Tensor, S_ext: Tensor, plan: SplitPlan, *, launch: Launch
     need: bool `[N]` on the device, or None: sequences whose flag is False skip the fold and get zeros.
     """
     H, K, V = S_ext.shape[1], S_ext.shape[2], S_ext.shape[3]
-    cfg = launch_config(launch, SEG_COMPOSE_FWD, {"H": H, "K": K, "V": V}, bv_limit=min(K, V))
+    cfg = launch_config(launch, SEG_COMPOSE_FWD, {"H": H, "K": K, "V": V}, bv_limit=min(head_block(K), head_block(V)))
     BV = cfg.BV
-    assert BV is not None and BV >= 16 and K % BV == 0, f"BV={BV} must divide K={K} (and be >= 16)"
+    assert BV is not None and BV >= 16, f"BV={BV} must be >= 16"
     m_out = M.new_empty(plan.num_seqs, H, K, K)
     s_out = S_ext.new_empty(plan.num_seqs, H, K, V)
     flags = None if need is None else need.contiguous().view(torch.uint8)
-    seg_compose_fwd_kernel[((K + V) // BV, plan.num_seqs * H)](
-        M, S_ext, m_out, s_out, plan.seg_ptr, flags, H=H, K=K, V=V, BV=BV, PRECISION=CHAIN_DOT_PRECISION,
+    seg_compose_fwd_kernel[(triton.cdiv(K + V, BV), plan.num_seqs * H)](
+        M, S_ext, m_out, s_out, plan.seg_ptr, flags, H=H, K=K, V=V, BK=head_block(K), BV=BV, PRECISION=CHAIN_DOT_PRECISION,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return m_out, s_out
@@ -351,7 +359,7 @@ def state_and_output(
     h0 = initial_state.float().contiguous() if initial_state is not None else None
     bv = _state_bv(launch, H=H, K=K, V=V, BT=BT, gate_vector=gate_vector, dtype=k.dtype, fuse=fuse_output,
                    varlen=index.is_varlen)
-    plan = resolve_split(index, split_chunks, H=H, NV=max(1, V // bv), device=k.device)
+    plan = resolve_split(index, split_chunks, H=H, NV=-(-V // bv), device=k.device)
     if plan is None:
         layout = SeqLayout(index.num_seqs, index.cu_seqlens if index.is_varlen else None,
                            index.chunk_offsets if index.is_varlen else None)
@@ -381,4 +389,4 @@ def _state_bv(launch: LaunchPlan, *, H: int, K: int, V: int, BT: int, gate_vecto
     key = {"H": H, "K": K, "V": V, "BT": BT, "GATE": "vector" if gate_vector else "scalar", "IS_VARLEN": varlen,
            "dtype": str(dtype).removeprefix("torch.")}
     cfg = launch.config_for(spec, key)
-    return min(int(cfg.BV or 64), V)
+    return min(int(cfg.BV or 64), head_block(V))

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from kernels.common.chunk_state import SeqLayout
 from kernels.common.seqsplit import CHAIN_DOT_PRECISION, SplitPlan
-from kernels.configs import KernelSpec, LaunchConfig, register
+from kernels.configs import KernelSpec, LaunchConfig, head_block, register
 from kernels.plan import LaunchPlan, launch_config
 
 __all__ = ["CHUNK_STATE_BWD", "SEG_CHAIN_BWD", "chunk_state_bwd", "first_segments", "seg_chain_bwd"]
@@ -84,6 +84,7 @@ def chunk_state_bwd_kernel(
     K: tl.constexpr,
     V: tl.constexpr,
     BT: tl.constexpr,
+    BK: tl.constexpr,
     BV: tl.constexpr,
     GATE_VECTOR: tl.constexpr,
     USE_DHT: tl.constexpr,
@@ -110,14 +111,17 @@ def chunk_state_bwd_kernel(
     NT = tl.cdiv(T, BT)
     dt = w.dtype.element_ty
 
-    o_k = tl.arange(0, K)
+    o_k = tl.arange(0, BK)  # K padded to a power of two, the rows past K masked
+    m_k = o_k < K
     o_t = tl.arange(0, BT)
     o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
     m_causal_T = o_t[None, :] >= o_t[:, None]  # [j, i]: i >= j
 
-    b_ds = tl.zeros([K, BV], dtype=tl.float32)
+    b_ds = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
-        b_ds += tl.load(dht + (i_n * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :])
+        b_ds += tl.load(dht + (i_n * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.)
 
     for i_r in range(NT):
         i_t = NT - 1 - i_r
@@ -125,14 +129,15 @@ def chunk_state_bwd_kernel(
         m_r = o_r < T
         p_row = (bos + o_r) * H + i_h
         if STORE_DH:
-            tl.store(dh + ((boc + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_ds.to(dh.dtype.element_ty))
-        b_do = tl.load(do + p_row[:, None] * V + o_v[None, :], mask=m_r[:, None], other=0.)
+            tl.store(dh + ((boc + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_ds.to(dh.dtype.element_ty),
+                     mask=m_kv)
+        b_do = tl.load(do + p_row[:, None] * V + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.)
         b_aT = tl.load(aqk + p_row[None, :] * BT + o_t[:, None], mask=m_r[None, :] & m_causal_T, other=0.)  # [j, i]
-        b_k = tl.load(k + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None], other=0.)  # [BT, K]
-        b_qT = tl.load(q + p_row[None, :] * K + o_k[:, None], mask=m_r[None, :], other=0.)  # [K, BT]
-        b_wT = tl.load(w + p_row[None, :] * K + o_k[:, None], mask=m_r[None, :], other=0.)  # [K, BT]
+        b_k = tl.load(k + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+        b_qT = tl.load(q + p_row[None, :] * K + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)  # [BK, BT]
+        b_wT = tl.load(w + p_row[None, :] * K + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)  # [BK, BT]
         if GATE_VECTOR:
-            b_gl = tl.load(g + ((boc + i_t) * H + i_h) * K + o_k)  # [K]
+            b_gl = tl.load(g + ((boc + i_t) * H + i_h) * K + o_k, mask=m_k, other=0.)  # [BK]
             b_kt = b_k
             b_qgT = b_qT
             b_gam = tl.exp(b_gl)[:, None]
@@ -144,16 +149,17 @@ def chunk_state_bwd_kernel(
             b_gam = tl.exp(b_gl)
         b_dv = tl.dot(b_aT.to(dt), b_do) + tl.dot(b_kt, b_ds.to(dt))  # [BT, BV]
         if STORE_DH:
-            tl.store(dv_new + p_row[:, None] * V + o_v[None, :], b_dv.to(dv_new.dtype.element_ty), mask=m_r[:, None])
+            tl.store(dv_new + p_row[:, None] * V + o_v[None, :], b_dv.to(dv_new.dtype.element_ty),
+                     mask=m_r[:, None] & m_v[None, :])
         b_ds = b_ds * b_gam + tl.dot(b_qgT, b_do) - tl.dot(b_wT, b_dv.to(dt))
 
     if STORE_DS:
         if USE_FINAL_IDX:
             i_f = tl.load(final_idx + i_n).to(tl.int64)
             if i_f >= 0:
-                tl.store(ds_out + (i_f * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_ds)
+                tl.store(ds_out + (i_f * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_ds, mask=m_kv)
         else:
-            tl.store(ds_out + (i_n * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_ds)
+            tl.store(ds_out + (i_n * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_ds, mask=m_kv)
 
 
 @triton.heuristics({"USE_DHT": lambda args: args["dht"] is not None})
@@ -167,6 +173,7 @@ def seg_chain_bwd_kernel(
     H: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
+    BK: tl.constexpr,
     BV: tl.constexpr,
     PRECISION: tl.constexpr,
     USE_DHT: tl.constexpr,
@@ -175,18 +182,20 @@ def seg_chain_bwd_kernel(
     i_n, i_h = (i_nh // H).to(tl.int64), i_nh % H
     s0 = tl.load(seg_ptr + i_n).to(tl.int64)
     s1 = tl.load(seg_ptr + i_n + 1).to(tl.int64)
-    o_k = tl.arange(0, K)
+    o_k = tl.arange(0, BK)  # K padded to a power of two, the rows (and map columns) past K masked
     o_v = i_v * BV + tl.arange(0, BV)
-    b_s = tl.zeros([K, BV], dtype=tl.float32)
+    m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
+    m_kk = (o_k < K)[:, None] & (o_k < K)[None, :]
+    b_s = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
-        b_s += tl.load(dht + (i_n * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :])
+        b_s += tl.load(dht + (i_n * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.)
     for i_r in range(0, s1 - s0 - 1):
         j = s1 - 1 - i_r
-        tl.store(ds_end + (j * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_s)
-        b_mT = tl.load(m + (j * H + i_h) * K * K + o_k[None, :] * K + o_k[:, None])  # M_j^T
-        b_e = tl.load(ds_ext + (j * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :])
+        tl.store(ds_end + (j * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_s, mask=m_kv)
+        b_mT = tl.load(m + (j * H + i_h) * K * K + o_k[None, :] * K + o_k[:, None], mask=m_kk, other=0.)  # M_j^T
+        b_e = tl.load(ds_ext + (j * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.)
         b_s = tl.dot(b_mT, b_s, input_precision=PRECISION) + b_e
-    tl.store(ds_end + (s0 * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_s)
+    tl.store(ds_end + (s0 * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_s, mask=m_kv)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -217,7 +226,7 @@ def state_bwd_config(H: int, K: int, V: int, BT: int, gate_vector: bool, varlen:
                      launch: LaunchPlan | None) -> LaunchConfig:
     key = {"H": H, "K": K, "V": V, "BT": BT, "GATE": "vector" if gate_vector else "scalar", "IS_VARLEN": varlen,
            "dtype": str(dtype).removeprefix("torch.")}
-    return launch_config(launch, CHUNK_STATE_BWD, key, bv_limit=V)
+    return launch_config(launch, CHUNK_STATE_BWD, key, bv_limit=head_block(V))
 
 
 def chunk_state_bwd(
@@ -229,14 +238,14 @@ def chunk_state_bwd(
     H, K, V = k.shape[2], k.shape[3], do.shape[-1]
     cfg = state_bwd_config(H, K, V, BT, gate_vector, layout.cu_seqlens is not None, k.dtype, launch)
     BV = cfg.BV
-    assert BV is not None and BV >= 16 and K >= 16 and V % BV == 0, f"bad tiles BV={BV} K={K} V={V}"
-    grid = (V // BV, layout.num_programs * H)
+    assert BV is not None and BV >= 16, f"bad tiles BV={BV} K={K} V={V}"
+    grid = (triton.cdiv(V, BV), layout.num_programs * H)
     if grid[1] == 0:
         return
     chunk_state_bwd_kernel[grid](
         q, k, w, g, aqk, do, dht, dh, dv_new, ds_out,
         layout.cu_seqlens, layout.chunk_offsets, layout.seq_map, layout.final_idx,
-        scale, k.shape[1], H=H, K=K, V=V, BT=BT, BV=BV, GATE_VECTOR=gate_vector,
+        scale, k.shape[1], H=H, K=K, V=V, BT=BT, BK=head_block(K), BV=BV, GATE_VECTOR=gate_vector,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
@@ -246,12 +255,12 @@ def seg_chain_bwd(M: Tensor, ds_ext: Tensor, dht: Tensor | None, plan: SplitPlan
     """The gradient at the end of every segment, [NS, H, K, V] fp32, from all segments' forward maps M [NS, H, K, K],
     the non-first segments' dS_ext (rows of `ds_ext` [NS, H, K, V]) and dht [N, H, K, V] (or None: zeros)."""
     H, K, V = ds_ext.shape[1], ds_ext.shape[2], ds_ext.shape[3]
-    cfg = launch_config(launch, SEG_CHAIN_BWD, {"H": H, "K": K, "V": V}, bv_limit=V)
+    cfg = launch_config(launch, SEG_CHAIN_BWD, {"H": H, "K": K, "V": V}, bv_limit=head_block(V))
     BV = cfg.BV
-    assert BV is not None and BV >= 16 and K >= 16 and V % BV == 0, f"bad tiles BV={BV} K={K} V={V}"
+    assert BV is not None and BV >= 16, f"bad tiles BV={BV} K={K} V={V}"
     ds_end = ds_ext.new_empty(plan.num_segments, H, K, V)
-    seg_chain_bwd_kernel[(V // BV, plan.num_seqs * H)](
-        M, ds_ext, dht, ds_end, plan.seg_ptr, H=H, K=K, V=V, BV=BV, PRECISION=CHAIN_DOT_PRECISION,
+    seg_chain_bwd_kernel[(triton.cdiv(V, BV), plan.num_seqs * H)](
+        M, ds_ext, dht, ds_end, plan.seg_ptr, H=H, K=K, V=V, BK=head_block(K), BV=BV, PRECISION=CHAIN_DOT_PRECISION,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return ds_end

@@ -27,6 +27,7 @@ from kernels.common.chunk_state import (
 )
 from kernels.common.index import ChunkIndex
 from kernels.common.seqsplit import _state_bv, resolve_split, seg_chain_fwd
+from kernels.configs import head_block
 from kernels.plan import LaunchPlan
 
 __all__ = ["state_and_output_keep"]
@@ -47,7 +48,7 @@ def state_and_output_keep(
     h0 = initial_state.float().contiguous() if initial_state is not None else None
     bv = _state_bv(launch, H=H, K=K, V=V, BT=BT, gate_vector=gate_vector, dtype=k.dtype, fuse=fuse_output,
                    varlen=index.is_varlen)
-    plan = resolve_split(index, split_chunks, H=H, NV=max(1, V // bv), device=k.device)
+    plan = resolve_split(index, split_chunks, H=H, NV=-(-V // bv), device=k.device)
     if plan is None:
         layout = SeqLayout(index.num_seqs, index.cu_seqlens if index.is_varlen else None,
                            index.chunk_offsets if index.is_varlen else None)
@@ -70,7 +71,8 @@ def state_and_output_keep(
                              gate_vector=gate_vector, out_dtype=out_dtype, launch=launch)
         return o, ht
     # the fused pass of `chunk_state_output_fwd`, with the state and new-value stores switched on
-    cfg = launch.config_for(CHUNK_STATE_OUTPUT_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype), bv_limit=V)
+    cfg = launch.config_for(CHUNK_STATE_OUTPUT_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype),
+                            bv_limit=head_block(V))
     h, v_new = k.new_empty(index.num_chunks, H, K, V), torch.empty_like(u)
     keep.update(h=h, v_new=v_new)
     o = torch.empty(u.shape, dtype=out_dtype, device=u.device)

@@ -1,6 +1,6 @@
 """Intra-chunk preparation (the WY form) of GDN and KDA, one Triton program per (chunk, head), all in registers.
 
-Per chunk of C = 64 tokens (DESIGN.md §1), with G the cumulative log gate inside the chunk:
+Per chunk of C = 64 tokens (DESIGN.md §1; 16 and 32 run in the same blocks, those past the chunk empty), with G the cumulative log gate inside the chunk:
 
     A = StrictLower(beta_i k_i.k_j exp(G_i - G_j))      (KDA: sum_d k_id k_jd exp(G_id - G_jd))
     T = (I + A)^{-1}
@@ -14,7 +14,8 @@ scalar gate themselves. KDA (`wy_kda_fwd`) stores what the later kernels need so
 per-key gate again: kg = K * exp(G_C - G) (the gated key of the state update), the per-chunk last-row gate
 gc [NT_total, H, K] fp32, and qg = scale * Q * exp(G).
 
-The chunk is handled as four 16-row blocks, so every tile is 16 x 16 (A, Aqk, T) or 16 x BK / 16 x BV (inputs)
+The chunk is handled as four 16-row blocks, so every tile is 16 x 16 (A, Aqk, T) or 16 x BK / 16 x BV (inputs;
+the columns past K or V are masked, so any head dim runs in power-of-two blocks)
 and nothing goes through memory between the phases (small tiles, few warps, many programs per SM: the
 kernel is latency-bound at B=1, so occupancy is what counts):
 1. the 10 lower blocks of A (fp32) and of Aqk, accumulated over column blocks of K;
@@ -39,12 +40,13 @@ from torch import Tensor
 
 from kernels.common.chunk_program import chunk_of_program
 from kernels.common.index import ChunkIndex
-from kernels.configs import KernelSpec, LaunchConfig, register
+from kernels.configs import KernelSpec, LaunchConfig, head_block, register
 from kernels.plan import LaunchPlan, launch_config
 
-__all__ = ["BT_WY", "WY_GDN_FWD", "WY_KDA_FWD", "wy_gdn_fwd", "wy_kda_fwd"]
+__all__ = ["BT_WY", "CHUNK_SIZES", "WY_GDN_FWD", "WY_KDA_FWD", "wy_gdn_fwd", "wy_kda_fwd"]
 
-BT_WY = 64  # the kernels are written for 4 blocks of 16 rows
+BT_WY = 64  # the default chunk size: the kernels are written for 4 blocks of 16 rows
+CHUNK_SIZES = (16, 32, 64)  # the chunk sizes they take (a 16- or 32-token chunk leaves the blocks past it empty)
 
 WY_GDN_FWD = register(KernelSpec(
     name="wy_gdn_fwd",
@@ -71,18 +73,21 @@ WY_KDA_FWD = register(KernelSpec(
 
 @triton.jit
 def _load_tile(p, bos, r0, T, i_h, H: tl.constexpr, D: tl.constexpr, c0, BR: tl.constexpr, BC: tl.constexpr):
-    """Rows [r0, r0+BR), columns [c0, c0+BC) of a [.., T, H, D] tensor for head i_h, zero past T."""
+    """Rows [r0, r0+BR), columns [c0, c0+BC) of a [.., T, H, D] tensor for head i_h, zero past T and past D."""
     o_r = r0 + tl.arange(0, BR)
     o_d = c0 + tl.arange(0, BC)
-    return tl.load(p + ((bos + o_r) * H + i_h)[:, None] * D + o_d[None, :], mask=(o_r < T)[:, None], other=0.)
+    return tl.load(p + ((bos + o_r) * H + i_h)[:, None] * D + o_d[None, :], mask=(o_r < T)[:, None] & (o_d < D)[None, :],
+                   other=0.)
 
 
 @triton.jit
 def _store_tile(p, x, bos, r0, T, i_h, H: tl.constexpr, D: tl.constexpr, c0, BR: tl.constexpr, BC: tl.constexpr):
-    """Store x [BR, BC] at rows [r0, r0+BR), columns [c0, c0+BC) of a [.., T, H, D] tensor; rows past T skipped."""
+    """Store x [BR, BC] at rows [r0, r0+BR), columns [c0, c0+BC) of a [.., T, H, D] tensor; rows past T and columns
+    past D skipped."""
     o_r = r0 + tl.arange(0, BR)
     o_d = c0 + tl.arange(0, BC)
-    tl.store(p + ((bos + o_r) * H + i_h)[:, None] * D + o_d[None, :], x.to(p.dtype.element_ty), mask=(o_r < T)[:, None])
+    tl.store(p + ((bos + o_r) * H + i_h)[:, None] * D + o_d[None, :], x.to(p.dtype.element_ty),
+             mask=(o_r < T)[:, None] & (o_d < D)[None, :])
 
 
 @triton.jit
@@ -147,7 +152,7 @@ def _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22
              H: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
     """u = T (beta V), in column blocks of BV (both ops); the T blocks are already in the input dtype."""
     dt = T00.dtype
-    for i_v in range(V // BV):
+    for i_v in range(tl.cdiv(V, BV)):
         c0 = i_v * BV
         x0 = (_load_tile(v, bos, t0, T, i_h, H, V, c0, 16, BV) * b0[:, None]).to(dt)
         x1 = (_load_tile(v, bos, t0 + 16, T, i_h, H, V, c0, 16, BV) * b1[:, None]).to(dt)
@@ -173,7 +178,7 @@ def _gram(x, k, bos, t0, T, i_h, H: tl.constexpr, K: tl.constexpr, BK: tl.conste
     X31 = tl.zeros([16, 16], dtype=tl.float32)
     X32 = tl.zeros([16, 16], dtype=tl.float32)
     X33 = tl.zeros([16, 16], dtype=tl.float32)
-    for i_k in range(K // BK):
+    for i_k in range(tl.cdiv(K, BK)):
         c0 = i_k * BK
         k0t = tl.trans(_load_tile(k, bos, t0, T, i_h, H, K, c0, 16, BK))
         k1t = tl.trans(_load_tile(k, bos, t0 + 16, T, i_h, H, K, c0, 16, BK))
@@ -247,7 +252,7 @@ def wy_gdn_fwd_kernel(
     HAS_Q: tl.constexpr,
     USE_NEED: tl.constexpr,
 ):
-    tl.static_assert(BT == 64, "the WY kernel is written for 64-token chunks")
+    tl.static_assert(BT == 16 or BT == 32 or BT == 64, "the WY kernel is written for chunks of 16, 32 or 64 tokens")
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     i_n, i_t, _, bos, T = chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
@@ -256,6 +261,7 @@ def wy_gdn_fwd_kernel(
         if tl.load(need + i_n) == 0:
             return
     t0 = i_t * BT
+    T = tl.minimum(T, t0 + BT)  # the four 16-row blocks end at the chunk: rows past it load as zero (BT 16, 32)
     o_i = tl.arange(0, 16)
 
     # the gate's in-chunk cumsum, block by block with the carry of the blocks before
@@ -312,7 +318,7 @@ def wy_gdn_fwd_kernel(
 
     # phase 3: w = T (beta exp(G) K), u = T (beta V), in column blocks
     e0, e1, e2, e3 = b0 * tl.exp(g0), b1 * tl.exp(g1), b2 * tl.exp(g2), b3 * tl.exp(g3)
-    for i_k in range(K // BK):
+    for i_k in range(tl.cdiv(K, BK)):
         c0 = i_k * BK
         y0 = (_load_tile(k, bos, t0, T, i_h, H, K, c0, 16, BK) * e0[:, None]).to(dt)
         y1 = (_load_tile(k, bos, t0 + 16, T, i_h, H, K, c0, 16, BK) * e1[:, None]).to(dt)
@@ -366,7 +372,7 @@ def _kda_gram(x, k, g, xg, bos, t0, T, i_h, gc, scale, H: tl.constexpr, K: tl.co
     X31 = tl.zeros([16, 16], dtype=tl.float32)
     X32 = tl.zeros([16, 16], dtype=tl.float32)
     X33 = tl.zeros([16, 16], dtype=tl.float32)
-    for i_k in range(K // BK):
+    for i_k in range(tl.cdiv(K, BK)):
         c0 = i_k * BK
         G0, G1, G2, G3, g1, g2, g3, gl = _kda_gate(g, bos, t0, T, i_h, H, K, c0, BK)
         # right factors k_j exp(b_J - G_j) (a span of <= 16 tokens), times exp(b_I - b_J) <= 1 for row block I > J
@@ -380,7 +386,7 @@ def _kda_gram(x, k, g, xg, bos, t0, T, i_h, gc, scale, H: tl.constexpr, K: tl.co
         L2 = _load_tile(x, bos, t0 + 32, T, i_h, H, K, c0, 16, BK).to(tl.float32) * tl.exp(G2 - g2[None, :])
         L3 = _load_tile(x, bos, t0 + 48, T, i_h, H, K, c0, 16, BK).to(tl.float32) * tl.exp(G3 - g3[None, :])
         if IS_K:  # kg = K exp(G_C - G) = R_J exp(G_C - b_J); gc = G_C
-            tl.store(gc + c0 + tl.arange(0, BK), gl)
+            tl.store(gc + c0 + tl.arange(0, BK), gl, mask=c0 + tl.arange(0, BK) < K)
             _store_tile(xg, R0 * tl.exp(gl)[None, :], bos, t0, T, i_h, H, K, c0, 16, BK)
             _store_tile(xg, R1 * tl.exp(gl - g1)[None, :], bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
             _store_tile(xg, R2 * tl.exp(gl - g2)[None, :], bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
@@ -436,7 +442,7 @@ def wy_kda_fwd_kernel(
     HAS_Q: tl.constexpr,
     USE_NEED: tl.constexpr,
 ):
-    tl.static_assert(BT == 64, "the WY kernel is written for 64-token chunks")
+    tl.static_assert(BT == 16 or BT == 32 or BT == 64, "the WY kernel is written for chunks of 16, 32 or 64 tokens")
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     i_n, i_t, i_tg, bos, T = chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
@@ -445,6 +451,7 @@ def wy_kda_fwd_kernel(
         if tl.load(need + i_n) == 0:
             return
     t0 = i_t * BT
+    T = tl.minimum(T, t0 + BT)  # the four 16-row blocks end at the chunk: rows past it load as zero (BT 16, 32)
     o_i = tl.arange(0, 16)
     m_d = o_i[:, None] > o_i[None, :]
     m_dq = o_i[:, None] >= o_i[None, :]
@@ -484,7 +491,7 @@ def wy_kda_fwd_kernel(
     T30, T31, T32, T33 = T30.to(dt), T31.to(dt), T32.to(dt), T33.to(dt)
 
     # phase 3: w = T (beta exp(G) K) in column blocks of BK (the gate is per key dim), u = T (beta V)
-    for i_k in range(K // BK):
+    for i_k in range(tl.cdiv(K, BK)):
         c0 = i_k * BK
         G0, G1, G2, G3, g1, g2, g3, gl = _kda_gate(g, bos, t0, T, i_h, H, K, c0, BK)
         y0 = (_load_tile(k, bos, t0, T, i_h, H, K, c0, 16, BK) * tl.exp(G0) * b0[:, None]).to(dt)
@@ -515,9 +522,10 @@ def _grid(index: ChunkIndex, B: int, T: int, H: int) -> tuple[int, int]:
 
 
 def _blocks(cfg: LaunchConfig, index: ChunkIndex, K: int, V: int) -> tuple[int, int]:
-    assert index.chunk_size == BT_WY, f"WY kernels need chunk_size {BT_WY}, got {index.chunk_size}"
-    BK, BV = min(cfg.BK or 64, K), min(cfg.BV or 64, V)
-    assert BK >= 16 and BV >= 16 and K % BK == 0 and V % BV == 0, f"bad column blocks BK={BK} BV={BV} for K={K} V={V}"
+    """The column blocks: the config's, at most the tile of the head dim (`head_block`; the last block is masked)."""
+    assert index.chunk_size in CHUNK_SIZES, f"WY kernels need a chunk_size in {CHUNK_SIZES}, got {index.chunk_size}"
+    BK, BV = min(cfg.BK or 64, head_block(K)), min(cfg.BV or 64, head_block(V))
+    assert BK >= 16 and BV >= 16, f"bad column blocks BK={BK} BV={BV} for K={K} V={V}"
     return BK, BV
 
 

@@ -43,6 +43,7 @@ def chunk_kda_fwd(
     fuse_output: bool | None = None,
     keep: dict[str, Tensor] | None = None,
     keep_states: bool = False,
+    chunk_size: int = BT_WY,
 ) -> tuple[Tensor, Tensor | None]:
     """KDA chunked forward: (o `[B, T, H, V]` in q's dtype, final state `[N, H, K, V]` fp32 or None).
 
@@ -50,12 +51,13 @@ def chunk_kda_fwd(
     splitting,
     0 = never, n = segments of n chunks. fuse_output: None = FUSE_OUTPUT. keep: a dict that receives the WY
     factors the backward would recompute (`kernels.common.chunk_bwd.chunk_bwd(wy=...)`); keep_states: and the chunk
-    states, new values and segment maps (`kernels.common.state_keep`).
+    states, new values and segment maps (`kernels.common.state_keep`). chunk_size: the tokens per chunk, one of
+    `kernels.common.wy.CHUNK_SIZES` (FLA's `chunk_size`; the backward must use the same).
     """
     B, T, H, _ = k.shape
     launch = plan if plan is not None else default_plan()
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
-    index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=BT_WY, device=k.device)
+    index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device)
     w, u, kg, gc, qg, aqk = wy_kda_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch)
     assert qg is not None and aqk is not None
     if keep is not None:

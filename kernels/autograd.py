@@ -113,7 +113,7 @@ def chunk_forward(
         keep, keep_states = ({} if keep is None else keep), True
     fwd = _import_triton(*_TRITON_FWD[op])
     o, ht = fwd(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=True,
-                cu_seqlens=cu_seqlens, plan=plan, keep=keep, keep_states=keep_states)
+                cu_seqlens=cu_seqlens, plan=plan, keep=keep, keep_states=keep_states, chunk_size=index.chunk_size)
     if states is not None and keep is not None:
         states.append(keep["h"])
     return o, ht
@@ -137,7 +137,7 @@ def chunk_backward_impl(
         raise ValueError(f"backend {backend!r} has no chunked backward here (use 'torch' or 'triton')")
     bwd = _import_triton(*_TRITON_BWD[op])
     return bwd(q, k, v, g, beta, do, scale=scale, initial_state=initial_state, dht=dht, cu_seqlens=cu_seqlens,
-               plan=plan, wy=wy)
+               plan=plan, wy=wy, chunk_size=index.chunk_size)
 
 
 def chunk_backward(
@@ -225,7 +225,7 @@ def differentiable_forward(
 
     With grad off (`torch.no_grad()`, `torch.inference_mode()`) or no input requiring grad, the torch / triton forward
     runs directly: no autograd node, nothing saved. states: a list that receives the chunk states (`chunk_forward`;
-    torch and triton only). chunk_size: the torch backend's chunk (the triton kernels run 64)."""
+    torch and triton only). chunk_size: the chunk of both backends (16, 32 or 64; `kernels.fla_args`)."""
     if use_qk_l2norm_in_kernel:
         q, k = l2norm(q), l2norm(k)
     group = v.shape[2] // k.shape[2]

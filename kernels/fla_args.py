@@ -22,7 +22,6 @@ from torch import Tensor
 
 __all__ = [
     "FLA_CHUNK_SIZES",
-    "TRITON_CHUNK_SIZES",
     "FlaArgs",
     "check_fla_backend",
     "check_fla_tensors",
@@ -32,7 +31,6 @@ __all__ = [
 # the chunk sizes FLA 0.6.0 accepts per op (all run on the torch, reference and fla backends), and those the triton
 # backend's kernels run (a value of the first and not the second is refused there as not implemented)
 FLA_CHUNK_SIZES: Mapping[str, tuple[int, ...]] = {"gdn": (16, 32, 64), "kda": (32, 64)}
-TRITON_CHUNK_SIZES: Mapping[str, tuple[int, ...]] = {"gdn": (64,), "kda": (64,)}
 SAFE_LOWER_BOUND = -5.0  # FLA's safe range of lower_bound with safe_gate and the in-kernel gate: [-5, 0)
 
 _FLAGS = (
@@ -241,13 +239,8 @@ def _check_intermediate_states(kw: Mapping[str, Any]) -> None:
 
 
 def check_fla_backend(op: str, args: FlaArgs, backend: str) -> None:
-    """What a resolved backend cannot run: chunk_size outside TRITON_CHUNK_SIZES on triton, intermediate states on
-    the reference (the per-token recurrence keeps no chunk states)."""
-    if backend == "triton" and args.chunk_size not in TRITON_CHUNK_SIZES[op]:
-        raise ValueError(
-            f"chunk_size={args.chunk_size} is not implemented by the triton backend of chunk_{op} (its kernels run "
-            f"chunks of {TRITON_CHUNK_SIZES[op]}); use chunk_size=64 (the same result) or backend='torch'"
-        )
+    """What a resolved backend cannot run: intermediate states on the reference (the per-token recurrence keeps no
+    chunk states). Every chunk size FLA takes runs on every backend."""
     if args.return_intermediate_states and backend == "reference":
         raise ValueError(
             "return_intermediate_states=True needs backend 'torch', 'triton' or 'fla', got backend='reference' "

@@ -98,8 +98,8 @@ def chunk_gdn(
         chunk_indices             validated, then unused (our index is built from cu_seqlens): FLA's [NT, 2]
                                   (sequence, chunk) pairs; shape always, values when a CPU tensor; refused without
                                   cu_seqlens
-        chunk_size                16, 32, 64 (FLA's) implemented on torch (its chunks; intermediate states at that
-                                  size) and fla; triton runs 64 (others refused there); other values refused
+        chunk_size                16, 32, 64 (FLA's) implemented on torch, triton (the WY prep's 16-row blocks stop at
+                                  the chunk's end) and fla; intermediate states at that size; other values refused
         cp_context                None only; our CP is kernels.cp (refused: use kernels.cp.forward)
         head_first                refused at any value (FLA raises for it too)
         chunk_kda's own options (safe_gate, lower_bound, disable_recompute, return_intermediate_states, use_graph,
@@ -180,7 +180,7 @@ def chunk_kda(
                                   chunks of all sequences; `[..., V, K]` with state_v_first); FLA's rules: only under
                                   torch.inference_mode() and not with disable_recompute, else refused; refused on the
                                   reference backend
-        chunk_size                32, 64 (FLA's) implemented on torch and fla; triton runs 64 (32 refused there)
+        chunk_size                32, 64 (FLA's) implemented on torch, triton and fla
         use_graph                 False only (our varlen index is built on the host: not CUDA-graph capturable)
         max_num_seqs              None or a positive int, unused (FLA reads it only with use_graph)
 

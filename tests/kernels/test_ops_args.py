@@ -135,7 +135,10 @@ CASES = {
 }
 # the triton backend under the interpreter (slow): every argument, in three calls
 TRITON_CASES = {
-    "gdn-all": ("gdn", {**GATE, "use_beta_sigmoid_in_kernel": True, "allow_neg_eigval": True, "state_v_first": True}),
+    "gdn-all": (
+        "gdn",
+        {**GATE, "use_beta_sigmoid_in_kernel": True, "allow_neg_eigval": True, "state_v_first": True, "chunk_size": 16},
+    ),
     "kda-all": ("kda", {**GATE, "use_beta_sigmoid_in_kernel": True, "state_v_first": True, "disable_recompute": True}),
     "kda-safe_gate_no_A_log": CASES["kda-safe_gate_no_A_log"],
 }
@@ -153,7 +156,11 @@ def test_argument_triton(case: str) -> None:
     _check(op, "triton", dict(opts))
 
 
-@pytest.mark.parametrize("backend,chunk", [("torch", 64), ("triton", 64), ("torch", 32)], ids=["torch", "triton", "torch-32"])
+@pytest.mark.parametrize(
+    "backend,chunk",
+    [("torch", 64), ("triton", 64), ("torch", 32), ("triton", 32)],
+    ids=["torch", "triton", "torch-32", "triton-32"],
+)
 @pytest.mark.parametrize("v_first", [False, True], ids=["kv", "v_first"])
 def test_intermediate_states(backend: str, chunk: int, v_first: bool) -> None:
     """FLA's h: the state entering each chunk of chunk_size tokens, `[1, NT, HV, K, V]` (varlen), k's dtype: against
@@ -289,7 +296,6 @@ def _args(op: str, **over: Any) -> dict[str, Any]:
 
 A2, B2 = torch.zeros(2), torch.zeros(2 * 16)
 REFUSED = [
-    ("gdn", {"chunk_size": 32, "backend": "triton"}, r"^chunk_size=32 is not implemented by the triton backend of chunk_gdn"),
     ("gdn", {"chunk_size": 128}, r"^chunk_size must be one of \(16, 32, 64\) for chunk_gdn \(FLA's\), got chunk_size=128"),
     ("kda", {"chunk_size": 16}, r"^chunk_size must be one of \(32, 64\) for chunk_kda"),
     ("kda", {"cp_context": object()}, r"^cp_context=<object.*is not supported by chunk_kda.*use kernels.cp.forward"),

@@ -210,9 +210,42 @@ def test_syncs_and_accuracy_tables() -> None:
     assert fig.layout.yaxis.type == "log"
     wc = [t for t in fig.data if t.meta["mode"] == "warmup_correct" and t.meta["quantity"] == "err_vs_none"]
     assert len(wc) == 1 and sorted({c[5] for c in wc[0].customdata}) == [-4.0, -1.0]  # the true lb in the hover
-    # modes are spread along x: no two modes share an x position
-    xs = [(t.meta["quantity"], x) for t in fig.data for x in set(t.x)]
-    assert len(xs) == len(set(xs))
+
+
+
+def test_accuracy_keeps_cp_sizes_apart_at_the_true_lb() -> None:
+    """W=1 and W=2 runs of one mode are distinct series in their own columns, and every point sits at its true lb
+    (no sideways shift along the lb axis)."""
+    rows = result_rows()
+    extra = next(r for r in rows if r["mode"] == "true_cp" and r["W"] == 2)
+    rows.append({**extra, "id": len(rows), "W": 1, "err_vs_none": 5e-2})  # true_cp also run at W=1
+    fig = accuracy.figure(rows)
+    measured = [t for t in fig.data if t.meta["kind"] == "measured"]
+    by_series = {(t.meta["mode"], t.meta["W"], t.meta["quantity"]): t for t in measured}
+    assert len(by_series) == len(measured)  # one trace per (mode, W, row)
+    assert {W for m, W, q in by_series if m == "true_cp"} == {1, 2, 4}
+    for t in measured:
+        assert {c[2] for c in t.customdata} == {t.meta["W"]}  # a trace holds the runs of its own W only
+        assert list(t.x) == [c[5] for c in t.customdata]  # drawn at the true lb
+        assert set(t.x) <= {-1.0, -4.0}
+    cols = {t.meta["W"]: t.xaxis for t in measured if t.meta["quantity"] == "err_vs_none"}
+    assert len(set(cols.values())) == 3  # W = 1, 2, 4 in three columns
+    w1 = by_series[("true_cp", 1, "err_vs_none")]
+    assert list(w1.y) == [5e-2] and cols[1] == w1.xaxis != by_series[("true_cp", 2, "err_vs_none")].xaxis
+
+
+def test_grad_frame_lists_each_gradient() -> None:
+    rows = result_rows(modes=("none", "true_cp"))
+    grads = {"dq": 1e-3, "dk": 2e-3, "dv": 3e-3, "dg": 4e-3, "dbeta": 0.0}
+    for r in rows:
+        r["direction"] = "fwd+bwd"
+        if r["mode"] == "true_cp":
+            r["report"] = {"grad_errors_vs_none": grads}
+    table = accuracy.grad_frame(rows)
+    assert len(table) == len([r for r in rows if r["mode"] == "true_cp"])
+    assert accuracy.grad_names(table) == ["dq", "dk", "dv", "dg", "dbeta"]
+    assert all({k: r[k] for k in grads} == grads for r in table)
+    assert accuracy.grad_frame(result_rows()) == []  # forward points carry none
 
 
 def test_exact_errors_and_single_length_stay_visible() -> None:
@@ -225,7 +258,7 @@ def test_exact_errors_and_single_length_stay_visible() -> None:
     assert zero == pytest.approx(1e-5)  # two decades under the smallest non-zero error (2e-3)
     assert set(drawn.y) == {zero} and {c[4] for c in drawn.customdata} == {"exact (0)"}
     assert fig.layout.yaxis.ticktext[0] == "exact (0)" and fig.layout.yaxis.tickvals[0] == zero
-    assert len(fig.layout.shapes) == 2  # the shaded band, in both rows
+    assert len(fig.layout.shapes) == 2 * 3  # the shaded band, in both rows of each W column (1, 2, 4)
     assert {r["err_vs_none"] for r in accuracy.frame(rows) if r["mode"] == "true_cp"} == {0.0}
     # one sequence length: a log axis of half a decade each side, not an autorange over decades
     assert list(latency.figure(rows).layout.xaxis.range) == pytest.approx([math.log10(1024) - 0.5, math.log10(1024) + 0.5])
@@ -252,6 +285,13 @@ def test_tuning_relative_to_best() -> None:
         assert min(rel) == 1.0 and sorted(rel) == pytest.approx([1.0, 1.3, 1.6])
     rejected = next(t for t in fig.data if t.name == "rejected")
     assert len(rejected.x) == 2
+    # rejected trials sit in their own lane (the second y axis, labelled), never at a timed height
+    assert rejected.yaxis == "y2" and set(rejected.y) == {"rejected"}
+    assert all(t.yaxis in (None, "y") for t in fig.data if t.meta["kind"] in ("trials", "chosen"))
+    assert fig.layout.yaxis2.type == "category" and fig.layout.yaxis.type == "log"
+    # trials are whole numbers: integer ticks from 1
+    for axis in (fig.layout.xaxis, fig.layout.xaxis2):
+        assert (axis.tick0, axis.dtick, axis.tickformat) == (1, 1, "d")
 
 
 def test_log_axes_are_labelled_in_tokens_and_on_the_1_2_5_sequence() -> None:

@@ -27,6 +27,7 @@ __all__ = [
     "ALL",
     "ALL_AXES",
     "INDEX_STATUSES",
+    "HISTORY_KEYS",
     "INDEX_LIMIT",
     "SLICE_AXES",
     "apply_slice",
@@ -48,6 +49,7 @@ SLICE_AXES = ("op", "backend", "H", "K", "V", "dtype", "direction", "layout")
 ALL_AXES = ("backend",)
 ALL = "all"
 NIGHTLY_TAG = "nightly"
+HISTORY_KEYS = 12  # benchmark keys the history page draws at most (the page says when there are more)
 
 
 def sweep_rows(session: Session, sweep_id: int, *, limit: int) -> list[dict[str, Any]]:
@@ -179,7 +181,7 @@ def _nightly_sweeps(session: Session) -> dict[int, Sweep]:
     return {s.id: s for s in crud.sweeps_by_age(session) if s.id in judged or NIGHTLY_TAG in (s.tags or [])}
 
 
-def history_keys(session: Session, *, contains: str | None = None, limit: int = 12) -> list[str]:
+def history_keys(session: Session, *, contains: str | None = None, limit: int = HISTORY_KEYS) -> list[str]:
     """Benchmark keys to show: those with a non-SAME verdict first (newest first), then any judged or nightly key."""
     verdicts = [(r.key, r.verdict) for r in reversed(crud.list_regression_results(session))]
     flagged = [k for k, v in verdicts if v != "SAME"]

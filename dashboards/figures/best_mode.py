@@ -149,20 +149,16 @@ def _hover(c: dict[str, Any]) -> str:
     return "<br>".join(lines)
 
 
-def _add_noisy(fig: go.Figure, cells: dict[tuple[Any, Any], dict[str, Any]], xs: list[str], ys: list[str], Ws: list[Any],
-               Ts: list[Any], *, row: int, col: int, B: Any, lb: Any, legend: bool) -> None:
-    """The facet's noisy cells as one grey heatmap trace ("noisy", why in the hover)."""
-    grid = [[cells.get((T, W)) for W in Ws] for T in Ts]
-    fig.add_trace(go.Heatmap(
+def _cells(grid: list[list[dict[str, Any] | None]], xs: list[str], ys: list[str], color: str, **trace: Any) -> go.Heatmap:
+    """One heatmap trace of the cells in `grid` (rows T, columns W; None: not this trace's), each labelled and
+    hovered, in one colour; `trace` adds the name, legend and meta."""
+    return go.Heatmap(
         x=xs, y=ys, z=[[None if c is None else 1 for c in r] for r in grid],
         text=[["" if c is None else _label(c) for c in r] for r in grid], texttemplate="%{text}",
         textfont={"size": 12, "color": "white"},
         customdata=[[["", None] if c is None else [_hover(c), c["best_id"]] for c in r] for r in grid],
         hovertemplate="%{customdata[0]}<extra></extra>", hoverongaps=False,
-        colorscale=[[0, NOISY_COLOR], [1, NOISY_COLOR]], showscale=False, xgap=2, ygap=2,
-        name=f"{NOISY} (unreliable timing)", legendgroup=NOISY, showlegend=legend,
-        meta={"B": B, "lb": lb, "kind": "noisy"},
-    ), row=row, col=col)
+        colorscale=[[0, color], [1, color]], showscale=False, xgap=2, ygap=2, **trace)
 
 
 def figure(rows: list[dict[str, Any]]) -> go.Figure:
@@ -186,20 +182,14 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
                 won = {k: c for k, c in facet.items() if (c["best_mode"], c["best_backend"]) == (mode, backend) and not c["noisy"]}
                 name = series_name(mode, backend, labels)
                 grid = [[won.get((T, W)) for W in Ws] for T in Ts]
-                fig.add_trace(go.Heatmap(
-                    x=xs, y=ys, z=[[None if c is None else 1 for c in row] for row in grid],
-                    text=[["" if c is None else _label(c) for c in row] for row in grid], texttemplate="%{text}",
-                    textfont={"size": 12, "color": "white"},
-                    customdata=[[["", None] if c is None else [_hover(c), c["best_id"]] for c in row] for row in grid],
-                    hovertemplate="%{customdata[0]}<extra></extra>", hoverongaps=False,
-                    colorscale=[[0, mode_color(mode)], [1, mode_color(mode)]], showscale=False, xgap=2, ygap=2,
-                    name=name, legendgroup=name, showlegend=name not in shown,
-                    meta={"mode": mode, "backend": backend, "B": B, "lb": lb, "kind": "best"},
-                ), row=i, col=j)
+                fig.add_trace(_cells(grid, xs, ys, mode_color(mode), name=name, legendgroup=name, showlegend=name not in shown,
+                                     meta={"mode": mode, "backend": backend, "B": B, "lb": lb, "kind": "best"}), row=i, col=j)
                 shown.add(name)
             noisy = {k: c for k, c in facet.items() if c["noisy"]}
-            if noisy:
-                _add_noisy(fig, noisy, xs, ys, Ws, Ts, row=i, col=j, B=B, lb=lb, legend=NOISY not in shown)
+            if noisy:  # the cells that name no winner: one grey trace, why in the hover
+                grid = [[noisy.get((T, W)) for W in Ws] for T in Ts]
+                fig.add_trace(_cells(grid, xs, ys, NOISY_COLOR, name=f"{NOISY} (unreliable timing)", legendgroup=NOISY,
+                                     showlegend=NOISY not in shown, meta={"B": B, "lb": lb, "kind": "noisy"}), row=i, col=j)
                 shown.add(NOISY)
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=xs)
     fig.update_xaxes(title_text="CP size", row=len(Bs))

@@ -33,9 +33,8 @@ def extras(seeded_url: str, seeded: Seeded) -> PageExtras:
 
 
 @pytest.fixture(scope="module")
-def client(seeded_url: str, seeded: Seeded, extras: PageExtras) -> Iterator[TestClient]:
-    app = create_app(ServerSettings(DATABASE_URL=seeded_url, API_TOKEN="pages-test-token-0123456789"))
-    with TestClient(app) as c:
+def client(seeded_url: str, extras: PageExtras) -> Iterator[TestClient]:
+    with TestClient(create_app(ServerSettings(DATABASE_URL=seeded_url, API_TOKEN="pages-test-token-0123456789"))) as c:
         yield c
 
 

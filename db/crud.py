@@ -230,6 +230,22 @@ def done_medians(session: Session, *, keys: Sequence[str], sweep_ids: Sequence[i
     return [tuple(r) for r in session.execute(stmt).all()]
 
 
+def unreliable_reasons(session: Session, *, keys: Sequence[str], sweep_ids: Sequence[int]) -> dict[tuple[str, int], str]:
+    """{(key, sweep_id): why} for the `done` points of these keys in these sweeps whose measurement is unreliable
+    (`measurements.unreliable`: the stop rule did not converge)."""
+    stmt = (
+        select(Point.key, Point.sweep_id, Measurement.unreliable)
+        .join(Measurement, Measurement.point_id == Point.id)
+        .where(Point.key.in_(list(keys)), Point.sweep_id.in_(list(sweep_ids)), Point.status == "done",
+               Measurement.unreliable.is_not(None))
+        .order_by(Point.sweep_id, Point.id)
+    )
+    out: dict[tuple[str, int], str] = {}
+    for key, sweep_id, why in session.execute(stmt).all():
+        out.setdefault((key, sweep_id), why or "")
+    return out
+
+
 # --- environments and workers ----------------------------------------------------------------------------------
 
 _ENV_COLUMNS = (

@@ -144,3 +144,17 @@ def test_api_errors_stay_json(client: TestClient, url: str, status: int) -> None
     r = client.get(url)
     assert r.status_code == status and r.headers["content-type"] == "application/json"
     assert "detail" in r.json()
+
+
+def test_history_flags_an_unreliable_night(client: TestClient, seeded_url: str, seeded: Seeded) -> None:
+    from db.models import Measurement
+
+    with session_scope(seeded_url) as s:
+        pt = s.query(Point).filter(Point.sweep_id == seeded.nightly_ids[1], Point.key == seeded.keys[0]).one()
+        s.query(Measurement).filter(Measurement.point_id == pt.id).one().unreliable = UNRELIABLE_WHY
+    fig = _figure(client.get("/history").text, "fig-history")
+    line = next(t for t in fig["data"] if t["meta"]["kind"] == "history" and t["name"] == seeded.keys[0])
+    assert line["marker"]["symbol"] == ["circle", "circle-open", "circle"]  # the second night, open
+    assert [bool(c[3]) for c in line["customdata"]] == [False, True, False] and UNRELIABLE_WHY in line["customdata"][1][3]
+    csv_text = client.get("/dash/all/history.csv").text
+    assert csv_text.splitlines()[0].endswith(",unreliable") and csv_text.count(UNRELIABLE_WHY) == 1

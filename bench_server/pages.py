@@ -14,34 +14,82 @@
     /static/plotly.min.js     plotly.js from the installed plotly package (never a CDN)
 
 Each figure sits in a div with id `fig-<name>`; its traces carry `meta.mode` (or `meta.kernel` / `meta.key`).
+
+The sweep page also lists its skipped points grouped by reason, its unreliable measurements (stop rule not
+converged: `measurements.unreliable`, with n and p10-p90) and, on a fwd+bwd slice, each point's per-gradient errors
+(`dashboards.figures.accuracy.grad_frame`). Its figures and tables are computed once per sweep revision (the sweep's
+status and point counts) and query string, and kept in a small in-process cache (`SweepPageCache`).
+
+A browser route's error (404: no such sweep or page; 422: a bad path or query value) is an HTML page with the code
+and what went wrong (`HTMLErrorRoute`; the API under /api keeps its JSON errors).
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.templating import Jinja2Templates
 from sqlalchemy.orm import Session
+from starlette.routing import Match
+from starlette.types import Scope
 
 import dashboards
 from bench_server.api.deps import SessionDep, require_read
 from dashboards import data, render
-from dashboards.figures import SWEEP_FIGURES, history, tuning
+from dashboards.figures import SWEEP_FIGURES, accuracy, history, tuning
 from dashboards.figures.common import empty_figure
 from db import crud
 from db.models import Sweep
 from runners.settings import get_worker_settings
 from runners.spec import INT32_MAX
 
-router = APIRouter(include_in_schema=False, dependencies=[Depends(require_read)])
 templates = Jinja2Templates(directory=Path(dashboards.__file__).parent / "templates")
 
 PAGE_SIZE = 50
+
+
+def _error_page(request: Request, status: int, detail: Any) -> HTMLResponse:
+    """The HTML page of a browser route's error: the code, its name and what went wrong (a 422's fields, one a line)."""
+    if isinstance(detail, list):
+        lines = [f"{'.'.join(str(x) for x in e.get('loc', ()) if x not in ('path', 'query'))}: {e.get('msg')}"
+                 + (f" (got {str(e['input'])[:80]!r})" if e.get("input") is not None else "") for e in detail]
+    else:
+        lines = [str(detail)]
+    title = {404: "Not found", 422: "Invalid request"}.get(status, "Error")
+    return templates.TemplateResponse(request, "error.html", {"status": status, "title": title, "lines": lines},
+                                      status_code=status)
+
+
+class HTMLErrorRoute(APIRoute):
+    """A dashboard route whose HTTP errors (404, a 422 of a bad path or query value) are HTML pages, not JSON."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RequestValidationError as exc:
+                return _error_page(request, 422, exc.errors())
+            except HTTPException as exc:
+                if exc.status_code in (401, 403):  # the token check keeps its JSON answer and headers
+                    raise
+                return _error_page(request, exc.status_code, exc.detail)
+
+        return route
+
+
+router = APIRouter(include_in_schema=False, dependencies=[Depends(require_read)], route_class=HTMLErrorRoute)
 
 
 def _progress(session: Session, sweep_id: int) -> dict[str, int]:
@@ -72,26 +120,76 @@ def _sweep_or_404(session: Session, sweep_id: int) -> Sweep:
     return sweep
 
 
+class SweepPageCache:
+    """The computed part of sweep pages (figure divs, tables), per (store, sweep, revision, query string); least
+    recently used first out. A sweep's revision is its status and point counts: any point that finishes, fails, is
+    skipped or re-queued changes it, so a cached page is never older than the store's progress."""
+
+    def __init__(self, size: int = 64) -> None:
+        self.size = size
+        self.items: OrderedDict[tuple[Any, ...], dict[str, Any]] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key: tuple[Any, ...], build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        with self.lock:
+            if key in self.items:
+                self.items.move_to_end(key)
+                return self.items[key]
+        value = build()  # outside the lock: two first requests may both build; the second one's value is kept
+        with self.lock:
+            self.items[key] = value
+            while len(self.items) > self.size:
+                self.items.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        with self.lock:
+            self.items.clear()
+
+
+SWEEP_PAGES = SweepPageCache()
+
+
 @router.get("/sweeps/{sweep_id}", response_class=HTMLResponse)
 def sweep_page(request: Request, session: SessionDep, sweep_id: int = PathParam(ge=1, le=INT32_MAX)) -> Any:
     sweep = _sweep_or_404(session, sweep_id)
-    rows = data.sweep_rows(session, sweep_id, limit=get_worker_settings().MAX_POINTS_PER_SWEEP)
-    options = data.slice_options(rows)
-    sliced, selection = data.apply_slice(rows, request.query_params)
-    query = "?" + urlencode(selection) if selection else ""
     progress = _progress(session, sweep_id)
     status = data.display_status(sweep.status, progress)
+    key = (str(session.get_bind().engine.url), sweep_id, sweep.status, tuple(sorted(progress.items())),
+           tuple(sorted(request.query_params.multi_items())))
+    page = SWEEP_PAGES.get(key, lambda: _sweep_content(session, sweep_id, request.query_params, progress))
+    return templates.TemplateResponse(request, "sweep.html", {
+        "sweep": sweep, "status": status, "progress": progress, "plotly": True, **page})
+
+
+def _sweep_content(session: Session, sweep_id: int, params: Any, progress: dict[str, int]) -> dict[str, Any]:
+    """What the sweep page computes from its rows: the slice, the figures and the tables."""
+    rows = data.sweep_rows(session, sweep_id, limit=get_worker_settings().MAX_POINTS_PER_SWEEP)
+    options = data.slice_options(rows)
+    sliced, selection = data.apply_slice(rows, params)
+    query = "?" + urlencode(selection) if selection else ""
     nothing = None if any(r["status"] == "done" for r in rows) else (
         f"no point finished: {progress['failed']} failed (errors above)" if progress["failed"] else None)
     figures = [{
         "name": name, "title": module.TITLE, "csv": f"/dash/{sweep_id}/{name}.csv{query}",
         "div": render.figure_div(empty_figure(module.TITLE, nothing) if nothing else module.figure(sliced), f"fig-{name}"),
     } for name, module in SWEEP_FIGURES.items()]
-    return templates.TemplateResponse(request, "sweep.html", {
-        "sweep": sweep, "status": status, "progress": progress, "figures": figures, "plotly": True,
-        "options": {a: v for a, v in options.items() if len(v) > 1}, "selection": selection,
+    return {
+        "figures": figures, "options": {a: v for a, v in options.items() if len(v) > 1}, "selection": selection,
         "n_rows": len(rows), "n_sliced": len(sliced), "errors": _errors([r for r in rows if r["status"] == "failed"]),
-    })
+        "skipped": _skipped([r for r in rows if r["status"] == "skipped"]),
+        "unreliable": [r for r in rows if r["status"] == "done" and r.get("unreliable")],
+        "grads": (grads := accuracy.grad_frame(sliced)), "grad_names": accuracy.grad_names(grads),
+    }
+
+
+def _skipped(skipped: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Skipped points grouped by their reason, most frequent first."""
+    groups: dict[str, dict[str, Any]] = {}
+    for r in skipped:
+        reason = (r.get("reason") or "").strip() or "(no reason recorded)"
+        groups.setdefault(reason, {"reason": reason, "points": []})["points"].append(r)
+    return sorted(groups.values(), key=lambda g: -len(g["points"]))
 
 
 def _errors(failed: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -119,12 +217,14 @@ def tuning_page(request: Request, session: SessionDep, sweep: int | None = Query
 
 @router.get("/history", response_class=HTMLResponse)
 def history_page(request: Request, session: SessionDep, key: str | None = None) -> Any:
-    keys = data.history_keys(session, contains=key or None)
+    keys = data.history_keys(session, contains=key or None, limit=data.HISTORY_KEYS + 1)
+    capped = len(keys) > data.HISTORY_KEYS
+    keys = keys[: data.HISTORY_KEYS]
     rows = data.history_rows(session, keys=keys)
     fig = render.figure_div(history.figure(rows), "fig-history")
     return templates.TemplateResponse(request, "history.html", {
         "figure": {"name": "history", "title": history.TITLE, "div": fig, "csv": f"/dash/all/history.csv{_query(request)}"},
-        "keys": keys, "key": key or "", "plotly": True,
+        "keys": keys, "key": key or "", "plotly": True, "capped": capped, "cap": data.HISTORY_KEYS,
         "verdicts": [r for r in rows if r["verdict"] and r["verdict"] != "SAME"],
     })
 
@@ -154,6 +254,24 @@ def figure_csv(request: Request, session: SessionDep, scope: str, figure: str) -
     sliced, _ = data.apply_slice(data.sweep_rows(session, sweep_id, limit=get_worker_settings().MAX_POINTS_PER_SWEEP), params)
     return _csv(render.to_csv(module.frame(sliced), module.COLUMNS), f"cpbench-sweep{sweep_id}-{figure}.csv")
 
+
+class _PageNotFoundRoute(HTMLErrorRoute):
+    """The last dashboard route: any other GET path outside /api, /docs and /static is an HTML 404 page."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        path = scope.get("path", "")
+        if path.startswith(("/api/", "/docs", "/static/", "/healthz")):
+            return Match.NONE, {}
+        return super().matches(scope)
+
+
+def not_found_page(request: Request, path: str) -> Any:
+    raise HTTPException(status_code=404, detail=f"no page at /{path}: the pages are /, /sweeps/<id>, /tuning and /history")
+
+
+# added after the other pages (`create_app` includes this router last), so it only sees paths no route matched
+router.routes.append(_PageNotFoundRoute("/{path:path}", not_found_page, methods=["GET"], include_in_schema=False,
+                                        response_class=HTMLResponse, dependencies=[Depends(require_read)]))
 
 static_router = APIRouter(include_in_schema=False)
 

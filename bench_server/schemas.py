@@ -110,6 +110,8 @@ class ResultPublic(BaseModel):
     p10_ms: float | None = None
     p90_ms: float | None = None
     iqr_ms: float | None = None
+    # why the stop rule did not converge (stopped on max_samples / timeout, or n < min_samples); None: it did
+    unreliable: str | None = None
     err_vs_none: float | None = None
     err_vs_reference: float | None = None
     configs: dict[str, Any] | None = None

@@ -12,7 +12,8 @@
 - `display_status(status, progress)` and `sweep_index(session, name=, tag=, status=)`: the sweeps list, filtered by
   name substring, tag and shown status, with the sweeps of one regression run collapsed into one group;
 - `history_rows(session, ...)`: per benchmark key, its result in every nightly sweep (tagged "nightly", or used by
-  a regression run), with the verdict of the regression run that judged that sweep.
+  a regression run), with the verdict of the regression run that judged that sweep and, when its measurement is
+  unreliable (its stop rule did not converge), why.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
     "ALL",
     "ALL_AXES",
     "INDEX_STATUSES",
+    "HISTORY_KEYS",
     "INDEX_LIMIT",
     "SLICE_AXES",
     "apply_slice",
@@ -53,6 +55,7 @@ ALL_AXES = ("backend",)
 PARAM_AXES: dict[str, Any] = {"gate": "precomputed", "lower_bound": -5.0, "l2norm_in_kernel": False}
 ALL = "all"
 NIGHTLY_TAG = "nightly"
+HISTORY_KEYS = 12  # benchmark keys the history page draws at most (the page says when there are more)
 
 
 def sweep_rows(session: Session, sweep_id: int, *, limit: int) -> list[dict[str, Any]]:
@@ -195,7 +198,7 @@ def _nightly_sweeps(session: Session) -> dict[int, Sweep]:
     return {s.id: s for s in crud.sweeps_by_age(session) if s.id in judged or NIGHTLY_TAG in (s.tags or [])}
 
 
-def history_keys(session: Session, *, contains: str | None = None, limit: int = 12) -> list[str]:
+def history_keys(session: Session, *, contains: str | None = None, limit: int = HISTORY_KEYS) -> list[str]:
     """Benchmark keys to show: those with a non-SAME verdict first (newest first), then any judged or nightly key."""
     verdicts = [(r.key, r.verdict) for r in reversed(crud.list_regression_results(session))]
     flagged = [k for k, v in verdicts if v != "SAME"]
@@ -218,6 +221,7 @@ def history_rows(session: Session, *, keys: Sequence[str]) -> list[dict[str, Any
     for v in crud.list_regression_results(session, key=list(keys)):
         if v.sweep_id is not None:
             verdicts[(v.key, v.sweep_id)] = v  # the latest verdict on that sweep wins
+    noisy = crud.unreliable_reasons(session, keys=keys, sweep_ids=list(sweeps))
     out: dict[tuple[str, int], dict[str, Any]] = {}
     for key, mode, sweep_id, med, p10, p90, device in crud.done_medians(session, keys=keys, sweep_ids=list(sweeps)):
         if (key, sweep_id) in out:  # repetitions of one key in a sweep: keep the first
@@ -227,6 +231,6 @@ def history_rows(session: Session, *, keys: Sequence[str]) -> list[dict[str, Any
             "key": key, "mode": mode, "device_name": device, "sweep_id": sweep_id, "sweep_name": s.name, "at": s.created_at,
             "median_ms": med, "p10_ms": p10, "p90_ms": p90, "verdict": v.verdict if v else None,
             "ratio": v.ratio if v else None, "q_value": v.q_value if v else None, "run_id": v.run_id if v else None,
-            "baseline_ref": v.baseline_ref if v else None,
+            "baseline_ref": v.baseline_ref if v else None, "unreliable": noisy.get((key, sweep_id)),
         }
     return list(out.values())

@@ -230,6 +230,22 @@ def done_medians(session: Session, *, keys: Sequence[str], sweep_ids: Sequence[i
     return [tuple(r) for r in session.execute(stmt).all()]
 
 
+def unreliable_reasons(session: Session, *, keys: Sequence[str], sweep_ids: Sequence[int]) -> dict[tuple[str, int], str]:
+    """{(key, sweep_id): why} for the `done` points of these keys in these sweeps whose measurement is unreliable
+    (`measurements.unreliable`: the stop rule did not converge)."""
+    stmt = (
+        select(Point.key, Point.sweep_id, Measurement.unreliable)
+        .join(Measurement, Measurement.point_id == Point.id)
+        .where(Point.key.in_(list(keys)), Point.sweep_id.in_(list(sweep_ids)), Point.status == "done",
+               Measurement.unreliable.is_not(None))
+        .order_by(Point.sweep_id, Point.id)
+    )
+    out: dict[tuple[str, int], str] = {}
+    for key, sweep_id, why in session.execute(stmt).all():
+        out.setdefault((key, sweep_id), why or "")
+    return out
+
+
 # --- environments and workers ----------------------------------------------------------------------------------
 
 _ENV_COLUMNS = (
@@ -345,9 +361,11 @@ def store_measurement(
     err_vs_reference: float | None,
     configs: Mapping[str, Any] | None = None,
     report: Mapping[str, Any] | None = None,
+    unreliable: str | None = None,
 ) -> Measurement:
     """Store a point's timing: raw samples (compressed) and their summary (`median_ms, p10_ms, p90_ms, iqr_ms,
-    mean_ms, min_ms, max_ms, n`, with `n == len(samples)`), and its correctness errors."""
+    mean_ms, min_ms, max_ms, n`, with `n == len(samples)`), why its stop rule did not converge (`unreliable`,
+    None: it did) and its correctness errors."""
     missing = [f for f in SUMMARY_FIELDS if f not in summary]
     if missing:
         raise ValueError(f"summary lacks {missing}; got keys {sorted(summary)}")
@@ -363,6 +381,7 @@ def store_measurement(
         configs=dict(configs or {}),
         report=dict(report or {}),
         stop_reason=stop_reason,
+        unreliable=unreliable,
         err_vs_none=err_vs_none,
         err_vs_reference=err_vs_reference,
         n=int(summary["n"]),
@@ -460,6 +479,7 @@ _RESULT_COLUMNS: tuple[Label[Any] | InstrumentedAttribute[Any], ...] = (
     Measurement.min_ms,
     Measurement.max_ms,
     Measurement.stop_reason,
+    Measurement.unreliable,
     Measurement.err_vs_none,
     Measurement.err_vs_reference,
     Measurement.configs,

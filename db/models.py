@@ -160,6 +160,8 @@ class Measurement(Base):
     min_ms: Mapped[float] = mapped_column(Float)
     max_ms: Mapped[float] = mapped_column(Float)
     stop_reason: Mapped[str | None] = mapped_column(String(32))  # "noise" | "max_samples" | "timeout"
+    # why the stop rule did not converge (`runners.timing.unreliable_reason`); None: it did
+    unreliable: Mapped[str | None] = mapped_column(String(255))
     err_vs_none: Mapped[float | None] = mapped_column(Float)  # relative L2 error of o vs the `none` mode
     err_vs_reference: Mapped[float | None] = mapped_column(Float)  # relative L2 vs the fp32 reference (reduced shape)
     configs: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # kernel name -> launch config used

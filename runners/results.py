@@ -23,6 +23,7 @@ from runners import collective_check
 from runners.point import PointSpec
 from runners.profile import ProfileSummary, merge_ranks
 from runners.stats import summarize
+from runners.timing import unreliable_reason
 
 __all__ = ["PointResult", "StoreRows", "store_rows", "trace_path"]
 
@@ -121,7 +122,11 @@ def store_rows(point: PointSpec, results: list[PointResult]) -> StoreRows:
     measurement = {
         "clock": timing["clock"], "samples": timing["samples_ms"],
         "summary": {f"{k}_ms" if k != "n" else k: v for k, v in summary.as_dict().items()},
-        "stop_reason": timing["stop_reason"], "err_vs_none": gate["err_vs_none"],
+        "stop_reason": timing["stop_reason"],
+        # why the stop rule did not converge (None: it did); a result spooled before the flag existed: its stop reason
+        "unreliable": timing["unreliable"] if "unreliable" in timing
+        else unreliable_reason(timing["samples_ms"], timing["stop_reason"]),
+        "err_vs_none": gate["err_vs_none"],
         "err_vs_reference": gate["err_vs_reference"], "configs": r0.configs, "report": _report(results, prof),
     }
     profile = None

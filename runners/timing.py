@@ -22,6 +22,11 @@ Stop rule (`StopRule`, defaults as nvbench's `--min-samples 10 --min-time 0.5 --
 relative IQR): stop with "noise" once there are `min_samples` samples, `min_time_s` seconds have passed
 since sampling began and IQR/median <= `max_rel_iqr`; with "max_samples" at `max_samples`; with "timeout"
 after `timeout_s` seconds of sampling (at least one sample is always taken).
+
+A measurement whose rule did not converge (it stopped on "max_samples" or "timeout" instead of the noise target, or
+with fewer than `min_samples` samples) is **unreliable**: `unreliable_reason` says why, `TimingResult.unreliable`
+carries it, the store keeps it beside the stop reason (`measurements.unreliable`) and no page draws a speedup
+headline from it.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from runners.stats import rel_iqr
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["L2Flush", "StopRule", "TimingResult", "should_stop", "time_step"]
+__all__ = ["L2Flush", "StopRule", "TimingResult", "should_stop", "time_step", "unreliable_reason"]
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +88,7 @@ class TimingResult:
     warmup_iters: int = 0
     warmup_s: float = 0.0
     l2_flush_bytes: int = 0
+    unreliable: str | None = None  # why the stop rule did not converge (`unreliable_reason`); None: it did
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -99,6 +105,20 @@ def should_stop(samples_ms: list[float], elapsed_s: float, rule: StopRule) -> st
         return "max_samples"
     if elapsed_s >= rule.timeout_s:
         return "timeout"
+    return None
+
+
+def unreliable_reason(samples_ms: list[float], stop_reason: str | None, rule: StopRule | None = None) -> str | None:
+    """Why a measurement that stopped on `stop_reason` after `samples_ms` is unreliable, or None when its stop rule
+    converged (stopped on "noise" with at least `rule.min_samples` samples). Without `rule` (a result stored before
+    the rule was kept) only the stop reason is judged."""
+    n = len(samples_ms)
+    spread = f"IQR/median {rel_iqr(samples_ms):.3g}" if n else "no samples"
+    target = f" > {rule.max_rel_iqr:g}" if rule is not None and n else ""
+    if rule is not None and n < rule.min_samples:
+        return f"stopped on {stop_reason} with n={n} < min_samples={rule.min_samples} ({spread})"
+    if stop_reason not in (None, "noise"):
+        return f"stopped on {stop_reason} before the noise target (n={n}, {spread}{target})"
     return None
 
 
@@ -263,4 +283,5 @@ def time_step(
         warmup_s=warm_s,
         l2_flush_bytes=flush.nbytes if (flush is not None and on_cuda and rule.flush_l2) else 0,
         host_ms=hosts if on_cuda else [],
+        unreliable=unreliable_reason(samples, reason, rule),
     )

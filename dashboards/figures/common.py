@@ -149,13 +149,30 @@ def baseline_key(row: dict[str, Any]) -> tuple[Any, ...]:
     return (*(row.get(k) for k in SHAPE_KEYS), row.get("T"), row.get("lb"))
 
 
+def unreliable(row: dict[str, Any]) -> str | None:
+    """Why a row's measurement is unreliable (its stop rule did not converge: `measurements.unreliable`), or None."""
+    return row.get("unreliable") or None
+
+
 def none_medians(rows: Iterable[dict[str, Any]]) -> dict[tuple[Any, ...], float]:
-    """Median ms of the `none` mode per shape (the fastest if several runs share a shape)."""
+    """Median ms of the `none` mode per shape (the fastest if several runs share a shape), from reliable runs only:
+    no speedup is ever taken over an unreliable baseline (`noisy_baselines` says which shapes lack one)."""
     out: dict[tuple[Any, ...], float] = {}
     for r in rows:
-        if r["mode"] == "none" and _finite(r.get("median_ms")):
+        if r["mode"] == "none" and _finite(r.get("median_ms")) and not unreliable(r):
             k = baseline_key(r)
             out[k] = min(out.get(k, math.inf), r["median_ms"])
+    return out
+
+
+def noisy_baselines(rows: Iterable[dict[str, Any]]) -> dict[tuple[Any, ...], str]:
+    """Per shape whose `none` runs are all unreliable, why (the first run's reason): no speedup there."""
+    rows = list(rows)
+    good = none_medians(rows)
+    out: dict[tuple[Any, ...], str] = {}
+    for r in rows:
+        if r["mode"] == "none" and (why := unreliable(r)) and baseline_key(r) not in good:
+            out.setdefault(baseline_key(r), why)
     return out
 
 

@@ -3,7 +3,8 @@
 Rows in (`dashboards.data.history_rows`: one row per (key, sweep) with the verdict of the regression run that used
 that sweep, if any), figure out. One line per key (`meta.kind == "history"`, `meta.mode` its mode), p10–p90 as
 error bars; verdicts other than SAME are drawn on top, one trace per verdict (`meta.kind == "verdict"`): SLOW as a
-red triangle, FAST green, CHANGED (a deterministic signal moved) orange, INCONCLUSIVE grey.
+red triangle, FAST green, CHANGED (a deterministic signal moved) orange, INCONCLUSIVE grey. A night whose
+measurement is unreliable (its stop rule did not converge) is an open marker, with why in the hover and the CSV.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dashboards.figures.common import base_layout, empty_figure, ms_ticks
 NAME = "history"
 TITLE = "Nightly history per benchmark key"
 COLUMNS = ("key", "mode", "device_name", "sweep_id", "sweep_name", "at", "median_ms", "p10_ms", "p90_ms", "verdict",
-           "ratio", "q_value", "run_id", "baseline_ref")
+           "ratio", "q_value", "run_id", "baseline_ref", "unreliable")
 VERDICT_STYLE = {
     "SLOW": {"symbol": "triangle-up", "color": "#d62728"},
     "FAST": {"symbol": "triangle-down", "color": "#2ca02c"},
@@ -46,12 +47,14 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
         fig.add_trace(go.Scatter(
             x=[p["at"] for p in pts], y=[p["median_ms"] for p in pts], name=key, mode="lines+markers",
             line={"color": _PALETTE[n % len(_PALETTE)]},
+            marker={"symbol": ["circle-open" if p["unreliable"] else "circle" for p in pts], "size": 8},
             error_y={"type": "data", "symmetric": False, "thickness": 1, "width": 2,
                      "array": [(p["p90_ms"] - p["median_ms"]) if p["p90_ms"] is not None else 0 for p in pts],
                      "arrayminus": [(p["median_ms"] - p["p10_ms"]) if p["p10_ms"] is not None else 0 for p in pts]},
-            customdata=[[p["sweep_id"], p["sweep_name"], p["verdict"] or "—"] for p in pts],
+            customdata=[[p["sweep_id"], p["sweep_name"], p["verdict"] or "—",
+                         f"<br><b>unreliable</b>: {p['unreliable']}" if p["unreliable"] else ""] for p in pts],
             hovertemplate=f"{key}<br>%{{x}}<br>%{{y:.4g}} ms<br>sweep %{{customdata[0]}} %{{customdata[1]}}"
-                          "<br>verdict %{customdata[2]}<extra></extra>",
+                          "<br>verdict %{customdata[2]}%{customdata[3]}<extra></extra>",
             meta={"key": key, "mode": pts[0]["mode"], "kind": "history"},
         ))
     for verdict, style in VERDICT_STYLE.items():

@@ -6,7 +6,8 @@ is named "<mode> · <backend>" (`common.series_name`; the backend label carries 
 `fla+bypass_hopper_guard`), a peer's markers are open, and `meta.backend` holds the label. `none` (one device) is
 also drawn in every other facet as a dashed reference line named REFERENCE_NAME (" · <backend>" added likewise;
 `meta.kind == "reference"`, CSV `role` = reference); each point's hover and CSV row carry its speedup over `none` of
-the same shape and backend.
+the same shape and backend (none over an unreliable `none`, `common.none_medians`); an unreliable run (its stop
+rule did not converge) says so and why in its hover and its CSV `unreliable` column.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from dashboards.figures.common import (
 NAME = "latency"
 TITLE = "Latency vs T per mode (median, p10–p90)"
 COLUMNS = ("facet_W", "role", "id", "lb", "mode", "W", "op", "backend", "backend_label", "layout", "B", "T", "H", "K", "V",
-           "dtype", "direction", "median_ms", "p10_ms", "p90_ms", "speedup_vs_none")
+           "dtype", "direction", "median_ms", "p10_ms", "p90_ms", "n", "speedup_vs_none", "unreliable")
 
 
 def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -104,7 +105,9 @@ def _trace(mode: str, label: str, B: int, pts: list[dict[str, Any]], Bs: list[in
               "width": 1.5 if ref else 2},
         marker={"symbol": backend_marker(symbol(Bs.index(B)), label, labels), "size": 7}, opacity=0.7 if ref else 1.0,
         error_y={"visible": not ref, "type": "data", "symmetric": False, "array": up, "arrayminus": down, "thickness": 1, "width": 2},
-        customdata=[[B, s] for s in speed],
-        hovertemplate=f"{name}<br>B=%{{customdata[0]}} T=%{{x}}<br>%{{y:.4g}} ms<br>speedup vs none %{{customdata[1]}}<extra></extra>",
+        customdata=[[B, s, f"<br><b>unreliable</b>: {p['unreliable']}" if p.get("unreliable") else ""]
+                    for s, p in zip(speed, pts, strict=True)],
+        hovertemplate=f"{name}<br>B=%{{customdata[0]}} T=%{{x}}<br>%{{y:.4g}} ms<br>speedup vs none %{{customdata[1]}}"
+                      "%{customdata[2]}<extra></extra>",
         meta={"mode": mode, "backend": label, "B": B, "W": W, "lb": lb, "kind": role},
     )

@@ -7,6 +7,11 @@ Rows in, figure out. t(1) is `none` on one device at the same shape, lb and back
 B by marker);
 `dashboards.cost_model.model_speedup` (compute only, collectives left out) is drawn per mode as a thin dashed line
 named "<mode> (model)" (`meta.kind == "model"`). The ideal (speedup W, efficiency 1) is a dotted grey line.
+
+No speedup or efficiency is ever taken over an unreliable `none` (its stop rule did not converge: `common.
+none_medians` skips it); a CP run that is itself unreliable is kept but drawn hollow and grey-edged, with why in the
+hover and its `unreliable` column. With nothing to draw, the placeholder says why (`empty_reason`): no `none` run,
+only unreliable ones, or `none` done while the CP points failed or were skipped.
 """
 
 from __future__ import annotations
@@ -28,19 +33,26 @@ from dashboards.figures.common import (
     measured,
     mode_color,
     mode_rank,
+    noisy_baselines,
     none_medians,
     run_W,
     series_key,
     series_name,
     speedup,
     symbol,
+    unreliable,
 )
 
 NAME = "scaling"
 TITLE = "Speedup and parallel efficiency vs CP size W: measured (markers) vs cost model (dashed)"
 COLUMNS = ("id", "mode", "backend", "backend_label", "op", "direction", "B", "T", "lb", "W", "median_ms", "none_ms", "speedup", "efficiency",
-           "model_speedup", "model_efficiency")
+           "model_speedup", "model_efficiency", "unreliable")
 _DASHES = ("solid", "dot", "dashdot", "longdash")
+_EDGE = "#9e9e9e"  # the marker edge of an unreliable run
+
+
+def _why(p: dict[str, Any]) -> str:
+    return f"<br><b>unreliable</b>: {p['unreliable']}" if p["unreliable"] else ""
 
 
 def _window(row: dict[str, Any]) -> int:
@@ -62,14 +74,31 @@ def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({**{c: r.get(c) for c in ("id", "mode", "backend", "op", "direction", "B", "T", "lb", "median_ms")},
                     "W": W, "backend_label": backend_label(r),
                     "none_ms": r["median_ms"] * s, "speedup": s, "efficiency": s / W,
-                    "model_speedup": model, "model_efficiency": None if model is None else model / W})
+                    "model_speedup": model, "model_efficiency": None if model is None else model / W,
+                    "unreliable": unreliable(r)})
     return out
+
+
+def empty_reason(rows: list[dict[str, Any]]) -> str:
+    """Why `frame(rows)` is empty, in the words the placeholder shows."""
+    done = measured(rows)
+    if not any(r["mode"] == "none" for r in done):
+        return "no run of `none` (the one-device baseline) finished yet"
+    if not none_medians(done):
+        why = next(iter(noisy_baselines(done).values()))
+        return f"no reliable `none` baseline: every `none` run is unreliable ({why})"
+    cp = [r for r in rows if r["mode"] != "none"]
+    counts = {st: sum(r.get("status") == st for r in cp) for st in ("done", "failed", "skipped", "queued", "running", "cancelled")}
+    said = ", ".join(f"{n} {st}" for st, n in counts.items() if n)
+    if not counts["done"]:
+        return f"`none` is done but no CP point finished: {said or 'the slice holds none'}"
+    return f"`none` is done but no finished CP point has a reliable `none` of its shape ({said})"
 
 
 def figure(rows: list[dict[str, Any]]) -> go.Figure:
     table = frame(rows)
     if not table:
-        return empty_figure(TITLE, "no runs with a `none` baseline yet")
+        return empty_figure(TITLE, empty_reason(rows))
     Ts, Ws = facet_values(table, "T"), facet_values(table, "W")
     lbs, Bs = facet_values(table, "lb"), facet_values(table, "B")
     labels = backend_labels(measured(rows))
@@ -90,10 +119,11 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
                     x=[p["W"] for p in pts], y=[p[col] for p in pts], name=name, legendgroup=name,
                     showlegend=name not in shown and i == 1, mode="lines+markers", ids=[str(p["id"]) for p in pts],
                     line={"color": mode_color(mode), "dash": _DASHES[lbs.index(lb) % len(_DASHES)]},
-                    marker={"symbol": backend_marker(symbol(Bs.index(B)), backend, labels), "size": 8},
-                    customdata=[[B, lb, p["median_ms"], p["none_ms"]] for p in pts],
+                    marker={"symbol": backend_marker(symbol(Bs.index(B)), backend, labels), "size": 8,
+                            "line": {"color": [_EDGE if p["unreliable"] else mode_color(mode) for p in pts], "width": 2}},
+                    customdata=[[B, lb, p["median_ms"], p["none_ms"], _why(p)] for p in pts],
                     hovertemplate=f"{name}<br>B=%{{customdata[0]}} T={T} lb=%{{customdata[1]}} W=%{{x}}<br>{col} %{{y:.3f}}"
-                                  "<br>%{customdata[2]:.4g} ms vs none %{customdata[3]:.4g} ms<extra></extra>",
+                                  "<br>%{customdata[2]:.4g} ms vs none %{customdata[3]:.4g} ms%{customdata[4]}<extra></extra>",
                     meta={"mode": mode, "backend": backend, "B": B, "lb": lb, "T": T, "kind": "measured", "quantity": col},
                 ), row=i, col=j)
             shown.add(name)

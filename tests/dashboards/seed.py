@@ -198,3 +198,48 @@ def seed_index_extras(url: str, *, seed: int = 1, run: str = "r-0001", sweeps_in
                 _measure(session, pt.id, specs[pt.idx], env.id, model_ms(specs[pt.idx], rng))
             ids.append(sweep.id)
         return Extras(failed_id=failed.id, run_ids=ids, run=run)
+
+
+@dataclass
+class PageExtras:
+    sweep_id: int
+    unreliable_idx: int
+    grads: dict[str, float]
+    skip_reasons: dict[str, int]
+
+
+UNRELIABLE_WHY = "stopped on timeout with n=3 < min_samples=10 (IQR/median 1.8)"
+
+
+def seed_page_extras(url: str) -> PageExtras:
+    """A fwd+bwd sweep "honest": `none` (W=1) stored done but unreliable (timeout, n=3, p10-p90 0.76-139.5 ms),
+    true_cp at W=2 done with its per-gradient errors in the report, and three skipped points under two reasons."""
+    grads = {"dq": 1.5e-3, "dk": 2.5e-3, "dv": 3.5e-3, "dg": 4.5e-3, "dbeta": 5.5e-4}
+    reasons = {"H % W != 0 (H=4, W=8)": 2, "backend fla does not run mode ring": 1}
+    with session_scope(url) as session:
+        env = crud.get_or_create_environment(session, facts=FACTS)
+        session.flush()
+        pts = [point(0, mode="none", W=1, T=1024, B=1, lb=-1.0), point(1, mode="true_cp", W=2, T=1024, B=1, lb=-1.0)]
+        pts += [point(2 + i, mode="headwise", W=8, T=1024 * (i + 1), B=1, lb=-1.0) for i in range(2)]
+        pts.append(point(4, mode="ring", W=2, T=1024, B=1, lb=-1.0, backend="fla"))
+        for p in pts:
+            p["direction"] = p["params"]["direction"] = "fwd+bwd"
+            p["key"] += "/fwd+bwd"
+        sweep = crud.create_sweep(session, name="honest", tags=["cpu"], spec={"name": "honest"}, points=pts)
+        skipped = {2: ("skipped", "H % W != 0 (H=4, W=8)"), 3: ("skipped", "H % W != 0 (H=4, W=8)"),
+                   4: ("skipped", "backend fla does not run mode ring")}
+        for pt in _mark(session, sweep, skipped, datetime.now(timezone.utc)):
+            if pt.idx == 0:
+                crud.store_measurement(
+                    session, point_id=pt.id, environment_id=env.id, worker="seed", clock="wall", samples=[0.76, 2.0, 139.5],
+                    summary={"median_ms": 2.0, "p10_ms": 0.76, "p90_ms": 139.5, "iqr_ms": 70.0, "mean_ms": 47.4,
+                             "min_ms": 0.76, "max_ms": 139.5, "n": 3},
+                    stop_reason="timeout", unreliable=UNRELIABLE_WHY, err_vs_none=None, err_vs_reference=1e-3)
+            elif pt.idx == 1:
+                crud.store_measurement(
+                    session, point_id=pt.id, environment_id=env.id, worker="seed", clock="wall", samples=[0.125] * 10,
+                    summary={"median_ms": 0.125, "p10_ms": 0.125, "p90_ms": 0.125, "iqr_ms": 0.0, "mean_ms": 0.125,
+                             "min_ms": 0.125, "max_ms": 0.125, "n": 10},
+                    stop_reason="noise", err_vs_none=max(grads.values()), err_vs_reference=1e-3,
+                    report={"grad_errors_vs_none": grads})
+        return PageExtras(sweep_id=sweep.id, unreliable_idx=0, grads=grads, skip_reasons=reasons)

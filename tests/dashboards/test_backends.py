@@ -130,7 +130,7 @@ def test_accuracy_and_every_figure_keep_backends_apart() -> None:
     acc = traces(accuracy.figure(rows), "measured")
     for t in acc:
         mode, backend = t["name"].split(" · ")
-        want = [r for r in rows if (r["mode"], r["backend"]) == (mode, backend)]
+        want = [r for r in rows if (r["mode"], r["backend"], r["W"]) == (mode, backend, t["meta"]["W"])]  # a W column
         col = t["meta"]["quantity"]
         if col == "err_vs_none":
             assert sorted(map(str, t["y"])) == sorted(str(r["err_vs_none"]) for r in want)

@@ -210,9 +210,42 @@ def test_syncs_and_accuracy_tables() -> None:
     assert fig.layout.yaxis.type == "log"
     wc = [t for t in fig.data if t.meta["mode"] == "warmup_correct" and t.meta["quantity"] == "err_vs_none"]
     assert len(wc) == 1 and sorted({c[5] for c in wc[0].customdata}) == [-4.0, -1.0]  # the true lb in the hover
-    # modes are spread along x: no two modes share an x position
-    xs = [(t.meta["quantity"], x) for t in fig.data for x in set(t.x)]
-    assert len(xs) == len(set(xs))
+
+
+
+def test_accuracy_keeps_cp_sizes_apart_at_the_true_lb() -> None:
+    """W=1 and W=2 runs of one mode are distinct series in their own columns, and every point sits at its true lb
+    (no sideways shift along the lb axis)."""
+    rows = result_rows()
+    extra = next(r for r in rows if r["mode"] == "true_cp" and r["W"] == 2)
+    rows.append({**extra, "id": len(rows), "W": 1, "err_vs_none": 5e-2})  # true_cp also run at W=1
+    fig = accuracy.figure(rows)
+    measured = [t for t in fig.data if t.meta["kind"] == "measured"]
+    by_series = {(t.meta["mode"], t.meta["W"], t.meta["quantity"]): t for t in measured}
+    assert len(by_series) == len(measured)  # one trace per (mode, W, row)
+    assert {W for m, W, q in by_series if m == "true_cp"} == {1, 2, 4}
+    for t in measured:
+        assert {c[2] for c in t.customdata} == {t.meta["W"]}  # a trace holds the runs of its own W only
+        assert list(t.x) == [c[5] for c in t.customdata]  # drawn at the true lb
+        assert set(t.x) <= {-1.0, -4.0}
+    cols = {t.meta["W"]: t.xaxis for t in measured if t.meta["quantity"] == "err_vs_none"}
+    assert len(set(cols.values())) == 3  # W = 1, 2, 4 in three columns
+    w1 = by_series[("true_cp", 1, "err_vs_none")]
+    assert list(w1.y) == [5e-2] and cols[1] == w1.xaxis != by_series[("true_cp", 2, "err_vs_none")].xaxis
+
+
+def test_grad_frame_lists_each_gradient() -> None:
+    rows = result_rows(modes=("none", "true_cp"))
+    grads = {"dq": 1e-3, "dk": 2e-3, "dv": 3e-3, "dg": 4e-3, "dbeta": 0.0}
+    for r in rows:
+        r["direction"] = "fwd+bwd"
+        if r["mode"] == "true_cp":
+            r["report"] = {"grad_errors_vs_none": grads}
+    table = accuracy.grad_frame(rows)
+    assert len(table) == len([r for r in rows if r["mode"] == "true_cp"])
+    assert accuracy.grad_names(table) == ["dq", "dk", "dv", "dg", "dbeta"]
+    assert all({k: r[k] for k in grads} == grads for r in table)
+    assert accuracy.grad_frame(result_rows()) == []  # forward points carry none
 
 
 def test_exact_errors_and_single_length_stay_visible() -> None:
@@ -225,7 +258,7 @@ def test_exact_errors_and_single_length_stay_visible() -> None:
     assert zero == pytest.approx(1e-5)  # two decades under the smallest non-zero error (2e-3)
     assert set(drawn.y) == {zero} and {c[4] for c in drawn.customdata} == {"exact (0)"}
     assert fig.layout.yaxis.ticktext[0] == "exact (0)" and fig.layout.yaxis.tickvals[0] == zero
-    assert len(fig.layout.shapes) == 2  # the shaded band, in both rows
+    assert len(fig.layout.shapes) == 2 * 3  # the shaded band, in both rows of each W column (1, 2, 4)
     assert {r["err_vs_none"] for r in accuracy.frame(rows) if r["mode"] == "true_cp"} == {0.0}
     # one sequence length: a log axis of half a decade each side, not an autorange over decades
     assert list(latency.figure(rows).layout.xaxis.range) == pytest.approx([math.log10(1024) - 0.5, math.log10(1024) + 0.5])
@@ -252,6 +285,13 @@ def test_tuning_relative_to_best() -> None:
         assert min(rel) == 1.0 and sorted(rel) == pytest.approx([1.0, 1.3, 1.6])
     rejected = next(t for t in fig.data if t.name == "rejected")
     assert len(rejected.x) == 2
+    # rejected trials sit in their own lane (the second y axis, labelled), never at a timed height
+    assert rejected.yaxis == "y2" and set(rejected.y) == {"rejected"}
+    assert all(t.yaxis in (None, "y") for t in fig.data if t.meta["kind"] in ("trials", "chosen"))
+    assert fig.layout.yaxis2.type == "category" and fig.layout.yaxis.type == "log"
+    # trials are whole numbers: integer ticks from 1
+    for axis in (fig.layout.xaxis, fig.layout.xaxis2):
+        assert (axis.tick0, axis.dtick, axis.tickformat) == (1, 1, "d")
 
 
 def test_log_axes_are_labelled_in_tokens_and_on_the_1_2_5_sequence() -> None:
@@ -307,3 +347,75 @@ def test_render_div_is_local_and_csv_is_parseable() -> None:
     cp = next(r for r in parsed if r["mode"] == "true_cp")
     assert json.loads(cp["measured_by_kind"]) == {"all_gather": 1}
     assert render.plotly_js_path().stat().st_size > 1_000_000
+
+
+def _unreliable(row: dict[str, Any], why: str = "stopped on timeout with n=3 < min_samples=10 (IQR/median 1.8)") -> None:
+    row.update(unreliable=why, median_ms=row["median_ms"] * 20, p10_ms=0.76, p90_ms=139.5, n=3)
+
+
+def test_mode_map_says_noisy_instead_of_a_winner_over_an_unreliable_baseline() -> None:
+    """The issue's store: `none` stopped on timeout with a wide spread gave "true_cp 15.98×". A cell whose `none`
+    baseline or whose fastest run is unreliable names no winner and no speedup: it says "noisy" and why."""
+    rows = result_rows()
+    shape = (-1.0, 1024, 2)
+    base = next(r for r in rows if r["mode"] == "none" and (r["lb"], r["T"], r["B"]) == shape)
+    _unreliable(base)
+    slow = next(r for r in rows if r["mode"] == "true_cp" and (r["lb"], r["T"], r["B"], r["W"]) == (-4.0, 4096, 2, 4))
+    _unreliable(slow, "stopped on max_samples before the noise target (n=200, IQR/median 0.4 > 0.02)")
+    slow["median_ms"] = 1e-6  # an unreliable run that would win its cell
+    table = best_mode.frame(rows)
+    noisy = {(c["lb"], c["T"], c["B"], c["W"]): c for c in table if c["noisy"]}
+    assert set(noisy) == {(*shape, W) for W in (1, 2, 4)} | {(-4.0, 4096, 2, 4)}
+    for key, c in noisy.items():
+        assert c["speedup_vs_none"] is None
+        why = {(-4.0, 4096, 2, 4): "winner true_cp (torch): stopped on max_samples",
+               (*shape, 1): "winner none (torch): stopped on timeout"}.get(key, "baseline none (torch): stopped on timeout")
+        assert c["noisy"].startswith(why)
+    assert all(c["speedup_vs_none"] is not None for c in table if not c["noisy"])
+    fig = best_mode.figure(rows)
+    drawn = [t for t in fig.data if t.meta["kind"] == "noisy"]
+    labels = [(y, x, text) for t in drawn for y, line in zip(t.y, t.text, strict=True) for x, text in zip(t.x, line, strict=True) if text]
+    said = {"T=1024": {"W=1": "winner", "W=2": "baseline", "W=4": "baseline"}, "T=4096": {"W=4": "winner"}}
+    assert sorted(labels) == sorted((y, x, f"<b>{best_mode.NOISY}</b><br>{who} unreliable")
+                                    for y, xs in said.items() for x, who in xs.items())
+    hovers = [h[0] for t in drawn for line in t.customdata for h in line if h[0]]
+    assert all("unreliable: " in h for h in hovers) and any("p10–p90 0.76–139.5" in h for h in hovers)
+    for t in fig.data:  # no winner trace claims a noisy cell, and no label anywhere shows a speedup for it
+        if t.meta["kind"] == "best" and t.meta["B"] == 2 and t.meta["lb"] == -1.0:
+            assert all(not text for text in t.text[list(t.y).index("T=1024")])
+
+
+def test_scaling_never_uses_an_unreliable_baseline() -> None:
+    rows = result_rows()
+    shape = (-1.0, 1024, 2)
+    _unreliable(next(r for r in rows if r["mode"] == "none" and (r["lb"], r["T"], r["B"]) == shape))
+    cp = next(r for r in rows if r["mode"] == "ring" and (r["lb"], r["T"], r["B"], r["W"]) == (-4.0, 256, 1, 2))
+    _unreliable(cp)
+    table = scaling.frame(rows)
+    assert not [r for r in table if (r["lb"], r["T"], r["B"]) == shape]  # no efficiency over the unreliable none
+    assert len(table) == len([r for r in rows if r["mode"] != "none"]) - len([r for r in rows if r["mode"] != "none" and
+                                                                             (r["lb"], r["T"], r["B"]) == shape])
+    flagged = [r for r in table if r["unreliable"]]
+    assert [r["id"] for r in flagged] == [cp["id"]]  # an unreliable CP run stays, flagged
+    fig = scaling.figure(rows)
+    edges = [(i, c) for t in fig.data if t.meta.get("kind") == "measured" for i, c in zip(t.ids, t.marker.line.color, strict=True)]
+    assert [i for i, c in edges if c == "#9e9e9e"] == [str(cp["id"])] * 2  # its speedup and its efficiency
+
+
+@pytest.mark.parametrize("case", ["none-noisy", "cp-failed", "no-none"])
+def test_scaling_placeholder_says_why(case: str) -> None:
+    rows = result_rows(modes=("none", "true_cp"))
+    for r in rows:
+        if case == "none-noisy" and r["mode"] == "none":
+            _unreliable(r)
+        if case == "cp-failed" and r["mode"] != "none":
+            r.update(status="failed", median_ms=None)
+        if case == "no-none" and r["mode"] == "none":
+            r.update(status="skipped", median_ms=None)
+    fig = scaling.figure(rows)
+    text = fig.layout.annotations[0].text
+    assert "no runs with a `none` baseline yet" not in text
+    assert text == {"none-noisy": "no reliable `none` baseline: every `none` run is unreliable (stopped on timeout with n=3 "
+                                  "< min_samples=10 (IQR/median 1.8))",
+                    "cp-failed": "`none` is done but no CP point finished: 24 failed",
+                    "no-none": "no run of `none` (the one-device baseline) finished yet"}[case]

@@ -136,7 +136,7 @@ def test_0004_adds_by_direction_to_a_store_with_profiles(empty_db_url: str, make
         assert conn.exec_driver_sql("SELECT count(*) FROM profiles").scalar() == 1
     dispose_engine(empty_db_url)
 
-    assert upgrade(empty_db_url) == head_revision() == "0004_prof"
+    assert upgrade(empty_db_url) == head_revision()
     split = {"fwd": {"collectives": {"all_gather": 1}, "collective_bytes": {"all_gather": 32}, "host_syncs": 0},
              "bwd": {"collectives": {"all_gather": 1}, "collective_bytes": {"all_gather": 32}, "host_syncs": 0}}
     with get_sessionmaker(empty_db_url)() as s:
@@ -155,3 +155,26 @@ def test_tests_build_stores_by_migrations() -> None:
     tests = Path(__file__).resolve().parents[1]
     call = "create_" + "all("  # in two halves, so that this file does not find itself
     assert [str(p.relative_to(tests)) for p in sorted(tests.rglob("*.py")) if call in p.read_text()] == []
+
+
+def test_0005_marks_measurements_that_did_not_converge(empty_db_url: str, make_points) -> None:
+    """A store at 0004 holding measurements that stopped on "timeout" and on "noise" upgrades to head: the first is
+    marked unreliable with its stop reason and n, the second is not; the results rows carry the flag."""
+    from db import crud
+
+    assert upgrade(empty_db_url, "0004_prof") == "0004_prof"
+    with session_scope(empty_db_url) as s:
+        sweep_id = crud.create_sweep(s, name="t", tags=[], spec={}, points=make_points(2)).id
+    with get_engine(empty_db_url).begin() as conn:  # rows as a 0004 worker wrote them (no `unreliable` column yet)
+        for pid, reason in zip(
+            [r[0] for r in conn.exec_driver_sql(f"SELECT id FROM points WHERE sweep_id = {sweep_id} ORDER BY idx")],
+            ("timeout", "noise"), strict=True):
+            conn.exec_driver_sql(
+                "INSERT INTO measurements (point_id, clock, samples, n, median_ms, p10_ms, p90_ms, iqr_ms, mean_ms, "
+                f"min_ms, max_ms, stop_reason, configs, report, created_at) VALUES ({pid}, 'wall', x'', 3, 1, 0.8, 140, "
+                f"50, 20, 0.7, 150, '{reason}', '{{}}', '{{}}', '2026-12-01 00:00:00')")
+    dispose_engine(empty_db_url)
+    assert upgrade(empty_db_url) == head_revision()
+    with get_sessionmaker(empty_db_url)() as s:
+        rows, _ = crud.list_results(s, sweep_id=sweep_id)
+        assert [r["unreliable"] for r in rows] == ["stopped on timeout before the noise target (n=3)", None]

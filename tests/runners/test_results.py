@@ -43,11 +43,20 @@ def _gang(rank1_bwd_send: int = 1) -> list[PointResult]:
     return [r0, r1]
 
 
+def test_rows_keep_the_timing_flag() -> None:
+    """The stop rule's verdict crosses from the timing to the measurement row as the timer gave it."""
+    gang = _gang()
+    for flag in ("stopped on timeout with n=3 < min_samples=10 (IQR/median 0.5)", None):
+        gang[0] = replace(gang[0], timing={**TIMING, "unreliable": flag})
+        assert store_rows(POINT, gang).measurement["unreliable"] == flag
+
+
 def test_rows_merge_the_ranks_profiles() -> None:
     rows = store_rows(POINT, _gang())
     m = rows.measurement
     assert m["samples"] == [1.0, 2.0, 3.0] and m["clock"] == "wall" and m["stop_reason"] == "max_samples"
     assert m["summary"]["n"] == 3 and m["summary"]["median_ms"] == 2.0
+    assert m["unreliable"] == "stopped on max_samples before the noise target (n=3, IQR/median 0.5)"  # spooled earlier
     assert (m["err_vs_none"], m["err_vs_reference"]) == (1e-7, 2e-4) and m["configs"] == {"k": {"config": {"BT": 64}}}
     report = m["report"]
     assert report["note"] == 1 and report["gate"] == {"tol_none": 2e-3, "tol_reference": 2e-3}

@@ -2,7 +2,8 @@
 
 Scenarios: `should_stop` for noise / max_samples / timeout and not before min_samples or min_time; `time_step`
 on the CPU clock with a step whose duration is scripted: steady -> "noise" after min_samples; alternating 1/3 ms
--> "max_samples"; slow -> "timeout"; a first-call outlier (compile) is warmup, never a sample.
+-> "max_samples"; slow -> "timeout"; a first-call outlier (compile) is warmup, never a sample; a rule that did not
+converge (max_samples, timeout, n < min_samples) marks the result unreliable and says why, a converged one does not.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from runners import timing
-from runners.timing import StopRule, should_stop, time_step
+from runners.timing import StopRule, should_stop, time_step, unreliable_reason
 
 
 def test_should_stop_rules() -> None:
@@ -64,12 +65,22 @@ def test_time_step_noise(monkeypatch: pytest.MonkeyPatch) -> None:
     assert res.warmup_iters == 2  # the 100 ms first call, then one settled call
     assert res.clock == "wall" and res.l2_flush_bytes == 0
     assert clock.calls == res.warmup_iters + len(res.samples_ms)
+    assert res.unreliable is None and res.as_dict()["unreliable"] is None
+
+
+def test_unreliable_reason() -> None:
+    rule = StopRule(min_samples=3, max_rel_iqr=0.05)
+    assert unreliable_reason([1.0, 1.0, 1.0], "noise", rule) is None
+    assert unreliable_reason([1.0, 1.0], "noise", rule) == "stopped on noise with n=2 < min_samples=3 (IQR/median 0)"
+    assert unreliable_reason([1.0, 1.0, 1.0], "timeout") == "stopped on timeout before the noise target (n=3, IQR/median 0)"
+    assert unreliable_reason([], "timeout", rule) == "stopped on timeout with n=0 < min_samples=3 (no samples)"
 
 
 def test_time_step_max_samples(monkeypatch: pytest.MonkeyPatch) -> None:
     rule = StopRule(min_samples=3, max_samples=12, min_time_s=0.0, max_rel_iqr=0.01, timeout_s=10.0, warmup_s=0.0)
     res, _ = _run(monkeypatch, itertools.cycle([1.0, 3.0]), rule)
     assert res.stop_reason == "max_samples" and len(res.samples_ms) == 12
+    assert res.unreliable == "stopped on max_samples before the noise target (n=12, IQR/median 1 > 0.01)"
 
 
 def test_time_step_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,6 +91,7 @@ def test_time_step_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     # 100, 250, 100 (0.45 s), 250 (0.70 s >= timeout), well short of min_samples
     assert res.warmup_iters == 2
     assert res.samples_ms == pytest.approx([100.0, 250.0, 100.0, 250.0])
+    assert res.unreliable is not None and res.unreliable.startswith("stopped on timeout with n=4 < min_samples=10 (")
 
 
 def test_time_step_min_time(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -224,6 +224,8 @@ class _Heartbeat(threading.Thread):
             ok = heartbeat(s, point_id=self.point_id, worker=self.worker.name, lease_s=self.worker.lease_s)
             if ok:
                 crud.beat_worker(s, name=self.worker.name)
+            elif crud.point_done_by(s, point_id=self.point_id, worker=self.worker.name):
+                return True  # the result was just stored (the beat raced the commit): not a lost lease
         return ok
 
     def run(self) -> None:

@@ -76,7 +76,7 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (0.0.0.0 for every interface)"),
-    port: int = typer.Option(8000, "--port", help="TCP port; 0 picks a free one"),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port; 0 picks a free one"),
     db: DbOption = None,
     demo: bool = typer.Option(False, "--demo", help="queue the demo sweep into an empty store and run one worker"),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level"),

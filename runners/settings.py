@@ -3,7 +3,7 @@
 | variable                        | default  | meaning                                                                  |
 | ------------------------------- | -------- | ------------------------------------------------------------------------ |
 | `CPBENCH_LEASE_S`               | 60       | lease a worker takes on a claimed point; renewed by heartbeats           |
-| `CPBENCH_HEARTBEAT_S`           | 10       | seconds between lease renewals while a point runs                        |
+| `CPBENCH_HEARTBEAT_S`           | 10       | lease renewals (until the result is stored) and idle worker heartbeats   |
 | `CPBENCH_POLL_S`                | 1.0      | idle wait between claims when the queue is empty                         |
 | `CPBENCH_JOB_TIMEOUT_S`         | 900      | watchdog: a point's job in a rank gang longer than this fails the point  |
 | `CPBENCH_GANG_START_TIMEOUT_S`  | 180      | spawn + `init_process_group` of a gang longer than this is an error      |

@@ -33,9 +33,14 @@ Store outages: every store call goes through `db.retry.StoreRetry` (transient er
 jittered exponential backoff; the outage logged once and the recovery once). A finished measurement is first
 written to the spool folder (`CPBENCH_SPOOL_DIR`, default `<artifact dir>/spool`) and stored when the store
 answers again; storing is idempotent by point and worker (a commit whose answer was lost is recognised, not
-repeated), and the spool file is removed once the outcome is known. While the store is away the lease cannot be
-renewed, so an outage longer than the lease gives the point back to the queue (the stale result is then refused
-and dropped, never stored twice).
+repeated), and the spool file is removed once the outcome is known. The point's heartbeat keeps renewing the lease
+until the result is stored (through the storing's backoff too), or until the store answers that the lease is lost
+(then the retries stop and the result is dropped). While the store is away the lease cannot be renewed, so an
+outage longer than the lease gives the point back to the queue: the stale result is then refused before anything
+is written (one log line) and dropped, never stored twice.
+
+Idle: while the queue holds nothing it can claim, the worker renews its own heartbeat every `heartbeat_s` (a beat
+that meets an outage is skipped), so `cpbench status` and `/api/v1/workers` show it `idle`, not `lost`.
 
 Stopping: SIGTERM (or SIGINT, or `stop_event`) lets the current point finish for up to `CPBENCH_STOP_GRACE_S`,
 then aborts it and releases it to the queue (no attempt used); the worker then closes its gangs and exits. A
@@ -219,6 +224,8 @@ class _Heartbeat(threading.Thread):
             ok = heartbeat(s, point_id=self.point_id, worker=self.worker.name, lease_s=self.worker.lease_s)
             if ok:
                 crud.beat_worker(s, name=self.worker.name)
+            elif crud.point_done_by(s, point_id=self.point_id, worker=self.worker.name):
+                return True  # the result was just stored (the beat raced the commit): not a lost lease
         return ok
 
     def run(self) -> None:
@@ -294,6 +301,7 @@ class Worker:
         self._stop_at: float | None = None
         self._stop_why: str | None = None
         self._specs: dict[int, dict[str, Any]] = {}
+        self._idle_beat_at = -math.inf  # monotonic time of the last idle heartbeat
         self.pool: GangPool | None = None
         self.info: DeviceInfo | None = None
         self.env_id: int | None = None
@@ -388,7 +396,8 @@ class Worker:
                 if claim is None:
                     if once:
                         break
-                    _sleep(self.settings.POLL_S, self.stopping)
+                    self._beat_idle()
+                    _sleep(min(self.settings.POLL_S, self.heartbeat_s), self.stopping)
                     continue
                 status = self._run_point(claim)
                 stats.point_ids.append(claim.point_id)
@@ -417,6 +426,25 @@ class Worker:
         stats.store_outages, stats.longest_outage_s = self.retry.outages, self.retry.longest_outage_s
         logger.info("worker %s exits: %d done, %d failed, %d released", self.name, stats.done, stats.failed, stats.released)
         return stats
+
+    def _beat_idle(self) -> None:
+        """Renew this worker's heartbeat while it waits for work, once per `heartbeat_s` (skipped in an outage)."""
+        from db import crud
+        from db.session import session_scope
+
+        now = time.monotonic()
+        if now - self._idle_beat_at < self.heartbeat_s:
+            return
+
+        def beat() -> None:
+            with session_scope(self.url) as s:
+                crud.beat_worker(s, name=self.name)
+
+        try:
+            if self.retry.attempt("idle heartbeat", beat)[0]:
+                self._idle_beat_at = now
+        except Exception:  # noqa: BLE001 - a non-transient error: tried again on the next poll
+            logger.warning("worker %s: idle heartbeat failed", self.name, exc_info=True)
 
     def _touch_stopped(self) -> None:
         from db import crud
@@ -531,14 +559,18 @@ class Worker:
             hb.stop()
             logger.exception("point %s: worker error", claim.point_id)
             return self._end_attempt(claim, f"worker error: {type(err).__name__}: {err}", False)
-        hb.stop()
         if hb.lost:
+            hb.stop()
             stats.lost += 1
             return "lost"
         r0 = results[0]
         if not r0.ok:
+            hb.stop()
             return self._end_attempt(claim, r0.error or "point failed", False)
-        stored = self._store_results(claim, results)
+        try:  # the heartbeat keeps the lease while the result waits for the store (an outage, its backoff)
+            stored = self._store_results(claim, results, lease_lost=lambda: hb.lost)
+        finally:
+            hb.stop()
         if stored:
             stats.done += 1
             logger.info("point %s done in %.2f s", claim.point_id, time.monotonic() - t0)
@@ -546,9 +578,11 @@ class Worker:
         stats.lost += 1
         return "lost"
 
-    def _store_results(self, claim: _Claim, results: list[PointResult]) -> bool:
+    def _store_results(self, claim: _Claim, results: list[PointResult], *,
+                       lease_lost: Callable[[], bool] = lambda: False) -> bool:
         """Spool the results, turn them into rows (`runners.results.store_rows`, before any session), store them
-        through outages (idempotent), drop the spool file; False if the lease was lost."""
+        through outages (idempotent), drop the spool file; False if the lease was lost (`lease_lost()`: the point's
+        heartbeat, still renewing the lease meanwhile, learnt it was, so the retries stop)."""
         spool = self.spool_dir / f"point{claim.point_id}-a{claim.attempt}-{_tag(self.name)}.json"
         spool.parent.mkdir(parents=True, exist_ok=True)
         tmp = spool.with_suffix(".tmp")
@@ -564,8 +598,13 @@ class Worker:
             artifact = _trace_artifact(rows.trace)
             stored = self._store("store results", lambda s: _write_results(
                 s, point_id=claim.point_id, worker=self.name, environment_id=self.env_id, rows=rows, artifact=artifact),
-                give_up=lambda: self.stopping() and self._past_grace())
+                give_up=lambda: lease_lost() or (self.stopping() and self._past_grace()))
         except StoreUnavailable:
+            if lease_lost():  # the store answered the heartbeat: the point is someone else's now
+                logger.warning("point %s: lease lost while its result waited for the store; result dropped", claim.point_id)
+                spool.unlink(missing_ok=True)
+                _drop_trace(results)
+                return False
             logger.warning("point %s: results left in %s (the store stayed unavailable while stopping)", claim.point_id, spool)
             raise
         except Exception as err:  # noqa: BLE001 - a non-transient store error fails this attempt (retried), not the worker
@@ -605,6 +644,16 @@ def _already_stored(session: Any, point_id: int, worker: str) -> bool:
     return crud.point_done_by(session, point_id=point_id, worker=worker)
 
 
+def _lease_held(session: Any, point_id: int, worker: str) -> bool:
+    """`worker` still holds the point's lease (it is running under its name)."""
+    from sqlalchemy import select
+
+    from db.models import Point
+
+    held = select(Point.id).where(Point.id == point_id, Point.status == "running", Point.lease_owner == worker)
+    return session.execute(held).first() is not None
+
+
 def _write_results(
     session: Any,
     *,
@@ -623,6 +672,10 @@ def _write_results(
     begin_write(session)  # the write lock first (SQLite): the check and the writes see one state
     if _already_stored(session, point_id, worker):
         return True
+    if not _lease_held(session, point_id, worker):  # a late result: one line, nothing written
+        logger.warning("worker %s cannot complete point %s: lease lost; its result is dropped", worker, point_id)
+        session.rollback()
+        return False
     artifact_id = crud.store_artifact(session, point_id=point_id, **artifact).id if artifact is not None else None
     crud.store_measurement(session, point_id=point_id, environment_id=environment_id, worker=worker, **rows.measurement)
     if rows.profile is not None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from bench_server.core.config import ServerSettings
 from db.session import is_sqlite, sqlite_path
+from runners.errors import CpbenchError
 
 __all__ = ["ApiToken", "ensure_api_token", "token_file", "verify_token"]
 
@@ -71,7 +72,7 @@ def ensure_api_token(settings: ServerSettings, *, announce: bool = True) -> ApiT
     except FileExistsError:
         stored = _read(path)
         if stored is None:
-            raise RuntimeError(f"token file {path} exists but is empty; delete it or set CPBENCH_API_TOKEN") from None
+            raise CpbenchError(f"token file {path} exists but is empty; delete it or set CPBENCH_API_TOKEN") from None
         return ApiToken(stored, "file", path)
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")

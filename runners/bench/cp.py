@@ -289,6 +289,17 @@ def fmt(x: Any, nd: int = 3) -> str:
     return str(x)
 
 
+def method_line(args: argparse.Namespace) -> str:
+    """The report's method, as this run measured: CUDA events and bf16 on GPUs; the wall clock and fp32 with `--cpu`
+    (gloo ranks, the torch backend)."""
+    clock, dtype = ("the wall clock", "fp32") if args.cpu else ("CUDA events", "bf16")
+    where = "gloo ranks on the CPU, the torch backend (a smoke test)" if args.cpu else "one GPU per rank"
+    return (f"Method: the engine's timer (runners.timing.time_step: {clock}, a sample = max over ranks, no L2 flush); "
+            f"median (p20-p80) of {args.iters} samples after at least {args.warmup} warm-up steps; {where}. B=1, one "
+            f"sequence, {dtype} inputs, fp32 g. Collectives and host syncs of rank 0 from the worker's profiler "
+            "(runners.profile).")
+
+
 def write_results(recs: list[dict[str, Any]], args: argparse.Namespace, dev: torch.device) -> None:
     env = environment(dev, command=args.command or " ".join(sys.argv), sha=args.git_sha,
                       cpu_label="cpu (smoke test, gloo + torch backend)",
@@ -301,9 +312,7 @@ def write_results(recs: list[dict[str, Any]], args: argparse.Namespace, dev: tor
              f"{env['date']} · torch {env['torch']} · triton {env.get('triton')} · NCCL {env.get('nccl')} · "
              f"driver {env.get('driver')} · fla {env.get('fla')} · git {env['git_sha']}", "",
              f"Command: `{env['command']}`", "",
-             "Method: the engine's timer (runners.timing.time_step: CUDA events, a sample = max over ranks, no L2 flush); "
-             f"median (p20-p80) of {args.iters} samples after at least {args.warmup} warm-up steps. B=1, one sequence, "
-             "bf16 inputs, fp32 g. Collectives and host syncs of rank 0 from the worker's profiler (runners.profile).",
+             method_line(args),
              "", "## W-GPU schemes (forward)", "",
              "| op | T | scheme | GPUs | ms (p20-p80) | x vs none | err vs none | collectives | host syncs |",
              "|---|---|---|---|---|---|---|---|---|"]

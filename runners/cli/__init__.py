@@ -15,8 +15,8 @@ Verbs written elsewhere (`configs` with `tune`, `regress`, `bench`) are added wh
 `serve` belongs to the server: `bench_server.cli` (the `cpbench` script) adds it to this app, so the import graph
 stays one-way (bench_server -> runners); `python -m runners.cli` is the engine's command without `serve`. Every verb
 that uses the store takes `--db URL` (alias `--database-url`).
-User mistakes (`CpbenchError`, an unmigrated store, a bad verb, option or value) print one red line and exit 1;
-anything else is a bug and keeps its traceback. The verbs that run kernels on the CPU turn the Triton interpreter
+User mistakes (`CpbenchError`, an unmigrated store, a malformed or unreachable store URL, a bad verb, option or
+value) print one red line and exit 1; anything else is a bug and keeps its traceback. The verbs that run kernels on the CPU turn the Triton interpreter
 on themselves (`runners.cli.triton_cpu`). `-v` logs at INFO, `-vv` at DEBUG (to stderr); without it, lines a user
 cannot act on stay out (`runners.cli.logs`).
 """
@@ -124,6 +124,22 @@ def _usage_line(err: BaseException) -> str:
     return f"{message} (see `{where} --help`)"
 
 
+def _store_error(err: BaseException) -> str | None:
+    """One line for a store the command cannot use (a malformed URL, an unreachable server), else None."""
+    from sqlalchemy import exc as sa_exc
+
+    from db.retry import StoreUnavailable
+
+    if isinstance(err, sa_exc.ArgumentError):
+        return f"invalid store URL (--db / CPBENCH_DATABASE_URL): {' '.join(str(err).split())}"
+    if isinstance(err, (sa_exc.OperationalError, sa_exc.InterfaceError)):
+        first = str(getattr(err, "orig", None) or err).strip().splitlines()[:1]
+        return f"store unreachable: {first[0] if first else type(err).__name__} (check --db / CPBENCH_DATABASE_URL)"
+    if isinstance(err, StoreUnavailable):
+        return f"store unavailable: {' '.join(str(err).split())}"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the app (the `cpbench` script is `bench_server.cli:main`, which adds `serve` first); `argv` defaults to `sys.argv[1:]`."""
     from db.errors import StoreNotMigratedError
@@ -148,6 +164,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         _fail(_usage_line(err))
     except aborts:
         _fail("aborted")
+    except Exception as err:  # a store the command cannot reach or parse: a user error; anything else is a bug
+        line = _store_error(err)
+        if line is None:
+            raise
+        _fail(line)
     except KeyboardInterrupt:
         _fail("interrupted")
     if isinstance(rc, int) and rc != 0:

@@ -15,7 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-__all__ = ["CSV_FIELDS", "DbOption", "Format", "fetch_results", "out_console", "render_results", "resolve", "results_table"]
+__all__ = ["CSV_FIELDS", "DbOption", "Format", "fetch_results", "is_unreliable", "out_console", "render_results", "resolve",
+           "results_table", "run_summary"]
 
 DbOption = Annotated[
     str | None,
@@ -32,7 +33,7 @@ class Format(str, Enum):
 CSV_FIELDS = (
     "point_id", "sweep_id", "idx", "key", "op", "mode", "backend", "B", "T", "H", "K", "V", "lb", "W", "layout",
     "direction", "dtype", "seed", "status", "reason", "error", "attempts", "clock", "n", "median_ms", "p10_ms",
-    "p90_ms", "iqr_ms", "mean_ms", "min_ms", "max_ms", "stop_reason", "err_vs_none", "err_vs_reference",
+    "p90_ms", "iqr_ms", "mean_ms", "min_ms", "max_ms", "stop_reason", "unreliable", "err_vs_none", "err_vs_reference",
     "collectives", "collective_bytes", "host_syncs", "by_direction", "kernel_launches", "peak_memory_bytes", "artifact_id",
     "device_name", "torch", "triton", "git_sha", "host", "params",
 )  # fmt: skip
@@ -84,6 +85,58 @@ def _coll(c: dict[str, int] | None) -> str:
     return " ".join(f"{short.get(k, k)}{n}" for k, n in sorted(c.items()) if n) or "0"
 
 
+def is_unreliable(r: dict[str, Any]) -> bool:
+    """A done point whose stop rule did not converge: the stored `unreliable` reason when the rows carry one, else
+    a stop on anything but the noise target (`max_samples`, `timeout`)."""
+    if r.get("status") != "done":
+        return False
+    if "unreliable" in r:
+        return bool(r["unreliable"])
+    return r.get("stop_reason") not in (None, "noise")
+
+
+def run_summary(rows: Sequence[dict[str, Any]], *, sweep_id: int, name: str) -> str:
+    """One line for a finished run: done (unreliable among them), skipped, failed, unfinished; a sweep whose every
+    point is skipped says so, with its skip reasons counted."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.get("status") or "?"] = counts.get(r.get("status") or "?", 0) + 1
+    head = f"sweep {sweep_id} ({name}): "
+    if rows and counts.get("skipped", 0) == len(rows):
+        reasons: dict[str, int] = {}
+        for r in rows:
+            reason = (r.get("reason") or "no reason stored").strip()
+            reasons[reason] = reasons.get(reason, 0) + 1
+        said = "; ".join(f"{n} x {reason}" for reason, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
+        return head + f"every point ({len(rows)}) was skipped, nothing was measured: {said}"
+    unreliable = sum(is_unreliable(r) for r in rows)
+    parts = [f"{counts.get('done', 0)} done" + (f" ({unreliable} unreliable: stop rule not converged)" if unreliable else ""),
+             f"{counts.get('skipped', 0)} skipped", f"{counts.get('failed', 0)} failed"]
+    left = counts.get("queued", 0) + counts.get("running", 0)
+    parts += [f"{left} unfinished"] if left else []
+    parts += [f"{counts['cancelled']} cancelled"] if counts.get("cancelled") else []
+    return head + ", ".join(parts)
+
+
+def _status_cell(r: dict[str, Any]) -> str:
+    colors = {"done": "green", "failed": "red", "skipped": "yellow", "running": "cyan", "cancelled": "magenta"}
+    status = r.get("status") or ""
+    if is_unreliable(r):
+        return "[yellow]done, unreliable[/]"
+    return f"[{colors.get(status, 'white')}]{escape(status)}[/]"
+
+
+def _note(r: dict[str, Any]) -> str:
+    """The reason of a skipped point, the first line of a failed one's error, or why a measurement is unreliable."""
+    if r.get("reason"):
+        return str(r["reason"])
+    if r.get("error"):
+        return str(r["error"]).splitlines()[0] if str(r["error"]).strip() else ""
+    if is_unreliable(r):
+        return str(r.get("unreliable") or f"stopped on {r.get('stop_reason')} before the noise target")
+    return ""
+
+
 def _num(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
@@ -91,28 +144,24 @@ def _num(x: float | None, fmt: str) -> str:
 def results_table(rows: Sequence[dict[str, Any]], *, title: str | None = None) -> Table:
     table = Table(title=escape(title) if title else None, show_lines=False, header_style="bold")
     for col, kw in (
-        ("#", {"justify": "right"}), ("op", {}), ("mode", {}), ("backend", {}), ("shape", {}), ("H", {"justify": "right"}),
-        ("K/V", {}), ("lb", {"justify": "right"}), ("W", {"justify": "right"}), ("layout", {}), ("dtype", {}),
-        ("status", {}), ("median ms", {"justify": "right"}), ("p10-p90 ms", {"justify": "right"}), ("n", {"justify": "right"}),
-        ("err/none", {"justify": "right"}), ("err/ref", {"justify": "right"}), ("collectives", {}), ("syncs", {"justify": "right"}),
-        ("note", {"overflow": "fold", "max_width": 48}),
+        ("#", {"justify": "right"}), ("op", {}), ("direction", {}), ("mode", {}), ("backend", {}), ("shape", {}),
+        ("H", {"justify": "right"}), ("K/V", {}), ("lb", {"justify": "right"}), ("W", {"justify": "right"}), ("layout", {}),
+        ("dtype", {}), ("status", {}), ("median ms", {"justify": "right"}), ("p10-p90 ms", {"justify": "right"}),
+        ("n", {"justify": "right"}), ("err/none", {"justify": "right"}), ("err/ref", {"justify": "right"}),
+        ("collectives", {}), ("syncs", {"justify": "right"}), ("note", {"overflow": "fold", "max_width": 48}),
     ):
         table.add_column(col, **kw)
-    colors = {"done": "green", "failed": "red", "skipped": "yellow", "running": "cyan", "cancelled": "magenta"}
     for r in rows:
-        note = r.get("reason") or (r.get("error") or "").splitlines()[0:1]
-        note = note if isinstance(note, str) else (note[0] if note else "")
-        status = r.get("status") or ""
         table.add_row(
-            str(r.get("idx")), r.get("op"), r.get("mode"), r.get("backend"), _shape(r), _heads(r), f"{r.get('K')}/{r.get('V')}",
-            f"{r.get('lb'):g}", str(r.get("W")), r.get("layout"), r.get("dtype"), f"[{colors.get(status, 'white')}]{escape(status)}[/]",
+            str(r.get("idx")), r.get("op"), r.get("direction") or "fwd", r.get("mode"), r.get("backend"), _shape(r), _heads(r),
+            f"{r.get('K')}/{r.get('V')}", f"{r.get('lb'):g}", str(r.get("W")), r.get("layout"), r.get("dtype"), _status_cell(r),
             _num(r.get("median_ms"), ".4f"),
             "-" if r.get("p10_ms") is None else f"{r['p10_ms']:.4f}-{r['p90_ms']:.4f}",
             "-" if r.get("n") is None else str(r["n"]),
             _num(r.get("err_vs_none"), ".1e"), _num(r.get("err_vs_reference"), ".1e"),
             _coll(r.get("collectives")) if r.get("measurement_id") else "-",
             "-" if r.get("host_syncs") is None else str(r["host_syncs"]),
-            escape(note),
+            escape(_note(r)),
         )
     return table
 

@@ -1,6 +1,8 @@
 """`cpbench configs export` and `cpbench tune`: tuned launch configs out of the store, and a tuning run into it.
 
-`cpbench tune` opens no store session while it measures; it stores (`db.crud.store_tuning`) and prints each
+`cpbench tune` checks every argument (and that the store is migrated) before it runs anything, prints a header
+naming what it searches and where the trials go, the progress of each kernel's search (`runners.cli.tune_progress`)
+and a summary. It opens no store session while it measures; it stores (`db.crud.store_tuning`) and prints each
 kernel's trials and winner as soon as that kernel is decided (the tuner's `on_result`), so a killed run keeps every
 kernel decided before it, and a device crash the crashing kernel's trials too, then fails.
 Its options' defaults are `runners.tuner.spec.TuneSpec`'s.
@@ -27,8 +29,9 @@ from typing import Any
 
 import typer
 
+from runners.cli.tune_progress import TuneProgressPrinter
 from runners.errors import CpbenchError
-from runners.tuner.result import KernelResult, OnResult, TuneResult
+from runners.tuner.result import KernelResult, OnResult, TuneProgress, TuneResult
 from runners.tuner.spec import STRATEGIES, TuneSpec
 
 __all__ = ["parse_shape", "register"]
@@ -125,11 +128,12 @@ def tune_command(
     op: str = typer.Option(..., "--op", help="gdn | kda"),
     shape: list[str] = typer.Option(..., "--shape", help="B=1,T=8192,H=16,K=128,V=128[,dtype=bfloat16]; repeatable"),
     strategy: str = typer.Option(_D.strategy, "--strategy", help="exhaustive | random | halving"),
-    budget: int | None = typer.Option(_D.budget, "--budget", help="configs per kernel and key (random; halving's first rung)"),
+    budget: int | None = typer.Option(_D.budget, "--budget", min=1,
+                                      help="configs per kernel and key (random; halving's first rung)"),
     kernel: list[str] = typer.Option([], "--kernel", help="tune only these kernels (default: all the op launches)"),
     device: str | None = typer.Option(None, "--device", help="cuda (default when present) or cpu"),
     seed: int = typer.Option(_D.seed, "--seed"),
-    samples: int = typer.Option(_D.samples, "--samples", help="samples per config (exhaustive, random)"),
+    samples: int = typer.Option(_D.samples, "--samples", min=1, help="samples per config (exhaustive, random)"),
     backend: str = typer.Option("triton", "--backend", help="triton (our kernels) | fla (FLA's autotuned kernels, "
                                 "timed as FLA's whole op; stored as fla.<kernel>)"),
     database_url: str | None = typer.Option(None, "--db", "--database-url", help="default: CPBENCH_DATABASE_URL"),
@@ -140,36 +144,105 @@ def tune_command(
     fla_min_gain: float = typer.Option(_D.min_gain, "--fla-min-gain", help="--backend fla: FLA's own pick stays unless "
                                        "a config runs the whole op this fraction faster (default 0.01 = 1%)"),
 ) -> None:
-    """Tune the Triton kernels of an op at the given shapes, then store the trials and winners."""
-    from runners.tuner import Shape, TuningStopped
+    """Tune the Triton kernels of an op at the given shapes, storing each kernel's trials and winner as it is decided."""
+    from runners.tuner import TuningStopped
+
+    url, shapes, device = _check_tune_args(op, shape, strategy, kernel, device, backend, direction, database_url)
+    spec = TuneSpec(strategy=strategy, budget=budget, seed=seed, samples=samples, direction=direction,  # type: ignore[arg-type]
+                    kernels=tuple(kernel) or None, min_gain=fla_min_gain)
+    options = {"bypass_hopper_guard": True} if fla_bypass_hopper_guard else None
+    where = _store_name(url)
+    typer.echo(_tune_header(op, backend, shapes, spec, device, where))
+    stored = [0]
+    progress = TuneProgressPrinter(live=sys.stderr.isatty())
+
+    def store_as_it_goes(part: TuneResult) -> None:  # a killed run keeps every kernel decided before it
+        progress.flush()
+        _store(url, part)
+        stored[0] += sum(len(r.trials) for r in part.kernels)
+        for r in part.kernels:
+            typer.echo(_kernel_line(r))
+
+    try:
+        result = _measure(backend, op, shapes, spec, device, options, store_as_it_goes, progress)
+    except TuningStopped as stop:  # a device crash: what was measured before it is stored already
+        typer.echo(f"tuning stopped after {len(stop.result.kernels)} kernel(s): {stop.error}", err=True)
+        raise
+    except (ValueError, ImportError) as e:
+        raise CpbenchError(str(e)) from None
+    finally:
+        progress.close()
+    typer.echo(f"tuned {len(result.winners())} of {len(result.kernels)} kernel(s) and key(s); {stored[0]} trial(s) "
+               f"and the winners stored in {where} (`cpbench configs export` writes them out)")
+
+
+def _check_tune_args(op: str, shape: list[str], strategy: str, kernel: list[str], device: str | None, backend: str,
+                     direction: str, database_url: str | None) -> tuple[str, list[Any], str]:
+    """Every argument of `cpbench tune` checked before anything runs: (store URL, shapes, device). A bad one is a
+    `CpbenchError` naming it; the store must be reachable and migrated, since the trials are stored as they come."""
+    from db.migrate import require_migrated
+    from kernels.vocabulary import OPS, POINT_DIRECTIONS
+    from runners.cli.common import resolve
 
     if backend not in ("triton", "fla"):
         raise CpbenchError(f"--backend must be triton or fla, got {backend!r}")
     if strategy not in STRATEGIES:
         raise CpbenchError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
-    spec = TuneSpec(strategy=strategy, budget=budget, seed=seed, samples=samples, direction=direction,
-                    kernels=tuple(kernel) or None, min_gain=fla_min_gain)
-    options = {"bypass_hopper_guard": True} if fla_bypass_hopper_guard else None
+    if op not in OPS:
+        raise CpbenchError(f"--op: op must be one of {', '.join(OPS)}, got {op!r}")
+    if direction not in POINT_DIRECTIONS:
+        raise CpbenchError(f"--direction must be one of {', '.join(POINT_DIRECTIONS)}, got {direction!r}")
+    from runners.tuner import Shape
+
     try:
         shapes = [Shape.of(parse_shape(s)) for s in shape]
+    except ValueError as e:
+        raise CpbenchError(f"--shape: {e}") from None
+    device = _tune_device(device)
+    if kernel and backend == "triton":
+        from runners.tuner.tune import registered_kernels
 
-        def store_as_it_goes(part: TuneResult) -> None:  # a killed run keeps every kernel decided before it
-            _store(database_url, part)
-            for r in part.kernels:
-                typer.echo(_kernel_line(r))
+        known = registered_kernels()
+        if unknown := sorted(set(kernel) - set(known)):
+            raise CpbenchError(f"--kernel: unknown kernel(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    url = resolve(database_url)
+    require_migrated(url)
+    return url, shapes, device
 
-        try:
-            result = _measure(backend, op, shapes, spec, device, options, store_as_it_goes)
-        except TuningStopped as stop:  # a device crash: what was measured before it is stored already
-            typer.echo(f"tuning stopped after {len(stop.result.kernels)} kernel(s): {stop.error}", err=True)
-            raise
-        typer.echo(f"tuned {len(result.winners())} of {len(result.kernels)} kernel(s) and key(s); stored")
-    except (ValueError, ImportError) as e:
-        raise CpbenchError(str(e)) from None
+
+def _tune_device(device: str | None) -> str:
+    """`--device` checked against this host: cuda only with a GPU; the default is cuda when present, else cpu."""
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cuda", "cpu"):
+        raise CpbenchError(f"--device must be cuda or cpu, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise CpbenchError("--device cuda: no CUDA device is available on this host (use --device cpu)")
+    return device
+
+
+def _store_name(url: str) -> str:
+    from db.migrate import safe_url
+
+    return safe_url(url)
+
+
+def _tune_header(op: str, backend: str, shapes: list[Any], spec: TuneSpec, device: str, where: str) -> str:
+    """The first line of a tuning run: what is searched, how, where, and where the trials go."""
+    dims = "; ".join(
+        ",".join(f"{n}={getattr(s, n)}" for n in ("B", "T", "H", "K", "V", "dtype"))
+        + (f",lengths={':'.join(map(str, s.lengths))}" if s.lengths else "") for s in shapes)
+    budget = "all configs" if spec.budget is None else f"{spec.budget} config(s)"
+    kernels = ", ".join(spec.kernels) if spec.kernels else "every kernel it launches"
+    clock = "CUDA events" if device == "cuda" else "wall clock"
+    return (f"tune {op} {spec.direction} ({backend}) at {len(shapes)} shape(s) [{dims}]: {kernels}; strategy "
+            f"{spec.strategy}, budget {budget} per kernel and key; device {device} ({clock}); trials stored in {where}")
 
 
 def _measure(backend: str, op: str, shapes: list[Any], spec: TuneSpec, device: str | None,
-             options: dict[str, Any] | None, on_result: OnResult) -> TuneResult:
+             options: dict[str, Any] | None, on_result: OnResult, progress: TuneProgress | None = None) -> TuneResult:
     """The TuneResult of our kernels (`tune_kernels`) or FLA's (`tune_fla`); no store session is open while a
     kernel is measured (`on_result` gets each kernel's result once it is decided)."""
     if backend == "fla":
@@ -178,7 +251,7 @@ def _measure(backend: str, op: str, shapes: list[Any], spec: TuneSpec, device: s
         return tune_fla(op=op, shapes=shapes, spec=spec, device=device, options=options, on_result=on_result)
     from runners.tuner.tune import tune_kernels
 
-    return tune_kernels(op=op, shapes=shapes, spec=spec, device=device, on_result=on_result)
+    return tune_kernels(op=op, shapes=shapes, spec=spec, device=device, on_result=on_result, progress=progress)
 
 
 def _kernel_line(r: KernelResult) -> str:
@@ -189,7 +262,7 @@ def _kernel_line(r: KernelResult) -> str:
     return f"{r.kernel:28s} {r.key_str:60s} {json.dumps(r.config):48s} {r.median_ms:9.4f} ms  vs default {speed}"
 
 
-def _store(database_url: str | None, result: TuneResult) -> None:
+def _store(database_url: str, result: TuneResult) -> None:
     """Store a TuneResult's trials and winners in one transaction (`db.crud.store_tuning`)."""
     from db import crud
 

@@ -9,7 +9,9 @@ left; what was measured stays stored.
 
 Points this machine cannot run (W more than its devices, a backend not installed) are stored as skipped. On the
 CPU the devices are gloo ranks: `--devices N`, default `CPBENCH_CPU_RANKS` (4).
-Shows a progress bar while it works and the result table at the end; exits 1 when a point failed.
+Shows a progress bar while it works, the result table at the end (stdout), then one summary line on stderr: done
+(how many of them unreliable: their stop rule did not converge), skipped, failed; a sweep whose every point was
+skipped says so, with its skip reasons counted. Exits 1 when a point failed or points were left unfinished.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from runners.cli.common import DbOption, Format, fetch_results, out_console, render_results, resolve
+from runners.cli.common import DbOption, Format, fetch_results, out_console, render_results, resolve, run_summary
 
 __all__ = ["register"]
 
@@ -79,7 +81,11 @@ def run(
             bar.update(task, completed=finished, description=f"done {c['done']}  failed {c['failed']}  skipped {c['skipped']}")
 
         final = run_until_done(url, sweep_id, progress=progress, devices=info.count, device_kind=info.kind, owner=owner)
-    render_results(fetch_results(url, sweep_id), fmt, console=out_console(), title=f"sweep {sweep_id}: {name}")
+    rows = fetch_results(url, sweep_id)
+    render_results(rows, fmt, console=out_console(), title=f"sweep {sweep_id}: {name}")
+    summary = run_summary(rows, sweep_id=sweep_id, name=name)
+    everything_skipped = bool(rows) and all(r["status"] == "skipped" for r in rows)
+    err.print(escape(summary), style="yellow" if everything_skipped else None, highlight=False, soft_wrap=True)
     if final["failed"]:
         err.print(f"[red]{final['failed']} point(s) failed[/red] (see `cpbench status {sweep_id}`)")
         raise typer.Exit(1)

@@ -1,12 +1,15 @@
 """`cpbench status [SWEEP]`: the sweeps and workers, or one sweep's progress, running points and failures.
 
     cpbench status [--limit 20] [--db URL]   # recent sweeps with their counts, and the workers
+                                             # (a regression run's sweeps are one row: `regress-run:<id>`)
     cpbench status 3                         # sweep 3: counts per status, what runs where, each failed point's error
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import datetime, timezone
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -26,6 +29,32 @@ def _age(t: datetime | None) -> str:
     return f"{s:.0f}s ago" if s < 120 else f"{s / 60:.0f}m ago" if s < 7200 else f"{s / 3600:.1f}h ago"
 
 
+# = runners.baseline.RUN_TAG_PREFIX, the tag of every sweep one `cpbench regress` submits (not imported: that module
+# pulls in torch, and `cpbench status` stays quick)
+RUN_TAG_PREFIX = "regress-run:"
+SCAN_SWEEPS = 500  # sweeps read to fill `--limit` rows when regression runs are collapsed
+
+
+def _rows(sweeps: list[Any], progress: dict[int, dict[str, int]]) -> list[dict[str, Any]]:
+    """One row per sweep, newest first, except that the sweeps of one regression run (their `regress-run:` tag)
+    share one row: their ids as a range, the run's name, the counts summed, running/queued while any member is."""
+    rows: dict[Any, dict[str, Any]] = {}
+    for sw in sweeps:
+        run = next((t[len(RUN_TAG_PREFIX):] for t in sw.tags or () if t.startswith(RUN_TAG_PREFIX)), None)
+        row = rows.setdefault(("run", run) if run else sw.id, {"ids": [], "name": sw.name, "statuses": [], "run": run,
+                                                              "created": sw.created_at, "counts": Counter()})
+        row["ids"].append(sw.id)
+        row["statuses"].append(sw.status)
+        row["counts"].update(progress[sw.id])
+    for row in rows.values():
+        if row["run"] is not None:
+            row["name"] = f"regress run {row['run']} ({len(row['ids'])} sweeps)"
+        active = [st for st in row["statuses"] if st in ("running", "queued")]
+        row["status"] = active[0] if active else row["statuses"][0]
+        row["id"] = str(row["ids"][0]) if len(row["ids"]) == 1 else f"{min(row['ids'])}-{max(row['ids'])}"
+    return list(rows.values())
+
+
 def status(
     sweep: int | None = typer.Argument(None, help="sweep id (default: list recent sweeps)"),
     limit: int = typer.Option(20, "--limit", min=1, help="sweeps to list"),
@@ -42,14 +71,16 @@ def status(
     console = out_console()
     if sweep is None:
         with session_scope(url) as s:
-            sweeps, total = crud.list_sweeps(s, skip=0, limit=limit)
-            table = Table(title=f"sweeps ({len(sweeps)} of {total})", header_style="bold")
+            sweeps, total = crud.list_sweeps(s, skip=0, limit=max(limit, SCAN_SWEEPS))
+            rows = _rows(sweeps, crud.sweeps_progress(s, sweep_ids=[sw.id for sw in sweeps]))[:limit]
+            shown = sum(len(r["ids"]) for r in rows)
+            table = Table(title=f"sweeps ({shown} of {total}; a regression run's sweeps in one row)", header_style="bold")
             for col in ("id", "name", "status", "points", "done", "failed", "skipped", "queued", "running", "created"):
                 table.add_column(col)
-            for sw in sweeps:
-                c = crud.sweep_progress(s, sweep_id=sw.id)
-                table.add_row(str(sw.id), escape(sw.name), escape(sw.status), str(c["total"]), str(c["done"]), str(c["failed"]),
-                              str(c["skipped"]), str(c["queued"]), str(c["running"]), _age(sw.created_at))
+            for r in rows:
+                c = r["counts"]
+                table.add_row(r["id"], escape(r["name"]), escape(r["status"]), str(c["total"]), str(c["done"]), str(c["failed"]),
+                              str(c["skipped"]), str(c["queued"]), str(c["running"]), _age(r["created"]))
             workers = crud.list_workers(s)
             wt = Table(title=f"workers ({len(workers)})", header_style="bold")
             for col in ("name", "status", "devices", "point", "done", "heartbeat"):

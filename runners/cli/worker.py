@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from runners.cli.common import DbOption, resolve
 
@@ -34,8 +35,8 @@ def worker(
         lease_s=lease_s, heartbeat_s=heartbeat_s, name=name,
     )
     Console(stderr=True).print(
-        f"worker {stats.name}: {stats.done} done, {stats.failed} failed, {stats.released} released"
-        + (f" (stopped by {stats.stopped_by})" if stats.stopped_by else "")
+        f"worker {escape(stats.name)}: {stats.done} done, {stats.failed} failed, {stats.released} released"
+        + (f" (stopped by {escape(stats.stopped_by)})" if stats.stopped_by else "")
     )
 
 

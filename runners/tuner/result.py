@@ -15,12 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from db.models import TunedConfig
 
-__all__ = ["FLA_PREFIX", "TUNED_FIELDS", "KernelResult", "OnResult", "Trial", "TuneResult", "TuningStopped", "report_new"]
+__all__ = ["FLA_PREFIX", "TUNED_FIELDS", "KernelResult", "OnResult", "Trial", "TuneProgress", "TuneResult", "TuningStopped", "report_new"]
 
 FLA_PREFIX = "fla."  # FLA's kernels are stored as `fla.<kernel_name>` (exported in FLA's format, never in ours)
 TRIAL_FIELDS = ("kernel", "key", "config", "strategy", "rung", "status", "median_ms", "n", "error")  # stored
@@ -133,3 +133,14 @@ def report_new(on_result: OnResult | None, before: TuneResult, after: TuneResult
     new = after.kernels[len(before.kernels):]
     if on_result is not None and new:
         on_result(replace(after, kernels=new))
+
+
+class TuneProgress(Protocol):
+    """What a search is doing, for a caller that shows it (`cpbench tune`): each kernel and key as its search
+    starts, each trial as it ends."""
+
+    def kernel_started(self, kernel: str, key: str, *, configs: int, dropped: int) -> None:
+        """`configs`: how many the first rung (random: all) measures; `dropped`: configs left out as invalid for
+        the shape (`runners.tuner.trials.static_invalid_reason`)."""
+
+    def trial_done(self, trial: Trial[Any]) -> None: ...

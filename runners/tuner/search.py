@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kernels.configs import KernelSpec, LaunchConfig
 from runners.tuner.spec import STRATEGIES, TuneSpec
-from runners.tuner.trials import Trial
+from runners.tuner.trials import Trial, static_invalid_reason
 
 __all__ = ["STRATEGIES", "SearchResult", "candidates", "exhaustive", "first_rung", "pinned", "random_search", "search", "successive_halving"]
 
@@ -44,18 +45,21 @@ class SearchResult:
     default: Trial | None
 
 
-def candidates(spec: KernelSpec, default: LaunchConfig | None = None) -> list[LaunchConfig]:
+def candidates(spec: KernelSpec, default: LaunchConfig | None = None,
+               key: Mapping[str, Any] | None = None) -> list[LaunchConfig]:
     """The default config first, then the spec's hints, then every config of the space (deduplicated,
-    deterministic order). `pinned(spec, default)` of them lead: a budgeted draw always keeps those.
+    deterministic order). `pinned(spec, default, key)` of them lead: a budgeted draw always keeps those.
 
     default: the default as it actually launches, when the launcher adapts it to the shape (e.g. BV clamped
     to a small V); None = `spec.default`.
+    key: the kernel's shape key; the configs that cannot launch for it (`trials.static_invalid_reason`, e.g.
+    BV > V) are left out, so a budget is never spent on them (the default always stays: it launched).
     """
     default = default or spec.default
     out = [default]
     seen = {default}
     for cfg in (*spec.hints, *spec.configs()):
-        if cfg not in seen:
+        if cfg not in seen and (key is None or static_invalid_reason(cfg, key) is None):
             seen.add(cfg)
             out.append(cfg)
     return out
@@ -69,16 +73,18 @@ def _finish(trials: list[Trial], final: Sequence[Trial], default_cfg: LaunchConf
     return SearchResult(trials=trials, best=ok[0] if ok else None, runner_up=ok[1] if len(ok) > 1 else None, default=default)
 
 
-def pinned(spec: KernelSpec, default: LaunchConfig | None = None) -> int:
-    """How many leading `candidates(spec, default)` a budgeted draw keeps: the default and the distinct hints."""
+def pinned(spec: KernelSpec, default: LaunchConfig | None = None, key: Mapping[str, Any] | None = None) -> int:
+    """How many leading `candidates(spec, default, key)` a budgeted draw keeps: the default and the distinct hints
+    (those that can launch for `key`)."""
     default = default or spec.default
-    return 1 + len({h for h in spec.hints if h != default})
+    return 1 + len({h for h in spec.hints if h != default and (key is None or static_invalid_reason(h, key) is None)})
 
 
-def first_rung(spec: KernelSpec, default: LaunchConfig | None, budget: int | None, seed: int) -> list[LaunchConfig]:
+def first_rung(spec: KernelSpec, default: LaunchConfig | None, budget: int | None, seed: int,
+               key: Mapping[str, Any] | None = None) -> list[LaunchConfig]:
     """The configs a budgeted search of `spec` measures first (random_search's all, halving's rung 0): the default,
-    the hints, then a seeded draw of the rest up to `budget`."""
-    return _draw(candidates(spec, default), budget, seed, pinned(spec, default))
+    the hints, then a seeded draw of the rest up to `budget` (those that can launch for `key`)."""
+    return _draw(candidates(spec, default, key), budget, seed, pinned(spec, default, key))
 
 
 def _draw(configs: Sequence[LaunchConfig], budget: int | None, seed: int, pinned: int = 1) -> list[LaunchConfig]:

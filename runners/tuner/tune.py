@@ -40,8 +40,8 @@ from kernels.configs import KERNELS, LaunchConfig, get_spec
 from kernels.plan import LaunchPlan, LaunchRecorder
 from runners.tuner.clock import Timer, make_timer
 from runners.tuner.miscompiles import known_bad as known_bad_configs
-from runners.tuner.result import KernelResult, OnResult, TuneResult, report_new
-from runners.tuner.search import SearchResult, candidates, pinned, search
+from runners.tuner.result import KernelResult, OnResult, TuneProgress, TuneResult, report_new
+from runners.tuner.search import SearchResult, candidates, first_rung, pinned, search
 from runners.tuner.spec import TuneSpec
 from runners.tuner.trials import RunFn, Trial, TrialContext, run_trial
 from runners.workload import INPUT_NAMES, TORCH_DTYPES, make_inputs
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from db.models import TunedConfig
 
 __all__ = ["TRIAL_TOL", "Shape", "case_inputs", "case_tol", "device_facts", "launched_configs", "make_case",
+           "registered_kernels",
            "training_step", "tune_case", "tune_kernels", "tuned_table"]
 
 DEFAULTS = TuneSpec()
@@ -93,7 +94,25 @@ class Shape:
                 raise ValueError(f"varlen shape needs B=1 and T=sum(lengths), got B={d['B']}, T={d['T']}, lengths={d['lengths']}")
         if d.get("dtype", "bfloat16") not in TORCH_DTYPES:
             raise ValueError(f"shape dtype must be one of {sorted(TORCH_DTYPES)}, got dtype={d.get('dtype')!r}")
+        for dim in ("B", "T", "H", "K", "V"):
+            if dim in d and (isinstance(d[dim], bool) or not isinstance(d[dim], int) or d[dim] < 1):
+                raise ValueError(f"shape {dim} must be a positive integer, got {dim}={d[dim]!r}")
+        if d.get("lengths") is not None and (not d["lengths"] or min(d["lengths"]) < 1):
+            raise ValueError(f"shape lengths must be positive integers, got lengths={list(d['lengths'])}")
         return cls(**d)
+
+
+def registered_kernels() -> list[str]:
+    """The names of every Triton kernel with a declared launch-config space (imports the kernel modules of
+    `kernels.common`, which register their `KernelSpec`s), sorted: what `TuneSpec.kernels` may name."""
+    import importlib
+    import pkgutil
+
+    import kernels.common
+
+    for m in pkgutil.iter_modules(kernels.common.__path__):
+        importlib.import_module(f"kernels.common.{m.name}")
+    return sorted(KERNELS)
 
 
 def make_case(op: str, shape: Shape, device: torch.device | str) -> dict[str, Any]:
@@ -186,10 +205,13 @@ def tune_case(
     known_bad: Mapping[str, Mapping[LaunchConfig, str]] | None = None,
     timer: Timer | None = None,
     on_result: OnResult | None = None,
+    progress: TuneProgress | None = None,
 ) -> TuneResult:
     """Measure and decide, no store: tune every kernel `run` launches (or those in `spec.kernels`); see the module
     docstring. dtype: the case's (the trials' tolerance, `case_tol`). on_result: called with each kernel's result
     as soon as it is decided (`runners.tuner.result.OnResult`), the partial one of a device crash included.
+    progress: told of each kernel's search and each trial (`runners.tuner.result.TuneProgress`). Configs that
+    cannot launch for the kernel's key (BV > V, ...) are left out of its candidates before any budget is drawn.
 
     known_bad: {kernel: {config: error}} of configs that crashed the device elsewhere (a CUDA error poisons the
     process, so such configs are found in throwaway processes): recorded `failed` without launching.
@@ -220,11 +242,17 @@ def tune_case(
         trials: list[Trial] = []
         ctx = TrialContext(spec=get_spec(name), key=launched[name], run=run, fixed=dict(fixed), reference=reference,
                            tol=case_tol(spec, dtype), timer=timer, strategy=spec.strategy,
-                           record=trials.append, known_bad=dict(bad.get(name, {})), default=observed[name])
+                           record=functools.partial(_record, trials, progress), known_bad=dict(bad.get(name, {})),
+                           default=observed[name])
+        configs = candidates(ctx.spec, ctx.default, ctx.key)
+        if progress is not None:
+            progress.kernel_started(name, key_str(ctx.key), dropped=len(candidates(ctx.spec, ctx.default)) - len(configs),
+                                    configs=len(configs) if spec.strategy == "exhaustive" else
+                                    len(first_rung(ctx.spec, ctx.default, spec.budget, spec.seed, ctx.key)))
         try:
-            res = search(spec.strategy, candidates(ctx.spec, ctx.default), functools.partial(_measure, ctx), budget=spec.budget,
+            res = search(spec.strategy, configs, functools.partial(_measure, ctx), budget=spec.budget,
                          seed=spec.seed, samples=spec.samples, min_samples=spec.min_samples,
-                         max_samples=spec.max_samples, eta=spec.eta, pinned=pinned(ctx.spec, ctx.default))
+                         max_samples=spec.max_samples, eta=spec.eta, pinned=pinned(ctx.spec, ctx.default, ctx.key))
         except Exception as err:  # a device crash ends the search: the trials so far go with it
             partial = out.extended([_decide(ctx, trials, None)] if trials else [])
             report_new(on_result, out, partial)
@@ -235,6 +263,12 @@ def tune_case(
         if res.best is not None:
             fixed[name] = res.best.config
     return out
+
+
+def _record(trials: list[Trial], progress: TuneProgress | None, trial: Trial) -> None:
+    trials.append(trial)
+    if progress is not None:
+        progress.trial_done(trial)
 
 
 def _measure(ctx: TrialContext, cfg: LaunchConfig, n: int, rung: int) -> Trial:
@@ -275,6 +309,7 @@ def tune_kernels(
     backend: str = "triton",
     group: Any = None,
     on_result: OnResult | None = None,
+    progress: TuneProgress | None = None,
 ) -> TuneResult:
     """Tune the Triton kernels of `op` ("gdn" | "kda") at each shape, searching as `spec` says (module docstring).
 
@@ -285,13 +320,14 @@ def tune_kernels(
         device: where to tune (default: "cuda" when available, else "cpu").
         group: process group whose rank 0 tunes and broadcasts (default: the world when torch.distributed is up).
         on_result: called on rank 0 with each kernel's result as soon as it is decided (`tune_case`).
+        progress: told on rank 0 of each kernel's search and each trial (`tune_case`).
     A device crash raises `TuningStopped` with every shape's results so far.
     """
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     dist_on = torch.distributed.is_available() and torch.distributed.is_initialized()
     multi = dist_on and torch.distributed.get_world_size(group) > 1
     rank = torch.distributed.get_rank(group) if multi else 0
-    result = _tune_shapes(op, shapes, spec, device, backend, on_result) if rank == 0 else None
+    result = _tune_shapes(op, shapes, spec, device, backend, on_result, progress) if rank == 0 else None
     if multi:
         payload: list[Any] = [result]
         src = torch.distributed.get_global_rank(group, 0) if group is not None else 0
@@ -303,7 +339,7 @@ def tune_kernels(
 
 
 def _tune_shapes(op: str, shapes: Sequence[Shape | Mapping[str, Any]], spec: TuneSpec, device: torch.device,
-                 backend: str, on_result: OnResult | None) -> TuneResult:
+                 backend: str, on_result: OnResult | None, progress: TuneProgress | None = None) -> TuneResult:
     dev_name, cc = device_facts(device)
     out = TuneResult(device_name=dev_name, compute_capability=cc)
     for s in shapes:
@@ -311,7 +347,7 @@ def _tune_shapes(op: str, shapes: Sequence[Shape | Mapping[str, Any]], spec: Tun
         case = make_case(op, shape, device)
         try:
             got = tune_case(op_runner(op, case, backend=backend, direction=spec.direction), device=device, spec=spec,
-                            dtype=shape.dtype, on_result=on_result)
+                            dtype=shape.dtype, on_result=on_result, progress=progress)
         except Exception as err:  # the shapes tuned before a device crash are kept
             out.stop(err)
         out = out.extended(got.kernels)

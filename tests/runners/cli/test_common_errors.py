@@ -6,6 +6,10 @@ each verb (run, submit, worker, status, results, db, serve, configs, tune, regre
 `use_interpreter_if_cpu` sets TRITON_INTERPRET=1 for the kernel verbs on the CPU and only then, never overriding a
 value the user set; `available_backends` offers triton only with a GPU or the interpreter; a triton-backend sweep
 run by `cpbench run` in a fresh process without a GPU and without TRITON_INTERPRET finishes its point.
+Issue 28's command lines, each run as a real `cpbench` process: a malformed `--db`, an unreachable PostgreSQL URL
+(run, status, serve), `serve --port` out of range, `tune --device cuda` on a CPU host, a negative tune shape, a bad
+tune budget or kernel, tune against an unmigrated store (before any kernel runs), an empty token file: one line on
+stderr, exit 1; `worker --name '[/x]'` prints its name as given at exit.
 """
 
 from __future__ import annotations
@@ -159,3 +163,49 @@ def test_default_log_leaves_out_what_a_user_cannot_act_on(monkeypatch: pytest.Mo
     monkeypatch.setenv("KINETO_LOG_LEVEL", "1")  # the user's choice is kept
     logs.quiet(0)
     assert os.environ["KINETO_LOG_LEVEL"] == "1"
+
+
+UNREACHABLE_PG = "postgresql+psycopg://cpbench:secret@127.0.0.1:1/cpbench"  # nothing listens on port 1
+TUNE = ("tune", "--op", "gdn", "--shape", "B=1,T=64,H=1,K=16,V=16,dtype=float32")
+ONE_LINE = {
+    "db-not-a-url": (("status", "--db", "notaurl"), "invalid store URL"),
+    "run-unreachable-postgres": (("run", "{spec}", "--db", UNREACHABLE_PG), "store unreachable"),
+    "status-unreachable-postgres": (("status", "--db", UNREACHABLE_PG), "store unreachable"),
+    "serve-unreachable-postgres": (("serve", "--port", "0", "--db", UNREACHABLE_PG), "store unreachable"),
+    "serve-port-too-large": (("serve", "--port", "99999", "--db", "{db}"), "'--port'"),
+    "serve-port-negative": (("serve", "--port", "-5", "--db", "{db}"), "'--port'"),
+    "tune-cuda-on-cpu-host": ((*TUNE, "--device", "cuda", "--db", "{db}"), "no CUDA device"),
+    "tune-negative-shape": (("tune", "--op", "gdn", "--shape", "B=1,T=-64", "--db", "{db}"), "T must be a positive"),
+    "tune-negative-budget": ((*TUNE, "--budget", "-1", "--db", "{db}"), "'--budget'"),
+    "tune-unknown-kernel": ((*TUNE, "--kernel", "nosuch", "--db", "{db}"), "unknown kernel(s) nosuch"),
+    "tune-unmigrated-store": ((*TUNE, "--db", "{raw}"), "is not migrated"),
+    "serve-empty-token-file": (("serve", "--port", "0", "--db", "{db}"), "is empty"),
+}
+
+
+def _cpbench_process(args: tuple[str, ...], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """`cpbench ARGS` as a real process on the CPU (the user's view: stderr, exit code)."""
+    full = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO), **env}
+    return subprocess.run([sys.executable, "-m", "bench_server", *args], env=full, capture_output=True, text=True,
+                          timeout=120, cwd=cwd)
+
+
+@pytest.mark.parametrize("case", list(ONE_LINE))
+def test_issue_28_command_lines_one_line_exit_1(case: str, store_url: str, tmp_path: Path) -> None:  # noqa: F811
+    args, expected = ONE_LINE[case]
+    spec, empty = write_spec(tmp_path), tmp_path / "empty_token"
+    empty.write_text("")
+    raw = f"sqlite:///{tmp_path / 'raw.db'}"
+    proc = _cpbench_process(tuple(a.format(db=store_url, spec=spec, raw=raw) for a in args), tmp_path,
+                            CPBENCH_TOKEN_FILE=str(empty))
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 1, (case, proc.returncode, proc.stderr[-3000:])
+    assert len(lines) == 1 and lines[0].startswith("error:"), (case, proc.stderr[-3000:])
+    assert expected in lines[0], (case, lines[0])
+    assert "secret" not in proc.stderr and proc.stdout == "", (case, proc.stdout)
+
+
+def test_worker_name_with_markup_is_printed_as_given(store_url: str, tmp_path: Path) -> None:  # noqa: F811
+    proc = _cpbench_process(("worker", "--once", "--name", "[/x]", "--db", store_url), tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "worker [/x]:" in proc.stderr, proc.stderr

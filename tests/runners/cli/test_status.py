@@ -1,0 +1,39 @@
+"""`cpbench status` lists a regression run's sweeps as one row (issue 28, item 7's status part).
+
+Scenario: three sweeps of one regression run (their `regress-run:` tag, as `cpbench regress` submits them) and the
+user's own sweep after them: the sweeps table has two rows, the user's sweep and `regress run <id> (3 sweeps)`
+with the ids as a range and the points summed; `--limit 1` keeps the newest row.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from runners.baseline import RUN_TAG_PREFIX
+from runners.cli import status
+from tests.runners.engine_fixtures import store_url, write_spec  # noqa: F401
+from tests.utils.cli import cpbench as _cli
+
+
+def _submit(url: str, spec: Path) -> None:
+    from db.session import session_scope
+    from runners.engine import submit_spec
+
+    with session_scope(url) as s:
+        submit_spec(s, spec)
+
+
+def test_status_collapses_a_regression_runs_sweeps(store_url: str, tmp_path: Path) -> None:  # noqa: F811
+    assert status.RUN_TAG_PREFIX == RUN_TAG_PREFIX
+    for i in range(3):
+        _submit(store_url, write_spec(tmp_path, name=f"r{i}.yaml", tags=["nightly", f"{RUN_TAG_PREFIX}abc123"]))
+    _submit(store_url, write_spec(tmp_path, name="mine.yaml", tags=["mine"]))
+    code, out, err = _cli("status", "--db", store_url)
+    assert code == 0, err
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if "│ tiny" in line or "│ regress" in line]
+    assert [r[:4] for r in rows] == [["4", "tiny", "queued", "1"], ["1-3", "regress run abc123 (3 sweeps)", "queued", "3"]], (
+        rows
+    )
+    assert "sweeps (4 of 4" in out
+    code, out, _ = _cli("status", "--db", store_url, "--limit", "1")
+    assert code == 0 and "regress run" not in out and "sweeps (1 of 4" in out, out

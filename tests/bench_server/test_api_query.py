@@ -3,7 +3,7 @@ parameter a route does not take or a value outside the vocabulary, on every API 
 
 Scenarios: a sweep holding fwd and fwd+bwd points filtered by direction keeps exactly the matching rows; `foo=`,
 `modes=`, `direction=` on a route without them are 422 naming the parameter and the route's own ones; `mode=nosuch`
-is a 422 naming the allowed modes; an empty or unknown op / backend / direction / status is 422.
+is a 422 naming the allowed modes; an empty or unknown op / direction / status is 422.
 """
 
 from __future__ import annotations
@@ -85,7 +85,6 @@ def test_unknown_mode_names_the_allowed_values(client: httpx.Client) -> None:
         ("direction", ""),
         ("direction", "bwd"),
         ("op", "nosuch"),
-        ("backend", "cuda"),
         ("status", "lost"),
         ("op", ""),
         ("format", "xml"),

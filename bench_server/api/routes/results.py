@@ -1,8 +1,8 @@
 """Results: one flat row per point (point, measurement, profile, environment), filtered and paginated, as JSON
 ({data, count}) or CSV (`format=csv`; nested values as JSON text, the total count in `X-Total-Count`).
 
-The filters on named values (op, mode, backend, direction, status) take only the project's vocabulary: any other
-value is a 422 naming the allowed ones (not an empty page). Anonymous readers get neither the worker (host:pid)
+The filters on named values (op, mode, direction, status) take only the project's vocabulary: any other
+value is a 422 naming the allowed ones (not an empty page); `backend` takes peer plugins' names too. Anonymous readers get neither the worker (host:pid)
 nor the host of a result, as on /workers; a failed point's error is its summary line, without the traceback
 (`db.crud.short_error`; the full text stays in the worker's log and the store).
 """
@@ -20,18 +20,17 @@ from bench_server.schemas import ResultsPublic
 from dashboards.render import to_csv
 from db import crud
 from db.models import POINT_STATUSES
-from kernels.vocabulary import BACKENDS, MODES, OPS, POINT_DIRECTIONS
+from kernels.vocabulary import MODES, OPS, POINT_DIRECTIONS
 from runners.settings import DEFAULT_MAX_POINTS_PER_SWEEP
 from runners.spec import INT32_MAX
 
 if TYPE_CHECKING:
     OpName: TypeAlias = str
     ModeName: TypeAlias = str
-    BackendName: TypeAlias = str
     DirectionName: TypeAlias = str
     StatusName: TypeAlias = str
 else:  # Literal of the vocabularies: FastAPI answers 422 naming them, and the schema lists them
-    OpName, ModeName, BackendName = Literal[OPS], Literal[MODES], Literal[BACKENDS]
+    OpName, ModeName = Literal[OPS], Literal[MODES]
     DirectionName, StatusName = Literal[POINT_DIRECTIONS], Literal[POINT_STATUSES]
 
 router = APIRouter(prefix="/results", tags=["results"])
@@ -48,7 +47,7 @@ def read_results(
     sweep: int | None = Query(None, ge=1, le=INT32_MAX, description="sweep id"),
     op: OpName | None = None,
     mode: list[ModeName] | None = Query(None, description="repeat to match several"),
-    backend: BackendName | None = None,
+    backend: str | None = Query(None, max_length=255, description="torch, triton, fla or a peer plugin's name"),
     direction: DirectionName | None = Query(None, description="fwd (forward step) or fwd+bwd (training step)"),
     B: int | None = Query(None, ge=1, le=INT32_MAX),
     T: int | None = Query(None, ge=1, le=2**63 - 1),

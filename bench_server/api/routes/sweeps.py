@@ -53,7 +53,9 @@ def sweep_public(session: Session, sweep: Sweep) -> dict[str, Any]:
     dependencies=[Depends(require_token)],
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
         "schema": {"$ref": f"#/components/schemas/{SPEC_SCHEMA}"}}}}},
-    responses={401: {"model": Message},
+    responses={422: {"description": "the body is not JSON text, or not a valid spec (the fields named)", "content": {
+                   "application/json": {"schema": {"$ref": "#/components/schemas/HTTPValidationError"}}}},
+               401: {"model": Message},
                403: {"model": Message},
                413: {"model": Message, "description": "a body over CPBENCH_MAX_BODY_BYTES, or a grid of more points than "
                      "CPBENCH_MAX_POINTS_PER_SWEEP (20000 unless set)"}},
@@ -96,7 +98,9 @@ def read_sweep(session: SessionDep, sweep_id: int = Path(ge=1, le=INT32_MAX)) ->
 
 
 @router.post("/{sweep_id}/cancel", response_model=SweepCancelled, dependencies=[Depends(require_token)],
-             responses={401: {"model": Message}, 403: {"model": Message}, 404: {"model": Message}})
+             responses={422: {"description": "the body is not JSON text, or not a valid spec (the fields named)", "content": {
+                   "application/json": {"schema": {"$ref": "#/components/schemas/HTTPValidationError"}}}},
+               401: {"model": Message}, 403: {"model": Message}, 404: {"model": Message}})
 def cancel_sweep(session: SessionDep, sweep_id: int = Path(ge=1, le=INT32_MAX)) -> Any:
     """Cancel a sweep: its queued points are cancelled; running points finish and keep their results."""
     if (sweep := crud.get_sweep(session, sweep_id=sweep_id)) is None:

@@ -11,8 +11,10 @@ and measures, from this process:
 2. results under load: `--clients` threads, each on its own kept-alive connection, GET /api/v1/results?sweep=<id>
    (all 82 rows) for `--seconds` (target: p99 <= 100 ms);
 3. 1 MiB bodies: valid specs of ~1 MiB (one varlen length list of 340,000 entries; 10,000 length lists of 32)
-   validated in this process (`SweepSpec.model_validate_json`, the server's own parse, target <= 50 ms) and POSTed,
-   while another connection polls /healthz (target: /healthz <= 10 ms meanwhile).
+   validated in this process (`SweepSpec.model_validate_json`, the server's own parse, target <= 50 ms) and POSTed
+   (after one warm-up POST: the first submit imports the engine), while another connection polls /healthz (target:
+   /healthz <= 10 ms meanwhile). A POST's round trip also holds the submit: the grid expanded and its points
+   inserted (10,000 points for the second body), in the server's thread pool.
 
 Prints a Markdown report (the machine, its load average, the versions and the git sha with the figures); `--out`
 also writes it to a file.
@@ -54,9 +56,15 @@ def _summary(ms: list[float]) -> str:
     return f"n={len(ms)}, median {statistics.median(ms):.2f} ms, p90 {_pct(ms, 0.9):.2f}, p99 {_pct(ms, 0.99):.2f}, max {ms[-1]:.2f}"
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextmanager
-def served(url: str) -> Iterator[str]:
-    """`cpbench serve` on a free port in a child process; yields its base URL."""
+def served(url: str) -> Iterator[tuple[str, int]]:
+    """`cpbench serve` on a free port in a child process; yields its base URL and pid."""
     env = {**os.environ, "CPBENCH_API_TOKEN": TOKEN, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "bench_server", "serve", "--port", "0", "--db", url, "--log-level", "warning"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -80,7 +88,7 @@ def served(url: str) -> Iterator[str]:
             if time.monotonic() > deadline:
                 raise RuntimeError("cpbench serve does not answer /healthz")
             time.sleep(0.1)
-        yield base
+        yield base, proc.pid
     finally:
         proc.terminate()
         proc.wait(30)
@@ -158,6 +166,7 @@ def big_posts(base: str, body: bytes, repeat: int) -> tuple[list[float], list[fl
 
     prober = threading.Thread(target=probe)
     with httpx.Client(base_url=base, headers={**AUTH, "Content-Type": "application/json"}, timeout=60) as client:
+        assert client.post("/api/v1/sweeps", content=body).status_code == 201  # warm-up: the first submit imports the engine
         prober.start()
         try:
             for _ in range(repeat):
@@ -218,12 +227,17 @@ def main() -> None:
         upgrade(url)
         sweep_id = seed_store(url).sweep_id
         dispose_engine(url)
-        with served(url) as base:
+        with served(url) as (base, pid):
             lines += ["## 1. One kept-alive connection (target: median <= 2 ms)", ""]
             for path in ("/healthz", f"/api/v1/sweeps/{sweep_id}"):
-                lines.append(f"- GET {path}: {_summary(_ms(keep_alive(base, path, args.requests)))}")
+                cpu = cpu_s(pid)
+                ms = _ms(keep_alive(base, path, args.requests))
+                cpu_ms = (cpu_s(pid) - cpu) * 1e3 / (args.requests + 1)
+                lines.append(f"- GET {path}: {_summary(ms)}; server CPU {cpu_ms:.2f} ms per request")
             path = f"/api/v1/results?sweep={sweep_id}&limit=100"
+            cpu = cpu_s(pid)
             latencies, errors = under_load(base, path, args.clients, args.seconds)
+            cpu_ms = (cpu_s(pid) - cpu) * 1e3 / max(1, len(latencies))
             ms = _ms(latencies)
             lines += [
                 "",

@@ -244,7 +244,7 @@ def main() -> None:
                 f"## 2. GET /api/v1/results (82 rows) under {args.clients} clients for {args.seconds:g} s "
                 "(target: p99 <= 100 ms)",
                 "",
-                f"- {_summary(ms)}; {len(ms) / args.seconds:.0f} req/s; non-200: {errors}",
+                f"- {_summary(ms)}; {len(ms) / args.seconds:.0f} req/s; non-200: {errors}; server CPU {cpu_ms:.2f} ms per request",
             ]
             lines += ["", "## 3. Valid ~1 MiB bodies (targets: validated in <= 50 ms; /healthz <= 10 ms meanwhile)", ""]
             for name, body in bodies().items():

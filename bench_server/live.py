@@ -2,6 +2,11 @@
 
     with LiveServer(create_app(settings)) as server:
         httpx.get(server.url + "/healthz")
+
+`tcp_socket()` makes the listening socket of this and of `cpbench serve`: an IPPROTO_TCP socket with TCP_NODELAY.
+asyncio sets TCP_NODELAY on an accepted connection only when its socket says IPPROTO_TCP (a plain
+`socket(AF_INET, SOCK_STREAM)` says 0), and Linux copies the listener's TCP_NODELAY to what it accepts; without it,
+Nagle's algorithm and the client's delayed ACK hold each kept-alive answer's last segment for about 40 ms.
 """
 
 from __future__ import annotations
@@ -15,11 +20,23 @@ from typing import Any
 import uvicorn
 
 
+def tcp_socket(host: str) -> socket.socket:
+    """An unbound TCP socket for `host` (IPv6 when it holds a colon) with SO_REUSEADDR and TCP_NODELAY."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
 class LiveServer:
-    def __init__(self, app: Any, *, host: str = "127.0.0.1") -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((host, 0))
+    """`sock`: a bound socket to serve on (default: a new one on `host`, a free port)."""
+
+    def __init__(self, app: Any, *, host: str = "127.0.0.1", sock: socket.socket | None = None) -> None:
+        if sock is None:
+            sock = tcp_socket(host)
+            sock.bind((host, 0))
+        self.sock = sock
         self.port = self.sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))

@@ -8,41 +8,53 @@
 - mounts the REST API under /api/v1 (operation ids "<tag>-<name>"), its Swagger UI at /docs (served from the
   installed swagger-ui-bundle-v2 package, no CDN), /healthz, the dashboard pages and plotly.js at /static/plotly.min.js;
 - request bodies over CPBENCH_MAX_BODY_BYTES get 413, and so does a spec whose grid passes the points limit;
-- every bad input is a 4xx whose body is valid JSON (non-finite numbers in a 422 are echoed as text; a value the
-  store's column cannot hold is 422, not 500); a NUL in the URL is 422 and every response carries the security
-  headers (`core.hardening`);
-- `/healthz` says "store unavailable" and nothing more about a store error (the error goes to the server log).
+- every bad input is a 4xx whose body is valid JSON (non-finite numbers in a 422 are echoed as text, a lone
+  surrogate as its escape; a value the store's column cannot hold is 422, not 500); a query parameter a route does
+  not declare is 422 on /api/v1 and /healthz (`api.deps.reject_unknown_query`); a NUL in the URL is 422 and every
+  response carries the security headers (`core.hardening`);
+- while the store is unavailable (down, unreachable, or an SQLite write lock held past CPBENCH_STORE_WAIT_S) every
+  route that needs it answers 503 JSON with `Retry-After`, and `/healthz` says "store unavailable" and nothing more
+  (the error goes to the server log).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from sqlalchemy.exc import DataError
+from sqlalchemy.exc import DataError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from bench_server import docs, pages
-from bench_server.api.deps import SessionDep
+from bench_server.api.deps import SessionDep, reject_unknown_query
 from bench_server.api.router import api_router
+from bench_server.api.routes.sweeps import SPEC_SCHEMA
 from bench_server.core.config import API_V1_STR, ServerSettings, get_settings
 from bench_server.core.hardening import HardeningMiddleware
 from bench_server.core.limits import BodySizeLimitMiddleware
 from bench_server.core.security import ensure_api_token
-from bench_server.schemas import Health
+from bench_server.schemas import Health, SweepCreate
 from db import crud
 from db.migrate import require_migrated, safe_url
 from db.session import get_sessionmaker
+from runners.settings import get_worker_settings
 from runners.versions import cpbench_version
 
 __all__ = ["create_app"]
 
 logger = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 5  # what a 503 asks the client to wait: about a store restart's time, or a held lock's
+STORE_UNAVAILABLE = {"detail": "store unavailable; retry later"}
+_OUTAGES = (OperationalError, InterfaceError, PoolTimeoutError)  # the store is down, unreachable or locked
 
 
 def custom_generate_unique_id(route: APIRoute) -> str:
@@ -50,9 +62,16 @@ def custom_generate_unique_id(route: APIRoute) -> str:
 
 
 def _json_safe(value: Any) -> Any:
-    """`value` with every non-finite float as its text, so that the answer is valid JSON."""
+    """`value` with every non-finite float as its text and every string that UTF-8 cannot encode (a lone surrogate,
+    which JSON text may carry) with its escape, so that the answer is valid JSON."""
     if isinstance(value, float) and not math.isfinite(value):
         return repr(value)
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode()
+        return value
     if isinstance(value, dict):
         return {k: _json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -85,6 +104,19 @@ async def _data_error(request: Request, exc: DataError) -> Any:
                                                               "type": "store_range"}]})
 
 
+async def _store_unavailable(request: Request, exc: Exception) -> Any:
+    """A store outage is the server's temporary state, not a bug: 503 JSON with Retry-After, the error in the log."""
+    logger.warning("store unavailable for %s %s: %s", request.method, request.url.path,
+                   str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    return JSONResponse(status_code=503, content=STORE_UNAVAILABLE, headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+async def _unencodable(request: Request, exc: UnicodeEncodeError) -> Any:
+    """A string the store cannot encode (a lone surrogate in a body) is the client's error."""
+    return JSONResponse(status_code=422, content={"detail": [{"loc": ["body"], "type": "unicode",
+                                                              "msg": "a string is not valid Unicode (a lone surrogate)"}]})
+
+
 async def _overflow(request: Request, exc: OverflowError) -> Any:
     return JSONResponse(status_code=422, content={"detail": [{"loc": ["query"], "msg": "a number is out of range",
                                                               "type": "range"}]})
@@ -98,7 +130,41 @@ def _health(request: Request, session: SessionDep) -> Any:
         logger.warning("healthz: the store is unavailable", exc_info=True)
         db = "store unavailable"
     body = {"status": "ok" if db == "ok" else "degraded", "db": db, "version": request.app.version}
-    return JSONResponse(status_code=200 if db == "ok" else 503, content=body)
+    if db == "ok":
+        return JSONResponse(status_code=200, content=body)
+    return JSONResponse(status_code=503, content=body, headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+def _description(settings: ServerSettings) -> str:
+    reads = ("Reads (GET) are open: the token is optional (it shows workers' host and pid), unless the server runs "
+             "with CPBENCH_READS_OPEN=false." if settings.READS_OPEN else
+             "Reads (GET) need the token too: this server runs with CPBENCH_READS_OPEN=false.")
+    return (f"Writes (POST) need the API token as `Authorization: Bearer <token>`. {reads} "
+            f"A sweep's grid may hold at most {get_worker_settings().MAX_POINTS_PER_SWEEP} points "
+            f"(CPBENCH_MAX_POINTS_PER_SWEEP; larger: 413), a body at most {settings.MAX_BODY_BYTES} bytes "
+            "(CPBENCH_MAX_BODY_BYTES; larger: 413). Unknown query parameters and invalid values are 422; while the "
+            "store is unavailable, 503 with Retry-After.")
+
+
+def _openapi(app: FastAPI, reads_open: bool) -> Callable[[], dict[str, Any]]:
+    """The generated schema, with the token optional on reads when they are open (`security: [{bearer}, {}]`)."""
+
+    def build() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, summary=app.summary,
+                                 description=app.description, routes=app.routes)
+            spec = SweepCreate.model_json_schema(ref_template="#/components/schemas/{model}")
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.update(spec.pop("$defs", {}))
+            components[SPEC_SCHEMA] = spec  # the body of POST /sweeps, validated off the event loop (`spec_body`)
+            for path_item in schema.get("paths", {}).values():
+                get = path_item.get("get")
+                if reads_open and get is not None and get.get("security"):
+                    get["security"] = [*get["security"], {}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    return build
 
 
 def create_app(settings: ServerSettings | None = None) -> FastAPI:
@@ -110,13 +176,15 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         title="cpbench",
         version=cpbench_version(),
         summary="Benchmarks and autotuning of context-parallel delta-rule attention kernels (GDN, KDA)",
+        description=_description(settings),
         openapi_url=f"{API_V1_STR}/openapi.json",
         docs_url=None,  # served by bench_server.docs from local files, not FastAPI's CDN page
         redoc_url=None,
         generate_unique_id_function=custom_generate_unique_id,
     )
     app.state.settings = settings
-    app.state.sessionmaker = get_sessionmaker(settings.DATABASE_URL)
+    app.openapi = _openapi(app, settings.READS_OPEN)  # type: ignore[method-assign]
+    app.state.sessionmaker = get_sessionmaker(settings.DATABASE_URL, wait_s=settings.STORE_WAIT_S)
     app.state.api_token = token.token
     app.state.token_source = token.source
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.MAX_BODY_BYTES)
@@ -124,9 +192,13 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.exception_handler(RequestValidationError)(_validation_error)
     app.exception_handler(DataError)(_data_error)
     app.exception_handler(OverflowError)(_overflow)
+    app.exception_handler(UnicodeEncodeError)(_unencodable)
+    for outage in _OUTAGES:
+        app.exception_handler(outage)(_store_unavailable)
     app.include_router(api_router, prefix=API_V1_STR)
     app.add_api_route("/healthz", _health, methods=["GET"], response_model=Health, tags=["health"], name="healthz",
-                      summary="Liveness of the server and its database", responses={503: {"model": Health}})
+                      summary="Liveness of the server and its database", responses={503: {"model": Health}},
+                      dependencies=[Depends(reject_unknown_query)])
     app.include_router(docs.router)
     app.include_router(pages.static_router)
     app.include_router(pages.router)

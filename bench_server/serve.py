@@ -31,9 +31,10 @@ DEMO_SPEC = Path(__file__).resolve().parent.parent / "runners" / "suites" / "dem
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    """The listening socket; its accepted connections get TCP_NODELAY (`bench_server.live.tcp_socket`)."""
+    from bench_server.live import tcp_socket
+
+    sock = tcp_socket(host)
     try:
         sock.bind((host, port))
     except OSError as err:

@@ -537,6 +537,7 @@ def list_results(
     op: str | Sequence[str] | None = None,
     mode: str | Sequence[str] | None = None,
     backend: str | Sequence[str] | None = None,
+    direction: str | Sequence[str] | None = None,
     B: int | Sequence[int] | None = None,
     T: int | Sequence[int] | None = None,
     W: int | Sequence[int] | None = None,
@@ -555,15 +556,28 @@ def list_results(
     _check_page(skip, limit)
     stmt = _results_select()
     filters = {
-        Point.sweep_id: sweep_id, Point.op: op, Point.mode: mode, Point.backend: backend, Point.B: B, Point.T: T,
-        Point.W: W, Point.lb: lb, Environment.device_name: device, Point.status: status,
+        Point.sweep_id: sweep_id, Point.op: op, Point.mode: mode, Point.backend: backend, Point.direction: direction,
+        Point.B: B, Point.T: T, Point.W: W, Point.lb: lb, Environment.device_name: device, Point.status: status,
     }  # fmt: skip
     for column, value in filters.items():
         if value is not None:
             stmt = stmt.where(_match(column, value))
-    total = session.execute(select(func.count()).select_from(stmt.subquery())).scalar_one()
     rows = session.execute(stmt.order_by(Point.id).offset(skip).limit(limit)).mappings().all()
+    if 0 < len(rows) < limit or (skip == 0 and not rows):  # the last page: the count is known without a query
+        return [dict(row) for row in rows], skip + len(rows)
+    total = session.execute(select(func.count()).select_from(stmt.subquery())).scalar_one()
     return [dict(row) for row in rows], total
+
+
+def short_error(error: str | None) -> str | None:
+    """A stored point error without its traceback: the summary line ("rank 0: ValueError: ...", type and message)
+    and the traceback's last line when it says more, so that no frame or install path shows (a worker stores the
+    traceback, possibly cut to its tail, after that line). An error with no traceback is returned whole."""
+    if not error or ("Traceback (most recent call last):" not in error and '\n  File "' not in error):
+        return error
+    lines = [line for line in error.splitlines() if line.strip()]
+    first, last = lines[0], lines[-1]
+    return first if last[0].isspace() or last in first else f"{first}\n{last}"
 
 
 def results_by_key(session: Session, *, sweep_ids: Sequence[int]) -> dict[str, dict[str, Any]]:

@@ -7,7 +7,9 @@ with `BEGIN IMMEDIATE` (`begin_write`): it takes the write lock up front, and a 
 then never fail on a stale snapshot. PostgreSQL: plain engine with `pool_pre_ping`.
 
 Sessions come from `get_sessionmaker()` with `expire_on_commit=False`, so objects returned from a finished
-`session_scope()` stay readable.
+`session_scope()` stay readable. `wait_s` (the API server's `CPBENCH_STORE_WAIT_S`) gives an engine of its own that
+waits at most that long for SQLite's write lock, for a PostgreSQL connection and for a PostgreSQL lock: a request
+then fails fast (the server answers 503) where a worker, which rides out outages, waits the full busy timeout.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ SQLITE_BUSY_TIMEOUT_S = 30.0
 _IMMEDIATE = "cpbench_begin_immediate"  # connection execution option read by the SQLite `begin` hook
 
 _lock = threading.Lock()
-_engines: dict[tuple[int, str], Engine] = {}
-_makers: dict[tuple[int, str], sessionmaker[Session]] = {}
+_engines: dict[tuple[int, str, float | None], Engine] = {}
+_makers: dict[tuple[int, str, float | None], sessionmaker[Session]] = {}
 
 
 def resolve_url(url: str | None = None) -> str:
@@ -53,13 +55,22 @@ def sqlite_path(url: str) -> Path | None:
     return Path(database)
 
 
-def _create_engine(url: str) -> Engine:
+def _create_engine(url: str, wait_s: float | None = None) -> Engine:
     if not is_sqlite(url):
-        return create_engine(url, pool_pre_ping=True)
+        if wait_s is None:
+            return create_engine(url, pool_pre_ping=True)
+        options = f"-c lock_timeout={int(wait_s * 1000)}"
+        return create_engine(
+            url,
+            pool_pre_ping=True,
+            pool_timeout=wait_s,
+            connect_args={"connect_timeout": max(1, round(wait_s)), "options": options},
+        )
     path = sqlite_path(url)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False})
+    busy_s = SQLITE_BUSY_TIMEOUT_S if wait_s is None else min(wait_s, SQLITE_BUSY_TIMEOUT_S)
+    engine = create_engine(url, connect_args={"timeout": busy_s, "check_same_thread": False})
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -67,7 +78,7 @@ def _create_engine(url: str) -> Engine:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         # the busy timeout comes first so that switching to WAL waits for other processes too
-        cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+        cursor.execute(f"PRAGMA busy_timeout = {int(busy_s * 1000)}")
         cursor.execute("PRAGMA journal_mode = WAL")
         cursor.execute("PRAGMA synchronous = NORMAL")
         cursor.execute("PRAGMA foreign_keys = ON")
@@ -80,23 +91,23 @@ def _create_engine(url: str) -> Engine:
     return engine
 
 
-def get_engine(url: str | None = None) -> Engine:
-    """The engine for `url` (default: `CPBENCH_DATABASE_URL`), created once per URL and process."""
+def get_engine(url: str | None = None, *, wait_s: float | None = None) -> Engine:
+    """The engine for `url` (default: `CPBENCH_DATABASE_URL`), created once per URL, `wait_s` and process."""
     url = resolve_url(url)
-    key = (os.getpid(), url)
+    key = (os.getpid(), url, wait_s)
     with _lock:
         engine = _engines.get(key)
         if engine is None:
-            engine = _engines[key] = _create_engine(url)
+            engine = _engines[key] = _create_engine(url, wait_s)
             logger.debug("engine created for %s", engine.url.render_as_string(hide_password=True))
         return engine
 
 
-def get_sessionmaker(url: str | None = None) -> sessionmaker[Session]:
-    """A sessionmaker bound to `get_engine(url)`; sessions keep loaded attributes after commit."""
+def get_sessionmaker(url: str | None = None, *, wait_s: float | None = None) -> sessionmaker[Session]:
+    """A sessionmaker bound to `get_engine(url, wait_s=wait_s)`; sessions keep loaded attributes after commit."""
     url = resolve_url(url)
-    key = (os.getpid(), url)
-    engine = get_engine(url)
+    key = (os.getpid(), url, wait_s)
+    engine = get_engine(url, wait_s=wait_s)
     with _lock:
         maker = _makers.get(key)
         if maker is None:
@@ -135,11 +146,12 @@ def execute_rowcount(session: Session, statement: Executable) -> int:
 
 
 def dispose_engine(url: str | None = None) -> None:
-    """Close the pooled connections of `url`'s engine in this process and forget it (tests, database drops)."""
+    """Close the pooled connections of `url`'s engines in this process and forget them (tests, database drops)."""
     url = resolve_url(url)
-    key = (os.getpid(), url)
     with _lock:
-        _makers.pop(key, None)
-        engine = _engines.pop(key, None)
-    if engine is not None:
+        keys = [key for key in _engines if key[:2] == (os.getpid(), url)]
+        engines = [_engines.pop(key) for key in keys]
+        for key in keys:
+            _makers.pop(key, None)
+    for engine in engines:
         engine.dispose()

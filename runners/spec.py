@@ -90,8 +90,39 @@ def _listify(value: Any) -> Any:
     return [value]
 
 
+_SCALARS = frozenset((int, bool, float, str, type(None)))
+
+
 def _hashable(value: Any) -> Any:
-    return tuple(_hashable(v) for v in value) if isinstance(value, (list, tuple)) else value
+    if not isinstance(value, (list, tuple)):
+        return value
+    if set(map(type, value)) <= _SCALARS:  # a flat list (a long varlen length list): one C-level pass
+        return tuple(value)
+    return tuple(_hashable(v) for v in value)
+
+
+def _clean_values(data: Any) -> bool:
+    """No NUL in a string and no non-finite float anywhere in `data`: the fast pass of `_refuse_bad_values`, with
+    no locations (a flat list of ints, e.g. a 1 MiB varlen length list, costs one C-level pass)."""
+    stack = [data]
+    while stack:
+        x = stack.pop()
+        t = type(x)
+        if t is str:
+            if "\x00" in x:
+                return False
+        elif t is float:
+            if not math.isfinite(x):
+                return False
+        elif t is list or t is tuple:
+            if not set(map(type, x)) <= {int, bool, type(None)}:
+                stack.extend(x)
+        elif t is dict:
+            stack.extend(x)
+            stack.extend(x.values())
+        elif t not in _SCALARS:  # subclasses and other containers: the careful walk decides
+            return False
+    return True
 
 
 def _no_duplicates(values: list[Any], what: str) -> list[Any]:
@@ -148,9 +179,22 @@ def _refuse_oversized(data: Any) -> None:
         )
 
 
+def _refuse_many_mode_options(data: Any) -> None:
+    """`mode_options` keys are CP modes or backends of the spec: more keys than those can be refused at once."""
+    opts = data.get("mode_options") if isinstance(data, Mapping) else None
+    backends = data.get("backends") if isinstance(data, Mapping) else None
+    most = len(MODES) + (len(backends) if isinstance(backends, (list, tuple)) else 1)
+    if isinstance(opts, Mapping) and len(opts) > most:
+        raise PydanticCustomError("mode", "mode_options has {n} keys; its keys are CP modes ({ok}) or backends of the spec",
+                                  {"n": len(opts), "ok": ", ".join(x for x in MODES if x not in SINGLE_DEVICE)})
+
+
 def _refuse_bad_values(data: Any) -> None:
     """One walk over the raw input: a NUL in any string or a non-finite number anywhere (mode_options included)
-    is refused, since neither JSON nor PostgreSQL can hold it."""
+    is refused, since neither JSON nor PostgreSQL can hold it. The walk that names the location runs only when the
+    fast pass (`_clean_values`) finds something."""
+    if _clean_values(data):
+        return
     stack: list[tuple[str, Any]] = [("spec", data)]
     while stack:
         where, x = stack.pop()
@@ -402,6 +446,7 @@ class SweepSpec(BaseModel):
     @classmethod
     def _clean(cls, data: Any) -> Any:
         _refuse_oversized(data)  # first: a huge body is refused before any per-value work
+        _refuse_many_mode_options(data)
         _refuse_bad_values(data)
         return data
 

@@ -1,7 +1,11 @@
 """Dependencies of the routes, as `Annotated` aliases: a database session, the settings, and the token checks.
 
 `require_token` guards every write: no `Authorization: Bearer` header → 401 (with `WWW-Authenticate: Bearer`), a
-wrong token → 403. `require_read` does the same for reads only when `CPBENCH_READS_OPEN` is false.
+wrong token → 403. `require_read` does the same for reads only when `CPBENCH_READS_OPEN` is false; `is_trusted`
+says whether a caller presented the right token (what anonymous readers may not see, e.g. worker host and pid).
+`reject_unknown_query` (a dependency of every API route and /healthz) answers 422 to a query parameter the route
+does not declare, instead of ignoring it (`?direction=fwd` on a route without that filter would otherwise return
+every row).
 """
 
 from __future__ import annotations
@@ -10,13 +14,16 @@ from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
+from fastapi.dependencies.models import Dependant
+from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from bench_server.core.config import ServerSettings
 from bench_server.core.security import verify_token
 
-__all__ = ["SessionDep", "bearer", "SettingsDep", "get_db", "get_settings_dep", "require_read", "require_token"]
+__all__ = ["SessionDep", "bearer", "SettingsDep", "get_db", "get_settings_dep", "is_trusted", "reject_unknown_query",
+           "require_read", "require_token"]
 
 bearer = _bearer = HTTPBearer(auto_error=False, description="The API token (CPBENCH_API_TOKEN, or the one generated at first start)")
 
@@ -52,3 +59,39 @@ def require_read(request: Request, credentials: Credentials) -> None:
     """Reads: open by default; with CPBENCH_READS_OPEN=false, as for writes."""
     if not request.app.state.settings.READS_OPEN:
         _check(request, credentials)
+
+
+def is_trusted(request: Request, credentials: HTTPAuthorizationCredentials | None) -> bool:
+    """The caller presented the API token (whatever the read policy)."""
+    return credentials is not None and verify_token(credentials.credentials, request.app.state.api_token)
+
+
+def _query_names(dependant: Dependant) -> frozenset[str]:
+    names = {field.alias for field in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _query_names(sub)
+    return frozenset(names)
+
+
+def _allowed_query(route: object) -> frozenset[str]:
+    """The query parameters `route` declares (kept on the route: it is not hashable)."""
+    allowed = getattr(route, "_cpbench_query_names", None)
+    if allowed is None:
+        dependant = getattr(route, "dependant", None)
+        allowed = _query_names(dependant) if dependant is not None else frozenset()
+        if route is not None:
+            route._cpbench_query_names = allowed  # type: ignore[attr-defined]
+    return allowed
+
+
+def reject_unknown_query(request: Request) -> None:
+    """422 naming each query parameter the matched route does not declare, and the ones it does."""
+    allowed = _allowed_query(request.scope.get("route"))
+    unknown = [name for name in dict.fromkeys(request.query_params.keys()) if name not in allowed]
+    if unknown:
+        known = ", ".join(sorted(allowed)) or "none"
+        raise RequestValidationError([
+            {"type": "extra_forbidden", "loc": ("query", name), "input": request.query_params[name],
+             "msg": f"unknown query parameter {name!r}; this route takes: {known}"}
+            for name in unknown
+        ])

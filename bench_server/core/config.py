@@ -8,6 +8,7 @@
 | `CPBENCH_MAX_BODY_BYTES`       | 1048576                               | larger request bodies get 413                               |
 | `CPBENCH_MAX_POINTS_PER_SWEEP` | 20000                                 | read by the spec (`runners.settings`): a larger grid gets 413 |
 | `CPBENCH_TOKEN_FILE`           | unset                                 | where a generated token is kept, instead of the default     |
+| `CPBENCH_STORE_WAIT_S`         | 5                                     | longest wait of a request for the store (SQLite write lock, PostgreSQL connection or lock); then 503 |
 
 Tests build a `ServerSettings(...)` and pass it to `create_app(settings)`; `get_settings.cache_clear()` re-reads.
 """
@@ -22,15 +23,23 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from db.settings import check_database_url, get_db_settings
 
-__all__ = ["API_V1_STR", "ServerSettings", "get_settings"]
+__all__ = ["API_V1_STR", "MIN_TOKEN_CHARS", "ServerSettings", "check_token_length", "get_settings"]
 
 API_V1_STR = "/api/v1"
+MIN_TOKEN_CHARS = 16
+
+
+def check_token_length(token: str, where: str) -> None:
+    """A token shorter than MIN_TOKEN_CHARS is refused; the message gives its length, never the token."""
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ValueError(f"{where} must be at least {MIN_TOKEN_CHARS} characters, got {len(token)}")
 
 
 class ServerSettings(BaseSettings):
     """What `create_app` needs: the store, the token policy and the request limits."""
 
-    model_config = SettingsConfigDict(env_prefix="CPBENCH_", env_ignore_empty=True, extra="ignore")
+    # hide_input_in_errors: a refused CPBENCH_API_TOKEN is never echoed
+    model_config = SettingsConfigDict(env_prefix="CPBENCH_", env_ignore_empty=True, extra="ignore", hide_input_in_errors=True)
 
     # an unset (or, with env_ignore_empty, empty) variable falls back to the store's own settings, which refuse an
     # empty URL: so every command treats CPBENCH_DATABASE_URL="" alike
@@ -39,6 +48,7 @@ class ServerSettings(BaseSettings):
     READS_OPEN: bool = True
     MAX_BODY_BYTES: int = Field(1 << 20, ge=1024)
     TOKEN_FILE: Path | None = None
+    STORE_WAIT_S: float = Field(5.0, gt=0, le=300)
 
     @field_validator("DATABASE_URL")
     @classmethod
@@ -48,8 +58,8 @@ class ServerSettings(BaseSettings):
     @field_validator("API_TOKEN")
     @classmethod
     def _token(cls, value: str | None) -> str | None:
-        if value is not None and len(value.strip()) < 16:
-            raise ValueError(f"CPBENCH_API_TOKEN must be at least 16 characters, got {len(value.strip())}")
+        if value is not None:
+            check_token_length(value.strip(), "CPBENCH_API_TOKEN")
         return value.strip() if value else None
 
 

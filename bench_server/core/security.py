@@ -3,7 +3,10 @@ presented bearer token is checked (constant time).
 
 When `CPBENCH_API_TOKEN` is unset, the first start generates a token, writes it to `.cpbench/api_token` beside the
 SQLite database (beside the working directory for other databases; `CPBENCH_TOKEN_FILE` overrides), mode 600, and
-logs it once at WARNING; later starts read the same file and say only where it is.
+logs it once at WARNING; later starts read the same file and say only where it is. A token read from the file
+needs as many characters as CPBENCH_API_TOKEN (`MIN_TOKEN_CHARS`), and a file that other users may read (or write)
+is refused with the `chmod 600` that fixes it: a token others can read guards nothing. Every refusal is one
+`TokenFileError` line that never shows the token.
 """
 
 from __future__ import annotations
@@ -11,14 +14,15 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench_server.core.config import ServerSettings
+from bench_server.core.config import MIN_TOKEN_CHARS, ServerSettings
 from db.session import is_sqlite, sqlite_path
 from runners.errors import CpbenchError
 
-__all__ = ["ApiToken", "ensure_api_token", "token_file", "verify_token"]
+__all__ = ["ApiToken", "TokenFileError", "ensure_api_token", "token_file", "verify_token"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,12 +49,30 @@ def token_file(settings: ServerSettings) -> Path:
     return state / TOKEN_FILE_NAME
 
 
+class TokenFileError(CpbenchError):
+    """The token file cannot be used (too short, empty, or readable by others); the message says the fix."""
+
+
 def _read(path: Path) -> str | None:
+    """The token stored in `path`, None when there is no such file; refuses a file others may access or a short token."""
     try:
+        mode = path.stat().st_mode
         token = path.read_text().strip()
     except FileNotFoundError:
         return None
-    return token or None
+    except OSError as err:
+        raise TokenFileError(f"cannot read the token file {path}: {err.strerror}") from None
+    if os.name == "posix" and mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise TokenFileError(
+            f"token file {path} is accessible to other users (mode {stat.S_IMODE(mode):o}); run `chmod 600 {path}`"
+        )
+    if len(token) < MIN_TOKEN_CHARS:
+        what = "is empty" if not token else f"holds a token of {len(token)} characters"
+        raise TokenFileError(
+            f"token file {path} {what}; a token needs at least {MIN_TOKEN_CHARS}: delete the file "
+            "(a new token is generated at the next start) or set CPBENCH_API_TOKEN"
+        )
+    return token
 
 
 def ensure_api_token(settings: ServerSettings, *, announce: bool = True) -> ApiToken:
@@ -69,10 +91,10 @@ def ensure_api_token(settings: ServerSettings, *, announce: bool = True) -> ApiT
     try:
         # O_EXCL: two processes starting at once agree on whichever token was written first
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
+    except FileExistsError:  # written meanwhile by another process: it may still be empty for an instant
         stored = _read(path)
         if stored is None:
-            raise CpbenchError(f"token file {path} exists but is empty; delete it or set CPBENCH_API_TOKEN") from None
+            raise TokenFileError(f"token file {path} vanished while starting; start again") from None
         return ApiToken(stored, "file", path)
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")

@@ -1,19 +1,37 @@
 """Results: one flat row per point (point, measurement, profile, environment), filtered and paginated, as JSON
-({data, count}) or CSV (`format=csv`; nested values as JSON text, the total count in `X-Total-Count`)."""
+({data, count}) or CSV (`format=csv`; nested values as JSON text, the total count in `X-Total-Count`).
+
+The filters on named values (op, mode, direction, status) take only the project's vocabulary: any other
+value is a 422 naming the allowed ones (not an empty page); `backend` takes peer plugins' names too. Anonymous readers get neither the worker (host:pid)
+nor the host of a result, as on /workers; a failed point's error is its summary line, without the traceback
+(`db.crud.short_error`; the full text stays in the worker's log and the store).
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
+from fastapi.security import HTTPAuthorizationCredentials
 
-from bench_server.api.deps import SessionDep, require_read
+from bench_server.api.deps import SessionDep, bearer, is_trusted, require_read
 from bench_server.schemas import ResultsPublic
 from dashboards.render import to_csv
 from db import crud
+from db.models import POINT_STATUSES
+from kernels.vocabulary import MODES, OPS, POINT_DIRECTIONS
 from runners.settings import DEFAULT_MAX_POINTS_PER_SWEEP
 from runners.spec import INT32_MAX
+
+if TYPE_CHECKING:
+    OpName: TypeAlias = str
+    ModeName: TypeAlias = str
+    DirectionName: TypeAlias = str
+    StatusName: TypeAlias = str
+else:  # Literal of the vocabularies: FastAPI answers 422 naming them, and the schema lists them
+    OpName, ModeName = Literal[OPS], Literal[MODES]
+    DirectionName, StatusName = Literal[POINT_DIRECTIONS], Literal[POINT_STATUSES]
 
 router = APIRouter(prefix="/results", tags=["results"])
 
@@ -23,24 +41,35 @@ MAX_LIMIT = DEFAULT_MAX_POINTS_PER_SWEEP
 @router.get("", response_model=ResultsPublic, dependencies=[Depends(require_read)],
             responses={200: {"content": {"text/csv": {}}, "description": "JSON page, or CSV with format=csv"}})
 def read_results(
+    request: Request,
     session: SessionDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     sweep: int | None = Query(None, ge=1, le=INT32_MAX, description="sweep id"),
-    op: str | None = None,
-    mode: list[str] | None = Query(None, description="repeat to match several"),
-    backend: str | None = None,
+    op: OpName | None = None,
+    mode: list[ModeName] | None = Query(None, description="repeat to match several"),
+    backend: str | None = Query(None, max_length=255, description="torch, triton, fla or a peer plugin's name"),
+    direction: DirectionName | None = Query(None, description="fwd (forward step) or fwd+bwd (training step)"),
     B: int | None = Query(None, ge=1, le=INT32_MAX),
     T: int | None = Query(None, ge=1, le=2**63 - 1),
     W: int | None = Query(None, ge=1, le=INT32_MAX),
     lb: float | None = Query(None, ge=-1e300, le=0),
     device: str | None = Query(None, description="device name of the environment, e.g. 'NVIDIA H200' or 'cpu'"),
-    status: str | None = Query(None, description="point status: queued, running, done, failed, skipped, cancelled"),
+    status: StatusName | None = Query(None, description="point status"),
     skip: int = Query(0, ge=0, le=INT32_MAX),
     limit: int = Query(100, ge=1, le=MAX_LIMIT),
     format: Literal["json", "csv"] = "json",
 ) -> Any:
-    """Results of points, filtered by sweep, op, mode, backend, B, T, W, lb, device and status."""
-    rows, count = crud.list_results(session, sweep_id=sweep, op=op, mode=mode, backend=backend, B=B, T=T, W=W, lb=lb,
-                                    device=device, status=status, skip=skip, limit=limit)
+    """Results of points, filtered by sweep, op, mode, backend, direction, B, T, W, lb, device and status.
+
+    Without the token, `worker` and `host` are null; `error` is a failed point's summary line in every case.
+    """
+    rows, count = crud.list_results(session, sweep_id=sweep, op=op, mode=mode, backend=backend, direction=direction,
+                                    B=B, T=T, W=W, lb=lb, device=device, status=status, skip=skip, limit=limit)
+    trusted = is_trusted(request, credentials)
+    for row in rows:
+        row["error"] = crud.short_error(row["error"])
+        if not trusted:
+            row.update(worker=None, host=None)
     if format == "csv":
         name = f"cpbench-results{'-sweep' + str(sweep) if sweep is not None else ''}.csv"
         return Response(to_csv(rows, crud.RESULT_FIELDS), media_type="text/csv; charset=utf-8",

@@ -12,8 +12,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials
 
-from bench_server.api.deps import SessionDep, bearer, require_read
-from bench_server.core.security import verify_token
+from bench_server.api.deps import SessionDep, bearer, is_trusted, require_read
 from bench_server.schemas import WorkerPublic, WorkersPublic
 from db import crud
 from db.clock import store_now
@@ -28,7 +27,7 @@ def read_workers(request: Request, session: SessionDep,
     """Every registered worker; `alive` unless stopped or lost. Host and pid need the token."""
     now = store_now(session)
     default_lease = get_worker_settings().LEASE_S
-    trusted = credentials is not None and verify_token(credentials.credentials, request.app.state.api_token)
+    trusted = is_trusted(request, credentials)
     data = []
     for w in crud.list_workers(session):
         state = crud.worker_state(w, now, default_lease)

@@ -10,8 +10,9 @@
 - request bodies over CPBENCH_MAX_BODY_BYTES get 413, and so does a spec whose grid passes the points limit;
 - every bad input to the API is a 4xx whose body is valid JSON (a dashboard page answers HTML; non-finite
   numbers in a 422 are echoed as text, a lone surrogate as its escape; a value the store's column cannot hold is
-  422, not 500); a query parameter a route does not declare is 422 on /api/v1 and /healthz (`api.deps.reject_unknown_query`); a NUL in the URL is 422 and every
-  response carries the security headers (`core.hardening`);
+  422, not 500); a query parameter a route does not declare is 422 on /api/v1 and /healthz
+  (`api.deps.reject_unknown_query`); a NUL in the URL is 422 and every response carries the security headers
+  (`core.hardening`);
 - while the store is unavailable (down, unreachable, or an SQLite write lock held past CPBENCH_STORE_WAIT_S) every
   route that needs it answers 503 JSON with `Retry-After`, and `/healthz` says "store unavailable" and nothing more
   (the error goes to the server log).

@@ -55,6 +55,7 @@ from kernels.common.chunk_torch import (
     from_chunks,
     to_chunks,
 )
+from kernels.common.decay import GATE_FLOOR, floor_gate
 from kernels.common.index import ChunkIndex
 
 __all__ = ["chunk_bwd_torch"]
@@ -91,7 +92,7 @@ def chunk_bwd_torch(
 
     dh, dv_new, dS0 = _reverse_state_pass(prep, doc, index, scale, dht.to(cd) if dht is not None else torch.zeros_like(h0))
 
-    G = gc.cumsum(2)                                                   # [NT, H, C, Kg]
+    G = floor_gate(gc).cumsum(2)                                       # [NT, H, C, Kg] (kernels.common.decay)
     eG = G.exp()
     ht = h.transpose(-1, -2)                                           # [NT, H, V, K]
     dqg = scale * (doc @ ht)                                           # [NT, H, C, K]
@@ -129,6 +130,7 @@ def chunk_bwd_torch(
     if gc.shape[-1] == 1:
         dG = dG.sum(-1, keepdim=True)
     dg = dG.flip(2).cumsum(2).flip(2)                                  # G = cumsum(g) within the chunk
+    dg = dg.masked_fill(gc < GATE_FLOOR, 0.0)                          # the floor's clamp: 0 below it
 
     def out(x: Tensor, like: Tensor) -> Tensor:
         return from_chunks(x, index, B, T).to(like.dtype)

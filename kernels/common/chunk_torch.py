@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from kernels.common.decay import floor_gate
 from kernels.common.index import ChunkIndex
 
 __all__ = ["ChunkPrep", "chunk_fwd_torch", "chunk_prepare", "chunk_state_pass", "compute_dtype", "from_chunks", "to_chunks"]
@@ -80,7 +81,7 @@ def chunk_prepare(k: Tensor, v: Tensor, g: Tensor, beta: Tensor, q: Tensor | Non
     """Intra-chunk work on chunked fp32 inputs: k, q `[NT,H,C,K]`, v `[NT,H,C,V]`, g `[NT,H,C,Kg]`, beta `[NT,H,C]`."""
     NT, H, C, K = k.shape
     Kg = g.shape[-1]
-    G = g.cumsum(2)                                                     # [NT, H, C, Kg]
+    G = floor_gate(g).cumsum(2)                                         # [NT, H, C, Kg] (kernels.common.decay)
     causal = torch.ones(C, C, dtype=torch.bool, device=k.device).tril()
     strict = causal.tril(-1)
     A = k.new_empty(NT, H, C, C)

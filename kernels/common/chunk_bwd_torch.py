@@ -36,7 +36,8 @@ Per chunk (notation of chunk_torch.py; G = chunk-local cumsum of g, S = state en
 
 R and Cc for a per-key gate never form e^(G_i) or e^(-G_j) (overflow): they split e^(G_i - G_j) around the last row
 of j's sub-block, so every factor is <= 1 (the forward's `_per_key_products` trick); Cc is R on the time-reversed
-chunk (transpose and flip X, negate and flip G). Padding (varlen) tokens have k = v = beta = g = 0, so the padded
+chunk (transpose and flip X, negate and flip G). G is the cumsum of the floored gate (`kernels.common.decay`); dg of
+a gate below the floor is 0 (the clamp's gradient, the reference's value). Padding (varlen) tokens have k = v = beta = g = 0, so the padded
 computation equals the real one and their gradients are dropped by `from_chunks`.
 """
 

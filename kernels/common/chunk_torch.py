@@ -4,7 +4,8 @@ This is the `torch` backend of `kernels.forward` (and of `kernels.transition`, s
 machine without a GPU benchmarks. Shapes follow DESIGN.md §1. The gate is `[B, T, H, Kg]` with Kg == K
 (KDA) or Kg == 1 (GDN: its scalar gate broadcasts over the key dim).
 
-Per chunk of C tokens, with G the chunk-local cumulative log gate (natural log):
+Per chunk of C tokens, with G the chunk-local cumulative log gate (natural log) of the floored gate (any g <= 0,
+-inf masks included: `kernels.common.decay`, applied once in `chunk_prepare`):
 
     A    = StrictLower(beta_i sum_d k_id k_jd exp(G_id - G_jd))      T = (I + A)^-1 (triangular solve)
     w    = T (beta * exp(G) * K)           u = T (beta * V)          K~ = K * exp(G_C - G)

@@ -22,16 +22,22 @@ kernel is latency-bound at B=1, so occupancy is what counts):
    four independent chains interleaved), then block substitution T_IJ = -T_II sum_K A_IK T_KJ (tf32 products);
 3. w and u from the blocks of T (in the input dtype), in column blocks of BK / BV.
 
-KDA numerics, for any g <= 0: no exponential has a positive argument. The gate is floored where it is loaded
-(`kernels.common.decay`: -inf and -1000 masks give finite cumsums and exact zero decays across them). Below the
-diagonal, for row block I after column block J, exp(G_i - G_j) = exp(G_i - b_I) exp(b_I - G_j) with b_I the gate
-just before ROW block I (per key dim, FLA's reference): G is non-increasing, so both factors are <= 1 and an
-underflowed factor means a product below fp32 anyway; L_I = x exp(G - b_I) serves the three blocks of row I, the
-right factor k_J exp(b_I - G_J) is one [16, BK] exp per block pair (6). The four diagonal blocks take
-exp(G_i - G_j) elementwise, one column j at a time (`_diag_gram`: 16 [16, BK] exps per block, no tensor-core
-dot). kg = K exp(G_C - G) and qg = scale Q exp(G) are formed directly (exponents <= 0). Cost per chunk and
-K block of 16 columns against the old split (which needed g >= -5.5): +2 x 64 [16, BK] exps (the diagonal
-blocks, per gram: Aqk and A), +2 x 2 [16, BK] exps (right factors), and 4 fewer 16x16x16 dots per gram.
+KDA numerics, for any g <= 0: no exponential overflows. The gate is floored where it is loaded
+(`kernels.common.decay`: -inf and -1000 masks give finite cumsums and exact zero decays across them). For row
+block I (rows i), with b_I the gate just before it and e_I = b_(I+1) the gate at its last row (per key dim), the
+decay is split at a reference r_I: exp(G_i - G_j) = exp(G_i - r_I) exp(r_I - G_j).
+- Below the diagonal (j in an earlier block, G_j >= b_I >= r_I): the right factor k_j exp(r_I - G_j) <= 1, one
+  [16, BK] exp per block pair (6), and a tensor-core product with L_I = x exp(G - r_I).
+- Diagonal blocks, when every key's span b_I - e_I is below FAST_SPAN = 100 in all four blocks (every safe gate:
+  16 x 5 = 80): r_I = (b_I + e_I) / 2, both factors lie within e^(+-50), and the block is the tensor-core
+  product L_I (k_I exp(r_I - G_I))^T as before. Otherwise r_I = b_I (L_I <= 1) and the diagonal blocks take
+  exp(G_i - G_j) elementwise, one column j at a time (`_diag_gram`: 16 [16, BK] exps per block; FLA's form).
+  An underflowed right factor below the diagonal drops at most e^(50 - 87) = e^-37 of a term.
+- kg = K exp(G_C - G) and qg = scale Q exp(G) are formed directly (exponents <= 0).
+Cost per chunk, K block and gram (Aqk, A) against the old split, which needed g >= -5.5: 6 more [16, BK] exps
+(the right factors below the diagonal, formerly 6 [BK] vectors) and, for kg, 4 [16, BK] exps instead of 4 [BK];
+on the elementwise path 64 [16, BK] exps and 64 masked [16, BK] products and reductions replace the 4 diagonal
+16x16xBK dots.
 
 Grid: dense input (NT, B*H); varlen (NT_total, H) with the chunk index of `kernels.common.index`.
 """

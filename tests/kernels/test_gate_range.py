@@ -127,3 +127,17 @@ def test_decay_bound_finite_under_masks() -> None:
     assert bool(torch.isfinite(span).all())
     win = log_window_bound(ell, log_u, ends, starts, torch.tensor([False, True, True]))
     assert not bool(torch.isnan(win).any()) and bool(torch.isfinite(win[1:]).all())
+
+
+def test_gate_floor_is_a_reset_in_fp32() -> None:
+    """The premise of `kernels.common.decay`: exp of the floor (and of anything below it) is exactly 0 in fp32, a
+    gate at -inf becomes the floor, and the clamp's gradient is 0 below it (1 above)."""
+    from kernels.common.decay import GATE_FLOOR, floor_gate
+
+    assert torch.exp(torch.tensor(GATE_FLOOR, dtype=torch.float32)).item() == 0.0
+    assert torch.exp(torch.tensor(GATE_FLOOR * 64, dtype=torch.float32)).item() == 0.0
+    g = torch.tensor([float("-inf"), -1000.0, -112.5, -50.0, 0.0], requires_grad=True)
+    out = floor_gate(g)
+    assert out.tolist() == [GATE_FLOOR, GATE_FLOOR, GATE_FLOOR, -50.0, 0.0]
+    out.sum().backward()
+    assert g.grad is not None and g.grad.tolist() == [0.0, 0.0, 0.0, 1.0, 1.0]

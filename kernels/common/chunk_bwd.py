@@ -140,7 +140,7 @@ def _diag_rows(X3, b3, G3, BT: tl.constexpr, NB: tl.constexpr):
     o_i = tl.arange(0, 16)
     o_b = tl.arange(0, NB)
     D = tl.zeros_like(G3)
-    for jj in tl.static_range(16):
+    for jj in range(16):
         xc = tl.sum(tl.where(o_t[None, None, :] == (16 * o_b + jj)[:, None, None], X3, 0.), 2)  # [NB, 16] X_i,16I+jj
         m_j = (o_i == jj)[None, :, None]
         gj = tl.sum(tl.where(m_j, G3, 0.), 1)  # [NB, BK]
@@ -181,7 +181,7 @@ def _diag_cols(Xt3, a3, G3, BT: tl.constexpr, NB: tl.constexpr):
     o_i = tl.arange(0, 16)
     o_b = tl.arange(0, NB)
     D = tl.zeros_like(G3)
-    for ii in tl.static_range(16):
+    for ii in range(16):
         xc = tl.sum(tl.where(o_t[None, None, :] == (16 * o_b + ii)[:, None, None], Xt3, 0.), 2)  # [NB, 16] X_16J+ii,j
         m_i = (o_i == ii)[None, :, None]
         gi = tl.sum(tl.where(m_i, G3, 0.), 1)  # [NB, BK]

@@ -14,8 +14,9 @@ kb = beta exp(G) K, vb = beta V, w = T kb, u = T vb, K~ = K exp(G_C - G), Qg = s
 
 The decayed products of dAqk and dA (R(X, b)_i = sum_j X_ij b_j e^(G_i - G_j), Cc(X, a)_j = sum_i X_ij a_i
 e^(G_i - G_j)): for GDN one [C, C] decay tile; for KDA (a decay per key) the factor is split around the gate at
-a 16-row block boundary so that no exponential exceeds e^88 (the forward's rule: g >= -5.5 per token), one
-matmul per 16-row block of the output.
+the row block's boundary (both factors <= 1) for the earlier blocks, one matmul per 16-row block of the output,
+and taken elementwise inside the diagonal 16-row blocks (`_diag_rows` / `_diag_cols`), so no exponent is positive
+for any gate; the gate is floored where it is loaded (`kernels.common.decay`) and dg of a gate below the floor is 0.
 
 `chunk_bwd` is the whole backward: recompute (WY prep, T, the chunk states with the forward's sequence split),
 the reverse state pass (split the same way), then the two kernels above. Extra memory: the chunk states h and
@@ -40,6 +41,8 @@ from kernels.common.seqsplit import resolve_split, seg_chain_states
 from kernels.common.state_bwd import chunk_state_bwd, first_segments, seg_chain_bwd, state_bwd_config
 from kernels.common.wy import (
     BT_WY,
+    FAST_SPAN,
+    FLOOR,
     _decay,
     _gram,
     _kda_gram,
@@ -107,42 +110,98 @@ def _dot_prec(a, b, DT: tl.constexpr, PREC: tl.constexpr):
 @triton.jit
 def _rows_vec(X, b, G, BT: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """R_i = sum_{j <= i} X_ij b_j exp(G_i - G_j) per key: X [BT, BT] fp32 zero above the diagonal, b and G
-    [BT, BK] fp32 (G non-increasing down the rows). Row block I uses exp(G_i - g_I) exp(g_I - G_j), g_I the gate
-    before block I: both factors <= 1 except j inside block I (<= 16 tokens of decay). The row blocks are one
-    batched [BT/16, 16, BT] x [BT/16, BT, BK] product."""
+    [BT, BK] fp32 (G non-increasing down the rows), for any gate. Row block I uses exp(G_i - r_I) exp(r_I - G_j)
+    (one batched [BT/16, 16, BT] x [BT/16, BT, BK] product): if every key's decay over every block spans less
+    than FAST_SPAN (`kernels.common.wy`), r_I is the block's midpoint and the product covers j inside block I too
+    (factors within e^(FAST_SPAN/2)); else r_I = g_I, the gate before block I, the product covers the earlier
+    blocks only (factors <= 1) and j inside block I takes exp(G_i - G_j) elementwise (`_diag_rows`)."""
     NB: tl.constexpr = BT // 16
     o_t = tl.arange(0, BT)
     o_b = tl.arange(0, NB)
     gI = tl.sum(tl.where(o_t[None, :, None] == (16 * o_b - 1)[:, None, None], G[None, :, :], 0.), 1)  # [NB, BK]
-    m = o_t[None, :, None] < (16 * o_b + 16)[:, None, None]
-    right = b[None, :, :] * tl.exp(tl.where(m, gI[:, None, :] - G[None, :, :], float("-inf")))  # [NB, BT, BK]
+    eI = tl.sum(tl.where(o_t[None, :, None] == (16 * o_b + 15)[:, None, None], G[None, :, :], 0.), 1)
+    fast = tl.max(tl.max(gI - eI, 1), 0) < FAST_SPAN
+    rI = tl.where(fast, 0.5 * (gI + eI), gI)
+    m = o_t[None, :, None] < (16 * o_b + tl.where(fast, 16, 0))[:, None, None]
+    right = b[None, :, :] * tl.exp(tl.where(m, rI[:, None, :] - G[None, :, :], float("-inf")))  # [NB, BT, BK]
     part = _dot_prec(tl.reshape(X, (NB, 16, BT)), right, DT, PREC)  # [NB, 16, BK]
-    return tl.reshape(part * tl.exp(tl.reshape(G, (NB, 16, BK)) - gI[:, None, :]), (BT, BK))
+    G3 = tl.reshape(G, (NB, 16, BK))
+    part = part * tl.exp(G3 - rI[:, None, :])
+    if not fast:
+        part += _diag_rows(tl.reshape(X, (NB, 16, BT)), tl.reshape(b, (NB, 16, BK)), G3, BT, NB)
+    return tl.reshape(part, (BT, BK))
+
+
+@triton.jit
+def _diag_rows(X3, b3, G3, BT: tl.constexpr, NB: tl.constexpr):
+    """sum_{j in block I, j <= i} X_ij b_j exp(G_i - G_j) for the rows i of every block I: X3 [NB, 16, BT] (row
+    blocks of X), b3 and G3 [NB, 16, BK]; the decay elementwise (exponent <= 0), one column j of the block a step."""
+    o_t = tl.arange(0, BT)
+    o_i = tl.arange(0, 16)
+    o_b = tl.arange(0, NB)
+    D = tl.zeros_like(G3)
+    for jj in range(16):
+        xc = tl.sum(tl.where(o_t[None, None, :] == (16 * o_b + jj)[:, None, None], X3, 0.), 2)  # [NB, 16] X_i,16I+jj
+        m_j = (o_i == jj)[None, :, None]
+        gj = tl.sum(tl.where(m_j, G3, 0.), 1)  # [NB, BK]
+        bj = tl.sum(tl.where(m_j, b3, 0.), 1)
+        e = tl.exp(tl.where((o_i >= jj)[None, :, None], G3 - gj[:, None, :], float("-inf")))
+        D += xc[:, :, None] * bj[:, None, :] * e
+    return D
 
 
 @triton.jit
 def _cols_vec(X, a, G, BT: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
-    """Cc_j = sum_{i >= j} X_ij a_i exp(G_i - G_j) per key (as `_rows_vec`, split at the last row of j's block)."""
+    """Cc_j = sum_{i >= j} X_ij a_i exp(G_i - G_j) per key (as `_rows_vec`: split at r_J, the midpoint of j's block
+    when every span is below FAST_SPAN, the product then covering i inside j's block too; else at its last row e_J,
+    for i in the later blocks, and elementwise for i inside j's block, `_diag_cols`)."""
     NB: tl.constexpr = BT // 16
     o_t = tl.arange(0, BT)
     o_b = tl.arange(0, NB)
-    eJ = tl.sum(tl.where(o_t[None, :, None] == (16 * o_b + 15)[:, None, None], G[None, :, :], 0.), 1)  # [NB, BK]
-    m = o_t[None, :, None] >= (16 * o_b)[:, None, None]
-    left = a[None, :, :] * tl.exp(tl.where(m, G[None, :, :] - eJ[:, None, :], float("-inf")))  # [NB, BT, BK]
-    part = _dot_prec(tl.reshape(tl.trans(X), (NB, 16, BT)), left, DT, PREC)  # [NB, 16, BK]
-    return tl.reshape(part * tl.exp(eJ[:, None, :] - tl.reshape(G, (NB, 16, BK))), (BT, BK))
+    gJ = tl.sum(tl.where(o_t[None, :, None] == (16 * o_b - 1)[:, None, None], G[None, :, :], 0.), 1)  # [NB, BK]
+    eJ = tl.sum(tl.where(o_t[None, :, None] == (16 * o_b + 15)[:, None, None], G[None, :, :], 0.), 1)
+    fast = tl.max(tl.max(gJ - eJ, 1), 0) < FAST_SPAN
+    rJ = tl.where(fast, 0.5 * (gJ + eJ), eJ)
+    m = o_t[None, :, None] >= (16 * o_b + tl.where(fast, 0, 16))[:, None, None]
+    left = a[None, :, :] * tl.exp(tl.where(m, G[None, :, :] - rJ[:, None, :], float("-inf")))  # [NB, BT, BK]
+    Xt3 = tl.reshape(tl.trans(X), (NB, 16, BT))
+    part = _dot_prec(Xt3, left, DT, PREC)  # [NB, 16, BK]
+    G3 = tl.reshape(G, (NB, 16, BK))
+    part = part * tl.exp(rJ[:, None, :] - G3)
+    if not fast:
+        part += _diag_cols(Xt3, tl.reshape(a, (NB, 16, BK)), G3, BT, NB)
+    return tl.reshape(part, (BT, BK))
+
+
+@triton.jit
+def _diag_cols(Xt3, a3, G3, BT: tl.constexpr, NB: tl.constexpr):
+    """sum_{i in block J, i >= j} X_ij a_i exp(G_i - G_j) for the columns j of every block J: Xt3 [NB, 16, BT] (row
+    blocks of X^T), a3 and G3 [NB, 16, BK]; the decay elementwise (exponent <= 0), one row i of the block a step."""
+    o_t = tl.arange(0, BT)
+    o_i = tl.arange(0, 16)
+    o_b = tl.arange(0, NB)
+    D = tl.zeros_like(G3)
+    for ii in range(16):
+        xc = tl.sum(tl.where(o_t[None, None, :] == (16 * o_b + ii)[:, None, None], Xt3, 0.), 2)  # [NB, 16] X_16J+ii,j
+        m_i = (o_i == ii)[None, :, None]
+        gi = tl.sum(tl.where(m_i, G3, 0.), 1)  # [NB, BK]
+        ai = tl.sum(tl.where(m_i, a3, 0.), 1)
+        e = tl.exp(tl.where((o_i <= ii)[None, :, None], gi[:, None, :] - G3, float("-inf")))
+        D += xc[:, :, None] * ai[:, None, :] * e
+    return D
 
 
 @triton.jit
 def _gate_tile(g, p_row, m_r, o_k, K: tl.constexpr, GATE_VECTOR: tl.constexpr):
-    """The in-chunk cumsum of the raw gate: [BT, BK] (KDA, columns o_k) or [BT, 1] (GDN), fp32; 0 past T and K."""
+    """The in-chunk cumsum of the raw gate, floored (kernels.common.decay): [BT, BK] (KDA, columns o_k) or [BT, 1]
+    (GDN), fp32; 0 past T and K."""
     if GATE_VECTOR:
         b_g = tl.load(g + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None] & (o_k < K)[None, :],
                       other=0.).to(tl.float32)
-        b_G = tl.cumsum(b_g, 0)
+        b_G = tl.cumsum(tl.maximum(b_g, FLOOR), 0)
     else:
         b_g = tl.load(g + p_row, mask=m_r, other=0.).to(tl.float32)
-        b_G = tl.cumsum(b_g, 0)[:, None]
+        b_G = tl.cumsum(tl.maximum(b_g, FLOOR), 0)[:, None]
     return b_G
 
 
@@ -191,10 +250,10 @@ def wy_inverse_kernel(
     else:
         # the in-chunk cumsum of the raw gate, flat past T (as the WY prep: a zero there would make
         # exp(G_i - G_j) overflow against a strongly decayed G_j)
-        x0 = _load_vec(g, bos, t0, T, i_h, H, 16)
-        x1 = _load_vec(g, bos, t0 + 16, T, i_h, H, 16)
-        x2 = _load_vec(g, bos, t0 + 32, T, i_h, H, 16)
-        x3 = _load_vec(g, bos, t0 + 48, T, i_h, H, 16)
+        x0 = tl.maximum(_load_vec(g, bos, t0, T, i_h, H, 16), FLOOR)
+        x1 = tl.maximum(_load_vec(g, bos, t0 + 16, T, i_h, H, 16), FLOOR)
+        x2 = tl.maximum(_load_vec(g, bos, t0 + 32, T, i_h, H, 16), FLOOR)
+        x3 = tl.maximum(_load_vec(g, bos, t0 + 48, T, i_h, H, 16), FLOOR)
         g0 = tl.cumsum(x0, 0)
         g1 = tl.cumsum(x1, 0) + tl.sum(x0, 0)
         g2 = tl.cumsum(x2, 0) + tl.sum(x0, 0) + tl.sum(x1, 0)
@@ -399,12 +458,14 @@ def wy_bwd_kernel(
         tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_rk)
         b_dG = tl.load(dg_part + p_k, mask=m_rk, other=0.)
         b_dG += b_beta[:, None] * (b_kbd + b_k * b_ra) - b_k * b_ca
-        if GATE_VECTOR:
-            tl.store(dg + p_k, tl.cumsum(b_dG, 0, reverse=True).to(dg.dtype.element_ty), mask=m_rk)
+        if GATE_VECTOR:  # a gate below the floor gets 0 (the clamp's gradient, kernels.common.decay)
+            b_dG = tl.where(tl.load(g + p_k, mask=m_rk, other=0.) < FLOOR, 0., tl.cumsum(b_dG, 0, reverse=True))
+            tl.store(dg + p_k, b_dG.to(dg.dtype.element_ty), mask=m_rk)
         else:
             b_dgs += tl.sum(b_dG, 1)
     if not GATE_VECTOR:
-        tl.store(dg + p_row, tl.cumsum(b_dgs, 0, reverse=True).to(dg.dtype.element_ty), mask=m_r)
+        b_dgs = tl.where(tl.load(g + p_row, mask=m_r, other=0.) < FLOOR, 0., tl.cumsum(b_dgs, 0, reverse=True))
+        tl.store(dg + p_row, b_dgs.to(dg.dtype.element_ty), mask=m_r)
     tl.store(dbeta + p_row, b_db.to(dbeta.dtype.element_ty), mask=m_r)
 
 

@@ -36,7 +36,8 @@ Per chunk (notation of chunk_torch.py; G = chunk-local cumsum of g, S = state en
 
 R and Cc for a per-key gate never form e^(G_i) or e^(-G_j) (overflow): they split e^(G_i - G_j) around the last row
 of j's sub-block, so every factor is <= 1 (the forward's `_per_key_products` trick); Cc is R on the time-reversed
-chunk (transpose and flip X, negate and flip G). Padding (varlen) tokens have k = v = beta = g = 0, so the padded
+chunk (transpose and flip X, negate and flip G). G is the cumsum of the floored gate (`kernels.common.decay`); dg of
+a gate below the floor is 0 (the clamp's gradient, the reference's value). Padding (varlen) tokens have k = v = beta = g = 0, so the padded
 computation equals the real one and their gradients are dropped by `from_chunks`.
 """
 
@@ -55,6 +56,7 @@ from kernels.common.chunk_torch import (
     from_chunks,
     to_chunks,
 )
+from kernels.common.decay import GATE_FLOOR, floor_gate
 from kernels.common.index import ChunkIndex
 
 __all__ = ["chunk_bwd_torch"]
@@ -91,7 +93,7 @@ def chunk_bwd_torch(
 
     dh, dv_new, dS0 = _reverse_state_pass(prep, doc, index, scale, dht.to(cd) if dht is not None else torch.zeros_like(h0))
 
-    G = gc.cumsum(2)                                                   # [NT, H, C, Kg]
+    G = floor_gate(gc).cumsum(2)                                       # [NT, H, C, Kg] (kernels.common.decay)
     eG = G.exp()
     ht = h.transpose(-1, -2)                                           # [NT, H, V, K]
     dqg = scale * (doc @ ht)                                           # [NT, H, C, K]
@@ -129,6 +131,7 @@ def chunk_bwd_torch(
     if gc.shape[-1] == 1:
         dG = dG.sum(-1, keepdim=True)
     dg = dG.flip(2).cumsum(2).flip(2)                                  # G = cumsum(g) within the chunk
+    dg = dg.masked_fill(gc < GATE_FLOOR, 0.0)                          # the floor's clamp: 0 below it
 
     def out(x: Tensor, like: Tensor) -> Tensor:
         return from_chunks(x, index, B, T).to(like.dtype)

@@ -4,7 +4,8 @@ This is the `torch` backend of `kernels.forward` (and of `kernels.transition`, s
 machine without a GPU benchmarks. Shapes follow DESIGN.md §1. The gate is `[B, T, H, Kg]` with Kg == K
 (KDA) or Kg == 1 (GDN: its scalar gate broadcasts over the key dim).
 
-Per chunk of C tokens, with G the chunk-local cumulative log gate (natural log):
+Per chunk of C tokens, with G the chunk-local cumulative log gate (natural log) of the floored gate (any g <= 0,
+-inf masks included: `kernels.common.decay`, applied once in `chunk_prepare`):
 
     A    = StrictLower(beta_i sum_d k_id k_jd exp(G_id - G_jd))      T = (I + A)^-1 (triangular solve)
     w    = T (beta * exp(G) * K)           u = T (beta * V)          K~ = K * exp(G_C - G)
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from kernels.common.decay import floor_gate
 from kernels.common.index import ChunkIndex
 
 __all__ = ["ChunkPrep", "chunk_fwd_torch", "chunk_prepare", "chunk_state_pass", "compute_dtype", "from_chunks", "to_chunks"]
@@ -80,7 +82,7 @@ def chunk_prepare(k: Tensor, v: Tensor, g: Tensor, beta: Tensor, q: Tensor | Non
     """Intra-chunk work on chunked fp32 inputs: k, q `[NT,H,C,K]`, v `[NT,H,C,V]`, g `[NT,H,C,Kg]`, beta `[NT,H,C]`."""
     NT, H, C, K = k.shape
     Kg = g.shape[-1]
-    G = g.cumsum(2)                                                     # [NT, H, C, Kg]
+    G = floor_gate(g).cumsum(2)                                         # [NT, H, C, Kg] (kernels.common.decay)
     causal = torch.ones(C, C, dtype=torch.bool, device=k.device).tril()
     strict = causal.tril(-1)
     A = k.new_empty(NT, H, C, C)

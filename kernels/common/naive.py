@@ -6,7 +6,9 @@ It lives in `common/` because it is also the general per-token reference that `c
     S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T,    o_t = scale * S_t^T q_t
 
 with a per-key-dim natural-log gate g `[B, T, H, K]`. Varlen via `cu_seqlens` (B == 1), optional initial
-state in and final state out. A Python loop over tokens: slow on purpose, obviously right.
+state in and final state out. A Python loop over tokens: slow on purpose, obviously right. Any g <= 0 is exact,
+-1000 and -inf masks included: each token multiplies by exp(g_t) (0 at -inf) and no cumulative sums are subtracted,
+so it needs no gate floor (`kernels.common.decay`); autograd gives a masked gate the gradient 0 (exp(g) = 0).
 """
 
 from __future__ import annotations

@@ -23,10 +23,22 @@ kernel is latency-bound at B=1, so occupancy is what counts):
    four independent chains interleaved), then block substitution T_IJ = -T_II sum_K A_IK T_KJ (tf32 products);
 3. w and u from the blocks of T (in the input dtype), in column blocks of BK / BV.
 
-KDA numerics: for the rows of block I, exp(G_i - G_j) = exp(G_i - b_I) exp(b_I - b_J) exp(b_J - G_j) with b_I
-the gate just before block I (per key dim). The first two factors are <= 1; the third spans at most the 16
-tokens of block J, so the per-key log-decay summed over 16 consecutive tokens must stay above -88 (fp32 exp
-overflow): g >= -5.5 per token is always safe (FLA's safe_gate asks g >= -5).
+KDA numerics, for any g <= 0: no exponential overflows. The gate is floored where it is loaded
+(`kernels.common.decay`: -inf and -1000 masks give finite cumsums and exact zero decays across them). For row
+block I (rows i), with b_I the gate just before it and e_I = b_(I+1) the gate at its last row (per key dim), the
+decay is split at a reference r_I: exp(G_i - G_j) = exp(G_i - r_I) exp(r_I - G_j).
+- Below the diagonal (j in an earlier block, G_j >= b_I >= r_I): the right factor k_j exp(r_I - G_j) <= 1, one
+  [16, BK] exp per block pair (6), and a tensor-core product with L_I = x exp(G - r_I).
+- Diagonal blocks, when every key's span b_I - e_I is below FAST_SPAN = 100 in all four blocks (every safe gate:
+  16 x 5 = 80): r_I = (b_I + e_I) / 2, both factors lie within e^(+-50), and the block is the tensor-core
+  product L_I (k_I exp(r_I - G_I))^T as before. Otherwise r_I = b_I (L_I <= 1) and the diagonal blocks take
+  exp(G_i - G_j) elementwise, one column j at a time (`_diag_gram`: 16 [16, BK] exps per block; FLA's form).
+  An underflowed right factor below the diagonal drops at most e^(50 - 87) = e^-37 of a term.
+- kg = K exp(G_C - G) and qg = scale Q exp(G) are formed directly (exponents <= 0).
+Cost per chunk, K block and gram (Aqk, A) against the old split, which needed g >= -5.5: 6 more [16, BK] exps
+(the right factors below the diagonal, formerly 6 [BK] vectors) and, for kg, 4 [16, BK] exps instead of 4 [BK];
+on the elementwise path 64 [16, BK] exps and 64 masked [16, BK] products and reductions replace the 4 diagonal
+16x16xBK dots.
 
 Grid: dense input (NT, B*H); varlen (NT_total, H) with the chunk index of `kernels.common.index`.
 """
@@ -39,6 +51,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels.common.chunk_program import chunk_of_program
+from kernels.common.decay import GATE_FLOOR
 from kernels.common.index import ChunkIndex
 from kernels.configs import KernelSpec, LaunchConfig, head_block, register
 from kernels.plan import LaunchPlan, launch_config
@@ -47,6 +60,11 @@ __all__ = ["BT_WY", "CHUNK_SIZES", "WY_GDN_FWD", "WY_KDA_FWD", "wy_gdn_fwd", "wy
 
 BT_WY = 64  # the default chunk size: the kernels are written for 4 blocks of 16 rows
 CHUNK_SIZES = (16, 32, 64)  # the chunk sizes they take (a 16- or 32-token chunk leaves the blocks past it empty)
+FLOOR = tl.constexpr(GATE_FLOOR)  # the gate floor of kernels.common.decay, applied where a kernel loads g for G
+# a 16-row block whose per-key decay spans less than this (all keys of the tile) takes its diagonal block as a
+# tensor-core product of factors within e^(+-SPAN/2) (exact: no overflow, an underflowed right factor below the
+# diagonal loses at most e^(SPAN/2 - 87) = e^-37 of a term); a larger span takes it elementwise
+FAST_SPAN = tl.constexpr(100.0)
 
 WY_GDN_FWD = register(KernelSpec(
     name="wy_gdn_fwd",
@@ -265,10 +283,10 @@ def wy_gdn_fwd_kernel(
     o_i = tl.arange(0, 16)
 
     # the gate's in-chunk cumsum, block by block with the carry of the blocks before
-    x0 = _load_vec(g, bos, t0, T, i_h, H, 16)
-    x1 = _load_vec(g, bos, t0 + 16, T, i_h, H, 16)
-    x2 = _load_vec(g, bos, t0 + 32, T, i_h, H, 16)
-    x3 = _load_vec(g, bos, t0 + 48, T, i_h, H, 16)
+    x0 = tl.maximum(_load_vec(g, bos, t0, T, i_h, H, 16), FLOOR)
+    x1 = tl.maximum(_load_vec(g, bos, t0 + 16, T, i_h, H, 16), FLOOR)
+    x2 = tl.maximum(_load_vec(g, bos, t0 + 32, T, i_h, H, 16), FLOOR)
+    x3 = tl.maximum(_load_vec(g, bos, t0 + 48, T, i_h, H, 16), FLOOR)
     g0 = tl.cumsum(x0, 0)
     g1 = tl.cumsum(x1, 0) + tl.sum(x0, 0)
     g2 = tl.cumsum(x2, 0) + tl.sum(x0, 0) + tl.sum(x1, 0)
@@ -338,12 +356,12 @@ def wy_gdn_fwd_kernel(
 
 @triton.jit
 def _kda_gate(g, bos, t0, T, i_h, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
-    """In-chunk cumsum G of the per-key gate for columns [c0, c0+BK), as four [16, BK] fp32 blocks, and the
-    gate before each block (b1, b2, b3; b0 = 0) and at the chunk's last row (gl), [BK] each."""
-    x0 = _load_tile(g, bos, t0, T, i_h, H, K, c0, 16, BK).to(tl.float32)
-    x1 = _load_tile(g, bos, t0 + 16, T, i_h, H, K, c0, 16, BK).to(tl.float32)
-    x2 = _load_tile(g, bos, t0 + 32, T, i_h, H, K, c0, 16, BK).to(tl.float32)
-    x3 = _load_tile(g, bos, t0 + 48, T, i_h, H, K, c0, 16, BK).to(tl.float32)
+    """In-chunk cumsum G of the per-key gate (floored, kernels.common.decay) for columns [c0, c0+BK), as four
+    [16, BK] fp32 blocks, and the gate before each block (b1, b2, b3; b0 = 0) and at the chunk's last row (gl)."""
+    x0 = tl.maximum(_load_tile(g, bos, t0, T, i_h, H, K, c0, 16, BK).to(tl.float32), FLOOR)
+    x1 = tl.maximum(_load_tile(g, bos, t0 + 16, T, i_h, H, K, c0, 16, BK).to(tl.float32), FLOOR)
+    x2 = tl.maximum(_load_tile(g, bos, t0 + 32, T, i_h, H, K, c0, 16, BK).to(tl.float32), FLOOR)
+    x3 = tl.maximum(_load_tile(g, bos, t0 + 48, T, i_h, H, K, c0, 16, BK).to(tl.float32), FLOOR)
     b1 = tl.sum(x0, 0)
     b2 = b1 + tl.sum(x1, 0)
     b3 = b2 + tl.sum(x2, 0)
@@ -356,12 +374,27 @@ def _kda_gate(g, bos, t0, T, i_h, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.c
 
 
 @triton.jit
+def _diag_gram(x, k, G, BK: tl.constexpr):
+    """sum_d x_id k_jd exp(G_id - G_jd) for j <= i in one 16-row block (0 above the diagonal), x, k, G [16, BK]
+    fp32: the decay taken elementwise (G_i - G_j <= 0), one column j at a time (FLA's diagonal blocks)."""
+    o_i = tl.arange(0, 16)
+    X = tl.zeros([16, 16], dtype=tl.float32)
+    for j in tl.static_range(16):
+        m_j = (o_i == j)[:, None]
+        kj = tl.sum(tl.where(m_j, k, 0.), 0)
+        gj = tl.sum(tl.where(m_j, G, 0.), 0)
+        e = tl.exp(tl.where((o_i >= j)[:, None], G - gj[None, :], float("-inf")))
+        X = tl.where((o_i == j)[None, :], tl.sum(x * kj[None, :] * e, 1)[:, None], X)
+    return X
+
+
+@triton.jit
 def _kda_gram(x, k, g, xg, bos, t0, T, i_h, gc, scale, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
               IS_K: tl.constexpr):
     """The 10 lower 16x16 blocks of sum_d x_id k_jd exp(G_id - G_jd) (fp32; diagonal blocks unmasked), over column
-    blocks of BK, each factor split at the gate b_I before the row block (module docstring). On the way it
-    stores the gated copy of x: kg = K exp(G_C - G) and gc (IS_K; `gc` points at the chunk's row), or
-    qg = scale Q exp(G) (`gc` unused)."""
+    blocks of BK, every exponent <= 0 (module docstring): below the diagonal the factors are split at the gate b_I
+    before the ROW block, the diagonal blocks take the decay elementwise. On the way it stores the gated copy
+    of x: kg = K exp(G_C - G) and gc (IS_K; `gc` points at the chunk's row), or qg = scale Q exp(G) (`gc` unused)."""
     X00 = tl.zeros([16, 16], dtype=tl.float32)
     X10 = tl.zeros([16, 16], dtype=tl.float32)
     X11 = tl.zeros([16, 16], dtype=tl.float32)
@@ -375,37 +408,54 @@ def _kda_gram(x, k, g, xg, bos, t0, T, i_h, gc, scale, H: tl.constexpr, K: tl.co
     for i_k in range(tl.cdiv(K, BK)):
         c0 = i_k * BK
         G0, G1, G2, G3, g1, g2, g3, gl = _kda_gate(g, bos, t0, T, i_h, H, K, c0, BK)
-        # right factors k_j exp(b_J - G_j) (a span of <= 16 tokens), times exp(b_I - b_J) <= 1 for row block I > J
-        R0 = _load_tile(k, bos, t0, T, i_h, H, K, c0, 16, BK).to(tl.float32) * tl.exp(-G0)
-        R1 = _load_tile(k, bos, t0 + 16, T, i_h, H, K, c0, 16, BK).to(tl.float32) * tl.exp(g1[None, :] - G1)
-        R2 = _load_tile(k, bos, t0 + 32, T, i_h, H, K, c0, 16, BK).to(tl.float32) * tl.exp(g2[None, :] - G2)
-        R3 = _load_tile(k, bos, t0 + 48, T, i_h, H, K, c0, 16, BK).to(tl.float32) * tl.exp(g3[None, :] - G3)
-        # left factors x_i exp(G_i - b_I) <= 1
-        L0 = _load_tile(x, bos, t0, T, i_h, H, K, c0, 16, BK).to(tl.float32) * tl.exp(G0)
-        L1 = _load_tile(x, bos, t0 + 16, T, i_h, H, K, c0, 16, BK).to(tl.float32) * tl.exp(G1 - g1[None, :])
-        L2 = _load_tile(x, bos, t0 + 32, T, i_h, H, K, c0, 16, BK).to(tl.float32) * tl.exp(G2 - g2[None, :])
-        L3 = _load_tile(x, bos, t0 + 48, T, i_h, H, K, c0, 16, BK).to(tl.float32) * tl.exp(G3 - g3[None, :])
-        if IS_K:  # kg = K exp(G_C - G) = R_J exp(G_C - b_J); gc = G_C
+        k0 = _load_tile(k, bos, t0, T, i_h, H, K, c0, 16, BK).to(tl.float32)
+        k1 = _load_tile(k, bos, t0 + 16, T, i_h, H, K, c0, 16, BK).to(tl.float32)
+        k2 = _load_tile(k, bos, t0 + 32, T, i_h, H, K, c0, 16, BK).to(tl.float32)
+        k3 = _load_tile(k, bos, t0 + 48, T, i_h, H, K, c0, 16, BK).to(tl.float32)
+        x0 = _load_tile(x, bos, t0, T, i_h, H, K, c0, 16, BK).to(tl.float32)
+        x1 = _load_tile(x, bos, t0 + 16, T, i_h, H, K, c0, 16, BK).to(tl.float32)
+        x2 = _load_tile(x, bos, t0 + 32, T, i_h, H, K, c0, 16, BK).to(tl.float32)
+        x3 = _load_tile(x, bos, t0 + 48, T, i_h, H, K, c0, 16, BK).to(tl.float32)
+        # the reference of row block I: b_I - s_I, with s_I = half the block's span (per key) when every key's span is
+        # < FAST_SPAN, else 0
+        fast = tl.max(tl.maximum(tl.maximum(-g1, g1 - g2), tl.maximum(g2 - g3, g3 - gl)), 0) < FAST_SPAN
+        r0 = tl.where(fast, 0.5 * g1, 0.)
+        r1 = tl.where(fast, 0.5 * (g1 + g2), g1)
+        r2 = tl.where(fast, 0.5 * (g2 + g3), g2)
+        r3 = tl.where(fast, 0.5 * (g3 + gl), g3)
+        # left factors x_i exp(G_i - r_I) <= exp(s_I)
+        L0 = x0 * tl.exp(G0 - r0[None, :])
+        L1 = x1 * tl.exp(G1 - r1[None, :])
+        L2 = x2 * tl.exp(G2 - r2[None, :])
+        L3 = x3 * tl.exp(G3 - r3[None, :])
+        if IS_K:  # kg = K exp(G_C - G) <= K; gc = G_C
             tl.store(gc + c0 + tl.arange(0, BK), gl, mask=c0 + tl.arange(0, BK) < K)
-            _store_tile(xg, R0 * tl.exp(gl)[None, :], bos, t0, T, i_h, H, K, c0, 16, BK)
-            _store_tile(xg, R1 * tl.exp(gl - g1)[None, :], bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
-            _store_tile(xg, R2 * tl.exp(gl - g2)[None, :], bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
-            _store_tile(xg, R3 * tl.exp(gl - g3)[None, :], bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
-        else:  # qg = scale Q exp(G) = scale L_I exp(b_I)
-            _store_tile(xg, L0 * scale, bos, t0, T, i_h, H, K, c0, 16, BK)
-            _store_tile(xg, L1 * (scale * tl.exp(g1))[None, :], bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
-            _store_tile(xg, L2 * (scale * tl.exp(g2))[None, :], bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
-            _store_tile(xg, L3 * (scale * tl.exp(g3))[None, :], bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
-        X00 = tl.dot(L0, tl.trans(R0), X00)
-        X10 = tl.dot(L1, tl.trans(R0 * tl.exp(g1)[None, :]), X10)
-        X11 = tl.dot(L1, tl.trans(R1), X11)
-        X20 = tl.dot(L2, tl.trans(R0 * tl.exp(g2)[None, :]), X20)
-        X21 = tl.dot(L2, tl.trans(R1 * tl.exp(g2 - g1)[None, :]), X21)
-        X22 = tl.dot(L2, tl.trans(R2), X22)
-        X30 = tl.dot(L3, tl.trans(R0 * tl.exp(g3)[None, :]), X30)
-        X31 = tl.dot(L3, tl.trans(R1 * tl.exp(g3 - g1)[None, :]), X31)
-        X32 = tl.dot(L3, tl.trans(R2 * tl.exp(g3 - g2)[None, :]), X32)
-        X33 = tl.dot(L3, tl.trans(R3), X33)
+            _store_tile(xg, k0 * tl.exp(gl[None, :] - G0), bos, t0, T, i_h, H, K, c0, 16, BK)
+            _store_tile(xg, k1 * tl.exp(gl[None, :] - G1), bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
+            _store_tile(xg, k2 * tl.exp(gl[None, :] - G2), bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
+            _store_tile(xg, k3 * tl.exp(gl[None, :] - G3), bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
+        else:  # qg = scale Q exp(G) = scale L_I exp(r_I)
+            _store_tile(xg, L0 * (scale * tl.exp(r0))[None, :], bos, t0, T, i_h, H, K, c0, 16, BK)
+            _store_tile(xg, L1 * (scale * tl.exp(r1))[None, :], bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
+            _store_tile(xg, L2 * (scale * tl.exp(r2))[None, :], bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
+            _store_tile(xg, L3 * (scale * tl.exp(r3))[None, :], bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
+        # below the diagonal: right factors k_j exp(r_I - G_j) <= 1 (j in an earlier block, so G_j >= b_I >= r_I)
+        X10 = tl.dot(L1, tl.trans(k0 * tl.exp(r1[None, :] - G0)), X10)
+        X20 = tl.dot(L2, tl.trans(k0 * tl.exp(r2[None, :] - G0)), X20)
+        X21 = tl.dot(L2, tl.trans(k1 * tl.exp(r2[None, :] - G1)), X21)
+        X30 = tl.dot(L3, tl.trans(k0 * tl.exp(r3[None, :] - G0)), X30)
+        X31 = tl.dot(L3, tl.trans(k1 * tl.exp(r3[None, :] - G1)), X31)
+        X32 = tl.dot(L3, tl.trans(k2 * tl.exp(r3[None, :] - G2)), X32)
+        if fast:  # the diagonal blocks: right factors k_j exp(r_I - G_j) <= exp(s_I)
+            X00 = tl.dot(L0, tl.trans(k0 * tl.exp(r0[None, :] - G0)), X00)
+            X11 = tl.dot(L1, tl.trans(k1 * tl.exp(r1[None, :] - G1)), X11)
+            X22 = tl.dot(L2, tl.trans(k2 * tl.exp(r2[None, :] - G2)), X22)
+            X33 = tl.dot(L3, tl.trans(k3 * tl.exp(r3[None, :] - G3)), X33)
+        else:
+            X00 += _diag_gram(x0, k0, G0, BK)
+            X11 += _diag_gram(x1, k1, G1, BK)
+            X22 += _diag_gram(x2, k2, G2, BK)
+            X33 += _diag_gram(x3, k3, G3, BK)
     return X00, X10, X11, X20, X21, X22, X30, X31, X32, X33
 
 

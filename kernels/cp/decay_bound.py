@@ -15,13 +15,16 @@ LCSE = logcumsumexp(log u - Lam) over the flat token axis. The sum may include e
 varlen batch: more non-negative terms, still an upper bound. Everything is fp64 on the device, per
 (segment, head); the max over heads is taken by the caller's decision. `log_span_bound` gives the
 plain map bound exp(Lam_{b-1} - Lam_{a-1}) >= ||M_[a,b)||_2 of whole spans (how far an error in the state
-entering a span can reach its end). See kernels/cp/README.md.
+entering a span can reach its end). Gates of any strength: l_t takes the gate floor of `kernels.common.decay`
+(-inf masks included), so every sum stays finite. See kernels/cp/README.md.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from kernels.common.decay import floor_gate
 
 __all__ = ["log_span_bound", "log_window_bound", "token_terms"]
 
@@ -32,7 +35,9 @@ def token_terms(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> tuple
     kk = torch.linalg.vector_norm(k[0], dim=-1, dtype=torch.float32).double().square()
     vn = torch.linalg.vector_norm(v[0], dim=-1, dtype=torch.float32).double()
     b = beta[0].double()
-    ell = gmax.double() + (1.0 - b * kk).abs().clamp_min(1.0).log()
+    # the gate floor (kernels.common.decay): a -inf mask would make the span sums below -inf - (-inf); a larger log
+    # bound is still a bound, and exp(-112) is 0 at fp32 anyway (the masked token is a reset)
+    ell = floor_gate(gmax.double()) + (1.0 - b * kk).abs().clamp_min(1.0).log()
     log_u = b.abs().log() + 0.5 * kk.log() + vn.log()
     return ell, log_u
 

@@ -4,7 +4,8 @@
 
 with one natural-log gate per head and token, g `[B, T, H]`. Varlen via `cu_seqlens` (B == 1), optional
 initial state in and final state out. Written independently of the KDA reference (a scalar gate, not a
-broadcast one) so the two check each other where they overlap.
+broadcast one) so the two check each other where they overlap. Any g <= 0 is exact, -1000 and -inf masks
+included (exp(g_t) token by token, no cumulative sums: no gate floor needed, `kernels.common.decay`).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ where it helps). Tolerances (relative L2):
   being the largest: a reverse cumsum of per-token terms);
 - fp64 torch backward vs the fp64 reference: 1e-10 (the same math in another summation order; measured ~1e-15).
 Also: torch.autograd.gradcheck in fp64 on tiny shapes (two chunks, a short sequence), slow-decay gates (lb = -0.01,
-long-range state gradients), KDA gates at the documented Triton bound (-5.5) and far below it (the torch path has
-no bound), only `o` or only the final state used, and `kernels.backward` (the functional entry) against autograd.
+long-range state gradients), KDA gates at the old Triton bound (-5.5) and far below it (no backend has a bound
+now: tests/kernels/test_gate_range.py), only `o` or only the final state used, and `kernels.backward` (the functional entry) against autograd.
 """
 
 from __future__ import annotations
@@ -99,8 +99,8 @@ def test_backward_dense(OP: str, B: int, T: int) -> None:
                                           (-30.0, torch.float64, TOL64)],
                          ids=["slow_decay", "kda_triton_bound", "far_below_bound"])
 def test_backward_gate_range(OP: str, lb: float, dtype: torch.dtype, tol: float) -> None:
-    # lb = -0.01: the state carries over hundreds of tokens, so dS reaches far back; -5.5: the documented Triton KDA
-    # bound; -30: far below it (the torch path splits its decays and has no bound). At -30 a chunk's cumulative gate
+    # lb = -0.01: the state carries over hundreds of tokens, so dS reaches far back; -5.5: the old Triton KDA
+    # bound; -30: far below it (the torch path splits its decays and never had a bound). At -30 a chunk's cumulative gate
     # reaches ~-1900, where fp32 keeps ~1e-4 absolute in the exponent, so dg is ~5e-5 off in fp32 (measured): that
     # case is checked in fp64, where only the algorithm is under test
     xs, cu, do, dht = _case(OP, (200, 57), lb=lb)

@@ -5,13 +5,16 @@ layer of Kimi Linear (shapes from runners/suites/models.yaml), called as the mod
 1. error: our triton call's output and every gradient (dq, dk, dv, dg_raw, dbeta, dA_log, ddt_bias) against the
    fp32 per-token reference (the gate written out in fp32, as FLA's formula), with the in-kernel gate and with the
    same gate precomputed; FLA's same call beside ours;
-2. speed: our forward (and training step) against FLA's same call in one process (FLA_DISABLE_BACKEND_DISPATCH=1,
-   FLA's Triton path), `triton.testing.do_bench` medians, with the bytes floor at the measured copy ceiling.
+2. speed: our forward against FLA's same call in one process (FLA_DISABLE_BACKEND_DISPATCH=1, FLA's Triton path),
+   `triton.testing.do_bench` medians, with the bytes floor at the measured copy ceiling; our training step too.
+FLA runs forward only: its backward's first call autotunes for minutes per shape (its KDA backward outran 292 s in
+session 7), and it refuses its GDN backward on Hopper with Triton < 3.7.1 (FLA #640).
 
     python benchmarks/real_model_calls.py --out DIR [--T 8192 32768] [--ref-T 1024] [--no-fla] [--dry-run]
 
 Needs torch, triton and pyyaml (FLA for its columns); the shapes are read from the suite's YAML documents as they
-are (no pydantic on the device). `--dry-run`: tiny shapes on the CPU under the Triton interpreter (plumbing only).
+are (no pydantic on the device). `--dry-run`: tiny fp32 shapes on the CPU under the Triton interpreter (plumbing only: its bf16 dot is
+wrong, ../shared/anchors/cpu-feasibility.md).
 """
 
 from __future__ import annotations
@@ -126,13 +129,13 @@ def reference(op: str, x: dict[str, Any]) -> tuple[torch.Tensor, list[torch.Tens
 
 
 def errors(
-    op: str, call: Any, x: dict[str, Any], ref: tuple[torch.Tensor, list[torch.Tensor]], in_kernel: bool
+    op: str, call: Any, x: dict[str, Any], ref: tuple[torch.Tensor, list[torch.Tensor]], in_kernel: bool, grads: bool
 ) -> dict[str, float]:
-    """rel_l2 of the output and (in-kernel gate) of every gradient against the reference."""
+    """rel_l2 of the output and (in-kernel gate, `grads`) of every gradient against the reference."""
     leaves = {n: x[n].detach().clone().requires_grad_() for n in ("q", "k", "v", "g_raw", "beta", "A_log", "dt_bias")}
     o = call(leaves, in_kernel)
     out = {"o": rel_l2(o.float(), ref[0])}
-    if in_kernel:
+    if in_kernel and grads:
         o.backward(x["do"])
         for name, leaf, want in zip(GRADS, leaves.values(), ref[1], strict=True):
             out[name] = rel_l2(leaf.grad.float(), want) if leaf.grad is not None else float("nan")
@@ -149,10 +152,12 @@ def timed(fn: Any, device: str) -> float:
     return float(do_bench(fn, warmup=10, rep=100))
 
 
-def speed(m: dict[str, Any], T: int, call: Any, device: str) -> dict[str, float]:
-    x = inputs(m, T, device, "bfloat16")
+def speed(m: dict[str, Any], T: int, call: Any, device: str, dtype: str, train: bool) -> dict[str, float]:
+    x = inputs(m, T, device, dtype)
     with torch.no_grad():
         fwd = timed(lambda: call(x, True), device)
+    if not train:
+        return {"fwd_ms": fwd}
     leaves = {n: (t.detach().requires_grad_() if n != "do" else t) for n, t in x.items()}
 
     def step() -> None:
@@ -179,7 +184,7 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
-    device = "cpu" if args.dry_run else "cuda"
+    device, dtype = ("cpu", "float32") if args.dry_run else ("cuda", "bfloat16")
     shapes = models()
     if args.dry_run:
         shapes = [{**m, "H": 2, "HV": 2 * m["HV"] // m["H"], "K": 16, "V": 16} for m in shapes]
@@ -187,18 +192,20 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for m in shapes:
         op = m["op"]
-        x = inputs(m, args.ref_T, device, "bfloat16")
+        x = inputs(m, args.ref_T, device, dtype)
         ref = reference(op, x)
         row: dict[str, Any] = {**m, "ref_T": args.ref_T}
         for who, call in (("ours", ours(op)), *(() if args.no_fla else (("fla", fla(op)),))):
             for in_kernel in (True, False):
                 try:
-                    row[f"{who}_err_{'in_kernel' if in_kernel else 'precomputed'}"] = errors(op, call, x, ref, in_kernel)
+                    row[f"{who}_err_{'in_kernel' if in_kernel else 'precomputed'}"] = errors(
+                        op, call, x, ref, in_kernel, grads=who == "ours"
+                    )
                 except Exception as err:  # FLA failing is a result, not a crash of this script
                     row[f"{who}_err_{'in_kernel' if in_kernel else 'precomputed'}"] = {"error": repr(err)[:200]}
             for T in args.T:
                 try:
-                    row[f"{who}_T{T}"] = speed(m, T, call, device)
+                    row[f"{who}_T{T}"] = speed(m, T, call, device, dtype, train=who == "ours")
                 except Exception as err:
                     row[f"{who}_T{T}"] = {"error": repr(err)[:200]}
                 row[f"floor_T{T}_ms"] = floor_ms(m, T)

@@ -158,8 +158,8 @@ def chunk_kda(
     r"""Kimi Delta Attention, `S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T`, differentiable.
 
     Arguments and returns as `chunk_gdn`, except the gate: g (torch.Tensor) is the natural-log decay per key dim,
-    `g <= 0`, of shape `[B, T, HV, K]`. The Triton kernels need `g >= -5.5` per token (README); the torch backend
-    has no such limit.
+    `g <= 0`, of shape `[B, T, HV, K]`. Any `g <= 0` works on every backend, forward and backward, -1000 and -inf
+    masks included (the chunked backends floor g at -112, `kernels/common/decay.py`; a floored gate's gradient is 0).
 
     FLA's keyword arguments (chunk_kda, FLA 0.6.0) and what chunk_kda does with each (as chunk_gdn's table for
     use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first / transpose_state_layout, use_qk_l2norm_in_kernel,
@@ -186,7 +186,7 @@ def chunk_kda(
 
     Examples::
         >>> from kernels import chunk_kda
-        >>> g = F.logsigmoid(torch.randn(B, T, HV, K, device="cuda")).clamp_min(-5).requires_grad_()
+        >>> g = F.logsigmoid(torch.randn(B, T, HV, K, device="cuda")).requires_grad_()
         >>> o, ht = chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu_seqlens)
     """
     return _chunk("kda", q, k, v, g, beta, scale=scale, initial_state=initial_state,

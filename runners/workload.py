@@ -8,9 +8,10 @@ on the device: q ~ N(0,1); k ~ N(0,1) L2-normalised over K; v ~ N(0,1); g = lb *
 `[B, T, HV]` for gdn, `[B, T, HV, K]` for kda); beta = sigmoid(N(0,1)); then, when asked, the initial state
 h0 ~ N(0,1) `[N, HV, K, V]` (fp32, N sequences) and the output gradient do ~ N(0,1) `[B, T, HV, V]`. v, g, beta have
 HV heads. q, k, v, beta, do take the dtype; g stays fp32 (a bf16 log decay loses its small values). A real-model gate
-(`gate="in_kernel"` or `"safe"`) draws, after all of those, A_log = log U(1, 16) `[HV]` (the models' init range),
-dt_bias ~ N(0,1) (`[HV]` gdn, `[HV * K]` kda) and the raw gate ~ N(0,1) (fp32, g's shape), which takes g's place:
-the inputs of older points never change. `fla_recipe`
+(`gate="in_kernel"` or `"safe"`) draws, after all of those, the models' initialisation (Mamba2's, which Qwen3-Next's
+and FLA's KDA layers use): A_log = log U(1, 16) `[HV]` and dt_bias = softplus^-1(dt) with dt = exp(U(ln 1e-3,
+ln 1e-1)) (`[HV]` gdn, `[HV * K]` kda), then the raw gate ~ N(0,1) (fp32, g's shape), which takes g's place: the
+inputs of older points never change. So softplus(dt_bias) lies in [1e-3, 0.1] and the gate is mostly -0.01..-2. `fla_recipe`
 is FLA's anchor recipe instead (../shared/anchors/fla-h200.md, what the kernel benches compare against): q is
 L2-normalised too and g takes the dtype; with `lb=None` the gate is g = logsigmoid(N(0,1)). The same arguments
 give the same tensors on every rank of a gang, so each rank can shard the global inputs itself.
@@ -26,6 +27,7 @@ dense batch. `reduced_params` shrinks a point for the reference check (the per-t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -145,7 +147,9 @@ def make_inputs(op: str, *, B: int, T: int, H: int, K: int, V: int, device: torc
     params: tuple[Tensor, ...] = ()
     if gate != "precomputed":
         A_log = torch.log(1.0 + 15.0 * torch.rand(HV, generator=gen, device=device, dtype=torch.float32))
-        dt_bias = randn(HV) if op == "gdn" else randn(HV * K)
+        u = torch.rand(HV if op == "gdn" else HV * K, generator=gen, device=device, dtype=torch.float32)
+        dt = torch.exp(math.log(1e-3) + u * (math.log(1e-1) - math.log(1e-3)))
+        dt_bias = dt + torch.log(-torch.expm1(-dt))  # softplus(dt_bias) = dt
         params, g = (A_log, dt_bias), randn(*x.shape)
     q, k, v, beta = (t.to(dt) for t in (q, k, v, beta))
     cu = torch.tensor(bounds, dtype=torch.int32, device=device) if lengths else None

@@ -216,6 +216,8 @@ def test_real_model_gate_inputs_come_after_the_old_draws(op: str) -> None:
     A_log, dt_bias = new.params
     assert A_log.shape == (4,) and dt_bias.shape == ((4,) if op == "gdn" else (4 * 8,))
     assert ((A_log >= 0) & (A_log <= math.log(16.0))).all() and new.g.shape == old.g.shape
+    dt = torch.nn.functional.softplus(dt_bias)  # the models' dt initialisation range
+    assert bool(((dt >= 1e-3 * (1 - 1e-5)) & (dt <= 1e-1 * (1 + 1e-5))).all())
     assert not torch.equal(new.g, old.g) and (new.g > 0).any()  # the raw gate, not a log decay
     per_head = (4,) if op == "gdn" else (4, 1)
     x = new.g + dt_bias.view(new.g.shape[2:])

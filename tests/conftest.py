@@ -87,10 +87,13 @@ def _seed() -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip what this machine cannot run, except under CI (`CI` set): there a missing PostgreSQL or browser must
-    fail the run (`./dev test` provides both), never pass it by skipping; only the GPU tests are skipped."""
+    fail the run (`./dev test` provides both), never pass it by skipping; only the GPU tests are skipped, and the
+    heavy ones (minutes under the Triton interpreter) unless CPBENCH_TEST_HEAVY or CPBENCH_TEST_GPU is set."""
     import torch
 
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    heavy_ok = os.environ.get("CPBENCH_TEST_HEAVY") or os.environ.get("CPBENCH_TEST_GPU")
+    skip_heavy = pytest.mark.skip(reason="minutes under the Triton interpreter: set CPBENCH_TEST_HEAVY=1")
     skip_pg = pytest.mark.skip(reason="CPBENCH_TEST_POSTGRES_URL not set")
     skip_browser = pytest.mark.skip(reason="no /usr/bin/chromium or playwright")
     try:
@@ -103,6 +106,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_gpu)
+        if "heavy" in item.keywords and not heavy_ok:
+            item.add_marker(skip_heavy)
         if local and "postgres" in item.keywords and not os.environ.get("CPBENCH_TEST_POSTGRES_URL"):
             item.add_marker(skip_pg)
         if local and "browser" in item.keywords and not (have_pw and shutil.which("chromium")):

@@ -107,8 +107,8 @@ def test_every_mode_with_grouped_value_heads_passes_torch(gangs: dict[int, Gang]
     _sweep(grid, gangs)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
+@pytest.mark.heavy  # 5-11 min a point under the interpreter on 2 cores: CPBENCH_TEST_HEAVY=1 (CI covers the
+@pytest.mark.timeout(1800)  # triton primitives on grouped heads at kernel level: kernels/cp/test_grads.py)
 @pytest.mark.parametrize("mode", MODES)
 def test_every_mode_with_grouped_value_heads_passes_triton(mode: str, gangs: dict[int, Gang]) -> None:
     """The same on the triton backend (the interpreter: seconds per kernels call, so one point per case: gdn,

@@ -148,8 +148,8 @@ def make_inputs(op: str, *, B: int, T: int, H: int, K: int, V: int, device: torc
     if gate != "precomputed":
         A_log = torch.log(1.0 + 15.0 * torch.rand(HV, generator=gen, device=device, dtype=torch.float32))
         u = torch.rand(HV if op == "gdn" else HV * K, generator=gen, device=device, dtype=torch.float32)
-        dt = torch.exp(math.log(1e-3) + u * (math.log(1e-1) - math.log(1e-3)))
-        dt_bias = dt + torch.log(-torch.expm1(-dt))  # softplus(dt_bias) = dt
+        step = torch.exp(math.log(1e-3) + u * (math.log(1e-1) - math.log(1e-3)))  # the models' dt
+        dt_bias = step + torch.log(-torch.expm1(-step))  # softplus(dt_bias) = dt
         params, g = (A_log, dt_bias), randn(*x.shape)
     q, k, v, beta = (t.to(dt) for t in (q, k, v, beta))
     cu = torch.tensor(bounds, dtype=torch.int32, device=device) if lengths else None

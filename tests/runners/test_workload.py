@@ -228,3 +228,9 @@ def test_real_model_gate_inputs_come_after_the_old_draws(op: str) -> None:
     _, _, _, g_safe, _ = Activation(op=op, gate="safe", lower_bound=-3.0)([*new.tensors, *new.params])
     torch.testing.assert_close(g_safe, -3.0 / (1 + (-(A_log.exp().view(per_head) * x)).exp()), rtol=1e-6, atol=1e-6)
     assert Activation(op=op).identity and not Activation(op=op, l2norm=True).identity
+
+
+def test_a_real_model_gate_keeps_the_inputs_dtype() -> None:
+    """The gate's draws leave q, k, v, beta in the point's dtype (a name clash once cast them to fp32)."""
+    w = make_inputs("kda", B=1, T=16, H=2, HV=4, K=8, V=8, lb=-1.0, dtype="bfloat16", device="cpu", gate="in_kernel")
+    assert {x.dtype for x in (w.q, w.k, w.v, w.beta)} == {torch.bfloat16} and w.g.dtype == torch.float32

@@ -63,6 +63,12 @@ def _owned(session: Session, point_id: int, worker: str) -> Point | None:
     return session.execute(stmt).scalar_one_or_none()
 
 
+def lease_held(session: Session, *, point_id: int, worker: str) -> bool:
+    """`worker` still holds the point's lease (it is running under its name); a plain read, no lock."""
+    held = select(Point.id).where(Point.id == point_id, Point.status == "running", Point.lease_owner == worker)
+    return session.execute(held).first() is not None
+
+
 def _requeue_status(session: Session, sweep_id: int) -> str:
     status = session.execute(select(Sweep.status).where(Sweep.id == sweep_id)).scalar_one()
     return "cancelled" if status == "cancelled" else "queued"

@@ -645,13 +645,10 @@ def _already_stored(session: Any, point_id: int, worker: str) -> bool:
 
 
 def _lease_held(session: Any, point_id: int, worker: str) -> bool:
-    """`worker` still holds the point's lease (it is running under its name)."""
-    from sqlalchemy import select
+    """`worker` still holds the point's lease (`db.queue.lease_held`)."""
+    from db.queue import lease_held
 
-    from db.models import Point
-
-    held = select(Point.id).where(Point.id == point_id, Point.status == "running", Point.lease_owner == worker)
-    return session.execute(held).first() is not None
+    return lease_held(session, point_id=point_id, worker=worker)
 
 
 def _write_results(

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
 import db.models  # noqa: F401
 from db.base import Base
@@ -169,10 +169,11 @@ def test_0005_marks_measurements_that_did_not_converge(empty_db_url: str, make_p
         for pid, reason in zip(
             [r[0] for r in conn.exec_driver_sql(f"SELECT id FROM points WHERE sweep_id = {sweep_id} ORDER BY idx")],
             ("timeout", "noise"), strict=True):
-            conn.exec_driver_sql(
-                "INSERT INTO measurements (point_id, clock, samples, n, median_ms, p10_ms, p90_ms, iqr_ms, mean_ms, "
-                f"min_ms, max_ms, stop_reason, configs, report, created_at) VALUES ({pid}, 'wall', x'', 3, 1, 0.8, 140, "
-                f"50, 20, 0.7, 150, '{reason}', '{{}}', '{{}}', '2026-12-01 00:00:00')")
+            conn.execute(  # the samples as a bound parameter: `x''` is a bit string on PostgreSQL, bytea on SQLite
+                text("INSERT INTO measurements (point_id, clock, samples, n, median_ms, p10_ms, p90_ms, iqr_ms, mean_ms, "
+                     "min_ms, max_ms, stop_reason, configs, report, created_at) VALUES (:pid, 'wall', :samples, 3, 1, "
+                     "0.8, 140, 50, 20, 0.7, 150, :reason, '{}', '{}', '2026-12-01 00:00:00')"),
+                {"pid": pid, "samples": b"", "reason": reason})
     dispose_engine(empty_db_url)
     assert upgrade(empty_db_url) == head_revision()
     with get_sessionmaker(empty_db_url)() as s:

@@ -195,6 +195,7 @@ def test_issue_28_command_lines_one_line_exit_1(case: str, store_url: str, tmp_p
     args, expected = ONE_LINE[case]
     spec, empty = write_spec(tmp_path), tmp_path / "empty_token"
     empty.write_text("")
+    empty.chmod(0o600)  # private, so the emptiness is what is refused (a shared file is refused first)
     raw = f"sqlite:///{tmp_path / 'raw.db'}"
     proc = _cpbench_process(tuple(a.format(db=store_url, spec=spec, raw=raw) for a in args), tmp_path,
                             CPBENCH_TOKEN_FILE=str(empty))

@@ -182,6 +182,7 @@ def big_posts(base: str, body: bytes, repeat: int) -> tuple[list[float], list[fl
 
 def seed(url: str, n: int = 82) -> int:
     """A sweep of `n` measured and profiled points (modes x W x T x lb), as a worker would have stored them."""
+    from benchmarks.synthetic_store import store_samples
     from db import crud
     from db.session import session_scope
 
@@ -217,39 +218,17 @@ def seed(url: str, n: int = 82) -> int:
         sweep = crud.create_sweep(s, name="load", tags=["bench"], spec={"name": "load"}, points=points)
         for p in sweep.points:
             ms = [1e-3 * p.T * (1 + 0.01 * i) for i in range(10)]
-            summary = {
-                "median_ms": ms[5],
-                "p10_ms": ms[1],
-                "p90_ms": ms[9],
-                "iqr_ms": ms[7] - ms[2],
-                "mean_ms": sum(ms) / 10,
-                "min_ms": ms[0],
-                "max_ms": ms[9],
-                "n": 10,
-            }
-            crud.store_measurement(
+            launched = {"chunk_fwd": {"BV": 32, "num_warps": 4}}
+            store_samples(
                 s,
                 point_id=p.id,
                 environment_id=env.id,
-                worker="bench:1",
-                clock="wall",
                 samples=ms,
-                summary=summary,
-                stop_reason="converged",
-                err_vs_none=1e-3,
-                err_vs_reference=2e-3,
-                configs={"chunk_fwd": {"BV": 32, "num_warps": 4}},
-                report={},
-            )
-            crud.store_profile(
-                s,
-                point_id=p.id,
+                worker="bench:1",
+                configs=launched,
                 collectives={"all_gather": 1},
                 collective_bytes={"all_gather": 4096},
-                host_syncs=0,
-                sync_events={},
                 kernel_launches=12,
-                peak_memory_bytes=None,
             )
             p.status = "done"
         return sweep.id

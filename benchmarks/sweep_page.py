@@ -68,6 +68,7 @@ def _points() -> list[dict[str, Any]]:
 
 def seed(url: str) -> int:
     """One done sweep of 56 measured and profiled points; its id."""
+    from benchmarks.synthetic_store import store_samples
     from dashboards.cost_model import comm_cost
     from db import crud
     from db.models import Point
@@ -85,40 +86,18 @@ def seed(url: str) -> int:
             p = pts[pt.idx]
             ms = 1e-3 * p["T"] / (p["W"] if p["mode"] in ("headwise", "true_cp") else 1) * rng.uniform(0.97, 1.03)
             samples = [ms * rng.uniform(0.98, 1.02) for _ in range(20)]
-            srt = sorted(samples)
-            summary = {
-                "median_ms": srt[10],
-                "p10_ms": srt[2],
-                "p90_ms": srt[18],
-                "iqr_ms": srt[15] - srt[5],
-                "mean_ms": sum(samples) / 20,
-                "min_ms": srt[0],
-                "max_ms": srt[-1],
-                "n": 20,
-            }
             pt.status = "done"
-            crud.store_measurement(
+            err_vs_none = None if p["mode"] == "none" else 1e-3
+            cost = comm_cost(p["mode"], B=1, T=p["T"], H=4, K=64, V=64, W=p["W"], dtype_bytes=2)
+            store_samples(
                 s,
                 point_id=pt.id,
                 environment_id=env.id,
-                worker="bench",
-                clock="wall",
                 samples=samples,
-                summary=summary,
-                stop_reason="noise",
-                err_vs_none=None if p["mode"] == "none" else 1e-3,
-                err_vs_reference=2e-3,
-            )
-            cost = comm_cost(p["mode"], B=1, T=p["T"], H=4, K=64, V=64, W=p["W"], dtype_bytes=2)
-            crud.store_profile(
-                s,
-                point_id=pt.id,
+                err_vs_none=err_vs_none,
                 collectives=cost.collectives if cost else {},
                 collective_bytes=cost.payload_bytes if cost else {},
-                host_syncs=0,
-                sync_events={},
                 kernel_launches=7,
-                peak_memory_bytes=None,
             )
         sweep.status = "done"
         return sweep.id

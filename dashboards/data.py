@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from db import crud
 from db.models import RegressionResult, Sweep, TuningTrial
+from kernels.vocabulary import REGRESS_RUN_TAG, regress_run
 
 __all__ = [
     "ALL",
@@ -117,7 +118,6 @@ def apply_slice(rows: Sequence[dict[str, Any]], selection: Mapping[str, Any]) ->
 # the statuses the sweeps list shows and filters by: a finished sweep is "failed" when no point finished and some
 # failed, "done with failures" when some did each (the store keeps "done" for both: every point was worked)
 INDEX_STATUSES = ("queued", "running", "done", "done with failures", "failed", "cancelled")
-REGRESS_RUN_TAG = "regress-run:"  # = runners.baseline.RUN_TAG_PREFIX (dashboards do not import runners)
 
 
 def display_status(status: str, progress: Mapping[str, int]) -> str:
@@ -145,7 +145,7 @@ def sweep_index(session: Session, *, name: str | None = None, tag: str | None = 
         members = [m for m in members if m["status"] == status or (status == "failed" and m["status"] == "done with failures")]
     groups: dict[Any, dict[str, Any]] = {}
     for m in members:
-        run = next((t[len(REGRESS_RUN_TAG):] for t in (m["sweep"].tags or []) if t.startswith(REGRESS_RUN_TAG)), None)
+        run = regress_run(m["sweep"].tags)
         key = ("run", run) if run else ("sweep", m["sweep"].id)
         if key not in groups:
             groups[key] = {"sweep": m["sweep"], "run": run, "members": [], "progress": dict.fromkeys(m["progress"], 0),

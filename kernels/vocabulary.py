@@ -19,7 +19,7 @@ dashboards and the kernels share without importing torch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -41,10 +41,12 @@ __all__ = [
     "OPS",
     "PHASES",
     "POINT_DIRECTIONS",
+    "REGRESS_RUN_TAG",
     "SINGLE_DEVICE",
     "TAIL_EXCHANGE_FALLBACKS",
     "TAIL_EXCHANGE_WINDOW_CHUNKS",
     "collective_count",
+    "regress_run",
     "tail_exchange_options",
 ]
 
@@ -54,6 +56,15 @@ BACKENDS: tuple[str, ...] = ("reference", "torch", "triton", "fla", "auto")
 # the backends a sweep benchmarks (peer plugins come on top: runners.plugins)
 BENCHMARKED_BACKENDS: tuple[str, ...] = ("torch", "triton", "fla")
 LAYOUTS: tuple[str, ...] = ("contiguous", "zigzag")
+# the tag on every sweep one `cpbench regress` invocation submits, followed by the run's id (the CLI's status and the
+# dashboards show a run's sweeps as one row)
+REGRESS_RUN_TAG = "regress-run:"
+
+
+def regress_run(tags: Sequence[str] | None) -> str | None:
+    """The regression run a sweep belongs to (the id after its `REGRESS_RUN_TAG` tag), or None."""
+    return next((t[len(REGRESS_RUN_TAG) :] for t in tags or () if t.startswith(REGRESS_RUN_TAG)), None)
+
 
 TAIL_EXCHANGE_FALLBACKS: tuple[str, ...] = ("none", "true_cp")
 TAIL_EXCHANGE_WINDOW_CHUNKS = 2  # tail_exchange's window (chunks of 64 tokens) under `window: auto`

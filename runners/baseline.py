@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kernels.vocabulary import REGRESS_RUN_TAG
 from runners.errors import CpbenchError, SweepNotFoundError
 from runners.regress import Run
 
@@ -47,7 +48,7 @@ logger = logging.getLogger(__name__)
 
 BASELINE_FORMAT = "cpbench-regress-baseline"
 BASELINE_VERSION = 1
-RUN_TAG_PREFIX = "regress-run:"  # tag on every sweep one `cpbench regress` invocation submits
+RUN_TAG_PREFIX = REGRESS_RUN_TAG  # tag on every sweep one `cpbench regress` invocation submits (kernels.vocabulary)
 _PAGE = 1000
 _SIGNAL_FIELDS = ("collectives", "collective_bytes", "host_syncs", "configs")
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from kernels.vocabulary import MODE_OPTIONS
 from runners.point import PointSpec
 
 __all__ = ["DEFAULT_TOL", "NORM_FLOOR", "GateResult", "judge", "rel_l2", "tolerances"]
@@ -65,7 +66,7 @@ def tolerances(point: PointSpec, check: Mapping[str, Any]) -> tuple[float, float
     tol_none = check.get("tol_none") or base
     tol_ref = check.get("tol_reference") or base
     if point.mode == "warmup_correct":
-        extra = float(point.mode_options.get("tol", 1e-3))
+        extra = float(point.mode_options.get("tol", MODE_OPTIONS["warmup_correct"]["tol"]))  # the scheme's default
         tol_none, tol_ref = tol_none + extra, tol_ref + extra
     return float(tol_none), float(tol_ref)
 

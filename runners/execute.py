@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from kernels.vocabulary import SINGLE_DEVICE
 from runners import backend_options, training
 from runners.collective_check import expected_by_direction, step_directions, step_total
 from runners.correctness import judge, rel_l2
@@ -221,7 +222,7 @@ def _peer_mode(peer: Any, point: PointSpec, wl: Workload, rc: RankContext) -> Mo
     op, mode = point.op, point.mode
     train = training.is_training(point)
     flat = wl.flat()
-    one = mode in ("none", "warmup_correct")
+    one = mode in SINGLE_DEVICE  # the whole batch with a one-rank context
     ctx_cp = cp.build_context(flat.cu_seqlens_cpu, 1 if one else rc.world_size, 0 if one else rc.rank,
                               "contiguous" if one else point.layout)
     xs = flat.tensors if one else [cp.shard(x, ctx_cp).clone() for x in flat.tensors]

@@ -121,7 +121,7 @@ def store_rows(point: PointSpec, results: list[PointResult]) -> StoreRows:
     summary = summarize(timing["samples_ms"])
     measurement = {
         "clock": timing["clock"], "samples": timing["samples_ms"],
-        "summary": {f"{k}_ms" if k != "n" else k: v for k, v in summary.as_dict().items()},
+        "summary": summary.stored(),
         "stop_reason": timing["stop_reason"],
         # why the stop rule did not converge (None: it did); a result spooled before the flag existed: its stop reason
         "unreliable": timing["unreliable"] if "unreliable" in timing

@@ -30,6 +30,10 @@ class Summary:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def stored(self) -> dict[str, Any]:
+        """The measurement row's summary fields: `median_ms`, `p10_ms`, ... and `n` (`db.crud.store_measurement`)."""
+        return {f"{k}_ms" if k != "n" else k: v for k, v in self.as_dict().items()}
+
 
 def quantile(sorted_xs: Sequence[float], q: float) -> float:
     """The q-quantile (0 <= q <= 1) of already sorted values, linear interpolation between order statistics."""

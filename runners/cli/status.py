@@ -15,6 +15,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from kernels.vocabulary import regress_run
 from runners.cli.common import DbOption, fetch_results, out_console, resolve
 from runners.errors import SweepNotFoundError
 from runners.settings import get_worker_settings
@@ -29,9 +30,6 @@ def _age(t: datetime | None) -> str:
     return f"{s:.0f}s ago" if s < 120 else f"{s / 60:.0f}m ago" if s < 7200 else f"{s / 3600:.1f}h ago"
 
 
-# = runners.baseline.RUN_TAG_PREFIX, the tag of every sweep one `cpbench regress` submits (not imported: that module
-# pulls in torch, and `cpbench status` stays quick)
-RUN_TAG_PREFIX = "regress-run:"
 SCAN_SWEEPS = 500  # sweeps read to fill `--limit` rows when regression runs are collapsed
 
 
@@ -40,7 +38,7 @@ def _rows(sweeps: list[Any], progress: dict[int, dict[str, int]]) -> list[dict[s
     share one row: their ids as a range, the run's name, the counts summed, running/queued while any member is."""
     rows: dict[Any, dict[str, Any]] = {}
     for sw in sweeps:
-        run = next((t[len(RUN_TAG_PREFIX):] for t in sw.tags or () if t.startswith(RUN_TAG_PREFIX)), None)
+        run = regress_run(sw.tags)
         row = rows.setdefault(("run", run) if run else sw.id, {"ids": [], "name": sw.name, "statuses": [], "run": run,
                                                               "created": sw.created_at, "counts": Counter()})
         row["ids"].append(sw.id)

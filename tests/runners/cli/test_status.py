@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from runners.baseline import RUN_TAG_PREFIX
-from runners.cli import status
 from tests.runners.engine_fixtures import store_url, write_spec  # noqa: F401
 from tests.utils.cli import cpbench as _cli
 
@@ -24,7 +23,6 @@ def _submit(url: str, spec: Path) -> None:
 
 
 def test_status_collapses_a_regression_runs_sweeps(store_url: str, tmp_path: Path) -> None:  # noqa: F811
-    assert status.RUN_TAG_PREFIX == RUN_TAG_PREFIX
     for i in range(3):
         _submit(store_url, write_spec(tmp_path, name=f"r{i}.yaml", tags=["nightly", f"{RUN_TAG_PREFIX}abc123"]))
     _submit(store_url, write_spec(tmp_path, name="mine.yaml", tags=["mine"]))

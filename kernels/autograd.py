@@ -227,7 +227,7 @@ def differentiable_forward(
     runs directly: no autograd node, nothing saved. states: a list that receives the chunk states (`chunk_forward`;
     torch and triton only). chunk_size: the chunk of both backends (16, 32 or 64; `kernels.fla_args`)."""
     if use_qk_l2norm_in_kernel:
-        q, k = l2norm(q), l2norm(k)
+        q, k = l2norm(q, fused=backend == "triton"), l2norm(k, fused=backend == "triton")
     group = v.shape[2] // k.shape[2]
     if group > 1:
         q, k = q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)

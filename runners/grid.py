@@ -229,7 +229,16 @@ def _backend_fields(spec: SweepSpec, ref: str, backend: str, mode: str, directio
     opts = dict(spec.mode_options.get(backend) or {})
     if is_ours(backend):
         opts = backend_options.for_point(backend, opts, mode, direction)
+    elif callable(only := getattr(_loaded(ref), "options_for", None)):  # a peer's options that apply to the mode
+        opts = only(opts, mode, direction)
     return {"backend_ref": ref if ref != backend else None, "backend_options": opts}
+
+
+def _loaded(ref: str) -> Any:
+    try:
+        return load_peer(ref)
+    except ValueError:
+        return None
 
 
 _COLUMNS = ("op", "mode", "backend", "B", "T", "H", "K", "V", "lb", "W", "layout", "direction", "dtype", "seed")

@@ -21,6 +21,10 @@ A peer backend is any object (an instance or a class) with these attributes; `Pe
                                               # `kernels.cp.expected_collectives` (stored beside the profile)
     first_call_s: float                       # (optional) seconds its first call may spend compiling/autotuning,
                                               # added to the point's time limit (default 0)
+    begin_point(point) -> None                # (optional) called when a point's mode is built on this rank
+    point_report(point) -> dict               # (optional) the peer's facts about the point it just ran (host
+                                              # values, read after timing): stored in the point's report, e.g.
+                                              # the split FlashQLA chose, the implementation FLA dispatched to
     step_context(options) -> context manager  # (optional) entered around each timed step; for direction
                                               # "fwd+bwd" the step is forward + `o.backward(do)` (the output must
                                               # carry autograd: a differentiable forward is the backward)

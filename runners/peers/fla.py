@@ -17,7 +17,12 @@ FLA's Hopper guard: FLA 0.6.0 refuses the gated GDN backward (`chunk_bwd_dqkwg`)
 version installed where it is expanded, unless the spec opts in with `mode_options: {fla: {bypass_hopper_guard:
 true}}` (then part of the point key); `hopper_guard(options)` lifts the guard for the duration of a step.
 Backward (direction fwd+bwd): FLA's ops are autograd Functions; the runner times forward + `o.backward(do)`
-inside `step_context(options)` (= `hopper_guard(options)`: the guard sits in FLA's backward).
+inside `step_context(options)` (`hopper_guard(options)`: the guard sits in FLA's backward).
+
+FLA's Triton path, pinned: FLA 0.6.0 dispatches its ops to other packages when they are installed (FlashQLA,
+TileLang, FlashKDA). This backend always measures FLA's own Triton kernels: every forward and step runs inside
+`runners.peers.fla_registry.pinned_to_triton()` (the effect of `FLA_DISABLE_BACKEND_DISPATCH=1`), and each point's
+report says so (`fla_path`). FLA as installed is `backend: fla_dispatch` (`runners.peers.fla_dispatch`).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import torch
 from torch import Tensor
 
 from runners.peers import Peer, peer_options
+from runners.peers.fla_registry import pin_note, pinned_to_triton
 from runners.point import PointSpec
 
 __all__ = ["FLA", "HOPPER_GUARD", "hopper_guard", "hopper_guard_refusal", "triton_version"]
@@ -154,8 +160,15 @@ class _FLA(Peer):
         return None
 
     def step_context(self, options: Mapping[str, Any]) -> contextlib.AbstractContextManager[Any]:
-        """Around each timed step (forward + backward): the Hopper-guard opt-in."""
-        return hopper_guard(options)
+        """Around each timed step (forward + backward): FLA's Triton path pinned; the Hopper-guard opt-in."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(pinned_to_triton())
+        stack.enter_context(hopper_guard(options))
+        return stack
+
+    def point_report(self, point: PointSpec) -> dict[str, Any]:
+        """Which of FLA's paths the point measured (always its Triton path) and what pinned it."""
+        return {"fla_path": pin_note()}
 
     def expected_collectives(self, mode: str, ctx: Any, options: Mapping[str, Any]) -> dict[str, int]:
         """What one step issues on this rank: KCP one all_gather of the summaries (every rank, always); our
@@ -190,7 +203,7 @@ class _FLA(Peer):
 
         opts = {k_: v_ for k_, v_ in (options or {}).items() if k_ not in self.options}
         s = q.shape[-1] ** -0.5 if scale is None else scale
-        with hopper_guard(options or {}):
+        with pinned_to_triton(), hopper_guard(options or {}):
             if mode == "none":
                 return prims.fwd(op, q, k, v, g, beta, ctx.cu_seqlens, backend="fla", scale=s)[0]
             if mode == "warmup_correct":

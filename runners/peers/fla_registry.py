@@ -12,7 +12,8 @@ no_grad), parts of the backward to the TileLang backend.
   function, the same code path. `pin_note()` says which of the two pinned a run (stored in the point's report).
 - `recording(record)`: which implementation each dispatched call actually ran: every registered backend's
   implementation is wrapped while inside, so a call that reaches one records `function -> backend_type`; a function
-  with no record ran FLA's own (Triton) function.
+  with no record ran FLA's own (Triton) function. A backend's verifier that declines a call is recorded with its
+  reason (FlashQLA's "requires K=128, got 64"), so a point that fell back to Triton says why.
 
 FLA is imported only when one of these is entered.
 """
@@ -85,24 +86,31 @@ def pinned_to_triton() -> Iterator[None]:
 
 
 class DispatchRecord:
-    """What FLA's dispatch ran: function name -> backend type, for the calls that a registered backend took."""
+    """What FLA's dispatch ran: function name -> backend type, for the calls that a registered backend took; and why
+    the backends that were asked declined (function -> backend type -> the verifier's reason)."""
 
     def __init__(self) -> None:
         self.calls: dict[str, str] = {}
+        self.declined: dict[str, dict[str, str]] = {}
 
     def ran(self, function: str) -> str:
         """The implementation `function` ran: a backend type, or `triton` (FLA's own function)."""
         return self.calls.get(function, TRITON)
 
     def as_dict(self, op: str) -> dict[str, Any]:
-        return {"op": self.ran(op_function(op)), "calls": dict(sorted(self.calls.items()))}
+        fn = op_function(op)
+        out: dict[str, Any] = {"op": self.ran(fn), "calls": dict(sorted(self.calls.items()))}
+        if self.declined.get(fn):
+            out["declined"] = dict(sorted(self.declined[fn].items()))
+        return out
 
 
-def _recorded(backend: Any, record: DispatchRecord) -> Callable[[str], Any]:
-    original = backend.get_implementation
+def _recorded(backend: Any, record: DispatchRecord) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """`backend`'s get_implementation and verify, recording into `record` what ran and what was declined."""
+    get_impl, verify = backend.get_implementation, backend.verify
 
     def get_implementation(function_name: str) -> Any:
-        impl = original(function_name)
+        impl = get_impl(function_name)
         if impl is None:
             return None
 
@@ -112,7 +120,13 @@ def _recorded(backend: Any, record: DispatchRecord) -> Callable[[str], Any]:
 
         return run
 
-    return get_implementation
+    def verified(function_name: str, *args: Any, **kwargs: Any) -> tuple[bool, str | None]:
+        accepted, reason = verify(function_name, *args, **kwargs)
+        if not accepted:
+            record.declined.setdefault(function_name, {})[backend.backend_type] = str(reason)
+        return accepted, reason
+
+    return get_implementation, verified
 
 
 @contextlib.contextmanager
@@ -123,10 +137,10 @@ def recording(record: DispatchRecord) -> Iterator[DispatchRecord]:
         for backend in registry._backends.values():
             if "get_implementation" in vars(backend):
                 continue  # already recording (nested)
-            backend.get_implementation = _recorded(backend, record)
+            backend.get_implementation, backend.verify = _recorded(backend, record)
             patched.append(backend)
     try:
         yield record
     finally:
         for backend in patched:
-            del backend.get_implementation
+            del backend.get_implementation, backend.verify

@@ -10,7 +10,7 @@ A point that cannot run is kept, with `status="skipped"` and the reason (nvbench
 dropped. The rules, first match wins:
 
 - the mode is not available here (only when the caller says what is available);
-- a peer backend (`fla`, a plugin: `runners.plugins`) does not implement the mode or direction, or its own rule
+- a peer backend (`fla`, `fla_dispatch`, `flash_qla`, `flash_kda`, a plugin: `runners.plugins`) does not implement the mode or direction, or its own rule
   says why not (`runners.peers.peer_skip_reason`: FLA's reasons, with or without FLA installed here); a peer takes
   no real-model gate and no `l2norm_in_kernel` (the engine hands it the stored inputs as they are);
 - `none` and `warmup_correct` run on one device: W must be 1;

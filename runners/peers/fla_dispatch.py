@@ -61,29 +61,17 @@ class _FLADispatch(Peer):
         stack.enter_context(hopper_guard(options))
         return stack
 
-    def forward(
-        self,
-        mode: str,
-        op: str,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        g: Tensor,
-        beta: Tensor,
-        *,
-        group: Any,
-        ctx: Any,
-        scale: float | None,
-        options: Mapping[str, Any],
-    ) -> Tensor:
+    def forward(self, mode: str, op: str, *inputs: Tensor, **call: Any) -> Tensor:
         """FLA's chunk op over the varlen batch, dispatched as FLA decides; what ran goes to the point's report."""
         from kernels.cp import prims
 
         if mode != "none":
             raise ValueError(f"backend 'fla_dispatch' does not implement mode {mode!r}")
-        s = q.shape[-1] ** -0.5 if scale is None else scale
-        with recording(self._record), hopper_guard(options or {}):
-            return prims.fwd(op, q, k, v, g, beta, ctx.cu_seqlens, backend="fla", scale=s)[0]
+        scale = call["scale"]
+        s = inputs[0].shape[-1] ** -0.5 if scale is None else scale
+        with recording(self._record), hopper_guard(call["options"] or {}):
+            q, k, v, g, beta = inputs
+            return prims.fwd(op, q, k, v, g, beta, call["ctx"].cu_seqlens, backend="fla", scale=s)[0]
 
     def begin_point(self, point: PointSpec) -> None:
         """A new point: forget what the last one ran."""

@@ -21,7 +21,6 @@ peer the raw gate and its parameters. `benchmarks/flashkda_probe.py` runs it dir
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -76,46 +75,22 @@ class _FlashKDA(Peer):
             return "FlashKDA is not installed (pip install tokenspeed-flashkda)"
         return None
 
-    def forward(
-        self,
-        mode: str,
-        op: str,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        g: Tensor,
-        beta: Tensor,
-        *,
-        group: Any,
-        ctx: Any,
-        scale: float | None,
-        options: Mapping[str, Any],
-    ) -> Tensor:
+    def forward(self, mode: str, op: str, *inputs: Tensor, **call: Any) -> Tensor:
         """FlashKDA's forward on raw inputs: `g` the raw gate, `beta` its logits, `options` holding A_log (fp32 [H]),
         dt_bias (fp32 [H, K]) and lower_bound; every tensor on q's device, cu_seqlens int64 there too."""
         import flash_kda
 
         if mode != "none" or op != "kda":
             raise ValueError(f"backend 'flash_kda' runs KDA mode 'none' only, got op={op!r}, mode={mode!r}")
+        q, k, v, g, beta = (x.contiguous() for x in inputs)
+        options, scale = call["options"], call["scale"]
         device = q.device
         A_log = options["A_log"].to(device=device, dtype=torch.float32).contiguous()
         dt_bias = options["dt_bias"].to(device=device, dtype=torch.float32).reshape(q.shape[2], -1).contiguous()
-        cu = torch.tensor(ctx.cu_seqlens, dtype=torch.int64, device=device)
-        q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+        cu = torch.tensor(call["ctx"].cu_seqlens, dtype=torch.int64, device=device)
         out = torch.empty_like(v)
-        flash_kda.fwd(
-            q,
-            k,
-            v,
-            g,
-            beta,
-            float(q.shape[-1] ** -0.5 if scale is None else scale),
-            out,
-            A_log,
-            dt_bias,
-            float(options["lower_bound"]),
-            cu_seqlens=cu,
-        )
+        s = float(q.shape[-1] ** -0.5 if scale is None else scale)
+        flash_kda.fwd(q, k, v, g, beta, s, out, A_log, dt_bias, float(options["lower_bound"]), cu_seqlens=cu)
         return out
 
 

@@ -134,44 +134,42 @@ class _FlashQLA(Peer):
             self._contexts[key] = (torch.tensor(ctx.cu_seqlens, dtype=torch.int32, device=device), {})
         return self._contexts[key][0]
 
-    def _intra_context(self, ctx: Any, HV: int, is_train: bool, force: bool, device: torch.device) -> Any:
-        """The intra-card context FlashQLA's own rule builds for these bounds (built once; FlashQLA caches on the
-        bounds tensor's identity, so the same tensor is handed back every step)."""
-        key = ("intra", ctx.cu_seqlens, HV, is_train, force, str(device))
+    def _context(self, key: tuple[Any, ...], note: dict[str, Any], **build: Any) -> tuple[Any, dict[str, Any]]:
+        """FlashQLA's CP context of `build_cp_context(**build)` with its split and `note` (built once per `key`:
+        FlashQLA caches on the bounds tensor's identity, so the same tensors are handed back every step)."""
         if key not in self._contexts:
             from flash_qla.ops.gated_delta_rule.chunk import CHUNK_SIZE, build_cp_context
 
-            built = build_cp_context(
-                self._bounds(ctx, device),
-                enable_intra=True,
-                num_v_heads=HV,
-                chunk_size=CHUNK_SIZE,
-                is_train=is_train,
-                force_intra_cp=force,
-            )
-            self._contexts[key] = (built, {**split_of(built), "forced": force})
+            built = build_cp_context(chunk_size=CHUNK_SIZE, **build)
+            self._contexts[key] = (built, {**split_of(built), **note})
         return self._contexts[key]
 
-    def _inter_context(self, ctx: Any, group: Any, HV: int, is_train: bool, dual: bool, device: torch.device) -> Any:
-        """FlashQLA's inter-card context (dual: with its intra-card split on each card), built once per bounds, rank,
-        group and device."""
+    def _mode_context(
+        self, mode: str, ctx: Any, group: Any, HV: int, is_train: bool, options: Mapping[str, Any], device: torch.device
+    ) -> tuple[Any, dict[str, Any]]:
+        """warmup_correct: the intra-card context FlashQLA's own rule builds for these bounds (what its
+        `chunk_gated_delta_rule` builds with auto_cp); true_cp: its inter-card context (dual: with its intra-card split on
+        each card) of the global bounds, int64 on the host and int32 on the device."""
+        common = {"num_v_heads": HV, "is_train": is_train}
+        if mode == "warmup_correct":
+            force = bool(options.get("force_intra_cp"))
+            key: tuple[Any, ...] = ("intra", ctx.cu_seqlens, HV, is_train, force, str(device))
+            return self._context(
+                key, {"forced": force}, cu_seqlens=self._bounds(ctx, device), enable_intra=True, force_intra_cp=force, **common
+            )
+        dual = bool(options.get("dual"))
         key = ("inter", ctx.cu_seqlens, ctx.world_size, ctx.rank, id(group), HV, is_train, dual, str(device))
-        if key not in self._contexts:
-            from flash_qla.ops.gated_delta_rule.chunk import CHUNK_SIZE, build_cp_context
-
-            cpu = torch.tensor(ctx.cu_seqlens, dtype=torch.int64)
-            built = build_cp_context(
-                cpu.to(device=device, dtype=torch.int32),
-                enable_inter=True,
-                enable_intra=dual,
-                group=group,
-                num_v_heads=HV,
-                chunk_size=CHUNK_SIZE,
-                cu_seqlens_cpu=cpu,
-                is_train=is_train,
-            )
-            self._contexts[key] = (built, {**split_of(built), "dual": dual})
-        return self._contexts[key]
+        cpu = torch.tensor(ctx.cu_seqlens, dtype=torch.int64)
+        return self._context(
+            key,
+            {"dual": dual},
+            cu_seqlens=self._bounds(ctx, device),
+            cu_seqlens_cpu=cpu,
+            enable_inter=True,
+            enable_intra=dual,
+            group=group,
+            **common,
+        )
 
     def begin_point(self, point: PointSpec) -> None:
         self._split = {}
@@ -180,26 +178,15 @@ class _FlashQLA(Peer):
         """The split FlashQLA chose for the point (warmup_correct, true_cp), read from its context."""
         return {"flash_qla": dict(self._split)} if self._split else {}
 
-    def forward(
-        self,
-        mode: str,
-        op: str,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        g: Tensor,
-        beta: Tensor,
-        *,
-        group: Any,
-        ctx: Any,
-        scale: float | None,
-        options: Mapping[str, Any],
-    ) -> Tensor:
-        """This rank's output of FlashQLA's implementation of `mode` (see the module table); differentiable."""
+    def forward(self, mode: str, op: str, *inputs: Tensor, **call: Any) -> Tensor:
+        """This rank's output of FlashQLA's implementation of `mode` (see the module table); differentiable. `inputs`:
+        q, k, v, g, beta; `call`: the protocol's group, ctx, scale, options."""
         import flash_qla
 
         if op != "gdn":
             raise ValueError(f"backend 'flash_qla' implements GDN only, got op={op!r}")
+        q, k, v, g, beta = inputs
+        ctx, scale = call["ctx"], call["scale"]
         s = q.shape[-1] ** -0.5 if scale is None else scale
         HV = v.shape[2]
         # FlashQLA's own test of a training step (its intra-card decision depends on it)
@@ -207,12 +194,11 @@ class _FlashQLA(Peer):
         kwargs: dict[str, Any] = {"scale": s}
         if mode == "none":
             kwargs.update(cu_seqlens=self._bounds(ctx, q.device), auto_cp=False)
-        elif mode == "warmup_correct":
-            built, self._split = self._intra_context(ctx, HV, is_train, bool(options.get("force_intra_cp")), q.device)
-            kwargs.update(cu_seqlens=built.cu_seqlens, auto_cp=True, cp_context=built)
-        elif mode == "true_cp":
-            built, self._split = self._inter_context(ctx, group, HV, is_train, bool(options.get("dual")), q.device)
-            kwargs.update(cp_context=built)
+        elif mode in ("warmup_correct", "true_cp"):
+            built, self._split = self._mode_context(mode, ctx, call["group"], HV, is_train, call["options"], q.device)
+            kwargs["cp_context"] = built  # inter-card: the context alone (it holds this card's bounds)
+            if mode == "warmup_correct":
+                kwargs.update(cu_seqlens=built.cu_seqlens, auto_cp=True)
         else:
             raise ValueError(f"backend 'flash_qla' does not implement mode {mode!r}")
         key = (mode, q.dtype, tuple(q.shape[2:]), HV, is_train)

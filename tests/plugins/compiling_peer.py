@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from torch import Tensor
@@ -23,13 +22,12 @@ class CompilingPeer(TorchPeer):
     def __init__(self) -> None:
         self.compiled = False
 
-    def forward(self, mode: str, op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, group: Any,
-                ctx: Any, scale: float | None, options: Mapping[str, Any]) -> Tensor:
+    def forward(self, mode: str, op: str, *inputs: Tensor, **call: Any) -> Tensor:
         if not self.compiled:
             with notice("compiling stand-in kernels"):
                 time.sleep(float(os.environ.get("CPBENCH_TEST_COMPILE_S", "3")))
             self.compiled = True
-        return super().forward(mode, op, q, k, v, g, beta, group=group, ctx=ctx, scale=scale, options=options)
+        return super().forward(mode, op, *inputs, **call)
 
 
 PEER = CompilingPeer()

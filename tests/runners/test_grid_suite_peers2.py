@@ -19,11 +19,23 @@ SUITE = Path(__file__).resolve().parents[2] / "runners" / "suites" / "peers2-h20
 def test_the_show_expands_into_the_asked_points_with_reasons() -> None:
     rows = expand(load_spec(SUITE))
     assert {(r["op"], r["mode"], r["direction"], r["T"], r["params"].get("HV", r["H"])) for r in rows} == {
-        (op, mode, d, T, HV) for op in ("gdn", "kda") for mode in ("none", "warmup_correct")
-        for d in ("fwd", "fwd+bwd") for T in (8192, 65536) for HV in (16, 32)}
+        (op, mode, d, T, HV)
+        for op in ("gdn", "kda")
+        for mode in ("none", "warmup_correct")
+        for d in ("fwd", "fwd+bwd")
+        for T in (8192, 65536)
+        for HV in (16, 32)
+    }
     queued = Counter((r["backend"], r["op"]) for r in rows if r["status"] == "queued")
-    assert queued == {("flash_qla", "gdn"): 16, ("fla_dispatch", "gdn"): 8, ("fla_dispatch", "kda"): 8,
-                      ("triton", "gdn"): 16, ("triton", "kda"): 16, ("fla", "gdn"): 12, ("fla", "kda"): 12}
+    assert queued == {
+        ("flash_qla", "gdn"): 16,
+        ("fla_dispatch", "gdn"): 8,
+        ("fla_dispatch", "kda"): 8,
+        ("triton", "gdn"): 16,
+        ("triton", "kda"): 16,
+        ("fla", "gdn"): 12,
+        ("fla", "kda"): 12,
+    }
     assert rows[0]["backend"] == "flash_qla" and all(r["status"] == "queued" for r in rows[:16])
     reasons: dict[tuple[str, ...], str] = {}  # backend, op, mode, direction -> every reason given, joined
     for r in rows:

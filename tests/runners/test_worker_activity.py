@@ -26,12 +26,23 @@ COMPILE_S = 8.0
 
 def test_status_shows_a_long_first_call_while_it_is_paid(store_url: str, tmp_path: Path) -> None:  # noqa: F811
     spec = write_spec(tmp_path, backends=["tests.plugins.compiling_peer:PEER"], axes={"T": 16, "K": 8, "V": 8})
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO), "CPBENCH_HEARTBEAT_S": "0.3",
-           "CPBENCH_PLUGIN_MODULES": "tests.plugins.", "CPBENCH_TEST_COMPILE_S": str(COMPILE_S),
-           "CPBENCH_ARTIFACT_DIR": str(tmp_path / "art")}
-    proc = subprocess.Popen([sys.executable, "-m", "bench_server", "run", str(spec), "--db", store_url, "--cpu",
-                             "--devices", "1"], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    env = {
+        **os.environ,
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONPATH": str(REPO),
+        "CPBENCH_HEARTBEAT_S": "0.3",
+        "CPBENCH_PLUGIN_MODULES": "tests.plugins.",
+        "CPBENCH_TEST_COMPILE_S": str(COMPILE_S),
+        "CPBENCH_ARTIFACT_DIR": str(tmp_path / "art"),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench_server", "run", str(spec), "--db", store_url, "--cpu", "--devices", "1"],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     seen = None
     try:
         deadline = time.monotonic() + 240

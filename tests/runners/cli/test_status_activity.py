@@ -20,15 +20,19 @@ def _worker_line(out: str) -> str:
     return next(line for line in out.splitlines() if "gpu-box" in line)
 
 
-def test_status_shows_a_first_call_being_compiled(store_url: str, tmp_path: Path,  # noqa: F811
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_status_shows_a_first_call_being_compiled(
+    store_url: str,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from db import crud
     from db.session import session_scope
 
     monkeypatch.setenv("COLUMNS", "200")
     with session_scope(store_url) as s:
-        crud.register_worker(s, name="gpu-box:1:abcd", host="gpu-box", pid=1, devices={"kind": "cuda", "count": 1},
-                             environment_id=None)
+        crud.register_worker(
+            s, name="gpu-box:1:abcd", host="gpu-box", pid=1, devices={"kind": "cuda", "count": 1}, environment_id=None
+        )
         crud.touch_worker(s, name="gpu-box:1:abcd", status="busy", current_point_id=None)
     path = tmp_path / "activity.json"
     monkeypatch.setenv(ACTIVITY_ENV, str(path))

@@ -15,17 +15,11 @@ from runners.gang import RankContext
 from runners.grid import skip_reason
 from runners.peers.fla import FLA
 from runners.point import PointJob, PointSpec
-from tests.runners.peers.conftest import STAND_IN
-
-OPTIONS = {"timing": {"min_samples": 2, "max_samples": 2, "min_time_s": 0.0, "timeout_s": 1.0, "warmup_s": 0.0,
-                      "flush_l2": False}, "check": {"reference_tokens": 48}, "profile": False}
+from tests.runners.peers.conftest import OPTIONS, STAND_IN, peer_point
 
 
 def _point(**kw: Any) -> PointSpec:
-    p = {"op": "gdn", "mode": "none", "backend": "fla_dispatch", "B": 2, "T": 24, "H": 2, "K": 16, "V": 16, "lb": -1.0,
-         "W": 1, "layout": "contiguous", "direction": "fwd", "dtype": "float32", "seed": 0, "rep": 0}
-    p.update(kw)
-    return PointSpec.from_json(p)
+    return peer_point("fla_dispatch", **{**{"B": 2, "T": 24, "K": 16, "V": 16, "dtype": "float32"}, **kw})
 
 
 @pytest.mark.parametrize("direction", ["fwd", "fwd+bwd"])
@@ -41,14 +35,19 @@ def test_point_reports_what_fla_dispatch_ran(fla_stand_in: Any, direction: str) 
 def test_fla_says_it_measured_its_triton_path() -> None:
     import fla.ops.gated_delta_rule  # noqa: F401
 
-    assert FLA.point_report(_point(backend="fla"))["fla_path"].startswith("triton (")
+    assert FLA.point_report(peer_point("fla"))["fla_path"].startswith("triton (")
 
 
-@pytest.mark.parametrize(("mode", "direction", "K", "want"), [
-    ("none", "fwd", 128, None), ("none", "fwd+bwd", 128, None), ("none", "fwd", 512, "K <= 256"),
-    ("warmup_correct", "fwd", 128, "use `backend: flash_qla` for FlashQLA's modes"),
-    ("true_cp", "fwd", 128, "FLA's CP schemes are `backend: fla`'s"),
-])
+@pytest.mark.parametrize(
+    ("mode", "direction", "K", "want"),
+    [
+        ("none", "fwd", 128, None),
+        ("none", "fwd+bwd", 128, None),
+        ("none", "fwd", 512, "K <= 256"),
+        ("warmup_correct", "fwd", 128, "use `backend: flash_qla` for FlashQLA's modes"),
+        ("true_cp", "fwd", 128, "FLA's CP schemes are `backend: fla`'s"),
+    ],
+)
 def test_fla_dispatch_table(mode: str, direction: str, K: int, want: str | None) -> None:
     W = 2 if mode == "true_cp" else 1
     got = skip_reason(_point(mode=mode, direction=direction, K=K, V=K, W=W, B=1, T=256))

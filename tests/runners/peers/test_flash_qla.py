@@ -24,12 +24,10 @@ from runners.grid import expand, skip_reason
 from runners.peers.flash_qla import FLASH_QLA, use_device_tilelang_cache
 from runners.point import PointJob, PointSpec
 from runners.spec import parse_spec
-
-OPTIONS = {"timing": {"min_samples": 2, "max_samples": 2, "min_time_s": 0.0, "timeout_s": 1.0, "warmup_s": 0.0,
-                      "flush_l2": False}, "check": {"reference_tokens": 48}, "profile": False}
+from tests.runners.peers.conftest import OPTIONS, peer_point
 
 # FlashQLA 0.1.3's public signatures, over the fp32 per-token reference; each call recorded in CALLS
-FAKE_INIT = '''
+FAKE_INIT = """
 import os
 import torch
 import kernels
@@ -50,8 +48,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     f32 = [x.float() for x in (q, k, v, g, beta)]
     o = kernels.reference("gdn", *f32, scale=scale, cu_seqlens=bounds.long())[0]
     return o.to(q.dtype), None
-'''
-FAKE_CHUNK = '''
+"""
+FAKE_CHUNK = """
 from dataclasses import dataclass
 import torch
 
@@ -88,7 +86,7 @@ def build_cp_context(cu_seqlens=None, *, enable_inter=False, enable_intra=False,
     cuts = sorted({*bounds, *(s for a, b in zip(bounds, bounds[1:]) for s in range(a, b, chunk_size))})
     return FlashQLACPContext(is_intra=True, cu_seqlens=cu_seqlens,
                              intra_cp_cu_seqlens=torch.tensor(cuts, dtype=cu_seqlens.dtype))
-'''
+"""
 
 
 @pytest.fixture
@@ -115,10 +113,7 @@ def fake_flash_qla(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def _point(**kw: Any) -> PointSpec:
-    p = {"op": "gdn", "mode": "none", "backend": "flash_qla", "B": 1, "T": 256, "H": 2, "K": 128, "V": 128, "lb": -1.0,
-         "W": 1, "layout": "contiguous", "direction": "fwd", "dtype": "bfloat16", "seed": 0, "rep": 0}
-    p.update(kw)
-    return PointSpec.from_json(p)
+    return peer_point("flash_qla", **kw)
 
 
 def _expected(op: str, mode: str, dtype: str, K: int, V: int, W: int) -> str | None:
@@ -141,8 +136,9 @@ def _expected(op: str, mode: str, dtype: str, K: int, V: int, W: int) -> str | N
 HEAD_DIMS = [(128, 128), (64, 128), (128, 64), (256, 256)]
 
 
-@pytest.mark.parametrize(("op", "mode", "dtype"), list(itertools.product(("gdn", "kda"), MODES,
-                                                                         ("float32", "bfloat16", "float16"))))
+@pytest.mark.parametrize(
+    ("op", "mode", "dtype"), list(itertools.product(("gdn", "kda"), MODES, ("float32", "bfloat16", "float16")))
+)
 def test_every_combination_is_decided_without_importing_flashqla(op: str, mode: str, dtype: str) -> None:
     for (K, V), W, direction in itertools.product(HEAD_DIMS, (1, 2), ("fwd", "fwd+bwd")):
         got = skip_reason(_point(op=op, mode=mode, dtype=dtype, K=K, V=V, W=W, direction=direction))
@@ -155,11 +151,25 @@ def test_every_combination_is_decided_without_importing_flashqla(op: str, mode: 
 
 
 def test_a_cpu_host_stores_flashqla_points_skipped_with_the_reason() -> None:
-    spec = parse_spec({"name": "q", "ops": ["gdn"], "modes": ["none", "warmup_correct", "true_cp"],
-                       "backends": ["triton", "flash_qla"],
-                       "axes": {"B": [1], "T": [256], "H": [2], "K": [128], "V": [128], "W": [1, 2],
-                                "dtype": ["bfloat16"], "direction": ["fwd", "fwd+bwd"]},
-                       "mode_options": {"flash_qla": {"force_intra_cp": True, "dual": True}}})
+    spec = parse_spec(
+        {
+            "name": "q",
+            "ops": ["gdn"],
+            "modes": ["none", "warmup_correct", "true_cp"],
+            "backends": ["triton", "flash_qla"],
+            "axes": {
+                "B": [1],
+                "T": [256],
+                "H": [2],
+                "K": [128],
+                "V": [128],
+                "W": [1, 2],
+                "dtype": ["bfloat16"],
+                "direction": ["fwd", "fwd+bwd"],
+            },
+            "mode_options": {"flash_qla": {"force_intra_cp": True, "dual": True}},
+        }
+    )
     rows = [r for r in expand(spec, max_W=2, backends=("torch",)) if r["backend"] == "flash_qla"]
     runnable = [r for r in rows if r["reason"] is None or "not available" in r["reason"]]
     assert len(runnable) == 6  # none, warmup_correct at W=1 and true_cp at W=2, each direction
@@ -179,8 +189,9 @@ def _run(point: PointSpec) -> Any:
 
 
 @pytest.mark.parametrize("direction", ["fwd", "fwd+bwd"])
-def test_none_runs_flashqla_without_its_cp_and_is_gated(fake_flash_qla: Any, direction: str, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_none_runs_flashqla_without_its_cp_and_is_gated(
+    fake_flash_qla: Any, direction: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fq, _ = fake_flash_qla
     monkeypatch.setenv("CPBENCH_ACTIVITY_FILE", str(tmp_path / "activity.json"))
     res = _run(_point(T=24, lengths=None, direction=direction))
@@ -188,7 +199,7 @@ def test_none_runs_flashqla_without_its_cp_and_is_gated(fake_flash_qla: Any, dir
     assert res.gate["err_vs_reference"] < 3e-2 and res.gate["err_vs_none"] < 3e-2, res.gate
     calls = fq.CALLS
     assert calls and all(c["auto_cp"] is False and c["cp_context"] is None for c in calls)
-    assert calls[0]["bounds_dtype"] == torch.int32 and calls[0]["scale"] == pytest.approx(128 ** -0.5)
+    assert calls[0]["bounds_dtype"] == torch.int32 and calls[0]["scale"] == pytest.approx(128**-0.5)
     # the first call of each compile key (the forward; a training step's too) is announced, the later ones are not
     assert calls[0]["announced"] and sum(c["announced"] for c in calls) <= 2 and not calls[-1]["announced"]
     assert not (tmp_path / "activity.json").exists()  # the notice ends with the first call
@@ -197,11 +208,19 @@ def test_none_runs_flashqla_without_its_cp_and_is_gated(fake_flash_qla: Any, dir
 
 
 @pytest.mark.parametrize(("force", "H", "intra"), [(False, 2, False), (True, 2, True), (False, 1, True)])
-def test_warmup_correct_is_flashqla_own_split_and_the_report_holds_it(fake_flash_qla: Any, force: bool, H: int,
-                                                                      intra: bool) -> None:
+def test_warmup_correct_is_flashqla_own_split_and_the_report_holds_it(
+    fake_flash_qla: Any, force: bool, H: int, intra: bool
+) -> None:
     fq, chunk = fake_flash_qla
-    point = _point(mode="warmup_correct", B=1, T=200, lengths=[130, 70], H=H, direction="fwd+bwd",
-                   backend_options={"force_intra_cp": True} if force else {})
+    point = _point(
+        mode="warmup_correct",
+        B=1,
+        T=200,
+        lengths=[130, 70],
+        H=H,
+        direction="fwd+bwd",
+        backend_options={"force_intra_cp": True} if force else {},
+    )
     res = _run(point)
     assert res.ok, res.error
     assert res.gate["err_vs_reference"] < 3e-2, res.gate
@@ -232,18 +251,19 @@ def test_true_cp_hands_flashqla_an_inter_card_context(fake_flash_qla: Any) -> No
     k = torch.nn.functional.normalize(k.float(), dim=-1).to(torch.bfloat16)
     gate = (-torch.rand(1, 64, 2, generator=g)).to(torch.bfloat16)
     beta = torch.rand(1, 64, 2, generator=g).to(torch.bfloat16)
-    o = FLASH_QLA.forward("true_cp", "gdn", q, k, v, gate, beta, group=None, ctx=ctx, scale=None,
-                          options={"dual": True})
+    o = FLASH_QLA.forward("true_cp", "gdn", q, k, v, gate, beta, group=None, ctx=ctx, scale=None, options={"dual": True})
     built = chunk.BUILT[-1]
     assert built["enable_inter"] and built["enable_intra"] and built["cpu"].dtype == torch.int64
     assert built["cpu"].tolist() == list(bounds) and built["num_v_heads"] == 2
     call = fq.CALLS[-1]
     assert call["inter"] and call["cu_seqlens"] is None and call["bounds_dtype"] == torch.int32
-    ref = __import__("kernels").reference("gdn", q.float(), k.float(), v.float(), gate.float(), beta.float(),
-                                          cu_seqlens=torch.tensor(bounds))[0]
+    ref = __import__("kernels").reference(
+        "gdn", q.float(), k.float(), v.float(), gate.float(), beta.float(), cu_seqlens=torch.tensor(bounds)
+    )[0]
     assert ((o.float() - ref).norm() / ref.norm()).item() < 3e-2
     assert FLASH_QLA.point_report(_point(mode="true_cp", W=2)) == {
-        "flash_qla": {"intra_cp": False, "sequences": 2, "inter_cp": True, "dual": True}}
+        "flash_qla": {"intra_cp": False, "sequences": 2, "inter_cp": True, "dual": True}
+    }
 
 
 def test_one_tilelang_cache_per_device_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

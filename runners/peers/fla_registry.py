@@ -8,8 +8,10 @@ no_grad), parts of the backward to the TileLang backend.
 
 - `pinned_to_triton()`: FLA's Triton path for the duration of a step. `FLA_DISABLE_BACKEND_DISPATCH=1` does that,
   but FLA reads it once, when `fla.backends` is imported (the wrappers are then not built at all); in a process where
-  it was not set, the registries are emptied for the step, which leaves each wrapper nothing to try but FLA's own
-  function, the same code path. `pin_note()` says which of the two pinned a run (stored in the point's report).
+  it was not set, the registries are emptied for the step but for FLA's own Triton backends (`KEPT_BY_PIN`: its
+  intra-card CP, off unless FLA_INTRACARD_CP=1), which leaves each wrapper nothing else to try but FLA's own
+  function. `pin_note()` says which of the two pinned a run (stored in the point's report). The variable at import
+  also turns FLA's intra-card CP off (`dispatch_disabled_at_import`).
 - `recording(record)`: which implementation each dispatched call actually ran: every registered backend's
   implementation is wrapped while inside, so a call that reaches one records `function -> backend_type`; a function
   with no record ran FLA's own (Triton) function. A backend's verifier that declines a call is recorded with its
@@ -26,6 +28,7 @@ from typing import Any
 
 __all__ = [
     "DISABLE_ENV",
+    "KEPT_BY_PIN",
     "TRITON",
     "DispatchRecord",
     "dispatch_disabled_at_import",
@@ -36,6 +39,9 @@ __all__ = [
 ]
 
 DISABLE_ENV = "FLA_DISABLE_BACKEND_DISPATCH"
+# FLA's own Triton implementations that FLA registers as dispatch backends: its intra-card CP (switched by
+# FLA_INTRACARD_CP, under inference mode) is `backend: fla`'s warmup_correct, so the pin keeps it
+KEPT_BY_PIN = ("intracard_cp",)
 TRITON = "triton"  # what a dispatched function runs when no backend takes the call: FLA's own Triton function
 _OP_FUNCTIONS = {"gdn": "chunk_gated_delta_rule", "kda": "chunk_kda"}
 
@@ -64,8 +70,8 @@ def pin_note() -> str:
     if dispatch_disabled_at_import():
         return f"triton ({DISABLE_ENV}=1 when FLA was imported)"
     return (
-        f"triton (FLA's backend registries emptied for the step: the effect of {DISABLE_ENV}=1, which FLA reads "
-        f"only when it is imported)"
+        f"triton (FLA's backend registries emptied for the step but for its own Triton intra-card CP: the effect of "
+        f"{DISABLE_ENV}=1, which FLA reads only when it is imported)"
     )
 
 
@@ -76,8 +82,8 @@ def pinned_to_triton() -> Iterator[None]:
         yield
         return
     saved = [(registry, registry._backends) for registry in _registries()]
-    for registry, _ in saved:
-        registry._backends = {}
+    for registry, backends in saved:
+        registry._backends = {name: b for name, b in backends.items() if name in KEPT_BY_PIN}
     try:
         yield
     finally:

@@ -77,6 +77,21 @@ def test_the_pin_holds_fla_on_triton_then_lets_go(fla_stand_in: Any) -> None:
     assert "registries emptied" in pin_note()  # FLA was imported here without FLA_DISABLE_BACKEND_DISPATCH=1
 
 
+def test_the_pin_keeps_fla_own_intra_card_cp(fla_stand_in: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FLA's intra-card CP (`backend: fla`'s warmup_correct) is one of its dispatch backends: under the pin it still
+    takes its call (FLA_INTRACARD_CP=1, inference mode, varlen), recorded before its kernels refuse the CPU."""
+    from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
+
+    monkeypatch.setenv("FLA_INTRACARD_CP", "1")
+    k, w, u = (torch.randn(1, 128, 2, 16) for _ in range(3))
+    record = DispatchRecord()
+    refused = pytest.raises(RuntimeError, match="require NVIDIA Ampere or newer")  # its kernels, past the dispatch
+    with pinned_to_triton(), recording(record), torch.inference_mode(), refused:
+        chunk_gated_delta_rule_fwd_h(k, w, u, g=-torch.rand(1, 128, 2), cu_seqlens=torch.tensor([0, 64, 128]))
+    assert record.calls == {"chunk_gated_delta_rule_fwd_h": "intracard_cp"}
+    assert STAND_IN in fla_stand_in._backends  # the pin lifted
+
+
 def test_fla_flashqla_backend_declines_a_cpu_call_in_its_own_words(monkeypatch: pytest.MonkeyPatch) -> None:
     from fla.ops.gated_delta_rule.backends.flash_qla import FlashQLABackend
 

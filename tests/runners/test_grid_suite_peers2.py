@@ -1,4 +1,4 @@
-"""runners/suites/peers2-h200.yaml (issue 27's show): it expands, wherever it is expanded and without importing any
+"""runners/suites/peers2-h200.yaml and peers2-inter-x2.yaml (issue 27's show): it expands, wherever it is expanded and without importing any
 peer, into the points the issue asks for (GDN and KDA; ours, FLA's Triton path, FLA as dispatched, FlashQLA; `none` and
 `warmup_correct`; fwd and fwd+bwd; T 8K and 64K; HV 16 and 32), FlashQLA's queued first, and every point a backend
 cannot run stored as skipped with that backend's reason. No point runs here.
@@ -11,9 +11,10 @@ from collections import Counter
 from pathlib import Path
 
 from runners.grid import expand
-from runners.spec import load_spec
+from runners.spec import load_spec, load_specs
 
-SUITE = Path(__file__).resolve().parents[2] / "runners" / "suites" / "peers2-h200.yaml"
+SUITES = Path(__file__).resolve().parents[2] / "runners" / "suites"
+SUITE, INTER = SUITES / "peers2-h200.yaml", SUITES / "peers2-inter-x2.yaml"
 
 
 def test_the_show_expands_into_the_asked_points_with_reasons() -> None:
@@ -50,3 +51,14 @@ def test_the_show_expands_into_the_asked_points_with_reasons() -> None:
     assert "does not support grouped value heads (HV=32 != H=16)" in reasons[("flash_kda", "kda", "none", "fwd")]
     assert {r["backend"] for r in rows if r["status"] == "skipped"} == {"flash_qla", "fla_dispatch", "fla", "flash_kda"}
     assert "flash_qla" not in sys.modules and "flash_kda" not in sys.modules
+
+
+def test_the_inter_card_part_waits_for_two_gpus() -> None:
+    """FlashQLA's inter-card CP (and its dual CP) at W=2: skipped with the reason on one GPU, queued where two are."""
+    plain, dual = load_specs(INTER)
+    for spec, n in ((plain, 24), (dual, 8)):
+        one = expand(spec, max_W=1)
+        assert len(one) == n and all("W=2 is more than the 1 device(s) present" in r["reason"] for r in one)
+        assert all(r["status"] == "queued" for r in expand(spec, max_W=2))
+    keys = [r["key"] for r in expand(dual, max_W=2)]
+    assert all(k.startswith("gdn/true_cp/flash_qla/") and k.endswith(",opts=flash_qla.dual=True") for k in keys)

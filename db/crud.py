@@ -332,6 +332,20 @@ def beat_worker(session: Session, *, name: str) -> bool:
     return matched == 1
 
 
+def set_worker_activity(session: Session, *, name: str, activity: Mapping[str, Any] | None) -> None:
+    """Put what the worker's devices are busy with beyond timing (`runners.activity`: {"what", "since"}) on its row,
+    in `devices["activity"]`, or remove it (None)."""
+    begin_write(session)
+    worker = session.execute(select(Worker).where(Worker.name == name)).scalar_one_or_none()
+    if worker is None:
+        return
+    devices = {k: v for k, v in (worker.devices or {}).items() if k != "activity"}
+    if activity:
+        devices["activity"] = dict(activity)
+    worker.devices = devices
+    session.flush()
+
+
 def list_workers(session: Session) -> list[Worker]:
     return list(session.execute(select(Worker).order_by(Worker.id)).scalars())
 

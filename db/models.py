@@ -69,7 +69,9 @@ class Worker(Base):
     name: Mapped[str] = mapped_column(String(255), unique=True)  # host:pid:uuid8
     host: Mapped[str] = mapped_column(String(255))
     pid: Mapped[int] = mapped_column(Integer)
-    devices: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # {"kind": "cuda"|"cpu", "count": n, "names": [...]}
+    # {"kind": "cuda"|"cpu", "count": n, "names": [...]}, and while it lasts "activity": {"what", "since"} (a long
+    # first call being compiled, runners.activity)
+    devices: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     environment_id: Mapped[int | None] = mapped_column(ForeignKey("environments.id"))
     status: Mapped[str] = mapped_column(String(16), default="idle")  # idle | busy | stopped
     current_point_id: Mapped[int | None] = mapped_column(Integer)

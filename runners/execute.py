@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -221,6 +222,9 @@ def _peer_mode(peer: Any, point: PointSpec, wl: Workload, rc: RankContext) -> Mo
 
     op, mode = point.op, point.mode
     train = training.is_training(point)
+    begin = getattr(peer, "begin_point", None)  # optional: a new point on this rank
+    if callable(begin):
+        begin(point)
     flat = wl.flat()
     one = mode in SINGLE_DEVICE  # the whole batch with a one-rank context
     ctx_cp = cp.build_context(flat.cu_seqlens_cpu, 1 if one else rc.world_size, 0 if one else rc.rank,
@@ -232,8 +236,12 @@ def _peer_mode(peer: Any, point: PointSpec, wl: Workload, rc: RankContext) -> Mo
     group = None if one else rc.group
     shape = wl.tensors[2].shape[:-1]  # none: the caller's (dense or varlen) layout [B, T, H]
 
-    def fwd() -> Tensor:
+    first_calls: dict[str, float] = {}  # seconds of the point's first forward and first step (compile, autotune)
+
+    def peer_fwd() -> Tensor:
         return peer.forward(mode, op, *xs, group=group, ctx=ctx_cp, scale=None, options=opts)
+
+    fwd = _timed_first_call(peer_fwd, first_calls, "fwd", rc.device)
 
     def to_global(x: Tensor, dense: Sequence[int]) -> Tensor:
         """A local tensor (output or input gradient) in the global layout on rank 0 (`none`: the caller's `dense`)."""
@@ -247,7 +255,8 @@ def _peer_mode(peer: Any, point: PointSpec, wl: Workload, rc: RankContext) -> Mo
             o_local = fwd()
         like = o_local if one else o_local.new_empty(1, ctx_cp.total_len, *o_local.shape[2:])
         do = training.global_do(point, like)
-        base = training.train_step(fwd, xs, do if one else cp.shard(do, ctx_cp))
+        base = _timed_first_call(training.train_step(fwd, xs, do if one else cp.shard(do, ctx_cp)), first_calls,
+                                 "fwd+bwd", rc.device)
 
     def full_grads() -> list[Tensor]:
         local = training.grads_of(base, xs, lambda g: g)
@@ -259,10 +268,33 @@ def _peer_mode(peer: Any, point: PointSpec, wl: Workload, rc: RankContext) -> Mo
 
     count = getattr(peer, "expected_collectives", None)  # optional: what one step issues (else not stated)
     expected = dict(count(mode, ctx_cp, opts)) if callable(count) else {}
-    run = ModeRun(step=base, full_output=full_output, report=lambda: {}, expected_collectives=expected,
+    own_report = getattr(peer, "point_report", None)  # optional: the peer's facts about the point
+
+    def report() -> dict[str, Any]:
+        return {**(dict(own_report(point)) if callable(own_report) else {}), "first_call_s": dict(first_calls)}
+
+    run = ModeRun(step=base, full_output=full_output, report=report, expected_collectives=expected,
                   full_grads=full_grads if train else None)
     context = getattr(peer, "step_context", None)  # around every step (FLA: the Hopper-guard opt-in, for its backward)
     return _in_context(run, lambda: context(opts)) if callable(context) else run
+
+
+def _timed_first_call(fn: Callable[[], Tensor], into: dict[str, float], name: str,
+                      device: torch.device) -> Callable[[], Tensor]:
+    """`fn` whose first call is timed to completion (device synchronised; outside the timed steps: the first call is
+    the gate's or the `do`'s) into `into[name]`: a peer's compile or autotune cost, about zero on a warm cache."""
+
+    def call() -> Tensor:
+        if name in into:
+            return fn()
+        t0 = time.perf_counter()
+        out = fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        into[name] = round(time.perf_counter() - t0, 3)
+        return out
+
+    return call
 
 
 def _none_output(point: PointSpec, wl: Workload, rc: RankContext, plan: LaunchPlan) -> Tensor:

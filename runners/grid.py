@@ -10,7 +10,7 @@ A point that cannot run is kept, with `status="skipped"` and the reason (nvbench
 dropped. The rules, first match wins:
 
 - the mode is not available here (only when the caller says what is available);
-- a peer backend (`fla`, a plugin: `runners.plugins`) does not implement the mode or direction, or its own rule
+- a peer backend (`fla`, `fla_dispatch`, `flash_qla`, `flash_kda`, a plugin: `runners.plugins`) does not implement the mode or direction, or its own rule
   says why not (`runners.peers.peer_skip_reason`: FLA's reasons, with or without FLA installed here); a peer takes
   no real-model gate and no `l2norm_in_kernel` (the engine hands it the stored inputs as they are);
 - `none` and `warmup_correct` run on one device: W must be 1;
@@ -229,7 +229,16 @@ def _backend_fields(spec: SweepSpec, ref: str, backend: str, mode: str, directio
     opts = dict(spec.mode_options.get(backend) or {})
     if is_ours(backend):
         opts = backend_options.for_point(backend, opts, mode, direction)
+    elif callable(only := getattr(_loaded(ref), "options_for", None)):  # a peer's options that apply to the mode
+        opts = only(opts, mode, direction)
     return {"backend_ref": ref if ref != backend else None, "backend_options": opts}
+
+
+def _loaded(ref: str) -> Any:
+    try:
+        return load_peer(ref)
+    except ValueError:
+        return None
 
 
 _COLUMNS = ("op", "mode", "backend", "B", "T", "H", "K", "V", "lb", "W", "layout", "direction", "dtype", "seed")

@@ -3,7 +3,9 @@
 A sweep's `backends` entry is one of:
 
 - `torch` / `triton`: our kernels (not peers);
-- `fla`: FLA's implementation of each mode (`runners.peers.fla`);
+- `fla`: FLA's implementation of each mode on its Triton path (`runners.peers.fla`); `fla_dispatch`: FLA as
+  installed, its backend dispatch on (`runners.peers.fla_dispatch`); `flash_qla`: FlashQLA (`runners.peers.flash_qla`);
+  `flash_kda`: FlashKDA (`runners.peers.flash_kda`);
 - a name registered under the entry point group `cpbench.backends` by an installed package
   (`[project.entry-points."cpbench.backends"] mine = "my_pkg.cpbench:BACKEND"`);
 - `package.module:object`: an importable object (a class is instantiated with no arguments), only from a module
@@ -35,6 +37,13 @@ logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "cpbench.backends"
 OURS = ("torch", "triton")
+# the built-in peers (kernels.vocabulary.PEER_BACKENDS): name -> (module, object)
+_BUILT_IN = {
+    "fla": ("runners.peers.fla", "FLA"),
+    "fla_dispatch": ("runners.peers.fla_dispatch", "FLA_DISPATCH"),
+    "flash_qla": ("runners.peers.flash_qla", "FLASH_QLA"),
+    "flash_kda": ("runners.peers.flash_kda", "FLASH_KDA"),
+}
 PLUGIN_MODULES_SETTING = "CPBENCH_PLUGIN_MODULES"  # = runners.settings.WorkerSettings.PLUGIN_MODULES
 
 
@@ -106,16 +115,15 @@ def clear_cache() -> None:
 def _load(ref: str) -> Any:
     if is_ours(ref):
         raise ValueError(f"backend {ref!r} is one of ours, not a peer")
-    if ref == "fla":
-        from runners.peers.fla import FLA
-
-        return FLA
+    if ref in _BUILT_IN:
+        module, attr = _BUILT_IN[ref]
+        return getattr(importlib.import_module(module), attr)
     try:
         obj = _import(ref) if ":" in ref else _entry_point(ref)
     except (ImportError, AttributeError) as err:
         raise ValueError(f"cannot load backend plugin {ref!r}: {type(err).__name__}: {err}") from None
     if obj is None:
-        raise ValueError(f"unknown backend {ref!r}: not torch, triton or fla, not 'package.module:object', and no "
+        raise ValueError(f"unknown backend {ref!r}: not torch, triton or a built-in peer ({', '.join(_BUILT_IN)}), not 'package.module:object', and no "
                          f"installed package registers it under the entry point group '{ENTRY_POINT_GROUP}'")
     if isinstance(obj, type):
         obj = obj()

@@ -1,5 +1,5 @@
-"""What a result was measured with: the software versions (torch, triton, cpbench) of this process, the GPU
-driver and the code's git sha.
+"""What a result was measured with: the software versions (torch, triton, cpbench) of this process, the versions
+of the peer packages a sweep can measure (FLA, FlashQLA, TileLang, FlashKDA), the GPU driver and the code's git sha.
 
 One reader for the worker (`runners.worker`), the benchmarks (`runners.bench`) and `benchmarks/`, so every stored
 or written result names its software, driver and code the same way.
@@ -12,7 +12,15 @@ import os
 import subprocess
 from pathlib import Path
 
-__all__ = ["cpbench_version", "driver_version", "git_sha", "software_versions"]
+__all__ = ["PEER_DISTRIBUTIONS", "cpbench_version", "driver_version", "git_sha", "peer_versions", "software_versions"]
+
+# fact name -> the distributions that install it, first found wins (read from their metadata, never imported)
+PEER_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
+    "fla": ("fla-core", "flash-linear-attention"),
+    "flash_qla": ("flash-qla",),
+    "tilelang": ("tilelang",),
+    "flash_kda": ("tokenspeed-flashkda", "flash-kda", "flash_kda"),
+}
 
 
 def cpbench_version() -> str:
@@ -34,6 +42,21 @@ def software_versions() -> dict[str, str | None]:
     except ImportError:
         triton_version = None
     return {"torch": torch.__version__, "triton": triton_version, "cpbench": cpbench_version()}
+
+
+def peer_versions() -> dict[str, str | None]:
+    """{"fla", "flash_qla", "tilelang", "flash_kda"}: the installed version of each (None when absent), so a result
+    names the packages that FLA's dispatch and the peers ran; read from package metadata without importing them."""
+    out: dict[str, str | None] = {}
+    for fact, dists in PEER_DISTRIBUTIONS.items():
+        out[fact] = None
+        for dist in dists:
+            try:
+                out[fact] = importlib.metadata.version(dist)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
+    return out
 
 
 _REPO = Path(__file__).resolve().parent.parent

@@ -69,16 +69,18 @@ from pathlib import Path
 from typing import Any
 
 from db.retry import StoreRetry, StoreUnavailable
+from runners.activity import ACTIVITY_ENV, read_notice
 from runners.errors import CpbenchError, GangError, SweepNotFoundError
 from runners.execute import run_point_job, tune_job
 from runners.gang import GangPool, JobCancelled
 from runners.grid import available_backends
 from runners.housekeeping import remove_own_leftovers
+from runners.peers.flash_qla import use_device_tilelang_cache
 from runners.plugins import unavailable
 from runners.point import PointJob, PointSpec
 from runners.results import PointResult, StoreRows, store_rows, trace_path
 from runners.settings import WorkerSettings, get_worker_settings
-from runners.versions import driver_version, git_sha, software_versions
+from runners.versions import driver_version, git_sha, peer_versions, software_versions
 
 __all__ = ["DeviceInfo", "Worker", "WorkerStats", "detect_devices", "environment_facts", "point_time_limit_s", "run_worker"]
 
@@ -153,6 +155,7 @@ def environment_facts(info: DeviceInfo) -> dict[str, Any]:
         "host": socket.gethostname(),
         "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
+        **peer_versions(),  # fla, flash_qla, tilelang, flash_kda (None when absent): in the environment's `extra`
     }
     if info.kind == "cuda":
         props = torch.cuda.get_device_properties(0)
@@ -214,6 +217,7 @@ class _Heartbeat(threading.Thread):
         self.worker, self.point_id = worker, point_id
         self.lost = False
         self._stop_ev = threading.Event()
+        self._activity: dict[str, Any] | None = None  # the ranks' notice last put on the worker's row
 
     def _beat(self) -> bool:
         from db import crud
@@ -224,6 +228,10 @@ class _Heartbeat(threading.Thread):
             ok = heartbeat(s, point_id=self.point_id, worker=self.worker.name, lease_s=self.worker.lease_s)
             if ok:
                 crud.beat_worker(s, name=self.worker.name)
+                activity = read_notice(self.worker.activity_file)
+                if activity != self._activity:  # a first call being compiled (runners.activity), shown by `status`
+                    crud.set_worker_activity(s, name=self.worker.name, activity=activity)
+                    self._activity = activity
             elif crud.point_done_by(s, point_id=self.point_id, worker=self.worker.name):
                 return True  # the result was just stored (the beat raced the commit): not a lost lease
         return ok
@@ -243,6 +251,15 @@ class _Heartbeat(threading.Thread):
     def stop(self) -> None:
         self._stop_ev.set()
         self.join(timeout=30)
+        if self._activity is not None:  # the point is over: so is its notice
+            from db import crud
+
+            try:
+                self.worker._store("clear activity", lambda s: crud.set_worker_activity(s, name=self.worker.name,
+                                                                                       activity=None),
+                                   give_up=lambda: True)
+            except Exception:  # noqa: BLE001 - a stale notice is replaced by the next beat's
+                logger.warning("could not clear worker %s's activity", self.worker.name, exc_info=True)
 
 
 def _options(spec: dict[str, Any]) -> dict[str, Any]:
@@ -303,6 +320,7 @@ class Worker:
         self._specs: dict[int, dict[str, Any]] = {}
         self._idle_beat_at = -math.inf  # monotonic time of the last idle heartbeat
         self.pool: GangPool | None = None
+        self.activity_file = self.spool_dir / f"activity-{_tag(self.name)}.json"  # runners.activity's notice
         self.info: DeviceInfo | None = None
         self.env_id: int | None = None
 
@@ -356,6 +374,11 @@ class Worker:
             return env_id
 
         self.env_id = self._store("register", register, give_up=self.stopping)
+        # the gangs inherit both: one TileLang cache per device model (FlashQLA's JIT paid once per sweep) and the
+        # file through which a rank announces a long first call (runners.activity)
+        if info.kind == "cuda":
+            use_device_tilelang_cache(self.art_root, info.names[0], info.compute_capability)
+        os.environ[ACTIVITY_ENV] = str(self.activity_file)
         s = self.settings
         self.pool = GangPool(info.kind, max_alive=s.MAX_GANGS, start_timeout_s=s.GANG_START_TIMEOUT_S, pg_timeout_s=s.PG_TIMEOUT_S)
         logger.info("worker %s: %d %s rank(s), environment %s", self.name, info.count, info.kind, self.env_id)

@@ -1,7 +1,9 @@
 """`cpbench status [SWEEP]`: the sweeps and workers, or one sweep's progress, running points and failures.
 
     cpbench status [--limit 20] [--db URL]   # recent sweeps with their counts, and the workers
-                                             # (a regression run's sweeps are one row: `regress-run:<id>`)
+                                             # (a regression run's sweeps are one row: `regress-run:<id>`;
+                                             # a busy worker paying a peer's first call: "busy: compiling
+                                             # FlashQLA kernels, 95 s")
     cpbench status 3                         # sweep 3: counts per status, what runs where, each failed point's error
 """
 
@@ -16,6 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kernels.vocabulary import regress_run
+from runners.activity import describe
 from runners.cli.common import DbOption, fetch_results, out_console, resolve
 from runners.errors import SweepNotFoundError
 from runners.settings import get_worker_settings
@@ -86,7 +89,9 @@ def status(
             now, lease = store_now(s), get_worker_settings().LEASE_S
             for w in workers:
                 dev = w.devices or {}
-                wt.add_row(escape(w.name), escape(crud.worker_state(w, now, lease)), f"{dev.get('count', '?')} {dev.get('kind', '?')}", str(w.current_point_id or "-"),
+                state = crud.worker_state(w, now, lease)
+                doing = describe(dev.get("activity")) if state == "busy" else None  # e.g. compiling FlashQLA kernels
+                wt.add_row(escape(w.name), escape(f"{state}: {doing}" if doing else state), f"{dev.get('count', '?')} {dev.get('kind', '?')}", str(w.current_point_id or "-"),
                            str(w.points_done), _age(w.last_heartbeat))
         console.print(table)
         console.print(wt)

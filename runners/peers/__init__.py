@@ -1,4 +1,5 @@
-"""PEERS: implementations of the CP modes that are not ours (FLA's, or a team's own kernel as a plugin).
+"""PEERS: implementations of the CP modes that are not ours (FLA's Triton path `fla`, FLA as dispatched
+`fla_dispatch`, FlashQLA `flash_qla`, FlashKDA `flash_kda`, or a team's own kernel as a plugin).
 
 The engine's side of the protocol (`runners.plugins` loads a peer, `runners.grid` asks why a point cannot run,
 `runners.execute` runs it); a point reaches a peer as a `runners.point.PointSpec` (attributes: `point.K`,
@@ -10,6 +11,8 @@ A peer backend is any object (an instance or a class) with these attributes; `Pe
     unsupported: Mapping[str, str]            # (optional) mode -> why it is not implemented (shown as the reason)
     direction_reasons: Mapping[str, str]      # (optional) mode -> why a direction it lacks is missing
     options: Mapping[str, Any]                # (optional) knobs of `mode_options: {<name>: {...}}`, with defaults
+    options_for(options, mode, direction) -> dict  # (optional) those of them that apply to a mode (the rest
+                                              # stay out of that mode's points and keys)
     skip_reason(point) -> str | None          # (optional) why a point (a PointSpec) cannot run; evaluated when
                                               # the sweep is expanded
     available() -> str | None                 # (optional) why it cannot run in this process (None: it can)
@@ -21,6 +24,10 @@ A peer backend is any object (an instance or a class) with these attributes; `Pe
                                               # `kernels.cp.expected_collectives` (stored beside the profile)
     first_call_s: float                       # (optional) seconds its first call may spend compiling/autotuning,
                                               # added to the point's time limit (default 0)
+    begin_point(point) -> None                # (optional) called when a point's mode is built on this rank
+    point_report(point) -> dict               # (optional) the peer's facts about the point it just ran (host
+                                              # values, read after timing): stored in the point's report, e.g.
+                                              # the split FlashQLA chose, the implementation FLA dispatched to
     step_context(options) -> context manager  # (optional) entered around each timed step; for direction
                                               # "fwd+bwd" the step is forward + `o.backward(do)` (the output must
                                               # carry autograd: a differentiable forward is the backward)

@@ -17,7 +17,13 @@ FLA's Hopper guard: FLA 0.6.0 refuses the gated GDN backward (`chunk_bwd_dqkwg`)
 version installed where it is expanded, unless the spec opts in with `mode_options: {fla: {bypass_hopper_guard:
 true}}` (then part of the point key); `hopper_guard(options)` lifts the guard for the duration of a step.
 Backward (direction fwd+bwd): FLA's ops are autograd Functions; the runner times forward + `o.backward(do)`
-inside `step_context(options)` (= `hopper_guard(options)`: the guard sits in FLA's backward).
+inside `step_context(options)` (`hopper_guard(options)`: the guard sits in FLA's backward).
+
+FLA's Triton path, pinned: FLA 0.6.0 dispatches its ops to other packages when they are installed (FlashQLA,
+TileLang, FlashKDA). This backend always measures FLA's own Triton kernels: every forward and step runs inside
+`runners.peers.fla_registry.pinned_to_triton()` (the effect of `FLA_DISABLE_BACKEND_DISPATCH=1`, but keeping FLA's
+own Triton intra-card CP, itself a dispatch backend, for `warmup_correct`), and each point's report says so
+(`fla_path`) and names what FLA's dispatch ran under the pin (`fla_ran`). FLA as installed is `backend: fla_dispatch` (`runners.peers.fla_dispatch`).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import torch
 from torch import Tensor
 
 from runners.peers import Peer, peer_options
+from runners.peers.fla_registry import DispatchRecord, dispatch_disabled_at_import, pin_note, pinned_to_triton, recording
 from runners.point import PointSpec
 
 __all__ = ["FLA", "HOPPER_GUARD", "hopper_guard", "hopper_guard_refusal", "triton_version"]
@@ -127,6 +134,7 @@ class _FLA(Peer):
 
     def __init__(self) -> None:
         self._contexts: dict[tuple[Any, ...], Any] = {}
+        self._record = DispatchRecord()  # what FLA's dispatch ran under the pin (its intra-card CP, or nothing)
 
     def skip_reason(self, point: PointSpec) -> str | None:
         """FLA's own limits of a point (mode and direction were checked by `peer_skip_reason`)."""
@@ -154,8 +162,20 @@ class _FLA(Peer):
         return None
 
     def step_context(self, options: Mapping[str, Any]) -> contextlib.AbstractContextManager[Any]:
-        """Around each timed step (forward + backward): the Hopper-guard opt-in."""
-        return hopper_guard(options)
+        """Around each timed step (forward + backward): FLA's Triton path pinned; the Hopper-guard opt-in."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(pinned_to_triton())
+        stack.enter_context(recording(self._record))
+        stack.enter_context(hopper_guard(options))
+        return stack
+
+    def begin_point(self, point: PointSpec) -> None:
+        self._record = DispatchRecord()
+
+    def point_report(self, point: PointSpec) -> dict[str, Any]:
+        """Which of FLA's paths the point measured (always its Triton path), what pinned it, and what FLA's dispatch
+        ran under the pin (`calls`: its intra-card CP for warmup_correct)."""
+        return {"fla_path": pin_note(), "fla_ran": self._record.as_dict(point.op)}
 
     def expected_collectives(self, mode: str, ctx: Any, options: Mapping[str, Any]) -> dict[str, int]:
         """What one step issues on this rank: KCP one all_gather of the summaries (every rank, always); our
@@ -190,10 +210,13 @@ class _FLA(Peer):
 
         opts = {k_: v_ for k_, v_ in (options or {}).items() if k_ not in self.options}
         s = q.shape[-1] ** -0.5 if scale is None else scale
-        with hopper_guard(options or {}):
+        with pinned_to_triton(), recording(self._record), hopper_guard(options or {}):
             if mode == "none":
                 return prims.fwd(op, q, k, v, g, beta, ctx.cu_seqlens, backend="fla", scale=s)[0]
             if mode == "warmup_correct":
+                if dispatch_disabled_at_import():
+                    raise ValueError(f"FLA's intra-card CP is one of FLA's dispatch backends, and "
+                                     f"FLA_DISABLE_BACKEND_DISPATCH=1 turned them all off in this process: {pin_note()}")
                 with _intracard():
                     return prims.fwd(op, q, k, v, g, beta, ctx.cu_seqlens, backend="fla", scale=s)[0]
             if mode == "true_cp":

@@ -1,0 +1,64 @@
+"""runners/suites/peers2-h200.yaml and peers2-inter-x2.yaml (issue 27's show): it expands, wherever it is expanded and without importing any
+peer, into the points the issue asks for (GDN and KDA; ours, FLA's Triton path, FLA as dispatched, FlashQLA; `none` and
+`warmup_correct`; fwd and fwd+bwd; T 8K and 64K; HV 16 and 32), FlashQLA's queued first, and every point a backend
+cannot run stored as skipped with that backend's reason. No point runs here.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+from runners.grid import expand
+from runners.spec import load_spec, load_specs
+
+SUITES = Path(__file__).resolve().parents[2] / "runners" / "suites"
+SUITE, INTER = SUITES / "peers2-h200.yaml", SUITES / "peers2-inter-x2.yaml"
+
+
+def test_the_show_expands_into_the_asked_points_with_reasons() -> None:
+    rows = expand(load_spec(SUITE))
+    assert {(r["op"], r["mode"], r["direction"], r["T"], r["params"].get("HV", r["H"])) for r in rows} == {
+        (op, mode, d, T, HV)
+        for op in ("gdn", "kda")
+        for mode in ("none", "warmup_correct")
+        for d in ("fwd", "fwd+bwd")
+        for T in (8192, 65536)
+        for HV in (16, 32)
+    }
+    queued = Counter((r["backend"], r["op"]) for r in rows if r["status"] == "queued")
+    assert queued == {
+        ("flash_qla", "gdn"): 16,
+        ("fla_dispatch", "gdn"): 8,
+        ("fla_dispatch", "kda"): 8,
+        ("triton", "gdn"): 16,
+        ("triton", "kda"): 16,
+        ("fla", "gdn"): 12,
+        ("fla", "kda"): 12,
+    }
+    assert rows[0]["backend"] == "flash_qla" and all(r["status"] == "queued" for r in rows[:16])
+    reasons: dict[tuple[str, ...], str] = {}  # backend, op, mode, direction -> every reason given, joined
+    for r in rows:
+        if r["status"] == "skipped":
+            key = (r["backend"], r["op"], r["mode"], r["direction"])
+            reasons[key] = reasons.get(key, "") + " | " + r["reason"]
+    assert "FlashQLA implements GDN only" in reasons[("flash_qla", "kda", "none", "fwd")]
+    assert "FLA's intra-card CP runs only under torch.inference_mode" in reasons[("fla", "gdn", "warmup_correct", "fwd+bwd")]
+    assert "use `backend: flash_qla` for FlashQLA's modes" in reasons[("fla_dispatch", "gdn", "warmup_correct", "fwd")]
+    assert "FlashKDA is inference only" in reasons[("flash_kda", "kda", "none", "fwd+bwd")]
+    assert "computes the safe gate" in reasons[("flash_kda", "kda", "none", "fwd")]  # HV 16
+    assert "does not support grouped value heads (HV=32 != H=16)" in reasons[("flash_kda", "kda", "none", "fwd")]
+    assert {r["backend"] for r in rows if r["status"] == "skipped"} == {"flash_qla", "fla_dispatch", "fla", "flash_kda"}
+    assert "flash_qla" not in sys.modules and "flash_kda" not in sys.modules
+
+
+def test_the_inter_card_part_waits_for_two_gpus() -> None:
+    """FlashQLA's inter-card CP (and its dual CP) at W=2: skipped with the reason on one GPU, queued where two are."""
+    plain, dual = load_specs(INTER)
+    for spec, n in ((plain, 24), (dual, 8)):
+        one = expand(spec, max_W=1)
+        assert len(one) == n and all("W=2 is more than the 1 device(s) present" in r["reason"] for r in one)
+        assert all(r["status"] == "queued" for r in expand(spec, max_W=2))
+    keys = [r["key"] for r in expand(dual, max_W=2)]
+    assert all(k.startswith("gdn/true_cp/flash_qla/") and k.endswith(",opts=flash_qla.dual=True") for k in keys)

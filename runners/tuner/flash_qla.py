@@ -40,9 +40,13 @@ __all__ = [
     "KernelTimer",
     "check_shapes",
     "coef_results",
+    "flash_qla_context",
     "flash_qla_device",
+    "flash_qla_inputs",
     "require_flash_qla",
+    "run_step",
     "split_sizes",
+    "time_shape",
     "tune_flash_qla",
 ]
 
@@ -130,7 +134,7 @@ class KernelTimer:
         return out
 
 
-def _inputs(shape: Shape, *, train: bool) -> dict[str, Any]:
+def flash_qla_inputs(shape: Shape, *, train: bool) -> dict[str, Any]:
     """FlashQLA's inputs at `shape` on the GPU (its own benchmark's layout: l2-normalised q, k; fp32 log-gates
     `lb * sigmoid(x)`, fp32 beta), with the output gradient when `train`."""
     import torch
@@ -204,7 +208,7 @@ def flash_qla_device() -> FlashQLADevice:
                    version=importlib.metadata.version("flash-qla"))  # fmt: skip
 
 
-def _time_shape(shape: Shape, spec: TuneSpec, dev: FlashQLADevice, say: Callable[[str], None]) -> list[tuple[Timing, int]]:
+def time_shape(shape: Shape, spec: TuneSpec, dev: FlashQLADevice, say: Callable[[str], None]) -> list[tuple[Timing, int]]:
     """Every kernel row's median time at each split size of `shape`, with its split size."""
     import importlib
 
@@ -212,14 +216,16 @@ def _time_shape(shape: Shape, spec: TuneSpec, dev: FlashQLADevice, say: Callable
 
     fq = importlib.import_module(_CHUNK_MODULE)
     train = spec.direction == "fwd+bwd"
-    x = _inputs(shape, train=train)
+    x = flash_qla_inputs(shape, train=train)
     chunks = math.ceil(shape.T / dev.chunk)
     warmups = utils.warmup_from_gate_avg(x["g"].detach().float().mean(dim=1).reshape(-1).tolist(), dev.chunk)
     timer, out = KernelTimer(), []
     for S in split_sizes(chunks, utils.MIN_LCP):
         ctx = flash_qla_context(S, x, dev.chunk)
         feat = utils.struct_features([chunks], S, shape.H, dev.P, warmups, train, backend=dev.backend)
-        say(f"flash_qla T={shape.T} H={shape.H} S={S}: {feat.num_partitions} partition(s), first call compiles (TileLang)")
+        say(
+            f"flash_qla T={shape.T} H={shape.H} S={S}: {feat.num_partitions} partition(s), {spec.samples} runs (a new kernel compiles first)"
+        )
         with timer.patched(fq):
             run_step(x, ctx)  # the first call compiles; its times are dropped
             timer.take()
@@ -293,7 +299,7 @@ def tune_flash_qla(
     dev = flash_qla_device()
     timed: list[tuple[Timing, int, Shape]] = []
     for shape in shapes:
-        timed += [(t, S, shape) for t, S in _time_shape(shape, spec, dev, say)]
+        timed += [(t, S, shape) for t, S in time_shape(shape, spec, dev, say)]
     name, cc = device_facts("cuda")
     result = TuneResult(device_name=name, compute_capability=cc, kernels=tuple(coef_results(timed, spec, dev)))
     coef_csv(

@@ -2,7 +2,7 @@
 dashboards and the kernels share without importing torch.
 
 - `OPS`, `BACKENDS` (every backend name `kernels.forward` takes), `BENCHMARKED_BACKENDS` (the contenders a
-  sweep times), `LAYOUTS`;
+  sweep times), `OUR_BACKENDS` (ours, not peers), `LAYOUTS`;
 - `MODES` (the CP scheme registry's keys, in its order; `kernels.cp.MODES` maps them to their modules),
   `MODE_OPTIONS` (each mode's option defaults), `SINGLE_DEVICE`, `EXACT_MODES` / `APPROXIMATE_MODES`,
   `HAND_BACKWARD` / `AUTOGRAD_MODES` (how a mode trains);
@@ -39,6 +39,7 @@ __all__ = [
     "MODES",
     "MODE_OPTIONS",
     "OPS",
+    "OUR_BACKENDS",
     "PHASES",
     "POINT_DIRECTIONS",
     "REGRESS_RUN_TAG",
@@ -55,6 +56,7 @@ OPS: tuple[str, ...] = ("gdn", "kda")
 BACKENDS: tuple[str, ...] = ("reference", "torch", "triton", "fla", "auto")
 # the backends a sweep benchmarks (peer plugins come on top: runners.plugins)
 BENCHMARKED_BACKENDS: tuple[str, ...] = ("torch", "triton", "fla")
+OUR_BACKENDS: tuple[str, ...] = ("torch", "triton")  # our implementations (not peers): one library, "ours"
 LAYOUTS: tuple[str, ...] = ("contiguous", "zigzag")
 # the tag on every sweep one `cpbench regress` invocation submits, followed by the run's id (the CLI's status and the
 # dashboards show a run's sweeps as one row)

@@ -24,6 +24,7 @@ import importlib.metadata
 import logging
 from typing import Any
 
+from kernels.vocabulary import OUR_BACKENDS
 from runners.peers import check_peer
 from runners.point import PointSpec
 from runners.settings import get_worker_settings
@@ -34,7 +35,7 @@ __all__ = ["ENTRY_POINT_GROUP", "OURS", "PLUGIN_MODULES_SETTING", "allowed_modul
 logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "cpbench.backends"
-OURS = ("torch", "triton")
+OURS = OUR_BACKENDS  # kernels.vocabulary
 PLUGIN_MODULES_SETTING = "CPBENCH_PLUGIN_MODULES"  # = runners.settings.WorkerSettings.PLUGIN_MODULES
 
 

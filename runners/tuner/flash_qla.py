@@ -261,6 +261,7 @@ def coef_results(timed: list[tuple[Timing, int, Shape]], spec: TuneSpec, dev: Fl
                              config={"S": S}, strategy="fit", rung=0, status="ok", median_ms=t.ms, n=spec.samples)
                        for t, S, s in mine)  # fmt: skip
 
+        config: dict[str, Any]
         if row in fit.rows:
             f = fit.rows[row]
             config = {**f.coefs(), "source": "fit", "n": f.n, "rms_ms": f.rms_ms, "why": None}
@@ -294,11 +295,11 @@ def tune_flash_qla(
     """Time FlashQLA's kernels at every split size of `shapes` and fit its coefficients (see the module docstring).
     `say` gets a line as each (shape, split) starts; `on_result` the whole result once it is fitted."""
     require_flash_qla()
-    shapes = [Shape.of(s) for s in shapes]
-    check_shapes(shapes)
+    todo = [Shape.of(s) for s in shapes]
+    check_shapes(todo)
     dev = flash_qla_device()
     timed: list[tuple[Timing, int, Shape]] = []
-    for shape in shapes:
+    for shape in todo:
         timed += [(t, S, shape) for t, S in time_shape(shape, spec, dev, say)]
     name, cc = device_facts("cuda")
     result = TuneResult(device_name=name, compute_capability=cc, kernels=tuple(coef_results(timed, spec, dev)))

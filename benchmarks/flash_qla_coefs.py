@@ -1,6 +1,6 @@
 """FlashQLA's intra-card CP decision with coefficients refit on this GPU vs its shipped ones (issue 27, item 5); GPU.
 
-    python benchmarks/flash_qla_coefs.py --out $OUT [--T 8192 32768 131072] [--H 16 32] [--lb -5]
+    python benchmarks/flash_qla_coefs.py --out $OUT [--T 8192 32768 131072] [--H 16 32] [--lb -5 -0.05]
         [--directions fwd fwd+bwd] [--samples 10] [--reps 30] [--deadline-s 540]
 
 1. Refit (what `cpbench tune --backend flash_qla --direction fwd+bwd` runs, `runners.tuner.flash_qla`): per shape
@@ -84,6 +84,11 @@ def store(result: Any, out: Path) -> str:
     return f"stored in {out / 'store.db'} (`cpbench configs export --format flash_qla --db sqlite:///store.db`)"
 
 
+def _shapes(args: argparse.Namespace) -> list[tuple[int, int, float]]:
+    """(T, H, lb) of every shape, H outermost (a new H compiles new kernels; the deadline stops between shapes)."""
+    return [(T, H, lb) for H in args.H for T in args.T for lb in args.lb]
+
+
 def refit(args: argparse.Namespace, out: Path, state: dict[str, Any], deadline: float) -> dict[str, Path]:
     """Step 1: time, fit, store, export; returns the shipped and refit CSV paths."""
     from flash_qla.ops.gated_delta_rule.chunk.cp.autocp import utils
@@ -97,15 +102,14 @@ def refit(args: argparse.Namespace, out: Path, state: dict[str, Any], deadline: 
     dev = flash_qla_device()
     spec = TuneSpec(direction="fwd+bwd", samples=args.samples)
     timed = []
-    for T in args.T:
-        for H in args.H:
-            if time.monotonic() > deadline - 0.4 * args.deadline_s:  # the comparison keeps 40 % of the time
-                state["stopped"] = f"deadline before the refit of T={T} H={H}"
-                break
-            shape = Shape(T=T, H=H, lb=args.lb)
-            t0 = time.monotonic()
-            timed += [(t, S, shape) for t, S in time_shape(shape, spec, dev, lambda line: print(line, flush=True))]
-            state["refit_shapes"].append({"T": T, "H": H, "wall_s": time.monotonic() - t0})
+    for T, H, lb in _shapes(args):
+        if time.monotonic() > deadline - 0.4 * args.deadline_s:  # the comparison keeps 40 % of the time
+            state["stopped"] = f"deadline before the refit of T={T} H={H} lb={lb}"
+            break
+        shape = Shape(T=T, H=H, lb=lb)
+        t0 = time.monotonic()
+        timed += [(t, S, shape) for t, S in time_shape(shape, spec, dev, lambda line: print(line, flush=True))]
+        state["refit_shapes"].append({"T": T, "H": H, "lb": lb, "wall_s": time.monotonic() - t0})
     name, cc = device_facts("cuda")
     result = TuneResult(device_name=name, compute_capability=cc, kernels=tuple(coef_results(timed, spec, dev)))
     state["store"] = store(result, out)
@@ -131,36 +135,35 @@ def compare(args: argparse.Namespace, paths: dict[str, Path], state: dict[str, A
     P = torch.cuda.get_device_properties().multi_processor_count
     for direction in args.directions:
         train = direction == "fwd+bwd"
-        for T in args.T:
-            for H in args.H:
-                if time.monotonic() > deadline:
-                    state["stopped"] = f"deadline before comparing T={T} H={H} {direction}"
-                    return
-                x = flash_qla_inputs(Shape(T=T, H=H, lb=args.lb), train=train)
-                chunks = -(-T // 64)
-                picks = {side: decide(num_chunks=[chunks], num_v_heads=H, coefs=c, P=P, chunk=64, is_train=train, debug=True)
-                         for side, c in coefs.items()}  # fmt: skip
-                lcp = {side: (d["lcp"] if d["use_cp"] else None) for side, d in picks.items()}
-                splits = {S: flash_qla_context(S, x, 64) for S in split_sizes(chunks, 4)}
-                for ctx in splits.values():
-                    run_step(x, ctx)  # compile every split's kernels before timing
-                ms = {S: _median_ms(run_step, args.reps, x, ctx) for S, ctx in splits.items()}
-                side_ms = {}
-                for side in ("shipped", "refit", "shipped", "refit"):  # interleaved, the median of two blocks each
-                    S = lcp[side] or chunks
-                    side_ms.setdefault(side, []).append(_median_ms(run_step, args.reps, x, splits[S]))
-                best = min(ms, key=ms.__getitem__)
-                row = {"direction": direction, "T": T, "H": H,
-                       **{f"{side}_lcp": lcp[side] for side in lcp},
-                       **{f"{side}_pred_ms": picks[side]["best_cp_ms"] if picks[side]["use_cp"] else picks[side]["nocp_pred_ms"]
-                          for side in picks},
-                       **{f"{side}_ms": min(v) for side, v in side_ms.items()},
-                       "best_S": None if best == chunks else best, "best_ms": ms[best],
-                       "split_ms": {str(S): v for S, v in ms.items()}}  # fmt: skip
-                row["refit_speedup"] = row["shipped_ms"] / row["refit_ms"]
-                state["compare"].append(row)
-                write(out, state)
-                print(json.dumps({k: v for k, v in row.items() if k != "split_ms"}), flush=True)
+        for T, H, lb in _shapes(args):
+            if time.monotonic() > deadline:
+                state["stopped"] = f"deadline before comparing T={T} H={H} lb={lb} {direction}"
+                return
+            x = flash_qla_inputs(Shape(T=T, H=H, lb=lb), train=train)
+            chunks = -(-T // 64)
+            picks = {side: decide(num_chunks=[chunks], num_v_heads=H, coefs=c, P=P, chunk=64, is_train=train, debug=True)
+                     for side, c in coefs.items()}  # fmt: skip
+            lcp = {side: (d["lcp"] if d["use_cp"] else None) for side, d in picks.items()}
+            splits = {S: flash_qla_context(S, x, 64) for S in split_sizes(chunks, 4)}
+            for ctx in splits.values():
+                run_step(x, ctx)  # compile every split's kernels before timing
+            ms = {S: _median_ms(run_step, args.reps, x, ctx) for S, ctx in splits.items()}
+            side_ms = {}
+            for side in ("shipped", "refit", "shipped", "refit"):  # interleaved, the median of two blocks each
+                S = lcp[side] or chunks
+                side_ms.setdefault(side, []).append(_median_ms(run_step, args.reps, x, splits[S]))
+            best = min(ms, key=ms.__getitem__)
+            row = {"direction": direction, "T": T, "H": H, "lb": lb,
+                   **{f"{side}_lcp": lcp[side] for side in lcp},
+                   **{f"{side}_pred_ms": picks[side]["best_cp_ms"] if picks[side]["use_cp"] else picks[side]["nocp_pred_ms"]
+                      for side in picks},
+                   **{f"{side}_ms": min(v) for side, v in side_ms.items()},
+                   "best_S": None if best == chunks else best, "best_ms": ms[best],
+                   "split_ms": {str(S): v for S, v in ms.items()}}  # fmt: skip
+            row["refit_speedup"] = row["shipped_ms"] / row["refit_ms"]
+            state["compare"].append(row)
+            write(out, state)
+            print(json.dumps({k: v for k, v in row.items() if k != "split_ms"}), flush=True)
 
 
 def _split(lcp: Any) -> str:
@@ -188,11 +191,11 @@ def write(out: Path, state: dict[str, Any]) -> None:
             + " |"
         )
     lines += ["", "## Decision and measured step", "",
-              "| direction | T | H | shipped pick | refit pick | shipped ms | refit ms | shipped/refit | fastest split | its ms |",
-              "|---|---:|---:|---|---|---:|---:|---:|---|---:|"]  # fmt: skip
+              "| direction | T | H | lb | shipped pick | refit pick | shipped ms | refit ms | shipped/refit | fastest split | its ms |",
+              "|---|---:|---:|---:|---|---|---:|---:|---:|---|---:|"]  # fmt: skip
     for r in state["compare"]:
         lines.append(
-            f"| {r['direction']} | {r['T']} | {r['H']} | {_split(r['shipped_lcp'])} | {_split(r['refit_lcp'])} | "
+            f"| {r['direction']} | {r['T']} | {r['H']} | {r['lb']:g} | {_split(r['shipped_lcp'])} | {_split(r['refit_lcp'])} | "
             f"{r['shipped_ms']:.3f} | {r['refit_ms']:.3f} | {r['refit_speedup']:.3f} | {_split(r['best_S'])} | "
             f"{r['best_ms']:.3f} |"
         )
@@ -206,7 +209,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--T", type=int, nargs="+", default=[8192, 32768, 131072])
     p.add_argument("--H", type=int, nargs="+", default=[16, 32])
-    p.add_argument("--lb", type=float, default=-5.0)
+    p.add_argument(
+        "--lb",
+        type=float,
+        nargs="+",
+        default=[-5.0, -0.05],
+        help="gate bounds: the warmup FlashQLA's gate asks for (1 chunk at -5, about 7 at -0.05) sets the depth",
+    )
     p.add_argument("--directions", nargs="+", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
     p.add_argument("--samples", type=int, default=10, help="runs per split in the refit (medians)")
     p.add_argument("--reps", type=int, default=30, help="runs per timed step in the comparison (medians)")

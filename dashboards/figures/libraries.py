@@ -17,6 +17,7 @@ per shape (T, W) of the mode map, a column per library (`LIBRARY_ORDER` first, t
 
 from __future__ import annotations
 
+import textwrap
 from collections import defaultdict
 from typing import Any
 
@@ -47,6 +48,7 @@ GREY = {"noisy": "#9e9e9e", "skipped": "#cfcfcf", "failed": "#e6a1a1"}
 RATIO_COLORS = [[0.0, "#1a9850"], [0.5, "#fee08b"], [1.0, "#d73027"]]  # fastest green ... RATIO_CAP x or slower red
 RATIO_CAP = 4.0
 APPROX_MARK = "≈"
+WRAP = 34  # characters per line of a reason in a cell (two lines; the hover holds it whole)
 
 
 def library(row: dict[str, Any]) -> str:
@@ -112,7 +114,8 @@ def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _label(c: dict[str, Any]) -> str:
     if c["kind"] in ("skipped", "failed"):
-        return f"<b>{c['kind']}</b><br>{c['why'][:48]}"
+        lines = textwrap.wrap(c["why"], WRAP)
+        return "<br>".join([f"<b>{c['kind']}</b>", *lines[:2]]) + ("…" if len(lines) > 2 else "")
     who = c["best_mode"] if c["best_backend"] == c["library"] else f"{c['best_backend']} · {c['best_mode']}"
     mark = "" if c["exact"] else f" {APPROX_MARK}"
     if c["kind"] == "noisy":
@@ -137,11 +140,13 @@ def _hover(c: dict[str, Any]) -> str:
     return "<br>".join(lines)
 
 
-def _trace(kind: str, facet: dict[tuple[str, str], dict[str, Any]], xs: list[str], ys: list[str], **trace: Any) -> go.Heatmap:
-    grid = [[facet.get((y, x)) if (c := facet.get((y, x))) and c["kind"] == kind else None for x in xs] for y in ys]
+def _trace(
+    kind: str, facet: dict[tuple[str, str], dict[str, Any]], xs: list[str], ys: list[str], *, scale: bool, **trace: Any
+) -> go.Heatmap:
+    grid = [[c if (c := facet.get((y, x))) and c["kind"] == kind else None for x in xs] for y in ys]
     if kind == "library":
         z = [[None if c is None else min(c["vs_fastest"], RATIO_CAP) for c in r] for r in grid]
-        colors: dict[str, Any] = {"colorscale": RATIO_COLORS, "zmin": 1.0, "zmax": RATIO_CAP, "showscale": True,
+        colors: dict[str, Any] = {"colorscale": RATIO_COLORS, "zmin": 1.0, "zmax": RATIO_CAP, "showscale": scale,
                                   "colorbar": {"title": {"text": "× fastest"}, "len": 0.6}}  # fmt: skip
     else:
         z = [[None if c is None else 1 for c in r] for r in grid]
@@ -172,7 +177,7 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
             }
             for kind in KINDS:
                 if any(c["kind"] == kind for c in facet.values()):
-                    fig.add_trace(_trace(kind, facet, xs, ys, name=kind, showlegend=False,
+                    fig.add_trace(_trace(kind, facet, xs, ys, scale=(i, j) == (1, 1), name=kind, showlegend=False,
                                          meta={"kind": kind, "B": B, "lb": lb}), row=i, col=j)  # fmt: skip
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=xs, side="top")
     fig.update_yaxes(type="category", categoryorder="array", categoryarray=ys, autorange="reversed")

@@ -293,9 +293,13 @@ def _tune_header(op: str, backend: str, shapes: list[Any], spec: TuneSpec, devic
     dims = "; ".join(
         ",".join(f"{n}={getattr(s, n)}" for n in ("B", "T", "H", "K", "V", "dtype"))
         + (f",lengths={':'.join(map(str, s.lengths))}" if s.lengths else "") for s in shapes)
+    clock = "CUDA events" if device == "cuda" else "wall clock"
+    if backend == "flash_qla":
+        return (f"tune {op} {spec.direction} (flash_qla) at {len(shapes)} shape(s) [{dims}]: FlashQLA's kernels at every "
+                f"split size, {spec.samples} run(s) each, its auto-CP coefficients refit by least squares per kernel row; "
+                f"device {device} ({clock}); the fit stored in {where} once every shape is timed")
     budget = "all configs" if spec.budget is None else f"{spec.budget} config(s)"
     kernels = ", ".join(spec.kernels) if spec.kernels else "every kernel it launches"
-    clock = "CUDA events" if device == "cuda" else "wall clock"
     return (f"tune {op} {spec.direction} ({backend}) at {len(shapes)} shape(s) [{dims}]: {kernels}; strategy "
             f"{spec.strategy}, budget {budget} per kernel and key; device {device} ({clock}); trials stored in {where}")
 

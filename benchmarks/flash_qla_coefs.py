@@ -1,6 +1,7 @@
 """FlashQLA's intra-card CP decision with coefficients refit on this GPU vs its shipped ones (issue 27, item 5); GPU.
 
-    python benchmarks/flash_qla_coefs.py --out $OUT [--T 8192 32768 131072] [--H 16 32] [--lb -5 -0.05]
+    python benchmarks/flash_qla_coefs.py --out $OUT [--T 8192 32768 131072]
+        [--varlen 16384:16384 65536:65536] [--H 16] [--lb -5 -0.05]
         [--directions fwd fwd+bwd] [--samples 10] [--reps 30] [--deadline-s 540]
 
 1. Refit (what `cpbench tune --backend flash_qla --direction fwd+bwd` runs, `runners.tuner.flash_qla`): per shape
@@ -84,9 +85,18 @@ def store(result: Any, out: Path) -> str:
     return f"stored in {out / 'store.db'} (`cpbench configs export --format flash_qla --db sqlite:///store.db`)"
 
 
-def _shapes(args: argparse.Namespace) -> list[tuple[int, int, float]]:
-    """(T, H, lb) of every shape, H outermost (a new H compiles new kernels; the deadline stops between shapes)."""
-    return [(T, H, lb) for H in args.H for T in args.T for lb in args.lb]
+def _shapes(args: argparse.Namespace) -> list[Any]:
+    """Every shape (`runners.tuner.Shape`): one sequence of each --T, and the sequences of each --varlen, at each
+    head count (outermost: a new H compiles new kernels; the deadline stops between shapes) and gate bound."""
+    from runners.tuner.tune import Shape
+
+    seqs = [(T,) for T in args.T] + [tuple(int(n) for n in v.split(":")) for v in args.varlen]
+    return [Shape(T=sum(ls), H=H, lb=lb, lengths=ls if len(ls) > 1 else None) for H in args.H for ls in seqs for lb in args.lb]
+
+
+def _name(shape: Any) -> str:
+    seqs = ":".join(map(str, shape.lengths)) if shape.lengths else str(shape.T)
+    return f"T={seqs} H={shape.H} lb={shape.lb:g}"
 
 
 def refit(args: argparse.Namespace, out: Path, state: dict[str, Any], deadline: float) -> dict[str, Path]:
@@ -97,19 +107,18 @@ def refit(args: argparse.Namespace, out: Path, state: dict[str, Any], deadline: 
     from runners.tuner.flash_qla_coefs import csv_from_rows
     from runners.tuner.result import TuneResult
     from runners.tuner.spec import TuneSpec
-    from runners.tuner.tune import Shape, device_facts
+    from runners.tuner.tune import device_facts
 
     dev = flash_qla_device()
     spec = TuneSpec(direction="fwd+bwd", samples=args.samples)
     timed = []
-    for T, H, lb in _shapes(args):
+    for shape in _shapes(args):
         if time.monotonic() > deadline - 0.4 * args.deadline_s:  # the comparison keeps 40 % of the time
-            state["stopped"] = f"deadline before the refit of T={T} H={H} lb={lb}"
+            state["stopped"] = f"deadline before the refit of {_name(shape)}"
             break
-        shape = Shape(T=T, H=H, lb=lb)
         t0 = time.monotonic()
         timed += [(t, S, shape) for t, S in time_shape(shape, spec, dev, lambda line: print(line, flush=True))]
-        state["refit_shapes"].append({"T": T, "H": H, "lb": lb, "wall_s": time.monotonic() - t0})
+        state["refit_shapes"].append({"shape": _name(shape), "wall_s": time.monotonic() - t0})
     name, cc = device_facts("cuda")
     result = TuneResult(device_name=name, compute_capability=cc, kernels=tuple(coef_results(timed, spec, dev)))
     state["store"] = store(result, out)
@@ -127,38 +136,38 @@ def compare(args: argparse.Namespace, paths: dict[str, Path], state: dict[str, A
     import torch
     from flash_qla.ops.gated_delta_rule.chunk.cp.autocp import current_arch, decide, load_coefs
 
-    from runners.tuner.flash_qla import flash_qla_context, flash_qla_inputs, run_step, split_sizes
-    from runners.tuner.tune import Shape
+    from runners.tuner.flash_qla import flash_qla_context, flash_qla_inputs, run_step, seq_chunks, split_sizes
 
     arch = current_arch()
     coefs = {side: load_coefs(str(p), arch=arch) for side, p in paths.items()}
     P = torch.cuda.get_device_properties().multi_processor_count
     for direction in args.directions:
         train = direction == "fwd+bwd"
-        for T, H, lb in _shapes(args):
+        for shape in _shapes(args):
             if time.monotonic() > deadline:
-                state["stopped"] = f"deadline before comparing T={T} H={H} lb={lb} {direction}"
+                state["stopped"] = f"deadline before comparing {_name(shape)} {direction}"
                 return
-            x = flash_qla_inputs(Shape(T=T, H=H, lb=lb), train=train)
-            chunks = -(-T // 64)
-            picks = {side: decide(num_chunks=[chunks], num_v_heads=H, coefs=c, P=P, chunk=64, is_train=train, debug=True)
+            x = flash_qla_inputs(shape, train=train)
+            chunks = seq_chunks(x, 64)
+            picks = {side: decide(num_chunks=chunks, num_v_heads=shape.H, coefs=c, P=P, chunk=64, is_train=train, debug=True)
                      for side, c in coefs.items()}  # fmt: skip
             lcp = {side: (d["lcp"] if d["use_cp"] else None) for side, d in picks.items()}
-            splits = {S: flash_qla_context(S, x, 64) for S in split_sizes(chunks, 4)}
+            whole = max(chunks)
+            splits = {S: flash_qla_context(S, x, 64) for S in split_sizes(whole, 4)}
             for ctx in splits.values():
                 run_step(x, ctx)  # compile every split's kernels before timing
             ms = {S: _median_ms(run_step, args.reps, x, ctx) for S, ctx in splits.items()}
             side_ms = {}
             for side in ("shipped", "refit", "shipped", "refit"):  # interleaved, the median of two blocks each
-                S = lcp[side] or chunks
+                S = lcp[side] or whole
                 side_ms.setdefault(side, []).append(_median_ms(run_step, args.reps, x, splits[S]))
             best = min(ms, key=ms.__getitem__)
-            row = {"direction": direction, "T": T, "H": H, "lb": lb,
+            row = {"direction": direction, "shape": _name(shape),
                    **{f"{side}_lcp": lcp[side] for side in lcp},
                    **{f"{side}_pred_ms": picks[side]["best_cp_ms"] if picks[side]["use_cp"] else picks[side]["nocp_pred_ms"]
                       for side in picks},
                    **{f"{side}_ms": min(v) for side, v in side_ms.items()},
-                   "best_S": None if best == chunks else best, "best_ms": ms[best],
+                   "best_S": None if best == whole else best, "best_ms": ms[best],
                    "split_ms": {str(S): v for S, v in ms.items()}}  # fmt: skip
             row["refit_speedup"] = row["shipped_ms"] / row["refit_ms"]
             state["compare"].append(row)
@@ -191,11 +200,11 @@ def write(out: Path, state: dict[str, Any]) -> None:
             + " |"
         )
     lines += ["", "## Decision and measured step", "",
-              "| direction | T | H | lb | shipped pick | refit pick | shipped ms | refit ms | shipped/refit | fastest split | its ms |",
-              "|---|---:|---:|---:|---|---|---:|---:|---:|---|---:|"]  # fmt: skip
+              "| direction | shape | shipped pick | refit pick | shipped ms | refit ms | shipped/refit | fastest split | its ms |",
+              "|---|---|---|---|---:|---:|---:|---|---:|"]  # fmt: skip
     for r in state["compare"]:
         lines.append(
-            f"| {r['direction']} | {r['T']} | {r['H']} | {r['lb']:g} | {_split(r['shipped_lcp'])} | {_split(r['refit_lcp'])} | "
+            f"| {r['direction']} | {r['shape']} | {_split(r['shipped_lcp'])} | {_split(r['refit_lcp'])} | "
             f"{r['shipped_ms']:.3f} | {r['refit_ms']:.3f} | {r['refit_speedup']:.3f} | {_split(r['best_S'])} | "
             f"{r['best_ms']:.3f} |"
         )
@@ -208,7 +217,13 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--T", type=int, nargs="+", default=[8192, 32768, 131072])
-    p.add_argument("--H", type=int, nargs="+", default=[16, 32])
+    p.add_argument(
+        "--varlen",
+        nargs="*",
+        default=["16384:16384", "65536:65536"],
+        help="several sequences in one call (lengths joined by ':'): they set the correction rows apart",
+    )
+    p.add_argument("--H", type=int, nargs="+", default=[16])
     p.add_argument(
         "--lb",
         type=float,

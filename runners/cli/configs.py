@@ -14,9 +14,11 @@ Its options' defaults are `runners.tuner.spec.TuneSpec`'s.
                  [--samples 20] [--kernel NAME] [--device cuda|cpu] [--seed 0] [--db URL]
     cpbench tune --backend fla --op kda --shape ...   # FLA's kernels, whole-op timing (runners.tuner.fla)
     cpbench tune --backend fla --direction fwd+bwd [--fla-bypass-hopper-guard] ...   # FLA's training step
-    cpbench tune --backend flash_qla --op gdn --shape T=65536,H=16 [--direction fwd+bwd] [--samples 10]
+    cpbench tune --backend flash_qla --op gdn --shape T=65536,H=16 --shape lengths=16384:16384,H=16
+                 [--direction fwd+bwd] [--samples 10]
         # FlashQLA's kernels timed per split size on this GPU, its auto-CP coefficients refit
-        # (runners.tuner.flash_qla); GPU with flash_qla installed only
+        # (runners.tuner.flash_qla; a shape of several sequences or a second H sets the correction rows apart);
+        # GPU with flash_qla installed only
 
 A `--shape` takes B, T (or lengths=100:300), H, K, V, and optionally dtype (default bfloat16), lb, initial_state.
 

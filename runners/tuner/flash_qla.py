@@ -2,20 +2,22 @@
 
     result = tune_flash_qla(shapes=[Shape(T=65536, H=16)], spec=TuneSpec(direction="fwd+bwd", samples=10))
 
-Per shape (B=1, K=V=128, bf16 or fp16: FlashQLA's intra-card CP splits one flattened sequence) and per split size S
-(`split_sizes`: partitions of S chunks, powers of two from FlashQLA's minimum up to the whole sequence, which is no
-split), FlashQLA's own `chunk_gated_delta_rule` runs (the forward; `direction: fwd+bwd` the training step, whose
+Per shape (B=1, K=V=128, bf16 or fp16: FlashQLA's intra-card CP splits flattened sequences, one, or several with
+`lengths`) and per split size S (`split_sizes`: partitions of S chunks, from FlashQLA's minimum up to the longest
+sequence, which is no split), FlashQLA's own `chunk_gated_delta_rule` runs (the forward; `direction: fwd+bwd` the training step, whose
 kernels price FlashQLA's training decision) under the CP context of that split, built by FlashQLA
 (`_build_intra_cp_context`). Each of its kernel launchers is timed with CUDA events around its call
 (`KernelTimer`) and its time goes to the coefficient row FlashQLA's `launch_config` prices it under; the point's
 (depth, u) are FlashQLA's `struct_features` of that split, with the warmups its gate asks for
-(`warmup_from_gate_avg`). The medians over `spec.samples` runs are fitted per row
+(`warmup_from_gate_avg`). Each row needs points whose (depth, u) do not lie on one line: the correction rows' depth
+is the partition count and u heads x partitions, so they need two head counts or a shape of several sequences
+(`lengths=`). The medians over `spec.samples` runs are fitted per row
 (`runners.tuner.flash_qla_coefs.fit_coefficients`); a row the points cannot fit, or did not time, keeps FlashQLA's
 shipped coefficients and says why (`config["source"] == "shipped"`).
 
 The result is a `TuneResult` (stored with `db.crud.store_tuning`): one `KernelResult` per coefficient row, named
 `flash_qla.<row>`, keyed by (arch, P, chunk), whose config is {a, b, c, source, n, rms_ms, shipped, shipped_rms_ms,
-why} and whose trials are its timings (key: T, H, S, depth, u; config: {S}); its median_ms is the row's median
+why} and whose trials are its timings (key: T, H, lengths, lb, S, depth, u; config: {S}); its median_ms is the row's median
 timing (0 where it was not timed). Runs only on a GPU with flash_qla installed (`require_flash_qla`).
 """
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import itertools
 import math
 import statistics
 from collections.abc import Callable, Iterator, Sequence
@@ -45,6 +48,7 @@ __all__ = [
     "flash_qla_inputs",
     "require_flash_qla",
     "run_step",
+    "seq_chunks",
     "split_sizes",
     "time_shape",
     "tune_flash_qla",
@@ -72,21 +76,28 @@ def require_flash_qla() -> None:
 def check_shapes(shapes: Sequence[Shape]) -> None:
     """ValueError naming the first shape FlashQLA's intra-card CP cannot time: B=1 dense, K=V=128, bf16/fp16."""
     for s in shapes:
-        if s.B != 1 or s.lengths is not None:
-            raise ValueError(f"--backend flash_qla: intra-card CP splits one sequence: B=1 without lengths, got B={s.B}")
+        if s.B != 1:
+            raise ValueError(
+                f"--backend flash_qla: intra-card CP splits flattened sequences: B=1 (lengths= for several), got B={s.B}"
+            )
         if s.K != HEAD_DIM or s.V != HEAD_DIM:
             raise ValueError(f"--backend flash_qla: FlashQLA runs K=V={HEAD_DIM} only, got K={s.K}, V={s.V}")
         if s.dtype not in DTYPES:
             raise ValueError(f"--backend flash_qla: FlashQLA runs {' and '.join(DTYPES)} only, got dtype={s.dtype}")
 
 
-def split_sizes(chunks: int, min_s: int) -> list[int]:
-    """The split sizes timed for a sequence of `chunks` chunks: powers of two from `min_s` below it, then `chunks`."""
-    out, s = [], min_s
+def split_sizes(chunks: int, min_s: int, *, parts: int = 8) -> list[int]:
+    """The split sizes timed for a sequence of `chunks` chunks, ascending, from `min_s` to `chunks` (no split): the
+    powers of two, and the sizes that cut it into 2..`parts` partitions (ceil(chunks / n)): odd partition counts
+    put the launch grid (heads x partitions) between the powers of two, where FlashQLA's fused forward takes its
+    middle V tile width (its `dv64` row)."""
+    sizes = {chunks}
+    s = min_s
     while s < chunks:
-        out.append(s)
+        sizes.add(s)
         s *= 2
-    return [*out, chunks]
+    sizes.update(math.ceil(chunks / n) for n in range(2, parts + 1))
+    return sorted(x for x in sizes if min_s <= x <= chunks)
 
 
 @dataclass
@@ -154,18 +165,25 @@ def flash_qla_inputs(shape: Shape, *, train: bool) -> dict[str, Any]:
         for t in out.values():
             t.requires_grad_(True)
         out["do"] = randn(B, T, H, HEAD_DIM)
-    out["cu_seqlens"] = torch.tensor([0, T], dtype=torch.int32, device="cuda")
+    out["lengths"] = list(shape.lengths or (T,))
+    out["cu_seqlens"] = torch.tensor([0, *itertools.accumulate(out["lengths"])], dtype=torch.int32, device="cuda")
     return out
 
 
+def seq_chunks(x: dict[str, Any], chunk: int) -> list[int]:
+    """The chunks of each sequence of FlashQLA's inputs `x`."""
+    return [math.ceil(n / chunk) for n in x["lengths"]]
+
+
 def flash_qla_context(lcp: int | None, x: dict[str, Any], chunk: int) -> Any:
-    """FlashQLA's CP context for one sequence split into partitions of `lcp` chunks (None or the whole: no split)."""
+    """FlashQLA's CP context for the sequences of `x` split into partitions of `lcp` chunks (None, or at least the
+    longest sequence: no split)."""
     from flash_qla.ops.gated_delta_rule.chunk.cp import context as cx
 
-    chunks = math.ceil(int(x["q"].shape[1]) / chunk)
-    if lcp is None or lcp >= chunks:
+    chunks = seq_chunks(x, chunk)
+    if lcp is None or lcp >= max(chunks):
         return cx.FlashQLACPContext(is_intra=False, cu_seqlens=x["cu_seqlens"])
-    return cx._build_intra_cp_context(x["cu_seqlens"], chunk, [chunks], int(lcp))
+    return cx._build_intra_cp_context(x["cu_seqlens"], chunk, chunks, int(lcp))
 
 
 def run_step(x: dict[str, Any], ctx: Any) -> None:
@@ -217,12 +235,12 @@ def time_shape(shape: Shape, spec: TuneSpec, dev: FlashQLADevice, say: Callable[
     fq = importlib.import_module(_CHUNK_MODULE)
     train = spec.direction == "fwd+bwd"
     x = flash_qla_inputs(shape, train=train)
-    chunks = math.ceil(shape.T / dev.chunk)
+    chunks = seq_chunks(x, dev.chunk)
     warmups = utils.warmup_from_gate_avg(x["g"].detach().float().mean(dim=1).reshape(-1).tolist(), dev.chunk)
     timer, out = KernelTimer(), []
-    for S in split_sizes(chunks, utils.MIN_LCP):
+    for S in split_sizes(max(chunks), utils.MIN_LCP):
         ctx = flash_qla_context(S, x, dev.chunk)
-        feat = utils.struct_features([chunks], S, shape.H, dev.P, warmups, train, backend=dev.backend)
+        feat = utils.struct_features(chunks, S, shape.H, dev.P, warmups, train, backend=dev.backend)
         say(
             f"flash_qla T={shape.T} H={shape.H} S={S}: {feat.num_partitions} partition(s), {spec.samples} runs (a new kernel compiles first)"
         )
@@ -256,7 +274,8 @@ def coef_results(timed: list[tuple[Timing, int, Shape]], spec: TuneSpec, dev: Fl
     for row in dict.fromkeys([*dev.shipped, *fit.rows, *fit.unfitted]):
         mine = [(t, S, s) for t, S, s in timed if t.row == row]
         shipped = dev.shipped.get(row)
-        trials = tuple(Trial(kernel=FLASH_QLA_PREFIX + row, key={"T": s.T, "H": s.H, "S": S, "depth": t.depth, "u": t.u,
+        trials = tuple(Trial(kernel=FLASH_QLA_PREFIX + row, key={"T": s.T, "H": s.H, "lengths": s.lengths, "lb": s.lb, "S": S,
+                                                                 "depth": t.depth, "u": t.u,
                                                                  "direction": spec.direction},
                              config={"S": S}, strategy="fit", rung=0, status="ok", median_ms=t.ms, n=spec.samples)
                        for t, S, s in mine)  # fmt: skip

@@ -19,7 +19,7 @@ Here:
   row; a row with fewer than three points off one line is left unfitted, with why);
 - `coef_csv(rows, P=, chunk=, arch=)` writes FlashQLA's CSV, `read_coef_csv(text)` reads it by the documented format
   (the same dict FlashQLA's loader returns, less its `backend`), `flash_qla_loader()` FlashQLA's own loader where
-  flash_qla is installed (loaded from its files without running the package, which needs a GPU);
+  flash_qla is installed (`flash_qla_autocp()`: its autocp files without running the package, which needs a GPU);
 - the store side: tuned rows are `TunedConfig`s named `flash_qla.<row>` (`FLASH_QLA_PREFIX`) keyed by (arch, P,
   chunk); `csv_from_rows(rows, ...)` / `build_flash_qla_csv(session, ...)` make the export of one device
   (`cpbench configs export --format flash_qla`).
@@ -59,6 +59,7 @@ __all__ = [
     "coef_key",
     "csv_from_rows",
     "fit_coefficients",
+    "flash_qla_autocp",
     "flash_qla_loader",
     "installed_coefs_path",
     "predict_ms",
@@ -207,11 +208,12 @@ def installed_coefs_path(arch: str = "sm90") -> Path | None:
     return None if root is None else root.joinpath(*COEFS_SUBDIR, f"{arch}.csv")
 
 
-def flash_qla_loader() -> Callable[..., dict[str, Any]] | None:
-    """FlashQLA's own `load_coefs(path, *, arch)`, or None when flash_qla is not installed.
+def flash_qla_autocp() -> ModuleType | None:
+    """FlashQLA's autocp package (its `utils`, `launch` and `decision` submodules import on any host), or None when
+    flash_qla is not installed.
 
-    Its autocp files import only the standard library, but the flash_qla package imports torch and TileLang and
-    asks for a GPU: the autocp folder is loaded here as a package of its own, so the loader runs on any host."""
+    Its files import only the standard library, but the flash_qla package imports torch and TileLang and asks for
+    a GPU: the autocp folder is loaded here as a package of its own, without running flash_qla's."""
     root = _flash_qla_dir()
     if root is None:
         return None
@@ -222,14 +224,22 @@ def flash_qla_loader() -> Callable[..., dict[str, Any]] | None:
         )
         if spec is None or spec.loader is None:
             return None
-        module: ModuleType = importlib.util.module_from_spec(spec)
+        module = importlib.util.module_from_spec(spec)
         sys.modules[_AUTOCP_PACKAGE] = module
         try:
             spec.loader.exec_module(module)
         except Exception:
             del sys.modules[_AUTOCP_PACKAGE]
             raise
-    loader: Callable[..., dict[str, Any]] = sys.modules[_AUTOCP_PACKAGE].load_coefs
+    return sys.modules[_AUTOCP_PACKAGE]
+
+
+def flash_qla_loader() -> Callable[..., dict[str, Any]] | None:
+    """FlashQLA's own `load_coefs(path, *, arch)` (`flash_qla_autocp`), or None when flash_qla is not installed."""
+    autocp = flash_qla_autocp()
+    if autocp is None:
+        return None
+    loader: Callable[..., dict[str, Any]] = autocp.load_coefs
     return loader
 
 

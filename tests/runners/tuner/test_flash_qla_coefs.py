@@ -27,6 +27,7 @@ from runners.tuner.flash_qla_coefs import (
     coef_csv,
     csv_from_rows,
     fit_coefficients,
+    flash_qla_autocp,
     flash_qla_loader,
     predict_ms,
     read_coef_csv,
@@ -69,10 +70,10 @@ def flat(rows: dict[str, dict[str, float]]) -> dict[tuple[str, str], float]:
     return {(r, k): v for r, c in rows.items() for k, v in c.items()}
 
 
-def test_split_sizes_are_powers_of_two_up_to_the_whole_sequence() -> None:
-    assert split_sizes(128, 4) == [4, 8, 16, 32, 64, 128]
-    assert split_sizes(100, 4) == [4, 8, 16, 32, 64, 100]
-    assert split_sizes(4, 4) == [4]
+def test_split_sizes_are_powers_of_two_and_few_partition_cuts_up_to_the_whole_sequence() -> None:
+    assert split_sizes(128, 4) == [4, 8, 16, 19, 22, 26, 32, 43, 64, 128]  # 128/7 -> 19, /6 -> 22, /5 -> 26, /3 -> 43
+    assert split_sizes(100, 4, parts=3) == [4, 8, 16, 32, 34, 50, 64, 100]
+    assert split_sizes(4, 4) == [4] and split_sizes(6, 4) == [4, 6]
 
 
 def test_fit_recovers_known_coefficients_exactly_without_noise() -> None:
@@ -138,6 +139,43 @@ def test_csv_round_trips_through_flash_qlas_own_loader(tmp_path: Path) -> None:
     assert (theirs["P"], theirs["chunk"], theirs["arch"], theirs["backend"]) == (132, 64, "sm90", "hopper")
     assert flat(theirs["kernels"]) == pytest.approx(flat({r: f.coefs() for r, f in fit.rows.items()}), rel=1e-9)
     assert theirs["kernels"] == read_coef_csv(path.read_text())["kernels"]
+
+
+@pytest.mark.skipif(flash_qla_autocp() is None, reason="flash_qla is not installed: its features are FlashQLA's own")
+@pytest.mark.parametrize("train", [False, True], ids=["fwd", "fwd+bwd"])
+def test_benchmark_shapes_give_every_row_points_off_one_line(train: bool) -> None:
+    """The shapes benchmarks/flash_qla_coefs.py times by default (one head count: one TileLang compile), under
+    FlashQLA's own features (`struct_features`, `launch_config`, on a 132-SM Hopper): every row of the direction
+    gets a rank-3 design, the correction rows thanks to the two-sequence shapes (one sequence alone would not)."""
+    import importlib
+
+    autocp = flash_qla_autocp()
+    assert autocp is not None
+    utils, launch = (importlib.import_module(f"{autocp.__name__}.{m}") for m in ("utils", "launch"))
+    shapes = [(T,) for T in (8192, 32768, 131072)] + [(16384, 16384), (65536, 65536)]
+
+    def timings(seqs: list[tuple[int, ...]]) -> list[Timing]:
+        out = []
+        for lengths in seqs:
+            for lb in (-5.0, -0.05):
+                chunks = [n // 64 for n in lengths]
+                warmups = utils.warmup_from_gate_avg([lb / 2] * 16, 64)  # lb * sigmoid(x) averages lb / 2
+                for S in split_sizes(max(chunks), utils.MIN_LCP):
+                    f = utils.struct_features(chunks, S, 16, 132, warmups, train, backend="hopper")
+                    kernels = ["fused_fwd", *(["recompute_h", "fused_bwd"] if train else [])]
+                    if f.enable_cp:
+                        kernels += ["prepare_h", "correct_h0", *(["prepare_dh", "correct_dht"] if train else [])]
+                    for k in kernels:
+                        row = launch.launch_config("hopper", k, f.shape).row
+                        out.append(Timing(row, f.depth[k], f.u, predict_ms(TRUE.get(row, TRUE["prepare_h"]), f.depth[k], f.u)))
+        return out
+
+    want = set(utils.INFER_KERNELS if not train else utils.KERNELS)
+    fit = fit_coefficients(timings(shapes))
+    assert not fit.unfitted and {r.rsplit("_dv", 1)[0] for r in fit.rows} == want
+    assert set(launch.coef_rows("hopper", want)) == set(fit.rows)
+    single = fit_coefficients(timings(shapes[:3]))
+    assert "correct_h0_dv128" in single.unfitted and "rank 2" in single.unfitted["correct_h0_dv128"]
 
 
 def _device(shipped: dict[str, dict[str, float]]) -> FlashQLADevice:

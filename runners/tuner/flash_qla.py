@@ -29,6 +29,7 @@ import importlib.util
 import itertools
 import math
 import statistics
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,21 +101,39 @@ def split_sizes(chunks: int, min_s: int, *, parts: int = 8) -> list[int]:
     return sorted(x for x in sizes if min_s <= x <= chunks)
 
 
+class _WallMark:
+    """A point on the wall clock with a CUDA event's two methods (`KernelTimer(device="cpu")`)."""
+
+    t = 0.0
+
+    def record(self) -> None:
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end: _WallMark) -> float:
+        return (end.t - self.t) * 1e3
+
+
 @dataclass
 class KernelTimer:
     """CUDA events around each call of FlashQLA's kernel launchers while `patched(module)` holds; `take()` waits
     for the device and returns {kernel: ms} of the calls since the last take (a kernel called twice: summed).
     `fused_gdr_h` prices prepare_h (final states only: the CP preprocessing) or recompute_h (`output_h=True`: the
-    backward's states)."""
+    backward's states). `device="cpu"`: the wall clock instead of CUDA events (tests)."""
 
+    device: str = "cuda"
     events: list[tuple[str, Any, Any]] = field(default_factory=list)
 
-    def _timed(self, launcher: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def _mark(self) -> Any:
+        if self.device == "cpu":
+            return _WallMark()
         import torch
 
+        return torch.cuda.Event(enable_timing=True)
+
+    def _timed(self, launcher: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
             kernel = "recompute_h" if launcher == "fused_gdr_h" and kwargs.get("output_h") else LAUNCHERS[launcher]
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start, end = self._mark(), self._mark()
             start.record()
             out = fn(*args, **kwargs)
             end.record()
@@ -135,9 +154,10 @@ class KernelTimer:
                 setattr(module, name, fn)
 
     def take(self) -> dict[str, float]:
-        import torch
+        if self.device != "cpu":
+            import torch
 
-        torch.cuda.synchronize()
+            torch.cuda.synchronize()
         out: dict[str, float] = {}
         for kernel, start, end in self.events:
             out[kernel] = out.get(kernel, 0.0) + start.elapsed_time(end)

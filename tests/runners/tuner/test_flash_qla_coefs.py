@@ -15,12 +15,13 @@ import io
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from runners.tuner.flash_qla import FlashQLADevice, coef_results, split_sizes
+from runners.tuner.flash_qla import LAUNCHERS, FlashQLADevice, KernelTimer, coef_results, split_sizes
 from runners.tuner.flash_qla_coefs import (
     REQUIRED_ROWS,
     Timing,
@@ -68,6 +69,40 @@ def synthetic(rows: dict[str, dict[str, float]], *, noise: float, seed: int = 0)
 def flat(rows: dict[str, dict[str, float]]) -> dict[tuple[str, str], float]:
     """{(row, coefficient): value}: nested coefficient dicts as pytest.approx compares them."""
     return {(r, k): v for r, c in rows.items() for k, v in c.items()}
+
+
+def test_kernel_timer_names_each_launcher_call_and_puts_the_launchers_back() -> None:
+    """FlashQLA's chunk module as its CP preprocessing and backward call it (a namespace with its launchers' names;
+    `fused_gdr_dh` None as on SM120): each call is timed under the kernel it prices, fused_gdr_h by `output_h`."""
+    import time
+    import types
+
+    def launcher(ms: float) -> Any:
+        def run(*args: Any, **kwargs: Any) -> tuple[Any, ...]:
+            time.sleep(ms / 1e3)
+            return args
+
+        return run
+
+    module = types.SimpleNamespace(
+        **{n: launcher(5.0) for n in LAUNCHERS if n != "fused_gdr_dh"}, fused_gdr_dh=None, other=launcher(0)
+    )
+    originals = dict(vars(module))
+    timer = KernelTimer(device="cpu")
+    with timer.patched(module):
+        assert module.fused_gdr_fwd is not originals["fused_gdr_fwd"] and module.fused_gdr_dh is None
+        assert module.fused_gdr_h(1, output_h=False, output_final_state=True) == (1,)  # the call goes through
+        module.fused_gdr_h(output_h=True)
+        module.correct_initial_states()
+        module.correct_initial_states()
+        module.fused_gdr_fwd()
+        module.other()
+        got = timer.take()
+        assert timer.take() == {}  # taken once
+    assert vars(module) == originals
+    assert set(got) == {"prepare_h", "recompute_h", "correct_h0", "fused_fwd"}
+    assert got["correct_h0"] >= 10.0 and all(v >= 5.0 for v in got.values())
+    assert got["correct_h0"] > 1.5 * got["fused_fwd"]  # two calls summed
 
 
 def test_split_sizes_are_powers_of_two_and_few_partition_cuts_up_to_the_whole_sequence() -> None:

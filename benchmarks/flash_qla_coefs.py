@@ -29,6 +29,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
@@ -122,7 +123,8 @@ def refit(args: argparse.Namespace, out: Path, state: dict[str, Any], deadline: 
     name, cc = device_facts("cuda")
     result = TuneResult(device_name=name, compute_capability=cc, kernels=tuple(coef_results(timed, spec, dev)))
     state["store"] = store(result, out)
-    text = csv_from_rows(result.tuned_rows(), device_name=name)  # the rows `cpbench configs export` reads back
+    # the winners as the rows `cpbench configs export` reads back (plain objects: no SQLAlchemy needed here)
+    text = csv_from_rows([SimpleNamespace(**w) for w in result.winner_rows()], device_name=name)
     paths = {"shipped": out / f"{dev.arch}_shipped.csv", "refit": out / f"{dev.arch}_refit.csv"}
     shutil.copyfile(utils.coefs_path_for(dev.arch), paths["shipped"])
     paths["refit"].write_text(text)

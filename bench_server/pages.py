@@ -15,7 +15,7 @@
 
 Each figure sits in a div with id `fig-<name>`; its traces carry `meta.mode` (or `meta.kernel` / `meta.key`).
 
-The sweep page also lists its skipped points grouped by reason, its unreliable measurements (stop rule not
+The sweep page also lists its skipped points grouped by backend and reason, its unreliable measurements (stop rule not
 converged: `measurements.unreliable`, with n and p10-p90) and, on a fwd+bwd slice, each point's per-gradient errors
 (`dashboards.figures.accuracy.grad_frame`). Its figures and tables are computed once per sweep revision (the sweep's
 status and point counts) and query string, and kept in a small in-process cache (`SweepPageCache`).
@@ -184,12 +184,13 @@ def _sweep_content(session: Session, sweep_id: int, params: Any, progress: dict[
 
 
 def _skipped(skipped: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Skipped points grouped by their reason, most frequent first."""
-    groups: dict[str, dict[str, Any]] = {}
+    """Skipped points grouped by backend and reason (a peer's reasons are its own), most frequent first."""
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
     for r in skipped:
         reason = (r.get("reason") or "").strip() or "(no reason recorded)"
-        groups.setdefault(reason, {"reason": reason, "points": []})["points"].append(r)
-    return sorted(groups.values(), key=lambda g: -len(g["points"]))
+        backend = str(r.get("backend") or "")
+        groups.setdefault((backend, reason), {"backend": backend, "reason": reason, "points": []})["points"].append(r)
+    return sorted(groups.values(), key=lambda g: (-len(g["points"]), g["backend"]))
 
 
 def _errors(failed: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -2,7 +2,7 @@
 dashboards and the kernels share without importing torch.
 
 - `OPS`, `BACKENDS` (every backend name `kernels.forward` takes), `BENCHMARKED_BACKENDS` (the contenders a
-  sweep times), `PEER_BACKENDS` (the built-in peers among them), `LAYOUTS`;
+  sweep times), `OUR_BACKENDS` (ours, not peers), `PEER_BACKENDS` (the built-in peers among them), `LAYOUTS`;
 - `MODES` (the CP scheme registry's keys, in its order; `kernels.cp.MODES` maps them to their modules),
   `MODE_OPTIONS` (each mode's option defaults), `SINGLE_DEVICE`, `EXACT_MODES` / `APPROXIMATE_MODES`,
   `HAND_BACKWARD` / `AUTOGRAD_MODES` (how a mode trains);
@@ -39,6 +39,7 @@ __all__ = [
     "MODES",
     "MODE_OPTIONS",
     "OPS",
+    "OUR_BACKENDS",
     "PEER_BACKENDS",
     "PHASES",
     "POINT_DIRECTIONS",
@@ -56,6 +57,7 @@ OPS: tuple[str, ...] = ("gdn", "kda")
 BACKENDS: tuple[str, ...] = ("reference", "torch", "triton", "fla", "auto")
 # the backends a sweep benchmarks (peer plugins come on top: runners.plugins)
 BENCHMARKED_BACKENDS: tuple[str, ...] = ("torch", "triton", "fla", "fla_dispatch", "flash_qla", "flash_kda")
+OUR_BACKENDS: tuple[str, ...] = ("torch", "triton")  # our implementations (not peers): one library, "ours"
 # the built-in peers (runners.peers): FLA's Triton path pinned, FLA as its dispatch picks, FlashQLA, FlashKDA
 PEER_BACKENDS: tuple[str, ...] = ("fla", "fla_dispatch", "flash_qla", "flash_kda")
 LAYOUTS: tuple[str, ...] = ("contiguous", "zigzag")

@@ -26,6 +26,7 @@ import importlib.metadata
 import logging
 from typing import Any
 
+from kernels.vocabulary import OUR_BACKENDS
 from runners.peers import check_peer
 from runners.point import PointSpec
 from runners.settings import get_worker_settings
@@ -36,7 +37,7 @@ __all__ = ["ENTRY_POINT_GROUP", "OURS", "PLUGIN_MODULES_SETTING", "allowed_modul
 logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "cpbench.backends"
-OURS = ("torch", "triton")
+OURS = OUR_BACKENDS  # kernels.vocabulary
 # the built-in peers (kernels.vocabulary.PEER_BACKENDS): name -> (module, object)
 _BUILT_IN = {
     "fla": ("runners.peers.fla", "FLA"),

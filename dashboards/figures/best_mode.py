@@ -10,9 +10,11 @@ and names it. A cell whose winner or whose `none` baseline is unreliable (its st
 winning mode per facet (`meta.kind == "best"`), named after the mode; `customdata[...][1]` is the winner's point id.
 
 Rows of several backends (the page's backend choice "all") compete in the same cells: each (mode, backend) is a
-candidate, the cell names the backend of the winner, runner-up and faster approximate scheme ("true_cp (fla)";
-the label carries peer options that are set, `common.backend_label`), the winner's speedup is over `none` of its
-own backend, and the traces are per (mode, backend), named "<mode> · <backend>" (`meta.backend`).
+candidate, the cell names the (library, mode) of the winner, runner-up and faster approximate scheme as
+"<backend> · <mode>" ("flash_qla · warmup_correct 3.10×"; the label carries peer options that are set,
+`common.backend_label`), the winner's speedup is over `none` of its own backend, and the traces are per (mode,
+backend), named "<mode> · <backend>" (`meta.backend`). How far apart the libraries are at each shape is the
+`libraries` figure's.
 """
 
 from __future__ import annotations
@@ -66,10 +68,10 @@ def _fastest_per_mode(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _who(r: dict[str, Any] | None, named: bool) -> str | None:
-    """A candidate as the map names it: its mode, with its backend label in parentheses when `named`."""
+    """A candidate as the map names it: its mode, after its backend label ("flash_qla · warmup_correct") when `named`."""
     if r is None:
         return None
-    return f"{r['mode']} ({backend_label(r)})" if named else r["mode"]
+    return f"{backend_label(r)} · {r['mode']}" if named else r["mode"]
 
 
 def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -116,9 +118,8 @@ def _label(c: dict[str, Any]) -> str:
     if c["noisy"]:
         return f"<b>{NOISY}</b><br>{c['noisy'].split()[0]} unreliable"
     mark = "" if c["exact"] else f" {APPROX_MARK}"
-    lines = [f"<b>{c['best']}</b>{mark}"]
-    if c["speedup_vs_none"] is not None:
-        lines.append(f"{c['speedup_vs_none']:.2f}×")
+    speed = "" if c["speedup_vs_none"] is None else f" {c['speedup_vs_none']:.2f}×"
+    lines = [f"<b>{c['best']}</b>{mark}{speed}"]
     if c["runner_up"]:
         lines.append(f"2nd {c['runner_up']} +{100 * c['gap']:.0f}%")
     if c["faster_approx"]:

@@ -9,12 +9,22 @@ Its options' defaults are `runners.tuner.spec.TuneSpec`'s.
 
     cpbench configs export [--device "NVIDIA H200"] -o autotune.json [--db URL]   # "-o -" writes to stdout
     cpbench configs export --format fla -o DIR      # FLA's config-cache directory (FLA_CONFIG_DIR=DIR)
+    cpbench configs export --format flash_qla [-o sm90.csv]   # FlashQLA's autocp coefficient CSV (see below)
     cpbench tune --op gdn --shape B=1,T=8192,H=16,K=128,V=128 [--shape ...] [--strategy halving] [--budget 12]
                  [--samples 20] [--kernel NAME] [--device cuda|cpu] [--seed 0] [--db URL]
     cpbench tune --backend fla --op kda --shape ...   # FLA's kernels, whole-op timing (runners.tuner.fla)
     cpbench tune --backend fla --direction fwd+bwd [--fla-bypass-hopper-guard] ...   # FLA's training step
+    cpbench tune --backend flash_qla --op gdn --shape T=65536,H=16 --shape lengths=16384:16384,H=16
+                 [--direction fwd+bwd] [--samples 10]
+        # FlashQLA's kernels timed per split size on this GPU, its auto-CP coefficients refit
+        # (runners.tuner.flash_qla; a shape of several sequences or a second H sets the correction rows apart);
+        # GPU with flash_qla installed only
 
 A `--shape` takes B, T (or lengths=100:300), H, K, V, and optionally dtype (default bfloat16), lb, initial_state.
+
+FlashQLA 0.1.3 reads its coefficients from `autocp/coefs/<arch>.csv` inside the installed flash_qla package and
+has no environment variable for them: the export says where that file is; copy the refit file over it (keep the
+shipped one), or pass it to FlashQLA's `decide(coefs=load_coefs(path, arch=...))` in a process.
 
 `export` refuses CPU timings (`--allow-cpu` exists for tests only) and, when the store holds several devices,
 asks for `--device`. The file's schema is documented in kernels/autotune.py; training jobs load it with
@@ -36,6 +46,9 @@ from runners.tuner.spec import STRATEGIES, TuneSpec
 
 __all__ = ["parse_shape", "register"]
 
+EXPORT_FORMATS = ("cpbench", "fla", "flash_qla")
+TUNE_BACKENDS = ("triton", "fla", "flash_qla")
+_DEFAULT_OUTPUT = "autotune.json"
 configs_app = typer.Typer(help="Tuned launch configs: export the autotune JSON that training jobs load.", no_args_is_help=True)
 
 
@@ -47,21 +60,25 @@ def _session(database_url: str | None) -> Any:
 
 @configs_app.command("export")
 def export_configs(
-    output: str = typer.Option("autotune.json", "-o", "--output", help="file to write; '-' for stdout; with "
+    output: str = typer.Option(_DEFAULT_OUTPUT, "-o", "--output", help="file to write; '-' for stdout; with "
                                "--format fla: the directory"),
     device: str | None = typer.Option(None, "--device", help="device name as torch reports it, e.g. 'NVIDIA H200'"),
     fmt: str = typer.Option("cpbench", "--format", help="cpbench (our autotune JSON) | fla (FLA's config-cache "
-                            "directory, one <kernel_name>.json per kernel, for FLA_CONFIG_DIR)"),
+                            "directory, one <kernel_name>.json per kernel, for FLA_CONFIG_DIR) | flash_qla "
+                            "(FlashQLA's autocp coefficient CSV; default file <arch>.csv)"),
     allow_cpu: bool = typer.Option(False, "--allow-cpu", help="export CPU timings (tests only; never for real use)"),
     database_url: str | None = typer.Option(None, "--db", "--database-url", help="default: CPBENCH_DATABASE_URL"),
 ) -> None:
     """Write the tuned configs of one device as the versioned autotune JSON (or FLA's config-cache directory)."""
     from runners.tuner.export import ExportError, build_export
 
-    if fmt not in ("cpbench", "fla"):
-        raise CpbenchError(f"--format must be cpbench or fla, got {fmt!r}")
+    if fmt not in EXPORT_FORMATS:
+        raise CpbenchError(f"--format must be one of {', '.join(EXPORT_FORMATS)}, got {fmt!r}")
     if fmt == "fla":
         _export_fla(output, device, allow_cpu, database_url)
+        return
+    if fmt == "flash_qla":
+        _export_flash_qla(None if output == _DEFAULT_OUTPUT else output, device, allow_cpu, database_url)
         return
 
     with _session(database_url) as session:
@@ -96,6 +113,32 @@ def _export_fla(output: str, device: str | None, allow_cpu: bool, database_url: 
     n = sum(len(f["autotune_entries"]) for f in files.values())
     typer.echo(f"wrote {output}: {len(files)} FLA config-cache files, {n} entries "
                f"(use FLA_CONFIG_DIR={output} FLA_CACHE_MODE=strict)")
+
+
+def _export_flash_qla(output: str | None, device: str | None, allow_cpu: bool, database_url: str | None) -> None:
+    """FlashQLA's coefficient CSV (`runners.tuner.flash_qla_coefs`) to `output` (None: <arch>.csv; '-': stdout),
+    and where FlashQLA reads it."""
+    from pathlib import Path
+
+    from runners.tuner.export import ExportError
+    from runners.tuner.flash_qla_coefs import build_flash_qla_csv, installed_coefs_path, read_coef_csv
+
+    with _session(database_url) as session:
+        try:
+            text = build_flash_qla_csv(session, device_name=device, allow_cpu=allow_cpu)
+        except ExportError as e:
+            raise CpbenchError(str(e)) from None
+    if output == "-":
+        sys.stdout.write(text)
+        return
+    coefs = read_coef_csv(text)
+    p = Path(output or f"{coefs['arch']}.csv")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text, encoding="utf-8")
+    there = installed_coefs_path(coefs["arch"])
+    where = str(there) if there else f"autocp/coefs/{coefs['arch']}.csv inside the flash_qla package"
+    typer.echo(f"wrote {p}: {len(coefs['kernels'])} FlashQLA coefficient rows ({coefs['arch']}, P={coefs['P']}); "
+               f"FlashQLA reads {where} (no environment variable): copy it there, keeping the shipped file")
 
 
 def parse_shape(text: str) -> dict[str, Any]:
@@ -135,7 +178,8 @@ def tune_command(
     seed: int = typer.Option(_D.seed, "--seed"),
     samples: int = typer.Option(_D.samples, "--samples", min=1, help="samples per config (exhaustive, random)"),
     backend: str = typer.Option("triton", "--backend", help="triton (our kernels) | fla (FLA's autotuned kernels, "
-                                "timed as FLA's whole op; stored as fla.<kernel>)"),
+                                "timed as FLA's whole op; stored as fla.<kernel>) | flash_qla (FlashQLA's kernels "
+                                "per split size, its auto-CP coefficients refit; stored as flash_qla.<row>)"),
     database_url: str | None = typer.Option(None, "--db", "--database-url", help="default: CPBENCH_DATABASE_URL"),
     direction: str = typer.Option(_D.direction, "--direction", help="fwd | fwd+bwd (time forward + backward; tunes "
                                   "the backward kernels too)"),
@@ -184,8 +228,8 @@ def _check_tune_args(op: str, shape: list[str], strategy: str, kernel: list[str]
     from kernels.vocabulary import OPS, POINT_DIRECTIONS
     from runners.cli.common import resolve
 
-    if backend not in ("triton", "fla"):
-        raise CpbenchError(f"--backend must be triton or fla, got {backend!r}")
+    if backend not in TUNE_BACKENDS:
+        raise CpbenchError(f"--backend must be one of {', '.join(TUNE_BACKENDS)}, got {backend!r}")
     if strategy not in STRATEGIES:
         raise CpbenchError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     if op not in OPS:
@@ -198,6 +242,8 @@ def _check_tune_args(op: str, shape: list[str], strategy: str, kernel: list[str]
         shapes = [Shape.of(parse_shape(s)) for s in shape]
     except ValueError as e:
         raise CpbenchError(f"--shape: {e}") from None
+    if backend == "flash_qla":
+        _check_flash_qla(op, shapes, device)
     device = _tune_device(device)
     if kernel and backend == "triton":
         from runners.tuner.tune import registered_kernels
@@ -208,6 +254,21 @@ def _check_tune_args(op: str, shape: list[str], strategy: str, kernel: list[str]
     url = resolve(database_url)
     require_migrated(url)
     return url, shapes, device
+
+
+def _check_flash_qla(op: str, shapes: list[Any], device: str | None) -> None:
+    """FlashQLA's refit: GDN, shapes it runs, and a GPU with flash_qla installed (else one line saying which)."""
+    from runners.tuner.flash_qla import check_shapes, require_flash_qla
+
+    if op != "gdn":
+        raise CpbenchError(f"--backend flash_qla: FlashQLA runs GDN only, got --op {op}")
+    if device == "cpu":
+        raise CpbenchError("--backend flash_qla times FlashQLA's kernels on an SM90/SM100 GPU, not --device cpu")
+    try:
+        check_shapes(shapes)
+        require_flash_qla()
+    except ValueError as e:
+        raise CpbenchError(str(e)) from None
 
 
 def _tune_device(device: str | None) -> str:
@@ -234,17 +295,26 @@ def _tune_header(op: str, backend: str, shapes: list[Any], spec: TuneSpec, devic
     dims = "; ".join(
         ",".join(f"{n}={getattr(s, n)}" for n in ("B", "T", "H", "K", "V", "dtype"))
         + (f",lengths={':'.join(map(str, s.lengths))}" if s.lengths else "") for s in shapes)
+    clock = "CUDA events" if device == "cuda" else "wall clock"
+    if backend == "flash_qla":
+        return (f"tune {op} {spec.direction} (flash_qla) at {len(shapes)} shape(s) [{dims}]: FlashQLA's kernels at every "
+                f"split size, {spec.samples} run(s) each, its auto-CP coefficients refit by least squares per kernel row; "
+                f"device {device} ({clock}); the fit stored in {where} once every shape is timed")
     budget = "all configs" if spec.budget is None else f"{spec.budget} config(s)"
     kernels = ", ".join(spec.kernels) if spec.kernels else "every kernel it launches"
-    clock = "CUDA events" if device == "cuda" else "wall clock"
     return (f"tune {op} {spec.direction} ({backend}) at {len(shapes)} shape(s) [{dims}]: {kernels}; strategy "
             f"{spec.strategy}, budget {budget} per kernel and key; device {device} ({clock}); trials stored in {where}")
 
 
 def _measure(backend: str, op: str, shapes: list[Any], spec: TuneSpec, device: str | None,
              options: dict[str, Any] | None, on_result: OnResult, progress: TuneProgress | None = None) -> TuneResult:
-    """The TuneResult of our kernels (`tune_kernels`) or FLA's (`tune_fla`); no store session is open while a
+    """The TuneResult of our kernels (`tune_kernels`), FLA's (`tune_fla`) or FlashQLA's coefficients
+    (`tune_flash_qla`, stored once fitted); no store session is open while a
     kernel is measured (`on_result` gets each kernel's result once it is decided)."""
+    if backend == "flash_qla":
+        from runners.tuner.flash_qla import tune_flash_qla
+
+        return tune_flash_qla(shapes=shapes, spec=spec, on_result=on_result, say=lambda line: typer.echo(line, err=True))
     if backend == "fla":
         from runners.tuner.fla import tune_fla
 

@@ -4,7 +4,8 @@
     write_export("autotune.json", session, device_name=None)     # `cpbench configs export -o autotune.json`
 
 Rules:
-- our kernels only (FLA's tuned kernels, `fla.*`, export in FLA's own format: `runners.tuner.fla_export`);
+- our kernels only (FLA's tuned kernels, `fla.*`, export in FLA's own format: `runners.tuner.fla_export`; FlashQLA's
+  coefficients, `flash_qla.*`, in its CSV: `runners.tuner.flash_qla_coefs`);
 - one device per file: `device_name` picks it; when None, the store must hold exactly one device's configs;
 - CPU timings are never exported: device "cpu" is refused unless `allow_cpu=True` (tests only, and the
   `tuned_table` of CPU sweeps); the CLI flag is `--allow-cpu`;
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernels.autotune import SCHEMA_VERSION, AutotuneError, parse_autotune, source_hash
 from runners.errors import CpbenchError
-from runners.tuner.result import FLA_PREFIX
+from runners.tuner.result import PEER_PREFIXES
 from runners.versions import software_versions
 
 if TYPE_CHECKING:
@@ -130,8 +131,8 @@ def build_export(session: Session, *, device_name: str | None = None, allow_cpu:
     """The autotune dict of the store's TunedConfig rows for one device (what GET /api/v1/configs/export returns)."""
     from db import crud
 
-    # FLA's go to its own format
-    rows = [r for r in crud.list_tuned_configs(session, device_name=device_name) if not r.kernel.startswith(FLA_PREFIX)]
+    # FLA's and FlashQLA's go to their own formats
+    rows = [r for r in crud.list_tuned_configs(session, device_name=device_name) if not r.kernel.startswith(PEER_PREFIXES)]
     versions = None
     with_env = [(_iso(r.measured_at), r.environment_id) for r in rows if r.environment_id is not None]
     if with_env:

@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any, Generic, NoReturn, Protocol, TypeVar
 if TYPE_CHECKING:
     from db.models import TunedConfig
 
-__all__ = ["FLA_PREFIX", "TUNED_FIELDS", "KernelResult", "OnResult", "Trial", "TuneProgress", "TuneResult", "TuningStopped", "report_new"]
+__all__ = ["FLASH_QLA_PREFIX", "FLA_PREFIX", "PEER_PREFIXES", "TUNED_FIELDS", "KernelResult", "OnResult", "Trial", "TuneProgress", "TuneResult", "TuningStopped", "report_new"]
 
 FLA_PREFIX = "fla."  # FLA's kernels are stored as `fla.<kernel_name>` (exported in FLA's format, never in ours)
+FLASH_QLA_PREFIX = "flash_qla."  # FlashQLA's fitted cost coefficients, `flash_qla.<row>` (runners.tuner.flash_qla_coefs)
+PEER_PREFIXES = (FLA_PREFIX, FLASH_QLA_PREFIX)  # stored tuning of a peer's kernels: exported in the peer's format
 TRIAL_FIELDS = ("kernel", "key", "config", "strategy", "rung", "status", "median_ms", "n", "error")  # stored
 # a TunedConfig row's fields as plain data (what `runners.tuner.sweep.tuning_state` hands a rank process)
 TUNED_FIELDS = ("kernel", "key", "key_str", "device_name", "compute_capability", "config", "median_ms", "default_ms",

@@ -205,7 +205,7 @@ class PageExtras:
     sweep_id: int
     unreliable_idx: int
     grads: dict[str, float]
-    skip_reasons: dict[str, int]
+    skip_reasons: dict[tuple[str, str], int]  # (backend, reason) -> points
 
 
 UNRELIABLE_WHY = "stopped on timeout with n=3 < min_samples=10 (IQR/median 1.8)"
@@ -215,7 +215,7 @@ def seed_page_extras(url: str) -> PageExtras:
     """A fwd+bwd sweep "honest": `none` (W=1) stored done but unreliable (timeout, n=3, p10-p90 0.76-139.5 ms),
     true_cp at W=2 done with its per-gradient errors in the report, and three skipped points under two reasons."""
     grads = {"dq": 1.5e-3, "dk": 2.5e-3, "dv": 3.5e-3, "dg": 4.5e-3, "dbeta": 5.5e-4}
-    reasons = {"H % W != 0 (H=4, W=8)": 2, "backend fla does not run mode ring": 1}
+    reasons = {("torch", "H % W != 0 (H=4, W=8)"): 2, ("fla", "backend fla does not run mode ring"): 1}
     with session_scope(url) as session:
         env = crud.get_or_create_environment(session, facts=FACTS)
         session.flush()
@@ -243,3 +243,65 @@ def seed_page_extras(url: str) -> PageExtras:
                     stop_reason="noise", err_vs_none=max(grads.values()), err_vs_reference=1e-3,
                     report={"grad_errors_vs_none": grads})
         return PageExtras(sweep_id=sweep.id, unreliable_idx=0, grads=grads, skip_reasons=reasons)
+
+
+# ms per (backend, mode, W, T) of the "libraries" sweep (GDN fwd, B=1, H=16, K=V=128, bf16, lb=-5): FlashQLA's
+# warmup_correct the fastest at W=1, ours (triton) at W=2, where FlashQLA and FLA as dispatched are skipped
+LIB_MS = {
+    ("triton", "none", 1): (0.40, 2.40), ("triton", "warmup_correct", 1): (0.30, 1.20), ("triton", "true_cp", 2): (0.25, 1.30),
+    ("fla", "none", 1): (0.88, 2.60), ("fla", "warmup_correct", 1): (0.50, 1.50), ("fla", "true_cp", 2): (0.45, 1.40),
+    ("fla_dispatch", "none", 1): (0.27, 0.70), ("fla_dispatch", "warmup_correct", 1): (0.26, 0.65),
+    ("flash_qla", "none", 1): (0.27, 0.69), ("flash_qla", "warmup_correct", 1): (0.13, 0.40),
+}  # fmt: skip
+LIB_TS = (8192, 65536)
+LIB_SKIPS = {
+    ("flash_qla", "true_cp", 2, "bfloat16"): "FlashQLA's inter-card CP (FlashQLACPContext) needs W=2 GPUs of one host",
+    ("fla_dispatch", "true_cp", 2, "bfloat16"): "fla_dispatch runs FLA as installed, on one device: no CP context",
+    ("flash_qla", "none", 1, "float32"): "FlashQLA runs bfloat16 and float16 only, got float32",
+}
+LIB_NOISY = ("fla_dispatch", "warmup_correct", 1, 65536)  # unreliable: never a headline, never the reference
+
+
+@dataclass
+class Libraries:
+    sweep_id: int
+    ids: dict[tuple[str, str, int, int], int]  # (backend, mode, W, T) -> point id, bf16 points
+
+
+def seed_libraries(url: str) -> Libraries:
+    """A sweep "libraries" of four backends (ours: triton; fla; fla_dispatch; flash_qla), the measured times of
+    `LIB_MS` at T in `LIB_TS` (every warmup_correct with `fallback: exact`: it competes in the mode map), the skipped
+    points of `LIB_SKIPS` (one in a float32 slice, beside our float32 `none`) and `LIB_NOISY` unreliable."""
+    with session_scope(url) as session:
+        env = crud.get_or_create_environment(session, facts=FACTS)
+        session.flush()
+        specs: list[tuple[tuple[str, str, int, str, int], dict[str, Any]]] = []
+        runs = [(b, m, W, "bfloat16", T) for (b, m, W) in LIB_MS for T in LIB_TS]
+        runs += [(b, m, W, dt, T) for (b, m, W, dt) in LIB_SKIPS for T in LIB_TS] + [("triton", "none", 1, "float32", 8192)]
+        for b, m, W, dt, T in runs:
+            p = point(len(specs), mode=m, W=W, T=T, B=1, lb=-5.0, H=16, K=128, V=128, backend=b)
+            p["dtype"] = p["params"]["dtype"] = dt
+            p["key"] += f"/{dt}"
+            if m == "warmup_correct":
+                p["params"]["mode_options"] = {"fallback": "exact"}
+            specs.append(((b, m, W, dt, T), p))
+        sweep = crud.create_sweep(session, name="libraries", tags=["peers"], spec={"name": "libraries"},
+                                  points=[p for _, p in specs])  # fmt: skip
+        skipped = {p["idx"]: ("skipped", LIB_SKIPS[k[:4]]) for k, p in specs if k[:4] in LIB_SKIPS}
+        ids = {}
+        for pt in _mark(session, sweep, skipped, datetime.now(timezone.utc)):
+            (b, m, W, dt, T), p = specs[pt.idx]
+            if pt.idx in skipped:
+                continue
+            ms = LIB_MS[(b, m, W)][LIB_TS.index(T)] if dt == "bfloat16" else 1.0
+            if (b, m, W, T) == LIB_NOISY:
+                crud.store_measurement(
+                    session, point_id=pt.id, environment_id=env.id, worker="seed", clock="cuda", samples=[ms, ms * 3, ms / 2],
+                    summary={"median_ms": ms, "p10_ms": ms / 2, "p90_ms": ms * 3, "iqr_ms": ms, "mean_ms": ms, "min_ms": ms / 2,
+                             "max_ms": ms * 3, "n": 3},
+                    stop_reason="timeout", unreliable=UNRELIABLE_WHY, err_vs_none=1e-3, err_vs_reference=3e-3)  # fmt: skip
+            else:
+                _measure(session, pt.id, p, env.id, ms)
+            if dt == "bfloat16":
+                ids[(b, m, W, T)] = pt.id
+        return Libraries(sweep_id=sweep.id, ids=ids)

@@ -4,7 +4,7 @@ Scenarios, read from each figure's JSON (as the browser gets it): the backend sl
 with several backends, absent with one) and "all" keeps every backend's rows; latency draws one trace per
 (mode, backend) named "<mode> · <backend>", each holding exactly that backend's medians, FLA's true_cp on the same
 axes as ours, and each backend's own `none` as a reference; the mode map's cells name the winner's backend
-("true_cp (fla)") and point at the winning row; accuracy keeps each backend's errors apart; no figure mixes two
+with its speedup ("fla · true_cp 1.23×") and point at the winning row; accuracy keeps each backend's errors apart; no figure mixes two
 backends in one trace; FLA's Hopper-guard opt-in (`params.backend_options`) shows in the trace names and hovers,
 also when fla is the only backend; so does our triton recompute policy (`triton+keep=wy+states`, a non-boolean
 option), as a series apart from the default policy's; one backend alone keeps the plain mode names.
@@ -105,15 +105,16 @@ def test_mode_map_names_the_backend_of_the_winner() -> None:
     for cell in table:  # the winner is the fastest exact run of either backend
         cands = [r for r in rows if (r["T"], r["W"]) == (cell["T"], cell["W"])]
         win = min(cands, key=lambda r: r["median_ms"])
-        assert cell["best_id"] == win["id"] and cell["best"] == f"{win['mode']} ({win['backend']})"
+        assert cell["best_id"] == win["id"] and cell["best"] == f"{win['backend']} · {win['mode']}"
     cell = next(c for c in table if (c["T"], c["W"]) == (TS[-1], 4))
-    assert cell["best"] == "true_cp (fla)" and cell["runner_up"] == "true_cp (torch)"
+    assert cell["best"] == "fla · true_cp" and cell["runner_up"] == "torch · true_cp"
     fig = best_mode.figure(rows)
     best = traces(fig, "best")
     assert {t["name"] for t in best} == {f"{c['best_mode']} · {c['best_backend']}" for c in table}
     fla = next(t for t in best if t["name"] == "true_cp · fla")
     row, col = fla["y"].index(f"T={TS[-1]}"), fla["x"].index("W=4")
-    assert fla["text"][row][col].startswith("<b>true_cp (fla)</b>") and "2nd true_cp (torch)" in fla["text"][row][col]
+    assert fla["text"][row][col].startswith(f"<b>fla · true_cp</b> {cell['speedup_vs_none']:.2f}×")
+    assert "2nd torch · true_cp" in fla["text"][row][col]
     assert by_id[fla["customdata"][row][col][1]]["backend"] == "fla"
     assert "speedup vs none (fla)" in fla["customdata"][row][col][0]
     for t in best:  # every cell a trace colours is won by that trace's (mode, backend)
@@ -147,7 +148,7 @@ def test_hopper_guard_opt_in_is_named_in_legend_and_hover() -> None:
     rows = two_backend_rows(fla_options={"bypass_hopper_guard": True})
     names = {t["name"] for t in traces(latency.figure(rows), "measured")}
     assert f"true_cp · {label}" in names and "true_cp · torch" in names
-    assert any(c["best"] == f"true_cp ({label})" for c in best_mode.frame(rows))
+    assert any(c["best"] == f"{label} · true_cp" for c in best_mode.frame(rows))
     # fla alone, with the opt-in: still named, so the opt-in is seen
     alone = [r for r in rows if r["backend"] == "fla"]
     lat = traces(latency.figure(alone), "measured")

@@ -60,8 +60,9 @@ def test_sweep_page_flags_unreliable_and_lists_skip_reasons_and_gradients(client
     assert "0.76–139.5" in table and "timeout" in table
     skipped = _section(html, "skipped")
     assert "Skipped points (3)" in skipped
-    for reason, n in extras.skip_reasons.items():
-        assert re.search(rf"<b>{n} points?</b>: <span class=\"reason\">{re.escape(reason)}</span>", skipped)
+    for (backend, reason), n in extras.skip_reasons.items():
+        summary = rf"<b>{n} points?</b> of <span class=\"backend\">{backend}</span>: <span class=\"reason\">"
+        assert re.search(summary + re.escape(reason) + "</span>", skipped)
     assert skipped.count("point 2 (headwise") == 1 and "point 4 (ring · fla" in skipped
     grads = _section(html, "grad-errors")
     assert re.findall(r"<th>([^<]+)</th>", grads) == ["point", *extras.grads, "max (gate)"]

@@ -116,6 +116,10 @@ def test_sweep_page_one_trace_per_mode(visit: Any, live: LiveServer, seeded: See
     assert any(u.endswith("/static/plotly.min.js") for u in v.requests)
     for name in SWEEP_FIGURES:
         traces = v.traces(f"fig-{name}")
+        if name == "libraries":  # per library, not per mode: the seed's only backend (torch) is "ours"
+            assert traces and {t["meta"]["kind"] for t in traces} <= {"library", "skipped", "failed"}
+            assert all(t["n"] == 1 for t in traces)  # one library column
+            continue
         measured = [t for t in traces if t["meta"].get("kind") in ("measured", "best")]
         modes = {t["meta"]["mode"] for t in measured}
         assert {t["name"] for t in measured} == modes, name
@@ -136,8 +140,8 @@ def test_sweep_figure_csv(live: LiveServer, seeded: Seeded, name: str) -> None:
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv")
     rows = list(csv.DictReader(io.StringIO(r.text)))
     assert rows and list(rows[0]) == list(SWEEP_FIGURES[name].COLUMNS)
-    mode_col = "best_mode" if name == "best_mode" else "mode"
-    assert {row[mode_col] for row in rows} <= set(MODES)
+    mode_col = "best_mode" if name in ("best_mode", "libraries") else "mode"
+    assert {row[mode_col] for row in rows if name != "libraries" or row["kind"] not in ("skipped", "failed")} <= set(MODES)
 
 
 def test_sweep_page_csv_links_and_slice(visit: Any, live: LiveServer, seeded: Seeded) -> None:

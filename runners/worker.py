@@ -71,13 +71,14 @@ from typing import Any
 from db.retry import StoreRetry, StoreUnavailable
 from runners.errors import CpbenchError, GangError, SweepNotFoundError
 from runners.execute import run_point_job, tune_job
-from runners.gang import GangPool, JobCancelled
+from runners.gang import GangPool, Gangs, JobCancelled
 from runners.grid import available_backends
 from runners.housekeeping import remove_own_leftovers
 from runners.plugins import unavailable
 from runners.point import PointJob, PointSpec
 from runners.results import PointResult, StoreRows, store_rows, trace_path
 from runners.settings import WorkerSettings, get_worker_settings
+from runners.topology import Topology
 from runners.versions import driver_version, git_sha, software_versions
 
 __all__ = ["DeviceInfo", "Worker", "WorkerStats", "detect_devices", "environment_facts", "point_time_limit_s", "run_worker"]
@@ -89,15 +90,17 @@ _REPO = Path(__file__).resolve().parent.parent
 
 @dataclass(frozen=True)
 class DeviceInfo:
-    """What this worker runs on: kind ("cuda" | "cpu"), how many ranks it can host, device names."""
+    """What this worker runs on: kind ("cuda" | "cpu"), how many ranks it can host (on how many hosts), device names."""
 
     kind: str
     count: int
     names: tuple[str, ...] = ()
     compute_capability: str | None = None
+    hosts: int = 1
 
     def as_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "count": self.count, "names": list(self.names), "compute_capability": self.compute_capability}
+        return {"kind": self.kind, "count": self.count, "names": list(self.names), "compute_capability": self.compute_capability,
+                "hosts": self.hosts}
 
 
 @dataclass
@@ -302,7 +305,7 @@ class Worker:
         self._stop_why: str | None = None
         self._specs: dict[int, dict[str, Any]] = {}
         self._idle_beat_at = -math.inf  # monotonic time of the last idle heartbeat
-        self.pool: GangPool | None = None
+        self.pool: Gangs | None = None
         self.info: DeviceInfo | None = None
         self.env_id: int | None = None
 
@@ -325,6 +328,11 @@ class Worker:
     def _past_grace(self) -> bool:
         return self.stopping() and time.monotonic() - (self._stop_at or 0.0) >= self.settings.STOP_GRACE_S
 
+    def topology(self, world_size: int) -> Topology:
+        """The topology a point of `world_size` ranks runs on: a gang on this host."""
+        assert self.info is not None
+        return Topology.single_host(world_size, self.info.kind)
+
     # -- the store, through the retry loop -------------------------------------------------------------------------
     def _store(self, what: str, fn: Callable[[Any], Any], *, give_up: Callable[[], bool] | None = None) -> Any:
         """`fn(session)` in one committed session, retried through store outages."""
@@ -342,7 +350,7 @@ class Worker:
         from db.migrate import require_migrated
 
         require_migrated(self.url)
-        self.info = info = detect_devices(self.devices, kind=self.device_kind)
+        self.info = info = self._detect_devices()
         facts = environment_facts(info)
         remove_own_leftovers(self.url, self.art_root, self.spool_dir)
 
@@ -356,9 +364,16 @@ class Worker:
             return env_id
 
         self.env_id = self._store("register", register, give_up=self.stopping)
-        s = self.settings
-        self.pool = GangPool(info.kind, max_alive=s.MAX_GANGS, start_timeout_s=s.GANG_START_TIMEOUT_S, pg_timeout_s=s.PG_TIMEOUT_S)
+        self.pool = self._make_pool(info)
         logger.info("worker %s: %d %s rank(s), environment %s", self.name, info.count, info.kind, self.env_id)
+
+    def _detect_devices(self) -> DeviceInfo:
+        return detect_devices(self.devices, kind=self.device_kind)
+
+    def _make_pool(self, info: DeviceInfo) -> Gangs:
+        """The gangs the points run on: spawned on this host, one per W."""
+        s = self.settings
+        return GangPool(info.kind, max_alive=s.MAX_GANGS, start_timeout_s=s.GANG_START_TIMEOUT_S, pg_timeout_s=s.PG_TIMEOUT_S)
 
     def run(
         self,
@@ -411,7 +426,7 @@ class Worker:
             logger.warning("worker %s: stopping while the store is unavailable", self.name)
         finally:
             if self.pool is not None:
-                stats.gang_restarts = sum(max(0, g.starts - 1) for g in self.pool._gangs.values())
+                stats.gang_restarts = self.pool.restarts
                 self.pool.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -591,7 +606,7 @@ class Worker:
         tmp.replace(spool)
         self.stats.spooled += 1
         try:
-            rows = store_rows(claim.point, results)
+            rows = store_rows(claim.point, results, self.topology(claim.W))
             if rows.mismatches:
                 logger.warning("point %s: collectives differ from kernels.cp's count: %s", claim.point_id,
                                "; ".join(rows.mismatches))

@@ -207,6 +207,15 @@ def sweeps_progress(session: Session, *, sweep_ids: Sequence[int]) -> dict[int, 
     return out
 
 
+def queued_widths(session: Session, *, sweep_id: int | None = None) -> dict[tuple[int, str | None], int]:
+    """{(W, device_kind): queued points} of the live sweeps (or of one sweep): what a worker's gang must fit."""
+    stmt = (select(Point.W, Point.device_kind, func.count()).join(Sweep, Sweep.id == Point.sweep_id)
+            .where(Point.status == "queued", Sweep.status.in_(("queued", "running"))).group_by(Point.W, Point.device_kind))
+    if sweep_id is not None:
+        stmt = stmt.where(Point.sweep_id == sweep_id)
+    return {(W, kind): n for W, kind, n in session.execute(stmt).all()}
+
+
 def sweeps_by_age(session: Session) -> list[Sweep]:
     """Every sweep, oldest first."""
     return list(session.execute(select(Sweep).order_by(Sweep.created_at)).scalars())

@@ -22,7 +22,10 @@ input, a failed check) fails the job and keeps the gang. `cancel()` returning Tr
 
 Rank shutdown follows anchors/cpu-feasibility.md §3 (profiler + gloo abort at exit): results are sent first,
 then `barrier`, `destroy_process_group`, `os._exit(0)`. A rank whose parent disappears exits by itself.
-`GangPool` keeps one gang per W, at most `max_alive` at once (least recently used closed first).
+`GangPool` keeps one gang per W, at most `max_alive` at once (least recently used closed first). `Gangs` is what a
+worker needs of its gangs (a `GangPool`, or `runners.multihost.TorchrunGang` across hosts); `run_rank_job`,
+`set_collective_timeout` and `raise_job_errors` are one job on one rank, its collective timeout and the gang's
+verdict on the ranks' errors, shared by both.
 """
 
 from __future__ import annotations

@@ -25,7 +25,9 @@ Failures: a rank or host that dies breaks the process group. The ranks left get 
 its timeout); rank 0 fails the point's attempt (retryable: it returns to the queue at once) and stops, and every
 rank exits 1, so the elastic agents restart the gang by torchrun's rules (`--max-restarts`). Were rank 0 itself
 gone, its lease expires and the point returns to the queue. A job past its time limit on rank 0 (the point's own
-limit plus `CPBENCH_POINT_OVERHEAD_S`) makes rank 0 exit 1 (the watchdog), with the same outcome.
+limit plus `CPBENCH_POINT_OVERHEAD_S`) makes rank 0 exit 1 (the watchdog), with the same outcome. Start the agents
+with `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`, so that a host replacing a dead one can join the restarted gang (torch
+2.13's rank-0 agent otherwise does not publish its address again in the new round).
 """
 
 from __future__ import annotations

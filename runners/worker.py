@@ -24,7 +24,8 @@ attempt); then time with the tuned configs), send the point to the persistent ga
 rebuilt from the stored JSON, and every rank returns a `runners.results.PointResult`), turn the results into rows
 before any session opens (`runners.results.store_rows`: the merged profile, its collectives checked against
 kernels.cp's count, per direction for a training step, the differences in the report's `collective_mismatches`),
-then store the artifact (Chrome trace), measurement and profile and mark the point done, all in one transaction
+with the topology the point ran on (`Worker.topology`: one host of W ranks here, `runners.topology`), then store the
+artifact (Chrome trace), measurement and profile and mark the point done, all in one transaction
 (`complete_point` commits them together, or drops them if the lease was lost meanwhile). Failures become data: a failed correctness gate or an exception
 raised on every rank fails the point (not retried: it is deterministic); a crashed, hung, timed-out or OOM rank
 fails the attempt (retried while attempts remain) and restarts the gang. The worker keeps going either way.
@@ -38,6 +39,10 @@ until the result is stored (through the storing's backoff too), or until the sto
 (then the retries stop and the result is dropped). While the store is away the lease cannot be renewed, so an
 outage longer than the lease gives the point back to the queue: the stale result is then refused before anything
 is written (one log line) and dropped, never stored twice.
+
+Multi-host: `runners.multihost.MultiHostWorker` is this worker on rank 0 of a gang torchrun started across hosts; it
+replaces `_detect_devices` (every rank on every host), `_make_pool` (the torchrun gang, a `runners.gang.Gangs`) and
+`topology` (the hosts of the point's ranks), and pings its ranks while idle; the rest is this path.
 
 Idle: while the queue holds nothing it can claim, the worker renews its own heartbeat every `heartbeat_s` (a beat
 that meets an outage is skipped), so `cpbench status` and `/api/v1/workers` show it `idle`, not `lost`.

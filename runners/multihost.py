@@ -243,16 +243,8 @@ class TorchrunGang:
                 self.mark_broken(f"ping failed: {type(err).__name__}: {err}")
             self._pinged_at = time.monotonic()
 
-    def run(
-        self,
-        world_size: int,
-        fn: Callable[[RankContext, Any], Any],
-        payload: Any,
-        *,
-        timeout_s: float = 900.0,
-        cancel: Callable[[], bool] | None = None,
-        collective_timeout_s: float | None = None,
-    ) -> list[Any]:
+    def run(self, world_size: int, fn: Callable[[RankContext, Any], Any], payload: Any, *, timeout_s: float = 900.0,
+            cancel: Callable[[], bool] | None = None, collective_timeout_s: float | None = None) -> list[Any]:  # fmt: skip
         """Run `fn(ctx, payload)` on ranks 0..W-1; their results, indexed by rank. Raises GangError. `cancel` is not
         polled: rank 0 runs the job itself (a stop takes effect after it)."""
         if self.broken is not None:
@@ -337,16 +329,9 @@ class MultiHostWorker(Worker):
         self.gang.ping(self.heartbeat_s)
 
 
-def run_multihost_worker(
-    url: str | None = None,
-    *,
-    once: bool = False,
-    max_points: int | None = None,
-    device_kind: str | None = None,
-    lease_s: float | None = None,
-    heartbeat_s: float | None = None,
-    name: str | None = None,
-) -> tuple[int, WorkerStats | None]:
+def run_multihost_worker(url: str | None = None, *, once: bool = False, max_points: int | None = None,
+                         device_kind: str | None = None, lease_s: float | None = None, heartbeat_s: float | None = None,
+                         name: str | None = None) -> tuple[int, WorkerStats | None]:  # fmt: skip
     """This rank's part of the multi-host worker (see the module docstring): (its exit code, rank 0's stats or
     None). device_kind: "cpu" forces gloo on the CPU; None uses the GPUs when there are any."""
     env = TorchrunEnv.from_environ()

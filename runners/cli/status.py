@@ -11,8 +11,8 @@ gang 4"; a multi-host gang counts the ranks on all its hosts).
 from __future__ import annotations
 
 from collections import Counter
-from datetime import datetime, timezone
 from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
 from typing import Any
 
 import typer
@@ -66,7 +66,7 @@ def waiting_reasons(queued: Mapping[tuple[int, str | None], int], gangs: Sequenc
         where = f" {kind}" if kind else ""
         if not sizes:
             lines.append(f"waiting: {n} point(s) W={W}: no live{where} worker")
-        elif W > max(sizes):
+        elif max(sizes) < W:
             lines.append(f"waiting: {n} point(s) W={W} > largest{where} gang {max(sizes)}")
     return lines
 

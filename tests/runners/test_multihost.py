@@ -117,7 +117,9 @@ class Hosts:
         return self.procs[name].wait(timeout=DEADLINE_S)
 
     def logs(self) -> str:
-        return "\n".join(f"--- {n} (rc={p.poll()}):\n{(self.root / f'{n}.log').read_text()[-4000:]}" for n, p in self.procs.items())
+        return "\n".join(
+            f"--- {n} (rc={p.poll()}):\n{(self.root / f'{n}.log').read_text()[-4000:]}" for n, p in self.procs.items()
+        )
 
     def stop(self) -> None:
         for name, proc in self.procs.items():
@@ -186,7 +188,9 @@ def test_two_hosts_run_a_sweep_like_the_single_host_gang(store_url: str, tmp_pat
     assert worker.returncode == 0, worker.stderr[-3000:]
 
     got, ref = _results(store_url, two), _results(store_url, one)
-    print(f"\ntwo-host gang (2 hosts x 2 ranks): {len(got)} points in {two_host_s:.1f} s; single-host gangs: {one_host_s:.1f} s")
+    print(
+        f"\ntwo-host gang (2 hosts x 2 ranks): {len(got)} points in {two_host_s:.1f} s; single-host gangs: {one_host_s:.1f} s"
+    )
     for (mode, W), r in sorted(got.items()):
         print(f"  {mode:10s} W={W}  {r['hosts']}x{r['ranks_per_host']} {r['interconnect']:16s} median {r['median_ms']:.3f} ms "
               f"(single host {ref[mode, W]['median_ms']:.3f} ms)  err_vs_none {r['err_vs_none']:.3g}  "

@@ -49,8 +49,8 @@ def test_status_says_why_points_larger_than_every_gang_wait(store_url: str, tmp_
     assert code == 0, err
     assert "waiting: 1 point(s) W=2: no live worker" in out and "waiting: 1 point(s) W=8: no live worker" in out, out
     with session_scope(store_url) as s:
-        crud.register_worker(s, name="gang:1:x", host="h", pid=1, devices={"kind": "cpu", "count": 4, "hosts": 2},
-                             environment_id=None, lease_s=600)
+        gang = {"kind": "cpu", "count": 4, "hosts": 2}
+        crud.register_worker(s, name="gang:1:x", host="h", pid=1, devices=gang, environment_id=None, lease_s=600)
     for args in (("status",), ("status", "1")):
         code, out, err = _cli(*args, "--db", store_url)
         assert code == 0, err

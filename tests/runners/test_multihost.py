@@ -3,6 +3,7 @@
 -m bench_server worker --multi-host --cpu --once`, against a SQLite store file.
 
 Scenarios:
+- torchrun's variables give each rank its place (the node from GROUP_RANK, else from the local world size);
 - outside torchrun, `--multi-host` is one clear line and exit 1;
 - a sweep with W in {1, 2, 4} (gdn, torch backend, forward, all_gather and true_cp) runs to completion on the
   two-host gang: every point done once by its rank 0, both agents exit 0; the same sweep run by the ordinary
@@ -31,10 +32,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
+from runners.errors import CpbenchError
+from runners.multihost import TorchrunEnv
 from tests.runners.engine_fixtures import REPO, store_url, write_spec  # noqa: F401
 from tests.utils.cli import cpbench as _cli
-
-pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
 DEADLINE_S = 300  # generous: what the tests wait for at most on a loaded 2-core box, never a timing assertion
 FAST_TIMING = {"min_samples": 2, "max_samples": 3, "timeout_s": 1.0}
@@ -163,6 +164,14 @@ def _row_counts(url: str, sweep_id: int) -> tuple[dict[int, int], dict[int, int]
     return meas, profs
 
 
+def test_torchrun_env_gives_each_rank_its_place() -> None:
+    env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
+    assert TorchrunEnv.from_environ({**env, "GROUP_RANK": "1"}) == TorchrunEnv(3, 4, 1, 2, node=1)
+    assert TorchrunEnv.from_environ(env).node == 1  # without GROUP_RANK: rank // local world size
+    with pytest.raises(CpbenchError, match="RANK, WORLD_SIZE"):
+        TorchrunEnv.from_environ({"LOCAL_RANK": "0"})
+
+
 def test_multi_host_outside_torchrun_is_one_clear_error(store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(var, raising=False)
@@ -170,6 +179,8 @@ def test_multi_host_outside_torchrun_is_one_clear_error(store_url: str, monkeypa
     assert code == 1 and "--multi-host runs under torchrun" in err and "Traceback" not in err, err
 
 
+@pytest.mark.multiproc
+@pytest.mark.slow
 def test_two_hosts_run_a_sweep_like_the_single_host_gang(store_url: str, tmp_path: Path) -> None:  # noqa: F811
     two = _submit(store_url, write_spec(tmp_path, "two.yaml", **SWEEP))
     hosts = Hosts(store_url, tmp_path)
@@ -209,6 +220,8 @@ def test_two_hosts_run_a_sweep_like_the_single_host_gang(store_url: str, tmp_pat
     assert {W: (ref[m, W]["hosts"], ref[m, W]["ranks_per_host"]) for m, W in ref} == {1: (1, 1), 2: (1, 2), 4: (1, 4)}
 
 
+@pytest.mark.multiproc
+@pytest.mark.slow
 def test_a_killed_host_loses_nothing_and_stores_nothing_twice(store_url: str, tmp_path: Path) -> None:  # noqa: F811
     from db.models import Point
     from db.session import session_scope

@@ -28,6 +28,10 @@ gone, its lease expires and the point returns to the queue. A job past its time 
 limit plus `CPBENCH_POINT_OVERHEAD_S`) makes rank 0 exit 1 (the watchdog), with the same outcome. Start the agents
 with `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`, so that a host replacing a dead one can join the restarted gang (torch
 2.13's rank-0 agent otherwise does not publish its address again in the new round).
+
+Topology: every rank's place is known to rank 0, so each point's measurement records the hosts of its W ranks
+(`runners.topology`). On GPUs, unless NCCL_DEBUG is set, each rank has NCCL log its INIT/NET lines (and warnings)
+to `<tmp>/cpbench-nccl-<pid>.log`, so that the interconnect names the network NCCL reports between hosts.
 """
 
 from __future__ import annotations
@@ -36,11 +40,13 @@ import logging
 import os
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, NoReturn
 
 from runners.errors import CpbenchError, GangError
@@ -110,6 +116,7 @@ class TorchrunGang:
         self._contexts: dict[int, RankContext] = {}
         self._pinged_at = time.monotonic()
         self._closed = False
+        self.nccl_log = ""  # NCCL's INFO log of this process's first communicator, when captured
 
     # -- every rank ------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -125,6 +132,7 @@ class TorchrunGang:
             self.device = torch.device("cpu")
             if "OMP_NUM_THREADS" not in os.environ:
                 torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
+        nccl_log = _capture_nccl_log() if self.backend == "nccl" else None
         t0 = time.monotonic()
         dist.init_process_group(
             self.backend,
@@ -138,6 +146,11 @@ class TorchrunGang:
         places: list[Any] = [None] * env.world_size
         dist.all_gather_object(places, place, group=self._control)
         self.places = places
+        if nccl_log is not None:  # the first collective on the NCCL group makes its communicator: NCCL logs its network
+            dist.all_reduce(torch.zeros(1, device=self.device))
+            torch.cuda.synchronize(self.device)
+            self.nccl_log = nccl_log.read_text(errors="replace") if nccl_log.exists() else ""
+            logger.info("rank %d: NCCL's log (its warnings too) goes to %s", env.rank, nccl_log)
         logger.info(
             "rank %d of %d joined a %s gang on %d host(s) in %.2f s",
             env.rank,
@@ -153,7 +166,7 @@ class TorchrunGang:
 
     def topology(self, world_size: int) -> Topology:
         """The topology of a point's W ranks: the gang's first W."""
-        return Topology.of(self.places[:world_size], inter_host_link(self.backend))
+        return Topology.of(self.places[:world_size], inter_host_link(self.backend, self.nccl_log))
 
     def _context(self, world_size: int) -> RankContext:
         """This rank's context for a W-rank job; every rank makes the W sub-group together on first use."""
@@ -294,6 +307,16 @@ class TorchrunGang:
                 logger.warning("could not tell the ranks to stop", exc_info=True)
                 return
             self._shutdown()
+
+
+def _capture_nccl_log() -> Path | None:
+    """Have NCCL write its INIT/NET INFO lines (its network is in them) and its warnings to a file of this process,
+    unless the user set NCCL_DEBUG; the file, or None."""
+    if os.environ.get("NCCL_DEBUG"):
+        return None
+    path = Path(tempfile.gettempdir()) / f"cpbench-nccl-{os.getpid()}.log"
+    os.environ.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET", NCCL_DEBUG_FILE=str(path))
+    return path
 
 
 def _watchdog_exit(world_size: int, timeout_s: float) -> None:

@@ -8,9 +8,10 @@ the details in its report's `topology`).
   `Topology.single_host(W, device_kind)`: a single-host gang's (the ordinary worker's);
 - `intra_host_link(device_kind)`: the link between ranks of one host: "nvlink" (NVML reports an active NVLink on
   GPU 0), "pcie" (GPUs without one), "loopback" (gloo ranks on one machine talk TCP over the loopback);
-- `inter_host_link(backend)`: the network between hosts: gloo's is "tcp" (with "/<GLOO_SOCKET_IFNAME>" when set);
-  NCCL's is its network transport: `NCCL_NET` when set (as NCCL names it: "IB", "Socket", a plugin's name),
-  else "IB" when the host has InfiniBand devices and `NCCL_IB_DISABLE` is not 1, else "Socket".
+- `inter_host_link(backend, nccl_log)`: the network between hosts: gloo's is "tcp" (with "/<GLOO_SOCKET_IFNAME>"
+  when set); NCCL's is the network NCCL reports in its INFO log ("Using network IB": `nccl_network`; the multi-host
+  worker captures it when NCCL_DEBUG is not set), else `NCCL_NET` when set (as NCCL names it: "IB", "Socket", a
+  plugin's name), else "IB" when the host has InfiniBand devices and `NCCL_IB_DISABLE` is not 1, else "Socket".
 
 `interconnect` is "none" for one rank, the intra-host link on one host, "<intra>+<inter>" across hosts (e.g.
 "nvlink+IB", "loopback+tcp/lo").
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import socket
 from collections import Counter
 from collections.abc import Sequence
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RankPlace", "Topology", "inter_host_link", "intra_host_link"]
+__all__ = ["RankPlace", "Topology", "inter_host_link", "intra_host_link", "nccl_network"]
 
 NO_LINK = "none"  # the interconnect of a one-rank point
 
@@ -119,12 +121,22 @@ def _nvlink_active() -> bool:
     return False
 
 
-def inter_host_link(backend: str) -> str:
-    """The network between hosts of a `backend` ("gloo" | "nccl") process group (see the module docstring)."""
+def nccl_network(log_text: str) -> str | None:
+    """The network NCCL says it uses in its INFO log ("IB", "Socket", a plugin's name); None when it does not say."""
+    found = _NCCL_NETWORK.search(log_text)
+    return found.group(1) if found else None
+
+
+_NCCL_NETWORK = re.compile(r"NCCL INFO Using network (\S+)")
+
+
+def inter_host_link(backend: str, nccl_log: str = "") -> str:
+    """The network between hosts of a `backend` ("gloo" | "nccl") process group (see the module docstring);
+    `nccl_log`: NCCL's INFO log of this process, when captured."""
     if backend == "gloo":
         iface = os.environ.get("GLOO_SOCKET_IFNAME", "").strip()
         return f"tcp/{iface}" if iface else "tcp"
-    net = os.environ.get("NCCL_NET", "").strip()
+    net = nccl_network(nccl_log) or os.environ.get("NCCL_NET", "").strip()
     if net:
         return net
     ib = Path("/sys/class/infiniband")

@@ -3,14 +3,15 @@ ranks, from their places; the links between hosts from the environment the proce
 
 Scenarios: the first W ranks of a 2x2 gang (torchrun numbers ranks host by host) span one host up to W=2 and two
 hosts at W=4; one rank has no link; unequal shares report the largest; a single-host gang is one host of W ranks;
-gloo's network names its interface; NCCL's follows NCCL_NET, else InfiniBand only when not disabled.
+gloo's network names its interface; NCCL's is what its log reports, else NCCL_NET, else InfiniBand only when not
+disabled.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from runners.topology import RankPlace, Topology, inter_host_link, intra_host_link
+from runners.topology import RankPlace, Topology, inter_host_link, intra_host_link, nccl_network
 
 GANG_2X2 = [RankPlace(node=r // 2, host=f"h{r // 2}", local_rank=r % 2, link="loopback") for r in range(4)]
 
@@ -44,6 +45,9 @@ def test_links_between_hosts(monkeypatch: pytest.MonkeyPatch) -> None:
     assert inter_host_link("gloo") == "tcp/eth0"
     monkeypatch.setenv("NCCL_NET", "IB")
     assert inter_host_link("nccl") == "IB"
+    log = "h:1:1 [0] NCCL INFO NET/Plugin: Could not find: libnccl-net.so\nh:1:1 [0] NCCL INFO Using network Socket\n"
+    assert nccl_network(log) == "Socket" and inter_host_link("nccl", log) == "Socket"  # what NCCL reports comes first
+    assert nccl_network("h:1:1 [0] NCCL INFO Bootstrap: Using eth0\n") is None
     monkeypatch.delenv("NCCL_NET")
     monkeypatch.setenv("NCCL_IB_DISABLE", "1")
     assert inter_host_link("nccl") == "Socket"

@@ -123,6 +123,10 @@ class ResultPublic(BaseModel):
     by_direction: dict[str, dict[str, Any]] | None = None
     kernel_launches: int | None = None
     peak_memory_bytes: int | None = None
+    # the topology the point ran on (runners.topology): hosts, ranks per host, "loopback" | "nvlink" | "nvlink+IB"...
+    hosts: int | None = None
+    ranks_per_host: int | None = None
+    interconnect: str | None = None
     device_name: str | None = None
     git_sha: str | None = None
 

@@ -207,6 +207,15 @@ def sweeps_progress(session: Session, *, sweep_ids: Sequence[int]) -> dict[int, 
     return out
 
 
+def queued_widths(session: Session, *, sweep_id: int | None = None) -> dict[tuple[int, str | None], int]:
+    """{(W, device_kind): queued points} of the live sweeps (or of one sweep): what a worker's gang must fit."""
+    stmt = (select(Point.W, Point.device_kind, func.count()).join(Sweep, Sweep.id == Point.sweep_id)
+            .where(Point.status == "queued", Sweep.status.in_(("queued", "running"))).group_by(Point.W, Point.device_kind))
+    if sweep_id is not None:
+        stmt = stmt.where(Point.sweep_id == sweep_id)
+    return {(W, kind): n for W, kind, n in session.execute(stmt).all()}
+
+
 def sweeps_by_age(session: Session) -> list[Sweep]:
     """Every sweep, oldest first."""
     return list(session.execute(select(Sweep).order_by(Sweep.created_at)).scalars())
@@ -376,10 +385,13 @@ def store_measurement(
     configs: Mapping[str, Any] | None = None,
     report: Mapping[str, Any] | None = None,
     unreliable: str | None = None,
+    hosts: int | None = None,
+    ranks_per_host: int | None = None,
+    interconnect: str | None = None,
 ) -> Measurement:
     """Store a point's timing: raw samples (compressed) and their summary (`median_ms, p10_ms, p90_ms, iqr_ms,
     mean_ms, min_ms, max_ms, n`, with `n == len(samples)`), why its stop rule did not converge (`unreliable`,
-    None: it did) and its correctness errors."""
+    None: it did), its correctness errors and the topology it ran on (`runners.topology.Topology.columns`)."""
     missing = [f for f in SUMMARY_FIELDS if f not in summary]
     if missing:
         raise ValueError(f"summary lacks {missing}; got keys {sorted(summary)}")
@@ -398,6 +410,9 @@ def store_measurement(
         unreliable=unreliable,
         err_vs_none=err_vs_none,
         err_vs_reference=err_vs_reference,
+        hosts=hosts,
+        ranks_per_host=ranks_per_host,
+        interconnect=interconnect,
         n=int(summary["n"]),
         **{f: float(summary[f]) for f in SUMMARY_FIELDS if f != "n"},
     )
@@ -498,6 +513,9 @@ _RESULT_COLUMNS: tuple[Label[Any] | InstrumentedAttribute[Any], ...] = (
     Measurement.err_vs_reference,
     Measurement.configs,
     Measurement.report,
+    Measurement.hosts,
+    Measurement.ranks_per_host,
+    Measurement.interconnect,
     Measurement.created_at.label("measured_at"),
     Profile.collectives,
     Profile.collective_bytes,

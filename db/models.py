@@ -168,6 +168,11 @@ class Measurement(Base):
     err_vs_reference: Mapped[float | None] = mapped_column(Float)  # relative L2 vs the fp32 reference (reduced shape)
     configs: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # kernel name -> launch config used
     report: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # scheme report (e.g. warmup_correct), floors
+    # the topology the point ran on (`runners.topology`): hosts its ranks spanned, ranks per host, and the links
+    # ("none" | "loopback" | "nvlink" | "pcie", "+<between hosts>" across hosts); NULL where not known (before 0006)
+    hosts: Mapped[int | None] = mapped_column(Integer)
+    ranks_per_host: Mapped[int | None] = mapped_column(Integer)
+    interconnect: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     point: Mapped[Point] = relationship(back_populates="measurement")
 

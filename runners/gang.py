@@ -22,7 +22,10 @@ input, a failed check) fails the job and keeps the gang. `cancel()` returning Tr
 
 Rank shutdown follows anchors/cpu-feasibility.md §3 (profiler + gloo abort at exit): results are sent first,
 then `barrier`, `destroy_process_group`, `os._exit(0)`. A rank whose parent disappears exits by itself.
-`GangPool` keeps one gang per W, at most `max_alive` at once (least recently used closed first).
+`GangPool` keeps one gang per W, at most `max_alive` at once (least recently used closed first). `Gangs` is what a
+worker needs of its gangs (a `GangPool`, or `runners.multihost.TorchrunGang` across hosts); `run_rank_job`,
+`set_collective_timeout` and `raise_job_errors` are one job on one rank, its collective timeout and the gang's
+verdict on the ranks' errors, shared by both.
 """
 
 from __future__ import annotations
@@ -42,11 +45,11 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from runners.errors import GangError
 
-__all__ = ["Gang", "GangPool", "JobCancelled", "RankContext"]
+__all__ = ["Gang", "GangPool", "Gangs", "JobCancelled", "RankContext", "is_fatal", "raise_job_errors", "run_rank_job", "set_collective_timeout"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +73,38 @@ class RankContext:
     backend: str  # "gloo" | "nccl"
     group: Any  # the gang's process group (the default group)
     cache: dict[str, Any] = field(default_factory=dict)  # lives as long as the rank process
+
+
+def set_collective_timeout(seconds: float, group: Any = None) -> bool:
+    """Set the collective timeout of `group` (None: the default group); False when torch's private API is gone
+    (the caller's watchdog is then the backstop)."""
+    import torch.distributed as dist
+
+    try:
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds), group)
+    except Exception:  # noqa: BLE001 - a private torch API
+        return False
+    return True
+
+
+def run_rank_job(ctx: RankContext, fn: Callable[[RankContext, Any], Any], payload: Any) -> tuple[bool, Any]:
+    """`fn(ctx, payload)` on this rank: (True, its picklable value), or (False, the error as `{type, message,
+    traceback}` text) whatever it raised."""
+    try:
+        value = fn(ctx, payload)
+        pickle.dumps(value)
+        return True, value
+    except BaseException as err:  # noqa: BLE001 - every failure goes back to the gang's leader as text
+        text = "".join(traceback.format_exception(type(err), err, err.__traceback__))[-_TRACEBACK_CHARS:]
+        return False, {"type": type(err).__name__, "message": str(err), "traceback": text}
+
+
+def raise_job_errors(errors: dict[int, dict[str, str]]) -> None:
+    """Raise the `GangError` of a job whose ranks all answered, some with `errors` (rank -> `run_rank_job`'s
+    error): restarted and retryable when an error leaves the rank process unusable (OOM, CUDA/NCCL...)."""
+    if errors:
+        fatal = is_fatal(errors)
+        raise GangError(_error_text(errors), restarted=fatal, retryable=fatal)
 
 
 def _signal_name(code: int | None) -> str:
@@ -126,17 +161,9 @@ def _rank_main(
         if msg[0] == "stop":
             break
         _, job_id, fn, payload, collective_timeout_s = msg
-        if collective_timeout_s is not None and collective_timeout_s != current_timeout_s:
-            with contextlib.suppress(Exception):  # a private torch API: the watchdog is the backstop when it is gone
-                dist.distributed_c10d._set_pg_timeout(timedelta(seconds=collective_timeout_s))
-                current_timeout_s = collective_timeout_s
-        try:
-            value = fn(ctx, payload)
-            pickle.dumps(value)
-            result_q.put((job_id, rank, True, value))
-        except BaseException as err:  # noqa: BLE001 - every failure goes back to the parent as text
-            text = "".join(traceback.format_exception(type(err), err, err.__traceback__))[-_TRACEBACK_CHARS:]
-            result_q.put((job_id, rank, False, {"type": type(err).__name__, "message": str(err), "traceback": text}))
+        if collective_timeout_s not in (None, current_timeout_s) and set_collective_timeout(collective_timeout_s):
+            current_timeout_s = collective_timeout_s
+        result_q.put((job_id, rank, *run_rank_job(ctx, fn, payload)))
     # results are out; now the shutdown that avoids the profiler + gloo abort at exit
     with contextlib.suppress(Exception):
         dist.barrier()
@@ -285,11 +312,9 @@ class Gang:
                     f"ranks {missing} did not answer within {timeout_s:g} s (watchdog, W={self.world_size}); gang restarted",
                     restarted=True,
                 )
-        if errors:
-            fatal = _is_fatal(errors)
-            if fatal:
-                self._teardown()
-            raise GangError(_error_text(errors), restarted=fatal, retryable=fatal)
+        if errors and is_fatal(errors):
+            self._teardown()
+        raise_job_errors(errors)
         return results
 
     def close(self, timeout_s: float = 10.0) -> None:
@@ -321,7 +346,7 @@ class Gang:
             self._dir = None
 
 
-def _is_fatal(errors: dict[int, dict[str, str]]) -> bool:
+def is_fatal(errors: dict[int, dict[str, str]]) -> bool:
     return any(e.get("type") in _FATAL_TYPES or any(t in e.get("message", "") for t in _FATAL_TEXT) for e in errors.values())
 
 
@@ -329,6 +354,29 @@ def _error_text(errors: dict[int, dict[str, str]]) -> str:
     rank = min(errors)
     e = errors[rank]
     return f"rank {rank}: {e['type']}: {e['message']}\n{e['traceback']}".rstrip()
+
+
+class Gangs(Protocol):
+    """What a worker runs its points on: a `GangPool` (gangs spawned on this host) or the gang torchrun started
+    across hosts (`runners.multihost.TorchrunGang`)."""
+
+    @property
+    def restarts(self) -> int: ...
+
+    def get(self, world_size: int) -> Any: ...  # its `close()` restarts the gang of that W
+
+    def run(
+        self,
+        world_size: int,
+        fn: Callable[[RankContext, Any], Any],
+        payload: Any,
+        *,
+        timeout_s: float = ...,
+        cancel: Callable[[], bool] | None = ...,
+        collective_timeout_s: float | None = ...,
+    ) -> list[Any]: ...
+
+    def close(self) -> None: ...
 
 
 class GangPool:
@@ -353,6 +401,11 @@ class GangPool:
 
     def run(self, world_size: int, fn: Callable[[RankContext, Any], Any], payload: Any, **kwargs: Any) -> list[Any]:
         return self.get(world_size).run(fn, payload, **kwargs)
+
+    @property
+    def restarts(self) -> int:
+        """Gang starts past each gang's first (its restarts after failures)."""
+        return sum(max(0, g.starts - 1) for g in self._gangs.values())
 
     def close(self) -> None:
         for gang in self._gangs.values():

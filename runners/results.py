@@ -8,7 +8,8 @@ and reads back with `from_json`).
 
 `store_rows(point, results)` is pure: it merges the ranks' profiles (`runners.profile.merge_ranks`), merges and
 compares the expected collectives with the measured ones (the differences in the report's
-`collective_mismatches`), summarises the samples and builds the report, all BEFORE any store session opens; the
+`collective_mismatches`), summarises the samples, builds the report and records the topology the gang ran on
+(`runners.topology`), all BEFORE any store session opens; the
 worker's transaction then only writes the rows (`db.crud.store_artifact`, `store_measurement`, `store_profile`)
 and completes the point.
 """
@@ -24,6 +25,7 @@ from runners.point import PointSpec
 from runners.profile import ProfileSummary, merge_ranks
 from runners.stats import summarize
 from runners.timing import unreliable_reason
+from runners.topology import Topology
 
 __all__ = ["PointResult", "StoreRows", "store_rows", "trace_path"]
 
@@ -111,8 +113,9 @@ def _report(results: list[PointResult], prof: ProfileSummary | None) -> dict[str
     return report
 
 
-def store_rows(point: PointSpec, results: list[PointResult]) -> StoreRows:
-    """The rows to store for `point` from its gang's `results` (indexed by rank; rank 0's passed its gate)."""
+def store_rows(point: PointSpec, results: list[PointResult], topology: Topology | None = None) -> StoreRows:
+    """The rows to store for `point` from its gang's `results` (indexed by rank; rank 0's passed its gate), run on
+    `topology` (its columns and the report's `topology`; None: not known)."""
     r0 = results[0]
     if not r0.ok or r0.timing is None or r0.gate is None:
         raise ValueError(f"point {point.op}/{point.mode}/{point.backend}: rank 0 returned no measurement ({r0.error})")
@@ -129,6 +132,9 @@ def store_rows(point: PointSpec, results: list[PointResult]) -> StoreRows:
         "err_vs_none": gate["err_vs_none"],
         "err_vs_reference": gate["err_vs_reference"], "configs": r0.configs, "report": _report(results, prof),
     }
+    if topology is not None:
+        measurement.update(topology.columns())
+        measurement["report"]["topology"] = topology.detail()
     profile = None
     if prof is not None:
         profile = {

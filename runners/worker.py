@@ -24,7 +24,8 @@ attempt); then time with the tuned configs), send the point to the persistent ga
 rebuilt from the stored JSON, and every rank returns a `runners.results.PointResult`), turn the results into rows
 before any session opens (`runners.results.store_rows`: the merged profile, its collectives checked against
 kernels.cp's count, per direction for a training step, the differences in the report's `collective_mismatches`),
-then store the artifact (Chrome trace), measurement and profile and mark the point done, all in one transaction
+with the topology the point ran on (`Worker.topology`: one host of W ranks here, `runners.topology`), then store the
+artifact (Chrome trace), measurement and profile and mark the point done, all in one transaction
 (`complete_point` commits them together, or drops them if the lease was lost meanwhile). Failures become data: a failed correctness gate or an exception
 raised on every rank fails the point (not retried: it is deterministic); a crashed, hung, timed-out or OOM rank
 fails the attempt (retried while attempts remain) and restarts the gang. The worker keeps going either way.
@@ -38,6 +39,10 @@ until the result is stored (through the storing's backoff too), or until the sto
 (then the retries stop and the result is dropped). While the store is away the lease cannot be renewed, so an
 outage longer than the lease gives the point back to the queue: the stale result is then refused before anything
 is written (one log line) and dropped, never stored twice.
+
+Multi-host: `runners.multihost.MultiHostWorker` is this worker on rank 0 of a gang torchrun started across hosts; it
+replaces `_detect_devices` (every rank on every host), `_make_pool` (the torchrun gang, a `runners.gang.Gangs`) and
+`topology` (the hosts of the point's ranks), and pings its ranks while idle; the rest is this path.
 
 Idle: while the queue holds nothing it can claim, the worker renews its own heartbeat every `heartbeat_s` (a beat
 that meets an outage is skipped), so `cpbench status` and `/api/v1/workers` show it `idle`, not `lost`.
@@ -72,7 +77,7 @@ from db.retry import StoreRetry, StoreUnavailable
 from runners.activity import ACTIVITY_ENV, read_notice
 from runners.errors import CpbenchError, GangError, SweepNotFoundError
 from runners.execute import run_point_job, tune_job
-from runners.gang import GangPool, JobCancelled
+from runners.gang import GangPool, Gangs, JobCancelled
 from runners.grid import available_backends
 from runners.housekeeping import remove_own_leftovers
 from runners.peers.flash_qla import use_device_tilelang_cache
@@ -80,6 +85,7 @@ from runners.plugins import unavailable
 from runners.point import PointJob, PointSpec
 from runners.results import PointResult, StoreRows, store_rows, trace_path
 from runners.settings import WorkerSettings, get_worker_settings
+from runners.topology import Topology
 from runners.versions import driver_version, git_sha, peer_versions, software_versions
 
 __all__ = ["DeviceInfo", "Worker", "WorkerStats", "detect_devices", "environment_facts", "point_time_limit_s", "run_worker"]
@@ -91,15 +97,17 @@ _REPO = Path(__file__).resolve().parent.parent
 
 @dataclass(frozen=True)
 class DeviceInfo:
-    """What this worker runs on: kind ("cuda" | "cpu"), how many ranks it can host, device names."""
+    """What this worker runs on: kind ("cuda" | "cpu"), how many ranks it can host (on how many hosts), device names."""
 
     kind: str
     count: int
     names: tuple[str, ...] = ()
     compute_capability: str | None = None
+    hosts: int = 1
 
     def as_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "count": self.count, "names": list(self.names), "compute_capability": self.compute_capability}
+        return {"kind": self.kind, "count": self.count, "names": list(self.names), "compute_capability": self.compute_capability,
+                "hosts": self.hosts}
 
 
 @dataclass
@@ -319,7 +327,7 @@ class Worker:
         self._stop_why: str | None = None
         self._specs: dict[int, dict[str, Any]] = {}
         self._idle_beat_at = -math.inf  # monotonic time of the last idle heartbeat
-        self.pool: GangPool | None = None
+        self.pool: Gangs | None = None
         self.activity_file = self.spool_dir / f"activity-{_tag(self.name)}.json"  # runners.activity's notice
         self.info: DeviceInfo | None = None
         self.env_id: int | None = None
@@ -343,6 +351,11 @@ class Worker:
     def _past_grace(self) -> bool:
         return self.stopping() and time.monotonic() - (self._stop_at or 0.0) >= self.settings.STOP_GRACE_S
 
+    def topology(self, world_size: int) -> Topology:
+        """The topology a point of `world_size` ranks runs on: a gang on this host."""
+        assert self.info is not None
+        return Topology.single_host(world_size, self.info.kind)
+
     # -- the store, through the retry loop -------------------------------------------------------------------------
     def _store(self, what: str, fn: Callable[[Any], Any], *, give_up: Callable[[], bool] | None = None) -> Any:
         """`fn(session)` in one committed session, retried through store outages."""
@@ -360,7 +373,7 @@ class Worker:
         from db.migrate import require_migrated
 
         require_migrated(self.url)
-        self.info = info = detect_devices(self.devices, kind=self.device_kind)
+        self.info = info = self._detect_devices()
         facts = environment_facts(info)
         remove_own_leftovers(self.url, self.art_root, self.spool_dir)
 
@@ -379,9 +392,16 @@ class Worker:
         if info.kind == "cuda":
             use_device_tilelang_cache(self.art_root, info.names[0], info.compute_capability)
         os.environ[ACTIVITY_ENV] = str(self.activity_file)
-        s = self.settings
-        self.pool = GangPool(info.kind, max_alive=s.MAX_GANGS, start_timeout_s=s.GANG_START_TIMEOUT_S, pg_timeout_s=s.PG_TIMEOUT_S)
+        self.pool = self._make_pool(info)
         logger.info("worker %s: %d %s rank(s), environment %s", self.name, info.count, info.kind, self.env_id)
+
+    def _detect_devices(self) -> DeviceInfo:
+        return detect_devices(self.devices, kind=self.device_kind)
+
+    def _make_pool(self, info: DeviceInfo) -> Gangs:
+        """The gangs the points run on: spawned on this host, one per W."""
+        s = self.settings
+        return GangPool(info.kind, max_alive=s.MAX_GANGS, start_timeout_s=s.GANG_START_TIMEOUT_S, pg_timeout_s=s.PG_TIMEOUT_S)
 
     def run(
         self,
@@ -434,7 +454,7 @@ class Worker:
             logger.warning("worker %s: stopping while the store is unavailable", self.name)
         finally:
             if self.pool is not None:
-                stats.gang_restarts = sum(max(0, g.starts - 1) for g in self.pool._gangs.values())
+                stats.gang_restarts = self.pool.restarts
                 self.pool.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -614,7 +634,7 @@ class Worker:
         tmp.replace(spool)
         self.stats.spooled += 1
         try:
-            rows = store_rows(claim.point, results)
+            rows = store_rows(claim.point, results, self.topology(claim.W))
             if rows.mismatches:
                 logger.warning("point %s: collectives differ from kernels.cp's count: %s", claim.point_id,
                                "; ".join(rows.mismatches))

@@ -5,11 +5,15 @@
                                              # a busy worker paying a peer's first call: "busy: compiling
                                              # FlashQLA kernels, 95 s")
     cpbench status 3                         # sweep 3: counts per status, what runs where, each failed point's error
+
+Both say why queued points wait when no live worker's gang fits them ("waiting: 2 point(s) W=8 > largest
+gang 4"; a multi-host gang counts the ranks on all its hosts).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -23,7 +27,7 @@ from runners.cli.common import DbOption, fetch_results, out_console, resolve
 from runners.errors import SweepNotFoundError
 from runners.settings import get_worker_settings
 
-__all__ = ["register"]
+__all__ = ["register", "waiting_reasons"]
 
 
 def _age(t: datetime | None) -> str:
@@ -54,6 +58,32 @@ def _rows(sweeps: list[Any], progress: dict[int, dict[str, int]]) -> list[dict[s
         row["status"] = active[0] if active else row["statuses"][0]
         row["id"] = str(row["ids"][0]) if len(row["ids"]) == 1 else f"{min(row['ids'])}-{max(row['ids'])}"
     return list(rows.values())
+
+
+def waiting_reasons(queued: Mapping[tuple[int, str | None], int], gangs: Sequence[tuple[str, int]]) -> list[str]:
+    """Why queued points wait: a line per W (and device kind) that no live worker's gang fits. `queued`:
+    `db.crud.queued_widths`; `gangs`: (device kind, ranks) of each live worker (a multi-host gang counts every rank)."""
+    lines = []
+    for (W, kind), n in sorted(queued.items(), key=lambda item: (item[0][0], item[0][1] or "")):
+        sizes = [count for k, count in gangs if kind is None or k == kind]
+        where = f" {kind}" if kind else ""
+        if not sizes:
+            lines.append(f"waiting: {n} point(s) W={W}: no live{where} worker")
+        elif max(sizes) < W:
+            lines.append(f"waiting: {n} point(s) W={W} > largest{where} gang {max(sizes)}")
+    return lines
+
+
+def _live_gangs(workers: Sequence[Any], now: datetime, lease_s: float) -> list[tuple[str, int]]:
+    from db import crud
+
+    return [((w.devices or {}).get("kind", "?"), int((w.devices or {}).get("count", 0))) for w in workers
+            if crud.worker_state(w, now, lease_s) in ("idle", "busy")]
+
+
+def _devices(dev: dict[str, Any]) -> str:
+    hosts = int(dev.get("hosts") or 1)
+    return f"{dev.get('count', '?')} {dev.get('kind', '?')}" + (f" on {hosts} hosts" if hosts > 1 else "")
 
 
 def status(
@@ -91,20 +121,27 @@ def status(
                 dev = w.devices or {}
                 state = crud.worker_state(w, now, lease)
                 doing = describe(dev.get("activity")) if state == "busy" else None  # e.g. compiling FlashQLA kernels
-                wt.add_row(escape(w.name), escape(f"{state}: {doing}" if doing else state), f"{dev.get('count', '?')} {dev.get('kind', '?')}", str(w.current_point_id or "-"),
+                wt.add_row(escape(w.name), escape(f"{state}: {doing}" if doing else state), _devices(dev), str(w.current_point_id or "-"),
                            str(w.points_done), _age(w.last_heartbeat))
+            waiting = waiting_reasons(crud.queued_widths(s), _live_gangs(workers, now, lease))
         console.print(table)
         console.print(wt)
+        for line in waiting:
+            console.print(escape(line))
         return
     with session_scope(url) as s:
         found = crud.get_sweep(s, sweep_id=sweep)
         if found is None:
             raise SweepNotFoundError(f"no sweep with id {sweep}")
         c = crud.sweep_progress(s, sweep_id=sweep)
+        now, lease = store_now(s), get_worker_settings().LEASE_S
+        waiting = waiting_reasons(crud.queued_widths(s, sweep_id=sweep), _live_gangs(crud.list_workers(s), now, lease))
         header = (f"sweep [bold]{found.id}[/bold] {escape(found.name)} {escape(f'[{found.status}]')}  tags={escape(','.join(found.tags)) or '-'}  created {_age(found.created_at)}"
                   f"  finished {_age(found.finished_at)}")
     console.print(header)
     console.print("  ".join(f"{k} {v}" for k, v in c.items()))
+    for line in waiting:
+        console.print(escape(line))
     rows = fetch_results(url, sweep)
     running = [r for r in rows if r["status"] == "running"]
     failed = [r for r in rows if r["status"] == "failed"]

@@ -179,3 +179,31 @@ def test_0005_marks_measurements_that_did_not_converge(empty_db_url: str, make_p
     with get_sessionmaker(empty_db_url)() as s:
         rows, _ = crud.list_results(s, sweep_id=sweep_id)
         assert [r["unreliable"] for r in rows] == ["stopped on timeout before the noise target (n=3)", None]
+
+
+def test_0006_records_the_single_host_topology_of_older_measurements(empty_db_url: str, make_points) -> None:
+    """A store at 0005 holding measurements of W=1 and W=2 points (a CPU and a GPU environment) upgrades to head:
+    each is one host with W ranks; the interconnect is "none" at W=1, "loopback" for the CPU gang and unknown
+    (NULL) for the GPU gang; the results rows carry the columns."""
+    from db import crud
+
+    assert upgrade(empty_db_url, "0005_unrel") == "0005_unrel"
+    with session_scope(empty_db_url) as s:
+        points = [*make_points(1), *make_points(2, start=1, W=2)]
+        sweep_id = crud.create_sweep(s, name="t", tags=[], spec={}, points=points).id
+        base = {"torch": "2", "python": "3", "cpbench": "0", "host": "h"}
+        envs = [crud.get_or_create_environment(s, facts={**base, "device_name": d}).id for d in ("cpu", "cpu", "NVIDIA H200")]
+    with get_engine(empty_db_url).begin() as conn:  # rows as a 0005 worker wrote them (no topology columns yet)
+        ids = [r[0] for r in conn.exec_driver_sql(f"SELECT id FROM points WHERE sweep_id = {sweep_id} ORDER BY idx")]
+        for pid, env in zip(ids, envs, strict=True):
+            conn.execute(
+                text("INSERT INTO measurements (point_id, environment_id, clock, samples, n, median_ms, p10_ms, p90_ms, "
+                     "iqr_ms, mean_ms, min_ms, max_ms, stop_reason, configs, report, created_at) VALUES (:pid, :env, "
+                     "'wall', :samples, 1, 1, 1, 1, 0, 1, 1, 1, 'noise', '{}', '{}', '2026-12-01 00:00:00')"),
+                {"pid": pid, "env": env, "samples": b""})
+    dispose_engine(empty_db_url)
+    assert upgrade(empty_db_url) == head_revision()
+    with get_sessionmaker(empty_db_url)() as s:
+        rows, _ = crud.list_results(s, sweep_id=sweep_id)
+        got = [(r["W"], r["hosts"], r["ranks_per_host"], r["interconnect"]) for r in sorted(rows, key=lambda r: r["idx"])]
+    assert got == [(1, 1, 1, "none"), (2, 1, 2, "loopback"), (2, 1, 2, None)]

@@ -35,3 +35,26 @@ def test_status_collapses_a_regression_runs_sweeps(store_url: str, tmp_path: Pat
     assert "sweeps (4 of 4" in out
     code, out, _ = _cli("status", "--db", store_url, "--limit", "1")
     assert code == 0 and "regress run" not in out and "sweeps (1 of 4" in out, out
+
+
+def test_status_says_why_points_larger_than_every_gang_wait(store_url: str, tmp_path: Path) -> None:  # noqa: F811
+    """A W=8 point and a W=2 point queued, one live CPU worker whose multi-host gang has 4 ranks on 2 hosts: the
+    overview and the sweep's view say the W=8 point waits for a larger gang, and nothing about the W=2 one; the
+    workers table shows the gang's hosts. With no live worker, every width waits for one."""
+    from db import crud
+    from db.session import session_scope
+
+    _submit(store_url, write_spec(tmp_path, modes=["all_gather"], axes={"W": [2, 8]}))
+    code, out, err = _cli("status", "--db", store_url)
+    assert code == 0, err
+    assert "waiting: 1 point(s) W=2: no live worker" in out and "waiting: 1 point(s) W=8: no live worker" in out, out
+    with session_scope(store_url) as s:
+        gang = {"kind": "cpu", "count": 4, "hosts": 2}
+        crud.register_worker(s, name="gang:1:x", host="h", pid=1, devices=gang, environment_id=None, lease_s=600)
+    for args in (("status",), ("status", "1")):
+        code, out, err = _cli(*args, "--db", store_url)
+        assert code == 0, err
+        waiting = [line for line in out.splitlines() if line.startswith("waiting:")]
+        assert waiting == ["waiting: 1 point(s) W=8 > largest gang 4"], out
+    code, out, _ = _cli("status", "--db", store_url)
+    assert "4 cpu on 2 hosts" in out, out

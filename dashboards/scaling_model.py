@@ -1,0 +1,576 @@
+"""The scaling model: every CP scheme's forward and fwd+bwd time at W ranks on `hosts` hosts, from kernel rates and an
+alpha-beta model of the links (pure arithmetic, no torch: the /scaling page and the figures use it).
+
+time(mode) = compute on the critical path + the collectives on it, for one layer:
+
+- **compute**: `fixed_s * calls + per_token_head_s * N * H / model_speedup(mode, W, T=N)`, N = B T tokens; the rate
+  (`KernelRate`) is fitted per shape family from the W=1 `none` points (`fit_rates`: t = fixed + rate N H, least
+  squares over the lengths measured) or taken from `DEFAULT_RATES` (H200 anchors); `model_speedup` of
+  `dashboards.cost_model` says how much of the sequence is on the critical path (headwise N/W heads-share, ring the
+  whole chain, true_cp and tail_exchange a shard plus their transition or warmup); `calls` is the primitive calls
+  on that path (a fixed cost each: launch and host overhead). The training step uses the fwd+bwd rate with the
+  same structure (the backward mirrors the forward: kernels/cp/README.md §7).
+- **communication**: the collectives `dashboards.cost_model.comm_cost` counts (its bytes are the profiler's, to
+  the byte), timed per link class with `Link.time(messages, bytes) = messages alpha + bytes beta`. Ranks sit on
+  hosts host-major (rank r on host r // ranks_per_host); traffic to a rank on another host pays the `inter` link,
+  the rest `intra` (`link_load`):
+
+  | kind | latency terms | bytes received by a rank |
+  |---|---|---|
+  | all_gather (ring) | W-1 steps, each at the slowest link the ring uses (inter when hosts > 1) | (W-1) x block: (rph-1) blocks intra, (W-rph) inter |
+  | reduce_scatter (ring) | as all_gather | (W-1)/W of the buffer, split as all_gather |
+  | all_to_all | one per link class the rank talks over (the sends are concurrent) | (W-1)/W of the buffer: (rph-1)/W intra, (W-rph)/W inter |
+  | send/recv | ring: every hand-off of the chain, in order; tail_exchange: one (all posted at once) | each message on its hop's link |
+
+  A step's collectives run one after another (none overlaps compute), so their times add.
+
+`CommParams` holds the two links and where they came from (`cpbench bench comm` writes them as JSON:
+`CommParams.from_json`); `DEFAULT_PARAMS` are assumed H200 figures (NVLink within a host, 400 Gb/s InfiniBand per
+GPU between hosts), marked as assumed. `Topology` is (hosts, ranks per host, interconnect); `row_topology(row)` is
+the one place that reads it off a stored measurement.
+
+`predict(...)` gives a `Prediction` (compute, comm, total seconds and the `CommCost`); `held_against(rows, ...)`
+puts every measured point beside its prediction (error = predicted / measured - 1); `best_schemes(...)` the
+fastest scheme per (T, W, hosts).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from dashboards.cost_model import CommCost, comm_cost, model_speedup, rank_hops
+from kernels.vocabulary import DTYPE_BYTES, MODES, SINGLE_DEVICE, TAIL_EXCHANGE_WINDOW_CHUNKS
+
+__all__ = [
+    "DEFAULT_PARAMS",
+    "DEFAULT_RATES",
+    "LINK_CLASSES",
+    "CommParams",
+    "KernelRate",
+    "Link",
+    "Prediction",
+    "Topology",
+    "best_schemes",
+    "collective_time",
+    "comm_check",
+    "load_params",
+    "fit_rates",
+    "held_against",
+    "link_load",
+    "predict",
+    "rate_family",
+    "row_topology",
+]
+
+LINK_CLASSES = ("intra", "inter")
+MAX_W, MAX_T = 128, 4 * 1024 * 1024  # the range the model is built for (issue 29)
+
+
+@dataclass(frozen=True)
+class Link:
+    """One link class: a message costs `alpha_s` plus `beta_s_per_byte` per byte."""
+
+    alpha_s: float
+    beta_s_per_byte: float
+
+    def time(self, messages: float, nbytes: float) -> float:
+        return messages * self.alpha_s + nbytes * self.beta_s_per_byte
+
+    @property
+    def gbytes_per_s(self) -> float:
+        return math.inf if self.beta_s_per_byte <= 0 else 1e-9 / self.beta_s_per_byte
+
+
+@dataclass(frozen=True)
+class CommParams:
+    """The links of a cluster and their provenance: `source` says where they came from (a `cpbench bench comm` run:
+    its command, date and gang; or "assumed"), `measured` which link classes that run fitted."""
+
+    intra: Link
+    inter: Link
+    source: str = "assumed"
+    measured: tuple[str, ...] = ()
+
+    def link(self, name: str) -> Link:
+        return self.intra if name == "intra" else self.inter
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], *, fallback: CommParams | None = None) -> CommParams:
+        """From `cpbench bench comm`'s JSON: {"links": {"intra": {alpha_s, beta_s_per_byte}, "inter": ...},
+        "measured": [...], "source": ...}; a class the run could not fit keeps `fallback`'s (DEFAULT_PARAMS)."""
+        base = fallback or DEFAULT_PARAMS
+        links = doc.get("links") or {}
+        measured = tuple(c for c in doc.get("measured") or () if c in LINK_CLASSES and c in links)
+        got = {
+            c: Link(float(links[c]["alpha_s"]), float(links[c]["beta_s_per_byte"])) if c in measured else base.link(c)
+            for c in LINK_CLASSES
+        }
+        return cls(got["intra"], got["inter"], str(doc.get("source") or "cpbench bench comm"), measured)
+
+    @classmethod
+    def load(cls, path: str) -> CommParams:
+        with open(path) as f:
+            return cls.from_json(json.load(f))
+
+    def describe(self) -> list[dict[str, Any]]:
+        """One row per link class: alpha (us), bandwidth (GB/s) and whether it was measured or assumed."""
+        return [
+            {
+                "link": c,
+                "alpha_us": self.link(c).alpha_s * 1e6,
+                "GB/s": self.link(c).gbytes_per_s,
+                "from": self.source if c in self.measured else "assumed (DEFAULT_PARAMS)",
+            }
+            for c in LINK_CLASSES
+        ]
+
+
+# assumed H200 figures: NVLink 4 (~360 GB/s achieved per direction, ~8 us per NCCL call), InfiniBand NDR 400 Gb/s
+# per GPU (~45 GB/s achieved, ~20 us); replace them with a `cpbench bench comm` run of the cluster
+DEFAULT_PARAMS = CommParams(Link(8e-6, 1 / 360e9), Link(20e-6, 1 / 45e9), "assumed (H200 NVLink / 400 Gb/s IB)", ())
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where a gang's ranks sit: `hosts` hosts of `ranks_per_host` ranks (host-major), joined by `interconnect`."""
+
+    hosts: int
+    ranks_per_host: int
+    interconnect: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.hosts < 1 or self.ranks_per_host < 1:
+            raise ValueError(
+                f"hosts and ranks_per_host must be >= 1, got hosts={self.hosts}, ranks_per_host={self.ranks_per_host}"
+            )
+
+    @property
+    def W(self) -> int:
+        return self.hosts * self.ranks_per_host
+
+    def host(self, rank: int) -> int:
+        return rank // self.ranks_per_host
+
+    @property
+    def label(self) -> str:
+        net = f" ({self.interconnect})" if self.interconnect else ""
+        return f"{self.hosts} host{'s' if self.hosts > 1 else ''} x {self.ranks_per_host}{net}"
+
+
+def row_topology(row: Mapping[str, Any]) -> Topology:
+    """The topology a stored measurement ran on: its `hosts`, `ranks_per_host`, `interconnect` (the row's columns,
+    else its params); a row without them ran on one host: hosts=1, ranks_per_host=W. THE one reading of those
+    fields (issue 29's multi-host worker stores them)."""
+    params = row.get("params") or {}
+
+    def get(key: str) -> Any:
+        value = row.get(key)
+        return params.get(key) if value is None else value
+
+    W = int(row.get("W") or 1)
+    hosts = int(get("hosts") or 1)
+    rph = int(get("ranks_per_host") or max(1, W // hosts))
+    return Topology(hosts, rph, get("interconnect"))
+
+
+# ------------------------------------------------------------------------------------------------ communication
+@dataclass(frozen=True)
+class LinkLoad:
+    """What one call puts on each link class, for the busiest rank: latency terms and bytes."""
+
+    messages: dict[str, float] = field(default_factory=dict)
+    nbytes: dict[str, float] = field(default_factory=dict)
+
+    def time(self, params: CommParams) -> float:
+        return sum(params.link(c).time(self.messages.get(c, 0.0), self.nbytes.get(c, 0.0)) for c in LINK_CLASSES)
+
+
+def link_load(kind: str, payload: float, topo: Topology, *, calls: int = 1) -> LinkLoad:
+    """The link load of `calls` group collectives of `kind` whose local input bytes sum to `payload` (the profiler's
+    bytes: an all-gather's block, an all-to-all's or reduce-scatter's whole buffer), as the module doc's table."""
+    W, rph = topo.W, topo.ranks_per_host
+    if W == 1:
+        return LinkLoad()
+    intra, inter = (rph - 1) / (W - 1), (W - rph) / (W - 1)  # the shares of a rank's peers on / off its host
+    if kind == "all_gather":
+        received = (W - 1) * payload
+    elif kind in ("reduce_scatter", "all_to_all"):
+        received = (W - 1) / W * payload
+    else:
+        raise ValueError(f"kind must be all_gather, reduce_scatter or all_to_all, got kind={kind!r}")
+    if kind == "all_to_all":
+        messages = {c: float(calls) for c, share in (("intra", intra), ("inter", inter)) if share > 0}
+    else:
+        messages = {"inter" if topo.hosts > 1 else "intra": float(calls * (W - 1))}
+    return LinkLoad(messages, {"intra": received * intra, "inter": received * inter})
+
+
+def p2p_load(hops: Sequence[tuple[int, int]], message: float, topo: Topology, *, serial: bool) -> LinkLoad:
+    """Point-to-point hand-offs of `message` bytes each along `hops` (src, dst ranks): all of them in order
+    (`serial`: ring's chain), or one on the critical path, the slowest (tail_exchange posts all at once)."""
+    classes = ["inter" if topo.host(a) != topo.host(b) else "intra" for a, b in hops]
+    if not classes:
+        return LinkLoad()
+    if not serial:
+        classes = ["inter" if "inter" in classes else "intra"]
+    msgs = {c: float(classes.count(c)) for c in set(classes)}
+    return LinkLoad(msgs, {c: n * message for c, n in msgs.items()})
+
+
+def collective_time(kind: str, payload: float, topo: Topology, params: CommParams, *, calls: int = 1) -> float:
+    """Seconds of `calls` group collectives of `kind` moving `payload` local bytes in all, on `topo`."""
+    return link_load(kind, payload, topo, calls=calls).time(params)
+
+
+# ---------------------------------------------------------------------------------------------------- kernel rates
+@dataclass(frozen=True)
+class KernelRate:
+    """One device's step time t = fixed_s + per_token_head_s * N * H (N tokens, H heads), fitted on `points`."""
+
+    fixed_s: float
+    per_token_head_s: float
+    source: str = ""
+    points: int = 0
+
+    def time(self, tokens: float, heads: float, calls: int = 1) -> float:
+        return self.fixed_s * calls + self.per_token_head_s * tokens * heads
+
+
+FAMILY_KEYS = ("op", "backend", "dtype", "H", "K", "V", "direction")
+
+
+def rate_family(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The shape family whose W=1 `none` points give a row its kernel rate."""
+    return tuple(row.get(k) or ("fwd" if k == "direction" else None) for k in FAMILY_KEYS)
+
+
+def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line through (x, y) points; through 0 with one x or a negative
+    intercept."""
+    xs = {x for x, _ in points}
+    if len(xs) > 1:
+        n = len(points)
+        mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+        slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+        if slope > 0 and my - slope * mx >= 0:
+            return my - slope * mx, slope
+    return 0.0, sum(y for _, y in points) / sum(x for x, _ in points)
+
+
+def fit_rates(rows: Iterable[Mapping[str, Any]], *, source: str = "") -> dict[tuple[Any, ...], KernelRate]:
+    """Per shape family (`rate_family`), the rate fitted on its finished W=1 `none` points: median ms over
+    B T tokens and H heads."""
+    groups: dict[tuple[Any, ...], list[tuple[float, float]]] = {}
+    for r in rows:
+        if r.get("mode") == "none" and (r.get("W") or 1) == 1 and r.get("status", "done") == "done" and r.get("median_ms"):
+            groups.setdefault(rate_family(r), []).append((float(r["B"] * r["T"] * r["H"]), float(r["median_ms"]) / 1e3))
+    out = {}
+    for fam, pts in groups.items():
+        fixed, rate = _line(pts)
+        out[fam] = KernelRate(fixed, rate, source, len(pts))
+    return out
+
+
+def _anchor(op: str, direction: str, t64k_ms: float, t128k_ms: float, source: str) -> tuple[tuple[Any, ...], KernelRate]:
+    fixed, rate = _line([(65536 * 16, t64k_ms / 1e3), (131072 * 16, t128k_ms / 1e3)])
+    return (op, "triton", "bfloat16", 16, 128, 128, direction), KernelRate(fixed, rate, source, 2)
+
+
+# H200 anchors (one sequence, H=16, K=V=128, bf16, triton): `none` at T = 64K and 128K
+DEFAULT_RATES: dict[tuple[Any, ...], KernelRate] = dict(
+    [
+        _anchor("gdn", "fwd", 2.508, 4.801, "benchmarks/results/cp_h200.md (H200)"),
+        _anchor("kda", "fwd", 4.540, 8.878, "benchmarks/results/cp_h200.md (H200)"),
+        _anchor("gdn", "fwd+bwd", 9.71, 18.92, "benchmarks/results/kernels_train_h200.md (H200)"),
+        _anchor("kda", "fwd+bwd", 24.91, 49.50, "benchmarks/results/kernels_train_h200.md (H200)"),
+    ]
+)
+
+
+# ------------------------------------------------------------------------------------------------------ prediction
+@dataclass(frozen=True)
+class Prediction:
+    """A scheme's predicted step: compute and communication on the critical path, seconds."""
+
+    mode: str
+    compute_s: float
+    comm_s: float
+    cost: CommCost
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.comm_s
+
+    @property
+    def total_ms(self) -> float:
+        return self.total_s * 1e3
+
+
+def _calls(mode: str, W: int, layout: str) -> int:
+    """Primitive calls on the critical path: a fixed cost each."""
+    if mode == "ring":
+        return W if layout == "contiguous" else 2 * W
+    if mode in ("true_cp", "tail_exchange"):
+        return 1 if W == 1 and layout == "contiguous" else 2
+    return 1
+
+
+def predict(
+    mode: str,
+    *,
+    B: int,
+    T: int,
+    H: int,
+    K: int,
+    V: int,
+    topo: Topology,
+    rate: KernelRate,
+    params: CommParams = DEFAULT_PARAMS,
+    dtype_bytes: int = 2,
+    op: str = "gdn",
+    layout: str = "contiguous",
+    direction: str = "fwd",
+    window: int = TAIL_EXCHANGE_WINDOW_CHUNKS,
+    lengths: Sequence[int] | None = None,
+    devices_per_host: int | None = None,
+) -> Prediction | None:
+    """The step time of `mode` at W = topo.W (see the module doc); None where no model covers it (warmup_correct,
+    a one-device mode at W > 1, a mode outside the vocabulary). `rate` is the fwd or fwd+bwd rate of `direction`.
+    `devices_per_host`: where a host's ranks share fewer devices than they are (CPU ranks on a few cores), the
+    compute takes ranks_per_host / devices_per_host times longer; None: one device per rank (GPUs)."""
+    if mode not in MODES or mode == "warmup_correct" or (mode in SINGLE_DEVICE and topo.W > 1):
+        return None
+    W = topo.W
+    N = sum(lengths) if lengths else B * T
+    cost = comm_cost(
+        mode,
+        B=B,
+        T=T,
+        H=H,
+        K=K,
+        V=V,
+        W=W,
+        dtype_bytes=dtype_bytes,
+        op=op,
+        layout=layout,
+        lengths=lengths,
+        direction=direction,
+        warmup_chunks=window,
+    )
+    if cost is None:
+        return None
+    speedup = model_speedup(mode, W, T=N, warmup_chunks=window) or 1.0
+    compute = rate.time(N / speedup, H, _calls(mode, W, layout))
+    if devices_per_host:
+        compute *= max(1.0, topo.ranks_per_host / devices_per_host)
+    comm = 0.0
+    for kind, payload in cost.payload_bytes.items():
+        if kind in ("all_gather", "all_to_all", "reduce_scatter"):
+            comm += collective_time(kind, payload, topo, params, calls=cost.collectives[kind])
+    if "send" in cost.payload_bytes:
+        hops = rank_hops(list(lengths) if lengths else [T] * B, W, layout)
+        message = cost.payload_bytes["send"] / cost.collectives["send"]
+        per_direction = p2p_load(hops, message, topo, serial=mode == "ring").time(params)
+        comm += per_direction * (2 if direction == "fwd+bwd" else 1)
+    return Prediction(mode, compute, comm, cost)
+
+
+def _window(row: Mapping[str, Any]) -> int:
+    w = ((row.get("params") or {}).get("mode_options") or {}).get("window")
+    return w if isinstance(w, int) and w > 0 else TAIL_EXCHANGE_WINDOW_CHUNKS
+
+
+def _dtype_bytes(row: Mapping[str, Any]) -> int:
+    return DTYPE_BYTES.get(str(row.get("dtype")), 2)
+
+
+def predict_row(
+    row: Mapping[str, Any], rate: KernelRate, params: CommParams, devices_per_host: int | None = None
+) -> Prediction | None:
+    """`predict` at a stored point's shape, mode and topology."""
+    opts = (row.get("params") or {}).get("mode_options") or {}
+    mode = "true_cp" if row["mode"] == "tail_exchange" and opts.get("fallback") == "true_cp" else row["mode"]
+    return predict(
+        mode,
+        B=row["B"],
+        T=row["T"],
+        H=row["H"],
+        K=row["K"],
+        V=row["V"],
+        topo=row_topology(row),
+        rate=rate,
+        params=params,
+        dtype_bytes=_dtype_bytes(row),
+        op=row.get("op") or "gdn",
+        layout=row.get("layout") or "contiguous",
+        direction=row.get("direction") or "fwd",
+        window=_window(row),
+        lengths=(row.get("params") or {}).get("lengths"),
+        devices_per_host=devices_per_host,
+    )
+
+
+def held_against(
+    rows: Iterable[Mapping[str, Any]],
+    params: CommParams = DEFAULT_PARAMS,
+    rates: Mapping[tuple[Any, ...], KernelRate] | None = None,
+    devices_per_host: int | None = None,
+) -> list[dict[str, Any]]:
+    """Every finished, timed point beside its prediction: one dict per point with its topology label, measured and
+    predicted ms (compute and comm apart) and the error predicted / measured - 1 (None where nothing predicts it:
+    no W=1 `none` point of its family, or a mode the model leaves out). Rates come from the rows' own W=1 `none`
+    points (`fit_rates`), `rates` filling the families they lack; `devices_per_host` as `predict`'s."""
+    rows = [r for r in rows if r.get("status", "done") == "done" and r.get("median_ms")]
+    fitted = {**(rates or {}), **fit_rates(rows)}
+    out = []
+    for r in rows:
+        rate = fitted.get(rate_family(r))
+        pred = predict_row(r, rate, params, devices_per_host) if rate is not None else None
+        topo = row_topology(r)
+        out.append(
+            {
+                **{
+                    k: r.get(k)
+                    for k in (
+                        "id",
+                        "mode",
+                        "op",
+                        "backend",
+                        "B",
+                        "T",
+                        "H",
+                        "K",
+                        "V",
+                        "W",
+                        "layout",
+                        "direction",
+                        "dtype",
+                        "median_ms",
+                    )
+                },
+                "hosts": topo.hosts,
+                "ranks_per_host": topo.ranks_per_host,
+                "topology": topo.label,
+                "predicted_ms": None if pred is None else pred.total_ms,
+                "compute_ms": None if pred is None else pred.compute_s * 1e3,
+                "comm_ms": None if pred is None else pred.comm_s * 1e3,
+                "error": None if pred is None else pred.total_ms / r["median_ms"] - 1.0,
+            }
+        )
+    return out
+
+
+def best_schemes(
+    *,
+    Ts: Sequence[int],
+    Ws: Sequence[int],
+    hosts: Sequence[int],
+    rate: KernelRate,
+    params: CommParams = DEFAULT_PARAMS,
+    op: str = "gdn",
+    H: int = 16,
+    K: int = 128,
+    V: int = 128,
+    dtype_bytes: int = 2,
+    direction: str = "fwd",
+    layout: str = "contiguous",
+    modes: Sequence[str] = ("headwise", "all_gather", "ring", "true_cp", "tail_exchange"),
+) -> list[dict[str, Any]]:
+    """The predicted fastest scheme per (T, W, hosts) with W spread evenly over the hosts (skipped where W is not a
+    multiple of hosts, and headwise where H % W != 0): one dict per cell with every scheme's ms and the best's."""
+    out = []
+    for n_hosts in hosts:
+        for W in Ws:
+            if W % n_hosts or n_hosts > W:
+                continue
+            topo = Topology(n_hosts, W // n_hosts)
+            for T in Ts:
+                ms = {}
+                for mode in ("none", *modes) if W == 1 else modes:
+                    if mode == "headwise" and H % W:
+                        continue
+                    p = predict(
+                        mode,
+                        B=1,
+                        T=T,
+                        H=H,
+                        K=K,
+                        V=V,
+                        topo=topo,
+                        rate=rate,
+                        params=params,
+                        dtype_bytes=dtype_bytes,
+                        op=op,
+                        layout=layout,
+                        direction=direction,
+                    )
+                    if p is not None:
+                        ms[mode] = p.total_ms
+                best = min(ms, key=lambda m: ms[m]) if ms else None
+                out.append(
+                    {
+                        "T": T,
+                        "W": W,
+                        "hosts": n_hosts,
+                        "ranks_per_host": W // n_hosts,
+                        "best": best,
+                        "best_ms": ms.get(best) if best else None,
+                        "ms": ms,
+                    }
+                )
+    return out
+
+
+def params_json(params: CommParams) -> dict[str, Any]:
+    """`params` as the JSON `CommParams.from_json` reads."""
+    return {
+        "links": {c: asdict(params.link(c)) for c in LINK_CLASSES},
+        "measured": list(params.measured),
+        "source": params.source,
+    }
+
+
+def comm_check(doc: Mapping[str, Any], params: CommParams | None = None) -> list[dict[str, Any]]:
+    """The group collectives a `cpbench bench comm` run timed, beside what the link model predicts for them on that
+    run's topology with its fitted links (`params`, default: the run's own): error = predicted / measured - 1."""
+    topo_doc = doc.get("topology") or {}
+    topo = Topology(int(topo_doc.get("hosts", 1)), int(topo_doc.get("ranks_per_host", 1)))
+    params = params or CommParams.from_json(doc)
+    out = []
+    for s in doc.get("samples") or ():
+        if s.get("kind") in ("all_gather", "all_to_all", "reduce_scatter") and s.get("seconds"):
+            predicted = collective_time(s["kind"], s["bytes"], topo, params)
+            out.append(
+                {
+                    "kind": s["kind"],
+                    "bytes": s["bytes"],
+                    "W": topo.W,
+                    "measured_ms": s["seconds"] * 1e3,
+                    "predicted_ms": predicted * 1e3,
+                    "error": predicted / s["seconds"] - 1.0,
+                }
+            )
+    return out
+
+
+PARAMS_ENV = "CPBENCH_COMM_PARAMS"  # the `cpbench bench comm` JSON the server's /scaling page and figures use
+
+
+def load_params(path: str | None = None) -> tuple[CommParams, dict[str, Any] | None, str | None]:
+    """(the links, the JSON they came from or None, why it could not be used or None): from `path`, else the file
+    CPBENCH_COMM_PARAMS names, else DEFAULT_PARAMS. A missing or malformed file falls back to DEFAULT_PARAMS and
+    says why in one line."""
+    path = path or os.environ.get(PARAMS_ENV) or None
+    if not path:
+        return DEFAULT_PARAMS, None, None
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+        return CommParams.from_json(doc), doc, None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        return DEFAULT_PARAMS, None, f"{PARAMS_ENV}={path} unusable ({type(err).__name__}: {err}); assumed links used"

@@ -55,20 +55,27 @@ __all__ = [
     "Link",
     "Prediction",
     "Topology",
+    "PARAMS_ENV",
     "best_schemes",
+    "choose_rate",
     "collective_time",
     "comm_check",
-    "load_params",
     "fit_rates",
     "held_against",
     "link_load",
+    "load_params",
+    "params_json",
     "predict",
+    "predict_row",
     "rate_family",
     "row_topology",
 ]
 
 LINK_CLASSES = ("intra", "inter")
-MAX_W, MAX_T = 128, 4 * 1024 * 1024  # the range the model is built for (issue 29)
+# the grid the /scaling page predicts over: T up to 4M tokens, W up to 128 ranks, on 1 to 16 hosts
+SCALING_TS = (8192, 32768, 131072, 524288, 1048576, 2097152, 4194304)
+SCALING_WS = (1, 2, 4, 8, 16, 32, 64, 128)
+SCALING_HOSTS = (1, 2, 4, 8, 16)
 
 
 @dataclass(frozen=True)
@@ -455,6 +462,7 @@ def held_against(
                 },
                 "hosts": topo.hosts,
                 "ranks_per_host": topo.ranks_per_host,
+                "interconnect": topo.interconnect,
                 "topology": topo.label,
                 "predicted_ms": None if pred is None else pred.total_ms,
                 "compute_ms": None if pred is None else pred.compute_s * 1e3,
@@ -480,13 +488,15 @@ def best_schemes(
     direction: str = "fwd",
     layout: str = "contiguous",
     modes: Sequence[str] = ("headwise", "all_gather", "ring", "true_cp", "tail_exchange"),
+    max_ranks_per_host: int | None = None,
 ) -> list[dict[str, Any]]:
     """The predicted fastest scheme per (T, W, hosts) with W spread evenly over the hosts (skipped where W is not a
-    multiple of hosts, and headwise where H % W != 0): one dict per cell with every scheme's ms and the best's."""
+    multiple of hosts or needs more than `max_ranks_per_host` ranks on a host; headwise where H % W != 0): one dict
+    per cell with every scheme's ms and the best's."""
     out = []
     for n_hosts in hosts:
         for W in Ws:
-            if W % n_hosts or n_hosts > W:
+            if W % n_hosts or n_hosts > W or (max_ranks_per_host and W // n_hosts > max_ranks_per_host):
                 continue
             topo = Topology(n_hosts, W // n_hosts)
             for T in Ts:
@@ -524,6 +534,21 @@ def best_schemes(
                     }
                 )
     return out
+
+
+def choose_rate(
+    rates: Mapping[tuple[Any, ...], KernelRate], family: tuple[Any, ...]
+) -> tuple[KernelRate | None, tuple[Any, ...] | None]:
+    """The rate of `family` (a `rate_family` tuple), else of the first family of the same op and direction (the
+    rate is per token and head, so it carries over to other H; K, V, dtype and backend do not): (rate, the family
+    it belongs to), or (None, None)."""
+    if family in rates:
+        return rates[family], family
+    op, direction = family[0], family[-1]
+    for fam, rate in rates.items():
+        if fam[0] == op and fam[-1] == direction:
+            return rate, fam
+    return None, None
 
 
 def params_json(params: CommParams) -> dict[str, Any]:

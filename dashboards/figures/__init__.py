@@ -4,10 +4,10 @@
 SWEEP_FIGURES are drawn from one sweep's results; `tuning` and `history` from trials and nightly runs.
 """
 
-from dashboards.figures import accuracy, best_mode, comm, history, latency, scaling, syncs, tuning
+from dashboards.figures import accuracy, best_mode, comm, history, latency, predicted, scaling, syncs, tuning
 
-SWEEP_FIGURES = {m.NAME: m for m in (best_mode, latency, scaling, comm, syncs, accuracy)}
+SWEEP_FIGURES = {m.NAME: m for m in (best_mode, latency, scaling, predicted, comm, syncs, accuracy)}
 ALL_FIGURES = {**SWEEP_FIGURES, tuning.NAME: tuning, history.NAME: history}
 
-__all__ = ["ALL_FIGURES", "SWEEP_FIGURES", "accuracy", "best_mode", "comm", "history", "latency", "scaling", "syncs",
-           "tuning"]
+__all__ = ["ALL_FIGURES", "SWEEP_FIGURES", "accuracy", "best_mode", "comm", "history", "latency", "predicted", "scaling",
+           "syncs", "tuning"]

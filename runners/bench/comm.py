@@ -118,7 +118,8 @@ def _collective(kind: str, nbytes: int, W: int, dev: torch.device) -> Any:
     if kind == "all_gather":
         x = torch.zeros(max(1, nbytes), dtype=torch.uint8, device=dev)
         out = torch.empty(W * x.numel(), dtype=torch.uint8, device=dev)
-        return lambda: dist.all_gather_into_tensor(out, x)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return lambda: gather(out, x)
     n = max(W, nbytes // 4 // W * W)  # fp32 elements, a multiple of W
     x = torch.zeros(n, dtype=torch.float32, device=dev)
     y = torch.empty(n if kind == "all_to_all" else n // W, dtype=torch.float32, device=dev)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -57,8 +56,16 @@ def sweep(client: httpx.Client, store_url: str, tmp_path_factory: pytest.TempPat
     r = client.post("/api/v1/sweeps", json=SPEC, headers=auth)
     assert r.status_code == 201, r.text
     s = r.json()
-    run_worker(store_url, once=True, until_sweep=s["id"], device_kind="cpu", devices=4,
-               artifact_dir=tmp_path_factory.mktemp("art"), lease_s=300, heartbeat_s=5)
+    run_worker(
+        store_url,
+        once=True,
+        until_sweep=s["id"],
+        device_kind="cpu",
+        devices=4,
+        artifact_dir=tmp_path_factory.mktemp("art"),
+        lease_s=300,
+        heartbeat_s=5,
+    )
     rows = client.get("/api/v1/results", params={"sweep": s["id"], "limit": 1000}).json()["data"]
     failed = [(r["mode"], r["W"], r["error"]) for r in rows if r["status"] == "failed"]
     assert not failed, failed
@@ -70,8 +77,14 @@ def test_model_bytes_equal_the_profiled_bytes_at_w2_and_w4(sweep: dict[str, Any]
     assert {(r["mode"], r["W"]) for r in cp} == {(m, W) for m in SPEC["modes"][1:] for W in (2, 4)}
     for r in cp:
         window = ((r.get("params") or {}).get("mode_options") or {}).get("window")
-        cost = comm_cost(r["mode"], **SHAPE, W=r["W"], dtype_bytes=4, layout=r["layout"],
-                         warmup_chunks=window if isinstance(window, int) else 2)
+        cost = comm_cost(
+            r["mode"],
+            **SHAPE,
+            W=r["W"],
+            dtype_bytes=4,
+            layout=r["layout"],
+            warmup_chunks=window if isinstance(window, int) else 2,
+        )
         assert cost is not None and r["collective_bytes"], (r["mode"], r["W"])
         assert r["collective_bytes"] == cost.payload_bytes, (r["mode"], r["W"], r["layout"])
         assert r["collectives"] == cost.collectives, (r["mode"], r["W"], r["layout"])
@@ -101,13 +114,31 @@ def test_predicted_figure_draws_measured_against_the_model(client: httpx.Client,
 
 
 def test_scaling_page_labels_each_cell_with_the_predicted_best(client: httpx.Client, sweep: dict[str, Any]) -> None:
-    q = {"sweep": sweep["id"], "op": "gdn", "backend": "torch", "dtype": "float32", "H": 4, "K": 16, "V": 16,
-         "max_ranks_per_host": 8}
+    q = {
+        "sweep": sweep["id"],
+        "op": "gdn",
+        "backend": "torch",
+        "dtype": "float32",
+        "H": 4,
+        "K": 16,
+        "V": 16,
+        "max_ranks_per_host": 8,
+    }
     r = client.get("/scaling", params=q)
     assert r.status_code == 200, r.text
     rate = fit_rates(sweep["rows"])[("gdn", "torch", "float32", 4, 16, 16, "fwd")]
-    cells = best_schemes(Ts=SCALING_TS, Ws=SCALING_WS, hosts=SCALING_HOSTS, rate=rate, params=DEFAULT_PARAMS, H=4,
-                         K=16, V=16, dtype_bytes=4, max_ranks_per_host=8)
+    cells = best_schemes(
+        Ts=SCALING_TS,
+        Ws=SCALING_WS,
+        hosts=SCALING_HOSTS,
+        rate=rate,
+        params=DEFAULT_PARAMS,
+        H=4,
+        K=16,
+        V=16,
+        dtype_bytes=4,
+        max_ranks_per_host=8,
+    )
     heatmaps = figure_data(r.text, "fig-scaling_map")
     assert [h["meta"]["hosts"] for h in heatmaps] == list(SCALING_HOSTS)
     for h in heatmaps:

@@ -20,8 +20,7 @@ from tests.dashboards.test_scaling_model import stored_rows
 
 def two_host_rows() -> list[dict[str, Any]]:
     rows = stored_rows("cp_w48_cpu.csv")
-    moved = [{**r, "id": 1000 + r["id"], "hosts": 2, "ranks_per_host": 4, "interconnect": "ib"}
-             for r in rows if r["W"] == 8]
+    moved = [{**r, "id": 1000 + r["id"], "hosts": 2, "ranks_per_host": 4, "interconnect": "ib"} for r in rows if r["W"] == 8]
     return rows + moved
 
 
@@ -62,6 +61,8 @@ def test_scaling_map_writes_the_best_scheme_of_each_cell() -> None:
         Ws = sorted({W for _, W in at})
         assert list(m["x"]) == [str(W) for W in Ws] and list(m["y"]) == ["8K", "1024K"]
         assert [list(row) for row in m["text"]] == [
-            [f"{at[(T, W)]['best']}<br>{at[(T, W)]['best_ms']:.3g} ms" for W in Ws] for T in (8192, 1 << 20)]
+            [f"{at[(T, W)]['best']}<br>{at[(T, W)]['best_ms']:.3g} ms" for W in Ws] for T in (8192, 1 << 20)
+        ]
         assert [list(row) for row in m["z"]] == [
-            [m["meta"]["modes"].index(at[(T, W)]["best"]) for W in Ws] for T in (8192, 1 << 20)]
+            [m["meta"]["modes"].index(at[(T, W)]["best"]) for W in Ws] for T in (8192, 1 << 20)
+        ]

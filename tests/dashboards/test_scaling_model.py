@@ -121,8 +121,18 @@ def test_model_bytes_equal_the_stored_cpu_measurements_exactly() -> None:
     rows = [r for r in stored_rows("cp_w48_cpu.csv") if r["status"] == "done"]
     assert {r["W"] for r in rows} == {1, 4, 8} and len(rows) == 104
     for r in rows:
-        cost = comm_cost(r["mode"], B=r["B"], T=r["T"], H=r["H"], K=r["K"], V=r["V"], W=r["W"], dtype_bytes=4,
-                         op=r["op"], layout=r["layout"])
+        cost = comm_cost(
+            r["mode"],
+            B=r["B"],
+            T=r["T"],
+            H=r["H"],
+            K=r["K"],
+            V=r["V"],
+            W=r["W"],
+            dtype_bytes=4,
+            op=r["op"],
+            layout=r["layout"],
+        )
         assert cost is not None
         assert cost.payload_bytes == r["collective_bytes"], (r["id"], r["mode"], r["W"], r["layout"])
         assert cost.collectives == r["collectives"], (r["id"], r["mode"], r["W"], r["layout"])
@@ -140,14 +150,29 @@ def test_held_against_predicts_every_stored_cpu_point() -> None:
 
 
 def test_fit_rates_is_the_line_through_the_w1_none_points() -> None:
-    base = {"mode": "none", "op": "gdn", "backend": "torch", "dtype": "float32", "H": 4, "K": 16, "V": 16, "B": 1,
-            "W": 1, "direction": "fwd", "status": "done"}
-    rows = [{**base, "T": 1000, "median_ms": 3.0}, {**base, "T": 3000, "median_ms": 7.0},
-            {**base, "T": 3000, "mode": "ring", "median_ms": 99.0}, {**base, "T": 3000, "W": 2, "median_ms": 99.0}]
-    (fam, rate), = fit_rates(rows).items()
+    base = {
+        "mode": "none",
+        "op": "gdn",
+        "backend": "torch",
+        "dtype": "float32",
+        "H": 4,
+        "K": 16,
+        "V": 16,
+        "B": 1,
+        "W": 1,
+        "direction": "fwd",
+        "status": "done",
+    }
+    rows = [
+        {**base, "T": 1000, "median_ms": 3.0},
+        {**base, "T": 3000, "median_ms": 7.0},
+        {**base, "T": 3000, "mode": "ring", "median_ms": 99.0},
+        {**base, "T": 3000, "W": 2, "median_ms": 99.0},
+    ]
+    ((fam, rate),) = fit_rates(rows).items()
     assert fam == ("gdn", "torch", "float32", 4, 16, 16, "fwd")
     assert rate.fixed_s == pytest.approx(1e-3) and rate.per_token_head_s == pytest.approx(2e-3 / 1000 / 4)
-    (_, single), = fit_rates(rows[1:2]).items()  # one length: through the origin
+    ((_, single),) = fit_rates(rows[1:2]).items()  # one length: through the origin
     assert (single.fixed_s, single.per_token_head_s) == (0.0, pytest.approx(7e-3 / 12000))
 
 
@@ -177,12 +202,25 @@ def test_comm_params_json_and_its_fallbacks(tmp_path: Path) -> None:
 
 
 def test_best_schemes_pick_the_fastest_prediction_per_cell() -> None:
-    cells = best_schemes(Ts=[4096, 1 << 20], Ws=[1, 2, 4, 8, 16], hosts=[1, 2, 4], rate=RATE, params=PARAMS, H=4, K=16,
-                         V=16, dtype_bytes=4, max_ranks_per_host=4)
+    cells = best_schemes(
+        Ts=[4096, 1 << 20],
+        Ws=[1, 2, 4, 8, 16],
+        hosts=[1, 2, 4],
+        rate=RATE,
+        params=PARAMS,
+        H=4,
+        K=16,
+        V=16,
+        dtype_bytes=4,
+        max_ranks_per_host=4,
+    )
     got = {(c["T"], c["W"], c["hosts"]) for c in cells}
     # W a multiple of hosts, at most 4 ranks on a host
-    assert got == {(T, W, h) for T in (4096, 1 << 20) for W, h in
-                   ((1, 1), (2, 1), (4, 1), (2, 2), (4, 2), (8, 2), (4, 4), (8, 4), (16, 4))}
+    assert got == {
+        (T, W, h)
+        for T in (4096, 1 << 20)
+        for W, h in ((1, 1), (2, 1), (4, 1), (2, 2), (4, 2), (8, 2), (4, 4), (8, 4), (16, 4))
+    }
     for c in cells:
         assert c["best"] == min(c["ms"], key=c["ms"].get) and c["best_ms"] == min(c["ms"].values())
         assert ("headwise" in c["ms"]) == (4 % c["W"] == 0)

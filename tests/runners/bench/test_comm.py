@@ -52,16 +52,40 @@ def test_fit_link_recovers_alpha_and_beta() -> None:
 @pytest.mark.multiproc
 def test_bench_comm_on_two_pretend_hosts(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "comm.json"
-    rc = comm.main(["--cpu", "--world", "4", "--ranks-per-host", "2", "--T", "2048", "--H", "2", "--K", "16", "--V", "16",
-                    "--dtype", "float32", "--iters", "3", "--warmup", "1", "--out", str(out)])
+    rc = comm.main(
+        [
+            "--cpu",
+            "--world",
+            "4",
+            "--ranks-per-host",
+            "2",
+            "--T",
+            "2048",
+            "--H",
+            "2",
+            "--K",
+            "16",
+            "--V",
+            "16",
+            "--dtype",
+            "float32",
+            "--iters",
+            "3",
+            "--warmup",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     doc = json.loads(out.read_text())
     assert doc["topology"] == {"hosts": 2, "ranks_per_host": 2, "W": 4, "interconnect": "loopback (gloo)"}
     assert doc["measured"] == ["inter", "intra"]
     sizes = comm.scheme_sizes(op="gdn", T=2048, H=2, K=16, V=16, W=4, dtype_bytes=4)
     sends = {(s["link"], s["peer"], s["bytes"]) for s in doc["samples"] if s["kind"] == "send"}
-    assert sends == {(link, peer, b) for link, peer in (("intra", 1), ("inter", 2))
-                     for b in {*comm.LATENCY_SIZES, *sizes["send"]}}
+    assert sends == {
+        (link, peer, b) for link, peer in (("intra", 1), ("inter", 2)) for b in {*comm.LATENCY_SIZES, *sizes["send"]}
+    }
     groups = sorted((s["kind"], s["bytes"]) for s in doc["samples"] if s["kind"] != "send")
     assert groups == sorted((k, b) for k in ("all_gather", "all_to_all", "reduce_scatter") for b in sizes[k])
     assert all(s["seconds"] > 0 for s in doc["samples"])

@@ -349,7 +349,8 @@ def predict(
     """The step time of `mode` at W = topo.W (see the module doc); None where no model covers it (warmup_correct,
     a one-device mode at W > 1, a mode outside the vocabulary). `rate` is the fwd or fwd+bwd rate of `direction`.
     `devices_per_host`: where a host's ranks share fewer devices than they are (CPU ranks on a few cores), the
-    compute takes ranks_per_host / devices_per_host times longer; None: one device per rank (GPUs)."""
+    compute of the schemes whose ranks work at once (all but ring's chain) takes ranks_per_host / devices_per_host
+    times longer; None: one device per rank (GPUs)."""
     if mode not in MODES or mode == "warmup_correct" or (mode in SINGLE_DEVICE and topo.W > 1):
         return None
     W = topo.W
@@ -373,7 +374,7 @@ def predict(
         return None
     speedup = model_speedup(mode, W, T=N, warmup_chunks=window) or 1.0
     compute = rate.time(N / speedup, H, _calls(mode, W, layout))
-    if devices_per_host:
+    if devices_per_host and mode != "ring":  # ring's chain keeps one rank busy at a time
         compute *= max(1.0, topo.ranks_per_host / devices_per_host)
     comm = 0.0
     for kind, payload in cost.payload_bytes.items():

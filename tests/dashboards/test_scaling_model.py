@@ -115,6 +115,8 @@ def test_predict_training_step_and_what_is_not_modelled() -> None:
     shared = predict("true_cp", topo=Topology(1, 4), devices_per_host=2, **SHAPE)
     alone = predict("true_cp", topo=Topology(1, 4), **SHAPE)
     assert shared is not None and alone is not None and shared.compute_s == pytest.approx(2 * alone.compute_s)
+    chain = predict("ring", topo=Topology(1, 4), devices_per_host=2, **SHAPE)  # one rank of the chain busy at a time
+    assert chain == predict("ring", topo=Topology(1, 4), **SHAPE)
 
 
 def test_model_bytes_equal_the_stored_cpu_measurements_exactly() -> None:

@@ -6,7 +6,7 @@ Reads the measured points (`cp_w48_cpu.csv`: the engine's W=1/4/8 gloo sweep on 
 every scheme at W=2 on two H200s, forward), fits the kernel rate of each shape family on its own W=1 `none` points
 and predicts every point with `dashboards.scaling_model.held_against`. The links: the CPU points use the
 `cpbench bench comm --cpu --world 4` run in `comm_cpu.json` (gloo over loopback on the same VM); the H200 points
-the assumed H200 links (`DEFAULT_PARAMS`: no H200 `cpbench bench comm` run is committed yet). The CPU points are
+`comm_h200.json` when it exists, else the assumed H200 links (`DEFAULT_PARAMS`: no H200 run is committed yet). The CPU points are
 predicted twice: as the model stands (one device per rank, the GPU case) and with the W ranks sharing the VM's 2
 cores (`devices_per_host=2`). Prints a Markdown table per file (each point: measured, predicted = compute + comm,
 error = predicted / measured - 1) and the median |error| per scheme; `--out` writes it too. A figure, not a test.
@@ -124,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     cpu = cpu_rows()
     cpu_gpu_like = held_against(cpu, cpu_params)
     cpu_shared = held_against(cpu, cpu_params, devices_per_host=2)
-    h200 = held_against(h200_rows(), DEFAULT_PARAMS)
+    h200_links = RESULTS / "comm_h200.json"  # `cpbench bench comm --world 2` on the H200s, once it is run
+    h200_params = CommParams.load(str(h200_links)) if h200_links.is_file() else DEFAULT_PARAMS
+    h200 = held_against(h200_rows(), h200_params)
     lines = [
         "# The scaling model against every measured CP point (issue 29)",
         "",
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         "Model: `dashboards/scaling_model.py` (kernel rate fitted per shape family on the file's own W=1 `none` "
         "points; collectives on an alpha-beta link model). Links: CPU points from `comm_cpu.json` "
         f"(`cpbench bench comm --cpu --world 4`, {cpu_params.source}: intra {cpu_params.intra.alpha_s * 1e6:.0f} us, "
-        f"{cpu_params.intra.gbytes_per_s:.2f} GB/s); H200 points the assumed H200 links ({DEFAULT_PARAMS.source}). "
+        f"{cpu_params.intra.gbytes_per_s:.2f} GB/s); H200 points {h200_params.source}. "
         "error = predicted / measured - 1. warmup_correct is not modelled.",
         "",
         "## Summary",

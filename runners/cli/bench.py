@@ -23,8 +23,12 @@ from runners.errors import CpbenchError
 
 __all__ = ["register"]
 
-TARGETS = {"kernels": "runners.bench.kernels", "cp": "runners.bench.cp", "train": "runners.bench.kernels_train",
-           "comm": "runners.bench.comm"}
+TARGETS = {
+    "kernels": "runners.bench.kernels",
+    "cp": "runners.bench.cp",
+    "train": "runners.bench.kernels_train",
+    "comm": "runners.bench.comm",
+}
 
 
 def bench(

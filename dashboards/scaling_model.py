@@ -49,6 +49,7 @@ from kernels.vocabulary import DTYPE_BYTES, MODES, SINGLE_DEVICE, TAIL_EXCHANGE_
 __all__ = [
     "DEFAULT_PARAMS",
     "DEFAULT_RATES",
+    "HELD_COLUMNS",
     "LINK_CLASSES",
     "CommParams",
     "KernelRate",
@@ -56,6 +57,7 @@ __all__ = [
     "Prediction",
     "Topology",
     "PARAMS_ENV",
+    "ROW_KEYS",
     "best_schemes",
     "choose_rate",
     "collective_time",
@@ -248,6 +250,19 @@ class KernelRate:
         return self.fixed_s * calls + self.per_token_head_s * tokens * heads
 
 
+# the point's own columns `held_against` repeats, and all its columns
+ROW_KEYS = ("id", "mode", "op", "backend", "B", "T", "H", "K", "V", "W", "layout", "direction", "dtype", "median_ms")
+HELD_COLUMNS = (
+    *ROW_KEYS,
+    "hosts",
+    "ranks_per_host",
+    "interconnect",
+    "topology",
+    "predicted_ms",
+    "compute_ms",
+    "comm_ms",
+    "error",
+)
 FAMILY_KEYS = ("op", "backend", "dtype", "H", "K", "V", "direction")
 
 
@@ -330,13 +345,13 @@ def _calls(mode: str, W: int, layout: str) -> int:
 def predict(
     mode: str,
     *,
+    topo: Topology,
+    rate: KernelRate,
     B: int,
     T: int,
     H: int,
     K: int,
     V: int,
-    topo: Topology,
-    rate: KernelRate,
     params: CommParams = DEFAULT_PARAMS,
     dtype_bytes: int = 2,
     op: str = "gdn",
@@ -442,25 +457,7 @@ def held_against(
         topo = row_topology(r)
         out.append(
             {
-                **{
-                    k: r.get(k)
-                    for k in (
-                        "id",
-                        "mode",
-                        "op",
-                        "backend",
-                        "B",
-                        "T",
-                        "H",
-                        "K",
-                        "V",
-                        "W",
-                        "layout",
-                        "direction",
-                        "dtype",
-                        "median_ms",
-                    )
-                },
+                **{k: r.get(k) for k in ROW_KEYS},
                 "hosts": topo.hosts,
                 "ranks_per_host": topo.ranks_per_host,
                 "interconnect": topo.interconnect,

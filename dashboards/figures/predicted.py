@@ -28,35 +28,11 @@ from dashboards.figures.common import (
     series_key,
     series_name,
 )
-from dashboards.scaling_model import held_against, load_params
+from dashboards.scaling_model import HELD_COLUMNS, held_against, load_params
 
 NAME = "predicted"
 TITLE = "Scaling model vs measured: predicted step time against measured (top) and its error (bottom), per topology"
-COLUMNS = (
-    "id",
-    "mode",
-    "op",
-    "backend",
-    "B",
-    "T",
-    "H",
-    "K",
-    "V",
-    "W",
-    "layout",
-    "direction",
-    "dtype",
-    "hosts",
-    "ranks_per_host",
-    "topology",
-    "facet",
-    "backend_label",
-    "median_ms",
-    "predicted_ms",
-    "compute_ms",
-    "comm_ms",
-    "error",
-)
+COLUMNS = (*HELD_COLUMNS, "facet", "backend_label")
 
 
 def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

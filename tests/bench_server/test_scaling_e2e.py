@@ -114,31 +114,13 @@ def test_predicted_figure_draws_measured_against_the_model(client: httpx.Client,
 
 
 def test_scaling_page_labels_each_cell_with_the_predicted_best(client: httpx.Client, sweep: dict[str, Any]) -> None:
-    q = {
-        "sweep": sweep["id"],
-        "op": "gdn",
-        "backend": "torch",
-        "dtype": "float32",
-        "H": 4,
-        "K": 16,
-        "V": 16,
-        "max_ranks_per_host": 8,
-    }
+    q: dict[str, Any] = {"sweep": sweep["id"], "op": "gdn", "backend": "torch", "dtype": "float32"}
+    q.update(H=4, K=16, V=16, max_ranks_per_host=8)
     r = client.get("/scaling", params=q)
     assert r.status_code == 200, r.text
     rate = fit_rates(sweep["rows"])[("gdn", "torch", "float32", 4, 16, 16, "fwd")]
-    cells = best_schemes(
-        Ts=SCALING_TS,
-        Ws=SCALING_WS,
-        hosts=SCALING_HOSTS,
-        rate=rate,
-        params=DEFAULT_PARAMS,
-        H=4,
-        K=16,
-        V=16,
-        dtype_bytes=4,
-        max_ranks_per_host=8,
-    )
+    grid = {"Ts": SCALING_TS, "Ws": SCALING_WS, "hosts": SCALING_HOSTS}
+    cells = best_schemes(rate=rate, params=DEFAULT_PARAMS, dtype_bytes=4, max_ranks_per_host=8, H=4, K=16, V=16, **grid)
     heatmaps = figure_data(r.text, "fig-scaling_map")
     assert [h["meta"]["hosts"] for h in heatmaps] == list(SCALING_HOSTS)
     for h in heatmaps:

@@ -5,12 +5,17 @@ and kda, bf16 and fp32); the line fit recovers alpha and beta of exact samples a
 run of 4 gloo ranks as 2 pretend hosts of 2 (`--ranks-per-host 2`, loopback) times send/recv to a rank on its host
 and to one on the other, every group collective, prints one progress line per size, fits both link classes, and
 writes a JSON that `CommParams.from_json` reads as measured, with the group collectives held against the model
-(`comm_check`); bad arguments give a one-line error.
+(`comm_check`); under torchrun (two "hosts" of 2 ranks, c10d rendezvous on loopback) the topology comes from
+torchrun's environment; bad arguments give a one-line error.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -103,3 +108,52 @@ def test_bench_comm_bad_arguments_say_why(capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(SystemExit):
         comm.main(["--cpu", "--world", "0"])
     assert "--world must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.multiproc
+def test_bench_comm_under_torchrun_on_two_hosts(tmp_path: Path) -> None:
+    """Two torchrun "hosts" of 2 ranks on loopback (c10d rendezvous): the topology comes from torchrun's
+    environment (WORLD_SIZE / LOCAL_WORLD_SIZE) and rank 0 writes the JSON."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "comm.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "-m",
+        "runners.bench.comm",
+        "--cpu",
+        "--T",
+        "2048",
+        "--H",
+        "2",
+        "--K",
+        "16",
+        "--V",
+        "16",
+        "--dtype",
+        "float32",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+        "--out",
+        str(out),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3]), "GLOO_SOCKET_IFNAME": "lo"}
+    hosts = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    logs = [h.communicate(timeout=300)[0] for h in hosts]
+    assert [h.returncode for h in hosts] == [0, 0], logs
+    doc = json.loads(out.read_text())
+    assert doc["topology"] == {"hosts": 2, "ranks_per_host": 2, "W": 4, "interconnect": "loopback (gloo)"}
+    assert doc["measured"] == ["inter", "intra"] and "W=4 = 2 host(s) x 2" in doc["source"]

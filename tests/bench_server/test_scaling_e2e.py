@@ -1,8 +1,9 @@
 """The scaling model held against a real gloo sweep at W = 1, 2, 4, over HTTP (issue 29, Test 3 and the figures).
 
-Scenario: POST a spec (every multi-device scheme and `none`, W in (1, 2, 4), contiguous and zigzag) -> a real
+Scenario: POST a spec (every multi-device scheme and `none`, W in (1, 2, 4), contiguous and zigzag, forward and
+training step) -> a real
 worker (`runners.worker.run_worker`, gloo ranks on the CPU) runs it -> every W=2/4 point's stored collective bytes
-equal the cost model's, kind by kind and to the byte -> the sweep page's "predicted" figure draws, per scheme, the
+equal the cost model's of its direction, kind by kind and to the byte -> the sweep page's "predicted" figure draws, per scheme, the
 measured medians of its points (x) against `dashboards.scaling_model.held_against`'s predictions (y) and their
 errors, in one "1 host" column -> /scaling?sweep= fits the kernel rate on that sweep's W=1 `none` and labels each
 (T, W, hosts) cell with the scheme `best_schemes` predicts fastest; its tables name the links used and their source.
@@ -38,7 +39,14 @@ SPEC: dict[str, Any] = {
     "ops": ["gdn"],
     "modes": ["none", "headwise", "all_gather", "ring", "true_cp", "tail_exchange"],
     "backends": ["torch"],
-    "axes": {**SHAPE, "lb": -1.0, "W": [1, 2, 4], "layout": ["contiguous", "zigzag"], "dtype": "float32"},
+    "axes": {
+        **SHAPE,
+        "lb": -1.0,
+        "W": [1, 2, 4],
+        "layout": ["contiguous", "zigzag"],
+        "dtype": "float32",
+        "direction": ["fwd", "fwd+bwd"],
+    },
     "timing": {"min_samples": 2, "max_samples": 3, "min_time_s": 0, "warmup_s": 0, "flush_l2": False, "max_rel_iqr": 10},
     "check": {"reference_tokens": 64, "tol_none": 1.0, "tol_reference": 1.0},  # tail_exchange is approximate
 }
@@ -74,7 +82,9 @@ def sweep(client: httpx.Client, store_url: str, tmp_path_factory: pytest.TempPat
 
 def test_model_bytes_equal_the_profiled_bytes_at_w2_and_w4(sweep: dict[str, Any]) -> None:
     cp = [r for r in sweep["rows"] if r["W"] in (2, 4)]
-    assert {(r["mode"], r["W"]) for r in cp} == {(m, W) for m in SPEC["modes"][1:] for W in (2, 4)}
+    assert {(r["mode"], r["W"], r["direction"]) for r in cp} == {
+        (m, W, d) for m in SPEC["modes"][1:] for W in (2, 4) for d in ("fwd", "fwd+bwd")
+    }
     for r in cp:
         window = ((r.get("params") or {}).get("mode_options") or {}).get("window")
         cost = comm_cost(
@@ -83,17 +93,19 @@ def test_model_bytes_equal_the_profiled_bytes_at_w2_and_w4(sweep: dict[str, Any]
             W=r["W"],
             dtype_bytes=4,
             layout=r["layout"],
+            direction=r["direction"],
             warmup_chunks=window if isinstance(window, int) else 2,
         )
-        assert cost is not None and r["collective_bytes"], (r["mode"], r["W"])
-        assert r["collective_bytes"] == cost.payload_bytes, (r["mode"], r["W"], r["layout"])
-        assert r["collectives"] == cost.collectives, (r["mode"], r["W"], r["layout"])
+        key = (r["mode"], r["W"], r["layout"], r["direction"])
+        assert cost is not None and r["collective_bytes"], key
+        assert r["collective_bytes"] == cost.payload_bytes, key
+        assert r["collectives"] == cost.collectives, key
 
 
 def test_predicted_figure_draws_measured_against_the_model(client: httpx.Client, sweep: dict[str, Any]) -> None:
-    html = client.get(f"/sweeps/{sweep['id']}", params={"layout": "contiguous"}).text
+    html = client.get(f"/sweeps/{sweep['id']}", params={"layout": "contiguous", "direction": "fwd"}).text
     traces = [t for t in figure_data(html, "fig-predicted") if t["meta"]["kind"] == "measured"]
-    rows = [r for r in sweep["rows"] if r["layout"] == "contiguous" or r["mode"] == "none"]
+    rows = [r for r in sweep["rows"] if (r["layout"] == "contiguous" or r["mode"] == "none") and r["direction"] == "fwd"]
     want = {t["id"]: t for t in held_against(rows, DEFAULT_PARAMS)}
     assert {t["meta"]["topology"] for t in traces} == {"1 host"}
     assert {t["meta"]["mode"] for t in traces} == set(SPEC["modes"])
@@ -109,7 +121,7 @@ def test_predicted_figure_draws_measured_against_the_model(client: httpx.Client,
             assert t["x"] == [want[i]["W"] for i in ids]
             assert t["y"] == pytest.approx([100 * want[i]["error"] for i in ids])
     assert drawn == set(want)
-    csv_text = client.get(f"/dash/{sweep['id']}/predicted.csv", params={"layout": "contiguous"}).text
+    csv_text = client.get(f"/dash/{sweep['id']}/predicted.csv", params={"layout": "contiguous", "direction": "fwd"}).text
     assert len(csv_text.splitlines()) == 1 + len(want)
 
 

@@ -12,7 +12,8 @@
     /scaling                  the scaling model's predicted best scheme per (T, W, hosts), with the links and kernel
                               rate it used and where they came from (?sweep= fits the rate on that sweep's W=1
                               `none` points; ?op=, direction=, H=, K=, V=, dtype=, backend=, layout=,
-                              max_ranks_per_host=; the links: CPBENCH_COMM_PARAMS, `cpbench bench comm`'s JSON)
+                              max_ranks_per_host=, exact=true (the exact schemes only); the links:
+                              CPBENCH_COMM_PARAMS, `cpbench bench comm`'s JSON)
     /dash/{id}/{figure}.csv   the table behind a sweep figure (same query parameters as the page)
     /dash/all/{figure}.csv    the table behind the tuning or history figure
     /static/plotly.min.js     plotly.js from the installed plotly package (never a CDN)
@@ -240,7 +241,7 @@ def scaling_page(request: Request, session: SessionDep, sweep: int | None = Quer
                  H: int = Query(16, ge=1, le=1024), K: int = Query(128, ge=1, le=1024), V: int = Query(128, ge=1, le=1024),
                  dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16", backend: str = "triton",
                  layout: Literal["contiguous", "zigzag"] = "contiguous",
-                 max_ranks_per_host: int = Query(8, ge=1, le=128)) -> Any:
+                 max_ranks_per_host: int = Query(8, ge=1, le=128), exact: bool = False) -> Any:
     params, doc, problem = scaling_model.load_params()
     if sweep is not None:
         _sweep_or_404(session, sweep)
@@ -253,7 +254,7 @@ def scaling_page(request: Request, session: SessionDep, sweep: int | None = Quer
     cells = [] if rate is None else scaling_model.best_schemes(
         Ts=scaling_model.SCALING_TS, Ws=scaling_model.SCALING_WS, hosts=scaling_model.SCALING_HOSTS, rate=rate,
         params=params, op=op, H=H, K=K, V=V, dtype_bytes=DTYPE_BYTES[dtype], direction=direction, layout=layout,
-        max_ranks_per_host=max_ranks_per_host)
+        max_ranks_per_host=max_ranks_per_host, modes=scaling_model.cp_modes(exact_only=exact))
     fig = scaling_map.figure(cells) if rate is not None else empty_figure(
         scaling_map.TITLE, f"no kernel rate for {op} {direction}" + (f" in sweep {sweep}" if sweep else ""))
     return templates.TemplateResponse(request, "scaling.html", {
@@ -263,7 +264,7 @@ def scaling_page(request: Request, session: SessionDep, sweep: int | None = Quer
         "asked_family": dict(zip(scaling_model.FAMILY_KEYS, family, strict=True)), "sweep": sweep, "env": scaling_model.PARAMS_ENV,
         "check": scaling_model.comm_check(doc) if doc else [], "plotly": True,
         "query": {"op": op, "direction": direction, "H": H, "K": K, "V": V, "dtype": dtype, "backend": backend,
-                  "layout": layout, "max_ranks_per_host": max_ranks_per_host, "sweep": sweep or ""},
+                  "layout": layout, "max_ranks_per_host": max_ranks_per_host, "sweep": sweep or "", "exact": exact},
     })
 
 

@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dashboards.cost_model import CommCost, comm_cost, model_speedup, rank_hops
-from kernels.vocabulary import DTYPE_BYTES, MODES, SINGLE_DEVICE, TAIL_EXCHANGE_WINDOW_CHUNKS
+from kernels.vocabulary import DTYPE_BYTES, EXACT_MODES, MODES, SINGLE_DEVICE, TAIL_EXCHANGE_WINDOW_CHUNKS
 
 __all__ = [
     "DEFAULT_PARAMS",
@@ -60,6 +60,7 @@ __all__ = [
     "ROW_KEYS",
     "best_schemes",
     "choose_rate",
+    "cp_modes",
     "collective_time",
     "comm_check",
     "fit_rates",
@@ -485,12 +486,13 @@ def best_schemes(
     dtype_bytes: int = 2,
     direction: str = "fwd",
     layout: str = "contiguous",
-    modes: Sequence[str] = ("headwise", "all_gather", "ring", "true_cp", "tail_exchange"),
+    modes: Sequence[str] | None = None,
     max_ranks_per_host: int | None = None,
 ) -> list[dict[str, Any]]:
     """The predicted fastest scheme per (T, W, hosts) with W spread evenly over the hosts (skipped where W is not a
     multiple of hosts or needs more than `max_ranks_per_host` ranks on a host; headwise where H % W != 0): one dict
-    per cell with every scheme's ms and the best's."""
+    per cell with every scheme's ms and the best's. `modes`: the schemes compared (default `cp_modes()`)."""
+    modes = cp_modes() if modes is None else modes
     out = []
     for n_hosts in hosts:
         for W in Ws:
@@ -532,6 +534,12 @@ def best_schemes(
                     }
                 )
     return out
+
+
+def cp_modes(*, exact_only: bool = False) -> tuple[str, ...]:
+    """The multi-device schemes the model compares (the vocabulary's order); `exact_only`: without the approximate
+    ones (tail_exchange's default `fallback: none`)."""
+    return tuple(m for m in MODES if m not in SINGLE_DEVICE and (m in EXACT_MODES or not exact_only))
 
 
 def choose_rate(

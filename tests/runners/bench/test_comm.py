@@ -25,6 +25,21 @@ from dashboards.scaling_model import CommParams, comm_check
 from runners.bench import comm
 
 SCHEMES = ("headwise", "all_gather", "ring", "true_cp", "tail_exchange")
+SMALL = [
+    "--cpu",
+    "--T",
+    "2048",
+    "--H",
+    "2",
+    "--K",
+    "16",
+    "--V",
+    "16",
+    "--dtype",
+    "float32",
+    "--warmup",
+    "1",
+]  # a small shape on gloo
 
 
 @pytest.mark.parametrize(("op", "dtype_bytes"), [("gdn", 2), ("kda", 4)])
@@ -57,31 +72,7 @@ def test_fit_link_recovers_alpha_and_beta() -> None:
 @pytest.mark.multiproc
 def test_bench_comm_on_two_pretend_hosts(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "comm.json"
-    rc = comm.main(
-        [
-            "--cpu",
-            "--world",
-            "4",
-            "--ranks-per-host",
-            "2",
-            "--T",
-            "2048",
-            "--H",
-            "2",
-            "--K",
-            "16",
-            "--V",
-            "16",
-            "--dtype",
-            "float32",
-            "--iters",
-            "3",
-            "--warmup",
-            "1",
-            "--out",
-            str(out),
-        ]
-    )
+    rc = comm.main([*SMALL, "--world", "4", "--ranks-per-host", "2", "--iters", "3", "--out", str(out)])
     assert rc == 0
     doc = json.loads(out.read_text())
     assert doc["topology"] == {"hosts": 2, "ranks_per_host": 2, "W": 4, "interconnect": "loopback (gloo)"}
@@ -118,38 +109,9 @@ def test_bench_comm_under_torchrun_on_two_hosts(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tmp_path / "comm.json"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        "2",
-        "--nproc-per-node",
-        "2",
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        f"127.0.0.1:{port}",
-        "-m",
-        "runners.bench.comm",
-        "--cpu",
-        "--T",
-        "2048",
-        "--H",
-        "2",
-        "--K",
-        "16",
-        "--V",
-        "16",
-        "--dtype",
-        "float32",
-        "--iters",
-        "2",
-        "--warmup",
-        "1",
-        "--out",
-        str(out),
-    ]
+    rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+    run = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2", *rdzv]
+    cmd = [*run, "-m", "runners.bench.comm", *SMALL, "--iters", "2", "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3]), "GLOO_SOCKET_IFNAME": "lo"}
     hosts = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     logs = [h.communicate(timeout=300)[0] for h in hosts]

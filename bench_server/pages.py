@@ -50,7 +50,7 @@ from starlette.types import Scope
 
 import dashboards
 from bench_server.api.deps import SessionDep, require_read
-from dashboards import data, render, scaling_model
+from dashboards import data, links, render, scaling_model
 from dashboards.figures import SWEEP_FIGURES, accuracy, history, scaling_map, tuning
 from dashboards.figures.common import empty_figure
 from db import crud
@@ -242,7 +242,7 @@ def scaling_page(request: Request, session: SessionDep, sweep: int | None = Quer
                  dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16", backend: str = "triton",
                  layout: Literal["contiguous", "zigzag"] = "contiguous",
                  max_ranks_per_host: int = Query(8, ge=1, le=128), exact: bool = False) -> Any:
-    params, doc, problem = scaling_model.load_params()
+    params, doc, problem = links.load_params()
     if sweep is not None:
         _sweep_or_404(session, sweep)
         rows = data.sweep_rows(session, sweep, limit=get_worker_settings().MAX_POINTS_PER_SWEEP)
@@ -261,8 +261,8 @@ def scaling_page(request: Request, session: SessionDep, sweep: int | None = Quer
         "figure": {"name": scaling_map.NAME, "title": scaling_map.TITLE, "div": render.figure_div(fig, "fig-scaling_map")},
         "cells": scaling_map.frame(cells), "links": params.describe(), "problem": problem, "rate": rate,
         "rate_family": dict(zip(scaling_model.FAMILY_KEYS, rate_family, strict=True)) if rate_family else None,
-        "asked_family": dict(zip(scaling_model.FAMILY_KEYS, family, strict=True)), "sweep": sweep, "env": scaling_model.PARAMS_ENV,
-        "check": scaling_model.comm_check(doc) if doc else [], "plotly": True,
+        "asked_family": dict(zip(scaling_model.FAMILY_KEYS, family, strict=True)), "sweep": sweep, "env": links.PARAMS_ENV,
+        "check": links.comm_check(doc) if doc else [], "plotly": True,
         "query": {"op": op, "direction": direction, "H": H, "K": K, "V": V, "dtype": dtype, "backend": backend,
                   "layout": layout, "max_ranks_per_host": max_ranks_per_host, "sweep": sweep or "", "exact": exact},
     })

@@ -26,7 +26,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dashboards.scaling_model import DEFAULT_PARAMS, CommParams, held_against  # noqa: E402
+from dashboards.links import DEFAULT_PARAMS, CommParams  # noqa: E402
+from dashboards.scaling_model import held_against  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 

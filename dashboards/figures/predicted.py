@@ -1,5 +1,5 @@
 """The scaling model held against the measurements: predicted against measured step time per point and scheme, and
-the error, one column per topology: the number of hosts and their interconnect (`dashboards.scaling_model.
+the error, one column per topology: the number of hosts and their interconnect (`dashboards.links.
 row_topology`; within a column W, hence the ranks per host, varies along the error row's x axis).
 
 Rows in, figure out. The prediction is `dashboards.scaling_model.held_against`: kernel rates fitted on the rows' own
@@ -28,7 +28,8 @@ from dashboards.figures.common import (
     series_key,
     series_name,
 )
-from dashboards.scaling_model import HELD_COLUMNS, held_against, load_params
+from dashboards.links import load_params
+from dashboards.scaling_model import HELD_COLUMNS, held_against
 
 NAME = "predicted"
 TITLE = "Scaling model vs measured: predicted step time against measured (top) and its error (bottom), per topology"

@@ -19,11 +19,11 @@ timed size on stderr.
 
 The fit: per link class, the least-squares line time = alpha + beta bytes through its send/recv medians (alpha and
 beta kept >= 0). The group collectives are stored beside them, so the model can be held against them
-(`dashboards.scaling_model.comm_check`).
+(`dashboards.links.comm_check`).
 
 Output: `--out` (default benchmarks/results/comm_<device>.json): {"links": {class: {alpha_s, beta_s_per_byte}},
 "measured": [fitted classes], "source", "topology", "shape", "samples", "environment"}: the JSON
-`dashboards.scaling_model.CommParams.from_json` reads (the server reads it from CPBENCH_COMM_PARAMS).
+`dashboards.links.CommParams.from_json` reads (the server reads it from CPBENCH_COMM_PARAMS).
 """
 
 from __future__ import annotations

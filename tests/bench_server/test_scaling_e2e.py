@@ -20,8 +20,8 @@ import pytest
 
 from dashboards.cost_model import comm_cost
 from dashboards.figures.common import tokens_label
+from dashboards.links import DEFAULT_PARAMS
 from dashboards.scaling_model import (
-    DEFAULT_PARAMS,
     SCALING_HOSTS,
     SCALING_TS,
     SCALING_WS,

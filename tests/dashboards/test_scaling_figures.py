@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from dashboards.figures import predicted, scaling_map
-from dashboards.scaling_model import DEFAULT_PARAMS, KernelRate, best_schemes, held_against
+from dashboards.links import DEFAULT_PARAMS
+from dashboards.scaling_model import KernelRate, best_schemes, held_against
 from tests.dashboards.test_scaling_model import stored_rows
 
 

@@ -1,4 +1,4 @@
-"""The scaling model (`dashboards.scaling_model`) against hand-computed cases and the stored CPU measurements.
+"""The scaling model (`dashboards.scaling_model`, its links `dashboards.links`) against hand-computed cases and the stored CPU measurements.
 
 Scenarios: the link load of each collective splits its bytes between the links by the share of peers on other
 hosts (hand-computed for 2 hosts x 4 ranks); every scheme's predicted time at W=4 on 2 hosts x 2 ranks equals the
@@ -21,20 +21,8 @@ from typing import Any
 import pytest
 
 from dashboards.cost_model import comm_cost
-from dashboards.scaling_model import (
-    DEFAULT_PARAMS,
-    CommParams,
-    KernelRate,
-    Link,
-    Topology,
-    best_schemes,
-    fit_rates,
-    held_against,
-    link_load,
-    load_params,
-    predict,
-    row_topology,
-)
+from dashboards.links import DEFAULT_PARAMS, CommParams, Link, Topology, link_load, load_params, row_topology
+from dashboards.scaling_model import KernelRate, best_schemes, fit_rates, held_against, predict
 
 ROOT = Path(__file__).resolve().parents[2]
 RATE = KernelRate(fixed_s=1e-4, per_token_head_s=1e-8)

@@ -21,17 +21,8 @@ from fastapi.testclient import TestClient
 
 from bench_server.core.config import ServerSettings
 from bench_server.main import create_app
-from dashboards.scaling_model import (
-    DEFAULT_PARAMS,
-    DEFAULT_RATES,
-    PARAMS_ENV,
-    SCALING_HOSTS,
-    SCALING_TS,
-    SCALING_WS,
-    CommParams,
-    best_schemes,
-    cp_modes,
-)
+from dashboards.links import DEFAULT_PARAMS, PARAMS_ENV, CommParams
+from dashboards.scaling_model import DEFAULT_RATES, SCALING_HOSTS, SCALING_TS, SCALING_WS, best_schemes, cp_modes
 from tests.dashboards.seed import Seeded
 
 

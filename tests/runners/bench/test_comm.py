@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from dashboards.cost_model import comm_cost
-from dashboards.scaling_model import CommParams, comm_check
+from dashboards.links import CommParams, comm_check
 from runners.bench import comm
 
 SCHEMES = ("headwise", "all_gather", "ring", "true_cp", "tail_exchange")

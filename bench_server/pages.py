@@ -9,6 +9,11 @@
                               backend=all (the default when the sweep has several) draws every backend side by side
     /tuning                   tuning trials and the tuned configs (?sweep=, ?device=, ?kernel=)
     /history                  nightly history per benchmark key with regression verdicts (?key= substring)
+    /scaling                  the scaling model's predicted best scheme per (T, W, hosts), with the links and kernel
+                              rate it used and where they came from (?sweep= fits the rate on that sweep's W=1
+                              `none` points; ?op=, direction=, H=, K=, V=, dtype=, backend=, layout=,
+                              max_ranks_per_host=, exact=true (the exact schemes only); the links:
+                              CPBENCH_COMM_PARAMS, `cpbench bench comm`'s JSON)
     /dash/{id}/{figure}.csv   the table behind a sweep figure (same query parameters as the page)
     /dash/all/{figure}.csv    the table behind the tuning or history figure
     /static/plotly.min.js     plotly.js from the installed plotly package (never a CDN)
@@ -30,7 +35,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
@@ -45,11 +50,12 @@ from starlette.types import Scope
 
 import dashboards
 from bench_server.api.deps import SessionDep, require_read
-from dashboards import data, render
-from dashboards.figures import SWEEP_FIGURES, accuracy, history, tuning
+from dashboards import data, links, render, scaling_model
+from dashboards.figures import SWEEP_FIGURES, accuracy, history, scaling_map, tuning
 from dashboards.figures.common import empty_figure
 from db import crud
 from db.models import Sweep
+from kernels.vocabulary import DTYPE_BYTES
 from runners.settings import get_worker_settings
 from runners.spec import INT32_MAX
 
@@ -230,6 +236,39 @@ def history_page(request: Request, session: SessionDep, key: str | None = None) 
     })
 
 
+@router.get("/scaling", response_class=HTMLResponse)
+def scaling_page(request: Request, session: SessionDep, sweep: int | None = Query(None, ge=1, le=INT32_MAX),
+                 op: Literal["gdn", "kda"] = "gdn", direction: Literal["fwd", "fwd+bwd"] = "fwd",
+                 H: int = Query(16, ge=1, le=1024), K: int = Query(128, ge=1, le=1024), V: int = Query(128, ge=1, le=1024),
+                 dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16", backend: str = "triton",
+                 layout: Literal["contiguous", "zigzag"] = "contiguous",
+                 max_ranks_per_host: int = Query(8, ge=1, le=128), exact: bool = False) -> Any:
+    params, doc, problem = links.load_params()
+    if sweep is not None:
+        _sweep_or_404(session, sweep)
+        rows = data.sweep_rows(session, sweep, limit=get_worker_settings().MAX_POINTS_PER_SWEEP)
+        rates = scaling_model.fit_rates(rows, source=f"sweep {sweep}: its W=1 `none` points")
+    else:
+        rates = scaling_model.DEFAULT_RATES
+    family = (op, backend, dtype, H, K, V, direction)
+    rate, rate_family = scaling_model.choose_rate(rates, family)
+    cells = [] if rate is None else scaling_model.best_schemes(
+        Ts=scaling_model.SCALING_TS, Ws=scaling_model.SCALING_WS, hosts=scaling_model.SCALING_HOSTS, rate=rate,
+        params=params, op=op, H=H, K=K, V=V, dtype_bytes=DTYPE_BYTES[dtype], direction=direction, layout=layout,
+        max_ranks_per_host=max_ranks_per_host, modes=scaling_model.cp_modes(exact_only=exact))
+    fig = scaling_map.figure(cells) if rate is not None else empty_figure(
+        scaling_map.TITLE, f"no kernel rate for {op} {direction}" + (f" in sweep {sweep}" if sweep else ""))
+    return templates.TemplateResponse(request, "scaling.html", {
+        "figure": {"name": scaling_map.NAME, "title": scaling_map.TITLE, "div": render.figure_div(fig, "fig-scaling_map")},
+        "cells": scaling_map.frame(cells), "links": params.describe(), "problem": problem, "rate": rate,
+        "rate_family": dict(zip(scaling_model.FAMILY_KEYS, rate_family, strict=True)) if rate_family else None,
+        "asked_family": dict(zip(scaling_model.FAMILY_KEYS, family, strict=True)), "sweep": sweep, "env": links.PARAMS_ENV,
+        "check": links.comm_check(doc) if doc else [], "plotly": True,
+        "query": {"op": op, "direction": direction, "H": H, "K": K, "V": V, "dtype": dtype, "backend": backend,
+                  "layout": layout, "max_ranks_per_host": max_ranks_per_host, "sweep": sweep or "", "exact": exact},
+    })
+
+
 def _csv(text: str, filename: str) -> Response:
     return Response(text, media_type="text/csv; charset=utf-8",
                     headers={"Content-Disposition": f'attachment; filename="{filename}"'})
@@ -267,7 +306,7 @@ class _PageNotFoundRoute(HTMLErrorRoute):
 
 
 def not_found_page(request: Request, path: str) -> Any:
-    raise HTTPException(status_code=404, detail=f"no page at /{path}: the pages are /, /sweeps/<id>, /tuning and /history")
+    raise HTTPException(status_code=404, detail=f"no page at /{path}: the pages are /, /sweeps/<id>, /tuning, /history and /scaling")
 
 
 # added after the other pages (`create_app` includes this router last), so it only sees paths no route matched

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from kernels.vocabulary import COUNTED_DIRECTIONS, HAND_BACKWARD, LAYOUTS, MODES, OPS, SINGLE_DEVICE, collective_count
 
 __all__ = ["CHUNK_SIZE", "TRANSITION_COST", "CommCost", "bytes_per_token", "comm_cost", "crossing_cuts",
-           "model_speedup"]
+           "model_speedup", "rank_hops"]
 
 CHUNK_SIZE = 64
 TRANSITION_COST = 0.5  # a transition (M, S_ext) per token, relative to a forward per token (assumed)
@@ -92,8 +92,14 @@ def crossing_cuts(lengths: Sequence[int], W: int, layout: str = "contiguous") ->
     return messages, internal
 
 
-def _cut_plan(lengths: Sequence[int], W: int, layout: str) -> tuple[int, int, int]:
-    """(cross-rank internal cuts, internal cuts, most messages one rank sends or receives)."""
+def rank_hops(lengths: Sequence[int], W: int, layout: str = "contiguous") -> list[tuple[int, int]]:
+    """The (source rank, destination rank) of every state hand-off along the token stream `lengths`: one per
+    internal cut between parts on different ranks, in stream order (the chain of ring and tail_exchange)."""
+    return _cuts(lengths, W, layout)[1]
+
+
+def _cuts(lengths: Sequence[int], W: int, layout: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """(the internal cuts, the cross-rank hops (src, dst) among them)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be 'contiguous' or 'zigzag', got layout={layout!r}")
     parts = W if layout == "contiguous" else 2 * W
@@ -107,7 +113,12 @@ def _cut_plan(lengths: Sequence[int], W: int, layout: str) -> tuple[int, int, in
         return part if part < W else 2 * W - 1 - part
 
     internal = [i for i in range(1, parts) if (i * total) // parts not in ends]
-    hops = [(owner(i - 1), owner(i)) for i in internal if owner(i - 1) != owner(i)]
+    return internal, [(owner(i - 1), owner(i)) for i in internal if owner(i - 1) != owner(i)]
+
+
+def _cut_plan(lengths: Sequence[int], W: int, layout: str) -> tuple[int, int, int]:
+    """(cross-rank internal cuts, internal cuts, most messages one rank sends or receives)."""
+    internal, hops = _cuts(lengths, W, layout)
     per_rank = [max(sum(src == r for src, _ in hops), sum(dst == r for _, dst in hops)) for r in range(W)]
     return len(hops), len(internal), max(per_rank, default=0)
 

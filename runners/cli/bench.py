@@ -4,6 +4,7 @@
     cpbench bench kernels --dry-run --out /tmp/b   # CPU interpreter, tiny shapes: checks the script runs
     cpbench bench cp --world 2                     # every CP scheme on 2 GPUs vs FLA's CP (runners/bench/cp.py)
     cpbench bench train                            # our Triton forward+backward vs FLA's (runners/bench/kernels_train.py)
+    cpbench bench comm --world 8                   # the links' alpha/beta for the scaling model (runners/bench/comm.py)
 
 Everything after the target is handed to that module's own argument parser; `cpbench bench kernels --help` lists it.
 Both write into `--out` (default benchmarks/results/); give CPU smoke runs another folder. `--dry-run` runs the
@@ -22,12 +23,17 @@ from runners.errors import CpbenchError
 
 __all__ = ["register"]
 
-TARGETS = {"kernels": "runners.bench.kernels", "cp": "runners.bench.cp", "train": "runners.bench.kernels_train"}
+TARGETS = {
+    "kernels": "runners.bench.kernels",
+    "cp": "runners.bench.cp",
+    "train": "runners.bench.kernels_train",
+    "comm": "runners.bench.comm",
+}
 
 
 def bench(
     ctx: typer.Context,
-    target: str | None = typer.Argument(None, help="kernels | cp"),
+    target: str | None = typer.Argument(None, help="kernels | cp | train | comm"),
 ) -> None:
     """Run a GPU benchmark of the kernel suite; extra arguments go to the benchmark."""
     if target is None or target in ("--help", "-h"):
@@ -50,5 +56,5 @@ def register(app: typer.Typer) -> None:
     app.command(
         "bench",
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
-        help="Run a GPU benchmark of the kernel suite (kernels | cp); extra arguments go to the benchmark.",
+        help="Run a GPU benchmark of the kernel suite (kernels | cp | train | comm); extra arguments go to the benchmark.",
     )(bench)

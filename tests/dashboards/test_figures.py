@@ -66,6 +66,8 @@ def test_sweep_figure_one_trace_name_per_mode(name: str, modes: tuple[str, ...])
         assert drawn <= set(modes) and drawn
     elif name == "scaling":  # `none` is the baseline every speedup divides
         assert drawn == set(modes) - {"none"}
+    elif name == "predicted":  # the scaling model leaves warmup_correct out
+        assert drawn == set(modes) - {"warmup_correct"}
     elif name == "latency":  # without a W=1 facet of its own, `none` is drawn only as the reference line
         assert drawn | references == set(modes) and references == {"none"}
         assert ("none" in drawn) == ("warmup_correct" in modes)

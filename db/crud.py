@@ -195,7 +195,7 @@ def sweep_progress(session: Session, *, sweep_id: int) -> dict[str, int]:
 
 
 def sweeps_progress(session: Session, *, sweep_ids: Sequence[int]) -> dict[int, dict[str, int]]:
-    """`sweep_progress` of many sweeps in one query."""
+    """`sweep_progress` of many sweeps, plus `unreliable` (`sweeps_unreliable`), in two queries."""
     out = {i: {**dict.fromkeys(POINT_STATUSES, 0), "total": 0} for i in sweep_ids}
     if not out:
         return out
@@ -204,6 +204,21 @@ def sweeps_progress(session: Session, *, sweep_ids: Sequence[int]) -> dict[int, 
     for sweep_id, status, count in session.execute(stmt).all():
         out[sweep_id][status] = count
         out[sweep_id]["total"] += count
+    for sweep_id, count in sweeps_unreliable(session, sweep_ids=sweep_ids).items():
+        out[sweep_id]["unreliable"] = count
+    return out
+
+
+def sweeps_unreliable(session: Session, *, sweep_ids: Sequence[int]) -> dict[int, int]:
+    """{sweep_id: how many of its `done` points have an unreliable measurement} (`measurements.unreliable`: the stop
+    rule did not converge), zeros included."""
+    out = dict.fromkeys(sweep_ids, 0)
+    if not out:
+        return out
+    stmt = (select(Point.sweep_id, func.count()).join(Measurement, Measurement.point_id == Point.id)
+            .where(Point.sweep_id.in_(list(sweep_ids)), Point.status == "done", Measurement.unreliable.is_not(None))
+            .group_by(Point.sweep_id))
+    out.update(session.execute(stmt).tuples().all())
     return out
 
 

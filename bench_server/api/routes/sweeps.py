@@ -42,7 +42,8 @@ async def spec_body(request: Request) -> SweepCreate:
 
 
 def sweep_public(session: Session, sweep: Sweep) -> dict[str, Any]:
-    progress = SweepProgress(**crud.sweep_progress(session, sweep_id=sweep.id))
+    progress = SweepProgress(**crud.sweep_progress(session, sweep_id=sweep.id),
+                             unreliable=crud.sweeps_unreliable(session, sweep_ids=[sweep.id])[sweep.id])
     return {**{c: getattr(sweep, c) for c in SweepPublic.model_fields if c != "progress"}, "progress": progress}
 
 

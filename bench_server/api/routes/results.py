@@ -6,7 +6,7 @@ value is a 422 naming the allowed ones (not an empty page); `backend` takes peer
 nor the host of a result, as on /workers; a failed point's error is its summary line, without the traceback
 (`db.crud.short_error`; the full text stays in the worker's log and the store).
 
-A finished page is kept per revision of its rows (`RESULT_PAGES`, `db.crud.results_revision`): a repeated request
+A finished page of at most 1,000 rows is kept per revision of its rows (`RESULT_PAGES`, `db.crud.results_revision`): a repeated request
 costs one light query while nothing it shows has changed.
 """
 
@@ -44,6 +44,7 @@ router = APIRouter(prefix="/results", tags=["results"])
 # finished pages (JSON bytes or CSV), per (store, filters, page, format, token shown, revision of the page's rows:
 # `crud.results_revision`); a request computes the revision (a light query) and builds the page only when it changed
 RESULT_PAGES = SweepPageCache(size=32)
+CACHED_LIMIT = 1000  # larger pages (up to 20,000 rows, tens of MB) are built each time, never kept
 
 MAX_LIMIT = DEFAULT_MAX_POINTS_PER_SWEEP
 
@@ -76,9 +77,13 @@ def read_results(
     filters = {"sweep_id": sweep, "op": op, "mode": tuple(mode) if mode else None, "backend": backend,
                "direction": direction, "B": B, "T": T, "W": W, "lb": lb, "device": device, "status": status}
     trusted = is_trusted(request, credentials)
-    revision = crud.results_revision(session, skip=skip, limit=limit, **filters)
-    key = (str(session.get_bind().engine.url), tuple(filters.items()), skip, limit, format, trusted, revision)
-    page = RESULT_PAGES.get(key, lambda: _page(session, filters, skip=skip, limit=limit, trusted=trusted, csv=format == "csv"))
+    build = lambda: _page(session, filters, skip=skip, limit=limit, trusted=trusted, csv=format == "csv")  # noqa: E731
+    if limit > CACHED_LIMIT:
+        page = build()
+    else:
+        revision = crud.results_revision(session, skip=skip, limit=limit, **filters)
+        key = (str(session.get_bind().engine.url), tuple(filters.items()), skip, limit, format, trusted, revision)
+        page = RESULT_PAGES.get(key, build)
     if format == "csv":
         name = f"cpbench-results{'-sweep' + str(sweep) if sweep is not None else ''}.csv"
         return Response(page["body"], media_type="text/csv; charset=utf-8",

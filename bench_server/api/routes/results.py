@@ -6,8 +6,8 @@ value is a 422 naming the allowed ones (not an empty page); `backend` takes peer
 nor the host of a result, as on /workers; a failed point's error is its summary line, without the traceback
 (`db.crud.short_error`; the full text stays in the worker's log and the store).
 
-A finished page of at most 1,000 rows is kept per revision of its rows (`RESULT_PAGES`, `db.crud.results_revision`): a repeated request
-costs one light query while nothing it shows has changed.
+A finished page of at most 1,000 rows is kept per revision of its rows (`RESULT_PAGES`, `db.crud.results_revision`):
+a repeated request costs one light query while nothing it shows has changed.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -35,7 +36,7 @@ from sqlalchemy.exc import DataError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from bench_server import docs, pages
-from bench_server.api.deps import SessionDep, reject_unknown_query
+from bench_server.api.deps import reject_unknown_query
 from bench_server.api.router import api_router
 from bench_server.api.routes.sweeps import SPEC_SCHEMA
 from bench_server.core.config import API_V1_STR, ServerSettings, get_settings
@@ -123,9 +124,16 @@ async def _overflow(request: Request, exc: OverflowError) -> Any:
                                                               "type": "range"}]})
 
 
-def _health(request: Request, session: SessionDep) -> Any:
-    try:
+def _ping(request: Request) -> None:
+    with request.app.state.sessionmaker() as session:
         crud.ping(session)
+
+
+async def _health(request: Request) -> Any:
+    """One hop to the thread pool (the session opened, pinged and closed there), not three (the session dependency's
+    start and end and the route): each hop waits for the GIL while a submit's work holds it."""
+    try:
+        await run_in_threadpool(_ping, request)
         db = "ok"
     except Exception:  # the endpoint's job is to report, not to raise; the details stay in the server log
         logger.warning("healthz: the store is unavailable", exc_info=True)

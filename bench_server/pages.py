@@ -1,9 +1,10 @@
 """HTML pages of the dashboards and their CSV downloads: rows from `dashboards.data`, figures from
 `dashboards.figures`, HTML from `dashboards.render` and the jinja2 templates in dashboards/templates.
 
-    /                         sweeps with live progress (the page polls GET /api/v1/sweeps), filtered by ?name=
-                              (substring), ?tag=, ?status= (a shown status, `dashboards.data.INDEX_STATUSES`);
-                              the sweeps of one regression run are collapsed into one row
+    /                         sweeps with live progress and unreliable counts (the page polls GET
+                              /api/v1/sweeps), filtered by ?name= (substring), ?tag=, ?status= (a shown status,
+                              `dashboards.data.INDEX_STATUSES`); the sweeps of one regression run are collapsed into
+                              one row
     /sweeps/{id}              one sweep: progress (polls GET /api/v1/sweeps/{id}) and its figures, on one slice
                               of (op, backend, H, K, V, dtype, direction, layout) picked by query parameters;
                               backend=all (the default when the sweep has several) draws every backend side by side

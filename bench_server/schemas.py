@@ -33,7 +33,7 @@ SweepCreate = SweepSpec  # the body of POST /sweeps
 
 
 class SweepProgress(BaseModel):
-    """Points of a sweep per status."""
+    """Points of a sweep per status; `unreliable` counts the done ones whose stop rule did not converge."""
 
     queued: int = 0
     running: int = 0
@@ -42,6 +42,7 @@ class SweepProgress(BaseModel):
     skipped: int = 0
     cancelled: int = 0
     total: int = 0
+    unreliable: int = 0
 
 
 class SweepPublic(BaseModel):

@@ -130,7 +130,8 @@ def display_status(status: str, progress: Mapping[str, int]) -> str:
 def sweep_index(session: Session, *, name: str | None = None, tag: str | None = None, status: str | None = None,
                 limit: int = INDEX_LIMIT) -> list[dict[str, Any]]:
     """Groups of sweeps, newest first: one group per regression run (its sweeps share a `regress-run:` tag), one
-    per other sweep. A group is {"sweep": newest, "progress", "status" (shown), "members": [{"sweep", "progress",
+    per other sweep. A group is {"sweep": newest, "progress" (`crud.sweeps_progress`: per status, `total`,
+    `unreliable`), "status" (shown), "members": [{"sweep", "progress",
     "status"}, ...] (newest first), "run": the run id or None, "tags": the newest's tags but the run tag}; the
     group's progress sums its members'.
 

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from sqlalchemy import ColumnElement, String, cast, func, select, text, update
+from sqlalchemy import ColumnElement, String, cast, func, insert, select, text, type_coerce, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import InstrumentedAttribute, Session
 from sqlalchemy.sql import Select
@@ -130,11 +130,9 @@ def create_sweep(
     session.flush()
     for row in rows:
         row["sweep_id"] = sweep.id
-        if row["status"] == "skipped":
-            row["finished_at"] = now
-    if rows:
-        session.add_all(Point(**row) for row in rows)
-        session.flush()
+        row["finished_at"] = now if row["status"] == "skipped" else None
+    if rows:  # one multi-row INSERT, without an ORM object per point (10,000 points: ~0.5 s of CPU, not ~4 s)
+        session.execute(insert(Point), rows)
     logger.info("sweep %s %r: %s points (%s queued)", sweep.id, name, len(rows), sum(r["status"] == "queued" for r in rows))
     return sweep
 
@@ -195,7 +193,7 @@ def sweep_progress(session: Session, *, sweep_id: int) -> dict[str, int]:
 
 
 def sweeps_progress(session: Session, *, sweep_ids: Sequence[int]) -> dict[int, dict[str, int]]:
-    """`sweep_progress` of many sweeps in one query."""
+    """`sweep_progress` of many sweeps, plus `unreliable` (`sweeps_unreliable`), in two queries."""
     out = {i: {**dict.fromkeys(POINT_STATUSES, 0), "total": 0} for i in sweep_ids}
     if not out:
         return out
@@ -204,6 +202,21 @@ def sweeps_progress(session: Session, *, sweep_ids: Sequence[int]) -> dict[int, 
     for sweep_id, status, count in session.execute(stmt).all():
         out[sweep_id][status] = count
         out[sweep_id]["total"] += count
+    for sweep_id, count in sweeps_unreliable(session, sweep_ids=sweep_ids).items():
+        out[sweep_id]["unreliable"] = count
+    return out
+
+
+def sweeps_unreliable(session: Session, *, sweep_ids: Sequence[int]) -> dict[int, int]:
+    """{sweep_id: how many of its `done` points have an unreliable measurement} (`measurements.unreliable`: the stop
+    rule did not converge), zeros included."""
+    out = dict.fromkeys(sweep_ids, 0)
+    if not out:
+        return out
+    stmt = (select(Point.sweep_id, func.count()).join(Measurement, Measurement.point_id == Point.id)
+            .where(Point.sweep_id.in_(list(sweep_ids)), Point.status == "done", Measurement.unreliable.is_not(None))
+            .group_by(Point.sweep_id))
+    out.update(session.execute(stmt).tuples().all())
     return out
 
 
@@ -539,9 +552,17 @@ _RESULT_COLUMNS: tuple[Label[Any] | InstrumentedAttribute[Any], ...] = (
 RESULT_FIELDS = tuple(c.key for c in _RESULT_COLUMNS)
 
 
-def _results_select() -> Select[Any]:
+# what a result row can change by, per point: a point changes status or attempts or is claimed anew (claimed_at)
+# whenever its reason, error or outcome changes; measurements and profiles are written once (a new row, a new id)
+_REVISION_COLUMNS = (
+    Point.id, Point.status, Point.attempts, type_coerce(Point.claimed_at, String), type_coerce(Point.finished_at, String),
+    Measurement.id, Profile.id,
+)  # fmt: skip
+
+
+def _results_select(columns: Sequence[Any] = _RESULT_COLUMNS) -> Select[Any]:
     return (
-        select(*_RESULT_COLUMNS)
+        select(*columns)
         .select_from(Point)
         .outerjoin(Measurement, Measurement.point_id == Point.id)
         .outerjoin(Profile, Profile.point_id == Point.id)
@@ -585,20 +606,40 @@ def list_results(
     Points without a measurement (queued, failed, skipped...) have None in the measurement fields. Ordered by
     point id; returns (page, total count matching the filters).
     """
+    filters = {"sweep_id": sweep_id, "op": op, "mode": mode, "backend": backend, "direction": direction, "B": B, "T": T,
+               "W": W, "lb": lb, "device": device, "status": status}  # fmt: skip
+    rows, total = _results_page(session, _RESULT_COLUMNS, filters, skip, limit)
+    return [dict(zip(RESULT_FIELDS, row, strict=True)) for row in rows], total
+
+
+def results_revision(session: Session, *, skip: int = 0, limit: int = 100, **filters: Any) -> tuple[Any, ...]:
+    """The revision of the `list_results(session, skip=, limit=, **filters)` page, at a fraction of its cost: per point
+    of the page its id, status, attempts, claim and finish times and its measurement's and profile's ids, and the
+    total count. Two reads with the same revision give the same page, so a page can be cached under it."""
+    rows, total = _results_page(session, _REVISION_COLUMNS, filters, skip, limit)
+    return tuple(tuple(row) for row in rows), total
+
+
+_RESULT_FILTERS = {
+    "sweep_id": Point.sweep_id, "op": Point.op, "mode": Point.mode, "backend": Point.backend,
+    "direction": Point.direction, "B": Point.B, "T": Point.T, "W": Point.W, "lb": Point.lb,
+    "device": Environment.device_name, "status": Point.status,
+}  # fmt: skip
+
+
+def _results_page(session: Session, columns: Sequence[Any], filters: Mapping[str, Any], skip: int,
+                  limit: int) -> tuple[list[Any], int]:
+    """`columns` of the points matching `filters` ({name in `_RESULT_FILTERS`: value or values; None: any}), by point
+    id, one page; and the total count matching."""
     _check_page(skip, limit)
-    stmt = _results_select()
-    filters = {
-        Point.sweep_id: sweep_id, Point.op: op, Point.mode: mode, Point.backend: backend, Point.direction: direction,
-        Point.B: B, Point.T: T, Point.W: W, Point.lb: lb, Environment.device_name: device, Point.status: status,
-    }  # fmt: skip
-    for column, value in filters.items():
+    stmt = _results_select(columns)
+    for name, value in filters.items():
         if value is not None:
-            stmt = stmt.where(_match(column, value))
-    rows = session.execute(stmt.order_by(Point.id).offset(skip).limit(limit)).mappings().all()
+            stmt = stmt.where(_match(_RESULT_FILTERS[name], value))
+    rows = list(session.execute(stmt.order_by(Point.id).offset(skip).limit(limit)))
     if 0 < len(rows) < limit or (skip == 0 and not rows):  # the last page: the count is known without a query
-        return [dict(row) for row in rows], skip + len(rows)
-    total = session.execute(select(func.count()).select_from(stmt.subquery())).scalar_one()
-    return [dict(row) for row in rows], total
+        return rows, skip + len(rows)
+    return rows, session.execute(select(func.count()).select_from(stmt.subquery())).scalar_one()
 
 
 def short_error(error: str | None) -> str | None:

@@ -63,10 +63,27 @@ def _owned(session: Session, point_id: int, worker: str) -> Point | None:
     return session.execute(stmt).scalar_one_or_none()
 
 
-def lease_held(session: Session, *, point_id: int, worker: str) -> bool:
-    """`worker` still holds the point's lease (it is running under its name); a plain read, no lock."""
-    held = select(Point.id).where(Point.id == point_id, Point.status == "running", Point.lease_owner == worker)
-    return session.execute(held).first() is not None
+def _renew(session: Session, point_id: int, worker: str, lease_s: float) -> bool:
+    """Extend `worker`'s lease on the point to `lease_s` from the store's now, in the session's transaction (the
+    UPDATE locks the point's row until it ends); False, nothing changed, when `worker` no longer holds it."""
+    _check_lease(lease_s)
+    matched = execute_rowcount(
+        session,
+        update(Point)
+        .where(Point.id == point_id, Point.status == "running", Point.lease_owner == worker)
+        .values(lease_expires_at=_now(session) + timedelta(seconds=lease_s))
+        .execution_options(synchronize_session=False),
+    )
+    return matched == 1
+
+
+def retake_lease(session: Session, *, point_id: int, worker: str, lease_s: float) -> bool:
+    """In the write transaction that stores `worker`'s result of a point (opened here if none is): renew its lease,
+    which also locks the point's row, before anything is written. No other worker can then claim the point or expire
+    the lease until this transaction ends, so a result that waited for the store (spooled) is stored once or, when
+    the point was lost meanwhile (False), not at all: never a second measurement, never a unique-key error."""
+    begin_write(session)
+    return _renew(session, point_id, worker, lease_s)
 
 
 def _requeue_status(session: Session, sweep_id: int) -> str:
@@ -224,19 +241,12 @@ def heartbeat(session: Session, *, point_id: int, worker: str, lease_s: float) -
     _check_lease(lease_s)
     begin_write(session)
     try:
-        now = _now(session)
-        matched = execute_rowcount(
-            session,
-            update(Point)
-            .where(Point.id == point_id, Point.status == "running", Point.lease_owner == worker)
-            .values(lease_expires_at=now + timedelta(seconds=lease_s))
-            .execution_options(synchronize_session=False),
-        )
+        renewed = _renew(session, point_id, worker, lease_s)
         session.commit()
     except BaseException:
         session.rollback()
         raise
-    return matched == 1
+    return renewed
 
 
 def _finish(session: Session, point_id: int, worker: str, action: str) -> Point | None:

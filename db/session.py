@@ -4,7 +4,8 @@ SQLite (the embedded default): the file's folder is created, the database runs i
 the writer), waits up to 30 s for the write lock (`busy_timeout`) and enforces foreign keys. sqlite3's own
 transaction handling is switched off and SQLAlchemy emits `BEGIN` itself, so a write transaction can be opened
 with `BEGIN IMMEDIATE` (`begin_write`): it takes the write lock up front, and a read-then-write transaction can
-then never fail on a stale snapshot. PostgreSQL: plain engine with `pool_pre_ping`.
+then never fail on a stale snapshot. PostgreSQL: plain engine with `pool_pre_ping`. JSON columns are read with
+pydantic-core's parser (`json_loads`).
 
 Sessions come from `get_sessionmaker()` with `expire_on_commit=False`, so objects returned from a finished
 `session_scope()` stay readable. `wait_s` (the API server's `CPBENCH_STORE_WAIT_S`) gives an engine of its own that
@@ -14,6 +15,7 @@ then fails fast (the server answers 503) where a worker, which rides out outages
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -22,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 
+from pydantic_core import from_json
 from sqlalchemy import CursorResult, Engine, Executable, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -55,22 +58,32 @@ def sqlite_path(url: str) -> Path | None:
     return Path(database)
 
 
+def json_loads(text: str | bytes) -> Any:
+    """A JSON column's value from its stored text: pydantic-core's parser (about 3x faster than `json.loads` on the
+    results' params, configs and reports), or `json.loads` for what it refuses (a lone surrogate's escape)."""
+    try:
+        return from_json(text)
+    except ValueError:
+        return json.loads(text)
+
+
 def _create_engine(url: str, wait_s: float | None = None) -> Engine:
     if not is_sqlite(url):
         if wait_s is None:
-            return create_engine(url, pool_pre_ping=True)
+            return create_engine(url, pool_pre_ping=True, json_deserializer=json_loads)
         options = f"-c lock_timeout={int(wait_s * 1000)}"
         return create_engine(
             url,
             pool_pre_ping=True,
             pool_timeout=wait_s,
             connect_args={"connect_timeout": max(1, round(wait_s)), "options": options},
+            json_deserializer=json_loads,
         )
     path = sqlite_path(url)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
     busy_s = SQLITE_BUSY_TIMEOUT_S if wait_s is None else min(wait_s, SQLITE_BUSY_TIMEOUT_S)
-    engine = create_engine(url, connect_args={"timeout": busy_s, "check_same_thread": False})
+    engine = create_engine(url, connect_args={"timeout": busy_s, "check_same_thread": False}, json_deserializer=json_loads)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from itertools import chain
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -91,6 +92,7 @@ def _listify(value: Any) -> Any:
 
 
 _SCALARS = frozenset((int, bool, float, str, type(None)))
+_FLAT = frozenset((int, bool, type(None)))  # values `_clean_values` need not look at one by one
 
 
 def _hashable(value: Any) -> Any:
@@ -115,8 +117,12 @@ def _clean_values(data: Any) -> bool:
             if not math.isfinite(x):
                 return False
         elif t is list or t is tuple:
-            if not set(map(type, x)) <= {int, bool, type(None)}:
-                stack.extend(x)
+            types = set(map(type, x))
+            if types <= _FLAT:
+                continue
+            if types == {list} and set(map(type, chain.from_iterable(x))) <= _FLAT:  # varlen length lists: in C
+                continue
+            stack.extend(x)
         elif t is dict:
             stack.extend(x)
             stack.extend(x.values())
@@ -125,8 +131,21 @@ def _clean_values(data: Any) -> bool:
     return True
 
 
+def _distinct_flat_lists(values: list[Any]) -> bool:
+    """`values` are lists of scalars, none twice: the common case of `_no_duplicates` (10,000 varlen length lists),
+    decided in C; False sends the values to the careful pass."""
+    if not values or set(map(type, values)) != {list}:
+        return False
+    try:
+        return len(set(map(tuple, values))) == len(values)
+    except TypeError:  # a list inside a list: not flat
+        return False
+
+
 def _no_duplicates(values: list[Any], what: str) -> list[Any]:
     """O(n): a set of the values (lists as tuples), so a huge axis cannot stall the server while it is checked."""
+    if _distinct_flat_lists(values):
+        return values
     seen: set[Any] = set()
     dups: list[Any] = []
     for v in values:
@@ -300,7 +319,9 @@ class Axes(BaseModel):
     @classmethod
     def _lengths_limit(cls, value: list[list[int]] | None) -> list[list[int]] | None:
         m = get_worker_settings().MAX_T
-        for lens in value or []:
+        if not value or (all(value) and max(map(sum, value)) <= m):  # the common case, in C
+            return value
+        for lens in value:
             if not lens:
                 raise PydanticCustomError("empty", "a varlen length list must not be empty", {})
             if sum(lens) > m:

@@ -38,7 +38,9 @@ repeated), and the spool file is removed once the outcome is known. The point's 
 until the result is stored (through the storing's backoff too), or until the store answers that the lease is lost
 (then the retries stop and the result is dropped). While the store is away the lease cannot be renewed, so an
 outage longer than the lease gives the point back to the queue: the stale result is then refused before anything
-is written (one log line) and dropped, never stored twice.
+is written (one log line) and dropped, never stored twice. The transaction that stores a result re-takes its lease
+first (`db.queue.retake_lease`: renewed, the point's row locked), so no other worker claims the point between that
+check and the commit.
 
 Multi-host: `runners.multihost.MultiHostWorker` is this worker on rank 0 of a gang torchrun started across hosts; it
 replaces `_detect_devices` (every rank on every host), `_make_pool` (the torchrun gang, a `runners.gang.Gangs`) and
@@ -640,7 +642,8 @@ class Worker:
                                "; ".join(rows.mismatches))
             artifact = _trace_artifact(rows.trace)
             stored = self._store("store results", lambda s: _write_results(
-                s, point_id=claim.point_id, worker=self.name, environment_id=self.env_id, rows=rows, artifact=artifact),
+                s, point_id=claim.point_id, worker=self.name, environment_id=self.env_id, rows=rows, artifact=artifact,
+                lease_s=self.lease_s),
                 give_up=lambda: lease_lost() or (self.stopping() and self._past_grace()))
         except StoreUnavailable:
             if lease_lost():  # the store answered the heartbeat: the point is someone else's now
@@ -687,11 +690,11 @@ def _already_stored(session: Any, point_id: int, worker: str) -> bool:
     return crud.point_done_by(session, point_id=point_id, worker=worker)
 
 
-def _lease_held(session: Any, point_id: int, worker: str) -> bool:
-    """`worker` still holds the point's lease (`db.queue.lease_held`)."""
-    from db.queue import lease_held
+def _retake_lease(session: Any, point_id: int, worker: str, lease_s: float) -> bool:
+    """`worker` still holds the point's lease, now renewed and its row locked until the commit (`db.queue.retake_lease`)."""
+    from db.queue import retake_lease
 
-    return lease_held(session, point_id=point_id, worker=worker)
+    return retake_lease(session, point_id=point_id, worker=worker, lease_s=lease_s)
 
 
 def _write_results(
@@ -702,9 +705,11 @@ def _write_results(
     environment_id: int | None,
     rows: StoreRows,
     artifact: dict[str, Any] | None,
+    lease_s: float,
 ) -> bool:
     """Artifact + measurement + profile + `done`, committed together; False (nothing kept) if the lease was lost.
-    True without writing when this worker's result is already stored (idempotent)."""
+    True without writing when this worker's result is already stored (idempotent). The lease is re-taken (renewed
+    for `lease_s`, the point's row locked) in this transaction before anything is written."""
     from db import crud
     from db.queue import complete_point
     from db.session import begin_write
@@ -712,7 +717,7 @@ def _write_results(
     begin_write(session)  # the write lock first (SQLite): the check and the writes see one state
     if _already_stored(session, point_id, worker):
         return True
-    if not _lease_held(session, point_id, worker):  # a late result: one line, nothing written
+    if not _retake_lease(session, point_id, worker, lease_s):  # a late result: one line, nothing written
         logger.warning("worker %s cannot complete point %s: lease lost; its result is dropped", worker, point_id)
         session.rollback()
         return False

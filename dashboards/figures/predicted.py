@@ -49,8 +49,11 @@ def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def facet_label(row: dict[str, Any]) -> str:
-    """The column a point is drawn in: its hosts and their interconnect ("1 host", "2 hosts · ib")."""
-    net = f" · {row['interconnect']}" if row.get("interconnect") else ""
+    """The column a point is drawn in: its hosts and the network between them ("1 host", "2 hosts · ib"). One host's
+    points share a column whatever their link within the host (W=1 stores "none", a W=2 gang "loopback" or "nvlink");
+    across hosts the stored "<intra>+<inter>" names the network by its inter-host part."""
+    link = row.get("interconnect") or ""
+    net = f" · {link.split('+', 1)[-1]}" if row["hosts"] > 1 and link else ""
     return f"{row['hosts']} host{'s' if row['hosts'] > 1 else ''}{net}"
 
 

@@ -106,11 +106,12 @@ def status(
             rows = _rows(sweeps, crud.sweeps_progress(s, sweep_ids=[sw.id for sw in sweeps]))[:limit]
             shown = sum(len(r["ids"]) for r in rows)
             table = Table(title=f"sweeps ({shown} of {total}; a regression run's sweeps in one row)", header_style="bold")
-            for col in ("id", "name", "status", "points", "done", "failed", "skipped", "queued", "running", "created"):
+            for col in ("id", "name", "status", "points", "done", "unreliable", "failed", "skipped", "queued", "running",
+                        "created"):
                 table.add_column(col)
             for r in rows:
                 c = r["counts"]
-                table.add_row(r["id"], escape(r["name"]), escape(r["status"]), str(c["total"]), str(c["done"]), str(c["failed"]),
+                table.add_row(r["id"], escape(r["name"]), escape(r["status"]), str(c["total"]), str(c["done"]), str(c["unreliable"]), str(c["failed"]),
                               str(c["skipped"]), str(c["queued"]), str(c["running"]), _age(r["created"]))
             workers = crud.list_workers(s)
             wt = Table(title=f"workers ({len(workers)})", header_style="bold")

@@ -3,7 +3,8 @@
 Scenarios: each filter (sweep, op, mode, backend, B, T, W, lb, device, status) keeps exactly the matching points
 and the count says how many match; pagination walks the same ordered list; CSV carries the same page with a header
 and the total in X-Total-Count; the autotune export is served for a device (CPU only when asked), 404 for an
-unknown one; workers list with `alive`; a training step's per-direction profile comes with its row.
+unknown one; workers list with `alive`; a training step's per-direction profile comes with its row; a repeated page
+comes from the per-revision cache until a step of a point's life (claim, release, done) changes it.
 """
 
 from __future__ import annotations
@@ -126,3 +127,47 @@ def test_workers_hide_host_and_pid_without_the_token(client: httpx.Client, store
     assert "secret-host" not in text and '"pid":77' not in text
     rows = client.get("/api/v1/workers").json()["data"]
     assert all(w["host"] is None and w["pid"] is None and w["name"] == f"worker-{w['id']}" for w in rows)
+
+
+def test_a_results_page_is_served_from_cache_until_its_rows_change(
+    client: httpx.Client, store_url: str, seeded: Seeded, auth: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A repeated request is answered from `RESULT_PAGES` (the page not built again) while nothing it shows changed;
+    each step of a point's life through the real queue (claim, release, claim again, done with a measurement) is a
+    new revision and shows at once; the token's page (with the worker) is kept apart from the anonymous one."""
+    from bench_server.api.routes import results
+    from db import queue
+
+    with session_scope(store_url) as s:  # an owned sweep: only a claim with its owner token takes its points
+        sweep_id = crud.create_sweep(s, name="cached", tags=[], spec={}, owner="cache-test",
+                                     points=[point(0, mode="none", W=1, T=256, B=1, lb=-1.0)]).id  # fmt: skip
+    built: list[int] = []
+    real = results._page
+    monkeypatch.setattr(results, "_page", lambda *a, **k: built.append(1) or real(*a, **k))
+
+    def row(headers: dict[str, str] | None = None) -> dict[str, Any]:
+        r = client.get("/api/v1/results", params={"sweep": sweep_id}, headers=headers)
+        assert r.status_code == 200 and r.headers["content-type"] == "application/json" and r.json()["count"] == 1
+        return r.json()["data"][0]
+
+    first = row()
+    assert (first["status"], first["attempts"], first["claimed_at"]) == ("queued", 0, None)
+    assert row() == first and len(built) == 1  # the same revision: from the cache
+    with session_scope(store_url) as s:
+        point_id = queue.claim_point(s, worker="w1", lease_s=60, owner="cache-test").id
+    assert (row()["status"], row()["attempts"], len(built)) == ("running", 1, 2)
+    with session_scope(store_url) as s:
+        assert queue.release_point(s, point_id=point_id, worker="w1")
+    released = row()  # queued with no attempt used again, as at first, but claimed once: not the first page
+    assert (released["status"], released["attempts"]) == ("queued", 0) and released["claimed_at"] is not None
+    with session_scope(store_url) as s:
+        assert queue.claim_point(s, worker="w2", lease_s=60, owner="cache-test").id == point_id
+        summary = dict.fromkeys(("p10_ms", "p90_ms", "iqr_ms", "mean_ms", "min_ms", "max_ms"), 1.5)
+        crud.store_measurement(s, point_id=point_id, environment_id=None, worker="host:42", clock="wall",
+                               samples=[1.5] * 3, summary={**summary, "median_ms": 1.5, "n": 3}, stop_reason="noise",
+                               err_vs_none=None, err_vs_reference=1e-6)  # fmt: skip
+        assert queue.complete_point(s, point_id=point_id, worker="w2")
+    done = row()
+    assert (done["status"], done["median_ms"], done["worker"]) == ("done", 1.5, None)
+    assert row(auth)["worker"] == "host:42" and row()["worker"] is None  # the token's page is another entry
+    assert len(built) == 5  # first, claimed, released, done; done with the token

@@ -1,6 +1,6 @@
 """The sweeps API over HTTP (uvicorn on 127.0.0.1): submit, list with pagination, read with progress, cancel; the
 token on writes (401 without, 403 wrong); bad specs (422 naming the field); body and grid limits (413); health,
-OpenAPI, and the app's refusal of an unmigrated store.
+OpenAPI, and the app's refusal of an unmigrated store; the cyclic collector held off while a submit runs.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import copy
 import logging
 import os
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,40 @@ def test_create_sweep(client: httpx.Client, auth: dict[str, str]) -> None:
     assert body["spec"]["modes"] == ["none", "true_cp"]
     again = client.get(f"/api/v1/sweeps/{body['id']}").json()
     assert again["progress"] == body["progress"] and again["status"] in ("queued", "done")
+
+
+def test_a_submit_holds_the_cyclic_collector_off_until_it_is_answered(
+    client: httpx.Client, auth: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a submit runs (its body parsed, its points stored) the collector is off; after it, on again; overlapping
+    pauses turn it back on once, at the last one's end, and never turn on a collector that was off before."""
+    import gc
+
+    from bench_server.api.routes import sweeps
+    from runners import engine
+
+    during: list[bool] = []
+    real = engine.submit_spec
+    monkeypatch.setattr(sweeps, "submit_spec", lambda *a, **k: during.append(gc.isenabled()) or real(*a, **k))
+    assert gc.isenabled()
+    assert client.post("/api/v1/sweeps", json=spec(name="paused"), headers=auth).status_code == 201
+    deadline = time.monotonic() + 10  # the dependency ends just after the answer is sent
+    while not gc.isenabled() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert during == [False] and gc.isenabled()
+    pause = sweeps.CollectorPause()
+    with pause:
+        with pause:
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer submit still runs
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with pause:
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_create_sweep_refused_without_token(client: httpx.Client) -> None:

@@ -2,7 +2,8 @@
 
 Scenarios: a fwd+bwd sweep whose `none` is unreliable (stopped on timeout with n=3) shows it in an "Unreliable
 measurements" table with its reason and spread, its mode map says "noisy" (no speedup over that `none`), its skipped
-points are listed under their reasons (not only counted) and its per-gradient errors are a table; a second request
+points are listed under their reasons (not only counted) and its per-gradient errors are a table; the sweeps index
+counts its unreliable points; a second request
 of the same page is served from the per-revision cache and a new result invalidates it; the history page says when
 it caps its keys; the browser routes' 404 and 422 are HTML pages while the API's stay JSON.
 """
@@ -82,6 +83,14 @@ def test_sweep_page_flags_unreliable_and_lists_skip_reasons_and_gradients(client
 def test_api_rows_carry_the_flag(client: TestClient, extras: PageExtras) -> None:
     rows = client.get("/api/v1/results", params={"sweep": extras.sweep_id}).json()["data"]
     assert [(r["idx"], r["unreliable"]) for r in rows if r["status"] == "done"] == [(0, UNRELIABLE_WHY), (1, None)]
+
+
+def test_index_counts_each_sweeps_unreliable_points(client: TestClient, extras: PageExtras) -> None:
+    html = client.get("/").text
+    assert '<th title="done points whose stop rule did not converge">unreliable</th>' in html
+    cells = dict(re.findall(r'<tr data-id="(\d+)".*?<td class="unreliable">(\d+)</td>', html, re.S))
+    assert cells[str(extras.sweep_id)] == "1"  # its `none` point: done, stopped on timeout
+    assert client.get(f"/api/v1/sweeps/{extras.sweep_id}").json()["progress"]["unreliable"] == 1  # what the page polls
 
 
 def test_sweep_page_is_cached_per_revision(

@@ -158,27 +158,39 @@ def test_tests_build_stores_by_migrations() -> None:
 
 
 def test_0005_marks_measurements_that_did_not_converge(empty_db_url: str, make_points) -> None:
-    """A store at 0004 holding measurements that stopped on "timeout" and on "noise" upgrades to head: the first is
-    marked unreliable with its stop reason and n, the second is not; the results rows carry the flag."""
+    """A store at 0004 holding measurements that stopped on "timeout", "noise" and "max_samples" upgrades to head:
+    the first and the last are marked unreliable with their stop reason and n, the second is not; the results rows
+    carry the flag. Back to 0004 the column goes, and a second upgrade marks the same rows again (on SQLite and, with
+    the `postgres` marker, on PostgreSQL)."""
     from db import crud
 
     assert upgrade(empty_db_url, "0004_prof") == "0004_prof"
     with session_scope(empty_db_url) as s:
-        sweep_id = crud.create_sweep(s, name="t", tags=[], spec={}, points=make_points(2)).id
+        sweep_id = crud.create_sweep(s, name="t", tags=[], spec={}, points=make_points(3)).id
     with get_engine(empty_db_url).begin() as conn:  # rows as a 0004 worker wrote them (no `unreliable` column yet)
         for pid, reason in zip(
             [r[0] for r in conn.exec_driver_sql(f"SELECT id FROM points WHERE sweep_id = {sweep_id} ORDER BY idx")],
-            ("timeout", "noise"), strict=True):
+            ("timeout", "noise", "max_samples"), strict=True):
             conn.execute(  # the samples as a bound parameter: `x''` is a bit string on PostgreSQL, bytea on SQLite
                 text("INSERT INTO measurements (point_id, clock, samples, n, median_ms, p10_ms, p90_ms, iqr_ms, mean_ms, "
                      "min_ms, max_ms, stop_reason, configs, report, created_at) VALUES (:pid, 'wall', :samples, 3, 1, "
                      "0.8, 140, 50, 20, 0.7, 150, :reason, '{}', '{}', '2026-12-01 00:00:00')"),
                 {"pid": pid, "samples": b"", "reason": reason})
     dispose_engine(empty_db_url)
+    marked = ["stopped on timeout before the noise target (n=3)", None,
+              "stopped on max_samples before the noise target (n=3)"]
     assert upgrade(empty_db_url) == head_revision()
     with get_sessionmaker(empty_db_url)() as s:
         rows, _ = crud.list_results(s, sweep_id=sweep_id)
-        assert [r["unreliable"] for r in rows] == ["stopped on timeout before the noise target (n=3)", None]
+        assert [r["unreliable"] for r in rows] == marked
+    dispose_engine(empty_db_url)
+    assert downgrade(empty_db_url, "0004_prof") == "0004_prof"
+    with get_engine(empty_db_url).connect() as conn:
+        assert "unreliable" not in {c["name"] for c in inspect(conn).get_columns("measurements")}
+    dispose_engine(empty_db_url)
+    assert upgrade(empty_db_url) == head_revision()
+    with get_sessionmaker(empty_db_url)() as s:
+        assert [r["unreliable"] for r in crud.list_results(s, sweep_id=sweep_id)[0]] == marked
 
 
 def test_0006_records_the_single_host_topology_of_older_measurements(empty_db_url: str, make_points) -> None:

@@ -1,7 +1,8 @@
 """Sweep spec validation (runners.spec): the demo loads; bad specs fail with a `SpecError` naming the field.
 
 Scenarios: the shipped demo; scalar shorthand; varlen lengths; unknown mode / backend / field; negative T;
-fwd+bwd; a positive decay bound; a duplicate axis value; W and T over their limits; too many points; malformed
+fwd+bwd; a positive decay bound; a duplicate axis value (a repeated, empty, too long or NaN-holding list among 500
+varlen length lists too); W and T over their limits; too many points; malformed
 YAML and JSON; a missing file; a top level that is not a mapping.
 """
 
@@ -52,6 +53,15 @@ def test_parse_spec_scalar_shorthand_and_varlen() -> None:
         pytest.param({"axes": {"T": 256, "Q": 1}}, "axes.Q", "Extra inputs", id="unknown-axis"),
         pytest.param({"timing": {"min_samples": 20, "max_samples": 10}}, "timing", "max_samples", id="timing-order"),
         pytest.param({"name": ""}, "name", "at least 1", id="empty-name"),
+        # many varlen length lists (their checks run in C while nothing is wrong): each fault is still found
+        pytest.param({"axes": {"lengths": [[i + 1, 1] for i in range(500)] + [[3, 1]]}}, "axes.lengths",
+                     "lists a value twice: [[3, 1]]", id="duplicate-length-list"),
+        pytest.param({"axes": {"lengths": [[i + 1, 1] for i in range(500)] + [[]]}}, "axes.lengths",
+                     "must not be empty", id="empty-length-list"),
+        pytest.param({"axes": {"lengths": [[i + 1, 1] for i in range(500)] + [[1 << 23, 1]]}}, "axes.lengths",
+                     "sums to 8388609 tokens", id="length-list-over-T-limit"),
+        pytest.param({"axes": {"lengths": [[i + 1, 1] for i in range(500)] + [[1, float("nan")]]}},
+                     "spec.axes.lengths.500.1", "finite", id="nan-in-a-length-list"),
         pytest.param({"mode_options": {"ring": {"window": 2}}}, "mode_options", "unknown option(s) window for mode 'ring'",
                      id="unknown-mode-option"),
         pytest.param({"mode_options": {"tail_exchange": {"fallback": "exact"}}}, "mode_options", "fallback must be one of",

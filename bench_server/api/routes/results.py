@@ -5,6 +5,9 @@ The filters on named values (op, mode, direction, status) take only the project'
 value is a 422 naming the allowed ones (not an empty page); `backend` takes peer plugins' names too. Anonymous readers get neither the worker (host:pid)
 nor the host of a result, as on /workers; a failed point's error is its summary line, without the traceback
 (`db.crud.short_error`; the full text stays in the worker's log and the store).
+
+A finished page of at most 1,000 rows is kept per revision of its rows (`RESULT_PAGES`, `db.crud.results_revision`):
+a repeated request costs one light query while nothing it shows has changed.
 """
 
 from __future__ import annotations
@@ -14,8 +17,11 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials
+from pydantic_core import to_json
+from sqlalchemy.orm import Session
 
 from bench_server.api.deps import SessionDep, bearer, is_trusted, require_read
+from bench_server.pages import SweepPageCache
 from bench_server.schemas import ResultsPublic
 from dashboards.render import to_csv
 from db import crud
@@ -34,6 +40,11 @@ else:  # Literal of the vocabularies: FastAPI answers 422 naming them, and the s
     DirectionName, StatusName = Literal[POINT_DIRECTIONS], Literal[POINT_STATUSES]
 
 router = APIRouter(prefix="/results", tags=["results"])
+
+# finished pages (JSON bytes or CSV), per (store, filters, page, format, token shown, revision of the page's rows:
+# `crud.results_revision`); a request computes the revision (a light query) and builds the page only when it changed
+RESULT_PAGES = SweepPageCache(size=32)
+CACHED_LIMIT = 1000  # larger pages (up to 20,000 rows, tens of MB) are built each time, never kept
 
 MAX_LIMIT = DEFAULT_MAX_POINTS_PER_SWEEP
 
@@ -63,15 +74,32 @@ def read_results(
 
     Without the token, `worker` and `host` are null; `error` is a failed point's summary line in every case.
     """
-    rows, count = crud.list_results(session, sweep_id=sweep, op=op, mode=mode, backend=backend, direction=direction,
-                                    B=B, T=T, W=W, lb=lb, device=device, status=status, skip=skip, limit=limit)
+    filters = {"sweep_id": sweep, "op": op, "mode": tuple(mode) if mode else None, "backend": backend,
+               "direction": direction, "B": B, "T": T, "W": W, "lb": lb, "device": device, "status": status}
     trusted = is_trusted(request, credentials)
+    build = lambda: _page(session, filters, skip=skip, limit=limit, trusted=trusted, csv=format == "csv")  # noqa: E731
+    if limit > CACHED_LIMIT:
+        page = build()
+    else:
+        revision = crud.results_revision(session, skip=skip, limit=limit, **filters)
+        key = (str(session.get_bind().engine.url), tuple(filters.items()), skip, limit, format, trusted, revision)
+        page = RESULT_PAGES.get(key, build)
+    if format == "csv":
+        name = f"cpbench-results{'-sweep' + str(sweep) if sweep is not None else ''}.csv"
+        return Response(page["body"], media_type="text/csv; charset=utf-8",
+                        headers={"Content-Disposition": f'attachment; filename="{name}"', "X-Total-Count": str(page["count"])})
+    return Response(page["body"], media_type="application/json")
+
+
+def _page(session: Session, filters: dict[str, Any], *, skip: int, limit: int, trusted: bool, csv: bool) -> dict[str, Any]:
+    """The body of a results page ({"body": bytes or CSV text, "count"}), as `RESULT_PAGES` keeps it."""
+    rows, count = crud.list_results(session, skip=skip, limit=limit, **filters)
     for row in rows:
         row["error"] = crud.short_error(row["error"])
         if not trusted:
             row.update(worker=None, host=None)
-    if format == "csv":
-        name = f"cpbench-results{'-sweep' + str(sweep) if sweep is not None else ''}.csv"
-        return Response(to_csv(rows, crud.RESULT_FIELDS), media_type="text/csv; charset=utf-8",
-                        headers={"Content-Disposition": f'attachment; filename="{name}"', "X-Total-Count": str(count)})
-    return {"data": rows, "count": count}
+    if csv:
+        return {"body": to_csv(rows, crud.RESULT_FIELDS), "count": count}
+    # serialized as the schema says, without validating again what the store's typed columns gave (a third of the
+    # page's CPU): pydantic-core's JSON, non-finite numbers as null, as the response model would
+    return {"body": to_json({"data": rows, "count": count}, inf_nan_mode="null"), "count": count}

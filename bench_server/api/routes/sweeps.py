@@ -3,10 +3,15 @@
 The body of a submit is parsed and validated in a worker thread (`spec_body`), not on the event loop: a 1 MiB
 spec (a long varlen length list) takes tens of ms to check, and other requests (/healthz) go on meanwhile. Its
 schema is still the `SweepCreate` model's (`SPEC_SCHEMA`, put in the OpenAPI components by `bench_server.main`).
+Python's cyclic collector is held off while a submit runs (`COLLECTOR_PAUSE`): its full collections over a big
+spec's objects would stop every other request.
 """
 
 from __future__ import annotations
 
+import gc
+import threading
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, status
@@ -29,6 +34,41 @@ NOT_FOUND = "Sweep not found"
 SPEC_SCHEMA = "SweepSpec"  # the request body's component name in the OpenAPI schema
 
 
+class CollectorPause:
+    """Python's cyclic garbage collector held off while any submit runs (a context manager; submits may overlap).
+
+    A 1 MiB spec makes some 100,000 objects (its lists, the expanded points' rows): enough to start full
+    collections, each stopping every thread of the server for 40-300 ms (a /healthz meanwhile waited up to 1 s).
+    The submit's objects are freed by reference counting when it ends; cyclic garbage waits for the next collection."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.depth = 0
+        self.resume = False
+
+    def __enter__(self) -> None:
+        with self.lock:
+            if self.depth == 0:
+                self.resume = gc.isenabled()
+                gc.disable()
+            self.depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self.lock:
+            self.depth -= 1
+            if self.depth == 0 and self.resume:
+                gc.enable()
+
+
+COLLECTOR_PAUSE = CollectorPause()
+
+
+async def collector_paused() -> AsyncIterator[None]:
+    """The submit's dependency: `COLLECTOR_PAUSE` from before its body is parsed until it has been answered."""
+    with COLLECTOR_PAUSE:
+        yield
+
+
 def _parse_spec(raw: bytes) -> SweepCreate:
     try:
         return SweepCreate.model_validate_json(raw)
@@ -42,7 +82,8 @@ async def spec_body(request: Request) -> SweepCreate:
 
 
 def sweep_public(session: Session, sweep: Sweep) -> dict[str, Any]:
-    progress = SweepProgress(**crud.sweep_progress(session, sweep_id=sweep.id))
+    progress = SweepProgress(**crud.sweep_progress(session, sweep_id=sweep.id),
+                             unreliable=crud.sweeps_unreliable(session, sweep_ids=[sweep.id])[sweep.id])
     return {**{c: getattr(sweep, c) for c in SweepPublic.model_fields if c != "progress"}, "progress": progress}
 
 
@@ -50,7 +91,7 @@ def sweep_public(session: Session, sweep: Sweep) -> dict[str, Any]:
     "",
     response_model=SweepPublic,
     status_code=status.HTTP_201_CREATED,
-    dependencies=[Depends(require_token)],
+    dependencies=[Depends(require_token), Depends(collector_paused)],
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
         "schema": {"$ref": f"#/components/schemas/{SPEC_SCHEMA}"}}}}},
     responses={422: {"description": "the body is not JSON text, or not a valid spec (the fields named)", "content": {

@@ -1,4 +1,5 @@
-"""`cpbench status` lists a regression run's sweeps as one row (issue 28, item 7's status part).
+"""`cpbench status` lists a regression run's sweeps as one row (issue 28, item 7's status part) and counts each
+sweep's unreliable points.
 
 Scenario: three sweeps of one regression run (their `regress-run:` tag, as `cpbench regress` submits them) and the
 user's own sweep after them: the sweeps table has two rows, the user's sweep and `regress run <id> (3 sweeps)`
@@ -58,3 +59,40 @@ def test_status_says_why_points_larger_than_every_gang_wait(store_url: str, tmp_
         assert waiting == ["waiting: 1 point(s) W=8 > largest gang 4"], out
     code, out, _ = _cli("status", "--db", store_url)
     assert "4 cpu on 2 hosts" in out, out
+def test_status_counts_unreliable_points(store_url: str, tmp_path: Path) -> None:  # noqa: F811
+    from db import crud
+    from db.models import Point
+    from db.session import session_scope
+
+    _submit(store_url, write_spec(tmp_path, name="noisy.yaml"))
+    with session_scope(store_url) as s:
+        pt = s.query(Point).one()
+        pt.status = "done"
+        crud.store_measurement(
+            s,
+            point_id=pt.id,
+            environment_id=None,
+            worker="test",
+            clock="wall",
+            samples=[0.8, 2.0, 139.5],
+            summary={
+                "median_ms": 2.0,
+                "p10_ms": 0.8,
+                "p90_ms": 139.5,
+                "iqr_ms": 70.0,
+                "mean_ms": 47.4,
+                "min_ms": 0.8,
+                "max_ms": 139.5,
+                "n": 3,
+            },
+            stop_reason="timeout",
+            unreliable="stopped on timeout with n=3 < min_samples=10",
+            err_vs_none=None,
+            err_vs_reference=None,
+        )
+    code, out, err = _cli("status", "--db", store_url)
+    assert code == 0, err
+    header = next(line for line in out.splitlines() if "┃ id" in line)
+    row = next(line for line in out.splitlines() if "│ tiny" in line)
+    cells = dict(zip([c.strip() for c in header.split("┃")[1:-1]], [c.strip() for c in row.split("│")[1:-1]], strict=True))
+    assert (cells["done"], cells["unreliable"]) == ("1", "1"), out

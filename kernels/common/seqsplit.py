@@ -41,6 +41,7 @@ from kernels.common.chunk_state import (
     chunk_state_transition_fwd,
 )
 from kernels.common.index import ChunkIndex
+from kernels.common.warm_split import WarmInputs, warm_transitions, window_plan
 from kernels.configs import KernelSpec, LaunchConfig, head_block, register
 from kernels.plan import LaunchPlan, launch_config
 
@@ -188,6 +189,9 @@ class SplitPlan:
     seg_ptr: Tensor
     seg_ptr_cpu: list[int]
     seg_seq: Tensor          # int32 `[NS]`: the sequence of each segment (per-segment masks from per-sequence ones)
+    bounds_cpu: tuple[int, ...] = ()        # host copies: segment token bounds `[NS+1]`, their global chunk offsets,
+    chunk_bounds_cpu: tuple[int, ...] = ()  # and the segments that have a transition (non-last), in order
+    transitions_cpu: tuple[int, ...] = ()
 
 
 _PLAN_CACHE: OrderedDict[tuple[int, int], tuple[ChunkIndex, SplitPlan]] = OrderedDict()
@@ -237,6 +241,7 @@ def plan_split(index: ChunkIndex, seg_chunks: int) -> SplitPlan:
         seg_ptr=t(ptr),
         seg_ptr_cpu=ptr,
         seg_seq=t([n for n in range(index.num_seqs) for _ in range(ptr[n], ptr[n + 1])]),
+        bounds_cpu=tuple(cu), chunk_bounds_cpu=tuple(co), transitions_cpu=tuple(trans),
     )
     _PLAN_CACHE[key] = (index, plan)
     while len(_PLAN_CACHE) > _PLAN_CACHE_SIZE:
@@ -348,9 +353,12 @@ def state_and_output(
     launch: LaunchPlan,
     split_chunks: int | None,
     fuse_output: bool,
+    warm: WarmInputs | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """State pass + output for GDN (k raw, g = gate cumsum, q raw) or KDA (k = kg, g = gc, q = qg); aqk from wy.
 
+    warm: the op's raw inputs and window for the gate-certified warmup of the split's transitions
+    (`kernels.common.warm_split`), or None (exact maps everywhere); it acts only when the split runs.
     Returns (o [B, T, H, V] in out_dtype, final state [N, H, K, V] fp32 or None).
     """
     B, T, H, K = k.shape
@@ -365,9 +373,17 @@ def state_and_output(
                            index.chunk_offsets if index.is_varlen else None)
         h0_run, num_states = h0, None
     else:
-        # 1. maps of the non-last segments  2. chain them into every segment's entering state
-        M, S_ext = chunk_state_transition_fwd(k, w, u, g, layout=plan.transitions, BT=BT, gate_vector=gate_vector,
-                                              launch=launch)
+        # 1. maps of the non-last segments (certified warmup windows where the gates allow)  2. chain them into
+        # every segment's entering state
+        wp = None if warm is None else window_plan(index, list(plan.bounds_cpu), list(plan.chunk_bounds_cpu),
+                                                    list(plan.transitions_cpu), warm.window_chunks,
+                                                    seg_chunks=plan.seg_chunks, owner=plan)
+        if wp is None:
+            M, S_ext = chunk_state_transition_fwd(k, w, u, g, layout=plan.transitions, BT=BT, gate_vector=gate_vector,
+                                                  launch=launch)
+        else:
+            M, S_ext = warm_transitions(k, w, u, g, transitions=plan.transitions, wp=wp, BT=BT, gate_vector=gate_vector,
+                                        x=warm, h0=h0, launch=launch)
         h0_run = seg_chain_fwd(M, S_ext, h0, plan, launch=launch)
         layout, num_states = plan.final, index.num_seqs
     if fuse_output:

@@ -1,0 +1,94 @@
+"""The gate-certified warmup of the intra-device split (`kernels.common.warm_split`) against the fp32 per-token
+reference, GDN and KDA on the Triton backend (interpreted on CPU; on a GPU with CPBENCH_TEST_GPU=1).
+
+Scenarios: one head with strong gates (certified: its segments enter with the window's state, M skipped) and one
+with weak gates (not certified: the exact maps), in one call, varlen with an initial state, fused and unfused
+output; the certification count is read on the host after the call and must show both branches; every head
+strong or weak; a window not shorter than a segment runs the exact split (no certification); a bad warm_chunks
+is refused. Tolerance as test_triton_chunk.py: 1e-5 relative L2 on CPU, 1e-2 on a GPU (tf32 dots).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import pytest
+import torch
+
+import kernels
+from kernels.plan import LaunchRecorder, default_plan
+from tests.utils import assert_rel_close, make_inputs, make_state
+
+DEVICE = "cuda" if os.environ.get("CPBENCH_TEST_GPU") and torch.cuda.is_available() else "cpu"
+TOL = 1e-5 if DEVICE == "cpu" else 1e-2
+WEAK = -0.05  # gate lower bound: ~exp(-1.6) per 64 tokens, far from certifiable
+STRONG = 100  # head 0's gates times this (lb -5: ~exp(-160) per 64 tokens)
+LENGTHS = (10, 330, 50)  # segments of 2 chunks (128 tokens): the 330-token sequence has 3, so 2 transitions
+SPLIT, WINDOW = 2, 1
+
+pytestmark = pytest.mark.parametrize("OP", ["gdn", "kda"])
+
+
+def _fwd(op: str):
+    return getattr(importlib.import_module(f"kernels.{op}.chunk"), f"chunk_{op}_fwd")
+
+
+def _inputs(op: str, strong_heads: tuple[int, ...]):
+    q, k, v, g, beta, cu = make_inputs(op, LENGTHS, H=2, K=32, V=32, lb=WEAK, device=DEVICE)
+    for h in strong_heads:
+        g[:, :, h] *= STRONG
+    return q, k, v, g, beta, cu
+
+
+def _run(op: str, strong_heads: tuple[int, ...], *, fuse: bool = True, window: int = WINDOW):
+    q, k, v, g, beta, cu = _inputs(op, strong_heads)
+    h0 = make_state(len(LENGTHS), 2, 32, 32, device=DEVICE)
+    o_ref, ht_ref = kernels.reference(op, q, k, v, g, beta, cu_seqlens=cu, initial_state=h0, output_final_state=True)
+    report: dict[str, torch.Tensor] = {}
+    rec = LaunchRecorder()
+    o, ht = _fwd(op)(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale=32**-0.5,
+        initial_state=h0,
+        output_final_state=True,
+        cu_seqlens=cu,
+        split_chunks=SPLIT,
+        fuse_output=fuse,
+        warm_chunks=window,
+        warm_report=report,
+        plan=default_plan().with_recorder(rec),
+    )
+    assert "chunk_state_transition_fwd" in rec and "seg_chain_fwd" in rec
+    assert_rel_close("o", o_ref, o, TOL)
+    assert_rel_close("ht", ht_ref, ht, TOL)
+    return report
+
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "unfused"])
+def test_warm_split_takes_both_branches_exactly(OP: str, fuse: bool) -> None:
+    report = _run(OP, (0,), fuse=fuse)
+    ok = report["certified"].cpu()  # read after the call: [transitions, heads]
+    assert ok.shape == (2, 2)
+    assert ok[:, 0].all() and not ok[:, 1].any(), ok
+
+
+@pytest.mark.parametrize("strong", [(0, 1), ()], ids=["all-strong", "all-weak"])
+def test_warm_split_every_head_one_way(OP: str, strong: tuple[int, ...]) -> None:
+    ok = _run(OP, strong)["certified"].cpu()
+    assert ok.all() if strong else not ok.any(), ok
+
+
+def test_warm_split_window_not_shorter_than_a_segment_is_exact(OP: str) -> None:
+    report = _run(OP, (0,), window=SPLIT)
+    assert "certified" not in report
+
+
+def test_warm_split_refuses_a_bad_window(OP: str) -> None:
+    q, k, v, g, beta, cu = _inputs(OP, ())
+    with pytest.raises(ValueError, match="warm_chunks must be None or an int >= 0"):
+        _fwd(OP)(q, k, v, g, beta, scale=1.0, cu_seqlens=cu, split_chunks=SPLIT, warm_chunks=-1)

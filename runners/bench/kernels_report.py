@@ -50,6 +50,17 @@ def to_markdown(res: dict[str, Any]) -> str:
                          f"{_fmt(p.get('transition_ms'))} | {_fmt(p.get('chain_ms'))} | {_fmt(p.get('state_split_ms'))} "
                          f"({_fmt(p.get('state_split_GBps'), 0)}) | {_fmt(p.get('state_plain_ms'))} ({_fmt(p.get('state_plain_GBps'), 0)}) | "
                          f"{p.get('segments', '—')} x {p.get('seg_chunks', '—')} |")
+    warm = [r for r in prof if "warm_transitions_ms" in r["profile"]]
+    if warm:
+        lines += ["", "Gate-certified warmup of the split (`kernels.common.warm_split`), each stage timed alone, ms; the "
+                  "exact transition pass above is what it replaces:", "",
+                  "| op | B | T | window chunks | windows' pass | certification | masked transition | all (warm_transitions) "
+                  "| exact transition | certified pairs |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in warm:
+            p = r["profile"]
+            lines.append(f"| {r['op']} | {r['B']} | {r['T']} | {p['warm']} | {_fmt(p.get('warm_window_ms'))} | "
+                         f"{_fmt(p.get('warm_certify_ms'))} | {_fmt(p.get('warm_masked_transition_ms'))} | "
+                         f"{_fmt(p.get('warm_transitions_ms'))} | {_fmt(p.get('transition_ms'))} | {p.get('warm_certified')} |")
     graph = [r for r in res["rows"] if "graph_ms" in r]
     if graph:
         lines += ["", "CUDA-graph replay (launch overhead removed), B=1 T=8192:", ""]
@@ -67,8 +78,11 @@ def to_markdown(res: dict[str, Any]) -> str:
                          f"{_sci(c['o_rel_l2'])} | {_sci(c['ht_rel_l2'])} | {_sci(c['transition_rel_l2'])} | "
                          f"{_sci(c['ref_bf16_rounding'])} |")
     if res.get("explore"):
-        lines += ["", "## Variants (explore)", "", "| op | B | T | variant | ms | rel_l2 vs FLA |", "|---|---|---|---|---|---|"]
+        lines += ["", "## Variants (explore; warm*: the split's gate-certified warmup, certified = fraction of (transition, "
+                  "head) pairs that skipped M)", "", "| op | B | T | variant | ms | rel_l2 vs FLA | certified |",
+                  "|---|---|---|---|---|---|---|"]
         for r in res["explore"]:
             lines.append(f"| {r['op']} | {r['B']} | {r['T']} | {r['variant']} | {_fmt(r.get('ms'))} | "
-                         f"{_sci(r.get('rel_l2_vs_fla')) if 'error' not in r else 'ERROR: ' + r['error'][:80]} |")
+                         f"{_sci(r.get('rel_l2_vs_fla')) if 'error' not in r else 'ERROR: ' + r['error'][:80]} | "
+                         f"{r.get('certified', '')} |")
     return "\n".join(lines) + "\n"

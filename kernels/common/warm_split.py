@@ -32,7 +32,7 @@ from torch import Tensor
 
 from kernels.common.chunk_state import SeqLayout, chunk_state_final_fwd, chunk_state_transition_fwd
 from kernels.common.index import ChunkIndex
-from kernels.cp.decay_bound import log_window_bound, token_terms
+from kernels.cp.decay_bound import log_window_bound, norm_terms, token_terms
 from kernels.plan import LaunchPlan
 from kernels.vocabulary import MODE_OPTIONS
 
@@ -70,16 +70,21 @@ class WarmInputs:
     window_chunks: int = WARM_CHUNKS
     tol: float = WARM_TOL
     report: dict[str, Tensor] | None = None
+    norms: Tensor | None = None  # fp32 [B, T, H, 2]: ||k||^2, ||v||^2 per token from the WY pass (GDN), else read here
 
 
 def warm_inputs(
     op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, warm_chunks: int | None, *, report: dict[str, Tensor] | None = None
 ) -> WarmInputs | None:
-    """The forwards' `warm_chunks` (None: WARM_DEFAULT; 0: off -> None) as the split's WarmInputs."""
+    """The forwards' `warm_chunks` (None: WARM_DEFAULT; 0: off -> None) as the split's WarmInputs; GDN's carries an
+    empty `norms` for `wy_gdn_fwd` to fill (pass `.norms` to it)."""
     chunks = WARM_DEFAULT if warm_chunks is None else warm_chunks
     if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 0:
         raise ValueError(f"warm_chunks must be None or an int >= 0, got warm_chunks={warm_chunks!r}")
-    return WarmInputs(op, k, v, g, beta, window_chunks=chunks, report=report) if chunks else None
+    if not chunks:
+        return None
+    norms = torch.empty(*k.shape[:3], 2, dtype=torch.float32, device=k.device) if op == "gdn" else None
+    return WarmInputs(op, k, v, g, beta, window_chunks=chunks, report=report, norms=norms)
 
 
 @dataclass(eq=False)
@@ -159,8 +164,13 @@ def window_plan(
 def certify_windows(x: WarmInputs, wp: WindowPlan, E_win: Tensor, h0: Tensor | None) -> Tensor:
     """bool `[NW, H]` on the device: the window's dropped state is provably <= tol ||S_exact||_F (module doc)."""
     B, T = x.k.shape[0], x.k.shape[1]
-    flat = [y.reshape(1, B * T, *y.shape[2:]) for y in (x.k, x.v, x.g, x.beta)]  # one flat token axis
-    ell, log_u = token_terms(x.op, *flat)  # fp64 [B*T, H]
+    if x.norms is None:
+        flat = [y.reshape(1, B * T, *y.shape[2:]) for y in (x.k, x.v, x.g, x.beta)]  # one flat token axis
+        ell, log_u = token_terms(x.op, *flat)  # fp64 [B*T, H]
+    else:  # the WY pass's norms: k and v are not read again
+        n = x.norms.reshape(B * T, -1, 2)
+        gmax = x.g if x.op == "gdn" else x.g.amax(-1)
+        ell, log_u = norm_terms(gmax.reshape(B * T, -1), n[..., 0], n[..., 1].sqrt(), x.beta.reshape(B * T, -1))
     if h0 is not None and wp.seq_bos.numel():
         # S after a sequence's first token: A h0 + its write, ||A h0|| <= exp(l) ||h0||: a write of that norm more
         h0_log = torch.linalg.vector_norm(h0.index_select(0, wp.seq_ids), dim=(-2, -1)).double().log()

@@ -168,19 +168,47 @@ def _apply_T(x0, x1, x2, x3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33):
 @triton.jit
 def _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
              H: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
-    """u = T (beta V), in column blocks of BV (both ops); the T blocks are already in the input dtype."""
+    """u = T (beta V), in column blocks of BV (both ops); the T blocks are already in the input dtype. Returns the
+    squared norms of the four blocks' value rows, fp32 [16] each (used by `wy_gdn_fwd`'s `norms`, else dropped)."""
     dt = T00.dtype
+    n0 = tl.zeros([16], dtype=tl.float32)
+    n1 = tl.zeros([16], dtype=tl.float32)
+    n2 = tl.zeros([16], dtype=tl.float32)
+    n3 = tl.zeros([16], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         c0 = i_v * BV
-        x0 = (_load_tile(v, bos, t0, T, i_h, H, V, c0, 16, BV) * b0[:, None]).to(dt)
-        x1 = (_load_tile(v, bos, t0 + 16, T, i_h, H, V, c0, 16, BV) * b1[:, None]).to(dt)
-        x2 = (_load_tile(v, bos, t0 + 32, T, i_h, H, V, c0, 16, BV) * b2[:, None]).to(dt)
-        x3 = (_load_tile(v, bos, t0 + 48, T, i_h, H, V, c0, 16, BV) * b3[:, None]).to(dt)
+        v0 = _load_tile(v, bos, t0, T, i_h, H, V, c0, 16, BV).to(tl.float32)
+        v1 = _load_tile(v, bos, t0 + 16, T, i_h, H, V, c0, 16, BV).to(tl.float32)
+        v2 = _load_tile(v, bos, t0 + 32, T, i_h, H, V, c0, 16, BV).to(tl.float32)
+        v3 = _load_tile(v, bos, t0 + 48, T, i_h, H, V, c0, 16, BV).to(tl.float32)
+        n0 += tl.sum(v0 * v0, 1)
+        n1 += tl.sum(v1 * v1, 1)
+        n2 += tl.sum(v2 * v2, 1)
+        n3 += tl.sum(v3 * v3, 1)
+        x0 = (v0 * b0[:, None]).to(dt)
+        x1 = (v1 * b1[:, None]).to(dt)
+        x2 = (v2 * b2[:, None]).to(dt)
+        x3 = (v3 * b3[:, None]).to(dt)
         y0, y1, y2, y3 = _apply_T(x0, x1, x2, x3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33)
         _store_tile(u, y0, bos, t0, T, i_h, H, V, c0, 16, BV)
         _store_tile(u, y1, bos, t0 + 16, T, i_h, H, V, c0, 16, BV)
         _store_tile(u, y2, bos, t0 + 32, T, i_h, H, V, c0, 16, BV)
         _store_tile(u, y3, bos, t0 + 48, T, i_h, H, V, c0, 16, BV)
+    return n0, n1, n2, n3
+
+
+@triton.jit
+def _store_norms(norms, bos, r0, T, i_h, x, j: tl.constexpr, H: tl.constexpr):
+    """x [16] at rows [r0, r0+16), column j of the fp32 `[.., T, H, 2]` norms; rows past T skipped."""
+    o_r = r0 + tl.arange(0, 16)
+    tl.store(norms + ((bos + o_r) * H + i_h) * 2 + j, x, mask=o_r < T)
+
+
+@triton.jit
+def _diag(A):
+    """The diagonal of a 16x16 block, [16]."""
+    o_i = tl.arange(0, 16)
+    return tl.sum(tl.where(o_i[:, None] == o_i[None, :], A, 0.), 1)
 
 
 @triton.jit
@@ -243,6 +271,7 @@ def _store_aqk(aqk, bos, t0, T, i_h, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
     "HAS_Q": lambda args: args["q"] is not None,
     "USE_NEED": lambda args: args["need"] is not None,
+    "HAS_NORMS": lambda args: args["norms"] is not None,
 })
 @triton.jit(do_not_specialize=["T"])
 def wy_gdn_fwd_kernel(
@@ -258,6 +287,7 @@ def wy_gdn_fwd_kernel(
     cu_seqlens,  # [N+1] int32 or None
     chunk_indices,  # [NT_total, 2] int32 or None
     need,  # [N] uint8 or None (transition only): 0 = this sequence's outputs are not needed, skip its chunks
+    norms,  # out [B, T, H, 2] fp32 or None: ||k_t||^2 and ||v_t||^2 (the warmup certification, kernels.common.warm_split)
     scale,
     T,
     H: tl.constexpr,
@@ -269,6 +299,7 @@ def wy_gdn_fwd_kernel(
     IS_VARLEN: tl.constexpr,
     HAS_Q: tl.constexpr,
     USE_NEED: tl.constexpr,
+    HAS_NORMS: tl.constexpr,
 ):
     tl.static_assert(BT == 16 or BT == 32 or BT == 64, "the WY kernel is written for chunks of 16, 32 or 64 tokens")
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
@@ -316,6 +347,11 @@ def wy_gdn_fwd_kernel(
         Q32 *= tl.exp(g3[:, None] - g2[None, :]) * scale
         _store_aqk(aqk, bos, t0, T, i_h, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33, H, BT)
     A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram(k, k, bos, t0, T, i_h, H, K, BK)
+    if HAS_NORMS:  # the gram's diagonal: ||k||^2 (fp32 sums of exact products)
+        _store_norms(norms, bos, t0, T, i_h, _diag(A00), 0, H)
+        _store_norms(norms, bos, t0 + 16, T, i_h, _diag(A11), 0, H)
+        _store_norms(norms, bos, t0 + 32, T, i_h, _diag(A22), 0, H)
+        _store_norms(norms, bos, t0 + 48, T, i_h, _diag(A33), 0, H)
     # the gate (blocks below the diagonal: i after j, so G_i - G_j <= 0) and beta on the rows
     A00 *= _decay(g0, g0, True) * b0[:, None]
     A11 *= _decay(g1, g1, True) * b1[:, None]
@@ -347,7 +383,13 @@ def wy_gdn_fwd_kernel(
         _store_tile(w, w1, bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
         _store_tile(w, w2, bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
         _store_tile(w, w3, bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
-    _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, H, V, BV)
+    n0, n1, n2, n3 = _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
+                              H, V, BV)
+    if HAS_NORMS:
+        _store_norms(norms, bos, t0, T, i_h, n0, 1, H)
+        _store_norms(norms, bos, t0 + 16, T, i_h, n1, 1, H)
+        _store_norms(norms, bos, t0 + 32, T, i_h, n2, 1, H)
+        _store_norms(norms, bos, t0 + 48, T, i_h, n3, 1, H)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -592,11 +634,12 @@ def _need_flags(need: Tensor | None, index: ChunkIndex, q: Tensor | None) -> Ten
 
 def wy_gdn_fwd(
     q: Tensor | None, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex,
-    launch: LaunchPlan | None = None, need: Tensor | None = None,
+    launch: LaunchPlan | None = None, need: Tensor | None = None, norms: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """GDN intra-chunk pass: (w, u, gcum fp32 [B, T, H], aqk or None without q).
 
     need: bool `[N]` (transition only): chunks of unflagged sequences are skipped and their outputs left unwritten.
+    norms: fp32 `[B, T, H, 2]` or None: receives ||k_t||^2 and ||v_t||^2 per token (`kernels.common.warm_split`).
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
@@ -610,7 +653,8 @@ def wy_gdn_fwd(
     wy_gdn_fwd_kernel[_grid(index, B, T, H)](
         q, k, v, g, beta, w, u, gcum, aqk,
         index.cu_seqlens if index.is_varlen else None, index.chunk_indices if index.is_varlen else None,
-        _need_flags(need, index, q), scale, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        _need_flags(need, index, q), norms, scale, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     return w, u, gcum, aqk
 

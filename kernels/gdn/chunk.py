@@ -62,13 +62,14 @@ def chunk_gdn_fwd(
     launch = plan if plan is not None else default_plan()
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device)
-    w, u, gcum, aqk = wy_gdn_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch)
+    warm = None if keep is not None and keep_states else warm_inputs("gdn", k, v, g, beta, warm_chunks, report=warm_report)
+    w, u, gcum, aqk = wy_gdn_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch,
+                                 norms=warm.norms if warm is not None else None)
     assert aqk is not None
     if keep is not None:
         keep.update(w=w, u=u, gs=gcum, aqk=aqk)
     state_pass = state_and_output if keep is None or not keep_states else partial(state_and_output_keep, keep=keep)
-    extra = {} if state_pass is not state_and_output else {
-        "warm": warm_inputs("gdn", k, v, g, beta, warm_chunks, report=warm_report)}
+    extra = {} if state_pass is not state_and_output else {"warm": warm}
     return state_pass(
         index=index, k=k, w=w, u=u, g=gcum, q=q, aqk=aqk, gate_vector=False, scale=scale,
         initial_state=initial_state, output_final_state=output_final_state, out_dtype=q.dtype, launch=launch,

@@ -92,3 +92,23 @@ def test_warm_split_refuses_a_bad_window(OP: str) -> None:
     q, k, v, g, beta, cu = _inputs(OP, ())
     with pytest.raises(ValueError, match="warm_chunks must be None or an int >= 0"):
         _fwd(OP)(q, k, v, g, beta, scale=1.0, cu_seqlens=cu, split_chunks=SPLIT, warm_chunks=-1)
+
+
+def test_warm_inputs_norms_are_the_token_norms(OP: str) -> None:
+    """GDN: the WY pass fills ||k||^2 and ||v||^2 of every token (partial chunks included) for the bound; KDA: none
+    (its certification reads k and v itself)."""
+    from kernels.common.index import prepare_chunk_index
+    from kernels.common.warm_split import warm_inputs
+    from kernels.common.wy import wy_gdn_fwd
+
+    q, k, v, g, beta, cu = _inputs(OP, (0,))
+    x = warm_inputs(OP, k, v, g, beta, WINDOW)
+    assert x is not None and warm_inputs(OP, k, v, g, beta, 0) is None
+    if OP == "kda":
+        assert x.norms is None
+        return
+    index = prepare_chunk_index(cu, batch=1, seq_len=k.shape[1], chunk_size=64, device=k.device)
+    wy_gdn_fwd(q, k, v, g, beta, scale=1.0, index=index, norms=x.norms)
+    assert x.norms is not None
+    assert_rel_close("kk", k.float().square().sum(-1), x.norms[..., 0], 1e-6)
+    assert_rel_close("vv", v.float().square().sum(-1), x.norms[..., 1], 1e-6)

@@ -23,6 +23,7 @@ runs exactly (`window_plan` returns None). `WarmInputs.report` (a dict, optional
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -32,11 +33,12 @@ from torch import Tensor
 
 from kernels.common.chunk_state import SeqLayout, chunk_state_final_fwd, chunk_state_transition_fwd
 from kernels.common.index import ChunkIndex
-from kernels.cp.decay_bound import log_window_bound, norm_terms, token_terms
+from kernels.cp.decay_bound import log_window_bound, token_terms
 from kernels.plan import LaunchPlan
 from kernels.vocabulary import MODE_OPTIONS
 
 __all__ = [
+    "with_chunk_bound",
     "WARM_CHUNKS",
     "WARM_DEFAULT",
     "WARM_TOL",
@@ -70,21 +72,28 @@ class WarmInputs:
     window_chunks: int = WARM_CHUNKS
     tol: float = WARM_TOL
     report: dict[str, Tensor] | None = None
-    norms: Tensor | None = None  # fp32 [B, T, H, 2]: ||k||^2, ||v||^2 per token from the WY pass (GDN), else read here
+    chunk_bound: Tensor | None = None  # fp32 [NT_total, H, 2]: the WY pass's (L, W) per chunk (GDN); None: read k, v
 
 
 def warm_inputs(
     op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, warm_chunks: int | None, *, report: dict[str, Tensor] | None = None
 ) -> WarmInputs | None:
-    """The forwards' `warm_chunks` (None: WARM_DEFAULT; 0: off -> None) as the split's WarmInputs; GDN's carries an
-    empty `norms` for `wy_gdn_fwd` to fill (pass `.norms` to it)."""
+    """The forwards' `warm_chunks` (None: WARM_DEFAULT; 0: off -> None) as the split's WarmInputs (GDN: then
+    `with_chunk_bound` for the WY pass to fill)."""
     chunks = WARM_DEFAULT if warm_chunks is None else warm_chunks
     if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 0:
         raise ValueError(f"warm_chunks must be None or an int >= 0, got warm_chunks={warm_chunks!r}")
     if not chunks:
         return None
-    norms = torch.empty(*k.shape[:3], 2, dtype=torch.float32, device=k.device) if op == "gdn" else None
-    return WarmInputs(op, k, v, g, beta, window_chunks=chunks, report=report, norms=norms)
+    return WarmInputs(op, k, v, g, beta, window_chunks=chunks, report=report)
+
+
+def with_chunk_bound(x: WarmInputs | None, num_chunks: int) -> WarmInputs | None:
+    """x with an empty fp32 `[num_chunks, H, 2]` `chunk_bound` for `wy_gdn_fwd(bnd=...)` to fill (None stays None)."""
+    if x is None:
+        return None
+    bnd = torch.empty(num_chunks, x.k.shape[2], 2, dtype=torch.float32, device=x.k.device)
+    return dataclasses.replace(x, chunk_bound=bnd)
 
 
 @dataclass(eq=False)
@@ -92,9 +101,10 @@ class WindowPlan:
     """The warmup windows of a split's transitions (device tensors built once per (split plan, window)).
 
     layout: program i walks the window of transition i, the last `window_chunks` chunks of its segment.
-    starts / ends: int64 `[NW]` flat token indices [c, b) of the windows; valid: bool `[NW]` (all True: a window
-    starts after its sequence's first token). seq_bos / seq_ids: int64, the first token and the index of every
-    non-empty sequence (where an initial state enters the bound).
+    starts / ends: int64 `[NW]` flat token indices [c, b) of the windows, chunk_starts / chunk_ends their global
+    chunk indices; valid: bool `[NW]` (all True: a window starts after its sequence's first token). seq_bos /
+    seq_first_chunk / seq_ids: int64, the first token, the first chunk and the index of every non-empty sequence
+    (where an initial state enters the bound).
     """
 
     window_chunks: int
@@ -104,6 +114,9 @@ class WindowPlan:
     valid: Tensor
     seq_bos: Tensor
     seq_ids: Tensor
+    chunk_starts: Tensor
+    chunk_ends: Tensor
+    seq_first_chunk: Tensor
 
 
 _WINDOW_CACHE: OrderedDict[tuple[int, int], tuple[object, WindowPlan]] = OrderedDict()
@@ -146,6 +159,7 @@ def window_plan(
     layout = SeqLayout(
         len(pts) - 1, t(pts, torch.int32), t(cpts, torch.int32), seq_map=t(list(range(0, 2 * nw, 2)), torch.int32)
     )
+    co = index.chunk_offsets_cpu
     plan = WindowPlan(
         window_chunks=window_chunks,
         layout=layout,
@@ -154,6 +168,9 @@ def window_plan(
         valid=torch.ones(nw, dtype=torch.bool, device=dev),
         seq_bos=t([cu[n] for n in live]),
         seq_ids=t(live),
+        chunk_starts=t(cpts[0::2]),
+        chunk_ends=t(cpts[1::2]),
+        seq_first_chunk=t([co[n] for n in live]),
     )
     _WINDOW_CACHE[key] = (owner, plan)
     while len(_WINDOW_CACHE) > _WINDOW_CACHE_SIZE:
@@ -164,19 +181,19 @@ def window_plan(
 def certify_windows(x: WarmInputs, wp: WindowPlan, E_win: Tensor, h0: Tensor | None) -> Tensor:
     """bool `[NW, H]` on the device: the window's dropped state is provably <= tol ||S_exact||_F (module doc)."""
     B, T = x.k.shape[0], x.k.shape[1]
-    if x.norms is None:
+    if x.chunk_bound is None:  # per token: k and v read here
         flat = [y.reshape(1, B * T, *y.shape[2:]) for y in (x.k, x.v, x.g, x.beta)]  # one flat token axis
         ell, log_u = token_terms(x.op, *flat)  # fp64 [B*T, H]
-    else:  # the WY pass's norms: k and v are not read again
-        n = x.norms.reshape(B * T, -1, 2)
-        gmax = x.g if x.op == "gdn" else x.g.amax(-1)
-        ell, log_u = norm_terms(gmax.reshape(B * T, -1), n[..., 0], n[..., 1].sqrt(), x.beta.reshape(B * T, -1))
-    if h0 is not None and wp.seq_bos.numel():
-        # S after a sequence's first token: A h0 + its write, ||A h0|| <= exp(l) ||h0||: a write of that norm more
+        first, starts, ends = wp.seq_bos, wp.starts, wp.ends
+    else:  # per chunk, the same bound from the WY pass's sums (windows are whole chunks): k and v not read again
+        ell, log_u = x.chunk_bound[..., 0].double(), x.chunk_bound[..., 1].double()  # fp64 [NT_total, H]
+        first, starts, ends = wp.seq_first_chunk, wp.chunk_starts, wp.chunk_ends
+    if h0 is not None and first.numel():
+        # the state after a sequence's first token (chunk): A h0 + its writes, ||A h0|| <= exp(l) ||h0||: one write more
         h0_log = torch.linalg.vector_norm(h0.index_select(0, wp.seq_ids), dim=(-2, -1)).double().log()
-        at = log_u.index_select(0, wp.seq_bos)
-        log_u = log_u.index_copy(0, wp.seq_bos, torch.logaddexp(at, ell.index_select(0, wp.seq_bos) + h0_log))
-    lb = log_window_bound(ell, log_u, wp.ends, wp.starts, wp.valid)  # [NW, H]
+        at = log_u.index_select(0, first)
+        log_u = log_u.index_copy(0, first, torch.logaddexp(at, ell.index_select(0, first) + h0_log))
+    lb = log_window_bound(ell, log_u, ends, starts, wp.valid)  # [NW, H]
     ref = torch.linalg.vector_norm(E_win, dim=(-2, -1)).double().log()
     return lb <= ref + math.log(x.tol / (1.0 + x.tol))
 

@@ -65,6 +65,8 @@ FLOOR = tl.constexpr(GATE_FLOOR)  # the gate floor of kernels.common.decay, appl
 # tensor-core product of factors within e^(+-SPAN/2) (exact: no overflow, an underflowed right factor below the
 # diagonal loses at most e^(SPAN/2 - 87) = e^-37 of a term); a larger span takes it elementwise
 FAST_SPAN = tl.constexpr(100.0)
+# the upward rounding of the fp32 decay-bound summary (`_chunk_bound`), relative to the sums it rounds
+BOUND_MARGIN = tl.constexpr(1e-4)
 
 WY_GDN_FWD = register(KernelSpec(
     name="wy_gdn_fwd",
@@ -198,17 +200,42 @@ def _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22
 
 
 @triton.jit
-def _store_norms(norms, bos, r0, T, i_h, x, j: tl.constexpr, H: tl.constexpr):
-    """x [16] at rows [r0, r0+16), column j of the fp32 `[.., T, H, 2]` norms; rows past T skipped."""
-    o_r = r0 + tl.arange(0, 16)
-    tl.store(norms + ((bos + o_r) * H + i_h) * 2 + j, x, mask=o_r < T)
-
-
-@triton.jit
 def _diag(A):
     """The diagonal of a 16x16 block, [16]."""
     o_i = tl.arange(0, 16)
     return tl.sum(tl.where(o_i[:, None] == o_i[None, :], A, 0.), 1)
+
+
+@triton.jit
+def _bound_logs(x, b, kk, vv):
+    """Per token of a 16-row block: l = g + log max(1, |1 - beta ||k||^2|) (log of the token map's norm bound) and
+    log u = log(|beta| ||k|| ||v||) (log of its write's norm); rows past T (beta = 0, g = 0) give l = 0, log u = -inf."""
+    return x + tl.log(tl.maximum(tl.abs(1. - b * kk), 1.)), tl.log(tl.abs(b)) + 0.5 * tl.log(kk) + 0.5 * tl.log(vv)
+
+
+@triton.jit
+def _chunk_bound(x0, x1, x2, x3, b0, b1, b2, b3, k0, k1, k2, k3, v0, v1, v2, v3):
+    """The chunk's decay-bound summary (`kernels.cp.decay_bound` at chunk granularity), fp32 rounded up: L >= sum of
+    l over the chunk and W >= log sum_t u_t exp(sum of l after t in the chunk) (its writes' state norm at its end)."""
+    l0, u0 = _bound_logs(x0, b0, k0, v0)
+    l1, u1 = _bound_logs(x1, b1, k1, v1)
+    l2, u2 = _bound_logs(x2, b2, k2, v2)
+    l3, u3 = _bound_logs(x3, b3, k3, v3)
+    s0, s1, s2, s3 = tl.sum(l0, 0), tl.sum(l1, 0), tl.sum(l2, 0), tl.sum(l3, 0)
+    L = s0 + s1 + s2 + s3
+    A = tl.sum(tl.abs(l0), 0) + tl.sum(tl.abs(l1), 0) + tl.sum(tl.abs(l2), 0) + tl.sum(tl.abs(l3), 0)
+    # exponent of token t: log u_t + (L - inclusive cumsum of l up to t), the decay after t
+    e0 = u0 + (L - tl.cumsum(l0, 0))
+    e1 = u1 + (L - s0 - tl.cumsum(l1, 0))
+    e2 = u2 + (L - s0 - s1 - tl.cumsum(l2, 0))
+    e3 = u3 + (L - s0 - s1 - s2 - tl.cumsum(l3, 0))
+    m = tl.maximum(tl.maximum(tl.max(e0, 0), tl.max(e1, 0)), tl.maximum(tl.max(e2, 0), tl.max(e3, 0)))
+    m = tl.where(m == float("-inf"), 0., m)  # no write in the chunk: W = log 0 = -inf below, without inf - inf
+    W = m + tl.log(tl.sum(tl.exp(e0 - m), 0) + tl.sum(tl.exp(e1 - m), 0) + tl.sum(tl.exp(e2 - m), 0)
+                   + tl.sum(tl.exp(e3 - m), 0))
+    # fp32 rounding, made rigorous by rounding up: a sum of 64 terms errs by <= 63 eps sum|l| = 3.8e-6 A, the
+    # exponents and the log-sum-exp by about as much plus a few ulp of |W| (margins 26x and 10x over those)
+    return L + BOUND_MARGIN * A, W + BOUND_MARGIN * (A + tl.abs(W) + 1.)
 
 
 @triton.jit
@@ -271,7 +298,7 @@ def _store_aqk(aqk, bos, t0, T, i_h, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
     "HAS_Q": lambda args: args["q"] is not None,
     "USE_NEED": lambda args: args["need"] is not None,
-    "HAS_NORMS": lambda args: args["norms"] is not None,
+    "HAS_BOUND": lambda args: args["bnd"] is not None,
 })
 @triton.jit(do_not_specialize=["T"])
 def wy_gdn_fwd_kernel(
@@ -287,7 +314,7 @@ def wy_gdn_fwd_kernel(
     cu_seqlens,  # [N+1] int32 or None
     chunk_indices,  # [NT_total, 2] int32 or None
     need,  # [N] uint8 or None (transition only): 0 = this sequence's outputs are not needed, skip its chunks
-    norms,  # out [B, T, H, 2] fp32 or None: ||k_t||^2 and ||v_t||^2 (the warmup certification, kernels.common.warm_split)
+    bnd,  # out [NT_total, H, 2] fp32 or None: the chunk's decay-bound summary (L, W), `_chunk_bound` (warm_split)
     scale,
     T,
     H: tl.constexpr,
@@ -299,12 +326,12 @@ def wy_gdn_fwd_kernel(
     IS_VARLEN: tl.constexpr,
     HAS_Q: tl.constexpr,
     USE_NEED: tl.constexpr,
-    HAS_NORMS: tl.constexpr,
+    HAS_BOUND: tl.constexpr,
 ):
     tl.static_assert(BT == 16 or BT == 32 or BT == 64, "the WY kernel is written for chunks of 16, 32 or 64 tokens")
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-    i_n, i_t, _, bos, T = chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
+    i_n, i_t, i_tg, bos, T = chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
     # nested on purpose: the constexpr branch must guard the load (need is None when USE_NEED is False)
     if USE_NEED:  # noqa: SIM102
         if tl.load(need + i_n) == 0:
@@ -347,11 +374,8 @@ def wy_gdn_fwd_kernel(
         Q32 *= tl.exp(g3[:, None] - g2[None, :]) * scale
         _store_aqk(aqk, bos, t0, T, i_h, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33, H, BT)
     A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram(k, k, bos, t0, T, i_h, H, K, BK)
-    if HAS_NORMS:  # the gram's diagonal: ||k||^2 (fp32 sums of exact products)
-        _store_norms(norms, bos, t0, T, i_h, _diag(A00), 0, H)
-        _store_norms(norms, bos, t0 + 16, T, i_h, _diag(A11), 0, H)
-        _store_norms(norms, bos, t0 + 32, T, i_h, _diag(A22), 0, H)
-        _store_norms(norms, bos, t0 + 48, T, i_h, _diag(A33), 0, H)
+    if HAS_BOUND:  # the gram's diagonal: ||k||^2 (fp32 sums of exact products)
+        kk0, kk1, kk2, kk3 = _diag(A00), _diag(A11), _diag(A22), _diag(A33)
     # the gate (blocks below the diagonal: i after j, so G_i - G_j <= 0) and beta on the rows
     A00 *= _decay(g0, g0, True) * b0[:, None]
     A11 *= _decay(g1, g1, True) * b1[:, None]
@@ -385,11 +409,10 @@ def wy_gdn_fwd_kernel(
         _store_tile(w, w3, bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
     n0, n1, n2, n3 = _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
                               H, V, BV)
-    if HAS_NORMS:
-        _store_norms(norms, bos, t0, T, i_h, n0, 1, H)
-        _store_norms(norms, bos, t0 + 16, T, i_h, n1, 1, H)
-        _store_norms(norms, bos, t0 + 32, T, i_h, n2, 1, H)
-        _store_norms(norms, bos, t0 + 48, T, i_h, n3, 1, H)
+    if HAS_BOUND:
+        b_L, b_W = _chunk_bound(x0, x1, x2, x3, b0, b1, b2, b3, kk0, kk1, kk2, kk3, n0, n1, n2, n3)
+        tl.store(bnd + (i_tg * H + i_h) * 2, b_L)
+        tl.store(bnd + (i_tg * H + i_h) * 2 + 1, b_W)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -634,12 +657,13 @@ def _need_flags(need: Tensor | None, index: ChunkIndex, q: Tensor | None) -> Ten
 
 def wy_gdn_fwd(
     q: Tensor | None, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex,
-    launch: LaunchPlan | None = None, need: Tensor | None = None, norms: Tensor | None = None,
+    launch: LaunchPlan | None = None, need: Tensor | None = None, bnd: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """GDN intra-chunk pass: (w, u, gcum fp32 [B, T, H], aqk or None without q).
 
     need: bool `[N]` (transition only): chunks of unflagged sequences are skipped and their outputs left unwritten.
-    norms: fp32 `[B, T, H, 2]` or None: receives ||k_t||^2 and ||v_t||^2 per token (`kernels.common.warm_split`).
+    bnd: fp32 `[NT_total, H, 2]` or None: receives each chunk's decay-bound summary (L, W) (`_chunk_bound`; the
+    warmup certification of `kernels.common.warm_split`).
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
@@ -653,7 +677,7 @@ def wy_gdn_fwd(
     wy_gdn_fwd_kernel[_grid(index, B, T, H)](
         q, k, v, g, beta, w, u, gcum, aqk,
         index.cu_seqlens if index.is_varlen else None, index.chunk_indices if index.is_varlen else None,
-        _need_flags(need, index, q), norms, scale, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, num_warps=cfg.num_warps,
+        _need_flags(need, index, q), bnd, scale, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
     return w, u, gcum, aqk

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from kernels.common.decay import floor_gate
 
-__all__ = ["log_span_bound", "log_window_bound", "norm_terms", "token_terms"]
+__all__ = ["log_span_bound", "log_window_bound", "token_terms"]
 
 
 def token_terms(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
@@ -34,13 +34,7 @@ def token_terms(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> tuple
     gmax = g[0] if op == "gdn" else g[0].amax(-1)                         # slowest channel: the largest log decay
     kk = torch.linalg.vector_norm(k[0], dim=-1, dtype=torch.float32).double().square()
     vn = torch.linalg.vector_norm(v[0], dim=-1, dtype=torch.float32).double()
-    return norm_terms(gmax, kk, vn, beta[0])
-
-
-def norm_terms(gmax: Tensor, kk: Tensor, vn: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
-    """`token_terms` from `[T, H]` per-token facts: the largest log gate, ||k||^2, ||v|| and beta (any float dtype;
-    a kernel that already read k and v can hand over their norms, `kernels.common.warm_split`)."""
-    kk, vn, b = kk.double(), vn.double(), beta.double()
+    b = beta[0].double()
     # the gate floor (kernels.common.decay): a -inf mask would make the span sums below -inf - (-inf); a larger log
     # bound is still a bound, and exp(-112) is 0 at fp32 anyway (the masked token is a reset)
     ell = floor_gate(gmax.double()) + (1.0 - b * kk).abs().clamp_min(1.0).log()

@@ -17,7 +17,7 @@ from torch import Tensor
 from kernels.common.index import prepare_chunk_index
 from kernels.common.seqsplit import state_and_output
 from kernels.common.state_keep import state_and_output_keep
-from kernels.common.warm_split import warm_inputs
+from kernels.common.warm_split import warm_inputs, with_chunk_bound
 from kernels.common.wy import BT_WY, wy_gdn_fwd
 from kernels.plan import LaunchPlan, default_plan
 
@@ -63,8 +63,9 @@ def chunk_gdn_fwd(
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device)
     warm = None if keep is not None and keep_states else warm_inputs("gdn", k, v, g, beta, warm_chunks, report=warm_report)
+    warm = with_chunk_bound(warm, index.num_chunks)  # the WY pass sums the bound's terms per chunk
     w, u, gcum, aqk = wy_gdn_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch,
-                                 norms=warm.norms if warm is not None else None)
+                                 bnd=warm.chunk_bound if warm is not None else None)
     assert aqk is not None
     if keep is not None:
         keep.update(w=w, u=u, gs=gcum, aqk=aqk)

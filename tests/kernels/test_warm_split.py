@@ -94,21 +94,36 @@ def test_warm_split_refuses_a_bad_window(OP: str) -> None:
         _fwd(OP)(q, k, v, g, beta, scale=1.0, cu_seqlens=cu, split_chunks=SPLIT, warm_chunks=-1)
 
 
-def test_warm_inputs_norms_are_the_token_norms(OP: str) -> None:
-    """GDN: the WY pass fills ||k||^2 and ||v||^2 of every token (partial chunks included) for the bound; KDA: none
-    (its certification reads k and v itself)."""
+def test_chunk_bound_of_the_wy_pass_bounds_the_token_terms(OP: str) -> None:
+    """GDN: the WY pass's per-chunk (L, W) are the fp64 sums of decay_bound's per-token terms, rounded up by at most
+    the stated margin (partial chunks included); KDA: the certification reads k and v itself (no chunk bound)."""
     from kernels.common.index import prepare_chunk_index
-    from kernels.common.warm_split import warm_inputs
+    from kernels.common.warm_split import warm_inputs, with_chunk_bound
     from kernels.common.wy import wy_gdn_fwd
+    from kernels.cp.decay_bound import token_terms
 
     q, k, v, g, beta, cu = _inputs(OP, (0,))
+    assert warm_inputs(OP, k, v, g, beta, 0) is None
     x = warm_inputs(OP, k, v, g, beta, WINDOW)
-    assert x is not None and warm_inputs(OP, k, v, g, beta, 0) is None
+    assert x is not None and x.chunk_bound is None
     if OP == "kda":
-        assert x.norms is None
         return
     index = prepare_chunk_index(cu, batch=1, seq_len=k.shape[1], chunk_size=64, device=k.device)
-    wy_gdn_fwd(q, k, v, g, beta, scale=1.0, index=index, norms=x.norms)
-    assert x.norms is not None
-    assert_rel_close("kk", k.float().square().sum(-1), x.norms[..., 0], 1e-6)
-    assert_rel_close("vv", v.float().square().sum(-1), x.norms[..., 1], 1e-6)
+    x = with_chunk_bound(x, index.num_chunks)
+    assert x is not None and x.chunk_bound is not None
+    wy_gdn_fwd(q, k, v, g, beta, scale=1.0, index=index, bnd=x.chunk_bound)
+    ell, log_u = token_terms(OP, k, v, g, beta)  # fp64 [T, H]
+    got = x.chunk_bound.double().cpu()
+    bounds = index.cu_seqlens_cpu
+    c = 0
+    for n in range(index.num_seqs):
+        for a in range(bounds[n], bounds[n + 1], 64):
+            e = min(a + 64, bounds[n + 1])
+            el, lu = ell[a:e].cpu(), log_u[a:e].cpu()
+            L = el.sum(0)
+            W = torch.logsumexp(lu + (L - el.cumsum(0)), 0)
+            slack = 2e-4 * (el.abs().sum(0) + W.abs() + 1)
+            assert (got[c, :, 0] >= L).all() and (got[c, :, 0] <= L + slack).all(), (c, got[c, :, 0], L)
+            assert (got[c, :, 1] >= W).all() and (got[c, :, 1] <= W + slack).all(), (c, got[c, :, 1], W)
+            c += 1
+    assert c == index.num_chunks

@@ -86,7 +86,8 @@ SEG_COMPOSE_FWD = register(KernelSpec(
 ))
 
 
-@triton.heuristics({"USE_INITIAL_STATE": lambda args: args["h0"] is not None})
+@triton.heuristics({"USE_INITIAL_STATE": lambda args: args["h0"] is not None,
+                    "USE_DROP": lambda args: args["drop"] is not None})
 @triton.jit
 def seg_chain_fwd_kernel(
     m,  # [NS - N, H, K, K] fp32 maps of the non-last segments, in segment order
@@ -94,6 +95,7 @@ def seg_chain_fwd_kernel(
     h0,  # [N, H, K, V] fp32 or None
     hs,  # out [NS, H, K, V] fp32: the state entering each segment
     seg_ptr,  # [N+1] int32: sequence n owns segments [seg_ptr[n], seg_ptr[n+1])
+    drop,  # [NS - N, H] uint8 or None: 1 = the map's M is zero (a certified warmup window): S = S_ext, no product
     H: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
@@ -101,6 +103,7 @@ def seg_chain_fwd_kernel(
     BV: tl.constexpr,
     PRECISION: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr,
+    USE_DROP: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = (i_nh // H).to(tl.int64), i_nh % H
@@ -116,9 +119,16 @@ def seg_chain_fwd_kernel(
     for j in range(s0, s1 - 1):
         tl.store(hs + (j * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_s, mask=m_kv)
         i_m = j - i_n  # sequences before n each own one last segment without a map
-        b_m = tl.load(m + (i_m * H + i_h) * K * K + o_k[:, None] * K + o_k[None, :], mask=m_kk, other=0.)
         b_e = tl.load(s_ext + (i_m * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.)
-        b_s = tl.dot(b_m, b_s, input_precision=PRECISION) + b_e
+        if USE_DROP:
+            b_drop = tl.load(drop + i_m * H + i_h) != 0
+        else:
+            b_drop = False
+        if b_drop:  # a runtime branch, uniform per program: the serial step is a load, not a [K, K] product
+            b_s = b_e
+        else:
+            b_m = tl.load(m + (i_m * H + i_h) * K * K + o_k[:, None] * K + o_k[None, :], mask=m_kk, other=0.)
+            b_s = tl.dot(b_m, b_s, input_precision=PRECISION) + b_e
     tl.store(hs + ((s1 - 1) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_s, mask=m_kv)
 
 
@@ -288,13 +298,16 @@ def resolve_split(index: ChunkIndex, split_chunks: int | None, *, H: int, NV: in
 
 
 def seg_chain_fwd(M: Tensor, S_ext: Tensor, h0: Tensor | None, plan: SplitPlan, *,
-                  launch: LaunchPlan | None = None) -> Tensor:
-    """Entering state of every segment, [NS, H, K, V] fp32, from the non-last segments' maps and h0."""
-    return seg_chain_states(M, S_ext, h0, plan.seg_ptr, num_segments=plan.num_segments, launch=launch)
+                  launch: LaunchPlan | None = None, drop: Tensor | None = None) -> Tensor:
+    """Entering state of every segment, [NS, H, K, V] fp32, from the non-last segments' maps and h0.
+
+    drop: bool `[NS - N, H]` on the device, or None: where True, M is zero (`kernels.common.warm_split`'s certified
+    windows) and the chain takes S_ext without the product."""
+    return seg_chain_states(M, S_ext, h0, plan.seg_ptr, num_segments=plan.num_segments, launch=launch, drop=drop)
 
 
 def seg_chain_states(M: Tensor, S_ext: Tensor, h0: Tensor | None, seg_ptr: Tensor, *, num_segments: int,
-                     launch: LaunchPlan | None = None) -> Tensor:
+                     launch: LaunchPlan | None = None, drop: Tensor | None = None) -> Tensor:
     """`seg_chain_fwd` for any grouping of segments into chains: sequence n owns segments [seg_ptr[n], seg_ptr[n+1]).
 
     M `[NS - N, H, K, K]`, S_ext `[NS - N, H, K, V]` are the maps of the non-last segments in segment order;
@@ -308,8 +321,9 @@ def seg_chain_states(M: Tensor, S_ext: Tensor, h0: Tensor | None, seg_ptr: Tenso
     BV = cfg.BV
     assert BV is not None and BV >= 16, f"bad tiles BV={BV} K={K} V={V}"
     hs = S_ext.new_empty(num_segments, H, K, V)
+    flags = None if drop is None else drop.contiguous().view(torch.uint8)
     seg_chain_fwd_kernel[(triton.cdiv(V, BV), N * H)](
-        M.contiguous(), S_ext.contiguous(), h0, hs, seg_ptr, H=H, K=K, V=V, BK=head_block(K), BV=BV,
+        M.contiguous(), S_ext.contiguous(), h0, hs, seg_ptr, flags, H=H, K=K, V=V, BK=head_block(K), BV=BV,
         PRECISION=CHAIN_DOT_PRECISION,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
@@ -378,13 +392,14 @@ def state_and_output(
         wp = None if warm is None else window_plan(index, list(plan.bounds_cpu), list(plan.chunk_bounds_cpu),
                                                     list(plan.transitions_cpu), warm.window_chunks,
                                                     seg_chunks=plan.seg_chunks, owner=plan)
+        drop = None
         if wp is None:
             M, S_ext = chunk_state_transition_fwd(k, w, u, g, layout=plan.transitions, BT=BT, gate_vector=gate_vector,
                                                   launch=launch)
         else:
-            M, S_ext = warm_transitions(k, w, u, g, transitions=plan.transitions, wp=wp, BT=BT, gate_vector=gate_vector,
-                                        x=warm, h0=h0, launch=launch)
-        h0_run = seg_chain_fwd(M, S_ext, h0, plan, launch=launch)
+            M, S_ext, drop = warm_transitions(k, w, u, g, transitions=plan.transitions, wp=wp, BT=BT,
+                                              gate_vector=gate_vector, x=warm, h0=h0, launch=launch)
+        h0_run = seg_chain_fwd(M, S_ext, h0, plan, launch=launch, drop=drop)
         layout, num_states = plan.final, index.num_seqs
     if fuse_output:
         return chunk_state_output_fwd(k, w, u, g, q, layout=layout, BT=BT, gate_vector=gate_vector, scale=scale,

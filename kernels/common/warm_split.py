@@ -13,8 +13,9 @@ almost the state E_win that the last `w` chunks of segment s build from zero: S_
    and its tol, `kernels.vocabulary.MODE_OPTIONS["warmup_correct"]["tol"]`).
 3. the transition pass runs with the certified (segment, head) programs masked (`need` per head): they walk no
    chunk and store M = 0 and S_ext = 0; the others compute the exact pair.
-4. S_ext = where(certified, E_win, S_ext): the chain (`seg_chain_fwd`) then gives S_{s+1} = E_win where certified
-   (its M is 0) and the exact fold elsewhere. Weak gates (some heads of real models) keep the exact path.
+4. S_ext = where(certified, E_win, S_ext): the chain (`seg_chain_fwd(drop=certified)`) then takes S_{s+1} = E_win
+   where certified (no [K, K] product) and the exact fold elsewhere. Weak gates (some heads of real models) keep the
+   exact path.
 
 The window w (`warm_chunks`) is a host constant of the call; it must be shorter than a segment, else the split
 runs exactly (`window_plan` returns None). `WarmInputs.report` (a dict, optional) receives the device tensor
@@ -211,9 +212,10 @@ def warm_transitions(
     x: WarmInputs,
     h0: Tensor | None,
     launch: LaunchPlan | None = None,
-) -> tuple[Tensor, Tensor]:
-    """(M, S_ext) of the split's transitions as `chunk_state_transition_fwd` gives them, with M = 0 and S_ext = E_win
-    for the certified (segment, head) pairs, whose serial walks are skipped (steps 1-4 of the module doc)."""
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(M, S_ext, certified) of the split's transitions: as `chunk_state_transition_fwd` gives them, with M = 0 and
+    S_ext = E_win for the certified (segment, head) pairs (bool `[NW, H]`), whose serial walks are skipped (steps 1-4
+    of the module doc; `seg_chain_fwd(drop=certified)` then skips their products too)."""
     E_win = chunk_state_final_fwd(k, w, u, g, layout=wp.layout, BT=BT, gate_vector=gate_vector, launch=launch)
     ok = certify_windows(x, wp, E_win, h0)
     M, S_ext = chunk_state_transition_fwd(
@@ -221,4 +223,4 @@ def warm_transitions(
     )
     if x.report is not None:
         x.report["certified"] = ok
-    return M, torch.where(ok[:, :, None, None], E_win, S_ext)
+    return M, torch.where(ok[:, :, None, None], E_win, S_ext), ok

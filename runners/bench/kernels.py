@@ -210,7 +210,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     K = V = 32 if args.dry_run else K_DIM
     timer = Timer(device == "cuda")
     t_start = time.time()
-    result: dict[str, Any] = {"env": _env(device), "H": H, "K": K, "V": V, "shapes": shapes}
+    result: dict[str, Any] = {"env": _env(device), "H": H, "K": K, "V": V, "shapes": shapes, "lb": args.lb}
     if device == "cuda" and args.jobs > 0:
         t0 = time.time()
         result["precompile"] = precompile(ops, shapes, args.explore, args.jobs, warm=_ints(args.warm))
@@ -230,7 +230,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if args.deadline and time.time() - t_start > args.deadline:
                 print(f"deadline reached, skipping {op} {B}x{T}", flush=True)
                 continue
-            q, k, v, g, beta = fla_inputs(op, B, T, H, device=device, K=K, V=V).tensors
+            q, k, v, g, beta = fla_inputs(op, B, T, H, device=device, K=K, V=V, lb=args.lb).tensors
             rec: dict[str, Any] = {"op": op, "B": B, "T": T, "H": H, "K": K, "V": V,
                                    "bytes": bytes_floor(op, B, T, H, K, V), "flops": flops_floor(B, T, H, K, V)}
             rec["floor_bytes_ms"] = rec["bytes"] / bw * 1e3 if bw == bw else float("nan")
@@ -367,17 +367,18 @@ def profile_kernels(op: str, q, k, v, g, beta, timer: Timer, warm: int = 0) -> d
                                            gate_vector=gv, scale=scale, aqk=aqk, h0=hs)[0]
             out["state_split_GBps"] = step_bytes / (out["state_split_ms"] * 1e-3) / 1e9
             if warm:
-                out.update(_profile_warm(op, (k, v, g, beta), (kk, w, u, gg), index, plan, warm, gv, timer))
+                out.update(_profile_warm(op, q, (k, v, g, beta), (kk, w, u, gg), index, plan, warm, gv, timer))
         out["state_plain_GBps"] = step_bytes / (out["state_plain_ms"] * 1e-3) / 1e9
     return {k2: (round(v2, 4) if isinstance(v2, float) else v2) for k2, v2 in out.items()}
 
 
-def _profile_warm(op: str, raw: tuple[Any, ...], prep: tuple[Any, ...], index: Any, plan: Any, warm: int, gv: bool,
-                  timer: Timer) -> dict[str, Any]:
-    """The warm path's stages timed alone (see profile_kernels)."""
+def _profile_warm(op: str, q: Any, raw: tuple[Any, ...], prep: tuple[Any, ...], index: Any, plan: Any, warm: int,
+                  gv: bool, timer: Timer) -> dict[str, Any]:
+    """The warm path's stages timed alone (see profile_kernels); GDN: also the WY pass with its chunk bound (bnd=)."""
     from kernels.common.chunk_state import chunk_state_final_fwd, chunk_state_transition_fwd
-    from kernels.common.warm_split import WarmInputs, certify_windows, warm_transitions, window_plan
-    from kernels.common.wy import BT_WY
+    from kernels.common.seqsplit import seg_chain_fwd
+    from kernels.common.warm_split import WarmInputs, certify_windows, warm_transitions, window_plan, with_chunk_bound
+    from kernels.common.wy import BT_WY, wy_gdn_fwd
 
     wp = window_plan(index, list(plan.bounds_cpu), list(plan.chunk_bounds_cpu), list(plan.transitions_cpu), warm,
                      seg_chunks=plan.seg_chunks, owner=plan)
@@ -385,6 +386,12 @@ def _profile_warm(op: str, raw: tuple[Any, ...], prep: tuple[Any, ...], index: A
         return {"warm": warm, "warm_note": "window not shorter than a segment: exact split"}
     x = WarmInputs(op, *raw, window_chunks=warm)
     out: dict[str, Any] = {"warm": warm}
+    if op == "gdn":  # the WY pass sums the bound's terms per chunk; its cost over wy_ms is the bound's
+        x = with_chunk_bound(x, index.num_chunks)
+        assert x is not None
+        scale = q.shape[-1] ** -0.5
+        wy_gdn_fwd(q, *raw, scale=scale, index=index, bnd=x.chunk_bound)
+        out["wy_bound_ms"] = _timed(timer, wy_gdn_fwd, q, *raw, scale=scale, index=index, bnd=x.chunk_bound)[0]
     E = chunk_state_final_fwd(*prep, layout=wp.layout, BT=BT_WY, gate_vector=gv)
     out["warm_window_ms"] = _timed(timer, chunk_state_final_fwd, *prep, layout=wp.layout, BT=BT_WY, gate_vector=gv)[0]
     ok = certify_windows(x, wp, E, None)
@@ -393,6 +400,8 @@ def _profile_warm(op: str, raw: tuple[Any, ...], prep: tuple[Any, ...], index: A
                                               BT=BT_WY, gate_vector=gv, need=~ok)[0]
     out["warm_transitions_ms"] = _timed(timer, warm_transitions, *prep, transitions=plan.transitions, wp=wp, BT=BT_WY,
                                         gate_vector=gv, x=x, h0=None)[0]
+    M, S, _ = warm_transitions(*prep, transitions=plan.transitions, wp=wp, BT=BT_WY, gate_vector=gv, x=x, h0=None)
+    out["warm_chain_ms"] = _timed(timer, seg_chain_fwd, M, S, None, plan, drop=ok)[0]
     out["warm_certified"] = round(float(ok.float().mean().item()), 4)
     return out
 
@@ -434,6 +443,9 @@ def main(argv: list[str] | None = None) -> int:
                          "(0: exact maps); --profile then also times the warm stages at the largest")
     ap.add_argument("--warm-splits", default=None,
                     help="comma list of segment lengths (chunks) at which to time each --warm window too, e.g. 8,16,32")
+    ap.add_argument("--lb", type=float, default=None,
+                    help="gates g = lb * sigmoid(randn) (the engine's workload, e.g. -5 or -1) instead of FLA's "
+                         "logsigmoid(randn): how strongly they decay decides what the --warm windows certify")
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--jobs", type=int, default=8, help="parallel precompile processes (0: none)")

@@ -30,6 +30,7 @@ def to_markdown(res: dict[str, Any]) -> str:
         f"- ceilings (measured in this run): copy {_fmt(res['ceilings']['copy_GBps'], 0)} GB/s, "
         f"bf16 matmul {_fmt(res['ceilings']['matmul_TFLOPs'], 0)} TFLOP/s",
         f"- H={res['H']}, K=V={res['K']}, bf16, forward only; do_bench medians (ms); ratio = ours / FLA (same run)",
+        f"- gates: {'lb * sigmoid(randn), lb = ' + str(res['lb']) if res.get('lb') is not None else 'logsigmoid(randn)'}",
         "",
         "| op | B | T | ours ms | FLA ms | ratio | floor ms (bytes / flops) | ours / floor | rel_l2 vs FLA |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -54,13 +55,16 @@ def to_markdown(res: dict[str, Any]) -> str:
     if warm:
         lines += ["", "Gate-certified warmup of the split (`kernels.common.warm_split`), each stage timed alone, ms; the "
                   "exact transition pass above is what it replaces:", "",
-                  "| op | B | T | window chunks | windows' pass | certification | masked transition | all (warm_transitions) "
-                  "| exact transition | certified pairs |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| op | B | T | window chunks | wy with chunk bound (GDN; wy above without) | windows' pass | certification "
+                  "| masked transition | all (warm_transitions) | exact transition | chain (drop) | certified pairs |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in warm:
             p = r["profile"]
-            lines.append(f"| {r['op']} | {r['B']} | {r['T']} | {p['warm']} | {_fmt(p.get('warm_window_ms'))} | "
+            lines.append(f"| {r['op']} | {r['B']} | {r['T']} | {p['warm']} | {_fmt(p.get('wy_bound_ms'))} | "
+                         f"{_fmt(p.get('warm_window_ms'))} | "
                          f"{_fmt(p.get('warm_certify_ms'))} | {_fmt(p.get('warm_masked_transition_ms'))} | "
-                         f"{_fmt(p.get('warm_transitions_ms'))} | {_fmt(p.get('transition_ms'))} | {p.get('warm_certified')} |")
+                         f"{_fmt(p.get('warm_transitions_ms'))} | {_fmt(p.get('transition_ms'))} | {_fmt(p.get('warm_chain_ms'))} | "
+                         f"{p.get('warm_certified')} |")
     graph = [r for r in res["rows"] if "graph_ms" in r]
     if graph:
         lines += ["", "CUDA-graph replay (launch overhead removed), B=1 T=8192:", ""]

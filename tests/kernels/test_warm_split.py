@@ -83,6 +83,32 @@ def test_warm_split_every_head_one_way(OP: str, strong: tuple[int, ...]) -> None
     assert ok.all() if strong else not ok.any(), ok
 
 
+def test_warm_split_dense_batch(OP: str) -> None:
+    """Dense B=2 (the flat token axis of the bound and the windows' layout), strong head 0, weak head 1."""
+    q, k, v, g, beta, _ = make_inputs(OP, B=2, T=300, H=2, K=32, V=32, lb=WEAK, device=DEVICE)
+    g[:, :, 0] *= STRONG
+    h0 = make_state(2, 2, 32, 32, device=DEVICE)
+    o_ref, ht_ref = kernels.reference(OP, q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    report: dict[str, torch.Tensor] = {}
+    o, ht = _fwd(OP)(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale=32**-0.5,
+        initial_state=h0,
+        output_final_state=True,
+        split_chunks=SPLIT,
+        warm_chunks=WINDOW,
+        warm_report=report,
+    )
+    assert_rel_close("o", o_ref, o, TOL)
+    assert_rel_close("ht", ht_ref, ht, TOL)
+    ok = report["certified"].cpu()  # 300 tokens: 3 segments per sequence, 2 transitions each
+    assert ok.shape == (4, 2) and ok[:, 0].all() and not ok[:, 1].any(), ok
+
+
 def test_warm_split_window_not_shorter_than_a_segment_is_exact(OP: str) -> None:
     report = _run(OP, (0,), window=SPLIT)
     assert "certified" not in report

@@ -10,7 +10,9 @@ almost the state E_win that the last `w` chunks of segment s build from zero: S_
 2. `kernels.cp.decay_bound` bounds ||M_win S_{c-1}||_F from the gates, beta and the key and value norms of every
    earlier token (an initial state enters as a write at its sequence's first token); the pair is certified when
    the bound is <= tol/(1+tol) ||E_win||_F, so the dropped part is <= tol ||S_exact||_F (warmup_correct's rule
-   and its tol, `kernels.vocabulary.MODE_OPTIONS["warmup_correct"]["tol"]`).
+   and its tol, `kernels.vocabulary.MODE_OPTIONS["warmup_correct"]["tol"]`). The forwards have the WY pass sum the
+   bound's per-token terms per chunk (`wy_*_fwd(bnd=...)`, fp32 rounded up: windows are whole chunks, so the
+   chunk sums give the same bound), and the certification reads those [NT, H, 2] sums instead of k, v and g.
 3. the transition pass runs with the certified (segment, head) programs masked (`need` per head): they walk no
    chunk and store M = 0 and S_ext = 0; the others compute the exact pair.
 4. S_ext = where(certified, E_win, S_ext): the chain (`seg_chain_fwd(drop=certified)`) then takes S_{s+1} = E_win
@@ -73,13 +75,13 @@ class WarmInputs:
     window_chunks: int = WARM_CHUNKS
     tol: float = WARM_TOL
     report: dict[str, Tensor] | None = None
-    chunk_bound: Tensor | None = None  # fp32 [NT_total, H, 2]: the WY pass's (L, W) per chunk (GDN); None: read k, v
+    chunk_bound: Tensor | None = None  # fp32 [NT_total, H, 2]: the WY pass's (L, W) per chunk; None: read k, v here
 
 
 def warm_inputs(
     op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, warm_chunks: int | None, *, report: dict[str, Tensor] | None = None
 ) -> WarmInputs | None:
-    """The forwards' `warm_chunks` (None: WARM_DEFAULT; 0: off -> None) as the split's WarmInputs (GDN: then
+    """The forwards' `warm_chunks` (None: WARM_DEFAULT; 0: off -> None) as the split's WarmInputs (then
     `with_chunk_bound` for the WY pass to fill)."""
     chunks = WARM_DEFAULT if warm_chunks is None else warm_chunks
     if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 0:

@@ -439,6 +439,13 @@ def _kda_gate(g, bos, t0, T, i_h, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.c
 
 
 @triton.jit
+def _gate_rowmax(g, bos, r0, T, i_h, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
+    """The largest floored gate of each row over columns [c0, c0+BK) (columns past K excluded), fp32 [16]."""
+    x = tl.maximum(_load_tile(g, bos, r0, T, i_h, H, K, c0, 16, BK).to(tl.float32), FLOOR)
+    return tl.max(tl.where((c0 + tl.arange(0, BK) < K)[None, :], x, float("-inf")), 1)
+
+
+@triton.jit
 def _diag_gram(x, k, G, BK: tl.constexpr):
     """sum_d x_id k_jd exp(G_id - G_jd) for j <= i in one 16-row block (0 above the diagonal), x, k, G [16, BK]
     fp32: the decay taken elementwise (G_i - G_j <= 0), one column j at a time (FLA's diagonal blocks)."""
@@ -528,6 +535,7 @@ def _kda_gram(x, k, g, xg, bos, t0, T, i_h, gc, scale, H: tl.constexpr, K: tl.co
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
     "HAS_Q": lambda args: args["q"] is not None,
     "USE_NEED": lambda args: args["need"] is not None,
+    "HAS_BOUND": lambda args: args["bnd"] is not None,
 })
 @triton.jit(do_not_specialize=["T"])
 def wy_kda_fwd_kernel(
@@ -545,6 +553,7 @@ def wy_kda_fwd_kernel(
     cu_seqlens,
     chunk_indices,
     need,  # [N] uint8 or None (transition only): 0 = this sequence's outputs are not needed, skip its chunks
+    bnd,  # out [NT_total, H, 2] fp32 or None: the chunk's decay-bound summary (L, W), `_chunk_bound` (warm_split)
     scale,
     T,
     H: tl.constexpr,
@@ -556,6 +565,7 @@ def wy_kda_fwd_kernel(
     IS_VARLEN: tl.constexpr,
     HAS_Q: tl.constexpr,
     USE_NEED: tl.constexpr,
+    HAS_BOUND: tl.constexpr,
 ):
     tl.static_assert(BT == 16 or BT == 32 or BT == 64, "the WY kernel is written for chunks of 16, 32 or 64 tokens")
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
@@ -606,19 +616,42 @@ def wy_kda_fwd_kernel(
     T30, T31, T32, T33 = T30.to(dt), T31.to(dt), T32.to(dt), T33.to(dt)
 
     # phase 3: w = T (beta exp(G) K) in column blocks of BK (the gate is per key dim), u = T (beta V)
+    if HAS_BOUND:  # the decay bound's per-token facts: ||k||^2 and the largest (floored) gate over the key dims
+        kk0, kk1, kk2, kk3 = (tl.zeros([16], dtype=tl.float32), tl.zeros([16], dtype=tl.float32),
+                              tl.zeros([16], dtype=tl.float32), tl.zeros([16], dtype=tl.float32))
+        gm0, gm1, gm2, gm3 = (tl.full([16], float("-inf"), tl.float32), tl.full([16], float("-inf"), tl.float32),
+                              tl.full([16], float("-inf"), tl.float32), tl.full([16], float("-inf"), tl.float32))
     for i_k in range(tl.cdiv(K, BK)):
         c0 = i_k * BK
         G0, G1, G2, G3, g1, g2, g3, gl = _kda_gate(g, bos, t0, T, i_h, H, K, c0, BK)
-        y0 = (_load_tile(k, bos, t0, T, i_h, H, K, c0, 16, BK) * tl.exp(G0) * b0[:, None]).to(dt)
-        y1 = (_load_tile(k, bos, t0 + 16, T, i_h, H, K, c0, 16, BK) * tl.exp(G1) * b1[:, None]).to(dt)
-        y2 = (_load_tile(k, bos, t0 + 32, T, i_h, H, K, c0, 16, BK) * tl.exp(G2) * b2[:, None]).to(dt)
-        y3 = (_load_tile(k, bos, t0 + 48, T, i_h, H, K, c0, 16, BK) * tl.exp(G3) * b3[:, None]).to(dt)
+        k0 = _load_tile(k, bos, t0, T, i_h, H, K, c0, 16, BK)
+        k1 = _load_tile(k, bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
+        k2 = _load_tile(k, bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
+        k3 = _load_tile(k, bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
+        if HAS_BOUND:
+            kk0 += tl.sum(k0.to(tl.float32) * k0.to(tl.float32), 1)
+            kk1 += tl.sum(k1.to(tl.float32) * k1.to(tl.float32), 1)
+            kk2 += tl.sum(k2.to(tl.float32) * k2.to(tl.float32), 1)
+            kk3 += tl.sum(k3.to(tl.float32) * k3.to(tl.float32), 1)
+            gm0 = tl.maximum(gm0, _gate_rowmax(g, bos, t0, T, i_h, H, K, c0, BK))
+            gm1 = tl.maximum(gm1, _gate_rowmax(g, bos, t0 + 16, T, i_h, H, K, c0, BK))
+            gm2 = tl.maximum(gm2, _gate_rowmax(g, bos, t0 + 32, T, i_h, H, K, c0, BK))
+            gm3 = tl.maximum(gm3, _gate_rowmax(g, bos, t0 + 48, T, i_h, H, K, c0, BK))
+        y0 = (k0 * tl.exp(G0) * b0[:, None]).to(dt)
+        y1 = (k1 * tl.exp(G1) * b1[:, None]).to(dt)
+        y2 = (k2 * tl.exp(G2) * b2[:, None]).to(dt)
+        y3 = (k3 * tl.exp(G3) * b3[:, None]).to(dt)
         w0, w1, w2, w3 = _apply_T(y0, y1, y2, y3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33)
         _store_tile(w, w0, bos, t0, T, i_h, H, K, c0, 16, BK)
         _store_tile(w, w1, bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
         _store_tile(w, w2, bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
         _store_tile(w, w3, bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
-    _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, H, V, BV)
+    n0, n1, n2, n3 = _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
+                              H, V, BV)
+    if HAS_BOUND:
+        b_L, b_W = _chunk_bound(gm0, gm1, gm2, gm3, b0, b1, b2, b3, kk0, kk1, kk2, kk3, n0, n1, n2, n3)
+        tl.store(bnd + (i_tg * H + i_h) * 2, b_L)
+        tl.store(bnd + (i_tg * H + i_h) * 2 + 1, b_W)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -685,11 +718,13 @@ def wy_gdn_fwd(
 
 def wy_kda_fwd(
     q: Tensor | None, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex,
-    launch: LaunchPlan | None = None, need: Tensor | None = None,
+    launch: LaunchPlan | None = None, need: Tensor | None = None, bnd: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
     """KDA intra-chunk pass: (w, u, kg, gc fp32 [NT_total, H, K], qg, aqk); qg/aqk are None without q.
 
     need: bool `[N]` (transition only): chunks of unflagged sequences are skipped and their outputs left unwritten.
+    bnd: fp32 `[NT_total, H, 2]` or None: receives each chunk's decay-bound summary, as `wy_gdn_fwd`'s (the gate of a
+    token: its largest over the key dims).
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
@@ -705,6 +740,6 @@ def wy_kda_fwd(
     wy_kda_fwd_kernel[_grid(index, B, T, H)](
         q, k, v, g, beta, w, u, kg, gc, qg, aqk,
         index.cu_seqlens if index.is_varlen else None, index.chunk_indices if index.is_varlen else None,
-        _need_flags(need, index, q), scale, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        _need_flags(need, index, q), bnd, scale, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return w, u, kg, gc, qg, aqk

@@ -374,11 +374,11 @@ def profile_kernels(op: str, q, k, v, g, beta, timer: Timer, warm: int = 0) -> d
 
 def _profile_warm(op: str, q: Any, raw: tuple[Any, ...], prep: tuple[Any, ...], index: Any, plan: Any, warm: int,
                   gv: bool, timer: Timer) -> dict[str, Any]:
-    """The warm path's stages timed alone (see profile_kernels); GDN: also the WY pass with its chunk bound (bnd=)."""
+    """The warm path's stages timed alone (see profile_kernels), and the WY pass with its chunk bound (bnd=)."""
     from kernels.common.chunk_state import chunk_state_final_fwd, chunk_state_transition_fwd
     from kernels.common.seqsplit import seg_chain_fwd
     from kernels.common.warm_split import WarmInputs, certify_windows, warm_transitions, window_plan, with_chunk_bound
-    from kernels.common.wy import BT_WY, wy_gdn_fwd
+    from kernels.common.wy import BT_WY, wy_gdn_fwd, wy_kda_fwd
 
     wp = window_plan(index, list(plan.bounds_cpu), list(plan.chunk_bounds_cpu), list(plan.transitions_cpu), warm,
                      seg_chunks=plan.seg_chunks, owner=plan)
@@ -386,12 +386,11 @@ def _profile_warm(op: str, q: Any, raw: tuple[Any, ...], prep: tuple[Any, ...], 
         return {"warm": warm, "warm_note": "window not shorter than a segment: exact split"}
     x = WarmInputs(op, *raw, window_chunks=warm)
     out: dict[str, Any] = {"warm": warm}
-    if op == "gdn":  # the WY pass sums the bound's terms per chunk; its cost over wy_ms is the bound's
-        x = with_chunk_bound(x, index.num_chunks)
-        assert x is not None
-        scale = q.shape[-1] ** -0.5
-        wy_gdn_fwd(q, *raw, scale=scale, index=index, bnd=x.chunk_bound)
-        out["wy_bound_ms"] = _timed(timer, wy_gdn_fwd, q, *raw, scale=scale, index=index, bnd=x.chunk_bound)[0]
+    x = with_chunk_bound(x, index.num_chunks)  # the WY pass sums the bound's terms per chunk: its cost over wy_ms
+    assert x is not None
+    wy, scale = (wy_gdn_fwd if op == "gdn" else wy_kda_fwd), q.shape[-1] ** -0.5
+    wy(q, *raw, scale=scale, index=index, bnd=x.chunk_bound)
+    out["wy_bound_ms"] = _timed(timer, wy, q, *raw, scale=scale, index=index, bnd=x.chunk_bound)[0]
     E = chunk_state_final_fwd(*prep, layout=wp.layout, BT=BT_WY, gate_vector=gv)
     out["warm_window_ms"] = _timed(timer, chunk_state_final_fwd, *prep, layout=wp.layout, BT=BT_WY, gate_vector=gv)[0]
     ok = certify_windows(x, wp, E, None)

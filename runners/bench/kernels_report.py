@@ -55,7 +55,7 @@ def to_markdown(res: dict[str, Any]) -> str:
     if warm:
         lines += ["", "Gate-certified warmup of the split (`kernels.common.warm_split`), each stage timed alone, ms; the "
                   "exact transition pass above is what it replaces:", "",
-                  "| op | B | T | window chunks | wy with chunk bound (GDN; wy above without) | windows' pass | certification "
+                  "| op | B | T | window chunks | wy with chunk bound (wy above: without) | windows' pass | certification "
                   "| masked transition | all (warm_transitions) | exact transition | chain (drop) | certified pairs |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in warm:

@@ -121,23 +121,21 @@ def test_warm_split_refuses_a_bad_window(OP: str) -> None:
 
 
 def test_chunk_bound_of_the_wy_pass_bounds_the_token_terms(OP: str) -> None:
-    """GDN: the WY pass's per-chunk (L, W) are the fp64 sums of decay_bound's per-token terms, rounded up by at most
-    the stated margin (partial chunks included); KDA: the certification reads k and v itself (no chunk bound)."""
+    """The WY pass's per-chunk (L, W) are the fp64 sums of decay_bound's per-token terms (KDA: the largest gate over
+    the key dims), rounded up by at most the stated margin, partial chunks included."""
     from kernels.common.index import prepare_chunk_index
     from kernels.common.warm_split import warm_inputs, with_chunk_bound
-    from kernels.common.wy import wy_gdn_fwd
+    from kernels.common.wy import wy_gdn_fwd, wy_kda_fwd
     from kernels.cp.decay_bound import token_terms
 
     q, k, v, g, beta, cu = _inputs(OP, (0,))
     assert warm_inputs(OP, k, v, g, beta, 0) is None
     x = warm_inputs(OP, k, v, g, beta, WINDOW)
     assert x is not None and x.chunk_bound is None
-    if OP == "kda":
-        return
     index = prepare_chunk_index(cu, batch=1, seq_len=k.shape[1], chunk_size=64, device=k.device)
     x = with_chunk_bound(x, index.num_chunks)
     assert x is not None and x.chunk_bound is not None
-    wy_gdn_fwd(q, k, v, g, beta, scale=1.0, index=index, bnd=x.chunk_bound)
+    (wy_gdn_fwd if OP == "gdn" else wy_kda_fwd)(q, k, v, g, beta, scale=1.0, index=index, bnd=x.chunk_bound)
     ell, log_u = token_terms(OP, k, v, g, beta)  # fp64 [T, H]
     got = x.chunk_bound.double().cpu()
     bounds = index.cu_seqlens_cpu

@@ -169,9 +169,9 @@ def _apply_T(x0, x1, x2, x3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33):
 
 @triton.jit
 def _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
-             H: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
+             H: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, NORMS: tl.constexpr):
     """u = T (beta V), in column blocks of BV (both ops); the T blocks are already in the input dtype. Returns the
-    squared norms of the four blocks' value rows, fp32 [16] each (used by `wy_gdn_fwd`'s `norms`, else dropped)."""
+    squared norms of the four blocks' value rows, fp32 [16] each, if NORMS (the decay bound's `bnd`), else zeros."""
     dt = T00.dtype
     n0 = tl.zeros([16], dtype=tl.float32)
     n1 = tl.zeros([16], dtype=tl.float32)
@@ -183,10 +183,8 @@ def _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22
         v1 = _load_tile(v, bos, t0 + 16, T, i_h, H, V, c0, 16, BV).to(tl.float32)
         v2 = _load_tile(v, bos, t0 + 32, T, i_h, H, V, c0, 16, BV).to(tl.float32)
         v3 = _load_tile(v, bos, t0 + 48, T, i_h, H, V, c0, 16, BV).to(tl.float32)
-        n0 += tl.sum(v0 * v0, 1)
-        n1 += tl.sum(v1 * v1, 1)
-        n2 += tl.sum(v2 * v2, 1)
-        n3 += tl.sum(v3 * v3, 1)
+        if NORMS:
+            n0, n1, n2, n3 = _add_squares(n0, n1, n2, n3, v0, v1, v2, v3)
         x0 = (v0 * b0[:, None]).to(dt)
         x1 = (v1 * b1[:, None]).to(dt)
         x2 = (v2 * b2[:, None]).to(dt)
@@ -200,10 +198,10 @@ def _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22
 
 
 @triton.jit
-def _diag(A):
-    """The diagonal of a 16x16 block, [16]."""
-    o_i = tl.arange(0, 16)
-    return tl.sum(tl.where(o_i[:, None] == o_i[None, :], A, 0.), 1)
+def _add_squares(n0, n1, n2, n3, x0, x1, x2, x3):
+    """n_i + the row sums of squares of x_i (fp32): the squared row norms of four 16-row blocks, a column block on."""
+    x0, x1, x2, x3 = x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32), x3.to(tl.float32)
+    return n0 + tl.sum(x0 * x0, 1), n1 + tl.sum(x1 * x1, 1), n2 + tl.sum(x2 * x2, 1), n3 + tl.sum(x3 * x3, 1)
 
 
 @triton.jit
@@ -374,8 +372,6 @@ def wy_gdn_fwd_kernel(
         Q32 *= tl.exp(g3[:, None] - g2[None, :]) * scale
         _store_aqk(aqk, bos, t0, T, i_h, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33, H, BT)
     A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram(k, k, bos, t0, T, i_h, H, K, BK)
-    if HAS_BOUND:  # the gram's diagonal: ||k||^2 (fp32 sums of exact products)
-        kk0, kk1, kk2, kk3 = _diag(A00), _diag(A11), _diag(A22), _diag(A33)
     # the gate (blocks below the diagonal: i after j, so G_i - G_j <= 0) and beta on the rows
     A00 *= _decay(g0, g0, True) * b0[:, None]
     A11 *= _decay(g1, g1, True) * b1[:, None]
@@ -396,19 +392,28 @@ def wy_gdn_fwd_kernel(
 
     # phase 3: w = T (beta exp(G) K), u = T (beta V), in column blocks
     e0, e1, e2, e3 = b0 * tl.exp(g0), b1 * tl.exp(g1), b2 * tl.exp(g2), b3 * tl.exp(g3)
+    if HAS_BOUND:  # the decay bound's ||k||^2, from the tiles loaded below (fp32 squares: exact for bf16 keys)
+        kk0, kk1, kk2, kk3 = (tl.zeros([16], dtype=tl.float32), tl.zeros([16], dtype=tl.float32),
+                              tl.zeros([16], dtype=tl.float32), tl.zeros([16], dtype=tl.float32))
     for i_k in range(tl.cdiv(K, BK)):
         c0 = i_k * BK
-        y0 = (_load_tile(k, bos, t0, T, i_h, H, K, c0, 16, BK) * e0[:, None]).to(dt)
-        y1 = (_load_tile(k, bos, t0 + 16, T, i_h, H, K, c0, 16, BK) * e1[:, None]).to(dt)
-        y2 = (_load_tile(k, bos, t0 + 32, T, i_h, H, K, c0, 16, BK) * e2[:, None]).to(dt)
-        y3 = (_load_tile(k, bos, t0 + 48, T, i_h, H, K, c0, 16, BK) * e3[:, None]).to(dt)
+        k0 = _load_tile(k, bos, t0, T, i_h, H, K, c0, 16, BK)
+        k1 = _load_tile(k, bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
+        k2 = _load_tile(k, bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
+        k3 = _load_tile(k, bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
+        if HAS_BOUND:
+            kk0, kk1, kk2, kk3 = _add_squares(kk0, kk1, kk2, kk3, k0, k1, k2, k3)
+        y0 = (k0 * e0[:, None]).to(dt)
+        y1 = (k1 * e1[:, None]).to(dt)
+        y2 = (k2 * e2[:, None]).to(dt)
+        y3 = (k3 * e3[:, None]).to(dt)
         w0, w1, w2, w3 = _apply_T(y0, y1, y2, y3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33)
         _store_tile(w, w0, bos, t0, T, i_h, H, K, c0, 16, BK)
         _store_tile(w, w1, bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
         _store_tile(w, w2, bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
         _store_tile(w, w3, bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
     n0, n1, n2, n3 = _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
-                              H, V, BV)
+                              H, V, BV, HAS_BOUND)
     if HAS_BOUND:
         b_L, b_W = _chunk_bound(x0, x1, x2, x3, b0, b1, b2, b3, kk0, kk1, kk2, kk3, n0, n1, n2, n3)
         tl.store(bnd + (i_tg * H + i_h) * 2, b_L)
@@ -629,10 +634,7 @@ def wy_kda_fwd_kernel(
         k2 = _load_tile(k, bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
         k3 = _load_tile(k, bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
         if HAS_BOUND:
-            kk0 += tl.sum(k0.to(tl.float32) * k0.to(tl.float32), 1)
-            kk1 += tl.sum(k1.to(tl.float32) * k1.to(tl.float32), 1)
-            kk2 += tl.sum(k2.to(tl.float32) * k2.to(tl.float32), 1)
-            kk3 += tl.sum(k3.to(tl.float32) * k3.to(tl.float32), 1)
+            kk0, kk1, kk2, kk3 = _add_squares(kk0, kk1, kk2, kk3, k0, k1, k2, k3)
             gm0 = tl.maximum(gm0, _gate_rowmax(g, bos, t0, T, i_h, H, K, c0, BK))
             gm1 = tl.maximum(gm1, _gate_rowmax(g, bos, t0 + 16, T, i_h, H, K, c0, BK))
             gm2 = tl.maximum(gm2, _gate_rowmax(g, bos, t0 + 32, T, i_h, H, K, c0, BK))
@@ -647,7 +649,7 @@ def wy_kda_fwd_kernel(
         _store_tile(w, w2, bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
         _store_tile(w, w3, bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
     n0, n1, n2, n3 = _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
-                              H, V, BV)
+                              H, V, BV, HAS_BOUND)
     if HAS_BOUND:
         b_L, b_W = _chunk_bound(gm0, gm1, gm2, gm3, b0, b1, b2, b3, kk0, kk1, kk2, kk3, n0, n1, n2, n3)
         tl.store(bnd + (i_tg * H + i_h) * 2, b_L)

@@ -7,7 +7,7 @@ almost the state E_win that the last `w` chunks of segment s build from zero: S_
 (c: the window start). Per (non-last segment, head), on the device, no host sync:
 
 1. `chunk_state_final_fwd` walks only the windows (w chunks, V/BV programs per head): E_win.
-2. `kernels.cp.decay_bound` bounds ||M_win S_{c-1}||_F from the gates, beta and the key and value norms of every
+2. `kernels.common.decay_bound` bounds ||M_win S_{c-1}||_F from the gates, beta and the key and value norms of every
    earlier token (an initial state enters as a write at its sequence's first token); the pair is certified when
    the bound is <= tol/(1+tol) ||E_win||_F, so the dropped part is <= tol ||S_exact||_F (warmup_correct's rule
    and its tol, `kernels.vocabulary.MODE_OPTIONS["warmup_correct"]["tol"]`). The forwards have the WY pass sum the
@@ -35,8 +35,8 @@ import torch
 from torch import Tensor
 
 from kernels.common.chunk_state import SeqLayout, chunk_state_final_fwd, chunk_state_transition_fwd
+from kernels.common.decay_bound import log_window_bound, token_terms
 from kernels.common.index import ChunkIndex
-from kernels.cp.decay_bound import log_window_bound, token_terms
 from kernels.plan import LaunchPlan
 from kernels.vocabulary import MODE_OPTIONS
 

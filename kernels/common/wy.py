@@ -213,7 +213,7 @@ def _bound_logs(x, b, kk, vv):
 
 @triton.jit
 def _chunk_bound(x0, x1, x2, x3, b0, b1, b2, b3, k0, k1, k2, k3, v0, v1, v2, v3):
-    """The chunk's decay-bound summary (`kernels.cp.decay_bound` at chunk granularity), fp32 rounded up: L >= sum of
+    """The chunk's decay-bound summary (`kernels.common.decay_bound` at chunk granularity), fp32 rounded up: L >= sum of
     l over the chunk and W >= log sum_t u_t exp(sum of l after t in the chunk) (its writes' state norm at its end)."""
     l0, u0 = _bound_logs(x0, b0, k0, v0)
     l1, u1 = _bound_logs(x1, b1, k1, v1)

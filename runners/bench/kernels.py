@@ -384,10 +384,11 @@ def _profile_warm(op: str, q: Any, raw: tuple[Any, ...], prep: tuple[Any, ...], 
                      seg_chunks=plan.seg_chunks, owner=plan)
     if wp is None:
         return {"warm": warm, "warm_note": "window not shorter than a segment: exact split"}
-    x = WarmInputs(op, *raw, window_chunks=warm)
-    out: dict[str, Any] = {"warm": warm}
-    x = with_chunk_bound(x, index.num_chunks)  # the WY pass sums the bound's terms per chunk: its cost over wy_ms
+    k, v, g, beta = raw
+    # the WY pass sums the bound's terms per chunk: its cost over wy_ms
+    x = with_chunk_bound(WarmInputs(op, k, v, g, beta, window_chunks=warm), index.num_chunks)
     assert x is not None
+    out: dict[str, Any] = {"warm": warm}
     wy, scale = (wy_gdn_fwd if op == "gdn" else wy_kda_fwd), q.shape[-1] ** -0.5
     wy(q, *raw, scale=scale, index=index, bnd=x.chunk_bound)
     out["wy_bound_ms"] = _timed(timer, wy, q, *raw, scale=scale, index=index, bnd=x.chunk_bound)[0]

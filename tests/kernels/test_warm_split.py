@@ -126,10 +126,10 @@ def test_warm_split_refuses_a_bad_window(OP: str) -> None:
 def test_chunk_bound_of_the_wy_pass_bounds_the_token_terms(OP: str) -> None:
     """The WY pass's per-chunk (L, W) are the fp64 sums of decay_bound's per-token terms (KDA: the largest gate over
     the key dims), rounded up by at most the stated margin, partial chunks included."""
+    from kernels.common.decay_bound import token_terms
     from kernels.common.index import prepare_chunk_index
     from kernels.common.warm_split import warm_inputs, with_chunk_bound
     from kernels.common.wy import wy_gdn_fwd, wy_kda_fwd
-    from kernels.cp.decay_bound import token_terms
 
     q, k, v, g, beta, cu = _inputs(OP, (0,))
     assert warm_inputs(OP, k, v, g, beta, 0) is None

@@ -24,7 +24,8 @@ from __future__ import annotations
 import functools
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import triton
@@ -202,6 +203,7 @@ class SplitPlan:
     bounds_cpu: tuple[int, ...] = ()        # host copies: segment token bounds `[NS+1]`, their global chunk offsets,
     chunk_bounds_cpu: tuple[int, ...] = ()  # and the segments that have a transition (non-last), in order
     transitions_cpu: tuple[int, ...] = ()
+    windows: dict[int, Any] = field(default_factory=dict, repr=False)  # warm_split.window_plan's, per window length
 
 
 _PLAN_CACHE: OrderedDict[tuple[int, int], tuple[ChunkIndex, SplitPlan]] = OrderedDict()
@@ -391,7 +393,7 @@ def state_and_output(
         # every segment's entering state
         wp = None if warm is None else window_plan(index, list(plan.bounds_cpu), list(plan.chunk_bounds_cpu),
                                                     list(plan.transitions_cpu), warm.window_chunks,
-                                                    seg_chunks=plan.seg_chunks, owner=plan)
+                                                    seg_chunks=plan.seg_chunks, cache=plan.windows)
         drop = None
         if wp is None:
             M, S_ext = chunk_state_transition_fwd(k, w, u, g, layout=plan.transitions, BT=BT, gate_vector=gate_vector,

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -122,10 +121,6 @@ class WindowPlan:
     seq_first_chunk: Tensor
 
 
-_WINDOW_CACHE: OrderedDict[tuple[int, int], tuple[object, WindowPlan]] = OrderedDict()
-_WINDOW_CACHE_SIZE = 64
-
-
 def window_plan(
     index: ChunkIndex,
     bounds: list[int],
@@ -134,17 +129,16 @@ def window_plan(
     window_chunks: int,
     *,
     seg_chunks: int,
-    owner: object,
+    cache: dict[int, WindowPlan | None],
 ) -> WindowPlan | None:
     """The windows of the transitions (segment ids into `bounds`), or None when a window would not be shorter than
-    a segment (`window_chunks >= seg_chunks`) or there are no transitions. Host lists only; cached per `owner`."""
+    a segment (`window_chunks >= seg_chunks`) or there are no transitions. Host lists only; kept in `cache` (the
+    split plan's `windows`) per window length."""
+    if window_chunks in cache:
+        return cache[window_chunks]
     if window_chunks < 1 or window_chunks >= seg_chunks or not transitions:
+        cache[window_chunks] = None
         return None
-    key = (id(owner), window_chunks)
-    hit = _WINDOW_CACHE.get(key)
-    if hit is not None and hit[0] is owner:
-        _WINDOW_CACHE.move_to_end(key)
-        return hit[1]
     C = index.chunk_size
     pts, cpts = [], []
     for s in transitions:  # a non-last segment ends on a chunk boundary and is seg_chunks > window_chunks long
@@ -175,9 +169,7 @@ def window_plan(
         chunk_ends=t(cpts[1::2]),
         seq_first_chunk=t([co[n] for n in live]),
     )
-    _WINDOW_CACHE[key] = (owner, plan)
-    while len(_WINDOW_CACHE) > _WINDOW_CACHE_SIZE:
-        _WINDOW_CACHE.popitem(last=False)
+    cache[window_chunks] = plan
     return plan
 
 

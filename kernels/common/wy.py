@@ -170,8 +170,9 @@ def _apply_T(x0, x1, x2, x3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33):
 @triton.jit
 def _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
              H: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, NORMS: tl.constexpr):
-    """u = T (beta V), in column blocks of BV (both ops); the T blocks are already in the input dtype. Returns the
-    squared norms of the four blocks' value rows, fp32 [16] each, if NORMS (the decay bound's `bnd`), else zeros."""
+    """u = T (beta V), in column blocks of BV (both ops; GDN's w = T (beta exp(G) K) too: v, u, b are then k, w and
+    beta exp(G)); the T blocks are already in the input dtype. Returns the squared norms of the four blocks' rows of
+    v, fp32 [16] each, if NORMS (the decay bound's `bnd`), else zeros."""
     dt = T00.dtype
     n0 = tl.zeros([16], dtype=tl.float32)
     n1 = tl.zeros([16], dtype=tl.float32)
@@ -179,10 +180,7 @@ def _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22
     n3 = tl.zeros([16], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         c0 = i_v * BV
-        v0 = _load_tile(v, bos, t0, T, i_h, H, V, c0, 16, BV).to(tl.float32)
-        v1 = _load_tile(v, bos, t0 + 16, T, i_h, H, V, c0, 16, BV).to(tl.float32)
-        v2 = _load_tile(v, bos, t0 + 32, T, i_h, H, V, c0, 16, BV).to(tl.float32)
-        v3 = _load_tile(v, bos, t0 + 48, T, i_h, H, V, c0, 16, BV).to(tl.float32)
+        v0, v1, v2, v3 = _load_blocks(v, bos, t0, T, i_h, H, V, c0, BV)
         if NORMS:
             n0, n1, n2, n3 = _add_squares(n0, n1, n2, n3, v0, v1, v2, v3)
         x0 = (v0 * b0[:, None]).to(dt)
@@ -198,9 +196,31 @@ def _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22
 
 
 @triton.jit
+def _store_u_bound(v, u, bnd, bos, t0, T, i_h, i_tg, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
+                   x0, x1, x2, x3, kk0, kk1, kk2, kk3, H: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+                   HAS_BOUND: tl.constexpr):
+    """`_store_u`, then if HAS_BOUND the chunk's decay-bound summary (`_chunk_bound`; x: each token's largest floored
+    gate, kk: ||k||^2) into bnd [NT_total, H, 2] at the global chunk i_tg."""
+    n0, n1, n2, n3 = _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
+                              H, V, BV, HAS_BOUND)
+    if HAS_BOUND:
+        b_L, b_W = _chunk_bound(x0, x1, x2, x3, b0, b1, b2, b3, kk0, kk1, kk2, kk3, n0, n1, n2, n3)
+        tl.store(bnd + (i_tg * H + i_h) * 2, b_L)
+        tl.store(bnd + (i_tg * H + i_h) * 2 + 1, b_W)
+
+
+@triton.jit
+def _load_blocks(p, bos, t0, T, i_h, H: tl.constexpr, D: tl.constexpr, c0, BC: tl.constexpr):
+    """The chunk's four 16-row blocks of columns [c0, c0+BC) of a [.., T, H, D] tensor, fp32 (`_load_tile`)."""
+    return (_load_tile(p, bos, t0, T, i_h, H, D, c0, 16, BC).to(tl.float32),
+            _load_tile(p, bos, t0 + 16, T, i_h, H, D, c0, 16, BC).to(tl.float32),
+            _load_tile(p, bos, t0 + 32, T, i_h, H, D, c0, 16, BC).to(tl.float32),
+            _load_tile(p, bos, t0 + 48, T, i_h, H, D, c0, 16, BC).to(tl.float32))
+
+
+@triton.jit
 def _add_squares(n0, n1, n2, n3, x0, x1, x2, x3):
     """n_i + the row sums of squares of x_i (fp32): the squared row norms of four 16-row blocks, a column block on."""
-    x0, x1, x2, x3 = x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32), x3.to(tl.float32)
     return n0 + tl.sum(x0 * x0, 1), n1 + tl.sum(x1 * x1, 1), n2 + tl.sum(x2 * x2, 1), n3 + tl.sum(x3 * x3, 1)
 
 
@@ -392,32 +412,11 @@ def wy_gdn_fwd_kernel(
 
     # phase 3: w = T (beta exp(G) K), u = T (beta V), in column blocks
     e0, e1, e2, e3 = b0 * tl.exp(g0), b1 * tl.exp(g1), b2 * tl.exp(g2), b3 * tl.exp(g3)
-    if HAS_BOUND:  # the decay bound's ||k||^2, from the tiles loaded below (fp32 squares: exact for bf16 keys)
-        kk0, kk1, kk2, kk3 = (tl.zeros([16], dtype=tl.float32), tl.zeros([16], dtype=tl.float32),
-                              tl.zeros([16], dtype=tl.float32), tl.zeros([16], dtype=tl.float32))
-    for i_k in range(tl.cdiv(K, BK)):
-        c0 = i_k * BK
-        k0 = _load_tile(k, bos, t0, T, i_h, H, K, c0, 16, BK)
-        k1 = _load_tile(k, bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
-        k2 = _load_tile(k, bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
-        k3 = _load_tile(k, bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
-        if HAS_BOUND:
-            kk0, kk1, kk2, kk3 = _add_squares(kk0, kk1, kk2, kk3, k0, k1, k2, k3)
-        y0 = (k0 * e0[:, None]).to(dt)
-        y1 = (k1 * e1[:, None]).to(dt)
-        y2 = (k2 * e2[:, None]).to(dt)
-        y3 = (k3 * e3[:, None]).to(dt)
-        w0, w1, w2, w3 = _apply_T(y0, y1, y2, y3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33)
-        _store_tile(w, w0, bos, t0, T, i_h, H, K, c0, 16, BK)
-        _store_tile(w, w1, bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
-        _store_tile(w, w2, bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
-        _store_tile(w, w3, bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
-    n0, n1, n2, n3 = _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
-                              H, V, BV, HAS_BOUND)
-    if HAS_BOUND:
-        b_L, b_W = _chunk_bound(x0, x1, x2, x3, b0, b1, b2, b3, kk0, kk1, kk2, kk3, n0, n1, n2, n3)
-        tl.store(bnd + (i_tg * H + i_h) * 2, b_L)
-        tl.store(bnd + (i_tg * H + i_h) * 2 + 1, b_W)
+    # (the same loop as u's, with the rows scaled by beta exp(G); the bound's ||k||^2 from its fp32 key tiles)
+    kk0, kk1, kk2, kk3 = _store_u(k, w, bos, t0, T, i_h, e0, e1, e2, e3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
+                                  H, K, BK, HAS_BOUND)
+    _store_u_bound(v, u, bnd, bos, t0, T, i_h, i_tg, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
+                   x0, x1, x2, x3, kk0, kk1, kk2, kk3, H, V, BV, HAS_BOUND)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -621,18 +620,15 @@ def wy_kda_fwd_kernel(
     T30, T31, T32, T33 = T30.to(dt), T31.to(dt), T32.to(dt), T33.to(dt)
 
     # phase 3: w = T (beta exp(G) K) in column blocks of BK (the gate is per key dim), u = T (beta V)
-    if HAS_BOUND:  # the decay bound's per-token facts: ||k||^2 and the largest (floored) gate over the key dims
-        kk0, kk1, kk2, kk3 = (tl.zeros([16], dtype=tl.float32), tl.zeros([16], dtype=tl.float32),
-                              tl.zeros([16], dtype=tl.float32), tl.zeros([16], dtype=tl.float32))
-        gm0, gm1, gm2, gm3 = (tl.full([16], float("-inf"), tl.float32), tl.full([16], float("-inf"), tl.float32),
-                              tl.full([16], float("-inf"), tl.float32), tl.full([16], float("-inf"), tl.float32))
+    # the decay bound's per-token facts (if HAS_BOUND): ||k||^2 and the largest (floored) gate over the key dims
+    kk0, kk1, kk2, kk3 = (tl.zeros([16], dtype=tl.float32), tl.zeros([16], dtype=tl.float32),
+                          tl.zeros([16], dtype=tl.float32), tl.zeros([16], dtype=tl.float32))
+    gm0, gm1, gm2, gm3 = (tl.full([16], float("-inf"), tl.float32), tl.full([16], float("-inf"), tl.float32),
+                          tl.full([16], float("-inf"), tl.float32), tl.full([16], float("-inf"), tl.float32))
     for i_k in range(tl.cdiv(K, BK)):
         c0 = i_k * BK
         G0, G1, G2, G3, g1, g2, g3, gl = _kda_gate(g, bos, t0, T, i_h, H, K, c0, BK)
-        k0 = _load_tile(k, bos, t0, T, i_h, H, K, c0, 16, BK)
-        k1 = _load_tile(k, bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
-        k2 = _load_tile(k, bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
-        k3 = _load_tile(k, bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
+        k0, k1, k2, k3 = _load_blocks(k, bos, t0, T, i_h, H, K, c0, BK)
         if HAS_BOUND:
             kk0, kk1, kk2, kk3 = _add_squares(kk0, kk1, kk2, kk3, k0, k1, k2, k3)
             gm0 = tl.maximum(gm0, _gate_rowmax(g, bos, t0, T, i_h, H, K, c0, BK))
@@ -648,12 +644,8 @@ def wy_kda_fwd_kernel(
         _store_tile(w, w1, bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
         _store_tile(w, w2, bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
         _store_tile(w, w3, bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
-    n0, n1, n2, n3 = _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
-                              H, V, BV, HAS_BOUND)
-    if HAS_BOUND:
-        b_L, b_W = _chunk_bound(gm0, gm1, gm2, gm3, b0, b1, b2, b3, kk0, kk1, kk2, kk3, n0, n1, n2, n3)
-        tl.store(bnd + (i_tg * H + i_h) * 2, b_L)
-        tl.store(bnd + (i_tg * H + i_h) * 2 + 1, b_W)
+    _store_u_bound(v, u, bnd, bos, t0, T, i_h, i_tg, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
+                   gm0, gm1, gm2, gm3, kk0, kk1, kk2, kk3, H, V, BV, HAS_BOUND)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

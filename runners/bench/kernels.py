@@ -381,7 +381,7 @@ def _profile_warm(op: str, q: Any, raw: tuple[Any, ...], prep: tuple[Any, ...], 
     from kernels.common.wy import BT_WY, wy_gdn_fwd, wy_kda_fwd
 
     wp = window_plan(index, list(plan.bounds_cpu), list(plan.chunk_bounds_cpu), list(plan.transitions_cpu), warm,
-                     seg_chunks=plan.seg_chunks, owner=plan)
+                     seg_chunks=plan.seg_chunks, cache=plan.windows)
     if wp is None:
         return {"warm": warm, "warm_note": "window not shorter than a segment: exact split"}
     k, v, g, beta = raw

@@ -37,19 +37,23 @@ def _fwd(op: str):
     return getattr(importlib.import_module(f"kernels.{op}.chunk"), f"chunk_{op}_fwd")
 
 
-def _inputs(op: str, strong_heads: tuple[int, ...]):
-    q, k, v, g, beta, cu = make_inputs(op, LENGTHS, H=2, K=DIM, V=DIM, lb=WEAK, device=DEVICE)
+def _inputs(op: str, strong_heads: tuple[int, ...], dense: bool = False):
+    """Varlen LENGTHS (or dense B=2 T=300) with weak gates, the heads in `strong_heads` strong."""
+    shape = {"B": 2, "T": 300} if dense else {"lengths": LENGTHS}
+    q, k, v, g, beta, cu = make_inputs(op, H=2, K=DIM, V=DIM, lb=WEAK, device=DEVICE, **shape)
     for h in strong_heads:
         g[:, :, h] *= STRONG
     return q, k, v, g, beta, cu
 
 
-def _run(op: str, strong_heads: tuple[int, ...], *, fuse: bool = True, window: int = WINDOW):
-    q, k, v, g, beta, cu = _inputs(op, strong_heads)
-    h0 = make_state(len(LENGTHS), 2, DIM, DIM, device=DEVICE)
+def _run(op: str, strong_heads: tuple[int, ...], *, fuse: bool = True, window: int = WINDOW, dense: bool = False):
+    """The warm split against the fp32 reference (with initial states); returns the report (read after the call)."""
+    q, k, v, g, beta, cu = _inputs(op, strong_heads, dense)
+    h0 = make_state(2 if dense else len(LENGTHS), 2, DIM, DIM, device=DEVICE)
     o_ref, ht_ref = kernels.reference(op, q, k, v, g, beta, cu_seqlens=cu, initial_state=h0, output_final_state=True)
     report: dict[str, torch.Tensor] = {}
     rec = LaunchRecorder()
+    opts = {"split_chunks": SPLIT, "fuse_output": fuse, "warm_chunks": window, "warm_report": report}
     o, ht = _fwd(op)(
         q,
         k,
@@ -60,11 +64,8 @@ def _run(op: str, strong_heads: tuple[int, ...], *, fuse: bool = True, window: i
         initial_state=h0,
         output_final_state=True,
         cu_seqlens=cu,
-        split_chunks=SPLIT,
-        fuse_output=fuse,
-        warm_chunks=window,
-        warm_report=report,
         plan=default_plan().with_recorder(rec),
+        **opts,
     )
     assert "chunk_state_transition_fwd" in rec and "seg_chain_fwd" in rec
     assert_rel_close("o", o_ref, o, TOL)
@@ -88,27 +89,7 @@ def test_warm_split_every_head_one_way(OP: str, strong: tuple[int, ...]) -> None
 
 def test_warm_split_dense_batch(OP: str) -> None:
     """Dense B=2 (the flat token axis of the bound and the windows' layout), strong head 0, weak head 1."""
-    q, k, v, g, beta, _ = make_inputs(OP, B=2, T=300, H=2, K=DIM, V=DIM, lb=WEAK, device=DEVICE)
-    g[:, :, 0] *= STRONG
-    h0 = make_state(2, 2, DIM, DIM, device=DEVICE)
-    o_ref, ht_ref = kernels.reference(OP, q, k, v, g, beta, initial_state=h0, output_final_state=True)
-    report: dict[str, torch.Tensor] = {}
-    o, ht = _fwd(OP)(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale=DIM**-0.5,
-        initial_state=h0,
-        output_final_state=True,
-        split_chunks=SPLIT,
-        warm_chunks=WINDOW,
-        warm_report=report,
-    )
-    assert_rel_close("o", o_ref, o, TOL)
-    assert_rel_close("ht", ht_ref, ht, TOL)
-    ok = report["certified"].cpu()  # 300 tokens: 3 segments per sequence, 2 transitions each
+    ok = _run(OP, (0,), dense=True)["certified"].cpu()  # 300 tokens: 3 segments per sequence, 2 transitions each
     assert ok.shape == (4, 2) and ok[:, 0].all() and not ok[:, 1].any(), ok
 
 

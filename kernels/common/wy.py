@@ -249,11 +249,12 @@ def _chunk_bound(x0, x1, x2, x3, b0, b1, b2, b3, k0, k1, k2, k3, v0, v1, v2, v3)
     e3 = u3 + (L - s0 - s1 - s2 - tl.cumsum(l3, 0))
     m = tl.maximum(tl.maximum(tl.max(e0, 0), tl.max(e1, 0)), tl.maximum(tl.max(e2, 0), tl.max(e3, 0)))
     m = tl.where(m == float("-inf"), 0., m)  # no write in the chunk: W = log 0 = -inf below, without inf - inf
-    W = m + tl.log(tl.sum(tl.exp(e0 - m), 0) + tl.sum(tl.exp(e1 - m), 0) + tl.sum(tl.exp(e2 - m), 0)
+    lw = m + tl.log(tl.sum(tl.exp(e0 - m), 0) + tl.sum(tl.exp(e1 - m), 0) + tl.sum(tl.exp(e2 - m), 0)
                    + tl.sum(tl.exp(e3 - m), 0))
     # fp32 rounding, made rigorous by rounding up: a sum of 64 terms errs by <= 63 eps sum|l| = 3.8e-6 A, the
     # exponents and the log-sum-exp by about as much plus a few ulp of |W| (margins 26x and 10x over those)
-    return L + BOUND_MARGIN * A, W + BOUND_MARGIN * (A + tl.abs(W) + 1.)
+    # (no write in the chunk: W = -inf stays -inf, not -inf + inf)
+    return L + BOUND_MARGIN * A, tl.where(lw > float("-inf"), lw + BOUND_MARGIN * (A + tl.abs(lw) + 1.), lw)
 
 
 @triton.jit

@@ -19,8 +19,10 @@ One kernel, three launchers (each with its own launch spec, since their best con
 Varlen: `cu_seqlens` gives token bounds and `chunk_offsets` the global index of each sequence's first chunk
 (for h and gc); `seq_map` (optional) makes program n run sequence seq_map[n] (the transition of only some
 segments); `final_idx` (optional) stores a program's final state at ht[final_idx[n]], or nowhere if < 0;
-`need` (optional, transition only, uint8 per program) skips the work of programs whose flag is 0: their
-chunk loop runs zero times and they store M = 0, S_ext = 0 (a device-side mask: no host sync, same launch).
+`need` (optional, transition only, uint8 per program, or per program and head) skips the work of programs whose
+flag is 0: their chunk loop runs zero times and they store M = 0, S_ext = 0 (a device-side mask: no host sync,
+same launch). `chunk_state_final_fwd` runs the plain pass from zero over the layout's ranges and stores only the
+final states (the warmup windows of `kernels.common.warm_split`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ __all__ = [
     "CHUNK_STATE_OUTPUT_FWD",
     "CHUNK_STATE_TRANSITION_FWD",
     "SeqLayout",
+    "chunk_state_final_fwd",
     "chunk_state_fwd",
     "chunk_state_output_fwd",
     "chunk_state_transition_fwd",
@@ -104,7 +107,7 @@ def chunk_state_fwd_kernel(
     chunk_offsets,  # [N+1] int32 or None
     seq_map,  # [N_programs] int32 or None
     final_idx,  # [N_programs] int32 or None
-    need,  # [N_programs] uint8 or None (TRANSITION): 0 = skip this program's pass, store zeros
+    need,  # [N_programs] or [N_programs, H] uint8 or None (TRANSITION): 0 = skip this program's pass, store zeros
     scale,
     T,
     H: tl.constexpr,
@@ -124,6 +127,7 @@ def chunk_state_fwd_kernel(
     USE_SEQ_MAP: tl.constexpr,
     USE_FINAL_IDX: tl.constexpr,
     USE_NEED: tl.constexpr,
+    NEED_PER_HEAD: tl.constexpr = False,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = (i_nh // H).to(tl.int64), i_nh % H
@@ -143,7 +147,10 @@ def chunk_state_fwd_kernel(
     if USE_NEED:
         # a masked program walks no chunk (branch-free skip; early return also compiles, but this keeps one exit
         # and stores defined zeros)
-        b_need = tl.load(need + i_n) != 0
+        if NEED_PER_HEAD:
+            b_need = tl.load(need + i_n * H + i_h) != 0
+        else:
+            b_need = tl.load(need + i_n) != 0
         NT = tl.where(b_need, NT, 0)
     else:
         b_need = True
@@ -266,6 +273,7 @@ def _launch(cfg: LaunchConfig, ncols: int, layout: SeqLayout, H: int, *, k: Tens
         k, w, u, g, q, aqk, h0, h, ht, m, v_new, o,
         layout.cu_seqlens, layout.chunk_offsets, layout.seq_map, layout.final_idx, need,
         scale, T, H=H, K=K, V=V, BT=BT, BK=head_block(K), BV=BV, GATE_VECTOR=gate_vector,
+        NEED_PER_HEAD=need is not None and need.dim() == 2,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
@@ -306,7 +314,8 @@ def chunk_state_transition_fwd(
 ) -> tuple[Tensor, Tensor]:
     """Segment maps of the programs' sequences: (M [N, H, K, K], S_ext [N, H, K, V]) fp32, N = layout.num_programs.
 
-    need: bool `[N]` on the device, or None (all): programs whose flag is False skip their pass and return zeros.
+    need: bool `[N]` or `[N, H]` on the device, or None (all): programs (per head) whose flag is False skip their
+    pass and return zeros.
     """
     H, K, V = k.shape[2], k.shape[3], u.shape[-1]
     cfg = launch_config(launch, CHUNK_STATE_TRANSITION_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype),
@@ -316,7 +325,25 @@ def chunk_state_transition_fwd(
     S = k.new_empty(N, H, K, V, dtype=torch.float32)
     flags = None
     if need is not None:
-        assert need.shape == (N,) and need.dtype == torch.bool, f"need must be bool [{N}], got {need.dtype} {tuple(need.shape)}"
+        assert need.shape in ((N,), (N, H)) and need.dtype == torch.bool, \
+            f"need must be bool [{N}] or [{N}, {H}], got {need.dtype} {tuple(need.shape)}"
         flags = need.contiguous().view(torch.uint8)   # same bytes; the kernel reads one byte per program
     _launch(cfg, K + V, layout, H, k=k, w=w, u=u, g=g, BT=BT, gate_vector=gate_vector, ht=S, m=M, need=flags)
     return M, S
+
+
+def chunk_state_final_fwd(
+    k: Tensor, w: Tensor, u: Tensor, g: Tensor, *, layout: SeqLayout, BT: int, gate_vector: bool,
+    launch: LaunchPlan | None = None,
+) -> Tensor:
+    """The state at the end of each program's range from a zero start, fp32 `[N, H, K, V]` (N = layout.num_programs).
+
+    The plain pass without per-chunk stores (the transition's S_ext columns alone, no M): the warmup windows of
+    `kernels.common.warm_split`. Ranges are whole chunks of the forward's chunking (GDN's gate cumsum is per chunk).
+    """
+    H, K, V = k.shape[2], k.shape[3], u.shape[-1]
+    cfg = launch_config(launch, CHUNK_STATE_TRANSITION_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype),
+                        bv_limit=head_block(V))
+    ht = k.new_empty(layout.num_programs, H, K, V, dtype=torch.float32)
+    _launch(cfg, V, layout, H, k=k, w=w, u=u, g=g, BT=BT, gate_vector=gate_vector, ht=ht)
+    return ht

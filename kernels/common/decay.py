@@ -24,7 +24,7 @@ g <= -104. Hence, in fp32 terms:
   relative error of at most that size in the decays between the tokens after it (FLA's -1000 mask: 2^-14).
 
 The per-token references (`kernels.common.naive`, `kernels.gdn.naive`) need no floor: they multiply by exp(g_t)
-token by token (0 for g_t = -inf) and never subtract cumulative sums. `kernels.cp.decay_bound` clamps its per-token
+token by token (0 for g_t = -inf) and never subtract cumulative sums. `kernels.common.decay_bound` clamps its per-token
 log map bound at the same floor (a larger log bound is still an upper bound; its cumsum is fp64).
 
 Gradient w.r.t. a clamped gate: 0, the exact value (d/dg of exp(g) S is exp(g) S = 0 in fp32 for g <= -104),

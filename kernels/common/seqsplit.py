@@ -24,7 +24,8 @@ from __future__ import annotations
 import functools
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import triton
@@ -41,6 +42,7 @@ from kernels.common.chunk_state import (
     chunk_state_transition_fwd,
 )
 from kernels.common.index import ChunkIndex
+from kernels.common.warm_split import WarmInputs, warm_transitions, window_plan
 from kernels.configs import KernelSpec, LaunchConfig, head_block, register
 from kernels.plan import LaunchPlan, launch_config
 
@@ -85,7 +87,8 @@ SEG_COMPOSE_FWD = register(KernelSpec(
 ))
 
 
-@triton.heuristics({"USE_INITIAL_STATE": lambda args: args["h0"] is not None})
+@triton.heuristics({"USE_INITIAL_STATE": lambda args: args["h0"] is not None,
+                    "USE_DROP": lambda args: args["drop"] is not None})
 @triton.jit
 def seg_chain_fwd_kernel(
     m,  # [NS - N, H, K, K] fp32 maps of the non-last segments, in segment order
@@ -93,6 +96,7 @@ def seg_chain_fwd_kernel(
     h0,  # [N, H, K, V] fp32 or None
     hs,  # out [NS, H, K, V] fp32: the state entering each segment
     seg_ptr,  # [N+1] int32: sequence n owns segments [seg_ptr[n], seg_ptr[n+1])
+    drop,  # [NS - N, H] uint8 or None: 1 = the map's M is zero (a certified warmup window): S = S_ext, no product
     H: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
@@ -100,6 +104,7 @@ def seg_chain_fwd_kernel(
     BV: tl.constexpr,
     PRECISION: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr,
+    USE_DROP: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = (i_nh // H).to(tl.int64), i_nh % H
@@ -115,9 +120,16 @@ def seg_chain_fwd_kernel(
     for j in range(s0, s1 - 1):
         tl.store(hs + (j * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_s, mask=m_kv)
         i_m = j - i_n  # sequences before n each own one last segment without a map
-        b_m = tl.load(m + (i_m * H + i_h) * K * K + o_k[:, None] * K + o_k[None, :], mask=m_kk, other=0.)
         b_e = tl.load(s_ext + (i_m * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.)
-        b_s = tl.dot(b_m, b_s, input_precision=PRECISION) + b_e
+        if USE_DROP:
+            b_drop = tl.load(drop + i_m * H + i_h) != 0
+        else:
+            b_drop = False
+        if b_drop:  # a runtime branch, uniform per program: the serial step is a load, not a [K, K] product
+            b_s = b_e
+        else:
+            b_m = tl.load(m + (i_m * H + i_h) * K * K + o_k[:, None] * K + o_k[None, :], mask=m_kk, other=0.)
+            b_s = tl.dot(b_m, b_s, input_precision=PRECISION) + b_e
     tl.store(hs + ((s1 - 1) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_s, mask=m_kv)
 
 
@@ -188,6 +200,10 @@ class SplitPlan:
     seg_ptr: Tensor
     seg_ptr_cpu: list[int]
     seg_seq: Tensor          # int32 `[NS]`: the sequence of each segment (per-segment masks from per-sequence ones)
+    bounds_cpu: tuple[int, ...] = ()        # host copies: segment token bounds `[NS+1]`, their global chunk offsets,
+    chunk_bounds_cpu: tuple[int, ...] = ()  # and the segments that have a transition (non-last), in order
+    transitions_cpu: tuple[int, ...] = ()
+    windows: dict[int, Any] = field(default_factory=dict, repr=False)  # warm_split.window_plan's, per window length
 
 
 _PLAN_CACHE: OrderedDict[tuple[int, int], tuple[ChunkIndex, SplitPlan]] = OrderedDict()
@@ -237,6 +253,7 @@ def plan_split(index: ChunkIndex, seg_chunks: int) -> SplitPlan:
         seg_ptr=t(ptr),
         seg_ptr_cpu=ptr,
         seg_seq=t([n for n in range(index.num_seqs) for _ in range(ptr[n], ptr[n + 1])]),
+        bounds_cpu=tuple(cu), chunk_bounds_cpu=tuple(co), transitions_cpu=tuple(trans),
     )
     _PLAN_CACHE[key] = (index, plan)
     while len(_PLAN_CACHE) > _PLAN_CACHE_SIZE:
@@ -283,13 +300,16 @@ def resolve_split(index: ChunkIndex, split_chunks: int | None, *, H: int, NV: in
 
 
 def seg_chain_fwd(M: Tensor, S_ext: Tensor, h0: Tensor | None, plan: SplitPlan, *,
-                  launch: LaunchPlan | None = None) -> Tensor:
-    """Entering state of every segment, [NS, H, K, V] fp32, from the non-last segments' maps and h0."""
-    return seg_chain_states(M, S_ext, h0, plan.seg_ptr, num_segments=plan.num_segments, launch=launch)
+                  launch: LaunchPlan | None = None, drop: Tensor | None = None) -> Tensor:
+    """Entering state of every segment, [NS, H, K, V] fp32, from the non-last segments' maps and h0.
+
+    drop: bool `[NS - N, H]` on the device, or None: where True, M is zero (`kernels.common.warm_split`'s certified
+    windows) and the chain takes S_ext without the product."""
+    return seg_chain_states(M, S_ext, h0, plan.seg_ptr, num_segments=plan.num_segments, launch=launch, drop=drop)
 
 
 def seg_chain_states(M: Tensor, S_ext: Tensor, h0: Tensor | None, seg_ptr: Tensor, *, num_segments: int,
-                     launch: LaunchPlan | None = None) -> Tensor:
+                     launch: LaunchPlan | None = None, drop: Tensor | None = None) -> Tensor:
     """`seg_chain_fwd` for any grouping of segments into chains: sequence n owns segments [seg_ptr[n], seg_ptr[n+1]).
 
     M `[NS - N, H, K, K]`, S_ext `[NS - N, H, K, V]` are the maps of the non-last segments in segment order;
@@ -303,8 +323,9 @@ def seg_chain_states(M: Tensor, S_ext: Tensor, h0: Tensor | None, seg_ptr: Tenso
     BV = cfg.BV
     assert BV is not None and BV >= 16, f"bad tiles BV={BV} K={K} V={V}"
     hs = S_ext.new_empty(num_segments, H, K, V)
+    flags = None if drop is None else drop.contiguous().view(torch.uint8)
     seg_chain_fwd_kernel[(triton.cdiv(V, BV), N * H)](
-        M.contiguous(), S_ext.contiguous(), h0, hs, seg_ptr, H=H, K=K, V=V, BK=head_block(K), BV=BV,
+        M.contiguous(), S_ext.contiguous(), h0, hs, seg_ptr, flags, H=H, K=K, V=V, BK=head_block(K), BV=BV,
         PRECISION=CHAIN_DOT_PRECISION,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
@@ -348,9 +369,12 @@ def state_and_output(
     launch: LaunchPlan,
     split_chunks: int | None,
     fuse_output: bool,
+    warm: WarmInputs | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """State pass + output for GDN (k raw, g = gate cumsum, q raw) or KDA (k = kg, g = gc, q = qg); aqk from wy.
 
+    warm: the op's raw inputs and window for the gate-certified warmup of the split's transitions
+    (`kernels.common.warm_split`), or None (exact maps everywhere); it acts only when the split runs.
     Returns (o [B, T, H, V] in out_dtype, final state [N, H, K, V] fp32 or None).
     """
     B, T, H, K = k.shape
@@ -365,10 +389,19 @@ def state_and_output(
                            index.chunk_offsets if index.is_varlen else None)
         h0_run, num_states = h0, None
     else:
-        # 1. maps of the non-last segments  2. chain them into every segment's entering state
-        M, S_ext = chunk_state_transition_fwd(k, w, u, g, layout=plan.transitions, BT=BT, gate_vector=gate_vector,
-                                              launch=launch)
-        h0_run = seg_chain_fwd(M, S_ext, h0, plan, launch=launch)
+        # 1. maps of the non-last segments (certified warmup windows where the gates allow)  2. chain them into
+        # every segment's entering state
+        wp = None if warm is None else window_plan(index, list(plan.bounds_cpu), list(plan.chunk_bounds_cpu),
+                                                    list(plan.transitions_cpu), warm.window_chunks,
+                                                    seg_chunks=plan.seg_chunks, cache=plan.windows)
+        drop = None
+        if wp is None:
+            M, S_ext = chunk_state_transition_fwd(k, w, u, g, layout=plan.transitions, BT=BT, gate_vector=gate_vector,
+                                                  launch=launch)
+        else:
+            M, S_ext, drop = warm_transitions(k, w, u, g, transitions=plan.transitions, wp=wp, BT=BT,
+                                              gate_vector=gate_vector, x=warm, h0=h0, launch=launch)
+        h0_run = seg_chain_fwd(M, S_ext, h0, plan, launch=launch, drop=drop)
         layout, num_states = plan.final, index.num_seqs
     if fuse_output:
         return chunk_state_output_fwd(k, w, u, g, q, layout=layout, BT=BT, gate_vector=gate_vector, scale=scale,

@@ -65,6 +65,8 @@ FLOOR = tl.constexpr(GATE_FLOOR)  # the gate floor of kernels.common.decay, appl
 # tensor-core product of factors within e^(+-SPAN/2) (exact: no overflow, an underflowed right factor below the
 # diagonal loses at most e^(SPAN/2 - 87) = e^-37 of a term); a larger span takes it elementwise
 FAST_SPAN = tl.constexpr(100.0)
+# the upward rounding of the fp32 decay-bound summary (`_chunk_bound`), relative to the sums it rounds
+BOUND_MARGIN = tl.constexpr(1e-4)
 
 WY_GDN_FWD = register(KernelSpec(
     name="wy_gdn_fwd",
@@ -167,20 +169,92 @@ def _apply_T(x0, x1, x2, x3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33):
 
 @triton.jit
 def _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
-             H: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
-    """u = T (beta V), in column blocks of BV (both ops); the T blocks are already in the input dtype."""
+             H: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, NORMS: tl.constexpr):
+    """u = T (beta V), in column blocks of BV (both ops; GDN's w = T (beta exp(G) K) too: v, u, b are then k, w and
+    beta exp(G)); the T blocks are already in the input dtype. Returns the squared norms of the four blocks' rows of
+    v, fp32 [16] each, if NORMS (the decay bound's `bnd`), else zeros."""
     dt = T00.dtype
+    n0 = tl.zeros([16], dtype=tl.float32)
+    n1 = tl.zeros([16], dtype=tl.float32)
+    n2 = tl.zeros([16], dtype=tl.float32)
+    n3 = tl.zeros([16], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         c0 = i_v * BV
-        x0 = (_load_tile(v, bos, t0, T, i_h, H, V, c0, 16, BV) * b0[:, None]).to(dt)
-        x1 = (_load_tile(v, bos, t0 + 16, T, i_h, H, V, c0, 16, BV) * b1[:, None]).to(dt)
-        x2 = (_load_tile(v, bos, t0 + 32, T, i_h, H, V, c0, 16, BV) * b2[:, None]).to(dt)
-        x3 = (_load_tile(v, bos, t0 + 48, T, i_h, H, V, c0, 16, BV) * b3[:, None]).to(dt)
+        v0, v1, v2, v3 = _load_blocks(v, bos, t0, T, i_h, H, V, c0, BV)
+        if NORMS:
+            n0, n1, n2, n3 = _add_squares(n0, n1, n2, n3, v0, v1, v2, v3)
+        x0 = (v0 * b0[:, None]).to(dt)
+        x1 = (v1 * b1[:, None]).to(dt)
+        x2 = (v2 * b2[:, None]).to(dt)
+        x3 = (v3 * b3[:, None]).to(dt)
         y0, y1, y2, y3 = _apply_T(x0, x1, x2, x3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33)
         _store_tile(u, y0, bos, t0, T, i_h, H, V, c0, 16, BV)
         _store_tile(u, y1, bos, t0 + 16, T, i_h, H, V, c0, 16, BV)
         _store_tile(u, y2, bos, t0 + 32, T, i_h, H, V, c0, 16, BV)
         _store_tile(u, y3, bos, t0 + 48, T, i_h, H, V, c0, 16, BV)
+    return n0, n1, n2, n3
+
+
+@triton.jit
+def _store_u_bound(v, u, bnd, bos, t0, T, i_h, i_tg, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
+                   x0, x1, x2, x3, kk0, kk1, kk2, kk3, H: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+                   HAS_BOUND: tl.constexpr):
+    """`_store_u`, then if HAS_BOUND the chunk's decay-bound summary (`_chunk_bound`; x: each token's largest floored
+    gate, kk: ||k||^2) into bnd [NT_total, H, 2] at the global chunk i_tg."""
+    n0, n1, n2, n3 = _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
+                              H, V, BV, HAS_BOUND)
+    if HAS_BOUND:
+        b_L, b_W = _chunk_bound(x0, x1, x2, x3, b0, b1, b2, b3, kk0, kk1, kk2, kk3, n0, n1, n2, n3)
+        tl.store(bnd + (i_tg * H + i_h) * 2, b_L)
+        tl.store(bnd + (i_tg * H + i_h) * 2 + 1, b_W)
+
+
+@triton.jit
+def _load_blocks(p, bos, t0, T, i_h, H: tl.constexpr, D: tl.constexpr, c0, BC: tl.constexpr):
+    """The chunk's four 16-row blocks of columns [c0, c0+BC) of a [.., T, H, D] tensor, fp32 (`_load_tile`)."""
+    return (_load_tile(p, bos, t0, T, i_h, H, D, c0, 16, BC).to(tl.float32),
+            _load_tile(p, bos, t0 + 16, T, i_h, H, D, c0, 16, BC).to(tl.float32),
+            _load_tile(p, bos, t0 + 32, T, i_h, H, D, c0, 16, BC).to(tl.float32),
+            _load_tile(p, bos, t0 + 48, T, i_h, H, D, c0, 16, BC).to(tl.float32))
+
+
+@triton.jit
+def _add_squares(n0, n1, n2, n3, x0, x1, x2, x3):
+    """n_i + the row sums of squares of x_i (fp32): the squared row norms of four 16-row blocks, a column block on."""
+    return n0 + tl.sum(x0 * x0, 1), n1 + tl.sum(x1 * x1, 1), n2 + tl.sum(x2 * x2, 1), n3 + tl.sum(x3 * x3, 1)
+
+
+@triton.jit
+def _bound_logs(x, b, kk, vv):
+    """Per token of a 16-row block: l = g + log max(1, |1 - beta ||k||^2|) (log of the token map's norm bound) and
+    log u = log(|beta| ||k|| ||v||) (log of its write's norm); rows past T (beta = 0, g = 0) give l = 0, log u = -inf."""
+    return x + tl.log(tl.maximum(tl.abs(1. - b * kk), 1.)), tl.log(tl.abs(b)) + 0.5 * tl.log(kk) + 0.5 * tl.log(vv)
+
+
+@triton.jit
+def _chunk_bound(x0, x1, x2, x3, b0, b1, b2, b3, k0, k1, k2, k3, v0, v1, v2, v3):
+    """The chunk's decay-bound summary (`kernels.common.decay_bound` at chunk granularity), fp32 rounded up: L >= sum of
+    l over the chunk and W >= log sum_t u_t exp(sum of l after t in the chunk) (its writes' state norm at its end)."""
+    l0, u0 = _bound_logs(x0, b0, k0, v0)
+    l1, u1 = _bound_logs(x1, b1, k1, v1)
+    l2, u2 = _bound_logs(x2, b2, k2, v2)
+    l3, u3 = _bound_logs(x3, b3, k3, v3)
+    s0, s1, s2, s3 = tl.sum(l0, 0), tl.sum(l1, 0), tl.sum(l2, 0), tl.sum(l3, 0)
+    L = s0 + s1 + s2 + s3
+    A = tl.sum(tl.abs(l0), 0) + tl.sum(tl.abs(l1), 0) + tl.sum(tl.abs(l2), 0) + tl.sum(tl.abs(l3), 0)
+    # exponent of token t: log u_t + (L - inclusive cumsum of l up to t), the decay after t
+    e0 = u0 + (L - tl.cumsum(l0, 0))
+    e1 = u1 + (L - s0 - tl.cumsum(l1, 0))
+    e2 = u2 + (L - s0 - s1 - tl.cumsum(l2, 0))
+    e3 = u3 + (L - s0 - s1 - s2 - tl.cumsum(l3, 0))
+    m = tl.maximum(tl.maximum(tl.max(e0, 0), tl.max(e1, 0)), tl.maximum(tl.max(e2, 0), tl.max(e3, 0)))
+    m = tl.where(m == float("-inf"), 0., m)  # no write in the chunk: W = log 0 = -inf below, without inf - inf
+    lw = m + tl.log(tl.sum(tl.exp(e0 - m), 0) + tl.sum(tl.exp(e1 - m), 0) + tl.sum(tl.exp(e2 - m), 0)
+                   + tl.sum(tl.exp(e3 - m), 0))
+    # fp32 rounding, made rigorous by rounding up: a sum of 64 terms errs by <= 63 eps sum|l| = 3.8e-6 A, the
+    # exponents and the log-sum-exp by about as much plus a few ulp of |W| (margins 26x and 10x over those)
+    # (no write in the chunk: W = -inf stays -inf, not -inf + inf)
+    return L + BOUND_MARGIN * A, tl.where(lw > float("-inf"), lw + BOUND_MARGIN * (A + tl.abs(lw) + 1.), lw)
 
 
 @triton.jit
@@ -243,6 +317,7 @@ def _store_aqk(aqk, bos, t0, T, i_h, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
     "HAS_Q": lambda args: args["q"] is not None,
     "USE_NEED": lambda args: args["need"] is not None,
+    "HAS_BOUND": lambda args: args["bnd"] is not None,
 })
 @triton.jit(do_not_specialize=["T"])
 def wy_gdn_fwd_kernel(
@@ -258,6 +333,7 @@ def wy_gdn_fwd_kernel(
     cu_seqlens,  # [N+1] int32 or None
     chunk_indices,  # [NT_total, 2] int32 or None
     need,  # [N] uint8 or None (transition only): 0 = this sequence's outputs are not needed, skip its chunks
+    bnd,  # out [NT_total, H, 2] fp32 or None: the chunk's decay-bound summary (L, W), `_chunk_bound` (warm_split)
     scale,
     T,
     H: tl.constexpr,
@@ -269,11 +345,12 @@ def wy_gdn_fwd_kernel(
     IS_VARLEN: tl.constexpr,
     HAS_Q: tl.constexpr,
     USE_NEED: tl.constexpr,
+    HAS_BOUND: tl.constexpr,
 ):
     tl.static_assert(BT == 16 or BT == 32 or BT == 64, "the WY kernel is written for chunks of 16, 32 or 64 tokens")
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-    i_n, i_t, _, bos, T = chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
+    i_n, i_t, i_tg, bos, T = chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
     # nested on purpose: the constexpr branch must guard the load (need is None when USE_NEED is False)
     if USE_NEED:  # noqa: SIM102
         if tl.load(need + i_n) == 0:
@@ -336,18 +413,11 @@ def wy_gdn_fwd_kernel(
 
     # phase 3: w = T (beta exp(G) K), u = T (beta V), in column blocks
     e0, e1, e2, e3 = b0 * tl.exp(g0), b1 * tl.exp(g1), b2 * tl.exp(g2), b3 * tl.exp(g3)
-    for i_k in range(tl.cdiv(K, BK)):
-        c0 = i_k * BK
-        y0 = (_load_tile(k, bos, t0, T, i_h, H, K, c0, 16, BK) * e0[:, None]).to(dt)
-        y1 = (_load_tile(k, bos, t0 + 16, T, i_h, H, K, c0, 16, BK) * e1[:, None]).to(dt)
-        y2 = (_load_tile(k, bos, t0 + 32, T, i_h, H, K, c0, 16, BK) * e2[:, None]).to(dt)
-        y3 = (_load_tile(k, bos, t0 + 48, T, i_h, H, K, c0, 16, BK) * e3[:, None]).to(dt)
-        w0, w1, w2, w3 = _apply_T(y0, y1, y2, y3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33)
-        _store_tile(w, w0, bos, t0, T, i_h, H, K, c0, 16, BK)
-        _store_tile(w, w1, bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
-        _store_tile(w, w2, bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
-        _store_tile(w, w3, bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
-    _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, H, V, BV)
+    # (the same loop as u's, with the rows scaled by beta exp(G); the bound's ||k||^2 from its fp32 key tiles)
+    kk0, kk1, kk2, kk3 = _store_u(k, w, bos, t0, T, i_h, e0, e1, e2, e3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
+                                  H, K, BK, HAS_BOUND)
+    _store_u_bound(v, u, bnd, bos, t0, T, i_h, i_tg, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
+                   x0, x1, x2, x3, kk0, kk1, kk2, kk3, H, V, BV, HAS_BOUND)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -371,6 +441,13 @@ def _kda_gate(g, bos, t0, T, i_h, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.c
     G2 = tl.cumsum(x2, 0) + b2[None, :]
     G3 = tl.cumsum(x3, 0) + b3[None, :]
     return G0, G1, G2, G3, b1, b2, b3, gl
+
+
+@triton.jit
+def _gate_rowmax(g, bos, r0, T, i_h, H: tl.constexpr, K: tl.constexpr, c0, BK: tl.constexpr):
+    """The largest floored gate of each row over columns [c0, c0+BK) (columns past K excluded), fp32 [16]."""
+    x = tl.maximum(_load_tile(g, bos, r0, T, i_h, H, K, c0, 16, BK).to(tl.float32), FLOOR)
+    return tl.max(tl.where((c0 + tl.arange(0, BK) < K)[None, :], x, float("-inf")), 1)
 
 
 @triton.jit
@@ -463,6 +540,7 @@ def _kda_gram(x, k, g, xg, bos, t0, T, i_h, gc, scale, H: tl.constexpr, K: tl.co
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
     "HAS_Q": lambda args: args["q"] is not None,
     "USE_NEED": lambda args: args["need"] is not None,
+    "HAS_BOUND": lambda args: args["bnd"] is not None,
 })
 @triton.jit(do_not_specialize=["T"])
 def wy_kda_fwd_kernel(
@@ -480,6 +558,7 @@ def wy_kda_fwd_kernel(
     cu_seqlens,
     chunk_indices,
     need,  # [N] uint8 or None (transition only): 0 = this sequence's outputs are not needed, skip its chunks
+    bnd,  # out [NT_total, H, 2] fp32 or None: the chunk's decay-bound summary (L, W), `_chunk_bound` (warm_split)
     scale,
     T,
     H: tl.constexpr,
@@ -491,6 +570,7 @@ def wy_kda_fwd_kernel(
     IS_VARLEN: tl.constexpr,
     HAS_Q: tl.constexpr,
     USE_NEED: tl.constexpr,
+    HAS_BOUND: tl.constexpr,
 ):
     tl.static_assert(BT == 16 or BT == 32 or BT == 64, "the WY kernel is written for chunks of 16, 32 or 64 tokens")
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
@@ -541,19 +621,32 @@ def wy_kda_fwd_kernel(
     T30, T31, T32, T33 = T30.to(dt), T31.to(dt), T32.to(dt), T33.to(dt)
 
     # phase 3: w = T (beta exp(G) K) in column blocks of BK (the gate is per key dim), u = T (beta V)
+    # the decay bound's per-token facts (if HAS_BOUND): ||k||^2 and the largest (floored) gate over the key dims
+    kk0, kk1, kk2, kk3 = (tl.zeros([16], dtype=tl.float32), tl.zeros([16], dtype=tl.float32),
+                          tl.zeros([16], dtype=tl.float32), tl.zeros([16], dtype=tl.float32))
+    gm0, gm1, gm2, gm3 = (tl.full([16], float("-inf"), tl.float32), tl.full([16], float("-inf"), tl.float32),
+                          tl.full([16], float("-inf"), tl.float32), tl.full([16], float("-inf"), tl.float32))
     for i_k in range(tl.cdiv(K, BK)):
         c0 = i_k * BK
         G0, G1, G2, G3, g1, g2, g3, gl = _kda_gate(g, bos, t0, T, i_h, H, K, c0, BK)
-        y0 = (_load_tile(k, bos, t0, T, i_h, H, K, c0, 16, BK) * tl.exp(G0) * b0[:, None]).to(dt)
-        y1 = (_load_tile(k, bos, t0 + 16, T, i_h, H, K, c0, 16, BK) * tl.exp(G1) * b1[:, None]).to(dt)
-        y2 = (_load_tile(k, bos, t0 + 32, T, i_h, H, K, c0, 16, BK) * tl.exp(G2) * b2[:, None]).to(dt)
-        y3 = (_load_tile(k, bos, t0 + 48, T, i_h, H, K, c0, 16, BK) * tl.exp(G3) * b3[:, None]).to(dt)
+        k0, k1, k2, k3 = _load_blocks(k, bos, t0, T, i_h, H, K, c0, BK)
+        if HAS_BOUND:
+            kk0, kk1, kk2, kk3 = _add_squares(kk0, kk1, kk2, kk3, k0, k1, k2, k3)
+            gm0 = tl.maximum(gm0, _gate_rowmax(g, bos, t0, T, i_h, H, K, c0, BK))
+            gm1 = tl.maximum(gm1, _gate_rowmax(g, bos, t0 + 16, T, i_h, H, K, c0, BK))
+            gm2 = tl.maximum(gm2, _gate_rowmax(g, bos, t0 + 32, T, i_h, H, K, c0, BK))
+            gm3 = tl.maximum(gm3, _gate_rowmax(g, bos, t0 + 48, T, i_h, H, K, c0, BK))
+        y0 = (k0 * tl.exp(G0) * b0[:, None]).to(dt)
+        y1 = (k1 * tl.exp(G1) * b1[:, None]).to(dt)
+        y2 = (k2 * tl.exp(G2) * b2[:, None]).to(dt)
+        y3 = (k3 * tl.exp(G3) * b3[:, None]).to(dt)
         w0, w1, w2, w3 = _apply_T(y0, y1, y2, y3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33)
         _store_tile(w, w0, bos, t0, T, i_h, H, K, c0, 16, BK)
         _store_tile(w, w1, bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
         _store_tile(w, w2, bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
         _store_tile(w, w3, bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
-    _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, H, V, BV)
+    _store_u_bound(v, u, bnd, bos, t0, T, i_h, i_tg, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
+                   gm0, gm1, gm2, gm3, kk0, kk1, kk2, kk3, H, V, BV, HAS_BOUND)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -592,11 +685,13 @@ def _need_flags(need: Tensor | None, index: ChunkIndex, q: Tensor | None) -> Ten
 
 def wy_gdn_fwd(
     q: Tensor | None, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex,
-    launch: LaunchPlan | None = None, need: Tensor | None = None,
+    launch: LaunchPlan | None = None, need: Tensor | None = None, bnd: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """GDN intra-chunk pass: (w, u, gcum fp32 [B, T, H], aqk or None without q).
 
     need: bool `[N]` (transition only): chunks of unflagged sequences are skipped and their outputs left unwritten.
+    bnd: fp32 `[NT_total, H, 2]` or None: receives each chunk's decay-bound summary (L, W) (`_chunk_bound`; the
+    warmup certification of `kernels.common.warm_split`).
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
@@ -610,18 +705,21 @@ def wy_gdn_fwd(
     wy_gdn_fwd_kernel[_grid(index, B, T, H)](
         q, k, v, g, beta, w, u, gcum, aqk,
         index.cu_seqlens if index.is_varlen else None, index.chunk_indices if index.is_varlen else None,
-        _need_flags(need, index, q), scale, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        _need_flags(need, index, q), bnd, scale, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     return w, u, gcum, aqk
 
 
 def wy_kda_fwd(
     q: Tensor | None, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex,
-    launch: LaunchPlan | None = None, need: Tensor | None = None,
+    launch: LaunchPlan | None = None, need: Tensor | None = None, bnd: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
     """KDA intra-chunk pass: (w, u, kg, gc fp32 [NT_total, H, K], qg, aqk); qg/aqk are None without q.
 
     need: bool `[N]` (transition only): chunks of unflagged sequences are skipped and their outputs left unwritten.
+    bnd: fp32 `[NT_total, H, 2]` or None: receives each chunk's decay-bound summary, as `wy_gdn_fwd`'s (the gate of a
+    token: its largest over the key dims).
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
@@ -637,6 +735,6 @@ def wy_kda_fwd(
     wy_kda_fwd_kernel[_grid(index, B, T, H)](
         q, k, v, g, beta, w, u, kg, gc, qg, aqk,
         index.cu_seqlens if index.is_varlen else None, index.chunk_indices if index.is_varlen else None,
-        _need_flags(need, index, q), scale, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        _need_flags(need, index, q), bnd, scale, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return w, u, kg, gc, qg, aqk

@@ -1,7 +1,7 @@
 """warmup_correct: FlashKDA's intra-device CP on one device, with a rigorous bound and no host sync.
 
 Every sequence longer than a segment is cut into segments (one varlen batch). A segment's entering state
-is the previous segment's end state. `kernels.cp.decay_bound` bounds, per (segment, head) and from the
+is the previous segment's end state. `kernels.common.decay_bound` bounds, per (segment, head) and from the
 gates on the device, the state that a warmup window (the last `window` chunks of the previous segment)
 drops; a segment is good when that bound is <= `tol` times the state norm for every head. `fallback`
 (host-visible, chosen per call) says what happens to the segments that are not good:
@@ -41,9 +41,9 @@ from torch import Tensor
 
 from kernels.autograd import needs_grad
 from kernels.backends import resolve_backend
+from kernels.common.decay_bound import log_span_bound, log_window_bound, token_terms
 from kernels.cp import intra, prims, step_grad
 from kernels.cp.context import host_bounds
-from kernels.cp.decay_bound import log_span_bound, log_window_bound, token_terms
 from kernels.plan import LaunchPlan, default_plan
 from kernels.vocabulary import MODE_OPTIONS
 

@@ -17,6 +17,7 @@ from torch import Tensor
 from kernels.common.index import prepare_chunk_index
 from kernels.common.seqsplit import state_and_output
 from kernels.common.state_keep import state_and_output_keep
+from kernels.common.warm_split import warm_inputs, with_chunk_bound
 from kernels.common.wy import BT_WY, wy_gdn_fwd
 from kernels.plan import LaunchPlan, default_plan
 
@@ -43,6 +44,8 @@ def chunk_gdn_fwd(
     keep: dict[str, Tensor] | None = None,
     keep_states: bool = False,
     chunk_size: int = BT_WY,
+    warm_chunks: int | None = None,
+    warm_report: dict[str, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """GDN chunked forward: (o `[B, T, H, V]` in q's dtype, final state `[N, H, K, V]` fp32 or None).
 
@@ -51,19 +54,25 @@ def chunk_gdn_fwd(
     0 = never, n = segments of n chunks. fuse_output: None = FUSE_OUTPUT. keep: a dict that receives the WY
     factors the backward would recompute (`kernels.common.chunk_bwd.chunk_bwd(wy=...)`); keep_states: and the chunk
     states, new values and segment maps (`kernels.common.state_keep`). chunk_size: the tokens per chunk, one of
-    `kernels.common.wy.CHUNK_SIZES` (FLA's `chunk_size`; the backward must use the same).
+    `kernels.common.wy.CHUNK_SIZES` (FLA's `chunk_size`; the backward must use the same). warm_chunks: the
+    gate-certified warmup window of the split (`kernels.common.warm_split`; None = its WARM_DEFAULT, 0 = exact maps);
+    warm_report: a dict that receives its device tensor `certified` (read it after the call).
     """
     B, T, H, _ = k.shape
     launch = plan if plan is not None else default_plan()
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device)
-    w, u, gcum, aqk = wy_gdn_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch)
+    warm = None if keep is not None and keep_states else warm_inputs("gdn", k, v, g, beta, warm_chunks, report=warm_report)
+    warm = with_chunk_bound(warm, index.num_chunks)  # the WY pass sums the bound's terms per chunk
+    w, u, gcum, aqk = wy_gdn_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch,
+                                 bnd=warm.chunk_bound if warm is not None else None)
     assert aqk is not None
     if keep is not None:
         keep.update(w=w, u=u, gs=gcum, aqk=aqk)
     state_pass = state_and_output if keep is None or not keep_states else partial(state_and_output_keep, keep=keep)
+    extra = {} if state_pass is not state_and_output else {"warm": warm}
     return state_pass(
         index=index, k=k, w=w, u=u, g=gcum, q=q, aqk=aqk, gate_vector=False, scale=scale,
         initial_state=initial_state, output_final_state=output_final_state, out_dtype=q.dtype, launch=launch,
-        split_chunks=split_chunks, fuse_output=FUSE_OUTPUT if fuse_output is None else fuse_output,
+        split_chunks=split_chunks, fuse_output=FUSE_OUTPUT if fuse_output is None else fuse_output, **extra,
     )

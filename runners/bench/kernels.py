@@ -78,7 +78,8 @@ def _warm_job(job: tuple[str, int, int, str, dict[str, Any]]) -> str:
         return f"{op} {label}: {type(err).__name__}: {err}"
 
 
-def precompile(ops: list[str], shapes: list[tuple[int, int]], explore: bool | str | None, jobs: int, timeout_s: float = 150) -> list[str]:
+def precompile(ops: list[str], shapes: list[tuple[int, int]], explore: bool | str | None, jobs: int, timeout_s: float = 150,
+               warm: tuple[int, ...] = ()) -> list[str]:
     """Run every variant once on a small input with the same specialisations, `jobs` processes at a time.
 
     Only the launch specialisations matter (split or not, fused or not, configs), so split lengths collapse
@@ -90,7 +91,7 @@ def precompile(ops: list[str], shapes: list[tuple[int, int]], explore: bool | st
     seen: set[str] = set()
     for op in ops:
         for B, T in shapes:
-            for label, kw in variants(op, B, T, explore):
+            for label, kw in variants(op, B, T, explore, warm):
                 small = (2, 1024) if B > 1 else (1, 4096)
                 kw2 = dict(kw)
                 # the automatic rule splits every B=1 shape and none of the B=8 ones
@@ -209,10 +210,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     K = V = 32 if args.dry_run else K_DIM
     timer = Timer(device == "cuda")
     t_start = time.time()
-    result: dict[str, Any] = {"env": _env(device), "H": H, "K": K, "V": V, "shapes": shapes}
+    result: dict[str, Any] = {"env": _env(device), "H": H, "K": K, "V": V, "shapes": shapes, "lb": args.lb}
     if device == "cuda" and args.jobs > 0:
         t0 = time.time()
-        result["precompile"] = precompile(ops, shapes, args.explore, args.jobs)
+        result["precompile"] = precompile(ops, shapes, args.explore, args.jobs, warm=_ints(args.warm))
         result["precompile_s"] = round(time.time() - t0, 1)
         print(f"precompile {result['precompile_s']} s:", *result["precompile"], sep="\n  ", flush=True)
     result["ceilings"] = measure_ceilings(timer, device)
@@ -229,7 +230,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if args.deadline and time.time() - t_start > args.deadline:
                 print(f"deadline reached, skipping {op} {B}x{T}", flush=True)
                 continue
-            q, k, v, g, beta = fla_inputs(op, B, T, H, device=device, K=K, V=V).tensors
+            q, k, v, g, beta = fla_inputs(op, B, T, H, device=device, K=K, V=V, lb=args.lb).tensors
             rec: dict[str, Any] = {"op": op, "B": B, "T": T, "H": H, "K": K, "V": V,
                                    "bytes": bytes_floor(op, B, T, H, K, V), "flops": flops_floor(B, T, H, K, V)}
             rec["floor_bytes_ms"] = rec["bytes"] / bw * 1e3 if bw == bw else float("nan")
@@ -250,7 +251,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     rec["fla_error"] = f"{type(err).__name__}: {err}"
                     traceback.print_exc()
             rec["fla_anchor_ms"] = FLA_MS_ANCHOR.get((op, B, T))
-            for label, kw in variants(op, B, T, args.explore):
+            for label, kw in variants(op, B, T, args.explore, _ints(args.warm), _ints(args.warm_splits)):
                 vrec: dict[str, Any] = {"op": op, "B": B, "T": T, "variant": label,
                                         "kwargs": {a: repr(b) for a, b in kw.items()}}
                 try:
@@ -272,6 +273,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 except Exception as err:  # noqa: BLE001
                     vrec["error"] = f"{type(err).__name__}: {err}"
                     traceback.print_exc()
+                if kw.get("warm"):
+                    vrec.update(_certified(op, q, k, v, g, beta, kw))
                 print("VARIANT", json.dumps(vrec, default=str), flush=True)
                 if label == "ours":
                     rec.update({k2: vrec.get(k2) for k2 in ("ms", "p20", "p80", "first_call_s", "rel_l2_vs_fla", "error")})
@@ -279,7 +282,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     explore_rows.append(vrec)
             if args.profile and device == "cuda":
                 try:
-                    rec["profile"] = profile_kernels(op, q, k, v, g, beta, timer)
+                    rec["profile"] = profile_kernels(op, q, k, v, g, beta, timer, warm=max(_ints(args.warm), default=0))
                 except Exception as err:  # noqa: BLE001
                     rec["profile"] = {"error": f"{type(err).__name__}: {err}"}
                     traceback.print_exc()
@@ -300,10 +303,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def profile_kernels(op: str, q, k, v, g, beta, timer: Timer) -> dict[str, Any]:
+def _ints(text: str | None) -> tuple[int, ...]:
+    """`"0,2"` -> (0, 2): a comma list of ints (`--warm`, `--warm-splits`); None or "" -> ()."""
+    return tuple(int(x) for x in text.split(",")) if text else ()
+
+
+def _certified(op: str, q, k, v, g, beta, kw: dict[str, Any]) -> dict[str, Any]:
+    """One more untimed call of a warm variant: the fraction of (transition, head) pairs its gates certified."""
+    report: dict[str, Any] = {}
+    with torch.no_grad():
+        ours(op, q, k, v, g, beta, warm_report=report, **kw)
+    ok = report.get("certified")
+    if ok is None:
+        return {"certified": None}  # no split at this shape, or the window not shorter than a segment
+    return {"certified": round(float(ok.float().mean().item()), 4), "transitions": int(ok.shape[0])}
+
+
+def profile_kernels(op: str, q, k, v, g, beta, timer: Timer, warm: int = 0) -> dict[str, Any]:
     """Each launcher of our forward timed alone (do_bench median, ms) with its unique bytes (reads + writes).
 
-    Intermediates come from one untimed pass; the split stages use the automatic plan of the shape.
+    Intermediates come from one untimed pass; the split stages use the automatic plan of the shape. warm > 0:
+    also the stages of the gate-certified warmup with that window (`kernels.common.warm_split`): the windows'
+    pass, the certification (bound, norms), the masked transition pass and all of `warm_transitions`.
     """
     from kernels.common.chunk_state import SeqLayout, chunk_state_output_fwd, chunk_state_transition_fwd
     from kernels.common.index import prepare_chunk_index
@@ -345,8 +366,44 @@ def profile_kernels(op: str, q, k, v, g, beta, timer: Timer) -> dict[str, Any]:
             out["state_split_ms"] = _timed(timer, chunk_state_output_fwd, kk, w, u, gg, qq, layout=plan.final, BT=BT_WY,
                                            gate_vector=gv, scale=scale, aqk=aqk, h0=hs)[0]
             out["state_split_GBps"] = step_bytes / (out["state_split_ms"] * 1e-3) / 1e9
+            if warm:
+                out.update(_profile_warm(op, q, (k, v, g, beta), (kk, w, u, gg), index, plan, warm, gv, timer))
         out["state_plain_GBps"] = step_bytes / (out["state_plain_ms"] * 1e-3) / 1e9
     return {k2: (round(v2, 4) if isinstance(v2, float) else v2) for k2, v2 in out.items()}
+
+
+def _profile_warm(op: str, q: Any, raw: tuple[Any, ...], prep: tuple[Any, ...], index: Any, plan: Any, warm: int,
+                  gv: bool, timer: Timer) -> dict[str, Any]:
+    """The warm path's stages timed alone (see profile_kernels), and the WY pass with its chunk bound (bnd=)."""
+    from kernels.common.chunk_state import chunk_state_final_fwd, chunk_state_transition_fwd
+    from kernels.common.seqsplit import seg_chain_fwd
+    from kernels.common.warm_split import WarmInputs, certify_windows, warm_transitions, window_plan, with_chunk_bound
+    from kernels.common.wy import BT_WY, wy_gdn_fwd, wy_kda_fwd
+
+    wp = window_plan(index, list(plan.bounds_cpu), list(plan.chunk_bounds_cpu), list(plan.transitions_cpu), warm,
+                     seg_chunks=plan.seg_chunks, cache=plan.windows)
+    if wp is None:
+        return {"warm": warm, "warm_note": "window not shorter than a segment: exact split"}
+    k, v, g, beta = raw
+    # the WY pass sums the bound's terms per chunk: its cost over wy_ms
+    x = with_chunk_bound(WarmInputs(op, k, v, g, beta, window_chunks=warm), index.num_chunks)
+    assert x is not None
+    out: dict[str, Any] = {"warm": warm}
+    wy, scale = (wy_gdn_fwd if op == "gdn" else wy_kda_fwd), q.shape[-1] ** -0.5
+    wy(q, *raw, scale=scale, index=index, bnd=x.chunk_bound)
+    out["wy_bound_ms"] = _timed(timer, wy, q, *raw, scale=scale, index=index, bnd=x.chunk_bound)[0]
+    E = chunk_state_final_fwd(*prep, layout=wp.layout, BT=BT_WY, gate_vector=gv)
+    out["warm_window_ms"] = _timed(timer, chunk_state_final_fwd, *prep, layout=wp.layout, BT=BT_WY, gate_vector=gv)[0]
+    ok = certify_windows(x, wp, E, None)
+    out["warm_certify_ms"] = _timed(timer, certify_windows, x, wp, E, None)[0]
+    out["warm_masked_transition_ms"] = _timed(timer, chunk_state_transition_fwd, *prep, layout=plan.transitions,
+                                              BT=BT_WY, gate_vector=gv, need=~ok)[0]
+    out["warm_transitions_ms"] = _timed(timer, warm_transitions, *prep, transitions=plan.transitions, wp=wp, BT=BT_WY,
+                                        gate_vector=gv, x=x, h0=None)[0]
+    M, S, _ = warm_transitions(*prep, transitions=plan.transitions, wp=wp, BT=BT_WY, gate_vector=gv, x=x, h0=None)
+    out["warm_chain_ms"] = _timed(timer, seg_chain_fwd, M, S, None, plan, drop=ok)[0]
+    out["warm_certified"] = round(float(ok.float().mean().item()), 4)
+    return out
 
 
 def _graph_times(op: str, q, k, v, g, beta, timer: Timer, with_fla: bool) -> dict[str, float]:
@@ -381,6 +438,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--explore", nargs="?", const="full", default=None, choices=("full", "light"),
                     help="also time variants: split lengths, fusion and launch configs (full) or the first two (light)")
     ap.add_argument("--profile", action="store_true", help="also time each launcher of our forward alone")
+    ap.add_argument("--warm", default=None,
+                    help="comma list of warmup windows (chunks) of the split's gate-certified warmup to time, e.g. 0,2 "
+                         "(0: exact maps); --profile then also times the warm stages at the largest")
+    ap.add_argument("--warm-splits", default=None,
+                    help="comma list of segment lengths (chunks) at which to time each --warm window too, e.g. 8,16,32")
+    ap.add_argument("--lb", type=float, default=None,
+                    help="gates g = lb * sigmoid(randn) (the engine's workload, e.g. -5 or -1) instead of FLA's "
+                         "logsigmoid(randn): how strongly they decay decides what the --warm windows certify")
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--jobs", type=int, default=8, help="parallel precompile processes (0: none)")

@@ -95,11 +95,15 @@ def measure_ceilings(timer: Timer, device: str) -> dict[str, float]:
 
 
 def ours(op: str, q, k, v, g, beta, *, split: int | None = None, fuse: bool | None = None,
-         configs: dict[str, Any] | None = None, api: bool = True, **kw: Any) -> tuple[torch.Tensor, Any]:
-    """Our Triton forward: through the public entry, or the op's orchestration directly (variants)."""
+         configs: dict[str, Any] | None = None, api: bool = True, warm: int | None = None,
+         **kw: Any) -> tuple[torch.Tensor, Any]:
+    """Our Triton forward: through the public entry, or the op's orchestration directly (variants; `warm`: the
+    split's gate-certified warmup window in chunks, `kernels.common.warm_split`)."""
     import kernels
 
-    if api and split is None and fuse is None and not configs:
+    if warm is not None:
+        kw["warm_chunks"] = warm
+    if api and split is None and fuse is None and not configs and warm is None:
         return kernels.forward(op, q, k, v, g, beta, backend="triton", **kw)
     if op == "gdn":
         from kernels.gdn.chunk import chunk_gdn_fwd as fwd
@@ -122,11 +126,24 @@ def fla_fn(op: str) -> Callable[..., Any]:
     return chunk_kda
 
 
-def variants(op: str, B: int, T: int, explore: bool | str | None) -> list[tuple[str, dict[str, Any]]]:
-    """(label, kwargs of `ours`) per timed variant of one shape; the first is the headline (public API)."""
+def warm_variants(B: int, T: int, warm: int, splits: tuple[int, ...] = ()) -> list[tuple[str, dict[str, Any]]]:
+    """The gate-certified warmup (window `warm` chunks; 0 = exact maps, explicitly) at the automatic split and at
+    the segment lengths `splits` (chunks; those shorter than the sequence): one process, old and new side by side."""
+    nt = math.ceil(T / C)
+    out: list[tuple[str, dict[str, Any]]] = [(f"warm{warm}", {"warm": warm})]
+    out += [(f"warm{warm}_split{s}", {"warm": warm, "split": s}) for s in splits if s < nt]
+    return out
+
+
+def variants(op: str, B: int, T: int, explore: bool | str | None, warm: tuple[int, ...] = (),
+             warm_splits: tuple[int, ...] = ()) -> list[tuple[str, dict[str, Any]]]:
+    """(label, kwargs of `ours`) per timed variant of one shape; the first is the headline (public API); `warm`:
+    windows of the gate-certified warmup to time (`warm_variants`), each at the automatic split and `warm_splits`."""
     from kernels.configs import LaunchConfig
 
     out: list[tuple[str, dict[str, Any]]] = [("ours", {})]
+    for w in warm:
+        out += warm_variants(B, T, w, warm_splits)
     if not explore:
         return out
     nt = math.ceil(T / C)

@@ -30,6 +30,7 @@ def to_markdown(res: dict[str, Any]) -> str:
         f"- ceilings (measured in this run): copy {_fmt(res['ceilings']['copy_GBps'], 0)} GB/s, "
         f"bf16 matmul {_fmt(res['ceilings']['matmul_TFLOPs'], 0)} TFLOP/s",
         f"- H={res['H']}, K=V={res['K']}, bf16, forward only; do_bench medians (ms); ratio = ours / FLA (same run)",
+        f"- gates: {'lb * sigmoid(randn), lb = ' + str(res['lb']) if res.get('lb') is not None else 'logsigmoid(randn)'}",
         "",
         "| op | B | T | ours ms | FLA ms | ratio | floor ms (bytes / flops) | ours / floor | rel_l2 vs FLA |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -50,6 +51,20 @@ def to_markdown(res: dict[str, Any]) -> str:
                          f"{_fmt(p.get('transition_ms'))} | {_fmt(p.get('chain_ms'))} | {_fmt(p.get('state_split_ms'))} "
                          f"({_fmt(p.get('state_split_GBps'), 0)}) | {_fmt(p.get('state_plain_ms'))} ({_fmt(p.get('state_plain_GBps'), 0)}) | "
                          f"{p.get('segments', '—')} x {p.get('seg_chunks', '—')} |")
+    warm = [r for r in prof if "warm_transitions_ms" in r["profile"]]
+    if warm:
+        lines += ["", "Gate-certified warmup of the split (`kernels.common.warm_split`), each stage timed alone, ms; the "
+                  "exact transition pass above is what it replaces:", "",
+                  "| op | B | T | window chunks | wy with chunk bound (wy above: without) | windows' pass | certification "
+                  "| masked transition | all (warm_transitions) | exact transition | chain (drop) | certified pairs |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in warm:
+            p = r["profile"]
+            lines.append(f"| {r['op']} | {r['B']} | {r['T']} | {p['warm']} | {_fmt(p.get('wy_bound_ms'))} | "
+                         f"{_fmt(p.get('warm_window_ms'))} | "
+                         f"{_fmt(p.get('warm_certify_ms'))} | {_fmt(p.get('warm_masked_transition_ms'))} | "
+                         f"{_fmt(p.get('warm_transitions_ms'))} | {_fmt(p.get('transition_ms'))} | {_fmt(p.get('warm_chain_ms'))} | "
+                         f"{p.get('warm_certified')} |")
     graph = [r for r in res["rows"] if "graph_ms" in r]
     if graph:
         lines += ["", "CUDA-graph replay (launch overhead removed), B=1 T=8192:", ""]
@@ -67,8 +82,11 @@ def to_markdown(res: dict[str, Any]) -> str:
                          f"{_sci(c['o_rel_l2'])} | {_sci(c['ht_rel_l2'])} | {_sci(c['transition_rel_l2'])} | "
                          f"{_sci(c['ref_bf16_rounding'])} |")
     if res.get("explore"):
-        lines += ["", "## Variants (explore)", "", "| op | B | T | variant | ms | rel_l2 vs FLA |", "|---|---|---|---|---|---|"]
+        lines += ["", "## Variants (explore; warm*: the split's gate-certified warmup, certified = fraction of (transition, "
+                  "head) pairs that skipped M)", "", "| op | B | T | variant | ms | rel_l2 vs FLA | certified |",
+                  "|---|---|---|---|---|---|---|"]
         for r in res["explore"]:
             lines.append(f"| {r['op']} | {r['B']} | {r['T']} | {r['variant']} | {_fmt(r.get('ms'))} | "
-                         f"{_sci(r.get('rel_l2_vs_fla')) if 'error' not in r else 'ERROR: ' + r['error'][:80]} |")
+                         f"{_sci(r.get('rel_l2_vs_fla')) if 'error' not in r else 'ERROR: ' + r['error'][:80]} | "
+                         f"{r.get('certified', '')} |")
     return "\n".join(lines) + "\n"

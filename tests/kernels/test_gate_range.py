@@ -111,10 +111,10 @@ def test_transition_against_reference(op: str, kind: str, backend: str) -> None:
 
 
 def test_decay_bound_finite_under_masks() -> None:
-    """The warmup bound of `kernels.cp.decay_bound` over a -inf-masked span: finite span sums (no -inf - -inf),
+    """The warmup bound of `kernels.common.decay_bound` over a -inf-masked span: finite span sums (no -inf - -inf),
     each masked token contributing the floor, and a window bound that is finite or -inf, never NaN."""
     from kernels.common.decay import GATE_FLOOR
-    from kernels.cp.decay_bound import log_span_bound, log_window_bound, token_terms
+    from kernels.common.decay_bound import log_span_bound, log_window_bound, token_terms
 
     q, k, v, g, beta, cu, *_, masked = _case("kda", "maskinf")
     ell, log_u = token_terms("kda", k, v, g, beta)

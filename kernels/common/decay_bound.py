@@ -16,7 +16,8 @@ varlen batch: more non-negative terms, still an upper bound. Everything is fp64 
 (segment, head); the max over heads is taken by the caller's decision. `log_span_bound` gives the
 plain map bound exp(Lam_{b-1} - Lam_{a-1}) >= ||M_[a,b)||_2 of whole spans (how far an error in the state
 entering a span can reach its end). Gates of any strength: l_t takes the gate floor of `kernels.common.decay`
-(-inf masks included), so every sum stays finite. See kernels/cp/README.md.
+(-inf masks included), so every sum stays finite. See kernels/cp/README.md. Used by the CP scheme warmup_correct and by
+the intra-device split's certified warmup (`kernels.common.warm_split`), hence in kernels/common.
 """
 
 from __future__ import annotations

@@ -59,6 +59,8 @@ def test_status_says_why_points_larger_than_every_gang_wait(store_url: str, tmp_
         assert waiting == ["waiting: 1 point(s) W=8 > largest gang 4"], out
     code, out, _ = _cli("status", "--db", store_url)
     assert "4 cpu on 2 hosts" in out, out
+
+
 def test_status_counts_unreliable_points(store_url: str, tmp_path: Path) -> None:  # noqa: F811
     from db import crud
     from db.models import Point

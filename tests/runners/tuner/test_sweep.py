@@ -83,6 +83,7 @@ class _NoStorePool:
     must not touch the store); the worker's own store calls (outside a job, and its heartbeat thread) still work."""
 
     guard = threading.local()
+    restarts = 0  # runners.gang.Gangs: it never restarts a gang
 
     def __init__(self, *_a: Any, **_kw: Any) -> None:
         self.jobs: list[str] = []

@@ -1,10 +1,16 @@
-"""The differentiable chunked op: one `torch.autograd.Function` for GDN and KDA on the torch and triton backends.
+"""The one dispatch path of the chunked ops, validate -> backend -> op table, and their autograd Function.
 
-    ChunkFunction          forward = `chunk_forward` (the backend's chunked forward); backward = `chunk_backward_impl`
-    chunk_backward         the functional backward (validated): (dq, dk, dv, dg, dbeta, dh0) from do and dht
-    differentiable_forward grouped heads + in-op l2norm + dispatch (reference: autograd through the per-token
-                           recurrence; torch / triton: ChunkFunction, or `chunk_forward` alone when grad is off:
-                           inference saves nothing). FLA's own autograd op is `kernels.ops`' job.
+    ChunkOp            one entry of the op table: what an op runs on each backend (its per-token reference, its
+                       Triton forward and backward); `kernels/ops/<op>/chunk.py` defines it (`GDN`, `KDA`) and
+                       `kernels.api.OPS` lists them by name
+    run                every public forward (`kernels.forward`, `kernels.reference`, `kernels.chunk_gdn`,
+                       `kernels.chunk_kda`): FLA's options parsed, the inputs validated (a ValueError before any launch),
+                       the backend resolved; then `fla` runs FLA's own autograd op (every option passed on), the others
+                       the in-op gate / beta / l2norm, grouped heads and the op's entry: `reference` autograd through
+                       the per-token recurrence, `torch` / `triton` ChunkFunction, or `chunk_forward` alone when grad is
+                       off (inference saves nothing)
+    ChunkFunction      one `torch.autograd.Function` for both ops on the torch and triton backends (the op's entry
+                       travels with the call): forward = `chunk_forward`, backward = `chunk_backward_impl`
 
 Recompute policy (`LaunchPlan.keep` of the call's launch plan, `kernels.plan`; triton backend), what the forward holds
 until the backward:
@@ -34,30 +40,51 @@ heads and autograd sums the G gradients of each q/k head (memory: one `[B, T, HV
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from kernels.backends import fla_forward, resolve_backend
 from kernels.common.chunk_bwd_torch import chunk_bwd_torch
 from kernels.common.chunk_torch import chunk_fwd_torch
+from kernels.common.gate import activate_beta, activate_gate
 from kernels.common.index import ChunkIndex, prepare_chunk_index
 from kernels.common.l2norm import l2norm
-from kernels.configs import LaunchConfig
-from kernels.plan import LaunchPlan, default_plan, plan_with
+from kernels.configs import KERNELS, LaunchConfig
+from kernels.fla_args import check_fla_backend, check_fla_tensors, parse_fla_args
+from kernels.plan import LaunchPlan, plan_with
 from kernels.validate import check_backend, check_config, check_grad_outputs, check_inputs
 from kernels.vocabulary import BACKEND_OPTIONS, KEEP_POLICIES
 
-__all__ = ["KEEP_POLICIES", "TRITON_OPTIONS", "ChunkFunction", "chunk_backward", "chunk_backward_impl", "chunk_forward",
-           "chunk_state_gradient", "differentiable_forward", "needs_grad"]
+__all__ = ["KEEP_POLICIES", "TRITON_OPTIONS", "ChunkFunction", "ChunkOp", "check_config_names", "chunk_backward_impl",
+           "checked_forward", "chunk_forward", "import_triton", "needs_grad", "public_op", "run"]
 
-_TRITON_FWD = {"gdn": ("kernels.gdn.chunk", "chunk_gdn_fwd"), "kda": ("kernels.kda.chunk", "chunk_kda_fwd")}
-_TRITON_BWD = {"gdn": ("kernels.gdn.chunk_bwd", "chunk_gdn_bwd"), "kda": ("kernels.kda.chunk_bwd", "chunk_kda_bwd")}
 # the triton backend's options a sweep may set (`mode_options: {triton: {...}}`): name -> its allowed values, the first
 # the default
 TRITON_OPTIONS = BACKEND_OPTIONS["triton"]
+
+ConfigArg = LaunchConfig | Mapping[str, LaunchConfig] | None
+
+
+@dataclass(frozen=True)
+class ChunkOp:
+    """One entry of the op table: the op's name, whether its gate is per key dim (KDA) or per head (GDN), and what it
+    runs on the reference and triton backends (the torch backend is the shared chunked path, `kernels.common`)."""
+
+    name: str
+    gate_vector: bool
+    naive: Callable[..., tuple[Tensor, Tensor | None]]
+    triton_fwd: Callable[..., tuple[Tensor, Tensor | None]]
+    triton_bwd: Callable[..., tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]]
+
+    def per_key_gate(self, g: Tensor) -> Tensor:
+        """The torch path works on a `[B, T, H, Kg]` gate: GDN's scalar gate is Kg = 1 and broadcasts over K."""
+        return g if self.gate_vector else g.unsqueeze(-1)
 
 
 def needs_grad(*xs: Tensor | None) -> bool:
@@ -65,19 +92,136 @@ def needs_grad(*xs: Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in xs)
 
 
+def run(
+    op: ChunkOp, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float | None,
+    initial_state: Tensor | None, output_final_state: bool, cu_seqlens: Tensor | None, backend: str,
+    config: ConfigArg = None, cu_seqlens_cpu: Tensor | Sequence[int] | None = None, plan: LaunchPlan | None = None,
+    use_qk_l2norm_in_kernel: bool = False, fla_kwargs: Mapping[str, Any] | None = None,
+) -> tuple[Any, ...]:
+    """(o, final state or None[, chunk states]) of `op`: validate -> backend -> op table (the module docstring).
+
+    fla_kwargs: FLA's other keyword arguments (`kernels.fla_args`; `kernels.chunk_gdn`'s table); with
+    return_intermediate_states the chunk states come third."""
+    args = parse_fla_args(op.name, fla_kwargs or {})
+    if not isinstance(use_qk_l2norm_in_kernel, bool):
+        raise ValueError(f"use_qk_l2norm_in_kernel must be a bool, got {use_qk_l2norm_in_kernel!r}")
+    check_backend(backend)
+    be = resolve_backend(backend, k.device) if isinstance(k, Tensor) else backend
+    check_fla_backend(op.name, args, be)
+    bounds = check_inputs(op.name, q, k, v, g, beta, backend=be, scale=scale, initial_state=initial_state,
+                          cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, grouped=True,
+                          raw_gate=args.use_gate_in_kernel, gate_bound=args.gate_bound,
+                          state_v_first=args.state_v_first)
+    check_fla_tensors(op.name, args, k=k, v=v, bounds=bounds)
+    configs = check_config(config)
+    scale = k.shape[-1] ** -0.5 if scale is None else float(scale)
+    states: list[Tensor] | None = [] if args.return_intermediate_states else None
+    if be == "fla":
+        o, ht = fla_forward(op.name, q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                            output_final_state=output_final_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=bounds,
+                            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, options=args.given, states=states)
+        return (o, ht) if states is None else (o, ht, states[0])
+    if be == "triton":
+        check_config_names(configs)
+    launch = plan_with(plan, configs)
+    if args.disable_recompute:  # FLA keeps every intermediate for the backward: our "wy+states" policy
+        launch = launch.replace(keep=KEEP_POLICIES[-1])
+    if args.use_gate_in_kernel:  # differentiable: the op sees the activated gate with its graph
+        g = activate_gate(op.name, g, A_log=args.A_log, dt_bias=args.dt_bias, lower_bound=args.lower_bound)
+    if args.use_beta_sigmoid_in_kernel:
+        beta = activate_beta(beta, allow_neg_eigval=args.allow_neg_eigval)
+    if args.state_v_first and initial_state is not None:
+        initial_state = initial_state.transpose(-1, -2)
+    if use_qk_l2norm_in_kernel:
+        q, k = l2norm(q), l2norm(k)
+    group = v.shape[2] // k.shape[2]
+    if group > 1:  # grouped value heads: q/k head h // group serves value head h
+        q, k = q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
+    o, ht = checked_forward(op, be, q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                     output_final_state=output_final_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+                     bounds=bounds, plan=launch, states=states, chunk_size=args.chunk_size)
+    if args.state_v_first and ht is not None:
+        ht = ht.transpose(-1, -2).contiguous()
+    if states is None:
+        return o, ht
+    return o, ht, _intermediate_states(states[0], batch=k.shape[0], dtype=k.dtype, v_first=args.state_v_first)
+
+
+def public_op(op: ChunkOp, doc: str) -> Callable[..., tuple[Any, ...]]:
+    """The public op of `op` (`kernels.chunk_gdn` / `kernels.chunk_kda`) with FLA's signature and the docstring `doc`:
+    a drop-in for FLA's `chunk_gated_delta_rule` / `chunk_kda`, one signature for both ops."""
+
+    def chunk(
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        g: Tensor,
+        beta: Tensor,
+        *,
+        scale: float | None = None,
+        initial_state: Tensor | None = None,
+        output_final_state: bool = False,
+        cu_seqlens: Tensor | None = None,
+        backend: str = "auto",
+        use_qk_l2norm_in_kernel: bool = False,
+        config: ConfigArg = None,
+        cu_seqlens_cpu: Tensor | Sequence[int] | None = None,
+        plan: LaunchPlan | None = None,
+        **kwargs: Any,
+    ) -> tuple[Any, ...]:
+        return run(op, q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                   output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=backend, config=config,
+                   cu_seqlens_cpu=cu_seqlens_cpu, plan=plan, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                   fla_kwargs=kwargs)
+
+    chunk.__name__ = chunk.__qualname__ = f"chunk_{op.name}"
+    chunk.__module__ = f"kernels.ops.{op.name}.chunk"
+    chunk.__doc__ = doc
+    return chunk
+
+
+def checked_forward(
+    op: ChunkOp, backend: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float,
+    initial_state: Tensor | None, output_final_state: bool, cu_seqlens: Tensor | None,
+    cu_seqlens_cpu: Tensor | Sequence[int] | None, bounds: list[int] | None, plan: LaunchPlan,
+    states: list[Tensor] | None, chunk_size: int,
+) -> tuple[Tensor, Tensor | None]:
+    """The op's entry for a resolved backend (not fla) on checked inputs with one head count: the per-token reference,
+    ChunkFunction when a gradient is wanted, else `chunk_forward` alone (no autograd node, nothing saved)."""
+    if backend == "reference":
+        return op.naive(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                        output_final_state=output_final_state, cu_seqlens_cpu=bounds)
+    B, T = k.shape[:2]
+    index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device,
+                                cu_seqlens_cpu=cu_seqlens_cpu)
+    args = (op, backend, index, cu_seqlens, plan, scale, q, k, v, g, beta, initial_state)
+    if needs_grad(q, k, v, g, beta, initial_state):
+        o, ht = ChunkFunction.apply(*args)
+        return o, (ht if output_final_state else None)
+    return chunk_forward(*args, output_final_state=output_final_state, states=states)
+
+
+def _intermediate_states(h: Tensor, *, batch: int, dtype: torch.dtype, v_first: bool) -> Tensor:
+    """FLA's layout of the chunk states: `[B, NT, HV, K, V]` (varlen: B = 1, NT all chunks), k's dtype; `[.., V, K]`
+    with state_v_first."""
+    h = h.reshape(batch, h.shape[0] // batch, *h.shape[1:]).to(dtype)
+    return h.transpose(-1, -2).contiguous() if v_first else h
+
+
 class ChunkFunction(torch.autograd.Function):
     """(o, final_state) of the chunked op with gradients for q, k, v, g, beta and the initial state."""
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, op: str, backend: str, index: ChunkIndex, cu_seqlens: Tensor | None, plan: LaunchPlan, scale: float,
-        q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Tensor | None,
+        ctx: Any, op: ChunkOp, backend: str, index: ChunkIndex, cu_seqlens: Tensor | None, plan: LaunchPlan,
+        scale: float, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Tensor | None,
     ) -> tuple[Tensor, Tensor]:
         ctx.set_materialize_grads(False)
         keep_wy, keep_states = plan.keeps
         keep: dict[str, Tensor] | None = {} if backend == "triton" and keep_wy else None
         o, ht = chunk_forward(op, backend, index, cu_seqlens, plan, scale, q, k, v, g, beta, initial_state,
                               keep=keep, keep_states=keep_states)
+        assert ht is not None
         names = tuple(sorted(keep)) if keep else ()
         ctx.save_for_backward(q, k, v, g, beta, initial_state, *(keep[n] for n in names))  # type: ignore[index]
         ctx.meta = (op, backend, index, cu_seqlens, plan, scale, names)  # the backward launches with the same plan
@@ -99,28 +243,29 @@ class ChunkFunction(torch.autograd.Function):
 
 
 def chunk_forward(
-    op: str, backend: str, index: ChunkIndex, cu_seqlens: Tensor | None, plan: LaunchPlan, scale: float,
+    op: ChunkOp, backend: str, index: ChunkIndex, cu_seqlens: Tensor | None, plan: LaunchPlan, scale: float,
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Tensor | None, *,
-    keep: dict[str, Tensor] | None = None, keep_states: bool = False, states: list[Tensor] | None = None,
-) -> tuple[Tensor, Tensor]:
-    """ChunkFunction's forward without autograd: (o, final state), the final state always computed. keep /
-    keep_states: what the triton forward holds for the backward (the plan's policy); states: a list that receives
-    the chunk states `[NT, H, K, V]` (the state entering each chunk; fp32 on torch, k's dtype on triton)."""
+    output_final_state: bool = True, keep: dict[str, Tensor] | None = None, keep_states: bool = False,
+    states: list[Tensor] | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """ChunkFunction's forward without autograd: (o, final state or None). keep / keep_states: what the triton
+    forward holds for the backward (the plan's policy); states: a list that receives the chunk states
+    `[NT, H, K, V]` (the state entering each chunk; fp32 on torch, k's dtype on triton)."""
     if backend == "torch":
-        return chunk_fwd_torch(q, k, v, _per_key_gate(op, g), beta, scale=scale,  # type: ignore[return-value]
-                               initial_state=initial_state, output_final_state=True, index=index, states=states)
+        return chunk_fwd_torch(q, k, v, op.per_key_gate(g), beta, scale=scale, initial_state=initial_state,
+                               output_final_state=output_final_state, index=index, states=states)
     if states is not None:
         keep, keep_states = ({} if keep is None else keep), True
-    fwd = _import_triton(*_TRITON_FWD[op])
-    o, ht = fwd(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=True,
-                cu_seqlens=cu_seqlens, plan=plan, keep=keep, keep_states=keep_states, chunk_size=index.chunk_size)
+    o, ht = op.triton_fwd(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                          output_final_state=output_final_state, cu_seqlens=cu_seqlens, plan=plan, keep=keep,
+                          keep_states=keep_states, chunk_size=index.chunk_size)
     if states is not None and keep is not None:
         states.append(keep["h"])
     return o, ht
 
 
 def chunk_backward_impl(
-    op: str, backend: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *,
+    op: ChunkOp, backend: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *,
     scale: float, initial_state: Tensor | None, dht: Tensor | None, index: ChunkIndex, cu_seqlens: Tensor | None,
     plan: LaunchPlan, wy: Mapping[str, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
@@ -130,133 +275,25 @@ def chunk_backward_impl(
     do = do.contiguous()
     dht = dht.contiguous() if dht is not None else None
     if backend == "torch":
-        dq, dk, dv, dg, dbeta, dh0 = chunk_bwd_torch(q, k, v, _per_key_gate(op, g), beta, do, scale=scale,
+        dq, dk, dv, dg, dbeta, dh0 = chunk_bwd_torch(q, k, v, op.per_key_gate(g), beta, do, scale=scale,
                                                      initial_state=initial_state, dht=dht, index=index)
-        return dq, dk, dv, (dg.squeeze(-1) if op == "gdn" else dg), dbeta, dh0
+        return dq, dk, dv, (dg if op.gate_vector else dg.squeeze(-1)), dbeta, dh0
     if backend != "triton":
         raise ValueError(f"backend {backend!r} has no chunked backward here (use 'torch' or 'triton')")
-    bwd = _import_triton(*_TRITON_BWD[op])
-    return bwd(q, k, v, g, beta, do, scale=scale, initial_state=initial_state, dht=dht, cu_seqlens=cu_seqlens,
-               plan=plan, wy=wy, chunk_size=index.chunk_size)
+    return op.triton_bwd(q, k, v, g, beta, do, scale=scale, initial_state=initial_state, dht=dht,
+                         cu_seqlens=cu_seqlens, plan=plan, wy=wy, chunk_size=index.chunk_size)
 
 
-def chunk_backward(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    do: Tensor,
-    *,
-    scale: float | None = None,
-    initial_state: Tensor | None = None,
-    dht: Tensor | None = None,
-    cu_seqlens: Tensor | None = None,
-    backend: str = "auto",
-    config: LaunchConfig | Mapping[str, LaunchConfig] | None = None,
-    cu_seqlens_cpu: Tensor | Sequence[int] | None = None,
-    plan: LaunchPlan | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
-    """The gradients of `kernels.forward` without autograd: (dq, dk, dv, dg, dbeta, dh0) from do (and dht).
-
-    Same inputs as `kernels.forward` (one head count H for q, k, v; expand grouped heads first), plus `do`
-    `[B, T, H, V]` in q's dtype and `dht` `[N, H, K, V]` fp32 (the final state's gradient) or None. Backends
-    `torch` and `triton` (`auto`: triton on CUDA). Returns dq, dk, dv, dbeta in the input's dtype, dg in g's,
-    dh0 fp32 or None when there is no initial state. Raises ValueError naming a bad argument before any launch.
-    plan: the launch plan (`kernels.plan`; None: `default_plan()`), `config` merged on top.
-    """
-    be, index, s = _checked(op, q, k, v, g, beta, backend=backend, scale=scale, initial_state=initial_state,
-                            cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
-    launch = plan_with(plan, check_config(config))
-    return chunk_backward_impl(op, be, q, k, v, g, beta, do, scale=s, initial_state=initial_state, dht=dht,
-                               index=index, cu_seqlens=cu_seqlens, plan=launch)
+def check_config_names(configs: Mapping[str, LaunchConfig]) -> None:
+    """Every config names a registered Triton kernel (a ValueError listing them otherwise)."""
+    unknown = sorted(set(configs) - set(KERNELS))
+    if unknown and KERNELS:
+        raise ValueError(f"config names unknown kernel(s) {unknown}; registered kernels: {sorted(KERNELS)}")
 
 
-def _checked(
-    op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, backend: str, scale: float | None,
-    initial_state: Tensor | None, cu_seqlens: Tensor | None, cu_seqlens_cpu: Tensor | Sequence[int] | None,
-) -> tuple[str, ChunkIndex, float]:
-    """The backward entries' checks before any launch: (resolved backend, torch or triton; chunk index; scale)."""
-    from kernels.backends import resolve_backend
-
-    check_backend(backend)
-    be = resolve_backend(backend, k.device) if isinstance(k, Tensor) else backend
-    if be not in ("torch", "triton"):
-        raise ValueError(f"backend must be 'torch', 'triton' or 'auto' for the chunked backward, got backend={backend!r}")
-    check_inputs(op, q, k, v, g, beta, backend=be, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                 cu_seqlens_cpu=cu_seqlens_cpu)
-    B, T, _, K = k.shape
-    index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, device=k.device, cu_seqlens_cpu=cu_seqlens_cpu)
-    return be, index, K**-0.5 if scale is None else float(scale)
-
-
-def chunk_state_gradient(
-    op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float | None = None,
-    dht: Tensor | None = None, cu_seqlens: Tensor | None = None, backend: str = "auto",
-    cu_seqlens_cpu: Tensor | Sequence[int] | None = None, plan: LaunchPlan | None = None,
-) -> Tensor:
-    """dh0 of `chunk_backward` alone (`[N, H, K, V]` fp32; fp64 for fp64 inputs on torch): the gradient of each
-    sequence's entering state from do (and dht); it does not depend on the entering state. On triton only the WY prep and the reverse state pass run
-    (`kernels.common.chunk_bwd.chunk_state_grad`); torch runs its whole chunked backward. Same checks as
-    `chunk_backward`."""
-    be, index, s = _checked(op, q, k, v, g, beta, backend=backend, scale=scale, initial_state=None,
-                            cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
-    check_grad_outputs(do, dht, q=q, v=v, num_seqs=index.num_seqs)
-    if be == "torch":
-        zero = q.new_zeros(index.num_seqs, k.shape[2], k.shape[3], v.shape[-1], dtype=torch.float32)
-        dh0 = chunk_bwd_torch(q, k, v, _per_key_gate(op, g), beta, do.contiguous(), scale=s, initial_state=zero,
-                              dht=dht, index=index)[5]
-        assert dh0 is not None
-        return dh0
-    from kernels.common.chunk_bwd import chunk_state_grad
-
-    return chunk_state_grad(op, q, k, v, g, beta, do, scale=s, dht=dht, cu_seqlens=cu_seqlens,
-                            plan=plan if plan is not None else default_plan())
-
-
-def differentiable_forward(
-    op: str, backend: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float,
-    initial_state: Tensor | None, output_final_state: bool, cu_seqlens: Tensor | None,
-    cu_seqlens_cpu: Tensor | Sequence[int] | None, bounds: list[int] | None, plan: LaunchPlan,
-    use_qk_l2norm_in_kernel: bool = False, states: list[Tensor] | None = None, chunk_size: int = 64,
-) -> tuple[Tensor, Tensor | None]:
-    """(o, final state or None) on checked inputs (`backend` resolved, not fla), grouped heads allowed.
-
-    With grad off (`torch.no_grad()`, `torch.inference_mode()`) or no input requiring grad, the torch / triton forward
-    runs directly: no autograd node, nothing saved. states: a list that receives the chunk states (`chunk_forward`;
-    torch and triton only). chunk_size: the chunk of both backends (16, 32 or 64; `kernels.fla_args`)."""
-    if use_qk_l2norm_in_kernel:
-        q, k = l2norm(q), l2norm(k)
-    group = v.shape[2] // k.shape[2]
-    if group > 1:
-        q, k = q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
-    if backend == "reference":
-        from kernels.common.naive import naive_recurrent_kda
-        from kernels.gdn.naive import naive_recurrent_gdn
-
-        fn = naive_recurrent_gdn if op == "gdn" else naive_recurrent_kda
-        return fn(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-                  cu_seqlens_cpu=bounds)
-    B, T = k.shape[:2]
-    index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device,
-                                cu_seqlens_cpu=cu_seqlens_cpu)
-    args = (op, backend, index, cu_seqlens, plan, scale, q, k, v, g, beta, initial_state)
-    if needs_grad(q, k, v, g, beta, initial_state):
-        o, ht = ChunkFunction.apply(*args)
-    else:
-        o, ht = chunk_forward(*args, states=states)
-    return o, (ht if output_final_state else None)
-
-
-def _per_key_gate(op: str, g: Tensor) -> Tensor:
-    """The torch path works on a `[B, T, H, Kg]` gate: GDN's scalar gate is Kg = 1 and broadcasts over K."""
-    return g.unsqueeze(-1) if op == "gdn" else g
-
-
-def _import_triton(module: str, name: str) -> Callable[..., Any]:
-    import importlib
-
+def import_triton(module: str, name: str) -> Callable[..., Any]:
+    """`module.name` of a Triton module, imported on first use (the torch backend runs without Triton); an ImportError
+    naming the backend when it cannot load."""
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as err:

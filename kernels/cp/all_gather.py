@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import Tensor
 
-from kernels.autograd import needs_grad
+from kernels.dispatch import needs_grad
 from kernels.cp import comm, comm_grad, intra
 from kernels.cp.context import CPContext
 from kernels.cp.layout import shard

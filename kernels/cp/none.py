@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import Tensor
 
-from kernels.autograd import needs_grad
+from kernels.dispatch import needs_grad
 from kernels.cp import intra
 from kernels.cp.context import CPContext
 from kernels.plan import LaunchPlan

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kernels.autograd import needs_grad
+from kernels.dispatch import needs_grad
 from kernels.backends import resolve_backend
 from kernels.cp import intra, prims, step_grad
 from kernels.cp.context import host_bounds

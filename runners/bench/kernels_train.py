@@ -157,7 +157,7 @@ def gradient_check(op: str, device: str, T: int = 1024, Hh: int = H, fla: bool =
     shapes: FLA's autotune keys hold H (not T), so its first-call autotune (minutes) happens once, here."""
     import importlib
 
-    ref_fn = getattr(importlib.import_module("kernels.gdn.naive" if op == "gdn" else "kernels.common.naive"),
+    ref_fn = getattr(importlib.import_module("kernels.ops.gdn.naive" if op == "gdn" else "kernels.ops.kda.naive"),
                      f"naive_recurrent_{op}")
     q, k, v, g, beta, do = make_inputs(op, 1, T, Hh, device=device, seed=7)
     leaves = [x.detach().float().requires_grad_() for x in (q, k, v, g, beta)]

@@ -1,69 +1,142 @@
-"""Gated DeltaNet forward on the Triton backend: the launchers in order, nothing else.
+"""Gated DeltaNet (scalar gate per head), chunked: read top to bottom, the Triton forward, the Triton backward, the op-table entry `GDN`
+and the public op `chunk_gdn` (FLA's `chunk_gated_delta_rule`, differentiable).
 
-    wy_gdn_fwd            per (chunk, head): gate cumsum, (I + A)^{-1}, w, u, Aqk     kernels.common.wy
-    state_and_output      serial state pass (split across SMs for few long sequences)
-                          with the output fused in, or followed by the output pass    kernels.common.seqsplit
+    chunk_gdn_fwd     WY prep per (chunk, head): gate cumsum, (I + A)^{-1}, w, u, Aqk       kernels.common.wy
+                      then the state pass with the output                              kernels.common.chunk_fwd
+    chunk_gdn_bwd     recompute, reverse state pass, gradients (op "gdn")             kernels.common.chunk_bwd
+    GDN             the op's entry of the dispatch table (`kernels.api.OPS`): reference, Triton forward and backward
+    chunk_gdn          the public op: FLA's signature (`kernels.dispatch.public_op`, one signature for both ops), then
+                      `kernels.dispatch.run` (validate -> backend -> op table); its autograd Function is
+                      `kernels.dispatch.ChunkFunction`, one class for both ops
 
-Inputs in FLA's layout (DESIGN.md §1): q, k `[B, T, H, K]`, v `[B, T, H, V]`, g and beta `[B, T, H]`, varlen
-via `cu_seqlens` with B == 1. Validation happens in `kernels.api` before this is called.
+Inputs in FLA's layout (DESIGN.md §1): q, k `[B, T, H, K]`, v `[B, T, HV, V]`, g and beta `[B, T, HV]`, varlen via `cu_seqlens` with
+B == 1. The Triton modules load on the first Triton call, so the torch and reference backends run without Triton.
 """
 
 from __future__ import annotations
 
-from functools import partial
+from typing import Any
 
 from torch import Tensor
 
-from kernels.common.index import prepare_chunk_index
-from kernels.common.seqsplit import state_and_output
-from kernels.common.state_keep import state_and_output_keep
-from kernels.common.wy import BT_WY, wy_gdn_fwd
-from kernels.plan import LaunchPlan, default_plan
+from kernels.dispatch import ChunkOp, import_triton, public_op
+from kernels.ops.gdn.naive import naive_recurrent_gdn
+from kernels.plan import LaunchPlan
 
-__all__ = ["FUSE_OUTPUT", "chunk_gdn_fwd"]
-
-# the output fused into the state pass (no per-chunk states in memory); measured faster, see kernels.bench
-FUSE_OUTPUT = True
+__all__ = ["GDN", "chunk_gdn", "chunk_gdn_bwd", "chunk_gdn_fwd"]
 
 
-def chunk_gdn_fwd(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    scale: float,
-    initial_state: Tensor | None = None,
-    output_final_state: bool = False,
-    cu_seqlens: Tensor | None = None,
-    plan: LaunchPlan | None = None,
-    split_chunks: int | None = None,
-    fuse_output: bool | None = None,
-    keep: dict[str, Tensor] | None = None,
-    keep_states: bool = False,
-    chunk_size: int = BT_WY,
-) -> tuple[Tensor, Tensor | None]:
-    """GDN chunked forward: (o `[B, T, H, V]` in q's dtype, final state `[N, H, K, V]` fp32 or None).
+def chunk_gdn_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float,
+                  **options: Any) -> tuple[Tensor, Tensor | None]:
+    """GDN forward on the Triton backend: (o `[B, T, H, V]` in q's dtype, final state `[N, H, K, V]` fp32 or None).
+    options: those of `kernels.common.chunk_fwd.chunk_fwd` (initial_state, output_final_state, cu_seqlens, plan,
+    split_chunks, fuse_output, keep, keep_states, chunk_size)."""
+    chunk_fwd = import_triton("kernels.common.chunk_fwd", "chunk_fwd")
+    return chunk_fwd(_wy_prep, q, k, v, g, beta, gate_vector=False, scale=scale, **options)
 
-    plan: the launch plan (`kernels.plan`; None: `default_plan()`). split_chunks: None = automatic sequence
-    splitting,
-    0 = never, n = segments of n chunks. fuse_output: None = FUSE_OUTPUT. keep: a dict that receives the WY
-    factors the backward would recompute (`kernels.common.chunk_bwd.chunk_bwd(wy=...)`); keep_states: and the chunk
-    states, new values and segment maps (`kernels.common.state_keep`). chunk_size: the tokens per chunk, one of
-    `kernels.common.wy.CHUNK_SIZES` (FLA's `chunk_size`; the backward must use the same).
-    """
-    B, T, H, _ = k.shape
-    launch = plan if plan is not None else default_plan()
-    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
-    index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device)
+
+def _wy_prep(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: Any, launch: LaunchPlan) -> Any:
+    """GDN's WY prep (`wy_gdn_fwd`: gate cumsum, (I + A)^{-1}, w, u, Aqk): the state pass reads the raw q, k and the
+    fp32 gate cumsum."""
+    from kernels.common.chunk_fwd import WyPrep
+    from kernels.common.wy import wy_gdn_fwd
+
     w, u, gcum, aqk = wy_gdn_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch)
     assert aqk is not None
-    if keep is not None:
-        keep.update(w=w, u=u, gs=gcum, aqk=aqk)
-    state_pass = state_and_output if keep is None or not keep_states else partial(state_and_output_keep, keep=keep)
-    return state_pass(
-        index=index, k=k, w=w, u=u, g=gcum, q=q, aqk=aqk, gate_vector=False, scale=scale,
-        initial_state=initial_state, output_final_state=output_final_state, out_dtype=q.dtype, launch=launch,
-        split_chunks=split_chunks, fuse_output=FUSE_OUTPUT if fuse_output is None else fuse_output,
-    )
+    return WyPrep(k=k, q=q, g=gcum, w=w, u=u, aqk=aqk, kept=dict(w=w, u=u, gs=gcum, aqk=aqk))
+
+
+def chunk_gdn_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor,
+                  **options: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    """(dq, dk, dv, dg, dbeta, dh0) on the Triton backend: `kernels.common.chunk_bwd.chunk_bwd` for op "gdn" (its
+    launch sequence and options: scale, initial_state, dht, cu_seqlens, plan, wy, split_chunks, chunk_size)."""
+    return import_triton("kernels.common.chunk_bwd", "chunk_bwd")("gdn", q, k, v, g, beta, do, **options)
+
+
+GDN = ChunkOp("gdn", gate_vector=False, naive=naive_recurrent_gdn, triton_fwd=chunk_gdn_fwd, triton_bwd=chunk_gdn_bwd)
+
+
+chunk_gdn = public_op(GDN, r"""Gated DeltaNet, `S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T`, `o_t = scale S_t^T q_t`, differentiable.
+
+Args:
+    q (torch.Tensor):
+        queries of shape `[B, T, H, K]`, fp32/bf16/fp16 (fp64 on the reference and torch backends).
+    k (torch.Tensor):
+        keys of shape `[B, T, H, K]`, same dtype as q.
+    v (torch.Tensor):
+        values of shape `[B, T, HV, V]`; HV a multiple of H (grouped value heads: query/key head
+        `h // (HV / H)` serves value head h, e.g. Qwen3-Next's H=16, HV=32).
+    g (torch.Tensor):
+        natural-log decay per head, `g <= 0`, of shape `[B, T, HV]`.
+    beta (torch.Tensor):
+        write strengths of shape `[B, T, HV]` (already post-sigmoid).
+    scale (Optional[float]):
+        output scale. Default: `None`, meaning `K ** -0.5`.
+    initial_state (Optional[torch.Tensor]):
+        state entering each sequence, `[N, HV, K, V]`, used in fp32; differentiable. Default: `None`.
+    output_final_state (Optional[bool]):
+        whether to return the final state `[N, HV, K, V]` fp32 (its incoming gradient is honoured). Default: `False`.
+    cu_seqlens (Optional[torch.LongTensor]):
+        int32/int64 `[N + 1]` bounds of a varlen batch (B must be 1). Default: `None`.
+    backend (Optional[str]):
+        `"reference"`, `"torch"`, `"triton"`, `"fla"` or `"auto"` (triton on CUDA, torch elsewhere). Default: `"auto"`.
+    use_qk_l2norm_in_kernel (Optional[bool]):
+        L2-normalise q and k per head over K inside the op (eps 1e-6, with its backward). Default: `False`.
+    config (Optional[LaunchConfig | Mapping[str, LaunchConfig]]):
+        Triton launch configs `{kernel name: LaunchConfig}` (triton backend only). Default: `None`.
+    cu_seqlens_cpu (Optional[torch.Tensor | Sequence[int]]):
+        host copy of `cu_seqlens` (spares the one device-to-host read of a new GPU `cu_seqlens`). Default: `None`.
+    plan (Optional[LaunchPlan]):
+        the launch plan (`kernels.plan`: configs, recompute policy, recorder; kept for the backward). Default:
+        `None` (`kernels.default_plan()`).
+    kwargs:
+        FLA's other keyword arguments, by FLA's names (the table below).
+
+FLA's keyword arguments (chunk_gated_delta_rule, FLA 0.6.0) and what chunk_gdn does with each; "refused" is a
+one-line ValueError naming the argument, the value and why; the fla backend passes every accepted one to FLA:
+
+    use_gate_in_kernel, A_log [HV], dt_bias [HV]   implemented: g is raw, g = -exp(A_log) * softplus(g + dt_bias)
+                              (`kernels.common.gate.activate_gate`, fp32, differentiable: dg, dA_log, ddt_bias);
+                              A_log required; A_log / dt_bias without use_gate_in_kernel refused (FLA ignores them)
+    use_beta_sigmoid_in_kernel, allow_neg_eigval   implemented: beta = sigmoid(beta), times 2 with
+                              allow_neg_eigval (which needs use_beta_sigmoid_in_kernel, FLA's rule)
+    state_v_first (and its deprecated alias transpose_state_layout, with FLA's DeprecationWarning)
+                              implemented: initial and final state `[N, HV, V, K]` (a transpose at the boundary)
+    use_qk_l2norm_in_kernel   implemented (eps 1e-6, with its backward)
+    cu_seqlens_cpu            implemented: the host bounds (no device read)
+    chunk_indices             validated, then unused (our index is built from cu_seqlens): FLA's [NT, 2]
+                              (sequence, chunk) pairs; shape always, values when a CPU tensor; refused without
+                              cu_seqlens
+    chunk_size                16, 32, 64 (FLA's) implemented on torch, triton (the WY prep's 16-row blocks stop at
+                              the chunk's end) and fla; intermediate states at that size; other values refused
+    cp_context                None only; our CP is kernels.cp (refused: use kernels.cp.forward)
+    head_first                refused at any value (FLA raises for it too)
+    chunk_kda's own options (safe_gate, lower_bound, disable_recompute, return_intermediate_states, use_graph,
+                              max_num_seqs): accepted at their defaults (FLA's GDN ignores them), else refused
+    any other name            refused (FLA would ignore a misspelt option)
+
+Returns:
+    o (torch.Tensor):
+        outputs of shape `[B, T, HV, V]` in q's dtype.
+    final_state (Optional[torch.Tensor]):
+        fp32 `[N, HV, K, V]` (`[N, HV, V, K]` with state_v_first) if `output_final_state=True`, else `None`.
+
+Raises:
+    ValueError: a bad argument (shapes, dtypes, devices, cu_seqlens, initial_state, HV % H, an FLA option
+        refused above), before any launch; in the backward, a `do` / `dht` of the wrong shape or dtype.
+
+Examples::
+    >>> import torch, torch.nn.functional as F
+    >>> from kernels import chunk_gdn
+    >>> B, T, H, HV, K, V = 1, 4096, 16, 32, 128, 128
+    >>> q = torch.randn(B, T, H, K, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    >>> k = torch.randn(B, T, H, K, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    >>> v = torch.randn(B, T, HV, V, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    >>> g = F.logsigmoid(torch.randn(B, T, HV, device="cuda")).requires_grad_()
+    >>> beta = torch.rand(B, T, HV, dtype=torch.bfloat16, device="cuda").sigmoid().requires_grad_()
+    >>> o, ht = chunk_gdn(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, output_final_state=True)
+    >>> (o.float().square().sum() + ht.sum()).backward()
+    # variable-length sequences: B = 1 and the bounds
+    >>> cu_seqlens = torch.tensor([0, 1000, 4096], dtype=torch.int32, device="cuda")
+    >>> o, _ = chunk_gdn(q, k, v, g, beta, cu_seqlens=cu_seqlens)
+""")

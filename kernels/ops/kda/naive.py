@@ -1,14 +1,14 @@
-"""MATH REFERENCE for KDA: the per-token recurrence in fp32 (tests and `backend="reference"` only).
-
-It lives in `common/` because it is also the general per-token reference that `common/transition.py` runs
-(a GDN gate is a KDA gate broadcast over K); the op package `kernels.kda` re-exports it.
+"""MATH REFERENCE for KDA: the per-token recurrence in fp32 (tests and `backend="reference"` only), and the
+reference of the transition primitive.
 
     S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T,    o_t = scale * S_t^T q_t
 
 with a per-key-dim natural-log gate g `[B, T, H, K]`. Varlen via `cu_seqlens` (B == 1), optional initial
-state in and final state out. A Python loop over tokens: slow on purpose, obviously right. Any g <= 0 is exact,
--1000 and -inf masks included: each token multiplies by exp(g_t) (0 at -inf) and no cumulative sums are subtracted,
-so it needs no gate floor (`kernels.common.decay`); autograd gives a masked gate the gradient 0 (exp(g) = 0).
+state in and final state out. A Python loop over tokens (`kernels.common.per_token`): slow on purpose, obviously
+right. Any g <= 0 is exact, -1000 and -inf masks included: each token multiplies by exp(g_t) (0 at -inf) and no
+cumulative sums are subtracted, so it needs no gate floor (`kernels.common.decay`); autograd gives a masked gate the
+gradient 0 (exp(g) = 0). It is also the general per-token reference: a GDN gate is a KDA gate broadcast over K, which
+is how `naive_transition` (the `reference` backend of `kernels.transition`) runs both ops.
 """
 
 from __future__ import annotations
@@ -16,44 +16,40 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["naive_recurrent_kda"]
+from kernels.common.per_token import per_token_recurrence
+
+__all__ = ["naive_recurrent_kda", "naive_transition"]
+
+
+def _kda_step(S: Tensor, k_t: Tensor, v_t: Tensor, g_t: Tensor, b_t: Tensor) -> Tensor:
+    """One token: S `[H, K, V]`, k_t and g_t `[H, K]` (or g_t `[H, 1]`), v_t `[H, V]`, b_t `[H]`."""
+    S = S * g_t.exp()[:, :, None]                                         # Diag(exp(g_t)) S
+    err = v_t - torch.einsum("hkv,hk->hv", S, k_t)                        # v_t - S^T k_t
+    return S + b_t[:, None, None] * k_t[:, :, None] * err[:, None, :]
 
 
 def naive_recurrent_kda(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    scale: float | None = None,
-    initial_state: Tensor | None = None,
-    output_final_state: bool = False,
-    cu_seqlens_cpu: list[int] | None = None,
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float | None = None,
+    initial_state: Tensor | None = None, output_final_state: bool = False, cu_seqlens_cpu: list[int] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token KDA. q, k, g `[B,T,H,K]`, v `[B,T,H,V]`, beta `[B,T,H]`; state `[N,H,K,V]` fp32.
 
     g may also be `[B,T,H,1]` (one gate per head, broadcast over K): that is GDN.
     Returns o `[B,T,H,V]` in q.dtype and the final state (fp32) or None.
     """
+    return per_token_recurrence(_kda_step, q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                output_final_state=output_final_state, cu_seqlens_cpu=cu_seqlens_cpu)
+
+
+def naive_transition(k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, cu_seqlens_cpu: list[int] | None) -> tuple[Tensor, Tensor]:
+    """The segment map (M `[N,H,K,K]`, S_ext `[N,H,K,V]`) fp32 from the per-token reference, on the augmented state
+    [K, K+V] from [I | 0] with values [0 | v] (`kernels.common.transition`); g `[B,T,H,Kg]`, Kg in {1, K}."""
     B, T, H, K = k.shape
-    V = v.shape[-1]
-    scale = K**-0.5 if scale is None else scale
-    bounds = cu_seqlens_cpu if cu_seqlens_cpu is not None else [i * T for i in range(B + 1)]
-    cd = torch.float64 if q.dtype == torch.float64 else torch.float32   # fp64 inputs (tests) stay fp64
-    qf, kf, vf, gf, bf = (x.to(cd).reshape(B * T, *x.shape[2:]) for x in (q, k, v, g, beta))
-    o = torch.zeros(B * T, H, V, dtype=cd, device=q.device)
-    N = len(bounds) - 1
-    ht = torch.zeros(N, H, K, V, dtype=cd, device=q.device)
-    for n in range(N):
-        S = torch.zeros(H, K, V, dtype=cd, device=q.device)
-        if initial_state is not None:
-            S = initial_state[n].to(cd).clone()
-        for t in range(bounds[n], bounds[n + 1]):
-            S = S * gf[t].exp()[:, :, None]                                   # Diag(exp(g_t)) S
-            k_t, b_t = kf[t], bf[t]                                           # [H, K], [H]
-            err = vf[t] - torch.einsum("hkv,hk->hv", S, k_t)                  # v_t - S^T k_t
-            S = S + b_t[:, None, None] * k_t[:, :, None] * err[:, None, :]
-            o[t] = scale * torch.einsum("hkv,hk->hv", S, qf[t])
-        ht[n] = S
-    return o.reshape(B, T, H, V).to(q.dtype), (ht if output_final_state else None)
+    N = len(cu_seqlens_cpu) - 1 if cu_seqlens_cpu is not None else B
+    v_aug = torch.cat([v.new_zeros(B, T, H, K), v], -1)
+    eye = torch.eye(K, dtype=torch.float32, device=k.device)
+    h0 = torch.cat([eye.expand(N, H, K, K), k.new_zeros(N, H, K, v.shape[-1], dtype=torch.float32)], -1)
+    # q is not used for the state; pass k so shapes line up
+    _, S = naive_recurrent_kda(k, k, v_aug.float(), g, beta, initial_state=h0, output_final_state=True, cu_seqlens_cpu=cu_seqlens_cpu)
+    assert S is not None
+    return S[..., :K].contiguous(), S[..., K:].contiguous()

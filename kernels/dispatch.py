@@ -73,18 +73,33 @@ ConfigArg = LaunchConfig | Mapping[str, LaunchConfig] | None
 
 @dataclass(frozen=True)
 class ChunkOp:
-    """One entry of the op table: the op's name, whether its gate is per key dim (KDA) or per head (GDN), and what it
-    runs on the reference and triton backends (the torch backend is the shared chunked path, `kernels.common`)."""
+    """One entry of the op table: the op's name, whether its gate is per key dim (KDA) or per head (GDN), its per-token
+    reference (the reference backend) and its WY prep (the op-specific pass of the Triton forward,
+    `kernels.common.chunk_fwd.WyFn`); the torch backend and the rest of the Triton path are shared (`kernels.common`)."""
 
     name: str
     gate_vector: bool
     naive: Callable[..., tuple[Tensor, Tensor | None]]
-    triton_fwd: Callable[..., tuple[Tensor, Tensor | None]]
-    triton_bwd: Callable[..., tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]]
+    wy_prep: Callable[..., Any]
 
     def per_key_gate(self, g: Tensor) -> Tensor:
         """The torch path works on a `[B, T, H, Kg]` gate: GDN's scalar gate is Kg = 1 and broadcasts over K."""
         return g if self.gate_vector else g.unsqueeze(-1)
+
+    def triton_fwd(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float,
+                   **options: Any) -> tuple[Tensor, Tensor | None]:
+        """The op's forward on the Triton backend: (o `[B, T, H, V]` in q's dtype, final state `[N, H, K, V]` fp32 or
+        None); its WY prep, then the shared state pass with the output. options: those of
+        `kernels.common.chunk_fwd.chunk_fwd` (initial_state, output_final_state, cu_seqlens, plan, split_chunks,
+        fuse_output, keep, keep_states, chunk_size)."""
+        chunk_fwd = import_triton("kernels.common.chunk_fwd", "chunk_fwd")
+        return chunk_fwd(self.wy_prep, q, k, v, g, beta, gate_vector=self.gate_vector, scale=scale, **options)
+
+    def triton_bwd(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor,
+                   **options: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+        """(dq, dk, dv, dg, dbeta, dh0) on the Triton backend: `kernels.common.chunk_bwd.chunk_bwd` for this op (its
+        launch sequence and options: scale, initial_state, dht, cu_seqlens, plan, wy, split_chunks, chunk_size)."""
+        return import_triton("kernels.common.chunk_bwd", "chunk_bwd")(self.name, q, k, v, g, beta, do, **options)
 
 
 def needs_grad(*xs: Tensor | None) -> bool:
@@ -152,22 +167,10 @@ def public_op(op: ChunkOp, doc: str) -> Callable[..., tuple[Any, ...]]:
     a drop-in for FLA's `chunk_gated_delta_rule` / `chunk_kda`, one signature for both ops."""
 
     def chunk(
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        g: Tensor,
-        beta: Tensor,
-        *,
-        scale: float | None = None,
-        initial_state: Tensor | None = None,
-        output_final_state: bool = False,
-        cu_seqlens: Tensor | None = None,
-        backend: str = "auto",
-        use_qk_l2norm_in_kernel: bool = False,
-        config: ConfigArg = None,
-        cu_seqlens_cpu: Tensor | Sequence[int] | None = None,
-        plan: LaunchPlan | None = None,
-        **kwargs: Any,
+        q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float | None = None,
+        initial_state: Tensor | None = None, output_final_state: bool = False, cu_seqlens: Tensor | None = None,
+        backend: str = "auto", use_qk_l2norm_in_kernel: bool = False, config: ConfigArg = None,
+        cu_seqlens_cpu: Tensor | Sequence[int] | None = None, plan: LaunchPlan | None = None, **kwargs: Any,
     ) -> tuple[Any, ...]:
         return run(op, q, k, v, g, beta, scale=scale, initial_state=initial_state,
                    output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=backend, config=config,

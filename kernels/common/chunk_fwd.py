@@ -59,12 +59,12 @@ def chunk_fwd(
     initial_state: Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: Tensor | None = None,
+    chunk_size: int = BT_WY,
     plan: LaunchPlan | None = None,
-    split_chunks: int | None = None,
-    fuse_output: bool | None = None,
     keep: dict[str, Tensor] | None = None,
     keep_states: bool = False,
-    chunk_size: int = BT_WY,
+    split_chunks: int | None = None,
+    fuse_output: bool | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Chunked forward: (o `[B, T, H, V]` in q's dtype, final state `[N, H, K, V]` fp32 or None).
 

@@ -31,8 +31,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.common.chunk_program import chain_start
 from kernels.common.chunk_output import chunk_output_fwd
+from kernels.common.chunk_program import chain_start
 from kernels.common.chunk_state import (
     CHUNK_STATE_FWD,
     CHUNK_STATE_OUTPUT_FWD,

@@ -1,16 +1,8 @@
-"""Gated DeltaNet (scalar gate per head), chunked: read top to bottom, the Triton forward, the Triton backward, the op-table entry `GDN`
-and the public op `chunk_gdn` (FLA's `chunk_gated_delta_rule`, differentiable).
-
-    chunk_gdn_fwd     WY prep per (chunk, head): gate cumsum, (I + A)^{-1}, w, u, Aqk       kernels.common.wy
-                      then the state pass with the output                              kernels.common.chunk_fwd
-    chunk_gdn_bwd     recompute, reverse state pass, gradients (op "gdn")             kernels.common.chunk_bwd
-    GDN             the op's entry of the dispatch table (`kernels.api.OPS`): reference, Triton forward and backward
-    chunk_gdn          the public op: FLA's signature (`kernels.dispatch.public_op`, one signature for both ops), then
-                      `kernels.dispatch.run` (validate -> backend -> op table); its autograd Function is
-                      `kernels.dispatch.ChunkFunction`, one class for both ops
-
-Inputs in FLA's layout (DESIGN.md §1): q, k `[B, T, H, K]`, v `[B, T, HV, V]`, g and beta `[B, T, HV]`, varlen via `cu_seqlens` with
-B == 1. The Triton modules load on the first Triton call, so the torch and reference backends run without Triton.
+"""Gated DeltaNet (one scalar gate per head and token), chunked. Its own pass is the WY prep (`wy_gdn_fwd`: the gate's
+in-chunk cumsum, (I + A)^{-1}, w, u, Aqk; the state pass then reads the raw q and k). `GDN` is its op-table entry,
+`chunk_gdn_fwd` / `chunk_gdn_bwd` its Triton forward and backward, `chunk_gdn` the public op (FLA's
+`chunk_gated_delta_rule`, differentiable). Inputs: q, k `[B, T, H, K]`, v `[B, T, HV, V]`, g and beta `[B, T, HV]`.
+How an op's file reads, and why the Triton modules load late: `kernels/ops/__init__.py`.
 """
 
 from __future__ import annotations
@@ -19,20 +11,11 @@ from typing import Any
 
 from torch import Tensor
 
-from kernels.dispatch import ChunkOp, import_triton, public_op
+from kernels.dispatch import ChunkOp, public_op
 from kernels.ops.gdn.naive import naive_recurrent_gdn
 from kernels.plan import LaunchPlan
 
 __all__ = ["GDN", "chunk_gdn", "chunk_gdn_bwd", "chunk_gdn_fwd"]
-
-
-def chunk_gdn_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float,
-                  **options: Any) -> tuple[Tensor, Tensor | None]:
-    """GDN forward on the Triton backend: (o `[B, T, H, V]` in q's dtype, final state `[N, H, K, V]` fp32 or None).
-    options: those of `kernels.common.chunk_fwd.chunk_fwd` (initial_state, output_final_state, cu_seqlens, plan,
-    split_chunks, fuse_output, keep, keep_states, chunk_size)."""
-    chunk_fwd = import_triton("kernels.common.chunk_fwd", "chunk_fwd")
-    return chunk_fwd(_wy_prep, q, k, v, g, beta, gate_vector=False, scale=scale, **options)
 
 
 def _wy_prep(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: Any, launch: LaunchPlan) -> Any:
@@ -43,17 +26,12 @@ def _wy_prep(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale:
 
     w, u, gcum, aqk = wy_gdn_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch)
     assert aqk is not None
-    return WyPrep(k=k, q=q, g=gcum, w=w, u=u, aqk=aqk, kept=dict(w=w, u=u, gs=gcum, aqk=aqk))
+    return WyPrep(k=k, q=q, g=gcum, w=w, u=u, aqk=aqk, kept={"w": w, "u": u, "gs": gcum, "aqk": aqk})
 
 
-def chunk_gdn_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor,
-                  **options: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
-    """(dq, dk, dv, dg, dbeta, dh0) on the Triton backend: `kernels.common.chunk_bwd.chunk_bwd` for op "gdn" (its
-    launch sequence and options: scale, initial_state, dht, cu_seqlens, plan, wy, split_chunks, chunk_size)."""
-    return import_triton("kernels.common.chunk_bwd", "chunk_bwd")("gdn", q, k, v, g, beta, do, **options)
-
-
-GDN = ChunkOp("gdn", gate_vector=False, naive=naive_recurrent_gdn, triton_fwd=chunk_gdn_fwd, triton_bwd=chunk_gdn_bwd)
+GDN = ChunkOp("gdn", gate_vector=False, naive=naive_recurrent_gdn, wy_prep=_wy_prep)
+chunk_gdn_fwd = GDN.triton_fwd  # the forward on Triton: the WY prep above, then the shared state pass
+chunk_gdn_bwd = GDN.triton_bwd  # the backward on Triton: `kernels.common.chunk_bwd.chunk_bwd` for "gdn"
 
 
 chunk_gdn = public_op(GDN, r"""Gated DeltaNet, `S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T`, `o_t = scale S_t^T q_t`, differentiable.

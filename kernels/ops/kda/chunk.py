@@ -1,16 +1,8 @@
-"""Kimi Delta Attention (gate per key dim), chunked: read top to bottom, the Triton forward, the Triton backward, the op-table entry `KDA`
-and the public op `chunk_kda` (FLA's `chunk_kda`, differentiable).
-
-    chunk_kda_fwd     WY prep per (chunk, head): per-key gate cumsum, (I + A)^{-1}, w, u, kg, qg, Aqk   kernels.common.wy
-                      then the state pass with the output                              kernels.common.chunk_fwd
-    chunk_kda_bwd     recompute, reverse state pass, gradients (op "kda")             kernels.common.chunk_bwd
-    KDA             the op's entry of the dispatch table (`kernels.api.OPS`): reference, Triton forward and backward
-    chunk_kda          the public op: FLA's signature (`kernels.dispatch.public_op`, one signature for both ops), then
-                      `kernels.dispatch.run` (validate -> backend -> op table); its autograd Function is
-                      `kernels.dispatch.ChunkFunction`, one class for both ops
-
-Inputs in FLA's layout (DESIGN.md §1): q, k `[B, T, H, K]`, v `[B, T, HV, V]`, g `[B, T, HV, K]`, beta `[B, T, HV]`, varlen via `cu_seqlens` with
-B == 1. The Triton modules load on the first Triton call, so the torch and reference backends run without Triton.
+"""Kimi Delta Attention, chunked, with a gate per key dim: g `[B, T, HV, K]` (q, k `[B, T, H, K]`, v `[B, T, HV, V]`,
+beta `[B, T, HV]`). The WY prep `wy_kda_fwd` is KDA's own pass: per-key gate cumsum, (I + A)^{-1}, w, u and the gated
+tensors (kg, qg, Aqk, the chunk's last-row gate gc), so the shared passes never read the per-key gate again. The public
+op is `chunk_kda` (FLA's `chunk_kda`); `KDA` is the op-table entry, `chunk_kda_fwd` / `chunk_kda_bwd` the Triton paths.
+The layout of an op's file: `kernels/ops/__init__.py`.
 """
 
 from __future__ import annotations
@@ -19,20 +11,11 @@ from typing import Any
 
 from torch import Tensor
 
-from kernels.dispatch import ChunkOp, import_triton, public_op
+from kernels.dispatch import ChunkOp, public_op
 from kernels.ops.kda.naive import naive_recurrent_kda
 from kernels.plan import LaunchPlan
 
 __all__ = ["KDA", "chunk_kda", "chunk_kda_bwd", "chunk_kda_fwd"]
-
-
-def chunk_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float,
-                  **options: Any) -> tuple[Tensor, Tensor | None]:
-    """KDA forward on the Triton backend: (o `[B, T, H, V]` in q's dtype, final state `[N, H, K, V]` fp32 or None).
-    options: those of `kernels.common.chunk_fwd.chunk_fwd` (initial_state, output_final_state, cu_seqlens, plan,
-    split_chunks, fuse_output, keep, keep_states, chunk_size)."""
-    chunk_fwd = import_triton("kernels.common.chunk_fwd", "chunk_fwd")
-    return chunk_fwd(_wy_prep, q, k, v, g, beta, gate_vector=True, scale=scale, **options)
 
 
 def _wy_prep(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: Any, launch: LaunchPlan) -> Any:
@@ -43,17 +26,13 @@ def _wy_prep(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale:
 
     w, u, kg, gc, qg, aqk = wy_kda_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch)
     assert qg is not None and aqk is not None
-    return WyPrep(k=kg, q=qg, g=gc, w=w, u=u, aqk=aqk, kept=dict(w=w, u=u, ks=kg, gs=gc, qs=qg, aqk=aqk))
+    kept = {"w": w, "u": u, "ks": kg, "gs": gc, "qs": qg, "aqk": aqk}
+    return WyPrep(k=kg, q=qg, g=gc, w=w, u=u, aqk=aqk, kept=kept)
 
 
-def chunk_kda_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor,
-                  **options: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
-    """(dq, dk, dv, dg, dbeta, dh0) on the Triton backend: `kernels.common.chunk_bwd.chunk_bwd` for op "kda" (its
-    launch sequence and options: scale, initial_state, dht, cu_seqlens, plan, wy, split_chunks, chunk_size)."""
-    return import_triton("kernels.common.chunk_bwd", "chunk_bwd")("kda", q, k, v, g, beta, do, **options)
-
-
-KDA = ChunkOp("kda", gate_vector=True, naive=naive_recurrent_kda, triton_fwd=chunk_kda_fwd, triton_bwd=chunk_kda_bwd)
+KDA = ChunkOp("kda", gate_vector=True, naive=naive_recurrent_kda, wy_prep=_wy_prep)
+chunk_kda_fwd = KDA.triton_fwd  # the forward on Triton: the WY prep above, then the shared state pass
+chunk_kda_bwd = KDA.triton_bwd  # the backward on Triton: `kernels.common.chunk_bwd.chunk_bwd` for "kda"
 
 
 chunk_kda = public_op(KDA, r"""Kimi Delta Attention, `S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T`, differentiable.

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.parametrize("OP", ["gdn", "kda"])
 
 
 def _fwd(op: str):
-    return getattr(importlib.import_module(f"kernels.{op}.chunk"), f"chunk_{op}_fwd")
+    return getattr(importlib.import_module(f"kernels.ops.{op}.chunk"), f"chunk_{op}_fwd")
 
 
 @pytest.mark.parametrize("with_h0", [False, True], ids=["no_h0", "h0"])

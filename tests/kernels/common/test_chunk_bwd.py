@@ -1,5 +1,5 @@
-"""The Triton backward of GDN and KDA (`kernels.{gdn,kda}.chunk_bwd`) against autograd through the fp32 per-token
-reference (interpreted on CPU; on a GPU with CPBENCH_TEST_GPU=1, in bf16). Every test runs for both ops.
+"""The Triton backward of GDN and KDA (`kernels.common.chunk_bwd`, through `kernels.ops.<op>.chunk.chunk_<op>_bwd`)
+against autograd through the fp32 per-token reference (interpreted on CPU; on a GPU with CPBENCH_TEST_GPU=1, in bf16). Every test runs for both ops.
 
 Scenarios: varlen with lengths not multiples of 64 and shorter than a chunk, an initial state and an incoming
 final-state gradient (dht), slow-decay gates (lb = -0.01, so gradients travel across chunks and segments), the
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.parametrize("OP", ["gdn", "kda"])
 
 
 def _bwd(op: str):
-    return getattr(importlib.import_module(f"kernels.{op}.chunk_bwd"), f"chunk_{op}_bwd")
+    return getattr(importlib.import_module(f"kernels.ops.{op}.chunk"), f"chunk_{op}_bwd")
 
 
 def _reference_grads(op, q, k, v, g, beta, h0, do, dht, bounds):
@@ -134,7 +134,7 @@ def test_triton_bwd_with_the_forwards_states_split(OP: str, fuse: bool) -> None:
     pass or plain pass); the backward reuses them (no transition or forward state pass) and gives the gradients of
     the recompute path, the same split."""
     q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP, 7)
-    fwd = getattr(importlib.import_module(f"kernels.{OP}.chunk"), f"chunk_{OP}_fwd")
+    fwd = getattr(importlib.import_module(f"kernels.ops.{OP}.chunk"), f"chunk_{OP}_fwd")
     keep: dict[str, torch.Tensor] = {}
     o, ht = fwd(q, k, v, g, beta, scale=DIM**-0.5, initial_state=h0, output_final_state=True, cu_seqlens=cu,
                 split_chunks=1, fuse_output=fuse, keep=keep, keep_states=True)

@@ -10,7 +10,7 @@ Scenarios:
   is `disqualified` and never wins;
 - with a scripted timer, halving keeps the fastest configs, grows the samples per rung and keeps the default;
 - the real GDN Triton kernels: tune_kernels on a tiny shape stores trials and tuned configs for every kernel
-  the op launches (skipped until kernels/gdn/chunk.py exists).
+  the op launches (skipped until kernels/ops/gdn/chunk.py exists).
 No timing is asserted: only which trial wins among the stored ones.
 """
 

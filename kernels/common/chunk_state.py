@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.common.chunk_program import range_of_program
+from kernels.common.state_program import range_of_program
 from kernels.configs import KernelSpec, LaunchConfig, head_block, register
 from kernels.plan import LaunchPlan, launch_config
 

@@ -32,7 +32,6 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels.common.chunk_output import chunk_output_fwd
-from kernels.common.chunk_program import chain_start
 from kernels.common.chunk_state import (
     CHUNK_STATE_FWD,
     CHUNK_STATE_OUTPUT_FWD,
@@ -42,6 +41,7 @@ from kernels.common.chunk_state import (
     chunk_state_transition_fwd,
 )
 from kernels.common.index import ChunkIndex
+from kernels.common.state_program import chain_start
 from kernels.configs import KernelSpec, LaunchConfig, head_block, register
 from kernels.plan import LaunchPlan, launch_config
 

@@ -27,9 +27,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.common.chunk_program import chain_start, range_of_program
 from kernels.common.chunk_state import SeqLayout
 from kernels.common.seqsplit import CHAIN_DOT_PRECISION, SplitPlan
+from kernels.common.state_program import chain_start, range_of_program
 from kernels.configs import KernelSpec, LaunchConfig, head_block, register
 from kernels.plan import LaunchPlan, launch_config
 

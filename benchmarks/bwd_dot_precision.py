@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 import kernels.common.chunk_bwd as chunk_bwd
-from kernels.common.naive import naive_recurrent_kda
+from kernels.ops.kda.naive import naive_recurrent_kda
 from runners.bench.kernels_train import H, K, make_inputs, ours_step, timed
 from runners.correctness import rel_l2
 

@@ -7,8 +7,8 @@ Public surface (a contract; DESIGN.md §1-§3):
     M, S_ext = kernels.transition(op, k, v, g, beta, *, cu_seqlens=None, backend="auto", config=None, plan=None)
     o, ht = kernels.chunk_gdn(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
                               cu_seqlens=None, backend="auto", use_qk_l2norm_in_kernel=False, plan=None)  # differentiable
-    o, ht = kernels.chunk_kda(...)                                # (FLA's signatures; kernels.ops)
-    dq, dk, dv, dg, dbeta, dh0 = kernels.backward(op, q, k, v, g, beta, do, *, dht=None, ...)    # kernels.autograd
+    o, ht = kernels.chunk_kda(...)                                # (FLA's signatures; kernels/ops/<op>/chunk.py)
+    dq, dk, dv, dg, dbeta, dh0 = kernels.backward(op, q, k, v, g, beta, do, *, dht=None, ...)    # kernels.api
     o, ht = kernels.reference(op, q, k, v, g, beta, ...)        # per-token fp32 ground truth
     M, S = kernels.compose(M1, S1, M2, S2);  S = kernels.chain(M, S_ext, S0=None)
     kernels.use_autotune(path)                                   # tuned launch configs for the default plan
@@ -26,10 +26,10 @@ import os
 from typing import Any
 
 _FROM: dict[str, tuple[str, ...]] = {  # module -> its public names here, each imported on first use (PEP 562)
-    "kernels.api": ("chain", "compose", "forward", "reference", "transition"),
-    "kernels.autograd": ("backward",),
+    "kernels.api": ("backward", "chain", "compose", "forward", "reference", "transition"),
     "kernels.configs": ("KernelSpec", "LaunchConfig"),
-    "kernels.ops": ("chunk_gdn", "chunk_kda"),
+    "kernels.ops.gdn.chunk": ("chunk_gdn",),
+    "kernels.ops.kda.chunk": ("chunk_kda",),
     "kernels.plan": ("LaunchPlan", "LaunchRecorder", "default_plan"),
     "kernels.vocabulary": ("BACKENDS", "OPS"),
 }

@@ -1,7 +1,9 @@
-"""Public entries of the kernel suite: validate -> resolve the backend -> run the op's path.
+"""Public entries of the kernel suite by op name, and the op table `OPS` they dispatch through (`kernels.dispatch`).
 
 `forward` (chunked forward with optional initial/final state, varlen), `transition` (a segment's affine
-state map (M, S_ext)), `reference` (the per-token fp32 ground truth), and `compose`/`chain` to fold maps.
+state map (M, S_ext)), `reference` (the per-token fp32 ground truth), `chunk_backward` / `chunk_state_gradient` (the
+gradients without autograd), and `compose`/`chain` to fold maps. `forward` and `reference` are `kernels.dispatch.run`
+on the op's entry (`kernels/ops/<op>/chunk.py`), like `kernels.chunk_gdn` / `kernels.chunk_kda`.
 Shapes and conventions are DESIGN.md §1 (FLA layout). Triton modules are imported only when the triton
 backend is asked for, so the torch path works on machines without Triton.
 """
@@ -15,39 +17,30 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kernels.autograd import _import_triton, _per_key_gate, differentiable_forward, needs_grad
-from kernels.backends import fla_forward, resolve_backend
-from kernels.common.chunk_torch import chunk_fwd_torch
-from kernels.common.index import prepare_chunk_index
-from kernels.common.naive import naive_recurrent_kda
-from kernels.common.transition import chain, chunk_transition_torch, compose, mask_maps, naive_transition
-from kernels.configs import KERNELS, LaunchConfig
-from kernels.gdn.naive import naive_recurrent_gdn
-from kernels.plan import LaunchPlan, plan_with
-from kernels.validate import check_backend, check_config, check_inputs
+from kernels.backends import resolve_backend
+from kernels.common.chunk_bwd_torch import chunk_bwd_torch
+from kernels.common.index import ChunkIndex, prepare_chunk_index
+from kernels.common.transition import chain, chunk_transition_torch, compose, mask_maps
+from kernels.configs import LaunchConfig
+from kernels.dispatch import ChunkOp, check_config_names, chunk_backward_impl, import_triton, run
+from kernels.ops.gdn.chunk import GDN
+from kernels.ops.kda.chunk import KDA
+from kernels.ops.kda.naive import naive_transition
+from kernels.plan import LaunchPlan, default_plan, plan_with
+from kernels.validate import check_backend, check_config, check_grad_outputs, check_inputs, check_op
 
-__all__ = ["chain", "compose", "forward", "reference", "transition"]
+__all__ = ["OPS", "chain", "chunk_backward", "chunk_state_gradient", "compose", "forward", "reference", "transition"]
 
 logger = logging.getLogger(__name__)
 
 ConfigArg = LaunchConfig | Mapping[str, LaunchConfig] | None
+OPS: Mapping[str, ChunkOp] = {"gdn": GDN, "kda": KDA}  # the op table: name -> its entry
 
 
 def forward(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    scale: float | None = None,
-    initial_state: Tensor | None = None,
-    output_final_state: bool = False,
-    cu_seqlens: Tensor | None = None,
-    backend: str = "auto",
-    config: ConfigArg = None,
-    cu_seqlens_cpu: Tensor | Sequence[int] | None = None,
+    op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float | None = None,
+    initial_state: Tensor | None = None, output_final_state: bool = False, cu_seqlens: Tensor | None = None,
+    backend: str = "auto", config: ConfigArg = None, cu_seqlens_cpu: Tensor | Sequence[int] | None = None,
     plan: LaunchPlan | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     r"""Chunked forward of a gated delta rule, `S_t = (I - beta_t k_t k_t^T) D_t S_{t-1} + beta_t k_t v_t^T`, `o_t = scale S_t^T q_t`.
@@ -91,7 +84,7 @@ def forward(
             `None`, meaning `kernels.default_plan()` (`use_autotune` / `CPBENCH_AUTOTUNE`).
 
     Differentiable: with inputs that require grad (and grad enabled) the call runs through the autograd Function of
-    `kernels.autograd` (gradients for q, k, v, g, beta, initial_state; the final state's gradient is honoured), as
+    `kernels.dispatch` (gradients for q, k, v, g, beta, initial_state; the final state's gradient is honoured), as
     `kernels.chunk_gdn` / `kernels.chunk_kda` do; the fla backend uses FLA's own autograd op.
 
     Returns:
@@ -123,52 +116,16 @@ def forward(
         ...                                 cu_seqlens=cu_seqlens)
         >>> assert torch.allclose(o.flatten(0, 1), o_var[0], atol=1e-2)
     """
-    check_backend(backend)
-    be = resolve_backend(backend, k.device) if isinstance(k, Tensor) else backend
-    bounds = check_inputs(op, q, k, v, g, beta, backend=be, scale=scale, initial_state=initial_state,
-                          cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, grouped=True)
-    configs = check_config(config)
-    B, T, H, K = k.shape
-    scale = K**-0.5 if scale is None else float(scale)
-    if be != "fla" and (v.shape[2] != H or needs_grad(q, k, v, g, beta, initial_state)):
-        # grouped value heads or a training step: the differentiable op (kernels.autograd)
-        if be == "triton":
-            _check_config_names(configs)
-        return differentiable_forward(op, be, q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                                      output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                                      cu_seqlens_cpu=cu_seqlens_cpu, bounds=bounds, plan=plan_with(plan, configs))
-    if be == "reference":
-        return _naive(op, q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                      output_final_state=output_final_state, bounds=bounds)
-    if be == "torch":
-        index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, device=k.device, cu_seqlens_cpu=cu_seqlens_cpu)
-        return chunk_fwd_torch(q, k, v, _per_key_gate(op, g), beta, scale=scale, initial_state=initial_state,
-                               output_final_state=output_final_state, index=index)
-    if be == "fla":
-        return fla_forward(op, q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                           output_final_state=output_final_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=bounds)
-    if op == "gdn":
-        fwd = _import_triton("kernels.gdn.chunk", "chunk_gdn_fwd")
-    else:
-        fwd = _import_triton("kernels.kda.chunk", "chunk_kda_fwd")
-    _check_config_names(configs)
-    return fwd(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-               cu_seqlens=cu_seqlens, plan=plan_with(plan, configs))
+    o, ht = run(_op(op), q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=backend, config=config,
+                cu_seqlens_cpu=cu_seqlens_cpu, plan=plan)
+    return o, ht
 
 
 def transition(
-    op: str,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    cu_seqlens: Tensor | None = None,
-    backend: str = "auto",
-    config: ConfigArg = None,
-    cu_seqlens_cpu: Tensor | Sequence[int] | None = None,
-    need: Tensor | None = None,
-    plan: LaunchPlan | None = None,
+    op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, cu_seqlens: Tensor | None = None,
+    backend: str = "auto", config: ConfigArg = None, cu_seqlens_cpu: Tensor | Sequence[int] | None = None,
+    need: Tensor | None = None, plan: LaunchPlan | None = None,
 ) -> tuple[Tensor, Tensor]:
     r"""The affine state map of each sequence: `S_end = M @ S_start + S_ext` (per sequence and head).
 
@@ -225,27 +182,18 @@ def transition(
     B, T = k.shape[:2]
     _check_need(need, len(bounds) - 1 if bounds is not None else B, k)
     if be == "reference":
-        return mask_maps(*naive_transition(k, v, _per_key_gate(op, g), beta, cu_seqlens_cpu=bounds), need)
+        return mask_maps(*naive_transition(k, v, OPS[op].per_key_gate(g), beta, cu_seqlens_cpu=bounds), need)
     if be == "torch":
         index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, device=k.device, cu_seqlens_cpu=cu_seqlens_cpu)
-        return mask_maps(*chunk_transition_torch(k, v, _per_key_gate(op, g), beta, index=index), need)
-    fwd = _import_triton("kernels.common.transition_triton", "chunk_transition_fwd")
-    _check_config_names(configs)
+        return mask_maps(*chunk_transition_torch(k, v, OPS[op].per_key_gate(g), beta, index=index), need)
+    fwd = import_triton("kernels.common.transition_triton", "chunk_transition_fwd")
+    check_config_names(configs)
     return fwd(op, k, v, g, beta, cu_seqlens=cu_seqlens, plan=plan_with(plan, configs), need=need)
 
 
 def reference(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    scale: float | None = None,
-    initial_state: Tensor | None = None,
-    output_final_state: bool = False,
-    cu_seqlens: Tensor | None = None,
+    op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float | None = None,
+    initial_state: Tensor | None = None, output_final_state: bool = False, cu_seqlens: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     r"""The per-token fp32 recurrence (ground truth; slow: a Python loop over tokens).
 
@@ -255,21 +203,14 @@ def reference(
     Examples::
         >>> o_ref, ht_ref = kernels.reference("kda", q, k, v, g, beta, cu_seqlens=cu_seqlens, output_final_state=True)
     """
-    bounds = check_inputs(op, q, k, v, g, beta, backend="reference", scale=scale, initial_state=initial_state,
-                          cu_seqlens=cu_seqlens, grouped=True)
-    scale = k.shape[-1] ** -0.5 if scale is None else float(scale)
-    group = v.shape[2] // k.shape[2]
-    if group > 1:  # grouped value heads: q/k head h // group serves value head h
-        q, k = q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
-    return _naive(op, q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                  output_final_state=output_final_state, bounds=bounds)
+    o, ht = run(_op(op), q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend="reference")
+    return o, ht
 
 
-def _naive(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float,
-           initial_state: Tensor | None, output_final_state: bool, bounds: list[int] | None) -> tuple[Tensor, Tensor | None]:
-    fn = naive_recurrent_gdn if op == "gdn" else naive_recurrent_kda
-    return fn(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-              cu_seqlens_cpu=bounds)
+def _op(op: str) -> ChunkOp:
+    """The op's entry (a ValueError naming the ops for an unknown name)."""
+    return OPS[check_op(op)]
 
 
 def _check_need(need: Any, N: int, k: Tensor) -> None:
@@ -283,8 +224,62 @@ def _check_need(need: Any, N: int, k: Tensor) -> None:
         raise ValueError(f"need is on {need.device} but k is on {k.device}")
 
 
-def _check_config_names(configs: Mapping[str, LaunchConfig]) -> None:
-    unknown = sorted(set(configs) - set(KERNELS))
-    if unknown and KERNELS:
-        raise ValueError(f"config names unknown kernel(s) {unknown}; registered kernels: {sorted(KERNELS)}")
+def chunk_backward(
+    op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float | None = None,
+    initial_state: Tensor | None = None, dht: Tensor | None = None, cu_seqlens: Tensor | None = None,
+    backend: str = "auto", config: LaunchConfig | Mapping[str, LaunchConfig] | None = None,
+    cu_seqlens_cpu: Tensor | Sequence[int] | None = None, plan: LaunchPlan | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    """The gradients of `kernels.forward` without autograd: (dq, dk, dv, dg, dbeta, dh0) from do (and dht).
 
+    Same inputs as `kernels.forward` (one head count H for q, k, v; expand grouped heads first), plus `do`
+    `[B, T, H, V]` in q's dtype and `dht` `[N, H, K, V]` fp32 (the final state's gradient) or None. Backends
+    `torch` and `triton` (`auto`: triton on CUDA). Returns dq, dk, dv, dbeta in the input's dtype, dg in g's,
+    dh0 fp32 or None when there is no initial state. Raises ValueError naming a bad argument before any launch.
+    plan: the launch plan (`kernels.plan`; None: `default_plan()`), `config` merged on top.
+    """
+    be, index, s = _checked(op, q, k, v, g, beta, backend=backend, scale=scale, initial_state=initial_state,
+                            cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
+    launch = plan_with(plan, check_config(config))
+    return chunk_backward_impl(_op(op), be, q, k, v, g, beta, do, scale=s, initial_state=initial_state, dht=dht,
+                               index=index, cu_seqlens=cu_seqlens, plan=launch)
+
+
+def _checked(
+    op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, backend: str, scale: float | None,
+    initial_state: Tensor | None, cu_seqlens: Tensor | None, cu_seqlens_cpu: Tensor | Sequence[int] | None,
+) -> tuple[str, ChunkIndex, float]:
+    """The backward entries' checks before any launch: (resolved backend, torch or triton; chunk index; scale)."""
+    check_backend(backend)
+    be = resolve_backend(backend, k.device) if isinstance(k, Tensor) else backend
+    if be not in ("torch", "triton"):
+        raise ValueError(f"backend must be 'torch', 'triton' or 'auto' for the chunked backward, got backend={backend!r}")
+    check_inputs(op, q, k, v, g, beta, backend=be, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                 cu_seqlens_cpu=cu_seqlens_cpu)
+    B, T, _, K = k.shape
+    index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, device=k.device, cu_seqlens_cpu=cu_seqlens_cpu)
+    return be, index, K**-0.5 if scale is None else float(scale)
+
+
+def chunk_state_gradient(
+    op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float | None = None,
+    dht: Tensor | None = None, cu_seqlens: Tensor | None = None, backend: str = "auto",
+    cu_seqlens_cpu: Tensor | Sequence[int] | None = None, plan: LaunchPlan | None = None,
+) -> Tensor:
+    """dh0 of `chunk_backward` alone (`[N, H, K, V]` fp32; fp64 for fp64 inputs on torch): the gradient of each
+    sequence's entering state from do (and dht); it does not depend on the entering state. On triton only the WY prep and the reverse state pass run
+    (`kernels.common.chunk_bwd.chunk_state_grad`); torch runs its whole chunked backward. Same checks as
+    `chunk_backward`."""
+    be, index, s = _checked(op, q, k, v, g, beta, backend=backend, scale=scale, initial_state=None,
+                            cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
+    check_grad_outputs(do, dht, q=q, v=v, num_seqs=index.num_seqs)
+    if be == "torch":
+        zero = q.new_zeros(index.num_seqs, k.shape[2], k.shape[3], v.shape[-1], dtype=torch.float32)
+        dh0 = chunk_bwd_torch(q, k, v, OPS[op].per_key_gate(g), beta, do.contiguous(), scale=s, initial_state=zero,
+                              dht=dht, index=index)[5]
+        assert dh0 is not None
+        return dh0
+    from kernels.common.chunk_bwd import chunk_state_grad
+
+    return chunk_state_grad(op, q, k, v, g, beta, do, scale=s, dht=dht, cu_seqlens=cu_seqlens,
+                            plan=plan if plan is not None else default_plan())

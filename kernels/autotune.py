@@ -140,8 +140,7 @@ SCHEMA: dict[str, Any] = {
 }
 
 # modules whose import registers the suite's Triton kernels; imported (best effort) before source hashes are checked
-_SUITE_MODULES = ("kernels.gdn.chunk", "kernels.kda.chunk", "kernels.common.transition_triton", "kernels.gdn.chunk_bwd",
-                  "kernels.kda.chunk_bwd")
+_SUITE_MODULES = ("kernels.common.chunk_fwd", "kernels.common.transition_triton", "kernels.common.chunk_bwd")
 
 
 class AutotuneError(ValueError):

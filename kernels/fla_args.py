@@ -4,7 +4,7 @@
     check_fla_tensors("kda", args, k=k, v=v, bounds=bounds)   # A_log / dt_bias / chunk_indices against the inputs
 
 The table of what each argument does here is part of `kernels.chunk_kda`'s and `kernels.chunk_gdn`'s docstrings
-(kernels.ops). Every refusal is a one-line ValueError naming the argument, its value and why; FLA's defaults passed
+(kernels/ops/<op>/chunk.py). Every refusal is a one-line ValueError naming the argument, its value and why; FLA's defaults passed
 explicitly are always accepted. A tensor FLA would silently ignore (A_log / dt_bias without use_gate_in_kernel,
 lower_bound without a gate that reads it) is refused rather than ignored, so a caller never believes it applied.
 """

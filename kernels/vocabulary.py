@@ -94,7 +94,7 @@ APPROXIMATE_MODES: tuple[str, ...] = tuple(m for m in MODES if m not in EXACT_MO
 # schemes that move computed states: their backward is written by hand (kernels.cp.step_grad); the others train
 # through plain autograd (the differentiable op + kernels.cp.comm_grad)
 HAND_BACKWARD: tuple[str, ...] = ("ring", "true_cp", "tail_exchange")
-# the schemes whose training step is the differentiable op (`kernels.autograd.ChunkFunction`) under plain autograd,
+# the schemes whose training step is the differentiable op (`kernels.dispatch.ChunkFunction`) under plain autograd,
 # so the triton backend's recompute policy applies to them; warmup_correct and HAND_BACKWARD run their forward
 # without autograd and call the chunked backward, which recomputes
 AUTOGRAD_MODES: tuple[str, ...] = tuple(m for m in MODES if m not in (*HAND_BACKWARD, "warmup_correct"))

@@ -7,7 +7,7 @@ key as `,opts=triton.keep=wy+states`), but a point carries only those that chang
     check(backend, options)             the spec's entry, or a one-line ValueError (unknown option, value not allowed)
     for_point(backend, options, mode, direction)
                                         what a point runs with: the values other than the default, and nothing
-                                        unless the point trains (fwd+bwd) through `kernels.autograd.ChunkFunction`
+                                        unless the point trains (fwd+bwd) through `kernels.dispatch.ChunkFunction`
                                         (`kernels.vocabulary.AUTOGRAD_MODES`; the others recompute in any case)
     plan_fields(backend, options)       the fields of the point's launch plan they set: `{"keep": ...}` (runners.execute
                                         builds the plan the point's kernels calls get)

@@ -7,8 +7,8 @@ Nodes are the top-level packages, with `kernels.cp` and `kernels.vocabulary` apa
     dashboards -> db, kernels.vocabulary (the names and counts, no torch);   benchmarks (device-only scripts) -> runners and below
 
 An edge is allowed when the target is listed for the source (listing is transitive by hand: bench_server may use
-everything runners may). Inside `kernels`, `common/` is shared by the ops and must not import an op (`gdn`,
-`kda`) or `cp`; `kernels` imports only torch, triton, numpy (the interpreter shim), the standard library and
+everything runners may). Inside `kernels`, `common/` is shared by the ops and must not import an op (`kernels.ops`)
+or `cp`; `kernels` imports only torch, triton, numpy (the interpreter shim), the standard library and
 FLA (the optional `fla` backend), because a training job imports it alone.
 Every import counts, including the ones inside functions.
 
@@ -43,7 +43,7 @@ ALLOWED: dict[str, set[str]] = {
     "benchmarks": {"bench_server", "dashboards", "runners", "kernels.cp", "kernels", VOCAB, "db"},
 }
 KERNELS_THIRD_PARTY = {"torch", "triton", "numpy", "fla"}
-OPS = ("kernels.gdn", "kernels.kda", "kernels.cp")
+OPS = ("kernels.ops", "kernels.cp")
 
 
 def node(module: str) -> str | None:
@@ -298,3 +298,13 @@ def test_tests_of_the_engine_mirror_its_modules() -> None:
     probe = runners_tests / "tuner" / "test_tune_direction.py"
     assert mirrored_source(probe, runners_tests, ROOT / "runners") == ROOT / "runners" / "tuner" / "tune.py"
     assert mirrored_source(runners_tests / "test_nosuch_feature.py", runners_tests, ROOT / "runners") is None
+
+
+def test_tests_of_the_kernels_mirror_their_modules() -> None:
+    """tests/kernels/ mirrors kernels/ (FLA's per-op layout: tests/kernels/ops/gdn/test_naive.py covers
+    kernels/ops/gdn/naive.py); a test of a test helper (tests/kernels/poison.py, tests/kernels/cp/cases.py) sits beside it."""
+    tests_root = ROOT / "tests" / "kernels"
+    bad = [str(test.relative_to(ROOT)) for test in sorted(tests_root.rglob("test_*.py"))
+           if mirrored_source(test, tests_root, ROOT / "kernels") is None
+           and mirrored_source(test, test.parent, test.parent) is None]
+    assert bad == []

@@ -221,11 +221,7 @@ def wy_inverse_kernel(
     cu_seqlens,
     chunk_indices,
     T,
-    H: tl.constexpr,
-    K: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    GATE_VECTOR: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, GATE_VECTOR: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
     tl.static_assert(BT == 16 or BT == 32 or BT == 64, "written for chunks of 16, 32 or 64 tokens")
@@ -295,15 +291,8 @@ def chunk_bwd_dqk_kernel(
     chunk_indices,
     scale,
     T,
-    H: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    GATE_VECTOR: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    GATE_VECTOR: tl.constexpr, DOT_PREC: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
     i_k, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -393,15 +382,8 @@ def wy_bwd_kernel(
     cu_seqlens,
     chunk_indices,
     T,
-    H: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    GATE_VECTOR: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    GATE_VECTOR: tl.constexpr, DOT_PREC: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H

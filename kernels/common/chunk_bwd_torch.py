@@ -1,6 +1,6 @@
 """CHUNKED TORCH BACKWARD: the exact gradient of the WY-form chunk forward (chunk_torch.py), C = 64, in plain PyTorch.
 
-The `torch` backend of the backward (`kernels.autograd`); runs on any device, never reads a device value on the
+The `torch` backend of the backward (`kernels.dispatch`); runs on any device, never reads a device value on the
 host (the host bounds come from the `ChunkIndex`). Vectorised over chunks and heads; the only Python loop is the
 reverse state pass over chunk positions (plus, for a per-key gate, a loop over blocks of chunks that bounds the
 memory of the decay factors, as in the forward). The gate is `[B, T, H, Kg]`, Kg == K (KDA) or 1 (GDN).

@@ -46,14 +46,8 @@ def chunk_output_fwd_kernel(
     chunk_indices,
     scale,
     T,
-    H: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    GATE_VECTOR: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    GATE_VECTOR: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
     i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H

@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.common.state_program import range_of_program
 from kernels.configs import KernelSpec, LaunchConfig, head_block, register
 from kernels.plan import LaunchPlan, launch_config
 
@@ -110,40 +111,15 @@ def chunk_state_fwd_kernel(
     need,  # [N_programs] or [N_programs, H] uint8 or None (TRANSITION): 0 = skip this program's pass, store zeros
     scale,
     T,
-    H: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    GATE_VECTOR: tl.constexpr,
-    USE_INITIAL_STATE: tl.constexpr,
-    STORE_FINAL_STATE: tl.constexpr,
-    STORE_STATES: tl.constexpr,
-    SAVE_NEW_VALUE: tl.constexpr,
-    FUSE_OUTPUT: tl.constexpr,
-    TRANSITION: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    USE_SEQ_MAP: tl.constexpr,
-    USE_FINAL_IDX: tl.constexpr,
-    USE_NEED: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    GATE_VECTOR: tl.constexpr, USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
+    STORE_STATES: tl.constexpr, SAVE_NEW_VALUE: tl.constexpr, FUSE_OUTPUT: tl.constexpr, TRANSITION: tl.constexpr,
+    IS_VARLEN: tl.constexpr, USE_SEQ_MAP: tl.constexpr, USE_FINAL_IDX: tl.constexpr, USE_NEED: tl.constexpr,
     NEED_PER_HEAD: tl.constexpr = False,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = (i_nh // H).to(tl.int64), i_nh % H
-    if USE_SEQ_MAP:
-        i_s = tl.load(seq_map + i_n).to(tl.int64)
-    else:
-        i_s = i_n
-    if IS_VARLEN:
-        bos = tl.load(cu_seqlens + i_s).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_s + 1).to(tl.int64)
-        T = eos - bos
-        boc = tl.load(chunk_offsets + i_s).to(tl.int64)
-    else:
-        bos = i_s * T
-        boc = i_s * tl.cdiv(T, BT)
-    NT = tl.cdiv(T, BT)
+    i_s, bos, T, boc, NT = range_of_program(i_n, seq_map, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN, USE_SEQ_MAP)
     if USE_NEED:
         # a masked program walks no chunk (branch-free skip; early return also compiles, but this keeps one exit
         # and stores defined zeros)

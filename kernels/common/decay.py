@@ -23,7 +23,7 @@ g <= -104. Hence, in fp32 terms:
   k clamped tokens is rounded to ulp(112 k); for one mask in a chunk that is ulp(112) = 2^-17 = 7.6e-6, a
   relative error of at most that size in the decays between the tokens after it (FLA's -1000 mask: 2^-14).
 
-The per-token references (`kernels.common.naive`, `kernels.gdn.naive`) need no floor: they multiply by exp(g_t)
+The per-token references (`kernels.ops.kda.naive`, `kernels.ops.gdn.naive`) need no floor: they multiply by exp(g_t)
 token by token (0 for g_t = -inf) and never subtract cumulative sums. `kernels.common.decay_bound` clamps its per-token
 log map bound at the same floor (a larger log bound is still an upper bound; its cumsum is fp64).
 

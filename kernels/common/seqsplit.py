@@ -42,6 +42,7 @@ from kernels.common.chunk_state import (
     chunk_state_transition_fwd,
 )
 from kernels.common.index import ChunkIndex
+from kernels.common.state_program import chain_start
 from kernels.common.warm_split import WarmInputs, warm_transitions, window_plan
 from kernels.configs import KernelSpec, LaunchConfig, head_block, register
 from kernels.plan import LaunchPlan, launch_config
@@ -54,7 +55,9 @@ __all__ = [
     "plan_split",
     "seg_chain_fwd",
     "seg_compose_fwd",
+    "split_of",
     "state_and_output",
+    "whole_sequences",
 ]
 
 logger = logging.getLogger(__name__)
@@ -97,26 +100,11 @@ def seg_chain_fwd_kernel(
     hs,  # out [NS, H, K, V] fp32: the state entering each segment
     seg_ptr,  # [N+1] int32: sequence n owns segments [seg_ptr[n], seg_ptr[n+1])
     drop,  # [NS - N, H] uint8 or None: 1 = the map's M is zero (a certified warmup window): S = S_ext, no product
-    H: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    PRECISION: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr,
     USE_DROP: tl.constexpr,
 ):
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
-    i_n, i_h = (i_nh // H).to(tl.int64), i_nh % H
-    s0 = tl.load(seg_ptr + i_n).to(tl.int64)
-    s1 = tl.load(seg_ptr + i_n + 1).to(tl.int64)
-    o_k = tl.arange(0, BK)  # K padded to a power of two, the rows (and map columns) past K masked
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
-    m_kk = (o_k < K)[:, None] & (o_k < K)[None, :]
-    b_s = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_INITIAL_STATE:
-        b_s += tl.load(h0 + (i_n * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.)
+    i_n, i_h, s0, s1, o_k, o_v, m_kv, m_kk, b_s = chain_start(seg_ptr, h0, H, K, V, BK, BV, USE_INITIAL_STATE)
     for j in range(s0, s1 - 1):
         tl.store(hs + (j * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_s, mask=m_kv)
         i_m = j - i_n  # sequences before n each own one last segment without a map
@@ -142,12 +130,7 @@ def seg_compose_fwd_kernel(
     s_out,  # out [N, H, K, V]
     seg_ptr,  # [N+1] int32
     need,  # [N] uint8 or None: 0 = skip the fold, store zeros
-    H: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    PRECISION: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr,
     USE_NEED: tl.constexpr,
 ):
     # the augmented state [K, K+V] from [I | 0]: X <- M_j X + [0 | S_ext_j]
@@ -377,17 +360,11 @@ def state_and_output(
     (`kernels.common.warm_split`), or None (exact maps everywhere); it acts only when the split runs.
     Returns (o [B, T, H, V] in out_dtype, final state [N, H, K, V] fp32 or None).
     """
-    B, T, H, K = k.shape
-    V = u.shape[-1]
     BT = index.chunk_size
     h0 = initial_state.float().contiguous() if initial_state is not None else None
-    bv = _state_bv(launch, H=H, K=K, V=V, BT=BT, gate_vector=gate_vector, dtype=k.dtype, fuse=fuse_output,
-                   varlen=index.is_varlen)
-    plan = resolve_split(index, split_chunks, H=H, NV=-(-V // bv), device=k.device)
+    plan = split_of(index, k, u, launch=launch, gate_vector=gate_vector, split_chunks=split_chunks, fuse_output=fuse_output)
     if plan is None:
-        layout = SeqLayout(index.num_seqs, index.cu_seqlens if index.is_varlen else None,
-                           index.chunk_offsets if index.is_varlen else None)
-        h0_run, num_states = h0, None
+        layout, h0_run, num_states = whole_sequences(index), h0, None
     else:
         # 1. maps of the non-last segments (certified warmup windows where the gates allow)  2. chain them into
         # every segment's entering state
@@ -413,6 +390,21 @@ def state_and_output(
     o = chunk_output_fwd(q, v_new, h, None if gate_vector else g, aqk, index=index, scale=scale,
                          gate_vector=gate_vector, out_dtype=out_dtype, launch=launch)
     return o, ht
+
+
+def split_of(index: ChunkIndex, k: Tensor, u: Tensor, *, launch: LaunchPlan, gate_vector: bool, split_chunks: int | None,
+             fuse_output: bool) -> SplitPlan | None:
+    """The split plan of the forward's state pass (None: one program per sequence), from shapes alone."""
+    H, K, V = k.shape[2], k.shape[3], u.shape[-1]
+    bv = _state_bv(launch, H=H, K=K, V=V, BT=index.chunk_size, gate_vector=gate_vector, dtype=k.dtype, fuse=fuse_output,
+                   varlen=index.is_varlen)
+    return resolve_split(index, split_chunks, H=H, NV=-(-V // bv), device=k.device)
+
+
+def whole_sequences(index: ChunkIndex) -> SeqLayout:
+    """The layout of an unsplit state pass: one program row per sequence of the index."""
+    return SeqLayout(index.num_seqs, index.cu_seqlens if index.is_varlen else None,
+                     index.chunk_offsets if index.is_varlen else None)
 
 
 def _state_bv(launch: LaunchPlan, *, H: int, K: int, V: int, BT: int, gate_vector: bool,

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from kernels.common.chunk_state import SeqLayout
 from kernels.common.seqsplit import CHAIN_DOT_PRECISION, SplitPlan
+from kernels.common.state_program import chain_start, range_of_program
 from kernels.configs import KernelSpec, LaunchConfig, head_block, register
 from kernels.plan import LaunchPlan, launch_config
 
@@ -80,35 +81,13 @@ def chunk_state_bwd_kernel(
     final_idx,  # [N_programs] int32 or None: program n stores ds_out[final_idx[n]] (nowhere if < 0)
     scale,
     T,
-    H: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    GATE_VECTOR: tl.constexpr,
-    USE_DHT: tl.constexpr,
-    STORE_DS: tl.constexpr,
-    STORE_DH: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    USE_SEQ_MAP: tl.constexpr,
-    USE_FINAL_IDX: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    GATE_VECTOR: tl.constexpr, USE_DHT: tl.constexpr, STORE_DS: tl.constexpr, STORE_DH: tl.constexpr,
+    IS_VARLEN: tl.constexpr, USE_SEQ_MAP: tl.constexpr, USE_FINAL_IDX: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = (i_nh // H).to(tl.int64), i_nh % H
-    if USE_SEQ_MAP:
-        i_s = tl.load(seq_map + i_n).to(tl.int64)
-    else:
-        i_s = i_n
-    if IS_VARLEN:
-        bos = tl.load(cu_seqlens + i_s).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_s + 1).to(tl.int64)
-        T = eos - bos
-        boc = tl.load(chunk_offsets + i_s).to(tl.int64)
-    else:
-        bos = i_s * T
-        boc = i_s * tl.cdiv(T, BT)
-    NT = tl.cdiv(T, BT)
+    i_s, bos, T, boc, NT = range_of_program(i_n, seq_map, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN, USE_SEQ_MAP)
     dt = w.dtype.element_ty
 
     o_k = tl.arange(0, BK)  # K padded to a power of two, the rows past K masked
@@ -170,25 +149,10 @@ def seg_chain_bwd_kernel(
     dht,  # [N, H, K, V] fp32 or None
     ds_end,  # out [NS, H, K, V] fp32: the gradient at the end of each segment
     seg_ptr,  # [N+1] int32
-    H: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    PRECISION: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr,
     USE_DHT: tl.constexpr,
 ):
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
-    i_n, i_h = (i_nh // H).to(tl.int64), i_nh % H
-    s0 = tl.load(seg_ptr + i_n).to(tl.int64)
-    s1 = tl.load(seg_ptr + i_n + 1).to(tl.int64)
-    o_k = tl.arange(0, BK)  # K padded to a power of two, the rows (and map columns) past K masked
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
-    m_kk = (o_k < K)[:, None] & (o_k < K)[None, :]
-    b_s = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_DHT:
-        b_s += tl.load(dht + (i_n * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.)
+    i_n, i_h, s0, s1, o_k, o_v, m_kv, m_kk, b_s = chain_start(seg_ptr, dht, H, K, V, BK, BV, USE_DHT)
     for i_r in range(0, s1 - s0 - 1):
         j = s1 - 1 - i_r
         tl.store(ds_end + (j * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_s, mask=m_kv)

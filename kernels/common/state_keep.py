@@ -1,6 +1,6 @@
 """The forward's state pass + output that also keeps what the backward's state recompute would produce.
 
-Used by the recompute policy "wy+states" (`LaunchPlan.keep`, kernels.autograd): the same launches as
+Used by the recompute policy "wy+states" (`LaunchPlan.keep`, kernels.dispatch): the same launches as
 `kernels.common.seqsplit.state_and_output` (same kernels, same configs, same split), except that
 
     - the transition pass covers every segment, the last ones too (the backward's reverse chain needs their maps;
@@ -19,14 +19,13 @@ from torch import Tensor
 from kernels.common.chunk_output import chunk_output_fwd
 from kernels.common.chunk_state import (
     CHUNK_STATE_OUTPUT_FWD,
-    SeqLayout,
     _key,
     _launch,
     chunk_state_fwd,
     chunk_state_transition_fwd,
 )
 from kernels.common.index import ChunkIndex
-from kernels.common.seqsplit import _state_bv, resolve_split, seg_chain_fwd
+from kernels.common.seqsplit import seg_chain_fwd, split_of, whole_sequences
 from kernels.configs import head_block
 from kernels.plan import LaunchPlan
 
@@ -42,17 +41,13 @@ def state_and_output_keep(
     new values `v_new` (k's dtype), the maps `M` of every segment [NS, H, K, K] fp32 (split runs) and `split`, the
     segment length in chunks (0: not split) as a CPU int64 scalar, so that the backward (`chunk_bwd(wy=keep)`)
     rebuilds the same plan without reading the device."""
-    B, T, H, K = k.shape
+    H, K = k.shape[2], k.shape[3]
     V = u.shape[-1]
     BT = index.chunk_size
     h0 = initial_state.float().contiguous() if initial_state is not None else None
-    bv = _state_bv(launch, H=H, K=K, V=V, BT=BT, gate_vector=gate_vector, dtype=k.dtype, fuse=fuse_output,
-                   varlen=index.is_varlen)
-    plan = resolve_split(index, split_chunks, H=H, NV=-(-V // bv), device=k.device)
+    plan = split_of(index, k, u, launch=launch, gate_vector=gate_vector, split_chunks=split_chunks, fuse_output=fuse_output)
     if plan is None:
-        layout = SeqLayout(index.num_seqs, index.cu_seqlens if index.is_varlen else None,
-                           index.chunk_offsets if index.is_varlen else None)
-        h0_run, num_states = h0, None
+        layout, h0_run, num_states = whole_sequences(index), h0, None
     else:
         M, S_ext = chunk_state_transition_fwd(k, w, u, g, layout=plan.all_segments, BT=BT, gate_vector=gate_vector,
                                               launch=launch)

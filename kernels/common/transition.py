@@ -7,7 +7,7 @@ A segment of tokens maps its entering state to its leaving state affinely (DESIG
 `chunk_transition_torch` gets both in one chunked state pass by linearity: the pass runs on the augmented
 state [M | S_ext] `[K, K+V]` from [I | 0], with the right-hand side [0_K | v] (so u becomes [0 | u]); each
 chunk then applies M_c = Diag(gamma_C) - K~^T w to the M block and M_c S + K~^T u to the S_ext block.
-`naive_transition` does the same with the per-token reference. `compose` and `chain` fold maps; all fp32.
+`kernels.ops.kda.naive.naive_transition` does the same with the per-token reference. `compose` and `chain` fold maps; all fp32.
 
 `mask_maps` applies a per-sequence device mask `need` (unflagged sequences get M = 0, S_ext = 0) with
 `torch.where`. The torch and reference backends compute every sequence and then mask: skipping work for
@@ -22,9 +22,8 @@ from torch import Tensor
 
 from kernels.common.chunk_torch import chunk_prepare, chunk_state_pass, to_chunks
 from kernels.common.index import ChunkIndex
-from kernels.common.naive import naive_recurrent_kda
 
-__all__ = ["chain", "chunk_transition_torch", "compose", "mask_maps", "naive_transition"]
+__all__ = ["chain", "chunk_transition_torch", "compose", "mask_maps"]
 
 
 def chunk_transition_torch(k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, index: ChunkIndex) -> tuple[Tensor, Tensor]:
@@ -45,19 +44,6 @@ def mask_maps(M: Tensor, S_ext: Tensor, need: Tensor | None) -> tuple[Tensor, Te
         return M, S_ext
     keep = need.view(-1, 1, 1, 1)
     return torch.where(keep, M, 0.0), torch.where(keep, S_ext, 0.0)
-
-
-def naive_transition(k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, cu_seqlens_cpu: list[int] | None) -> tuple[Tensor, Tensor]:
-    """The same pair from the per-token fp32 reference (tests and `backend="reference"`); g `[B,T,H,Kg]`."""
-    B, T, H, K = k.shape
-    N = len(cu_seqlens_cpu) - 1 if cu_seqlens_cpu is not None else B
-    v_aug = torch.cat([v.new_zeros(B, T, H, K), v], -1)
-    eye = torch.eye(K, dtype=torch.float32, device=k.device)
-    h0 = torch.cat([eye.expand(N, H, K, K), k.new_zeros(N, H, K, v.shape[-1], dtype=torch.float32)], -1)
-    # q is not used for the state; pass k so shapes line up
-    _, S = naive_recurrent_kda(k, k, v_aug.float(), g, beta, initial_state=h0, output_final_state=True, cu_seqlens_cpu=cu_seqlens_cpu)
-    assert S is not None
-    return S[..., :K].contiguous(), S[..., K:].contiguous()
 
 
 def compose(M1: Tensor, S1: Tensor, M2: Tensor, S2: Tensor) -> tuple[Tensor, Tensor]:

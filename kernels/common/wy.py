@@ -168,6 +168,50 @@ def _apply_T(x0, x1, x2, x3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33):
 
 
 @triton.jit
+def _wy_chunk(cu_seqlens, chunk_indices, need, T, H: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr,
+              USE_NEED: tl.constexpr):
+    """(head i_h, global chunk row i_tg, first token bos, the chunk's first row t0, its end T, skip) of this program
+    (grid (chunks, B * H)); skip: the sequence's outputs are not needed (`need`, transition only)."""
+    tl.static_assert(BT == 16 or BT == 32 or BT == 64, "the WY kernel is written for chunks of 16, 32 or 64 tokens")
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_n, i_t, i_tg, bos, T = chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
+    if USE_NEED:  # the constexpr branch guards the load (need is None when USE_NEED is False)
+        skip = tl.load(need + i_n) == 0
+    else:
+        skip = i_n < 0  # never
+    t0 = i_t * BT
+    T = tl.minimum(T, t0 + BT)  # the four 16-row blocks end at the chunk: rows past it load as zero (BT 16, 32)
+    return i_h, i_tg, bos, t0, T, skip
+
+
+@triton.jit
+def _load_vec4(p, bos, t0, T, i_h, H: tl.constexpr):
+    """The four 16-row blocks of a per-token vector ([B, T, H], e.g. beta) of the chunk at row t0."""
+    return (_load_vec(p, bos, t0, T, i_h, H, 16), _load_vec(p, bos, t0 + 16, T, i_h, H, 16),
+            _load_vec(p, bos, t0 + 32, T, i_h, H, 16), _load_vec(p, bos, t0 + 48, T, i_h, H, 16))
+
+
+@triton.jit
+def _solve_to(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, dt: tl.constexpr):
+    """The blocks of T = (I + A)^{-1} (`_solve`), in dtype dt for the products with K and V."""
+    T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33)
+    return (T00.to(dt), T10.to(dt), T11.to(dt), T20.to(dt), T21.to(dt), T22.to(dt), T30.to(dt), T31.to(dt), T32.to(dt),
+            T33.to(dt))
+
+
+@triton.jit
+def _store_w(w, y0, y1, y2, y3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, bos, t0, T, i_h, H: tl.constexpr,
+             K: tl.constexpr, c0, BK: tl.constexpr):
+    """w = T y for one column block [c0, c0 + BK) of the chunk at row t0, stored block by block (u too: `_store_u`)."""
+    w0, w1, w2, w3 = _apply_T(y0, y1, y2, y3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33)
+    _store_tile(w, w0, bos, t0, T, i_h, H, K, c0, 16, BK)
+    _store_tile(w, w1, bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
+    _store_tile(w, w2, bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
+    _store_tile(w, w3, bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
+
+
+@triton.jit
 def _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
              H: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, NORMS: tl.constexpr):
     """u = T (beta V), in column blocks of BV (both ops; GDN's w = T (beta exp(G) K) too: v, u, b are then k, w and
@@ -187,11 +231,7 @@ def _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22
         x1 = (v1 * b1[:, None]).to(dt)
         x2 = (v2 * b2[:, None]).to(dt)
         x3 = (v3 * b3[:, None]).to(dt)
-        y0, y1, y2, y3 = _apply_T(x0, x1, x2, x3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33)
-        _store_tile(u, y0, bos, t0, T, i_h, H, V, c0, 16, BV)
-        _store_tile(u, y1, bos, t0 + 16, T, i_h, H, V, c0, 16, BV)
-        _store_tile(u, y2, bos, t0 + 32, T, i_h, H, V, c0, 16, BV)
-        _store_tile(u, y3, bos, t0 + 48, T, i_h, H, V, c0, 16, BV)
+        _store_w(u, x0, x1, x2, x3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, bos, t0, T, i_h, H, V, c0, BV)
     return n0, n1, n2, n3
 
 
@@ -258,18 +298,19 @@ def _chunk_bound(x0, x1, x2, x3, b0, b1, b2, b3, k0, k1, k2, k3, v0, v1, v2, v3)
 
 
 @triton.jit
+def _zero_blocks():
+    """10 fp32 16x16 accumulators: the lower blocks of a 64x64 chunk product."""
+    return (tl.zeros([16, 16], dtype=tl.float32), tl.zeros([16, 16], dtype=tl.float32),
+            tl.zeros([16, 16], dtype=tl.float32), tl.zeros([16, 16], dtype=tl.float32),
+            tl.zeros([16, 16], dtype=tl.float32), tl.zeros([16, 16], dtype=tl.float32),
+            tl.zeros([16, 16], dtype=tl.float32), tl.zeros([16, 16], dtype=tl.float32),
+            tl.zeros([16, 16], dtype=tl.float32), tl.zeros([16, 16], dtype=tl.float32))
+
+
+@triton.jit
 def _gram(x, k, bos, t0, T, i_h, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr):
     """The 10 lower 16x16 blocks of X K^T over the chunk at t0 (fp32), over column blocks of BK."""
-    X00 = tl.zeros([16, 16], dtype=tl.float32)
-    X10 = tl.zeros([16, 16], dtype=tl.float32)
-    X11 = tl.zeros([16, 16], dtype=tl.float32)
-    X20 = tl.zeros([16, 16], dtype=tl.float32)
-    X21 = tl.zeros([16, 16], dtype=tl.float32)
-    X22 = tl.zeros([16, 16], dtype=tl.float32)
-    X30 = tl.zeros([16, 16], dtype=tl.float32)
-    X31 = tl.zeros([16, 16], dtype=tl.float32)
-    X32 = tl.zeros([16, 16], dtype=tl.float32)
-    X33 = tl.zeros([16, 16], dtype=tl.float32)
+    X00, X10, X11, X20, X21, X22, X30, X31, X32, X33 = _zero_blocks()
     for i_k in range(tl.cdiv(K, BK)):
         c0 = i_k * BK
         k0t = tl.trans(_load_tile(k, bos, t0, T, i_h, H, K, c0, 16, BK))
@@ -309,16 +350,20 @@ def _store_aqk(aqk, bos, t0, T, i_h, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32
     _store_tile(aqk, Q33, bos, t0 + 48, T, i_h, H, BT, 48, 16, 16)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# GDN
-
-
-@triton.heuristics({
+# the WY kernels' flags from their optional arguments (both ops)
+_WY_HEURISTICS = {
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
     "HAS_Q": lambda args: args["q"] is not None,
     "USE_NEED": lambda args: args["need"] is not None,
     "HAS_BOUND": lambda args: args["bnd"] is not None,
-})
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# GDN
+
+
+@triton.heuristics(_WY_HEURISTICS)
 @triton.jit(do_not_specialize=["T"])
 def wy_gdn_fwd_kernel(
     q,  # [B, T, H, K] or None (transition only)
@@ -336,27 +381,12 @@ def wy_gdn_fwd_kernel(
     bnd,  # out [NT_total, H, 2] fp32 or None: the chunk's decay-bound summary (L, W), `_chunk_bound` (warm_split)
     scale,
     T,
-    H: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    HAS_Q: tl.constexpr,
-    USE_NEED: tl.constexpr,
-    HAS_BOUND: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_Q: tl.constexpr, USE_NEED: tl.constexpr, HAS_BOUND: tl.constexpr,
 ):
-    tl.static_assert(BT == 16 or BT == 32 or BT == 64, "the WY kernel is written for chunks of 16, 32 or 64 tokens")
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    i_n, i_t, i_tg, bos, T = chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
-    # nested on purpose: the constexpr branch must guard the load (need is None when USE_NEED is False)
-    if USE_NEED:  # noqa: SIM102
-        if tl.load(need + i_n) == 0:
-            return
-    t0 = i_t * BT
-    T = tl.minimum(T, t0 + BT)  # the four 16-row blocks end at the chunk: rows past it load as zero (BT 16, 32)
+    i_h, i_tg, bos, t0, T, skip = _wy_chunk(cu_seqlens, chunk_indices, need, T, H, BT, IS_VARLEN, USE_NEED)
+    if skip:
+        return
     o_i = tl.arange(0, 16)
 
     # the gate's in-chunk cumsum, block by block with the carry of the blocks before
@@ -373,10 +403,7 @@ def wy_gdn_fwd_kernel(
     tl.store(p_g + 16 * H, g1, mask=t0 + 16 + o_i < T)
     tl.store(p_g + 32 * H, g2, mask=t0 + 32 + o_i < T)
     tl.store(p_g + 48 * H, g3, mask=t0 + 48 + o_i < T)
-    b0 = _load_vec(beta, bos, t0, T, i_h, H, 16)
-    b1 = _load_vec(beta, bos, t0 + 16, T, i_h, H, 16)
-    b2 = _load_vec(beta, bos, t0 + 32, T, i_h, H, 16)
-    b3 = _load_vec(beta, bos, t0 + 48, T, i_h, H, 16)
+    b0, b1, b2, b3 = _load_vec4(beta, bos, t0, T, i_h, H)
 
     # phase 1: the lower blocks of Q K^T (stored), then of K K^T (one set of 10 accumulators live at a time)
     if HAS_Q:
@@ -406,10 +433,8 @@ def wy_gdn_fwd_kernel(
     A32 *= tl.exp(g3[:, None] - g2[None, :]) * b3[:, None]
 
     # phase 2: T = (I + A)^{-1}, then in the input dtype for the products with K and V
-    T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33)
     dt = k.dtype.element_ty
-    T00, T10, T11, T20, T21, T22 = T00.to(dt), T10.to(dt), T11.to(dt), T20.to(dt), T21.to(dt), T22.to(dt)
-    T30, T31, T32, T33 = T30.to(dt), T31.to(dt), T32.to(dt), T33.to(dt)
+    T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve_to(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, dt)
 
     # phase 3: w = T (beta exp(G) K), u = T (beta V), in column blocks
     e0, e1, e2, e3 = b0 * tl.exp(g0), b1 * tl.exp(g1), b2 * tl.exp(g2), b3 * tl.exp(g3)
@@ -472,16 +497,7 @@ def _kda_gram(x, k, g, xg, bos, t0, T, i_h, gc, scale, H: tl.constexpr, K: tl.co
     blocks of BK, every exponent <= 0 (module docstring): below the diagonal the factors are split at the gate b_I
     before the ROW block, the diagonal blocks take the decay elementwise. On the way it stores the gated copy
     of x: kg = K exp(G_C - G) and gc (IS_K; `gc` points at the chunk's row), or qg = scale Q exp(G) (`gc` unused)."""
-    X00 = tl.zeros([16, 16], dtype=tl.float32)
-    X10 = tl.zeros([16, 16], dtype=tl.float32)
-    X11 = tl.zeros([16, 16], dtype=tl.float32)
-    X20 = tl.zeros([16, 16], dtype=tl.float32)
-    X21 = tl.zeros([16, 16], dtype=tl.float32)
-    X22 = tl.zeros([16, 16], dtype=tl.float32)
-    X30 = tl.zeros([16, 16], dtype=tl.float32)
-    X31 = tl.zeros([16, 16], dtype=tl.float32)
-    X32 = tl.zeros([16, 16], dtype=tl.float32)
-    X33 = tl.zeros([16, 16], dtype=tl.float32)
+    X00, X10, X11, X20, X21, X22, X30, X31, X32, X33 = _zero_blocks()
     for i_k in range(tl.cdiv(K, BK)):
         c0 = i_k * BK
         G0, G1, G2, G3, g1, g2, g3, gl = _kda_gate(g, bos, t0, T, i_h, H, K, c0, BK)
@@ -536,12 +552,7 @@ def _kda_gram(x, k, g, xg, bos, t0, T, i_h, gc, scale, H: tl.constexpr, K: tl.co
     return X00, X10, X11, X20, X21, X22, X30, X31, X32, X33
 
 
-@triton.heuristics({
-    "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
-    "HAS_Q": lambda args: args["q"] is not None,
-    "USE_NEED": lambda args: args["need"] is not None,
-    "HAS_BOUND": lambda args: args["bnd"] is not None,
-})
+@triton.heuristics(_WY_HEURISTICS)
 @triton.jit(do_not_specialize=["T"])
 def wy_kda_fwd_kernel(
     q,  # [B, T, H, K] or None (transition only)
@@ -561,34 +572,16 @@ def wy_kda_fwd_kernel(
     bnd,  # out [NT_total, H, 2] fp32 or None: the chunk's decay-bound summary (L, W), `_chunk_bound` (warm_split)
     scale,
     T,
-    H: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    HAS_Q: tl.constexpr,
-    USE_NEED: tl.constexpr,
-    HAS_BOUND: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_Q: tl.constexpr, USE_NEED: tl.constexpr, HAS_BOUND: tl.constexpr,
 ):
-    tl.static_assert(BT == 16 or BT == 32 or BT == 64, "the WY kernel is written for chunks of 16, 32 or 64 tokens")
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    i_n, i_t, i_tg, bos, T = chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
-    # nested on purpose: the constexpr branch must guard the load (need is None when USE_NEED is False)
-    if USE_NEED:  # noqa: SIM102
-        if tl.load(need + i_n) == 0:
-            return
-    t0 = i_t * BT
-    T = tl.minimum(T, t0 + BT)  # the four 16-row blocks end at the chunk: rows past it load as zero (BT 16, 32)
+    i_h, i_tg, bos, t0, T, skip = _wy_chunk(cu_seqlens, chunk_indices, need, T, H, BT, IS_VARLEN, USE_NEED)
+    if skip:
+        return
     o_i = tl.arange(0, 16)
     m_d = o_i[:, None] > o_i[None, :]
     m_dq = o_i[:, None] >= o_i[None, :]
-    b0 = _load_vec(beta, bos, t0, T, i_h, H, 16)
-    b1 = _load_vec(beta, bos, t0 + 16, T, i_h, H, 16)
-    b2 = _load_vec(beta, bos, t0 + 32, T, i_h, H, 16)
-    b3 = _load_vec(beta, bos, t0 + 48, T, i_h, H, 16)
+    b0, b1, b2, b3 = _load_vec4(beta, bos, t0, T, i_h, H)
 
     # phase 1: the lower blocks of Aqk (with qg; stored), then of A (with kg and gc): one set of 10 accumulators
     # live at a time
@@ -615,10 +608,8 @@ def wy_kda_fwd_kernel(
     A32 *= b3[:, None]
 
     # phase 2: T = (I + A)^{-1}, then in the input dtype for the products with K and V
-    T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33)
     dt = k.dtype.element_ty
-    T00, T10, T11, T20, T21, T22 = T00.to(dt), T10.to(dt), T11.to(dt), T20.to(dt), T21.to(dt), T22.to(dt)
-    T30, T31, T32, T33 = T30.to(dt), T31.to(dt), T32.to(dt), T33.to(dt)
+    T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve_to(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, dt)
 
     # phase 3: w = T (beta exp(G) K) in column blocks of BK (the gate is per key dim), u = T (beta V)
     # the decay bound's per-token facts (if HAS_BOUND): ||k||^2 and the largest (floored) gate over the key dims
@@ -640,11 +631,7 @@ def wy_kda_fwd_kernel(
         y1 = (k1 * tl.exp(G1) * b1[:, None]).to(dt)
         y2 = (k2 * tl.exp(G2) * b2[:, None]).to(dt)
         y3 = (k3 * tl.exp(G3) * b3[:, None]).to(dt)
-        w0, w1, w2, w3 = _apply_T(y0, y1, y2, y3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33)
-        _store_tile(w, w0, bos, t0, T, i_h, H, K, c0, 16, BK)
-        _store_tile(w, w1, bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
-        _store_tile(w, w2, bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
-        _store_tile(w, w3, bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
+        _store_w(w, y0, y1, y2, y3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, bos, t0, T, i_h, H, K, c0, BK)
     _store_u_bound(v, u, bnd, bos, t0, T, i_h, i_tg, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
                    gm0, gm1, gm2, gm3, kk0, kk1, kk2, kk3, H, V, BV, HAS_BOUND)
 

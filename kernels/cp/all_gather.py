@@ -17,10 +17,10 @@ from typing import Any
 
 from torch import Tensor
 
-from kernels.autograd import needs_grad
 from kernels.cp import comm, comm_grad, intra
 from kernels.cp.context import CPContext
 from kernels.cp.layout import shard
+from kernels.dispatch import needs_grad
 from kernels.plan import LaunchPlan
 from kernels.vocabulary import MODE_OPTIONS
 

@@ -20,10 +20,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kernels.autograd import needs_grad
 from kernels.cp import comm, comm_grad, intra
 from kernels.cp.all_gather import to_global_order
 from kernels.cp.context import CPContext
+from kernels.dispatch import needs_grad
 from kernels.plan import LaunchPlan
 from kernels.vocabulary import MODE_OPTIONS
 

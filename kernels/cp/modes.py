@@ -14,11 +14,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kernels.autograd import needs_grad
 from kernels.backends import resolve_backend
 from kernels.cp import all_gather, comm, headwise, none, ring, step_grad, tail_exchange, true_cp
 from kernels.cp import warmup_correct as warmup_module
 from kernels.cp.context import CPContext, build_context
+from kernels.dispatch import needs_grad
 from kernels.plan import LaunchPlan, default_plan
 from kernels.validate import check_backend, check_op
 from kernels.vocabulary import (

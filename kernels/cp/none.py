@@ -13,9 +13,9 @@ from typing import Any
 
 from torch import Tensor
 
-from kernels.autograd import needs_grad
 from kernels.cp import intra
 from kernels.cp.context import CPContext
+from kernels.dispatch import needs_grad
 from kernels.plan import LaunchPlan
 from kernels.vocabulary import MODE_OPTIONS
 

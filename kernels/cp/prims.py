@@ -50,9 +50,9 @@ def trans(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, bounds: tuple[
 def state_grad(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, bounds: tuple[int, ...], *,
                dht: Tensor | None = None, backend: str = "auto", scale: float | None = None,
                launch: LaunchPlan | None = None) -> Tensor:
-    """dh0 `[N, H, K, V]` fp32 of `bwd` alone over the varlen batch `bounds` (`kernels.autograd.chunk_state_gradient`):
+    """dh0 `[N, H, K, V]` fp32 of `bwd` alone over the varlen batch `bounds` (`kernels.api.chunk_state_gradient`):
     on triton the WY prep and the reverse state pass, not the whole backward."""
-    from kernels.autograd import chunk_state_gradient
+    from kernels.api import chunk_state_gradient
 
     return chunk_state_gradient(op, q, k, v, g, beta, do, scale=scale, dht=dht, cu_seqlens=bounds_tensor(bounds, k.device),
                                 cu_seqlens_cpu=bounds, backend=backend, plan=launch)

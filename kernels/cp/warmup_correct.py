@@ -39,11 +39,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kernels.autograd import needs_grad
 from kernels.backends import resolve_backend
 from kernels.common.decay_bound import log_span_bound, log_window_bound, token_terms
 from kernels.cp import intra, prims, step_grad
 from kernels.cp.context import host_bounds
+from kernels.dispatch import needs_grad
 from kernels.plan import LaunchPlan, default_plan
 from kernels.vocabulary import MODE_OPTIONS
 

@@ -106,9 +106,9 @@ def ours(op: str, q, k, v, g, beta, *, split: int | None = None, fuse: bool | No
     if api and split is None and fuse is None and not configs and warm is None:
         return kernels.forward(op, q, k, v, g, beta, backend="triton", **kw)
     if op == "gdn":
-        from kernels.gdn.chunk import chunk_gdn_fwd as fwd
+        from kernels.ops.gdn.chunk import chunk_gdn_fwd as fwd
     else:
-        from kernels.kda.chunk import chunk_kda_fwd as fwd
+        from kernels.ops.kda.chunk import chunk_kda_fwd as fwd
     from kernels.plan import plan_with
 
     scale = kw.pop("scale", None) or q.shape[-1] ** -0.5

@@ -73,8 +73,8 @@ def ours_step(op: str, configs: dict[str, LaunchConfig] | None = None, policy: s
     (the forward's WY factors handed to the backward), "wy+states" (and its chunk states, v_new, segment maps)."""
     import importlib
 
-    fwd = getattr(importlib.import_module(f"kernels.{op}.chunk"), f"chunk_{op}_fwd")
-    bwd = getattr(importlib.import_module(f"kernels.{op}.chunk_bwd"), f"chunk_{op}_bwd")
+    fwd = getattr(importlib.import_module(f"kernels.ops.{op}.chunk"), f"chunk_{op}_fwd")
+    bwd = getattr(importlib.import_module(f"kernels.ops.{op}.chunk"), f"chunk_{op}_bwd")
     plan = plan_with(None, configs or {}).replace(keep=policy)
     keep_wy, keep_states = plan.keeps
 
@@ -90,7 +90,7 @@ def held_mb(op: str, policy: str, q, k, v, g, beta) -> float:
     """MB the forward holds for the backward beyond its inputs under `policy` (the kept tensors)."""
     import importlib
 
-    fwd = getattr(importlib.import_module(f"kernels.{op}.chunk"), f"chunk_{op}_fwd")
+    fwd = getattr(importlib.import_module(f"kernels.ops.{op}.chunk"), f"chunk_{op}_fwd")
     keep: dict[str, torch.Tensor] = {}
     fwd(q, k, v, g, beta, scale=K**-0.5, keep=keep, keep_states=_kept(policy)[1])
     return sum(t.numel() * t.element_size() for t in keep.values() if t.is_cuda) / 2**20
@@ -157,7 +157,7 @@ def gradient_check(op: str, device: str, T: int = 1024, Hh: int = H, fla: bool =
     shapes: FLA's autotune keys hold H (not T), so its first-call autotune (minutes) happens once, here."""
     import importlib
 
-    ref_fn = getattr(importlib.import_module("kernels.gdn.naive" if op == "gdn" else "kernels.common.naive"),
+    ref_fn = getattr(importlib.import_module("kernels.ops.gdn.naive" if op == "gdn" else "kernels.ops.kda.naive"),
                      f"naive_recurrent_{op}")
     q, k, v, g, beta, do = make_inputs(op, 1, T, Hh, device=device, seed=7)
     leaves = [x.detach().float().requires_grad_() for x in (q, k, v, g, beta)]

@@ -287,10 +287,10 @@ def test_round_trip_test_kernel(session, tmp_path) -> None:
             assert rec[SPEC.name][1] == LaunchConfig.from_dict(c)
 
 
-_HAVE_TRITON_OPS = all(importlib.util.find_spec(m) is not None for m in ("kernels.gdn.chunk", "kernels.kda.chunk"))
+_HAVE_TRITON_OPS = all(importlib.util.find_spec(m) is not None for m in ("kernels.ops.gdn.chunk", "kernels.ops.kda.chunk"))
 
 
-@pytest.mark.skipif(not _HAVE_TRITON_OPS, reason="the Triton GDN/KDA paths (kernels/{gdn,kda}/chunk.py) do not exist yet")
+@pytest.mark.skipif(not _HAVE_TRITON_OPS, reason="the Triton GDN/KDA paths (kernels/ops/{gdn,kda}/chunk.py) do not exist yet")
 @pytest.mark.parametrize("op", ["gdn", "kda"])
 def test_round_trip_triton_kernels_launch_exported(op, session, tmp_path) -> None:
     import kernels
@@ -351,7 +351,7 @@ def test_source_hash_covers_device_helper_modules(monkeypatch: pytest.MonkeyPatc
 
 def test_round_trip_backward_kernels_launch_exported(session, tmp_path) -> None:
     """Tuned entries of the backward's kernels (exported like the forward's) are the configs the backward launches."""
-    from kernels.gdn.chunk_bwd import chunk_gdn_bwd
+    from kernels.ops.gdn.chunk import chunk_gdn_bwd
     from runners.tuner import make_case
     from runners.tuner.tune import Shape
 

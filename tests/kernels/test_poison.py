@@ -9,7 +9,7 @@ from tests.kernels.poison import poisoned
 
 
 def allocations() -> dict[str, torch.Tensor]:
-    """One tensor from each poisoned allocator (also run on the CP ranks by tests/kernels/cp/test_poison.py)."""
+    """One tensor from each poisoned allocator (also run on the CP ranks by tests/kernels/cp/test_cases_poison.py)."""
     base = torch.zeros(3, 5, dtype=torch.bfloat16)
     return {
         "empty": torch.empty(4, 8),

@@ -2,7 +2,7 @@
 
 The spec checks it (one-line errors naming the option and the allowed values); a point carries it (and its key
 names it, `,opts=triton.keep=wy+states`) only when it differs from the default and takes effect: fwd+bwd on triton
-in a mode that trains through `kernels.autograd.ChunkFunction` (none, headwise, all_gather); the point's kernels
+in a mode that trains through `kernels.dispatch.ChunkFunction` (none, headwise, all_gather); the point's kernels
 calls get it in their launch plan (`runners.execute.launch_plan`), and the process's default plan is left as it
 was. End to end (in this process, Triton interpreter): a
 `none` fwd+bwd point with `keep: wy+states` passes its gate (its gradients equal those of the default policy),
@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-import kernels.api as api
-import kernels.autograd as autograd
+import kernels.dispatch as dispatch
 from kernels.plan import LaunchPlan, LaunchRecorder, default_plan
 from runners import backend_options
 from runners.errors import SpecError
@@ -101,9 +100,9 @@ def test_a_kept_point_runs_with_its_policy_and_passes_its_gate(monkeypatch: pyte
     (row,) = expand(parse_spec(spec))
     policies: list[str] = []
     backward: list[tuple[set[str], set[str]]] = []  # (kept tensors handed to the backward, kernels it launched)
-    real_forward, real_backward = api.differentiable_forward, autograd.chunk_backward_impl
+    real_forward, real_backward = dispatch.checked_forward, dispatch.chunk_backward_impl
 
-    def differentiable_forward(*args: Any, **kwargs: Any) -> Any:
+    def checked_forward(*args: Any, **kwargs: Any) -> Any:
         if args[1] == "triton":  # the policy each triton training forward ran under (its plan's)
             policies.append(kwargs["plan"].keep)
         return real_forward(*args, **kwargs)
@@ -114,8 +113,8 @@ def test_a_kept_point_runs_with_its_policy_and_passes_its_gate(monkeypatch: pyte
         backward.append((set(kwargs.get("wy") or {}), set(seen)))
         return out
 
-    monkeypatch.setattr(api, "differentiable_forward", differentiable_forward)
-    monkeypatch.setattr(autograd, "chunk_backward_impl", chunk_backward_impl)
+    monkeypatch.setattr(dispatch, "checked_forward", checked_forward)
+    monkeypatch.setattr(dispatch, "chunk_backward_impl", chunk_backward_impl)
     options = {"timing": {"min_samples": 2, "max_samples": 2, "min_time_s": 0.0, "timeout_s": 5.0, "warmup_s": 0.0,
                           "flush_l2": False}, "check": {"reference_tokens": 64}, "profile": False}
     rc = RankContext(rank=0, world_size=1, device=torch.device("cpu"), backend="gloo", group=None)

@@ -8,7 +8,7 @@ gradient, dq/dk summed over their value heads) within the fp32 tolerance of `non
 Tiny shapes (two sequences of 80 + 48 tokens, H = 2, HV = 4, K = V = 16). The torch backend: gdn and kda, both
 directions, every mode at W = 1 and the multi-rank ones at W = 2 (~25 s). The triton backend runs under the
 interpreter at seconds per kernels call (a fwd+bwd point gates ~8 of them), so it is `slow`: one point per mode (gdn,
-fwd+bwd, W = 2 for the multi-rank modes; warmup_correct measured 11 min on 2 shared cores). The kernels-level case (tests/kernels/cp/test_grads.py,
+fwd+bwd, W = 2 for the multi-rank modes; warmup_correct measured 11 min on 2 shared cores). The kernels-level case (tests/kernels/cp/test_modes_grads.py,
 `test_warmup_correct_grouped_value_heads`) covers the failing call on triton in seconds.
 """
 
@@ -108,7 +108,7 @@ def test_every_mode_with_grouped_value_heads_passes_torch(gangs: dict[int, Gang]
 
 
 @pytest.mark.heavy  # 5-11 min a point under the interpreter on 2 cores: CPBENCH_TEST_HEAVY=1 (CI covers the
-@pytest.mark.timeout(1800)  # triton primitives on grouped heads at kernel level: kernels/cp/test_grads.py)
+@pytest.mark.timeout(1800)  # triton primitives on grouped heads at kernel level: tests/kernels/cp/test_modes_grads.py)
 @pytest.mark.parametrize("mode", MODES)
 def test_every_mode_with_grouped_value_heads_passes_triton(mode: str, gangs: dict[int, Gang]) -> None:
     """The same on the triton backend (the interpreter: seconds per kernels call, so one point per case: gdn,

@@ -10,7 +10,7 @@ Scenarios:
   is `disqualified` and never wins;
 - with a scripted timer, halving keeps the fastest configs, grows the samples per rung and keeps the default;
 - the real GDN Triton kernels: tune_kernels on a tiny shape stores trials and tuned configs for every kernel
-  the op launches (skipped until kernels/gdn/chunk.py exists).
+  the op launches (skipped until kernels/ops/gdn/chunk.py exists).
 No timing is asserted: only which trial wins among the stored ones.
 """
 
@@ -227,10 +227,10 @@ def test_shape_validation() -> None:
         Shape.of({"dtype": "int8"})
 
 
-_HAVE_GDN = importlib.util.find_spec("kernels.gdn.chunk") is not None
+_HAVE_GDN = importlib.util.find_spec("kernels.ops.gdn.chunk") is not None
 
 
-@pytest.mark.skipif(not _HAVE_GDN, reason="kernels/gdn/chunk.py (the Triton GDN path) does not exist yet")
+@pytest.mark.skipif(not _HAVE_GDN, reason="kernels/ops/gdn/chunk.py (the Triton GDN path) does not exist yet")
 def test_tune_kernels_gdn_triton_tiny(session: Session) -> None:
     result = tune_kernels(op="gdn", shapes=[{"B": 1, "T": 64, "H": 1, "K": 16, "V": 32, "dtype": "float32"}],
                           spec=TuneSpec(strategy="random", budget=2, samples=1), device="cpu")

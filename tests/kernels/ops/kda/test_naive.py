@@ -1,6 +1,6 @@
 """KDA (gate per key dim): torch backend and reference against each other, fp32, random inputs.
 
-Scenarios (the dense/varlen grid shared with GDN is in test_chunk_torch.py): strong decay (lb = -5: per-key gates whose chunk cumsums reach
+Scenarios (the dense/varlen grid shared with GDN is in common/test_chunk_torch.py): strong decay (lb = -5: per-key gates whose chunk cumsums reach
 -320, where exp(G_i) exp(-G_j) factorisations overflow); bf16 inputs.
 Tolerance 1e-5 relative L2: both sides are fp32, same math in another summation order (measured ~5e-7).
 """

@@ -103,7 +103,7 @@ def test_head_dims_forward(OP: str, dims: tuple[int, int], varlen: bool) -> None
 def test_head_dims_backward(OP: str, dims: tuple[int, int]) -> None:
     K, V = dims
     q, k, v, g, beta, cu, h0, do, dht = _grad_case(OP, K, V)
-    bwd = getattr(importlib.import_module(f"kernels.{OP}.chunk_bwd"), f"chunk_{OP}_bwd")
+    bwd = getattr(importlib.import_module(f"kernels.ops.{OP}.chunk"), f"chunk_{OP}_bwd")
     got = bwd(q, k, v, g, beta, do, scale=K**-0.5, initial_state=h0, dht=dht, cu_seqlens=cu, split_chunks=1)
     _check_grads(got, _reference_grads(OP, q, k, v, g, beta, h0, do, dht, cu.tolist()))
 
@@ -129,7 +129,7 @@ def test_head_dims_transition(OP: str, dims: tuple[int, int], split: int) -> Non
 
 
 def _fwd(op: str):
-    return getattr(importlib.import_module(f"kernels.{op}.chunk"), f"chunk_{op}_fwd")
+    return getattr(importlib.import_module(f"kernels.ops.{op}.chunk"), f"chunk_{op}_fwd")
 
 
 def _torch_gate(op: str, g: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ where it helps). Tolerances (relative L2):
 - fp64 torch backward vs the fp64 reference: 1e-10 (the same math in another summation order; measured ~1e-15).
 Also: torch.autograd.gradcheck in fp64 on tiny shapes (two chunks, a short sequence), slow-decay gates (lb = -0.01,
 long-range state gradients), KDA gates at the old Triton bound (-5.5) and far below it (no backend has a bound
-now: tests/kernels/test_gate_range.py), only `o` or only the final state used, and `kernels.backward` (the functional entry) against autograd.
+now: tests/kernels/common/test_decay_gate_range.py), only `o` or only the final state used, and `kernels.backward` (the functional entry) against autograd.
 """
 
 from __future__ import annotations

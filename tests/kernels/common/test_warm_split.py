@@ -5,7 +5,7 @@ Scenarios: one head with strong gates (certified: its segments enter with the wi
 with weak gates (not certified: the exact maps), in one call, varlen with an initial state, fused and unfused
 output; the certification count is read on the host after the call and must show both branches; every head
 strong or weak; a window not shorter than a segment runs the exact split (no certification); a bad warm_chunks
-is refused. Tolerance as test_triton_chunk.py: 1e-5 relative L2 on CPU, 1e-2 on a GPU (tf32 dots).
+is refused. Tolerance as test_dispatch_triton.py: 1e-5 relative L2 on CPU, 1e-2 on a GPU (tf32 dots).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.parametrize("OP", ["gdn", "kda"])
 
 
 def _fwd(op: str):
-    return getattr(importlib.import_module(f"kernels.{op}.chunk"), f"chunk_{op}_fwd")
+    return getattr(importlib.import_module(f"kernels.ops.{op}.chunk"), f"chunk_{op}_fwd")
 
 
 def _inputs(op: str, strong_heads: tuple[int, ...], dense: bool = False):

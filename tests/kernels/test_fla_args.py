@@ -6,7 +6,7 @@ The expected side writes FLA 0.6.0's formulas out (never kernels.common.gate): t
 `lower_bound * sigmoid(g + dt_bias)`), the in-kernel beta `sigmoid(beta)` (times 2 with allow_neg_eigval), the
 `[N, HV, V, K]` state of state_v_first; then autograd through `kernels.reference` in fp64. Inputs are random, varlen
 with an initial state, grouped value heads HV = 2H. Tolerance: relative L2 1e-5 for fp32 (torch and triton under the
-interpreter, as tests/kernels/test_triton_backward.py), on o, the final state and every gradient (dq, dk, dv, dg_raw,
+interpreter, as tests/kernels/common/test_chunk_bwd.py), on o, the final state and every gradient (dq, dk, dv, dg_raw,
 dbeta, dh0); 1e-4 for dA_log and ddt_bias, each a sum over all tokens of the fp32 gate gradient (with cancellation).
 """
 
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import kernels
-import kernels.ops
+import kernels.dispatch
 from kernels.common.index import prepare_chunk_index
 from tests.utils import assert_rel_close, make_inputs, make_state
 
@@ -434,13 +434,13 @@ def test_fla_backend_passes_every_option(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_disable_recompute_is_the_keep_everything_policy(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = []
-    real = kernels.ops.differentiable_forward
+    real = kernels.dispatch.checked_forward
 
     def spy(*a: Any, **kw: Any) -> Any:
         seen.append(kw["plan"].keep)
         return real(*a, **kw)
 
-    monkeypatch.setattr(kernels.ops, "differentiable_forward", spy)
+    monkeypatch.setattr(kernels.dispatch, "checked_forward", spy)
     kernels.chunk_kda(**_args("kda"), disable_recompute=True)
     kernels.chunk_kda(**_args("kda"), disable_recompute=False, plan=kernels.LaunchPlan(keep="wy"))
     assert seen == ["wy+states", "wy"]

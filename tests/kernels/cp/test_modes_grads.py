@@ -87,7 +87,7 @@ def test_grads_w4(gang4, op: str, case: str, layout: str) -> None:
     _compare(per_rank, ref, base, cu, 4, layout)
 
 
-@pytest.mark.parametrize("op", ["kda"])  # GDN's state gradient on triton: tests/kernels/test_triton_backward.py
+@pytest.mark.parametrize("op", ["kda"])  # GDN's state gradient on triton: tests/kernels/common/test_chunk_bwd.py
 def test_true_cp_grads_triton_w2(gang2, op: str) -> None:
     """true_cp on the triton backend (interpreted): rank 0 carries its state out, so it takes its segment term from
     the state gradient alone (`prims.state_grad`: WY prep + reverse state pass) and runs one backward after the

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.parametrize("OP", ["gdn", "kda"])
 
 
 def _fwd(op: str):
-    return getattr(importlib.import_module(f"kernels.{op}.chunk"), f"chunk_{op}_fwd")
+    return getattr(importlib.import_module(f"kernels.ops.{op}.chunk"), f"chunk_{op}_fwd")
 
 
 @pytest.mark.parametrize("with_h0", [False, True], ids=["no_h0", "h0"])
@@ -98,7 +98,7 @@ def test_triton_launch_config_is_launched(OP: str) -> None:
 
 def test_triton_strong_decay_at_the_documented_bound(OP: str) -> None:
     """Gates near the WY kernel's old limit (g >= -5.5 per token; any gate works now, `kernels/common/wy.py` and
-    test_gate_range.py): every token decays by e^-5 to e^-5.4, spans of 80-86 per 16-row block (the midpoint split,
+    common/test_decay_gate_range.py): every token decays by e^-5 to e^-5.4, spans of 80-86 per 16-row block (the midpoint split,
     factors near e^+-43): the products must stay finite and exact. Lengths cross chunk and 16-row block edges."""
     lengths = (77, 130)
     q, k, v, _, beta, cu = make_inputs(OP, lengths, H=2, K=64, V=32, device=DEVICE)

@@ -1,6 +1,6 @@
 """GDN (scalar gate per head): torch backend and reference against each other, fp32, random inputs.
 
-Scenarios (the dense/varlen grid shared with KDA is in test_chunk_torch.py): `auto` is torch on CPU; scale and
+Scenarios (the dense/varlen grid shared with KDA is in common/test_chunk_torch.py): `auto` is torch on CPU; scale and
 bf16 handling; varlen equals the dense runs; the reference's varlen semantics (== per-sequence dense runs); GDN's reference == KDA's reference with the gate
 broadcast over K; dtype handling (bf16 in, bf16 out, fp32 state).
 Tolerance 1e-5 relative L2: both sides are fp32, same math in another summation order (measured ~5e-7).
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 import kernels
-from kernels.common.naive import naive_recurrent_kda
+from kernels.ops.kda.naive import naive_recurrent_kda
 from tests.utils import assert_rel_close, make_inputs, make_state
 
 OP = "gdn"

@@ -1,10 +1,10 @@
 """The public differentiable ops kernels.chunk_gdn / chunk_kda: grouped value heads, the in-op l2norm, and bad input (a
-ValueError naming the argument, forward and backward). FLA's other options: test_ops_args.py.
+ValueError naming the argument, forward and backward). FLA's other options: test_fla_args.py.
 
 Grouped heads (HV = 2H and 4H) and `use_qk_l2norm_in_kernel` are checked forward and backward against an oracle
 built by hand: q and k normalised with FLA's formula x / sqrt(sum x^2 + 1e-6) and expanded with repeat_interleave
 (query/key head h // (HV/H) serves value head h), then autograd through the fp64 per-token reference. Tolerance
-1e-5 relative L2 for the fp32 torch backend (as test_backward.py), 1e-10 for the reference backend (same math).
+1e-5 relative L2 for the fp32 torch backend (as common/test_chunk_bwd_torch.py), 1e-10 for the reference backend (same math).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """GDN and KDA: the torch backend against the fp32 reference on dense batches (T a multiple of 64 and not) and on
 varlen batches (lengths not multiples of 64, a 1-token sequence, several sequences), with and without an initial
-state. The op-specific cases are in test_gdn.py and test_kda.py.
+state. The op-specific cases are in ops/gdn/test_naive.py and ops/kda/test_naive.py.
 Tolerance 1e-5 relative L2: both sides are fp32, same math in another summation order (measured ~5e-7).
 """
 

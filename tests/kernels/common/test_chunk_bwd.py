@@ -1,11 +1,11 @@
-"""The Triton backward of GDN and KDA (`kernels.{gdn,kda}.chunk_bwd`) against autograd through the fp32 per-token
-reference (interpreted on CPU; on a GPU with CPBENCH_TEST_GPU=1, in bf16). Every test runs for both ops.
+"""The Triton backward of GDN and KDA (`kernels.common.chunk_bwd`, through `kernels.ops.<op>.chunk.chunk_<op>_bwd`)
+against autograd through the fp32 per-token reference (interpreted on CPU; on a GPU with CPBENCH_TEST_GPU=1, in bf16). Every test runs for both ops.
 
 Scenarios: varlen with lengths not multiples of 64 and shorter than a chunk, an initial state and an incoming
 final-state gradient (dht), slow-decay gates (lb = -0.01, so gradients travel across chunks and segments), the
 reverse state pass split into one-chunk segments (transition, reverse chain, the ext pass); dense input without an
 initial state or dht, with gates at -5 to -5.5 per token (the old Triton KDA limit; any gate works now, see
-test_gate_range.py), through the plain pass.
+common/test_decay_gate_range.py), through the plain pass.
 Tolerance: 1e-5 relative L2 on CPU (the interpreter computes dots in IEEE fp32: measured 2e-7 to 5e-7 for every
 gradient), 3e-4 for the strong-decay case (dg there is a reverse cumsum of terms of ~1e-3 that cancel to ~1e-5:
 measured 5e-5 (GDN) and 1.2e-4 (KDA) relative, 3e-7 absolute, the fp32 rounding of the reference itself); 5e-3 on a GPU with bf16 inputs
@@ -35,12 +35,12 @@ pytestmark = pytest.mark.parametrize("OP", ["gdn", "kda"])
 
 
 def _bwd(op: str):
-    return getattr(importlib.import_module(f"kernels.{op}.chunk_bwd"), f"chunk_{op}_bwd")
+    return getattr(importlib.import_module(f"kernels.ops.{op}.chunk"), f"chunk_{op}_bwd")
 
 
 def _reference_grads(op, q, k, v, g, beta, h0, do, dht, bounds):
     """Autograd through the per-token reference in fp32: (dq, dk, dv, dg, dbeta, dh0 or None)."""
-    mod = importlib.import_module("kernels.gdn.naive" if op == "gdn" else "kernels.common.naive")
+    mod = importlib.import_module("kernels.ops.gdn.naive" if op == "gdn" else "kernels.ops.kda.naive")
     ref = getattr(mod, f"naive_recurrent_{op}")
     xs = [x.detach().float().clone().requires_grad_() for x in (q, k, v, g, beta)]
     s0 = h0.detach().clone().requires_grad_() if h0 is not None else None
@@ -134,7 +134,7 @@ def test_triton_bwd_with_the_forwards_states_split(OP: str, fuse: bool) -> None:
     pass or plain pass); the backward reuses them (no transition or forward state pass) and gives the gradients of
     the recompute path, the same split."""
     q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP, 7)
-    fwd = getattr(importlib.import_module(f"kernels.{OP}.chunk"), f"chunk_{OP}_fwd")
+    fwd = getattr(importlib.import_module(f"kernels.ops.{OP}.chunk"), f"chunk_{OP}_fwd")
     keep: dict[str, torch.Tensor] = {}
     o, ht = fwd(q, k, v, g, beta, scale=DIM**-0.5, initial_state=h0, output_final_state=True, cu_seqlens=cu,
                 split_chunks=1, fuse_output=fuse, keep=keep, keep_states=True)
@@ -174,9 +174,9 @@ def test_triton_state_grad_alone(OP: str, split: int) -> None:
 
 
 def test_state_gradient_api_torch_and_triton(OP: str) -> None:
-    """`kernels.autograd.chunk_state_gradient` (`kernels.cp.prims.state_grad`): both backends give the reference's
+    """`kernels.api.chunk_state_gradient` (`kernels.cp.prims.state_grad`): both backends give the reference's
     dh0, without an initial state (it does not depend on one); a `do` of the wrong shape is refused by name."""
-    from kernels.autograd import chunk_state_gradient
+    from kernels.api import chunk_state_gradient
 
     q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP, 11)
     ref = _reference_grads(OP, q, k, v, g, beta, h0, do, dht, cu.tolist())[5]

@@ -1,0 +1,116 @@
+"""The Triton forward shared by GDN and KDA after the op's WY prep: the state pass with the output.
+
+    chunk_fwd(wy_prep, ...)   the op's WY prep (`kernels.common.wy`: `wy_gdn_fwd` / `wy_kda_fwd`, through the op's
+                              adapter in `kernels/ops/<op>/chunk.py`), then `state_and_output` (serial state pass,
+                              split across SMs for few long sequences, with the output fused in or followed by the
+                              output pass; `kernels.common.seqsplit`), or `state_and_output_keep` when the plan keeps
+                              the chunk states for the backward (`kernels.common.state_keep`)
+    warm_chunks               the split's gate-certified warmup (`kernels.common.warm_split`): the WY prep sums the
+                              decay bound per chunk (`bnd=`), the state pass drops the certified segment maps
+
+Inputs in FLA's layout (DESIGN.md §1), validated by `kernels.dispatch` before this is called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+
+from torch import Tensor
+
+from kernels.common.index import ChunkIndex, prepare_chunk_index
+from kernels.common.seqsplit import state_and_output
+from kernels.common.state_keep import state_and_output_keep
+from kernels.common.warm_split import warm_inputs, with_chunk_bound
+from kernels.common.wy import BT_WY
+from kernels.plan import LaunchPlan, default_plan
+
+__all__ = ["FUSE_OUTPUT", "WyPrep", "chunk_fwd"]
+
+# the output fused into the state pass (no per-chunk states in memory); measured faster, see kernels.bench
+FUSE_OUTPUT = True
+
+
+@dataclass(frozen=True)
+class WyPrep:
+    """What the op's WY prep hands the state pass: the keys and queries it reads (GDN: raw; KDA: gated), the gate in
+    its form (GDN: fp32 cumsum `[B, T, H]`; KDA: per-chunk last-row gate), w, u, Aqk, and what the backward may keep."""
+
+    k: Tensor
+    q: Tensor
+    g: Tensor
+    w: Tensor
+    u: Tensor
+    aqk: Tensor
+    kept: dict[str, Tensor] = field(default_factory=dict)
+
+
+# (q, k, v, g, beta, *, scale, index: ChunkIndex, launch: LaunchPlan, bnd: Tensor | None) -> WyPrep
+WyFn = Callable[..., WyPrep]
+
+
+def chunk_fwd(
+    wy_prep: WyFn,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    *,
+    op: str,
+    gate_vector: bool,
+    scale: float,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: Tensor | None = None,
+    chunk_size: int = BT_WY,
+    plan: LaunchPlan | None = None,
+    keep: dict[str, Tensor] | None = None,
+    keep_states: bool = False,
+    split_chunks: int | None = None,
+    fuse_output: bool | None = None,
+    warm_chunks: int | None = None,
+    warm_report: dict[str, Tensor] | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Chunked forward: (o `[B, T, H, V]` in q's dtype, final state `[N, H, K, V]` fp32 or None).
+
+    plan: the launch plan (`kernels.plan`; None: `default_plan()`). split_chunks: None = automatic sequence
+    splitting, 0 = never, n = segments of n chunks. fuse_output: None = FUSE_OUTPUT. keep: a dict that receives the
+    WY factors the backward would recompute (`kernels.common.chunk_bwd.chunk_bwd(wy=...)`); keep_states: and the
+    chunk states, new values and segment maps (`kernels.common.state_keep`). chunk_size: the tokens per chunk, one of
+    `kernels.common.wy.CHUNK_SIZES` (FLA's `chunk_size`; the backward must use the same). op: the op's name ("gdn",
+    "kda"; the warmup's bound reads its gate). warm_chunks: the gate-certified warmup window of the split
+    (`kernels.common.warm_split`; None = its WARM_DEFAULT, 0 = exact maps); warm_report: a dict that receives its
+    device tensor `certified` (read it after the call).
+    """
+    B, T, H, _ = k.shape
+    launch = plan if plan is not None else default_plan()
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    index: ChunkIndex = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device)
+    warm = None if keep is not None and keep_states else warm_inputs(op, k, v, g, beta, warm_chunks, report=warm_report)
+    warm = with_chunk_bound(warm, index.num_chunks)  # the WY pass sums the bound's terms per chunk
+    bnd = warm.chunk_bound if warm is not None else None
+    wy = wy_prep(q, k, v, g, beta, scale=scale, index=index, launch=launch, bnd=bnd)
+    if keep is not None:
+        keep.update(wy.kept)
+    state_pass = state_and_output if keep is None or not keep_states else partial(state_and_output_keep, keep=keep)
+    extra = {} if state_pass is not state_and_output else {"warm": warm}
+    return state_pass(
+        index=index,
+        k=wy.k,
+        w=wy.w,
+        u=wy.u,
+        g=wy.g,
+        q=wy.q,
+        aqk=wy.aqk,
+        gate_vector=gate_vector,
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        out_dtype=q.dtype,
+        launch=launch,
+        split_chunks=split_chunks,
+        fuse_output=FUSE_OUTPUT if fuse_output is None else fuse_output,
+        **extra,
+    )

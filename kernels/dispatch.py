@@ -1,0 +1,304 @@
+"""The one dispatch path of the chunked ops, validate -> backend -> op table, and their autograd Function.
+
+    ChunkOp            one entry of the op table: what an op runs on each backend (its per-token reference, its
+                       Triton forward and backward); `kernels/ops/<op>/chunk.py` defines it (`GDN`, `KDA`) and
+                       `kernels.api.OPS` lists them by name
+    run                every public forward (`kernels.forward`, `kernels.reference`, `kernels.chunk_gdn`,
+                       `kernels.chunk_kda`): FLA's options parsed, the inputs validated (a ValueError before any launch),
+                       the backend resolved; then `fla` runs FLA's own autograd op (every option passed on), the others
+                       the in-op gate / beta / l2norm, grouped heads and the op's entry: `reference` autograd through
+                       the per-token recurrence, `torch` / `triton` ChunkFunction, or `chunk_forward` alone when grad is
+                       off (inference saves nothing)
+    ChunkFunction      one `torch.autograd.Function` for both ops on the torch and triton backends (the op's entry
+                       travels with the call): forward = `chunk_forward`, backward = `chunk_backward_impl`
+
+Recompute policy (`LaunchPlan.keep` of the call's launch plan, `kernels.plan`; triton backend), what the forward holds
+until the backward:
+    "inputs"      (default, FLA's policy) only the inputs (q, k, v, g, beta and the initial state); the backward
+                  recomputes the WY factors (w, u), the chunk states, v_new and the segment maps
+    "wy"          also the WY factors (w, u, Aqk, the gate cumsum; KDA: the gated k and q): the backward skips the
+                  WY prep, for [B, T, H, 2K + V + 64] (GDN: + [B, T, H] fp32; KDA: [B, T, H, 4K + V + 64] and
+                  [NT, H, K] fp32) held per call
+    "wy+states"   also the chunk states h [NT, H, K, V] and v_new [B, T, H, V] (k's dtype) and the maps of every
+                  segment [NS, H, K, K] fp32: the backward skips the forward state pass and the transition pass
+                  (per call 2.9x v's bytes more than "wy" at K = V = 128: 785 MB at T=64K, H=16; "wy" holds
+                  2.4x v's bytes for GDN, 4.3x for KDA)
+The figures of each policy on the H200 (time and the bytes held): `benchmarks/results/kernels_train_h200.md`.
+A caller passes it in its plan (`kernels.forward(..., plan=LaunchPlan(keep="wy"))`; ChunkFunction keeps the plan of
+its forward for its backward); a sweep sets it per point with `mode_options: {triton: {keep: ...}}` (`TRITON_OPTIONS`,
+the triton backend's options; runners.backend_options turns them into the point's plan).
+Extra memory of the backward: O(chunks x H x K x V) (the chunk states and their gradients,
+`kernels.common.chunk_bwd_torch`); never `[T, K, K]` or per-token states.
+The final state's incoming gradient (`dht`) is honoured; the Function always produces the final state (one
+`[N, H, K, V]` tensor) and the entries drop it when it was not asked for (its gradient is then None).
+
+Grouped value heads (v, g, beta and the state with HV = G * H heads; q/k head h // G serves value head h):
+q and k are expanded with `repeat_interleave(G, dim=2)` before the Function, so every backend computes with HV
+heads and autograd sums the G gradients of each q/k head (memory: one `[B, T, HV, K]` copy of q and of k).
+`use_qk_l2norm_in_kernel` normalises q and k (`kernels.common.l2norm`) before that, differentiably.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from kernels.backends import fla_forward, resolve_backend
+from kernels.common.chunk_bwd_torch import chunk_bwd_torch
+from kernels.common.chunk_torch import chunk_fwd_torch
+from kernels.common.gate import activate_beta, activate_gate
+from kernels.common.index import ChunkIndex, prepare_chunk_index
+from kernels.common.l2norm import l2norm
+from kernels.configs import KERNELS, LaunchConfig
+from kernels.fla_args import check_fla_backend, check_fla_tensors, parse_fla_args
+from kernels.plan import LaunchPlan, plan_with
+from kernels.validate import check_backend, check_config, check_grad_outputs, check_inputs
+from kernels.vocabulary import BACKEND_OPTIONS, KEEP_POLICIES
+
+__all__ = ["KEEP_POLICIES", "TRITON_OPTIONS", "ChunkFunction", "ChunkOp", "check_config_names", "chunk_backward_impl",
+           "checked_forward", "chunk_forward", "import_triton", "needs_grad", "public_op", "run"]
+
+# the triton backend's options a sweep may set (`mode_options: {triton: {...}}`): name -> its allowed values, the first
+# the default
+TRITON_OPTIONS = BACKEND_OPTIONS["triton"]
+
+ConfigArg = LaunchConfig | Mapping[str, LaunchConfig] | None
+
+
+@dataclass(frozen=True)
+class ChunkOp:
+    """One entry of the op table: the op's name, whether its gate is per key dim (KDA) or per head (GDN), its per-token
+    reference (the reference backend) and its WY prep (the op-specific pass of the Triton forward,
+    `kernels.common.chunk_fwd.WyFn`); the torch backend and the rest of the Triton path are shared (`kernels.common`)."""
+
+    name: str
+    gate_vector: bool
+    naive: Callable[..., tuple[Tensor, Tensor | None]]
+    wy_prep: Callable[..., Any]
+
+    def per_key_gate(self, g: Tensor) -> Tensor:
+        """The torch path works on a `[B, T, H, Kg]` gate: GDN's scalar gate is Kg = 1 and broadcasts over K."""
+        return g if self.gate_vector else g.unsqueeze(-1)
+
+    def triton_fwd(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float,
+                   **options: Any) -> tuple[Tensor, Tensor | None]:
+        """The op's forward on the Triton backend: (o `[B, T, H, V]` in q's dtype, final state `[N, H, K, V]` fp32 or
+        None); its WY prep, then the shared state pass with the output. options: those of
+        `kernels.common.chunk_fwd.chunk_fwd` (initial_state, output_final_state, cu_seqlens, plan, split_chunks,
+        fuse_output, keep, keep_states, chunk_size, warm_chunks, warm_report)."""
+        chunk_fwd = import_triton("kernels.common.chunk_fwd", "chunk_fwd")
+        return chunk_fwd(self.wy_prep, q, k, v, g, beta, op=self.name, gate_vector=self.gate_vector, scale=scale,
+                         **options)
+
+    def triton_bwd(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor,
+                   **options: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+        """(dq, dk, dv, dg, dbeta, dh0) on the Triton backend: `kernels.common.chunk_bwd.chunk_bwd` for this op (its
+        launch sequence and options: scale, initial_state, dht, cu_seqlens, plan, wy, split_chunks, chunk_size)."""
+        return import_triton("kernels.common.chunk_bwd", "chunk_bwd")(self.name, q, k, v, g, beta, do, **options)
+
+
+def needs_grad(*xs: Tensor | None) -> bool:
+    """True when autograd is on and one of the tensors requires a gradient."""
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in xs)
+
+
+def run(
+    op: ChunkOp, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float | None,
+    initial_state: Tensor | None, output_final_state: bool, cu_seqlens: Tensor | None, backend: str,
+    config: ConfigArg = None, cu_seqlens_cpu: Tensor | Sequence[int] | None = None, plan: LaunchPlan | None = None,
+    use_qk_l2norm_in_kernel: bool = False, fla_kwargs: Mapping[str, Any] | None = None,
+) -> tuple[Any, ...]:
+    """(o, final state or None[, chunk states]) of `op`: validate -> backend -> op table (the module docstring).
+
+    fla_kwargs: FLA's other keyword arguments (`kernels.fla_args`; `kernels.chunk_gdn`'s table); with
+    return_intermediate_states the chunk states come third."""
+    args = parse_fla_args(op.name, fla_kwargs or {})
+    if not isinstance(use_qk_l2norm_in_kernel, bool):
+        raise ValueError(f"use_qk_l2norm_in_kernel must be a bool, got {use_qk_l2norm_in_kernel!r}")
+    check_backend(backend)
+    be = resolve_backend(backend, k.device) if isinstance(k, Tensor) else backend
+    check_fla_backend(op.name, args, be)
+    bounds = check_inputs(op.name, q, k, v, g, beta, backend=be, scale=scale, initial_state=initial_state,
+                          cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, grouped=True,
+                          raw_gate=args.use_gate_in_kernel, gate_bound=args.gate_bound,
+                          state_v_first=args.state_v_first)
+    check_fla_tensors(op.name, args, k=k, v=v, bounds=bounds)
+    configs = check_config(config)
+    scale = k.shape[-1] ** -0.5 if scale is None else float(scale)
+    states: list[Tensor] | None = [] if args.return_intermediate_states else None
+    if be == "fla":
+        o, ht = fla_forward(op.name, q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                            output_final_state=output_final_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=bounds,
+                            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, options=args.given, states=states)
+        return (o, ht) if states is None else (o, ht, states[0])
+    if be == "triton":
+        check_config_names(configs)
+    launch = plan_with(plan, configs)
+    if args.disable_recompute:  # FLA keeps every intermediate for the backward: our "wy+states" policy
+        launch = launch.replace(keep=KEEP_POLICIES[-1])
+    if args.use_gate_in_kernel:  # differentiable: the op sees the activated gate with its graph
+        g = activate_gate(op.name, g, A_log=args.A_log, dt_bias=args.dt_bias, lower_bound=args.lower_bound)
+    if args.use_beta_sigmoid_in_kernel:
+        beta = activate_beta(beta, allow_neg_eigval=args.allow_neg_eigval)
+    if args.state_v_first and initial_state is not None:
+        initial_state = initial_state.transpose(-1, -2)
+    if use_qk_l2norm_in_kernel:
+        q, k = l2norm(q, fused=be == "triton"), l2norm(k, fused=be == "triton")
+    group = v.shape[2] // k.shape[2]
+    if group > 1:  # grouped value heads: q/k head h // group serves value head h
+        q, k = q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
+    o, ht = checked_forward(op, be, q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                     output_final_state=output_final_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+                     bounds=bounds, plan=launch, states=states, chunk_size=args.chunk_size)
+    if args.state_v_first and ht is not None:
+        ht = ht.transpose(-1, -2).contiguous()
+    if states is None:
+        return o, ht
+    return o, ht, _intermediate_states(states[0], batch=k.shape[0], dtype=k.dtype, v_first=args.state_v_first)
+
+
+def public_op(op: ChunkOp, doc: str) -> Callable[..., tuple[Any, ...]]:
+    """The public op of `op` (`kernels.chunk_gdn` / `kernels.chunk_kda`) with FLA's signature and the docstring `doc`:
+    a drop-in for FLA's `chunk_gated_delta_rule` / `chunk_kda`, one signature for both ops."""
+
+    def chunk(
+        q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float | None = None,
+        initial_state: Tensor | None = None, output_final_state: bool = False, cu_seqlens: Tensor | None = None,
+        backend: str = "auto", use_qk_l2norm_in_kernel: bool = False, config: ConfigArg = None,
+        cu_seqlens_cpu: Tensor | Sequence[int] | None = None, plan: LaunchPlan | None = None, **kwargs: Any,
+    ) -> tuple[Any, ...]:
+        return run(op, q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                   output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=backend, config=config,
+                   cu_seqlens_cpu=cu_seqlens_cpu, plan=plan, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                   fla_kwargs=kwargs)
+
+    chunk.__name__ = chunk.__qualname__ = f"chunk_{op.name}"
+    chunk.__module__ = f"kernels.ops.{op.name}.chunk"
+    chunk.__doc__ = doc
+    return chunk
+
+
+def checked_forward(
+    op: ChunkOp, backend: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float,
+    initial_state: Tensor | None, output_final_state: bool, cu_seqlens: Tensor | None,
+    cu_seqlens_cpu: Tensor | Sequence[int] | None, bounds: list[int] | None, plan: LaunchPlan,
+    states: list[Tensor] | None, chunk_size: int,
+) -> tuple[Tensor, Tensor | None]:
+    """The op's entry for a resolved backend (not fla) on checked inputs with one head count: the per-token reference,
+    ChunkFunction when a gradient is wanted, else `chunk_forward` alone (no autograd node, nothing saved)."""
+    if backend == "reference":
+        return op.naive(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                        output_final_state=output_final_state, cu_seqlens_cpu=bounds)
+    B, T = k.shape[:2]
+    index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device,
+                                cu_seqlens_cpu=cu_seqlens_cpu)
+    args = (op, backend, index, cu_seqlens, plan, scale, q, k, v, g, beta, initial_state)
+    if needs_grad(q, k, v, g, beta, initial_state):
+        o, ht = ChunkFunction.apply(*args)
+        return o, (ht if output_final_state else None)
+    return chunk_forward(*args, output_final_state=output_final_state, states=states)
+
+
+def _intermediate_states(h: Tensor, *, batch: int, dtype: torch.dtype, v_first: bool) -> Tensor:
+    """FLA's layout of the chunk states: `[B, NT, HV, K, V]` (varlen: B = 1, NT all chunks), k's dtype; `[.., V, K]`
+    with state_v_first."""
+    h = h.reshape(batch, h.shape[0] // batch, *h.shape[1:]).to(dtype)
+    return h.transpose(-1, -2).contiguous() if v_first else h
+
+
+class ChunkFunction(torch.autograd.Function):
+    """(o, final_state) of the chunked op with gradients for q, k, v, g, beta and the initial state."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, op: ChunkOp, backend: str, index: ChunkIndex, cu_seqlens: Tensor | None, plan: LaunchPlan,
+        scale: float, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Tensor | None,
+    ) -> tuple[Tensor, Tensor]:
+        ctx.set_materialize_grads(False)
+        keep_wy, keep_states = plan.keeps
+        keep: dict[str, Tensor] | None = {} if backend == "triton" and keep_wy else None
+        o, ht = chunk_forward(op, backend, index, cu_seqlens, plan, scale, q, k, v, g, beta, initial_state,
+                              keep=keep, keep_states=keep_states)
+        assert ht is not None
+        names = tuple(sorted(keep)) if keep else ()
+        ctx.save_for_backward(q, k, v, g, beta, initial_state, *(keep[n] for n in names))  # type: ignore[index]
+        ctx.meta = (op, backend, index, cu_seqlens, plan, scale, names)  # the backward launches with the same plan
+        return o, ht
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, do: Tensor | None, dht: Tensor | None) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        q, k, v, g, beta, h0, *kept = ctx.saved_tensors
+        op, backend, index, cu_seqlens, plan, scale, names = ctx.meta
+        if do is None:  # only the final state was used
+            do = q.new_zeros(v.shape)
+        dq, dk, dv, dg, dbeta, dh0 = chunk_backward_impl(
+            op, backend, q, k, v, g, beta, do, scale=scale, initial_state=h0, dht=dht, index=index,
+            cu_seqlens=cu_seqlens, plan=plan, wy=dict(zip(names, kept, strict=True)) if names else None)
+        if dh0 is not None and h0 is not None:
+            dh0 = dh0.to(h0.dtype)
+        return None, None, None, None, None, None, dq, dk, dv, dg, dbeta, dh0
+
+
+def chunk_forward(
+    op: ChunkOp, backend: str, index: ChunkIndex, cu_seqlens: Tensor | None, plan: LaunchPlan, scale: float,
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Tensor | None, *,
+    output_final_state: bool = True, keep: dict[str, Tensor] | None = None, keep_states: bool = False,
+    states: list[Tensor] | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """ChunkFunction's forward without autograd: (o, final state or None). keep / keep_states: what the triton
+    forward holds for the backward (the plan's policy); states: a list that receives the chunk states
+    `[NT, H, K, V]` (the state entering each chunk; fp32 on torch, k's dtype on triton)."""
+    if backend == "torch":
+        return chunk_fwd_torch(q, k, v, op.per_key_gate(g), beta, scale=scale, initial_state=initial_state,
+                               output_final_state=output_final_state, index=index, states=states)
+    if states is not None:
+        keep, keep_states = ({} if keep is None else keep), True
+    o, ht = op.triton_fwd(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                          output_final_state=output_final_state, cu_seqlens=cu_seqlens, plan=plan, keep=keep,
+                          keep_states=keep_states, chunk_size=index.chunk_size)
+    if states is not None and keep is not None:
+        states.append(keep["h"])
+    return o, ht
+
+
+def chunk_backward_impl(
+    op: ChunkOp, backend: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *,
+    scale: float, initial_state: Tensor | None, dht: Tensor | None, index: ChunkIndex, cu_seqlens: Tensor | None,
+    plan: LaunchPlan, wy: Mapping[str, Tensor] | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    """The backend's backward on checked inputs (same heads everywhere); checks do / dht first. wy: the forward's
+    WY factors and with "wy+states" its chunk states (triton, the plan's `keep`)."""
+    check_grad_outputs(do, dht, q=q, v=v, num_seqs=index.num_seqs)
+    do = do.contiguous()
+    dht = dht.contiguous() if dht is not None else None
+    if backend == "torch":
+        dq, dk, dv, dg, dbeta, dh0 = chunk_bwd_torch(q, k, v, op.per_key_gate(g), beta, do, scale=scale,
+                                                     initial_state=initial_state, dht=dht, index=index)
+        return dq, dk, dv, (dg if op.gate_vector else dg.squeeze(-1)), dbeta, dh0
+    if backend != "triton":
+        raise ValueError(f"backend {backend!r} has no chunked backward here (use 'torch' or 'triton')")
+    return op.triton_bwd(q, k, v, g, beta, do, scale=scale, initial_state=initial_state, dht=dht,
+                         cu_seqlens=cu_seqlens, plan=plan, wy=wy, chunk_size=index.chunk_size)
+
+
+def check_config_names(configs: Mapping[str, LaunchConfig]) -> None:
+    """Every config names a registered Triton kernel (a ValueError listing them otherwise)."""
+    unknown = sorted(set(configs) - set(KERNELS))
+    if unknown and KERNELS:
+        raise ValueError(f"config names unknown kernel(s) {unknown}; registered kernels: {sorted(KERNELS)}")
+
+
+def import_triton(module: str, name: str) -> Callable[..., Any]:
+    """`module.name` of a Triton module, imported on first use (the torch backend runs without Triton); an ImportError
+    naming the backend when it cannot load."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        raise ImportError(f"backend 'triton' could not load {module}.{name}: {err}") from err

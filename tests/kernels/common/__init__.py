@@ -1,0 +1,1 @@
+"""Tests of kernels/common, laid out like the source."""

@@ -1,0 +1,1 @@
+"""Tests of kernels/ops, laid out like the source."""

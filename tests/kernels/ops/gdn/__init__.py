@@ -1,0 +1,1 @@
+"""Tests of kernels/ops/gdn, laid out like the source."""

@@ -1,0 +1,1 @@
+"""Tests of kernels/ops/kda, laid out like the source."""

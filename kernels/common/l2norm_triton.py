@@ -21,11 +21,17 @@ ROWS = 16  # rows per program: [16, 128] fp32 is 16 registers a thread at 4 warp
 
 
 @triton.jit
-def l2norm_fwd_kernel(x, y, rstd, N, eps, D: tl.constexpr, BD: tl.constexpr, ROWS: tl.constexpr):
+def _row_tile(N, D: tl.constexpr, BD: tl.constexpr, ROWS: tl.constexpr):
+    """This program's rows of the flat [N, D] view: their indices, the [ROWS, BD] mask and element offsets."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BD)
     mask = (rows[:, None] < N) & (cols[None, :] < D)
-    offs = rows[:, None].to(tl.int64) * D + cols[None, :]
+    return rows, mask, rows[:, None].to(tl.int64) * D + cols[None, :]
+
+
+@triton.jit
+def l2norm_fwd_kernel(x, y, rstd, N, eps, D: tl.constexpr, BD: tl.constexpr, ROWS: tl.constexpr):
+    rows, mask, offs = _row_tile(N, D, BD, ROWS)
     xv = tl.load(x + offs, mask=mask, other=0.0).to(tl.float32)
     r = 1.0 / tl.sqrt(tl.sum(xv * xv, axis=1) + eps)
     tl.store(y + offs, (xv * r[:, None]).to(y.dtype.element_ty), mask=mask)
@@ -34,10 +40,7 @@ def l2norm_fwd_kernel(x, y, rstd, N, eps, D: tl.constexpr, BD: tl.constexpr, ROW
 
 @triton.jit
 def l2norm_bwd_kernel(x, rstd, dy, dx, N, D: tl.constexpr, BD: tl.constexpr, ROWS: tl.constexpr):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, BD)
-    mask = (rows[:, None] < N) & (cols[None, :] < D)
-    offs = rows[:, None].to(tl.int64) * D + cols[None, :]
+    rows, mask, offs = _row_tile(N, D, BD, ROWS)
     r = tl.load(rstd + rows, mask=rows < N, other=0.0)
     yv = tl.load(x + offs, mask=mask, other=0.0).to(tl.float32) * r[:, None]
     g = tl.load(dy + offs, mask=mask, other=0.0).to(tl.float32)

@@ -316,7 +316,12 @@ def _certified(op: str, q, k, v, g, beta, kw: dict[str, Any]) -> dict[str, Any]:
     ok = report.get("certified")
     if ok is None:
         return {"certified": None}  # no split at this shape, or the window not shorter than a segment
-    return {"certified": round(float(ok.float().mean().item()), 4), "transitions": int(ok.shape[0])}
+    return {"certified": _fraction(ok), "transitions": int(ok.shape[0])}
+
+
+def _fraction(ok: Any) -> float:
+    """The certified fraction of a [transitions, H] bool tensor (read after the untimed call)."""
+    return round(float(ok.float().mean().item()), 4)
 
 
 def profile_kernels(op: str, q, k, v, g, beta, timer: Timer, warm: int = 0) -> dict[str, Any]:
@@ -402,7 +407,7 @@ def _profile_warm(op: str, q: Any, raw: tuple[Any, ...], prep: tuple[Any, ...], 
                                         gate_vector=gv, x=x, h0=None)[0]
     M, S, _ = warm_transitions(*prep, transitions=plan.transitions, wp=wp, BT=BT_WY, gate_vector=gv, x=x, h0=None)
     out["warm_chain_ms"] = _timed(timer, seg_chain_fwd, M, S, None, plan, drop=ok)[0]
-    out["warm_certified"] = round(float(ok.float().mean().item()), 4)
+    out["warm_certified"] = _fraction(ok)
     return out
 
 

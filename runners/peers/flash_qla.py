@@ -23,7 +23,7 @@ import contextlib
 import importlib.util
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -134,13 +134,16 @@ class _FlashQLA(Peer):
             self._contexts[key] = (torch.tensor(ctx.cu_seqlens, dtype=torch.int32, device=device), {})
         return self._contexts[key][0]
 
-    def _context(self, key: tuple[Any, ...], note: dict[str, Any], **build: Any) -> tuple[Any, dict[str, Any]]:
-        """FlashQLA's CP context of `build_cp_context(**build)` with its split and `note` (built once per `key`:
-        FlashQLA caches on the bounds tensor's identity, so the same tensors are handed back every step)."""
+    def _context(
+        self, key: tuple[Any, ...], note: dict[str, Any], build: Callable[[], dict[str, Any]]
+    ) -> tuple[Any, dict[str, Any]]:
+        """FlashQLA's CP context of `build_cp_context(**build())` with its split and `note` (built once per `key`, and
+        `build` called only then: FlashQLA caches on the bounds tensor's identity, so the same tensors are handed back
+        every step)."""
         if key not in self._contexts:
             from flash_qla.ops.gated_delta_rule.chunk import CHUNK_SIZE, build_cp_context
 
-            built = build_cp_context(chunk_size=CHUNK_SIZE, **build)
+            built = build_cp_context(chunk_size=CHUNK_SIZE, **build())
             self._contexts[key] = (built, {**split_of(built), **note})
         return self._contexts[key]
 
@@ -155,20 +158,23 @@ class _FlashQLA(Peer):
             force = bool(options.get("force_intra_cp"))
             key: tuple[Any, ...] = ("intra", ctx.cu_seqlens, HV, is_train, force, str(device))
             return self._context(
-                key, {"forced": force}, cu_seqlens=self._bounds(ctx, device), enable_intra=True, force_intra_cp=force, **common
+                key,
+                {"forced": force},
+                lambda: dict(cu_seqlens=self._bounds(ctx, device), enable_intra=True, force_intra_cp=force, **common),
             )
         dual = bool(options.get("dual"))
         key = ("inter", ctx.cu_seqlens, ctx.world_size, ctx.rank, id(group), HV, is_train, dual, str(device))
-        cpu = torch.tensor(ctx.cu_seqlens, dtype=torch.int64)
         return self._context(
             key,
             {"dual": dual},
-            cu_seqlens=self._bounds(ctx, device),
-            cu_seqlens_cpu=cpu,
-            enable_inter=True,
-            enable_intra=dual,
-            group=group,
-            **common,
+            lambda: dict(
+                cu_seqlens=self._bounds(ctx, device),
+                cu_seqlens_cpu=torch.tensor(ctx.cu_seqlens, dtype=torch.int64),
+                enable_inter=True,
+                enable_intra=dual,
+                group=group,
+                **common,
+            ),
         )
 
     def begin_point(self, point: PointSpec) -> None:

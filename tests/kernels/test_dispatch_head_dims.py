@@ -17,7 +17,6 @@ Tolerance: 1e-5 relative L2 on CPU (the interpreter computes dots in IEEE fp32; 
 from __future__ import annotations
 
 import importlib
-import os
 
 import pytest
 import torch
@@ -29,9 +28,9 @@ from kernels.common.chunk_torch import chunk_fwd_torch
 from kernels.common.index import prepare_chunk_index
 from kernels.common.transition_triton import chunk_transition_fwd
 from kernels.validate import check_kernel_dims
-from tests.utils import assert_rel_close, make_inputs, make_state
+from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs, make_state
 
-DEVICE = "cuda" if os.environ.get("CPBENCH_TEST_GPU") and torch.cuda.is_available() else "cpu"
+DEVICE = TEST_DEVICE
 TOL = 1e-5 if DEVICE == "cpu" else 1e-2
 LB = -0.1  # slow decay: the initial state and the segment maps matter
 DIMS = [(60, 60), (100, 100), (128, 128), (60, 100)]

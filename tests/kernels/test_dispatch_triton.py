@@ -13,7 +13,6 @@ Tolerance: 1e-5 relative L2 on CPU (the interpreter computes fp32 dots in IEEE f
 from __future__ import annotations
 
 import importlib
-import os
 
 import pytest
 import torch
@@ -21,9 +20,9 @@ import torch
 import kernels
 from kernels.configs import LaunchConfig
 from kernels.plan import LaunchRecorder, default_plan
-from tests.utils import assert_rel_close, make_inputs, make_state
+from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs, make_state
 
-DEVICE = "cuda" if os.environ.get("CPBENCH_TEST_GPU") and torch.cuda.is_available() else "cpu"
+DEVICE = TEST_DEVICE
 TOL = 1e-5 if DEVICE == "cpu" else 1e-2
 SLOW = -0.05  # gate lower bound: ~exp(-1.6) decay per chunk, so initial states and segment maps matter
 

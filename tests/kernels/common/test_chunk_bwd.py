@@ -15,15 +15,14 @@ measured 5e-5 (GDN) and 1.2e-4 (KDA) relative, 3e-7 absolute, the fp32 rounding 
 from __future__ import annotations
 
 import importlib
-import os
 
 import pytest
 import torch
 
 from kernels.plan import LaunchPlan, LaunchRecorder, default_plan
-from tests.utils import assert_rel_close, make_inputs, make_state
+from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs, make_state
 
-DEVICE = "cuda" if os.environ.get("CPBENCH_TEST_GPU") and torch.cuda.is_available() else "cpu"
+DEVICE = TEST_DEVICE
 DTYPE = torch.float32 if DEVICE == "cpu" else torch.bfloat16
 TOL = 1e-5 if DEVICE == "cpu" else 5e-3
 # on the GPU K = V = 64: a state block of 32 columns with one pipeline stage hits the known Triton 3.6 sm_90

@@ -3,15 +3,14 @@ fp32 reference: output and gradient, widths that are and are not powers of two, 
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from kernels.common.l2norm import L2NORM_EPS, l2norm
 from runners.correctness import rel_l2
+from tests.utils import TEST_DEVICE
 
-DEVICE = "cuda" if os.environ.get("CPBENCH_TEST_GPU") and torch.cuda.is_available() else "cpu"
+DEVICE = TEST_DEVICE
 
 
 def _reference(x: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

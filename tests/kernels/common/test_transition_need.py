@@ -10,15 +10,13 @@ ValueError naming `need`.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 import kernels
-from tests.utils import assert_rel_close, make_inputs
+from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs
 
-DEVICE = "cuda" if os.environ.get("CPBENCH_TEST_GPU") and torch.cuda.is_available() else "cpu"
+DEVICE = TEST_DEVICE
 TOL = 1e-5 if DEVICE == "cpu" else 1e-2
 LENGTHS = (130, 70, 40)          # 3 + 2 + 1 chunks: the split pass (1 chunk per segment) folds 3 and 2 segments
 NEED = (True, False, True)

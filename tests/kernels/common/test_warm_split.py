@@ -11,16 +11,15 @@ is refused. Tolerance as test_dispatch_triton.py: 1e-5 relative L2 on CPU, 1e-2 
 from __future__ import annotations
 
 import importlib
-import os
 
 import pytest
 import torch
 
 import kernels
 from kernels.plan import LaunchRecorder, default_plan
-from tests.utils import assert_rel_close, make_inputs, make_state
+from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs, make_state
 
-DEVICE = "cuda" if os.environ.get("CPBENCH_TEST_GPU") and torch.cuda.is_available() else "cpu"
+DEVICE = TEST_DEVICE
 TOL = 1e-5 if DEVICE == "cpu" else 1e-2
 # on the GPU K = V = 64: a 32-wide head dim forces the state passes' 32-column block with one pipeline stage, the
 # known Triton 3.6 sm_90 miscompile (kernels/NOTES.md), as in test_triton_backward.py

@@ -22,12 +22,14 @@ the intra-device split's certified warmup (`kernels.common.warm_split`), hence i
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from kernels.common.decay import floor_gate
 
-__all__ = ["log_span_bound", "log_window_bound", "token_terms"]
+__all__ = ["log_span_bound", "log_window_bound", "token_terms", "window_certified"]
 
 
 def token_terms(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
@@ -57,6 +59,13 @@ def log_window_bound(ell: Tensor, log_u: Tensor, ends: Tensor, starts: Tensor, v
     prev = (starts - 1).clamp_min(0)
     out = (lam.index_select(1, ends - 1) + lcse.index_select(1, prev)).t()
     return torch.where(valid[:, None], out, torch.full_like(out, float("-inf")))
+
+
+def window_certified(log_bound: Tensor, log_window_norm: Tensor, tol: float) -> Tensor:
+    """bool: the window's dropped state (log bound) is <= tol/(1+tol) of the window's own state norm, so the warmup
+    estimate is within tol of the exact state, relative, in Frobenius norm (warmup_correct's rule, kept once here for
+    the CP scheme and the intra-device split)."""
+    return log_bound <= log_window_norm + math.log(tol / (1.0 + tol))
 
 
 def log_span_bound(ell: Tensor, starts: Tensor, ends: Tensor) -> Tensor:

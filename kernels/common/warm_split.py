@@ -27,14 +27,13 @@ runs exactly (`window_plan` returns None). `WarmInputs.report` (a dict, optional
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from kernels.common.chunk_state import SeqLayout, chunk_state_final_fwd, chunk_state_transition_fwd
-from kernels.common.decay_bound import log_window_bound, token_terms
+from kernels.common.decay_bound import log_window_bound, token_terms, window_certified
 from kernels.common.index import ChunkIndex
 from kernels.plan import LaunchPlan
 from kernels.vocabulary import MODE_OPTIONS
@@ -189,8 +188,7 @@ def certify_windows(x: WarmInputs, wp: WindowPlan, E_win: Tensor, h0: Tensor | N
         at = log_u.index_select(0, first)
         log_u = log_u.index_copy(0, first, torch.logaddexp(at, ell.index_select(0, first) + h0_log))
     lb = log_window_bound(ell, log_u, ends, starts, wp.valid)  # [NW, H]
-    ref = torch.linalg.vector_norm(E_win, dim=(-2, -1)).double().log()
-    return lb <= ref + math.log(x.tol / (1.0 + x.tol))
+    return window_certified(lb, torch.linalg.vector_norm(E_win, dim=(-2, -1)).double().log(), x.tol)
 
 
 def warm_transitions(

@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from kernels.backends import resolve_backend
-from kernels.common.decay_bound import log_span_bound, log_window_bound, token_terms
+from kernels.common.decay_bound import log_span_bound, log_window_bound, token_terms, window_certified
 from kernels.cp import intra, prims, step_grad
 from kernels.cp.context import host_bounds
 from kernels.dispatch import needs_grad
@@ -321,7 +321,7 @@ def _run(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu: 
         ok_rows = lb <= ref_log + math.log(tol)
     else:
         E_win, ref_log = _window_maps(op, k, v, g, beta, plan, backend=backend, launch=launch, H=H)
-        ok_rows = lb <= ref_log + math.log(tol / (1.0 + tol))
+        ok_rows = window_certified(lb, ref_log, tol)
         if fallback == "none":
             S0 = _scatter(plan, E_win, H=H, K=K, V=V, device=dev)
         else:

@@ -229,6 +229,17 @@ def queued_widths(session: Session, *, sweep_id: int | None = None) -> dict[tupl
     return {(W, kind): n for W, kind, n in session.execute(stmt).all()}
 
 
+def owned_waiting(session: Session, *, sweep_id: int | None = None) -> list[int]:
+    """Ids of the live sweeps (or of that one) with queued points that only their `cpbench run` may claim (an owner
+    token): a plain worker never takes them, so they wait until that run resumes (`cpbench run --resume <id>`)."""
+    stmt = (select(Sweep.id).join(Point, Point.sweep_id == Sweep.id)
+            .where(Point.status == "queued", Sweep.status.in_(("queued", "running")), Sweep.owner.is_not(None))
+            .distinct().order_by(Sweep.id))
+    if sweep_id is not None:
+        stmt = stmt.where(Sweep.id == sweep_id)
+    return list(session.execute(stmt).scalars())
+
+
 def sweeps_by_age(session: Session) -> list[Sweep]:
     """Every sweep, oldest first."""
     return list(session.execute(select(Sweep).order_by(Sweep.created_at)).scalars())

@@ -7,7 +7,8 @@
     cpbench status 3                         # sweep 3: counts per status, what runs where, each failed point's error
 
 Both say why queued points wait when no live worker's gang fits them ("waiting: 2 point(s) W=8 > largest
-gang 4"; a multi-host gang counts the ranks on all its hosts).
+gang 4"; a multi-host gang counts the ranks on all its hosts), and when they belong to a `cpbench run` that stopped
+("waiting: sweep 3 belongs to the `cpbench run` that submitted it ...: cpbench run --resume 3").
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from runners.cli.common import DbOption, fetch_results, out_console, resolve
 from runners.errors import SweepNotFoundError
 from runners.settings import get_worker_settings
 
-__all__ = ["register", "waiting_reasons"]
+__all__ = ["owned_reasons", "register", "waiting_reasons"]
 
 
 def _age(t: datetime | None) -> str:
@@ -72,6 +73,12 @@ def waiting_reasons(queued: Mapping[tuple[int, str | None], int], gangs: Sequenc
         elif max(sizes) < W:
             lines.append(f"waiting: {n} point(s) W={W} > largest{where} gang {max(sizes)}")
     return lines
+
+
+def owned_reasons(sweep_ids: Sequence[int]) -> list[str]:
+    """A line per live sweep whose queued points only its own `cpbench run` claims (`db.crud.owned_waiting`)."""
+    return [f"waiting: sweep {i} belongs to the `cpbench run` that submitted it (a plain worker does not take its "
+            f"points): cpbench run --resume {i}" for i in sweep_ids]
 
 
 def _live_gangs(workers: Sequence[Any], now: datetime, lease_s: float) -> list[tuple[str, int]]:
@@ -125,6 +132,7 @@ def status(
                 wt.add_row(escape(w.name), escape(f"{state}: {doing}" if doing else state), _devices(dev), str(w.current_point_id or "-"),
                            str(w.points_done), _age(w.last_heartbeat))
             waiting = waiting_reasons(crud.queued_widths(s), _live_gangs(workers, now, lease))
+            waiting += owned_reasons(crud.owned_waiting(s))
         console.print(table)
         console.print(wt)
         for line in waiting:
@@ -137,6 +145,7 @@ def status(
         c = crud.sweep_progress(s, sweep_id=sweep)
         now, lease = store_now(s), get_worker_settings().LEASE_S
         waiting = waiting_reasons(crud.queued_widths(s, sweep_id=sweep), _live_gangs(crud.list_workers(s), now, lease))
+        waiting += owned_reasons(crud.owned_waiting(s, sweep_id=sweep))
         header = (f"sweep [bold]{found.id}[/bold] {escape(found.name)} {escape(f'[{found.status}]')}  tags={escape(','.join(found.tags)) or '-'}  created {_age(found.created_at)}"
                   f"  finished {_age(found.finished_at)}")
     console.print(header)

@@ -43,11 +43,25 @@ def worker(
         _multi_host(db, once=once, max_points=max_points, devices=devices, cpu=cpu, lease_s=lease_s, heartbeat_s=heartbeat_s,
                     name=name)
         return
+    url = resolve(db)
     stats = run_worker(
-        resolve(db), once=once, max_points=max_points, devices=devices, device_kind="cpu" if cpu else None,
+        url, once=once, max_points=max_points, devices=devices, device_kind="cpu" if cpu else None,
         lease_s=lease_s, heartbeat_s=heartbeat_s, name=name,
     )
     _print_stats(stats)
+    if once:
+        _print_owned(url)
+
+
+def _print_owned(url: str) -> None:
+    """After `--once`: the sweeps left queued because only their own `cpbench run` may take them (`cpbench status`)."""
+    from db import crud
+    from db.session import session_scope
+    from runners.cli.status import owned_reasons
+
+    with session_scope(url) as s:
+        for line in owned_reasons(crud.owned_waiting(s)):
+            Console(stderr=True).print(escape(line))
 
 
 def _multi_host(db: str | None, *, devices: int | None, cpu: bool, **kwargs: Any) -> NoReturn:

@@ -12,7 +12,7 @@ Scenarios, for GDN and KDA, each as a varlen batch with an initial state (length
 First the reference is shown exact: the fp32 per-token reference against the same recurrence in fp64
 (tolerance 1e-6 relative L2; a -inf gate is exp(-inf) = 0 in both). Then the torch and triton backends (the
 interpreter on CPU) against the fp32 reference: forward (o, final state), backward through autograd (every
-gradient finite and close, dh0 included) and the transition (M, S_ext). Tolerance: 2e-5 relative L2 for o, the
+gradient finite and close, dh0 included) and the transition (M, S_ext). Tolerance: 5e-5 relative L2 for o, the
 states and the gradients; the measured errors are 1e-7 to 3e-6 (the decays after a floored token carry the
 rounding of the gate cumsum, ulp(112 k) after k masks in a chunk; with strong gates dg is a reverse cumsum of
 cancelling terms). A masked gate's gradient is exactly 0 on every backend (the reference's: d exp(g) = 0).
@@ -24,9 +24,11 @@ import pytest
 import torch
 
 import kernels
-from tests.utils import assert_rel_close, make_inputs, make_state
+from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs, make_state
 
-TOL = 5e-5
+# the triton backend runs on TEST_DEVICE (the interpreter on CPU; CPBENCH_TEST_GPU=1: the GPU, where the fp32 inputs
+# go through tf32 products, hence the looser bound there); the reference always runs in fp32 on the CPU
+TOL = 5e-5 if TEST_DEVICE == "cpu" else 5e-3
 LENGTHS = (45, 83)
 H, K, V = 1, 32, 32
 OPS = ["gdn", "kda"]
@@ -60,13 +62,16 @@ def _case(op: str, kind: str):
 
 def _run(op: str, backend: str, q, k, v, g, beta, cu, h0, do, dht):
     """(o, ht, grads of q, k, v, g, beta, h0) through `kernels.forward` (or `kernels.reference`) and autograd."""
-    xs = [x.detach().clone().requires_grad_() for x in (q, k, v, g, beta, h0)]
+    device = TEST_DEVICE if backend == "triton" else "cpu"
+    cu = cu.to(device)
+    xs = [x.detach().to(device).requires_grad_() for x in (q, k, v, g, beta, h0)]
+    do, dht = do.to(device), dht.to(device)
     if backend == "reference":
         o, ht = kernels.reference(op, *xs[:5], initial_state=xs[5], output_final_state=True, cu_seqlens=cu)
     else:
         o, ht = kernels.forward(op, *xs[:5], initial_state=xs[5], output_final_state=True, cu_seqlens=cu, backend=backend)
     ((o * do).sum() + (ht * dht).sum()).backward()
-    return o.detach(), ht.detach(), [x.grad for x in xs]
+    return o.detach().cpu(), ht.detach().cpu(), [x.grad.cpu() for x in xs]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -105,9 +110,10 @@ def test_transition_against_reference(op: str, kind: str, backend: str) -> None:
     """(M, S_ext) of each sequence finite and within TOL of the per-token reference's."""
     _, k, v, g, beta, cu, *_ = _case(op, kind)
     M_ref, S_ref = kernels.transition(op, k, v, g, beta, cu_seqlens=cu, backend="reference")
-    M, S = kernels.transition(op, k, v, g, beta, cu_seqlens=cu, backend=backend)
-    assert_rel_close("M", M_ref, M, TOL)
-    assert_rel_close("S_ext", S_ref, S, TOL)
+    device = TEST_DEVICE if backend == "triton" else "cpu"
+    M, S = kernels.transition(op, *(x.to(device) for x in (k, v, g, beta)), cu_seqlens=cu.to(device), backend=backend)
+    assert_rel_close("M", M_ref, M.cpu(), TOL)
+    assert_rel_close("S_ext", S_ref, S.cpu(), TOL)
 
 
 def test_decay_bound_finite_under_masks() -> None:

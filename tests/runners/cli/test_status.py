@@ -98,3 +98,35 @@ def test_status_counts_unreliable_points(store_url: str, tmp_path: Path) -> None
     row = next(line for line in out.splitlines() if "│ tiny" in line)
     cells = dict(zip([c.strip() for c in header.split("┃")[1:-1]], [c.strip() for c in row.split("│")[1:-1]], strict=True))
     assert (cells["done"], cells["unreliable"]) == ("1", "1"), out
+
+
+def test_status_says_an_owned_sweep_waits_for_its_run(store_url: str, tmp_path: Path) -> None:  # noqa: F811
+    """A sweep submitted by `cpbench run` (an owner token) whose run stopped: a plain worker never claims its points,
+    so status names the command that takes it over; an unowned sweep beside it gets no such line."""
+    from db.session import session_scope
+    from runners.engine import new_owner, submit_spec
+
+    with session_scope(store_url) as s:
+        owned = submit_spec(s, write_spec(tmp_path, name="owned.yaml"), owner=new_owner("run")).id
+    _submit(store_url, write_spec(tmp_path, name="free.yaml"))
+    for args in (("status",), ("status", str(owned))):
+        code, out, err = _cli(*args, "--db", store_url)
+        assert code == 0, err
+        lines = [line for line in out.splitlines() if "belongs to" in line]
+        assert len(lines) == 1 and f"sweep {owned} belongs" in lines[0], out
+        assert f"cpbench run --resume {owned}" in out.replace("\n", " "), out
+    code, out, err = _cli("status", str(owned + 1), "--db", store_url)
+    assert code == 0 and "belongs to" not in out, out
+
+
+def test_worker_once_names_the_owned_sweep_it_left(store_url: str, tmp_path: Path) -> None:  # noqa: F811
+    """`cpbench worker --once` against a store whose only queued sweep is owned by a stopped `cpbench run`: it takes
+    nothing (0 done) and says which command does."""
+    from db.session import session_scope
+    from runners.engine import new_owner, submit_spec
+
+    with session_scope(store_url) as s:
+        owned = submit_spec(s, write_spec(tmp_path, name="owned.yaml"), owner=new_owner("run")).id
+    code, out, err = _cli("worker", "--once", "--cpu", "--db", store_url)
+    assert code == 0, err
+    assert ": 0 done, 0 failed" in err and f"cpbench run --resume {owned}" in err.replace("\n", " "), err

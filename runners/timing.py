@@ -20,7 +20,8 @@ Method (nvbench's cold measurement, anchors/bench-services.md (d) level 0):
 
 Stop rule (`StopRule`, defaults as nvbench's `--min-samples 10 --min-time 0.5 --timeout 15`, noise as
 relative IQR): stop with "noise" once there are `min_samples` samples, `min_time_s` seconds have passed
-since sampling began and IQR/median <= `max_rel_iqr`; with "max_samples" at `max_samples`; with "timeout"
+since sampling began (or `max_samples` are taken) and IQR/median <= `max_rel_iqr`; with "max_samples" at
+`max_samples` while IQR/median is still above the target; with "timeout"
 after `timeout_s` seconds of sampling (at least one sample is always taken).
 
 A measurement whose rule did not converge (it stopped on "max_samples" or "timeout" instead of the noise target, or
@@ -99,8 +100,9 @@ def should_stop(samples_ms: list[float], elapsed_s: float, rule: StopRule) -> st
     n = len(samples_ms)
     if n == 0:
         return None
-    if n >= rule.min_samples and elapsed_s >= rule.min_time_s and rel_iqr(samples_ms) <= rule.max_rel_iqr:
-        return "noise"
+    quiet = n >= rule.min_samples and rel_iqr(samples_ms) <= rule.max_rel_iqr
+    if quiet and (elapsed_s >= rule.min_time_s or n >= rule.max_samples):
+        return "noise"  # a fast step can reach max_samples before min_time_s: its spread, not the clock, decides
     if n >= rule.max_samples:
         return "max_samples"
     if elapsed_s >= rule.timeout_s:

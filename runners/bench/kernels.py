@@ -1,7 +1,15 @@
-"""GPU benchmark of the Triton forward against FLA's on the same inputs, with floors and correctness checks.
+"""GPU benchmark of the Triton forward against FLA's and FlashQLA's on the same inputs, with floors and correctness
+checks.
 
-    cpbench bench kernels [--out benchmarks/results] [--ops gdn,kda] [--shapes 1x8192,8x8192] [--explore]
-                          [--no-fla] [--jobs 8] [--dry-run]      (also: python -m runners.bench.kernels ...)
+    cpbench bench kernels [--out benchmarks/results] [--ops gdn,kda] [--shapes 1x8192,8x8192] [--hv 16,32]
+                          [--lb=-5,-1] [--preset issue26] [--peers fla,flash_qla] [--no-fla] [--profile]
+                          [--deadline 540] [--explore] [--jobs 8] [--dry-run]   (also: python -m runners.bench.kernels)
+
+Rows: shapes x HV x lb (`runners.bench.kernels_grid`: `--preset issue26` is issue 26's grid), most important
+first; `--deadline` starts a row only while it fits and lists the rest as cut; the report is written after every
+row. Peers (`runners.bench.kernels_peers`): FLA's Triton path, and FlashQLA (GDN) in two columns, `auto_cp=False`
+and its intra-card CP (`auto_cp=True`, its default), with the split it chose; where a peer cannot run, one line
+says why. Each library's first call (its compile / autotune on the cache it found) is in the report.
 
 Method (the one ../shared/anchors/fla-h200.md used for FLA, so our figures stand next to FLA's published ones;
 that is why the inputs take `runners.workload`'s FLA recipe, not a sweep point's): bf16, H=16, K=V=128; q, k L2-normalised in
@@ -11,13 +19,15 @@ warm-up 25 ms, 200 ms of repetitions) after one untimed call that compiles (and,
 FLA runs with FLA_DISABLE_BACKEND_DISPATCH=1 (its Triton path). Ours is timed through the public entry
 `kernels.forward(..., backend="triton")`, the same inputs as FLA in the same process.
 
-Floors: bytes (q, k, v, g, beta read once and o written once) over the measured device-to-device copy
-bandwidth; flops of the chunked algorithm (K K^T, Q K^T, w, u, A v: 2 C^2 (3K + 2V); w S, q S, K^T v: 6 K V,
-per chunk and head) over the measured bf16 matmul rate. The floor is the larger of the two.
+Floors (`runners.bench.floors`, the one definition): bytes (q, k, v, g, beta read once and o written once) at
+4.2 TB/s; flops of the chunked algorithm (K K^T, Q K^T, w, u, A v: 2 C^2 (3K + 2V); w S, q S, K^T v: 6 K V,
+per chunk and head) at the bf16 matmul rate measured in the run (an 8192^3 torch.matmul). The floor is the larger
+of the two. `--profile` also times each launcher alone beside its own floors.
 
 Correctness: ours vs the fp32 per-token reference (`kernels.reference`) on reduced shapes (dense, varlen
 with odd lengths and an initial state, a slow-decay gate that makes the segment chain matter, fp32 inputs),
-the transition (M S0 + S_ext vs the final state from S0), and ours vs FLA at every benchmark shape.
+the transition (M S0 + S_ext vs the final state from S0), ours and each peer's o vs the fp32 reference at one
+reduced shape, and ours vs FLA (and FlashQLA vs ours) at every benchmark shape. `--no-check` skips all of them.
 
 `--explore` also times variants (segment lengths of the intra-device split, output fused or not, launch
 configs) so the defaults can be chosen from measurements; compilation of all variants is first done in
@@ -55,7 +65,14 @@ from runners.bench.kernels_ops import (
     ours,
     variants,
 )
-from runners.bench.kernels_peers import FLASH_QLA_COLUMNS, FlashQLAColumns, first_call, flash_qla_reason, parse_peers
+from runners.bench.kernels_peers import (
+    FLASH_QLA_COLUMNS,
+    FlashQLAColumns,
+    first_call,
+    first_calls_s,
+    flash_qla_reason,
+    parse_peers,
+)
 from runners.bench.kernels_report import to_markdown
 from runners.correctness import rel_l2
 from runners.versions import peer_versions
@@ -238,7 +255,7 @@ def run(args: argparse.Namespace, write: Callable[[dict[str, Any]], None] = lamb
                 continue
             print(f"[{deadline.elapsed():.0f}s] {op} {case.label}", flush=True)
             rec = run_row(args, op, case, device, peers, qla, timer, result)
-            rec["row_s"] = round(deadline.done(), 1)
+            rec["row_s"] = round(deadline.done(first_calls_s(rec)), 1)
             result["rows"].append(rec)
             print("RESULT", json.dumps(rec, default=str), flush=True)
             write(result)

@@ -24,7 +24,15 @@ from torch import Tensor
 
 from runners.workload import Workload
 
-__all__ = ["FLASH_QLA_COLUMNS", "PEERS", "FlashQLAColumns", "first_call", "flash_qla_reason", "parse_peers"]
+__all__ = [
+    "FLASH_QLA_COLUMNS",
+    "PEERS",
+    "FlashQLAColumns",
+    "first_call",
+    "first_calls_s",
+    "flash_qla_reason",
+    "parse_peers",
+]
 
 PEERS = ("fla", "flash_qla")  # the libraries a benchmark can time beside ours
 # column -> the adapter's mode: auto_cp=False, and its intra-card CP (auto_cp=True: the default a user gets)
@@ -89,6 +97,11 @@ def first_call(fn: Callable[[], Any], cuda: bool) -> tuple[Any, float]:
     if cuda:
         torch.cuda.synchronize()
     return out, round(time.perf_counter() - t0, 2)
+
+
+def first_calls_s(rec: dict[str, Any]) -> float:
+    """The seconds a benchmark row spent in its libraries' first calls (its `*first_call_s` entries)."""
+    return sum(float(v) for k, v in rec.items() if k.endswith("first_call_s") and isinstance(v, (int, float)))
 
 
 class FlashQLAColumns:

@@ -49,16 +49,17 @@ def test_bad_lists_are_one_line_errors(call, message: str) -> None:
 
 def test_deadline_runs_the_first_row_and_cuts_what_would_not_fit() -> None:
     now = [0.0]
-    d = Deadline(100, clock=lambda: now[0])
+    d = Deadline(200, clock=lambda: now[0])
     now[0] = 10.0
     assert d.allows()  # the first row always runs
-    now[0] = 50.0
-    assert d.done() == 40.0
-    assert d.allows()  # 50 + 40 <= 100
-    now[0] = 70.0
+    now[0] = 80.0
+    assert d.done(first_calls_s=30.0) == 70.0  # 30 s of it compiled: the rows after it are estimated at 40 s
+    assert d.longest == 40.0 and d.allows()  # 80 + 40 <= 200
+    now[0] = 100.0
     assert d.done() == 20.0 and d.longest == 40.0
-    assert not d.allows()  # 70 + 40 > 100
-    assert d.why() == "cut by the deadline: 70 s elapsed + 40 s (the longest row) > 100 s"
+    now[0] = 170.0
+    assert not d.allows()  # 170 + 40 > 200
+    assert d.why() == "cut by the deadline: 170 s elapsed + 40 s (the longest row) > 200 s"
     unlimited = Deadline(0, clock=lambda: now[0])
     unlimited.longest = 1e9
     assert unlimited.allows()

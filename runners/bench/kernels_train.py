@@ -43,17 +43,11 @@ import torch
 from kernels.configs import LaunchConfig, get_spec
 from kernels.plan import LaunchPlan, plan_with
 from kernels.vocabulary import KEEP_POLICIES
+from runners.bench import kernels_peers
 from runners.bench.floors import BYTES_PER_TOKEN_HEAD, HBM_TBPS
 from runners.bench.kernels_grid import PRESETS, SHAPE_ORDER, Deadline, expand_cases, parse_floats, parse_shapes
 from runners.bench.kernels_ops import fla_inputs
-from runners.bench.kernels_peers import (
-    FLASH_QLA_COLUMNS,
-    FlashQLAColumns,
-    first_call,
-    first_calls_s,
-    flash_qla_reason,
-    parse_peers,
-)
+from runners.bench.kernels_peers import FLASH_QLA_COLUMNS, FlashQLAColumns, first_call, flash_qla_reason, parse_peers
 from runners.correctness import rel_l2
 from runners.versions import driver_version, git_sha, peer_versions
 from runners.workload import Workload
@@ -482,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
                 _say(op, case.label, deadline.why())
                 continue
             rec = run_shape(op, case.B, case.T, "cuda", fla=fla, HV=case.HV, lb=case.lb, qla=qla)
-            rec["row_s"] = round(deadline.done(first_calls_s(rec)), 1)
+            rec["row_s"] = round(deadline.done(kernels_peers.first_calls_s(rec)), 1)
             res["rows"].append(rec)
             _say(json.dumps(rec))
             write(res, out, name)

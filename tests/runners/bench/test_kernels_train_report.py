@@ -27,37 +27,17 @@ ENV = {
 
 
 def _row(**kw: Any) -> dict[str, Any]:
-    base = {
-        "op": "gdn",
-        "B": 1,
-        "T": 65536,
-        "H": 16,
-        "HV": 32,
-        "lb": -5.0,
-        "ours_ms": 10.0,
-        "fla_ms": 9.8,
-        "ratio": 10.0 / 9.8,
-        "floor_ms": 1.4,
-        "ours_peak_MB": 900.0,
-        "fla_peak_MB": 1200.0,
-        "policies": {},
-        "ours_kernels_ms": {"chunk_bwd_dqk": 3.0},
-        "ours_first_call_s": 16.5,
-    }
+    """A GDN row at 1x64K, HV=32, lb=-5 (ours, FLA, the floor, peaks, our kernels), with `kw` changed."""
+    keys = ("op", "B", "T", "H", "HV", "lb", "ours_ms", "fla_ms", "ratio", "floor_ms", "ours_peak_MB", "fla_peak_MB")
+    base = dict(zip(keys, ("gdn", 1, 65536, 16, 32, -5.0, 10.0, 9.8, 10.0 / 9.8, 1.4, 900.0, 1200.0), strict=True))
+    base.update(policies={}, ours_kernels_ms={"chunk_bwd_dqk": 3.0}, ours_first_call_s=16.5)
     return {**base, **kw}
 
 
 def test_flash_qla_step_columns_first_calls_and_cut_rows() -> None:
-    row = _row(
-        flash_qla_ms=2.5,
-        flash_qla_cp_ms=2.0,
-        ratio_flash_qla=4.0,
-        ratio_flash_qla_cp=5.0,
-        flash_qla_cp_peak_MB=700.0,
-        flash_qla_first_call_s=169.0,
-        fla_first_call_s=112.0,
-        flash_qla_cp_split={"intra_cp": True, "pieces": 16},
-    )
+    step_ms = {"flash_qla_ms": 2.5, "flash_qla_cp_ms": 2.0, "ratio_flash_qla": 4.0, "ratio_flash_qla_cp": 5.0}
+    first = {"flash_qla_first_call_s": 169.0, "fla_first_call_s": 112.0}
+    row = _row(**step_ms, **first, flash_qla_cp_peak_MB=700.0, flash_qla_cp_split={"intra_cp": True, "pieces": 16})
     cut = [
         {
             "op": "kda",

@@ -325,7 +325,7 @@ def run_row(args: argparse.Namespace, op: str, case: Case, device: str, peers: t
             traceback.print_exc()
     elif "fla" in peers:
         rec["fla_error"] = "FLA's Triton path needs a CUDA device (a dry run times ours only)"
-    rec["fla_anchor_ms"] = FLA_MS_ANCHOR.get((op, B, T)) if HV == H else None
+    rec["fla_anchor_ms"] = FLA_MS_ANCHOR.get((op, B, T)) if HV == H and case.lb is None else None  # its recipe: logsigmoid
     o_ours = None
     for label, kw in variants(op, B, T, args.explore, _ints(args.warm), _ints(args.warm_splits)):
         vrec: dict[str, Any] = {"op": op, "B": B, "T": T, "HV": HV, "lb": case.lb, "variant": label,

@@ -1,7 +1,7 @@
 """The rows a kernel benchmark runs (`cpbench bench kernels` / `bench train`): shapes x value heads x gate
 strengths, most important first, named presets of them, and the deadline that stops a run cleanly.
 
-    --shapes 1x8192,8x8192 --hv 16,32 --lb -5,-1     # explicit lists (B x T; value heads; gates lb * sigmoid(randn))
+    --shapes 1x8192,8x8192 --hv 16,32 --lb=-5,-1     # explicit lists (B x T; value heads; gates lb * sigmoid(randn))
     --preset issue26                                  # issue 26's grid: the five shapes x HV 16, 32 x lb -5, -1
 
 Rows are ordered by importance, so a run cut by its deadline has measured what matters most: the first HV and the

@@ -1,7 +1,15 @@
-"""GPU benchmark of the Triton forward against FLA's on the same inputs, with floors and correctness checks.
+"""GPU benchmark of the Triton forward against FLA's and FlashQLA's on the same inputs, with floors and correctness
+checks.
 
-    cpbench bench kernels [--out benchmarks/results] [--ops gdn,kda] [--shapes 1x8192,8x8192] [--explore]
-                          [--no-fla] [--jobs 8] [--dry-run]      (also: python -m runners.bench.kernels ...)
+    cpbench bench kernels [--out benchmarks/results] [--ops gdn,kda] [--shapes 1x8192,8x8192] [--hv 16,32]
+                          [--lb=-5,-1] [--preset issue26] [--peers fla,flash_qla] [--no-fla] [--profile]
+                          [--deadline 540] [--explore] [--jobs 8] [--dry-run]   (also: python -m runners.bench.kernels)
+
+Rows: shapes x HV x lb (`runners.bench.kernels_grid`: `--preset issue26` is issue 26's grid), most important
+first; `--deadline` starts a row only while it fits and lists the rest as cut; the report is written after every
+row. Peers (`runners.bench.kernels_peers`): FLA's Triton path, and FlashQLA (GDN) in two columns, `auto_cp=False`
+and its intra-card CP (`auto_cp=True`, its default), with the split it chose; where a peer cannot run, one line
+says why. Each library's first call (its compile / autotune on the cache it found) is in the report.
 
 Method (the one ../shared/anchors/fla-h200.md used for FLA, so our figures stand next to FLA's published ones;
 that is why the inputs take `runners.workload`'s FLA recipe, not a sweep point's): bf16, H=16, K=V=128; q, k L2-normalised in
@@ -11,13 +19,15 @@ warm-up 25 ms, 200 ms of repetitions) after one untimed call that compiles (and,
 FLA runs with FLA_DISABLE_BACKEND_DISPATCH=1 (its Triton path). Ours is timed through the public entry
 `kernels.forward(..., backend="triton")`, the same inputs as FLA in the same process.
 
-Floors: bytes (q, k, v, g, beta read once and o written once) over the measured device-to-device copy
-bandwidth; flops of the chunked algorithm (K K^T, Q K^T, w, u, A v: 2 C^2 (3K + 2V); w S, q S, K^T v: 6 K V,
-per chunk and head) over the measured bf16 matmul rate. The floor is the larger of the two.
+Floors (`runners.bench.floors`, the one definition): bytes (q, k, v, g, beta read once and o written once) at
+4.2 TB/s; flops of the chunked algorithm (K K^T, Q K^T, w, u, A v: 2 C^2 (3K + 2V); w S, q S, K^T v: 6 K V,
+per chunk and head) at the bf16 matmul rate measured in the run (an 8192^3 torch.matmul). The floor is the larger
+of the two. `--profile` also times each launcher alone beside its own floors.
 
 Correctness: ours vs the fp32 per-token reference (`kernels.reference`) on reduced shapes (dense, varlen
 with odd lengths and an initial state, a slow-decay gate that makes the segment chain matter, fp32 inputs),
-the transition (M S0 + S_ext vs the final state from S0), and ours vs FLA at every benchmark shape.
+the transition (M S0 + S_ext vs the final state from S0), ours and each peer's o vs the fp32 reference at one
+reduced shape, and ours vs FLA (and FlashQLA vs ours) at every benchmark shape. `--no-check` skips all of them.
 
 `--explore` also times variants (segment lengths of the intra-device split, output fused or not, launch
 configs) so the defaults can be chosen from measurements; compilation of all variants is first done in
@@ -40,24 +50,32 @@ from typing import Any
 import torch
 
 from runners.bench.common import environment, result_stem
+from runners.bench.floors import LAUNCHERS, bytes_floor, floor_ms, flops_floor, launcher_bytes, launcher_flops
+from runners.bench.kernels_grid import PRESETS, Case, Deadline, expand_cases, parse_floats, parse_shapes
 from runners.bench.kernels_ops import (
     FLA_MS_ANCHOR,
     H_DEFAULT,
     K_DIM,
-    SHAPES_DEFAULT,
     V_DIM,
     Timer,
     _timed,
-    bytes_floor,
     fla_fn,
     fla_inputs,
-    flops_floor,
     measure_ceilings,
     ours,
     variants,
 )
+from runners.bench.kernels_peers import (
+    FLASH_QLA_COLUMNS,
+    FlashQLAColumns,
+    first_call,
+    first_calls_s,
+    flash_qla_reason,
+    parse_peers,
+)
 from runners.bench.kernels_report import to_markdown
 from runners.correctness import rel_l2
+from runners.versions import peer_versions
 
 # ---------------------------------------------------------------------------------------------------------------------
 # parallel precompile (fills Triton's on-disk cache; the timed process then only loads binaries)
@@ -187,30 +205,37 @@ def correctness(ops: list[str], device: str, quiet: bool = False) -> list[dict[s
 ARGV: list[str] = []
 
 
-def _shape(text: str) -> tuple[int, int]:
-    """`"8x8192"` -> (8, 8192): a `--shapes` item, B x T."""
-    B, T = (int(x) for x in text.split("x"))
-    return B, T
-
-
 def _env(device: str) -> dict[str, Any]:
-    return environment(torch.device(device, 0) if device == "cuda" else torch.device("cpu"),
-                       command=" ".join([os.path.basename(sys.executable), "-m", "runners.bench.kernels", *ARGV]),
-                       cpu_label="cpu (dry run, interpreter)",
-                       env_vars=("FLA_DISABLE_BACKEND_DISPATCH", "NCCL_NVLS_ENABLE", "TRITON_CACHE_DIR"))
+    env = environment(torch.device(device, 0) if device == "cuda" else torch.device("cpu"),
+                      command=" ".join([os.path.basename(sys.executable), "-m", "runners.bench.kernels", *ARGV]),
+                      cpu_label="cpu (dry run, interpreter)",
+                      env_vars=("FLA_DISABLE_BACKEND_DISPATCH", "NCCL_NVLS_ENABLE", "TRITON_CACHE_DIR", "TILELANG_CACHE_DIR"))
+    env.update(peer_versions())
+    return env
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def cases_of(args: argparse.Namespace, H: int) -> list[Case]:
+    """The run's rows (`runners.bench.kernels_grid`): --preset or --shapes / --hv / --lb; a dry run keeps the lists'
+    gates but runs its tiny shape at HV = H."""
+    if args.dry_run:
+        return expand_cases(shapes=DRY_RUN_SHAPES, hv=(H,), lb=parse_floats(args.lb, "--lb") or (None,), H=H)
+    return expand_cases(preset=args.preset, shapes=parse_shapes(args.shapes or ""), hv=_ints(args.hv),
+                        lb=parse_floats(args.lb, "--lb"), H=H)
+
+
+def run(args: argparse.Namespace, write: Callable[[dict[str, Any]], None] = lambda res: None) -> dict[str, Any]:
+    """The benchmark; `write(result)` after every row, so a run cut short (deadline, crash) keeps what it measured."""
     device = "cpu" if args.dry_run else "cuda"
     ops = args.ops.split(",")
-    shapes = [_shape(s) for s in args.shapes.split(",")] if args.shapes else list(SHAPES_DEFAULT)
-    if args.dry_run:
-        shapes = list(DRY_RUN_SHAPES)
     H = 2 if args.dry_run else H_DEFAULT
     K = V = 32 if args.dry_run else K_DIM
+    cases = cases_of(args, H)
+    peers = parse_peers(args.peers, args.no_fla)
+    shapes = list(dict.fromkeys((c.B, c.T) for c in cases))
     timer = Timer(device == "cuda")
-    t_start = time.time()
-    result: dict[str, Any] = {"env": _env(device), "H": H, "K": K, "V": V, "shapes": shapes, "lb": args.lb}
+    deadline = Deadline(args.deadline)
+    result: dict[str, Any] = {"env": _env(device), "H": H, "K": K, "V": V, "shapes": shapes, "peers": list(peers),
+                              "cases": [c.label for c in cases], "rows": [], "explore": [], "cut": []}
     if device == "cuda" and args.jobs > 0:
         t0 = time.time()
         result["precompile"] = precompile(ops, shapes, args.explore, args.jobs, warm=_ints(args.warm))
@@ -218,89 +243,179 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"precompile {result['precompile_s']} s:", *result["precompile"], sep="\n  ", flush=True)
     result["ceilings"] = measure_ceilings(timer, device)
     print("ceilings", result["ceilings"], flush=True)
+    qla = FlashQLAColumns() if "flash_qla" in peers else None
     if not args.no_check:
         result["correctness"] = correctness(ops, device)
-    bw = result["ceilings"]["copy_GBps"] * 1e9
-    mm = result["ceilings"]["matmul_TFLOPs"] * 1e12
-    rows: list[dict[str, Any]] = []
-    explore_rows: list[dict[str, Any]] = []
-    for B, T in shapes:
+        result["accuracy"] = peer_accuracy(ops, device, peers, qla, H=H, K=K, V=V)
+    for case in cases:
         for op in ops:
-            print(f"[{time.time() - t_start:.0f}s] {op} B={B} T={T}", flush=True)
-            if args.deadline and time.time() - t_start > args.deadline:
-                print(f"deadline reached, skipping {op} {B}x{T}", flush=True)
+            if not deadline.allows():
+                result["cut"].append({"op": op, "case": case.label, "why": deadline.why()})
+                print(f"{op} {case.label}: {deadline.why()}", flush=True)
                 continue
-            q, k, v, g, beta = fla_inputs(op, B, T, H, device=device, K=K, V=V, lb=args.lb).tensors
-            rec: dict[str, Any] = {"op": op, "B": B, "T": T, "H": H, "K": K, "V": V,
-                                   "bytes": bytes_floor(op, B, T, H, K, V), "flops": flops_floor(B, T, H, K, V)}
-            rec["floor_bytes_ms"] = rec["bytes"] / bw * 1e3 if bw == bw else float("nan")
-            rec["floor_flops_ms"] = rec["flops"] / mm * 1e3 if mm == mm else float("nan")
-            rec["floor_ms"] = max(rec["floor_bytes_ms"], rec["floor_flops_ms"])
-            o_fla = None
-            if not args.no_fla and device == "cuda":
-                try:
-                    fn = fla_fn(op)
-                    t0 = time.time()
-                    with torch.no_grad():
-                        o_fla, _ = fn(q, k, v, g, beta)
-                    torch.cuda.synchronize()
-                    rec["fla_first_call_s"] = round(time.time() - t0, 1)
-                    with torch.no_grad():
-                        rec["fla_ms"], rec["fla_p20"], rec["fla_p80"] = _timed(timer, fn, q, k, v, g, beta)
-                except Exception as err:  # noqa: BLE001
-                    rec["fla_error"] = f"{type(err).__name__}: {err}"
-                    traceback.print_exc()
-            rec["fla_anchor_ms"] = FLA_MS_ANCHOR.get((op, B, T))
-            for label, kw in variants(op, B, T, args.explore, _ints(args.warm), _ints(args.warm_splits)):
-                vrec: dict[str, Any] = {"op": op, "B": B, "T": T, "variant": label,
-                                        "kwargs": {a: repr(b) for a, b in kw.items()}}
-                try:
-                    t0 = time.time()
-                    with torch.no_grad():
-                        o, _ = ours(op, q, k, v, g, beta, **kw)
-                    if device == "cuda":
-                        torch.cuda.synchronize()
-                    vrec["first_call_s"] = round(time.time() - t0, 2)
-                    if o_fla is not None:
-                        vrec["rel_l2_vs_fla"] = rel_l2(o, o_fla)
-                    del o
-                    reps = (25, 200) if label == "ours" else (10, 100)  # variants: shorter, still >= 10 calls
-                    if args.dry_run:  # the interpreter: a check that the script runs, not a timing
-                        reps = DRY_RUN_REPS
-                    with torch.no_grad():
-                        vrec["ms"], vrec["p20"], vrec["p80"] = _timed(timer, ours, op, q, k, v, g, beta, warmup=reps[0],
-                                                                      rep=reps[1], **kw)
-                except Exception as err:  # noqa: BLE001
-                    vrec["error"] = f"{type(err).__name__}: {err}"
-                    traceback.print_exc()
-                if kw.get("warm"):
-                    vrec.update(_certified(op, q, k, v, g, beta, kw))
-                print("VARIANT", json.dumps(vrec, default=str), flush=True)
-                if label == "ours":
-                    rec.update({k2: vrec.get(k2) for k2 in ("ms", "p20", "p80", "first_call_s", "rel_l2_vs_fla", "error")})
-                else:
-                    explore_rows.append(vrec)
-            if args.profile and device == "cuda":
-                try:
-                    rec["profile"] = profile_kernels(op, q, k, v, g, beta, timer, warm=max(_ints(args.warm), default=0))
-                except Exception as err:  # noqa: BLE001
-                    rec["profile"] = {"error": f"{type(err).__name__}: {err}"}
-                    traceback.print_exc()
-            if B == 1 and T == 8192 and device == "cuda" and rec.get("ms"):
-                rec.update(_graph_times(op, q, k, v, g, beta, timer, with_fla=o_fla is not None))
-            if rec.get("ms") and rec.get("fla_ms"):
-                rec["ratio"] = rec["ms"] / rec["fla_ms"]
-            if rec.get("ms") and rec["floor_ms"] == rec["floor_ms"]:
-                rec["x_floor"] = rec["ms"] / rec["floor_ms"]
-            rows.append(rec)
+            print(f"[{deadline.elapsed():.0f}s] {op} {case.label}", flush=True)
+            rec = run_row(args, op, case, device, peers, qla, timer, result)
+            rec["row_s"] = round(deadline.done(first_calls_s(rec)), 1)
+            result["rows"].append(rec)
             print("RESULT", json.dumps(rec, default=str), flush=True)
-            del q, k, v, g, beta, o_fla  # free the inputs before the next shape
+            write(result)
             if device == "cuda":
                 torch.cuda.empty_cache()
-    result["rows"] = rows
-    result["explore"] = explore_rows
-    result["wall_s"] = round(time.time() - t_start, 1)
+    result["wall_s"] = round(deadline.elapsed(), 1)
+    write(result)
     return result
+
+
+def peer_accuracy(ops: list[str], device: str, peers: tuple[str, ...], qla: FlashQLAColumns | None, *, H: int, K: int,
+                  V: int, T: int = 2048) -> list[dict[str, Any]]:
+    """o of ours and of each peer vs the fp32 per-token reference on one reduced shape (B=1, T, lb=-1, bf16): the
+    same inputs for all; a peer that cannot run gives its reason. The first peer calls also pay their compile."""
+    import kernels
+
+    T = 128 if device != "cuda" else T
+    rows: list[dict[str, Any]] = []
+    for op in ops:
+        wl = fla_inputs(op, 1, T, H, device=device, K=K, V=V, lb=-1.0, seed=3)
+        x = wl.tensors
+        with torch.no_grad():
+            ref, _ = kernels.reference(op, *(t.float() for t in x))
+        calls: list[tuple[str, Callable[[], Any]]] = [("ours", lambda: ours(op, *x)[0])]  # noqa: B023
+        if "fla" in peers and device == "cuda":
+            calls.append(("fla", lambda: fla_fn(op)(*x)[0]))  # noqa: B023
+        why = flash_qla_reason(op, H=H, HV=H, K=K, V=V) if "flash_qla" in peers else None
+        for col in FLASH_QLA_COLUMNS if "flash_qla" in peers else ():
+            if why is None and qla is not None:
+                fn, xs = qla.forward(col, wl)
+                calls.append((col, lambda fn=fn, xs=xs: fn(*xs)))  # type: ignore[misc]
+            else:
+                rows.append({"op": op, "who": col, "T": T, "error": why})
+        for who, call in calls:
+            rec: dict[str, Any] = {"op": op, "who": who, "T": T}
+            try:
+                with torch.no_grad():
+                    o, rec["first_call_s"] = first_call(call, device == "cuda")
+                rec["o_rel_l2"] = rel_l2(o, ref)
+            except Exception as err:  # noqa: BLE001 - a failing peer is a result
+                rec["error"] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
+            rows.append(rec)
+            print("ACCURACY", json.dumps(rec, default=str), flush=True)
+    return rows
+
+
+def run_row(args: argparse.Namespace, op: str, case: Case, device: str, peers: tuple[str, ...],
+            qla: FlashQLAColumns | None, timer: Timer, result: dict[str, Any]) -> dict[str, Any]:
+    """One (op, case) row: ours (and its variants), FLA, FlashQLA's columns, the floors, the profile."""
+    H, K, V = result["H"], result["K"], result["V"]
+    B, T, HV = case.B, case.T, case.HV
+    wl = fla_inputs(op, B, T, H, device=device, K=K, V=V, lb=case.lb, HV=HV)
+    q, k, v, g, beta = wl.tensors
+    rec: dict[str, Any] = {"op": op, "B": B, "T": T, "H": H, "HV": HV, "lb": case.lb, "K": K, "V": V,
+                           "bytes": bytes_floor(op, B, T, HV, K, V), "flops": flops_floor(B, T, HV, K, V)}
+    fl = floor_ms(rec["bytes"], rec["flops"], result["ceilings"]["matmul_TFLOPs"])
+    rec.update(floor_bytes_ms=fl["bytes_ms"], floor_flops_ms=fl["flops_ms"], floor_ms=fl["floor_ms"])
+    o_fla = None
+    if "fla" in peers and device == "cuda":
+        try:
+            fn = fla_fn(op)
+            with torch.no_grad():
+                (o_fla, _), rec["fla_first_call_s"] = first_call(lambda: fn(q, k, v, g, beta), cuda=True)
+                rec["fla_ms"], rec["fla_p20"], rec["fla_p80"] = _timed(timer, fn, q, k, v, g, beta)
+        except Exception as err:  # noqa: BLE001
+            rec["fla_error"] = f"{type(err).__name__}: {err}"
+            traceback.print_exc()
+    elif "fla" in peers:
+        rec["fla_error"] = "FLA's Triton path needs a CUDA device (a dry run times ours only)"
+    rec["fla_anchor_ms"] = FLA_MS_ANCHOR.get((op, B, T)) if HV == H and case.lb is None else None  # its recipe: logsigmoid
+    o_ours = None
+    for label, kw in variants(op, B, T, args.explore, _ints(args.warm), _ints(args.warm_splits)):
+        vrec: dict[str, Any] = {"op": op, "B": B, "T": T, "HV": HV, "lb": case.lb, "variant": label,
+                                "kwargs": {a: repr(b) for a, b in kw.items()}}
+        try:
+            with torch.no_grad():
+                (o, _), vrec["first_call_s"] = first_call(lambda: ours(op, q, k, v, g, beta, **kw), device == "cuda")  # noqa: B023
+            if o_fla is not None and not args.no_check:
+                vrec["rel_l2_vs_fla"] = rel_l2(o, o_fla)
+            if label == "ours":
+                o_ours = o
+            del o
+            reps = (25, 200) if label == "ours" else (10, 100)  # variants: shorter, still >= 10 calls
+            if args.dry_run:  # the interpreter: a check that the script runs, not a timing
+                reps = DRY_RUN_REPS
+            with torch.no_grad():
+                vrec["ms"], vrec["p20"], vrec["p80"] = _timed(timer, ours, op, q, k, v, g, beta, warmup=reps[0],
+                                                              rep=reps[1], **kw)
+        except Exception as err:  # noqa: BLE001
+            vrec["error"] = f"{type(err).__name__}: {err}"
+            traceback.print_exc()
+        if kw.get("warm"):
+            vrec.update(_certified(op, q, k, v, g, beta, kw))
+        print("VARIANT", json.dumps(vrec, default=str), flush=True)
+        if label == "ours":
+            rec.update({k2: vrec.get(k2) for k2 in ("ms", "p20", "p80", "first_call_s", "rel_l2_vs_fla", "error")})
+        else:
+            result["explore"].append(vrec)
+    if "flash_qla" in peers:
+        rec.update(flash_qla_row(qla, op, wl, None if args.no_check else o_ours, timer, H=H, K=K, V=V))
+    if args.profile and device == "cuda":
+        try:
+            rec["profile"] = profile_kernels(op, q, k, v, g, beta, timer, warm=max(_ints(args.warm), default=0))
+            rec["launchers"] = launcher_floors(op, B, T, HV, K, V, rec["profile"], result["ceilings"])
+        except Exception as err:  # noqa: BLE001
+            rec["profile"] = {"error": f"{type(err).__name__}: {err}"}
+            traceback.print_exc()
+    if B == 1 and T == 8192 and HV == H and device == "cuda" and rec.get("ms"):
+        rec.update(_graph_times(op, q, k, v, g, beta, timer, with_fla=o_fla is not None))
+    if rec.get("ms") and rec.get("fla_ms"):
+        rec["ratio"] = rec["ms"] / rec["fla_ms"]
+    for col in FLASH_QLA_COLUMNS:
+        if rec.get("ms") and rec.get(f"{col}_ms"):
+            rec[f"ratio_{col}"] = rec["ms"] / rec[f"{col}_ms"]
+    if rec.get("ms") and rec["floor_ms"] == rec["floor_ms"]:
+        rec["x_floor"] = rec["ms"] / rec["floor_ms"]
+    return rec
+
+
+def flash_qla_row(qla: FlashQLAColumns | None, op: str, wl: Any, o_ours: Any, timer: Timer, *, H: int, K: int,
+                  V: int) -> dict[str, Any]:
+    """FlashQLA's columns of a row (`FLASH_QLA_COLUMNS`): ms, first call, the split it chose, rel_l2 vs ours; or
+    `flash_qla_reason`, the one line saying why it cannot run here."""
+    HV = wl.v.shape[2]
+    why = flash_qla_reason(op, H=H, HV=HV, K=K, V=V, dtype=str(wl.q.dtype).removeprefix("torch."))
+    if why or qla is None:
+        return {"flash_qla_reason": why or "not asked for"}
+    out: dict[str, Any] = {}
+    for col in FLASH_QLA_COLUMNS:
+        try:
+            fn, xs = qla.forward(col, wl)
+            with torch.no_grad():
+                o, out[f"{col}_first_call_s"] = first_call(lambda: fn(*xs), cuda=True)  # noqa: B023
+                out[f"{col}_split"] = qla.split()
+                if o_ours is not None:
+                    out[f"{col}_rel_l2_vs_ours"] = rel_l2(o, o_ours)
+                del o
+                out[f"{col}_ms"], out[f"{col}_p20"], out[f"{col}_p80"] = _timed(timer, fn, *xs)
+        except Exception as err:  # noqa: BLE001 - FlashQLA failing is a result, not a crash of the benchmark
+            out[f"{col}_error"] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
+            traceback.print_exc()
+    return out
+
+
+def launcher_floors(op: str, B: int, T: int, HV: int, K: int, V: int, prof: dict[str, Any],
+                    ceilings: dict[str, float]) -> list[dict[str, Any]]:
+    """Each profiled launcher's ms beside its own floors (`runners.bench.floors`: bytes at HBM_TBPS, flops at the
+    run's matmul rate) and ms / floor."""
+    rows = []
+    segments = int(prof.get("segments") or 0)
+    for name in LAUNCHERS:
+        ms = prof.get(f"{name}_ms")
+        if ms is None:
+            continue
+        nbytes = launcher_bytes(op, name, B, T, HV, K, V, segments=segments)
+        flops = launcher_flops(op, name, B, T, HV, K, V, segments=segments)
+        fl = floor_ms(nbytes, flops, ceilings["matmul_TFLOPs"])
+        rows.append({"launcher": name, "ms": ms, "bytes": nbytes, "flops": flops, **fl,
+                     "x_floor": ms / fl["floor_ms"] if fl["floor_ms"] > 0 else None})
+    return rows
 
 
 def _ints(text: str | None) -> tuple[int, ...]:
@@ -325,7 +440,8 @@ def _fraction(ok: Any) -> float:
 
 
 def profile_kernels(op: str, q, k, v, g, beta, timer: Timer, warm: int = 0) -> dict[str, Any]:
-    """Each launcher of our forward timed alone (do_bench median, ms) with its unique bytes (reads + writes).
+    """Each launcher of our forward timed alone (do_bench median, ms); GB/s from its unique bytes (reads + writes,
+    `runners.bench.floors.launcher_bytes`, the one count the floor table uses too).
 
     Intermediates come from one untimed pass; the split stages use the automatic plan of the shape. warm > 0:
     also the stages of the gate-certified warmup with that window (`kernels.common.warm_split`): the windows'
@@ -336,27 +452,25 @@ def profile_kernels(op: str, q, k, v, g, beta, timer: Timer, warm: int = 0) -> d
     from kernels.common.seqsplit import resolve_split, seg_chain_fwd
     from kernels.common.wy import BT_WY, wy_gdn_fwd, wy_kda_fwd
 
+    if v.shape[2] != k.shape[2]:  # grouped value heads: the launchers take q, k per value head (as dispatch does)
+        q, k = (x.repeat_interleave(v.shape[2] // k.shape[2], dim=2) for x in (q, k))
     B, T, H, K = k.shape
     V = v.shape[-1]
     scale = K**-0.5
-    th = B * T * H  # token-heads
     index = prepare_chunk_index(None, batch=B, seq_len=T, chunk_size=BT_WY, device=k.device)
     out: dict[str, Any] = {}
     with torch.no_grad():
+        wy_args = (q, k, v, g, beta)
         if op == "gdn":
-            wy_args = (q, k, v, g, beta)
             w, u, gg, aqk = wy_gdn_fwd(*wy_args, scale=scale, index=index)
             kk, qq, gv = k, q, False
-            wy_bytes = th * (2 * (2 * K + V) + 4 + 2 * (K + V) + 4 + 2 * 64)
         else:
-            wy_args = (q, k, v, g, beta)
             w, u, kk, gg, qq, aqk = wy_kda_fwd(*wy_args, scale=scale, index=index)
             gv = True
-            wy_bytes = th * (2 * (4 * K + V) + 2 + 2 * (3 * K + V) + 2 * 64)
         fn = wy_gdn_fwd if op == "gdn" else wy_kda_fwd
         out["wy_ms"] = _timed(timer, fn, *wy_args, scale=scale, index=index)[0]
-        out["wy_GBps"] = wy_bytes / (out["wy_ms"] * 1e-3) / 1e9
-        step_bytes = th * (2 * (3 * K + V) + 2 * 64 + 4 + 2 * V)  # w, k, q, u, aqk, gate in; o out
+        out["wy_GBps"] = launcher_bytes(op, "wy", B, T, H, K, V) / (out["wy_ms"] * 1e-3) / 1e9
+        step_bytes = launcher_bytes(op, "state_plain", B, T, H, K, V)  # w, k, q, u, aqk, gate in; o out
         plain = SeqLayout(index.num_seqs)
         out["state_plain_ms"] = _timed(timer, chunk_state_output_fwd, kk, w, u, gg, qq, layout=plain, BT=BT_WY,
                                        gate_vector=gv, scale=scale, aqk=aqk)[0]
@@ -440,6 +554,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default=None, help="file stem (default kernels_<device>)")
     ap.add_argument("--ops", default="gdn,kda")
     ap.add_argument("--shapes", default=None, help="comma list of BxT (default: the issue's five shapes)")
+    ap.add_argument("--hv", default=None, help="comma list of value-head counts, multiples of H=16 (default 16)")
+    ap.add_argument("--preset", default=None, choices=sorted(PRESETS),
+                    help="a named grid of shapes x HV x lb (issue26: the five shapes x HV 16, 32 x lb -1, -5); "
+                         "--shapes / --hv / --lb given beside it replace its lists")
     ap.add_argument("--explore", nargs="?", const="full", default=None, choices=("full", "light"),
                     help="also time variants: split lengths, fusion and launch configs (full) or the first two (light)")
     ap.add_argument("--profile", action="store_true", help="also time each launcher of our forward alone")
@@ -448,13 +566,19 @@ def main(argv: list[str] | None = None) -> int:
                          "(0: exact maps); --profile then also times the warm stages at the largest")
     ap.add_argument("--warm-splits", default=None,
                     help="comma list of segment lengths (chunks) at which to time each --warm window too, e.g. 8,16,32")
-    ap.add_argument("--lb", type=float, default=None,
-                    help="gates g = lb * sigmoid(randn) (the engine's workload, e.g. -5 or -1) instead of FLA's "
-                         "logsigmoid(randn): how strongly they decay decides what the --warm windows certify")
-    ap.add_argument("--no-fla", action="store_true")
-    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--lb", default=None,
+                    help="comma list of gate strengths: g = lb * sigmoid(randn) (the engine's workload, e.g. -5,-1) "
+                         "instead of FLA's logsigmoid(randn); how strongly they decay decides what the --warm "
+                         "windows certify and what FlashQLA's intra-card CP chooses")
+    ap.add_argument("--peers", default=None,
+                    help="comma list of libraries timed beside ours: fla (its Triton path), flash_qla (FlashQLA, "
+                         "GDN: auto_cp=False and its default intra-card CP); default fla,flash_qla; none: ours alone")
+    ap.add_argument("--no-fla", action="store_true", help="leave FLA out of --peers")
+    ap.add_argument("--no-check", action="store_true", help="skip every accuracy check (ours and the peers')")
     ap.add_argument("--jobs", type=int, default=8, help="parallel precompile processes (0: none)")
-    ap.add_argument("--deadline", type=float, default=0, help="stop starting new shapes after this many seconds")
+    ap.add_argument("--deadline", type=float, default=0,
+                    help="seconds: start a row only if the elapsed time plus the longest row so far fits (the first "
+                         "row always runs); the rows left are listed as cut in the report, written after every row")
     ap.add_argument("--dry-run", action="store_true", help="CPU interpreter, tiny shapes, no FLA: checks the script")
     args = ap.parse_args(argv)
     ARGV[:] = list(sys.argv[1:] if argv is None else argv)
@@ -466,15 +590,24 @@ def main(argv: list[str] | None = None) -> int:
         from kernels.interpreter import patch_bf16_dot
 
         patch_bf16_dot()
-    res = run(args)
-    name = result_stem("kernels", args.name, res["env"].get("device"))
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, name + ".json"), "w") as f:
-        json.dump(res, f, indent=1, default=str)
-    md = to_markdown(res)
-    with open(os.path.join(args.out, name + ".md"), "w") as f:
-        f.write(md)
-    print(md)
+    try:
+        parse_peers(args.peers, args.no_fla)
+        cases_of(args, 2 if args.dry_run else H_DEFAULT)
+    except ValueError as err:
+        ap.error(str(err))
+    md: list[str] = []
+
+    def write(res: dict[str, Any]) -> None:
+        name = result_stem("kernels", args.name, res["env"].get("device"))
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, name + ".json"), "w") as f:
+            json.dump(res, f, indent=1, default=str)
+        md[:] = [to_markdown(res)]
+        with open(os.path.join(args.out, name + ".md"), "w") as f:
+            f.write(md[0])
+
+    run(args, write)
+    print(md[0] if md else "")
     return 0
 
 

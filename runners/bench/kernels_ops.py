@@ -1,5 +1,5 @@
-"""What the kernel benchmark times and how (`runners.bench.kernels` runs it): FLA's input recipe, the bytes and
-flops floors, the do_bench timer, our forward and its variants, FLA's forward.
+"""What the kernel benchmark times and how (`runners.bench.kernels` runs it): FLA's input recipe (the floors are
+`runners.bench.floors`), the do_bench timer, our forward and its variants, FLA's forward.
 
 The inputs and the timer are FLA's anchor method (../shared/anchors/fla-h200.md: `triton.testing.do_bench`
 medians, q and k L2-normalised, g = logsigmoid(randn)), on purpose: these figures stand next to FLA's published
@@ -19,7 +19,6 @@ import torch
 from runners.workload import Workload, make_inputs
 
 H_DEFAULT, K_DIM, V_DIM, C = 16, 128, 128, 64
-SHAPES_DEFAULT = ((1, 8192), (1, 32768), (1, 65536), (1, 131072), (8, 8192))
 FLA_MS_ANCHOR = {  # ../shared/anchors/fla-h200.md, forward, ms (do_bench median), H=16
     ("gdn", 1, 8192): 0.831, ("gdn", 1, 32768): 1.263, ("gdn", 1, 65536): 2.504, ("gdn", 1, 131072): 4.969,
     ("gdn", 8, 8192): 1.847, ("kda", 1, 8192): 0.890, ("kda", 1, 32768): 2.282, ("kda", 1, 65536): 4.521,
@@ -32,21 +31,13 @@ FLA_MS_ANCHOR = {  # ../shared/anchors/fla-h200.md, forward, ms (do_bench median
 
 
 def fla_inputs(op: str, B: int, T: int, H: int, *, device: str, dtype: str = "bfloat16", seed: int = 0,
-               lb: float | None = None, K: int = K_DIM, V: int = V_DIM, grad_out: bool = False) -> Workload:
+               lb: float | None = None, K: int = K_DIM, V: int = V_DIM, grad_out: bool = False,
+               HV: int | None = None) -> Workload:
     """FLA's recipe at the bench's head dims (`runners.workload.make_inputs(..., fla_recipe=True)`). lb: gate
-    g = lb * sigmoid(randn) (slow decay) instead of logsigmoid(randn); `grad_out` also draws `do`."""
+    g = lb * sigmoid(randn) (slow decay) instead of logsigmoid(randn); `grad_out` also draws `do`; HV: value heads
+    (None: H)."""
     return make_inputs(op, B=B, T=T, H=H, K=K, V=V, dtype=dtype, lb=lb, seed=seed, device=device, grad_out=grad_out,
-                       fla_recipe=True)
-
-
-def bytes_floor(op: str, B: int, T: int, H: int, K: int = K_DIM, V: int = V_DIM, el: int = 2) -> int:
-    gk = 1 if op == "gdn" else K
-    return B * T * H * (K + K + V + gk + 1 + V) * el
-
-
-def flops_floor(B: int, T: int, H: int, K: int = K_DIM, V: int = V_DIM) -> float:
-    chunks = B * math.ceil(T / C) * H
-    return chunks * (2 * C * C * (3 * K + 2 * V) + 6 * C * K * V)
+                       fla_recipe=True, HV=HV)
 
 
 class Timer:

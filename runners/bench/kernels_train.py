@@ -1,7 +1,12 @@
-"""Forward+backward benchmark of our Triton GDN / KDA against FLA's `chunk_gated_delta_rule` / `chunk_kda` (GPU).
+"""Forward+backward benchmark of our Triton GDN / KDA against FLA's `chunk_gated_delta_rule` / `chunk_kda` and
+FlashQLA's GDN (GPU), all in one process.
 
-    python -m runners.bench.kernels_train [--ops gdn,kda] [--shapes 1x8192,...] [--out benchmarks/results/] [--no-fla]
-        [--autotune FILE]
+    cpbench bench train [--ops gdn,kda] [--shapes 1x8192,...] [--hv 16,32] [--lb=-5,-1] [--preset issue26]
+        [--peers fla,flash_qla] [--no-fla] [--deadline 540] [--out benchmarks/results/] [--autotune FILE]
+
+Rows: shapes x HV x lb (`runners.bench.kernels_grid`, most important first; `--deadline` cuts the rest cleanly).
+FlashQLA (`runners.bench.kernels_peers`, GDN only): `auto_cp=False` and its intra-card CP (its default `auto_cp=True`),
+each step timed, with its first call, peak memory and the split it chose; where it cannot run, one line says why.
 
 Per shape (bf16, H=16, K=V=128): ours ms (forward `chunk_*_fwd` + backward `chunk_*_bwd`, direct calls), FLA ms
 (its autograd op, `o.backward(do)`), the ratio, the bytes floor of a forward+backward (FLA's count: 2828 B per
@@ -38,23 +43,34 @@ import torch
 from kernels.configs import LaunchConfig, get_spec
 from kernels.plan import LaunchPlan, plan_with
 from kernels.vocabulary import KEEP_POLICIES
+from runners.bench import kernels_peers
+from runners.bench.floors import BYTES_PER_TOKEN_HEAD, HBM_TBPS
+from runners.bench.kernels_grid import PRESETS, SHAPE_ORDER, Deadline, expand_cases, parse_floats, parse_shapes
 from runners.bench.kernels_ops import fla_inputs
+from runners.bench.kernels_peers import FLASH_QLA_COLUMNS, FlashQLAColumns, first_call, flash_qla_reason, parse_peers
 from runners.correctness import rel_l2
-from runners.versions import driver_version, git_sha
+from runners.versions import driver_version, git_sha, peer_versions
+from runners.workload import Workload
 
 __all__ = ["BYTES_PER_TOKEN_HEAD", "main"]
 
-# FLA's forward+backward bytes per token-head (bf16, K=V=128; fla-h200.md): the floor both implementations face
-BYTES_PER_TOKEN_HEAD = {"gdn": 2828, "kda": 3590}
-SHAPES = ((1, 8192), (1, 32768), (1, 65536), (1, 131072), (8, 8192))
+SHAPES = SHAPE_ORDER
 H, K, V = 16, 128, 128
-COPY_TBPS = 4.2  # measured device copy ceiling on the H200 (kernels/NOTES.md)
 
 
-def make_inputs(op: str, B: int, T: int, Hh: int, *, device: str, seed: int = 0) -> tuple[torch.Tensor, ...]:
-    """bf16 q, k (L2-normalised), v, g = logsigmoid(randn), beta = sigmoid(randn), do: random, never zeros (FLA's
-    recipe from the one maker, `runners.bench.kernels_ops.fla_inputs`)."""
-    w = fla_inputs(op, B, T, Hh, device=device, seed=seed, K=K, V=V, grad_out=True)
+def workload(op: str, B: int, T: int, Hh: int, *, device: str, seed: int = 0, HV: int | None = None,
+             lb: float | None = None) -> Workload:
+    """bf16 q, k (L2-normalised), v, beta = sigmoid(randn), g = logsigmoid(randn) (lb: lb * sigmoid(randn)), do:
+    random, never zeros (FLA's recipe from the one maker, `runners.bench.kernels_ops.fla_inputs`); HV value heads."""
+    w = fla_inputs(op, B, T, Hh, device=device, seed=seed, K=K, V=V, grad_out=True, HV=HV, lb=lb)
+    assert w.do is not None  # asked for with grad_out
+    return w
+
+
+def make_inputs(op: str, B: int, T: int, Hh: int, *, device: str, seed: int = 0, HV: int | None = None,
+                lb: float | None = None) -> tuple[torch.Tensor, ...]:
+    """`workload`'s q, k, v, g, beta, do."""
+    w = workload(op, B, T, Hh, device=device, seed=seed, HV=HV, lb=lb)
     assert w.do is not None  # asked for with grad_out
     return (*w.tensors, w.do)
 
@@ -99,6 +115,26 @@ def held_mb(op: str, policy: str, q, k, v, g, beta) -> float:
 _FLA_BYPASS: list[bool] = []
 
 
+def autograd_step(fn: Callable[..., Any], **kw: Any) -> Callable[..., Any]:
+    """A differentiable op's training step on fresh leaves: (o, the five input gradients)."""
+
+    def step(q, k, v, g, beta, do):
+        leaves = [x.detach().requires_grad_() for x in (q, k, v, g, beta)]
+        o, _ = fn(*leaves, scale=K**-0.5, **kw)
+        o.backward(do)
+        return o, [x.grad for x in leaves]
+
+    return step
+
+
+def ours_api_step(op: str) -> Callable[..., Any]:
+    """Our public differentiable op (`kernels.chunk_gdn` / `chunk_kda`, backend triton): the step timed where the
+    direct passes do not apply (grouped value heads, HV > H: the op's dispatch serves them)."""
+    import kernels
+
+    return autograd_step(kernels.chunk_gdn if op == "gdn" else kernels.chunk_kda, backend="triton")
+
+
 def fla_step(op: str) -> tuple[Callable[..., Any], bool]:
     """FLA's forward+backward and whether the Hopper guard had to be bypassed."""
     import fla.ops.common.chunk_o as chunk_o
@@ -111,14 +147,7 @@ def fla_step(op: str) -> tuple[Callable[..., Any], bool]:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fn
     else:
         from fla.ops.kda import chunk_kda as fn
-
-    def step(q, k, v, g, beta, do):
-        leaves = [x.detach().requires_grad_() for x in (q, k, v, g, beta)]
-        o, _ = fn(*leaves, scale=K**-0.5)
-        o.backward(do)
-        return o, [x.grad for x in leaves]
-
-    return step, bypassed
+    return autograd_step(fn), bypassed
 
 
 def timed(fn: Callable[[], Any]) -> float:
@@ -152,44 +181,67 @@ def kernel_times(fn: Callable[[], Any]) -> dict[str, float]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def gradient_check(op: str, device: str, T: int = 1024, Hh: int = H, fla: bool = True) -> dict[str, Any]:
-    """Every gradient's rel_l2 (ours, FLA) vs autograd through the fp32 per-token reference, B=1. H as the timed
-    shapes: FLA's autotune keys hold H (not T), so its first-call autotune (minutes) happens once, here."""
+def gradient_check(op: str, device: str, T: int = 1024, Hh: int = H, fla: bool = True,
+                   qla: FlashQLAColumns | None = None) -> dict[str, Any]:
+    """Every gradient's rel_l2 (ours, FLA, FlashQLA's columns) vs autograd through the fp32 per-token reference, B=1,
+    lb=-1. H as the timed shapes: FLA's autotune keys hold H (not T), so its first-call autotune (minutes) happens
+    once, here; each library's first step here is timed (`first_call_s`: its compile on the cache it found)."""
     import importlib
 
     ref_fn = getattr(importlib.import_module("kernels.ops.gdn.naive" if op == "gdn" else "kernels.ops.kda.naive"),
                      f"naive_recurrent_{op}")
-    q, k, v, g, beta, do = make_inputs(op, 1, T, Hh, device=device, seed=7)
+    wl = workload(op, 1, T, Hh, device=device, seed=7, lb=-1.0)
+    q, k, v, g, beta = wl.tensors
+    do = wl.do
+    assert do is not None  # asked for with grad_out
     leaves = [x.detach().float().requires_grad_() for x in (q, k, v, g, beta)]
     o, _ = ref_fn(*leaves, scale=K**-0.5)
     o.backward(do.float())
     ref = [x.grad if x.grad is not None else torch.zeros_like(x) for x in leaves]
     names = ("dq", "dk", "dv", "dg", "dbeta")
-    res: dict[str, Any] = {"shape": f"B=1 T={T} H={Hh}"}
-    for who, policy in (("ours", "inputs"), *((f"ours {p}", p) for p in POLICIES)):
-        _, ours = ours_step(op, policy=policy)(q, k, v, g, beta, do)
-        res[who] = {n: rel_l2(a, r) for n, a, r in zip(names, ours[:5], ref, strict=True)}
-    if not fla:
+    res: dict[str, Any] = {"shape": f"B=1 T={T} H={Hh} lb=-1"}
+    steps: list[tuple[str, Callable[[], Any]]] = [
+        (who, functools.partial(ours_step(op, policy=policy), q, k, v, g, beta, do))
+        for who, policy in (("ours", "inputs"), *((f"ours {p}", p) for p in POLICIES))]
+    if fla:
+        steps.append(("fla", lambda: fla_step(op)[0](q, k, v, g, beta, do)))
+    else:
         res["fla"] = {"error": "not run (--no-fla)"}
-        return res
-    try:
-        _, theirs = fla_step(op)[0](q, k, v, g, beta, do)
-        res["fla"] = {n: rel_l2(a, r) for n, a, r in zip(names, theirs, ref, strict=True)}
-    except Exception as err:  # FLA failing is a result, not a crash of our benchmark
-        res["fla"] = {"error": repr(err)[:200]}
+    if qla is not None:
+        why = flash_qla_reason(op, H=Hh, HV=Hh, K=K, V=V)
+        for col in FLASH_QLA_COLUMNS:
+            if why:
+                res[col] = {"error": why}
+            else:
+                steps.append((col, qla.step(col, wl, do)))
+    for who, step in steps:
+        try:
+            (o_, grads), first = first_call(step, cuda=device == "cuda")
+            res[who] = {"o": rel_l2(o_, o.detach()), **{n: rel_l2(a, r) for n, a, r in zip(names, grads[:5], ref, strict=True)},
+                        "first_call_s": first}
+        except Exception as err:  # a peer failing is a result, not a crash of our benchmark
+            res[who] = {"error": repr(err)[:200]}
     return res
 
 
-def run_shape(op: str, B: int, T: int, device: str, fla: bool = True) -> dict[str, Any]:
-    q, k, v, g, beta, do = make_inputs(op, B, T, H, device=device)
-    ours = ours_step(op)
-    rec: dict[str, Any] = {"op": op, "B": B, "T": T, "H": H, "K": K, "V": V}
+def run_shape(op: str, B: int, T: int, device: str, fla: bool = True, *, HV: int = H, lb: float | None = None,
+              qla: FlashQLAColumns | None = None) -> dict[str, Any]:
+    """One row: our step (the direct passes and the kept policies at HV = H; the public op at HV > H), FLA's, and
+    FlashQLA's columns (or why not), each with its first call, peak memory and the floor."""
+    wl = workload(op, B, T, H, device=device, HV=HV, lb=lb)
+    q, k, v, g, beta = wl.tensors
+    do = wl.do
+    grouped = HV != H
+    ours = ours_api_step(op) if grouped else ours_step(op)
+    rec: dict[str, Any] = {"op": op, "B": B, "T": T, "H": H, "HV": HV, "lb": lb, "K": K, "V": V,
+                           "ours_call": "kernels.chunk_" + op if grouped else f"chunk_{op}_fwd + chunk_{op}_bwd"}
     step = functools.partial(ours, q, k, v, g, beta, do)
+    _, rec["ours_first_call_s"] = first_call(step, cuda=True)
     rec["ours_ms"] = timed(step)
     rec["ours_peak_MB"] = peak_mb(step)
     rec["ours_kernels_ms"] = kernel_times(step)
     rec["policies"] = {}
-    for policy in POLICIES:
+    for policy in POLICIES if not grouped else ():
         kept = ours_step(op, policy=policy)
         rec["policies"][policy] = {"ms": timed(functools.partial(kept, q, k, v, g, beta, do)),
                                    "held_MB": held_mb(op, policy, q, k, v, g, beta)}
@@ -199,14 +251,38 @@ def run_shape(op: str, B: int, T: int, device: str, fla: bool = True) -> dict[st
         fla_fn, bypassed = fla_step(op)
         rec["fla_hopper_guard_bypassed"] = bypassed
         theirs = functools.partial(fla_fn, q, k, v, g, beta, do)
+        _, rec["fla_first_call_s"] = first_call(theirs, cuda=True)
         rec["fla_ms"] = timed(theirs)
         rec["fla_peak_MB"] = peak_mb(theirs)
         rec["ratio"] = rec["ours_ms"] / rec["fla_ms"]
     except Exception as err:
         rec["fla_error"] = repr(err)[:300]
-    rec["floor_bytes"] = BYTES_PER_TOKEN_HEAD[op] * B * T * H
-    rec["floor_ms"] = rec["floor_bytes"] / (COPY_TBPS * 1e12) * 1e3
+    if qla is not None:
+        rec.update(flash_qla_steps(qla, op, wl, rec["ours_ms"]))
+    rec["floor_bytes"] = BYTES_PER_TOKEN_HEAD[op] * B * T * HV
+    rec["floor_ms"] = rec["floor_bytes"] / (HBM_TBPS * 1e12) * 1e3
     return rec
+
+
+def flash_qla_steps(qla: FlashQLAColumns, op: str, wl: Workload, ours_ms: float) -> dict[str, Any]:
+    """FlashQLA's training step per column (`FLASH_QLA_COLUMNS`): first call, ms, peak MB, ours / it, the split it
+    chose; or the one line saying why it cannot run here."""
+    why = flash_qla_reason(op, H=H, HV=wl.v.shape[2], K=K, V=V)
+    if why:
+        return {"flash_qla_reason": why}
+    out: dict[str, Any] = {}
+    assert wl.do is not None  # asked for with grad_out
+    for col in FLASH_QLA_COLUMNS:
+        try:
+            step = qla.step(col, wl, wl.do)
+            _, out[f"{col}_first_call_s"] = first_call(step, cuda=True)
+            out[f"{col}_split"] = qla.split()
+            out[f"{col}_ms"] = timed(step)
+            out[f"{col}_peak_MB"] = peak_mb(step)
+            out[f"ratio_{col}"] = ours_ms / out[f"{col}_ms"]
+        except Exception as err:  # FlashQLA failing is a result, not a crash of our benchmark
+            out[f"{col}_error"] = repr(err)[:300]
+    return out
 
 
 # --explore: one backward kernel's config changed at a time from the defaults (the lead's tuner does the real search)
@@ -251,37 +327,50 @@ def env(args: argparse.Namespace) -> dict[str, Any]:
         info["fla"] = getattr(fla, "__version__", "?")
     except ImportError:
         info["fla"] = None
-    p = torch.cuda.get_device_properties(0)
-    info.update(device=p.name, sms=p.multi_processor_count, cuda=torch.version.cuda)
+    info.update(peer_versions())
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        info.update(device=p.name, sms=p.multi_processor_count, cuda=torch.version.cuda)
+    else:
+        info.update(device="cpu (no CUDA device)", sms=None, cuda=None)
     return info
 
 
 def to_markdown(res: dict[str, Any]) -> str:
     e = res["env"]
     lines = [
-        "# Forward+backward: ours vs FLA (bf16, H=16, K=V=128)", "",
-        f"device {e['device']}, torch {e['torch']}, triton {e['triton']}, fla {e['fla']}, driver {e['driver']}, "
-        f"git {e['git_sha']}, {e['date']}", f"command: `{e['command']}`",
+        "# Forward+backward: ours vs FLA vs FlashQLA (bf16, H=16, K=V=128)", "",
+        f"device {e['device']}, torch {e['torch']}, triton {e['triton']}, fla {e['fla']}, flash-qla {e.get('flash_qla')}, "
+        f"tilelang {e.get('tilelang')}, driver {e['driver']}, git {e['git_sha']}, {e['date']}", f"command: `{e['command']}`",
         f"our launch configs: {e.get('autotune') or 'the registry defaults'}", "",
-        "ms: triton.testing.do_bench median (L2 flushed). floor: FLA's fwd+bwd bytes at the 4.2 TB/s copy ceiling. "
-        "peak: max allocated during one step above the inputs.", "",
+        f"ms: triton.testing.do_bench median (L2 flushed), all in this process. floor: FLA's fwd+bwd bytes at the "
+        f"{HBM_TBPS} TB/s copy ceiling. peak: max allocated during one step above the inputs.", "",
         "ours = the default recompute policy (`LaunchPlan.keep = \"inputs\"`, FLA's: the forward holds only its "
         "inputs). `wy` / `wy+states`: the forward also holds its WY factors / and its chunk states, v_new and segment "
-        "maps for the backward; held MB = what it holds beyond the inputs (FLA keeps its [B, T, H, 64] WY inverse; not counted here).", "",
-        "| op | B | T | ours ms | FLA ms | ours/FLA | floor ms | ours peak MB | FLA peak MB | "
+        "maps for the backward; held MB = what it holds beyond the inputs (FLA keeps its [B, T, H, 64] WY inverse; not "
+        "counted here). At HV > H ours is the public op `kernels.chunk_<op>` (no policies).", "",
+        "FlashQLA (GDN): `FlashQLA` = `auto_cp=False`; `FlashQLA CP` = its intra-card CP, what its default "
+        "`auto_cp=True` runs; the batch flattened to varlen (`cu_seqlens`).", "",
+        "| op | B | T | HV | lb | ours ms | FLA ms | ours/FLA | FlashQLA ms | FlashQLA CP ms | ours/FlashQLA | "
+        "ours/FlashQLA CP | floor ms | ours peak MB | FLA peak MB | FlashQLA peak MB | "
         + " | ".join(f"{p} ms | {p}/FLA | {p} held MB" for p in POLICIES) + " | FLA guard bypassed |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|---:|---:|" * len(POLICIES) + "---|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|---:|---:|" * len(POLICIES)
+        + "---|",
     ]
     nan = float("nan")
     for r in res["rows"]:
         pol = r.get("policies", {})
         cells = " | ".join(f"{pol.get(p, {}).get('ms', nan):.2f} | {pol.get(p, {}).get('ms', nan) / r.get('fla_ms', nan):.2f}"
                            f" | {pol.get(p, {}).get('held_MB', nan):.0f}" for p in POLICIES)
-        lines.append(f"| {r['op']} | {r['B']} | {r['T']} | {r['ours_ms']:.2f} | {r.get('fla_ms', nan):.2f} | "
-                     f"{r.get('ratio', nan):.2f} | {r['floor_ms']:.2f} | {r['ours_peak_MB']:.0f} | "
-                     f"{r.get('fla_peak_MB', nan):.0f} | {cells} | "
+        gate = "logsigmoid" if r.get("lb") is None else f"{r['lb']:g}"
+        lines.append(f"| {r['op']} | {r['B']} | {r['T']} | {r.get('HV', H)} | {gate} | {r['ours_ms']:.2f} | "
+                     f"{r.get('fla_ms', nan):.2f} | {r.get('ratio', nan):.2f} | {r.get('flash_qla_ms', nan):.2f} | "
+                     f"{r.get('flash_qla_cp_ms', nan):.2f} | {r.get('ratio_flash_qla', nan):.2f} | "
+                     f"{r.get('ratio_flash_qla_cp', nan):.2f} | {r['floor_ms']:.2f} | {r['ours_peak_MB']:.0f} | "
+                     f"{r.get('fla_peak_MB', nan):.0f} | {r.get('flash_qla_cp_peak_MB', nan):.0f} | {cells} | "
                      f"{r.get('fla_hopper_guard_bypassed', r.get('fla_error'))} |")
-    lines += ["", "## Gradients vs the fp32 per-token reference (rel_l2)", ""]
+    lines += _notes(res)
+    lines += ["", "## Gradients vs the fp32 per-token reference (rel_l2; first_call_s: that library's first step)", ""]
     for op, c in res["grads"].items():
         for who in (w for w in c if w != "shape"):
             vals = ", ".join(f"{n} {x:.1e}" if isinstance(x, float) else f"{n} {x}" for n, x in c[who].items())
@@ -289,8 +378,36 @@ def to_markdown(res: dict[str, Any]) -> str:
     lines += ["", "## Our per-kernel times (one step, ms)", ""]
     for r in res["rows"]:
         ks = ", ".join(f"{n} {t:.2f}" for n, t in list(r["ours_kernels_ms"].items())[:14])
-        lines.append(f"- {r['op']} B={r['B']} T={r['T']} (step {r['ours_ms']:.2f}, floor {r['floor_ms']:.2f}): {ks}")
+        lines.append(f"- {r['op']} B={r['B']} T={r['T']} HV={r.get('HV', H)} (step {r['ours_ms']:.2f}, floor "
+                     f"{r['floor_ms']:.2f}): {ks}")
+    if res.get("cut"):
+        lines += ["", f"## Not run: {len(res['cut'])} row(s) cut by --deadline", ""]
+        lines += [f"- {x['op']} {x['case']}: {x['why']}" for x in res["cut"]]
     return "\n".join(lines) + "\n"
+
+
+def _notes(res: dict[str, Any]) -> list[str]:
+    """Why FlashQLA did not run (one line per reason), its errors, the split it chose, and each library's first call."""
+    notes = dict.fromkeys(f"FlashQLA not run ({r['op']}): {r['flash_qla_reason']}" for r in res["rows"]
+                          if r.get("flash_qla_reason"))
+    for col in FLASH_QLA_COLUMNS:
+        notes.update(dict.fromkeys(f"{col} failed ({r['op']} {r['B']}x{r['T']} HV={r.get('HV')}): {r[col + '_error']}"
+                                   for r in res["rows"] if r.get(col + "_error")))
+        notes.update(dict.fromkeys(f"{col} split ({r['op']} {r['B']}x{r['T']} HV={r.get('HV')} lb={r.get('lb')}): "
+                                   f"{r[col + '_split']}" for r in res["rows"] if r.get(col + "_split")))
+    first: dict[str, float] = {}
+    for r in res["rows"]:
+        for who in ("ours", "fla", *FLASH_QLA_COLUMNS):
+            if isinstance(r.get(f"{who}_first_call_s"), (int, float)):
+                first[who] = max(first.get(who, 0.0), r[f"{who}_first_call_s"])
+    for c in res["grads"].values():
+        for who, v in c.items():
+            if isinstance(v, dict) and isinstance(v.get("first_call_s"), (int, float)):
+                first[who] = max(first.get(who, 0.0), v["first_call_s"])
+    if first:
+        notes["first call of each library in this run (s; compile / autotune on the cache it found): "
+              + ", ".join(f"{w} {t:.1f}" for w, t in first.items())] = None
+    return ["", *(f"- {n}" for n in notes)] if notes else []
 
 
 def write(res: dict[str, Any], out: Path, name: str) -> None:
@@ -308,15 +425,30 @@ def _say(*parts: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m runners.bench.kernels_train", description=__doc__.splitlines()[0])
     ap.add_argument("--ops", default="gdn,kda")
-    ap.add_argument("--shapes", default=",".join(f"{b}x{t}" for b, t in SHAPES), help="BxT,...")
+    ap.add_argument("--shapes", default=None, help="BxT,... (default: the five shapes, longest B=1 first)")
+    ap.add_argument("--hv", default=None, help="comma list of value-head counts, multiples of H=16 (default 16)")
+    ap.add_argument("--lb", default=None, help="comma list of gate strengths, g = lb * sigmoid(randn) (write --lb=-5,-1); "
+                    "default FLA's logsigmoid(randn)")
+    ap.add_argument("--preset", default=None, choices=sorted(PRESETS), help="a named grid of shapes x HV x lb "
+                    "(issue26); --shapes / --hv / --lb beside it replace its lists")
+    ap.add_argument("--peers", default=None, help="fla, flash_qla (default both; none: ours alone)")
+    ap.add_argument("--deadline", type=float, default=0, help="seconds: start a row only if the elapsed time plus the "
+                    "longest row so far fits (the first row always runs); the rest are listed as cut")
     ap.add_argument("--out", default="benchmarks/results/")
     ap.add_argument("--stem", default=None)
     ap.add_argument("--sha", default=None, help="git sha to record when the tree has no .git (device copies)")
-    ap.add_argument("--no-grads", action="store_true")
-    ap.add_argument("--no-fla", action="store_true", help="ours only (FLA's first-call autotune takes minutes)")
+    ap.add_argument("--no-grads", action="store_true", help="skip the gradient checks (ours and the peers')")
+    ap.add_argument("--no-fla", action="store_true", help="leave FLA out of --peers (its first-call autotune takes minutes)")
     ap.add_argument("--explore", default="", help="BxT: time backward config variants at this shape")
     ap.add_argument("--autotune", default=None, help="an autotune JSON applied to ours (`kernels.use_autotune`)")
     args = ap.parse_args(argv)
+    try:
+        peers = parse_peers(args.peers, args.no_fla)
+        cases = expand_cases(preset=args.preset, shapes=parse_shapes(args.shapes or ""),
+                             hv=tuple(int(x) for x in parse_floats(args.hv, "--hv")), lb=parse_floats(args.lb, "--lb"),
+                             H=H)
+    except ValueError as err:
+        ap.error(str(err))
     if not torch.cuda.is_available():
         sys.stderr.write("kernels_train: needs a CUDA device\n")
         return 1
@@ -325,26 +457,35 @@ def main(argv: list[str] | None = None) -> int:
 
         kernels.use_autotune(args.autotune)
     ops = [o for o in args.ops.split(",") if o]
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s]
-    res: dict[str, Any] = {"env": {**env(args), "autotune": args.autotune}, "rows": [], "grads": {}}
+    res: dict[str, Any] = {"env": {**env(args), "autotune": args.autotune}, "rows": [], "grads": {}, "cut": [],
+                           "peers": list(peers), "cases": [c.label for c in cases]}
     name = args.stem or ("kernels_train_h200" if "H200" in res["env"]["device"] else "kernels_train_gpu")
     out = Path(args.out)
-    for op in ops:
-        if not args.no_grads:
-            res["grads"][op] = gradient_check(op, "cuda", fla=not args.no_fla)
+    fla = "fla" in peers
+    qla = FlashQLAColumns() if "flash_qla" in peers else None
+    deadline = Deadline(args.deadline)
+    if not args.no_grads:
+        for op in ops:
+            res["grads"][op] = gradient_check(op, "cuda", fla=fla, qla=qla)
             _say(op, json.dumps(res["grads"][op]))
             write(res, out, name)
-        for B, T in shapes:
-            rec = run_shape(op, B, T, "cuda", fla=not args.no_fla)
+    for case in cases:
+        for op in ops:
+            if not deadline.allows():
+                res["cut"].append({"op": op, "case": case.label, "why": deadline.why()})
+                _say(op, case.label, deadline.why())
+                continue
+            rec = run_shape(op, case.B, case.T, "cuda", fla=fla, HV=case.HV, lb=case.lb, qla=qla)
+            rec["row_s"] = round(deadline.done(kernels_peers.first_calls_s(rec)), 1)
             res["rows"].append(rec)
             _say(json.dumps(rec))
             write(res, out, name)
             torch.cuda.empty_cache()
-        if args.explore:
-            Be, Te = (int(x) for x in args.explore.split("x"))
-            res.setdefault("explore", {})[op] = explore(op, Be, Te, "cuda")
-            for r in res["explore"][op]:
-                _say("explore", op, r["kernel"], r["change"], r["ms"])
+    for op in ops if args.explore else ():
+        Be, Te = (int(x) for x in args.explore.split("x"))
+        res.setdefault("explore", {})[op] = explore(op, Be, Te, "cuda")
+        for r in res["explore"][op]:
+            _say("explore", op, r["kernel"], r["change"], r["ms"])
     write(res, out, name)
     _say(to_markdown(res))
     return 0

@@ -1,9 +1,10 @@
 """`cpbench bench kernels|cp|train [ARGS...]`: the GPU benchmarks of the kernel suite (not tests; figures go to benchmarks/results/).
 
-    cpbench bench kernels --ops gdn,kda            # our Triton forward vs FLA vs the floor (runners/bench/kernels.py)
+    cpbench bench kernels --ops gdn,kda            # our Triton forward vs FLA vs FlashQLA vs the floor (runners/bench/kernels.py)
+    cpbench bench kernels --preset issue26 --deadline 540   # issue 26's grid, cut cleanly before 600 s
     cpbench bench kernels --dry-run --out /tmp/b   # CPU interpreter, tiny shapes: checks the script runs
     cpbench bench cp --world 2                     # every CP scheme on 2 GPUs vs FLA's CP (runners/bench/cp.py)
-    cpbench bench train                            # our Triton forward+backward vs FLA's (runners/bench/kernels_train.py)
+    cpbench bench train                            # our forward+backward vs FLA's and FlashQLA's (runners/bench/kernels_train.py)
     cpbench bench comm --world 8                   # the links' alpha/beta for the scaling model (runners/bench/comm.py)
 
 Everything after the target is handed to that module's own argument parser; `cpbench bench kernels --help` lists it.

@@ -1,0 +1,116 @@
+"""The floors of the kernel benchmarks, defined once: the bytes each launcher (and a whole forward) must move and
+the matmul flops it must issue, and the time they take at the H200's HBM rate and a matmul rate.
+
+Bytes are unique bytes: every tensor a launcher reads or writes counted once, at its stored dtype (bf16 inputs
+and intermediates at `el` bytes, the gate and its cumsum fp32; the workload's dtypes, `runners.workload`), per
+token and value head (`HV`; q and k are read per value head, as the launchers do). Per-segment tensors of the
+intra-device split (transition maps M [K, K] and states S [K, V], fp32) are counted per segment. Flops are the
+chunked algorithm's matmuls at chunk size C = 64 (a triangular solve's C^3 terms and the elementwise work are left
+out: a floor, not a model). A launcher's floor is the larger of its bytes at `HBM_TBPS` and its flops at the
+matmul rate measured in the run (`measure_ceilings`).
+
+| launcher (`profile_kernels`) | reads | writes | matmul flops per chunk and head |
+|---|---|---|---|
+| wy (GDN) | q, k, v, beta, g | w, u, gcum, Aqk | K K^T, Q K^T, w, u: 2 C^2 (3K + V) |
+| wy (KDA) | q, k, v, beta, g [K] | w, u, k*g, q*g, Aqk, g per chunk [K] | the same |
+| transition | k, w, u, gcum | M, S per segment | w M, k^T (w M), w S, k^T v: 4 C K (K + V) |
+| chain | M, S per segment | h0 per segment | M S: 2 K^2 V per segment (no chunks) |
+| state (plain, split) | k, w, u, q, Aqk, gcum (+ h0 per segment) | o | w S, q S, k^T v, Aqk v: 6 C K V + 2 C^2 V |
+| forward (the whole op) | q, k, v, beta, g | o | the sum of wy and state |
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = [
+    "BYTES_PER_TOKEN_HEAD",
+    "C",
+    "HBM_TBPS",
+    "LAUNCHERS",
+    "bytes_floor",
+    "flops_floor",
+    "floor_ms",
+    "launcher_bytes",
+    "launcher_flops",
+]
+
+HBM_TBPS = 4.2  # the H200's measured device copy ceiling (kernels/NOTES.md), the issue's bytes rate
+C = 64  # chunk size of the chunked algorithm
+F32 = 4  # the gate and its cumsum, the split's per-segment maps and states
+# FLA's forward+backward bytes per token-head (bf16, K=V=128; fla-h200.md): the training step's floor
+BYTES_PER_TOKEN_HEAD = {"gdn": 2828, "kda": 3590}
+LAUNCHERS = ("wy", "transition", "chain", "state_plain", "state_split", "forward")
+
+
+def _per_token_head(op: str, launcher: str, K: int, V: int, el: int) -> int:
+    """Bytes per token and value head of `launcher` (the table of the module docstring, without per-segment terms)."""
+    gate = F32 if op == "gdn" else F32 * K  # g: [.., HV] or [.., HV, K], fp32
+    inputs = el * (2 * K + V + 1) + gate  # q, k, v, beta, g
+    chunk_gate = F32 if op == "gdn" else F32 * K / C  # gcum per token (GDN) / the chunk's gate [K] (KDA)
+    wy_out = el * (K + V + C) + chunk_gate + (el * 2 * K if op == "kda" else 0)  # w, u, Aqk (+ k*g, q*g), gates
+    state_in = el * (3 * K + V + C) + chunk_gate  # k (k*g), w, q (q*g), u, Aqk, gates
+    table = {
+        "wy": inputs + wy_out,
+        "transition": el * (2 * K + V) + chunk_gate,  # k, w, u, gates
+        "chain": 0,
+        "state_plain": state_in + el * V,
+        "state_split": state_in + el * V,
+        "forward": inputs + el * V,
+    }
+    if launcher not in table:
+        raise ValueError(f"unknown launcher {launcher!r}; one of {', '.join(LAUNCHERS)}")
+    return math.ceil(table[launcher])
+
+
+def _per_segment(launcher: str, K: int, V: int) -> int:
+    """Bytes per split segment and value head: M [K, K] and S [K, V] written (transition), read with h0 written
+    (chain), h0 read (state_split)."""
+    return {"transition": F32 * (K * K + K * V), "chain": F32 * (K * K + 2 * K * V), "state_split": F32 * K * V}.get(
+        launcher, 0
+    )
+
+
+def launcher_bytes(
+    op: str, launcher: str, B: int, T: int, HV: int, K: int = 128, V: int = 128, *, segments: int = 0, el: int = 2
+) -> int:
+    """Unique bytes `launcher` of `op`'s forward moves at B x T tokens and HV value heads (`segments`: the split's
+    segments in the batch, for the per-segment terms; the transition pass skips each sequence's last segment)."""
+    tokens = B * T * (1 - B / segments if launcher == "transition" and segments else 1)
+    per_token = _per_token_head(op, launcher, K, V, el)
+    return math.ceil(HV * (tokens * per_token + segments * _per_segment(launcher, K, V)))
+
+
+def launcher_flops(op: str, launcher: str, B: int, T: int, HV: int, K: int = 128, V: int = 128, *, segments: int = 0) -> float:
+    """Matmul flops of `launcher` (the module table; the same count for GDN and KDA, whose gates fold into q, k)."""
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"unknown launcher {launcher!r}; one of {', '.join(LAUNCHERS)}")
+    chunks = B * math.ceil(T / C) * HV * (1 - B / segments if launcher == "transition" and segments else 1)
+    wy = 2 * C * C * (3 * K + V)
+    state = 6 * C * K * V + 2 * C * C * V
+    per_chunk = {
+        "wy": wy,
+        "transition": 4 * C * K * (K + V),
+        "chain": 0,
+        "state_plain": state,
+        "state_split": state,
+        "forward": wy + state,
+    }[launcher]
+    return float(chunks * per_chunk + (HV * segments * 2 * K * K * V if launcher == "chain" else 0))
+
+
+def bytes_floor(op: str, B: int, T: int, H: int, K: int = 128, V: int = 128, el: int = 2) -> int:
+    """The whole forward's unique bytes (inputs read once, o written once), H value heads."""
+    return launcher_bytes(op, "forward", B, T, H, K, V, el=el)
+
+
+def flops_floor(B: int, T: int, H: int, K: int = 128, V: int = 128) -> float:
+    """The whole forward's matmul flops, H value heads."""
+    return launcher_flops("gdn", "forward", B, T, H, K, V)
+
+
+def floor_ms(nbytes: float, flops: float, matmul_tflops: float) -> dict[str, float]:
+    """bytes_ms (at HBM_TBPS), flops_ms (at `matmul_tflops`, NaN when not measured) and floor_ms, their max."""
+    b = nbytes / (HBM_TBPS * 1e12) * 1e3
+    f = flops / (matmul_tflops * 1e12) * 1e3 if matmul_tflops == matmul_tflops and matmul_tflops > 0 else float("nan")
+    return {"bytes_ms": b, "flops_ms": f, "floor_ms": b if f != f else max(b, f)}

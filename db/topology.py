@@ -44,8 +44,7 @@ class Topology:
             object.__setattr__(self, "ranks_by_host", (self.ranks_per_host,) * self.hosts)
         if len(self.ranks_by_host) != self.hosts or max(self.ranks_by_host) != self.ranks_per_host:
             raise ValueError(
-                f"ranks_by_host={self.ranks_by_host} does not match hosts={self.hosts}, "
-                f"ranks_per_host={self.ranks_per_host}"
+                f"ranks_by_host={self.ranks_by_host} does not match hosts={self.hosts}, ranks_per_host={self.ranks_per_host}"
             )
 
     @property

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pytest
 
-from db.topology import Topology
 from runners.topology import RankPlace, inter_host_link, intra_host_link, nccl_network, single_host_topology, topology_of
 
 GANG_2X2 = [RankPlace(node=r // 2, host=f"h{r // 2}", local_rank=r % 2, link="loopback") for r in range(4)]

@@ -173,8 +173,7 @@ def params_json(params: CommParams) -> dict[str, Any]:
 def comm_check(doc: Mapping[str, Any], params: CommParams | None = None) -> list[dict[str, Any]]:
     """The group collectives a `cpbench bench comm` run timed, beside what the link model predicts for them on that
     run's topology with its fitted links (`params`, default: the run's own): error = predicted / measured - 1."""
-    topo_doc = doc.get("topology") or {}
-    topo = Topology(int(topo_doc.get("hosts", 1)), int(topo_doc.get("ranks_per_host", 1)))
+    topo = Topology.of_row(doc.get("topology") or {})
     params = params or CommParams.from_json(doc)
     out = []
     for s in doc.get("samples") or ():

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -30,7 +29,7 @@ from bench_server.live import LiveServer
 from bench_server.main import create_app
 from dashboards.data import sweep_rows
 from dashboards.figures import accuracy, best_mode, latency, predicted, scaling
-from db.session import dispose_engine, get_sessionmaker
+from db.session import get_sessionmaker
 from tests.dashboards.seed import TOPO_2X2, TOPO_MS, TOPO_TS, Topologies, page_figure, seed_topologies
 
 LABEL = "2x2 loopback+tcp/lo"
@@ -38,21 +37,14 @@ TOKEN = "topology-facets-token-0123456789"
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory, migrated_sqlite: Callable[[Path], str]) -> Iterator[str]:
-    url = migrated_sqlite(tmp_path_factory.mktemp("topo"))
-    yield url
-    dispose_engine(url)
+def topologies(seeded_url: str) -> Topologies:
+    return seed_topologies(seeded_url)
 
 
 @pytest.fixture(scope="module")
-def seeded(store: str) -> Topologies:
-    return seed_topologies(store)
-
-
-@pytest.fixture(scope="module")
-def rows(store: str, seeded: Topologies) -> list[dict[str, Any]]:
-    with get_sessionmaker(store)() as s:
-        return sweep_rows(s, seeded.sweep_id, limit=1000)
+def rows(seeded_url: str, topologies: Topologies) -> list[dict[str, Any]]:
+    with get_sessionmaker(seeded_url)() as s:
+        return sweep_rows(s, topologies.sweep_id, limit=1000)
 
 
 def by_name(fig: dict[str, Any], kind: str = "measured", quantity: str | None = None) -> dict[tuple[str, int], Any]:
@@ -68,14 +60,14 @@ def column_titles(fig: dict[str, Any]) -> list[str]:
     return [a["text"] for a in fig["layout"]["annotations"] if a.get("xref") == "paper" and a["text"].strip()]
 
 
-def test_rows_carry_the_topology_as_recorded(rows: list[dict[str, Any]], seeded: Topologies) -> None:
+def test_rows_carry_the_topology_as_recorded(rows: list[dict[str, Any]], topologies: Topologies) -> None:
     two = {r["id"] for r in rows if r["hosts"] == 2}
-    assert two == {i for (_, _, hosts, _), i in seeded.ids.items() if hosts == 2}
+    assert two == {i for (_, _, hosts, _), i in topologies.ids.items() if hosts == 2}
     assert {(r["ranks_per_host"], r["interconnect"]) for r in rows if r["id"] in two} == {(2, TOPO_2X2.interconnect)}
 
 
 def test_scaling_draws_two_host_points_apart_over_the_one_host_baseline(
-    rows: list[dict[str, Any]], seeded: Topologies
+    rows: list[dict[str, Any]], topologies: Topologies
 ) -> None:
     fig = scaling.figure(rows).to_plotly_json()
     speed = by_name(fig, quantity="speedup")
@@ -85,7 +77,7 @@ def test_scaling_draws_two_host_points_apart_over_the_one_host_baseline(
         hosts = 2 if label else 1
         Ws = [4] if label else [2, 4]
         assert (list(t["x"]), t["meta"]["topology"]) == (Ws, label)
-        assert [int(i) for i in t["ids"]] == [seeded.ids[(mode, W, hosts, T)] for W in Ws]
+        assert [int(i) for i in t["ids"]] == [topologies.ids[(mode, W, hosts, T)] for W in Ws]
         none_ms = TOPO_MS[("none", 1, 1)]  # the one-host W=1 none of the shape, for both topologies
         assert list(t["y"]) == pytest.approx([none_ms / TOPO_MS[(mode, W, hosts)] for W in Ws])
     eff = by_name(fig, quantity="efficiency")
@@ -100,9 +92,9 @@ def test_scaling_draws_two_host_points_apart_over_the_one_host_baseline(
     assert column_titles(alone) == column_titles(fig) == [f"T={T}" for T in TOPO_TS]
 
 
-def test_latency_accuracy_and_mode_map_give_the_topology_a_column(rows: list[dict[str, Any]], seeded: Topologies) -> None:
-    two = {i for (_, _, hosts, _), i in seeded.ids.items() if hosts == 2}
-    none = {i for (mode, _, _, _), i in seeded.ids.items() if mode == "none"}
+def test_latency_accuracy_and_mode_map_give_the_topology_a_column(rows: list[dict[str, Any]], topologies: Topologies) -> None:
+    two = {i for (_, _, hosts, _), i in topologies.ids.items() if hosts == 2}
+    none = {i for (mode, _, _, _), i in topologies.ids.items() if mode == "none"}
 
     lat = latency.figure(rows).to_plotly_json()
     assert column_titles(lat) == ["W=2", "W=4", f"W=4 · {LABEL}"]
@@ -142,8 +134,8 @@ def test_latency_accuracy_and_mode_map_give_the_topology_a_column(rows: list[dic
         if t["text"][i][j]
     }
     for T in TOPO_TS:
-        assert winners[(f"T={T}", f"W=4 · {LABEL}")] == seeded.ids[("true_cp", 4, 2, T)]
-        assert winners[(f"T={T}", "W=4")] == seeded.ids[("true_cp", 4, 1, T)]
+        assert winners[(f"T={T}", f"W=4 · {LABEL}")] == topologies.ids[("true_cp", 4, 2, T)]
+        assert winners[(f"T={T}", "W=4")] == topologies.ids[("true_cp", 4, 1, T)]
 
 
 def test_predicted_columns_are_one_host_and_the_label(rows: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -153,16 +145,16 @@ def test_predicted_columns_are_one_host_and_the_label(rows: list[dict[str, Any]]
 
 
 @pytest.fixture(scope="module")
-def client(store: str, seeded: Topologies) -> Iterator[httpx.Client]:
-    app = create_app(ServerSettings(DATABASE_URL=store, API_TOKEN=TOKEN))
+def client(seeded_url: str, topologies: Topologies) -> Iterator[httpx.Client]:
+    app = create_app(ServerSettings(DATABASE_URL=seeded_url, API_TOKEN=TOKEN))
     with LiveServer(app) as live, httpx.Client(base_url=live.url, timeout=60) as c:
         yield c
 
 
 def test_the_page_over_http_draws_the_same_traces(
-    client: httpx.Client, rows: list[dict[str, Any]], seeded: Topologies
+    client: httpx.Client, rows: list[dict[str, Any]], topologies: Topologies
 ) -> None:
-    r = client.get(f"/sweeps/{seeded.sweep_id}")
+    r = client.get(f"/sweeps/{topologies.sweep_id}")
     assert r.status_code == 200, r.text[:300]
     page = by_name(page_figure(r.text, "fig-scaling"))
     pure = by_name(scaling.figure(rows).to_plotly_json())
@@ -170,9 +162,9 @@ def test_the_page_over_http_draws_the_same_traces(
     for k, t in page.items():
         assert (t["x"], t["ids"]) == (list(pure[k]["x"]), list(pure[k]["ids"]))
         assert t["y"] == pytest.approx(list(pure[k]["y"]))
-    got = client.get(f"/dash/{seeded.sweep_id}/scaling.csv")
+    got = client.get(f"/dash/{topologies.sweep_id}/scaling.csv")
     assert got.status_code == 200
     table = list(csv.DictReader(io.StringIO(got.text)))
-    two = {str(i) for (_, _, hosts, _), i in seeded.ids.items() if hosts == 2}
+    two = {str(i) for (_, _, hosts, _), i in topologies.ids.items() if hosts == 2}
     assert {row["id"] for row in table if row["topology"] == LABEL} == two
     assert {row["topology"] for row in table if row["id"] not in two} == {""}

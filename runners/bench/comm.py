@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         "ranks_per_host": rph,
     }
     print(
-        f"cpbench bench comm: W={W} = {W // rph} host(s) x {rph}, {'gloo' if args.cpu else 'nccl'}, "
+        f"cpbench bench comm: W={W} = {run_topology(W, rph, args.cpu).label}, {'gloo' if args.cpu else 'nccl'}, "
         f"{len(plan(job, W, rph))} sizes",
         file=sys.stderr,
         flush=True,

@@ -15,8 +15,8 @@ r // ranks_per_host); traffic to a rank on another host pays the `inter` link, t
 `CommParams` holds the two links and where they came from (`cpbench bench comm` writes them as JSON:
 `CommParams.from_json`, `load_params` reads the file CPBENCH_COMM_PARAMS names); `DEFAULT_PARAMS` are assumed H200
 figures (NVLink within a host, 400 Gb/s InfiniBand per GPU between hosts), marked as assumed. `comm_check` holds the
-link model against the collectives a comm run timed. `Topology` is (hosts, ranks per host, interconnect);
-`row_topology(row)` is the one place that reads it off a stored measurement.
+link model against the collectives a comm run timed. Where the ranks sit is a `db.topology.Topology` (hosts, ranks
+per host, interconnect: the measurement's record; `Topology.of_row` reads it off a stored measurement).
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from db.topology import Topology
+
 __all__ = [
     "DEFAULT_PARAMS",
     "LINK_CLASSES",
@@ -35,14 +37,12 @@ __all__ = [
     "CommParams",
     "Link",
     "LinkLoad",
-    "Topology",
     "collective_time",
     "comm_check",
     "link_load",
     "load_params",
     "p2p_load",
     "params_json",
-    "row_topology",
 ]
 
 LINK_CLASSES = ("intra", "inter")
@@ -112,49 +112,6 @@ class CommParams:
 DEFAULT_PARAMS = CommParams(Link(8e-6, 1 / 360e9), Link(20e-6, 1 / 45e9), "assumed (H200 NVLink / 400 Gb/s IB)", ())
 
 
-@dataclass(frozen=True)
-class Topology:
-    """Where a gang's ranks sit: `hosts` hosts of `ranks_per_host` ranks (host-major), joined by `interconnect`."""
-
-    hosts: int
-    ranks_per_host: int
-    interconnect: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.hosts < 1 or self.ranks_per_host < 1:
-            raise ValueError(
-                f"hosts and ranks_per_host must be >= 1, got hosts={self.hosts}, ranks_per_host={self.ranks_per_host}"
-            )
-
-    @property
-    def W(self) -> int:
-        return self.hosts * self.ranks_per_host
-
-    def host(self, rank: int) -> int:
-        return rank // self.ranks_per_host
-
-    @property
-    def label(self) -> str:
-        net = f" ({self.interconnect})" if self.interconnect else ""
-        return f"{self.hosts} host{'s' if self.hosts > 1 else ''} x {self.ranks_per_host}{net}"
-
-
-def row_topology(row: Mapping[str, Any]) -> Topology:
-    """The topology a stored measurement ran on: its `hosts`, `ranks_per_host`, `interconnect` (the row's columns,
-    else its params); a row without them ran on one host: hosts=1, ranks_per_host=W. THE one reading of those
-    fields (issue 29's multi-host worker stores them)."""
-    params = row.get("params") or {}
-
-    def get(key: str) -> Any:
-        value = row.get(key)
-        return params.get(key) if value is None else value
-
-    W = int(row.get("W") or 1)
-    hosts = int(get("hosts") or 1)
-    rph = int(get("ranks_per_host") or max(1, W // hosts))
-    return Topology(hosts, rph, get("interconnect"))
-
-
 # ------------------------------------------------------------------------------------------------ communication
 @dataclass(frozen=True)
 class LinkLoad:
@@ -216,8 +173,7 @@ def params_json(params: CommParams) -> dict[str, Any]:
 def comm_check(doc: Mapping[str, Any], params: CommParams | None = None) -> list[dict[str, Any]]:
     """The group collectives a `cpbench bench comm` run timed, beside what the link model predicts for them on that
     run's topology with its fitted links (`params`, default: the run's own): error = predicted / measured - 1."""
-    topo_doc = doc.get("topology") or {}
-    topo = Topology(int(topo_doc.get("hosts", 1)), int(topo_doc.get("ranks_per_host", 1)))
+    topo = Topology.of_row(doc.get("topology") or {})
     params = params or CommParams.from_json(doc)
     out = []
     for s in doc.get("samples") or ():

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dashboards.cost_model import CommCost, comm_cost, model_speedup, rank_hops
-from dashboards.links import DEFAULT_PARAMS, CommParams, Topology, collective_time, p2p_load, row_topology
+from dashboards.links import DEFAULT_PARAMS, CommParams, collective_time, p2p_load
+from db.topology import Topology
 from kernels.vocabulary import DTYPE_BYTES, EXACT_MODES, MODES, SINGLE_DEVICE, TAIL_EXCHANGE_WINDOW_CHUNKS
 
 __all__ = [
@@ -241,7 +242,7 @@ def predict_row(
         H=row["H"],
         K=row["K"],
         V=row["V"],
-        topo=row_topology(row),
+        topo=Topology.of_row(row),
         rate=rate,
         params=params,
         dtype_bytes=_dtype_bytes(row),
@@ -270,7 +271,7 @@ def held_against(
     for r in rows:
         rate = fitted.get(rate_family(r))
         pred = predict_row(r, rate, params, devices_per_host) if rate is not None else None
-        topo = row_topology(r)
+        topo = Topology.of_row(r)
         out.append(
             {
                 **{k: r.get(k) for k in ROW_KEYS},

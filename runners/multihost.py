@@ -49,10 +49,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
+from db.topology import Topology
 from runners.errors import CpbenchError, GangError
 from runners.gang import RankContext, is_fatal, raise_job_errors, run_rank_job, set_collective_timeout
 from runners.settings import get_worker_settings
-from runners.topology import RankPlace, Topology, inter_host_link, intra_host_link
+from runners.topology import RankPlace, inter_host_link, intra_host_link, topology_of
 from runners.worker import DeviceInfo, Worker, WorkerStats, detect_devices
 
 __all__ = ["MultiHostWorker", "TorchrunEnv", "TorchrunGang", "exit_now", "run_multihost_worker"]
@@ -166,7 +167,7 @@ class TorchrunGang:
 
     def topology(self, world_size: int) -> Topology:
         """The topology of a point's W ranks: the gang's first W."""
-        return Topology.of(self.places[:world_size], inter_host_link(self.backend, self.nccl_log))
+        return topology_of(self.places[:world_size], inter_host_link(self.backend, self.nccl_log))
 
     def _context(self, world_size: int) -> RankContext:
         """This rank's context for a W-rank job; every rank makes the W sub-group together on first use."""

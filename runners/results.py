@@ -19,13 +19,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from db.topology import Topology
 from kernels.cp.modes import merge_rank_counts
 from runners import collective_check
 from runners.point import PointSpec
 from runners.profile import ProfileSummary, merge_ranks
 from runners.stats import summarize
 from runners.timing import unreliable_reason
-from runners.topology import Topology
 
 __all__ = ["PointResult", "StoreRows", "store_rows", "trace_path"]
 

@@ -1,11 +1,11 @@
-"""THE TOPOLOGY OF A MEASUREMENT: how many hosts a point's ranks spanned, how many ranks ran on each and the links
-between them; stored on every measurement (`db.models.Measurement.hosts`, `ranks_per_host`, `interconnect`, and
-the details in its report's `topology`).
+"""WHERE A POINT'S RANKS RAN: the places of a gang's ranks and the links between them, made into the measurement's
+`db.topology.Topology` (the one record and label, stored on every measurement: `db.models.Measurement.hosts`,
+`ranks_per_host`, `interconnect`, and the details in its report's `topology`).
 
 - `RankPlace`: where one rank of a gang runs: its node (torchrun's GROUP_RANK, the host's index in the allocation;
   two "hosts" on one machine are two nodes), the host name, its local rank and its host's `intra_host_link`;
-- `Topology.of(places, inter)`: the topology of a point's ranks (the gang's first W places);
-  `Topology.single_host(W, device_kind)`: a single-host gang's (the ordinary worker's);
+- `topology_of(places, inter)`: the topology of a point's ranks (the gang's first W places);
+  `single_host_topology(W, device_kind)`: a single-host gang's (the ordinary worker's);
 - `intra_host_link(device_kind)`: the link between ranks of one host: "nvlink" (NVML reports an active NVLink on
   GPU 0), "pcie" (GPUs without one), "loopback" (gloo ranks on one machine talk TCP over the loopback);
 - `inter_host_link(backend, nccl_log)`: the network between hosts: gloo's is "tcp" (with "/<GLOO_SOCKET_IFNAME>"
@@ -14,7 +14,7 @@ the details in its report's `topology`).
   plugin's name), else "IB" when the host has InfiniBand devices and `NCCL_IB_DISABLE` is not 1, else "Socket".
 
 `interconnect` is "none" for one rank, the intra-host link on one host, "<intra>+<inter>" across hosts (e.g.
-"nvlink+IB", "loopback+tcp/lo").
+"nvlink+IB", "loopback+tcp/lo"; `db.topology`).
 """
 
 from __future__ import annotations
@@ -27,11 +27,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-__all__ = ["RankPlace", "Topology", "inter_host_link", "intra_host_link", "nccl_network"]
+from db.topology import NO_LINK, Topology
 
-NO_LINK = "none"  # the interconnect of a one-rank point
+__all__ = ["RankPlace", "inter_host_link", "intra_host_link", "nccl_network", "single_host_topology", "topology_of"]
 
 
 @dataclass(frozen=True)
@@ -44,56 +43,23 @@ class RankPlace:
     link: str
 
 
-@dataclass(frozen=True)
-class Topology:
-    """The hosts a point's ranks spanned (`ranks_by_host`: ranks on each node, in node order) and the links."""
+def topology_of(places: Sequence[RankPlace], inter: str) -> Topology:
+    """The topology of ranks at `places` (a point's ranks), `inter` the network between their hosts."""
+    per_node = Counter(p.node for p in places)
+    nodes = sorted(per_node)
+    names = {p.node: p.host for p in places}
+    if len(places) == 1:
+        link = NO_LINK
+    else:
+        intra = "/".join(sorted({p.link for p in places}))  # one link unless hosts differ
+        link = intra if len(nodes) == 1 else f"{intra}+{inter}"
+    return Topology.of_hosts([per_node[n] for n in nodes], [names[n] for n in nodes], link)
 
-    ranks_by_host: tuple[int, ...]
-    host_names: tuple[str, ...]
-    interconnect: str
 
-    @property
-    def hosts(self) -> int:
-        return len(self.ranks_by_host)
-
-    @property
-    def ranks_per_host(self) -> int:
-        """Ranks on each host (the largest count when the hosts hold unequal shares)."""
-        return max(self.ranks_by_host)
-
-    @property
-    def label(self) -> str:
-        """ "2x4": hosts x ranks per host."""
-        return f"{self.hosts}x{self.ranks_per_host}"
-
-    def columns(self) -> dict[str, Any]:
-        """The measurement's topology columns (`db.crud.store_measurement`'s fields)."""
-        return {"hosts": self.hosts, "ranks_per_host": self.ranks_per_host, "interconnect": self.interconnect}
-
-    def detail(self) -> dict[str, Any]:
-        """What the measurement's report keeps under `topology`: the columns, the ranks per node, the host names."""
-        return {**self.columns(), "ranks_by_host": list(self.ranks_by_host), "host_names": list(self.host_names)}
-
-    @classmethod
-    def of(cls, places: Sequence[RankPlace], inter: str) -> Topology:
-        """The topology of ranks at `places` (a point's ranks), `inter` the network between their hosts."""
-        if not places:
-            raise ValueError("a topology needs at least one rank")
-        per_node = Counter(p.node for p in places)
-        nodes = sorted(per_node)
-        names = {p.node: p.host for p in places}
-        if len(places) == 1:
-            link = NO_LINK
-        else:
-            intra = "/".join(sorted({p.link for p in places}))  # one link unless hosts differ
-            link = intra if len(nodes) == 1 else f"{intra}+{inter}"
-        return cls(tuple(per_node[n] for n in nodes), tuple(names[n] for n in nodes), link)
-
-    @classmethod
-    def single_host(cls, world_size: int, device_kind: str) -> Topology:
-        """A gang of `world_size` ranks on this host."""
-        host, link = socket.gethostname(), intra_host_link(device_kind)
-        return cls.of([RankPlace(0, host, r, link) for r in range(world_size)], NO_LINK)
+def single_host_topology(world_size: int, device_kind: str) -> Topology:
+    """A gang of `world_size` ranks on this host."""
+    host, link = socket.gethostname(), intra_host_link(device_kind)
+    return topology_of([RankPlace(0, host, r, link) for r in range(world_size)], NO_LINK)
 
 
 @functools.lru_cache(maxsize=2)

@@ -76,6 +76,7 @@ from pathlib import Path
 from typing import Any
 
 from db.retry import StoreRetry, StoreUnavailable
+from db.topology import Topology
 from runners.activity import ACTIVITY_ENV, read_notice
 from runners.errors import CpbenchError, GangError, SweepNotFoundError
 from runners.execute import run_point_job, tune_job
@@ -87,7 +88,7 @@ from runners.plugins import unavailable
 from runners.point import PointJob, PointSpec
 from runners.results import PointResult, StoreRows, store_rows, trace_path
 from runners.settings import WorkerSettings, get_worker_settings
-from runners.topology import Topology
+from runners.topology import single_host_topology
 from runners.versions import driver_version, git_sha, peer_versions, software_versions
 
 __all__ = ["DeviceInfo", "Worker", "WorkerStats", "detect_devices", "environment_facts", "point_time_limit_s", "run_worker"]
@@ -356,7 +357,7 @@ class Worker:
     def topology(self, world_size: int) -> Topology:
         """The topology a point of `world_size` ranks runs on: a gang on this host."""
         assert self.info is not None
-        return Topology.single_host(world_size, self.info.kind)
+        return single_host_topology(world_size, self.info.kind)
 
     # -- the store, through the retry loop -------------------------------------------------------------------------
     def _store(self, what: str, fn: Callable[[Any], Any], *, give_up: Callable[[], bool] | None = None) -> Any:

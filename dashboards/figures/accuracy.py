@@ -3,7 +3,8 @@
 Rows in, figure out. `warmup_correct` is the one mode whose error depends on the gate decay (lb): it truncates the
 state to its last warmup chunks. The exact modes sit at bf16 noise and serve as the floor. Top row: error vs
 `none` on the full shape; bottom row: error vs the fp32 reference on the reduced shape; one column per CP size W,
-so that runs at W=1 and W=2 are distinct series and never share a column. One trace per (mode, backend, W) per row
+so that runs at W=1 and W=2 are distinct series and never share a column; points across hosts get a column of their
+own per topology ("W=4 · 2x2 loopback+tcp/lo": `common.topology_tag`, `meta.topology`). One trace per (mode, backend, W) per row
 (`meta.W`), named after the mode ("<mode> · <backend>" when the rows hold several backends: `common.series_name`, a
 peer's markers open; each backend's errors are against its own `none`); each point's hover shows the scheme report (warmup chunks, fallback fraction). An exact 0
 (bitwise-equal outputs) is drawn on a separate shaded band at the bottom, ticked "exact (0)" (`zero_level`, two
@@ -29,19 +30,20 @@ from dashboards.figures.common import (
     backend_marker,
     base_layout,
     empty_figure,
-    facet_values,
     mode_color,
     mode_rank,
     run_W,
     series_key,
     series_name,
     symbol,
+    topology_tag,
+    with_topology,
 )
 
 NAME = "accuracy"
 TITLE = "Error vs decay bound lb (relative L2)"
-COLUMNS = ("mode", "lb", "op", "backend", "backend_label", "B", "T", "H", "K", "V", "W", "dtype", "err_vs_none", "err_vs_reference",
-           "report")
+COLUMNS = ("mode", "lb", "op", "backend", "backend_label", "B", "T", "H", "K", "V", "W", "topology", "dtype", "err_vs_none",
+           "err_vs_reference", "report")
 _ROWS = (("err_vs_none", "vs none"), ("err_vs_reference", "vs fp32 reference"))
 # an error of exactly 0 (bitwise equal outputs) has no place on a log axis: it is drawn on a band this many decades
 # under the smallest non-zero error (ZERO_FLOOR when there is none), ticked "exact (0)"; hover and CSV keep the 0
@@ -55,7 +57,8 @@ def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     done = [r for r in rows if r.get("status", "done") == "done"
             and (r.get("err_vs_none") is not None or r.get("err_vs_reference") is not None)]
     done.sort(key=lambda r: (mode_rank(r["mode"]), r["lb"], r["T"], r["B"], r["W"]))
-    return [{**{c: r.get(c) for c in COLUMNS}, "backend_label": backend_label(r), "W": run_W(r)} for r in done]
+    return [{**{c: r.get(c) for c in COLUMNS}, "backend_label": backend_label(r), "W": run_W(r), "topology": topology_tag(r)}
+            for r in done]
 
 
 def grad_frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -105,18 +108,19 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
     table = frame(rows)
     if not table:
         return empty_figure(TITLE, "no correctness checks yet")
-    Ws = facet_values(table, "W")
+    Ws = sorted({(r["W"], r["topology"]) for r in table})
     fig = make_subplots(rows=2, cols=len(Ws), shared_xaxes=True, shared_yaxes=True, horizontal_spacing=0.04,
-                        subplot_titles=[f"{label} · W={W}" if len(Ws) > 1 else label for _, label in _ROWS for W in Ws],
+                        subplot_titles=[f"{label} · {with_topology(f'W={W}', topo)}" if len(Ws) > 1 else label
+                                        for _, label in _ROWS for W, topo in Ws],
                         vertical_spacing=0.1)
     zero = zero_level(table)
     labels = backend_labels(table)
     series = sorted({(r["mode"], r["backend_label"]) for r in table}, key=lambda s: series_key(*s, labels))
     modes = list(dict.fromkeys(mode for mode, _ in series))
     shown: set[str] = set()
-    for j, W in enumerate(Ws, start=1):
+    for j, (W, topo) in enumerate(Ws, start=1):
         for mode, backend in series:
-            pts = sorted((r for r in table if (r["mode"], r["backend_label"], r["W"]) == (mode, backend, W)),
+            pts = sorted((r for r in table if (r["mode"], r["backend_label"], r["W"], r["topology"]) == (mode, backend, W, topo)),
                          key=lambda r: (r["lb"], r["T"]))
             if not pts:
                 continue
@@ -131,7 +135,7 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
                     customdata=[[p["T"], p["B"], p["W"], _report_text(p["report"]), _shown(p[col]), p["lb"]] for p in pts],
                     hovertemplate=f"{name}<br>lb=%{{customdata[5]}} T=%{{customdata[0]}} B=%{{customdata[1]}} W=%{{customdata[2]}}"
                                   "<br>rel. L2 %{customdata[4]}%{customdata[3]}<extra></extra>",
-                    meta={"mode": mode, "backend": backend, "W": W, "kind": "measured", "quantity": col},
+                    meta={"mode": mode, "backend": backend, "W": W, "topology": topo, "kind": "measured", "quantity": col},
                 ), row=i, col=j)
             shown.add(name)
     fig.update_xaxes(title_text="decay lower bound lb (g ≥ lb)", row=2)

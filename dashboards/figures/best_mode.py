@@ -1,4 +1,7 @@
 """Mode map: which CP mode to use for a shape, as a heatmap of T (rows, ascending) x CP size W (columns).
+Points whose ranks spanned several hosts compete in columns of their own per topology, after the one-host column of
+their W ("W=4 · 2x2 loopback+tcp/lo": `common.topology_tag`; CSV `topology`, "" on one host); their speedups are
+over the same one-host `none`.
 
 Rows in, figure out. The page slices the rows to one op and direction (and backend, H, K, V, dtype, layout); small
 multiples pick lb (columns) and B (rows). Each cell names the fastest EXACT mode at (B, T, W, lb), its speedup over
@@ -44,12 +47,14 @@ from dashboards.figures.common import (
     series_name,
     shows_backend,
     speedup,
+    topology_tag,
     unreliable,
+    with_topology,
 )
 
 NAME = "best_mode"
 TITLE = "Mode map: fastest exact mode per T × W (speedup over one device, runner-up and gap)"
-COLUMNS = ("op", "direction", "lb", "B", "T", "W", "best_mode", "best_backend", "best", "best_id", "best_ms", "p10_ms", "p90_ms", "n",
+COLUMNS = ("op", "direction", "lb", "B", "T", "W", "topology", "best_mode", "best_backend", "best", "best_id", "best_ms", "p10_ms", "p90_ms", "n",
            "speedup_vs_none", "noisy", "exact", "runner_up", "runner_up_ms", "gap", "faster_approx", "faster_approx_ms", "candidates",
            "configs", "collectives")
 APPROX_MARK = "≈"
@@ -75,15 +80,15 @@ def _who(r: dict[str, Any] | None, named: bool) -> str | None:
 
 
 def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (op, direction, lb, B, T, W) cell that has at least one measured run."""
+    """One row per (op, direction, lb, B, T, W, topology) cell that has at least one measured run."""
     done = measured(rows)
     base, noisy_base = none_medians(done), noisy_baselines(done)
     named = shows_backend(backend_labels(done))
     cells: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for r in done:
-        cells[(r.get("op"), r.get("direction"), r["lb"], r["B"], r["T"], run_W(r))].append(r)
+        cells[(r.get("op"), r.get("direction"), r["lb"], r["B"], r["T"], run_W(r), topology_tag(r))].append(r)
     out = []
-    for (op, direction, lb, B, T, W), cands in sorted(cells.items(), key=lambda kv: tuple(map(str, kv[0][:2])) + kv[0][2:]):
+    for (op, direction, lb, B, T, W, topo), cands in sorted(cells.items(), key=lambda kv: tuple(map(str, kv[0][:2])) + kv[0][2:]):
         ranked = _fastest_per_mode(cands)
         exact = [r for r in ranked if is_exact(r)]
         win = exact[0] if exact else ranked[0]
@@ -91,7 +96,7 @@ def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         approx = ranked[0] if exact and not is_exact(ranked[0]) else None
         noisy = _noisy(win, noisy_base)
         out.append({
-            "op": op, "direction": direction, "lb": lb, "B": B, "T": T, "W": W,
+            "op": op, "direction": direction, "lb": lb, "B": B, "T": T, "W": W, "topology": topo,
             "best_mode": win["mode"], "best_backend": backend_label(win), "best": _who(win, named),
             "best_id": win.get("id"), "best_ms": win["median_ms"],
             "p10_ms": win.get("p10_ms"), "p90_ms": win.get("p90_ms"), "n": win.get("n"),
@@ -128,14 +133,15 @@ def _label(c: dict[str, Any]) -> str:
 
 
 def _hover(c: dict[str, Any]) -> str:
+    where = with_topology(f"W={c['W']}", c["topology"])
     if c["noisy"]:
         spread = "" if c["p10_ms"] is None else f" (p10–p90 {c['p10_ms']:.4g}–{c['p90_ms']:.4g})"
-        return "<br>".join([f"<b>{NOISY}</b> at B={c['B']} T={c['T']} W={c['W']} lb={c['lb']:g}: no winner named",
+        return "<br>".join([f"<b>{NOISY}</b> at B={c['B']} T={c['T']} {where} lb={c['lb']:g}: no winner named",
                             f"fastest {c['best']} {c['best_ms']:.4g} ms{spread}, n={c['n']}",
                             f"unreliable: {c['noisy']}"])
     spread = "" if c["p10_ms"] is None else f" (p10–p90 {c['p10_ms']:.4g}–{c['p90_ms']:.4g})"
     own = f" ({c['best_backend']})" if c["best"] != c["best_mode"] else ""  # its own backend's none
-    lines = [f"<b>{c['best']}</b> fastest exact at B={c['B']} T={c['T']} W={c['W']} lb={c['lb']:g}",
+    lines = [f"<b>{c['best']}</b> fastest exact at B={c['B']} T={c['T']} {where} lb={c['lb']:g}",
              f"{c['best_ms']:.4g} ms{spread}, n={c['n']}",
              f"speedup vs none{own}: " + ("—" if c["speedup_vs_none"] is None else f"{c['speedup_vs_none']:.2f}×")]
     if c["runner_up"]:
@@ -167,8 +173,8 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
     if not table:
         return empty_figure(TITLE)
     lbs, Bs = facet_values(table, "lb"), facet_values(table, "B")
-    Ws, Ts = facet_values(table, "W"), facet_values(table, "T")
-    xs, ys = [f"W={W}" for W in Ws], [f"T={T}" for T in Ts]
+    Ws, Ts = sorted({(c["W"], c["topology"]) for c in table}), facet_values(table, "T")
+    xs, ys = [with_topology(f"W={W}", topo) for W, topo in Ws], [f"T={T}" for T in Ts]
     titles = [" · ".join(t for t in (f"B={B}" if len(Bs) > 1 else "", f"lb={lb:g}" if len(lbs) > 1 else "") if t) or " "
               for B in Bs for lb in lbs]
     fig = make_subplots(rows=len(Bs), cols=len(lbs), subplot_titles=titles, horizontal_spacing=0.06,
@@ -177,7 +183,7 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
     shown: set[str] = set()
     for i, B in enumerate(Bs, start=1):
         for j, lb in enumerate(lbs, start=1):
-            facet = {(c["T"], c["W"]): c for c in table if c["B"] == B and c["lb"] == lb}
+            facet = {(c["T"], (c["W"], c["topology"])): c for c in table if c["B"] == B and c["lb"] == lb}
             winners = {(c["best_mode"], c["best_backend"]) for c in facet.values() if not c["noisy"]}
             for mode, backend in sorted(winners, key=lambda w: series_key(*w, labels)):
                 won = {k: c for k, c in facet.items() if (c["best_mode"], c["best_backend"]) == (mode, backend) and not c["noisy"]}

@@ -1,5 +1,5 @@
-"""Helpers shared by the figure modules: mode order and colours, facets, the `none` baseline, dtype sizes, and the
-backend of each series (a sweep page showing every backend draws ours and a peer's implementation of a mode on the
+"""Helpers shared by the figure modules: mode order and colours, facets (by W and, for points across hosts, by
+topology: `topology_tag`), the `none` baseline, dtype sizes, and the backend of each series (a sweep page showing every backend draws ours and a peer's implementation of a mode on the
 same axes: `backend_label`, `series_name`, `backend_marker`).
 
 Pure functions over result rows (the flat dicts of `db.crud.list_results`); nothing here touches plotly state
@@ -16,6 +16,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from db.topology import Topology
 from kernels.vocabulary import DTYPE_BYTES, EXACT_MODES, MODES
 
 _PALETTE = ("#7f7f7f", "#1f77b4", "#ff7f0e", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
@@ -66,11 +67,31 @@ def run_W(row: dict[str, Any]) -> int:
     return row.get("W") or 1
 
 
-def cp_sizes(rows: Sequence[dict[str, Any]], *, none_is_reference: bool = True) -> list[int]:
-    """The CP sizes to facet by: every W a row ran at. With `none_is_reference` (figures that draw `none` as a
-    dashed reference in every facet) a W=1 facet that would hold `none` alone is left out."""
+def topology_tag(row: dict[str, Any]) -> str:
+    """What tells a multi-host point apart on a figure: "" for a point on one host (every W=1 point, the `none`
+    baseline included, and every point stored before issue 29), else its topology's label (`db.topology.Topology.
+    label`, "2x2 loopback+tcp/lo"). A figure of one-host points only looks as it did; speedups of every topology are
+    over the same one-host W=1 `none` of the shape (`none_medians`)."""
+    topo = Topology.of_row(row)
+    return topo.label if topo.hosts > 1 else ""
+
+
+def with_topology(text: str, tag: str) -> str:
+    """`text` (a trace name, a facet title) followed by a multi-host point's topology: "ring · 2x2 loopback+tcp/lo"."""
+    return f"{text} · {tag}" if tag else text
+
+
+def cp_facets(rows: Sequence[dict[str, Any]], *, none_is_reference: bool = True) -> list[tuple[int, str]]:
+    """The (CP size W, `topology_tag`) facets: every W a row ran at, one-host first, then each multi-host topology
+    at that W. With `none_is_reference` (figures that draw `none` as a dashed reference in every facet) a W=1 facet
+    that would hold `none` alone is left out."""
     ran = [r for r in rows if not (none_is_reference and r["mode"] == "none")]
-    return sorted({run_W(r) for r in ran}) or sorted({run_W(r) for r in rows})
+    return sorted({(run_W(r), topology_tag(r)) for r in ran}) or sorted({(run_W(r), topology_tag(r)) for r in rows})
+
+
+def cp_sizes(rows: Sequence[dict[str, Any]], *, none_is_reference: bool = True) -> list[int]:
+    """The CP sizes to facet by (`cp_facets`' W, whatever the topology)."""
+    return sorted({W for W, _ in cp_facets(rows, none_is_reference=none_is_reference)})
 
 
 def is_reference(row: dict[str, Any], *, W: int) -> bool:
@@ -129,9 +150,10 @@ def mode_series(rows: Iterable[dict[str, Any]]) -> list[tuple[tuple[str, str, in
     return sorted(series.items(), key=lambda kv: (*series_key(kv[0][0], kv[0][1], order), kv[0][2]))
 
 
-def in_facet(row: dict[str, Any], *, W: int, lb: float | None = None) -> bool:
-    """The row ran at CP size W (and decay bound lb when given): the only rows a facet of W plots as its own."""
-    return run_W(row) == W and (lb is None or row["lb"] == lb)
+def in_facet(row: dict[str, Any], *, W: int, lb: float | None = None, topology: str | None = None) -> bool:
+    """The row ran at CP size W (and decay bound lb, and on the `topology_tag` topology, when given): the only rows a
+    facet of W plots as its own."""
+    return run_W(row) == W and (lb is None or row["lb"] == lb) and (topology is None or topology_tag(row) == topology)
 
 
 def is_exact(row: dict[str, Any]) -> bool:
@@ -183,8 +205,8 @@ def speedup(row: dict[str, Any], baselines: dict[tuple[Any, ...], float]) -> flo
     return base / row["median_ms"]
 
 
-def facet_title(W: int, lb: float, n_lb: int) -> str:
-    return f"W={W}" if n_lb <= 1 else f"W={W} · lb={lb:g}"
+def facet_title(W: int, lb: float, n_lb: int, topology: str = "") -> str:
+    return with_topology(f"W={W}" if n_lb <= 1 else f"W={W} · lb={lb:g}", topology)
 
 
 def single_value_log_range(values: Iterable[Any]) -> list[float] | None:

@@ -1,4 +1,6 @@
 """Latency vs sequence length per mode (log-log), faceted by CP size W (columns) and decay bound lb (rows).
+Points across hosts get a column of their own per topology, after the one-host column of their W, titled
+"W=4 · 2x2 loopback+tcp/lo" (`common.cp_facets`; CSV `facet_topology`, `meta.topology`; "" on one host).
 
 Rows in, figure out. A facet of W holds only the runs at W: one trace per (mode, backend, B), named after its mode
 (plotly `ids` = point ids). Rows of several backends (the page's backend choice "all") share the axes: each trace
@@ -23,7 +25,7 @@ from dashboards.figures.common import (
     backend_labels,
     backend_marker,
     base_layout,
-    cp_sizes,
+    cp_facets,
     empty_figure,
     facet_title,
     facet_values,
@@ -44,7 +46,7 @@ from dashboards.figures.common import (
 
 NAME = "latency"
 TITLE = "Latency vs T per mode (median, p10–p90)"
-COLUMNS = ("facet_W", "role", "id", "lb", "mode", "W", "op", "backend", "backend_label", "layout", "B", "T", "H", "K", "V",
+COLUMNS = ("facet_W", "facet_topology", "role", "id", "lb", "mode", "W", "op", "backend", "backend_label", "layout", "B", "T", "H", "K", "V",
            "dtype", "direction", "median_ms", "p10_ms", "p90_ms", "n", "speedup_vs_none", "unreliable")
 
 
@@ -54,10 +56,11 @@ def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     base = none_medians(done)
     out = []
     for lb in facet_values(done, "lb"):
-        for W in cp_sizes(done):
-            pts = [r for r in done if (in_facet(r, W=W, lb=lb) or is_reference(r, W=W)) and r["lb"] == lb]
+        for W, topo in cp_facets(done):
+            pts = [r for r in done if in_facet(r, W=W, lb=lb, topology=topo) or (is_reference(r, W=W) and r["lb"] == lb)]
             for r in sorted(pts, key=lambda r: (mode_rank(r["mode"]), r["B"], r["T"])):
-                out.append({**{c: r.get(c) for c in COLUMNS}, "facet_W": W, "speedup_vs_none": speedup(r, base),
+                out.append({**{c: r.get(c) for c in COLUMNS}, "facet_W": W, "facet_topology": topo,
+                            "speedup_vs_none": speedup(r, base),
                             "backend_label": backend_label(r),
                             "role": "reference" if is_reference(r, W=W) else "measured"})
     return out
@@ -67,19 +70,19 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
     table = frame(rows)
     if not table:
         return empty_figure(TITLE)
-    lbs, Ws = facet_values(table, "lb"), facet_values(table, "facet_W")
+    lbs, facets = facet_values(table, "lb"), sorted({(r["facet_W"], r["facet_topology"]) for r in table})
     Bs, labels = facet_values(table, "B"), backend_labels(measured(rows))
-    fig = make_subplots(rows=len(lbs), cols=len(Ws), shared_xaxes=True, shared_yaxes=True,
-                        subplot_titles=[facet_title(W, lb, len(lbs)) for lb in lbs for W in Ws],
+    fig = make_subplots(rows=len(lbs), cols=len(facets), shared_xaxes=True, shared_yaxes=True,
+                        subplot_titles=[facet_title(W, lb, len(lbs), topo) for lb in lbs for W, topo in facets],
                         horizontal_spacing=0.04, vertical_spacing=0.08)
     shown: set[str] = set()
     for i, lb in enumerate(lbs, start=1):
-        for j, W in enumerate(Ws, start=1):
+        for j, (W, topo) in enumerate(facets, start=1):
             for role in ("reference", "measured"):
-                for (mode, label, B), pts in mode_series(r for r in table
-                                                         if r["facet_W"] == W and r["lb"] == lb and r["role"] == role):
+                for (mode, label, B), pts in mode_series(r for r in table if (r["facet_W"], r["facet_topology"]) == (W, topo)
+                                                         and r["lb"] == lb and r["role"] == role):
                     name = series_name(REFERENCE_NAME if role == "reference" else mode, label, labels)
-                    fig.add_trace(_trace(mode, label, B, pts, Bs, labels, W=W, lb=lb, role=role,
+                    fig.add_trace(_trace(mode, label, B, pts, Bs, labels, W=W, lb=lb, topology=topo, role=role,
                                          showlegend=name not in shown), row=i, col=j)
                     shown.add(name)
     fig.update_xaxes(type="log", range=single_value_log_range(r["T"] for r in table), **t_ticks(r["T"] for r in table))
@@ -90,7 +93,7 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
 
 
 def _trace(mode: str, label: str, B: int, pts: list[dict[str, Any]], Bs: list[int], labels: list[str], *, W: int,
-           lb: float, role: str, showlegend: bool) -> go.Scatter:
+           lb: float, topology: str, role: str, showlegend: bool) -> go.Scatter:
     ref = role == "reference"
     name = series_name(REFERENCE_NAME if ref else mode, label, labels)
     med = [p["median_ms"] for p in pts]
@@ -109,5 +112,5 @@ def _trace(mode: str, label: str, B: int, pts: list[dict[str, Any]], Bs: list[in
                     for s, p in zip(speed, pts, strict=True)],
         hovertemplate=f"{name}<br>B=%{{customdata[0]}} T=%{{x}}<br>%{{y:.4g}} ms<br>speedup vs none %{{customdata[1]}}"
                       "%{customdata[2]}<extra></extra>",
-        meta={"mode": mode, "backend": label, "B": B, "W": W, "lb": lb, "kind": role},
+        meta={"mode": mode, "backend": label, "B": B, "W": W, "lb": lb, "topology": topology, "kind": role},
     )

@@ -1,6 +1,7 @@
 """The scaling model held against the measurements: predicted against measured step time per point and scheme, and
-the error, one column per topology: the number of hosts and their interconnect (`dashboards.links.
-row_topology`; within a column W, hence the ranks per host, varies along the error row's x axis).
+the error, one column per topology: one for the points on one host (titled ONE_HOST; W, hence the ranks per host,
+varies along the error row's x axis), one per multi-host topology, titled by its label (`common.topology_tag`,
+"2x2 loopback+tcp/lo").
 
 Rows in, figure out. The prediction is `dashboards.scaling_model.held_against`: kernel rates fitted on the rows' own
 W=1 `none` points (per op, backend, dtype, H, K, V, direction), links from the `cpbench bench comm` JSON that
@@ -27,6 +28,7 @@ from dashboards.figures.common import (
     mode_rank,
     series_key,
     series_name,
+    topology_tag,
 )
 from dashboards.links import load_params
 from dashboards.scaling_model import HELD_COLUMNS, held_against
@@ -34,6 +36,7 @@ from dashboards.scaling_model import HELD_COLUMNS, held_against
 NAME = "predicted"
 TITLE = "Scaling model vs measured: predicted step time against measured (top) and its error (bottom), per topology"
 COLUMNS = (*HELD_COLUMNS, "facet", "backend_label")
+ONE_HOST = "1 host"  # the column of every one-host point
 
 
 def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -41,20 +44,11 @@ def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     params, _, _ = load_params()
     labels = {r.get("id"): backend_label(r) for r in rows}
     table = [
-        {**r, "facet": facet_label(r), "backend_label": labels.get(r["id"], r["backend"])}
+        {**r, "facet": topology_tag(r) or ONE_HOST, "backend_label": labels.get(r["id"], r["backend"])}
         for r in held_against(rows, params)
         if r["predicted_ms"] is not None
     ]
     return sorted(table, key=lambda r: (r["hosts"], r["facet"], mode_rank(r["mode"]), r["W"], r["T"], r["id"] or 0))
-
-
-def facet_label(row: dict[str, Any]) -> str:
-    """The column a point is drawn in: its hosts and the network between them ("1 host", "2 hosts · ib"). One host's
-    points share a column whatever their link within the host (W=1 stores "none", a W=2 gang "loopback" or "nvlink");
-    across hosts the stored "<intra>+<inter>" names the network by its inter-host part."""
-    link = row.get("interconnect") or ""
-    net = f" · {link.split('+', 1)[-1]}" if row["hosts"] > 1 and link else ""
-    return f"{row['hosts']} host{'s' if row['hosts'] > 1 else ''}{net}"
 
 
 def figure(rows: list[dict[str, Any]]) -> go.Figure:

@@ -4,7 +4,10 @@ row) against the CP size W, one column per sequence length T, measured beside th
 Rows in, figure out. t(1) is `none` on one device at the same shape, lb and backend. Measured traces, one per
 (mode, backend, B, lb), are named after their mode ("<mode> · <backend>" when the rows hold several backends:
 `common.series_name`, a peer's markers open; `meta.kind == "measured"`, plotly `ids` = point ids; lb by line dash,
-B by marker);
+B by marker). Points whose ranks spanned several hosts are traces of their own per topology, named "<mode> · <topology>"
+(`common.topology_tag`: "ring · 2x2 loopback+tcp/lo", larger markers, `meta.topology`; "" on one host), after the
+one-host traces; their t(1) is the same one-host W=1 `none` of the shape, so that the one-host and the multi-host
+points of a W are read off the same axes against the same baseline. A figure of one-host points looks as before.
 `dashboards.cost_model.model_speedup` (compute only, collectives left out) is drawn per mode as a thin dashed line
 named "<mode> (model)" (`meta.kind == "model"`). The ideal (speedup W, efficiency 1) is a dotted grey line.
 
@@ -40,12 +43,14 @@ from dashboards.figures.common import (
     series_name,
     speedup,
     symbol,
+    topology_tag,
     unreliable,
+    with_topology,
 )
 
 NAME = "scaling"
 TITLE = "Speedup and parallel efficiency vs CP size W: measured (markers) vs cost model (dashed)"
-COLUMNS = ("id", "mode", "backend", "backend_label", "op", "direction", "B", "T", "lb", "W", "median_ms", "none_ms", "speedup", "efficiency",
+COLUMNS = ("id", "mode", "backend", "backend_label", "op", "direction", "B", "T", "lb", "W", "topology", "median_ms", "none_ms", "speedup", "efficiency",
            "model_speedup", "model_efficiency", "unreliable")
 _DASHES = ("solid", "dot", "dashdot", "longdash")
 _EDGE = "#9e9e9e"  # the marker edge of an unreliable run
@@ -65,14 +70,14 @@ def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     done = measured(rows)
     base = none_medians(done)
     out = []
-    for r in sorted(done, key=lambda r: (mode_rank(r["mode"]), r["T"], r["B"], r["lb"], run_W(r))):
+    for r in sorted(done, key=lambda r: (mode_rank(r["mode"]), r["T"], r["B"], r["lb"], topology_tag(r), run_W(r))):
         s = speedup(r, base)
         if r["mode"] == "none" or s is None:
             continue
         W = run_W(r)
         model = model_speedup(r["mode"], W, T=r["T"] * r["B"], warmup_chunks=_window(r))
         out.append({**{c: r.get(c) for c in ("id", "mode", "backend", "op", "direction", "B", "T", "lb", "median_ms")},
-                    "W": W, "backend_label": backend_label(r),
+                    "W": W, "topology": topology_tag(r), "backend_label": backend_label(r),
                     "none_ms": r["median_ms"] * s, "speedup": s, "efficiency": s / W,
                     "model_speedup": model, "model_efficiency": None if model is None else model / W,
                     "unreliable": unreliable(r)})
@@ -106,25 +111,26 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
                         horizontal_spacing=0.04, vertical_spacing=0.08)
     shown: set[str] = set()
     for j, T in enumerate(Ts, start=1):
-        series: dict[tuple[str, str, int, float], list[dict[str, Any]]] = defaultdict(list)
+        series: dict[tuple[str, str, int, float, str], list[dict[str, Any]]] = defaultdict(list)
         for r in table:
             if r["T"] == T:
-                series[(r["mode"], r["backend_label"], r["B"], r["lb"])].append(r)
-        order = sorted(series.items(), key=lambda kv: (*series_key(kv[0][0], kv[0][1], labels), *kv[0][2:]))
-        for (mode, backend, B, lb), pts in order:
+                series[(r["mode"], r["backend_label"], r["B"], r["lb"], r["topology"])].append(r)
+        order = sorted(series.items(), key=lambda kv: (kv[0][4], *series_key(kv[0][0], kv[0][1], labels), *kv[0][2:4]))
+        for (mode, backend, B, lb, topo), pts in order:
             pts.sort(key=lambda p: p["W"])
-            name = series_name(mode, backend, labels)
+            name = with_topology(series_name(mode, backend, labels), topo)
             for i, col in enumerate(("speedup", "efficiency"), start=1):
                 fig.add_trace(go.Scatter(
                     x=[p["W"] for p in pts], y=[p[col] for p in pts], name=name, legendgroup=name,
                     showlegend=name not in shown and i == 1, mode="lines+markers", ids=[str(p["id"]) for p in pts],
                     line={"color": mode_color(mode), "dash": _DASHES[lbs.index(lb) % len(_DASHES)]},
-                    marker={"symbol": backend_marker(symbol(Bs.index(B)), backend, labels), "size": 8,
+                    marker={"symbol": backend_marker(symbol(Bs.index(B)), backend, labels), "size": 11 if topo else 8,
                             "line": {"color": [_EDGE if p["unreliable"] else mode_color(mode) for p in pts], "width": 2}},
                     customdata=[[B, lb, p["median_ms"], p["none_ms"], _why(p)] for p in pts],
                     hovertemplate=f"{name}<br>B=%{{customdata[0]}} T={T} lb=%{{customdata[1]}} W=%{{x}}<br>{col} %{{y:.3f}}"
                                   "<br>%{customdata[2]:.4g} ms vs none %{customdata[3]:.4g} ms%{customdata[4]}<extra></extra>",
-                    meta={"mode": mode, "backend": backend, "B": B, "lb": lb, "T": T, "kind": "measured", "quantity": col},
+                    meta={"mode": mode, "backend": backend, "B": B, "lb": lb, "T": T, "topology": topo, "kind": "measured",
+                          "quantity": col},
                 ), row=i, col=j)
             shown.add(name)
         for mode in sorted({r["mode"] for r in table if r["T"] == T}, key=mode_rank):

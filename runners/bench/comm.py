@@ -22,7 +22,8 @@ beta kept >= 0). The group collectives are stored beside them, so the model can 
 (`dashboards.links.comm_check`).
 
 Output: `--out` (default benchmarks/results/comm_<device>.json): {"links": {class: {alpha_s, beta_s_per_byte}},
-"measured": [fitted classes], "source", "topology", "shape", "samples", "environment"}: the JSON
+"measured": [fitted classes], "source", "topology" (hosts, ranks_per_host, interconnect as a measurement records
+them, `db.topology`, and W), "shape", "samples", "environment"}: the JSON
 `dashboards.links.CommParams.from_json` reads (the server reads it from CPBENCH_COMM_PARAMS).
 """
 
@@ -40,9 +41,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from db.topology import Topology
 from kernels.vocabulary import DTYPE_BYTES, TAIL_EXCHANGE_WINDOW_CHUNKS
 from runners.bench.common import environment, result_stem
 from runners.gang import Gang, RankContext
+from runners.topology import RankPlace, inter_host_link, intra_host_link, topology_of
 
 __all__ = ["fit_link", "main", "scheme_sizes"]
 
@@ -169,6 +172,14 @@ def rank_job(ctx: RankContext, args: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def run_topology(W: int, rph: int, cpu: bool) -> Topology:
+    """The topology a run timed, as a measurement records it (`runners.topology.topology_of`): W ranks, host-major,
+    `rph` per host (pretend hosts without torchrun), the links as the process groups see them."""
+    kind, backend = ("cpu", "gloo") if cpu else ("cuda", "nccl")
+    places = [RankPlace(r // rph, f"host{r // rph}", r % rph, intra_host_link(kind)) for r in range(W)]
+    return topology_of(places, inter_host_link(backend))
+
+
 # ------------------------------------------------------------------------------------------------------------ main
 def result(samples: list[dict[str, Any]], args: argparse.Namespace, W: int, rph: int, env: dict[str, Any]) -> dict[str, Any]:
     """The JSON document: fitted links, their provenance, the topology, the shape and every sample."""
@@ -177,17 +188,12 @@ def result(samples: list[dict[str, Any]], args: argparse.Namespace, W: int, rph:
         fit = fit_link([(s["bytes"], s["seconds"]) for s in samples if s["kind"] == "send" and s["link"] == link])
         if fit is not None:
             links[link] = fit
-    topo = {
-        "hosts": W // rph,
-        "ranks_per_host": rph,
-        "W": W,
-        "interconnect": "loopback (gloo)" if args.cpu else ("nccl" if W // rph > 1 else "nvlink (nccl)"),
-    }
+    topo = run_topology(W, rph, args.cpu)
     return {
         "links": links,
         "measured": sorted(links),
-        "source": f"cpbench bench comm, {env['date']}, {env.get('device')}, W={W} = {W // rph} host(s) x {rph}",
-        "topology": topo,
+        "source": f"cpbench bench comm, {env['date']}, {env.get('device')}, W={W} = {topo.label}",
+        "topology": {**topo.columns(), "W": topo.W},
         "shape": {k: getattr(args, k) for k in ("op", "T", "H", "K", "V", "dtype")},
         "samples": samples,
         "environment": env,
@@ -261,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         "ranks_per_host": rph,
     }
     print(
-        f"cpbench bench comm: W={W} = {W // rph} host(s) x {rph}, {'gloo' if args.cpu else 'nccl'}, "
+        f"cpbench bench comm: W={W} = {run_topology(W, rph, args.cpu).label}, {'gloo' if args.cpu else 'nccl'}, "
         f"{len(plan(job, W, rph))} sizes",
         file=sys.stderr,
         flush=True,

@@ -8,11 +8,15 @@
 - three nightly sweeps of two keys, and regression verdicts on the last one: SLOW for one key, SAME for the other,
   and CHANGED for the other key on the second night.
 Returns a `Seeded` with the ids and the modes, so tests can say what the figures must hold.
+`seed_topologies(url)`: a sweep run on one host and, at W=4, also on two "hosts" of 2 (`TOPO_2X2`), its medians
+`TOPO_MS`. `page_figure(html, div)`: the data and layout a page's plotly div draws.
 """
 
 from __future__ import annotations
 
+import json
 import random
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -21,6 +25,7 @@ from dashboards.cost_model import comm_cost
 from db import crud
 from db.models import Point, Sweep
 from db.session import session_scope
+from db.topology import Topology
 
 CP_MODES = ("headwise", "all_gather", "ring", "true_cp")
 ONE_DEVICE_MODES = ("none", "warmup_correct")
@@ -56,7 +61,7 @@ def model_ms(p: dict[str, Any], rng: random.Random) -> float:
     return (base / speed + overhead) * rng.uniform(0.97, 1.03)
 
 
-def _measure(session: Any, point_id: int, p: dict[str, Any], env_id: int, ms: float) -> None:
+def _measure(session: Any, point_id: int, p: dict[str, Any], env_id: int, ms: float, topology: Topology | None = None) -> None:
     samples = [ms * f for f in (0.96, 0.98, 1.0, 1.02, 1.04)]
     summary = {"median_ms": ms, "p10_ms": ms * 0.97, "p90_ms": ms * 1.03, "iqr_ms": ms * 0.04, "mean_ms": ms,
                "min_ms": ms * 0.96, "max_ms": ms * 1.04, "n": 5}
@@ -66,7 +71,7 @@ def _measure(session: Any, point_id: int, p: dict[str, Any], env_id: int, ms: fl
     report = {"warmup_chunks": 2, "fallback_fraction": 0.25} if p["mode"] == "warmup_correct" else {}
     crud.store_measurement(session, point_id=point_id, environment_id=env_id, worker="seed", clock="wall",
                            samples=samples, summary=summary, stop_reason="max_samples", err_vs_none=err_none,
-                           err_vs_reference=3e-3, configs={}, report=report)
+                           err_vs_reference=3e-3, configs={}, report=report, **(topology.columns() if topology else {}))
     cost = comm_cost(p["mode"], B=p["B"], T=p["T"], H=p["H"], K=p["K"], V=p["V"], W=p["W"], dtype_bytes=2, op=p["op"])
     assert cost is not None
     crud.store_profile(session, point_id=point_id, collectives=cost.collectives, collective_bytes=cost.payload_bytes,
@@ -305,3 +310,42 @@ def seed_libraries(url: str) -> Libraries:
             if dt == "bfloat16":
                 ids[(b, m, W, T)] = pt.id
         return Libraries(sweep_id=sweep.id, ids=ids)
+
+
+TOPO_2X2 = Topology(2, 2, "loopback+tcp/lo")  # what the multi-host worker records for two torchrun "hosts" of 2 ranks
+TOPO_TS = (256, 1024)
+# medians per (mode, W, hosts): the same shapes on one host and, at W=4, on two hosts of 2 ranks (slower: the
+# collectives cross the inter-host link); per T as a multiple of T / 256
+TOPO_MS = {("none", 1, 1): 1.0, ("true_cp", 2, 1): 0.6, ("true_cp", 4, 1): 0.4, ("true_cp", 4, 2): 0.5,
+           ("ring", 2, 1): 1.1, ("ring", 4, 1): 1.2, ("ring", 4, 2): 1.5}
+
+
+@dataclass
+class Topologies:
+    sweep_id: int
+    ids: dict[tuple[str, int, int, int], int]  # (mode, W, hosts, T) -> point id
+
+
+def seed_topologies(url: str) -> Topologies:
+    """A sweep measured on one host (W = 1, 2, 4) and again at W=4 on TOPO_2X2, as two points of the same shape;
+    every measurement records its topology's columns."""
+    with session_scope(url) as session:
+        env = crud.get_or_create_environment(session, facts=FACTS)
+        session.flush()
+        keys = [(k, T) for k in TOPO_MS for T in TOPO_TS]
+        pts = [point(i, mode=mode, W=W, T=T, B=1, lb=-1.0) for i, ((mode, W, _), T) in enumerate(keys)]
+        sweep = crud.create_sweep(session, name="two-topologies", tags=["multi-host"], spec={"name": "topo"}, points=pts)
+        ids = {}
+        for pt in _mark(session, sweep, {}, datetime.now(timezone.utc)):
+            (mode, W, hosts), T = keys[pt.idx]
+            topo = TOPO_2X2 if hosts == 2 else Topology(1, W, "none" if W == 1 else "loopback")
+            _measure(session, pt.id, pts[pt.idx], env.id, TOPO_MS[(mode, W, hosts)] * T / 256, topo)
+            ids[(mode, W, hosts, T)] = pt.id
+        return Topologies(sweep.id, ids)
+
+
+def page_figure(html: str, div: str) -> dict[str, Any]:
+    """The figure a page draws in `div` (plotly's newPlot call): {"data": traces, "layout": layout}."""
+    m = re.search(rf'Plotly\.newPlot\(\s*"{div}",\s*(\[.*?\]),\s*(\{{.*?\}}),\s*\{{"displaylogo"', html, re.S)
+    assert m, f"no figure {div}"
+    return {"data": json.loads(m.group(1)), "layout": json.loads(m.group(2))}

@@ -10,7 +10,6 @@ it caps its keys; the browser routes' 404 and 422 are HTML pages while the API's
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -25,7 +24,17 @@ from dashboards import data
 from db import crud
 from db.models import Point
 from db.session import session_scope
-from tests.dashboards.seed import FACTS, UNRELIABLE_WHY, PageExtras, Seeded, _mark, _measure, point, seed_page_extras
+from tests.dashboards.seed import (
+    FACTS,
+    UNRELIABLE_WHY,
+    PageExtras,
+    Seeded,
+    _mark,
+    _measure,
+    page_figure,
+    point,
+    seed_page_extras,
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +52,6 @@ def _section(html: str, section_id: str) -> str:
     m = re.search(rf'<section id="{section_id}">(.*?)</section>', html, re.S)
     assert m, f"no section {section_id}"
     return m.group(1)
-
-
-def _figure(html: str, div: str) -> dict:
-    """The figure data a page draws in `div` (plotly's newPlot call: the data array and the layout)."""
-    m = re.search(rf'Plotly\.newPlot\(\s*"{div}",\s*(\[.*?\]),\s*(\{{.*?\}}),\s*\{{"displaylogo"', html, re.S)
-    assert m, f"no figure {div}"
-    return {"data": json.loads(m.group(1)), "layout": json.loads(m.group(2))}
 
 
 def test_sweep_page_flags_unreliable_and_lists_skip_reasons_and_gradients(client: TestClient, extras: PageExtras) -> None:
@@ -70,13 +72,13 @@ def test_sweep_page_flags_unreliable_and_lists_skip_reasons_and_gradients(client
     row = re.search(r"<tr><td>point 1 \(true_cp.*?</tr>", grads, re.S)
     drawn = re.findall(r"<td>([0-9.e+-]+)</td>", row.group(0)) if row else []
     assert drawn == [f"{v:.3e}" for v in extras.grads.values()] + ["4.500e-03"]  # and the gate's max (dg)
-    mode_map = _figure(html, "fig-best_mode")
+    mode_map = page_figure(html, "fig-best_mode")
     noisy = [t for t in mode_map["data"] if t["meta"]["kind"] == "noisy"]
     cells = [text for t in noisy for line in t["text"] for text in line if text]
     # W=1: the fastest run is the unreliable none; W=2: true_cp over that none: no 16× headline either way
     assert sorted(cells) == ["<b>noisy</b><br>baseline unreliable", "<b>noisy</b><br>winner unreliable"]
     assert not [t for t in mode_map["data"] if t["meta"]["kind"] == "best" and t["meta"]["mode"] == "true_cp"]
-    scaling = _figure(html, "fig-scaling")
+    scaling = page_figure(html, "fig-scaling")
     assert scaling["layout"]["annotations"][0]["text"].startswith("no reliable `none` baseline")
 
 
@@ -162,7 +164,7 @@ def test_history_flags_an_unreliable_night(client: TestClient, seeded_url: str, 
     with session_scope(seeded_url) as s:
         pt = s.query(Point).filter(Point.sweep_id == seeded.nightly_ids[1], Point.key == seeded.keys[0]).one()
         s.query(Measurement).filter(Measurement.point_id == pt.id).one().unreliable = UNRELIABLE_WHY
-    fig = _figure(client.get("/history").text, "fig-history")
+    fig = page_figure(client.get("/history").text, "fig-history")
     line = next(t for t in fig["data"] if t["meta"]["kind"] == "history" and t["name"] == seeded.keys[0])
     assert line["marker"]["symbol"] == ["circle", "circle-open", "circle"]  # the second night, open
     assert [bool(c[3]) for c in line["customdata"]] == [False, True, False] and UNRELIABLE_WHY in line["customdata"][1][3]

@@ -2,7 +2,7 @@
 
 Scenarios: the predicted-vs-measured figure puts every point of the stored CPU sweep (benchmarks/results/
 cp_w48_cpu.csv) in the column of its topology: the single-host rows in "1 host", the same rows recorded as run on
-2 hosts of 4 over InfiniBand (the fields the multi-host worker stores) in "2 hosts · ib"; each trace's x are the
+2 hosts of 4 over InfiniBand (the fields the multi-host worker stores) in "2x4 ib" (`db.topology.Topology.label`); each trace's x are the
 measured medians and y the model's predictions on that topology (the 2-host ones differ: they cross the inter-host
 link), the error row 100 x (predicted / measured - 1); the scaling map writes each cell's predicted best scheme.
 """
@@ -30,9 +30,9 @@ def test_predicted_figure_facets_by_topology_and_draws_the_model(monkeypatch: py
     rows = two_host_rows()
     fig = predicted.figure(rows).to_plotly_json()
     titles = [a["text"] for a in fig["layout"]["annotations"]]
-    assert titles == ["1 host", "2 hosts · ib"]
+    assert titles == ["1 host", "2x4 ib"]
     want = {t["id"]: t for t in held_against(rows, DEFAULT_PARAMS)}
-    columns = {"x": "1 host", "x2": "2 hosts · ib", "x3": "1 host", "x4": "2 hosts · ib"}
+    columns = {"x": "1 host", "x2": "2x4 ib", "x3": "1 host", "x4": "2x4 ib"}
     seen: set[int] = set()
     for t in (t for t in fig["data"] if t["meta"]["kind"] == "measured"):
         ids = [int(i) for i in t["ids"]]

@@ -5,7 +5,7 @@ hosts (hand-computed for 2 hosts x 4 ranks); every scheme's predicted time at W=
 sum worked out by hand (compute on the critical path + each collective on its link); the training step doubles the
 chain's hand-offs; the collective bytes the model counts equal, kind by kind and to the byte, those the profiler
 stored for every W=1/4/8 CPU measurement of benchmarks/results/cp_w48_cpu.csv; kernel rates are the line through
-the W=1 `none` points; a row without topology fields ran on one host; a `cpbench bench comm` JSON that measured one
+the W=1 `none` points; a `cpbench bench comm` JSON that measured one
 link class keeps the assumed other; a bad file falls back with its reason; the best scheme of each (T, W, hosts)
 cell is the fastest prediction, cells respect the hosts and ranks-per-host limits, and headwise is left out where
 H % W != 0. (The W=2/4 runs of a real gloo sweep: tests/bench_server/test_scaling_e2e.py.)
@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 
 from dashboards.cost_model import comm_cost
-from dashboards.links import DEFAULT_PARAMS, CommParams, Link, Topology, link_load, load_params, row_topology
+from dashboards.links import DEFAULT_PARAMS, CommParams, Link, link_load, load_params
 from dashboards.scaling_model import KernelRate, best_schemes, fit_rates, held_against, predict
+from db.topology import Topology
 
 ROOT = Path(__file__).resolve().parents[2]
 RATE = KernelRate(fixed_s=1e-4, per_token_head_s=1e-8)
@@ -164,16 +165,6 @@ def test_fit_rates_is_the_line_through_the_w1_none_points() -> None:
     assert rate.fixed_s == pytest.approx(1e-3) and rate.per_token_head_s == pytest.approx(2e-3 / 1000 / 4)
     ((_, single),) = fit_rates(rows[1:2]).items()  # one length: through the origin
     assert (single.fixed_s, single.per_token_head_s) == (0.0, pytest.approx(7e-3 / 12000))
-
-
-def test_row_topology_reads_hosts_or_defaults_to_one_host() -> None:
-    assert row_topology({"W": 4}) == Topology(1, 4)
-    assert row_topology({"W": None}) == Topology(1, 1)
-    assert row_topology({"W": 8, "hosts": 2, "ranks_per_host": 4, "interconnect": "ib"}) == Topology(2, 4, "ib")
-    assert row_topology({"W": 8, "params": {"hosts": 4}}) == Topology(4, 2)
-    assert Topology(2, 4, "ib").label == "2 hosts x 4 (ib)"
-    with pytest.raises(ValueError, match="hosts="):
-        Topology(0, 2)
 
 
 def test_comm_params_json_and_its_fallbacks(tmp_path: Path) -> None:

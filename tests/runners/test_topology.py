@@ -11,30 +11,30 @@ from __future__ import annotations
 
 import pytest
 
-from runners.topology import RankPlace, Topology, inter_host_link, intra_host_link, nccl_network
+from runners.topology import RankPlace, inter_host_link, intra_host_link, nccl_network, single_host_topology, topology_of
 
 GANG_2X2 = [RankPlace(node=r // 2, host=f"h{r // 2}", local_rank=r % 2, link="loopback") for r in range(4)]
 
 
 def test_first_ranks_of_a_two_host_gang() -> None:
-    got = {W: Topology.of(GANG_2X2[:W], "tcp/lo") for W in (1, 2, 3, 4)}
+    got = {W: topology_of(GANG_2X2[:W], "tcp/lo") for W in (1, 2, 3, 4)}
     assert {W: (t.hosts, t.ranks_per_host, t.interconnect) for W, t in got.items()} == {
         1: (1, 1, "none"),
         2: (1, 2, "loopback"),
         3: (2, 2, "loopback+tcp/lo"),
         4: (2, 2, "loopback+tcp/lo"),
     }
-    assert got[3].ranks_by_host == (2, 1) and got[4].label == "2x2"
+    assert got[3].ranks_by_host == (2, 1) and got[4].label == "2x2 loopback+tcp/lo"
     assert got[4].detail() == {"hosts": 2, "ranks_per_host": 2, "interconnect": "loopback+tcp/lo", "ranks_by_host": [2, 2],
                                "host_names": ["h0", "h1"]}  # fmt: skip
     with pytest.raises(ValueError, match="at least one rank"):
-        Topology.of([], "tcp")
+        topology_of([], "tcp")
 
 
 def test_a_single_host_gang_is_one_host_of_W_ranks() -> None:
-    t = Topology.single_host(4, "cpu")
+    t = single_host_topology(4, "cpu")
     assert t.columns() == {"hosts": 1, "ranks_per_host": 4, "interconnect": "loopback"}
-    assert Topology.single_host(1, "cpu").interconnect == "none"
+    assert single_host_topology(1, "cpu").interconnect == "none"
     assert intra_host_link("cpu") == "loopback"
 
 

@@ -75,7 +75,7 @@ def test_bench_comm_on_two_pretend_hosts(tmp_path: Path, capfd: pytest.CaptureFi
     rc = comm.main([*SMALL, "--world", "4", "--ranks-per-host", "2", "--iters", "3", "--out", str(out)])
     assert rc == 0
     doc = json.loads(out.read_text())
-    assert doc["topology"] == {"hosts": 2, "ranks_per_host": 2, "W": 4, "interconnect": "loopback (gloo)"}
+    assert doc["topology"] == {"hosts": 2, "ranks_per_host": 2, "W": 4, "interconnect": "loopback+tcp/lo"}
     assert doc["measured"] == ["inter", "intra"]
     sizes = comm.scheme_sizes(op="gdn", T=2048, H=2, K=16, V=16, W=4, dtype_bytes=4)
     sends = {(s["link"], s["peer"], s["bytes"]) for s in doc["samples"] if s["kind"] == "send"}
@@ -117,5 +117,5 @@ def test_bench_comm_under_torchrun_on_two_hosts(tmp_path: Path) -> None:
     logs = [h.communicate(timeout=300)[0] for h in hosts]
     assert [h.returncode for h in hosts] == [0, 0], logs
     doc = json.loads(out.read_text())
-    assert doc["topology"] == {"hosts": 2, "ranks_per_host": 2, "W": 4, "interconnect": "loopback (gloo)"}
-    assert doc["measured"] == ["inter", "intra"] and "W=4 = 2 host(s) x 2" in doc["source"]
+    assert doc["topology"] == {"hosts": 2, "ranks_per_host": 2, "W": 4, "interconnect": "loopback+tcp/lo"}
+    assert doc["measured"] == ["inter", "intra"] and "W=4 = 2x2 loopback+tcp/lo" in doc["source"]

@@ -122,25 +122,9 @@ def measure(B: int, T: int, lb: float, *, flash_qla: bool, ref_max_tokens: int, 
     # the old path's two launchers
     w, u, gcum_old, aqk = wy_gdn_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch)
     row["old_wy_ms"] = _ms(lambda: wy_gdn_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch))
-    row["old_state_output_ms"] = _ms(
-        lambda: state_and_output(
-            index=index,
-            k=k,
-            w=w,
-            u=u,
-            g=gcum_old,
-            q=q,
-            aqk=aqk,
-            gate_vector=False,
-            scale=scale,
-            initial_state=None,
-            output_final_state=False,
-            out_dtype=q.dtype,
-            launch=launch,
-            split_chunks=split,
-            fuse_output=True,
-        )
-    )
+    row["old_state_output_ms"] = _ms(lambda: state_and_output(
+        index=index, k=k, w=w, u=u, g=gcum_old, q=q, aqk=aqk, gate_vector=False, scale=scale, initial_state=None,
+        output_final_state=False, out_dtype=q.dtype, launch=launch, split_chunks=split, fuse_output=True))  # fmt: skip
 
     # the new path: the Ag prep (stand-in), the fused pass from a given Ag, and its launchers
     ag, gcum = gdn_ag_shim(k, g, beta, index=index, launch=launch)

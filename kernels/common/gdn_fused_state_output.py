@@ -72,60 +72,34 @@ GDN_FUSED_STATE_OUTPUT_FWD = register(
 AgPrep = Callable[..., tuple[Tensor, Tensor]]
 
 
-@triton.heuristics(
-    {
-        "USE_INITIAL_STATE": lambda args: args["h0"] is not None,
-        "STORE_FINAL_STATE": lambda args: args["ht"] is not None,
-        "OUTPUT": lambda args: args["o"] is not None,
-        "TRANSITION": lambda args: args["m"] is not None,
-        "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
-        "USE_SEQ_MAP": lambda args: args["seq_map"] is not None,
-        "USE_FINAL_IDX": lambda args: args["final_idx"] is not None,
-    }
-)
+# constexpr flag -> the argument whose presence sets it
+_FLAGS = {"USE_INITIAL_STATE": "h0", "STORE_FINAL_STATE": "ht", "OUTPUT": "o", "TRANSITION": "m",
+          "IS_VARLEN": "cu_seqlens", "USE_SEQ_MAP": "seq_map", "USE_FINAL_IDX": "final_idx"}  # fmt: skip
+
+
+@triton.heuristics({flag: (lambda args, name=name: args[name] is not None) for flag, name in _FLAGS.items()})
 @triton.jit(do_not_specialize=["T"])
 def gdn_fused_state_output_kernel(
-    q,  # [B, T, H, K] (OUTPUT)
-    k,  # [B, T, H, K]
-    v,  # [B, T, HV, V]
-    ag,  # [B, T, HV, BT]: Ag = T diag(beta), lower triangle incl. the diagonal (entries above it are not read)
-    gcum,  # [B, T, HV] fp32: the in-chunk gate cumsum
-    h0,  # [N, HV, K, V] fp32 or None: the state entering each program row's range
-    ht,  # out [N*, HV, K, V] fp32 or None (TRANSITION: S_ext [N, HV, K, V])
-    m,  # out [N, HV, K, K] fp32 (TRANSITION) or None
-    o,  # out [B, T, HV, V] or None
-    cu_seqlens,  # [S+1] int32 or None
-    chunk_offsets,  # [S+1] int32 or None
-    seq_map,  # [N] int32 or None
-    final_idx,  # [N] int32 or None
-    scale,
-    T,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    USE_INITIAL_STATE: tl.constexpr,
-    STORE_FINAL_STATE: tl.constexpr,
-    OUTPUT: tl.constexpr,
-    TRANSITION: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    USE_SEQ_MAP: tl.constexpr,
-    USE_FINAL_IDX: tl.constexpr,
-):
+    q, k, v,  # [B, T, H, K] (q: OUTPUT only), [B, T, H, K], [B, T, HV, V]
+    ag, gcum,  # [B, T, HV, BT] Ag (lower triangle incl. the diagonal; nothing above it is read), [B, T, HV] fp32 G
+    h0, ht, m, o,  # entering states [N, HV, K, V] fp32; out: final states (TRANSITION: S_ext), M [N, HV, K, K], o
+    cu_seqlens, chunk_offsets, seq_map, final_idx,  # the SeqLayout (`kernels.common.chunk_state`): int32 or None
+    scale, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, OUTPUT: tl.constexpr, TRANSITION: tl.constexpr,
+    IS_VARLEN: tl.constexpr, USE_SEQ_MAP: tl.constexpr, USE_FINAL_IDX: tl.constexpr,
+):  # fmt: skip
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = (i_nh // HV).to(tl.int64), i_nh % HV
     i_h = i_hv // (HV // H)  # the q/k head of this value head
     _, bos, T, _, NT = range_of_program(i_n, seq_map, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN, USE_SEQ_MAP)
     dt = k.dtype.element_ty
 
+    o_t = tl.arange(0, BT)  # chunk rows
+    m_causal = o_t[:, None] >= o_t[None, :]
     o_k = tl.arange(0, BK)  # state rows: K padded to a power of two, the rows past K masked
     m_k = o_k < K
-    o_t = tl.arange(0, BT)
     o_c = i_v * BV + tl.arange(0, BV)  # state columns (TRANSITION: of the augmented [K, K+V] state)
-    m_causal = o_t[:, None] >= o_t[None, :]
     if TRANSITION:
         m_c = o_c < K + V
         o_vc = o_c - K  # the value column of an S_ext column (negative: an M column, V = 0 there)
@@ -197,23 +171,9 @@ def _config(
     return launch_config(launch, GDN_FUSED_STATE_OUTPUT_FWD, key, bv_limit=ncols_limit)
 
 
-def _launch(
-    cfg: LaunchConfig,
-    ncols: int,
-    layout: SeqLayout,
-    *,
-    q: Tensor | None,
-    k: Tensor,
-    v: Tensor,
-    ag: Tensor,
-    gcum: Tensor,
-    BT: int,
-    scale: float = 1.0,
-    h0: Tensor | None = None,
-    ht: Tensor | None = None,
-    m: Tensor | None = None,
-    o: Tensor | None = None,
-) -> None:
+def _launch(cfg: LaunchConfig, ncols: int, layout: SeqLayout, *, q: Tensor | None, k: Tensor, v: Tensor, ag: Tensor,
+            gcum: Tensor, BT: int, scale: float = 1.0, h0: Tensor | None = None, ht: Tensor | None = None,
+            m: Tensor | None = None, o: Tensor | None = None) -> None:  # fmt: skip
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     BV = cfg.BV
@@ -225,49 +185,17 @@ def _launch(
     if grid[1] == 0:
         return
     gdn_fused_state_output_kernel[grid](
-        q,
-        k,
-        v,
-        ag,
-        gcum,
-        h0,
-        ht,
-        m,
-        o,
-        layout.cu_seqlens,
-        layout.chunk_offsets,
-        layout.seq_map,
-        layout.final_idx,
-        scale,
-        T,
-        H=H,
-        HV=HV,
-        K=K,
-        V=V,
-        BT=BT,
-        BK=head_block(K),
-        BV=BV,
-        num_warps=cfg.num_warps,
+        q, k, v, ag, gcum, h0, ht, m, o, layout.cu_seqlens, layout.chunk_offsets, layout.seq_map, layout.final_idx,
+        scale, T, H=H, HV=HV, K=K, V=V, BT=BT, BK=head_block(K), BV=BV, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-    )
+    )  # fmt: skip
 
 
 def gdn_fused_state_output(
-    q: Tensor | None,
-    k: Tensor,
-    v: Tensor,
-    ag: Tensor,
-    gcum: Tensor,
-    *,
-    layout: SeqLayout,
-    BT: int,
-    scale: float = 1.0,
-    h0: Tensor | None = None,
-    output_final_state: bool = False,
-    num_states: int | None = None,
-    out_dtype: torch.dtype | None = None,
-    launch: LaunchPlan | None = None,
-) -> tuple[Tensor | None, Tensor | None]:
+    q: Tensor | None, k: Tensor, v: Tensor, ag: Tensor, gcum: Tensor, *, layout: SeqLayout, BT: int, scale: float = 1.0,
+    h0: Tensor | None = None, output_final_state: bool = False, num_states: int | None = None,
+    out_dtype: torch.dtype | None = None, launch: LaunchPlan | None = None,
+) -> tuple[Tensor | None, Tensor | None]:  # fmt: skip
     """The pass over the layout's ranges: (o `[B, T, HV, V]` or None without q, final state fp32 or None).
 
     q, k `[B, T, H, K]`, v `[B, T, HV, V]`, Ag, gcum from the Ag prep; h0 `[layout.num_programs, HV, K, V]` fp32 or
@@ -283,14 +211,7 @@ def gdn_fused_state_output(
 
 
 def gdn_fused_transition(
-    k: Tensor,
-    v: Tensor,
-    ag: Tensor,
-    gcum: Tensor,
-    *,
-    layout: SeqLayout,
-    BT: int,
-    launch: LaunchPlan | None = None,
+    k: Tensor, v: Tensor, ag: Tensor, gcum: Tensor, *, layout: SeqLayout, BT: int, launch: LaunchPlan | None = None
 ) -> tuple[Tensor, Tensor]:
     """Each program's range as an affine map S -> M S + S_ext: (M `[N, HV, K, K]`, S_ext `[N, HV, K, V]`) fp32,
     N = layout.num_programs (M: the recurrence on the identity with V = 0; S_ext: from zero with V)."""
@@ -342,20 +263,10 @@ def check_fwd_path(fwd_path: str, *, op: str, keep_states: bool, warm_chunks: in
 
 
 def gdn_fused_fwd(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    scale: float,
-    index: ChunkIndex,
-    launch: LaunchPlan,
-    initial_state: Tensor | None = None,
-    output_final_state: bool = False,
-    split_chunks: int | None = None,
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex, launch: LaunchPlan,
+    initial_state: Tensor | None = None, output_final_state: bool = False, split_chunks: int | None = None,
     ag_prep: AgPrep = gdn_ag_shim,
-) -> tuple[Tensor, Tensor | None]:
+) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """GDN's forward on the fused pass: (o `[B, T, HV, V]` in q's dtype, final state `[N, HV, K, V]` fp32 or None).
 
     q, k `[B, T, H, K]`, v `[B, T, HV, V]`, g, beta `[B, T, HV]` (contiguous). split_chunks: as
@@ -373,19 +284,7 @@ def gdn_fused_fwd(
         M, S_ext = gdn_fused_transition(k, v, ag, gcum, layout=plan.transitions, BT=BT, launch=launch)
         h0 = seg_chain_fwd(M, S_ext, h0, plan, launch=launch)
         layout, num_states = plan.final, index.num_seqs
-    o, ht = gdn_fused_state_output(
-        q,
-        k,
-        v,
-        ag,
-        gcum,
-        layout=layout,
-        BT=BT,
-        scale=scale,
-        h0=h0,
-        output_final_state=output_final_state,
-        num_states=num_states,
-        launch=launch,
-    )
+    o, ht = gdn_fused_state_output(q, k, v, ag, gcum, layout=layout, BT=BT, scale=scale, h0=h0,
+                                   output_final_state=output_final_state, num_states=num_states, launch=launch)  # fmt: skip
     assert o is not None
     return o, ht

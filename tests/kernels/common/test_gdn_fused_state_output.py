@@ -153,7 +153,7 @@ def test_transition_against_chunk_maps() -> None:
     maps = _chunk_maps(k, ag, gcum, index)
     for i, s in enumerate(plan.transitions_cpu):
         c0, c1 = plan.chunk_bounds_cpu[s], plan.chunk_bounds_cpu[s + 1]
-        want = torch.eye(k.shape[-1], dtype=torch.float64).expand_as(maps[0])
+        want = torch.eye(k.shape[-1], dtype=torch.float64, device=k.device).expand_as(maps[0])
         for c in range(c0, c1):
             want = maps[c] @ want
         assert_rel_close(f"M of segment {s}", want, M[i].double(), TOL)

@@ -2,7 +2,7 @@
 in one process on one GPU: o checked against the fp32 reference, then do_bench medians; GPU only.
 
     python benchmarks/fused_fwd_lab.py --out $OUT [--shapes 1x32768,1x131072,8x8192] [--lb -5] [--no-flash-qla]
-        [--ref-max-tokens 32768] [--split-chunks N] [--deadline-s 540]
+        [--ref-max-tokens 32768] [--split-chunks N] [--configs 64:4:2,128:8:2] [--deadline-s 540]
     TRITON_INTERPRET=1 python benchmarks/fused_fwd_lab.py --out /tmp/lab --dry-run   # CPU plumbing check, no timing
 
 Inputs (the peers anchor's recipe, ../shared/anchors/peers-h200.md): bf16, H=HV=16, K=V=128, q and k L2-normalised,
@@ -15,7 +15,9 @@ Per shape:
   `wy_inverse` and torch, to be replaced by the dedicated Ag pass) and the fused pass alone from a given Ag (the
   transitions, `seg_chain_fwd` and the state+output launch when the split runs, each also alone); FlashQLA's
   `chunk_gated_delta_rule` when it imports (its first call compiles, about 170 s cold);
-- the bytes floor: q, k, v, g, beta read and o written once at 4.2 TB/s.
+- the bytes floor: q, k, v, g, beta read and o written once at 4.2 TB/s;
+- with --configs BV:warps:stages,...: the fused pass from the given Ag at each launch config of
+  `gdn_fused_state_output_fwd` (time and o's error each: a miscompile shows as an error, not a crash of the table).
 "new pass" + the Ag pass's own time is the two-kernel forward's prediction once the Ag pass lands.
 Writes $OUT/fused_fwd_lab.{json,md} after every shape (a stopped run keeps its rows).
 """
@@ -87,7 +89,9 @@ def _floor_ms(n_tokens: int, H: int, K: int, V: int) -> float:
     return n_tokens * H * per_token_head / (COPY_TBPS * 1e12) * 1e3
 
 
-def measure(B: int, T: int, lb: float, *, flash_qla: bool, ref_max_tokens: int, split: int | None) -> dict[str, Any]:
+def measure(
+    B: int, T: int, lb: float, *, flash_qla: bool, ref_max_tokens: int, split: int | None, configs: list[str]
+) -> dict[str, Any]:
     from kernels.common.gdn_fused_state_output import (
         gdn_ag_shim,
         gdn_fused_fwd,
@@ -97,6 +101,7 @@ def measure(B: int, T: int, lb: float, *, flash_qla: bool, ref_max_tokens: int, 
     from kernels.common.index import prepare_chunk_index
     from kernels.common.seqsplit import resolve_split, seg_chain_fwd, state_and_output, whole_sequences
     from kernels.common.wy import wy_gdn_fwd
+    from kernels.configs import LaunchConfig
     from kernels.ops.gdn.chunk import chunk_gdn_fwd
     from kernels.plan import default_plan
     from runners.correctness import rel_l2
@@ -133,9 +138,16 @@ def measure(B: int, T: int, lb: float, *, flash_qla: bool, ref_max_tokens: int, 
     def given(*_: Any, **__: Any) -> tuple[torch.Tensor, torch.Tensor]:
         return ag, gcum
 
-    row["new_pass_ms"] = _ms(
-        lambda: gdn_fused_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch, split_chunks=split, ag_prep=given)
-    )
+    def fused_pass(plan: Any = launch) -> Any:
+        return gdn_fused_fwd(q, k, v, g, beta, scale=scale, index=index, launch=plan, split_chunks=split, ag_prep=given)
+
+    row["new_pass_ms"] = _ms(fused_pass)
+    for text in configs:
+        bv, warps, stages = (int(x) for x in text.split(":"))
+        cfg = LaunchConfig(BV=bv, num_warps=warps, num_stages=stages)
+        variant = launch.with_configs({"gdn_fused_state_output_fwd": cfg})
+        row[f"new_pass_{text}_err"] = rel_l2(fused_pass(variant)[0], o_ref)
+        row[f"new_pass_{text}_ms"] = _ms(lambda variant=variant: fused_pass(variant))
     plan = resolve_split(index, split, H=H, NV=-(-V // 64), device=q.device)
     row["segments"] = plan.num_segments if plan is not None else 0
     layout, h0 = whole_sequences(index), None
@@ -203,6 +215,13 @@ def _markdown(state: dict[str, Any]) -> str:
                 "" if x is None else f"{x:.3e}" if key.startswith("err") else f"{x:.3f}" if isinstance(x, float) else str(x)
             )
         lines.append("| " + " | ".join(cells) + " |")
+    variants = [(r, key.removeprefix("new_pass_").removesuffix("_ms")) for r in state["rows"] for key in r
+                if key.startswith("new_pass_") and key.endswith("_ms") and ":" in key]  # fmt: skip
+    if variants:
+        lines += ["", "Fused pass (given Ag) per launch config BV:warps:stages", "", "| B | T | config | ms | err |",
+                  "|---:|---:|---|---:|---:|"]  # fmt: skip
+        for r, c in variants:
+            lines.append(f"| {r['B']} | {r['T']} | {c} | {r[f'new_pass_{c}_ms']:.3f} | {r[f'new_pass_{c}_err']:.3e} |")
     return "\n".join(lines) + "\n"
 
 
@@ -213,6 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lb", type=float, default=-5.0, help="gate g = lb * sigmoid(randn)")
     p.add_argument("--no-flash-qla", action="store_true", help="skip FlashQLA even when it imports")
     p.add_argument("--ref-max-tokens", type=int, default=32768, help="per-token reference up to this many tokens")
+    p.add_argument("--configs", default="", help="BV:warps:stages,... of the fused pass to time (given Ag)")
     p.add_argument("--split-chunks", type=int, default=None, help="segment length in chunks (default: automatic)")
     p.add_argument(
         "--dry-run", action="store_true", help="CPU under TRITON_INTERPRET=1: H=2, K=V=32, 1x200 and 2x70 tokens, split 1"
@@ -248,7 +268,15 @@ def main(argv: list[str] | None = None) -> None:
             print(f"deadline: {text} not started", flush=True)
             break
         B, T = (int(x) for x in text.lower().split("x"))
-        row = measure(B, T, args.lb, flash_qla=flash_qla, ref_max_tokens=args.ref_max_tokens, split=args.split_chunks)
+        row = measure(
+            B,
+            T,
+            args.lb,
+            flash_qla=flash_qla,
+            ref_max_tokens=args.ref_max_tokens,
+            split=args.split_chunks,
+            configs=[c for c in args.configs.split(",") if c],
+        )
         print(json.dumps(row), flush=True)
         state["rows"].append(row)
         (args.out / "fused_fwd_lab.json").write_text(json.dumps(state, indent=1) + "\n")

@@ -5,7 +5,8 @@ Ag and the gate cumsum come from a torch triangular solve here (`_ag_reference`)
 stand-in Ag prep (`gdn_ag_shim`) is checked against it. Scenarios: dense B=2 with a partial last chunk, grouped value
 heads HV = 2H, with and without an initial state; varlen with partial and sub-chunk sequences, K, V not powers of two,
 split (1- and 2-chunk segments) and unsplit; the transition mode's M against a torch product of the per-chunk maps and
-its S_ext against the state-only mode from zero; the wired forward `chunk_gdn_fwd(fwd_path="fused")`.
+its S_ext against the state-only mode from zero; the wired forward `chunk_gdn_fwd(fwd_path="fused")` at chunks of
+64 and 32, and its refusals.
 Tolerance: 1e-5 relative L2 on CPU (IEEE fp32 dots); 1e-2 on a GPU (tf32 dots).
 """
 
@@ -161,24 +162,14 @@ def test_transition_against_chunk_maps() -> None:
     assert_rel_close("S_ext", S_zero, S_ext, TOL)
 
 
-def test_wired_forward_and_refusals() -> None:
+@pytest.mark.parametrize("chunk_size", [64, 32])
+def test_wired_forward_and_refusals(chunk_size: int) -> None:
     lengths = (100, 30)
     q, k, v, g, beta, cu, _ = _inputs(lengths, H=2, HV=2)
     h0 = make_state(2, 2, 32, 32, device=DEVICE)
     o_ref, ht_ref = _reference(q, k, v, g, beta, cu, h0)
-    o, ht = chunk_gdn_fwd(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale=32**-0.5,
-        initial_state=h0,
-        output_final_state=True,
-        cu_seqlens=cu,
-        split_chunks=1,
-        fwd_path="fused",
-    )
+    call = {"initial_state": h0, "output_final_state": True, "cu_seqlens": cu, "split_chunks": 1, "chunk_size": chunk_size}
+    o, ht = chunk_gdn_fwd(q, k, v, g, beta, scale=32**-0.5, fwd_path="fused", **call)
     assert_rel_close("o", o_ref, o, TOL)
     assert_rel_close("ht", ht_ref, ht, TOL)
     with pytest.raises(ValueError, match="fwd_path must be one of"):

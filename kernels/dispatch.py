@@ -91,7 +91,7 @@ class ChunkOp:
         """The op's forward on the Triton backend: (o `[B, T, H, V]` in q's dtype, final state `[N, H, K, V]` fp32 or
         None); its WY prep, then the shared state pass with the output. options: those of
         `kernels.common.chunk_fwd.chunk_fwd` (initial_state, output_final_state, cu_seqlens, plan, split_chunks,
-        fuse_output, keep, keep_states, chunk_size, warm_chunks, warm_report)."""
+        fuse_output, keep, keep_states, chunk_size, warm_chunks, warm_report, fwd_path)."""
         chunk_fwd = import_triton("kernels.common.chunk_fwd", "chunk_fwd")
         return chunk_fwd(self.wy_prep, q, k, v, g, beta, op=self.name, gate_vector=self.gate_vector, scale=scale,
                          **options)

@@ -1,0 +1,290 @@
+"""GDN's two-kernel forward (issue 26, `kernels.common.gdn_fused_state_output`) against today's WY forward and FlashQLA,
+in one process on one GPU: o checked against the fp32 reference, then do_bench medians; GPU only.
+
+    python benchmarks/fused_fwd_lab.py --out $OUT [--shapes 1x32768,1x131072,8x8192] [--lb -5] [--no-flash-qla]
+        [--ref-max-tokens 32768] [--split-chunks N] [--configs 64:4:2,128:8:2] [--deadline-s 540]
+    TRITON_INTERPRET=1 python benchmarks/fused_fwd_lab.py --out /tmp/lab --dry-run   # CPU plumbing check, no timing
+
+Inputs (the peers anchor's recipe, ../shared/anchors/peers-h200.md): bf16, H=HV=16, K=V=128, q and k L2-normalised,
+g = lb * sigmoid(randn) fp32, beta = sigmoid(randn), B sequences packed as one varlen batch (`cu_seqlens`).
+Per shape:
+- check: o of each path against the fp32 per-token reference (`kernels.ops.gdn.naive`) up to --ref-max-tokens tokens,
+  above that against the chunked torch path in fp32 (itself tested against the per-token one); relative L2;
+- time (do_bench medians, warmup 25, rep 150): the old forward (`chunk_gdn_fwd(fwd_path="wy")`) and its two launchers
+  (`wy_gdn_fwd`, `state_and_output`); the new one (`fwd_path="fused"`), its Ag prep (today `gdn_ag_shim`, a stand-in:
+  `wy_inverse` and torch, to be replaced by the dedicated Ag pass) and the fused pass alone from a given Ag (the
+  transitions, `seg_chain_fwd` and the state+output launch when the split runs, each also alone); FlashQLA's
+  `chunk_gated_delta_rule` when it imports (its first call compiles, about 170 s cold);
+- the bytes floor: q, k, v, g, beta read and o written once at 4.2 TB/s;
+- with --configs BV:warps:stages,...: the fused pass from the given Ag at each launch config of
+  `gdn_fused_state_output_fwd` (time and o's error each: a miscompile shows as an error, not a crash of the table).
+"new pass" + the Ag pass's own time is the two-kernel forward's prediction once the Ag pass lands.
+Writes $OUT/fused_fwd_lab.{json,md} after every shape (a stopped run keeps its rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+BT = 64
+DIMS = {"H": 16, "K": 128, "V": 128}  # --dry-run: H=2, K=V=32
+COPY_TBPS = 4.2
+DEVICE = {"name": "cuda", "dtype": torch.bfloat16}  # --dry-run: "cpu", fp32 (the interpreter; wall-clock, one call)
+
+
+def _inputs(B: int, T: int, lb: float, seed: int = 0) -> tuple[Any, ...]:
+    """q, k, v, g, beta `[1, B*T, ...]` on the GPU, cu_seqlens int32 on the GPU and its host list."""
+    dev = DEVICE["name"]
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    n = B * T
+    H, K, V = DIMS["H"], DIMS["K"], DIMS["V"]
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device=dev)
+
+    q = torch.nn.functional.normalize(randn(1, n, H, K), dim=-1).to(DEVICE["dtype"])
+    k = torch.nn.functional.normalize(randn(1, n, H, K), dim=-1).to(DEVICE["dtype"])
+    v = randn(1, n, H, V).to(DEVICE["dtype"])
+    g = lb * torch.sigmoid(randn(1, n, H))
+    beta = torch.sigmoid(randn(1, n, H)).to(DEVICE["dtype"])
+    bounds = [i * T for i in range(B + 1)]
+    return q, k, v, g, beta, torch.tensor(bounds, dtype=torch.int32, device=dev), bounds
+
+
+def _reference(q, k, v, g, beta, cu, bounds, max_tokens: int) -> tuple[torch.Tensor, str]:
+    import kernels
+    from kernels.ops.gdn.naive import naive_recurrent_gdn
+
+    f = [x.float() for x in (q, k, v, g, beta)]
+    if q.shape[1] <= max_tokens:
+        o, _ = naive_recurrent_gdn(*f, scale=q.shape[-1] ** -0.5, cu_seqlens_cpu=bounds)
+        return o, "per-token fp32"
+    o, _ = kernels.forward("gdn", *f, cu_seqlens=cu, backend="torch")
+    return o, "chunked torch fp32"
+
+
+def _ms(fn: Any) -> float:
+    if DEVICE["name"] != "cuda":
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=25, rep=150, return_mode="median"))
+
+
+def _floor_ms(n_tokens: int, H: int, K: int, V: int) -> float:
+    per_token_head = (K + K + V + V) * 2 + 4 + 2  # q, k, v read, o written (bf16); g fp32, beta bf16
+    return n_tokens * H * per_token_head / (COPY_TBPS * 1e12) * 1e3
+
+
+def measure(
+    B: int, T: int, lb: float, *, flash_qla: bool, ref_max_tokens: int, split: int | None, configs: list[str]
+) -> dict[str, Any]:
+    from kernels.common.gdn_fused_state_output import (
+        gdn_ag_shim,
+        gdn_fused_fwd,
+        gdn_fused_state_output,
+        gdn_fused_transition,
+    )
+    from kernels.common.index import prepare_chunk_index
+    from kernels.common.seqsplit import resolve_split, seg_chain_fwd, state_and_output, whole_sequences
+    from kernels.common.wy import wy_gdn_fwd
+    from kernels.configs import LaunchConfig
+    from kernels.ops.gdn.chunk import chunk_gdn_fwd
+    from kernels.plan import default_plan
+    from runners.correctness import rel_l2
+
+    q, k, v, g, beta, cu, bounds = _inputs(B, T, lb)
+    H, K, V = v.shape[2], k.shape[3], v.shape[3]
+    scale = K**-0.5
+    launch = default_plan()
+    index = prepare_chunk_index(cu, batch=1, seq_len=B * T, chunk_size=BT, device=q.device, cu_seqlens_cpu=bounds)
+    row: dict[str, Any] = {"B": B, "T": T, "lb": lb, "floor_ms": _floor_ms(B * T, H, K, V)}
+
+    def old() -> Any:
+        return chunk_gdn_fwd(q, k, v, g, beta, scale=scale, cu_seqlens=cu, split_chunks=split, fwd_path="wy")
+
+    def new() -> Any:
+        return chunk_gdn_fwd(q, k, v, g, beta, scale=scale, cu_seqlens=cu, split_chunks=split, fwd_path="fused")
+
+    o_ref, row["reference"] = _reference(q, k, v, g, beta, cu, bounds, ref_max_tokens)
+    row["err_old"] = rel_l2(old()[0], o_ref)
+    row["err_new"] = rel_l2(new()[0], o_ref)
+    row["old_ms"], row["new_ms"] = _ms(old), _ms(new)
+
+    # the old path's two launchers
+    w, u, gcum_old, aqk = wy_gdn_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch)
+    row["old_wy_ms"] = _ms(lambda: wy_gdn_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch))
+    row["old_state_output_ms"] = _ms(lambda: state_and_output(
+        index=index, k=k, w=w, u=u, g=gcum_old, q=q, aqk=aqk, gate_vector=False, scale=scale, initial_state=None,
+        output_final_state=False, out_dtype=q.dtype, launch=launch, split_chunks=split, fuse_output=True))  # fmt: skip
+
+    # the new path: the Ag prep (stand-in), the fused pass from a given Ag, and its launchers
+    ag, gcum = gdn_ag_shim(k, g, beta, index=index, launch=launch)
+    row["ag_shim_ms"] = _ms(lambda: gdn_ag_shim(k, g, beta, index=index, launch=launch))
+
+    def given(*_: Any, **__: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return ag, gcum
+
+    def fused_pass(plan: Any = launch) -> Any:
+        return gdn_fused_fwd(q, k, v, g, beta, scale=scale, index=index, launch=plan, split_chunks=split, ag_prep=given)
+
+    row["new_pass_ms"] = _ms(fused_pass)
+    for text in configs:
+        bv, warps, stages = (int(x) for x in text.split(":"))
+        cfg = LaunchConfig(BV=bv, num_warps=warps, num_stages=stages)
+        variant = launch.with_configs({"gdn_fused_state_output_fwd": cfg})
+        row[f"new_pass_{text}_err"] = rel_l2(fused_pass(variant)[0], o_ref)
+        row[f"new_pass_{text}_ms"] = _ms(lambda variant=variant: fused_pass(variant))
+    plan = resolve_split(index, split, H=H, NV=-(-V // 64), device=q.device)
+    row["segments"] = plan.num_segments if plan is not None else 0
+    layout, h0 = whole_sequences(index), None
+    if plan is not None:
+        M, S = gdn_fused_transition(k, v, ag, gcum, layout=plan.transitions, BT=BT, launch=launch)
+        row["new_transition_ms"] = _ms(
+            lambda: gdn_fused_transition(k, v, ag, gcum, layout=plan.transitions, BT=BT, launch=launch)
+        )
+        row["new_chain_ms"] = _ms(lambda: seg_chain_fwd(M, S, None, plan, launch=launch))
+        layout, h0 = plan.final, seg_chain_fwd(M, S, None, plan, launch=launch)
+    row["new_state_output_ms"] = _ms(
+        lambda: gdn_fused_state_output(q, k, v, ag, gcum, layout=layout, BT=BT, scale=scale, h0=h0, launch=launch)
+    )
+
+    if flash_qla:
+        import flash_qla as fq
+
+        t0 = time.perf_counter()
+        o_fq, _ = fq.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, cu_seqlens=cu)
+        row["flash_qla_first_call_s"] = time.perf_counter() - t0
+        row["err_flash_qla"] = rel_l2(o_fq, o_ref)
+        row["flash_qla_ms"] = _ms(lambda: fq.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, cu_seqlens=cu))
+    return row
+
+
+COLUMNS = [
+    ("B", "B"),
+    ("T", "T"),
+    ("floor_ms", "floor"),
+    ("old_ms", "old fwd"),
+    ("new_ms", "new fwd (shim)"),
+    ("new_pass_ms", "new pass (given Ag)"),
+    ("flash_qla_ms", "FlashQLA"),
+    ("old_wy_ms", "old: wy"),
+    ("old_state_output_ms", "old: state+o"),
+    ("ag_shim_ms", "Ag shim"),
+    ("new_transition_ms", "new: trans"),
+    ("new_chain_ms", "new: chain"),
+    ("new_state_output_ms", "new: state+o"),
+    ("segments", "segments"),
+    ("err_old", "err old"),
+    ("err_new", "err new"),
+    ("err_flash_qla", "err FlashQLA"),
+]
+
+
+def _markdown(state: dict[str, Any]) -> str:
+    lines = [
+        "# GDN two-kernel forward lab (`benchmarks/fused_fwd_lab.py`)",
+        "",
+        f"Command: `{state['command']}`  ",
+        f"Environment: `{json.dumps(state['env'])}`",
+        "",
+        "Times in ms (do_bench medians); floor = q, k, v, g, beta read + o written at 4.2 TB/s; err = relative L2 of "
+        "o against the fp32 reference (column `reference` in the JSON).",
+        "",
+        "| " + " | ".join(h for _, h in COLUMNS) + " |",
+        "|" + "---:|" * len(COLUMNS),
+    ]
+    for row in state["rows"]:
+        cells = []
+        for key, _ in COLUMNS:
+            x = row.get(key)
+            cells.append(
+                "" if x is None else f"{x:.3e}" if key.startswith("err") else f"{x:.3f}" if isinstance(x, float) else str(x)
+            )
+        lines.append("| " + " | ".join(cells) + " |")
+    variants = [(r, key.removeprefix("new_pass_").removesuffix("_ms")) for r in state["rows"] for key in r
+                if key.startswith("new_pass_") and key.endswith("_ms") and ":" in key]  # fmt: skip
+    if variants:
+        lines += ["", "Fused pass (given Ag) per launch config BV:warps:stages", "", "| B | T | config | ms | err |",
+                  "|---:|---:|---|---:|---:|"]  # fmt: skip
+        for r, c in variants:
+            lines.append(f"| {r['B']} | {r['T']} | {c} | {r[f'new_pass_{c}_ms']:.3f} | {r[f'new_pass_{c}_err']:.3e} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--shapes", default="1x32768,1x131072,8x8192", help="BxT,... (B sequences of T tokens)")
+    p.add_argument("--lb", type=float, default=-5.0, help="gate g = lb * sigmoid(randn)")
+    p.add_argument("--no-flash-qla", action="store_true", help="skip FlashQLA even when it imports")
+    p.add_argument("--ref-max-tokens", type=int, default=32768, help="per-token reference up to this many tokens")
+    p.add_argument("--configs", default="", help="BV:warps:stages,... of the fused pass to time (given Ag)")
+    p.add_argument("--split-chunks", type=int, default=None, help="segment length in chunks (default: automatic)")
+    p.add_argument(
+        "--dry-run", action="store_true", help="CPU under TRITON_INTERPRET=1: H=2, K=V=32, 1x200 and 2x70 tokens, split 1"
+    )
+    p.add_argument("--deadline-s", type=float, default=540.0, help="start no new shape after this many seconds")
+    args = p.parse_args(argv)
+    if args.dry_run:
+        DEVICE["name"], args.shapes, args.split_chunks, args.no_flash_qla = "cpu", "1x200,2x70", 1, True
+        DIMS.update(H=2, K=32, V=32)
+        DEVICE["dtype"] = torch.float32
+    elif not torch.cuda.is_available():
+        raise SystemExit("fused_fwd_lab needs a CUDA GPU (or --dry-run under TRITON_INTERPRET=1)")
+    import triton
+
+    from runners.versions import git_sha
+
+    start = time.monotonic()
+    flash_qla = not args.no_flash_qla and importlib.util.find_spec("flash_qla") is not None
+    args.out.mkdir(parents=True, exist_ok=True)
+    state: dict[str, Any] = {
+        "command": " ".join(sys.argv),
+        "rows": [],
+        "env": {
+            "gpu": torch.cuda.get_device_name() if not args.dry_run else "cpu (dry run)",
+            "sha": git_sha(),
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "flash_qla": flash_qla,
+        },
+    }
+    for text in args.shapes.split(","):
+        if time.monotonic() - start > args.deadline_s:
+            print(f"deadline: {text} not started", flush=True)
+            break
+        B, T = (int(x) for x in text.lower().split("x"))
+        row = measure(
+            B,
+            T,
+            args.lb,
+            flash_qla=flash_qla,
+            ref_max_tokens=args.ref_max_tokens,
+            split=args.split_chunks,
+            configs=[c for c in args.configs.split(",") if c],
+        )
+        print(json.dumps(row), flush=True)
+        state["rows"].append(row)
+        (args.out / "fused_fwd_lab.json").write_text(json.dumps(state, indent=1) + "\n")
+        (args.out / "fused_fwd_lab.md").write_text(_markdown(state))
+        if not args.dry_run:
+            torch.cuda.empty_cache()
+    print(_markdown(state))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,290 @@
+"""GDN's fused state+output pass in FlashQLA's two-kernel decomposition: w S and u formed on the fly from Ag.
+
+The WY pass stores only, per chunk, Ag = T diag(beta) `[B, T, HV, BT]` (k's dtype, lower triangle incl. the
+diagonal; T = (I + A)^{-1}, A = StrictLower(beta_i k_i.k_j exp(G_i - G_j))) and the in-chunk gate cumsum G
+`[B, T, HV]` fp32. This pass then walks a sequence (or a segment of one) chunk by chunk with S `[K, BV]` fp32 in
+registers; every product is a `tl.dot` with 64 rows (chunk 64), so Hopper can issue wgmma:
+
+    eG = exp(G), gl = exp(G_last)
+    U  = K @ S                    (S cast to k's dtype for the dot, as FLA and FlashQLA do)
+    W  = V - eG * U               (rows)
+    Vd = Ag @ W                   (= u - w S of the three-kernel form: u = Ag V, w = Ag diag(eG) K)
+    O  = scale eG * (Q @ S) + P @ Vd,   P = scale (Q K^T) o exp(G_i - G_j), i >= j      (OUTPUT)
+    S  = gl S + K^T @ (exp(G_last - G) * Vd)
+
+Modes (constexpr): OUTPUT (store o) or the state alone; an initial state (none, or one per program row: the
+sequence's, or a segment's merged entering state); TRANSITION: the augmented state [K, K+V] from [I | 0] whose first
+K columns walk the recurrence with V = 0 (the segment's map M, no v loads) and the others from zero with V (S_ext),
+the format `kernels.common.seqsplit`'s chain takes; STORE_FINAL (at `final_idx`, as `kernels.common.chunk_state`).
+Grouped value heads: program head hv reads q/k head hv // (HV / H) (no repeat_interleave). Any K, V <= 256 in tiles
+of `kernels.configs.head_block`. Rows past a sequence's end load as zero (their gate as 0: exp stays finite) and are
+not stored. Ranges: `kernels.common.chunk_state.SeqLayout` (whole sequences, or seqsplit's segments).
+
+`gdn_fused_fwd` is the GDN forward on this pass: the Ag prep, then plain or split (seqsplit's plan, this kernel's
+transitions, `seg_chain_fwd`, this kernel with the output from each segment's entering state). `gdn_ag_shim` is a
+stand-in Ag prep (`wy_inverse` then torch), until the dedicated Ag pass replaces it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels.common.chunk_state import SeqLayout
+from kernels.common.chunk_torch import from_chunks, to_chunks
+from kernels.common.decay import floor_gate
+from kernels.common.index import ChunkIndex
+from kernels.common.seqsplit import resolve_split, seg_chain_fwd, whole_sequences
+from kernels.common.state_program import range_of_program
+from kernels.configs import KernelSpec, LaunchConfig, head_block, register
+from kernels.plan import LaunchPlan, launch_config
+
+__all__ = [
+    "FWD_PATHS",
+    "GDN_FUSED_STATE_OUTPUT_FWD",
+    "AgPrep",
+    "check_fwd_path",
+    "gdn_ag_shim",
+    "gdn_fused_fwd",
+    "gdn_fused_state_output",
+    "gdn_fused_transition",
+]
+
+# the forward paths of `kernels.common.chunk_fwd.chunk_fwd(fwd_path=...)`: "wy" (WY prep writing w, u, Aqk, then the
+# state pass; the default) or "fused" (Ag prep, then this module's pass; GDN only)
+FWD_PATHS = ("wy", "fused")
+
+GDN_FUSED_STATE_OUTPUT_FWD = register(
+    KernelSpec(
+        name="gdn_fused_state_output_fwd",
+        key=("H", "HV", "K", "V", "BT", "MODE", "IS_VARLEN", "dtype"),
+        # 64-row tiles and one warpgroup (wgmma); two stages prefetch the next chunk's q, k, v, Ag
+        default=LaunchConfig(BV=64, num_warps=4, num_stages=2),
+        space={"BV": (32, 64, 128), "num_warps": (4, 8), "num_stages": (1, 2, 3)},
+    )
+)
+
+# (k, g, beta, *, index, launch) -> (Ag [B, T, HV, BT] in k's dtype, gcum [B, T, HV] fp32)
+AgPrep = Callable[..., tuple[Tensor, Tensor]]
+
+
+# constexpr flag -> the argument whose presence sets it
+_FLAGS = {"USE_INITIAL_STATE": "h0", "STORE_FINAL_STATE": "ht", "OUTPUT": "o", "TRANSITION": "m",
+          "IS_VARLEN": "cu_seqlens", "USE_SEQ_MAP": "seq_map", "USE_FINAL_IDX": "final_idx"}  # fmt: skip
+
+
+@triton.heuristics({flag: (lambda args, name=name: args[name] is not None) for flag, name in _FLAGS.items()})
+@triton.jit(do_not_specialize=["T"])
+def gdn_fused_state_output_kernel(
+    q, k, v,  # [B, T, H, K] (q: OUTPUT only), [B, T, H, K], [B, T, HV, V]
+    ag, gcum,  # [B, T, HV, BT] Ag (lower triangle incl. the diagonal; nothing above it is read), [B, T, HV] fp32 G
+    h0, ht, m, o,  # entering states [N, HV, K, V] fp32; out: final states (TRANSITION: S_ext), M [N, HV, K, K], o
+    cu_seqlens, chunk_offsets, seq_map, final_idx,  # the SeqLayout (`kernels.common.chunk_state`): int32 or None
+    scale, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, OUTPUT: tl.constexpr, TRANSITION: tl.constexpr,
+    IS_VARLEN: tl.constexpr, USE_SEQ_MAP: tl.constexpr, USE_FINAL_IDX: tl.constexpr,
+):  # fmt: skip
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv = (i_nh // HV).to(tl.int64), i_nh % HV
+    i_h = i_hv // (HV // H)  # the q/k head of this value head
+    _, bos, T, _, NT = range_of_program(i_n, seq_map, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN, USE_SEQ_MAP)
+    dt = k.dtype.element_ty
+
+    o_t = tl.arange(0, BT)  # chunk rows
+    m_causal = o_t[:, None] >= o_t[None, :]
+    o_k = tl.arange(0, BK)  # state rows: K padded to a power of two, the rows past K masked
+    m_k = o_k < K
+    o_c = i_v * BV + tl.arange(0, BV)  # state columns (TRANSITION: of the augmented [K, K+V] state)
+    if TRANSITION:
+        m_c = o_c < K + V
+        o_vc = o_c - K  # the value column of an S_ext column (negative: an M column, V = 0 there)
+        m_vc = (o_c >= K) & m_c
+        b_h = tl.where((o_k[:, None] == o_c[None, :]) & (o_c < K)[None, :], 1.0, 0.0)  # [I | 0]
+    else:
+        m_c = o_c < V
+        o_vc = o_c
+        m_vc = m_c
+        b_h = tl.zeros([BK, BV], dtype=tl.float32)
+        if USE_INITIAL_STATE:
+            b_h += tl.load(
+                h0 + (i_n * HV + i_hv) * K * V + o_k[:, None] * V + o_c[None, :], mask=m_k[:, None] & m_c[None, :], other=0.0
+            )
+
+    for i_t in range(NT):
+        o_r = i_t * BT + o_t
+        m_r = o_r < T
+        p_k = (bos + o_r) * H + i_h  # [BT] token rows of q, k
+        p_v = (bos + o_r) * HV + i_hv  # [BT] token rows of v, Ag, G, o
+        b_k = tl.load(k + p_k[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.0)  # [BT, BK]
+        b_g = tl.load(gcum + p_v, mask=m_r, other=0.0)  # [BT]; 0 past the end keeps every exp finite
+        b_gl = tl.load(gcum + (bos + tl.minimum(i_t * BT + BT, T) - 1) * HV + i_hv)
+        b_eg = tl.exp(b_g)
+        b_a = tl.load(ag + p_v[:, None] * BT + o_t[None, :], mask=m_r[:, None] & m_causal, other=0.0)  # [BT, BT]
+        b_v = tl.load(v + p_v[:, None] * V + o_vc[None, :], mask=m_r[:, None] & m_vc[None, :], other=0.0)
+        b_hc = b_h.to(dt)
+        b_w = b_v.to(tl.float32) - b_eg[:, None] * tl.dot(b_k, b_hc)  # V - eG K S  [BT, BV]
+        b_vd = tl.dot(b_a, b_w.to(dt))  # u - w S
+        if OUTPUT:
+            b_q = tl.load(q + p_k[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.0)
+            m_qk = m_causal & m_r[:, None]
+            b_p = tl.where(m_qk, tl.dot(b_q, tl.trans(b_k)) * tl.exp(b_g[:, None] - b_g[None, :]), 0.0) * scale
+            b_o = tl.dot(b_q, b_hc) * (b_eg * scale)[:, None] + tl.dot(b_p.to(dt), b_vd.to(dt))
+            tl.store(o + p_v[:, None] * V + o_c[None, :], b_o.to(o.dtype.element_ty), mask=m_r[:, None] & m_c[None, :])
+        b_vd = tl.where(m_r[:, None], b_vd * tl.exp(b_gl - b_g)[:, None], 0.0)
+        b_h = b_h * tl.exp(b_gl)
+        b_h = tl.dot(tl.trans(b_k), b_vd.to(dt), b_h)
+
+    if TRANSITION:
+        tl.store(m + (i_n * HV + i_hv) * K * K + o_k[:, None] * K + o_c[None, :], b_h, mask=m_k[:, None] & (o_c < K)[None, :])
+        tl.store(ht + (i_n * HV + i_hv) * K * V + o_k[:, None] * V + o_vc[None, :], b_h, mask=m_k[:, None] & m_vc[None, :])
+    elif STORE_FINAL_STATE:
+        if USE_FINAL_IDX:
+            i_f = tl.load(final_idx + i_n).to(tl.int64)
+        else:
+            i_f = i_n
+        if i_f >= 0:
+            tl.store(ht + (i_f * HV + i_hv) * K * V + o_k[:, None] * V + o_c[None, :], b_h, mask=m_k[:, None] & m_c[None, :])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# launchers
+
+
+def _config(
+    launch: LaunchPlan | None, k: Tensor, v: Tensor, *, BT: int, mode: str, layout: SeqLayout, ncols_limit: int
+) -> LaunchConfig:
+    key = {
+        "H": k.shape[2],
+        "HV": v.shape[2],
+        "K": k.shape[3],
+        "V": v.shape[3],
+        "BT": BT,
+        "MODE": mode,
+        "IS_VARLEN": layout.cu_seqlens is not None,
+        "dtype": str(k.dtype).removeprefix("torch."),
+    }
+    return launch_config(launch, GDN_FUSED_STATE_OUTPUT_FWD, key, bv_limit=ncols_limit)
+
+
+def _launch(cfg: LaunchConfig, ncols: int, layout: SeqLayout, *, q: Tensor | None, k: Tensor, v: Tensor, ag: Tensor,
+            gcum: Tensor, BT: int, scale: float = 1.0, h0: Tensor | None = None, ht: Tensor | None = None,
+            m: Tensor | None = None, o: Tensor | None = None) -> None:  # fmt: skip
+    B, T, H, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    BV = cfg.BV
+    assert BV is not None and BV >= 16 and BT >= 16, f"tiles must be >= 16, got BV={BV} BT={BT}"
+    assert HV % H == 0 and ag.shape == (B, T, HV, BT) and gcum.shape == (B, T, HV), (
+        f"Ag {tuple(ag.shape)} / gcum {tuple(gcum.shape)} do not match v {tuple(v.shape)} with chunk {BT}"
+    )
+    grid = (triton.cdiv(ncols, BV), layout.num_programs * HV)
+    if grid[1] == 0:
+        return
+    gdn_fused_state_output_kernel[grid](
+        q, k, v, ag, gcum, h0, ht, m, o, layout.cu_seqlens, layout.chunk_offsets, layout.seq_map, layout.final_idx,
+        scale, T, H=H, HV=HV, K=K, V=V, BT=BT, BK=head_block(K), BV=BV, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+def gdn_fused_state_output(
+    q: Tensor | None, k: Tensor, v: Tensor, ag: Tensor, gcum: Tensor, *, layout: SeqLayout, BT: int, scale: float = 1.0,
+    h0: Tensor | None = None, output_final_state: bool = False, num_states: int | None = None,
+    out_dtype: torch.dtype | None = None, launch: LaunchPlan | None = None,
+) -> tuple[Tensor | None, Tensor | None]:  # fmt: skip
+    """The pass over the layout's ranges: (o `[B, T, HV, V]` or None without q, final state fp32 or None).
+
+    q, k `[B, T, H, K]`, v `[B, T, HV, V]`, Ag, gcum from the Ag prep; h0 `[layout.num_programs, HV, K, V]` fp32 or
+    None; the final states `[num_states or num_programs, HV, K, V]` (at `layout.final_idx` when it has one).
+    """
+    K, HV, V = k.shape[3], v.shape[2], v.shape[3]
+    mode = "output" if q is not None else "state"
+    cfg = _config(launch, k, v, BT=BT, mode=mode, layout=layout, ncols_limit=head_block(V))
+    o = torch.empty(v.shape, dtype=out_dtype or q.dtype, device=v.device) if q is not None else None
+    ht = k.new_empty(num_states or layout.num_programs, HV, K, V, dtype=torch.float32) if output_final_state else None
+    _launch(cfg, V, layout, q=q, k=k, v=v, ag=ag, gcum=gcum, BT=BT, scale=scale, h0=h0, ht=ht, o=o)
+    return o, ht
+
+
+def gdn_fused_transition(
+    k: Tensor, v: Tensor, ag: Tensor, gcum: Tensor, *, layout: SeqLayout, BT: int, launch: LaunchPlan | None = None
+) -> tuple[Tensor, Tensor]:
+    """Each program's range as an affine map S -> M S + S_ext: (M `[N, HV, K, K]`, S_ext `[N, HV, K, V]`) fp32,
+    N = layout.num_programs (M: the recurrence on the identity with V = 0; S_ext: from zero with V)."""
+    K, HV, V = k.shape[3], v.shape[2], v.shape[3]
+    cfg = _config(launch, k, v, BT=BT, mode="transition", layout=layout, ncols_limit=min(head_block(K), head_block(V)))
+    N = layout.num_programs
+    M = k.new_empty(N, HV, K, K, dtype=torch.float32)
+    S = k.new_empty(N, HV, K, V, dtype=torch.float32)
+    _launch(cfg, K + V, layout, q=None, k=k, v=v, ag=ag, gcum=gcum, BT=BT, ht=S, m=M)
+    return M, S
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the forward
+
+
+def gdn_ag_shim(
+    k: Tensor, g: Tensor, beta: Tensor, *, index: ChunkIndex, launch: LaunchPlan | None = None
+) -> tuple[Tensor, Tensor]:
+    """STAND-IN for the dedicated Ag pass (to be replaced by it): (Ag `[B, T, HV, BT]` in k's dtype, gcum `[B, T, HV]`
+    fp32). T from the backward's `wy_inverse` (on k expanded to the value heads), then torch: Ag = T diag(beta) on the
+    lower triangle, G = the in-chunk cumsum of the floored gate. Not a fast path: more launches and bytes than the
+    pass it stands for."""
+    from kernels.common.chunk_bwd import wy_inverse
+
+    group = g.shape[2] // k.shape[2]
+    kv = k.repeat_interleave(group, dim=2) if group > 1 else k
+    tt = to_chunks(wy_inverse(kv, g, beta, index=index, gate_vector=False, launch=launch), index)  # [NT, HV, C, C]
+    C = index.chunk_size
+    causal = torch.ones(C, C, dtype=torch.bool, device=k.device).tril()
+    ag = torch.where(causal, tt * to_chunks(beta, index)[:, :, None, :], 0.0)
+    gc = to_chunks(floor_gate(g.float()), index).cumsum(2)  # [NT, HV, C]
+    B, T = k.shape[:2]
+    return from_chunks(ag, index, B, T).to(k.dtype), from_chunks(gc, index, B, T).contiguous()
+
+
+def check_fwd_path(fwd_path: str, *, op: str, keep_states: bool, warm_chunks: int | None) -> bool:
+    """True for the fused path, False for the WY path; a one-line ValueError for a path it cannot run."""
+    if fwd_path not in FWD_PATHS:
+        raise ValueError(f"fwd_path must be one of {', '.join(FWD_PATHS)}, got {fwd_path!r}")
+    if fwd_path == FWD_PATHS[0]:
+        return False
+    if op != "gdn" or keep_states or warm_chunks:
+        raise ValueError(
+            f"fwd_path='fused' runs GDN's forward without kept states or warm_chunks, got op={op!r}, "
+            f"keep_states={keep_states}, warm_chunks={warm_chunks}"
+        )
+    return True
+
+
+def gdn_fused_fwd(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex, launch: LaunchPlan,
+    initial_state: Tensor | None = None, output_final_state: bool = False, split_chunks: int | None = None,
+    ag_prep: AgPrep = gdn_ag_shim,
+) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    """GDN's forward on the fused pass: (o `[B, T, HV, V]` in q's dtype, final state `[N, HV, K, V]` fp32 or None).
+
+    q, k `[B, T, H, K]`, v `[B, T, HV, V]`, g, beta `[B, T, HV]` (contiguous). split_chunks: as
+    `kernels.common.seqsplit.resolve_split` (None automatic, 0 never, n chunks per segment). ag_prep: the Ag pass.
+    """
+    BT = index.chunk_size
+    HV, V = v.shape[2], v.shape[3]
+    ag, gcum = ag_prep(k, g, beta, index=index, launch=launch)
+    h0 = initial_state.float().contiguous() if initial_state is not None else None
+    layout = whole_sequences(index)
+    bv = _config(launch, k, v, BT=BT, mode="output", layout=layout, ncols_limit=head_block(V)).BV or 64
+    plan = resolve_split(index, split_chunks, H=HV, NV=-(-V // bv), device=k.device)
+    num_states = None
+    if plan is not None:
+        M, S_ext = gdn_fused_transition(k, v, ag, gcum, layout=plan.transitions, BT=BT, launch=launch)
+        h0 = seg_chain_fwd(M, S_ext, h0, plan, launch=launch)
+        layout, num_states = plan.final, index.num_seqs
+    o, ht = gdn_fused_state_output(q, k, v, ag, gcum, layout=layout, BT=BT, scale=scale, h0=h0,
+                                   output_final_state=output_final_state, num_states=num_states, launch=launch)  # fmt: skip
+    assert o is not None
+    return o, ht

@@ -36,8 +36,8 @@ def ag_reference(
     """(Ag `[B, T, HV, C]`, gcum `[B, T, HV]`) in `dtype`: Ag = (I + A)^{-1} diag(beta) by a triangular solve (zeros
     above the diagonal), gcum the in-chunk cumsum of the floored gate. k `[B, T, H, K]`, g and beta `[B, T, HV]`."""
     B, T, HV = g.shape
-    kc = to_chunks(_heads(k, HV), index, dtype)                                    # [NT, HV, C, K]
-    G = to_chunks(floor_gate(g), index, dtype).cumsum(2)                           # [NT, HV, C]
+    kc = to_chunks(_heads(k, HV), index, dtype)  # [NT, HV, C, K]
+    G = to_chunks(floor_gate(g), index, dtype).cumsum(2)  # [NT, HV, C]
     bc = to_chunks(beta, index, dtype)
     C = index.chunk_size
     strict = torch.ones(C, C, dtype=torch.bool, device=k.device).tril(-1)
@@ -49,7 +49,14 @@ def ag_reference(
 
 
 def ag_chunk_forward(
-    q: Tensor, k: Tensor, v: Tensor, ag: Tensor, gcum: Tensor, *, scale: float, index: ChunkIndex,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    ag: Tensor,
+    gcum: Tensor,
+    *,
+    scale: float,
+    index: ChunkIndex,
     initial_state: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The chunk recurrence from Ag and gcum (module docstring): (o `[B, T, HV, V]` in q's dtype, final state `[N, HV, K, V]`
@@ -58,11 +65,11 @@ def ag_chunk_forward(
     B, T, HV, V = v.shape
     K = k.shape[-1]
     cd = compute_dtype(q)
-    qc, kc = (to_chunks(_heads(x, HV), index, cd) for x in (q, k))              # [NT, HV, C, K]
+    qc, kc = (to_chunks(_heads(x, HV), index, cd) for x in (q, k))  # [NT, HV, C, K]
     vc, agc = to_chunks(v, index, cd), to_chunks(ag, index, cd)
-    G = to_chunks(gcum, index, cd)                                                 # [NT, HV, C], 0 on padded rows
+    G = to_chunks(gcum, index, cd)  # [NT, HV, C], 0 on padded rows
     last = to_chunks(torch.ones_like(gcum, dtype=torch.int64), index, torch.int64).sum(2, keepdim=True) - 1
-    G_C = G.gather(2, last)                                                        # [NT, HV, 1]: the last valid row
+    G_C = G.gather(2, last)  # [NT, HV, 1]: the last valid row
     pad = torch.arange(index.chunk_size, device=G.device) > last
     G = torch.where(pad, G_C, G)
     causal = torch.ones(index.chunk_size, index.chunk_size, dtype=torch.bool, device=G.device).tril()
@@ -72,7 +79,7 @@ def ag_chunk_forward(
     o = vc.new_empty(vc.shape)
     for seq_ids, c in index.pad.steps:
         Sj = S if seq_ids is None else S.index_select(0, seq_ids)
-        vd = agc[c] @ (vc[c] - eG[c] * (kc[c] @ Sj))                            # [n, HV, C, V]
+        vd = agc[c] @ (vc[c] - eG[c] * (kc[c] @ Sj))  # [n, HV, C, V]
         o[c] = scale * (eG[c] * (qc[c] @ Sj) + aqk[c] @ vd)
         Sj = eC[c] * Sj + kc[c].transpose(-1, -2) @ (eCG[c] * vd)
         S = Sj if seq_ids is None else S.index_copy(0, seq_ids, Sj)

@@ -351,10 +351,9 @@ def _store_aqk(aqk, bos, t0, T, i_h, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32
 
 
 @triton.jit
-def _gdn_gate(g, gcum, bos, t0, T, i_h, H: tl.constexpr):
+def _gdn_cumsum(g, bos, t0, T, i_h, H: tl.constexpr):
     """GDN's floored gate x and its in-chunk cumsum G (block by block with the carry of the blocks before) for the
-    four 16-row blocks of the chunk at t0, fp32 [16] each; G is stored into gcum [.., T, H] (rows past T skipped)."""
-    o_i = tl.arange(0, 16)
+    four 16-row blocks of the chunk at t0, fp32 [16] each (rows past T: x = 0, G flat)."""
     x0 = tl.maximum(_load_vec(g, bos, t0, T, i_h, H, 16), FLOOR)
     x1 = tl.maximum(_load_vec(g, bos, t0 + 16, T, i_h, H, 16), FLOOR)
     x2 = tl.maximum(_load_vec(g, bos, t0 + 32, T, i_h, H, 16), FLOOR)
@@ -363,6 +362,14 @@ def _gdn_gate(g, gcum, bos, t0, T, i_h, H: tl.constexpr):
     g1 = tl.cumsum(x1, 0) + tl.sum(x0, 0)
     g2 = tl.cumsum(x2, 0) + tl.sum(x0, 0) + tl.sum(x1, 0)
     g3 = tl.cumsum(x3, 0) + tl.sum(x0, 0) + tl.sum(x1, 0) + tl.sum(x2, 0)
+    return x0, x1, x2, x3, g0, g1, g2, g3
+
+
+@triton.jit
+def _gdn_gate(g, gcum, bos, t0, T, i_h, H: tl.constexpr):
+    """`_gdn_cumsum`, with G stored into gcum [.., T, H] (rows past T skipped)."""
+    o_i = tl.arange(0, 16)
+    x0, x1, x2, x3, g0, g1, g2, g3 = _gdn_cumsum(g, bos, t0, T, i_h, H)
     p_g = gcum + (bos + t0 + o_i) * H + i_h
     tl.store(p_g, g0, mask=t0 + o_i < T)
     tl.store(p_g + 16 * H, g1, mask=t0 + 16 + o_i < T)

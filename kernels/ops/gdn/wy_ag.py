@@ -52,9 +52,10 @@ WY_GDN_AG_FWD = register(
     KernelSpec(
         name="wy_gdn_ag_fwd",
         key=("H", "HV", "K", "BT", "IS_VARLEN", "dtype"),
-        # BR 16: wy_gdn_fwd's 16-row blocks at its measured one warp; BR 64 (one 64-row product, 4 warps) to time
-        # against it (benchmarks/wy_ag_lab.py)
-        default=LaunchConfig(BK=64, BV=64, num_warps=1, num_stages=2, BR=16),
+        # BR 16: wy_gdn_fwd's 16-row blocks at its measured one warp (ptxas sm_90 at K=128: BK 32 252 registers, no
+        # spill; BK 64 spills 392 B); BR 64, 4 warps (wgmma; BK 128: 254 registers, BK 64: 206, no spill) to time
+        # against it (benchmarks/wy_ag_lab.py); not measured yet
+        default=LaunchConfig(BK=32, BV=64, num_warps=1, num_stages=2, BR=16),
         space={"BR": (16, 64), "BK": (32, 64, 128), "num_warps": (1, 2, 4), "num_stages": (1, 2, 3)},
     )
 )
@@ -92,19 +93,46 @@ def _gram64(k, s, bos, t0, T, i_h, H: tl.constexpr, K: tl.constexpr, BK: tl.cons
     o_r = tl.arange(0, 64)
     tl.store(s + o_r[:, None] * 64 + o_r[None, :], X, mask=o_r[:, None] // 16 >= o_r[None, :] // 16)
     tl.debug_barrier()
-    return (_scratch_block(s, 0, 0), _scratch_block(s, 16, 0), _scratch_block(s, 16, 16), _scratch_block(s, 32, 0),
-            _scratch_block(s, 32, 16), _scratch_block(s, 32, 32), _scratch_block(s, 48, 0), _scratch_block(s, 48, 16),
-            _scratch_block(s, 48, 32), _scratch_block(s, 48, 48))
+    return (
+        _scratch_block(s, 0, 0),
+        _scratch_block(s, 16, 0),
+        _scratch_block(s, 16, 16),
+        _scratch_block(s, 32, 0),
+        _scratch_block(s, 32, 16),
+        _scratch_block(s, 32, 32),
+        _scratch_block(s, 48, 0),
+        _scratch_block(s, 48, 16),
+        _scratch_block(s, 48, 32),
+        _scratch_block(s, 48, 48),
+    )
 
 
 @triton.jit
-def _store_ag(ag, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, b0, b1, b2, b3, bos, t0, T, i_h, H: tl.constexpr,
-              BT: tl.constexpr):
+def _store_ag(
+    ag, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, b0, b1, b2, b3, bos, t0, T, i_h, H: tl.constexpr, BT: tl.constexpr
+):
     """Ag = T diag(beta) into [.., T, H, BT]: the 10 lower blocks of T with column j scaled by beta_j, and zeros in
     the 6 blocks above the diagonal (columns past BT and rows past T are skipped)."""
     c0, c1, c2, c3 = b0[None, :], b1[None, :], b2[None, :], b3[None, :]
-    _store_aqk(ag, bos, t0, T, i_h, T00 * c0, T10 * c0, T11 * c1, T20 * c0, T21 * c1, T22 * c2, T30 * c0, T31 * c1,
-               T32 * c2, T33 * c3, H, BT)
+    _store_aqk(
+        ag,
+        bos,
+        t0,
+        T,
+        i_h,
+        T00 * c0,
+        T10 * c0,
+        T11 * c1,
+        T20 * c0,
+        T21 * c1,
+        T22 * c2,
+        T30 * c0,
+        T31 * c1,
+        T32 * c2,
+        T33 * c3,
+        H,
+        BT,
+    )
     z = tl.zeros([16, 16], dtype=tl.float32)
     _store_tile(ag, z, bos, t0, T, i_h, H, BT, 16, 16, 16)
     _store_tile(ag, z, bos, t0, T, i_h, H, BT, 32, 16, 16)
@@ -114,8 +142,9 @@ def _store_ag(ag, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, b0, b1, b2, 
     _store_tile(ag, z, bos, t0 + 32, T, i_h, H, BT, 48, 16, 16)
 
 
-@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
-                    "HAS_BOUND": lambda args: args["bnd"] is not None})
+@triton.heuristics(
+    {"IS_VARLEN": lambda args: args["cu_seqlens"] is not None, "HAS_BOUND": lambda args: args["bnd"] is not None}
+)
 @triton.jit(do_not_specialize=["T"])
 def wy_gdn_ag_fwd_kernel(
     k,  # [B, T, H, K]
@@ -129,8 +158,16 @@ def wy_gdn_ag_fwd_kernel(
     chunk_indices,  # [NT_total, 2] int32 or None
     bnd,  # out [NT_total, HV, 2] fp32 or None: the chunk's decay-bound summary (L, W) (`_chunk_bound`, warm_split)
     T,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, BR: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_BOUND: tl.constexpr,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BR: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    HAS_BOUND: tl.constexpr,
 ):
     i_hv, i_tg, bos, t0, T, skip = _wy_chunk(cu_seqlens, chunk_indices, None, T, HV, BT, IS_VARLEN, False)
     i_h = i_hv // (HV // H)  # the key head of this value head
@@ -141,8 +178,9 @@ def wy_gdn_ag_fwd_kernel(
         A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram64(k, s, bos, t0, T, i_h, H, K, BK)
     else:
         A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram(k, k, bos, t0, T, i_h, H, K, BK)
-    A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gdn_decay_rows(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33,
-                                                                       g0, g1, g2, g3, b0, b1, b2, b3)
+    A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gdn_decay_rows(
+        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, g0, g1, g2, g3, b0, b1, b2, b3
+    )
     T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33)
     _store_ag(ag, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, b0, b1, b2, b3, bos, t0, T, i_hv, HV, BT)
     if HAS_BOUND:
@@ -154,8 +192,14 @@ def wy_gdn_ag_fwd_kernel(
 
 
 def wy_gdn_ag(
-    k: Tensor, g: Tensor, beta: Tensor, *, index: ChunkIndex, launch: LaunchPlan | None = None,
-    bnd: Tensor | None = None, v: Tensor | None = None,
+    k: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    *,
+    index: ChunkIndex,
+    launch: LaunchPlan | None = None,
+    bnd: Tensor | None = None,
+    v: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """GDN's WY pass for the two-kernel forward: (ag `[B, T, HV, BT]` in k's dtype, gcum fp32 `[B, T, HV]`).
 
@@ -166,17 +210,24 @@ def wy_gdn_ag(
     B, T, H, K = k.shape
     HV = g.shape[2]
     if g.shape != (B, T, HV) or beta.shape != (B, T, HV) or HV % H:
-        raise ValueError(f"wy_gdn_ag: g and beta must be [B, T, HV] with HV a multiple of k's H={H}, got "
-                         f"{tuple(g.shape)} and {tuple(beta.shape)} for k {tuple(k.shape)}")
+        raise ValueError(
+            f"wy_gdn_ag: g and beta must be [B, T, HV] with HV a multiple of k's H={H}, got "
+            f"{tuple(g.shape)} and {tuple(beta.shape)} for k {tuple(k.shape)}"
+        )
     if bnd is not None and (v is None or v.shape[:3] != (B, T, HV)):
-        raise ValueError(f"wy_gdn_ag: bnd needs v [B, T, HV, V] = [{B}, {T}, {HV}, V] (its rows' norms), got "
-                         f"{None if v is None else tuple(v.shape)}")
+        raise ValueError(
+            f"wy_gdn_ag: bnd needs v [B, T, HV, V] = [{B}, {T}, {HV}, V] (its rows' norms), got "
+            f"{None if v is None else tuple(v.shape)}"
+        )
     BT = index.chunk_size
     if BT not in CHUNK_SIZES:
         raise ValueError(f"wy_gdn_ag: chunk_size must be one of {CHUNK_SIZES}, got {BT}")
     V = v.shape[-1] if v is not None else 16
-    cfg = launch_config(launch, WY_GDN_AG_FWD, {"H": H, "HV": HV, "K": K, "BT": BT, "IS_VARLEN": index.is_varlen,
-                                                "dtype": str(k.dtype).removeprefix("torch.")})
+    cfg = launch_config(
+        launch,
+        WY_GDN_AG_FWD,
+        {"H": H, "HV": HV, "K": K, "BT": BT, "IS_VARLEN": index.is_varlen, "dtype": str(k.dtype).removeprefix("torch.")},
+    )
     BR = cfg.BR or 16
     if BR not in ROW_TILES:
         raise ValueError(f"wy_gdn_ag: launch config BR must be one of {ROW_TILES}, got {BR}")
@@ -186,8 +237,26 @@ def wy_gdn_ag(
     gcum = torch.empty(B, T, HV, dtype=torch.float32, device=k.device)
     scratch = torch.empty(grid[0] * grid[1], 64, 64, dtype=torch.float32, device=k.device) if BR == 64 else None
     wy_gdn_ag_fwd_kernel[grid](
-        k, v if bnd is not None else None, g, beta, ag, gcum, scratch,
-        index.cu_seqlens if index.is_varlen else None, index.chunk_indices if index.is_varlen else None, bnd, T,
-        H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, BR=BR, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        k,
+        v if bnd is not None else None,
+        g,
+        beta,
+        ag,
+        gcum,
+        scratch,
+        index.cu_seqlens if index.is_varlen else None,
+        index.chunk_indices if index.is_varlen else None,
+        bnd,
+        T,
+        H=H,
+        HV=HV,
+        K=K,
+        V=V,
+        BT=BT,
+        BK=BK,
+        BV=BV,
+        BR=BR,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     return ag, gcum

@@ -15,10 +15,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+import kernels
 from kernels.common.ag_torch import ag_chunk_forward, ag_reference
 from kernels.common.index import prepare_chunk_index
 from kernels.configs import LaunchConfig
-from kernels.ops.gdn.naive import naive_recurrent_gdn
 from kernels.ops.gdn.wy_ag import wy_gdn_ag
 from kernels.plan import LaunchPlan
 from tests.utils import TEST_DEVICE, assert_rel_close, make_grouped_inputs, make_state
@@ -55,8 +55,14 @@ def _positions(index, B: int, T: int) -> torch.Tensor:
 def test_ag_matches_the_triangular_solve(BR: int, chunk: int, layout: str) -> None:
     _, k, _, g, beta, _, index = _case(layout, chunk)
     ag, gcum = wy_gdn_ag(k, g, beta, index=index, launch=_plan(BR))
-    ag_ref, g_ref = ag_reference(k.cpu(), g.cpu(), beta.cpu(), index=prepare_chunk_index(
-        None if not index.is_varlen else index.cu_seqlens.cpu(), batch=k.shape[0], seq_len=k.shape[1], chunk_size=chunk))
+    ag_ref, g_ref = ag_reference(
+        k.cpu(),
+        g.cpu(),
+        beta.cpu(),
+        index=prepare_chunk_index(
+            None if not index.is_varlen else index.cu_seqlens.cpu(), batch=k.shape[0], seq_len=k.shape[1], chunk_size=chunk
+        ),
+    )
     B, T = k.shape[:2]
     assert ag.shape == (B, T, HV, chunk) and ag.dtype == k.dtype and gcum.dtype == torch.float32
     above = torch.arange(chunk)[None, None, :] > _positions(index, B, T)[..., None]  # [B, T, chunk]
@@ -70,8 +76,7 @@ def test_ag_matches_the_triangular_solve(BR: int, chunk: int, layout: str) -> No
 def test_ag_in_bf16(BR: int) -> None:
     _, k, _, g, beta, cu, index = _case("varlen", 64, torch.bfloat16)
     ag, _ = wy_gdn_ag(k, g, beta, index=index, launch=_plan(BR))
-    ag_ref, _ = ag_reference(k.cpu(), g.cpu(), beta.cpu(), index=prepare_chunk_index(cu.cpu(), batch=1,
-                                                                                       seq_len=k.shape[1]))
+    ag_ref, _ = ag_reference(k.cpu(), g.cpu(), beta.cpu(), index=prepare_chunk_index(cu.cpu(), batch=1, seq_len=k.shape[1]))
     assert ag.dtype == torch.bfloat16
     assert_rel_close("Ag bf16", ag_ref, ag.cpu(), 1e-2)
 
@@ -97,10 +102,9 @@ def test_output_through_the_chunk_recurrence_matches_the_reference(BR: int, layo
     h0 = make_state(index.num_seqs, HV, DIM, DIM, device=DEVICE)
     ag, gcum = wy_gdn_ag(k, g, beta, index=index, launch=_plan(BR))
     o, ht = ag_chunk_forward(q, k, v, ag, gcum, scale=DIM**-0.5, index=index, initial_state=h0)
-    rep = HV // H
-    o_ref, ht_ref = naive_recurrent_gdn(q.repeat_interleave(rep, 2), k.repeat_interleave(rep, 2), v, g, beta,
-                                        scale=DIM**-0.5, initial_state=h0, output_final_state=True,
-                                        cu_seqlens_cpu=None if cu is None else cu.tolist())
+    o_ref, ht_ref = kernels.reference(
+        "gdn", q, k, v, g, beta, scale=DIM**-0.5, initial_state=h0, output_final_state=True, cu_seqlens=cu
+    )
     assert ht_ref is not None
     assert_rel_close("o", o_ref, o, TOL)
     assert_rel_close("final state", ht_ref, ht, TOL)

@@ -37,6 +37,7 @@ AG_CONFIGS = (  # (BR, BK, num_warps): the default first
     (64, 128, 4),
     (64, 64, 4),
     (64, 128, 8),
+    (64, 64, 8),
 )
 
 

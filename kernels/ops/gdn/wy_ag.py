@@ -9,8 +9,9 @@ w, u or Aqk: the state+output pass forms u - w S = Ag (V - exp(G) (x) K S) itsel
 `wy_gdn_fwd`'s machinery (`kernels.common.wy`: the gate cumsum, the gram of K, the gate and beta on A's rows, the
 block solve), stopped after T. Two tilings of the gram K K^T, chosen by the launch config's `BR`:
 - BR = 16 (default): the 10 lower 16x16 blocks, each a 16 x BK x 16 product in registers (`wy.py`'s `_gram`; one warp);
-- BR = 64: one [64, BK] x [BK, 64] product per column block (4 warps: a warpgroup product on Hopper), written to a
-  per-program fp32 scratch (its 10 lower 16x16 blocks), a barrier, and the blocks read back (exact: a copy).
+- BR = 64: one [64, BK] x [BK, 64] product per column block (4 warps: a warpgroup product on Hopper), its 10 lower
+  16x16 blocks then taken out of the 64x64 register tile by reshapes, a permute and splits (`_lower_blocks`: a copy,
+  exact; the compiler moves the data through shared memory, no global scratch).
 Both then take the gate and beta, solve for T (`_solve`) and store T diag(beta) block by block.
 
 Grouped value heads: k has H heads, g and beta HV = G H; value head h reads key head h // G (no repeat).
@@ -52,9 +53,9 @@ WY_GDN_AG_FWD = register(
     KernelSpec(
         name="wy_gdn_ag_fwd",
         key=("H", "HV", "K", "BT", "IS_VARLEN", "dtype"),
-        # BR 16: wy_gdn_fwd's 16-row blocks at its measured one warp (ptxas sm_90 at K=128: BK 32 252 registers, no
-        # spill; BK 64 spills 392 B); BR 64, 4 warps (wgmma; BK 128: 254 registers, BK 64: 206, no spill) to time
-        # against it (benchmarks/wy_ag_lab.py); not measured yet
+        # BR 16: wy_gdn_fwd's 16-row blocks at its measured one warp (ptxas sm_90, K=128: BK 32 252 registers, no
+        # spill; BK 64 spills 392 B); BR 64 (wgmma; 255 registers: 208 B spilled at 4 warps / BK 128, none at 8 warps
+        # / BK 64) to time against it: benchmarks/wy_ag_lab.py. Not measured on a GPU yet.
         default=LaunchConfig(BK=32, BV=64, num_warps=1, num_stages=2, BR=16),
         space={"BR": (16, 64), "BK": (32, 64, 128), "num_warps": (1, 2, 4), "num_stages": (1, 2, 3)},
     )
@@ -76,35 +77,37 @@ def _row_squares(p, bos, t0, T, i_h, H: tl.constexpr, D: tl.constexpr, BD: tl.co
 
 
 @triton.jit
-def _scratch_block(s, r0, c0):
-    """The 16x16 block at rows r0, columns c0 of a program's 64x64 fp32 scratch."""
-    o_i = tl.arange(0, 16)
-    return tl.load(s + (r0 + o_i)[:, None] * 64 + (c0 + o_i)[None, :])
+def _split_rows(Y):
+    """The four row blocks of Y [16, 16, 2, 2] (r, c, I // 2, I % 2) as [16, 16] tiles (`_lower_blocks`)."""
+    e, o = tl.split(Y)
+    Y0, Y2 = tl.split(e)
+    Y1, Y3 = tl.split(o)
+    return Y0, Y1, Y2, Y3
 
 
 @triton.jit
-def _gram64(k, s, bos, t0, T, i_h, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr):
-    """The 10 lower 16x16 blocks of K K^T over the chunk at t0 (fp32) from one 64-row product per column block of BK,
-    through the program's 64x64 fp32 scratch s (the lower blocks written, a barrier, the blocks read back)."""
+def _lower_blocks(X):
+    """The 10 lower 16x16 blocks of a 64x64 register tile, by reshapes and splits (a copy: exact)."""
+    Xq = tl.reshape(tl.permute(tl.reshape(X, [4, 16, 4, 16]), [1, 3, 0, 2]), [16, 16, 2, 2, 2, 2])
+    c0, c1 = tl.split(Xq)  # column blocks J even / odd: (r, c, I // 2, I % 2, J // 2)
+    XJ0, XJ2 = tl.split(c0)
+    XJ1, XJ3 = tl.split(c1)
+    X00, X10, X20, X30 = _split_rows(XJ0)
+    _, X11, X21, X31 = _split_rows(XJ1)
+    _, _, X22, X32 = _split_rows(XJ2)
+    _, _, _, X33 = _split_rows(XJ3)
+    return X00, X10, X11, X20, X21, X22, X30, X31, X32, X33
+
+
+@triton.jit
+def _gram64(k, bos, t0, T, i_h, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr):
+    """The 10 lower 16x16 blocks of K K^T over the chunk at t0 (fp32) from one [64, BK] x [BK, 64] product per column
+    block of BK (a warpgroup product on Hopper at 4 warps), taken out of the 64x64 tile in registers."""
     X = tl.zeros([64, 64], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         b_k = _load_tile(k, bos, t0, T, i_h, H, K, i_k * BK, 64, BK)
         X = tl.dot(b_k, tl.trans(b_k), X)
-    o_r = tl.arange(0, 64)
-    tl.store(s + o_r[:, None] * 64 + o_r[None, :], X, mask=o_r[:, None] // 16 >= o_r[None, :] // 16)
-    tl.debug_barrier()
-    return (
-        _scratch_block(s, 0, 0),
-        _scratch_block(s, 16, 0),
-        _scratch_block(s, 16, 16),
-        _scratch_block(s, 32, 0),
-        _scratch_block(s, 32, 16),
-        _scratch_block(s, 32, 32),
-        _scratch_block(s, 48, 0),
-        _scratch_block(s, 48, 16),
-        _scratch_block(s, 48, 32),
-        _scratch_block(s, 48, 48),
-    )
+    return _lower_blocks(X)
 
 
 @triton.jit
@@ -143,7 +146,10 @@ def _store_ag(
 
 
 @triton.heuristics(
-    {"IS_VARLEN": lambda args: args["cu_seqlens"] is not None, "HAS_BOUND": lambda args: args["bnd"] is not None}
+    {
+        "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+        "HAS_BOUND": lambda args: args["bnd"] is not None,
+    }
 )
 @triton.jit(do_not_specialize=["T"])
 def wy_gdn_ag_fwd_kernel(
@@ -153,7 +159,6 @@ def wy_gdn_ag_fwd_kernel(
     beta,  # [B, T, HV]
     ag,  # out [B, T, HV, BT] = T diag(beta), zeros above the diagonal
     gcum,  # out [B, T, HV] fp32 in-chunk cumsum of the floored g
-    scratch,  # [programs, 64, 64] fp32 (BR 64) or None
     cu_seqlens,  # [N+1] int32 or None
     chunk_indices,  # [NT_total, 2] int32 or None
     bnd,  # out [NT_total, HV, 2] fp32 or None: the chunk's decay-bound summary (L, W) (`_chunk_bound`, warm_split)
@@ -174,8 +179,7 @@ def wy_gdn_ag_fwd_kernel(
     x0, x1, x2, x3, g0, g1, g2, g3 = _gdn_gate(g, gcum, bos, t0, T, i_hv, HV)
     b0, b1, b2, b3 = _load_vec4(beta, bos, t0, T, i_hv, HV)
     if BR == 64:
-        s = scratch + (tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)).to(tl.int64) * 4096
-        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram64(k, s, bos, t0, T, i_h, H, K, BK)
+        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram64(k, bos, t0, T, i_h, H, K, BK)
     else:
         A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram(k, k, bos, t0, T, i_h, H, K, BK)
     A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gdn_decay_rows(
@@ -235,7 +239,6 @@ def wy_gdn_ag(
     grid = (index.num_chunks, HV) if index.is_varlen else (triton.cdiv(T, BT), B * HV)
     ag = torch.empty(B, T, HV, BT, dtype=k.dtype, device=k.device)
     gcum = torch.empty(B, T, HV, dtype=torch.float32, device=k.device)
-    scratch = torch.empty(grid[0] * grid[1], 64, 64, dtype=torch.float32, device=k.device) if BR == 64 else None
     wy_gdn_ag_fwd_kernel[grid](
         k,
         v if bnd is not None else None,
@@ -243,7 +246,6 @@ def wy_gdn_ag(
         beta,
         ag,
         gcum,
-        scratch,
         index.cu_seqlens if index.is_varlen else None,
         index.chunk_indices if index.is_varlen else None,
         bnd,

@@ -3,7 +3,8 @@ CPBENCH_TEST_GPU=1), both row tilings (BR 16 and 64):
 - Ag = T diag(beta) and the gate cumsum against the fp64 triangular solve (`kernels.common.ag_torch.ag_reference`),
   dense and varlen (sequences not a multiple of the chunk), chunk sizes 16/32/64, grouped value heads (HV = 2H),
   one strong head (gates down to -20 per token) and weak ones; the entries above the diagonal written as exact zeros
-  (allocations are NaN-poisoned); fp32 at 1e-5 relative L2 on CPU (2e-3 on a GPU: tf32 products), bf16 at 1e-2;
+  (allocations are NaN-poisoned); fp32 at 1e-5 relative L2 on CPU (1e-2 on a GPU: tf32 products, as
+  test_dispatch_triton.py), bf16 at 1e-2;
 - the per-chunk decay-bound sums (`bnd`) equal `wy_gdn_fwd`'s on the same inputs;
 - end to end: o and the final state from the kernel's Ag through the torch chunk recurrence
   (`ag_chunk_forward`) against the fp32 per-token reference at the same tolerance;
@@ -24,7 +25,7 @@ from kernels.plan import LaunchPlan
 from tests.utils import TEST_DEVICE, assert_rel_close, make_grouped_inputs, make_state
 
 DEVICE = TEST_DEVICE
-TOL = 1e-5 if DEVICE == "cpu" else 2e-3
+TOL = 1e-5 if DEVICE == "cpu" else 1e-2
 H, HV, DIM = 2, 4, 32  # key heads, value heads (HV = 2H), head dims
 LENGTHS = (37, 130, 64)
 LAYOUTS = {"dense": {"B": 2, "T": 100}, "varlen": {"lengths": LENGTHS}}

@@ -8,6 +8,7 @@ CPBENCH_TEST_GPU=1), both row tilings (BR 16 and 64):
 - the per-chunk decay-bound sums (`bnd`) equal `wy_gdn_fwd`'s on the same inputs;
 - end to end: o and the final state from the kernel's Ag through the torch chunk recurrence
   (`ag_chunk_forward`) against the fp32 per-token reference at the same tolerance;
+- BR 64's block extraction from the 64x64 register tile (`_lower_blocks`) is a bitwise copy;
 - bad arguments are refused with one line.
 """
 
@@ -15,12 +16,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import kernels
 from kernels.common.ag_torch import ag_chunk_forward, ag_reference
 from kernels.common.index import prepare_chunk_index
 from kernels.configs import LaunchConfig
-from kernels.ops.gdn.wy_ag import wy_gdn_ag
+from kernels.ops.gdn.wy_ag import _lower_blocks, wy_gdn_ag
 from kernels.plan import LaunchPlan
 from tests.utils import TEST_DEVICE, assert_rel_close, make_grouped_inputs, make_state
 
@@ -120,3 +123,31 @@ def test_bad_arguments_are_refused() -> None:
         wy_gdn_ag(k, g, beta, index=index, launch=_plan(32))
     with pytest.raises(ValueError, match="HV a multiple"):
         wy_gdn_ag(k, g[:, :, :3], beta[:, :, :3], index=index)
+
+
+@triton.jit
+def _lower_blocks_kernel(x, y):
+    """The 10 blocks of `_lower_blocks` of the 64x64 tile x, stored one after the other into y [10, 16, 16]."""
+    o = tl.arange(0, 64)
+    X00, X10, X11, X20, X21, X22, X30, X31, X32, X33 = _lower_blocks(tl.load(x + o[:, None] * 64 + o[None, :]))
+    o16 = tl.arange(0, 16)
+    p = y + o16[:, None] * 16 + o16[None, :]
+    tl.store(p, X00)
+    tl.store(p + 256, X10)
+    tl.store(p + 512, X11)
+    tl.store(p + 768, X20)
+    tl.store(p + 1024, X21)
+    tl.store(p + 1280, X22)
+    tl.store(p + 1536, X30)
+    tl.store(p + 1792, X31)
+    tl.store(p + 2048, X32)
+    tl.store(p + 2304, X33)
+
+
+def test_the_64_row_tile_is_split_into_its_lower_blocks_exactly() -> None:
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    y = torch.empty(10, 16, 16, device=DEVICE)
+    _lower_blocks_kernel[(1,)](x, y)
+    blocks = [(i, j) for i in range(4) for j in range(i + 1)]
+    for n, (i, j) in enumerate(blocks):
+        assert torch.equal(y[n], x[16 * i : 16 * i + 16, 16 * j : 16 * j + 16]), (i, j)

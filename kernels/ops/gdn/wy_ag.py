@@ -32,10 +32,12 @@ from kernels.common.index import ChunkIndex
 from kernels.common.wy import (
     CHUNK_SIZES,
     _add_squares,
+    _blocks,
     _chunk_bound,
     _gdn_decay_rows,
     _gdn_gate,
     _gram,
+    _grid,
     _load_blocks,
     _load_tile,
     _load_vec4,
@@ -44,7 +46,7 @@ from kernels.common.wy import (
     _store_tile,
     _wy_chunk,
 )
-from kernels.configs import KernelSpec, LaunchConfig, head_block, register
+from kernels.configs import KernelSpec, LaunchConfig, register
 from kernels.plan import LaunchPlan, launch_config
 
 __all__ = ["WY_GDN_AG_FWD", "wy_gdn_ag"]
@@ -235,11 +237,10 @@ def wy_gdn_ag(
     BR = cfg.BR or 16
     if BR not in ROW_TILES:
         raise ValueError(f"wy_gdn_ag: launch config BR must be one of {ROW_TILES}, got {BR}")
-    BK, BV = min(cfg.BK or 64, head_block(K)), min(cfg.BV or 64, head_block(V))
-    grid = (index.num_chunks, HV) if index.is_varlen else (triton.cdiv(T, BT), B * HV)
+    BK, BV = _blocks(cfg, index, K, V)
     ag = torch.empty(B, T, HV, BT, dtype=k.dtype, device=k.device)
     gcum = torch.empty(B, T, HV, dtype=torch.float32, device=k.device)
-    wy_gdn_ag_fwd_kernel[grid](
+    wy_gdn_ag_fwd_kernel[_grid(index, B, T, HV)](
         k,
         v if bnd is not None else None,
         g,

@@ -44,6 +44,7 @@ from kernels.common.wy import (
     FAST_SPAN,
     FLOOR,
     _decay,
+    _gdn_cumsum,
     _gram,
     _kda_gram,
     _load_vec,
@@ -246,14 +247,7 @@ def wy_inverse_kernel(
     else:
         # the in-chunk cumsum of the raw gate, flat past T (as the WY prep: a zero there would make
         # exp(G_i - G_j) overflow against a strongly decayed G_j)
-        x0 = tl.maximum(_load_vec(g, bos, t0, T, i_h, H, 16), FLOOR)
-        x1 = tl.maximum(_load_vec(g, bos, t0 + 16, T, i_h, H, 16), FLOOR)
-        x2 = tl.maximum(_load_vec(g, bos, t0 + 32, T, i_h, H, 16), FLOOR)
-        x3 = tl.maximum(_load_vec(g, bos, t0 + 48, T, i_h, H, 16), FLOOR)
-        g0 = tl.cumsum(x0, 0)
-        g1 = tl.cumsum(x1, 0) + tl.sum(x0, 0)
-        g2 = tl.cumsum(x2, 0) + tl.sum(x0, 0) + tl.sum(x1, 0)
-        g3 = tl.cumsum(x3, 0) + tl.sum(x0, 0) + tl.sum(x1, 0) + tl.sum(x2, 0)
+        _, _, _, _, g0, g1, g2, g3 = _gdn_cumsum(g, bos, t0, T, i_h, H)
         A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram(k, k, bos, t0, T, i_h, H, K, BK)
         A00 *= _decay(g0, g0, True)
         A11 *= _decay(g1, g1, True)

@@ -350,6 +350,46 @@ def _store_aqk(aqk, bos, t0, T, i_h, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32
     _store_tile(aqk, Q33, bos, t0 + 48, T, i_h, H, BT, 48, 16, 16)
 
 
+@triton.jit
+def _gdn_cumsum(g, bos, t0, T, i_h, H: tl.constexpr):
+    """GDN's floored gate x and its in-chunk cumsum G (block by block with the carry of the blocks before) for the
+    four 16-row blocks of the chunk at t0, fp32 [16] each (rows past T: x = 0, G flat)."""
+    x0 = tl.maximum(_load_vec(g, bos, t0, T, i_h, H, 16), FLOOR)
+    x1 = tl.maximum(_load_vec(g, bos, t0 + 16, T, i_h, H, 16), FLOOR)
+    x2 = tl.maximum(_load_vec(g, bos, t0 + 32, T, i_h, H, 16), FLOOR)
+    x3 = tl.maximum(_load_vec(g, bos, t0 + 48, T, i_h, H, 16), FLOOR)
+    g0 = tl.cumsum(x0, 0)
+    g1 = tl.cumsum(x1, 0) + tl.sum(x0, 0)
+    g2 = tl.cumsum(x2, 0) + tl.sum(x0, 0) + tl.sum(x1, 0)
+    g3 = tl.cumsum(x3, 0) + tl.sum(x0, 0) + tl.sum(x1, 0) + tl.sum(x2, 0)
+    return x0, x1, x2, x3, g0, g1, g2, g3
+
+
+@triton.jit
+def _gdn_gate(g, gcum, bos, t0, T, i_h, H: tl.constexpr):
+    """`_gdn_cumsum`, with G stored into gcum [.., T, H] (rows past T skipped)."""
+    o_i = tl.arange(0, 16)
+    x0, x1, x2, x3, g0, g1, g2, g3 = _gdn_cumsum(g, bos, t0, T, i_h, H)
+    p_g = gcum + (bos + t0 + o_i) * H + i_h
+    tl.store(p_g, g0, mask=t0 + o_i < T)
+    tl.store(p_g + 16 * H, g1, mask=t0 + 16 + o_i < T)
+    tl.store(p_g + 32 * H, g2, mask=t0 + 32 + o_i < T)
+    tl.store(p_g + 48 * H, g3, mask=t0 + 48 + o_i < T)
+    return x0, x1, x2, x3, g0, g1, g2, g3
+
+
+@triton.jit
+def _gdn_decay_rows(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, g0, g1, g2, g3, b0, b1, b2, b3):
+    """The 10 lower blocks of K K^T (fp32) to those of A = StrictLower(beta_i k_i.k_j exp(G_i - G_j)): the gate
+    (blocks below the diagonal: i after j, so G_i - G_j <= 0) and beta on the rows."""
+    return (A00 * _decay(g0, g0, True) * b0[:, None],
+            A10 * tl.exp(g1[:, None] - g0[None, :]) * b1[:, None], A11 * _decay(g1, g1, True) * b1[:, None],
+            A20 * tl.exp(g2[:, None] - g0[None, :]) * b2[:, None], A21 * tl.exp(g2[:, None] - g1[None, :]) * b2[:, None],
+            A22 * _decay(g2, g2, True) * b2[:, None],
+            A30 * tl.exp(g3[:, None] - g0[None, :]) * b3[:, None], A31 * tl.exp(g3[:, None] - g1[None, :]) * b3[:, None],
+            A32 * tl.exp(g3[:, None] - g2[None, :]) * b3[:, None], A33 * _decay(g3, g3, True) * b3[:, None])
+
+
 # the WY kernels' flags from their optional arguments (both ops)
 _WY_HEURISTICS = {
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
@@ -387,22 +427,7 @@ def wy_gdn_fwd_kernel(
     i_h, i_tg, bos, t0, T, skip = _wy_chunk(cu_seqlens, chunk_indices, need, T, H, BT, IS_VARLEN, USE_NEED)
     if skip:
         return
-    o_i = tl.arange(0, 16)
-
-    # the gate's in-chunk cumsum, block by block with the carry of the blocks before
-    x0 = tl.maximum(_load_vec(g, bos, t0, T, i_h, H, 16), FLOOR)
-    x1 = tl.maximum(_load_vec(g, bos, t0 + 16, T, i_h, H, 16), FLOOR)
-    x2 = tl.maximum(_load_vec(g, bos, t0 + 32, T, i_h, H, 16), FLOOR)
-    x3 = tl.maximum(_load_vec(g, bos, t0 + 48, T, i_h, H, 16), FLOOR)
-    g0 = tl.cumsum(x0, 0)
-    g1 = tl.cumsum(x1, 0) + tl.sum(x0, 0)
-    g2 = tl.cumsum(x2, 0) + tl.sum(x0, 0) + tl.sum(x1, 0)
-    g3 = tl.cumsum(x3, 0) + tl.sum(x0, 0) + tl.sum(x1, 0) + tl.sum(x2, 0)
-    p_g = gcum + (bos + t0 + o_i) * H + i_h
-    tl.store(p_g, g0, mask=t0 + o_i < T)
-    tl.store(p_g + 16 * H, g1, mask=t0 + 16 + o_i < T)
-    tl.store(p_g + 32 * H, g2, mask=t0 + 32 + o_i < T)
-    tl.store(p_g + 48 * H, g3, mask=t0 + 48 + o_i < T)
+    x0, x1, x2, x3, g0, g1, g2, g3 = _gdn_gate(g, gcum, bos, t0, T, i_h, H)
     b0, b1, b2, b3 = _load_vec4(beta, bos, t0, T, i_h, H)
 
     # phase 1: the lower blocks of Q K^T (stored), then of K K^T (one set of 10 accumulators live at a time)
@@ -420,17 +445,8 @@ def wy_gdn_fwd_kernel(
         Q32 *= tl.exp(g3[:, None] - g2[None, :]) * scale
         _store_aqk(aqk, bos, t0, T, i_h, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33, H, BT)
     A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram(k, k, bos, t0, T, i_h, H, K, BK)
-    # the gate (blocks below the diagonal: i after j, so G_i - G_j <= 0) and beta on the rows
-    A00 *= _decay(g0, g0, True) * b0[:, None]
-    A11 *= _decay(g1, g1, True) * b1[:, None]
-    A22 *= _decay(g2, g2, True) * b2[:, None]
-    A33 *= _decay(g3, g3, True) * b3[:, None]
-    A10 *= tl.exp(g1[:, None] - g0[None, :]) * b1[:, None]
-    A20 *= tl.exp(g2[:, None] - g0[None, :]) * b2[:, None]
-    A21 *= tl.exp(g2[:, None] - g1[None, :]) * b2[:, None]
-    A30 *= tl.exp(g3[:, None] - g0[None, :]) * b3[:, None]
-    A31 *= tl.exp(g3[:, None] - g1[None, :]) * b3[:, None]
-    A32 *= tl.exp(g3[:, None] - g2[None, :]) * b3[:, None]
+    A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gdn_decay_rows(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33,
+                                                                       g0, g1, g2, g3, b0, b1, b2, b3)
 
     # phase 2: T = (I + A)^{-1}, then in the input dtype for the products with K and V
     dt = k.dtype.element_ty

@@ -52,3 +52,17 @@ def make_state(N: int, H: int, K: int, V: int, *, seed: int = 7, device: str | t
     """A random fp32 state `[N, H, K, V]`."""
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(N, H, K, V, generator=gen).to(device)
+
+
+def make_grouped_inputs(
+    H: int, HV: int, dim: int, lengths: Sequence[int] | None = None, *, B: int | None = None, T: int | None = None,
+    lb: float = -0.5, strong: float = 40.0, seed: int = 3, dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    """GDN inputs with grouped value heads (`make_inputs`, K = V = dim): q, k with H heads, v, g, beta with HV; value
+    head 0's gates times `strong` (lb -0.5 -> down to -20 per token), the others weak; g fp32 (fp64 for fp64)."""
+    q, k, v, g, beta, cu = make_inputs("gdn", lengths, B=B, T=T, H=HV, K=dim, V=dim, lb=lb, seed=seed, dtype=dtype,
+                                       device=device)
+    g[:, :, 0] *= strong
+    g = g.double() if dtype == torch.float64 else g
+    return q[:, :, :H].contiguous(), k[:, :, :H].contiguous(), v, g, beta, cu

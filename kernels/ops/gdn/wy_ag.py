@@ -1,0 +1,265 @@
+"""GDN's WY pass for the two-kernel forward (FlashQLA's decomposition): per chunk and value head it stores only
+
+    Ag = T diag(beta),   T = (I + A)^{-1},   A = StrictLower(beta_i k_i.k_j exp(G_i - G_j))
+
+`[B, T, HV, BT]` in k's dtype (row i of chunk c holds row i of the chunk's BT x BT Ag: the lower triangle with the
+diagonal, zeros above it) and the fp32 in-chunk gate cumsum `gcum` `[B, T, HV]` (as `wy_gdn_fwd`'s). No q, no v, no
+w, u or Aqk: the state+output pass forms u - w S = Ag (V - exp(G) (x) K S) itself.
+
+`wy_gdn_fwd`'s machinery (`kernels.common.wy`: the gate cumsum, the gram of K, the gate and beta on A's rows, the
+block solve), stopped after T. Two tilings of the gram K K^T, chosen by the launch config's `BR`:
+- BR = 16 (default): the 10 lower 16x16 blocks, each a 16 x BK x 16 product in registers (`wy.py`'s `_gram`; one warp);
+- BR = 64: one [64, BK] x [BK, 64] product per column block (4 warps: a warpgroup product on Hopper), its 10 lower
+  16x16 blocks then taken out of the 64x64 register tile by reshapes, a permute and splits (`_lower_blocks`: a copy,
+  exact; the compiler moves the data through shared memory, no global scratch).
+Both then take the gate and beta, solve for T (`_solve`) and store T diag(beta) block by block.
+
+Grouped value heads: k has H heads, g and beta HV = G H; value head h reads key head h // G (no repeat).
+The warm split's per-chunk bound sums (`bnd`, `kernels.common.warm_split`) need ||v||^2 per token: with `bnd`, v
+must be given (read only for those squares).
+
+Grid: dense (NT, B * HV); varlen (NT_total, HV) with the chunk index of `kernels.common.index`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels.common.index import ChunkIndex
+from kernels.common.wy import (
+    CHUNK_SIZES,
+    _add_squares,
+    _blocks,
+    _chunk_bound,
+    _gdn_decay_rows,
+    _gdn_gate,
+    _gram,
+    _grid,
+    _load_blocks,
+    _load_tile,
+    _load_vec4,
+    _solve,
+    _store_aqk,
+    _store_tile,
+    _wy_chunk,
+)
+from kernels.configs import KernelSpec, LaunchConfig, register
+from kernels.plan import LaunchPlan, launch_config
+
+__all__ = ["WY_GDN_AG_FWD", "wy_gdn_ag"]
+
+WY_GDN_AG_FWD = register(
+    KernelSpec(
+        name="wy_gdn_ag_fwd",
+        key=("H", "HV", "K", "BT", "IS_VARLEN", "dtype"),
+        # BR 16: wy_gdn_fwd's 16-row blocks at its measured one warp (ptxas sm_90, K=128: BK 32 252 registers, no
+        # spill; BK 64 spills 392 B); BR 64 (wgmma; 255 registers: 208 B spilled at 4 warps / BK 128, none at 8 warps
+        # / BK 64) to time against it: benchmarks/wy_ag_lab.py. Not measured on a GPU yet.
+        default=LaunchConfig(BK=32, BV=64, num_warps=1, num_stages=2, BR=16),
+        space={"BR": (16, 64), "BK": (32, 64, 128), "num_warps": (1, 2, 4), "num_stages": (1, 2, 3)},
+    )
+)
+ROW_TILES = (16, 64)  # the BR values the kernel takes
+
+
+@triton.jit
+def _row_squares(p, bos, t0, T, i_h, H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr):
+    """The squared norms of the chunk's rows of a [.., T, H, D] tensor for head i_h, fp32 [16] per 16-row block."""
+    n0 = tl.zeros([16], dtype=tl.float32)
+    n1 = tl.zeros([16], dtype=tl.float32)
+    n2 = tl.zeros([16], dtype=tl.float32)
+    n3 = tl.zeros([16], dtype=tl.float32)
+    for i_d in range(tl.cdiv(D, BD)):
+        x0, x1, x2, x3 = _load_blocks(p, bos, t0, T, i_h, H, D, i_d * BD, BD)
+        n0, n1, n2, n3 = _add_squares(n0, n1, n2, n3, x0, x1, x2, x3)
+    return n0, n1, n2, n3
+
+
+@triton.jit
+def _split_rows(Y):
+    """The four row blocks of Y [16, 16, 2, 2] (r, c, I // 2, I % 2) as [16, 16] tiles (`_lower_blocks`)."""
+    e, o = tl.split(Y)
+    Y0, Y2 = tl.split(e)
+    Y1, Y3 = tl.split(o)
+    return Y0, Y1, Y2, Y3
+
+
+@triton.jit
+def _lower_blocks(X):
+    """The 10 lower 16x16 blocks of a 64x64 register tile, by reshapes and splits (a copy: exact)."""
+    Xq = tl.reshape(tl.permute(tl.reshape(X, [4, 16, 4, 16]), [1, 3, 0, 2]), [16, 16, 2, 2, 2, 2])
+    c0, c1 = tl.split(Xq)  # column blocks J even / odd: (r, c, I // 2, I % 2, J // 2)
+    XJ0, XJ2 = tl.split(c0)
+    XJ1, XJ3 = tl.split(c1)
+    X00, X10, X20, X30 = _split_rows(XJ0)
+    _, X11, X21, X31 = _split_rows(XJ1)
+    _, _, X22, X32 = _split_rows(XJ2)
+    _, _, _, X33 = _split_rows(XJ3)
+    return X00, X10, X11, X20, X21, X22, X30, X31, X32, X33
+
+
+@triton.jit
+def _gram64(k, bos, t0, T, i_h, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr):
+    """The 10 lower 16x16 blocks of K K^T over the chunk at t0 (fp32) from one [64, BK] x [BK, 64] product per column
+    block of BK (a warpgroup product on Hopper at 4 warps), taken out of the 64x64 tile in registers."""
+    X = tl.zeros([64, 64], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        b_k = _load_tile(k, bos, t0, T, i_h, H, K, i_k * BK, 64, BK)
+        X = tl.dot(b_k, tl.trans(b_k), X)
+    return _lower_blocks(X)
+
+
+@triton.jit
+def _store_ag(
+    ag, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, b0, b1, b2, b3, bos, t0, T, i_h, H: tl.constexpr, BT: tl.constexpr
+):
+    """Ag = T diag(beta) into [.., T, H, BT]: the 10 lower blocks of T with column j scaled by beta_j, and zeros in
+    the 6 blocks above the diagonal (columns past BT and rows past T are skipped)."""
+    c0, c1, c2, c3 = b0[None, :], b1[None, :], b2[None, :], b3[None, :]
+    _store_aqk(
+        ag,
+        bos,
+        t0,
+        T,
+        i_h,
+        T00 * c0,
+        T10 * c0,
+        T11 * c1,
+        T20 * c0,
+        T21 * c1,
+        T22 * c2,
+        T30 * c0,
+        T31 * c1,
+        T32 * c2,
+        T33 * c3,
+        H,
+        BT,
+    )
+    z = tl.zeros([16, 16], dtype=tl.float32)
+    _store_tile(ag, z, bos, t0, T, i_h, H, BT, 16, 16, 16)
+    _store_tile(ag, z, bos, t0, T, i_h, H, BT, 32, 16, 16)
+    _store_tile(ag, z, bos, t0, T, i_h, H, BT, 48, 16, 16)
+    _store_tile(ag, z, bos, t0 + 16, T, i_h, H, BT, 32, 16, 16)
+    _store_tile(ag, z, bos, t0 + 16, T, i_h, H, BT, 48, 16, 16)
+    _store_tile(ag, z, bos, t0 + 32, T, i_h, H, BT, 48, 16, 16)
+
+
+@triton.heuristics(
+    {
+        "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+        "HAS_BOUND": lambda args: args["bnd"] is not None,
+    }
+)
+@triton.jit(do_not_specialize=["T"])
+def wy_gdn_ag_fwd_kernel(
+    k,  # [B, T, H, K]
+    v,  # [B, T, HV, V] or None (read only for bnd)
+    g,  # [B, T, HV] natural-log gate
+    beta,  # [B, T, HV]
+    ag,  # out [B, T, HV, BT] = T diag(beta), zeros above the diagonal
+    gcum,  # out [B, T, HV] fp32 in-chunk cumsum of the floored g
+    cu_seqlens,  # [N+1] int32 or None
+    chunk_indices,  # [NT_total, 2] int32 or None
+    bnd,  # out [NT_total, HV, 2] fp32 or None: the chunk's decay-bound summary (L, W) (`_chunk_bound`, warm_split)
+    T,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BR: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    HAS_BOUND: tl.constexpr,
+):
+    i_hv, i_tg, bos, t0, T, skip = _wy_chunk(cu_seqlens, chunk_indices, None, T, HV, BT, IS_VARLEN, False)
+    i_h = i_hv // (HV // H)  # the key head of this value head
+    x0, x1, x2, x3, g0, g1, g2, g3 = _gdn_gate(g, gcum, bos, t0, T, i_hv, HV)
+    b0, b1, b2, b3 = _load_vec4(beta, bos, t0, T, i_hv, HV)
+    if BR == 64:
+        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram64(k, bos, t0, T, i_h, H, K, BK)
+    else:
+        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram(k, k, bos, t0, T, i_h, H, K, BK)
+    A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gdn_decay_rows(
+        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, g0, g1, g2, g3, b0, b1, b2, b3
+    )
+    T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33)
+    _store_ag(ag, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, b0, b1, b2, b3, bos, t0, T, i_hv, HV, BT)
+    if HAS_BOUND:
+        kk0, kk1, kk2, kk3 = _row_squares(k, bos, t0, T, i_h, H, K, BK)
+        vv0, vv1, vv2, vv3 = _row_squares(v, bos, t0, T, i_hv, HV, V, BV)
+        b_L, b_W = _chunk_bound(x0, x1, x2, x3, b0, b1, b2, b3, kk0, kk1, kk2, kk3, vv0, vv1, vv2, vv3)
+        tl.store(bnd + (i_tg * HV + i_hv) * 2, b_L)
+        tl.store(bnd + (i_tg * HV + i_hv) * 2 + 1, b_W)
+
+
+def wy_gdn_ag(
+    k: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    *,
+    index: ChunkIndex,
+    launch: LaunchPlan | None = None,
+    bnd: Tensor | None = None,
+    v: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """GDN's WY pass for the two-kernel forward: (ag `[B, T, HV, BT]` in k's dtype, gcum fp32 `[B, T, HV]`).
+
+    k `[B, T, H, K]`; g, beta `[B, T, HV]`, HV a multiple of H (value head h reads key head h // (HV / H)).
+    bnd: fp32 `[NT_total, HV, 2]` or None: receives each chunk's decay-bound summary (L, W), as `wy_gdn_fwd(bnd=)`;
+    it needs v `[B, T, HV, V]` (its rows' norms; v is not read otherwise).
+    """
+    B, T, H, K = k.shape
+    HV = g.shape[2]
+    if g.shape != (B, T, HV) or beta.shape != (B, T, HV) or HV % H:
+        raise ValueError(
+            f"wy_gdn_ag: g and beta must be [B, T, HV] with HV a multiple of k's H={H}, got "
+            f"{tuple(g.shape)} and {tuple(beta.shape)} for k {tuple(k.shape)}"
+        )
+    if bnd is not None and (v is None or v.shape[:3] != (B, T, HV)):
+        raise ValueError(
+            f"wy_gdn_ag: bnd needs v [B, T, HV, V] = [{B}, {T}, {HV}, V] (its rows' norms), got "
+            f"{None if v is None else tuple(v.shape)}"
+        )
+    BT = index.chunk_size
+    if BT not in CHUNK_SIZES:
+        raise ValueError(f"wy_gdn_ag: chunk_size must be one of {CHUNK_SIZES}, got {BT}")
+    V = v.shape[-1] if v is not None else 16
+    cfg = launch_config(
+        launch,
+        WY_GDN_AG_FWD,
+        {"H": H, "HV": HV, "K": K, "BT": BT, "IS_VARLEN": index.is_varlen, "dtype": str(k.dtype).removeprefix("torch.")},
+    )
+    BR = cfg.BR or 16
+    if BR not in ROW_TILES:
+        raise ValueError(f"wy_gdn_ag: launch config BR must be one of {ROW_TILES}, got {BR}")
+    BK, BV = _blocks(cfg, index, K, V)
+    ag = torch.empty(B, T, HV, BT, dtype=k.dtype, device=k.device)
+    gcum = torch.empty(B, T, HV, dtype=torch.float32, device=k.device)
+    wy_gdn_ag_fwd_kernel[_grid(index, B, T, HV)](
+        k,
+        v if bnd is not None else None,
+        g,
+        beta,
+        ag,
+        gcum,
+        index.cu_seqlens if index.is_varlen else None,
+        index.chunk_indices if index.is_varlen else None,
+        bnd,
+        T,
+        H=H,
+        HV=HV,
+        K=K,
+        V=V,
+        BT=BT,
+        BK=BK,
+        BV=BV,
+        BR=BR,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return ag, gcum

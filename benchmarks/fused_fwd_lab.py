@@ -11,14 +11,14 @@ Per shape:
 - check: o of each path against the fp32 per-token reference (`kernels.ops.gdn.naive`) up to --ref-max-tokens tokens,
   above that against the chunked torch path in fp32 (itself tested against the per-token one); relative L2;
 - time (do_bench medians, warmup 25, rep 150): the old forward (`chunk_gdn_fwd(fwd_path="wy")`) and its two launchers
-  (`wy_gdn_fwd`, `state_and_output`); the new one (`fwd_path="fused"`), its Ag prep (today `gdn_ag_shim`, a stand-in:
-  `wy_inverse` and torch, to be replaced by the dedicated Ag pass) and the fused pass alone from a given Ag (the
-  transitions, `seg_chain_fwd` and the state+output launch when the split runs, each also alone); FlashQLA's
-  `chunk_gated_delta_rule` when it imports (its first call compiles, about 170 s cold);
+  (`wy_gdn_fwd`, `state_and_output`); the new one (`fwd_path="fused"`), its Ag pass (`wy_gdn_ag`, at its default
+  16-row tiling and at 64-row tiles of 4 and 8 warps, each checked against the default's Ag) and the fused pass alone
+  from a given Ag (the transitions, `seg_chain_fwd` and the state+output launch when the split runs, each also alone);
+  with --splits the new forward at other segment lengths; FlashQLA's `chunk_gated_delta_rule` when it imports, at its
+  default (`auto_cp=True`: its intra-card CP) and with `auto_cp=False` (its first call compiles, about 170 s cold);
 - the bytes floor: q, k, v, g, beta read and o written once at 4.2 TB/s;
 - with --configs BV:warps:stages,...: the fused pass from the given Ag at each launch config of
   `gdn_fused_state_output_fwd` (time and o's error each: a miscompile shows as an error, not a crash of the table).
-"new pass" + the Ag pass's own time is the two-kernel forward's prediction once the Ag pass lands.
 Writes $OUT/fused_fwd_lab.{json,md} after every shape (a stopped run keeps its rows).
 """
 
@@ -90,10 +90,17 @@ def _floor_ms(n_tokens: int, H: int, K: int, V: int) -> float:
 
 
 def measure(
-    B: int, T: int, lb: float, *, flash_qla: bool, ref_max_tokens: int, split: int | None, configs: list[str]
+    B: int,
+    T: int,
+    lb: float,
+    *,
+    flash_qla: bool,
+    ref_max_tokens: int,
+    split: int | None,
+    configs: list[str],
+    splits: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     from kernels.common.gdn_fused_state_output import (
-        gdn_ag_shim,
         gdn_fused_fwd,
         gdn_fused_state_output,
         gdn_fused_transition,
@@ -103,6 +110,7 @@ def measure(
     from kernels.common.wy import wy_gdn_fwd
     from kernels.configs import LaunchConfig
     from kernels.ops.gdn.chunk import chunk_gdn_fwd
+    from kernels.ops.gdn.wy_ag import wy_gdn_ag
     from kernels.plan import default_plan
     from runners.correctness import rel_l2
 
@@ -131,9 +139,23 @@ def measure(
         index=index, k=k, w=w, u=u, g=gcum_old, q=q, aqk=aqk, gate_vector=False, scale=scale, initial_state=None,
         output_final_state=False, out_dtype=q.dtype, launch=launch, split_chunks=split, fuse_output=True))  # fmt: skip
 
-    # the new path: the Ag prep (stand-in), the fused pass from a given Ag, and its launchers
-    ag, gcum = gdn_ag_shim(k, g, beta, index=index, launch=launch)
-    row["ag_shim_ms"] = _ms(lambda: gdn_ag_shim(k, g, beta, index=index, launch=launch))
+    # the new path: the Ag pass (its default tiling and the 64-row one), the fused pass from a given Ag, its launchers
+    ag, gcum = wy_gdn_ag(k, g, beta, index=index, launch=launch)
+    row["ag_ms"] = _ms(lambda: wy_gdn_ag(k, g, beta, index=index, launch=launch))
+    for br, warps in ((64, 4), (64, 8)):
+        wide = launch.with_configs({"wy_gdn_ag_fwd": LaunchConfig(BR=br, BK=64, num_warps=warps, num_stages=2)})
+        try:
+            row[f"ag_br{br}w{warps}_err"] = rel_l2(wy_gdn_ag(k, g, beta, index=index, launch=wide)[0], ag)
+            row[f"ag_br{br}w{warps}_ms"] = _ms(lambda wide=wide: wy_gdn_ag(k, g, beta, index=index, launch=wide))
+        except Exception as err:  # noqa: BLE001  (a config that fails to compile is a row, not a crash)
+            row[f"ag_br{br}w{warps}_error"] = f"{type(err).__name__}: {err}"
+    for seg in splits:
+
+        def at(seg: int = seg) -> Any:
+            return chunk_gdn_fwd(q, k, v, g, beta, scale=scale, cu_seqlens=cu, split_chunks=seg, fwd_path="fused")
+
+        row[f"new_split{seg}_err"] = rel_l2(at()[0], o_ref)
+        row[f"new_split{seg}_ms"] = _ms(at)
 
     def given(*_: Any, **__: Any) -> tuple[torch.Tensor, torch.Tensor]:
         return ag, gcum
@@ -170,6 +192,9 @@ def measure(
         row["flash_qla_first_call_s"] = time.perf_counter() - t0
         row["err_flash_qla"] = rel_l2(o_fq, o_ref)
         row["flash_qla_ms"] = _ms(lambda: fq.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, cu_seqlens=cu))
+        row["flash_qla_nocp_ms"] = _ms(
+            lambda: fq.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, cu_seqlens=cu, auto_cp=False)
+        )
     return row
 
 
@@ -178,12 +203,13 @@ COLUMNS = [
     ("T", "T"),
     ("floor_ms", "floor"),
     ("old_ms", "old fwd"),
-    ("new_ms", "new fwd (shim)"),
+    ("new_ms", "new fwd"),
     ("new_pass_ms", "new pass (given Ag)"),
-    ("flash_qla_ms", "FlashQLA"),
+    ("flash_qla_ms", "FlashQLA (default: auto_cp)"),
+    ("flash_qla_nocp_ms", "FlashQLA auto_cp=False"),
     ("old_wy_ms", "old: wy"),
     ("old_state_output_ms", "old: state+o"),
-    ("ag_shim_ms", "Ag shim"),
+    ("ag_ms", "new: Ag pass"),
     ("new_transition_ms", "new: trans"),
     ("new_chain_ms", "new: chain"),
     ("new_state_output_ms", "new: state+o"),
@@ -222,6 +248,14 @@ def _markdown(state: dict[str, Any]) -> str:
                   "|---:|---:|---|---:|---:|"]  # fmt: skip
         for r, c in variants:
             lines.append(f"| {r['B']} | {r['T']} | {c} | {r[f'new_pass_{c}_ms']:.3f} | {r[f'new_pass_{c}_err']:.3e} |")
+    others = [(r, key.removesuffix("_ms")) for r in state["rows"] for key in r
+              if key.endswith("_ms") and (key.startswith("ag_br") or key.startswith("new_split"))]  # fmt: skip
+    if others:
+        lines += ["", "Variants: the Ag pass at 64-row tiles (err against the default tiling's Ag), the new forward at "
+                  "other segment lengths (chunks; err against the reference)", "", "| B | T | variant | ms | err |",
+                  "|---:|---:|---|---:|---:|"]  # fmt: skip
+        for r, c in others:
+            lines.append(f"| {r['B']} | {r['T']} | {c} | {r[f'{c}_ms']:.3f} | {r.get(f'{c}_err', float('nan')):.3e} |")
     return "\n".join(lines) + "\n"
 
 
@@ -234,6 +268,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ref-max-tokens", type=int, default=32768, help="per-token reference up to this many tokens")
     p.add_argument("--configs", default="", help="BV:warps:stages,... of the fused pass to time (given Ag)")
     p.add_argument("--split-chunks", type=int, default=None, help="segment length in chunks (default: automatic)")
+    p.add_argument("--splits", default="", help="also time the new forward at these segment lengths (chunks), e.g. 8,16,32")
     p.add_argument(
         "--dry-run", action="store_true", help="CPU under TRITON_INTERPRET=1: H=2, K=V=32, 1x200 and 2x70 tokens, split 1"
     )
@@ -276,6 +311,7 @@ def main(argv: list[str] | None = None) -> None:
             ref_max_tokens=args.ref_max_tokens,
             split=args.split_chunks,
             configs=[c for c in args.configs.split(",") if c],
+            splits=tuple(int(x) for x in args.splits.split(",") if x),
         )
         print(json.dumps(row), flush=True)
         state["rows"].append(row)

@@ -21,7 +21,7 @@ from functools import partial
 
 from torch import Tensor
 
-from kernels.common.gdn_fused_state_output import FWD_PATHS, check_fwd_path, gdn_fused_fwd
+from kernels.common.gdn_fused_state_output import FWD_PATHS, AgPrep, check_fwd_path, gdn_fused_fwd
 from kernels.common.index import ChunkIndex, prepare_chunk_index
 from kernels.common.seqsplit import state_and_output
 from kernels.common.state_keep import state_and_output_keep
@@ -76,6 +76,7 @@ def chunk_fwd(
     warm_chunks: int | None = None,
     warm_report: dict[str, Tensor] | None = None,
     fwd_path: str = FWD_PATHS[0],
+    ag_prep: AgPrep | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Chunked forward: (o `[B, T, H, V]` in q's dtype, final state `[N, H, K, V]` fp32 or None).
 
@@ -87,15 +88,17 @@ def chunk_fwd(
     "kda"; the warmup's bound reads its gate). warm_chunks: the gate-certified warmup window of the split
     (`kernels.common.warm_split`; None = its WARM_DEFAULT, 0 = exact maps); warm_report: a dict that receives its
     device tensor `certified` (read it after the call). fwd_path: one of FWD_PATHS ("fused": GDN only, not with
-    keep_states or warm_chunks; it keeps no WY factors, so the backward recomputes them).
+    keep_states or warm_chunks; it keeps no WY factors, so the backward recomputes them). ag_prep: the op's Ag pass
+    for the fused path (the op table's `ChunkOp.ag_prep`; GDN's `wy_gdn_ag`).
     """
     B, T, H, _ = k.shape
     launch = plan if plan is not None else default_plan()
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     index: ChunkIndex = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device)
-    if check_fwd_path(fwd_path, op=op, keep_states=keep is not None and keep_states, warm_chunks=warm_chunks):
+    if check_fwd_path(fwd_path, op=op, ag_prep=ag_prep, keep_states=keep is not None and keep_states, warm_chunks=warm_chunks):
+        assert ag_prep is not None
         fused = {"initial_state": initial_state, "output_final_state": output_final_state, "split_chunks": split_chunks}
-        return gdn_fused_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch, **fused)
+        return gdn_fused_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch, ag_prep=ag_prep, **fused)
     warm = None if keep is not None and keep_states else warm_inputs(op, k, v, g, beta, warm_chunks, report=warm_report)
     warm = with_chunk_bound(warm, index.num_chunks)  # the WY pass sums the bound's terms per chunk
     bnd = warm.chunk_bound if warm is not None else None

@@ -21,8 +21,8 @@ of `kernels.configs.head_block`. Rows past a sequence's end load as zero (their 
 not stored. Ranges: `kernels.common.chunk_state.SeqLayout` (whole sequences, or seqsplit's segments).
 
 `gdn_fused_fwd` is the GDN forward on this pass: the Ag prep, then plain or split (seqsplit's plan, this kernel's
-transitions, `seg_chain_fwd`, this kernel with the output from each segment's entering state). `gdn_ag_shim` is a
-stand-in Ag prep (`wy_inverse` then torch), until the dedicated Ag pass replaces it.
+transitions, `seg_chain_fwd`, this kernel with the output from each segment's entering state). The Ag prep is the op's
+(`kernels.ops.gdn.wy_ag.wy_gdn_ag`, handed in by the op table: `kernels/common` imports no op).
 """
 
 from __future__ import annotations
@@ -35,8 +35,6 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels.common.chunk_state import SeqLayout
-from kernels.common.chunk_torch import from_chunks, to_chunks
-from kernels.common.decay import floor_gate
 from kernels.common.index import ChunkIndex
 from kernels.common.seqsplit import resolve_split, seg_chain_fwd, whole_sequences
 from kernels.common.state_program import range_of_program
@@ -48,7 +46,6 @@ __all__ = [
     "GDN_FUSED_STATE_OUTPUT_FWD",
     "AgPrep",
     "check_fwd_path",
-    "gdn_ag_shim",
     "gdn_fused_fwd",
     "gdn_fused_state_output",
     "gdn_fused_transition",
@@ -228,33 +225,14 @@ def gdn_fused_transition(
 # the forward
 
 
-def gdn_ag_shim(
-    k: Tensor, g: Tensor, beta: Tensor, *, index: ChunkIndex, launch: LaunchPlan | None = None
-) -> tuple[Tensor, Tensor]:
-    """STAND-IN for the dedicated Ag pass (to be replaced by it): (Ag `[B, T, HV, BT]` in k's dtype, gcum `[B, T, HV]`
-    fp32). T from the backward's `wy_inverse` (on k expanded to the value heads), then torch: Ag = T diag(beta) on the
-    lower triangle, G = the in-chunk cumsum of the floored gate. Not a fast path: more launches and bytes than the
-    pass it stands for."""
-    from kernels.common.chunk_bwd import wy_inverse
-
-    group = g.shape[2] // k.shape[2]
-    kv = k.repeat_interleave(group, dim=2) if group > 1 else k
-    tt = to_chunks(wy_inverse(kv, g, beta, index=index, gate_vector=False, launch=launch), index)  # [NT, HV, C, C]
-    C = index.chunk_size
-    causal = torch.ones(C, C, dtype=torch.bool, device=k.device).tril()
-    ag = torch.where(causal, tt * to_chunks(beta, index)[:, :, None, :], 0.0)
-    gc = to_chunks(floor_gate(g.float()), index).cumsum(2)  # [NT, HV, C]
-    B, T = k.shape[:2]
-    return from_chunks(ag, index, B, T).to(k.dtype), from_chunks(gc, index, B, T).contiguous()
-
-
-def check_fwd_path(fwd_path: str, *, op: str, keep_states: bool, warm_chunks: int | None) -> bool:
-    """True for the fused path, False for the WY path; a one-line ValueError for a path it cannot run."""
+def check_fwd_path(fwd_path: str, *, op: str, ag_prep: AgPrep | None, keep_states: bool, warm_chunks: int | None) -> bool:
+    """True for the fused path, False for the WY path; a one-line ValueError for a path it cannot run (the fused one
+    needs the op's Ag prep: GDN's)."""
     if fwd_path not in FWD_PATHS:
         raise ValueError(f"fwd_path must be one of {', '.join(FWD_PATHS)}, got {fwd_path!r}")
     if fwd_path == FWD_PATHS[0]:
         return False
-    if op != "gdn" or keep_states or warm_chunks:
+    if ag_prep is None or keep_states or warm_chunks:
         raise ValueError(
             f"fwd_path='fused' runs GDN's forward without kept states or warm_chunks, got op={op!r}, "
             f"keep_states={keep_states}, warm_chunks={warm_chunks}"
@@ -264,13 +242,14 @@ def check_fwd_path(fwd_path: str, *, op: str, keep_states: bool, warm_chunks: in
 
 def gdn_fused_fwd(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex, launch: LaunchPlan,
-    initial_state: Tensor | None = None, output_final_state: bool = False, split_chunks: int | None = None,
-    ag_prep: AgPrep = gdn_ag_shim,
+    ag_prep: AgPrep, initial_state: Tensor | None = None, output_final_state: bool = False,
+    split_chunks: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """GDN's forward on the fused pass: (o `[B, T, HV, V]` in q's dtype, final state `[N, HV, K, V]` fp32 or None).
 
     q, k `[B, T, H, K]`, v `[B, T, HV, V]`, g, beta `[B, T, HV]` (contiguous). split_chunks: as
-    `kernels.common.seqsplit.resolve_split` (None automatic, 0 never, n chunks per segment). ag_prep: the Ag pass.
+    `kernels.common.seqsplit.resolve_split` (None automatic, 0 never, n chunks per segment). ag_prep: the Ag pass
+    (`(k, g, beta, *, index, launch) -> (Ag, gcum)`, GDN's `wy_gdn_ag`).
     """
     BT = index.chunk_size
     HV, V = v.shape[2], v.shape[3]

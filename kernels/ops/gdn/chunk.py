@@ -30,7 +30,15 @@ def _wy_prep(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale:
     return WyPrep(k=k, q=q, g=gcum, w=w, u=u, aqk=aqk, kept={"w": w, "u": u, "gs": gcum, "aqk": aqk})
 
 
-GDN = ChunkOp("gdn", gate_vector=False, naive=naive_recurrent_gdn, wy_prep=_wy_prep)
+def _ag_prep(k: Tensor, g: Tensor, beta: Tensor, *, index: Any, launch: LaunchPlan) -> tuple[Tensor, Tensor]:
+    """GDN's Ag pass (`wy_gdn_ag`: gate cumsum and Ag = T diag(beta) per chunk) for the two-kernel forward
+    (`fwd_path="fused"`, `kernels.common.gdn_fused_state_output`)."""
+    from kernels.ops.gdn.wy_ag import wy_gdn_ag
+
+    return wy_gdn_ag(k, g, beta, index=index, launch=launch)
+
+
+GDN = ChunkOp("gdn", gate_vector=False, naive=naive_recurrent_gdn, wy_prep=_wy_prep, ag_prep=_ag_prep)
 chunk_gdn_fwd = GDN.triton_fwd  # the forward on Triton: the WY prep above, then the shared state pass
 chunk_gdn_bwd = GDN.triton_bwd  # the backward on Triton: `kernels.common.chunk_bwd.chunk_bwd` for "gdn"
 

@@ -1,8 +1,8 @@
 """GDN's fused state+output pass (`kernels.common.gdn_fused_state_output`) against the fp32 per-token reference
 (interpreted on CPU; on a GPU with CPBENCH_TEST_GPU=1), on random inputs with a slow-decay gate so states carry.
 
-Ag and the gate cumsum come from a torch triangular solve here (`_ag_reference`), independent of the Ag passes; the
-stand-in Ag prep (`gdn_ag_shim`) is checked against it. Scenarios: dense B=2 with a partial last chunk, grouped value
+Ag and the gate cumsum come from a torch triangular solve here (`_ag_reference`), independent of the Ag pass (tested
+on its own in tests/kernels/ops/gdn/test_wy_ag.py; the wired forward below runs it). Scenarios: dense B=2 with a partial last chunk, grouped value
 heads HV = 2H, with and without an initial state; varlen with partial and sub-chunk sequences, K, V not powers of two,
 split (1- and 2-chunk segments) and unsplit; the transition mode's M against a torch product of the per-chunk maps and
 its S_ext against the state-only mode from zero; the wired forward `chunk_gdn_fwd(fwd_path="fused")` at chunks of
@@ -20,7 +20,6 @@ from kernels.common.chunk_torch import from_chunks, to_chunks
 from kernels.common.decay import floor_gate
 from kernels.common.gdn_fused_state_output import (
     check_fwd_path,
-    gdn_ag_shim,
     gdn_fused_fwd,
     gdn_fused_state_output,
     gdn_fused_transition,
@@ -29,6 +28,7 @@ from kernels.common.index import ChunkIndex, prepare_chunk_index
 from kernels.common.seqsplit import plan_split, whole_sequences
 from kernels.ops.gdn.chunk import chunk_gdn_fwd
 from kernels.ops.gdn.naive import naive_recurrent_gdn
+from kernels.ops.kda.chunk import chunk_kda_fwd
 from kernels.plan import LaunchPlan, LaunchRecorder
 from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs, make_state
 
@@ -94,14 +94,6 @@ def test_dense_grouped_heads(with_h0: bool) -> None:
         None, k, v, ag, gcum, layout=whole_sequences(index), BT=BT, h0=h0, output_final_state=True
     )
     assert_rel_close("ht (state only)", ht_ref, ht_only, TOL)
-
-
-def test_ag_shim_matches_solve() -> None:
-    _, k, _, g, beta, _, index = _inputs((37, 150, 5))
-    ag_ref, g_ref = _ag_reference(k, g, beta, index)
-    ag, gcum = gdn_ag_shim(k, g, beta, index=index)
-    assert_rel_close("Ag", ag_ref, ag, TOL)
-    assert_rel_close("gcum", g_ref, gcum, TOL)
 
 
 @pytest.mark.parametrize("split", [0, 1, 2], ids=["unsplit", "split1", "split2"])
@@ -173,6 +165,6 @@ def test_wired_forward_and_refusals(chunk_size: int) -> None:
     assert_rel_close("o", o_ref, o, TOL)
     assert_rel_close("ht", ht_ref, ht, TOL)
     with pytest.raises(ValueError, match="fwd_path must be one of"):
-        check_fwd_path("fast", op="gdn", keep_states=False, warm_chunks=None)
+        check_fwd_path("fast", op="gdn", ag_prep=None, keep_states=False, warm_chunks=None)
     with pytest.raises(ValueError, match="op='kda'"):
-        check_fwd_path("fused", op="kda", keep_states=False, warm_chunks=None)
+        chunk_kda_fwd(q, k, v, g[..., None].expand(*k.shape).contiguous(), beta, scale=32**-0.5, fwd_path="fused", **call)

@@ -15,7 +15,8 @@ winning mode per facet (`meta.kind == "best"`), named after the mode; `customdat
 Rows of several backends (the page's backend choice "all") compete in the same cells: each (mode, backend) is a
 candidate, the cell names the (library, mode) of the winner, runner-up and faster approximate scheme as
 "<backend> · <mode>" ("flash_qla · warmup_correct 3.10×"; the label carries peer options that are set,
-`common.backend_label`), the winner's speedup is over `none` of its own backend, and the traces are per (mode,
+`common.backend_label`, and, for FLA as dispatched, what its dispatch ran: "fla_dispatch · none → flash_qla",
+`common.ran_label`), the winner's speedup is over `none` of its own backend, and the traces are per (mode,
 backend), named "<mode> · <backend>" (`meta.backend`). How far apart the libraries are at each shape is the
 `libraries` figure's.
 """
@@ -42,6 +43,7 @@ from dashboards.figures.common import (
     mode_rank,
     noisy_baselines,
     none_medians,
+    ran_label,
     run_W,
     series_key,
     series_name,
@@ -76,7 +78,7 @@ def _who(r: dict[str, Any] | None, named: bool) -> str | None:
     """A candidate as the map names it: its mode, after its backend label ("flash_qla · warmup_correct") when `named`."""
     if r is None:
         return None
-    return f"{backend_label(r)} · {r['mode']}" if named else r["mode"]
+    return ran_label(r, f"{backend_label(r)} · {r['mode']}" if named else r["mode"])
 
 
 def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

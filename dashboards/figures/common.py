@@ -114,6 +114,23 @@ def backend_label(row: dict[str, Any]) -> str:
     return "+".join([str(row.get("backend")), *on])
 
 
+def dispatched_to(row: dict[str, Any]) -> str | None:
+    """The implementation FLA's dispatch ran for a `fla_dispatch` row (its report's `fla_dispatch.op`: flash_qla,
+    tilelang, flash_kda or triton; `runners.peers.fla_dispatch`), or None for other rows. A figure's frame stores it
+    in the key "dispatched_to"; read that when present."""
+    if "dispatched_to" in row:
+        return row["dispatched_to"] or None
+    record = (row.get("report") or {}).get("fla_dispatch")
+    return str(record["op"]) if isinstance(record, dict) and record.get("op") else None
+
+
+def ran_label(row: dict[str, Any], label: str) -> str:
+    """`label` naming a row, followed by what FLA's dispatch ran where it is a `fla_dispatch` row: a user who sees
+    "fla_dispatch · none → flash_qla" knows it is FlashQLA (with its own intra-card CP) under FLA's op."""
+    ran = dispatched_to(row)
+    return f"{label} → {ran}" if ran else label
+
+
 def backend_labels(rows: Iterable[dict[str, Any]]) -> list[str]:
     """The distinct backend labels of `rows`, in order of first appearance (the spec's order of its backends)."""
     return list(dict.fromkeys(backend_label(r) for r in rows))

@@ -7,8 +7,9 @@ per shape (T, W) of the mode map, a column per library (`LIBRARY_ORDER` first, t
 
 - `library` (`meta.kind`): the library's fastest run of any mode at that shape (backend options and repetitions compete;
   an approximate scheme is marked "≈"), named "<mode>" (with its backend label where the library has several:
-  "triton · none"), its time, and its ratio to the fastest library's (`vs_fastest`; the fastest says "fastest"); the
-  heatmap's z is that ratio;
+  "triton · none"; for FLA as dispatched, what its dispatch ran: "ran flash_qla", `dispatched_to`), its time, and
+  its ratio to the fastest library's (`vs_fastest`; the fastest says "fastest", a ratio under `TIE` a percentage:
+  "+0.09% (a tie)"); the heatmap's z is that ratio;
 - `noisy`: the library's fastest run is unreliable (its stop rule did not converge): no ratio, and it is never the
   reference of the others (as the mode map, an unreliable point sets no headline);
 - `skipped` / `failed`: the library has no measured run there, only skipped (failed) points: their reason (error),
@@ -27,10 +28,12 @@ from plotly.subplots import make_subplots
 from dashboards.figures.common import (
     backend_label,
     base_layout,
+    dispatched_to,
     empty_figure,
     facet_values,
     is_exact,
     measured,
+    ran_label,
     run_W,
     tokens_label,
     unreliable,
@@ -39,8 +42,8 @@ from kernels.vocabulary import OUR_BACKENDS
 
 NAME = "libraries"
 TITLE = "Best of each library: fastest run per library at each shape, and how far behind the fastest library"
-COLUMNS = ("op", "direction", "lb", "B", "T", "W", "library", "kind", "best_mode", "best_backend", "best_id", "best_ms",
-           "p10_ms", "p90_ms", "n", "exact", "vs_fastest", "fastest", "why")  # fmt: skip
+COLUMNS = ("op", "direction", "lb", "B", "T", "W", "library", "kind", "best_mode", "best_backend", "dispatched_to", "best_id",
+           "best_ms", "p10_ms", "p90_ms", "n", "exact", "vs_fastest", "fastest", "why")  # fmt: skip
 OURS = "ours"
 LIBRARY_ORDER = (OURS, "fla", "fla_dispatch", "flash_qla")
 KINDS = ("library", "noisy", "skipped", "failed")
@@ -49,6 +52,7 @@ RATIO_COLORS = [[0.0, "#1a9850"], [0.5, "#fee08b"], [1.0, "#d73027"]]  # fastest
 RATIO_CAP = 4.0
 APPROX_MARK = "≈"
 WRAP = 34  # characters per line of a reason in a cell (two lines; the hover holds it whole)
+TIE = 1.005  # a ratio to the fastest below this prints as a percentage ("+0.09% (a tie)"), not as "1.00× slower"
 
 
 def library(row: dict[str, Any]) -> str:
@@ -90,7 +94,8 @@ def _cell(lib: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     win = min(done, key=lambda r: r["median_ms"])
     why = unreliable(win)
     return {"library": lib, "kind": "noisy" if why else "library", "why": why, "best_mode": win["mode"],
-            "best_backend": backend_label(win), "best_id": win.get("id"), "best_ms": win["median_ms"],
+            "best_backend": backend_label(win), "dispatched_to": dispatched_to(win), "best_id": win.get("id"),
+            "best_ms": win["median_ms"],
             "p10_ms": win.get("p10_ms"), "p90_ms": win.get("p90_ms"), "n": win.get("n"), "exact": is_exact(win)}  # fmt: skip
 
 
@@ -118,10 +123,20 @@ def _label(c: dict[str, Any]) -> str:
         return "<br>".join([f"<b>{c['kind']}</b>", *lines[:2]]) + ("…" if len(lines) > 2 else "")
     who = c["best_mode"] if c["best_backend"] == c["library"] else f"{c['best_backend']} · {c['best_mode']}"
     mark = "" if c["exact"] else f" {APPROX_MARK}"
+    ran = f"<br>ran {c['dispatched_to']}" if c.get("dispatched_to") else ""  # what FLA's dispatch ran, a line of its own
     if c["kind"] == "noisy":
-        return f"<b>noisy</b><br>{who}{mark} {c['best_ms']:.3g} ms"
-    verdict = "fastest" if c["fastest"] else f"{c['vs_fastest']:.2f}× slower"
-    return f"<b>{who}</b>{mark}<br>{c['best_ms']:.3g} ms<br>{verdict}"
+        return f"<b>noisy</b><br>{who}{mark} {c['best_ms']:.3g} ms{ran}"
+    return f"<b>{who}</b>{mark}{ran}<br>{c['best_ms']:.3g} ms<br>{behind(c)}"
+
+
+def behind(c: dict[str, Any]) -> str:
+    """How far a measured library cell is behind the fastest library: "fastest", "1.35× slower", or within `TIE` a
+    percentage ("+0.09% (a tie)"), which "1.00× slower" would hide."""
+    if c["fastest"]:
+        return "fastest"
+    if c["vs_fastest"] < TIE:
+        return f"+{100 * (c['vs_fastest'] - 1):.1g}% (a tie)"
+    return f"{c['vs_fastest']:.2f}× slower"
 
 
 def _hover(c: dict[str, Any]) -> str:
@@ -129,12 +144,12 @@ def _hover(c: dict[str, Any]) -> str:
     if c["kind"] in ("skipped", "failed"):
         return f"<b>{c['library']}</b> at {where}: {c['kind']}<br>{c['why']}"
     spread = "" if c["p10_ms"] is None else f" (p10–p90 {c['p10_ms']:.4g}–{c['p90_ms']:.4g})"
-    lines = [f"<b>{c['library']}</b> at {where}: {c['best_mode']} ({c['best_backend']})",
+    lines = [f"<b>{c['library']}</b> at {where}: {c['best_mode']} ({ran_label(c, c['best_backend'])})",
              f"{c['best_ms']:.4g} ms{spread}, n={c['n']}"]  # fmt: skip
     if c["kind"] == "noisy":
         lines.append(f"unreliable: {c['why']} (not compared)")
     else:
-        lines.append("the fastest library here" if c["fastest"] else f"{c['vs_fastest']:.2f}× the fastest library's time")
+        lines.append("the fastest library here" if c["fastest"] else f"{c['vs_fastest']:.4g}× the fastest library's time")
     if not c["exact"]:
         lines.append(f"{APPROX_MARK} an approximate scheme (within its tolerance)")
     return "<br>".join(lines)

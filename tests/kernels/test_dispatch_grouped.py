@@ -46,18 +46,27 @@ def _oracle(op: str, xs: tuple[Tensor, ...], cu: Tensor | None, do: Tensor, dht:
     leaves = [x.detach().clone().requires_grad_() for x in xs]
     q, k, v, g, beta, h0 = leaves
     G = v.shape[2] // q.shape[2]
-    o, ht = kernels.reference(op, q.repeat_interleave(G, 2), k.repeat_interleave(G, 2), v, g, beta, initial_state=h0,
-                              output_final_state=True, cu_seqlens=cu)
+    o, ht = kernels.reference(
+        op,
+        q.repeat_interleave(G, 2),
+        k.repeat_interleave(G, 2),
+        v,
+        g,
+        beta,
+        initial_state=h0,
+        output_final_state=True,
+        cu_seqlens=cu,
+    )
     ((o * do).sum() + (ht * dht).sum()).backward()
     return [x.grad for x in leaves] + [o.detach(), ht.detach()]
 
 
-def _triton(op: str, xs: tuple[Tensor, ...], cu: Tensor | None, do: Tensor, dht: Tensor,
-            plan: LaunchPlan | None = None) -> list[Tensor]:
+def _triton(
+    op: str, xs: tuple[Tensor, ...], cu: Tensor | None, do: Tensor, dht: Tensor, plan: LaunchPlan | None = None
+) -> list[Tensor]:
     leaves = [x.detach().clone().requires_grad_() for x in xs]
     entry = kernels.chunk_gdn if op == "gdn" else kernels.chunk_kda
-    o, ht = entry(*leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=cu, backend="triton",
-                  plan=plan)
+    o, ht = entry(*leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=cu, backend="triton", plan=plan)
     ((o * do).sum() + (ht * dht).sum()).backward()
     return [x.grad for x in leaves] + [o.detach(), ht.detach()]
 
@@ -89,10 +98,22 @@ def test_grouped_heads_split_and_unfused_output(OP: str) -> None:
     xs, cu, do, dht = _inputs(OP, 2, 4, (10, 190, 50))
     q, k, v, g, beta, h0 = xs
     chunk = importlib.import_module(f"kernels.ops.{OP}.chunk")
-    o, ht = getattr(chunk, f"chunk_{OP}_fwd")(q, k, v, g, beta, scale=K**-0.5, initial_state=h0, output_final_state=True,
-                                            cu_seqlens=cu, split_chunks=1, fuse_output=False)
-    grads = getattr(chunk, f"chunk_{OP}_bwd")(q, k, v, g, beta, do, scale=K**-0.5, initial_state=h0, dht=dht,
-                                             cu_seqlens=cu, split_chunks=1)
+    o, ht = getattr(chunk, f"chunk_{OP}_fwd")(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale=K**-0.5,
+        initial_state=h0,
+        output_final_state=True,
+        cu_seqlens=cu,
+        split_chunks=1,
+        fuse_output=False,
+    )
+    grads = getattr(chunk, f"chunk_{OP}_bwd")(
+        q, k, v, g, beta, do, scale=K**-0.5, initial_state=h0, dht=dht, cu_seqlens=cu, split_chunks=1
+    )
     _check(_oracle(OP, xs, cu, do, dht), [*grads, o, ht])
 
 
@@ -127,7 +148,6 @@ def test_no_expanded_copy_of_q_or_k(OP: str) -> None:
         leaves = [x.detach().clone().requires_grad_() for x in xs]
         spy = _ExpansionSpy((leaves[0], leaves[1]), (*leaves[0].shape[:2], xs[2].shape[2], K))
         with spy:
-            o, ht = entry(*leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=cu,
-                          backend=backend)
+            o, ht = entry(*leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=cu, backend=backend)
             ((o * do).sum() + (ht * dht).sum()).backward()
         assert bool(spy.seen) == (backend == "torch"), f"{backend}: expansions {spy.seen}"

@@ -118,23 +118,54 @@ def test_grouped_heads_split_and_unfused_output(OP: str) -> None:
 
 
 class _ExpansionSpy(TorchDispatchMode):
-    """Records every aten op that makes a tensor of the expanded shape `[B, T, HV, K]` from q's or k's storage, and
-    every repeat_interleave of a 4-D tensor."""
+    """Records every aten op that makes a tensor of the expanded shape `[B, T, HV, K]` out of q's or k's data: the data
+    is followed through the ops that only move it (views, expand, clone, copies, gathers), so a repeat_interleave,
+    which reaches the dispatcher as unsqueeze -> expand -> clone -> view, is seen whatever its form."""
+
+    MOVES = frozenset(
+        {
+            "view",
+            "_unsafe_view",
+            "reshape",
+            "unsqueeze",
+            "squeeze",
+            "expand",
+            "clone",
+            "contiguous",
+            "copy_",
+            "_to_copy",
+            "alias",
+            "detach",
+            "slice",
+            "select",
+            "permute",
+            "transpose",
+            "as_strided",
+            "index_select",
+            "index",
+            "repeat",
+            "repeat_interleave",
+            "cat",
+            "stack",
+        }
+    )
 
     def __init__(self, sources: tuple[Tensor, ...], expanded: tuple[int, ...]) -> None:
         super().__init__()
-        self.ptrs = {x.untyped_storage().data_ptr() for x in sources}
+        self.tainted = {x.untyped_storage().data_ptr() for x in sources}
         self.expanded = expanded
         self.seen: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN204
         out = func(*args, **(kwargs or {}))
-        ins = [a for a in (*args, *(kwargs or {}).values()) if isinstance(a, Tensor)]
-        if "repeat_interleave" in str(func) and any(a.dim() == 4 for a in ins):
-            self.seen.append(str(func))
-        from_qk = any(a.untyped_storage().data_ptr() in self.ptrs for a in ins)
-        if from_qk and isinstance(out, Tensor) and tuple(out.shape) == self.expanded:
-            self.seen.append(str(func))
+        flat = [*args, *(kwargs or {}).values()]
+        ins = [a for x in flat for a in (x if isinstance(x, (list, tuple)) else [x]) if isinstance(a, Tensor)]
+        if func.overloadpacket.__name__ in self.MOVES and any(a.untyped_storage().data_ptr() in self.tainted for a in ins):
+            for o in out if isinstance(out, (list, tuple)) else [out]:
+                if isinstance(o, Tensor):
+                    self.tainted.add(o.untyped_storage().data_ptr())
+                    if tuple(o.shape) == self.expanded:
+                        self.seen.append(str(func))
         return out
 
 

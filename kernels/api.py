@@ -177,7 +177,8 @@ def transition(
     if be == "fla":
         raise ValueError("backend='fla' has no transition primitive (FLA exposes only its CP pre-process); "
                          "use backend='triton', 'torch' or 'reference'")
-    bounds = check_inputs(op, None, k, v, g, beta, backend=be, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
+    bounds = check_inputs(op, None, k, v, g, beta, backend=be, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+                          grouped=be == "triton")  # triton reads the shared key head of grouped value heads
     configs = check_config(config)
     B, T = k.shape[:2]
     _check_need(need, len(bounds) - 1 if bounds is not None else B, k)
@@ -232,7 +233,8 @@ def chunk_backward(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """The gradients of `kernels.forward` without autograd: (dq, dk, dv, dg, dbeta, dh0) from do (and dht).
 
-    Same inputs as `kernels.forward` (one head count H for q, k, v; expand grouped heads first), plus `do`
+    Same inputs as `kernels.forward` (one head count H for q, k, v on torch; triton also takes grouped value heads
+    and returns dq, dk with q's heads), plus `do`
     `[B, T, H, V]` in q's dtype and `dht` `[N, H, K, V]` fp32 (the final state's gradient) or None. Backends
     `torch` and `triton` (`auto`: triton on CUDA). Returns dq, dk, dv, dbeta in the input's dtype, dg in g's,
     dh0 fp32 or None when there is no initial state. Raises ValueError naming a bad argument before any launch.
@@ -255,7 +257,7 @@ def _checked(
     if be not in ("torch", "triton"):
         raise ValueError(f"backend must be 'torch', 'triton' or 'auto' for the chunked backward, got backend={backend!r}")
     check_inputs(op, q, k, v, g, beta, backend=be, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                 cu_seqlens_cpu=cu_seqlens_cpu)
+                 cu_seqlens_cpu=cu_seqlens_cpu, grouped=be == "triton")  # triton: grouped heads, dq/dk per q/k head
     B, T, _, K = k.shape
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, device=k.device, cu_seqlens_cpu=cu_seqlens_cpu)
     return be, index, K**-0.5 if scale is None else float(scale)
@@ -274,7 +276,7 @@ def chunk_state_gradient(
                             cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
     check_grad_outputs(do, dht, q=q, v=v, num_seqs=index.num_seqs)
     if be == "torch":
-        zero = q.new_zeros(index.num_seqs, k.shape[2], k.shape[3], v.shape[-1], dtype=torch.float32)
+        zero = q.new_zeros(index.num_seqs, v.shape[2], k.shape[3], v.shape[-1], dtype=torch.float32)
         dh0 = chunk_bwd_torch(q, k, v, OPS[op].per_key_gate(g), beta, do.contiguous(), scale=s, initial_state=zero,
                               dht=dht, index=index)[5]
         assert dh0 is not None

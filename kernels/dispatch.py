@@ -33,8 +33,10 @@ The final state's incoming gradient (`dht`) is honoured; the Function always pro
 `[N, H, K, V]` tensor) and the entries drop it when it was not asked for (its gradient is then None).
 
 Grouped value heads (v, g, beta and the state with HV = G * H heads; q/k head h // G serves value head h):
-q and k are expanded with `repeat_interleave(G, dim=2)` before the Function, so every backend computes with HV
-heads and autograd sums the G gradients of each q/k head (memory: one `[B, T, HV, K]` copy of q and of k).
+the triton backend takes q, k with H heads as they are (its kernels read head h // G and its backward sums dq, dk
+over each group, `kernels.common.chunk_bwd`); the torch and reference backends expand q and k with
+`repeat_interleave(G, dim=2)` before the Function, so they compute with HV heads and autograd sums the G gradients
+of each q/k head (memory: one `[B, T, HV, K]` copy of q and of k).
 `use_qk_l2norm_in_kernel` normalises q and k (`kernels.common.l2norm`) before that, differentiably.
 """
 
@@ -152,7 +154,7 @@ def run(
     if use_qk_l2norm_in_kernel:
         q, k = l2norm(q, fused=be == "triton"), l2norm(k, fused=be == "triton")
     group = v.shape[2] // k.shape[2]
-    if group > 1:  # grouped value heads: q/k head h // group serves value head h
+    if group > 1 and be != "triton":  # grouped value heads on the references: q/k head h // group serves value head h
         q, k = q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
     o, ht = checked_forward(op, be, q, k, v, g, beta, scale=scale, initial_state=initial_state,
                      output_final_state=output_final_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,

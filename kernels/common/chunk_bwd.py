@@ -22,6 +22,11 @@ for any gate; the gate is floored where it is loaded (`kernels.common.decay`) an
 the reverse state pass (split the same way), then the two kernels above. Extra memory: the chunk states h and
 their gradients dh ([NT, H, K, V] each), v_new, dv_new, T, dw ([B, T, H, K]) and fp32 [B, T, H, K] buffers for the
 partial dk and dG; never [T, K, K] or a per-token state.
+
+Grouped value heads (q, k with H / G heads, v, g, beta with H; G from the shapes): every kernel reads q and k at
+head h // G; dq and dk are computed per value head into fp32 [B, T, H, K] buffers and summed over the G heads of
+each group by one torch reduction (`.view(B, T, H / G, G, K).sum(3)`, FLA's design); at G = 1 the launches are
+unchanged.
 """
 
 from __future__ import annotations
@@ -206,11 +211,17 @@ def _gate_tile(g, p_row, m_r, o_k, K: tl.constexpr, GATE_VECTOR: tl.constexpr):
     return b_G
 
 
+def _group(name: str) -> Any:
+    """The heuristic of G, the value heads per q/k head (grouped heads): `name`'s heads (a per-value-head argument)
+    over k's; the kernels read q and k at head i_h // G and write every gradient per value head."""
+    return lambda args: args[name].shape[2] // args["k"].shape[2]
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # kernels
 
 
-@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
+@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None, "G": _group("beta")})
 @triton.jit(do_not_specialize=["T"])
 def wy_inverse_kernel(
     k,  # [B, T, H, K]
@@ -223,7 +234,7 @@ def wy_inverse_kernel(
     chunk_indices,
     T,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, GATE_VECTOR: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    IS_VARLEN: tl.constexpr, G: tl.constexpr,
 ):
     tl.static_assert(BT == 16 or BT == 32 or BT == 64, "written for chunks of 16, 32 or 64 tokens")
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
@@ -239,7 +250,7 @@ def wy_inverse_kernel(
     if GATE_VECTOR:
         m_d = o_i[:, None] > o_i[None, :]
         A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _kda_gram(k, k, g, kg, bos, t0, T, i_h,
-                                                                     gc + (i_tg * H + i_h) * K, 1.0, H, K, BK, True)
+                                                                     gc + (i_tg * H + i_h) * K, 1.0, H, K, BK, True, G)
         A00 = tl.where(m_d, A00, 0.)
         A11 = tl.where(m_d, A11, 0.)
         A22 = tl.where(m_d, A22, 0.)
@@ -248,7 +259,7 @@ def wy_inverse_kernel(
         # the in-chunk cumsum of the raw gate, flat past T (as the WY prep: a zero there would make
         # exp(G_i - G_j) overflow against a strongly decayed G_j)
         _, _, _, _, g0, g1, g2, g3 = _gdn_cumsum(g, bos, t0, T, i_h, H)
-        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram(k, k, bos, t0, T, i_h, H, K, BK)
+        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram(k, k, bos, t0, T, i_h // G, H // G, K, BK)
         A00 *= _decay(g0, g0, True)
         A11 *= _decay(g1, g1, True)
         A22 *= _decay(g2, g2, True)
@@ -266,7 +277,7 @@ def wy_inverse_kernel(
     _store_aqk(tt, bos, t0, T, i_h, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, H, BT)
 
 
-@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
+@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None, "G": _group("do")})
 @triton.jit(do_not_specialize=["T"])
 def chunk_bwd_dqk_kernel(
     q,  # [B, T, H, K] raw
@@ -286,7 +297,7 @@ def chunk_bwd_dqk_kernel(
     scale,
     T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    GATE_VECTOR: tl.constexpr, DOT_PREC: tl.constexpr, IS_VARLEN: tl.constexpr,
+    GATE_VECTOR: tl.constexpr, DOT_PREC: tl.constexpr, IS_VARLEN: tl.constexpr, G: tl.constexpr,
 ):
     i_k, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -321,8 +332,9 @@ def chunk_bwd_dqk_kernel(
         b_da = tl.dot(b_do, tl.trans(b_vn), b_da)
         b_dgam += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), 1)
 
-    b_q = tl.load(q + p_row[:, None] * K + o_k[None, :], mask=m_rk, other=0.).to(tl.float32)
-    b_k = tl.load(k + p_row[:, None] * K + o_k[None, :], mask=m_rk, other=0.).to(tl.float32)
+    p_qk = ((bos + o_r) * (H // G) + i_h // G)[:, None] * K + o_k[None, :]  # grouped heads: the shared q/k head
+    b_q = tl.load(q + p_qk, mask=m_rk, other=0.).to(tl.float32)
+    b_k = tl.load(k + p_qk, mask=m_rk, other=0.).to(tl.float32)
     b_G = _gate_tile(g, p_row, m_r, o_k, K, GATE_VECTOR)
     b_Gl = tl.sum(tl.where(o_t[:, None] == BT - 1, b_G, 0.), 0)[None, :]  # [1, BK] (KDA) or [1, 1] (GDN)
     # dAqk below the diagonal goes through the decayed products; its diagonal (decay e^0 = 1) is added in fp32 and
@@ -355,7 +367,7 @@ def chunk_bwd_dqk_kernel(
     tl.store(dg + p_out, b_dG, mask=m_rk)
 
 
-@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
+@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None, "G": _group("v")})
 @triton.jit(do_not_specialize=["T"])
 def wy_bwd_kernel(
     k,  # [B, T, H, K] raw
@@ -377,7 +389,7 @@ def wy_bwd_kernel(
     chunk_indices,
     T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    GATE_VECTOR: tl.constexpr, DOT_PREC: tl.constexpr, IS_VARLEN: tl.constexpr,
+    GATE_VECTOR: tl.constexpr, DOT_PREC: tl.constexpr, IS_VARLEN: tl.constexpr, G: tl.constexpr,
 ):
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -416,7 +428,8 @@ def wy_bwd_kernel(
         p_k = p_row[:, None] * K + o_k[None, :]
         m_rk = m_r[:, None] & (o_k < K)[None, :]
         b_dkb = tl.dot(b_Tt, tl.load(dw + p_k, mask=m_rk, other=0.).to(dt))
-        b_k = tl.load(k + p_k, mask=m_rk, other=0.).to(tl.float32)
+        b_k = tl.load(k + ((bos + o_r) * (H // G) + i_h // G)[:, None] * K + o_k[None, :], mask=m_rk,
+                      other=0.).to(tl.float32)  # grouped heads: the shared key head
         b_G = _gate_tile(g, p_row, m_r, o_k, K, GATE_VECTOR)
         b_bk = b_k * b_beta[:, None]
         if GATE_VECTOR:
@@ -471,8 +484,9 @@ def _fit(cfg: LaunchConfig, K: int, V: int) -> tuple[int, int]:
 
 def wy_inverse(k: Tensor, g: Tensor, beta: Tensor, *, index: ChunkIndex, gate_vector: bool, kg: Tensor | None = None,
                gc: Tensor | None = None, launch: LaunchPlan | None = None) -> Tensor:
-    """T = (I + A)^{-1} per chunk, [B, T, H, BT] in k's dtype (lower blocks), from the raw gate g."""
-    B, T, H, K = k.shape
+    """T = (I + A)^{-1} per chunk, [B, T, H, BT] in k's dtype (lower blocks), from the raw gate g (H: beta's heads)."""
+    B, T, _, K = k.shape
+    H = beta.shape[2]
     cfg = launch_config(launch, WY_INVERSE, _key(index, H, K, K, gate_vector, k.dtype))
     BK, _ = _fit(cfg, K, K)
     BT = index.chunk_size
@@ -514,7 +528,7 @@ def _state_pass(
 
     kept: the forward's h, v_new, segment maps M and split (`kernels.common.state_keep`): its split replaces
     `split_chunks`, and the forward state pass and the transition pass are not run again."""
-    _, _, H, K = ks.shape
+    H, K = do.shape[2], ks.shape[3]  # H: the value heads (ks may have H / G, grouped)
     V = do.shape[-1]
     if kept is not None:
         split_chunks = int(kept["split"])  # a CPU scalar: no device read
@@ -568,7 +582,8 @@ def chunk_state_grad(
     depend on the entering state itself. The WY prep and the reverse state pass of `chunk_bwd` (split the same way),
     without the chunk states, T or the gradient kernels: what true_cp's backward gathers before it knows its dht.
     plan: the launch plan (None: `kernels.plan.default_plan()`); chunk_size: the forward's."""
-    B, T, H, K = k.shape
+    B, T, _, K = k.shape
+    H = v.shape[2]
     launch = plan if plan is not None else default_plan()
     gate_vector = op == "kda"
     q, k, v, g, beta, do = (x.contiguous() for x in (q, k, v, g, beta, do))
@@ -596,8 +611,8 @@ def chunk_bwd(
     used (split_chunks is then ignored). plan: the launch plan (None: `kernels.plan.default_plan()`). chunk_size:
     the forward's (`kernels.common.wy.CHUNK_SIZES`).
     """
-    B, T, H, K = k.shape
-    V = v.shape[-1]
+    B, T, Hk, K = k.shape
+    H, V = v.shape[2], v.shape[-1]  # the value heads; q, k have Hk = H / G (grouped heads)
     launch = plan if plan is not None else default_plan()
     gate_vector = op == "kda"
     q, k, v, g, beta, do = (x.contiguous() for x in (q, k, v, g, beta, do))
@@ -624,9 +639,10 @@ def chunk_bwd(
     # 3. the chunk-parallel gradients
     cu, ci = _bounds(index)
     key = _key(index, H, K, V, gate_vector, k.dtype)
-    dq = torch.empty_like(q)
+    # grouped heads: dq, dk per value head in fp32, summed over the group below (FLA's reduction)
+    dq = torch.empty_like(q) if Hk == H else q.new_empty(B, T, H, K, dtype=torch.float32)
     dk_part = torch.empty(B, T, H, K, dtype=torch.float32, device=k.device)
-    dw = torch.empty_like(k)
+    dw = k.new_empty(B, T, H, K)
     dg_part = torch.empty_like(dk_part)
     cfg = launch.config_for(CHUNK_BWD_DQK, key)
     BK, BV = _fit(cfg, K, V)
@@ -637,7 +653,7 @@ def chunk_bwd(
         DOT_PREC=VECTOR_GATE_DOT,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    dk = torch.empty_like(k)
+    dk = torch.empty_like(k) if Hk == H else torch.empty_like(dk_part)
     dv = torch.empty_like(v)
     dbeta = torch.empty_like(beta)
     dg = torch.empty_like(g)
@@ -649,4 +665,6 @@ def chunk_bwd(
         DOT_PREC=VECTOR_GATE_DOT,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    if Hk != H:
+        dq, dk = (x.view(B, T, Hk, H // Hk, K).sum(3).to(k.dtype) for x in (dq, dk))
     return dq, dk, dv, dg, dbeta, dh0

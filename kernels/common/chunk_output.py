@@ -33,7 +33,8 @@ CHUNK_OUTPUT_FWD = register(KernelSpec(
 ))
 
 
-@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
+@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+                    "G": lambda args: args["v_new"].shape[2] // args["q"].shape[2]})  # value heads per q head
 @triton.jit(do_not_specialize=["T"])
 def chunk_output_fwd_kernel(
     q,  # [B, T, H, K]: q (GDN) or qg (KDA)
@@ -47,7 +48,7 @@ def chunk_output_fwd_kernel(
     scale,
     T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    GATE_VECTOR: tl.constexpr, IS_VARLEN: tl.constexpr,
+    GATE_VECTOR: tl.constexpr, IS_VARLEN: tl.constexpr, G: tl.constexpr,
 ):
     i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -66,7 +67,7 @@ def chunk_output_fwd_kernel(
 
     b_h = tl.load(h + (i_tg * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :],
                   other=0.)  # [BK, BV]
-    b_q = tl.load(q + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+    b_q = tl.load(q + ((bos + o_r) * (H // G) + i_h // G)[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
     b_v = tl.load(v_new + p_row[:, None] * V + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.)
     b_A = tl.load(aqk + p_row[:, None] * BT + o_t[None, :], mask=m_r[:, None] & m_causal, other=0.)
     if GATE_VECTOR:
@@ -82,8 +83,8 @@ def chunk_output_fwd(
     gate_vector: bool, out_dtype: torch.dtype | None = None, launch: LaunchPlan | None = None,
 ) -> Tensor:
     """o [B, T, H, V]. GDN: raw q and g = gate cumsum. KDA: q = qg (scaled), g unused."""
-    B, T, H, K = q.shape
-    V = v_new.shape[-1]
+    B, T, _, K = q.shape
+    H, V = v_new.shape[2], v_new.shape[-1]  # the value heads (q may have H / G, grouped: read at head h // G)
     key = {"H": H, "K": K, "V": V, "BT": index.chunk_size, "GATE": "vector" if gate_vector else "scalar",
            "IS_VARLEN": index.is_varlen, "dtype": str(q.dtype).removeprefix("torch.")}
     cfg = launch_config(launch, CHUNK_OUTPUT_FWD, key, bv_limit=head_block(V))

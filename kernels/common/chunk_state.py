@@ -6,7 +6,8 @@ With S the fp32 state [K, BV] entering chunk t (h0 or zeros at the sequence star
     S'    = Diag(gamma_C) S + K~^T v_new,      K~ = K * exp(G_C - G)
 
 GDN passes the raw keys and the fp32 gate cumsum [B, T, H] (K~ and gamma_C are formed here); KDA passes the
-pre-gated keys kg and the per-chunk last-row gate gc [NT_total, H, K] (from `kernels.common.wy`).
+pre-gated keys kg and the per-chunk last-row gate gc [NT_total, H, K] (from `kernels.common.wy`). H counts the value
+heads (u's); k and q may have H / G heads (grouped heads, G from the shapes): a program reads head i_h // G.
 
 One kernel, three launchers (each with its own launch spec, since their best configs differ):
 - `chunk_state_fwd`: stores the per-chunk entering states h [NT_total, H, K, V] (k's dtype) and v_new, for
@@ -89,6 +90,7 @@ CHUNK_STATE_TRANSITION_FWD = register(KernelSpec(
     "USE_SEQ_MAP": lambda args: args["seq_map"] is not None,
     "USE_FINAL_IDX": lambda args: args["final_idx"] is not None,
     "USE_NEED": lambda args: args["need"] is not None,
+    "G": lambda args: args["u"].shape[2] // args["k"].shape[2],  # value heads per k/q head (grouped heads)
 })
 @triton.jit(do_not_specialize=["T"])
 def chunk_state_fwd_kernel(
@@ -115,7 +117,7 @@ def chunk_state_fwd_kernel(
     GATE_VECTOR: tl.constexpr, USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
     STORE_STATES: tl.constexpr, SAVE_NEW_VALUE: tl.constexpr, FUSE_OUTPUT: tl.constexpr, TRANSITION: tl.constexpr,
     IS_VARLEN: tl.constexpr, USE_SEQ_MAP: tl.constexpr, USE_FINAL_IDX: tl.constexpr, USE_NEED: tl.constexpr,
-    NEED_PER_HEAD: tl.constexpr = False,
+    NEED_PER_HEAD: tl.constexpr = False, G: tl.constexpr = 1,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = (i_nh // H).to(tl.int64), i_nh % H
@@ -154,6 +156,7 @@ def chunk_state_fwd_kernel(
         o_r = i_t * BT + o_t
         m_r = o_r < T
         p_row = (bos + o_r) * H + i_h  # [BT] token-head rows
+        p_qk = (bos + o_r) * (H // G) + i_h // G  # the rows of k and q (grouped heads: the shared head)
         if STORE_STATES:
             tl.store(h + ((boc + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_c[None, :], b_h.to(h.dtype.element_ty),
                      mask=m_kc)
@@ -163,7 +166,7 @@ def chunk_state_fwd_kernel(
                           other=0.)
         else:
             b_u = tl.load(u + p_row[:, None] * V + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.)
-        b_kT = tl.load(k + p_row[None, :] * K + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)  # [BK, BT]
+        b_kT = tl.load(k + p_qk[None, :] * K + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)  # [BK, BT]
         b_hc = b_h.to(dt)
         b_v = b_u.to(tl.float32) - tl.dot(b_w, b_hc)  # v_new [BT, BV]
         if SAVE_NEW_VALUE:
@@ -172,7 +175,7 @@ def chunk_state_fwd_kernel(
         if GATE_VECTOR:
             b_gl = tl.load(g + ((boc + i_t) * H + i_h) * K + o_k, mask=m_k, other=0.)  # [BK]
             if FUSE_OUTPUT:
-                b_q = tl.load(q + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_q = tl.load(q + p_qk[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
                 b_A = tl.load(aqk + p_row[:, None] * BT + o_t[None, :], mask=m_r[:, None] & m_causal, other=0.)
                 b_o = tl.dot(b_q, b_hc) + tl.dot(b_A, b_v.to(dt))
                 tl.store(o + p_row[:, None] * V + o_c[None, :], b_o.to(o.dtype.element_ty), mask=m_r[:, None] & m_c[None, :])
@@ -182,7 +185,7 @@ def chunk_state_fwd_kernel(
             b_g = tl.load(g + p_row, mask=m_r, other=0.)  # [BT]
             b_gl = tl.load(g + (bos + tl.minimum(i_t * BT + BT, T) - 1) * H + i_h)
             if FUSE_OUTPUT:
-                b_q = tl.load(q + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+                b_q = tl.load(q + p_qk[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
                 b_A = tl.load(aqk + p_row[:, None] * BT + o_t[None, :], mask=m_r[:, None] & m_causal, other=0.)
                 b_o = tl.dot(b_q, b_hc) * (tl.exp(b_g) * scale)[:, None] + tl.dot(b_A, b_v.to(dt))
                 tl.store(o + p_row[:, None] * V + o_c[None, :], b_o.to(o.dtype.element_ty), mask=m_r[:, None] & m_c[None, :])
@@ -260,7 +263,7 @@ def chunk_state_fwd(
     launch: LaunchPlan | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Plain pass: (h [NT_total, H, K, V] in k's dtype, v_new, ht fp32 or None)."""
-    H, K, V = k.shape[2], k.shape[3], u.shape[-1]
+    H, K, V = u.shape[2], k.shape[3], u.shape[-1]
     cfg = launch_config(launch, CHUNK_STATE_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype), bv_limit=head_block(V))
     h = k.new_empty(num_chunks, H, K, V)
     v_new = torch.empty_like(u)
@@ -275,7 +278,7 @@ def chunk_state_output_fwd(
     num_states: int | None = None, out_dtype: torch.dtype | None = None, launch: LaunchPlan | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Pass with the output fused in: (o [B, T, H, V], ht fp32 or None). GDN: raw q; KDA: q is qg (scaled)."""
-    H, K, V = k.shape[2], k.shape[3], u.shape[-1]
+    H, K, V = u.shape[2], k.shape[3], u.shape[-1]
     cfg = launch_config(launch, CHUNK_STATE_OUTPUT_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype), bv_limit=head_block(V))
     o = torch.empty(u.shape, dtype=out_dtype or q.dtype, device=u.device)
     ht = k.new_empty(num_states or layout.num_seqs, H, K, V, dtype=torch.float32) if output_final_state else None
@@ -293,7 +296,7 @@ def chunk_state_transition_fwd(
     need: bool `[N]` or `[N, H]` on the device, or None (all): programs (per head) whose flag is False skip their
     pass and return zeros.
     """
-    H, K, V = k.shape[2], k.shape[3], u.shape[-1]
+    H, K, V = u.shape[2], k.shape[3], u.shape[-1]
     cfg = launch_config(launch, CHUNK_STATE_TRANSITION_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype),
                         bv_limit=min(head_block(K), head_block(V)))
     N = layout.num_programs
@@ -317,7 +320,7 @@ def chunk_state_final_fwd(
     The plain pass without per-chunk stores (the transition's S_ext columns alone, no M): the warmup windows of
     `kernels.common.warm_split`. Ranges are whole chunks of the forward's chunking (GDN's gate cumsum is per chunk).
     """
-    H, K, V = k.shape[2], k.shape[3], u.shape[-1]
+    H, K, V = u.shape[2], k.shape[3], u.shape[-1]
     cfg = launch_config(launch, CHUNK_STATE_TRANSITION_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype),
                         bv_limit=head_block(V))
     ht = k.new_empty(layout.num_programs, H, K, V, dtype=torch.float32)

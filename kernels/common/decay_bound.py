@@ -36,6 +36,7 @@ def token_terms(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> tuple
     """Per token and head, fp64 `[T, H]`: l_t (log of the map-norm bound) and log u_t (log of the write norm)."""
     gmax = g[0] if op == "gdn" else g[0].amax(-1)                         # slowest channel: the largest log decay
     kk = torch.linalg.vector_norm(k[0], dim=-1, dtype=torch.float32).double().square()
+    kk = kk.repeat_interleave(v.shape[2] // k.shape[2], dim=-1)  # grouped heads: key head h // G of value head h
     vn = torch.linalg.vector_norm(v[0], dim=-1, dtype=torch.float32).double()
     b = beta[0].double()
     # the gate floor (kernels.common.decay): a -inf mask would make the span sums below -inf - (-inf); a larger log

@@ -395,7 +395,7 @@ def state_and_output(
 def split_of(index: ChunkIndex, k: Tensor, u: Tensor, *, launch: LaunchPlan, gate_vector: bool, split_chunks: int | None,
              fuse_output: bool) -> SplitPlan | None:
     """The split plan of the forward's state pass (None: one program per sequence), from shapes alone."""
-    H, K, V = k.shape[2], k.shape[3], u.shape[-1]
+    H, K, V = u.shape[2], k.shape[3], u.shape[-1]
     bv = _state_bv(launch, H=H, K=K, V=V, BT=index.chunk_size, gate_vector=gate_vector, dtype=k.dtype, fuse=fuse_output,
                    varlen=index.is_varlen)
     return resolve_split(index, split_chunks, H=H, NV=-(-V // bv), device=k.device)

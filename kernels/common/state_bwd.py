@@ -62,6 +62,7 @@ SEG_CHAIN_BWD = register(KernelSpec(
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
     "USE_SEQ_MAP": lambda args: args["seq_map"] is not None,
     "USE_FINAL_IDX": lambda args: args["final_idx"] is not None,
+    "G": lambda args: args["do"].shape[2] // args["k"].shape[2],  # value heads per q/k head (grouped heads)
 })
 @triton.jit(do_not_specialize=["T"])
 def chunk_state_bwd_kernel(
@@ -83,7 +84,7 @@ def chunk_state_bwd_kernel(
     T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     GATE_VECTOR: tl.constexpr, USE_DHT: tl.constexpr, STORE_DS: tl.constexpr, STORE_DH: tl.constexpr,
-    IS_VARLEN: tl.constexpr, USE_SEQ_MAP: tl.constexpr, USE_FINAL_IDX: tl.constexpr,
+    IS_VARLEN: tl.constexpr, USE_SEQ_MAP: tl.constexpr, USE_FINAL_IDX: tl.constexpr, G: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = (i_nh // H).to(tl.int64), i_nh % H
@@ -107,13 +108,14 @@ def chunk_state_bwd_kernel(
         o_r = i_t * BT + o_t
         m_r = o_r < T
         p_row = (bos + o_r) * H + i_h
+        p_qk = (bos + o_r) * (H // G) + i_h // G  # the rows of q and k (grouped heads: the shared head)
         if STORE_DH:
             tl.store(dh + ((boc + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_ds.to(dh.dtype.element_ty),
                      mask=m_kv)
         b_do = tl.load(do + p_row[:, None] * V + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.)
         b_aT = tl.load(aqk + p_row[None, :] * BT + o_t[:, None], mask=m_r[None, :] & m_causal_T, other=0.)  # [j, i]
-        b_k = tl.load(k + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-        b_qT = tl.load(q + p_row[None, :] * K + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)  # [BK, BT]
+        b_k = tl.load(k + p_qk[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+        b_qT = tl.load(q + p_qk[None, :] * K + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)  # [BK, BT]
         b_wT = tl.load(w + p_row[None, :] * K + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)  # [BK, BT]
         if GATE_VECTOR:
             b_gl = tl.load(g + ((boc + i_t) * H + i_h) * K + o_k, mask=m_k, other=0.)  # [BK]
@@ -199,7 +201,7 @@ def chunk_state_bwd(
     dv_new: Tensor | None = None, launch: LaunchPlan | None = None,
 ) -> None:
     """Launch the reverse pass over `layout`'s ranges (see the module docstring); writes dh, dv_new, ds_out."""
-    H, K, V = k.shape[2], k.shape[3], do.shape[-1]
+    H, K, V = do.shape[2], k.shape[3], do.shape[-1]  # H: the value heads (q, k may have H / G: grouped)
     cfg = state_bwd_config(H, K, V, BT, gate_vector, layout.cu_seqlens is not None, k.dtype, launch)
     BV = cfg.BV
     assert BV is not None and BV >= 16, f"bad tiles BV={BV} K={K} V={V}"

@@ -41,7 +41,7 @@ def state_and_output_keep(
     new values `v_new` (k's dtype), the maps `M` of every segment [NS, H, K, K] fp32 (split runs) and `split`, the
     segment length in chunks (0: not split) as a CPU int64 scalar, so that the backward (`chunk_bwd(wy=keep)`)
     rebuilds the same plan without reading the device."""
-    H, K = k.shape[2], k.shape[3]
+    H, K = u.shape[2], k.shape[3]
     V = u.shape[-1]
     BT = index.chunk_size
     h0 = initial_state.float().contiguous() if initial_state is not None else None

@@ -43,8 +43,8 @@ def chunk_transition_fwd(
     need: bool `[N]` on the device, or None (all sequences): unflagged sequences are skipped and get zeros.
     plan: the launch plan (None: `kernels.plan.default_plan()`).
     """
-    B, T, H, K = k.shape
-    V = v.shape[-1]
+    B, T, _, K = k.shape
+    H, V = v.shape[2], v.shape[-1]
     launch = plan if plan is not None else default_plan()
     k, v, g, beta = (x.contiguous() for x in (k, v, g, beta))
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=BT_WY, device=k.device)

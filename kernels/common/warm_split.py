@@ -93,7 +93,7 @@ def with_chunk_bound(x: WarmInputs | None, num_chunks: int) -> WarmInputs | None
     """x with an empty fp32 `[num_chunks, H, 2]` `chunk_bound` for `wy_gdn_fwd(bnd=...)` to fill (None stays None)."""
     if x is None:
         return None
-    bnd = torch.empty(num_chunks, x.k.shape[2], 2, dtype=torch.float32, device=x.k.device)
+    bnd = torch.empty(num_chunks, x.v.shape[2], 2, dtype=torch.float32, device=x.k.device)
     return dataclasses.replace(x, chunk_bound=bnd)
 
 

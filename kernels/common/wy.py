@@ -41,6 +41,8 @@ on the elementwise path 64 [16, BK] exps and 64 masked [16, BK] products and red
 16x16xBK dots.
 
 Grid: dense input (NT, B*H); varlen (NT_total, H) with the chunk index of `kernels.common.index`.
+Grouped value heads: q and k may have H / G heads (G = HV / H from the shapes, v's HV heads); they are read at
+head i_h // G and every output (w, u, kg, qg, Aqk, ...) has HV heads.
 """
 
 from __future__ import annotations
@@ -213,9 +215,9 @@ def _store_w(w, y0, y1, y2, y3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33
 
 @triton.jit
 def _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
-             H: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, NORMS: tl.constexpr):
+             H: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, NORMS: tl.constexpr, G: tl.constexpr):
     """u = T (beta V), in column blocks of BV (both ops; GDN's w = T (beta exp(G) K) too: v, u, b are then k, w and
-    beta exp(G)); the T blocks are already in the input dtype. Returns the squared norms of the four blocks' rows of
+    beta exp(G)); the T blocks are already in the input dtype; v is read at head i_h // G of H // G (grouped keys). Returns the squared norms of the four blocks' rows of
     v, fp32 [16] each, if NORMS (the decay bound's `bnd`), else zeros."""
     dt = T00.dtype
     n0 = tl.zeros([16], dtype=tl.float32)
@@ -224,7 +226,7 @@ def _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22
     n3 = tl.zeros([16], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         c0 = i_v * BV
-        v0, v1, v2, v3 = _load_blocks(v, bos, t0, T, i_h, H, V, c0, BV)
+        v0, v1, v2, v3 = _load_blocks(v, bos, t0, T, i_h // G, H // G, V, c0, BV)
         if NORMS:
             n0, n1, n2, n3 = _add_squares(n0, n1, n2, n3, v0, v1, v2, v3)
         x0 = (v0 * b0[:, None]).to(dt)
@@ -242,7 +244,7 @@ def _store_u_bound(v, u, bnd, bos, t0, T, i_h, i_tg, b0, b1, b2, b3, T00, T10, T
     """`_store_u`, then if HAS_BOUND the chunk's decay-bound summary (`_chunk_bound`; x: each token's largest floored
     gate, kk: ||k||^2) into bnd [NT_total, H, 2] at the global chunk i_tg."""
     n0, n1, n2, n3 = _store_u(v, u, bos, t0, T, i_h, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
-                              H, V, BV, HAS_BOUND)
+                              H, V, BV, HAS_BOUND, 1)
     if HAS_BOUND:
         b_L, b_W = _chunk_bound(x0, x1, x2, x3, b0, b1, b2, b3, kk0, kk1, kk2, kk3, n0, n1, n2, n3)
         tl.store(bnd + (i_tg * H + i_h) * 2, b_L)
@@ -396,6 +398,7 @@ _WY_HEURISTICS = {
     "HAS_Q": lambda args: args["q"] is not None,
     "USE_NEED": lambda args: args["need"] is not None,
     "HAS_BOUND": lambda args: args["bnd"] is not None,
+    "G": lambda args: args["v"].shape[2] // args["k"].shape[2],  # value heads per q/k head (grouped heads)
 }
 
 
@@ -422,7 +425,7 @@ def wy_gdn_fwd_kernel(
     scale,
     T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr, HAS_Q: tl.constexpr, USE_NEED: tl.constexpr, HAS_BOUND: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_Q: tl.constexpr, USE_NEED: tl.constexpr, HAS_BOUND: tl.constexpr, G: tl.constexpr,
 ):
     i_h, i_tg, bos, t0, T, skip = _wy_chunk(cu_seqlens, chunk_indices, need, T, H, BT, IS_VARLEN, USE_NEED)
     if skip:
@@ -432,7 +435,7 @@ def wy_gdn_fwd_kernel(
 
     # phase 1: the lower blocks of Q K^T (stored), then of K K^T (one set of 10 accumulators live at a time)
     if HAS_Q:
-        Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33 = _gram(q, k, bos, t0, T, i_h, H, K, BK)
+        Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33 = _gram(q, k, bos, t0, T, i_h // G, H // G, K, BK)
         Q00 *= _decay(g0, g0, False) * scale
         Q11 *= _decay(g1, g1, False) * scale
         Q22 *= _decay(g2, g2, False) * scale
@@ -444,7 +447,7 @@ def wy_gdn_fwd_kernel(
         Q31 *= tl.exp(g3[:, None] - g1[None, :]) * scale
         Q32 *= tl.exp(g3[:, None] - g2[None, :]) * scale
         _store_aqk(aqk, bos, t0, T, i_h, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33, H, BT)
-    A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram(k, k, bos, t0, T, i_h, H, K, BK)
+    A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram(k, k, bos, t0, T, i_h // G, H // G, K, BK)
     A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gdn_decay_rows(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33,
                                                                        g0, g1, g2, g3, b0, b1, b2, b3)
 
@@ -456,7 +459,7 @@ def wy_gdn_fwd_kernel(
     e0, e1, e2, e3 = b0 * tl.exp(g0), b1 * tl.exp(g1), b2 * tl.exp(g2), b3 * tl.exp(g3)
     # (the same loop as u's, with the rows scaled by beta exp(G); the bound's ||k||^2 from its fp32 key tiles)
     kk0, kk1, kk2, kk3 = _store_u(k, w, bos, t0, T, i_h, e0, e1, e2, e3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
-                                  H, K, BK, HAS_BOUND)
+                                  H, K, BK, HAS_BOUND, G)
     _store_u_bound(v, u, bnd, bos, t0, T, i_h, i_tg, b0, b1, b2, b3, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
                    x0, x1, x2, x3, kk0, kk1, kk2, kk3, H, V, BV, HAS_BOUND)
 
@@ -508,23 +511,24 @@ def _diag_gram(x, k, G, BK: tl.constexpr):
 
 @triton.jit
 def _kda_gram(x, k, g, xg, bos, t0, T, i_h, gc, scale, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-              IS_K: tl.constexpr):
+              IS_K: tl.constexpr, G: tl.constexpr):
     """The 10 lower 16x16 blocks of sum_d x_id k_jd exp(G_id - G_jd) (fp32; diagonal blocks unmasked), over column
     blocks of BK, every exponent <= 0 (module docstring): below the diagonal the factors are split at the gate b_I
     before the ROW block, the diagonal blocks take the decay elementwise. On the way it stores the gated copy
-    of x: kg = K exp(G_C - G) and gc (IS_K; `gc` points at the chunk's row), or qg = scale Q exp(G) (`gc` unused)."""
+    of x: kg = K exp(G_C - G) and gc (IS_K; `gc` points at the chunk's row), or qg = scale Q exp(G) (`gc` unused).
+    x and k are read at head i_h // G of H // G (grouped keys), the gate and the stores at i_h of H."""
     X00, X10, X11, X20, X21, X22, X30, X31, X32, X33 = _zero_blocks()
     for i_k in range(tl.cdiv(K, BK)):
         c0 = i_k * BK
         G0, G1, G2, G3, g1, g2, g3, gl = _kda_gate(g, bos, t0, T, i_h, H, K, c0, BK)
-        k0 = _load_tile(k, bos, t0, T, i_h, H, K, c0, 16, BK).to(tl.float32)
-        k1 = _load_tile(k, bos, t0 + 16, T, i_h, H, K, c0, 16, BK).to(tl.float32)
-        k2 = _load_tile(k, bos, t0 + 32, T, i_h, H, K, c0, 16, BK).to(tl.float32)
-        k3 = _load_tile(k, bos, t0 + 48, T, i_h, H, K, c0, 16, BK).to(tl.float32)
-        x0 = _load_tile(x, bos, t0, T, i_h, H, K, c0, 16, BK).to(tl.float32)
-        x1 = _load_tile(x, bos, t0 + 16, T, i_h, H, K, c0, 16, BK).to(tl.float32)
-        x2 = _load_tile(x, bos, t0 + 32, T, i_h, H, K, c0, 16, BK).to(tl.float32)
-        x3 = _load_tile(x, bos, t0 + 48, T, i_h, H, K, c0, 16, BK).to(tl.float32)
+        k0 = _load_tile(k, bos, t0, T, i_h // G, H // G, K, c0, 16, BK).to(tl.float32)
+        k1 = _load_tile(k, bos, t0 + 16, T, i_h // G, H // G, K, c0, 16, BK).to(tl.float32)
+        k2 = _load_tile(k, bos, t0 + 32, T, i_h // G, H // G, K, c0, 16, BK).to(tl.float32)
+        k3 = _load_tile(k, bos, t0 + 48, T, i_h // G, H // G, K, c0, 16, BK).to(tl.float32)
+        x0 = _load_tile(x, bos, t0, T, i_h // G, H // G, K, c0, 16, BK).to(tl.float32)
+        x1 = _load_tile(x, bos, t0 + 16, T, i_h // G, H // G, K, c0, 16, BK).to(tl.float32)
+        x2 = _load_tile(x, bos, t0 + 32, T, i_h // G, H // G, K, c0, 16, BK).to(tl.float32)
+        x3 = _load_tile(x, bos, t0 + 48, T, i_h // G, H // G, K, c0, 16, BK).to(tl.float32)
         # the reference of row block I: b_I - s_I, with s_I = half the block's span (per key) when every key's span is
         # < FAST_SPAN, else 0
         fast = tl.max(tl.maximum(tl.maximum(-g1, g1 - g2), tl.maximum(g2 - g3, g3 - gl)), 0) < FAST_SPAN
@@ -589,7 +593,7 @@ def wy_kda_fwd_kernel(
     scale,
     T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr, HAS_Q: tl.constexpr, USE_NEED: tl.constexpr, HAS_BOUND: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_Q: tl.constexpr, USE_NEED: tl.constexpr, HAS_BOUND: tl.constexpr, G: tl.constexpr,
 ):
     i_h, i_tg, bos, t0, T, skip = _wy_chunk(cu_seqlens, chunk_indices, need, T, H, BT, IS_VARLEN, USE_NEED)
     if skip:
@@ -603,7 +607,7 @@ def wy_kda_fwd_kernel(
     # live at a time
     if HAS_Q:
         Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33 = _kda_gram(q, k, g, qg, bos, t0, T, i_h, gc, scale, H, K, BK,
-                                                                     False)
+                                                                     False, G)
         Q00 = tl.where(m_dq, Q00, 0.) * scale
         Q11 = tl.where(m_dq, Q11, 0.) * scale
         Q22 = tl.where(m_dq, Q22, 0.) * scale
@@ -611,7 +615,7 @@ def wy_kda_fwd_kernel(
         _store_aqk(aqk, bos, t0, T, i_h, Q00, Q10 * scale, Q11, Q20 * scale, Q21 * scale, Q22, Q30 * scale,
                    Q31 * scale, Q32 * scale, Q33, H, BT)
     A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _kda_gram(k, k, g, kg, bos, t0, T, i_h, gc + (i_tg * H + i_h) * K,
-                                                                 1.0, H, K, BK, True)
+                                                                 1.0, H, K, BK, True, G)
     A00 = tl.where(m_d, A00, 0.) * b0[:, None]
     A11 = tl.where(m_d, A11, 0.) * b1[:, None]
     A22 = tl.where(m_d, A22, 0.) * b2[:, None]
@@ -636,7 +640,7 @@ def wy_kda_fwd_kernel(
     for i_k in range(tl.cdiv(K, BK)):
         c0 = i_k * BK
         G0, G1, G2, G3, g1, g2, g3, gl = _kda_gate(g, bos, t0, T, i_h, H, K, c0, BK)
-        k0, k1, k2, k3 = _load_blocks(k, bos, t0, T, i_h, H, K, c0, BK)
+        k0, k1, k2, k3 = _load_blocks(k, bos, t0, T, i_h // G, H // G, K, c0, BK)
         if HAS_BOUND:
             kk0, kk1, kk2, kk3 = _add_squares(kk0, kk1, kk2, kk3, k0, k1, k2, k3)
             gm0 = tl.maximum(gm0, _gate_rowmax(g, bos, t0, T, i_h, H, K, c0, BK))
@@ -696,12 +700,12 @@ def wy_gdn_fwd(
     bnd: fp32 `[NT_total, H, 2]` or None: receives each chunk's decay-bound summary (L, W) (`_chunk_bound`; the
     warmup certification of `kernels.common.warm_split`).
     """
-    B, T, H, K = k.shape
-    V = v.shape[-1]
+    B, T, _, K = k.shape
+    H, V = v.shape[2], v.shape[-1]  # the value heads (q, k may have H / G, grouped)
     cfg = launch_config(launch, WY_GDN_FWD, _key(index, H, K, V, k.dtype))
     BK, BV = _blocks(cfg, index, K, V)
     BT = index.chunk_size
-    w = torch.empty_like(k)
+    w = k.new_empty(B, T, H, K)
     u = torch.empty_like(v)
     gcum = torch.empty(B, T, H, dtype=torch.float32, device=k.device)
     aqk = torch.empty(B, T, H, BT, dtype=k.dtype, device=k.device) if q is not None else None
@@ -724,16 +728,16 @@ def wy_kda_fwd(
     bnd: fp32 `[NT_total, H, 2]` or None: receives each chunk's decay-bound summary, as `wy_gdn_fwd`'s (the gate of a
     token: its largest over the key dims).
     """
-    B, T, H, K = k.shape
-    V = v.shape[-1]
+    B, T, _, K = k.shape
+    H, V = v.shape[2], v.shape[-1]  # the value heads (q, k may have H / G, grouped)
     cfg = launch_config(launch, WY_KDA_FWD, _key(index, H, K, V, k.dtype))
     BK, BV = _blocks(cfg, index, K, V)
     BT = index.chunk_size
-    w = torch.empty_like(k)
+    w = k.new_empty(B, T, H, K)
     u = torch.empty_like(v)
-    kg = torch.empty_like(k)
+    kg = k.new_empty(B, T, H, K)
     gc = torch.empty(index.num_chunks, H, K, dtype=torch.float32, device=k.device)
-    qg = torch.empty_like(q) if q is not None else None
+    qg = q.new_empty(B, T, H, K) if q is not None else None
     aqk = torch.empty(B, T, H, BT, dtype=k.dtype, device=k.device) if q is not None else None
     wy_kda_fwd_kernel[_grid(index, B, T, H)](
         q, k, v, g, beta, w, u, kg, gc, qg, aqk,

@@ -183,7 +183,7 @@ def chain_states(op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: S
     n = len(plan.chain)
     if n == 0:
         return None
-    H, K, V = k.shape[2], k.shape[3], v.shape[3]
+    H, K, V = v.shape[2], k.shape[3], v.shape[3]
     dev = k.device
     Cw = K + V if plan.with_m else V
     X = torch.empty(plan.steps + 1, n, H, K, Cw, dtype=torch.float32, device=dev)
@@ -275,5 +275,5 @@ def split_forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Ten
         return prims.fwd(op, q, k, v, g, beta, bounds, backend=backend, launch=launch, scale=scale)[0]
     plan = build_plan(tuple(PieceSpec(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)), seg_len)
     X = chain_states(op, k, v, g, beta, plan, backend=backend, launch=launch)
-    S0 = initial_states(plan, X, None, H=k.shape[2], K=k.shape[3], V=v.shape[3], device=k.device)
+    S0 = initial_states(plan, X, None, H=v.shape[2], K=k.shape[3], V=v.shape[3], device=k.device)
     return prims.fwd(op, q, k, v, g, beta, plan.sub_bounds, h0=S0, backend=backend, launch=launch, scale=scale)[0]

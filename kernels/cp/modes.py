@@ -210,9 +210,10 @@ def forward(
             raise ValueError(f"group has size {W} and this rank is {r}, but ctx was built for world_size="
                              f"{ctx.world_size}, rank={ctx.rank}")
     group_size = v.shape[2] // q.shape[2]
-    if group_size > 1 and mode in (*HAND_BACKWARD, "warmup_correct"):
-        # grouped value heads: these schemes run the transition and the backward on HV heads (autograd sums the
-        # G gradients of each q/k head); the others hand the grouped inputs to the differentiable op as they are
+    if group_size > 1 and mode in (*HAND_BACKWARD, "warmup_correct") and resolve_backend(backend, q.device) != "triton":
+        # grouped value heads on torch: these schemes run the transition and the backward on HV heads (autograd sums
+        # the G gradients of each q/k head); triton's primitives and every other scheme take the grouped inputs as
+        # they are (the kernels read the shared q/k head)
         q, k = q.repeat_interleave(group_size, dim=2), k.repeat_interleave(group_size, dim=2)
     launch = plan if plan is not None else default_plan()
     with torch.profiler.record_function(f"cp::{mode}"):

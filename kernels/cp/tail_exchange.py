@@ -186,7 +186,7 @@ def backward_saved(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Te
         assert dh0 is not None
         dE = dh0 if plan.num_pieces == 1 else dh0.index_select(0, _rows(ctx, plan, window, dev))
         kw = win[0]
-        dw = prims.bwd(op, torch.zeros_like(kw), *win, torch.zeros(*kw.shape[:3], v.shape[3], dtype=q.dtype, device=dev),
+        dw = prims.bwd(op, torch.zeros_like(kw), *win, torch.zeros(*win[1].shape, dtype=q.dtype, device=dev),
                        plan.win_bounds, dht=dE, backend=backend, launch=launch, scale=scale)[1:5]
         wb = plan.win_bounds
         for j, (src, a, n) in enumerate(plan.recvs):

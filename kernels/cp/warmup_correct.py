@@ -289,7 +289,9 @@ def warmup_correct(
         raise ValueError(f"v.shape[2] (value heads HV) must be a multiple of q.shape[2]={q.shape[2]}, "
                          f"got v.shape={tuple(v.shape)}")
     group_size = v.shape[2] // q.shape[2]
-    if group_size > 1:  # grouped value heads: every step runs on HV heads (autograd sums each q/k head's G grads)
+    if group_size > 1 and resolve_backend(backend, q.device) != "triton":
+        # grouped value heads on torch: every step runs on HV heads (autograd sums each q/k head's G grads); triton's
+        # primitives take them as they are (the kernels read the shared q/k head)
         q, k = q.repeat_interleave(group_size, dim=2), k.repeat_interleave(group_size, dim=2)
     launch = plan if plan is not None else default_plan()  # one plan for the forward and its backward
     if needs_grad(q, k, v, g, beta):
@@ -308,7 +310,7 @@ def _run(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu: 
     """The checked step: (o, report, (plan, S0, fell_back)) for the backward; launch: the launch plan (None: the
     default plan)."""
     launch = launch if launch is not None else default_plan()
-    H, K, V = k.shape[2], k.shape[3], v.shape[3]
+    H, K, V = v.shape[2], k.shape[3], v.shape[3]
     dev = k.device
     plan = _plan(cu, _seg_len(segments, cu, H, dev), window)
     nseg = plan.num_segments
@@ -419,7 +421,7 @@ def _backward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
         idx = plan.index("gather", dev)
         kw, vw, gw, bw = (x.index_select(1, idx) for x in (k, v, g, beta))
         dw = prims.bwd(op, torch.zeros_like(kw), kw, vw, gw, bw,
-                       torch.zeros(*kw.shape[:3], v.shape[3], dtype=q.dtype, device=dev), plan.win_bounds, dht=dE,
+                       torch.zeros(*vw.shape, dtype=q.dtype, device=dev), plan.win_bounds, dht=dE,
                        backend=backend, launch=launch, scale=scale)[1:5]
         for gr, d in zip(grads[1:], dw, strict=True):
             gr.index_add_(1, idx, d)

@@ -105,6 +105,17 @@ def test_grads_grouped_heads(gang2, op: str) -> None:
     _compare(per_rank, ref, base, cu, 2, "zigzag")
 
 
+@pytest.mark.parametrize("mode", ["ring", "true_cp", "tail_exchange"])
+def test_grads_grouped_heads_triton(gang2, mode: str) -> None:
+    """The hand-backward schemes on triton with grouped value heads (HV = 2H): q and k reach the kernels unexpanded
+    (they read the shared head, the backward sums dq, dk per group); every gradient equals the reference's."""
+    ref, base, cu = _truth("gdn", "short-at-edge", 2, 4)
+    runs = [(mode, None)]
+    per_rank = gang2.run(cases.grads, {"op": "gdn", "lengths": CASES["short-at-edge"], "layout": "zigzag", "runs": runs,
+                                       "H": 2, "HV": 4, "K": K, "V": V, "backend": "triton"})
+    _compare(per_rank, ref, base, cu, 2, "zigzag")
+
+
 def test_headwise_grouped_heads_needs_heads_divisible(gang4) -> None:
     with pytest.raises(Exception, match=r"head counts divisible by the CP size, got H=2 \(q.shape\[2\]\), HV=4"):
         gang4.run(cases.grads, {"op": "gdn", "lengths": (256,), "layout": "contiguous", "runs": [("headwise", None)], "H": 2, "HV": 4, "K": K, "V": V})

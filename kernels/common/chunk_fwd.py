@@ -6,7 +6,9 @@
                               output pass; `kernels.common.seqsplit`), or `state_and_output_keep` when the plan keeps
                               the chunk states for the backward (`kernels.common.state_keep`)
     fwd_path="fused"          GDN's two-kernel forward (`kernels.common.gdn_fused_state_output.gdn_fused_fwd`: the Ag
-                              prep, then one fused state+output pass forming w S and u from Ag); default "wy"
+                              prep, then one fused state+output pass forming w S and u from Ag); the default "auto"
+                              takes it wherever it runs (GDN, the plan keeps nothing for the backward, no warm split,
+                              output fused), "wy" the WY prep and state pass above
     warm_chunks               the split's gate-certified warmup (`kernels.common.warm_split`): the WY prep sums the
                               decay bound per chunk (`bnd=`), the state pass drops the certified segment maps
 
@@ -87,7 +89,8 @@ def chunk_fwd(
     `kernels.common.wy.CHUNK_SIZES` (FLA's `chunk_size`; the backward must use the same). op: the op's name ("gdn",
     "kda"; the warmup's bound reads its gate). warm_chunks: the gate-certified warmup window of the split
     (`kernels.common.warm_split`; None = its WARM_DEFAULT, 0 = exact maps); warm_report: a dict that receives its
-    device tensor `certified` (read it after the call). fwd_path: one of FWD_PATHS ("fused": GDN only, not with
+    device tensor `certified` (read it after the call). fwd_path: one of FWD_PATHS ("auto": fused where it runs and
+    the plan keeps nothing for the backward; "fused": GDN only, not with
     keep_states or warm_chunks; it keeps no WY factors, so the backward recomputes them). ag_prep: the op's Ag pass
     for the fused path (the op table's `ChunkOp.ag_prep`; GDN's `wy_gdn_ag`).
     """
@@ -95,7 +98,10 @@ def chunk_fwd(
     launch = plan if plan is not None else default_plan()
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     index: ChunkIndex = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device)
-    if check_fwd_path(fwd_path, op=op, ag_prep=ag_prep, keep_states=keep is not None and keep_states, warm_chunks=warm_chunks):
+    path = "wy" if fwd_path == "auto" and fuse_output is False else fwd_path  # an unfused output pass: the WY path
+    fused_path = check_fwd_path(path, op=op, ag_prep=ag_prep, keep_wy=keep is not None,
+                                keep_states=keep is not None and keep_states, warm_chunks=warm_chunks)
+    if fused_path:
         assert ag_prep is not None
         fused = {"initial_state": initial_state, "output_final_state": output_final_state, "split_chunks": split_chunks}
         return gdn_fused_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch, ag_prep=ag_prep, **fused)

@@ -99,8 +99,14 @@ def chunk_fwd(
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     index: ChunkIndex = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device)
     path = "wy" if fwd_path == "auto" and fuse_output is False else fwd_path  # an unfused output pass: the WY path
-    fused_path = check_fwd_path(path, op=op, ag_prep=ag_prep, keep_wy=keep is not None,
-                                keep_states=keep is not None and keep_states, warm_chunks=warm_chunks)
+    fused_path = check_fwd_path(
+        path,
+        op=op,
+        ag_prep=ag_prep,
+        keep_wy=keep is not None,
+        keep_states=keep is not None and keep_states,
+        warm_chunks=warm_chunks,
+    )
     if fused_path:
         assert ag_prep is not None
         fused = {"initial_state": initial_state, "output_final_state": output_final_state, "split_chunks": split_chunks}

@@ -1,11 +1,11 @@
 """Compile FlashQLA's TileLang kernels into TILELANG_CACHE_DIR before the timed runs (session 10, call 3): forward and
 fwd+bwd, auto_cp False and True, B=1 T=16K H=16 K=V=128 bf16; prints each first call's seconds."""
+
 import time
 
+import flash_qla
 import torch
 import torch.nn.functional as F
-
-import flash_qla
 
 T, H, D = 16384, 16, 128
 dev = "cuda"

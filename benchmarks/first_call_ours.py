@@ -1,5 +1,6 @@
 """Our first call on a cold Triton cache (issue 26's target: <= 20 s): chunk_gdn and chunk_kda fwd+bwd at B=1 T=8192
 H=16 K=V=128 bf16, each in this fresh process; prints the seconds and the peak memory of the step."""
+
 import time
 
 import torch
@@ -22,5 +23,7 @@ for op in ("gdn", "kda"):
     o, _ = fn(q, k, v, g, beta)
     o.float().square().sum().backward()
     torch.cuda.synchronize()
-    print(f"ours first call {op} fwd+bwd 1x{T}: {time.time() - t0:.1f} s, peak {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB",
-          flush=True)
+    print(
+        f"ours first call {op} fwd+bwd 1x{T}: {time.time() - t0:.1f} s, peak {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB",
+        flush=True,
+    )

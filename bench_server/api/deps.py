@@ -8,25 +8,28 @@ does not declare, instead of ignoring it (`?direction=fwd` on a route without th
 every row).
 
 The checks are `async def`: pure CPU work of microseconds, run on the event loop, where a plain `def` would cost each
-request a hop to the thread pool and back (about 0.1-0.2 ms of CPU each, and a wait for the GIL under load).
+request a hop to the thread pool and back (about 0.1-0.2 ms of CPU each, and a wait for the GIL under load). For the
+same reason the hot read routes (/results, a sweep, /healthz) are `async def` and make one hop, `run_in_session`,
+where the `SessionDep` dependency and a sync route make three (the session's start, the route, the session's end).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Annotated
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from bench_server.core.config import ServerSettings
 from bench_server.core.security import verify_token
 
 __all__ = ["SessionDep", "bearer", "SettingsDep", "get_db", "get_settings_dep", "is_trusted", "reject_unknown_query",
-           "require_read", "require_token"]
+           "require_read", "require_token", "run_in_session"]
 
 bearer = _bearer = HTTPBearer(auto_error=False, description="The API token (CPBENCH_API_TOKEN, or the one generated at first start)")
 
@@ -34,6 +37,19 @@ bearer = _bearer = HTTPBearer(auto_error=False, description="The API token (CPBE
 def get_db(request: Request) -> Iterator[Session]:
     with request.app.state.sessionmaker() as session:
         yield session
+
+
+R = TypeVar("R")
+
+
+async def run_in_session(request: Request, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+    """`fn(session, *args, **kwargs)` in the thread pool, with a session opened and closed there: one hop."""
+
+    def call() -> R:
+        with request.app.state.sessionmaker() as session:
+            return fn(session, *args, **kwargs)
+
+    return await run_in_threadpool(call)
 
 
 async def get_settings_dep(request: Request) -> ServerSettings:

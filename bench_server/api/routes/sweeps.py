@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from bench_server.api.deps import SessionDep, require_read, require_token
+from bench_server.api.deps import SessionDep, require_read, require_token, run_in_session
 from bench_server.schemas import Message, SweepCancelled, SweepCreate, SweepProgress, SweepPublic, SweepsPublic
 from db import crud, queue
 from db.models import Sweep
@@ -152,13 +152,17 @@ def read_sweeps(
     return {"data": [sweep_public(session, s) for s in sweeps], "count": count}
 
 
-@router.get("/{sweep_id}", response_model=SweepPublic, dependencies=[Depends(require_read)],
-            responses={404: {"model": Message}})
-def read_sweep(session: SessionDep, sweep_id: int = Path(ge=1, le=INT32_MAX)) -> Any:
-    """Status and progress counts of one sweep."""
+def _sweep(session: Session, sweep_id: int) -> Sweep:
     if (sweep := crud.get_sweep(session, sweep_id=sweep_id)) is None:
         raise HTTPException(status_code=404, detail=NOT_FOUND)
-    return sweep_public(session, sweep)
+    return sweep
+
+
+@router.get("/{sweep_id}", response_model=SweepPublic, dependencies=[Depends(require_read)],
+            responses={404: {"model": Message}})
+async def read_sweep(request: Request, sweep_id: int = Path(ge=1, le=INT32_MAX)) -> Any:
+    """Status and progress counts of one sweep."""
+    return await run_in_session(request, lambda session: sweep_public(session, _sweep(session, sweep_id)))
 
 
 @router.post("/{sweep_id}/cancel", response_model=SweepCancelled, dependencies=[Depends(require_token)],
@@ -167,8 +171,7 @@ def read_sweep(session: SessionDep, sweep_id: int = Path(ge=1, le=INT32_MAX)) ->
                401: {"model": Message}, 403: {"model": Message}, 404: {"model": Message}})
 def cancel_sweep(session: SessionDep, sweep_id: int = Path(ge=1, le=INT32_MAX)) -> Any:
     """Cancel a sweep: its queued points are cancelled; running points finish and keep their results."""
-    if (sweep := crud.get_sweep(session, sweep_id=sweep_id)) is None:
-        raise HTTPException(status_code=404, detail=NOT_FOUND)
+    sweep = _sweep(session, sweep_id)
     cancelled = queue.cancel_sweep(session, sweep_id=sweep_id)
     session.expire_all()  # the sweep's attributes are read again, after the cancel
     return {**sweep_public(session, sweep), "cancelled_points": cancelled}

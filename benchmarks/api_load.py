@@ -363,8 +363,9 @@ def main() -> None:
                     before, cpu = load(), cpu_s(pid)
                     ms = _ms(keep_alive(base, path, args.requests))
                     cpu_ms = (cpu_s(pid) - cpu) * 1e3 / (args.requests + 1)
-                    lines.append(f"- GET {path}: {_summary(ms)}; server CPU {cpu_ms:.2f} ms per request "
-                                 f"(load {before} -> {load()})")
+                    lines.append(
+                        f"- GET {path}: {_summary(ms)}; server CPU {cpu_ms:.2f} ms per request (load {before} -> {load()})"
+                    )
             if "results" in sections:
                 path = f"/api/v1/results?sweep={sweep_id}&limit=100"
                 before, cpu = load(), cpu_s(pid)
@@ -383,8 +384,10 @@ def main() -> None:
                 lines += ["", "## 3. Valid ~1 MiB bodies (targets: validated in <= 50 ms; /healthz <= 10 ms meanwhile)", ""]
                 before = load()
                 alone = _ms(probe_alone(base, 5.0))
-                lines.append(f"- /healthz polled for 5 s with no POST running (the load's share): {_summary(alone)} "
-                             f"(load {before} -> {load()})")
+                lines.append(
+                    f"- /healthz polled for 5 s with no POST running (the load's share): {_summary(alone)} "
+                    f"(load {before} -> {load()})"
+                )
                 for name, body in bodies().items():
                     before = load()
                     validate = collector_held(lambda body=body: SweepSpec.model_validate_json(body))

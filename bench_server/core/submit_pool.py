@@ -131,8 +131,7 @@ class SubmitPool:
             ctx = multiprocessing.get_context("spawn")
             parent, child = ctx.Pipe()
             level = logging.getLogger().getEffectiveLevel()
-            proc = ctx.Process(target=_child, args=(child, self.url, self.wait_s, level), name="cpbench-submit",
-                               daemon=True)
+            proc = ctx.Process(target=_child, args=(child, self.url, self.wait_s, level), name="cpbench-submit", daemon=True)
             proc.start()
             child.close()  # the child's end lives in the child only: its death reads as EOF here
             self._proc, self._conn = proc, parent
@@ -197,8 +196,9 @@ class SubmitPool:
                         return stored
                     if died.timed_out:
                         break
-        raise HTTPException(status_code=503, detail="the submit process stopped on this body; retry later",
-                            headers={"Retry-After": "5"})
+        raise HTTPException(
+            status_code=503, detail="the submit process stopped on this body; retry later", headers={"Retry-After": "5"}
+        )
 
     def _roundtrip(self, raw: bytes) -> tuple[Any, ...]:
         self.start()

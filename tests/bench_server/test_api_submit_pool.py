@@ -35,8 +35,11 @@ VOLATILE = ("id", "created_at")  # differ between two sweeps stored from one bod
 
 
 def _varlen(n_lists: int, length: int, name: str) -> dict[str, Any]:
-    return spec(name=name, modes=["none"], axes={"H": 1, "K": 16, "V": 16, "lengths": [[i + 1] + [1] * (length - 1)
-                                                                                       for i in range(n_lists)]})
+    return spec(
+        name=name,
+        modes=["none"],
+        axes={"H": 1, "K": 16, "V": 16, "lengths": [[i + 1] + [1] * (length - 1) for i in range(n_lists)]},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -70,9 +73,12 @@ BODIES = {
     "missing field": json.dumps({k: v for k, v in TINY.items() if k != "ops"}),
     "not JSON": "name: tiny",
     "lone surrogate": json.dumps(spec(name="bad \ud800 name")),
-    "over the points limit": json.dumps(spec(axes={**TINY["axes"], "T": list(range(64, 64 * 101, 64)),
-                                                   "lb": [-0.1 * i for i in range(1, 31)]},
-                                             modes=["none", "true_cp", "ring", "all_gather"])),
+    "over the points limit": json.dumps(
+        spec(
+            axes={**TINY["axes"], "T": list(range(64, 64 * 101, 64)), "lb": [-0.1 * i for i in range(1, 31)]},
+            modes=["none", "true_cp", "ring", "all_gather"],
+        )
+    ),
 }
 
 

@@ -229,20 +229,34 @@ def collector_held(fn: Callable[[], object]) -> Callable[[], object]:
     return run
 
 
+def _post(client: httpx.Client, body: bytes) -> float:
+    started = time.perf_counter()
+    r = client.post("/api/v1/sweeps", content=body)
+    assert r.status_code == 201, r.text[:300]
+    return time.perf_counter() - started
+
+
+def post_cpu(base: str, body: bytes, repeat: int, pid: int) -> tuple[float, float]:
+    """CPU ms per POST of `body` (after a warm-up one, nothing else running): the server's, its children's."""
+    with httpx.Client(base_url=base, headers={**AUTH, "Content-Type": "application/json"}, timeout=60) as client:
+        _post(client, body)
+        kids = children(pid)
+        server, others = cpu_s(pid), sum(map(cpu_s, kids))
+        for _ in range(repeat):
+            _post(client, body)
+        return (cpu_s(pid) - server) * 1e3 / repeat, (sum(map(cpu_s, kids)) - others) * 1e3 / repeat
+
+
 def big_posts(base: str, body: bytes, repeat: int) -> tuple[list[float], list[float]]:
     posts: list[float] = []
     probes: list[float] = []
     done = threading.Event()
     prober = _prober(base, probes, done)
     with httpx.Client(base_url=base, headers={**AUTH, "Content-Type": "application/json"}, timeout=60) as client:
-        assert client.post("/api/v1/sweeps", content=body).status_code == 201  # warm-up: the first submit imports the engine
+        _post(client, body)  # warm-up: the first submit imports the engine
         prober.start()
         try:
-            for _ in range(repeat):
-                started = time.perf_counter()
-                r = client.post("/api/v1/sweeps", content=body)
-                posts.append(time.perf_counter() - started)
-                assert r.status_code == 201, r.text[:300]
+            posts.extend(_post(client, body) for _ in range(repeat))
         finally:
             done.set()
             prober.join()
@@ -394,13 +408,8 @@ def main() -> None:
                     validate()
                     wall = _ms(best_of(validate, args.repeat))
                     cpu = _ms(best_of(validate, args.repeat, clock=time.thread_time))
-                    cpu_server = cpu_s(pid)
-                    kids = children(pid)
-                    cpu_kids = sum(map(cpu_s, kids))
+                    server_ms, kids_ms = post_cpu(base, body, args.repeat, pid)
                     posts, probes = big_posts(base, body, args.repeat)
-                    per_post = lambda now, then: (now - then) * 1e3 / (args.repeat + 1)  # noqa: E731
-                    server_ms = per_post(cpu_s(pid), cpu_server)
-                    kids_ms = per_post(sum(map(cpu_s, kids)), cpu_kids)
                     lines.append(
                         f"- {name} ({len(body) / 2**20:.2f} MiB): validation median {statistics.median(wall):.1f} ms "
                         f"(min {wall[0]:.1f}; CPU median {statistics.median(cpu):.1f} ms); POST round trip median "

@@ -27,6 +27,7 @@ import multiprocessing.connection
 import signal
 import threading
 import time
+import weakref
 from typing import Any
 
 from fastapi import HTTPException
@@ -94,7 +95,9 @@ def _child(conn: multiprocessing.connection.Connection, url: str, wait_s: float,
             gc.enable()
         try:
             conn.send(out)
-        except Exception as err:  # an exception that does not pickle
+        except OSError:  # the parent is gone
+            return
+        except Exception as err:  # an answer that does not pickle
             conn.send(("raise", RuntimeError(f"{type(err).__name__}: {err}")))
 
 
@@ -112,7 +115,8 @@ class SubmitPool:
         self._conn: multiprocessing.connection.Connection | None = None
         self._state = threading.Lock()  # guards _proc/_conn
         self._busy = threading.Lock()  # one body at a time on the child
-        self._locks: dict[int, asyncio.Lock] = {}  # per event loop: queued submits wait here, not in a thread
+        # per event loop: queued submits wait here, not in a thread
+        self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
         self._closed = False
 
     def takes(self, raw: bytes) -> bool:
@@ -164,7 +168,7 @@ class SubmitPool:
             proc.close()
 
     def _lock(self) -> asyncio.Lock:
-        loop = id(asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
         lock = self._locks.get(loop)
         if lock is None:
             lock = self._locks[loop] = asyncio.Lock()

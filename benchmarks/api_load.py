@@ -236,15 +236,15 @@ def _post(client: httpx.Client, body: bytes) -> float:
     return time.perf_counter() - started
 
 
-def post_cpu(base: str, body: bytes, repeat: int, pid: int) -> tuple[float, float]:
-    """CPU ms per POST of `body` (after a warm-up one, nothing else running): the server's, its children's."""
+def post_cpu(base: str, body: bytes, repeat: int, pid: int) -> tuple[list[float], float, float]:
+    """`repeat` POSTs of `body` (after a warm-up one) with nothing else running: their round trips, and the CPU ms
+    per POST of the server and of its children (the submit process)."""
     with httpx.Client(base_url=base, headers={**AUTH, "Content-Type": "application/json"}, timeout=60) as client:
         _post(client, body)
         kids = children(pid)
         server, others = cpu_s(pid), sum(map(cpu_s, kids))
-        for _ in range(repeat):
-            _post(client, body)
-        return (cpu_s(pid) - server) * 1e3 / repeat, (sum(map(cpu_s, kids)) - others) * 1e3 / repeat
+        walls = [_post(client, body) for _ in range(repeat)]
+        return walls, (cpu_s(pid) - server) * 1e3 / repeat, (sum(map(cpu_s, kids)) - others) * 1e3 / repeat
 
 
 def big_posts(base: str, body: bytes, repeat: int) -> tuple[list[float], list[float]]:
@@ -408,12 +408,13 @@ def main() -> None:
                     validate()
                     wall = _ms(best_of(validate, args.repeat))
                     cpu = _ms(best_of(validate, args.repeat, clock=time.thread_time))
-                    server_ms, kids_ms = post_cpu(base, body, args.repeat, pid)
+                    alone_posts, server_ms, kids_ms = post_cpu(base, body, args.repeat, pid)
                     posts, probes = big_posts(base, body, args.repeat)
                     lines.append(
                         f"- {name} ({len(body) / 2**20:.2f} MiB): validation median {statistics.median(wall):.1f} ms "
                         f"(min {wall[0]:.1f}; CPU median {statistics.median(cpu):.1f} ms); POST round trip median "
-                        f"{statistics.median(_ms(posts)):.1f} ms (CPU per POST: server {server_ms:.1f} ms, submit process "
+                        f"{statistics.median(_ms(alone_posts)):.1f} ms alone, {statistics.median(_ms(posts)):.1f} ms with the probe "
+                        f"(CPU per POST: server {server_ms:.1f} ms, submit process "
                         f"{kids_ms:.1f} ms); /healthz meanwhile: {_summary(_ms(probes))} (load {before} -> {load()})"
                     )
     lines += ["", f"- load average after the run: {load()}"]

@@ -252,6 +252,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.state.api_token = token.token
     app.state.token_source = token.source
     app.state.store_ping = StorePing(settings.DATABASE_URL)
+    app.state.read_threads = 2 if settings.DATABASE_URL.startswith("sqlite") else 8  # api.deps.run_in_session
     app.state.submit_pool = (SubmitPool(settings.DATABASE_URL, wait_s=settings.STORE_WAIT_S, min_bytes=settings.SUBMIT_POOL_BYTES)
                              if settings.SUBMIT_POOL else None)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.MAX_BODY_BYTES)

@@ -9,12 +9,18 @@ every row).
 
 The checks are `async def`: pure CPU work of microseconds, run on the event loop, where a plain `def` would cost each
 request a hop to the thread pool and back (about 0.1-0.2 ms of CPU each, and a wait for the GIL under load). For the
-same reason the hot read routes (/results, a sweep, /healthz) are `async def` and make one hop, `run_in_session`,
-where the `SessionDep` dependency and a sync route make three (the session's start, the route, the session's end).
+same reason the hot read routes (/results, a sweep) are `async def` and make one hop, `run_in_session`, where the
+`SessionDep` dependency and a sync route make three (the session's start, the route, the session's end). Those hops
+run at most `app.state.read_threads` at a time (2 on SQLite, whose reads are CPU work under the GIL; 8 on
+PostgreSQL, whose reads wait on the network; the others wait on the event loop): 20 clients' reads in 20 threads
+spent their CPU passing the GIL around (/results under 20 clients on the 2-core VM, three runs each: 245-290 ->
+356-417 req/s, p99 167-203 -> 93-121 ms, 3.4-4.0 -> 2.3-2.4 ms of CPU per request).
 """
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any, TypeVar
 
@@ -42,14 +48,27 @@ def get_db(request: Request) -> Iterator[Session]:
 R = TypeVar("R")
 
 
+_READ_SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, asyncio.Semaphore]] = weakref.WeakKeyDictionary()
+
+
+def _read_slots(threads: int) -> asyncio.Semaphore:
+    """The running event loop's `threads` slots for `run_in_session`."""
+    slots = _READ_SLOTS.setdefault(asyncio.get_running_loop(), {})
+    if threads not in slots:
+        slots[threads] = asyncio.Semaphore(threads)
+    return slots[threads]
+
+
 async def run_in_session(request: Request, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
-    """`fn(session, *args, **kwargs)` in the thread pool, with a session opened and closed there: one hop."""
+    """`fn(session, *args, **kwargs)` in the thread pool, at most `app.state.read_threads` at a time, with a session
+    opened and closed there: one hop."""
 
     def call() -> R:
         with request.app.state.sessionmaker() as session:
             return fn(session, *args, **kwargs)
 
-    return await run_in_threadpool(call)
+    async with _read_slots(request.app.state.read_threads):
+        return await run_in_threadpool(call)
 
 
 async def get_settings_dep(request: Request) -> ServerSettings:

@@ -3,7 +3,8 @@
 Scenarios: an unmigrated store is refused with one line and exit 1; the first start prints the generated token
 once and later starts reuse it silently; the printed dashboard URL answers /healthz and accepts writes with that
 token; `--demo` on an empty store queues the demo sweep, starts a worker that registers itself, and SIGTERM stops
-the server together with its worker.
+the server together with its worker; the submit process starts with the server, answers a large body, and SIGTERM
+leaves no child behind.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@
   422, not 500); a query parameter a route does not declare is 422 on /api/v1 and /healthz
   (`api.deps.reject_unknown_query`); a NUL in the URL is 422 and every response carries the security headers
   (`core.hardening`);
+- a POST /sweeps body of CPBENCH_SUBMIT_POOL_BYTES or more is validated and stored in the submit process
+  (`core.submit_pool.SubmitPool`, `app.state.submit_pool`), started and stopped by the app's lifespan (or started by
+  the first such body when the server runs without one);
 - while the store is unavailable (down, unreachable, or an SQLite write lock held past CPBENCH_STORE_WAIT_S) every
   route that needs it answers 503 JSON with `Retry-After`, and `/healthz` says "store unavailable" and nothing more
   (the error goes to the server log).
@@ -22,7 +25,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -32,6 +36,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DataError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
@@ -43,6 +48,7 @@ from bench_server.core.config import API_V1_STR, ServerSettings, get_settings
 from bench_server.core.hardening import HardeningMiddleware
 from bench_server.core.limits import BodySizeLimitMiddleware
 from bench_server.core.security import ensure_api_token
+from bench_server.core.submit_pool import SubmitPool
 from bench_server.schemas import Health, SweepCreate
 from db import crud
 from db.migrate import require_migrated, safe_url
@@ -129,11 +135,45 @@ def _ping(request: Request) -> None:
         crud.ping(session)
 
 
+class StorePing:
+    """/healthz's check of the store. SQLite: `SELECT 1` (no lock, no page read: microseconds) on a connection kept
+    for it, on the event loop, so a kept-alive /healthz makes no hop to the thread pool (on a busy host the hop's two
+    thread switches were most of its time); the connection is opened in the thread pool and dropped when a ping
+    fails. PostgreSQL (a network round trip, a connect that may wait): one hop, a session opened and closed there."""
+
+    def __init__(self, url: str) -> None:
+        self.inline = url.startswith("sqlite")
+        self.conn: Connection | None = None
+
+    async def __call__(self, request: Request) -> None:
+        if not self.inline:
+            await run_in_threadpool(_ping, request)
+            return
+        if self.conn is None:
+            conn = await run_in_threadpool(request.app.state.sessionmaker.kw["bind"].connect)
+            if self.conn is None:
+                self.conn = conn
+            else:  # another /healthz opened one meanwhile
+                await run_in_threadpool(conn.close)
+        conn = self.conn
+        try:
+            crud.ping(conn)
+            conn.rollback()
+        except Exception:
+            self.conn = None
+            await run_in_threadpool(conn.close)
+            raise
+
+    def close(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.close()
+
+
 async def _health(request: Request) -> Any:
-    """One hop to the thread pool (the session opened, pinged and closed there), not three (the session dependency's
-    start and end and the route): each hop waits for the GIL while a submit's work holds it."""
+    """The store checked by `StorePing` (no thread hop on SQLite; one, not three, on PostgreSQL)."""
     try:
-        await run_in_threadpool(_ping, request)
+        await request.app.state.store_ping(request)
         db = "ok"
     except Exception:  # the endpoint's job is to report, not to raise; the details stay in the server log
         logger.warning("healthz: the store is unavailable", exc_info=True)
@@ -165,7 +205,7 @@ def _openapi(app: FastAPI, reads_open: bool) -> Callable[[], dict[str, Any]]:
             spec = SweepCreate.model_json_schema(ref_template="#/components/schemas/{model}")
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             components.update(spec.pop("$defs", {}))
-            components[SPEC_SCHEMA] = spec  # the body of POST /sweeps, validated off the event loop (`spec_body`)
+            components[SPEC_SCHEMA] = spec  # the body of POST /sweeps, validated off the event loop (`submit_body`)
             for path_item in schema.get("paths", {}).values():
                 get = path_item.get("get")
                 if reads_open and get is not None and get.get("security"):
@@ -174,6 +214,20 @@ def _openapi(app: FastAPI, reads_open: bool) -> Callable[[], dict[str, Any]]:
         return app.openapi_schema
 
     return build
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """The submit process starts with the server (its imports done before the first large body) and stops with it."""
+    pool: SubmitPool | None = app.state.submit_pool
+    if pool is not None:
+        pool.start()
+    try:
+        yield
+    finally:
+        if pool is not None:
+            await run_in_threadpool(pool.close)
+        await run_in_threadpool(app.state.store_ping.close)
 
 
 def create_app(settings: ServerSettings | None = None) -> FastAPI:
@@ -190,12 +244,17 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         docs_url=None,  # served by bench_server.docs from local files, not FastAPI's CDN page
         redoc_url=None,
         generate_unique_id_function=custom_generate_unique_id,
+        lifespan=_lifespan,
     )
     app.state.settings = settings
     app.openapi = _openapi(app, settings.READS_OPEN)  # type: ignore[method-assign]
     app.state.sessionmaker = get_sessionmaker(settings.DATABASE_URL, wait_s=settings.STORE_WAIT_S)
     app.state.api_token = token.token
     app.state.token_source = token.source
+    app.state.store_ping = StorePing(settings.DATABASE_URL)
+    app.state.read_threads = 2 if settings.DATABASE_URL.startswith("sqlite") else 8  # api.deps.run_in_session
+    app.state.submit_pool = (SubmitPool(settings.DATABASE_URL, wait_s=settings.STORE_WAIT_S, min_bytes=settings.SUBMIT_POOL_BYTES)
+                             if settings.SUBMIT_POOL else None)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.MAX_BODY_BYTES)
     app.add_middleware(HardeningMiddleware)  # outermost: its headers go on every answer, the 413 included
     app.exception_handler(RequestValidationError)(_validation_error)

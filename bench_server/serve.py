@@ -6,6 +6,8 @@ Refuses an unmigrated store (run `cpbench db upgrade`). Prints the API token onc
 (CPBENCH_API_TOKEN unset, no token file yet). `--demo`: when the store holds no sweep, submits
 runners/suites/demo.yaml; then starts one worker in a background process (`runners.worker.run_worker`), stopped
 with the server, and prints the dashboard URL. `--port 0` picks a free port (the URL printed is the real one).
+The app's submit process (large POST /sweeps bodies, `bench_server.core.submit_pool`) starts and stops with the
+server (the app's lifespan): SIGTERM or Ctrl-C leaves no child behind.
 
 The verb lives in bench_server (the top of the dependency graph) and `bench_server.cli` adds it to the engine's
 `runners.cli` app: runners never imports the server.

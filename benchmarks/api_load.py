@@ -1,6 +1,7 @@
 """The API under load, against a real `cpbench serve` process (issue 28's targets; figures, not tests).
 
-    python benchmarks/api_load.py [--requests 400] [--clients 20] [--seconds 10] [--out results/api_load_cpu.md]
+    python benchmarks/api_load.py [--requests 400] [--clients 20] [--seconds 10] [--repeat 5]
+                                  [--sections keepalive,results,bodies] [--out results/api_load_cpu.md]
 
 On a scratch SQLite store, migrated and seeded with one sweep of 82 measured and profiled points (`seed`), it
 starts `python -m bench_server serve --port 0` (`cpbench serve`) in a child process (the server does not share this process's GIL)
@@ -11,18 +12,22 @@ and measures, from this process:
 2. results under load: `--clients` threads, each on its own kept-alive connection, GET /api/v1/results?sweep=<id>
    (all 82 rows) for `--seconds` (target: p99 <= 100 ms);
 3. 1 MiB bodies: valid specs of ~1 MiB (one varlen length list of 340,000 entries; 10,000 length lists of 32)
-   validated in this process (`SweepSpec.model_validate_json`, the server's own parse, target <= 50 ms) and POSTed
-   (after one warm-up POST: the first submit imports the engine), while another connection polls /healthz (target:
-   /healthz <= 10 ms meanwhile). A POST's round trip also holds the submit: the grid expanded and its points
-   inserted (10,000 points for the second body), in the server's thread pool.
+   validated in this process (`SweepSpec.model_validate_json`, the server's own parse, with the cyclic collector
+   held off as the server holds it; wall and CPU time; target <= 50 ms) and POSTed (after one warm-up POST: the
+   first submit imports the engine), while another connection polls /healthz (target: /healthz <= 10 ms
+   meanwhile); the same probe with no POST running gives the load's own share. A POST's round trip also holds the
+   submit: the grid expanded and its points inserted (10,000 points for the second body), in the submit process
+   (`bench_server.core.submit_pool`) whose CPU is reported apart from the server's.
 
-Prints a Markdown report (the machine, its load average, the versions and the git sha with the figures); `--out`
-also writes it to a file.
+Each section gives the server's CPU time per request (from /proc: the load of other work on the host inflates it
+far less than the wall times) and the host's load average before and after it. Prints a Markdown report (the
+machine, the versions and the git sha with the figures); `--out` also writes it to a file.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -56,10 +61,43 @@ def _summary(ms: list[float]) -> str:
     return f"n={len(ms)}, median {statistics.median(ms):.2f} ms, p90 {_pct(ms, 0.9):.2f}, p99 {_pct(ms, 0.99):.2f}, max {ms[-1]:.2f}"
 
 
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds of process `pid` so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = _stat(pid)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> list[int]:
+    """The live child processes of `pid` (the submit process)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int(_stat(int(entry.name))[1]) == pid:
+                    out.append(int(entry.name))
+            except (OSError, IndexError):
+                pass
+    return out
+
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def settled(pid: int, timeout_s: float = 60.0) -> None:
+    """Wait until the server's children (the submit process, importing at start) stop using CPU."""
+    deadline = time.monotonic() + timeout_s
+    last = -1.0
+    while time.monotonic() < deadline:
+        now = sum(map(cpu_s, children(pid)))
+        if now == last:
+            return
+        last = now
+        time.sleep(0.5)
 
 
 @contextmanager
@@ -88,6 +126,7 @@ def served(url: str) -> Iterator[tuple[str, int]]:
             if time.monotonic() > deadline:
                 raise RuntimeError("cpbench serve does not answer /healthz")
             time.sleep(0.1)
+        settled(proc.pid)
         yield base, proc.pid
     finally:
         proc.terminate()
@@ -142,19 +181,17 @@ def bodies() -> dict[str, bytes]:
     }
 
 
-def best_of(fn: Callable[[], object], n: int) -> list[float]:
+def best_of(fn: Callable[[], object], n: int, clock: Callable[[], float] = time.perf_counter) -> list[float]:
     out = []
     for _ in range(n):
-        started = time.perf_counter()
+        started = clock()
         fn()
-        out.append(time.perf_counter() - started)
+        out.append(clock() - started)
     return out
 
 
-def big_posts(base: str, body: bytes, repeat: int) -> tuple[list[float], list[float]]:
-    posts: list[float] = []
-    probes: list[float] = []
-    done = threading.Event()
+def _prober(base: str, probes: list[float], done: threading.Event) -> threading.Thread:
+    """A thread polling /healthz on its own kept-alive connection every 2 ms until `done`."""
 
     def probe() -> None:
         with httpx.Client(base_url=base) as other:
@@ -164,16 +201,62 @@ def big_posts(base: str, body: bytes, repeat: int) -> tuple[list[float], list[fl
                 probes.append(time.perf_counter() - started)
                 time.sleep(0.002)
 
-    prober = threading.Thread(target=probe)
+    return threading.Thread(target=probe)
+
+
+def probe_alone(base: str, seconds: float) -> list[float]:
+    """/healthz polled as during the POSTs, with nothing else running: what the load alone costs."""
+    probes: list[float] = []
+    done = threading.Event()
+    prober = _prober(base, probes, done)
+    prober.start()
+    time.sleep(seconds)
+    done.set()
+    prober.join()
+    return probes
+
+
+def collector_held(fn: Callable[[], object]) -> Callable[[], object]:
+    """`fn` run as the server runs a submit: the cyclic collector held off (`routes.sweeps.COLLECTOR_PAUSE`)."""
+
+    def run() -> object:
+        gc.disable()
+        try:
+            return fn()
+        finally:
+            gc.enable()
+
+    return run
+
+
+def _post(client: httpx.Client, body: bytes) -> float:
+    started = time.perf_counter()
+    r = client.post("/api/v1/sweeps", content=body)
+    assert r.status_code == 201, r.text[:300]
+    return time.perf_counter() - started
+
+
+def post_cpu(base: str, body: bytes, repeat: int, pid: int) -> tuple[list[float], float, float]:
+    """`repeat` POSTs of `body` (after a warm-up one) with nothing else running: their round trips, and the CPU ms
+    per POST of the server and of its children (the submit process)."""
     with httpx.Client(base_url=base, headers={**AUTH, "Content-Type": "application/json"}, timeout=60) as client:
-        assert client.post("/api/v1/sweeps", content=body).status_code == 201  # warm-up: the first submit imports the engine
+        _post(client, body)
+        kids = children(pid)
+        server, others = cpu_s(pid), sum(map(cpu_s, kids))
+        walls = [_post(client, body) for _ in range(repeat)]
+        return walls, (cpu_s(pid) - server) * 1e3 / repeat, (sum(map(cpu_s, kids)) - others) * 1e3 / repeat
+
+
+def big_posts(base: str, body: bytes, repeat: int) -> tuple[list[float], list[float]]:
+    posts: list[float] = []
+    probes: list[float] = []
+    done = threading.Event()
+    prober = _prober(base, probes, done)
+    with httpx.Client(base_url=base, headers={**AUTH, "Content-Type": "application/json"}, timeout=60) as client:
+        _post(client, body)  # warm-up: the first submit imports the engine
         prober.start()
         try:
-            for _ in range(repeat):
-                started = time.perf_counter()
-                r = client.post("/api/v1/sweeps", content=body)
-                posts.append(time.perf_counter() - started)
-                assert r.status_code == 201, r.text[:300]
+            posts.extend(_post(client, body) for _ in range(repeat))
         finally:
             done.set()
             prober.join()
@@ -246,11 +329,14 @@ def environment() -> str:
     ).stdout.strip()
     return (
         f"- machine: {platform.node()} ({platform.machine()}, {os.cpu_count()} cores), {platform.platform()}\n"
-        f"- load average before the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n"
+        f"- load average before the run: {load()}\n"
         f"- Python {platform.python_version()}, uvicorn {uvicorn.__version__}, FastAPI {fastapi.__version__}, "
         f"pydantic {pydantic.__version__}, SQLAlchemy {sqlalchemy.__version__}, SQLite {__import__('sqlite3').sqlite_version}\n"
         f"- git {sha}{' (with uncommitted changes)' if dirty else ''}"
     )
+
+
+SECTIONS = ("keepalive", "results", "bodies")
 
 
 def main() -> None:
@@ -259,8 +345,12 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=20)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--sections", default=",".join(SECTIONS), help="which of keepalive, results, bodies to run")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    sections = [x for x in args.sections.split(",") if x]
+    if unknown := sorted(set(sections) - set(SECTIONS)):
+        ap.error(f"unknown sections {unknown}; choose from {', '.join(SECTIONS)}")
     sys.path.insert(0, str(ROOT))
     from db.migrate import upgrade
     from db.session import dispose_engine
@@ -270,7 +360,7 @@ def main() -> None:
         "# The API under load (CPU, `cpbench serve`, SQLite)",
         "",
         f"`python benchmarks/api_load.py --requests {args.requests} --clients {args.clients} --seconds {args.seconds:g} "
-        f"--repeat {args.repeat}`",
+        f"--repeat {args.repeat} --sections {','.join(sections)}`",
         "",
         environment(),
         "",
@@ -281,35 +371,53 @@ def main() -> None:
         sweep_id = seed(url)
         dispose_engine(url)
         with served(url) as (base, pid):
-            lines += ["## 1. One kept-alive connection (target: median <= 2 ms)", ""]
-            for path in ("/healthz", f"/api/v1/sweeps/{sweep_id}"):
-                cpu = cpu_s(pid)
-                ms = _ms(keep_alive(base, path, args.requests))
-                cpu_ms = (cpu_s(pid) - cpu) * 1e3 / (args.requests + 1)
-                lines.append(f"- GET {path}: {_summary(ms)}; server CPU {cpu_ms:.2f} ms per request")
-            path = f"/api/v1/results?sweep={sweep_id}&limit=100"
-            cpu = cpu_s(pid)
-            latencies, errors = under_load(base, path, args.clients, args.seconds)
-            cpu_ms = (cpu_s(pid) - cpu) * 1e3 / max(1, len(latencies))
-            ms = _ms(latencies)
-            lines += [
-                "",
-                f"## 2. GET /api/v1/results (82 rows, one page) under {args.clients} clients for {args.seconds:g} s "
-                "(target: p99 <= 100 ms)",
-                "",
-                f"- {_summary(ms)}; {len(ms) / args.seconds:.0f} req/s; non-200: {errors}; server CPU {cpu_ms:.2f} ms per request",
-            ]
-            lines += ["", "## 3. Valid ~1 MiB bodies (targets: validated in <= 50 ms; /healthz <= 10 ms meanwhile)", ""]
-            for name, body in bodies().items():
-                SweepSpec.model_validate_json(body)
-                parse = _ms(best_of(lambda body=body: SweepSpec.model_validate_json(body), args.repeat))
-                posts, probes = big_posts(base, body, args.repeat)
+            if "keepalive" in sections:
+                lines += ["## 1. One kept-alive connection (target: median <= 2 ms)", ""]
+                for path in ("/healthz", f"/api/v1/sweeps/{sweep_id}"):
+                    before, cpu = load(), cpu_s(pid)
+                    ms = _ms(keep_alive(base, path, args.requests))
+                    cpu_ms = (cpu_s(pid) - cpu) * 1e3 / (args.requests + 1)
+                    lines.append(
+                        f"- GET {path}: {_summary(ms)}; server CPU {cpu_ms:.2f} ms per request (load {before} -> {load()})"
+                    )
+            if "results" in sections:
+                path = f"/api/v1/results?sweep={sweep_id}&limit=100"
+                before, cpu = load(), cpu_s(pid)
+                latencies, errors = under_load(base, path, args.clients, args.seconds)
+                cpu_ms = (cpu_s(pid) - cpu) * 1e3 / max(1, len(latencies))
+                ms = _ms(latencies)
+                lines += [
+                    "",
+                    f"## 2. GET /api/v1/results (82 rows, one page) under {args.clients} clients for {args.seconds:g} s "
+                    "(target: p99 <= 100 ms)",
+                    "",
+                    f"- {_summary(ms)}; {len(ms) / args.seconds:.0f} req/s; non-200: {errors}; server CPU {cpu_ms:.2f} ms "
+                    f"per request (load {before} -> {load()})",
+                ]
+            if "bodies" in sections:
+                lines += ["", "## 3. Valid ~1 MiB bodies (targets: validated in <= 50 ms; /healthz <= 10 ms meanwhile)", ""]
+                before = load()
+                alone = _ms(probe_alone(base, 5.0))
                 lines.append(
-                    f"- {name} ({len(body) / 2**20:.2f} MiB): validation median {statistics.median(parse):.1f} ms "
-                    f"(min {parse[0]:.1f}); POST round trip median {statistics.median(_ms(posts)):.1f} ms; "
-                    f"/healthz meanwhile: {_summary(_ms(probes))}"
+                    f"- /healthz polled for 5 s with no POST running (the load's share): {_summary(alone)} "
+                    f"(load {before} -> {load()})"
                 )
-    lines += ["", f"- load average after the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())}"]
+                for name, body in bodies().items():
+                    before = load()
+                    validate = collector_held(lambda body=body: SweepSpec.model_validate_json(body))
+                    validate()
+                    wall = _ms(best_of(validate, args.repeat))
+                    cpu = _ms(best_of(validate, args.repeat, clock=time.thread_time))
+                    alone_posts, server_ms, kids_ms = post_cpu(base, body, args.repeat, pid)
+                    posts, probes = big_posts(base, body, args.repeat)
+                    lines.append(
+                        f"- {name} ({len(body) / 2**20:.2f} MiB): validation median {statistics.median(wall):.1f} ms "
+                        f"(min {wall[0]:.1f}; CPU median {statistics.median(cpu):.1f} ms); POST round trip median "
+                        f"{statistics.median(_ms(alone_posts)):.1f} ms alone, {statistics.median(_ms(posts)):.1f} ms with the probe "
+                        f"(CPU per POST: server {server_ms:.1f} ms, submit process "
+                        f"{kids_ms:.1f} ms); /healthz meanwhile: {_summary(_ms(probes))} (load {before} -> {load()})"
+                    )
+    lines += ["", f"- load average after the run: {load()}"]
     report = "\n".join(lines) + "\n"
     print(report)
     if args.out is not None:

@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from sqlalchemy import ColumnElement, String, cast, func, insert, select, text, type_coerce, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import InstrumentedAttribute, Session
 from sqlalchemy.sql import Select
@@ -76,7 +77,7 @@ def decode_samples(blob: bytes) -> list[float]:
     return list(struct.unpack(f"<{len(raw) // 8}d", raw))
 
 
-def ping(session: Session) -> None:
+def ping(session: Session | Connection) -> None:
     """One round trip to the store (`SELECT 1`); raises when it is unavailable."""
     session.execute(text("SELECT 1"))
 

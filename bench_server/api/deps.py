@@ -8,25 +8,34 @@ does not declare, instead of ignoring it (`?direction=fwd` on a route without th
 every row).
 
 The checks are `async def`: pure CPU work of microseconds, run on the event loop, where a plain `def` would cost each
-request a hop to the thread pool and back (about 0.1-0.2 ms of CPU each, and a wait for the GIL under load).
+request a hop to the thread pool and back (about 0.1-0.2 ms of CPU each, and a wait for the GIL under load). For the
+same reason the hot read routes (/results, a sweep) are `async def` and make one hop, `run_in_session`, where the
+`SessionDep` dependency and a sync route make three (the session's start, the route, the session's end). Those hops
+run at most `app.state.read_threads` at a time (2 on SQLite, whose reads are CPU work under the GIL; 8 on
+PostgreSQL, whose reads wait on the network; the others wait on the event loop): 20 clients' reads in 20 threads
+spent their CPU passing the GIL around (/results under 20 clients on the 2-core VM, three runs each: 245-290 ->
+356-417 req/s, p99 167-203 -> 93-121 ms, 3.4-4.0 -> 2.3-2.4 ms of CPU per request).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Annotated
+import asyncio
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from bench_server.core.config import ServerSettings
 from bench_server.core.security import verify_token
 
 __all__ = ["SessionDep", "bearer", "SettingsDep", "get_db", "get_settings_dep", "is_trusted", "reject_unknown_query",
-           "require_read", "require_token"]
+           "require_read", "require_token", "run_in_session"]
 
 bearer = _bearer = HTTPBearer(auto_error=False, description="The API token (CPBENCH_API_TOKEN, or the one generated at first start)")
 
@@ -34,6 +43,32 @@ bearer = _bearer = HTTPBearer(auto_error=False, description="The API token (CPBE
 def get_db(request: Request) -> Iterator[Session]:
     with request.app.state.sessionmaker() as session:
         yield session
+
+
+R = TypeVar("R")
+
+
+_READ_SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, asyncio.Semaphore]] = weakref.WeakKeyDictionary()
+
+
+def _read_slots(threads: int) -> asyncio.Semaphore:
+    """The running event loop's `threads` slots for `run_in_session`."""
+    slots = _READ_SLOTS.setdefault(asyncio.get_running_loop(), {})
+    if threads not in slots:
+        slots[threads] = asyncio.Semaphore(threads)
+    return slots[threads]
+
+
+async def run_in_session(request: Request, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+    """`fn(session, *args, **kwargs)` in the thread pool, at most `app.state.read_threads` at a time, with a session
+    opened and closed there: one hop."""
+
+    def call() -> R:
+        with request.app.state.sessionmaker() as session:
+            return fn(session, *args, **kwargs)
+
+    async with _read_slots(request.app.state.read_threads):
+        return await run_in_threadpool(call)
 
 
 async def get_settings_dep(request: Request) -> ServerSettings:

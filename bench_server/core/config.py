@@ -9,6 +9,8 @@
 | `CPBENCH_MAX_POINTS_PER_SWEEP` | 20000                                 | read by the spec (`runners.settings`): a larger grid gets 413 |
 | `CPBENCH_TOKEN_FILE`           | unset                                 | where a generated token is kept, instead of the default     |
 | `CPBENCH_STORE_WAIT_S`         | 5                                     | longest wait of a request for the store (SQLite write lock, PostgreSQL connection or lock); then 503 |
+| `CPBENCH_SUBMIT_POOL_BYTES`    | 131072                                | POST /sweeps bodies of this size or more are validated and stored in the submit process (`core.submit_pool`); 0: every body |
+| `CPBENCH_SUBMIT_POOL`          | true                                  | false: every body in the server's own process                |
 
 Tests build a `ServerSettings(...)` and pass it to `create_app(settings)`; `get_settings.cache_clear()` re-reads.
 """
@@ -49,6 +51,8 @@ class ServerSettings(BaseSettings):
     MAX_BODY_BYTES: int = Field(1 << 20, ge=1024)
     TOKEN_FILE: Path | None = None
     STORE_WAIT_S: float = Field(5.0, gt=0, le=300)
+    SUBMIT_POOL_BYTES: int = Field(128 << 10, ge=0)
+    SUBMIT_POOL: bool = True
 
     @field_validator("DATABASE_URL")
     @classmethod

@@ -3,7 +3,8 @@
 Scenarios: an unmigrated store is refused with one line and exit 1; the first start prints the generated token
 once and later starts reuse it silently; the printed dashboard URL answers /healthz and accepts writes with that
 token; `--demo` on an empty store queues the demo sweep, starts a worker that registers itself, and SIGTERM stops
-the server together with its worker.
+the server together with its worker; the submit process starts with the server, answers a large body, and SIGTERM
+leaves no child behind.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -121,3 +123,53 @@ def test_serve_demo_queues_sweep_and_starts_worker(tmp_path: Path) -> None:
     with session_scope(url) as s:
         assert [w.status for w in crud.list_workers(s)] == ["stopped"]
     dispose_engine(url)
+
+
+def _children(pid: int) -> dict[int, str]:
+    """pid -> command line of each child of `pid`."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError):
+            pass
+    return out
+
+
+def _gone(pids: Iterable[int], timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while any(Path(f"/proc/{p}").exists() for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not any(Path(f"/proc/{p}").exists() for p in pids)
+
+
+def test_serve_starts_the_submit_process_and_stops_it(tmp_path: Path) -> None:
+    """The submit process starts with the server, answers a large body, and is gone when SIGTERM has stopped it
+    (with multiprocessing's resource tracker, the server's other child)."""
+    url = f"sqlite:///{tmp_path / 'cpbench.db'}"
+    upgrade(url)
+    dispose_engine(url)
+    env = {**_env(), "CPBENCH_API_TOKEN": "serve-token-0123456789abcdef"}
+    proc = subprocess.Popen(_cmd("--db", url), cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        assert proc.stdout is not None
+        base = next((m.group(1) for line in proc.stdout if (m := re.match(r"dashboard: (http://[^/]+)/", line))), None)
+        assert base is not None
+        threading.Thread(target=proc.stdout.read, daemon=True).start()  # drain its log
+        deadline = time.monotonic() + 60
+        while not (kids := _children(proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        submitters = [pid for pid, cmd in kids.items() if "spawn_main" in cmd]
+        assert len(submitters) == 1, kids  # started with the server, before any body
+        body = {"name": "big", "ops": ["gdn"], "modes": ["none"], "axes": {"H": 1, "K": 16, "V": 16, "lengths": [[1] * 80_000]}}
+        r = httpx.post(base + "/api/v1/sweeps", json=body, timeout=120,
+                       headers={"Authorization": "Bearer serve-token-0123456789abcdef"})
+        assert r.status_code == 201 and r.json()["n_points"] == 1
+        assert _children(proc.pid) == kids
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+    assert rc == 0
+    assert _gone(kids)

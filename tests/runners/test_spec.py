@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+from pydantic_core import PydanticCustomError
 
 from runners.errors import SpecError
 from runners.spec import SweepSpec, grid_size, load_spec, parse_spec
@@ -62,6 +63,10 @@ def test_parse_spec_scalar_shorthand_and_varlen() -> None:
                      "sums to 8388609 tokens", id="length-list-over-T-limit"),
         pytest.param({"axes": {"lengths": [[i + 1, 1] for i in range(500)] + [[1, float("nan")]]}},
                      "spec.axes.lengths.500.1", "finite", id="nan-in-a-length-list"),
+        pytest.param({"axes": {"lengths": [1] * 1000 + [float("inf")]}}, "spec.axes.lengths.1000", "finite",
+                     id="inf-in-one-long-length-list"),
+        pytest.param({"axes": {"lengths": [[1] * 40 for _ in range(2)]}}, "axes.lengths", "lists a value twice",
+                     id="duplicate-long-length-list"),
         pytest.param({"mode_options": {"ring": {"window": 2}}}, "mode_options", "unknown option(s) window for mode 'ring'",
                      id="unknown-mode-option"),
         pytest.param({"mode_options": {"tail_exchange": {"fallback": "exact"}}}, "mode_options", "fallback must be one of",
@@ -73,6 +78,16 @@ def test_parse_spec_invalid_names_field(over: dict, field: str, detail: str) -> 
         parse_spec(_spec(**over))
     msg = str(info.value)
     assert f"{field}:" in msg and detail in msg, msg
+
+
+def test_distinct_lists_whose_hashes_collide_are_not_duplicates() -> None:
+    """The duplicate check's fast pass compares hashes; distinct lists with equal hashes go to the exact pass."""
+    from runners.spec import _no_duplicates
+
+    assert hash((-1,)) == hash((-2,))
+    assert _no_duplicates([[-1], [-2]], "axis lengths") == [[-1], [-2]]
+    with pytest.raises(PydanticCustomError, match="twice"):
+        _no_duplicates([[-1], [-2], [-1]], "axis lengths")
 
 
 def test_parse_spec_too_many_points() -> None:

@@ -20,7 +20,7 @@ from fastapi.security import HTTPAuthorizationCredentials
 from pydantic_core import to_json
 from sqlalchemy.orm import Session
 
-from bench_server.api.deps import SessionDep, bearer, is_trusted, require_read
+from bench_server.api.deps import bearer, is_trusted, require_read, run_in_session
 from bench_server.pages import SweepPageCache
 from bench_server.schemas import ResultsPublic
 from dashboards.render import to_csv
@@ -51,9 +51,8 @@ MAX_LIMIT = DEFAULT_MAX_POINTS_PER_SWEEP
 
 @router.get("", response_model=ResultsPublic, dependencies=[Depends(require_read)],
             responses={200: {"content": {"text/csv": {}}, "description": "JSON page, or CSV with format=csv"}})
-def read_results(
+async def read_results(
     request: Request,
-    session: SessionDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     sweep: int | None = Query(None, ge=1, le=INT32_MAX, description="sweep id"),
     op: OpName | None = None,
@@ -77,6 +76,13 @@ def read_results(
     filters = {"sweep_id": sweep, "op": op, "mode": tuple(mode) if mode else None, "backend": backend,
                "direction": direction, "B": B, "T": T, "W": W, "lb": lb, "device": device, "status": status}
     trusted = is_trusted(request, credentials)
+    return await run_in_session(request, _answer, filters, skip=skip, limit=limit, trusted=trusted, format=format,
+                                sweep=sweep)
+
+
+def _answer(session: Session, filters: dict[str, Any], *, skip: int, limit: int, trusted: bool, format: str,
+            sweep: int | None) -> Response:
+    """The page's response: kept per revision of its rows (`RESULT_PAGES`) up to `CACHED_LIMIT` rows."""
     build = lambda: _page(session, filters, skip=skip, limit=limit, trusted=trusted, csv=format == "csv")  # noqa: E731
     if limit > CACHED_LIMIT:
         page = build()

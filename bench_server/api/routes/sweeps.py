@@ -1,26 +1,29 @@
 """Sweeps: submit (POST, token), list (paginated), read one with its progress, cancel (token).
 
-The body of a submit is parsed and validated in a worker thread (`spec_body`), not on the event loop: a 1 MiB
-spec (a long varlen length list) takes tens of ms to check, and other requests (/healthz) go on meanwhile. Its
-schema is still the `SweepCreate` model's (`SPEC_SCHEMA`, put in the OpenAPI components by `bench_server.main`).
-Python's cyclic collector is held off while a submit runs (`COLLECTOR_PAUSE`): its full collections over a big
-spec's objects would stop every other request.
+The body of a submit is parsed, validated and stored off the event loop (`submit_body`): in a worker thread, or,
+from CPBENCH_SUBMIT_POOL_BYTES up, in the submit process (`bench_server.core.submit_pool`), since a 1 MiB spec (a
+long varlen length list) costs tens of ms of C code that holds the GIL, and other requests (/healthz) go on
+meanwhile. Both give the same answer: the 201's JSON as FastAPI would serialize `SweepPublic` (`answer_bytes`), or
+the same errors. Its schema is still the `SweepCreate` model's (`SPEC_SCHEMA`, put in the OpenAPI components by
+`bench_server.main`). Python's cyclic collector is held off while a submit runs (`COLLECTOR_PAUSE`): its full
+collections over a big spec's objects would stop every other request.
 """
 
 from __future__ import annotations
 
 import gc
 import threading
-from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, status
 from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
-from sqlalchemy.orm import Session
+from pydantic import TypeAdapter, ValidationError
+from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
 
-from bench_server.api.deps import SessionDep, require_read, require_token
+from bench_server.api.deps import SessionDep, require_read, require_token, run_in_session
 from bench_server.schemas import Message, SweepCancelled, SweepCreate, SweepProgress, SweepPublic, SweepsPublic
 from db import crud, queue
 from db.models import Sweep
@@ -69,16 +72,37 @@ async def collector_paused() -> AsyncIterator[None]:
         yield
 
 
-def _parse_spec(raw: bytes) -> SweepCreate:
+def parse_spec_body(raw: bytes) -> SweepCreate:
+    """The submitted spec; a JSON or spec error is a `RequestValidationError` located in the body (a 422)."""
     try:
         return SweepCreate.model_validate_json(raw)
     except ValidationError as err:  # located in the body, as FastAPI's own body errors are
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in err.errors(include_url=False)]) from None
 
 
-async def spec_body(request: Request) -> SweepCreate:
-    """The submitted spec, parsed and validated off the event loop (a JSON or spec error is a 422)."""
-    return await run_in_threadpool(_parse_spec, await request.body())
+_ANSWER = TypeAdapter(SweepPublic)
+
+
+def answer_bytes(content: dict[str, Any]) -> bytes:
+    """The 201's body: `content` validated and serialized as FastAPI does for the route's `response_model`."""
+    return _ANSWER.dump_json(_ANSWER.validate_python(content), by_alias=True)
+
+
+def submit_body(maker: sessionmaker[Session], raw: bytes,
+                before_commit: Callable[[int, Any], None] | None = None) -> bytes:
+    """Parse, validate and store a submitted body; its 201 answer's bytes. `before_commit(sweep id, created_at)`
+    is called once the sweep is flushed (the submit process's note to the server)."""
+    spec = parse_spec_body(raw)
+    with maker() as session:
+        try:
+            sweep = submit_spec(session, spec)
+            if before_commit is not None:
+                before_commit(sweep.id, sweep.created_at)
+            session.commit()
+        except SpecError as err:
+            session.rollback()
+            raise HTTPException(status_code=422, detail=[{"loc": ["body"], "msg": str(err), "type": "spec"}]) from None
+        return answer_bytes(sweep_public(session, sweep))
 
 
 def sweep_public(session: Session, sweep: Sweep) -> dict[str, Any]:
@@ -101,20 +125,19 @@ def sweep_public(session: Session, sweep: Sweep) -> dict[str, Any]:
                413: {"model": Message, "description": "a body over CPBENCH_MAX_BODY_BYTES, or a grid of more points than "
                      "CPBENCH_MAX_POINTS_PER_SWEEP (20000 unless set)"}},
 )
-def create_sweep(session: SessionDep, spec: Annotated[SweepCreate, Depends(spec_body)]) -> Any:
+async def create_sweep(request: Request) -> Any:
     """Submit a sweep; its grid is expanded into queued (or skipped) points.
 
     A grid over CPBENCH_MAX_POINTS_PER_SWEEP is refused while the body is parsed (the spec's own limit, answered
-    with 413 by the app's validation handler), before this runs. A body that is not JSON text (or holds a lone
-    surrogate, which is not Unicode) is a 422.
+    with 413 by the app's validation handler). A body that is not JSON text (or holds a lone surrogate, which is
+    not Unicode) is a 422.
     """
-    try:
-        sweep = submit_spec(session, spec)
-        session.commit()
-    except SpecError as err:
-        session.rollback()
-        raise HTTPException(status_code=422, detail=[{"loc": ["body"], "msg": str(err), "type": "spec"}]) from None
-    return sweep_public(session, sweep)
+    raw = await request.body()
+    pool = request.app.state.submit_pool
+    if pool is not None and pool.takes(raw):
+        return await pool.submit(raw)
+    body = await run_in_threadpool(submit_body, request.app.state.sessionmaker, raw)
+    return Response(content=body, status_code=status.HTTP_201_CREATED, media_type="application/json")
 
 
 @router.get("", response_model=SweepsPublic, dependencies=[Depends(require_read)])
@@ -129,13 +152,17 @@ def read_sweeps(
     return {"data": [sweep_public(session, s) for s in sweeps], "count": count}
 
 
-@router.get("/{sweep_id}", response_model=SweepPublic, dependencies=[Depends(require_read)],
-            responses={404: {"model": Message}})
-def read_sweep(session: SessionDep, sweep_id: int = Path(ge=1, le=INT32_MAX)) -> Any:
-    """Status and progress counts of one sweep."""
+def _sweep(session: Session, sweep_id: int) -> Sweep:
     if (sweep := crud.get_sweep(session, sweep_id=sweep_id)) is None:
         raise HTTPException(status_code=404, detail=NOT_FOUND)
-    return sweep_public(session, sweep)
+    return sweep
+
+
+@router.get("/{sweep_id}", response_model=SweepPublic, dependencies=[Depends(require_read)],
+            responses={404: {"model": Message}})
+async def read_sweep(request: Request, sweep_id: int = Path(ge=1, le=INT32_MAX)) -> Any:
+    """Status and progress counts of one sweep."""
+    return await run_in_session(request, lambda session: sweep_public(session, _sweep(session, sweep_id)))
 
 
 @router.post("/{sweep_id}/cancel", response_model=SweepCancelled, dependencies=[Depends(require_token)],
@@ -144,8 +171,7 @@ def read_sweep(session: SessionDep, sweep_id: int = Path(ge=1, le=INT32_MAX)) ->
                401: {"model": Message}, 403: {"model": Message}, 404: {"model": Message}})
 def cancel_sweep(session: SessionDep, sweep_id: int = Path(ge=1, le=INT32_MAX)) -> Any:
     """Cancel a sweep: its queued points are cancelled; running points finish and keep their results."""
-    if (sweep := crud.get_sweep(session, sweep_id=sweep_id)) is None:
-        raise HTTPException(status_code=404, detail=NOT_FOUND)
+    sweep = _sweep(session, sweep_id)
     cancelled = queue.cancel_sweep(session, sweep_id=sweep_id)
     session.expire_all()  # the sweep's attributes are read again, after the cancel
     return {**sweep_public(session, sweep), "cancelled_points": cancelled}

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from sqlalchemy import ColumnElement, String, cast, func, insert, select, text, type_coerce, update
+from sqlalchemy import ColumnElement, String, bindparam, cast, func, insert, select, text, type_coerce, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import InstrumentedAttribute, Session
@@ -191,6 +191,29 @@ def sweep_progress(session: Session, *, sweep_id: int) -> dict[str, int]:
         counts[status] = count
     counts["total"] = sum(count for _, count in rows)
     return counts
+
+
+SWEEP_VIEW_COLUMNS = ("id", "name", "tags", "status", "n_points", "created_at", "started_at", "finished_at", "spec")
+# `sweep_view`'s two statements, built once (a statement built per call costs more CPU than SQLite's answer)
+_SWEEP_ROW = select(*(Sweep.__table__.c[n] for n in SWEEP_VIEW_COLUMNS)).where(Sweep.__table__.c.id == bindparam("sid"))
+_SWEEP_COUNTS = (select(Point.status, func.count(), func.count(Measurement.unreliable))
+                 .select_from(Point).outerjoin(Measurement, Measurement.point_id == Point.id)
+                 .where(Point.sweep_id == bindparam("sid")).group_by(Point.status))
+
+
+def sweep_view(session: Session, *, sweep_id: int) -> dict[str, Any] | None:
+    """One sweep's public columns (`SWEEP_VIEW_COLUMNS`) and `progress` (`sweep_progress` plus `unreliable`), or None
+    when there is no such sweep: two prebuilt Core statements, no ORM objects (the sweep page polls it)."""
+    row = session.execute(_SWEEP_ROW, {"sid": sweep_id}).first()
+    if row is None:
+        return None
+    progress = {**dict.fromkeys(POINT_STATUSES, 0), "total": 0, "unreliable": 0}
+    for status, count, unreliable in session.execute(_SWEEP_COUNTS, {"sid": sweep_id}).tuples():
+        progress[status] = count
+        progress["total"] += count
+        if status == "done":
+            progress["unreliable"] = unreliable
+    return {**row._asdict(), "progress": progress}
 
 
 def sweeps_progress(session: Session, *, sweep_ids: Sequence[int]) -> dict[int, dict[str, int]]:

@@ -276,3 +276,33 @@ def test_every_store_function_is_keyword_only_after_the_session() -> None:
                 checked.append(name)
                 assert all(p.kind in (p.KEYWORD_ONLY, p.VAR_KEYWORD) for p in params[1:]), f"{module.__name__}.{name}"
     assert {"store_tuning", "list_tuned_configs", "claim_point", "complete_point"} <= set(checked)
+
+
+def test_sweep_view_equals_the_orm_reads(db_url: str, make_points) -> None:
+    """`sweep_view` (the sweep page's poll, two prebuilt Core statements) gives what the ORM reads give: the sweep's
+    columns, `sweep_progress` and `sweeps_unreliable`, on a sweep with done (one of them unreliable), failed, skipped
+    and queued points; None for a missing sweep."""
+    with session_scope(db_url) as s:
+        points = make_points(6)
+        points[5].update(status="skipped", reason="not here")
+        sweep = crud.create_sweep(s, name="v", tags=["a", "b"], spec={"ops": ["gdn"], "n": [1, 2]}, points=points)
+        sweep_id = sweep.id
+    with get_sessionmaker(db_url)() as s:
+        for i in range(3):
+            point = queue.claim_point(s, worker="w", lease_s=30)
+            crud.store_measurement(
+                s, point_id=point.id, environment_id=None, worker="w", clock="wall", samples=[1.0, 1.1, 1.2],
+                summary=_summary([1.0, 1.1, 1.2]), stop_reason="timeout" if i == 1 else "noise",
+                unreliable="stopped on timeout" if i == 1 else None, err_vs_none=None, err_vs_reference=None,
+            )  # fmt: skip
+            assert queue.complete_point(s, point_id=point.id, worker="w")
+        failing = queue.claim_point(s, worker="w", lease_s=30)
+        assert queue.fail_point(s, point_id=failing.id, worker="w", error="RuntimeError: boom", retryable=False)
+    with get_sessionmaker(db_url)() as s:
+        view = crud.sweep_view(s, sweep_id=sweep_id)
+        orm = crud.get_sweep(s, sweep_id=sweep_id)
+        want = {c: getattr(orm, c) for c in crud.SWEEP_VIEW_COLUMNS}
+        progress = {**crud.sweep_progress(s, sweep_id=sweep_id), "unreliable": crud.sweeps_unreliable(s, sweep_ids=[sweep_id])[sweep_id]}
+        assert view == {**want, "progress": progress}, view
+        assert progress["done"] == 3 and progress["unreliable"] == 1 and progress["failed"] == 1 and progress["skipped"] == 1
+        assert crud.sweep_view(s, sweep_id=sweep_id + 100) is None

@@ -162,7 +162,14 @@ def _sweep(session: Session, sweep_id: int) -> Sweep:
             responses={404: {"model": Message}})
 async def read_sweep(request: Request, sweep_id: int = Path(ge=1, le=INT32_MAX)) -> Any:
     """Status and progress counts of one sweep."""
-    return await run_in_session(request, lambda session: sweep_public(session, _sweep(session, sweep_id)))
+    return await run_in_session(request, lambda session: _sweep_view(session, sweep_id))
+
+
+def _sweep_view(session: Session, sweep_id: int) -> dict[str, Any]:
+    """`GET /sweeps/{id}`'s answer: `crud.sweep_view` (two Core queries), a 404 when there is no such sweep."""
+    if (view := crud.sweep_view(session, sweep_id=sweep_id)) is None:
+        raise HTTPException(status_code=404, detail=NOT_FOUND)
+    return view
 
 
 @router.post("/{sweep_id}/cancel", response_model=SweepCancelled, dependencies=[Depends(require_token)],

@@ -25,6 +25,8 @@ from tests.utils import make_inputs
 OP = "gdn"
 SMALL = LaunchConfig(BK=16, BV=16, num_warps=2, num_stages=1)
 OTHER = LaunchConfig(BK=16, BV=16, num_warps=1, num_stages=2)
+# the kernels GDN's forward launches (the fused two-kernel path, fwd_path "auto"): the Ag pass and the fused pass
+PREP, PASS = "wy_gdn_ag_fwd", "gdn_fused_state_output_fwd"
 
 
 def _inputs(grad: bool = False) -> tuple[torch.Tensor, ...]:
@@ -35,14 +37,14 @@ def _inputs(grad: bool = False) -> tuple[torch.Tensor, ...]:
 def test_two_plans_coexist_in_one_process() -> None:
     xs = _inputs()
     rec_a, rec_b = LaunchRecorder(), LaunchRecorder()
-    plan_a = LaunchPlan(configs={"wy_gdn_fwd": SMALL}, recorder=rec_a)
-    plan_b = LaunchPlan(configs={"wy_gdn_fwd": OTHER, "chunk_state_output_fwd": LaunchConfig(BV=16, num_warps=1)},
+    plan_a = LaunchPlan(configs={PREP: SMALL}, recorder=rec_a)
+    plan_b = LaunchPlan(configs={PREP: OTHER, PASS: LaunchConfig(BV=16, num_warps=1)},
                         recorder=rec_b)
     o_a, _ = kernels.forward(OP, *xs, backend="triton", plan=plan_a)
     o_b, _ = kernels.forward(OP, *xs, backend="triton", plan=plan_b)
-    assert rec_a["wy_gdn_fwd"][1] == SMALL and rec_b["wy_gdn_fwd"][1] == OTHER
-    assert rec_a["chunk_state_output_fwd"][1] != rec_b["chunk_state_output_fwd"][1]
-    assert rec_a["wy_gdn_fwd"][0] == rec_b["wy_gdn_fwd"][0]  # same shape key, each call its own config
+    assert rec_a[PREP][1] == SMALL and rec_b[PREP][1] == OTHER
+    assert rec_a[PASS][1] != rec_b[PASS][1]
+    assert rec_a[PREP][0] == rec_b[PREP][0]  # same shape key, each call its own config
     torch.testing.assert_close(o_a, o_b, rtol=1e-5, atol=1e-5)  # other tiles, same math
 
 
@@ -58,10 +60,10 @@ def test_a_backward_launches_with_the_plan_of_its_forward() -> None:
 
 def test_config_is_merged_on_top_of_the_plan() -> None:
     rec = LaunchRecorder()
-    plan = LaunchPlan(configs={"wy_gdn_fwd": SMALL, "chunk_state_output_fwd": LaunchConfig(BV=16)}, recorder=rec)
-    kernels.forward(OP, *_inputs(), backend="triton", plan=plan, config={"wy_gdn_fwd": OTHER})
-    assert rec["wy_gdn_fwd"][1] == OTHER and rec["chunk_state_output_fwd"][1] == LaunchConfig(BV=16)
-    assert plan.configs["wy_gdn_fwd"] == SMALL  # the caller's plan is unchanged
+    plan = LaunchPlan(configs={PREP: SMALL, PASS: LaunchConfig(BV=16)}, recorder=rec)
+    kernels.forward(OP, *_inputs(), backend="triton", plan=plan, config={PREP: OTHER})
+    assert rec[PREP][1] == OTHER and rec[PASS][1] == LaunchConfig(BV=16)
+    assert plan.configs[PREP] == SMALL  # the caller's plan is unchanged
 
 
 def test_plan_is_frozen_and_keep_is_checked() -> None:

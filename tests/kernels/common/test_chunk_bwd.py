@@ -138,7 +138,7 @@ def test_triton_bwd_with_the_forwards_states_split(OP: str, fuse: bool) -> None:
     o, ht = fwd(q, k, v, g, beta, scale=DIM**-0.5, initial_state=h0, output_final_state=True, cu_seqlens=cu,
                 split_chunks=1, fuse_output=fuse, keep=keep, keep_states=True)
     o_plain, ht_plain = fwd(q, k, v, g, beta, scale=DIM**-0.5, initial_state=h0, output_final_state=True,
-                            cu_seqlens=cu, split_chunks=1, fuse_output=fuse)
+                            cu_seqlens=cu, split_chunks=1, fuse_output=fuse, fwd_path="wy")  # the path that keeps
     assert torch.equal(o, o_plain) and torch.equal(ht, ht_plain)  # keeping changes what is stored, not the result
     assert int(keep["split"]) == 1 and keep["split"].device.type == "cpu"
     assert keep["M"].shape[0] == keep["h"].shape[0]  # one-chunk segments: one map per chunk, the last ones too

@@ -2,7 +2,7 @@
 in one process on one GPU: o checked against the fp32 reference, then do_bench medians; GPU only.
 
     python benchmarks/fused_fwd_lab.py --out $OUT [--shapes 1x32768,1x131072,8x8192] [--lb -5] [--no-flash-qla]
-        [--ref-max-tokens 32768] [--split-chunks N] [--configs 64:4:2,128:8:2] [--deadline-s 540]
+        [--ref-max-tokens 32768] [--split-chunks N] [--configs 64:4:2,128:8:2] [--warm 0,2,4] [--deadline-s 540]
     TRITON_INTERPRET=1 python benchmarks/fused_fwd_lab.py --out /tmp/lab --dry-run   # CPU plumbing check, no timing
 
 Inputs (the peers anchor's recipe, ../shared/anchors/peers-h200.md): bf16, H=HV=16, K=V=128, q and k L2-normalised,
@@ -17,6 +17,10 @@ Per shape:
   with --splits the new forward at other segment lengths; FlashQLA's `chunk_gated_delta_rule` when it imports, at its
   default (`auto_cp=True`: its intra-card CP) and with `auto_cp=False` (its first call compiles, about 170 s cold);
 - the bytes floor: q, k, v, g, beta read and o written once at 4.2 TB/s;
+- with --warm w,...: the new forward with the split's gate-certified warmup of w chunks (`warm_chunks=w`, 0 = exact
+  maps; `kernels.common.warm_split`), its error, the certified fraction of the (transition, head) pairs (read after the
+  timed calls) and, where the windows exist, the two stages it adds alone: the windows' pass (the fused pass in
+  state-only mode over the windows) and the certification (`certify_windows`, given the Ag pass's bound sums);
 - with --configs BV:warps:stages,...: the fused pass from the given Ag at each launch config of
   `gdn_fused_state_output_fwd` (time and o's error each: a miscompile shows as an error, not a crash of the table).
 Writes $OUT/fused_fwd_lab.{json,md} after every shape (a stopped run keeps its rows).
@@ -99,6 +103,7 @@ def measure(
     split: int | None,
     configs: list[str],
     splits: tuple[int, ...] = (),
+    warms: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     from kernels.common.gdn_fused_state_output import (
         gdn_fused_fwd,
@@ -157,6 +162,9 @@ def measure(
         row[f"new_split{seg}_err"] = rel_l2(at()[0], o_ref)
         row[f"new_split{seg}_ms"] = _ms(at)
 
+    for w in warms:
+        row.update(_warm_row(w, q, k, v, g, beta, cu, o_ref, split=split, index=index, launch=launch))
+
     def given(*_: Any, **__: Any) -> tuple[torch.Tensor, torch.Tensor]:
         return ag, gcum
 
@@ -195,6 +203,44 @@ def measure(
         row["flash_qla_nocp_ms"] = _ms(
             lambda: fq.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, cu_seqlens=cu, auto_cp=False)
         )
+    return row
+
+
+def _warm_row(w: int, q, k, v, g, beta, cu, o_ref, *, split: int | None, index: Any, launch: Any) -> dict[str, Any]:
+    """The new forward with a warm window of w chunks: ms, err, certified fraction; the windows' pass and the
+    certification alone where the split has windows of that length."""
+    from kernels.common.gdn_fused_state_output import gdn_fused_state_output
+    from kernels.common.seqsplit import resolve_split
+    from kernels.common.warm_split import certify_windows, warm_inputs, window_plan, with_chunk_bound
+    from kernels.ops.gdn.chunk import chunk_gdn_fwd
+    from kernels.ops.gdn.wy_ag import wy_gdn_ag
+    from runners.correctness import rel_l2
+
+    report: dict[str, torch.Tensor] = {}
+    opts = {"scale": k.shape[-1] ** -0.5, "cu_seqlens": cu, "split_chunks": split, "fwd_path": "fused"}
+
+    def fwd() -> Any:
+        return chunk_gdn_fwd(q, k, v, g, beta, warm_chunks=w, warm_report=report, **opts)
+
+    row: dict[str, Any] = {f"new_warm{w}_err": rel_l2(fwd()[0], o_ref), f"new_warm{w}_ms": _ms(fwd)}
+    if "certified" in report:
+        row[f"new_warm{w}_certified"] = float(report["certified"].float().mean())  # after the timed calls
+    plan = resolve_split(index, split, H=v.shape[2], NV=-(-v.shape[3] // 64), device=q.device)
+    x = with_chunk_bound(warm_inputs("gdn", k, v, g, beta, w), index.num_chunks)
+    if plan is None or x is None:
+        return row
+    wp = window_plan(index, list(plan.bounds_cpu), list(plan.chunk_bounds_cpu), list(plan.transitions_cpu), w,
+                     seg_chunks=plan.seg_chunks, cache={})  # fmt: skip
+    if wp is None:
+        return row
+    ag, gcum = wy_gdn_ag(k, g, beta, index=index, launch=launch, bnd=x.chunk_bound, v=v)
+
+    def windows() -> Any:
+        return gdn_fused_state_output(None, k, v, ag, gcum, layout=wp.layout, BT=BT, output_final_state=True, launch=launch)[1]
+
+    E_win = windows()
+    row[f"warm{w}_windows_ms"] = _ms(windows)
+    row[f"warm{w}_certify_ms"] = _ms(lambda: certify_windows(x, wp, E_win, None))
     return row
 
 
@@ -256,6 +302,18 @@ def _markdown(state: dict[str, Any]) -> str:
                   "|---:|---:|---|---:|---:|"]  # fmt: skip
         for r, c in others:
             lines.append(f"| {r['B']} | {r['T']} | {c} | {r[f'{c}_ms']:.3f} | {r.get(f'{c}_err', float('nan')):.3e} |")
+    warm = sorted({int(key[8:-3]) for r in state["rows"] for key in r if key.startswith("new_warm") and key.endswith("_ms")})
+    if warm:
+        lines += ["", "The new forward with the gate-certified warm split (`--warm`: window w chunks, 0 = exact maps); "
+                  "certified: the fraction of (transition, head) pairs; the windows' pass and the certification alone",
+                  "", "| B | T | w | ms | err | certified | windows pass ms | certify ms |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+        for r in state["rows"]:
+            for w in warm:
+                cells = [r.get(f"new_warm{w}_{c}") for c in ("ms", "err", "certified")]
+                cells += [r.get(f"warm{w}_{c}_ms") for c in ("windows", "certify")]
+                text = ["" if x is None else f"{x:.3e}" if i == 1 else f"{x:.3f}" for i, x in enumerate(cells)]
+                lines.append(f"| {r['B']} | {r['T']} | {w} | " + " | ".join(text) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -269,13 +327,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--configs", default="", help="BV:warps:stages,... of the fused pass to time (given Ag)")
     p.add_argument("--split-chunks", type=int, default=None, help="segment length in chunks (default: automatic)")
     p.add_argument("--splits", default="", help="also time the new forward at these segment lengths (chunks), e.g. 8,16,32")
+    p.add_argument("--warm", default="", help="also time the new forward with these warm windows (chunks), e.g. 0,2,4")
     p.add_argument(
-        "--dry-run", action="store_true", help="CPU under TRITON_INTERPRET=1: H=2, K=V=32, 1x200 and 2x70 tokens, split 1"
+        "--dry-run",
+        action="store_true",
+        help="CPU under TRITON_INTERPRET=1: H=2, K=V=32, 1x200 and 2x70 tokens, split 1 (or --split-chunks)",
     )
     p.add_argument("--deadline-s", type=float, default=540.0, help="start no new shape after this many seconds")
     args = p.parse_args(argv)
     if args.dry_run:
-        DEVICE["name"], args.shapes, args.split_chunks, args.no_flash_qla = "cpu", "1x200,2x70", 1, True
+        DEVICE["name"], args.shapes, args.no_flash_qla = "cpu", "1x200,2x70", True
+        args.split_chunks = args.split_chunks or 1
         DIMS.update(H=2, K=32, V=32)
         DEVICE["dtype"] = torch.float32
     elif not torch.cuda.is_available():
@@ -312,6 +374,7 @@ def main(argv: list[str] | None = None) -> None:
             split=args.split_chunks,
             configs=[c for c in args.configs.split(",") if c],
             splits=tuple(int(x) for x in args.splits.split(",") if x),
+            warms=tuple(int(x) for x in args.warm.split(",") if x),
         )
         print(json.dumps(row), flush=True)
         state["rows"].append(row)

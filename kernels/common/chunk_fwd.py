@@ -7,10 +7,11 @@
                               the chunk states for the backward (`kernels.common.state_keep`)
     fwd_path="fused"          GDN's two-kernel forward (`kernels.common.gdn_fused_state_output.gdn_fused_fwd`: the Ag
                               prep, then one fused state+output pass forming w S and u from Ag); the default "auto"
-                              takes it wherever it runs (GDN, the plan keeps nothing for the backward, no warm split,
-                              output fused), "wy" the WY prep and state pass above
-    warm_chunks               the split's gate-certified warmup (`kernels.common.warm_split`): the WY prep sums the
-                              decay bound per chunk (`bnd=`), the state pass drops the certified segment maps
+                              takes it wherever it runs (GDN, the plan keeps nothing for the backward, output fused),
+                              "wy" the WY prep and state pass above
+    warm_chunks               the split's gate-certified warmup (`kernels.common.warm_split`), on either path: the WY or
+                              Ag prep sums the decay bound per chunk (`bnd=`), the state pass drops the certified
+                              segment maps
 
 Inputs in FLA's layout (DESIGN.md §1), validated by `kernels.dispatch` before this is called.
 """
@@ -91,7 +92,7 @@ def chunk_fwd(
     (`kernels.common.warm_split`; None = its WARM_DEFAULT, 0 = exact maps); warm_report: a dict that receives its
     device tensor `certified` (read it after the call). fwd_path: one of FWD_PATHS ("auto": fused where it runs and
     the plan keeps nothing for the backward; "fused": GDN only, not with
-    keep_states or warm_chunks; it keeps no WY factors, so the backward recomputes them). ag_prep: the op's Ag pass
+    keep_states; it keeps no WY factors, so the backward recomputes them). ag_prep: the op's Ag pass
     for the fused path (the op table's `ChunkOp.ag_prep`; GDN's `wy_gdn_ag`).
     """
     B, T, H, _ = k.shape
@@ -105,14 +106,13 @@ def chunk_fwd(
         ag_prep=ag_prep,
         keep_wy=keep is not None,
         keep_states=keep is not None and keep_states,
-        warm_chunks=warm_chunks,
     )
+    warm = None if keep is not None and keep_states else warm_inputs(op, k, v, g, beta, warm_chunks, report=warm_report)
+    warm = with_chunk_bound(warm, index.num_chunks)  # the WY (or Ag) pass sums the bound's terms per chunk
     if fused_path:
         assert ag_prep is not None
         fused = {"initial_state": initial_state, "output_final_state": output_final_state, "split_chunks": split_chunks}
-        return gdn_fused_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch, ag_prep=ag_prep, **fused)
-    warm = None if keep is not None and keep_states else warm_inputs(op, k, v, g, beta, warm_chunks, report=warm_report)
-    warm = with_chunk_bound(warm, index.num_chunks)  # the WY pass sums the bound's terms per chunk
+        return gdn_fused_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch, ag_prep=ag_prep, warm=warm, **fused)
     bnd = warm.chunk_bound if warm is not None else None
     wy = wy_prep(q, k, v, g, beta, scale=scale, index=index, launch=launch, bnd=bnd)
     if keep is not None:

@@ -21,7 +21,9 @@ of `kernels.configs.head_block`. Rows past a sequence's end load as zero (their 
 not stored. Ranges: `kernels.common.chunk_state.SeqLayout` (whole sequences, or seqsplit's segments).
 
 `gdn_fused_fwd` is the GDN forward on this pass: the Ag prep, then plain or split (seqsplit's plan, this kernel's
-transitions, `seg_chain_fwd`, this kernel with the output from each segment's entering state). The Ag prep is the op's
+transitions, `seg_chain_fwd`, this kernel with the output from each segment's entering state). With a warm window
+(`kernels.common.warm_split`) the Ag prep also sums the decay bound per chunk, this kernel walks the windows from zero
+(state only) and its transitions skip the certified (segment, head) pairs (`need`). The Ag prep is the op's
 (`kernels.ops.gdn.wy_ag.wy_gdn_ag`, handed in by the op table: `kernels/common` imports no op).
 """
 
@@ -38,6 +40,7 @@ from kernels.common.chunk_state import SeqLayout
 from kernels.common.index import ChunkIndex
 from kernels.common.seqsplit import resolve_split, seg_chain_fwd, whole_sequences
 from kernels.common.state_program import range_of_program
+from kernels.common.warm_split import WarmInputs, certified_transitions, window_plan
 from kernels.configs import KernelSpec, LaunchConfig, head_block, register
 from kernels.plan import LaunchPlan, launch_config
 
@@ -67,13 +70,14 @@ GDN_FUSED_STATE_OUTPUT_FWD = register(
     )
 )
 
-# (k, g, beta, *, index, launch) -> (Ag [B, T, HV, BT] in k's dtype, gcum [B, T, HV] fp32)
+# (k, g, beta, *, index, launch, bnd=None, v=None) -> (Ag [B, T, HV, BT] in k's dtype, gcum [B, T, HV] fp32); bnd: the
+# warm split's per-chunk bound sums to fill (they read v)
 AgPrep = Callable[..., tuple[Tensor, Tensor]]
 
 
 # constexpr flag -> the argument whose presence sets it
 _FLAGS = {"USE_INITIAL_STATE": "h0", "STORE_FINAL_STATE": "ht", "OUTPUT": "o", "TRANSITION": "m",
-          "IS_VARLEN": "cu_seqlens", "USE_SEQ_MAP": "seq_map", "USE_FINAL_IDX": "final_idx"}  # fmt: skip
+          "IS_VARLEN": "cu_seqlens", "USE_SEQ_MAP": "seq_map", "USE_FINAL_IDX": "final_idx", "USE_NEED": "need"}  # fmt: skip
 
 
 @triton.heuristics({flag: (lambda args, name=name: args[name] is not None) for flag, name in _FLAGS.items()})
@@ -83,16 +87,22 @@ def gdn_fused_state_output_kernel(
     ag, gcum,  # [B, T, HV, BT] Ag (lower triangle incl. the diagonal; nothing above it is read), [B, T, HV] fp32 G
     h0, ht, m, o,  # entering states [N, HV, K, V] fp32; out: final states (TRANSITION: S_ext), M [N, HV, K, K], o
     cu_seqlens, chunk_offsets, seq_map, final_idx,  # the SeqLayout (`kernels.common.chunk_state`): int32 or None
+    need,  # [N, HV] uint8 or None (TRANSITION): 0 = walk no chunk, store M = 0 and S_ext = 0 (a certified warm window)
     scale, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, OUTPUT: tl.constexpr, TRANSITION: tl.constexpr,
-    IS_VARLEN: tl.constexpr, USE_SEQ_MAP: tl.constexpr, USE_FINAL_IDX: tl.constexpr,
+    IS_VARLEN: tl.constexpr, USE_SEQ_MAP: tl.constexpr, USE_FINAL_IDX: tl.constexpr, USE_NEED: tl.constexpr,
 ):  # fmt: skip
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = (i_nh // HV).to(tl.int64), i_nh % HV
     i_h = i_hv // (HV // H)  # the q/k head of this value head
     _, bos, T, _, NT = range_of_program(i_n, seq_map, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN, USE_SEQ_MAP)
     dt = k.dtype.element_ty
+    if USE_NEED:
+        b_need = tl.load(need + i_n * HV + i_hv) != 0
+        NT = tl.where(b_need, NT, 0)
+    else:
+        b_need = True
 
     o_t = tl.arange(0, BT)  # chunk rows
     m_causal = o_t[:, None] >= o_t[None, :]
@@ -103,7 +113,7 @@ def gdn_fused_state_output_kernel(
         m_c = o_c < K + V
         o_vc = o_c - K  # the value column of an S_ext column (negative: an M column, V = 0 there)
         m_vc = (o_c >= K) & m_c
-        b_h = tl.where((o_k[:, None] == o_c[None, :]) & (o_c < K)[None, :], 1.0, 0.0)  # [I | 0]
+        b_h = tl.where((o_k[:, None] == o_c[None, :]) & (o_c < K)[None, :] & b_need, 1.0, 0.0)  # [I | 0] (0: masked)
     else:
         m_c = o_c < V
         o_vc = o_c
@@ -172,7 +182,7 @@ def _config(
 
 def _launch(cfg: LaunchConfig, ncols: int, layout: SeqLayout, *, q: Tensor | None, k: Tensor, v: Tensor, ag: Tensor,
             gcum: Tensor, BT: int, scale: float = 1.0, h0: Tensor | None = None, ht: Tensor | None = None,
-            m: Tensor | None = None, o: Tensor | None = None) -> None:  # fmt: skip
+            m: Tensor | None = None, o: Tensor | None = None, need: Tensor | None = None) -> None:  # fmt: skip
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     BV = cfg.BV
@@ -184,7 +194,7 @@ def _launch(cfg: LaunchConfig, ncols: int, layout: SeqLayout, *, q: Tensor | Non
     if grid[1] == 0:
         return
     gdn_fused_state_output_kernel[grid](
-        q, k, v, ag, gcum, h0, ht, m, o, layout.cu_seqlens, layout.chunk_offsets, layout.seq_map, layout.final_idx,
+        q, k, v, ag, gcum, h0, ht, m, o, layout.cu_seqlens, layout.chunk_offsets, layout.seq_map, layout.final_idx, need,
         scale, T, H=H, HV=HV, K=K, V=V, BT=BT, BK=head_block(K), BV=BV, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )  # fmt: skip
@@ -210,16 +220,24 @@ def gdn_fused_state_output(
 
 
 def gdn_fused_transition(
-    k: Tensor, v: Tensor, ag: Tensor, gcum: Tensor, *, layout: SeqLayout, BT: int, launch: LaunchPlan | None = None
-) -> tuple[Tensor, Tensor]:
+    k: Tensor, v: Tensor, ag: Tensor, gcum: Tensor, *, layout: SeqLayout, BT: int, launch: LaunchPlan | None = None,
+    need: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Each program's range as an affine map S -> M S + S_ext: (M `[N, HV, K, K]`, S_ext `[N, HV, K, V]`) fp32,
-    N = layout.num_programs (M: the recurrence on the identity with V = 0; S_ext: from zero with V)."""
+    N = layout.num_programs (M: the recurrence on the identity with V = 0; S_ext: from zero with V). need: bool
+    `[N, HV]` on the device, or None (all): the (program, head) pairs whose flag is False walk no chunk and store
+    M = 0, S_ext = 0 (`kernels.common.warm_split`'s certified windows)."""
     K, HV, V = k.shape[3], v.shape[2], v.shape[3]
     cfg = _config(launch, k, v, BT=BT, mode="transition", layout=layout, ncols_limit=min(head_block(K), head_block(V)))
     N = layout.num_programs
     M = k.new_empty(N, HV, K, K, dtype=torch.float32)
     S = k.new_empty(N, HV, K, V, dtype=torch.float32)
-    _launch(cfg, K + V, layout, q=None, k=k, v=v, ag=ag, gcum=gcum, BT=BT, ht=S, m=M)
+    if need is not None:
+        assert need.shape == (N, HV) and need.dtype == torch.bool, (
+            f"need must be bool [{N}, {HV}], got {need.dtype} {tuple(need.shape)}"
+        )
+    flags = None if need is None else need.contiguous().view(torch.uint8)  # same bytes: one per (program, head)
+    _launch(cfg, K + V, layout, q=None, k=k, v=v, ag=ag, gcum=gcum, BT=BT, ht=S, m=M, need=flags)
     return M, S
 
 
@@ -227,48 +245,64 @@ def gdn_fused_transition(
 # the forward
 
 
-def check_fwd_path(
-    fwd_path: str, *, op: str, ag_prep: AgPrep | None, keep_wy: bool, keep_states: bool, warm_chunks: int | None
-) -> bool:
+def check_fwd_path(fwd_path: str, *, op: str, ag_prep: AgPrep | None, keep_wy: bool, keep_states: bool) -> bool:
     """True for the fused path, False for the WY path; "auto" picks the fused one where it can run and nothing is
-    kept for the backward (keep_wy: the plan keeps the WY factors, which only the WY path makes); a one-line
-    ValueError for a path it cannot run (the fused one needs the op's Ag pass: GDN's)."""
+    kept for the backward (keep_wy: the plan keeps the WY factors, which only the WY path makes), with or without a
+    warm window (both paths run the warm split); a one-line ValueError for a path it cannot run (the fused one needs
+    the op's Ag pass: GDN's, and keeps no states)."""
     if fwd_path not in FWD_PATHS:
         raise ValueError(f"fwd_path must be one of {', '.join(FWD_PATHS)}, got {fwd_path!r}")
     if fwd_path == "auto":
-        return ag_prep is not None and not keep_wy and not keep_states and not warm_chunks
+        return ag_prep is not None and not keep_wy and not keep_states
     if fwd_path == "wy":
         return False
-    if ag_prep is None or keep_states or warm_chunks:
-        raise ValueError(
-            f"fwd_path='fused' runs GDN's forward without kept states or warm_chunks, got op={op!r}, "
-            f"keep_states={keep_states}, warm_chunks={warm_chunks}"
-        )
+    if ag_prep is None or keep_states:
+        raise ValueError(f"fwd_path='fused' runs GDN's forward without kept states, got op={op!r}, keep_states={keep_states}")
     return True
 
 
 def gdn_fused_fwd(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex, launch: LaunchPlan,
     ag_prep: AgPrep, initial_state: Tensor | None = None, output_final_state: bool = False,
-    split_chunks: int | None = None,
+    split_chunks: int | None = None, warm: WarmInputs | None = None,
 ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """GDN's forward on the fused pass: (o `[B, T, HV, V]` in q's dtype, final state `[N, HV, K, V]` fp32 or None).
 
     q, k `[B, T, H, K]`, v `[B, T, HV, V]`, g, beta `[B, T, HV]` (contiguous). split_chunks: as
     `kernels.common.seqsplit.resolve_split` (None automatic, 0 never, n chunks per segment). ag_prep: the Ag pass
-    (`(k, g, beta, *, index, launch) -> (Ag, gcum)`, GDN's `wy_gdn_ag`).
+    (`(k, g, beta, *, index, launch, bnd, v) -> (Ag, gcum)`, GDN's `wy_gdn_ag`). warm: the split's gate-certified
+    warmup (`kernels.common.warm_split`, its `chunk_bound` for the Ag pass to fill), or None (exact maps).
     """
     BT = index.chunk_size
     HV, V = v.shape[2], v.shape[3]
-    ag, gcum = ag_prep(k, g, beta, index=index, launch=launch)
+    bnd = warm.chunk_bound if warm is not None else None
+    ag, gcum = ag_prep(k, g, beta, index=index, launch=launch, bnd=bnd, v=v if bnd is not None else None)
     h0 = initial_state.float().contiguous() if initial_state is not None else None
     layout = whole_sequences(index)
     bv = _config(launch, k, v, BT=BT, mode="output", layout=layout, ncols_limit=head_block(V)).BV or 64
     plan = resolve_split(index, split_chunks, H=HV, NV=-(-V // bv), device=k.device)
     num_states = None
     if plan is not None:
-        M, S_ext = gdn_fused_transition(k, v, ag, gcum, layout=plan.transitions, BT=BT, launch=launch)
-        h0 = seg_chain_fwd(M, S_ext, h0, plan, launch=launch)
+        pass_args = {"k": k, "v": v, "ag": ag, "gcum": gcum, "BT": BT, "launch": launch}
+        cuts = (list(plan.bounds_cpu), list(plan.chunk_bounds_cpu), list(plan.transitions_cpu))
+        wp = None if warm is None else window_plan(index, *cuts, warm.window_chunks, seg_chunks=plan.seg_chunks,
+                                                    cache=plan.windows)  # fmt: skip
+        drop = None
+        if wp is None:
+            M, S_ext = gdn_fused_transition(layout=plan.transitions, **pass_args)
+        else:
+            assert warm is not None
+
+            def window_states(windows: SeqLayout) -> Tensor:  # the windows from zero: this pass, state only
+                _, E_win = gdn_fused_state_output(None, layout=windows, output_final_state=True, **pass_args)
+                assert E_win is not None
+                return E_win
+
+            M, S_ext, drop = certified_transitions(
+                warm, wp, h0, window_states=window_states,
+                masked_transitions=lambda need: gdn_fused_transition(layout=plan.transitions, need=need, **pass_args),
+            )  # fmt: skip
+        h0 = seg_chain_fwd(M, S_ext, h0, plan, launch=launch, drop=drop)
         layout, num_states = plan.final, index.num_seqs
     o, ht = gdn_fused_state_output(q, k, v, ag, gcum, layout=layout, BT=BT, scale=scale, h0=h0,
                                    output_final_state=output_final_state, num_states=num_states, launch=launch)  # fmt: skip

@@ -12,7 +12,8 @@ almost the state E_win that the last `w` chunks of segment s build from zero: S_
    the bound is <= tol/(1+tol) ||E_win||_F, so the dropped part is <= tol ||S_exact||_F (warmup_correct's rule
    and its tol, `kernels.vocabulary.MODE_OPTIONS["warmup_correct"]["tol"]`). The forwards have the WY pass sum the
    bound's per-token terms per chunk (`wy_*_fwd(bnd=...)`, fp32 rounded up: windows are whole chunks, so the
-   chunk sums give the same bound), and the certification reads those [NT, H, 2] sums instead of k, v and g.
+   chunk sums give the same bound), and the certification reads those [NT, H, 2] sums instead of k, v and g, in one
+   Triton launch (`kernels.common.warm_certify`; the per-token form, without chunk sums, stays in torch).
 3. the transition pass runs with the certified (segment, head) programs masked (`need` per head): they walk no
    chunk and store M = 0 and S_ext = 0; the others compute the exact pair.
 4. S_ext = where(certified, E_win, S_ext): the chain (`seg_chain_fwd(drop=certified)`) then takes S_{s+1} = E_win
@@ -20,13 +21,18 @@ almost the state E_win that the last `w` chunks of segment s build from zero: S_
    exact path.
 
 The window w (`warm_chunks`) is a host constant of the call; it must be shorter than a segment, else the split
-runs exactly (`window_plan` returns None). `WarmInputs.report` (a dict, optional) receives the device tensor
+runs exactly (`window_plan` returns None). Both forward paths share steps 2-4 (`certified_transitions`, given the
+path's two passes as callables): the WY path (`warm_transitions`: `chunk_state_final_fwd`, then
+`chunk_state_transition_fwd(need=)`) and GDN's fused path (`kernels.common.gdn_fused_state_output.gdn_fused_fwd`: its
+pass in state-only mode over the windows, then its TRANSITION mode with `need`; the Ag pass sums the bound,
+`wy_gdn_ag(bnd=, v=)`). `WarmInputs.report` (a dict, optional) receives the device tensor
 `certified` [NS - N, H]: read it after the call (tests, benchmarks), never inside a step.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +41,7 @@ from torch import Tensor
 from kernels.common.chunk_state import SeqLayout, chunk_state_final_fwd, chunk_state_transition_fwd
 from kernels.common.decay_bound import log_window_bound, token_terms, window_certified
 from kernels.common.index import ChunkIndex
+from kernels.common.warm_certify import certify_chunk_windows
 from kernels.plan import LaunchPlan
 from kernels.vocabulary import MODE_OPTIONS
 
@@ -45,6 +52,7 @@ __all__ = [
     "WARM_TOL",
     "WarmInputs",
     "WindowPlan",
+    "certified_transitions",
     "certify_windows",
     "warm_inputs",
     "warm_transitions",
@@ -175,20 +183,46 @@ def window_plan(
 def certify_windows(x: WarmInputs, wp: WindowPlan, E_win: Tensor, h0: Tensor | None) -> Tensor:
     """bool `[NW, H]` on the device: the window's dropped state is provably <= tol ||S_exact||_F (module doc)."""
     B, T = x.k.shape[0], x.k.shape[1]
-    if x.chunk_bound is None:  # per token: k and v read here
-        flat = [y.reshape(1, B * T, *y.shape[2:]) for y in (x.k, x.v, x.g, x.beta)]  # one flat token axis
-        ell, log_u = token_terms(x.op, *flat)  # fp64 [B*T, H]
-        first, starts, ends = wp.seq_bos, wp.starts, wp.ends
-    else:  # per chunk, the same bound from the WY pass's sums (windows are whole chunks): k and v not read again
-        ell, log_u = x.chunk_bound[..., 0].double(), x.chunk_bound[..., 1].double()  # fp64 [NT_total, H]
-        first, starts, ends = wp.seq_first_chunk, wp.chunk_starts, wp.chunk_ends
-    if h0 is not None and first.numel():
-        # the state after a sequence's first token (chunk): A h0 + its writes, ||A h0|| <= exp(l) ||h0||: one write more
-        h0_log = torch.linalg.vector_norm(h0.index_select(0, wp.seq_ids), dim=(-2, -1)).double().log()
-        at = log_u.index_select(0, first)
-        log_u = log_u.index_copy(0, first, torch.logaddexp(at, ell.index_select(0, first) + h0_log))
-    lb = log_window_bound(ell, log_u, ends, starts, wp.valid)  # [NW, H]
+    if x.chunk_bound is not None:  # per chunk, the same bound from the WY pass's sums (windows are whole chunks):
+        # one launch (`kernels.common.warm_certify`) where no initial state enters; k and v not read again
+        ell, log_u = x.chunk_bound[..., 0], x.chunk_bound[..., 1]  # fp32 [NT_total, H] views
+        if h0 is not None and wp.seq_first_chunk.numel():
+            ell = ell.double()
+            log_u = _fold_initial_states(ell, log_u.double(), wp.seq_first_chunk, wp.seq_ids, h0)
+        return certify_chunk_windows(ell, log_u, wp.chunk_starts, wp.chunk_ends, wp.valid, E_win, x.tol)[1]
+    flat = [y.reshape(1, B * T, *y.shape[2:]) for y in (x.k, x.v, x.g, x.beta)]  # per token: one flat token axis
+    ell, log_u = token_terms(x.op, *flat)  # fp64 [B*T, H]
+    if h0 is not None and wp.seq_bos.numel():
+        log_u = _fold_initial_states(ell, log_u, wp.seq_bos, wp.seq_ids, h0)
+    lb = log_window_bound(ell, log_u, wp.ends, wp.starts, wp.valid)  # [NW, H]
     return window_certified(lb, torch.linalg.vector_norm(E_win, dim=(-2, -1)).double().log(), x.tol)
+
+
+def _fold_initial_states(ell: Tensor, log_u: Tensor, first: Tensor, seq_ids: Tensor, h0: Tensor) -> Tensor:
+    """log_u (fp64) with each sequence's initial state as one more write at its first token (chunk) `first`: the
+    state after it is A h0 + its writes, ||A h0|| <= exp(l) ||h0||."""
+    h0_log = torch.linalg.vector_norm(h0.index_select(0, seq_ids), dim=(-2, -1)).double().log()
+    at = log_u.index_select(0, first)
+    return log_u.index_copy(0, first, torch.logaddexp(at, ell.index_select(0, first) + h0_log))
+
+
+# (window layout) -> E_win fp32 `[NW, H, K, V]`: each window's state from zero (step 1)
+WindowStates = Callable[[SeqLayout], Tensor]
+# (need: bool `[NW, H]`) -> (M, S_ext) of the transitions, the pairs whose flag is False walking nothing (step 3)
+MaskedTransitions = Callable[[Tensor], tuple[Tensor, Tensor]]
+
+
+def certified_transitions(
+    x: WarmInputs, wp: WindowPlan, h0: Tensor | None, *, window_states: WindowStates, masked_transitions: MaskedTransitions
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(M, S_ext, certified) of the split's transitions from a forward path's two passes (steps 1-4 of the module doc):
+    M = 0 and S_ext = E_win for the certified (segment, head) pairs (bool `[NW, H]`), the exact pair elsewhere."""
+    E_win = window_states(wp.layout)
+    ok = certify_windows(x, wp, E_win, h0)
+    M, S_ext = masked_transitions(~ok)
+    if x.report is not None:
+        x.report["certified"] = ok
+    return M, torch.where(ok[:, :, None, None], E_win, S_ext), ok
 
 
 def warm_transitions(
@@ -205,14 +239,13 @@ def warm_transitions(
     h0: Tensor | None,
     launch: LaunchPlan | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(M, S_ext, certified) of the split's transitions: as `chunk_state_transition_fwd` gives them, with M = 0 and
-    S_ext = E_win for the certified (segment, head) pairs (bool `[NW, H]`), whose serial walks are skipped (steps 1-4
-    of the module doc; `seg_chain_fwd(drop=certified)` then skips their products too)."""
-    E_win = chunk_state_final_fwd(k, w, u, g, layout=wp.layout, BT=BT, gate_vector=gate_vector, launch=launch)
-    ok = certify_windows(x, wp, E_win, h0)
-    M, S_ext = chunk_state_transition_fwd(
-        k, w, u, g, layout=transitions, BT=BT, gate_vector=gate_vector, launch=launch, need=~ok
+    """(M, S_ext, certified) of the split's transitions on the WY path's passes (`certified_transitions`; the certified
+    pairs' serial walks are skipped, `seg_chain_fwd(drop=certified)` then skips their products too)."""
+    pass_args = {"BT": BT, "gate_vector": gate_vector, "launch": launch}
+    return certified_transitions(
+        x,
+        wp,
+        h0,
+        window_states=lambda layout: chunk_state_final_fwd(k, w, u, g, layout=layout, **pass_args),
+        masked_transitions=lambda need: chunk_state_transition_fwd(k, w, u, g, layout=transitions, need=need, **pass_args),
     )
-    if x.report is not None:
-        x.report["certified"] = ok
-    return M, torch.where(ok[:, :, None, None], E_win, S_ext), ok

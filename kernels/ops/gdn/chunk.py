@@ -30,12 +30,13 @@ def _wy_prep(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale:
     return WyPrep(k=k, q=q, g=gcum, w=w, u=u, aqk=aqk, kept={"w": w, "u": u, "gs": gcum, "aqk": aqk})
 
 
-def _ag_prep(k: Tensor, g: Tensor, beta: Tensor, *, index: Any, launch: LaunchPlan) -> tuple[Tensor, Tensor]:
+def _ag_prep(k: Tensor, g: Tensor, beta: Tensor, *, index: Any, launch: LaunchPlan, bnd: Tensor | None = None,
+             v: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """GDN's Ag pass (`wy_gdn_ag`: gate cumsum and Ag = T diag(beta) per chunk) for the two-kernel forward
-    (`fwd_path="fused"`, `kernels.common.gdn_fused_state_output`)."""
+    (`fwd_path="fused"`, `kernels.common.gdn_fused_state_output`); bnd, v: the warm split's bound sums."""
     from kernels.ops.gdn.wy_ag import wy_gdn_ag
 
-    return wy_gdn_ag(k, g, beta, index=index, launch=launch)
+    return wy_gdn_ag(k, g, beta, index=index, launch=launch, bnd=bnd, v=v)
 
 
 GDN = ChunkOp("gdn", gate_vector=False, naive=naive_recurrent_gdn, wy_prep=_wy_prep, ag_prep=_ag_prep)

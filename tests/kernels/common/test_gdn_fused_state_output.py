@@ -165,18 +165,20 @@ def test_wired_forward_and_refusals(chunk_size: int) -> None:
     assert_rel_close("o", o_ref, o, TOL)
     assert_rel_close("ht", ht_ref, ht, TOL)
     with pytest.raises(ValueError, match="fwd_path must be one of"):
-        check_fwd_path("fast", op="gdn", ag_prep=None, keep_wy=False, keep_states=False, warm_chunks=None)
+        check_fwd_path("fast", op="gdn", ag_prep=None, keep_wy=False, keep_states=False)
     with pytest.raises(ValueError, match="op='kda'"):
         chunk_kda_fwd(q, k, v, g[..., None].expand(*k.shape).contiguous(), beta, scale=32**-0.5, fwd_path="fused", **call)
 
 
 def test_auto_path_rule() -> None:
-    """The default fwd_path ("auto") runs GDN's fused forward; the WY path where the plan keeps the WY factors for the
-    backward (they exist only there), where the output pass is unfused, and for KDA (no Ag pass). Both are exact."""
+    """The default fwd_path ("auto") runs GDN's fused forward (with a warm window too); the WY path where the plan keeps
+    the WY factors for the backward (they exist only there), where the output pass is unfused, and for KDA (no Ag
+    pass). Both are exact."""
     lengths = (100, 30)
     q, k, v, g, beta, cu, _ = _inputs(lengths, H=2, HV=2)
     o_ref, _ = _reference(q, k, v, g, beta, cu, None)
-    for extra, fused in (({}, True), ({"keep": {}}, False), ({"fuse_output": False}, False)):
+    cases = (({}, True), ({"warm_chunks": 2}, True), ({"keep": {}}, False), ({"fuse_output": False}, False))
+    for extra, fused in cases:
         rec = LaunchRecorder()
         o, _ = chunk_gdn_fwd(q, k, v, g, beta, scale=32**-0.5, cu_seqlens=cu, plan=LaunchPlan(recorder=rec), **extra)
         assert_rel_close(f"o {extra}", o_ref, o, TOL)

@@ -1,4 +1,4 @@
-"""GDN's two-kernel forward (issue 26, `kernels.common.gdn_fused_state_output`) against today's WY forward and FlashQLA,
+"""GDN's two-kernel forward (issue 26, `kernels.ops.gdn.fused`) against today's WY forward and FlashQLA,
 in one process on one GPU: o checked against the fp32 reference, then do_bench medians; GPU only.
 
     python benchmarks/fused_fwd_lab.py --out $OUT [--shapes 1x32768,1x131072,8x8192] [--lb -5] [--no-flash-qla]
@@ -105,16 +105,16 @@ def measure(
     splits: tuple[int, ...] = (),
     warms: tuple[int, ...] = (),
 ) -> dict[str, Any]:
-    from kernels.common.gdn_fused_state_output import (
-        gdn_fused_fwd,
-        gdn_fused_state_output,
-        gdn_fused_transition,
-    )
     from kernels.common.index import prepare_chunk_index
     from kernels.common.seqsplit import resolve_split, seg_chain_fwd, state_and_output, whole_sequences
     from kernels.common.wy import wy_gdn_fwd
     from kernels.configs import LaunchConfig
     from kernels.ops.gdn.chunk import chunk_gdn_fwd
+    from kernels.ops.gdn.fused import (
+        gdn_fused_fwd,
+        gdn_fused_state_output,
+        gdn_fused_transition,
+    )
     from kernels.ops.gdn.wy_ag import wy_gdn_ag
     from kernels.plan import default_plan
     from runners.correctness import rel_l2
@@ -209,10 +209,10 @@ def measure(
 def _warm_row(w: int, q, k, v, g, beta, cu, o_ref, *, split: int | None, index: Any, launch: Any) -> dict[str, Any]:
     """The new forward with a warm window of w chunks: ms, err, certified fraction; the windows' pass and the
     certification alone where the split has windows of that length."""
-    from kernels.common.gdn_fused_state_output import gdn_fused_state_output
     from kernels.common.seqsplit import resolve_split
     from kernels.common.warm_split import certify_windows, warm_inputs, window_plan, with_chunk_bound
     from kernels.ops.gdn.chunk import chunk_gdn_fwd
+    from kernels.ops.gdn.fused import gdn_fused_state_output
     from kernels.ops.gdn.wy_ag import wy_gdn_ag
     from runners.correctness import rel_l2
 

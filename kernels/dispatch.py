@@ -83,7 +83,7 @@ class ChunkOp:
     gate_vector: bool
     naive: Callable[..., tuple[Tensor, Tensor | None]]
     wy_prep: Callable[..., Any]
-    ag_prep: Callable[..., Any] | None = None  # the Ag pass of the two-kernel forward (`fwd_path="fused"`; GDN's)
+    fused_fwd: Callable[..., Any] | None = None  # the op's two-kernel forward (`fwd_path` "auto"/"fused"; GDN's)
 
     def per_key_gate(self, g: Tensor) -> Tensor:
         """The torch path works on a `[B, T, H, Kg]` gate: GDN's scalar gate is Kg = 1 and broadcasts over K."""
@@ -97,7 +97,7 @@ class ChunkOp:
         fuse_output, keep, keep_states, chunk_size, warm_chunks, warm_report, fwd_path)."""
         chunk_fwd = import_triton("kernels.common.chunk_fwd", "chunk_fwd")
         return chunk_fwd(self.wy_prep, q, k, v, g, beta, op=self.name, gate_vector=self.gate_vector, scale=scale,
-                         ag_prep=self.ag_prep, **options)
+                         fused_fwd=self.fused_fwd, **options)
 
     def triton_bwd(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor,
                    **options: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:

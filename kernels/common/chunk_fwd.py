@@ -5,7 +5,7 @@
                               split across SMs for few long sequences, with the output fused in or followed by the
                               output pass; `kernels.common.seqsplit`), or `state_and_output_keep` when the plan keeps
                               the chunk states for the backward (`kernels.common.state_keep`)
-    fwd_path="fused"          GDN's two-kernel forward (`kernels.common.gdn_fused_state_output.gdn_fused_fwd`: the Ag
+    fwd_path="fused"          GDN's two-kernel forward (`kernels.ops.gdn.fused.gdn_fused_fwd`: the Ag
                               prep, then one fused state+output pass forming w S and u from Ag); the default "auto"
                               takes it wherever it runs (GDN, the plan keeps nothing for the backward, output fused),
                               "wy" the WY prep and state pass above
@@ -24,7 +24,6 @@ from functools import partial
 
 from torch import Tensor
 
-from kernels.common.gdn_fused_state_output import FWD_PATHS, AgPrep, check_fwd_path, gdn_fused_fwd
 from kernels.common.index import ChunkIndex, prepare_chunk_index
 from kernels.common.seqsplit import state_and_output
 from kernels.common.state_keep import state_and_output_keep
@@ -33,6 +32,33 @@ from kernels.common.wy import BT_WY
 from kernels.plan import LaunchPlan, default_plan
 
 __all__ = ["FUSE_OUTPUT", "WyPrep", "chunk_fwd"]
+
+# the op's two-kernel forward (`ChunkOp.fused_fwd`; GDN's `kernels.ops.gdn.fused.gdn_fused_fwd`):
+# (q, k, v, g, beta, *, scale, index, launch, initial_state, output_final_state, split_chunks, warm) -> (o, final state)
+FusedFwd = Callable[..., tuple[Tensor, Tensor | None]]
+
+# the forward paths of `kernels.common.chunk_fwd.chunk_fwd(fwd_path=...)`: "auto" (the default: "fused" where the op has
+# a two-kernel forward (`ChunkOp.fused_fwd`) and nothing is kept for the backward, else "wy"), "wy" (WY prep writing w, u, Aqk, then the state pass)
+# or "fused" (Ag prep, then this module's pass; GDN only). Measured on the H200 (kernels/NOTES.md, session 10): the
+# fused GDN forward is 21-40 % faster than the WY one at B=1 T=32K/128K and B=8 T=8K.
+FWD_PATHS = ("auto", "wy", "fused")
+
+
+def check_fwd_path(fwd_path: str, *, op: str, fused_fwd: FusedFwd | None, keep_wy: bool, keep_states: bool) -> bool:
+    """True for the fused path, False for the WY path; "auto" picks the fused one where it can run and nothing is
+    kept for the backward (keep_wy: the plan keeps the WY factors, which only the WY path makes), with or without a
+    warm window (both paths run the warm split); a one-line ValueError for a path it cannot run (the fused one needs
+    the op's two-kernel forward: GDN's, and keeps no states)."""
+    if fwd_path not in FWD_PATHS:
+        raise ValueError(f"fwd_path must be one of {', '.join(FWD_PATHS)}, got {fwd_path!r}")
+    if fwd_path == "auto":
+        return fused_fwd is not None and not keep_wy and not keep_states
+    if fwd_path == "wy":
+        return False
+    if fused_fwd is None or keep_states:
+        raise ValueError(f"fwd_path='fused' runs GDN's forward without kept states, got op={op!r}, keep_states={keep_states}")
+    return True
+
 
 # the output fused into the state pass (no per-chunk states in memory); measured faster, see kernels.bench
 FUSE_OUTPUT = True
@@ -79,7 +105,7 @@ def chunk_fwd(
     warm_chunks: int | None = None,
     warm_report: dict[str, Tensor] | None = None,
     fwd_path: str = FWD_PATHS[0],
-    ag_prep: AgPrep | None = None,
+    fused_fwd: FusedFwd | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Chunked forward: (o `[B, T, H, V]` in q's dtype, final state `[N, H, K, V]` fp32 or None).
 
@@ -92,8 +118,8 @@ def chunk_fwd(
     (`kernels.common.warm_split`; None = its WARM_DEFAULT, 0 = exact maps); warm_report: a dict that receives its
     device tensor `certified` (read it after the call). fwd_path: one of FWD_PATHS ("auto": fused where it runs and
     the plan keeps nothing for the backward; "fused": GDN only, not with
-    keep_states; it keeps no WY factors, so the backward recomputes them). ag_prep: the op's Ag pass
-    for the fused path (the op table's `ChunkOp.ag_prep`; GDN's `wy_gdn_ag`).
+    keep_states; it keeps no WY factors, so the backward recomputes them). fused_fwd: the op's
+    two-kernel forward for the fused path (the op table's `ChunkOp.fused_fwd`; GDN's `gdn_fused_fwd`).
     """
     B, T, H, _ = k.shape
     launch = plan if plan is not None else default_plan()
@@ -103,16 +129,16 @@ def chunk_fwd(
     fused_path = check_fwd_path(
         path,
         op=op,
-        ag_prep=ag_prep,
+        fused_fwd=fused_fwd,
         keep_wy=keep is not None,
         keep_states=keep is not None and keep_states,
     )
     warm = None if keep is not None and keep_states else warm_inputs(op, k, v, g, beta, warm_chunks, report=warm_report)
     warm = with_chunk_bound(warm, index.num_chunks)  # the WY (or Ag) pass sums the bound's terms per chunk
     if fused_path:
-        assert ag_prep is not None
+        assert fused_fwd is not None
         fused = {"initial_state": initial_state, "output_final_state": output_final_state, "split_chunks": split_chunks}
-        return gdn_fused_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch, ag_prep=ag_prep, warm=warm, **fused)
+        return fused_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch, warm=warm, **fused)
     bnd = warm.chunk_bound if warm is not None else None
     wy = wy_prep(q, k, v, g, beta, scale=scale, index=index, launch=launch, bnd=bnd)
     if keep is not None:

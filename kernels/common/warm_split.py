@@ -23,7 +23,7 @@ almost the state E_win that the last `w` chunks of segment s build from zero: S_
 The window w (`warm_chunks`) is a host constant of the call; it must be shorter than a segment, else the split
 runs exactly (`window_plan` returns None). Both forward paths share steps 2-4 (`certified_transitions`, given the
 path's two passes as callables): the WY path (`warm_transitions`: `chunk_state_final_fwd`, then
-`chunk_state_transition_fwd(need=)`) and GDN's fused path (`kernels.common.gdn_fused_state_output.gdn_fused_fwd`: its
+`chunk_state_transition_fwd(need=)`) and GDN's fused path (`kernels.ops.gdn.fused.gdn_fused_fwd`: its
 pass in state-only mode over the windows, then its TRANSITION mode with `need`; the Ag pass sums the bound,
 `wy_gdn_ag(bnd=, v=)`). `WarmInputs.report` (a dict, optional) receives the device tensor
 `certified` [NS - N, H]: read it after the call (tests, benchmarks), never inside a step.

@@ -1,5 +1,7 @@
-"""Gated DeltaNet (one scalar gate per head and token), chunked. Its own pass is the WY prep (`wy_gdn_fwd`: the gate's
-in-chunk cumsum, (I + A)^{-1}, w, u, Aqk; the state pass then reads the raw q and k). `GDN` is its op-table entry,
+"""Gated DeltaNet (one scalar gate per head and token), chunked. Its forward is two kernels by default (`fused.py`: the
+Ag pass of `wy_ag.py`, then one fused state+output pass); its WY prep (`wy_gdn_fwd`: the gate's in-chunk cumsum,
+(I + A)^{-1}, w, u, Aqk, then the shared state pass on the raw q and k) runs where the plan keeps the WY factors and
+for the transition primitive and the backward. `GDN` is its op-table entry,
 `chunk_gdn_fwd` / `chunk_gdn_bwd` its Triton forward and backward, `chunk_gdn` the public op (FLA's
 `chunk_gated_delta_rule`, differentiable). Inputs: q, k `[B, T, H, K]`, v `[B, T, HV, V]`, g and beta `[B, T, HV]`.
 How an op's file reads, and why the Triton modules load late: `kernels/ops/__init__.py`.
@@ -30,17 +32,16 @@ def _wy_prep(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale:
     return WyPrep(k=k, q=q, g=gcum, w=w, u=u, aqk=aqk, kept={"w": w, "u": u, "gs": gcum, "aqk": aqk})
 
 
-def _ag_prep(k: Tensor, g: Tensor, beta: Tensor, *, index: Any, launch: LaunchPlan, bnd: Tensor | None = None,
-             v: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """GDN's Ag pass (`wy_gdn_ag`: gate cumsum and Ag = T diag(beta) per chunk) for the two-kernel forward
-    (`fwd_path="fused"`, `kernels.common.gdn_fused_state_output`); bnd, v: the warm split's bound sums."""
-    from kernels.ops.gdn.wy_ag import wy_gdn_ag
+def _fused_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, **options: Any) -> Any:
+    """GDN's two-kernel forward (`kernels.ops.gdn.fused.gdn_fused_fwd`: the Ag pass `wy_gdn_ag`, then the fused
+    state+output pass), the default Triton forward (`kernels.common.chunk_fwd`'s fwd_path "auto")."""
+    from kernels.ops.gdn.fused import gdn_fused_fwd
 
-    return wy_gdn_ag(k, g, beta, index=index, launch=launch, bnd=bnd, v=v)
+    return gdn_fused_fwd(q, k, v, g, beta, **options)
 
 
-GDN = ChunkOp("gdn", gate_vector=False, naive=naive_recurrent_gdn, wy_prep=_wy_prep, ag_prep=_ag_prep)
-chunk_gdn_fwd = GDN.triton_fwd  # the forward on Triton: the WY prep above, then the shared state pass
+GDN = ChunkOp("gdn", gate_vector=False, naive=naive_recurrent_gdn, wy_prep=_wy_prep, fused_fwd=_fused_fwd)
+chunk_gdn_fwd = GDN.triton_fwd  # the forward on Triton: the two-kernel path (fused.py), or the WY prep above and the shared state pass
 chunk_gdn_bwd = GDN.triton_bwd  # the backward on Triton: `kernels.common.chunk_bwd.chunk_bwd` for "gdn"
 
 

@@ -1,6 +1,6 @@
 """The gate-certified warmup of the intra-device split (`kernels.common.warm_split`) against the fp32 per-token
 reference, GDN and KDA on the Triton backend (interpreted on CPU; on a GPU with CPBENCH_TEST_GPU=1), on both
-forward paths: the WY path (GDN, KDA) and GDN's fused path (`kernels.common.gdn_fused_state_output.gdn_fused_fwd`).
+forward paths: the WY path (GDN, KDA) and GDN's fused path (`kernels.ops.gdn.fused.gdn_fused_fwd`).
 
 Scenarios: one head with strong gates (certified: its segments enter with the window's state, M skipped) and one
 with weak gates (not certified: the exact maps), in one call, varlen with an initial state, fused and unfused

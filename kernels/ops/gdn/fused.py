@@ -1,4 +1,5 @@
-"""GDN's fused state+output pass in FlashQLA's two-kernel decomposition: w S and u formed on the fly from Ag.
+"""GDN's fused state+output pass in FlashQLA's two-kernel decomposition: w S and u formed on the fly from Ag (the
+op's second pass after its Ag pass, `kernels.ops.gdn.wy_ag`; the op table runs it as GDN's `fused_fwd`).
 
 The WY pass stores only, per chunk, Ag = T diag(beta) `[B, T, HV, BT]` (k's dtype, lower triangle incl. the
 diagonal; T = (I + A)^{-1}, A = StrictLower(beta_i k_i.k_j exp(G_i - G_j))) and the in-chunk gate cumsum G
@@ -42,23 +43,17 @@ from kernels.common.seqsplit import resolve_split, seg_chain_fwd, whole_sequence
 from kernels.common.state_program import range_of_program
 from kernels.common.warm_split import WarmInputs, certified_transitions, window_plan
 from kernels.configs import KernelSpec, LaunchConfig, head_block, register
+from kernels.ops.gdn.wy_ag import wy_gdn_ag
 from kernels.plan import LaunchPlan, launch_config
 
 __all__ = [
-    "FWD_PATHS",
     "GDN_FUSED_STATE_OUTPUT_FWD",
     "AgPrep",
-    "check_fwd_path",
     "gdn_fused_fwd",
     "gdn_fused_state_output",
     "gdn_fused_transition",
 ]
 
-# the forward paths of `kernels.common.chunk_fwd.chunk_fwd(fwd_path=...)`: "auto" (the default: "fused" where the op has
-# an Ag pass and nothing is kept for the backward, else "wy"), "wy" (WY prep writing w, u, Aqk, then the state pass)
-# or "fused" (Ag prep, then this module's pass; GDN only). Measured on the H200 (kernels/NOTES.md, session 10): the
-# fused GDN forward is 21-40 % faster than the WY one at B=1 T=32K/128K and B=8 T=8K.
-FWD_PATHS = ("auto", "wy", "fused")
 
 GDN_FUSED_STATE_OUTPUT_FWD = register(
     KernelSpec(
@@ -245,37 +240,23 @@ def gdn_fused_transition(
 # the forward
 
 
-def check_fwd_path(fwd_path: str, *, op: str, ag_prep: AgPrep | None, keep_wy: bool, keep_states: bool) -> bool:
-    """True for the fused path, False for the WY path; "auto" picks the fused one where it can run and nothing is
-    kept for the backward (keep_wy: the plan keeps the WY factors, which only the WY path makes), with or without a
-    warm window (both paths run the warm split); a one-line ValueError for a path it cannot run (the fused one needs
-    the op's Ag pass: GDN's, and keeps no states)."""
-    if fwd_path not in FWD_PATHS:
-        raise ValueError(f"fwd_path must be one of {', '.join(FWD_PATHS)}, got {fwd_path!r}")
-    if fwd_path == "auto":
-        return ag_prep is not None and not keep_wy and not keep_states
-    if fwd_path == "wy":
-        return False
-    if ag_prep is None or keep_states:
-        raise ValueError(f"fwd_path='fused' runs GDN's forward without kept states, got op={op!r}, keep_states={keep_states}")
-    return True
-
-
 def gdn_fused_fwd(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex, launch: LaunchPlan,
-    ag_prep: AgPrep, initial_state: Tensor | None = None, output_final_state: bool = False,
-    split_chunks: int | None = None, warm: WarmInputs | None = None,
+    initial_state: Tensor | None = None, output_final_state: bool = False, split_chunks: int | None = None,
+    warm: WarmInputs | None = None, ag_prep: AgPrep | None = None,
 ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """GDN's forward on the fused pass: (o `[B, T, HV, V]` in q's dtype, final state `[N, HV, K, V]` fp32 or None).
 
     q, k `[B, T, H, K]`, v `[B, T, HV, V]`, g, beta `[B, T, HV]` (contiguous). split_chunks: as
     `kernels.common.seqsplit.resolve_split` (None automatic, 0 never, n chunks per segment). ag_prep: the Ag pass
-    (`(k, g, beta, *, index, launch, bnd, v) -> (Ag, gcum)`, GDN's `wy_gdn_ag`). warm: the split's gate-certified
+    (`(k, g, beta, *, index, launch, bnd, v) -> (Ag, gcum)`; None: GDN's `kernels.ops.gdn.wy_ag.wy_gdn_ag`; the tests
+    hand in a torch one). warm: the split's gate-certified
     warmup (`kernels.common.warm_split`, its `chunk_bound` for the Ag pass to fill), or None (exact maps).
     """
     BT = index.chunk_size
     HV, V = v.shape[2], v.shape[3]
     bnd = warm.chunk_bound if warm is not None else None
+    ag_prep = wy_gdn_ag if ag_prep is None else ag_prep
     ag, gcum = ag_prep(k, g, beta, index=index, launch=launch, bnd=bnd, v=v if bnd is not None else None)
     h0 = initial_state.float().contiguous() if initial_state is not None else None
     layout = whole_sequences(index)

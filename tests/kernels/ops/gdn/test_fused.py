@@ -1,4 +1,4 @@
-"""GDN's fused state+output pass (`kernels.common.gdn_fused_state_output`) against the fp32 per-token reference
+"""GDN's fused state+output pass (`kernels.ops.gdn.fused`) against the fp32 per-token reference
 (interpreted on CPU; on a GPU with CPBENCH_TEST_GPU=1), on random inputs with a slow-decay gate so states carry.
 
 Ag and the gate cumsum come from a torch triangular solve here (`_ag_reference`), independent of the Ag pass (tested
@@ -16,17 +16,13 @@ import pytest
 import torch
 from torch import Tensor
 
+from kernels.common.chunk_fwd import check_fwd_path
 from kernels.common.chunk_torch import from_chunks, to_chunks
 from kernels.common.decay import floor_gate
-from kernels.common.gdn_fused_state_output import (
-    check_fwd_path,
-    gdn_fused_fwd,
-    gdn_fused_state_output,
-    gdn_fused_transition,
-)
 from kernels.common.index import ChunkIndex, prepare_chunk_index
 from kernels.common.seqsplit import plan_split, whole_sequences
 from kernels.ops.gdn.chunk import chunk_gdn_fwd
+from kernels.ops.gdn.fused import gdn_fused_fwd, gdn_fused_state_output, gdn_fused_transition
 from kernels.ops.gdn.naive import naive_recurrent_gdn
 from kernels.ops.kda.chunk import chunk_kda_fwd
 from kernels.plan import LaunchPlan, LaunchRecorder
@@ -165,7 +161,7 @@ def test_wired_forward_and_refusals(chunk_size: int) -> None:
     assert_rel_close("o", o_ref, o, TOL)
     assert_rel_close("ht", ht_ref, ht, TOL)
     with pytest.raises(ValueError, match="fwd_path must be one of"):
-        check_fwd_path("fast", op="gdn", ag_prep=None, keep_wy=False, keep_states=False)
+        check_fwd_path("fast", op="gdn", fused_fwd=None, keep_wy=False, keep_states=False)
     with pytest.raises(ValueError, match="op='kda'"):
         chunk_kda_fwd(q, k, v, g[..., None].expand(*k.shape).contiguous(), beta, scale=32**-0.5, fwd_path="fused", **call)
 

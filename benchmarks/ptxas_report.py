@@ -60,7 +60,7 @@ def _constexprs(kernel: str, op: str, cfg: dict[str, int]) -> dict[str, Any]:
     from kernels.common.chunk_bwd import VECTOR_GATE_DOT
 
     gate_vector = op == "kda"
-    base: dict[str, Any] = {**SHAPE, "GATE_VECTOR": gate_vector, "IS_VARLEN": False, "cu_seqlens": None,
+    base: dict[str, Any] = {**SHAPE, "GATE_VECTOR": gate_vector, "IS_VARLEN": False, "cu_seqlens": None, "G": 1,
                             "chunk_indices": None}
     if kernel in ("chunk_bwd_dqk", "wy_bwd"):
         return {**base, "BK": cfg["BK"], "BV": cfg["BV"], "DOT_PREC": VECTOR_GATE_DOT}

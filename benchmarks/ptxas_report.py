@@ -60,7 +60,7 @@ def _constexprs(kernel: str, op: str, cfg: dict[str, int]) -> dict[str, Any]:
     from kernels.common.chunk_bwd import VECTOR_GATE_DOT
 
     gate_vector = op == "kda"
-    base: dict[str, Any] = {**SHAPE, "GATE_VECTOR": gate_vector, "IS_VARLEN": False, "cu_seqlens": None,
+    base: dict[str, Any] = {**SHAPE, "GATE_VECTOR": gate_vector, "IS_VARLEN": False, "cu_seqlens": None, "G": 1,
                             "chunk_indices": None}
     if kernel in ("chunk_bwd_dqk", "wy_bwd"):
         return {**base, "BK": cfg["BK"], "BV": cfg["BV"], "DOT_PREC": VECTOR_GATE_DOT}
@@ -89,21 +89,31 @@ def compile_report(kernel: str, op: str, cfg: dict[str, int], arch: int = 90) ->
             cx[(i,)] = consts[name]
     compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx), target=GPUTarget("cuda", arch, 32),
                               options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
+    try:
+        usage = ptxas_usage(compiled.asm["ptx"], arch)
+    except RuntimeError as err:
+        raise RuntimeError(f"ptxas failed for {kernel} {cfg}: {err}") from err
+    return {**usage, "shared": int(compiled.metadata.shared)}
+
+
+def ptxas_usage(ptx: str, arch: int = 90) -> dict[str, int | None]:
+    """{"regs", "spill_stores", "spill_loads"} per thread of one PTX text, from Triton's ptxas with `-v`."""
+    import triton
+
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "k.ptx"
-        src.write_text(compiled.asm["ptx"])
+        src.write_text(ptx)
         gpu = f"sm_{arch}a" if arch == 90 else f"sm_{arch}"
         done = subprocess.run([str(ptxas), "-v", f"--gpu-name={gpu}", str(src), "-o", str(Path(tmp) / "k.cubin")],
                               capture_output=True, text=True, timeout=600)
     text = done.stdout + done.stderr
     if done.returncode != 0:
-        raise RuntimeError(f"ptxas failed for {kernel} {cfg}: {text.strip().splitlines()[-1] if text.strip() else ''}")
+        raise RuntimeError(text.strip().splitlines()[-1] if text.strip() else "")
     regs = re.search(r"Used (\d+) registers", text)
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
-    smem = compiled.metadata.shared
     return {"regs": int(regs.group(1)) if regs else None, "spill_stores": int(spill.group(1)) if spill else None,
-            "spill_loads": int(spill.group(2)) if spill else None, "shared": int(smem)}
+            "spill_loads": int(spill.group(2)) if spill else None}
 
 
 def configs_of(kernel: str, every: bool) -> list[dict[str, int]]:

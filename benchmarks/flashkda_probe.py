@@ -182,6 +182,7 @@ def probe(T: int, H: int, reps: int) -> dict[str, Any]:
     except Exception as err:  # noqa: BLE001 - the error is the finding
         row["flash_kda"] = f"{type(err).__name__}: {err}"
         o = None
+    print(json.dumps({"T": T, "flash_kda": row["flash_kda"]}), flush=True)  # the finding first: a cut run keeps it
     record = DispatchRecord()
     try:
         with torch.no_grad(), recording(record):
@@ -189,6 +190,7 @@ def probe(T: int, H: int, reps: int) -> dict[str, Any]:
         row["fla_dispatch"] = record.as_dict("kda")
     except Exception as err:  # noqa: BLE001
         row["fla_dispatch"] = f"{type(err).__name__}: {err}"
+    print(json.dumps({"T": T, "fla_dispatch": row["fla_dispatch"]}, default=str), flush=True)
     os.environ["FLA_FLASH_KDA"] = "0"  # FLA's Triton path from here on
     with torch.no_grad():
         o_fla = fla_kda(x)
@@ -243,6 +245,7 @@ def main(argv: list[str] | None = None) -> None:
         "environment": environment(),
         "rows": [],
     }
+    print(json.dumps(result["environment"], default=str), flush=True)  # the wheel's build facts, before any call
     for T in args.T:
         result["rows"].append(probe(T, args.H, args.reps))
         (out / "flashkda_probe.json").write_text(json.dumps(result, indent=1, default=str))

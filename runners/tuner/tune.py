@@ -104,14 +104,17 @@ class Shape:
 
 def registered_kernels() -> list[str]:
     """The names of every Triton kernel with a declared launch-config space (imports the kernel modules of
-    `kernels.common`, which register their `KernelSpec`s), sorted: what `TuneSpec.kernels` may name."""
+    `kernels.common` and of each op in `kernels.ops`, which register their `KernelSpec`s), sorted: what
+    `TuneSpec.kernels` may name."""
     import importlib
     import pkgutil
 
     import kernels.common
+    import kernels.ops
 
-    for m in pkgutil.iter_modules(kernels.common.__path__):
-        importlib.import_module(f"kernels.common.{m.name}")
+    for package in (kernels.common, kernels.ops):
+        for m in pkgutil.walk_packages(package.__path__, prefix=f"{package.__name__}."):
+            importlib.import_module(m.name)
     return sorted(KERNELS)
 
 

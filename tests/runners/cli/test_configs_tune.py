@@ -21,7 +21,7 @@ from db.models import TuningTrial
 from db.session import sqlite_path
 from tests.runners.engine_fixtures import REPO, store_url  # noqa: F401
 
-KERNEL = "chunk_state_output_fwd"
+KERNEL = "gdn_fused_state_output_fwd"  # the state pass GDN's forward launches (its two-kernel path)
 
 
 def test_tune_talks_and_spends_its_budget_on_launchable_configs(store_url: str, tmp_path: Path) -> None:  # noqa: F811

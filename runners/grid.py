@@ -26,6 +26,7 @@ gate and `l2norm_in_kernel` add `,gate=safe,lower_bound=-3,l2norm_in_kernel=True
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import itertools
 import logging
@@ -85,14 +86,28 @@ def _fmt(x: Any) -> str:
     return str(x)
 
 
+# a varlen length list longer than this (as written in the key) is named by its count, total and digest instead: the
+# store's key column holds 512 characters (PostgreSQL refuses more; a 340,000-length list was a 680 kB key)
+LENGTHS_IN_KEY = 128
+
+
+def _lengths_key(lengths: Iterable[int]) -> str:
+    text = "-".join(str(n) for n in lengths)
+    if len(text) <= LENGTHS_IN_KEY:
+        return f"lengths={text}"
+    ns = [int(n) for n in text.split("-")]
+    return f"lengths=n{len(ns)}:sum{sum(ns)}:sha256-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
 def point_key(point: PointSpec) -> str:
     """Canonical key of a point: the same benchmark in any sweep has the same key (repetition excluded).
 
-    Mode options that differ from the defaults (`mode_options`; for warmup_correct its segments, tol, window,
+    A varlen batch is `lengths=a-b-c`, or for a long list (over LENGTHS_IN_KEY characters) `lengths=n<count>:sum<tokens>:
+    sha256-<16 hex>`. Mode options that differ from the defaults (`mode_options`; for warmup_correct its segments, tol, window,
     fallback) are appended as `,opts=name=value;...` so that differently configured runs never share a key; so are
     the point's backend options, named by the backend (`fla.bypass_hopper_guard=True`, `triton.keep=wy+states`)."""
     p = point
-    shape = f"lengths={'-'.join(str(n) for n in p.lengths)}" if p.lengths else f"T={p.T}"
+    shape = _lengths_key(p.lengths) if p.lengths else f"T={p.T}"
     key = (
         f"{p.op}/{p.mode}/{p.backend}/"
         f"B={p.B},{shape},H={p.H},{_hv(p)}K={p.K},V={p.V},lb={_fmt(p.lb)},"

@@ -86,6 +86,21 @@ def test_point_key_options_and_varlen() -> None:
     assert "opts" not in default["key"]
 
 
+def test_point_key_names_a_long_length_list_by_its_digest() -> None:
+    """A varlen list too long to write out (the key column holds 512 characters: PostgreSQL refused a 340,000-length
+    list's 680 kB key) is named by its count, token total and digest: short keys, equal for equal lists, distinct for
+    lists that differ anywhere; short lists keep the written-out form."""
+    def key(lengths: list[int]) -> str:
+        return expand(parse_spec({"name": "v", "ops": "gdn", "modes": "none", "axes": {"lengths": [lengths]}}))[0]["key"]
+
+    long_a, long_b = [1] * 340_000, [1] * 339_999 + [2]
+    ka, kb = key(long_a), key(long_b)
+    assert len(ka) < 512 and len(kb) < 512, (len(ka), len(kb))
+    assert ka == key(list(long_a)) and ka != kb
+    assert "lengths=n340000:sum340000:sha256-" in ka and "lengths=n340000:sum340001:sha256-" in kb
+    assert ",lengths=37-100-5," in key([37, 100, 5])  # written out, as before
+
+
 def test_hv_axis_grouped_value_heads() -> None:
     # HV (default H): the key names HV only when it differs from H, so older keys never change; grouped points run
     # in every mode (headwise needs H % W and HV % W), and HV must be a multiple of H

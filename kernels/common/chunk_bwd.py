@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.common.chunk_program import chunk_of_program
+from kernels.common.chunk_program import chunk_of_program, group_heads
 from kernels.common.chunk_state import SeqLayout, chunk_state_fwd, chunk_state_transition_fwd
 from kernels.common.index import ChunkIndex, prepare_chunk_index
 from kernels.common.seqsplit import resolve_split, seg_chain_states
@@ -211,17 +211,11 @@ def _gate_tile(g, p_row, m_r, o_k, K: tl.constexpr, GATE_VECTOR: tl.constexpr):
     return b_G
 
 
-def _group(name: str) -> Any:
-    """The heuristic of G, the value heads per q/k head (grouped heads): `name`'s heads (a per-value-head argument)
-    over k's; the kernels read q and k at head i_h // G and write every gradient per value head."""
-    return lambda args: args[name].shape[2] // args["k"].shape[2]
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # kernels
 
 
-@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None, "G": _group("beta")})
+@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None, "G": group_heads("beta")})
 @triton.jit(do_not_specialize=["T"])
 def wy_inverse_kernel(
     k,  # [B, T, H, K]
@@ -277,7 +271,7 @@ def wy_inverse_kernel(
     _store_aqk(tt, bos, t0, T, i_h, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, H, BT)
 
 
-@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None, "G": _group("do")})
+@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None, "G": group_heads("do")})
 @triton.jit(do_not_specialize=["T"])
 def chunk_bwd_dqk_kernel(
     q,  # [B, T, H, K] raw
@@ -367,7 +361,7 @@ def chunk_bwd_dqk_kernel(
     tl.store(dg + p_out, b_dG, mask=m_rk)
 
 
-@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None, "G": _group("v")})
+@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None, "G": group_heads("v")})
 @triton.jit(do_not_specialize=["T"])
 def wy_bwd_kernel(
     k,  # [B, T, H, K] raw

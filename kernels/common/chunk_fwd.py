@@ -37,22 +37,24 @@ __all__ = ["FUSE_OUTPUT", "WyPrep", "chunk_fwd"]
 # (q, k, v, g, beta, *, scale, index, launch, initial_state, output_final_state, split_chunks, warm) -> (o, final state)
 FusedFwd = Callable[..., tuple[Tensor, Tensor | None]]
 
-# the forward paths of `kernels.common.chunk_fwd.chunk_fwd(fwd_path=...)`: "auto" (the default: "fused" where the op has
-# a two-kernel forward (`ChunkOp.fused_fwd`) and nothing is kept for the backward, else "wy"), "wy" (WY prep writing w, u, Aqk, then the state pass)
-# or "fused" (Ag prep, then this module's pass; GDN only). Measured on the H200 (kernels/NOTES.md, session 10): the
-# fused GDN forward is 21-40 % faster than the WY one at B=1 T=32K/128K and B=8 T=8K.
+# the forward paths of `chunk_fwd(fwd_path=...)`: "auto" (the default: "fused" where the op has a two-kernel forward,
+# `ChunkOp.fused_fwd`, the output is fused and nothing is kept for the backward; else "wy"), "wy" (the WY prep writing
+# w, u, Aqk, then the state pass) or "fused" (the op's two-kernel forward; GDN only). Measured on the H200
+# (kernels/NOTES.md, session 10): GDN's two-kernel forward is 21-40 % faster than the WY one.
 FWD_PATHS = ("auto", "wy", "fused")
 
 
-def check_fwd_path(fwd_path: str, *, op: str, fused_fwd: FusedFwd | None, keep_wy: bool, keep_states: bool) -> bool:
-    """True for the fused path, False for the WY path; "auto" picks the fused one where it can run and nothing is
-    kept for the backward (keep_wy: the plan keeps the WY factors, which only the WY path makes), with or without a
-    warm window (both paths run the warm split); a one-line ValueError for a path it cannot run (the fused one needs
-    the op's two-kernel forward: GDN's, and keeps no states)."""
+def check_fwd_path(fwd_path: str, *, op: str, fused_fwd: FusedFwd | None, keep_wy: bool, keep_states: bool,
+                   unfused_output: bool = False) -> bool:  # fmt: skip
+    """True for the fused path, False for the WY path; "auto" picks the fused one where it can run, the output pass
+    is fused (unfused_output: the caller asked for the separate output pass, which only the WY path has) and nothing
+    is kept for the backward (keep_wy: the plan keeps the WY factors, which only the WY path makes), with or without
+    a warm window (both paths run the warm split); a one-line ValueError for a path it cannot run (the fused one
+    needs the op's two-kernel forward: GDN's, and keeps no states)."""
     if fwd_path not in FWD_PATHS:
         raise ValueError(f"fwd_path must be one of {', '.join(FWD_PATHS)}, got {fwd_path!r}")
     if fwd_path == "auto":
-        return fused_fwd is not None and not keep_wy and not keep_states
+        return fused_fwd is not None and not keep_wy and not keep_states and not unfused_output
     if fwd_path == "wy":
         return False
     if fused_fwd is None or keep_states:
@@ -125,13 +127,13 @@ def chunk_fwd(
     launch = plan if plan is not None else default_plan()
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     index: ChunkIndex = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device)
-    path = "wy" if fwd_path == "auto" and fuse_output is False else fwd_path  # an unfused output pass: the WY path
     fused_path = check_fwd_path(
-        path,
+        fwd_path,
         op=op,
         fused_fwd=fused_fwd,
         keep_wy=keep is not None,
         keep_states=keep is not None and keep_states,
+        unfused_output=fuse_output is False,
     )
     warm = None if keep is not None and keep_states else warm_inputs(op, k, v, g, beta, warm_chunks, report=warm_report)
     warm = with_chunk_bound(warm, index.num_chunks)  # the WY (or Ag) pass sums the bound's terms per chunk

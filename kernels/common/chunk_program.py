@@ -1,4 +1,5 @@
-"""Triton device helpers shared by the chunk-parallel kernels (WY prep, output): which chunk a program owns.
+"""Triton helpers shared by the kernels: which chunk a program owns (the chunk-parallel kernels: WY prep, output), and
+`group_heads`, the heuristic of G for grouped value heads (every kernel that reads q or k).
 
 Grid convention: program axis `i_c` walks chunks (all sequences' chunks for varlen, the chunks of one batch row
 for dense input), `i_b` the batch row (0 for varlen).
@@ -6,10 +7,19 @@ for dense input), `i_b` the batch row (0 for varlen).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import triton
 import triton.language as tl
 
-__all__ = ["chunk_of_program"]
+__all__ = ["chunk_of_program", "group_heads"]
+
+
+def group_heads(name: str) -> Callable[[dict[str, Any]], int]:
+    """The `triton.heuristics` entry of G, the value heads per q/k head: argument `name`'s heads (a per-value-head
+    tensor, [B, T, HV, ...]) over k's; a kernel reads q and k at head i_h // G."""
+    return lambda args: args[name].shape[2] // args["k"].shape[2]
 
 
 @triton.jit

@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.common.chunk_program import group_heads
 from kernels.common.state_program import range_of_program
 from kernels.configs import KernelSpec, LaunchConfig, head_block, register
 from kernels.plan import LaunchPlan, launch_config
@@ -90,7 +91,7 @@ CHUNK_STATE_TRANSITION_FWD = register(KernelSpec(
     "USE_SEQ_MAP": lambda args: args["seq_map"] is not None,
     "USE_FINAL_IDX": lambda args: args["final_idx"] is not None,
     "USE_NEED": lambda args: args["need"] is not None,
-    "G": lambda args: args["u"].shape[2] // args["k"].shape[2],  # value heads per k/q head (grouped heads)
+    "G": group_heads("u"),
 })
 @triton.jit(do_not_specialize=["T"])
 def chunk_state_fwd_kernel(

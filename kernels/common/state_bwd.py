@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.common.chunk_program import group_heads
 from kernels.common.chunk_state import SeqLayout
 from kernels.common.seqsplit import CHAIN_DOT_PRECISION, SplitPlan
 from kernels.common.state_program import chain_start, range_of_program
@@ -62,7 +63,7 @@ SEG_CHAIN_BWD = register(KernelSpec(
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
     "USE_SEQ_MAP": lambda args: args["seq_map"] is not None,
     "USE_FINAL_IDX": lambda args: args["final_idx"] is not None,
-    "G": lambda args: args["do"].shape[2] // args["k"].shape[2],  # value heads per q/k head (grouped heads)
+    "G": group_heads("do"),
 })
 @triton.jit(do_not_specialize=["T"])
 def chunk_state_bwd_kernel(

@@ -52,7 +52,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.common.chunk_program import chunk_of_program
+from kernels.common.chunk_program import chunk_of_program, group_heads
 from kernels.common.decay import GATE_FLOOR
 from kernels.common.index import ChunkIndex
 from kernels.configs import KernelSpec, LaunchConfig, head_block, register
@@ -398,7 +398,7 @@ _WY_HEURISTICS = {
     "HAS_Q": lambda args: args["q"] is not None,
     "USE_NEED": lambda args: args["need"] is not None,
     "HAS_BOUND": lambda args: args["bnd"] is not None,
-    "G": lambda args: args["v"].shape[2] // args["k"].shape[2],  # value heads per q/k head (grouped heads)
+    "G": group_heads("v"),
 }
 
 

@@ -24,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from bench_server.api.deps import SessionDep, require_read, require_token, run_in_session
-from bench_server.schemas import Message, SweepCancelled, SweepCreate, SweepProgress, SweepPublic, SweepsPublic
+from bench_server.schemas import Message, SweepCancelled, SweepCreate, SweepPublic, SweepsPublic
 from db import crud, queue
 from db.models import Sweep
 from runners.engine import submit_spec
@@ -106,9 +106,10 @@ def submit_body(maker: sessionmaker[Session], raw: bytes,
 
 
 def sweep_public(session: Session, sweep: Sweep) -> dict[str, Any]:
-    progress = SweepProgress(**crud.sweep_progress(session, sweep_id=sweep.id),
-                             unreliable=crud.sweeps_unreliable(session, sweep_ids=[sweep.id])[sweep.id])
-    return {**{c: getattr(sweep, c) for c in SweepPublic.model_fields if c != "progress"}, "progress": progress}
+    """A stored sweep as every route answers it: `crud.sweep_view` (its columns and counts, unreliable included)."""
+    view = crud.sweep_view(session, sweep_id=sweep.id)
+    assert view is not None, f"sweep {sweep.id} was read, then not found"
+    return view
 
 
 @router.post(

@@ -31,7 +31,8 @@ LENGTHS = (10, 330, 50)  # segments of 2 chunks (128 tokens): the 330-token sequ
 SPLIT, WINDOW = 2, 1
 
 # (op, forward path): the WY path of both ops, GDN's fused path
-pytestmark = pytest.mark.parametrize(("OP", "PATH"), [("gdn", "wy"), ("gdn", "fused"), ("kda", "wy")])
+CASES = [("gdn", "wy"), ("gdn", "fused"), ("kda", "wy")]
+each_case = pytest.mark.parametrize(("OP", "PATH"), CASES)
 # the launches that show which path ran
 PATH_KERNELS = {"wy": ("chunk_state_transition_fwd",), "fused": ("wy_gdn_ag_fwd", "gdn_fused_state_output_fwd")}
 
@@ -82,47 +83,50 @@ def _run(op: str, path: str, strong_heads: tuple[int, ...], *, fuse: bool = True
     return report
 
 
-@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "unfused"])
+# the output unfused too, where a path has that pass (the fused path always fuses it)
+@pytest.mark.parametrize(("OP", "PATH", "fuse"), [(*c, f) for c in CASES for f in (True, False) if f or c[1] == "wy"])
 def test_warm_split_takes_both_branches_exactly(OP: str, PATH: str, fuse: bool) -> None:
-    if PATH == "fused" and not fuse:
-        pytest.skip("the fused path always fuses the output")
     report = _run(OP, PATH, (0,), fuse=fuse)
     ok = report["certified"].cpu()  # read after the call: [transitions, heads]
     assert ok.shape == (2, 2)
     assert ok[:, 0].all() and not ok[:, 1].any(), ok
 
 
+@each_case
 @pytest.mark.parametrize("strong", [(0, 1), ()], ids=["all-strong", "all-weak"])
 def test_warm_split_every_head_one_way(OP: str, PATH: str, strong: tuple[int, ...]) -> None:
     ok = _run(OP, PATH, strong)["certified"].cpu()
     assert ok.all() if strong else not ok.any(), ok
 
 
+@each_case
 def test_warm_split_dense_batch(OP: str, PATH: str) -> None:
     """Dense B=2 (the flat token axis of the bound and the windows' layout), strong head 0, weak head 1."""
     ok = _run(OP, PATH, (0,), dense=True)["certified"].cpu()  # 300 tokens: 3 segments per sequence, 2 transitions each
     assert ok.shape == (4, 2) and ok[:, 0].all() and not ok[:, 1].any(), ok
 
 
+@pytest.mark.parametrize(("OP", "PATH"), [c for c in CASES if c[0] == "gdn"])  # the grouped maker is GDN's
 def test_warm_split_grouped_value_heads(OP: str, PATH: str) -> None:
     """HV = 2H (value heads 0 and 1 share key head 0): value head 0 strong (certified), value head 1 weak (exact)."""
-    if OP != "gdn":
-        pytest.skip("grouped value heads: GDN")
     ok = _run(OP, PATH, (0,), grouped=True)["certified"].cpu()
     assert ok.shape == (2, 2) and ok[:, 0].all() and not ok[:, 1].any(), ok
 
 
+@each_case
 def test_warm_split_window_not_shorter_than_a_segment_is_exact(OP: str, PATH: str) -> None:
     report = _run(OP, PATH, (0,), window=SPLIT)
     assert "certified" not in report
 
 
+@each_case
 def test_warm_split_refuses_a_bad_window(OP: str, PATH: str) -> None:
     q, k, v, g, beta, cu = _inputs(OP, ())
     with pytest.raises(ValueError, match="warm_chunks must be None or an int >= 0"):
         _fwd(OP)(q, k, v, g, beta, scale=1.0, cu_seqlens=cu, split_chunks=SPLIT, warm_chunks=-1, fwd_path=PATH)
 
 
+@each_case
 def test_chunk_bound_of_the_wy_pass_bounds_the_token_terms(OP: str, PATH: str) -> None:
     """The WY pass's (fused path: the Ag pass's) per-chunk (L, W) are the fp64 sums of decay_bound's per-token terms
     (KDA: the largest gate over the key dims), rounded up by at most the stated margin, partial chunks included."""

@@ -117,10 +117,10 @@ def chunk_fwd(
     chunk states, new values and segment maps (`kernels.common.state_keep`). chunk_size: the tokens per chunk, one of
     `kernels.common.wy.CHUNK_SIZES` (FLA's `chunk_size`; the backward must use the same). op: the op's name ("gdn",
     "kda"; the warmup's bound reads its gate). warm_chunks: the gate-certified warmup window of the split
-    (`kernels.common.warm_split`; None = its WARM_DEFAULT, 0 = exact maps); warm_report: a dict that receives its
-    device tensor `certified` (read it after the call). fwd_path: one of FWD_PATHS ("auto": fused where it runs and
-    the plan keeps nothing for the backward; "fused": GDN only, not with
-    keep_states; it keeps no WY factors, so the backward recomputes them). fused_fwd: the op's
+    (`kernels.common.warm_split`; None = its WARM_DEFAULT for the path taken, 0 = exact maps); warm_report: a dict
+    that receives its device tensor `certified` (read it after the call). fwd_path: one of FWD_PATHS ("auto": fused
+    where it runs and the plan keeps nothing for the backward; "fused": GDN only, not with keep_states; it keeps no WY
+    factors, so the backward recomputes them). fused_fwd: the op's
     two-kernel forward for the fused path (the op table's `ChunkOp.fused_fwd`; GDN's `gdn_fused_fwd`).
     """
     B, T, H, _ = k.shape
@@ -135,7 +135,12 @@ def chunk_fwd(
         keep_states=keep is not None and keep_states,
         unfused_output=fuse_output is False,
     )
-    warm = None if keep is not None and keep_states else warm_inputs(op, k, v, g, beta, warm_chunks, report=warm_report)
+    path = "fused" if fused_path else "wy"
+    warm = (
+        None
+        if keep is not None and keep_states
+        else warm_inputs(op, k, v, g, beta, warm_chunks, path=path, report=warm_report)
+    )
     warm = with_chunk_bound(warm, index.num_chunks)  # the WY (or Ag) pass sums the bound's terms per chunk
     if fused_path:
         assert fused_fwd is not None

@@ -61,9 +61,10 @@ __all__ = [
 
 # the window (chunks of 64 tokens: 128 tokens) of a WarmInputs built without one
 WARM_CHUNKS = 2
-# the forwards' window when the caller gives none (`chunk_gdn_fwd(warm_chunks=None)`); 0 = exact maps. Off until the
-# H200 measurement (kernels/NOTES.md, "Gate-certified warmup"): set it to WARM_CHUNKS to make the warmup the default
-WARM_DEFAULT = 0
+# the forwards' window per forward path when the caller gives none (`chunk_gdn_fwd(warm_chunks=None)`); 0 = exact
+# maps. H200, GDN B=1 (kernels/NOTES.md, "The warm split on the fused path", session 11): the fused path at 4 chunks
+# 3.57 -> 2.55 ms at T=128K and 1.01 -> 0.81 ms at 32K; the WY path gained 10 % at 128K only and stays exact
+WARM_DEFAULT = {"fused": 4, "wy": 0}
 # the relative state error a certified window may leave (warmup_correct's default tol)
 WARM_TOL = float(MODE_OPTIONS["warmup_correct"]["tol"])
 
@@ -85,11 +86,19 @@ class WarmInputs:
 
 
 def warm_inputs(
-    op: str, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, warm_chunks: int | None, *, report: dict[str, Tensor] | None = None
+    op: str,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    warm_chunks: int | None,
+    *,
+    path: str = "wy",
+    report: dict[str, Tensor] | None = None,
 ) -> WarmInputs | None:
-    """The forwards' `warm_chunks` (None: WARM_DEFAULT; 0: off -> None) as the split's WarmInputs (then
-    `with_chunk_bound` for the WY pass to fill)."""
-    chunks = WARM_DEFAULT if warm_chunks is None else warm_chunks
+    """The forwards' `warm_chunks` (None: WARM_DEFAULT of the forward `path`, "fused" or "wy"; 0: off -> None) as the
+    split's WarmInputs (then `with_chunk_bound` for the WY or Ag pass to fill)."""
+    chunks = WARM_DEFAULT[path] if warm_chunks is None else warm_chunks
     if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 0:
         raise ValueError(f"warm_chunks must be None or an int >= 0, got warm_chunks={warm_chunks!r}")
     if not chunks:

@@ -13,9 +13,12 @@ inputs (`kernels.common.gate`, `kernels.common.l2norm`).
 Diagnosis first. csrc/flash_kda.cpp raises "all tensors must be on CUDA" from one TORCH_CHECK over q, k, v, g, beta, out
 and its workspace (allocated by the wrapper on q.device); the other tensors have their own messages (A_log, dt_bias,
 cu_seqlens, states). So with every input on the GPU the check can only fail if the extension's compiled `is_cuda()`
-disagrees with Python's: a wheel built against another torch (ABI) than the one installed. The probe records, before
-any call: torch's version and CUDA, the wheel's version and its declared requirements, the extension file and what
-it links; each tensor's device, dtype and contiguity as Python sees them; then the call's outcome (the error verbatim).
+disagrees with Python's: a wheel built against another torch (ABI) than the one installed. It is that: the
+0.0.1.post20260901 wheel was compiled against torch >= 2.13's TensorImpl layout (`runners.peers.flash_kda`'s docstring
+has the evidence), so under torch 2.11/2.12 it fails for any input; `abi_refusal` in the output says so up front.
+The probe records, before any call: torch's version and CUDA, the wheel's version and its declared requirements, the
+extension file and what it links, the ABI verdict; each tensor's device, dtype and contiguity as Python sees them;
+then the call's outcome (the error verbatim).
 It also routes the same call through FLA's dispatch under no_grad (`runners.peers.fla_registry.recording`) to show
 whether FLA hands it to FlashKDA.
 
@@ -42,6 +45,7 @@ from kernels import reference  # noqa: E402
 from kernels.common.gate import activate_beta, activate_gate  # noqa: E402
 from kernels.common.l2norm import l2norm  # noqa: E402
 from runners.correctness import rel_l2  # noqa: E402
+from runners.peers.flash_kda import installed_abi_refusal  # noqa: E402
 from runners.versions import git_sha, peer_versions  # noqa: E402
 
 LOWER_BOUND = -5.0
@@ -57,6 +61,7 @@ def environment() -> dict[str, Any]:
         "device": torch.cuda.get_device_name(),
         "capability": torch.cuda.get_device_capability(),
         **peer_versions(),
+        "abi_refusal": installed_abi_refusal(),
     }
     for dist in ("tokenspeed-flashkda", "flash-kda"):
         try:
@@ -216,6 +221,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"- wheel requirements: {env.get('flash_kda_requires')}",
         f"- extension: {env.get('extension') or env.get('extension_import_error')}",
         f"- links: {env.get('extension_links')}",
+        f"- ABI: {env.get('abi_refusal') or 'the wheel matches the installed torch'}",
         "",
         "| T | FlashKDA fwd | FLA dispatch ran | err FlashKDA vs ref | err FLA vs ref | FlashKDA ms | FLA Triton ms |",
         "|---:|---|---|---:|---:|---:|---:|",

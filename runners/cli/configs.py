@@ -194,12 +194,13 @@ def tune_command(
     """Tune the Triton kernels of an op at the given shapes, storing each kernel's trials and winner as it is decided."""
     from runners.tuner import TuningStopped
 
+    splits = _flash_qla_splits(flash_qla_splits)
     url, shapes, device = _check_tune_args(op, shape, strategy, kernel, device, backend, direction, database_url)
     spec = TuneSpec(strategy=strategy, budget=budget, seed=seed, samples=samples, direction=direction,  # type: ignore[arg-type]
                     kernels=tuple(kernel) or None, min_gain=fla_min_gain)
     options = {"bypass_hopper_guard": True} if fla_bypass_hopper_guard else None
     if backend == "flash_qla":
-        options = {"splits": _flash_qla_splits(flash_qla_splits)}
+        options = {"splits": splits}
     where = _store_name(url)
     typer.echo(_tune_header(op, backend, shapes, spec, device, where))
     stored = [0]

@@ -319,5 +319,8 @@ def test_tune_backend_flash_qla_without_a_gpu_is_one_line(tmp_path: Path) -> Non
         assert "GDN only" in refusal("--op", "kda", "--shape", "T=8192,H=16")
         assert "K=V=128 only" in refusal("--op", "gdn", "--shape", "T=8192,H=16,K=64,V=64")
         assert "B=1" in refusal("--op", "gdn", "--shape", "B=2,T=8192,H=16")
+        assert "--flash-qla-splits must be one of decide, all" in refusal(
+            "--op", "gdn", "--shape", "T=8192,H=16", "--flash-qla-splits", "every"
+        )
     finally:
         dispose_engine(url)

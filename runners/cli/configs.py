@@ -198,7 +198,7 @@ def tune_command(
     url, shapes, device = _check_tune_args(op, shape, strategy, kernel, device, backend, direction, database_url)
     spec = TuneSpec(strategy=strategy, budget=budget, seed=seed, samples=samples, direction=direction,  # type: ignore[arg-type]
                     kernels=tuple(kernel) or None, min_gain=fla_min_gain)
-    options = {"bypass_hopper_guard": True} if fla_bypass_hopper_guard else None
+    options: dict[str, Any] | None = {"bypass_hopper_guard": True} if fla_bypass_hopper_guard else None
     if backend == "flash_qla":
         options = {"splits": splits}
     where = _store_name(url)

@@ -2,11 +2,23 @@
 
     python benchmarks/flash_qla_coefs.py --out $OUT [--T 8192 32768 131072]
         [--varlen 16384:16384 65536:65536] [--H 16] [--lb -5 -0.05]
-        [--directions fwd fwd+bwd] [--samples 10] [--reps 30] [--deadline-s 540]
+        [--directions fwd fwd+bwd] [--splits decide|all] [--samples 10] [--reps 30] [--deadline-s 540]
+        [--tilelang-cache DIR|FILE.tar.xz] [--pack-cache $OUT/tilelang_cache.tar.xz] [--reuse-timings OLD.json]
 
-1. Refit (what `cpbench tune --backend flash_qla --direction fwd+bwd` runs, `runners.tuner.flash_qla`): per shape
-   (B=1, T, H, K=V=128, bf16, gates `lb * sigmoid(x)`) and split size S, FlashQLA's training step under the CP
-   context of that split, each kernel launcher timed with CUDA events; the least-squares fit per coefficient row.
+    # one device call, cold cache, about 300 s on an H200: the forward at 32K and 128K (and their two-sequence cuts)
+    python benchmarks/flash_qla_coefs.py --out $OUT --T 32768 131072 --directions fwd --deadline-s 270 \
+        --pack-cache $OUT/tilelang_cache.tar.xz
+
+1. Refit (what `cpbench tune --backend flash_qla --direction D` runs, `runners.tuner.flash_qla`; D is fwd+bwd when
+   --directions has it, else fwd): per shape (B=1, T, H, K=V=128, bf16, gates `lb * sigmoid(x)`) and split size S,
+   FlashQLA's step under the CP context of that split, each kernel launcher timed with CUDA events; the
+   least-squares fit per coefficient row. The split sizes (`--splits`, `runners.tuner.flash_qla.time_splits`):
+   "decide" (default) those FlashQLA's own `decide` prices at the shape and one partition either side, and no
+   split; "all" every power of two and 2..8-partition cut. A new launch variant is a TileLang compile (15-50 s cold;
+   the backward kernels the longest): at H=16 "decide" compiles only the CP forward at V tile 128 and the unsplit
+   one (tile 32), so the fused forward's dv64 row is not timed and keeps its shipped coefficients. Each split's
+   timings are written as they come (`timings` in the JSON); `--reuse-timings` takes a cut run's JSON and times
+   only the splits it lacks.
    The fit is stored in `$OUT/store.db` (a migrated SQLite store, `db.crud.store_tuning`) and exported from it
    (`runners.tuner.flash_qla_coefs.build_flash_qla_csv`, what `cpbench configs export --format flash_qla` writes)
    as `$OUT/sm90_refit.csv`; the shipped file is copied beside it.
@@ -16,17 +28,23 @@
    (`--reps` CUDA-event medians, the two decisions interleaved), and the fastest split of `split_sizes` measured
    the same way (the best either could pick).
 Writes `$OUT/flash_qla_coefs.{json,md}` after every shape (a stopped run keeps its rows), with the command, GPU,
-versions and sha. The first call of a shape family compiles FlashQLA's TileLang kernels (about 170 s cold); the
-script stops starting new shapes at `--deadline-s`.
+versions and sha. The refit stops starting shapes at 60 % of `--deadline-s`, the comparison at all of it.
+
+TileLang's compile cache (TILELANG_CACHE_DIR, default ~/.tilelang/cache): `--pack-cache FILE` packs it (xz) after
+the refit and again at the end if the comparison compiled more, printing its size (a file under $OUT comes back
+from the device when it is at most 16 MiB); `--tilelang-cache` reuses a directory or such a file on the next call
+(unpacked before FlashQLA is imported), so the kernels compiled once are not compiled again.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
+import tarfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -86,6 +104,48 @@ def store(result: Any, out: Path) -> str:
     return f"stored in {out / 'store.db'} (`cpbench configs export --format flash_qla --db sqlite:///store.db`)"
 
 
+def cache_dir() -> Path:
+    """TileLang's compile cache in use (its env.py: TILELANG_CACHE_DIR, else ~/.tilelang/cache)."""
+    return Path(os.environ.get("TILELANG_CACHE_DIR") or Path.home() / ".tilelang" / "cache")
+
+
+def _cache_files(folder: Path) -> list[tuple[str, int]]:
+    return sorted((str(p.relative_to(folder)), p.stat().st_size) for p in folder.rglob("*") if p.is_file())
+
+
+def reuse_cache(src: Path) -> str:
+    """Point TileLang at `src` (a directory) or unpack `src` (a .tar.xz from `pack_cache`) into the cache in use."""
+    if src.is_dir():
+        os.environ["TILELANG_CACHE_DIR"] = str(src)
+        return f"TileLang cache: {src} ({len(_cache_files(src))} files)"
+    dest = cache_dir()
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(src, "r:xz") as tar:
+        tar.extractall(dest, filter="data")
+    os.environ["TILELANG_CACHE_DIR"] = str(dest)
+    return (
+        f"TileLang cache: {src} ({src.stat().st_size / 2**20:.1f} MiB) unpacked into {dest} ({len(_cache_files(dest))} files)"
+    )
+
+
+def pack_cache(dest: Path, state: dict[str, Any]) -> None:
+    """Pack the cache in use into `dest` (xz) unless it is unchanged since the last pack; print and record its size."""
+    folder = cache_dir()
+    files = _cache_files(folder) if folder.is_dir() else []
+    if not files or state.get("cache_files") == files:
+        return
+    t0 = time.monotonic()
+    with tarfile.open(dest, "w:xz", preset=3) as tar:
+        tar.add(folder, arcname=".")
+    state["cache_files"] = files
+    mib = dest.stat().st_size / 2**20
+    state["cache"] = {"file": str(dest), "MiB": round(mib, 2), "files": len(files),
+                      "raw_MiB": round(sum(n for _, n in files) / 2**20, 1), "pack_s": round(time.monotonic() - t0, 1)}  # fmt: skip
+    print(f"TileLang cache {folder} packed into {dest}: {mib:.1f} MiB ({len(files)} files, "
+          f"{state['cache']['raw_MiB']} MiB raw, {state['cache']['pack_s']} s)"
+          + ("; over the 16 MiB a file may have to come back from the device" if mib > 16 else ""), flush=True)  # fmt: skip
+
+
 def _shapes(args: argparse.Namespace) -> list[Any]:
     """Every shape (`runners.tuner.Shape`): one sequence of each --T, and the sequences of each --varlen, at each
     head count (outermost: a new H compiles new kernels; the deadline stops between shapes) and gate bound."""
@@ -100,26 +160,48 @@ def _name(shape: Any) -> str:
     return f"T={seqs} H={shape.H} lb={shape.lb:g}"
 
 
+def _refit_direction(args: argparse.Namespace) -> str:
+    return "fwd+bwd" if "fwd+bwd" in args.directions else "fwd"
+
+
+def _reused_timings(path: Path | None, direction: str) -> list[dict[str, Any]]:
+    """The `timings` of an earlier run's JSON timed in `direction` (none without `path`)."""
+    if path is None:
+        return []
+    old = json.loads(path.read_text())
+    return [t for t in old.get("timings", []) if t["direction"] == direction]
+
+
 def refit(args: argparse.Namespace, out: Path, state: dict[str, Any], deadline: float) -> dict[str, Path]:
-    """Step 1: time, fit, store, export; returns the shipped and refit CSV paths."""
+    """Step 1: time (each split written as it comes), fit, store, export; returns the shipped and refit CSV paths."""
     from flash_qla.ops.gated_delta_rule.chunk.cp.autocp import utils
 
-    from runners.tuner.flash_qla import coef_results, flash_qla_device, time_shape
-    from runners.tuner.flash_qla_coefs import csv_from_rows
+    from runners.tuner.flash_qla import coef_results, flash_qla_device, time_splits
+    from runners.tuner.flash_qla_coefs import Timing, csv_from_rows
     from runners.tuner.result import TuneResult
     from runners.tuner.spec import TuneSpec
     from runners.tuner.tune import device_facts
 
     dev = flash_qla_device()
-    spec = TuneSpec(direction="fwd+bwd", samples=args.samples)
-    timed = []
-    for shape in _shapes(args):
+    direction = _refit_direction(args)
+    spec = TuneSpec(direction=direction, samples=args.samples)
+    state["refit_direction"] = direction
+    shapes = {_name(s): s for s in _shapes(args)}
+    state["timings"] = [t for t in _reused_timings(args.reuse_timings, direction) if t["shape"] in shapes]
+    t_start = time.monotonic()
+    for name, shape in shapes.items():
         if time.monotonic() > deadline - 0.4 * args.deadline_s:  # the comparison keeps 40 % of the time
-            state["stopped"] = f"deadline before the refit of {_name(shape)}"
+            state["stopped"] = f"deadline before the refit of {name}"
             break
         t0 = time.monotonic()
-        timed += [(t, S, shape) for t, S in time_shape(shape, spec, dev, lambda line: print(line, flush=True))]
-        state["refit_shapes"].append({"shape": _name(shape), "wall_s": time.monotonic() - t0})
+        done = {t["S"] for t in state["timings"] if t["shape"] == name}
+        say = lambda line: print(f"[{time.monotonic() - t_start:5.0f} s] {line}", flush=True)  # noqa: E731
+        for S, timings in time_splits(shape, spec, dev, say, splits=args.splits, skip=done):
+            state["timings"] += [{"shape": name, "direction": direction, "S": S, **vars(t)} for t in timings]
+            write(out, state)  # a run cut from here on keeps this split
+        state["refit_shapes"].append({"shape": name, "wall_s": time.monotonic() - t0})
+    timed = [(Timing(**{k: t[k] for k in ("row", "depth", "u", "ms")}), t["S"], shapes[t["shape"]])
+             for t in state["timings"]]  # fmt: skip
     name, cc = device_facts("cuda")
     result = TuneResult(device_name=name, compute_capability=cc, kernels=tuple(coef_results(timed, spec, dev)))
     state["store"] = store(result, out)
@@ -130,6 +212,8 @@ def refit(args: argparse.Namespace, out: Path, state: dict[str, Any], deadline: 
     paths["refit"].write_text(text)
     state["fit"] = [{"row": k.kernel.split(".", 1)[1], **{c: k.config[c] for c in ("a", "b", "c", "source", "n", "rms_ms",
                     "shipped_rms_ms", "why")}, "shipped": k.config["shipped"]} for k in result.kernels]  # fmt: skip
+    if args.pack_cache:
+        pack_cache(args.pack_cache, state)
     return paths
 
 
@@ -138,9 +222,17 @@ def compare(args: argparse.Namespace, paths: dict[str, Path], state: dict[str, A
     import torch
     from flash_qla.ops.gated_delta_rule.chunk.cp.autocp import current_arch, decide, load_coefs
 
-    from runners.tuner.flash_qla import flash_qla_context, flash_qla_inputs, run_step, seq_chunks, split_sizes
+    from runners.tuner.flash_qla import (
+        decided_splits,
+        flash_qla_context,
+        flash_qla_device,
+        flash_qla_inputs,
+        run_step,
+        seq_chunks,
+        split_sizes,
+    )
 
-    arch = current_arch()
+    arch, dev = current_arch(), flash_qla_device()
     coefs = {side: load_coefs(str(p), arch=arch) for side, p in paths.items()}
     P = torch.cuda.get_device_properties().multi_processor_count
     for direction in args.directions:
@@ -155,7 +247,10 @@ def compare(args: argparse.Namespace, paths: dict[str, Path], state: dict[str, A
                      for side, c in coefs.items()}  # fmt: skip
             lcp = {side: (d["lcp"] if d["use_cp"] else None) for side, d in picks.items()}
             whole = max(chunks)
-            splits = {S: flash_qla_context(S, x, 64) for S in split_sizes(whole, 4)}
+            sizes = split_sizes(whole, 4) if args.splits == "all" else decided_splits(chunks, shape.H, dev, train=train)
+            picked = {S for S in lcp.values() if S is not None}  # each side's pick is timed, in the set or not
+            splits = {S: flash_qla_context(S, x, 64) for S in sorted({*sizes, *picked})}
+            print(f"compare {direction} {_name(shape)}: picks {lcp}, split sizes {sorted(splits)}", flush=True)
             for ctx in splits.values():
                 run_step(x, ctx)  # compile every split's kernels before timing
             ms = {S: _median_ms(run_step, args.reps, x, ctx) for S, ctx in splits.items()}
@@ -188,6 +283,10 @@ def write(out: Path, state: dict[str, Any]) -> None:
         "# FlashQLA's intra-card CP: refit coefficients vs shipped (issue 27, item 5)", "",
         f"Command: `{state['command']}`  ",
         f"GPU: {v['gpu']}; torch {v['torch']}, flash-qla {v['flash-qla']}, tilelang {v['tilelang']}; sha {v['sha']}",
+        "", f"Refit: {state.get('refit_direction')}, split sizes `{state['splits']}`, {len(state.get('timings', []))} "
+        f"kernel timings over {len({(t['shape'], t['S']) for t in state.get('timings', [])})} (shape, split) pairs; "
+        f"TileLang cache: {state.get('cache_from') or 'cold'}"
+        + (f"; packed {state['cache']['MiB']} MiB ({state['cache']['files']} files)" if state.get("cache") else ""),
         "", "## Fit (ms = a·depth + b·u + c; RMS of each set's predictions over the timings)", "",
         "| row | source | n | a | b | c | shipped a | shipped b | shipped c | RMS refit | RMS shipped |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -237,21 +336,42 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--samples", type=int, default=10, help="runs per split in the refit (medians)")
     p.add_argument("--reps", type=int, default=30, help="runs per timed step in the comparison (medians)")
     p.add_argument("--deadline-s", type=float, default=540.0)
+    p.add_argument(
+        "--splits",
+        choices=["decide", "all"],
+        default="decide",
+        help="split sizes timed: those FlashQLA's decide prices and around them (few compiles), or all",
+    )
+    p.add_argument("--tilelang-cache", type=Path, help="reuse this TileLang cache: a directory, or a --pack-cache file")
+    p.add_argument("--pack-cache", type=Path, help="pack TileLang's cache into this .tar.xz (put it under $OUT)")
+    p.add_argument("--reuse-timings", type=Path, help="an earlier run's flash_qla_coefs.json: time only what it lacks")
     args = p.parse_args(argv)
+    t0 = time.monotonic()
+    deadline = t0 + args.deadline_s
+    for given in (args.tilelang_cache, args.reuse_timings):
+        if given is not None and not given.exists():
+            sys.exit(f"flash_qla_coefs: {given} does not exist")
+    cache_from = reuse_cache(args.tilelang_cache) if args.tilelang_cache else None  # before FlashQLA imports TileLang
+    if cache_from:
+        print(cache_from, flush=True)
     from runners.tuner.flash_qla import require_flash_qla
 
     try:
         require_flash_qla()
     except ValueError as e:
         sys.exit(f"flash_qla_coefs: {e}")
-    deadline = time.monotonic() + args.deadline_s
     args.out.mkdir(parents=True, exist_ok=True)
     state: dict[str, Any] = {"command": " ".join(["python", *sys.argv]), "versions": _versions(), "refit_shapes": [],
-                             "compare": []}  # fmt: skip
+                             "compare": [], "splits": args.splits, "cache_from": cache_from}  # fmt: skip
     paths = refit(args, args.out, state, deadline)
     write(args.out, state)
+    print(f"[{time.monotonic() - t0:5.0f} s] refit written; comparing", flush=True)
     compare(args, paths, state, deadline, args.out)
     write(args.out, state)
+    if args.pack_cache:
+        pack_cache(args.pack_cache, state)
+        write(args.out, state)
+    print(f"[{time.monotonic() - t0:5.0f} s] done: {args.out / 'flash_qla_coefs.md'}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """FlashKDA on a GPU (issue 27, item 3): why its `fwd` raised "all tensors must be on CUDA", then its forward against
 FLA's Triton `chunk_kda` and the fp32 per-token reference on the same raw inputs; GPU only.
 
-    python benchmarks/flashkda_probe.py --out $OUT [--T 8192 65536] [--H 16] [--reps 50]
+    python benchmarks/flashkda_probe.py --out $OUT [--T 8192 65536] [--H 16] [--reps 50] [--build SRC]
 
 The inputs are the call FlashKDA's kernel computes (its flash_kda/__init__.py docstring and csrc/flash_kda.cpp): bf16
 q, k, v, the raw gate g `[1, T, H, 128]`, beta's logits, fp32 A_log `[H]` and dt_bias `[H, 128]`, `lower_bound`, int64
@@ -13,9 +13,17 @@ inputs (`kernels.common.gate`, `kernels.common.l2norm`).
 Diagnosis first. csrc/flash_kda.cpp raises "all tensors must be on CUDA" from one TORCH_CHECK over q, k, v, g, beta, out
 and its workspace (allocated by the wrapper on q.device); the other tensors have their own messages (A_log, dt_bias,
 cu_seqlens, states). So with every input on the GPU the check can only fail if the extension's compiled `is_cuda()`
-disagrees with Python's: a wheel built against another torch (ABI) than the one installed. The probe records, before
-any call: torch's version and CUDA, the wheel's version and its declared requirements, the extension file and what
-it links; each tensor's device, dtype and contiguity as Python sees them; then the call's outcome (the error verbatim).
+disagrees with Python's: a wheel built against another torch (ABI) than the one installed. It is that: the
+0.0.1.post20260901 wheel was compiled against torch >= 2.13's TensorImpl layout (`runners.peers.flash_kda`'s docstring
+has the evidence), so under torch 2.11/2.12 it fails for any input; `abi_refusal` in the output says so up front.
+The probe records, before any call: torch's version and CUDA, the wheel's version and its declared requirements, the
+extension file and what it links, the ABI verdict; each tensor's device, dtype and contiguity as Python sees them;
+then the call's outcome (the error verbatim).
+
+`--build SRC` (the fix): compile FlashKDA's extension from its source against the installed torch first (a
+directory, or a .tar.xz of one folder, holding FlashKDA's csrc/, flash_kda/ and its CUTLASS submodule's include/ and
+tools/util/include/ under cutlass/), with the flags of FlashKDA's setup.py for sm_90a (torch.utils.cpp_extension,
+nvcc and ninja; verbose), and probe that build instead of an installed wheel.
 It also routes the same call through FLA's dispatch under no_grad (`runners.peers.fla_registry.recording`) to show
 whether FLA hands it to FlashKDA.
 
@@ -30,6 +38,9 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +53,57 @@ from kernels import reference  # noqa: E402
 from kernels.common.gate import activate_beta, activate_gate  # noqa: E402
 from kernels.common.l2norm import l2norm  # noqa: E402
 from runners.correctness import rel_l2  # noqa: E402
+from runners.peers.flash_kda import installed_abi_refusal  # noqa: E402
 from runners.versions import git_sha, peer_versions  # noqa: E402
 
 LOWER_BOUND = -5.0
 D = 128
 
 
-def environment() -> dict[str, Any]:
+# FlashKDA's setup.py nvcc flags (less --threads and ptxas -v), for the Hopper target only
+NVCC_FLAGS = [
+    "-O3",
+    "-U__CUDA_NO_HALF_OPERATORS__",
+    "-U__CUDA_NO_HALF_CONVERSIONS__",
+    "-U__CUDA_NO_HALF2_OPERATORS__",
+    "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+    "--expt-relaxed-constexpr",
+    "--expt-extended-lambda",
+    "--use_fast_math",
+    "--ptxas-options=--register-usage-level=10,--warn-on-spills",
+    "-lineinfo",
+    "-gencode",
+    "arch=compute_90a,code=sm_90a",  # a flag naming an arch: torch adds none of its own
+]
+
+
+def build_from_source(src: Path, work: Path) -> str:
+    """Compile FlashKDA's extension from `src` against the installed torch, register it as `flash_kda_C` and put its
+    Python wrapper first on the path; returns what was built and how long it took."""
+    from torch.utils.cpp_extension import load
+
+    if src.is_file():
+        with tarfile.open(src) as tar:
+            tar.extractall(work, filter="data")
+        (src,) = [p for p in work.iterdir() if p.is_dir()]
+    cutlass, build = src / "cutlass", work / "build"
+    build.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    module = load(
+        name="flash_kda_C",
+        sources=[str(src / "csrc" / "flash_kda.cpp"), str(src / "csrc" / "smxx" / "fwd_launch.cu")],
+        extra_include_paths=[str(cutlass / "include"), str(cutlass / "tools" / "util" / "include"), str(src / "csrc")],
+        extra_cflags=["-O3", "-Wno-psabi"],
+        extra_cuda_cflags=NVCC_FLAGS,
+        build_directory=str(build),
+        verbose=True,
+    )
+    sys.modules["flash_kda_C"] = module  # what flash_kda/__init__.py imports
+    sys.path.insert(0, str(src))
+    return f"built {module.__file__} from {src} against torch {torch.__version__} in {time.monotonic() - t0:.0f} s"
+
+
+def environment(built: str | None = None) -> dict[str, Any]:
     """Versions and the extension's build facts (what it was built against, what it links)."""
     env: dict[str, Any] = {
         "torch": torch.__version__,
@@ -57,6 +112,8 @@ def environment() -> dict[str, Any]:
         "device": torch.cuda.get_device_name(),
         "capability": torch.cuda.get_device_capability(),
         **peer_versions(),
+        "abi_refusal": None if built else installed_abi_refusal(),
+        "built_from_source": built,
     }
     for dist in ("tokenspeed-flashkda", "flash-kda"):
         try:
@@ -216,6 +273,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"- wheel requirements: {env.get('flash_kda_requires')}",
         f"- extension: {env.get('extension') or env.get('extension_import_error')}",
         f"- links: {env.get('extension_links')}",
+        f"- ABI: {env.get('built_from_source') or env.get('abi_refusal') or 'the wheel matches the installed torch'}",
         "",
         "| T | FlashKDA fwd | FLA dispatch ran | err FlashKDA vs ref | err FLA vs ref | FlashKDA ms | FLA Triton ms |",
         "|---:|---|---|---:|---:|---:|---:|",
@@ -235,14 +293,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--T", type=int, nargs="+", default=[8192, 65536])
     ap.add_argument("--H", type=int, default=16)
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--build", type=Path, help="FlashKDA's source (a directory or a .tar.xz): compile it here first")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("flashkda_probe needs a CUDA GPU")
+    if args.build is not None and not args.build.exists():
+        raise SystemExit(f"flashkda_probe: --build {args.build} does not exist")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    built = build_from_source(args.build, Path(tempfile.mkdtemp(prefix="flashkda-"))) if args.build else None
+    if built:
+        print(built, flush=True)
     result: dict[str, Any] = {
         "command": ["python", "benchmarks/flashkda_probe.py", *(argv or sys.argv[1:])],
-        "environment": environment(),
+        "environment": environment(built),
         "rows": [],
     }
     print(json.dumps(result["environment"], default=str), flush=True)  # the wheel's build facts, before any call

@@ -15,8 +15,9 @@ Its options' defaults are `runners.tuner.spec.TuneSpec`'s.
     cpbench tune --backend fla --op kda --shape ...   # FLA's kernels, whole-op timing (runners.tuner.fla)
     cpbench tune --backend fla --direction fwd+bwd [--fla-bypass-hopper-guard] ...   # FLA's training step
     cpbench tune --backend flash_qla --op gdn --shape T=65536,H=16 --shape lengths=16384:16384,H=16
-                 [--direction fwd+bwd] [--samples 10]
-        # FlashQLA's kernels timed per split size on this GPU, its auto-CP coefficients refit
+                 [--direction fwd+bwd] [--samples 10] [--flash-qla-splits decide|all]
+        # FlashQLA's kernels timed per split size on this GPU (decide: the splits FlashQLA's decision prices and
+        # those around them, few TileLang compiles; all: every split size), its auto-CP coefficients refit
         # (runners.tuner.flash_qla; a shape of several sequences or a second H sets the correction rows apart);
         # GPU with flash_qla installed only
 
@@ -187,14 +188,19 @@ def tune_command(
                                                  "lift FLA's Hopper guard on the GDN backward (FLA #640; Triton < 3.7.1)"),
     fla_min_gain: float = typer.Option(_D.min_gain, "--fla-min-gain", help="--backend fla: FLA's own pick stays unless "
                                        "a config runs the whole op this fraction faster (default 0.01 = 1%)"),
+    flash_qla_splits: str = typer.Option("decide", "--flash-qla-splits", help="--backend flash_qla: decide (the split "
+                                         "sizes FlashQLA's own decision prices, and one partition either side) | all"),
 ) -> None:
     """Tune the Triton kernels of an op at the given shapes, storing each kernel's trials and winner as it is decided."""
     from runners.tuner import TuningStopped
 
+    splits = _flash_qla_splits(flash_qla_splits)
     url, shapes, device = _check_tune_args(op, shape, strategy, kernel, device, backend, direction, database_url)
     spec = TuneSpec(strategy=strategy, budget=budget, seed=seed, samples=samples, direction=direction,  # type: ignore[arg-type]
                     kernels=tuple(kernel) or None, min_gain=fla_min_gain)
-    options = {"bypass_hopper_guard": True} if fla_bypass_hopper_guard else None
+    options: dict[str, Any] | None = {"bypass_hopper_guard": True} if fla_bypass_hopper_guard else None
+    if backend == "flash_qla":
+        options = {"splits": splits}
     where = _store_name(url)
     typer.echo(_tune_header(op, backend, shapes, spec, device, where))
     stored = [0]
@@ -271,6 +277,14 @@ def _check_flash_qla(op: str, shapes: list[Any], device: str | None) -> None:
         raise CpbenchError(str(e)) from None
 
 
+def _flash_qla_splits(splits: str) -> str:
+    from runners.tuner.flash_qla import SPLIT_CHOICES
+
+    if splits not in SPLIT_CHOICES:
+        raise CpbenchError(f"--flash-qla-splits must be one of {', '.join(SPLIT_CHOICES)}, got {splits!r}")
+    return splits
+
+
 def _tune_device(device: str | None) -> str:
     """`--device` checked against this host: cuda only with a GPU; the default is cuda when present, else cpu."""
     import torch
@@ -297,8 +311,9 @@ def _tune_header(op: str, backend: str, shapes: list[Any], spec: TuneSpec, devic
         + (f",lengths={':'.join(map(str, s.lengths))}" if s.lengths else "") for s in shapes)
     clock = "CUDA events" if device == "cuda" else "wall clock"
     if backend == "flash_qla":
-        return (f"tune {op} {spec.direction} (flash_qla) at {len(shapes)} shape(s) [{dims}]: FlashQLA's kernels at every "
-                f"split size, {spec.samples} run(s) each, its auto-CP coefficients refit by least squares per kernel row; "
+        return (f"tune {op} {spec.direction} (flash_qla) at {len(shapes)} shape(s) [{dims}]: FlashQLA's kernels at the "
+                f"split sizes of --flash-qla-splits (decide: those FlashQLA's decision prices, and around them), "
+                f"{spec.samples} run(s) each, its auto-CP coefficients refit by least squares per kernel row; "
                 f"device {device} ({clock}); the fit stored in {where} once every shape is timed")
     budget = "all configs" if spec.budget is None else f"{spec.budget} config(s)"
     kernels = ", ".join(spec.kernels) if spec.kernels else "every kernel it launches"
@@ -314,7 +329,8 @@ def _measure(backend: str, op: str, shapes: list[Any], spec: TuneSpec, device: s
     if backend == "flash_qla":
         from runners.tuner.flash_qla import tune_flash_qla
 
-        return tune_flash_qla(shapes=shapes, spec=spec, on_result=on_result, say=lambda line: typer.echo(line, err=True))
+        return tune_flash_qla(shapes=shapes, spec=spec, on_result=on_result, say=lambda line: typer.echo(line, err=True),
+                              splits=(options or {}).get("splits", "decide"))
     if backend == "fla":
         from runners.tuner.fla import tune_fla
 

@@ -39,7 +39,14 @@ import torch
 from torch import Tensor
 
 from runners.peers import Peer, peer_options
-from runners.peers.fla_registry import DispatchRecord, dispatch_disabled_at_import, pin_note, pinned_to_triton, recording
+from runners.peers.fla_registry import (
+    DispatchRecord,
+    config_cache_note,
+    dispatch_disabled_at_import,
+    pin_note,
+    pinned_to_triton,
+    recording,
+)
 from runners.point import PointSpec
 
 __all__ = ["FLA", "HOPPER_GUARD", "hopper_guard", "hopper_guard_refusal", "triton_version"]
@@ -174,8 +181,9 @@ class _FLA(Peer):
 
     def point_report(self, point: PointSpec) -> dict[str, Any]:
         """Which of FLA's paths the point measured (always its Triton path), what pinned it, and what FLA's dispatch
-        ran under the pin (`calls`: its intra-card CP for warmup_correct)."""
-        return {"fla_path": pin_note(), "fla_ran": self._record.as_dict(point.op)}
+        ran under the pin (`calls`: its intra-card CP for warmup_correct), and the config cache FLA read its
+        autotuned configs from instead of autotuning (`fla_config_cache`, None: FLA's own autotune)."""
+        return {"fla_path": pin_note(), "fla_ran": self._record.as_dict(point.op), "fla_config_cache": config_cache_note()}
 
     def expected_collectives(self, mode: str, ctx: Any, options: Mapping[str, Any]) -> dict[str, int]:
         """What one step issues on this rank: KCP one all_gather of the summaries (every rank, always); our

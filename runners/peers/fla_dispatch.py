@@ -20,7 +20,7 @@ from torch import Tensor
 
 from runners.peers import Peer
 from runners.peers.fla import hopper_guard
-from runners.peers.fla_registry import DISABLE_ENV, DispatchRecord, recording
+from runners.peers.fla_registry import DISABLE_ENV, DispatchRecord, config_cache_note, recording
 from runners.point import PointSpec
 
 __all__ = ["FLA_DISPATCH"]
@@ -78,8 +78,9 @@ class _FLADispatch(Peer):
         self._record = DispatchRecord()
 
     def point_report(self, point: PointSpec) -> dict[str, Any]:
-        """What FLA's dispatch ran for the point (read after its steps)."""
-        return {"fla_dispatch": self._record.as_dict(point.op)}
+        """What FLA's dispatch ran for the point (read after its steps), and the config cache FLA's Triton kernels
+        read instead of autotuning (`fla_config_cache`, None: FLA's own autotune)."""
+        return {"fla_dispatch": self._record.as_dict(point.op), "fla_config_cache": config_cache_note()}
 
 
 FLA_DISPATCH = _FLADispatch()

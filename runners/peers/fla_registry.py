@@ -16,6 +16,8 @@ no_grad), parts of the backward to the TileLang backend.
   implementation is wrapped while inside, so a call that reaches one records `function -> backend_type`; a function
   with no record ran FLA's own (Triton) function. A backend's verifier that declines a call is recorded with its
   reason (FlashQLA's "requires K=128, got 64"), so a point that fell back to Triton says why.
+- `config_cache_note()`: whether FLA took its autotuned configs from a config cache (`FLA_CONFIG_DIR` with
+  `FLA_CACHE_MODE`, e.g. `cpbench configs export --format fla`) instead of autotuning, as FLA itself reads them.
 
 FLA is imported only when one of these is entered.
 """
@@ -31,6 +33,7 @@ __all__ = [
     "KEPT_BY_PIN",
     "TRITON",
     "DispatchRecord",
+    "config_cache_note",
     "dispatch_disabled_at_import",
     "op_function",
     "pin_note",
@@ -73,6 +76,18 @@ def pin_note() -> str:
         f"triton (FLA's backend registries emptied for the step but for its own Triton intra-card CP: the effect of "
         f"{DISABLE_ENV}=1, which FLA reads only when it is imported)"
     )
+
+
+def config_cache_note() -> dict[str, Any] | None:
+    """FLA's config cache as FLA reads it in this process (its `FLA_CACHE_MODE`, fixed when FLA was imported, and
+    its config directory with the kernel files there), or None when FLA autotunes on its own (mode `disabled`)."""
+    from fla.ops.utils import cache
+
+    if cache.FLA_CACHE_MODE is cache.FlaCacheMode.DISABLED:
+        return None
+    folder = cache.get_fla_config_dir()
+    kernels = sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
+    return {"mode": cache.FLA_CACHE_MODE.value, "dir": str(folder), "kernels": len(kernels)}
 
 
 @contextlib.contextmanager

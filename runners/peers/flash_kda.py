@@ -15,11 +15,24 @@ heads, the safe gate computed in the kernel (`gate: safe`) with `l2norm_in_kerne
 inputs as they are (`runners.grid`: a peer takes no real-model gate), so under today's engine every FlashKDA point is
 skipped with the reason its own `skip_reason` gives first; `forward` is the adapter for the day the engine hands a
 peer the raw gate and its parameters. `benchmarks/flashkda_probe.py` runs it directly on an H200 against FLA's
-`chunk_kda` on the same raw inputs (and tells why its fwd raised "all tensors must be on CUDA").
+`chunk_kda` on the same raw inputs.
+
+Why its fwd raises "all tensors must be on CUDA" with every tensor on the GPU (session 11, from the wheel alone): the
+`tokenspeed-flashkda` 0.0.1.post20260901 wheel declares no torch requirement, but its extension was compiled against
+torch 2.13/2.14 headers (it embeds the `TensorImpl.h":1799` assertion of those headers; 2.10-2.12 have it at 1768), in
+which `c10::impl::PyObjectSlot` is 8 bytes (torch 2.13 dropped its `pyobj_interpreter_`); up to 2.12 it is 16. Every
+TensorImpl field after it sits 8 bytes earlier in the extension's view. `Tensor::is_cuda()` is inlined: the extension
+reads `device_opt_` at TensorImpl+0xa2..0xa4 (disassembly of `fwd`), which under torch 2.11 are bytes 2-4 of
+`numel_` (TensorImpl+0xa0); the `has_value` byte is numel's byte 4, zero for any tensor under 2^32 elements, so
+the first check (csrc/flash_kda.cpp:44, over q, k, v, g, beta, out and the wrapper's workspace) fails for any
+tensor, and every later inlined accessor (sizes, strides, data pointer) would read the wrong field too. Nothing on
+our side (argument, dtype, layout, device index) can fix it: it runs only under torch >= 2.13, or built from source
+against the installed torch. `abi_refusal` states this, and a point stores it as its skip reason.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 from typing import Any
 
@@ -29,9 +42,40 @@ from torch import Tensor
 from runners.peers import Peer
 from runners.point import PointSpec
 
-__all__ = ["FLASH_KDA", "engine_refusal"]
+__all__ = ["FLASH_KDA", "abi_refusal", "engine_refusal", "installed_abi_refusal"]
 
 HEAD_DIM = 128
+DISTRIBUTION = "tokenspeed-flashkda"
+# wheel version -> the oldest torch whose C++ ABI (TensorImpl layout) its extension was compiled against
+BUILT_AGAINST_TORCH = {"0.0.1.post20260901": (2, 13)}
+
+
+def _release(version: str) -> tuple[int, int]:
+    major, minor = (version.split("+")[0].split(".") + ["0"])[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+def abi_refusal(wheel: str | None, torch_version: str) -> str | None:
+    """Why the installed FlashKDA wheel cannot run under this torch (its extension's C++ ABI), None when it can."""
+    need = BUILT_AGAINST_TORCH.get(wheel or "")
+    if need is None or _release(torch_version) >= need:
+        return None
+    return (
+        f"{DISTRIBUTION} {wheel} was compiled against torch >= {need[0]}.{need[1]} (8-byte PyObjectSlot in "
+        f"TensorImpl) and torch {torch_version} lays TensorImpl out 8 bytes later, so the extension's inlined "
+        "is_cuda() reads numel's bytes as the device and its fwd raises 'all tensors must be on CUDA' "
+        "(csrc/flash_kda.cpp:44) for any input; it needs torch >= "
+        f"{need[0]}.{need[1]} or a build from source against the installed torch"
+    )
+
+
+def installed_abi_refusal() -> str | None:
+    """`abi_refusal` for the wheel and torch installed here (reads package metadata, imports nothing)."""
+    try:
+        wheel = importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return abi_refusal(wheel, torch.__version__)
 
 
 def engine_refusal(point: PointSpec) -> str | None:
@@ -66,14 +110,14 @@ class _FlashKDA(Peer):
             return f"FlashKDA requires K=128 and V=128, got K={point.K}, V={point.V}"
         if point.value_heads != point.H:
             return f"FlashKDA does not support grouped value heads (HV={point.value_heads} != H={point.H})"
-        return engine_refusal(point)
+        return installed_abi_refusal() or engine_refusal(point)
 
     def available(self) -> str | None:
         if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
             return "FlashKDA needs an SM90+ NVIDIA GPU"
         if importlib.util.find_spec("flash_kda") is None:
             return "FlashKDA is not installed (pip install tokenspeed-flashkda)"
-        return None
+        return installed_abi_refusal()
 
     def forward(self, mode: str, op: str, *inputs: Tensor, **call: Any) -> Tensor:
         """FlashKDA's forward on raw inputs: `g` the raw gate, `beta` its logits, `options` holding A_log (fp32 [H]),

@@ -3,8 +3,12 @@
     result = tune_flash_qla(shapes=[Shape(T=65536, H=16)], spec=TuneSpec(direction="fwd+bwd", samples=10))
 
 Per shape (B=1, K=V=128, bf16 or fp16: FlashQLA's intra-card CP splits flattened sequences, one, or several with
-`lengths`) and per split size S (`split_sizes`: partitions of S chunks, from FlashQLA's minimum up to the longest
-sequence, which is no split), FlashQLA's own `chunk_gated_delta_rule` runs (the forward; `direction: fwd+bwd` the training step, whose
+`lengths`) and per split size S (partitions of S chunks; `splits="decide"`, the default, times `decided_splits`: the
+candidates FlashQLA's own `decide` prices at the shape with its shipped coefficients, its picks, the splits one
+partition either side of them and no split; `splits="all"` times `split_sizes`, every power of two and 2..8-partition
+cut from FlashQLA's minimum up to the longest sequence. Each new launch variant (a V tile width, CP or not) is a
+TileLang compile of 15-50 s on a cold cache: "decide" compiles the few its decision prices), FlashQLA's own
+`chunk_gated_delta_rule` runs (the forward; `direction: fwd+bwd` the training step, whose
 kernels price FlashQLA's training decision) under the CP context of that split, built by FlashQLA
 (`_build_intra_cp_context`). Each of its kernel launchers is timed with CUDA events around its call
 (`KernelTimer`) and its time goes to the coefficient row FlashQLA's `launch_config` prices it under; the point's
@@ -30,7 +34,7 @@ import itertools
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,9 +45,11 @@ from runners.tuner.tune import Shape, device_facts
 
 __all__ = [
     "FlashQLADevice",
+    "SPLIT_CHOICES",
     "KernelTimer",
     "check_shapes",
     "coef_results",
+    "decided_splits",
     "flash_qla_context",
     "flash_qla_device",
     "flash_qla_inputs",
@@ -51,7 +57,9 @@ __all__ = [
     "run_step",
     "seq_chunks",
     "split_sizes",
+    "splits_around",
     "time_shape",
+    "time_splits",
     "tune_flash_qla",
 ]
 
@@ -60,6 +68,7 @@ LAUNCHERS = {"fused_gdr_fwd": "fused_fwd", "correct_initial_states": "correct_h0
              "fused_gdr_dh": "prepare_dh", "fused_gdr_bwd": "fused_bwd", "fused_gdr_h": "prepare_h"}  # fmt: skip
 DTYPES = ("bfloat16", "float16")
 HEAD_DIM = 128  # FlashQLA's only K and V
+SPLIT_CHOICES = ("decide", "all")  # the split sizes a refit times: `decided_splits` or `split_sizes`
 _CHUNK_MODULE = "flash_qla.ops.gated_delta_rule.chunk"
 
 
@@ -98,6 +107,20 @@ def split_sizes(chunks: int, min_s: int, *, parts: int = 8) -> list[int]:
         sizes.add(s)
         s *= 2
     sizes.update(math.ceil(chunks / n) for n in range(2, parts + 1))
+    return sorted(x for x in sizes if min_s <= x <= chunks)
+
+
+def splits_around(chunks: int, picks: Iterable[int | None], candidates: Iterable[int], min_s: int) -> list[int]:
+    """The split sizes timed for a sequence of `chunks` chunks around a decision, ascending, within [`min_s`,
+    `chunks`]: the `candidates` it priced, its `picks` (None: no split) and for each pick the sizes that cut the
+    sequence into one partition fewer and one more, and `chunks` itself (no split)."""
+    sizes = {chunks, *candidates}
+    for pick in picks:
+        if pick is None or pick >= chunks:
+            continue
+        sizes.add(pick)
+        n = math.ceil(chunks / pick)
+        sizes.update(math.ceil(chunks / k) for k in (n - 1, n + 1) if k >= 1)
     return sorted(x for x in sizes if min_s <= x <= chunks)
 
 
@@ -246,36 +269,71 @@ def flash_qla_device() -> FlashQLADevice:
                    version=importlib.metadata.version("flash-qla"))  # fmt: skip
 
 
-def time_shape(shape: Shape, spec: TuneSpec, dev: FlashQLADevice, say: Callable[[str], None]) -> list[tuple[Timing, int]]:
-    """Every kernel row's median time at each split size of `shape`, with its split size."""
+def decided_splits(chunks: Sequence[int], H: int, dev: FlashQLADevice, *, train: bool) -> list[int]:
+    """`splits_around` FlashQLA's own decision for sequences of `chunks` chunks and H value heads: its `decide` with
+    the shipped coefficients, called as its CP context calls it (this GPU's SMs, FlashQLA's chunk, no gate)."""
+    from flash_qla.ops.gated_delta_rule.chunk.cp.autocp import decide, utils
+
+    coefs = {"kernels": dev.shipped, "P": dev.P, "chunk": dev.chunk, "arch": dev.arch, "backend": dev.backend}
+    d = decide(num_chunks=list(chunks), num_v_heads=H, coefs=coefs, P=dev.P, chunk=dev.chunk, is_train=train, debug=True)
+    return splits_around(max(chunks), (d["lcp"], d["best_cp_lcp"]), (S for S, _ in d["sweep"]), utils.MIN_LCP)
+
+
+def time_splits(
+    shape: Shape,
+    spec: TuneSpec,
+    dev: FlashQLADevice,
+    say: Callable[[str], None],
+    *,
+    splits: str = "decide",
+    skip: Collection[int] = (),
+) -> Iterator[tuple[int, list[Timing]]]:
+    """Each split size of `shape` (`splits`: "decide" or "all", see the module docstring; those in `skip` left out)
+    with every kernel row's median time there, one split at a time (a caller can keep each as it comes)."""
     import importlib
 
     from flash_qla.ops.gated_delta_rule.chunk.cp.autocp import launch, utils
 
+    if splits not in SPLIT_CHOICES:
+        raise ValueError(f"splits must be one of {', '.join(SPLIT_CHOICES)}, got {splits!r}")
     fq = importlib.import_module(_CHUNK_MODULE)
     train = spec.direction == "fwd+bwd"
     x = flash_qla_inputs(shape, train=train)
     chunks = seq_chunks(x, dev.chunk)
     warmups = utils.warmup_from_gate_avg(x["g"].detach().float().mean(dim=1).reshape(-1).tolist(), dev.chunk)
-    timer, out = KernelTimer(), []
-    for S in split_sizes(max(chunks), utils.MIN_LCP):
+    sizes = (split_sizes(max(chunks), utils.MIN_LCP) if splits == "all"
+             else decided_splits(chunks, shape.H, dev, train=train))  # fmt: skip
+    todo = [S for S in sizes if S not in skip]
+    say(f"flash_qla T={shape.T} H={shape.H} lengths={shape.lengths or '-'} lb={shape.lb:g}: split sizes {todo} "
+        f"({splits}; {len(sizes) - len(todo)} timed before)")  # fmt: skip
+    timer = KernelTimer()
+    for i, S in enumerate(todo, 1):
         ctx = flash_qla_context(S, x, dev.chunk)
         feat = utils.struct_features(chunks, S, shape.H, dev.P, warmups, train, backend=dev.backend)
-        say(
-            f"flash_qla T={shape.T} H={shape.H} S={S}: {feat.num_partitions} partition(s), {spec.samples} runs (a new kernel compiles first)"
-        )
+        t0 = time.monotonic()
         with timer.patched(fq):
-            run_step(x, ctx)  # the first call compiles; its times are dropped
+            run_step(x, ctx)  # the first call of a new launch variant compiles; its times are dropped
             timer.take()
+            first_s = time.monotonic() - t0
             runs = []
             for _ in range(spec.samples):
                 run_step(x, ctx)
                 runs.append(timer.take())
+        out = []
         for kernel in sorted({k for r in runs for k in r}):
             row = launch.launch_config(dev.backend, kernel, feat.shape).row
             ms = statistics.median(r[kernel] for r in runs if kernel in r)
-            out.append((Timing(row=row, depth=float(feat.depth[kernel]), u=float(feat.u), ms=ms), S))
-    return out
+            out.append(Timing(row=row, depth=float(feat.depth[kernel]), u=float(feat.u), ms=ms))
+        say(f"  S={S} ({i}/{len(todo)}): {feat.num_partitions} partition(s), first call {first_s:.1f} s, "
+            f"{spec.samples} runs in {time.monotonic() - t0 - first_s:.1f} s")  # fmt: skip
+        yield S, out
+
+
+def time_shape(
+    shape: Shape, spec: TuneSpec, dev: FlashQLADevice, say: Callable[[str], None], *, splits: str = "decide"
+) -> list[tuple[Timing, int]]:
+    """Every kernel row's median time at each split size of `shape` (`time_splits`), with its split size."""
+    return [(t, S) for S, ts in time_splits(shape, spec, dev, say, splits=splits) for t in ts]
 
 
 def _rms(coefs: dict[str, float] | None, timed: Sequence[tuple[Timing, int, Shape]]) -> float | None:
@@ -330,16 +388,19 @@ def tune_flash_qla(
     spec: TuneSpec = TuneSpec(),
     on_result: OnResult | None = None,
     say: Callable[[str], None] = lambda _: None,
+    splits: str = "decide",
 ) -> TuneResult:
-    """Time FlashQLA's kernels at every split size of `shapes` and fit its coefficients (see the module docstring).
-    `say` gets a line as each (shape, split) starts; `on_result` the whole result once it is fitted."""
+    """Time FlashQLA's kernels at the split sizes `splits` chooses of `shapes` and fit its coefficients (see the
+    module docstring). `say` gets a line per shape and per split; `on_result` the whole result once it is fitted."""
     require_flash_qla()
+    if splits not in SPLIT_CHOICES:
+        raise ValueError(f"splits must be one of {', '.join(SPLIT_CHOICES)}, got {splits!r}")
     todo = [Shape.of(s) for s in shapes]
     check_shapes(todo)
     dev = flash_qla_device()
     timed: list[tuple[Timing, int, Shape]] = []
     for shape in todo:
-        timed += [(t, S, shape) for t, S in time_shape(shape, spec, dev, say)]
+        timed += [(t, S, shape) for t, S in time_shape(shape, spec, dev, say, splits=splits)]
     name, cc = device_facts("cuda")
     result = TuneResult(device_name=name, compute_capability=cc, kernels=tuple(coef_results(timed, spec, dev)))
     coef_csv(

@@ -62,3 +62,36 @@ def test_the_inter_card_part_waits_for_two_gpus() -> None:
         assert all(r["status"] == "queued" for r in expand(spec, max_W=2))
     keys = [r["key"] for r in expand(dual, max_W=2)]
     assert all(k.startswith("gdn/true_cp/flash_qla/") and k.endswith(",opts=flash_qla.dual=True") for k in keys)
+
+
+def test_part_two_is_the_rest_of_the_grid_in_priority_order() -> None:
+    """runners/suites/peers2-h200-part2.yaml: with the mini sweep sessions 9-10 ran, every point of the full grid
+    (same keys, same status and reason per key), none twice, less only a backend's points on the op it lacks
+    (FlashQLA's KDA, FlashKDA's GDN: skipped either way); its four sweeps queue KDA HV=16 first, then GDN HV=32, GDN
+    on FLA's Triton path, KDA HV=32, and a worker claims queued points in that order (by point id)."""
+    full = {r["key"]: r for r in expand(load_spec(SUITE))}
+    mini = expand(load_spec(Path(__file__).resolve().parents[2] / "benchmarks/results/peers2_h200/peers2_mini_h200.yaml"))
+    docs = load_specs(SUITES / "peers2-h200-part2.yaml")
+    parts = [expand(spec) for spec in docs]
+    rows = [r for part in parts for r in part]
+    keys = [r["key"] for r in [*mini, *rows]]
+    assert len(keys) == len(set(keys)) and set(keys) <= set(full)
+    left = [full[k] for k in set(full) - set(keys)]
+    assert {(r["backend"], r["op"]) for r in left} == {("flash_qla", "kda"), ("flash_kda", "gdn")}
+    assert all(r["status"] == "skipped" for r in left)
+    assert all((r["status"], r["reason"]) == (full[r["key"]]["status"], full[r["key"]]["reason"]) for r in rows)
+    assert [len(p) for p in parts] == [32, 24, 16, 32]
+    queued = [r for r in rows if r["status"] == "queued"]
+    assert [sum(r["status"] == "queued" for r in p) for p in parts] == [18, 20, 12, 18] and len(queued) == 68
+
+    def group(r: dict) -> str:
+        hv = r["params"].get("HV", r["H"])
+        if r["op"] == "kda":
+            return f"kda-hv{hv}"
+        return "gdn-fla" if r["backend"] == "fla" else f"gdn-hv{hv}"
+
+    order = [group(r) for r in queued]
+    assert sorted(set(order), key=order.index) == ["kda-hv16", "gdn-hv32", "gdn-fla", "kda-hv32"]
+    assert order == sorted(order, key=["kda-hv16", "gdn-hv32", "gdn-fla", "kda-hv32"].index)  # no group interleaves
+    assert {r["backend"] for r in queued if group(r) == "kda-hv16"} == {"triton", "fla_dispatch", "fla"}
+    assert {r["backend"] for r in queued if group(r) == "gdn-hv32"} == {"flash_qla", "fla_dispatch", "triton"}

@@ -29,6 +29,7 @@ def test_point_reports_what_fla_dispatch_ran(fla_stand_in: Any, direction: str) 
     assert res.ok, res.error
     assert res.gate["err_vs_reference"] < 1e-5, res.gate
     assert res.report["fla_dispatch"] == {"op": STAND_IN, "calls": {"chunk_gated_delta_rule": STAND_IN}}
+    assert res.report["fla_config_cache"] is None  # FLA_CACHE_MODE unset: FLA autotunes on its own
     assert "fwd" in res.report["first_call_s"]
 
 

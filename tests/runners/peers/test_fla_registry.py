@@ -101,3 +101,25 @@ def test_fla_flashqla_backend_declines_a_cpu_call_in_its_own_words(monkeypatch: 
         assert _reaches_triton(lambda: _fla_op()(*_inputs(16)))
     assert record.ran(FN) == "triton"
     assert record.declined[FN]["flash_qla"] == "FlashQLA requires NVIDIA SM90, SM100/SM103 or SM120"
+
+
+def test_the_config_cache_note_says_what_fla_reads_its_configs_from(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """None while FLA autotunes on its own; with FLA_CONFIG_DIR and FLA_CACHE_MODE=strict (FLA reads the mode when it
+    is imported: set here on FLA's module) the directory, the mode and the kernel files, which FLA's own lookup reads."""
+    import json
+
+    from fla.ops.utils import cache
+
+    from runners.peers.fla_autotune import cache_file
+    from runners.peers.fla_registry import config_cache_note
+
+    monkeypatch.setattr(cache, "FLA_CACHE_MODE", cache.FlaCacheMode.DISABLED)
+    assert config_cache_note() is None
+    key = (16, 16, 128, 64, "torch.bfloat16")
+    config = {"kwargs": {"BK": 64}, "num_warps": 4, "num_stages": 3, "num_ctas": 1, "maxnreg": None}
+    entry = cache_file("chunk_fwd_kernel_o", [(key, config, 0.1)], triton_version="3.6.0", default_config=config)
+    (tmp_path / "chunk_fwd_kernel_o.json").write_text(json.dumps(entry))
+    monkeypatch.setenv("FLA_CONFIG_DIR", str(tmp_path))
+    monkeypatch.setattr(cache, "FLA_CACHE_MODE", cache.FlaCacheMode.STRICT)
+    assert config_cache_note() == {"mode": "strict", "dir": str(tmp_path), "kernels": 1}
+    assert cache.load_cached_config("chunk_fwd_kernel_o", cache.AutotuneKey(autotune_key=key)) == config

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from runners.tuner.flash_qla import LAUNCHERS, FlashQLADevice, KernelTimer, coef_results, split_sizes
+from runners.tuner.flash_qla import LAUNCHERS, FlashQLADevice, KernelTimer, coef_results, split_sizes, splits_around
 from runners.tuner.flash_qla_coefs import (
     REQUIRED_ROWS,
     Timing,
@@ -111,6 +111,14 @@ def test_split_sizes_are_powers_of_two_and_few_partition_cuts_up_to_the_whole_se
     assert split_sizes(4, 4) == [4] and split_sizes(6, 4) == [4, 6]
 
 
+def test_splits_around_a_decision_are_its_candidates_picks_their_neighbours_and_no_split() -> None:
+    # FlashQLA's decide at T=32K, H=16 on 132 SMs prices S 21, 32, 63 and picks 63 (9 partitions of 512 chunks)
+    assert splits_around(512, [63, 63], [21, 32, 63], 4) == [21, 32, 52, 63, 64, 512]  # 8 parts -> 64, 10 -> 52
+    assert splits_around(512, [None, 63], [], 4) == [52, 63, 64, 512]  # no split picked: its best CP split still
+    assert splits_around(10, [4], [2], 4) == [4, 5, 10]  # 3 parts; 2 -> 5; 4 -> 3 < the minimum; 2 < the minimum
+    assert splits_around(8, [8, None], [], 4) == [8]  # a pick of the whole sequence is no split
+
+
 def test_fit_recovers_known_coefficients_exactly_without_noise() -> None:
     fit = fit_coefficients(synthetic(TRUE, noise=0.0))
     assert set(fit.rows) == set(TRUE) and not fit.unfitted
@@ -178,16 +186,28 @@ def test_csv_round_trips_through_flash_qlas_own_loader(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(flash_qla_autocp() is None, reason="flash_qla is not installed: its features are FlashQLA's own")
 @pytest.mark.parametrize("train", [False, True], ids=["fwd", "fwd+bwd"])
-def test_benchmark_shapes_give_every_row_points_off_one_line(train: bool) -> None:
-    """The shapes benchmarks/flash_qla_coefs.py times by default (one head count: one TileLang compile), under
-    FlashQLA's own features (`struct_features`, `launch_config`, on a 132-SM Hopper): every row of the direction
-    gets a rank-3 design, the correction rows thanks to the two-sequence shapes (one sequence alone would not)."""
+@pytest.mark.parametrize("splits", ["all", "decide"])
+def test_benchmark_shapes_give_every_row_points_off_one_line(train: bool, splits: str) -> None:
+    """The shapes benchmarks/flash_qla_coefs.py times (one head count: one TileLang compile per launch variant),
+    under FlashQLA's own features (`struct_features`, `launch_config`, on a 132-SM Hopper): every row of the
+    direction gets a rank-3 design, the correction rows thanks to the two-sequence shapes (one sequence alone
+    would not). With the split sizes around FlashQLA's own decision (`splits_around` its `decide` with the shipped
+    coefficients, as `decided_splits` calls it) at 32K and 128K, every row but the fused forward's V tile 64 (no
+    decision there prices it) gets one too."""
     import importlib
 
     autocp = flash_qla_autocp()
     assert autocp is not None
     utils, launch = (importlib.import_module(f"{autocp.__name__}.{m}") for m in ("utils", "launch"))
-    shapes = [(T,) for T in (8192, 32768, 131072)] + [(16384, 16384), (65536, 65536)]
+    T = (8192, 32768, 131072) if splits == "all" else (32768, 131072)
+    shapes = [(t,) for t in T] + [(16384, 16384), (65536, 65536)]
+    shipped = autocp.load_coefs(arch="sm90")
+
+    def sizes(chunks: list[int]) -> list[int]:
+        if splits == "all":
+            return split_sizes(max(chunks), utils.MIN_LCP)
+        d = autocp.decide(num_chunks=chunks, num_v_heads=16, coefs=shipped, P=132, chunk=64, is_train=train, debug=True)
+        return splits_around(max(chunks), (d["lcp"], d["best_cp_lcp"]), (S for S, _ in d["sweep"]), utils.MIN_LCP)
 
     def timings(seqs: list[tuple[int, ...]]) -> list[Timing]:
         out = []
@@ -195,7 +215,7 @@ def test_benchmark_shapes_give_every_row_points_off_one_line(train: bool) -> Non
             for lb in (-5.0, -0.05):
                 chunks = [n // 64 for n in lengths]
                 warmups = utils.warmup_from_gate_avg([lb / 2] * 16, 64)  # lb * sigmoid(x) averages lb / 2
-                for S in split_sizes(max(chunks), utils.MIN_LCP):
+                for S in sizes(chunks):
                     f = utils.struct_features(chunks, S, 16, 132, warmups, train, backend="hopper")
                     kernels = ["fused_fwd", *(["recompute_h", "fused_bwd"] if train else [])]
                     if f.enable_cp:
@@ -208,8 +228,9 @@ def test_benchmark_shapes_give_every_row_points_off_one_line(train: bool) -> Non
     want = set(utils.INFER_KERNELS if not train else utils.KERNELS)
     fit = fit_coefficients(timings(shapes))
     assert not fit.unfitted and {r.rsplit("_dv", 1)[0] for r in fit.rows} == want
-    assert set(launch.coef_rows("hopper", want)) == set(fit.rows)
-    single = fit_coefficients(timings(shapes[:3]))
+    untimed = {"fused_fwd_dv64"} if splits == "decide" else set()
+    assert set(launch.coef_rows("hopper", want)) - untimed == set(fit.rows)
+    single = fit_coefficients(timings(shapes[: len(T)]))
     assert "correct_h0_dv128" in single.unfitted and "rank 2" in single.unfitted["correct_h0_dv128"]
 
 
@@ -298,5 +319,8 @@ def test_tune_backend_flash_qla_without_a_gpu_is_one_line(tmp_path: Path) -> Non
         assert "GDN only" in refusal("--op", "kda", "--shape", "T=8192,H=16")
         assert "K=V=128 only" in refusal("--op", "gdn", "--shape", "T=8192,H=16,K=64,V=64")
         assert "B=1" in refusal("--op", "gdn", "--shape", "B=2,T=8192,H=16")
+        assert "--flash-qla-splits must be one of decide, all" in refusal(
+            "--op", "gdn", "--shape", "T=8192,H=16", "--flash-qla-splits", "every"
+        )
     finally:
         dispose_engine(url)

@@ -84,6 +84,7 @@ class ChunkOp:
     naive: Callable[..., tuple[Tensor, Tensor | None]]
     wy_prep: Callable[..., Any]
     fused_fwd: Callable[..., Any] | None = None  # the op's two-kernel forward (`fwd_path` "auto"/"fused"; GDN's)
+    ag_bwd: Callable[..., Any] | None = None  # its backward from the kept Ag (keep "ag"; GDN's `ops.gdn.ag_bwd`)
 
     def per_key_gate(self, g: Tensor) -> Tensor:
         """The torch path works on a `[B, T, H, Kg]` gate: GDN's scalar gate is Kg = 1 and broadcasts over K."""
@@ -103,6 +104,8 @@ class ChunkOp:
                    **options: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
         """(dq, dk, dv, dg, dbeta, dh0) on the Triton backend: `kernels.common.chunk_bwd.chunk_bwd` for this op (its
         launch sequence and options: scale, initial_state, dht, cu_seqlens, plan, wy, split_chunks, chunk_size)."""
+        if self.ag_bwd is not None and "ag" in (options.get("wy") or {}):  # the forward kept its Ag (keep "ag")
+            return self.ag_bwd(q, k, v, g, beta, do, **options)
         return import_triton("kernels.common.chunk_bwd", "chunk_bwd")(self.name, q, k, v, g, beta, do, **options)
 
 

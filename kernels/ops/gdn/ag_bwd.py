@@ -40,6 +40,7 @@ from kernels.common.state_bwd import state_bwd_config
 from kernels.common.wy import BT_WY, CHUNK_SIZES
 from kernels.configs import KernelSpec, LaunchConfig, head_block, register
 from kernels.ops.gdn.fused import _config, _launch, gdn_fused_transition
+from kernels.ops.gdn.wy_ag import wy_gdn_ag
 from kernels.plan import LaunchPlan, default_plan, launch_config
 
 __all__ = ["WY_FROM_AG", "chunk_gdn_bwd_ag", "gdn_ag_states", "wy_from_ag"]
@@ -167,17 +168,22 @@ def gdn_ag_states(
 
 
 def chunk_gdn_bwd_ag(
-    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float, wy: Mapping[str, Tensor],
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float, wy: Mapping[str, Tensor] | None,
     initial_state: Tensor | None = None, dht: Tensor | None = None, cu_seqlens: Tensor | None = None,
     plan: LaunchPlan | None = None, split_chunks: int | None = None, chunk_size: int = BT_WY,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:  # fmt: skip
     """(dq, dk, dv, dg, dbeta, dh0) of GDN from the forward's kept `wy` = {"ag": Ag, "gs": gate cumsum} (the module
-    docstring's three steps); the other arguments as `kernels.common.chunk_bwd.chunk_bwd`."""
+    docstring's three steps), or with `wy=None` from the Ag pass run again here (`wy_gdn_ag`: the recompute policy's
+    memory, the Ag pass's time instead of `wy_gdn_fwd` + `wy_inverse`); the other arguments as
+    `kernels.common.chunk_bwd.chunk_bwd`."""
     B, T = k.shape[:2]
     launch = plan if plan is not None else default_plan()
     q, k, v, do = (x.contiguous() for x in (q, k, v, do))
-    ag, gcum = wy["ag"], wy["gs"]
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device)
+    if wy is None:
+        ag, gcum = wy_gdn_ag(k, g.contiguous(), beta.contiguous(), index=index, launch=launch)
+    else:
+        ag, gcum = wy["ag"], wy["gs"]
     w, u, aqk, tt = wy_from_ag(q, k, v, ag, gcum, scale=scale, index=index, launch=launch)
     states = gdn_ag_states(k, v, ag, gcum, index=index, launch=launch, initial_state=initial_state, split_chunks=split_chunks)
     factors = {"w": w, "u": u, "gs": gcum, "aqk": aqk, "tt": tt, **states}

@@ -182,7 +182,8 @@ def test_training_step_from_ag_dense_strong_gates() -> None:
 
 def test_backward_from_ag_split() -> None:
     """The backward from Ag with the reverse pass split into one-chunk segments (the fused transitions of every
-    segment, the chain, the segments' states): the recompute backward's gradients, same split, and the reference's."""
+    segment, the chain, the segments' states): the recompute backward's gradients, same split, and the reference's;
+    with `wy=None` (the Ag pass run in the backward) bitwise the same."""
     q, k, v, g, beta, cu, h0, do, dht = _case(HV=2, seed=9)
     index = prepare_chunk_index(cu, batch=1, seq_len=k.shape[1], chunk_size=64, device=k.device)
     ag, gcum = wy_gdn_ag(k, g, beta, index=index)
@@ -195,6 +196,11 @@ def test_backward_from_ag_split() -> None:
     ref = chunk_gdn_bwd(q, k, v, g, beta, do, **opts)
     for name, a, b in zip(NAMES, got, ref, strict=True):
         assert_rel_close(name, b.float(), a.float(), 1e-5 if DEVICE == "cpu" else 2e-2)
+    rec.clear()  # wy=None: the Ag pass runs again in the backward, the same Ag: the same gradients
+    again = chunk_gdn_bwd_ag(q, k, v, g, beta, do, wy=None, plan=default_plan().with_recorder(rec), **opts)
+    assert "wy_gdn_ag_fwd" in rec and not set(rec) & (RECOMPUTE - {"wy_gdn_ag_fwd"}), sorted(rec)
+    for name, a, b in zip(NAMES, again, got, strict=True):
+        assert torch.equal(a, b), name
     _check(got, _reference(q, k, v, g, beta, h0, do, dht, cu.tolist()))
 
 

@@ -16,6 +16,10 @@ Recompute policy (`LaunchPlan.keep` of the call's launch plan, `kernels.plan`; t
 until the backward:
     "inputs"      (default, FLA's policy) only the inputs (q, k, v, g, beta and the initial state); the backward
                   recomputes the WY factors (w, u), the chunk states, v_new and the segment maps
+    "ag"          GDN: also its two-kernel forward's Ag = T diag(beta) [B, T, H, 64] (k's dtype) and gate cumsum
+                  [B, T, H] fp32 (what FLA holds beyond its inputs: its T and gate cumsum); the backward forms w, u,
+                  Aqk and T from them and the chunk states by the fused pass (`kernels.ops.gdn.ag_bwd`: no WY prep,
+                  no inverse). KDA (no Ag pass yet): as "inputs"
     "wy"          also the WY factors (w, u, Aqk, the gate cumsum; KDA: the gated k and q): the backward skips the
                   WY prep, for [B, T, H, 2K + V + 64] (GDN: + [B, T, H] fp32; KDA: [B, T, H, 4K + V + 64] and
                   [NT, H, K] fp32) held per call

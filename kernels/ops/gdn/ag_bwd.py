@@ -187,5 +187,6 @@ def chunk_gdn_bwd_ag(
     w, u, aqk, tt = wy_from_ag(q, k, v, ag, gcum, scale=scale, index=index, launch=launch)
     states = gdn_ag_states(k, v, ag, gcum, index=index, launch=launch, initial_state=initial_state, split_chunks=split_chunks)
     factors = {"w": w, "u": u, "gs": gcum, "aqk": aqk, "tt": tt, **states}
+    del ag  # read by nothing after this (with wy=None its memory is free for the gradient kernels' buffers)
     return chunk_bwd("gdn", q, k, v, g, beta, do, scale=scale, initial_state=initial_state, dht=dht,
                      cu_seqlens=cu_seqlens, plan=launch, wy=factors, chunk_size=chunk_size)  # fmt: skip

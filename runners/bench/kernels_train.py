@@ -108,7 +108,8 @@ def held_mb(op: str, policy: str, q, k, v, g, beta) -> float:
 
     fwd = getattr(importlib.import_module(f"kernels.ops.{op}.chunk"), f"chunk_{op}_fwd")
     keep: dict[str, torch.Tensor] = {}
-    fwd(q, k, v, g, beta, scale=K**-0.5, keep=keep, keep_states=_kept(policy)[1], plan=plan_with(None, {}).replace(keep=policy))
+    fwd(q, k, v, g, beta, scale=K**-0.5, keep=keep, keep_states=_kept(policy)[1],
+        plan=plan_with(None, {}).replace(keep=policy))
     return sum(t.numel() * t.element_size() for t in keep.values() if t.is_cuda) / 2**20
 
 

@@ -67,15 +67,13 @@ def wy_from_ag_kernel(
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, G: tl.constexpr,
 ):  # fmt: skip
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    _, i_t, _, bos, T = chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
-    dt = k.dtype.element_ty
+    i_bh, i_hv = tl.program_id(1), tl.program_id(1) % HV
+    _, i_t, _, bos, T = chunk_of_program(tl.program_id(0), i_bh // HV, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
     o_t = tl.arange(0, BT)
-    o_r = i_t * BT + o_t
-    m_r = o_r < T
-    p_v = (bos + o_r) * HV + i_hv  # rows of the per-value-head tensors
-    p_k = (bos + o_r) * (HV // G) + i_hv // G  # rows of q, k (grouped heads: the shared head)
+    m_r = i_t * BT + o_t < T
+    p_v = (bos + i_t * BT + o_t) * HV + i_hv  # rows of the per-value-head tensors
+    p_k = (bos + i_t * BT + o_t) * (HV // G) + i_hv // G  # rows of q, k (grouped heads: the shared head)
+    dt = k.dtype.element_ty
     m_low = (o_t[:, None] >= o_t[None, :]) & m_r[:, None] & m_r[None, :]
     b_g = tl.load(gcum + p_v, mask=m_r, other=0.0)
     # exp(G_i - G_j) on the lower triangle of valid rows only (G is non-increasing there: exponent <= 0)

@@ -284,7 +284,7 @@ def chunk_backward_impl(
     plan: LaunchPlan, wy: Mapping[str, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """The backend's backward on checked inputs (same heads everywhere); checks do / dht first. wy: the forward's
-    WY factors and with "wy+states" its chunk states (triton, the plan's `keep`)."""
+    WY factors and with "wy+states" its chunk states, or with "ag" its Ag and gate cumsum (triton, the plan's `keep`)."""
     check_grad_outputs(do, dht, q=q, v=v, num_seqs=index.num_seqs)
     do = do.contiguous()
     dht = dht.contiguous() if dht is not None else None

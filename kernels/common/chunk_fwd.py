@@ -38,7 +38,7 @@ __all__ = ["FUSE_OUTPUT", "WyPrep", "chunk_fwd"]
 FusedFwd = Callable[..., tuple[Tensor, Tensor | None]]
 
 # the forward paths of `chunk_fwd(fwd_path=...)`: "auto" (the default: "fused" where the op has a two-kernel forward,
-# `ChunkOp.fused_fwd`, the output is fused and nothing is kept for the backward; else "wy"), "wy" (the WY prep writing
+# `ChunkOp.fused_fwd`, the output is fused and no WY factors are kept for the backward; else "wy"), "wy" (the WY prep writing
 # w, u, Aqk, then the state pass) or "fused" (the op's two-kernel forward; GDN only). Measured on the H200
 # (kernels/NOTES.md, session 10): GDN's two-kernel forward is 21-40 % faster than the WY one.
 FWD_PATHS = ("auto", "wy", "fused")

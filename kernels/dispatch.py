@@ -16,6 +16,10 @@ Recompute policy (`LaunchPlan.keep` of the call's launch plan, `kernels.plan`; t
 until the backward:
     "inputs"      (default, FLA's policy) only the inputs (q, k, v, g, beta and the initial state); the backward
                   recomputes the WY factors (w, u), the chunk states, v_new and the segment maps
+    "ag"          GDN: also its two-kernel forward's Ag = T diag(beta) [B, T, H, 64] (k's dtype) and gate cumsum
+                  [B, T, H] fp32 (what FLA holds beyond its inputs: its T and gate cumsum); the backward forms w, u,
+                  Aqk and T from them and the chunk states by the fused pass (`kernels.ops.gdn.ag_bwd`: no WY prep,
+                  no inverse). KDA (no Ag pass yet): as "inputs"
     "wy"          also the WY factors (w, u, Aqk, the gate cumsum; KDA: the gated k and q): the backward skips the
                   WY prep, for [B, T, H, 2K + V + 64] (GDN: + [B, T, H] fp32; KDA: [B, T, H, 4K + V + 64] and
                   [NT, H, K] fp32) held per call
@@ -84,6 +88,7 @@ class ChunkOp:
     naive: Callable[..., tuple[Tensor, Tensor | None]]
     wy_prep: Callable[..., Any]
     fused_fwd: Callable[..., Any] | None = None  # the op's two-kernel forward (`fwd_path` "auto"/"fused"; GDN's)
+    ag_bwd: Callable[..., Any] | None = None  # its backward from the kept Ag (keep "ag"; GDN's `ops.gdn.ag_bwd`)
 
     def per_key_gate(self, g: Tensor) -> Tensor:
         """The torch path works on a `[B, T, H, Kg]` gate: GDN's scalar gate is Kg = 1 and broadcasts over K."""
@@ -103,6 +108,8 @@ class ChunkOp:
                    **options: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
         """(dq, dk, dv, dg, dbeta, dh0) on the Triton backend: `kernels.common.chunk_bwd.chunk_bwd` for this op (its
         launch sequence and options: scale, initial_state, dht, cu_seqlens, plan, wy, split_chunks, chunk_size)."""
+        if self.ag_bwd is not None and "ag" in (options.get("wy") or {}):  # the forward kept its Ag (keep "ag")
+            return self.ag_bwd(q, k, v, g, beta, do, **options)
         return import_triton("kernels.common.chunk_bwd", "chunk_bwd")(self.name, q, k, v, g, beta, do, **options)
 
 
@@ -277,7 +284,7 @@ def chunk_backward_impl(
     plan: LaunchPlan, wy: Mapping[str, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """The backend's backward on checked inputs (same heads everywhere); checks do / dht first. wy: the forward's
-    WY factors and with "wy+states" its chunk states (triton, the plan's `keep`)."""
+    WY factors and with "wy+states" its chunk states, or with "ag" its Ag and gate cumsum (triton, the plan's `keep`)."""
     check_grad_outputs(do, dht, q=q, v=v, num_seqs=index.num_seqs)
     do = do.contiguous()
     dht = dht.contiguous() if dht is not None else None

@@ -105,7 +105,8 @@ class LaunchPlan:
 
     @property
     def keeps(self) -> tuple[bool, bool]:
-        """(the forward keeps the WY factors, and the chunk states) under `keep`."""
+        """(the forward keeps something for the backward: the Ag pass's outputs ("ag") or the WY factors, and the chunk
+        states) under `keep`."""
         return self.keep != "inputs", self.keep == "wy+states"
 
     def replace(self, **changes: Any) -> LaunchPlan:

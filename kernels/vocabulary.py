@@ -100,7 +100,7 @@ HAND_BACKWARD: tuple[str, ...] = ("ring", "true_cp", "tail_exchange")
 AUTOGRAD_MODES: tuple[str, ...] = tuple(m for m in MODES if m not in (*HAND_BACKWARD, "warmup_correct"))
 
 # the triton backend's recompute policies (what its forward keeps for the backward), the default first
-KEEP_POLICIES: tuple[str, ...] = ("inputs", "wy", "wy+states")
+KEEP_POLICIES: tuple[str, ...] = ("inputs", "ag", "wy", "wy+states")
 # our backends' own options (`mode_options: {triton: {keep: wy+states}}`): backend -> name -> values, default first
 BACKEND_OPTIONS: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyType({"triton": {"keep": KEEP_POLICIES}})
 

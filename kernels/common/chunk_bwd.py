@@ -600,7 +600,7 @@ def chunk_bwd(
 
     split_chunks: None = the automatic sequence split (as the forward), 0 = never, n = segments of n chunks.
     wy: the WY factors the forward kept (`chunk_*_fwd(keep=...)`: w, u, gs, aqk, and ks, qs for KDA): the
-    recompute of step 1 is skipped (T is still formed here). With the chunk states too (`keep_states=True`: h,
+    recompute of step 1 is skipped (T is still formed here, unless `wy` holds it: "tt"). With the chunk states too (`keep_states=True`: h,
     v_new, M, split) the forward state pass and the transitions of step 2 are skipped, and the forward's split is
     used (split_chunks is then ignored). plan: the launch plan (None: `kernels.plan.default_plan()`). chunk_size:
     the forward's (`kernels.common.wy.CHUNK_SIZES`).
@@ -615,7 +615,9 @@ def chunk_bwd(
 
     # 1. the WY factors (recomputed unless the forward kept them) and T
     w, u, ks, gs, qs, aqk = _wy_factors(gate_vector, q, k, v, g, beta, scale=scale, index=index, launch=launch, wy=wy)
-    if gate_vector:
+    if wy is not None and "tt" in wy:  # T formed from the forward's Ag (kernels.ops.gdn.ag_bwd), no inverse here
+        tt = wy["tt"]
+    elif gate_vector:
         tt = wy_inverse(k, g, beta, index=index, gate_vector=True, kg=ks, gc=gs, launch=launch)
     else:
         tt = wy_inverse(k, g, beta, index=index, gate_vector=False, launch=launch)

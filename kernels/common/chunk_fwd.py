@@ -38,7 +38,7 @@ __all__ = ["FUSE_OUTPUT", "WyPrep", "chunk_fwd"]
 FusedFwd = Callable[..., tuple[Tensor, Tensor | None]]
 
 # the forward paths of `chunk_fwd(fwd_path=...)`: "auto" (the default: "fused" where the op has a two-kernel forward,
-# `ChunkOp.fused_fwd`, the output is fused and nothing is kept for the backward; else "wy"), "wy" (the WY prep writing
+# `ChunkOp.fused_fwd`, the output is fused and no WY factors are kept for the backward; else "wy"), "wy" (the WY prep writing
 # w, u, Aqk, then the state pass) or "fused" (the op's two-kernel forward; GDN only). Measured on the H200
 # (kernels/NOTES.md, session 10): GDN's two-kernel forward is 21-40 % faster than the WY one.
 FWD_PATHS = ("auto", "wy", "fused")
@@ -113,7 +113,8 @@ def chunk_fwd(
 
     plan: the launch plan (`kernels.plan`; None: `default_plan()`). split_chunks: None = automatic sequence
     splitting, 0 = never, n = segments of n chunks. fuse_output: None = FUSE_OUTPUT. keep: a dict that receives the
-    WY factors the backward would recompute (`kernels.common.chunk_bwd.chunk_bwd(wy=...)`); keep_states: and the
+    WY factors the backward would recompute (`kernels.common.chunk_bwd.chunk_bwd(wy=...)`; under the plan's keep "ag"
+    the fused path's Ag and gate cumsum instead, `kernels.ops.gdn.ag_bwd`); keep_states: and the
     chunk states, new values and segment maps (`kernels.common.state_keep`). chunk_size: the tokens per chunk, one of
     `kernels.common.wy.CHUNK_SIZES` (FLA's `chunk_size`; the backward must use the same). op: the op's name ("gdn",
     "kda"; the warmup's bound reads its gate). warm_chunks: the gate-certified warmup window of the split
@@ -127,11 +128,12 @@ def chunk_fwd(
     launch = plan if plan is not None else default_plan()
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     index: ChunkIndex = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device)
+    keep_ag = keep is not None and launch.keep == "ag"  # the fused path keeps its Ag pass's outputs (the WY path: none)
     fused_path = check_fwd_path(
         fwd_path,
         op=op,
         fused_fwd=fused_fwd,
-        keep_wy=keep is not None,
+        keep_wy=keep is not None and not keep_ag,
         keep_states=keep is not None and keep_states,
         unfused_output=fuse_output is False,
     )
@@ -145,10 +147,11 @@ def chunk_fwd(
     if fused_path:
         assert fused_fwd is not None
         fused = {"initial_state": initial_state, "output_final_state": output_final_state, "split_chunks": split_chunks}
+        fused.update({"keep": keep} if keep_ag else {})
         return fused_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch, warm=warm, **fused)
     bnd = warm.chunk_bound if warm is not None else None
     wy = wy_prep(q, k, v, g, beta, scale=scale, index=index, launch=launch, bnd=bnd)
-    if keep is not None:
+    if keep is not None and not keep_ag:
         keep.update(wy.kept)
     state_pass = state_and_output if keep is None or not keep_states else partial(state_and_output_keep, keep=keep)
     extra = {} if state_pass is not state_and_output else {"warm": warm}

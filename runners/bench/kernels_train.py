@@ -12,7 +12,7 @@ Per shape (bf16, H=16, K=V=128): ours ms (forward `chunk_*_fwd` + backward `chun
 (its autograd op, `o.backward(do)`), the ratio, the bytes floor of a forward+backward (FLA's count: 2828 B per
 token-head for GDN, 3590 for KDA), the peak memory of one step above the inputs (ours and FLA's), our per-kernel
 times (torch profiler, one step) for the miss analysis; our step under the kept recompute policies
-(`LaunchPlan.keep`: "wy", "wy+states") with the MB each holds; once per op, every gradient's rel_l2 vs
+(`LaunchPlan.keep`: "ag", "wy", "wy+states") with the MB each holds; once per op, every gradient's rel_l2 vs
 autograd through the fp32 per-token reference on a reduced shape, ours (each policy) and FLA's. `--autotune FILE`
 applies an autotune JSON to ours (default: the registry's configs).
 
@@ -108,7 +108,8 @@ def held_mb(op: str, policy: str, q, k, v, g, beta) -> float:
 
     fwd = getattr(importlib.import_module(f"kernels.ops.{op}.chunk"), f"chunk_{op}_fwd")
     keep: dict[str, torch.Tensor] = {}
-    fwd(q, k, v, g, beta, scale=K**-0.5, keep=keep, keep_states=_kept(policy)[1])
+    fwd(q, k, v, g, beta, scale=K**-0.5, keep=keep, keep_states=_kept(policy)[1],
+        plan=plan_with(None, {}).replace(keep=policy))
     return sum(t.numel() * t.element_size() for t in keep.values() if t.is_cuda) / 2**20
 
 

@@ -72,8 +72,8 @@ def test_plan_is_frozen_and_keep_is_checked() -> None:
         plan.keep = "wy"  # type: ignore[misc]
     with pytest.raises(TypeError):
         plan.configs["wy_gdn_fwd"] = OTHER  # type: ignore[index]
-    assert [LaunchPlan(keep=k).keeps for k in KEEP_POLICIES] == [(False, False), (True, False), (True, True)]
-    with pytest.raises(ValueError, match=r"^LaunchPlan\.keep must be one of inputs, wy, wy\+states, got 'none'$"):
+    assert [LaunchPlan(keep=k).keeps for k in KEEP_POLICIES] == [(False, False), (True, False), (True, False), (True, True)]
+    with pytest.raises(ValueError, match=r"^LaunchPlan\.keep must be one of inputs, ag, wy, wy\+states, got 'none'$"):
         plan.replace(keep="none")
 
 

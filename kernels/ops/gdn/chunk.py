@@ -40,7 +40,15 @@ def _fused_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, **optio
     return gdn_fused_fwd(q, k, v, g, beta, **options)
 
 
-GDN = ChunkOp("gdn", gate_vector=False, naive=naive_recurrent_gdn, wy_prep=_wy_prep, fused_fwd=_fused_fwd)
+def _ag_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, **options: Any) -> Any:
+    """GDN's backward from the forward's kept Ag and gate cumsum (keep "ag": `kernels.ops.gdn.ag_bwd`)."""
+    from kernels.ops.gdn.ag_bwd import chunk_gdn_bwd_ag
+
+    return chunk_gdn_bwd_ag(q, k, v, g, beta, do, **options)
+
+
+GDN = ChunkOp("gdn", gate_vector=False, naive=naive_recurrent_gdn, wy_prep=_wy_prep, fused_fwd=_fused_fwd,
+              ag_bwd=_ag_bwd)
 chunk_gdn_fwd = GDN.triton_fwd  # the forward on Triton: the two-kernel path (fused.py), or the WY prep above and the shared state pass
 chunk_gdn_bwd = GDN.triton_bwd  # the backward on Triton: `kernels.common.chunk_bwd.chunk_bwd` for "gdn"
 

@@ -16,7 +16,9 @@ registers; every product is a `tl.dot` with 64 rows (chunk 64), so Hopper can is
 Modes (constexpr): OUTPUT (store o) or the state alone; an initial state (none, or one per program row: the
 sequence's, or a segment's merged entering state); TRANSITION: the augmented state [K, K+V] from [I | 0] whose first
 K columns walk the recurrence with V = 0 (the segment's map M, no v loads) and the others from zero with V (S_ext),
-the format `kernels.common.seqsplit`'s chain takes; STORE_FINAL (at `final_idx`, as `kernels.common.chunk_state`).
+the format `kernels.common.seqsplit`'s chain takes; STORE_FINAL (at `final_idx`, as `kernels.common.chunk_state`);
+STORE_STATES (the backward's state recompute, `kernels.ops.gdn.ag_bwd`): also the state entering each chunk h and
+v_new = Vd (k's dtype), as the WY path's state pass stores them.
 Grouped value heads: program head hv reads q/k head hv // (HV / H) (no repeat_interleave). Any K, V <= 256 in tiles
 of `kernels.configs.head_block`. Rows past a sequence's end load as zero (their gate as 0: exp stays finite) and are
 not stored. Ranges: `kernels.common.chunk_state.SeqLayout` (whole sequences, or seqsplit's segments).
@@ -72,7 +74,8 @@ AgPrep = Callable[..., tuple[Tensor, Tensor]]
 
 # constexpr flag -> the argument whose presence sets it
 _FLAGS = {"USE_INITIAL_STATE": "h0", "STORE_FINAL_STATE": "ht", "OUTPUT": "o", "TRANSITION": "m",
-          "IS_VARLEN": "cu_seqlens", "USE_SEQ_MAP": "seq_map", "USE_FINAL_IDX": "final_idx", "USE_NEED": "need"}  # fmt: skip
+          "IS_VARLEN": "cu_seqlens", "USE_SEQ_MAP": "seq_map", "USE_FINAL_IDX": "final_idx", "USE_NEED": "need",
+          "STORE_STATES": "hs"}  # fmt: skip
 
 
 @triton.heuristics({flag: (lambda args, name=name: args[name] is not None) for flag, name in _FLAGS.items()})
@@ -83,15 +86,17 @@ def gdn_fused_state_output_kernel(
     h0, ht, m, o,  # entering states [N, HV, K, V] fp32; out: final states (TRANSITION: S_ext), M [N, HV, K, K], o
     cu_seqlens, chunk_offsets, seq_map, final_idx,  # the SeqLayout (`kernels.common.chunk_state`): int32 or None
     need,  # [N, HV] uint8 or None (TRANSITION): 0 = walk no chunk, store M = 0 and S_ext = 0 (a certified warm window)
+    hs, vn,  # out or None (STORE_STATES, the backward's recompute): h [NT_total, HV, K, V] entering each chunk, v_new = Vd
     scale, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, OUTPUT: tl.constexpr, TRANSITION: tl.constexpr,
     IS_VARLEN: tl.constexpr, USE_SEQ_MAP: tl.constexpr, USE_FINAL_IDX: tl.constexpr, USE_NEED: tl.constexpr,
+    STORE_STATES: tl.constexpr,
 ):  # fmt: skip
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = (i_nh // HV).to(tl.int64), i_nh % HV
     i_h = i_hv // (HV // H)  # the q/k head of this value head
-    _, bos, T, _, NT = range_of_program(i_n, seq_map, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN, USE_SEQ_MAP)
+    _, bos, T, boc, NT = range_of_program(i_n, seq_map, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN, USE_SEQ_MAP)
     dt = k.dtype.element_ty
     if USE_NEED:
         b_need = tl.load(need + i_n * HV + i_hv) != 0
@@ -131,8 +136,16 @@ def gdn_fused_state_output_kernel(
         b_a = tl.load(ag + p_v[:, None] * BT + o_t[None, :], mask=m_r[:, None] & m_causal, other=0.0)  # [BT, BT]
         b_v = tl.load(v + p_v[:, None] * V + o_vc[None, :], mask=m_r[:, None] & m_vc[None, :], other=0.0)
         b_hc = b_h.to(dt)
+        if STORE_STATES:
+            tl.store(
+                hs + ((boc + i_t) * HV + i_hv) * K * V + o_k[:, None] * V + o_c[None, :],
+                b_hc,
+                mask=m_k[:, None] & m_c[None, :],
+            )
         b_w = b_v.to(tl.float32) - b_eg[:, None] * tl.dot(b_k, b_hc)  # V - eG K S  [BT, BV]
         b_vd = tl.dot(b_a, b_w.to(dt))  # u - w S
+        if STORE_STATES:
+            tl.store(vn + p_v[:, None] * V + o_c[None, :], b_vd.to(dt), mask=m_r[:, None] & m_c[None, :])
         if OUTPUT:
             b_q = tl.load(q + p_k[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.0)
             m_qk = m_causal & m_r[:, None]
@@ -177,7 +190,8 @@ def _config(
 
 def _launch(cfg: LaunchConfig, ncols: int, layout: SeqLayout, *, q: Tensor | None, k: Tensor, v: Tensor, ag: Tensor,
             gcum: Tensor, BT: int, scale: float = 1.0, h0: Tensor | None = None, ht: Tensor | None = None,
-            m: Tensor | None = None, o: Tensor | None = None, need: Tensor | None = None) -> None:  # fmt: skip
+            m: Tensor | None = None, o: Tensor | None = None, need: Tensor | None = None,
+            hs: Tensor | None = None, vn: Tensor | None = None) -> None:  # fmt: skip
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     BV = cfg.BV
@@ -189,7 +203,7 @@ def _launch(cfg: LaunchConfig, ncols: int, layout: SeqLayout, *, q: Tensor | Non
     if grid[1] == 0:
         return
     gdn_fused_state_output_kernel[grid](
-        q, k, v, ag, gcum, h0, ht, m, o, layout.cu_seqlens, layout.chunk_offsets, layout.seq_map, layout.final_idx, need,
+        q, k, v, ag, gcum, h0, ht, m, o, layout.cu_seqlens, layout.chunk_offsets, layout.seq_map, layout.final_idx, need, hs, vn,
         scale, T, H=H, HV=HV, K=K, V=V, BT=BT, BK=head_block(K), BV=BV, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )  # fmt: skip
@@ -243,7 +257,7 @@ def gdn_fused_transition(
 def gdn_fused_fwd(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex, launch: LaunchPlan,
     initial_state: Tensor | None = None, output_final_state: bool = False, split_chunks: int | None = None,
-    warm: WarmInputs | None = None, ag_prep: AgPrep | None = None,
+    warm: WarmInputs | None = None, ag_prep: AgPrep | None = None, keep: dict[str, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """GDN's forward on the fused pass: (o `[B, T, HV, V]` in q's dtype, final state `[N, HV, K, V]` fp32 or None).
 
@@ -251,13 +265,16 @@ def gdn_fused_fwd(
     `kernels.common.seqsplit.resolve_split` (None automatic, 0 never, n chunks per segment). ag_prep: the Ag pass
     (`(k, g, beta, *, index, launch, bnd, v) -> (Ag, gcum)`; None: GDN's `kernels.ops.gdn.wy_ag.wy_gdn_ag`; the tests
     hand in a torch one). warm: the split's gate-certified
-    warmup (`kernels.common.warm_split`, its `chunk_bound` for the Ag pass to fill), or None (exact maps).
+    warmup (`kernels.common.warm_split`, its `chunk_bound` for the Ag pass to fill), or None (exact maps). keep: a dict
+    that receives the Ag pass's outputs for the backward ("ag", "gs": `kernels.ops.gdn.ag_bwd`), or None.
     """
     BT = index.chunk_size
     HV, V = v.shape[2], v.shape[3]
     bnd = warm.chunk_bound if warm is not None else None
     ag_prep = wy_gdn_ag if ag_prep is None else ag_prep
     ag, gcum = ag_prep(k, g, beta, index=index, launch=launch, bnd=bnd, v=v if bnd is not None else None)
+    if keep is not None:
+        keep.update(ag=ag, gs=gcum)
     h0 = initial_state.float().contiguous() if initial_state is not None else None
     layout = whole_sequences(index)
     bv = _config(launch, k, v, BT=BT, mode="output", layout=layout, ncols_limit=head_block(V)).BV or 64

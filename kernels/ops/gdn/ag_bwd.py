@@ -1,0 +1,190 @@
+"""GDN's backward from the forward's kept Ag (the recompute policy "ag", `kernels.plan.LaunchPlan.keep`): no WY prep
+(`wy_gdn_fwd`) and no `wy_inverse` in the backward.
+
+The two-kernel forward (`kernels.ops.gdn.fused`) keeps its Ag pass's outputs: Ag = T diag(beta) `[B, T, HV, BT]`
+(k's dtype) and the in-chunk gate cumsum G `[B, T, HV]` fp32. The backward then runs
+
+1. `wy_from_ag` (one chunk-parallel kernel, per chunk and value head, 4 warps, every product a 64-row `tl.dot`): from
+   Ag, q, k, v and G it forms what the shared backward kernels read,
+
+       M   = StrictLower(K K^T o exp(G_i - G_j))            (beta-free: A = diag(beta) M)
+       T   = I - Ag M                                        (= (I + A)^{-1}: T (I + diag(beta) M) = I, no 1/beta)
+       Aqk = scale Tril(Q K^T o exp(G_i - G_j)),   w = Ag (exp(G) o K),   u = Ag V
+
+   so `wy_bwd` gets T exactly as `wy_inverse` made it, without dividing Ag by beta (exact for beta -> 0);
+2. the chunk states h and v_new = u - w S for the reverse pass: the fused pass in its STORE_STATES mode (the forward's
+   kernel, state only), split like the forward (its TRANSITION mode over every segment, `seg_chain_fwd`, then the
+   segments from their entering states), handed to `kernels.common.chunk_bwd.chunk_bwd` as kept states;
+3. `chunk_bwd` with those (its reverse state pass, `chunk_bwd_dqk`, `wy_bwd`; it skips its recompute).
+
+Bytes per token-head (bf16, K = V = 128, chunk 64) of step 1: reads q, k, v (768), Ag (128), G (4); writes w, u (512),
+Aqk, T (256): 1.67 KB, about what the recompute it replaces moved (`wy_gdn_fwd` 1.42 KB + `wy_inverse` 0.39 KB), but
+without the 16x16 block solves at one warp that held `wy_gdn_fwd` at 2.6x its bytes floor. Forming w, Aqk inside the
+reverse state pass and u, T inside `wy_bwd` instead would save ~1.7 KB per token-head more (kernels/NOTES.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels.common.chunk_bwd import chunk_bwd
+from kernels.common.chunk_program import chunk_of_program, group_heads
+from kernels.common.index import ChunkIndex, prepare_chunk_index
+from kernels.common.seqsplit import resolve_split, seg_chain_fwd, whole_sequences
+from kernels.common.state_bwd import state_bwd_config
+from kernels.common.wy import BT_WY, CHUNK_SIZES
+from kernels.configs import KernelSpec, LaunchConfig, head_block, register
+from kernels.ops.gdn.fused import _config, _launch, gdn_fused_transition
+from kernels.ops.gdn.wy_ag import wy_gdn_ag
+from kernels.plan import LaunchPlan, default_plan, launch_config
+
+__all__ = ["WY_FROM_AG", "chunk_gdn_bwd_ag", "gdn_ag_states", "wy_from_ag"]
+
+WY_FROM_AG = register(
+    KernelSpec(
+        name="wy_from_ag",
+        key=("H", "HV", "K", "V", "BT", "IS_VARLEN", "dtype"),
+        # 64-row products only (grams, Ag M, Ag X): one warpgroup; BK = BV = 64 column blocks. Not tuned on a GPU yet.
+        default=LaunchConfig(BK=64, BV=64, num_warps=4, num_stages=2),
+        space={"BK": (32, 64, 128), "BV": (32, 64, 128), "num_warps": (4, 8), "num_stages": (1, 2, 3)},
+    )
+)
+
+
+@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None, "G": group_heads("v")})
+@triton.jit(do_not_specialize=["T"])
+def wy_from_ag_kernel(
+    q, k, v,  # [B, T, H, K], [B, T, H, K], [B, T, HV, V]
+    ag, gcum,  # [B, T, HV, BT] Ag (lower incl. the diagonal), [B, T, HV] fp32 in-chunk gate cumsum
+    w, u, aqk, tt,  # out: [B, T, HV, K], [B, T, HV, V], [B, T, HV, BT] (scaled, lower incl. diag), [B, T, HV, BT] T
+    cu_seqlens, chunk_indices,
+    scale, T,
+    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    IS_VARLEN: tl.constexpr, G: tl.constexpr,
+):  # fmt: skip
+    i_bh, i_hv = tl.program_id(1), tl.program_id(1) % HV
+    _, i_t, _, bos, T = chunk_of_program(tl.program_id(0), i_bh // HV, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
+    o_t = tl.arange(0, BT)
+    m_r = i_t * BT + o_t < T
+    p_v = (bos + i_t * BT + o_t) * HV + i_hv  # rows of the per-value-head tensors
+    p_k = (bos + i_t * BT + o_t) * (HV // G) + i_hv // G  # rows of q, k (grouped heads: the shared head)
+    dt = k.dtype.element_ty
+    m_low = (o_t[:, None] >= o_t[None, :]) & m_r[:, None] & m_r[None, :]
+    b_g = tl.load(gcum + p_v, mask=m_r, other=0.0)
+    # exp(G_i - G_j) on the lower triangle of valid rows only (G is non-increasing there: exponent <= 0)
+    b_d = tl.exp(tl.where(m_low, b_g[:, None] - b_g[None, :], float("-inf")))
+    b_a = tl.load(ag + p_v[:, None] * BT + o_t[None, :], mask=m_low, other=0.0)  # [BT, BT]
+
+    b_kk = tl.zeros([BT, BT], dtype=tl.float32)
+    b_qk = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_rk = m_r[:, None] & (o_k < K)[None, :]
+        b_k = tl.load(k + p_k[:, None] * K + o_k[None, :], mask=m_rk, other=0.0)
+        b_q = tl.load(q + p_k[:, None] * K + o_k[None, :], mask=m_rk, other=0.0)
+        b_kk = tl.dot(b_k, tl.trans(b_k), b_kk)
+        b_qk = tl.dot(b_q, tl.trans(b_k), b_qk)
+        b_w = tl.dot(b_a, (b_k * tl.exp(b_g)[:, None]).to(dt))  # w = Ag (e^G o K)
+        tl.store(w + p_v[:, None] * K + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_rk)
+    p_c = p_v[:, None] * BT + o_t[None, :]
+    tl.store(aqk + p_c, (b_qk * b_d * scale).to(aqk.dtype.element_ty), mask=m_r[:, None])
+    b_m = tl.where(o_t[:, None] > o_t[None, :], b_kk * b_d, 0.0)  # M, strictly lower
+    b_t = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0) - tl.dot(b_a.to(tl.float32), b_m)  # T = I - Ag M
+    tl.store(tt + p_c, b_t.to(tt.dtype.element_ty), mask=m_r[:, None])
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_rv = m_r[:, None] & (o_v < V)[None, :]
+        b_v = tl.load(v + p_v[:, None] * V + o_v[None, :], mask=m_rv, other=0.0)
+        tl.store(u + p_v[:, None] * V + o_v[None, :], tl.dot(b_a, b_v).to(u.dtype.element_ty), mask=m_rv)
+
+
+def wy_from_ag(
+    q: Tensor, k: Tensor, v: Tensor, ag: Tensor, gcum: Tensor, *, scale: float, index: ChunkIndex,
+    launch: LaunchPlan | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """(w, u, aqk, T) of every chunk from the kept Ag and gate cumsum (module docstring), each `[B, T, HV, ..]`
+    in k's dtype: what `wy_gdn_fwd` (w, u, Aqk) and `wy_inverse` (T) give. q, k `[B, T, H, K]`, v `[B, T, HV, V]`."""
+    B, T, H, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    BT = index.chunk_size
+    if BT not in CHUNK_SIZES or ag.shape != (B, T, HV, BT) or gcum.shape != (B, T, HV) or HV % H:
+        raise ValueError(
+            f"wy_from_ag: Ag {tuple(ag.shape)} / gcum {tuple(gcum.shape)} do not match v {tuple(v.shape)}, k "
+            f"{tuple(k.shape)} with chunk {BT}"
+        )
+    key = {
+        "H": H,
+        "HV": HV,
+        "K": K,
+        "V": V,
+        "BT": BT,
+        "IS_VARLEN": index.is_varlen,
+        "dtype": str(k.dtype).removeprefix("torch."),
+    }
+    cfg = launch_config(launch, WY_FROM_AG, key)
+    BK, BV = min(cfg.BK or 64, head_block(K)), min(cfg.BV or 64, head_block(V))
+    w, u = k.new_empty(B, T, HV, K), torch.empty_like(v, dtype=k.dtype)
+    aqk, tt = torch.empty_like(ag), torch.empty_like(ag)
+    grid = (index.num_chunks, HV) if index.is_varlen else (triton.cdiv(T, BT), B * HV)
+    bounds = (index.cu_seqlens, index.chunk_indices) if index.is_varlen else (None, None)
+    wy_from_ag_kernel[grid](
+        q, k, v, ag, gcum, w, u, aqk, tt, *bounds, scale, T, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return w, u, aqk, tt
+
+
+def gdn_ag_states(
+    k: Tensor, v: Tensor, ag: Tensor, gcum: Tensor, *, index: ChunkIndex, launch: LaunchPlan,
+    initial_state: Tensor | None, split_chunks: int | None,
+) -> dict[str, Tensor]:  # fmt: skip
+    """The chunk states for the reverse pass by the fused pass from Ag, in the form of `kernels.common.state_keep`'s
+    kept states: h `[NT, HV, K, V]` and v_new `[B, T, HV, V]` (k's dtype), the maps M of every segment `[NS, HV, K, K]`
+    fp32 when split, and `split` (the segment length in chunks, 0 unsplit; a CPU scalar). The split is the one the
+    reverse pass would choose (its BV), so `chunk_bwd` reuses the maps."""
+    BT, HV, K, V = index.chunk_size, v.shape[2], k.shape[3], v.shape[3]
+    bv = state_bwd_config(HV, K, V, BT, False, index.is_varlen, k.dtype, launch).BV or 64
+    plan = resolve_split(index, split_chunks, H=HV, NV=-(-V // bv), device=k.device)
+    h0 = initial_state.float().contiguous() if initial_state is not None else None
+    out: dict[str, Tensor] = {"split": torch.tensor(plan.seg_chunks if plan is not None else 0, dtype=torch.int64)}
+    layout = whole_sequences(index)
+    if plan is not None:
+        M, S_ext = gdn_fused_transition(k, v, ag, gcum, layout=plan.all_segments, BT=BT, launch=launch)
+        nonlast = plan.transitions.seq_map
+        assert nonlast is not None
+        h0 = seg_chain_fwd(M.index_select(0, nonlast), S_ext.index_select(0, nonlast), h0, plan, launch=launch)
+        layout, out["M"] = plan.all_segments, M
+    out["h"], out["v_new"] = k.new_empty(index.num_chunks, HV, K, V), torch.empty_like(v, dtype=k.dtype)
+    cfg = _config(launch, k, v, BT=BT, mode="states", layout=layout, ncols_limit=head_block(V))
+    _launch(cfg, V, layout, q=None, k=k, v=v, ag=ag, gcum=gcum, BT=BT, h0=h0, hs=out["h"], vn=out["v_new"])
+    return out
+
+
+def chunk_gdn_bwd_ag(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float, wy: Mapping[str, Tensor] | None,
+    initial_state: Tensor | None = None, dht: Tensor | None = None, cu_seqlens: Tensor | None = None,
+    plan: LaunchPlan | None = None, split_chunks: int | None = None, chunk_size: int = BT_WY,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:  # fmt: skip
+    """(dq, dk, dv, dg, dbeta, dh0) of GDN from the forward's kept `wy` = {"ag": Ag, "gs": gate cumsum} (the module
+    docstring's three steps), or with `wy=None` from the Ag pass run again here (`wy_gdn_ag`: the recompute policy's
+    memory, the Ag pass's time instead of `wy_gdn_fwd` + `wy_inverse`); the other arguments as
+    `kernels.common.chunk_bwd.chunk_bwd`."""
+    B, T = k.shape[:2]
+    launch = plan if plan is not None else default_plan()
+    q, k, v, do = (x.contiguous() for x in (q, k, v, do))
+    index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device)
+    if wy is None:
+        ag, gcum = wy_gdn_ag(k, g.contiguous(), beta.contiguous(), index=index, launch=launch)
+    else:
+        ag, gcum = wy["ag"], wy["gs"]
+    w, u, aqk, tt = wy_from_ag(q, k, v, ag, gcum, scale=scale, index=index, launch=launch)
+    states = gdn_ag_states(k, v, ag, gcum, index=index, launch=launch, initial_state=initial_state, split_chunks=split_chunks)
+    factors = {"w": w, "u": u, "gs": gcum, "aqk": aqk, "tt": tt, **states}
+    del ag  # read by nothing after this (with wy=None its memory is free for the gradient kernels' buffers)
+    return chunk_bwd("gdn", q, k, v, g, beta, do, scale=scale, initial_state=initial_state, dht=dht,
+                     cu_seqlens=cu_seqlens, plan=launch, wy=factors, chunk_size=chunk_size)  # fmt: skip

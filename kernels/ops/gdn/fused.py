@@ -42,6 +42,7 @@ from kernels.common.index import ChunkIndex
 from kernels.common.seqsplit import resolve_split, seg_chain_fwd, whole_sequences
 from kernels.common.state_program import range_of_program
 from kernels.common.warm_split import WarmInputs, certified_transitions, window_plan
+from kernels.common.wy import LOG2E, _gexp
 from kernels.configs import KernelSpec, LaunchConfig, head_block, register
 from kernels.ops.gdn.wy_ag import wy_gdn_ag
 from kernels.plan import LaunchPlan, launch_config
@@ -79,7 +80,6 @@ GDN_FUSED_STATE_OUTPUT_FWD = register(
 #   producers and consumers). Only with tma: Triton 3.6's Hopper pass (NVGPUWarpSpecialization) fails to compile the
 #   loop with any pointer load of a tile (sm_90, 2026-12-02), so the loop runs without it where v keeps its pointers.
 FUSED_VARIANTS = {"exp2": 1, "tma": 2, "pipe": 4, "ws": 8}
-LOG2E = tl.constexpr(1.4426950408889634)
 
 # (k, g, beta, *, index, launch, bnd=None, v=None) -> (Ag [B, T, HV, BT] in k's dtype, gcum [B, T, HV] fp32); bnd: the
 # warm split's per-chunk bound sums to fill (they read v)
@@ -89,15 +89,6 @@ AgPrep = Callable[..., tuple[Tensor, Tensor]]
 # constexpr flag -> the argument whose presence sets it
 _FLAGS = {"USE_INITIAL_STATE": "h0", "STORE_FINAL_STATE": "ht", "OUTPUT": "o", "TRANSITION": "m",
           "IS_VARLEN": "cu_seqlens", "USE_SEQ_MAP": "seq_map", "USE_FINAL_IDX": "final_idx", "USE_NEED": "need"}  # fmt: skip
-
-
-@triton.jit
-def _gexp(x, EXP2: tl.constexpr):
-    """e^x, or 2^x where the gates were prescaled by log2(e) (EXP2)."""
-    if EXP2:
-        return tl.exp2(x)
-    else:
-        return tl.exp(x)
 
 
 @triton.jit

@@ -32,6 +32,7 @@ from kernels.common.chunk_program import chunk_of_program
 from kernels.common.index import ChunkIndex
 from kernels.common.wy import (
     CHUNK_SIZES,
+    LOG2E,
     _add_squares,
     _blocks,
     _chunk_bound,
@@ -64,8 +65,9 @@ WY_GDN_AG_FWD = register(
 )
 ROW_TILES = (16, 64)  # the BR values the kernel takes
 # code variants, bits of the launch config's VARIANT (None: 0): two_chunks: two chunk rows per program (half the
-# programs; the two chunks' code straight-line in one program, for the compiler to interleave)
-AG_VARIANTS = {"two_chunks": 1}
+# programs; the two chunks' code straight-line in one program, for the compiler to interleave); exp2: the gate's decay
+# in A by exp2 of the gates prescaled by log2(e) once per chunk
+AG_VARIANTS = {"two_chunks": 1, "exp2": 2}
 
 
 @triton.jit
@@ -154,7 +156,7 @@ def _store_ag(
 def _ag_chunk(
     i_c, k, v, g, beta, ag, gcum, cu_seqlens, chunk_indices, bnd, T, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
     V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr, IS_VARLEN: tl.constexpr,
-    HAS_BOUND: tl.constexpr,
+    HAS_BOUND: tl.constexpr, EXP2: tl.constexpr,
 ):  # fmt: skip
     """Ag, gcum (and the bound sums) of chunk row i_c of value head program_id(1) (the kernel's arguments)."""
     i_hv = tl.program_id(1) % HV
@@ -168,8 +170,10 @@ def _ag_chunk(
         A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram64(k, bos, t0, T, i_h, H, K, BK)
     else:
         A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram(k, k, bos, t0, T, i_h, H, K, BK)
+    if EXP2:  # the decay in log2 units (gcum stays natural-log: the fused pass and the backward read it)
+        g0, g1, g2, g3 = g0 * LOG2E, g1 * LOG2E, g2 * LOG2E, g3 * LOG2E
     A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gdn_decay_rows(
-        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, g0, g1, g2, g3, b0, b1, b2, b3
+        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, g0, g1, g2, g3, b0, b1, b2, b3, EXP2
     )
     T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33)
     _store_ag(ag, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, b0, b1, b2, b3, bos, t0, T, i_hv, HV, BT)
@@ -209,6 +213,7 @@ def wy_gdn_ag_fwd_kernel(
     BV: tl.constexpr,
     BR: tl.constexpr,
     CPP: tl.constexpr,  # chunks per program (AG_VARIANTS)
+    EXP2: tl.constexpr,  # the decay by exp2 (AG_VARIANTS)
     IS_VARLEN: tl.constexpr,
     HAS_BOUND: tl.constexpr,
 ):
@@ -217,7 +222,7 @@ def wy_gdn_ag_fwd_kernel(
         # past the last row: the last chunk again (the same values stored twice; no branch between the chunks)
         i_c = tl.minimum(tl.program_id(0) * CPP + j, NC - 1)
         _ag_chunk(i_c, k, v, g, beta, ag, gcum, cu_seqlens, chunk_indices, bnd, T, H, HV, K, V, BT, BK, BV, BR,
-                  IS_VARLEN, HAS_BOUND)  # fmt: skip
+                  IS_VARLEN, HAS_BOUND, EXP2)  # fmt: skip
 
 
 def wy_gdn_ag(
@@ -289,6 +294,7 @@ def wy_gdn_ag(
         BV=BV,
         BR=BR,
         CPP=cpp,
+        EXP2=bool(bits & AG_VARIANTS["exp2"]),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

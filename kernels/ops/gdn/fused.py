@@ -19,7 +19,9 @@ K columns walk the recurrence with V = 0 (the segment's map M, no v loads) and t
 the format `kernels.common.seqsplit`'s chain takes; STORE_FINAL (at `final_idx`, as `kernels.common.chunk_state`).
 Grouped value heads: program head hv reads q/k head hv // (HV / H) (no repeat_interleave). Any K, V <= 256 in tiles
 of `kernels.configs.head_block`. Rows past a sequence's end load as zero (their gate as 0: exp stays finite) and are
-not stored. Ranges: `kernels.common.chunk_state.SeqLayout` (whole sequences, or seqsplit's segments).
+not stored. Ranges: `kernels.common.chunk_state.SeqLayout` (whole sequences, or seqsplit's segments). Code variants
+(exp2, TMA descriptors, a pipelined or warp-specialised chunk loop) by the launch config's VARIANT bits:
+`FUSED_VARIANTS`.
 
 `gdn_fused_fwd` is the GDN forward on this pass: the Ag prep, then plain or split (seqsplit's plan, this kernel's
 transitions, `seg_chain_fwd`, this kernel with the output from each segment's entering state). With a warm window

@@ -18,7 +18,8 @@ Grouped value heads: k has H heads, g and beta HV = G H; value head h reads key 
 The warm split's per-chunk bound sums (`bnd`, `kernels.common.warm_split`) need ||v||^2 per token: with `bnd`, v
 must be given (read only for those squares).
 
-Grid: dense (NT, B * HV); varlen (NT_total, HV) with the chunk index of `kernels.common.index`.
+Grid: dense (NT, B * HV); varlen (NT_total, HV) with the chunk index of `kernels.common.index` (the first dim halved
+with the `two_chunks` variant: `AG_VARIANTS`, the launch config's VARIANT bits, exp2 too).
 """
 
 from __future__ import annotations

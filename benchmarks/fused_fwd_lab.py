@@ -203,7 +203,9 @@ def measure(
     lanes = {"ag": (ag, gcum), "index": index, "launch": launch, "plan": plan, "layout": layout, "h0": h0}
     for name in variants:
         try:
-            row.update(_variant_row(name, q, k, v, g, beta, o_ref, fused_pass, **lanes))
+            got = _variant_row(name, q, k, v, g, beta, o_ref, fused_pass, **lanes)
+            row.update(got)
+            print(json.dumps({"B": B, "T": T, **got}), flush=True)
         except Exception as err:  # noqa: BLE001  (a variant that fails to compile or is refused is a row, not a crash)
             row[f"var_{name}_error"] = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:300]}"
             print(f"variant {name}: {row[f'var_{name}_error']}", flush=True)
@@ -260,10 +262,11 @@ def _warm_row(w: int, q, k, v, g, beta, cu, o_ref, *, split: int | None, index: 
     return row
 
 
-# --variants default: the fused pass's variants alone and together, TMA at 3 stages; the Ag pass with exp2, at 2 and 4
-# warps (ptxas sm_90: 40 B spilled at 2, none at 4) and with two chunks per program at 4 warps
-VARIANTS_DEFAULT = ("exp2", "pipe", "tma", "exp2+tma", "tma@64:4:3", "tma+ws", "exp2+tma+ws", "ag:exp2",
-                    "ag:base@32:2:2", "ag:base@32:4:2", "ag:two_chunks@32:4:2")  # fmt: skip
+# --variants default: the Ag pass with exp2, at 2 and 4 warps (ptxas sm_90: 40 B spilled at 2, none at 4) and with two
+# chunks per program at 4 warps; the fused pass's variants alone and together, TMA at 3 stages; warp specialisation
+# last (a hang or a dead CUDA context there costs only what follows it; each variant's figures print as they come)
+VARIANTS_DEFAULT = ("ag:exp2", "ag:base@32:2:2", "ag:base@32:4:2", "ag:two_chunks@32:4:2", "exp2", "pipe", "tma",
+                    "exp2+tma", "tma@64:4:3", "tma+ws", "exp2+tma+ws")  # fmt: skip
 
 
 def variant_config(name: str) -> tuple[str, Any]:

@@ -243,7 +243,7 @@ def _launch(cfg: LaunchConfig, ncols: int, layout: SeqLayout, *, q: Tensor | Non
     grid = (triton.cdiv(ncols, BV), layout.num_programs * HV)
     if grid[1] == 0:
         return
-    bits = variant_flags(cfg.VARIANT, k, v, o, BT=BT)
+    bits = variant_flags(cfg.VARIANT, k, v, o, BT=BT, q=q)
     gdn_fused_state_output_kernel[grid](
         q, k, v, ag, gcum, h0, ht, m, o, layout.cu_seqlens, layout.chunk_offsets, layout.seq_map, layout.final_idx, need,
         scale, T, H=H, HV=HV, K=K, V=V, BT=BT, BK=head_block(K), BV=BV, EXP2=bits["exp2"], TMA=bits["tma"],
@@ -257,9 +257,12 @@ def _tma_scratch(size: int, alignment: int, stream: int | None) -> Tensor:
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
-def variant_flags(variant: int | None, k: Tensor, v: Tensor, o: Tensor | None, *, BT: int) -> dict[str, bool]:
+def variant_flags(
+    variant: int | None, k: Tensor, v: Tensor, o: Tensor | None, *, BT: int, q: Tensor | None = None
+) -> dict[str, bool]:
     """The fused pass's variant bits (`FUSED_VARIANTS`) as the kernel's flags; refuses (ValueError, one line) a bit set
-    it does not know and TMA where a row of k, v, Ag or o is not a multiple of 16 bytes (TMA's stride rule)."""
+    it does not know, ws without tma, and tma where a row of q, k, v, Ag or o or its address is not a multiple of 16
+    bytes (TMA's stride and address rules)."""
     bits = variant or 0
     if bits & ~sum(FUSED_VARIANTS.values()):
         raise ValueError(f"gdn fused pass: unknown VARIANT bits {bits}; the bits are {FUSED_VARIANTS}")
@@ -271,11 +274,10 @@ def variant_flags(variant: int | None, k: Tensor, v: Tensor, o: Tensor | None, *
         )
     if flags["tma"]:
         rows = {"k": k.shape[3] * k.element_size(), "v": v.shape[3] * v.element_size(), "Ag": BT * k.element_size()}
-        if o is not None:
-            rows["o"] = o.shape[3] * o.element_size()
+        tiles = {"q": q, "k": k, "v": v, "o": o}
+        rows.update({name: t.shape[3] * t.element_size() for name, t in tiles.items() if t is not None and name in "qo"})
         bad = {name: b for name, b in rows.items() if b % 16}
-        bad.update({f"{name} address": t.data_ptr() % 16 for name, t in (("k", k), ("v", v), ("o", o))
-                    if t is not None and t.data_ptr() % 16})  # fmt: skip
+        bad.update({f"{name} address": t.data_ptr() % 16 for name, t in tiles.items() if t is not None and t.data_ptr() % 16})
         if bad:
             raise ValueError(f"gdn fused pass: the tma variant needs rows and addresses of a multiple of 16 bytes, got {bad}")
         if k.is_cuda:

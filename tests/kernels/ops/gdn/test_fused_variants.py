@@ -70,6 +70,6 @@ def test_refusals() -> None:
     with pytest.raises(ValueError, match="ws variant needs tma"):
         run(_plan("ws"))
     assert k.dtype == torch.float32  # 34 columns: 136 bytes a row
-    with pytest.raises(ValueError, match=r"multiple of 16 bytes, got \{'k': 136\}"):
+    with pytest.raises(ValueError, match=r"multiple of 16 bytes, got \{'k': 136, 'q': 136\}"):
         run(_plan("tma"))
     run(_plan("exp2"))  # the same call without tma runs

@@ -3,6 +3,7 @@ in one process on one GPU: o checked against the fp32 reference, then do_bench m
 
     python benchmarks/fused_fwd_lab.py --out $OUT [--shapes 1x32768,1x131072,8x8192] [--lb -5] [--no-flash-qla]
         [--ref-max-tokens 32768] [--split-chunks N] [--configs 64:4:2,128:8:2] [--warm 0,2,4] [--deadline-s 540]
+        [--variants exp2,tma,tma+ws@64:4:3,ag:two_chunks@32:1:2]   # (VARIANTS_DEFAULT: --variants default)
     TRITON_INTERPRET=1 python benchmarks/fused_fwd_lab.py --out /tmp/lab --dry-run   # CPU plumbing check, no timing
 
 Inputs (the peers anchor's recipe, ../shared/anchors/peers-h200.md): bf16, H=HV=16, K=V=128, q and k L2-normalised,
@@ -22,7 +23,14 @@ Per shape:
   timed calls) and, where the windows exist, the two stages it adds alone: the windows' pass (the fused pass in
   state-only mode over the windows) and the certification (`certify_windows`, given the Ag pass's bound sums);
 - with --configs BV:warps:stages,...: the fused pass from the given Ag at each launch config of
-  `gdn_fused_state_output_fwd` (time and o's error each: a miscompile shows as an error, not a crash of the table).
+  `gdn_fused_state_output_fwd` (time and o's error each: a miscompile shows as an error, not a crash of the table);
+- with --variants: the code variants of both passes (`LaunchConfig.VARIANT`), each caught on its own (a compile error
+  or refusal is a row with its message, the lab goes on). A fused-pass variant is `+`-joined names of
+  `kernels.ops.gdn.fused.FUSED_VARIANTS` (exp2, tma, pipe, ws) with an optional `@BV:warps:stages` (default 64:4:2):
+  the fused pass from the given Ag (o's error against the reference) and its launchers alone (the transitions where
+  the split runs, the state+output launch); an Ag-pass variant is `ag:<names of kernels.ops.gdn.wy_ag.AG_VARIANTS or
+  base>@BK:warps:stages` (BR 16; its Ag's error against the default's). `--variants` also leaves out the old path
+  and the BR 64 Ag rows, so that one call times only the new path and its variants.
 Writes $OUT/fused_fwd_lab.{json,md} after every shape (a stopped run keeps its rows).
 """
 
@@ -104,6 +112,7 @@ def measure(
     configs: list[str],
     splits: tuple[int, ...] = (),
     warms: tuple[int, ...] = (),
+    variants: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     from kernels.common.index import prepare_chunk_index
     from kernels.common.seqsplit import resolve_split, seg_chain_fwd, state_and_output, whole_sequences
@@ -133,21 +142,21 @@ def measure(
         return chunk_gdn_fwd(q, k, v, g, beta, scale=scale, cu_seqlens=cu, split_chunks=split, fwd_path="fused")
 
     o_ref, row["reference"] = _reference(q, k, v, g, beta, cu, bounds, ref_max_tokens)
-    row["err_old"] = rel_l2(old()[0], o_ref)
     row["err_new"] = rel_l2(new()[0], o_ref)
-    row["old_ms"], row["new_ms"] = _ms(old), _ms(new)
-
-    # the old path's two launchers
-    w, u, gcum_old, aqk = wy_gdn_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch)
-    row["old_wy_ms"] = _ms(lambda: wy_gdn_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch))
-    row["old_state_output_ms"] = _ms(lambda: state_and_output(
-        index=index, k=k, w=w, u=u, g=gcum_old, q=q, aqk=aqk, gate_vector=False, scale=scale, initial_state=None,
-        output_final_state=False, out_dtype=q.dtype, launch=launch, split_chunks=split, fuse_output=True))  # fmt: skip
+    row["new_ms"] = _ms(new)
+    if not variants:  # the old path and its two launchers
+        row["err_old"] = rel_l2(old()[0], o_ref)
+        row["old_ms"] = _ms(old)
+        w, u, gcum_old, aqk = wy_gdn_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch)
+        row["old_wy_ms"] = _ms(lambda: wy_gdn_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch))
+        row["old_state_output_ms"] = _ms(lambda: state_and_output(
+            index=index, k=k, w=w, u=u, g=gcum_old, q=q, aqk=aqk, gate_vector=False, scale=scale, initial_state=None,
+            output_final_state=False, out_dtype=q.dtype, launch=launch, split_chunks=split, fuse_output=True))  # fmt: skip
 
     # the new path: the Ag pass (its default tiling and the 64-row one), the fused pass from a given Ag, its launchers
     ag, gcum = wy_gdn_ag(k, g, beta, index=index, launch=launch)
     row["ag_ms"] = _ms(lambda: wy_gdn_ag(k, g, beta, index=index, launch=launch))
-    for br, warps in ((64, 4), (64, 8)):
+    for br, warps in ((64, 4), (64, 8)) if not variants else ():
         wide = launch.with_configs({"wy_gdn_ag_fwd": LaunchConfig(BR=br, BK=64, num_warps=warps, num_stages=2)})
         try:
             row[f"ag_br{br}w{warps}_err"] = rel_l2(wy_gdn_ag(k, g, beta, index=index, launch=wide)[0], ag)
@@ -191,6 +200,15 @@ def measure(
     row["new_state_output_ms"] = _ms(
         lambda: gdn_fused_state_output(q, k, v, ag, gcum, layout=layout, BT=BT, scale=scale, h0=h0, launch=launch)
     )
+    lanes = {"ag": (ag, gcum), "index": index, "launch": launch, "plan": plan, "layout": layout, "h0": h0}
+    for name in variants:
+        try:
+            got = _variant_row(name, q, k, v, g, beta, o_ref, fused_pass, **lanes)
+            row.update(got)
+            print(json.dumps({"B": B, "T": T, **got}), flush=True)
+        except Exception as err:  # noqa: BLE001  (a variant that fails to compile or is refused is a row, not a crash)
+            row[f"var_{name}_error"] = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:300]}"
+            print(f"variant {name}: {row[f'var_{name}_error']}", flush=True)
 
     if flash_qla:
         import flash_qla as fq
@@ -241,6 +259,53 @@ def _warm_row(w: int, q, k, v, g, beta, cu, o_ref, *, split: int | None, index: 
     E_win = windows()
     row[f"warm{w}_windows_ms"] = _ms(windows)
     row[f"warm{w}_certify_ms"] = _ms(lambda: certify_windows(x, wp, E_win, None))
+    return row
+
+
+# --variants default: the Ag pass with exp2, at 2 and 4 warps (ptxas sm_90: 40 B spilled at 2, none at 4) and with two
+# chunks per program at 4 warps; the fused pass's variants alone and together, TMA at 3 stages; warp specialisation
+# last (a hang or a dead CUDA context there costs only what follows it; each variant's figures print as they come)
+VARIANTS_DEFAULT = ("ag:exp2", "ag:base@32:2:2", "ag:base@32:4:2", "ag:two_chunks@32:4:2", "exp2", "pipe", "tma",
+                    "exp2+tma", "tma@64:4:3", "tma+ws", "exp2+tma+ws")  # fmt: skip
+
+
+def variant_config(name: str) -> tuple[str, Any]:
+    """(kernel name, LaunchConfig) of one --variants item (module docstring); ValueError on a name it cannot read."""
+    from kernels.configs import LaunchConfig
+    from kernels.ops.gdn.fused import FUSED_VARIANTS
+    from kernels.ops.gdn.wy_ag import AG_VARIANTS
+
+    body, _, at = name.partition("@")
+    is_ag = body.startswith("ag:")
+    names, table = (body.removeprefix("ag:"), AG_VARIANTS) if is_ag else (body, FUSED_VARIANTS)
+    unknown = [n for n in names.split("+") if n not in table and n != "base"]
+    if unknown:
+        raise ValueError(f"variant {name!r}: unknown {unknown}; known: {sorted(table)} (and base)")
+    bits = sum(table.get(n, 0) for n in names.split("+")) or None
+    a, warps, stages = (int(x) for x in (at or ("32:1:2" if is_ag else "64:4:2")).split(":"))
+    if is_ag:
+        return "wy_gdn_ag_fwd", LaunchConfig(BK=a, BV=64, num_warps=warps, num_stages=stages, BR=16, VARIANT=bits)
+    return "gdn_fused_state_output_fwd", LaunchConfig(BV=a, num_warps=warps, num_stages=stages, VARIANT=bits)
+
+
+def _variant_row(name: str, q, k, v, g, beta, o_ref, fused_pass, *, ag, index, launch, plan, layout, h0) -> dict[str, Any]:
+    """One --variants item: its times and error (keys var_<name>_*)."""
+    from kernels.ops.gdn.fused import gdn_fused_state_output, gdn_fused_transition
+    from kernels.ops.gdn.wy_ag import wy_gdn_ag
+    from runners.correctness import rel_l2
+
+    kernel, cfg = variant_config(name)
+    at = launch.with_configs({kernel: cfg})
+    key = f"var_{name}"
+    if kernel == "wy_gdn_ag_fwd":
+        row = {f"{key}_err": rel_l2(wy_gdn_ag(k, g, beta, index=index, launch=at)[0], ag[0])}
+        row[f"{key}_ms"] = _ms(lambda: wy_gdn_ag(k, g, beta, index=index, launch=at))
+        return row
+    row = {f"{key}_err": rel_l2(fused_pass(at)[0], o_ref), f"{key}_ms": _ms(lambda: fused_pass(at))}
+    if plan is not None:
+        row[f"{key}_transition_ms"] = _ms(lambda: gdn_fused_transition(k, v, *ag, layout=plan.transitions, BT=BT, launch=at))
+    row[f"{key}_state_output_ms"] = _ms(lambda: gdn_fused_state_output(
+        q, k, v, *ag, layout=layout, BT=BT, scale=k.shape[-1] ** -0.5, h0=h0, launch=at))  # fmt: skip
     return row
 
 
@@ -302,6 +367,23 @@ def _markdown(state: dict[str, Any]) -> str:
                   "|---:|---:|---|---:|---:|"]  # fmt: skip
         for r, c in others:
             lines.append(f"| {r['B']} | {r['T']} | {c} | {r[f'{c}_ms']:.3f} | {r.get(f'{c}_err', float('nan')):.3e} |")
+    names = list(dict.fromkeys(key[4:].removesuffix("_error").removesuffix("_err") for r in state["rows"] for key in r
+                               if key.startswith("var_") and key.endswith(("_err", "_error"))))  # fmt: skip
+    if names:
+        lines += ["", "Code variants (`--variants`; `LaunchConfig.VARIANT`): a fused-pass variant times the fused pass "
+                  "given Ag (err: o against the reference) and its launchers alone, against the default's (base row); an "
+                  "ag: variant times the Ag pass (err: its Ag against the default's)", "",
+                  "| B | T | variant | ms | trans ms | state+o ms | err | failure |", "|---:|---:|---|---:|---:|---:|---:|---|"]  # fmt: skip
+        for r in state["rows"]:
+            base = ["base (default config)", r.get("new_pass_ms"), r.get("new_transition_ms"), r.get("new_state_output_ms"),
+                    r.get("err_new"), ""]  # fmt: skip
+            ag = ["ag:base (default config)", r.get("ag_ms"), None, None, None, ""]
+            rows = [base, ag] + [[n, r.get(f"var_{n}_ms"), r.get(f"var_{n}_transition_ms"),
+                                  r.get(f"var_{n}_state_output_ms"), r.get(f"var_{n}_err"), r.get(f"var_{n}_error", "")]
+                                 for n in names]  # fmt: skip
+            for n, *xs, err, fail in rows:
+                cells = ["" if x is None else f"{x:.3f}" for x in xs] + ["" if err is None else f"{err:.3e}"]
+                lines.append(f"| {r['B']} | {r['T']} | {n} | " + " | ".join(cells) + f" | {fail} |")
     warm = sorted({int(key[8:-3]) for r in state["rows"] for key in r if key.startswith("new_warm") and key.endswith("_ms")})
     if warm:
         lines += ["", "The new forward with the gate-certified warm split (`--warm`: window w chunks, 0 = exact maps); "
@@ -328,6 +410,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--split-chunks", type=int, default=None, help="segment length in chunks (default: automatic)")
     p.add_argument("--splits", default="", help="also time the new forward at these segment lengths (chunks), e.g. 8,16,32")
     p.add_argument("--warm", default="", help="also time the new forward with these warm windows (chunks), e.g. 0,2,4")
+    p.add_argument("--variants", default="", help="code variants of both passes to time ('default': VARIANTS_DEFAULT)")
     p.add_argument(
         "--dry-run",
         action="store_true",
@@ -346,6 +429,9 @@ def main(argv: list[str] | None = None) -> None:
 
     from runners.versions import git_sha
 
+    variants = VARIANTS_DEFAULT if args.variants == "default" else tuple(x for x in args.variants.split(",") if x)
+    for name in variants:
+        variant_config(name)  # a misspelt variant stops the lab before any work
     start = time.monotonic()
     flash_qla = not args.no_flash_qla and importlib.util.find_spec("flash_qla") is not None
     args.out.mkdir(parents=True, exist_ok=True)
@@ -375,6 +461,7 @@ def main(argv: list[str] | None = None) -> None:
             configs=[c for c in args.configs.split(",") if c],
             splits=tuple(int(x) for x in args.splits.split(",") if x),
             warms=tuple(int(x) for x in args.warm.split(",") if x),
+            variants=variants,
         )
         print(json.dumps(row), flush=True)
         state["rows"].append(row)

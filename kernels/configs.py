@@ -19,13 +19,15 @@ __all__ = ["KERNELS", "KernelSpec", "LaunchConfig", "get_spec", "head_block", "r
 @dataclass(frozen=True)
 class LaunchConfig:
     """Meta-parameters of one launch. `BK`/`BV` are None where a kernel does not tile that dim; `BR` (the rows of a
-    chunk-parallel kernel's product tiles, e.g. `wy_gdn_ag_fwd`'s 16 or 64) is None where a kernel has one tiling."""
+    chunk-parallel kernel's product tiles, e.g. `wy_gdn_ag_fwd`'s 16 or 64) is None where a kernel has one tiling;
+    `VARIANT` (a bit set of a kernel's code variants, e.g. `kernels.ops.gdn.fused.FUSED_VARIANTS`) None: its default code."""
 
     BV: int | None = None
     BK: int | None = None
     num_warps: int = 4
     num_stages: int = 2
     BR: int | None = None
+    VARIANT: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}

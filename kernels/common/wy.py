@@ -63,6 +63,7 @@ __all__ = ["BT_WY", "CHUNK_SIZES", "WY_GDN_FWD", "WY_KDA_FWD", "wy_gdn_fwd", "wy
 BT_WY = 64  # the default chunk size: the kernels are written for 4 blocks of 16 rows
 CHUNK_SIZES = (16, 32, 64)  # the chunk sizes they take (a 16- or 32-token chunk leaves the blocks past it empty)
 FLOOR = tl.constexpr(GATE_FLOOR)  # the gate floor of kernels.common.decay, applied where a kernel loads g for G
+LOG2E = tl.constexpr(1.4426950408889634)  # the gates' prescale of the exp2 variants (`_gexp`)
 # a 16-row block whose per-key decay spans less than this (all keys of the tile) takes its diagonal block as a
 # tensor-core product of factors within e^(+-SPAN/2) (exact: no overflow, an underflowed right factor below the
 # diagonal loses at most e^(SPAN/2 - 87) = e^-37 of a term); a larger span takes it elementwise
@@ -120,14 +121,24 @@ def _load_vec(p, bos, r0, T, i_h, H: tl.constexpr, BR: tl.constexpr):
 
 
 @triton.jit
-def _decay(ga, gb, STRICT: tl.constexpr):
-    """exp(ga_i - gb_j) on and below the diagonal of a 16x16 diagonal block (strictly below if STRICT), else 0."""
+def _gexp(x, EXP2: tl.constexpr):
+    """e^x, or 2^x where the gates were prescaled by log2(e) (EXP2: the code variants of the GDN passes)."""
+    if EXP2:
+        return tl.exp2(x)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
+def _decay(ga, gb, STRICT: tl.constexpr, EXP2: tl.constexpr = False):
+    """exp(ga_i - gb_j) on and below the diagonal of a 16x16 diagonal block (strictly below if STRICT), else 0
+    (EXP2: 2^, the gates in log2 units)."""
     o_i = tl.arange(0, 16)
     if STRICT:
         m = o_i[:, None] > o_i[None, :]
     else:
         m = o_i[:, None] >= o_i[None, :]
-    return tl.exp(tl.where(m, ga[:, None] - gb[None, :], float("-inf")))
+    return _gexp(tl.where(m, ga[:, None] - gb[None, :], float("-inf")), EXP2)
 
 
 @triton.jit
@@ -381,15 +392,16 @@ def _gdn_gate(g, gcum, bos, t0, T, i_h, H: tl.constexpr):
 
 
 @triton.jit
-def _gdn_decay_rows(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, g0, g1, g2, g3, b0, b1, b2, b3):
+def _gdn_decay_rows(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, g0, g1, g2, g3, b0, b1, b2, b3,
+                    EXP2: tl.constexpr = False):
     """The 10 lower blocks of K K^T (fp32) to those of A = StrictLower(beta_i k_i.k_j exp(G_i - G_j)): the gate
-    (blocks below the diagonal: i after j, so G_i - G_j <= 0) and beta on the rows."""
-    return (A00 * _decay(g0, g0, True) * b0[:, None],
-            A10 * tl.exp(g1[:, None] - g0[None, :]) * b1[:, None], A11 * _decay(g1, g1, True) * b1[:, None],
-            A20 * tl.exp(g2[:, None] - g0[None, :]) * b2[:, None], A21 * tl.exp(g2[:, None] - g1[None, :]) * b2[:, None],
-            A22 * _decay(g2, g2, True) * b2[:, None],
-            A30 * tl.exp(g3[:, None] - g0[None, :]) * b3[:, None], A31 * tl.exp(g3[:, None] - g1[None, :]) * b3[:, None],
-            A32 * tl.exp(g3[:, None] - g2[None, :]) * b3[:, None], A33 * _decay(g3, g3, True) * b3[:, None])
+    (blocks below the diagonal: i after j, so G_i - G_j <= 0) and beta on the rows (EXP2: G in log2 units, 2^)."""
+    return (A00 * _decay(g0, g0, True, EXP2) * b0[:, None],
+            A10 * _gexp(g1[:, None] - g0[None, :], EXP2) * b1[:, None], A11 * _decay(g1, g1, True, EXP2) * b1[:, None],
+            A20 * _gexp(g2[:, None] - g0[None, :], EXP2) * b2[:, None],
+            A21 * _gexp(g2[:, None] - g1[None, :], EXP2) * b2[:, None], A22 * _decay(g2, g2, True, EXP2) * b2[:, None],
+            A30 * _gexp(g3[:, None] - g0[None, :], EXP2) * b3[:, None], A31 * _gexp(g3[:, None] - g1[None, :], EXP2) * b3[:, None],
+            A32 * _gexp(g3[:, None] - g2[None, :], EXP2) * b3[:, None], A33 * _decay(g3, g3, True, EXP2) * b3[:, None])
 
 
 # the WY kernels' flags from their optional arguments (both ops)

@@ -21,7 +21,9 @@ STORE_STATES (the backward's state recompute, `kernels.ops.gdn.ag_bwd`): also th
 v_new = Vd (k's dtype), as the WY path's state pass stores them.
 Grouped value heads: program head hv reads q/k head hv // (HV / H) (no repeat_interleave). Any K, V <= 256 in tiles
 of `kernels.configs.head_block`. Rows past a sequence's end load as zero (their gate as 0: exp stays finite) and are
-not stored. Ranges: `kernels.common.chunk_state.SeqLayout` (whole sequences, or seqsplit's segments).
+not stored. Ranges: `kernels.common.chunk_state.SeqLayout` (whole sequences, or seqsplit's segments). Code variants
+(exp2, TMA descriptors, a pipelined or warp-specialised chunk loop) by the launch config's VARIANT bits:
+`FUSED_VARIANTS`.
 
 `gdn_fused_fwd` is the GDN forward on this pass: the Ag prep, then plain or split (seqsplit's plan, this kernel's
 transitions, `seg_chain_fwd`, this kernel with the output from each segment's entering state). With a warm window
@@ -44,16 +46,19 @@ from kernels.common.index import ChunkIndex
 from kernels.common.seqsplit import resolve_split, seg_chain_fwd, whole_sequences
 from kernels.common.state_program import range_of_program
 from kernels.common.warm_split import WarmInputs, certified_transitions, window_plan
+from kernels.common.wy import LOG2E, _gexp
 from kernels.configs import KernelSpec, LaunchConfig, head_block, register
 from kernels.ops.gdn.wy_ag import wy_gdn_ag
 from kernels.plan import LaunchPlan, launch_config
 
 __all__ = [
+    "FUSED_VARIANTS",
     "GDN_FUSED_STATE_OUTPUT_FWD",
     "AgPrep",
     "gdn_fused_fwd",
     "gdn_fused_state_output",
     "gdn_fused_transition",
+    "variant_flags",
 ]
 
 
@@ -67,6 +72,19 @@ GDN_FUSED_STATE_OUTPUT_FWD = register(
     )
 )
 
+# The fused pass's code variants: bits of its launch config's VARIANT (None: 0, the default code). Each is a constexpr
+# of the kernel; the interpreter runs them all (it ignores the loop attributes):
+# exp2: the gates prescaled by log2(e) once per chunk, every exponential one exp2;
+# tma: q, k, v, Ag loaded and o stored through per-program TMA descriptors (`tl.make_tensor_descriptor`; the
+#   allocator `triton.set_allocator` is set on the GPU path; in TRANSITION with K % BV != 0 v keeps its pointer loads:
+#   a column block straddles the state's identity block);
+# pipe: the chunk loop as `tl.range(num_stages=config's num_stages)`: every load of the next chunks in flight, not only
+#   the dot operands the kernel-level num_stages pipelines;
+# ws: `tl.range(warp_specialize=True)` on the chunk loop (Triton's automatic warp specialisation; on Hopper 8 more warps,
+#   producers and consumers). Only with tma: Triton 3.6's Hopper pass (NVGPUWarpSpecialization) fails to compile the
+#   loop with any pointer load of a tile (sm_90, 2026-12-02), so the loop runs without it where v keeps its pointers.
+FUSED_VARIANTS = {"exp2": 1, "tma": 2, "pipe": 4, "ws": 8}
+
 # (k, g, beta, *, index, launch, bnd=None, v=None) -> (Ag [B, T, HV, BT] in k's dtype, gcum [B, T, HV] fp32); bnd: the
 # warm split's per-chunk bound sums to fill (they read v)
 AgPrep = Callable[..., tuple[Tensor, Tensor]]
@@ -76,6 +94,13 @@ AgPrep = Callable[..., tuple[Tensor, Tensor]]
 _FLAGS = {"USE_INITIAL_STATE": "h0", "STORE_FINAL_STATE": "ht", "OUTPUT": "o", "TRANSITION": "m",
           "IS_VARLEN": "cu_seqlens", "USE_SEQ_MAP": "seq_map", "USE_FINAL_IDX": "final_idx", "USE_NEED": "need",
           "STORE_STATES": "hs"}  # fmt: skip
+
+
+@triton.jit
+def _rows(base, T, D: tl.constexpr, stride: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+    """A TMA descriptor over the T rows of one head of a [.., T, H, D] tensor (`base` at its first row), tiles
+    [BR, BC]."""
+    return tl.make_tensor_descriptor(base, shape=[T, D], strides=[stride, 1], block_shape=[BR, BC])
 
 
 @triton.heuristics({flag: (lambda args, name=name: args[name] is not None) for flag, name in _FLAGS.items()})
@@ -92,6 +117,7 @@ def gdn_fused_state_output_kernel(
     USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, OUTPUT: tl.constexpr, TRANSITION: tl.constexpr,
     IS_VARLEN: tl.constexpr, USE_SEQ_MAP: tl.constexpr, USE_FINAL_IDX: tl.constexpr, USE_NEED: tl.constexpr,
     STORE_STATES: tl.constexpr,
+    EXP2: tl.constexpr = False, TMA: tl.constexpr = False, LOOP_STAGES: tl.constexpr = None, WS: tl.constexpr = False,
 ):  # fmt: skip
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = (i_nh // HV).to(tl.int64), i_nh % HV
@@ -124,17 +150,40 @@ def gdn_fused_state_output_kernel(
                 h0 + (i_n * HV + i_hv) * K * V + o_k[:, None] * V + o_c[None, :], mask=m_k[:, None] & m_c[None, :], other=0.0
             )
 
-    for i_t in range(NT):
+    if TMA:  # per-program descriptors over this range's rows: TMA zero-fills the rows past T and columns past K, V
+        d_k = _rows(k + bos * H * K + i_h * K, T, K, H * K, BT, BK)
+        d_a = _rows(ag + bos * HV * BT + i_hv * BT, T, BT, HV * BT, BT, BT)
+        d_v = _rows(v + bos * HV * V + i_hv * V, T, V, HV * V, BT, BV)
+        if OUTPUT:
+            d_q = _rows(q + bos * H * K + i_h * K, T, K, H * K, BT, BK)
+            d_o = _rows(o + bos * HV * V + i_hv * V, T, V, HV * V, BT, BV)
+
+    # v by TMA: its columns in the range's state, in TRANSITION those of S_ext only when no block straddles the
+    # identity block (K % BV == 0: a block is all M, loaded clamped and zeroed, or all S_ext)
+    V_TMA: tl.constexpr = TMA and (not TRANSITION or K % BV == 0)
+    for i_t in tl.range(NT, num_stages=LOOP_STAGES, warp_specialize=WS and V_TMA):
         o_r = i_t * BT + o_t
         m_r = o_r < T
         p_k = (bos + o_r) * H + i_h  # [BT] token rows of q, k
         p_v = (bos + o_r) * HV + i_hv  # [BT] token rows of v, Ag, G, o
-        b_k = tl.load(k + p_k[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.0)  # [BT, BK]
         b_g = tl.load(gcum + p_v, mask=m_r, other=0.0)  # [BT]; 0 past the end keeps every exp finite
         b_gl = tl.load(gcum + (bos + tl.minimum(i_t * BT + BT, T) - 1) * HV + i_hv)
-        b_eg = tl.exp(b_g)
-        b_a = tl.load(ag + p_v[:, None] * BT + o_t[None, :], mask=m_r[:, None] & m_causal, other=0.0)  # [BT, BT]
-        b_v = tl.load(v + p_v[:, None] * V + o_vc[None, :], mask=m_r[:, None] & m_vc[None, :], other=0.0)
+        if EXP2:  # the gates in log2 units once per chunk: every exponential below is one exp2
+            b_g, b_gl = b_g * LOG2E, b_gl * LOG2E
+        b_eg = _gexp(b_g, EXP2)
+        r0 = tl.cast(i_t * BT, tl.int32)  # the chunk's first row in the range (TMA offsets are 32-bit)
+        if TMA:
+            b_k = d_k.load([r0, 0])
+            b_a = tl.where(m_causal, d_a.load([r0, 0]), 0.0)  # nothing above the diagonal is read
+        else:
+            b_k = tl.load(k + p_k[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.0)  # [BT, BK]
+            b_a = tl.load(ag + p_v[:, None] * BT + o_t[None, :], mask=m_r[:, None] & m_causal, other=0.0)  # [BT, BT]
+        if V_TMA and TRANSITION:
+            b_v = tl.where(i_v * BV >= K, d_v.load([r0, tl.maximum(i_v * BV - K, 0)]), 0.0)
+        elif V_TMA:
+            b_v = d_v.load([r0, i_v * BV])
+        else:
+            b_v = tl.load(v + p_v[:, None] * V + o_vc[None, :], mask=m_r[:, None] & m_vc[None, :], other=0.0)
         b_hc = b_h.to(dt)
         if STORE_STATES:
             tl.store(
@@ -147,13 +196,19 @@ def gdn_fused_state_output_kernel(
         if STORE_STATES:
             tl.store(vn + p_v[:, None] * V + o_c[None, :], b_vd.to(dt), mask=m_r[:, None] & m_c[None, :])
         if OUTPUT:
-            b_q = tl.load(q + p_k[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.0)
+            if TMA:
+                b_q = d_q.load([r0, 0])
+            else:
+                b_q = tl.load(q + p_k[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.0)
             m_qk = m_causal & m_r[:, None]
-            b_p = tl.where(m_qk, tl.dot(b_q, tl.trans(b_k)) * tl.exp(b_g[:, None] - b_g[None, :]), 0.0) * scale
+            b_p = tl.where(m_qk, tl.dot(b_q, tl.trans(b_k)) * _gexp(b_g[:, None] - b_g[None, :], EXP2), 0.0) * scale
             b_o = tl.dot(b_q, b_hc) * (b_eg * scale)[:, None] + tl.dot(b_p.to(dt), b_vd.to(dt))
-            tl.store(o + p_v[:, None] * V + o_c[None, :], b_o.to(o.dtype.element_ty), mask=m_r[:, None] & m_c[None, :])
-        b_vd = tl.where(m_r[:, None], b_vd * tl.exp(b_gl - b_g)[:, None], 0.0)
-        b_h = b_h * tl.exp(b_gl)
+            if TMA:  # rows past T and columns past V are clipped
+                d_o.store([r0, i_v * BV], b_o.to(o.dtype.element_ty))
+            else:
+                tl.store(o + p_v[:, None] * V + o_c[None, :], b_o.to(o.dtype.element_ty), mask=m_r[:, None] & m_c[None, :])
+        b_vd = tl.where(m_r[:, None], b_vd * _gexp(b_gl - b_g, EXP2)[:, None], 0.0)
+        b_h = b_h * _gexp(b_gl, EXP2)
         b_h = tl.dot(tl.trans(b_k), b_vd.to(dt), b_h)
 
     if TRANSITION:
@@ -202,11 +257,46 @@ def _launch(cfg: LaunchConfig, ncols: int, layout: SeqLayout, *, q: Tensor | Non
     grid = (triton.cdiv(ncols, BV), layout.num_programs * HV)
     if grid[1] == 0:
         return
+    bits = variant_flags(cfg.VARIANT, k, v, o, BT=BT, q=q)
     gdn_fused_state_output_kernel[grid](
         q, k, v, ag, gcum, h0, ht, m, o, layout.cu_seqlens, layout.chunk_offsets, layout.seq_map, layout.final_idx, need, hs, vn,
-        scale, T, H=H, HV=HV, K=K, V=V, BT=BT, BK=head_block(K), BV=BV, num_warps=cfg.num_warps,
+        scale, T, H=H, HV=HV, K=K, V=V, BT=BT, BK=head_block(K), BV=BV, EXP2=bits["exp2"], TMA=bits["tma"],
+        LOOP_STAGES=cfg.num_stages if bits["pipe"] else None, WS=bits["ws"], num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )  # fmt: skip
+
+
+def _tma_scratch(size: int, alignment: int, stream: int | None) -> Tensor:
+    """The global scratch Triton asks for the kernel's device-side TMA descriptors (`triton.set_allocator`)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def variant_flags(
+    variant: int | None, k: Tensor, v: Tensor, o: Tensor | None, *, BT: int, q: Tensor | None = None
+) -> dict[str, bool]:
+    """The fused pass's variant bits (`FUSED_VARIANTS`) as the kernel's flags; refuses (ValueError, one line) a bit set
+    it does not know, ws without tma, and tma where a row of q, k, v, Ag or o or its address is not a multiple of 16
+    bytes (TMA's stride and address rules)."""
+    bits = variant or 0
+    if bits & ~sum(FUSED_VARIANTS.values()):
+        raise ValueError(f"gdn fused pass: unknown VARIANT bits {bits}; the bits are {FUSED_VARIANTS}")
+    flags = {name: bool(bits & bit) for name, bit in FUSED_VARIANTS.items()}
+    if flags["ws"] and not flags["tma"]:
+        raise ValueError(
+            "gdn fused pass: the ws variant needs tma (Triton 3.6's Hopper warp specialisation fails to "
+            "compile the chunk loop's pointer loads: NVGPUWarpSpecialization, sm_90)"
+        )
+    if flags["tma"]:
+        rows = {"k": k.shape[3] * k.element_size(), "v": v.shape[3] * v.element_size(), "Ag": BT * k.element_size()}
+        tiles = {"q": q, "k": k, "v": v, "o": o}
+        rows.update({name: t.shape[3] * t.element_size() for name, t in tiles.items() if t is not None and name in "qo"})
+        bad = {name: b for name, b in rows.items() if b % 16}
+        bad.update({f"{name} address": t.data_ptr() % 16 for name, t in tiles.items() if t is not None and t.data_ptr() % 16})
+        if bad:
+            raise ValueError(f"gdn fused pass: the tma variant needs rows and addresses of a multiple of 16 bytes, got {bad}")
+        if k.is_cuda:
+            triton.set_allocator(_tma_scratch)
+    return flags
 
 
 def gdn_fused_state_output(

@@ -18,7 +18,8 @@ Grouped value heads: k has H heads, g and beta HV = G H; value head h reads key 
 The warm split's per-chunk bound sums (`bnd`, `kernels.common.warm_split`) need ||v||^2 per token: with `bnd`, v
 must be given (read only for those squares).
 
-Grid: dense (NT, B * HV); varlen (NT_total, HV) with the chunk index of `kernels.common.index`.
+Grid: dense (NT, B * HV); varlen (NT_total, HV) with the chunk index of `kernels.common.index` (the first dim halved
+with the `two_chunks` variant: `AG_VARIANTS`, the launch config's VARIANT bits, exp2 too).
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.common.chunk_program import chunk_of_program
 from kernels.common.index import ChunkIndex
 from kernels.common.wy import (
     CHUNK_SIZES,
+    LOG2E,
     _add_squares,
     _blocks,
     _chunk_bound,
@@ -44,12 +47,11 @@ from kernels.common.wy import (
     _solve,
     _store_aqk,
     _store_tile,
-    _wy_chunk,
 )
 from kernels.configs import KernelSpec, LaunchConfig, register
 from kernels.plan import LaunchPlan, launch_config
 
-__all__ = ["WY_GDN_AG_FWD", "wy_gdn_ag"]
+__all__ = ["AG_VARIANTS", "WY_GDN_AG_FWD", "wy_gdn_ag"]
 
 WY_GDN_AG_FWD = register(
     KernelSpec(
@@ -63,6 +65,10 @@ WY_GDN_AG_FWD = register(
     )
 )
 ROW_TILES = (16, 64)  # the BR values the kernel takes
+# code variants, bits of the launch config's VARIANT (None: 0): two_chunks: two chunk rows per program (half the
+# programs; the two chunks' code straight-line in one program, for the compiler to interleave); exp2: the gate's decay
+# in A by exp2 of the gates prescaled by log2(e) once per chunk
+AG_VARIANTS = {"two_chunks": 1, "exp2": 2}
 
 
 @triton.jit
@@ -147,13 +153,46 @@ def _store_ag(
     _store_tile(ag, z, bos, t0 + 32, T, i_h, H, BT, 48, 16, 16)
 
 
+@triton.jit
+def _ag_chunk(
+    i_c, k, v, g, beta, ag, gcum, cu_seqlens, chunk_indices, bnd, T, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+    V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr, IS_VARLEN: tl.constexpr,
+    HAS_BOUND: tl.constexpr, EXP2: tl.constexpr,
+):  # fmt: skip
+    """Ag, gcum (and the bound sums) of chunk row i_c of value head program_id(1) (the kernel's arguments)."""
+    i_hv = tl.program_id(1) % HV
+    _, i_t, i_tg, bos, T = chunk_of_program(i_c, tl.program_id(1) // HV, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
+    t0 = i_t * BT
+    T = tl.minimum(T, t0 + BT)  # as `_wy_chunk`: the chunk's rows only
+    i_h = i_hv // (HV // H)  # the key head of this value head
+    x0, x1, x2, x3, g0, g1, g2, g3 = _gdn_gate(g, gcum, bos, t0, T, i_hv, HV)
+    b0, b1, b2, b3 = _load_vec4(beta, bos, t0, T, i_hv, HV)
+    if BR == 64:
+        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram64(k, bos, t0, T, i_h, H, K, BK)
+    else:
+        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram(k, k, bos, t0, T, i_h, H, K, BK)
+    if EXP2:  # the decay in log2 units (gcum stays natural-log: the fused pass and the backward read it)
+        g0, g1, g2, g3 = g0 * LOG2E, g1 * LOG2E, g2 * LOG2E, g3 * LOG2E
+    A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gdn_decay_rows(
+        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, g0, g1, g2, g3, b0, b1, b2, b3, EXP2
+    )
+    T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33)
+    _store_ag(ag, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, b0, b1, b2, b3, bos, t0, T, i_hv, HV, BT)
+    if HAS_BOUND:
+        kk0, kk1, kk2, kk3 = _row_squares(k, bos, t0, T, i_h, H, K, BK)
+        vv0, vv1, vv2, vv3 = _row_squares(v, bos, t0, T, i_hv, HV, V, BV)
+        b_L, b_W = _chunk_bound(x0, x1, x2, x3, b0, b1, b2, b3, kk0, kk1, kk2, kk3, vv0, vv1, vv2, vv3)
+        tl.store(bnd + (i_tg * HV + i_hv) * 2, b_L)
+        tl.store(bnd + (i_tg * HV + i_hv) * 2 + 1, b_W)
+
+
 @triton.heuristics(
     {
         "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
         "HAS_BOUND": lambda args: args["bnd"] is not None,
     }
 )
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "NC"])
 def wy_gdn_ag_fwd_kernel(
     k,  # [B, T, H, K]
     v,  # [B, T, HV, V] or None (read only for bnd)
@@ -165,6 +204,7 @@ def wy_gdn_ag_fwd_kernel(
     chunk_indices,  # [NT_total, 2] int32 or None
     bnd,  # out [NT_total, HV, 2] fp32 or None: the chunk's decay-bound summary (L, W) (`_chunk_bound`, warm_split)
     T,
+    NC,  # chunk rows of the grid's first dim (dense: per sequence; varlen: all)
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -173,28 +213,17 @@ def wy_gdn_ag_fwd_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     BR: tl.constexpr,
+    CPP: tl.constexpr,  # chunks per program (AG_VARIANTS)
+    EXP2: tl.constexpr,  # the decay by exp2 (AG_VARIANTS)
     IS_VARLEN: tl.constexpr,
     HAS_BOUND: tl.constexpr,
 ):
-    i_hv, i_tg, bos, t0, T, skip = _wy_chunk(cu_seqlens, chunk_indices, None, T, HV, BT, IS_VARLEN, False)
-    i_h = i_hv // (HV // H)  # the key head of this value head
-    x0, x1, x2, x3, g0, g1, g2, g3 = _gdn_gate(g, gcum, bos, t0, T, i_hv, HV)
-    b0, b1, b2, b3 = _load_vec4(beta, bos, t0, T, i_hv, HV)
-    if BR == 64:
-        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram64(k, bos, t0, T, i_h, H, K, BK)
-    else:
-        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram(k, k, bos, t0, T, i_h, H, K, BK)
-    A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gdn_decay_rows(
-        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, g0, g1, g2, g3, b0, b1, b2, b3
-    )
-    T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33)
-    _store_ag(ag, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, b0, b1, b2, b3, bos, t0, T, i_hv, HV, BT)
-    if HAS_BOUND:
-        kk0, kk1, kk2, kk3 = _row_squares(k, bos, t0, T, i_h, H, K, BK)
-        vv0, vv1, vv2, vv3 = _row_squares(v, bos, t0, T, i_hv, HV, V, BV)
-        b_L, b_W = _chunk_bound(x0, x1, x2, x3, b0, b1, b2, b3, kk0, kk1, kk2, kk3, vv0, vv1, vv2, vv3)
-        tl.store(bnd + (i_tg * HV + i_hv) * 2, b_L)
-        tl.store(bnd + (i_tg * HV + i_hv) * 2 + 1, b_W)
+    tl.static_assert(BT == 16 or BT == 32 or BT == 64, "the WY kernel is written for chunks of 16, 32 or 64 tokens")
+    for j in tl.static_range(CPP):
+        # past the last row: the last chunk again (the same values stored twice; no branch between the chunks)
+        i_c = tl.minimum(tl.program_id(0) * CPP + j, NC - 1)
+        _ag_chunk(i_c, k, v, g, beta, ag, gcum, cu_seqlens, chunk_indices, bnd, T, H, HV, K, V, BT, BK, BV, BR,
+                  IS_VARLEN, HAS_BOUND, EXP2)  # fmt: skip
 
 
 def wy_gdn_ag(
@@ -238,9 +267,14 @@ def wy_gdn_ag(
     if BR not in ROW_TILES:
         raise ValueError(f"wy_gdn_ag: launch config BR must be one of {ROW_TILES}, got {BR}")
     BK, BV = _blocks(cfg, index, K, V)
+    bits = cfg.VARIANT or 0
+    if bits & ~sum(AG_VARIANTS.values()):
+        raise ValueError(f"wy_gdn_ag: unknown VARIANT bits {bits}; the bits are {AG_VARIANTS}")
+    cpp = 2 if bits & AG_VARIANTS["two_chunks"] else 1
     ag = torch.empty(B, T, HV, BT, dtype=k.dtype, device=k.device)
     gcum = torch.empty(B, T, HV, dtype=torch.float32, device=k.device)
-    wy_gdn_ag_fwd_kernel[_grid(index, B, T, HV)](
+    rows, heads = _grid(index, B, T, HV)
+    wy_gdn_ag_fwd_kernel[(triton.cdiv(rows, cpp), heads)](
         k,
         v if bnd is not None else None,
         g,
@@ -251,6 +285,7 @@ def wy_gdn_ag(
         index.chunk_indices if index.is_varlen else None,
         bnd,
         T,
+        rows,
         H=H,
         HV=HV,
         K=K,
@@ -259,6 +294,8 @@ def wy_gdn_ag(
         BK=BK,
         BV=BV,
         BR=BR,
+        CPP=cpp,
+        EXP2=bool(bits & AG_VARIANTS["exp2"]),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -1,5 +1,5 @@
 """GDN's Ag pass (`kernels.ops.gdn.wy_ag.wy_gdn_ag`) on the Triton backend (interpreted on CPU; on a GPU with
-CPBENCH_TEST_GPU=1), both row tilings (BR 16 and 64):
+CPBENCH_TEST_GPU=1), both row tilings (BR 16 and 64) and BR 16 with its code variants (two chunks a program, exp2):
 - Ag = T diag(beta) and the gate cumsum against the fp64 triangular solve (`kernels.common.ag_torch.ag_reference`),
   dense and varlen (sequences not a multiple of the chunk), chunk sizes 16/32/64, grouped value heads (HV = 2H),
   one strong head (gates down to -20 per token) and weak ones; the entries above the diagonal written as exact zeros
@@ -23,7 +23,7 @@ import kernels
 from kernels.common.ag_torch import ag_chunk_forward, ag_reference
 from kernels.common.index import prepare_chunk_index
 from kernels.configs import LaunchConfig
-from kernels.ops.gdn.wy_ag import _lower_blocks, wy_gdn_ag
+from kernels.ops.gdn.wy_ag import AG_VARIANTS, _lower_blocks, wy_gdn_ag
 from kernels.plan import LaunchPlan
 from tests.utils import TEST_DEVICE, assert_rel_close, make_grouped_inputs, make_state
 
@@ -34,8 +34,9 @@ LENGTHS = (37, 130, 64)
 LAYOUTS = {"dense": {"B": 2, "T": 100}, "varlen": {"lengths": LENGTHS}}
 
 
-def _plan(BR: int) -> LaunchPlan:
-    return LaunchPlan(configs={"wy_gdn_ag_fwd": LaunchConfig(BK=32, num_warps=1 if BR == 16 else 4, BR=BR)})
+def _plan(BR: int, variant: int | None = None) -> LaunchPlan:
+    cfg = LaunchConfig(BK=32, num_warps=1 if BR == 16 else 4, BR=BR, VARIANT=variant)
+    return LaunchPlan(configs={"wy_gdn_ag_fwd": cfg})
 
 
 def _case(layout: str, chunk: int, dtype: torch.dtype = torch.float32):
@@ -53,12 +54,15 @@ def _positions(index, B: int, T: int) -> torch.Tensor:
     return pos.view(B, T)
 
 
-@pytest.mark.parametrize("BR", [16, 64])
+# BR 16 with two chunks per program and exp2 (AG_VARIANTS): odd chunk counts (dense at 16, varlen at 64) run the last
+# chunk twice
+@pytest.mark.parametrize(("BR", "variant"), [(16, None), (64, None), (16, AG_VARIANTS["two_chunks"] | AG_VARIANTS["exp2"])],
+                         ids=["BR16", "BR64", "BR16-two_chunks-exp2"])  # fmt: skip
 @pytest.mark.parametrize("chunk", [16, 32, 64])
 @pytest.mark.parametrize("layout", ["dense", "varlen"])
-def test_ag_matches_the_triangular_solve(BR: int, chunk: int, layout: str) -> None:
+def test_ag_matches_the_triangular_solve(BR: int, variant: int | None, chunk: int, layout: str) -> None:
     _, k, _, g, beta, _, index = _case(layout, chunk)
-    ag, gcum = wy_gdn_ag(k, g, beta, index=index, launch=_plan(BR))
+    ag, gcum = wy_gdn_ag(k, g, beta, index=index, launch=_plan(BR, variant))
     ag_ref, g_ref = ag_reference(
         k.cpu(),
         g.cpu(),
@@ -121,6 +125,8 @@ def test_bad_arguments_are_refused() -> None:
         wy_gdn_ag(k, g, beta, index=index, bnd=bnd)
     with pytest.raises(ValueError, match="BR must be one of"):
         wy_gdn_ag(k, g, beta, index=index, launch=_plan(32))
+    with pytest.raises(ValueError, match="unknown VARIANT bits 4"):
+        wy_gdn_ag(k, g, beta, index=index, launch=_plan(16, 4))
     with pytest.raises(ValueError, match="HV a multiple"):
         wy_gdn_ag(k, g[:, :, :3], beta[:, :, :3], index=index)
 

@@ -11,6 +11,8 @@
                        off (inference saves nothing)
     ChunkFunction      one `torch.autograd.Function` for both ops on the torch and triton backends (the op's entry
                        travels with the call): forward = `chunk_forward`, backward = `chunk_backward_impl`
+    compile_ahead      (`kernels.parallel_compile`) the first triton call of a kind (`_call_kind`) compiles every kernel
+                       of its forward and backward at once, in threads, from a dry run of its launches (`_launch_sequence`)
 
 Recompute policy (`LaunchPlan.keep` of the call's launch plan, `kernels.plan`; triton backend), what the forward holds
 until the backward:
@@ -263,9 +265,10 @@ def _forward_kept(*args: Any) -> tuple[Tensor, Tensor, dict[str, Tensor] | None]
 def _call_kind(args: tuple[Any, ...], grad: bool, output_final_state: bool, states: bool) -> tuple[Any, ...]:
     """What decides the kernels a triton call compiles (shapes but T, dtypes, options): `compile_ahead`'s key."""
     op, _, index, cu_seqlens, plan, _, q, k, v, g, beta, h0 = args
-    return (op.name, k.device, grad, output_final_state, states, index.chunk_size, cu_seqlens is None, k.shape[0] == 1,
-            k.shape[1] % 16, k.shape[2:], v.shape[2:], q.dtype, k.dtype, v.dtype, g.dtype, beta.dtype,
-            None if h0 is None else h0.dtype, plan.keep, id(plan.table), tuple(sorted(plan.configs.items())))
+    (B, T, H, K), (*_, HV, V) = k.shape, v.shape
+    return (op.name, k.device, grad, output_final_state, states, index.chunk_size, cu_seqlens is None, B == 1, T % 16,
+            H, HV, K, V, q.dtype, v.dtype, g.dtype, beta.dtype, h0 is None or h0.dtype, plan.keep, id(plan.table),
+            tuple(sorted(plan.configs.items())) if plan.configs else ())
 
 
 def _launch_sequence(args: tuple[Any, ...], grad: bool, output_final_state: bool, states: bool) -> None:

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,8 @@ class CompileOnlyDriver:
 
         self.target = GPUTarget("cuda", 90, 32)
         self.ty_to_cpp = ty_to_cpp
+        self.built: set[str] = set()  # the launcher sources compiled
+        self.lock = threading.Lock()
         self.launches: list[tuple[str, str]] = []  # (kernel name, Triton's cache key of its compile) per launch
         self.utils = self
         driver = self
@@ -85,6 +88,10 @@ class CompileOnlyDriver:
         arg_idx = lambda x: (src.fn.arg_names.index(x),) if isinstance(x, str) else x  # noqa: E731 (CudaLauncher's)
         constants = {arg_idx(i): v for i, v in getattr(src, "constants", {}).items()}
         code = make_launcher(constants, dict(src.signature), getattr(metadata, "tensordesc_meta", None))
+        with self.lock:  # built once per source, as Triton caches its launchers by source (compile_module_from_src)
+            if code in self.built:
+                return
+            self.built.add(code)
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "launcher.c"
             path.write_text(code)

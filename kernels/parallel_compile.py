@@ -17,7 +17,8 @@ same `triton.compile` of the same specialisation, only run in parallel. A worker
   batch of a new length does not run it again). A launch the dry run missed compiles at its launch, as before.
 - A dry run that raises (the call itself will raise the same error) or a compile that fails (the launch compiles
   again and raises Triton's error) is dropped: the call then runs exactly as without this module.
-- Off under TRITON_INTERPRET=1 (interpreted kernels compile nothing) and with CPBENCH_PARALLEL_COMPILE=0.
+- Off under TRITON_INTERPRET=1 (interpreted kernels compile nothing), with CPBENCH_PARALLEL_COMPILE=0, with a Triton
+  without `triton.runtime._async_compile` (3.6.0 has it), and inside a caller's own AsyncCompileMode.
 """
 
 from __future__ import annotations
@@ -65,8 +66,12 @@ def compile_ahead(key: Hashable, dry_run: Callable[[], object]) -> bool:
     if key in _Patch.done or not parallel_compile_enabled():
         return False
     _Patch.done.add(key)
-    from triton.runtime._async_compile import AsyncCompileMode
-
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode, active_mode
+    except ImportError:  # a Triton without async compile (3.6 has it): every kernel compiles at its launch
+        return False
+    if active_mode.get() is not None:  # the caller's own AsyncCompileMode: leave its compiles to it
+        return False
     workers = max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
     with _launches_compile_only(), _CompilePool(workers) as pool:
         mode = AsyncCompileMode(pool, ignore_errors=True)

@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="write the Markdown tables here (default: print them)")
     args = ap.parse_args(argv)
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="compile_times_")  # a fresh cache: every compile is cold
+    os.environ["CPBENCH_PARALLEL_COMPILE"] = "0"  # each compile alone, at its launch (benchmarks/compile_parallel.py)
     import triton
 
     lines = [

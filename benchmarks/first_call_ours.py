@@ -1,29 +1,66 @@
 """Our first call on a cold Triton cache (issue 26's target: <= 20 s): chunk_gdn and chunk_kda fwd+bwd at B=1 T=8192
-H=16 K=V=128 bf16, each in this fresh process; prints the seconds and the peak memory of the step."""
+H=16 K=V=128 bf16; prints the seconds and the peak memory of the step.
 
+    python3 benchmarks/first_call_ours.py [--modes parallel serial]
+
+Each mode runs in a fresh process with a fresh TRITON_CACHE_DIR (GDN first, then KDA, in that process: GDN's figure
+includes CUDA's start): parallel is the default (`kernels.parallel_compile`), serial sets CPBENCH_PARALLEL_COMPILE=0
+(every kernel compiles at its launch, as before session 11).
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
 import time
 
-import torch
-import torch.nn.functional as F
 
-import kernels
+def first_calls() -> None:
+    import torch
+    import torch.nn.functional as F
 
-T, H, D = 8192, 16, 128
-dev = "cuda"
-for op in ("gdn", "kda"):
-    q = F.normalize(torch.randn(1, T, H, D, device=dev), dim=-1).bfloat16().requires_grad_()
-    k = F.normalize(torch.randn(1, T, H, D, device=dev), dim=-1).bfloat16().requires_grad_()
-    v = torch.randn(1, T, H, D, device=dev).bfloat16().requires_grad_()
-    gshape = (1, T, H) if op == "gdn" else (1, T, H, D)
-    g = (-torch.sigmoid(torch.randn(*gshape, device=dev))).requires_grad_()
-    beta = torch.sigmoid(torch.randn(1, T, H, device=dev)).bfloat16().requires_grad_()
-    fn = kernels.chunk_gdn if op == "gdn" else kernels.chunk_kda
-    torch.cuda.reset_peak_memory_stats()
-    t0 = time.time()
-    o, _ = fn(q, k, v, g, beta)
-    o.float().square().sum().backward()
-    torch.cuda.synchronize()
-    print(
-        f"ours first call {op} fwd+bwd 1x{T}: {time.time() - t0:.1f} s, peak {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB",
-        flush=True,
-    )
+    import kernels
+
+    T, H, D = 8192, 16, 128
+    dev = "cuda"
+    mode = "serial" if os.environ.get("CPBENCH_PARALLEL_COMPILE") == "0" else "parallel"
+    for op in ("gdn", "kda"):
+        q = F.normalize(torch.randn(1, T, H, D, device=dev), dim=-1).bfloat16().requires_grad_()
+        k = F.normalize(torch.randn(1, T, H, D, device=dev), dim=-1).bfloat16().requires_grad_()
+        v = torch.randn(1, T, H, D, device=dev).bfloat16().requires_grad_()
+        gshape = (1, T, H) if op == "gdn" else (1, T, H, D)
+        g = (-torch.sigmoid(torch.randn(*gshape, device=dev))).requires_grad_()
+        beta = torch.sigmoid(torch.randn(1, T, H, device=dev)).bfloat16().requires_grad_()
+        fn = kernels.chunk_gdn if op == "gdn" else kernels.chunk_kda
+        torch.cuda.reset_peak_memory_stats()
+        t0 = time.time()
+        o, _ = fn(q, k, v, g, beta)
+        o.float().square().sum().backward()
+        torch.cuda.synchronize()
+        print(
+            f"ours first call {op} fwd+bwd 1x{T} ({mode} compile, {len(os.sched_getaffinity(0))} cores): "
+            f"{time.time() - t0:.1f} s, peak {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB",
+            flush=True,
+        )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--modes", nargs="+", default=["parallel", "serial"], choices=["parallel", "serial"])
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        first_calls()
+        return 0
+    for mode in args.modes:
+        env = {**os.environ, "TRITON_CACHE_DIR": tempfile.mkdtemp(prefix=f"first_call_{mode}_")}
+        env["CPBENCH_PARALLEL_COMPILE"] = "0" if mode == "serial" else "1"
+        rc = subprocess.run([sys.executable, __file__, "--child"], env=env, check=False).returncode
+        if rc:
+            return rc
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

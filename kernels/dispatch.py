@@ -11,6 +11,8 @@
                        off (inference saves nothing)
     ChunkFunction      one `torch.autograd.Function` for both ops on the torch and triton backends (the op's entry
                        travels with the call): forward = `chunk_forward`, backward = `chunk_backward_impl`
+    compile_ahead      (`kernels.parallel_compile`) the first triton call of a kind (`_call_kind`) compiles every kernel
+                       of its forward and backward at once, in threads, from a dry run of its launches (`_launch_sequence`)
 
 Recompute policy (`LaunchPlan.keep` of the call's launch plan, `kernels.plan`; triton backend), what the forward holds
 until the backward:
@@ -63,6 +65,7 @@ from kernels.common.index import ChunkIndex, prepare_chunk_index
 from kernels.common.l2norm import l2norm
 from kernels.configs import KERNELS, LaunchConfig
 from kernels.fla_args import check_fla_backend, check_fla_tensors, parse_fla_args
+from kernels.parallel_compile import compile_ahead
 from kernels.plan import LaunchPlan, plan_with
 from kernels.validate import check_backend, check_config, check_grad_outputs, check_inputs
 from kernels.vocabulary import BACKEND_OPTIONS, KEEP_POLICIES
@@ -209,7 +212,11 @@ def checked_forward(
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device,
                                 cu_seqlens_cpu=cu_seqlens_cpu)
     args = (op, backend, index, cu_seqlens, plan, scale, q, k, v, g, beta, initial_state)
-    if needs_grad(q, k, v, g, beta, initial_state):
+    grad = needs_grad(q, k, v, g, beta, initial_state)
+    if backend == "triton":  # a new kind of call compiles its kernels in parallel first (`kernels.parallel_compile`)
+        call = (args, grad, output_final_state, states is not None)
+        compile_ahead(_call_kind(*call), lambda: _launch_sequence(*call))
+    if grad:
         o, ht = ChunkFunction.apply(*args)
         return o, (ht if output_final_state else None)
     return chunk_forward(*args, output_final_state=output_final_state, states=states)
@@ -231,11 +238,7 @@ class ChunkFunction(torch.autograd.Function):
         scale: float, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Tensor | None,
     ) -> tuple[Tensor, Tensor]:
         ctx.set_materialize_grads(False)
-        keep_wy, keep_states = plan.keeps
-        keep: dict[str, Tensor] | None = {} if backend == "triton" and keep_wy else None
-        o, ht = chunk_forward(op, backend, index, cu_seqlens, plan, scale, q, k, v, g, beta, initial_state,
-                              keep=keep, keep_states=keep_states)
-        assert ht is not None
+        o, ht, keep = _forward_kept(op, backend, index, cu_seqlens, plan, scale, q, k, v, g, beta, initial_state)
         names = tuple(sorted(keep)) if keep else ()
         ctx.save_for_backward(q, k, v, g, beta, initial_state, *(keep[n] for n in names))  # type: ignore[index]
         ctx.meta = (op, backend, index, cu_seqlens, plan, scale, names)  # the backward launches with the same plan
@@ -254,6 +257,40 @@ class ChunkFunction(torch.autograd.Function):
         if dh0 is not None and h0 is not None:
             dh0 = dh0.to(h0.dtype)
         return None, None, None, None, None, None, dq, dk, dv, dg, dbeta, dh0
+
+
+def _forward_kept(*args: Any) -> tuple[Tensor, Tensor, dict[str, Tensor] | None]:
+    """ChunkFunction's forward on `chunk_forward`'s positional args: (o, final state, what the plan keeps for the
+    backward by name, or None)."""
+    keep_wy, keep_states = args[4].keeps
+    keep: dict[str, Tensor] | None = {} if args[1] == "triton" and keep_wy else None
+    o, ht = chunk_forward(*args, keep=keep, keep_states=keep_states)
+    assert ht is not None
+    return o, ht, keep or None
+
+
+def _call_kind(args: tuple[Any, ...], grad: bool, output_final_state: bool, states: bool) -> tuple[Any, ...]:
+    """What decides the kernels a triton call compiles (shapes but T, dtypes, options): `compile_ahead`'s key."""
+    op, _, index, cu_seqlens, plan, _, q, k, v, g, beta, h0 = args
+    (B, T, H, K), (*_, HV, V) = k.shape, v.shape
+    return (op.name, k.device, grad, output_final_state, states, index.chunk_size, cu_seqlens is None, B == 1, T % 16,
+            H, HV, K, V, q.dtype, v.dtype, g.dtype, beta.dtype, h0 is None or h0.dtype, plan.keep, id(plan.table),
+            tuple(sorted(plan.configs.items())) if plan.configs else ())
+
+
+def _launch_sequence(args: tuple[Any, ...], grad: bool, output_final_state: bool, states: bool) -> None:
+    """`checked_forward`'s Triton launches for `compile_ahead`'s dry run: the forward as the entry runs it, then with a
+    gradient the backward on an uninitialised `do` (and `dht` when the final state is returned); no recorder."""
+    args = (*args[:4], args[4].with_recorder(None), *args[5:])
+    op, backend, index, cu_seqlens, plan, scale, q, k, v, g, beta, h0 = args
+    with torch.no_grad():
+        if not grad:
+            chunk_forward(*args, output_final_state=output_final_state, states=[] if states else None)
+            return
+        o, ht, keep = _forward_kept(*args)
+        chunk_backward_impl(op, backend, q, k, v, g, beta, torch.empty_like(o), scale=scale, initial_state=h0,
+                            dht=torch.empty_like(ht) if output_final_state else None, index=index,
+                            cu_seqlens=cu_seqlens, plan=plan, wy=keep)
 
 
 def chunk_forward(

@@ -17,11 +17,13 @@ e^(G_i - G_j)): for GDN one [C, C] decay tile; for KDA (a decay per key) the fac
 the row block's boundary (both factors <= 1) for the earlier blocks, one matmul per 16-row block of the output,
 and taken elementwise inside the diagonal 16-row blocks (`_diag_rows` / `_diag_cols`), so no exponent is positive
 for any gate; the gate is floored where it is loaded (`kernels.common.decay`) and dg of a gate below the floor is 0.
+These device helpers live in `kernels.common.bwd_tiles`.
 
 `chunk_bwd` is the whole backward: recompute (WY prep, T, the chunk states with the forward's sequence split),
-the reverse state pass (split the same way), then the two kernels above. Extra memory: the chunk states h and
-their gradients dh ([NT, H, K, V] each), v_new, dv_new, T, dw ([B, T, H, K]) and fp32 [B, T, H, K] buffers for the
-partial dk and dG; never [T, K, K] or a per-token state.
+the reverse state pass (split the same way), then the two kernels above (`pair_grads`), or with the plan's
+`bwd_grads="fused"` one kernel per (chunk, head) in their place (`kernels.common.dqk_wy_bwd`: no dw, no partials).
+Extra memory: the chunk states h and their gradients dh ([NT, H, K, V] each), v_new, dv_new, T, and for the pair
+dw ([B, T, H, K]) and fp32 [B, T, H, K] buffers for the partial dk and dG; never [T, K, K] or a per-token state.
 
 Grouped value heads (q, k with H / G heads, v, g, beta with H; G from the shapes): every kernel reads q and k at
 head h // G; dq and dk are computed per value head into fp32 [B, T, H, K] buffers and summed over the G heads of
@@ -62,7 +64,7 @@ from kernels.common.wy import (
 from kernels.configs import KernelSpec, LaunchConfig, register
 from kernels.plan import LaunchPlan, default_plan, launch_config
 
-__all__ = ["CHUNK_BWD_DQK", "WY_BWD", "WY_INVERSE", "chunk_bwd", "chunk_state_grad"]
+__all__ = ["CHUNK_BWD_DQK", "WY_BWD", "WY_INVERSE", "chunk_bwd", "chunk_state_grad", "pair_grads"]
 
 _KEY = ("H", "K", "V", "BT", "GATE", "IS_VARLEN", "dtype")
 
@@ -481,7 +483,7 @@ def chunk_bwd(
     gate_vector = op == "kda"
     q, k, v, g, beta, do = (x.contiguous() for x in (q, k, v, g, beta, do))
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device)
-    BT, N = index.chunk_size, index.num_seqs
+    N = index.num_seqs
 
     # 1. the WY factors (recomputed unless the forward kept them) and T
     w, u, ks, gs, qs, aqk = _wy_factors(gate_vector, q, k, v, g, beta, scale=scale, index=index, launch=launch, wy=wy)
@@ -504,7 +506,21 @@ def chunk_bwd(
     if launch.bwd_grads == "fused":
         grads = dqk_wy_bwd(q, k, v, g, beta, tt, h, dh, v_new, dv_new, do, scale=scale, index=index,
                            gate_vector=gate_vector, dot_prec=VECTOR_GATE_DOT, launch=launch)
-        return (*grads, dh0)
+    else:
+        grads = pair_grads(q, k, v, g, beta, tt, w, u, h, dh, v_new, dv_new, do, scale=scale, index=index,
+                           gate_vector=gate_vector, launch=launch)
+    return (*grads, dh0)
+
+
+def pair_grads(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, tt: Tensor, w: Tensor, u: Tensor, h: Tensor, dh: Tensor,
+    v_new: Tensor, dv_new: Tensor, do: Tensor, *, scale: float, index: ChunkIndex, gate_vector: bool, launch: LaunchPlan,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dg, dbeta) by the pair `chunk_bwd_dqk` + `wy_bwd` from the backward's intermediates (T, the WY
+    factors, the chunk states and their gradients, v_new, dv_new; module docstring)."""
+    B, T, Hk, K = k.shape
+    H, V = v.shape[2], v.shape[-1]
+    BT = index.chunk_size
     cu, ci = _bounds(index)
     key = _key(index, H, K, V, gate_vector, k.dtype)
     # grouped heads: dq, dk per value head in fp32, summed over the group below (FLA's reduction)
@@ -535,4 +551,4 @@ def chunk_bwd(
     )
     if Hk != H:
         dq, dk = (x.view(B, T, Hk, H // Hk, K).sum(3).to(k.dtype) for x in (dq, dk))
-    return dq, dk, dv, dg, dbeta, dh0
+    return dq, dk, dv, dg, dbeta

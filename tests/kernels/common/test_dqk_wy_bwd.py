@@ -4,11 +4,11 @@ on the same inputs (interpreted on CPU; on a GPU with CPBENCH_TEST_GPU=1, in bf1
 
 Scenarios: varlen (37, 70, 5 tokens: partial chunks, one shorter than a chunk) with grouped value heads (one q/k
 head, two value heads), an initial state, dht, slow-decay gates and the reverse state pass in one-chunk segments,
-at two column blocks per head dim (BK = BV = 16 at K = V = 32: the K loop and the V loops take two steps) and at
-one (the default); dense input with gates at -5 to -5.5 per token (spans of 80-88 per 16-row block).
+at two column blocks per head dim (BK = BV = 16 at K = V = 32: the K loop and the V loops take two steps); dense
+input with gates at -5 to -5.5 per token (spans of 80-88 per 16-row block) at the default config (one block).
 Tolerance: as tests/kernels/common/test_chunk_bwd.py (1e-5 relative L2 on CPU, 3e-4 for the strong-decay case's dg,
 5e-3 on a GPU). Against the pair: 1e-5 on CPU (the fused kernel forms dA = -StrictLower(T^T dv_new v_new^T), the pair
--StrictLower(T^T (dw w^T + dv_new u^T)): equal up to the rounding of v_new = u - w S; measured <= 3e-7), 5e-3 on a GPU.
+-StrictLower(T^T (dw w^T + dv_new u^T)): equal up to the rounding of v_new = u - w S; measured <= 6.2e-7, dg too), 5e-3 on a GPU.
 """
 
 from __future__ import annotations
@@ -82,12 +82,11 @@ def test_fused_grads_varlen_grouped_split(OP: str) -> None:
     kw = {"scale": DIM**-0.5, "initial_state": h0, "dht": dht, "cu_seqlens": cu, "split_chunks": 1}
     pair = _grads(*args, bwd_grads="pair", **kw)
     ref = _reference_grads(OP, q, k, v, g, beta, h0, do, dht, cu.tolist())
-    for configs in (TWO_BLOCKS, None):
-        fused = _grads(*args, bwd_grads="fused", configs=configs, **kw)
-        assert [x.dtype for x in fused[:5]] == [x.dtype for x in pair[:5]] and fused[0].shape == q.shape
-        assert torch.equal(fused[5], pair[5])  # dh0 comes from the state pass, before either
-        _check(fused, pair, TOL)
-        _check(fused, ref, TOL)
+    fused = _grads(*args, bwd_grads="fused", configs=TWO_BLOCKS, **kw)
+    assert [x.dtype for x in fused[:5]] == [x.dtype for x in pair[:5]] and fused[0].shape == q.shape
+    assert torch.equal(fused[5], pair[5])  # dh0 comes from the state pass, before either
+    _check(fused, pair, TOL)
+    _check(fused, ref, TOL)
 
 
 @pytest.mark.parametrize("OP", ["gdn", "kda"])
@@ -100,6 +99,6 @@ def test_fused_grads_dense_strong_decay(OP: str) -> None:
     do = torch.randn(v.shape, generator=gen).to(DEVICE, DTYPE)
     fused, pair = (_grads(OP, q, k, v, g, beta, do, scale=DIM**-0.5, split_chunks=0, bwd_grads=b) for b in ("fused", "pair"))
     assert all(torch.isfinite(x).all() for x in fused[:5]) and fused[5] is None
-    _check(fused, pair, TOL, max(TOL, 3e-4))
+    _check(fused, pair, TOL)
     ref = _reference_grads(OP, q, k, v, g, beta, None, do, None, [i * T for i in range(B + 1)])
     _check(fused, ref, TOL, max(TOL, 3e-4))

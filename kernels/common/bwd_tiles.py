@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.common.chunk_program import chunk_of_program
 from kernels.common.index import ChunkIndex
 from kernels.common.wy import FAST_SPAN, FLOOR
 from kernels.configs import LaunchConfig, head_block
@@ -123,6 +124,77 @@ def _gate_tile(g, p_row, m_r, o_k, K: tl.constexpr, GATE_VECTOR: tl.constexpr):
         b_g = tl.load(g + p_row, mask=m_r, other=0.0).to(tl.float32)
         b_G = tl.cumsum(tl.maximum(b_g, FLOOR), 0)[:, None]
     return b_G
+
+
+@triton.jit
+def _chunk_rows(cu_seqlens, chunk_indices, T, H: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """This program's chunk (grid (chunks, B * H), `chunk_of_program`): (head i_h, chunk i_t, global chunk i_tg, first
+    token bos, sequence length T, the chunk's rows o_r, their mask m_r (< T), their offsets p_row in [.., T, H])."""
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    _, i_t, i_tg, bos, T = chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
+    o_r = i_t * BT + tl.arange(0, BT)
+    return i_h, i_t, i_tg, bos, T, o_r, o_r < T, (bos + o_r) * H + i_h
+
+
+@triton.jit
+def _wy_rows(tt, beta, p_row, m_r, BT: tl.constexpr, dt: tl.constexpr):
+    """(T^T of the chunk in dt, from its lower blocks incl. the diagonal; beta of its rows, fp32 [BT])."""
+    o_t = tl.arange(0, BT)
+    m_low = m_r[:, None] & (o_t[:, None] >= o_t[None, :])
+    b_Tt = tl.trans(tl.load(tt + p_row[:, None] * BT + o_t[None, :], mask=m_low, other=0.0)).to(dt)
+    return b_Tt, tl.load(beta + p_row, mask=m_r, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _state_products(h, dh, v_new, dv_new, do, p_h, p_row, m_r, o_k, K: tl.constexpr, V: tl.constexpr,
+                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, WITH_DA: tl.constexpr):  # fmt: skip
+    """The chunk's products with its state S ([K, V] at p_h of h) and the gradient dS' at its end (dh), over V blocks,
+    for the key columns o_k [BK] (fp32): (dQg = dO S^T, dK~ = v_new dS'^T, dw = dv_new S^T (not negated), each
+    [BT, BK]; dgamma = rowsum_V(S * dS') [BK]; dO v_new^T [BT, BT] if WITH_DA, else zeros)."""
+    m_k = o_k < K
+    b_dqg = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dkt = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dw = tl.zeros([BT, BK], dtype=tl.float32)
+    b_da = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dgam = tl.zeros([BK], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        p_v = p_row[:, None] * V + o_v[None, :]
+        m_rv = m_r[:, None] & m_v[None, :]
+        p_s = p_h + o_k[:, None] * V + o_v[None, :]
+        b_h = tl.load(h + p_s, mask=m_k[:, None] & m_v[None, :], other=0.0)  # [BK, BV]
+        b_dh = tl.load(dh + p_s, mask=m_k[:, None] & m_v[None, :], other=0.0)
+        b_vn = tl.load(v_new + p_v, mask=m_rv, other=0.0)
+        b_do = tl.load(do + p_v, mask=m_rv, other=0.0)
+        b_dqg = tl.dot(b_do, tl.trans(b_h), b_dqg)
+        b_dw = tl.dot(tl.load(dv_new + p_v, mask=m_rv, other=0.0), tl.trans(b_h), b_dw)
+        b_dkt = tl.dot(b_vn, tl.trans(b_dh), b_dkt)
+        if WITH_DA:
+            b_da = tl.dot(b_do, tl.trans(b_vn), b_da)
+        b_dgam += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), 1)
+    return b_dqg, b_dkt, b_dw, b_dgam, b_da
+
+
+@triton.jit
+def _dg_columns(dg, g, b_dG, b_dgs, p_k, m_rk, GATE_VECTOR: tl.constexpr):
+    """One column block of dG (the gradient of the in-chunk gate cumsum, [BT, BK] fp32): KDA stores dg = its reverse
+    in-chunk cumsum (0 where the gate is below the floor: the clamp's gradient, `kernels.common.decay`); GDN adds its
+    row sums to b_dgs [BT] (`_store_dg_rows` stores them). Returns b_dgs."""
+    if GATE_VECTOR:
+        b_dG = tl.where(tl.load(g + p_k, mask=m_rk, other=0.0) < FLOOR, 0.0, tl.cumsum(b_dG, 0, reverse=True))
+        tl.store(dg + p_k, b_dG.to(dg.dtype.element_ty), mask=m_rk)
+    else:
+        b_dgs += tl.sum(b_dG, 1)
+    return b_dgs
+
+
+@triton.jit
+def _store_dg_rows(dg, g, b_dgs, p_row, m_r):
+    """GDN's dg: the reverse in-chunk cumsum of the row sums b_dgs [BT] (0 where the gate is below the floor)."""
+    b_dgs = tl.where(tl.load(g + p_row, mask=m_r, other=0.0) < FLOOR, 0.0, tl.cumsum(b_dgs, 0, reverse=True))
+    tl.store(dg + p_row, b_dgs.to(dg.dtype.element_ty), mask=m_r)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -41,7 +41,20 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.common.bwd_tiles import _bounds, _chunk_grid, _cols_vec, _fit, _gate_tile, _key, _rows_vec
+from kernels.common.bwd_tiles import (
+    _bounds,
+    _chunk_grid,
+    _chunk_rows,
+    _cols_vec,
+    _dg_columns,
+    _fit,
+    _gate_tile,
+    _key,
+    _rows_vec,
+    _state_products,
+    _store_dg_rows,
+    _wy_rows,
+)
 from kernels.common.chunk_program import chunk_of_program, group_heads
 from kernels.common.chunk_state import SeqLayout, chunk_state_fwd, chunk_state_transition_fwd
 from kernels.common.dqk_wy_bwd import dqk_wy_bwd
@@ -50,7 +63,6 @@ from kernels.common.seqsplit import resolve_split, seg_chain_states
 from kernels.common.state_bwd import chunk_state_bwd, first_segments, seg_chain_bwd, state_bwd_config
 from kernels.common.wy import (
     BT_WY,
-    FLOOR,
     _decay,
     _gdn_cumsum,
     _gram,
@@ -198,25 +210,8 @@ def chunk_bwd_dqk_kernel(
     p_row = (bos + o_r) * H + i_h
     p_h = (i_tg * H + i_h) * K * V
 
-    b_dqg = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dkt = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dw = tl.zeros([BT, BK], dtype=tl.float32)
-    b_da = tl.zeros([BT, BT], dtype=tl.float32)
-    b_dgam = tl.zeros([BK], dtype=tl.float32)
-    for i_v in range(tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_v = o_v < V
-        m_rv = m_r[:, None] & m_v[None, :]
-        b_h = tl.load(h + p_h + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
-        b_dh = tl.load(dh + p_h + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
-        b_vn = tl.load(v_new + p_row[:, None] * V + o_v[None, :], mask=m_rv, other=0.)
-        b_dvn = tl.load(dv_new + p_row[:, None] * V + o_v[None, :], mask=m_rv, other=0.)
-        b_do = tl.load(do + p_row[:, None] * V + o_v[None, :], mask=m_rv, other=0.)
-        b_dqg = tl.dot(b_do, tl.trans(b_h), b_dqg)
-        b_dw = tl.dot(b_dvn, tl.trans(b_h), b_dw)
-        b_dkt = tl.dot(b_vn, tl.trans(b_dh), b_dkt)
-        b_da = tl.dot(b_do, tl.trans(b_vn), b_da)
-        b_dgam += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), 1)
+    b_dqg, b_dkt, b_dw, b_dgam, b_da = _state_products(h, dh, v_new, dv_new, do, p_h, p_row, m_r, o_k, K, V, BT, BK, BV,
+                                                       True)
 
     p_qk = ((bos + o_r) * (H // G) + i_h // G)[:, None] * K + o_k[None, :]  # grouped heads: the shared q/k head
     b_q = tl.load(q + p_qk, mask=m_rk, other=0.).to(tl.float32)
@@ -277,17 +272,10 @@ def wy_bwd_kernel(
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     GATE_VECTOR: tl.constexpr, DOT_PREC: tl.constexpr, IS_VARLEN: tl.constexpr, G: tl.constexpr,
 ):
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    _, i_t, _, bos, T = chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
+    i_h, _, _, bos, T, o_r, m_r, p_row = _chunk_rows(cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN)
     dt = k.dtype.element_ty
     o_t = tl.arange(0, BT)
-    o_r = i_t * BT + o_t
-    m_r = o_r < T
-    p_row = (bos + o_r) * H + i_h
-    m_low = o_t[:, None] >= o_t[None, :]
-    b_Tt = tl.trans(tl.load(tt + p_row[:, None] * BT + o_t[None, :], mask=m_r[:, None] & m_low, other=0.)).to(dt)
-    b_beta = tl.load(beta + p_row, mask=m_r, other=0.).to(tl.float32)
+    b_Tt, b_beta = _wy_rows(tt, beta, p_row, m_r, BT, dt)
 
     b_dA = tl.zeros([BT, BT], dtype=tl.float32)
     b_db = tl.zeros([BT], dtype=tl.float32)
@@ -333,14 +321,9 @@ def wy_bwd_kernel(
         tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_rk)
         b_dG = tl.load(dg_part + p_k, mask=m_rk, other=0.)
         b_dG += b_beta[:, None] * (b_kbd + b_k * b_ra) - b_k * b_ca
-        if GATE_VECTOR:  # a gate below the floor gets 0 (the clamp's gradient, kernels.common.decay)
-            b_dG = tl.where(tl.load(g + p_k, mask=m_rk, other=0.) < FLOOR, 0., tl.cumsum(b_dG, 0, reverse=True))
-            tl.store(dg + p_k, b_dG.to(dg.dtype.element_ty), mask=m_rk)
-        else:
-            b_dgs += tl.sum(b_dG, 1)
+        b_dgs = _dg_columns(dg, g, b_dG, b_dgs, p_k, m_rk, GATE_VECTOR)
     if not GATE_VECTOR:
-        b_dgs = tl.where(tl.load(g + p_row, mask=m_r, other=0.) < FLOOR, 0., tl.cumsum(b_dgs, 0, reverse=True))
-        tl.store(dg + p_row, b_dgs.to(dg.dtype.element_ty), mask=m_r)
+        _store_dg_rows(dg, g, b_dgs, p_row, m_r)
     tl.store(dbeta + p_row, b_db.to(dbeta.dtype.element_ty), mask=m_r)
 
 

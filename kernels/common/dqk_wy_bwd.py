@@ -29,10 +29,19 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.common.bwd_tiles import _bounds, _chunk_grid, _cols_vec, _fit, _gate_tile, _key, _rows_vec
-from kernels.common.chunk_program import chunk_of_program, group_heads
+from kernels.common import bwd_tiles
+from kernels.common.bwd_tiles import (
+    _chunk_rows,
+    _cols_vec,
+    _dg_columns,
+    _gate_tile,
+    _rows_vec,
+    _state_products,
+    _store_dg_rows,
+    _wy_rows,
+)
+from kernels.common.chunk_program import group_heads
 from kernels.common.index import ChunkIndex
-from kernels.common.wy import FLOOR
 from kernels.configs import KernelSpec, LaunchConfig, register
 from kernels.plan import LaunchPlan
 
@@ -80,26 +89,18 @@ def chunk_bwd_dqk_wy_kernel(
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     GATE_VECTOR: tl.constexpr, DOT_PREC: tl.constexpr, IS_VARLEN: tl.constexpr, G: tl.constexpr,
 ):  # fmt: skip
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    _, i_t, i_tg, bos, T = chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
+    i_h, i_t, i_tg, bos, T, o_r, m_r, p_row = _chunk_rows(cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN)
     dt = k.dtype.element_ty
     o_t = tl.arange(0, BT)
-    o_r = i_t * BT + o_t
-    m_r = o_r < T
-    p_row = (bos + o_r) * H + i_h
     p_qk = (bos + o_r) * (H // G) + i_h // G  # grouped heads: the shared q/k head
     p_h = (i_tg * H + i_h) * K * V
     m_strict = o_t[:, None] > o_t[None, :]
-    b_Tt = tl.trans(
-        tl.load(tt + p_row[:, None] * BT + o_t[None, :], mask=m_r[:, None] & (o_t[:, None] >= o_t[None, :]), other=0.0)
-    ).to(dt)
-    b_beta = tl.load(beta + p_row, mask=m_r, other=0.0).to(tl.float32)
+    b_Tt, b_beta = _wy_rows(tt, beta, p_row, m_r, BT, dt)
 
     # 1. over V: dAqk, dv_new v_new^T, dv and dbeta's dvb v
+    b_db = tl.zeros([BT], dtype=tl.float32)
     b_da = tl.zeros([BT, BT], dtype=tl.float32)
     b_m = tl.zeros([BT, BT], dtype=tl.float32)
-    b_db = tl.zeros([BT], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         p_v = p_row[:, None] * V + o_v[None, :]
@@ -124,22 +125,9 @@ def chunk_bwd_dqk_wy_kernel(
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
         m_rk = m_r[:, None] & m_k[None, :]
-        b_dqg = tl.zeros([BT, BK], dtype=tl.float32)
-        b_dkt = tl.zeros([BT, BK], dtype=tl.float32)
-        b_dw = tl.zeros([BT, BK], dtype=tl.float32)
-        b_dgam = tl.zeros([BK], dtype=tl.float32)
-        for i_v in range(tl.cdiv(V, BV)):
-            o_v = i_v * BV + tl.arange(0, BV)
-            m_v = o_v < V
-            p_v = p_row[:, None] * V + o_v[None, :]
-            m_rv = m_r[:, None] & m_v[None, :]
-            p_s = p_h + o_k[:, None] * V + o_v[None, :]
-            b_h = tl.load(h + p_s, mask=m_k[:, None] & m_v[None, :], other=0.0)  # [BK, BV]
-            b_dh = tl.load(dh + p_s, mask=m_k[:, None] & m_v[None, :], other=0.0)
-            b_dqg = tl.dot(tl.load(do + p_v, mask=m_rv, other=0.0), tl.trans(b_h), b_dqg)
-            b_dw = tl.dot(tl.load(dv_new + p_v, mask=m_rv, other=0.0), tl.trans(b_h), b_dw)
-            b_dkt = tl.dot(tl.load(v_new + p_v, mask=m_rv, other=0.0), tl.trans(b_dh), b_dkt)
-            b_dgam += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), 1)
+        b_dqg, b_dkt, b_dw, b_dgam, _ = _state_products(
+            h, dh, v_new, dv_new, do, p_h, p_row, m_r, o_k, K, V, BT, BK, BV, False
+        )
         p_k = p_row[:, None] * K + o_k[None, :]
         b_q = tl.load(q + p_qk[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
         b_k = tl.load(k + p_qk[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
@@ -170,14 +158,9 @@ def chunk_bwd_dqk_wy_kernel(
         tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_rk)
         b_dG = b_q * b_rq - b_k * b_c + b_dqs * b_q - b_ktdkt + b_beta[:, None] * (b_kbd + b_k * b_ra)
         b_dG += tl.where(o_t[:, None] == i_last, tl.sum(b_ktdkt, 0)[None, :] + tl.exp(b_Gl) * b_dgam[None, :], 0.0)
-        if GATE_VECTOR:  # a gate below the floor gets 0 (the clamp's gradient, kernels.common.decay)
-            b_dG = tl.where(tl.load(g + p_k, mask=m_rk, other=0.0) < FLOOR, 0.0, tl.cumsum(b_dG, 0, reverse=True))
-            tl.store(dg + p_k, b_dG.to(dg.dtype.element_ty), mask=m_rk)
-        else:
-            b_dgs += tl.sum(b_dG, 1)
+        b_dgs = _dg_columns(dg, g, b_dG, b_dgs, p_k, m_rk, GATE_VECTOR)
     if not GATE_VECTOR:
-        b_dgs = tl.where(tl.load(g + p_row, mask=m_r, other=0.0) < FLOOR, 0.0, tl.cumsum(b_dgs, 0, reverse=True))
-        tl.store(dg + p_row, b_dgs.to(dg.dtype.element_ty), mask=m_r)
+        _store_dg_rows(dg, g, b_dgs, p_row, m_r)
     tl.store(dbeta + p_row, b_db.to(dbeta.dtype.element_ty), mask=m_r)
 
 
@@ -205,14 +188,14 @@ def dqk_wy_bwd(
     decayed products' precision (`VECTOR_GATE_DOT`)."""
     B, T, Hk, K = k.shape
     H, V = v.shape[2], v.shape[-1]  # the value heads; q, k have Hk = H / G (grouped heads)
-    cfg = launch.config_for(CHUNK_BWD_DQK_WY, _key(index, H, K, V, gate_vector, k.dtype))
-    BK, BV = _fit(cfg, K, V)
+    cfg = launch.config_for(CHUNK_BWD_DQK_WY, bwd_tiles._key(index, H, K, V, gate_vector, k.dtype))
+    BK, BV = bwd_tiles._fit(cfg, K, V)
     # grouped heads: dq, dk per value head in fp32, summed over the group below (as the pair)
     dq = torch.empty_like(q) if Hk == H else q.new_empty(B, T, H, K, dtype=torch.float32)
     dk = torch.empty_like(k) if Hk == H else k.new_empty(B, T, H, K, dtype=torch.float32)
     dv, dbeta, dg = torch.empty_like(v), torch.empty_like(beta), torch.empty_like(g)
-    cu, ci = _bounds(index)
-    chunk_bwd_dqk_wy_kernel[_chunk_grid(index, B, T, H)](
+    cu, ci = bwd_tiles._bounds(index)
+    chunk_bwd_dqk_wy_kernel[bwd_tiles._chunk_grid(index, B, T, H)](
         q, k, v, g, beta, tt, h, dh, v_new, dv_new, do, dq, dk, dv, dbeta, dg, cu, ci, scale, T,
         H=H, K=K, V=V, BT=index.chunk_size, BK=BK, BV=BV, GATE_VECTOR=gate_vector, DOT_PREC=dot_prec,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

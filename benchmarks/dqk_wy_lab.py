@@ -42,10 +42,10 @@ NAMES = ("dq", "dk", "dv", "dg", "dbeta")
 # the pair's configs (the default; the tuned KDA config of the shipped file, 8 warps) and the fused kernel's
 PAIR_CONFIGS = {"default": {}, "w8": {"BK": 64, "BV": 64, "num_warps": 8, "num_stages": 2}}
 FUSED_CONFIGS = {
-    "default": {},
-    "w8": {"BK": 64, "BV": 64, "num_warps": 8, "num_stages": 2},
-    "bk128_w8": {"BK": 128, "BV": 64, "num_warps": 8, "num_stages": 2},
+    "default": {},  # BK = BV = 64, 8 warps
+    "w4": {"BK": 64, "BV": 64, "num_warps": 4, "num_stages": 2},
     "bk32_w8": {"BK": 32, "BV": 32, "num_warps": 8, "num_stages": 2},
+    "bk128_w8": {"BK": 128, "BV": 64, "num_warps": 8, "num_stages": 2},
 }
 
 

@@ -51,13 +51,14 @@ CHUNK_BWD_DQK_WY = register(
     KernelSpec(
         name="chunk_bwd_dqk_wy",
         key=("H", "K", "V", "BT", "GATE", "IS_VARLEN", "dtype"),
-        # the pair's tiles (BK = BV = 64, 4 warps); the hints: the whole K in one step, and the low-spill 8 warps
-        default=LaunchConfig(BK=64, BV=64, num_warps=4, num_stages=2),
+        # 8 warps: the pair's tuned KDA config; at 4 warps the compiler spills 2.9 KB per thread (GDN; KDA 7.9 KB),
+        # at 8 warps 0.7 KB (KDA 3.8 KB), at 8 warps and BK = BV = 32 56 B (KDA 1.4 KB): kernels/NOTES.md
+        default=LaunchConfig(BK=64, BV=64, num_warps=8, num_stages=2),
         space={"BK": (32, 64, 128), "BV": (32, 64, 128), "num_warps": (4, 8), "num_stages": (1, 2, 3)},
         hints=(
-            LaunchConfig(BK=64, BV=64, num_warps=8, num_stages=2),
-            LaunchConfig(BK=128, BV=64, num_warps=8, num_stages=2),
             LaunchConfig(BK=32, BV=32, num_warps=8, num_stages=2),
+            LaunchConfig(BK=64, BV=64, num_warps=4, num_stages=2),
+            LaunchConfig(BK=128, BV=64, num_warps=8, num_stages=2),
         ),
     )
 )
@@ -118,6 +119,12 @@ def chunk_bwd_dqk_wy_kernel(
     b_X = tl.where(m_strict, b_da * scale, 0.0)
     b_xd = tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_da * scale, 0.0), 1)[:, None]  # [BT, 1]
     i_last = tl.minimum(T - i_t * BT, BT) - 1  # the chunk's last row before T: d gamma_C and the K~ sums land there
+    if not GATE_VECTOR:  # the scalar gate: one decay tile for every K block, dAqk and dA decayed once (in dt)
+        b_Gs = _gate_tile(g, p_row, m_r, o_t, K, False)  # [BT, 1]
+        b_gr = tl.sum(b_Gs, 1)
+        b_E = tl.exp(tl.where(m_strict, b_gr[:, None] - b_gr[None, :], float("-inf")))
+        b_XE = (b_X * b_E).to(dt)
+        b_AE = (b_dA * b_E).to(dt)
 
     # 2. over K blocks
     b_dgs = tl.zeros([BT], dtype=tl.float32)
@@ -131,7 +138,10 @@ def chunk_bwd_dqk_wy_kernel(
         p_k = p_row[:, None] * K + o_k[None, :]
         b_q = tl.load(q + p_qk[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
         b_k = tl.load(k + p_qk[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
-        b_G = _gate_tile(g, p_row, m_r, o_k, K, GATE_VECTOR)
+        if GATE_VECTOR:
+            b_G = _gate_tile(g, p_row, m_r, o_k, K, True)
+        else:
+            b_G = b_Gs
         b_Gl = tl.sum(tl.where(o_t[:, None] == BT - 1, b_G, 0.0), 0)[None, :]  # [1, BK] (KDA) or [1, 1] (GDN)
         b_bk = b_k * b_beta[:, None]
         if GATE_VECTOR:
@@ -139,10 +149,6 @@ def chunk_bwd_dqk_wy_kernel(
             b_ra = _rows_vec(b_dA, b_k, b_G, BT, BK, dt, DOT_PREC)
             b_c = _cols_vec(b_X, b_q, b_G, BT, BK, dt, DOT_PREC) + _cols_vec(b_dA, b_bk, b_G, BT, BK, dt, DOT_PREC)
         else:
-            b_gr = tl.sum(b_G, 1)
-            b_E = tl.exp(tl.where(m_strict, b_gr[:, None] - b_gr[None, :], float("-inf")))
-            b_XE = (b_X * b_E).to(dt)
-            b_AE = (b_dA * b_E).to(dt)
             b_rq = tl.dot(b_XE, b_k.to(dt))
             b_ra = tl.dot(b_AE, b_k.to(dt))
             b_c = tl.dot(tl.trans(b_AE), b_bk.to(dt), tl.dot(tl.trans(b_XE), b_q.to(dt)))  # Cc(dAqk, q) + Cc(dA, bk)

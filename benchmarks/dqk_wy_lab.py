@@ -11,7 +11,8 @@ reverse state pass). Per op and shape:
   bytes floor at 4.2 TB/s (`runners.bench.floors.bwd_launcher_bytes`: every tensor a launcher reads or writes once);
   the pair's split per kernel from the profiler (`chunk_bwd_dqk`, `wy_bwd`, each beside its own floor);
 - the fused gradients against the pair's (rel_l2 per gradient: the bf16 rounding of two orders of summation);
-- the whole training step (forward + backward, `kernels.forward`, recompute policy "inputs") with each.
+- the whole training step (forward + backward, `kernels.forward`, recompute policy "inputs") with each: median ms
+  and the peak allocated above the inputs (GB).
 Prints one JSON line per row; writes $OUT/dqk_wy_lab.json and $OUT/dqk_wy_lab.md.
 """
 
@@ -106,14 +107,23 @@ def pair_split(fn, reps: int = 10) -> dict[str, float]:  # noqa: ANN001
     return out
 
 
-def step_ms(op: str, xs, do, plan: LaunchPlan, bench) -> float:  # noqa: ANN001
+def step_ms(op: str, xs, do, plan: LaunchPlan, bench) -> tuple[float, float]:  # noqa: ANN001
+    """(the training step's median ms, its peak allocated GB above what was allocated before it)."""
     leaves = [x.detach().clone().requires_grad_() for x in xs]
 
     def step() -> None:
         o, _ = kernels.forward(op, *leaves, backend="triton", plan=plan)
         o.backward(do)
 
-    return bench(step)
+    ms = bench(step)
+    for x in leaves:
+        x.grad = None
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return ms, (torch.cuda.max_memory_allocated() - base) / 1e9
 
 
 def git_sha() -> str:
@@ -175,8 +185,8 @@ def run_shape(op: str, B: int, T: int, H: int, HV: int, K: int, *, device: str, 
         print(json.dumps(rows[-1]), flush=True)
     if not dry_run:
         for grads in ("pair", "fused"):
-            ms = step_ms(op, (q, k, v, g, beta), do, LaunchPlan(bwd_grads=grads), bench)
-            rows.append({**common, "kernel": f"step_{grads}", "config": "default", "ms": ms})
+            ms, peak = step_ms(op, (q, k, v, g, beta), do, LaunchPlan(bwd_grads=grads), bench)
+            rows.append({**common, "kernel": f"step_{grads}", "config": "default", "ms": ms, "peak_GB": peak})
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -199,7 +209,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {r['op']} | {shape} | {r['kernel']} | {r['config']} | {r['ms']:.3f} | {fl:.3f} | {r['ms'] / fl:.2f} | "
             f"{split[0]} | {split[1]} | {'' if err is None else f'{err:.1e}'} |"
             if fl
-            else f"| {r['op']} | {shape} | {r['kernel']} | {r['config']} | {r['ms']:.3f} | | | | | |"
+            else f"| {r['op']} | {shape} | {r['kernel']} | {r['config']} | {r['ms']:.3f} | | | | | peak {r.get('peak_GB', 0):.2f} GB |"
         )
     return "\n".join(lines)
 
@@ -218,7 +228,6 @@ def main() -> None:
     H, K = (1, 32) if dry else (args.H, 128)
     HV = 2 * H if dry else (args.HV or H)
     shapes = [(1, 100)] if dry else [tuple(int(x) for x in s.split("x")) for s in args.shapes]
-    rows = [r for op in args.ops for B, T in shapes for r in run_shape(op, B, T, H, HV, K, device=device, dry_run=dry)]
     import triton
 
     meta = {
@@ -232,10 +241,15 @@ def main() -> None:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "dqk_wy_lab.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     head = f"# The backward's gradient kernels: the pair vs the fused kernel ({meta['device']})\n\n"
     head += "".join(f"- {k}: `{v}`\n" for k, v in meta.items()) + "\n"
-    (out / "dqk_wy_lab.md").write_text(head + table(rows) + "\n")
+    rows: list[dict[str, Any]] = []
+    for op in args.ops:
+        for B, T in shapes:
+            rows += run_shape(op, B, T, H, HV, K, device=device, dry_run=dry)
+            # written after each shape: a run stopped at its time limit keeps what it measured
+            (out / "dqk_wy_lab.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+            (out / "dqk_wy_lab.md").write_text(head + table(rows) + "\n")
 
 
 if __name__ == "__main__":

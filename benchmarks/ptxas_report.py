@@ -34,12 +34,14 @@ SIGNATURES: dict[str, dict[str, str]] = {
     "chunk_bwd_dqk": {"q": BF16, "k": BF16, "g": BF16, "h": BF16, "dh": BF16, "v_new": BF16, "dv_new": BF16, "do": BF16, "dq": BF16, "dk": F32, "dw": BF16, "dg": F32, "scale": "fp32", "T": "i32"},
     "wy_bwd": {"k": BF16, "v": BF16, "g": BF16, "beta": BF16, "tt": BF16, "w": BF16, "u": BF16, "dv_new": BF16, "dw": BF16, "dk_part": F32, "dg_part": F32, "dk": BF16, "dv": BF16, "dbeta": BF16, "dg": BF16, "T": "i32"},
     "wy_inverse": {"k": BF16, "g": BF16, "beta": BF16, "tt": BF16, "kg": BF16, "gc": F32, "T": "i32"},
+    "chunk_bwd_dqk_wy": dict.fromkeys(("q", "k", "v", "beta", "tt", "h", "dh", "v_new", "dv_new", "do", "dq", "dk", "dv", "dbeta"), BF16) | {"g": F32, "dg": F32, "scale": "fp32", "T": "i32"},
     "chunk_state_bwd": {"q": BF16, "k": BF16, "w": BF16, "g": F32, "aqk": BF16, "do": BF16, "dht": F32, "dh": BF16, "dv_new": BF16, "ds_out": F32, "scale": "fp32", "T": "i32"},
 }
 _KERNEL_FNS = {
     "chunk_bwd_dqk": ("kernels.common.chunk_bwd", "chunk_bwd_dqk_kernel"),
     "wy_bwd": ("kernels.common.chunk_bwd", "wy_bwd_kernel"),
     "wy_inverse": ("kernels.common.chunk_bwd", "wy_inverse_kernel"),
+    "chunk_bwd_dqk_wy": ("kernels.common.dqk_wy_bwd", "chunk_bwd_dqk_wy_kernel"),
     "chunk_state_bwd": ("kernels.common.state_bwd", "chunk_state_bwd_kernel"),
 }
 
@@ -62,7 +64,7 @@ def _constexprs(kernel: str, op: str, cfg: dict[str, int]) -> dict[str, Any]:
     gate_vector = op == "kda"
     base: dict[str, Any] = {**SHAPE, "GATE_VECTOR": gate_vector, "IS_VARLEN": False, "cu_seqlens": None, "G": 1,
                             "chunk_indices": None}
-    if kernel in ("chunk_bwd_dqk", "wy_bwd"):
+    if kernel in ("chunk_bwd_dqk", "wy_bwd", "chunk_bwd_dqk_wy"):
         return {**base, "BK": cfg["BK"], "BV": cfg["BV"], "DOT_PREC": VECTOR_GATE_DOT}
     if kernel == "wy_inverse":
         return {**base, "BK": cfg["BK"]}

@@ -9,6 +9,7 @@
     configs    explicit configs per kernel name (they win);
     table      an `AutotuneTable` (kernels.autotune) of tuned configs, resolved per launch shape key, or None;
     keep       the triton backend's recompute policy, one of `kernels.vocabulary.KEEP_POLICIES`;
+    bwd_grads  the backward's gradient kernels, one of `kernels.vocabulary.BWD_GRADS` (`kernels.common.chunk_bwd`);
     recorder   a `LaunchRecorder` the caller made, told every launch's (key, config), or None.
 A launcher's config is `plan.config_for(spec, key)`: the explicit one, else the table's for the key, else the
 kernel's default (BV clamped to a small head dim where the launcher says so), recorded in the plan's recorder.
@@ -36,7 +37,7 @@ from typing import Any
 
 from kernels.autotune import AutotuneTable, load_autotune
 from kernels.configs import KernelSpec, LaunchConfig
-from kernels.vocabulary import KEEP_POLICIES  # the triton backend's recompute policies, the first the default
+from kernels.vocabulary import BWD_GRADS, KEEP_POLICIES  # the triton backend's options, the first of each the default
 
 __all__ = ["LaunchPlan", "LaunchRecorder", "default_plan", "launch_config", "plan_with",
            "set_default_plan", "use_autotune"]
@@ -81,11 +82,14 @@ class LaunchPlan:
     configs: Mapping[str, LaunchConfig] = field(default_factory=dict)
     table: AutotuneTable | None = None
     keep: str = KEEP_POLICIES[0]
+    bwd_grads: str = BWD_GRADS[0]
     recorder: LaunchRecorder | None = None
 
     def __post_init__(self) -> None:
         if self.keep not in KEEP_POLICIES:
             raise ValueError(f"LaunchPlan.keep must be one of {', '.join(KEEP_POLICIES)}, got {self.keep!r}")
+        if self.bwd_grads not in BWD_GRADS:
+            raise ValueError(f"LaunchPlan.bwd_grads must be one of {', '.join(BWD_GRADS)}, got {self.bwd_grads!r}")
         object.__setattr__(self, "configs", MappingProxyType(dict(self.configs)))
 
     def config_for(self, spec: KernelSpec, key: Mapping[str, Any], override: LaunchConfig | None = None, *,

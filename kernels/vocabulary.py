@@ -29,6 +29,7 @@ __all__ = [
     "BACKEND_OPTIONS",
     "BACKENDS",
     "BENCHMARKED_BACKENDS",
+    "BWD_GRADS",
     "COUNTED_DIRECTIONS",
     "DTYPES",
     "DTYPE_BYTES",
@@ -101,6 +102,7 @@ AUTOGRAD_MODES: tuple[str, ...] = tuple(m for m in MODES if m not in (*HAND_BACK
 
 # the triton backend's recompute policies (what its forward keeps for the backward), the default first
 KEEP_POLICIES: tuple[str, ...] = ("inputs", "ag", "wy", "wy+states")
+BWD_GRADS: tuple[str, ...] = ("pair", "fused")  # the backward's gradient kernels: chunk_bwd_dqk + wy_bwd, or one per chunk
 # our backends' own options (`mode_options: {triton: {keep: wy+states}}`): backend -> name -> values, default first
 BACKEND_OPTIONS: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyType({"triton": {"keep": KEEP_POLICIES}})
 

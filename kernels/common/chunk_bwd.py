@@ -17,11 +17,13 @@ e^(G_i - G_j)): for GDN one [C, C] decay tile; for KDA (a decay per key) the fac
 the row block's boundary (both factors <= 1) for the earlier blocks, one matmul per 16-row block of the output,
 and taken elementwise inside the diagonal 16-row blocks (`_diag_rows` / `_diag_cols`), so no exponent is positive
 for any gate; the gate is floored where it is loaded (`kernels.common.decay`) and dg of a gate below the floor is 0.
+These device helpers live in `kernels.common.bwd_tiles`.
 
 `chunk_bwd` is the whole backward: recompute (WY prep, T, the chunk states with the forward's sequence split),
-the reverse state pass (split the same way), then the two kernels above. Extra memory: the chunk states h and
-their gradients dh ([NT, H, K, V] each), v_new, dv_new, T, dw ([B, T, H, K]) and fp32 [B, T, H, K] buffers for the
-partial dk and dG; never [T, K, K] or a per-token state.
+the reverse state pass (split the same way), then the two kernels above (`pair_grads`), or with the plan's
+`bwd_grads="fused"` one kernel per (chunk, head) in their place (`kernels.common.dqk_wy_bwd`: no dw, no partials).
+Extra memory: the chunk states h and their gradients dh ([NT, H, K, V] each), v_new, dv_new, T, and for the pair
+dw ([B, T, H, K]) and fp32 [B, T, H, K] buffers for the partial dk and dG; never [T, K, K] or a per-token state.
 
 Grouped value heads (q, k with H / G heads, v, g, beta with H; G from the shapes): every kernel reads q and k at
 head h // G; dq and dk are computed per value head into fp32 [B, T, H, K] buffers and summed over the G heads of
@@ -39,15 +41,28 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.common.bwd_tiles import (
+    _bounds,
+    _chunk_grid,
+    _chunk_rows,
+    _cols_vec,
+    _dg_columns,
+    _fit,
+    _gate_tile,
+    _key,
+    _rows_vec,
+    _state_products,
+    _store_dg_rows,
+    _wy_rows,
+)
 from kernels.common.chunk_program import chunk_of_program, group_heads
 from kernels.common.chunk_state import SeqLayout, chunk_state_fwd, chunk_state_transition_fwd
+from kernels.common.dqk_wy_bwd import dqk_wy_bwd
 from kernels.common.index import ChunkIndex, prepare_chunk_index
 from kernels.common.seqsplit import resolve_split, seg_chain_states
 from kernels.common.state_bwd import chunk_state_bwd, first_segments, seg_chain_bwd, state_bwd_config
 from kernels.common.wy import (
     BT_WY,
-    FAST_SPAN,
-    FLOOR,
     _decay,
     _gdn_cumsum,
     _gram,
@@ -58,10 +73,10 @@ from kernels.common.wy import (
     wy_gdn_fwd,
     wy_kda_fwd,
 )
-from kernels.configs import KernelSpec, LaunchConfig, head_block, register
+from kernels.configs import KernelSpec, LaunchConfig, register
 from kernels.plan import LaunchPlan, default_plan, launch_config
 
-__all__ = ["CHUNK_BWD_DQK", "WY_BWD", "WY_INVERSE", "chunk_bwd", "chunk_state_grad"]
+__all__ = ["CHUNK_BWD_DQK", "WY_BWD", "WY_INVERSE", "chunk_bwd", "chunk_state_grad", "pair_grads"]
 
 _KEY = ("H", "K", "V", "BT", "GATE", "IS_VARLEN", "dtype")
 
@@ -98,117 +113,6 @@ WY_BWD = register(KernelSpec(
     # the compiler's low-spill configs (benchmarks/results/ptxas_bwd_sm90.md): 8 warps, and 32-wide tiles at 8
     hints=(LaunchConfig(BK=32, BV=32, num_warps=8, num_stages=2), LaunchConfig(BK=64, BV=64, num_warps=8, num_stages=2)),
 ))
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# device helpers
-
-
-@triton.jit
-def _dot_prec(a, b, DT: tl.constexpr, PREC: tl.constexpr):
-    """a @ b (2-D or batched 3-D) with operands rounded to DT ("bf16") or kept fp32 at Triton's input_precision."""
-    if PREC == "bf16":
-        return tl.dot(a.to(DT), b.to(DT))
-    else:
-        return tl.dot(a, b, input_precision=PREC)
-
-
-@triton.jit
-def _rows_vec(X, b, G, BT: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
-    """R_i = sum_{j <= i} X_ij b_j exp(G_i - G_j) per key: X [BT, BT] fp32 zero above the diagonal, b and G
-    [BT, BK] fp32 (G non-increasing down the rows), for any gate. Row block I uses exp(G_i - r_I) exp(r_I - G_j)
-    (one batched [BT/16, 16, BT] x [BT/16, BT, BK] product): if every key's decay over every block spans less
-    than FAST_SPAN (`kernels.common.wy`), r_I is the block's midpoint and the product covers j inside block I too
-    (factors within e^(FAST_SPAN/2)); else r_I = g_I, the gate before block I, the product covers the earlier
-    blocks only (factors <= 1) and j inside block I takes exp(G_i - G_j) elementwise (`_diag_rows`)."""
-    NB: tl.constexpr = BT // 16
-    o_t = tl.arange(0, BT)
-    o_b = tl.arange(0, NB)
-    gI = tl.sum(tl.where(o_t[None, :, None] == (16 * o_b - 1)[:, None, None], G[None, :, :], 0.), 1)  # [NB, BK]
-    eI = tl.sum(tl.where(o_t[None, :, None] == (16 * o_b + 15)[:, None, None], G[None, :, :], 0.), 1)
-    fast = tl.max(tl.max(gI - eI, 1), 0) < FAST_SPAN
-    rI = tl.where(fast, 0.5 * (gI + eI), gI)
-    m = o_t[None, :, None] < (16 * o_b + tl.where(fast, 16, 0))[:, None, None]
-    right = b[None, :, :] * tl.exp(tl.where(m, rI[:, None, :] - G[None, :, :], float("-inf")))  # [NB, BT, BK]
-    part = _dot_prec(tl.reshape(X, (NB, 16, BT)), right, DT, PREC)  # [NB, 16, BK]
-    G3 = tl.reshape(G, (NB, 16, BK))
-    part = part * tl.exp(G3 - rI[:, None, :])
-    if not fast:
-        part += _diag_rows(tl.reshape(X, (NB, 16, BT)), tl.reshape(b, (NB, 16, BK)), G3, BT, NB)
-    return tl.reshape(part, (BT, BK))
-
-
-@triton.jit
-def _diag_rows(X3, b3, G3, BT: tl.constexpr, NB: tl.constexpr):
-    """sum_{j in block I, j <= i} X_ij b_j exp(G_i - G_j) for the rows i of every block I: X3 [NB, 16, BT] (row
-    blocks of X), b3 and G3 [NB, 16, BK]; the decay elementwise (exponent <= 0), one column j of the block a step."""
-    o_t = tl.arange(0, BT)
-    o_i = tl.arange(0, 16)
-    o_b = tl.arange(0, NB)
-    D = tl.zeros_like(G3)
-    for jj in range(16):
-        xc = tl.sum(tl.where(o_t[None, None, :] == (16 * o_b + jj)[:, None, None], X3, 0.), 2)  # [NB, 16] X_i,16I+jj
-        m_j = (o_i == jj)[None, :, None]
-        gj = tl.sum(tl.where(m_j, G3, 0.), 1)  # [NB, BK]
-        bj = tl.sum(tl.where(m_j, b3, 0.), 1)
-        e = tl.exp(tl.where((o_i >= jj)[None, :, None], G3 - gj[:, None, :], float("-inf")))
-        D += xc[:, :, None] * bj[:, None, :] * e
-    return D
-
-
-@triton.jit
-def _cols_vec(X, a, G, BT: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
-    """Cc_j = sum_{i >= j} X_ij a_i exp(G_i - G_j) per key (as `_rows_vec`: split at r_J, the midpoint of j's block
-    when every span is below FAST_SPAN, the product then covering i inside j's block too; else at its last row e_J,
-    for i in the later blocks, and elementwise for i inside j's block, `_diag_cols`)."""
-    NB: tl.constexpr = BT // 16
-    o_t = tl.arange(0, BT)
-    o_b = tl.arange(0, NB)
-    gJ = tl.sum(tl.where(o_t[None, :, None] == (16 * o_b - 1)[:, None, None], G[None, :, :], 0.), 1)  # [NB, BK]
-    eJ = tl.sum(tl.where(o_t[None, :, None] == (16 * o_b + 15)[:, None, None], G[None, :, :], 0.), 1)
-    fast = tl.max(tl.max(gJ - eJ, 1), 0) < FAST_SPAN
-    rJ = tl.where(fast, 0.5 * (gJ + eJ), eJ)
-    m = o_t[None, :, None] >= (16 * o_b + tl.where(fast, 0, 16))[:, None, None]
-    left = a[None, :, :] * tl.exp(tl.where(m, G[None, :, :] - rJ[:, None, :], float("-inf")))  # [NB, BT, BK]
-    Xt3 = tl.reshape(tl.trans(X), (NB, 16, BT))
-    part = _dot_prec(Xt3, left, DT, PREC)  # [NB, 16, BK]
-    G3 = tl.reshape(G, (NB, 16, BK))
-    part = part * tl.exp(rJ[:, None, :] - G3)
-    if not fast:
-        part += _diag_cols(Xt3, tl.reshape(a, (NB, 16, BK)), G3, BT, NB)
-    return tl.reshape(part, (BT, BK))
-
-
-@triton.jit
-def _diag_cols(Xt3, a3, G3, BT: tl.constexpr, NB: tl.constexpr):
-    """sum_{i in block J, i >= j} X_ij a_i exp(G_i - G_j) for the columns j of every block J: Xt3 [NB, 16, BT] (row
-    blocks of X^T), a3 and G3 [NB, 16, BK]; the decay elementwise (exponent <= 0), one row i of the block a step."""
-    o_t = tl.arange(0, BT)
-    o_i = tl.arange(0, 16)
-    o_b = tl.arange(0, NB)
-    D = tl.zeros_like(G3)
-    for ii in range(16):
-        xc = tl.sum(tl.where(o_t[None, None, :] == (16 * o_b + ii)[:, None, None], Xt3, 0.), 2)  # [NB, 16] X_16J+ii,j
-        m_i = (o_i == ii)[None, :, None]
-        gi = tl.sum(tl.where(m_i, G3, 0.), 1)  # [NB, BK]
-        ai = tl.sum(tl.where(m_i, a3, 0.), 1)
-        e = tl.exp(tl.where((o_i <= ii)[None, :, None], gi[:, None, :] - G3, float("-inf")))
-        D += xc[:, :, None] * ai[:, None, :] * e
-    return D
-
-
-@triton.jit
-def _gate_tile(g, p_row, m_r, o_k, K: tl.constexpr, GATE_VECTOR: tl.constexpr):
-    """The in-chunk cumsum of the raw gate, floored (kernels.common.decay): [BT, BK] (KDA, columns o_k) or [BT, 1]
-    (GDN), fp32; 0 past T and K."""
-    if GATE_VECTOR:
-        b_g = tl.load(g + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None] & (o_k < K)[None, :],
-                      other=0.).to(tl.float32)
-        b_G = tl.cumsum(tl.maximum(b_g, FLOOR), 0)
-    else:
-        b_g = tl.load(g + p_row, mask=m_r, other=0.).to(tl.float32)
-        b_G = tl.cumsum(tl.maximum(b_g, FLOOR), 0)[:, None]
-    return b_G
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -306,25 +210,8 @@ def chunk_bwd_dqk_kernel(
     p_row = (bos + o_r) * H + i_h
     p_h = (i_tg * H + i_h) * K * V
 
-    b_dqg = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dkt = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dw = tl.zeros([BT, BK], dtype=tl.float32)
-    b_da = tl.zeros([BT, BT], dtype=tl.float32)
-    b_dgam = tl.zeros([BK], dtype=tl.float32)
-    for i_v in range(tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_v = o_v < V
-        m_rv = m_r[:, None] & m_v[None, :]
-        b_h = tl.load(h + p_h + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
-        b_dh = tl.load(dh + p_h + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
-        b_vn = tl.load(v_new + p_row[:, None] * V + o_v[None, :], mask=m_rv, other=0.)
-        b_dvn = tl.load(dv_new + p_row[:, None] * V + o_v[None, :], mask=m_rv, other=0.)
-        b_do = tl.load(do + p_row[:, None] * V + o_v[None, :], mask=m_rv, other=0.)
-        b_dqg = tl.dot(b_do, tl.trans(b_h), b_dqg)
-        b_dw = tl.dot(b_dvn, tl.trans(b_h), b_dw)
-        b_dkt = tl.dot(b_vn, tl.trans(b_dh), b_dkt)
-        b_da = tl.dot(b_do, tl.trans(b_vn), b_da)
-        b_dgam += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), 1)
+    b_dqg, b_dkt, b_dw, b_dgam, b_da = _state_products(h, dh, v_new, dv_new, do, p_h, p_row, m_r, o_k, K, V, BT, BK, BV,
+                                                       True)
 
     p_qk = ((bos + o_r) * (H // G) + i_h // G)[:, None] * K + o_k[None, :]  # grouped heads: the shared q/k head
     b_q = tl.load(q + p_qk, mask=m_rk, other=0.).to(tl.float32)
@@ -385,17 +272,10 @@ def wy_bwd_kernel(
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     GATE_VECTOR: tl.constexpr, DOT_PREC: tl.constexpr, IS_VARLEN: tl.constexpr, G: tl.constexpr,
 ):
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    _, i_t, _, bos, T = chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
+    i_h, _, _, bos, T, o_r, m_r, p_row = _chunk_rows(cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN)
     dt = k.dtype.element_ty
     o_t = tl.arange(0, BT)
-    o_r = i_t * BT + o_t
-    m_r = o_r < T
-    p_row = (bos + o_r) * H + i_h
-    m_low = o_t[:, None] >= o_t[None, :]
-    b_Tt = tl.trans(tl.load(tt + p_row[:, None] * BT + o_t[None, :], mask=m_r[:, None] & m_low, other=0.)).to(dt)
-    b_beta = tl.load(beta + p_row, mask=m_r, other=0.).to(tl.float32)
+    b_Tt, b_beta = _wy_rows(tt, beta, p_row, m_r, BT, dt)
 
     b_dA = tl.zeros([BT, BT], dtype=tl.float32)
     b_db = tl.zeros([BT], dtype=tl.float32)
@@ -441,39 +321,14 @@ def wy_bwd_kernel(
         tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_rk)
         b_dG = tl.load(dg_part + p_k, mask=m_rk, other=0.)
         b_dG += b_beta[:, None] * (b_kbd + b_k * b_ra) - b_k * b_ca
-        if GATE_VECTOR:  # a gate below the floor gets 0 (the clamp's gradient, kernels.common.decay)
-            b_dG = tl.where(tl.load(g + p_k, mask=m_rk, other=0.) < FLOOR, 0., tl.cumsum(b_dG, 0, reverse=True))
-            tl.store(dg + p_k, b_dG.to(dg.dtype.element_ty), mask=m_rk)
-        else:
-            b_dgs += tl.sum(b_dG, 1)
+        b_dgs = _dg_columns(dg, g, b_dG, b_dgs, p_k, m_rk, GATE_VECTOR)
     if not GATE_VECTOR:
-        b_dgs = tl.where(tl.load(g + p_row, mask=m_r, other=0.) < FLOOR, 0., tl.cumsum(b_dgs, 0, reverse=True))
-        tl.store(dg + p_row, b_dgs.to(dg.dtype.element_ty), mask=m_r)
+        _store_dg_rows(dg, g, b_dgs, p_row, m_r)
     tl.store(dbeta + p_row, b_db.to(dbeta.dtype.element_ty), mask=m_r)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # launchers
-
-
-def _key(index: ChunkIndex, H: int, K: int, V: int, gate_vector: bool, dtype: torch.dtype) -> dict[str, object]:
-    return {"H": H, "K": K, "V": V, "BT": index.chunk_size, "GATE": "vector" if gate_vector else "scalar",
-            "IS_VARLEN": index.is_varlen, "dtype": str(dtype).removeprefix("torch.")}
-
-
-def _bounds(index: ChunkIndex) -> tuple[Tensor | None, Tensor | None]:
-    return (index.cu_seqlens, index.chunk_indices) if index.is_varlen else (None, None)
-
-
-def _chunk_grid(index: ChunkIndex, B: int, T: int, H: int) -> tuple[int, int]:
-    return (index.num_chunks, H) if index.is_varlen else (triton.cdiv(T, index.chunk_size), B * H)
-
-
-def _fit(cfg: LaunchConfig, K: int, V: int) -> tuple[int, int]:
-    """The column blocks: the config's, at most the tile of the head dim (`head_block`; the last block is masked)."""
-    BK, BV = min(cfg.BK or 64, head_block(K)), min(cfg.BV or 64, head_block(V))
-    assert BK >= 16 and BV >= 16, f"bad column blocks BK={BK} BV={BV} for K={K} V={V}"
-    return BK, BV
 
 
 def wy_inverse(k: Tensor, g: Tensor, beta: Tensor, *, index: ChunkIndex, gate_vector: bool, kg: Tensor | None = None,
@@ -611,7 +466,7 @@ def chunk_bwd(
     gate_vector = op == "kda"
     q, k, v, g, beta, do = (x.contiguous() for x in (q, k, v, g, beta, do))
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device)
-    BT, N = index.chunk_size, index.num_seqs
+    N = index.num_seqs
 
     # 1. the WY factors (recomputed unless the forward kept them) and T
     w, u, ks, gs, qs, aqk = _wy_factors(gate_vector, q, k, v, g, beta, scale=scale, index=index, launch=launch, wy=wy)
@@ -632,7 +487,25 @@ def chunk_bwd(
         states=True, kept=kept)
     assert h is not None and v_new is not None and dh is not None and dv_new is not None
 
-    # 3. the chunk-parallel gradients
+    # 3. the chunk-parallel gradients: one kernel per chunk (`LaunchPlan.bwd_grads` "fused"), or the pair below
+    if launch.bwd_grads == "fused":
+        grads = dqk_wy_bwd(q, k, v, g, beta, tt, h, dh, v_new, dv_new, do, scale=scale, index=index,
+                           gate_vector=gate_vector, dot_prec=VECTOR_GATE_DOT, launch=launch)
+    else:
+        grads = pair_grads(q, k, v, g, beta, tt, w, u, h, dh, v_new, dv_new, do, scale=scale, index=index,
+                           gate_vector=gate_vector, launch=launch)
+    return (*grads, dh0)
+
+
+def pair_grads(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, tt: Tensor, w: Tensor, u: Tensor, h: Tensor, dh: Tensor,
+    v_new: Tensor, dv_new: Tensor, do: Tensor, *, scale: float, index: ChunkIndex, gate_vector: bool, launch: LaunchPlan,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dg, dbeta) by the pair `chunk_bwd_dqk` + `wy_bwd` from the backward's intermediates (T, the WY
+    factors, the chunk states and their gradients, v_new, dv_new; module docstring)."""
+    B, T, Hk, K = k.shape
+    H, V = v.shape[2], v.shape[-1]
+    BT = index.chunk_size
     cu, ci = _bounds(index)
     key = _key(index, H, K, V, gate_vector, k.dtype)
     # grouped heads: dq, dk per value head in fp32, summed over the group below (FLA's reduction)
@@ -663,4 +536,4 @@ def chunk_bwd(
     )
     if Hk != H:
         dq, dk = (x.view(B, T, Hk, H // Hk, K).sum(3).to(k.dtype) for x in (dq, dk))
-    return dq, dk, dv, dg, dbeta, dh0
+    return dq, dk, dv, dg, dbeta

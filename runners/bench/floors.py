@@ -17,6 +17,15 @@ matmul rate measured in the run (`measure_ceilings`).
 | chain | M, S per segment | h0 per segment | M S: 2 K^2 V per segment (no chunks) |
 | state (plain, split) | k, w, u, q, Aqk, gcum (+ h0 per segment) | o | w S, q S, k^T v, Aqk v: 6 C K V + 2 C^2 V |
 | forward (the whole op) | q, k, v, beta, g | o | the sum of wy and state |
+
+The backward's gradient kernels (`bwd_launcher_bytes`, bytes only; h and dh [K, V] per chunk in the input dtype, the
+gradient of g in g's dtype):
+
+| launcher | reads | writes |
+|---|---|---|
+| dqk (`chunk_bwd_dqk`) | q, k, g, h, dh, v_new, dv_new, do | dq, dw, fp32 dk and dG partials [K] |
+| wy_bwd | k, v, g, beta, T (C per token), w, u, dv_new, dw, the two partials | dk, dv, dbeta, dg |
+| dqk_wy (`chunk_bwd_dqk_wy`, fused) | q, k, v, g, beta, T, h, dh, v_new, dv_new, do | dq, dk, dv, dbeta, dg |
 """
 
 from __future__ import annotations
@@ -24,10 +33,12 @@ from __future__ import annotations
 import math
 
 __all__ = [
+    "BWD_LAUNCHERS",
     "BYTES_PER_TOKEN_HEAD",
     "C",
     "HBM_TBPS",
     "LAUNCHERS",
+    "bwd_launcher_bytes",
     "bytes_floor",
     "flops_floor",
     "floor_ms",
@@ -41,6 +52,7 @@ F32 = 4  # the gate and its cumsum, the split's per-segment maps and states
 # FLA's forward+backward bytes per token-head (bf16, K=V=128; fla-h200.md): the training step's floor
 BYTES_PER_TOKEN_HEAD = {"gdn": 2828, "kda": 3590}
 LAUNCHERS = ("wy", "transition", "chain", "state_plain", "state_split", "forward")
+BWD_LAUNCHERS = ("dqk", "wy_bwd", "dqk_wy")  # the backward's gradient kernels: the pair, and the two fused
 
 
 def _per_token_head(op: str, launcher: str, K: int, V: int, el: int) -> int:
@@ -79,6 +91,22 @@ def launcher_bytes(
     tokens = B * T * (1 - B / segments if launcher == "transition" and segments else 1)
     per_token = _per_token_head(op, launcher, K, V, el)
     return math.ceil(HV * (tokens * per_token + segments * _per_segment(launcher, K, V)))
+
+
+def bwd_launcher_bytes(op: str, launcher: str, B: int, T: int, HV: int, K: int = 128, V: int = 128, el: int = 2) -> int:
+    """Unique bytes a gradient kernel of `op`'s backward moves (the table of the module docstring) at B x T tokens and
+    HV value heads."""
+    if launcher not in BWD_LAUNCHERS:
+        raise ValueError(f"unknown backward launcher {launcher!r}; one of {', '.join(BWD_LAUNCHERS)}")
+    gate = F32 if op == "gdn" else F32 * K  # g in, dg out
+    states = 2 * el * K * V / C  # h and dh, once per chunk
+    partials = 2 * F32 * K  # dk and dG, fp32
+    per_token = {
+        "dqk": el * (2 * K + 3 * V) + gate + states + el * 2 * K + partials,
+        "wy_bwd": el * (K + V + 1 + C + K + 2 * V + K) + gate + partials + el * (K + V + 1) + gate,
+        "dqk_wy": el * (2 * K + V + 1 + C + 3 * V) + gate + states + el * (2 * K + V + 1) + gate,
+    }[launcher]
+    return math.ceil(B * T * HV * per_token)
 
 
 def launcher_flops(op: str, launcher: str, B: int, T: int, HV: int, K: int = 128, V: int = 128, *, segments: int = 0) -> float:

@@ -10,6 +10,7 @@ import pytest
 from runners.bench.floors import (
     HBM_TBPS,
     LAUNCHERS,
+    bwd_launcher_bytes,
     bytes_floor,
     floor_ms,
     flops_floor,
@@ -35,6 +36,24 @@ def test_kda_bytes_count_its_key_wide_gate() -> None:
     assert bytes_floor("kda", B, T, HV) == TH * (2 * (3 * 128 + 1) + 4 * 128 + 2 * 128)
     wy = TH * (2 * (3 * 128 + 1) + 4 * 128 + 2 * (128 + 128 + 64) + 4 * 128 / 64 + 2 * 2 * 128)
     assert launcher_bytes("kda", "wy", B, T, HV) == math.ceil(wy)
+
+
+def test_backward_gradient_kernels_bytes_equal_a_hand_count() -> None:
+    # chunk_bwd_dqk: q, k, v_new, dv_new, do (bf16), g (fp32), h and dh ([K, V] bf16 per 64 tokens); dq, dw out (bf16),
+    # the fp32 dk and dG partials out
+    dqk = 2 * (2 * 128 + 3 * 128) + 4 + 2 * 2 * 128 * 128 / 64 + 2 * 2 * 128 + 2 * 4 * 128
+    # wy_bwd: k, v, beta, T (64 per token), w, u, dv_new, dw in (bf16), g and the two partials in; dk, dv, dbeta, dg out
+    wy = 2 * (128 + 128 + 1 + 64 + 128 + 128 + 128 + 128) + 4 + 2 * 4 * 128 + 2 * (128 + 128 + 1) + 4
+    # fused: the pair's inputs once, no w, u, dw or partials
+    fused = 2 * (128 + 128 + 128 + 1 + 64 + 3 * 128) + 4 + 2 * 2 * 128 * 128 / 64 + 2 * (128 + 128 + 128 + 1) + 4
+    assert [bwd_launcher_bytes("gdn", n, B, T, HV) for n in ("dqk", "wy_bwd", "dqk_wy")] == [TH * dqk, TH * wy, TH * fused]
+    # what fusing saves: the partials and dw written and read back, w and u, the second reads of k, dv_new and g
+    assert dqk + wy - fused == 2 * (2 * 4 * 128) + 2 * (2 * 128 + 4 * 128) + 4
+    # KDA: g [K] fp32 in and dg [K] fp32 out, where GDN has 4 bytes each
+    kda = bwd_launcher_bytes("kda", "dqk_wy", B, T, HV) - bwd_launcher_bytes("gdn", "dqk_wy", B, T, HV)
+    assert kda == TH * 2 * (4 * 128 - 4)
+    with pytest.raises(ValueError, match="unknown backward launcher 'wy'"):
+        bwd_launcher_bytes("gdn", "wy", B, T, HV)
 
 
 def test_split_launchers_count_their_segments() -> None:

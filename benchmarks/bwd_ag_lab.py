@@ -3,7 +3,7 @@ process on one GPU: per variant the step time, its per-launcher split, its peak 
 FLA's step and peak beside them when FLA imports.
 
     python benchmarks/bwd_ag_lab.py --out $OUT [--shapes 1x8192,1x65536,1x131072,8x8192] [--lb -1] [--no-fla]
-        [--deadline-s 540]
+        [--deadline-s 540] [--variants inputs,ag,ag:fused]
     TRITON_INTERPRET=1 python benchmarks/bwd_ag_lab.py --out /tmp/lab --dry-run   # CPU plumbing check, no timing
 
 Variants (GDN, bf16, H=16, K=V=128; `runners.bench.kernels_train`'s inputs and steps: the direct `chunk_gdn_fwd` +
@@ -12,7 +12,9 @@ Variants (GDN, bf16, H=16, K=V=128; `runners.bench.kernels_train`'s inputs and s
 - `ag` (the forward keeps Ag and the gate cumsum; the backward runs `wy_from_ag` and the fused pass's STORE_STATES
   mode: no WY prep, no inverse);
 - `ag-recompute` (nothing kept: the backward runs the Ag pass again, then as `ag`; `chunk_gdn_bwd_ag(wy=None)`);
-- `wy`, `wy+states` (the forward keeps its WY factors / and its chunk states).
+- `wy`, `wy+states` (the forward keeps its WY factors / and its chunk states);
+- `inputs:fused`, `ag:fused`: as `inputs` / `ag` with the backward's gradient kernels fused per chunk
+  (`LaunchPlan.bwd_grads="fused"`, `kernels/common/dqk_wy_bwd.py`).
 Per variant: do_bench median (ms), `torch.cuda.max_memory_allocated` during one step above the inputs (MB), the MB the
 forward holds for the backward, and the profiler's CUDA time per kernel over one step. Gradients: every variant's
 dq, dk, dv, dg, dbeta against autograd through the fp32 per-token reference at B=1 T=1024 (rel_l2), and FLA's.
@@ -34,7 +36,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-VARIANTS = ("inputs", "ag", "ag-recompute", "wy", "wy+states")
+VARIANTS = ("inputs", "ag", "ag-recompute", "wy", "wy+states", "inputs:fused", "ag:fused")  # ":fused": bwd_grads="fused"
 NAMES = ("dq", "dk", "dv", "dg", "dbeta")
 
 
@@ -45,9 +47,10 @@ def _step(variant: str, K: int):
     from kernels.plan import plan_with
     from runners.bench.kernels_train import ours_step
 
-    if variant != "ag-recompute":
-        return ours_step("gdn", policy=variant)
-    plan = plan_with(None, {})
+    policy, _, grads = variant.partition(":")
+    if policy != "ag-recompute":
+        return ours_step("gdn", policy=policy, bwd_grads=grads or "pair")
+    plan = plan_with(None, {}).replace(bwd_grads=grads or "pair")
 
     def step(q, k, v, g, beta, do):
         o, _ = chunk_gdn_fwd(q, k, v, g, beta, scale=K**-0.5, plan=plan)
@@ -65,10 +68,11 @@ def _on(device: str, *xs: Any) -> tuple[torch.Tensor, ...]:
 def _held_mb(variant: str, xs: tuple[torch.Tensor, ...]) -> float:
     from runners.bench.kernels_train import held_mb
 
-    return 0.0 if variant in ("inputs", "ag-recompute") else held_mb("gdn", variant, *xs)
+    policy = variant.partition(":")[0]
+    return 0.0 if policy in ("inputs", "ag-recompute") else held_mb("gdn", policy, *xs)
 
 
-def _grads(dims: dict[str, int], device: str, fla: bool) -> dict[str, Any]:
+def _grads(dims: dict[str, int], device: str, fla: bool, variants: tuple[str, ...] = VARIANTS) -> dict[str, Any]:
     """rel_l2 of o and every gradient vs the fp32 per-token reference, each variant and FLA (B=1 T=dims['T_check'])."""
     from kernels.ops.gdn.naive import naive_recurrent_gdn
     from runners.bench.kernels_train import fla_step, workload
@@ -82,7 +86,7 @@ def _grads(dims: dict[str, int], device: str, fla: bool) -> dict[str, Any]:
     o_ref.backward(do.float())
     ref = [x.grad for x in leaves]
     out: dict[str, Any] = {}
-    steps = [(v_, functools.partial(_step(v_, K), q, k, v, g, beta, do)) for v_ in VARIANTS]
+    steps = [(v_, functools.partial(_step(v_, K), q, k, v, g, beta, do)) for v_ in variants]
     if fla:
         steps.append(("fla", lambda: fla_step("gdn")[0](q, k, v, g, beta, do)))
     for who, fn in steps:
@@ -97,14 +101,16 @@ def _grads(dims: dict[str, int], device: str, fla: bool) -> dict[str, Any]:
     return out
 
 
-def run_shape(B: int, T: int, dims: dict[str, int], device: str, lb: float | None, fla: bool) -> dict[str, Any]:
+def run_shape(
+    B: int, T: int, dims: dict[str, int], device: str, lb: float | None, fla: bool, variants: tuple[str, ...] = VARIANTS
+) -> dict[str, Any]:
     from runners.bench.kernels_train import fla_step, kernel_times, peak_mb, timed, workload
 
     cuda = device == "cuda"
     wl = workload("gdn", B, T, dims["H"], device=device, lb=lb)
     q, k, v, g, beta, do = _on(device, *wl.tensors, wl.do)
     row: dict[str, Any] = {"B": B, "T": T, "variants": {}}
-    for variant in VARIANTS:
+    for variant in variants:
         fn = functools.partial(_step(variant, dims["K"]), q, k, v, g, beta, do)
         t0 = time.perf_counter()
         fn()
@@ -129,6 +135,7 @@ def run_shape(B: int, T: int, dims: dict[str, int], device: str, lb: float | Non
 def to_markdown(res: dict[str, Any]) -> str:
     nan = float("nan")
     e = res["env"]
+    variants = tuple(res.get("variants", VARIANTS))
     lines = [
         "# GDN training step: backward from Ag vs the WY recompute (bf16, H=16, K=V=128)",
         "",
@@ -138,20 +145,20 @@ def to_markdown(res: dict[str, Any]) -> str:
         "ms: do_bench median; peak: max allocated during one step above the inputs; held: what the forward keeps for "
         "the backward. Variants: module docstring of benchmarks/bwd_ag_lab.py.",
         "",
-        "| B | T | " + " | ".join(f"{v} ms | {v} peak MB | {v} held MB" for v in VARIANTS) + " | FLA ms | FLA peak MB |",
-        "|---:|---:|" + "---:|---:|---:|" * len(VARIANTS) + "---:|---:|",
+        "| B | T | " + " | ".join(f"{v} ms | {v} peak MB | {v} held MB" for v in variants) + " | FLA ms | FLA peak MB |",
+        "|---:|---:|" + "---:|---:|---:|" * len(variants) + "---:|---:|",
     ]
     for r in res["rows"]:
         cells = " | ".join(
             f"{r['variants'][v].get('ms', nan):.2f} | {r['variants'][v].get('peak_MB', nan):.0f} | "
             f"{r['variants'][v].get('held_MB', nan):.0f}"
-            for v in VARIANTS
+            for v in variants
         )
         f = r.get("fla", {})
         lines.append(f"| {r['B']} | {r['T']} | {cells} | {f.get('ms', nan):.2f} | {f.get('peak_MB', nan):.0f} |")
     lines += ["", "## Per launcher (one step, CUDA ms, largest first)", ""]
     for r in res["rows"]:
-        for v in VARIANTS:
+        for v in variants:
             ks = r["variants"][v].get("kernels_ms", {})
             lines.append(f"- {r['B']}x{r['T']} {v}: " + ", ".join(f"{n} {t:.3f}" for n, t in list(ks.items())[:16]))
     lines += ["", f"## Gradients vs the fp32 per-token reference (rel_l2, B=1 T={res['T_check']}, lb=-1)", ""]
@@ -171,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lb", type=float, default=None, help="gate lb * sigmoid(randn) (default: logsigmoid(randn))")
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--deadline-s", type=float, default=540.0)
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma list of VARIANTS to run, in order")
     ap.add_argument("--dry-run", action="store_true", help="CPU plumbing check (TRITON_INTERPRET=1), tiny dims, no timing")
     args = ap.parse_args(argv)
     t_start = time.monotonic()
@@ -182,7 +190,16 @@ def main(argv: list[str] | None = None) -> int:
     dims = {"H": 2, "K": 128, "T_check": 128} if args.dry_run else {"H": 16, "K": 128, "T_check": 1024}
     shapes = [tuple(int(x) for x in s.split("x")) for s in ("1x130" if args.dry_run else args.shapes).split(",")]
     fla = not args.no_fla and not args.dry_run
-    res: dict[str, Any] = {"env": env(argparse.Namespace(sha=None)), "T_check": dims["T_check"], "rows": [], "cut": []}
+    variants = tuple(args.variants.split(","))
+    if unknown := [v for v in variants if v not in VARIANTS]:
+        raise SystemExit(f"--variants: unknown {unknown}; known: {', '.join(VARIANTS)}")
+    res: dict[str, Any] = {
+        "env": env(argparse.Namespace(sha=None)),
+        "T_check": dims["T_check"],
+        "rows": [],
+        "cut": [],
+        "variants": list(variants),
+    }
     res["env"]["command"] = " ".join(["python", "benchmarks/bwd_ag_lab.py", *(argv if argv is not None else sys.argv[1:])])
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -190,13 +207,13 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "bwd_ag_lab.json").write_text(json.dumps(res, indent=1))
         (args.out / "bwd_ag_lab.md").write_text(to_markdown(res))
 
-    res["grads"] = _grads(dims, device, fla)
+    res["grads"] = _grads(dims, device, fla, variants)
     write()
     for B, T in shapes:
         if time.monotonic() - t_start > args.deadline_s:
             res["cut"].append(f"{B}x{T}")
             continue
-        res["rows"].append(run_shape(B, T, dims, device, args.lb, fla))
+        res["rows"].append(run_shape(B, T, dims, device, args.lb, fla, variants))
         write()
         print(f"{B}x{T} done at {time.monotonic() - t_start:.0f} s", flush=True)
     print((args.out / "bwd_ag_lab.md").read_text())

@@ -83,7 +83,7 @@ class ChunkOp:
     gate_vector: bool
     naive: Callable[..., tuple[Tensor, Tensor | None]]
     wy_prep: Callable[..., Any]
-    fused_fwd: Callable[..., Any] | None = None  # the op's two-kernel forward (`fwd_path` "auto"/"fused"; GDN's)
+    fused_fwd: Callable[..., Any] | None = None  # the op's two-kernel forward (`fwd_path` "auto"/"fused"; GDN's, KDA's)
 
     def per_key_gate(self, g: Tensor) -> Tensor:
         """The torch path works on a `[B, T, H, Kg]` gate: GDN's scalar gate is Kg = 1 and broadcasts over K."""

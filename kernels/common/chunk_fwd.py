@@ -58,7 +58,7 @@ def check_fwd_path(fwd_path: str, *, op: str, fused_fwd: FusedFwd | None, keep_w
     if fwd_path == "wy":
         return False
     if fused_fwd is None or keep_states:
-        raise ValueError(f"fwd_path='fused' runs the op's two-kernel forward without kept states, got op={op!r}, keep_states={keep_states}")
+        raise ValueError(f"fwd_path='fused' runs without kept states (GDN, KDA), got op={op!r}, keep_states={keep_states}")
     return True
 
 

@@ -27,20 +27,10 @@ __all__ = ["kda_fused_fwd"]
 
 
 def kda_fused_fwd(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    scale: float,
-    index: ChunkIndex,
-    launch: LaunchPlan,
-    initial_state: Tensor | None = None,
-    output_final_state: bool = False,
-    split_chunks: int | None = None,
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex, launch: LaunchPlan,
+    initial_state: Tensor | None = None, output_final_state: bool = False, split_chunks: int | None = None,
     warm: WarmInputs | None = None,
-) -> tuple[Tensor, Tensor | None]:
+) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """KDA's forward on the fused pass: (o `[B, T, HV, V]` in q's dtype, final state `[N, HV, K, V]` fp32 or None).
 
     q, k `[B, T, H, K]`, v `[B, T, HV, V]`, g `[B, T, HV, K]`, beta `[B, T, HV]` (contiguous). split_chunks: as
@@ -51,18 +41,6 @@ def kda_fused_fwd(
     ag, aqk, gcum = wy_kda_ag(
         q, k, g, beta, scale=scale, index=index, launch=launch, bnd=bnd, v=v if bnd is not None else None
     )
-    return fused_state_output_fwd(
-        q,
-        k,
-        v,
-        ag,
-        gcum,
-        aqk=aqk,
-        scale=scale,
-        index=index,
-        launch=launch,
-        initial_state=initial_state,
-        output_final_state=output_final_state,
-        split_chunks=split_chunks,
-        warm=warm,
-    )
+    return fused_state_output_fwd(q, k, v, ag, gcum, aqk=aqk, scale=scale, index=index, launch=launch,
+                                  initial_state=initial_state, output_final_state=output_final_state,
+                                  split_chunks=split_chunks, warm=warm)  # fmt: skip

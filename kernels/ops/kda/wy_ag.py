@@ -31,9 +31,7 @@ from torch import Tensor
 from kernels.common.chunk_program import group_heads
 from kernels.common.index import ChunkIndex
 from kernels.common.wy import (
-    CHUNK_SIZES,
     _blocks,
-    _chunk_bound,
     _gate_rowmax,
     _grid,
     _kda_beta_rows,
@@ -44,15 +42,15 @@ from kernels.common.wy import (
     _wy_chunk,
 )
 from kernels.configs import KernelSpec, LaunchConfig, register
-from kernels.ops.gdn.wy_ag import _row_squares, _store_ag
-from kernels.plan import LaunchPlan, launch_config
+from kernels.ops.gdn.wy_ag import WY_GDN_AG_FWD, _store_ag, _store_bound, ag_launch
+from kernels.plan import LaunchPlan
 
 __all__ = ["WY_KDA_AG_FWD", "wy_kda_ag"]
 
 WY_KDA_AG_FWD = register(
     KernelSpec(
         name="wy_kda_ag_fwd",
-        key=("H", "HV", "K", "BT", "IS_VARLEN", "dtype"),
+        key=WY_GDN_AG_FWD.key,
         # wy_kda_fwd's measured tiles (BK 16, one warp: the per-key gate's fp32 [16, BK] tiles next to the keys);
         # not measured on a GPU yet (benchmarks/kda_fused_lab.py)
         default=LaunchConfig(BK=16, BV=64, num_warps=1, num_stages=2),
@@ -96,18 +94,10 @@ def wy_kda_ag_fwd_kernel(
     cu_seqlens,  # [N+1] int32 or None
     chunk_indices,  # [NT_total, 2] int32 or None
     bnd,  # out [NT_total, HV, 2] fp32 or None: the chunk's decay-bound summary (L, W) (`_chunk_bound`, warm_split)
-    scale,
-    T,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    HAS_BOUND: tl.constexpr,
-    G: tl.constexpr,
-):
+    scale, T,
+    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_BOUND: tl.constexpr, G: tl.constexpr,
+):  # fmt: skip
     i_hv, i_tg, bos, t0, T, _ = _wy_chunk(cu_seqlens, chunk_indices, None, T, HV, BT, IS_VARLEN, False)
     b0, b1, b2, b3 = _load_vec4(beta, bos, t0, T, i_hv, HV)
     # the q-k gram (stores G), then the k-k gram (stores nothing): one set of 10 accumulators live at a time
@@ -125,25 +115,13 @@ def wy_kda_ag_fwd_kernel(
     _store_ag(ag, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, b0, b1, b2, b3, bos, t0, T, i_hv, HV, BT)
     if HAS_BOUND:
         x0, x1, x2, x3 = _gate_rowmax4(g, bos, t0, T, i_hv, HV, K, BK)
-        kk0, kk1, kk2, kk3 = _row_squares(k, bos, t0, T, i_hv // G, HV // G, K, BK)
-        vv0, vv1, vv2, vv3 = _row_squares(v, bos, t0, T, i_hv, HV, V, BV)
-        b_L, b_W = _chunk_bound(x0, x1, x2, x3, b0, b1, b2, b3, kk0, kk1, kk2, kk3, vv0, vv1, vv2, vv3)
-        tl.store(bnd + (i_tg * HV + i_hv) * 2, b_L)
-        tl.store(bnd + (i_tg * HV + i_hv) * 2 + 1, b_W)
+        _store_bound(bnd, k, v, x0, x1, x2, x3, b0, b1, b2, b3, bos, t0, T, i_tg, i_hv // G, HV // G, i_hv, HV, K, V, BK, BV)
 
 
 def wy_kda_ag(
-    q: Tensor,
-    k: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    scale: float,
-    index: ChunkIndex,
-    launch: LaunchPlan | None = None,
-    bnd: Tensor | None = None,
-    v: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
+    q: Tensor, k: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex, launch: LaunchPlan | None = None,
+    bnd: Tensor | None = None, v: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """KDA's Ag pass: (ag, aqk `[B, T, HV, BT]` in k's dtype, gcum fp32 `[B, T, HV, K]`).
 
     q, k `[B, T, H, K]`; g `[B, T, HV, K]`, beta `[B, T, HV]`, HV a multiple of H (value head h reads key head
@@ -157,45 +135,14 @@ def wy_kda_ag(
             f"wy_kda_ag: q must be k's shape, g [B, T, HV, K] and beta [B, T, HV] with HV a multiple of k's H={H}, "
             f"got q {tuple(q.shape)}, g {tuple(g.shape)}, beta {tuple(beta.shape)} for k {tuple(k.shape)}"
         )
-    if bnd is not None and (v is None or v.shape[:3] != (B, T, HV)):
-        raise ValueError(
-            f"wy_kda_ag: bnd needs v [B, T, HV, V] = [{B}, {T}, {HV}, V] (its rows' norms), got "
-            f"{None if v is None else tuple(v.shape)}"
-        )
-    BT = index.chunk_size
-    if BT not in CHUNK_SIZES:
-        raise ValueError(f"wy_kda_ag: chunk_size must be one of {CHUNK_SIZES}, got {BT}")
-    V = v.shape[-1] if v is not None else 16
-    cfg = launch_config(
-        launch,
-        WY_KDA_AG_FWD,
-        {"H": H, "HV": HV, "K": K, "BT": BT, "IS_VARLEN": index.is_varlen, "dtype": str(k.dtype).removeprefix("torch.")},
-    )
+    BT, V, cfg = ag_launch("wy_kda_ag", WY_KDA_AG_FWD, launch, k, HV, index, bnd, v)
     BK, BV = _blocks(cfg, index, K, V)
     ag = torch.empty(B, T, HV, BT, dtype=k.dtype, device=k.device)
     aqk = torch.empty(B, T, HV, BT, dtype=k.dtype, device=k.device)
     gcum = torch.empty(B, T, HV, K, dtype=torch.float32, device=k.device)
     wy_kda_ag_fwd_kernel[_grid(index, B, T, HV)](
-        q,
-        k,
-        v if bnd is not None else None,
-        g,
-        beta,
-        ag,
-        aqk,
-        gcum,
-        index.cu_seqlens if index.is_varlen else None,
-        index.chunk_indices if index.is_varlen else None,
-        bnd,
-        scale,
-        T,
-        HV=HV,
-        K=K,
-        V=V,
-        BT=BT,
-        BK=BK,
-        BV=BV,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
+        q, k, v if bnd is not None else None, g, beta, ag, aqk, gcum, index.cu_seqlens if index.is_varlen else None,
+        index.chunk_indices if index.is_varlen else None, bnd, scale, T, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
     return ag, aqk, gcum

@@ -34,8 +34,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-DIMS = {"H": 16, "K": 128, "V": 128}  # --dry-run: H=2, K=V=32
-DEVICE = {"name": "cuda", "dtype": torch.bfloat16}  # --dry-run: "cpu", fp32 (the interpreter; wall-clock, one call)
+from benchmarks.fused_fwd_lab import DEVICE, DIMS, _ms  # noqa: E402  (GDN's lab: the device, the dims, do_bench)
 
 
 def _inputs(B: int, T: int, lb: float, seed: int = 0) -> tuple[Any, ...]:
@@ -54,24 +53,13 @@ def _inputs(B: int, T: int, lb: float, seed: int = 0) -> tuple[Any, ...]:
     return q, k, v, g, beta, torch.tensor(bounds, dtype=torch.int32, device=dev), bounds
 
 
-def _reference(q, k, v, g, beta, cu, bounds, max_tokens: int) -> tuple[torch.Tensor, str]:
+def _reference(q, k, v, g, beta, cu, max_tokens: int) -> tuple[torch.Tensor, str]:
+    """o in fp32: the per-token reference up to max_tokens tokens, else the chunked torch path."""
     import kernels
-    from kernels.ops.kda.naive import naive_recurrent_kda
 
-    f = [x.float() for x in (q, k, v, g, beta)]
-    if q.shape[1] <= max_tokens:
-        return naive_recurrent_kda(*f, scale=q.shape[-1] ** -0.5, cu_seqlens_cpu=bounds)[0], "per-token fp32"
-    return kernels.forward("kda", *f, cu_seqlens=cu, backend="torch")[0], "chunked torch fp32"
-
-
-def _ms(fn: Any) -> float:
-    if DEVICE["name"] != "cuda":
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    from triton.testing import do_bench
-
-    return float(do_bench(fn, warmup=25, rep=150, return_mode="median"))
+    backend = "reference" if q.shape[1] <= max_tokens else "torch"
+    o = kernels.forward("kda", *(x.float() for x in (q, k, v, g, beta)), cu_seqlens=cu, backend=backend)[0]
+    return o, {"reference": "per-token fp32", "torch": "chunked torch fp32"}[backend]
 
 
 def _floors(row: dict[str, Any], B: int, T: int, H: int, K: int, V: int) -> None:
@@ -105,7 +93,7 @@ def measure(B: int, T: int, lb: float, *, fla: bool, ref_max_tokens: int, split:
     def run(path: str) -> Any:
         return chunk_kda_fwd(q, k, v, g, beta, scale=scale, cu_seqlens=cu, split_chunks=split, fwd_path=path)
 
-    o_ref, row["reference"] = _reference(q, k, v, g, beta, cu, bounds, ref_max_tokens)
+    o_ref, row["reference"] = _reference(q, k, v, g, beta, cu, ref_max_tokens)
     for name, path in (("new", "auto"), ("old", "wy")):
         row[f"err_{name}"] = rel_l2(run(path)[0], o_ref)
         row[f"{name}_ms"] = _ms(lambda path=path: run(path))
@@ -157,26 +145,23 @@ COLUMNS = [
 ]  # fmt: skip
 
 
+NOTE = (
+    "Times in ms (do_bench medians); floors: bytes at 4.2 TB/s (`runners.bench.floors`: the forward reads q, k, v, g, "
+    "beta and writes o once; `ag`, `fused` per launcher); err = relative L2 of o against the fp32 reference (column "
+    "`reference` in the JSON); the issue's target: new / FLA <= 0.5."
+)
+
+
+def _cell(key: str, x: Any) -> str:
+    return "" if x is None else f"{x:.3e}" if key.startswith("err") else f"{x:.3f}" if isinstance(x, float) else str(x)
+
+
 def _markdown(state: dict[str, Any]) -> str:
-    lines = [
-        "# KDA two-kernel forward lab (`benchmarks/kda_fused_lab.py`)",
-        "",
-        f"Command: `{state['command']}`  ",
-        f"Environment: `{json.dumps(state['env'])}`",
-        "",
-        "Times in ms (do_bench medians); floors: bytes at 4.2 TB/s (`runners.bench.floors`: the forward reads q, k, v, "
-        "g, beta and writes o once; `ag`, `fused` per launcher); err = relative L2 of o against the fp32 reference "
-        "(column `reference` in the JSON); the issue's target: new / FLA <= 0.5.",
-        "",
-        "| " + " | ".join(h for _, h in COLUMNS) + " |",
-        "|" + "---:|" * len(COLUMNS),
-    ]
-    for row in state["rows"]:
-        cells = [row.get(key) for key, _ in COLUMNS]
-        lines.append("| " + " | ".join(
-            "" if x is None else f"{x:.3e}" if key.startswith("err") else f"{x:.3f}" if isinstance(x, float) else str(x)
-            for (key, _), x in zip(COLUMNS, cells, strict=True)) + " |")  # fmt: skip
-    return "\n".join(lines) + "\n"
+    head = f"# KDA two-kernel forward lab (`benchmarks/kda_fused_lab.py`)\n\nCommand: `{state['command']}`  \n"
+    head += f"Environment: `{json.dumps(state['env'])}`\n\n{NOTE}\n\n"
+    table = ["| " + " | ".join(h for _, h in COLUMNS) + " |", "|" + "---:|" * len(COLUMNS)]
+    table += ["| " + " | ".join(_cell(key, row.get(key)) for key, _ in COLUMNS) + " |" for row in state["rows"]]
+    return head + "\n".join(table) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -206,19 +191,18 @@ def main(argv: list[str] | None = None) -> None:
     env = {"gpu": torch.cuda.get_device_name() if not args.dry_run else "cpu (dry run)", "sha": git_sha(),
            "torch": torch.__version__, "triton": triton.__version__, "fla": fla}  # fmt: skip
     state: dict[str, Any] = {"command": " ".join(sys.argv), "rows": [], "env": env}
-    for text in args.shapes.split(","):
-        for lb in (float(x) for x in args.lbs.split(",")):
-            if time.monotonic() - start > args.deadline_s:
-                print(f"deadline: {text} lb {lb} not started", flush=True)
-                continue
-            B, T = (int(x) for x in text.lower().split("x"))
-            row = measure(B, T, lb, fla=fla, ref_max_tokens=args.ref_max_tokens, split=args.split_chunks)
-            print(json.dumps(row), flush=True)
-            state["rows"].append(row)
-            (args.out / "kda_fused_lab.json").write_text(json.dumps(state, indent=1) + "\n")
-            (args.out / "kda_fused_lab.md").write_text(_markdown(state))
-            if not args.dry_run:
-                torch.cuda.empty_cache()
+    cases = [(text, float(lb)) for text in args.shapes.split(",") for lb in args.lbs.split(",")]
+    for text, lb in cases:
+        if time.monotonic() - start > args.deadline_s:
+            print(f"deadline: {text} lb {lb} not started", flush=True)
+            continue
+        B, T = (int(x) for x in text.lower().split("x"))
+        state["rows"].append(measure(B, T, lb, fla=fla, ref_max_tokens=args.ref_max_tokens, split=args.split_chunks))
+        print(json.dumps(state["rows"][-1]), flush=True)
+        for ext, text_of in (("json", lambda st: json.dumps(st, indent=1) + "\n"), ("md", _markdown)):
+            (args.out / f"kda_fused_lab.{ext}").write_text(text_of(state))
+        if not args.dry_run:
+            torch.cuda.empty_cache()
     print(_markdown(state))
 
 

@@ -16,7 +16,9 @@ registers; every product is a `tl.dot` with 64 rows (chunk 64), so Hopper can is
 Modes (constexpr): OUTPUT (store o) or the state alone; an initial state (none, or one per program row: the
 sequence's, or a segment's merged entering state); TRANSITION: the augmented state [K, K+V] from [I | 0] whose first
 K columns walk the recurrence with V = 0 (the segment's map M, no v loads) and the others from zero with V (S_ext),
-the format `kernels.common.seqsplit`'s chain takes; STORE_FINAL (at `final_idx`, as `kernels.common.chunk_state`).
+the format `kernels.common.seqsplit`'s chain takes; STORE_FINAL (at `final_idx`, as `kernels.common.chunk_state`);
+GATE_VECTOR (KDA, `kernels.ops.kda.fused`: gcum `[B, T, HV, K]`, the per-key gate on K's and Q's columns, W = V -
+(K (x) eG) S, S = diag(gl) S + (K (x) exp(G_last - G))^T Vd) with HAS_AQK (P read from the Ag pass's Aqk).
 Grouped value heads: program head hv reads q/k head hv // (HV / H) (no repeat_interleave). Any K, V <= 256 in tiles
 of `kernels.configs.head_block`. Rows past a sequence's end load as zero (their gate as 0: exp stays finite) and are
 not stored. Ranges: `kernels.common.chunk_state.SeqLayout` (whole sequences, or seqsplit's segments).

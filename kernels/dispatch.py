@@ -90,7 +90,7 @@ class ChunkOp:
     gate_vector: bool
     naive: Callable[..., tuple[Tensor, Tensor | None]]
     wy_prep: Callable[..., Any]
-    fused_fwd: Callable[..., Any] | None = None  # the op's two-kernel forward (`fwd_path` "auto"/"fused"; GDN's)
+    fused_fwd: Callable[..., Any] | None = None  # the op's two-kernel forward (`fwd_path` "auto"/"fused"; GDN's, KDA's)
     ag_bwd: Callable[..., Any] | None = None  # its backward from the kept Ag (keep "ag"; GDN's `ops.gdn.ag_bwd`)
 
     def per_key_gate(self, g: Tensor) -> Tensor:

@@ -5,9 +5,9 @@
                               split across SMs for few long sequences, with the output fused in or followed by the
                               output pass; `kernels.common.seqsplit`), or `state_and_output_keep` when the plan keeps
                               the chunk states for the backward (`kernels.common.state_keep`)
-    fwd_path="fused"          GDN's two-kernel forward (`kernels.ops.gdn.fused.gdn_fused_fwd`: the Ag
+    fwd_path="fused"          the op's two-kernel forward (`kernels.ops.<op>.fused`: the Ag
                               prep, then one fused state+output pass forming w S and u from Ag); the default "auto"
-                              takes it wherever it runs (GDN, the plan keeps nothing for the backward, output fused),
+                              takes it wherever it runs (GDN, KDA; the plan keeps nothing for the backward, output fused),
                               "wy" the WY prep and state pass above
     warm_chunks               the split's gate-certified warmup (`kernels.common.warm_split`), on either path: the WY or
                               Ag prep sums the decay bound per chunk (`bnd=`), the state pass drops the certified
@@ -33,13 +33,13 @@ from kernels.plan import LaunchPlan, default_plan
 
 __all__ = ["FUSE_OUTPUT", "WyPrep", "chunk_fwd"]
 
-# the op's two-kernel forward (`ChunkOp.fused_fwd`; GDN's `kernels.ops.gdn.fused.gdn_fused_fwd`):
+# the op's two-kernel forward (`ChunkOp.fused_fwd`: `kernels.ops.gdn.fused.gdn_fused_fwd`, `kernels.ops.kda.fused.kda_fused_fwd`):
 # (q, k, v, g, beta, *, scale, index, launch, initial_state, output_final_state, split_chunks, warm) -> (o, final state)
 FusedFwd = Callable[..., tuple[Tensor, Tensor | None]]
 
 # the forward paths of `chunk_fwd(fwd_path=...)`: "auto" (the default: "fused" where the op has a two-kernel forward,
 # `ChunkOp.fused_fwd`, the output is fused and no WY factors are kept for the backward; else "wy"), "wy" (the WY prep writing
-# w, u, Aqk, then the state pass) or "fused" (the op's two-kernel forward; GDN only). Measured on the H200
+# w, u, Aqk, then the state pass) or "fused" (the op's two-kernel forward; GDN, KDA). Measured on the H200
 # (kernels/NOTES.md, session 10): GDN's two-kernel forward is 21-40 % faster than the WY one.
 FWD_PATHS = ("auto", "wy", "fused")
 
@@ -50,7 +50,7 @@ def check_fwd_path(fwd_path: str, *, op: str, fused_fwd: FusedFwd | None, keep_w
     is fused (unfused_output: the caller asked for the separate output pass, which only the WY path has) and nothing
     is kept for the backward (keep_wy: the plan keeps the WY factors, which only the WY path makes), with or without
     a warm window (both paths run the warm split); a one-line ValueError for a path it cannot run (the fused one
-    needs the op's two-kernel forward: GDN's, and keeps no states)."""
+    needs the op's two-kernel forward, GDN's or KDA's, and keeps no states)."""
     if fwd_path not in FWD_PATHS:
         raise ValueError(f"fwd_path must be one of {', '.join(FWD_PATHS)}, got {fwd_path!r}")
     if fwd_path == "auto":
@@ -58,7 +58,7 @@ def check_fwd_path(fwd_path: str, *, op: str, fused_fwd: FusedFwd | None, keep_w
     if fwd_path == "wy":
         return False
     if fused_fwd is None or keep_states:
-        raise ValueError(f"fwd_path='fused' runs GDN's forward without kept states, got op={op!r}, keep_states={keep_states}")
+        raise ValueError(f"fwd_path='fused' runs without kept states (GDN, KDA), got op={op!r}, keep_states={keep_states}")
     return True
 
 
@@ -120,9 +120,9 @@ def chunk_fwd(
     "kda"; the warmup's bound reads its gate). warm_chunks: the gate-certified warmup window of the split
     (`kernels.common.warm_split`; None = its WARM_DEFAULT for the path taken, 0 = exact maps); warm_report: a dict
     that receives its device tensor `certified` (read it after the call). fwd_path: one of FWD_PATHS ("auto": fused
-    where it runs and the plan keeps nothing for the backward; "fused": GDN only, not with keep_states; it keeps no WY
-    factors, so the backward recomputes them). fused_fwd: the op's
-    two-kernel forward for the fused path (the op table's `ChunkOp.fused_fwd`; GDN's `gdn_fused_fwd`).
+    where it runs and the plan keeps no WY factors for the backward; "fused": the op's two-kernel forward, not with
+    keep_states; it keeps no WY factors, so the backward recomputes them). fused_fwd: the op's two-kernel forward
+    for the fused path (the op table's `ChunkOp.fused_fwd`; GDN's `gdn_fused_fwd`, KDA's `kda_fused_fwd`).
     """
     B, T, H, _ = k.shape
     launch = plan if plan is not None else default_plan()

@@ -523,11 +523,12 @@ def _diag_gram(x, k, G, BK: tl.constexpr):
 
 @triton.jit
 def _kda_gram(x, k, g, xg, bos, t0, T, i_h, gc, scale, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-              IS_K: tl.constexpr, G: tl.constexpr):
+              IS_K: tl.constexpr, G: tl.constexpr, STORE: tl.constexpr = 1):
     """The 10 lower 16x16 blocks of sum_d x_id k_jd exp(G_id - G_jd) (fp32; diagonal blocks unmasked), over column
     blocks of BK, every exponent <= 0 (module docstring): below the diagonal the factors are split at the gate b_I
-    before the ROW block, the diagonal blocks take the decay elementwise. On the way it stores the gated copy
-    of x: kg = K exp(G_C - G) and gc (IS_K; `gc` points at the chunk's row), or qg = scale Q exp(G) (`gc` unused).
+    before the ROW block, the diagonal blocks take the decay elementwise. On the way it stores (STORE 1) the gated copy
+    of x: kg = K exp(G_C - G) and gc (IS_K; `gc` points at the chunk's row), or qg = scale Q exp(G) (`gc` unused);
+    STORE 2: the cumsum G itself into xg [.., T, H, K] (the Ag pass's, `kernels.ops.kda.wy_ag`); STORE 0: nothing.
     x and k are read at head i_h // G of H // G (grouped keys), the gate and the stores at i_h of H."""
     X00, X10, X11, X20, X21, X22, X30, X31, X32, X33 = _zero_blocks()
     for i_k in range(tl.cdiv(K, BK)):
@@ -553,13 +554,18 @@ def _kda_gram(x, k, g, xg, bos, t0, T, i_h, gc, scale, H: tl.constexpr, K: tl.co
         L1 = x1 * tl.exp(G1 - r1[None, :])
         L2 = x2 * tl.exp(G2 - r2[None, :])
         L3 = x3 * tl.exp(G3 - r3[None, :])
-        if IS_K:  # kg = K exp(G_C - G) <= K; gc = G_C
+        if STORE == 2:  # the in-chunk cumsum G (fp32)
+            _store_tile(xg, G0, bos, t0, T, i_h, H, K, c0, 16, BK)
+            _store_tile(xg, G1, bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
+            _store_tile(xg, G2, bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
+            _store_tile(xg, G3, bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
+        elif IS_K and STORE == 1:  # kg = K exp(G_C - G) <= K; gc = G_C
             tl.store(gc + c0 + tl.arange(0, BK), gl, mask=c0 + tl.arange(0, BK) < K)
             _store_tile(xg, k0 * tl.exp(gl[None, :] - G0), bos, t0, T, i_h, H, K, c0, 16, BK)
             _store_tile(xg, k1 * tl.exp(gl[None, :] - G1), bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
             _store_tile(xg, k2 * tl.exp(gl[None, :] - G2), bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
             _store_tile(xg, k3 * tl.exp(gl[None, :] - G3), bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
-        else:  # qg = scale Q exp(G) = scale L_I exp(r_I)
+        elif STORE == 1:  # qg = scale Q exp(G) = scale L_I exp(r_I)
             _store_tile(xg, L0 * (scale * tl.exp(r0))[None, :], bos, t0, T, i_h, H, K, c0, 16, BK)
             _store_tile(xg, L1 * (scale * tl.exp(r1))[None, :], bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
             _store_tile(xg, L2 * (scale * tl.exp(r2))[None, :], bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
@@ -582,6 +588,28 @@ def _kda_gram(x, k, g, xg, bos, t0, T, i_h, gc, scale, H: tl.constexpr, K: tl.co
             X22 += _diag_gram(x2, k2, G2, BK)
             X33 += _diag_gram(x3, k3, G3, BK)
     return X00, X10, X11, X20, X21, X22, X30, X31, X32, X33
+
+
+@triton.jit
+def _store_kda_aqk(aqk, bos, t0, T, i_h, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33, scale, H: tl.constexpr,
+                   BT: tl.constexpr):
+    """Aqk = scale (the q-k gram of `_kda_gram`), the diagonal blocks masked to j <= i, into [.., T, H, BT]."""
+    o_i = tl.arange(0, 16)
+    m_dq = o_i[:, None] >= o_i[None, :]
+    _store_aqk(aqk, bos, t0, T, i_h, tl.where(m_dq, Q00, 0.) * scale, Q10 * scale, tl.where(m_dq, Q11, 0.) * scale,
+               Q20 * scale, Q21 * scale, tl.where(m_dq, Q22, 0.) * scale, Q30 * scale, Q31 * scale, Q32 * scale,
+               tl.where(m_dq, Q33, 0.) * scale, H, BT)
+
+
+@triton.jit
+def _kda_beta_rows(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, b0, b1, b2, b3):
+    """The k-k gram of `_kda_gram` to A = StrictLower(beta_i sum_d k_id k_jd exp(G_id - G_jd)): the diagonal blocks
+    masked to j < i, beta on the rows."""
+    o_i = tl.arange(0, 16)
+    m_d = o_i[:, None] > o_i[None, :]
+    return (tl.where(m_d, A00, 0.) * b0[:, None], A10 * b1[:, None], tl.where(m_d, A11, 0.) * b1[:, None],
+            A20 * b2[:, None], A21 * b2[:, None], tl.where(m_d, A22, 0.) * b2[:, None], A30 * b3[:, None],
+            A31 * b3[:, None], A32 * b3[:, None], tl.where(m_d, A33, 0.) * b3[:, None])
 
 
 @triton.heuristics(_WY_HEURISTICS)
@@ -610,9 +638,6 @@ def wy_kda_fwd_kernel(
     i_h, i_tg, bos, t0, T, skip = _wy_chunk(cu_seqlens, chunk_indices, need, T, H, BT, IS_VARLEN, USE_NEED)
     if skip:
         return
-    o_i = tl.arange(0, 16)
-    m_d = o_i[:, None] > o_i[None, :]
-    m_dq = o_i[:, None] >= o_i[None, :]
     b0, b1, b2, b3 = _load_vec4(beta, bos, t0, T, i_h, H)
 
     # phase 1: the lower blocks of Aqk (with qg; stored), then of A (with kg and gc): one set of 10 accumulators
@@ -620,24 +645,11 @@ def wy_kda_fwd_kernel(
     if HAS_Q:
         Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33 = _kda_gram(q, k, g, qg, bos, t0, T, i_h, gc, scale, H, K, BK,
                                                                      False, G)
-        Q00 = tl.where(m_dq, Q00, 0.) * scale
-        Q11 = tl.where(m_dq, Q11, 0.) * scale
-        Q22 = tl.where(m_dq, Q22, 0.) * scale
-        Q33 = tl.where(m_dq, Q33, 0.) * scale
-        _store_aqk(aqk, bos, t0, T, i_h, Q00, Q10 * scale, Q11, Q20 * scale, Q21 * scale, Q22, Q30 * scale,
-                   Q31 * scale, Q32 * scale, Q33, H, BT)
+        _store_kda_aqk(aqk, bos, t0, T, i_h, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33, scale, H, BT)
     A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _kda_gram(k, k, g, kg, bos, t0, T, i_h, gc + (i_tg * H + i_h) * K,
                                                                  1.0, H, K, BK, True, G)
-    A00 = tl.where(m_d, A00, 0.) * b0[:, None]
-    A11 = tl.where(m_d, A11, 0.) * b1[:, None]
-    A22 = tl.where(m_d, A22, 0.) * b2[:, None]
-    A33 = tl.where(m_d, A33, 0.) * b3[:, None]
-    A10 *= b1[:, None]
-    A20 *= b2[:, None]
-    A21 *= b2[:, None]
-    A30 *= b3[:, None]
-    A31 *= b3[:, None]
-    A32 *= b3[:, None]
+    A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _kda_beta_rows(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33,
+                                                                      b0, b1, b2, b3)
 
     # phase 2: T = (I + A)^{-1}, then in the input dtype for the products with K and V
     dt = k.dtype.element_ty

@@ -17,6 +17,8 @@ matmul rate measured in the run (`measure_ceilings`).
 | chain | M, S per segment | h0 per segment | M S: 2 K^2 V per segment (no chunks) |
 | state (plain, split) | k, w, u, q, Aqk, gcum (+ h0 per segment) | o | w S, q S, k^T v, Aqk v: 6 C K V + 2 C^2 V |
 | forward (the whole op) | q, k, v, beta, g | o | the sum of wy and state |
+| ag (two-kernel forward) | q (KDA), k, beta, g | Ag (+ Aqk: KDA), gcum (KDA [K]) | K K^T (+ Q K^T: KDA): 2 C^2 K each |
+| fused (two-kernel forward) | q, k, v, Ag (+ Aqk), gcum | o | K S, Q S, K^T Vd, Ag W, P Vd (+ Q K^T: GDN): 6 C K V + 4 C^2 V |
 
 The backward's gradient kernels (`bwd_launcher_bytes`, bytes only; h and dh [K, V] per chunk in the input dtype, the
 gradient of g in g's dtype):
@@ -51,7 +53,7 @@ C = 64  # chunk size of the chunked algorithm
 F32 = 4  # the gate and its cumsum, the split's per-segment maps and states
 # FLA's forward+backward bytes per token-head (bf16, K=V=128; fla-h200.md): the training step's floor
 BYTES_PER_TOKEN_HEAD = {"gdn": 2828, "kda": 3590}
-LAUNCHERS = ("wy", "transition", "chain", "state_plain", "state_split", "forward")
+LAUNCHERS = ("wy", "transition", "chain", "state_plain", "state_split", "forward", "ag", "fused")
 BWD_LAUNCHERS = ("dqk", "wy_bwd", "dqk_wy")  # the backward's gradient kernels: the pair, and the two fused
 
 
@@ -69,6 +71,8 @@ def _per_token_head(op: str, launcher: str, K: int, V: int, el: int) -> int:
         "state_plain": state_in + el * V,
         "state_split": state_in + el * V,
         "forward": inputs + el * V,
+        "ag": inputs - el * (V + (K if op == "gdn" else 0)) + el * C * (1 if op == "gdn" else 2) + gate,
+        "fused": el * (2 * K + 2 * V + C * (1 if op == "gdn" else 2)) + gate,
     }
     if launcher not in table:
         raise ValueError(f"unknown launcher {launcher!r}; one of {', '.join(LAUNCHERS)}")
@@ -123,6 +127,8 @@ def launcher_flops(op: str, launcher: str, B: int, T: int, HV: int, K: int = 128
         "state_plain": state,
         "state_split": state,
         "forward": wy + state,
+        "ag": 2 * C * C * K * (1 if op == "gdn" else 2),
+        "fused": 6 * C * K * V + 4 * C * C * V + (2 * C * C * K if op == "gdn" else 0),
     }[launcher]
     return float(chunks * per_chunk + (HV * segments * 2 * K * K * V if launcher == "chain" else 0))
 

@@ -160,7 +160,7 @@ def gdn_ag_states(
         h0 = seg_chain_fwd(M.index_select(0, nonlast), S_ext.index_select(0, nonlast), h0, plan, launch=launch)
         layout, out["M"] = plan.all_segments, M
     out["h"], out["v_new"] = k.new_empty(index.num_chunks, HV, K, V), torch.empty_like(v, dtype=k.dtype)
-    cfg = _config(launch, k, v, BT=BT, mode="states", layout=layout, ncols_limit=head_block(V))
+    cfg = _config(launch, k, v, gcum, BT=BT, mode="states", layout=layout, ncols_limit=head_block(V))
     _launch(cfg, V, layout, q=None, k=k, v=v, ag=ag, gcum=gcum, BT=BT, h0=h0, hs=out["h"], vn=out["v_new"])
     return out
 

@@ -18,7 +18,9 @@ sequence's, or a segment's merged entering state); TRANSITION: the augmented sta
 K columns walk the recurrence with V = 0 (the segment's map M, no v loads) and the others from zero with V (S_ext),
 the format `kernels.common.seqsplit`'s chain takes; STORE_FINAL (at `final_idx`, as `kernels.common.chunk_state`);
 STORE_STATES (the backward's state recompute, `kernels.ops.gdn.ag_bwd`): also the state entering each chunk h and
-v_new = Vd (k's dtype), as the WY path's state pass stores them.
+v_new = Vd (k's dtype), as the WY path's state pass stores them;
+GATE_VECTOR (KDA, `kernels.ops.kda.fused`: gcum `[B, T, HV, K]`, the per-key gate on K's and Q's columns, W = V -
+(K (x) eG) S, S = diag(gl) S + (K (x) exp(G_last - G))^T Vd) with HAS_AQK (P read from the Ag pass's Aqk).
 Grouped value heads: program head hv reads q/k head hv // (HV / H) (no repeat_interleave). Any K, V <= 256 in tiles
 of `kernels.configs.head_block`. Rows past a sequence's end load as zero (their gate as 0: exp stays finite) and are
 not stored. Ranges: `kernels.common.chunk_state.SeqLayout` (whole sequences, or seqsplit's segments). Code variants
@@ -54,10 +56,12 @@ from kernels.plan import LaunchPlan, launch_config
 __all__ = [
     "FUSED_VARIANTS",
     "GDN_FUSED_STATE_OUTPUT_FWD",
+    "KDA_FUSED_STATE_OUTPUT_FWD",
     "AgPrep",
     "gdn_fused_fwd",
     "gdn_fused_state_output",
     "gdn_fused_transition",
+    "fused_state_output_fwd",
     "variant_flags",
 ]
 
@@ -84,6 +88,16 @@ GDN_FUSED_STATE_OUTPUT_FWD = register(
 #   producers and consumers). Only with tma: Triton 3.6's Hopper pass (NVGPUWarpSpecialization) fails to compile the
 #   loop with any pointer load of a tile (sm_90, 2026-12-02), so the loop runs without it where v keeps its pointers.
 FUSED_VARIANTS = {"exp2": 1, "tma": 2, "pipe": 4, "ws": 8}
+# the same kernel on KDA's per-key gate (GATE_VECTOR: gcum [B, T, HV, K], Aqk read): its own configs (fp32 [BT, BK]
+# gate tiles next to the keys); not measured on a GPU yet (benchmarks/kda_fused_lab.py)
+KDA_FUSED_STATE_OUTPUT_FWD = register(
+    KernelSpec(
+        name="kda_fused_state_output_fwd",
+        key=GDN_FUSED_STATE_OUTPUT_FWD.key,
+        default=LaunchConfig(BV=64, num_warps=4, num_stages=2),
+        space={"BV": (32, 64, 128), "num_warps": (4, 8), "num_stages": (1, 2, 3)},
+    )
+)
 
 # (k, g, beta, *, index, launch, bnd=None, v=None) -> (Ag [B, T, HV, BT] in k's dtype, gcum [B, T, HV] fp32); bnd: the
 # warm split's per-chunk bound sums to fill (they read v)
@@ -91,7 +105,7 @@ AgPrep = Callable[..., tuple[Tensor, Tensor]]
 
 
 # constexpr flag -> the argument whose presence sets it
-_FLAGS = {"USE_INITIAL_STATE": "h0", "STORE_FINAL_STATE": "ht", "OUTPUT": "o", "TRANSITION": "m",
+_FLAGS = {"HAS_AQK": "aqk", "USE_INITIAL_STATE": "h0", "STORE_FINAL_STATE": "ht", "OUTPUT": "o", "TRANSITION": "m",
           "IS_VARLEN": "cu_seqlens", "USE_SEQ_MAP": "seq_map", "USE_FINAL_IDX": "final_idx", "USE_NEED": "need",
           "STORE_STATES": "hs"}  # fmt: skip
 
@@ -104,10 +118,12 @@ def _rows(base, T, D: tl.constexpr, stride: tl.constexpr, BR: tl.constexpr, BC: 
 
 
 @triton.heuristics({flag: (lambda args, name=name: args[name] is not None) for flag, name in _FLAGS.items()})
+@triton.heuristics({"GATE_VECTOR": lambda args: args["gcum"].dim() == 4})  # KDA's per-key gate cumsum [B, T, HV, K]
 @triton.jit(do_not_specialize=["T"])
 def gdn_fused_state_output_kernel(
     q, k, v,  # [B, T, H, K] (q: OUTPUT only), [B, T, H, K], [B, T, HV, V]
     ag, gcum,  # [B, T, HV, BT] Ag (lower triangle incl. the diagonal; nothing above it is read), [B, T, HV] fp32 G
+    aqk,  # [B, T, HV, BT] or None: the output's intra-chunk P, read (KDA) instead of formed from q, k and G (GDN)
     h0, ht, m, o,  # entering states [N, HV, K, V] fp32; out: final states (TRANSITION: S_ext), M [N, HV, K, K], o
     cu_seqlens, chunk_offsets, seq_map, final_idx,  # the SeqLayout (`kernels.common.chunk_state`): int32 or None
     need,  # [N, HV] uint8 or None (TRANSITION): 0 = walk no chunk, store M = 0 and S_ext = 0 (a certified warm window)
@@ -116,7 +132,7 @@ def gdn_fused_state_output_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, OUTPUT: tl.constexpr, TRANSITION: tl.constexpr,
     IS_VARLEN: tl.constexpr, USE_SEQ_MAP: tl.constexpr, USE_FINAL_IDX: tl.constexpr, USE_NEED: tl.constexpr,
-    STORE_STATES: tl.constexpr,
+    STORE_STATES: tl.constexpr, HAS_AQK: tl.constexpr, GATE_VECTOR: tl.constexpr,
     EXP2: tl.constexpr = False, TMA: tl.constexpr = False, LOOP_STAGES: tl.constexpr = None, WS: tl.constexpr = False,
 ):  # fmt: skip
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
@@ -166,8 +182,13 @@ def gdn_fused_state_output_kernel(
         m_r = o_r < T
         p_k = (bos + o_r) * H + i_h  # [BT] token rows of q, k
         p_v = (bos + o_r) * HV + i_hv  # [BT] token rows of v, Ag, G, o
-        b_g = tl.load(gcum + p_v, mask=m_r, other=0.0)  # [BT]; 0 past the end keeps every exp finite
-        b_gl = tl.load(gcum + (bos + tl.minimum(i_t * BT + BT, T) - 1) * HV + i_hv)
+        r_last = bos + tl.minimum(i_t * BT + BT, T) - 1  # the chunk's last token
+        if GATE_VECTOR:  # [BT, BK], [BK]: the per-key cumsum (0 past the end and past K keeps every exp finite)
+            b_g = tl.load(gcum + p_v[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.0)
+            b_gl = tl.load(gcum + (r_last * HV + i_hv) * K + o_k, mask=m_k, other=0.0)
+        else:  # [BT], a scalar
+            b_g = tl.load(gcum + p_v, mask=m_r, other=0.0)
+            b_gl = tl.load(gcum + r_last * HV + i_hv)
         if EXP2:  # the gates in log2 units once per chunk: every exponential below is one exp2
             b_g, b_gl = b_g * LOG2E, b_gl * LOG2E
         b_eg = _gexp(b_g, EXP2)
@@ -191,7 +212,10 @@ def gdn_fused_state_output_kernel(
                 b_hc,
                 mask=m_k[:, None] & m_c[None, :],
             )
-        b_w = b_v.to(tl.float32) - b_eg[:, None] * tl.dot(b_k, b_hc)  # V - eG K S  [BT, BV]
+        if GATE_VECTOR:
+            b_w = b_v.to(tl.float32) - tl.dot((b_k * b_eg).to(dt), b_hc)  # V - (K (x) eG) S  [BT, BV]
+        else:
+            b_w = b_v.to(tl.float32) - b_eg[:, None] * tl.dot(b_k, b_hc)  # V - eG K S  [BT, BV]
         b_vd = tl.dot(b_a, b_w.to(dt))  # u - w S
         if STORE_STATES:
             tl.store(vn + p_v[:, None] * V + o_c[None, :], b_vd.to(dt), mask=m_r[:, None] & m_c[None, :])
@@ -201,15 +225,26 @@ def gdn_fused_state_output_kernel(
             else:
                 b_q = tl.load(q + p_k[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.0)
             m_qk = m_causal & m_r[:, None]
-            b_p = tl.where(m_qk, tl.dot(b_q, tl.trans(b_k)) * _gexp(b_g[:, None] - b_g[None, :], EXP2), 0.0) * scale
-            b_o = tl.dot(b_q, b_hc) * (b_eg * scale)[:, None] + tl.dot(b_p.to(dt), b_vd.to(dt))
+            if HAS_AQK:
+                b_p = tl.load(aqk + p_v[:, None] * BT + o_t[None, :], mask=m_qk, other=0.0)
+            else:
+                b_p = tl.where(m_qk, tl.dot(b_q, tl.trans(b_k)) * _gexp(b_g[:, None] - b_g[None, :], EXP2), 0.0) * scale
+            if GATE_VECTOR:
+                b_o = tl.dot((b_q * b_eg * scale).to(dt), b_hc) + tl.dot(b_p.to(dt), b_vd.to(dt))
+            else:
+                b_o = tl.dot(b_q, b_hc) * (b_eg * scale)[:, None] + tl.dot(b_p.to(dt), b_vd.to(dt))
             if TMA:  # rows past T and columns past V are clipped
                 d_o.store([r0, i_v * BV], b_o.to(o.dtype.element_ty))
             else:
                 tl.store(o + p_v[:, None] * V + o_c[None, :], b_o.to(o.dtype.element_ty), mask=m_r[:, None] & m_c[None, :])
-        b_vd = tl.where(m_r[:, None], b_vd * _gexp(b_gl - b_g, EXP2)[:, None], 0.0)
-        b_h = b_h * _gexp(b_gl, EXP2)
-        b_h = tl.dot(tl.trans(b_k), b_vd.to(dt), b_h)
+        if GATE_VECTOR:  # S = diag(gl) S + (K (x) exp(G_last - G))^T Vd
+            b_vd = tl.where(m_r[:, None], b_vd, 0.0)
+            b_h = b_h * _gexp(b_gl, EXP2)[:, None]
+            b_h = tl.dot(tl.trans((b_k * _gexp(b_gl[None, :] - b_g, EXP2)).to(dt)), b_vd.to(dt), b_h)
+        else:
+            b_vd = tl.where(m_r[:, None], b_vd * _gexp(b_gl - b_g, EXP2)[:, None], 0.0)
+            b_h = b_h * _gexp(b_gl, EXP2)
+            b_h = tl.dot(tl.trans(b_k), b_vd.to(dt), b_h)
 
     if TRANSITION:
         tl.store(m + (i_n * HV + i_hv) * K * K + o_k[:, None] * K + o_c[None, :], b_h, mask=m_k[:, None] & (o_c < K)[None, :])
@@ -228,7 +263,7 @@ def gdn_fused_state_output_kernel(
 
 
 def _config(
-    launch: LaunchPlan | None, k: Tensor, v: Tensor, *, BT: int, mode: str, layout: SeqLayout, ncols_limit: int
+    launch: LaunchPlan | None, k: Tensor, v: Tensor, gcum: Tensor, *, BT: int, mode: str, layout: SeqLayout, ncols_limit: int
 ) -> LaunchConfig:
     key = {
         "H": k.shape[2],
@@ -240,18 +275,19 @@ def _config(
         "IS_VARLEN": layout.cu_seqlens is not None,
         "dtype": str(k.dtype).removeprefix("torch."),
     }
-    return launch_config(launch, GDN_FUSED_STATE_OUTPUT_FWD, key, bv_limit=ncols_limit)
+    spec = KDA_FUSED_STATE_OUTPUT_FWD if gcum.dim() == 4 else GDN_FUSED_STATE_OUTPUT_FWD
+    return launch_config(launch, spec, key, bv_limit=ncols_limit)
 
 
 def _launch(cfg: LaunchConfig, ncols: int, layout: SeqLayout, *, q: Tensor | None, k: Tensor, v: Tensor, ag: Tensor,
             gcum: Tensor, BT: int, scale: float = 1.0, h0: Tensor | None = None, ht: Tensor | None = None,
             m: Tensor | None = None, o: Tensor | None = None, need: Tensor | None = None,
-            hs: Tensor | None = None, vn: Tensor | None = None) -> None:  # fmt: skip
+            hs: Tensor | None = None, vn: Tensor | None = None, aqk: Tensor | None = None) -> None:  # fmt: skip
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     BV = cfg.BV
     assert BV is not None and BV >= 16 and BT >= 16, f"tiles must be >= 16, got BV={BV} BT={BT}"
-    assert HV % H == 0 and ag.shape == (B, T, HV, BT) and gcum.shape == (B, T, HV), (
+    assert HV % H == 0 and ag.shape == (B, T, HV, BT) and gcum.shape in ((B, T, HV), (B, T, HV, K)), (
         f"Ag {tuple(ag.shape)} / gcum {tuple(gcum.shape)} do not match v {tuple(v.shape)} with chunk {BT}"
     )
     grid = (triton.cdiv(ncols, BV), layout.num_programs * HV)
@@ -259,8 +295,8 @@ def _launch(cfg: LaunchConfig, ncols: int, layout: SeqLayout, *, q: Tensor | Non
         return
     bits = variant_flags(cfg.VARIANT, k, v, o, BT=BT, q=q)
     gdn_fused_state_output_kernel[grid](
-        q, k, v, ag, gcum, h0, ht, m, o, layout.cu_seqlens, layout.chunk_offsets, layout.seq_map, layout.final_idx, need, hs, vn,
-        scale, T, H=H, HV=HV, K=K, V=V, BT=BT, BK=head_block(K), BV=BV, EXP2=bits["exp2"], TMA=bits["tma"],
+        q, k, v, ag, gcum, aqk, h0, ht, m, o, layout.cu_seqlens, layout.chunk_offsets, layout.seq_map, layout.final_idx, need,
+        hs, vn, scale, T, H=H, HV=HV, K=K, V=V, BT=BT, BK=head_block(K), BV=BV, EXP2=bits["exp2"], TMA=bits["tma"],
         LOOP_STAGES=cfg.num_stages if bits["pipe"] else None, WS=bits["ws"], num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )  # fmt: skip
@@ -302,19 +338,20 @@ def variant_flags(
 def gdn_fused_state_output(
     q: Tensor | None, k: Tensor, v: Tensor, ag: Tensor, gcum: Tensor, *, layout: SeqLayout, BT: int, scale: float = 1.0,
     h0: Tensor | None = None, output_final_state: bool = False, num_states: int | None = None,
-    out_dtype: torch.dtype | None = None, launch: LaunchPlan | None = None,
+    out_dtype: torch.dtype | None = None, launch: LaunchPlan | None = None, aqk: Tensor | None = None,
 ) -> tuple[Tensor | None, Tensor | None]:  # fmt: skip
     """The pass over the layout's ranges: (o `[B, T, HV, V]` or None without q, final state fp32 or None).
 
-    q, k `[B, T, H, K]`, v `[B, T, HV, V]`, Ag, gcum from the Ag prep; h0 `[layout.num_programs, HV, K, V]` fp32 or
+    q, k `[B, T, H, K]`, v `[B, T, HV, V]`, Ag, gcum (GDN `[B, T, HV]`; KDA `[B, T, HV, K]`, the per-key gate) and
+    aqk (KDA: the output's intra-chunk matrix; GDN: None, formed here) from the Ag prep; h0 `[layout.num_programs, HV, K, V]` fp32 or
     None; the final states `[num_states or num_programs, HV, K, V]` (at `layout.final_idx` when it has one).
     """
     K, HV, V = k.shape[3], v.shape[2], v.shape[3]
     mode = "output" if q is not None else "state"
-    cfg = _config(launch, k, v, BT=BT, mode=mode, layout=layout, ncols_limit=head_block(V))
+    cfg = _config(launch, k, v, gcum, BT=BT, mode=mode, layout=layout, ncols_limit=head_block(V))
     o = torch.empty(v.shape, dtype=out_dtype or q.dtype, device=v.device) if q is not None else None
     ht = k.new_empty(num_states or layout.num_programs, HV, K, V, dtype=torch.float32) if output_final_state else None
-    _launch(cfg, V, layout, q=q, k=k, v=v, ag=ag, gcum=gcum, BT=BT, scale=scale, h0=h0, ht=ht, o=o)
+    _launch(cfg, V, layout, q=q, k=k, v=v, ag=ag, gcum=gcum, BT=BT, scale=scale, h0=h0, ht=ht, o=o, aqk=aqk)
     return o, ht
 
 
@@ -327,7 +364,7 @@ def gdn_fused_transition(
     `[N, HV]` on the device, or None (all): the (program, head) pairs whose flag is False walk no chunk and store
     M = 0, S_ext = 0 (`kernels.common.warm_split`'s certified windows)."""
     K, HV, V = k.shape[3], v.shape[2], v.shape[3]
-    cfg = _config(launch, k, v, BT=BT, mode="transition", layout=layout, ncols_limit=min(head_block(K), head_block(V)))
+    cfg = _config(launch, k, v, gcum, BT=BT, mode="transition", layout=layout, ncols_limit=min(head_block(K), head_block(V)))
     N = layout.num_programs
     M = k.new_empty(N, HV, K, K, dtype=torch.float32)
     S = k.new_empty(N, HV, K, V, dtype=torch.float32)
@@ -358,16 +395,28 @@ def gdn_fused_fwd(
     warmup (`kernels.common.warm_split`, its `chunk_bound` for the Ag pass to fill), or None (exact maps). keep: a dict
     that receives the Ag pass's outputs for the backward ("ag", "gs": `kernels.ops.gdn.ag_bwd`), or None.
     """
-    BT = index.chunk_size
-    HV, V = v.shape[2], v.shape[3]
     bnd = warm.chunk_bound if warm is not None else None
     ag_prep = wy_gdn_ag if ag_prep is None else ag_prep
     ag, gcum = ag_prep(k, g, beta, index=index, launch=launch, bnd=bnd, v=v if bnd is not None else None)
     if keep is not None:
         keep.update(ag=ag, gs=gcum)
+    return fused_state_output_fwd(q, k, v, ag, gcum, scale=scale, index=index, launch=launch, initial_state=initial_state,
+                                  output_final_state=output_final_state, split_chunks=split_chunks, warm=warm)  # fmt: skip
+
+
+def fused_state_output_fwd(
+    q: Tensor, k: Tensor, v: Tensor, ag: Tensor, gcum: Tensor, *, scale: float, index: ChunkIndex, launch: LaunchPlan,
+    initial_state: Tensor | None = None, output_final_state: bool = False, split_chunks: int | None = None,
+    warm: WarmInputs | None = None, aqk: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    """The forward after the Ag pass (both ops; `gdn_fused_fwd`, `kernels.ops.kda.fused.kda_fused_fwd`): plain, or
+    split (seqsplit's plan, this kernel's transitions, `seg_chain_fwd`, the output from each segment's entering state),
+    with a warm window when `warm` holds the Ag pass's bound sums. Ag, gcum, aqk as `gdn_fused_state_output`'s."""
+    BT = index.chunk_size
+    HV, V = v.shape[2], v.shape[3]
     h0 = initial_state.float().contiguous() if initial_state is not None else None
     layout = whole_sequences(index)
-    bv = _config(launch, k, v, BT=BT, mode="output", layout=layout, ncols_limit=head_block(V)).BV or 64
+    bv = _config(launch, k, v, gcum, BT=BT, mode="output", layout=layout, ncols_limit=head_block(V)).BV or 64
     plan = resolve_split(index, split_chunks, H=HV, NV=-(-V // bv), device=k.device)
     num_states = None
     if plan is not None:
@@ -393,6 +442,7 @@ def gdn_fused_fwd(
         h0 = seg_chain_fwd(M, S_ext, h0, plan, launch=launch, drop=drop)
         layout, num_states = plan.final, index.num_seqs
     o, ht = gdn_fused_state_output(q, k, v, ag, gcum, layout=layout, BT=BT, scale=scale, h0=h0,
-                                   output_final_state=output_final_state, num_states=num_states, launch=launch)  # fmt: skip
+                                   output_final_state=output_final_state, num_states=num_states, launch=launch,
+                                   aqk=aqk)  # fmt: skip
     assert o is not None
     return o, ht

@@ -85,6 +85,18 @@ def _row_squares(p, bos, t0, T, i_h, H: tl.constexpr, D: tl.constexpr, BD: tl.co
 
 
 @triton.jit
+def _store_bound(bnd, k, v, x0, x1, x2, x3, b0, b1, b2, b3, bos, t0, T, i_tg, i_h, H: tl.constexpr, i_hv, HV: tl.constexpr,
+                 K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):  # fmt: skip
+    """The chunk's decay-bound summary (`_chunk_bound`; x: each token's largest floored gate) into bnd [NT_total, HV, 2]
+    at the global chunk i_tg, with ||k||^2 (key head i_h of H) and ||v||^2 (value head i_hv of HV) read here."""
+    kk0, kk1, kk2, kk3 = _row_squares(k, bos, t0, T, i_h, H, K, BK)
+    vv0, vv1, vv2, vv3 = _row_squares(v, bos, t0, T, i_hv, HV, V, BV)
+    b_L, b_W = _chunk_bound(x0, x1, x2, x3, b0, b1, b2, b3, kk0, kk1, kk2, kk3, vv0, vv1, vv2, vv3)
+    tl.store(bnd + (i_tg * HV + i_hv) * 2, b_L)
+    tl.store(bnd + (i_tg * HV + i_hv) * 2 + 1, b_W)
+
+
+@triton.jit
 def _split_rows(Y):
     """The four row blocks of Y [16, 16, 2, 2] (r, c, I // 2, I % 2) as [16, 16] tiles (`_lower_blocks`)."""
     e, o = tl.split(Y)
@@ -179,11 +191,7 @@ def _ag_chunk(
     T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33)
     _store_ag(ag, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, b0, b1, b2, b3, bos, t0, T, i_hv, HV, BT)
     if HAS_BOUND:
-        kk0, kk1, kk2, kk3 = _row_squares(k, bos, t0, T, i_h, H, K, BK)
-        vv0, vv1, vv2, vv3 = _row_squares(v, bos, t0, T, i_hv, HV, V, BV)
-        b_L, b_W = _chunk_bound(x0, x1, x2, x3, b0, b1, b2, b3, kk0, kk1, kk2, kk3, vv0, vv1, vv2, vv3)
-        tl.store(bnd + (i_tg * HV + i_hv) * 2, b_L)
-        tl.store(bnd + (i_tg * HV + i_hv) * 2 + 1, b_W)
+        _store_bound(bnd, k, v, x0, x1, x2, x3, b0, b1, b2, b3, bos, t0, T, i_tg, i_h, H, i_hv, HV, K, V, BK, BV)
 
 
 @triton.heuristics(
@@ -226,6 +234,25 @@ def wy_gdn_ag_fwd_kernel(
                   IS_VARLEN, HAS_BOUND, EXP2)  # fmt: skip
 
 
+def ag_launch(name: str, spec: KernelSpec, launch: LaunchPlan | None, k: Tensor, HV: int, index: ChunkIndex,
+              bnd: Tensor | None, v: Tensor | None) -> tuple[int, int, LaunchConfig]:  # fmt: skip
+    """(BT, V, the launch config) of an Ag pass (GDN's, KDA's) after its checks: a chunk size the kernels take, and v
+    `[B, T, HV, V]` with bnd (its rows' norms; V = 16 without v, which is then not read); a one-line ValueError
+    otherwise."""
+    B, T, H, K = k.shape
+    bthv = (B, T, HV)
+    if bnd is not None and (v is None or v.shape[:3] != bthv):
+        raise ValueError(
+            f"{name}: bnd needs v [B, T, HV, V] = [{', '.join(map(str, bthv))}, V] (its rows' norms), got "
+            f"{None if v is None else tuple(v.shape)}"
+        )
+    if index.chunk_size not in CHUNK_SIZES:
+        raise ValueError(f"{name}: chunk_size must be one of {CHUNK_SIZES}, got {index.chunk_size}")
+    key = {"H": H, "HV": HV, "K": K, "BT": index.chunk_size, "IS_VARLEN": index.is_varlen,
+           "dtype": str(k.dtype).removeprefix("torch.")}  # fmt: skip
+    return index.chunk_size, v.shape[-1] if v is not None else 16, launch_config(launch, spec, key)
+
+
 def wy_gdn_ag(
     k: Tensor,
     g: Tensor,
@@ -249,20 +276,7 @@ def wy_gdn_ag(
             f"wy_gdn_ag: g and beta must be [B, T, HV] with HV a multiple of k's H={H}, got "
             f"{tuple(g.shape)} and {tuple(beta.shape)} for k {tuple(k.shape)}"
         )
-    if bnd is not None and (v is None or v.shape[:3] != (B, T, HV)):
-        raise ValueError(
-            f"wy_gdn_ag: bnd needs v [B, T, HV, V] = [{B}, {T}, {HV}, V] (its rows' norms), got "
-            f"{None if v is None else tuple(v.shape)}"
-        )
-    BT = index.chunk_size
-    if BT not in CHUNK_SIZES:
-        raise ValueError(f"wy_gdn_ag: chunk_size must be one of {CHUNK_SIZES}, got {BT}")
-    V = v.shape[-1] if v is not None else 16
-    cfg = launch_config(
-        launch,
-        WY_GDN_AG_FWD,
-        {"H": H, "HV": HV, "K": K, "BT": BT, "IS_VARLEN": index.is_varlen, "dtype": str(k.dtype).removeprefix("torch.")},
-    )
+    BT, V, cfg = ag_launch("wy_gdn_ag", WY_GDN_AG_FWD, launch, k, HV, index, bnd, v)
     BR = cfg.BR or 16
     if BR not in ROW_TILES:
         raise ValueError(f"wy_gdn_ag: launch config BR must be one of {ROW_TILES}, got {BR}")

@@ -1,5 +1,7 @@
 """Kimi Delta Attention, chunked, with a gate per key dim: g `[B, T, HV, K]` (q, k `[B, T, H, K]`, v `[B, T, HV, V]`,
-beta `[B, T, HV]`). The WY prep `wy_kda_fwd` is KDA's own pass: per-key gate cumsum, (I + A)^{-1}, w, u and the gated
+beta `[B, T, HV]`). Its forward is two kernels by default (`fused.py`: the Ag pass of `wy_ag.py`, then GDN's fused
+state+output pass with the per-key gate); the WY prep `wy_kda_fwd` (where the plan keeps the WY factors, for the
+transition primitive and the backward) is KDA's own pass: per-key gate cumsum, (I + A)^{-1}, w, u and the gated
 tensors (kg, qg, Aqk, the chunk's last-row gate gc), so the shared passes never read the per-key gate again. The public
 op is `chunk_kda` (FLA's `chunk_kda`); `KDA` is the op-table entry, `chunk_kda_fwd` / `chunk_kda_bwd` the Triton paths.
 The layout of an op's file: `kernels/ops/__init__.py`.
@@ -31,8 +33,16 @@ def _wy_prep(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale:
     return WyPrep(k=kg, q=qg, g=gc, w=w, u=u, aqk=aqk, kept=kept)
 
 
-KDA = ChunkOp("kda", gate_vector=True, naive=naive_recurrent_kda, wy_prep=_wy_prep)
-chunk_kda_fwd = KDA.triton_fwd  # the forward on Triton: the WY prep above, then the shared state pass
+def _fused_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, **options: Any) -> Any:
+    """KDA's two-kernel forward (`kernels.ops.kda.fused.kda_fused_fwd`: the Ag pass `wy_kda_ag`, then the fused
+    state+output pass), the default Triton forward (`kernels.common.chunk_fwd`'s fwd_path "auto")."""
+    from kernels.ops.kda.fused import kda_fused_fwd
+
+    return kda_fused_fwd(q, k, v, g, beta, **options)
+
+
+KDA = ChunkOp("kda", gate_vector=True, naive=naive_recurrent_kda, wy_prep=_wy_prep, fused_fwd=_fused_fwd)
+chunk_kda_fwd = KDA.triton_fwd  # the forward on Triton: the two-kernel path (fused.py), or the WY prep above and the shared state pass
 chunk_kda_bwd = KDA.triton_bwd  # the backward on Triton: `kernels.common.chunk_bwd.chunk_bwd` for "kda"
 
 

@@ -30,11 +30,11 @@ STRONG = 100  # head 0's gates times this (lb -5: ~exp(-160) per 64 tokens)
 LENGTHS = (10, 330, 50)  # segments of 2 chunks (128 tokens): the 330-token sequence has 3, so 2 transitions
 SPLIT, WINDOW = 2, 1
 
-# (op, forward path): the WY path of both ops, GDN's fused path
+# (op, forward path): the WY path of both ops, GDN's fused path (KDA's: in test_warm_split_takes_both_branches_exactly)
 CASES = [("gdn", "wy"), ("gdn", "fused"), ("kda", "wy")]
 each_case = pytest.mark.parametrize(("OP", "PATH"), CASES)
 # the launches that show which path ran
-PATH_KERNELS = {"wy": ("chunk_state_transition_fwd",), "fused": ("wy_gdn_ag_fwd", "gdn_fused_state_output_fwd")}
+PATH_KERNELS = {"wy": ("chunk_state_transition_fwd",), "fused": ("wy_{op}_ag_fwd", "{op}_fused_state_output_fwd")}
 
 
 def _fwd(op: str):
@@ -76,15 +76,17 @@ def _run(op: str, path: str, strong_heads: tuple[int, ...], *, fuse: bool = True
         plan=default_plan().with_recorder(rec),
         **opts,
     )
-    assert all(name in rec for name in (*PATH_KERNELS[path], "seg_chain_fwd")), list(rec)
-    assert all(name not in rec for other in set(PATH_KERNELS) - {path} for name in PATH_KERNELS[other]), list(rec)
+    assert all(name.format(op=op) in rec for name in (*PATH_KERNELS[path], "seg_chain_fwd")), list(rec)
+    assert all(n.format(op=op) not in rec for other in set(PATH_KERNELS) - {path} for n in PATH_KERNELS[other]), list(rec)
     assert_rel_close("o", o_ref, o, TOL)
     assert_rel_close("ht", ht_ref, ht, TOL)
     return report
 
 
 # the output unfused too, where a path has that pass (the fused path always fuses it)
-@pytest.mark.parametrize(("OP", "PATH", "fuse"), [(*c, f) for c in CASES for f in (True, False) if f or c[1] == "wy"])
+@pytest.mark.parametrize(
+    ("OP", "PATH", "fuse"), [(*c, f) for c in [*CASES, ("kda", "fused")] for f in (True, False) if f or c[1] == "wy"]
+)
 def test_warm_split_takes_both_branches_exactly(OP: str, PATH: str, fuse: bool) -> None:
     report = _run(OP, PATH, (0,), fuse=fuse)
     ok = report["certified"].cpu()  # read after the call: [transitions, heads]

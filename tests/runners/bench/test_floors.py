@@ -89,3 +89,15 @@ def test_floor_ms_is_the_larger_of_bytes_and_flops() -> None:
     with pytest.raises(ValueError, match="unknown launcher 'wyy'"):
         launcher_bytes("gdn", "wyy", B, T, HV)
     assert set(LAUNCHERS) >= {"wy", "transition", "chain", "state_plain", "state_split", "forward"}
+
+
+def test_two_kernel_forward_launchers() -> None:
+    """The Ag pass and the fused pass (`kernels.ops.<op>.wy_ag`, `fused`): KDA's Ag pass reads q, k, beta, g [K] and
+    writes Ag, Aqk and the per-key cumsum; its fused pass reads q, k, v, Ag, Aqk, the cumsum and writes o."""
+    K = V = 128
+    per_token = {"ag": 2 * (2 * K + 1) + 4 * K + 2 * 2 * 64 + 4 * K, "fused": 2 * (2 * K + 2 * V + 2 * 64) + 4 * K}
+    for name, n in per_token.items():
+        assert launcher_bytes("kda", name, B, T, HV) == B * T * HV * n
+    gdn_ag = 2 * (K + 1) + 4 + 2 * 64 + 4  # k, beta, g; Ag, gcum
+    assert launcher_bytes("gdn", "ag", B, T, HV) == B * T * HV * gdn_ag
+    assert launcher_flops("kda", "ag", B, T, HV) == 2 * launcher_flops("gdn", "ag", B, T, HV)

@@ -24,7 +24,6 @@ from kernels.common.seqsplit import plan_split, whole_sequences
 from kernels.ops.gdn.chunk import chunk_gdn_fwd
 from kernels.ops.gdn.fused import gdn_fused_fwd, gdn_fused_state_output, gdn_fused_transition
 from kernels.ops.gdn.naive import naive_recurrent_gdn
-from kernels.ops.kda.chunk import chunk_kda_fwd
 from kernels.plan import LaunchPlan, LaunchRecorder
 from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs, make_state
 
@@ -162,14 +161,14 @@ def test_wired_forward_and_refusals(chunk_size: int) -> None:
     assert_rel_close("ht", ht_ref, ht, TOL)
     with pytest.raises(ValueError, match="fwd_path must be one of"):
         check_fwd_path("fast", op="gdn", fused_fwd=None, keep_wy=False, keep_states=False)
-    with pytest.raises(ValueError, match="op='kda'"):
-        chunk_kda_fwd(q, k, v, g[..., None].expand(*k.shape).contiguous(), beta, scale=32**-0.5, fwd_path="fused", **call)
+    with pytest.raises(ValueError, match="without kept states"):
+        chunk_gdn_fwd(q, k, v, g, beta, scale=32**-0.5, fwd_path="fused", keep={}, keep_states=True, **call)
 
 
 def test_auto_path_rule() -> None:
     """The default fwd_path ("auto") runs GDN's fused forward (with a warm window too); the WY path where the plan keeps
-    the WY factors for the backward (they exist only there), where the output pass is unfused, and for KDA (no Ag
-    pass). Both are exact."""
+    the WY factors for the backward (they exist only there) and where the output pass is unfused. Both are exact (KDA's
+    rule: tests/kernels/ops/kda/test_fused.py)."""
     lengths = (100, 30)
     q, k, v, g, beta, cu, _ = _inputs(lengths, H=2, HV=2)
     o_ref, _ = _reference(q, k, v, g, beta, cu, None)
@@ -181,7 +180,3 @@ def test_auto_path_rule() -> None:
         assert ("gdn_fused_state_output_fwd" in rec) == fused and ("wy_gdn_fwd" in rec) != fused, (extra, list(rec))
         if "keep" in extra:
             assert {"w", "u"} <= set(extra["keep"]), "the WY path kept its factors"
-    rec = LaunchRecorder()
-    chunk_kda_fwd(q, k, v, g[..., None].expand(*k.shape).contiguous(), beta, scale=32**-0.5, cu_seqlens=cu,
-                  plan=LaunchPlan(recorder=rec))  # fmt: skip
-    assert "gdn_fused_state_output_fwd" not in rec and "wy_kda_fwd" in rec, list(rec)

@@ -1,0 +1,210 @@
+"""KDA's two-kernel forward (issue 26, `kernels.ops.kda.fused`) against its WY forward and FLA's Triton `chunk_kda`,
+in one process on one GPU: o checked against the fp32 reference, then do_bench medians; GPU only.
+
+    python benchmarks/kda_fused_lab.py --out $OUT [--shapes 1x131072,1x32768,8x8192] [--lbs -1,-5] [--no-fla]
+        [--ref-max-tokens 8192] [--split-chunks N] [--deadline-s 540]
+    TRITON_INTERPRET=1 python benchmarks/kda_fused_lab.py --out /tmp/lab --dry-run   # CPU plumbing check, no timing
+
+Inputs: bf16, H=HV=16, K=V=128, q and k L2-normalised, g = lb * sigmoid(randn) `[.., H, K]` fp32 (lb -1: every
+16-token span < FAST_SPAN, the Ag pass's tensor-core diagonal blocks; lb -5: spans up to 80, the same path; FLA's
+safe-gate range), beta = sigmoid(randn), B sequences packed as one varlen batch (`cu_seqlens`). Per shape and lb:
+- check: o of each path against the fp32 per-token reference (`kernels.ops.kda.naive`) up to --ref-max-tokens tokens,
+  above that against the chunked torch path in fp32 (itself tested against the per-token one); relative L2;
+- time (do_bench medians, warmup 25, rep 150): the new forward (`chunk_kda_fwd`, the default "auto" path) and its
+  launchers: the Ag pass (`wy_kda_ag`), the fused pass given Ag (`fused_state_output_fwd`) and, when the split runs,
+  its transitions, `seg_chain_fwd` and the state+output launch alone; the old forward (`fwd_path="wy"`) and its two
+  launchers (`wy_kda_fwd`, `state_and_output`); FLA's `chunk_kda` when `fla` imports (its first call's seconds too);
+- floors (`runners.bench.floors`, bytes at HBM_TBPS): the whole forward (q, k, v, g, beta read and o written once)
+  and each new launcher's (`ag`, `fused`); new / FLA, the issue's target <= 0.5.
+Writes $OUT/kda_fused_lab.{json,md} after every row (a stopped run keeps its rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.fused_fwd_lab import DEVICE, DIMS, _ms  # noqa: E402  (GDN's lab: the device, the dims, do_bench)
+
+
+def _inputs(B: int, T: int, lb: float, seed: int = 0) -> tuple[Any, ...]:
+    """q, k, v, g, beta `[1, B*T, ...]` on the device, cu_seqlens int32 there and its host list."""
+    dev, n, (H, K, V) = DEVICE["name"], B * T, DIMS.values()
+    gen = torch.Generator(device=dev).manual_seed(seed)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device=dev)
+
+    q, k = (torch.nn.functional.normalize(randn(1, n, H, K), dim=-1).to(DEVICE["dtype"]) for _ in range(2))
+    v = randn(1, n, H, V).to(DEVICE["dtype"])
+    g = lb * torch.sigmoid(randn(1, n, H, K))
+    beta = torch.sigmoid(randn(1, n, H)).to(DEVICE["dtype"])
+    bounds = [i * T for i in range(B + 1)]
+    return q, k, v, g, beta, torch.tensor(bounds, dtype=torch.int32, device=dev), bounds
+
+
+def _reference(q, k, v, g, beta, cu, max_tokens: int) -> tuple[torch.Tensor, str]:
+    """o in fp32: the per-token reference up to max_tokens tokens, else the chunked torch path."""
+    import kernels
+
+    backend = "reference" if q.shape[1] <= max_tokens else "torch"
+    o = kernels.forward("kda", *(x.float() for x in (q, k, v, g, beta)), cu_seqlens=cu, backend=backend)[0]
+    return o, {"reference": "per-token fp32", "torch": "chunked torch fp32"}[backend]
+
+
+def _floors(row: dict[str, Any], B: int, T: int, H: int, K: int, V: int) -> None:
+    from runners.bench.floors import HBM_TBPS, bytes_floor, launcher_bytes
+
+    def ms(nbytes: float) -> float:
+        return nbytes / (HBM_TBPS * 1e12) * 1e3
+
+    row["floor_ms"] = ms(bytes_floor("kda", B, T, H, K, V))
+    row["ag_floor_ms"] = ms(launcher_bytes("kda", "ag", B, T, H, K, V))
+    row["pass_floor_ms"] = ms(launcher_bytes("kda", "fused", B, T, H, K, V))
+
+
+def measure(B: int, T: int, lb: float, *, fla: bool, ref_max_tokens: int, split: int | None) -> dict[str, Any]:
+    from kernels.common.index import prepare_chunk_index
+    from kernels.common.seqsplit import resolve_split, seg_chain_fwd, state_and_output, whole_sequences
+    from kernels.common.wy import wy_kda_fwd
+    from kernels.ops.gdn.fused import fused_state_output_fwd, gdn_fused_state_output, gdn_fused_transition
+    from kernels.ops.kda.chunk import chunk_kda_fwd
+    from kernels.ops.kda.wy_ag import wy_kda_ag
+    from kernels.plan import default_plan
+    from runners.correctness import rel_l2
+
+    q, k, v, g, beta, cu, bounds = _inputs(B, T, lb)
+    H, K, V = v.shape[2], k.shape[3], v.shape[3]
+    scale, launch = K**-0.5, default_plan()
+    index = prepare_chunk_index(cu, batch=1, seq_len=B * T, chunk_size=64, device=q.device, cu_seqlens_cpu=bounds)
+    row: dict[str, Any] = {"B": B, "T": T, "lb": lb}
+    _floors(row, B, T, H, K, V)
+
+    def run(path: str) -> Any:
+        return chunk_kda_fwd(q, k, v, g, beta, scale=scale, cu_seqlens=cu, split_chunks=split, fwd_path=path)
+
+    o_ref, row["reference"] = _reference(q, k, v, g, beta, cu, ref_max_tokens)
+    for name, path in (("new", "auto"), ("old", "wy")):
+        row[f"err_{name}"] = rel_l2(run(path)[0], o_ref)
+        row[f"{name}_ms"] = _ms(lambda path=path: run(path))
+
+    # the new path's launchers: the Ag pass, the fused pass given Ag, and (split) its three pieces
+    ag, aqk, gcum = wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=launch)
+    row["ag_ms"] = _ms(lambda: wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=launch))
+    row["pass_ms"] = _ms(lambda: fused_state_output_fwd(q, k, v, ag, gcum, aqk=aqk, scale=scale, index=index,
+                                                        launch=launch, split_chunks=split))  # fmt: skip
+    plan = resolve_split(index, split, H=H, NV=-(-V // 64), device=q.device)
+    row["segments"] = plan.num_segments if plan is not None else 0
+    layout, h0 = whole_sequences(index), None
+    if plan is not None:
+        M, S = gdn_fused_transition(k, v, ag, gcum, layout=plan.transitions, BT=64, launch=launch)
+        row["transition_ms"] = _ms(lambda: gdn_fused_transition(k, v, ag, gcum, layout=plan.transitions, BT=64, launch=launch))
+        row["chain_ms"] = _ms(lambda: seg_chain_fwd(M, S, None, plan, launch=launch))
+        layout, h0 = plan.final, seg_chain_fwd(M, S, None, plan, launch=launch)
+    row["state_output_ms"] = _ms(lambda: gdn_fused_state_output(q, k, v, ag, gcum, aqk=aqk, layout=layout, BT=64,
+                                                                scale=scale, h0=h0, launch=launch))  # fmt: skip
+
+    # the old path's two launchers
+    w, u, kg, gc, qg, aqk_old = wy_kda_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch)
+    row["old_wy_ms"] = _ms(lambda: wy_kda_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch))
+    row["old_state_output_ms"] = _ms(lambda: state_and_output(
+        index=index, k=kg, w=w, u=u, g=gc, q=qg, aqk=aqk_old, gate_vector=True, scale=scale, initial_state=None,
+        output_final_state=False, out_dtype=q.dtype, launch=launch, split_chunks=split, fuse_output=True))  # fmt: skip
+
+    if fla:
+        from fla.ops.kda import chunk_kda
+
+        def fla_fwd() -> Any:
+            return chunk_kda(q, k, v, g, beta, scale=scale, cu_seqlens=cu.long())
+
+        t0 = time.perf_counter()
+        row["err_fla"] = rel_l2(fla_fwd()[0], o_ref)
+        row["fla_first_call_s"] = time.perf_counter() - t0
+        row["fla_ms"] = _ms(fla_fwd)
+        row["new_over_fla"] = row["new_ms"] / row["fla_ms"]
+    return row
+
+
+COLUMNS = [
+    ("B", "B"), ("T", "T"), ("lb", "lb"), ("floor_ms", "floor"), ("new_ms", "new fwd"), ("old_ms", "old fwd (WY)"),
+    ("fla_ms", "FLA chunk_kda"), ("new_over_fla", "new / FLA"), ("ag_ms", "new: Ag pass"), ("ag_floor_ms", "Ag floor"),
+    ("pass_ms", "new: fused pass (given Ag)"), ("pass_floor_ms", "pass floor"), ("transition_ms", "new: trans"),
+    ("chain_ms", "new: chain"), ("state_output_ms", "new: state+o"), ("segments", "segments"),
+    ("old_wy_ms", "old: wy"), ("old_state_output_ms", "old: state+o"), ("err_new", "err new"), ("err_old", "err old"),
+    ("err_fla", "err FLA"),
+]  # fmt: skip
+
+
+NOTE = (
+    "Times in ms (do_bench medians); floors: bytes at 4.2 TB/s (`runners.bench.floors`: the forward reads q, k, v, g, "
+    "beta and writes o once; `ag`, `fused` per launcher); err = relative L2 of o against the fp32 reference (column "
+    "`reference` in the JSON); the issue's target: new / FLA <= 0.5."
+)
+
+
+def _cell(key: str, x: Any) -> str:
+    return "" if x is None else f"{x:.3e}" if key.startswith("err") else f"{x:.3f}" if isinstance(x, float) else str(x)
+
+
+def _markdown(state: dict[str, Any]) -> str:
+    head = f"# KDA two-kernel forward lab (`benchmarks/kda_fused_lab.py`)\n\nCommand: `{state['command']}`  \n"
+    head += f"Environment: `{json.dumps(state['env'])}`\n\n{NOTE}\n\n"
+    table = ["| " + " | ".join(h for _, h in COLUMNS) + " |", "|" + "---:|" * len(COLUMNS)]
+    table += ["| " + " | ".join(_cell(key, row.get(key)) for key, _ in COLUMNS) + " |" for row in state["rows"]]
+    return head + "\n".join(table) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--shapes", default="1x131072,1x32768,8x8192", help="BxT,... (B sequences of T tokens)")
+    p.add_argument("--lbs", default="-1,-5", help="gate lower bounds: g = lb * sigmoid(randn)")
+    p.add_argument("--no-fla", action="store_true", help="skip FLA's chunk_kda even when fla imports")
+    p.add_argument("--ref-max-tokens", type=int, default=8192, help="per-token reference up to this many tokens")
+    p.add_argument("--split-chunks", type=int, default=None, help="segment length in chunks (default: automatic)")
+    p.add_argument("--dry-run", action="store_true", help="CPU under TRITON_INTERPRET=1: H=2, K=V=32, 1x200, split 1")
+    p.add_argument("--deadline-s", type=float, default=540.0, help="start no new row after this many seconds")
+    args = p.parse_args(argv)
+    if args.dry_run:
+        DEVICE.update(name="cpu", dtype=torch.float32)
+        DIMS.update(H=2, K=32, V=32)
+        args.shapes, args.lbs, args.no_fla, args.split_chunks = "1x200", "-1", True, args.split_chunks or 1
+    elif not torch.cuda.is_available():
+        raise SystemExit("kda_fused_lab needs a CUDA GPU (or --dry-run under TRITON_INTERPRET=1)")
+    import triton
+
+    from runners.versions import git_sha
+
+    start = time.monotonic()
+    fla = not args.no_fla and importlib.util.find_spec("fla") is not None
+    args.out.mkdir(parents=True, exist_ok=True)
+    env = {"gpu": torch.cuda.get_device_name() if not args.dry_run else "cpu (dry run)", "sha": git_sha(),
+           "torch": torch.__version__, "triton": triton.__version__, "fla": fla}  # fmt: skip
+    state: dict[str, Any] = {"command": " ".join(sys.argv), "rows": [], "env": env}
+    cases = [(text, float(lb)) for text in args.shapes.split(",") for lb in args.lbs.split(",")]
+    for text, lb in cases:
+        if time.monotonic() - start > args.deadline_s:
+            print(f"deadline: {text} lb {lb} not started", flush=True)
+            continue
+        B, T = (int(x) for x in text.lower().split("x"))
+        state["rows"].append(measure(B, T, lb, fla=fla, ref_max_tokens=args.ref_max_tokens, split=args.split_chunks))
+        print(json.dumps(state["rows"][-1]), flush=True)
+        for ext, text_of in (("json", lambda st: json.dumps(st, indent=1) + "\n"), ("md", _markdown)):
+            (args.out / f"kda_fused_lab.{ext}").write_text(text_of(state))
+        if not args.dry_run:
+            torch.cuda.empty_cache()
+    print(_markdown(state))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""KDA's two-kernel forward (GDN's since session 10, `kernels.ops.gdn.fused`): the Ag pass `wy_kda_ag` (Ag, Aqk and
+the per-key gate cumsum G `[B, T, HV, K]` fp32), then the fused state+output pass, GDN's kernel with the per-key gate
+(its constexpr GATE_VECTOR, set by gcum's shape; spec `kda_fused_state_output_fwd`):
+
+    Vd = Ag (V - (K (x) exp(G)) S)                      (= u - w S of the WY form)
+    O  = (scale Q (x) exp(G)) S + Aqk Vd
+    S  = diag(exp(G_last)) S + (K (x) exp(G_last - G))^T Vd
+
+per chunk (exp(G) and exp(G_last - G) per key column; every exponent <= 0 for any g <= 0, -1000 and -inf masks
+floored at the load, `kernels.common.decay`). The same modes as GDN's: output, state only, the TRANSITION maps of the
+intra-device split (`kernels.common.seqsplit`), the warm split's windows (`kernels.common.warm_split`: the Ag pass
+sums the decay bound), grouped value heads read in place, varlen, initial and final states.
+The op table runs `kda_fused_fwd` as KDA's `fused_fwd` (`kernels.common.chunk_fwd`'s fwd_path "auto").
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from kernels.common.index import ChunkIndex
+from kernels.common.warm_split import WarmInputs
+from kernels.ops.gdn.fused import fused_state_output_fwd
+from kernels.ops.kda.wy_ag import wy_kda_ag
+from kernels.plan import LaunchPlan
+
+__all__ = ["kda_fused_fwd"]
+
+
+def kda_fused_fwd(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex, launch: LaunchPlan,
+    initial_state: Tensor | None = None, output_final_state: bool = False, split_chunks: int | None = None,
+    warm: WarmInputs | None = None, keep: dict[str, Tensor] | None = None,
+) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    """KDA's forward on the fused pass: (o `[B, T, HV, V]` in q's dtype, final state `[N, HV, K, V]` fp32 or None).
+
+    q, k `[B, T, H, K]`, v `[B, T, HV, V]`, g `[B, T, HV, K]`, beta `[B, T, HV]` (contiguous). split_chunks: as
+    `kernels.common.seqsplit.resolve_split` (None automatic, 0 never, n chunks per segment). warm: the split's
+    gate-certified warmup (`kernels.common.warm_split`, its `chunk_bound` for the Ag pass to fill), or None. keep
+    (the "ag" recompute policy): left empty, KDA has no backward from Ag yet, so its backward recomputes as under
+    "inputs".
+    """
+    bnd = warm.chunk_bound if warm is not None else None
+    ag, aqk, gcum = wy_kda_ag(
+        q, k, g, beta, scale=scale, index=index, launch=launch, bnd=bnd, v=v if bnd is not None else None
+    )
+    return fused_state_output_fwd(q, k, v, ag, gcum, aqk=aqk, scale=scale, index=index, launch=launch,
+                                  initial_state=initial_state, output_final_state=output_final_state,
+                                  split_chunks=split_chunks, warm=warm)  # fmt: skip

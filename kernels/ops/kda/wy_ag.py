@@ -1,0 +1,148 @@
+"""KDA's Ag pass for the two-kernel forward (GDN's `kernels.ops.gdn.wy_ag`, with the per-key gate): per chunk and
+value head it stores
+
+    Ag  = T diag(beta),   T = (I + A)^{-1},   A = StrictLower(beta_i sum_d k_id k_jd exp(G_id - G_jd))
+    Aqk = scale sum_d q_id k_jd exp(G_id - G_jd)  on and below the diagonal
+
+both `[B, T, HV, BT]` in k's dtype (row i of chunk c holds row i of the chunk's BT x BT matrix; Ag with zeros above
+the diagonal; Aqk's blocks above the diagonal are not written: its reader masks them), and the fp32 in-chunk cumsum G
+of the floored per-key gate `gcum` `[B, T, HV, K]` (FLA's gk). No w, u, kg or qg: the state+output pass
+(`kernels.ops.kda.fused`) forms u - w S = Ag (V - (K (x) exp(G)) S) and the gated q and k itself.
+
+`wy_kda_fwd`'s machinery (`kernels.common.wy`): the decayed grams in 16-row blocks (`_kda_gram`: tensor-core
+products when every key's span in the chunk's blocks is < FAST_SPAN, the elementwise `_diag_gram` on the diagonal
+blocks otherwise; every exponent <= 0 for any g <= 0), the mask and beta on A's rows, the block solve, and GDN's Ag
+store (`kernels.ops.gdn.wy_ag._store_ag`), stopped after T.
+
+Grouped value heads: q, k have H heads, g and beta HV = G H; value head h reads key head h // G (no repeat).
+The warm split's per-chunk bound sums (`bnd`, `kernels.common.warm_split`) need ||v||^2 per token and each token's
+largest gate over the key dims (as `wy_kda_fwd`'s): with `bnd`, v must be given (read only for those squares).
+
+Grid: dense (NT, B * HV); varlen (NT_total, HV) with the chunk index of `kernels.common.index`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels.common.chunk_program import group_heads
+from kernels.common.index import ChunkIndex
+from kernels.common.wy import (
+    _blocks,
+    _gate_rowmax,
+    _grid,
+    _kda_beta_rows,
+    _kda_gram,
+    _load_vec4,
+    _solve,
+    _store_kda_aqk,
+    _wy_chunk,
+)
+from kernels.configs import KernelSpec, LaunchConfig, register
+from kernels.ops.gdn.wy_ag import WY_GDN_AG_FWD, _store_ag, _store_bound, ag_launch
+from kernels.plan import LaunchPlan
+
+__all__ = ["WY_KDA_AG_FWD", "wy_kda_ag"]
+
+WY_KDA_AG_FWD = register(
+    KernelSpec(
+        name="wy_kda_ag_fwd",
+        key=WY_GDN_AG_FWD.key,
+        # wy_kda_fwd's measured tiles (BK 16, one warp: the per-key gate's fp32 [16, BK] tiles next to the keys);
+        # not measured on a GPU yet (benchmarks/kda_fused_lab.py)
+        default=LaunchConfig(BK=16, BV=64, num_warps=1, num_stages=2),
+        space={"BK": (16, 32, 64), "num_warps": (1, 2, 4), "num_stages": (1, 2)},
+    )
+)
+
+
+@triton.jit
+def _gate_rowmax4(g, bos, t0, T, i_h, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr):
+    """Each token's largest floored gate over the key dims (`_gate_rowmax`), fp32 [16] per 16-row block."""
+    m0 = tl.full([16], float("-inf"), tl.float32)
+    m1 = tl.full([16], float("-inf"), tl.float32)
+    m2 = tl.full([16], float("-inf"), tl.float32)
+    m3 = tl.full([16], float("-inf"), tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        m0 = tl.maximum(m0, _gate_rowmax(g, bos, t0, T, i_h, H, K, i_k * BK, BK))
+        m1 = tl.maximum(m1, _gate_rowmax(g, bos, t0 + 16, T, i_h, H, K, i_k * BK, BK))
+        m2 = tl.maximum(m2, _gate_rowmax(g, bos, t0 + 32, T, i_h, H, K, i_k * BK, BK))
+        m3 = tl.maximum(m3, _gate_rowmax(g, bos, t0 + 48, T, i_h, H, K, i_k * BK, BK))
+    return m0, m1, m2, m3
+
+
+@triton.heuristics(
+    {
+        "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+        "HAS_BOUND": lambda args: args["bnd"] is not None,
+        "G": group_heads("g"),
+    }
+)
+@triton.jit(do_not_specialize=["T"])
+def wy_kda_ag_fwd_kernel(
+    q,  # [B, T, H, K]
+    k,  # [B, T, H, K]
+    v,  # [B, T, HV, V] or None (read only for bnd)
+    g,  # [B, T, HV, K] natural-log per-key gate
+    beta,  # [B, T, HV]
+    ag,  # out [B, T, HV, BT] = T diag(beta), zeros above the diagonal
+    aqk,  # out [B, T, HV, BT] scale (Q K^T (x) decay), on and below the diagonal
+    gcum,  # out [B, T, HV, K] fp32 in-chunk cumsum of the floored g
+    cu_seqlens,  # [N+1] int32 or None
+    chunk_indices,  # [NT_total, 2] int32 or None
+    bnd,  # out [NT_total, HV, 2] fp32 or None: the chunk's decay-bound summary (L, W) (`_chunk_bound`, warm_split)
+    scale, T,
+    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_BOUND: tl.constexpr, G: tl.constexpr,
+):  # fmt: skip
+    i_hv, i_tg, bos, t0, T, _ = _wy_chunk(cu_seqlens, chunk_indices, None, T, HV, BT, IS_VARLEN, False)
+    b0, b1, b2, b3 = _load_vec4(beta, bos, t0, T, i_hv, HV)
+    # the q-k gram (stores G), then the k-k gram (stores nothing): one set of 10 accumulators live at a time
+    Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33 = _kda_gram(
+        q, k, g, gcum, bos, t0, T, i_hv, gcum, scale, HV, K, BK, False, G, 2
+    )
+    _store_kda_aqk(aqk, bos, t0, T, i_hv, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33, scale, HV, BT)
+    A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _kda_gram(
+        k, k, g, gcum, bos, t0, T, i_hv, gcum, 1.0, HV, K, BK, True, G, 0
+    )
+    A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _kda_beta_rows(
+        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, b0, b1, b2, b3
+    )
+    T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33)
+    _store_ag(ag, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, b0, b1, b2, b3, bos, t0, T, i_hv, HV, BT)
+    if HAS_BOUND:
+        x0, x1, x2, x3 = _gate_rowmax4(g, bos, t0, T, i_hv, HV, K, BK)
+        _store_bound(bnd, k, v, x0, x1, x2, x3, b0, b1, b2, b3, bos, t0, T, i_tg, i_hv // G, HV // G, i_hv, HV, K, V, BK, BV)
+
+
+def wy_kda_ag(
+    q: Tensor, k: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex, launch: LaunchPlan | None = None,
+    bnd: Tensor | None = None, v: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """KDA's Ag pass: (ag, aqk `[B, T, HV, BT]` in k's dtype, gcum fp32 `[B, T, HV, K]`).
+
+    q, k `[B, T, H, K]`; g `[B, T, HV, K]`, beta `[B, T, HV]`, HV a multiple of H (value head h reads key head
+    h // (HV / H)). bnd: fp32 `[NT_total, HV, 2]` or None: receives each chunk's decay-bound summary (L, W), as
+    `wy_kda_fwd(bnd=)`; it needs v `[B, T, HV, V]` (its rows' norms; v is not read otherwise).
+    """
+    B, T, H, K = k.shape
+    HV = g.shape[2]
+    if q.shape != k.shape or g.shape != (B, T, HV, K) or beta.shape != (B, T, HV) or HV % H:
+        raise ValueError(
+            f"wy_kda_ag: q must be k's shape, g [B, T, HV, K] and beta [B, T, HV] with HV a multiple of k's H={H}, "
+            f"got q {tuple(q.shape)}, g {tuple(g.shape)}, beta {tuple(beta.shape)} for k {tuple(k.shape)}"
+        )
+    BT, V, cfg = ag_launch("wy_kda_ag", WY_KDA_AG_FWD, launch, k, HV, index, bnd, v)
+    BK, BV = _blocks(cfg, index, K, V)
+    ag = torch.empty(B, T, HV, BT, dtype=k.dtype, device=k.device)
+    aqk = torch.empty(B, T, HV, BT, dtype=k.dtype, device=k.device)
+    gcum = torch.empty(B, T, HV, K, dtype=torch.float32, device=k.device)
+    wy_kda_ag_fwd_kernel[_grid(index, B, T, HV)](
+        q, k, v if bnd is not None else None, g, beta, ag, aqk, gcum, index.cu_seqlens if index.is_varlen else None,
+        index.chunk_indices if index.is_varlen else None, bnd, scale, T, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return ag, aqk, gcum

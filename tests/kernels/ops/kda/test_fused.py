@@ -1,0 +1,86 @@
+"""KDA's two-kernel forward (`kernels.ops.kda.fused`: the Ag pass, then GDN's fused state+output pass with the per-key
+gate) against the fp32 per-token reference (interpreted on CPU; on a GPU with CPBENCH_TEST_GPU=1) and against the WY
+path (`fwd_path="wy"`), on random inputs.
+
+Scenarios: dense with grouped value heads HV = 2H, value head 0 strong (gates down to -20 per token and -1000 masks:
+the Ag pass's elementwise diagonal blocks, decays underflowing inside a chunk), an initial state, the output and the
+state-only modes, and the WY path on the same inputs; through `chunk_kda_fwd`'s default path, varlen with partial and
+sub-chunk sequences, K, V not powers of two, split into 1-chunk segments (the TRANSITION maps and the segment chain),
+at chunks of 64 and 32; the WY path where the plan keeps its factors. The warm split on this path: tests/kernels/common/test_warm_split.py.
+Tolerance: 1e-5 relative L2 on CPU (IEEE fp32 dots); 1e-2 on a GPU (tf32 dots).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels.common.index import prepare_chunk_index
+from kernels.common.seqsplit import whole_sequences
+from kernels.ops.gdn.fused import gdn_fused_state_output
+from kernels.ops.kda.chunk import chunk_kda_fwd
+from kernels.ops.kda.naive import naive_recurrent_kda
+from kernels.ops.kda.wy_ag import wy_kda_ag
+from kernels.plan import LaunchPlan, LaunchRecorder, default_plan
+from tests.kernels.ops.kda.test_wy_ag import DIM, HV, kda_grouped_inputs
+from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs, make_state
+
+DEVICE = TEST_DEVICE
+TOL = 1e-5 if DEVICE == "cpu" else 1e-2
+
+
+def _reference(q, k, v, g, beta, cu, h0):
+    hv = v.shape[2]
+    q, k = (x.repeat_interleave(hv // x.shape[2], dim=2) for x in (q, k))
+    return naive_recurrent_kda(q, k, v, g, beta, scale=q.shape[-1] ** -0.5, initial_state=h0, output_final_state=True,
+                               cu_seqlens_cpu=cu.tolist() if cu is not None else None)  # fmt: skip
+
+
+def test_dense_grouped_heads_strong_gates() -> None:
+    q, k, v, g, beta, cu = kda_grouped_inputs("dense", lb=-0.5)
+    h0 = make_state(1, HV, DIM, DIM, device=DEVICE)
+    index = prepare_chunk_index(None, batch=1, seq_len=v.shape[1], chunk_size=64, device=v.device)
+    ag, aqk, gcum = wy_kda_ag(q, k, g, beta, scale=DIM**-0.5, index=index)
+    rec = LaunchRecorder()
+    run = {
+        "layout": whole_sequences(index),
+        "BT": 64,
+        "h0": h0,
+        "output_final_state": True,
+        "launch": LaunchPlan(recorder=rec),
+    }
+    o, ht = gdn_fused_state_output(q, k, v, ag, gcum, aqk=aqk, scale=DIM**-0.5, **run)
+    o_ref, ht_ref = _reference(q, k, v, g, beta, cu, h0)
+    assert rec["kda_fused_state_output_fwd"][0]["HV"] == HV
+    assert_rel_close("o", o_ref, o, TOL)
+    assert_rel_close("ht", ht_ref, ht, TOL)
+    _, ht_only = gdn_fused_state_output(None, k, v, ag, gcum, **run)
+    assert_rel_close("ht (state only)", ht_ref, ht_only, TOL)
+    o_wy, _ = chunk_kda_fwd(q, k, v, g, beta, scale=DIM**-0.5, initial_state=h0, fwd_path="wy")
+    assert_rel_close("o against the WY path", o_wy, o, TOL)
+
+
+@pytest.mark.parametrize("chunk", [64, 32])
+def test_varlen_split(chunk: int) -> None:
+    lengths = (37, 100, 5)
+    q, k, v, g, beta, cu = make_inputs("kda", lengths, H=1, K=24, V=20, lb=-0.5, device=DEVICE)
+    h0 = make_state(len(lengths), 1, 24, 20, device=DEVICE)
+    rec = LaunchRecorder()
+    o, ht = chunk_kda_fwd(q, k, v, g, beta, scale=24**-0.5, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                          split_chunks=1, chunk_size=chunk, plan=default_plan().with_recorder(rec))  # fmt: skip
+    o_ref, ht_ref = _reference(q, k, v, g, beta, cu, h0)
+    assert_rel_close("o", o_ref, o, TOL)
+    assert_rel_close("ht", ht_ref, ht, TOL)
+    assert "seg_chain_fwd" in rec and "wy_kda_fwd" not in rec, sorted(rec)
+    assert rec["kda_fused_state_output_fwd"][0]["BT"] == chunk
+
+
+def test_wy_path_where_the_plan_keeps_its_factors() -> None:
+    """The default forward is the two-kernel one (test_varlen_split); the WY path where the plan keeps the WY factors
+    for the backward (only it makes them), exact too."""
+    lengths = (70, 20)
+    q, k, v, g, beta, cu = make_inputs("kda", lengths, H=1, K=16, V=16, lb=-0.5, device=DEVICE)
+    o_ref, _ = _reference(q, k, v, g, beta, cu, None)
+    rec, keep = LaunchRecorder(), {}
+    o, _ = chunk_kda_fwd(q, k, v, g, beta, scale=16**-0.5, cu_seqlens=cu, plan=LaunchPlan(recorder=rec), keep=keep)
+    assert_rel_close("o", o_ref, o, TOL)
+    assert "kda_fused_state_output_fwd" not in rec and "wy_kda_fwd" in rec and {"w", "u"} <= set(keep), sorted(rec)

@@ -1,0 +1,126 @@
+"""KDA's Ag pass (`kernels.ops.kda.wy_ag.wy_kda_ag`) on the Triton backend (interpreted on CPU; on a GPU with
+CPBENCH_TEST_GPU=1):
+- Ag = T diag(beta), Aqk (on and below the diagonal) and the per-key gate cumsum against an fp64 torch triangular
+  solve of the per-key decayed grams (`_reference`), varlen at chunk 64 and dense at chunk 32 (sequences not a
+  multiple of the chunk), grouped value heads (HV = 2H); value head 0 strong (gates down to -20 per token: spans past
+  FAST_SPAN, the elementwise diagonal blocks) with -1000 masks on a few tokens, the other heads weak (the
+  tensor-core diagonal blocks); the entries above Ag's diagonal written as exact zeros; fp32 at 1e-5 relative L2 on
+  CPU (1e-2 on a GPU: tf32 products), bf16 at 1e-2;
+- the per-chunk decay-bound sums (`bnd`) equal `wy_kda_fwd`'s on the same inputs;
+- bad arguments are refused with one line.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+
+from kernels.common.chunk_torch import from_chunks, to_chunks
+from kernels.common.decay import floor_gate
+from kernels.common.index import ChunkIndex, prepare_chunk_index
+from kernels.ops.kda.wy_ag import wy_kda_ag
+from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs
+
+DEVICE = TEST_DEVICE
+TOL = 1e-5 if DEVICE == "cpu" else 1e-2
+H, HV, DIM = 1, 2, 16  # key heads, value heads (HV = 2H), head dims
+LAYOUTS = {"dense": {"B": 1, "T": 70}, "varlen": {"lengths": (37, 90)}}
+MASKED = (5, 50, 66)  # tokens whose gate is -1000 on value head 0 (a mask)
+
+
+def kda_grouped_inputs(layout: str, dtype: torch.dtype = torch.float32, lb: float = -0.5):
+    """KDA inputs (`make_inputs`), q, k with H heads, v, g, beta with HV; value head 0's gates times 40 (down to -20
+    per token) and -1000 at MASKED, the other heads weak."""
+    q, k, v, g, beta, cu = make_inputs("kda", H=HV, K=DIM, V=DIM, lb=lb, seed=5, dtype=dtype, device=DEVICE,
+                                       **LAYOUTS[layout])  # fmt: skip
+    g[:, :, 0] *= 40
+    g[:, list(MASKED), 0, ::3] = -1000.0
+    return q[:, :, :H].contiguous(), k[:, :, :H].contiguous(), v, g, beta, cu
+
+
+def _index(cu: Tensor | None, v: Tensor, chunk: int) -> ChunkIndex:
+    return prepare_chunk_index(cu, batch=v.shape[0], seq_len=v.shape[1], chunk_size=chunk, device=v.device)
+
+
+def _reference(q: Tensor, k: Tensor, g: Tensor, beta: Tensor, index: ChunkIndex, scale: float):
+    """(Ag, Aqk, gcum) in fp64: per chunk the decayed grams sum_d x_id k_jd exp(G_id - G_jd), A strictly lower times
+    beta on the rows, Ag = (I + A)^{-1} diag(beta) by a triangular solve; Aqk on and below the diagonal."""
+    B, T, hv, _ = g.shape
+    qc, kc = (to_chunks(x.repeat_interleave(hv // x.shape[2], 2), index, torch.float64) for x in (q, k))
+    G = to_chunks(floor_gate(g), index, torch.float64).cumsum(2)  # [NT, HV, C, K]
+    bc = to_chunks(beta, index, torch.float64)
+    C = index.chunk_size
+    lower = torch.ones(C, C, dtype=torch.bool, device=g.device).tril()
+
+    def gram(x: Tensor, diagonal: bool) -> Tensor:
+        m = lower if diagonal else lower.tril(-1)
+        D = (G[..., :, None, :] - G[..., None, :, :]).masked_fill(~m[..., None], float("-inf")).exp()
+        return torch.einsum("nhid,nhjd,nhijd->nhij", x, kc, D)
+
+    A = gram(kc, False) * bc[..., None]
+    eye = torch.eye(C, dtype=torch.float64, device=g.device)
+    ag = torch.linalg.solve_triangular(A + eye, torch.diag_embed(bc), upper=False, unitriangular=True)
+    return tuple(from_chunks(x, index, B, T) for x in (ag, gram(qc, True) * scale, G))
+
+
+def _row_in_chunk(index: ChunkIndex, B: int, T: int) -> Tensor:
+    """Each token's row within its chunk, [B, T] int64 (host)."""
+    bounds = index.cu_seqlens_cpu
+    pos = torch.empty(B * T, dtype=torch.int64)
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        pos[a:b] = torch.arange(b - a) % index.chunk_size
+    return pos.view(B, T)
+
+
+@pytest.mark.parametrize(("layout", "chunk"), [("varlen", 64), ("dense", 32)])
+def test_ag_aqk_and_gate_match_the_triangular_solve(layout: str, chunk: int) -> None:
+    q, k, v, g, beta, cu = kda_grouped_inputs(layout)
+    index = _index(cu, v, chunk)
+    ag, aqk, gcum = wy_kda_ag(q, k, g, beta, scale=DIM**-0.5, index=index)
+    ag_ref, aqk_ref, g_ref = _reference(q, k, g, beta, index, DIM**-0.5)
+    B, T = v.shape[:2]
+    assert ag.shape == aqk.shape == (B, T, HV, chunk) and ag.dtype == aqk.dtype == k.dtype
+    assert gcum.shape == g.shape and gcum.dtype == torch.float32
+    above = (torch.arange(chunk)[None, None, :] > _row_in_chunk(index, B, T)[..., None]).to(DEVICE)  # [B, T, chunk]
+    assert bool((ag.permute(0, 1, 3, 2)[above] == 0).all()), "entries above Ag's diagonal must be written as 0"
+    assert float(ag_ref.abs().max()) > 0.5 and float(g_ref.min()) < -300  # nontrivial Ag, strong head, masks (floored)
+    assert_rel_close("Ag", ag_ref, ag, TOL)
+    assert_rel_close("Aqk", aqk_ref, aqk.masked_fill(above[:, :, None], 0.0), TOL)
+    torch.testing.assert_close(gcum.double(), g_ref, rtol=1e-6, atol=1e-3)
+
+
+def test_ag_in_bf16() -> None:
+    q, k, v, g, beta, cu = kda_grouped_inputs("varlen", torch.bfloat16)
+    index = _index(cu, v, 64)
+    ag, aqk, _ = wy_kda_ag(q, k, g, beta, scale=DIM**-0.5, index=index)
+    ag_ref, aqk_ref, _ = _reference(q, k, g, beta, index, DIM**-0.5)
+    above = (torch.arange(64)[None, None, :] > _row_in_chunk(index, *v.shape[:2])[..., None]).to(DEVICE)
+    assert ag.dtype == aqk.dtype == torch.bfloat16
+    assert_rel_close("Ag bf16", ag_ref, ag, 1e-2)
+    assert_rel_close("Aqk bf16", aqk_ref, aqk.masked_fill(above[:, :, None], 0.0), 1e-2)
+
+
+def test_chunk_bounds_equal_the_wy_pass() -> None:
+    from kernels.common.wy import wy_kda_fwd
+
+    q, k, v, g, beta, cu = kda_grouped_inputs("varlen")
+    index = _index(cu, v, 64)
+    beta[:, 37:101] = 0.0  # a chunk that writes nothing: W = -inf
+    bnd = torch.empty(index.num_chunks, HV, 2, device=DEVICE)
+    wy_kda_ag(q, k, g, beta, scale=1.0, index=index, bnd=bnd, v=v)
+    ref = torch.empty_like(bnd)
+    wy_kda_fwd(None, k, v, g, beta, scale=1.0, index=index, bnd=ref)
+    assert bool(torch.isinf(ref[:, :, 1]).any()) and bool(torch.isfinite(ref[:, :, 0]).all())
+    torch.testing.assert_close(bnd, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_arguments_are_refused() -> None:
+    q, k, v, g, beta, cu = kda_grouped_inputs("dense")
+    index = _index(cu, v, 64)
+    with pytest.raises(ValueError, match="bnd needs v"):
+        wy_kda_ag(q, k, g, beta, scale=1.0, index=index, bnd=torch.empty(index.num_chunks, HV, 2, device=DEVICE))
+    with pytest.raises(ValueError, match="HV a multiple"):
+        wy_kda_ag(q, k, g[..., 0], beta, scale=1.0, index=index)
+    with pytest.raises(ValueError, match="chunk_size must be one of"):
+        wy_kda_ag(q, k, g, beta, scale=1.0, index=_index(cu, v, 128))

@@ -29,6 +29,7 @@ __all__ = [
     "BACKEND_OPTIONS",
     "BACKENDS",
     "BENCHMARKED_BACKENDS",
+    "AUTO_BWD_GRADS",
     "BWD_GRADS",
     "COUNTED_DIRECTIONS",
     "DTYPES",
@@ -102,7 +103,12 @@ AUTOGRAD_MODES: tuple[str, ...] = tuple(m for m in MODES if m not in (*HAND_BACK
 
 # the triton backend's recompute policies (what its forward keeps for the backward), the default first
 KEEP_POLICIES: tuple[str, ...] = ("inputs", "ag", "wy", "wy+states")
-BWD_GRADS: tuple[str, ...] = ("pair", "fused")  # the backward's gradient kernels: chunk_bwd_dqk + wy_bwd, or one per chunk
+# the backward's gradient kernels: "auto" (the default: AUTO_BWD_GRADS's choice per op), chunk_bwd_dqk + wy_bwd, or one
+# kernel per chunk (`kernels.common.dqk_wy_bwd`)
+BWD_GRADS: tuple[str, ...] = ("auto", "pair", "fused")
+# "auto" per op, from the H200 (session 11, benchmarks/results/bwd_ag_lab_h200.md, dqk_wy_lab_h200.md): GDN's training
+# step at 1x64K 8.97 -> 8.70 ms and its peak 4616 -> 3336 MB with the fused kernel; KDA's step 29.6 -> 32.1 ms (slower)
+AUTO_BWD_GRADS: Mapping[str, str] = MappingProxyType({"gdn": "fused", "kda": "pair"})
 # our backends' own options (`mode_options: {triton: {keep: wy+states}}`): backend -> name -> values, default first
 BACKEND_OPTIONS: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyType({"triton": {"keep": KEEP_POLICIES}})
 

@@ -21,7 +21,8 @@ These device helpers live in `kernels.common.bwd_tiles`.
 
 `chunk_bwd` is the whole backward: recompute (WY prep, T, the chunk states with the forward's sequence split),
 the reverse state pass (split the same way), then the two kernels above (`pair_grads`), or with the plan's
-`bwd_grads="fused"` one kernel per (chunk, head) in their place (`kernels.common.dqk_wy_bwd`: no dw, no partials).
+`bwd_grads="fused"` one kernel per (chunk, head) in their place (`kernels.common.dqk_wy_bwd`: no dw, no partials);
+the default "auto" takes the fused kernel for GDN and the pair for KDA (`kernels.vocabulary.AUTO_BWD_GRADS`).
 Extra memory: the chunk states h and their gradients dh ([NT, H, K, V] each), v_new, dv_new, T, and for the pair
 dw ([B, T, H, K]) and fp32 [B, T, H, K] buffers for the partial dk and dG; never [T, K, K] or a per-token state.
 
@@ -75,6 +76,7 @@ from kernels.common.wy import (
 )
 from kernels.configs import KernelSpec, LaunchConfig, register
 from kernels.plan import LaunchPlan, default_plan, launch_config
+from kernels.vocabulary import AUTO_BWD_GRADS
 
 __all__ = ["CHUNK_BWD_DQK", "WY_BWD", "WY_INVERSE", "chunk_bwd", "chunk_state_grad", "pair_grads"]
 
@@ -487,8 +489,9 @@ def chunk_bwd(
         states=True, kept=kept)
     assert h is not None and v_new is not None and dh is not None and dv_new is not None
 
-    # 3. the chunk-parallel gradients: one kernel per chunk (`LaunchPlan.bwd_grads` "fused"), or the pair below
-    if launch.bwd_grads == "fused":
+    # 3. the chunk-parallel gradients: one kernel per chunk (`LaunchPlan.bwd_grads` "fused"; "auto": the op's choice in
+    # `kernels.vocabulary.AUTO_BWD_GRADS`), or the pair below
+    if (AUTO_BWD_GRADS.get(op, "pair") if launch.bwd_grads == "auto" else launch.bwd_grads) == "fused":
         grads = dqk_wy_bwd(q, k, v, g, beta, tt, h, dh, v_new, dv_new, do, scale=scale, index=index,
                            gate_vector=gate_vector, dot_prec=VECTOR_GATE_DOT, launch=launch)
     else:

@@ -75,8 +75,8 @@ def test_plan_is_frozen_and_keep_is_checked() -> None:
     assert [LaunchPlan(keep=k).keeps for k in KEEP_POLICIES] == [(False, False), (True, False), (True, False), (True, True)]
     with pytest.raises(ValueError, match=r"^LaunchPlan\.keep must be one of inputs, ag, wy, wy\+states, got 'none'$"):
         plan.replace(keep="none")
-    assert plan.bwd_grads == "pair" and plan.replace(bwd_grads="fused").bwd_grads == "fused"
-    with pytest.raises(ValueError, match=r"^LaunchPlan\.bwd_grads must be one of pair, fused, got 'one'$"):
+    assert plan.bwd_grads == "auto" and plan.replace(bwd_grads="fused").bwd_grads == "fused"
+    with pytest.raises(ValueError, match=r"^LaunchPlan\.bwd_grads must be one of auto, pair, fused, got 'one'$"):
         plan.replace(bwd_grads="one")
 
 

@@ -66,7 +66,8 @@ def test_varlen_split(chunk: int) -> None:
     h0 = make_state(len(lengths), 1, 24, 20, device=DEVICE)
     rec = LaunchRecorder()
     o, ht = chunk_kda_fwd(q, k, v, g, beta, scale=24**-0.5, initial_state=h0, output_final_state=True, cu_seqlens=cu,
-                          split_chunks=1, chunk_size=chunk, plan=default_plan().with_recorder(rec))  # fmt: skip
+                          split_chunks=1, chunk_size=chunk, plan=default_plan().with_recorder(rec),
+                          fwd_path="fused")  # fmt: skip
     o_ref, ht_ref = _reference(q, k, v, g, beta, cu, h0)
     assert_rel_close("o", o_ref, o, TOL)
     assert_rel_close("ht", ht_ref, ht, TOL)
@@ -74,9 +75,9 @@ def test_varlen_split(chunk: int) -> None:
     assert rec["kda_fused_state_output_fwd"][0]["BT"] == chunk
 
 
-def test_wy_path_where_the_plan_keeps_its_factors() -> None:
-    """The default forward is the two-kernel one (test_varlen_split); the WY path where the plan keeps the WY factors
-    for the backward (only it makes them), exact too."""
+def test_wy_path_by_default_and_where_the_plan_keeps_its_factors() -> None:
+    """KDA's default forward is the WY one (`kernels.common.chunk_fwd.AUTO_FUSED_OPS`: its two-kernel forward measured
+    no faster on the H200) and so is the forward where the plan keeps the WY factors (only it makes them), exact too."""
     lengths = (70, 20)
     q, k, v, g, beta, cu = make_inputs("kda", lengths, H=1, K=16, V=16, lb=-0.5, device=DEVICE)
     o_ref, _ = _reference(q, k, v, g, beta, cu, None)
@@ -84,3 +85,6 @@ def test_wy_path_where_the_plan_keeps_its_factors() -> None:
     o, _ = chunk_kda_fwd(q, k, v, g, beta, scale=16**-0.5, cu_seqlens=cu, plan=LaunchPlan(recorder=rec), keep=keep)
     assert_rel_close("o", o_ref, o, TOL)
     assert "kda_fused_state_output_fwd" not in rec and "wy_kda_fwd" in rec and {"w", "u"} <= set(keep), sorted(rec)
+    rec = LaunchRecorder()
+    chunk_kda_fwd(q, k, v, g, beta, scale=16**-0.5, cu_seqlens=cu, plan=LaunchPlan(recorder=rec))
+    assert "kda_fused_state_output_fwd" not in rec and "wy_kda_fwd" in rec, sorted(rec)

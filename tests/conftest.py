@@ -112,3 +112,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_pg)
         if local and "browser" in item.keywords and not (have_pw and shutil.which("chromium")):
             item.add_marker(skip_browser)
+    if hasattr(config, "workerinput"):  # an xdist worker (`./dev test`: -n 2 --dist worksteal)
+        _spawning_modules_first(items)
+
+
+def _spawning_modules_first(items: list[pytest.Item]) -> None:
+    """The modules that spawn processes (a test marked multiproc or slow: gloo gangs, workers, torchrun hosts, the
+    longest tests) run first, each module whole and in its order: the run then ends on short tests, which an idle
+    xdist worker can take from the other one's queue, so neither core waits on a long test alone at the end. Every
+    worker sorts its identical collection the same way (xdist needs identical orders)."""
+    first = {
+        item.nodeid.split("::")[0] for item in items if any(item.iter_markers("multiproc")) or any(item.iter_markers("slow"))
+    }
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in first)

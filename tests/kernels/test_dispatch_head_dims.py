@@ -9,7 +9,7 @@ split into one-chunk segments so the transition, chain and ext kernels run too),
 with NaN-poisoned allocations (tests/kernels/conftest.py): a column past K or V left unwritten inside a tensor
 the caller reads shows up as NaN.
 Chunk sizes: chunk_size 16 and 32 (FLA's argument of GDN; KDA too), forward and backward, triton and torch, against
-the reference (varlen with h0 and dht, split into one-chunk segments).
+the reference (varlen with h0 and dht, split into one-chunk segments; the lengths scaled with the chunk size).
 Tolerance: 1e-5 relative L2 on CPU (the interpreter computes dots in IEEE fp32; measured <= 1e-6); 1e-2 on a GPU
 (tf32 products; bf16-free inputs here).
 """
@@ -131,6 +131,12 @@ def _fwd(op: str):
     return getattr(importlib.import_module(f"kernels.ops.{op}.chunk"), f"chunk_{op}_fwd")
 
 
+def _lengths_at(chunk_size: int) -> tuple[int, ...]:
+    """LENGTHS scaled by chunk_size / 64, rounded up: a sequence shorter than a chunk and one crossing a chunk edge
+    at every chunk size, in as many chunks as at 64 (the interpreter's time grows with the chunks)."""
+    return tuple(-(-n * chunk_size // 64) for n in LENGTHS)
+
+
 def _torch_gate(op: str, g: torch.Tensor) -> torch.Tensor:
     return g.unsqueeze(-1) if op == "gdn" else g  # the torch path's [B, T, H, Kg] gate
 
@@ -138,7 +144,7 @@ def _torch_gate(op: str, g: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("OP", ["gdn", "kda"])
 @pytest.mark.parametrize("chunk_size", [16, 32])
 def test_chunk_size_forward(OP: str, chunk_size: int) -> None:
-    q, k, v, g, beta, cu = make_inputs(OP, LENGTHS, H=2, K=32, V=32, lb=LB, device=DEVICE)
+    q, k, v, g, beta, cu = make_inputs(OP, _lengths_at(chunk_size), H=2, K=32, V=32, lb=LB, device=DEVICE)
     h0 = make_state(len(LENGTHS), 2, 32, 32, device=DEVICE)
     o_ref, ht_ref = kernels.reference(OP, q, k, v, g, beta, cu_seqlens=cu, initial_state=h0, output_final_state=True)
     common = {"scale": 32**-0.5, "initial_state": h0, "output_final_state": True}
@@ -154,7 +160,7 @@ def test_chunk_size_forward(OP: str, chunk_size: int) -> None:
 @pytest.mark.parametrize("OP", ["gdn", "kda"])
 @pytest.mark.parametrize("chunk_size", [16, 32])
 def test_chunk_size_backward(OP: str, chunk_size: int) -> None:
-    q, k, v, g, beta, cu, h0, do, dht = _grad_case(OP, 32, 32)
+    q, k, v, g, beta, cu, h0, do, dht = _grad_case(OP, 32, 32, _lengths_at(chunk_size))
     ref = _reference_grads(OP, q, k, v, g, beta, h0, do, dht, cu.tolist())
     common = {"scale": 32**-0.5, "initial_state": h0, "dht": dht}
     got = chunk_bwd(OP, q, k, v, g, beta, do, cu_seqlens=cu, split_chunks=1, chunk_size=chunk_size, **common)

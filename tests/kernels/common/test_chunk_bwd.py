@@ -14,6 +14,7 @@ measured 5e-5 (GDN) and 1.2e-4 (KDA) relative, 3e-7 absolute, the fp32 rounding 
 
 from __future__ import annotations
 
+import functools
 import importlib
 
 import pytest
@@ -57,27 +58,44 @@ def _check(got, ref, tol=TOL):
         assert_rel_close(name, r, a.float(), tol)
 
 
-def _varlen_case(op: str, seed: int):
+def _varlen_case(op: str):
     """Three sequences (37, 70, 5 tokens: partial chunks, one shorter than a chunk), slow-decay gates (lb -0.01),
-    an initial state, random do and dht."""
+    an initial state, random do and dht: the one case of every varlen test here (its results are shared below)."""
     lengths = (37, 70, 5)
     q, k, v, g, beta, cu = make_inputs(op, lengths, H=1, K=DIM, V=DIM, lb=-0.01, dtype=DTYPE, device=DEVICE)
     h0 = make_state(len(lengths), 1, DIM, DIM, device=DEVICE)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(3)
     do = torch.randn(v.shape, generator=gen).to(DEVICE, DTYPE)
     dht = torch.randn(h0.shape, generator=gen).to(DEVICE)
     return q, k, v, g, beta, cu, h0, do, dht
 
 
-def test_triton_bwd_varlen_split(OP: str) -> None:
-    K = DIM
-    q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP, 3)
+# the interpreter takes seconds per backward: each result below is computed once per op (and split) and shared by
+# the tests that compare against it (read-only)
+@functools.cache
+def _varlen_reference(op: str) -> list[torch.Tensor | None]:
+    """The fp32 reference's gradients of the varlen case."""
+    q, k, v, g, beta, cu, h0, do, dht = _varlen_case(op)
+    return _reference_grads(op, q, k, v, g, beta, h0, do, dht, cu.tolist())
+
+
+@functools.cache
+def _varlen_bwd(op: str, split: int) -> tuple[tuple[torch.Tensor, ...], frozenset[str]]:
+    """(the Triton backward's gradients of the varlen case with h0 and dht, split into `split`-chunk segments, the
+    kernels it launched)."""
+    q, k, v, g, beta, cu, h0, do, dht = _varlen_case(op)
     rec = LaunchRecorder()
-    got = _bwd(OP)(q, k, v, g, beta, do, scale=K**-0.5, initial_state=h0, dht=dht, cu_seqlens=cu, split_chunks=1,
-                   plan=default_plan().with_recorder(rec))
-    assert {"chunk_state_transition_fwd", "seg_chain_fwd", "chunk_state_bwd", "seg_chain_bwd"} <= set(rec)
+    got = _bwd(op)(q, k, v, g, beta, do, scale=DIM**-0.5, initial_state=h0, dht=dht, cu_seqlens=cu,
+                   split_chunks=split, plan=default_plan().with_recorder(rec))
+    return tuple(got), frozenset(rec)
+
+
+def test_triton_bwd_varlen_split(OP: str) -> None:
+    _, _, _, g, *_ = _varlen_case(OP)
+    got, ran = _varlen_bwd(OP, 1)
+    assert {"chunk_state_transition_fwd", "seg_chain_fwd", "chunk_state_bwd", "seg_chain_bwd"} <= ran
     assert got[0].dtype == DTYPE and got[3].dtype == g.dtype and got[5].dtype == torch.float32
-    _check(got, _reference_grads(OP, q, k, v, g, beta, h0, do, dht, cu.tolist()))
+    _check(got, _varlen_reference(OP))
 
 
 def test_triton_bwd_dense_strong_decay(OP: str) -> None:
@@ -97,34 +115,36 @@ def test_triton_bwd_dense_strong_decay(OP: str) -> None:
 _RECOMPUTED = {"wy": ("wy_{op}_fwd",), "wy+states": ("wy_{op}_fwd", "chunk_state_fwd", "chunk_state_transition_fwd")}
 
 
+@functools.cache
+def _autograd_grads(op: str, keep: str) -> tuple[tuple[torch.Tensor, ...], frozenset[str]]:
+    """(the gradients of the varlen case through `kernels.forward` on triton with `LaunchPlan(keep=keep)` and
+    autograd, the kernels its backward launched: the backward launches with the plan of its forward, so its launches
+    reach the forward's recorder)."""
+    import kernels
+
+    q, k, v, g, beta, cu, h0, do, dht = _varlen_case(op)
+    rec = LaunchRecorder()
+    xs = [x.detach().clone().requires_grad_() for x in (q, k, v, g, beta, h0)]
+    o, ht = kernels.forward(op, *xs[:5], initial_state=xs[5], output_final_state=True, cu_seqlens=cu,
+                            backend="triton", plan=LaunchPlan(keep=keep, recorder=rec))
+    rec.clear()
+    ((o.float() * do.float()).sum() + (ht * dht).sum()).backward()
+    return tuple(x.grad for x in xs), frozenset(rec)
+
+
 @pytest.mark.parametrize("policy", ["wy", "wy+states"])
 def test_triton_bwd_with_what_the_forward_kept(OP: str, policy: str) -> None:
     """`LaunchPlan.keep`: the forward keeps its WY factors (and with "wy+states" its chunk states, v_new and
     segment maps) and the backward skips their recompute (those launchers do not run in the backward); the
     gradients are those of the recompute path (bitwise: the same kernels on the same inputs) and of the
-    reference, varlen, with an initial state and dht. The backward launches with the plan of its forward (its
-    launches reach the forward's recorder)."""
-    import kernels
-
-    q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP, 5)
-
-    def grads(keep: str) -> list[torch.Tensor]:
-        rec = LaunchRecorder()
-        xs = [x.detach().clone().requires_grad_() for x in (q, k, v, g, beta, h0)]
-        o, ht = kernels.forward(OP, *xs[:5], initial_state=xs[5], output_final_state=True, cu_seqlens=cu,
-                                backend="triton", plan=LaunchPlan(keep=keep, recorder=rec))
-        rec.clear()
-        ((o.float() * do.float()).sum() + (ht * dht).sum()).backward()
-        skipped = {name.format(op=OP) for name in _RECOMPUTED.get(keep, ())}
-        assert not skipped & set(rec), sorted(rec)
-        if keep == "inputs":
-            assert f"wy_{OP}_fwd" in rec and "chunk_state_fwd" in rec, sorted(rec)
-        return [x.grad for x in xs]
-
-    kept, recomputed = grads(policy), grads("inputs")
+    reference, varlen, with an initial state and dht."""
+    kept, ran = _autograd_grads(OP, policy)
+    assert not {name.format(op=OP) for name in _RECOMPUTED[policy]} & ran, sorted(ran)
+    recomputed, ran = _autograd_grads(OP, "inputs")
+    assert f"wy_{OP}_fwd" in ran and "chunk_state_fwd" in ran, sorted(ran)
     for name, a, b in zip(NAMES, kept, recomputed, strict=True):
         assert torch.equal(a, b), name
-    _check(kept, _reference_grads(OP, q, k, v, g, beta, h0, do, dht, cu.tolist()))
+    _check(kept, _varlen_reference(OP))
 
 
 @pytest.mark.parametrize("fuse", [True, False])
@@ -132,7 +152,7 @@ def test_triton_bwd_with_the_forwards_states_split(OP: str, fuse: bool) -> None:
     """The forward split into one-chunk segments keeps the maps of every segment, its states and v_new (fused output
     pass or plain pass); the backward reuses them (no transition or forward state pass) and gives the gradients of
     the recompute path, the same split."""
-    q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP, 7)
+    q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP)
     fwd = getattr(importlib.import_module(f"kernels.ops.{OP}.chunk"), f"chunk_{OP}_fwd")
     keep: dict[str, torch.Tensor] = {}
     o, ht = fwd(q, k, v, g, beta, scale=DIM**-0.5, initial_state=h0, output_final_state=True, cu_seqlens=cu,
@@ -147,10 +167,10 @@ def test_triton_bwd_with_the_forwards_states_split(OP: str, fuse: bool) -> None:
                    plan=default_plan().with_recorder(rec))
     assert not {"chunk_state_fwd", "chunk_state_transition_fwd", "seg_chain_fwd"} & set(rec), sorted(rec)
     assert "seg_chain_bwd" in rec
-    ref = _bwd(OP)(q, k, v, g, beta, do, scale=DIM**-0.5, initial_state=h0, dht=dht, cu_seqlens=cu, split_chunks=1)
+    ref, _ = _varlen_bwd(OP, 1)  # the recompute path, the same split
     for name, a, b in zip(NAMES, got, ref, strict=True):
         assert_rel_close(name, b.float(), a.float(), 1e-6)
-    _check(got, _reference_grads(OP, q, k, v, g, beta, h0, do, dht, cu.tolist()))
+    _check(got, _varlen_reference(OP))
 
 
 @pytest.mark.parametrize("split", [0, 1])
@@ -159,17 +179,15 @@ def test_triton_state_grad_alone(OP: str, split: int) -> None:
     prep and the reverse state pass alone (no chunk states, T or gradient kernels), plain and split, with dht."""
     from kernels.common.chunk_bwd import chunk_state_grad
 
-    q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP, 9)
+    q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP)
     rec = LaunchRecorder()
     got = chunk_state_grad(OP, q, k, v, g, beta, do, scale=DIM**-0.5, dht=dht, cu_seqlens=cu, split_chunks=split,
                            plan=default_plan().with_recorder(rec))
     ran = set(rec)
     assert "chunk_state_bwd" in ran and not ran & {"chunk_state_fwd", "wy_inverse", "chunk_bwd_dqk", "wy_bwd"}, ran
-    full = _bwd(OP)(q, k, v, g, beta, do, scale=DIM**-0.5, initial_state=h0, dht=dht, cu_seqlens=cu,
-                    split_chunks=split)[5]
+    full = _varlen_bwd(OP, split)[0][5]
     assert_rel_close("dh0", full, got, 1e-6 if DEVICE == "cpu" else 1e-3)
-    ref = _reference_grads(OP, q, k, v, g, beta, h0, do, dht, cu.tolist())[5]
-    assert_rel_close("dh0 vs reference", ref, got, TOL)
+    assert_rel_close("dh0 vs reference", _varlen_reference(OP)[5], got, TOL)
 
 
 def test_state_gradient_api_torch_and_triton(OP: str) -> None:
@@ -177,8 +195,8 @@ def test_state_gradient_api_torch_and_triton(OP: str) -> None:
     dh0, without an initial state (it does not depend on one); a `do` of the wrong shape is refused by name."""
     from kernels.api import chunk_state_gradient
 
-    q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP, 11)
-    ref = _reference_grads(OP, q, k, v, g, beta, h0, do, dht, cu.tolist())[5]
+    q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP)
+    ref = _varlen_reference(OP)[5]
     for backend in ("torch", "triton"):
         got = chunk_state_gradient(OP, q, k, v, g, beta, do, dht=dht, cu_seqlens=cu, backend=backend)
         assert got.dtype == torch.float32
@@ -191,7 +209,7 @@ def test_unknown_keep_policy_is_one_line_error(OP: str) -> None:
     """A `LaunchPlan.keep` outside KEEP_POLICIES fails before any launch, naming the allowed policies."""
     import kernels
 
-    q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP, 9)
+    q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP)
     rec = LaunchRecorder()
     with pytest.raises(ValueError, match=r"^LaunchPlan\.keep must be one of inputs, ag, wy, wy\+states, got 'states'$"):
         kernels.forward(OP, q.requires_grad_(), k, v, g, beta, cu_seqlens=cu, backend="triton",

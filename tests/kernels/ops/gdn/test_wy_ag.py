@@ -1,7 +1,8 @@
 """GDN's Ag pass (`kernels.ops.gdn.wy_ag.wy_gdn_ag`) on the Triton backend (interpreted on CPU; on a GPU with
 CPBENCH_TEST_GPU=1), both row tilings (BR 16 and 64) and BR 16 with its code variants (two chunks a program, exp2):
 - Ag = T diag(beta) and the gate cumsum against the fp64 triangular solve (`kernels.common.ag_torch.ag_reference`),
-  dense and varlen (sequences not a multiple of the chunk), chunk sizes 16/32/64, grouped value heads (HV = 2H),
+  dense and varlen (sequences not a multiple of the chunk, the lengths scaled with the chunk size), chunk sizes
+  16/32/64, grouped value heads (HV = 2H),
   one strong head (gates down to -20 per token) and weak ones; the entries above the diagonal written as exact zeros
   (allocations are NaN-poisoned); fp32 at 1e-5 relative L2 on CPU (1e-2 on a GPU: tf32 products, as
   test_dispatch_triton.py), bf16 at 1e-2;
@@ -13,6 +14,8 @@ CPBENCH_TEST_GPU=1), both row tilings (BR 16 and 64) and BR 16 with its code var
 """
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
@@ -31,7 +34,7 @@ DEVICE = TEST_DEVICE
 TOL = 1e-5 if DEVICE == "cpu" else 1e-2
 H, HV, DIM = 2, 4, 32  # key heads, value heads (HV = 2H), head dims
 LENGTHS = (37, 130, 64)
-LAYOUTS = {"dense": {"B": 2, "T": 100}, "varlen": {"lengths": LENGTHS}}
+LAYOUTS = {"dense": {"B": 2, "T": 100}, "varlen": {"lengths": LENGTHS}}  # at chunk 64 (smaller chunks: `_layout`)
 
 
 def _plan(BR: int, variant: int | None = None) -> LaunchPlan:
@@ -39,10 +42,28 @@ def _plan(BR: int, variant: int | None = None) -> LaunchPlan:
     return LaunchPlan(configs={"wy_gdn_ag_fwd": cfg})
 
 
+def _layout(layout: str, chunk: int) -> dict:
+    """LAYOUTS with every length scaled by chunk / 64, rounded up: at chunks of 16 and 32 the same chunk structure (a
+    sequence shorter than a chunk, one of whole chunks and a partial one, one of exactly one chunk; dense T with a
+    partial last chunk) in the programs of chunk 64, since the interpreter's time grows with the programs."""
+    scaled = {name: -(-n * chunk // 64) if name == "T" else n for name, n in LAYOUTS[layout].items() if name != "lengths"}
+    if layout == "varlen":
+        scaled["lengths"] = tuple(-(-n * chunk // 64) for n in LENGTHS)
+    return scaled
+
+
 def _case(layout: str, chunk: int, dtype: torch.dtype = torch.float32):
-    q, k, v, g, beta, cu = make_grouped_inputs(H, HV, DIM, dtype=dtype, device=DEVICE, **LAYOUTS[layout])
+    q, k, v, g, beta, cu = make_grouped_inputs(H, HV, DIM, dtype=dtype, device=DEVICE, **_layout(layout, chunk))
     index = prepare_chunk_index(cu, batch=v.shape[0], seq_len=v.shape[1], chunk_size=chunk, device=DEVICE)
     return q, k, v, g, beta, cu, index
+
+
+@functools.cache
+def _ag(layout: str, chunk: int, BR: int, variant: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pass's (Ag, gcum) on `_case(layout, chunk)` with the BR tiling and code variant: computed once (the interpreter takes
+    seconds), read by the solve test and the end-to-end test of the same case (read-only)."""
+    _, k, _, g, beta, _, index = _case(layout, chunk)
+    return wy_gdn_ag(k, g, beta, index=index, launch=_plan(BR, variant))
 
 
 def _positions(index, B: int, T: int) -> torch.Tensor:
@@ -62,7 +83,7 @@ def _positions(index, B: int, T: int) -> torch.Tensor:
 @pytest.mark.parametrize("layout", ["dense", "varlen"])
 def test_ag_matches_the_triangular_solve(BR: int, variant: int | None, chunk: int, layout: str) -> None:
     _, k, _, g, beta, _, index = _case(layout, chunk)
-    ag, gcum = wy_gdn_ag(k, g, beta, index=index, launch=_plan(BR, variant))
+    ag, gcum = _ag(layout, chunk, BR, variant)
     ag_ref, g_ref = ag_reference(
         k.cpu(),
         g.cpu(),
@@ -108,7 +129,7 @@ def test_chunk_bounds_equal_the_wy_pass(BR: int) -> None:
 def test_output_through_the_chunk_recurrence_matches_the_reference(BR: int, layout: str, chunk: int) -> None:
     q, k, v, g, beta, cu, index = _case(layout, chunk)
     h0 = make_state(index.num_seqs, HV, DIM, DIM, device=DEVICE)
-    ag, gcum = wy_gdn_ag(k, g, beta, index=index, launch=_plan(BR))
+    ag, gcum = _ag(layout, chunk, BR)
     o, ht = ag_chunk_forward(q, k, v, ag, gcum, scale=DIM**-0.5, index=index, initial_state=h0)
     o_ref, ht_ref = kernels.reference(
         "gdn", q, k, v, g, beta, scale=DIM**-0.5, initial_state=h0, output_final_state=True, cu_seqlens=cu

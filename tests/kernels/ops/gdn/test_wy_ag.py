@@ -60,8 +60,8 @@ def _case(layout: str, chunk: int, dtype: torch.dtype = torch.float32):
 
 @functools.cache
 def _ag(layout: str, chunk: int, BR: int, variant: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The pass's (Ag, gcum) on `_case(layout, chunk)` with the BR tiling and code variant: computed once (the interpreter takes
-    seconds), read by the solve test and the end-to-end test of the same case (read-only)."""
+    """The pass's (Ag, gcum) on `_case(layout, chunk)` with the BR tiling and code variant: computed once (the
+    interpreter takes seconds), read by the solve test and the end-to-end test of the same case (read-only)."""
     _, k, _, g, beta, _, index = _case(layout, chunk)
     return wy_gdn_ag(k, g, beta, index=index, launch=_plan(BR, variant))
 

@@ -457,7 +457,8 @@ def chunk_bwd(
 
     split_chunks: None = the automatic sequence split (as the forward), 0 = never, n = segments of n chunks.
     wy: the WY factors the forward kept (`chunk_*_fwd(keep=...)`: w, u, gs, aqk, and ks, qs for KDA): the
-    recompute of step 1 is skipped (T is still formed here, unless `wy` holds it: "tt"). With the chunk states too (`keep_states=True`: h,
+    recompute of step 1 is skipped (T is still formed here, unless `wy` holds it: "tt"). With the chunk states too
+    (`keep_states=True`: h,
     v_new, M, split) the forward state pass and the transitions of step 2 are skipped, and the forward's split is
     used (split_chunks is then ignored). plan: the launch plan (None: `kernels.plan.default_plan()`). chunk_size:
     the forward's (`kernels.common.wy.CHUNK_SIZES`).

@@ -33,13 +33,13 @@ from kernels.plan import LaunchPlan, default_plan
 
 __all__ = ["AUTO_FUSED_OPS", "FUSE_OUTPUT", "WyPrep", "chunk_fwd"]
 
-# the op's two-kernel forward (`ChunkOp.fused_fwd`: `kernels.ops.gdn.fused.gdn_fused_fwd`, `kernels.ops.kda.fused.kda_fused_fwd`):
+# the op's two-kernel forward (`ChunkOp.fused_fwd`: `kernels.ops.gdn.fused.gdn_fused_fwd`, `ops.kda.fused.kda_fused_fwd`):
 # (q, k, v, g, beta, *, scale, index, launch, initial_state, output_final_state, split_chunks, warm) -> (o, final state)
 FusedFwd = Callable[..., tuple[Tensor, Tensor | None]]
 
 # the forward paths of `chunk_fwd(fwd_path=...)`: "auto" (the default: "fused" where the op has a two-kernel forward,
-# `ChunkOp.fused_fwd`, the op is in AUTO_FUSED_OPS, the output is fused and no WY factors are kept; else "wy"), "wy" (the WY prep writing
-# w, u, Aqk, then the state pass) or "fused" (the op's two-kernel forward; GDN, KDA). Measured on the H200
+# `ChunkOp.fused_fwd`, the op is in AUTO_FUSED_OPS, the output is fused and no WY factors are kept; else "wy"), "wy"
+# (the WY prep writing w, u, Aqk, then the state pass) or "fused" (the op's two-kernel forward; GDN, KDA). On the H200
 # (kernels/NOTES.md, session 10): GDN's two-kernel forward is 21-40 % faster than the WY one.
 FWD_PATHS = ("auto", "wy", "fused")
 # the ops whose "auto" forward is their two-kernel one. H200, session 11 (benchmarks/results/kda_fused_lab_h200.md):
@@ -52,9 +52,9 @@ def check_fwd_path(fwd_path: str, *, op: str, fused_fwd: FusedFwd | None, keep_w
                    unfused_output: bool = False) -> bool:  # fmt: skip
     """True for the fused path, False for the WY path; "auto" picks the fused one for the ops of AUTO_FUSED_OPS where
     it can run, the output pass is fused (unfused_output: the caller asked for the separate output pass, which only the
-    WY path has) and nothing is kept for the backward (keep_wy: the plan keeps the WY factors, which only the WY path makes), with or without
-    a warm window (both paths run the warm split); a one-line ValueError for a path it cannot run (the fused one
-    needs the op's two-kernel forward, GDN's or KDA's, and keeps no states)."""
+    WY path has) and nothing is kept for the backward (keep_wy: the plan keeps the WY factors, which only the WY path
+    makes), with or without a warm window (both paths run the warm split); a one-line ValueError for a path it cannot
+    run (the fused one needs the op's two-kernel forward, GDN's or KDA's, and keeps no states)."""
     if fwd_path not in FWD_PATHS:
         raise ValueError(f"fwd_path must be one of {', '.join(FWD_PATHS)}, got {fwd_path!r}")
     if fwd_path == "auto":

@@ -358,7 +358,8 @@ def test_round_trip_backward_kernels_launch_exported(session, tmp_path) -> None:
     case = make_case("gdn", Shape(B=1, T=64, H=1, K=32, V=32, dtype="float32"), "cpu")
     args = (case["q"], case["k"], case["v"], case["g"], case["beta"], case["do"])
     seen = LaunchRecorder()
-    ref = chunk_gdn_bwd(*args, scale=32**-0.5, plan=default_plan().with_recorder(seen))
+    pair = {"bwd_grads": "pair"}  # the two gradient kernels (GDN's default is one: AUTO_BWD_GRADS)
+    ref = chunk_gdn_bwd(*args, scale=32**-0.5, plan=default_plan().replace(**pair).with_recorder(seen))
     key = seen["wy_bwd"][0]
     chosen = {"wy_bwd": LaunchConfig(BK=32, BV=32, num_warps=2, num_stages=1),
               "chunk_bwd_dqk": LaunchConfig(BK=32, BV=32, num_warps=8, num_stages=1)}
@@ -370,7 +371,7 @@ def test_round_trip_backward_kernels_launch_exported(session, tmp_path) -> None:
     write_export(path, session, allow_cpu=True)
     use_autotune(path)
     seen.clear()
-    got = chunk_gdn_bwd(*args, scale=32**-0.5, plan=default_plan().with_recorder(seen))
+    got = chunk_gdn_bwd(*args, scale=32**-0.5, plan=default_plan().replace(**pair).with_recorder(seen))
     assert {n: seen[n][1] for n in chosen} == chosen
     for a, b in zip(got[:5], ref[:5], strict=True):
         assert float((a - b).norm() / b.norm()) < 1e-5  # same math, other tiles: only summation order

@@ -51,8 +51,10 @@ def test_two_plans_coexist_in_one_process() -> None:
 def test_a_backward_launches_with_the_plan_of_its_forward() -> None:
     rec_a, rec_b = LaunchRecorder(), LaunchRecorder()
     xs = _inputs(grad=True)
-    o, _ = kernels.forward(OP, *xs, backend="triton", plan=LaunchPlan(configs={"wy_bwd": SMALL}, recorder=rec_a))
-    kernels.forward(OP, *_inputs(grad=True), backend="triton", plan=LaunchPlan(configs={"wy_bwd": OTHER}, recorder=rec_b))
+    pair = {"bwd_grads": "pair"}  # the backward's two gradient kernels (GDN's default is one: AUTO_BWD_GRADS)
+    o, _ = kernels.forward(OP, *xs, backend="triton", plan=LaunchPlan(configs={"wy_bwd": SMALL}, recorder=rec_a, **pair))
+    kernels.forward(OP, *_inputs(grad=True), backend="triton",
+                    plan=LaunchPlan(configs={"wy_bwd": OTHER}, recorder=rec_b, **pair))
     assert "wy_bwd" not in rec_a and "wy_bwd" not in rec_b  # forwards only so far
     o.sum().backward()
     assert rec_a["wy_bwd"][1] == SMALL and "wy_bwd" not in rec_b

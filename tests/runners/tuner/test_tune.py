@@ -475,11 +475,12 @@ def test_tune_kernels_fwd_bwd_tunes_a_backward_kernel(session: Session) -> None:
     """direction fwd+bwd: the runner runs forward + Triton backward, so a backward kernel launches, is searched on
     the whole step (its outputs, gradients included, checked against the defaults' run) and gets a tuned row."""
     result = tune_kernels(op="gdn", shapes=[{"B": 1, "T": 64, "H": 1, "K": 32, "V": 32, "dtype": "float32"}],
-                          spec=TuneSpec(strategy="random", budget=2, samples=1, kernels=("wy_bwd",), direction="fwd+bwd"),
+                          spec=TuneSpec(strategy="random", budget=2, samples=1, kernels=("chunk_bwd_dqk_wy",),
+                                        direction="fwd+bwd"),
                           device="cpu")
     rows = crud.store_tuning(session, result=result)
-    assert [r.kernel for r in rows] == ["wy_bwd"]
-    trials = [t for t in session.scalars(select(TuningTrial)) if t.kernel == "wy_bwd"]
+    assert [r.kernel for r in rows] == ["chunk_bwd_dqk_wy"]  # GDN's gradient kernel (AUTO_BWD_GRADS)
+    trials = [t for t in session.scalars(select(TuningTrial)) if t.kernel == "chunk_bwd_dqk_wy"]
     assert rows[0].median_ms == min(t.median_ms for t in trials if t.status == "ok")
     with pytest.raises(ValueError, match="direction"):
         tune_kernels(op="gdn", shapes=[{"B": 1, "T": 64, "H": 1, "K": 32, "V": 32, "dtype": "float32"}],

@@ -99,21 +99,23 @@ WY_INVERSE = register(KernelSpec(
 CHUNK_BWD_DQK = register(KernelSpec(
     name="chunk_bwd_dqk",
     key=_KEY,
-    # FLA's chunk_bwd_dqkwg: BK = BV = 64 on Hopper tiles, 4 warps
-    default=LaunchConfig(BK=64, BV=64, num_warps=4, num_stages=2),
+    # BK = BV = 64 at 8 warps (FLA's chunk_bwd_dqkwg: 4): the pair runs KDA's gradients by default (GDN's: the fused
+    # kernel), and on the H200 KDA's pair at 1x64K took 12.0 ms at 8 warps against 15.3 at 4
+    # (benchmarks/results/dqk_wy_lab_h200.md, session 11; the tuner chose 8 warps for both in session 8 too)
+    default=LaunchConfig(BK=64, BV=64, num_warps=8, num_stages=2),
     space={"BK": (32, 64, 128), "BV": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
-    # the compiler's low-spill configs (benchmarks/results/ptxas_bwd_sm90.md): 8 warps, and 32-wide tiles at 8
-    hints=(LaunchConfig(BK=32, BV=32, num_warps=8, num_stages=2), LaunchConfig(BK=64, BV=64, num_warps=8, num_stages=2)),
+    # the compiler's other low-spill config (benchmarks/results/ptxas_bwd_sm90.md): 32-wide tiles at 8 warps
+    hints=(LaunchConfig(BK=32, BV=32, num_warps=8, num_stages=2),),
 ))
 
 WY_BWD = register(KernelSpec(
     name="wy_bwd",
     key=_KEY,
-    # FLA's prepare_wy_repr_bwd: 64-wide column blocks, 2-4 warps
-    default=LaunchConfig(BK=64, BV=64, num_warps=4, num_stages=2),
+    # 64-wide column blocks at 8 warps (FLA's prepare_wy_repr_bwd: 2-4): as chunk_bwd_dqk above (KDA's pair, H200)
+    default=LaunchConfig(BK=64, BV=64, num_warps=8, num_stages=2),
     space={"BK": (32, 64, 128), "BV": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
-    # the compiler's low-spill configs (benchmarks/results/ptxas_bwd_sm90.md): 8 warps, and 32-wide tiles at 8
-    hints=(LaunchConfig(BK=32, BV=32, num_warps=8, num_stages=2), LaunchConfig(BK=64, BV=64, num_warps=8, num_stages=2)),
+    # the compiler's other low-spill config (benchmarks/results/ptxas_bwd_sm90.md): 32-wide tiles at 8 warps
+    hints=(LaunchConfig(BK=32, BV=32, num_warps=8, num_stages=2),),
 ))
 
 

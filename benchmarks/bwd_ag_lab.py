@@ -8,7 +8,8 @@ FLA's step and peak beside them when FLA imports.
 
 Variants (GDN, bf16, H=16, K=V=128; `runners.bench.kernels_train`'s inputs and steps: the direct `chunk_gdn_fwd` +
 `chunk_gdn_bwd` calls under a recompute policy, `LaunchPlan.keep`):
-- `inputs` (today's default: the backward recomputes `wy_gdn_fwd`, `wy_inverse` and the chunk states);
+- `inputs` (the default recompute policy: the backward recomputes `wy_gdn_fwd`, `wy_inverse` and the chunk states),
+  with the gradient pair (`bwd_grads="pair"`; a variant without ":fused" pins the pair);
 - `ag` (the forward keeps Ag and the gate cumsum; the backward runs `wy_from_ag` and the fused pass's STORE_STATES
   mode: no WY prep, no inverse);
 - `ag-recompute` (nothing kept: the backward runs the Ag pass again, then as `ag`; `chunk_gdn_bwd_ag(wy=None)`);

@@ -30,6 +30,7 @@ __all__ = [
     "BACKENDS",
     "BENCHMARKED_BACKENDS",
     "AUTO_BWD_GRADS",
+    "AUTO_FWD_PATH",
     "BWD_GRADS",
     "COUNTED_DIRECTIONS",
     "DTYPES",
@@ -106,8 +107,13 @@ KEEP_POLICIES: tuple[str, ...] = ("inputs", "ag", "wy", "wy+states")
 # the backward's gradient kernels: "auto" (the default: AUTO_BWD_GRADS's choice per op), chunk_bwd_dqk + wy_bwd, or one
 # kernel per chunk (`kernels.common.dqk_wy_bwd`)
 BWD_GRADS: tuple[str, ...] = ("auto", "pair", "fused")
-# "auto" per op, from the H200 (session 11, benchmarks/results/bwd_ag_lab_h200.md, dqk_wy_lab_h200.md): GDN's training
-# step at 1x64K 8.97 -> 8.70 ms and its peak 4616 -> 3336 MB with the fused kernel; KDA's step 29.6 -> 32.1 ms (slower)
+# `kernels.common.chunk_fwd`'s "auto" forward path per op, from the H200 (session 11, kda_fused_lab_h200.md): KDA's
+# two-kernel forward is no faster than its WY path (10.38 vs 10.49 ms at 1x128K; its Ag pass 5.15 ms, the per-key-gate
+# fused pass 2.6x GDN's) and its step's first-call peak rose 898 -> 1124 MiB, so KDA keeps the WY path unless asked
+AUTO_FWD_PATH: Mapping[str, str] = MappingProxyType({"gdn": "fused", "kda": "wy"})
+# `LaunchPlan.bwd_grads` "auto" per op, from the H200 (session 11, benchmarks/results/bwd_ag_lab_h200.md,
+# dqk_wy_lab_h200.md): GDN's training step at 1x64K 8.97 -> 8.70 ms and its peak 4616 -> 3336 MB with the fused
+# kernel; KDA's step 29.6 -> 32.1 ms (slower)
 AUTO_BWD_GRADS: Mapping[str, str] = MappingProxyType({"gdn": "fused", "kda": "pair"})
 # our backends' own options (`mode_options: {triton: {keep: wy+states}}`): backend -> name -> values, default first
 BACKEND_OPTIONS: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyType({"triton": {"keep": KEEP_POLICIES}})

@@ -30,35 +30,33 @@ from kernels.common.state_keep import state_and_output_keep
 from kernels.common.warm_split import warm_inputs, with_chunk_bound
 from kernels.common.wy import BT_WY
 from kernels.plan import LaunchPlan, default_plan
+from kernels.vocabulary import AUTO_FWD_PATH
 
-__all__ = ["AUTO_FUSED_OPS", "FUSE_OUTPUT", "WyPrep", "chunk_fwd"]
+__all__ = ["FUSE_OUTPUT", "WyPrep", "chunk_fwd"]
 
 # the op's two-kernel forward (`ChunkOp.fused_fwd`: `kernels.ops.gdn.fused.gdn_fused_fwd`, `ops.kda.fused.kda_fused_fwd`):
 # (q, k, v, g, beta, *, scale, index, launch, initial_state, output_final_state, split_chunks, warm) -> (o, final state)
 FusedFwd = Callable[..., tuple[Tensor, Tensor | None]]
 
 # the forward paths of `chunk_fwd(fwd_path=...)`: "auto" (the default: "fused" where the op has a two-kernel forward,
-# `ChunkOp.fused_fwd`, the op is in AUTO_FUSED_OPS, the output is fused and no WY factors are kept; else "wy"), "wy"
-# (the WY prep writing w, u, Aqk, then the state pass) or "fused" (the op's two-kernel forward; GDN, KDA). On the H200
-# (kernels/NOTES.md, session 10): GDN's two-kernel forward is 21-40 % faster than the WY one.
+# `ChunkOp.fused_fwd`, its `kernels.vocabulary.AUTO_FWD_PATH` is "fused", the output is fused and no WY factors are
+# kept; else "wy"), "wy" (the WY prep writing w, u, Aqk, then the state pass) or "fused" (the op's two-kernel forward;
+# GDN, KDA). On the H200 (kernels/NOTES.md, session 10): GDN's two-kernel forward is 21-40 % faster than the WY one.
 FWD_PATHS = ("auto", "wy", "fused")
-# the ops whose "auto" forward is their two-kernel one. H200, session 11 (benchmarks/results/kda_fused_lab_h200.md):
-# KDA's is no faster than its WY path (10.38 vs 10.49 ms at 1x128K: its Ag pass 5.15 ms, the per-key-gate fused pass
-# 2.6x GDN's) and its training step's first-call peak rose 898 -> 1124 MiB, so KDA keeps the WY path unless asked
-AUTO_FUSED_OPS = ("gdn",)
 
 
 def check_fwd_path(fwd_path: str, *, op: str, fused_fwd: FusedFwd | None, keep_wy: bool, keep_states: bool,
                    unfused_output: bool = False) -> bool:  # fmt: skip
-    """True for the fused path, False for the WY path; "auto" picks the fused one for the ops of AUTO_FUSED_OPS where
-    it can run, the output pass is fused (unfused_output: the caller asked for the separate output pass, which only the
-    WY path has) and nothing is kept for the backward (keep_wy: the plan keeps the WY factors, which only the WY path
-    makes), with or without a warm window (both paths run the warm split); a one-line ValueError for a path it cannot
-    run (the fused one needs the op's two-kernel forward, GDN's or KDA's, and keeps no states)."""
+    """True for the fused path, False for the WY path; "auto" picks the fused one where the op's `AUTO_FWD_PATH`
+    names it, it can run, the output pass is fused (unfused_output: the caller asked for the separate output pass,
+    which only the WY path has) and nothing is kept for the backward (keep_wy: the plan keeps the WY factors, which
+    only the WY path makes), with or without a warm window (both paths run the warm split); a one-line ValueError
+    for a path it cannot run (the fused one needs the op's two-kernel forward, GDN's or KDA's, and keeps no states)."""
     if fwd_path not in FWD_PATHS:
         raise ValueError(f"fwd_path must be one of {', '.join(FWD_PATHS)}, got {fwd_path!r}")
     if fwd_path == "auto":
-        return op in AUTO_FUSED_OPS and fused_fwd is not None and not keep_wy and not keep_states and not unfused_output
+        auto_fused = AUTO_FWD_PATH.get(op) == "fused" and fused_fwd is not None
+        return auto_fused and not keep_wy and not keep_states and not unfused_output
     if fwd_path == "wy":
         return False
     if fused_fwd is None or keep_states:

@@ -85,15 +85,16 @@ def _kept(policy: str) -> tuple[bool, bool]:
 
 
 def ours_step(op: str, configs: dict[str, LaunchConfig] | None = None, policy: str = "inputs",
-              bwd_grads: str = "pair") -> Callable[..., Any]:
+              bwd_grads: str | None = None) -> Callable[..., Any]:
     """Our forward + backward under a recompute policy (`LaunchPlan.keep`): "inputs" (recompute all), "wy"
     (the forward's WY factors handed to the backward), "wy+states" (and its chunk states, v_new, segment maps); and
-    the backward's gradient kernels (`LaunchPlan.bwd_grads`: "pair" or "fused")."""
+    the backward's gradient kernels (`LaunchPlan.bwd_grads`; None: the plan's default, "auto")."""
     import importlib
 
     fwd = getattr(importlib.import_module(f"kernels.ops.{op}.chunk"), f"chunk_{op}_fwd")
     bwd = getattr(importlib.import_module(f"kernels.ops.{op}.chunk"), f"chunk_{op}_bwd")
-    plan = plan_with(None, configs or {}).replace(keep=policy, bwd_grads=bwd_grads)
+    plan = plan_with(None, configs or {}).replace(keep=policy)
+    plan = plan if bwd_grads is None else plan.replace(bwd_grads=bwd_grads)
     keep_wy, keep_states = plan.keeps
 
     def step(q, k, v, g, beta, do):

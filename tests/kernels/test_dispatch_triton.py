@@ -18,9 +18,9 @@ import pytest
 import torch
 
 import kernels
-from kernels.common.chunk_fwd import AUTO_FUSED_OPS
 from kernels.configs import LaunchConfig
 from kernels.plan import LaunchRecorder, default_plan
+from kernels.vocabulary import AUTO_FWD_PATH
 from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs, make_state
 
 DEVICE = TEST_DEVICE
@@ -65,7 +65,7 @@ def test_triton_chunk_split(OP: str, split: int, fuse: bool) -> None:
     rec = LaunchRecorder()
     o, ht = _fwd(OP)(q, k, v, g, beta, scale=32**-0.5, initial_state=h0, output_final_state=True, cu_seqlens=cu,
                    split_chunks=split, fuse_output=fuse, plan=default_plan().with_recorder(rec))
-    fused_path = fuse and OP in AUTO_FUSED_OPS  # the default forward, output fused: GDN's two-kernel path, KDA's WY one
+    fused_path = fuse and AUTO_FWD_PATH[OP] == "fused"  # the default, output fused: GDN's two-kernel path, KDA's WY one
     assert "seg_chain_fwd" in rec and ("chunk_state_transition_fwd" in rec) != fused_path, sorted(rec)
     assert (f"{OP}_fused_state_output_fwd" in rec) == fused_path, sorted(rec)
     assert_rel_close("o", o_ref, o, TOL)
@@ -88,7 +88,7 @@ def test_triton_transition(OP: str, split: int) -> None:
 def test_triton_launch_config_is_launched(OP: str) -> None:
     q, k, v, g, beta, _ = make_inputs(OP, B=1, T=100, H=2, K=32, V=32, device=DEVICE)
     # the kernels each op's default forward launches: GDN's two-kernel path (the Ag pass, the fused pass), KDA's WY path
-    two = OP in AUTO_FUSED_OPS
+    two = AUTO_FWD_PATH[OP] == "fused"
     prep, state = (f"wy_{OP}_ag_fwd", f"{OP}_fused_state_output_fwd") if two else ("wy_kda_fwd", "chunk_state_output_fwd")
     cfg = {state: LaunchConfig(BV=16, num_warps=2, num_stages=1), prep: LaunchConfig(BK=16, BV=16, num_warps=2, num_stages=1)}
     o_ref, _ = kernels.reference(OP, q, k, v, g, beta)

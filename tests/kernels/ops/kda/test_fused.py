@@ -76,7 +76,7 @@ def test_varlen_split(chunk: int) -> None:
 
 
 def test_wy_path_by_default_and_where_the_plan_keeps_its_factors() -> None:
-    """KDA's default forward is the WY one (`kernels.common.chunk_fwd.AUTO_FUSED_OPS`: its two-kernel forward measured
+    """KDA's default forward is the WY one (`kernels.vocabulary.AUTO_FWD_PATH`: its two-kernel forward measured
     no faster on the H200) and so is the forward where the plan keeps the WY factors (only it makes them), exact too."""
     lengths = (70, 20)
     q, k, v, g, beta, cu = make_inputs("kda", lengths, H=1, K=16, V=16, lb=-0.5, device=DEVICE)

@@ -243,11 +243,14 @@ def compare(args: argparse.Namespace, paths: dict[str, Path], state: dict[str, A
                 return
             x = flash_qla_inputs(shape, train=train)
             chunks = seq_chunks(x, 64)
-            picks = {side: decide(num_chunks=chunks, num_v_heads=shape.H, coefs=c, P=P, chunk=64, is_train=train, debug=True)
+            # with the gate, as FlashQLA's CP context calls it (each head's warmup depth from the gate's mean; session
+            # 11's script left it out, so `decide` priced every warmup as the whole segment)
+            picks = {side: decide(num_chunks=chunks, num_v_heads=shape.H, coefs=c, P=P, chunk=64, is_train=train, debug=True,
+                                  g=x["g"])
                      for side, c in coefs.items()}  # fmt: skip
             lcp = {side: (d["lcp"] if d["use_cp"] else None) for side, d in picks.items()}
             whole = max(chunks)
-            sizes = split_sizes(whole, 4) if args.splits == "all" else decided_splits(chunks, shape.H, dev, train=train)
+            sizes = split_sizes(whole, 4) if args.splits == "all" else decided_splits(chunks, shape.H, dev, train=train, g=x["g"])
             picked = {S for S in lcp.values() if S is not None}  # each side's pick is timed, in the set or not
             splits = {S: flash_qla_context(S, x, 64) for S in sorted({*sizes, *picked})}
             print(f"compare {direction} {_name(shape)}: picks {lcp}, split sizes {sorted(splits)}", flush=True)

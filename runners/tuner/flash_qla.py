@@ -269,13 +269,15 @@ def flash_qla_device() -> FlashQLADevice:
                    version=importlib.metadata.version("flash-qla"))  # fmt: skip
 
 
-def decided_splits(chunks: Sequence[int], H: int, dev: FlashQLADevice, *, train: bool) -> list[int]:
+def decided_splits(chunks: Sequence[int], H: int, dev: FlashQLADevice, *, train: bool, g: Any = None) -> list[int]:
     """`splits_around` FlashQLA's own decision for sequences of `chunks` chunks and H value heads: its `decide` with
-    the shipped coefficients, called as its CP context calls it (this GPU's SMs, FlashQLA's chunk, no gate)."""
+    the shipped coefficients, called as its CP context calls it (this GPU's SMs, FlashQLA's chunk, and the gate `g`
+    `[1, T, H]`, from which `decide` takes each head's warmup depth; without it every warmup is the whole segment)."""
     from flash_qla.ops.gated_delta_rule.chunk.cp.autocp import decide, utils
 
     coefs = {"kernels": dev.shipped, "P": dev.P, "chunk": dev.chunk, "arch": dev.arch, "backend": dev.backend}
-    d = decide(num_chunks=list(chunks), num_v_heads=H, coefs=coefs, P=dev.P, chunk=dev.chunk, is_train=train, debug=True)
+    d = decide(num_chunks=list(chunks), num_v_heads=H, coefs=coefs, P=dev.P, chunk=dev.chunk, is_train=train, debug=True,
+               g=g)  # fmt: skip
     return splits_around(max(chunks), (d["lcp"], d["best_cp_lcp"]), (S for S, _ in d["sweep"]), utils.MIN_LCP)
 
 
@@ -302,7 +304,7 @@ def time_splits(
     chunks = seq_chunks(x, dev.chunk)
     warmups = utils.warmup_from_gate_avg(x["g"].detach().float().mean(dim=1).reshape(-1).tolist(), dev.chunk)
     sizes = (split_sizes(max(chunks), utils.MIN_LCP) if splits == "all"
-             else decided_splits(chunks, shape.H, dev, train=train))  # fmt: skip
+             else decided_splits(chunks, shape.H, dev, train=train, g=x["g"]))  # fmt: skip
     todo = [S for S in sizes if S not in skip]
     say(f"flash_qla T={shape.T} H={shape.H} lengths={shape.lengths or '-'} lb={shape.lb:g}: split sizes {todo} "
         f"({splits}; {len(sizes) - len(todo)} timed before)")  # fmt: skip

@@ -192,7 +192,7 @@ def test_benchmark_shapes_give_every_row_points_off_one_line(train: bool, splits
     under FlashQLA's own features (`struct_features`, `launch_config`, on a 132-SM Hopper): every row of the
     direction gets a rank-3 design, the correction rows thanks to the two-sequence shapes (one sequence alone
     would not). With the split sizes around FlashQLA's own decision (`splits_around` its `decide` with the shipped
-    coefficients, as `decided_splits` calls it) at 32K and 128K, every row but the fused forward's V tile 64 (no
+    coefficients, as `decided_splits` calls it but without the gate) at 32K and 128K, every row but the fused forward's V tile 64 (no
     decision there prices it) gets one too."""
     import importlib
 

@@ -39,6 +39,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
                            use_qk_l2norm_in_kernel=False, cu_seqlens=None, head_first=False, state_v_first=False,
                            auto_cp=True, enable_fwd_cp_cache=True, cp_context=None, force_intra_cp=False):
     assert q.dtype == torch.bfloat16 or q.dtype == torch.float16, "FlashQLA only supports bfloat16 and float16."
+    assert g.dtype == torch.float32, "dg should be fp32"  # FlashQLA 0.1.3's backward, seen on the H200 (session 12)
     is_inter = cp_context is not None and cp_context.is_inter
     bounds = cp_context.cu_seqlens if cp_context is not None else cu_seqlens
     notice = os.environ.get("CPBENCH_ACTIVITY_FILE")

@@ -42,8 +42,8 @@ def test_spec_accepts_a_policy_and_refuses_others_in_one_line() -> None:
     assert spec.mode_options == {"triton": {"keep": "wy+states"}, "true_cp": {"segment_len": 64}}
     cases = [
         ({"triton": {"keep": "states"}},
-         "invalid sweep spec: mode_options: backend 'triton' option keep must be one of inputs, ag, wy, wy+states, "
-         "got 'states'"),
+         "invalid sweep spec: mode_options: backend 'triton' option keep must be one of inputs, ag, ag+states, wy, "
+         "wy+states, got 'states'"),
         ({"triton": {"kept": "wy"}}, "invalid sweep spec: mode_options: unknown option(s) kept for backend 'triton'; known: keep"),
     ]
     for options, message in cases:

@@ -86,7 +86,7 @@ def test_point_plan_carries_keep_and_leaves_the_default() -> None:
     plain = replace(point, backend_options={})
     assert launch_plan(plain, PointJob(point=plain, options={})).keep == "inputs"
     assert default_plan().keep == "inputs"  # nothing process-wide was set
-    with pytest.raises(ValueError, match=r"must be one of inputs, ag, wy, wy\+states, got 'all'"):
+    with pytest.raises(ValueError, match=r"must be one of inputs, ag, ag\+states, wy, wy\+states, got 'all'"):
         LaunchPlan(keep="all")
 
 

@@ -3,7 +3,8 @@ chunk states its output launch stores (STORE_STATES with OUTPUT, `kernels.ops.gd
 so the backward from Ag (`kernels.ops.gdn.ag_bwd`) runs no state recompute (`gdn_ag_states`). On random inputs
 (interpreted on CPU; on a GPU with CPBENCH_TEST_GPU=1, bf16):
 
-- the forward: o and the final state bitwise those of the "ag" forward with exact maps (warm 0), same split; the kept
+- the forward: o and the final state bitwise those of the "ag" forward with exact maps (warm 0), same split (on a GPU
+  within 2e-3: the STORE_STATES build is another compiled kernel); the kept
   h, v_new, M, split in `kernels.common.state_keep`'s shapes and dtypes, equal to what `gdn_ag_states` recomputes;
   unsplit and in one-chunk segments (split forced), varlen with grouped heads (HV = 2H) and an initial state;
 - the backward: no WY prep, inverse, transition or state pass and no `seg_chain_fwd`, only the reverse chain; every
@@ -26,7 +27,6 @@ import kernels
 from kernels.common.index import prepare_chunk_index
 from kernels.ops.gdn.ag_bwd import gdn_ag_states
 from kernels.ops.gdn.chunk import chunk_gdn_bwd, chunk_gdn_fwd
-from kernels.ops.gdn.wy_ag import wy_gdn_ag
 from kernels.plan import LaunchPlan, LaunchRecorder, default_plan
 from tests.kernels.ops.gdn.test_ag_bwd import DEVICE, DIM, DTYPE, FACTOR_TOL, NAMES, RECOMPUTE, TOL, _case, _check, _reference
 from tests.utils import assert_rel_close, make_inputs
@@ -50,7 +50,11 @@ def test_forward_keeps_the_states_and_the_same_output(split: int) -> None:
     q, k, v, g, beta, cu, h0, *_ = _case(HV=2)
     o, ht, kept = _forward(q, k, v, g, beta, cu, h0, "ag+states", split)
     o_ag, ht_ag, kept_ag = _forward(q, k, v, g, beta, cu, h0, "ag", split)
-    assert torch.equal(o, o_ag) and torch.equal(ht, ht_ag)  # the stores do not touch the output
+    if DEVICE == "cpu":  # the stores do not touch the output
+        assert torch.equal(o, o_ag) and torch.equal(ht, ht_ag)
+    else:  # another compiled kernel (STORE_STATES): allow the compiler's reordering, a bf16 rounding at most
+        assert_rel_close("o", o_ag.float(), o.float(), 2e-3)
+        assert_rel_close("ht", ht_ag, ht, 2e-3)
     assert set(kept_ag) == {"ag", "gs"} and set(kept) == {"ag", "gs", "h", "v_new", "split"} | ({"M"} if split else set())
     assert torch.equal(kept["ag"], kept_ag["ag"]) and torch.equal(kept["gs"], kept_ag["gs"])
     index = prepare_chunk_index(cu, batch=1, seq_len=k.shape[1], chunk_size=64, device=k.device)

@@ -101,7 +101,7 @@ def ours_step(op: str, configs: dict[str, LaunchConfig] | None = None, policy: s
     def step(q, k, v, g, beta, do):
         keep: dict[str, torch.Tensor] | None = {} if keep_wy else None
         o, _ = fwd(q, k, v, g, beta, scale=K**-0.5, plan=plan, keep=keep, keep_states=keep_states)
-        return o, bwd(q, k, v, g, beta, do, scale=K**-0.5, plan=plan, wy=keep)
+        return o, bwd(q, k, v, g, beta, do, scale=K**-0.5, plan=plan, wy=keep or None)  # KDA under "ag": none kept
 
     return step
 

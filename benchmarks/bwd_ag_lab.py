@@ -13,9 +13,11 @@ Variants (GDN, bf16, H=16, K=V=128; `runners.bench.kernels_train`'s inputs and s
 - `ag` (the forward keeps Ag and the gate cumsum; the backward runs `wy_from_ag` and the fused pass's STORE_STATES
   mode: no WY prep, no inverse);
 - `ag-recompute` (nothing kept: the backward runs the Ag pass again, then as `ag`; `chunk_gdn_bwd_ag(wy=None)`);
+- `ag+states` (as `ag`, and the forward's output launch also stores h and v_new, after exact transitions over every
+  segment instead of the warm split: the backward runs no state recompute, `gdn_ag_states`);
 - `wy`, `wy+states` (the forward keeps its WY factors / and its chunk states);
-- `inputs:fused`, `ag:fused`: as `inputs` / `ag` with the backward's gradient kernels fused per chunk
-  (`LaunchPlan.bwd_grads="fused"`, `kernels/common/dqk_wy_bwd.py`).
+- `inputs:fused`, `ag:fused`, `ag+states:fused`: as `inputs` / `ag` / `ag+states` with the backward's gradient kernels
+  fused per chunk (`LaunchPlan.bwd_grads="fused"`, `kernels/common/dqk_wy_bwd.py`).
 Per variant: do_bench median (ms), `torch.cuda.max_memory_allocated` during one step above the inputs (MB), the MB the
 forward holds for the backward, and the profiler's CUDA time per kernel over one step. Gradients: every variant's
 dq, dk, dv, dg, dbeta against autograd through the fp32 per-token reference at B=1 T=1024 (rel_l2), and FLA's.
@@ -37,7 +39,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-VARIANTS = ("inputs", "ag", "ag-recompute", "wy", "wy+states", "inputs:fused", "ag:fused")  # ":fused": bwd_grads="fused"
+# ":fused": bwd_grads="fused"
+VARIANTS = ("inputs", "ag", "ag-recompute", "ag+states", "wy", "wy+states", "inputs:fused", "ag:fused", "ag+states:fused")
 NAMES = ("dq", "dk", "dv", "dg", "dbeta")
 
 

@@ -22,6 +22,9 @@ until the backward:
                   [B, T, H] fp32 (what FLA holds beyond its inputs: its T and gate cumsum); the backward forms w, u,
                   Aqk and T from them and the chunk states by the fused pass (`kernels.ops.gdn.ag_bwd`: no WY prep,
                   no inverse). KDA (no Ag pass yet): as "inputs"
+    "ag+states"   GDN: "ag" and the chunk states h, v_new and the maps of every segment that its fused output pass
+                  stores (STORE_STATES in the output launch, exact maps: no warm split; `kernels.ops.gdn.fused`): the
+                  backward skips the state recompute too (as many bytes as "wy+states"'s states). KDA: as "inputs"
     "wy"          also the WY factors (w, u, Aqk, the gate cumsum; KDA: the gated k and q): the backward skips the
                   WY prep, for [B, T, H, 2K + V + 64] (GDN: + [B, T, H] fp32; KDA: [B, T, H, 4K + V + 64] and
                   [NT, H, K] fp32) held per call
@@ -91,7 +94,7 @@ class ChunkOp:
     naive: Callable[..., tuple[Tensor, Tensor | None]]
     wy_prep: Callable[..., Any]
     fused_fwd: Callable[..., Any] | None = None  # the op's two-kernel forward (`fwd_path` "auto"/"fused"; GDN's, KDA's)
-    ag_bwd: Callable[..., Any] | None = None  # its backward from the kept Ag (keep "ag"; GDN's `ops.gdn.ag_bwd`)
+    ag_bwd: Callable[..., Any] | None = None  # its backward from the kept Ag (keep "ag", "ag+states"; GDN's `ops.gdn.ag_bwd`)
 
     def per_key_gate(self, g: Tensor) -> Tensor:
         """The torch path works on a `[B, T, H, Kg]` gate: GDN's scalar gate is Kg = 1 and broadcasts over K."""
@@ -322,7 +325,8 @@ def chunk_backward_impl(
     plan: LaunchPlan, wy: Mapping[str, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """The backend's backward on checked inputs (same heads everywhere); checks do / dht first. wy: the forward's
-    WY factors and with "wy+states" its chunk states, or with "ag" its Ag and gate cumsum (triton, the plan's `keep`)."""
+    WY factors and with "wy+states" its chunk states, or with "ag" its Ag and gate cumsum (and with "ag+states" its
+    chunk states; triton, the plan's `keep`)."""
     check_grad_outputs(do, dht, q=q, v=v, num_seqs=index.num_seqs)
     do = do.contiguous()
     dht = dht.contiguous() if dht is not None else None

@@ -109,9 +109,16 @@ class LaunchPlan:
 
     @property
     def keeps(self) -> tuple[bool, bool]:
-        """(the forward keeps something for the backward: the Ag pass's outputs ("ag") or the WY factors, and the chunk
-        states) under `keep`."""
+        """(the forward keeps something for the backward: the Ag pass's outputs ("ag", "ag+states") or the WY factors,
+        and the WY path's chunk states ("wy+states")) under `keep`: what a caller of the forward hands it (`keep=`,
+        `keep_states=`); the fused path's own choice is `keeps_ag`."""
         return self.keep != "inputs", self.keep == "wy+states"
+
+    @property
+    def keeps_ag(self) -> tuple[bool, bool]:
+        """(the two-kernel forward keeps its Ag pass's outputs: "ag", "ag+states"; and its fused pass's chunk states,
+        v_new and segment maps: "ag+states") under `keep` (`kernels.common.chunk_fwd`, `kernels.ops.gdn.fused`)."""
+        return self.keep in ("ag", "ag+states"), self.keep == "ag+states"
 
     def replace(self, **changes: Any) -> LaunchPlan:
         """A copy with some fields changed (`dataclasses.replace`)."""

@@ -102,8 +102,10 @@ HAND_BACKWARD: tuple[str, ...] = ("ring", "true_cp", "tail_exchange")
 # without autograd and call the chunked backward, which recomputes
 AUTOGRAD_MODES: tuple[str, ...] = tuple(m for m in MODES if m not in (*HAND_BACKWARD, "warmup_correct"))
 
-# the triton backend's recompute policies (what its forward keeps for the backward), the default first
-KEEP_POLICIES: tuple[str, ...] = ("inputs", "ag", "wy", "wy+states")
+# the triton backend's recompute policies (what its forward keeps for the backward), the default first; "ag+states":
+# "ag" and the chunk states of GDN's fused forward (`kernels.ops.gdn.fused`); the last one keeps the most (FLA's
+# disable_recompute)
+KEEP_POLICIES: tuple[str, ...] = ("inputs", "ag", "ag+states", "wy", "wy+states")
 # the backward's gradient kernels: "auto" (the default: AUTO_BWD_GRADS's choice per op), chunk_bwd_dqk + wy_bwd, or one
 # kernel per chunk (`kernels.common.dqk_wy_bwd`)
 BWD_GRADS: tuple[str, ...] = ("auto", "pair", "fused")

@@ -116,7 +116,8 @@ def chunk_fwd(
     plan: the launch plan (`kernels.plan`; None: `default_plan()`). split_chunks: None = automatic sequence
     splitting, 0 = never, n = segments of n chunks. fuse_output: None = FUSE_OUTPUT. keep: a dict that receives the
     WY factors the backward would recompute (`kernels.common.chunk_bwd.chunk_bwd(wy=...)`; under the plan's keep "ag"
-    the fused path's Ag and gate cumsum instead, `kernels.ops.gdn.ag_bwd`); keep_states: and the
+    the fused path's Ag and gate cumsum instead, `kernels.ops.gdn.ag_bwd`, and under "ag+states" its chunk states,
+    v_new, segment maps and split as well, exact maps without a warm window); keep_states: and the WY path's
     chunk states, new values and segment maps (`kernels.common.state_keep`). chunk_size: the tokens per chunk, one of
     `kernels.common.wy.CHUNK_SIZES` (FLA's `chunk_size`; the backward must use the same). op: the op's name ("gdn",
     "kda"; the warmup's bound reads its gate). warm_chunks: the gate-certified warmup window of the split
@@ -130,7 +131,10 @@ def chunk_fwd(
     launch = plan if plan is not None else default_plan()
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     index: ChunkIndex = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device)
-    keep_ag = keep is not None and launch.keep == "ag"  # the fused path keeps its Ag pass's outputs (the WY path: none)
+    # the fused path keeps its Ag pass's outputs ("ag", "ag+states"; the WY path: none) and under "ag+states" its chunk
+    # states (not when the caller asked for the WY path's, keep_states: `kernels.dispatch.chunk_forward(states=)`)
+    keep_ag, ag_states = (keep is not None and x for x in launch.keeps_ag)
+    ag_states = ag_states and not keep_states
     fused_path = check_fwd_path(
         fwd_path,
         op=op,
@@ -140,9 +144,12 @@ def chunk_fwd(
         unfused_output=fuse_output is False,
     )
     path = "fused" if fused_path else "wy"
+    fused_states = fused_path and ag_states  # "ag+states" on the fused path (its exact-maps branch)
+    # kept states need the maps of every segment, which the warm split does not make (hook: with a gate-certified warm
+    # window in the backward's reverse state pass, which reads no map, "ag+states" could keep the forward's warm split)
     warm = (
         None
-        if keep is not None and keep_states
+        if (keep is not None and keep_states) or fused_states
         else warm_inputs(op, k, v, g, beta, warm_chunks, path=path, report=warm_report)
     )
     warm = with_chunk_bound(warm, index.num_chunks)  # the WY (or Ag) pass sums the bound's terms per chunk
@@ -150,6 +157,7 @@ def chunk_fwd(
         assert fused_fwd is not None
         fused = {"initial_state": initial_state, "output_final_state": output_final_state, "split_chunks": split_chunks}
         fused.update({"keep": keep} if keep_ag else {})
+        fused.update({"keep_states": True} if fused_states else {})
         return fused_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch, warm=warm, **fused)
     bnd = warm.chunk_bound if warm is not None else None
     wy = wy_prep(q, k, v, g, beta, scale=scale, index=index, launch=launch, bnd=bnd)

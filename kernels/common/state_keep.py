@@ -1,6 +1,7 @@
 """The forward's state pass + output that also keeps what the backward's state recompute would produce.
 
-Used by the recompute policy "wy+states" (`LaunchPlan.keep`, kernels.dispatch): the same launches as
+Used by the recompute policy "wy+states" (`LaunchPlan.keep`, kernels.dispatch; "ag+states" keeps the same names from
+GDN's fused pass, `kernels.ops.gdn.fused.fused_state_output_keep`): the same launches as
 `kernels.common.seqsplit.state_and_output` (same kernels, same configs, same split), except that
 
     - the transition pass covers every segment, the last ones too (the backward's reverse chain needs their maps;
@@ -29,7 +30,10 @@ from kernels.common.seqsplit import seg_chain_fwd, split_of, whole_sequences
 from kernels.configs import head_block
 from kernels.plan import LaunchPlan
 
-__all__ = ["state_and_output_keep"]
+__all__ = ["KEPT_STATES", "state_and_output_keep"]
+
+# the kept states' names (`chunk_bwd(wy=...)` reads them when "h" is there): h, v_new, M (split runs only), split
+KEPT_STATES: tuple[str, ...] = ("h", "v_new", "M", "split")
 
 
 def state_and_output_keep(

@@ -12,7 +12,7 @@ Per shape (bf16, H=16, K=V=128): ours ms (forward `chunk_*_fwd` + backward `chun
 (its autograd op, `o.backward(do)`), the ratio, the bytes floor of a forward+backward (FLA's count: 2828 B per
 token-head for GDN, 3590 for KDA), the peak memory of one step above the inputs (ours and FLA's), our per-kernel
 times (torch profiler, one step) for the miss analysis; our step under the kept recompute policies
-(`LaunchPlan.keep`: "ag", "wy", "wy+states") with the MB each holds; once per op, every gradient's rel_l2 vs
+(`LaunchPlan.keep`: "ag", "ag+states", "wy", "wy+states") with the MB each holds; once per op, every gradient's rel_l2 vs
 autograd through the fp32 per-token reference on a reduced shape, ours (each policy) and FLA's. `--autotune FILE`
 applies an autotune JSON to ours (default: the registry's configs).
 
@@ -86,8 +86,9 @@ def _kept(policy: str) -> tuple[bool, bool]:
 
 def ours_step(op: str, configs: dict[str, LaunchConfig] | None = None, policy: str = "inputs",
               bwd_grads: str | None = None) -> Callable[..., Any]:
-    """Our forward + backward under a recompute policy (`LaunchPlan.keep`): "inputs" (recompute all), "wy"
-    (the forward's WY factors handed to the backward), "wy+states" (and its chunk states, v_new, segment maps); and
+    """Our forward + backward under a recompute policy (`LaunchPlan.keep`): "inputs" (recompute all), "ag" (GDN: the
+    two-kernel forward's Ag and gate cumsum), "ag+states" (and its chunk states, v_new, segment maps), "wy" (the
+    forward's WY factors handed to the backward), "wy+states" (and its chunk states, v_new, segment maps); and
     the backward's gradient kernels (`LaunchPlan.bwd_grads`; None: the plan's default, "auto")."""
     import importlib
 
@@ -100,7 +101,7 @@ def ours_step(op: str, configs: dict[str, LaunchConfig] | None = None, policy: s
     def step(q, k, v, g, beta, do):
         keep: dict[str, torch.Tensor] | None = {} if keep_wy else None
         o, _ = fwd(q, k, v, g, beta, scale=K**-0.5, plan=plan, keep=keep, keep_states=keep_states)
-        return o, bwd(q, k, v, g, beta, do, scale=K**-0.5, plan=plan, wy=keep)
+        return o, bwd(q, k, v, g, beta, do, scale=K**-0.5, plan=plan, wy=keep or None)  # KDA under "ag": none kept
 
     return step
 

@@ -74,8 +74,12 @@ def test_plan_is_frozen_and_keep_is_checked() -> None:
         plan.keep = "wy"  # type: ignore[misc]
     with pytest.raises(TypeError):
         plan.configs["wy_gdn_fwd"] = OTHER  # type: ignore[index]
-    assert [LaunchPlan(keep=k).keeps for k in KEEP_POLICIES] == [(False, False), (True, False), (True, False), (True, True)]
-    with pytest.raises(ValueError, match=r"^LaunchPlan\.keep must be one of inputs, ag, wy, wy\+states, got 'none'$"):
+    kept = [(LaunchPlan(keep=k).keeps, LaunchPlan(keep=k).keeps_ag) for k in KEEP_POLICIES]
+    off = (False, False)
+    assert kept == [(off, off), ((True, False), (True, False)), ((True, False), (True, True)), ((True, False), off),
+                    ((True, True), off)]  # fmt: skip
+    allowed = r"inputs, ag, ag\+states, wy, wy\+states"
+    with pytest.raises(ValueError, match=rf"^LaunchPlan\.keep must be one of {allowed}, got 'none'$"):
         plan.replace(keep="none")
     assert plan.bwd_grads == "auto" and plan.replace(bwd_grads="fused").bwd_grads == "fused"
     with pytest.raises(ValueError, match=r"^LaunchPlan\.bwd_grads must be one of auto, pair, fused, got 'one'$"):

@@ -42,8 +42,8 @@ def test_spec_accepts_a_policy_and_refuses_others_in_one_line() -> None:
     assert spec.mode_options == {"triton": {"keep": "wy+states"}, "true_cp": {"segment_len": 64}}
     cases = [
         ({"triton": {"keep": "states"}},
-         "invalid sweep spec: mode_options: backend 'triton' option keep must be one of inputs, ag, wy, wy+states, "
-         "got 'states'"),
+         "invalid sweep spec: mode_options: backend 'triton' option keep must be one of inputs, ag, ag+states, wy, "
+         "wy+states, got 'states'"),
         ({"triton": {"kept": "wy"}}, "invalid sweep spec: mode_options: unknown option(s) kept for backend 'triton'; known: keep"),
     ]
     for options, message in cases:
@@ -86,7 +86,7 @@ def test_point_plan_carries_keep_and_leaves_the_default() -> None:
     plain = replace(point, backend_options={})
     assert launch_plan(plain, PointJob(point=plain, options={})).keep == "inputs"
     assert default_plan().keep == "inputs"  # nothing process-wide was set
-    with pytest.raises(ValueError, match=r"must be one of inputs, ag, wy, wy\+states, got 'all'"):
+    with pytest.raises(ValueError, match=r"must be one of inputs, ag, ag\+states, wy, wy\+states, got 'all'"):
         LaunchPlan(keep="all")
 
 

@@ -1,5 +1,5 @@
-"""GDN's backward from the forward's kept Ag (the recompute policy "ag", `kernels.plan.LaunchPlan.keep`): no WY prep
-(`wy_gdn_fwd`) and no `wy_inverse` in the backward.
+"""GDN's backward from the forward's kept Ag (the recompute policies "ag" and "ag+states", `kernels.plan.LaunchPlan.keep`):
+no WY prep (`wy_gdn_fwd`) and no `wy_inverse` in the backward; under "ag+states" no state recompute either.
 
 The two-kernel forward (`kernels.ops.gdn.fused`) keeps its Ag pass's outputs: Ag = T diag(beta) `[B, T, HV, BT]`
 (k's dtype) and the in-chunk gate cumsum G `[B, T, HV]` fp32. The backward then runs
@@ -14,7 +14,9 @@ The two-kernel forward (`kernels.ops.gdn.fused`) keeps its Ag pass's outputs: Ag
    so `wy_bwd` gets T exactly as `wy_inverse` made it, without dividing Ag by beta (exact for beta -> 0);
 2. the chunk states h and v_new = u - w S for the reverse pass: the fused pass in its STORE_STATES mode (the forward's
    kernel, state only), split like the forward (its TRANSITION mode over every segment, `seg_chain_fwd`, then the
-   segments from their entering states), handed to `kernels.common.chunk_bwd.chunk_bwd` as kept states;
+   segments from their entering states), handed to `kernels.common.chunk_bwd.chunk_bwd` as kept states; under
+   "ag+states" the forward's output launch stored them (`kernels.ops.gdn.fused.fused_state_output_keep`, with the maps
+   of every segment and its split) and this step is skipped;
 3. `chunk_bwd` with those (its reverse state pass, `chunk_bwd_dqk`, `wy_bwd`; it skips its recompute).
 
 Bytes per token-head (bf16, K = V = 128, chunk 64) of step 1: reads q, k, v (768), Ag (128), G (4); writes w, u (512),
@@ -35,11 +37,12 @@ from torch import Tensor
 from kernels.common.chunk_bwd import chunk_bwd
 from kernels.common.chunk_program import chunk_of_program, group_heads
 from kernels.common.index import ChunkIndex, prepare_chunk_index
-from kernels.common.seqsplit import resolve_split, seg_chain_fwd, whole_sequences
+from kernels.common.seqsplit import resolve_split, whole_sequences
 from kernels.common.state_bwd import state_bwd_config
+from kernels.common.state_keep import KEPT_STATES
 from kernels.common.wy import BT_WY, CHUNK_SIZES
 from kernels.configs import KernelSpec, LaunchConfig, head_block, register
-from kernels.ops.gdn.fused import _config, _launch, gdn_fused_transition
+from kernels.ops.gdn.fused import _config, _launch, exact_segment_states
 from kernels.ops.gdn.wy_ag import wy_gdn_ag
 from kernels.plan import LaunchPlan, default_plan, launch_config
 
@@ -154,11 +157,8 @@ def gdn_ag_states(
     out: dict[str, Tensor] = {"split": torch.tensor(plan.seg_chunks if plan is not None else 0, dtype=torch.int64)}
     layout = whole_sequences(index)
     if plan is not None:
-        M, S_ext = gdn_fused_transition(k, v, ag, gcum, layout=plan.all_segments, BT=BT, launch=launch)
-        nonlast = plan.transitions.seq_map
-        assert nonlast is not None
-        h0 = seg_chain_fwd(M.index_select(0, nonlast), S_ext.index_select(0, nonlast), h0, plan, launch=launch)
-        layout, out["M"] = plan.all_segments, M
+        out["M"], h0 = exact_segment_states(k, v, ag, gcum, h0, plan=plan, BT=BT, launch=launch)
+        layout = plan.all_segments
     out["h"], out["v_new"] = k.new_empty(index.num_chunks, HV, K, V), torch.empty_like(v, dtype=k.dtype)
     cfg = _config(launch, k, v, gcum, BT=BT, mode="states", layout=layout, ncols_limit=head_block(V))
     _launch(cfg, V, layout, q=None, k=k, v=v, ag=ag, gcum=gcum, BT=BT, h0=h0, hs=out["h"], vn=out["v_new"])
@@ -171,9 +171,10 @@ def chunk_gdn_bwd_ag(
     plan: LaunchPlan | None = None, split_chunks: int | None = None, chunk_size: int = BT_WY,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:  # fmt: skip
     """(dq, dk, dv, dg, dbeta, dh0) of GDN from the forward's kept `wy` = {"ag": Ag, "gs": gate cumsum} (the module
-    docstring's three steps), or with `wy=None` from the Ag pass run again here (`wy_gdn_ag`: the recompute policy's
-    memory, the Ag pass's time instead of `wy_gdn_fwd` + `wy_inverse`); the other arguments as
-    `kernels.common.chunk_bwd.chunk_bwd`."""
+    docstring's three steps), with its chunk states too under "ag+states" (`KEPT_STATES`: h, v_new, M, split; step 2
+    skipped, the forward's split used, split_chunks ignored), or with `wy=None` from the Ag pass run again here
+    (`wy_gdn_ag`: the recompute policy's memory, the Ag pass's time instead of `wy_gdn_fwd` + `wy_inverse`); the other
+    arguments as `kernels.common.chunk_bwd.chunk_bwd`."""
     B, T = k.shape[:2]
     launch = plan if plan is not None else default_plan()
     q, k, v, do = (x.contiguous() for x in (q, k, v, do))
@@ -183,7 +184,11 @@ def chunk_gdn_bwd_ag(
     else:
         ag, gcum = wy["ag"], wy["gs"]
     w, u, aqk, tt = wy_from_ag(q, k, v, ag, gcum, scale=scale, index=index, launch=launch)
-    states = gdn_ag_states(k, v, ag, gcum, index=index, launch=launch, initial_state=initial_state, split_chunks=split_chunks)
+    if wy is not None and "h" in wy:  # "ag+states": the forward's fused pass kept them
+        states = {name: wy[name] for name in KEPT_STATES if name in wy}
+    else:
+        states = gdn_ag_states(k, v, ag, gcum, index=index, launch=launch, initial_state=initial_state,
+                               split_chunks=split_chunks)  # fmt: skip
     factors = {"w": w, "u": u, "gs": gcum, "aqk": aqk, "tt": tt, **states}
     del ag  # read by nothing after this (with wy=None its memory is free for the gradient kernels' buffers)
     return chunk_bwd("gdn", q, k, v, g, beta, do, scale=scale, initial_state=initial_state, dht=dht,

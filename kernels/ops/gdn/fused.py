@@ -31,7 +31,9 @@ not stored. Ranges: `kernels.common.chunk_state.SeqLayout` (whole sequences, or 
 transitions, `seg_chain_fwd`, this kernel with the output from each segment's entering state). With a warm window
 (`kernels.common.warm_split`) the Ag prep also sums the decay bound per chunk, this kernel walks the windows from zero
 (state only) and its transitions skip the certified (segment, head) pairs (`need`). The Ag prep is the op's
-(`kernels.ops.gdn.wy_ag.wy_gdn_ag`, handed in by the op table: `kernels/common` imports no op).
+(`kernels.ops.gdn.wy_ag.wy_gdn_ag`, handed in by the op table: `kernels/common` imports no op). Under the recompute
+policy "ag+states" (`fused_state_output_keep`) the output launch also runs STORE_STATES (h, v_new for the backward,
+`kernels.common.state_keep`'s kept states; o bit-identical) after exact transitions over every segment.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from torch import Tensor
 
 from kernels.common.chunk_state import SeqLayout
 from kernels.common.index import ChunkIndex
-from kernels.common.seqsplit import resolve_split, seg_chain_fwd, whole_sequences
+from kernels.common.seqsplit import SplitPlan, resolve_split, seg_chain_fwd, whole_sequences
 from kernels.common.state_program import range_of_program
 from kernels.common.warm_split import WarmInputs, certified_transitions, window_plan
 from kernels.common.wy import LOG2E, _gexp
@@ -61,7 +63,9 @@ __all__ = [
     "gdn_fused_fwd",
     "gdn_fused_state_output",
     "gdn_fused_transition",
+    "exact_segment_states",
     "fused_state_output_fwd",
+    "fused_state_output_keep",
     "variant_flags",
 ]
 
@@ -339,19 +343,22 @@ def gdn_fused_state_output(
     q: Tensor | None, k: Tensor, v: Tensor, ag: Tensor, gcum: Tensor, *, layout: SeqLayout, BT: int, scale: float = 1.0,
     h0: Tensor | None = None, output_final_state: bool = False, num_states: int | None = None,
     out_dtype: torch.dtype | None = None, launch: LaunchPlan | None = None, aqk: Tensor | None = None,
+    hs: Tensor | None = None, vn: Tensor | None = None,
 ) -> tuple[Tensor | None, Tensor | None]:  # fmt: skip
     """The pass over the layout's ranges: (o `[B, T, HV, V]` or None without q, final state fp32 or None).
 
     q, k `[B, T, H, K]`, v `[B, T, HV, V]`, Ag, gcum (GDN `[B, T, HV]`; KDA `[B, T, HV, K]`, the per-key gate) and
     aqk (KDA: the output's intra-chunk matrix; GDN: None, formed here) from the Ag prep; h0 `[layout.num_programs, HV, K, V]` fp32 or
-    None; the final states `[num_states or num_programs, HV, K, V]` (at `layout.final_idx` when it has one).
+    None; the final states `[num_states or num_programs, HV, K, V]` (at `layout.final_idx` when it has one). hs
+    `[NT, HV, K, V]`, vn `[B, T, HV, V]` (k's dtype) or None: filled with the state entering each chunk and v_new
+    (STORE_STATES, in the same launch as the output; the launch config and o are those without them).
     """
     K, HV, V = k.shape[3], v.shape[2], v.shape[3]
     mode = "output" if q is not None else "state"
     cfg = _config(launch, k, v, gcum, BT=BT, mode=mode, layout=layout, ncols_limit=head_block(V))
     o = torch.empty(v.shape, dtype=out_dtype or q.dtype, device=v.device) if q is not None else None
     ht = k.new_empty(num_states or layout.num_programs, HV, K, V, dtype=torch.float32) if output_final_state else None
-    _launch(cfg, V, layout, q=q, k=k, v=v, ag=ag, gcum=gcum, BT=BT, scale=scale, h0=h0, ht=ht, o=o, aqk=aqk)
+    _launch(cfg, V, layout, q=q, k=k, v=v, ag=ag, gcum=gcum, BT=BT, scale=scale, h0=h0, ht=ht, o=o, aqk=aqk, hs=hs, vn=vn)
     return o, ht
 
 
@@ -377,6 +384,19 @@ def gdn_fused_transition(
     return M, S
 
 
+def exact_segment_states(
+    k: Tensor, v: Tensor, ag: Tensor, gcum: Tensor, h0: Tensor | None, *, plan: SplitPlan, BT: int, launch: LaunchPlan
+) -> tuple[Tensor, Tensor]:
+    """(M of every segment `[NS, HV, K, K]` fp32, the state entering every segment `[NS, HV, K, V]` fp32): this pass's
+    exact transitions over all segments (the last ones too: the backward's reverse chain reads their maps) and
+    `seg_chain_fwd` over the non-last ones from h0 `[N, HV, K, V]` fp32 or None. No warm window: a certified segment
+    would have no map."""
+    M, S_ext = gdn_fused_transition(k, v, ag, gcum, layout=plan.all_segments, BT=BT, launch=launch)
+    nonlast = plan.transitions.seq_map
+    assert nonlast is not None
+    return M, seg_chain_fwd(M.index_select(0, nonlast), S_ext.index_select(0, nonlast), h0, plan, launch=launch)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # the forward
 
@@ -385,6 +405,7 @@ def gdn_fused_fwd(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex, launch: LaunchPlan,
     initial_state: Tensor | None = None, output_final_state: bool = False, split_chunks: int | None = None,
     warm: WarmInputs | None = None, ag_prep: AgPrep | None = None, keep: dict[str, Tensor] | None = None,
+    keep_states: bool = False,
 ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """GDN's forward on the fused pass: (o `[B, T, HV, V]` in q's dtype, final state `[N, HV, K, V]` fp32 or None).
 
@@ -394,14 +415,32 @@ def gdn_fused_fwd(
     hand in a torch one). warm: the split's gate-certified
     warmup (`kernels.common.warm_split`, its `chunk_bound` for the Ag pass to fill), or None (exact maps). keep: a dict
     that receives the Ag pass's outputs for the backward ("ag", "gs": `kernels.ops.gdn.ag_bwd`), or None.
+    keep_states (the policy "ag+states", `LaunchPlan.keeps_ag`; needs keep and warm=None): keep also receives the
+    chunk states, v_new, the maps of every segment and the split (`fused_state_output_keep`).
     """
+    if keep_states and (keep is None or warm is not None):
+        raise ValueError("gdn_fused_fwd: keep_states needs a keep dict and no warm window (the backward needs every map)")
     bnd = warm.chunk_bound if warm is not None else None
     ag_prep = wy_gdn_ag if ag_prep is None else ag_prep
     ag, gcum = ag_prep(k, g, beta, index=index, launch=launch, bnd=bnd, v=v if bnd is not None else None)
     if keep is not None:
         keep.update(ag=ag, gs=gcum)
-    return fused_state_output_fwd(q, k, v, ag, gcum, scale=scale, index=index, launch=launch, initial_state=initial_state,
-                                  output_final_state=output_final_state, split_chunks=split_chunks, warm=warm)  # fmt: skip
+    opts = {"scale": scale, "index": index, "launch": launch, "initial_state": initial_state,
+            "output_final_state": output_final_state, "split_chunks": split_chunks}  # fmt: skip
+    if keep_states:
+        assert keep is not None
+        return fused_state_output_keep(q, k, v, ag, gcum, keep=keep, **opts)
+    return fused_state_output_fwd(q, k, v, ag, gcum, warm=warm, **opts)
+
+
+def output_split(index: ChunkIndex, k: Tensor, v: Tensor, gcum: Tensor, *, launch: LaunchPlan,
+                 split_chunks: int | None) -> SplitPlan | None:  # fmt: skip
+    """The split of the forward's output pass (None: one program row per sequence): `resolve_split` with the output
+    launch's BV, from shapes alone."""
+    V = v.shape[3]
+    cfg = _config(launch, k, v, gcum, BT=index.chunk_size, mode="output", layout=whole_sequences(index),
+                  ncols_limit=head_block(V))  # fmt: skip
+    return resolve_split(index, split_chunks, H=v.shape[2], NV=-(-V // (cfg.BV or 64)), device=k.device)
 
 
 def fused_state_output_fwd(
@@ -413,11 +452,9 @@ def fused_state_output_fwd(
     split (seqsplit's plan, this kernel's transitions, `seg_chain_fwd`, the output from each segment's entering state),
     with a warm window when `warm` holds the Ag pass's bound sums. Ag, gcum, aqk as `gdn_fused_state_output`'s."""
     BT = index.chunk_size
-    HV, V = v.shape[2], v.shape[3]
     h0 = initial_state.float().contiguous() if initial_state is not None else None
     layout = whole_sequences(index)
-    bv = _config(launch, k, v, gcum, BT=BT, mode="output", layout=layout, ncols_limit=head_block(V)).BV or 64
-    plan = resolve_split(index, split_chunks, H=HV, NV=-(-V // bv), device=k.device)
+    plan = output_split(index, k, v, gcum, launch=launch, split_chunks=split_chunks)
     num_states = None
     if plan is not None:
         pass_args = {"k": k, "v": v, "ag": ag, "gcum": gcum, "BT": BT, "launch": launch}
@@ -444,5 +481,36 @@ def fused_state_output_fwd(
     o, ht = gdn_fused_state_output(q, k, v, ag, gcum, layout=layout, BT=BT, scale=scale, h0=h0,
                                    output_final_state=output_final_state, num_states=num_states, launch=launch,
                                    aqk=aqk)  # fmt: skip
+    assert o is not None
+    return o, ht
+
+
+def fused_state_output_keep(
+    q: Tensor, k: Tensor, v: Tensor, ag: Tensor, gcum: Tensor, *, scale: float, index: ChunkIndex, launch: LaunchPlan,
+    keep: dict[str, Tensor], initial_state: Tensor | None = None, output_final_state: bool = False,
+    split_chunks: int | None = None,
+) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    """`fused_state_output_fwd` (same result; GDN's scalar gate) for the policy "ag+states": it fills `keep` with the
+    backward's kept states in `kernels.common.state_keep`'s form, h `[NT, HV, K, V]` and v_new `[B, T, HV, V]` (k's
+    dtype, stored by the output launch itself: STORE_STATES), the maps M of every segment `[NS, HV, K, K]` fp32 when
+    split, and `split` (segment length in chunks, 0 unsplit) as a CPU int64 scalar, so `chunk_bwd` resolves the same
+    segments and skips the state recompute (`kernels.ops.gdn.ag_bwd`). Same split as the plain forward (the output
+    launch's BV); o equals that forward's with exact maps (warm 0) bit for bit.
+
+    Exact maps of every segment, no warm window: the warm split's certified segments get no map, and the backward's
+    reverse chain (`seg_chain_bwd`) needs them all. Hook: once the reverse state pass has its own gate-certified warm
+    window (it will not read M), this branch can take `fused_state_output_fwd`'s warm split and keep no M."""
+    BT, HV, K, V = index.chunk_size, v.shape[2], k.shape[3], v.shape[3]
+    h0 = initial_state.float().contiguous() if initial_state is not None else None
+    plan = output_split(index, k, v, gcum, launch=launch, split_chunks=split_chunks)
+    layout, num_states = whole_sequences(index), None
+    if plan is not None:
+        keep["M"], h0 = exact_segment_states(k, v, ag, gcum, h0, plan=plan, BT=BT, launch=launch)
+        layout, num_states = plan.final, index.num_seqs
+    keep["split"] = torch.tensor(plan.seg_chunks if plan is not None else 0, dtype=torch.int64)
+    keep["h"], keep["v_new"] = k.new_empty(index.num_chunks, HV, K, V), torch.empty_like(v, dtype=k.dtype)
+    o, ht = gdn_fused_state_output(q, k, v, ag, gcum, layout=layout, BT=BT, scale=scale, h0=h0,
+                                   output_final_state=output_final_state, num_states=num_states, launch=launch,
+                                   hs=keep["h"], vn=keep["v_new"])  # fmt: skip
     assert o is not None
     return o, ht

@@ -29,15 +29,15 @@ __all__ = ["kda_fused_fwd"]
 def kda_fused_fwd(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex, launch: LaunchPlan,
     initial_state: Tensor | None = None, output_final_state: bool = False, split_chunks: int | None = None,
-    warm: WarmInputs | None = None, keep: dict[str, Tensor] | None = None,
+    warm: WarmInputs | None = None, keep: dict[str, Tensor] | None = None, keep_states: bool = False,
 ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """KDA's forward on the fused pass: (o `[B, T, HV, V]` in q's dtype, final state `[N, HV, K, V]` fp32 or None).
 
     q, k `[B, T, H, K]`, v `[B, T, HV, V]`, g `[B, T, HV, K]`, beta `[B, T, HV]` (contiguous). split_chunks: as
     `kernels.common.seqsplit.resolve_split` (None automatic, 0 never, n chunks per segment). warm: the split's
     gate-certified warmup (`kernels.common.warm_split`, its `chunk_bound` for the Ag pass to fill), or None. keep
-    (the "ag" recompute policy): left empty, KDA has no backward from Ag yet, so its backward recomputes as under
-    "inputs".
+    and keep_states (the "ag" / "ag+states" recompute policies): keep is left empty, KDA has no backward from Ag yet,
+    so its backward recomputes as under "inputs".
     """
     bnd = warm.chunk_bound if warm is not None else None
     ag, aqk, gcum = wy_kda_ag(

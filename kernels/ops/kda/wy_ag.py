@@ -26,6 +26,7 @@ Grid: dense (NT, B * HV); varlen (NT_total, HV) with the chunk index of `kernels
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import torch
@@ -48,9 +49,9 @@ from kernels.common.wy import (
 )
 from kernels.configs import KernelSpec, LaunchConfig, register
 from kernels.ops.gdn.wy_ag import WY_GDN_AG_FWD, _store_ag, _store_bound, ag_launch
-from kernels.plan import LaunchPlan
+from kernels.plan import LaunchPlan, default_plan
 
-__all__ = ["KDA_AG_VARIANTS", "WY_KDA_AG_FWD", "GatedKeys", "wy_kda_ag"]
+__all__ = ["KDA_AG_VARIANTS", "WY_KDA_AG_FWD", "GatedKeys", "gated_ag_plan", "wy_kda_ag"]
 
 WY_KDA_AG_FWD = register(
     KernelSpec(
@@ -68,6 +69,14 @@ WY_KDA_AG_FWD = register(
 #   only dots and one diagonal decay per chunk (its PRE_GATED); not measured on a GPU yet (benchmarks/kda_fused_lab.py
 #   --ag-variants). The default flips with WY_KDA_AG_FWD's default LaunchConfig(VARIANT=1).
 KDA_AG_VARIANTS = {"gated": 1}
+
+
+def gated_ag_plan(plan: LaunchPlan | None = None, gated: bool = True) -> LaunchPlan:
+    """`plan` (None: the default plan) with the Ag pass's explicit config its default one with the `gated` variant
+    (or, gated False, without it): the switch between KDA's two fused-pass forms (tests, benchmarks/kda_fused_lab.py)."""
+    bits = KDA_AG_VARIANTS["gated"] if gated else None
+    cfg = dataclasses.replace(WY_KDA_AG_FWD.default, VARIANT=bits)
+    return (plan if plan is not None else default_plan()).with_configs({WY_KDA_AG_FWD.name: cfg})
 
 
 class GatedKeys(NamedTuple):

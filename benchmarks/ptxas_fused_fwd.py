@@ -72,8 +72,11 @@ def compile_fused(form: str, mode: str, num_warps: int = 4, num_stages: int = 2)
         else:  # an optional tensor not given: None
             sig[name] = "constexpr"
             cx[(i,)] = None
-    compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx), target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": num_warps, "num_stages": num_stages})
+    compiled = triton.compile(
+        ASTSource(fn=fn, signature=sig, constexprs=cx),
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": num_warps, "num_stages": num_stages},
+    )
     ptx = compiled.asm["ptx"]
     return {**ptxas_usage(ptx, 90), "shared": int(compiled.metadata.shared)}, ptx
 

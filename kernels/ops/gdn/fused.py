@@ -281,7 +281,15 @@ def gdn_fused_state_output_kernel(
 
 
 def _config(
-    launch: LaunchPlan | None, k: Tensor, v: Tensor, gcum: Tensor, *, BT: int, mode: str, layout: SeqLayout, ncols_limit: int,
+    launch: LaunchPlan | None,
+    k: Tensor,
+    v: Tensor,
+    gcum: Tensor,
+    *,
+    BT: int,
+    mode: str,
+    layout: SeqLayout,
+    ncols_limit: int,
     kd: Tensor | None = None,
 ) -> LaunchConfig:
     key = {
@@ -403,8 +411,9 @@ def gdn_fused_transition(
     `[N, HV]` on the device, or None (all): the (program, head) pairs whose flag is False walk no chunk and store
     M = 0, S_ext = 0 (`kernels.common.warm_split`'s certified windows). kd: as `gdn_fused_state_output`'s."""
     K, HV, V = k.shape[3], v.shape[2], v.shape[3]
-    cfg = _config(launch, k, v, gcum, BT=BT, mode="transition", layout=layout, ncols_limit=min(head_block(K), head_block(V)),
-                  kd=kd)
+    cfg = _config(
+        launch, k, v, gcum, BT=BT, mode="transition", layout=layout, ncols_limit=min(head_block(K), head_block(V)), kd=kd
+    )
     N = layout.num_programs
     M = k.new_empty(N, HV, K, K, dtype=torch.float32)
     S = k.new_empty(N, HV, K, V, dtype=torch.float32)

@@ -90,7 +90,8 @@ def test_varlen_split(chunk: int, lb: float, gated: bool) -> None:
     assert_rel_close("ht", ht_ref, ht, TOL)
     assert "seg_chain_fwd" in rec and "wy_kda_fwd" not in rec, sorted(rec)
     assert rec["kda_fused_state_output_fwd"][0]["BT"] == chunk
-    assert rec["wy_kda_ag_fwd"][1].VARIANT == (KDA_AG_VARIANTS["gated"] if gated else None)
+    bits = KDA_AG_VARIANTS["gated"] if gated else None
+    assert bits == rec["wy_kda_ag_fwd"][1].VARIANT
 
 
 def test_gated_warm_split() -> None:

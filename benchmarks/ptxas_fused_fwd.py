@@ -2,18 +2,20 @@
 gate form and mode, from the compiler alone (no GPU; `benchmarks/ptxas_report.py`'s ptxas):
 
     python benchmarks/ptxas_fused_fwd.py [--forms gdn kda kda_gated] [--modes output transition] [--warps 4 8]
-        [--ptx-dir DIR]
+        [--variants default tma exp2+tma] [--ptx-dir DIR]
 
 Each (form, mode, num_warps) is compiled by Triton for sm_90 at the benchmark shape (H=HV=16, K=V=128, 64-token
 chunks, bf16, varlen, BV 64, 2 stages); output mode with an initial and a final state, transition with its maps.
 Forms: gdn (the scalar gate), kda (the per-key gate cumsum read and exponentiated per V block, GATE_VECTOR), kda_gated
-(the Ag pass's gated keys read: PRE_GATED). --ptx-dir writes each PTX (a change of the kernel can be checked to leave
+(the Ag pass's gated keys read: PRE_GATED). Variants: `+`-joined names of the pass's code variants (`FUSED_VARIANTS`:
+exp2, tma; pipe and ws too) or default. --ptx-dir writes each PTX (a change of the kernel can be checked to leave
 another form's code identical by diffing them).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,8 +49,21 @@ def _args(form: str, mode: str) -> tuple[dict[str, str], dict[str, Any]]:
     return {**ptrs, "scale": "fp32", "T": "i32"}, {**SHAPE, **flags}
 
 
-def compile_fused(form: str, mode: str, num_warps: int = 4, num_stages: int = 2) -> tuple[dict[str, Any], str]:
-    """(ptxas usage and shared bytes, the PTX) of one (form, mode, warps) compiled for sm_90."""
+def _variant_constexprs(variant: str, num_stages: int) -> dict[str, Any]:
+    """The kernel's variant constexprs of a `+`-joined variant name ("default": none set)."""
+    from kernels.ops.gdn.fused import FUSED_VARIANTS
+
+    names = set() if variant == "default" else set(variant.split("+"))
+    if names - set(FUSED_VARIANTS):
+        raise SystemExit(f"unknown variant {variant!r}; known: {sorted(FUSED_VARIANTS)} or default")
+    return {"EXP2": "exp2" in names, "TMA": "tma" in names, "LOOP_STAGES": num_stages if "pipe" in names else None,
+            "WS": "ws" in names}  # fmt: skip
+
+
+def compile_fused(
+    form: str, mode: str, num_warps: int = 4, num_stages: int = 2, variant: str = "default"
+) -> tuple[dict[str, Any], str]:
+    """(ptxas usage and shared bytes, the PTX) of one (form, mode, warps, variant) compiled for sm_90."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -59,6 +74,7 @@ def compile_fused(form: str, mode: str, num_warps: int = 4, num_stages: int = 2)
     while type(fn).__name__ != "JITFunction":
         fn = fn.fn
     ptrs, consts = _args(form, mode)
+    consts.update(_variant_constexprs(variant, num_stages))
     sig: dict[str, str] = {}
     cx: dict[tuple[int, ...], Any] = {}
     for i, name in enumerate(fn.arg_names):
@@ -86,18 +102,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--forms", nargs="+", default=list(FORMS), choices=FORMS)
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--warps", nargs="+", type=int, default=[4])
+    p.add_argument("--variants", nargs="+", default=["default"])
     p.add_argument("--ptx-dir", type=Path, default=None)
     args = p.parse_args(argv)
-    print("| form | mode | warps | registers | spill B (st/ld) | shared KB |\n|---|---|---:|---:|---:|---:|")
-    for form in args.forms:
-        for mode in args.modes:
-            for warps in args.warps:
-                use, ptx = compile_fused(form, mode, warps)
-                print(f"| {form} | {mode} | {warps} | {use['regs']} | {use['spill_stores']} / {use['spill_loads']} | "
-                      f"{use['shared'] / 1024:.0f} |", flush=True)  # fmt: skip
-                if args.ptx_dir is not None:
-                    args.ptx_dir.mkdir(parents=True, exist_ok=True)
-                    (args.ptx_dir / f"{form}_{mode}_{warps}.ptx").write_text(ptx)
+    print("| form | mode | variant | warps | registers | spill B (st/ld) | shared KB |\n|---|---|---|---:|---:|---:|---:|")
+    for form, mode, variant, warps in itertools.product(args.forms, args.modes, args.variants, args.warps):
+        use, ptx = compile_fused(form, mode, warps, variant=variant)
+        print(f"| {form} | {mode} | {variant} | {warps} | {use['regs']} | {use['spill_stores']} / {use['spill_loads']} | "
+              f"{use['shared'] / 1024:.0f} |", flush=True)  # fmt: skip
+        if args.ptx_dir is not None:
+            args.ptx_dir.mkdir(parents=True, exist_ok=True)
+            name = f"{form}_{mode}_{warps}" + ("" if variant == "default" else f"_{variant}")
+            (args.ptx_dir / f"{name}.ptx").write_text(ptx)
 
 
 if __name__ == "__main__":

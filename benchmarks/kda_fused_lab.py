@@ -2,7 +2,7 @@
 in one process on one GPU: o checked against the fp32 reference, then do_bench medians; GPU only.
 
     python benchmarks/kda_fused_lab.py --out $OUT [--shapes 1x131072,1x32768,8x8192] [--lbs -1,-5] [--no-fla]
-        [--forms inline,gated] [--no-old] [--ref-max-tokens 8192] [--split-chunks N] [--deadline-s 540]
+        [--forms inline,gated,gated_tma] [--no-old] [--ref-max-tokens 8192] [--split-chunks N] [--deadline-s 540]
     TRITON_INTERPRET=1 python benchmarks/kda_fused_lab.py --out /tmp/lab --dry-run   # CPU plumbing check, no timing
 
 Inputs: bf16, H=HV=16, K=V=128, q and k L2-normalised, g = lb * sigmoid(randn) `[.., H, K]` fp32 (lb -1: every
@@ -12,11 +12,13 @@ safe-gate range), beta = sigmoid(randn), B sequences packed as one varlen batch 
   above that against the chunked torch path in fp32 (itself tested against the per-token one); relative L2;
 - time (do_bench medians, warmup 25, rep 150): the new forward (`chunk_kda_fwd(fwd_path="fused")`) and its
   launchers: the Ag pass (`wy_kda_ag`), the fused pass given Ag (`fused_state_output_fwd`) and, when the split runs,
-  its transitions, `seg_chain_fwd` and the state+output launch alone, once per --forms item: `inline` (the Ag pass
-  stores G, the fused pass exponentiates [BT, K] gate tiles per V block: the default) and `gated` (the Ag pass's
-  `gated` variant, `kernels.ops.kda.wy_ag.gated_ag_plan`: it stores qg, ke, kd, G_C and the fused pass reads them;
-  its columns prefixed `gated`); unless --no-old the old forward (`fwd_path="wy"`) and its two launchers
-  (`wy_kda_fwd`, `state_and_output`); FLA's `chunk_kda` when `fla` imports (its first call's seconds too);
+  its transitions, `seg_chain_fwd` and the state+output launch alone, once per --forms item (`FORMS`): `inline` (the
+  Ag pass stores G, the fused pass exponentiates [BT, K] gate tiles per V block: the default), `gated` (the Ag pass's
+  `gated` variant, `kernels.ops.kda.wy_ag.gated_ag_plan`: it stores qg, ke, kd, G_C and the fused pass reads them),
+  and those with the fused pass's config changed (`_tma`: its tma variant, `_w8`: 8 warps); a form's keys are
+  prefixed `<form>_` (inline: none), one row of the second table each; unless --no-old the old forward
+  (`fwd_path="wy"`) and its two launchers (`wy_kda_fwd`, `state_and_output`); FLA's `chunk_kda` when `fla` imports
+  (its first call's seconds too);
 - floors (`runners.bench.floors`, bytes at HBM_TBPS): the whole forward (q, k, v, g, beta read and o written once)
   and each new launcher's (`ag`, `fused`); new / FLA, the issue's target <= 0.5.
 Writes $OUT/kda_fused_lab.{json,md} after every row (a stopped run keeps its rows).
@@ -76,7 +78,28 @@ def _floors(row: dict[str, Any], B: int, T: int, H: int, K: int, V: int) -> None
     row["pass_floor_ms"] = ms(launcher_bytes("kda", "fused", B, T, H, K, V))
 
 
-FORMS = ("inline", "gated")  # the fused pass's gate forms (module docstring); a form's row keys: "" or "gated_" prefixed
+# the fused pass's forms (module docstring): the Ag pass gated or not, the fused pass's config fields over its default
+FORMS: dict[str, tuple[bool, dict[str, Any]]] = {
+    "inline": (False, {}), "gated": (True, {}), "gated_tma": (True, {"VARIANT": 2}), "gated_w8": (True, {"num_warps": 8}),
+    "gated_tma_w8": (True, {"VARIANT": 2, "num_warps": 8}), "inline_tma": (False, {"VARIANT": 2}),
+    "inline_w8": (False, {"num_warps": 8}),
+}  # fmt: skip
+
+
+def form_plan(form: str) -> Any:
+    """The default plan with a --forms item's Ag pass (gated or not) and fused-pass config."""
+    import dataclasses
+
+    from kernels.ops.gdn.fused import KDA_FUSED_STATE_OUTPUT_FWD as SPEC
+    from kernels.ops.kda.wy_ag import gated_ag_plan
+
+    gated, fields = FORMS[form]
+    plan = gated_ag_plan(None, gated)
+    return plan.with_configs({SPEC.name: dataclasses.replace(SPEC.default, **fields)}) if fields else plan
+
+
+def _prefix(form: str) -> str:
+    return "" if form == "inline" else f"{form}_"
 
 
 def measure(B: int, T: int, lb: float, *, fla: bool, ref_max_tokens: int, split: int | None,
@@ -86,7 +109,7 @@ def measure(B: int, T: int, lb: float, *, fla: bool, ref_max_tokens: int, split:
     from kernels.common.wy import wy_kda_fwd
     from kernels.ops.gdn.fused import fused_state_output_fwd, gdn_fused_state_output, gdn_fused_transition
     from kernels.ops.kda.chunk import chunk_kda_fwd
-    from kernels.ops.kda.wy_ag import GatedKeys, gated_ag_plan, wy_kda_ag
+    from kernels.ops.kda.wy_ag import GatedKeys, wy_kda_ag
     from kernels.plan import default_plan
     from runners.correctness import rel_l2
 
@@ -102,7 +125,7 @@ def measure(B: int, T: int, lb: float, *, fla: bool, ref_max_tokens: int, split:
 
     o_ref, row["reference"] = _reference(q, k, v, g, beta, cu, ref_max_tokens)
     for form in forms:
-        launch, p = gated_ag_plan(default_plan(), form == "gated"), "" if form == "inline" else f"{form}_"
+        launch, p = form_plan(form), _prefix(form)
         row[f"{p}err_new"] = rel_l2(run("fused", launch)[0], o_ref)
         row[f"{p}new_ms"] = _ms(lambda launch=launch: run("fused", launch))
 
@@ -127,8 +150,9 @@ def measure(B: int, T: int, lb: float, *, fla: bool, ref_max_tokens: int, split:
             layout, h0 = plan.final, seg_chain_fwd(M, S, None, plan, launch=launch)
         so = {"aqk": aqk, "layout": layout, "BT": 64, "scale": scale, "h0": h0, **pa}
         row[f"{p}state_output_ms"] = _ms(lambda so=so, qx=qx, kx=kx: gdn_fused_state_output(qx, kx, v, **so))
-    if "gated" in forms and "inline" in forms:
-        row["gated_over_inline"] = row["gated_new_ms"] / row["new_ms"]
+    for form in forms:
+        if "new_ms" in row:
+            row[f"{_prefix(form)}over_inline"] = row[f"{_prefix(form)}new_ms"] / row["new_ms"]
     if not old:
         return _fla(row, q, k, v, g, beta, cu, scale, o_ref) if fla else row
     launch = default_plan()
@@ -158,9 +182,9 @@ def _fla(row: dict[str, Any], q, k, v, g, beta, cu, scale: float, o_ref) -> dict
     row["err_fla"] = rel_l2(fla_fwd()[0], o_ref)
     row["fla_first_call_s"] = time.perf_counter() - t0
     row["fla_ms"] = _ms(fla_fwd)
-    for p in ("", "gated_"):
-        if f"{p}new_ms" in row:
-            row[f"{p}new_over_fla"] = row[f"{p}new_ms"] / row["fla_ms"]
+    for form in FORMS:
+        if f"{_prefix(form)}new_ms" in row:
+            row[f"{_prefix(form)}new_over_fla"] = row[f"{_prefix(form)}new_ms"] / row["fla_ms"]
     return row
 
 
@@ -170,9 +194,12 @@ COLUMNS = [
     ("pass_ms", "new: fused pass (given Ag)"), ("pass_floor_ms", "pass floor"), ("transition_ms", "new: trans"),
     ("chain_ms", "new: chain"), ("state_output_ms", "new: state+o"), ("segments", "segments"),
     ("old_wy_ms", "old: wy"), ("old_state_output_ms", "old: state+o"), ("err_new", "err new"), ("err_old", "err old"),
-    ("err_fla", "err FLA"), ("gated_new_ms", "gated fwd"), ("gated_over_inline", "gated / inline"),
-    ("gated_new_over_fla", "gated / FLA"), ("gated_ag_ms", "gated: Ag pass"), ("gated_pass_ms", "gated: fused pass"),
-    ("gated_transition_ms", "gated: trans"), ("gated_state_output_ms", "gated: state+o"), ("gated_err_new", "err gated"),
+    ("err_fla", "err FLA"),
+]  # fmt: skip
+# the second table: one row per (shape, lb, form), the form's keys without their prefix
+FORM_COLUMNS = [
+    ("new_ms", "fwd"), ("over_inline", "/ inline"), ("new_over_fla", "/ FLA"), ("ag_ms", "Ag pass"),
+    ("pass_ms", "fused pass (given Ag)"), ("transition_ms", "trans"), ("state_output_ms", "state+o"), ("err_new", "err"),
 ]  # fmt: skip
 
 
@@ -192,6 +219,19 @@ def _markdown(state: dict[str, Any]) -> str:
     head += f"Environment: `{json.dumps(state['env'])}`\n\n{NOTE}\n\n"
     table = ["| " + " | ".join(h for _, h in COLUMNS) + " |", "|" + "---:|" * len(COLUMNS)]
     table += ["| " + " | ".join(_cell(key, row.get(key)) for key, _ in COLUMNS) + " |" for row in state["rows"]]
+    table += [
+        "",
+        "Per form (`--forms`; ms; / inline: the whole forward's ratio):",
+        "",
+        "| B | T | lb | form | " + " | ".join(h for _, h in FORM_COLUMNS) + " |",
+        "|" + "---:|" * (len(FORM_COLUMNS) + 4),
+    ]
+    for row in state["rows"]:
+        for form in FORMS:
+            p = _prefix(form)
+            if f"{p}new_ms" in row:
+                cells = [_cell(key, row.get(p + key)) for key, _ in FORM_COLUMNS]
+                table.append(f"| {row['B']} | {row['T']} | {row['lb']} | {form} | " + " | ".join(cells) + " |")
     return head + "\n".join(table) + "\n"
 
 
@@ -203,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-fla", action="store_true", help="skip FLA's chunk_kda even when fla imports")
     p.add_argument("--ref-max-tokens", type=int, default=8192, help="per-token reference up to this many tokens")
     p.add_argument("--split-chunks", type=int, default=None, help="segment length in chunks (default: automatic)")
-    p.add_argument("--forms", default="inline,gated", help=f"the fused pass's gate forms to time, of {','.join(FORMS)}")
+    p.add_argument("--forms", default="inline,gated", help=f"the fused pass's forms to time, of {','.join(FORMS)}")
     p.add_argument("--no-old", action="store_true", help="skip the old (WY) forward and its launchers")
     p.add_argument("--dry-run", action="store_true", help="CPU under TRITON_INTERPRET=1: H=2, K=V=32, 1x200, split 1")
     p.add_argument("--deadline-s", type=float, default=540.0, help="start no new row after this many seconds")

@@ -81,7 +81,8 @@ def gated_ag_plan(plan: LaunchPlan | None = None, gated: bool = True) -> LaunchP
 
 class GatedKeys(NamedTuple):
     """The Ag pass's gated tensors (its `gated` variant), each factor exp(<= 0) for any g <= 0: none overflows, and an
-    underflow to 0 drops a term below e^-50 of its q or k (qg is `_kda_gram`'s L_I e^{r_I}, r_I within 50 of G)."""
+    underflow drops only terms below e^-37 of their q or k (qg, ke are `_kda_gram`'s L_I e^{r_I}: e^{r_I} flushes to
+    0 below e^-87 and G exceeds r_I by less than FAST_SPAN / 2 = 50)."""
 
     qg: Tensor  # [B, T, HV, K] in k's dtype: scale Q exp(G) (the output's inter-chunk queries)
     ke: Tensor  # [B, T, HV, K] in k's dtype: K exp(G) (w = Ag ke: W = V - ke S)

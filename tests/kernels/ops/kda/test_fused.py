@@ -13,11 +13,13 @@ Tolerance: 1e-5 relative L2 on CPU (IEEE fp32 dots); 1e-2 on a GPU (tf32 dots).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from kernels.common.index import prepare_chunk_index
 from kernels.common.seqsplit import whole_sequences
-from kernels.ops.gdn.fused import gdn_fused_state_output
+from kernels.ops.gdn.fused import FUSED_VARIANTS, KDA_FUSED_STATE_OUTPUT_FWD, gdn_fused_state_output
 from kernels.ops.kda.chunk import chunk_kda_fwd
 from kernels.ops.kda.naive import naive_recurrent_kda
 from kernels.ops.kda.wy_ag import KDA_AG_VARIANTS, GatedKeys, gated_ag_plan, wy_kda_ag
@@ -71,20 +73,24 @@ def test_dense_grouped_heads_strong_gates(gated: bool) -> None:
     assert_rel_close("o against the WY path", o_wy, o, TOL)
 
 
-@pytest.mark.parametrize(("chunk", "lb", "gated"), [(64, -0.5, False), (32, -0.5, False), (64, -0.5, True),
-                                                     (32, -0.5, True), (64, -5.0, True), (64, -20.0, True),
-                                                     (64, -0.02, True)])  # fmt: skip
-def test_varlen_split(chunk: int, lb: float, gated: bool) -> None:
+@pytest.mark.parametrize(("chunk", "lb", "gated", "variant"), [
+    (64, -0.5, False, None), (32, -0.5, False, None), (64, -0.5, True, None), (32, -0.5, True, None),
+    (64, -5.0, True, None), (64, -20.0, True, None), (64, -0.02, True, None), (64, -5.0, True, "tma"),
+])  # fmt: skip
+def test_varlen_split(chunk: int, lb: float, gated: bool, variant: str | None) -> None:
     """1-chunk segments (the TRANSITION maps, the chain, the output from each segment's state); gated: the Ag pass's
     `gated` variant, at weak gates, FLA's safe-gate bound -5 and per-token gates down to -20 (exp(G) underflows
-    within a chunk)."""
+    within a chunk); variant: the fused pass's code variant (tma: kd by its descriptor too)."""
     lengths = (37, 100, 5)
     q, k, v, g, beta, cu = make_inputs("kda", lengths, H=1, K=24, V=20, lb=lb, device=DEVICE)
     h0 = make_state(len(lengths), 1, 24, 20, device=DEVICE)
     rec = LaunchRecorder()
+    plan = gated_ag_plan(default_plan().with_recorder(rec), gated)
+    if variant is not None:
+        spec = KDA_FUSED_STATE_OUTPUT_FWD
+        plan = plan.with_configs({spec.name: dataclasses.replace(spec.default, VARIANT=FUSED_VARIANTS[variant])})
     o, ht = chunk_kda_fwd(q, k, v, g, beta, scale=24**-0.5, initial_state=h0, output_final_state=True, cu_seqlens=cu,
-                          split_chunks=1, chunk_size=chunk, plan=gated_ag_plan(default_plan().with_recorder(rec), gated),
-                          fwd_path="fused")  # fmt: skip
+                          split_chunks=1, chunk_size=chunk, plan=plan, fwd_path="fused")  # fmt: skip
     o_ref, ht_ref = _reference(q, k, v, g, beta, cu, h0)
     assert_rel_close("o", o_ref, o, TOL)
     assert_rel_close("ht", ht_ref, ht, TOL)

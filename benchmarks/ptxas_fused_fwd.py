@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -97,7 +98,10 @@ def compile_fused(
     return {**ptxas_usage(ptx, 90), "shared": int(compiled.metadata.shared)}, ptx
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    if os.environ.get("TRITON_INTERPRET") == "1":  # the kernel must be a real JIT function to compile for the GPU
+        sys.stderr.write("ptxas_fused_fwd: unset TRITON_INTERPRET (it compiles for the GPU target; no GPU needed)\n")
+        return 1
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--forms", nargs="+", default=list(FORMS), choices=FORMS)
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
@@ -114,7 +118,8 @@ def main(argv: list[str] | None = None) -> None:
             args.ptx_dir.mkdir(parents=True, exist_ok=True)
             name = f"{form}_{mode}_{warps}" + ("" if variant == "default" else f"_{variant}")
             (args.ptx_dir / f"{name}.ptx").write_text(ptx)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -20,7 +20,9 @@ the format `kernels.common.seqsplit`'s chain takes; STORE_FINAL (at `final_idx`,
 STORE_STATES (the backward's state recompute, `kernels.ops.gdn.ag_bwd`): also the state entering each chunk h and
 v_new = Vd (k's dtype), as the WY path's state pass stores them;
 GATE_VECTOR (KDA, `kernels.ops.kda.fused`: gcum `[B, T, HV, K]`, the per-key gate on K's and Q's columns, W = V -
-(K (x) eG) S, S = diag(gl) S + (K (x) exp(G_last - G))^T Vd) with HAS_AQK (P read from the Ag pass's Aqk).
+(K (x) eG) S, S = diag(gl) S + (K (x) exp(G_last - G))^T Vd) with HAS_AQK (P read from the Ag pass's Aqk);
+PRE_GATED (KDA, with `kd`: the Ag pass's `gated` variant, `kernels.ops.kda.wy_ag.GatedKeys`): q, k are qg, ke at HV
+heads, gcum is G_C `[NT_total, HV, K]`: W = V - ke S, O = qg S + P Vd, S = diag(exp(G_C)) S + kd^T Vd, no gate tile.
 Grouped value heads: program head hv reads q/k head hv // (HV / H) (no repeat_interleave). Any K, V <= 256 in tiles
 of `kernels.configs.head_block`. Rows past a sequence's end load as zero (their gate as 0: exp stays finite) and are
 not stored. Ranges: `kernels.common.chunk_state.SeqLayout` (whole sequences, or seqsplit's segments). Code variants
@@ -88,8 +90,8 @@ GDN_FUSED_STATE_OUTPUT_FWD = register(
 #   producers and consumers). Only with tma: Triton 3.6's Hopper pass (NVGPUWarpSpecialization) fails to compile the
 #   loop with any pointer load of a tile (sm_90, 2026-12-02), so the loop runs without it where v keeps its pointers.
 FUSED_VARIANTS = {"exp2": 1, "tma": 2, "pipe": 4, "ws": 8}
-# the same kernel on KDA's per-key gate (GATE_VECTOR: gcum [B, T, HV, K], Aqk read): its own configs (fp32 [BT, BK]
-# gate tiles next to the keys); not measured on a GPU yet (benchmarks/kda_fused_lab.py)
+# the same kernel on KDA's per-key gate (GATE_VECTOR: gcum [B, T, HV, K], Aqk read; or PRE_GATED): its own configs
+# (fp32 [BT, BK] gate tiles next to the keys); the forms and configs timed by benchmarks/kda_fused_lab.py --forms
 KDA_FUSED_STATE_OUTPUT_FWD = register(
     KernelSpec(
         name="kda_fused_state_output_fwd",

@@ -67,7 +67,7 @@ WY_KDA_AG_FWD = register(
 # The Ag pass's code variants: bits of its launch config's VARIANT (None: 0, the default: G stored).
 # gated: instead of G, the gated queries and keys the fused pass would form per V block (`GatedKeys`), so that pass does
 #   only dots and one diagonal decay per chunk (its PRE_GATED); not measured on a GPU yet (benchmarks/kda_fused_lab.py
-#   --ag-variants). The default flips with WY_KDA_AG_FWD's default LaunchConfig(VARIANT=1).
+#   --forms). The default flips with WY_KDA_AG_FWD's default LaunchConfig(..., VARIANT=1).
 KDA_AG_VARIANTS = {"gated": 1}
 
 

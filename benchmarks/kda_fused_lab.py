@@ -2,7 +2,7 @@
 in one process on one GPU: o checked against the fp32 reference, then do_bench medians; GPU only.
 
     python benchmarks/kda_fused_lab.py --out $OUT [--shapes 1x131072,1x32768,8x8192] [--lbs -1,-5] [--no-fla]
-        [--ref-max-tokens 8192] [--split-chunks N] [--deadline-s 540]
+        [--forms inline,gated,gated_tma] [--no-old] [--ref-max-tokens 8192] [--split-chunks N] [--deadline-s 540]
     TRITON_INTERPRET=1 python benchmarks/kda_fused_lab.py --out /tmp/lab --dry-run   # CPU plumbing check, no timing
 
 Inputs: bf16, H=HV=16, K=V=128, q and k L2-normalised, g = lb * sigmoid(randn) `[.., H, K]` fp32 (lb -1: every
@@ -10,10 +10,15 @@ Inputs: bf16, H=HV=16, K=V=128, q and k L2-normalised, g = lb * sigmoid(randn) `
 safe-gate range), beta = sigmoid(randn), B sequences packed as one varlen batch (`cu_seqlens`). Per shape and lb:
 - check: o of each path against the fp32 per-token reference (`kernels.ops.kda.naive`) up to --ref-max-tokens tokens,
   above that against the chunked torch path in fp32 (itself tested against the per-token one); relative L2;
-- time (do_bench medians, warmup 25, rep 150): the new forward (`chunk_kda_fwd`, the default "auto" path) and its
+- time (do_bench medians, warmup 25, rep 150): the new forward (`chunk_kda_fwd(fwd_path="fused")`) and its
   launchers: the Ag pass (`wy_kda_ag`), the fused pass given Ag (`fused_state_output_fwd`) and, when the split runs,
-  its transitions, `seg_chain_fwd` and the state+output launch alone; the old forward (`fwd_path="wy"`) and its two
-  launchers (`wy_kda_fwd`, `state_and_output`); FLA's `chunk_kda` when `fla` imports (its first call's seconds too);
+  its transitions, `seg_chain_fwd` and the state+output launch alone, once per --forms item (`FORMS`): `inline` (the
+  Ag pass stores G, the fused pass exponentiates [BT, K] gate tiles per V block: the default), `gated` (the Ag pass's
+  `gated` variant, `kernels.ops.kda.wy_ag.gated_ag_plan`: it stores qg, ke, kd, G_C and the fused pass reads them),
+  and those with the fused pass's config changed (`_tma`: its tma variant, `_w8`: 8 warps); a form's keys are
+  prefixed `<form>_` (inline: none), one row of the second table each; unless --no-old the old forward
+  (`fwd_path="wy"`) and its two launchers (`wy_kda_fwd`, `state_and_output`); FLA's `chunk_kda` when `fla` imports
+  (its first call's seconds too);
 - floors (`runners.bench.floors`, bytes at HBM_TBPS): the whole forward (q, k, v, g, beta read and o written once)
   and each new launcher's (`ag`, `fused`); new / FLA, the issue's target <= 0.5.
 Writes $OUT/kda_fused_lab.{json,md} after every row (a stopped run keeps its rows).
@@ -73,46 +78,86 @@ def _floors(row: dict[str, Any], B: int, T: int, H: int, K: int, V: int) -> None
     row["pass_floor_ms"] = ms(launcher_bytes("kda", "fused", B, T, H, K, V))
 
 
-def measure(B: int, T: int, lb: float, *, fla: bool, ref_max_tokens: int, split: int | None) -> dict[str, Any]:
+# the fused pass's forms (module docstring): the Ag pass gated or not, the fused pass's config fields over its default
+FORMS: dict[str, tuple[bool, dict[str, Any]]] = {
+    "inline": (False, {}), "gated": (True, {}), "gated_tma": (True, {"VARIANT": 2}), "gated_w8": (True, {"num_warps": 8}),
+    "gated_tma_w8": (True, {"VARIANT": 2, "num_warps": 8}), "inline_tma": (False, {"VARIANT": 2}),
+    "inline_w8": (False, {"num_warps": 8}),
+}  # fmt: skip
+
+
+def form_plan(form: str) -> Any:
+    """The default plan with a --forms item's Ag pass (gated or not) and fused-pass config."""
+    import dataclasses
+
+    from kernels.ops.gdn.fused import KDA_FUSED_STATE_OUTPUT_FWD as SPEC
+    from kernels.ops.kda.wy_ag import gated_ag_plan
+
+    gated, fields = FORMS[form]
+    plan = gated_ag_plan(None, gated)
+    return plan.with_configs({SPEC.name: dataclasses.replace(SPEC.default, **fields)}) if fields else plan
+
+
+def _prefix(form: str) -> str:
+    return "" if form == "inline" else f"{form}_"
+
+
+def measure(B: int, T: int, lb: float, *, fla: bool, ref_max_tokens: int, split: int | None,
+            forms: tuple[str, ...] = ("inline",), old: bool = True) -> dict[str, Any]:  # fmt: skip
     from kernels.common.index import prepare_chunk_index
     from kernels.common.seqsplit import resolve_split, seg_chain_fwd, state_and_output, whole_sequences
     from kernels.common.wy import wy_kda_fwd
     from kernels.ops.gdn.fused import fused_state_output_fwd, gdn_fused_state_output, gdn_fused_transition
     from kernels.ops.kda.chunk import chunk_kda_fwd
-    from kernels.ops.kda.wy_ag import wy_kda_ag
+    from kernels.ops.kda.wy_ag import GatedKeys, wy_kda_ag
     from kernels.plan import default_plan
     from runners.correctness import rel_l2
 
     q, k, v, g, beta, cu, bounds = _inputs(B, T, lb)
     H, K, V = v.shape[2], k.shape[3], v.shape[3]
-    scale, launch = K**-0.5, default_plan()
+    scale = K**-0.5
     index = prepare_chunk_index(cu, batch=1, seq_len=B * T, chunk_size=64, device=q.device, cu_seqlens_cpu=bounds)
     row: dict[str, Any] = {"B": B, "T": T, "lb": lb}
     _floors(row, B, T, H, K, V)
 
-    def run(path: str) -> Any:
-        return chunk_kda_fwd(q, k, v, g, beta, scale=scale, cu_seqlens=cu, split_chunks=split, fwd_path=path)
+    def run(path: str, launch: Any) -> Any:
+        return chunk_kda_fwd(q, k, v, g, beta, scale=scale, cu_seqlens=cu, split_chunks=split, fwd_path=path, plan=launch)
 
     o_ref, row["reference"] = _reference(q, k, v, g, beta, cu, ref_max_tokens)
-    for name, path in (("new", "auto"), ("old", "wy")):
-        row[f"err_{name}"] = rel_l2(run(path)[0], o_ref)
-        row[f"{name}_ms"] = _ms(lambda path=path: run(path))
+    for form in forms:
+        launch, p = form_plan(form), _prefix(form)
+        row[f"{p}err_new"] = rel_l2(run("fused", launch)[0], o_ref)
+        row[f"{p}new_ms"] = _ms(lambda launch=launch: run("fused", launch))
 
-    # the new path's launchers: the Ag pass, the fused pass given Ag, and (split) its three pieces
-    ag, aqk, gcum = wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=launch)
-    row["ag_ms"] = _ms(lambda: wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=launch))
-    row["pass_ms"] = _ms(lambda: fused_state_output_fwd(q, k, v, ag, gcum, aqk=aqk, scale=scale, index=index,
-                                                        launch=launch, split_chunks=split))  # fmt: skip
-    plan = resolve_split(index, split, H=H, NV=-(-V // 64), device=q.device)
-    row["segments"] = plan.num_segments if plan is not None else 0
-    layout, h0 = whole_sequences(index), None
-    if plan is not None:
-        M, S = gdn_fused_transition(k, v, ag, gcum, layout=plan.transitions, BT=64, launch=launch)
-        row["transition_ms"] = _ms(lambda: gdn_fused_transition(k, v, ag, gcum, layout=plan.transitions, BT=64, launch=launch))
-        row["chain_ms"] = _ms(lambda: seg_chain_fwd(M, S, None, plan, launch=launch))
-        layout, h0 = plan.final, seg_chain_fwd(M, S, None, plan, launch=launch)
-    row["state_output_ms"] = _ms(lambda: gdn_fused_state_output(q, k, v, ag, gcum, aqk=aqk, layout=layout, BT=64,
-                                                                scale=scale, h0=h0, launch=launch))  # fmt: skip
+        # the new path's launchers: the Ag pass, the fused pass given Ag, and (split) its three pieces
+        ag, aqk, gates = wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=launch)
+        row[f"{p}ag_ms"] = _ms(lambda launch=launch: wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=launch))
+        if isinstance(gates, GatedKeys):  # the pass reads qg, ke, G_C in q's, k's and gcum's places, and kd
+            qx, kx, gx, kd = gates.qg, gates.ke, gates.gc, gates.kd
+        else:
+            qx, kx, gx, kd = q, k, gates, None
+        pa = {"ag": ag, "gcum": gx, "launch": launch, "kd": kd}
+        row[f"{p}pass_ms"] = _ms(lambda pa=pa, qx=qx, kx=kx, aqk=aqk: fused_state_output_fwd(
+            qx, kx, v, aqk=aqk, scale=scale, index=index, split_chunks=split, **pa))  # fmt: skip
+        plan = resolve_split(index, split, H=H, NV=-(-V // 64), device=q.device)
+        row["segments"] = plan.num_segments if plan is not None else 0
+        layout, h0 = whole_sequences(index), None
+        if plan is not None:
+            tr = {"layout": plan.transitions, "BT": 64, **pa}
+            M, S = gdn_fused_transition(kx, v, **tr)
+            row[f"{p}transition_ms"] = _ms(lambda tr=tr, kx=kx: gdn_fused_transition(kx, v, **tr))
+            row["chain_ms"] = _ms(lambda M=M, S=S, plan=plan, launch=launch: seg_chain_fwd(M, S, None, plan, launch=launch))
+            layout, h0 = plan.final, seg_chain_fwd(M, S, None, plan, launch=launch)
+        so = {"aqk": aqk, "layout": layout, "BT": 64, "scale": scale, "h0": h0, **pa}
+        row[f"{p}state_output_ms"] = _ms(lambda so=so, qx=qx, kx=kx: gdn_fused_state_output(qx, kx, v, **so))
+    for form in forms:
+        if "new_ms" in row:
+            row[f"{_prefix(form)}over_inline"] = row[f"{_prefix(form)}new_ms"] / row["new_ms"]
+    if not old:
+        return _fla(row, q, k, v, g, beta, cu, scale, o_ref) if fla else row
+    launch = default_plan()
+    row["err_old"] = rel_l2(run("wy", launch)[0], o_ref)
+    row["old_ms"] = _ms(lambda: run("wy", launch))
 
     # the old path's two launchers
     w, u, kg, gc, qg, aqk_old = wy_kda_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch)
@@ -121,17 +166,25 @@ def measure(B: int, T: int, lb: float, *, fla: bool, ref_max_tokens: int, split:
         index=index, k=kg, w=w, u=u, g=gc, q=qg, aqk=aqk_old, gate_vector=True, scale=scale, initial_state=None,
         output_final_state=False, out_dtype=q.dtype, launch=launch, split_chunks=split, fuse_output=True))  # fmt: skip
 
-    if fla:
-        from fla.ops.kda import chunk_kda
+    return _fla(row, q, k, v, g, beta, cu, scale, o_ref) if fla else row
 
-        def fla_fwd() -> Any:
-            return chunk_kda(q, k, v, g, beta, scale=scale, cu_seqlens=cu.long())
 
-        t0 = time.perf_counter()
-        row["err_fla"] = rel_l2(fla_fwd()[0], o_ref)
-        row["fla_first_call_s"] = time.perf_counter() - t0
-        row["fla_ms"] = _ms(fla_fwd)
-        row["new_over_fla"] = row["new_ms"] / row["fla_ms"]
+def _fla(row: dict[str, Any], q, k, v, g, beta, cu, scale: float, o_ref) -> dict[str, Any]:
+    """FLA's chunk_kda on the same inputs: its error, first call's seconds and time; new / FLA (each form)."""
+    from fla.ops.kda import chunk_kda
+
+    from runners.correctness import rel_l2
+
+    def fla_fwd() -> Any:
+        return chunk_kda(q, k, v, g, beta, scale=scale, cu_seqlens=cu.long())
+
+    t0 = time.perf_counter()
+    row["err_fla"] = rel_l2(fla_fwd()[0], o_ref)
+    row["fla_first_call_s"] = time.perf_counter() - t0
+    row["fla_ms"] = _ms(fla_fwd)
+    for form in FORMS:
+        if f"{_prefix(form)}new_ms" in row:
+            row[f"{_prefix(form)}new_over_fla"] = row[f"{_prefix(form)}new_ms"] / row["fla_ms"]
     return row
 
 
@@ -143,6 +196,11 @@ COLUMNS = [
     ("old_wy_ms", "old: wy"), ("old_state_output_ms", "old: state+o"), ("err_new", "err new"), ("err_old", "err old"),
     ("err_fla", "err FLA"),
 ]  # fmt: skip
+# the second table: one row per (shape, lb, form), the form's keys without their prefix
+FORM_COLUMNS = [
+    ("new_ms", "fwd"), ("over_inline", "/ inline"), ("new_over_fla", "/ FLA"), ("ag_ms", "Ag pass"),
+    ("pass_ms", "fused pass (given Ag)"), ("transition_ms", "trans"), ("state_output_ms", "state+o"), ("err_new", "err"),
+]  # fmt: skip
 
 
 NOTE = (
@@ -153,7 +211,7 @@ NOTE = (
 
 
 def _cell(key: str, x: Any) -> str:
-    return "" if x is None else f"{x:.3e}" if key.startswith("err") else f"{x:.3f}" if isinstance(x, float) else str(x)
+    return "" if x is None else f"{x:.3e}" if "err" in key else f"{x:.3f}" if isinstance(x, float) else str(x)
 
 
 def _markdown(state: dict[str, Any]) -> str:
@@ -161,6 +219,19 @@ def _markdown(state: dict[str, Any]) -> str:
     head += f"Environment: `{json.dumps(state['env'])}`\n\n{NOTE}\n\n"
     table = ["| " + " | ".join(h for _, h in COLUMNS) + " |", "|" + "---:|" * len(COLUMNS)]
     table += ["| " + " | ".join(_cell(key, row.get(key)) for key, _ in COLUMNS) + " |" for row in state["rows"]]
+    table += [
+        "",
+        "Per form (`--forms`; ms; / inline: the whole forward's ratio):",
+        "",
+        "| B | T | lb | form | " + " | ".join(h for _, h in FORM_COLUMNS) + " |",
+        "|" + "---:|" * (len(FORM_COLUMNS) + 4),
+    ]
+    for row in state["rows"]:
+        for form in FORMS:
+            p = _prefix(form)
+            if f"{p}new_ms" in row:
+                cells = [_cell(key, row.get(p + key)) for key, _ in FORM_COLUMNS]
+                table.append(f"| {row['B']} | {row['T']} | {row['lb']} | {form} | " + " | ".join(cells) + " |")
     return head + "\n".join(table) + "\n"
 
 
@@ -172,9 +243,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-fla", action="store_true", help="skip FLA's chunk_kda even when fla imports")
     p.add_argument("--ref-max-tokens", type=int, default=8192, help="per-token reference up to this many tokens")
     p.add_argument("--split-chunks", type=int, default=None, help="segment length in chunks (default: automatic)")
+    p.add_argument("--forms", default="inline,gated", help=f"the fused pass's forms to time, of {','.join(FORMS)}")
+    p.add_argument("--no-old", action="store_true", help="skip the old (WY) forward and its launchers")
     p.add_argument("--dry-run", action="store_true", help="CPU under TRITON_INTERPRET=1: H=2, K=V=32, 1x200, split 1")
     p.add_argument("--deadline-s", type=float, default=540.0, help="start no new row after this many seconds")
     args = p.parse_args(argv)
+    forms = tuple(args.forms.split(","))
+    if not forms or set(forms) - set(FORMS):
+        raise SystemExit(f"--forms: give some of {','.join(FORMS)}, got {args.forms!r}")
     if args.dry_run:
         DEVICE.update(name="cpu", dtype=torch.float32)
         DIMS.update(H=2, K=32, V=32)
@@ -197,7 +273,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"deadline: {text} lb {lb} not started", flush=True)
             continue
         B, T = (int(x) for x in text.lower().split("x"))
-        state["rows"].append(measure(B, T, lb, fla=fla, ref_max_tokens=args.ref_max_tokens, split=args.split_chunks))
+        state["rows"].append(measure(B, T, lb, fla=fla, ref_max_tokens=args.ref_max_tokens, split=args.split_chunks,
+                                     forms=forms, old=not args.no_old))  # fmt: skip
         print(json.dumps(state["rows"][-1]), flush=True)
         for ext, text_of in (("json", lambda st: json.dumps(st, indent=1) + "\n"), ("md", _markdown)):
             (args.out / f"kda_fused_lab.{ext}").write_text(text_of(state))

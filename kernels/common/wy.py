@@ -523,12 +523,13 @@ def _diag_gram(x, k, G, BK: tl.constexpr):
 
 @triton.jit
 def _kda_gram(x, k, g, xg, bos, t0, T, i_h, gc, scale, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-              IS_K: tl.constexpr, G: tl.constexpr, STORE: tl.constexpr = 1):
+              IS_K: tl.constexpr, G: tl.constexpr, STORE: tl.constexpr = 1, xe=None):
     """The 10 lower 16x16 blocks of sum_d x_id k_jd exp(G_id - G_jd) (fp32; diagonal blocks unmasked), over column
     blocks of BK, every exponent <= 0 (module docstring): below the diagonal the factors are split at the gate b_I
     before the ROW block, the diagonal blocks take the decay elementwise. On the way it stores (STORE 1) the gated copy
     of x: kg = K exp(G_C - G) and gc (IS_K; `gc` points at the chunk's row), or qg = scale Q exp(G) (`gc` unused);
-    STORE 2: the cumsum G itself into xg [.., T, H, K] (the Ag pass's, `kernels.ops.kda.wy_ag`); STORE 0: nothing.
+    STORE 2: the cumsum G itself into xg [.., T, H, K] (the Ag pass's, `kernels.ops.kda.wy_ag`); STORE 3 (IS_K): kg and
+    gc as STORE 1 and ke = K exp(G) <= K into xe (the Ag pass's gated keys); STORE 0: nothing.
     x and k are read at head i_h // G of H // G (grouped keys), the gate and the stores at i_h of H."""
     X00, X10, X11, X20, X21, X22, X30, X31, X32, X33 = _zero_blocks()
     for i_k in range(tl.cdiv(K, BK)):
@@ -559,12 +560,17 @@ def _kda_gram(x, k, g, xg, bos, t0, T, i_h, gc, scale, H: tl.constexpr, K: tl.co
             _store_tile(xg, G1, bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
             _store_tile(xg, G2, bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
             _store_tile(xg, G3, bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
-        elif IS_K and STORE == 1:  # kg = K exp(G_C - G) <= K; gc = G_C
+        elif IS_K and (STORE == 1 or STORE == 3):  # kg = K exp(G_C - G) <= K; gc = G_C
             tl.store(gc + c0 + tl.arange(0, BK), gl, mask=c0 + tl.arange(0, BK) < K)
             _store_tile(xg, k0 * tl.exp(gl[None, :] - G0), bos, t0, T, i_h, H, K, c0, 16, BK)
             _store_tile(xg, k1 * tl.exp(gl[None, :] - G1), bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
             _store_tile(xg, k2 * tl.exp(gl[None, :] - G2), bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
             _store_tile(xg, k3 * tl.exp(gl[None, :] - G3), bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
+            if STORE == 3:  # ke = K exp(G) = L_I exp(r_I) <= K (x is K; as qg: one exp per key, not per entry)
+                _store_tile(xe, L0 * tl.exp(r0)[None, :], bos, t0, T, i_h, H, K, c0, 16, BK)
+                _store_tile(xe, L1 * tl.exp(r1)[None, :], bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
+                _store_tile(xe, L2 * tl.exp(r2)[None, :], bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
+                _store_tile(xe, L3 * tl.exp(r3)[None, :], bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
         elif STORE == 1:  # qg = scale Q exp(G) = scale L_I exp(r_I)
             _store_tile(xg, L0 * (scale * tl.exp(r0))[None, :], bos, t0, T, i_h, H, K, c0, 16, BK)
             _store_tile(xg, L1 * (scale * tl.exp(r1))[None, :], bos, t0 + 16, T, i_h, H, K, c0, 16, BK)

@@ -20,7 +20,9 @@ the format `kernels.common.seqsplit`'s chain takes; STORE_FINAL (at `final_idx`,
 STORE_STATES (the backward's state recompute, `kernels.ops.gdn.ag_bwd`): also the state entering each chunk h and
 v_new = Vd (k's dtype), as the WY path's state pass stores them;
 GATE_VECTOR (KDA, `kernels.ops.kda.fused`: gcum `[B, T, HV, K]`, the per-key gate on K's and Q's columns, W = V -
-(K (x) eG) S, S = diag(gl) S + (K (x) exp(G_last - G))^T Vd) with HAS_AQK (P read from the Ag pass's Aqk).
+(K (x) eG) S, S = diag(gl) S + (K (x) exp(G_last - G))^T Vd) with HAS_AQK (P read from the Ag pass's Aqk);
+PRE_GATED (KDA, with `kd`: the Ag pass's `gated` variant, `kernels.ops.kda.wy_ag.GatedKeys`): q, k are qg, ke at HV
+heads, gcum is G_C `[NT_total, HV, K]`: W = V - ke S, O = qg S + P Vd, S = diag(exp(G_C)) S + kd^T Vd, no gate tile.
 Grouped value heads: program head hv reads q/k head hv // (HV / H) (no repeat_interleave). Any K, V <= 256 in tiles
 of `kernels.configs.head_block`. Rows past a sequence's end load as zero (their gate as 0: exp stays finite) and are
 not stored. Ranges: `kernels.common.chunk_state.SeqLayout` (whole sequences, or seqsplit's segments). Code variants
@@ -92,8 +94,8 @@ GDN_FUSED_STATE_OUTPUT_FWD = register(
 #   producers and consumers). Only with tma: Triton 3.6's Hopper pass (NVGPUWarpSpecialization) fails to compile the
 #   loop with any pointer load of a tile (sm_90, 2026-12-02), so the loop runs without it where v keeps its pointers.
 FUSED_VARIANTS = {"exp2": 1, "tma": 2, "pipe": 4, "ws": 8}
-# the same kernel on KDA's per-key gate (GATE_VECTOR: gcum [B, T, HV, K], Aqk read): its own configs (fp32 [BT, BK]
-# gate tiles next to the keys); not measured on a GPU yet (benchmarks/kda_fused_lab.py)
+# the same kernel on KDA's per-key gate (GATE_VECTOR: gcum [B, T, HV, K], Aqk read; or PRE_GATED): its own configs
+# (fp32 [BT, BK] gate tiles next to the keys); the forms and configs timed by benchmarks/kda_fused_lab.py --forms
 KDA_FUSED_STATE_OUTPUT_FWD = register(
     KernelSpec(
         name="kda_fused_state_output_fwd",
@@ -111,7 +113,7 @@ AgPrep = Callable[..., tuple[Tensor, Tensor]]
 # constexpr flag -> the argument whose presence sets it
 _FLAGS = {"HAS_AQK": "aqk", "USE_INITIAL_STATE": "h0", "STORE_FINAL_STATE": "ht", "OUTPUT": "o", "TRANSITION": "m",
           "IS_VARLEN": "cu_seqlens", "USE_SEQ_MAP": "seq_map", "USE_FINAL_IDX": "final_idx", "USE_NEED": "need",
-          "STORE_STATES": "hs"}  # fmt: skip
+          "STORE_STATES": "hs", "PRE_GATED": "kd"}  # fmt: skip
 
 
 @triton.jit
@@ -122,12 +124,14 @@ def _rows(base, T, D: tl.constexpr, stride: tl.constexpr, BR: tl.constexpr, BC: 
 
 
 @triton.heuristics({flag: (lambda args, name=name: args[name] is not None) for flag, name in _FLAGS.items()})
-@triton.heuristics({"GATE_VECTOR": lambda args: args["gcum"].dim() == 4})  # KDA's per-key gate cumsum [B, T, HV, K]
+# KDA's per-key gate: its cumsum [B, T, HV, K], or (PRE_GATED) the gated keys and the last-row gate [NT_total, HV, K]
+@triton.heuristics({"GATE_VECTOR": lambda args: args["gcum"].dim() == 4 or args["kd"] is not None})
 @triton.jit(do_not_specialize=["T"])
 def gdn_fused_state_output_kernel(
     q, k, v,  # [B, T, H, K] (q: OUTPUT only), [B, T, H, K], [B, T, HV, V]
     ag, gcum,  # [B, T, HV, BT] Ag (lower triangle incl. the diagonal; nothing above it is read), [B, T, HV] fp32 G
     aqk,  # [B, T, HV, BT] or None: the output's intra-chunk P, read (KDA) instead of formed from q, k and G (GDN)
+    kd,  # [B, T, HV, K] or None (PRE_GATED, KDA: q, k are then qg, ke [B, T, HV, K] and gcum is G_C [NT_total, HV, K])
     h0, ht, m, o,  # entering states [N, HV, K, V] fp32; out: final states (TRANSITION: S_ext), M [N, HV, K, K], o
     cu_seqlens, chunk_offsets, seq_map, final_idx,  # the SeqLayout (`kernels.common.chunk_state`): int32 or None
     need,  # [N, HV] uint8 or None (TRANSITION): 0 = walk no chunk, store M = 0 and S_ext = 0 (a certified warm window)
@@ -136,7 +140,7 @@ def gdn_fused_state_output_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, OUTPUT: tl.constexpr, TRANSITION: tl.constexpr,
     IS_VARLEN: tl.constexpr, USE_SEQ_MAP: tl.constexpr, USE_FINAL_IDX: tl.constexpr, USE_NEED: tl.constexpr,
-    STORE_STATES: tl.constexpr, HAS_AQK: tl.constexpr, GATE_VECTOR: tl.constexpr,
+    STORE_STATES: tl.constexpr, HAS_AQK: tl.constexpr, GATE_VECTOR: tl.constexpr, PRE_GATED: tl.constexpr,
     EXP2: tl.constexpr = False, TMA: tl.constexpr = False, LOOP_STAGES: tl.constexpr = None, WS: tl.constexpr = False,
 ):  # fmt: skip
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
@@ -172,6 +176,8 @@ def gdn_fused_state_output_kernel(
 
     if TMA:  # per-program descriptors over this range's rows: TMA zero-fills the rows past T and columns past K, V
         d_k = _rows(k + bos * H * K + i_h * K, T, K, H * K, BT, BK)
+        if PRE_GATED:
+            d_kd = _rows(kd + bos * H * K + i_h * K, T, K, H * K, BT, BK)
         d_a = _rows(ag + bos * HV * BT + i_hv * BT, T, BT, HV * BT, BT, BT)
         d_v = _rows(v + bos * HV * V + i_hv * V, T, V, HV * V, BT, BV)
         if OUTPUT:
@@ -187,7 +193,10 @@ def gdn_fused_state_output_kernel(
         p_k = (bos + o_r) * H + i_h  # [BT] token rows of q, k
         p_v = (bos + o_r) * HV + i_hv  # [BT] token rows of v, Ag, G, o
         r_last = bos + tl.minimum(i_t * BT + BT, T) - 1  # the chunk's last token
-        if GATE_VECTOR:  # [BT, BK], [BK]: the per-key cumsum (0 past the end and past K keeps every exp finite)
+        if PRE_GATED:  # [BK]: the last-row gate G_C of the chunk (q, k arrive gated; no [BT, BK] gate tile)
+            b_g = tl.load(gcum + ((boc + i_t) * HV + i_hv) * K + o_k, mask=m_k, other=0.0)
+            b_gl = b_g
+        elif GATE_VECTOR:  # [BT, BK], [BK]: the per-key cumsum (0 past the end and past K keeps every exp finite)
             b_g = tl.load(gcum + p_v[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.0)
             b_gl = tl.load(gcum + (r_last * HV + i_hv) * K + o_k, mask=m_k, other=0.0)
         else:  # [BT], a scalar
@@ -216,7 +225,9 @@ def gdn_fused_state_output_kernel(
                 b_hc,
                 mask=m_k[:, None] & m_c[None, :],
             )
-        if GATE_VECTOR:
+        if PRE_GATED:
+            b_w = b_v.to(tl.float32) - tl.dot(b_k, b_hc)  # V - ke S  [BT, BV]
+        elif GATE_VECTOR:
             b_w = b_v.to(tl.float32) - tl.dot((b_k * b_eg).to(dt), b_hc)  # V - (K (x) eG) S  [BT, BV]
         else:
             b_w = b_v.to(tl.float32) - b_eg[:, None] * tl.dot(b_k, b_hc)  # V - eG K S  [BT, BV]
@@ -233,7 +244,9 @@ def gdn_fused_state_output_kernel(
                 b_p = tl.load(aqk + p_v[:, None] * BT + o_t[None, :], mask=m_qk, other=0.0)
             else:
                 b_p = tl.where(m_qk, tl.dot(b_q, tl.trans(b_k)) * _gexp(b_g[:, None] - b_g[None, :], EXP2), 0.0) * scale
-            if GATE_VECTOR:
+            if PRE_GATED:  # qg = scale Q exp(G)
+                b_o = tl.dot(b_q, b_hc) + tl.dot(b_p.to(dt), b_vd.to(dt))
+            elif GATE_VECTOR:
                 b_o = tl.dot((b_q * b_eg * scale).to(dt), b_hc) + tl.dot(b_p.to(dt), b_vd.to(dt))
             else:
                 b_o = tl.dot(b_q, b_hc) * (b_eg * scale)[:, None] + tl.dot(b_p.to(dt), b_vd.to(dt))
@@ -241,7 +254,14 @@ def gdn_fused_state_output_kernel(
                 d_o.store([r0, i_v * BV], b_o.to(o.dtype.element_ty))
             else:
                 tl.store(o + p_v[:, None] * V + o_c[None, :], b_o.to(o.dtype.element_ty), mask=m_r[:, None] & m_c[None, :])
-        if GATE_VECTOR:  # S = diag(gl) S + (K (x) exp(G_last - G))^T Vd
+        if PRE_GATED:  # S = diag(gl) S + kd^T Vd (kd's rows past the end load as zero)
+            if TMA:
+                b_kd = d_kd.load([r0, 0])
+            else:
+                b_kd = tl.load(kd + p_k[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.0)
+            b_h = b_h * _gexp(b_gl, EXP2)[:, None]
+            b_h = tl.dot(tl.trans(b_kd), b_vd.to(dt), b_h)
+        elif GATE_VECTOR:  # S = diag(gl) S + (K (x) exp(G_last - G))^T Vd
             b_vd = tl.where(m_r[:, None], b_vd, 0.0)
             b_h = b_h * _gexp(b_gl, EXP2)[:, None]
             b_h = tl.dot(tl.trans((b_k * _gexp(b_gl[None, :] - b_g, EXP2)).to(dt)), b_vd.to(dt), b_h)
@@ -267,7 +287,16 @@ def gdn_fused_state_output_kernel(
 
 
 def _config(
-    launch: LaunchPlan | None, k: Tensor, v: Tensor, gcum: Tensor, *, BT: int, mode: str, layout: SeqLayout, ncols_limit: int
+    launch: LaunchPlan | None,
+    k: Tensor,
+    v: Tensor,
+    gcum: Tensor,
+    *,
+    BT: int,
+    mode: str,
+    layout: SeqLayout,
+    ncols_limit: int,
+    kd: Tensor | None = None,
 ) -> LaunchConfig:
     key = {
         "H": k.shape[2],
@@ -279,19 +308,22 @@ def _config(
         "IS_VARLEN": layout.cu_seqlens is not None,
         "dtype": str(k.dtype).removeprefix("torch."),
     }
-    spec = KDA_FUSED_STATE_OUTPUT_FWD if gcum.dim() == 4 else GDN_FUSED_STATE_OUTPUT_FWD
+    spec = KDA_FUSED_STATE_OUTPUT_FWD if gcum.dim() == 4 or kd is not None else GDN_FUSED_STATE_OUTPUT_FWD
     return launch_config(launch, spec, key, bv_limit=ncols_limit)
 
 
 def _launch(cfg: LaunchConfig, ncols: int, layout: SeqLayout, *, q: Tensor | None, k: Tensor, v: Tensor, ag: Tensor,
             gcum: Tensor, BT: int, scale: float = 1.0, h0: Tensor | None = None, ht: Tensor | None = None,
             m: Tensor | None = None, o: Tensor | None = None, need: Tensor | None = None,
-            hs: Tensor | None = None, vn: Tensor | None = None, aqk: Tensor | None = None) -> None:  # fmt: skip
+            hs: Tensor | None = None, vn: Tensor | None = None, aqk: Tensor | None = None,
+            kd: Tensor | None = None) -> None:  # fmt: skip
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     BV = cfg.BV
     assert BV is not None and BV >= 16 and BT >= 16, f"tiles must be >= 16, got BV={BV} BT={BT}"
-    assert HV % H == 0 and ag.shape == (B, T, HV, BT) and gcum.shape in ((B, T, HV), (B, T, HV, K)), (
+    if kd is not None:
+        _check_pre_gated(k, v, ag, gcum, kd, BT=BT, q=q, o=o, aqk=aqk, hs=hs)
+    assert HV % H == 0 and ag.shape == (B, T, HV, BT) and gcum.shape in ((B, T, HV), (B, T, HV, K)) or kd is not None, (
         f"Ag {tuple(ag.shape)} / gcum {tuple(gcum.shape)} do not match v {tuple(v.shape)} with chunk {BT}"
     )
     grid = (triton.cdiv(ncols, BV), layout.num_programs * HV)
@@ -299,11 +331,26 @@ def _launch(cfg: LaunchConfig, ncols: int, layout: SeqLayout, *, q: Tensor | Non
         return
     bits = variant_flags(cfg.VARIANT, k, v, o, BT=BT, q=q)
     gdn_fused_state_output_kernel[grid](
-        q, k, v, ag, gcum, aqk, h0, ht, m, o, layout.cu_seqlens, layout.chunk_offsets, layout.seq_map, layout.final_idx, need,
+        q, k, v, ag, gcum, aqk, kd, h0, ht, m, o, layout.cu_seqlens, layout.chunk_offsets, layout.seq_map, layout.final_idx, need,
         hs, vn, scale, T, H=H, HV=HV, K=K, V=V, BT=BT, BK=head_block(K), BV=BV, EXP2=bits["exp2"], TMA=bits["tma"],
         LOOP_STAGES=cfg.num_stages if bits["pipe"] else None, WS=bits["ws"], num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )  # fmt: skip
+
+
+def _check_pre_gated(k: Tensor, v: Tensor, ag: Tensor, gc: Tensor, kd: Tensor, *, BT: int, q: Tensor | None,
+                     o: Tensor | None, aqk: Tensor | None, hs: Tensor | None) -> None:  # fmt: skip
+    """The PRE_GATED launch's shapes (KDA's gated Ag pass, `kernels.ops.kda.wy_ag.GatedKeys`): ke, kd (and qg) `[B, T,
+    HV, K]`, G_C `[NT_total, HV, K]`, Aqk with the output (the kernel forms no P), no state recompute."""
+    B, T, HV, K = v.shape[0], v.shape[1], v.shape[2], k.shape[3]
+    assert k.shape == kd.shape == (B, T, HV, K) and (q is None or q.shape == k.shape), (
+        f"pre-gated: ke {tuple(k.shape)}, kd {tuple(kd.shape)}, qg {None if q is None else tuple(q.shape)} must be "
+        f"[B, T, HV, K] = {(B, T, HV, K)}"
+    )
+    assert ag.shape == (B, T, HV, BT) and gc.dim() == 3 and gc.shape[1:] == (HV, K) and gc.dtype == torch.float32, (
+        f"pre-gated: Ag {tuple(ag.shape)} / G_C {tuple(gc.shape)} {gc.dtype} do not match v {tuple(v.shape)}"
+    )
+    assert (o is None or aqk is not None) and hs is None, "pre-gated: the output needs Aqk; no STORE_STATES"
 
 
 def _tma_scratch(size: int, alignment: int, stream: int | None) -> Tensor:
@@ -343,7 +390,7 @@ def gdn_fused_state_output(
     q: Tensor | None, k: Tensor, v: Tensor, ag: Tensor, gcum: Tensor, *, layout: SeqLayout, BT: int, scale: float = 1.0,
     h0: Tensor | None = None, output_final_state: bool = False, num_states: int | None = None,
     out_dtype: torch.dtype | None = None, launch: LaunchPlan | None = None, aqk: Tensor | None = None,
-    hs: Tensor | None = None, vn: Tensor | None = None,
+    hs: Tensor | None = None, vn: Tensor | None = None, kd: Tensor | None = None,
 ) -> tuple[Tensor | None, Tensor | None]:  # fmt: skip
     """The pass over the layout's ranges: (o `[B, T, HV, V]` or None without q, final state fp32 or None).
 
@@ -351,27 +398,31 @@ def gdn_fused_state_output(
     aqk (KDA: the output's intra-chunk matrix; GDN: None, formed here) from the Ag prep; h0 `[layout.num_programs, HV, K, V]` fp32 or
     None; the final states `[num_states or num_programs, HV, K, V]` (at `layout.final_idx` when it has one). hs
     `[NT, HV, K, V]`, vn `[B, T, HV, V]` (k's dtype) or None: filled with the state entering each chunk and v_new
-    (STORE_STATES, in the same launch as the output; the launch config and o are those without them).
+    (STORE_STATES, in the same launch as the output; the launch config and o are those without them). kd: KDA's
+    gated keys K exp(G_C - G) (`kernels.ops.kda.wy_ag.GatedKeys`), q, k, gcum then its qg, ke, gc; None: as read.
     """
     K, HV, V = k.shape[3], v.shape[2], v.shape[3]
     mode = "output" if q is not None else "state"
-    cfg = _config(launch, k, v, gcum, BT=BT, mode=mode, layout=layout, ncols_limit=head_block(V))
+    cfg = _config(launch, k, v, gcum, BT=BT, mode=mode, layout=layout, ncols_limit=head_block(V), kd=kd)
     o = torch.empty(v.shape, dtype=out_dtype or q.dtype, device=v.device) if q is not None else None
     ht = k.new_empty(num_states or layout.num_programs, HV, K, V, dtype=torch.float32) if output_final_state else None
-    _launch(cfg, V, layout, q=q, k=k, v=v, ag=ag, gcum=gcum, BT=BT, scale=scale, h0=h0, ht=ht, o=o, aqk=aqk, hs=hs, vn=vn)
+    _launch(cfg, V, layout, q=q, k=k, v=v, ag=ag, gcum=gcum, BT=BT, scale=scale, h0=h0, ht=ht, o=o, aqk=aqk, hs=hs, vn=vn,
+            kd=kd)
     return o, ht
 
 
 def gdn_fused_transition(
     k: Tensor, v: Tensor, ag: Tensor, gcum: Tensor, *, layout: SeqLayout, BT: int, launch: LaunchPlan | None = None,
-    need: Tensor | None = None,
+    need: Tensor | None = None, kd: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Each program's range as an affine map S -> M S + S_ext: (M `[N, HV, K, K]`, S_ext `[N, HV, K, V]`) fp32,
     N = layout.num_programs (M: the recurrence on the identity with V = 0; S_ext: from zero with V). need: bool
     `[N, HV]` on the device, or None (all): the (program, head) pairs whose flag is False walk no chunk and store
-    M = 0, S_ext = 0 (`kernels.common.warm_split`'s certified windows)."""
+    M = 0, S_ext = 0 (`kernels.common.warm_split`'s certified windows). kd: as `gdn_fused_state_output`'s."""
     K, HV, V = k.shape[3], v.shape[2], v.shape[3]
-    cfg = _config(launch, k, v, gcum, BT=BT, mode="transition", layout=layout, ncols_limit=min(head_block(K), head_block(V)))
+    cfg = _config(
+        launch, k, v, gcum, BT=BT, mode="transition", layout=layout, ncols_limit=min(head_block(K), head_block(V)), kd=kd
+    )
     N = layout.num_programs
     M = k.new_empty(N, HV, K, K, dtype=torch.float32)
     S = k.new_empty(N, HV, K, V, dtype=torch.float32)
@@ -380,7 +431,7 @@ def gdn_fused_transition(
             f"need must be bool [{N}, {HV}], got {need.dtype} {tuple(need.shape)}"
         )
     flags = None if need is None else need.contiguous().view(torch.uint8)  # same bytes: one per (program, head)
-    _launch(cfg, K + V, layout, q=None, k=k, v=v, ag=ag, gcum=gcum, BT=BT, ht=S, m=M, need=flags)
+    _launch(cfg, K + V, layout, q=None, k=k, v=v, ag=ag, gcum=gcum, BT=BT, ht=S, m=M, need=flags, kd=kd)
     return M, S
 
 
@@ -434,30 +485,30 @@ def gdn_fused_fwd(
 
 
 def output_split(index: ChunkIndex, k: Tensor, v: Tensor, gcum: Tensor, *, launch: LaunchPlan,
-                 split_chunks: int | None) -> SplitPlan | None:  # fmt: skip
+                 split_chunks: int | None, kd: Tensor | None = None) -> SplitPlan | None:  # fmt: skip
     """The split of the forward's output pass (None: one program row per sequence): `resolve_split` with the output
-    launch's BV, from shapes alone."""
+    launch's BV, from shapes alone (kd: KDA's gated keys, whose launch config is keyed apart)."""
     V = v.shape[3]
     cfg = _config(launch, k, v, gcum, BT=index.chunk_size, mode="output", layout=whole_sequences(index),
-                  ncols_limit=head_block(V))  # fmt: skip
+                  ncols_limit=head_block(V), kd=kd)  # fmt: skip
     return resolve_split(index, split_chunks, H=v.shape[2], NV=-(-V // (cfg.BV or 64)), device=k.device)
 
 
 def fused_state_output_fwd(
     q: Tensor, k: Tensor, v: Tensor, ag: Tensor, gcum: Tensor, *, scale: float, index: ChunkIndex, launch: LaunchPlan,
     initial_state: Tensor | None = None, output_final_state: bool = False, split_chunks: int | None = None,
-    warm: WarmInputs | None = None, aqk: Tensor | None = None,
+    warm: WarmInputs | None = None, aqk: Tensor | None = None, kd: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """The forward after the Ag pass (both ops; `gdn_fused_fwd`, `kernels.ops.kda.fused.kda_fused_fwd`): plain, or
     split (seqsplit's plan, this kernel's transitions, `seg_chain_fwd`, the output from each segment's entering state),
-    with a warm window when `warm` holds the Ag pass's bound sums. Ag, gcum, aqk as `gdn_fused_state_output`'s."""
+    with a warm window when `warm` holds the Ag pass's bound sums. Ag, gcum, aqk, kd as `gdn_fused_state_output`'s."""
     BT = index.chunk_size
     h0 = initial_state.float().contiguous() if initial_state is not None else None
     layout = whole_sequences(index)
-    plan = output_split(index, k, v, gcum, launch=launch, split_chunks=split_chunks)
+    plan = output_split(index, k, v, gcum, launch=launch, split_chunks=split_chunks, kd=kd)
     num_states = None
     if plan is not None:
-        pass_args = {"k": k, "v": v, "ag": ag, "gcum": gcum, "BT": BT, "launch": launch}
+        pass_args = {"k": k, "v": v, "ag": ag, "gcum": gcum, "BT": BT, "launch": launch, "kd": kd}
         cuts = (list(plan.bounds_cpu), list(plan.chunk_bounds_cpu), list(plan.transitions_cpu))
         wp = None if warm is None else window_plan(index, *cuts, warm.window_chunks, seg_chunks=plan.seg_chunks,
                                                     cache=plan.windows)  # fmt: skip
@@ -480,7 +531,7 @@ def fused_state_output_fwd(
         layout, num_states = plan.final, index.num_seqs
     o, ht = gdn_fused_state_output(q, k, v, ag, gcum, layout=layout, BT=BT, scale=scale, h0=h0,
                                    output_final_state=output_final_state, num_states=num_states, launch=launch,
-                                   aqk=aqk)  # fmt: skip
+                                   aqk=aqk, kd=kd)  # fmt: skip
     assert o is not None
     return o, ht
 

@@ -7,7 +7,10 @@ the per-key gate cumsum G `[B, T, HV, K]` fp32), then the fused state+output pas
     S  = diag(exp(G_last)) S + (K (x) exp(G_last - G))^T Vd
 
 per chunk (exp(G) and exp(G_last - G) per key column; every exponent <= 0 for any g <= 0, -1000 and -inf masks
-floored at the load, `kernels.common.decay`). The same modes as GDN's: output, state only, the TRANSITION maps of the
+floored at the load, `kernels.common.decay`). With the Ag pass's `gated` variant (`kernels.ops.kda.wy_ag.KDA_AG_VARIANTS`,
+WY_KDA_AG_FWD's VARIANT; not the default) the Ag pass stores the gated qg, ke, kd and G_C instead of G and the fused
+pass (its PRE_GATED) reads them: only dots and the diagonal decay diag(exp(G_C)) per chunk, where the default form
+loads the fp32 [BT, K] G and exponentiates two [BT, K] tiles in every V-block program. The same modes as GDN's: output, state only, the TRANSITION maps of the
 intra-device split (`kernels.common.seqsplit`), the warm split's windows (`kernels.common.warm_split`: the Ag pass
 sums the decay bound), grouped value heads read in place, varlen, initial and final states.
 The op table runs `kda_fused_fwd` as KDA's `fused_fwd` (`kernels.common.chunk_fwd`'s fwd_path "auto").
@@ -20,7 +23,7 @@ from torch import Tensor
 from kernels.common.index import ChunkIndex
 from kernels.common.warm_split import WarmInputs
 from kernels.ops.gdn.fused import fused_state_output_fwd
-from kernels.ops.kda.wy_ag import wy_kda_ag
+from kernels.ops.kda.wy_ag import GatedKeys, wy_kda_ag
 from kernels.plan import LaunchPlan
 
 __all__ = ["kda_fused_fwd"]
@@ -40,9 +43,11 @@ def kda_fused_fwd(
     so its backward recomputes as under "inputs".
     """
     bnd = warm.chunk_bound if warm is not None else None
-    ag, aqk, gcum = wy_kda_ag(
+    ag, aqk, gates = wy_kda_ag(
         q, k, g, beta, scale=scale, index=index, launch=launch, bnd=bnd, v=v if bnd is not None else None
     )
-    return fused_state_output_fwd(q, k, v, ag, gcum, aqk=aqk, scale=scale, index=index, launch=launch,
-                                  initial_state=initial_state, output_final_state=output_final_state,
-                                  split_chunks=split_chunks, warm=warm)  # fmt: skip
+    opts = {"scale": scale, "index": index, "launch": launch, "initial_state": initial_state,
+            "output_final_state": output_final_state, "split_chunks": split_chunks, "warm": warm}  # fmt: skip
+    if isinstance(gates, GatedKeys):  # the Ag pass's gated variant: qg, ke, kd, G_C read, no exp on a [BT, K] tile
+        return fused_state_output_fwd(gates.qg, gates.ke, v, ag, gates.gc, aqk=aqk, kd=gates.kd, **opts)
+    return fused_state_output_fwd(q, k, v, ag, gates, aqk=aqk, **opts)

@@ -7,7 +7,10 @@ value head it stores
 both `[B, T, HV, BT]` in k's dtype (row i of chunk c holds row i of the chunk's BT x BT matrix; Ag with zeros above
 the diagonal; Aqk's blocks above the diagonal are not written: its reader masks them), and the fp32 in-chunk cumsum G
 of the floored per-key gate `gcum` `[B, T, HV, K]` (FLA's gk). No w, u, kg or qg: the state+output pass
-(`kernels.ops.kda.fused`) forms u - w S = Ag (V - (K (x) exp(G)) S) and the gated q and k itself.
+(`kernels.ops.kda.fused`) forms u - w S = Ag (V - (K (x) exp(G)) S) and the gated q and k itself. The `gated` variant
+(`KDA_AG_VARIANTS`, the launch config's VARIANT) stores those instead of G (`GatedKeys`: qg = scale Q exp(G),
+ke = K exp(G), kd = K exp(G_C - G) in k's dtype, G_C per chunk), formed once per chunk instead of once per V block of
+the fused pass.
 
 `wy_kda_fwd`'s machinery (`kernels.common.wy`): the decayed grams in 16-row blocks (`_kda_gram`: tensor-core
 products when every key's span in the chunk's blocks is < FAST_SPAN, the elementwise `_diag_gram` on the diagonal
@@ -22,6 +25,9 @@ Grid: dense (NT, B * HV); varlen (NT_total, HV) with the chunk index of `kernels
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
 
 import torch
 import triton
@@ -43,9 +49,9 @@ from kernels.common.wy import (
 )
 from kernels.configs import KernelSpec, LaunchConfig, register
 from kernels.ops.gdn.wy_ag import WY_GDN_AG_FWD, _store_ag, _store_bound, ag_launch
-from kernels.plan import LaunchPlan
+from kernels.plan import LaunchPlan, default_plan
 
-__all__ = ["WY_KDA_AG_FWD", "wy_kda_ag"]
+__all__ = ["KDA_AG_VARIANTS", "WY_KDA_AG_FWD", "GatedKeys", "gated_ag_plan", "wy_kda_ag"]
 
 WY_KDA_AG_FWD = register(
     KernelSpec(
@@ -57,6 +63,31 @@ WY_KDA_AG_FWD = register(
         space={"BK": (16, 32, 64), "num_warps": (1, 2, 4), "num_stages": (1, 2)},
     )
 )
+
+# The Ag pass's code variants: bits of its launch config's VARIANT (None: 0, the default: G stored).
+# gated: instead of G, the gated queries and keys the fused pass would form per V block (`GatedKeys`), so that pass does
+#   only dots and one diagonal decay per chunk (its PRE_GATED); not measured on a GPU yet (benchmarks/kda_fused_lab.py
+#   --forms). The default flips with WY_KDA_AG_FWD's default LaunchConfig(..., VARIANT=1).
+KDA_AG_VARIANTS = {"gated": 1}
+
+
+def gated_ag_plan(plan: LaunchPlan | None = None, gated: bool = True) -> LaunchPlan:
+    """`plan` (None: the default plan) with the Ag pass's explicit config its default one with the `gated` variant
+    (or, gated False, without it): the switch between KDA's two fused-pass forms (tests, benchmarks/kda_fused_lab.py)."""
+    bits = KDA_AG_VARIANTS["gated"] if gated else None
+    cfg = dataclasses.replace(WY_KDA_AG_FWD.default, VARIANT=bits)
+    return (plan if plan is not None else default_plan()).with_configs({WY_KDA_AG_FWD.name: cfg})
+
+
+class GatedKeys(NamedTuple):
+    """The Ag pass's gated tensors (its `gated` variant), each factor exp(<= 0) for any g <= 0: none overflows, and an
+    underflow drops only terms below e^-37 of their q or k (qg, ke are `_kda_gram`'s L_I e^{r_I}: e^{r_I} flushes to
+    0 below e^-87 and G exceeds r_I by less than FAST_SPAN / 2 = 50)."""
+
+    qg: Tensor  # [B, T, HV, K] in k's dtype: scale Q exp(G) (the output's inter-chunk queries)
+    ke: Tensor  # [B, T, HV, K] in k's dtype: K exp(G) (w = Ag ke: W = V - ke S)
+    kd: Tensor  # [B, T, HV, K] in k's dtype: K exp(G_C - G) (the state update)
+    gc: Tensor  # [NT_total, HV, K] fp32: G_C, the gate cumsum at the chunk's last row (the state's decay)
 
 
 @triton.jit
@@ -78,6 +109,7 @@ def _gate_rowmax4(g, bos, t0, T, i_h, H: tl.constexpr, K: tl.constexpr, BK: tl.c
     {
         "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
         "HAS_BOUND": lambda args: args["bnd"] is not None,
+        "GATED": lambda args: args["kd"] is not None,
         "G": group_heads("g"),
     }
 )
@@ -90,24 +122,36 @@ def wy_kda_ag_fwd_kernel(
     beta,  # [B, T, HV]
     ag,  # out [B, T, HV, BT] = T diag(beta), zeros above the diagonal
     aqk,  # out [B, T, HV, BT] scale (Q K^T (x) decay), on and below the diagonal
-    gcum,  # out [B, T, HV, K] fp32 in-chunk cumsum of the floored g
+    gcum,  # out [B, T, HV, K] fp32 in-chunk cumsum of the floored g, or None (GATED)
+    qg, ke, kd, gc,  # out or None (GATED): [B, T, HV, K] scale Q exp(G), K exp(G), K exp(G_C - G); [NT_total, HV, K] G_C
     cu_seqlens,  # [N+1] int32 or None
     chunk_indices,  # [NT_total, 2] int32 or None
     bnd,  # out [NT_total, HV, 2] fp32 or None: the chunk's decay-bound summary (L, W) (`_chunk_bound`, warm_split)
     scale, T,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr, HAS_BOUND: tl.constexpr, G: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_BOUND: tl.constexpr, G: tl.constexpr, GATED: tl.constexpr,
 ):  # fmt: skip
     i_hv, i_tg, bos, t0, T, _ = _wy_chunk(cu_seqlens, chunk_indices, None, T, HV, BT, IS_VARLEN, False)
     b0, b1, b2, b3 = _load_vec4(beta, bos, t0, T, i_hv, HV)
-    # the q-k gram (stores G), then the k-k gram (stores nothing): one set of 10 accumulators live at a time
-    Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33 = _kda_gram(
-        q, k, g, gcum, bos, t0, T, i_hv, gcum, scale, HV, K, BK, False, G, 2
-    )
+    # the q-k gram (stores G, or GATED qg), then the k-k gram (stores nothing, or GATED kd, gc and ke): one set of 10
+    # accumulators live at a time
+    if GATED:
+        Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33 = _kda_gram(
+            q, k, g, qg, bos, t0, T, i_hv, gc, scale, HV, K, BK, False, G, 1
+        )
+    else:
+        Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33 = _kda_gram(
+            q, k, g, gcum, bos, t0, T, i_hv, gcum, scale, HV, K, BK, False, G, 2
+        )
     _store_kda_aqk(aqk, bos, t0, T, i_hv, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33, scale, HV, BT)
-    A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _kda_gram(
-        k, k, g, gcum, bos, t0, T, i_hv, gcum, 1.0, HV, K, BK, True, G, 0
-    )
+    if GATED:
+        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _kda_gram(
+            k, k, g, kd, bos, t0, T, i_hv, gc + (i_tg * HV + i_hv) * K, 1.0, HV, K, BK, True, G, 3, ke
+        )
+    else:
+        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _kda_gram(
+            k, k, g, gcum, bos, t0, T, i_hv, gcum, 1.0, HV, K, BK, True, G, 0
+        )
     A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _kda_beta_rows(
         A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, b0, b1, b2, b3
     )
@@ -121,8 +165,9 @@ def wy_kda_ag_fwd_kernel(
 def wy_kda_ag(
     q: Tensor, k: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex, launch: LaunchPlan | None = None,
     bnd: Tensor | None = None, v: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-    """KDA's Ag pass: (ag, aqk `[B, T, HV, BT]` in k's dtype, gcum fp32 `[B, T, HV, K]`).
+) -> tuple[Tensor, Tensor, Tensor | GatedKeys]:  # fmt: skip
+    """KDA's Ag pass: (ag, aqk `[B, T, HV, BT]` in k's dtype, gcum fp32 `[B, T, HV, K]`), or with the launch config's
+    `gated` variant (`KDA_AG_VARIANTS`) (ag, aqk, `GatedKeys`) and no gcum.
 
     q, k `[B, T, H, K]`; g `[B, T, HV, K]`, beta `[B, T, HV]`, HV a multiple of H (value head h reads key head
     h // (HV / H)). bnd: fp32 `[NT_total, HV, 2]` or None: receives each chunk's decay-bound summary (L, W), as
@@ -137,12 +182,24 @@ def wy_kda_ag(
         )
     BT, V, cfg = ag_launch("wy_kda_ag", WY_KDA_AG_FWD, launch, k, HV, index, bnd, v)
     BK, BV = _blocks(cfg, index, K, V)
+    bits = cfg.VARIANT or 0
+    if bits & ~sum(KDA_AG_VARIANTS.values()):
+        raise ValueError(f"wy_kda_ag: unknown VARIANT bits {bits}; the bits are {KDA_AG_VARIANTS}")
     ag = torch.empty(B, T, HV, BT, dtype=k.dtype, device=k.device)
     aqk = torch.empty(B, T, HV, BT, dtype=k.dtype, device=k.device)
-    gcum = torch.empty(B, T, HV, K, dtype=torch.float32, device=k.device)
+    gated: GatedKeys | None = None
+    gcum: Tensor | None = None
+    if bits & KDA_AG_VARIANTS["gated"]:
+        gated = GatedKeys(*(k.new_empty(B, T, HV, K) for _ in range(3)),
+                          gc=torch.empty(index.num_chunks, HV, K, dtype=torch.float32, device=k.device))  # fmt: skip
+    else:
+        gcum = torch.empty(B, T, HV, K, dtype=torch.float32, device=k.device)
     wy_kda_ag_fwd_kernel[_grid(index, B, T, HV)](
-        q, k, v if bnd is not None else None, g, beta, ag, aqk, gcum, index.cu_seqlens if index.is_varlen else None,
-        index.chunk_indices if index.is_varlen else None, bnd, scale, T, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        q, k, v if bnd is not None else None, g, beta, ag, aqk, gcum, *(gated or (None,) * 4),
+        index.cu_seqlens if index.is_varlen else None, index.chunk_indices if index.is_varlen else None, bnd, scale, T,
+        HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
+    if gated is not None:
+        return ag, aqk, gated
+    assert gcum is not None
     return ag, aqk, gcum

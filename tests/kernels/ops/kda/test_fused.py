@@ -6,20 +6,23 @@ Scenarios: dense with grouped value heads HV = 2H, value head 0 strong (gates do
 the Ag pass's elementwise diagonal blocks, decays underflowing inside a chunk), an initial state, the output and the
 state-only modes, and the WY path on the same inputs; through `chunk_kda_fwd`'s default path, varlen with partial and
 sub-chunk sequences, K, V not powers of two, split into 1-chunk segments (the TRANSITION maps and the segment chain),
-at chunks of 64 and 32; the WY path where the plan keeps its factors. The warm split on this path: tests/kernels/common/test_warm_split.py.
+at chunks of 64 and 32; the WY path where the plan keeps its factors. The Ag pass's `gated` variant (qg, ke, kd, G_C
+read by the fused pass) on the same scenarios, at gates down to -20 per token, and under the warm split. The warm split on this path: tests/kernels/common/test_warm_split.py.
 Tolerance: 1e-5 relative L2 on CPU (IEEE fp32 dots); 1e-2 on a GPU (tf32 dots).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from kernels.common.index import prepare_chunk_index
 from kernels.common.seqsplit import whole_sequences
-from kernels.ops.gdn.fused import gdn_fused_state_output
+from kernels.ops.gdn.fused import FUSED_VARIANTS, KDA_FUSED_STATE_OUTPUT_FWD, gdn_fused_state_output
 from kernels.ops.kda.chunk import chunk_kda_fwd
 from kernels.ops.kda.naive import naive_recurrent_kda
-from kernels.ops.kda.wy_ag import wy_kda_ag
+from kernels.ops.kda.wy_ag import KDA_AG_VARIANTS, GatedKeys, gated_ag_plan, wy_kda_ag
 from kernels.plan import LaunchPlan, LaunchRecorder, default_plan
 from tests.kernels.ops.kda.test_wy_ag import DIM, HV, kda_grouped_inputs
 from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs, make_state
@@ -35,11 +38,20 @@ def _reference(q, k, v, g, beta, cu, h0):
                                cu_seqlens_cpu=cu.tolist() if cu is not None else None)  # fmt: skip
 
 
-def test_dense_grouped_heads_strong_gates() -> None:
+@pytest.mark.parametrize("gated", [False, True], ids=["inline", "gated"])
+def test_dense_grouped_heads_strong_gates(gated: bool) -> None:
+    """gated: the Ag pass's `gated` variant hands qg, ke, kd, G_C to the pass (PRE_GATED), which reads them at HV
+    heads."""
     q, k, v, g, beta, cu = kda_grouped_inputs("dense", lb=-0.5)
     h0 = make_state(1, HV, DIM, DIM, device=DEVICE)
     index = prepare_chunk_index(None, batch=1, seq_len=v.shape[1], chunk_size=64, device=v.device)
-    ag, aqk, gcum = wy_kda_ag(q, k, g, beta, scale=DIM**-0.5, index=index)
+    ag, aqk, gates = wy_kda_ag(q, k, g, beta, scale=DIM**-0.5, index=index, launch=gated_ag_plan(gated=gated))
+    if isinstance(gates, GatedKeys):
+        assert gated
+        qx, kx, gx, extra = gates.qg, gates.ke, gates.gc, {"kd": gates.kd}
+    else:
+        assert not gated
+        qx, kx, gx, extra = q, k, gates, {}
     rec = LaunchRecorder()
     run = {
         "layout": whole_sequences(index),
@@ -47,32 +59,62 @@ def test_dense_grouped_heads_strong_gates() -> None:
         "h0": h0,
         "output_final_state": True,
         "launch": LaunchPlan(recorder=rec),
+        **extra,
     }
-    o, ht = gdn_fused_state_output(q, k, v, ag, gcum, aqk=aqk, scale=DIM**-0.5, **run)
+    o, ht = gdn_fused_state_output(qx, kx, v, ag, gx, aqk=aqk, scale=DIM**-0.5, **run)
     o_ref, ht_ref = _reference(q, k, v, g, beta, cu, h0)
     assert rec["kda_fused_state_output_fwd"][0]["HV"] == HV
+    assert rec["kda_fused_state_output_fwd"][0]["H"] == (HV if gated else HV // 2)  # the gated keys: per value head
     assert_rel_close("o", o_ref, o, TOL)
     assert_rel_close("ht", ht_ref, ht, TOL)
-    _, ht_only = gdn_fused_state_output(None, k, v, ag, gcum, **run)
+    _, ht_only = gdn_fused_state_output(None, kx, v, ag, gx, **run)
     assert_rel_close("ht (state only)", ht_ref, ht_only, TOL)
     o_wy, _ = chunk_kda_fwd(q, k, v, g, beta, scale=DIM**-0.5, initial_state=h0, fwd_path="wy")
     assert_rel_close("o against the WY path", o_wy, o, TOL)
 
 
-@pytest.mark.parametrize("chunk", [64, 32])
-def test_varlen_split(chunk: int) -> None:
+@pytest.mark.parametrize(("chunk", "lb", "gated", "variant"), [
+    (64, -0.5, False, None), (32, -0.5, False, None), (64, -0.5, True, None), (32, -0.5, True, None),
+    (64, -5.0, True, None), (64, -20.0, True, None), (64, -0.02, True, None), (64, -5.0, True, "tma"),
+])  # fmt: skip
+def test_varlen_split(chunk: int, lb: float, gated: bool, variant: str | None) -> None:
+    """1-chunk segments (the TRANSITION maps, the chain, the output from each segment's state); gated: the Ag pass's
+    `gated` variant, at weak gates, FLA's safe-gate bound -5 and per-token gates down to -20 (exp(G) underflows
+    within a chunk); variant: the fused pass's code variant (tma: kd by its descriptor too)."""
     lengths = (37, 100, 5)
-    q, k, v, g, beta, cu = make_inputs("kda", lengths, H=1, K=24, V=20, lb=-0.5, device=DEVICE)
+    q, k, v, g, beta, cu = make_inputs("kda", lengths, H=1, K=24, V=20, lb=lb, device=DEVICE)
     h0 = make_state(len(lengths), 1, 24, 20, device=DEVICE)
     rec = LaunchRecorder()
+    plan = gated_ag_plan(default_plan().with_recorder(rec), gated)
+    if variant is not None:
+        spec = KDA_FUSED_STATE_OUTPUT_FWD
+        plan = plan.with_configs({spec.name: dataclasses.replace(spec.default, VARIANT=FUSED_VARIANTS[variant])})
     o, ht = chunk_kda_fwd(q, k, v, g, beta, scale=24**-0.5, initial_state=h0, output_final_state=True, cu_seqlens=cu,
-                          split_chunks=1, chunk_size=chunk, plan=default_plan().with_recorder(rec),
-                          fwd_path="fused")  # fmt: skip
+                          split_chunks=1, chunk_size=chunk, plan=plan, fwd_path="fused")  # fmt: skip
     o_ref, ht_ref = _reference(q, k, v, g, beta, cu, h0)
     assert_rel_close("o", o_ref, o, TOL)
     assert_rel_close("ht", ht_ref, ht, TOL)
     assert "seg_chain_fwd" in rec and "wy_kda_fwd" not in rec, sorted(rec)
     assert rec["kda_fused_state_output_fwd"][0]["BT"] == chunk
+    bits = KDA_AG_VARIANTS["gated"] if gated else None
+    assert bits == rec["wy_kda_ag_fwd"][1].VARIANT
+
+
+def test_gated_warm_split() -> None:
+    """The warm split on the gated form: head 0 strong (its transitions certified, windows from zero), head 1 weak
+    (exact maps), against the reference with initial states."""
+    lengths = (10, 270)
+    q, k, v, g, beta, cu = make_inputs("kda", lengths, H=2, K=16, V=16, lb=-0.5, device=DEVICE)
+    g[:, :, 0] *= 40
+    h0 = make_state(len(lengths), 2, 16, 16, device=DEVICE)
+    report: dict = {}
+    o, ht = chunk_kda_fwd(q, k, v, g, beta, scale=16**-0.5, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                          split_chunks=2, warm_chunks=1, warm_report=report, plan=gated_ag_plan(), fwd_path="fused")  # fmt: skip
+    o_ref, ht_ref = _reference(q, k, v, g, beta, cu, h0)
+    ok = report["certified"].cpu()
+    assert ok[:, 0].all() and not ok[:, 1].any(), ok
+    assert_rel_close("o", o_ref, o, TOL)
+    assert_rel_close("ht", ht_ref, ht, TOL)
 
 
 def test_wy_path_by_default_and_where_the_plan_keeps_its_factors() -> None:

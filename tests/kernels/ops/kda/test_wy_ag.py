@@ -7,10 +7,13 @@ CPBENCH_TEST_GPU=1):
   tensor-core diagonal blocks); the entries above Ag's diagonal written as exact zeros; fp32 at 1e-5 relative L2 on
   CPU (1e-2 on a GPU: tf32 products), bf16 at 1e-2;
 - the per-chunk decay-bound sums (`bnd`) equal `wy_kda_fwd`'s on the same inputs;
+- the `gated` variant: the same Ag and Aqk, and qg, ke, kd, G_C against the fp64 G (the same inputs and layouts);
 - bad arguments are refused with one line.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -19,7 +22,8 @@ from torch import Tensor
 from kernels.common.chunk_torch import from_chunks, to_chunks
 from kernels.common.decay import floor_gate
 from kernels.common.index import ChunkIndex, prepare_chunk_index
-from kernels.ops.kda.wy_ag import wy_kda_ag
+from kernels.ops.kda.wy_ag import WY_KDA_AG_FWD, GatedKeys, gated_ag_plan, wy_kda_ag
+from kernels.plan import default_plan
 from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs
 
 DEVICE = TEST_DEVICE
@@ -124,3 +128,36 @@ def test_bad_arguments_are_refused() -> None:
         wy_kda_ag(q, k, g[..., 0], beta, scale=1.0, index=index)
     with pytest.raises(ValueError, match="chunk_size must be one of"):
         wy_kda_ag(q, k, g, beta, scale=1.0, index=_index(cu, v, 128))
+
+
+@pytest.mark.parametrize(("layout", "chunk"), [("varlen", 64), ("dense", 32)])
+def test_gated_variant_stores_the_gated_keys(layout: str, chunk: int) -> None:
+    """The `gated` variant (KDA_AG_VARIANTS): the same Ag and Aqk, and instead of G the gated qg = scale Q exp(G),
+    ke = K exp(G), kd = K exp(G_C - G) and G_C per chunk, against the fp64 G (strong head 0 with masks: exps that
+    underflow are 0)."""
+    q, k, v, g, beta, cu = kda_grouped_inputs(layout)
+    index = _index(cu, v, chunk)
+    scale = DIM**-0.5
+    ag0, aqk0, _ = wy_kda_ag(q, k, g, beta, scale=scale, index=index)
+    ag, aqk, gated = wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=gated_ag_plan())
+    assert isinstance(gated, GatedKeys)
+    torch.testing.assert_close(ag, ag0, rtol=0, atol=0)
+    B, T = v.shape[:2]
+    above = (torch.arange(chunk)[None, None, :] > _row_in_chunk(index, B, T)[..., None]).to(DEVICE)[:, :, None]
+    torch.testing.assert_close(aqk.masked_fill(above, 0.0), aqk0.masked_fill(above, 0.0), rtol=0, atol=0)  # not above
+    G = _reference(q, k, g, beta, index, scale)[2]  # [B, T, HV, K] fp64
+    seqs = list(zip(index.cu_seqlens_cpu[:-1], index.cu_seqlens_cpu[1:], strict=True))
+    last = [min(a + (c + 1) * chunk, b) - 1 for a, b in seqs for c in range(-(-(b - a) // chunk))]  # each chunk's last row
+    gc_ref = G.reshape(B * T, HV, DIM)[last]  # [NT_total, HV, K]
+    tok_chunk = torch.cat([index.chunk_offsets_cpu[n] + torch.arange(b - a) // chunk for n, (a, b) in enumerate(seqs)])
+    Gc = gc_ref[tok_chunk.to(DEVICE)].view(B, T, HV, DIM)  # G_C of each token's chunk
+    qh, kh = (x.double().repeat_interleave(HV // H, 2) for x in (q, k))
+    assert gated.gc.shape == (index.num_chunks, HV, DIM) and gated.gc.dtype == torch.float32
+    torch.testing.assert_close(gated.gc.double(), gc_ref, rtol=1e-6, atol=1e-3)
+    assert_rel_close("qg", scale * qh * G.exp(), gated.qg, TOL)
+    assert_rel_close("ke", kh * G.exp(), gated.ke, TOL)
+    assert_rel_close("kd", kh * (Gc - G).exp(), gated.kd, TOL)
+    assert float((Gc - G).max()) <= 1e-9 and float(G.min()) < -300  # every factor <= 1, the masks reached
+    with pytest.raises(ValueError, match="unknown VARIANT bits"):
+        wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=default_plan().with_configs(
+            {"wy_kda_ag_fwd": dataclasses.replace(WY_KDA_AG_FWD.default, VARIANT=2)}))  # fmt: skip

@@ -60,9 +60,10 @@ from kernels.common.chunk_program import chunk_of_program, group_heads
 from kernels.common.chunk_state import SeqLayout, chunk_state_fwd, chunk_state_transition_fwd
 from kernels.common.dqk_wy_bwd import dqk_wy_bwd
 from kernels.common.index import ChunkIndex, prepare_chunk_index
-from kernels.common.seqsplit import resolve_split, seg_chain_states
+from kernels.common.seqsplit import resolve_split, seg_chain_fwd, seg_chain_states
 from kernels.common.state_bwd import chunk_state_bwd, first_segments, seg_chain_bwd, state_bwd_config
-from kernels.common.warm_bwd import RevWarmInputs, reverse_window_plan, warm_segment_ends
+from kernels.common.warm_bwd import RevWarmInputs, reverse_chunk_bound, reverse_window_plan, warm_segment_ends
+from kernels.common.warm_split import WarmInputs, warm_transitions, window_plan
 from kernels.common.wy import (
     BT_WY,
     _decay,
@@ -407,22 +408,42 @@ def _state_pass(
         chunk_state_bwd(qs, ks, w, gs, aqk, do, layout=layout, dht=dht, ds_out=dh0, dh=dh, dv_new=dv_new, **bwd)
         return h, v_new, dh, dv_new
     segs = plan.all_segments
-    wp = None if warm is None else reverse_window_plan(index, plan, warm.window_chunks)
+    recompute = states and kept is None
+    wp = wpf = bnd = fbnd = None
+    if warm is not None:  # the reverse windows, the forward's for the recompute, and one launch of both bound sums
+        wp = reverse_window_plan(index, plan, warm.window_chunks)
+        if wp is not None and recompute and warm.v is not None:
+            wpf = window_plan(index, list(plan.bounds_cpu), list(plan.chunk_bounds_cpu), list(plan.transitions_cpu),
+                              warm.window_chunks, seg_chunks=plan.seg_chunks, cache=plan.windows)
+        if wp is not None:
+            bnd, fbnd = reverse_chunk_bound(warm.q, warm.k, warm.g, warm.beta, do, scale=scale, index=index,
+                                            gate_vector=gate_vector, v=warm.v if wpf is not None else None)
     M = kept.get("M") if kept is not None else None
     if M is not None:
         assert M.shape[0] == plan.num_segments, f"kept maps of {M.shape[0]} segments, the plan has {plan.num_segments}"
-    elif wp is None or (states and kept is None):  # the exact chain, or the forward recompute below, needs them
+    elif wp is None or (recompute and wpf is None):  # the exact chain, or the forward recompute below, needs them
         M, S = chunk_state_transition_fwd(ks, w, u, gs, layout=segs, launch=launch, **common)
-    if states and kept is None:
-        nonlast = plan.transitions.seq_map
-        assert nonlast is not None
-        hs = seg_chain_states(M.index_select(0, nonlast), S.index_select(0, nonlast), h0, plan.seg_ptr,
-                              num_segments=plan.num_segments, launch=launch)
+    if recompute:
+        if wpf is None:
+            nonlast = plan.transitions.seq_map
+            assert nonlast is not None and M is not None
+            hs = seg_chain_states(M.index_select(0, nonlast), S.index_select(0, nonlast), h0, plan.seg_ptr,
+                                  num_segments=plan.num_segments, launch=launch)
+        else:  # the forward's certified windows (`kernels.common.warm_split`) from the sums above
+            assert warm is not None and warm.v is not None
+            fwd_report: dict[str, Tensor] = {}
+            x = WarmInputs("kda" if gate_vector else "gdn", warm.k, warm.v, warm.g, warm.beta,
+                           window_chunks=warm.window_chunks, tol=warm.tol, report=fwd_report, chunk_bound=fbnd)
+            M_f, S_f, drop = warm_transitions(ks, w, u, gs, transitions=plan.transitions, wp=wpf, BT=BT,
+                                              gate_vector=gate_vector, x=x, h0=h0, launch=launch)
+            hs = seg_chain_fwd(M_f, S_f, h0, plan, launch=launch, drop=drop)
+            if warm.report is not None:
+                warm.report["certified_fwd"] = fwd_report["certified"]
         h, v_new, _ = chunk_state_fwd(ks, w, u, gs, layout=segs, num_chunks=NT, h0=hs, launch=launch, **common)
     rest, firsts = first_segments(plan)
-    if wp is not None and warm is not None:  # certified windows instead of the ext pass and the maps where they can
+    if wp is not None and warm is not None and bnd is not None:  # certified windows instead of the ext pass and maps
         ds_end = warm_segment_ends(qs, ks, w, u, gs, aqk, do, x=warm, wp=wp, plan=plan, index=index, dht=dht, M=M,
-                                   scale=scale, gate_vector=gate_vector, launch=launch)
+                                   bnd=bnd, scale=scale, gate_vector=gate_vector, launch=launch)
     else:
         assert M is not None
         ds_ext = M.new_empty(plan.num_segments, H, K, V)  # fp32 like the maps; rows of first segments stay unused
@@ -435,10 +456,10 @@ def _state_pass(
     return h, v_new, dh, dv_new
 
 
-def _rev_warm(launch: LaunchPlan, q: Tensor, k: Tensor, g: Tensor, beta: Tensor,
+def _rev_warm(launch: LaunchPlan, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
               report: dict[str, Tensor] | None) -> RevWarmInputs | None:
     """The reverse pass's warm window inputs under the plan's `bwd_warm` (None at 0: the exact path)."""
-    return RevWarmInputs(q, k, g, beta, window_chunks=launch.bwd_warm, report=report) if launch.bwd_warm else None
+    return RevWarmInputs(q, k, g, beta, window_chunks=launch.bwd_warm, report=report, v=v) if launch.bwd_warm else None
 
 
 def chunk_state_grad(
@@ -461,7 +482,7 @@ def chunk_state_grad(
     dh0 = k.new_empty(index.num_seqs, H, K, v.shape[-1], dtype=torch.float32)
     _state_pass(qs, ks, w, u, gs, aqk, do, index=index, gate_vector=gate_vector, scale=scale, h0=None,
                 dht=dht.float().contiguous() if dht is not None else None, dh0=dh0, launch=launch,
-                split_chunks=split_chunks, states=False, warm=_rev_warm(launch, q, k, g, beta, warm_report))
+                split_chunks=split_chunks, states=False, warm=_rev_warm(launch, q, k, v, g, beta, warm_report))
     return dh0
 
 
@@ -507,7 +528,7 @@ def chunk_bwd(
         qs, ks, w, u, gs, aqk, do, index=index, gate_vector=gate_vector, scale=scale,
         h0=initial_state.float().contiguous() if initial_state is not None else None,
         dht=dht.float().contiguous() if dht is not None else None, dh0=dh0, launch=launch, split_chunks=split_chunks,
-        states=True, kept=kept, warm=_rev_warm(launch, q, k, g, beta, warm_report))
+        states=True, kept=kept, warm=_rev_warm(launch, q, k, v, g, beta, warm_report))
     assert h is not None and v_new is not None and dh is not None and dv_new is not None
 
     # 3. the chunk-parallel gradients: one kernel per chunk (`LaunchPlan.bwd_grads` "fused"; "auto": the op's choice in

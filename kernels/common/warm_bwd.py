@@ -25,6 +25,11 @@ head), on the device, no host sync:
 The pass storing dh, dv_new then runs from the chained ends as on the exact path. Certified pairs leave an error
 <= tol (`warm_split.WARM_TOL`) relative, Frobenius, in the gradient at their segment's end.
 
+When the backward recomputes the chunk states (nothing kept), the same launch of `reverse_chunk_bound` also sums the
+forward's bound terms (`v=`: `kernels.common.wy._chunk_bound`'s (L, W), chunk order), and the recompute's split
+chain takes the forward's certified windows (`warm_split.warm_transitions`, `seg_chain_fwd(drop=)`, report key
+`certified_fwd`): with both directions certified no segment walks its full transition pass.
+
 The window w (`LaunchPlan.bwd_warm`, chunks; 0 = the exact path, the default) is a host constant; windows are cut to
 their segment (a last segment shorter than w is walked whole), and w must be shorter than the split's segments, else
 the exact path runs (`reverse_window_plan` returns None). `RevWarmInputs.report` (a dict, optional) receives the
@@ -78,19 +83,28 @@ class RevWarmInputs:
     window_chunks: int
     tol: float = WARM_TOL
     report: dict[str, Tensor] | None = None
+    v: Tensor | None = None  # [B, T, H, V]: also the forward's sums (`reverse_chunk_bound(v=)`, the states' recompute)
 
 
-@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None, "G": group_heads("do")})
+@triton.heuristics(
+    {
+        "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+        "HAS_FWD": lambda args: args["fbnd"] is not None,
+        "G": group_heads("do"),
+    }
+)
 @triton.jit(do_not_specialize=["T"])
 def reverse_chunk_bound_kernel(
     q, k,  # [B, T, H / G, K] raw
     g,  # raw gate [B, T, H] (GDN) or [B, T, H, K] (KDA)
     beta,  # [B, T, H]
     do,  # [B, T, H, V]
+    v,  # [B, T, H, V] or None (read for fbnd)
     bnd,  # out [NT_total, H, 2] fp32: (L, W) of global chunk c at row NT_total - 1 - c (flipped)
+    fbnd,  # out [NT_total, H, 2] fp32 or None: the forward's (L, W) (`kernels.common.wy._chunk_bound`'s), chunk order
     cu_seqlens, chunk_indices, log_scale, T, NT_ALL,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    GATE_VECTOR: tl.constexpr, IS_VARLEN: tl.constexpr, G: tl.constexpr,
+    GATE_VECTOR: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_FWD: tl.constexpr, G: tl.constexpr,
 ):  # fmt: skip
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -115,10 +129,15 @@ def reverse_chunk_bound_kernel(
     if not GATE_VECTOR:
         gm = tl.maximum(tl.load(g + p_row, mask=m_r, other=0.0).to(tl.float32), FLOOR)
     dd = tl.zeros([BT], dtype=tl.float32)
+    vv = tl.zeros([BT], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
-        b_do = tl.load(do + p_row[:, None] * V + o_v[None, :], mask=m_r[:, None] & (o_v < V)[None, :], other=0.0)
-        dd += tl.sum(b_do.to(tl.float32) * b_do.to(tl.float32), 1)
+        m_rv = m_r[:, None] & (o_v < V)[None, :]
+        b_do = tl.load(do + p_row[:, None] * V + o_v[None, :], mask=m_rv, other=0.0).to(tl.float32)
+        dd += tl.sum(b_do * b_do, 1)
+        if HAS_FWD:
+            b_v = tl.load(v + p_row[:, None] * V + o_v[None, :], mask=m_rv, other=0.0).to(tl.float32)
+            vv += tl.sum(b_v * b_v, 1)
     b_b = tl.load(beta + p_row, mask=m_r, other=0.0).to(tl.float32)
     # per token: l = g + log max(1, |1 - beta ||k||^2|), log u = log(scale ||q|| ||do||); rows past T: 0 and -inf
     l = tl.where(m_r, gm + tl.log(tl.maximum(tl.abs(1.0 - b_b * kk), 1.0)), 0.0)
@@ -136,25 +155,48 @@ def reverse_chunk_bound_kernel(
     row = (NT_ALL - 1 - i_tg) * H + i_h
     tl.store(bnd + row * 2, L + BOUND_MARGIN * A)
     tl.store(bnd + row * 2 + 1, W)
+    if HAS_FWD:  # the forward's writes beta k v^T reach the chunk's end through the maps after their own token
+        fpos = m_r & (b_b != 0.0) & (kk > 0.0) & (vv > 0.0)
+        fu = tl.log(tl.where(fpos, tl.abs(b_b), 1.0)) + 0.5 * tl.log(tl.where(fpos, kk, 1.0))
+        fu = tl.where(fpos, fu + 0.5 * tl.log(tl.where(fpos, vv, 1.0)), float("-inf"))
+        fe = fu + (L - tl.cumsum(l, 0))
+        fm = tl.max(fe, 0)
+        fm = tl.where(fm == float("-inf"), 0.0, fm)
+        flw = fm + tl.log(tl.sum(tl.exp(fe - fm), 0))
+        tl.store(fbnd + (i_tg * H + i_h) * 2, L + BOUND_MARGIN * A)
+        tl.store(
+            fbnd + (i_tg * H + i_h) * 2 + 1, tl.where(flw > float("-inf"), flw + BOUND_MARGIN * (A + tl.abs(flw) + 1.0), flw)
+        )
 
 
 def reverse_chunk_bound(
-    q: Tensor, k: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float, index: ChunkIndex, gate_vector: bool
-) -> Tensor:
+    q: Tensor,
+    k: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    do: Tensor,
+    *,
+    scale: float,
+    index: ChunkIndex,
+    gate_vector: bool,
+    v: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
     """fp32 `[NT_total, H, 2]`: each chunk's reverse bound summary (L, W) (module docstring, step 2), in flipped chunk
-    order (row NT_total - 1 - c holds global chunk c). H: do's (value) heads; q and k may have H / G."""
+    order (row NT_total - 1 - c holds global chunk c); with v also the forward's (`warm_split.WarmInputs.chunk_bound`,
+    chunk order), else None. H: do's (value) heads; q and k may have H / G."""
     B, T, _, K = k.shape
     H, V = do.shape[2], do.shape[3]
     BT = index.chunk_size
     bnd = torch.empty(index.num_chunks, H, 2, dtype=torch.float32, device=k.device)
+    fbnd = None if v is None else torch.empty_like(bnd)
     grid = (index.num_chunks, H) if index.is_varlen else (triton.cdiv(T, BT), B * H)
     cu, ci = (index.cu_seqlens, index.chunk_indices) if index.is_varlen else (None, None)
     reverse_chunk_bound_kernel[grid](
-        q, k, g, beta, do, bnd, cu, ci, math.log(scale), T, index.num_chunks,
+        q, k, g, beta, do, v, bnd, fbnd, cu, ci, math.log(scale), T, index.num_chunks,
         H=H, K=K, V=V, BT=BT, BK=min(64, head_block(K)), BV=min(64, head_block(V)), GATE_VECTOR=gate_vector,
         num_warps=4,
     )  # fmt: skip
-    return bnd
+    return bnd, fbnd
 
 
 @dataclass(eq=False)
@@ -246,6 +288,7 @@ def warm_segment_ends(
     index: ChunkIndex,
     dht: Tensor | None,
     M: Tensor | None,
+    bnd: Tensor,
     scale: float,
     gate_vector: bool,
     launch: LaunchPlan | None = None,
@@ -253,7 +296,7 @@ def warm_segment_ends(
     """The gradient at the end of every segment, fp32 `[NS, H, K, V]` (what `seg_chain_bwd` gives on the exact path),
     by the module docstring's steps 1-4. The arguments are `chunk_bwd._state_pass`'s; M: the forward maps of all
     segments `[NS, H, K, K]` where the caller has them (kept, or computed for the forward recompute), else None (the
-    uncertified maps are computed here)."""
+    uncertified maps are computed here); bnd: `reverse_chunk_bound`'s reverse sums."""
     H, K, V = do.shape[2], ks.shape[3], do.shape[3]
     BT = index.chunk_size
     bwd = {"BT": BT, "gate_vector": gate_vector, "scale": scale, "launch": launch}
@@ -261,7 +304,6 @@ def warm_segment_ends(
     NR = rest.numel()
     E_win = ks.new_empty(NR, H, K, V, dtype=torch.float32)
     chunk_state_bwd(qs, ks, w, gs, aqk, do, layout=wp.layout, dht=None, ds_out=E_win, **bwd)
-    bnd = reverse_chunk_bound(x.q, x.k, x.g, x.beta, do, scale=scale, index=index, gate_vector=gate_vector)
     ok = certify_reverse_windows(bnd, wp, E_win, dht, x.tol)
     segs = plan.all_segments
     rest_layout = SeqLayout(plan.num_segments, segs.cu_seqlens, segs.chunk_offsets, seq_map=rest)

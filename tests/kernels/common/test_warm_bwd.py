@@ -59,32 +59,35 @@ def _factors(op: str = "gdn", strong: bool = True):
 
 @functools.cache
 def _state_pass(op: str, strong: bool, warm: int, with_dht: bool, states: bool = True, kept_from: int | None = None):
-    """(dh, dv_new, dh0, certified or None, launched kernels, h, v_new) of the reverse pass alone; kept_from: the
-    states h, v_new of that window's run (with the forward recompute) handed over as kept, without the maps."""
+    """(dh, dv_new, dh0, certified or None, launched kernels, h, v_new, certified_fwd or None) of the reverse pass
+    alone (with the states' recompute unless kept); kept_from: the states h, v_new of that window's run handed over as
+    kept, without the maps."""
     q, k, v, g, beta, cu, h0, do, dht = _case(op, strong)
     index, (w, u, ks, gs, qs, aqk) = _factors(op, strong)
     report: dict[str, torch.Tensor] = {}
     rec = LaunchRecorder()
-    x = RevWarmInputs(q, k, g, beta, window_chunks=warm, report=report) if warm else None
+    x = RevWarmInputs(q, k, g, beta, window_chunks=warm, report=report, v=v) if warm else None
     kept = None
     if kept_from is not None:
-        h, v_new = _state_pass(op, strong, kept_from, with_dht)[5:]
+        h, v_new = _state_pass(op, strong, kept_from, with_dht)[5:7]
         kept = {"h": h, "v_new": v_new, "split": torch.tensor(SPLIT)}
     dh0 = torch.empty(len(LENGTHS), 2, DIM, DIM, dtype=torch.float32, device=k.device)
     h, v_new, dh, dv_new = cb._state_pass(qs, ks, w, u, gs, aqk, do, index=index, gate_vector=op == "kda",
                                           scale=DIM**-0.5, h0=h0, dht=dht if with_dht else None, dh0=dh0,
                                           launch=LaunchPlan(recorder=rec), split_chunks=SPLIT, states=states, warm=x,
                                           kept=kept)  # fmt: skip
-    return dh, dv_new, dh0, report.get("certified"), frozenset(rec), h, v_new
+    return dh, dv_new, dh0, report.get("certified"), frozenset(rec), h, v_new, report.get("certified_fwd")
 
 
 @pytest.mark.parametrize("with_dht", [True, False])
 def test_reverse_pass_certifies_strong_heads_and_matches_exact(with_dht: bool) -> None:
-    """Head 0 (strong) certified where its window may be, head 1 (weak) nowhere; dh, dv_new and dh0 those of the
+    """Head 0 (strong) certified where its window may be, head 1 (weak) nowhere, in both directions (the states'
+    recompute takes the forward's certified windows from the same bound launch); dh, dv_new and dh0 those of the
     exact path (all maps, the full ext pass)."""
-    dh, dv_new, dh0, ok, ran, *_ = _state_pass("gdn", True, WINDOW, with_dht)
+    dh, dv_new, dh0, ok, ran, _, _, ok_fwd = _state_pass("gdn", True, WINDOW, with_dht)
     assert ok is not None and ok.tolist() == CERTIFIED[with_dht]
-    assert "chunk_state_transition_fwd" in ran  # the forward recompute's maps of all segments (states=True)
+    assert ok_fwd is not None and ok_fwd.tolist() == [[True, False]] * 3  # the forward windows end non-last segments
+    assert {"chunk_state_transition_fwd", "seg_chain_fwd", "seg_chain_bwd"} <= ran  # masked maps, both chains
     ref = _state_pass("gdn", True, 0, with_dht)
     assert ref[3] is None  # the exact path reports nothing
     for name, a, b in zip(("dh", "dv_new", "dh0"), (dh, dv_new, dh0), ref[:3], strict=True):
@@ -145,21 +148,26 @@ def test_kda_reverse_pass() -> None:
 @pytest.mark.parametrize("op", ["gdn", "kda"])
 def test_reverse_chunk_bound_against_fp64_sums(op: str) -> None:
     """The kernel's (L, W) per chunk (flipped order) are fp64 per-token sums rounded up: L >= sum l_t, W >= log sum_t
-    u_t exp(inclusive in-chunk cumsum of l), by at most twice the margins (1e-4 of |L| + |W| + 1)."""
+    u_t exp(inclusive in-chunk cumsum of l), by at most twice the margins (1e-4 of |L| + |W| + 1); with v the forward's
+    (chunk order): W >= log sum_t |beta_t| ||k_t|| ||v_t|| exp(sum of l after t in the chunk)."""
     q, k, v, g, beta, cu, _, do, _ = _case(op)
     index = prepare_chunk_index(cu, batch=1, seq_len=sum(LENGTHS), chunk_size=CHUNK, device=k.device)
-    bnd = reverse_chunk_bound(q, k, g, beta, do, scale=DIM**-0.5, index=index, gate_vector=op == "kda").double().cpu()
+    bnd, fbnd = reverse_chunk_bound(q, k, g, beta, do, scale=DIM**-0.5, index=index, gate_vector=op == "kda", v=v)
+    bnd, fbnd = bnd.double().cpu(), fbnd.double().cpu()  # type: ignore[union-attr]
     gmax = (g if op == "gdn" else g.amax(-1))[0].double().clamp_min(-112.0).cpu()
     kk = k[0].double().square().sum(-1).cpu()
     ell = gmax + (1.0 - beta[0].double().cpu() * kk).abs().clamp_min(1.0).log()
     log_u = (DIM**-0.5 * q[0].double().norm(dim=-1) * do[0].double().norm(dim=-1)).log().cpu()
+    log_w = (beta[0].double() * k[0].double().norm(dim=-1) * v[0].double().norm(dim=-1)).log().cpu()  # the forward's
     bounds = cu.tolist()
-    rows = []
+    rows, frows = [], []
     for n in range(len(LENGTHS)):
         for t0 in range(bounds[n], bounds[n + 1], CHUNK):
             sl = slice(t0, min(t0 + CHUNK, bounds[n + 1]))
-            rows.append(torch.stack([ell[sl].sum(0), torch.logsumexp(log_u[sl] + ell[sl].cumsum(0), 0)], -1))
-    want = torch.stack(rows[::-1])  # flipped chunk order
-    assert bnd.shape == want.shape
-    assert bool((bnd >= want - 1e-9).all()), "not rounded up"
-    assert bool((bnd - want <= 2e-4 * (1.0 + want[..., :1].abs() + want.abs())).all()), "margins past 1e-4 relative"
+            L, cl = ell[sl].sum(0), ell[sl].cumsum(0)
+            rows.append(torch.stack([L, torch.logsumexp(log_u[sl] + cl, 0)], -1))
+            frows.append(torch.stack([L, torch.logsumexp(log_w[sl] + L - cl, 0)], -1))
+    for got, want in ((bnd, torch.stack(rows[::-1])), (fbnd, torch.stack(frows))):  # the reverse sums: flipped order
+        assert got.shape == want.shape
+        assert bool((got >= want - 1e-9).all()), "not rounded up"
+        assert bool((got - want <= 2e-4 * (1.0 + want[..., :1].abs() + want.abs())).all()), "margins past 1e-4 relative"

@@ -6,7 +6,7 @@ segments, windows of 1 chunk; head 0 with strong gates (certified), head 1 with 
 call, an initial state and dht. The certified mask is read after the call and must show both branches: with dht
 a window that reaches its sequence's end is never certified; without dht it is. The whole backward against the fp32
 per-token reference; the reverse pass alone (dh, dv_new, dh0) against the exact path (maps of all segments); the
-forward's kept states without the maps (the masked transitions); `chunk_state_grad`; the per-chunk bound sums
+forward's kept states without the maps (the masked transitions); `chunk_state_grad`'s pass; a dense batch; the bound sums
 against fp64 per-token sums. Tolerance: 1e-5 relative L2 on CPU (test_chunk_bwd.py's), 5e-3 on a GPU.
 """
 
@@ -171,3 +171,32 @@ def test_reverse_chunk_bound_against_fp64_sums(op: str) -> None:
         assert got.shape == want.shape
         assert bool((got >= want - 1e-9).all()), "not rounded up"
         assert bool((got - want <= 2e-4 * (1.0 + want[..., :1].abs() + want.abs())).all()), "margins past 1e-4 relative"
+
+
+@functools.cache
+def _dense_state_pass(warm: int):
+    """(dh, dv_new, dh0, certified) of the reverse pass alone on a dense batch (B=2, T=60: 4 chunks, 2 segments per
+    sequence), one strong head, dht."""
+    q, k, v, g, beta, _ = make_inputs("gdn", B=2, T=60, H=1, K=DIM, V=DIM, lb=WEAK * STRONG, dtype=DTYPE, device=DEVICE)
+    gen = torch.Generator().manual_seed(5)
+    do = torch.randn(v.shape, generator=gen).to(DEVICE, DTYPE)
+    dht = torch.randn(2, 1, DIM, DIM, generator=gen).to(DEVICE)
+    index = prepare_chunk_index(None, batch=2, seq_len=60, chunk_size=CHUNK, device=k.device)
+    w, u, ks, gs, qs, aqk = cb._wy_factors(False, q, k, v, g, beta, scale=DIM**-0.5, index=index, launch=LaunchPlan(), wy=None)
+    report: dict[str, torch.Tensor] = {}
+    x = RevWarmInputs(q, k, g, beta, window_chunks=warm, report=report, v=v) if warm else None
+    dh0 = torch.empty(2, 1, DIM, DIM, dtype=torch.float32, device=k.device)
+    _, _, dh, dv_new = cb._state_pass(qs, ks, w, u, gs, aqk, do, index=index, gate_vector=False, scale=DIM**-0.5,
+                                      h0=None, dht=dht, dh0=dh0, launch=LaunchPlan(), split_chunks=SPLIT, states=True,
+                                      warm=x)  # fmt: skip
+    return dh, dv_new, dh0, report.get("certified"), report.get("certified_fwd")
+
+
+def test_dense_batch() -> None:
+    """A dense batch (the flat token axis of B rows): each sequence's second segment certified in both directions, the
+    exact path's dh, dv_new, dh0."""
+    dh, dv_new, dh0, ok, ok_fwd = _dense_state_pass(WINDOW)
+    assert ok is not None and ok.tolist() == [[True], [True]] and ok_fwd is not None and ok_fwd.tolist() == [[True], [True]]
+    ref = _dense_state_pass(0)
+    for name, a, b in zip(("dh", "dv_new", "dh0"), (dh, dv_new, dh0), ref[:3], strict=True):
+        assert_rel_close(name, b.float(), a.float(), 1e-6 if DEVICE == "cpu" else 1e-3)

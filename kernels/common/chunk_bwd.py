@@ -19,12 +19,14 @@ and taken elementwise inside the diagonal 16-row blocks (`_diag_rows` / `_diag_c
 for any gate; the gate is floored where it is loaded (`kernels.common.decay`) and dg of a gate below the floor is 0.
 These device helpers live in `kernels.common.bwd_tiles`.
 
-`chunk_bwd` is the whole backward: recompute (WY prep, T, the chunk states with the forward's sequence split),
-the reverse state pass (split the same way), then the two kernels above (`pair_grads`), or with the plan's
-`bwd_grads="fused"` one kernel per (chunk, head) in their place (`kernels.common.dqk_wy_bwd`: no dw, no partials);
-the default "auto" takes the fused kernel for GDN and the pair for KDA (`kernels.vocabulary.AUTO_BWD_GRADS`).
-Extra memory: the chunk states h and their gradients dh ([NT, H, K, V] each), v_new, dv_new, T, and for the pair
-dw ([B, T, H, K]) and fp32 [B, T, H, K] buffers for the partial dk and dG; never [T, K, K] or a per-token state.
+`chunk_bwd` is the whole backward: recompute (WY prep, T, the chunk states with the forward's sequence split), the
+reverse state pass (split the same way; with `LaunchPlan.bwd_warm` > 0 its chain, and the recompute's, take
+gate-certified warm windows instead of full-segment walks where the gates allow, `kernels.common.warm_bwd`), then
+the two kernels above (`pair_grads`), or with the plan's `bwd_grads="fused"` one kernel per (chunk, head) in their
+place (`kernels.common.dqk_wy_bwd`: no dw, no partials); the default "auto" takes the fused kernel for GDN and the
+pair for KDA (`kernels.vocabulary.AUTO_BWD_GRADS`). Extra memory: the chunk states h and their gradients dh ([NT, H,
+K, V] each), v_new, dv_new, T, and for the pair dw ([B, T, H, K]) and fp32 [B, T, H, K] buffers for the partial dk
+and dG; never [T, K, K] or a per-token state.
 
 Grouped value heads (q, k with H / G heads, v, g, beta with H; G from the shapes): every kernel reads q and k at
 head h // G; dq and dk are computed per value head into fp32 [B, T, H, K] buffers and summed over the G heads of

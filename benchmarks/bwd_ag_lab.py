@@ -3,7 +3,7 @@ process on one GPU: per variant the step time, its per-launcher split, its peak 
 FLA's step and peak beside them when FLA imports.
 
     python benchmarks/bwd_ag_lab.py --out $OUT [--shapes 1x8192,1x65536,1x131072,8x8192] [--lb -1] [--no-fla]
-        [--deadline-s 540] [--variants inputs,ag,ag:fused]
+        [--deadline-s 540] [--variants inputs,ag,ag:fused,inputs:fused:warm] [--bwd-warm 4]
     TRITON_INTERPRET=1 python benchmarks/bwd_ag_lab.py --out /tmp/lab --dry-run   # CPU plumbing check, no timing
 
 Variants (GDN, bf16, H=16, K=V=128; `runners.bench.kernels_train`'s inputs and steps: the direct `chunk_gdn_fwd` +
@@ -17,7 +17,10 @@ Variants (GDN, bf16, H=16, K=V=128; `runners.bench.kernels_train`'s inputs and s
   segment instead of the warm split: the backward runs no state recompute, `gdn_ag_states`);
 - `wy`, `wy+states` (the forward keeps its WY factors / and its chunk states);
 - `inputs:fused`, `ag:fused`, `ag+states:fused`: as `inputs` / `ag` / `ag+states` with the backward's gradient kernels
-  fused per chunk (`LaunchPlan.bwd_grads="fused"`, `kernels/common/dqk_wy_bwd.py`).
+  fused per chunk (`LaunchPlan.bwd_grads="fused"`, `kernels/common/dqk_wy_bwd.py`);
+- any variant + ":warm" (e.g. `inputs:fused:warm`): the backward's split reverse pass with the gate-certified warm
+  window of `--bwd-warm` chunks (`LaunchPlan.bwd_warm`, `kernels/common/warm_bwd.py`); its row also gives the
+  fraction of (segment, head) pairs certified (`cert`, read after one extra step).
 Per variant: do_bench median (ms), `torch.cuda.max_memory_allocated` during one step above the inputs (MB), the MB the
 forward holds for the backward, and the profiler's CUDA time per kernel over one step. Gradients: every variant's
 dq, dk, dv, dg, dbeta against autograd through the fp32 per-token reference at B=1 T=1024 (rel_l2), and FLA's.
@@ -41,24 +44,27 @@ sys.path.insert(0, str(ROOT))
 
 # ":fused": bwd_grads="fused"
 VARIANTS = ("inputs", "ag", "ag-recompute", "ag+states", "wy", "wy+states", "inputs:fused", "ag:fused", "ag+states:fused")
+WARM = ":warm"  # a variant's suffix: the reverse pass's warm window (`LaunchPlan.bwd_warm`, `--bwd-warm` chunks)
 NAMES = ("dq", "dk", "dv", "dg", "dbeta")
 
 
-def _step(variant: str, K: int):
-    """The training step of a variant: (q, k, v, g, beta, do) -> (o, gradients)."""
+def _step(variant: str, K: int, bwd_warm: int = 4, report: dict[str, torch.Tensor] | None = None):
+    """The training step of a variant: (q, k, v, g, beta, do) -> (o, gradients); `report` receives the warm window's
+    certified mask (":warm" variants)."""
     from kernels.ops.gdn.ag_bwd import chunk_gdn_bwd_ag
     from kernels.ops.gdn.chunk import chunk_gdn_fwd
     from kernels.plan import plan_with
     from runners.bench.kernels_train import ours_step
 
-    policy, _, grads = variant.partition(":")
+    warm = bwd_warm if variant.endswith(WARM) else 0
+    policy, _, grads = variant.removesuffix(WARM).partition(":")
     if policy != "ag-recompute":
-        return ours_step("gdn", policy=policy, bwd_grads=grads or "pair")
-    plan = plan_with(None, {}).replace(bwd_grads=grads or "pair")
+        return ours_step("gdn", policy=policy, bwd_grads=grads or "pair", bwd_warm=warm, warm_report=report)
+    plan = plan_with(None, {}).replace(bwd_grads=grads or "pair", bwd_warm=warm)
 
     def step(q, k, v, g, beta, do):
         o, _ = chunk_gdn_fwd(q, k, v, g, beta, scale=K**-0.5, plan=plan)
-        return o, chunk_gdn_bwd_ag(q, k, v, g, beta, do, scale=K**-0.5, plan=plan, wy=None)
+        return o, chunk_gdn_bwd_ag(q, k, v, g, beta, do, scale=K**-0.5, plan=plan, wy=None, warm_report=report)
 
     return step
 
@@ -76,7 +82,9 @@ def _held_mb(variant: str, xs: tuple[torch.Tensor, ...]) -> float:
     return 0.0 if policy in ("inputs", "ag-recompute") else held_mb("gdn", policy, *xs)
 
 
-def _grads(dims: dict[str, int], device: str, fla: bool, variants: tuple[str, ...] = VARIANTS) -> dict[str, Any]:
+def _grads(
+    dims: dict[str, int], device: str, fla: bool, variants: tuple[str, ...] = VARIANTS, bwd_warm: int = 4
+) -> dict[str, Any]:
     """rel_l2 of o and every gradient vs the fp32 per-token reference, each variant and FLA (B=1 T=dims['T_check'])."""
     from kernels.ops.gdn.naive import naive_recurrent_gdn
     from runners.bench.kernels_train import fla_step, workload
@@ -90,7 +98,7 @@ def _grads(dims: dict[str, int], device: str, fla: bool, variants: tuple[str, ..
     o_ref.backward(do.float())
     ref = [x.grad for x in leaves]
     out: dict[str, Any] = {}
-    steps = [(v_, functools.partial(_step(v_, K), q, k, v, g, beta, do)) for v_ in variants]
+    steps = [(v_, functools.partial(_step(v_, K, bwd_warm), q, k, v, g, beta, do)) for v_ in variants]
     if fla:
         steps.append(("fla", lambda: fla_step("gdn")[0](q, k, v, g, beta, do)))
     for who, fn in steps:
@@ -106,7 +114,14 @@ def _grads(dims: dict[str, int], device: str, fla: bool, variants: tuple[str, ..
 
 
 def run_shape(
-    B: int, T: int, dims: dict[str, int], device: str, lb: float | None, fla: bool, variants: tuple[str, ...] = VARIANTS
+    B: int,
+    T: int,
+    dims: dict[str, int],
+    device: str,
+    lb: float | None,
+    fla: bool,
+    variants: tuple[str, ...] = VARIANTS,
+    bwd_warm: int = 4,
 ) -> dict[str, Any]:
     from runners.bench.kernels_train import fla_step, kernel_times, peak_mb, timed, workload
 
@@ -115,12 +130,17 @@ def run_shape(
     q, k, v, g, beta, do = _on(device, *wl.tensors, wl.do)
     row: dict[str, Any] = {"B": B, "T": T, "variants": {}}
     for variant in variants:
-        fn = functools.partial(_step(variant, dims["K"]), q, k, v, g, beta, do)
+        report: dict[str, torch.Tensor] = {}
+        fn = functools.partial(_step(variant, dims["K"], bwd_warm), q, k, v, g, beta, do)
         t0 = time.perf_counter()
         fn()
         if cuda:
             torch.cuda.synchronize()
         rec: dict[str, Any] = {"first_call_s": round(time.perf_counter() - t0, 2)}
+        if variant.endswith(WARM):  # one step with the report, read after it (the timed steps read nothing)
+            _step(variant, dims["K"], bwd_warm, report)(q, k, v, g, beta, do)
+            ok = report.get("certified")
+            rec["cert"] = None if ok is None else round(float(ok.float().mean()), 3)  # None: the split did not run
         if cuda:
             rec.update(ms=timed(fn), peak_MB=peak_mb(fn), held_MB=_held_mb(variant, (q, k, v, g, beta)),
                        kernels_ms=kernel_times(fn))  # fmt: skip
@@ -165,6 +185,10 @@ def to_markdown(res: dict[str, Any]) -> str:
         for v in variants:
             ks = r["variants"][v].get("kernels_ms", {})
             lines.append(f"- {r['B']}x{r['T']} {v}: " + ", ".join(f"{n} {t:.3f}" for n, t in list(ks.items())[:16]))
+    certs = [f"{r['B']}x{r['T']} {v}: {r['variants'][v]['cert']}" for r in res["rows"] for v in variants
+             if "cert" in r["variants"][v]]  # fmt: skip
+    if certs:
+        lines += ["", f"Warm window ({res.get('bwd_warm')} chunks) certified fraction: " + ", ".join(certs)]
     lines += ["", f"## Gradients vs the fp32 per-token reference (rel_l2, B=1 T={res['T_check']}, lb=-1)", ""]
     for who, vals in res["grads"].items():
         lines.append(f"- {who}: " + ", ".join(f"{n} {x:.2e}" if isinstance(x, float) else f"{n} {x}" for n, x in vals.items()))
@@ -182,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lb", type=float, default=None, help="gate lb * sigmoid(randn) (default: logsigmoid(randn))")
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--deadline-s", type=float, default=540.0)
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma list of VARIANTS to run, in order")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma list of VARIANTS (each may end in :warm)")
+    ap.add_argument("--bwd-warm", type=int, default=4, help="the :warm variants' window (chunks, LaunchPlan.bwd_warm)")
     ap.add_argument("--dry-run", action="store_true", help="CPU plumbing check (TRITON_INTERPRET=1), tiny dims, no timing")
     args = ap.parse_args(argv)
     t_start = time.monotonic()
@@ -195,14 +220,15 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [tuple(int(x) for x in s.split("x")) for s in ("1x130" if args.dry_run else args.shapes).split(",")]
     fla = not args.no_fla and not args.dry_run
     variants = tuple(args.variants.split(","))
-    if unknown := [v for v in variants if v not in VARIANTS]:
-        raise SystemExit(f"--variants: unknown {unknown}; known: {', '.join(VARIANTS)}")
+    if unknown := [v for v in variants if v.removesuffix(WARM) not in VARIANTS]:
+        raise SystemExit(f"--variants: unknown {unknown}; known: {', '.join(VARIANTS)}, each optionally + {WARM}")
     res: dict[str, Any] = {
         "env": env(argparse.Namespace(sha=None)),
         "T_check": dims["T_check"],
         "rows": [],
         "cut": [],
         "variants": list(variants),
+        "bwd_warm": args.bwd_warm,
     }
     res["env"]["command"] = " ".join(["python", "benchmarks/bwd_ag_lab.py", *(argv if argv is not None else sys.argv[1:])])
     args.out.mkdir(parents=True, exist_ok=True)
@@ -211,13 +237,13 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "bwd_ag_lab.json").write_text(json.dumps(res, indent=1))
         (args.out / "bwd_ag_lab.md").write_text(to_markdown(res))
 
-    res["grads"] = _grads(dims, device, fla, variants)
+    res["grads"] = _grads(dims, device, fla, variants, args.bwd_warm)
     write()
     for B, T in shapes:
         if time.monotonic() - t_start > args.deadline_s:
             res["cut"].append(f"{B}x{T}")
             continue
-        res["rows"].append(run_shape(B, T, dims, device, args.lb, fla, variants))
+        res["rows"].append(run_shape(B, T, dims, device, args.lb, fla, variants, args.bwd_warm))
         write()
         print(f"{B}x{T} done at {time.monotonic() - t_start:.0f} s", flush=True)
     print((args.out / "bwd_ag_lab.md").read_text())

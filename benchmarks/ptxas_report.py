@@ -69,8 +69,9 @@ def _constexprs(kernel: str, op: str, cfg: dict[str, int]) -> dict[str, Any]:
     if kernel == "wy_inverse":
         return {**base, "BK": cfg["BK"]}
     # chunk_state_bwd, main launch of a plain (unsplit) pass: dht given, dh and dv_new stored, ds_out stored
-    return {**base, "BV": cfg["BV"], "chunk_offsets": None, "seq_map": None, "final_idx": None, "USE_DHT": True,
-            "STORE_DS": True, "STORE_DH": True, "USE_SEQ_MAP": False, "USE_FINAL_IDX": False}
+    return {**base, "BV": cfg["BV"], "chunk_offsets": None, "seq_map": None, "final_idx": None, "need": None,
+            "USE_DHT": True, "STORE_DS": True, "STORE_DH": True, "USE_SEQ_MAP": False, "USE_FINAL_IDX": False,
+            "USE_NEED": False}
 
 
 def compile_report(kernel: str, op: str, cfg: dict[str, int], arch: int = 90) -> dict[str, Any]:

@@ -19,12 +19,14 @@ and taken elementwise inside the diagonal 16-row blocks (`_diag_rows` / `_diag_c
 for any gate; the gate is floored where it is loaded (`kernels.common.decay`) and dg of a gate below the floor is 0.
 These device helpers live in `kernels.common.bwd_tiles`.
 
-`chunk_bwd` is the whole backward: recompute (WY prep, T, the chunk states with the forward's sequence split),
-the reverse state pass (split the same way), then the two kernels above (`pair_grads`), or with the plan's
-`bwd_grads="fused"` one kernel per (chunk, head) in their place (`kernels.common.dqk_wy_bwd`: no dw, no partials);
-the default "auto" takes the fused kernel for GDN and the pair for KDA (`kernels.vocabulary.AUTO_BWD_GRADS`).
-Extra memory: the chunk states h and their gradients dh ([NT, H, K, V] each), v_new, dv_new, T, and for the pair
-dw ([B, T, H, K]) and fp32 [B, T, H, K] buffers for the partial dk and dG; never [T, K, K] or a per-token state.
+`chunk_bwd` is the whole backward: recompute (WY prep, T, the chunk states with the forward's sequence split), the
+reverse state pass (split the same way; with `LaunchPlan.bwd_warm` > 0 its chain, and the recompute's, take
+gate-certified warm windows instead of full-segment walks where the gates allow, `kernels.common.warm_bwd`), then
+the two kernels above (`pair_grads`), or with the plan's `bwd_grads="fused"` one kernel per (chunk, head) in their
+place (`kernels.common.dqk_wy_bwd`: no dw, no partials); the default "auto" takes the fused kernel for GDN and the
+pair for KDA (`kernels.vocabulary.AUTO_BWD_GRADS`). Extra memory: the chunk states h and their gradients dh ([NT, H,
+K, V] each), v_new, dv_new, T, and for the pair dw ([B, T, H, K]) and fp32 [B, T, H, K] buffers for the partial dk
+and dG; never [T, K, K] or a per-token state.
 
 Grouped value heads (q, k with H / G heads, v, g, beta with H; G from the shapes): every kernel reads q and k at
 head h // G; dq and dk are computed per value head into fp32 [B, T, H, K] buffers and summed over the G heads of
@@ -60,8 +62,10 @@ from kernels.common.chunk_program import chunk_of_program, group_heads
 from kernels.common.chunk_state import SeqLayout, chunk_state_fwd, chunk_state_transition_fwd
 from kernels.common.dqk_wy_bwd import dqk_wy_bwd
 from kernels.common.index import ChunkIndex, prepare_chunk_index
-from kernels.common.seqsplit import resolve_split, seg_chain_states
+from kernels.common.seqsplit import resolve_split, seg_chain_fwd, seg_chain_states
 from kernels.common.state_bwd import chunk_state_bwd, first_segments, seg_chain_bwd, state_bwd_config
+from kernels.common.warm_bwd import RevWarmInputs, reverse_chunk_bound, reverse_window_plan, warm_segment_ends
+from kernels.common.warm_split import WarmInputs, warm_transitions, window_plan
 from kernels.common.wy import (
     BT_WY,
     _decay,
@@ -373,14 +377,16 @@ def _state_pass(
     qs: Tensor, ks: Tensor, w: Tensor, u: Tensor, gs: Tensor, aqk: Tensor, do: Tensor, *, index: ChunkIndex,
     gate_vector: bool, scale: float, h0: Tensor | None, dht: Tensor | None, dh0: Tensor | None,
     launch: LaunchPlan, split_chunks: int | None, states: bool,
-    kept: Mapping[str, Tensor] | None = None,
+    kept: Mapping[str, Tensor] | None = None, warm: RevWarmInputs | None = None,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
     """The reverse state pass, split across the sequence like the forward (module docstring), writing dh0 when given;
     with `states` also the chunk states h and v_new (forward, from h0) and their gradients dh, dv_new that the
     gradient kernels read. Returns (h, v_new, dh, dv_new), all None without `states`.
 
-    kept: the forward's h, v_new, segment maps M and split (`kernels.common.state_keep`): its split replaces
-    `split_chunks`, and the forward state pass and the transition pass are not run again."""
+    kept: the forward's h, v_new, split and (optionally) segment maps M (`kernels.common.state_keep`): its split
+    replaces `split_chunks`, and the forward state pass (and with M the transition pass) is not run again.
+    warm: the raw inputs and window of the gate-certified warm window of the split's reverse chain
+    (`kernels.common.warm_bwd`, `LaunchPlan.bwd_warm`), or None (exact); it acts only when the split runs."""
     H, K = do.shape[2], ks.shape[3]  # H: the value heads (ks may have H / G, grouped)
     V = do.shape[-1]
     if kept is not None:
@@ -404,37 +410,70 @@ def _state_pass(
         chunk_state_bwd(qs, ks, w, gs, aqk, do, layout=layout, dht=dht, ds_out=dh0, dh=dh, dv_new=dv_new, **bwd)
         return h, v_new, dh, dv_new
     segs = plan.all_segments
-    if kept is not None:
-        M = kept["M"]
+    recompute = states and kept is None
+    wp = wpf = bnd = fbnd = None
+    if warm is not None:  # the reverse windows, the forward's for the recompute, and one launch of both bound sums
+        wp = reverse_window_plan(index, plan, warm.window_chunks)
+        if wp is not None and recompute and warm.v is not None:
+            wpf = window_plan(index, list(plan.bounds_cpu), list(plan.chunk_bounds_cpu), list(plan.transitions_cpu),
+                              warm.window_chunks, seg_chunks=plan.seg_chunks, cache=plan.windows)
+        if wp is not None:
+            bnd, fbnd = reverse_chunk_bound(warm.q, warm.k, warm.g, warm.beta, do, scale=scale, index=index,
+                                            gate_vector=gate_vector, v=warm.v if wpf is not None else None)
+    M = kept.get("M") if kept is not None else None
+    if M is not None:
         assert M.shape[0] == plan.num_segments, f"kept maps of {M.shape[0]} segments, the plan has {plan.num_segments}"
-    else:
+    elif wp is None or (recompute and wpf is None):  # the exact chain, or the forward recompute below, needs them
         M, S = chunk_state_transition_fwd(ks, w, u, gs, layout=segs, launch=launch, **common)
-    if states and kept is None:
-        nonlast = plan.transitions.seq_map
-        assert nonlast is not None
-        hs = seg_chain_states(M.index_select(0, nonlast), S.index_select(0, nonlast), h0, plan.seg_ptr,
-                              num_segments=plan.num_segments, launch=launch)
+    if recompute:
+        if wpf is None:
+            nonlast = plan.transitions.seq_map
+            assert nonlast is not None and M is not None
+            hs = seg_chain_states(M.index_select(0, nonlast), S.index_select(0, nonlast), h0, plan.seg_ptr,
+                                  num_segments=plan.num_segments, launch=launch)
+        else:  # the forward's certified windows (`kernels.common.warm_split`) from the sums above
+            assert warm is not None and warm.v is not None
+            fwd_report: dict[str, Tensor] = {}
+            x = WarmInputs("kda" if gate_vector else "gdn", warm.k, warm.v, warm.g, warm.beta,
+                           window_chunks=warm.window_chunks, tol=warm.tol, report=fwd_report, chunk_bound=fbnd)
+            M_f, S_f, drop = warm_transitions(ks, w, u, gs, transitions=plan.transitions, wp=wpf, BT=BT,
+                                              gate_vector=gate_vector, x=x, h0=h0, launch=launch)
+            hs = seg_chain_fwd(M_f, S_f, h0, plan, launch=launch, drop=drop)
+            if warm.report is not None:
+                warm.report["certified_fwd"] = fwd_report["certified"]
         h, v_new, _ = chunk_state_fwd(ks, w, u, gs, layout=segs, num_chunks=NT, h0=hs, launch=launch, **common)
     rest, firsts = first_segments(plan)
-    ds_ext = M.new_empty(plan.num_segments, H, K, V)  # fp32 like the maps; rows of first segments stay unused
-    chunk_state_bwd(qs, ks, w, gs, aqk, do, dht=None, ds_out=ds_ext,
-                    layout=SeqLayout(plan.num_segments, segs.cu_seqlens, segs.chunk_offsets, seq_map=rest,
-                                     final_idx=rest), **bwd)
-    ds_end = seg_chain_bwd(M, ds_ext, dht, plan, launch=launch)
+    if wp is not None and warm is not None and bnd is not None:  # certified windows instead of the ext pass and maps
+        ds_end = warm_segment_ends(qs, ks, w, u, gs, aqk, do, x=warm, wp=wp, plan=plan, index=index, dht=dht, M=M,
+                                   bnd=bnd, scale=scale, gate_vector=gate_vector, launch=launch)
+    else:
+        assert M is not None
+        ds_ext = M.new_empty(plan.num_segments, H, K, V)  # fp32 like the maps; rows of first segments stay unused
+        chunk_state_bwd(qs, ks, w, gs, aqk, do, dht=None, ds_out=ds_ext,
+                        layout=SeqLayout(plan.num_segments, segs.cu_seqlens, segs.chunk_offsets, seq_map=rest,
+                                         final_idx=rest), **bwd)
+        ds_end = seg_chain_bwd(M, ds_ext, dht, plan, launch=launch)
     chunk_state_bwd(qs, ks, w, gs, aqk, do, dht=ds_end, ds_out=dh0, dh=dh, dv_new=dv_new,
                     layout=SeqLayout(plan.num_segments, segs.cu_seqlens, segs.chunk_offsets, final_idx=firsts), **bwd)
     return h, v_new, dh, dv_new
 
 
+def _rev_warm(launch: LaunchPlan, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+              report: dict[str, Tensor] | None) -> RevWarmInputs | None:
+    """The reverse pass's warm window inputs under the plan's `bwd_warm` (None at 0: the exact path)."""
+    return RevWarmInputs(q, k, g, beta, window_chunks=launch.bwd_warm, report=report, v=v) if launch.bwd_warm else None
+
+
 def chunk_state_grad(
     op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float,
     dht: Tensor | None = None, cu_seqlens: Tensor | None = None, plan: LaunchPlan | None = None,
-    split_chunks: int | None = None, chunk_size: int = BT_WY,
+    split_chunks: int | None = None, chunk_size: int = BT_WY, warm_report: dict[str, Tensor] | None = None,
 ) -> Tensor:
     """dh0 `[N, H, K, V]` fp32 alone: the gradient of each sequence's entering state, from do (and dht). It does not
     depend on the entering state itself. The WY prep and the reverse state pass of `chunk_bwd` (split the same way),
     without the chunk states, T or the gradient kernels: what true_cp's backward gathers before it knows its dht.
-    plan: the launch plan (None: `kernels.plan.default_plan()`); chunk_size: the forward's."""
+    plan: the launch plan (None: `kernels.plan.default_plan()`); chunk_size: the forward's; warm_report: as
+    `chunk_bwd`'s."""
     B, T, _, K = k.shape
     H = v.shape[2]
     launch = plan if plan is not None else default_plan()
@@ -445,7 +484,7 @@ def chunk_state_grad(
     dh0 = k.new_empty(index.num_seqs, H, K, v.shape[-1], dtype=torch.float32)
     _state_pass(qs, ks, w, u, gs, aqk, do, index=index, gate_vector=gate_vector, scale=scale, h0=None,
                 dht=dht.float().contiguous() if dht is not None else None, dh0=dh0, launch=launch,
-                split_chunks=split_chunks, states=False)
+                split_chunks=split_chunks, states=False, warm=_rev_warm(launch, q, k, v, g, beta, warm_report))
     return dh0
 
 
@@ -453,7 +492,7 @@ def chunk_bwd(
     op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float,
     initial_state: Tensor | None = None, dht: Tensor | None = None, cu_seqlens: Tensor | None = None,
     plan: LaunchPlan | None = None, split_chunks: int | None = None,
-    wy: Mapping[str, Tensor] | None = None, chunk_size: int = BT_WY,
+    wy: Mapping[str, Tensor] | None = None, chunk_size: int = BT_WY, warm_report: dict[str, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """(dq, dk, dv, dg, dbeta, dh0) of the GDN (`op="gdn"`) or KDA chunked forward; see the module docstring.
 
@@ -462,8 +501,10 @@ def chunk_bwd(
     recompute of step 1 is skipped (T is still formed here, unless `wy` holds it: "tt"). With the chunk states too
     (`keep_states=True`: h,
     v_new, M, split) the forward state pass and the transitions of step 2 are skipped, and the forward's split is
-    used (split_chunks is then ignored). plan: the launch plan (None: `kernels.plan.default_plan()`). chunk_size:
-    the forward's (`kernels.common.wy.CHUNK_SIZES`).
+    used (split_chunks is then ignored; kept states without the maps M work too). plan: the launch plan (None:
+    `kernels.plan.default_plan()`; its `bwd_warm` > 0 certifies warm windows in the split reverse chain,
+    `kernels.common.warm_bwd`). chunk_size: the forward's (`kernels.common.wy.CHUNK_SIZES`). warm_report: a dict that
+    receives the warm window's device tensor `certified` `[NS - N, H]` when it ran (read it after the call).
     """
     B, T, Hk, K = k.shape
     H, V = v.shape[2], v.shape[-1]  # the value heads; q, k have Hk = H / G (grouped heads)
@@ -489,7 +530,7 @@ def chunk_bwd(
         qs, ks, w, u, gs, aqk, do, index=index, gate_vector=gate_vector, scale=scale,
         h0=initial_state.float().contiguous() if initial_state is not None else None,
         dht=dht.float().contiguous() if dht is not None else None, dh0=dh0, launch=launch, split_chunks=split_chunks,
-        states=True, kept=kept)
+        states=True, kept=kept, warm=_rev_warm(launch, q, k, v, g, beta, warm_report))
     assert h is not None and v_new is not None and dh is not None and dv_new is not None
 
     # 3. the chunk-parallel gradients: one kernel per chunk (`LaunchPlan.bwd_grads` "fused"; "auto": the op's choice in

@@ -186,7 +186,7 @@ class SplitPlan:
     bounds_cpu: tuple[int, ...] = ()        # host copies: segment token bounds `[NS+1]`, their global chunk offsets,
     chunk_bounds_cpu: tuple[int, ...] = ()  # and the segments that have a transition (non-last), in order
     transitions_cpu: tuple[int, ...] = ()
-    windows: dict[int, Any] = field(default_factory=dict, repr=False)  # warm_split.window_plan's, per window length
+    windows: dict[Any, Any] = field(default_factory=dict, repr=False)  # warm windows per length (warm_split, warm_bwd)
 
 
 _PLAN_CACHE: OrderedDict[tuple[int, int], tuple[ChunkIndex, SplitPlan]] = OrderedDict()

@@ -18,6 +18,10 @@ forward's segment map (`chunk_state_transition_fwd`) and dS_ext is this pass fro
    dS_ext_{s+1} from dht (one small serial kernel, fp32 with tf32x3 products);
 3. the pass runs every segment in parallel from its dS_end, storing dh and dv_new; the first segment of each
    sequence stores dh0.
+
+The gate-certified warm window of step 1 (`kernels.common.warm_bwd`) masks the ext pass per (program, head)
+(`need`: a masked program walks no chunk and stores zeros) and has the chain take dS_ext alone where a window is
+certified (`seg_chain_bwd(drop=...)`: no [K, K] product).
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ SEG_CHAIN_BWD = register(KernelSpec(
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
     "USE_SEQ_MAP": lambda args: args["seq_map"] is not None,
     "USE_FINAL_IDX": lambda args: args["final_idx"] is not None,
+    "USE_NEED": lambda args: args["need"] is not None,
     "G": group_heads("do"),
 })
 @triton.jit(do_not_specialize=["T"])
@@ -81,15 +86,19 @@ def chunk_state_bwd_kernel(
     chunk_offsets,
     seq_map,  # [N_programs] int32 or None: program n walks range seq_map[n]
     final_idx,  # [N_programs] int32 or None: program n stores ds_out[final_idx[n]] (nowhere if < 0)
+    need,  # [N_programs, H] uint8 or None: 0 = walk no chunk (ds_out gets dht or zeros; the warm window's mask)
     scale,
     T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     GATE_VECTOR: tl.constexpr, USE_DHT: tl.constexpr, STORE_DS: tl.constexpr, STORE_DH: tl.constexpr,
-    IS_VARLEN: tl.constexpr, USE_SEQ_MAP: tl.constexpr, USE_FINAL_IDX: tl.constexpr, G: tl.constexpr,
+    IS_VARLEN: tl.constexpr, USE_SEQ_MAP: tl.constexpr, USE_FINAL_IDX: tl.constexpr, USE_NEED: tl.constexpr,
+    G: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = (i_nh // H).to(tl.int64), i_nh % H
     i_s, bos, T, boc, NT = range_of_program(i_n, seq_map, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN, USE_SEQ_MAP)
+    if USE_NEED:
+        NT = tl.where(tl.load(need + i_n * H + i_h) != 0, NT, 0)
     dt = w.dtype.element_ty
 
     o_k = tl.arange(0, BK)  # K padded to a power of two, the rows past K masked
@@ -144,24 +153,42 @@ def chunk_state_bwd_kernel(
             tl.store(ds_out + (i_n * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_ds, mask=m_kv)
 
 
-@triton.heuristics({"USE_DHT": lambda args: args["dht"] is not None})
+@triton.heuristics({"USE_DHT": lambda args: args["dht"] is not None,
+                    "USE_DROP": lambda args: args["drop"] is not None})
 @triton.jit
 def seg_chain_bwd_kernel(
-    m,  # [NS, H, K, K] fp32 forward maps of all segments
-    ds_ext,  # [NS, H, K, V] fp32 (rows of first segments unused)
+    m,  # [NS, H, K, K] fp32 forward maps of all segments, or [NS - N, ...] of the non-first ones (M_REST)
+    ds_ext,  # [NS, H, K, V] fp32 (rows of first segments unused), or [NS - N, ...] of the non-first ones (EXT_REST)
     dht,  # [N, H, K, V] fp32 or None
     ds_end,  # out [NS, H, K, V] fp32: the gradient at the end of each segment
     seg_ptr,  # [N+1] int32
+    drop,  # [NS - N, H] uint8 or None (needs EXT_REST): 1 = a certified warm window, dS = dS_ext without the product
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr,
-    USE_DHT: tl.constexpr,
+    USE_DHT: tl.constexpr, USE_DROP: tl.constexpr, M_REST: tl.constexpr, EXT_REST: tl.constexpr,
 ):
     i_n, i_h, s0, s1, o_k, o_v, m_kv, m_kk, b_s = chain_start(seg_ptr, dht, H, K, V, BK, BV, USE_DHT)
     for i_r in range(0, s1 - s0 - 1):
         j = s1 - 1 - i_r
         tl.store(ds_end + (j * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_s, mask=m_kv)
-        b_mT = tl.load(m + (j * H + i_h) * K * K + o_k[None, :] * K + o_k[:, None], mask=m_kk, other=0.)  # M_j^T
-        b_e = tl.load(ds_ext + (j * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.)
-        b_s = tl.dot(b_mT, b_s, input_precision=PRECISION) + b_e
+        i_x = j - i_n - 1  # the row of segment j among the non-first segments (each earlier sequence owns one first)
+        if EXT_REST:
+            i_e = i_x
+        else:
+            i_e = j
+        b_e = tl.load(ds_ext + (i_e * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.)
+        if USE_DROP:
+            b_drop = tl.load(drop + i_x * H + i_h) != 0
+        else:
+            b_drop = False
+        if b_drop:  # a runtime branch, uniform per program: the serial step is a load, not a [K, K] product
+            b_s = b_e
+        else:
+            if M_REST:
+                i_m = i_x
+            else:
+                i_m = j
+            b_mT = tl.load(m + (i_m * H + i_h) * K * K + o_k[None, :] * K + o_k[:, None], mask=m_kk, other=0.)  # M_j^T
+            b_s = tl.dot(b_mT, b_s, input_precision=PRECISION) + b_e
     tl.store(ds_end + (s0 * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_s, mask=m_kv)
 
 
@@ -199,9 +226,12 @@ def state_bwd_config(H: int, K: int, V: int, BT: int, gate_vector: bool, varlen:
 def chunk_state_bwd(
     q: Tensor, k: Tensor, w: Tensor, g: Tensor, aqk: Tensor, do: Tensor, *, layout: SeqLayout, BT: int,
     gate_vector: bool, scale: float, dht: Tensor | None, ds_out: Tensor | None, dh: Tensor | None = None,
-    dv_new: Tensor | None = None, launch: LaunchPlan | None = None,
+    dv_new: Tensor | None = None, launch: LaunchPlan | None = None, need: Tensor | None = None,
 ) -> None:
-    """Launch the reverse pass over `layout`'s ranges (see the module docstring); writes dh, dv_new, ds_out."""
+    """Launch the reverse pass over `layout`'s ranges (see the module docstring); writes dh, dv_new, ds_out.
+
+    need: bool `[N_programs, H]` on the device, or None (all): the (program, head) pairs whose flag is False walk no
+    chunk (their ds_out is dht's row, or zeros)."""
     H, K, V = do.shape[2], k.shape[3], do.shape[-1]  # H: the value heads (q, k may have H / G: grouped)
     cfg = state_bwd_config(H, K, V, BT, gate_vector, layout.cu_seqlens is not None, k.dtype, launch)
     BV = cfg.BV
@@ -209,25 +239,40 @@ def chunk_state_bwd(
     grid = (triton.cdiv(V, BV), layout.num_programs * H)
     if grid[1] == 0:
         return
+    flags = None
+    if need is not None:
+        assert need.shape == (layout.num_programs, H) and need.dtype == torch.bool, \
+            f"need must be bool [{layout.num_programs}, {H}], got {need.dtype} {tuple(need.shape)}"
+        flags = need.contiguous().view(torch.uint8)
     chunk_state_bwd_kernel[grid](
         q, k, w, g, aqk, do, dht, dh, dv_new, ds_out,
-        layout.cu_seqlens, layout.chunk_offsets, layout.seq_map, layout.final_idx,
+        layout.cu_seqlens, layout.chunk_offsets, layout.seq_map, layout.final_idx, flags,
         scale, k.shape[1], H=H, K=K, V=V, BT=BT, BK=head_block(K), BV=BV, GATE_VECTOR=gate_vector,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
 
 def seg_chain_bwd(M: Tensor, ds_ext: Tensor, dht: Tensor | None, plan: SplitPlan, *,
-                  launch: LaunchPlan | None = None) -> Tensor:
-    """The gradient at the end of every segment, [NS, H, K, V] fp32, from all segments' forward maps M [NS, H, K, K],
-    the non-first segments' dS_ext (rows of `ds_ext` [NS, H, K, V]) and dht [N, H, K, V] (or None: zeros)."""
+                  launch: LaunchPlan | None = None, drop: Tensor | None = None) -> Tensor:
+    """The gradient at the end of every segment, [NS, H, K, V] fp32, from the segments' forward maps M, the non-first
+    segments' dS_ext and dht [N, H, K, V] (or None: zeros). M and ds_ext hold a row per segment (`[NS, ...]`, the rows
+    of first segments unused) or per non-first segment in order (`[NS - N, ...]`), each told by its row count.
+
+    drop: bool `[NS - N, H]` on the device, or None (ds_ext then per non-first segment): where True, the segment's
+    map is dropped (a certified warm window, `kernels.common.warm_bwd`): the chain takes dS_ext without the product."""
     H, K, V = ds_ext.shape[1], ds_ext.shape[2], ds_ext.shape[3]
+    NS, NR = plan.num_segments, plan.num_segments - plan.num_seqs
+    assert M.shape[0] in (NS, NR) and ds_ext.shape[0] in (NS, NR), f"rows {M.shape[0]}, {ds_ext.shape[0]}: {NS} or {NR}"
+    assert drop is None or (tuple(drop.shape) == (NR, H) and ds_ext.shape[0] == NR), \
+        f"drop must be [{NR}, {H}] with ds_ext per non-first segment, got {None if drop is None else tuple(drop.shape)}"
     cfg = launch_config(launch, SEG_CHAIN_BWD, {"H": H, "K": K, "V": V}, bv_limit=head_block(V))
     BV = cfg.BV
     assert BV is not None and BV >= 16, f"bad tiles BV={BV} K={K} V={V}"
-    ds_end = ds_ext.new_empty(plan.num_segments, H, K, V)
+    ds_end = ds_ext.new_empty(NS, H, K, V)
+    flags = None if drop is None else drop.contiguous().view(torch.uint8)
     seg_chain_bwd_kernel[(triton.cdiv(V, BV), plan.num_seqs * H)](
-        M, ds_ext, dht, ds_end, plan.seg_ptr, H=H, K=K, V=V, BK=head_block(K), BV=BV, PRECISION=CHAIN_DOT_PRECISION,
+        M, ds_ext, dht, ds_end, plan.seg_ptr, flags, H=H, K=K, V=V, BK=head_block(K), BV=BV,
+        PRECISION=CHAIN_DOT_PRECISION, M_REST=M.shape[0] != NS, EXT_REST=ds_ext.shape[0] != NS,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return ds_end

@@ -54,6 +54,7 @@ __all__ = [
     "WindowPlan",
     "certified_transitions",
     "certify_windows",
+    "fold_initial_states",
     "warm_inputs",
     "warm_transitions",
     "window_plan",
@@ -197,17 +198,17 @@ def certify_windows(x: WarmInputs, wp: WindowPlan, E_win: Tensor, h0: Tensor | N
         ell, log_u = x.chunk_bound[..., 0], x.chunk_bound[..., 1]  # fp32 [NT_total, H] views
         if h0 is not None and wp.seq_first_chunk.numel():
             ell = ell.double()
-            log_u = _fold_initial_states(ell, log_u.double(), wp.seq_first_chunk, wp.seq_ids, h0)
+            log_u = fold_initial_states(ell, log_u.double(), wp.seq_first_chunk, wp.seq_ids, h0)
         return certify_chunk_windows(ell, log_u, wp.chunk_starts, wp.chunk_ends, wp.valid, E_win, x.tol)[1]
     flat = [y.reshape(1, B * T, *y.shape[2:]) for y in (x.k, x.v, x.g, x.beta)]  # per token: one flat token axis
     ell, log_u = token_terms(x.op, *flat)  # fp64 [B*T, H]
     if h0 is not None and wp.seq_bos.numel():
-        log_u = _fold_initial_states(ell, log_u, wp.seq_bos, wp.seq_ids, h0)
+        log_u = fold_initial_states(ell, log_u, wp.seq_bos, wp.seq_ids, h0)
     lb = log_window_bound(ell, log_u, wp.ends, wp.starts, wp.valid)  # [NW, H]
     return window_certified(lb, torch.linalg.vector_norm(E_win, dim=(-2, -1)).double().log(), x.tol)
 
 
-def _fold_initial_states(ell: Tensor, log_u: Tensor, first: Tensor, seq_ids: Tensor, h0: Tensor) -> Tensor:
+def fold_initial_states(ell: Tensor, log_u: Tensor, first: Tensor, seq_ids: Tensor, h0: Tensor) -> Tensor:
     """log_u (fp64) with each sequence's initial state as one more write at its first token (chunk) `first`: the
     state after it is A h0 + its writes, ||A h0|| <= exp(l) ||h0||."""
     h0_log = torch.linalg.vector_norm(h0.index_select(0, seq_ids), dim=(-2, -1)).double().log()

@@ -85,23 +85,27 @@ def _kept(policy: str) -> tuple[bool, bool]:
 
 
 def ours_step(op: str, configs: dict[str, LaunchConfig] | None = None, policy: str = "inputs",
-              bwd_grads: str | None = None) -> Callable[..., Any]:
+              bwd_grads: str | None = None, bwd_warm: int | None = None,
+              warm_report: dict[str, torch.Tensor] | None = None) -> Callable[..., Any]:
     """Our forward + backward under a recompute policy (`LaunchPlan.keep`): "inputs" (recompute all), "ag" (GDN: the
     two-kernel forward's Ag and gate cumsum), "ag+states" (and its chunk states, v_new, segment maps), "wy" (the
     forward's WY factors handed to the backward), "wy+states" (and its chunk states, v_new, segment maps); and
-    the backward's gradient kernels (`LaunchPlan.bwd_grads`; None: the plan's default, "auto")."""
+    the backward's gradient kernels (`LaunchPlan.bwd_grads`; None: the plan's default, "auto"), its reverse pass's
+    warm window (`LaunchPlan.bwd_warm`, chunks; 0 = exact; None: the plan's) and a dict receiving its `certified` mask."""
     import importlib
 
     fwd = getattr(importlib.import_module(f"kernels.ops.{op}.chunk"), f"chunk_{op}_fwd")
     bwd = getattr(importlib.import_module(f"kernels.ops.{op}.chunk"), f"chunk_{op}_bwd")
     plan = plan_with(None, configs or {}).replace(keep=policy)
     plan = plan if bwd_grads is None else plan.replace(bwd_grads=bwd_grads)
+    plan = plan if bwd_warm is None else plan.replace(bwd_warm=bwd_warm)
     keep_wy, keep_states = plan.keeps
+    report = {} if warm_report is None else {"warm_report": warm_report}
 
     def step(q, k, v, g, beta, do):
         keep: dict[str, torch.Tensor] | None = {} if keep_wy else None
         o, _ = fwd(q, k, v, g, beta, scale=K**-0.5, plan=plan, keep=keep, keep_states=keep_states)
-        return o, bwd(q, k, v, g, beta, do, scale=K**-0.5, plan=plan, wy=keep or None)  # KDA under "ag": none kept
+        return o, bwd(q, k, v, g, beta, do, scale=K**-0.5, plan=plan, wy=keep or None, **report)  # KDA under "ag": none kept
 
     return step
 

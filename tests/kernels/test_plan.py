@@ -84,6 +84,10 @@ def test_plan_is_frozen_and_keep_is_checked() -> None:
     assert plan.bwd_grads == "auto" and plan.replace(bwd_grads="fused").bwd_grads == "fused"
     with pytest.raises(ValueError, match=r"^LaunchPlan\.bwd_grads must be one of auto, pair, fused, got 'one'$"):
         plan.replace(bwd_grads="one")
+    assert plan.bwd_warm == 0 and plan.replace(bwd_warm=4).bwd_warm == 4  # the backward's warm window: off by default
+    for bad in (-1, True, 2.0):
+        with pytest.raises(ValueError, match=r"^LaunchPlan\.bwd_warm must be an int >= 0 \(chunks; 0 = exact\), got "):
+            plan.replace(bwd_warm=bad)
 
 
 def test_default_plan_holds_in_its_context_not_in_a_later_thread(monkeypatch: pytest.MonkeyPatch) -> None:

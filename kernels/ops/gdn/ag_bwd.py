@@ -169,6 +169,7 @@ def chunk_gdn_bwd_ag(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float, wy: Mapping[str, Tensor] | None,
     initial_state: Tensor | None = None, dht: Tensor | None = None, cu_seqlens: Tensor | None = None,
     plan: LaunchPlan | None = None, split_chunks: int | None = None, chunk_size: int = BT_WY,
+    warm_report: dict[str, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:  # fmt: skip
     """(dq, dk, dv, dg, dbeta, dh0) of GDN from the forward's kept `wy` = {"ag": Ag, "gs": gate cumsum} (the module
     docstring's three steps), with its chunk states too under "ag+states" (`KEPT_STATES`: h, v_new, M, split; step 2
@@ -192,4 +193,5 @@ def chunk_gdn_bwd_ag(
     factors = {"w": w, "u": u, "gs": gcum, "aqk": aqk, "tt": tt, **states}
     del ag  # read by nothing after this (with wy=None its memory is free for the gradient kernels' buffers)
     return chunk_bwd("gdn", q, k, v, g, beta, do, scale=scale, initial_state=initial_state, dht=dht,
-                     cu_seqlens=cu_seqlens, plan=launch, wy=factors, chunk_size=chunk_size)  # fmt: skip
+                     cu_seqlens=cu_seqlens, plan=launch, wy=factors, chunk_size=chunk_size,
+                     warm_report=warm_report)  # fmt: skip

@@ -1,0 +1,202 @@
+"""The gate-certified warm window of the backward's split reverse state pass (`kernels.common.warm_bwd`,
+`LaunchPlan.bwd_warm`), interpreted on CPU (on a GPU with CPBENCH_TEST_GPU=1).
+
+Scenarios (GDN; KDA's reverse pass once): varlen (75 and 40 tokens) in chunks of 16 tokens, split into 2-chunk
+segments, windows of 1 chunk; head 0 with strong gates (certified), head 1 with weak gates (not certified), in one
+call, an initial state and dht. The certified mask is read after the call and must show both branches: with dht
+a window that reaches its sequence's end is never certified; without dht it is. The whole backward against the fp32
+per-token reference; the reverse pass alone (dh, dv_new, dh0) against the exact path (maps of all segments); the
+forward's kept states without the maps (the masked transitions); `chunk_state_grad`'s pass; a dense batch; the bound sums
+against fp64 per-token sums. Tolerance: 1e-5 relative L2 on CPU (test_chunk_bwd.py's), 5e-3 on a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from kernels.common import chunk_bwd as cb
+from kernels.common.index import prepare_chunk_index
+from kernels.common.warm_bwd import RevWarmInputs, reverse_chunk_bound
+from kernels.plan import LaunchPlan, LaunchRecorder
+from tests.kernels.common.test_chunk_bwd import NAMES, _reference_grads
+from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs, make_state
+
+DEVICE = TEST_DEVICE
+DTYPE = torch.float32 if DEVICE == "cpu" else torch.bfloat16
+TOL = 1e-5 if DEVICE == "cpu" else 5e-3
+DIM = 32 if DEVICE == "cpu" else 64  # as test_chunk_bwd.py (the Triton 3.6 sm_90 miscompile at 32 columns)
+LENGTHS, CHUNK, SPLIT, WINDOW = (75, 40), 16, 2, 1
+WEAK, STRONG = -0.05, 100  # gates lb * sigmoid: ~-0.4 per 16-token window (never certified); head 0 times STRONG
+# non-first segments: (seq 0, chunks 2-3), (seq 0, chunk 4: reaches its end), (seq 1, chunk 2: reaches its end)
+# (rows: those segments, columns: heads). Without dht the last window of the batch drops nothing at all (nothing
+# follows it on the flipped chunk axis): certified for the weak head too
+CERTIFIED = {True: [[True, False], [False, False], [False, False]], False: [[True, False], [True, False], [True, True]]}
+
+
+@functools.cache
+def _case(op: str = "gdn", strong: bool = True):
+    """Inputs (head 0 strong unless `strong` is False), h0, do, dht."""
+    q, k, v, g, beta, cu = make_inputs(op, LENGTHS, H=2, K=DIM, V=DIM, lb=WEAK, dtype=DTYPE, device=DEVICE)
+    if strong:  # KDA: every key channel at <= -2 (its slowest channel bounds the decay)
+        g[:, :, 0] = g[:, :, 0] * STRONG - (2.0 if op == "kda" else 0.0)
+    h0 = make_state(len(LENGTHS), 2, DIM, DIM, device=DEVICE)
+    gen = torch.Generator().manual_seed(3)
+    do = torch.randn(v.shape, generator=gen).to(DEVICE, DTYPE)
+    dht = torch.randn(h0.shape, generator=gen).to(DEVICE)
+    return q, k, v, g, beta, cu, h0, do, dht
+
+
+@functools.cache
+def _factors(op: str = "gdn", strong: bool = True):
+    """The index and the WY factors (w, u, ks, gs, qs, aqk) of the case, computed once."""
+    q, k, v, g, beta, cu, *_ = _case(op, strong)
+    index = prepare_chunk_index(cu, batch=1, seq_len=sum(LENGTHS), chunk_size=CHUNK, device=k.device)
+    return index, cb._wy_factors(op == "kda", q, k, v, g, beta, scale=DIM**-0.5, index=index, launch=LaunchPlan(), wy=None)
+
+
+@functools.cache
+def _state_pass(op: str, strong: bool, warm: int, with_dht: bool, states: bool = True, kept_from: int | None = None):
+    """(dh, dv_new, dh0, certified or None, launched kernels, h, v_new, certified_fwd or None) of the reverse pass
+    alone (with the states' recompute unless kept); kept_from: the states h, v_new of that window's run handed over as
+    kept, without the maps."""
+    q, k, v, g, beta, cu, h0, do, dht = _case(op, strong)
+    index, (w, u, ks, gs, qs, aqk) = _factors(op, strong)
+    report: dict[str, torch.Tensor] = {}
+    rec = LaunchRecorder()
+    x = RevWarmInputs(q, k, g, beta, window_chunks=warm, report=report, v=v) if warm else None
+    kept = None
+    if kept_from is not None:
+        h, v_new = _state_pass(op, strong, kept_from, with_dht)[5:7]
+        kept = {"h": h, "v_new": v_new, "split": torch.tensor(SPLIT)}
+    dh0 = torch.empty(len(LENGTHS), 2, DIM, DIM, dtype=torch.float32, device=k.device)
+    h, v_new, dh, dv_new = cb._state_pass(qs, ks, w, u, gs, aqk, do, index=index, gate_vector=op == "kda",
+                                          scale=DIM**-0.5, h0=h0, dht=dht if with_dht else None, dh0=dh0,
+                                          launch=LaunchPlan(recorder=rec), split_chunks=SPLIT, states=states, warm=x,
+                                          kept=kept)  # fmt: skip
+    return dh, dv_new, dh0, report.get("certified"), frozenset(rec), h, v_new, report.get("certified_fwd")
+
+
+@pytest.mark.parametrize("with_dht", [True, False])
+def test_reverse_pass_certifies_strong_heads_and_matches_exact(with_dht: bool) -> None:
+    """Head 0 (strong) certified where its window may be, head 1 (weak) nowhere, in both directions (the states'
+    recompute takes the forward's certified windows from the same bound launch); dh, dv_new and dh0 those of the
+    exact path (all maps, the full ext pass)."""
+    dh, dv_new, dh0, ok, ran, _, _, ok_fwd = _state_pass("gdn", True, WINDOW, with_dht)
+    assert ok is not None and ok.tolist() == CERTIFIED[with_dht]
+    assert ok_fwd is not None and ok_fwd.tolist() == [[True, False]] * 3  # the forward windows end non-last segments
+    assert {"chunk_state_transition_fwd", "seg_chain_fwd", "seg_chain_bwd"} <= ran  # masked maps, both chains
+    ref = _state_pass("gdn", True, 0, with_dht)
+    assert ref[3] is None  # the exact path reports nothing
+    for name, a, b in zip(("dh", "dv_new", "dh0"), (dh, dv_new, dh0), ref[:3], strict=True):
+        assert_rel_close(name, b.float(), a.float(), 1e-6 if DEVICE == "cpu" else 1e-3)
+
+
+def test_gradient_alone_uses_masked_transitions() -> None:
+    """Without the forward states (`chunk_state_grad`'s pass) the warm path computes the maps of the uncertified
+    segments only (masked transitions, no forward state pass); dh0 is the exact path's."""
+    _, _, dh0, ok, ran, *_ = _state_pass("gdn", True, WINDOW, True, states=False)
+    assert ok is not None and ok.tolist() == CERTIFIED[True]
+    assert "chunk_state_transition_fwd" in ran and "chunk_state_fwd" not in ran and "seg_chain_fwd" not in ran
+    assert_rel_close("dh0", _state_pass("gdn", True, 0, True)[2], dh0, 1e-6 if DEVICE == "cpu" else 1e-3)
+
+
+@functools.cache
+def _reference(op: str = "gdn"):
+    q, k, v, g, beta, cu, h0, do, dht = _case(op)
+    return _reference_grads(op, q, k, v, g, beta, h0, do, dht, cu.tolist())
+
+
+def test_backward_with_warm_window_against_reference() -> None:
+    """The whole backward (`chunk_bwd` under `LaunchPlan(bwd_warm=1)`, the WY factors handed over), varlen with h0
+    and dht, against the fp32 per-token reference; the report shows both branches."""
+    q, k, v, g, beta, cu, h0, do, dht = _case()
+    _, (w, u, _, gs, _, aqk) = _factors()
+    report: dict[str, torch.Tensor] = {}
+    got = cb.chunk_bwd("gdn", q, k, v, g, beta, do, scale=DIM**-0.5, initial_state=h0, dht=dht, cu_seqlens=cu,
+                       split_chunks=SPLIT, chunk_size=CHUNK, plan=LaunchPlan(bwd_warm=WINDOW), warm_report=report,
+                       wy={"w": w, "u": u, "gs": gs, "aqk": aqk})  # fmt: skip
+    assert report["certified"].tolist() == CERTIFIED[True]
+    for name, a, r in zip(NAMES, got, _reference(), strict=True):
+        assert_rel_close(name, r, a.float(), TOL)
+
+
+@pytest.mark.parametrize("warm", [WINDOW, 0])
+def test_kept_states_without_maps(warm: int) -> None:
+    """The forward's states h, v_new and split kept without the maps M: the warm pass computes the uncertified maps
+    (masked transitions), the exact one all maps; no forward state pass; dh, dv_new, dh0 those of the recompute."""
+    dh, dv_new, dh0, ok, ran, *_ = _state_pass("gdn", True, warm, True, kept_from=warm)
+    assert "chunk_state_transition_fwd" in ran and not {"chunk_state_fwd", "seg_chain_fwd"} & ran, sorted(ran)
+    assert (ok is not None and ok.tolist() == CERTIFIED[True]) if warm else ok is None
+    ref = _state_pass("gdn", True, 0, True)
+    for name, a, b in zip(("dh", "dv_new", "dh0"), (dh, dv_new, dh0), ref[:3], strict=True):
+        assert_rel_close(name, b.float(), a.float(), 1e-6 if DEVICE == "cpu" else 1e-3)
+
+
+def test_kda_reverse_pass() -> None:
+    """KDA's reverse pass (per-key gates: the slowest channel bounds the decay): head 0 certified, the exact path's
+    results."""
+    dh, dv_new, dh0, ok, *_ = _state_pass("kda", True, WINDOW, True)
+    assert ok is not None and ok.tolist() == CERTIFIED[True]
+    ref = _state_pass("kda", True, 0, True)
+    for name, a, b in zip(("dh", "dv_new", "dh0"), (dh, dv_new, dh0), ref[:3], strict=True):
+        assert_rel_close(name, b.float(), a.float(), 1e-6 if DEVICE == "cpu" else 1e-3)
+
+
+@pytest.mark.parametrize("op", ["gdn", "kda"])
+def test_reverse_chunk_bound_against_fp64_sums(op: str) -> None:
+    """The kernel's (L, W) per chunk (flipped order) are fp64 per-token sums rounded up: L >= sum l_t, W >= log sum_t
+    u_t exp(inclusive in-chunk cumsum of l), by at most twice the margins (1e-4 of |L| + |W| + 1); with v the forward's
+    (chunk order): W >= log sum_t |beta_t| ||k_t|| ||v_t|| exp(sum of l after t in the chunk)."""
+    q, k, v, g, beta, cu, _, do, _ = _case(op)
+    index = prepare_chunk_index(cu, batch=1, seq_len=sum(LENGTHS), chunk_size=CHUNK, device=k.device)
+    bnd, fbnd = reverse_chunk_bound(q, k, g, beta, do, scale=DIM**-0.5, index=index, gate_vector=op == "kda", v=v)
+    bnd, fbnd = bnd.double().cpu(), fbnd.double().cpu()  # type: ignore[union-attr]
+    gmax = (g if op == "gdn" else g.amax(-1))[0].double().clamp_min(-112.0).cpu()
+    kk = k[0].double().square().sum(-1).cpu()
+    ell = gmax + (1.0 - beta[0].double().cpu() * kk).abs().clamp_min(1.0).log()
+    log_u = (DIM**-0.5 * q[0].double().norm(dim=-1) * do[0].double().norm(dim=-1)).log().cpu()
+    log_w = (beta[0].double() * k[0].double().norm(dim=-1) * v[0].double().norm(dim=-1)).log().cpu()  # the forward's
+    bounds = cu.tolist()
+    rows, frows = [], []
+    for n in range(len(LENGTHS)):
+        for t0 in range(bounds[n], bounds[n + 1], CHUNK):
+            sl = slice(t0, min(t0 + CHUNK, bounds[n + 1]))
+            L, cl = ell[sl].sum(0), ell[sl].cumsum(0)
+            rows.append(torch.stack([L, torch.logsumexp(log_u[sl] + cl, 0)], -1))
+            frows.append(torch.stack([L, torch.logsumexp(log_w[sl] + L - cl, 0)], -1))
+    for got, want in ((bnd, torch.stack(rows[::-1])), (fbnd, torch.stack(frows))):  # the reverse sums: flipped order
+        assert got.shape == want.shape
+        assert bool((got >= want - 1e-9).all()), "not rounded up"
+        assert bool((got - want <= 2e-4 * (1.0 + want[..., :1].abs() + want.abs())).all()), "margins past 1e-4 relative"
+
+
+@functools.cache
+def _dense_state_pass(warm: int):
+    """(dh, dv_new, dh0, certified) of the reverse pass alone on a dense batch (B=2, T=60: 4 chunks, 2 segments per
+    sequence), one strong head, dht."""
+    q, k, v, g, beta, _ = make_inputs("gdn", B=2, T=60, H=1, K=DIM, V=DIM, lb=WEAK * STRONG, dtype=DTYPE, device=DEVICE)
+    gen = torch.Generator().manual_seed(5)
+    do = torch.randn(v.shape, generator=gen).to(DEVICE, DTYPE)
+    dht = torch.randn(2, 1, DIM, DIM, generator=gen).to(DEVICE)
+    index = prepare_chunk_index(None, batch=2, seq_len=60, chunk_size=CHUNK, device=k.device)
+    w, u, ks, gs, qs, aqk = cb._wy_factors(False, q, k, v, g, beta, scale=DIM**-0.5, index=index, launch=LaunchPlan(), wy=None)
+    report: dict[str, torch.Tensor] = {}
+    x = RevWarmInputs(q, k, g, beta, window_chunks=warm, report=report, v=v) if warm else None
+    dh0 = torch.empty(2, 1, DIM, DIM, dtype=torch.float32, device=k.device)
+    _, _, dh, dv_new = cb._state_pass(qs, ks, w, u, gs, aqk, do, index=index, gate_vector=False, scale=DIM**-0.5,
+                                      h0=None, dht=dht, dh0=dh0, launch=LaunchPlan(), split_chunks=SPLIT, states=True,
+                                      warm=x)  # fmt: skip
+    return dh, dv_new, dh0, report.get("certified"), report.get("certified_fwd")
+
+
+def test_dense_batch() -> None:
+    """A dense batch (the flat token axis of B rows): each sequence's second segment certified in both directions, the
+    exact path's dh, dv_new, dh0."""
+    dh, dv_new, dh0, ok, ok_fwd = _dense_state_pass(WINDOW)
+    assert ok is not None and ok.tolist() == [[True], [True]] and ok_fwd is not None and ok_fwd.tolist() == [[True], [True]]
+    ref = _dense_state_pass(0)
+    for name, a, b in zip(("dh", "dv_new", "dh0"), (dh, dv_new, dh0), ref[:3], strict=True):
+        assert_rel_close(name, b.float(), a.float(), 1e-6 if DEVICE == "cpu" else 1e-3)

@@ -144,12 +144,13 @@ def chunk_fwd(
         unfused_output=fuse_output is False,
     )
     path = "fused" if fused_path else "wy"
-    fused_states = fused_path and ag_states  # "ag+states" on the fused path (its exact-maps branch)
-    # kept states need the maps of every segment, which the warm split does not make (hook: with a gate-certified warm
-    # window in the backward's reverse state pass, which reads no map, "ag+states" could keep the forward's warm split)
+    fused_states = fused_path and ag_states  # "ag+states" on the fused path
+    # kept states need the maps of every segment, which the warm split does not make, unless the backward's reverse
+    # state pass runs its own certified window (`launch.bwd_warm`, kernels.common.warm_bwd: it makes the maps it needs):
+    # "ag+states" then keeps the forward's warm split and no maps
     warm = (
         None
-        if (keep is not None and keep_states) or fused_states
+        if (keep is not None and keep_states) or (fused_states and not launch.bwd_warm)
         else warm_inputs(op, k, v, g, beta, warm_chunks, path=path, report=warm_report)
     )
     warm = with_chunk_bound(warm, index.num_chunks)  # the WY (or Ag) pass sums the bound's terms per chunk

@@ -469,8 +469,9 @@ def gdn_fused_fwd(
     keep_states (the policy "ag+states", `LaunchPlan.keeps_ag`; needs keep and warm=None): keep also receives the
     chunk states, v_new, the maps of every segment and the split (`fused_state_output_keep`).
     """
-    if keep_states and (keep is None or warm is not None):
-        raise ValueError("gdn_fused_fwd: keep_states needs a keep dict and no warm window (the backward needs every map)")
+    if keep_states and (keep is None or (warm is not None and not launch.bwd_warm)):
+        raise ValueError("gdn_fused_fwd: keep_states needs a keep dict, and a warm window only with the plan's bwd_warm "
+                         "(else the backward needs every map)")
     bnd = warm.chunk_bound if warm is not None else None
     ag_prep = wy_gdn_ag if ag_prep is None else ag_prep
     ag, gcum = ag_prep(k, g, beta, index=index, launch=launch, bnd=bnd, v=v if bnd is not None else None)
@@ -480,7 +481,7 @@ def gdn_fused_fwd(
             "output_final_state": output_final_state, "split_chunks": split_chunks}  # fmt: skip
     if keep_states:
         assert keep is not None
-        return fused_state_output_keep(q, k, v, ag, gcum, keep=keep, **opts)
+        return fused_state_output_keep(q, k, v, ag, gcum, keep=keep, warm=warm, **opts)
     return fused_state_output_fwd(q, k, v, ag, gcum, warm=warm, **opts)
 
 
@@ -497,11 +498,13 @@ def output_split(index: ChunkIndex, k: Tensor, v: Tensor, gcum: Tensor, *, launc
 def fused_state_output_fwd(
     q: Tensor, k: Tensor, v: Tensor, ag: Tensor, gcum: Tensor, *, scale: float, index: ChunkIndex, launch: LaunchPlan,
     initial_state: Tensor | None = None, output_final_state: bool = False, split_chunks: int | None = None,
-    warm: WarmInputs | None = None, aqk: Tensor | None = None, kd: Tensor | None = None,
+    warm: WarmInputs | None = None, aqk: Tensor | None = None, kd: Tensor | None = None, hs: Tensor | None = None,
+    vn: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """The forward after the Ag pass (both ops; `gdn_fused_fwd`, `kernels.ops.kda.fused.kda_fused_fwd`): plain, or
     split (seqsplit's plan, this kernel's transitions, `seg_chain_fwd`, the output from each segment's entering state),
-    with a warm window when `warm` holds the Ag pass's bound sums. Ag, gcum, aqk, kd as `gdn_fused_state_output`'s."""
+    with a warm window when `warm` holds the Ag pass's bound sums. Ag, gcum, aqk, kd, hs, vn as
+    `gdn_fused_state_output`'s."""
     BT = index.chunk_size
     h0 = initial_state.float().contiguous() if initial_state is not None else None
     layout = whole_sequences(index)
@@ -531,7 +534,7 @@ def fused_state_output_fwd(
         layout, num_states = plan.final, index.num_seqs
     o, ht = gdn_fused_state_output(q, k, v, ag, gcum, layout=layout, BT=BT, scale=scale, h0=h0,
                                    output_final_state=output_final_state, num_states=num_states, launch=launch,
-                                   aqk=aqk, kd=kd)  # fmt: skip
+                                   aqk=aqk, kd=kd, hs=hs, vn=vn)  # fmt: skip
     assert o is not None
     return o, ht
 
@@ -539,7 +542,7 @@ def fused_state_output_fwd(
 def fused_state_output_keep(
     q: Tensor, k: Tensor, v: Tensor, ag: Tensor, gcum: Tensor, *, scale: float, index: ChunkIndex, launch: LaunchPlan,
     keep: dict[str, Tensor], initial_state: Tensor | None = None, output_final_state: bool = False,
-    split_chunks: int | None = None,
+    split_chunks: int | None = None, warm: WarmInputs | None = None,
 ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """`fused_state_output_fwd` (same result; GDN's scalar gate) for the policy "ag+states": it fills `keep` with the
     backward's kept states in `kernels.common.state_keep`'s form, h `[NT, HV, K, V]` and v_new `[B, T, HV, V]` (k's
@@ -550,10 +553,20 @@ def fused_state_output_keep(
 
     Exact maps of every segment, no warm window: the warm split's certified segments get no map, and the backward's
     reverse chain (`seg_chain_bwd`) needs them all. Hook: once the reverse state pass has its own gate-certified warm
-    window (it will not read M), this branch can take `fused_state_output_fwd`'s warm split and keep no M."""
+    window (it will not read M), this branch can take `fused_state_output_fwd`'s warm split and keep no M.
+
+    warm: the forward's warm split (the plan's `bwd_warm` > 0: the backward's reverse pass has its own certified
+    window, `kernels.common.warm_bwd`, and makes the maps of its uncertified segments itself): then the output runs as
+    `fused_state_output_fwd` with the stores on and `keep` gets no M."""
     BT, HV, K, V = index.chunk_size, v.shape[2], k.shape[3], v.shape[3]
-    h0 = initial_state.float().contiguous() if initial_state is not None else None
     plan = output_split(index, k, v, gcum, launch=launch, split_chunks=split_chunks)
+    if warm is not None:
+        keep["split"] = torch.tensor(plan.seg_chunks if plan is not None else 0, dtype=torch.int64)
+        keep["h"], keep["v_new"] = k.new_empty(index.num_chunks, HV, K, V), torch.empty_like(v, dtype=k.dtype)
+        return fused_state_output_fwd(q, k, v, ag, gcum, scale=scale, index=index, launch=launch,
+                                      initial_state=initial_state, output_final_state=output_final_state,
+                                      split_chunks=split_chunks, warm=warm, hs=keep["h"], vn=keep["v_new"])  # fmt: skip
+    h0 = initial_state.float().contiguous() if initial_state is not None else None
     layout, num_states = whole_sequences(index), None
     if plan is not None:
         keep["M"], h0 = exact_segment_states(k, v, ag, gcum, h0, plan=plan, BT=BT, launch=launch)

@@ -138,3 +138,26 @@ def test_kda_under_ag_states_keeps_nothing() -> None:
         fwd(q, k, v, g, beta, scale=DIM**-0.5, cu_seqlens=cu, keep=keep, plan=LaunchPlan(keep="ag+states"),
             fwd_path=fwd_path)  # fmt: skip
         assert keep == {}, fwd_path
+
+
+def test_warm_forward_keeps_no_maps_under_the_reverse_window() -> None:
+    """With the plan's `bwd_warm` (the reverse state pass's certified window, `kernels.common.warm_bwd`), "ag+states"
+    keeps the forward's warm split and no maps M: strong gates certify every window of both directions (the reports
+    say so), the kept states equal the exact-maps forward's, and every gradient matches the reference's."""
+    q, k, v, g, beta, _, _, do, _ = _case(lengths=None, B=1, T=320, HV=2)  # 5 chunks: segments of 2, windows of 1
+    g = (-5.0 - 0.5 * torch.rand(g.shape, generator=torch.Generator().manual_seed(4))).to(DEVICE)
+    fwd_report: dict[str, torch.Tensor] = {}
+    bwd_report: dict[str, torch.Tensor] = {}
+    kept: dict[str, torch.Tensor] = {}
+    plan = LaunchPlan(keep="ag+states", bwd_warm=1)
+    opts = {"scale": DIM**-0.5, "split_chunks": 2}
+    o, _ = chunk_gdn_fwd(q, k, v, g, beta, warm_chunks=1, warm_report=fwd_report, keep=kept, plan=plan, **opts)
+    assert "M" not in kept and int(kept["split"]) == 2
+    assert fwd_report["certified"].all(), fwd_report["certified"]
+    *_, exact = _forward(q, k, v, g, beta, None, None, "ag+states", 2)
+    for name in ("h", "v_new"):
+        assert_rel_close(name, exact[name].float(), kept[name].float(), FACTOR_TOL)
+    got = chunk_gdn_bwd(q, k, v, g, beta, do, wy=kept, plan=plan, warm_report=bwd_report, **opts)
+    assert bwd_report["certified"].all(), bwd_report["certified"]
+    ref = _reference(q, k, v, g, beta, None, do, None, [0, k.shape[1]])
+    _check(got, ref, max(TOL, 3e-4))

@@ -2,18 +2,48 @@
 pair_grads`) against the fused `chunk_bwd_dqk_wy` (`kernels.common.dqk_wy_bwd`), on the same intermediates, per op.
 
     python3 benchmarks/dqk_wy_lab.py --out $OUT [--ops gdn kda] [--shapes 1x65536 1x131072 8x8192] [--H 16] [--HV 16]
+        [--configs NAME|all|JSON ...] [--pair-configs default w8 | none] [--no-split] [--no-step] [--deadline-s S]
     TRITON_INTERPRET=1 python3 benchmarks/dqk_wy_lab.py --out /tmp/lab --dry-run   # plumbing on the CPU
 
 bf16 inputs, K = V = 128, 64-token chunks, gates logsigmoid(randn) (GDN [B, T, HV], KDA [B, T, HV, K]), fp32. The
 intermediates (T, h, dh, v_new, dv_new, w, u) come from the backward's own steps 1-2 (`chunk_bwd`'s recompute and
 reverse state pass). Per op and shape:
-- `pair` and `fused` at each launch config below, timed alone (`triton.testing.do_bench` median, ms), beside the
-  bytes floor at 4.2 TB/s (`runners.bench.floors.bwd_launcher_bytes`: every tensor a launcher reads or writes once);
-  the pair's split per kernel from the profiler (`chunk_bwd_dqk`, `wy_bwd`, each beside its own floor);
-- the fused gradients against the pair's (rel_l2 per gradient: the bf16 rounding of two orders of summation);
-- the whole training step (forward + backward, `kernels.forward`, recompute policy "inputs") with each: median ms
-  and the peak allocated above the inputs (GB).
-Prints one JSON line per row; writes $OUT/dqk_wy_lab.json and $OUT/dqk_wy_lab.md.
+- `pair` at `--pair-configs` and `fused` at each of `--configs` (names of `FUSED_CONFIGS`, `all`, or JSON such as
+  '{"BK": 64, "BV": 64, "num_warps": 8, "num_stages": 2, "VARIANT": "phased+regs128"}': VARIANT as bits or names of
+  `DQK_WY_VARIANTS`), timed alone (`triton.testing.do_bench` median, ms), beside the bytes floor at 4.2 TB/s
+  (`runners.bench.floors.bwd_launcher_bytes`: every tensor a launcher reads or writes once); the pair's split per
+  kernel from the profiler (`chunk_bwd_dqk`, `wy_bwd`, each beside its own floor) unless `--no-split`;
+- the fused gradients against the pair's at its default config (rel_l2 per gradient: the bf16 rounding of two orders
+  of summation; the budget is 5e-3 for every gradient: `ok`);
+- unless `--no-step`, the whole training step (forward + backward, `kernels.forward`, recompute policy "inputs") with
+  each: median ms and the peak allocated above the inputs (GB).
+`--deadline-s`: no new config starts after that many seconds (the rows so far are written). Prints one JSON line per
+row; writes $OUT/dqk_wy_lab.json and $OUT/dqk_wy_lab.md after each config.
+
+Registers per candidate (compile only, `benchmarks/ptxas_report.py`, sm_90a, H=16 K=V=128 bf16; pointers 16-byte
+aligned as a launch specialises them; session 12). regs / spill bytes stored / loaded per thread, shared KB, programs
+resident per SM (registers and shared memory):
+
+| config (BK, BV, warps; VARIANT) | GDN | KDA |
+|---|---|---|
+| 64, 64, 8 (default) | 255 / 76 / 76, 96 KB, 1 | KDA_64_64_8 |
+| 64, 64, 8; phased | 255 / 20 / 32, 80 KB, 1 | KDA_64_64_8_P |
+| 64, 64, 8; phased+regs128 | 128 / 836 / 1060, 80 KB, 2 | |
+| 64, 64, 8; regs128 | 128 / 856 / 876, 96 KB, 2 | |
+| 32, 32, 8 | 255 / 0 / 0, 60 KB, 1 | KDA_32_32_8 |
+| 32, 32, 8; phased | 233 / 0 / 0, 52 KB, 1 | KDA_32_32_8_P |
+| 32, 32, 8; phased+regs128 | 128 / 364 / 376, 52 KB, 2 | KDA_32_32_8_PR |
+| 32, 32, 8; regs128 | 128 / 500 / 536, 60 KB, 2 | |
+| 32, 64, 8 | 229 / 0 / 0, 88 KB, 1 | |
+| 32, 32, 4 | 255 / 88 / 104, 52 KB, 2 | KDA_32_32_4 |
+| 32, 32, 4; phased | 255 / 12 / 12, 44 KB, 2 | KDA_32_32_4_P |
+| 32, 32, 4; phased+regs168 | 168 / 280 / 304, 44 KB, 3 | |
+| 64, 64, 4 | 255 / 840 / 868, 88 KB, 2 | |
+| 64, 64, 4; phased | 255 / 556 / 736, 72 KB, 2 | |
+
+Session 11's figures (692 B at the default) came from a compile without the pointers' alignment (`--unaligned`):
+unvectorised loads whose 64-bit address tiles filled the registers. Aligned, the default spills 76 B: the kernel is
+bound by one program of 8 warps per SM (255 registers), not by spills; the register caps trade spills for occupancy.
 """
 
 from __future__ import annotations
@@ -32,7 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels  # noqa: E402
 from kernels.common import chunk_bwd as cb  # noqa: E402
-from kernels.common.dqk_wy_bwd import dqk_wy_bwd  # noqa: E402
+from kernels.common.dqk_wy_bwd import DQK_WY_VARIANTS, dqk_wy_bwd  # noqa: E402
 from kernels.common.index import prepare_chunk_index  # noqa: E402
 from kernels.configs import LaunchConfig  # noqa: E402
 from kernels.plan import LaunchPlan  # noqa: E402
@@ -42,12 +72,52 @@ from runners.correctness import rel_l2  # noqa: E402
 NAMES = ("dq", "dk", "dv", "dg", "dbeta")
 # the pair's configs (the default; the tuned KDA config of the shipped file, 8 warps) and the fused kernel's
 PAIR_CONFIGS = {"default": {}, "w8": {"BK": 64, "BV": 64, "num_warps": 8, "num_stages": 2}}
+W8, W4 = {"num_warps": 8, "num_stages": 2}, {"num_warps": 4, "num_stages": 2}
 FUSED_CONFIGS = {
     "default": {},  # BK = BV = 64, 8 warps
-    "w4": {"BK": 64, "BV": 64, "num_warps": 4, "num_stages": 2},
-    "bk32_w8": {"BK": 32, "BV": 32, "num_warps": 8, "num_stages": 2},
-    "bk128_w8": {"BK": 128, "BV": 64, "num_warps": 8, "num_stages": 2},
+    "w4": {"BK": 64, "BV": 64, **W4},
+    "bk32_w8": {"BK": 32, "BV": 32, **W8},
+    "bk128_w8": {"BK": 128, "BV": 64, **W8},
+    # session 12: the code variants (DQK_WY_VARIANTS) and the configs the compiler reports spill-free or at two or
+    # three programs per SM (module docstring)
+    "phased": {"BK": 64, "BV": 64, **W8, "VARIANT": "phased"},
+    "phased_r128": {"BK": 64, "BV": 64, **W8, "VARIANT": "phased+regs128"},
+    "r128": {"BK": 64, "BV": 64, **W8, "VARIANT": "regs128"},
+    "bk32_phased": {"BK": 32, "BV": 32, **W8, "VARIANT": "phased"},
+    "bk32_phased_r128": {"BK": 32, "BV": 32, **W8, "VARIANT": "phased+regs128"},
+    "bk32_bv64_w8": {"BK": 32, "BV": 64, **W8},
+    "bk32_w4": {"BK": 32, "BV": 32, **W4},
+    "bk32_w4_phased": {"BK": 32, "BV": 32, **W4, "VARIANT": "phased"},
+    "bk32_w4_phased_r168": {"BK": 32, "BV": 32, **W4, "VARIANT": "phased+regs168"},
 }
+BUDGET = 5e-3  # rel_l2 of every bf16 gradient against the pair's
+
+
+def launch_config(cfg: dict[str, Any]) -> LaunchConfig | None:
+    """The LaunchConfig of a lab config (VARIANT as bits or names of DQK_WY_VARIANTS joined by '+'); None: the default."""
+    if not cfg:
+        return None
+    variant = cfg.get("VARIANT")
+    if isinstance(variant, str):
+        variant = sum(DQK_WY_VARIANTS[n] for n in variant.split("+"))
+    return LaunchConfig(**{**cfg, "VARIANT": variant or None})
+
+
+def parse_configs(specs: list[str]) -> dict[str, dict[str, Any]]:
+    """--configs: names of FUSED_CONFIGS, "all", or JSON objects (named by their JSON)."""
+    out: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        if spec == "all":
+            out |= FUSED_CONFIGS
+        elif spec.lstrip().startswith("{"):
+            out[spec.replace(" ", "")] = json.loads(spec)
+        elif spec in FUSED_CONFIGS:
+            out[spec] = FUSED_CONFIGS[spec]
+        else:
+            raise SystemExit(f"unknown fused config {spec!r}; the names are {sorted(FUSED_CONFIGS)}")
+    for cfg in out.values():
+        launch_config(cfg)  # refuses unknown fields or variant names before any device work
+    return out
 
 
 def inputs(op: str, B: int, T: int, H: int, HV: int, K: int, device: str, dtype: torch.dtype, seed: int = 0):
@@ -135,7 +205,9 @@ def git_sha() -> str:
         return "unknown"
 
 
-def run_shape(op: str, B: int, T: int, H: int, HV: int, K: int, *, device: str, dry_run: bool) -> list[dict[str, Any]]:
+def run_shape(op: str, B: int, T: int, H: int, HV: int, K: int, *, device: str, dry_run: bool,
+              fused_configs: dict[str, dict[str, Any]], pair_configs: list[str], split: bool, step: bool,
+              deadline: float) -> list[dict[str, Any]]:  # fmt: skip
     dtype = torch.float32 if dry_run else torch.bfloat16
     bench = timer(dry_run)
     scale = K**-0.5
@@ -157,37 +229,55 @@ def run_shape(op: str, B: int, T: int, H: int, HV: int, K: int, *, device: str, 
         return lambda: dqk_wy_bwd(q, k, v, g, beta, im["tt"], im["h"], im["dh"], im["v_new"], im["dv_new"], do,
                                   dot_prec=cb.VECTOR_GATE_DOT, launch=plan, **args)  # fmt: skip
 
-    ref = pair(LaunchPlan())()
-    for name, cfg in PAIR_CONFIGS.items():
-        plan = LaunchPlan(configs={n: LaunchConfig(**cfg) for n in ("chunk_bwd_dqk", "wy_bwd")} if cfg else {})
-        row = {
-            **common,
-            "kernel": "pair",
-            "config": name,
-            "ms": bench(pair(plan)),
-            "floor_ms": floors["dqk"] + floors["wy_bwd"],
-        }
-        if not dry_run:
-            split = pair_split(pair(plan))
-            row |= {"dqk_ms": split["chunk_bwd_dqk"], "dqk_floor_ms": floors["dqk"], "wy_bwd_ms": split["wy_bwd"],
-                    "wy_bwd_floor_ms": floors["wy_bwd"]}  # fmt: skip
+    def emit(row: dict[str, Any]) -> None:
         rows.append(row)
-        print(json.dumps(rows[-1]), flush=True)
-    for name, cfg in FUSED_CONFIGS.items():
+        print(json.dumps(row), flush=True)
+
+    ref = pair(LaunchPlan())()
+    for name in pair_configs:
+        if time.monotonic() > deadline:
+            break
+        cfg = PAIR_CONFIGS[name]
+        plan = LaunchPlan(configs={n: LaunchConfig(**cfg) for n in ("chunk_bwd_dqk", "wy_bwd")} if cfg else {})
+        ms, fl = bench(pair(plan)), floors["dqk"] + floors["wy_bwd"]
+        row = {**common, "kernel": "pair", "config": name, "ms": ms, "floor_ms": fl, "x_floor": ms / fl}
+        if split and not dry_run:
+            parts = pair_split(pair(plan))
+            row |= {"dqk_ms": parts["chunk_bwd_dqk"], "dqk_floor_ms": floors["dqk"], "wy_bwd_ms": parts["wy_bwd"],
+                    "wy_bwd_floor_ms": floors["wy_bwd"]}  # fmt: skip
+        emit(row)
+    for name, cfg in fused_configs.items():
+        if time.monotonic() > deadline:
+            print(json.dumps({**common, "skipped": name, "why": "deadline"}), flush=True)
+            continue
         if op == "kda" and cfg.get("BK") == 128:
             continue  # the per-key decayed products' [4, 64, BK] tiles at BK 128: past the register budget
-        plan = LaunchPlan(configs={"chunk_bwd_dqk_wy": LaunchConfig(**cfg)} if cfg else {})
-        got = fused(plan)()
+        lc = launch_config(cfg)
+        plan = LaunchPlan(configs={"chunk_bwd_dqk_wy": lc} if lc else {})
+        try:
+            got = fused(plan)()
+        except Exception as err:  # a config the compiler or the device refuses is a row, not the end of the run
+            emit(
+                {
+                    **common,
+                    "kernel": "fused",
+                    "config": name,
+                    "error": str(err).splitlines()[0][:200] if str(err) else repr(err),
+                }
+            )
+            continue
         err = {f"rel_{n}": rel_l2(a.float(), b.float()) for n, a, b in zip(NAMES, got, ref, strict=True)}
-        rows.append(
-            {**common, "kernel": "fused", "config": name, "ms": bench(fused(plan)), "floor_ms": floors["dqk_wy"], **err}
-        )
-        print(json.dumps(rows[-1]), flush=True)
-    if not dry_run:
+        worst = max(err.values())
+        ms = bench(fused(plan))
+        emit({**common, "kernel": "fused", "config": name, "launch": lc.as_dict() if lc else {}, "ms": ms,
+              "floor_ms": floors["dqk_wy"], "x_floor": ms / floors["dqk_wy"], **err, "max_rel": worst,
+              "ok": worst <= BUDGET})  # fmt: skip
+    if step and not dry_run:
         for grads in ("pair", "fused"):
+            if time.monotonic() > deadline:
+                break
             ms, peak = step_ms(op, (q, k, v, g, beta), do, LaunchPlan(bwd_grads=grads), bench)
-            rows.append({**common, "kernel": f"step_{grads}", "config": "default", "ms": ms, "peak_GB": peak})
-            print(json.dumps(rows[-1]), flush=True)
+            emit({**common, "kernel": f"step_{grads}", "config": "default", "ms": ms, "peak_GB": peak})
     return rows
 
 
@@ -198,13 +288,16 @@ def table(rows: list[dict[str, Any]]) -> str:
     ]
     for r in rows:
         shape = f"{r['B']}x{r['T']} HV={r['HV']}"
+        if "error" in r:
+            lines.append(f"| {r['op']} | {shape} | {r['kernel']} | {r['config']} | error: {r['error'][:80]} | | | | | |")
+            continue
         fl = r.get("floor_ms")
         split = (
             (f"{r['dqk_ms']:.3f} ({r['dqk_floor_ms']:.3f})", f"{r['wy_bwd_ms']:.3f} ({r['wy_bwd_floor_ms']:.3f})")
             if "dqk_ms" in r
             else ("", "")
         )
-        err = max((v for n, v in r.items() if n.startswith("rel_")), default=None)
+        err = r.get("max_rel")
         lines.append(
             f"| {r['op']} | {shape} | {r['kernel']} | {r['config']} | {r['ms']:.3f} | {fl:.3f} | {r['ms'] / fl:.2f} | "
             f"{split[0]} | {split[1]} | {'' if err is None else f'{err:.1e}'} |"
@@ -221,8 +314,21 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=["1x65536", "1x131072", "8x8192"], help="BxT")
     ap.add_argument("--H", type=int, default=16)
     ap.add_argument("--HV", type=int, default=None, help="value heads (default H)")
+    ap.add_argument(
+        "--configs",
+        nargs="+",
+        default=["default", "w4", "bk32_w8", "bk128_w8"],
+        help="fused kernel configs: names of FUSED_CONFIGS, 'all', or JSON objects",
+    )
+    ap.add_argument("--pair-configs", nargs="+", default=list(PAIR_CONFIGS), choices=[*PAIR_CONFIGS, "none"])
+    ap.add_argument("--no-split", action="store_true", help="no per-kernel profile of the pair")
+    ap.add_argument("--no-step", action="store_true", help="no training-step timing")
+    ap.add_argument("--deadline-s", type=float, default=float("inf"), help="start no config after this many seconds")
     ap.add_argument("--dry-run", action="store_true", help="the CPU and tiny shapes (1x100, H=1, K=32): plumbing only")
     args = ap.parse_args()
+    deadline = time.monotonic() + args.deadline_s
+    fused_configs = parse_configs(args.configs)
+    pair_configs = [n for n in args.pair_configs if n != "none"]
     dry = args.dry_run
     device = "cpu" if dry else "cuda"
     H, K = (1, 32) if dry else (args.H, 128)
@@ -246,7 +352,9 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for op in args.ops:
         for B, T in shapes:
-            rows += run_shape(op, B, T, H, HV, K, device=device, dry_run=dry)
+            rows += run_shape(op, B, T, H, HV, K, device=device, dry_run=dry, fused_configs=fused_configs,
+                              pair_configs=pair_configs, split=not args.no_split, step=not args.no_step,
+                              deadline=deadline)  # fmt: skip
             # written after each shape: a run stopped at its time limit keeps what it measured
             (out / "dqk_wy_lab.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
             (out / "dqk_wy_lab.md").write_text(head + table(rows) + "\n")

@@ -14,10 +14,12 @@ Tolerance: as tests/kernels/common/test_chunk_bwd.py (1e-5 relative L2 on CPU, 3
 from __future__ import annotations
 
 import importlib
+from dataclasses import replace
 
 import pytest
 import torch
 
+from kernels.common.dqk_wy_bwd import CHUNK_BWD_DQK_WY, variant_flags
 from kernels.configs import LaunchConfig
 from kernels.plan import LaunchPlan, LaunchRecorder
 from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs, make_state
@@ -27,8 +29,12 @@ DTYPE = torch.float32 if DEVICE == "cpu" else torch.bfloat16
 TOL = 1e-5 if DEVICE == "cpu" else 5e-3
 DIM = 32 if DEVICE == "cpu" else 64  # K = V (64 on the GPU: test_chunk_bwd.py says why)
 NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
-# two column blocks per head dim: the fused kernel's K loop and V loops take two steps
-TWO_BLOCKS = {"chunk_bwd_dqk_wy": LaunchConfig(BK=DIM // 2, BV=DIM // 2, num_warps=4, num_stages=2)}
+
+
+# two column blocks per head dim: the fused kernel's K loop and V loops take two steps; with each code variant
+# (DQK_WY_VARIANTS: None the default body, 1 the phased body, 3 phased under the 128-register cap)
+def _two_blocks(variant: int | None) -> dict[str, LaunchConfig]:
+    return {"chunk_bwd_dqk_wy": LaunchConfig(BK=DIM // 2, BV=DIM // 2, num_warps=4, num_stages=2, VARIANT=variant)}
 
 
 def _bwd(op: str):  # noqa: ANN202
@@ -69,8 +75,9 @@ def _check(got, ref, tol, dg_tol=None):  # noqa: ANN001, ANN202
         assert_rel_close(name, r.float(), a.float(), dg_tol if name == "dg" and dg_tol else tol)
 
 
+@pytest.mark.parametrize("VARIANT", [None, 3])
 @pytest.mark.parametrize("OP", ["gdn", "kda"])
-def test_fused_grads_varlen_grouped_split(OP: str) -> None:
+def test_fused_grads_varlen_grouped_split(OP: str, VARIANT: int | None) -> None:
     lengths = (37, 70, 5)
     _, _, v, g, beta, cu = make_inputs(OP, lengths, H=2, K=DIM, V=DIM, lb=-0.01, seed=11, dtype=DTYPE, device=DEVICE)
     q, k, *_ = make_inputs(OP, lengths, H=1, K=DIM, V=DIM, seed=12, dtype=DTYPE, device=DEVICE)
@@ -82,23 +89,37 @@ def test_fused_grads_varlen_grouped_split(OP: str) -> None:
     kw = {"scale": DIM**-0.5, "initial_state": h0, "dht": dht, "cu_seqlens": cu, "split_chunks": 1}
     pair = _grads(*args, bwd_grads="pair", **kw)
     ref = _reference_grads(OP, q, k, v, g, beta, h0, do, dht, cu.tolist())
-    fused = _grads(*args, bwd_grads="fused", configs=TWO_BLOCKS, **kw)
+    fused = _grads(*args, bwd_grads="fused", configs=_two_blocks(VARIANT), **kw)
     assert [x.dtype for x in fused[:5]] == [x.dtype for x in pair[:5]] and fused[0].shape == q.shape
     assert torch.equal(fused[5], pair[5])  # dh0 comes from the state pass, before either
     _check(fused, pair, TOL)
     _check(fused, ref, TOL)
 
 
+@pytest.mark.parametrize("VARIANT", [None, 1])
 @pytest.mark.parametrize("OP", ["gdn", "kda"])
-def test_fused_grads_dense_strong_decay(OP: str) -> None:
-    """No initial state nor dht; gates at -5 to -5.5 per token (KDA's diagonal blocks take the elementwise path)."""
+def test_fused_grads_dense_strong_decay(OP: str, VARIANT: int | None) -> None:
+    """No initial state nor dht; gates at -5 to -5.5 per token (KDA's diagonal blocks take the elementwise path); the
+    default config (one block per head dim) with its code variant."""
     B, T = 2, 40
     q, k, v, _, beta, _ = make_inputs(OP, B=B, T=T, H=1, K=DIM, V=DIM, dtype=DTYPE, device=DEVICE)
     gen = torch.Generator().manual_seed(7)
     g = (-5.0 - 0.5 * torch.rand(*((B, T, 1) if OP == "gdn" else (B, T, 1, DIM)), generator=gen)).to(DEVICE)
     do = torch.randn(v.shape, generator=gen).to(DEVICE, DTYPE)
-    fused, pair = (_grads(OP, q, k, v, g, beta, do, scale=DIM**-0.5, split_chunks=0, bwd_grads=b) for b in ("fused", "pair"))
+    cfg = {"chunk_bwd_dqk_wy": replace(CHUNK_BWD_DQK_WY.default, VARIANT=VARIANT)} if VARIANT else None
+    fused = _grads(OP, q, k, v, g, beta, do, scale=DIM**-0.5, split_chunks=0, bwd_grads="fused", configs=cfg)
+    pair = _grads(OP, q, k, v, g, beta, do, scale=DIM**-0.5, split_chunks=0, bwd_grads="pair")
     assert all(torch.isfinite(x).all() for x in fused[:5]) and fused[5] is None
     _check(fused, pair, TOL)
     ref = _reference_grads(OP, q, k, v, g, beta, None, do, None, [i * T for i in range(B + 1)])
     _check(fused, ref, TOL, max(TOL, 3e-4))
+
+
+def test_variant_flags() -> None:
+    """The VARIANT bits as the kernel's flags and the launch's register cap; unknown bits and two caps refused."""
+    assert variant_flags(None) == ({"PHASED": False}, {})
+    assert variant_flags(3) == ({"PHASED": True}, {"maxnreg": 128})
+    assert variant_flags(4) == ({"PHASED": False}, {"maxnreg": 168})
+    for bad in (8, 6):
+        with pytest.raises(ValueError, match="VARIANT"):
+            variant_flags(bad)

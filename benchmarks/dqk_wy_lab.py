@@ -145,6 +145,44 @@ def intermediates(op: str, q, k, v, g, beta, do, *, scale: float) -> dict[str, A
     return {"tt": tt, "w": w, "u": u, "h": h, "dh": dh, "v_new": v_new, "dv_new": dv_new, "index": index}
 
 
+def warm_one(op: str, H: int, HV: int, K: int, device: str, cfg: dict[str, Any]) -> None:
+    """Compile the fused kernel at one config (and run it once) on random stand-ins for the intermediates, two chunks:
+    the kernel specialises on neither T nor the values, so this fills Triton's cache for the timed run (`--precompile`
+    runs it in worker processes, one config each)."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    B, T, BT = 1, 128, 64
+    q, k, v, g, beta, do = inputs(op, B, T, H, HV, K, device, dtype)
+    index = prepare_chunk_index(None, batch=B, seq_len=T, chunk_size=BT, device=torch.device(device))
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=device).to(dtype)
+
+    tt, v_new, dv_new = rand(B, T, HV, BT), rand(B, T, HV, K), rand(B, T, HV, K)
+    h, dh = rand(T // BT, HV, K, K), rand(T // BT, HV, K, K)
+    lc = launch_config(cfg)
+    plan = LaunchPlan(configs={"chunk_bwd_dqk_wy": lc} if lc else {})
+    dqk_wy_bwd(q, k, v, g, beta, tt, h, dh, v_new, dv_new, do, scale=K**-0.5, index=index, gate_vector=op == "kda",
+               dot_prec=cb.VECTOR_GATE_DOT, launch=plan)  # fmt: skip
+    if device != "cpu":
+        torch.cuda.synchronize()
+
+
+def precompile(ops: list[str], configs: dict[str, dict[str, Any]], workers: int, *, H: int, HV: int, K: int,
+               device: str) -> tuple[Any, dict[tuple[str, str], Any]]:  # fmt: skip
+    """Submit `warm_one` for every (op, config) to a pool of `workers` spawned processes: (the pool, the futures)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    futures = {
+        (op, name): pool.submit(warm_one, op, H, HV, K, device, cfg)
+        for op in ops
+        for name, cfg in configs.items()
+        if not (op == "kda" and cfg.get("BK") == 128)
+    }
+    return pool, futures
+
+
 def timer(dry_run: bool):  # noqa: ANN201
     if dry_run:
 
@@ -207,7 +245,7 @@ def git_sha() -> str:
 
 def run_shape(op: str, B: int, T: int, H: int, HV: int, K: int, *, device: str, dry_run: bool,
               fused_configs: dict[str, dict[str, Any]], pair_configs: list[str], split: bool, step: bool,
-              deadline: float) -> list[dict[str, Any]]:  # fmt: skip
+              deadline: float, warm: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
     dtype = torch.float32 if dry_run else torch.bfloat16
     bench = timer(dry_run)
     scale = K**-0.5
@@ -234,6 +272,15 @@ def run_shape(op: str, B: int, T: int, H: int, HV: int, K: int, *, device: str, 
         print(json.dumps(row), flush=True)
 
     ref = pair(LaunchPlan())()
+    t0 = time.monotonic()
+    for name, fut in (warm or {}).items():  # the compiles in the worker processes: done before anything is timed
+        left = deadline - time.monotonic()
+        try:
+            fut.result(timeout=max(left, 1.0) if left < float("inf") else None)
+        except Exception as err:  # noqa: BLE001  (the timed launch reports it as the config's row)
+            print(json.dumps({**common, "precompile_failed": name, "why": str(err).splitlines()[0][:200]}), flush=True)
+    if warm:
+        print(json.dumps({**common, "precompile_wait_s": round(time.monotonic() - t0, 1)}), flush=True)
     for name in pair_configs:
         if time.monotonic() > deadline:
             break
@@ -324,6 +371,13 @@ def main() -> None:
     ap.add_argument("--no-split", action="store_true", help="no per-kernel profile of the pair")
     ap.add_argument("--no-step", action="store_true", help="no training-step timing")
     ap.add_argument("--deadline-s", type=float, default=float("inf"), help="start no config after this many seconds")
+    ap.add_argument(
+        "--precompile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="compile the fused configs in N worker processes first (0: each in turn, when timed)",
+    )
     ap.add_argument("--dry-run", action="store_true", help="the CPU and tiny shapes (1x100, H=1, K=32): plumbing only")
     args = ap.parse_args()
     deadline = time.monotonic() + args.deadline_s
@@ -350,14 +404,19 @@ def main() -> None:
     head = f"# The backward's gradient kernels: the pair vs the fused kernel ({meta['device']})\n\n"
     head += "".join(f"- {k}: `{v}`\n" for k, v in meta.items()) + "\n"
     rows: list[dict[str, Any]] = []
+    pool, futures = (
+        precompile(args.ops, fused_configs, args.precompile, H=H, HV=HV, K=K, device=device) if args.precompile else (None, {})
+    )
     for op in args.ops:
         for B, T in shapes:
             rows += run_shape(op, B, T, H, HV, K, device=device, dry_run=dry, fused_configs=fused_configs,
                               pair_configs=pair_configs, split=not args.no_split, step=not args.no_step,
-                              deadline=deadline)  # fmt: skip
+                              deadline=deadline, warm={n: f for (o, n), f in futures.items() if o == op})  # fmt: skip
             # written after each shape: a run stopped at its time limit keeps what it measured
             (out / "dqk_wy_lab.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
             (out / "dqk_wy_lab.md").write_text(head + table(rows) + "\n")
+    if pool is not None:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 if __name__ == "__main__":

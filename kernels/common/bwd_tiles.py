@@ -187,8 +187,8 @@ def _state_rows(x, s, p_h, p_row, m_r, o_k, K: tl.constexpr, V: tl.constexpr, BT
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
-        b_x = tl.load(x + p_row[:, None] * V + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.0)
-        b_s = tl.load(s + p_h + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0)
+        b_x = tl.load(x + (p_row[:, None] * V + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.0)
+        b_s = tl.load(s + (p_h + o_k[:, None] * V + o_v[None, :]), mask=m_k[:, None] & m_v[None, :], other=0.0)
         b_acc = tl.dot(b_x, tl.trans(b_s), b_acc)
     return b_acc
 
@@ -200,7 +200,7 @@ def _state_gamma(h, dh, p_h, o_k, K: tl.constexpr, V: tl.constexpr, BK: tl.const
     b_dgam = tl.zeros([BK], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
-        p_s = p_h + o_k[:, None] * V + o_v[None, :]
+        p_s = p_h + (o_k[:, None] * V + o_v[None, :])
         m_s = m_k[:, None] & (o_v < V)[None, :]
         b_s = tl.load(h + p_s, mask=m_s, other=0.0).to(tl.float32)
         b_dgam += tl.sum(b_s * tl.load(dh + p_s, mask=m_s, other=0.0).to(tl.float32), 1)

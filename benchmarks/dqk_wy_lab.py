@@ -103,20 +103,26 @@ def launch_config(cfg: dict[str, Any]) -> LaunchConfig | None:
     return LaunchConfig(**{**cfg, "VARIANT": variant or None})
 
 
-def parse_configs(specs: list[str]) -> dict[str, dict[str, Any]]:
-    """--configs: names of FUSED_CONFIGS, "all", or JSON objects (named by their JSON)."""
-    out: dict[str, dict[str, Any]] = {}
+def parse_configs(specs: list[str], ops: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
+    """--configs per op: each spec a name of FUSED_CONFIGS, "all", or a JSON object (named by its JSON), for every op,
+    or for one op when prefixed "gdn:" / "kda:". KDA leaves out BK = 128 (the per-key decayed products' [4, 64, BK]
+    tiles: past the register budget)."""
+    out: dict[str, dict[str, dict[str, Any]]] = {op: {} for op in ops}
     for spec in specs:
-        if spec == "all":
-            out |= FUSED_CONFIGS
-        elif spec.lstrip().startswith("{"):
-            out[spec.replace(" ", "")] = json.loads(spec)
-        elif spec in FUSED_CONFIGS:
-            out[spec] = FUSED_CONFIGS[spec]
+        only, _, body = spec.partition(":") if spec.split(":", 1)[0] in ("gdn", "kda") else ("", "", spec)
+        if body == "all":
+            found = dict(FUSED_CONFIGS)
+        elif body.lstrip().startswith("{"):
+            found = {body.replace(" ", ""): json.loads(body)}
+        elif body in FUSED_CONFIGS:
+            found = {body: FUSED_CONFIGS[body]}
         else:
             raise SystemExit(f"unknown fused config {spec!r}; the names are {sorted(FUSED_CONFIGS)}")
-    for cfg in out.values():
-        launch_config(cfg)  # refuses unknown fields or variant names before any device work
+        for cfg in found.values():
+            launch_config(cfg)  # refuses unknown fields or variant names before any device work
+        for op in out:
+            if only in ("", op):
+                out[op] |= {n: c for n, c in found.items() if not (op == "kda" and c.get("BK") == 128)}
     return out
 
 
@@ -167,7 +173,7 @@ def warm_one(op: str, H: int, HV: int, K: int, device: str, cfg: dict[str, Any])
         torch.cuda.synchronize()
 
 
-def precompile(ops: list[str], configs: dict[str, dict[str, Any]], workers: int, *, H: int, HV: int, K: int,
+def precompile(configs: dict[str, dict[str, dict[str, Any]]], workers: int, *, H: int, HV: int, K: int,
                device: str) -> tuple[Any, dict[tuple[str, str], Any]]:  # fmt: skip
     """Submit `warm_one` for every (op, config) to a pool of `workers` spawned processes: (the pool, the futures)."""
     import multiprocessing
@@ -176,9 +182,8 @@ def precompile(ops: list[str], configs: dict[str, dict[str, Any]], workers: int,
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
     futures = {
         (op, name): pool.submit(warm_one, op, H, HV, K, device, cfg)
-        for op in ops
-        for name, cfg in configs.items()
-        if not (op == "kda" and cfg.get("BK") == 128)
+        for op, cfgs in configs.items()
+        for name, cfg in cfgs.items()
     }
     return pool, futures
 
@@ -297,8 +302,6 @@ def run_shape(op: str, B: int, T: int, H: int, HV: int, K: int, *, device: str, 
         if time.monotonic() > deadline:
             print(json.dumps({**common, "skipped": name, "why": "deadline"}), flush=True)
             continue
-        if op == "kda" and cfg.get("BK") == 128:
-            continue  # the per-key decayed products' [4, 64, BK] tiles at BK 128: past the register budget
         lc = launch_config(cfg)
         plan = LaunchPlan(configs={"chunk_bwd_dqk_wy": lc} if lc else {})
         try:
@@ -365,7 +368,7 @@ def main() -> None:
         "--configs",
         nargs="+",
         default=["default", "w4", "bk32_w8", "bk128_w8"],
-        help="fused kernel configs: names of FUSED_CONFIGS, 'all', or JSON objects",
+        help="fused kernel configs: names of FUSED_CONFIGS, 'all', or JSON objects; 'gdn:' or 'kda:' before one: that op only",
     )
     ap.add_argument("--pair-configs", nargs="+", default=list(PAIR_CONFIGS), choices=[*PAIR_CONFIGS, "none"])
     ap.add_argument("--no-split", action="store_true", help="no per-kernel profile of the pair")
@@ -381,7 +384,7 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true", help="the CPU and tiny shapes (1x100, H=1, K=32): plumbing only")
     args = ap.parse_args()
     deadline = time.monotonic() + args.deadline_s
-    fused_configs = parse_configs(args.configs)
+    fused_configs = parse_configs(args.configs, args.ops)
     pair_configs = [n for n in args.pair_configs if n != "none"]
     dry = args.dry_run
     device = "cpu" if dry else "cuda"
@@ -405,11 +408,11 @@ def main() -> None:
     head += "".join(f"- {k}: `{v}`\n" for k, v in meta.items()) + "\n"
     rows: list[dict[str, Any]] = []
     pool, futures = (
-        precompile(args.ops, fused_configs, args.precompile, H=H, HV=HV, K=K, device=device) if args.precompile else (None, {})
+        precompile(fused_configs, args.precompile, H=H, HV=HV, K=K, device=device) if args.precompile else (None, {})
     )
     for op in args.ops:
         for B, T in shapes:
-            rows += run_shape(op, B, T, H, HV, K, device=device, dry_run=dry, fused_configs=fused_configs,
+            rows += run_shape(op, B, T, H, HV, K, device=device, dry_run=dry, fused_configs=fused_configs[op],
                               pair_configs=pair_configs, split=not args.no_split, step=not args.no_step,
                               deadline=deadline, warm={n: f for (o, n), f in futures.items() if o == op})  # fmt: skip
             # written after each shape: a run stopped at its time limit keeps what it measured

@@ -194,17 +194,23 @@ def _state_rows(x, s, p_h, p_row, m_r, o_k, K: tl.constexpr, V: tl.constexpr, BT
 
 
 @triton.jit
-def _state_gamma(h, dh, p_h, o_k, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    """dgamma = rowsum_V(S * dS') [BK] fp32 for the key columns o_k (`_state_products`'s fourth output)."""
+def _state_rows_gamma(v_new, dh, h, p_h, p_row, m_r, o_k, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                      BK: tl.constexpr, BV: tl.constexpr):  # fmt: skip
+    """(dK~ = v_new dS'^T [BT, BK], dgamma = rowsum_V(S * dS') [BK]) for the key columns o_k, over V blocks: the
+    other two outputs of `_state_products`, for the phased K-block body."""
     m_k = o_k < K
+    b_acc = tl.zeros([BT, BK], dtype=tl.float32)
     b_dgam = tl.zeros([BK], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
         p_s = p_h + (o_k[:, None] * V + o_v[None, :])
-        m_s = m_k[:, None] & (o_v < V)[None, :]
-        b_s = tl.load(h + p_s, mask=m_s, other=0.0).to(tl.float32)
-        b_dgam += tl.sum(b_s * tl.load(dh + p_s, mask=m_s, other=0.0).to(tl.float32), 1)
-    return b_dgam
+        m_s = m_k[:, None] & m_v[None, :]
+        b_dh = tl.load(dh + p_s, mask=m_s, other=0.0)
+        b_x = tl.load(v_new + (p_row[:, None] * V + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.0)
+        b_acc = tl.dot(b_x, tl.trans(b_dh), b_acc)
+        b_dgam += tl.sum(tl.load(h + p_s, mask=m_s, other=0.0).to(tl.float32) * b_dh.to(tl.float32), 1)
+    return b_acc, b_dgam
 
 
 @triton.jit

@@ -36,9 +36,9 @@ from kernels.common.bwd_tiles import (
     _dg_columns,
     _gate_tile,
     _rows_vec,
-    _state_gamma,
     _state_products,
     _state_rows,
+    _state_rows_gamma,
     _store_dg_rows,
     _wy_rows,
 )
@@ -200,9 +200,10 @@ def _k_block_phased(q, k, g, h, dh, v_new, dv_new, do, dq, dk, dg, p_qk, p_row, 
     """One K block of step 2 in phases, each state product consumed right after its own V loop (fewer [BT, BK]
     tiles live at once than the default body, which forms dQg, dK~ and dw in one V loop and holds them with q, k and
     the decayed products): (1) dQg -> dq (stored) and dG's q terms; (2) dw -> dkb -> dbeta's and dG's WY terms, dk's
-    WY and R(dA, k) terms; (3) dK~, dgamma -> dk's and dG's K~ terms; (4) the column products Cc -> dk (stored), dG.
-    q and k are loaded in dt and widened where used; h is read in phases 1-3 (L2), dh in 3. b_Xd, b_Ad: the fp32
-    dAqk and dA (KDA) or their decayed dt tiles (GDN); b_Gd: GDN's gate tile [BT, 1] (unused for KDA).
+    WY and R(dA, k) terms; (3) dK~ and dgamma -> dk's and dG's K~ terms; (4) the column products Cc -> dk (stored),
+    dG. q and k are loaded in dt and widened where used; h is read in phases 1-3 (L2; the default body reads it
+    once), dh in 3. b_Xd, b_Ad: the fp32 dAqk and dA (KDA) or their decayed dt tiles (GDN); b_Gd: GDN's gate tile
+    [BT, 1] (unused for KDA).
     Returns (b_db, b_dgs)."""
     dt = k.dtype.element_ty
     o_t = tl.arange(0, BT)
@@ -235,10 +236,10 @@ def _k_block_phased(q, k, g, h, dh, v_new, dv_new, do, dq, dk, dg, p_qk, p_row, 
     b_dG += b_beta[:, None] * b_t
     # 3. the K~ terms: e^(G_C - G) (x) v_new dS'^T, and dgamma on the last row
     b_Gl = tl.sum(tl.where(o_t[:, None] == BT - 1, b_G, 0.0), 0)[None, :]  # [1, BK] (KDA) or [1, 1] (GDN)
-    b_t = tl.exp(b_Gl - b_G) * _state_rows(v_new, dh, p_h, p_row, m_r, o_k, K, V, BT, BK, BV)
+    b_t, b_dgam = _state_rows_gamma(v_new, dh, h, p_h, p_row, m_r, o_k, K, V, BT, BK, BV)
+    b_t = tl.exp(b_Gl - b_G) * b_t
     b_dk += b_t
     b_t = b_t * b_k.to(tl.float32)
-    b_dgam = _state_gamma(h, dh, p_h, o_k, K, V, BK, BV)
     b_dG += tl.where(o_t[:, None] == i_last, tl.sum(b_t, 0)[None, :] + tl.exp(b_Gl) * b_dgam[None, :], 0.0) - b_t
     # 4. the column products Cc(dAqk, q) + Cc(dA, beta k) and diag(dAqk) q
     b_q = tl.load(q + p_qk, mask=m_rk, other=0.0)

@@ -2,7 +2,8 @@
 pair_grads`) against the fused `chunk_bwd_dqk_wy` (`kernels.common.dqk_wy_bwd`), on the same intermediates, per op.
 
     python3 benchmarks/dqk_wy_lab.py --out $OUT [--ops gdn kda] [--shapes 1x65536 1x131072 8x8192] [--H 16] [--HV 16]
-        [--configs NAME|all|JSON ...] [--pair-configs default w8 | none] [--no-split] [--no-step] [--deadline-s S]
+        [--configs [gdn:|kda:]NAME|all|JSON ...] [--pair-configs default w8 | none] [--no-split] [--no-step]
+        [--precompile N] [--deadline-s S]
     TRITON_INTERPRET=1 python3 benchmarks/dqk_wy_lab.py --out /tmp/lab --dry-run   # plumbing on the CPU
 
 bf16 inputs, K = V = 128, 64-token chunks, gates logsigmoid(randn) (GDN [B, T, HV], KDA [B, T, HV, K]), fp32. The
@@ -17,33 +18,13 @@ reverse state pass). Per op and shape:
   of summation; the budget is 5e-3 for every gradient: `ok`);
 - unless `--no-step`, the whole training step (forward + backward, `kernels.forward`, recompute policy "inputs") with
   each: median ms and the peak allocated above the inputs (GB).
-`--deadline-s`: no new config starts after that many seconds (the rows so far are written). Prints one JSON line per
-row; writes $OUT/dqk_wy_lab.json and $OUT/dqk_wy_lab.md after each config.
+A config prefixed `gdn:` or `kda:` runs for that op only. `--precompile N`: the fused configs are compiled first in N
+worker processes (`warm_one`), while the main process makes the intermediates. `--deadline-s`: no config starts after
+that many seconds. Prints one JSON line per row; writes $OUT/dqk_wy_lab.json and $OUT/dqk_wy_lab.md after each shape.
 
-Registers per candidate (compile only, `benchmarks/ptxas_report.py`, sm_90a, H=16 K=V=128 bf16; pointers 16-byte
-aligned as a launch specialises them; session 12). regs / spill bytes stored / loaded per thread, shared KB, programs
-resident per SM (registers and shared memory):
-
-| config (BK, BV, warps; VARIANT) | GDN | KDA |
-|---|---|---|
-| 64, 64, 8 (default) | 255 / 76 / 76, 96 KB, 1 | KDA_64_64_8 |
-| 64, 64, 8; phased | 255 / 20 / 32, 80 KB, 1 | KDA_64_64_8_P |
-| 64, 64, 8; phased+regs128 | 128 / 836 / 1060, 80 KB, 2 | |
-| 64, 64, 8; regs128 | 128 / 856 / 876, 96 KB, 2 | |
-| 32, 32, 8 | 255 / 0 / 0, 60 KB, 1 | KDA_32_32_8 |
-| 32, 32, 8; phased | 233 / 0 / 0, 52 KB, 1 | KDA_32_32_8_P |
-| 32, 32, 8; phased+regs128 | 128 / 364 / 376, 52 KB, 2 | KDA_32_32_8_PR |
-| 32, 32, 8; regs128 | 128 / 500 / 536, 60 KB, 2 | |
-| 32, 64, 8 | 229 / 0 / 0, 88 KB, 1 | |
-| 32, 32, 4 | 255 / 88 / 104, 52 KB, 2 | KDA_32_32_4 |
-| 32, 32, 4; phased | 255 / 12 / 12, 44 KB, 2 | KDA_32_32_4_P |
-| 32, 32, 4; phased+regs168 | 168 / 280 / 304, 44 KB, 3 | |
-| 64, 64, 4 | 255 / 840 / 868, 88 KB, 2 | |
-| 64, 64, 4; phased | 255 / 556 / 736, 72 KB, 2 | |
-
-Session 11's figures (692 B at the default) came from a compile without the pointers' alignment (`--unaligned`):
-unvectorised loads whose 64-bit address tiles filled the registers. Aligned, the default spills 76 B: the kernel is
-bound by one program of 8 warps per SM (255 registers), not by spills; the register caps trade spills for occupancy.
+The candidates of FUSED_CONFIGS since session 12: the code variants (`DQK_WY_VARIANTS`) and the configs the compiler
+reports spill-free or at two or three programs per SM; their registers, spills and occupancy (`ptxas_report.py`) are
+tabled in kernels/NOTES.md ("The fused gradient kernel's registers and occupancy"), with the H200 command.
 """
 
 from __future__ import annotations

@@ -70,6 +70,7 @@ FUSED_CONFIGS = {
     "bk32_w4": {"BK": 32, "BV": 32, **W4},
     "bk32_w4_phased": {"BK": 32, "BV": 32, **W4, "VARIANT": "phased"},
     "bk32_w4_phased_r168": {"BK": 32, "BV": 32, **W4, "VARIANT": "phased+regs168"},
+    "bk32_w4_phased_r128": {"BK": 32, "BV": 32, **W4, "VARIANT": "phased+regs128"},
 }
 BUDGET = 5e-3  # rel_l2 of every bf16 gradient against the pair's
 

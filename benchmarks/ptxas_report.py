@@ -64,7 +64,11 @@ def _constexprs(kernel: str, op: str, cfg: dict[str, int]) -> dict[str, Any]:
     gate_vector = op == "kda"
     base: dict[str, Any] = {**SHAPE, "GATE_VECTOR": gate_vector, "IS_VARLEN": False, "cu_seqlens": None, "G": 1,
                             "chunk_indices": None}
-    if kernel in ("chunk_bwd_dqk", "wy_bwd", "chunk_bwd_dqk_wy"):
+    if kernel == "chunk_bwd_dqk_wy":  # its code variants' flags from the config's VARIANT bits
+        from kernels.common.dqk_wy_bwd import variant_flags
+
+        return {**base, "BK": cfg["BK"], "BV": cfg["BV"], "DOT_PREC": VECTOR_GATE_DOT, **variant_flags(cfg.get("VARIANT"))[0]}
+    if kernel in ("chunk_bwd_dqk", "wy_bwd"):
         return {**base, "BK": cfg["BK"], "BV": cfg["BV"], "DOT_PREC": VECTOR_GATE_DOT}
     if kernel == "wy_inverse":
         return {**base, "BK": cfg["BK"]}
@@ -74,7 +78,16 @@ def _constexprs(kernel: str, op: str, cfg: dict[str, int]) -> dict[str, Any]:
             "USE_NEED": False}
 
 
-def compile_report(kernel: str, op: str, cfg: dict[str, int], arch: int = 90) -> dict[str, Any]:
+def _options(kernel: str, cfg: dict[str, int]) -> dict[str, int]:
+    """The launch options beyond warps and stages a config implies (`chunk_bwd_dqk_wy`'s register caps)."""
+    if kernel != "chunk_bwd_dqk_wy":
+        return {}
+    from kernels.common.dqk_wy_bwd import variant_flags
+
+    return variant_flags(cfg.get("VARIANT"))[1]
+
+
+def compile_report(kernel: str, op: str, cfg: dict[str, int], arch: int = 90, aligned: bool = True) -> dict[str, Any]:
     """{"regs", "spill_stores", "spill_loads", "shared"} of one (kernel, op, config) compiled for sm_<arch>."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -84,19 +97,32 @@ def compile_report(kernel: str, op: str, cfg: dict[str, int], arch: int = 90) ->
     consts = _constexprs(kernel, op, cfg)
     sig: dict[str, str] = {}
     cx: dict[tuple[int, ...], Any] = {}
+    attrs: dict[tuple[int, ...], Any] = {}
     for i, name in enumerate(fn.arg_names):
         if name in SIGNATURES[kernel]:
             sig[name] = SIGNATURES[kernel][name]
+            if aligned and sig[name].startswith("*"):  # as a launch specialises a 16-byte aligned tensor's pointer
+                attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             sig[name] = "constexpr"
             cx[(i,)] = consts[name]
-    compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx), target=GPUTarget("cuda", arch, 32),
-                              options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
+    compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs), target=GPUTarget("cuda", arch, 32),
+                              options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"], **_options(kernel, cfg)})
     try:
         usage = ptxas_usage(compiled.asm["ptx"], arch)
     except RuntimeError as err:
         raise RuntimeError(f"ptxas failed for {kernel} {cfg}: {err}") from err
-    return {**usage, "shared": int(compiled.metadata.shared)}
+    shared = int(compiled.metadata.shared)
+    return {**usage, "shared": shared, "per_sm": programs_per_sm(usage["regs"], shared, cfg["num_warps"])}
+
+
+def programs_per_sm(regs: int | None, shared: int, num_warps: int) -> int | None:
+    """Programs resident per SM of sm_90 (the occupancy calculator's rules): 64K registers, each warp's allocated in
+    whole 256s (regs per thread rounded up to 8), 64 warps, 228 KB shared memory with 1 KB reserved per program."""
+    if regs is None:
+        return None
+    by_regs = 65536 // (32 * -(-regs // 8) * 8) // num_warps
+    return min(by_regs, 64 // num_warps, 233472 // (shared + 1024), 32)
 
 
 def ptxas_usage(ptx: str, arch: int = 90) -> dict[str, int | None]:
@@ -155,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", action="append", default=[], type=json.loads, metavar="JSON",
                     help='only these configs, e.g. \'{"BK": 32, "num_warps": 1, "num_stages": 2}\' (repeatable)')
     ap.add_argument("--arch", type=int, default=90)
+    ap.add_argument("--unaligned", action="store_true",
+                    help="pointers without the 16-byte divisibility a launch specialises (the reports before session 12)")
     ap.add_argument("--out", type=Path, default=None, help="write the Markdown table here (default: print it)")
     args = ap.parse_args(argv)
     import triton
@@ -167,16 +195,17 @@ def main(argv: list[str] | None = None) -> int:
              f"sm_{args.arch}; H=16 K=V=128 BT=64 bf16 dense)", "",
              f"command: `python benchmarks/ptxas_report.py {' '.join(argv if argv is not None else sys.argv[1:])}`", "",
              "Bytes spilled per thread (stores / loads); 255 registers is the per-thread maximum. `*` = the default.",
-             "", "| kernel | op | config | regs | spill stores | spill loads | shared B |", "|---|---|---|---:|---:|---:|---:|"]
+             "", "| kernel | op | config | regs | spill stores | spill loads | shared B | programs/SM |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
     for kernel in args.kernels:
         default = get_spec(kernel).default.as_dict()
         for op in args.ops:
             for cfg in args.config or configs_of(kernel, args.all_configs):
                 try:
-                    r = compile_report(kernel, op, cfg, args.arch)
-                    row = f"{r['regs']} | {r['spill_stores']} | {r['spill_loads']} | {r['shared']}"
+                    r = compile_report(kernel, op, cfg, args.arch, aligned=not args.unaligned)
+                    row = f"{r['regs']} | {r['spill_stores']} | {r['spill_loads']} | {r['shared']} | {r['per_sm']}"
                 except Exception as err:  # a config the compiler refuses is a row, not a crash
-                    row = f"error: {str(err).splitlines()[0][:80]} | | |"
+                    row = f"error: {str(err).splitlines()[0][:80]} | | | |"
                 mark = " *" if cfg == default else ""
                 lines.append(f"| {kernel} | {op} | `{cfg}`{mark} | {row} |")
                 print(lines[-1], flush=True)

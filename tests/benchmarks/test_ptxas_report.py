@@ -1,7 +1,7 @@
 """`benchmarks/ptxas_report.py`: a backward kernel compiled for sm_90 on a machine without a GPU, and ptxas's
 register and spill counts read back. Two configs of `wy_inverse` (GDN) that the compiler treats differently: the
 default fits in registers, a 64-wide column block at one warp spills (measured with Triton 3.6's ptxas: 0 and
-~350 bytes per thread). The script runs in its own process: it needs the kernels as real JIT functions, and this
+72 bytes per thread with the pointers aligned as a launch has them, ~350 without). The script runs in its own process: it needs the kernels as real JIT functions, and this
 test session imports them under the interpreter."""
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.utils.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "ptxas_report.py"
@@ -47,3 +49,15 @@ def test_refuses_the_interpreter(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(SCRIPT), "--ops", "gdn"], env=env, cwd=tmp_path, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 1 and "unset TRITON_INTERPRET" in proc.stderr
+
+
+def test_programs_per_sm() -> None:
+    """sm_90's occupancy rules: registers per warp in whole 256s, 64 warps, 228 KB shared with 1 KB per program."""
+    per_sm = load_script("ptxas_report").programs_per_sm
+    assert per_sm(255, 98304, 8) == 1  # 255 registers x 256 threads fill the 64K
+    assert per_sm(128, 81920, 8) == 2
+    assert per_sm(168, 45056, 4) == 3
+    assert per_sm(255, 45056, 4) == 2
+    assert per_sm(64, 120 * 1024, 4) == 1  # shared memory decides
+    assert per_sm(179, 4096, 1) == 11  # 179 -> 184 registers a thread
+    assert per_sm(None, 0, 4) is None

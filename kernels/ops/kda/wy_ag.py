@@ -31,21 +31,28 @@ from torch import Tensor
 from kernels.common.chunk_program import group_heads
 from kernels.common.index import ChunkIndex
 from kernels.common.wy import (
+    FAST_SPAN,
+    _add_squares,
     _blocks,
+    _chunk_bound,
     _gate_rowmax,
     _grid,
     _kda_beta_rows,
+    _kda_gate,
     _kda_gram,
+    _load_tile,
     _load_vec4,
     _solve,
     _store_kda_aqk,
+    _store_tile,
     _wy_chunk,
+    _zero_blocks,
 )
 from kernels.configs import KernelSpec, LaunchConfig, register
-from kernels.ops.gdn.wy_ag import WY_GDN_AG_FWD, _store_ag, _store_bound, ag_launch
+from kernels.ops.gdn.wy_ag import WY_GDN_AG_FWD, _row_squares, _store_ag, _store_bound, ag_launch
 from kernels.plan import LaunchPlan
 
-__all__ = ["WY_KDA_AG_FWD", "wy_kda_ag"]
+__all__ = ["KDA_AG_VARIANTS", "WY_KDA_AG_FWD", "wy_kda_ag"]
 
 WY_KDA_AG_FWD = register(
     KernelSpec(
@@ -57,6 +64,10 @@ WY_KDA_AG_FWD = register(
         space={"BK": (16, 32, 64), "num_warps": (1, 2, 4), "num_stages": (1, 2)},
     )
 )
+# code variants, bits of the launch config's VARIANT (None: 0, the two-gram code above): one_pass: both grams in one
+# pass over the column blocks (`_kda_grams`: the gate, k and q loaded and G stored once, the exp factors shared by the
+# two grams), to time at 2-4 warps against the default (benchmarks/kda_fused_lab.py --ag-configs)
+KDA_AG_VARIANTS = {"one_pass": 1}
 
 
 @triton.jit
@@ -72,6 +83,138 @@ def _gate_rowmax4(g, bos, t0, T, i_h, H: tl.constexpr, K: tl.constexpr, BK: tl.c
         m2 = tl.maximum(m2, _gate_rowmax(g, bos, t0 + 32, T, i_h, H, K, i_k * BK, BK))
         m3 = tl.maximum(m3, _gate_rowmax(g, bos, t0 + 48, T, i_h, H, K, i_k * BK, BK))
     return m0, m1, m2, m3
+
+
+@triton.jit
+def _diag_grams(q, k, G, BK: tl.constexpr):
+    """`_diag_gram` of q and of k against k in one 16-row block (one set of exps for both): sum_d x_id k_jd
+    exp(G_id - G_jd) for j <= i (0 above the diagonal), x = q, k; fp32 [16, BK] inputs, every exponent <= 0."""
+    o_i = tl.arange(0, 16)
+    Xq = tl.zeros([16, 16], dtype=tl.float32)
+    Xk = tl.zeros([16, 16], dtype=tl.float32)
+    for j in range(16):  # a loop, not unrolled (as `_diag_gram`)
+        m_j = (o_i == j)[:, None]
+        kj = tl.sum(tl.where(m_j, k, 0.0), 0)
+        gj = tl.sum(tl.where(m_j, G, 0.0), 0)
+        e = tl.exp(tl.where((o_i >= j)[:, None], G - gj[None, :], float("-inf"))) * kj[None, :]
+        Xq = tl.where((o_i == j)[None, :], tl.sum(q * e, 1)[:, None], Xq)
+        Xk = tl.where((o_i == j)[None, :], tl.sum(k * e, 1)[:, None], Xk)
+    return Xq, Xk
+
+
+@triton.jit
+def _pair(R, r, e):
+    """The right factor of an off-diagonal block pair, transposed: R exp(r - e) = k_j exp(r_I - G_j) for R = k_j
+    exp(e_J - G_j) (e_J: the gate at block J's last row, r_I <= e_J the row block's reference)."""
+    return tl.trans(R * tl.exp(r - e)[None, :])
+
+
+@triton.jit
+def _kda_grams(q, k, g, gcum, bos, t0, T, i_h, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, G: tl.constexpr,
+               HAS_BOUND: tl.constexpr):  # fmt: skip
+    """Both decayed grams of the chunk at t0 in one pass over the column blocks of BK (the one_pass variant): the 10
+    lower 16x16 blocks of sum_d q_id k_jd exp(G_id - G_jd) and of sum_d k_id k_jd exp(G_id - G_jd) (fp32, diagonal
+    blocks unmasked), storing the cumsum G into gcum [.., T, H, K]; with HAS_BOUND also each token's largest floored
+    gate and ||k||^2 (the bound sums), fp32 [16] per block (else -inf and zeros).
+
+    `_kda_gram`'s split, shared by the two grams: row block I takes the reference r_I (the mid gate of its span when
+    every key's span in the column block is < FAST_SPAN, else the gate b_I before it) and one left exp tile
+    E_I = exp(G_I - r_I) for both q and k. Below the diagonal, block J's right factor is formed once with the gate
+    e_J at its last row, R_J = k_J exp(e_J - G_J) (exponents <= 0), and each pair (I, J) scales it by the vector
+    exp(r_I - e_J) <= 1 (r_I <= b_I <= e_J): k_j exp(r_I - G_j) without a tile of exps per pair; an underflow there
+    drops a term below e^(SPAN/2 - 87) = e^-37, as `_kda_gram`'s. Diagonal blocks: the tensor-core product with
+    k_I exp(r_I - G_I) (fast), else the elementwise `_diag_grams`. Exps per column block: 4 + 3 tiles and 6 vectors,
+    and 4 tiles on the fast diagonal (the two-gram code: 28 tiles)."""
+    Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33 = _zero_blocks()
+    A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _zero_blocks()
+    m0 = tl.full([16], float("-inf"), tl.float32)
+    m1 = tl.full([16], float("-inf"), tl.float32)
+    m2 = tl.full([16], float("-inf"), tl.float32)
+    m3 = tl.full([16], float("-inf"), tl.float32)
+    n0 = tl.zeros([16], dtype=tl.float32)
+    n1 = tl.zeros([16], dtype=tl.float32)
+    n2 = tl.zeros([16], dtype=tl.float32)
+    n3 = tl.zeros([16], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        c0 = i_k * BK
+        G0, G1, G2, G3, g1, g2, g3, gl = _kda_gate(g, bos, t0, T, i_h, H, K, c0, BK)
+        _store_tile(gcum, G0, bos, t0, T, i_h, H, K, c0, 16, BK)
+        _store_tile(gcum, G1, bos, t0 + 16, T, i_h, H, K, c0, 16, BK)
+        _store_tile(gcum, G2, bos, t0 + 32, T, i_h, H, K, c0, 16, BK)
+        _store_tile(gcum, G3, bos, t0 + 48, T, i_h, H, K, c0, 16, BK)
+        k0 = _load_tile(k, bos, t0, T, i_h // G, H // G, K, c0, 16, BK).to(tl.float32)
+        k1 = _load_tile(k, bos, t0 + 16, T, i_h // G, H // G, K, c0, 16, BK).to(tl.float32)
+        k2 = _load_tile(k, bos, t0 + 32, T, i_h // G, H // G, K, c0, 16, BK).to(tl.float32)
+        k3 = _load_tile(k, bos, t0 + 48, T, i_h // G, H // G, K, c0, 16, BK).to(tl.float32)
+        q0 = _load_tile(q, bos, t0, T, i_h // G, H // G, K, c0, 16, BK).to(tl.float32)
+        q1 = _load_tile(q, bos, t0 + 16, T, i_h // G, H // G, K, c0, 16, BK).to(tl.float32)
+        q2 = _load_tile(q, bos, t0 + 32, T, i_h // G, H // G, K, c0, 16, BK).to(tl.float32)
+        q3 = _load_tile(q, bos, t0 + 48, T, i_h // G, H // G, K, c0, 16, BK).to(tl.float32)
+        if HAS_BOUND:
+            n0, n1, n2, n3 = _add_squares(n0, n1, n2, n3, k0, k1, k2, k3)
+            m0 = tl.maximum(m0, _gate_rowmax(g, bos, t0, T, i_h, H, K, c0, BK))
+            m1 = tl.maximum(m1, _gate_rowmax(g, bos, t0 + 16, T, i_h, H, K, c0, BK))
+            m2 = tl.maximum(m2, _gate_rowmax(g, bos, t0 + 32, T, i_h, H, K, c0, BK))
+            m3 = tl.maximum(m3, _gate_rowmax(g, bos, t0 + 48, T, i_h, H, K, c0, BK))
+        # the row references (`_kda_gram`'s): mid span when every key's block span is < FAST_SPAN, else b_I
+        fast = tl.max(tl.maximum(tl.maximum(-g1, g1 - g2), tl.maximum(g2 - g3, g3 - gl)), 0) < FAST_SPAN
+        r0 = tl.where(fast, 0.5 * g1, 0.0)
+        r1 = tl.where(fast, 0.5 * (g1 + g2), g1)
+        r2 = tl.where(fast, 0.5 * (g2 + g3), g2)
+        r3 = tl.where(fast, 0.5 * (g3 + gl), g3)
+        E0 = tl.exp(G0 - r0[None, :])
+        E1 = tl.exp(G1 - r1[None, :])
+        E2 = tl.exp(G2 - r2[None, :])
+        E3 = tl.exp(G3 - r3[None, :])
+        Lq1, Lk1 = q1 * E1, k1 * E1
+        Lq2, Lk2 = q2 * E2, k2 * E2
+        Lq3, Lk3 = q3 * E3, k3 * E3
+        # below the diagonal: R_J = k_J exp(e_J - G_J), then per pair k_j exp(r_I - G_j) = R_J exp(r_I - e_J)
+        R0 = k0 * tl.exp(g1[None, :] - G0)
+        R1 = k1 * tl.exp(g2[None, :] - G1)
+        R2 = k2 * tl.exp(g3[None, :] - G2)
+        S = _pair(R0, r1, g1)
+        Q10 = tl.dot(Lq1, S, Q10)
+        A10 = tl.dot(Lk1, S, A10)
+        S = _pair(R0, r2, g1)
+        Q20 = tl.dot(Lq2, S, Q20)
+        A20 = tl.dot(Lk2, S, A20)
+        S = _pair(R1, r2, g2)
+        Q21 = tl.dot(Lq2, S, Q21)
+        A21 = tl.dot(Lk2, S, A21)
+        S = _pair(R0, r3, g1)
+        Q30 = tl.dot(Lq3, S, Q30)
+        A30 = tl.dot(Lk3, S, A30)
+        S = _pair(R1, r3, g2)
+        Q31 = tl.dot(Lq3, S, Q31)
+        A31 = tl.dot(Lk3, S, A31)
+        S = _pair(R2, r3, g3)
+        Q32 = tl.dot(Lq3, S, Q32)
+        A32 = tl.dot(Lk3, S, A32)
+        if fast:  # the diagonal blocks: right factors k_I exp(r_I - G_I) <= exp(FAST_SPAN / 2)
+            D = tl.trans(k0 * tl.exp(r0[None, :] - G0))
+            Q00 = tl.dot(q0 * E0, D, Q00)
+            A00 = tl.dot(k0 * E0, D, A00)
+            D = tl.trans(k1 * tl.exp(r1[None, :] - G1))
+            Q11 = tl.dot(Lq1, D, Q11)
+            A11 = tl.dot(Lk1, D, A11)
+            D = tl.trans(k2 * tl.exp(r2[None, :] - G2))
+            Q22 = tl.dot(Lq2, D, Q22)
+            A22 = tl.dot(Lk2, D, A22)
+            D = tl.trans(k3 * tl.exp(r3[None, :] - G3))
+            Q33 = tl.dot(Lq3, D, Q33)
+            A33 = tl.dot(Lk3, D, A33)
+        else:
+            Xq, Xk = _diag_grams(q0, k0, G0, BK)
+            Q00, A00 = Q00 + Xq, A00 + Xk
+            Xq, Xk = _diag_grams(q1, k1, G1, BK)
+            Q11, A11 = Q11 + Xq, A11 + Xk
+            Xq, Xk = _diag_grams(q2, k2, G2, BK)
+            Q22, A22 = Q22 + Xq, A22 + Xk
+            Xq, Xk = _diag_grams(q3, k3, G3, BK)
+            Q33, A33 = Q33 + Xq, A33 + Xk
+    return (Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33, A00, A10, A11, A20, A21, A22, A30, A31, A32, A33,
+            m0, m1, m2, m3, n0, n1, n2, n3)  # fmt: skip
 
 
 @triton.heuristics(
@@ -96,26 +239,39 @@ def wy_kda_ag_fwd_kernel(
     bnd,  # out [NT_total, HV, 2] fp32 or None: the chunk's decay-bound summary (L, W) (`_chunk_bound`, warm_split)
     scale, T,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr, HAS_BOUND: tl.constexpr, G: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_BOUND: tl.constexpr, G: tl.constexpr, ONE_PASS: tl.constexpr,
 ):  # fmt: skip
     i_hv, i_tg, bos, t0, T, _ = _wy_chunk(cu_seqlens, chunk_indices, None, T, HV, BT, IS_VARLEN, False)
     b0, b1, b2, b3 = _load_vec4(beta, bos, t0, T, i_hv, HV)
-    # the q-k gram (stores G), then the k-k gram (stores nothing): one set of 10 accumulators live at a time
-    Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33 = _kda_gram(
-        q, k, g, gcum, bos, t0, T, i_hv, gcum, scale, HV, K, BK, False, G, 2
-    )
-    _store_kda_aqk(aqk, bos, t0, T, i_hv, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33, scale, HV, BT)
-    A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _kda_gram(
-        k, k, g, gcum, bos, t0, T, i_hv, gcum, 1.0, HV, K, BK, True, G, 0
-    )
+    if ONE_PASS:  # both grams in one pass (KDA_AG_VARIANTS), with the bound's per-token facts on the way
+        (Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33, A00, A10, A11, A20, A21, A22, A30, A31, A32, A33,
+         x0, x1, x2, x3, kk0, kk1, kk2, kk3) = _kda_grams(q, k, g, gcum, bos, t0, T, i_hv, HV, K, BK, G, HAS_BOUND)  # fmt: skip
+        _store_kda_aqk(aqk, bos, t0, T, i_hv, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33, scale, HV, BT)
+    else:
+        # the q-k gram (stores G), then the k-k gram (stores nothing): one set of 10 accumulators live at a time
+        Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33 = _kda_gram(
+            q, k, g, gcum, bos, t0, T, i_hv, gcum, scale, HV, K, BK, False, G, 2
+        )
+        _store_kda_aqk(aqk, bos, t0, T, i_hv, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33, scale, HV, BT)
+        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _kda_gram(
+            k, k, g, gcum, bos, t0, T, i_hv, gcum, 1.0, HV, K, BK, True, G, 0
+        )
     A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _kda_beta_rows(
         A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, b0, b1, b2, b3
     )
     T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33)
     _store_ag(ag, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, b0, b1, b2, b3, bos, t0, T, i_hv, HV, BT)
     if HAS_BOUND:
-        x0, x1, x2, x3 = _gate_rowmax4(g, bos, t0, T, i_hv, HV, K, BK)
-        _store_bound(bnd, k, v, x0, x1, x2, x3, b0, b1, b2, b3, bos, t0, T, i_tg, i_hv // G, HV // G, i_hv, HV, K, V, BK, BV)
+        if ONE_PASS:
+            vv0, vv1, vv2, vv3 = _row_squares(v, bos, t0, T, i_hv, HV, V, BV)
+            b_L, b_W = _chunk_bound(x0, x1, x2, x3, b0, b1, b2, b3, kk0, kk1, kk2, kk3, vv0, vv1, vv2, vv3)
+            tl.store(bnd + (i_tg * HV + i_hv) * 2, b_L)
+            tl.store(bnd + (i_tg * HV + i_hv) * 2 + 1, b_W)
+        else:
+            x0, x1, x2, x3 = _gate_rowmax4(g, bos, t0, T, i_hv, HV, K, BK)
+            _store_bound(
+                bnd, k, v, x0, x1, x2, x3, b0, b1, b2, b3, bos, t0, T, i_tg, i_hv // G, HV // G, i_hv, HV, K, V, BK, BV
+            )
 
 
 def wy_kda_ag(
@@ -137,12 +293,15 @@ def wy_kda_ag(
         )
     BT, V, cfg = ag_launch("wy_kda_ag", WY_KDA_AG_FWD, launch, k, HV, index, bnd, v)
     BK, BV = _blocks(cfg, index, K, V)
+    bits = cfg.VARIANT or 0
+    if bits & ~sum(KDA_AG_VARIANTS.values()):
+        raise ValueError(f"wy_kda_ag: unknown VARIANT bits {bits}; the bits are {KDA_AG_VARIANTS}")
     ag = torch.empty(B, T, HV, BT, dtype=k.dtype, device=k.device)
     aqk = torch.empty(B, T, HV, BT, dtype=k.dtype, device=k.device)
     gcum = torch.empty(B, T, HV, K, dtype=torch.float32, device=k.device)
     wy_kda_ag_fwd_kernel[_grid(index, B, T, HV)](
         q, k, v if bnd is not None else None, g, beta, ag, aqk, gcum, index.cu_seqlens if index.is_varlen else None,
         index.chunk_indices if index.is_varlen else None, bnd, scale, T, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        ONE_PASS=bool(bits & KDA_AG_VARIANTS["one_pass"]), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return ag, aqk, gcum

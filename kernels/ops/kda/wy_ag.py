@@ -32,6 +32,7 @@ from kernels.common.chunk_program import group_heads
 from kernels.common.index import ChunkIndex
 from kernels.common.wy import (
     FAST_SPAN,
+    FLOOR,
     _add_squares,
     _blocks,
     _chunk_bound,
@@ -67,7 +68,7 @@ WY_KDA_AG_FWD = register(
 # code variants, bits of the launch config's VARIANT (None: 0, the two-gram code above): one_pass: both grams in one
 # pass over the column blocks (`_kda_grams`: the gate, k and q loaded and G stored once, the exp factors shared by the
 # two grams), to time at 2-4 warps against the default (benchmarks/kda_fused_lab.py --ag-configs)
-KDA_AG_VARIANTS = {"one_pass": 1}
+KDA_AG_VARIANTS = {"one_pass": 1, "tiles64": 2}
 
 
 @triton.jit
@@ -217,6 +218,130 @@ def _kda_grams(q, k, g, gcum, bos, t0, T, i_h, H: tl.constexpr, K: tl.constexpr,
             m0, m1, m2, m3, n0, n1, n2, n3)  # fmt: skip
 
 
+@triton.jit
+def _rows4(X, C: tl.constexpr):
+    """The four 16-row blocks of a [64, C] register tile (reshape, permute, splits: a copy, exact)."""
+    Y = tl.permute(tl.reshape(X, [2, 2, 16, C]), [2, 3, 0, 1])  # (r, c, I // 2, I % 2)
+    lo, hi = tl.split(Y)
+    X0, X2 = tl.split(lo)
+    X1, X3 = tl.split(hi)
+    return X0, X1, X2, X3
+
+
+@triton.jit
+def _vec4(x):
+    """The four 16-row blocks of a [64] register vector (`_rows4`)."""
+    lo, hi = tl.split(tl.permute(tl.reshape(x, [2, 2, 16]), [2, 0, 1]))
+    x0, x2 = tl.split(lo)
+    x1, x3 = tl.split(hi)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _last_row(X):
+    """The last row of a [16, C] tile, [C] (a masked sum: exact)."""
+    return tl.sum(tl.where((tl.arange(0, 16) == 15)[:, None], X, 0.0), 0)
+
+
+@triton.jit
+def _col_pair(QC, AC, qt, kt, G, kJ, GJ, ref, lo: tl.constexpr):
+    """Column block J of both grams over one column block of keys, rows 16 lo.. of the chunk (the others 0): the
+    [64, BK] x [BK, 16] products (scale q (x) exp(G - ref)) (k_J (x) exp(ref - G_J))^T and the same with k on the left;
+    ref [BK] per key, >= G on those rows up to exp(FAST_SPAN / 2) (module docstring of `_kda_grams64`)."""
+    rows = tl.arange(0, 64)[:, None] >= lo
+    E = tl.exp(tl.where(rows, G - ref[None, :], float("-inf")))
+    R = tl.trans(kJ * tl.exp(ref[None, :] - GJ))
+    return tl.dot(qt * E, R, QC), tl.dot(kt * E, R, AC)
+
+
+@triton.jit
+def _place(X, J: tl.constexpr):
+    """A [16, 16] tile at rows 16 J.. of a [64, 16] zero tile, by a product with a 0/1 selection in full fp32 (exact)."""
+    sel = tl.where(tl.arange(0, 64)[:, None] == J * 16 + tl.arange(0, 16)[None, :], 1.0, 0.0)
+    return tl.dot(sel, X, input_precision="ieee")
+
+
+@triton.jit
+def _kda_grams64(q, k, g, gcum, bos, t0, T, i_h, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+                 G: tl.constexpr, HAS_BOUND: tl.constexpr):  # fmt: skip
+    """Both decayed grams of the chunk at t0 in one pass over the column blocks of BK in 64-row tiles (the tiles64
+    variant): per gram four [64, 16] column blocks J (rows before block J zero; diagonal blocks unmasked), each one
+    [64, BK] x [BK, 16] product per column block of keys (a product split over the warps by rows); G stored into gcum;
+    with HAS_BOUND each token's largest floored gate and ||k||^2, fp32 [64] (else -inf and zeros).
+
+    Column block J's product takes one per-key reference ref_J for all its rows: the left factor x_i exp(G_i - ref_J)
+    on rows i >= 16 J, the right k_j exp(ref_J - G_j) on block J's rows.
+    - Every key's span in the 4 blocks < FAST_SPAN: ref_J = the mid gate of block J's span. Both factors lie within
+      e^(+-SPAN/2) on block J's rows; on later rows the left one is <= e^(-SPAN/2), and where it underflows the term
+      is below e^(SPAN/2 - 87) = e^-37 (`_kda_gram`'s bound). The diagonal blocks are in the same product.
+    - Else: ref_J = the gate at block J's last row, rows i > block J only (every exponent <= 0; an underflowed factor
+      drops a term below e^-87); the diagonal blocks elementwise (`_diag_grams` on 16-row tiles taken out of the
+      64-row ones, placed into their column blocks by an exact product)."""
+    QC0 = tl.zeros([64, 16], dtype=tl.float32)
+    QC1 = tl.zeros([64, 16], dtype=tl.float32)
+    QC2 = tl.zeros([64, 16], dtype=tl.float32)
+    QC3 = tl.zeros([64, 16], dtype=tl.float32)
+    AC0 = tl.zeros([64, 16], dtype=tl.float32)
+    AC1 = tl.zeros([64, 16], dtype=tl.float32)
+    AC2 = tl.zeros([64, 16], dtype=tl.float32)
+    AC3 = tl.zeros([64, 16], dtype=tl.float32)
+    m = tl.full([64], float("-inf"), tl.float32)
+    n = tl.zeros([64], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        c0 = i_k * BK
+        x = tl.maximum(_load_tile(g, bos, t0, T, i_h, H, K, c0, 64, BK).to(tl.float32), FLOOR)
+        Gt = tl.cumsum(x, 0)  # rows past T add 0
+        _store_tile(gcum, Gt, bos, t0, T, i_h, H, K, c0, 64, BK)
+        kt = _load_tile(k, bos, t0, T, i_h // G, H // G, K, c0, 64, BK).to(tl.float32)
+        qt = _load_tile(q, bos, t0, T, i_h // G, H // G, K, c0, 64, BK).to(tl.float32)
+        if HAS_BOUND:
+            n += tl.sum(kt * kt, 1)
+            m = tl.maximum(m, tl.max(tl.where((c0 + tl.arange(0, BK) < K)[None, :], x, float("-inf")), 1))
+        G0, G1, G2, G3 = _rows4(Gt, BK)
+        k0, k1, k2, k3 = _rows4(kt, BK)
+        e0, e1, e2, e3 = _last_row(G0), _last_row(G1), _last_row(G2), _last_row(G3)
+        fast = tl.max(tl.maximum(tl.maximum(-e0, e0 - e1), tl.maximum(e1 - e2, e2 - e3)), 0) < FAST_SPAN
+        if fast:
+            QC0, AC0 = _col_pair(QC0, AC0, qt, kt, Gt, k0, G0, 0.5 * e0, 0)
+            QC1, AC1 = _col_pair(QC1, AC1, qt, kt, Gt, k1, G1, 0.5 * (e0 + e1), 16)
+            QC2, AC2 = _col_pair(QC2, AC2, qt, kt, Gt, k2, G2, 0.5 * (e1 + e2), 32)
+            QC3, AC3 = _col_pair(QC3, AC3, qt, kt, Gt, k3, G3, 0.5 * (e2 + e3), 48)
+        else:
+            QC0, AC0 = _col_pair(QC0, AC0, qt, kt, Gt, k0, G0, e0, 16)
+            QC1, AC1 = _col_pair(QC1, AC1, qt, kt, Gt, k1, G1, e1, 32)
+            QC2, AC2 = _col_pair(QC2, AC2, qt, kt, Gt, k2, G2, e2, 48)
+            q0, q1, q2, q3 = _rows4(qt, BK)
+            Xq, Xk = _diag_grams(q0, k0, G0, BK)
+            QC0, AC0 = QC0 + _place(Xq, 0), AC0 + _place(Xk, 0)
+            Xq, Xk = _diag_grams(q1, k1, G1, BK)
+            QC1, AC1 = QC1 + _place(Xq, 1), AC1 + _place(Xk, 1)
+            Xq, Xk = _diag_grams(q2, k2, G2, BK)
+            QC2, AC2 = QC2 + _place(Xq, 2), AC2 + _place(Xk, 2)
+            Xq, Xk = _diag_grams(q3, k3, G3, BK)
+            QC3, AC3 = QC3 + _place(Xq, 3), AC3 + _place(Xk, 3)
+    return QC0, QC1, QC2, QC3, AC0, AC1, AC2, AC3, m, n
+
+
+@triton.jit
+def _store_aqk_cols(aqk, bos, t0, T, i_h, QC0, QC1, QC2, QC3, scale, H: tl.constexpr, BT: tl.constexpr):
+    """Aqk = scale (the q-k gram's column blocks of `_kda_grams64`) on and below the diagonal into [.., T, H, BT]
+    (the entries above it are not written; columns past BT skipped)."""
+    o_r = tl.arange(0, 64)
+    o_c = tl.arange(0, 16)
+    p = aqk + ((bos + t0 + o_r) * H + i_h)[:, None] * BT + o_c[None, :]
+    ok = (t0 + o_r < T)[:, None]
+    tl.store(p, (QC0 * scale).to(p.dtype.element_ty), mask=ok & (o_r[:, None] >= o_c[None, :]) & (0 + o_c < BT)[None, :])
+    tl.store(
+        p + 16, (QC1 * scale).to(p.dtype.element_ty), mask=ok & (o_r[:, None] >= 16 + o_c[None, :]) & (16 + o_c < BT)[None, :]
+    )
+    tl.store(
+        p + 32, (QC2 * scale).to(p.dtype.element_ty), mask=ok & (o_r[:, None] >= 32 + o_c[None, :]) & (32 + o_c < BT)[None, :]
+    )
+    tl.store(
+        p + 48, (QC3 * scale).to(p.dtype.element_ty), mask=ok & (o_r[:, None] >= 48 + o_c[None, :]) & (48 + o_c < BT)[None, :]
+    )
+
+
 @triton.heuristics(
     {
         "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
@@ -240,10 +365,22 @@ def wy_kda_ag_fwd_kernel(
     scale, T,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_BOUND: tl.constexpr, G: tl.constexpr, ONE_PASS: tl.constexpr,
+    TILES64: tl.constexpr,
 ):  # fmt: skip
     i_hv, i_tg, bos, t0, T, _ = _wy_chunk(cu_seqlens, chunk_indices, None, T, HV, BT, IS_VARLEN, False)
     b0, b1, b2, b3 = _load_vec4(beta, bos, t0, T, i_hv, HV)
-    if ONE_PASS:  # both grams in one pass (KDA_AG_VARIANTS), with the bound's per-token facts on the way
+    if TILES64:  # both grams in one pass in 64-row tiles (KDA_AG_VARIANTS), the bound's per-token facts on the way
+        QC0, QC1, QC2, QC3, AC0, AC1, AC2, AC3, xm, kkm = _kda_grams64(
+            q, k, g, gcum, bos, t0, T, i_hv, HV, K, BK, G, HAS_BOUND
+        )
+        _store_aqk_cols(aqk, bos, t0, T, i_hv, QC0, QC1, QC2, QC3, scale, HV, BT)
+        A00, A10, A20, A30 = _rows4(AC0, 16)
+        _, A11, A21, A31 = _rows4(AC1, 16)
+        _, _, A22, A32 = _rows4(AC2, 16)
+        _, _, _, A33 = _rows4(AC3, 16)
+        x0, x1, x2, x3 = _vec4(xm)
+        kk0, kk1, kk2, kk3 = _vec4(kkm)
+    elif ONE_PASS:  # both grams in one pass (KDA_AG_VARIANTS), with the bound's per-token facts on the way
         (Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33, A00, A10, A11, A20, A21, A22, A30, A31, A32, A33,
          x0, x1, x2, x3, kk0, kk1, kk2, kk3) = _kda_grams(q, k, g, gcum, bos, t0, T, i_hv, HV, K, BK, G, HAS_BOUND)  # fmt: skip
         _store_kda_aqk(aqk, bos, t0, T, i_hv, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33, scale, HV, BT)
@@ -262,7 +399,7 @@ def wy_kda_ag_fwd_kernel(
     T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33)
     _store_ag(ag, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, b0, b1, b2, b3, bos, t0, T, i_hv, HV, BT)
     if HAS_BOUND:
-        if ONE_PASS:
+        if ONE_PASS or TILES64:
             vv0, vv1, vv2, vv3 = _row_squares(v, bos, t0, T, i_hv, HV, V, BV)
             b_L, b_W = _chunk_bound(x0, x1, x2, x3, b0, b1, b2, b3, kk0, kk1, kk2, kk3, vv0, vv1, vv2, vv3)
             tl.store(bnd + (i_tg * HV + i_hv) * 2, b_L)
@@ -302,6 +439,6 @@ def wy_kda_ag(
     wy_kda_ag_fwd_kernel[_grid(index, B, T, HV)](
         q, k, v if bnd is not None else None, g, beta, ag, aqk, gcum, index.cu_seqlens if index.is_varlen else None,
         index.chunk_indices if index.is_varlen else None, bnd, scale, T, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV,
-        ONE_PASS=bool(bits & KDA_AG_VARIANTS["one_pass"]), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        ONE_PASS=bool(bits & KDA_AG_VARIANTS["one_pass"]), TILES64=bool(bits & KDA_AG_VARIANTS["tiles64"]), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return ag, aqk, gcum

@@ -2,7 +2,7 @@
 in one process on one GPU: o checked against the fp32 reference, then do_bench medians; GPU only.
 
     python benchmarks/kda_fused_lab.py --out $OUT [--shapes 1x131072,1x32768,8x8192] [--lbs -1,-5] [--no-fla]
-        [--ref-max-tokens 8192] [--split-chunks N] [--deadline-s 540]
+        [--ref-max-tokens 8192] [--split-chunks N] [--ag-configs default,tiles64:16:4,...] [--deadline-s 540]
     TRITON_INTERPRET=1 python benchmarks/kda_fused_lab.py --out /tmp/lab --dry-run   # CPU plumbing check, no timing
 
 Inputs: bf16, H=HV=16, K=V=128, q and k L2-normalised, g = lb * sigmoid(randn) `[.., H, K]` fp32 (lb -1: every
@@ -15,7 +15,11 @@ safe-gate range), beta = sigmoid(randn), B sequences packed as one varlen batch 
   its transitions, `seg_chain_fwd` and the state+output launch alone; the old forward (`fwd_path="wy"`) and its two
   launchers (`wy_kda_fwd`, `state_and_output`); FLA's `chunk_kda` when `fla` imports (its first call's seconds too);
 - floors (`runners.bench.floors`, bytes at HBM_TBPS): the whole forward (q, k, v, g, beta read and o written once)
-  and each new launcher's (`ag`, `fused`); new / FLA, the issue's target <= 0.5.
+  and each new launcher's (`ag`, `fused`); new / FLA, the issue's target <= 0.5;
+- with --ag-configs (issue 26, the Ag pass's code variants `kernels.ops.kda.wy_ag.KDA_AG_VARIANTS`): per Ag config
+  NAME[:BK:num_warps[:num_stages]] (NAME "default": the spec's default code, else a variant), the Ag pass alone
+  (with the warm split's bound sums, as the forward runs it), its ag / aqk / gcum against the default code's
+  (relative L2), and the whole two-kernel forward with that config (o against the reference): second table.
 Writes $OUT/kda_fused_lab.{json,md} after every row (a stopped run keeps its rows).
 """
 
@@ -73,13 +77,74 @@ def _floors(row: dict[str, Any], B: int, T: int, H: int, K: int, V: int) -> None
     row["pass_floor_ms"] = ms(launcher_bytes("kda", "fused", B, T, H, K, V))
 
 
-def measure(B: int, T: int, lb: float, *, fla: bool, ref_max_tokens: int, split: int | None) -> dict[str, Any]:
-    from kernels.common.index import prepare_chunk_index
-    from kernels.common.seqsplit import resolve_split, seg_chain_fwd, state_and_output, whole_sequences
-    from kernels.common.wy import wy_kda_fwd
-    from kernels.ops.gdn.fused import fused_state_output_fwd, gdn_fused_state_output, gdn_fused_transition
+def ag_plans(text: str) -> dict[str, Any]:
+    """--ag-configs: {label: LaunchPlan or None (the default plan)} from NAME[:BK:num_warps[:num_stages]],..."""
+    from kernels.configs import LaunchConfig
+    from kernels.ops.kda.wy_ag import KDA_AG_VARIANTS, WY_KDA_AG_FWD
+    from kernels.plan import default_plan
+
+    plans: dict[str, Any] = {}
+    for item in filter(None, text.split(",")):
+        name, *nums = item.split(":")
+        if name != "default" and name not in KDA_AG_VARIANTS or len(nums) not in (0, 2, 3):
+            raise SystemExit(f"--ag-configs: bad {item!r}: NAME[:BK:num_warps[:num_stages]], NAME default or one of "
+                             f"{sorted(KDA_AG_VARIANTS)}")  # fmt: skip
+        if name == "default" and not nums:
+            plans[item] = None
+            continue
+        base = WY_KDA_AG_FWD.default
+        bk, warps, stages = (
+            ([int(x) for x in nums] + [base.num_stages])[:3] if nums else (base.BK, base.num_warps, base.num_stages)
+        )
+        cfg = LaunchConfig(BK=bk, BV=base.BV, num_warps=warps, num_stages=stages, VARIANT=KDA_AG_VARIANTS.get(name))
+        plans[item] = default_plan().with_configs({WY_KDA_AG_FWD.name: cfg})
+    return plans
+
+
+def measure_ag(row: dict[str, Any], q, k, v, g, beta, cu, index, o_ref, plans: dict[str, Any],
+               split: int | None) -> None:  # fmt: skip
+    """The Ag pass alone and the two-kernel forward per Ag config (`ag_plans`), into row["ag_configs"]."""
+    from kernels.common.warm_split import WARM_DEFAULT
     from kernels.ops.kda.chunk import chunk_kda_fwd
     from kernels.ops.kda.wy_ag import wy_kda_ag
+    from kernels.plan import default_plan
+    from runners.correctness import rel_l2
+
+    scale, H = k.shape[3] ** -0.5, v.shape[2]
+    bnd = torch.empty(index.num_chunks, H, 2, dtype=torch.float32, device=q.device)
+    base = wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=default_plan())
+    below = torch.ones(64, 64, dtype=torch.bool, device=q.device).tril()
+    # Aqk's entries above the diagonal are not written: compare on and below it (rows of a chunk = token % 64 here)
+    mask = below[torch.arange(q.shape[1], device=q.device) % 64][None, :, None, :]
+    out: dict[str, Any] = {}
+    for label, plan in plans.items():
+        res: dict[str, Any] = {}
+        launch = plan if plan is not None else default_plan()
+        try:
+            ag, aqk, gcum = wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=launch)
+            res["err_ag"], res["err_gcum"] = rel_l2(ag, base[0]), rel_l2(gcum, base[2])
+            res["err_aqk"] = rel_l2(aqk.masked_fill(~mask, 0), base[1].masked_fill(~mask, 0))
+            res["ag_ms"] = _ms(lambda launch=launch: wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=launch,
+                                                               bnd=bnd, v=v))  # fmt: skip
+
+            def fwd(launch=launch) -> Any:
+                return chunk_kda_fwd(q, k, v, g, beta, scale=scale, cu_seqlens=cu, split_chunks=split, fwd_path="auto",
+                                     plan=launch)  # fmt: skip
+
+            res["err_fwd"] = rel_l2(fwd()[0], o_ref)
+            res["fwd_ms"] = _ms(fwd)
+        except Exception as err:  # a config that fails to compile or run is a row, not a crash
+            res["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}"
+        out[label] = res
+        print(json.dumps({"ag_config": label, **res}), flush=True)
+    row["ag_configs"] = out
+    row["warm_chunks_fused"] = WARM_DEFAULT.get("fused")
+
+
+def measure(B: int, T: int, lb: float, *, fla: bool, ref_max_tokens: int, split: int | None,
+            ag_configs: dict[str, Any] | None = None, ag_only: bool = False) -> dict[str, Any]:  # fmt: skip
+    from kernels.common.index import prepare_chunk_index
+    from kernels.ops.kda.chunk import chunk_kda_fwd
     from kernels.plan import default_plan
     from runners.correctness import rel_l2
 
@@ -94,11 +159,37 @@ def measure(B: int, T: int, lb: float, *, fla: bool, ref_max_tokens: int, split:
         return chunk_kda_fwd(q, k, v, g, beta, scale=scale, cu_seqlens=cu, split_chunks=split, fwd_path=path)
 
     o_ref, row["reference"] = _reference(q, k, v, g, beta, cu, ref_max_tokens)
+    if ag_configs:  # first: the issue's question, before the slower rows of the full comparison
+        measure_ag(row, q, k, v, g, beta, cu, index, o_ref, ag_configs, split)
     for name, path in (("new", "auto"), ("old", "wy")):
         row[f"err_{name}"] = rel_l2(run(path)[0], o_ref)
         row[f"{name}_ms"] = _ms(lambda path=path: run(path))
+    if not ag_only:
+        _launchers(row, q, k, v, g, beta, index, scale, launch, split)
 
-    # the new path's launchers: the Ag pass, the fused pass given Ag, and (split) its three pieces
+    if fla:
+        from fla.ops.kda import chunk_kda
+
+        def fla_fwd() -> Any:
+            return chunk_kda(q, k, v, g, beta, scale=scale, cu_seqlens=cu.long())
+
+        t0 = time.perf_counter()
+        row["err_fla"] = rel_l2(fla_fwd()[0], o_ref)
+        row["fla_first_call_s"] = time.perf_counter() - t0
+        row["fla_ms"] = _ms(fla_fwd)
+        row["new_over_fla"] = row["new_ms"] / row["fla_ms"]
+    return row
+
+
+def _launchers(row: dict[str, Any], q, k, v, g, beta, index, scale: float, launch, split: int | None) -> None:
+    """The two paths' launchers at the default plan: the new path's Ag pass, fused pass given Ag and (split) its
+    three pieces; the old path's WY prep and state+output pass."""
+    from kernels.common.seqsplit import resolve_split, seg_chain_fwd, state_and_output, whole_sequences
+    from kernels.common.wy import wy_kda_fwd
+    from kernels.ops.gdn.fused import fused_state_output_fwd, gdn_fused_state_output, gdn_fused_transition
+    from kernels.ops.kda.wy_ag import wy_kda_ag
+
+    H, V = v.shape[2], v.shape[3]
     ag, aqk, gcum = wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=launch)
     row["ag_ms"] = _ms(lambda: wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=launch))
     row["pass_ms"] = _ms(lambda: fused_state_output_fwd(q, k, v, ag, gcum, aqk=aqk, scale=scale, index=index,
@@ -120,19 +211,6 @@ def measure(B: int, T: int, lb: float, *, fla: bool, ref_max_tokens: int, split:
     row["old_state_output_ms"] = _ms(lambda: state_and_output(
         index=index, k=kg, w=w, u=u, g=gc, q=qg, aqk=aqk_old, gate_vector=True, scale=scale, initial_state=None,
         output_final_state=False, out_dtype=q.dtype, launch=launch, split_chunks=split, fuse_output=True))  # fmt: skip
-
-    if fla:
-        from fla.ops.kda import chunk_kda
-
-        def fla_fwd() -> Any:
-            return chunk_kda(q, k, v, g, beta, scale=scale, cu_seqlens=cu.long())
-
-        t0 = time.perf_counter()
-        row["err_fla"] = rel_l2(fla_fwd()[0], o_ref)
-        row["fla_first_call_s"] = time.perf_counter() - t0
-        row["fla_ms"] = _ms(fla_fwd)
-        row["new_over_fla"] = row["new_ms"] / row["fla_ms"]
-    return row
 
 
 COLUMNS = [
@@ -156,12 +234,36 @@ def _cell(key: str, x: Any) -> str:
     return "" if x is None else f"{x:.3e}" if key.startswith("err") else f"{x:.3f}" if isinstance(x, float) else str(x)
 
 
+AG_COLUMNS = [
+    ("ag_ms", "Ag pass ms (with bnd)"), ("fwd_ms", "two-kernel fwd ms"), ("err_ag", "err ag vs default"),
+    ("err_aqk", "err aqk vs default"), ("err_gcum", "err gcum vs default"), ("err_fwd", "err fwd"), ("error", "error"),
+]  # fmt: skip
+AG_NOTE = (
+    "Ag configs (`--ag-configs`, NAME[:BK:num_warps[:num_stages]]; `kernels.ops.kda.wy_ag.KDA_AG_VARIANTS`): the Ag "
+    "pass alone with the warm split's bound sums (as the forward runs it), its outputs against the default code's "
+    "(relative L2; Aqk on and below the diagonal), and the whole two-kernel forward with that config (o against the "
+    "reference); old fwd (WY) and FLA in the first table."
+)
+
+
+def _ag_table(rows: list[dict[str, Any]]) -> list[str]:
+    if not any(row.get("ag_configs") for row in rows):
+        return []
+    lines = ["", AG_NOTE, "", "| B | T | lb | Ag config | " + " | ".join(h for _, h in AG_COLUMNS) + " |",
+             "|" + "---:|" * 3 + "---|" + "---:|" * (len(AG_COLUMNS) - 1) + "---|"]  # fmt: skip
+    for row in rows:
+        for label, res in (row.get("ag_configs") or {}).items():
+            cells = [_cell(key, res.get(key)) for key, _ in AG_COLUMNS]
+            lines.append(f"| {row['B']} | {row['T']} | {row['lb']:.3f} | `{label}` | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _markdown(state: dict[str, Any]) -> str:
     head = f"# KDA two-kernel forward lab (`benchmarks/kda_fused_lab.py`)\n\nCommand: `{state['command']}`  \n"
     head += f"Environment: `{json.dumps(state['env'])}`\n\n{NOTE}\n\n"
     table = ["| " + " | ".join(h for _, h in COLUMNS) + " |", "|" + "---:|" * len(COLUMNS)]
     table += ["| " + " | ".join(_cell(key, row.get(key)) for key, _ in COLUMNS) + " |" for row in state["rows"]]
-    return head + "\n".join(table) + "\n"
+    return head + "\n".join(table + _ag_table(state["rows"])) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -172,6 +274,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-fla", action="store_true", help="skip FLA's chunk_kda even when fla imports")
     p.add_argument("--ref-max-tokens", type=int, default=8192, help="per-token reference up to this many tokens")
     p.add_argument("--split-chunks", type=int, default=None, help="segment length in chunks (default: automatic)")
+    p.add_argument(
+        "--ag-configs",
+        default="",
+        help="Ag pass configs to time, NAME[:BK:num_warps[:num_stages]],... "
+        "(NAME: default or a KDA_AG_VARIANTS key), e.g. default,tiles64:16:4,one_pass:16:4",
+    )
+    p.add_argument(
+        "--ag-only",
+        action="store_true",
+        help="with --ag-configs: only the Ag configs' table per row (plus the old WY forward for the comparison)",
+    )
     p.add_argument("--dry-run", action="store_true", help="CPU under TRITON_INTERPRET=1: H=2, K=V=32, 1x200, split 1")
     p.add_argument("--deadline-s", type=float, default=540.0, help="start no new row after this many seconds")
     args = p.parse_args(argv)
@@ -186,6 +299,7 @@ def main(argv: list[str] | None = None) -> None:
     from runners.versions import git_sha
 
     start = time.monotonic()
+    plans = ag_plans(args.ag_configs)
     fla = not args.no_fla and importlib.util.find_spec("fla") is not None
     args.out.mkdir(parents=True, exist_ok=True)
     env = {"gpu": torch.cuda.get_device_name() if not args.dry_run else "cpu (dry run)", "sha": git_sha(),
@@ -197,7 +311,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"deadline: {text} lb {lb} not started", flush=True)
             continue
         B, T = (int(x) for x in text.lower().split("x"))
-        state["rows"].append(measure(B, T, lb, fla=fla, ref_max_tokens=args.ref_max_tokens, split=args.split_chunks))
+        state["rows"].append(measure(B, T, lb, fla=fla, ref_max_tokens=args.ref_max_tokens, split=args.split_chunks,
+                                     ag_configs=plans, ag_only=args.ag_only))  # fmt: skip
         print(json.dumps(state["rows"][-1]), flush=True)
         for ext, text_of in (("json", lambda st: json.dumps(st, indent=1) + "\n"), ("md", _markdown)):
             (args.out / f"kda_fused_lab.{ext}").write_text(text_of(state))

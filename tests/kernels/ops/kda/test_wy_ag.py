@@ -133,13 +133,15 @@ def test_chunk_bounds_equal_the_wy_pass(code: str) -> None:
 def test_variants_match_the_reference_and_the_default_in_column_blocks(code: str) -> None:
     """K = 40 in blocks of 16 (the third masked past K), three value heads on one key head: head 0 past FAST_SPAN
     (gates -20 per token, elementwise diagonal blocks) with -1000 masks, head 1 at lb -5 (spans up to 80: the
-    tensor-core diagonal blocks at their largest exponents), head 2 weak."""
+    tensor-core diagonal blocks at their largest exponents), head 2 past FAST_SPAN on the keys of the second column block
+    only (one code per column block in the same chunk; its other keys weak)."""
     dim, hv = 40, 3
-    q, k, v, g, beta, cu = make_inputs("kda", H=hv, K=dim, V=16, lb=-0.5, seed=7, device=DEVICE, lengths=(45, 83))
+    q, k, v, g, beta, cu = make_inputs("kda", H=hv, K=dim, V=16, lb=-0.5, seed=7, device=DEVICE, lengths=(50, 64))
     q, k = q[:, :, :1].contiguous(), k[:, :, :1].contiguous()
     g[:, :, 0] *= 40
     g[:, list(MASKED), 0, ::3] = -1000.0
     g[:, :, 1] = -5.0 * torch.sigmoid(torch.randn(g[:, :, 1].shape, generator=torch.Generator().manual_seed(3)))
+    g[:, :, 2, 16:32] *= 40
     index = _index(cu, v, 64)
     plan = LaunchPlan(configs={WY_KDA_AG_FWD.name: LaunchConfig(BK=16, num_warps=2, VARIANT=KDA_AG_VARIANTS[code])})
     ag, aqk, gcum = wy_kda_ag(q, k, g, beta, scale=dim**-0.5, index=index, launch=plan)

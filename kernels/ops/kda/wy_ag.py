@@ -14,6 +14,12 @@ products when every key's span in the chunk's blocks is < FAST_SPAN, the element
 blocks otherwise; every exponent <= 0 for any g <= 0), the mask and beta on A's rows, the block solve, and GDN's Ag
 store (`kernels.ops.gdn.wy_ag._store_ag`), stopped after T.
 
+Code variants (`KDA_AG_VARIANTS`, bits of the launch config's VARIANT; None: the code above, the default):
+- one_pass: both grams in one pass over the key blocks in 16-row blocks (`_kda_grams`), the exp factors shared;
+- tiles64: both grams as [64, BK] x [BK, 16] products per column block of the chunk (`_kda_grams64`), split over the
+  warps by rows (a 16x16 product is computed by every warp of the program), then the same solve and stores.
+Both keep the default's numerics: every exponent bounded by FAST_SPAN / 2, the elementwise diagonal blocks past it.
+
 Grouped value heads: q, k have H heads, g and beta HV = G H; value head h reads key head h // G (no repeat).
 The warm split's per-chunk bound sums (`bnd`, `kernels.common.warm_split`) need ||v||^2 per token and each token's
 largest gate over the key dims (as `wy_kda_fwd`'s): with `bnd`, v must be given (read only for those squares).

@@ -231,7 +231,11 @@ NOTE = (
 
 
 def _cell(key: str, x: Any) -> str:
-    return "" if x is None else f"{x:.3e}" if key.startswith("err") else f"{x:.3f}" if isinstance(x, float) else str(x)
+    if x is None:
+        return ""
+    if isinstance(x, float):
+        return f"{x:.3e}" if key.startswith("err") else f"{x:.3f}"
+    return str(x)
 
 
 AG_COLUMNS = [

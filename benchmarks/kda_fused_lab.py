@@ -17,7 +17,7 @@ safe-gate range), beta = sigmoid(randn), B sequences packed as one varlen batch 
 - floors (`runners.bench.floors`, bytes at HBM_TBPS): the whole forward (q, k, v, g, beta read and o written once)
   and each new launcher's (`ag`, `fused`); new / FLA, the issue's target <= 0.5;
 - with --ag-configs (issue 26, the Ag pass's code variants `kernels.ops.kda.wy_ag.KDA_AG_VARIANTS`): per Ag config
-  NAME[:BK:num_warps[:num_stages]] (NAME "default": the spec's default code, else a variant), the Ag pass alone
+  NAME[:BK:num_warps[:num_stages]] (NAME "default": the spec's default code, else variants joined by "+"), the Ag pass alone
   (with the warm split's bound sums, as the forward runs it), its ag / aqk / gcum against the default code's
   (relative L2), and the whole two-kernel forward with that config (o against the reference): second table.
 Writes $OUT/kda_fused_lab.{json,md} after every row (a stopped run keeps its rows).
@@ -78,7 +78,8 @@ def _floors(row: dict[str, Any], B: int, T: int, H: int, K: int, V: int) -> None
 
 
 def ag_plans(text: str) -> dict[str, Any]:
-    """--ag-configs: {label: LaunchPlan or None (the default plan)} from NAME[:BK:num_warps[:num_stages]],..."""
+    """--ag-configs: {label: LaunchPlan or None (the default plan)} from NAME[:BK:num_warps[:num_stages]],..., NAME
+    "default" (the default code) or variants of `KDA_AG_VARIANTS` joined by "+" (e.g. tiles64+split_solve)."""
     from kernels.configs import LaunchConfig
     from kernels.ops.kda.wy_ag import KDA_AG_VARIANTS, WY_KDA_AG_FWD
     from kernels.plan import default_plan
@@ -86,17 +87,17 @@ def ag_plans(text: str) -> dict[str, Any]:
     plans: dict[str, Any] = {}
     for item in filter(None, text.split(",")):
         name, *nums = item.split(":")
-        if name != "default" and name not in KDA_AG_VARIANTS or len(nums) not in (0, 2, 3):
-            raise SystemExit(f"--ag-configs: bad {item!r}: NAME[:BK:num_warps[:num_stages]], NAME default or one of "
-                             f"{sorted(KDA_AG_VARIANTS)}")  # fmt: skip
-        if name == "default" and not nums:
+        names = [] if name == "default" else name.split("+")
+        if any(n not in KDA_AG_VARIANTS for n in names) or len(nums) not in (0, 2, 3):
+            raise SystemExit(f"--ag-configs: bad {item!r}: NAME[:BK:num_warps[:num_stages]], NAME default or "
+                             f"'+'-joined names of {sorted(KDA_AG_VARIANTS)}")  # fmt: skip
+        if not names and not nums:
             plans[item] = None
             continue
         base = WY_KDA_AG_FWD.default
-        bk, warps, stages = (
-            ([int(x) for x in nums] + [base.num_stages])[:3] if nums else (base.BK, base.num_warps, base.num_stages)
-        )
-        cfg = LaunchConfig(BK=bk, BV=base.BV, num_warps=warps, num_stages=stages, VARIANT=KDA_AG_VARIANTS.get(name))
+        bk, warps, stages = ([int(x) for x in nums] + [base.num_stages])[:3] if nums else (base.BK, base.num_warps, base.num_stages)  # fmt: skip
+        variant = sum(KDA_AG_VARIANTS[n] for n in set(names)) or None
+        cfg = LaunchConfig(BK=bk, BV=base.BV, num_warps=warps, num_stages=stages, VARIANT=variant)
         plans[item] = default_plan().with_configs({WY_KDA_AG_FWD.name: cfg})
     return plans
 
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
         "--ag-configs",
         default="",
         help="Ag pass configs to time, NAME[:BK:num_warps[:num_stages]],... "
-        "(NAME: default or a KDA_AG_VARIANTS key), e.g. default,tiles64:16:4,one_pass:16:4",
+        "(NAME: default or KDA_AG_VARIANTS keys joined by +), e.g. default,tiles64:16:8,tiles64+split_solve:16:8",
     )
     p.add_argument(
         "--ag-only",

@@ -15,14 +15,17 @@ LAB = load_script("kda_fused_lab")
 
 
 def test_ag_config_items_become_launch_plans() -> None:
-    plans = LAB.ag_plans("default,tiles64:16:8,one_pass:32:4:1,default:32:2")
-    assert list(plans) == ["default", "tiles64:16:8", "one_pass:32:4:1", "default:32:2"]
+    plans = LAB.ag_plans("default,tiles64:16:8,one_pass:32:4:1,default:32:2,tiles64+split_solve")
+    assert list(plans) == ["default", "tiles64:16:8", "one_pass:32:4:1", "default:32:2", "tiles64+split_solve"]
     assert plans["default"] is None
     cfg = {label: plan.configs[WY_KDA_AG_FWD.name] for label, plan in plans.items() if plan is not None}
     assert cfg["tiles64:16:8"] == LaunchConfig(BK=16, BV=64, num_warps=8, num_stages=2, VARIANT=KDA_AG_VARIANTS["tiles64"])
     assert cfg["one_pass:32:4:1"] == LaunchConfig(BK=32, BV=64, num_warps=4, num_stages=1, VARIANT=1)
     assert cfg["default:32:2"].VARIANT is None and cfg["default:32:2"].num_warps == 2  # the default code at 2 warps
-    for bad in ("tiles65:16:4", "tiles64:16", "one_pass:16:4:2:1"):
+    split = cfg["tiles64+split_solve"]  # the spec's default launch fields, the two bits
+    assert split.VARIANT == 6 and split.BK == WY_KDA_AG_FWD.default.BK
+    assert KDA_AG_VARIANTS["tiles64"] | KDA_AG_VARIANTS["split_solve"] == 6
+    for bad in ("tiles65:16:4", "tiles64:16", "one_pass:16:4:2:1", "tiles64+splitsolve"):
         with pytest.raises(SystemExit, match="--ag-configs: bad"):
             LAB.ag_plans(bad)
 

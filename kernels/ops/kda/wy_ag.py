@@ -48,6 +48,7 @@ from kernels.common.wy import (
     _kda_gate,
     _kda_gram,
     _load_tile,
+    _load_vec,
     _load_vec4,
     _solve,
     _store_kda_aqk,
@@ -74,7 +75,10 @@ WY_KDA_AG_FWD = register(
 # code variants, bits of the launch config's VARIANT (None: 0, the two-gram code above): one_pass: both grams in one
 # pass over the column blocks (`_kda_grams`: the gate, k and q loaded and G stored once, the exp factors shared by the
 # two grams), to time at 2-4 warps against the default (benchmarks/kda_fused_lab.py --ag-configs)
-KDA_AG_VARIANTS = {"one_pass": 1, "tiles64": 2}
+KDA_AG_VARIANTS = {"one_pass": 1, "tiles64": 2, "split_solve": 4}
+# the split_solve variant's second kernel (the block solve from A in memory) runs at one warp, the Ag passes' measured
+# width for the serial 16x16 solve (GDN: 0.71 ms at one warp against 2.5 at 2-4, kernels/NOTES.md)
+SOLVE_WARPS = 1
 
 
 @triton.jit
@@ -348,6 +352,20 @@ def _store_aqk_cols(aqk, bos, t0, T, i_h, QC0, QC1, QC2, QC3, scale, H: tl.const
     )
 
 
+@triton.jit
+def _store_a_cols(abuf, bos, t0, T, i_h, AC0, AC1, AC2, AC3, b, H: tl.constexpr, BT: tl.constexpr):
+    """A = StrictLower(the k-k gram's column blocks of `_kda_grams64`) with beta b [64] on the rows into the fp32
+    [.., T, H, BT] scratch of the split_solve variant (entries on and above the diagonal not written)."""
+    o_r = tl.arange(0, 64)
+    o_c = tl.arange(0, 16)
+    p = abuf + ((bos + t0 + o_r) * H + i_h)[:, None] * BT + o_c[None, :]
+    ok = (t0 + o_r < T)[:, None]
+    tl.store(p, AC0 * b[:, None], mask=ok & (o_r[:, None] > o_c[None, :]) & (o_c < BT)[None, :])
+    tl.store(p + 16, AC1 * b[:, None], mask=ok & (o_r[:, None] > 16 + o_c[None, :]) & (16 + o_c < BT)[None, :])
+    tl.store(p + 32, AC2 * b[:, None], mask=ok & (o_r[:, None] > 32 + o_c[None, :]) & (32 + o_c < BT)[None, :])
+    tl.store(p + 48, AC3 * b[:, None], mask=ok & (o_r[:, None] > 48 + o_c[None, :]) & (48 + o_c < BT)[None, :])
+
+
 @triton.heuristics(
     {
         "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
@@ -368,10 +386,11 @@ def wy_kda_ag_fwd_kernel(
     cu_seqlens,  # [N+1] int32 or None
     chunk_indices,  # [NT_total, 2] int32 or None
     bnd,  # out [NT_total, HV, 2] fp32 or None: the chunk's decay-bound summary (L, W) (`_chunk_bound`, warm_split)
+    abuf,  # out [B, T, HV, BT] fp32 or None (SPLIT): A's strictly lower part with beta on the rows, for the solve kernel
     scale, T,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_BOUND: tl.constexpr, G: tl.constexpr, ONE_PASS: tl.constexpr,
-    TILES64: tl.constexpr,
+    TILES64: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     i_hv, i_tg, bos, t0, T, _ = _wy_chunk(cu_seqlens, chunk_indices, None, T, HV, BT, IS_VARLEN, False)
     b0, b1, b2, b3 = _load_vec4(beta, bos, t0, T, i_hv, HV)
@@ -380,10 +399,13 @@ def wy_kda_ag_fwd_kernel(
             q, k, g, gcum, bos, t0, T, i_hv, HV, K, BK, G, HAS_BOUND
         )
         _store_aqk_cols(aqk, bos, t0, T, i_hv, QC0, QC1, QC2, QC3, scale, HV, BT)
-        A00, A10, A20, A30 = _rows4(AC0, 16)
-        _, A11, A21, A31 = _rows4(AC1, 16)
-        _, _, A22, A32 = _rows4(AC2, 16)
-        _, _, _, A33 = _rows4(AC3, 16)
+        if SPLIT:  # A to memory, the solve in its own kernel (`wy_kda_ag_solve_kernel`)
+            _store_a_cols(abuf, bos, t0, T, i_hv, AC0, AC1, AC2, AC3, _load_vec(beta, bos, t0, T, i_hv, HV, 64), HV, BT)
+        else:
+            A00, A10, A20, A30 = _rows4(AC0, 16)
+            _, A11, A21, A31 = _rows4(AC1, 16)
+            _, _, A22, A32 = _rows4(AC2, 16)
+            _, _, _, A33 = _rows4(AC3, 16)
         x0, x1, x2, x3 = _vec4(xm)
         kk0, kk1, kk2, kk3 = _vec4(kkm)
     elif ONE_PASS:  # both grams in one pass (KDA_AG_VARIANTS), with the bound's per-token facts on the way
@@ -399,11 +421,12 @@ def wy_kda_ag_fwd_kernel(
         A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _kda_gram(
             k, k, g, gcum, bos, t0, T, i_hv, gcum, 1.0, HV, K, BK, True, G, 0
         )
-    A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _kda_beta_rows(
-        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, b0, b1, b2, b3
-    )
-    T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33)
-    _store_ag(ag, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, b0, b1, b2, b3, bos, t0, T, i_hv, HV, BT)
+    if not SPLIT:
+        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _kda_beta_rows(
+            A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, b0, b1, b2, b3
+        )
+        T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33)
+        _store_ag(ag, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, b0, b1, b2, b3, bos, t0, T, i_hv, HV, BT)
     if HAS_BOUND:
         if ONE_PASS or TILES64:
             vv0, vv1, vv2, vv3 = _row_squares(v, bos, t0, T, i_hv, HV, V, BV)
@@ -415,6 +438,35 @@ def wy_kda_ag_fwd_kernel(
             _store_bound(
                 bnd, k, v, x0, x1, x2, x3, b0, b1, b2, b3, bos, t0, T, i_tg, i_hv // G, HV // G, i_hv, HV, K, V, BK, BV
             )
+
+
+@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
+@triton.jit(do_not_specialize=["T"])
+def wy_kda_ag_solve_kernel(
+    abuf,  # [B, T, HV, BT] fp32: A's strictly lower part with beta on the rows (entries above it unread)
+    beta,  # [B, T, HV]
+    ag,  # out [B, T, HV, BT] = T diag(beta), zeros above the diagonal
+    cu_seqlens, chunk_indices, T,
+    HV: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr,
+):  # fmt: skip
+    """The split_solve variant's second kernel: Ag = (I + A)^{-1} diag(beta) of one chunk and value head from A in
+    memory (the 10 lower 16x16 blocks, the diagonal ones masked to j < i), `_solve` and `_store_ag` as the Ag pass."""
+    i_hv, _, bos, t0, T, _ = _wy_chunk(cu_seqlens, chunk_indices, None, T, HV, BT, IS_VARLEN, False)
+    b0, b1, b2, b3 = _load_vec4(beta, bos, t0, T, i_hv, HV)
+    o_i = tl.arange(0, 16)
+    m_d = o_i[:, None] > o_i[None, :]
+    A00 = tl.where(m_d, _load_tile(abuf, bos, t0, T, i_hv, HV, BT, 0, 16, 16), 0.0)
+    A10 = _load_tile(abuf, bos, t0 + 16, T, i_hv, HV, BT, 0, 16, 16)
+    A11 = tl.where(m_d, _load_tile(abuf, bos, t0 + 16, T, i_hv, HV, BT, 16, 16, 16), 0.0)
+    A20 = _load_tile(abuf, bos, t0 + 32, T, i_hv, HV, BT, 0, 16, 16)
+    A21 = _load_tile(abuf, bos, t0 + 32, T, i_hv, HV, BT, 16, 16, 16)
+    A22 = tl.where(m_d, _load_tile(abuf, bos, t0 + 32, T, i_hv, HV, BT, 32, 16, 16), 0.0)
+    A30 = _load_tile(abuf, bos, t0 + 48, T, i_hv, HV, BT, 0, 16, 16)
+    A31 = _load_tile(abuf, bos, t0 + 48, T, i_hv, HV, BT, 16, 16, 16)
+    A32 = _load_tile(abuf, bos, t0 + 48, T, i_hv, HV, BT, 32, 16, 16)
+    A33 = tl.where(m_d, _load_tile(abuf, bos, t0 + 48, T, i_hv, HV, BT, 48, 16, 16), 0.0)
+    T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33)
+    _store_ag(ag, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, b0, b1, b2, b3, bos, t0, T, i_hv, HV, BT)
 
 
 def wy_kda_ag(
@@ -439,12 +491,20 @@ def wy_kda_ag(
     bits = cfg.VARIANT or 0
     if bits & ~sum(KDA_AG_VARIANTS.values()):
         raise ValueError(f"wy_kda_ag: unknown VARIANT bits {bits}; the bits are {KDA_AG_VARIANTS}")
+    split = bool(bits & KDA_AG_VARIANTS["split_solve"])
+    if split and not bits & KDA_AG_VARIANTS["tiles64"]:
+        raise ValueError(f"wy_kda_ag: the split_solve variant needs tiles64 (VARIANT bits {KDA_AG_VARIANTS}), got {bits}")
     ag = torch.empty(B, T, HV, BT, dtype=k.dtype, device=k.device)
     aqk = torch.empty(B, T, HV, BT, dtype=k.dtype, device=k.device)
     gcum = torch.empty(B, T, HV, K, dtype=torch.float32, device=k.device)
-    wy_kda_ag_fwd_kernel[_grid(index, B, T, HV)](
-        q, k, v if bnd is not None else None, g, beta, ag, aqk, gcum, index.cu_seqlens if index.is_varlen else None,
-        index.chunk_indices if index.is_varlen else None, bnd, scale, T, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV,
-        ONE_PASS=bool(bits & KDA_AG_VARIANTS["one_pass"]), TILES64=bool(bits & KDA_AG_VARIANTS["tiles64"]), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    abuf = torch.empty(B, T, HV, BT, dtype=torch.float32, device=k.device) if split else None
+    cu, ci = (index.cu_seqlens, index.chunk_indices) if index.is_varlen else (None, None)
+    grid = _grid(index, B, T, HV)
+    wy_kda_ag_fwd_kernel[grid](
+        q, k, v if bnd is not None else None, g, beta, ag, aqk, gcum, cu, ci, bnd, abuf, scale, T, HV=HV, K=K, V=V, BT=BT,
+        BK=BK, BV=BV, ONE_PASS=bool(bits & KDA_AG_VARIANTS["one_pass"]), TILES64=bool(bits & KDA_AG_VARIANTS["tiles64"]),
+        SPLIT=split, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
+    if split:
+        wy_kda_ag_solve_kernel[grid](abuf, beta, ag, cu, ci, T, HV=HV, BT=BT, num_warps=SOLVE_WARPS, num_stages=1)
     return ag, aqk, gcum

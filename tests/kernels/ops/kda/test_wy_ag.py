@@ -8,7 +8,7 @@ CPBENCH_TEST_GPU=1):
   CPU (1e-2 on a GPU: tf32 products), bf16 at 1e-2;
 - the per-chunk decay-bound sums (`bnd`) equal `wy_kda_fwd`'s on the same inputs;
 - all of the above for the code variants too (`KDA_AG_VARIANTS`: both grams in one pass in 16-row blocks with shared
-  exp factors, or in 64-row tiles), and
+  exp factors, or in 64-row tiles, with the solve in the same kernel or a second one), and
   at K = 40 in column blocks of 16 (three blocks, the last masked) against the reference and the default code, with
   gates past FAST_SPAN on one head, lb -5 on another;
 - bad arguments are refused with one line.
@@ -34,9 +34,11 @@ H, HV, DIM = 1, 2, 16  # key heads, value heads (HV = 2H), head dims
 LAYOUTS = {"dense": {"B": 1, "T": 70}, "varlen": {"lengths": (37, 90)}}
 MASKED = (5, 50, 66)  # tokens whose gate is -1000 on value head 0 (a mask)
 # the launch plans of the codes: the default (two grams, None) and each variant (`KDA_AG_VARIANTS`)
-PLANS = {
-    name: None if bits is None else LaunchPlan(configs={WY_KDA_AG_FWD.name: LaunchConfig(BK=16, num_warps=4, VARIANT=bits)})
-    for name, bits in (("default", None), *KDA_AG_VARIANTS.items())
+_V = KDA_AG_VARIANTS
+CODES = {"one_pass": _V["one_pass"], "tiles64": _V["tiles64"], "tiles64+split_solve": _V["tiles64"] | _V["split_solve"]}
+PLANS = {"default": None} | {
+    name: LaunchPlan(configs={WY_KDA_AG_FWD.name: LaunchConfig(BK=16, num_warps=4, VARIANT=bits)})
+    for name, bits in CODES.items()
 }
 
 
@@ -129,7 +131,7 @@ def test_chunk_bounds_equal_the_wy_pass(code: str) -> None:
     torch.testing.assert_close(bnd, ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("code", list(KDA_AG_VARIANTS))
+@pytest.mark.parametrize("code", CODES)
 def test_variants_match_the_reference_and_the_default_in_column_blocks(code: str) -> None:
     """K = 40 in blocks of 16 (the third masked past K), three value heads on one key head: head 0 past FAST_SPAN
     (gates -20 per token, elementwise diagonal blocks) with -1000 masks, head 1 at lb -5 (spans up to 80: the
@@ -143,7 +145,7 @@ def test_variants_match_the_reference_and_the_default_in_column_blocks(code: str
     g[:, :, 1] = -5.0 * torch.sigmoid(torch.randn(g[:, :, 1].shape, generator=torch.Generator().manual_seed(3)))
     g[:, :, 2, 16:32] *= 40
     index = _index(cu, v, 64)
-    plan = LaunchPlan(configs={WY_KDA_AG_FWD.name: LaunchConfig(BK=16, num_warps=2, VARIANT=KDA_AG_VARIANTS[code])})
+    plan = LaunchPlan(configs={WY_KDA_AG_FWD.name: LaunchConfig(BK=16, num_warps=2, VARIANT=CODES[code])})
     ag, aqk, gcum = wy_kda_ag(q, k, g, beta, scale=dim**-0.5, index=index, launch=plan)
     ag0, aqk0, gcum0 = wy_kda_ag(q, k, g, beta, scale=dim**-0.5, index=index, launch=PLANS["default"])
     ag_ref, aqk_ref, g_ref = _reference(q, k, g, beta, index, dim**-0.5)
@@ -169,7 +171,11 @@ def test_bad_arguments_are_refused() -> None:
         wy_kda_ag(q, k, g[..., 0], beta, scale=1.0, index=index)
     with pytest.raises(ValueError, match="chunk_size must be one of"):
         wy_kda_ag(q, k, g, beta, scale=1.0, index=_index(cu, v, 128))
+    with pytest.raises(ValueError, match="split_solve variant needs tiles64"):
+        wy_kda_ag(
+            q, k, g, beta, scale=1.0, index=index, launch=LaunchPlan(configs={WY_KDA_AG_FWD.name: LaunchConfig(VARIANT=5)})
+        )
     with pytest.raises(ValueError, match="unknown VARIANT bits"):
         wy_kda_ag(
-            q, k, g, beta, scale=1.0, index=index, launch=LaunchPlan(configs={WY_KDA_AG_FWD.name: LaunchConfig(VARIANT=4)})
+            q, k, g, beta, scale=1.0, index=index, launch=LaunchPlan(configs={WY_KDA_AG_FWD.name: LaunchConfig(VARIANT=8)})
         )

@@ -17,7 +17,10 @@ store (`kernels.ops.gdn.wy_ag._store_ag`), stopped after T.
 Code variants (`KDA_AG_VARIANTS`, bits of the launch config's VARIANT; None: the code above, the default):
 - one_pass: both grams in one pass over the key blocks in 16-row blocks (`_kda_grams`), the exp factors shared;
 - tiles64: both grams as [64, BK] x [BK, 16] products per column block of the chunk (`_kda_grams64`), split over the
-  warps by rows (a 16x16 product is computed by every warp of the program), then the same solve and stores.
+  warps by rows (a 16x16 product is computed by every warp of the program), then the same solve and stores;
+- split_solve (with tiles64): A (strictly lower, beta on the rows) into an fp32 scratch, then the block solve and the
+  Ag store in a second kernel at one warp (`wy_kda_ag_solve_kernel`): the solve's 16 serial steps reduce across
+  rows, which crosses warps at 4-8.
 Both keep the default's numerics: every exponent bounded by FAST_SPAN / 2, the elementwise diagonal blocks past it.
 
 Grouped value heads: q, k have H heads, g and beta HV = G H; value head h reads key head h // G (no repeat).

@@ -10,7 +10,8 @@ Inputs: bf16, H=HV=16, K=V=128, q and k L2-normalised, g = lb * sigmoid(randn) `
 safe-gate range), beta = sigmoid(randn), B sequences packed as one varlen batch (`cu_seqlens`). Per shape and lb:
 - check: o of each path against the fp32 per-token reference (`kernels.ops.kda.naive`) up to --ref-max-tokens tokens,
   above that against the chunked torch path in fp32 (itself tested against the per-token one); relative L2;
-- time (do_bench medians, warmup 25, rep 150): the new forward (`chunk_kda_fwd`, the default "auto" path) and its
+- time (do_bench medians, warmup 25, rep 150): the new forward (`chunk_kda_fwd(fwd_path="fused")`: "auto" is KDA's WY path,
+  `kernels.vocabulary.AUTO_FWD_PATH`) and its
   launchers: the Ag pass (`wy_kda_ag`), the fused pass given Ag (`fused_state_output_fwd`) and, when the split runs,
   its transitions, `seg_chain_fwd` and the state+output launch alone; the old forward (`fwd_path="wy"`) and its two
   launchers (`wy_kda_fwd`, `state_and_output`); FLA's `chunk_kda` when `fla` imports (its first call's seconds too);
@@ -129,7 +130,7 @@ def measure_ag(row: dict[str, Any], q, k, v, g, beta, cu, index, o_ref, plans: d
                                                                bnd=bnd, v=v))  # fmt: skip
 
             def fwd(launch=launch) -> Any:
-                return chunk_kda_fwd(q, k, v, g, beta, scale=scale, cu_seqlens=cu, split_chunks=split, fwd_path="auto",
+                return chunk_kda_fwd(q, k, v, g, beta, scale=scale, cu_seqlens=cu, split_chunks=split, fwd_path="fused",
                                      plan=launch)  # fmt: skip
 
             res["err_fwd"] = rel_l2(fwd()[0], o_ref)
@@ -162,7 +163,7 @@ def measure(B: int, T: int, lb: float, *, fla: bool, ref_max_tokens: int, split:
     o_ref, row["reference"] = _reference(q, k, v, g, beta, cu, ref_max_tokens)
     if ag_configs:  # first: the question, before the slower rows of the full comparison
         measure_ag(row, q, k, v, g, beta, cu, index, o_ref, ag_configs, split)
-    for name, path in (("new", "auto"), ("old", "wy")):
+    for name, path in (("new", "fused"), ("old", "wy")):
         row[f"err_{name}"] = rel_l2(run(path)[0], o_ref)
         row[f"{name}_ms"] = _ms(lambda path=path: run(path))
     if not ag_only:

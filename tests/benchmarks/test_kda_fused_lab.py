@@ -1,0 +1,40 @@
+"""`benchmarks/kda_fused_lab.py --ag-configs`: each item read into a launch plan of the KDA Ag pass (its code variant,
+BK, warps, stages; "default" the plan without an override), a misspelt item refused before any work, and the
+markdown's Ag table holding each config's figures or its failure. (The timing runs on a GPU; the plumbing end to end:
+`--dry-run` under the interpreter.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels.configs import LaunchConfig
+from kernels.ops.kda.wy_ag import KDA_AG_VARIANTS, WY_KDA_AG_FWD
+from tests.utils.scripts import load_script
+
+LAB = load_script("kda_fused_lab")
+
+
+def test_ag_config_items_become_launch_plans() -> None:
+    plans = LAB.ag_plans("default,tiles64:16:8,one_pass:32:4:1,default:32:2,tiles64+split_solve")
+    assert list(plans) == ["default", "tiles64:16:8", "one_pass:32:4:1", "default:32:2", "tiles64+split_solve"]
+    assert plans["default"] is None
+    cfg = {label: plan.configs[WY_KDA_AG_FWD.name] for label, plan in plans.items() if plan is not None}
+    assert cfg["tiles64:16:8"] == LaunchConfig(BK=16, BV=64, num_warps=8, num_stages=2, VARIANT=KDA_AG_VARIANTS["tiles64"])
+    assert cfg["one_pass:32:4:1"] == LaunchConfig(BK=32, BV=64, num_warps=4, num_stages=1, VARIANT=1)
+    assert cfg["default:32:2"].VARIANT is None and cfg["default:32:2"].num_warps == 2  # the default code at 2 warps
+    split = cfg["tiles64+split_solve"]  # the spec's default launch fields, the two bits
+    assert split.VARIANT == 6 and split.BK == WY_KDA_AG_FWD.default.BK
+    assert KDA_AG_VARIANTS["tiles64"] | KDA_AG_VARIANTS["split_solve"] == 6
+    for bad in ("tiles65:16:4", "tiles64:16", "one_pass:16:4:2:1", "tiles64+splitsolve"):
+        with pytest.raises(SystemExit, match="--ag-configs: bad"):
+            LAB.ag_plans(bad)
+
+
+def test_markdown_lists_each_ag_config_or_its_failure() -> None:
+    row = {"B": 1, "T": 131072, "lb": -1.0, "new_ms": 10.4, "old_ms": 10.5,
+           "ag_configs": {"default": {"ag_ms": 5.15, "fwd_ms": 10.4, "err_ag": 0.0},
+                          "tiles64:16:8": {"error": "OutOfResources: shared memory"}}}  # fmt: skip
+    text = LAB._markdown({"command": "x", "env": {}, "rows": [row]})
+    assert "| 1 | 131072 | -1.000 | `default` | 5.150 | 10.400 | 0.000e+00 |" in text
+    assert "`tiles64:16:8` |" in text and "OutOfResources: shared memory |" in text
+    assert LAB._markdown({"command": "x", "env": {}, "rows": [{"B": 1, "T": 8, "lb": -1.0}]}).count("Ag config") == 0

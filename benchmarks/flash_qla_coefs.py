@@ -250,7 +250,9 @@ def compare(args: argparse.Namespace, paths: dict[str, Path], state: dict[str, A
                      for side, c in coefs.items()}  # fmt: skip
             lcp = {side: (d["lcp"] if d["use_cp"] else None) for side, d in picks.items()}
             whole = max(chunks)
-            sizes = split_sizes(whole, 4) if args.splits == "all" else decided_splits(chunks, shape.H, dev, train=train, g=x["g"])
+            sizes = (
+                split_sizes(whole, 4) if args.splits == "all" else decided_splits(chunks, shape.H, dev, train=train, g=x["g"])
+            )
             picked = {S for S in lcp.values() if S is not None}  # each side's pick is timed, in the set or not
             splits = {S: flash_qla_context(S, x, 64) for S in sorted({*sizes, *picked})}
             print(f"compare {direction} {_name(shape)}: picks {lcp}, split sizes {sorted(splits)}", flush=True)

@@ -406,8 +406,9 @@ def gdn_fused_state_output(
     cfg = _config(launch, k, v, gcum, BT=BT, mode=mode, layout=layout, ncols_limit=head_block(V), kd=kd)
     o = torch.empty(v.shape, dtype=out_dtype or q.dtype, device=v.device) if q is not None else None
     ht = k.new_empty(num_states or layout.num_programs, HV, K, V, dtype=torch.float32) if output_final_state else None
-    _launch(cfg, V, layout, q=q, k=k, v=v, ag=ag, gcum=gcum, BT=BT, scale=scale, h0=h0, ht=ht, o=o, aqk=aqk, hs=hs, vn=vn,
-            kd=kd)
+    _launch(
+        cfg, V, layout, q=q, k=k, v=v, ag=ag, gcum=gcum, BT=BT, scale=scale, h0=h0, ht=ht, o=o, aqk=aqk, hs=hs, vn=vn, kd=kd
+    )
     return o, ht
 
 
@@ -470,8 +471,10 @@ def gdn_fused_fwd(
     chunk states, v_new, the maps of every segment and the split (`fused_state_output_keep`).
     """
     if keep_states and (keep is None or (warm is not None and not launch.bwd_warm)):
-        raise ValueError("gdn_fused_fwd: keep_states needs a keep dict, and a warm window only with the plan's bwd_warm "
-                         "(else the backward needs every map)")
+        raise ValueError(
+            "gdn_fused_fwd: keep_states needs a keep dict, and a warm window only with the plan's bwd_warm "
+            "(else the backward needs every map)"
+        )
     bnd = warm.chunk_bound if warm is not None else None
     ag_prep = wy_gdn_ag if ag_prep is None else ag_prep
     ag, gcum = ag_prep(k, g, beta, index=index, launch=launch, bnd=bnd, v=v if bnd is not None else None)

@@ -10,8 +10,8 @@
     table      an `AutotuneTable` (kernels.autotune) of tuned configs, resolved per launch shape key, or None;
     keep       the triton backend's recompute policy, one of `kernels.vocabulary.KEEP_POLICIES`;
     bwd_grads  the backward's gradient kernels, one of `kernels.vocabulary.BWD_GRADS` (`kernels.common.chunk_bwd`);
-    bwd_warm   the backward's gate-certified warm window in chunks for its split reverse state pass, 0 = exact (the
-               default; `kernels.common.warm_bwd`);
+    bwd_warm   the backward's gate-certified warm window in chunks for its split reverse state pass, 0 = exact, None
+               (the default) = `kernels.vocabulary.AUTO_BWD_WARM`'s per op (`bwd_warm_for`; `kernels.common.warm_bwd`);
     recorder   a `LaunchRecorder` the caller made, told every launch's (key, config), or None.
 A launcher's config is `plan.config_for(spec, key)`: the explicit one, else the table's for the key, else the
 kernel's default (BV clamped to a small head dim where the launcher says so), recorded in the plan's recorder.
@@ -39,7 +39,7 @@ from typing import Any
 
 from kernels.autotune import AutotuneTable, load_autotune
 from kernels.configs import KernelSpec, LaunchConfig
-from kernels.vocabulary import BWD_GRADS, KEEP_POLICIES  # the triton backend's options, the first of each the default
+from kernels.vocabulary import AUTO_BWD_WARM, BWD_GRADS, KEEP_POLICIES  # the triton backend's options (first: default)
 
 __all__ = ["LaunchPlan", "LaunchRecorder", "default_plan", "launch_config", "plan_with",
            "set_default_plan", "use_autotune"]
@@ -85,7 +85,7 @@ class LaunchPlan:
     table: AutotuneTable | None = None
     keep: str = KEEP_POLICIES[0]
     bwd_grads: str = BWD_GRADS[0]
-    bwd_warm: int = 0
+    bwd_warm: int | None = None
     recorder: LaunchRecorder | None = None
 
     def __post_init__(self) -> None:
@@ -93,9 +93,17 @@ class LaunchPlan:
             raise ValueError(f"LaunchPlan.keep must be one of {', '.join(KEEP_POLICIES)}, got {self.keep!r}")
         if self.bwd_grads not in BWD_GRADS:
             raise ValueError(f"LaunchPlan.bwd_grads must be one of {', '.join(BWD_GRADS)}, got {self.bwd_grads!r}")
-        if isinstance(self.bwd_warm, bool) or not isinstance(self.bwd_warm, int) or self.bwd_warm < 0:
-            raise ValueError(f"LaunchPlan.bwd_warm must be an int >= 0 (chunks; 0 = exact), got {self.bwd_warm!r}")
+        if self.bwd_warm is not None and (
+            isinstance(self.bwd_warm, bool) or not isinstance(self.bwd_warm, int) or self.bwd_warm < 0
+        ):
+            raise ValueError(
+                f"LaunchPlan.bwd_warm must be None (per op) or an int >= 0 (chunks; 0 = exact), got {self.bwd_warm!r}"
+            )
         object.__setattr__(self, "configs", MappingProxyType(dict(self.configs)))
+
+    def bwd_warm_for(self, op: str) -> int:
+        """The reverse state pass's warm window of `op` in chunks (0: exact): `bwd_warm`, or AUTO_BWD_WARM's at None."""
+        return AUTO_BWD_WARM.get(op, 0) if self.bwd_warm is None else self.bwd_warm
 
     def config_for(self, spec: KernelSpec, key: Mapping[str, Any], override: LaunchConfig | None = None, *,
                    bv_limit: int | None = None) -> LaunchConfig:

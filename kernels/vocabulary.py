@@ -30,6 +30,7 @@ __all__ = [
     "BACKENDS",
     "BENCHMARKED_BACKENDS",
     "AUTO_BWD_GRADS",
+    "AUTO_BWD_WARM",
     "AUTO_FWD_PATH",
     "BWD_GRADS",
     "COUNTED_DIRECTIONS",
@@ -117,6 +118,11 @@ AUTO_FWD_PATH: Mapping[str, str] = MappingProxyType({"gdn": "fused", "kda": "wy"
 # dqk_wy_lab_h200.md): GDN's training step at 1x64K 8.97 -> 8.70 ms and its peak 4616 -> 3336 MB with the fused
 # kernel; KDA's step 29.6 -> 32.1 ms (slower)
 AUTO_BWD_GRADS: Mapping[str, str] = MappingProxyType({"gdn": "fused", "kda": "pair"})
+# `LaunchPlan.bwd_warm` None (the default) per op: the reverse state pass's gate-certified warm window in chunks
+# (`kernels.common.warm_bwd`), from the H200 (session 12, benchmarks/results/bwd_warm_h200.md): GDN's training step
+# 8.67 -> 7.85 ms at 1x64K (1x128K, 8x8K in the same file), gradients unchanged, every window certified at lb -1; KDA's
+# warm path is exact on the CPU but not yet timed or checked on a GPU, so it stays exact
+AUTO_BWD_WARM: Mapping[str, int] = MappingProxyType({"gdn": 4, "kda": 0})
 # our backends' own options (`mode_options: {triton: {keep: wy+states}}`): backend -> name -> values, default first
 BACKEND_OPTIONS: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyType({"triton": {"keep": KEEP_POLICIES}})
 

@@ -20,7 +20,7 @@ for any gate; the gate is floored where it is loaded (`kernels.common.decay`) an
 These device helpers live in `kernels.common.bwd_tiles`.
 
 `chunk_bwd` is the whole backward: recompute (WY prep, T, the chunk states with the forward's sequence split), the
-reverse state pass (split the same way; with `LaunchPlan.bwd_warm` > 0 its chain, and the recompute's, take
+reverse state pass (split the same way; with `LaunchPlan.bwd_warm_for(op)` > 0 its chain, and the recompute's, take
 gate-certified warm windows instead of full-segment walks where the gates allow, `kernels.common.warm_bwd`), then
 the two kernels above (`pair_grads`), or with the plan's `bwd_grads="fused"` one kernel per (chunk, head) in their
 place (`kernels.common.dqk_wy_bwd`: no dw, no partials); the default "auto" takes the fused kernel for GDN and the
@@ -458,10 +458,11 @@ def _state_pass(
     return h, v_new, dh, dv_new
 
 
-def _rev_warm(launch: LaunchPlan, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+def _rev_warm(launch: LaunchPlan, op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
               report: dict[str, Tensor] | None) -> RevWarmInputs | None:
-    """The reverse pass's warm window inputs under the plan's `bwd_warm` (None at 0: the exact path)."""
-    return RevWarmInputs(q, k, g, beta, window_chunks=launch.bwd_warm, report=report, v=v) if launch.bwd_warm else None
+    """The reverse pass's warm window inputs under the plan's `bwd_warm_for(op)` (None at 0: the exact path)."""
+    w = launch.bwd_warm_for(op)
+    return RevWarmInputs(q, k, g, beta, window_chunks=w, report=report, v=v) if w else None
 
 
 def chunk_state_grad(
@@ -484,7 +485,7 @@ def chunk_state_grad(
     dh0 = k.new_empty(index.num_seqs, H, K, v.shape[-1], dtype=torch.float32)
     _state_pass(qs, ks, w, u, gs, aqk, do, index=index, gate_vector=gate_vector, scale=scale, h0=None,
                 dht=dht.float().contiguous() if dht is not None else None, dh0=dh0, launch=launch,
-                split_chunks=split_chunks, states=False, warm=_rev_warm(launch, q, k, v, g, beta, warm_report))
+                split_chunks=split_chunks, states=False, warm=_rev_warm(launch, op, q, k, v, g, beta, warm_report))
     return dh0
 
 
@@ -502,7 +503,7 @@ def chunk_bwd(
     (`keep_states=True`: h,
     v_new, M, split) the forward state pass and the transitions of step 2 are skipped, and the forward's split is
     used (split_chunks is then ignored; kept states without the maps M work too). plan: the launch plan (None:
-    `kernels.plan.default_plan()`; its `bwd_warm` > 0 certifies warm windows in the split reverse chain,
+    `kernels.plan.default_plan()`; its `bwd_warm_for(op)` > 0 (GDN's default) certifies warm windows in the split reverse chain,
     `kernels.common.warm_bwd`). chunk_size: the forward's (`kernels.common.wy.CHUNK_SIZES`). warm_report: a dict that
     receives the warm window's device tensor `certified` `[NS - N, H]` when it ran (read it after the call).
     """
@@ -530,7 +531,7 @@ def chunk_bwd(
         qs, ks, w, u, gs, aqk, do, index=index, gate_vector=gate_vector, scale=scale,
         h0=initial_state.float().contiguous() if initial_state is not None else None,
         dht=dht.float().contiguous() if dht is not None else None, dh0=dh0, launch=launch, split_chunks=split_chunks,
-        states=True, kept=kept, warm=_rev_warm(launch, q, k, v, g, beta, warm_report))
+        states=True, kept=kept, warm=_rev_warm(launch, op, q, k, v, g, beta, warm_report))
     assert h is not None and v_new is not None and dh is not None and dv_new is not None
 
     # 3. the chunk-parallel gradients: one kernel per chunk (`LaunchPlan.bwd_grads` "fused"; "auto": the op's choice in

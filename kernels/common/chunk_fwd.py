@@ -146,11 +146,11 @@ def chunk_fwd(
     path = "fused" if fused_path else "wy"
     fused_states = fused_path and ag_states  # "ag+states" on the fused path
     # kept states need the maps of every segment, which the warm split does not make, unless the backward's reverse
-    # state pass runs its own certified window (`launch.bwd_warm`, kernels.common.warm_bwd: it makes the maps it needs):
+    # state pass runs its own certified window (`launch.bwd_warm_for(op)`, kernels.common.warm_bwd: it makes the maps it needs):
     # "ag+states" then keeps the forward's warm split and no maps
     warm = (
         None
-        if (keep is not None and keep_states) or (fused_states and not launch.bwd_warm)
+        if (keep is not None and keep_states) or (fused_states and not launch.bwd_warm_for(op))
         else warm_inputs(op, k, v, g, beta, warm_chunks, path=path, report=warm_report)
     )
     warm = with_chunk_bound(warm, index.num_chunks)  # the WY (or Ag) pass sums the bound's terms per chunk

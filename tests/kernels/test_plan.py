@@ -84,9 +84,11 @@ def test_plan_is_frozen_and_keep_is_checked() -> None:
     assert plan.bwd_grads == "auto" and plan.replace(bwd_grads="fused").bwd_grads == "fused"
     with pytest.raises(ValueError, match=r"^LaunchPlan\.bwd_grads must be one of auto, pair, fused, got 'one'$"):
         plan.replace(bwd_grads="one")
-    assert plan.bwd_warm == 0 and plan.replace(bwd_warm=4).bwd_warm == 4  # the backward's warm window: off by default
+    # the backward's warm window: per op by default (AUTO_BWD_WARM: GDN's on, KDA's exact), or the plan's for both
+    assert plan.bwd_warm is None and (plan.bwd_warm_for("gdn"), plan.bwd_warm_for("kda")) == (4, 0)
+    assert [plan.replace(bwd_warm=w).bwd_warm_for(op) for w in (0, 2) for op in ("gdn", "kda")] == [0, 0, 2, 2]
     for bad in (-1, True, 2.0):
-        with pytest.raises(ValueError, match=r"^LaunchPlan\.bwd_warm must be an int >= 0 \(chunks; 0 = exact\), got "):
+        with pytest.raises(ValueError, match=r"^LaunchPlan\.bwd_warm must be None \(per op\) or an int >= 0 \(chunks; 0 = exact\), got "):
             plan.replace(bwd_warm=bad)
 
 

@@ -470,7 +470,7 @@ def gdn_fused_fwd(
     keep_states (the policy "ag+states", `LaunchPlan.keeps_ag`; needs keep and warm=None): keep also receives the
     chunk states, v_new, the maps of every segment and the split (`fused_state_output_keep`).
     """
-    if keep_states and (keep is None or (warm is not None and not launch.bwd_warm)):
+    if keep_states and (keep is None or (warm is not None and not launch.bwd_warm_for("gdn"))):
         raise ValueError(
             "gdn_fused_fwd: keep_states needs a keep dict, and a warm window only with the plan's bwd_warm "
             "(else the backward needs every map)"

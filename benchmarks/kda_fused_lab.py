@@ -2,7 +2,8 @@
 in one process on one GPU: o checked against the fp32 reference, then do_bench medians; GPU only.
 
     python benchmarks/kda_fused_lab.py --out $OUT [--shapes 1x131072,1x32768,8x8192] [--lbs -1,-5] [--no-fla]
-        [--forms inline,gated,gated_tma] [--no-old] [--ref-max-tokens 8192] [--split-chunks N] [--deadline-s 540]
+        [--forms inline,gated,gated_tma] [--no-old] [--ag-configs default,tiles64:16:8,...] [--ag-only]
+        [--ref-max-tokens 8192] [--split-chunks N] [--deadline-s 540]
     TRITON_INTERPRET=1 python benchmarks/kda_fused_lab.py --out /tmp/lab --dry-run   # CPU plumbing check, no timing
 
 Inputs: bf16, H=HV=16, K=V=128, q and k L2-normalised, g = lb * sigmoid(randn) `[.., H, K]` fp32 (lb -1: every
@@ -20,7 +21,13 @@ safe-gate range), beta = sigmoid(randn), B sequences packed as one varlen batch 
   (`fwd_path="wy"`) and its two launchers (`wy_kda_fwd`, `state_and_output`); FLA's `chunk_kda` when `fla` imports
   (its first call's seconds too);
 - floors (`runners.bench.floors`, bytes at HBM_TBPS): the whole forward (q, k, v, g, beta read and o written once)
-  and each new launcher's (`ag`, `fused`); new / FLA, the issue's target <= 0.5.
+  and each new launcher's (`ag`, `fused`); new / FLA, the issue's target <= 0.5;
+- with --ag-configs (the Ag pass's code variants `kernels.ops.kda.wy_ag.KDA_AG_VARIANTS`), first: per Ag config
+  NAME[:BK:num_warps[:num_stages]] (NAME "default": the spec's default code, else variants joined by "+"; "gated" runs
+  with the default code only, `wy_kda_ag` refuses it with the others: an error row), the Ag pass alone (with the warm
+  split's bound sums, as the forward runs it), its ag / aqk / gcum against the default code's (relative L2; gated: its
+  G_C against gcum at each chunk's last row), and the whole two-kernel forward with that config (o against the
+  reference): the Ag table; --ag-only: no launchers (each form's and the old forward's whole forward only).
 Writes $OUT/kda_fused_lab.{json,md} after every row (a stopped run keeps its rows).
 """
 
@@ -102,14 +109,89 @@ def _prefix(form: str) -> str:
     return "" if form == "inline" else f"{form}_"
 
 
-def measure(B: int, T: int, lb: float, *, fla: bool, ref_max_tokens: int, split: int | None,
-            forms: tuple[str, ...] = ("inline",), old: bool = True) -> dict[str, Any]:  # fmt: skip
-    from kernels.common.index import prepare_chunk_index
-    from kernels.common.seqsplit import resolve_split, seg_chain_fwd, state_and_output, whole_sequences
-    from kernels.common.wy import wy_kda_fwd
-    from kernels.ops.gdn.fused import fused_state_output_fwd, gdn_fused_state_output, gdn_fused_transition
+def ag_plans(text: str) -> dict[str, Any]:
+    """--ag-configs: {label: LaunchPlan or None (the default plan)} from NAME[:BK:num_warps[:num_stages]],..., NAME
+    "default" (the default code) or variants of `KDA_AG_VARIANTS` joined by "+" (e.g. tiles64+split_solve)."""
+    from kernels.configs import LaunchConfig
+    from kernels.ops.kda.wy_ag import KDA_AG_VARIANTS, WY_KDA_AG_FWD
+    from kernels.plan import default_plan
+
+    plans: dict[str, Any] = {}
+    for item in filter(None, text.split(",")):
+        name, *nums = item.split(":")
+        names = [] if name == "default" else name.split("+")
+        if any(n not in KDA_AG_VARIANTS for n in names) or len(nums) not in (0, 2, 3):
+            raise SystemExit(f"--ag-configs: bad {item!r}: NAME[:BK:num_warps[:num_stages]], NAME default or "
+                             f"'+'-joined names of {sorted(KDA_AG_VARIANTS)}")  # fmt: skip
+        if not names and not nums:
+            plans[item] = None
+            continue
+        base = WY_KDA_AG_FWD.default
+        bk, warps, stages = ([int(x) for x in nums] + [base.num_stages])[:3] if nums else (base.BK, base.num_warps, base.num_stages)  # fmt: skip
+        variant = sum(KDA_AG_VARIANTS[n] for n in set(names)) or None
+        cfg = LaunchConfig(BK=bk, BV=base.BV, num_warps=warps, num_stages=stages, VARIANT=variant)
+        plans[item] = default_plan().with_configs({WY_KDA_AG_FWD.name: cfg})
+    return plans
+
+
+def _chunk_last(gcum: torch.Tensor, index: Any) -> torch.Tensor:
+    """gcum `[1, T, HV, K]` at each chunk's last row: `[NT_total, HV, K]`, the gated variant's G_C."""
+    seq, chunk = index.chunk_indices.long().unbind(1)
+    cu = index.cu_seqlens.long()
+    ends = torch.minimum(cu[seq] + (chunk + 1) * index.chunk_size, cu[seq + 1])
+    return gcum[0, ends - 1]
+
+
+def measure_ag(row: dict[str, Any], q, k, v, g, beta, cu, index, o_ref, plans: dict[str, Any],
+               split: int | None) -> None:  # fmt: skip
+    """The Ag pass alone and the two-kernel forward per Ag config (`ag_plans`), into row["ag_configs"]."""
+    from kernels.common.warm_split import WARM_DEFAULT
     from kernels.ops.kda.chunk import chunk_kda_fwd
     from kernels.ops.kda.wy_ag import GatedKeys, wy_kda_ag
+    from kernels.plan import default_plan
+    from runners.correctness import rel_l2
+
+    scale, H = k.shape[3] ** -0.5, v.shape[2]
+    bnd = torch.empty(index.num_chunks, H, 2, dtype=torch.float32, device=q.device)
+    base = wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=default_plan())
+    below = torch.ones(64, 64, dtype=torch.bool, device=q.device).tril()
+    # Aqk's entries above the diagonal are not written: compare on and below it (rows of a chunk = token % 64 here)
+    mask = below[torch.arange(q.shape[1], device=q.device) % 64][None, :, None, :]
+    out: dict[str, Any] = {}
+    for label, plan in plans.items():
+        res: dict[str, Any] = {}
+        launch = plan if plan is not None else default_plan()
+        try:
+            ag, aqk, gates = wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=launch)
+            res["err_ag"] = rel_l2(ag, base[0])
+            # the gated variant stores G_C (GatedKeys.gc), not gcum: against gcum at each chunk's last row
+            gated = isinstance(gates, GatedKeys)
+            res["err_gcum"] = rel_l2(gates.gc, _chunk_last(base[2], index)) if gated else rel_l2(gates, base[2])
+            res["err_aqk"] = rel_l2(aqk.masked_fill(~mask, 0), base[1].masked_fill(~mask, 0))
+            res["ag_ms"] = _ms(lambda launch=launch: wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=launch,
+                                                               bnd=bnd, v=v))  # fmt: skip
+
+            def fwd(launch=launch) -> Any:
+                return chunk_kda_fwd(q, k, v, g, beta, scale=scale, cu_seqlens=cu, split_chunks=split, fwd_path="fused",
+                                     plan=launch)  # fmt: skip
+
+            res["err_fwd"] = rel_l2(fwd()[0], o_ref)
+            res["fwd_ms"] = _ms(fwd)
+        except Exception as err:  # a config that fails to compile or run is a row, not a crash
+            res["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}"
+        out[label] = res
+        print(json.dumps({"ag_config": label, **res}), flush=True)
+    row["ag_configs"] = out
+    row["warm_chunks_fused"] = WARM_DEFAULT.get("fused")
+
+
+def measure(B: int, T: int, lb: float, *, fla: bool, ref_max_tokens: int, split: int | None,
+            forms: tuple[str, ...] = ("inline",), old: bool = True, ag_configs: dict[str, Any] | None = None,
+            ag_only: bool = False) -> dict[str, Any]:  # fmt: skip
+    """One row: the Ag configs (first: the slower full comparison after them), each form's forward and (unless
+    ag_only) its launchers, the old forward and its launchers (unless not old), FLA."""
+    from kernels.common.index import prepare_chunk_index
+    from kernels.ops.kda.chunk import chunk_kda_fwd
     from kernels.plan import default_plan
     from runners.correctness import rel_l2
 
@@ -124,49 +206,66 @@ def measure(B: int, T: int, lb: float, *, fla: bool, ref_max_tokens: int, split:
         return chunk_kda_fwd(q, k, v, g, beta, scale=scale, cu_seqlens=cu, split_chunks=split, fwd_path=path, plan=launch)
 
     o_ref, row["reference"] = _reference(q, k, v, g, beta, cu, ref_max_tokens)
+    if ag_configs:
+        measure_ag(row, q, k, v, g, beta, cu, index, o_ref, ag_configs, split)
     for form in forms:
         launch, p = form_plan(form), _prefix(form)
         row[f"{p}err_new"] = rel_l2(run("fused", launch)[0], o_ref)
         row[f"{p}new_ms"] = _ms(lambda launch=launch: run("fused", launch))
-
-        # the new path's launchers: the Ag pass, the fused pass given Ag, and (split) its three pieces
-        ag, aqk, gates = wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=launch)
-        row[f"{p}ag_ms"] = _ms(lambda launch=launch: wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=launch))
-        if isinstance(gates, GatedKeys):  # the pass reads qg, ke, G_C in q's, k's and gcum's places, and kd
-            qx, kx, gx, kd = gates.qg, gates.ke, gates.gc, gates.kd
-        else:
-            qx, kx, gx, kd = q, k, gates, None
-        pa = {"ag": ag, "gcum": gx, "launch": launch, "kd": kd}
-        row[f"{p}pass_ms"] = _ms(lambda pa=pa, qx=qx, kx=kx, aqk=aqk: fused_state_output_fwd(
-            qx, kx, v, aqk=aqk, scale=scale, index=index, split_chunks=split, **pa))  # fmt: skip
-        plan = resolve_split(index, split, H=H, NV=-(-V // 64), device=q.device)
-        row["segments"] = plan.num_segments if plan is not None else 0
-        layout, h0 = whole_sequences(index), None
-        if plan is not None:
-            tr = {"layout": plan.transitions, "BT": 64, **pa}
-            M, S = gdn_fused_transition(kx, v, **tr)
-            row[f"{p}transition_ms"] = _ms(lambda tr=tr, kx=kx: gdn_fused_transition(kx, v, **tr))
-            row["chain_ms"] = _ms(lambda M=M, S=S, plan=plan, launch=launch: seg_chain_fwd(M, S, None, plan, launch=launch))
-            layout, h0 = plan.final, seg_chain_fwd(M, S, None, plan, launch=launch)
-        so = {"aqk": aqk, "layout": layout, "BT": 64, "scale": scale, "h0": h0, **pa}
-        row[f"{p}state_output_ms"] = _ms(lambda so=so, qx=qx, kx=kx: gdn_fused_state_output(qx, kx, v, **so))
+        if not ag_only:
+            _form_launchers(row, p, q, k, v, g, beta, index, scale, launch, split)
     for form in forms:
         if "new_ms" in row:
             row[f"{_prefix(form)}over_inline"] = row[f"{_prefix(form)}new_ms"] / row["new_ms"]
-    if not old:
-        return _fla(row, q, k, v, g, beta, cu, scale, o_ref) if fla else row
-    launch = default_plan()
-    row["err_old"] = rel_l2(run("wy", launch)[0], o_ref)
-    row["old_ms"] = _ms(lambda: run("wy", launch))
+    if old:
+        launch = default_plan()
+        row["err_old"] = rel_l2(run("wy", launch)[0], o_ref)
+        row["old_ms"] = _ms(lambda: run("wy", launch))
+        if not ag_only:
+            _old_launchers(row, q, k, v, g, beta, index, scale, launch, split)
+    return _fla(row, q, k, v, g, beta, cu, scale, o_ref) if fla else row
 
-    # the old path's two launchers
+
+def _form_launchers(row: dict[str, Any], p: str, q, k, v, g, beta, index, scale: float, launch, split: int | None) -> None:
+    """The new path's launchers with a form's plan, keys prefixed p: the Ag pass, the fused pass given Ag, and (split)
+    its three pieces."""
+    from kernels.common.seqsplit import resolve_split, seg_chain_fwd, whole_sequences
+    from kernels.ops.gdn.fused import fused_state_output_fwd, gdn_fused_state_output, gdn_fused_transition
+    from kernels.ops.kda.wy_ag import GatedKeys, wy_kda_ag
+
+    H, V = v.shape[2], v.shape[3]
+    ag, aqk, gates = wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=launch)
+    row[f"{p}ag_ms"] = _ms(lambda: wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=launch))
+    if isinstance(gates, GatedKeys):  # the pass reads qg, ke, G_C in q's, k's and gcum's places, and kd
+        qx, kx, gx, kd = gates.qg, gates.ke, gates.gc, gates.kd
+    else:
+        qx, kx, gx, kd = q, k, gates, None
+    pa = {"ag": ag, "gcum": gx, "launch": launch, "kd": kd}
+    row[f"{p}pass_ms"] = _ms(lambda: fused_state_output_fwd(qx, kx, v, aqk=aqk, scale=scale, index=index,
+                                                            split_chunks=split, **pa))  # fmt: skip
+    plan = resolve_split(index, split, H=H, NV=-(-V // 64), device=q.device)
+    row["segments"] = plan.num_segments if plan is not None else 0
+    layout, h0 = whole_sequences(index), None
+    if plan is not None:
+        tr = {"layout": plan.transitions, "BT": 64, **pa}
+        M, S = gdn_fused_transition(kx, v, **tr)
+        row[f"{p}transition_ms"] = _ms(lambda: gdn_fused_transition(kx, v, **tr))
+        row["chain_ms"] = _ms(lambda: seg_chain_fwd(M, S, None, plan, launch=launch))
+        layout, h0 = plan.final, seg_chain_fwd(M, S, None, plan, launch=launch)
+    so = {"aqk": aqk, "layout": layout, "BT": 64, "scale": scale, "h0": h0, **pa}
+    row[f"{p}state_output_ms"] = _ms(lambda: gdn_fused_state_output(qx, kx, v, **so))
+
+
+def _old_launchers(row: dict[str, Any], q, k, v, g, beta, index, scale: float, launch, split: int | None) -> None:
+    """The old path's two launchers: the WY prep and the state+output pass."""
+    from kernels.common.seqsplit import state_and_output
+    from kernels.common.wy import wy_kda_fwd
+
     w, u, kg, gc, qg, aqk_old = wy_kda_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch)
     row["old_wy_ms"] = _ms(lambda: wy_kda_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch))
     row["old_state_output_ms"] = _ms(lambda: state_and_output(
         index=index, k=kg, w=w, u=u, g=gc, q=qg, aqk=aqk_old, gate_vector=True, scale=scale, initial_state=None,
         output_final_state=False, out_dtype=q.dtype, launch=launch, split_chunks=split, fuse_output=True))  # fmt: skip
-
-    return _fla(row, q, k, v, g, beta, cu, scale, o_ref) if fla else row
 
 
 def _fla(row: dict[str, Any], q, k, v, g, beta, cu, scale: float, o_ref) -> dict[str, Any]:
@@ -211,7 +310,35 @@ NOTE = (
 
 
 def _cell(key: str, x: Any) -> str:
-    return "" if x is None else f"{x:.3e}" if "err" in key else f"{x:.3f}" if isinstance(x, float) else str(x)
+    if x is None:
+        return ""
+    if isinstance(x, float):
+        return f"{x:.3e}" if key.startswith("err") else f"{x:.3f}"
+    return str(x)
+
+
+AG_COLUMNS = [
+    ("ag_ms", "Ag pass ms (with bnd)"), ("fwd_ms", "two-kernel fwd ms"), ("err_ag", "err ag vs default"),
+    ("err_aqk", "err aqk vs default"), ("err_gcum", "err gcum vs default"), ("err_fwd", "err fwd"), ("error", "error"),
+]  # fmt: skip
+AG_NOTE = (
+    "Ag configs (`--ag-configs`, NAME[:BK:num_warps[:num_stages]]; `kernels.ops.kda.wy_ag.KDA_AG_VARIANTS`): the Ag "
+    "pass alone with the warm split's bound sums (as the forward runs it), its outputs against the default code's "
+    "(relative L2; Aqk on and below the diagonal; gated: G_C against gcum at each chunk's last row), and the whole "
+    "two-kernel forward with that config (o against the reference); old fwd (WY) and FLA in the first table."
+)
+
+
+def _ag_table(rows: list[dict[str, Any]]) -> list[str]:
+    if not any(row.get("ag_configs") for row in rows):
+        return []
+    lines = ["", AG_NOTE, "", "| B | T | lb | Ag config | " + " | ".join(h for _, h in AG_COLUMNS) + " |",
+             "|" + "---:|" * 3 + "---|" + "---:|" * (len(AG_COLUMNS) - 1) + "---|"]  # fmt: skip
+    for row in rows:
+        for label, res in (row.get("ag_configs") or {}).items():
+            cells = [_cell(key, res.get(key)) for key, _ in AG_COLUMNS]
+            lines.append(f"| {row['B']} | {row['T']} | {row['lb']:.3f} | `{label}` | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _markdown(state: dict[str, Any]) -> str:
@@ -232,7 +359,7 @@ def _markdown(state: dict[str, Any]) -> str:
             if f"{p}new_ms" in row:
                 cells = [_cell(key, row.get(p + key)) for key, _ in FORM_COLUMNS]
                 table.append(f"| {row['B']} | {row['T']} | {row['lb']} | {form} | " + " | ".join(cells) + " |")
-    return head + "\n".join(table) + "\n"
+    return head + "\n".join(table + _ag_table(state["rows"])) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -245,12 +372,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--split-chunks", type=int, default=None, help="segment length in chunks (default: automatic)")
     p.add_argument("--forms", default="inline,gated", help=f"the fused pass's forms to time, of {','.join(FORMS)}")
     p.add_argument("--no-old", action="store_true", help="skip the old (WY) forward and its launchers")
+    p.add_argument(
+        "--ag-configs",
+        default="",
+        help="Ag pass configs to time, NAME[:BK:num_warps[:num_stages]],... "
+        "(NAME: default or KDA_AG_VARIANTS keys joined by +), e.g. default,tiles64:16:8,tiles64+split_solve:16:8",
+    )
+    p.add_argument("--ag-only", action="store_true", help="no launchers: the whole forwards and the Ag configs' table")
     p.add_argument("--dry-run", action="store_true", help="CPU under TRITON_INTERPRET=1: H=2, K=V=32, 1x200, split 1")
     p.add_argument("--deadline-s", type=float, default=540.0, help="start no new row after this many seconds")
     args = p.parse_args(argv)
     forms = tuple(args.forms.split(","))
     if not forms or set(forms) - set(FORMS):
         raise SystemExit(f"--forms: give some of {','.join(FORMS)}, got {args.forms!r}")
+    plans = ag_plans(args.ag_configs)  # a misspelt item stops here, before any work
     if args.dry_run:
         DEVICE.update(name="cpu", dtype=torch.float32)
         DIMS.update(H=2, K=32, V=32)
@@ -274,7 +409,7 @@ def main(argv: list[str] | None = None) -> None:
             continue
         B, T = (int(x) for x in text.lower().split("x"))
         state["rows"].append(measure(B, T, lb, fla=fla, ref_max_tokens=args.ref_max_tokens, split=args.split_chunks,
-                                     forms=forms, old=not args.no_old))  # fmt: skip
+                                     forms=forms, old=not args.no_old, ag_configs=plans, ag_only=args.ag_only))  # fmt: skip
         print(json.dumps(state["rows"][-1]), flush=True)
         for ext, text_of in (("json", lambda st: json.dumps(st, indent=1) + "\n"), ("md", _markdown)):
             (args.out / f"kda_fused_lab.{ext}").write_text(text_of(state))

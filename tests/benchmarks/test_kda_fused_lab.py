@@ -38,3 +38,31 @@ def test_markdown_lists_each_ag_config_or_its_failure() -> None:
     assert "| 1 | 131072 | -1.000 | `default` | 5.150 | 10.400 | 0.000e+00 |" in text
     assert "`tiles64:16:8` |" in text and "OutOfResources: shared memory |" in text
     assert LAB._markdown({"command": "x", "env": {}, "rows": [{"B": 1, "T": 8, "lb": -1.0}]}).count("Ag config") == 0
+
+
+def test_measure_ag_reads_the_gated_variants_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The `gated` Ag config returns GatedKeys, not gcum: its G_C is checked against the default code's gcum at each
+    chunk's last row (a short last chunk in the second sequence), its forward against the reference; a gated config
+    with another code is an error row (`wy_kda_ag` refuses it), not a crash."""
+    import torch
+
+    from kernels.common.index import prepare_chunk_index
+
+    monkeypatch.setitem(LAB.DEVICE, "name", "cpu")  # the lab's timer: one call on the CPU (as --dry-run)
+    torch.manual_seed(0)
+    T, H, K = 150, 1, 32
+    q, k = (torch.nn.functional.normalize(torch.randn(1, T, H, K), dim=-1) for _ in range(2))
+    v, g, beta = torch.randn(1, T, H, K), -torch.sigmoid(torch.randn(1, T, H, K)), torch.sigmoid(torch.randn(1, T, H))
+    bounds = [0, 128, T]  # chunk starts stay multiples of 64 (measure_ag's Aqk mask); the last chunk has 22 rows
+    cu = torch.tensor(bounds, dtype=torch.int32)
+    index = prepare_chunk_index(cu, batch=1, seq_len=T, chunk_size=64, cu_seqlens_cpu=bounds)
+    o_ref, _ = LAB._reference(q, k, v, g, beta, cu, max_tokens=T)
+    row: dict = {}
+    LAB.measure_ag(row, q, k, v, g, beta, cu, index, o_ref, LAB.ag_plans("gated,gated+tiles64"), split=1)
+    gated, bad = row["ag_configs"]["gated"], row["ag_configs"]["gated+tiles64"]
+    assert "error" not in gated and gated["err_gcum"] < 1e-6 and gated["err_ag"] < 1e-6 and gated["err_aqk"] < 1e-6
+    assert gated["err_fwd"] < 1e-5 and gated["ag_ms"] > 0 and gated["fwd_ms"] > 0
+    assert bad["error"].startswith("ValueError: wy_kda_ag: the gated variant runs with the default code only")
+    # the comparison can fail: G_C is not gcum one row early
+    last = LAB._chunk_last(torch.arange(T, dtype=torch.float32)[None, :, None, None], index).flatten()
+    assert last.tolist() == [63, 127, 149]

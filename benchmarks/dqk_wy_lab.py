@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -49,6 +48,7 @@ from kernels.configs import LaunchConfig  # noqa: E402
 from kernels.plan import LaunchPlan  # noqa: E402
 from runners.bench.floors import bwd_launcher_bytes, floor_ms  # noqa: E402
 from runners.correctness import rel_l2  # noqa: E402
+from runners.versions import git_sha  # noqa: E402
 
 NAMES = ("dq", "dk", "dv", "dg", "dbeta")
 # the pair's configs (the default; the tuned KDA config of the shipped file, 8 warps) and the fused kernel's
@@ -221,15 +221,6 @@ def step_ms(op: str, xs, do, plan: LaunchPlan, bench) -> tuple[float, float]:  #
     return ms, (torch.cuda.max_memory_allocated() - base) / 1e9
 
 
-def git_sha() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def run_shape(op: str, B: int, T: int, H: int, HV: int, K: int, *, device: str, dry_run: bool,
               fused_configs: dict[str, dict[str, Any]], pair_configs: list[str], split: bool, step: bool,
               deadline: float, warm: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
@@ -380,7 +371,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name() if not dry else "cpu (interpreter)",
         "torch": torch.__version__,
         "triton": triton.__version__,
-        "sha": git_sha(),
+        "sha": git_sha() or "unknown",
         "K": K,
         "V": K,
     }

@@ -16,6 +16,12 @@ import triton.language as tl
 __all__ = ["chunk_of_program", "group_heads"]
 
 
+def given(**flags: str) -> dict[str, Callable[[dict[str, Any]], bool]]:
+    """`triton.heuristics` entries FLAG -> "argument `name` is not None", one per keyword (FLAG=name): the optional
+    inputs and outputs a kernel specialises on."""
+    return {flag: (lambda args, name=name: args[name] is not None) for flag, name in flags.items()}
+
+
 def group_heads(name: str) -> Callable[[dict[str, Any]], int]:
     """The `triton.heuristics` entry of G, the value heads per q/k head: argument `name`'s heads (a per-value-head
     tensor, [B, T, HV, ...]) over k's; a kernel reads q and k at head i_h // G."""

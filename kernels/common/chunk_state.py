@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.common.chunk_program import group_heads
+from kernels.common.chunk_program import given, group_heads
 from kernels.common.state_program import range_of_program
 from kernels.configs import KernelSpec, LaunchConfig, head_block, register
 from kernels.plan import LaunchPlan, launch_config
@@ -81,16 +81,8 @@ CHUNK_STATE_TRANSITION_FWD = register(KernelSpec(
 
 
 @triton.heuristics({
-    "USE_INITIAL_STATE": lambda args: args["h0"] is not None,
-    "STORE_FINAL_STATE": lambda args: args["ht"] is not None,
-    "STORE_STATES": lambda args: args["h"] is not None,
-    "SAVE_NEW_VALUE": lambda args: args["v_new"] is not None,
-    "FUSE_OUTPUT": lambda args: args["o"] is not None,
-    "TRANSITION": lambda args: args["m"] is not None,
-    "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
-    "USE_SEQ_MAP": lambda args: args["seq_map"] is not None,
-    "USE_FINAL_IDX": lambda args: args["final_idx"] is not None,
-    "USE_NEED": lambda args: args["need"] is not None,
+    **given(USE_INITIAL_STATE="h0", STORE_FINAL_STATE="ht", STORE_STATES="h", SAVE_NEW_VALUE="v_new", FUSE_OUTPUT="o",
+            TRANSITION="m", IS_VARLEN="cu_seqlens", USE_SEQ_MAP="seq_map", USE_FINAL_IDX="final_idx", USE_NEED="need"),
     "G": group_heads("u"),
 })
 @triton.jit(do_not_specialize=["T"])

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.common.chunk_program import group_heads
+from kernels.common.chunk_program import given, group_heads
 from kernels.common.chunk_state import SeqLayout
 from kernels.common.seqsplit import CHAIN_DOT_PRECISION, SplitPlan
 from kernels.common.state_program import chain_start, range_of_program
@@ -61,13 +61,8 @@ SEG_CHAIN_BWD = register(KernelSpec(
 
 
 @triton.heuristics({
-    "USE_DHT": lambda args: args["dht"] is not None,
-    "STORE_DS": lambda args: args["ds_out"] is not None,
-    "STORE_DH": lambda args: args["dh"] is not None,
-    "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
-    "USE_SEQ_MAP": lambda args: args["seq_map"] is not None,
-    "USE_FINAL_IDX": lambda args: args["final_idx"] is not None,
-    "USE_NEED": lambda args: args["need"] is not None,
+    **given(USE_DHT="dht", STORE_DS="ds_out", STORE_DH="dh", IS_VARLEN="cu_seqlens", USE_SEQ_MAP="seq_map",
+            USE_FINAL_IDX="final_idx", USE_NEED="need"),
     "G": group_heads("do"),
 })
 @triton.jit(do_not_specialize=["T"])

@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.common.chunk_program import given
 from kernels.common.chunk_state import SeqLayout
 from kernels.common.index import ChunkIndex
 from kernels.common.seqsplit import SplitPlan, resolve_split, seg_chain_fwd, whole_sequences
@@ -123,7 +124,7 @@ def _rows(base, T, D: tl.constexpr, stride: tl.constexpr, BR: tl.constexpr, BC: 
     return tl.make_tensor_descriptor(base, shape=[T, D], strides=[stride, 1], block_shape=[BR, BC])
 
 
-@triton.heuristics({flag: (lambda args, name=name: args[name] is not None) for flag, name in _FLAGS.items()})
+@triton.heuristics(given(**_FLAGS))
 # KDA's per-key gate: its cumsum [B, T, HV, K], or (PRE_GATED) the gated keys and the last-row gate [NT_total, HV, K]
 @triton.heuristics({"GATE_VECTOR": lambda args: args["gcum"].dim() == 4 or args["kd"] is not None})
 @triton.jit(do_not_specialize=["T"])

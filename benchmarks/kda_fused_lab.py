@@ -2,7 +2,7 @@
 in one process on one GPU: o checked against the fp32 reference, then do_bench medians; GPU only.
 
     python benchmarks/kda_fused_lab.py --out $OUT [--shapes 1x131072,1x32768,8x8192] [--lbs -1,-5] [--no-fla]
-        [--forms inline,gated,gated_tma] [--no-old] [--ag-configs default,tiles64:16:8,...] [--ag-only]
+        [--forms inline,gated,gated_tma] [--no-old] [--ag-configs default,gated:16:4,...] [--ag-only]
         [--ref-max-tokens 8192] [--split-chunks N] [--deadline-s 540]
     TRITON_INTERPRET=1 python benchmarks/kda_fused_lab.py --out /tmp/lab --dry-run   # CPU plumbing check, no timing
 
@@ -23,8 +23,9 @@ safe-gate range), beta = sigmoid(randn), B sequences packed as one varlen batch 
 - floors (`runners.bench.floors`, bytes at HBM_TBPS): the whole forward (q, k, v, g, beta read and o written once)
   and each new launcher's (`ag`, `fused`); new / FLA, the issue's target <= 0.5;
 - with --ag-configs (the Ag pass's code variants `kernels.ops.kda.wy_ag.KDA_AG_VARIANTS`), first: per Ag config
-  NAME[:BK:num_warps[:num_stages]] (NAME "default": the spec's default code, else variants joined by "+"; "gated" runs
-  with the default code only, `wy_kda_ag` refuses it with the others: an error row), the Ag pass alone (with the warm
+  NAME[:BK:num_warps[:num_stages]] (NAME "default": the spec's default code, else variants joined by "+"; a config
+  `wy_kda_ag` refuses is an error row; session 12's 64-row-tile variants were removed after the H200 measured them
+  1.4-2.4x slower, `benchmarks/results/kda_forms_h200.md`), the Ag pass alone (with the warm
   split's bound sums, as the forward runs it), its ag / aqk / gcum against the default code's (relative L2; gated: its
   G_C against gcum at each chunk's last row), and the whole two-kernel forward with that config (o against the
   reference): the Ag table; --ag-only: no launchers (each form's and the old forward's whole forward only).
@@ -111,7 +112,7 @@ def _prefix(form: str) -> str:
 
 def ag_plans(text: str) -> dict[str, Any]:
     """--ag-configs: {label: LaunchPlan or None (the default plan)} from NAME[:BK:num_warps[:num_stages]],..., NAME
-    "default" (the default code) or variants of `KDA_AG_VARIANTS` joined by "+" (e.g. tiles64+split_solve)."""
+    "default" (the default code) or variants of `KDA_AG_VARIANTS` joined by "+" (e.g. gated)."""
     from kernels.configs import LaunchConfig
     from kernels.ops.kda.wy_ag import KDA_AG_VARIANTS, WY_KDA_AG_FWD
     from kernels.plan import default_plan
@@ -376,7 +377,7 @@ def main(argv: list[str] | None = None) -> None:
         "--ag-configs",
         default="",
         help="Ag pass configs to time, NAME[:BK:num_warps[:num_stages]],... "
-        "(NAME: default or KDA_AG_VARIANTS keys joined by +), e.g. default,tiles64:16:8,tiles64+split_solve:16:8",
+        "(NAME: default or KDA_AG_VARIANTS keys joined by +), e.g. default,default:32:2,gated:16:4",
     )
     p.add_argument("--ag-only", action="store_true", help="no launchers: the whole forwards and the Ag configs' table")
     p.add_argument("--dry-run", action="store_true", help="CPU under TRITON_INTERPRET=1: H=2, K=V=32, 1x200, split 1")

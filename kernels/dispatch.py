@@ -22,9 +22,10 @@ until the backward:
                   [B, T, H] fp32 (what FLA holds beyond its inputs: its T and gate cumsum); the backward forms w, u,
                   Aqk and T from them and the chunk states by the fused pass (`kernels.ops.gdn.ag_bwd`: no WY prep,
                   no inverse). KDA (no Ag pass yet): as "inputs"
-    "ag+states"   GDN: "ag" and the chunk states h, v_new and the maps of every segment that its fused output pass
-                  stores (STORE_STATES in the output launch, exact maps: no warm split; `kernels.ops.gdn.fused`): the
-                  backward skips the state recompute too (as many bytes as "wy+states"'s states). KDA: as "inputs"
+    "ag+states"   GDN: "ag" and the chunk states h, v_new that its fused output pass stores (STORE_STATES in the
+                  output launch), with the maps of every segment from exact transitions, or after the warm split and
+                  without maps under the plan's bwd_warm (`kernels.ops.gdn.fused`): the backward skips the state
+                  recompute too (as many bytes as "wy+states"'s states). KDA: as "inputs"
     "wy"          also the WY factors (w, u, Aqk, the gate cumsum; KDA: the gated k and q): the backward skips the
                   WY prep, for [B, T, H, 2K + V + 64] (GDN: + [B, T, H] fp32; KDA: [B, T, H, 4K + V + 64] and
                   [NT, H, K] fp32) held per call

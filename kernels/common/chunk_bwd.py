@@ -500,12 +500,12 @@ def chunk_bwd(
     split_chunks: None = the automatic sequence split (as the forward), 0 = never, n = segments of n chunks.
     wy: the WY factors the forward kept (`chunk_*_fwd(keep=...)`: w, u, gs, aqk, and ks, qs for KDA): the
     recompute of step 1 is skipped (T is still formed here, unless `wy` holds it: "tt"). With the chunk states too
-    (`keep_states=True`: h,
-    v_new, M, split) the forward state pass and the transitions of step 2 are skipped, and the forward's split is
-    used (split_chunks is then ignored; kept states without the maps M work too). plan: the launch plan (None:
-    `kernels.plan.default_plan()`; its `bwd_warm_for(op)` > 0 (GDN's default) certifies warm windows in the split reverse chain,
-    `kernels.common.warm_bwd`). chunk_size: the forward's (`kernels.common.wy.CHUNK_SIZES`). warm_report: a dict that
-    receives the warm window's device tensor `certified` `[NS - N, H]` when it ran (read it after the call).
+    (`keep_states=True`: h, v_new, M, split) the forward state pass and the transitions of step 2 are skipped, and
+    the forward's split is used (split_chunks is then ignored; kept states without the maps M work too). plan: the
+    launch plan (None: `kernels.plan.default_plan()`; its `bwd_warm_for(op)` > 0, GDN's default, certifies warm
+    windows in the split reverse chain, `kernels.common.warm_bwd`). chunk_size: the forward's
+    (`kernels.common.wy.CHUNK_SIZES`). warm_report: a dict that receives the warm window's device tensor `certified`
+    `[NS - N, H]` when it ran (read it after the call).
     """
     B, T, Hk, K = k.shape
     H, V = v.shape[2], v.shape[-1]  # the value heads; q, k have Hk = H / G (grouped heads)

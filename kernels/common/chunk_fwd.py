@@ -117,7 +117,8 @@ def chunk_fwd(
     splitting, 0 = never, n = segments of n chunks. fuse_output: None = FUSE_OUTPUT. keep: a dict that receives the
     WY factors the backward would recompute (`kernels.common.chunk_bwd.chunk_bwd(wy=...)`; under the plan's keep "ag"
     the fused path's Ag and gate cumsum instead, `kernels.ops.gdn.ag_bwd`, and under "ag+states" its chunk states,
-    v_new, segment maps and split as well, exact maps without a warm window); keep_states: and the WY path's
+    v_new and split as well, with the maps of every segment from exact transitions unless the plan's
+    `bwd_warm_for(op)` > 0, when the forward keeps its warm split and no maps); keep_states: and the WY path's
     chunk states, new values and segment maps (`kernels.common.state_keep`). chunk_size: the tokens per chunk, one of
     `kernels.common.wy.CHUNK_SIZES` (FLA's `chunk_size`; the backward must use the same). op: the op's name ("gdn",
     "kda"; the warmup's bound reads its gate). warm_chunks: the gate-certified warmup window of the split

@@ -42,7 +42,7 @@ from kernels.common.chunk_state import (
     chunk_state_transition_fwd,
 )
 from kernels.common.index import ChunkIndex
-from kernels.common.state_program import chain_start
+from kernels.common.state_program import chain_dropped, chain_start
 from kernels.common.warm_split import WarmInputs, warm_transitions, window_plan
 from kernels.configs import KernelSpec, LaunchConfig, head_block, register
 from kernels.plan import LaunchPlan, launch_config
@@ -109,11 +109,7 @@ def seg_chain_fwd_kernel(
         tl.store(hs + (j * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_s, mask=m_kv)
         i_m = j - i_n  # sequences before n each own one last segment without a map
         b_e = tl.load(s_ext + (i_m * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.)
-        if USE_DROP:
-            b_drop = tl.load(drop + i_m * H + i_h) != 0
-        else:
-            b_drop = False
-        if b_drop:  # a runtime branch, uniform per program: the serial step is a load, not a [K, K] product
+        if chain_dropped(drop, i_m, H, i_h, USE_DROP):
             b_s = b_e
         else:
             b_m = tl.load(m + (i_m * H + i_h) * K * K + o_k[:, None] * K + o_k[None, :], mask=m_kk, other=0.)

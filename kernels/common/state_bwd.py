@@ -34,7 +34,7 @@ from torch import Tensor
 from kernels.common.chunk_program import given, group_heads
 from kernels.common.chunk_state import SeqLayout
 from kernels.common.seqsplit import CHAIN_DOT_PRECISION, SplitPlan
-from kernels.common.state_program import chain_start, range_of_program
+from kernels.common.state_program import chain_dropped, chain_start, range_of_program
 from kernels.configs import KernelSpec, LaunchConfig, head_block, register
 from kernels.plan import LaunchPlan, launch_config
 
@@ -171,11 +171,7 @@ def seg_chain_bwd_kernel(
         else:
             i_e = j
         b_e = tl.load(ds_ext + (i_e * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.)
-        if USE_DROP:
-            b_drop = tl.load(drop + i_x * H + i_h) != 0
-        else:
-            b_drop = False
-        if b_drop:  # a runtime branch, uniform per program: the serial step is a load, not a [K, K] product
+        if chain_dropped(drop, i_x, H, i_h, USE_DROP):
             b_s = b_e
         else:
             if M_REST:

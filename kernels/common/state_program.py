@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["chain_start", "range_of_program"]
+__all__ = ["chain_dropped", "chain_start", "range_of_program"]
 
 
 @triton.jit
@@ -53,3 +53,13 @@ def chain_start(
     if USE_X0:
         b_s += tl.load(x0 + (i_n * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
     return i_n, i_h, s0, s1, o_k, o_v, m_kv, m_kk, b_s
+
+
+@triton.jit
+def chain_dropped(drop, row, H: tl.constexpr, i_h, USE_DROP: tl.constexpr):
+    """Whether a chain step drops its map (a certified warm window, `kernels.common.warm_split` / `warm_bwd`): drop's
+    uint8 flag at [row, i_h] (False without USE_DROP). Uniform per program: the step is then a load, not a product."""
+    if USE_DROP:
+        return tl.load(drop + row * H + i_h) != 0
+    else:
+        return False

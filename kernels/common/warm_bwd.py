@@ -49,12 +49,12 @@ from torch import Tensor
 
 from kernels.common.chunk_program import chunk_of_program, group_heads
 from kernels.common.chunk_state import SeqLayout, chunk_state_transition_fwd
-from kernels.common.decay import GATE_FLOOR
 from kernels.common.index import ChunkIndex
 from kernels.common.seqsplit import SplitPlan
 from kernels.common.state_bwd import chunk_state_bwd, first_segments, seg_chain_bwd
 from kernels.common.warm_certify import certify_chunk_windows
 from kernels.common.warm_split import WARM_TOL, fold_initial_states
+from kernels.common.wy import BOUND_MARGIN, FLOOR
 from kernels.configs import head_block
 from kernels.plan import LaunchPlan
 
@@ -66,10 +66,6 @@ __all__ = [
     "reverse_window_plan",
     "warm_segment_ends",
 ]
-
-FLOOR = tl.constexpr(GATE_FLOOR)
-# the upward rounding of the fp32 sums, relative to the magnitudes summed (as `kernels.common.wy.BOUND_MARGIN`)
-BOUND_MARGIN = tl.constexpr(1e-4)
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,6 +81,16 @@ class RevWarmInputs:
     tol: float = WARM_TOL
     report: dict[str, Tensor] | None = None
     v: Tensor | None = None  # [B, T, H, V]: also the forward's sums (`reverse_chunk_bound(v=)`, the states' recompute)
+
+
+@triton.jit
+def _log_sum_exp_up(e, A):
+    """log sum exp(e) over a chunk's tokens, rounded up by `kernels.common.wy._chunk_bound`'s margin (A: the sum of
+    |l| the exponents were summed from); -inf when every e is -inf (no write), without inf - inf."""
+    m = tl.max(e, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    lw = m + tl.log(tl.sum(tl.exp(e - m), 0))
+    return tl.where(lw > float("-inf"), lw + BOUND_MARGIN * (A + tl.abs(lw) + 1.0), lw)
 
 
 @triton.heuristics(
@@ -147,27 +153,16 @@ def reverse_chunk_bound_kernel(
     lu = tl.where(pos, log_scale + 0.5 * lu, float("-inf"))
     L = tl.sum(l, 0)
     A = tl.sum(tl.abs(l), 0)
-    e = lu + tl.cumsum(l, 0)  # a write reaches the chunk start through its own token's map and the earlier ones
-    m = tl.max(e, 0)
-    m = tl.where(m == float("-inf"), 0.0, m)  # no write in the chunk: W = -inf below, without inf - inf
-    lw = m + tl.log(tl.sum(tl.exp(e - m), 0))
-    # fp32 rounding made rigorous by rounding up, with `kernels.common.wy._chunk_bound`'s margins
-    W = tl.where(lw > float("-inf"), lw + BOUND_MARGIN * (A + tl.abs(lw) + 1.0), lw)
+    # a write reaches the chunk start through its own token's map and the earlier ones
     row = (NT_ALL - 1 - i_tg) * H + i_h
     tl.store(bnd + row * 2, L + BOUND_MARGIN * A)
-    tl.store(bnd + row * 2 + 1, W)
+    tl.store(bnd + row * 2 + 1, _log_sum_exp_up(lu + tl.cumsum(l, 0), A))
     if HAS_FWD:  # the forward's writes beta k v^T reach the chunk's end through the maps after their own token
         fpos = m_r & (b_b != 0.0) & (kk > 0.0) & (vv > 0.0)
         fu = tl.log(tl.where(fpos, tl.abs(b_b), 1.0)) + 0.5 * tl.log(tl.where(fpos, kk, 1.0))
         fu = tl.where(fpos, fu + 0.5 * tl.log(tl.where(fpos, vv, 1.0)), float("-inf"))
-        fe = fu + (L - tl.cumsum(l, 0))
-        fm = tl.max(fe, 0)
-        fm = tl.where(fm == float("-inf"), 0.0, fm)
-        flw = fm + tl.log(tl.sum(tl.exp(fe - fm), 0))
         tl.store(fbnd + (i_tg * H + i_h) * 2, L + BOUND_MARGIN * A)
-        tl.store(
-            fbnd + (i_tg * H + i_h) * 2 + 1, tl.where(flw > float("-inf"), flw + BOUND_MARGIN * (A + tl.abs(flw) + 1.0), flw)
-        )
+        tl.store(fbnd + (i_tg * H + i_h) * 2 + 1, _log_sum_exp_up(fu + (L - tl.cumsum(l, 0)), A))
 
 
 def reverse_chunk_bound(

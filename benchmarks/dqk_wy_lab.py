@@ -10,8 +10,8 @@ bf16 inputs, K = V = 128, 64-token chunks, gates logsigmoid(randn) (GDN [B, T, H
 intermediates (T, h, dh, v_new, dv_new, w, u) come from the backward's own steps 1-2 (`chunk_bwd`'s recompute and
 reverse state pass). Per op and shape:
 - `pair` at `--pair-configs` and `fused` at each of `--configs` (names of `FUSED_CONFIGS`, `all`, or JSON such as
-  '{"BK": 64, "BV": 64, "num_warps": 8, "num_stages": 2, "VARIANT": "phased+regs128"}': VARIANT as bits or names of
-  `DQK_WY_VARIANTS`), timed alone (`triton.testing.do_bench` median, ms), beside the bytes floor at 4.2 TB/s
+  '{"BK": 32, "BV": 32, "num_warps": 8, "num_stages": 2}': launch fields only, the kernel has no code variants), timed
+  alone (`triton.testing.do_bench` median, ms), beside the bytes floor at 4.2 TB/s
   (`runners.bench.floors.bwd_launcher_bytes`: every tensor a launcher reads or writes once); the pair's split per
   kernel from the profiler (`chunk_bwd_dqk`, `wy_bwd`, each beside its own floor) unless `--no-split`;
 - the fused gradients against the pair's at its default config (rel_l2 per gradient: the bf16 rounding of two orders
@@ -22,9 +22,11 @@ A config prefixed `gdn:` or `kda:` runs for that op only. `--precompile N`: the 
 worker processes (`warm_one`), while the main process makes the intermediates. `--deadline-s`: no config starts after
 that many seconds. Prints one JSON line per row; writes $OUT/dqk_wy_lab.json and $OUT/dqk_wy_lab.md after each shape.
 
-The candidates of FUSED_CONFIGS since session 12: the code variants (`DQK_WY_VARIANTS`) and the configs the compiler
-reports spill-free or at two or three programs per SM; their registers, spills and occupancy (`ptxas_report.py`) are
-tabled in kernels/NOTES.md ("The fused gradient kernel's registers and occupancy"), with the H200 command.
+The candidates of FUSED_CONFIGS since session 12: the configs the compiler reports spill-free or at two or three
+programs per SM; their registers, spills and occupancy (`ptxas_report.py`) are tabled in kernels/NOTES.md ("The fused
+gradient kernel's registers and occupancy"), with the H200 command. Session 12's code variants (phased K-block body,
+register caps) were removed after the H200 measured each slower than the default (`results/dqk_wy_configs_h200.md`);
+their names (`REMOVED_CONFIGS`) and a JSON VARIANT are refused with that reason.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels  # noqa: E402
 from kernels.common import chunk_bwd as cb  # noqa: E402
-from kernels.common.dqk_wy_bwd import DQK_WY_VARIANTS, dqk_wy_bwd  # noqa: E402
+from kernels.common.dqk_wy_bwd import dqk_wy_bwd  # noqa: E402
 from kernels.common.index import prepare_chunk_index  # noqa: E402
 from kernels.configs import LaunchConfig  # noqa: E402
 from kernels.plan import LaunchPlan  # noqa: E402
@@ -59,30 +61,26 @@ FUSED_CONFIGS = {
     "w4": {"BK": 64, "BV": 64, **W4},
     "bk32_w8": {"BK": 32, "BV": 32, **W8},
     "bk128_w8": {"BK": 128, "BV": 64, **W8},
-    # session 12: the code variants (DQK_WY_VARIANTS) and the configs the compiler reports spill-free or at two or
-    # three programs per SM (module docstring)
-    "phased": {"BK": 64, "BV": 64, **W8, "VARIANT": "phased"},
-    "phased_r128": {"BK": 64, "BV": 64, **W8, "VARIANT": "phased+regs128"},
-    "r128": {"BK": 64, "BV": 64, **W8, "VARIANT": "regs128"},
-    "bk32_phased": {"BK": 32, "BV": 32, **W8, "VARIANT": "phased"},
-    "bk32_phased_r128": {"BK": 32, "BV": 32, **W8, "VARIANT": "phased+regs128"},
+    # session 12: the configs the compiler reports spill-free or at two or three programs per SM (module docstring)
     "bk32_bv64_w8": {"BK": 32, "BV": 64, **W8},
     "bk32_w4": {"BK": 32, "BV": 32, **W4},
-    "bk32_w4_phased": {"BK": 32, "BV": 32, **W4, "VARIANT": "phased"},
-    "bk32_w4_phased_r168": {"BK": 32, "BV": 32, **W4, "VARIANT": "phased+regs168"},
-    "bk32_w4_phased_r128": {"BK": 32, "BV": 32, **W4, "VARIANT": "phased+regs128"},
 }
+# session 12's code variants (phased K-block body, register caps), removed after the H200 measured them slower
+REMOVED_CONFIGS = ("phased", "phased_r128", "r128", "bk32_phased", "bk32_phased_r128", "bk32_w4_phased",
+                   "bk32_w4_phased_r168", "bk32_w4_phased_r128")  # fmt: skip
+REMOVED_WHY = ("chunk_bwd_dqk_wy has no code variants since session 13: phased and the register caps (regs128, "
+               "regs168) were removed after the H200 measured each slower than the default "
+               "(benchmarks/results/dqk_wy_configs_h200.md)")  # fmt: skip
 BUDGET = 5e-3  # rel_l2 of every bf16 gradient against the pair's
 
 
 def launch_config(cfg: dict[str, Any]) -> LaunchConfig | None:
-    """The LaunchConfig of a lab config (VARIANT as bits or names of DQK_WY_VARIANTS joined by '+'); None: the default."""
+    """The LaunchConfig of a lab config (launch fields; a VARIANT refused: `REMOVED_WHY`); None: the default."""
     if not cfg:
         return None
-    variant = cfg.get("VARIANT")
-    if isinstance(variant, str):
-        variant = sum(DQK_WY_VARIANTS[n] for n in variant.split("+"))
-    return LaunchConfig(**{**cfg, "VARIANT": variant or None})
+    if "VARIANT" in cfg:
+        raise SystemExit(f"fused config {cfg}: {REMOVED_WHY}")
+    return LaunchConfig(**cfg)
 
 
 def parse_configs(specs: list[str], ops: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
@@ -98,10 +96,12 @@ def parse_configs(specs: list[str], ops: list[str]) -> dict[str, dict[str, dict[
             found = {body.replace(" ", ""): json.loads(body)}
         elif body in FUSED_CONFIGS:
             found = {body: FUSED_CONFIGS[body]}
+        elif body in REMOVED_CONFIGS:
+            raise SystemExit(f"fused config {spec!r} removed: {REMOVED_WHY}")
         else:
             raise SystemExit(f"unknown fused config {spec!r}; the names are {sorted(FUSED_CONFIGS)}")
         for cfg in found.values():
-            launch_config(cfg)  # refuses unknown fields or variant names before any device work
+            launch_config(cfg)  # refuses unknown fields or a VARIANT before any device work
         for op in out:
             if only in ("", op):
                 out[op] |= {n: c for n, c in found.items() if not (op == "kda" and c.get("BK") == 128)}

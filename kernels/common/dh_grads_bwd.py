@@ -97,7 +97,7 @@ def chunk_bwd_dh_grads_kernel(
 ):  # fmt: skip
     i_nh = tl.program_id(0)
     i_n, i_h = (i_nh // H).to(tl.int64), i_nh % H
-    _, bos, T, boc, NT = range_of_program(i_n, None, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN, False)
+    _s, bos, T, boc, NT = range_of_program(i_n, None, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN, False)
     dt = k.dtype.element_ty
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)  # K and V padded to powers of two, the columns past them masked
@@ -127,7 +127,7 @@ def chunk_bwd_dh_grads_kernel(
         b_vn = tl.load(v_new + p_v, mask=m_rv, other=0.0)
         b_S = tl.load(h + ((boc + i_t) * H + i_h) * K * V + p_kv, mask=m_kv, other=0.0)
         b_Tt, b_beta = _wy_rows(tt, beta, p_row, m_r, BT, dt)
-        b_aT, _ = _wy_rows(aqk, beta, p_row, m_r, BT, dt)  # Aqk^T (the same lower-incl.-diagonal layout as T)
+        b_aT = _wy_rows(aqk, beta, p_row, m_r, BT, dt)[0]  # Aqk^T (the same lower-incl.-diagonal layout as T)
         b_G = _gate_tile(g, p_row, m_r, o_k, K, False)  # [BT, 1], flat past T
         b_gr = tl.sum(b_G, 1)
         b_gl = tl.sum(tl.where(o_t == BT - 1, b_gr, 0.0), 0)  # G at the chunk's last row before T

@@ -342,7 +342,7 @@ def dh_rows(q, k, v, g, beta, do, im: dict[str, Any], common: dict[str, Any], na
 
     def replaced() -> None:
         chunk_state_bwd(q, k, im["w"], im["gs"], im["aqk"], do, layout=layout, BT=index.chunk_size, gate_vector=False,
-                        scale=scale, dht=im["ends"], ds_out=None, dh=dh, dv_new=dv_new, launch=LaunchPlan())
+                        scale=scale, dht=im["ends"], ds_out=None, dh=dh, dv_new=dv_new, launch=LaunchPlan())  # fmt: skip
         dqk_wy_bwd(q, k, v, g, beta, im["tt"], im["h"], dh, im["v_new"], dv_new, do, scale=scale, index=index,
                    gate_vector=False, dot_prec=cb.VECTOR_GATE_DOT, launch=LaunchPlan())  # fmt: skip
 

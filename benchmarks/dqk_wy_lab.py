@@ -348,7 +348,7 @@ def dh_rows(q, k, v, g, beta, do, im: dict[str, Any], common: dict[str, Any], na
 
     def fused_dh(plan: LaunchPlan):  # noqa: ANN202
         return lambda: dh_grads_bwd(q, k, v, g, beta, im["tt"], im["aqk"], im["w"], im["h"], im["v_new"], do,
-                                    layout=layout, dht=im["ends"], ds_out=None, scale=scale, index=index, launch=plan)
+                                    layout=layout, dht=im["ends"], ds_out=None, scale=scale, index=index, launch=plan)  # fmt: skip
 
     emit({**common, "kernel": "dh_walk+fused", "config": "default", "ms": bench(replaced), "segments": layout.num_seqs})
     for name in names:

@@ -409,8 +409,13 @@ def main() -> None:
         help="fused kernel configs: names of FUSED_CONFIGS, 'all', or JSON objects; 'gdn:' or 'kda:' before one: that op only",
     )
     ap.add_argument("--pair-configs", nargs="+", default=list(PAIR_CONFIGS), choices=[*PAIR_CONFIGS, "none"])
-    ap.add_argument("--dh-configs", nargs="+", default=["default"], choices=[*DH_CONFIGS, "none"],
-                    help="GDN's fused_dh kernel (dh_grads_bwd) configs, names of DH_CONFIGS; none: no fused_dh rows")
+    ap.add_argument(
+        "--dh-configs",
+        nargs="+",
+        default=["default"],
+        choices=[*DH_CONFIGS, "none"],
+        help="GDN's fused_dh kernel (dh_grads_bwd) configs, names of DH_CONFIGS; none: no fused_dh rows",
+    )
     ap.add_argument("--no-split", action="store_true", help="no per-kernel profile of the pair")
     ap.add_argument("--no-step", action="store_true", help="no training-step timing")
     ap.add_argument("--deadline-s", type=float, default=float("inf"), help="start no config after this many seconds")

@@ -58,7 +58,8 @@ CHUNK_BWD_DH_GRADS = register(
         key=("H", "K", "V", "BT", "GATE", "IS_VARLEN", "dtype"),
         # BK = K and BV = V always (module docstring); 8 warps, one stage as the state pass's hints (untimed: session 13)
         default=LaunchConfig(num_warps=8, num_stages=1),
-        space={"num_warps": (4, 8, 16), "num_stages": (1, 2)},
+        # one stage only: two stage the [K, V] tile too, past the SM's 228 KB (ptxas_report: 0 programs per SM)
+        space={"num_warps": (4, 8, 16), "num_stages": (1,)},
     )
 )
 
@@ -125,7 +126,7 @@ def chunk_bwd_dh_grads_kernel(
         b_k = tl.load(k + p_qk, mask=m_rk, other=0.0)
         b_do = tl.load(do + p_v, mask=m_rv, other=0.0)
         b_vn = tl.load(v_new + p_v, mask=m_rv, other=0.0)
-        b_S = tl.load(h + ((boc + i_t) * H + i_h) * K * V + p_kv, mask=m_kv, other=0.0)
+        p_S = h + ((boc + i_t) * H + i_h) * K * V + p_kv  # S, the state entering the chunk
         b_Tt, b_beta = _wy_rows(tt, beta, p_row, m_r, BT, dt)
         b_aT = _wy_rows(aqk, beta, p_row, m_r, BT, dt)[0]  # Aqk^T (the same lower-incl.-diagonal layout as T)
         b_G = _gate_tile(g, p_row, m_r, o_k, K, False)  # [BT, 1], flat past T
@@ -133,44 +134,50 @@ def chunk_bwd_dh_grads_kernel(
         b_gl = tl.sum(tl.where(o_t == BT - 1, b_gr, 0.0), 0)  # G at the chunk's last row before T
         b_eg = tl.exp(b_G)
         b_ekt = tl.exp(b_gl - b_G)
-        b_q32 = b_q.to(tl.float32)
-        b_k32 = b_k.to(tl.float32)
         b_dsd = b_ds.to(dt)
 
-        # the state pass's dv_new = Aqk^T dO + K~ dS', in registers only
-        b_dvn = (tl.dot(b_aT, b_do) + tl.dot((b_k32 * b_ekt).to(dt), b_dsd)).to(dt)
-        # over V (one block): dAqk, dv_new v_new^T -> dA, dv and dbeta's dvb v
-        b_dvb = tl.dot(b_Tt, b_dvn)
-        b_db = tl.sum(b_dvb * tl.load(v + p_v, mask=m_rv, other=0.0).to(tl.float32), 1)
-        tl.store(dv + p_v, (b_dvb * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_rv)
+        # 1. the state pass's dv_new = Aqk^T dO + K~ dS', in registers only; dv and dbeta's dvb v
+        b_dvn = tl.dot((b_k.to(tl.float32) * b_ekt).to(dt), b_dsd, tl.dot(b_aT, b_do)).to(dt)
+        b_t = tl.dot(b_Tt, b_dvn)  # dvb = T^T dv_new
+        b_db = tl.sum(b_t * tl.load(v + p_v, mask=m_rv, other=0.0).to(tl.float32), 1)
+        tl.store(dv + p_v, (b_t * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_rv)
+        # 2. the in-chunk [BT, BT] gradients decayed once: dAqk below the diagonal (its diagonal kept in fp32 and out
+        # of dG, where its two terms cancel: `kernels.common.dqk_wy_bwd`), dA = -StrictLower(T^T dv_new v_new^T)
         b_da = tl.dot(b_do, tl.trans(b_vn)) * scale
         b_E = tl.exp(tl.where(m_strict, b_gr[:, None] - b_gr[None, :], float("-inf")))
-        b_XE = (tl.where(m_strict, b_da, 0.0) * b_E).to(dt)  # the decayed dAqk below the diagonal
-        b_xd = tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_da, 0.0), 1)[:, None]  # its diagonal, fp32 [BT, 1]
-        b_AE = (-tl.where(m_strict, tl.dot(b_Tt, tl.dot(b_dvn, tl.trans(b_vn)).to(dt)), 0.0) * b_E).to(dt)  # dA
-
-        # the state products over all of V, then the K side (one block): dq; dk's Aqk, K~ and WY terms; dbeta; dG
-        b_dqs = tl.dot(b_do, tl.trans(b_S)) * scale * b_eg  # scale e^G (x) dO S^T
-        b_kt = b_ekt * tl.dot(b_vn, tl.trans(b_dsd))  # e^(G_C - G) (x) v_new dS'^T
-        b_wy = tl.dot(b_Tt, (-tl.dot(b_dvn, tl.trans(b_S))).to(dt)) * b_eg + tl.dot(b_AE, b_k)  # dkb e^G + R(dA, k)
-        b_rq = tl.dot(b_XE, b_k)  # R(dAqk, k)
-        b_c = tl.dot(tl.trans(b_AE), (b_k32 * b_beta[:, None]).to(dt), tl.dot(tl.trans(b_XE), b_q))  # the Cc terms
-        tl.store(dq + p_k, (b_rq + b_xd * b_k32 + b_dqs).to(dq.dtype.element_ty), mask=m_rk)
-        tl.store(dk + p_k, (b_c + b_xd * b_q32 + b_kt + b_beta[:, None] * b_wy).to(dk.dtype.element_ty), mask=m_rk)
-        b_kw = b_k32 * b_wy
-        b_ktk = b_k32 * b_kt
-        b_db += tl.sum(b_kw, 1)
-        b_dgs = tl.sum(b_q32 * (b_rq + b_dqs) - b_k32 * b_c - b_ktk + b_beta[:, None] * b_kw, 1)
-        # d gamma_C = rowsum_V(S * dS') and the K~ sums land on the chunk's last row before T
-        b_last = tl.sum(b_ktk) + tl.exp(b_gl) * tl.sum(b_S.to(tl.float32) * b_ds)
+        b_XE = (tl.where(m_strict, b_da, 0.0) * b_E).to(dt)
+        b_xd = tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_da, 0.0), 1)[:, None]  # [BT, 1]
+        b_AE = (-tl.where(m_strict, tl.dot(b_Tt, tl.dot(b_dvn, tl.trans(b_vn)).to(dt)), 0.0) * b_E).to(dt)
+        # each state product consumed right after it is formed (h read where used: L2), fewer [BT, K] tiles live:
+        # 3. dq = R(dAqk, k) + diag(dAqk) k + scale e^G (x) dO S^T; dG's q terms (summed over K at once)
+        b_t = tl.dot(b_XE, b_k, tl.dot(b_do, tl.trans(tl.load(p_S, mask=m_kv, other=0.0))) * scale * b_eg)
+        tl.store(dq + p_k, (b_t + b_xd * b_k.to(tl.float32)).to(dq.dtype.element_ty), mask=m_rk)
+        b_dgs = tl.sum(b_q.to(tl.float32) * b_t, 1)
+        # 4. dk's K~ terms e^(G_C - G) (x) v_new dS'^T; their sum and d gamma_C = rowsum_V(S * dS') on the last row
+        b_t = b_ekt * tl.dot(b_vn, tl.trans(b_dsd))
+        b_dk = b_t + b_xd * b_q.to(tl.float32)
+        b_t = b_k.to(tl.float32) * b_t
+        b_dgs -= tl.sum(b_t, 1)
+        b_last = tl.sum(b_t) + tl.exp(b_gl) * tl.sum(tl.load(p_S, mask=m_kv, other=0.0).to(tl.float32) * b_ds)
+        # 5. the WY terms: dkb (x) e^G + R(dA, k), dkb = T^T (-dv_new S^T); beta times them in dk, dbeta and dG
+        b_t = tl.dot(b_Tt, (-tl.dot(b_dvn, tl.trans(tl.load(p_S, mask=m_kv, other=0.0)))).to(dt)) * b_eg
+        b_t = tl.dot(b_AE, b_k, b_t)
+        b_dk += b_beta[:, None] * b_t
+        b_t = tl.sum(b_k.to(tl.float32) * b_t, 1)
+        b_db += b_t
+        b_dgs += b_beta * b_t
+        # 6. the column products Cc(dAqk, q) + Cc(dA, beta k)
+        b_t = tl.dot(tl.trans(b_AE), (b_k.to(tl.float32) * b_beta[:, None]).to(dt), tl.dot(tl.trans(b_XE), b_q))
+        tl.store(dk + p_k, (b_dk + b_t).to(dk.dtype.element_ty), mask=m_rk)
+        b_dgs -= tl.sum(b_k.to(tl.float32) * b_t, 1)
         b_dgs += tl.where(o_t == tl.minimum(T - i_t * BT, BT) - 1, b_last, 0.0)
         _store_dg_rows(dg, g, b_dgs, p_row, m_r)
         tl.store(dbeta + p_row, b_db.to(dbeta.dtype.element_ty), mask=m_r)
 
-        # dS over the chunk (as `chunk_state_bwd`): gamma_C dS + Qg^T dO - w^T dv_new
+        # 7. dS over the chunk (as `chunk_state_bwd`): gamma_C dS + Qg^T dO - w^T dv_new
         b_w = tl.load(w + p_k, mask=m_rk, other=0.0)
-        b_qg = (b_q32 * b_eg * scale).to(dt)
-        b_ds = b_ds * tl.exp(b_gl) + tl.dot(tl.trans(b_qg), b_do) - tl.dot(tl.trans(b_w), b_dvn)
+        b_qg = (b_q.to(tl.float32) * b_eg * scale).to(dt)
+        b_ds = tl.dot(tl.trans(b_w), -b_dvn, tl.dot(tl.trans(b_qg), b_do, b_ds * tl.exp(b_gl)))
 
     if STORE_DS:
         i_f = i_n

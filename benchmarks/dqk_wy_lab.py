@@ -146,7 +146,7 @@ def intermediates(op: str, q, k, v, g, beta, do, *, scale: float) -> dict[str, A
     if not gate_vector:  # fused_dh's: the last walk's layout and its ranges' end gradients (the same split)
         _, _, out["layout"], out["ends"] = cb._reverse_ends(qs, ks, w, u, gs, aqk, do, index=index, gate_vector=False,
                                                             scale=scale, h0=None, dht=None, launch=plan,
-                                                            split_chunks=None, states=False)  # fmt: skip
+                                                            split_chunks=None, states=False, nv=1)  # fmt: skip
         out |= {"aqk": aqk, "gs": gs}
     return out
 

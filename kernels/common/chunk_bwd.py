@@ -404,19 +404,22 @@ def _reverse_ends(
     qs: Tensor, ks: Tensor, w: Tensor, u: Tensor, gs: Tensor, aqk: Tensor, do: Tensor, *, index: ChunkIndex,
     gate_vector: bool, scale: float, h0: Tensor | None, dht: Tensor | None, launch: LaunchPlan,
     split_chunks: int | None, states: bool, kept: Mapping[str, Tensor] | None = None,
-    warm: RevWarmInputs | None = None,
+    warm: RevWarmInputs | None = None, nv: int | None = None,
 ) -> tuple[Tensor | None, Tensor | None, SeqLayout, Tensor | None]:
     """`_state_pass` up to its last launch: (h, v_new (None without `states`), the layout of the last reverse walk
     (whole sequences; or the split's segments, `final_idx` naming each sequence's first for dh0), the fp32 gradient
     at the end of each of its ranges (dht; or the chained segment ends)). The last walk is `chunk_state_bwd` storing
-    dh and dv_new, or `kernels.common.dh_grads_bwd` (`bwd_grads="fused_dh"`), which stores the gradients instead."""
+    dh and dv_new, or `kernels.common.dh_grads_bwd` (`bwd_grads="fused_dh"`), which stores the gradients instead.
+    nv: the last walk's programs per (range, head), which the automatic split counts (None: `chunk_state_bwd`'s V
+    blocks; `dh_grads_bwd`: 1, so its segments are as many as the state pass's programs per head)."""
     H, K = do.shape[2], ks.shape[3]  # H: the value heads (ks may have H / G, grouped)
     V = do.shape[-1]
     if kept is not None:
         split_chunks = int(kept["split"])  # a CPU scalar: no device read
     BT, NT, N = index.chunk_size, index.num_chunks, index.num_seqs
-    bv = state_bwd_config(H, K, V, BT, gate_vector, index.is_varlen, ks.dtype, launch).BV or 64
-    plan = resolve_split(index, split_chunks, H=H, NV=-(-V // bv), device=ks.device)
+    if nv is None:
+        nv = -(-V // (state_bwd_config(H, K, V, BT, gate_vector, index.is_varlen, ks.dtype, launch).BV or 64))
+    plan = resolve_split(index, split_chunks, H=H, NV=nv, device=ks.device)
     common: dict[str, Any] = {"BT": BT, "gate_vector": gate_vector}
     bwd: dict[str, Any] = {"scale": scale, "launch": launch, **common}
     h = v_new = None
@@ -555,7 +558,7 @@ def chunk_bwd(
         "warm": _rev_warm(launch, op, q, k, v, g, beta, warm_report),
     }  # fmt: skip
     if grads == "fused_dh":  # the last reverse walk and the gradients in one kernel: no dh, no dv_new
-        h, v_new, layout, ends = _reverse_ends(qs, ks, w, u, gs, aqk, do, **state_args)
+        h, v_new, layout, ends = _reverse_ends(qs, ks, w, u, gs, aqk, do, nv=1, **state_args)
         assert h is not None and v_new is not None
         grads_out = dh_grads_bwd(q, k, v, g, beta, tt, aqk, w, h, v_new, do, layout=layout, dht=ends, ds_out=dh0,
                                  scale=scale, index=index, launch=launch)  # fmt: skip

@@ -23,9 +23,10 @@ Why one program covers all of V (BV = V, and BK = K): dq, dk, dg and dbeta are s
 would have to be summed across them, either through fp32 partials [NV, B, T, H, K] for three of them (1.5 GB at
 NV = 2, 64K, H=16: three times the dh it saves) or fp32 atomics of the same volume. One program holds dS [K, V] fp32
 (64 KB at 128 x 128: 64 registers per thread at 8 warps) and the chunk's [64, 128] tiles; the compiler spills what
-does not fit (the H200 lab decides, `benchmarks/bwd_ag_lab.py` variant `inputs:fused_dh:warm`). The cost: the
-programs are NS * H instead of NS * H * V / BV (the split's segments, `kernels.common.seqsplit`, chosen as for the
-state pass; `split_chunks` sets it).
+does not fit (the H200 lab decides, `benchmarks/bwd_ag_lab.py` variant `inputs:fused_dh:warm`). The cost: NS * H
+programs instead of NS * H * V / BV, so on this path the automatic split (`kernels.common.seqsplit`) counts one program
+per (segment, head) and cuts the sequence into twice the segments it cuts for 64-column blocks (1x64K, H=16: 32
+segments of 32 chunks, 512 programs; `split_chunks` sets it; kept states bring the forward's split).
 
 Inputs it reads per chunk: q, k (at head h // G, grouped heads), v, raw g (the in-chunk cumsum formed here, floored,
 `bwd_tiles._gate_tile`), beta, T, Aqk, w, h, v_new, do; per segment dS_end. Writes dq, dk (fp32 per value head with

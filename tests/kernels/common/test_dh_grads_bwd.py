@@ -8,7 +8,8 @@ two value heads), an initial state, dht, slow-decay gates and the reverse pass s
 maps and chain: the windows do not fit); the gate-certified warm windows of `kernels.common.warm_bwd` active
 (test_warm_bwd.py's case: varlen 75 and 40 tokens in 16-token chunks, 2-chunk segments, windows of 1 chunk, head 0
 certified and head 1 not); dense input unsplit without h0 or dht, gates at -5 to -5.5 per token; dense input split,
-dht without h0. Which kernels ran is checked from the launch recorder. KDA and head dims above 128 are refused.
+dht without h0. Which kernels ran is checked from the launch recorder. KDA and head dims above 128 are refused; the
+automatic split is asked for one program per (segment, head) on this path.
 Tolerance: as test_chunk_bwd.py (1e-5 relative L2 on CPU, 3e-4 for the strong-decay case's dg against the reference,
 5e-3 on a GPU); against the default path 1e-5 on CPU (the same products in another order, and the gate cumsum
 formed here instead of read from the WY prep), 5e-3 on a GPU.
@@ -20,6 +21,7 @@ import pytest
 import torch
 
 from kernels.common import chunk_bwd as cb
+from kernels.configs import LaunchConfig
 from kernels.plan import LaunchPlan, LaunchRecorder
 from tests.kernels.common import test_warm_bwd as warm
 from tests.kernels.common.test_dqk_wy_bwd import _bwd, _check, _reference_grads
@@ -111,3 +113,22 @@ def test_refused_outside_gdn_up_to_128() -> None:
     q, k, v, g, beta, _ = make_inputs("gdn", B=1, T=16, H=1, K=16, V=256, dtype=DTYPE, device=DEVICE)
     with pytest.raises(ValueError, match=r"got gdn K=16 V=256$"):
         cb.chunk_bwd("gdn", q, k, v, g, beta, torch.randn_like(v), scale=1.0, plan=plan)
+
+
+def test_automatic_split_counts_one_program_per_segment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The automatic split (a GPU's: here recorded, not run) is asked for fused_dh's one program per (segment, head),
+    and for the default path's V blocks of `chunk_state_bwd` (two at V = 32 under a 16-column config)."""
+    asked: list[int] = []
+    real = cb.resolve_split
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        asked.append(kwargs["NV"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cb, "resolve_split", spy)
+    q, k, v, g, beta, _ = make_inputs("gdn", B=1, T=40, H=1, K=DIM, V=DIM, dtype=DTYPE, device=DEVICE)
+    do = torch.randn_like(v)
+    configs = {"chunk_state_bwd": LaunchConfig(BV=DIM // 2, num_warps=4, num_stages=1)}
+    for grads in ("fused_dh", "fused"):
+        cb.chunk_bwd("gdn", q, k, v, g, beta, do, scale=1.0, plan=LaunchPlan(bwd_grads=grads, configs=configs))
+    assert asked == [1, 2]

@@ -4,8 +4,8 @@ default path (`bwd_grads="fused"`: `chunk_state_bwd` storing dh, then `chunk_bwd
 (interpreted on CPU; on a GPU with CPBENCH_TEST_GPU=1, in bf16).
 
 Scenarios: varlen (37, 70, 5 tokens: partial chunks, one shorter than a chunk) with grouped value heads (one q/k head,
-two value heads), an initial state, dht, slow-decay gates and the reverse pass split into one-chunk segments (exact
-maps and chain: the windows do not fit); the gate-certified warm windows of `kernels.common.warm_bwd` active
+two value heads), an initial state, dht, slow-decay gates, the reverse pass split into one-chunk segments (exact
+maps and chain: the windows do not fit) and unsplit; the gate-certified warm windows of `kernels.common.warm_bwd` active
 (test_warm_bwd.py's case: varlen 75 and 40 tokens in 16-token chunks, 2-chunk segments, windows of 1 chunk, head 0
 certified and head 1 not); dense input unsplit without h0 or dht, gates at -5 to -5.5 per token; dense input split,
 dht without h0. Which kernels ran is checked from the launch recorder. KDA and head dims above 128 are refused; the
@@ -52,7 +52,9 @@ def _both(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
     return got, ref
 
 
-def test_varlen_grouped_split() -> None:
+@pytest.mark.parametrize("split", [1, 0])
+def test_varlen_grouped(split: int) -> None:
+    """One-chunk segments (dh0 from each sequence's first segment, `final_idx`), or one pass per sequence."""
     lengths = (37, 70, 5)
     _, _, v, g, beta, cu = make_inputs("gdn", lengths, H=2, K=DIM, V=DIM, lb=-0.01, seed=11, dtype=DTYPE, device=DEVICE)
     q, k, *_ = make_inputs("gdn", lengths, H=1, K=DIM, V=DIM, seed=12, dtype=DTYPE, device=DEVICE)
@@ -60,7 +62,7 @@ def test_varlen_grouped_split() -> None:
     gen = torch.Generator().manual_seed(13)
     do = torch.randn(v.shape, generator=gen).to(DEVICE, DTYPE)
     dht = torch.randn(h0.shape, generator=gen).to(DEVICE)
-    kw = {"scale": DIM**-0.5, "initial_state": h0, "dht": dht, "cu_seqlens": cu, "split_chunks": 1}
+    kw = {"scale": DIM**-0.5, "initial_state": h0, "dht": dht, "cu_seqlens": cu, "split_chunks": split}
     got, _ = _both(q, k, v, g, beta, do, **kw)
     assert got[0].shape == q.shape and got[1].shape == k.shape
     _check(got, _reference_grads("gdn", q, k, v, g, beta, h0, do, dht, cu.tolist()), TOL)

@@ -36,13 +36,16 @@ SIGNATURES: dict[str, dict[str, str]] = {
     "wy_inverse": {"k": BF16, "g": BF16, "beta": BF16, "tt": BF16, "kg": BF16, "gc": F32, "T": "i32"},
     "chunk_bwd_dqk_wy": dict.fromkeys(("q", "k", "v", "beta", "tt", "h", "dh", "v_new", "dv_new", "do", "dq", "dk", "dv", "dbeta"), BF16) | {"g": F32, "dg": F32, "scale": "fp32", "T": "i32"},
     "chunk_state_bwd": {"q": BF16, "k": BF16, "w": BF16, "g": F32, "aqk": BF16, "do": BF16, "dht": F32, "dh": BF16, "dv_new": BF16, "ds_out": F32, "scale": "fp32", "T": "i32"},
+    "chunk_bwd_dh_grads": dict.fromkeys(("q", "k", "v", "beta", "tt", "aqk", "w", "h", "v_new", "do", "dq", "dk", "dv", "dbeta"), BF16) | {"g": F32, "dg": F32, "dht": F32, "ds_out": F32, "scale": "fp32", "T": "i32"},
 }
+GDN_ONLY = ("chunk_bwd_dh_grads",)  # kernels without a KDA form (their KDA rows are left out)
 _KERNEL_FNS = {
     "chunk_bwd_dqk": ("kernels.common.chunk_bwd", "chunk_bwd_dqk_kernel"),
     "wy_bwd": ("kernels.common.chunk_bwd", "wy_bwd_kernel"),
     "wy_inverse": ("kernels.common.chunk_bwd", "wy_inverse_kernel"),
     "chunk_bwd_dqk_wy": ("kernels.common.dqk_wy_bwd", "chunk_bwd_dqk_wy_kernel"),
     "chunk_state_bwd": ("kernels.common.state_bwd", "chunk_state_bwd_kernel"),
+    "chunk_bwd_dh_grads": ("kernels.common.dh_grads_bwd", "chunk_bwd_dh_grads_kernel"),
 }
 
 
@@ -68,8 +71,12 @@ def _constexprs(kernel: str, op: str, cfg: dict[str, int]) -> dict[str, Any]:
         return {**base, "BK": cfg["BK"], "BV": cfg["BV"], "DOT_PREC": VECTOR_GATE_DOT}
     if kernel == "wy_inverse":
         return {**base, "BK": cfg["BK"]}
+    if kernel == "chunk_bwd_dh_grads":  # a plain pass's launch (dense, dht and dh0 given); BK = K, BV = V
+        return {k: v for k, v in base.items() if k not in ("GATE_VECTOR", "chunk_indices")} | {
+            "BK": SHAPE["K"], "BV": SHAPE["V"], "chunk_offsets": None, "final_idx": None, "USE_DHT": True,
+            "STORE_DS": True, "USE_FINAL_IDX": False}
     # chunk_state_bwd, main launch of a plain (unsplit) pass: dht given, dh and dv_new stored, ds_out stored
-    return {**base, "BV": cfg["BV"], "chunk_offsets": None, "seq_map": None, "final_idx": None, "need": None,
+    return {**base, "BK": SHAPE["K"], "BV": cfg["BV"], "chunk_offsets": None, "seq_map": None, "final_idx": None, "need": None,
             "USE_DHT": True, "STORE_DS": True, "STORE_DH": True, "USE_SEQ_MAP": False, "USE_FINAL_IDX": False,
             "USE_NEED": False}
 
@@ -134,7 +141,7 @@ def ptxas_usage(ptx: str, arch: int = 90) -> dict[str, int | None]:
 
 def configs_of(kernel: str, every: bool) -> list[dict[str, int]]:
     """The kernel's default and its one-knob variants (num_warps, then each block size), or its whole space."""
-    import kernels.common.chunk_bwd  # noqa: F401  (registers the backward's specs)
+    import kernels.common.chunk_bwd  # noqa: F401  (registers the backward's specs, dh_grads_bwd's too)
     import kernels.common.state_bwd  # noqa: F401
     from kernels.configs import get_spec
 
@@ -186,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
              "|---|---|---|---:|---:|---:|---:|---:|"]
     for kernel in args.kernels:
         default = get_spec(kernel).default.as_dict()
-        for op in args.ops:
+        for op in [o for o in args.ops if o == "gdn" or kernel not in GDN_ONLY]:
             for cfg in args.config or configs_of(kernel, args.all_configs):
                 try:
                     r = compile_report(kernel, op, cfg, args.arch, aligned=not args.unaligned)

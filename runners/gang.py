@@ -129,8 +129,11 @@ def _rank_main(
     parent_pid: int,
 ) -> None:
     """Entry point of one rank process (spawned)."""
-    # the parent handles Ctrl-C and SIGTERM and tears the gang down itself
+    # the parent handles Ctrl-C and SIGTERM and tears the gang down itself (SIGKILL, `Gang._teardown`); a SIGTERM sent
+    # to the whole process group (GNU `timeout`, systemd's default KillMode, `kill -- -PGID`) must reach only the
+    # parent, or the running point dies with its rank and is retried (an attempt used) instead of released
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     import torch
     import torch.distributed as dist
 

@@ -1,7 +1,8 @@
 """The worker process (runners.worker) under SIGTERM: the running point is released, not lost, and finished later.
 
 Scenario: a `cpbench worker` subprocess claims a slow point (its timing runs into the stop rule's timeout);
-SIGTERM arrives while the point runs; the worker aborts the gang job, releases the point (queued again, no
+SIGTERM arrives while the point runs, to the worker alone or to its whole process group (as GNU `timeout` and
+systemd send it: the rank processes get it too and ignore it); the worker aborts the gang job, releases the point (queued again, no
 attempt used, no lease, no measurement), marks itself stopped and exits 0. A second worker then completes the
 point. Also: `detect_devices` on the CPU and the environment facts a worker registers.
 """
@@ -31,7 +32,8 @@ def _point(url: str) -> dict:
         return row
 
 
-def test_worker_sigterm_releases_point(tmp_path: Path, store_url: str) -> None:  # noqa: F811
+@pytest.mark.parametrize("to_group", [False, True], ids=["worker", "process-group"])
+def test_worker_sigterm_releases_point(tmp_path: Path, store_url: str, to_group: bool) -> None:  # noqa: F811
     from db import crud
     from db.models import Point
     from db.session import session_scope
@@ -46,7 +48,7 @@ def test_worker_sigterm_releases_point(tmp_path: Path, store_url: str) -> None: 
     log = open(tmp_path / "worker.log", "w+")  # noqa: SIM115 - read back after the process ends
     proc = subprocess.Popen(
         [sys.executable, "-m", "runners.cli", "worker", "--db", store_url, "--cpu", "--devices", "1"],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 120
@@ -55,7 +57,10 @@ def test_worker_sigterm_releases_point(tmp_path: Path, store_url: str) -> None: 
             assert time.monotonic() < deadline, "the worker never claimed the point"
             time.sleep(0.2)
         time.sleep(1.0)
-        proc.send_signal(signal.SIGTERM)
+        if to_group:
+            os.killpg(proc.pid, signal.SIGTERM)  # the worker's own session: its ranks and nothing else
+        else:
+            proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
     finally:
         if proc.poll() is None:

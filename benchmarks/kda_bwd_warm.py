@@ -5,7 +5,7 @@ move them beyond bf16 noise), to decide `kernels.vocabulary.AUTO_BWD_WARM["kda"]
     python3 benchmarks/kda_bwd_warm.py [--T 32768] [--warm 4]     # GPU; ~40 s with a cold compile cache
     TRITON_INTERPRET=1 python3 benchmarks/kda_bwd_warm.py --dry-run  # CPU plumbing (T=128, H=2; no split, no timing)
 
-Not run yet (session 12 had no device time left for it).
+Run in session 13: `benchmarks/results/kda_bwd_warm_h200.md`.
 """
 
 from __future__ import annotations

@@ -122,8 +122,9 @@ AUTO_BWD_GRADS: Mapping[str, str] = MappingProxyType({"gdn": "fused", "kda": "pa
 # `LaunchPlan.bwd_warm` None (the default) per op: the reverse state pass's gate-certified warm window in chunks
 # (`kernels.common.warm_bwd`), from the H200 (session 12, benchmarks/results/bwd_warm_h200.md): GDN's training step
 # 8.67 -> 7.85 ms at 1x64K (1x128K, 8x8K in the same file), gradients unchanged, every window certified at lb -1; KDA's
-# warm path is exact on the CPU but not yet timed or checked on a GPU, so it stays exact
-AUTO_BWD_WARM: Mapping[str, int] = MappingProxyType({"gdn": 4, "kda": 0})
+# 12.57 -> 12.17 ms at 1x32K (session 13, benchmarks/results/kda_bwd_warm_h200.md), every window certified,
+# gradients identical to the exact pass's
+AUTO_BWD_WARM: Mapping[str, int] = MappingProxyType({"gdn": 4, "kda": 4})
 # our backends' own options (`mode_options: {triton: {keep: wy+states}}`): backend -> name -> values, default first
 BACKEND_OPTIONS: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyType({"triton": {"keep": KEEP_POLICIES}})
 

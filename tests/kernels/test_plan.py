@@ -84,8 +84,8 @@ def test_plan_is_frozen_and_keep_is_checked() -> None:
     assert plan.bwd_grads == "auto" and plan.replace(bwd_grads="fused").bwd_grads == "fused"
     with pytest.raises(ValueError, match=r"^LaunchPlan\.bwd_grads must be one of auto, pair, fused, fused_dh, got 'one'$"):
         plan.replace(bwd_grads="one")
-    # the backward's warm window: per op by default (AUTO_BWD_WARM: GDN's on, KDA's exact), or the plan's for both
-    assert plan.bwd_warm is None and (plan.bwd_warm_for("gdn"), plan.bwd_warm_for("kda")) == (4, 0)
+    # the backward's warm window: per op by default (AUTO_BWD_WARM: 4 chunks for both since session 13), or the plan's
+    assert plan.bwd_warm is None and (plan.bwd_warm_for("gdn"), plan.bwd_warm_for("kda")) == (4, 4)
     assert [plan.replace(bwd_warm=w).bwd_warm_for(op) for w in (0, 2) for op in ("gdn", "kda")] == [0, 0, 2, 2]
     for bad in (-1, True, 2.0):
         with pytest.raises(ValueError, match=r"^LaunchPlan\.bwd_warm must be None \(per op\) or an int >= 0 \(chunks; 0 = exact\), got "):

@@ -36,6 +36,7 @@ CSV_FIELDS = (
     "p90_ms", "iqr_ms", "mean_ms", "min_ms", "max_ms", "stop_reason", "unreliable", "err_vs_none", "err_vs_reference",
     "collectives", "collective_bytes", "host_syncs", "by_direction", "kernel_launches", "peak_memory_bytes", "artifact_id",
     "hosts", "ranks_per_host", "interconnect", "device_name", "torch", "triton", "git_sha", "host", "params",
+    "measured_at", "configs", "report",
 )  # fmt: skip
 
 

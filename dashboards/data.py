@@ -6,7 +6,8 @@
   offers ALL ("all", the default when a sweep holds several backends): every backend at once, which the figures
   draw side by side ("<mode> · <backend>", `dashboards.figures.common.series_name`); a sweep whose points differ in
   how the step is called (`gate`, the safe gate's `lower_bound`, `l2norm_in_kernel`: in the point's params, issue 25)
-  offers those too, so a page never mixes a precomputed-gate point with an in-kernel-gate one;
+  offers those too, so a page never mixes a precomputed-gate point with an in-kernel-gate one, and likewise the
+  value heads `HV` of a sweep with several (grouped value heads: HV=16 and HV=32 points are not one shape);
 - `tuning_rows(session, ...)`: tuning trials with `chosen` set on the winner stored in tuned_configs;
   `tuned_config_rows(session, ...)`;
 - `display_status(status, progress)` and `sweep_index(session, name=, tag=, status=)`: the sweeps list, filtered by
@@ -53,7 +54,8 @@ SLICE_AXES = ("op", "backend", "H", "K", "V", "dtype", "direction", "layout")
 ALL_AXES = ("backend",)
 # axes read from a point's params, with the default an older point (which lacks the key) has (runners.point's
 # `_NEW_DEFAULTS`: dashboards do not import runners); offered only where a sweep holds several values
-PARAM_AXES: dict[str, Any] = {"gate": "precomputed", "lower_bound": -5.0, "l2norm_in_kernel": False}
+# HV: the value heads of grouped-value-head points (in params only where HV != H; None: the row's H)
+PARAM_AXES: dict[str, Any] = {"gate": "precomputed", "lower_bound": -5.0, "l2norm_in_kernel": False, "HV": None}
 ALL = "all"
 NIGHTLY_TAG = "nightly"
 HISTORY_KEYS = 12  # benchmark keys the history page draws at most (the page says when there are more)
@@ -68,7 +70,8 @@ def sweep_rows(session: Session, sweep_id: int, *, limit: int) -> list[dict[str,
 def _axis(r: Mapping[str, Any], a: str) -> Any:
     """A row's value on slice axis `a`: its column, or for a PARAM_AXES axis its params' value (else the default)."""
     if a in PARAM_AXES:
-        return (r.get("params") or {}).get(a, PARAM_AXES[a])
+        value = (r.get("params") or {}).get(a, PARAM_AXES[a])
+        return r.get("H") if a == "HV" and value is None else value
     return r.get(a)
 
 

@@ -96,3 +96,19 @@ def test_a_sweep_of_several_gates_is_sliced_by_gate() -> None:
     assert chosen["l2norm_in_kernel"] is True and [r["mode"] for r in kept] == ["none", "ring"]
     old = [row("none"), row("ring")]
     assert not {"gate", "lower_bound", "l2norm_in_kernel"} & set(data.slice_options(old))
+
+
+def test_a_sweep_of_several_value_head_counts_is_sliced_by_hv() -> None:
+    """A sweep with HV 16 and 32 (issue 27's peers2 grid; `HV` is in a point's params only where HV != H): its page
+    offers HV and keeps one value, so a figure never ranks an HV=32 time against an HV=16 one; one HV, no axis."""
+    def row(backend: str, ms: float, **params: Any) -> dict[str, Any]:
+        return {"op": "gdn", "backend": backend, "H": 16, "K": 128, "V": 128, "dtype": "bfloat16", "direction": "fwd",
+                "layout": "contiguous", "mode": "none", "median_ms": ms, "params": params}
+
+    rows = [row("flash_qla", 0.275), row("triton", 0.384), row("flash_qla", 0.304, HV=32), row("triton", 0.61, HV=32)]
+    assert data.slice_options(rows)["HV"] == [16, 32]
+    kept, chosen = data.apply_slice(rows, {})
+    assert chosen["HV"] == 16 and [r["median_ms"] for r in kept] == [0.275, 0.384]
+    kept, chosen = data.apply_slice(rows, {"HV": "32"})  # a query string
+    assert chosen["HV"] == 32 and [r["median_ms"] for r in kept] == [0.304, 0.61]
+    assert "HV" not in data.slice_options(rows[:2]) and "HV" not in data.slice_options(rows[2:])

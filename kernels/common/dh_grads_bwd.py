@@ -236,25 +236,25 @@ def chunk_bwd_dh_grads_mem_kernel(
         p_qr = (bos + o_r) * (H // G) + i_h // G  # grouped heads: the shared q/k head's rows
         p_v = p_row[:, None] * V + o_v[None, :]
         p_h = h + ((boc + i_t) * H + i_h) * K * V  # S, the state entering the chunk
-        b_do = tl.load(do + p_v, mask=m_rv, other=0.0)
-        b_vn = tl.load(v_new + p_v, mask=m_rv, other=0.0)
-        b_Tt, b_beta = _wy_rows(tt, beta, p_row, m_r, BT, dt)
-        b_aT = _wy_rows(aqk, beta, p_row, m_r, BT, dt)[0]
         b_G = _gate_tile(g, p_row, m_r, o_t, K, False)  # [BT, 1], flat past T
-        b_gr = tl.sum(b_G, 1)
-        b_gl = tl.sum(tl.where(o_t == BT - 1, b_gr, 0.0), 0)
-        b_eg = tl.exp(b_G)
-        b_ekt = tl.exp(b_gl - b_G)
+        b_gl = tl.sum(tl.where(o_t == BT - 1, tl.sum(b_G, 1), 0.0), 0)
 
-        # 1. dv_new = Aqk^T dO + K~ dS' (summed over the key blocks); dv and dbeta's dvb v
-        b_acc = tl.dot(b_aT, b_do)
+        # 1. dv_new = K~ dS' (summed over the key blocks) + Aqk^T dO, the key blocks first (nothing else live);
+        # dv and dbeta's dvb v
+        b_acc = tl.zeros([BT, BV], dtype=tl.float32)
         for i_k in range(tl.cdiv(K, BK)):
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < K
             b_k = tl.load(k + p_qr[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.0)
             b_dsd = tl.load(p_m + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0)
-            b_acc = tl.dot((b_k.to(tl.float32) * b_ekt).to(dt), b_dsd.to(dt), b_acc)
-        b_dvn = b_acc.to(dt)
+            b_acc = tl.dot((b_k.to(tl.float32) * tl.exp(b_gl - b_G)).to(dt), b_dsd.to(dt), b_acc)
+        b_do = tl.load(do + p_v, mask=m_rv, other=0.0)
+        b_dvn = tl.dot(_wy_rows(aqk, beta, p_row, m_r, BT, dt)[0], b_do, b_acc).to(dt)  # Aqk^T dO
+        b_vn = tl.load(v_new + p_v, mask=m_rv, other=0.0)
+        b_Tt, b_beta = _wy_rows(tt, beta, p_row, m_r, BT, dt)
+        b_gr = tl.sum(b_G, 1)
+        b_eg = tl.exp(b_G)
+        b_ekt = tl.exp(b_gl - b_G)
         b_t = tl.dot(b_Tt, b_dvn)
         b_db = tl.sum(b_t * tl.load(v + p_v, mask=m_rv, other=0.0).to(tl.float32), 1)
         tl.store(dv + p_v, (b_t * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_rv)

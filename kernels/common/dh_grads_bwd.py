@@ -49,7 +49,7 @@ from kernels.common.state_program import range_of_program
 from kernels.configs import KernelSpec, LaunchConfig, head_block, register
 from kernels.plan import LaunchPlan
 
-__all__ = ["CHUNK_BWD_DH_GRADS", "MAX_HEAD_DIM", "dh_grads_bwd"]
+__all__ = ["CHUNK_BWD_DH_GRADS", "DH_VARIANTS", "MAX_HEAD_DIM", "dh_grads_bwd"]
 
 MAX_HEAD_DIM = 128  # K and V: one program holds the whole [K, V] gradient state and [BT, K], [BT, V] tiles
 
@@ -63,6 +63,11 @@ CHUNK_BWD_DH_GRADS = register(
         space={"num_warps": (4, 8, 16), "num_stages": (1,)},
     )
 )
+# code variants, bits of the launch config's VARIANT (None: 0, dS in registers): ds_mem: dS in a per-program fp32
+# scratch in global memory (L2-resident) and the key side in BK-column blocks (`chunk_bwd_dh_grads_mem_kernel`; BK from
+# the config, default DS_MEM_BK). Opt-in, outside the tuning space: the H200 decides (kernels/NOTES.md, dh_grads).
+DH_VARIANTS = {"ds_mem": 1}
+DS_MEM_BK = 32
 
 
 @triton.heuristics(
@@ -336,11 +341,23 @@ def dh_grads_bwd(
     assert layout.seq_map is None, "the gradient kernel walks every range of its layout"
     assert K <= MAX_HEAD_DIM and V <= MAX_HEAD_DIM, f"K={K}, V={V}: at most {MAX_HEAD_DIM}"
     cfg = launch.config_for(CHUNK_BWD_DH_GRADS, bwd_tiles._key(index, H, K, V, False, k.dtype))
+    bits = cfg.VARIANT or 0
+    if bits & ~sum(DH_VARIANTS.values()):
+        raise ValueError(f"chunk_bwd_dh_grads: unknown VARIANT bits {bits}; the bits are {DH_VARIANTS}")
     dq = torch.empty_like(q) if Hk == H else q.new_empty(B, T, H, K, dtype=torch.float32)
     dk = torch.empty_like(k) if Hk == H else k.new_empty(B, T, H, K, dtype=torch.float32)
     dv, dbeta, dg = torch.empty_like(v), torch.empty_like(beta), torch.empty_like(g)
-    if layout.num_programs * H:
-        chunk_bwd_dh_grads_kernel[(layout.num_programs * H,)](
+    grid = (layout.num_programs * H,)
+    if grid[0] and bits & DH_VARIANTS["ds_mem"]:
+        ds_mem = k.new_empty(grid[0], K, V, dtype=torch.float32)  # each program's dS (64 KB at K = V = 128)
+        chunk_bwd_dh_grads_mem_kernel[grid](
+            q, k, v, g, beta, tt, aqk, w, h, v_new, do, dht, ds_mem, ds_out, dq, dk, dv, dbeta, dg,
+            layout.cu_seqlens, layout.chunk_offsets, layout.final_idx, scale, T,
+            H=H, K=K, V=V, BT=index.chunk_size, BK=min(cfg.BK or DS_MEM_BK, head_block(K)), BV=head_block(V),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+    elif grid[0]:
+        chunk_bwd_dh_grads_kernel[grid](
             q, k, v, g, beta, tt, aqk, w, h, v_new, do, dht, ds_out, dq, dk, dv, dbeta, dg,
             layout.cu_seqlens, layout.chunk_offsets, layout.final_idx, scale, T,
             H=H, K=K, V=V, BT=index.chunk_size, BK=head_block(K), BV=head_block(V),

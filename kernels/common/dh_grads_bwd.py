@@ -271,7 +271,7 @@ def chunk_bwd_dh_grads_mem_kernel(
         b_AE = (-tl.where(m_strict, tl.dot(b_Tt, tl.dot(b_dvn, tl.trans(b_vn)).to(dt)), 0.0) * b_E).to(dt)
         b_dgs = tl.zeros([BT], dtype=tl.float32)
         b_last = tl.sum(tl.zeros([BT], dtype=tl.float32), 0)
-        for i_k in range(tl.cdiv(K, BK)):  # 3.-7. per key block (the steps of chunk_bwd_dh_grads_kernel)
+        for i_k in range(tl.cdiv(K, BK)):  # 3.-7. per key block (chunk_bwd_dh_grads_kernel's steps)
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < K
             m_rk = m_r[:, None] & m_k[None, :]
@@ -283,16 +283,24 @@ def chunk_bwd_dh_grads_mem_kernel(
             b_k = tl.load(k + p_qk, mask=m_rk, other=0.0)
             b_S = tl.load(p_h + p_kv, mask=m_kv, other=0.0)
             b_ds = tl.load(p_m + p_kv, mask=m_kv, other=0.0)  # dS' rows of the block, fp32
+            # first what reads them (dK~'s block, d gamma_C's S * dS' sum) and 7. the rows stepped back, gamma_C dS' +
+            # Qg^T dO - w^T dv_new, stored: the fp32 rows not live through 3.-6. (fewer spills: kernels/NOTES.md)
+            b_dkt = b_ekt * tl.dot(b_vn, tl.trans(b_ds.to(dt)))
+            b_last += tl.exp(b_gl) * tl.sum(b_S.to(tl.float32) * b_ds)
+            b_w = tl.load(w + p_k, mask=m_rk, other=0.0)
+            b_qg = (b_q.to(tl.float32) * b_eg * scale).to(dt)
+            b_ds = tl.dot(tl.trans(b_w), -b_dvn, tl.dot(tl.trans(b_qg), b_do, b_ds * tl.exp(b_gl)))
+            tl.debug_barrier()  # every thread's reads of these rows (1. and here) before any write
+            tl.store(p_m + p_kv, b_ds, mask=m_kv)
             # 3. dq
             b_x = tl.dot(b_XE, b_k, tl.dot(b_do, tl.trans(b_S)) * scale * b_eg)
             tl.store(dq + p_k, (b_x + b_xd * b_k.to(tl.float32)).to(dq.dtype.element_ty), mask=m_rk)
             b_dgs += tl.sum(b_q.to(tl.float32) * b_x, 1)
             # 4. dk's K~ terms; d gamma_C's sums
-            b_x = b_ekt * tl.dot(b_vn, tl.trans(b_ds.to(dt)))
-            b_dk = b_x + b_xd * b_q.to(tl.float32)
-            b_x = b_k.to(tl.float32) * b_x
+            b_dk = b_dkt + b_xd * b_q.to(tl.float32)
+            b_x = b_k.to(tl.float32) * b_dkt
             b_dgs -= tl.sum(b_x, 1)
-            b_last += tl.sum(b_x) + tl.exp(b_gl) * tl.sum(b_S.to(tl.float32) * b_ds)
+            b_last += tl.sum(b_x)
             # 5. the WY terms
             b_x = tl.dot(b_Tt, (-tl.dot(b_dvn, tl.trans(b_S))).to(dt)) * b_eg
             b_x = tl.dot(b_AE, b_k, b_x)
@@ -304,12 +312,6 @@ def chunk_bwd_dh_grads_mem_kernel(
             b_x = tl.dot(tl.trans(b_AE), (b_k.to(tl.float32) * b_beta[:, None]).to(dt), tl.dot(tl.trans(b_XE), b_q))
             tl.store(dk + p_k, (b_dk + b_x).to(dk.dtype.element_ty), mask=m_rk)
             b_dgs -= tl.sum(b_k.to(tl.float32) * b_x, 1)
-            # 7. the block's rows of dS stepped back: gamma_C dS + Qg^T dO - w^T dv_new
-            b_w = tl.load(w + p_k, mask=m_rk, other=0.0)
-            b_qg = (b_q.to(tl.float32) * b_eg * scale).to(dt)
-            b_ds = tl.dot(tl.trans(b_w), -b_dvn, tl.dot(tl.trans(b_qg), b_do, b_ds * tl.exp(b_gl)))
-            tl.debug_barrier()  # every thread's reads of these rows (1., 4.) before any write
-            tl.store(p_m + p_kv, b_ds, mask=m_kv)
         tl.debug_barrier()  # the writes before the next chunk's reads
         b_dgs += tl.where(o_t == tl.minimum(T - i_t * BT, BT) - 1, b_last, 0.0)
         _store_dg_rows(dg, g, b_dgs, p_row, m_r)

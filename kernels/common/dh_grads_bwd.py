@@ -229,7 +229,7 @@ def chunk_bwd_dh_grads_mem_kernel(
         b_ds = tl.zeros([BK, BV], dtype=tl.float32)
         if USE_DHT:
             b_ds += tl.load(dht + (i_n * H + i_h) * K * V + p_kv, mask=m_kv, other=0.0)
-        tl.store(p_m + p_kv, b_ds, mask=m_kv)
+        tl.store(p_m + p_kv, b_ds, mask=m_kv, eviction_policy="evict_last")
     tl.debug_barrier()
 
     for i_r in range(NT):
@@ -251,7 +251,8 @@ def chunk_bwd_dh_grads_mem_kernel(
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < K
             b_k = tl.load(k + p_qr[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.0)
-            b_dsd = tl.load(p_m + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0)
+            b_dsd = tl.load(p_m + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0,
+                            eviction_policy="evict_last")
             b_acc = tl.dot((b_k.to(tl.float32) * tl.exp(b_gl - b_G)).to(dt), b_dsd.to(dt), b_acc)
         b_do = tl.load(do + p_v, mask=m_rv, other=0.0)
         b_dvn = tl.dot(_wy_rows(aqk, beta, p_row, m_r, BT, dt)[0], b_do, b_acc).to(dt)  # Aqk^T dO
@@ -282,7 +283,7 @@ def chunk_bwd_dh_grads_mem_kernel(
             b_q = tl.load(q + p_qk, mask=m_rk, other=0.0)
             b_k = tl.load(k + p_qk, mask=m_rk, other=0.0)
             b_S = tl.load(p_h + p_kv, mask=m_kv, other=0.0)
-            b_ds = tl.load(p_m + p_kv, mask=m_kv, other=0.0)  # dS' rows of the block, fp32
+            b_ds = tl.load(p_m + p_kv, mask=m_kv, other=0.0, eviction_policy="evict_last")  # dS' rows, fp32
             # first what reads them (dK~'s block, d gamma_C's S * dS' sum) and 7. the rows stepped back, gamma_C dS' +
             # Qg^T dO - w^T dv_new, stored: the fp32 rows not live through 3.-6. (fewer spills: kernels/NOTES.md)
             b_dkt = b_ekt * tl.dot(b_vn, tl.trans(b_ds.to(dt)))
@@ -291,7 +292,7 @@ def chunk_bwd_dh_grads_mem_kernel(
             b_qg = (b_q.to(tl.float32) * b_eg * scale).to(dt)
             b_ds = tl.dot(tl.trans(b_w), -b_dvn, tl.dot(tl.trans(b_qg), b_do, b_ds * tl.exp(b_gl)))
             tl.debug_barrier()  # every thread's reads of these rows (1. and here) before any write
-            tl.store(p_m + p_kv, b_ds, mask=m_kv)
+            tl.store(p_m + p_kv, b_ds, mask=m_kv, eviction_policy="evict_last")
             # 3. dq
             b_x = tl.dot(b_XE, b_k, tl.dot(b_do, tl.trans(b_S)) * scale * b_eg)
             tl.store(dq + p_k, (b_x + b_xd * b_k.to(tl.float32)).to(dq.dtype.element_ty), mask=m_rk)

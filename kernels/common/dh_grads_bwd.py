@@ -28,6 +28,16 @@ programs instead of NS * H * V / BV, so on this path the automatic split (`kerne
 per (segment, head) and cuts the sequence into twice the segments it cuts for 64-column blocks (1x64K, H=16: 32
 segments of 32 chunks, 512 programs; `split_chunks` sets it; kept states bring the forward's split).
 
+The `ds_mem` code variant (`DH_VARIANTS`, the launch config's VARIANT bit 1, with its BK; opt-in, outside the tuning
+space: `chunk_bwd_dh_grads_mem_kernel`) keeps dS in a per-program fp32 scratch `[N_programs * H, K, V]` in global
+memory instead of registers (64 KB per program, 32 MB at 512 programs; only the resident programs' are in use, read
+and written with evict_last so they stay in L2) and walks the key side in BK-column blocks: dv_new's K~ dS' summed over
+the blocks first, then per block its dS' rows (dK~, d gamma_C's sum, the rows stepped back and stored), dq, dk and the
+row sums of dbeta and dG. The same products, the sums over K in blocks; one block's [BT, BK] and [BK, V] tiles live
+instead of the whole [BT, K] and [K, V] ones (ptxas: 0.6 KB spilled per thread instead of 2.3 KB, the rest shared
+memory addresses, not data; kernels/NOTES.md) for 192 KB more L2 traffic per chunk and head (dS read twice, written
+once: about the floor's 3.1 KB per token-head again).
+
 Inputs it reads per chunk: q, k (at head h // G, grouped heads), v, raw g (the in-chunk cumsum formed here, floored,
 `bwd_tiles._gate_tile`), beta, T, Aqk, w, h, v_new, do; per segment dS_end. Writes dq, dk (fp32 per value head with
 grouped heads, summed over the group afterwards as the other gradient kernels), dv, dbeta, dg, and dh0.
@@ -193,7 +203,6 @@ def chunk_bwd_dh_grads_kernel(
             tl.store(ds_out + (i_f * H + i_h) * K * V + p_kv, b_ds, mask=m_kv)
 
 
-
 @triton.heuristics(
     {
         **given(USE_DHT="dht", STORE_DS="ds_out", IS_VARLEN="cu_seqlens", USE_FINAL_IDX="final_idx"),
@@ -251,8 +260,8 @@ def chunk_bwd_dh_grads_mem_kernel(
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < K
             b_k = tl.load(k + p_qr[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.0)
-            b_dsd = tl.load(p_m + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0,
-                            eviction_policy="evict_last")
+            p_kv = o_k[:, None] * V + o_v[None, :]
+            b_dsd = tl.load(p_m + p_kv, mask=m_k[:, None] & m_v[None, :], other=0.0, eviction_policy="evict_last")
             b_acc = tl.dot((b_k.to(tl.float32) * tl.exp(b_gl - b_G)).to(dt), b_dsd.to(dt), b_acc)
         b_do = tl.load(do + p_v, mask=m_rv, other=0.0)
         b_dvn = tl.dot(_wy_rows(aqk, beta, p_row, m_r, BT, dt)[0], b_do, b_acc).to(dt)  # Aqk^T dO

@@ -218,10 +218,11 @@ def chunk_bwd_dh_grads_mem_kernel(
     USE_DHT: tl.constexpr, STORE_DS: tl.constexpr, IS_VARLEN: tl.constexpr, USE_FINAL_IDX: tl.constexpr,
     G: tl.constexpr,
 ):  # fmt: skip
-    """The `ds_mem` variant (DH_VARIANTS): the same chunk body and order of sums, dS kept in `ds_mem` instead of
+    """The `ds_mem` variant (DH_VARIANTS): chunk_bwd_dh_grads_kernel's products, dS kept in `ds_mem` instead of
     registers, and the key side walked in BK-column blocks (dv_new's K~ dS' summed over them first; then per block
-    dq, dk, the row sums of dbeta and dG, and dS's rows stepped back), so one block's [BT, BK] and [BK, V] tiles are
-    live, not the whole [BT, K] and [K, V] ones."""
+    dS's rows stepped back, dq, dk and the row sums of dbeta and dG, the sums over K accumulated block by block), so
+    one block's [BT, BK] and [BK, V] tiles are live, not the whole [BT, K] and [K, V] ones. A barrier orders every
+    thread's reads of dS' rows before their writes, and a chunk's writes before the next chunk's reads."""
     i_nh = tl.program_id(0)
     i_n, i_h = (i_nh // H).to(tl.int64), i_nh % H
     _s, bos, T, boc, NT = range_of_program(i_n, None, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN, False)

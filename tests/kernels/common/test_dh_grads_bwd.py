@@ -8,8 +8,11 @@ two value heads), an initial state, dht, slow-decay gates, the reverse pass spli
 maps and chain: the windows do not fit) and unsplit; the gate-certified warm windows of `kernels.common.warm_bwd` active
 (test_warm_bwd.py's case: varlen 75 and 40 tokens in 16-token chunks, 2-chunk segments, windows of 1 chunk, head 0
 certified and head 1 not); dense input unsplit without h0 or dht, gates at -5 to -5.5 per token; dense input split,
-dht without h0. Which kernels ran is checked from the launch recorder. KDA and head dims above 128 are refused; the
-automatic split is asked for one program per (segment, head) on this path.
+dht without h0. The `ds_mem` code variant (dS in a per-program scratch, the key side in BK blocks: two blocks of K / 2,
+and one) on the varlen case, split and unsplit, against the register kernel and the reference, and in two blocks on
+the strong-decay dense case; unknown VARIANT bits refused. Which kernels ran, and with which config, is checked from
+the launch recorder. KDA and head dims above 128 are refused; the automatic split is asked for one program per
+(segment, head) on this path.
 Tolerance: as test_chunk_bwd.py (1e-5 relative L2 on CPU, 3e-4 for the strong-decay case's dg against the reference,
 5e-3 on a GPU); against the default path 1e-5 on CPU (the same products in another order, and the gate cumsum
 formed here instead of read from the WY prep), 5e-3 on a GPU.

@@ -18,7 +18,8 @@ reverse state pass). Per op and shape:
   of summation; the budget is 5e-3 for every gradient: `ok`);
 - GDN only, session 13: `fused_dh` (`kernels/common/dh_grads_bwd.py`, `bwd_grads="fused_dh"`: the reverse state
   pass's last walk and the gradients in one kernel, no dh or dv_new in memory) at each of `--dh-configs` (names of
-  `DH_CONFIGS`), beside its bytes floor (`bwd_launcher_bytes(..., "dh_grads", segments=)`) and its gradients'
+  `DH_CONFIGS`; the `mem_*` ones are its ds_mem variant: dS in an L2-resident scratch, 192 KB more L2 traffic per
+  chunk and head, not in the floor), beside its bytes floor (`bwd_launcher_bytes(..., "dh_grads", segments=)`) and its gradients'
   rel_l2 against the pair, and what it replaces timed as one row, `dh_walk+fused` (`chunk_state_bwd` storing dh and
   dv_new from the same segment ends, then `chunk_bwd_dqk_wy` at its default);
 - unless `--no-step`, the whole training step (forward + backward, `kernels.forward`, recompute policy "inputs") with
@@ -77,12 +78,18 @@ REMOVED_WHY = ("chunk_bwd_dqk_wy has no code variants since session 13: phased a
                "regs168) were removed after the H200 measured each slower than the default "
                "(benchmarks/results/dqk_wy_configs_h200.md)")  # fmt: skip
 BUDGET = 5e-3  # rel_l2 of every bf16 gradient against the pair's
-# the fused_dh kernel's configs (`CHUNK_BWD_DH_GRADS`: BK = K, BV = V always; warps and stages only)
+# the fused_dh kernel's configs (`CHUNK_BWD_DH_GRADS`: BK = K, BV = V; warps and stages), and its opt-in ds_mem variant
+# (`DH_VARIANTS`: dS in a per-program fp32 scratch, the key side in BK blocks) at the block sizes and warps whose
+# compiled spills are least (kernels/NOTES.md, dh_grads)
 DH_CONFIGS = {
     "default": {},  # 8 warps, one stage
     "w4": {"num_warps": 4, "num_stages": 1},
     "w16": {"num_warps": 16, "num_stages": 1},
     "w8_s2": {"num_warps": 8, "num_stages": 2},
+    "mem_bk32_w8": {"VARIANT": 1, "BK": 32, "num_warps": 8, "num_stages": 1},
+    "mem_bk64_w8": {"VARIANT": 1, "BK": 64, "num_warps": 8, "num_stages": 1},
+    "mem_bk32_w4": {"VARIANT": 1, "BK": 32, "num_warps": 4, "num_stages": 1},
+    "mem_bk16_w4": {"VARIANT": 1, "BK": 16, "num_warps": 4, "num_stages": 1},
 }
 
 

@@ -8,8 +8,11 @@ two value heads), an initial state, dht, slow-decay gates, the reverse pass spli
 maps and chain: the windows do not fit) and unsplit; the gate-certified warm windows of `kernels.common.warm_bwd` active
 (test_warm_bwd.py's case: varlen 75 and 40 tokens in 16-token chunks, 2-chunk segments, windows of 1 chunk, head 0
 certified and head 1 not); dense input unsplit without h0 or dht, gates at -5 to -5.5 per token; dense input split,
-dht without h0. Which kernels ran is checked from the launch recorder. KDA and head dims above 128 are refused; the
-automatic split is asked for one program per (segment, head) on this path.
+dht without h0. The `ds_mem` code variant (dS in a per-program scratch, the key side in BK blocks: two blocks of K / 2,
+and one) on the varlen case, split and unsplit, against the register kernel and the reference, and in two blocks on
+the strong-decay dense case; unknown VARIANT bits refused. Which kernels ran, and with which config, is checked from
+the launch recorder. KDA and head dims above 128 are refused; the automatic split is asked for one program per
+(segment, head) on this path.
 Tolerance: as test_chunk_bwd.py (1e-5 relative L2 on CPU, 3e-4 for the strong-decay case's dg against the reference,
 5e-3 on a GPU); against the default path 1e-5 on CPU (the same products in another order, and the gate cumsum
 formed here instead of read from the WY prep), 5e-3 on a GPU.
@@ -21,6 +24,7 @@ import pytest
 import torch
 
 from kernels.common import chunk_bwd as cb
+from kernels.common.dh_grads_bwd import DH_VARIANTS
 from kernels.configs import LaunchConfig
 from kernels.plan import LaunchPlan, LaunchRecorder
 from tests.kernels.common import test_warm_bwd as warm
@@ -34,12 +38,15 @@ DIM = 32 if DEVICE == "cpu" else 64  # K = V (64 on the GPU: test_chunk_bwd.py s
 
 
 def _grads(*args, bwd_grads: str, **kwargs):  # noqa: ANN002, ANN003, ANN202
-    """GDN's gradients under `bwd_grads`, checking which gradient kernel ran."""
+    """GDN's gradients under `bwd_grads`, checking which gradient kernel ran (and with which config: `dh_config`)."""
     rec = LaunchRecorder()
-    plan = LaunchPlan(bwd_grads=bwd_grads, recorder=rec, **kwargs.pop("plan_kw", {}))
+    cfg = kwargs.pop("dh_config", None)
+    plan_kw = kwargs.pop("plan_kw", {}) | ({"configs": {"chunk_bwd_dh_grads": cfg}} if cfg else {})
+    plan = LaunchPlan(bwd_grads=bwd_grads, recorder=rec, **plan_kw)
     got = _bwd("gdn")(*args, **kwargs, plan=plan)
     fused_dh = bwd_grads == "fused_dh"
     assert ("chunk_bwd_dh_grads" in rec) == fused_dh and ("chunk_bwd_dqk_wy" in rec) != fused_dh, sorted(rec)
+    assert cfg is None or rec["chunk_bwd_dh_grads"][1] == cfg
     return got
 
 
@@ -66,6 +73,43 @@ def test_varlen_grouped(split: int) -> None:
     got, _ = _both(q, k, v, g, beta, do, **kw)
     assert got[0].shape == q.shape and got[1].shape == k.shape
     _check(got, _reference_grads("gdn", q, k, v, g, beta, h0, do, dht, cu.tolist()), TOL)
+
+
+# the ds_mem variant (dS in the per-program scratch) in two key blocks at K = 32 (BK = 16), and in one (BK = K)
+DS_MEM = [LaunchConfig(BK=bk, num_warps=8, num_stages=1, VARIANT=DH_VARIANTS["ds_mem"]) for bk in (DIM // 2, DIM)]
+
+
+@pytest.mark.parametrize("cfg", DS_MEM, ids=["bk_half", "bk_all"])
+@pytest.mark.parametrize("split", [1, 0])
+def test_ds_mem_variant(split: int, cfg: LaunchConfig) -> None:
+    """test_varlen_grouped's case (one-chunk segments with dh0 through `final_idx`, or unsplit; grouped heads, h0,
+    dht) under the ds_mem variant: against the register kernel and the reference at TOL."""
+    lengths = (37, 70, 5)
+    _, _, v, g, beta, cu = make_inputs("gdn", lengths, H=2, K=DIM, V=DIM, lb=-0.01, seed=11, dtype=DTYPE, device=DEVICE)
+    q, k, *_ = make_inputs("gdn", lengths, H=1, K=DIM, V=DIM, seed=12, dtype=DTYPE, device=DEVICE)
+    h0 = make_state(len(lengths), 2, DIM, DIM, device=DEVICE)
+    gen = torch.Generator().manual_seed(13)
+    do = torch.randn(v.shape, generator=gen).to(DEVICE, DTYPE)
+    dht = torch.randn(h0.shape, generator=gen).to(DEVICE)
+    kw = {"scale": DIM**-0.5, "initial_state": h0, "dht": dht, "cu_seqlens": cu, "split_chunks": split}
+    got = _grads(q, k, v, g, beta, do, bwd_grads="fused_dh", dh_config=cfg, **kw)
+    _check(got, _grads(q, k, v, g, beta, do, bwd_grads="fused_dh", **kw), TOL)
+    _check(got, _reference_grads("gdn", q, k, v, g, beta, h0, do, dht, cu.tolist()), TOL)
+
+
+def test_ds_mem_dense_strong_decay() -> None:
+    """The ds_mem variant in two key blocks on a dense batch without h0 or dht, unsplit, gates at -5 to -5.5 per
+    token (test_dense_strong_decay_unsplit's case); unknown VARIANT bits refused."""
+    B, T = 2, 100
+    q, k, v, _, beta, _ = make_inputs("gdn", B=B, T=T, H=2, K=DIM, V=DIM, dtype=DTYPE, device=DEVICE)
+    gen = torch.Generator().manual_seed(7)
+    g = (-5.0 - 0.5 * torch.rand(B, T, 2, generator=gen)).to(DEVICE)
+    do = torch.randn(v.shape, generator=gen).to(DEVICE, DTYPE)
+    got = _grads(q, k, v, g, beta, do, bwd_grads="fused_dh", dh_config=DS_MEM[0], scale=DIM**-0.5, split_chunks=0)
+    ref = _reference_grads("gdn", q, k, v, g, beta, None, do, None, [i * T for i in range(B + 1)])
+    _check(got, ref, TOL, max(TOL, 3e-4))
+    with pytest.raises(ValueError, match="unknown VARIANT bits 2"):
+        _grads(q, k, v, g, beta, do, bwd_grads="fused_dh", dh_config=LaunchConfig(VARIANT=2), scale=1.0)
 
 
 def test_warm_windows() -> None:

@@ -116,12 +116,21 @@ def backend_label(row: dict[str, Any]) -> str:
 
 def dispatched_to(row: dict[str, Any]) -> str | None:
     """The implementation FLA's dispatch ran for a `fla_dispatch` row (its report's `fla_dispatch.op`: flash_qla,
-    tilelang, flash_kda or triton; `runners.peers.fla_dispatch`), or None for other rows. A figure's frame stores it
-    in the key "dispatched_to"; read that when present."""
+    tilelang, flash_kda or triton; `runners.peers.fla_dispatch`), with the kernels its dispatch sent elsewhere (the
+    report's `calls`, kernel -> implementation): "triton (+1 tilelang kernel)" where FLA's KDA backward ran one of
+    its kernels on TileLang; None for other rows. A figure's frame stores it in the key "dispatched_to"; read that
+    when present."""
     if "dispatched_to" in row:
         return row["dispatched_to"] or None
     record = (row.get("report") or {}).get("fla_dispatch")
-    return str(record["op"]) if isinstance(record, dict) and record.get("op") else None
+    if not (isinstance(record, dict) and record.get("op")):
+        return None
+    op = str(record["op"])
+    elsewhere = [str(v) for v in (record.get("calls") or {}).values() if v and str(v) != op]
+    if not elsewhere:
+        return op
+    n = len(elsewhere)
+    return f"{op} (+{n} {'/'.join(sorted(set(elsewhere)))} kernel{'s' if n > 1 else ''})"
 
 
 def ran_label(row: dict[str, Any], label: str) -> str:

@@ -78,3 +78,17 @@ def test_without_a_dispatch_record_no_implementation_is_named() -> None:
         "<b>fla_dispatch+bypass_hopper_guard · none</b><br>0.446 ms<br>"
     )
     assert best_mode.frame(rows)[0]["best"] == "fla_dispatch+bypass_hopper_guard · none"
+
+
+def test_kernels_fla_dispatched_elsewhere_are_named() -> None:
+    """FLA 0.6.0's KDA fwd+bwd as dispatched on the H200 (peers2 part 3): `op` triton, one backward kernel on TileLang
+    (its report's `calls`); the cell and the mode map say both, not just "triton"."""
+    rows = h200_rows()
+    kda = {"fla_dispatch": {"op": "triton", "calls": {"chunk_kda_bwd_wy_dqkg_fused": "tilelang", "chunk_kda": "triton"}}}
+    for r in rows:
+        if r["backend"] == "fla_dispatch":
+            r["report"] = kda
+    cells = drawn(libraries.figure(rows), "library")
+    assert "<br>ran triton (+1 tilelang kernel)<br>" in cells["fla_dispatch"][0]
+    (cell,) = best_mode.frame(rows)
+    assert cell["best"] == "fla_dispatch+bypass_hopper_guard · none → triton (+1 tilelang kernel)"

@@ -12,6 +12,8 @@ per shape (T, W) of the mode map, a column per library (`LIBRARY_ORDER` first, t
   "+0.09% (a tie)"); the heatmap's z is that ratio;
 - `noisy`: the library's fastest run is unreliable (its stop rule did not converge): no ratio, and it is never the
   reference of the others (as the mode map, an unreliable point sets no headline);
+- `pending`: no measured run yet, but points still queued or running there (a sweep in progress, or one whose other
+  parts were imported): how many, so a library that has not been measured yet is not taken for one that cannot run;
 - `skipped` / `failed`: the library has no measured run there, only skipped (failed) points: their reason (error),
   so a peer that cannot run a shape says why on the row where it is missing.
 """
@@ -46,8 +48,9 @@ COLUMNS = ("op", "direction", "lb", "B", "T", "W", "library", "kind", "best_mode
            "best_ms", "p10_ms", "p90_ms", "n", "exact", "vs_fastest", "fastest", "why")  # fmt: skip
 OURS = "ours"
 LIBRARY_ORDER = (OURS, "fla", "fla_dispatch", "flash_qla")
-KINDS = ("library", "noisy", "skipped", "failed")
-GREY = {"noisy": "#9e9e9e", "skipped": "#cfcfcf", "failed": "#e6a1a1"}
+KINDS = ("library", "noisy", "pending", "skipped", "failed")
+GREY = {"noisy": "#9e9e9e", "pending": "#e8e8f4", "skipped": "#cfcfcf", "failed": "#e6a1a1"}
+PENDING = ("queued", "running")
 RATIO_COLORS = [[0.0, "#1a9850"], [0.5, "#fee08b"], [1.0, "#d73027"]]  # fastest green ... RATIO_CAP x or slower red
 RATIO_CAP = 4.0
 APPROX_MARK = "≈"
@@ -84,6 +87,10 @@ def _first_reason(rows: list[dict[str, Any]], key: str) -> str:
 def _cell(lib: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """One library at one shape: its fastest run, or why it has none."""
     done = measured(rows)
+    pending = [r for r in rows if r.get("status") in PENDING]
+    if not done and pending:
+        state = "running" if any(r.get("status") == "running" for r in pending) else "queued"
+        return {"library": lib, "kind": "pending", "why": f"{len(pending)} {state}: not measured yet"}
     if not done:
         skipped = [r for r in rows if r.get("status") == "skipped"]
         failed = [r for r in rows if r.get("status") == "failed"]
@@ -118,7 +125,7 @@ def frame(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _label(c: dict[str, Any]) -> str:
-    if c["kind"] in ("skipped", "failed"):
+    if c["kind"] in ("pending", "skipped", "failed"):
         lines = textwrap.wrap(c["why"], WRAP)
         return "<br>".join([f"<b>{c['kind']}</b>", *lines[:2]]) + ("…" if len(lines) > 2 else "")
     who = c["best_mode"] if c["best_backend"] == c["library"] else f"{c['best_backend']} · {c['best_mode']}"
@@ -141,7 +148,7 @@ def behind(c: dict[str, Any]) -> str:
 
 def _hover(c: dict[str, Any]) -> str:
     where = f"T={c['T']} W={c['W']} B={c['B']} lb={c['lb']:g}"
-    if c["kind"] in ("skipped", "failed"):
+    if c["kind"] in ("pending", "skipped", "failed"):
         return f"<b>{c['library']}</b> at {where}: {c['kind']}<br>{c['why']}"
     spread = "" if c["p10_ms"] is None else f" (p10–p90 {c['p10_ms']:.4g}–{c['p90_ms']:.4g})"
     lines = [f"<b>{c['library']}</b> at {where}: {c['best_mode']} ({ran_label(c, c['best_backend'])})",

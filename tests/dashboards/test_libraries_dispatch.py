@@ -92,3 +92,19 @@ def test_kernels_fla_dispatched_elsewhere_are_named() -> None:
     assert "<br>ran triton (+1 tilelang kernel)<br>" in cells["fla_dispatch"][0]
     (cell,) = best_mode.frame(rows)
     assert cell["best"] == "fla_dispatch+bypass_hopper_guard · none → triton (+1 tilelang kernel)"
+
+
+def test_a_library_not_measured_yet_is_pending_not_skipped() -> None:
+    """The combined peers2 sweep: FLA's Triton path at GDN fwd+bwd has its `none` point queued and its
+    `warmup_correct` point skipped (forward only); the cell says it is pending, not the skip reason of another mode."""
+    rows = h200_rows()
+    for mode, status in (("none", "queued"), ("warmup_correct", "skipped")):
+        p = point(len(rows), mode=mode, W=1, T=8192, B=1, lb=-1.0, H=16, K=128, V=128, backend="fla")
+        p["direction"] = p["params"]["direction"] = "fwd+bwd"
+        rows.append({**p, "id": 100 + len(rows), "status": status, "median_ms": None, "report": {},
+                     "reason": "FLA's intra-card CP runs only under torch.inference_mode" if status == "skipped" else None})
+    cells = drawn(libraries.figure(rows), "pending")
+    assert cells["fla"][0] == "<b>pending</b><br>1 queued: not measured yet", cells
+    assert "fla" not in drawn(libraries.figure(rows), "skipped")
+    rows[-2].update(status="skipped", reason=rows[-1]["reason"])  # nothing left to run: the reason shows
+    assert "inference_mode" in drawn(libraries.figure(rows), "skipped")["fla"][0]

@@ -129,6 +129,8 @@ def _label(c: dict[str, Any]) -> str:
         lines = textwrap.wrap(c["why"], WRAP)
         return "<br>".join([f"<b>{c['kind']}</b>", *lines[:2]]) + ("…" if len(lines) > 2 else "")
     who = c["best_mode"] if c["best_backend"] == c["library"] else f"{c['best_backend']} · {c['best_mode']}"
+    if len(who) > WRAP:  # a long backend label ("fla_dispatch+bypass_hopper_guard") would run past the cell
+        who = who.replace(" · ", "<br>· ", 1)
     mark = "" if c["exact"] else f" {APPROX_MARK}"
     ran = f"<br>ran {c['dispatched_to']}" if c.get("dispatched_to") else ""  # what FLA's dispatch ran, a line of its own
     if c["kind"] == "noisy":

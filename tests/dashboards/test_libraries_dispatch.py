@@ -102,8 +102,16 @@ def test_a_library_not_measured_yet_is_pending_not_skipped() -> None:
     for mode, status in (("none", "queued"), ("warmup_correct", "skipped")):
         p = point(len(rows), mode=mode, W=1, T=8192, B=1, lb=-1.0, H=16, K=128, V=128, backend="fla")
         p["direction"] = p["params"]["direction"] = "fwd+bwd"
-        rows.append({**p, "id": 100 + len(rows), "status": status, "median_ms": None, "report": {},
-                     "reason": "FLA's intra-card CP runs only under torch.inference_mode" if status == "skipped" else None})
+        rows.append(
+            {
+                **p,
+                "id": 100 + len(rows),
+                "status": status,
+                "median_ms": None,
+                "report": {},
+                "reason": "FLA's intra-card CP runs only under torch.inference_mode" if status == "skipped" else None,
+            }
+        )
     cells = drawn(libraries.figure(rows), "pending")
     assert cells["fla"][0] == "<b>pending</b><br>1 queued: not measured yet", cells
     assert "fla" not in drawn(libraries.figure(rows), "skipped")

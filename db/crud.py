@@ -469,6 +469,42 @@ def store_measurement(
     return measurement
 
 
+def store_summary_measurement(
+    session: Session, *, point_id: int, environment_id: int | None, fields: Mapping[str, Any], report: Mapping[str, Any]
+) -> Measurement:
+    """Store a measurement known only by its summary (`runners.results_import`: a row exported by another store):
+    `fields` holds `clock`, `SUMMARY_FIELDS` and optionally `worker`, `configs`, `stop_reason`, `unreliable`,
+    `err_vs_none`, `err_vs_reference`, `hosts`, `ranks_per_host`, `interconnect`. Its samples blob is empty (an
+    export carries none); `n` is the original count, and `report` says where it came from."""
+    missing = [f for f in ("clock", *SUMMARY_FIELDS) if fields.get(f) is None]
+    if missing:
+        raise ValueError(f"summary lacks {missing}")
+    begin_write(session)
+    optional = ("stop_reason", "unreliable", "err_vs_none", "err_vs_reference", "hosts", "ranks_per_host", "interconnect")
+    measurement = Measurement(
+        point_id=point_id,
+        environment_id=environment_id,
+        worker=fields.get("worker") or "imported",
+        clock=fields["clock"],
+        samples=encode_samples([]),
+        configs=dict(fields.get("configs") or {}),
+        report=dict(report),
+        n=int(fields["n"]),
+        **{f: float(fields[f]) for f in SUMMARY_FIELDS if f != "n"},
+        **{f: fields.get(f) for f in optional},
+    )
+    session.add(measurement)
+    session.flush()
+    return measurement
+
+
+def points_by_key(session: Session, *, sweep_id: int) -> dict[str, Point]:
+    """The sweep's points by benchmark key (rows locked for update where the dialect has it)."""
+    begin_write(session)
+    stmt = select(Point).where(Point.sweep_id == sweep_id).with_for_update()
+    return {p.key: p for p in session.execute(stmt).scalars()}
+
+
 def store_profile(
     session: Session,
     *,

@@ -117,12 +117,10 @@ def _facts(row: Mapping[str, Any]) -> dict[str, Any]:
 
 def import_rows(url: str, sweep_id: int, rows: Iterable[Mapping[str, Any]], *, source: str) -> ImportSummary:
     """Fill the sweep's unmeasured points from the `done` rows with their keys, in one transaction."""
-    from sqlalchemy import select
-
     from db import crud
-    from db.models import Measurement, Point, utcnow
+    from db.models import utcnow
     from db.queue import refresh_sweep_status
-    from db.session import begin_write, session_scope
+    from db.session import session_scope
 
     summary = ImportSummary()
     done: dict[str, Mapping[str, Any]] = {}
@@ -134,8 +132,7 @@ def import_rows(url: str, sweep_id: int, rows: Iterable[Mapping[str, Any]], *, s
     with session_scope(url) as s:
         if crud.get_sweep(s, sweep_id=sweep_id) is None:
             raise ValueError(f"no sweep {sweep_id} in this store (`cpbench status` lists them)")
-        begin_write(s)
-        points = {p.key: p for p in s.execute(select(Point).where(Point.sweep_id == sweep_id)).scalars()}
+        points = crud.points_by_key(s, sweep_id=sweep_id)
         for key, row in done.items():
             point = points.get(key)
             if point is None:
@@ -154,14 +151,7 @@ def import_rows(url: str, sweep_id: int, rows: Iterable[Mapping[str, Any]], *, s
             report = dict(row.get("report") or {})
             report["imported"] = {"from": source, "sweep_id": row.get("sweep_id"), "point_id": row.get("point_id"),
                                   "measured_at": row.get("measured_at")}  # fmt: skip
-            s.add(Measurement(
-                point_id=point.id, environment_id=env.id, worker=row.get("worker") or "imported", clock=row["clock"],
-                samples=crud.encode_samples([]), configs=dict(row.get("configs") or {}), report=report,
-                stop_reason=row.get("stop_reason"), unreliable=row.get("unreliable"),
-                err_vs_none=row.get("err_vs_none"), err_vs_reference=row.get("err_vs_reference"),
-                hosts=row.get("hosts"), ranks_per_host=row.get("ranks_per_host"), interconnect=row.get("interconnect"),
-                n=int(row["n"]), **{f: float(row[f]) for f in _FLOAT_FIELDS[:7]},
-            ))  # fmt: skip
+            crud.store_summary_measurement(s, point_id=point.id, environment_id=env.id, fields=row, report=report)
             if row.get("host_syncs") is not None:
                 crud.store_profile(
                     s, point_id=point.id, collectives=row.get("collectives") or {},

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runners.engine_fixtures import write_spec
+from tests.runners.engine_fixtures import pg_store_url, write_spec  # noqa: F401
 
 pytestmark = pytest.mark.multiproc
 
@@ -132,3 +132,26 @@ def test_a_file_that_is_not_an_export_is_one_line(tmp_path: Path, text: str, suf
     good.write_text("key,status\n")
     proc = _cli("db", "import", str(good), "--sweep", "9", "--db", url, ok=False)
     assert proc.stderr.strip() == "error: no sweep 9 in this store (`cpbench status` lists them)"
+
+
+def test_import_into_a_postgresql_store(tmp_path: Path, pg_store_url: str) -> None:  # noqa: F811
+    """The same fill on PostgreSQL (the points are read FOR UPDATE there): a done row's summary and profile land on
+    the matching point, and the sweep is done when nothing is left queued."""
+    from runners.results_import import import_rows
+
+    _cli("submit", str(write_spec(tmp_path, axes={"T": [128]})), "--db", pg_store_url)
+    (key,) = _rows(pg_store_url)
+    row = {"key": key, "status": "done", "clock": "wall", "n": 3, "median_ms": 1.25, "p10_ms": 1.2, "p90_ms": 1.3,
+           "iqr_ms": 0.05, "mean_ms": 1.25, "min_ms": 1.2, "max_ms": 1.3, "host_syncs": 0, "kernel_launches": 7,
+           "collectives": {"all_gather": 1}, "device_name": "NVIDIA H200", "torch": "2.11.0", "host": "gpu-7"}  # fmt: skip
+    assert import_rows(pg_store_url, 1, [row], source="h200.csv").imported == [key]
+    got = _rows(pg_store_url)[key]
+    assert (got["status"], got["median_ms"], got["n"], got["kernel_launches"], got["collectives"]) == (
+        "done",
+        1.25,
+        3,
+        7,
+        {"all_gather": 1},
+    )
+    assert (got["device_name"], got["host"], got["report"]["imported"]["from"]) == ("NVIDIA H200", "gpu-7", "h200.csv")
+    assert "│ done " in _cli("status", "--db", pg_store_url).stdout

@@ -30,7 +30,7 @@ forward's bound terms (`v=`: `kernels.common.wy._chunk_bound`'s (L, W), chunk or
 chain takes the forward's certified windows (`warm_split.warm_transitions`, `seg_chain_fwd(drop=)`, report key
 `certified_fwd`): with both directions certified no segment walks its full transition pass.
 
-The window w (`LaunchPlan.bwd_warm_for(op)`, chunks; 0 = the exact path; by default 4 for GDN and 0 for KDA,
+The window w (`LaunchPlan.bwd_warm_for(op)`, chunks; 0 = the exact path; by default 4 for both ops since session 13,
 `kernels.vocabulary.AUTO_BWD_WARM`) is a host constant; windows are cut to
 their segment (a last segment shorter than w is walked whole), and w must be shorter than the split's segments, else
 the exact path runs (`reverse_window_plan` returns None). `RevWarmInputs.report` (a dict, optional) receives the

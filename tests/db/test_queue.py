@@ -236,6 +236,7 @@ def _claim_and_wait(url: str, on_sigterm: str, ready) -> None:  # type: ignore[n
         os._exit(0)
 
     if on_sigterm == "release":
+        session.close()  # no transaction open while it waits: the handler's release must not wait on this connection
         signal.signal(signal.SIGTERM, release)
     else:
         _store(session, point_id, "child")  # mid-store: the transaction is open when the process dies

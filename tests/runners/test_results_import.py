@@ -9,7 +9,10 @@ for a worker, and a second import changes nothing. Bad input (not an export, no 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -23,32 +26,19 @@ SUMMARY = ("n", "median_ms", "p10_ms", "p90_ms", "iqr_ms", "mean_ms", "min_ms", 
            "git_sha", "host")  # fmt: skip
 
 
-class _Done:
-    def __init__(self, code: int, stdout: str, stderr: str) -> None:
-        self.returncode, self.stdout, self.stderr = code, stdout, stderr
-
-
-_CAPTURE: list[pytest.CaptureFixture[str]] = []
-
-
-@pytest.fixture(autouse=True)
-def _capture(capsys: pytest.CaptureFixture[str]) -> None:
-    _CAPTURE[:] = [capsys]
-
-
-def _cli(*args: str, ok: bool = True) -> _Done:
+def _cli(*args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
     """`cpbench ARGS` in this process (`runners.cli.main`: its one-line errors and exit codes), output captured."""
     from runners.cli import main
 
-    _CAPTURE[0].readouterr()
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out = _CAPTURE[0].readouterr()
-    assert (code == 0) == ok, out.out + out.err
-    return _Done(code, out.out, out.err)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as e:
+            code = int(e.code or 0)
+    assert (code == 0) == ok, out.getvalue() + err.getvalue()
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
 def _rows(url: str, sweep: int = 1) -> dict[str, dict]:

@@ -12,15 +12,19 @@
 # included: TRITON_CACHE_AUTOTUNING=1, FLA_CACHE_RESULTS=1) live in .devcache/, which a warm machine keeps between
 # calls, so a point cut by the call's limit does not pay FLA's autotune or FlashQLA's compile again. With KDA_WARM=1
 # and 90 s left after the worker, issue 26's KDA warm-window check (benchmarks/kda_bwd_warm.py) runs too.
-#   SHA=<git sha> LIMIT=570 [KDA_WARM=1] bash benchmarks/device_runs/s14c.sh
+#   SHA=<git sha> LIMIT=570 [STORE=peers2-full] [KDA_WARM=1] [DHFUSE=1] bash benchmarks/device_runs/s14c.sh
+# Session 14 as run: STORE=peers2-full, the combined full-grid store of peers2_h200/README.md "One sweep" (sweep 1 of
+# runners/suites/peers2-h200.yaml with the three parts' exports imported: 44 done, 44 queued), built here and carried
+# in devrun/. With DHFUSE=1 and 150 s left after the worker, issue 26's fused_dh check runs: its GPU tests, then the
+# training step at 1x64K with the default gradient kernel and with fused_dh (benchmarks/bwd_ag_lab.py).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export CPBENCH_GIT_SHA=${SHA}
 LIMIT=${LIMIT:-570}
 C=$PWD/.devcache; mkdir -p $C; R=$OUT
 t0=$(date +%s); el() { echo $(( $(date +%s)-t0 )); }
-DBF=/tmp/peers2c.db; DB=sqlite:///$DBF
+STORE=${STORE:-peers2c}; DBF=/tmp/$STORE.db; DB=sqlite:///$DBF
 pack() {
-  cp -f $DBF $R/peers2c.db 2>/dev/null; python3 -m bench_server status --db $DB > $R/status.txt 2>&1
+  cp -f $DBF $R/$STORE.db 2>/dev/null; python3 -m bench_server status --db $DB > $R/status.txt 2>&1
   (cd $C && find triton -name '*.autotune.json' | tar czf $R/autotune.tgz -T -) 2>/dev/null
   XZ_OPT=-T0 tar -cJf /tmp/tilelang.tar.xz -C $C tilelang 2>/dev/null && [ $(stat -c %s /tmp/tilelang.tar.xz) -le 12582912 ] \
     && cp /tmp/tilelang.tar.xz $R/; ls -la $R
@@ -34,15 +38,22 @@ export PYTHONPATH=$C/peer:$C/site:$PWD TILELANG_CACHE_DIR=$C/tilelang TRITON_CAC
 echo "ready $(el) s"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton, fla, flash_qla, tilelang; print(torch.__version__, triton.__version__, fla.__version__, getattr(flash_qla,'__version__','?'), tilelang.__version__)"
 # the sweep: FLA as dispatched must see FlashQLA (no FLA_DISABLE_BACKEND_DISPATCH; the fla backend pins it itself)
-[ -f devrun/peers2c.db ] && cp devrun/peers2c.db $DBF
+[ -f devrun/$STORE.db ] && cp devrun/$STORE.db $DBF
 python3 -m bench_server db upgrade --db $DB >> $R/sweep.log 2>&1
-[ -f devrun/peers2c.db ] || python3 -m bench_server submit runners/suites/peers2-h200-part3.yaml --db $DB >> $R/sweep.log 2>&1
-RES=0; [ -n "$KDA_WARM" ] && RES=90
+[ -f devrun/$STORE.db ] || python3 -m bench_server submit runners/suites/peers2-h200-part3.yaml --db $DB >> $R/sweep.log 2>&1
+RES=0; [ -n "$KDA_WARM" ] && RES=90; [ -n "$DHFUSE" ] && RES=$(( RES + 150 ))
 W=$(( LIMIT - $(el) - RES ))
 timeout -s TERM $W python3 -m bench_server worker --devices 1 --once --db $DB >> $R/sweep.log 2>&1; echo "worker rc=$? $(el) s"
 if [ -n "$KDA_WARM" ] && [ $(( LIMIT - $(el) )) -ge 60 ]; then
   FLA_DISABLE_BACKEND_DISPATCH=1 timeout $(( LIMIT - $(el) - 5 )) python3 benchmarks/kda_bwd_warm.py --T 32768 --warm 4 > $R/kda_bwd_warm.log 2>&1
   echo "kda warm rc=$? $(el) s"; tail -3 $R/kda_bwd_warm.log
+fi
+if [ -n "$DHFUSE" ] && [ $(( LIMIT - $(el) )) -ge 120 ]; then
+  CPBENCH_TEST_GPU=1 timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/common/test_dh_grads_bwd.py \
+    > $R/dh_gpu_tests.log 2>&1; echo "dh gpu tests rc=$? $(el) s"; tail -2 $R/dh_gpu_tests.log
+  timeout $(( LIMIT - $(el) - 5 )) python3 benchmarks/bwd_ag_lab.py --out /tmp/bwd --shapes 1x65536 --lb -1 --no-fla \
+    --bwd-warm 4 --variants inputs:fused:warm,inputs:fused_dh:warm --deadline-s $(( LIMIT - $(el) - 20 )) \
+    > $R/dh_bwd_ag_lab.log 2>&1; echo "bwd lab rc=$? $(el) s"; cp /tmp/bwd/bwd_ag_lab.md $R/ 2>/dev/null; cat $R/bwd_ag_lab.md
 fi
 python3 -m bench_server status --db $DB 2>&1 | tail -12
 echo "end $(el) s"

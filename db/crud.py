@@ -470,12 +470,19 @@ def store_measurement(
 
 
 def store_summary_measurement(
-    session: Session, *, point_id: int, environment_id: int | None, fields: Mapping[str, Any], report: Mapping[str, Any]
+    session: Session,
+    *,
+    point_id: int,
+    environment_id: int | None,
+    fields: Mapping[str, Any],
+    report: Mapping[str, Any],
+    measured_at: datetime | None = None,
 ) -> Measurement:
     """Store a measurement known only by its summary (`runners.results_import`: a row exported by another store):
     `fields` holds `clock`, `SUMMARY_FIELDS` and optionally `worker`, `configs`, `stop_reason`, `unreliable`,
     `err_vs_none`, `err_vs_reference`, `hosts`, `ranks_per_host`, `interconnect`. Its samples blob is empty (an
-    export carries none); `n` is the original count, and `report` says where it came from."""
+    export carries none); `n` is the original count, and `report` says where it came from. `measured_at`: when the
+    other store measured it (default: now), so a later export of this store still says when."""
     missing = [f for f in ("clock", *SUMMARY_FIELDS) if fields.get(f) is None]
     if missing:
         raise ValueError(f"summary lacks {missing}")
@@ -493,6 +500,8 @@ def store_summary_measurement(
         **{f: float(fields[f]) for f in SUMMARY_FIELDS if f != "n"},
         **{f: fields.get(f) for f in optional},
     )
+    if measured_at is not None:
+        measurement.created_at = measured_at
     session.add(measurement)
     session.flush()
     return measurement

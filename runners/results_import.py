@@ -22,6 +22,7 @@ import csv
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,17 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         raise ValueError(f"{path}: {e}") from e
 
 
+def _when(raw: Any) -> datetime | None:
+    """An export's `measured_at` (ISO 8601; an older export has none) as an aware datetime, naive read as UTC."""
+    if raw in (None, ""):
+        return None
+    try:
+        when = datetime.fromisoformat(str(raw))
+    except ValueError as e:
+        raise ValueError(f"column 'measured_at' holds {str(raw)[:60]!r}, not an ISO 8601 time") from e
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
 def _facts(row: Mapping[str, Any]) -> dict[str, Any]:
     """The environment facts of an exported row (`db.crud.get_or_create_environment`)."""
     facts = {k: row.get(k) for k in _ENV_FIELDS if row.get(k) is not None}
@@ -151,7 +163,8 @@ def import_rows(url: str, sweep_id: int, rows: Iterable[Mapping[str, Any]], *, s
             report = dict(row.get("report") or {})
             report["imported"] = {"from": source, "sweep_id": row.get("sweep_id"), "point_id": row.get("point_id"),
                                   "measured_at": row.get("measured_at")}  # fmt: skip
-            crud.store_summary_measurement(s, point_id=point.id, environment_id=env.id, fields=row, report=report)
+            crud.store_summary_measurement(s, point_id=point.id, environment_id=env.id, fields=row, report=report,
+                                           measured_at=_when(row.get("measured_at")))  # fmt: skip
             if row.get("host_syncs") is not None:
                 crud.store_profile(
                     s, point_id=point.id, collectives=row.get("collectives") or {},

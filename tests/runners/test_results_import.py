@@ -76,6 +76,7 @@ def test_an_export_fills_the_same_keys_of_another_stores_sweep(tmp_path: Path) -
             assert imported == {"from": f"a.{fmt}", "sweep_id": 1, "point_id": want["point_id"],
                                 "measured_at": want["measured_at"]}  # fmt: skip
             assert row["report"] == want["report"] and row["configs"] == want["configs"]
+            assert row["measured_at"] == want["measured_at"], "an imported row keeps when it was measured"
         again = _cli("db", "import", str(tmp_path / f"a.{fmt}"), "--sweep", "1", "--db", b).stdout
         assert "imported 0 row(s)" in again and "left out 2 already measured there" in again, again
 

@@ -221,6 +221,21 @@ def _chunk_grid(index: ChunkIndex, B: int, T: int, H: int) -> tuple[int, int]:
     return (index.num_chunks, H) if index.is_varlen else (triton.cdiv(T, index.chunk_size), B * H)
 
 
+def per_value_head(x: Tensor, H: int) -> Tensor:
+    """The gradient buffer of q or k (`x` [B, T, Hk, K]) as a kernel writes it: one slice per value head ([B, T, H, K]
+    with grouped heads, H = G * Hk), in x's dtype; `group_sum` reduces it. FLA's reduction: the partials in the input
+    dtype (fp32 partials held 1024 B per token and value head more at the step's peak, `benchmarks/step_memory.py`)."""
+    B, T, Hk, K = x.shape
+    return torch.empty_like(x) if Hk == H else x.new_empty(B, T, H, K)
+
+
+def group_sum(x: Tensor, Hk: int) -> Tensor:
+    """A `per_value_head` buffer summed over each key head's group ([B, T, Hk, K]; torch accumulates a bf16 sum in
+    fp32). Rebind the buffer's name to the result so the partials are freed before the next one is summed."""
+    B, T, H, K = x.shape
+    return x if H == Hk else x.view(B, T, Hk, H // Hk, K).sum(3)
+
+
 def _fit(cfg: LaunchConfig, K: int, V: int) -> tuple[int, int]:
     """The column blocks: the config's, at most the tile of the head dim (`head_block`; the last block is masked)."""
     BK, BV = min(cfg.BK or 64, head_block(K)), min(cfg.BV or 64, head_block(V))

@@ -58,6 +58,8 @@ from kernels.common.bwd_tiles import (
     _state_products,
     _store_dg_rows,
     _wy_rows,
+    group_sum,
+    per_value_head,
 )
 from kernels.common.chunk_program import chunk_of_program, group_heads
 from kernels.common.chunk_state import SeqLayout, chunk_state_fwd, chunk_state_transition_fwd
@@ -588,8 +590,7 @@ def pair_grads(
     BT = index.chunk_size
     cu, ci = _bounds(index)
     key = _key(index, H, K, V, gate_vector, k.dtype)
-    # grouped heads: dq, dk per value head in fp32, summed over the group below (FLA's reduction)
-    dq = torch.empty_like(q) if Hk == H else q.new_empty(B, T, H, K, dtype=torch.float32)
+    dq = per_value_head(q, H)  # grouped heads: dq, dk per value head, summed over the group below
     dk_part = torch.empty(B, T, H, K, dtype=torch.float32, device=k.device)
     dw = k.new_empty(B, T, H, K)
     dg_part = torch.empty_like(dk_part)
@@ -602,7 +603,7 @@ def pair_grads(
         DOT_PREC=VECTOR_GATE_DOT,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    dk = torch.empty_like(k) if Hk == H else torch.empty_like(dk_part)
+    dk = per_value_head(k, H)
     dv = torch.empty_like(v)
     dbeta = torch.empty_like(beta)
     dg = torch.empty_like(g)
@@ -614,6 +615,6 @@ def pair_grads(
         DOT_PREC=VECTOR_GATE_DOT,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if Hk != H:
-        dq, dk = (x.view(B, T, Hk, H // Hk, K).sum(3).to(k.dtype) for x in (dq, dk))
+    dq = group_sum(dq, Hk)
+    dk = group_sum(dk, Hk)
     return dq, dk, dv, dg, dbeta

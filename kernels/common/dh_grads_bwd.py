@@ -39,8 +39,8 @@ memory addresses, not data; kernels/NOTES.md) for 192 KB more L2 traffic per chu
 once: about the floor's 3.1 KB per token-head again).
 
 Inputs it reads per chunk: q, k (at head h // G, grouped heads), v, raw g (the in-chunk cumsum formed here, floored,
-`bwd_tiles._gate_tile`), beta, T, Aqk, w, h, v_new, do; per segment dS_end. Writes dq, dk (fp32 per value head with
-grouped heads, summed over the group afterwards as the other gradient kernels), dv, dbeta, dg, and dh0.
+`bwd_tiles._gate_tile`), beta, T, Aqk, w, h, v_new, do; per segment dS_end. Writes dq, dk (per value head with
+grouped heads, in the input dtype, summed over the group afterwards as the other gradient kernels), dv, dbeta, dg, and dh0.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def chunk_bwd_dh_grads_kernel(
     do,  # [B, T, H, V]
     dht,  # [N_programs, H, K, V] fp32 gradient at the end of each program's range, or None (zeros)
     ds_out,  # out [N*, H, K, V] fp32 or None: the gradient at the range's start (dh0)
-    dq, dk,  # out [B, T, H, K] (fp32 with grouped heads)
+    dq, dk,  # out [B, T, H, K] (per value head with grouped heads, `bwd_tiles.per_value_head`)
     dv,  # out [B, T, H, V]
     dbeta,  # out [B, T, H]
     dg,  # out [B, T, H]
@@ -357,8 +357,7 @@ def dh_grads_bwd(
     bits = cfg.VARIANT or 0
     if bits & ~sum(DH_VARIANTS.values()):
         raise ValueError(f"chunk_bwd_dh_grads: unknown VARIANT bits {bits}; the bits are {DH_VARIANTS}")
-    dq = torch.empty_like(q) if Hk == H else q.new_empty(B, T, H, K, dtype=torch.float32)
-    dk = torch.empty_like(k) if Hk == H else k.new_empty(B, T, H, K, dtype=torch.float32)
+    dq, dk = bwd_tiles.per_value_head(q, H), bwd_tiles.per_value_head(k, H)  # grouped heads: summed below
     dv, dbeta, dg = torch.empty_like(v), torch.empty_like(beta), torch.empty_like(g)
     grid = (layout.num_programs * H,)
     if grid[0] and bits & DH_VARIANTS["ds_mem"]:
@@ -376,6 +375,6 @@ def dh_grads_bwd(
             H=H, K=K, V=V, BT=index.chunk_size, BK=head_block(K), BV=head_block(V),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
-    if Hk != H:
-        dq, dk = (x.view(B, T, Hk, H // Hk, K).sum(3).to(k.dtype) for x in (dq, dk))
+    dq = bwd_tiles.group_sum(dq, Hk)
+    dk = bwd_tiles.group_sum(dk, Hk)
     return dq, dk, dv, dg, dbeta

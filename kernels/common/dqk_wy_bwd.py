@@ -19,7 +19,7 @@ a [C, C] product over the V columns alone (no cancellation between the two terms
 Nothing but the gradients is written. do, v_new and dv_new are read once in step 1 and once per K block in step 2
 (the same chunk's rows: L2, as the pair's per-K-block programs read them). The decayed products are those of the
 pair (`kernels.common.bwd_tiles`), with the same precision (KDA: `VECTOR_GATE_DOT`). Grouped value heads: q and k
-at head h // G, dq and dk per value head in fp32 then summed over the group (as the pair).
+at head h // G, dq and dk per value head in the input dtype then summed over the group (as the pair, and FLA).
 """
 
 from __future__ import annotations
@@ -79,8 +79,8 @@ def chunk_bwd_dqk_wy_kernel(
     v_new,  # [B, T, H, V]
     dv_new,  # [B, T, H, V]
     do,  # [B, T, H, V]
-    dq,  # out [B, T, H, K] (fp32 with grouped heads)
-    dk,  # out [B, T, H, K] (fp32 with grouped heads)
+    dq,  # out [B, T, H, K] (per value head with grouped heads, `bwd_tiles.per_value_head`)
+    dk,  # out [B, T, H, K] (likewise)
     dv,  # out [B, T, H, V]
     dbeta,  # out [B, T, H]
     dg,  # out: [B, T, H] (GDN) or [B, T, H, K] (KDA)
@@ -197,9 +197,7 @@ def dqk_wy_bwd(
     H, V = v.shape[2], v.shape[-1]  # the value heads; q, k have Hk = H / G (grouped heads)
     cfg = launch.config_for(CHUNK_BWD_DQK_WY, bwd_tiles._key(index, H, K, V, gate_vector, k.dtype))
     BK, BV = bwd_tiles._fit(cfg, K, V)
-    # grouped heads: dq, dk per value head in fp32, summed over the group below (as the pair)
-    dq = torch.empty_like(q) if Hk == H else q.new_empty(B, T, H, K, dtype=torch.float32)
-    dk = torch.empty_like(k) if Hk == H else k.new_empty(B, T, H, K, dtype=torch.float32)
+    dq, dk = bwd_tiles.per_value_head(q, H), bwd_tiles.per_value_head(k, H)  # grouped heads: summed below
     dv, dbeta, dg = torch.empty_like(v), torch.empty_like(beta), torch.empty_like(g)
     cu, ci = bwd_tiles._bounds(index)
     chunk_bwd_dqk_wy_kernel[bwd_tiles._chunk_grid(index, B, T, H)](
@@ -207,6 +205,6 @@ def dqk_wy_bwd(
         H=H, K=K, V=V, BT=index.chunk_size, BK=BK, BV=BV, GATE_VECTOR=gate_vector, DOT_PREC=dot_prec,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    if Hk != H:
-        dq, dk = (x.view(B, T, Hk, H // Hk, K).sum(3).to(k.dtype) for x in (dq, dk))
+    dq = bwd_tiles.group_sum(dq, Hk)
+    dk = bwd_tiles.group_sum(dk, Hk)
     return dq, dk, dv, dg, dbeta

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Session 15 (prepared in session 14, not run yet): one H200, `carry: [".whl", ".xfer", "devrun"]`, timeout_s 600.
 # First call only (a marker in .devcache, which a warm machine keeps), about 250 s, issue 26:
-#  1. ours at HV=32 after session 14's bf16 dq, dk partials (`s15_grouped.yaml`: GDN and KDA fwd+bwd at 8K and 64K,
+#  1. ours at HV=32 after session 14's bf16 dq, dk partials (`s15_grouped.yaml`: GDN and KDA fwd+bwd at 8K and 64K, HV 16 and 32,
 #     gradients gated against the fp32 reference, peak memory) -> $OUT/s15_grouped.csv;
 #  2. what the GDN step holds at HV=32 64K, ours beside FLA's Triton path, with the allocator's peaks
 #     (`benchmarks/step_memory.py --fla --device cuda`) -> $OUT/step_memory.txt.
@@ -22,7 +22,7 @@ if [ ! -f $C/s15pre.ok ]; then
     export PYTHONPATH=$C/peer:$C/site:$PWD TRITON_CACHE_DIR=$C/triton TRITON_CACHE_AUTOTUNING=1 FLA_CACHE_RESULTS=1
     G=sqlite:////tmp/s15g.db
     python3 -m bench_server db upgrade --db $G > /dev/null
-    timeout 150 python3 -m bench_server run benchmarks/device_runs/s15_grouped.yaml --db $G --devices 1 -f csv \
+    timeout 200 python3 -m bench_server run benchmarks/device_runs/s15_grouped.yaml --db $G --devices 1 -f csv \
       > $OUT/s15_grouped.csv 2> $OUT/s15_grouped.log
     echo "grouped rc=$? $(el) s"
     FLA_DISABLE_BACKEND_DISPATCH=1 timeout 200 python3 benchmarks/step_memory.py --op gdn --T 65536 --H 16 --HV 32 \

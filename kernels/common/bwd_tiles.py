@@ -233,7 +233,7 @@ def group_sum(x: Tensor, Hk: int) -> Tensor:
     """A `per_value_head` buffer summed over each key head's group ([B, T, Hk, K]; torch accumulates a bf16 sum in
     fp32). Rebind the buffer's name to the result so the partials are freed before the next one is summed."""
     B, T, H, K = x.shape
-    return x if H == Hk else x.view(B, T, Hk, H // Hk, K).sum(3)
+    return x if Hk == H else x.view(B, T, Hk, H // Hk, K).sum(3)
 
 
 def _fit(cfg: LaunchConfig, K: int, V: int) -> tuple[int, int]:

@@ -49,11 +49,13 @@ if [ -n "$KDA_WARM" ] && [ $(( LIMIT - $(el) )) -ge 60 ]; then
   echo "kda warm rc=$? $(el) s"; tail -3 $R/kda_bwd_warm.log
 fi
 if [ -n "$DHFUSE" ] && [ $(( LIMIT - $(el) )) -ge 120 ]; then
+  # one file back ($OUT holds at most 8): the tests' log, the lab's log and its table
   CPBENCH_TEST_GPU=1 timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/common/test_dh_grads_bwd.py \
-    > $R/dh_gpu_tests.log 2>&1; echo "dh gpu tests rc=$? $(el) s"; tail -2 $R/dh_gpu_tests.log
+    > $R/dh_check.txt 2>&1; echo "dh gpu tests rc=$? $(el) s"; tail -2 $R/dh_check.txt
   timeout $(( LIMIT - $(el) - 5 )) python3 benchmarks/bwd_ag_lab.py --out /tmp/bwd --shapes 1x65536 --lb -1 --no-fla \
     --bwd-warm 4 --variants inputs:fused:warm,inputs:fused_dh:warm --deadline-s $(( LIMIT - $(el) - 20 )) \
-    > $R/dh_bwd_ag_lab.log 2>&1; echo "bwd lab rc=$? $(el) s"; cp /tmp/bwd/bwd_ag_lab.md $R/ 2>/dev/null; cat $R/bwd_ag_lab.md
+    >> $R/dh_check.txt 2>&1; echo "bwd lab rc=$? $(el) s"; cat /tmp/bwd/bwd_ag_lab.md >> $R/dh_check.txt 2>/dev/null
+  cat /tmp/bwd/bwd_ag_lab.md 2>/dev/null
 fi
 python3 -m bench_server status --db $DB 2>&1 | tail -12
 echo "end $(el) s"

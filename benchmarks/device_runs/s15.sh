@@ -2,9 +2,10 @@
 # Session 15 (prepared in session 14, not run yet): one H200, `carry: [".whl", ".xfer", "devrun"]`, timeout_s 600.
 # First call only (a marker in .devcache, which a warm machine keeps), about 250 s, issue 26:
 #  1. ours at HV=32 after session 14's bf16 dq, dk partials (`s15_grouped.yaml`: GDN and KDA fwd+bwd at 8K and 64K, HV 16 and 32,
-#     gradients gated against the fp32 reference, peak memory) -> $OUT/s15_grouped.csv;
+#     gradients gated against the fp32 reference, peak memory) -> $OUT/s15_grouped.csv (its log: $OUT/s15.txt);
 #  2. what the GDN step holds at HV=32 64K, ours beside FLA's Triton path, with the allocator's peaks
-#     (`benchmarks/step_memory.py --fla --device cuda`) -> $OUT/step_memory.txt.
+#     (`benchmarks/step_memory.py --fla --device cuda`) -> appended to $OUT/s15.txt.
+# $OUT brings back at most 8 files: these 2 and s14c.sh's 5 (6 with DHFUSE=1: dh_check.txt; not in the first call).
 # Then, every call: the peers2 sweep on the carried store (`s14c.sh` with STORE=peers2-full: 18 KDA HV=32 points
 # were left by session 14) in the time left; DHFUSE=1 passes on to s14c.sh (issue 26's fused_dh check).
 #   SHA=<git sha> LIMIT=570 [DHFUSE=1] bash benchmarks/device_runs/s15.sh
@@ -23,11 +24,11 @@ if [ ! -f $C/s15pre.ok ]; then
     G=sqlite:////tmp/s15g.db
     python3 -m bench_server db upgrade --db $G > /dev/null
     timeout 200 python3 -m bench_server run benchmarks/device_runs/s15_grouped.yaml --db $G --devices 1 -f csv \
-      > $OUT/s15_grouped.csv 2> $OUT/s15_grouped.log
+      > $OUT/s15_grouped.csv 2> $OUT/s15.txt
     echo "grouped rc=$? $(el) s"
     FLA_DISABLE_BACKEND_DISPATCH=1 timeout 200 python3 benchmarks/step_memory.py --op gdn --T 65536 --H 16 --HV 32 \
-      --fla --device cuda > $OUT/step_memory.txt 2>&1
-    echo "step_memory rc=$? $(el) s"; grep -E 'peak|ours / FLA' $OUT/step_memory.txt
+      --fla --device cuda > /tmp/step_memory.txt 2>&1
+    echo "step_memory rc=$? $(el) s"; cat /tmp/step_memory.txt >> $OUT/s15.txt; grep -E 'peak|ours / FLA' /tmp/step_memory.txt
   )
   touch $C/s15pre.ok
 fi

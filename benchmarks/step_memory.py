@@ -23,6 +23,7 @@ import sys
 import traceback
 import weakref
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,55 +91,43 @@ class LiveBytes(TorchDispatchMode):
             self.now -= self.live.pop(key)[0]
 
 
-def _step(op: str, who: str, xs: list[torch.Tensor], do: torch.Tensor, scale: float) -> Any:
+def _forward(op: str, who: str, xs: list[torch.Tensor], scale: float) -> Callable[[], torch.Tensor]:
+    """The op's forward (its output o) by ours (the triton backend) or FLA's Triton path."""
     q, k, v, g, beta = xs
     if who == "ours":
         import kernels
 
         fn = kernels.chunk_gdn if op == "gdn" else kernels.chunk_kda
-        return lambda: fn(q, k, v, g, beta, scale=scale, backend="triton")[0].backward(do)
+        return lambda: fn(q, k, v, g, beta, scale=scale, backend="triton")[0]
     os.environ["FLA_DISABLE_BACKEND_DISPATCH"] = "1"
-    if not q.is_cuda:  # the interpreter has no benchmarker: FLA's autotuned kernels take their first config
-        from triton.runtime.autotuner import Autotuner
-
-        run = Autotuner.run
-
-        def first_config(self: Any, *a: Any, **kw: Any) -> Any:
-            self.configs = self.configs[:1]
-            return run(self, *a, **kw)
-
-        Autotuner.run = first_config  # type: ignore[method-assign]
     if op == "gdn":
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_fn
     else:
         from fla.ops.kda import chunk_kda as fla_fn
-    from runners.peers.fla import hopper_guard
-
-    def fla_step() -> None:
-        with hopper_guard({"bypass_hopper_guard": True}):  # FLA #640's guard on Hopper, lifted as the fla backend does
-            fla_fn(q, k, v, g, beta, scale=scale)[0].backward(do)
-
-    return fla_step
+    return lambda: fla_fn(q, k, v, g, beta, scale=scale)[0]
 
 
 def measure(op: str, who: str, *, B: int, T: int, H: int, HV: int, K: int, device: str) -> tuple[LiveBytes, int | None]:
-    """One warm-up step, then the tracked step; the allocator's peak above the step's start on CUDA."""
+    """One warm-up step, then the tracked step (`runners.training.train_step` on `leaves` of the engine's inputs);
+    the allocator's peak above the step's start on CUDA. FLA's Hopper guard (FLA #640) is lifted as the fla backend
+    lifts it."""
+    from runners.peers.fla import hopper_guard
+    from runners.training import leaves, train_step
     from runners.workload import make_inputs
 
     w = make_inputs(op, B=B, T=T, H=H, HV=HV, K=K, V=K, device=device, lb=-1.0, grad_out=True)
-    xs = [x.detach().clone().requires_grad_() for x in w.tensors]
     assert w.do is not None
-    step = _step(op, who, xs, w.do, K**-0.5)
-    step()
-    for x in xs:
-        x.grad = None
-    cuda_peak = None
-    if device == "cuda":
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-    with LiveBytes() as live:
+    xs = leaves(w.tensors)
+    step = train_step(_forward(op, who, xs, K**-0.5), xs, w.do)
+    with hopper_guard({"bypass_hopper_guard": who == "fla"}):
         step()
+        cuda_peak = None
+        if device == "cuda":
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+        with LiveBytes() as live:
+            step()
     if device == "cuda":
         torch.cuda.synchronize()
         cuda_peak = torch.cuda.max_memory_allocated() - base
@@ -178,6 +167,8 @@ def main(argv: list[str] | None = None) -> None:
         "programs per SM does (`kernels.common.seqsplit.auto_seg_chunks`; the CPU never splits)",
     )
     args = ap.parse_args(argv)
+    if args.fla and args.device != "cuda":
+        ap.error("--fla needs --device cuda: FLA's Triton kernels do not run under the interpreter")
     if args.seg_chunks:
         from kernels.common import seqsplit
 

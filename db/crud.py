@@ -499,9 +499,8 @@ def store_summary_measurement(
         n=int(fields["n"]),
         **{f: float(fields[f]) for f in SUMMARY_FIELDS if f != "n"},
         **{f: fields.get(f) for f in optional},
+        created_at=measured_at or _now(),
     )
-    if measured_at is not None:
-        measurement.created_at = measured_at
     session.add(measurement)
     session.flush()
     return measurement

@@ -62,7 +62,8 @@ class ImportSummary:
 
 
 def _value(name: str, raw: Any) -> Any:
-    """A CSV cell as the store's type (JSON columns parsed, numbers converted, "" as None); JSON values as they are."""
+    """A cell as the store's type (CSV: JSON columns parsed, numbers converted, "" as None; JSON values as they
+    are), `measured_at` (ISO 8601) as an aware datetime, naive read as UTC, so a bad file fails before any import."""
     if not isinstance(raw, str):
         return raw
     if raw == "":
@@ -74,10 +75,12 @@ def _value(name: str, raw: Any) -> Any:
             return int(float(raw))
         if name in _FLOAT_FIELDS:
             return float(raw)
+        if name == "measured_at":
+            when = datetime.fromisoformat(raw)
+            return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
     except ValueError as e:
-        raise ValueError(
-            f"column {name!r} holds {raw[:60]!r}, not a {'JSON value' if name in _JSON_FIELDS else 'number'}"
-        ) from e
+        kind = {"measured_at": "an ISO 8601 time"}.get(name, "a JSON value" if name in _JSON_FIELDS else "a number")
+        raise ValueError(f"column {name!r} holds {raw[:60]!r}, not {kind}") from e
     return raw
 
 
@@ -106,17 +109,6 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         return [{k: _value(k, v) for k, v in r.items()} for r in rows]
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from e
-
-
-def _when(raw: Any) -> datetime | None:
-    """An export's `measured_at` (ISO 8601; an older export has none) as an aware datetime, naive read as UTC."""
-    if raw in (None, ""):
-        return None
-    try:
-        when = datetime.fromisoformat(str(raw))
-    except ValueError as e:
-        raise ValueError(f"column 'measured_at' holds {str(raw)[:60]!r}, not an ISO 8601 time") from e
-    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
 
 
 def _facts(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -161,10 +153,11 @@ def import_rows(url: str, sweep_id: int, rows: Iterable[Mapping[str, Any]], *, s
                 raise ValueError(f"{source}: the done row of {key} lacks {', '.join(missing)}")
             env = crud.get_or_create_environment(s, facts=_facts(row))
             report = dict(row.get("report") or {})
+            when = row.get("measured_at")  # an older export has none: the import's time
             report["imported"] = {"from": source, "sweep_id": row.get("sweep_id"), "point_id": row.get("point_id"),
-                                  "measured_at": row.get("measured_at")}  # fmt: skip
+                                  "measured_at": when and when.isoformat()}  # fmt: skip
             crud.store_summary_measurement(s, point_id=point.id, environment_id=env.id, fields=row, report=report,
-                                           measured_at=_when(row.get("measured_at")))  # fmt: skip
+                                           measured_at=when)  # fmt: skip
             if row.get("host_syncs") is not None:
                 crud.store_profile(
                     s, point_id=point.id, collectives=row.get("collectives") or {},

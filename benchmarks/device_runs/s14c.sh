@@ -12,11 +12,16 @@
 # included: TRITON_CACHE_AUTOTUNING=1, FLA_CACHE_RESULTS=1) live in .devcache/, which a warm machine keeps between
 # calls, so a point cut by the call's limit does not pay FLA's autotune or FlashQLA's compile again. With KDA_WARM=1
 # and 90 s left after the worker, issue 26's KDA warm-window check (benchmarks/kda_bwd_warm.py) runs too.
-#   SHA=<git sha> LIMIT=570 [STORE=peers2-full] [KDA_WARM=1] [DHFUSE=1] bash benchmarks/device_runs/s14c.sh
+#   SHA=<git sha> LIMIT=570 [STORE=peers2-full] [GROUPED=1] [KDA_WARM=1] [DHFUSE=1] bash benchmarks/device_runs/s14c.sh
 # Session 14 as run: STORE=peers2-full, the combined full-grid store of peers2_h200/README.md "One sweep" (sweep 1 of
 # runners/suites/peers2-h200.yaml with the three parts' exports imported: 44 done, 44 queued), built here and carried
 # in devrun/. With DHFUSE=1 and 150 s left after the worker, issue 26's fused_dh check runs: its GPU tests, then the
 # training step at 1x64K with the default gradient kernel and with fused_dh (benchmarks/bwd_ag_lab.py).
+# Session 15's first call (prepared in session 14): GROUPED=1, before the worker, about 250 s (issue 26): ours at HV
+# 16 and 32 after session 14's bf16 grouped dq, dk partials through `cpbench run` (`s15_grouped.yaml`: gradients gated
+# against the fp32 reference, peak memory) -> $OUT/s15_grouped.csv, its log and then what the GDN step holds at
+# HV=32 64K, ours beside FLA's Triton path with the allocator's peaks (`benchmarks/step_memory.py --fla`) ->
+# $OUT/s15.txt. $OUT brings back at most 8 files: the sweep's 5, these 2, DHFUSE's 1 (not in the same call).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export CPBENCH_GIT_SHA=${SHA}
 LIMIT=${LIMIT:-570}
@@ -37,6 +42,15 @@ trap pack EXIT
 export PYTHONPATH=$C/peer:$C/site:$PWD TILELANG_CACHE_DIR=$C/tilelang TRITON_CACHE_DIR=$C/triton TRITON_CACHE_AUTOTUNING=1 FLA_CACHE_RESULTS=1
 echo "ready $(el) s"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton, fla, flash_qla, tilelang; print(torch.__version__, triton.__version__, fla.__version__, getattr(flash_qla,'__version__','?'), tilelang.__version__)"
+if [ -n "$GROUPED" ]; then
+  G=sqlite:////tmp/s15g.db
+  python3 -m bench_server db upgrade --db $G > /dev/null
+  timeout 200 python3 -m bench_server run benchmarks/device_runs/s15_grouped.yaml --db $G --devices 1 -f csv \
+    > $R/s15_grouped.csv 2> $R/s15.txt; echo "grouped rc=$? $(el) s"
+  FLA_DISABLE_BACKEND_DISPATCH=1 timeout 200 python3 benchmarks/step_memory.py --op gdn --T 65536 --H 16 --HV 32 \
+    --fla --device cuda > /tmp/step_memory.txt 2>&1; echo "step_memory rc=$? $(el) s"
+  cat /tmp/step_memory.txt >> $R/s15.txt; grep -E 'peak|ours / FLA' /tmp/step_memory.txt
+fi
 # the sweep: FLA as dispatched must see FlashQLA (no FLA_DISABLE_BACKEND_DISPATCH; the fla backend pins it itself)
 [ -f devrun/$STORE.db ] && cp devrun/$STORE.db $DBF
 python3 -m bench_server db upgrade --db $DB >> $R/sweep.log 2>&1

@@ -108,6 +108,12 @@ def test_rows_of_other_keys_are_reported_not_imported(tmp_path: Path) -> None:
         ('{"key": 1}', ".json", "not a `cpbench results -f json` export"),
         ("[{", ".json", "not JSON"),
         ("", ".txt", "the suffix must be .json or .csv"),
+        (
+            "key,status,clock,n,median_ms,p10_ms,p90_ms,iqr_ms,mean_ms,min_ms,max_ms,measured_at\n"
+            "k,done,wall,3,1,1,1,0,1,1,1,yesterday\n",
+            ".csv",
+            "column 'measured_at' holds 'yesterday', not an ISO 8601 time",
+        ),
     ],
 )
 def test_a_file_that_is_not_an_export_is_one_line(tmp_path: Path, text: str, suffix: str, needle: str) -> None:

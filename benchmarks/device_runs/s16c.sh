@@ -1,0 +1,46 @@
+#!/bin/bash
+# Session 16 (issue 26), every call on one warm machine; s14c.sh's setup (packages, FlashQLA + TileLang, the caches
+# in .devcache/ that a warm machine keeps between calls, FLA's autotune results carried in devrun/autotune.tgz), then
+# the parts asked for (`carry: [".whl", ".xfer", "devrun"]`; at most 8 files come back):
+#   TRAIN=1   `cpbench bench train` for GDN with FLA's Triton path and FlashQLA in one process, issue 26's grid
+#             (--preset issue26, rows by importance, cut cleanly at the deadline) -> kernels_train_issue26_h200.{md,json}
+#   TUNE=1    re-tune the launch configs of the kernels as they are now (benchmarks/autotune_h200.py: the forward at
+#             its three shapes, then the step's own kernels at 1x64K) -> tune_fwd.json, tune_bwd.json, tune.log
+#   DHSPILL=1 s13_dhspill.sh's check: the fused dh kernel's ds_mem variant against its register default and against
+#             what it replaces (dh walk + fused gradients) at 1x64K -> dhspill.txt
+#   SHA=<git sha> LIMIT=570 [TRAIN=1] [TUNE=1] [DHSPILL=1] bash benchmarks/device_runs/s16c.sh
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export CPBENCH_GIT_SHA=${SHA}
+LIMIT=${LIMIT:-570}
+C=$PWD/.devcache; mkdir -p $C; R=$OUT
+t0=$(date +%s); el() { echo $(( $(date +%s)-t0 )); }
+[ -f $C/site.ok ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $C/site .whl/*.whl && touch $C/site.ok; } || exit 1
+[ -f $C/peer.ok ] || { mkdir -p $C/peer && tar -xJf .xfer/peersite.tar.xz -C $C/peer && touch $C/peer.ok; } || exit 1
+[ -f devrun/autotune.tgz ] && [ ! -d $C/triton ] && mkdir -p $C/triton && tar -xzf devrun/autotune.tgz -C $C
+export PYTHONPATH=$C/peer:$C/site:$PWD TILELANG_CACHE_DIR=$C/tilelang TRITON_CACHE_DIR=$C/triton TRITON_CACHE_AUTOTUNING=1 FLA_CACHE_RESULTS=1
+echo "ready $(el) s"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python3 -c "import torch, triton, fla, flash_qla, tilelang; print(torch.__version__, triton.__version__, fla.__version__, getattr(flash_qla,'__version__','?'), tilelang.__version__)"
+if [ -n "$TRAIN" ]; then
+  D=$(( LIMIT - $(el) - 40 ))
+  FLA_DISABLE_BACKEND_DISPATCH=1 timeout $(( D + 30 )) python3 -m runners.bench.kernels_train --ops gdn --preset issue26 \
+    --peers fla,flash_qla --deadline $D --out $R/ --stem kernels_train_issue26_h200 --sha $SHA > $R/train.log 2>&1
+  echo "train rc=$? $(el) s"; tail -30 $R/kernels_train_issue26_h200.md
+fi
+if [ -n "$TUNE" ]; then
+  A=$(( (LIMIT - $(el) - 30) * 9 / 20 ))
+  python3 benchmarks/autotune_h200.py run --ops gdn kda --budget 6 --deadline-s $A --sha $SHA --out $R/tune_fwd.json \
+    > $R/tune.log 2>&1; echo "tune fwd rc=$? $(el) s"
+  B=$(( LIMIT - $(el) - 30 ))
+  python3 benchmarks/autotune_h200.py run --ops gdn kda --shapes 1x65536 --directions fwd+bwd --budget 6 --deadline-s $B \
+    --sha $SHA --out $R/tune_bwd.json >> $R/tune.log 2>&1; echo "tune bwd rc=$? $(el) s"
+  grep -E "default .* tuned|crash|deadline|wrote" $R/tune.log
+fi
+if [ -n "$DHSPILL" ]; then
+  CPBENCH_TEST_GPU=1 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/common/test_dh_grads_bwd.py \
+    > $R/dhspill.txt 2>&1; echo "gpu tests rc=$? $(el) s"; tail -3 $R/dhspill.txt
+  timeout $(( LIMIT - $(el) - 5 )) python3 benchmarks/dqk_wy_lab.py --out /tmp/dqk --ops gdn --shapes 1x65536 \
+    --configs default --pair-configs none --no-split --no-step --dh-configs default mem_bk32_w8 mem_bk64_w8 mem_bk32_w4 \
+    mem_bk16_w4 --deadline-s $(( LIMIT - $(el) - 40 )) >> $R/dhspill.txt 2>&1
+  echo "dqk lab rc=$? $(el) s"; cat /tmp/dqk/dqk_wy_lab.md >> $R/dhspill.txt; cat /tmp/dqk/dqk_wy_lab.md
+fi
+echo "end $(el) s"

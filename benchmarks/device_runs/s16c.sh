@@ -8,7 +8,8 @@
 #             its three shapes, then the step's own kernels at 1x64K) -> tune_fwd.json, tune_bwd.json, tune.log
 #   DHSPILL=1 s13_dhspill.sh's check: the fused dh kernel's ds_mem variant against its register default and against
 #             what it replaces (dh walk + fused gradients) at 1x64K -> dhspill.txt
-#   SHA=<git sha> LIMIT=570 [TRAIN=1] [TUNE=1] [DHSPILL=1] bash benchmarks/device_runs/s16c.sh
+#   SHA=<git sha> LIMIT=570 [TRAIN=1 [TRAIN_ARGS="--shapes .. --hv .."]] [TUNE=1] [DHSPILL=1] bash benchmarks/device_runs/s16c.sh
+# (the parts run in the order TUNE, DHSPILL, TRAIN; TRAIN's deadline is what is left)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export CPBENCH_GIT_SHA=${SHA}
 LIMIT=${LIMIT:-570}
@@ -20,12 +21,6 @@ t0=$(date +%s); el() { echo $(( $(date +%s)-t0 )); }
 export PYTHONPATH=$C/peer:$C/site:$PWD TILELANG_CACHE_DIR=$C/tilelang TRITON_CACHE_DIR=$C/triton TRITON_CACHE_AUTOTUNING=1 FLA_CACHE_RESULTS=1
 echo "ready $(el) s"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton, fla, flash_qla, tilelang; print(torch.__version__, triton.__version__, fla.__version__, getattr(flash_qla,'__version__','?'), tilelang.__version__)"
-if [ -n "$TRAIN" ]; then
-  D=$(( LIMIT - $(el) - 40 ))
-  FLA_DISABLE_BACKEND_DISPATCH=1 timeout $(( D + 30 )) python3 -m runners.bench.kernels_train --ops gdn --preset issue26 \
-    --peers fla,flash_qla --deadline $D --out $R/ --stem kernels_train_issue26_h200 --sha $SHA > $R/train.log 2>&1
-  echo "train rc=$? $(el) s"; tail -30 $R/kernels_train_issue26_h200.md
-fi
 if [ -n "$TUNE" ]; then
   A=$(( (LIMIT - $(el) - 30) * 9 / 20 ))
   python3 benchmarks/autotune_h200.py run --ops gdn kda --budget 6 --deadline-s $A --sha $SHA --out $R/tune_fwd.json \
@@ -42,5 +37,11 @@ if [ -n "$DHSPILL" ]; then
     --configs default --pair-configs none --no-split --no-step --dh-configs default mem_bk32_w8 mem_bk64_w8 mem_bk32_w4 \
     mem_bk16_w4 --deadline-s $(( LIMIT - $(el) - 40 )) >> $R/dhspill.txt 2>&1
   echo "dqk lab rc=$? $(el) s"; cat /tmp/dqk/dqk_wy_lab.md >> $R/dhspill.txt; cat /tmp/dqk/dqk_wy_lab.md
+fi
+if [ -n "$TRAIN" ]; then
+  D=$(( LIMIT - $(el) - 40 ))
+  FLA_DISABLE_BACKEND_DISPATCH=1 timeout $(( D + 30 )) python3 -m runners.bench.kernels_train --ops gdn ${TRAIN_ARGS:---preset issue26} \
+    --peers fla,flash_qla --deadline $D --out $R/ --stem kernels_train_issue26_h200 --sha $SHA > $R/train.log 2>&1
+  echo "train rc=$? $(el) s"; tail -30 $R/kernels_train_issue26_h200.md
 fi
 echo "end $(el) s"

@@ -33,9 +33,9 @@ fi
 if [ -n "$DHSPILL" ]; then
   CPBENCH_TEST_GPU=1 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/common/test_dh_grads_bwd.py \
     > $R/dhspill.txt 2>&1; echo "gpu tests rc=$? $(el) s"; tail -3 $R/dhspill.txt
-  timeout $(( LIMIT - $(el) - 5 )) python3 benchmarks/dqk_wy_lab.py --out /tmp/dqk --ops gdn --shapes 1x65536 \
+  timeout ${DH_S:-230} python3 benchmarks/dqk_wy_lab.py --out /tmp/dqk --ops gdn --shapes 1x65536 \
     --configs default --pair-configs none --no-split --no-step --dh-configs default mem_bk32_w8 mem_bk64_w8 mem_bk32_w4 \
-    mem_bk16_w4 --deadline-s $(( LIMIT - $(el) - 40 )) >> $R/dhspill.txt 2>&1
+    mem_bk16_w4 --deadline-s $(( ${DH_S:-230} - 30 )) >> $R/dhspill.txt 2>&1
   echo "dqk lab rc=$? $(el) s"; cat /tmp/dqk/dqk_wy_lab.md >> $R/dhspill.txt; cat /tmp/dqk/dqk_wy_lab.md
 fi
 if [ -n "$TRAIN" ]; then

@@ -199,28 +199,10 @@ def _precompile(args: argparse.Namespace, until: float) -> list[tuple[str, str, 
     """
     import multiprocessing as mp
 
-    from kernels.configs import KERNELS
-    from kernels.plan import LaunchPlan, LaunchRecorder
-    from runners.tuner.miscompiles import known_bad as known_bad_configs
-    from runners.tuner.search import first_rung
-    from runners.tuner.tune import Shape, device_facts, make_case, op_runner
+    from runners.tuner.tune import device_facts
 
     t0 = time.perf_counter()
-    # configs a miscompile rule excludes are never launched, not even here (the search records them `failed`)
-    ruled_out = known_bad_configs(device_facts(args.device)[1])
-    tasks = []
-    for direction, op, sd in ((d, op, sd) for d in args.directions for op in args.ops for sd in SHAPES):
-        case = make_case(op, Shape.of(sd), args.device)
-        run = op_runner(op, case, direction=direction)
-        only = tuned_kernels(op, case, direction)
-        run(LaunchPlan())
-        seen = LaunchRecorder()
-        run(LaunchPlan(configs={n: sp.default for n, sp in KERNELS.items()}, recorder=seen))
-        items = [(n, c.as_dict()) for n, (_k, d) in seen.items() if KERNELS[n].space
-                 and (only is None or n in only)
-                 for c in first_rung(KERNELS[n], d, args.budget, args.seed)[1:] if c not in ruled_out.get(n, {})]
-        per = max(1, -(-len(items) // args.workers))
-        tasks += [(op, sd, items[i:i + per], args.device, direction) for i in range(0, len(items), per)]
+    tasks = _precompile_tasks(args, device_facts(args.device)[1])
     bad: list[tuple[str, str, dict[str, int], str]] = []
     done = 0
     ctx = mp.get_context("spawn")
@@ -240,6 +222,37 @@ def _precompile(args: argparse.Namespace, until: float) -> list[tuple[str, str, 
         tasks = [r["rest"] for r in res if r["rest"] and r["rest"][2]]
     print(f"precompiled {done} variants in {time.perf_counter() - t0:.1f} s; crashed: {bad}", flush=True)
     return bad
+
+
+def _precompile_tasks(args: argparse.Namespace, capability: str | None,
+                      triton_version: str | None = None) -> list[tuple[str, dict[str, Any], list[tuple[str, dict[str, int]]], str, str]]:
+    """The precompile's work, split over `args.workers`: per (direction, op, shape), the configs halving's first rung
+    draws for each kernel the case tunes, less those a miscompile rule rules out on `capability` (never launched,
+    not even here). The rules are expanded over every registered kernel space, so the kernel modules are imported
+    first (a rule over a kernel not yet imported ruled nothing out: on the H200, session 16, the precompile launched
+    `chunk_state_fwd` and `wy_bwd` configs their rules name and crashed the device)."""
+    from kernels.configs import KERNELS
+    from kernels.plan import LaunchPlan, LaunchRecorder
+    from runners.tuner.miscompiles import known_bad as known_bad_configs
+    from runners.tuner.search import first_rung
+    from runners.tuner.tune import Shape, make_case, op_runner, registered_kernels
+
+    registered_kernels()
+    ruled_out = known_bad_configs(capability, triton_version)
+    tasks = []
+    for direction, op, sd in ((d, op, sd) for d in args.directions for op in args.ops for sd in SHAPES):
+        case = make_case(op, Shape.of(sd), args.device)
+        run = op_runner(op, case, direction=direction)
+        only = tuned_kernels(op, case, direction)
+        run(LaunchPlan())
+        seen = LaunchRecorder()
+        run(LaunchPlan(configs={n: sp.default for n, sp in KERNELS.items()}, recorder=seen))
+        items = [(n, c.as_dict()) for n, (_k, d) in seen.items() if KERNELS[n].space
+                 and (only is None or n in only)
+                 for c in first_rung(KERNELS[n], d, args.budget, args.seed)[1:] if c not in ruled_out.get(n, {})]
+        per = max(1, -(-len(items) // args.workers))
+        tasks += [(op, sd, items[i:i + per], args.device, direction) for i in range(0, len(items), per)]
+    return tasks
 
 
 def _parse_bad(text: str) -> tuple[str, str, dict[str, int], str]:

@@ -52,7 +52,6 @@ first kernel launch, so it never initialises CUDA.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import inspect
 import json
 import logging
@@ -65,7 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernels.configs import KERNELS, KernelSpec, LaunchConfig
+from kernels.configs import KERNELS, KernelSpec, LaunchConfig, import_kernel_modules
 
 __all__ = [
     "SCHEMA",
@@ -140,9 +139,6 @@ SCHEMA: dict[str, Any] = {
 }
 
 # modules whose import registers the suite's Triton kernels; imported (best effort) before source hashes are checked
-_SUITE_MODULES = ("kernels.common.chunk_fwd", "kernels.common.transition_triton", "kernels.common.chunk_bwd")
-
-
 class AutotuneError(ValueError):
     """Base of the loader's errors."""
 
@@ -216,6 +212,8 @@ def _config_fits(cfg: LaunchConfig, key: Mapping[str, Any]) -> bool:
 
 def _spec_module(name: str) -> Any:
     """The module that defines the registered KernelSpec `name` (the module holding that very spec object)."""
+    if name not in KERNELS:
+        import_kernel_modules()  # its module may not be imported yet
     spec = KERNELS.get(name)
     if spec is None:
         raise AutotuneMismatchError(f"kernel {name!r} is not registered in this build; registered: {sorted(KERNELS)}")
@@ -264,16 +262,6 @@ def current_device() -> str:
     import torch
 
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-
-
-def _import_suite() -> None:
-    for mod in _SUITE_MODULES:
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            # the module itself missing (an older or partial build) is fine; a missing dependency inside it is not
-            if e.name != mod:
-                raise
 
 
 # parsing
@@ -455,7 +443,7 @@ def parse_autotune(data: Any, *, strict: bool = True, device_name: str | None = 
 
     # stale or unknown kernels
     if any(n not in KERNELS for n in entries):
-        _import_suite()
+        import_kernel_modules()  # a kernel of the file may live in a module not imported yet
     for name in list(entries):
         if name not in KERNELS:
             problem = f"autotune file {path or '<dict>'} has entries for kernel {name!r}, which this build does not register"

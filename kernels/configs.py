@@ -90,6 +90,22 @@ def register(spec: KernelSpec) -> KernelSpec:
     return spec
 
 
+def import_kernel_modules() -> list[str]:
+    """Import every module of `kernels.common` and of each op in `kernels.ops` (each registers its Triton kernels'
+    `KernelSpec`s on import) and return the registered names, sorted: the whole registry, whatever the caller
+    imported before (a chunk.py imports its Triton modules only when it runs)."""
+    import importlib
+    import pkgutil
+
+    import kernels.common
+    import kernels.ops
+
+    for package in (kernels.common, kernels.ops):
+        for m in pkgutil.walk_packages(package.__path__, prefix=f"{package.__name__}."):
+            importlib.import_module(m.name)
+    return sorted(KERNELS)
+
+
 def get_spec(name: str) -> KernelSpec:
     try:
         return KERNELS[name]

@@ -54,12 +54,11 @@ def _iso(t: Any) -> str:
 
 
 def _current_hash(kernel: str) -> str | None:
-    from kernels.autotune import _import_suite
-    from kernels.configs import KERNELS
+    from kernels.configs import KERNELS, import_kernel_modules
 
     if kernel not in KERNELS:
         try:
-            _import_suite()
+            import_kernel_modules()
         except ImportError:
             return None
     if kernel not in KERNELS:

@@ -84,6 +84,15 @@ RULES: tuple[Rule, ...] = (
         reason="the reverse state pass with BV=32 hit an illegal memory access on an H200 with Triton 3.6.0 (one "
                "stage at K=V=32, two stages at K=V=128; 2026-12-01, kernels/NOTES.md)",
     ),
+    Rule(
+        kernels=("gdn_fused_state_output_fwd",),
+        matches=lambda c: c.BV == 32,
+        capabilities=("9",),
+        triton_min=(3, 4),
+        triton_max=(3, 7, 0),
+        reason="GDN's fused state+output pass with BV=32 hit an illegal memory access on an H200 with Triton 3.6.0 "
+               "(4 warps, one and three stages, every BV=32 config tried, K=V=128; 2026-12-03, session 16's re-tune)",
+    ),
 )
 
 

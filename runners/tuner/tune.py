@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kernels.autotune import key_str, normalize_key, source_hash
-from kernels.configs import KERNELS, LaunchConfig, get_spec
+from kernels.configs import KERNELS, LaunchConfig, get_spec, import_kernel_modules
 from kernels.plan import LaunchPlan, LaunchRecorder
 from runners.tuner.clock import Timer, make_timer
 from runners.tuner.miscompiles import known_bad as known_bad_configs
@@ -103,19 +103,9 @@ class Shape:
 
 
 def registered_kernels() -> list[str]:
-    """The names of every Triton kernel with a declared launch-config space (imports the kernel modules of
-    `kernels.common` and of each op in `kernels.ops`, which register their `KernelSpec`s), sorted: what
-    `TuneSpec.kernels` may name."""
-    import importlib
-    import pkgutil
-
-    import kernels.common
-    import kernels.ops
-
-    for package in (kernels.common, kernels.ops):
-        for m in pkgutil.walk_packages(package.__path__, prefix=f"{package.__name__}."):
-            importlib.import_module(m.name)
-    return sorted(KERNELS)
+    """The names of every Triton kernel with a declared launch-config space, sorted (`kernels.configs.
+    import_kernel_modules`): what `TuneSpec.kernels` may name."""
+    return import_kernel_modules()
 
 
 def make_case(op: str, shape: Shape, device: torch.device | str) -> dict[str, Any]:

@@ -68,3 +68,18 @@ def test_shipped_configs_are_launched_for_the_h200() -> None:
 def test_shipped_file_is_refused_for_another_device() -> None:
     with pytest.raises(AutotuneMismatchError, match="H200"):
         load_autotune(SHIPPED, device_name="NVIDIA A100-SXM4-80GB")
+
+
+def test_shipped_file_loads_in_a_fresh_process() -> None:
+    """A training job loads the file before any op has run: the loader imports the modules that register the file's
+    kernels (the fused GDN pass and the Ag passes live under `kernels/ops/`, which a chunk.py imports only when it
+    runs). Before session 16 the loader imported three fixed modules and refused the re-tuned file."""
+    import subprocess
+    import sys
+
+    code = ("from kernels.autotune import load_autotune; "
+            f"t = load_autotune({str(SHIPPED)!r}, device_name={H200!r}); print(' '.join(sorted(t.kernels())))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=SHIPPED.parents[2], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert set(proc.stdout.split()) == set(_data()["kernels"]) >= {"gdn_fused_state_output_fwd", "wy_gdn_ag_fwd"}

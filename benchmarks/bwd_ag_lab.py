@@ -18,9 +18,6 @@ Variants (GDN, bf16, H=16, K=V=128; `runners.bench.kernels_train`'s inputs and s
 - `wy`, `wy+states` (the forward keeps its WY factors / and its chunk states);
 - `inputs:fused`, `ag:fused`, `ag+states:fused`: as `inputs` / `ag` / `ag+states` with the backward's gradient kernels
   fused per chunk (`LaunchPlan.bwd_grads="fused"`, `kernels/common/dqk_wy_bwd.py`);
-- `inputs:fused_dh`, `ag:fused_dh`, `ag+states:fused_dh` (session 13, not in the default list): the reverse state
-  pass's last walk fused into the gradient kernel (`LaunchPlan.bwd_grads="fused_dh"`,
-  `kernels/common/dh_grads_bwd.py`: no dh or dv_new in memory; launcher `chunk_bwd_dh_grads`);
 - any variant + ":warm" (e.g. `inputs:fused:warm`): the backward's split reverse pass with the gate-certified warm
   window of `--bwd-warm` chunks (`LaunchPlan.bwd_warm`, `kernels/common/warm_bwd.py`); its row also gives the
   fraction of (segment, head) pairs certified (`cert`, read after one extra step).
@@ -47,8 +44,6 @@ sys.path.insert(0, str(ROOT))
 
 # ":fused": bwd_grads="fused"
 VARIANTS = ("inputs", "ag", "ag-recompute", "ag+states", "wy", "wy+states", "inputs:fused", "ag:fused", "ag+states:fused")
-# opt-in variants, run when named in --variants: ":fused_dh": bwd_grads="fused_dh"
-EXTRA_VARIANTS = ("inputs:fused_dh", "ag:fused_dh", "ag+states:fused_dh")
 WARM = ":warm"  # a variant's suffix: the reverse pass's warm window (`LaunchPlan.bwd_warm`, `--bwd-warm` chunks)
 NAMES = ("dq", "dk", "dv", "dg", "dbeta")
 
@@ -225,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [tuple(int(x) for x in s.split("x")) for s in ("1x130" if args.dry_run else args.shapes).split(",")]
     fla = not args.no_fla and not args.dry_run
     variants = tuple(args.variants.split(","))
-    if unknown := [v for v in variants if v.removesuffix(WARM) not in (*VARIANTS, *EXTRA_VARIANTS)]:
-        known = ", ".join((*VARIANTS, *EXTRA_VARIANTS))
+    if unknown := [v for v in variants if v.removesuffix(WARM) not in VARIANTS]:
+        known = ", ".join(VARIANTS)
         raise SystemExit(f"--variants: unknown {unknown}; known: {known}, each optionally + {WARM}")
     res: dict[str, Any] = {
         "env": env(argparse.Namespace(sha=None)),

@@ -3,7 +3,7 @@ pair_grads`) against the fused `chunk_bwd_dqk_wy` (`kernels.common.dqk_wy_bwd`),
 
     python3 benchmarks/dqk_wy_lab.py --out $OUT [--ops gdn kda] [--shapes 1x65536 1x131072 8x8192] [--H 16] [--HV 16]
         [--configs [gdn:|kda:]NAME|all|JSON ...] [--pair-configs default w8 | none] [--no-split] [--no-step]
-        [--precompile N] [--deadline-s S] [--dh-configs NAME ... | none]
+        [--precompile N] [--deadline-s S]
     TRITON_INTERPRET=1 python3 benchmarks/dqk_wy_lab.py --out /tmp/lab --dry-run   # plumbing on the CPU
 
 bf16 inputs, K = V = 128, 64-token chunks, gates logsigmoid(randn) (GDN [B, T, HV], KDA [B, T, HV, K]), fp32. The
@@ -16,12 +16,6 @@ reverse state pass). Per op and shape:
   kernel from the profiler (`chunk_bwd_dqk`, `wy_bwd`, each beside its own floor) unless `--no-split`;
 - the fused gradients against the pair's at its default config (rel_l2 per gradient: the bf16 rounding of two orders
   of summation; the budget is 5e-3 for every gradient: `ok`);
-- GDN only, session 13: `fused_dh` (`kernels/common/dh_grads_bwd.py`, `bwd_grads="fused_dh"`: the reverse state
-  pass's last walk and the gradients in one kernel, no dh or dv_new in memory) at each of `--dh-configs` (names of
-  `DH_CONFIGS`; the `mem_*` ones are its ds_mem variant: dS in an L2-resident scratch, 192 KB more L2 traffic per
-  chunk and head, not in the floor), beside its bytes floor (`bwd_launcher_bytes(..., "dh_grads", segments=)`) and its gradients'
-  rel_l2 against the pair, and what it replaces timed as one row, `dh_walk+fused` (`chunk_state_bwd` storing dh and
-  dv_new from the same segment ends, then `chunk_bwd_dqk_wy` at its default);
 - unless `--no-step`, the whole training step (forward + backward, `kernels.forward`, recompute policy "inputs") with
   each: median ms and the peak allocated above the inputs (GB).
 A config prefixed `gdn:` or `kda:` runs for that op only. `--precompile N`: the fused configs are compiled first in N
@@ -78,19 +72,6 @@ REMOVED_WHY = ("chunk_bwd_dqk_wy has no code variants since session 13: phased a
                "regs168) were removed after the H200 measured each slower than the default "
                "(benchmarks/results/dqk_wy_configs_h200.md)")  # fmt: skip
 BUDGET = 5e-3  # rel_l2 of every bf16 gradient against the pair's
-# the fused_dh kernel's configs (`CHUNK_BWD_DH_GRADS`: BK = K, BV = V; warps and stages), and its opt-in ds_mem variant
-# (`DH_VARIANTS`: dS in a per-program fp32 scratch, the key side in BK blocks) at the block sizes and warps whose
-# compiled spills are least (kernels/NOTES.md, dh_grads)
-DH_CONFIGS = {
-    "default": {},  # 8 warps, one stage
-    "w4": {"num_warps": 4, "num_stages": 1},
-    "w16": {"num_warps": 16, "num_stages": 1},
-    "w8_s2": {"num_warps": 8, "num_stages": 2},
-    "mem_bk32_w8": {"VARIANT": 1, "BK": 32, "num_warps": 8, "num_stages": 1},
-    "mem_bk64_w8": {"VARIANT": 1, "BK": 64, "num_warps": 8, "num_stages": 1},
-    "mem_bk32_w4": {"VARIANT": 1, "BK": 32, "num_warps": 4, "num_stages": 1},
-    "mem_bk16_w4": {"VARIANT": 1, "BK": 16, "num_warps": 4, "num_stages": 1},
-}
 
 
 def launch_config(cfg: dict[str, Any]) -> LaunchConfig | None:
@@ -149,13 +130,7 @@ def intermediates(op: str, q, k, v, g, beta, do, *, scale: float) -> dict[str, A
     tt = cb.wy_inverse(k, g, beta, index=index, gate_vector=gate_vector, launch=plan, **extra)
     h, v_new, dh, dv_new = cb._state_pass(qs, ks, w, u, gs, aqk, do, index=index, gate_vector=gate_vector, scale=scale,
                                           h0=None, dht=None, dh0=None, launch=plan, split_chunks=None, states=True)  # fmt: skip
-    out = {"tt": tt, "w": w, "u": u, "h": h, "dh": dh, "v_new": v_new, "dv_new": dv_new, "index": index}
-    if not gate_vector:  # fused_dh's: the last walk's layout and its ranges' end gradients (the same split)
-        _, _, out["layout"], out["ends"] = cb._reverse_ends(qs, ks, w, u, gs, aqk, do, index=index, gate_vector=False,
-                                                            scale=scale, h0=None, dht=None, launch=plan,
-                                                            split_chunks=None, states=False, nv=1)  # fmt: skip
-        out |= {"aqk": aqk, "gs": gs}
-    return out
+    return {"tt": tt, "w": w, "u": u, "h": h, "dh": dh, "v_new": v_new, "dv_new": dv_new, "index": index}
 
 
 def warm_one(op: str, H: int, HV: int, K: int, device: str, cfg: dict[str, Any]) -> None:
@@ -248,8 +223,7 @@ def step_ms(op: str, xs, do, plan: LaunchPlan, bench) -> tuple[float, float]:  #
 
 def run_shape(op: str, B: int, T: int, H: int, HV: int, K: int, *, device: str, dry_run: bool,
               fused_configs: dict[str, dict[str, Any]], pair_configs: list[str], split: bool, step: bool,
-              deadline: float, warm: dict[str, Any] | None = None,
-              dh_configs: list[str] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+              deadline: float, warm: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
     dtype = torch.float32 if dry_run else torch.bfloat16
     bench = timer(dry_run)
     scale = K**-0.5
@@ -321,58 +295,13 @@ def run_shape(op: str, B: int, T: int, H: int, HV: int, K: int, *, device: str, 
         emit({**common, "kernel": "fused", "config": name, "launch": lc.as_dict() if lc else {}, "ms": ms,
               "floor_ms": floors["dqk_wy"], "x_floor": ms / floors["dqk_wy"], **err, "max_rel": worst,
               "ok": worst <= BUDGET})  # fmt: skip
-    if op == "gdn":
-        dh_rows(q, k, v, g, beta, do, im, common, dh_configs or [], ref, bench, deadline, emit)
     if step and not dry_run:
-        for grads in ("pair", "fused", *(["fused_dh"] if op == "gdn" and dh_configs else [])):
+        for grads in ("pair", "fused"):
             if time.monotonic() > deadline:
                 break
             ms, peak = step_ms(op, (q, k, v, g, beta), do, LaunchPlan(bwd_grads=grads), bench)
             emit({**common, "kernel": f"step_{grads}", "config": "default", "ms": ms, "peak_GB": peak})
     return rows
-
-
-def dh_rows(q, k, v, g, beta, do, im: dict[str, Any], common: dict[str, Any], names: list[str], ref, bench,  # noqa: ANN001
-            deadline: float, emit) -> None:  # noqa: ANN001  # fmt: skip
-    """GDN's fused_dh rows (module docstring), each handed to `emit`: what it replaces (`dh_walk+fused`), then the
-    kernel at each config of `names`."""
-    from kernels.common.dh_grads_bwd import dh_grads_bwd
-    from kernels.common.state_bwd import chunk_state_bwd
-
-    if not names:
-        return
-    B, T, HV, K = q.shape[0], q.shape[1], v.shape[2], q.shape[3]
-    scale, index, layout = K**-0.5, im["index"], im["layout"]
-    fl = floor_ms(bwd_launcher_bytes("gdn", "dh_grads", B, T, HV, K, K, segments=layout.num_seqs if im["ends"] is not None else 0),
-             float("nan"), 0.0)  # fmt: skip
-    dh, dv_new = torch.empty_like(im["dh"]), torch.empty_like(im["dv_new"])
-
-    def replaced() -> None:
-        chunk_state_bwd(q, k, im["w"], im["gs"], im["aqk"], do, layout=layout, BT=index.chunk_size, gate_vector=False,
-                        scale=scale, dht=im["ends"], ds_out=None, dh=dh, dv_new=dv_new, launch=LaunchPlan())  # fmt: skip
-        dqk_wy_bwd(q, k, v, g, beta, im["tt"], im["h"], dh, im["v_new"], dv_new, do, scale=scale, index=index,
-                   gate_vector=False, dot_prec=cb.VECTOR_GATE_DOT, launch=LaunchPlan())  # fmt: skip
-
-    def fused_dh(plan: LaunchPlan):  # noqa: ANN202
-        return lambda: dh_grads_bwd(q, k, v, g, beta, im["tt"], im["aqk"], im["w"], im["h"], im["v_new"], do,
-                                    layout=layout, dht=im["ends"], ds_out=None, scale=scale, index=index, launch=plan)  # fmt: skip
-
-    emit({**common, "kernel": "dh_walk+fused", "config": "default", "ms": bench(replaced), "segments": layout.num_seqs})
-    for name in names:
-        if time.monotonic() > deadline:
-            print(json.dumps({**common, "skipped": f"fused_dh:{name}", "why": "deadline"}), flush=True)
-            continue
-        cfg = DH_CONFIGS[name]
-        plan = LaunchPlan(configs={"chunk_bwd_dh_grads": LaunchConfig(**cfg)} if cfg else {})
-        try:
-            got = fused_dh(plan)()
-        except Exception as err:  # a config the compiler or the device refuses is a row
-            emit({**common, "kernel": "fused_dh", "config": name, "error": str(err).splitlines()[0][:200] or repr(err)})
-            continue
-        err = {f"rel_{n}": rel_l2(a.float(), b.float()) for n, a, b in zip(NAMES, got, ref, strict=True)}
-        ms, worst = bench(fused_dh(plan)), max(err.values())
-        emit({**common, "kernel": "fused_dh", "config": name, "ms": ms, "floor_ms": fl["bytes_ms"],
-              "x_floor": ms / fl["bytes_ms"], **err, "max_rel": worst, "ok": worst <= BUDGET})  # fmt: skip
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -397,7 +326,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{split[0]} | {split[1]} | {'' if err is None else f'{err:.1e}'} |"
             if fl
             else f"| {r['op']} | {shape} | {r['kernel']} | {r['config']} | {r['ms']:.3f} | | | | | "
-            + (f"peak {r['peak_GB']:.2f} GB |" if "peak_GB" in r else f"{r.get('segments', '')} segments |")
+            + (f"peak {r['peak_GB']:.2f} GB |" if "peak_GB" in r else "|")
         )
     return "\n".join(lines)
 
@@ -416,13 +345,6 @@ def main() -> None:
         help="fused kernel configs: names of FUSED_CONFIGS, 'all', or JSON objects; 'gdn:' or 'kda:' before one: that op only",
     )
     ap.add_argument("--pair-configs", nargs="+", default=list(PAIR_CONFIGS), choices=[*PAIR_CONFIGS, "none"])
-    ap.add_argument(
-        "--dh-configs",
-        nargs="+",
-        default=["default"],
-        choices=[*DH_CONFIGS, "none"],
-        help="GDN's fused_dh kernel (dh_grads_bwd) configs, names of DH_CONFIGS; none: no fused_dh rows",
-    )
     ap.add_argument("--no-split", action="store_true", help="no per-kernel profile of the pair")
     ap.add_argument("--no-step", action="store_true", help="no training-step timing")
     ap.add_argument("--deadline-s", type=float, default=float("inf"), help="start no config after this many seconds")
@@ -466,8 +388,7 @@ def main() -> None:
         for B, T in shapes:
             rows += run_shape(op, B, T, H, HV, K, device=device, dry_run=dry, fused_configs=fused_configs[op],
                               pair_configs=pair_configs, split=not args.no_split, step=not args.no_step,
-                              deadline=deadline, warm={n: f for (o, n), f in futures.items() if o == op},
-                              dh_configs=[n for n in args.dh_configs if n != "none"])  # fmt: skip
+                              deadline=deadline, warm={n: f for (o, n), f in futures.items() if o == op})  # fmt: skip
             # written after each shape: a run stopped at its time limit keeps what it measured
             (out / "dqk_wy_lab.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
             (out / "dqk_wy_lab.md").write_text(head + table(rows) + "\n")

@@ -9,8 +9,7 @@ ships with Triton with `-v`: registers per thread and the bytes each thread spil
 loads). No device is needed, so this runs on a CPU machine (without TRITON_INTERPRET). It explains, it does not time: a spilling config may
 still be fast (spills hit L1) and only the device decides (`benchmarks/autotune_h200.py`). By default the
 kernel's default config and its variants in `num_warps` and one block size are compiled; `--all-configs` compiles
-the whole declared space; either way a kernel's opt-in code variants outside its space (`VARIANT_CONFIGS`: the
-ds_mem variant of `chunk_bwd_dh_grads`) follow.
+the whole declared space.
 """
 
 from __future__ import annotations
@@ -37,29 +36,20 @@ SIGNATURES: dict[str, dict[str, str]] = {
     "wy_inverse": {"k": BF16, "g": BF16, "beta": BF16, "tt": BF16, "kg": BF16, "gc": F32, "T": "i32"},
     "chunk_bwd_dqk_wy": dict.fromkeys(("q", "k", "v", "beta", "tt", "h", "dh", "v_new", "dv_new", "do", "dq", "dk", "dv", "dbeta"), BF16) | {"g": F32, "dg": F32, "scale": "fp32", "T": "i32"},
     "chunk_state_bwd": {"q": BF16, "k": BF16, "w": BF16, "g": F32, "aqk": BF16, "do": BF16, "dht": F32, "dh": BF16, "dv_new": BF16, "ds_out": F32, "scale": "fp32", "T": "i32"},
-    "chunk_bwd_dh_grads": dict.fromkeys(("q", "k", "v", "beta", "tt", "aqk", "w", "h", "v_new", "do", "dq", "dk", "dv", "dbeta"), BF16) | {"g": F32, "dg": F32, "dht": F32, "ds_mem": F32, "ds_out": F32, "scale": "fp32", "T": "i32"},
 }
-GDN_ONLY = ("chunk_bwd_dh_grads",)  # kernels without a KDA form (their KDA rows are left out)
 _KERNEL_FNS = {
     "chunk_bwd_dqk": ("kernels.common.chunk_bwd", "chunk_bwd_dqk_kernel"),
     "wy_bwd": ("kernels.common.chunk_bwd", "wy_bwd_kernel"),
     "wy_inverse": ("kernels.common.chunk_bwd", "wy_inverse_kernel"),
     "chunk_bwd_dqk_wy": ("kernels.common.dqk_wy_bwd", "chunk_bwd_dqk_wy_kernel"),
     "chunk_state_bwd": ("kernels.common.state_bwd", "chunk_state_bwd_kernel"),
-    "chunk_bwd_dh_grads": ("kernels.common.dh_grads_bwd", "chunk_bwd_dh_grads_kernel"),
 }
-# code variants compiled as another JIT function: (kernel, VARIANT bit) -> its function (`DH_VARIANTS`' ds_mem)
-_VARIANT_FNS = {("chunk_bwd_dh_grads", 1): ("kernels.common.dh_grads_bwd", "chunk_bwd_dh_grads_mem_kernel")}
-# opt-in variants outside a kernel's tuning space, listed after its default configs (the H200 decides on them)
-VARIANT_CONFIGS = {"chunk_bwd_dh_grads": [{"VARIANT": 1, "BK": bk, "num_warps": w, "num_stages": 1}
-                                          for bk, w in ((32, 8), (64, 8), (32, 4), (16, 4))]}
 
-
-def _jit(kernel: str, variant: int = 0) -> Any:
-    """The kernel's JITFunction (under its `triton.heuristics` wrappers); a code variant's own function if it has one."""
+def _jit(kernel: str) -> Any:
+    """The kernel's JITFunction (under its `triton.heuristics` wrappers)."""
     import importlib
 
-    mod, name = _VARIANT_FNS.get((kernel, variant), _KERNEL_FNS[kernel])
+    mod, name = _KERNEL_FNS[kernel]
     fn = getattr(importlib.import_module(mod), name)
     while type(fn).__name__ != "JITFunction":
         fn = fn.fn
@@ -77,11 +67,6 @@ def _constexprs(kernel: str, op: str, cfg: dict[str, int]) -> dict[str, Any]:
         return {**base, "BK": cfg["BK"], "BV": cfg["BV"], "DOT_PREC": VECTOR_GATE_DOT}
     if kernel == "wy_inverse":
         return {**base, "BK": cfg["BK"]}
-    if kernel == "chunk_bwd_dh_grads":  # a plain pass's launch (dense, dht and dh0 given); BK = K (ds_mem: the
-        # config's), BV = V
-        return {k: v for k, v in base.items() if k not in ("GATE_VECTOR", "chunk_indices")} | {
-            "BK": cfg.get("BK", SHAPE["K"]) if cfg.get("VARIANT") else SHAPE["K"], "BV": SHAPE["V"], "chunk_offsets": None, "final_idx": None, "USE_DHT": True,
-            "STORE_DS": True, "USE_FINAL_IDX": False}
     # chunk_state_bwd, main launch of a plain (unsplit) pass: dht given, dh and dv_new stored, ds_out stored
     return {**base, "BK": SHAPE["K"], "BV": cfg["BV"], "chunk_offsets": None, "seq_map": None, "final_idx": None, "need": None,
             "USE_DHT": True, "STORE_DS": True, "STORE_DH": True, "USE_SEQ_MAP": False, "USE_FINAL_IDX": False,
@@ -94,7 +79,7 @@ def compile_report(kernel: str, op: str, cfg: dict[str, int], arch: int = 90, al
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    fn = _jit(kernel, cfg.get("VARIANT") or 0)
+    fn = _jit(kernel)
     consts = _constexprs(kernel, op, cfg)
     sig: dict[str, str] = {}
     cx: dict[tuple[int, ...], Any] = {}
@@ -148,7 +133,7 @@ def ptxas_usage(ptx: str, arch: int = 90) -> dict[str, int | None]:
 
 def configs_of(kernel: str, every: bool) -> list[dict[str, int]]:
     """The kernel's default and its one-knob variants (num_warps, then each block size), or its whole space."""
-    import kernels.common.chunk_bwd  # noqa: F401  (registers the backward's specs, dh_grads_bwd's too)
+    import kernels.common.chunk_bwd  # noqa: F401  (registers the backward's specs)
     import kernels.common.state_bwd  # noqa: F401
     from kernels.configs import get_spec
 
@@ -156,8 +141,7 @@ def configs_of(kernel: str, every: bool) -> list[dict[str, int]]:
     default = spec.default.as_dict()
     if every:
         names = sorted(spec.space)
-        space = [dict(zip(names, vals, strict=True)) for vals in itertools.product(*(spec.space[n] for n in names))]
-        return space + VARIANT_CONFIGS.get(kernel, [])
+        return [dict(zip(names, vals, strict=True)) for vals in itertools.product(*(spec.space[n] for n in names))]
     out = [default]
     for knob in ("num_warps", "BK", "BV"):
         for v in spec.space.get(knob, ()):
@@ -169,7 +153,7 @@ def configs_of(kernel: str, every: bool) -> list[dict[str, int]]:
              "num_warps": max(spec.space["num_warps"])}
     if small not in out:
         out.append(small)
-    return out + [c for c in VARIANT_CONFIGS.get(kernel, []) if c not in out]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
              "|---|---|---|---:|---:|---:|---:|---:|"]
     for kernel in args.kernels:
         default = get_spec(kernel).default.as_dict()
-        for op in [o for o in args.ops if o == "gdn" or kernel not in GDN_ONLY]:
+        for op in args.ops:
             for cfg in args.config or configs_of(kernel, args.all_configs):
                 try:
                     r = compile_report(kernel, op, cfg, args.arch, aligned=not args.unaligned)

@@ -6,7 +6,7 @@
 #             (--preset issue26, rows by importance, cut cleanly at the deadline) -> kernels_train_issue26_h200.{md,json}
 #   TUNE=1    re-tune the launch configs of the kernels as they are now (benchmarks/autotune_h200.py: the forward at
 #             its three shapes, then the step's own kernels at 1x64K) -> tune_fwd.json, tune_bwd.json, tune.log
-#   DHSPILL=1 s13_dhspill.sh's check: the fused dh kernel's ds_mem variant against its register default and against
+#   DHSPILL=1 the check of s13_dhspill.sh (removed with fused_dh in session 16, after this ran): the fused dh kernel's ds_mem variant against its register default and against
 #             what it replaces (dh walk + fused gradients) at 1x64K -> dhspill.txt
 #   SHA=<git sha> LIMIT=570 [TRAIN=1 [TRAIN_ARGS="--shapes .. --hv .."]] [TUNE=1] [DHSPILL=1] bash benchmarks/device_runs/s16c.sh
 # (the parts run in the order TUNE, DHSPILL, TRAIN; TRAIN's deadline is what is left)

@@ -24,9 +24,7 @@ reverse state pass (split the same way; with `LaunchPlan.bwd_warm_for(op)` > 0 i
 gate-certified warm windows instead of full-segment walks where the gates allow, `kernels.common.warm_bwd`), then
 the two kernels above (`pair_grads`), or with the plan's `bwd_grads="fused"` one kernel per (chunk, head) in their
 place (`kernels.common.dqk_wy_bwd`: no dw, no partials); the default "auto" takes the fused kernel for GDN and the
-pair for KDA (`kernels.vocabulary.AUTO_BWD_GRADS`); `bwd_grads="fused_dh"` (GDN, opt-in) runs the reverse pass's last
-walk and the gradients as one kernel per (segment, head), without dh or dv_new (`kernels.common.dh_grads_bwd`). Extra
-memory: the chunk states h and their gradients dh ([NT, H, K, V] each), v_new, dv_new, T, and for the pair dw
+pair for KDA (`kernels.vocabulary.AUTO_BWD_GRADS`). Extra memory: the chunk states h and their gradients dh ([NT, H, K, V] each), v_new, dv_new, T, and for the pair dw
 ([B, T, H, K]) and fp32 [B, T, H, K] buffers for the partial dk and dG; never [T, K, K] or a per-token state.
 
 Grouped value heads (q, k with H / G heads, v, g, beta with H; G from the shapes): every kernel reads q and k at
@@ -63,7 +61,6 @@ from kernels.common.bwd_tiles import (
 )
 from kernels.common.chunk_program import chunk_of_program, group_heads
 from kernels.common.chunk_state import SeqLayout, chunk_state_fwd, chunk_state_transition_fwd
-from kernels.common.dh_grads_bwd import MAX_HEAD_DIM, dh_grads_bwd
 from kernels.common.dqk_wy_bwd import dqk_wy_bwd
 from kernels.common.index import ChunkIndex, prepare_chunk_index
 from kernels.common.seqsplit import resolve_split, seg_chain_fwd, seg_chain_states
@@ -406,21 +403,18 @@ def _reverse_ends(
     qs: Tensor, ks: Tensor, w: Tensor, u: Tensor, gs: Tensor, aqk: Tensor, do: Tensor, *, index: ChunkIndex,
     gate_vector: bool, scale: float, h0: Tensor | None, dht: Tensor | None, launch: LaunchPlan,
     split_chunks: int | None, states: bool, kept: Mapping[str, Tensor] | None = None,
-    warm: RevWarmInputs | None = None, nv: int | None = None,
+    warm: RevWarmInputs | None = None,
 ) -> tuple[Tensor | None, Tensor | None, SeqLayout, Tensor | None]:
     """`_state_pass` up to its last launch: (h, v_new (None without `states`), the layout of the last reverse walk
     (whole sequences; or the split's segments, `final_idx` naming each sequence's first for dh0), the fp32 gradient
-    at the end of each of its ranges (dht; or the chained segment ends)). The last walk is `chunk_state_bwd` storing
-    dh and dv_new, or `kernels.common.dh_grads_bwd` (`bwd_grads="fused_dh"`), which stores the gradients instead.
-    nv: the last walk's programs per (range, head), which the automatic split counts (None: `chunk_state_bwd`'s V
-    blocks; `dh_grads_bwd`: 1, so its segments are as many as the state pass's programs per head)."""
+    at the end of each of its ranges (dht; or the chained segment ends)). The last walk, `chunk_state_bwd` storing
+    dh and dv_new, is `_state_pass`'s."""
     H, K = do.shape[2], ks.shape[3]  # H: the value heads (ks may have H / G, grouped)
     V = do.shape[-1]
     if kept is not None:
         split_chunks = int(kept["split"])  # a CPU scalar: no device read
     BT, NT, N = index.chunk_size, index.num_chunks, index.num_seqs
-    if nv is None:
-        nv = -(-V // (state_bwd_config(H, K, V, BT, gate_vector, index.is_varlen, ks.dtype, launch).BV or 64))
+    nv = -(-V // (state_bwd_config(H, K, V, BT, gate_vector, index.is_varlen, ks.dtype, launch).BV or 64))
     plan = resolve_split(index, split_chunks, H=H, NV=nv, device=ks.device)
     common: dict[str, Any] = {"BT": BT, "gate_vector": gate_vector}
     bwd: dict[str, Any] = {"scale": scale, "launch": launch, **common}
@@ -535,8 +529,6 @@ def chunk_bwd(
     launch = plan if plan is not None else default_plan()
     gate_vector = op == "kda"
     grads = AUTO_BWD_GRADS.get(op, "pair") if launch.bwd_grads == "auto" else launch.bwd_grads
-    if grads == "fused_dh" and (op != "gdn" or max(K, V) > MAX_HEAD_DIM):
-        raise ValueError(f"LaunchPlan.bwd_grads='fused_dh' runs GDN with K, V <= {MAX_HEAD_DIM} only, got {op} K={K} V={V}")
     q, k, v, g, beta, do = (x.contiguous() for x in (q, k, v, g, beta, do))
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device)
     N = index.num_seqs
@@ -559,12 +551,6 @@ def chunk_bwd(
         "dht": dht.float().contiguous() if dht is not None else None, "states": True, "kept": kept,
         "warm": _rev_warm(launch, op, q, k, v, g, beta, warm_report),
     }  # fmt: skip
-    if grads == "fused_dh":  # the last reverse walk and the gradients in one kernel: no dh, no dv_new
-        h, v_new, layout, ends = _reverse_ends(qs, ks, w, u, gs, aqk, do, nv=1, **state_args)
-        assert h is not None and v_new is not None
-        grads_out = dh_grads_bwd(q, k, v, g, beta, tt, aqk, w, h, v_new, do, layout=layout, dht=ends, ds_out=dh0,
-                                 scale=scale, index=index, launch=launch)  # fmt: skip
-        return (*grads_out, dh0)
     h, v_new, dh, dv_new = _state_pass(qs, ks, w, u, gs, aqk, do, dh0=dh0, **state_args)
     assert h is not None and v_new is not None and dh is not None and dv_new is not None
 

@@ -28,7 +28,6 @@ gradient of g in g's dtype):
 | dqk (`chunk_bwd_dqk`) | q, k, g, h, dh, v_new, dv_new, do | dq, dw, fp32 dk and dG partials [K] |
 | wy_bwd | k, v, g, beta, T (C per token), w, u, dv_new, dw, the two partials | dk, dv, dbeta, dg |
 | dqk_wy (`chunk_bwd_dqk_wy`, fused) | q, k, v, g, beta, T, h, dh, v_new, dv_new, do | dq, dk, dv, dbeta, dg |
-| dh_grads (`chunk_bwd_dh_grads`, GDN: the reverse pass's last walk fused in) | q, k, v, g, beta, T, Aqk, w, h, v_new, do; each segment's end gradient (fp32 [K, V]) | dq, dk, dv, dbeta, dg |
 """
 
 from __future__ import annotations
@@ -56,7 +55,7 @@ F32 = 4  # the gate and its cumsum, the split's per-segment maps and states
 BYTES_PER_TOKEN_HEAD = {"gdn": 2828, "kda": 3590}
 LAUNCHERS = ("wy", "transition", "chain", "state_plain", "state_split", "forward", "ag", "fused")
 # the backward's gradient kernels: the pair, the two fused, and the fused one with the reverse pass's last walk
-BWD_LAUNCHERS = ("dqk", "wy_bwd", "dqk_wy", "dh_grads")
+BWD_LAUNCHERS = ("dqk", "wy_bwd", "dqk_wy")
 
 
 def _per_token_head(op: str, launcher: str, K: int, V: int, el: int) -> int:
@@ -99,10 +98,9 @@ def launcher_bytes(
     return math.ceil(HV * (tokens * per_token + segments * _per_segment(launcher, K, V)))
 
 
-def bwd_launcher_bytes(op: str, launcher: str, B: int, T: int, HV: int, K: int = 128, V: int = 128, el: int = 2, *,
-                       segments: int = 0) -> int:  # fmt: skip
+def bwd_launcher_bytes(op: str, launcher: str, B: int, T: int, HV: int, K: int = 128, V: int = 128, el: int = 2) -> int:
     """Unique bytes a gradient kernel of `op`'s backward moves (the table of the module docstring) at B x T tokens and
-    HV value heads (`segments`: the reverse pass's ranges in the batch, whose end gradients dh_grads reads)."""
+    HV value heads."""
     if launcher not in BWD_LAUNCHERS:
         raise ValueError(f"unknown backward launcher {launcher!r}; one of {', '.join(BWD_LAUNCHERS)}")
     gate = F32 if op == "gdn" else F32 * K  # g in, dg out
@@ -112,9 +110,8 @@ def bwd_launcher_bytes(op: str, launcher: str, B: int, T: int, HV: int, K: int =
         "dqk": el * (2 * K + 3 * V) + gate + states + el * 2 * K + partials,
         "wy_bwd": el * (K + V + 1 + C + K + 2 * V + K) + gate + partials + el * (K + V + 1) + gate,
         "dqk_wy": el * (2 * K + V + 1 + C + 3 * V) + gate + states + el * (2 * K + V + 1) + gate,
-        "dh_grads": el * (2 * K + V + 1 + 2 * C + K + 2 * V) + gate + states / 2 + el * (2 * K + V + 1) + gate,
     }[launcher]
-    return math.ceil(B * T * HV * per_token + (HV * segments * F32 * K * V if launcher == "dh_grads" else 0))
+    return math.ceil(B * T * HV * per_token)
 
 
 def launcher_flops(op: str, launcher: str, B: int, T: int, HV: int, K: int = 128, V: int = 128, *, segments: int = 0) -> float:

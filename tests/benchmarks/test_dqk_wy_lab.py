@@ -37,16 +37,3 @@ def test_removed_variants_refused(spec: str) -> None:
     with pytest.raises(SystemExit, match="no code variants since session 13"):
         LAB.parse_configs(["default", spec], ["gdn", "kda"])
 
-
-def test_fused_dh_rows_on_the_cpu() -> None:
-    """GDN's fused_dh rows end to end under the interpreter (fp32, grouped heads, dry-run timer): what it replaces, then
-    the kernel at three configs (the ds_mem variant in two key blocks of 16 the third), its gradients within 1e-5 of the
-    pair's and its bytes floor beside it."""
-    import math
-
-    rows = LAB.run_shape("gdn", 1, 100, 1, 2, 32, device="cpu", dry_run=True, fused_configs={}, pair_configs=[],
-                         split=False, step=False, deadline=math.inf, dh_configs=["default", "w4", "mem_bk16_w4"])  # fmt: skip
-    assert [(r["kernel"], r["config"]) for r in rows] == [("dh_walk+fused", "default"), ("fused_dh", "default"),
-                                                          ("fused_dh", "w4"), ("fused_dh", "mem_bk16_w4")]  # fmt: skip
-    for r in rows[1:]:
-        assert r["ok"] and r["max_rel"] < 1e-5 and r["floor_ms"] > 0, r

@@ -28,8 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 ROOT = str(Path(__file__).resolve().parents[1])
 
 
-def count_step(op: str, B: int, T: int, H: int, *, policy: str = "inputs", sms: int = 132, K: int = 128,
-               V: int = 128) -> dict[str, Any]:
+def count_step(
+    op: str, B: int, T: int, H: int, *, policy: str = "inputs", sms: int = 132, K: int = 128, V: int = 128
+) -> dict[str, Any]:
     """{"launches": {kernel: n}, "aten_ops": {op: n}, "aten_by_line": {"file:line fn": n}} of one step."""
     import torch
     import triton.runtime.interpreter as interpreter
@@ -62,7 +63,7 @@ def count_step(op: str, B: int, T: int, H: int, *, policy: str = "inputs", sms: 
             ours = [f for f in traceback.extract_stack() if f.filename.startswith(f"{ROOT}/kernels/")]
             if ours:
                 f = ours[-1]
-                self.lines[f"{f.filename[len(ROOT) + 1:]}:{f.lineno} {f.name}"] += 1
+                self.lines[f"{f.filename[len(ROOT) + 1 :]}:{f.lineno} {f.name}"] += 1
             return func(*args, **(kwargs or {}))
 
     # the launcher is JITFunction.run, or InterpretedFunction.run under TRITON_INTERPRET=1 (the tests)
@@ -81,9 +82,19 @@ def count_step(op: str, B: int, T: int, H: int, *, policy: str = "inputs", sms: 
     finally:
         jit.JITFunction.run, interpreter.InterpretedFunction.run = saved_run, saved_irun
         seqsplit.auto_seg_chunks = saved_split
-    return {"op": op, "B": B, "T": T, "H": H, "policy": policy, "sms": sms, "launches": dict(launches),
-            "n_launches": sum(launches.values()), "aten_ops": dict(mode.ops.most_common()),
-            "n_aten_ops": sum(mode.ops.values()), "aten_by_line": dict(mode.lines.most_common())}
+    return {
+        "op": op,
+        "B": B,
+        "T": T,
+        "H": H,
+        "policy": policy,
+        "sms": sms,
+        "launches": dict(launches),
+        "n_launches": sum(launches.values()),
+        "aten_ops": dict(mode.ops.most_common()),
+        "n_aten_ops": sum(mode.ops.values()),
+        "aten_by_line": dict(mode.lines.most_common()),
+    }
 
 
 def main() -> None:
@@ -106,8 +117,10 @@ def main() -> None:
     if a.json:
         print(json.dumps(r))
         return
-    print(f"{a.op} B={a.B} T={a.T} H={a.H} policy {a.policy}, split as on {a.sms} SMs: {r['n_launches']} Triton "
-          f"launches, {r['n_aten_ops']} ATen ops per step")
+    print(
+        f"{a.op} B={a.B} T={a.T} H={a.H} policy {a.policy}, split as on {a.sms} SMs: {r['n_launches']} Triton "
+        f"launches, {r['n_aten_ops']} ATen ops per step"
+    )
     print("launches: " + ", ".join(f"{k} {v}" for k, v in sorted(r["launches"].items(), key=lambda kv: -kv[1])))
     print("ATen ops: " + ", ".join(f"{k} {v}" for k, v in r["aten_ops"].items()))
     print("ATen ops by line of kernels/:")

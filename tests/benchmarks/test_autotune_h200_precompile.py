@@ -34,8 +34,9 @@ print(json.dumps({{"items": [[k, c] for t in tasks for k, c in t[2]],
 
 def test_precompile_skips_the_ruled_out_configs_in_a_fresh_process() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, "-c", CHILD.format(root=str(ROOT))], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD.format(root=str(ROOT))], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     items, ruled = out["items"], out["ruled"]

@@ -36,4 +36,3 @@ def test_misspelt_configs_refused() -> None:
 def test_removed_variants_refused(spec: str) -> None:
     with pytest.raises(SystemExit, match="no code variants since session 13"):
         LAB.parse_configs(["default", spec], ["gdn", "kda"])
-

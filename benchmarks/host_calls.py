@@ -29,9 +29,19 @@ ROOT = str(Path(__file__).resolve().parents[1])
 
 
 def count_step(
-    op: str, B: int, T: int, H: int, *, policy: str = "inputs", sms: int = 132, K: int = 128, V: int = 128
+    op: str,
+    B: int,
+    T: int,
+    H: int,
+    *,
+    policy: str = "inputs",
+    sms: int = 132,
+    K: int = 128,
+    V: int = 128,
+    split_chunks: int | None = None,
 ) -> dict[str, Any]:
-    """{"launches": {kernel: n}, "aten_ops": {op: n}, "aten_by_line": {"file:line fn": n}} of one step."""
+    """{"launches": {kernel: n}, "aten_ops": {op: n}, "aten_by_line": {"file:line fn": n}} of one step (split_chunks:
+    the step's sequence split, `ours_step`'s; None automatic)."""
     import torch
     import triton.runtime.interpreter as interpreter
     import triton.runtime.jit as jit
@@ -73,7 +83,7 @@ def count_step(
         seqsplit.auto_seg_chunks = split_as_on_gpu
     try:
         wl = fla_inputs(op, B, T, H, device="cpu", grad_out=True, lb=-1.0, K=K, V=V)
-        step = ours_step(op, policy=policy)
+        step = ours_step(op, policy=policy, split_chunks=split_chunks)
         args = (wl.q, wl.k, wl.v, wl.g, wl.beta, wl.do)
         step(*args)  # the first call builds the cached plans
         launches.clear()

@@ -1,0 +1,165 @@
+"""Is a short training step waiting on the host? Per shape and variant: the step's GPU time (do_bench median), the
+host's time to issue one step (wall clock of back-to-back calls, no sync), the kernels' sum (torch profiler), the
+launches and ATen ops it issues (`host_calls.count_step`), and its gradients against the default's.
+
+Why (issue 26, session 16): on the H200 GDN's step at 1x8K took 2.82 ms for 1.34 ms of kernels
+(`results/kernels_train_issue26_h200.md`), while from 32K on the step equals its kernel sum. The variants:
+- `default`: the registry's plan (the warm split decides the sequence split);
+- `nosplit`: `split_chunks=0` in both passes (one chain per head: fewer launches, longer serial walks);
+- `wy+states`: the forward keeps its WY factors and states (fewer backward launches, more memory held).
+
+    python3 benchmarks/host_bound_lab.py --out $OUT [--shapes 1x8192,1x16384,1x32768] [--variants default,nosplit,wy+states]
+    TRITON_INTERPRET=1 python3 benchmarks/host_bound_lab.py --out /tmp/hb --dry-run   # plumbing on the CPU
+
+bf16 on CUDA (fp32, H=1, K=V=32, T=128 in a dry run), H=16, K=V=128, lb -1. Writes $OUT/host_bound_lab.{json,md}
+after each shape. A variant whose gradients differ from the default's by more than 5e-3 (rel_l2) is flagged `ok`
+False.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+VARIANTS = {"default": {}, "nosplit": {"split_chunks": 0}, "wy+states": {"policy": "wy+states"}}
+BUDGET = 5e-3
+NAMES = ("o", "dq", "dk", "dv", "dg", "dbeta")
+
+
+def host_issue_ms(step: Any, args: tuple[Any, ...], cuda: bool, n: int = 20, reps: int = 3) -> float:
+    """Median wall ms the host spends issuing one step, over n back-to-back steps after a sync (the GPU's queue
+    absorbs the launches, so this is the host's own cost unless the queue fills)."""
+    import torch
+
+    times = []
+    for _ in range(reps):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            step(*args)
+        times.append((time.perf_counter() - t0) * 1e3 / n)
+        if cuda:
+            torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def flat(out: Any) -> list[Any]:
+    """(o, (dq, dk, dv, dg, dbeta, dh0)) of `ours_step` -> [o, dq, dk, dv, dg, dbeta]."""
+    o, grads = out
+    return [o, *grads[:5]]
+
+
+def run_shape(B: int, T: int, variants: list[str], *, dry_run: bool) -> list[dict[str, Any]]:
+
+    from runners.bench.kernels_ops import fla_inputs
+    from runners.bench.kernels_train import kernel_times, ours_step, timed
+    from runners.correctness import rel_l2
+    from tests.utils.scripts import load_script
+
+    count_step = load_script("host_calls").count_step
+    cuda = not dry_run
+    H, K = (1, 32) if dry_run else (16, 128)
+    wl = fla_inputs(
+        "gdn",
+        B,
+        T,
+        H,
+        device="cuda" if cuda else "cpu",
+        dtype="float32" if dry_run else "bfloat16",
+        grad_out=True,
+        lb=-1.0,
+        K=K,
+        V=K,
+    )
+    args = (wl.q, wl.k, wl.v, wl.g, wl.beta, wl.do)
+    rows, ref = [], None
+    for name in variants:
+        v = VARIANTS[name]
+        step = ours_step("gdn", policy=v.get("policy", "inputs"), split_chunks=v.get("split_chunks"))
+        got = [t.float() for t in flat(step(*args))]
+        ref = ref or got
+        err = {f"rel_{n}": rel_l2(a, b) for n, a, b in zip(NAMES, got, ref, strict=True)}
+        counts = count_step(
+            "gdn", B, T, H, policy=v.get("policy", "inputs"), sms=132, K=K, V=K, split_chunks=v.get("split_chunks")
+        )
+        row = {
+            "B": B,
+            "T": T,
+            "H": H,
+            "variant": name,
+            "launches": counts["n_launches"],
+            "aten_ops": counts["n_aten_ops"],
+            "host_ms": host_issue_ms(step, args, cuda, *((20, 3) if cuda else (1, 1))),
+            **err,
+            "ok": max(err.values()) <= BUDGET,
+        }
+        if cuda:
+            row["step_ms"] = timed(lambda: step(*args))  # noqa: B023
+            row["kernels_ms"] = sum(kernel_times(lambda: step(*args)).values())  # noqa: B023
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| shape | variant | step ms | kernels' sum ms | host issue ms | launches | ATen ops | max rel_l2 vs default |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        errs = max(v for k, v in r.items() if k.startswith("rel_"))
+        step = f"{r['step_ms']:.3f}" if "step_ms" in r else ""
+        ks = f"{r['kernels_ms']:.3f}" if "kernels_ms" in r else ""
+        lines.append(
+            f"| {r['B']}x{r['T']} | {r['variant']} | {step} | {ks} | {r['host_ms']:.3f} | {r['launches']} | "
+            f"{r['aten_ops']} | {errs:.1e}{'' if r['ok'] else ' (over budget)'} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", default="1x8192,1x16384,1x32768", help="BxT,...")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
+    ap.add_argument("--dry-run", action="store_true", help="the CPU, tiny shapes: plumbing only")
+    a = ap.parse_args()
+    variants = a.variants.split(",")
+    if bad := [v for v in variants if v not in VARIANTS]:
+        ap.error(f"--variants: unknown {bad}; known: {', '.join(VARIANTS)}")
+    try:
+        shapes = [(1, 128)] if a.dry_run else [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
+    except ValueError:
+        ap.error(f"--shapes: BxT,... (e.g. 1x8192), got {a.shapes!r}")
+    import torch
+    import triton
+
+    from runners.versions import git_sha
+
+    meta = {
+        "command": " ".join(sys.argv),
+        "device": "cpu (interpreter)" if a.dry_run else torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "sha": git_sha() or "unknown",
+    }
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    for B, T in shapes:
+        rows += run_shape(B, T, variants, dry_run=a.dry_run)
+        (out / "host_bound_lab.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        head = "# Host-bound steps: GDN at short T\n\n" + "".join(f"- {k}: `{v}`\n" for k, v in meta.items()) + "\n"
+        (out / "host_bound_lab.md").write_text(head + table(rows) + "\n")
+
+
+if __name__ == "__main__":
+    main()

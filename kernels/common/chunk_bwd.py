@@ -24,7 +24,8 @@ reverse state pass (split the same way; with `LaunchPlan.bwd_warm_for(op)` > 0 i
 gate-certified warm windows instead of full-segment walks where the gates allow, `kernels.common.warm_bwd`), then
 the two kernels above (`pair_grads`), or with the plan's `bwd_grads="fused"` one kernel per (chunk, head) in their
 place (`kernels.common.dqk_wy_bwd`: no dw, no partials); the default "auto" takes the fused kernel for GDN and the
-pair for KDA (`kernels.vocabulary.AUTO_BWD_GRADS`). Extra memory: the chunk states h and their gradients dh ([NT, H, K, V] each), v_new, dv_new, T, and for the pair dw
+pair for KDA (`kernels.vocabulary.AUTO_BWD_GRADS`). Extra memory: the chunk states h and their gradients dh
+([NT, H, K, V] each), v_new, dv_new, T, and for the pair dw
 ([B, T, H, K]) and fp32 [B, T, H, K] buffers for the partial dk and dG; never [T, K, K] or a per-token state.
 
 Grouped value heads (q, k with H / G heads, v, g, beta with H; G from the shapes): every kernel reads q and k at

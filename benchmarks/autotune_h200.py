@@ -228,16 +228,15 @@ def _precompile_tasks(args: argparse.Namespace, capability: str | None,
                       triton_version: str | None = None) -> list[tuple[str, dict[str, Any], list[tuple[str, dict[str, int]]], str, str]]:
     """The precompile's work, split over `args.workers`: per (direction, op, shape), the configs halving's first rung
     draws for each kernel the case tunes, less those a miscompile rule rules out on `capability` (never launched,
-    not even here). The rules are expanded over every registered kernel space, so the kernel modules are imported
-    first (a rule over a kernel not yet imported ruled nothing out: on the H200, session 16, the precompile launched
-    `chunk_state_fwd` and `wy_bwd` configs their rules name and crashed the device)."""
+    not even here; `known_bad` expands the rules over every kernel of the build: before session 16 it read only the
+    modules imported so far, and on the H200 the precompile launched `chunk_state_fwd` and `wy_bwd` configs their
+    rules name and crashed the device)."""
     from kernels.configs import KERNELS
     from kernels.plan import LaunchPlan, LaunchRecorder
     from runners.tuner.miscompiles import known_bad as known_bad_configs
     from runners.tuner.search import first_rung
-    from runners.tuner.tune import Shape, make_case, op_runner, registered_kernels
+    from runners.tuner.tune import Shape, make_case, op_runner
 
-    registered_kernels()
     ruled_out = known_bad_configs(capability, triton_version)
     tasks = []
     for direction, op, sd in ((d, op, sd) for d in args.directions for op in args.ops for sd in SHAPES):

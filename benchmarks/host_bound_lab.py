@@ -33,17 +33,6 @@ BUDGET = 5e-3
 NAMES = ("o", "dq", "dk", "dv", "dg", "dbeta")
 
 
-def _host_calls() -> Any:
-    """`benchmarks/host_calls.py` (a script beside this one, not a package) as a module."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("host_calls", Path(__file__).resolve().parent / "host_calls.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def host_issue_ms(step: Any, args: tuple[Any, ...], cuda: bool, n: int = 20, reps: int = 3) -> float:
     """Median wall ms the host spends issuing one step, over n back-to-back steps after a sync (the GPU's queue
     absorbs the launches, so this is the host's own cost unless the queue fills)."""
@@ -70,11 +59,11 @@ def flat(out: Any) -> list[Any]:
 
 def run_shape(B: int, T: int, variants: list[str], *, dry_run: bool) -> list[dict[str, Any]]:
 
+    from benchmarks.host_calls import count_step
     from runners.bench.kernels_ops import fla_inputs
     from runners.bench.kernels_train import kernel_times, ours_step, timed
     from runners.correctness import rel_l2
 
-    count_step = _host_calls().count_step
     cuda = not dry_run
     H, K = (1, 32) if dry_run else (16, 128)
     wl = fla_inputs(

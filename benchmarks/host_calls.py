@@ -57,10 +57,7 @@ def count_step(
         launches[self.fn.__name__] += 1
 
     def split_as_on_gpu(index: Any, *, H: int, NV: int, device: Any) -> int | None:
-        if index.num_seqs * H * NV >= seqsplit.SPLIT_MIN_FILL * sms:
-            return None
-        seg = max(seqsplit.SPLIT_MIN_SEG_CHUNKS, -(-index.num_chunks * H * NV // int(seqsplit.SPLIT_TARGET * sms)))
-        return None if seg >= index.max_chunks else seg
+        return seqsplit.seg_chunks_for(index, H=H, NV=NV, sms=sms)
 
     class Ops(TorchDispatchMode):
         def __init__(self) -> None:

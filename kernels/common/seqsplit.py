@@ -52,6 +52,7 @@ __all__ = [
     "SEG_COMPOSE_FWD",
     "SplitPlan",
     "auto_seg_chunks",
+    "seg_chunks_for",
     "plan_split",
     "seg_chain_fwd",
     "seg_compose_fwd",
@@ -248,11 +249,16 @@ def _num_sms(device_index: int) -> int:
 def auto_seg_chunks(index: ChunkIndex, *, H: int, NV: int, device: torch.device) -> int | None:
     """Segment length (chunks) for the automatic split, or None for the plain pass. Shapes only.
 
-    Only on CUDA: split when N*H*NV programs fill less than SPLIT_MIN_FILL x SMs, aiming at SPLIT_TARGET x SMs.
+    Only on CUDA (`seg_chunks_for` at the device's SM count); the CPU never splits.
     """
     if device.type != "cuda":
         return None
-    sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    return seg_chunks_for(index, H=H, NV=NV, sms=_num_sms(device.index if device.index is not None else torch.cuda.current_device()))
+
+
+def seg_chunks_for(index: ChunkIndex, *, H: int, NV: int, sms: int) -> int | None:
+    """The automatic split's rule on a GPU of `sms` SMs: split when N*H*NV programs fill less than SPLIT_MIN_FILL x
+    SMs, aiming at SPLIT_TARGET x SMs; None: the plain pass."""
     if index.num_seqs * H * NV >= SPLIT_MIN_FILL * sms:
         return None
     seg = max(SPLIT_MIN_SEG_CHUNKS, -(-index.num_chunks * H * NV // int(SPLIT_TARGET * sms)))

@@ -252,9 +252,9 @@ def _check_tune_args(op: str, shape: list[str], strategy: str, kernel: list[str]
         _check_flash_qla(op, shapes, device)
     device = _tune_device(device)
     if kernel and backend == "triton":
-        from runners.tuner.tune import registered_kernels
+        from kernels.configs import import_kernel_modules
 
-        known = registered_kernels()
+        known = import_kernel_modules()
         if unknown := sorted(set(kernel) - set(known)):
             raise CpbenchError(f"--kernel: unknown kernel(s) {', '.join(unknown)}; known: {', '.join(known)}")
     url = resolve(database_url)

@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from kernels.configs import KERNELS, LaunchConfig
+from kernels.configs import KERNELS, LaunchConfig, import_kernel_modules
 from runners.versions import software_versions
 
 __all__ = ["RULES", "Rule", "known_bad"]
@@ -100,11 +100,13 @@ def known_bad(capability: str | None, triton_version: str | None = None, kernels
               rules: Iterable[Rule] = RULES) -> dict[str, dict[LaunchConfig, str]]:
     """{kernel: {config: reason}} of the configs in the registered spaces that a rule rules out on this device.
 
-    triton_version: None = the Triton of this process (`runners.versions.software_versions`).
+    triton_version: None = the Triton of this process (`runners.versions.software_versions`). kernels: None = every
+    kernel of the build (`kernels.configs.import_kernel_modules`: a rule over a kernel whose module is not imported
+    yet must still rule its configs out).
     """
     if triton_version is None:
         triton_version = software_versions()["triton"] or ""
-    names = list(KERNELS) if kernels is None else list(kernels)
+    names = import_kernel_modules() if kernels is None else list(kernels)
     out: dict[str, dict[LaunchConfig, str]] = {}
     for rule in rules:
         if not rule.applies(capability, triton_version):

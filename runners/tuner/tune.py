@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kernels.autotune import key_str, normalize_key, source_hash
-from kernels.configs import KERNELS, LaunchConfig, get_spec, import_kernel_modules
+from kernels.configs import KERNELS, LaunchConfig, get_spec
 from kernels.plan import LaunchPlan, LaunchRecorder
 from runners.tuner.clock import Timer, make_timer
 from runners.tuner.miscompiles import known_bad as known_bad_configs
@@ -50,7 +50,6 @@ if TYPE_CHECKING:
     from db.models import TunedConfig
 
 __all__ = ["TRIAL_TOL", "Shape", "case_inputs", "case_tol", "device_facts", "launched_configs", "make_case",
-           "registered_kernels",
            "training_step", "tune_case", "tune_kernels", "tuned_table"]
 
 DEFAULTS = TuneSpec()
@@ -100,12 +99,6 @@ class Shape:
         if d.get("lengths") is not None and (not d["lengths"] or min(d["lengths"]) < 1):
             raise ValueError(f"shape lengths must be positive integers, got lengths={list(d['lengths'])}")
         return cls(**d)
-
-
-def registered_kernels() -> list[str]:
-    """The names of every Triton kernel with a declared launch-config space, sorted (`kernels.configs.
-    import_kernel_modules`): what `TuneSpec.kernels` may name."""
-    return import_kernel_modules()
 
 
 def make_case(op: str, shape: Shape, device: torch.device | str) -> dict[str, Any]:

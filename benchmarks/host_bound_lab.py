@@ -9,6 +9,8 @@ Why (issue 26, session 16): on the H200 GDN's step at 1x8K took 2.82 ms for 1.34
 - `wy+states`: the forward keeps its WY factors and states (fewer backward launches, more memory held).
 
     python3 benchmarks/host_bound_lab.py --out $OUT [--shapes 1x8192,1x16384,1x32768] [--variants default,nosplit,wy+states]
+        [--profile 20]   # and where the host's time goes: cProfile over 20 steps per shape and variant, and what one
+                         # bare Triton launch and one `torch.empty` cost on this host (host_profile.txt)
     TRITON_INTERPRET=1 python3 benchmarks/host_bound_lab.py --out /tmp/hb --dry-run   # plumbing on the CPU
 
 bf16 on CUDA (fp32, H=1, K=V=32, T=128 in a dry run), H=16, K=V=128, lb -1. Writes $OUT/host_bound_lab.{json,md}
@@ -51,13 +53,72 @@ def host_issue_ms(step: Any, args: tuple[Any, ...], cuda: bool, n: int = 20, rep
     return statistics.median(times)
 
 
+def host_profile(step: Any, args: tuple[Any, ...], cuda: bool, n: int) -> str:
+    """cProfile of n back-to-back steps (after a sync): the top functions by own time and by cumulative time."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+
+    if cuda:
+        torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        step(*args)
+    prof.disable()
+    if cuda:
+        torch.cuda.synchronize()
+    buf = io.StringIO()
+    stats = pstats.Stats(prof, stream=buf).strip_dirs()
+    stats.sort_stats("tottime").print_stats(35)
+    stats.sort_stats("cumulative").print_stats(35)
+    return buf.getvalue()
+
+
+def launch_floor_us(device: str, n: int = 2000) -> dict[str, float]:
+    """Host µs per call, no sync, of: one launch of a trivial Triton kernel with 12 tensor and 4 int arguments, the
+    same through `triton.heuristics` (as most of ours), and `torch.empty` of 1 KB (one ATen op)."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _touch(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, n0, n1, n2, n3, B: tl.constexpr):
+        tl.store(a0 + tl.arange(0, B), tl.arange(0, B).to(tl.float32) + n0 + n1 + n2 + n3)
+
+    touch_h = triton.heuristics({"B": lambda args: 16})(_touch)
+    ts = [torch.zeros(64, device=device) for _ in range(12)]
+
+    def per_call(fn: Any) -> float:
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        dt = (time.perf_counter() - t0) * 1e6 / n
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return dt
+
+    return {
+        "triton_launch_us": per_call(lambda: _touch[(1,)](*ts, 1, 2, 3, 4, B=16)),
+        "triton_heuristics_launch_us": per_call(lambda: touch_h[(1,)](*ts, 1, 2, 3, 4)),
+        "torch_empty_us": per_call(lambda: torch.empty(256, device=device)),
+    }
+
+
 def flat(out: Any) -> list[Any]:
     """(o, (dq, dk, dv, dg, dbeta, dh0)) of `ours_step` -> [o, dq, dk, dv, dg, dbeta]."""
     o, grads = out
     return [o, *grads[:5]]
 
 
-def run_shape(B: int, T: int, variants: list[str], *, dry_run: bool) -> list[dict[str, Any]]:
+def run_shape(
+    B: int, T: int, variants: list[str], *, dry_run: bool, profile: int = 0, profiles: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
 
     from benchmarks.host_calls import count_step
     from runners.bench.kernels_ops import fla_inputs
@@ -103,6 +164,8 @@ def run_shape(B: int, T: int, variants: list[str], *, dry_run: bool) -> list[dic
         if cuda:
             row["step_ms"] = timed(lambda: step(*args))  # noqa: B023
             row["kernels_ms"] = sum(kernel_times(lambda: step(*args)).values())  # noqa: B023
+        if profile and profiles is not None:
+            profiles[f"{B}x{T} {name}"] = host_profile(step, args, cuda, profile)
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows
@@ -130,6 +193,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="1x8192,1x16384,1x32768", help="BxT,...")
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
     ap.add_argument("--dry-run", action="store_true", help="the CPU, tiny shapes: plumbing only")
+    ap.add_argument("--profile", type=int, default=0, help="cProfile this many steps per shape and variant (0: none)")
     a = ap.parse_args()
     variants = a.variants.split(",")
     if bad := [v for v in variants if v not in VARIANTS]:
@@ -153,8 +217,14 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
+    profiles: dict[str, str] = {}
+    if a.profile:
+        meta["launch_floor"] = launch_floor_us("cpu" if a.dry_run else "cuda", n=20 if a.dry_run else 2000)
     for B, T in shapes:
-        rows += run_shape(B, T, variants, dry_run=a.dry_run)
+        rows += run_shape(B, T, variants, dry_run=a.dry_run, profile=a.profile, profiles=profiles)
+        if profiles:
+            text = "".join(f"## {k}\n\n{v}\n" for k, v in profiles.items())
+            (out / "host_profile.txt").write_text(f"launch floor (host us per call): {meta['launch_floor']}\n\n{text}")
         (out / "host_bound_lab.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
         head = "# Host-bound steps: GDN at short T\n\n" + "".join(f"- {k}: `{v}`\n" for k, v in meta.items()) + "\n"
         (out / "host_bound_lab.md").write_text(head + table(rows) + "\n")

@@ -8,7 +8,7 @@
 #             its three shapes, then the step's own kernels at 1x64K) -> tune_fwd.json, tune_bwd.json, tune.log
 #   DHSPILL=1 the check of s13_dhspill.sh (removed with fused_dh in session 16, after this ran): the fused dh kernel's ds_mem variant against its register default and against
 #             what it replaces (dh walk + fused gradients) at 1x64K -> dhspill.txt
-#   HOSTLAB=1 (prepared in session 16, not run yet) the short steps host-bound? benchmarks/host_bound_lab.py at 1x8K,
+#   HOSTLAB=1 [HOSTLAB_ARGS="--profile 20 --shapes .."] (first run in session 17) the short steps host-bound? benchmarks/host_bound_lab.py at 1x8K,
 #             1x16K, 1x32K: default / no split / wy+states, step and kernel ms beside the host's issue time and the
 #             launch counts -> host_bound_lab.md; run it first in a call (about 60 s with the compiles)
 #   SHA=<git sha> LIMIT=570 [TRAIN=1 [TRAIN_ARGS="--shapes .. --hv .."]] [TUNE=1] [DHSPILL=1] bash benchmarks/device_runs/s16c.sh
@@ -25,8 +25,9 @@ export PYTHONPATH=$C/peer:$C/site:$PWD TILELANG_CACHE_DIR=$C/tilelang TRITON_CAC
 echo "ready $(el) s"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton, fla, flash_qla, tilelang; print(torch.__version__, triton.__version__, fla.__version__, getattr(flash_qla,'__version__','?'), tilelang.__version__)"
 if [ -n "$HOSTLAB" ]; then
-  timeout 240 python3 benchmarks/host_bound_lab.py --out /tmp/hb > $R/host_bound_lab.log 2>&1
-  echo "host lab rc=$? $(el) s"; cp /tmp/hb/host_bound_lab.md $R/ 2>/dev/null; cat /tmp/hb/host_bound_lab.md
+  timeout 240 python3 benchmarks/host_bound_lab.py --out /tmp/hb ${HOSTLAB_ARGS} > $R/host_bound_lab.log 2>&1
+  echo "host lab rc=$? $(el) s"; cp /tmp/hb/host_bound_lab.md /tmp/hb/host_profile.txt $R/ 2>/dev/null; cat /tmp/hb/host_bound_lab.md
+  [ -f /tmp/hb/host_profile.txt ] && head -3 /tmp/hb/host_profile.txt
 fi
 if [ -n "$TUNE" ]; then
   A=$(( (LIMIT - $(el) - 30) * 9 / 20 ))

@@ -114,8 +114,10 @@ class ChunkOp:
     def triton_bwd(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor,
                    **options: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
         """(dq, dk, dv, dg, dbeta, dh0) on the Triton backend: `kernels.common.chunk_bwd.chunk_bwd` for this op (its
-        launch sequence and options: scale, initial_state, dht, cu_seqlens, plan, wy, split_chunks, chunk_size)."""
+        launch sequence and options: scale, initial_state, dht, cu_seqlens, plan, wy, split_chunks, chunk_size,
+        seg_states)."""
         if self.ag_bwd is not None and "ag" in (options.get("wy") or {}):  # the forward kept its Ag (keep "ag")
+            options.pop("seg_states", None)  # the backward from Ag recomputes its states itself
             return self.ag_bwd(q, k, v, g, beta, do, **options)
         return import_triton("kernels.common.chunk_bwd", "chunk_bwd")(self.name, q, k, v, g, beta, do, **options)
 
@@ -242,35 +244,40 @@ class ChunkFunction(torch.autograd.Function):
         scale: float, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Tensor | None,
     ) -> tuple[Tensor, Tensor]:
         ctx.set_materialize_grads(False)
-        o, ht, keep = _forward_kept(op, backend, index, cu_seqlens, plan, scale, q, k, v, g, beta, initial_state)
+        o, ht, keep, seg = _forward_kept(op, backend, index, cu_seqlens, plan, scale, q, k, v, g, beta, initial_state)
         names = tuple(sorted(keep)) if keep else ()
-        ctx.save_for_backward(q, k, v, g, beta, initial_state, *(keep[n] for n in names))  # type: ignore[index]
-        ctx.meta = (op, backend, index, cu_seqlens, plan, scale, names)  # the backward launches with the same plan
+        hs = (seg["hs"],) if seg else ()  # the split's segment states (`kernels.common.seqsplit.keep_segment_states`)
+        ctx.save_for_backward(q, k, v, g, beta, initial_state, *(keep[n] for n in names), *hs)  # type: ignore[index]
+        # the backward launches with the same plan (and the forward's split, when it kept its segment states)
+        ctx.meta = (op, backend, index, cu_seqlens, plan, scale, names, seg["seg_chunks"] if seg else None)
         return o, ht
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, do: Tensor | None, dht: Tensor | None) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         q, k, v, g, beta, h0, *kept = ctx.saved_tensors
-        op, backend, index, cu_seqlens, plan, scale, names = ctx.meta
+        op, backend, index, cu_seqlens, plan, scale, names, seg_chunks = ctx.meta
+        seg = None if seg_chunks is None else {"hs": kept.pop(), "seg_chunks": seg_chunks}
         if do is None:  # only the final state was used
             do = q.new_zeros(v.shape)
         dq, dk, dv, dg, dbeta, dh0 = chunk_backward_impl(
             op, backend, q, k, v, g, beta, do, scale=scale, initial_state=h0, dht=dht, index=index,
-            cu_seqlens=cu_seqlens, plan=plan, wy=dict(zip(names, kept, strict=True)) if names else None)
+            cu_seqlens=cu_seqlens, plan=plan, wy=dict(zip(names, kept, strict=True)) if names else None,
+            seg_states=seg)
         if dh0 is not None and h0 is not None:
             dh0 = dh0.to(h0.dtype)
         return None, None, None, None, None, None, dq, dk, dv, dg, dbeta, dh0
 
 
-def _forward_kept(*args: Any) -> tuple[Tensor, Tensor, dict[str, Tensor] | None]:
+def _forward_kept(*args: Any) -> tuple[Tensor, Tensor, dict[str, Tensor] | None, dict[str, Any] | None]:
     """ChunkFunction's forward on `chunk_forward`'s positional args: (o, final state, what the plan keeps for the
-    backward by name, or None)."""
+    backward by name or None, the split's segment states or None)."""
     keep_wy, keep_states = args[4].keeps
     keep: dict[str, Tensor] | None = {} if args[1] == "triton" and keep_wy else None
-    o, ht = chunk_forward(*args, keep=keep, keep_states=keep_states)
+    seg: dict[str, Any] = {}
+    o, ht = chunk_forward(*args, keep=keep, keep_states=keep_states, seg_states=seg)
     assert ht is not None
-    return o, ht, keep or None
+    return o, ht, keep or None, seg or None
 
 
 def _call_kind(args: tuple[Any, ...], grad: bool, output_final_state: bool, states: bool) -> tuple[Any, ...]:
@@ -292,21 +299,22 @@ def _launch_sequence(args: tuple[Any, ...], grad: bool, output_final_state: bool
         if not grad:
             chunk_forward(*args, output_final_state=output_final_state, states=[] if states else None)
             return
-        o, ht, keep = _forward_kept(*args)
+        o, ht, keep, seg = _forward_kept(*args)
         chunk_backward_impl(op, backend, q, k, v, g, beta, torch.empty_like(o), scale=scale, initial_state=h0,
                             dht=torch.empty_like(ht) if output_final_state else None, index=index,
-                            cu_seqlens=cu_seqlens, plan=plan, wy=keep)
+                            cu_seqlens=cu_seqlens, plan=plan, wy=keep, seg_states=seg)
 
 
 def chunk_forward(
     op: ChunkOp, backend: str, index: ChunkIndex, cu_seqlens: Tensor | None, plan: LaunchPlan, scale: float,
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Tensor | None, *,
     output_final_state: bool = True, keep: dict[str, Tensor] | None = None, keep_states: bool = False,
-    states: list[Tensor] | None = None,
+    states: list[Tensor] | None = None, seg_states: dict[str, Any] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """ChunkFunction's forward without autograd: (o, final state or None). keep / keep_states: what the triton
     forward holds for the backward (the plan's policy); states: a list that receives the chunk states
-    `[NT, H, K, V]` (the state entering each chunk; fp32 on torch, k's dtype on triton)."""
+    `[NT, H, K, V]` (the state entering each chunk; fp32 on torch, k's dtype on triton); seg_states: a dict that
+    receives the triton forward's segment states where it splits (`kernels.common.seqsplit.keep_segment_states`)."""
     if backend == "torch":
         return chunk_fwd_torch(q, k, v, op.per_key_gate(g), beta, scale=scale, initial_state=initial_state,
                                output_final_state=output_final_state, index=index, states=states)
@@ -314,7 +322,7 @@ def chunk_forward(
         keep, keep_states = ({} if keep is None else keep), True
     o, ht = op.triton_fwd(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                           output_final_state=output_final_state, cu_seqlens=cu_seqlens, plan=plan, keep=keep,
-                          keep_states=keep_states, chunk_size=index.chunk_size)
+                          keep_states=keep_states, chunk_size=index.chunk_size, seg_states=seg_states)
     if states is not None and keep is not None:
         states.append(keep["h"])
     return o, ht
@@ -323,11 +331,11 @@ def chunk_forward(
 def chunk_backward_impl(
     op: ChunkOp, backend: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *,
     scale: float, initial_state: Tensor | None, dht: Tensor | None, index: ChunkIndex, cu_seqlens: Tensor | None,
-    plan: LaunchPlan, wy: Mapping[str, Tensor] | None = None,
+    plan: LaunchPlan, wy: Mapping[str, Tensor] | None = None, seg_states: Mapping[str, Any] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """The backend's backward on checked inputs (same heads everywhere); checks do / dht first. wy: the forward's
     WY factors and with "wy+states" its chunk states, or with "ag" its Ag and gate cumsum (and with "ag+states" its
-    chunk states; triton, the plan's `keep`)."""
+    chunk states; triton, the plan's `keep`); seg_states: the triton forward's segment states (`chunk_forward`)."""
     check_grad_outputs(do, dht, q=q, v=v, num_seqs=index.num_seqs)
     do = do.contiguous()
     dht = dht.contiguous() if dht is not None else None
@@ -338,7 +346,7 @@ def chunk_backward_impl(
     if backend != "triton":
         raise ValueError(f"backend {backend!r} has no chunked backward here (use 'torch' or 'triton')")
     return op.triton_bwd(q, k, v, g, beta, do, scale=scale, initial_state=initial_state, dht=dht,
-                         cu_seqlens=cu_seqlens, plan=plan, wy=wy, chunk_size=index.chunk_size)
+                         cu_seqlens=cu_seqlens, plan=plan, wy=wy, chunk_size=index.chunk_size, seg_states=seg_states)
 
 
 def check_config_names(configs: Mapping[str, LaunchConfig]) -> None:

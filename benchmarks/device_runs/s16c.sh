@@ -12,7 +12,8 @@
 #             1x16K, 1x32K: default / no split / wy+states, step and kernel ms beside the host's issue time and the
 #             launch counts -> host_bound_lab.md; run it first in a call (about 60 s with the compiles)
 #   SHA=<git sha> LIMIT=570 [TRAIN=1 [TRAIN_ARGS="--shapes .. --hv .."]] [TUNE=1] [DHSPILL=1] bash benchmarks/device_runs/s16c.sh
-# (the parts run in the order HOSTLAB, TUNE, DHSPILL, TRAIN; TRAIN's deadline is what is left)
+#   GPUTEST="tests/.. tests/.." [GPUTEST_S=150]  (session 17) those tests on the GPU first -> gputest.txt
+# (the parts run in the order GPUTEST, HOSTLAB, TUNE, DHSPILL, TRAIN; TRAIN's deadline is what is left)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export CPBENCH_GIT_SHA=${SHA}
 LIMIT=${LIMIT:-570}
@@ -24,6 +25,10 @@ t0=$(date +%s); el() { echo $(( $(date +%s)-t0 )); }
 export PYTHONPATH=$C/peer:$C/site:$PWD TILELANG_CACHE_DIR=$C/tilelang TRITON_CACHE_DIR=$C/triton TRITON_CACHE_AUTOTUNING=1 FLA_CACHE_RESULTS=1
 echo "ready $(el) s"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton, fla, flash_qla, tilelang; print(torch.__version__, triton.__version__, fla.__version__, getattr(flash_qla,'__version__','?'), tilelang.__version__)"
+if [ -n "$GPUTEST" ]; then  # GPUTEST="tests/... tests/...": those tests on the GPU (CPBENCH_TEST_GPU=1, bf16)
+  CPBENCH_TEST_GPU=1 timeout ${GPUTEST_S:-150} python3 -m pytest -q -x -p no:cacheprovider $GPUTEST > $R/gputest.txt 2>&1
+  echo "gpu tests rc=$? $(el) s"; tail -4 $R/gputest.txt
+fi
 if [ -n "$HOSTLAB" ]; then
   timeout 240 python3 benchmarks/host_bound_lab.py --out /tmp/hb ${HOSTLAB_ARGS} > $R/host_bound_lab.log 2>&1
   echo "host lab rc=$? $(el) s"; cp /tmp/hb/host_bound_lab.md /tmp/hb/host_profile.txt $R/ 2>/dev/null; cat /tmp/hb/host_bound_lab.md

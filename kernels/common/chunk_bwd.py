@@ -60,7 +60,7 @@ from kernels.common.bwd_tiles import (
     group_sum,
     per_value_head,
 )
-from kernels.common.chunk_program import chunk_of_program, group_heads
+from kernels.common.chunk_program import chunk_of_program, group_heads, heuristics
 from kernels.common.chunk_state import SeqLayout, chunk_state_fwd, chunk_state_transition_fwd
 from kernels.common.dqk_wy_bwd import dqk_wy_bwd
 from kernels.common.index import ChunkIndex, prepare_chunk_index
@@ -129,7 +129,7 @@ WY_BWD = register(KernelSpec(
 # kernels
 
 
-@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None, "G": group_heads("beta")})
+@heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None, "G": group_heads("beta")})
 @triton.jit(do_not_specialize=["T"])
 def wy_inverse_kernel(
     k,  # [B, T, H, K]
@@ -185,7 +185,7 @@ def wy_inverse_kernel(
     _store_aqk(tt, bos, t0, T, i_h, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, H, BT)
 
 
-@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None, "G": group_heads("do")})
+@heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None, "G": group_heads("do")})
 @triton.jit(do_not_specialize=["T"])
 def chunk_bwd_dqk_kernel(
     q,  # [B, T, H, K] raw
@@ -258,7 +258,7 @@ def chunk_bwd_dqk_kernel(
     tl.store(dg + p_out, b_dG, mask=m_rk)
 
 
-@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None, "G": group_heads("v")})
+@heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None, "G": group_heads("v")})
 @triton.jit(do_not_specialize=["T"])
 def wy_bwd_kernel(
     k,  # [B, T, H, K] raw
@@ -380,6 +380,7 @@ def _state_pass(
     gate_vector: bool, scale: float, h0: Tensor | None, dht: Tensor | None, dh0: Tensor | None,
     launch: LaunchPlan, split_chunks: int | None, states: bool,
     kept: Mapping[str, Tensor] | None = None, warm: RevWarmInputs | None = None,
+    seg_states: Mapping[str, Any] | None = None,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
     """The reverse state pass, split across the sequence like the forward (module docstring), writing dh0 when given;
     with `states` also the chunk states h and v_new (forward, from h0) and their gradients dh, dv_new that the
@@ -388,10 +389,13 @@ def _state_pass(
     kept: the forward's h, v_new, split and (optionally) segment maps M (`kernels.common.state_keep`): its split
     replaces `split_chunks`, and the forward state pass (and with M the transition pass) is not run again.
     warm: the raw inputs and window of the gate-certified warm window of the split's reverse chain
-    (`kernels.common.warm_bwd`, `LaunchPlan.bwd_warm`), or None (exact); it acts only when the split runs."""
+    (`kernels.common.warm_bwd`, `LaunchPlan.bwd_warm`), or None (exact); it acts only when the split runs.
+    seg_states: the forward's split and segment entering states (`kernels.common.seqsplit.keep_segment_states`): its
+    split replaces `split_chunks`, and the chunk states are recomputed from them (no transitions, warm windows or
+    chain for the recompute)."""
     h, v_new, layout, ends = _reverse_ends(qs, ks, w, u, gs, aqk, do, index=index, gate_vector=gate_vector, scale=scale,
                                            h0=h0, dht=dht, launch=launch, split_chunks=split_chunks, states=states,
-                                           kept=kept, warm=warm)  # fmt: skip
+                                           kept=kept, warm=warm, seg_states=seg_states)  # fmt: skip
     H, K, V = do.shape[2], ks.shape[3], do.shape[-1]
     dh = ks.new_empty(index.num_chunks, H, K, V) if states else None
     dv_new = do.new_empty(do.shape, dtype=ks.dtype) if states else None
@@ -404,7 +408,7 @@ def _reverse_ends(
     qs: Tensor, ks: Tensor, w: Tensor, u: Tensor, gs: Tensor, aqk: Tensor, do: Tensor, *, index: ChunkIndex,
     gate_vector: bool, scale: float, h0: Tensor | None, dht: Tensor | None, launch: LaunchPlan,
     split_chunks: int | None, states: bool, kept: Mapping[str, Tensor] | None = None,
-    warm: RevWarmInputs | None = None,
+    warm: RevWarmInputs | None = None, seg_states: Mapping[str, Any] | None = None,
 ) -> tuple[Tensor | None, Tensor | None, SeqLayout, Tensor | None]:
     """`_state_pass` up to its last launch: (h, v_new (None without `states`), the layout of the last reverse walk
     (whole sequences; or the split's segments, `final_idx` naming each sequence's first for dh0), the fp32 gradient
@@ -414,6 +418,9 @@ def _reverse_ends(
     V = do.shape[-1]
     if kept is not None:
         split_chunks = int(kept["split"])  # a CPU scalar: no device read
+    hs = None
+    if kept is None and seg_states is not None and states:
+        split_chunks, hs = seg_states["seg_chunks"], seg_states["hs"]
     BT, NT, N = index.chunk_size, index.num_chunks, index.num_seqs
     nv = -(-V // (state_bwd_config(H, K, V, BT, gate_vector, index.is_varlen, ks.dtype, launch).BV or 64))
     plan = resolve_split(index, split_chunks, H=H, NV=nv, device=ks.device)
@@ -431,10 +438,12 @@ def _reverse_ends(
         return h, v_new, layout, dht
     segs = plan.all_segments
     recompute = states and kept is None
+    if hs is not None:
+        assert hs.shape[0] == plan.num_segments, f"kept states of {hs.shape[0]} segments, the plan has {plan.num_segments}"
     wp = wpf = bnd = fbnd = None
     if warm is not None:  # the reverse windows, the forward's for the recompute, and one launch of both bound sums
         wp = reverse_window_plan(index, plan, warm.window_chunks)
-        if wp is not None and recompute and warm.v is not None:
+        if wp is not None and recompute and hs is None and warm.v is not None:
             wpf = window_plan(index, list(plan.bounds_cpu), list(plan.chunk_bounds_cpu), list(plan.transitions_cpu),
                               warm.window_chunks, seg_chunks=plan.seg_chunks, cache=plan.windows)
         if wp is not None:
@@ -443,15 +452,15 @@ def _reverse_ends(
     M = kept.get("M") if kept is not None else None
     if M is not None:
         assert M.shape[0] == plan.num_segments, f"kept maps of {M.shape[0]} segments, the plan has {plan.num_segments}"
-    elif wp is None or (recompute and wpf is None):  # the exact chain, or the forward recompute below, needs them
+    elif wp is None or (recompute and hs is None and wpf is None):  # the exact chain, or the recompute below, needs them
         M, S = chunk_state_transition_fwd(ks, w, u, gs, layout=segs, launch=launch, **common)
-    if recompute:
-        if wpf is None:
+    if recompute:  # the chunk states from each segment's entering state hs: the forward's (`seg_states`), or
+        if hs is None and wpf is None:  # the exact chain's
             nonlast = plan.transitions.seq_map
             assert nonlast is not None and M is not None
             hs = seg_chain_states(M.index_select(0, nonlast), S.index_select(0, nonlast), h0, plan.seg_ptr,
                                   num_segments=plan.num_segments, launch=launch)
-        else:  # the forward's certified windows (`kernels.common.warm_split`) from the sums above
+        elif hs is None:  # the chain of the forward's certified windows (`kernels.common.warm_split`), sums above
             assert warm is not None and warm.v is not None
             fwd_report: dict[str, Tensor] = {}
             x = WarmInputs("kda" if gate_vector else "gdn", warm.k, warm.v, warm.g, warm.beta,
@@ -512,6 +521,7 @@ def chunk_bwd(
     initial_state: Tensor | None = None, dht: Tensor | None = None, cu_seqlens: Tensor | None = None,
     plan: LaunchPlan | None = None, split_chunks: int | None = None,
     wy: Mapping[str, Tensor] | None = None, chunk_size: int = BT_WY, warm_report: dict[str, Tensor] | None = None,
+    seg_states: Mapping[str, Any] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """(dq, dk, dv, dg, dbeta, dh0) of the GDN (`op="gdn"`) or KDA chunked forward; see the module docstring.
 
@@ -523,7 +533,9 @@ def chunk_bwd(
     launch plan (None: `kernels.plan.default_plan()`; its `bwd_warm_for(op)` > 0, GDN's default, certifies warm
     windows in the split reverse chain, `kernels.common.warm_bwd`). chunk_size: the forward's
     (`kernels.common.wy.CHUNK_SIZES`). warm_report: a dict that receives the warm window's device tensor `certified`
-    `[NS - N, H]` when it ran (read it after the call).
+    `[NS - N, H]` when it ran (read it after the call). seg_states: what the forward's `seg_states` dict received
+    (`kernels.common.seqsplit.keep_segment_states`; empty or None: nothing): the backward runs the forward's split
+    and recomputes the chunk states from its segment states.
     """
     B, T, Hk, K = k.shape
     H, V = v.shape[2], v.shape[-1]  # the value heads; q, k have Hk = H / G (grouped heads)
@@ -550,7 +562,7 @@ def chunk_bwd(
         "index": index, "gate_vector": gate_vector, "scale": scale, "launch": launch, "split_chunks": split_chunks,
         "h0": initial_state.float().contiguous() if initial_state is not None else None,
         "dht": dht.float().contiguous() if dht is not None else None, "states": True, "kept": kept,
-        "warm": _rev_warm(launch, op, q, k, v, g, beta, warm_report),
+        "warm": _rev_warm(launch, op, q, k, v, g, beta, warm_report), "seg_states": seg_states or None,
     }  # fmt: skip
     h, v_new, dh, dv_new = _state_pass(qs, ks, w, u, gs, aqk, do, dh0=dh0, **state_args)
     assert h is not None and v_new is not None and dh is not None and dv_new is not None

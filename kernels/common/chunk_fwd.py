@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 from torch import Tensor
 
@@ -110,6 +111,7 @@ def chunk_fwd(
     warm_report: dict[str, Tensor] | None = None,
     fwd_path: str = FWD_PATHS[0],
     fused_fwd: FusedFwd | None = None,
+    seg_states: dict[str, Any] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Chunked forward: (o `[B, T, H, V]` in q's dtype, final state `[N, H, K, V]` fp32 or None).
 
@@ -127,6 +129,8 @@ def chunk_fwd(
     where it runs and the plan keeps no WY factors for the backward; "fused": the op's two-kernel forward, not with
     keep_states; it keeps no WY factors, so the backward recomputes them). fused_fwd: the op's two-kernel forward
     for the fused path (the op table's `ChunkOp.fused_fwd`; GDN's `gdn_fused_fwd`, KDA's `kda_fused_fwd`).
+    seg_states: a dict that receives the split's segment entering states for the backward (`chunk_bwd(seg_states=)`,
+    `kernels.common.seqsplit.keep_segment_states`; where the split runs and the plan keeps no chunk states), or None.
     """
     B, T, H, _ = k.shape
     launch = plan if plan is not None else default_plan()
@@ -159,14 +163,17 @@ def chunk_fwd(
         assert fused_fwd is not None
         fused = {"initial_state": initial_state, "output_final_state": output_final_state, "split_chunks": split_chunks}
         fused.update({"keep": keep} if keep_ag else {})
-        fused.update({"keep_states": True} if fused_states else {})
+        if fused_states:
+            fused["keep_states"] = True
+        elif not keep_ag:  # (the backward from Ag, `kernels.ops.gdn.ag_bwd`, recomputes its states itself)
+            fused["seg_states"] = seg_states
         return fused_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch, warm=warm, **fused)
     bnd = warm.chunk_bound if warm is not None else None
     wy = wy_prep(q, k, v, g, beta, scale=scale, index=index, launch=launch, bnd=bnd)
     if keep is not None and not keep_ag:
         keep.update(wy.kept)
     state_pass = state_and_output if keep is None or not keep_states else partial(state_and_output_keep, keep=keep)
-    extra = {} if state_pass is not state_and_output else {"warm": warm}
+    extra = {} if state_pass is not state_and_output else {"warm": warm, "seg_states": seg_states}
     return state_pass(
         index=index,
         k=wy.k,

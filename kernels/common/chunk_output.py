@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.common.chunk_program import chunk_of_program
+from kernels.common.chunk_program import chunk_of_program, heuristics
 from kernels.common.index import ChunkIndex
 from kernels.configs import KernelSpec, LaunchConfig, head_block, register
 from kernels.plan import LaunchPlan, launch_config
@@ -33,7 +33,7 @@ CHUNK_OUTPUT_FWD = register(KernelSpec(
 ))
 
 
-@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+@heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
                     "G": lambda args: args["v_new"].shape[2] // args["q"].shape[2]})  # value heads per q head
 @triton.jit(do_not_specialize=["T"])
 def chunk_output_fwd_kernel(

@@ -1,5 +1,6 @@
-"""Triton helpers shared by the kernels: which chunk a program owns (the chunk-parallel kernels: WY prep, output), and
-`group_heads`, the heuristic of G for grouped value heads (every kernel that reads q or k).
+"""Triton helpers shared by the kernels: which chunk a program owns (the chunk-parallel kernels: WY prep, output);
+`heuristics`, the launch-time constexprs of every kernel (`triton.heuristics` at a lower host cost); and its entries
+`given` (an optional argument's flag) and `group_heads` (G for grouped value heads, every kernel that reads q or k).
 
 Grid convention: program axis `i_c` walks chunks (all sequences' chunks for varlen, the chunks of one batch row
 for dense input), `i_b` the batch row (0 for varlen).
@@ -12,8 +13,36 @@ from typing import Any
 
 import triton
 import triton.language as tl
+from triton.runtime.autotuner import Heuristics
 
-__all__ = ["chunk_of_program", "group_heads"]
+__all__ = ["chunk_of_program", "given", "group_heads", "heuristics"]
+
+Entries = dict[str, Callable[[dict[str, Any]], Any]]
+
+
+class _Heuristics(Heuristics):
+    """`triton.heuristics`' wrapper with the launch's argument dict built once, not once per entry and per stacked
+    decorator: Triton's costs about 3 us per entry on the host (35 arguments), and a short training step issues ~21
+    launches (`benchmarks/host_bound_lab.py`). Same results: each entry sees the arguments and the entries before."""
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        named = dict(zip(self.arg_names, args, strict=False))  # defaults may be left out
+        named.update(kwargs)
+        for name, entry in self.values.items():
+            kwargs[name] = named[name] = entry(named)
+        return self.fn.run(*args, **kwargs)
+
+
+def heuristics(values: Entries) -> Callable[[Any], _Heuristics]:
+    """Drop-in for `@triton.heuristics(values)`; stacked ones merge into one wrapper (the outer entries first, as
+    Triton evaluates them)."""
+
+    def wrap(fn: Any) -> _Heuristics:
+        if isinstance(fn, _Heuristics):
+            return _Heuristics(fn.fn, fn.arg_names, {**values, **fn.values})
+        return _Heuristics(fn, fn.arg_names, dict(values))
+
+    return wrap
 
 
 def given(**flags: str) -> dict[str, Callable[[dict[str, Any]], bool]]:

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.common.chunk_program import given, group_heads
+from kernels.common.chunk_program import given, group_heads, heuristics
 from kernels.common.state_program import range_of_program
 from kernels.configs import KernelSpec, LaunchConfig, head_block, register
 from kernels.plan import LaunchPlan, launch_config
@@ -80,7 +80,7 @@ CHUNK_STATE_TRANSITION_FWD = register(KernelSpec(
 ))
 
 
-@triton.heuristics({
+@heuristics({
     **given(USE_INITIAL_STATE="h0", STORE_FINAL_STATE="ht", STORE_STATES="h", SAVE_NEW_VALUE="v_new", FUSE_OUTPUT="o",
             TRANSITION="m", IS_VARLEN="cu_seqlens", USE_SEQ_MAP="seq_map", USE_FINAL_IDX="final_idx", USE_NEED="need"),
     "G": group_heads("u"),

@@ -40,7 +40,7 @@ from kernels.common.bwd_tiles import (
     _store_dg_rows,
     _wy_rows,
 )
-from kernels.common.chunk_program import group_heads
+from kernels.common.chunk_program import group_heads, heuristics
 from kernels.common.index import ChunkIndex
 from kernels.configs import KernelSpec, LaunchConfig, register
 from kernels.plan import LaunchPlan
@@ -65,7 +65,7 @@ CHUNK_BWD_DQK_WY = register(
 )
 
 
-@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None, "G": group_heads("do")})
+@heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None, "G": group_heads("do")})
 @triton.jit(do_not_specialize=["T"])
 def chunk_bwd_dqk_wy_kernel(
     q,  # [B, T, H / G, K] raw

@@ -33,6 +33,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels.common.chunk_output import chunk_output_fwd
+from kernels.common.chunk_program import heuristics
 from kernels.common.chunk_state import (
     CHUNK_STATE_FWD,
     CHUNK_STATE_OUTPUT_FWD,
@@ -57,6 +58,7 @@ __all__ = [
     "seg_chain_fwd",
     "seg_compose_fwd",
     "split_of",
+    "keep_segment_states",
     "state_and_output",
     "whole_sequences",
 ]
@@ -91,7 +93,7 @@ SEG_COMPOSE_FWD = register(KernelSpec(
 ))
 
 
-@triton.heuristics({"USE_INITIAL_STATE": lambda args: args["h0"] is not None,
+@heuristics({"USE_INITIAL_STATE": lambda args: args["h0"] is not None,
                     "USE_DROP": lambda args: args["drop"] is not None})
 @triton.jit
 def seg_chain_fwd_kernel(
@@ -118,7 +120,7 @@ def seg_chain_fwd_kernel(
     tl.store(hs + ((s1 - 1) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_s, mask=m_kv)
 
 
-@triton.heuristics({"USE_NEED": lambda args: args["need"] is not None})
+@heuristics({"USE_NEED": lambda args: args["need"] is not None})
 @triton.jit
 def seg_compose_fwd_kernel(
     m,  # [NS, H, K, K] fp32 maps of all segments
@@ -337,6 +339,15 @@ def seg_compose_fwd(M: Tensor, S_ext: Tensor, plan: SplitPlan, *, launch: Launch
     return m_out, s_out
 
 
+def keep_segment_states(seg_states: dict[str, Any] | None, plan: SplitPlan, hs: Tensor) -> None:
+    """Hand the split's segment entering states to the backward: `seg_states` (a dict, or None: nothing kept)
+    receives hs fp32 `[NS, H, K, V]` and the segment length `seg_chunks` (an int), so that `chunk_bwd(seg_states=)`
+    runs the same segments from them instead of the warm split (or transitions) and chain again. NS is at most
+    SPLIT_TARGET x SMs / (H x NV) per sequence: about 17 MB at K = V = 128 whatever T is."""
+    if seg_states is not None:
+        seg_states.update(hs=hs, seg_chunks=plan.seg_chunks)
+
+
 def state_and_output(
     *,
     index: ChunkIndex,
@@ -355,11 +366,13 @@ def state_and_output(
     split_chunks: int | None,
     fuse_output: bool,
     warm: WarmInputs | None = None,
+    seg_states: dict[str, Any] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """State pass + output for GDN (k raw, g = gate cumsum, q raw) or KDA (k = kg, g = gc, q = qg); aqk from wy.
 
     warm: the op's raw inputs and window for the gate-certified warmup of the split's transitions
     (`kernels.common.warm_split`), or None (exact maps everywhere); it acts only when the split runs.
+    seg_states: a dict that receives the split's segment states for the backward (`keep_segment_states`), or None.
     Returns (o [B, T, H, V] in out_dtype, final state [N, H, K, V] fp32 or None).
     """
     BT = index.chunk_size
@@ -381,6 +394,7 @@ def state_and_output(
             M, S_ext, drop = warm_transitions(k, w, u, g, transitions=plan.transitions, wp=wp, BT=BT,
                                               gate_vector=gate_vector, x=warm, h0=h0, launch=launch)
         h0_run = seg_chain_fwd(M, S_ext, h0, plan, launch=launch, drop=drop)
+        keep_segment_states(seg_states, plan, h0_run)
         layout, num_states = plan.final, index.num_seqs
     if fuse_output:
         return chunk_state_output_fwd(k, w, u, g, q, layout=layout, BT=BT, gate_vector=gate_vector, scale=scale,

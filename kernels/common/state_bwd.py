@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.common.chunk_program import given, group_heads
+from kernels.common.chunk_program import given, group_heads, heuristics
 from kernels.common.chunk_state import SeqLayout
 from kernels.common.seqsplit import CHAIN_DOT_PRECISION, SplitPlan
 from kernels.common.state_program import chain_dropped, chain_start, range_of_program
@@ -60,7 +60,7 @@ SEG_CHAIN_BWD = register(KernelSpec(
 ))
 
 
-@triton.heuristics({
+@heuristics({
     **given(USE_DHT="dht", STORE_DS="ds_out", STORE_DH="dh", IS_VARLEN="cu_seqlens", USE_SEQ_MAP="seq_map",
             USE_FINAL_IDX="final_idx", USE_NEED="need"),
     "G": group_heads("do"),
@@ -148,7 +148,7 @@ def chunk_state_bwd_kernel(
             tl.store(ds_out + (i_n * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_ds, mask=m_kv)
 
 
-@triton.heuristics({"USE_DHT": lambda args: args["dht"] is not None,
+@heuristics({"USE_DHT": lambda args: args["dht"] is not None,
                     "USE_DROP": lambda args: args["drop"] is not None})
 @triton.jit
 def seg_chain_bwd_kernel(

@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.common.chunk_program import chunk_of_program, group_heads
+from kernels.common.chunk_program import chunk_of_program, group_heads, heuristics
 from kernels.common.chunk_state import SeqLayout, chunk_state_transition_fwd
 from kernels.common.index import ChunkIndex
 from kernels.common.seqsplit import SplitPlan
@@ -93,7 +93,7 @@ def _log_sum_exp_up(e, A):
     return tl.where(lw > float("-inf"), lw + BOUND_MARGIN * (A + tl.abs(lw) + 1.0), lw)
 
 
-@triton.heuristics(
+@heuristics(
     {
         "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
         "HAS_FWD": lambda args: args["fbnd"] is not None,

@@ -52,7 +52,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.common.chunk_program import chunk_of_program, group_heads
+from kernels.common.chunk_program import chunk_of_program, group_heads, heuristics
 from kernels.common.decay import GATE_FLOOR
 from kernels.common.index import ChunkIndex
 from kernels.configs import KernelSpec, LaunchConfig, head_block, register
@@ -418,7 +418,7 @@ _WY_HEURISTICS = {
 # GDN
 
 
-@triton.heuristics(_WY_HEURISTICS)
+@heuristics(_WY_HEURISTICS)
 @triton.jit(do_not_specialize=["T"])
 def wy_gdn_fwd_kernel(
     q,  # [B, T, H, K] or None (transition only)
@@ -618,7 +618,7 @@ def _kda_beta_rows(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, b0, b1, b2,
             A31 * b3[:, None], A32 * b3[:, None], tl.where(m_d, A33, 0.) * b3[:, None])
 
 
-@triton.heuristics(_WY_HEURISTICS)
+@heuristics(_WY_HEURISTICS)
 @triton.jit(do_not_specialize=["T"])
 def wy_kda_fwd_kernel(
     q,  # [B, T, H, K] or None (transition only)

@@ -105,8 +105,11 @@ def ours_step(op: str, configs: dict[str, LaunchConfig] | None = None, policy: s
 
     def step(q, k, v, g, beta, do):
         keep: dict[str, torch.Tensor] | None = {} if keep_wy else None
-        o, _ = fwd(q, k, v, g, beta, scale=K**-0.5, plan=plan, keep=keep, keep_states=keep_states, split_chunks=split_chunks)
-        return o, bwd(q, k, v, g, beta, do, scale=K**-0.5, plan=plan, wy=keep or None, split_chunks=split_chunks, **report)  # KDA under "ag": none kept
+        seg: dict[str, Any] = {}  # the split's segment states, handed over as the public op's autograd node does
+        o, _ = fwd(q, k, v, g, beta, scale=K**-0.5, plan=plan, keep=keep, keep_states=keep_states, split_chunks=split_chunks,
+                   seg_states=seg)
+        return o, bwd(q, k, v, g, beta, do, scale=K**-0.5, plan=plan, wy=keep or None, split_chunks=split_chunks,
+                      seg_states=seg, **report)  # KDA under "ag": none kept
 
     return step
 

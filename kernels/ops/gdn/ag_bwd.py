@@ -35,7 +35,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels.common.chunk_bwd import chunk_bwd
-from kernels.common.chunk_program import chunk_of_program, group_heads
+from kernels.common.chunk_program import chunk_of_program, group_heads, heuristics
 from kernels.common.index import ChunkIndex, prepare_chunk_index
 from kernels.common.seqsplit import resolve_split, whole_sequences
 from kernels.common.state_bwd import state_bwd_config
@@ -59,7 +59,7 @@ WY_FROM_AG = register(
 )
 
 
-@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None, "G": group_heads("v")})
+@heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None, "G": group_heads("v")})
 @triton.jit(do_not_specialize=["T"])
 def wy_from_ag_kernel(
     q, k, v,  # [B, T, H, K], [B, T, H, K], [B, T, HV, V]

@@ -42,16 +42,17 @@ warm split when the backward's reverse pass has its own warm window (`LaunchPlan
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.common.chunk_program import given
+from kernels.common.chunk_program import given, heuristics
 from kernels.common.chunk_state import SeqLayout
 from kernels.common.index import ChunkIndex
-from kernels.common.seqsplit import SplitPlan, resolve_split, seg_chain_fwd, whole_sequences
+from kernels.common.seqsplit import SplitPlan, keep_segment_states, resolve_split, seg_chain_fwd, whole_sequences
 from kernels.common.state_program import range_of_program
 from kernels.common.warm_split import WarmInputs, certified_transitions, window_plan
 from kernels.common.wy import LOG2E, _gexp
@@ -125,9 +126,9 @@ def _rows(base, T, D: tl.constexpr, stride: tl.constexpr, BR: tl.constexpr, BC: 
     return tl.make_tensor_descriptor(base, shape=[T, D], strides=[stride, 1], block_shape=[BR, BC])
 
 
-@triton.heuristics(given(**_FLAGS))
+@heuristics(given(**_FLAGS))
 # KDA's per-key gate: its cumsum [B, T, HV, K], or (PRE_GATED) the gated keys and the last-row gate [NT_total, HV, K]
-@triton.heuristics({"GATE_VECTOR": lambda args: args["gcum"].dim() == 4 or args["kd"] is not None})
+@heuristics({"GATE_VECTOR": lambda args: args["gcum"].dim() == 4 or args["kd"] is not None})
 @triton.jit(do_not_specialize=["T"])
 def gdn_fused_state_output_kernel(
     q, k, v,  # [B, T, H, K] (q: OUTPUT only), [B, T, H, K], [B, T, HV, V]
@@ -459,7 +460,7 @@ def gdn_fused_fwd(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex, launch: LaunchPlan,
     initial_state: Tensor | None = None, output_final_state: bool = False, split_chunks: int | None = None,
     warm: WarmInputs | None = None, ag_prep: AgPrep | None = None, keep: dict[str, Tensor] | None = None,
-    keep_states: bool = False,
+    keep_states: bool = False, seg_states: dict[str, Any] | None = None,
 ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """GDN's forward on the fused pass: (o `[B, T, HV, V]` in q's dtype, final state `[N, HV, K, V]` fp32 or None).
 
@@ -471,7 +472,8 @@ def gdn_fused_fwd(
     that receives the Ag pass's outputs for the backward ("ag", "gs": `kernels.ops.gdn.ag_bwd`), or None.
     keep_states (the policy "ag+states", `LaunchPlan.keeps_ag`; needs keep, and warm=None unless the plan's
     `bwd_warm_for("gdn")` > 0): keep also receives the chunk states, v_new, the split and, with exact maps, the maps of
-    every segment (`fused_state_output_keep`).
+    every segment (`fused_state_output_keep`). seg_states: a dict that receives the split's segment states for the
+    backward (`kernels.common.seqsplit.keep_segment_states`; not with keep_states, which keeps more), or None.
     """
     if keep_states and (keep is None or (warm is not None and not launch.bwd_warm_for("gdn"))):
         raise ValueError(
@@ -488,7 +490,7 @@ def gdn_fused_fwd(
     if keep_states:
         assert keep is not None
         return fused_state_output_keep(q, k, v, ag, gcum, keep=keep, warm=warm, **opts)
-    return fused_state_output_fwd(q, k, v, ag, gcum, warm=warm, **opts)
+    return fused_state_output_fwd(q, k, v, ag, gcum, warm=warm, seg_states=seg_states, **opts)
 
 
 def output_split(index: ChunkIndex, k: Tensor, v: Tensor, gcum: Tensor, *, launch: LaunchPlan,
@@ -505,12 +507,12 @@ def fused_state_output_fwd(
     q: Tensor, k: Tensor, v: Tensor, ag: Tensor, gcum: Tensor, *, scale: float, index: ChunkIndex, launch: LaunchPlan,
     initial_state: Tensor | None = None, output_final_state: bool = False, split_chunks: int | None = None,
     warm: WarmInputs | None = None, aqk: Tensor | None = None, kd: Tensor | None = None, hs: Tensor | None = None,
-    vn: Tensor | None = None,
+    vn: Tensor | None = None, seg_states: dict[str, Any] | None = None,
 ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """The forward after the Ag pass (both ops; `gdn_fused_fwd`, `kernels.ops.kda.fused.kda_fused_fwd`): plain, or
     split (seqsplit's plan, this kernel's transitions, `seg_chain_fwd`, the output from each segment's entering state),
     with a warm window when `warm` holds the Ag pass's bound sums. Ag, gcum, aqk, kd, hs, vn as
-    `gdn_fused_state_output`'s."""
+    `gdn_fused_state_output`'s; seg_states as `kernels.common.seqsplit.keep_segment_states`'."""
     BT = index.chunk_size
     h0 = initial_state.float().contiguous() if initial_state is not None else None
     layout = whole_sequences(index)
@@ -537,6 +539,7 @@ def fused_state_output_fwd(
                 masked_transitions=lambda need: gdn_fused_transition(layout=plan.transitions, need=need, **pass_args),
             )  # fmt: skip
         h0 = seg_chain_fwd(M, S_ext, h0, plan, launch=launch, drop=drop)
+        keep_segment_states(seg_states, plan, h0)
         layout, num_states = plan.final, index.num_seqs
     o, ht = gdn_fused_state_output(q, k, v, ag, gcum, layout=layout, BT=BT, scale=scale, h0=h0,
                                    output_final_state=output_final_state, num_states=num_states, launch=launch,

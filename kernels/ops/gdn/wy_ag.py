@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.common.chunk_program import chunk_of_program
+from kernels.common.chunk_program import chunk_of_program, heuristics
 from kernels.common.index import ChunkIndex
 from kernels.common.wy import (
     CHUNK_SIZES,
@@ -194,7 +194,7 @@ def _ag_chunk(
         _store_bound(bnd, k, v, x0, x1, x2, x3, b0, b1, b2, b3, bos, t0, T, i_tg, i_h, H, i_hv, HV, K, V, BK, BV)
 
 
-@triton.heuristics(
+@heuristics(
     {
         "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
         "HAS_BOUND": lambda args: args["bnd"] is not None,

@@ -18,6 +18,8 @@ The op table runs `kda_fused_fwd` as KDA's `fused_fwd` (`kernels.common.chunk_fw
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor
 
 from kernels.common.index import ChunkIndex
@@ -33,6 +35,7 @@ def kda_fused_fwd(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex, launch: LaunchPlan,
     initial_state: Tensor | None = None, output_final_state: bool = False, split_chunks: int | None = None,
     warm: WarmInputs | None = None, keep: dict[str, Tensor] | None = None, keep_states: bool = False,
+    seg_states: dict[str, Any] | None = None,
 ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """KDA's forward on the fused pass: (o `[B, T, HV, V]` in q's dtype, final state `[N, HV, K, V]` fp32 or None).
 
@@ -40,14 +43,16 @@ def kda_fused_fwd(
     `kernels.common.seqsplit.resolve_split` (None automatic, 0 never, n chunks per segment). warm: the split's
     gate-certified warmup (`kernels.common.warm_split`, its `chunk_bound` for the Ag pass to fill), or None. keep
     and keep_states (the "ag" / "ag+states" recompute policies): keep is left empty, KDA has no backward from Ag yet,
-    so its backward recomputes as under "inputs".
+    so its backward recomputes as under "inputs". seg_states: a dict that receives the split's segment states for the
+    backward (`kernels.common.seqsplit.keep_segment_states`), or None.
     """
     bnd = warm.chunk_bound if warm is not None else None
     ag, aqk, gates = wy_kda_ag(
         q, k, g, beta, scale=scale, index=index, launch=launch, bnd=bnd, v=v if bnd is not None else None
     )
     opts = {"scale": scale, "index": index, "launch": launch, "initial_state": initial_state,
-            "output_final_state": output_final_state, "split_chunks": split_chunks, "warm": warm}  # fmt: skip
+            "output_final_state": output_final_state, "split_chunks": split_chunks, "warm": warm,
+            "seg_states": seg_states}  # fmt: skip
     if isinstance(gates, GatedKeys):  # the Ag pass's gated variant: qg, ke, kd, G_C read, no exp on a [BT, K] tile
         return fused_state_output_fwd(gates.qg, gates.ke, v, ag, gates.gc, aqk=aqk, kd=gates.kd, **opts)
     return fused_state_output_fwd(q, k, v, ag, gates, aqk=aqk, **opts)

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.common.chunk_program import group_heads
+from kernels.common.chunk_program import group_heads, heuristics
 from kernels.common.index import ChunkIndex
 from kernels.common.wy import (
     _blocks,
@@ -105,7 +105,7 @@ def _gate_rowmax4(g, bos, t0, T, i_h, H: tl.constexpr, K: tl.constexpr, BK: tl.c
     return m0, m1, m2, m3
 
 
-@triton.heuristics(
+@heuristics(
     {
         "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
         "HAS_BOUND": lambda args: args["bnd"] is not None,

@@ -147,6 +147,49 @@ def test_triton_bwd_with_what_the_forward_kept(OP: str, policy: str) -> None:
     _check(kept, _varlen_reference(OP))
 
 
+def test_triton_bwd_from_the_forwards_segment_states(OP: str) -> None:
+    """The forward split into one-chunk segments hands its segments' entering states to the backward (`seg_states`):
+    the backward runs the forward's split from them (no split_chunks given) without the recompute's chain, and gives
+    the recompute path's gradients (the same split) and the reference's."""
+    q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP)
+    fwd = getattr(importlib.import_module(f"kernels.ops.{OP}.chunk"), f"chunk_{OP}_fwd")
+    seg: dict[str, object] = {}
+    fwd(q, k, v, g, beta, scale=DIM**-0.5, initial_state=h0, output_final_state=True, cu_seqlens=cu, split_chunks=1,
+        seg_states=seg)
+    hs = seg["hs"]
+    assert seg["seg_chunks"] == 1 and isinstance(hs, torch.Tensor)
+    assert hs.shape == (4, 1, DIM, DIM) and hs.dtype == torch.float32  # 1 + 2 + 1 one-chunk segments
+    rec = LaunchRecorder()
+    got = _bwd(OP)(q, k, v, g, beta, do, scale=DIM**-0.5, initial_state=h0, dht=dht, cu_seqlens=cu, seg_states=seg,
+                   plan=default_plan().with_recorder(rec))
+    assert "seg_chain_fwd" not in rec and {"chunk_state_fwd", "seg_chain_bwd"} <= set(rec), sorted(rec)
+    ref, ran = _varlen_bwd(OP, 1)  # the recompute path, the same split
+    assert "seg_chain_fwd" in ran
+    for name, a, b in zip(NAMES, got, ref, strict=True):
+        assert_rel_close(name, b.float(), a.float(), 1e-6)
+    _check(got, _varlen_reference(OP))
+
+
+def test_public_op_hands_its_segment_states_to_its_backward(OP: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the autograd node (`kernels.forward`, triton) with the split forced as on a GPU (one-chunk segments):
+    the backward launches no recompute chain (the node saved the forward's segment states) and its gradients are
+    the reference's."""
+    import kernels
+    import kernels.common.seqsplit as seqsplit
+
+    monkeypatch.setattr(seqsplit, "auto_seg_chunks", lambda index, *, H, NV, device: 1)
+    q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP)
+    rec = LaunchRecorder()
+    xs = [x.detach().clone().requires_grad_() for x in (q, k, v, g, beta, h0)]
+    o, ht = kernels.forward(OP, *xs[:5], initial_state=xs[5], output_final_state=True, cu_seqlens=cu,
+                            backend="triton", plan=LaunchPlan(recorder=rec))
+    assert "seg_chain_fwd" in rec  # the forward split
+    rec.clear()
+    ((o.float() * do.float()).sum() + (ht * dht).sum()).backward()
+    assert "seg_chain_fwd" not in rec and "chunk_state_fwd" in rec, sorted(rec)
+    _check([x.grad for x in xs], _varlen_reference(OP))
+
+
 @pytest.mark.parametrize("fuse", [True, False])
 def test_triton_bwd_with_the_forwards_states_split(OP: str, fuse: bool) -> None:
     """The forward split into one-chunk segments keeps the maps of every segment, its states and v_new (fused output

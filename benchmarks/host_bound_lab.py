@@ -6,7 +6,10 @@ Why (issue 26, session 16): on the H200 GDN's step at 1x8K took 2.82 ms for 1.34
 (`results/kernels_train_issue26_h200.md`), while from 32K on the step equals its kernel sum. The variants:
 - `default`: the registry's plan (the warm split decides the sequence split);
 - `nosplit`: `split_chunks=0` in both passes (one chain per head: fewer launches, longer serial walks);
-- `wy+states`: the forward keeps its WY factors and states (fewer backward launches, more memory held).
+- `wy+states`: the forward keeps its WY factors and states (fewer backward launches, more memory held);
+- `old-host` (session 17): the default before session 17's host cuts, in the same process: the backward recomputes the
+  split's segment states (no `seg_states`) and each launch runs Triton's own `Heuristics.run` (an argument dict per
+  entry).
 
     python3 benchmarks/host_bound_lab.py --out $OUT [--shapes 1x8192,1x16384,1x32768] [--variants default,nosplit,wy+states]
         [--profile 20]   # and where the host's time goes: cProfile over 20 steps per shape and variant, and what one
@@ -21,16 +24,23 @@ False.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-VARIANTS = {"default": {}, "nosplit": {"split_chunks": 0}, "wy+states": {"policy": "wy+states"}}
+VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "old-host": {"seg_states": False, "triton_heuristics": True},
+    "nosplit": {"split_chunks": 0},
+    "wy+states": {"policy": "wy+states"},
+}
 BUDGET = 5e-3
 NAMES = ("o", "dq", "dk", "dv", "dg", "dbeta")
 
@@ -110,6 +120,22 @@ def launch_floor_us(device: str, n: int = 2000) -> dict[str, float]:
     }
 
 
+@contextlib.contextmanager
+def triton_heuristics(on: bool) -> Iterator[None]:
+    """While on: our kernels' heuristics run Triton's own `Heuristics.run` (one argument dict per entry)."""
+    from triton.runtime.autotuner import Heuristics
+
+    from kernels.common import chunk_program
+
+    ours = chunk_program._Heuristics.run
+    if on:
+        chunk_program._Heuristics.run = Heuristics.run  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        chunk_program._Heuristics.run = ours  # type: ignore[method-assign]
+
+
 def flat(out: Any) -> list[Any]:
     """(o, (dq, dk, dv, dg, dbeta, dh0)) of `ours_step` -> [o, dq, dk, dv, dg, dbeta]."""
     o, grads = out
@@ -143,12 +169,28 @@ def run_shape(
     rows, ref = [], None
     for name in variants:
         v = VARIANTS[name]
-        step = ours_step("gdn", policy=v.get("policy", "inputs"), split_chunks=v.get("split_chunks"))
+        inner = ours_step(
+            "gdn", policy=v.get("policy", "inputs"), split_chunks=v.get("split_chunks"), seg_states=v.get("seg_states", True)
+        )
+
+        def step(*xs: Any, inner: Any = inner, heur: bool = v.get("triton_heuristics", False)) -> Any:
+            with triton_heuristics(heur):
+                return inner(*xs)
+
         got = [t.float() for t in flat(step(*args))]
         ref = ref or got
         err = {f"rel_{n}": rel_l2(a, b) for n, a, b in zip(NAMES, got, ref, strict=True)}
         counts = count_step(
-            "gdn", B, T, H, policy=v.get("policy", "inputs"), sms=132, K=K, V=K, split_chunks=v.get("split_chunks")
+            "gdn",
+            B,
+            T,
+            H,
+            policy=v.get("policy", "inputs"),
+            sms=132,
+            K=K,
+            V=K,
+            split_chunks=v.get("split_chunks"),
+            seg_states=v.get("seg_states", True),
         )
         row = {
             "B": B,

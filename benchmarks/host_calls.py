@@ -39,9 +39,10 @@ def count_step(
     K: int = 128,
     V: int = 128,
     split_chunks: int | None = None,
+    seg_states: bool = True,
 ) -> dict[str, Any]:
     """{"launches": {kernel: n}, "aten_ops": {op: n}, "aten_by_line": {"file:line fn": n}} of one step (split_chunks:
-    the step's sequence split, `ours_step`'s; None automatic)."""
+    the step's sequence split, `ours_step`'s; None automatic; seg_states: `ours_step`'s)."""
     import torch
     import triton.runtime.interpreter as interpreter
     import triton.runtime.jit as jit
@@ -80,7 +81,7 @@ def count_step(
         seqsplit.auto_seg_chunks = split_as_on_gpu
     try:
         wl = fla_inputs(op, B, T, H, device="cpu", grad_out=True, lb=-1.0, K=K, V=V)
-        step = ours_step(op, policy=policy, split_chunks=split_chunks)
+        step = ours_step(op, policy=policy, split_chunks=split_chunks, seg_states=seg_states)
         args = (wl.q, wl.k, wl.v, wl.g, wl.beta, wl.do)
         step(*args)  # the first call builds the cached plans
         launches.clear()

@@ -86,13 +86,16 @@ def _kept(policy: str) -> tuple[bool, bool]:
 
 def ours_step(op: str, configs: dict[str, LaunchConfig] | None = None, policy: str = "inputs",
               bwd_grads: str | None = None, bwd_warm: int | None = None,
-              warm_report: dict[str, torch.Tensor] | None = None, split_chunks: int | None = None) -> Callable[..., Any]:
+              warm_report: dict[str, torch.Tensor] | None = None, split_chunks: int | None = None,
+              seg_states: bool = True) -> Callable[..., Any]:
     """Our forward + backward under a recompute policy (`LaunchPlan.keep`): "inputs" (recompute all), "ag" (GDN: the
     two-kernel forward's Ag and gate cumsum), "ag+states" (and its chunk states, v_new, segment maps), "wy" (the
     forward's WY factors handed to the backward), "wy+states" (and its chunk states, v_new, segment maps); and
     the backward's gradient kernels (`LaunchPlan.bwd_grads`; None: the plan's default, "auto"), its reverse pass's
     warm window (`LaunchPlan.bwd_warm`, chunks; 0 = exact; None: the plan's), a dict receiving its `certified` mask,
-    and the sequence split of both passes (`split_chunks`: None automatic, 0 none, n segments of n chunks)."""
+    and the sequence split of both passes (`split_chunks`: None automatic, 0 none, n segments of n chunks); seg_states:
+    the forward hands its split's segment states to the backward (as the public op does; False: the backward
+    recomputes them, as before session 17)."""
     import importlib
 
     fwd = getattr(importlib.import_module(f"kernels.ops.{op}.chunk"), f"chunk_{op}_fwd")
@@ -105,7 +108,7 @@ def ours_step(op: str, configs: dict[str, LaunchConfig] | None = None, policy: s
 
     def step(q, k, v, g, beta, do):
         keep: dict[str, torch.Tensor] | None = {} if keep_wy else None
-        seg: dict[str, Any] = {}  # the split's segment states, handed over as the public op's autograd node does
+        seg: dict[str, Any] | None = {} if seg_states else None  # handed over as the public op's autograd node does
         o, _ = fwd(q, k, v, g, beta, scale=K**-0.5, plan=plan, keep=keep, keep_states=keep_states, split_chunks=split_chunks,
                    seg_states=seg)
         return o, bwd(q, k, v, g, beta, do, scale=K**-0.5, plan=plan, wy=keep or None, split_chunks=split_chunks,

@@ -1,0 +1,108 @@
+"""Re-stamp a shipped autotune file after an edit that left every tuned kernel's device code as it was tuned.
+
+A tuned entry is keyed by `kernels.autotune.source_hash(kernel)`: the whole source of the kernel's module and of the
+modules of its Triton helpers. Any edit there (a docstring, a launcher's host code) makes the file stale, and the
+loader refuses it. This tool decides, per stale kernel, whether the edit can have changed what was tuned: it compares,
+against the git sha the file was tuned at, each of those modules' device-side parts by AST (every `@triton.jit`
+function with its decorators, `triton.heuristics` and `kernels.common.chunk_program.heuristics` read as one; every
+upper-case module constant, which holds the kernel specs and their search spaces). Identical: the entry gets the
+current hash. Not identical: the entry stays stale and is listed (re-tune it).
+
+    python benchmarks/autotune_restamp.py --json benchmarks/results/autotune_h200.json --base c065706 [--dry-run]
+
+Prints one line per kernel (fresh / re-stamped / changed, with the differing names) and rewrites the file in place
+unless --dry-run. Sessions 16 and 17 did this by hand before the tool existed (`results/autotune_h200.md`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _is_jit(dec: ast.expr) -> bool:
+    """The decorator is `triton.jit` / `jit` (called or not)."""
+    node = dec.func if isinstance(dec, ast.Call) else dec
+    return (isinstance(node, ast.Attribute) and node.attr == "jit") or (isinstance(node, ast.Name) and node.id == "jit")
+
+
+def device_parts(source: str) -> dict[str, str]:
+    """name -> normalised AST dump of the module's `@triton.jit` functions (decorators included) and upper-case
+    constants (specs, spaces, block sizes): what a tuned config depends on in that module."""
+    parts: dict[str, str] = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef) and any(_is_jit(d) for d in node.decorator_list):
+            decs = [ast.unparse(d).replace("triton.heuristics(", "heuristics(") for d in node.decorator_list]
+            body = ast.FunctionDef(
+                name=node.name, args=node.args, body=node.body, decorator_list=[], returns=node.returns, type_params=[]
+            )
+            parts[f"def {node.name}"] = "\n".join(decs) + "\n" + ast.dump(body, include_attributes=False)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                if isinstance(t, ast.Name) and t.id.isupper() and node.value is not None:
+                    parts[t.id] = ast.dump(node.value, include_attributes=False)
+    return parts
+
+
+def changed_parts(old: str, new: str) -> list[str]:
+    """The names whose device-side part differs between two sources of one module (added and removed ones too)."""
+    a, b = device_parts(old), device_parts(new)
+    return sorted(n for n in a.keys() | b.keys() if a.get(n) != b.get(n))
+
+
+def kernel_modules(kernel: str) -> list[object]:
+    """The modules whose source keys `kernel`'s entries (`kernels.autotune.source_hash`'s)."""
+    from kernels import autotune
+
+    mod = autotune._spec_module(kernel)
+    return [mod, *autotune._helper_modules(mod)]
+
+
+def base_source(sha: str, module: object) -> str:
+    """The module's source at git `sha` ('' when it did not exist there)."""
+    rel = Path(inspect.getsourcefile(module) or "").resolve().relative_to(ROOT)  # type: ignore[arg-type]
+    out = subprocess.run(["git", "show", f"{sha}:{rel.as_posix()}"], cwd=ROOT, capture_output=True, text=True)
+    return out.stdout if out.returncode == 0 else ""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", required=True, help="the autotune file (kernels.autotune's schema)")
+    ap.add_argument("--base", required=True, help="the git sha its entries were tuned at")
+    ap.add_argument("--dry-run", action="store_true", help="report only; do not rewrite the file")
+    a = ap.parse_args()
+    from kernels.autotune import source_hash
+
+    path = Path(a.json)
+    data = json.loads(path.read_text())
+    restamped = 0
+    for kernel, block in sorted(data["kernels"].items()):
+        now = source_hash(kernel)
+        if block["source_hash"] == now:
+            print(f"{kernel}: fresh")
+            continue
+        diffs = []
+        for mod in kernel_modules(kernel):
+            diffs += [f"{mod.__name__}.{n}" for n in changed_parts(base_source(a.base, mod), inspect.getsource(mod))]  # type: ignore[arg-type]
+        if diffs:
+            print(f"{kernel}: CHANGED against {a.base} ({', '.join(diffs)}): stays stale, re-tune it")
+            continue
+        block["source_hash"] = now
+        restamped += 1
+        print(f"{kernel}: re-stamped (device code identical to {a.base})")
+    if not a.dry_run and restamped:
+        path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {path} ({restamped} re-stamped)")
+
+
+if __name__ == "__main__":
+    main()

@@ -150,7 +150,8 @@ def test_triton_bwd_with_what_the_forward_kept(OP: str, policy: str) -> None:
 def test_triton_bwd_from_the_forwards_segment_states(OP: str) -> None:
     """The forward split into one-chunk segments hands its segments' entering states to the backward (`seg_states`):
     the backward runs the forward's split from them (no split_chunks given) without the recompute's chain, and gives
-    the recompute path's gradients (the same split) and the reference's."""
+    the recompute path's gradients (the same split; on a GPU within bf16's rounding of the states, which the
+    forward's fused pass and the backward's recompute round apart) and the reference's."""
     q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP)
     fwd = getattr(importlib.import_module(f"kernels.ops.{OP}.chunk"), f"chunk_{OP}_fwd")
     seg: dict[str, object] = {}
@@ -165,8 +166,8 @@ def test_triton_bwd_from_the_forwards_segment_states(OP: str) -> None:
     assert "seg_chain_fwd" not in rec and {"chunk_state_fwd", "seg_chain_bwd"} <= set(rec), sorted(rec)
     ref, ran = _varlen_bwd(OP, 1)  # the recompute path, the same split
     assert "seg_chain_fwd" in ran
-    for name, a, b in zip(NAMES, got, ref, strict=True):
-        assert_rel_close(name, b.float(), a.float(), 1e-6)
+    for name, a, b in zip(NAMES, got, ref, strict=True):  # the same states by other kernels (the forward's): fp32
+        assert_rel_close(name, b.float(), a.float(), 1e-6 if DEVICE == "cpu" else TOL)  # alike; bf16: 8e-4 (H200)
     _check(got, _varlen_reference(OP))
 
 

@@ -16,8 +16,10 @@
 
 Recompute policy (`LaunchPlan.keep` of the call's launch plan, `kernels.plan`; triton backend), what the forward holds
 until the backward:
-    "inputs"      (default, FLA's policy) only the inputs (q, k, v, g, beta and the initial state); the backward
-                  recomputes the WY factors (w, u), the chunk states, v_new and the segment maps
+    "inputs"      (default, FLA's policy) the inputs (q, k, v, g, beta and the initial state) and, where the forward
+                  splits the sequence (B*H small), its segments' entering states [NS, H, K, V] fp32 (~17 MB at
+                  K = V = 128 whatever T is; `kernels.common.seqsplit.keep_segment_states`); the backward recomputes
+                  the WY factors (w, u), the chunk states (from those segment states) and v_new
     "ag"          GDN: also its two-kernel forward's Ag = T diag(beta) [B, T, H, 64] (k's dtype) and gate cumsum
                   [B, T, H] fp32 (what FLA holds beyond its inputs: its T and gate cumsum); the backward forms w, u,
                   Aqk and T from them and the chunk states by the fused pass (`kernels.ops.gdn.ag_bwd`: no WY prep,

@@ -361,8 +361,8 @@ def to_markdown(res: dict[str, Any]) -> str:
         f"our launch configs: {e.get('autotune') or 'the registry defaults'}", "",
         f"ms: triton.testing.do_bench median (L2 flushed), all in this process. floor: FLA's fwd+bwd bytes at the "
         f"{HBM_TBPS} TB/s copy ceiling. peak: max allocated during one step above the inputs.", "",
-        "ours = the default recompute policy (`LaunchPlan.keep = \"inputs\"`, FLA's: the forward holds only its "
-        "inputs). `wy` / `wy+states`: the forward also holds its WY factors / and its chunk states, v_new and segment "
+        "ours = the default recompute policy (`LaunchPlan.keep = \"inputs\"`, FLA's: the forward holds its inputs and, "
+        "where it splits the sequence, its segments' entering states, ~17 MB). `wy` / `wy+states`: the forward also holds its WY factors / and its chunk states, v_new and segment "
         "maps for the backward; held MB = what it holds beyond the inputs (FLA keeps its [B, T, H, 64] WY inverse; not "
         "counted here). At HV > H ours is the public op `kernels.chunk_<op>` (no policies).", "",
         "FlashQLA (GDN): `FlashQLA` = `auto_cp=False`; `FlashQLA CP` = its intra-card CP, what its default "

@@ -14,6 +14,9 @@
 #   SHA=<git sha> LIMIT=570 [TRAIN=1 [TRAIN_ARGS="--shapes .. --hv .."]] [TUNE=1] [DHSPILL=1] bash benchmarks/device_runs/s16c.sh
 #   GPUTEST="tests/.. tests/.." [GPUTEST_S=150]  (session 17) those tests on the GPU first -> gputest.txt
 # (the parts run in the order GPUTEST, HOSTLAB, TUNE, DHSPILL, TRAIN; TRAIN's deadline is what is left)
+# On exit (session 17) FLA's autotune results (autotune.tgz) and TileLang's cache (tilelang.tar.xz, FlashQLA's compiled
+# kernels, <= 12 MiB) come back under $OUT: copy both into devrun/ so the next cold machine skips FLA's autotune and
+# FlashQLA's compiles (sessions 16-17 lost three train calls to them: 106-151 s per library on a cold machine).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export CPBENCH_GIT_SHA=${SHA}
 LIMIT=${LIMIT:-570}
@@ -21,7 +24,14 @@ C=$PWD/.devcache; mkdir -p $C; R=$OUT
 t0=$(date +%s); el() { echo $(( $(date +%s)-t0 )); }
 [ -f $C/site.ok ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $C/site .whl/*.whl && touch $C/site.ok; } || exit 1
 [ -f $C/peer.ok ] || { mkdir -p $C/peer && tar -xJf .xfer/peersite.tar.xz -C $C/peer && touch $C/peer.ok; } || exit 1
+pack() {  # (session 17) FLA's autotune results and TileLang's compiled FlashQLA kernels back under $OUT, for devrun/
+  (cd $C && find triton -name '*.autotune.json' | tar czf $R/autotune.tgz -T -) 2>/dev/null
+  XZ_OPT=-T0 tar -cJf /tmp/tilelang.tar.xz -C $C tilelang 2>/dev/null && [ $(stat -c %s /tmp/tilelang.tar.xz) -le 12582912 ] \
+    && cp /tmp/tilelang.tar.xz $R/
+}
+trap pack EXIT; trap 'exit 143' TERM
 [ -f devrun/autotune.tgz ] && [ ! -d $C/triton ] && mkdir -p $C/triton && tar -xzf devrun/autotune.tgz -C $C
+[ -f devrun/tilelang.tar.xz ] && [ ! -d $C/tilelang ] && tar -xJf devrun/tilelang.tar.xz -C $C
 export PYTHONPATH=$C/peer:$C/site:$PWD TILELANG_CACHE_DIR=$C/tilelang TRITON_CACHE_DIR=$C/triton TRITON_CACHE_AUTOTUNING=1 FLA_CACHE_RESULTS=1
 echo "ready $(el) s"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton, fla, flash_qla, tilelang; print(torch.__version__, triton.__version__, fla.__version__, getattr(flash_qla,'__version__','?'), tilelang.__version__)"

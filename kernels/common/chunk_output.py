@@ -34,7 +34,7 @@ CHUNK_OUTPUT_FWD = register(KernelSpec(
 
 
 @heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
-                    "G": lambda args: args["v_new"].shape[2] // args["q"].shape[2]})  # value heads per q head
+             "G": lambda args: args["v_new"].shape[2] // args["q"].shape[2]})  # value heads per q head
 @triton.jit(do_not_specialize=["T"])
 def chunk_output_fwd_kernel(
     q,  # [B, T, H, K]: q (GDN) or qg (KDA)

@@ -94,7 +94,7 @@ SEG_COMPOSE_FWD = register(KernelSpec(
 
 
 @heuristics({"USE_INITIAL_STATE": lambda args: args["h0"] is not None,
-                    "USE_DROP": lambda args: args["drop"] is not None})
+             "USE_DROP": lambda args: args["drop"] is not None})
 @triton.jit
 def seg_chain_fwd_kernel(
     m,  # [NS - N, H, K, K] fp32 maps of the non-last segments, in segment order

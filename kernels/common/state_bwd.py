@@ -149,7 +149,7 @@ def chunk_state_bwd_kernel(
 
 
 @heuristics({"USE_DHT": lambda args: args["dht"] is not None,
-                    "USE_DROP": lambda args: args["drop"] is not None})
+             "USE_DROP": lambda args: args["drop"] is not None})
 @triton.jit
 def seg_chain_bwd_kernel(
     m,  # [NS, H, K, K] fp32 forward maps of all segments, or [NS - N, ...] of the non-first ones (M_REST)

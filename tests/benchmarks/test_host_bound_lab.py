@@ -1,6 +1,7 @@
 """`benchmarks/host_bound_lab.py --dry-run` end to end on the CPU (interpreter, fp32): each variant's row carries its
 launch and op counts and its gradients against the default's; the variants compute the same step (within 1e-5 in
-fp32), and keeping the WY factors and states issues fewer launches than recomputing them."""
+fp32; `old-host`, the path before session 17's host cuts, too), and keeping the WY factors and states issues fewer
+launches than recomputing them."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def test_dry_run_rows(tmp_path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads((tmp_path / "host_bound_lab.json").read_text())["rows"]
     by = {r["variant"]: r for r in rows}
-    assert set(by) == {"default", "nosplit", "wy+states"}
+    assert set(by) == {"default", "old-host", "nosplit", "wy+states"}
     for r in rows:
         assert r["ok"] and max(v for k, v in r.items() if k.startswith("rel_")) < 1e-5, r
         assert r["launches"] > 0 and r["aten_ops"] > 0 and r["host_ms"] > 0

@@ -41,10 +41,8 @@ def device_parts(source: str) -> dict[str, str]:
     for node in ast.parse(source).body:
         if isinstance(node, ast.FunctionDef) and any(_is_jit(d) for d in node.decorator_list):
             decs = [ast.unparse(d).replace("triton.heuristics(", "heuristics(") for d in node.decorator_list]
-            body = ast.FunctionDef(
-                name=node.name, args=node.args, body=node.body, decorator_list=[], returns=node.returns, type_params=[]
-            )
-            parts[f"def {node.name}"] = "\n".join(decs) + "\n" + ast.dump(body, include_attributes=False)
+            sig = [node.args, *node.body, *([node.returns] if node.returns else [])]
+            parts[f"def {node.name}"] = "\n".join([*decs, *(ast.dump(n, include_attributes=False) for n in sig)])
         elif isinstance(node, ast.Assign | ast.AnnAssign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for t in targets:
@@ -57,14 +55,6 @@ def changed_parts(old: str, new: str) -> list[str]:
     """The names whose device-side part differs between two sources of one module (added and removed ones too)."""
     a, b = device_parts(old), device_parts(new)
     return sorted(n for n in a.keys() | b.keys() if a.get(n) != b.get(n))
-
-
-def kernel_modules(kernel: str) -> list[object]:
-    """The modules whose source keys `kernel`'s entries (`kernels.autotune.source_hash`'s)."""
-    from kernels import autotune
-
-    mod = autotune._spec_module(kernel)
-    return [mod, *autotune._helper_modules(mod)]
 
 
 def base_source(sha: str, module: object) -> str:
@@ -80,7 +70,7 @@ def main() -> None:
     ap.add_argument("--base", required=True, help="the git sha its entries were tuned at")
     ap.add_argument("--dry-run", action="store_true", help="report only; do not rewrite the file")
     a = ap.parse_args()
-    from kernels.autotune import source_hash
+    from kernels.autotune import source_hash, source_modules
 
     path = Path(a.json)
     data = json.loads(path.read_text())
@@ -91,7 +81,7 @@ def main() -> None:
             print(f"{kernel}: fresh")
             continue
         diffs = []
-        for mod in kernel_modules(kernel):
+        for mod in source_modules(kernel):
             diffs += [f"{mod.__name__}.{n}" for n in changed_parts(base_source(a.base, mod), inspect.getsource(mod))]  # type: ignore[arg-type]
         if diffs:
             print(f"{kernel}: CHANGED against {a.base} ({', '.join(diffs)}): stays stale, re-tune it")

@@ -82,6 +82,7 @@ __all__ = [
     "normalize_key",
     "parse_autotune",
     "source_hash",
+    "source_modules",
 ]
 
 logger = logging.getLogger(__name__)
@@ -237,14 +238,20 @@ def source_hash(kernel_name: str) -> str:
     Identical wherever the same source tree is imported, so the tuner (at tuning time) and this loader agree.
     Note: the module also holds the kernel's declared space, so editing the space makes tuned entries stale too.
     """
-    mod = _spec_module(kernel_name)
     parts = []
-    for m in (mod, *_helper_modules(mod)):
+    for m in source_modules(kernel_name):
         try:
             parts.append(inspect.getsource(m))
         except (OSError, TypeError) as e:
             raise AutotuneError(f"cannot read the source of module {m.__name__!r} used by kernel {kernel_name!r}: {e}") from e
     return hashlib.sha256("\n".join(parts).replace("\r\n", "\n").encode()).hexdigest()
+
+
+def source_modules(kernel_name: str) -> list[Any]:
+    """The modules whose source keys `kernel_name`'s tuned entries (`source_hash`): its spec's module, then the
+    modules of its Triton helpers."""
+    mod = _spec_module(kernel_name)
+    return [mod, *_helper_modules(mod)]
 
 
 def _helper_modules(mod: Any) -> list[Any]:

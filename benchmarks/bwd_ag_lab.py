@@ -10,11 +10,12 @@ Variants (GDN, bf16, H=16, K=V=128; `runners.bench.kernels_train`'s inputs and s
 `chunk_gdn_bwd` calls under a recompute policy, `LaunchPlan.keep`):
 - `inputs` (the default recompute policy: the backward recomputes `wy_gdn_fwd`, `wy_inverse` and the chunk states),
   with the gradient pair (`bwd_grads="pair"`; a variant without ":fused" pins the pair);
-- `ag` (the forward keeps Ag and the gate cumsum; the backward runs `wy_from_ag` and the fused pass's STORE_STATES
-  mode: no WY prep, no inverse);
+- `ag` (the forward keeps Ag and the gate cumsum; the backward runs `wy_from_ag`, then the chunk states from its w, u
+  by `chunk_state_fwd`: no WY prep, no inverse; until session 18 the fused pass's STORE_STATES mode over exact
+  transitions instead);
 - `ag-recompute` (nothing kept: the backward runs the Ag pass again, then as `ag`; `chunk_gdn_bwd_ag(wy=None)`);
 - `ag+states` (as `ag`, and the forward's output launch also stores h and v_new, after exact transitions over every
-  segment instead of the warm split: the backward runs no state recompute, `gdn_ag_states`);
+  segment instead of the warm split: the backward runs no state recompute);
 - `wy`, `wy+states` (the forward keeps its WY factors / and its chunk states);
 - `inputs:fused`, `ag:fused`, `ag+states:fused`: as `inputs` / `ag` / `ag+states` with the backward's gradient kernels
   fused per chunk (`LaunchPlan.bwd_grads="fused"`, `kernels/common/dqk_wy_bwd.py`);

@@ -7,6 +7,8 @@ Why (issue 26, session 16): on the H200 GDN's step at 1x8K took 2.82 ms for 1.34
 - `default`: the registry's plan (the warm split decides the sequence split);
 - `nosplit`: `split_chunks=0` in both passes (one chain per head: fewer launches, longer serial walks);
 - `wy+states`: the forward keeps its WY factors and states (fewer backward launches, more memory held);
+- `ag` (session 18): the forward keeps its Ag pass's outputs (what FLA holds); the backward forms w, u, Aqk, T from
+  them in one launch (`wy_from_ag`) instead of the WY prep and the inverse;
 - `old-host` (session 17): the default before session 17's host cuts, in the same process: the backward recomputes the
   split's segment states (no `seg_states`) and each launch runs Triton's own `Heuristics.run` (an argument dict per
   entry).
@@ -40,6 +42,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "old-host": {"seg_states": False, "triton_heuristics": True},
     "nosplit": {"split_chunks": 0},
     "wy+states": {"policy": "wy+states"},
+    "ag": {"policy": "ag"},
 }
 BUDGET = 5e-3
 NAMES = ("o", "dq", "dk", "dv", "dg", "dbeta")

@@ -119,7 +119,6 @@ class ChunkOp:
         launch sequence and options: scale, initial_state, dht, cu_seqlens, plan, wy, split_chunks, chunk_size,
         seg_states)."""
         if self.ag_bwd is not None and "ag" in (options.get("wy") or {}):  # the forward kept its Ag (keep "ag")
-            options.pop("seg_states", None)  # the backward from Ag recomputes its states itself
             return self.ag_bwd(q, k, v, g, beta, do, **options)
         return import_triton("kernels.common.chunk_bwd", "chunk_bwd")(self.name, q, k, v, g, beta, do, **options)
 

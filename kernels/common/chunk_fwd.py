@@ -165,7 +165,7 @@ def chunk_fwd(
         fused.update({"keep": keep} if keep_ag else {})
         if fused_states:
             fused["keep_states"] = True
-        elif not keep_ag:  # (the backward from Ag, `kernels.ops.gdn.ag_bwd`, recomputes its states itself)
+        else:  # (the backward from Ag, `kernels.ops.gdn.ag_bwd`, too recomputes its chunk states from these)
             fused["seg_states"] = seg_states
         return fused_fwd(q, k, v, g, beta, scale=scale, index=index, launch=launch, warm=warm, **fused)
     bnd = warm.chunk_bound if warm is not None else None

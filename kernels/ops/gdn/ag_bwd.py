@@ -12,12 +12,12 @@ The two-kernel forward (`kernels.ops.gdn.fused`) keeps its Ag pass's outputs: Ag
        Aqk = scale Tril(Q K^T o exp(G_i - G_j)),   w = Ag (exp(G) o K),   u = Ag V
 
    so `wy_bwd` gets T exactly as `wy_inverse` made it, without dividing Ag by beta (exact for beta -> 0);
-2. the chunk states h and v_new = u - w S for the reverse pass: the fused pass in its STORE_STATES mode (the forward's
-   kernel, state only), split like the forward (its TRANSITION mode over every segment, `seg_chain_fwd`, then the
-   segments from their entering states), handed to `kernels.common.chunk_bwd.chunk_bwd` as kept states; under
-   "ag+states" the forward's output launch stored them (`kernels.ops.gdn.fused.fused_state_output_keep`, with the maps
-   of every segment and its split) and this step is skipped;
-3. `chunk_bwd` with those (its reverse state pass, `chunk_bwd_dqk`, `wy_bwd`; it skips its recompute).
+2. `chunk_bwd` with those factors: under "ag" its state recompute (`chunk_state_fwd` from w, u) from the forward's
+   segment entering states (`seg_states`, the forward's split) or, without them, its own split; under "ag+states" the
+   forward's output launch stored the chunk states (`kernels.ops.gdn.fused.fused_state_output_keep`, with the maps of
+   every segment and its split) and no state recompute runs; then its reverse state pass and gradient kernels.
+   (Until session 18 "ag" recomputed the states by the fused pass's STORE_STATES mode over exact transitions of
+   every segment: 2.17 ms at 1x64K on the H200, `benchmarks/results/bwd_ag_lab_h200.md`.)
 
 Bytes per token-head (bf16, K = V = 128, chunk 64) of step 1: reads q, k, v (768), Ag (128), G (4); writes w, u (512),
 Aqk, T (256): 1.67 KB, about what the recompute it replaces moved (`wy_gdn_fwd` 1.42 KB + `wy_inverse` 0.39 KB), but
@@ -28,6 +28,7 @@ reverse state pass and u, T inside `wy_bwd` instead would save ~1.7 KB per token
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 import triton
@@ -37,16 +38,13 @@ from torch import Tensor
 from kernels.common.chunk_bwd import chunk_bwd
 from kernels.common.chunk_program import chunk_of_program, group_heads, heuristics
 from kernels.common.index import ChunkIndex, prepare_chunk_index
-from kernels.common.seqsplit import resolve_split, whole_sequences
-from kernels.common.state_bwd import state_bwd_config
 from kernels.common.state_keep import KEPT_STATES
 from kernels.common.wy import BT_WY, CHUNK_SIZES
 from kernels.configs import KernelSpec, LaunchConfig, head_block, register
-from kernels.ops.gdn.fused import _config, _launch, exact_segment_states
 from kernels.ops.gdn.wy_ag import wy_gdn_ag
 from kernels.plan import LaunchPlan, default_plan, launch_config
 
-__all__ = ["WY_FROM_AG", "chunk_gdn_bwd_ag", "gdn_ag_states", "wy_from_ag"]
+__all__ = ["WY_FROM_AG", "chunk_gdn_bwd_ag", "wy_from_ag"]
 
 WY_FROM_AG = register(
     KernelSpec(
@@ -142,40 +140,18 @@ def wy_from_ag(
     return w, u, aqk, tt
 
 
-def gdn_ag_states(
-    k: Tensor, v: Tensor, ag: Tensor, gcum: Tensor, *, index: ChunkIndex, launch: LaunchPlan,
-    initial_state: Tensor | None, split_chunks: int | None,
-) -> dict[str, Tensor]:  # fmt: skip
-    """The chunk states for the reverse pass by the fused pass from Ag, in the form of `kernels.common.state_keep`'s
-    kept states: h `[NT, HV, K, V]` and v_new `[B, T, HV, V]` (k's dtype), the maps M of every segment `[NS, HV, K, K]`
-    fp32 when split, and `split` (the segment length in chunks, 0 unsplit; a CPU scalar). The split is the one the
-    reverse pass would choose (its BV), so `chunk_bwd` reuses the maps."""
-    BT, HV, K, V = index.chunk_size, v.shape[2], k.shape[3], v.shape[3]
-    bv = state_bwd_config(HV, K, V, BT, False, index.is_varlen, k.dtype, launch).BV or 64
-    plan = resolve_split(index, split_chunks, H=HV, NV=-(-V // bv), device=k.device)
-    h0 = initial_state.float().contiguous() if initial_state is not None else None
-    out: dict[str, Tensor] = {"split": torch.tensor(plan.seg_chunks if plan is not None else 0, dtype=torch.int64)}
-    layout = whole_sequences(index)
-    if plan is not None:
-        out["M"], h0 = exact_segment_states(k, v, ag, gcum, h0, plan=plan, BT=BT, launch=launch)
-        layout = plan.all_segments
-    out["h"], out["v_new"] = k.new_empty(index.num_chunks, HV, K, V), torch.empty_like(v, dtype=k.dtype)
-    cfg = _config(launch, k, v, gcum, BT=BT, mode="states", layout=layout, ncols_limit=head_block(V))
-    _launch(cfg, V, layout, q=None, k=k, v=v, ag=ag, gcum=gcum, BT=BT, h0=h0, hs=out["h"], vn=out["v_new"])
-    return out
-
-
 def chunk_gdn_bwd_ag(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float, wy: Mapping[str, Tensor] | None,
     initial_state: Tensor | None = None, dht: Tensor | None = None, cu_seqlens: Tensor | None = None,
     plan: LaunchPlan | None = None, split_chunks: int | None = None, chunk_size: int = BT_WY,
-    warm_report: dict[str, Tensor] | None = None,
+    warm_report: dict[str, Tensor] | None = None, seg_states: Mapping[str, Any] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:  # fmt: skip
     """(dq, dk, dv, dg, dbeta, dh0) of GDN from the forward's kept `wy` = {"ag": Ag, "gs": gate cumsum} (the module
-    docstring's three steps), with its chunk states too under "ag+states" (`KEPT_STATES`: h, v_new, M, split; step 2
-    skipped, the forward's split used, split_chunks ignored), or with `wy=None` from the Ag pass run again here
-    (`wy_gdn_ag`: the recompute policy's memory, the Ag pass's time instead of `wy_gdn_fwd` + `wy_inverse`); the other
-    arguments as `kernels.common.chunk_bwd.chunk_bwd`."""
+    docstring's steps), with its chunk states too under "ag+states" (`KEPT_STATES`: h, v_new, M, split; the forward's
+    split used, split_chunks ignored), or with `wy=None` from the Ag pass run again here (`wy_gdn_ag`: the recompute
+    policy's memory, the Ag pass's time instead of `wy_gdn_fwd` + `wy_inverse`); seg_states: the forward's split and
+    segment entering states (`kernels.common.seqsplit.keep_segment_states`), from which `chunk_bwd` recomputes the
+    chunk states; the other arguments as `kernels.common.chunk_bwd.chunk_bwd`."""
     B, T = k.shape[:2]
     launch = plan if plan is not None else default_plan()
     q, k, v, do = (x.contiguous() for x in (q, k, v, do))
@@ -185,13 +161,9 @@ def chunk_gdn_bwd_ag(
     else:
         ag, gcum = wy["ag"], wy["gs"]
     w, u, aqk, tt = wy_from_ag(q, k, v, ag, gcum, scale=scale, index=index, launch=launch)
-    if wy is not None and "h" in wy:  # "ag+states": the forward's fused pass kept them
-        states = {name: wy[name] for name in KEPT_STATES if name in wy}
-    else:
-        states = gdn_ag_states(k, v, ag, gcum, index=index, launch=launch, initial_state=initial_state,
-                               split_chunks=split_chunks)  # fmt: skip
-    factors = {"w": w, "u": u, "gs": gcum, "aqk": aqk, "tt": tt, **states}
     del ag  # read by nothing after this (with wy=None its memory is free for the gradient kernels' buffers)
+    states = {name: wy[name] for name in KEPT_STATES if name in wy} if wy is not None and "h" in wy else {}
     return chunk_bwd("gdn", q, k, v, g, beta, do, scale=scale, initial_state=initial_state, dht=dht,
-                     cu_seqlens=cu_seqlens, plan=launch, wy=factors, chunk_size=chunk_size,
-                     warm_report=warm_report)  # fmt: skip
+                     cu_seqlens=cu_seqlens, plan=launch, split_chunks=split_chunks,
+                     wy={"w": w, "u": u, "gs": gcum, "aqk": aqk, "tt": tt, **states}, chunk_size=chunk_size,
+                     warm_report=warm_report, seg_states=None if states else seg_states)  # fmt: skip

@@ -17,8 +17,8 @@ Modes (constexpr): OUTPUT (store o) or the state alone; an initial state (none, 
 sequence's, or a segment's merged entering state); TRANSITION: the augmented state [K, K+V] from [I | 0] whose first
 K columns walk the recurrence with V = 0 (the segment's map M, no v loads) and the others from zero with V (S_ext),
 the format `kernels.common.seqsplit`'s chain takes; STORE_FINAL (at `final_idx`, as `kernels.common.chunk_state`);
-STORE_STATES (the backward's state recompute, `kernels.ops.gdn.ag_bwd`): also the state entering each chunk h and
-v_new = Vd (k's dtype), as the WY path's state pass stores them;
+STORE_STATES (the policy "ag+states": the output launch keeps them for the backward, `fused_state_output_keep`): also
+the state entering each chunk h and v_new = Vd (k's dtype), as the WY path's state pass stores them;
 GATE_VECTOR (KDA, `kernels.ops.kda.fused`: gcum `[B, T, HV, K]`, the per-key gate on K's and Q's columns, W = V -
 (K (x) eG) S, S = diag(gl) S + (K (x) exp(G_last - G))^T Vd) with HAS_AQK (P read from the Ag pass's Aqk);
 PRE_GATED (KDA, with `kd`: the Ag pass's `gated` variant, `kernels.ops.kda.wy_ag.GatedKeys`): q, k are qg, ke at HV

@@ -4,13 +4,14 @@
 - `wy_from_ag`: w, u, Aqk and T = I - Ag M against what the recompute path makes (`wy_gdn_fwd`, `wy_inverse`), with
   grouped value heads, varlen with partial and sub-chunk sequences, strong gates (-5 to -5.5 per token) and tiny
   beta (1e-6: T needs no division by beta, so it stays exact there);
-- `gdn_ag_states` (the fused pass's STORE_STATES mode): h, v_new and the segment maps against those the "wy+states"
-  forward keeps, unsplit and in one-chunk segments, with an initial state;
-- the training step under keep="ag" through `kernels.forward` (autograd): no `wy_gdn_fwd`, `wy_inverse`,
-  `chunk_state_fwd` or transition pass in the backward; every gradient (dq, dk, dv, dg, dbeta, dh0) against autograd
-  through the fp32 per-token reference and against the recompute policy "inputs"; varlen with an initial state and
-  dht, grouped heads (HV = 2H); dense B=2 with strong gates; the split backward (one-chunk segments); KDA under "ag"
-  (it has no Ag pass: it keeps nothing and recomputes).
+- the training step under keep="ag" through `kernels.forward` (autograd): no `wy_gdn_fwd`, `wy_inverse` or Ag pass in
+  the backward, its chunk states recomputed by `chunk_state_fwd` from `wy_from_ag`'s w, u; every gradient (dq, dk,
+  dv, dg, dbeta, dh0) against autograd through the fp32 per-token reference and against the recompute policy
+  "inputs"; varlen with an initial state and dht, grouped heads (HV = 2H); dense B=2 with strong gates; the split
+  forced as on a GPU (the backward runs the forward's split from its segment states: no transitions, no chain);
+- `chunk_gdn_bwd_ag` called directly with the reverse pass split into one-chunk segments (its own transitions and
+  chain, no segment states handed in), and with `wy=None` (the Ag pass run in the backward: bitwise the same);
+- KDA under "ag" (it has no Ag pass: it keeps nothing and recomputes).
 Tolerances: relative L2, 1e-5 against the reference on CPU (IEEE fp32 dots; measured ~2e-7), 3e-4 for strong gates
 (dg cancels to ~1e-5 of its terms, as tests/kernels/common/test_chunk_bwd.py), 1e-5 between the two policies and for
 the factors; on a GPU in bf16 5e-3 (the issue's bound) and 2e-2 for the bf16-stored factors.
@@ -27,8 +28,8 @@ import kernels
 from kernels.common.chunk_bwd import wy_inverse
 from kernels.common.index import prepare_chunk_index
 from kernels.common.wy import wy_gdn_fwd
-from kernels.ops.gdn.ag_bwd import chunk_gdn_bwd_ag, gdn_ag_states, wy_from_ag
-from kernels.ops.gdn.chunk import chunk_gdn_bwd, chunk_gdn_fwd
+from kernels.ops.gdn.ag_bwd import chunk_gdn_bwd_ag, wy_from_ag
+from kernels.ops.gdn.chunk import chunk_gdn_bwd
 from kernels.ops.gdn.naive import naive_recurrent_gdn
 from kernels.ops.gdn.wy_ag import wy_gdn_ag
 from kernels.plan import LaunchPlan, LaunchRecorder, default_plan
@@ -42,6 +43,7 @@ DIM = 32 if DEVICE == "cpu" else 64  # K = V (on the GPU 64: see test_chunk_bwd.
 NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
 # what the backward launches only when it recomputes the WY factors and the chunk states
 RECOMPUTE = {"wy_gdn_fwd", "wy_inverse", "chunk_state_fwd", "chunk_state_transition_fwd", "wy_gdn_ag_fwd"}
+WY_RECOMPUTE = {"wy_gdn_fwd", "wy_inverse", "wy_gdn_ag_fwd"}  # what the backward from the kept Ag never runs
 
 
 def _case(lengths=(37, 70, 5), *, B=None, T=None, H=1, HV=2, lb=-0.05, seed=5):
@@ -134,35 +136,14 @@ def test_factors_from_ag_equal_the_recomputed_ones(case) -> None:
         assert_rel_close("T - I", off_ref, off, FACTOR_TOL)
 
 
-@pytest.mark.parametrize("split", [0, 1])
-def test_states_from_ag_equal_the_kept_ones(split: int) -> None:
-    """The fused pass's STORE_STATES mode gives the chunk states, v_new and segment maps that the "wy+states" forward
-    keeps (the state pass of `kernels.common.state_keep`), same split."""
-    q, k, v, g, beta, cu, h0, *_ = _case(HV=1)
-    kept: dict[str, torch.Tensor] = {}
-    chunk_gdn_fwd(q, k, v, g, beta, scale=DIM**-0.5, initial_state=h0, cu_seqlens=cu, split_chunks=split, keep=kept,
-                  keep_states=True, plan=LaunchPlan(keep="wy+states"))  # fmt: skip
-    index = prepare_chunk_index(cu, batch=1, seq_len=k.shape[1], chunk_size=64, device=k.device)
-    ag, gcum = wy_gdn_ag(k, g, beta, index=index)
-    rec = LaunchRecorder()
-    got = gdn_ag_states(k, v, ag, gcum, index=index, launch=default_plan().with_recorder(rec), initial_state=h0,
-                        split_chunks=split)  # fmt: skip
-    assert int(got["split"]) == int(kept["split"]) == split and got["split"].device.type == "cpu"
-    assert "gdn_fused_state_output_fwd" in rec and ("seg_chain_fwd" in rec) == bool(split), sorted(rec)
-    assert not set(rec) & RECOMPUTE, sorted(rec)
-    for name in ("h", "v_new", "M") if split else ("h", "v_new"):
-        assert got[name].shape == kept[name].shape, name
-        assert_rel_close(name, kept[name].float(), got[name].float(), FACTOR_TOL)
-    assert "M" in got if split else "M" not in got
-
-
 def test_training_step_from_ag_varlen_grouped() -> None:
-    """keep="ag": the forward keeps Ag and the gate cumsum, the backward runs no WY prep, inverse, state pass or
-    transitions of the recompute; gradients (with h0 and dht, grouped heads) equal the "inputs" policy's and the
-    reference's."""
+    """keep="ag": the forward keeps Ag and the gate cumsum, the backward runs no WY prep, inverse or Ag pass (its
+    chunk states from `wy_from_ag`'s w, u); gradients (with h0 and dht, grouped heads) equal the "inputs" policy's and
+    the reference's."""
     q, k, v, g, beta, cu, h0, do, dht = _case(HV=2)
     got, ran = _step(q, k, v, g, beta, h0, do, dht, cu, "ag")
-    assert {"wy_from_ag", "gdn_fused_state_output_fwd", "chunk_state_bwd", "chunk_bwd_dqk_wy"} <= ran and not ran & RECOMPUTE
+    assert {"wy_from_ag", "chunk_state_fwd", "chunk_state_bwd", "chunk_bwd_dqk_wy"} <= ran, sorted(ran)
+    assert not ran & (WY_RECOMPUTE | {"gdn_fused_state_output_fwd"}), sorted(ran)
     old, ran_old = _step(q, k, v, g, beta, h0, do, dht, cu, "inputs")
     assert {"wy_gdn_fwd", "wy_inverse"} <= ran_old
     for name, a, b in zip(NAMES, got, old, strict=True):
@@ -176,14 +157,15 @@ def test_training_step_from_ag_dense_strong_gates() -> None:
     q, k, v, g, beta, _, _, do, _ = _case(None, B=B, T=T, HV=1)
     g = (-5.0 - 0.5 * torch.rand(g.shape, generator=torch.Generator().manual_seed(2))).to(DEVICE)
     got, ran = _step(q, k, v, g, beta, None, do, None, None, "ag")
-    assert not ran & RECOMPUTE, sorted(ran)
+    assert not ran & WY_RECOMPUTE, sorted(ran)
     _check(got, _reference(q, k, v, g, beta, None, do, None, [i * T for i in range(B + 1)]), max(TOL, 3e-4))
 
 
 def test_backward_from_ag_split() -> None:
-    """The backward from Ag with the reverse pass split into one-chunk segments (the fused transitions of every
-    segment, the chain, the segments' states): the recompute backward's gradients, same split, and the reference's;
-    with `wy=None` (the Ag pass run in the backward) bitwise the same."""
+    """The backward from Ag called directly with the reverse pass split into one-chunk segments and no segment states
+    handed in (`chunk_bwd`'s own transitions, chain and state recompute from `wy_from_ag`'s w, u): the recompute
+    backward's gradients, same split, and the reference's; with `wy=None` (the Ag pass run in the backward) bitwise
+    the same."""
     q, k, v, g, beta, cu, h0, do, dht = _case(HV=2, seed=9)
     index = prepare_chunk_index(cu, batch=1, seq_len=k.shape[1], chunk_size=64, device=k.device)
     ag, gcum = wy_gdn_ag(k, g, beta, index=index)
@@ -191,16 +173,36 @@ def test_backward_from_ag_split() -> None:
     opts = {"scale": DIM**-0.5, "initial_state": h0, "dht": dht, "cu_seqlens": cu, "split_chunks": 1}
     got = chunk_gdn_bwd_ag(q, k, v, g, beta, do, wy={"ag": ag, "gs": gcum}, plan=default_plan().with_recorder(rec),
                            **opts)  # fmt: skip
-    assert {"gdn_fused_state_output_fwd", "seg_chain_fwd", "seg_chain_bwd"} <= set(rec)
-    assert not set(rec) & RECOMPUTE, sorted(rec)
+    assert {"chunk_state_transition_fwd", "seg_chain_fwd", "chunk_state_fwd", "seg_chain_bwd"} <= set(rec), sorted(rec)
+    assert not set(rec) & WY_RECOMPUTE, sorted(rec)
     ref = chunk_gdn_bwd(q, k, v, g, beta, do, **opts)
     for name, a, b in zip(NAMES, got, ref, strict=True):
         assert_rel_close(name, b.float(), a.float(), 1e-5 if DEVICE == "cpu" else 2e-2)
     rec.clear()  # wy=None: the Ag pass runs again in the backward, the same Ag: the same gradients
     again = chunk_gdn_bwd_ag(q, k, v, g, beta, do, wy=None, plan=default_plan().with_recorder(rec), **opts)
-    assert "wy_gdn_ag_fwd" in rec and not set(rec) & (RECOMPUTE - {"wy_gdn_ag_fwd"}), sorted(rec)
+    assert "wy_gdn_ag_fwd" in rec and not set(rec) & (WY_RECOMPUTE - {"wy_gdn_ag_fwd"}), sorted(rec)
     for name, a, b in zip(NAMES, again, got, strict=True):
         assert torch.equal(a, b), name
+    _check(got, _reference(q, k, v, g, beta, h0, do, dht, cu.tolist()))
+
+
+def test_training_step_from_ag_split_uses_the_forwards_segment_states(monkeypatch: pytest.MonkeyPatch) -> None:
+    """keep="ag" through the autograd node with the split forced as on a GPU (one-chunk segments): the forward keeps
+    Ag, the gate cumsum and its split's segment entering states; the backward runs the forward's split from them (no
+    forward chain, no certification) and no WY recompute; gradients equal the "inputs" policy's (same
+    split, same segment states) and the reference's."""
+    import kernels.common.seqsplit as seqsplit
+
+    monkeypatch.setattr(seqsplit, "auto_seg_chunks", lambda index, *, H, NV, device: 1)
+    q, k, v, g, beta, cu, h0, do, dht = _case(HV=2, seed=13)
+    got, ran = _step(q, k, v, g, beta, h0, do, dht, cu, "ag")
+    assert {"wy_from_ag", "chunk_state_fwd", "seg_chain_bwd"} <= ran, sorted(ran)
+    assert not ran & (WY_RECOMPUTE | {"seg_chain_fwd", "certify_chunk_windows"}), sorted(ran)  # (the maps of the
+    # reverse chain, `chunk_state_transition_fwd`, still run: these one-chunk windows cannot certify the weak gates)
+    old, ran_old = _step(q, k, v, g, beta, h0, do, dht, cu, "inputs")
+    assert {"wy_gdn_fwd", "wy_inverse", "chunk_state_fwd"} <= ran_old and "seg_chain_fwd" not in ran_old
+    for name, a, b in zip(NAMES, got, old, strict=True):
+        assert_rel_close(f"{name} vs inputs", b.float(), a.float(), 1e-5 if DEVICE == "cpu" else 2e-2)
     _check(got, _reference(q, k, v, g, beta, h0, do, dht, cu.tolist()))
 
 

@@ -1,11 +1,12 @@
 """The recompute policy "ag+states" (`LaunchPlan.keep`): GDN's two-kernel forward keeps its Ag pass's outputs and the
 chunk states its output launch stores (STORE_STATES with OUTPUT, `kernels.ops.gdn.fused.fused_state_output_keep`),
-so the backward from Ag (`kernels.ops.gdn.ag_bwd`) runs no state recompute (`gdn_ag_states`). On random inputs
+so the backward from Ag (`kernels.ops.gdn.ag_bwd`) runs no state recompute (`chunk_state_fwd`). On random inputs
 (interpreted on CPU; on a GPU with CPBENCH_TEST_GPU=1, bf16):
 
 - the forward: o and the final state bitwise those of the "ag" forward with exact maps (warm 0), same split (on a GPU
   within 2e-3: the STORE_STATES build is another compiled kernel); the kept
-  h, v_new, M, split in `kernels.common.state_keep`'s shapes and dtypes, equal to what `gdn_ag_states` recomputes;
+  h, v_new, M, split in `kernels.common.state_keep`'s shapes and dtypes, equal to what the "wy+states" forward keeps
+  (the WY path's state pass and transitions);
   unsplit and in one-chunk segments (split forced), varlen with grouped heads (HV = 2H) and an initial state;
 - the backward: no WY prep, inverse, transition or state pass and no `seg_chain_fwd`, only the reverse chain; every
   gradient (dq, dk, dv, dg, dbeta, dh0) against the "ag" policy's (same split) and autograd through the fp32 per-token
@@ -25,14 +26,13 @@ import torch
 
 import kernels
 from kernels.common.index import prepare_chunk_index
-from kernels.ops.gdn.ag_bwd import gdn_ag_states
 from kernels.ops.gdn.chunk import chunk_gdn_bwd, chunk_gdn_fwd
 from kernels.plan import LaunchPlan, LaunchRecorder, default_plan
 from tests.kernels.ops.gdn.test_ag_bwd import DEVICE, DIM, DTYPE, FACTOR_TOL, NAMES, RECOMPUTE, TOL, _case, _check, _reference
 from tests.utils import assert_rel_close, make_inputs
 
 POLICY_TOL = 1e-5 if DEVICE == "cpu" else 2e-2
-# the backward's state recompute from Ag (`gdn_ag_states`) and the forward chain: what "ag+states" no longer runs
+# the backward's state recompute and the forward chain: what "ag+states" no longer runs
 STATE_RECOMPUTE = RECOMPUTE | {"gdn_fused_state_output_fwd", "seg_chain_fwd"}
 
 
@@ -64,9 +64,9 @@ def test_forward_keeps_the_states_and_the_same_output(split: int) -> None:
     assert kept["split"].device.type == "cpu" and kept["split"].dtype == torch.int64 and int(kept["split"]) == split
     if split:  # one map per segment: 1 + 2 + 1 one-chunk segments of the three sequences (37, 70, 5 tokens)
         assert kept["M"].shape == (4, HV, DIM, DIM) and kept["M"].dtype == torch.float32
-    rec = LaunchRecorder()
-    again = gdn_ag_states(k, v, kept["ag"], kept["gs"], index=index, launch=default_plan().with_recorder(rec),
-                          initial_state=h0, split_chunks=split)  # fmt: skip
+    again: dict[str, torch.Tensor] = {}  # the WY path's states and maps, same split
+    chunk_gdn_fwd(q, k, v, g, beta, scale=DIM**-0.5, initial_state=h0, cu_seqlens=cu, split_chunks=split, keep=again,
+                  keep_states=True, plan=LaunchPlan(keep="wy+states"))  # fmt: skip
     assert int(again["split"]) == split
     for name in ("h", "v_new", "M") if split else ("h", "v_new"):
         assert_rel_close(name, again[name].float(), kept[name].float(), FACTOR_TOL)
@@ -99,7 +99,7 @@ def test_backward_from_kept_states(case) -> None:
         got[keep] = chunk_gdn_bwd(q, k, v, g, beta, do, wy=kept, plan=default_plan().with_recorder(rec), **opts)
         runs[keep] = set(rec)
     assert "chunk_state_bwd" in runs["ag+states"] and not runs["ag+states"] & STATE_RECOMPUTE, sorted(runs["ag+states"])
-    assert "gdn_fused_state_output_fwd" in runs["ag"]  # the "ag" backward recomputes them
+    assert "chunk_state_fwd" in runs["ag"]  # the "ag" backward recomputes them
     assert ("seg_chain_bwd" in runs["ag+states"]) == bool(split)
     for name, a, b in zip(NAMES, got["ag+states"], got["ag"], strict=True):
         assert (a is None) == (b is None), name

@@ -1,6 +1,7 @@
 """Is a short training step waiting on the host? Per shape and variant: the step's GPU time (do_bench median), the
 host's time to issue one step (wall clock of back-to-back calls, no sync), the kernels' sum (torch profiler), the
-launches and ATen ops it issues (`host_calls.count_step`), and its gradients against the default's.
+step's peak memory above its inputs (`torch.cuda.max_memory_allocated`), the launches and ATen ops it issues
+(`host_calls.count_step`), and its gradients against the default's.
 
 Why (issue 26, session 16): on the H200 GDN's step at 1x8K took 2.82 ms for 1.34 ms of kernels
 (`results/kernels_train_issue26_h200.md`), while from 32K on the step equals its kernel sum. The variants:
@@ -151,7 +152,7 @@ def run_shape(
 
     from benchmarks.host_calls import count_step
     from runners.bench.kernels_ops import fla_inputs
-    from runners.bench.kernels_train import kernel_times, ours_step, timed
+    from runners.bench.kernels_train import kernel_times, ours_step, peak_mb, timed
     from runners.correctness import rel_l2
 
     cuda = not dry_run
@@ -209,6 +210,7 @@ def run_shape(
         if cuda:
             row["step_ms"] = timed(lambda: step(*args))  # noqa: B023
             row["kernels_ms"] = sum(kernel_times(lambda: step(*args)).values())  # noqa: B023
+            row["peak_MB"] = peak_mb(lambda: step(*args))  # noqa: B023
         if profile and profiles is not None:
             profiles[f"{B}x{T} {name}"] = host_profile(step, args, cuda, profile)
         print(json.dumps(row), flush=True)
@@ -218,16 +220,17 @@ def run_shape(
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| shape | variant | step ms | kernels' sum ms | host issue ms | launches | ATen ops | max rel_l2 vs default |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| shape | variant | step ms | kernels' sum ms | host issue ms | launches | ATen ops | peak MB | max rel_l2 vs default |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         errs = max(v for k, v in r.items() if k.startswith("rel_"))
         step = f"{r['step_ms']:.3f}" if "step_ms" in r else ""
         ks = f"{r['kernels_ms']:.3f}" if "kernels_ms" in r else ""
+        peak = f"{r['peak_MB']:.0f}" if "peak_MB" in r else ""
         lines.append(
             f"| {r['B']}x{r['T']} | {r['variant']} | {step} | {ks} | {r['host_ms']:.3f} | {r['launches']} | "
-            f"{r['aten_ops']} | {errs:.1e}{'' if r['ok'] else ' (over budget)'} |"
+            f"{r['aten_ops']} | {peak} | {errs:.1e}{'' if r['ok'] else ' (over budget)'} |"
         )
     return "\n".join(lines)
 

@@ -5,12 +5,13 @@ step's peak memory above its inputs (`torch.cuda.max_memory_allocated`), the lau
 
 Why (issue 26, session 16): on the H200 GDN's step at 1x8K took 2.82 ms for 1.34 ms of kernels
 (`results/kernels_train_issue26_h200.md`), while from 32K on the step equals its kernel sum. The variants:
-- `default`: the registry's plan (the warm split decides the sequence split);
+- `default`: the registry's plan (the warm split decides the sequence split; since session 18 GDN's default recompute
+  policy keeps its Ag pass's outputs, `kernels.vocabulary.AUTO_KEEP`);
+- `inputs` (session 18): the recompute policy "inputs", the default until session 18: the forward keeps nothing but its
+  split's segment states, the backward runs the WY prep and the inverse again;
 - `nosplit`: `split_chunks=0` in both passes (one chain per head: fewer launches, longer serial walks);
 - `wy+states`: the forward keeps its WY factors and states (fewer backward launches, more memory held);
-- `ag` (session 18): the forward keeps its Ag pass's outputs (what FLA holds); the backward forms w, u, Aqk, T from
-  them in one launch (`wy_from_ag`) instead of the WY prep and the inverse;
-- `old-host` (session 17): the default before session 17's host cuts, in the same process: the backward recomputes the
+- `old-host` (session 17): the default before session 17's host cuts ("inputs"), in the same process: the backward recomputes the
   split's segment states (no `seg_states`) and each launch runs Triton's own `Heuristics.run` (an argument dict per
   entry).
 
@@ -40,10 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
-    "old-host": {"seg_states": False, "triton_heuristics": True},
+    "inputs": {"policy": "inputs"},
+    "old-host": {"policy": "inputs", "seg_states": False, "triton_heuristics": True},
     "nosplit": {"split_chunks": 0},
     "wy+states": {"policy": "wy+states"},
-    "ag": {"policy": "ag"},
 }
 BUDGET = 5e-3
 NAMES = ("o", "dq", "dk", "dv", "dg", "dbeta")
@@ -174,7 +175,7 @@ def run_shape(
     for name in variants:
         v = VARIANTS[name]
         inner = ours_step(
-            "gdn", policy=v.get("policy", "inputs"), split_chunks=v.get("split_chunks"), seg_states=v.get("seg_states", True)
+            "gdn", policy=v.get("policy", "auto"), split_chunks=v.get("split_chunks"), seg_states=v.get("seg_states", True)
         )
 
         def step(*xs: Any, inner: Any = inner, heur: bool = v.get("triton_heuristics", False)) -> Any:
@@ -189,7 +190,7 @@ def run_shape(
             B,
             T,
             H,
-            policy=v.get("policy", "inputs"),
+            policy=v.get("policy", "auto"),
             sms=132,
             K=K,
             V=K,

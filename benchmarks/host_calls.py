@@ -34,7 +34,7 @@ def count_step(
     T: int,
     H: int,
     *,
-    policy: str = "inputs",
+    policy: str = "auto",
     sms: int = 132,
     K: int = 128,
     V: int = 128,
@@ -111,7 +111,7 @@ def main() -> None:
     ap.add_argument("--B", type=int, default=1)
     ap.add_argument("--T", type=int, default=8192)
     ap.add_argument("--H", type=int, default=16)
-    ap.add_argument("--policy", default="inputs", help="LaunchPlan.keep of the step (kernels.vocabulary.KEEP_POLICIES)")
+    ap.add_argument("--policy", default="auto", help="LaunchPlan.keep of the step (kernels.vocabulary.KEEP_POLICIES)")
     ap.add_argument("--sms", type=int, default=132, help="split as on a GPU of this many SMs (0: the CPU's plan)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()

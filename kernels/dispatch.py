@@ -16,14 +16,16 @@
 
 Recompute policy (`LaunchPlan.keep` of the call's launch plan, `kernels.plan`; triton backend), what the forward holds
 until the backward:
-    "inputs"      (default, FLA's policy) the inputs (q, k, v, g, beta and the initial state) and, where the forward
+    "auto"        (default) the op's policy in `kernels.vocabulary.AUTO_KEEP` (`LaunchPlan.keep_for`): GDN "ag", KDA
+                  "inputs" (session 18: GDN's step faster on the H200 at a peak below FLA's; below)
+    "inputs"      the inputs (q, k, v, g, beta and the initial state) and, where the forward
                   splits the sequence (B*H small), its segments' entering states [NS, H, K, V] fp32 (~17 MB at
                   K = V = 128 whatever T is; `kernels.common.seqsplit.keep_segment_states`); the backward recomputes
                   the WY factors (w, u), the chunk states (from those segment states) and v_new
     "ag"          GDN: also its two-kernel forward's Ag = T diag(beta) [B, T, H, 64] (k's dtype) and gate cumsum
                   [B, T, H] fp32 (what FLA holds beyond its inputs: its T and gate cumsum); the backward forms w, u,
-                  Aqk and T from them and the chunk states by the fused pass (`kernels.ops.gdn.ag_bwd`: no WY prep,
-                  no inverse). KDA (no Ag pass yet): as "inputs"
+                  Aqk and T from them in one launch, then the chunk states from w, u and the segment states
+                  (`kernels.ops.gdn.ag_bwd`: no WY prep, no inverse). KDA (no Ag pass yet): as "inputs"
     "ag+states"   GDN: "ag" and the chunk states h, v_new that its fused output pass stores (STORE_STATES in the
                   output launch), with the maps of every segment from exact transitions, or after the warm split and
                   without maps under the plan's bwd_warm (`kernels.ops.gdn.fused`): the backward skips the state
@@ -35,7 +37,8 @@ until the backward:
                   segment [NS, H, K, K] fp32: the backward skips the forward state pass and the transition pass
                   (per call 2.9x v's bytes more than "wy" at K = V = 128: 785 MB at T=64K, H=16; "wy" holds
                   2.4x v's bytes for GDN, 4.3x for KDA)
-The figures of each policy on the H200 (time and the bytes held): `benchmarks/results/kernels_train_h200.md`.
+The figures of each policy on the H200 (time, the bytes held, the peak): `benchmarks/results/kernels_train_h200.md`,
+`kernels_train_issue26_s18_h200.md`, `host_bound_lab_h200.md`.
 A caller passes it in its plan (`kernels.forward(..., plan=LaunchPlan(keep="wy"))`; ChunkFunction keeps the plan of
 its forward for its backward); a sweep sets it per point with `mode_options: {triton: {keep: ...}}` (`TRITON_OPTIONS`,
 the triton backend's options; runners.backend_options turns them into the point's plan).
@@ -273,7 +276,7 @@ class ChunkFunction(torch.autograd.Function):
 def _forward_kept(*args: Any) -> tuple[Tensor, Tensor, dict[str, Tensor] | None, dict[str, Any] | None]:
     """ChunkFunction's forward on `chunk_forward`'s positional args: (o, final state, what the plan keeps for the
     backward by name or None, the split's segment states or None)."""
-    keep_wy, keep_states = args[4].keeps
+    keep_wy, keep_states = args[4].keeps(args[0].name)
     keep: dict[str, Tensor] | None = {} if args[1] == "triton" and keep_wy else None
     seg: dict[str, Any] = {}
     o, ht = chunk_forward(*args, keep=keep, keep_states=keep_states, seg_states=seg)

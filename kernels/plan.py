@@ -8,7 +8,8 @@
 `LaunchPlan` (frozen) holds
     configs    explicit configs per kernel name (they win);
     table      an `AutotuneTable` (kernels.autotune) of tuned configs, resolved per launch shape key, or None;
-    keep       the triton backend's recompute policy, one of `kernels.vocabulary.KEEP_POLICIES`;
+    keep       the triton backend's recompute policy, one of `kernels.vocabulary.KEEP_POLICIES`; "auto" (the default)
+               = `kernels.vocabulary.AUTO_KEEP`'s per op (`keep_for`: GDN keeps its Ag pass's outputs, KDA nothing);
     bwd_grads  the backward's gradient kernels, one of `kernels.vocabulary.BWD_GRADS` (`kernels.common.chunk_bwd`);
     bwd_warm   the backward's gate-certified warm window in chunks for its split reverse state pass, 0 = exact, None
                (the default) = `kernels.vocabulary.AUTO_BWD_WARM`'s per op (`bwd_warm_for`; `kernels.common.warm_bwd`);
@@ -39,7 +40,12 @@ from typing import Any
 
 from kernels.autotune import AutotuneTable, load_autotune
 from kernels.configs import KernelSpec, LaunchConfig
-from kernels.vocabulary import AUTO_BWD_WARM, BWD_GRADS, KEEP_POLICIES  # the triton backend's options (first: default)
+from kernels.vocabulary import (  # the triton backend's options (first: default)
+    AUTO_BWD_WARM,
+    AUTO_KEEP,
+    BWD_GRADS,
+    KEEP_POLICIES,
+)
 
 __all__ = ["LaunchPlan", "LaunchRecorder", "default_plan", "launch_config", "plan_with",
            "set_default_plan", "use_autotune"]
@@ -120,18 +126,22 @@ class LaunchPlan:
             self.recorder.record(spec.name, key, cfg)
         return cfg
 
-    @property
-    def keeps(self) -> tuple[bool, bool]:
-        """(the forward keeps something for the backward: the Ag pass's outputs ("ag", "ag+states") or the WY factors,
-        and the WY path's chunk states ("wy+states")) under `keep`: what a caller of the forward hands it (`keep=`,
-        `keep_states=`); the fused path's own choice is `keeps_ag`."""
-        return self.keep != "inputs", self.keep == "wy+states"
+    def keep_for(self, op: str) -> str:
+        """`op`'s recompute policy: `keep`, or AUTO_KEEP's at "auto"."""
+        return AUTO_KEEP.get(op, "inputs") if self.keep == "auto" else self.keep
 
-    @property
-    def keeps_ag(self) -> tuple[bool, bool]:
+    def keeps(self, op: str) -> tuple[bool, bool]:
+        """(the forward keeps something for the backward: the Ag pass's outputs ("ag", "ag+states") or the WY factors,
+        and the WY path's chunk states ("wy+states")) under `op`'s policy (`keep_for`): what a caller of the forward
+        hands it (`keep=`, `keep_states=`); the fused path's own choice is `keeps_ag`."""
+        keep = self.keep_for(op)
+        return keep != "inputs", keep == "wy+states"
+
+    def keeps_ag(self, op: str) -> tuple[bool, bool]:
         """(the two-kernel forward keeps its Ag pass's outputs: "ag", "ag+states"; and its fused pass's chunk states,
-        v_new and segment maps: "ag+states") under `keep` (`kernels.common.chunk_fwd`, `kernels.ops.gdn.fused`)."""
-        return self.keep in ("ag", "ag+states"), self.keep == "ag+states"
+        v_new and segment maps: "ag+states") under `op`'s policy (`kernels.common.chunk_fwd`, `kernels.ops.gdn.fused`)."""
+        keep = self.keep_for(op)
+        return keep in ("ag", "ag+states"), keep == "ag+states"
 
     def replace(self, **changes: Any) -> LaunchPlan:
         """A copy with some fields changed (`dataclasses.replace`)."""

@@ -31,6 +31,7 @@ __all__ = [
     "BENCHMARKED_BACKENDS",
     "AUTO_BWD_GRADS",
     "AUTO_BWD_WARM",
+    "AUTO_KEEP",
     "AUTO_FWD_PATH",
     "BWD_GRADS",
     "COUNTED_DIRECTIONS",
@@ -103,10 +104,10 @@ HAND_BACKWARD: tuple[str, ...] = ("ring", "true_cp", "tail_exchange")
 # without autograd and call the chunked backward, which recomputes
 AUTOGRAD_MODES: tuple[str, ...] = tuple(m for m in MODES if m not in (*HAND_BACKWARD, "warmup_correct"))
 
-# the triton backend's recompute policies (what its forward keeps for the backward), the default first; "ag+states":
-# "ag" and the chunk states of GDN's fused forward (`kernels.ops.gdn.fused`); the last one keeps the most (FLA's
-# disable_recompute)
-KEEP_POLICIES: tuple[str, ...] = ("inputs", "ag", "ag+states", "wy", "wy+states")
+# the triton backend's recompute policies (what its forward keeps for the backward), the default first: "auto" (AUTO_KEEP's
+# choice per op), then the policies; "ag+states": "ag" and the chunk states of GDN's fused forward
+# (`kernels.ops.gdn.fused`); the last one keeps the most (FLA's disable_recompute)
+KEEP_POLICIES: tuple[str, ...] = ("auto", "inputs", "ag", "ag+states", "wy", "wy+states")
 # the backward's gradient kernels: "auto" (the default: AUTO_BWD_GRADS's choice per op), chunk_bwd_dqk + wy_bwd, or one
 # kernel per chunk (`kernels.common.dqk_wy_bwd`). (Session 13's "fused_dh", the reverse pass's last walk fused in, was
 # removed in session 16: 1.86x slower than what it replaced on the H200, its ds_mem variant crashed; kernels/NOTES.md)
@@ -125,6 +126,11 @@ AUTO_BWD_GRADS: Mapping[str, str] = MappingProxyType({"gdn": "fused", "kda": "pa
 # 12.57 -> 12.17 ms at 1x32K (session 13, benchmarks/results/kda_bwd_warm_h200.md), every window certified,
 # gradients identical to the exact pass's
 AUTO_BWD_WARM: Mapping[str, int] = MappingProxyType({"gdn": 4, "kda": 4})
+# `LaunchPlan.keep` "auto" (the default) per op, from the H200 (session 18, benchmarks/results/host_bound_lab_h200.md,
+# kernels_train_issue26_s18_h200.md): GDN's forward keeps its Ag pass's outputs (what FLA's forward holds: 132 B per
+# token and value head) and its backward forms w, u, Aqk, T from them in one launch instead of the WY prep and the
+# inverse; KDA has no Ag pass and recomputes ("ag" would keep nothing for it either)
+AUTO_KEEP: Mapping[str, str] = MappingProxyType({"gdn": "ag", "kda": "inputs"})
 # our backends' own options (`mode_options: {triton: {keep: wy+states}}`): backend -> name -> values, default first
 BACKEND_OPTIONS: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyType({"triton": {"keep": KEEP_POLICIES}})
 

@@ -1,7 +1,7 @@
 """Our backends' own options (`mode_options: {triton: {keep: "wy+states"}}`): checked, per point, put in its launch plan.
 
 Only `triton` has options: `kernels.vocabulary.BACKEND_OPTIONS` (`keep`: the recompute policy `LaunchPlan.keep` of
-`kernels.plan`, default "inputs"). They travel like a peer's options (`params.backend_options`, in the point
+`kernels.plan`, default "auto": `kernels.vocabulary.AUTO_KEEP`'s per op). They travel like a peer's options (`params.backend_options`, in the point
 key as `,opts=triton.keep=wy+states`), but a point carries only those that change what it measures:
 
     check(backend, options)             the spec's entry, or a one-line ValueError (unknown option, value not allowed)

@@ -18,7 +18,8 @@ Every axis takes a list or a single value. Example (`runners/suites/demo.yaml` i
 
 `mode_options` holds the knobs of the multi-device modes (`true_cp: {segment_len: 4096}`) and a backend's own
 options: a peer's (`fla: {bypass_hopper_guard: true}`) or our triton backend's recompute policy (`triton: {keep:
-wy+states}`, one of `kernels.vocabulary.KEEP_POLICIES`: inputs, ag, ag+states, wy, wy+states), which a point carries (and its key names) only where it
+wy+states}`, one of `kernels.vocabulary.KEEP_POLICIES`: auto (the default, per op), inputs, ag, ag+states, wy, wy+states),
+which a point carries (and its key names) only where it
 takes effect: fwd+bwd in the modes that train through the autograd op (`runners.backend_options`).
 
 Limits (`runners.settings`): points per sweep, tokens per point, CP size. Errors are `SpecError`s whose message

@@ -138,7 +138,7 @@ def chunk_fwd(
     index: ChunkIndex = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device)
     # the fused path keeps its Ag pass's outputs ("ag", "ag+states"; the WY path: none) and under "ag+states" its chunk
     # states (not when the caller asked for the WY path's, keep_states: `kernels.dispatch.chunk_forward(states=)`)
-    keep_ag, ag_states = (keep is not None and x for x in launch.keeps_ag)
+    keep_ag, ag_states = (keep is not None and x for x in launch.keeps_ag(op))
     ag_states = ag_states and not keep_states
     fused_path = check_fwd_path(
         fwd_path,

@@ -11,8 +11,9 @@ each step timed, with its first call, peak memory and the split it chose; where 
 Per shape (bf16, H=16, K=V=128): ours ms (forward `chunk_*_fwd` + backward `chunk_*_bwd`, direct calls), FLA ms
 (its autograd op, `o.backward(do)`), the ratio, the bytes floor of a forward+backward (FLA's count: 2828 B per
 token-head for GDN, 3590 for KDA), the peak memory of one step above the inputs (ours and FLA's), our per-kernel
-times (torch profiler, one step) for the miss analysis; our step under the kept recompute policies
-(`LaunchPlan.keep`: "ag", "ag+states", "wy", "wy+states") with the MB each holds; once per op, every gradient's rel_l2 vs
+times (torch profiler, one step) for the miss analysis; our step under each other recompute policy
+(`LaunchPlan.keep`: "inputs", "ag", "ag+states", "wy", "wy+states"; ours is "auto") with the MB each holds and its
+peak; once per op, every gradient's rel_l2 vs
 autograd through the fp32 per-token reference on a reduced shape, ours (each policy) and FLA's. `--autotune FILE`
 applies an autotune JSON to ours (default: the registry's configs).
 
@@ -75,16 +76,16 @@ def make_inputs(op: str, B: int, T: int, Hh: int, *, device: str, seed: int = 0,
     return (*w.tensors, w.do)
 
 
-POLICIES = KEEP_POLICIES[1:]  # the kept policies timed beside the default (KEEP_POLICIES[0], "inputs")
+POLICIES = KEEP_POLICIES[1:]  # the policies timed beside the default (KEEP_POLICIES[0], "auto": `AUTO_KEEP`'s per op)
 
 
-def _kept(policy: str) -> tuple[bool, bool]:
-    """(keep the WY factors, keep the chunk states) under `policy` (`LaunchPlan.keeps`: a one-line ValueError for an
-    unknown one)."""
-    return LaunchPlan(keep=policy).keeps
+def _kept(op: str, policy: str) -> tuple[bool, bool]:
+    """(keep the WY factors, keep the chunk states) of `op` under `policy` (`LaunchPlan.keeps`: a one-line ValueError
+    for an unknown one)."""
+    return LaunchPlan(keep=policy).keeps(op)
 
 
-def ours_step(op: str, configs: dict[str, LaunchConfig] | None = None, policy: str = "inputs",
+def ours_step(op: str, configs: dict[str, LaunchConfig] | None = None, policy: str = "auto",
               bwd_grads: str | None = None, bwd_warm: int | None = None,
               warm_report: dict[str, torch.Tensor] | None = None, split_chunks: int | None = None,
               seg_states: bool = True) -> Callable[..., Any]:
@@ -103,7 +104,7 @@ def ours_step(op: str, configs: dict[str, LaunchConfig] | None = None, policy: s
     plan = plan_with(None, configs or {}).replace(keep=policy)
     plan = plan if bwd_grads is None else plan.replace(bwd_grads=bwd_grads)
     plan = plan if bwd_warm is None else plan.replace(bwd_warm=bwd_warm)
-    keep_wy, keep_states = plan.keeps
+    keep_wy, keep_states = plan.keeps(op)
     report = {} if warm_report is None else {"warm_report": warm_report}
 
     def step(q, k, v, g, beta, do):
@@ -123,7 +124,7 @@ def held_mb(op: str, policy: str, q, k, v, g, beta) -> float:
 
     fwd = getattr(importlib.import_module(f"kernels.ops.{op}.chunk"), f"chunk_{op}_fwd")
     keep: dict[str, torch.Tensor] = {}
-    fwd(q, k, v, g, beta, scale=K**-0.5, keep=keep, keep_states=_kept(policy)[1],
+    fwd(q, k, v, g, beta, scale=K**-0.5, keep=keep, keep_states=_kept(op, policy)[1],
         plan=plan_with(None, {}).replace(keep=policy))
     return sum(t.numel() * t.element_size() for t in keep.values() if t.is_cuda) / 2**20
 
@@ -218,7 +219,7 @@ def gradient_check(op: str, device: str, T: int = 1024, Hh: int = H, fla: bool =
     res: dict[str, Any] = {"shape": f"B=1 T={T} H={Hh} lb=-1"}
     steps: list[tuple[str, Callable[[], Any]]] = [
         (who, functools.partial(ours_step(op, policy=policy), q, k, v, g, beta, do))
-        for who, policy in (("ours", "inputs"), *((f"ours {p}", p) for p in POLICIES))]
+        for who, policy in (("ours", "auto"), *((f"ours {p}", p) for p in POLICIES))]
     if fla:
         steps.append(("fla", lambda: fla_step(op)[0](q, k, v, g, beta, do)))
     else:
@@ -260,7 +261,8 @@ def run_shape(op: str, B: int, T: int, device: str, fla: bool = True, *, HV: int
     for policy in POLICIES if not grouped else ():
         kept = ours_step(op, policy=policy)
         rec["policies"][policy] = {"ms": timed(functools.partial(kept, q, k, v, g, beta, do)),
-                                   "held_MB": held_mb(op, policy, q, k, v, g, beta)}
+                                   "held_MB": held_mb(op, policy, q, k, v, g, beta),
+                                   "peak_MB": peak_mb(functools.partial(kept, q, k, v, g, beta, do))}
     try:
         if not fla:
             raise RuntimeError("not run (--no-fla)")
@@ -361,23 +363,27 @@ def to_markdown(res: dict[str, Any]) -> str:
         f"our launch configs: {e.get('autotune') or 'the registry defaults'}", "",
         f"ms: triton.testing.do_bench median (L2 flushed), all in this process. floor: FLA's fwd+bwd bytes at the "
         f"{HBM_TBPS} TB/s copy ceiling. peak: max allocated during one step above the inputs.", "",
-        "ours = the default recompute policy (`LaunchPlan.keep = \"inputs\"`, FLA's: the forward holds its inputs and, "
-        "where it splits the sequence, its segments' entering states, ~17 MB). `wy` / `wy+states`: the forward also holds its WY factors / and its chunk states, v_new and segment "
-        "maps for the backward; held MB = what it holds beyond the inputs (FLA keeps its [B, T, H, 64] WY inverse; not "
-        "counted here). At HV > H ours is the public op `kernels.chunk_<op>` (no policies).", "",
+        "ours = the default recompute policy (`LaunchPlan.keep = \"auto\"`, `kernels.vocabulary.AUTO_KEEP`: since "
+        "session 18 GDN's forward holds its Ag pass's outputs, as FLA's holds its WY inverse; KDA's \"inputs\"). Every "
+        "forward also holds, where it splits the sequence, its segments' entering states (~17 MB). `inputs`: the inputs "
+        "alone (the default until session 18). `ag` / `ag+states`: GDN's Ag pass's outputs / and its chunk states. "
+        "`wy` / `wy+states`: the WY factors / and the chunk states, v_new and segment maps. held MB = what the policy "
+        "holds beyond the inputs (FLA's WY inverse is not counted); peak MB = the step's peak above its inputs. At "
+        "HV > H ours is the public op `kernels.chunk_<op>` (no policies).", "",
         "FlashQLA (GDN): `FlashQLA` = `auto_cp=False`; `FlashQLA CP` = its intra-card CP, what its default "
         "`auto_cp=True` runs; the batch flattened to varlen (`cu_seqlens`).", "",
         "| op | B | T | HV | lb | ours ms | FLA ms | ours/FLA | FlashQLA ms | FlashQLA CP ms | ours/FlashQLA | "
         "ours/FlashQLA CP | floor ms | ours peak MB | FLA peak MB | FlashQLA peak MB | "
-        + " | ".join(f"{p} ms | {p}/FLA | {p} held MB" for p in POLICIES) + " | FLA guard bypassed |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|---:|---:|" * len(POLICIES)
+        + " | ".join(f"{p} ms | {p}/FLA | {p} held MB | {p} peak MB" for p in POLICIES) + " | FLA guard bypassed |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|---:|---:|---:|" * len(POLICIES)
         + "---|",
     ]
     nan = float("nan")
     for r in res["rows"]:
         pol = r.get("policies", {})
         cells = " | ".join(f"{pol.get(p, {}).get('ms', nan):.2f} | {pol.get(p, {}).get('ms', nan) / r.get('fla_ms', nan):.2f}"
-                           f" | {pol.get(p, {}).get('held_MB', nan):.0f}" for p in POLICIES)
+                           f" | {pol.get(p, {}).get('held_MB', nan):.0f} | {pol.get(p, {}).get('peak_MB', nan):.0f}"
+                           for p in POLICIES)
         gate = "logsigmoid" if r.get("lb") is None else f"{r['lb']:g}"
         lines.append(f"| {r['op']} | {r['B']} | {r['T']} | {r.get('HV', H)} | {gate} | {r['ours_ms']:.2f} | "
                      f"{r.get('fla_ms', nan):.2f} | {r.get('ratio', nan):.2f} | {r.get('flash_qla_ms', nan):.2f} | "

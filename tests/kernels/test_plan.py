@@ -74,11 +74,16 @@ def test_plan_is_frozen_and_keep_is_checked() -> None:
         plan.keep = "wy"  # type: ignore[misc]
     with pytest.raises(TypeError):
         plan.configs["wy_gdn_fwd"] = OTHER  # type: ignore[index]
-    kept = [(LaunchPlan(keep=k).keeps, LaunchPlan(keep=k).keeps_ag) for k in KEEP_POLICIES]
+    kept = [(LaunchPlan(keep=k).keeps("gdn"), LaunchPlan(keep=k).keeps_ag("gdn")) for k in KEEP_POLICIES]
     off = (False, False)
-    assert kept == [(off, off), ((True, False), (True, False)), ((True, False), (True, True)), ((True, False), off),
-                    ((True, True), off)]  # fmt: skip
-    allowed = r"inputs, ag, ag\+states, wy, wy\+states"
+    assert kept == [((True, False), (True, False)), (off, off), ((True, False), (True, False)),
+                    ((True, False), (True, True)), ((True, False), off), ((True, True), off)]  # fmt: skip
+    # "auto" (the default) is AUTO_KEEP's per op: GDN keeps its Ag pass's outputs, KDA recomputes
+    assert plan.keep == "auto" and (plan.keep_for("gdn"), plan.keep_for("kda")) == ("ag", "inputs")
+    assert plan.keeps("kda") == plan.keeps_ag("kda") == off
+    assert [plan.replace(keep=k).keep_for(op) for k in ("inputs", "wy") for op in ("gdn", "kda")] == [
+        "inputs", "inputs", "wy", "wy"]  # fmt: skip
+    allowed = r"auto, inputs, ag, ag\+states, wy, wy\+states"
     with pytest.raises(ValueError, match=rf"^LaunchPlan\.keep must be one of {allowed}, got 'none'$"):
         plan.replace(keep="none")
     assert plan.bwd_grads == "auto" and plan.replace(bwd_grads="fused").bwd_grads == "fused"

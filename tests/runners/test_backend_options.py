@@ -42,8 +42,8 @@ def test_spec_accepts_a_policy_and_refuses_others_in_one_line() -> None:
     assert spec.mode_options == {"triton": {"keep": "wy+states"}, "true_cp": {"segment_len": 64}}
     cases = [
         ({"triton": {"keep": "states"}},
-         "invalid sweep spec: mode_options: backend 'triton' option keep must be one of inputs, ag, ag+states, wy, "
-         "wy+states, got 'states'"),
+         "invalid sweep spec: mode_options: backend 'triton' option keep must be one of auto, inputs, ag, ag+states, "
+         "wy, wy+states, got 'states'"),
         ({"triton": {"kept": "wy"}}, "invalid sweep spec: mode_options: unknown option(s) kept for backend 'triton'; known: keep"),
     ]
     for options, message in cases:
@@ -55,7 +55,7 @@ def test_spec_accepts_a_policy_and_refuses_others_in_one_line() -> None:
 
 
 def test_key_and_params_only_where_the_policy_takes_effect() -> None:
-    plain, kept, default = _rows(None), _rows("wy+states"), _rows("inputs")
+    plain, kept, default = _rows(None), _rows("wy+states"), _rows("auto")
     assert [r["key"] for r in default.values()] == [r["key"] for r in plain.values()]  # the default: keys unchanged
     assert not any("backend_options" in r["params"] for r in default.values())
     took = set()
@@ -84,9 +84,9 @@ def test_point_plan_carries_keep_and_leaves_the_default() -> None:
     assert plan.keep == again.keep == "wy+states" and plan.table is default_plan().table
     assert plan.recorder is not None and again.recorder is not None and plan.recorder is not again.recorder
     plain = replace(point, backend_options={})
-    assert launch_plan(plain, PointJob(point=plain, options={})).keep == "inputs"
-    assert default_plan().keep == "inputs"  # nothing process-wide was set
-    with pytest.raises(ValueError, match=r"must be one of inputs, ag, ag\+states, wy, wy\+states, got 'all'"):
+    assert launch_plan(plain, PointJob(point=plain, options={})).keep == "auto"
+    assert default_plan().keep == "auto"  # nothing process-wide was set
+    with pytest.raises(ValueError, match=r"must be one of auto, inputs, ag, ag\+states, wy, wy\+states, got 'all'"):
         LaunchPlan(keep="all")
 
 
@@ -123,12 +123,14 @@ def test_a_kept_point_runs_with_its_policy_and_passes_its_gate(monkeypatch: pyte
     # the gradients match those of the recompute path (the gate's `none` gradients: triton under the default
     # policy, outside the point's steps) and of the reference
     assert out.gate["err_vs_none"] <= 1e-6 and out.gate["err_vs_reference"] < 1e-3, out.gate
-    assert policies.count("inputs") == 1 and policies.count("wy+states") >= 4, policies
-    recomputed = [launched for kept, launched in backward if not kept]  # that `none` backward
-    assert len(recomputed) == 1 and {"wy_gdn_fwd", "chunk_state_fwd"} <= recomputed[0], recomputed
-    reused = [(kept, launched) for kept, launched in backward if kept]
+    assert policies.count("auto") == 1 and policies.count("wy+states") >= 4, policies
+    # that `none` backward, under GDN's default ("auto": "ag", `kernels.vocabulary.AUTO_KEEP`): from the kept Ag
+    from_ag = [launched for kept, launched in backward if kept == {"ag", "gs"}]
+    assert len(from_ag) == 1 and {"wy_from_ag", "chunk_state_fwd"} <= from_ag[0], from_ag
+    assert not {"wy_gdn_fwd", "wy_inverse"} & from_ag[0], sorted(from_ag[0])
+    reused = [(kept, launched) for kept, launched in backward if kept and kept != {"ag", "gs"}]
     assert len(reused) >= 3, reused  # the gate's step, the reference's, the timed samples
     for kept, launched in reused:
         assert {"w", "u", "h", "v_new"} <= kept, kept
         assert not {"wy_gdn_fwd", "chunk_state_fwd"} & launched, sorted(launched)
-    assert default_plan().keep == "inputs"
+    assert default_plan().keep == "auto"

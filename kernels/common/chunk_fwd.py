@@ -137,9 +137,9 @@ def chunk_fwd(
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     index: ChunkIndex = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device)
     # the fused path keeps its Ag pass's outputs ("ag", "ag+states"; the WY path: none) and under "ag+states" its chunk
-    # states (not when the caller asked for the WY path's, keep_states: `kernels.dispatch.chunk_forward(states=)`)
-    keep_ag, ag_states = (keep is not None and x for x in launch.keeps_ag(op))
-    ag_states = ag_states and not keep_states
+    # states; not when the caller asked for the WY path's states (keep_states: `kernels.dispatch.chunk_forward(states=)`,
+    # "wy+states"), which then keeps the WY factors with them whatever the policy
+    keep_ag, ag_states = (keep is not None and not keep_states and x for x in launch.keeps_ag(op))
     fused_path = check_fwd_path(
         fwd_path,
         op=op,

@@ -255,7 +255,7 @@ def test_unknown_keep_policy_is_one_line_error(OP: str) -> None:
 
     q, k, v, g, beta, cu, h0, do, dht = _varlen_case(OP)
     rec = LaunchRecorder()
-    allowed = r"inputs, ag, ag\+states, wy, wy\+states"
+    allowed = r"auto, inputs, ag, ag\+states, wy, wy\+states"
     with pytest.raises(ValueError, match=rf"^LaunchPlan\.keep must be one of {allowed}, got 'states'$"):
         kernels.forward(OP, q.requires_grad_(), k, v, g, beta, cu_seqlens=cu, backend="triton",
                         plan=LaunchPlan(keep="states", recorder=rec))

@@ -166,17 +166,19 @@ def test_wired_forward_and_refusals(chunk_size: int) -> None:
 
 
 def test_auto_path_rule() -> None:
-    """The default fwd_path ("auto") runs GDN's fused forward (with a warm window too); the WY path where the plan keeps
-    the WY factors for the backward (they exist only there) and where the output pass is unfused. Both are exact (KDA's
-    rule: tests/kernels/ops/kda/test_fused.py)."""
+    """The default fwd_path ("auto") runs GDN's fused forward (with a warm window too; under the default policy it
+    keeps its Ag pass's outputs); the WY path where the plan keeps the WY factors for the backward (they exist only
+    there) and where the output pass is unfused. Both are exact (KDA's rule: tests/kernels/ops/kda/test_fused.py)."""
     lengths = (100, 30)
     q, k, v, g, beta, cu, _ = _inputs(lengths, H=2, HV=2)
     o_ref, _ = _reference(q, k, v, g, beta, cu, None)
-    cases = (({}, True), ({"warm_chunks": 2}, True), ({"keep": {}}, False), ({"fuse_output": False}, False))
-    for extra, fused in cases:
+    cases = (({}, "auto", True), ({"warm_chunks": 2}, "auto", True), ({"keep": {}}, "auto", True),
+             ({"keep": {}}, "wy", False), ({"fuse_output": False}, "auto", False))  # fmt: skip
+    for extra, policy, fused in cases:
         rec = LaunchRecorder()
-        o, _ = chunk_gdn_fwd(q, k, v, g, beta, scale=32**-0.5, cu_seqlens=cu, plan=LaunchPlan(recorder=rec), **extra)
+        o, _ = chunk_gdn_fwd(q, k, v, g, beta, scale=32**-0.5, cu_seqlens=cu, plan=LaunchPlan(keep=policy, recorder=rec),
+                             **extra)  # fmt: skip
         assert_rel_close(f"o {extra}", o_ref, o, TOL)
         assert ("gdn_fused_state_output_fwd" in rec) == fused and ("wy_gdn_fwd" in rec) != fused, (extra, list(rec))
-        if "keep" in extra:
-            assert {"w", "u"} <= set(extra["keep"]), "the WY path kept its factors"
+        if "keep" in extra:  # the WY path kept its factors; the fused path under "auto" (GDN: "ag") its Ag pass's
+            assert {"w", "u"} <= set(extra["keep"]) if policy == "wy" else set(extra["keep"]) == {"ag", "gs"}

@@ -17,7 +17,7 @@
 Recompute policy (`LaunchPlan.keep` of the call's launch plan, `kernels.plan`; triton backend), what the forward holds
 until the backward:
     "auto"        (default) the op's policy in `kernels.vocabulary.AUTO_KEEP` (`LaunchPlan.keep_for`): GDN "ag", KDA
-                  "inputs" (session 18: GDN's step faster on the H200 at a peak below FLA's; below)
+                  "inputs" (session 18: GDN's step 8-9 % faster on the H200, its peak below FLA's at HV = H)
     "inputs"      the inputs (q, k, v, g, beta and the initial state) and, where the forward
                   splits the sequence (B*H small), its segments' entering states [NS, H, K, V] fp32 (~17 MB at
                   K = V = 128 whatever T is; `kernels.common.seqsplit.keep_segment_states`); the backward recomputes

@@ -38,7 +38,7 @@ until the backward:
                   (per call 2.9x v's bytes more than "wy" at K = V = 128: 785 MB at T=64K, H=16; "wy" holds
                   2.4x v's bytes for GDN, 4.3x for KDA)
 The figures of each policy on the H200 (time, the bytes held, the peak): `benchmarks/results/kernels_train_h200.md`,
-`kernels_train_issue26_s18_h200.md`, `host_bound_lab_h200.md`.
+`kernels_train_issue26_s18b_h200.md`, `host_bound_lab_h200.md`.
 A caller passes it in its plan (`kernels.forward(..., plan=LaunchPlan(keep="wy"))`; ChunkFunction keeps the plan of
 its forward for its backward); a sweep sets it per point with `mode_options: {triton: {keep: ...}}` (`TRITON_OPTIONS`,
 the triton backend's options; runners.backend_options turns them into the point's plan).

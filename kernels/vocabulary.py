@@ -127,7 +127,7 @@ AUTO_BWD_GRADS: Mapping[str, str] = MappingProxyType({"gdn": "fused", "kda": "pa
 # gradients identical to the exact pass's
 AUTO_BWD_WARM: Mapping[str, int] = MappingProxyType({"gdn": 4, "kda": 4})
 # `LaunchPlan.keep` "auto" (the default) per op, from the H200 (session 18, benchmarks/results/host_bound_lab_h200.md,
-# kernels_train_issue26_s18_h200.md): GDN's forward keeps its Ag pass's outputs (what FLA's forward holds: 132 B per
+# kernels_train_issue26_s18b_h200.md, _s18c_): GDN's forward keeps its Ag pass's outputs (what FLA's forward holds: 132 B per
 # token and value head) and its backward forms w, u, Aqk, T from them in one launch instead of the WY prep and the
 # inverse; KDA has no Ag pass and recomputes ("ag" would keep nothing for it either)
 AUTO_KEEP: Mapping[str, str] = MappingProxyType({"gdn": "ag", "kda": "inputs"})

@@ -166,4 +166,4 @@ def chunk_gdn_bwd_ag(
     return chunk_bwd("gdn", q, k, v, g, beta, do, scale=scale, initial_state=initial_state, dht=dht,
                      cu_seqlens=cu_seqlens, plan=launch, split_chunks=split_chunks,
                      wy={"w": w, "u": u, "gs": gcum, "aqk": aqk, "tt": tt, **states}, chunk_size=chunk_size,
-                     warm_report=warm_report, seg_states=None if states else seg_states)  # fmt: skip
+                     warm_report=warm_report, seg_states=seg_states)  # fmt: skip

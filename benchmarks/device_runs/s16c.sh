@@ -11,6 +11,8 @@
 #   HOSTLAB=1 [HOSTLAB_ARGS="--profile 20 --shapes .."] (first run in session 17) the short steps host-bound? benchmarks/host_bound_lab.py at 1x8K,
 #             1x16K, 1x32K: default / no split / wy+states, step and kernel ms beside the host's issue time and the
 #             launch counts -> host_bound_lab.md; run it first in a call (about 60 s with the compiles)
+#   TUNE=bwd  (session 19) only the step's own GDN kernels at 1x64K -> tune_bwd.json, tune.log [TUNE_BUDGET=6]
+#             [TRAIN_S=s: seconds left for TRAIN after it]
 #   SHA=<git sha> LIMIT=570 [TRAIN=1 [TRAIN_ARGS="--shapes .. --hv .."]] [TUNE=1] [DHSPILL=1] bash benchmarks/device_runs/s16c.sh
 #   GPUTEST="tests/.. tests/.." [GPUTEST_S=150]  (session 17) those tests on the GPU first -> gputest.txt
 # (the parts run in the order GPUTEST, HOSTLAB, TUNE, DHSPILL, TRAIN; TRAIN's deadline is what is left)
@@ -44,7 +46,12 @@ if [ -n "$HOSTLAB" ]; then
   echo "host lab rc=$? $(el) s"; cp /tmp/hb/host_bound_lab.md /tmp/hb/host_profile.txt $R/ 2>/dev/null; cat /tmp/hb/host_bound_lab.md
   [ -f /tmp/hb/host_profile.txt ] && head -3 /tmp/hb/host_profile.txt
 fi
-if [ -n "$TUNE" ]; then
+if [ "$TUNE" = bwd ]; then  # (session 19) the step's own GDN kernels only, at 1x64K (wy_from_ag was never tuned)
+  B=$(( LIMIT - $(el) - 30 - ${TRAIN_S:-0} ))
+  python3 benchmarks/autotune_h200.py run --ops gdn --shapes 1x65536 --directions fwd+bwd --budget ${TUNE_BUDGET:-6} \
+    --deadline-s $B --sha $SHA --out $R/tune_bwd.json > $R/tune.log 2>&1; echo "tune bwd rc=$? $(el) s"
+  grep -E "default .* tuned|crash|deadline|wrote" $R/tune.log
+elif [ -n "$TUNE" ]; then
   A=$(( (LIMIT - $(el) - 30) * 9 / 20 ))
   python3 benchmarks/autotune_h200.py run --ops gdn kda --budget 6 --deadline-s $A --sha $SHA --out $R/tune_fwd.json \
     > $R/tune.log 2>&1; echo "tune fwd rc=$? $(el) s"

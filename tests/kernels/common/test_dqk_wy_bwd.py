@@ -2,9 +2,9 @@
 "fused")`) against autograd through the fp32 per-token reference, and against the pair `chunk_bwd_dqk` + `wy_bwd`
 on the same inputs (interpreted on CPU; on a GPU with CPBENCH_TEST_GPU=1, in bf16).
 
-Scenarios: varlen (37, 70, 5 tokens: partial chunks, one shorter than a chunk) with grouped value heads (one q/k
-head, two value heads), an initial state, dht, slow-decay gates and the reverse state pass in one-chunk segments,
-at two column blocks per head dim (BK = BV = 16 at K = V = 32: the K loop and the V loops take two steps); dense
+Scenarios: varlen (37, 70, 5 tokens: partial chunks, one shorter than a chunk) with grouped value heads (two q/k
+heads, two value heads each: the fused kernel sums dq, dk over the group as it goes), an initial state, dht,
+slow-decay gates and the reverse state pass in one-chunk segments, at two column blocks per head dim (BK = BV = 16 at K = V = 32: the K loop and the V loops take two steps); dense
 input with gates at -5 to -5.5 per token (spans of 80-88 per 16-row block) at the default config (one block).
 Tolerance: as tests/kernels/common/test_chunk_bwd.py (1e-5 relative L2 on CPU, 3e-4 for the strong-decay case's dg,
 5e-3 on a GPU). Against the pair: 1e-5 on CPU (the fused kernel forms dA = -StrictLower(T^T dv_new v_new^T), the pair
@@ -72,9 +72,9 @@ def _check(got, ref, tol, dg_tol=None):  # noqa: ANN001, ANN202
 @pytest.mark.parametrize("OP", ["gdn", "kda"])
 def test_fused_grads_varlen_grouped_split(OP: str) -> None:
     lengths = (37, 70, 5)
-    _, _, v, g, beta, cu = make_inputs(OP, lengths, H=2, K=DIM, V=DIM, lb=-0.01, seed=11, dtype=DTYPE, device=DEVICE)
-    q, k, *_ = make_inputs(OP, lengths, H=1, K=DIM, V=DIM, seed=12, dtype=DTYPE, device=DEVICE)
-    h0 = make_state(len(lengths), 2, DIM, DIM, device=DEVICE)
+    _, _, v, g, beta, cu = make_inputs(OP, lengths, H=4, K=DIM, V=DIM, lb=-0.01, seed=11, dtype=DTYPE, device=DEVICE)
+    q, k, *_ = make_inputs(OP, lengths, H=2, K=DIM, V=DIM, seed=12, dtype=DTYPE, device=DEVICE)
+    h0 = make_state(len(lengths), 4, DIM, DIM, device=DEVICE)
     gen = torch.Generator().manual_seed(13)
     do = torch.randn(v.shape, generator=gen).to(DEVICE, DTYPE)
     dht = torch.randn(h0.shape, generator=gen).to(DEVICE)

@@ -446,7 +446,9 @@ def _reverse_ends(
         if wp is not None and recompute and hs is None and warm.v is not None:
             wpf = window_plan(index, list(plan.bounds_cpu), list(plan.chunk_bounds_cpu), list(plan.transitions_cpu),
                               warm.window_chunks, seg_chunks=plan.seg_chunks, cache=plan.windows)
-        if wp is not None:
+        if wp is not None and wpf is None and warm.bnd is not None:  # summed by an earlier launch (wy_from_ag)
+            bnd = warm.bnd
+        elif wp is not None:
             bnd, fbnd = reverse_chunk_bound(warm.q, warm.k, warm.g, warm.beta, do, scale=scale, index=index,
                                             gate_vector=gate_vector, v=warm.v if wpf is not None else None)
     M = kept.get("M") if kept is not None else None
@@ -486,10 +488,11 @@ def _reverse_ends(
 
 
 def _rev_warm(launch: LaunchPlan, op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
-              report: dict[str, Tensor] | None) -> RevWarmInputs | None:
-    """The reverse pass's warm window inputs under the plan's `bwd_warm_for(op)` (None at 0: the exact path)."""
+              report: dict[str, Tensor] | None, bnd: Tensor | None = None) -> RevWarmInputs | None:
+    """The reverse pass's warm window inputs under the plan's `bwd_warm_for(op)` (None at 0: the exact path); bnd:
+    the reverse bound sums if an earlier launch made them (`RevWarmInputs.bnd`)."""
     w = launch.bwd_warm_for(op)
-    return RevWarmInputs(q, k, g, beta, window_chunks=w, report=report, v=v) if w else None
+    return RevWarmInputs(q, k, g, beta, window_chunks=w, report=report, v=v, bnd=bnd) if w else None
 
 
 def chunk_state_grad(
@@ -527,7 +530,8 @@ def chunk_bwd(
 
     split_chunks: None = the automatic sequence split (as the forward), 0 = never, n = segments of n chunks.
     wy: the WY factors the forward kept (`chunk_*_fwd(keep=...)`: w, u, gs, aqk, and ks, qs for KDA): the
-    recompute of step 1 is skipped (T is still formed here, unless `wy` holds it: "tt"). With the chunk states too
+    recompute of step 1 is skipped (T is still formed here, unless `wy` holds it: "tt"; the reverse bound sums of
+    the warm windows likewise, "bnd", `kernels.common.warm_bwd.RevWarmInputs.bnd`). With the chunk states too
     (`keep_states=True`: h, v_new, M, split) the forward state pass and the transitions of step 2 are skipped, and
     the forward's split is used (split_chunks is then ignored; kept states without the maps M work too). plan: the
     launch plan (None: `kernels.plan.default_plan()`; its `bwd_warm_for(op)` > 0, GDN's default, certifies warm
@@ -562,7 +566,8 @@ def chunk_bwd(
         "index": index, "gate_vector": gate_vector, "scale": scale, "launch": launch, "split_chunks": split_chunks,
         "h0": initial_state.float().contiguous() if initial_state is not None else None,
         "dht": dht.float().contiguous() if dht is not None else None, "states": True, "kept": kept,
-        "warm": _rev_warm(launch, op, q, k, v, g, beta, warm_report), "seg_states": seg_states or None,
+        "warm": _rev_warm(launch, op, q, k, v, g, beta, warm_report, wy.get("bnd") if wy is not None else None),
+        "seg_states": seg_states or None,
     }  # fmt: skip
     h, v_new, dh, dv_new = _state_pass(qs, ks, w, u, gs, aqk, do, dh0=dh0, **state_args)
     assert h is not None and v_new is not None and dh is not None and dv_new is not None

@@ -81,6 +81,9 @@ class RevWarmInputs:
     tol: float = WARM_TOL
     report: dict[str, Tensor] | None = None
     v: Tensor | None = None  # [B, T, H, V]: also the forward's sums (`reverse_chunk_bound(v=)`, the states' recompute)
+    # [NT_total, H, 2]: `reverse_chunk_bound`'s sums made by another launch (GDN's `wy_from_ag(bound=)`), used instead
+    # of it where the forward's sums are not needed
+    bnd: Tensor | None = None
 
 
 @triton.jit
@@ -91,6 +94,24 @@ def _log_sum_exp_up(e, A):
     m = tl.where(m == float("-inf"), 0.0, m)
     lw = m + tl.log(tl.sum(tl.exp(e - m), 0))
     return tl.where(lw > float("-inf"), lw + BOUND_MARGIN * (A + tl.abs(lw) + 1.0), lw)
+
+
+@triton.jit
+def _reverse_bound_store(bnd, row, kk, qq, dd, gm, b_b, m_r, log_scale):
+    """Store one chunk's reverse bound summary (L, W) at row `row` of bnd ([.., 2] fp32) from its tokens' squared
+    norms kk = ||k||^2, qq = ||q||^2, dd = ||do||^2, floored (slowest) gate gm and beta b_b ([BT] fp32 each, m_r: the
+    rows before T); returns the per-token l, L and A (= sum |l|) for the forward's sums."""
+    # per token: l = g + log max(1, |1 - beta ||k||^2|), log u = log(scale ||q|| ||do||); rows past T: 0 and -inf
+    l = tl.where(m_r, gm + tl.log(tl.maximum(tl.abs(1.0 - b_b * kk), 1.0)), 0.0)
+    pos = m_r & (qq > 0.0) & (dd > 0.0)  # a zero write: log u = -inf (no log of 0)
+    lu = tl.log(tl.where(pos, qq, 1.0)) + tl.log(tl.where(pos, dd, 1.0))
+    lu = tl.where(pos, log_scale + 0.5 * lu, float("-inf"))
+    L = tl.sum(l, 0)
+    A = tl.sum(tl.abs(l), 0)
+    # a write reaches the chunk start through its own token's map and the earlier ones
+    tl.store(bnd + row * 2, L + BOUND_MARGIN * A)
+    tl.store(bnd + row * 2 + 1, _log_sum_exp_up(lu + tl.cumsum(l, 0), A))
+    return l, L, A
 
 
 @heuristics(
@@ -146,17 +167,7 @@ def reverse_chunk_bound_kernel(
             b_v = tl.load(v + p_row[:, None] * V + o_v[None, :], mask=m_rv, other=0.0).to(tl.float32)
             vv += tl.sum(b_v * b_v, 1)
     b_b = tl.load(beta + p_row, mask=m_r, other=0.0).to(tl.float32)
-    # per token: l = g + log max(1, |1 - beta ||k||^2|), log u = log(scale ||q|| ||do||); rows past T: 0 and -inf
-    l = tl.where(m_r, gm + tl.log(tl.maximum(tl.abs(1.0 - b_b * kk), 1.0)), 0.0)
-    pos = m_r & (qq > 0.0) & (dd > 0.0)  # a zero write: log u = -inf (no log of 0)
-    lu = tl.log(tl.where(pos, qq, 1.0)) + tl.log(tl.where(pos, dd, 1.0))
-    lu = tl.where(pos, log_scale + 0.5 * lu, float("-inf"))
-    L = tl.sum(l, 0)
-    A = tl.sum(tl.abs(l), 0)
-    # a write reaches the chunk start through its own token's map and the earlier ones
-    row = (NT_ALL - 1 - i_tg) * H + i_h
-    tl.store(bnd + row * 2, L + BOUND_MARGIN * A)
-    tl.store(bnd + row * 2 + 1, _log_sum_exp_up(lu + tl.cumsum(l, 0), A))
+    l, L, A = _reverse_bound_store(bnd, (NT_ALL - 1 - i_tg) * H + i_h, kk, qq, dd, gm, b_b, m_r, log_scale)
     if HAS_FWD:  # the forward's writes beta k v^T reach the chunk's end through the maps after their own token
         fpos = m_r & (b_b != 0.0) & (kk > 0.0) & (vv > 0.0)
         fu = tl.log(tl.where(fpos, tl.abs(b_b), 1.0)) + 0.5 * tl.log(tl.where(fpos, kk, 1.0))

@@ -27,6 +27,7 @@ reverse state pass and u, T inside `wy_bwd` instead would save ~1.7 KB per token
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,7 +40,8 @@ from kernels.common.chunk_bwd import chunk_bwd
 from kernels.common.chunk_program import chunk_of_program, group_heads, heuristics
 from kernels.common.index import ChunkIndex, prepare_chunk_index
 from kernels.common.state_keep import KEPT_STATES
-from kernels.common.wy import BT_WY, CHUNK_SIZES
+from kernels.common.warm_bwd import _reverse_bound_store
+from kernels.common.wy import BT_WY, CHUNK_SIZES, FLOOR
 from kernels.configs import KernelSpec, LaunchConfig, head_block, register
 from kernels.ops.gdn.wy_ag import wy_gdn_ag
 from kernels.plan import LaunchPlan, default_plan, launch_config
@@ -57,19 +59,27 @@ WY_FROM_AG = register(
 )
 
 
-@heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None, "G": group_heads("v")})
+@heuristics(
+    {
+        "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+        "G": group_heads("v"),
+        "HAS_BND": lambda args: args["bnd"] is not None,
+    }
+)
 @triton.jit(do_not_specialize=["T"])
 def wy_from_ag_kernel(
     q, k, v,  # [B, T, H, K], [B, T, H, K], [B, T, HV, V]
     ag, gcum,  # [B, T, HV, BT] Ag (lower incl. the diagonal), [B, T, HV] fp32 in-chunk gate cumsum
     w, u, aqk, tt,  # out: [B, T, HV, K], [B, T, HV, V], [B, T, HV, BT] (scaled, lower incl. diag), [B, T, HV, BT] T
+    g, beta, do,  # with bnd: the raw gate, beta [B, T, HV] and do [B, T, HV, V] (else None)
+    bnd,  # out [NT_total, HV, 2] fp32 or None: `reverse_chunk_bound`'s sums (flipped chunk order)
     cu_seqlens, chunk_indices,
-    scale, T,
+    scale, log_scale, T, NT_ALL,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr, G: tl.constexpr,
+    IS_VARLEN: tl.constexpr, G: tl.constexpr, HAS_BND: tl.constexpr,
 ):  # fmt: skip
     i_bh, i_hv = tl.program_id(1), tl.program_id(1) % HV
-    _, i_t, _, bos, T = chunk_of_program(tl.program_id(0), i_bh // HV, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
+    _, i_t, i_tg, bos, T = chunk_of_program(tl.program_id(0), i_bh // HV, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
     o_t = tl.arange(0, BT)
     m_r = i_t * BT + o_t < T
     p_v = (bos + i_t * BT + o_t) * HV + i_hv  # rows of the per-value-head tensors
@@ -83,6 +93,9 @@ def wy_from_ag_kernel(
 
     b_kk = tl.zeros([BT, BT], dtype=tl.float32)
     b_qk = tl.zeros([BT, BT], dtype=tl.float32)
+    kk = tl.zeros([BT], dtype=tl.float32)  # the bound's squared norms (HAS_BND)
+    qq = tl.zeros([BT], dtype=tl.float32)
+    dd = tl.zeros([BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_rk = m_r[:, None] & (o_k < K)[None, :]
@@ -92,6 +105,9 @@ def wy_from_ag_kernel(
         b_qk = tl.dot(b_q, tl.trans(b_k), b_qk)
         b_w = tl.dot(b_a, (b_k * tl.exp(b_g)[:, None]).to(dt))  # w = Ag (e^G o K)
         tl.store(w + p_v[:, None] * K + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_rk)
+        if HAS_BND:
+            kk += tl.sum(b_k.to(tl.float32) * b_k.to(tl.float32), 1)
+            qq += tl.sum(b_q.to(tl.float32) * b_q.to(tl.float32), 1)
     p_c = p_v[:, None] * BT + o_t[None, :]
     tl.store(aqk + p_c, (b_qk * b_d * scale).to(aqk.dtype.element_ty), mask=m_r[:, None])
     b_m = tl.where(o_t[:, None] > o_t[None, :], b_kk * b_d, 0.0)  # M, strictly lower
@@ -102,14 +118,24 @@ def wy_from_ag_kernel(
         m_rv = m_r[:, None] & (o_v < V)[None, :]
         b_v = tl.load(v + p_v[:, None] * V + o_v[None, :], mask=m_rv, other=0.0)
         tl.store(u + p_v[:, None] * V + o_v[None, :], tl.dot(b_a, b_v).to(u.dtype.element_ty), mask=m_rv)
+        if HAS_BND:
+            b_do = tl.load(do + p_v[:, None] * V + o_v[None, :], mask=m_rv, other=0.0).to(tl.float32)
+            dd += tl.sum(b_do * b_do, 1)
+    if HAS_BND:  # the reverse bound sums of `reverse_chunk_bound` (GDN's scalar gate), without its launch
+        gm = tl.maximum(tl.load(g + p_v, mask=m_r, other=0.0).to(tl.float32), FLOOR)
+        b_b = tl.load(beta + p_v, mask=m_r, other=0.0).to(tl.float32)
+        _reverse_bound_store(bnd, (NT_ALL - 1 - i_tg) * HV + i_hv, kk, qq, dd, gm, b_b, m_r, log_scale)
 
 
 def wy_from_ag(
     q: Tensor, k: Tensor, v: Tensor, ag: Tensor, gcum: Tensor, *, scale: float, index: ChunkIndex,
-    launch: LaunchPlan | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
-    """(w, u, aqk, T) of every chunk from the kept Ag and gate cumsum (module docstring), each `[B, T, HV, ..]`
-    in k's dtype: what `wy_gdn_fwd` (w, u, Aqk) and `wy_inverse` (T) give. q, k `[B, T, H, K]`, v `[B, T, HV, V]`."""
+    launch: LaunchPlan | None = None, bound: tuple[Tensor, Tensor, Tensor] | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:  # fmt: skip
+    """(w, u, aqk, T, bnd) of every chunk from the kept Ag and gate cumsum (module docstring), each `[B, T, HV, ..]`
+    in k's dtype: what `wy_gdn_fwd` (w, u, Aqk) and `wy_inverse` (T) give. q, k `[B, T, H, K]`, v `[B, T, HV, V]`.
+    bound: (g, beta, do), the raw gate, beta and the output's gradient: bnd is then `reverse_chunk_bound`'s
+    `[NT_total, HV, 2]` (the warm reverse windows' sums, `kernels.common.warm_bwd`) from this launch's loads of q
+    and k plus do's; else None."""
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     BT = index.chunk_size
@@ -131,13 +157,15 @@ def wy_from_ag(
     BK, BV = min(cfg.BK or 64, head_block(K)), min(cfg.BV or 64, head_block(V))
     w, u = k.new_empty(B, T, HV, K), torch.empty_like(v, dtype=k.dtype)
     aqk, tt = torch.empty_like(ag), torch.empty_like(ag)
+    g, beta, do = (x.contiguous() for x in bound) if bound is not None else (None, None, None)
+    bnd = torch.empty(index.num_chunks, HV, 2, dtype=torch.float32, device=k.device) if bound is not None else None
     grid = (index.num_chunks, HV) if index.is_varlen else (triton.cdiv(T, BT), B * HV)
     bounds = (index.cu_seqlens, index.chunk_indices) if index.is_varlen else (None, None)
     wy_from_ag_kernel[grid](
-        q, k, v, ag, gcum, w, u, aqk, tt, *bounds, scale, T, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        q, k, v, ag, gcum, w, u, aqk, tt, g, beta, do, bnd, *bounds, scale, math.log(scale), T, index.num_chunks,
+        HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    return w, u, aqk, tt
+    return w, u, aqk, tt, bnd
 
 
 def chunk_gdn_bwd_ag(
@@ -160,10 +188,14 @@ def chunk_gdn_bwd_ag(
         ag, gcum = wy_gdn_ag(k, g.contiguous(), beta.contiguous(), index=index, launch=launch)
     else:
         ag, gcum = wy["ag"], wy["gs"]
-    w, u, aqk, tt = wy_from_ag(q, k, v, ag, gcum, scale=scale, index=index, launch=launch)
-    del ag  # read by nothing after this (with wy=None its memory is free for the gradient kernels' buffers)
     states = {name: wy[name] for name in KEPT_STATES if name in wy} if wy is not None and "h" in wy else {}
+    # the warm reverse windows' bound sums in this launch when the backward will run the forward's split from its
+    # segment states (no forward sums needed: `chunk_bwd` then skips `reverse_chunk_bound`)
+    fold = bool(seg_states) and not states and launch.bwd_warm_for("gdn") > 0
+    w, u, aqk, tt, bnd = wy_from_ag(q, k, v, ag, gcum, scale=scale, index=index, launch=launch,
+                                    bound=(g, beta, do) if fold else None)  # fmt: skip
+    del ag  # read by nothing after this (with wy=None its memory is free for the gradient kernels' buffers)
+    factors = {"w": w, "u": u, "gs": gcum, "aqk": aqk, "tt": tt, **({"bnd": bnd} if bnd is not None else {})}
     return chunk_bwd("gdn", q, k, v, g, beta, do, scale=scale, initial_state=initial_state, dht=dht,
-                     cu_seqlens=cu_seqlens, plan=launch, split_chunks=split_chunks,
-                     wy={"w": w, "u": u, "gs": gcum, "aqk": aqk, "tt": tt, **states}, chunk_size=chunk_size,
-                     warm_report=warm_report, seg_states=seg_states)  # fmt: skip
+                     cu_seqlens=cu_seqlens, plan=launch, split_chunks=split_chunks, wy={**factors, **states},
+                     chunk_size=chunk_size, warm_report=warm_report, seg_states=seg_states)  # fmt: skip

@@ -20,6 +20,9 @@ import torch
 from kernels.common import chunk_bwd as cb
 from kernels.common.index import prepare_chunk_index
 from kernels.common.warm_bwd import RevWarmInputs, reverse_chunk_bound
+from kernels.ops.gdn.ag_bwd import chunk_gdn_bwd_ag, wy_from_ag
+from kernels.ops.gdn.chunk import chunk_gdn_fwd
+from kernels.ops.gdn.wy_ag import wy_gdn_ag
 from kernels.plan import LaunchPlan, LaunchRecorder
 from tests.kernels.common.test_chunk_bwd import NAMES, _reference_grads
 from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs, make_state
@@ -120,6 +123,44 @@ def test_backward_with_warm_window_against_reference() -> None:
                        wy={"w": w, "u": u, "gs": gs, "aqk": aqk})  # fmt: skip
     assert report["certified"].tolist() == CERTIFIED[True]
     for name, a, r in zip(NAMES, got, _reference(), strict=True):
+        assert_rel_close(name, r, a.float(), TOL)
+
+
+def test_backward_from_ag_sums_the_bound_in_wy_from_ag(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GDN's backward from the kept Ag with the forward's segment states (the default step) takes the reverse bound
+    sums from `wy_from_ag(bound=)`: the same sums as `reverse_chunk_bound` (which then does not run), the same
+    certified windows, and the gradients of `chunk_bwd` with the sums from `reverse_chunk_bound` and the reference's."""
+    q, k, v, g, beta, cu, h0, do, dht = _case()
+    index = prepare_chunk_index(cu, batch=1, seq_len=sum(LENGTHS), chunk_size=CHUNK, device=k.device)
+    ag, gcum = wy_gdn_ag(k, g, beta, index=index)
+    plain = wy_from_ag(q, k, v, ag, gcum, scale=DIM**-0.5, index=index)
+    *factors, bnd = wy_from_ag(q, k, v, ag, gcum, scale=DIM**-0.5, index=index, bound=(g, beta, do))
+    ref_bnd, _ = reverse_chunk_bound(q, k, g, beta, do, scale=DIM**-0.5, index=index, gate_vector=False)
+    assert plain[4] is None and all(torch.equal(a, b) for a, b in zip(factors, plain[:4], strict=True))
+    torch.testing.assert_close(bnd, ref_bnd, rtol=1e-6, atol=1e-6)  # the same fp32 sums, other block order at most
+    seg: dict = {}  # the forward's split (SPLIT chunks) and segment entering states, as the autograd node keeps them
+    chunk_gdn_fwd(q, k, v, g, beta, scale=DIM**-0.5, initial_state=h0, cu_seqlens=cu, split_chunks=SPLIT,
+                  chunk_size=CHUNK, seg_states=seg)  # fmt: skip
+    assert seg["seg_chunks"] == SPLIT
+    calls: list[bool] = []
+
+    def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(True)
+        return reverse_chunk_bound(*args, **kwargs)
+
+    monkeypatch.setattr(cb, "reverse_chunk_bound", counted)
+    report: dict[str, torch.Tensor] = {}
+    got = chunk_gdn_bwd_ag(q, k, v, g, beta, do, scale=DIM**-0.5, wy={"ag": ag, "gs": gcum}, initial_state=h0,
+                           dht=dht, cu_seqlens=cu, plan=LaunchPlan(bwd_warm=WINDOW), chunk_size=CHUNK,
+                           warm_report=report, seg_states=seg)  # fmt: skip
+    assert not calls and report["certified"].tolist() == CERTIFIED[True]
+    report.clear()  # without the segment states: chunk_bwd's own split and `reverse_chunk_bound`
+    old = chunk_gdn_bwd_ag(q, k, v, g, beta, do, scale=DIM**-0.5, wy={"ag": ag, "gs": gcum}, initial_state=h0,
+                           dht=dht, cu_seqlens=cu, plan=LaunchPlan(bwd_warm=WINDOW), chunk_size=CHUNK,
+                           split_chunks=SPLIT, warm_report=report)  # fmt: skip
+    assert calls and report["certified"].tolist() == CERTIFIED[True]
+    for name, a, b, r in zip(NAMES, got, old, _reference(), strict=True):
+        assert_rel_close(f"{name} vs reverse_chunk_bound's", b.float(), a.float(), 1e-5 if DEVICE == "cpu" else 2e-2)
         assert_rel_close(name, r, a.float(), TOL)
 
 

@@ -111,7 +111,8 @@ def test_factors_from_ag_equal_the_recomputed_ones(case) -> None:
         beta = torch.full_like(beta, tiny)
     index = prepare_chunk_index(cu, batch=k.shape[0], seq_len=k.shape[1], chunk_size=64, device=k.device)
     ag, gcum = wy_gdn_ag(k, g, beta, index=index)
-    w, u, aqk, tt = wy_from_ag(q, k, v, ag, gcum, scale=DIM**-0.5, index=index)
+    w, u, aqk, tt, bnd = wy_from_ag(q, k, v, ag, gcum, scale=DIM**-0.5, index=index)
+    assert bnd is None  # no bound asked for
     G = v.shape[2] // k.shape[2]
     qe, ke = q.repeat_interleave(G, dim=2), k.repeat_interleave(G, dim=2)
     w_ref, u_ref, gs_ref, aqk_ref = wy_gdn_fwd(qe, ke, v, g, beta, scale=DIM**-0.5, index=index)

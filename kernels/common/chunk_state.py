@@ -20,7 +20,7 @@ One kernel, three launchers (each with its own launch spec, since their best con
 Varlen: `cu_seqlens` gives token bounds and `chunk_offsets` the global index of each sequence's first chunk
 (for h and gc); `seq_map` (optional) makes program n run sequence seq_map[n] (the transition of only some
 segments); `final_idx` (optional) stores a program's final state at ht[final_idx[n]], or nowhere if < 0;
-`need` (optional, transition only, uint8 per program, or per program and head) skips the work of programs whose
+`need` (optional, transition only, bool per program, or per program and head) skips the work of programs whose
 flag is 0: their chunk loop runs zero times and they store M = 0, S_ext = 0 (a device-side mask: no host sync,
 same launch). `chunk_state_final_fwd` runs the plain pass from zero over the layout's ranges and stores only the
 final states (the warmup windows of `kernels.common.warm_split`).
@@ -103,7 +103,7 @@ def chunk_state_fwd_kernel(
     chunk_offsets,  # [N+1] int32 or None
     seq_map,  # [N_programs] int32 or None
     final_idx,  # [N_programs] int32 or None
-    need,  # [N_programs] or [N_programs, H] uint8 or None (TRANSITION): 0 = skip this program's pass, store zeros
+    need,  # [N_programs] or [N_programs, H] bool or None (TRANSITION): 0 = skip this program's pass, store zeros
     scale,
     T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -299,7 +299,7 @@ def chunk_state_transition_fwd(
     if need is not None:
         assert need.shape in ((N,), (N, H)) and need.dtype == torch.bool, \
             f"need must be bool [{N}] or [{N}, {H}], got {need.dtype} {tuple(need.shape)}"
-        flags = need.contiguous().view(torch.uint8)   # same bytes; the kernel reads one byte per program
+        flags = need.contiguous()  # bool: the kernel reads one byte per program (Triton loads int1 as int8)
     _launch(cfg, K + V, layout, H, k=k, w=w, u=u, g=g, BT=BT, gate_vector=gate_vector, ht=S, m=M, need=flags)
     return M, S
 

@@ -102,7 +102,7 @@ def seg_chain_fwd_kernel(
     h0,  # [N, H, K, V] fp32 or None
     hs,  # out [NS, H, K, V] fp32: the state entering each segment
     seg_ptr,  # [N+1] int32: sequence n owns segments [seg_ptr[n], seg_ptr[n+1])
-    drop,  # [NS - N, H] uint8 or None: 1 = the map's M is zero (a certified warmup window): S = S_ext, no product
+    drop,  # [NS - N, H] bool or None: 1 = the map's M is zero (a certified warmup window): S = S_ext, no product
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr,
     USE_DROP: tl.constexpr,
@@ -128,7 +128,7 @@ def seg_compose_fwd_kernel(
     m_out,  # out [N, H, K, K]
     s_out,  # out [N, H, K, V]
     seg_ptr,  # [N+1] int32
-    need,  # [N] uint8 or None: 0 = skip the fold, store zeros
+    need,  # [N] bool or None: 0 = skip the fold, store zeros
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr,
     USE_NEED: tl.constexpr,
 ):
@@ -310,7 +310,7 @@ def seg_chain_states(M: Tensor, S_ext: Tensor, h0: Tensor | None, seg_ptr: Tenso
     BV = cfg.BV
     assert BV is not None and BV >= 16, f"bad tiles BV={BV} K={K} V={V}"
     hs = S_ext.new_empty(num_segments, H, K, V)
-    flags = None if drop is None else drop.contiguous().view(torch.uint8)
+    flags = None if drop is None else drop.contiguous()
     seg_chain_fwd_kernel[(triton.cdiv(V, BV), N * H)](
         M.contiguous(), S_ext.contiguous(), h0, hs, seg_ptr, flags, H=H, K=K, V=V, BK=head_block(K), BV=BV,
         PRECISION=CHAIN_DOT_PRECISION,
@@ -331,7 +331,7 @@ def seg_compose_fwd(M: Tensor, S_ext: Tensor, plan: SplitPlan, *, launch: Launch
     assert BV is not None and BV >= 16, f"BV={BV} must be >= 16"
     m_out = M.new_empty(plan.num_seqs, H, K, K)
     s_out = S_ext.new_empty(plan.num_seqs, H, K, V)
-    flags = None if need is None else need.contiguous().view(torch.uint8)
+    flags = None if need is None else need.contiguous()
     seg_compose_fwd_kernel[(triton.cdiv(K + V, BV), plan.num_seqs * H)](
         M, S_ext, m_out, s_out, plan.seg_ptr, flags, H=H, K=K, V=V, BK=head_block(K), BV=BV, PRECISION=CHAIN_DOT_PRECISION,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

@@ -81,7 +81,7 @@ def chunk_state_bwd_kernel(
     chunk_offsets,
     seq_map,  # [N_programs] int32 or None: program n walks range seq_map[n]
     final_idx,  # [N_programs] int32 or None: program n stores ds_out[final_idx[n]] (nowhere if < 0)
-    need,  # [N_programs, H] uint8 or None: 0 = walk no chunk (ds_out gets dht or zeros; the warm window's mask)
+    need,  # [N_programs, H] bool or None: 0 = walk no chunk (ds_out gets dht or zeros; the warm window's mask)
     scale,
     T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -157,7 +157,7 @@ def seg_chain_bwd_kernel(
     dht,  # [N, H, K, V] fp32 or None
     ds_end,  # out [NS, H, K, V] fp32: the gradient at the end of each segment
     seg_ptr,  # [N+1] int32
-    drop,  # [NS - N, H] uint8 or None (needs EXT_REST): 1 = a certified warm window, dS = dS_ext without the product
+    drop,  # [NS - N, H] bool or None (needs EXT_REST): 1 = a certified warm window, dS = dS_ext without the product
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr,
     USE_DHT: tl.constexpr, USE_DROP: tl.constexpr, M_REST: tl.constexpr, EXT_REST: tl.constexpr,
 ):
@@ -234,7 +234,7 @@ def chunk_state_bwd(
     if need is not None:
         assert need.shape == (layout.num_programs, H) and need.dtype == torch.bool, \
             f"need must be bool [{layout.num_programs}, {H}], got {need.dtype} {tuple(need.shape)}"
-        flags = need.contiguous().view(torch.uint8)
+        flags = need.contiguous()  # bool: Triton loads it as int8
     chunk_state_bwd_kernel[grid](
         q, k, w, g, aqk, do, dht, dh, dv_new, ds_out,
         layout.cu_seqlens, layout.chunk_offsets, layout.seq_map, layout.final_idx, flags,
@@ -260,7 +260,7 @@ def seg_chain_bwd(M: Tensor, ds_ext: Tensor, dht: Tensor | None, plan: SplitPlan
     BV = cfg.BV
     assert BV is not None and BV >= 16, f"bad tiles BV={BV} K={K} V={V}"
     ds_end = ds_ext.new_empty(NS, H, K, V)
-    flags = None if drop is None else drop.contiguous().view(torch.uint8)
+    flags = None if drop is None else drop.contiguous()
     seg_chain_bwd_kernel[(triton.cdiv(V, BV), plan.num_seqs * H)](
         M, ds_ext, dht, ds_end, plan.seg_ptr, flags, H=H, K=K, V=V, BK=head_block(K), BV=BV,
         PRECISION=CHAIN_DOT_PRECISION, M_REST=M.shape[0] != NS, EXT_REST=ds_ext.shape[0] != NS,

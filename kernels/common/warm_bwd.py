@@ -314,11 +314,12 @@ def warm_segment_ends(
     ok = certify_reverse_windows(bnd, wp, E_win, dht, x.tol)
     segs = plan.all_segments
     rest_layout = SeqLayout(plan.num_segments, segs.cu_seqlens, segs.chunk_offsets, seq_map=rest)
+    need = ~ok
     if M is None:
         M, _ = chunk_state_transition_fwd(ks, w, u, gs, layout=rest_layout, BT=BT, gate_vector=gate_vector,
-                                          launch=launch, need=~ok)  # fmt: skip
+                                          launch=launch, need=need)  # fmt: skip
     ds_ext = torch.empty_like(E_win)
-    chunk_state_bwd(qs, ks, w, gs, aqk, do, layout=rest_layout, dht=None, ds_out=ds_ext, need=~ok, **bwd)
+    chunk_state_bwd(qs, ks, w, gs, aqk, do, layout=rest_layout, dht=None, ds_out=ds_ext, need=need, **bwd)
     if x.report is not None:
         x.report["certified"] = ok
     return seg_chain_bwd(M, torch.where(ok[:, :, None, None], E_win, ds_ext), dht, plan, launch=launch, drop=ok)

@@ -31,9 +31,9 @@ BLOCK_STATE = 1024  # E_win elements per step of its norm
 def certify_chunk_windows_kernel(
     ell, log_u,  # [NT, H] any float (strided: the chunk sums' two columns): L_j and W_j
     s_t, s_h,  # their strides (elements) along chunks and heads
-    starts, ends, valid,  # [NW] int64 chunk indices [s, e) of the windows, uint8 valid
+    starts, ends, valid,  # [NW] int64 chunk indices [s, e) of the windows, bool valid
     e_win,  # [NW, H, K*V] fp32: the windows' states from zero
-    log_bound, ok,  # out [NW, H] fp64 bound, uint8 certified
+    log_bound, ok,  # out [NW, H] fp64 bound, bool certified
     log_ratio,  # log(tol / (1 + tol))
     H: tl.constexpr, KV: tl.constexpr, BC: tl.constexpr, BS: tl.constexpr,
 ):  # fmt: skip
@@ -82,8 +82,8 @@ def certify_chunk_windows(
         return log_bound, ok
     KV = E_win.shape[2] * E_win.shape[3]
     certify_chunk_windows_kernel[(NW, H)](
-        ell, log_u, ell.stride(0), ell.stride(1), starts, ends, valid.view(torch.uint8), E_win.contiguous(),
-        log_bound, ok.view(torch.uint8), math.log(tol / (1.0 + tol)),
+        ell, log_u, ell.stride(0), ell.stride(1), starts, ends, valid, E_win.contiguous(),
+        log_bound, ok, math.log(tol / (1.0 + tol)),
         H=H, KV=KV, BC=BLOCK_CHUNKS, BS=min(BLOCK_STATE, triton.next_power_of_2(KV)), num_warps=4,
     )  # fmt: skip
     return log_bound, ok

@@ -432,7 +432,7 @@ def wy_gdn_fwd_kernel(
     aqk,  # out [B, T, H, BT] (if q)
     cu_seqlens,  # [N+1] int32 or None
     chunk_indices,  # [NT_total, 2] int32 or None
-    need,  # [N] uint8 or None (transition only): 0 = this sequence's outputs are not needed, skip its chunks
+    need,  # [N] bool or None (transition only): 0 = this sequence's outputs are not needed, skip its chunks
     bnd,  # out [NT_total, H, 2] fp32 or None: the chunk's decay-bound summary (L, W), `_chunk_bound` (warm_split)
     scale,
     T,
@@ -634,7 +634,7 @@ def wy_kda_fwd_kernel(
     aqk,  # out [B, T, H, BT] (if q)
     cu_seqlens,
     chunk_indices,
-    need,  # [N] uint8 or None (transition only): 0 = this sequence's outputs are not needed, skip its chunks
+    need,  # [N] bool or None (transition only): 0 = this sequence's outputs are not needed, skip its chunks
     bnd,  # out [NT_total, H, 2] fp32 or None: the chunk's decay-bound summary (L, W), `_chunk_bound` (warm_split)
     scale,
     T,
@@ -717,7 +717,7 @@ def _need_flags(need: Tensor | None, index: ChunkIndex, q: Tensor | None) -> Ten
     assert q is None, "need masks the transition's WY prep only"
     assert need.shape == (index.num_seqs,) and need.dtype == torch.bool, \
         f"need must be bool [{index.num_seqs}], got {need.dtype} {tuple(need.shape)}"
-    return need.contiguous().view(torch.uint8)
+    return need.contiguous()  # bool: Triton loads and stores it as int8 (no view, two ATen ops per launch)
 
 
 def wy_gdn_fwd(

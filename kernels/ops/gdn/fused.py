@@ -137,7 +137,7 @@ def gdn_fused_state_output_kernel(
     kd,  # [B, T, HV, K] or None (PRE_GATED, KDA: q, k are then qg, ke [B, T, HV, K] and gcum is G_C [NT_total, HV, K])
     h0, ht, m, o,  # entering states [N, HV, K, V] fp32; out: final states (TRANSITION: S_ext), M [N, HV, K, K], o
     cu_seqlens, chunk_offsets, seq_map, final_idx,  # the SeqLayout (`kernels.common.chunk_state`): int32 or None
-    need,  # [N, HV] uint8 or None (TRANSITION): 0 = walk no chunk, store M = 0 and S_ext = 0 (a certified warm window)
+    need,  # [N, HV] bool or None (TRANSITION): 0 = walk no chunk, store M = 0 and S_ext = 0 (a certified warm window)
     hs, vn,  # out or None (STORE_STATES, the backward's recompute): h [NT_total, HV, K, V] entering each chunk, v_new = Vd
     scale, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -434,7 +434,7 @@ def gdn_fused_transition(
         assert need.shape == (N, HV) and need.dtype == torch.bool, (
             f"need must be bool [{N}, {HV}], got {need.dtype} {tuple(need.shape)}"
         )
-    flags = None if need is None else need.contiguous().view(torch.uint8)  # same bytes: one per (program, head)
+    flags = None if need is None else need.contiguous()  # bool, one byte per (program, head): Triton loads it as int8
     _launch(cfg, K + V, layout, q=None, k=k, v=v, ag=ag, gcum=gcum, BT=BT, ht=S, m=M, need=flags, kd=kd)
     return M, S
 

@@ -19,9 +19,9 @@ a [C, C] product over the V columns alone (no cancellation between the two terms
 Nothing but the gradients is written. do, v_new and dv_new are read once in step 1 and once per K block in step 2
 (the same chunk's rows: L2, as the pair's per-K-block programs read them). The decayed products are those of the
 pair (`kernels.common.bwd_tiles`), with the same precision (KDA: `VECTOR_GATE_DOT`). Grouped value heads: q and k
-at head h // G; one program runs the G value heads of a q/k head in turn and sums their dq and dk in the input dtype
-as it goes (each head's fp32 terms plus the previous heads' stored sum, rounded once per head), where the pair and FLA
-write them per value head and sum after.
+at head h // G; for GDN one program runs the G value heads of a q/k head in turn and sums their dq and dk in the input
+dtype as it goes (each head's fp32 terms plus the previous heads' stored sum, rounded once per head); KDA, the pair
+and FLA write them per value head and sum after.
 """
 
 from __future__ import annotations
@@ -71,14 +71,19 @@ CHUNK_BWD_DQK_WY = register(
 def _head_grads(
     q, k, v, g, beta, tt, h, dh, v_new, dv_new, do, dq, dk, dv, dbeta, dg, scale, T, i_h, i_t, i_tg, bos, o_r, m_r,
     ADD_QK, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, GATE_VECTOR: tl.constexpr, DOT_PREC: tl.constexpr, G: tl.constexpr,
+    BV: tl.constexpr, GATE_VECTOR: tl.constexpr, DOT_PREC: tl.constexpr, G: tl.constexpr, SUM_GROUP: tl.constexpr,
 ):  # fmt: skip
-    """The gradients of one value head i_h over one chunk (module docstring); dq and dk at its q/k head i_h // G,
-    added to what is there when ADD_QK (a later head of the group: the sum over the group)."""
+    """The gradients of one value head i_h over one chunk (module docstring); dq and dk at its q/k head i_h // G
+    with SUM_GROUP, added to what is there when ADD_QK (a later head of the group: the sum over the group), else at
+    the value head (per-value-head buffers)."""
     dt = k.dtype.element_ty
     o_t = tl.arange(0, BT)
     p_row = (bos + o_r) * H + i_h
     p_qk = (bos + o_r) * (H // G) + i_h // G  # grouped heads: the shared q/k head
+    if SUM_GROUP:
+        p_dqk = p_qk
+    else:
+        p_dqk = p_row
     p_h = (i_tg * H + i_h) * K * V
     m_strict = o_t[:, None] > o_t[None, :]
     b_Tt, b_beta = _wy_rows(tt, beta, p_row, m_r, BT, dt)
@@ -122,6 +127,7 @@ def _head_grads(
         )
         p_k = p_row[:, None] * K + o_k[None, :]
         p_qkk = p_qk[:, None] * K + o_k[None, :]
+        p_out = p_dqk[:, None] * K + o_k[None, :]
         b_q = tl.load(q + p_qkk, mask=m_rk, other=0.0).to(tl.float32)
         b_k = tl.load(k + p_qkk, mask=m_rk, other=0.0).to(tl.float32)
         if GATE_VECTOR:
@@ -142,17 +148,17 @@ def _head_grads(
         b_ekt = tl.exp(b_Gl - b_G)
         b_dqs = b_dqg * scale * b_eg
         b_dq = b_rq + b_xd * b_k + b_dqs
-        if G > 1:
-            b_dq += tl.load(dq + p_qkk, mask=m_rk & ADD_QK, other=0.0).to(tl.float32)
-        tl.store(dq + p_qkk, b_dq.to(dq.dtype.element_ty), mask=m_rk)
+        if SUM_GROUP:
+            b_dq += tl.load(dq + p_out, mask=m_rk & ADD_QK, other=0.0).to(tl.float32)
+        tl.store(dq + p_out, b_dq.to(dq.dtype.element_ty), mask=m_rk)
         b_ktdkt = b_k * b_ekt * b_dkt
         b_dkb = tl.dot(b_Tt, (-b_dw).to(dt))
         b_kbd = b_dkb * b_eg * b_k  # dkb (x) e^G (x) k
         b_db += tl.sum(b_kbd + b_k * b_ra, 1)
         b_dk = b_c + b_xd * b_q + b_ekt * b_dkt + b_dkb * b_eg * b_beta[:, None] + b_beta[:, None] * b_ra
-        if G > 1:
-            b_dk += tl.load(dk + p_qkk, mask=m_rk & ADD_QK, other=0.0).to(tl.float32)
-        tl.store(dk + p_qkk, b_dk.to(dk.dtype.element_ty), mask=m_rk)
+        if SUM_GROUP:
+            b_dk += tl.load(dk + p_out, mask=m_rk & ADD_QK, other=0.0).to(tl.float32)
+        tl.store(dk + p_out, b_dk.to(dk.dtype.element_ty), mask=m_rk)
         b_dG = b_q * b_rq - b_k * b_c + b_dqs * b_q - b_ktdkt + b_beta[:, None] * (b_kbd + b_k * b_ra)
         b_dG += tl.where(o_t[:, None] == i_last, tl.sum(b_ktdkt, 0)[None, :] + tl.exp(b_Gl) * b_dgam[None, :], 0.0)
         b_dgs = _dg_columns(dg, g, b_dG, b_dgs, p_k, m_rk, GATE_VECTOR)
@@ -175,8 +181,8 @@ def chunk_bwd_dqk_wy_kernel(
     v_new,  # [B, T, H, V]
     dv_new,  # [B, T, H, V]
     do,  # [B, T, H, V]
-    dq,  # out [B, T, H / G, K] (summed over the group by its program)
-    dk,  # out [B, T, H / G, K] (likewise)
+    dq,  # out [B, T, H / G, K] summed over the group by its program (SUM_GROUP), else [B, T, H, K] per value head
+    dk,  # out (likewise)
     dv,  # out [B, T, H, V]
     dbeta,  # out [B, T, H]
     dg,  # out: [B, T, H] (GDN) or [B, T, H, K] (KDA)
@@ -186,21 +192,23 @@ def chunk_bwd_dqk_wy_kernel(
     T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     GATE_VECTOR: tl.constexpr, DOT_PREC: tl.constexpr, IS_VARLEN: tl.constexpr, G: tl.constexpr,
+    SUM_GROUP: tl.constexpr,
 ):  # fmt: skip
-    """One program per (chunk, q/k head): its G value heads one after another (`_head_grads`), each adding its dq
-    and dk to the previous heads' (read back from the program's own stores after a barrier), so grouped heads need
-    no per-value-head buffers nor a reduction (session 19: they held 2 KB per token and value head more at the step's
-    peak, and the reduction took 0.14 ms at 1x8K, HV=32)."""
-    i_hk, i_t, i_tg, bos, T, o_r, m_r, _ = _chunk_rows(cu_seqlens, chunk_indices, T, H // G, BT, IS_VARLEN)
-    if G == 1:
-        _head_grads(q, k, v, g, beta, tt, h, dh, v_new, dv_new, do, dq, dk, dv, dbeta, dg, scale, T, i_hk, i_t, i_tg,
-                    bos, o_r, m_r, False, H, K, V, BT, BK, BV, GATE_VECTOR, DOT_PREC, G)  # fmt: skip
-    else:
+    """One program per (chunk, value head); with SUM_GROUP (GDN's grouped heads) one per (chunk, q/k head), running
+    its G value heads one after another (`_head_grads`), each adding its dq and dk to the previous heads' (read back
+    from the program's own stores after a barrier): no per-value-head buffers nor a reduction (session 19: they held
+    2 KB per token and value head more at the step's peak, and the reduction took 0.14 ms at 1x8K, HV=32)."""
+    if SUM_GROUP:
+        i_hk, i_t, i_tg, bos, T, o_r, m_r, _ = _chunk_rows(cu_seqlens, chunk_indices, T, H // G, BT, IS_VARLEN)
         for i_g in range(G):
             _head_grads(q, k, v, g, beta, tt, h, dh, v_new, dv_new, do, dq, dk, dv, dbeta, dg, scale, T,
                         i_hk * G + i_g, i_t, i_tg, bos, o_r, m_r, i_g > 0, H, K, V, BT, BK, BV, GATE_VECTOR,
-                        DOT_PREC, G)  # fmt: skip
+                        DOT_PREC, G, True)  # fmt: skip
             tl.debug_barrier()  # this head's dq, dk stores before the next head's loads of them (other threads')
+    else:
+        i_h, i_t, i_tg, bos, T, o_r, m_r, _ = _chunk_rows(cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN)
+        _head_grads(q, k, v, g, beta, tt, h, dh, v_new, dv_new, do, dq, dk, dv, dbeta, dg, scale, T, i_h, i_t, i_tg,
+                    bos, o_r, m_r, False, H, K, V, BT, BK, BV, GATE_VECTOR, DOT_PREC, G, False)  # fmt: skip
 
 
 def dqk_wy_bwd(
@@ -229,12 +237,22 @@ def dqk_wy_bwd(
     H, V = v.shape[2], v.shape[-1]  # the value heads; q, k have Hk = H / G (grouped heads)
     cfg = launch.config_for(CHUNK_BWD_DQK_WY, bwd_tiles._key(index, H, K, V, gate_vector, k.dtype))
     BK, BV = bwd_tiles._fit(cfg, K, V)
-    dq, dk = torch.empty_like(q), torch.empty_like(k)  # grouped heads: summed over the group in the kernel
+    # grouped heads: GDN sums dq, dk over the group in the kernel; KDA writes them per value head, summed below (its
+    # in-kernel sum gave non-finite dk on the H200 in session 19's GPU test, at BK = BV = 32: not understood yet)
+    sum_group = not gate_vector and Hk != H
+    dq, dk = (
+        (torch.empty_like(q), torch.empty_like(k))
+        if sum_group
+        else (bwd_tiles.per_value_head(q, H), bwd_tiles.per_value_head(k, H))
+    )
     dv, dbeta, dg = torch.empty_like(v), torch.empty_like(beta), torch.empty_like(g)
     cu, ci = bwd_tiles._bounds(index)
-    chunk_bwd_dqk_wy_kernel[bwd_tiles._chunk_grid(index, B, T, Hk)](
+    chunk_bwd_dqk_wy_kernel[bwd_tiles._chunk_grid(index, B, T, Hk if sum_group else H)](
         q, k, v, g, beta, tt, h, dh, v_new, dv_new, do, dq, dk, dv, dbeta, dg, cu, ci, scale, T,
         H=H, K=K, V=V, BT=index.chunk_size, BK=BK, BV=BV, GATE_VECTOR=gate_vector, DOT_PREC=dot_prec,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        SUM_GROUP=sum_group, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
+    if not sum_group:  # (one at a time: each partial buffer is freed before the next sum is made)
+        dq = bwd_tiles.group_sum(dq, Hk)
+        dk = bwd_tiles.group_sum(dk, Hk)
     return dq, dk, dv, dg, dbeta

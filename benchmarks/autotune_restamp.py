@@ -9,9 +9,14 @@ upper-case module constant, which holds the kernel specs and their search spaces
 current hash. Not identical: the entry stays stale and is listed (re-tune it).
 
     python benchmarks/autotune_restamp.py --json benchmarks/results/autotune_h200.json --base c065706 [--dry-run]
+        [--overlay NEWER.json]
 
 Prints one line per kernel (fresh / re-stamped / changed, with the differing names) and rewrites the file in place
-unless --dry-run. Sessions 16 and 17 did this by hand before the tool existed (`results/autotune_h200.md`).
+unless --dry-run. `--overlay` (session 19) then lays a newer export over the file: an `autotune_h200.py import` of a
+later run of some kernels, made at this build (its hashes must be the current ones). Its entries replace the file's
+with the same kernel and key; the file's other entries of those kernels stay where they are fresh and are dropped
+where they are stale (a changed kernel). A later run of the step's kernels then ships without re-tuning the rest
+(`autotune_h200.py import` merges runs only where their shared kernels have one source hash). Sessions 16 and 17 did this by hand before the tool existed (`results/autotune_h200.md`).
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ def main() -> None:
     ap.add_argument("--json", required=True, help="the autotune file (kernels.autotune's schema)")
     ap.add_argument("--base", required=True, help="the git sha its entries were tuned at")
     ap.add_argument("--dry-run", action="store_true", help="report only; do not rewrite the file")
+    ap.add_argument("--overlay", default=None, help="a newer export of this build whose entries replace the file's")
     a = ap.parse_args()
     from kernels.autotune import source_hash, source_modules
 
@@ -89,9 +95,33 @@ def main() -> None:
         block["source_hash"] = now
         restamped += 1
         print(f"{kernel}: re-stamped (device code identical to {a.base})")
-    if not a.dry_run and restamped:
+    overlaid = overlay(data, json.loads(Path(a.overlay).read_text()), source_hash) if a.overlay else 0
+    if not a.dry_run and (restamped or overlaid):
         path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-        print(f"wrote {path} ({restamped} re-stamped)")
+        print(f"wrote {path} ({restamped} re-stamped, {overlaid} overlaid)")
+
+
+def overlay(data: dict, newer: dict, source_hash) -> int:  # noqa: ANN001
+    """Lay `newer`'s entries over `data` in place (module docstring); returns how many entries it laid."""
+    if newer.get("device") != data.get("device") or newer.get("schema_version") != data.get("schema_version"):
+        raise SystemExit(
+            f"the overlay is for {newer.get('device')} schema {newer.get('schema_version')}, the file for "
+            f"{data.get('device')} schema {data.get('schema_version')}"
+        )
+    laid = 0
+    for kernel, nb in sorted(newer["kernels"].items()):
+        if nb["source_hash"] != source_hash(kernel):
+            raise SystemExit(f"{kernel}: the overlay was tuned at other code than this build's (re-export it here)")
+        block = data["kernels"].setdefault(kernel, {"entries": [], "source_hash": nb["source_hash"]})
+        keys = {json.dumps(e["key"], sort_keys=True) for e in nb["entries"]}
+        kept = [e for e in block["entries"] if json.dumps(e["key"], sort_keys=True) not in keys]
+        if block["source_hash"] != nb["source_hash"] and kept:
+            print(f"{kernel}: dropped {len(kept)} stale entries the overlay does not replace")
+            kept = []
+        block["entries"], block["source_hash"] = kept + nb["entries"], nb["source_hash"]
+        laid += len(nb["entries"])
+        print(f"{kernel}: overlaid {len(nb['entries'])} entries ({len(kept)} of the file's kept)")
+    return laid
 
 
 if __name__ == "__main__":

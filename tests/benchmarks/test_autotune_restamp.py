@@ -53,3 +53,35 @@ def test_a_device_side_edit_is_named(old: str, new: str, name: str) -> None:
 def test_a_kernel_added_or_removed_is_named() -> None:
     assert changed_parts(BASE, BASE + "\n\n@triton.jit\ndef other(x):\n    pass\n") == ["def other"]
     assert changed_parts(BASE, "") == ["BLOCK", "SPEC", "def k_kernel"]
+
+
+def _entry(key: dict, bv: int) -> dict:
+    return {"config": {"BV": bv}, "key": key, "median_ms": 1.0, "default_ms": 1.0}
+
+
+def test_overlay_replaces_same_key_entries_keeps_fresh_ones_and_drops_stale_ones() -> None:
+    overlay = load_script("autotune_restamp").overlay
+    hashes = {"a": "A2", "b": "B1", "c": "C1"}  # this build's source hashes
+    k1, k2 = {"H": 16}, {"H": 32}
+    data = {
+        "device": "H200",
+        "schema_version": 1,
+        "kernels": {
+            "a": {"source_hash": "A1", "entries": [_entry(k1, 16), _entry(k2, 16)]},  # stale: a changed since
+            "b": {"source_hash": "B1", "entries": [_entry(k1, 16), _entry(k2, 16)]},  # fresh
+        },
+    }
+    newer = {
+        "device": "H200",
+        "schema_version": 1,
+        "kernels": {k: {"source_hash": hashes[k], "entries": [_entry(k1, 64)]} for k in ("a", "b", "c")},
+    }
+    assert overlay(data, newer, hashes.__getitem__) == 3
+    got = {
+        k: (b["source_hash"], [(e["key"]["H"], e["config"]["BV"]) for e in b["entries"]]) for k, b in data["kernels"].items()
+    }
+    assert got == {"a": ("A2", [(16, 64)]), "b": ("B1", [(32, 16), (16, 64)]), "c": ("C1", [(16, 64)])}
+    with pytest.raises(SystemExit, match="other code"):  # an overlay made at another build is refused
+        overlay(data, newer, {"a": "A3", "b": "B1", "c": "C1"}.__getitem__)
+    with pytest.raises(SystemExit, match="schema"):
+        overlay(data, {**newer, "device": "H100"}, hashes.__getitem__)

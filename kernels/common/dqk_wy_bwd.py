@@ -26,6 +26,8 @@ and FLA write them per value head and sum after.
 
 from __future__ import annotations
 
+import re
+
 import torch
 import triton
 import triton.language as tl
@@ -211,6 +213,15 @@ def chunk_bwd_dqk_wy_kernel(
                     bos, o_r, m_r, False, H, K, V, BT, BK, BV, GATE_VECTOR, DOT_PREC, G, False)  # fmt: skip
 
 
+def _hopper_miscompile_range(device: torch.device) -> bool:
+    """Whether `device` is an sm_90 GPU under a Triton of the range with known Hopper miscompiles (3.4 to 3.7.0:
+    `runners.tuner.miscompiles`' rules, FLA's #640)."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] != 9:
+        return False
+    version = tuple(int(x) for x in re.findall(r"\d+", triton.__version__.split("+")[0])[:3])
+    return (3, 4) <= version <= (3, 7, 0)
+
+
 def dqk_wy_bwd(
     q: Tensor,
     k: Tensor,
@@ -237,6 +248,12 @@ def dqk_wy_bwd(
     H, V = v.shape[2], v.shape[-1]  # the value heads; q, k have Hk = H / G (grouped heads)
     cfg = launch.config_for(CHUNK_BWD_DQK_WY, bwd_tiles._key(index, H, K, V, gate_vector, k.dtype))
     BK, BV = bwd_tiles._fit(cfg, K, V)
+    if gate_vector and min(BK, BV) < 64 and _hopper_miscompile_range(k.device):
+        raise ValueError(
+            f"chunk_bwd_dqk_wy: KDA's fused gradient kernel with {BK}x{BV} column blocks computed a wrong dk on sm_90 "
+            f"under Triton {triton.__version__} (kernels/NOTES.md, session 19); use bwd_grads='pair' (KDA's default) "
+            "or column blocks of 64"
+        )
     # grouped heads: GDN sums dq, dk over the group in the kernel; KDA writes them per value head, summed below (its
     # in-kernel sum gave non-finite dk on the H200 in session 19's GPU test, at BK = BV = 32: not understood yet)
     sum_group = not gate_vector and Hk != H

@@ -85,6 +85,17 @@ RULES: tuple[Rule, ...] = (
                "stage at K=V=32, two stages at K=V=128; 2026-12-01, kernels/NOTES.md)",
     ),
     Rule(
+        kernels=("chunk_bwd_dqk_wy",),
+        matches=lambda c: c.BK == 32 or c.BV == 32,
+        capabilities=("9",),
+        triton_min=(3, 4),
+        triton_max=(3, 7, 0),
+        reason="the fused gradient kernel with BK = BV = 32 (4 warps, two stages) gave KDA a wrong dk (relative L2 "
+               "0.69 against the pair) on an H200 with Triton 3.6.0, with two q/k heads of two value heads each "
+               "(GDN's passed; 2026-12-03, session 19's GPU test; kernels.common.dqk_wy_bwd refuses KDA's narrow "
+               "blocks there)",
+    ),
+    Rule(
         kernels=("gdn_fused_state_output_fwd",),
         matches=lambda c: c.BV == 32,
         capabilities=("9",),

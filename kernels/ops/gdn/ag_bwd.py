@@ -162,7 +162,8 @@ def wy_from_ag(
     grid = (index.num_chunks, HV) if index.is_varlen else (triton.cdiv(T, BT), B * HV)
     bounds = (index.cu_seqlens, index.chunk_indices) if index.is_varlen else (None, None)
     wy_from_ag_kernel[grid](
-        q, k, v, ag, gcum, w, u, aqk, tt, g, beta, do, bnd, *bounds, scale, math.log(scale), T, index.num_chunks,
+        q, k, v, ag, gcum, w, u, aqk, tt, g, beta, do, bnd, *bounds, scale, math.log(scale), T,
+        index.num_chunks if bnd is not None else 0,  # (read with bnd only: 0 keeps one compile across lengths)
         HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return w, u, aqk, tt, bnd

@@ -44,16 +44,14 @@ def _tuner_scale_kernel(x, y, N, FACTOR: tl.constexpr, BV: tl.constexpr):
     tl.store(y + o_v, tl.load(x + o_v, mask=m_v, other=0.0) * FACTOR, mask=m_v)
 
 
-SCALE = register(
-    KernelSpec(
-        name="test_tuner_scale",
-        key=("N", "V"),
-        default=LaunchConfig(BV=16, num_warps=4, num_stages=2),
-        # BV=48 cannot compile (tl.arange needs a power of 2) and, like BV=64, is wider than V=32: invalid for the key;
-        # num_stages=3 is the deliberately wrong entry (the launcher below then scales by 3)
-        space={"BV": (16, 32, 48, 64), "num_warps": (2, 4), "num_stages": (2, 3)},
-    )
-)
+SCALE = register(KernelSpec(
+    name="test_tuner_scale",
+    key=("N", "V"),
+    default=LaunchConfig(BV=16, num_warps=4, num_stages=2),
+    # BV=48 cannot compile (tl.arange needs a power of 2) and, like BV=64, is wider than V=32: invalid for the key;
+    # num_stages=3 is the deliberately wrong entry (the launcher below then scales by 3)
+    space={"BV": (16, 32, 48, 64), "num_warps": (2, 4), "num_stages": (2, 3)},
+))
 V = 32
 SEEN = LaunchRecorder()  # every launch of the test kernel, whatever plan it had (the scripted timer reads it)
 
@@ -64,9 +62,8 @@ def scale(x: torch.Tensor, plan: LaunchPlan) -> torch.Tensor:
     SEEN.record(SCALE.name, key, cfg)
     y = torch.empty_like(x)
     factor = 3.0 if cfg.num_stages == 3 else 2.0
-    _tuner_scale_kernel[(triton.cdiv(x.numel(), cfg.BV),)](
-        x, y, x.numel(), FACTOR=factor, BV=cfg.BV, num_warps=cfg.num_warps, num_stages=cfg.num_stages
-    )
+    _tuner_scale_kernel[(triton.cdiv(x.numel(), cfg.BV),)](x, y, x.numel(), FACTOR=factor, BV=cfg.BV,
+                                                          num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y
 
 
@@ -97,21 +94,9 @@ def _stored(session: Session, strategy: str) -> list[TuningTrial]:
 
 @pytest.mark.parametrize("strategy", ["exhaustive", "random", "halving"])
 def test_tune_case_best_of_stored_trials(session: Session, strategy: str) -> None:
-    result = tune_case(
-        _runner(),
-        device="cpu",
-        spec=TuneSpec(
-            kernels=(SCALE.name,),
-            strategy=strategy,
-            budget=6 if strategy == "random" else None,
-            seed=3,
-            samples=2,
-            min_samples=1,
-            max_samples=3,
-            eta=2,
-        ),
-        timer=WallTimer(warmup=0),
-    )
+    result = tune_case(_runner(), device="cpu", spec=TuneSpec(kernels=(SCALE.name,), strategy=strategy,
+                       budget=6 if strategy == "random" else None, seed=3, samples=2, min_samples=1,
+                       max_samples=3, eta=2), timer=WallTimer(warmup=0))
     rows = crud.store_tuning(session, result=result)
     trials = _stored(session, strategy)
     (res,) = result.kernels
@@ -161,12 +146,8 @@ def test_halving_keeps_fastest_and_default(session: Session) -> None:
     # cost: BV=32, 2 warps fastest; default (BV=16, 4 warps) slowest of the valid ones
     cost = lambda c: {(32, 2): 1.0, (32, 4): 2.0, (16, 2): 3.0, (16, 4): 4.0}[(c.BV, c.num_warps)]
     timer = ScriptedTimer(cost)
-    result = tune_case(
-        _runner(),
-        device="cpu",
-        spec=TuneSpec(kernels=(SCALE.name,), strategy="halving", min_samples=2, max_samples=50, eta=3),
-        timer=timer,
-    )
+    result = tune_case(_runner(), device="cpu", spec=TuneSpec(kernels=(SCALE.name,), strategy="halving",
+                       min_samples=2, max_samples=50, eta=3), timer=timer)
     rows = crud.store_tuning(session, result=result)
     (res,) = result.kernels
     rungs = sorted({t.rung for t in res.trials})
@@ -206,18 +187,9 @@ def test_hints_lead_the_candidates_and_a_budgeted_draw_always_measures_them() ->
     cost = {cfg: float(i) for i, cfg in enumerate(c)}
     for seed in range(8):  # whatever the random draw, both hints are in every budgeted search's first rung
         for strategy in ("random", "halving"):
-            res = search(
-                strategy,
-                c,
-                lambda cfg, n, r, _s=strategy: Trial(
-                    kernel="k", key={}, config=cfg, strategy=_s, rung=r, status="ok", median_ms=cost[cfg], n=n
-                ),
-                budget=4,
-                seed=seed,
-                min_samples=1,
-                max_samples=1,
-                pinned=pinned(spec),
-            )
+            res = search(strategy, c, lambda cfg, n, r, _s=strategy: Trial(kernel="k", key={}, config=cfg, strategy=_s, rung=r,
+                                                              status="ok", median_ms=cost[cfg], n=n),
+                         budget=4, seed=seed, min_samples=1, max_samples=1, pinned=pinned(spec))
             first = [t.config for t in res.trials if t.rung == 0]
             assert first[:3] == [SCALE.default, *hints] and len(first) == len(set(first)) == 4
     # without hints (pinned=1) a budget of 4 draws 3 of the 15 others; with them, 1 beside the two hints
@@ -228,13 +200,8 @@ def test_hints_lead_the_candidates_and_a_budgeted_draw_always_measures_them() ->
 
 def test_a_hint_outside_the_space_is_refused() -> None:
     with pytest.raises(ValueError, match="hint .* is not a config of its space"):
-        KernelSpec(
-            name="test_tuner_bad_hint",
-            key=("N",),
-            default=SCALE.default,
-            space=SCALE.space,
-            hints=(LaunchConfig(BV=128, num_warps=2, num_stages=2),),
-        )
+        KernelSpec(name="test_tuner_bad_hint", key=("N",), default=SCALE.default, space=SCALE.space,
+                   hints=(LaunchConfig(BV=128, num_warps=2, num_stages=2),))
 
 
 def test_backward_kernels_hint_their_low_spill_configs() -> None:
@@ -242,7 +209,7 @@ def test_backward_kernels_hint_their_low_spill_configs() -> None:
 
     for spec in (chunk_bwd.CHUNK_BWD_DQK, chunk_bwd.WY_BWD, state_bwd.CHUNK_STATE_BWD):
         assert spec.hints and all(h.num_warps == 8 for h in spec.hints)
-        assert candidates(spec)[1 : 1 + len(spec.hints)] == list(spec.hints)
+        assert candidates(spec)[1:1 + len(spec.hints)] == list(spec.hints)
 
 
 def test_bad_strategy_and_unknown_kernel() -> None:
@@ -265,12 +232,8 @@ _HAVE_GDN = importlib.util.find_spec("kernels.ops.gdn.chunk") is not None
 
 @pytest.mark.skipif(not _HAVE_GDN, reason="kernels/ops/gdn/chunk.py (the Triton GDN path) does not exist yet")
 def test_tune_kernels_gdn_triton_tiny(session: Session) -> None:
-    result = tune_kernels(
-        op="gdn",
-        shapes=[{"B": 1, "T": 64, "H": 1, "K": 16, "V": 32, "dtype": "float32"}],
-        spec=TuneSpec(strategy="random", budget=2, samples=1),
-        device="cpu",
-    )
+    result = tune_kernels(op="gdn", shapes=[{"B": 1, "T": 64, "H": 1, "K": 16, "V": 32, "dtype": "float32"}],
+                          spec=TuneSpec(strategy="random", budget=2, samples=1), device="cpu")
     rows = crud.store_tuning(session, result=result)
     trials = list(session.scalars(select(TuningTrial)))
     kernels_tuned = {r.kernel for r in rows}
@@ -297,12 +260,8 @@ def _rank_main(rank: int, world: int, port: int, out) -> None:
         return real(_runner(), spec=dataclasses.replace(spec, kernels=(SCALE.name,)), **kw)
 
     tune_mod.tune_case = fake_tune_case
-    rows = tune_kernels(
-        op="gdn",
-        shapes=[{"B": 1, "T": 64, "H": 1, "K": 16, "V": 32, "dtype": "float32"}],
-        spec=TuneSpec(strategy="exhaustive", samples=1),
-        device="cpu",
-    ).winners()
+    rows = tune_kernels(op="gdn", shapes=[{"B": 1, "T": 64, "H": 1, "K": 16, "V": 32, "dtype": "float32"}],
+                        spec=TuneSpec(strategy="exhaustive", samples=1), device="cpu").winners()
     out.put((rank, tuned_here, [(r.kernel, r.key_str, r.config, r.median_ms) for r in rows]))
     dist.barrier()
     dist.destroy_process_group()
@@ -325,8 +284,8 @@ def test_tune_kernels_rank0_tunes_and_broadcasts() -> None:
     for p in procs:
         p.join(timeout=30)
         assert p.exitcode == 0
-    assert got[0][0] == [0] and got[1][0] == []  # only rank 0 searched
-    assert got[0][1] == got[1][1] and got[0][1]  # every rank has rank 0's winners
+    assert got[0][0] == [0] and got[1][0] == []          # only rank 0 searched
+    assert got[0][1] == got[1][1] and got[0][1]           # every rank has rank 0's winners
     assert got[1][1][0][2] == {"BV": 16, "num_warps": 2, "num_stages": 2}
 
 
@@ -341,12 +300,8 @@ def test_cli_configs_export(tmp_path, migrated_sqlite) -> None:
 
     url = migrated_sqlite(tmp_path)
     engine = create_engine(url)
-    result = tune_case(
-        _runner(),
-        device="cpu",
-        spec=TuneSpec(kernels=(SCALE.name,), strategy="exhaustive", samples=1),
-        timer=ScriptedTimer(lambda c: c.BV + c.num_warps / 10),
-    )
+    result = tune_case(_runner(), device="cpu", spec=TuneSpec(kernels=(SCALE.name,), strategy="exhaustive", samples=1),
+                       timer=ScriptedTimer(lambda c: c.BV + c.num_warps / 10))
     with Session(engine) as s:
         crud.store_tuning(s, result=result)
         s.commit()
@@ -404,9 +359,7 @@ def test_tune_missing_keeps_the_trials_of_a_device_crash_for_the_parent(session:
     monkeypatch.setattr(sweep_mod, "op_runner", lambda op, case, backend, direction="fwd": run)
     monkeypatch.setattr(sweep_mod, "make_case", lambda op, shape, device: {})
     real = sweep_mod.tune_case
-    monkeypatch.setattr(
-        sweep_mod, "tune_case", lambda *a, **kw: real(*a, **{**kw, "timer": ScriptedTimer(lambda c: float(c.BV))})
-    )
+    monkeypatch.setattr(sweep_mod, "tune_case", lambda *a, **kw: real(*a, **{**kw, "timer": ScriptedTimer(lambda c: float(c.BV))}))
     shape = {"B": 1, "T": 64, "H": 1, "K": 16, "V": 32, "dtype": "float32"}
     spec = TuneSpec(strategy="exhaustive", samples=1)
     first = tune_missing(tuning_state(session), op="gdn", shape=shape, device="cpu", spec=spec)
@@ -438,24 +391,15 @@ def test_known_bad_and_fatal_cuda_error(session: Session) -> None:
 
     # a known crasher is recorded `failed` without launching; the search goes on
     spec = TuneSpec(kernels=(SCALE.name,), strategy="exhaustive", samples=1)
-    (res,) = tune_case(
-        run,
-        device="cpu",
-        spec=spec,
-        timer=ScriptedTimer(lambda c: float(c.BV)),
-        known_bad={SCALE.name: {bad: "crashed elsewhere", crash: "too"}},
-    ).kernels
+    (res,) = tune_case(run, device="cpu", spec=spec, timer=ScriptedTimer(lambda c: float(c.BV)),
+                       known_bad={SCALE.name: {bad: "crashed elsewhere", crash: "too"}}).kernels
     failed = [t for t in res.trials if t.status == "failed"]
     assert {LaunchConfig.from_dict(t.config) for t in failed} == {bad, crash}
     assert {t.error for t in failed} == {"crashed elsewhere", "too"}
     # an unknown device crash poisons the process: raised (the search cannot go on) with the trials so far, stored
     with pytest.raises(RuntimeError, match="illegal memory access") as stopped:
-        tune_case(
-            lambda p: run(p.replace(configs={k: v for k, v in p.configs.items() if v != bad})),
-            device="cpu",
-            spec=spec,
-            timer=ScriptedTimer(lambda c: float(c.BV)),
-        )
+        tune_case(lambda p: run(p.replace(configs={k: v for k, v in p.configs.items() if v != bad})), device="cpu",
+                  spec=spec, timer=ScriptedTimer(lambda c: float(c.BV)))
     assert isinstance(stopped.value, TuningStopped)
     crud.store_tuning(session, result=stopped.value.result)
     rec = session.scalars(select(TuningTrial).where(TuningTrial.status == "failed")).all()
@@ -487,26 +431,16 @@ def test_triton_launch_error_is_fatal(session: Session) -> None:
     run = _crashing(crash, "Triton Error [CUDA]: an illegal memory access was encountered", calls)
 
     with pytest.raises(RuntimeError, match="Triton Error"):
-        tune_case(
-            run,
-            device="cpu",
-            spec=TuneSpec(kernels=(SCALE.name,), strategy="exhaustive", samples=1),
-            timer=ScriptedTimer(lambda c: float(c.BV)),
-        )
+        tune_case(run, device="cpu", spec=TuneSpec(kernels=(SCALE.name,), strategy="exhaustive", samples=1),
+                  timer=ScriptedTimer(lambda c: float(c.BV)))
     assert calls[-1] == crash  # nothing launched after the fault
 
 
 def test_miscompile_rules_apply_by_capability_and_triton_version() -> None:
     from runners.tuner.miscompiles import Rule, known_bad
 
-    rule = Rule(
-        kernels=(SCALE.name,),
-        matches=lambda c: c.BV == 32 and c.num_warps == 4,
-        capabilities=("9",),
-        triton_min=(3, 4),
-        triton_max=(3, 7, 0),
-        reason="test rule",
-    )
+    rule = Rule(kernels=(SCALE.name,), matches=lambda c: c.BV == 32 and c.num_warps == 4, capabilities=("9",),
+                triton_min=(3, 4), triton_max=(3, 7, 0), reason="test rule")
     hit = known_bad("9.0", "3.6.0", rules=[rule])
     assert set(hit) == {SCALE.name}
     assert hit[SCALE.name] and all(c.BV == 32 and c.num_warps == 4 for c in hit[SCALE.name])
@@ -550,23 +484,17 @@ def test_miscompile_rules_apply_by_capability_and_triton_version() -> None:
 def test_tune_kernels_fwd_bwd_tunes_a_backward_kernel(session: Session) -> None:
     """direction fwd+bwd: the runner runs forward + Triton backward, so a backward kernel launches, is searched on
     the whole step (its outputs, gradients included, checked against the defaults' run) and gets a tuned row."""
-    result = tune_kernels(
-        op="gdn",
-        shapes=[{"B": 1, "T": 64, "H": 1, "K": 32, "V": 32, "dtype": "float32"}],
-        spec=TuneSpec(strategy="random", budget=2, samples=1, kernels=("chunk_bwd_dqk_wy",), direction="fwd+bwd"),
-        device="cpu",
-    )
+    result = tune_kernels(op="gdn", shapes=[{"B": 1, "T": 64, "H": 1, "K": 32, "V": 32, "dtype": "float32"}],
+                          spec=TuneSpec(strategy="random", budget=2, samples=1, kernels=("chunk_bwd_dqk_wy",),
+                                        direction="fwd+bwd"),
+                          device="cpu")
     rows = crud.store_tuning(session, result=result)
     assert [r.kernel for r in rows] == ["chunk_bwd_dqk_wy"]  # GDN's gradient kernel (AUTO_BWD_GRADS)
     trials = [t for t in session.scalars(select(TuningTrial)) if t.kernel == "chunk_bwd_dqk_wy"]
     assert rows[0].median_ms == min(t.median_ms for t in trials if t.status == "ok")
     with pytest.raises(ValueError, match="direction"):
-        tune_kernels(
-            op="gdn",
-            shapes=[{"B": 1, "T": 64, "H": 1, "K": 32, "V": 32, "dtype": "float32"}],
-            device="cpu",
-            spec=TuneSpec(direction="bwd"),
-        )
+        tune_kernels(op="gdn", shapes=[{"B": 1, "T": 64, "H": 1, "K": 32, "V": 32, "dtype": "float32"}],
+                     device="cpu", spec=TuneSpec(direction="bwd"))
 
 
 def test_tune_spec_is_the_one_source_of_the_defaults() -> None:
@@ -581,20 +509,12 @@ def test_tune_spec_is_the_one_source_of_the_defaults() -> None:
     d = TuneSpec()
     cli = {p.name: p.default.default for p in inspect.signature(tune_command).parameters.values()}
     assert (cli["strategy"], cli["budget"], cli["seed"], cli["samples"], cli["direction"], cli["fla_min_gain"]) == (
-        d.strategy,
-        d.budget,
-        d.seed,
-        d.samples,
-        d.direction,
-        d.min_gain,
-    )
+        d.strategy, d.budget, d.seed, d.samples, d.direction, d.min_gain)
     params = inspect.signature(search).parameters
     assert {f: params[f].default for f in ("budget", "seed", "samples", "min_samples", "max_samples", "eta")} == {
-        f: getattr(d, f) for f in ("budget", "seed", "samples", "min_samples", "max_samples", "eta")
-    }
-    assert TuneSpec.of({"strategy": "random", "budget": 4}, kernels=["a"]) == TuneSpec(
-        strategy="random", budget=4, kernels=("a",)
-    )
+        f: getattr(d, f) for f in ("budget", "seed", "samples", "min_samples", "max_samples", "eta")}
+    assert TuneSpec.of({"strategy": "random", "budget": 4}, kernels=["a"]) == TuneSpec(strategy="random", budget=4,
+                                                                                       kernels=("a",))
     with pytest.raises(ValueError, match=r"unknown tuning option\(s\) \['rungs'\]"):
         TuneSpec.of({"rungs": 3})
     code = "import sys, runners.tuner.spec, runners.tuner.result; print('torch' in sys.modules)"
@@ -610,17 +530,11 @@ def test_a_tune_result_holds_what_storing_and_exporting_need() -> None:
     from runners.tuner.export import export_from_rows
 
     timer = ScriptedTimer(lambda c: float(c.BV) + c.num_warps / 10)
-    result = tune_case(
-        _runner(), device="cpu", spec=TuneSpec(kernels=(SCALE.name,), strategy="exhaustive", samples=1), timer=timer
-    )
+    result = tune_case(_runner(), device="cpu", spec=TuneSpec(kernels=(SCALE.name,), strategy="exhaustive", samples=1),
+                       timer=timer)
     assert pickle.loads(pickle.dumps(result)) == result
     (k,) = result.winners()
-    assert (k.kernel, k.key_str, k.config, k.median_ms) == (
-        SCALE.name,
-        "N=64,V=32",
-        {"BV": 16, "num_warps": 2, "num_stages": 2},
-        16.2,
-    )
+    assert (k.kernel, k.key_str, k.config, k.median_ms) == (SCALE.name, "N=64,V=32", {"BV": 16, "num_warps": 2, "num_stages": 2}, 16.2)
     assert k.default_ms == 16.4 and k.runner_up_ms == 16.4 and len(k.source_hash) == 64
     trials = result.trial_rows()
     # BV=48 and 64 > V=32 are left out before launching: the 8 configs with BV 16 or 32 remain
@@ -632,7 +546,4 @@ def test_a_tune_result_holds_what_storing_and_exporting_need() -> None:
     assert data["kernels"][SCALE.name]["entries"][0]["config"] == k.config
     stop = TuningStopped(result, RuntimeError("CUDA error: an illegal memory access was encountered"))
     again = pickle.loads(pickle.dumps(stop))
-    assert (
-        again.result == result
-        and str(again) == "tuning stopped: RuntimeError: CUDA error: an illegal memory access was encountered"
-    )
+    assert again.result == result and str(again) == "tuning stopped: RuntimeError: CUDA error: an illegal memory access was encountered"

@@ -126,11 +126,15 @@ def test_backward_with_warm_window_against_reference() -> None:
         assert_rel_close(name, r, a.float(), TOL)
 
 
-def test_backward_from_ag_sums_the_bound_in_wy_from_ag(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("grouped", [False, True])
+def test_backward_from_ag_sums_the_bound_in_wy_from_ag(monkeypatch: pytest.MonkeyPatch, grouped: bool) -> None:
     """GDN's backward from the kept Ag with the forward's segment states (the default step) takes the reverse bound
     sums from `wy_from_ag(bound=)`: the same sums as `reverse_chunk_bound` (which then does not run), the same
-    certified windows, and the gradients of `chunk_bwd` with the sums from `reverse_chunk_bound` and the reference's."""
+    certified windows, and the gradients of `chunk_bwd` with the sums from `reverse_chunk_bound` and the reference's.
+    grouped: q and k of the first head serve both value heads (the windows certified then are the sums' own)."""
     q, k, v, g, beta, cu, h0, do, dht = _case()
+    if grouped:
+        q, k = q[:, :, :1].contiguous(), k[:, :, :1].contiguous()
     index = prepare_chunk_index(cu, batch=1, seq_len=sum(LENGTHS), chunk_size=CHUNK, device=k.device)
     ag, gcum = wy_gdn_ag(k, g, beta, index=index)
     plain = wy_from_ag(q, k, v, ag, gcum, scale=DIM**-0.5, index=index)
@@ -153,13 +157,19 @@ def test_backward_from_ag_sums_the_bound_in_wy_from_ag(monkeypatch: pytest.Monke
     got = chunk_gdn_bwd_ag(q, k, v, g, beta, do, scale=DIM**-0.5, wy={"ag": ag, "gs": gcum}, initial_state=h0,
                            dht=dht, cu_seqlens=cu, plan=LaunchPlan(bwd_warm=WINDOW), chunk_size=CHUNK,
                            warm_report=report, seg_states=seg)  # fmt: skip
-    assert not calls and report["certified"].tolist() == CERTIFIED[True]
+    certified = report["certified"].tolist()
+    assert not calls and (grouped or certified == CERTIFIED[True])
     report.clear()  # without the segment states: chunk_bwd's own split and `reverse_chunk_bound`
     old = chunk_gdn_bwd_ag(q, k, v, g, beta, do, scale=DIM**-0.5, wy={"ag": ag, "gs": gcum}, initial_state=h0,
                            dht=dht, cu_seqlens=cu, plan=LaunchPlan(bwd_warm=WINDOW), chunk_size=CHUNK,
                            split_chunks=SPLIT, warm_report=report)  # fmt: skip
-    assert calls and report["certified"].tolist() == CERTIFIED[True]
-    for name, a, b, r in zip(NAMES, got, old, _reference(), strict=True):
+    assert calls and report["certified"].tolist() == certified and any(map(any, certified))
+    ref = _reference()
+    if grouped:  # the reference with q, k expanded to the value heads, their gradients summed back over the group
+        qe, ke = q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2)
+        ref = _reference_grads("gdn", qe, ke, v, g, beta, h0, do, dht, cu.tolist())
+        ref[:2] = [r.sum(2, keepdim=True) for r in ref[:2]]
+    for name, a, b, r in zip(NAMES, got, old, ref, strict=True):
         assert_rel_close(f"{name} vs reverse_chunk_bound's", b.float(), a.float(), 1e-5 if DEVICE == "cpu" else 2e-2)
         assert_rel_close(name, r, a.float(), TOL)
 

@@ -17,7 +17,9 @@ head), on the device, no host sync:
    stored in flipped chunk order. On the flipped chunk axis the reverse bound is the forward's, so
    `kernels.common.warm_certify.certify_chunk_windows` certifies (dht folded in as `warm_split.fold_initial_states`
    folds h0); a window that reaches its sequence's end is never certified when dht is given (its dht would be inside
-   the window, where the bound does not count it);
+   the window, where the bound does not count it). GDN's backward from the kept Ag has `wy_from_ag` make the same
+   sums from its own loads of q and k (`RevWarmInputs.bnd`, session 19) where the forward's are not needed: this
+   launch then does not run;
 3. the maps M (`chunk_state_transition_fwd(need=)`) and the ext pass (`chunk_state_bwd(need=)`) run for the
    uncertified pairs only (the others walk nothing); the forward's maps are used instead where it kept them, or where
    the backward's forward-state recompute needs the maps of all segments anyway;

@@ -27,6 +27,7 @@ import inspect
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,7 +102,7 @@ def main() -> None:
         print(f"wrote {path} ({restamped} re-stamped, {overlaid} overlaid)")
 
 
-def overlay(data: dict, newer: dict, source_hash) -> int:  # noqa: ANN001
+def overlay(data: dict, newer: dict, source_hash: Callable[[str], str]) -> int:
     """Lay `newer`'s entries over `data` in place (module docstring); returns how many entries it laid."""
     if newer.get("device") != data.get("device") or newer.get("schema_version") != data.get("schema_version"):
         raise SystemExit(

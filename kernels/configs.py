@@ -9,11 +9,38 @@ defines it). The tuner (`runners/tuner`) searches `spec.space`; the autotune loa
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-__all__ = ["KERNELS", "KernelSpec", "LaunchConfig", "get_spec", "head_block", "register"]
+__all__ = [
+    "HOPPER_MISCOMPILE_TRITON",
+    "KERNELS",
+    "KernelSpec",
+    "LaunchConfig",
+    "get_spec",
+    "head_block",
+    "register",
+    "version_tuple",
+]
+
+# the Triton versions (inclusive) with known Hopper (sm_90) miscompiles: FLA's #640 and ours
+# (`runners.tuner.miscompiles`' rules; `kernels.common.dqk_wy_bwd` refuses one case at run time)
+HOPPER_MISCOMPILE_TRITON: tuple[tuple[int, ...], tuple[int, ...]] = ((3, 4), (3, 7, 0))
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    """The numeric part of a version: "3.6.0" -> (3, 6, 0); "3.7.0+git1234" -> (3, 7, 0); "3.4.0rc1" -> (3, 4, 0); "" -> ()."""
+    out: list[int] = []
+    for part in text.split("+")[0].split("."):
+        m = re.match(r"\d+", part)
+        if m is None:
+            break
+        out.append(int(m.group()))
+        if m.end() != len(part):  # a pre-release suffix ends the numeric part
+            break
+    return tuple(out)
 
 
 @dataclass(frozen=True)

@@ -46,18 +46,16 @@ if [ -n "$HOSTLAB" ]; then
   echo "host lab rc=$? $(el) s"; cp /tmp/hb/host_bound_lab.md /tmp/hb/host_profile.txt $R/ 2>/dev/null; cat /tmp/hb/host_bound_lab.md
   [ -f /tmp/hb/host_profile.txt ] && head -3 /tmp/hb/host_profile.txt
 fi
-if [ "$TUNE" = bwd ]; then  # (session 19) the step's own GDN kernels only, at 1x64K (wy_from_ag was never tuned)
+if [ -n "$TUNE" ]; then  # TUNE=bwd (session 19): only the step's own GDN kernels (wy_from_ag was never tuned)
+  OPS="gdn kda"; [ "$TUNE" = bwd ] && OPS=gdn
+  if [ "$TUNE" != bwd ]; then
+    A=$(( (LIMIT - $(el) - 30) * 9 / 20 ))
+    python3 benchmarks/autotune_h200.py run --ops $OPS --budget 6 --deadline-s $A --sha $SHA --out $R/tune_fwd.json \
+      > $R/tune.log 2>&1; echo "tune fwd rc=$? $(el) s"
+  fi
   B=$(( LIMIT - $(el) - 30 - ${TRAIN_S:-0} ))
-  python3 benchmarks/autotune_h200.py run --ops gdn --shapes 1x65536 --directions fwd+bwd --budget ${TUNE_BUDGET:-6} \
-    --deadline-s $B --sha $SHA --out $R/tune_bwd.json > $R/tune.log 2>&1; echo "tune bwd rc=$? $(el) s"
-  grep -E "default .* tuned|crash|deadline|wrote" $R/tune.log
-elif [ -n "$TUNE" ]; then
-  A=$(( (LIMIT - $(el) - 30) * 9 / 20 ))
-  python3 benchmarks/autotune_h200.py run --ops gdn kda --budget 6 --deadline-s $A --sha $SHA --out $R/tune_fwd.json \
-    > $R/tune.log 2>&1; echo "tune fwd rc=$? $(el) s"
-  B=$(( LIMIT - $(el) - 30 ))
-  python3 benchmarks/autotune_h200.py run --ops gdn kda --shapes 1x65536 --directions fwd+bwd --budget 6 --deadline-s $B \
-    --sha $SHA --out $R/tune_bwd.json >> $R/tune.log 2>&1; echo "tune bwd rc=$? $(el) s"
+  python3 benchmarks/autotune_h200.py run --ops $OPS --shapes 1x65536 --directions fwd+bwd --budget ${TUNE_BUDGET:-6} \
+    --deadline-s $B --sha $SHA --out $R/tune_bwd.json >> $R/tune.log 2>&1; echo "tune bwd rc=$? $(el) s"
   grep -E "default .* tuned|crash|deadline|wrote" $R/tune.log
 fi
 if [ -n "$DHSPILL" ]; then

@@ -26,8 +26,6 @@ and FLA write them per value head and sum after.
 
 from __future__ import annotations
 
-import re
-
 import torch
 import triton
 import triton.language as tl
@@ -46,7 +44,7 @@ from kernels.common.bwd_tiles import (
 )
 from kernels.common.chunk_program import group_heads, heuristics
 from kernels.common.index import ChunkIndex
-from kernels.configs import KernelSpec, LaunchConfig, register
+from kernels.configs import HOPPER_MISCOMPILE_TRITON, KernelSpec, LaunchConfig, register, version_tuple
 from kernels.plan import LaunchPlan
 
 __all__ = ["CHUNK_BWD_DQK_WY", "dqk_wy_bwd"]
@@ -214,12 +212,12 @@ def chunk_bwd_dqk_wy_kernel(
 
 
 def _hopper_miscompile_range(device: torch.device) -> bool:
-    """Whether `device` is an sm_90 GPU under a Triton of the range with known Hopper miscompiles (3.4 to 3.7.0:
-    `runners.tuner.miscompiles`' rules, FLA's #640)."""
+    """Whether `device` is an sm_90 GPU under a Triton of the range with known Hopper miscompiles
+    (`kernels.configs.HOPPER_MISCOMPILE_TRITON`, the tuner's rules' range)."""
     if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] != 9:
         return False
-    version = tuple(int(x) for x in re.findall(r"\d+", triton.__version__.split("+")[0])[:3])
-    return (3, 4) <= version <= (3, 7, 0)
+    low, high = HOPPER_MISCOMPILE_TRITON
+    return low <= version_tuple(triton.__version__) <= high
 
 
 def dqk_wy_bwd(

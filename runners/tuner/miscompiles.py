@@ -14,27 +14,13 @@ applies to. `known_bad(...)` expands the rules over the kernels' declared spaces
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from kernels.configs import KERNELS, LaunchConfig, import_kernel_modules
+from kernels.configs import HOPPER_MISCOMPILE_TRITON, KERNELS, LaunchConfig, import_kernel_modules, version_tuple
 from runners.versions import software_versions
 
 __all__ = ["RULES", "Rule", "known_bad"]
-
-
-def _version(text: str) -> tuple[int, ...]:
-    """"3.6.0" -> (3, 6, 0); "3.7.0+git1234" -> (3, 7, 0); "3.4.0rc1" -> (3, 4, 0); "" -> ()."""
-    out: list[int] = []
-    for part in text.split("+")[0].split("."):
-        m = re.match(r"\d+", part)
-        if m is None:
-            break
-        out.append(int(m.group()))
-        if m.end() != len(part):  # a pre-release suffix ends the numeric part
-            break
-    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -51,56 +37,46 @@ class Rule:
             return False
         if not any(capability == c or capability.split(".")[0] == c for c in self.capabilities):
             return False
-        v = _version(triton_version)
+        v = version_tuple(triton_version)
         return bool(v) and self.triton_min <= v <= self.triton_max
 
 
+def _hopper(kernels: tuple[str, ...], matches: Callable[[LaunchConfig], bool], reason: str) -> Rule:
+    """A rule for sm_90 under the Triton range with known Hopper miscompiles (`kernels.configs.HOPPER_MISCOMPILE_TRITON`)."""
+    return Rule(kernels, matches, ("9",), *HOPPER_MISCOMPILE_TRITON, reason=reason)
+
+
 RULES: tuple[Rule, ...] = (
-    Rule(
+    _hopper(
         kernels=("chunk_state_output_fwd", "chunk_state_transition_fwd", "chunk_state_fwd"),
         matches=lambda c: c.BV == 32 and c.num_stages == 1,
-        capabilities=("9",),
-        triton_min=(3, 4),
-        triton_max=(3, 7, 0),
         reason="known Hopper miscompile (BV=32, one stage): illegal memory access or wrong output on an H200 "
                "with Triton 3.6.0 (chunk_state_fwd, the backward's state recompute: 2026-12-01; "
                "runners/tuner/miscompiles.py)",
     ),
-    Rule(
+    _hopper(
         kernels=("wy_bwd",),
         matches=lambda c: c.BK == 128 and c.BV == 32 and c.num_stages == 1,
-        capabilities=("9",),
-        triton_min=(3, 4),
-        triton_max=(3, 7, 0),
         reason="the WY backward with BK=128, BV=32 and one stage hit an illegal memory access on an H200 with "
                "Triton 3.6.0 (8 warps, GDN and KDA, K=V=128; 2026-12-01, precompile of autotune_h200.py)",
     ),
-    Rule(
+    _hopper(
         kernels=("chunk_state_bwd",),
         matches=lambda c: c.BV == 32,
-        capabilities=("9",),
-        triton_min=(3, 4),
-        triton_max=(3, 7, 0),
         reason="the reverse state pass with BV=32 hit an illegal memory access on an H200 with Triton 3.6.0 (one "
                "stage at K=V=32, two stages at K=V=128; 2026-12-01, kernels/NOTES.md)",
     ),
-    Rule(
+    _hopper(
         kernels=("chunk_bwd_dqk_wy",),
         matches=lambda c: c.BK == 32 or c.BV == 32,
-        capabilities=("9",),
-        triton_min=(3, 4),
-        triton_max=(3, 7, 0),
         reason="the fused gradient kernel with BK = BV = 32 (4 warps, two stages) gave KDA a wrong dk (relative L2 "
                "0.69 against the pair) on an H200 with Triton 3.6.0, with two q/k heads of two value heads each "
                "(GDN's passed; 2026-12-03, session 19's GPU test; kernels.common.dqk_wy_bwd refuses KDA's narrow "
                "blocks there)",
     ),
-    Rule(
+    _hopper(
         kernels=("gdn_fused_state_output_fwd",),
         matches=lambda c: c.BV == 32,
-        capabilities=("9",),
-        triton_min=(3, 4),
-        triton_max=(3, 7, 0),
         reason="GDN's fused state+output pass with BV=32 hit an illegal memory access on an H200 with Triton 3.6.0 "
                "(4 warps, one and three stages, every BV=32 config tried, K=V=128; 2026-12-03, session 16's re-tune)",
     ),

@@ -17,6 +17,11 @@ later run of some kernels, made at this build (its hashes must be the current on
 with the same kernel and key; the file's other entries of those kernels stay where they are fresh and are dropped
 where they are stale (a changed kernel). A later run of the step's kernels then ships without re-tuning the rest
 (`autotune_h200.py import` merges runs only where their shared kernels have one source hash). Sessions 16 and 17 did this by hand before the tool existed (`results/autotune_h200.md`).
+
+Session 20: only what the kernel's module can reach counts (`reachable`: its own `@triton.jit` functions and
+constants, and the helpers they call, transitively), not every helper of a shared module (`kernels.common.wy`'s block
+solve changed; the fused forward pass, which imports other helpers from it, did not). A changed kernel whose every
+entry is its spec's default config is dropped from the file instead of left stale: launches run the same without it.
 """
 
 from __future__ import annotations
@@ -63,6 +68,45 @@ def changed_parts(old: str, new: str) -> list[str]:
     return sorted(n for n in a.keys() | b.keys() if a.get(n) != b.get(n))
 
 
+def _jit_refs(source: str) -> dict[str, set[str]]:
+    """`def name` -> the names (bare and attribute) its body and decorators mention, per `@triton.jit` function of a
+    module's source (constants are leaves)."""
+    refs: dict[str, set[str]] = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef) and any(_is_jit(d) for d in node.decorator_list):
+            refs[f"def {node.name}"] = {
+                x.id if isinstance(x, ast.Name) else x.attr for x in ast.walk(node) if isinstance(x, ast.Name | ast.Attribute)
+            }
+    return refs
+
+
+def reachable(own: list[str], helpers: list[str]) -> set[str]:
+    """The device-side part names (`device_parts`' "def f" and constants) a kernel module's launches can reach (session
+    20): every `@triton.jit` function of its own module (`own`: its sources, old and new) and what they call or read,
+    transitively through the helper modules (`helpers`), and every upper-case constant of its own module (its specs and
+    spaces). A helper module's function or constant no reached function mentions cannot change what was tuned."""
+    refs: dict[str, set[str]] = {}
+    for src in own + helpers:
+        for name, mentions in _jit_refs(src).items():
+            refs.setdefault(name, set()).update(mentions)
+    seen = {n for src in own for n in device_parts(src)}  # the own module's functions and constants
+    todo = [n for n in seen if n.startswith("def ")]
+    while todo:
+        for m in refs.get(todo.pop(), ()):
+            for part in (f"def {m}", m):
+                if part not in seen and (part in refs or (m.isupper() and part == m)):
+                    seen.add(part)
+                    if part in refs:
+                        todo.append(part)
+    return seen
+
+
+def default_entries(block: dict, default: dict) -> list[dict]:
+    """The entries of a kernel's block whose config is its spec's default (`default`: the LaunchConfig's set
+    fields): a launch without them runs the same config, so dropping them from a stale kernel loses nothing."""
+    return [e for e in block["entries"] if e["config"] == default]
+
+
 def base_source(sha: str, module: object) -> str:
     """The module's source at git `sha` ('' when it did not exist there)."""
     rel = Path(inspect.getsourcefile(module) or "").resolve().relative_to(ROOT)  # type: ignore[arg-type]
@@ -77,7 +121,10 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true", help="report only; do not rewrite the file")
     ap.add_argument("--overlay", default=None, help="a newer export of this build whose entries replace the file's")
     a = ap.parse_args()
+    import dataclasses
+
     from kernels.autotune import source_hash, source_modules
+    from kernels.configs import get_spec
 
     path = Path(a.json)
     data = json.loads(path.read_text())
@@ -87,15 +134,27 @@ def main() -> None:
         if block["source_hash"] == now:
             print(f"{kernel}: fresh")
             continue
-        diffs = []
-        for mod in source_modules(kernel):
-            diffs += [f"{mod.__name__}.{n}" for n in changed_parts(base_source(a.base, mod), inspect.getsource(mod))]  # type: ignore[arg-type]
+        mods = source_modules(kernel)
+        pairs = [(base_source(a.base, m), inspect.getsource(m)) for m in mods]  # type: ignore[arg-type]
+        live = reachable(list(pairs[0]), [src for pair in pairs[1:] for src in pair])
+        diffs = [f"{m.__name__}.{n}" for m, (old, new) in zip(mods, pairs, strict=True) for n in changed_parts(old, new)
+                 if n in live]  # fmt: skip
         if diffs:
+            default = {k: v for k, v in dataclasses.asdict(get_spec(kernel).default).items() if v is not None}
+            same = default_entries(block, default)
+            if len(same) == len(block["entries"]):  # every entry is the default: the launches run the same without
+                del data["kernels"][kernel]
+                restamped += 1
+                print(
+                    f"{kernel}: CHANGED against {a.base} ({', '.join(diffs)}); its {len(same)} entries were the "
+                    "default config: dropped (a launch runs the default without them)"
+                )
+                continue
             print(f"{kernel}: CHANGED against {a.base} ({', '.join(diffs)}): stays stale, re-tune it")
             continue
         block["source_hash"] = now
         restamped += 1
-        print(f"{kernel}: re-stamped (device code identical to {a.base})")
+        print(f"{kernel}: re-stamped (the device code its launches reach is identical to {a.base})")
     overlaid = overlay(data, json.loads(Path(a.overlay).read_text()), source_hash) if a.overlay else 0
     if not a.dry_run and (restamped or overlaid):
         path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")

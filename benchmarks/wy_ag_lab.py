@@ -3,6 +3,9 @@
 
     python3 benchmarks/wy_ag_lab.py --out $OUT [--T 131072] [--H 16] [--HV 16] [--K 128]
 
+(session 20) The configs carry VARIANT bits too (`AG_VARIANTS`: the diagonal blocks' inverse), and each is timed
+with and without the bound sums (`bnd`, v's rows read: the forward's warm split, the step's form).
+
 bf16 inputs, B=1, dense, 64-token chunks, gates logsigmoid(randn). First each `wy_gdn_ag` config against the fp64
 triangular solve (`kernels.common.ag_torch.ag_reference`) at T=8192 (rel_l2 of Ag; bf16 output: ~3e-3 expected),
 then each launcher timed alone (`triton.testing.do_bench` median, ms) next to its bytes floor at 4.2 TB/s (every
@@ -24,20 +27,18 @@ from kernels.common.ag_torch import ag_reference  # noqa: E402
 from kernels.common.index import prepare_chunk_index  # noqa: E402
 from kernels.common.wy import wy_gdn_fwd  # noqa: E402
 from kernels.configs import LaunchConfig  # noqa: E402
-from kernels.ops.gdn.wy_ag import wy_gdn_ag  # noqa: E402
+from kernels.ops.gdn.wy_ag import AG_VARIANTS, wy_gdn_ag  # noqa: E402
 from kernels.plan import LaunchPlan  # noqa: E402
 from runners.correctness import rel_l2  # noqa: E402
 
 COPY_TBS = 4.2  # the H200's measured copy rate, TB/s (kernels/NOTES.md)
 BT = 64
-AG_CONFIGS = (  # (BR, BK, num_warps): the default first
-    (16, 32, 1),
-    (16, 64, 1),
-    (16, 32, 2),
-    (64, 128, 4),
-    (64, 64, 4),
-    (64, 128, 8),
-    (64, 64, 8),
+AG_CONFIGS = (  # (BR, BK, num_warps, VARIANT bits of AG_VARIANTS): the default first
+    (16, 32, 1, 0),
+    (16, 32, 1, AG_VARIANTS["inv_seq"]),  # (session 20) the diagonal inverse's four loops, before `_inv_diag4`
+    (16, 32, 1, AG_VARIANTS["inv_neumann"]),  # its product form in tf32x3
+    (16, 32, 1, AG_VARIANTS["inv_neumann"] | AG_VARIANTS["inv_tf32"]),  # in tf32
+    (16, 32, 1, AG_VARIANTS["exp2"]),
 )
 
 
@@ -68,26 +69,30 @@ def main() -> None:
     T, H, K = args.T, args.H, args.K
     HV = args.HV or H
     plans = {
-        cfg: LaunchPlan(configs={"wy_gdn_ag_fwd": LaunchConfig(BK=cfg[1], num_warps=cfg[2], BR=cfg[0])}) for cfg in AG_CONFIGS
+        cfg: LaunchPlan(configs={"wy_gdn_ag_fwd": LaunchConfig(BK=cfg[1], num_warps=cfg[2], BR=cfg[0], VARIANT=cfg[3])})
+        for cfg in AG_CONFIGS
     }
     rows: list[dict[str, object]] = []
 
-    # correctness at 8K: Ag against the fp64 solve
+    # correctness at 8K: Ag against the fp64 solve, from bf16 k (Ag stored in bf16) and from fp32 k (Ag in fp32: the
+    # solve's own error, e.g. a tf32 product's)
     q, k, v, g, beta = inputs(8192, H, HV, K)
     index = prepare_chunk_index(None, batch=1, seq_len=8192, chunk_size=BT, device="cuda")
-    ag_ref, g_ref = ag_reference(k, g, beta, index=index)
-    for cfg, plan in plans.items():
-        ag, gcum = wy_gdn_ag(k, g, beta, index=index, launch=plan)
-        row = {
-            "check": "ag_rel_l2_T8192",
-            "BR": cfg[0],
-            "BK": cfg[1],
-            "num_warps": cfg[2],
-            "ag": rel_l2(ag.double(), ag_ref),
-            "gcum": rel_l2(gcum.double(), g_ref),
-        }
-        print(json.dumps(row), flush=True)
-        rows.append(row)
+    for dtype in (torch.bfloat16, torch.float32):
+        kd = k.to(dtype)
+        ag_ref, g_ref = ag_reference(kd, g, beta, index=index)
+        for cfg, plan in plans.items():
+            if dtype == torch.float32 and cfg[3] & AG_VARIANTS["exp2"]:
+                continue  # (one compile fewer: the fp32 check is for the inverse's variants)
+            ag, gcum = wy_gdn_ag(kd, g, beta, index=index, launch=plan)
+            row = {
+                "check": f"ag_rel_l2_T8192_{str(dtype).removeprefix('torch.')}",
+                "config": list(cfg),
+                "ag": rel_l2(ag.double(), ag_ref),
+                "gcum": rel_l2(gcum.double(), g_ref),
+            }
+            print(json.dumps(row), flush=True)
+            rows.append(row)
 
     # timing at T
     q, k, v, g, beta = inputs(T, H, HV, K)
@@ -101,20 +106,17 @@ def main() -> None:
     rows.append({"kernel": "wy_gdn_fwd", "ms": ms, "floor_ms": floor_ms(wy_bytes), "MB": wy_bytes / 1e6})
     print(json.dumps(rows[-1]), flush=True)
     ag_bytes = tok_k * K * 2 + tok_v * BT * 2 + gate_bytes  # k in, Ag out
+    # with the bound sums (the forward's warm split: the step's form), v's rows read too
+    nt = triton.cdiv(T, BT)
+    bnd = torch.empty(nt, HV, 2, device="cuda")
     for cfg, plan in plans.items():
-        ms = triton.testing.do_bench(lambda plan=plan: wy_gdn_ag(k, g, beta, index=index, launch=plan))
-        rows.append(
-            {
-                "kernel": "wy_gdn_ag",
-                "BR": cfg[0],
-                "BK": cfg[1],
-                "num_warps": cfg[2],
-                "ms": ms,
-                "floor_ms": floor_ms(ag_bytes),
-                "MB": ag_bytes / 1e6,
-            }
-        )
-        print(json.dumps(rows[-1]), flush=True)
+        for bound in (False, True):
+            kw = {"bnd": bnd, "v": v} if bound else {}
+            ms = triton.testing.do_bench(lambda plan=plan, kw=kw: wy_gdn_ag(k, g, beta, index=index, launch=plan, **kw))
+            nbytes = ag_bytes + (tok_v * K * 2 + nt * HV * 8 if bound else 0)
+            rows.append({"kernel": "wy_gdn_ag", "config": list(cfg), "bound": bound, "ms": ms,
+                         "floor_ms": floor_ms(nbytes), "MB": nbytes / 1e6})  # fmt: skip
+            print(json.dumps(rows[-1]), flush=True)
     meta = {
         "T": T,
         "H": H,

@@ -14,8 +14,13 @@
 #   TUNE=bwd  (session 19) only the step's own GDN kernels at 1x64K -> tune_bwd.json, tune.log [TUNE_BUDGET=6]
 #             [TRAIN_S=s: seconds left for TRAIN after it]
 #   SHA=<git sha> LIMIT=570 [TRAIN=1 [TRAIN_ARGS="--shapes .. --hv .."]] [TUNE=1] [DHSPILL=1] bash benchmarks/device_runs/s16c.sh
-#   GPUTEST="tests/.. tests/.." [GPUTEST_S=150]  (session 17) those tests on the GPU first -> gputest.txt
-# (the parts run in the order GPUTEST, HOSTLAB, TUNE, DHSPILL, TRAIN; TRAIN's deadline is what is left)
+#   GPUTEST="tests/.. tests/.." [GPUTEST_S=150] [GPUTEST_X=]  (session 17) those tests on the GPU first -> gputest.txt
+#             (stops at the first failure; GPUTEST_X= (empty, session 20) runs them all)
+#   OLDTEST="tests/..::case" (session 20) that test on the GPU in an older tree, devrun/old.tar (`git archive -o
+#             devrun/old.tar <sha> kernels tests runners pyproject.toml`) -> oldtest.txt: was a GPU failure there before?
+#   LAB="cmd" [LAB_S=200] (session 20) any command (a lab: `python3 benchmarks/wy_ag_lab.py --out $R/ag ..`), its
+#             output -> lab.txt; run after OLDTEST
+# (the parts run in the order GPUTEST, OLDTEST, LAB, HOSTLAB, TUNE, DHSPILL, TRAIN; TRAIN's deadline is what is left)
 # On exit (session 17) FLA's autotune results (autotune.tgz) and TileLang's cache (tilelang.tar.xz, FlashQLA's compiled
 # kernels, <= 12 MiB) come back under $OUT: copy both into devrun/ so the next cold machine skips FLA's autotune and
 # FlashQLA's compiles (sessions 16-17 lost three train calls to them: 106-151 s per library on a cold machine).
@@ -38,8 +43,18 @@ export PYTHONPATH=$C/peer:$C/site:$PWD TILELANG_CACHE_DIR=$C/tilelang TRITON_CAC
 echo "ready $(el) s"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton, fla, flash_qla, tilelang; print(torch.__version__, triton.__version__, fla.__version__, getattr(flash_qla,'__version__','?'), tilelang.__version__)"
 if [ -n "$GPUTEST" ]; then  # GPUTEST="tests/... tests/...": those tests on the GPU (CPBENCH_TEST_GPU=1, bf16)
-  CPBENCH_TEST_GPU=1 timeout ${GPUTEST_S:-150} python3 -m pytest -q -x -p no:cacheprovider $GPUTEST > $R/gputest.txt 2>&1
-  echo "gpu tests rc=$? $(el) s"; tail -4 $R/gputest.txt
+  CPBENCH_TEST_GPU=1 timeout ${GPUTEST_S:-150} python3 -m pytest -q ${GPUTEST_X--x} -p no:cacheprovider $GPUTEST \
+    > $R/gputest.txt 2>&1
+  echo "gpu tests rc=$? $(el) s"; grep -E "^(FAILED|ERROR)" $R/gputest.txt; tail -4 $R/gputest.txt
+fi
+if [ -n "$OLDTEST" ]; then
+  rm -rf /tmp/old && mkdir -p /tmp/old && tar -xf devrun/old.tar -C /tmp/old
+  (cd /tmp/old && PYTHONPATH=$C/peer:$C/site:/tmp/old CPBENCH_TEST_GPU=1 timeout 120 python3 -m pytest -q \
+    -p no:cacheprovider $OLDTEST) > $R/oldtest.txt 2>&1
+  echo "old test rc=$? $(el) s"; grep -E "rel|^(FAILED|ERROR)" $R/oldtest.txt | head; tail -3 $R/oldtest.txt
+fi
+if [ -n "$LAB" ]; then
+  R=$R timeout ${LAB_S:-200} bash -c "$LAB" > $R/lab.txt 2>&1; echo "lab rc=$? $(el) s"; tail -40 $R/lab.txt
 fi
 if [ -n "$HOSTLAB" ]; then
   timeout 240 python3 benchmarks/host_bound_lab.py --out /tmp/hb ${HOSTLAB_ARGS} > $R/host_bound_lab.log 2>&1

@@ -155,12 +155,69 @@ def _inv_diag(A):
 
 
 @triton.jit
-def _solve(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33):
-    """The 10 lower blocks of T = (I + A)^{-1} from those of the strictly lower A (fp32, registers)."""
-    T00 = _inv_diag(A00)
-    T11 = _inv_diag(A11)
-    T22 = _inv_diag(A22)
-    T33 = _inv_diag(A33)
+def _inv_diag4(A0, A1, A2, A3):
+    """`_inv_diag` of the four diagonal blocks in one loop: the same steps per block (bit-identical), four independent
+    chains per iteration for the scheduler to interleave. In four loops each iteration waits on its own reductions'
+    shuffles (one warp, 8 programs per SM: the loops were 42 % of the Ag pass's instructions, issued one chain at a
+    time)."""
+    o_i = tl.arange(0, 16)
+    T0 = -A0
+    T1 = -A1
+    T2 = -A2
+    T3 = -A3
+    for i in range(2, 16):
+        m_i = (o_i == i)[:, None]
+        a0 = -tl.sum(tl.where(m_i, A0, 0.), 0)
+        a1 = -tl.sum(tl.where(m_i, A1, 0.), 0)
+        a2 = -tl.sum(tl.where(m_i, A2, 0.), 0)
+        a3 = -tl.sum(tl.where(m_i, A3, 0.), 0)
+        a0 = a0 + tl.sum(a0[:, None] * T0, 0)
+        a1 = a1 + tl.sum(a1[:, None] * T1, 0)
+        a2 = a2 + tl.sum(a2[:, None] * T2, 0)
+        a3 = a3 + tl.sum(a3[:, None] * T3, 0)
+        T0 = tl.where(m_i, a0[None, :], T0)
+        T1 = tl.where(m_i, a1[None, :], T1)
+        T2 = tl.where(m_i, a2[None, :], T2)
+        T3 = tl.where(m_i, a3[None, :], T3)
+    eye = tl.where(o_i[:, None] == o_i[None, :], 1., 0.)
+    return T0 + eye, T1 + eye, T2 + eye, T3 + eye
+
+
+@triton.jit
+def _inv_neumann(A, PREC: tl.constexpr):
+    """(I + A)^{-1} of a strictly lower 16x16 fp32 block as (I - A)(I + A^2)(I + A^4)(I + A^8) (A^16 = 0): six
+    products at Triton's input_precision PREC, no loop and no reductions."""
+    o_i = tl.arange(0, 16)
+    A2 = tl.dot(A, A, input_precision=PREC)
+    A4 = tl.dot(A2, A2, input_precision=PREC)
+    A8 = tl.dot(A4, A4, input_precision=PREC)
+    P = tl.where(o_i[:, None] == o_i[None, :], 1., 0.) - A
+    P = tl.dot(P, A2, P, input_precision=PREC)
+    P = tl.dot(P, A4, P, input_precision=PREC)
+    return tl.dot(P, A8, P, input_precision=PREC)
+
+
+@triton.jit
+def _solve(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, INV: tl.constexpr = 0):
+    """The 10 lower blocks of T = (I + A)^{-1} from those of the strictly lower A (fp32, registers). INV, the diagonal
+    blocks' inverse (lab variants): 0 `_inv_diag4`, 1 `_inv_diag` four times, 2 / 3 `_inv_neumann` in tf32x3 / tf32."""
+    if INV == 1:
+        T00 = _inv_diag(A00)
+        T11 = _inv_diag(A11)
+        T22 = _inv_diag(A22)
+        T33 = _inv_diag(A33)
+    elif INV == 2:
+        T00 = _inv_neumann(A00, "tf32x3")
+        T11 = _inv_neumann(A11, "tf32x3")
+        T22 = _inv_neumann(A22, "tf32x3")
+        T33 = _inv_neumann(A33, "tf32x3")
+    elif INV == 3:
+        T00 = _inv_neumann(A00, "tf32")
+        T11 = _inv_neumann(A11, "tf32")
+        T22 = _inv_neumann(A22, "tf32")
+        T33 = _inv_neumann(A33, "tf32")
+    else:
+        T00, T11, T22, T33 = _inv_diag4(A00, A11, A22, A33)
     T10 = -tl.dot(T11, tl.dot(A10, T00))
     T21 = -tl.dot(T22, tl.dot(A21, T11))
     T32 = -tl.dot(T33, tl.dot(A32, T22))

@@ -85,3 +85,44 @@ def test_overlay_replaces_same_key_entries_keeps_fresh_ones_and_drops_stale_ones
         overlay(data, newer, {"a": "A3", "b": "B1", "c": "C1"}.__getitem__)
     with pytest.raises(SystemExit, match="schema"):
         overlay(data, {**newer, "device": "H100"}, hashes.__getitem__)
+
+
+HELPERS = """
+import triton
+import triton.language as tl
+
+SCALE = 2.0
+OTHER = 3.0
+
+
+@triton.jit
+def _used(x):
+    return _inner(x) * SCALE
+
+
+@triton.jit
+def _inner(x):
+    return x + 1
+
+
+@triton.jit
+def _unused(x):
+    return x * OTHER
+"""
+
+
+def test_only_what_the_kernel_module_reaches_counts() -> None:
+    """(session 20) A helper module's function or constant that no function of the kernel's module reaches,
+    directly or through other helpers, is not part of what was tuned; the module's own constants always are."""
+    reachable = load_script("autotune_restamp").reachable
+    own = BASE.replace("tl.store(x + tl.arange(0, BV), 1.0)", "tl.store(x + tl.arange(0, BV), _used(1.0))")
+    live = reachable([own], [HELPERS])
+    assert {"def k_kernel", "def _used", "def _inner", "SCALE", "SPEC", "BLOCK"} <= live
+    assert "def _unused" not in live and "OTHER" not in live
+    assert "def _used" not in reachable([BASE], [HELPERS])  # the kernel does not call it
+
+
+def test_default_entries_are_those_at_the_spec_default() -> None:
+    default_entries = load_script("autotune_restamp").default_entries
+    block = {"entries": [_entry({"H": 16}, 32), _entry({"H": 32}, 16)]}
+    assert default_entries(block, {"BV": 32}) == [block["entries"][0]]

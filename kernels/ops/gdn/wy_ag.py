@@ -68,7 +68,9 @@ ROW_TILES = (16, 64)  # the BR values the kernel takes
 # code variants, bits of the launch config's VARIANT (None: 0): two_chunks: two chunk rows per program (half the
 # programs; the two chunks' code straight-line in one program, for the compiler to interleave); exp2: the gate's decay
 # in A by exp2 of the gates prescaled by log2(e) once per chunk
-AG_VARIANTS = {"two_chunks": 1, "exp2": 2}
+AG_VARIANTS = {"two_chunks": 1, "exp2": 2, "inv_seq": 4, "inv_neumann": 8, "inv_tf32": 16}
+# (session 20, lab) the diagonal blocks' inverse (`kernels.common.wy._solve`'s INV): inv_seq the four loops before
+# `_inv_diag4`; inv_neumann the product form in tf32x3, with inv_tf32 in tf32
 
 
 @triton.jit
@@ -85,11 +87,27 @@ def _row_squares(p, bos, t0, T, i_h, H: tl.constexpr, D: tl.constexpr, BD: tl.co
 
 
 @triton.jit
-def _store_bound(bnd, k, v, x0, x1, x2, x3, b0, b1, b2, b3, bos, t0, T, i_tg, i_h, H: tl.constexpr, i_hv, HV: tl.constexpr,
-                 K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):  # fmt: skip
-    """The chunk's decay-bound summary (`_chunk_bound`; x: each token's largest floored gate) into bnd [NT_total, HV, 2]
-    at the global chunk i_tg, with ||k||^2 (key head i_h of H) and ||v||^2 (value head i_hv of HV) read here."""
-    kk0, kk1, kk2, kk3 = _row_squares(k, bos, t0, T, i_h, H, K, BK)
+def _key_squares(k, A00, A11, A22, A33, bos, t0, T, i_h, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr):
+    """||k||^2 of the chunk's rows (key head i_h), fp32 [16] per 16-row block: the diagonal of the raw gram K K^T's
+    diagonal blocks A00..A33 for 16-bit k (its products exact in fp32: session 20, one read of k and ~1000 of the
+    pass's ~11600 instructions fewer), read again and squared for fp32 k (whose gram is a tf32 product on a GPU)."""
+    if k.dtype.element_ty == tl.float32:
+        kk0, kk1, kk2, kk3 = _row_squares(k, bos, t0, T, i_h, H, K, BK)
+    else:
+        o_i = tl.arange(0, 16)
+        eye = o_i[:, None] == o_i[None, :]
+        kk0 = tl.sum(tl.where(eye, A00, 0.0), 1)
+        kk1 = tl.sum(tl.where(eye, A11, 0.0), 1)
+        kk2 = tl.sum(tl.where(eye, A22, 0.0), 1)
+        kk3 = tl.sum(tl.where(eye, A33, 0.0), 1)
+    return kk0, kk1, kk2, kk3
+
+
+@triton.jit
+def _store_bound(bnd, v, x0, x1, x2, x3, b0, b1, b2, b3, kk0, kk1, kk2, kk3, bos, t0, T, i_tg, i_hv, HV: tl.constexpr,
+                 V: tl.constexpr, BV: tl.constexpr):  # fmt: skip
+    """The chunk's decay-bound summary (`_chunk_bound`; x: each token's largest floored gate; kk: ||k||^2 per token)
+    into bnd [NT_total, HV, 2] at the global chunk i_tg, with ||v||^2 (value head i_hv of HV) read here."""
     vv0, vv1, vv2, vv3 = _row_squares(v, bos, t0, T, i_hv, HV, V, BV)
     b_L, b_W = _chunk_bound(x0, x1, x2, x3, b0, b1, b2, b3, kk0, kk1, kk2, kk3, vv0, vv1, vv2, vv3)
     tl.store(bnd + (i_tg * HV + i_hv) * 2, b_L)
@@ -169,7 +187,7 @@ def _store_ag(
 def _ag_chunk(
     i_c, k, v, g, beta, ag, gcum, cu_seqlens, chunk_indices, bnd, T, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
     V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr, IS_VARLEN: tl.constexpr,
-    HAS_BOUND: tl.constexpr, EXP2: tl.constexpr,
+    HAS_BOUND: tl.constexpr, EXP2: tl.constexpr, INV: tl.constexpr,
 ):  # fmt: skip
     """Ag, gcum (and the bound sums) of chunk row i_c of value head program_id(1) (the kernel's arguments)."""
     i_hv = tl.program_id(1) % HV
@@ -183,15 +201,17 @@ def _ag_chunk(
         A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram64(k, bos, t0, T, i_h, H, K, BK)
     else:
         A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram(k, k, bos, t0, T, i_h, H, K, BK)
+    if HAS_BOUND:
+        kk0, kk1, kk2, kk3 = _key_squares(k, A00, A11, A22, A33, bos, t0, T, i_h, H, K, BK)
     if EXP2:  # the decay in log2 units (gcum stays natural-log: the fused pass and the backward read it)
         g0, g1, g2, g3 = g0 * LOG2E, g1 * LOG2E, g2 * LOG2E, g3 * LOG2E
     A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gdn_decay_rows(
         A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, g0, g1, g2, g3, b0, b1, b2, b3, EXP2
     )
-    T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33)
+    T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, INV)
     _store_ag(ag, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, b0, b1, b2, b3, bos, t0, T, i_hv, HV, BT)
     if HAS_BOUND:
-        _store_bound(bnd, k, v, x0, x1, x2, x3, b0, b1, b2, b3, bos, t0, T, i_tg, i_h, H, i_hv, HV, K, V, BK, BV)
+        _store_bound(bnd, v, x0, x1, x2, x3, b0, b1, b2, b3, kk0, kk1, kk2, kk3, bos, t0, T, i_tg, i_hv, HV, V, BV)
 
 
 @heuristics(
@@ -223,6 +243,7 @@ def wy_gdn_ag_fwd_kernel(
     BR: tl.constexpr,
     CPP: tl.constexpr,  # chunks per program (AG_VARIANTS)
     EXP2: tl.constexpr,  # the decay by exp2 (AG_VARIANTS)
+    INV: tl.constexpr,  # the diagonal blocks' inverse (AG_VARIANTS, `_solve`)
     IS_VARLEN: tl.constexpr,
     HAS_BOUND: tl.constexpr,
 ):
@@ -231,7 +252,16 @@ def wy_gdn_ag_fwd_kernel(
         # past the last row: the last chunk again (the same values stored twice; no branch between the chunks)
         i_c = tl.minimum(tl.program_id(0) * CPP + j, NC - 1)
         _ag_chunk(i_c, k, v, g, beta, ag, gcum, cu_seqlens, chunk_indices, bnd, T, H, HV, K, V, BT, BK, BV, BR,
-                  IS_VARLEN, HAS_BOUND, EXP2)  # fmt: skip
+                  IS_VARLEN, HAS_BOUND, EXP2, INV)  # fmt: skip
+
+
+def _inv_code(bits: int) -> int:
+    """`_solve`'s INV from the VARIANT bits (AG_VARIANTS)."""
+    if bits & AG_VARIANTS["inv_seq"]:
+        return 1
+    if bits & AG_VARIANTS["inv_neumann"]:
+        return 3 if bits & AG_VARIANTS["inv_tf32"] else 2
+    return 0
 
 
 def ag_launch(name: str, spec: KernelSpec, launch: LaunchPlan | None, k: Tensor, HV: int, index: ChunkIndex,
@@ -310,6 +340,7 @@ def wy_gdn_ag(
         BR=BR,
         CPP=cpp,
         EXP2=bool(bits & AG_VARIANTS["exp2"]),
+        INV=_inv_code(bits),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

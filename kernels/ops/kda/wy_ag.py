@@ -48,7 +48,7 @@ from kernels.common.wy import (
     _wy_chunk,
 )
 from kernels.configs import KernelSpec, LaunchConfig, register
-from kernels.ops.gdn.wy_ag import WY_GDN_AG_FWD, _store_ag, _store_bound, ag_launch
+from kernels.ops.gdn.wy_ag import WY_GDN_AG_FWD, _row_squares, _store_ag, _store_bound, ag_launch
 from kernels.plan import LaunchPlan, default_plan
 
 __all__ = ["KDA_AG_VARIANTS", "WY_KDA_AG_FWD", "GatedKeys", "gated_ag_plan", "wy_kda_ag"]
@@ -159,7 +159,8 @@ def wy_kda_ag_fwd_kernel(
     _store_ag(ag, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, b0, b1, b2, b3, bos, t0, T, i_hv, HV, BT)
     if HAS_BOUND:
         x0, x1, x2, x3 = _gate_rowmax4(g, bos, t0, T, i_hv, HV, K, BK)
-        _store_bound(bnd, k, v, x0, x1, x2, x3, b0, b1, b2, b3, bos, t0, T, i_tg, i_hv // G, HV // G, i_hv, HV, K, V, BK, BV)
+        kk0, kk1, kk2, kk3 = _row_squares(k, bos, t0, T, i_hv // G, HV // G, K, BK)
+        _store_bound(bnd, v, x0, x1, x2, x3, b0, b1, b2, b3, kk0, kk1, kk2, kk3, bos, t0, T, i_tg, i_hv, HV, V, BV)
 
 
 def wy_kda_ag(

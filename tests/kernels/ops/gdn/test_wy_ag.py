@@ -146,8 +146,8 @@ def test_bad_arguments_are_refused() -> None:
         wy_gdn_ag(k, g, beta, index=index, bnd=bnd)
     with pytest.raises(ValueError, match="BR must be one of"):
         wy_gdn_ag(k, g, beta, index=index, launch=_plan(32))
-    with pytest.raises(ValueError, match="unknown VARIANT bits 4"):
-        wy_gdn_ag(k, g, beta, index=index, launch=_plan(16, 4))
+    with pytest.raises(ValueError, match="unknown VARIANT bits 32"):
+        wy_gdn_ag(k, g, beta, index=index, launch=_plan(16, 32))
     with pytest.raises(ValueError, match="HV a multiple"):
         wy_gdn_ag(k, g[:, :, :3], beta[:, :, :3], index=index)
 

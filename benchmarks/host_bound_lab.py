@@ -13,9 +13,13 @@ Why (issue 26, session 16): on the H200 GDN's step at 1x8K took 2.82 ms for 1.34
 - `wy+states`: the forward keeps its WY factors and states (fewer backward launches, more memory held);
 - `old-host` (session 17): the default before session 17's host cuts ("inputs"), in the same process: the backward recomputes the
   split's segment states (no `seg_states`) and each launch runs Triton's own `Heuristics.run` (an argument dict per
-  entry).
+  entry);
+- `api` (session 20): the same default through the public op `kernels.chunk_gdn` (its validation, dispatch and
+  autograd node), the only step of grouped value heads (`--hv`, HV > H: every variant then runs as `api`; session
+  20's HV=32 1x8K step took 3.48 ms for ~2.05 ms of kernels).
 
     python3 benchmarks/host_bound_lab.py --out $OUT [--shapes 1x8192,1x16384,1x32768] [--variants default,nosplit,wy+states]
+        [--hv 32]
         [--profile 20]   # and where the host's time goes: cProfile over 20 steps per shape and variant, and what one
                          # bare Triton launch and one `torch.empty` cost on this host (host_profile.txt)
     TRITON_INTERPRET=1 python3 benchmarks/host_bound_lab.py --out /tmp/hb --dry-run   # plumbing on the CPU
@@ -45,6 +49,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "old-host": {"policy": "inputs", "seg_states": False, "triton_heuristics": True},
     "nosplit": {"split_chunks": 0},
     "wy+states": {"policy": "wy+states"},
+    "api": {"api": True},  # (session 20) the public op `kernels.chunk_gdn` (validate, dispatch, autograd node)
 }
 BUDGET = 5e-3
 NAMES = ("o", "dq", "dk", "dv", "dg", "dbeta")
@@ -148,12 +153,19 @@ def flat(out: Any) -> list[Any]:
 
 
 def run_shape(
-    B: int, T: int, variants: list[str], *, dry_run: bool, profile: int = 0, profiles: dict[str, str] | None = None
+    B: int,
+    T: int,
+    variants: list[str],
+    *,
+    dry_run: bool,
+    profile: int = 0,
+    profiles: dict[str, str] | None = None,
+    HV: int | None = None,
 ) -> list[dict[str, Any]]:
 
     from benchmarks.host_calls import count_step
     from runners.bench.kernels_ops import fla_inputs
-    from runners.bench.kernels_train import kernel_times, ours_step, peak_mb, timed
+    from runners.bench.kernels_train import kernel_times, ours_api_step, ours_step, peak_mb, timed
     from runners.correctness import rel_l2
 
     cuda = not dry_run
@@ -169,14 +181,20 @@ def run_shape(
         lb=-1.0,
         K=K,
         V=K,
+        HV=HV,
     )
     args = (wl.q, wl.k, wl.v, wl.g, wl.beta, wl.do)
     rows, ref = [], None
+    grouped = (HV or H) != H
     for name in variants:
         v = VARIANTS[name]
-        inner = ours_step(
-            "gdn", policy=v.get("policy", "auto"), split_chunks=v.get("split_chunks"), seg_states=v.get("seg_states", True)
-        )
+        api = grouped or v.get("api", False)
+        if api:
+            inner = ours_api_step("gdn")
+        else:
+            inner = ours_step(
+                "gdn", policy=v.get("policy", "auto"), split_chunks=v.get("split_chunks"), seg_states=v.get("seg_states", True)
+            )
 
         def step(*xs: Any, inner: Any = inner, heur: bool = v.get("triton_heuristics", False)) -> Any:
             with triton_heuristics(heur):
@@ -196,12 +214,15 @@ def run_shape(
             V=K,
             split_chunks=v.get("split_chunks"),
             seg_states=v.get("seg_states", True),
+            HV=HV,
+            api=api,
         )
         row = {
             "B": B,
             "T": T,
             "H": H,
-            "variant": name,
+            "HV": HV or H,
+            "variant": name if not grouped else f"{name} (api)",
             "launches": counts["n_launches"],
             "aten_ops": counts["n_aten_ops"],
             "host_ms": host_issue_ms(step, args, cuda, *((20, 3) if cuda else (1, 1))),
@@ -221,8 +242,8 @@ def run_shape(
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| shape | variant | step ms | kernels' sum ms | host issue ms | launches | ATen ops | peak MB | max rel_l2 vs default |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| shape | HV | variant | step ms | kernels' sum ms | host issue ms | launches | ATen ops | peak MB | max rel_l2 vs default |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         errs = max(v for k, v in r.items() if k.startswith("rel_"))
@@ -230,7 +251,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         ks = f"{r['kernels_ms']:.3f}" if "kernels_ms" in r else ""
         peak = f"{r['peak_MB']:.0f}" if "peak_MB" in r else ""
         lines.append(
-            f"| {r['B']}x{r['T']} | {r['variant']} | {step} | {ks} | {r['host_ms']:.3f} | {r['launches']} | "
+            f"| {r['B']}x{r['T']} | {r.get('HV', r['H'])} | {r['variant']} | {step} | {ks} | {r['host_ms']:.3f} | {r['launches']} | "
             f"{r['aten_ops']} | {peak} | {errs:.1e}{'' if r['ok'] else ' (over budget)'} |"
         )
     return "\n".join(lines)
@@ -243,7 +264,10 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
     ap.add_argument("--dry-run", action="store_true", help="the CPU, tiny shapes: plumbing only")
     ap.add_argument("--profile", type=int, default=0, help="cProfile this many steps per shape and variant (0: none)")
+    ap.add_argument("--hv", type=int, default=None, help="value heads, a multiple of H=16 (grouped: the public op)")
     a = ap.parse_args()
+    if a.hv is not None and (a.hv < 16 or a.hv % 16):
+        ap.error(f"--hv must be a multiple of H=16, got {a.hv}")
     variants = a.variants.split(",")
     if bad := [v for v in variants if v not in VARIANTS]:
         ap.error(f"--variants: unknown {bad}; known: {', '.join(VARIANTS)}")
@@ -270,7 +294,8 @@ def main() -> None:
     if a.profile:
         meta["launch_floor"] = launch_floor_us("cpu" if a.dry_run else "cuda", n=20 if a.dry_run else 2000)
     for B, T in shapes:
-        rows += run_shape(B, T, variants, dry_run=a.dry_run, profile=a.profile, profiles=profiles)
+        rows += run_shape(B, T, variants, dry_run=a.dry_run, profile=a.profile, profiles=profiles,
+                          HV=None if a.dry_run or a.hv is None else a.hv)  # fmt: skip
         if profiles:
             text = "".join(f"## {k}\n\n{v}\n" for k, v in profiles.items())
             (out / "host_profile.txt").write_text(f"launch floor (host us per call): {meta['launch_floor']}\n\n{text}")

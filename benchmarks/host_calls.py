@@ -7,6 +7,7 @@ kernels sum to 1.34 ms (`results/kernels_train_issue26_h200.md`, torch profiler)
 what a host-side fix has to cut; the GPU timing is the device's.
 
     python benchmarks/host_calls.py --op gdn --T 8192 [--B 1] [--H 16] [--policy inputs] [--sms 132] [--json]
+        [--hv 32] [--api]   # (session 20) grouped value heads / the public op's step
 
 `--sms N` makes the intra-device split decide as on a GPU of N SMs (on the CPU it never splits); 0: the CPU's
 plan. The stubbed launches compute nothing, so what the host decides from device values (nothing, by the rule
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import sys
 import traceback
@@ -40,9 +42,12 @@ def count_step(
     V: int = 128,
     split_chunks: int | None = None,
     seg_states: bool = True,
+    HV: int | None = None,
+    api: bool = False,
 ) -> dict[str, Any]:
     """{"launches": {kernel: n}, "aten_ops": {op: n}, "aten_by_line": {"file:line fn": n}} of one step (split_chunks:
-    the step's sequence split, `ours_step`'s; None automatic; seg_states: `ours_step`'s)."""
+    the step's sequence split, `ours_step`'s; None automatic; seg_states: `ours_step`'s; HV value heads; api: the
+    public op's step, `ours_api_step`, which grouped heads (HV > H) take whatever api says)."""
     import torch
     import triton.runtime.interpreter as interpreter
     import triton.runtime.jit as jit
@@ -50,7 +55,7 @@ def count_step(
 
     import kernels.common.seqsplit as seqsplit
     from runners.bench.kernels_ops import fla_inputs
-    from runners.bench.kernels_train import ours_step
+    from runners.bench.kernels_train import ours_api_step, ours_step
 
     launches: collections.Counter[str] = collections.Counter()
 
@@ -80,12 +85,16 @@ def count_step(
     if sms:
         seqsplit.auto_seg_chunks = split_as_on_gpu
     try:
-        wl = fla_inputs(op, B, T, H, device="cpu", grad_out=True, lb=-1.0, K=K, V=V)
-        step = ours_step(op, policy=policy, split_chunks=split_chunks, seg_states=seg_states)
+        wl = fla_inputs(op, B, T, H, device="cpu", grad_out=True, lb=-1.0, K=K, V=V, HV=HV)
+        api = api or (HV or H) != H
+        if api:
+            step = ours_api_step(op)
+        else:
+            step = ours_step(op, policy=policy, split_chunks=split_chunks, seg_states=seg_states)
         args = (wl.q, wl.k, wl.v, wl.g, wl.beta, wl.do)
         step(*args)  # the first call builds the cached plans
         launches.clear()
-        with Ops() as mode, torch.no_grad():
+        with Ops() as mode, contextlib.nullcontext() if api else torch.no_grad():  # the public op's autograd node
             step(*args)
     finally:
         jit.JITFunction.run, interpreter.InterpretedFunction.run = saved_run, saved_irun
@@ -113,6 +122,8 @@ def main() -> None:
     ap.add_argument("--H", type=int, default=16)
     ap.add_argument("--policy", default="auto", help="LaunchPlan.keep of the step (kernels.vocabulary.KEEP_POLICIES)")
     ap.add_argument("--sms", type=int, default=132, help="split as on a GPU of this many SMs (0: the CPU's plan)")
+    ap.add_argument("--hv", type=int, default=None, help="value heads (a multiple of H; grouped: the public op)")
+    ap.add_argument("--api", action="store_true", help="the public op's step (validation, dispatch, autograd node)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     from kernels.vocabulary import KEEP_POLICIES
@@ -121,7 +132,9 @@ def main() -> None:
         ap.error(f"--policy must be one of {', '.join(KEEP_POLICIES)}, got {a.policy!r}")
     if min(a.B, a.T, a.H) < 1 or a.sms < 0:
         ap.error("--B, --T, --H must be >= 1 and --sms >= 0")
-    r = count_step(a.op, a.B, a.T, a.H, policy=a.policy, sms=a.sms)
+    if a.hv is not None and (a.hv < a.H or a.hv % a.H):
+        ap.error(f"--hv must be a multiple of --H={a.H}, got {a.hv}")
+    r = count_step(a.op, a.B, a.T, a.H, policy=a.policy, sms=a.sms, HV=a.hv, api=a.api)
     if a.json:
         print(json.dumps(r))
         return

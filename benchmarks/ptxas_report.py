@@ -63,7 +63,9 @@ def _constexprs(kernel: str, op: str, cfg: dict[str, int]) -> dict[str, Any]:
     gate_vector = op == "kda"
     base: dict[str, Any] = {**SHAPE, "GATE_VECTOR": gate_vector, "IS_VARLEN": False, "cu_seqlens": None, "G": 1,
                             "chunk_indices": None}
-    if kernel in ("chunk_bwd_dqk", "wy_bwd", "chunk_bwd_dqk_wy"):
+    if kernel == "chunk_bwd_dqk_wy":  # (session 19's SUM_GROUP: off at G = 1)
+        return {**base, "BK": cfg["BK"], "BV": cfg["BV"], "DOT_PREC": VECTOR_GATE_DOT, "SUM_GROUP": False}
+    if kernel in ("chunk_bwd_dqk", "wy_bwd"):
         return {**base, "BK": cfg["BK"], "BV": cfg["BV"], "DOT_PREC": VECTOR_GATE_DOT}
     if kernel == "wy_inverse":
         return {**base, "BK": cfg["BK"]}

@@ -24,3 +24,16 @@ def test_counts_follow_the_split_decision() -> None:
         assert r["n_aten_ops"] == sum(r["aten_ops"].values()) > 0
         assert all(line.startswith("kernels/") for line in r["aten_by_line"])
     assert split["n_aten_ops"] > plain["n_aten_ops"]
+
+
+def test_the_public_op_step_is_counted_with_its_autograd_node() -> None:
+    """(session 20) `api`: the public op's step (grad enabled: its autograd node runs the backward) launches what the
+    direct step launches, and issues more ATen ops (the leaves' detach, the node's saved tensors); grouped value heads
+    (HV > H) take that step."""
+    mod = load_script("host_calls")
+    direct = mod.count_step("gdn", 1, 256, 2, sms=0, K=32, V=32)
+    api = mod.count_step("gdn", 1, 256, 2, sms=0, K=32, V=32, api=True)
+    grouped = mod.count_step("gdn", 1, 256, 2, sms=0, K=32, V=32, HV=4)
+    assert api["launches"] == direct["launches"] and api["n_aten_ops"] > direct["n_aten_ops"]
+    assert api["aten_ops"].get("aten.detach.default", 0) >= 5
+    assert grouped["launches"]["chunk_bwd_dqk_wy_kernel"] == 1 and grouped["n_aten_ops"] >= api["n_aten_ops"] - 2

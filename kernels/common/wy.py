@@ -142,24 +142,11 @@ def _decay(ga, gb, STRICT: tl.constexpr, EXP2: tl.constexpr = False):
 
 
 @triton.jit
-def _inv_diag(A):
-    """(I + A)^{-1} of a strictly lower 16x16 fp32 block held in registers: forward substitution, row i of the
-    strict part = -A_i - sum_k A_ik T_k, row i of A taken out of the tile by a masked sum."""
-    o_i = tl.arange(0, 16)
-    b_T = -A
-    for i in range(2, 16):
-        b_a = -tl.sum(tl.where((o_i == i)[:, None], A, 0.), 0)
-        b_a = b_a + tl.sum(b_a[:, None] * b_T, 0)
-        b_T = tl.where((o_i == i)[:, None], b_a[None, :], b_T)
-    return b_T + tl.where(o_i[:, None] == o_i[None, :], 1., 0.)
-
-
-@triton.jit
 def _inv_diag4(A0, A1, A2, A3):
-    """`_inv_diag` of the four diagonal blocks in one loop: the same steps per block (bit-identical), four independent
-    chains per iteration for the scheduler to interleave. In four loops each iteration waits on its own reductions'
-    shuffles (one warp, 8 programs per SM: the loops were 42 % of the Ag pass's instructions, issued one chain at a
-    time)."""
+    """(I + A)^{-1} of four strictly lower 16x16 fp32 blocks held in registers, exactly in fp32: forward substitution
+    (row i of the strict part = -A_i - sum_k A_ik T_k, row i of A taken out of the tile by a masked sum), the four
+    blocks' steps in one loop (four independent chains per iteration for the scheduler to interleave: in four loops
+    each iteration waited on its own reductions' shuffles; session 20, H200: the Ag pass 0.357 -> 0.315 ms at 1x64K)."""
     o_i = tl.arange(0, 16)
     T0 = -A0
     T1 = -A1
@@ -184,40 +171,32 @@ def _inv_diag4(A0, A1, A2, A3):
 
 
 @triton.jit
-def _inv_neumann(A, PREC: tl.constexpr):
+def _inv_neumann(A):
     """(I + A)^{-1} of a strictly lower 16x16 fp32 block as (I - A)(I + A^2)(I + A^4)(I + A^8) (A^16 = 0): six
-    products at Triton's input_precision PREC, no loop and no reductions."""
+    products at Triton's default fp32 precision (tf32 on NVIDIA tensor cores, as `_solve`'s off-diagonal merges), no
+    loop and no reductions. Session 20, H200, GDN's Ag pass at 1x64K: 0.241 ms against 0.315 for `_inv_diag4` (0.370
+    / 0.436 with the bound sums); Ag from fp32 k against the fp64 solve 5.07e-6 against 4.90e-6 (rel_l2)."""
     o_i = tl.arange(0, 16)
-    A2 = tl.dot(A, A, input_precision=PREC)
-    A4 = tl.dot(A2, A2, input_precision=PREC)
-    A8 = tl.dot(A4, A4, input_precision=PREC)
+    A2 = tl.dot(A, A)
+    A4 = tl.dot(A2, A2)
+    A8 = tl.dot(A4, A4)
     P = tl.where(o_i[:, None] == o_i[None, :], 1., 0.) - A
-    P = tl.dot(P, A2, P, input_precision=PREC)
-    P = tl.dot(P, A4, P, input_precision=PREC)
-    return tl.dot(P, A8, P, input_precision=PREC)
+    P = tl.dot(P, A2, P)
+    P = tl.dot(P, A4, P)
+    return tl.dot(P, A8, P)
 
 
 @triton.jit
-def _solve(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, INV: tl.constexpr = 0):
-    """The 10 lower blocks of T = (I + A)^{-1} from those of the strictly lower A (fp32, registers). INV, the diagonal
-    blocks' inverse (lab variants): 0 `_inv_diag4`, 1 `_inv_diag` four times, 2 / 3 `_inv_neumann` in tf32x3 / tf32."""
-    if INV == 1:
-        T00 = _inv_diag(A00)
-        T11 = _inv_diag(A11)
-        T22 = _inv_diag(A22)
-        T33 = _inv_diag(A33)
-    elif INV == 2:
-        T00 = _inv_neumann(A00, "tf32x3")
-        T11 = _inv_neumann(A11, "tf32x3")
-        T22 = _inv_neumann(A22, "tf32x3")
-        T33 = _inv_neumann(A33, "tf32x3")
-    elif INV == 3:
-        T00 = _inv_neumann(A00, "tf32")
-        T11 = _inv_neumann(A11, "tf32")
-        T22 = _inv_neumann(A22, "tf32")
-        T33 = _inv_neumann(A33, "tf32")
-    else:
+def _solve(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, EXACT: tl.constexpr = False):
+    """The 10 lower blocks of T = (I + A)^{-1} from those of the strictly lower A (fp32, registers): the diagonal
+    blocks by `_inv_neumann` (EXACT: `_inv_diag4`'s fp32 substitution, a lab variant), then the blocks below them."""
+    if EXACT:
         T00, T11, T22, T33 = _inv_diag4(A00, A11, A22, A33)
+    else:
+        T00 = _inv_neumann(A00)
+        T11 = _inv_neumann(A11)
+        T22 = _inv_neumann(A22)
+        T33 = _inv_neumann(A33)
     T10 = -tl.dot(T11, tl.dot(A10, T00))
     T21 = -tl.dot(T22, tl.dot(A21, T11))
     T32 = -tl.dot(T33, tl.dot(A32, T22))

@@ -68,9 +68,9 @@ ROW_TILES = (16, 64)  # the BR values the kernel takes
 # code variants, bits of the launch config's VARIANT (None: 0): two_chunks: two chunk rows per program (half the
 # programs; the two chunks' code straight-line in one program, for the compiler to interleave); exp2: the gate's decay
 # in A by exp2 of the gates prescaled by log2(e) once per chunk
-AG_VARIANTS = {"two_chunks": 1, "exp2": 2, "inv_seq": 4, "inv_neumann": 8, "inv_tf32": 16}
-# (session 20, lab) the diagonal blocks' inverse (`kernels.common.wy._solve`'s INV): inv_seq the four loops before
-# `_inv_diag4`; inv_neumann the product form in tf32x3, with inv_tf32 in tf32
+AG_VARIANTS = {"two_chunks": 1, "exp2": 2, "exact_inverse": 4}
+# exact_inverse (session 20): the diagonal blocks' inverse by `_inv_diag4`'s fp32 substitution instead of the default
+# tf32 product form (`kernels.common.wy._solve`)
 
 
 @triton.jit
@@ -187,7 +187,7 @@ def _store_ag(
 def _ag_chunk(
     i_c, k, v, g, beta, ag, gcum, cu_seqlens, chunk_indices, bnd, T, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
     V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr, IS_VARLEN: tl.constexpr,
-    HAS_BOUND: tl.constexpr, EXP2: tl.constexpr, INV: tl.constexpr,
+    HAS_BOUND: tl.constexpr, EXP2: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
     """Ag, gcum (and the bound sums) of chunk row i_c of value head program_id(1) (the kernel's arguments)."""
     i_hv = tl.program_id(1) % HV
@@ -208,7 +208,7 @@ def _ag_chunk(
     A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gdn_decay_rows(
         A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, g0, g1, g2, g3, b0, b1, b2, b3, EXP2
     )
-    T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, INV)
+    T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, EXACT)
     _store_ag(ag, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, b0, b1, b2, b3, bos, t0, T, i_hv, HV, BT)
     if HAS_BOUND:
         _store_bound(bnd, v, x0, x1, x2, x3, b0, b1, b2, b3, kk0, kk1, kk2, kk3, bos, t0, T, i_tg, i_hv, HV, V, BV)
@@ -243,7 +243,7 @@ def wy_gdn_ag_fwd_kernel(
     BR: tl.constexpr,
     CPP: tl.constexpr,  # chunks per program (AG_VARIANTS)
     EXP2: tl.constexpr,  # the decay by exp2 (AG_VARIANTS)
-    INV: tl.constexpr,  # the diagonal blocks' inverse (AG_VARIANTS, `_solve`)
+    EXACT: tl.constexpr,  # the diagonal blocks' inverse in fp32 (AG_VARIANTS, `_solve`)
     IS_VARLEN: tl.constexpr,
     HAS_BOUND: tl.constexpr,
 ):
@@ -252,16 +252,7 @@ def wy_gdn_ag_fwd_kernel(
         # past the last row: the last chunk again (the same values stored twice; no branch between the chunks)
         i_c = tl.minimum(tl.program_id(0) * CPP + j, NC - 1)
         _ag_chunk(i_c, k, v, g, beta, ag, gcum, cu_seqlens, chunk_indices, bnd, T, H, HV, K, V, BT, BK, BV, BR,
-                  IS_VARLEN, HAS_BOUND, EXP2, INV)  # fmt: skip
-
-
-def _inv_code(bits: int) -> int:
-    """`_solve`'s INV from the VARIANT bits (AG_VARIANTS)."""
-    if bits & AG_VARIANTS["inv_seq"]:
-        return 1
-    if bits & AG_VARIANTS["inv_neumann"]:
-        return 3 if bits & AG_VARIANTS["inv_tf32"] else 2
-    return 0
+                  IS_VARLEN, HAS_BOUND, EXP2, EXACT)  # fmt: skip
 
 
 def ag_launch(name: str, spec: KernelSpec, launch: LaunchPlan | None, k: Tensor, HV: int, index: ChunkIndex,
@@ -340,7 +331,7 @@ def wy_gdn_ag(
         BR=BR,
         CPP=cpp,
         EXP2=bool(bits & AG_VARIANTS["exp2"]),
-        INV=_inv_code(bits),
+        EXACT=bool(bits & AG_VARIANTS["exact_inverse"]),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

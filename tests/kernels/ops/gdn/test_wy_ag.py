@@ -1,5 +1,6 @@
 """GDN's Ag pass (`kernels.ops.gdn.wy_ag.wy_gdn_ag`) on the Triton backend (interpreted on CPU; on a GPU with
-CPBENCH_TEST_GPU=1), both row tilings (BR 16 and 64) and BR 16 with its code variants (two chunks a program, exp2):
+CPBENCH_TEST_GPU=1), both row tilings (BR 16 and 64) and BR 16 with its code variants (two chunks a program, exp2,
+the diagonal blocks' inverse by exact substitution):
 - Ag = T diag(beta) and the gate cumsum against the fp64 triangular solve (`kernels.common.ag_torch.ag_reference`),
   dense and varlen (sequences not a multiple of the chunk, the lengths scaled with the chunk size), chunk sizes
   16/32/64, grouped value heads (HV = 2H),
@@ -75,10 +76,13 @@ def _positions(index, B: int, T: int) -> torch.Tensor:
     return pos.view(B, T)
 
 
-# BR 16 with two chunks per program and exp2 (AG_VARIANTS): odd chunk counts (dense at 16, varlen at 64) run the last
-# chunk twice
-@pytest.mark.parametrize(("BR", "variant"), [(16, None), (64, None), (16, AG_VARIANTS["two_chunks"] | AG_VARIANTS["exp2"])],
-                         ids=["BR16", "BR64", "BR16-two_chunks-exp2"])  # fmt: skip
+# BR 16 with two chunks per program, exp2 and the exact inverse (AG_VARIANTS): odd chunk counts (dense at 16, varlen at
+# 64) run the last chunk twice; the default inverse (tf32 product form) in the BR16 and BR64 rows
+VARIANTS = AG_VARIANTS["two_chunks"] | AG_VARIANTS["exp2"] | AG_VARIANTS["exact_inverse"]
+
+
+@pytest.mark.parametrize(("BR", "variant"), [(16, None), (64, None), (16, VARIANTS)],
+                         ids=["BR16", "BR64", "BR16-two_chunks-exp2-exact"])  # fmt: skip
 @pytest.mark.parametrize("chunk", [16, 32, 64])
 @pytest.mark.parametrize("layout", ["dense", "varlen"])
 def test_ag_matches_the_triangular_solve(BR: int, variant: int | None, chunk: int, layout: str) -> None:
@@ -146,8 +150,8 @@ def test_bad_arguments_are_refused() -> None:
         wy_gdn_ag(k, g, beta, index=index, bnd=bnd)
     with pytest.raises(ValueError, match="BR must be one of"):
         wy_gdn_ag(k, g, beta, index=index, launch=_plan(32))
-    with pytest.raises(ValueError, match="unknown VARIANT bits 32"):
-        wy_gdn_ag(k, g, beta, index=index, launch=_plan(16, 32))
+    with pytest.raises(ValueError, match="unknown VARIANT bits 8"):
+        wy_gdn_ag(k, g, beta, index=index, launch=_plan(16, 8))
     with pytest.raises(ValueError, match="HV a multiple"):
         wy_gdn_ag(k, g[:, :, :3], beta[:, :, :3], index=index)
 

@@ -11,6 +11,6 @@ CUDA_LAUNCH_BLOCKING=1 CPBENCH_TEST_GPU=1 timeout 60 python3 -m pytest -q -x -p 
 if [ -f devrun/old.tar ]; then
   echo "== old tree"
   rm -rf /tmp/old && mkdir -p /tmp/old && tar -xf devrun/old.tar -C /tmp/old
-  (cd /tmp/old && PYTHONPATH=$PYTHONPATH:/tmp/old CUDA_LAUNCH_BLOCKING=1 CPBENCH_TEST_GPU=1 timeout 60 python3 -m pytest \
+  (cd /tmp/old && PYTHONPATH=${PYTHONPATH//$PWD//tmp/old} CUDA_LAUNCH_BLOCKING=1 CPBENCH_TEST_GPU=1 timeout 60 python3 -m pytest \
     -q -x -p no:cacheprovider "$CASE" 2>&1 | grep -E "^(E |FAILED)|kernels/.*py:[0-9]+|passed|failed" | head -40)
 fi

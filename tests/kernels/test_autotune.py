@@ -124,6 +124,26 @@ def test_nearest_key_warns_once(tmp_path) -> None:
         assert pick_config(SPEC, {**KEY, "dtype": "float16"}) == SPEC.default
 
 
+def test_a_resolved_key_is_remembered(tmp_path, monkeypatch) -> None:
+    """(session 20) The table resolves each (kernel, key) once: later launches with the same key do not look it up
+    again (a step asks the same ~15 keys every call), and get the same config; an unhashable key value is resolved
+    every time, correctly."""
+    near = {**KEY, "H": 32}
+    use_autotune(_write(tmp_path, _file([_entry(near, {"BV": 16, "num_warps": 2, "num_stages": 1})])))
+    table = default_plan().table
+    calls = []
+    real = table.lookup
+    monkeypatch.setattr(table, "lookup", lambda kernel, key: calls.append(kernel) or real(kernel, key))
+    with pytest.warns(AutotuneFallbackWarning, match="nearest key"):
+        first = [pick_config(SPEC, KEY) for _ in range(3)]
+    assert first == [LaunchConfig(BV=16, num_warps=2, num_stages=1)] * 3 and calls == [SPEC.name]
+    assert pick_config(SPEC, near) == first[0] and len(calls) == 2  # another key: looked up once
+    odd = {**KEY, "extra": [1]}  # a list: no memo; not comparable to the entry (other fields): the default
+    with pytest.warns(AutotuneFallbackWarning, match="using the default"):
+        assert pick_config(SPEC, odd) == pick_config(SPEC, odd) == SPEC.default
+    assert len(calls) == 4
+
+
 def test_key_distance_rules() -> None:
     assert key_distance(KEY, {**KEY, "H": 32}) == 1.0
     assert key_distance(KEY, {**KEY, "H": 4, "V": 256}) == 3.0

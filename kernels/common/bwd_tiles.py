@@ -14,7 +14,7 @@ from torch import Tensor
 from kernels.common.chunk_program import chunk_of_program
 from kernels.common.index import ChunkIndex
 from kernels.common.wy import FAST_SPAN, FLOOR
-from kernels.configs import LaunchConfig, head_block
+from kernels.configs import HOPPER_MISCOMPILE_TRITON, LaunchConfig, head_block, version_tuple
 
 # ---------------------------------------------------------------------------------------------------------------------
 # device helpers
@@ -236,8 +236,33 @@ def group_sum(x: Tensor, Hk: int) -> Tensor:
     return x if Hk == H else x.view(B, T, Hk, H // Hk, K).sum(3)
 
 
-def _fit(cfg: LaunchConfig, K: int, V: int) -> tuple[int, int]:
-    """The column blocks: the config's, at most the tile of the head dim (`head_block`; the last block is masked)."""
-    BK, BV = min(cfg.BK or 64, head_block(K)), min(cfg.BV or 64, head_block(V))
+def _fit(cfg: LaunchConfig, K: int, V: int, at_least: int = 16) -> tuple[int, int]:
+    """The column blocks: the config's, at most the tile of the head dim (`head_block`; the last block is masked),
+    and at least `at_least` (wider than a small head dim: the block's columns past it are masked)."""
+    BK = max(min(cfg.BK or 64, head_block(K)), at_least)
+    BV = max(min(cfg.BV or 64, head_block(V)), at_least)
     assert BK >= 16 and BV >= 16, f"bad column blocks BK={BK} BV={BV} for K={K} V={V}"
     return BK, BV
+
+
+def hopper_miscompile_range(device: torch.device) -> bool:
+    """Whether `device` is an sm_90 GPU under a Triton of the range with known Hopper miscompiles
+    (`kernels.configs.HOPPER_MISCOMPILE_TRITON`, the tuner's rules' range)."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] != 9:
+        return False
+    low, high = HOPPER_MISCOMPILE_TRITON
+    return low <= version_tuple(triton.__version__) <= high
+
+
+# KDA's pair (`chunk_bwd_dqk`, `wy_bwd`) on such a device launches column blocks of at least this many columns (the
+# columns past a smaller head dim masked): on the H200 (Triton 3.6.0) its `wy_bwd_kernel` faulted with an illegal
+# memory access at K = V = 32 (bf16) and at K = V = 16 (fp32), grouped heads or not; K = V = 64 passed (session 20,
+# `benchmarks/device_runs/s20_kda_k16.py`)
+KDA_HOPPER_MIN_BLOCK = 64
+
+
+def pair_blocks(cfg: LaunchConfig, K: int, V: int, gate_vector: bool, device: torch.device) -> tuple[int, int]:
+    """The pair's column blocks (`_fit`), at least KDA_HOPPER_MIN_BLOCK wide for KDA on a device of the miscompile
+    range."""
+    wide = gate_vector and hopper_miscompile_range(device)
+    return _fit(cfg, K, V, KDA_HOPPER_MIN_BLOCK if wide else 16)

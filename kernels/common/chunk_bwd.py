@@ -58,6 +58,7 @@ from kernels.common.bwd_tiles import (
     _store_dg_rows,
     _wy_rows,
     group_sum,
+    pair_blocks,
     per_value_head,
 )
 from kernels.common.chunk_program import chunk_of_program, group_heads, heuristics
@@ -599,7 +600,7 @@ def pair_grads(
     dw = k.new_empty(B, T, H, K)
     dg_part = torch.empty_like(dk_part)
     cfg = launch.config_for(CHUNK_BWD_DQK, key)
-    BK, BV = _fit(cfg, K, V)
+    BK, BV = pair_blocks(cfg, K, V, gate_vector, k.device)
     grid = (triton.cdiv(K, BK), *_chunk_grid(index, B, T, H))
     chunk_bwd_dqk_kernel[grid](
         q, k, g, h, dh, v_new, dv_new, do, dq, dk_part, dw, dg_part, cu, ci, scale, T,
@@ -612,7 +613,7 @@ def pair_grads(
     dbeta = torch.empty_like(beta)
     dg = torch.empty_like(g)
     cfg = launch.config_for(WY_BWD, key)
-    BK, BV = _fit(cfg, K, V)
+    BK, BV = pair_blocks(cfg, K, V, gate_vector, k.device)
     wy_bwd_kernel[_chunk_grid(index, B, T, H)](
         k, v, g, beta, tt, w, u, dv_new, dw, dk_part, dg_part, dk, dv, dbeta, dg, cu, ci, T,
         H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE_VECTOR=gate_vector,

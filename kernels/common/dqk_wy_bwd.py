@@ -44,7 +44,7 @@ from kernels.common.bwd_tiles import (
 )
 from kernels.common.chunk_program import group_heads, heuristics
 from kernels.common.index import ChunkIndex
-from kernels.configs import HOPPER_MISCOMPILE_TRITON, KernelSpec, LaunchConfig, register, version_tuple
+from kernels.configs import KernelSpec, LaunchConfig, register
 from kernels.plan import LaunchPlan
 
 __all__ = ["CHUNK_BWD_DQK_WY", "dqk_wy_bwd"]
@@ -211,15 +211,6 @@ def chunk_bwd_dqk_wy_kernel(
                     bos, o_r, m_r, False, H, K, V, BT, BK, BV, GATE_VECTOR, DOT_PREC, G, False)  # fmt: skip
 
 
-def _hopper_miscompile_range(device: torch.device) -> bool:
-    """Whether `device` is an sm_90 GPU under a Triton of the range with known Hopper miscompiles
-    (`kernels.configs.HOPPER_MISCOMPILE_TRITON`, the tuner's rules' range)."""
-    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] != 9:
-        return False
-    low, high = HOPPER_MISCOMPILE_TRITON
-    return low <= version_tuple(triton.__version__) <= high
-
-
 def dqk_wy_bwd(
     q: Tensor,
     k: Tensor,
@@ -246,7 +237,7 @@ def dqk_wy_bwd(
     H, V = v.shape[2], v.shape[-1]  # the value heads; q, k have Hk = H / G (grouped heads)
     cfg = launch.config_for(CHUNK_BWD_DQK_WY, bwd_tiles._key(index, H, K, V, gate_vector, k.dtype))
     BK, BV = bwd_tiles._fit(cfg, K, V)
-    if gate_vector and min(BK, BV) < 64 and _hopper_miscompile_range(k.device):
+    if gate_vector and min(BK, BV) < 64 and bwd_tiles.hopper_miscompile_range(k.device):
         raise ValueError(
             f"chunk_bwd_dqk_wy: KDA's fused gradient kernel with {BK}x{BV} column blocks computed a wrong dk on sm_90 "
             f"under Triton {triton.__version__} (kernels/NOTES.md, session 19); use bwd_grads='pair' (KDA's default) "

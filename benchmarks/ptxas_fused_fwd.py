@@ -2,7 +2,7 @@
 gate form and mode, from the compiler alone (no GPU; `benchmarks/ptxas_report.py`'s ptxas):
 
     python benchmarks/ptxas_fused_fwd.py [--forms gdn kda kda_gated] [--modes output transition] [--warps 4 8]
-        [--variants default tma exp2+tma] [--ptx-dir DIR]
+        [--variants default tma exp2+tma] [--ptx-dir DIR] [--unaligned]
 
 Each (form, mode, num_warps) is compiled by Triton for sm_90 at the benchmark shape (H=HV=16, K=V=128, 64-token
 chunks, bf16, varlen, BV 64, 2 stages); output mode with an initial and a final state, transition with its maps.
@@ -62,9 +62,11 @@ def _variant_constexprs(variant: str, num_stages: int) -> dict[str, Any]:
 
 
 def compile_fused(
-    form: str, mode: str, num_warps: int = 4, num_stages: int = 2, variant: str = "default"
+    form: str, mode: str, num_warps: int = 4, num_stages: int = 2, variant: str = "default", aligned: bool = True
 ) -> tuple[dict[str, Any], str]:
-    """(ptxas usage and shared bytes, the PTX) of one (form, mode, warps, variant) compiled for sm_90."""
+    """(ptxas usage and shared bytes, the PTX) of one (form, mode, warps, variant) compiled for sm_90; aligned: every
+    pointer argument 16-byte aligned, as a launch with torch tensors specializes it (session 20: without it the loads
+    were scalar and the GDN output pass spilled 640 B a thread where the launched code spills 96)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -78,9 +80,12 @@ def compile_fused(
     consts.update(_variant_constexprs(variant, num_stages))
     sig: dict[str, str] = {}
     cx: dict[tuple[int, ...], Any] = {}
+    attrs: dict[tuple[int, ...], Any] = {}
     for i, name in enumerate(fn.arg_names):
         if name in ptrs:
             sig[name] = ptrs[name]
+            if aligned and sig[name].startswith("*"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
         elif name in consts:
             sig[name] = "constexpr"
             cx[(i,)] = consts[name]
@@ -90,7 +95,7 @@ def compile_fused(
             sig[name] = "constexpr"
             cx[(i,)] = None
     compiled = triton.compile(
-        ASTSource(fn=fn, signature=sig, constexprs=cx),
+        ASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs),
         target=GPUTarget("cuda", 90, 32),
         options={"num_warps": num_warps, "num_stages": num_stages},
     )
@@ -108,10 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warps", nargs="+", type=int, default=[4])
     p.add_argument("--variants", nargs="+", default=["default"])
     p.add_argument("--ptx-dir", type=Path, default=None)
+    p.add_argument("--unaligned", action="store_true", help="pointers not known 16-byte aligned (before session 20)")
     args = p.parse_args(argv)
     print("| form | mode | variant | warps | registers | spill B (st/ld) | shared KB |\n|---|---|---|---:|---:|---:|---:|")
     for form, mode, variant, warps in itertools.product(args.forms, args.modes, args.variants, args.warps):
-        use, ptx = compile_fused(form, mode, warps, variant=variant)
+        use, ptx = compile_fused(form, mode, warps, variant=variant, aligned=not args.unaligned)
         print(f"| {form} | {mode} | {variant} | {warps} | {use['regs']} | {use['spill_stores']} / {use['spill_loads']} | "
               f"{use['shared'] / 1024:.0f} |", flush=True)  # fmt: skip
         if args.ptx_dir is not None:

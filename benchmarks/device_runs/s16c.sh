@@ -15,7 +15,8 @@
 #             [TRAIN_S=s: seconds left for TRAIN after it]
 #   SHA=<git sha> LIMIT=570 [TRAIN=1 [TRAIN_ARGS="--shapes .. --hv .."]] [TUNE=1] [DHSPILL=1] bash benchmarks/device_runs/s16c.sh
 #   GPUTEST="tests/.. tests/.." [GPUTEST_S=150] [GPUTEST_X=]  (session 17) those tests on the GPU first -> gputest.txt
-#             (stops at the first failure; GPUTEST_X= (empty, session 20) runs them all)
+#             (stops at the first failure; GPUTEST_X= (empty, session 20) runs them all; GPUTEST_N=6 (session 20):
+#             in 6 pytest-xdist processes, the image's, so the compiles run side by side on the host's 16 cores)
 #   OLDTEST="tests/..::case" (session 20) that test on the GPU in an older tree, devrun/old.tar (`git archive -o
 #             devrun/old.tar <sha> kernels tests runners pyproject.toml`) -> oldtest.txt: was a GPU failure there before?
 #   LAB="cmd" [LAB_S=200] (session 20) any command (a lab: `python3 benchmarks/wy_ag_lab.py --out $R/ag ..`), its
@@ -43,7 +44,8 @@ export PYTHONPATH=$C/peer:$C/site:$PWD TILELANG_CACHE_DIR=$C/tilelang TRITON_CAC
 echo "ready $(el) s"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton, fla, flash_qla, tilelang; print(torch.__version__, triton.__version__, fla.__version__, getattr(flash_qla,'__version__','?'), tilelang.__version__)"
 if [ -n "$GPUTEST" ]; then  # GPUTEST="tests/... tests/...": those tests on the GPU (CPBENCH_TEST_GPU=1, bf16)
-  CPBENCH_TEST_GPU=1 timeout ${GPUTEST_S:-150} python3 -m pytest -q ${GPUTEST_X--x} -p no:cacheprovider $GPUTEST \
+  CPBENCH_TEST_GPU=1 timeout ${GPUTEST_S:-150} python3 -m pytest -q ${GPUTEST_X--x} ${GPUTEST_N:+-n $GPUTEST_N} \
+    -p no:cacheprovider $GPUTEST \
     > $R/gputest.txt 2>&1
   echo "gpu tests rc=$? $(el) s"; grep -E "^(FAILED|ERROR)" $R/gputest.txt; tail -4 $R/gputest.txt
 fi

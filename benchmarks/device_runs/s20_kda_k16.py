@@ -8,6 +8,8 @@ process (a fault ends the CUDA context), each with CUDA_LAUNCH_BLOCKING=1:
 
 A case: grouped (HV = 2H) or not, K = V, and the pair's launch configs (num_warps of chunk_bwd_dqk / wy_bwd). Prints
 one line per case: ok (and the largest relative error against autograd through the fp32 reference) or the error.
+Call 4 ran it at git 7e189bd with the inputs of `tests.utils.make_inputs`; since then it makes its own (a benchmark
+does not import the tests: `tests/test_architecture.py`), the same kind (unit-norm q, k; per-key gates in (-1, 0)).
 """
 
 from __future__ import annotations
@@ -38,14 +40,22 @@ def run_case(name: str) -> str:
     from kernels.configs import LaunchConfig
     from kernels.plan import LaunchPlan
     from runners.correctness import rel_l2
-    from tests.utils import make_inputs, make_state
 
     H, HV, K, w_dqk, w_wy = CASES[name]
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # (cpu: TRITON_INTERPRET=1, fp32: the script's plumbing)
     low = torch.bfloat16 if dev == "cuda" else torch.float32
-    _, _, v, g, beta, _ = make_inputs("kda", None, B=2, T=80, H=HV, K=K, V=K, lb=-1.0, seed=3, device=dev)
-    q, k, _, _, _, _ = make_inputs("kda", None, B=2, T=80, H=H, K=K, V=K, seed=4, device=dev)
-    h0 = make_state(2, HV, K, K, device=dev)
+    gen = torch.Generator().manual_seed(3)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen)
+
+    # random inputs, never zeros (as tests/utils' maker): unit-norm q, k; per-key log decays in (-1, 0) (lb -1)
+    q = torch.nn.functional.normalize(rand(2, 80, H, K), dim=-1).to(dev)
+    k = torch.nn.functional.normalize(rand(2, 80, H, K), dim=-1).to(dev)
+    v = rand(2, 80, HV, K).to(dev)
+    g = (-torch.sigmoid(rand(2, 80, HV, K))).to(dev)
+    beta = torch.sigmoid(rand(2, 80, HV)).to(dev)
+    h0 = (0.1 * rand(2, HV, K, K)).to(dev)
     do = torch.randn_like(v)
     configs = {}
     for kernel, warps in (("chunk_bwd_dqk", w_dqk), ("wy_bwd", w_wy)):

@@ -175,7 +175,9 @@ def _inv_neumann(A):
     """(I + A)^{-1} of a strictly lower 16x16 fp32 block as (I - A)(I + A^2)(I + A^4)(I + A^8) (A^16 = 0): six
     products at Triton's default fp32 precision (tf32 on NVIDIA tensor cores, as `_solve`'s off-diagonal merges), no
     loop and no reductions. Session 20, H200, GDN's Ag pass at 1x64K: 0.241 ms against 0.315 for `_inv_diag4` (0.370
-    / 0.436 with the bound sums); Ag from fp32 k against the fp64 solve 5.07e-6 against 4.90e-6 (rel_l2)."""
+    / 0.436 with the bound sums); Ag from fp32 k against the fp64 solve 5.07e-6 against 4.90e-6 (rel_l2). With keys of
+    norm 4 (not normalized) the whole solve errs about twice as much as with the substitution
+    (`benchmarks/solve_precision.py`); with unit-norm keys alike."""
     o_i = tl.arange(0, 16)
     A2 = tl.dot(A, A)
     A4 = tl.dot(A2, A2)

@@ -6,6 +6,8 @@ and column blocks.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -245,9 +247,11 @@ def _fit(cfg: LaunchConfig, K: int, V: int, at_least: int = 16) -> tuple[int, in
     return BK, BV
 
 
+@functools.cache
 def hopper_miscompile_range(device: torch.device) -> bool:
     """Whether `device` is an sm_90 GPU under a Triton of the range with known Hopper miscompiles
-    (`kernels.configs.HOPPER_MISCOMPILE_TRITON`, the tuner's rules' range)."""
+    (`kernels.configs.HOPPER_MISCOMPILE_TRITON`, the tuner's rules' range); asked once per device (KDA's backward
+    launchers ask it every step)."""
     if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] != 9:
         return False
     low, high = HOPPER_MISCOMPILE_TRITON
@@ -255,7 +259,7 @@ def hopper_miscompile_range(device: torch.device) -> bool:
 
 
 # KDA's pair (`chunk_bwd_dqk`, `wy_bwd`) on such a device launches column blocks of at least this many columns (the
-# columns past a smaller head dim masked): on the H200 (Triton 3.6.0) its `wy_bwd_kernel` faulted with an illegal
+# columns past a smaller head dim masked), and its fused kernel refuses narrower ones (`dqk_wy_bwd`): on the H200 (Triton 3.6.0) its `wy_bwd_kernel` faulted with an illegal
 # memory access at K = V = 32 (bf16) and at K = V = 16 (fp32), grouped heads or not; K = V = 64 passed (session 20,
 # `benchmarks/device_runs/s20_kda_k16.py`)
 KDA_HOPPER_MIN_BLOCK = 64

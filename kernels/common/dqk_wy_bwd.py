@@ -237,14 +237,15 @@ def dqk_wy_bwd(
     H, V = v.shape[2], v.shape[-1]  # the value heads; q, k have Hk = H / G (grouped heads)
     cfg = launch.config_for(CHUNK_BWD_DQK_WY, bwd_tiles._key(index, H, K, V, gate_vector, k.dtype))
     BK, BV = bwd_tiles._fit(cfg, K, V)
-    if gate_vector and min(BK, BV) < 64 and bwd_tiles.hopper_miscompile_range(k.device):
+    if gate_vector and min(BK, BV) < bwd_tiles.KDA_HOPPER_MIN_BLOCK and bwd_tiles.hopper_miscompile_range(k.device):
         raise ValueError(
             f"chunk_bwd_dqk_wy: KDA's fused gradient kernel with {BK}x{BV} column blocks computed a wrong dk on sm_90 "
             f"under Triton {triton.__version__} (kernels/NOTES.md, session 19); use bwd_grads='pair' (KDA's default) "
             "or column blocks of 64"
         )
     # grouped heads: GDN sums dq, dk over the group in the kernel; KDA writes them per value head, summed below (its
-    # in-kernel sum gave non-finite dk on the H200 in session 19's GPU test, at BK = BV = 32: not understood yet)
+    # in-kernel sum gave non-finite dk on the H200 in session 19's GPU test at BK = BV = 32, the narrow blocks refused
+    # above: the code before the sum fails there too, session 20)
     sum_group = not gate_vector and Hk != H
     dq, dk = (
         (torch.empty_like(q), torch.empty_like(k))

@@ -6,7 +6,7 @@ s20_kda_k16.py`), grouped value heads or not, where K = V = 64 passed. There KDA
 64 columns, the columns past the head dim masked. Here (the interpreter, fp32) that path is forced by patching the
 device check, at K = V = 16 and 32, grouped (HV = 2H) and not, and the gradients are checked against autograd
 through the fp32 per-token reference expanded by hand (1e-5 relative L2, as `test_chunk_bwd.py`); the pair must
-really have launched 64-wide blocks, and off that range (this CPU) the blocks stay the head dim's.
+really have launched 64-wide blocks; unpatched, the device check alone decides (the head dim's blocks off the range).
 """
 
 from __future__ import annotations
@@ -60,10 +60,11 @@ def test_kda_pair_with_blocks_wider_than_the_head_dim(K: int, H: int, HV: int, m
         assert_rel_close(name, r, a, TOL)
 
 
-def test_off_the_range_the_blocks_are_the_head_dims(monkeypatch: pytest.MonkeyPatch) -> None:
-    if bwd_tiles.hopper_miscompile_range(torch.device(TEST_DEVICE)):
-        pytest.skip("this device is in the miscompile range: the blocks are widened there")
+def test_the_device_check_decides_the_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unpatched: the head dim's blocks off the miscompile range (this CPU), 64-wide ones in it (an H200 GPU run); GDN
+    (the scalar gate) keeps the config's blocks everywhere."""
+    wide = bwd_tiles.hopper_miscompile_range(torch.device(TEST_DEVICE))
     _, _, launched = _grads(16, 2, 2, False, monkeypatch)
-    assert launched == [(16, 16), (16, 16)]
+    assert launched == [(64, 64) if wide else (16, 16)] * 2
     cfg = LaunchConfig(BK=32, BV=32, num_warps=4, num_stages=2)
     assert bwd_tiles.pair_blocks(cfg, 128, 128, False, torch.device("cpu")) == (32, 32)

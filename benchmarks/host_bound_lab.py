@@ -16,7 +16,12 @@ Why (issue 26, session 16): on the H200 GDN's step at 1x8K took 2.82 ms for 1.34
   entry);
 - `api` (session 20): the same default through the public op `kernels.chunk_gdn` (its validation, dispatch and
   autograd node), the only step of grouped value heads (`--hv`, HV > H: every variant then runs as `api`; session
-  20's HV=32 1x8K step took 3.48 ms for ~2.05 ms of kernels).
+  20's HV=32 1x8K step took 3.48 ms for ~2.05 ms of kernels);
+- `wy`, `ag+states` (session 21): those recompute policies. Session 20's bench train timed `wy` at 1.28 ms and the
+  default at 2.59 ms at 1x8K in one process, for about the same launches and ATen ops (14 / 32 against 15 / 43).
+On CUDA each row also gets a timeline (`timeline`: the GPU's busy fraction, the largest gaps between kernels, the
+CUDA runtime calls that may block, and the synchronizing calls `torch.cuda.set_sync_debug_mode` reports), listed
+under the table: what a step slower than its kernels waits on.
 
     python3 benchmarks/host_bound_lab.py --out $OUT [--shapes 1x8192,1x16384,1x32768] [--variants default,nosplit,wy+states]
         [--hv 32]
@@ -49,6 +54,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "old-host": {"policy": "inputs", "seg_states": False, "triton_heuristics": True},
     "nosplit": {"split_chunks": 0},
     "wy+states": {"policy": "wy+states"},
+    "wy": {"policy": "wy"},  # (session 21) the WY factors kept, no states: session 20 timed it 2x faster at 1x8K
+    "ag+states": {"policy": "ag+states"},
     "api": {"api": True},  # (session 20) the public op `kernels.chunk_gdn` (validate, dispatch, autograd node)
 }
 BUDGET = 5e-3
@@ -95,6 +102,76 @@ def host_profile(step: Any, args: tuple[Any, ...], cuda: bool, n: int) -> str:
     stats.sort_stats("tottime").print_stats(35)
     stats.sort_stats("cumulative").print_stats(35)
     return buf.getvalue()
+
+
+RUNTIME_SYNCS = (
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpy",
+    "cudaMalloc",
+    "cudaFree",
+    "cudaHostAlloc",
+    "cudaMemset",
+)
+
+
+def busy_and_gaps(kernels: list[tuple[float, float, str]]) -> tuple[float, float, list[tuple[float, str, str]]]:
+    """(busy, span, gaps) of kernel intervals (start, end, name), in their time unit: the union of the intervals, the
+    first start to the last end, and each idle gap (length, the kernel that ended last before it, the one after it),
+    longest first."""
+    busy, gaps, end = 0.0, [], None
+    for s, e, name in sorted(kernels):
+        if end is not None and s > end[0]:
+            gaps.append((s - end[0], end[1], name))
+        busy += max(0.0, e - (s if end is None else max(s, end[0])))
+        if end is None or e > end[0]:
+            end = (e, name)
+    span = max(e for _, e, _ in kernels) - min(s for s, _, _ in kernels) if kernels else 0.0
+    return busy, span, sorted(gaps, key=lambda x: -x[0])
+
+
+def timeline(step: Any, args: tuple[Any, ...], n: int = 5) -> dict[str, Any]:
+    """(session 21) Where a step that is slower than its kernels waits, from one torch profiler trace of n
+    back-to-back steps (after a sync): the GPU's busy fraction of the kernels' span, the largest idle gaps between
+    kernels (ms, with the kernels either side), the CUDA runtime calls per step that may block the host or the stream
+    (`RUNTIME_SYNCS`: synchronizes, copies, mallocs, memsets) and the synchronizing calls per step that
+    `torch.cuda.set_sync_debug_mode("warn")` reports."""
+    import collections
+    import warnings
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    step(*args)
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step(*args)
+            torch.cuda.synchronize()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = collections.Counter(str(w.message).splitlines()[0][:80] for w in caught)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            step(*args)
+        torch.cuda.synchronize()
+    kernels, runtime = [], collections.Counter()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            kernels.append((e.time_range.start, e.time_range.end, e.name.split("(")[0][:48]))
+        elif e.name.startswith(RUNTIME_SYNCS):
+            runtime[e.name] += 1
+    busy, span, gaps = busy_and_gaps(kernels)
+    return {
+        "gpu_busy": busy / span if span else 0.0,
+        "span_ms": span / 1e3 / n,
+        "gaps": [f"{us / 1e3:.3f} {a} -> {b}" for us, a, b in gaps[:4]],
+        "runtime_calls": {k: v / n for k, v in runtime.items()},
+        "sync_warnings": dict(syncs),
+    }
 
 
 def launch_floor_us(device: str, n: int = 2000) -> dict[str, float]:
@@ -233,11 +310,26 @@ def run_shape(
             row["step_ms"] = timed(lambda: step(*args))  # noqa: B023
             row["kernels_ms"] = sum(kernel_times(lambda: step(*args)).values())  # noqa: B023
             row["peak_MB"] = peak_mb(lambda: step(*args))  # noqa: B023
+            row["timeline"] = timeline(step, args)
         if profile and profiles is not None:
             profiles[f"{B}x{T} {name}"] = host_profile(step, args, cuda, profile)
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows
+
+
+def timeline_notes(rows: list[dict[str, Any]]) -> str:
+    """The timeline of each CUDA row (`timeline`) as a list under the table."""
+    out = []
+    for r in rows:
+        t = r.get("timeline")
+        if t:
+            out.append(
+                f"- {r['B']}x{r['T']} HV={r.get('HV', r['H'])} {r['variant']}: GPU busy {t['gpu_busy']:.0%} of "
+                f"{t['span_ms']:.3f} ms a step; largest gaps (ms) {t['gaps']}; runtime calls per step "
+                f"{t['runtime_calls']}; sync warnings {t['sync_warnings']}"
+            )
+    return "\n".join(out)
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -301,7 +393,7 @@ def main() -> None:
             (out / "host_profile.txt").write_text(f"launch floor (host us per call): {meta['launch_floor']}\n\n{text}")
         (out / "host_bound_lab.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
         head = "# Host-bound steps: GDN at short T\n\n" + "".join(f"- {k}: `{v}`\n" for k, v in meta.items()) + "\n"
-        (out / "host_bound_lab.md").write_text(head + table(rows) + "\n")
+        (out / "host_bound_lab.md").write_text(head + table(rows) + "\n\n" + timeline_notes(rows) + "\n")
 
 
 if __name__ == "__main__":

@@ -55,9 +55,10 @@ def _grads(K: int, H: int, HV: int, wide: bool, monkeypatch: pytest.MonkeyPatch)
 @pytest.mark.parametrize(("H", "HV"), [(2, 2), (1, 2)], ids=["plain", "grouped"])
 def test_kda_pair_with_blocks_wider_than_the_head_dim(K: int, H: int, HV: int, monkeypatch: pytest.MonkeyPatch) -> None:
     ours, ref, launched = _grads(K, H, HV, True, monkeypatch)
-    assert launched == [(64, 64), (64, 64)]  # chunk_bwd_dqk, then wy_bwd
     for name, a, r in zip(NAMES, ours, ref, strict=True):
         assert_rel_close(name, r, a, TOL)
+    # chunk_bwd_dqk, then wy_bwd; on a GPU the public op's first call also compiles through them (parallel compile)
+    assert launched[-2:] == [(64, 64), (64, 64)] and set(launched) == {(64, 64)}
 
 
 def test_the_device_check_decides_the_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -65,6 +66,6 @@ def test_the_device_check_decides_the_blocks(monkeypatch: pytest.MonkeyPatch) ->
     (the scalar gate) keeps the config's blocks everywhere."""
     wide = bwd_tiles.hopper_miscompile_range(torch.device(TEST_DEVICE))
     _, _, launched = _grads(16, 2, 2, False, monkeypatch)
-    assert launched == [(64, 64) if wide else (16, 16)] * 2
+    assert launched[-2:] == [(64, 64) if wide else (16, 16)] * 2 and len(set(launched)) == 1
     cfg = LaunchConfig(BK=32, BV=32, num_warps=4, num_stages=2)
     assert bwd_tiles.pair_blocks(cfg, 128, 128, False, torch.device("cpu")) == (32, 32)

@@ -295,6 +295,7 @@ def flash_qla_steps(qla: FlashQLAColumns, op: str, wl: Workload, ours_ms: float)
             out[f"{col}_split"] = qla.split()
             out[f"{col}_ms"] = timed(step)
             out[f"{col}_peak_MB"] = peak_mb(step)
+            out[f"{col}_kernels_ms"] = kernel_times(step)  # (session 21) where the peer's step goes, beside ours
             out[f"ratio_{col}"] = ours_ms / out[f"{col}_ms"]
         except Exception as err:  # FlashQLA failing is a result, not a crash of our benchmark
             out[f"{col}_error"] = repr(err)[:300]
@@ -395,11 +396,16 @@ def to_markdown(res: dict[str, Any]) -> str:
         for who in (w for w in c if w != "shape"):
             vals = ", ".join(f"{n} {x:.1e}" if isinstance(x, float) else f"{n} {x}" for n, x in c[who].items())
             lines.append(f"- {op} {who} ({c['shape']}): {vals}")
-    lines += ["", "## Our per-kernel times (one step, ms)", ""]
+    lines += ["", "## Per-kernel times (one step, ms): ours, and FlashQLA's where it ran", ""]
     for r in res["rows"]:
         ks = ", ".join(f"{n} {t:.2f}" for n, t in list(r["ours_kernels_ms"].items())[:14])
         lines.append(f"- {r['op']} B={r['B']} T={r['T']} HV={r.get('HV', H)} (step {r['ours_ms']:.2f}, floor "
                      f"{r['floor_ms']:.2f}): {ks}")
+        for col in FLASH_QLA_COLUMNS:
+            if r.get(f"{col}_kernels_ms"):
+                ks = ", ".join(f"{n} {t:.2f}" for n, t in list(r[f"{col}_kernels_ms"].items())[:14])
+                lines.append(f"  - {col} (step {r[f'{col}_ms']:.2f}; kernels' sum "
+                             f"{sum(r[f'{col}_kernels_ms'].values()):.2f}): {ks}")
     if res.get("cut"):
         lines += ["", f"## Not run: {len(res['cut'])} row(s) cut by --deadline", ""]
         lines += [f"- {x['op']} {x['case']}: {x['why']}" for x in res["cut"]]

@@ -1,6 +1,6 @@
 """`cpbench bench train`'s report (`runners.bench.kernels_train.to_markdown`): FlashQLA's two step columns and ratios,
 the HV and lb of each row, one line for why FlashQLA did not run (this host's real reason), each library's first
-call, and the rows the deadline cut."""
+call, the rows the deadline cut, and FlashQLA's per-kernel times under ours."""
 
 from __future__ import annotations
 
@@ -37,7 +37,13 @@ def _row(**kw: Any) -> dict[str, Any]:
 def test_flash_qla_step_columns_first_calls_and_cut_rows() -> None:
     step_ms = {"flash_qla_ms": 2.5, "flash_qla_cp_ms": 2.0, "ratio_flash_qla": 4.0, "ratio_flash_qla_cp": 5.0}
     first = {"flash_qla_first_call_s": 169.0, "fla_first_call_s": 112.0}
-    row = _row(**step_ms, **first, flash_qla_cp_peak_MB=700.0, flash_qla_cp_split={"intra_cp": True, "pieces": 16})
+    row = _row(
+        **step_ms,
+        **first,
+        flash_qla_cp_peak_MB=700.0,
+        flash_qla_cp_split={"intra_cp": True, "pieces": 16},
+        flash_qla_cp_kernels_ms={"fused_bwd": 1.25, "fwd_h": 0.5},
+    )
     cut = [
         {
             "op": "kda",
@@ -61,6 +67,8 @@ def test_flash_qla_step_columns_first_calls_and_cut_rows() -> None:
     assert "ours 16.5, fla 112.0, flash_qla 170.0" in md  # the longest of the rows and the gradient check
     assert "flash_qla_cp split (gdn 1x65536 HV=32 lb=-5.0): {'intra_cp': True, 'pieces': 16}" in md
     assert "- kda 1x8192 HV=32 lb=-5: cut by the deadline" in md
+    # (session 21) the peer's kernels under ours, with their sum
+    assert "  - flash_qla_cp (step 2.00; kernels' sum 1.75): fused_bwd 1.25, fwd_h 0.50" in md
 
 
 @pytest.mark.skipif(importlib.util.find_spec("flash_qla") is not None, reason="flash-qla is installed here")

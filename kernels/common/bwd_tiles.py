@@ -16,7 +16,7 @@ from torch import Tensor
 from kernels.common.chunk_program import chunk_of_program
 from kernels.common.index import ChunkIndex
 from kernels.common.wy import FAST_SPAN, FLOOR
-from kernels.configs import HOPPER_MISCOMPILE_TRITON, LaunchConfig, head_block, version_tuple
+from kernels.configs import HOPPER_MISCOMPILE_TRITON, LaunchConfig, cdiv, head_block, version_tuple
 
 # ---------------------------------------------------------------------------------------------------------------------
 # device helpers
@@ -220,7 +220,7 @@ def _bounds(index: ChunkIndex) -> tuple[Tensor | None, Tensor | None]:
 
 
 def _chunk_grid(index: ChunkIndex, B: int, T: int, H: int) -> tuple[int, int]:
-    return (index.num_chunks, H) if index.is_varlen else (triton.cdiv(T, index.chunk_size), B * H)
+    return (index.num_chunks, H) if index.is_varlen else (cdiv(T, index.chunk_size), B * H)
 
 
 def per_value_head(x: Tensor, H: int) -> Tensor:

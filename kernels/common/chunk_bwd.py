@@ -81,7 +81,7 @@ from kernels.common.wy import (
     wy_gdn_fwd,
     wy_kda_fwd,
 )
-from kernels.configs import KernelSpec, LaunchConfig, register
+from kernels.configs import KernelSpec, LaunchConfig, cdiv, register
 from kernels.plan import LaunchPlan, default_plan, launch_config
 from kernels.vocabulary import AUTO_BWD_GRADS
 
@@ -601,7 +601,7 @@ def pair_grads(
     dg_part = torch.empty_like(dk_part)
     cfg = launch.config_for(CHUNK_BWD_DQK, key)
     BK, BV = pair_blocks(cfg, K, V, gate_vector, k.device)
-    grid = (triton.cdiv(K, BK), *_chunk_grid(index, B, T, H))
+    grid = (cdiv(K, BK), *_chunk_grid(index, B, T, H))
     chunk_bwd_dqk_kernel[grid](
         q, k, g, h, dh, v_new, dv_new, do, dq, dk_part, dw, dg_part, cu, ci, scale, T,
         H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE_VECTOR=gate_vector,

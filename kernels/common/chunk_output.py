@@ -19,7 +19,7 @@ from torch import Tensor
 
 from kernels.common.chunk_program import chunk_of_program, heuristics
 from kernels.common.index import ChunkIndex
-from kernels.configs import KernelSpec, LaunchConfig, head_block, register
+from kernels.configs import KernelSpec, LaunchConfig, cdiv, head_block, register
 from kernels.plan import LaunchPlan, launch_config
 
 __all__ = ["CHUNK_OUTPUT_FWD", "chunk_output_fwd"]
@@ -92,9 +92,9 @@ def chunk_output_fwd(
     assert BV is not None and BV >= 16 and BT >= 16, f"tiles must be >= 16, got BV={BV} BT={BT}"
     o = torch.empty(v_new.shape, dtype=out_dtype or q.dtype, device=q.device)
     if index.is_varlen:
-        grid = (triton.cdiv(V, BV), index.num_chunks, H)
+        grid = (cdiv(V, BV), index.num_chunks, H)
     else:
-        grid = (triton.cdiv(V, BV), triton.cdiv(T, BT), B * H)
+        grid = (cdiv(V, BV), cdiv(T, BT), B * H)
     chunk_output_fwd_kernel[grid](
         q, v_new, h, g, aqk, o,
         index.cu_seqlens if index.is_varlen else None, index.chunk_indices if index.is_varlen else None,

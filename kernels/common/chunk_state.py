@@ -35,7 +35,7 @@ from torch import Tensor
 
 from kernels.common.chunk_program import given, group_heads, heuristics
 from kernels.common.state_program import range_of_program
-from kernels.configs import KernelSpec, LaunchConfig, head_block, register
+from kernels.configs import KernelSpec, LaunchConfig, cdiv, head_block, register
 from kernels.plan import LaunchPlan, launch_config
 
 __all__ = [
@@ -238,7 +238,7 @@ def _launch(cfg: LaunchConfig, ncols: int, layout: SeqLayout, H: int, *, k: Tens
     K, V = k.shape[-1], u.shape[-1]
     assert BV is not None and BV >= 16 and BT >= 16, f"tiles must be >= 16, got BV={BV} BT={BT}"
     T = k.shape[1]
-    grid = (triton.cdiv(ncols, BV), layout.num_programs * H)  # the last block's columns past ncols are masked
+    grid = (cdiv(ncols, BV), layout.num_programs * H)  # the last block's columns past ncols are masked
     if grid[1] == 0:
         return
     chunk_state_fwd_kernel[grid](

@@ -15,6 +15,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.configs import cdiv, next_power_of_2
+
 __all__ = ["l2norm_fused"]
 
 ROWS = 16  # rows per program: [16, 128] fp32 is 16 registers a thread at 4 warps
@@ -49,7 +51,7 @@ def l2norm_bwd_kernel(x, rstd, dy, dx, N, D: tl.constexpr, BD: tl.constexpr, ROW
 
 
 def _grid(n: int) -> tuple[int]:
-    return (triton.cdiv(n, ROWS),)
+    return (cdiv(n, ROWS),)
 
 
 def _forward(x: Tensor, eps: float) -> tuple[Tensor, Tensor]:
@@ -57,7 +59,7 @@ def _forward(x: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     x2 = x.reshape(-1, D)
     y = torch.empty_like(x2)
     rstd = torch.empty(x2.shape[0], dtype=torch.float32, device=x.device)
-    l2norm_fwd_kernel[_grid(x2.shape[0])](x2, y, rstd, x2.shape[0], eps, D=D, BD=triton.next_power_of_2(D), ROWS=ROWS)
+    l2norm_fwd_kernel[_grid(x2.shape[0])](x2, y, rstd, x2.shape[0], eps, D=D, BD=next_power_of_2(D), ROWS=ROWS)
     return y.view(x.shape), rstd
 
 
@@ -74,7 +76,7 @@ class _L2Norm(torch.autograd.Function):
         D = x.shape[-1]
         x2, dy2 = x.reshape(-1, D), dy.contiguous().reshape(-1, D)
         dx = torch.empty_like(x2)
-        l2norm_bwd_kernel[_grid(x2.shape[0])](x2, rstd, dy2, dx, x2.shape[0], D=D, BD=triton.next_power_of_2(D), ROWS=ROWS)
+        l2norm_bwd_kernel[_grid(x2.shape[0])](x2, rstd, dy2, dx, x2.shape[0], D=D, BD=next_power_of_2(D), ROWS=ROWS)
         return dx.view(x.shape), None
 
 

@@ -45,7 +45,7 @@ from kernels.common.chunk_state import (
 from kernels.common.index import ChunkIndex
 from kernels.common.state_program import chain_dropped, chain_start
 from kernels.common.warm_split import WarmInputs, warm_transitions, window_plan
-from kernels.configs import KernelSpec, LaunchConfig, head_block, register
+from kernels.configs import KernelSpec, LaunchConfig, cdiv, head_block, register
 from kernels.plan import LaunchPlan, launch_config
 
 __all__ = [
@@ -311,7 +311,7 @@ def seg_chain_states(M: Tensor, S_ext: Tensor, h0: Tensor | None, seg_ptr: Tenso
     assert BV is not None and BV >= 16, f"bad tiles BV={BV} K={K} V={V}"
     hs = S_ext.new_empty(num_segments, H, K, V)
     flags = None if drop is None else drop.contiguous()
-    seg_chain_fwd_kernel[(triton.cdiv(V, BV), N * H)](
+    seg_chain_fwd_kernel[(cdiv(V, BV), N * H)](
         M.contiguous(), S_ext.contiguous(), h0, hs, seg_ptr, flags, H=H, K=K, V=V, BK=head_block(K), BV=BV,
         PRECISION=CHAIN_DOT_PRECISION,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -332,7 +332,7 @@ def seg_compose_fwd(M: Tensor, S_ext: Tensor, plan: SplitPlan, *, launch: Launch
     m_out = M.new_empty(plan.num_seqs, H, K, K)
     s_out = S_ext.new_empty(plan.num_seqs, H, K, V)
     flags = None if need is None else need.contiguous()
-    seg_compose_fwd_kernel[(triton.cdiv(K + V, BV), plan.num_seqs * H)](
+    seg_compose_fwd_kernel[(cdiv(K + V, BV), plan.num_seqs * H)](
         M, S_ext, m_out, s_out, plan.seg_ptr, flags, H=H, K=K, V=V, BK=head_block(K), BV=BV, PRECISION=CHAIN_DOT_PRECISION,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

@@ -35,7 +35,7 @@ from kernels.common.chunk_program import given, group_heads, heuristics
 from kernels.common.chunk_state import SeqLayout
 from kernels.common.seqsplit import CHAIN_DOT_PRECISION, SplitPlan
 from kernels.common.state_program import chain_dropped, chain_start, range_of_program
-from kernels.configs import KernelSpec, LaunchConfig, head_block, register
+from kernels.configs import KernelSpec, LaunchConfig, cdiv, head_block, register
 from kernels.plan import LaunchPlan, launch_config
 
 __all__ = ["CHUNK_STATE_BWD", "SEG_CHAIN_BWD", "chunk_state_bwd", "first_segments", "seg_chain_bwd"]
@@ -227,7 +227,7 @@ def chunk_state_bwd(
     cfg = state_bwd_config(H, K, V, BT, gate_vector, layout.cu_seqlens is not None, k.dtype, launch)
     BV = cfg.BV
     assert BV is not None and BV >= 16, f"bad tiles BV={BV} K={K} V={V}"
-    grid = (triton.cdiv(V, BV), layout.num_programs * H)
+    grid = (cdiv(V, BV), layout.num_programs * H)
     if grid[1] == 0:
         return
     flags = None
@@ -261,7 +261,7 @@ def seg_chain_bwd(M: Tensor, ds_ext: Tensor, dht: Tensor | None, plan: SplitPlan
     assert BV is not None and BV >= 16, f"bad tiles BV={BV} K={K} V={V}"
     ds_end = ds_ext.new_empty(NS, H, K, V)
     flags = None if drop is None else drop.contiguous()
-    seg_chain_bwd_kernel[(triton.cdiv(V, BV), plan.num_seqs * H)](
+    seg_chain_bwd_kernel[(cdiv(V, BV), plan.num_seqs * H)](
         M, ds_ext, dht, ds_end, plan.seg_ptr, flags, H=H, K=K, V=V, BK=head_block(K), BV=BV,
         PRECISION=CHAIN_DOT_PRECISION, M_REST=M.shape[0] != NS, EXT_REST=ds_ext.shape[0] != NS,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

@@ -57,7 +57,7 @@ from kernels.common.state_bwd import chunk_state_bwd, first_segments, seg_chain_
 from kernels.common.warm_certify import certify_chunk_windows
 from kernels.common.warm_split import WARM_TOL, fold_initial_states
 from kernels.common.wy import BOUND_MARGIN, FLOOR
-from kernels.configs import head_block
+from kernels.configs import cdiv, head_block
 from kernels.plan import LaunchPlan
 
 __all__ = [
@@ -198,7 +198,7 @@ def reverse_chunk_bound(
     BT = index.chunk_size
     bnd = torch.empty(index.num_chunks, H, 2, dtype=torch.float32, device=k.device)
     fbnd = None if v is None else torch.empty_like(bnd)
-    grid = (index.num_chunks, H) if index.is_varlen else (triton.cdiv(T, BT), B * H)
+    grid = (index.num_chunks, H) if index.is_varlen else (cdiv(T, BT), B * H)
     cu, ci = (index.cu_seqlens, index.chunk_indices) if index.is_varlen else (None, None)
     reverse_chunk_bound_kernel[grid](
         q, k, g, beta, do, v, bnd, fbnd, cu, ci, math.log(scale), T, index.num_chunks,

@@ -21,6 +21,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.configs import next_power_of_2
+
 __all__ = ["certify_chunk_windows"]
 
 BLOCK_CHUNKS = 256  # chunks per scan step
@@ -84,6 +86,6 @@ def certify_chunk_windows(
     certify_chunk_windows_kernel[(NW, H)](
         ell, log_u, ell.stride(0), ell.stride(1), starts, ends, valid, E_win.contiguous(),
         log_bound, ok, math.log(tol / (1.0 + tol)),
-        H=H, KV=KV, BC=BLOCK_CHUNKS, BS=min(BLOCK_STATE, triton.next_power_of_2(KV)), num_warps=4,
+        H=H, KV=KV, BC=BLOCK_CHUNKS, BS=min(BLOCK_STATE, next_power_of_2(KV)), num_warps=4,
     )  # fmt: skip
     return log_bound, ok

@@ -55,7 +55,7 @@ from torch import Tensor
 from kernels.common.chunk_program import chunk_of_program, group_heads, heuristics
 from kernels.common.decay import GATE_FLOOR
 from kernels.common.index import ChunkIndex
-from kernels.configs import KernelSpec, LaunchConfig, head_block, register
+from kernels.configs import KernelSpec, LaunchConfig, cdiv, head_block, register
 from kernels.plan import LaunchPlan, launch_config
 
 __all__ = ["BT_WY", "CHUNK_SIZES", "WY_GDN_FWD", "WY_KDA_FWD", "wy_gdn_fwd", "wy_kda_fwd"]
@@ -736,7 +736,7 @@ def _key(index: ChunkIndex, H: int, K: int, V: int, dtype: torch.dtype) -> dict[
 def _grid(index: ChunkIndex, B: int, T: int, H: int) -> tuple[int, int]:
     if index.is_varlen:
         return (index.num_chunks, H)
-    return (triton.cdiv(T, index.chunk_size), B * H)
+    return (cdiv(T, index.chunk_size), B * H)
 
 
 def _blocks(cfg: LaunchConfig, index: ChunkIndex, K: int, V: int) -> tuple[int, int]:

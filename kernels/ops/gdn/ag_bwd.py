@@ -42,7 +42,7 @@ from kernels.common.index import ChunkIndex, prepare_chunk_index
 from kernels.common.state_keep import KEPT_STATES
 from kernels.common.warm_bwd import _reverse_bound_store
 from kernels.common.wy import BT_WY, CHUNK_SIZES, FLOOR
-from kernels.configs import KernelSpec, LaunchConfig, head_block, register
+from kernels.configs import KernelSpec, LaunchConfig, cdiv, head_block, register
 from kernels.ops.gdn.wy_ag import wy_gdn_ag
 from kernels.plan import LaunchPlan, default_plan, launch_config
 
@@ -159,7 +159,7 @@ def wy_from_ag(
     aqk, tt = torch.empty_like(ag), torch.empty_like(ag)
     g, beta, do = (x.contiguous() for x in bound) if bound is not None else (None, None, None)
     bnd = torch.empty(index.num_chunks, HV, 2, dtype=torch.float32, device=k.device) if bound is not None else None
-    grid = (index.num_chunks, HV) if index.is_varlen else (triton.cdiv(T, BT), B * HV)
+    grid = (index.num_chunks, HV) if index.is_varlen else (cdiv(T, BT), B * HV)
     bounds = (index.cu_seqlens, index.chunk_indices) if index.is_varlen else (None, None)
     wy_from_ag_kernel[grid](
         q, k, v, ag, gcum, w, u, aqk, tt, g, beta, do, bnd, *bounds, scale, math.log(scale), T,

@@ -56,7 +56,7 @@ from kernels.common.seqsplit import SplitPlan, keep_segment_states, resolve_spli
 from kernels.common.state_program import range_of_program
 from kernels.common.warm_split import WarmInputs, certified_transitions, window_plan
 from kernels.common.wy import LOG2E, _gexp
-from kernels.configs import KernelSpec, LaunchConfig, head_block, register
+from kernels.configs import KernelSpec, LaunchConfig, cdiv, head_block, register
 from kernels.ops.gdn.wy_ag import wy_gdn_ag
 from kernels.plan import LaunchPlan, launch_config
 
@@ -329,7 +329,7 @@ def _launch(cfg: LaunchConfig, ncols: int, layout: SeqLayout, *, q: Tensor | Non
     assert HV % H == 0 and ag.shape == (B, T, HV, BT) and gcum.shape in ((B, T, HV), (B, T, HV, K)) or kd is not None, (
         f"Ag {tuple(ag.shape)} / gcum {tuple(gcum.shape)} do not match v {tuple(v.shape)} with chunk {BT}"
     )
-    grid = (triton.cdiv(ncols, BV), layout.num_programs * HV)
+    grid = (cdiv(ncols, BV), layout.num_programs * HV)
     if grid[1] == 0:
         return
     bits = variant_flags(cfg.VARIANT, k, v, o, BT=BT, q=q)

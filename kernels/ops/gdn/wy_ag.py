@@ -48,7 +48,7 @@ from kernels.common.wy import (
     _store_aqk,
     _store_tile,
 )
-from kernels.configs import KernelSpec, LaunchConfig, register
+from kernels.configs import KernelSpec, LaunchConfig, cdiv, register
 from kernels.plan import LaunchPlan, launch_config
 
 __all__ = ["AG_VARIANTS", "WY_GDN_AG_FWD", "wy_gdn_ag"]
@@ -309,7 +309,7 @@ def wy_gdn_ag(
     ag = torch.empty(B, T, HV, BT, dtype=k.dtype, device=k.device)
     gcum = torch.empty(B, T, HV, dtype=torch.float32, device=k.device)
     rows, heads = _grid(index, B, T, HV)
-    wy_gdn_ag_fwd_kernel[(triton.cdiv(rows, cpp), heads)](
+    wy_gdn_ag_fwd_kernel[(cdiv(rows, cpp), heads)](
         k,
         v if bnd is not None else None,
         g,

@@ -20,16 +20,34 @@ __all__ = ["chunk_of_program", "given", "group_heads", "heuristics"]
 Entries = dict[str, Callable[[dict[str, Any]], Any]]
 
 
+class _Named:
+    """The launch's arguments by name without building a dict of all of them (an entry reads one or two): a positional
+    argument by its index, else a keyword one or an earlier entry's value."""
+
+    __slots__ = ("args", "kwargs", "index")
+
+    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any], index: dict[str, int]) -> None:
+        self.args, self.kwargs, self.index = args, kwargs, index
+
+    def __getitem__(self, name: str) -> Any:
+        i = self.index.get(name, len(self.args))
+        return self.args[i] if i < len(self.args) else self.kwargs[name]
+
+
 class _Heuristics(Heuristics):
-    """`triton.heuristics`' wrapper with the launch's argument dict built once, not once per entry and per stacked
-    decorator: Triton's costs about 3 us per entry on the host (35 arguments), and a short training step issues ~21
-    launches (`benchmarks/host_bound_lab.py`). Same results: each entry sees the arguments and the entries before."""
+    """`triton.heuristics`' wrapper that names the launch's arguments once (`_Named`), not once per entry and per
+    stacked decorator: Triton's costs about 3 us per entry on the host (35 arguments), and a short training step
+    issues ~15 launches (`benchmarks/host_bound_lab.py`). Same results: each entry sees the arguments and the entries
+    before. (Session 21: a dict of every argument cost 23 us a launch on the H200's host, 13 launches a step.)"""
+
+    def __init__(self, fn: Any, arg_names: list[str], values: Entries) -> None:
+        super().__init__(fn, arg_names, values)
+        self.index = {name: i for i, name in enumerate(arg_names)}
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
-        named = dict(zip(self.arg_names, args, strict=False))  # defaults may be left out
-        named.update(kwargs)
+        named = _Named(args, kwargs, self.index)  # defaults left out are missing, as in Triton's dict
         for name, entry in self.values.items():
-            kwargs[name] = named[name] = entry(named)
+            kwargs[name] = entry(named)
         return self.fn.run(*args, **kwargs)
 
 

@@ -136,7 +136,8 @@ def timeline(step: Any, args: tuple[Any, ...], n: int = 5) -> dict[str, Any]:
     back-to-back steps (after a sync): the GPU's busy fraction of the kernels' span, the largest idle gaps between
     kernels (ms, with the kernels either side), the CUDA runtime calls per step that may block the host or the stream
     (`RUNTIME_SYNCS`: synchronizes, copies, mallocs, memsets) and the synchronizing calls per step that
-    `torch.cuda.set_sync_debug_mode("warn")` reports."""
+    `torch.cuda.set_sync_debug_mode("warn")` reports. The profiler's CPU tracing slows the host, so the span is
+    longer than the step's do_bench time: the fractions and gaps compare variants, not absolute times."""
     import collections
     import warnings
 

@@ -22,6 +22,8 @@
 #   LAB="cmd" [LAB_S=200] (session 20) any command (a lab: `python3 benchmarks/wy_ag_lab.py --out $R/ag ..`), its
 #             output -> lab.txt; run after OLDTEST
 # (the parts run in the order GPUTEST, OLDTEST, LAB, HOSTLAB, TUNE, DHSPILL, TRAIN; TRAIN's deadline is what is left)
+# (session 21) keep devrun/ to what this script reads (autotune.tgz, tilelang.tar.xz, old.tar): with earlier calls'
+# outputs in it the carry passed 64 MiB and was refused; or carry those files by name.
 # On exit (session 17) FLA's autotune results (autotune.tgz) and TileLang's cache (tilelang.tar.xz, FlashQLA's compiled
 # kernels, <= 12 MiB) come back under $OUT: copy both into devrun/ so the next cold machine skips FLA's autotune and
 # FlashQLA's compiles (sessions 16-17 lost three train calls to them: 106-151 s per library on a cold machine).

@@ -1,0 +1,139 @@
+"""GDN's backward as one reverse walk per sequence and head, in the Ag form, in plain PyTorch: the decomposition of a
+fused reverse backward kernel (issue 26's next kernel, `kernels/NOTES.md` "Session 21": FlashQLA's shape, one
+program per (segment, head) walking its chunks last to first with the state gradient in registers, no dh, v_new or
+dv_new through memory). The CPU-tested mirror of that kernel's per-chunk math; not a backend.
+
+Per chunk of C rows (G = the in-chunk cumsum of the floored gate, G_L its last row, Gam_ij = e^(G_i - G_j) for
+i >= j else 0, S the state entering the chunk):
+
+    forward   A  = StrictLower(diag(beta) (K K^T o Gam)),  T = (I + A)^-1,  Ag = T diag(beta)
+              KG = K e^G,  KR = K e^(G_L - G),  QG = scale Q e^G,  P = scale Tril(Q K^T o Gam)
+              W  = V - KG S,   U = Ag W   (v_new),   O = QG S + P U,   S' = e^(G_L) S + KR^T U
+
+    backward  (given dO and dS', the gradient reaching S')
+              dU = P^T dO + KR dS'            dW = Ag^T dU = dV          dS = e^(G_L) dS' + QG^T dO - KG^T dW
+              dP = Tril(dO U^T)               dAg = dU W^T               dT = dAg diag(beta)
+              dA = -StrictLower(T^T dT T^T)   B = K K^T o Gam            dB = diag(beta) dA
+              dQ = scale (dP o Gam) K + scale e^G (dO S^T)
+              dK = scale (dP o Gam)^T Q + (dB o Gam + (dB o Gam)^T) K - e^G (dW S^T) + e^(G_L - G) (U dS'^T)
+              dbeta = colsum(dAg o T) + rowsum(dA o B)
+              dG = rowsum(X) - colsum(X) for X = scale dP o Q K^T o Gam and for X = dB o B,
+                   + rowsum(QG o dQG) + rowsum(KG o dKG) - rowsum(KR o dKR),  dQG = dO S^T, dKG = -dW S^T, dKR = U dS'^T
+              dG_L += e^(G_L) sum(S o dS') + sum(KR o dKR);   dg = the reverse in-chunk cumsum of dG (0 below the floor)
+
+Every exponent is <= 0. A kernel holds dS `[K, V]` across chunks and needs, per chunk, the chunk's inputs, S (a state
+pass's output, as FlashQLA's `prepare_h`) and its own products; here the walk recomputes S by the forward above.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from kernels.common.decay import GATE_FLOOR, floor_gate
+
+__all__ = ["chunk_backward_ag", "chunk_forward_ag", "reverse_backward"]
+
+
+def _factors(q: Tensor, k: Tensor, g: Tensor, beta: Tensor, scale: float) -> dict[str, Tensor]:
+    """The chunk's state-free factors (module docstring), batched over the leading dims: q, k `[..., C, K]`, g and
+    beta `[..., C]`."""
+    C = k.shape[-2]
+    G = floor_gate(g).cumsum(-1)
+    GL = G[..., -1:]
+    low = torch.ones(C, C, dtype=torch.bool, device=k.device).tril()
+    Gam = (G[..., :, None] - G[..., None, :]).masked_fill(~low, float("-inf")).exp()
+    B = (k @ k.transpose(-1, -2)) * Gam
+    A = (beta[..., :, None] * B).tril(-1)
+    eye = torch.eye(C, dtype=k.dtype, device=k.device)
+    T = torch.linalg.solve_triangular(eye + A, eye.expand_as(A), upper=False, unitriangular=True)
+    eG = G.exp()[..., None]
+    return {
+        "G": G, "GL": GL, "Gam": Gam, "B": B, "T": T, "Ag": T * beta[..., None, :], "QK": q @ k.transpose(-1, -2),
+        "KG": k * eG, "KR": k * (GL - G).exp()[..., None], "QG": scale * q * eG,
+    }  # fmt: skip
+
+
+def chunk_forward_ag(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, S: Tensor, *, scale: float
+) -> tuple[Tensor, Tensor]:
+    """(O `[..., C, V]`, S' `[..., K, V]`) of one chunk from its entering state S (module docstring)."""
+    f = _factors(q, k, g, beta, scale)
+    U = f["Ag"] @ (v - f["KG"] @ S)
+    P = scale * (f["QK"] * f["Gam"])
+    return f["QG"] @ S + P @ U, f["GL"].exp()[..., None] * S + f["KR"].transpose(-1, -2) @ U
+
+
+def chunk_backward_ag(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, S: Tensor, do: Tensor, dS_next: Tensor, *, scale: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dg, dbeta, dS) of one chunk given do `[..., C, V]` and the gradient dS_next reaching its leaving
+    state; dS is the gradient at its entering state S (module docstring)."""
+    f = _factors(q, k, g, beta, scale)
+    Gam, B, T, Ag, KG, KR, QG = f["Gam"], f["B"], f["T"], f["Ag"], f["KG"], f["KR"], f["QG"]
+    eG, eR, eL = f["G"].exp()[..., None], (f["GL"] - f["G"]).exp()[..., None], f["GL"].exp()
+
+    def tr(x: Tensor) -> Tensor:
+        return x.mT
+
+    W = v - KG @ S
+    U = Ag @ W
+    P = scale * (f["QK"] * Gam)
+    dU = tr(P) @ do + KR @ dS_next
+    dW = tr(Ag) @ dU
+    dS = eL[..., None] * dS_next + tr(QG) @ do - tr(KG) @ dW
+    dP = (do @ tr(U)).tril()
+    dT = (dU @ tr(W)) * beta[..., None, :]
+    dA = -(tr(T) @ dT @ tr(T)).tril(-1)
+    dB = beta[..., :, None] * dA
+    X = scale * dP * f["QK"] * Gam  # the gate's terms of P
+    Y = dB * B  # and of A
+    dQG, dKG, dKR = do @ tr(S), -dW @ tr(S), U @ tr(dS_next)
+    dq = scale * (dP * Gam) @ k + dQG * scale * eG
+    dk = scale * tr(dP * Gam) @ q + (dB * Gam + tr(dB * Gam)) @ k + dKG * eG + dKR * eR
+    dbeta = ((dU @ tr(W)) * T).sum(-2) + (dA * B).sum(-1)
+    dG = X.sum(-1) - X.sum(-2) + Y.sum(-1) - Y.sum(-2)
+    dG = dG + (QG * dQG).sum(-1) + (KG * dKG).sum(-1) - (KR * dKR).sum(-1)
+    dGL = eL * (S * dS_next).sum((-2, -1))[..., None] + (KR * dKR).sum((-2, -1))[..., None]
+    dG = torch.cat([dG[..., :-1], dG[..., -1:] + dGL], -1)
+    dg = dG.flip(-1).cumsum(-1).flip(-1).masked_fill(g < GATE_FLOOR, 0.0)
+    return dq, dk, dW, dg, dbeta, dS
+
+
+def reverse_backward(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float,
+    initial_state: Tensor | None = None, dht: Tensor | None = None, chunk_size: int = 64,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """(dq, dk, dv, dg, dbeta, dh0) of GDN on dense input (q, k `[B, T, H, K]`, v, do `[B, T, H, V]`, g, beta
+    `[B, T, H]`; initial_state and dht `[B, H, K, V]` or None): the states entering each chunk by a forward walk, then
+    one reverse walk carrying dS (`chunk_backward_ag` per chunk). T is padded to a multiple of the chunk with q = k = v
+    = g = beta = 0, which changes nothing (no decay, no write); in the compute dtype of the inputs."""
+    Bn, T, H, K = k.shape
+    V = v.shape[-1]
+    C = chunk_size
+    NT = -(-T // C)
+    pad = NT * C - T
+
+    def chunks(x: Tensor) -> Tensor:  # [B, T, H, ...] -> [NT, B, H, C, ...]
+        x = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 3) + (0, 0, 0, pad))
+        return x.reshape(Bn, NT, C, H, *x.shape[3:]).movedim(1, 0).movedim(2, 3)
+
+    qc, kc, vc, gc, bc, doc = (chunks(x) for x in (q, k, v, g, beta, do))
+    S = initial_state if initial_state is not None else k.new_zeros(Bn, H, K, V)
+    states = []
+    for c in range(NT):
+        states.append(S)
+        _, S = chunk_forward_ag(qc[c], kc[c], vc[c], gc[c], bc[c], S, scale=scale)
+    dS = dht if dht is not None else torch.zeros_like(S)
+    grads: list[list[Tensor]] = [[] for _ in range(5)]
+    for c in reversed(range(NT)):
+        *gr, dS = chunk_backward_ag(qc[c], kc[c], vc[c], gc[c], bc[c], states[c], doc[c], dS, scale=scale)
+        for acc, x in zip(grads, gr, strict=True):
+            acc.append(x)
+
+    def unchunk(parts: list[Tensor]) -> Tensor:  # reversed [B, H, C, ...] per chunk -> [B, T, H, ...]
+        x = torch.stack(parts[::-1], 1).movedim(3, 2)  # [B, NT, C, H, ...]
+        return x.reshape(Bn, NT * C, H, *x.shape[4:])[:, :T]
+
+    dq, dk, dv, dg, dbeta = (unchunk(p) for p in grads)
+    return dq, dk, dv, dg, dbeta, dS

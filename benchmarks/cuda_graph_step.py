@@ -51,12 +51,6 @@ def capture(step: Callable[[], Any]) -> tuple[Any, Any]:
     return graph, out
 
 
-def flat(out: Any) -> list[Any]:
-    """A step's (o, [grads]) as one list of tensors (None grads left out)."""
-    o, grads = out
-    return [o, *(x for x in grads if x is not None)]
-
-
 def max_rel(a: list[Any], b: list[Any]) -> float:
     from runners.correctness import rel_l2
 
@@ -111,6 +105,7 @@ def steps(who: str, wl: Any, wl2: Any) -> tuple[Callable[[], Any], list[Any], li
 def run_shape(B: int, T: int, HV: int, who: list[str], *, cuda: bool) -> list[dict[str, Any]]:
     import torch
 
+    from benchmarks.host_bound_lab import flat  # a step's (o, grads) -> [o, dq, dk, dv, dg, dbeta]
     from runners.bench.kernels_ops import fla_inputs
     from runners.bench.kernels_train import timed
 

@@ -118,7 +118,7 @@ def next_power_of_2(n: int) -> int:
 def head_block(d: int) -> int:
     """The tile that holds a whole head dim d: the next power of two, at least 16 (tl.arange needs a power of two,
     tl.dot tiles >= 16); the columns past d are masked (128 -> 128, 100 -> 128, 60 -> 64, 8 -> 16)."""
-    return max(16, 1 << (d - 1).bit_length())
+    return max(16, next_power_of_2(d))
 
 
 def register(spec: KernelSpec) -> KernelSpec:

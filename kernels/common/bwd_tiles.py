@@ -259,9 +259,10 @@ def hopper_miscompile_range(device: torch.device) -> bool:
 
 
 # KDA's pair (`chunk_bwd_dqk`, `wy_bwd`) on such a device launches column blocks of at least this many columns (the
-# columns past a smaller head dim masked), and its fused kernel refuses narrower ones (`dqk_wy_bwd`): on the H200 (Triton 3.6.0) its `wy_bwd_kernel` faulted with an illegal
-# memory access at K = V = 32 (bf16) and at K = V = 16 (fp32), grouped heads or not; K = V = 64 passed (session 20,
-# `benchmarks/device_runs/s20_kda_k16.py`)
+# columns past a smaller head dim masked), and its fused kernel refuses narrower ones (`dqk_wy_bwd`): on the H200
+# (Triton 3.6.0) its `wy_bwd_kernel` faulted with an illegal memory access at K = V = 32 (bf16) and at K = V = 16
+# (fp32), grouped heads or not; K = V = 64 passed (session 20, `benchmarks/device_runs/s20_kda_k16.py`); with the
+# wider blocks `tests/kernels/test_dispatch_grouped.py` passes on the H200 (session 21)
 KDA_HOPPER_MIN_BLOCK = 64
 
 

@@ -423,7 +423,7 @@ def _reverse_ends(
     if kept is None and seg_states is not None and states:
         split_chunks, hs = seg_states["seg_chunks"], seg_states["hs"]
     BT, NT, N = index.chunk_size, index.num_chunks, index.num_seqs
-    nv = -(-V // (state_bwd_config(H, K, V, BT, gate_vector, index.is_varlen, ks.dtype, launch).BV or 64))
+    nv = cdiv(V, state_bwd_config(H, K, V, BT, gate_vector, index.is_varlen, ks.dtype, launch).BV or 64)
     plan = resolve_split(index, split_chunks, H=H, NV=nv, device=ks.device)
     common: dict[str, Any] = {"BT": BT, "gate_vector": gate_vector}
     bwd: dict[str, Any] = {"scale": scale, "launch": launch, **common}

@@ -17,8 +17,6 @@ from triton.runtime.autotuner import Heuristics
 
 __all__ = ["chunk_of_program", "given", "group_heads", "heuristics"]
 
-Entries = dict[str, Callable[[dict[str, Any]], Any]]
-
 
 class _Named:
     """The launch's arguments by name without building a dict of all of them (an entry reads one or two): a positional
@@ -32,6 +30,10 @@ class _Named:
     def __getitem__(self, name: str) -> Any:
         i = self.index.get(name, len(self.args))
         return self.args[i] if i < len(self.args) else self.kwargs[name]
+
+
+# a launch-time constexpr of the launch's named arguments (read as `args[name]`)
+Entries = dict[str, Callable[[_Named], Any]]
 
 
 class _Heuristics(Heuristics):
@@ -64,13 +66,13 @@ def heuristics(values: Entries) -> Callable[[Any], _Heuristics]:
     return wrap
 
 
-def given(**flags: str) -> dict[str, Callable[[dict[str, Any]], bool]]:
+def given(**flags: str) -> dict[str, Callable[[_Named], bool]]:
     """`triton.heuristics` entries FLAG -> "argument `name` is not None", one per keyword (FLAG=name): the optional
     inputs and outputs a kernel specialises on."""
     return {flag: (lambda args, name=name: args[name] is not None) for flag, name in flags.items()}
 
 
-def group_heads(name: str) -> Callable[[dict[str, Any]], int]:
+def group_heads(name: str) -> Callable[[_Named], int]:
     """The `triton.heuristics` entry of G, the value heads per q/k head: argument `name`'s heads (a per-value-head
     tensor, [B, T, HV, ...]) over k's; a kernel reads q and k at head i_h // G."""
     return lambda args: args[name].shape[2] // args["k"].shape[2]

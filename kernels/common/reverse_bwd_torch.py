@@ -30,7 +30,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from kernels.common.chunk_torch import compute_dtype, from_chunks, to_chunks
 from kernels.common.decay import GATE_FLOOR, floor_gate
+from kernels.common.index import prepare_chunk_index
 
 __all__ = ["chunk_backward_ag", "chunk_forward_ag", "reverse_backward"]
 
@@ -102,38 +104,33 @@ def chunk_backward_ag(
 
 def reverse_backward(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float,
-    initial_state: Tensor | None = None, dht: Tensor | None = None, chunk_size: int = 64,
+    initial_state: Tensor | None = None, dht: Tensor | None = None, cu_seqlens: Tensor | None = None,
+    chunk_size: int = 64,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
-    """(dq, dk, dv, dg, dbeta, dh0) of GDN on dense input (q, k `[B, T, H, K]`, v, do `[B, T, H, V]`, g, beta
-    `[B, T, H]`; initial_state and dht `[B, H, K, V]` or None): the states entering each chunk by a forward walk, then
-    one reverse walk carrying dS (`chunk_backward_ag` per chunk). T is padded to a multiple of the chunk with q = k = v
-    = g = beta = 0, which changes nothing (no decay, no write); in the compute dtype of the inputs."""
-    Bn, T, H, K = k.shape
+    """(dq, dk, dv, dg, dbeta, dh0) of GDN: q, k `[B, T, H, K]`, v, do `[B, T, H, V]`, g, beta `[B, T, H]`,
+    initial_state and dht `[N, H, K, V]` or None, varlen by cu_seqlens (B = 1). The torch path's chunk layout
+    (`kernels.common.chunk_torch.to_chunks`: each sequence padded to whole chunks with zeros, which changes nothing:
+    no decay, no write) and its serial order (`ChunkIndex.pad.steps`): a forward walk for the states entering each
+    chunk, then one reverse walk carrying dS (`chunk_backward_ag` per chunk). In the inputs' compute dtype."""
+    B, T, H, K = k.shape
     V = v.shape[-1]
-    C = chunk_size
-    NT = -(-T // C)
-    pad = NT * C - T
-
-    def chunks(x: Tensor) -> Tensor:  # [B, T, H, ...] -> [NT, B, H, C, ...]
-        x = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 3) + (0, 0, 0, pad))
-        return x.reshape(Bn, NT, C, H, *x.shape[3:]).movedim(1, 0).movedim(2, 3)
-
-    qc, kc, vc, gc, bc, doc = (chunks(x) for x in (q, k, v, g, beta, do))
-    S = initial_state if initial_state is not None else k.new_zeros(Bn, H, K, V)
-    states = []
-    for c in range(NT):
-        states.append(S)
-        _, S = chunk_forward_ag(qc[c], kc[c], vc[c], gc[c], bc[c], S, scale=scale)
-    dS = dht if dht is not None else torch.zeros_like(S)
-    grads: list[list[Tensor]] = [[] for _ in range(5)]
-    for c in reversed(range(NT)):
-        *gr, dS = chunk_backward_ag(qc[c], kc[c], vc[c], gc[c], bc[c], states[c], doc[c], dS, scale=scale)
-        for acc, x in zip(grads, gr, strict=True):
-            acc.append(x)
-
-    def unchunk(parts: list[Tensor]) -> Tensor:  # reversed [B, H, C, ...] per chunk -> [B, T, H, ...]
-        x = torch.stack(parts[::-1], 1).movedim(3, 2)  # [B, NT, C, H, ...]
-        return x.reshape(Bn, NT * C, H, *x.shape[4:])[:, :T]
-
-    dq, dk, dv, dg, dbeta = (unchunk(p) for p in grads)
+    index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device)
+    cd = compute_dtype(q)
+    qc, kc, vc, gc, bc, doc = (to_chunks(x, index, cd) for x in (q, k, v, g, beta, do))
+    S = initial_state.to(cd) if initial_state is not None else qc.new_zeros(index.num_seqs, H, K, V)
+    h = S.new_empty(index.num_chunks, H, K, V)
+    for seq_ids, ids in index.pad.steps:
+        Sj = S if seq_ids is None else S.index_select(0, seq_ids)
+        h[ids] = Sj
+        Sj = chunk_forward_ag(qc[ids], kc[ids], vc[ids], gc[ids], bc[ids], Sj, scale=scale)[1]
+        S = Sj if seq_ids is None else S.index_copy(0, seq_ids, Sj)
+    dS = dht.to(cd) if dht is not None else torch.zeros_like(S)
+    grads = [torch.empty_like(x) for x in (qc, kc, vc, gc, bc)]
+    for seq_ids, ids in reversed(index.pad.steps):
+        dSj = dS if seq_ids is None else dS.index_select(0, seq_ids)
+        *gr, dSj = chunk_backward_ag(qc[ids], kc[ids], vc[ids], gc[ids], bc[ids], h[ids], doc[ids], dSj, scale=scale)
+        for out, x in zip(grads, gr, strict=True):
+            out[ids] = x
+        dS = dSj if seq_ids is None else dS.index_copy(0, seq_ids, dSj)
+    dq, dk, dv, dg, dbeta = (from_chunks(x, index, B, T) for x in grads)
     return dq, dk, dv, dg, dbeta, dS

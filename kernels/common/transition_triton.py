@@ -19,7 +19,7 @@ from kernels.common.chunk_state import SeqLayout, chunk_state_transition_fwd
 from kernels.common.index import prepare_chunk_index
 from kernels.common.seqsplit import resolve_split, seg_compose_fwd
 from kernels.common.wy import BT_WY, wy_gdn_fwd, wy_kda_fwd
-from kernels.configs import head_block
+from kernels.configs import cdiv, head_block
 from kernels.plan import LaunchPlan, default_plan
 
 __all__ = ["chunk_transition_fwd"]
@@ -58,7 +58,7 @@ def chunk_transition_fwd(
         gate_vector = True
     cfg = launch.configs.get("chunk_state_transition_fwd")
     bv = min(cfg.BV if cfg is not None and cfg.BV else 64, head_block(K), head_block(V))
-    split = resolve_split(index, split_chunks, H=H, NV=-(-(K + V) // bv), device=k.device)
+    split = resolve_split(index, split_chunks, H=H, NV=cdiv(K + V, bv), device=k.device)
     if split is None:
         layout = SeqLayout(index.num_seqs, index.cu_seqlens if index.is_varlen else None,
                            index.chunk_offsets if index.is_varlen else None)

@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from kernels.configs import cdiv
+
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup, Work
 
@@ -65,7 +67,7 @@ def _global(group: ProcessGroup | None, group_rank_: int) -> int:
 
 
 def _aligned(n: int) -> int:
-    return -(-n // _ALIGN) * _ALIGN
+    return cdiv(n, _ALIGN) * _ALIGN
 
 
 def _field_bytes(x: Tensor, rows: int) -> int:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from kernels.configs import cdiv
 from kernels.cp import prims
 from kernels.plan import LaunchPlan
 
@@ -98,7 +99,7 @@ def auto_segment_len(lengths: Sequence[int], H: int, device: torch.device) -> in
     if device.type != "cuda" or not lengths:
         return None
     sm = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    n_chunks = sum(-(-n // CHUNK) for n in lengths)
+    n_chunks = sum(cdiv(n, CHUNK) for n in lengths)
     L = 3.0 * math.sqrt(H * n_chunks / sm)
     L = max(8, 2 ** round(math.log2(max(L, 1.0))))
     seg = L * CHUNK
@@ -119,7 +120,7 @@ def build_plan(pieces: tuple[PieceSpec, ...], seg_len: int | None) -> SplitPlan:
     first, nsub = [], []
     for p in pieces:
         n = p.end - p.start
-        cnt = 1 if seg_len is None or n <= seg_len else -(-n // seg_len)
+        cnt = 1 if seg_len is None or n <= seg_len else cdiv(n, seg_len)
         first.append(len(sub_bounds) - 1)
         nsub.append(cnt)
         sub_bounds.extend(min(p.start + (j + 1) * (seg_len or n), p.end) for j in range(cnt))
@@ -265,7 +266,7 @@ def resolve_segment_len(segment_len: int | str | None, lengths: Sequence[int], H
         return auto_segment_len(lengths, H, device)
     if isinstance(segment_len, bool) or not isinstance(segment_len, int) or segment_len < 1:
         raise ValueError(f"segment_len must be None, 'auto' or an int >= 1, got segment_len={segment_len!r}")
-    return -(-segment_len // CHUNK) * CHUNK
+    return cdiv(segment_len, CHUNK) * CHUNK
 
 
 def split_forward(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, bounds: tuple[int, ...], *,

@@ -41,6 +41,7 @@ from torch import Tensor
 
 from kernels.backends import resolve_backend
 from kernels.common.decay_bound import log_span_bound, log_window_bound, token_terms, window_certified
+from kernels.configs import cdiv
 from kernels.cp import intra, prims, step_grad
 from kernels.cp.context import host_bounds
 from kernels.dispatch import needs_grad
@@ -140,7 +141,7 @@ def _plan(cu: tuple[int, ...], seg_len: int | None, window_chunks: int) -> Warmu
     bounds, first, ws, we, ss = [0], [], [], [], []
     for a, b in zip(cu[:-1], cu[1:], strict=True):
         n = b - a
-        cnt = 1 if seg_len is None or n <= seg_len else -(-n // seg_len)
+        cnt = 1 if seg_len is None or n <= seg_len else cdiv(n, seg_len)
         step = seg_len if seg_len is not None else n
         for j in range(cnt):
             s0, s1 = a + j * step, min(a + (j + 1) * step, b)
@@ -215,7 +216,7 @@ def _seg_len(segments: int | str, cu: tuple[int, ...], H: int, device: torch.dev
         raise ValueError(f"segments must be 'auto' or an int >= 1, got segments={segments!r}")
     if segments == 1:
         return None
-    seg = -(-longest // (segments * intra.CHUNK)) * intra.CHUNK
+    seg = cdiv(longest, segments * intra.CHUNK) * intra.CHUNK
     return seg if seg < longest else None
 
 

@@ -500,7 +500,7 @@ def output_split(index: ChunkIndex, k: Tensor, v: Tensor, gcum: Tensor, *, launc
     V = v.shape[3]
     cfg = _config(launch, k, v, gcum, BT=index.chunk_size, mode="output", layout=whole_sequences(index),
                   ncols_limit=head_block(V), kd=kd)  # fmt: skip
-    return resolve_split(index, split_chunks, H=v.shape[2], NV=-(-V // (cfg.BV or 64)), device=k.device)
+    return resolve_split(index, split_chunks, H=v.shape[2], NV=cdiv(V, cfg.BV or 64), device=k.device)
 
 
 def fused_state_output_fwd(

@@ -1,7 +1,8 @@
 """GDN's backward as one reverse walk in the Ag form (`kernels.common.reverse_bwd_torch`, the mirror of the fused
 reverse backward kernel planned for issue 26) against autograd through the per-token reference: random inputs with an
 initial state and a final-state gradient, T not a multiple of the chunk (padded), fp64 at 1e-9 and fp32 at 2e-5
-relative L2 per gradient; one chunk's step against autograd through its own forward; a -1000 mask gets dg = 0."""
+relative L2 per gradient; three sequences of one row (varlen, each with its state); one chunk's step against
+autograd through its own forward; a -1000 mask gets dg = 0."""
 
 from __future__ import annotations
 
@@ -38,6 +39,22 @@ def test_reverse_walk_matches_the_reference(dtype: torch.dtype, tol: float) -> N
     ((o * do).sum() + (ht * dht).sum()).backward()
     for name, a, x in zip(NAMES, ours, leaves, strict=True):
         assert_rel_close(name, x.grad, a, tol)
+
+
+def test_reverse_walk_varlen() -> None:
+    """Three sequences of 37, 100 and 5 tokens in one row (chunks of 32: ragged last chunks, a one-chunk sequence),
+    each with its own initial state and final-state gradient, fp64."""
+    q, k, v, g, beta, do, h0, dht = _inputs(torch.float64, B=1, T=142, seed=2)
+    h0, dht = torch.cat([h0] * 3)[:3], torch.cat([dht.flip(-1)] * 3)[:3]
+    h0[1] *= 0.5
+    cu = torch.tensor([0, 37, 137, 142])
+    ours = reverse_backward(q, k, v, g, beta, do, scale=0.25, initial_state=h0, dht=dht, cu_seqlens=cu, chunk_size=32)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g, beta, h0)]
+    o, ht = kernels.reference("gdn", *leaves[:5], scale=0.25, initial_state=leaves[5], output_final_state=True,
+                              cu_seqlens=cu)  # fmt: skip
+    ((o * do).sum() + (ht * dht).sum()).backward()
+    for name, a, x in zip(NAMES, ours, leaves, strict=True):
+        assert_rel_close(name, x.grad, a, 1e-9)
 
 
 def test_one_chunk_against_its_own_forward() -> None:

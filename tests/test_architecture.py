@@ -42,7 +42,9 @@ ALLOWED: dict[str, set[str]] = {
     "bench_server": {"runners", "kernels.cp", "kernels", VOCAB, "db", "dashboards"},
     "benchmarks": {"bench_server", "dashboards", "runners", "kernels.cp", "kernels", VOCAB, "db"},
 }
-KERNELS_THIRD_PARTY = {"torch", "triton", "numpy", "fla"}
+# fla: the "fla" backend; tilelang: GDN's reverse-walk backward (`kernels.ops.gdn.reverse_bwd`, imported inside its
+# builder only: importing kernels loads neither, test_importing_the_kernels_loads_no_tilelang)
+KERNELS_THIRD_PARTY = {"torch", "triton", "numpy", "fla", "tilelang"}
 OPS = ("kernels.ops", "kernels.cp")
 
 
@@ -148,6 +150,13 @@ def test_the_web_process_imports_no_torch() -> None:
     """`import bench_server.main` (the FastAPI app, its routes, the dashboards, the spec) loads no torch."""
     loaded = _modules_after_import("bench_server.main")
     assert "fastapi" in loaded and "torch" not in loaded
+
+
+def test_importing_the_kernels_loads_no_tilelang() -> None:
+    """The TileLang kernel's module imports tilelang only when a kernel is built: a training job without tilelang
+    imports every op."""
+    loaded = _modules_after_import("kernels.ops.gdn.reverse_bwd")
+    assert "kernels.ops.gdn.reverse_bwd" in loaded and "torch" in loaded and "tilelang" not in loaded
 
 
 def test_the_vocabulary_imports_no_torch() -> None:

@@ -394,7 +394,7 @@ def _state_pass(
     seg_states: the forward's split and segment entering states (`kernels.common.seqsplit.keep_segment_states`): its
     split replaces `split_chunks`, and the chunk states are recomputed from them (no transitions, warm windows or
     chain for the recompute)."""
-    h, v_new, layout, ends = _reverse_ends(qs, ks, w, u, gs, aqk, do, index=index, gate_vector=gate_vector, scale=scale,
+    h, v_new, layout, ends = reverse_ends(qs, ks, w, u, gs, aqk, do, index=index, gate_vector=gate_vector, scale=scale,
                                            h0=h0, dht=dht, launch=launch, split_chunks=split_chunks, states=states,
                                            kept=kept, warm=warm, seg_states=seg_states)  # fmt: skip
     H, K, V = do.shape[2], ks.shape[3], do.shape[-1]
@@ -405,7 +405,7 @@ def _state_pass(
     return h, v_new, dh, dv_new
 
 
-def _reverse_ends(
+def reverse_ends(
     qs: Tensor, ks: Tensor, w: Tensor, u: Tensor, gs: Tensor, aqk: Tensor, do: Tensor, *, index: ChunkIndex,
     gate_vector: bool, scale: float, h0: Tensor | None, dht: Tensor | None, launch: LaunchPlan,
     split_chunks: int | None, states: bool, kept: Mapping[str, Tensor] | None = None,
@@ -488,7 +488,7 @@ def _reverse_ends(
     return h, v_new, SeqLayout(plan.num_segments, segs.cu_seqlens, segs.chunk_offsets, final_idx=firsts), ds_end
 
 
-def _rev_warm(launch: LaunchPlan, op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+def rev_warm(launch: LaunchPlan, op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
               report: dict[str, Tensor] | None, bnd: Tensor | None = None) -> RevWarmInputs | None:
     """The reverse pass's warm window inputs under the plan's `bwd_warm_for(op)` (None at 0: the exact path); bnd:
     the reverse bound sums if an earlier launch made them (`RevWarmInputs.bnd`)."""
@@ -516,7 +516,7 @@ def chunk_state_grad(
     dh0 = k.new_empty(index.num_seqs, H, K, v.shape[-1], dtype=torch.float32)
     _state_pass(qs, ks, w, u, gs, aqk, do, index=index, gate_vector=gate_vector, scale=scale, h0=None,
                 dht=dht.float().contiguous() if dht is not None else None, dh0=dh0, launch=launch,
-                split_chunks=split_chunks, states=False, warm=_rev_warm(launch, op, q, k, v, g, beta, warm_report))
+                split_chunks=split_chunks, states=False, warm=rev_warm(launch, op, q, k, v, g, beta, warm_report))
     return dh0
 
 
@@ -552,6 +552,9 @@ def chunk_bwd(
     N = index.num_seqs
 
     # 1. the WY factors (recomputed unless the forward kept them) and T
+    if grads == "reverse":  # reached only where the forward kept no Ag: `kernels.ops.gdn.ag_bwd` runs the walk
+        raise ValueError("bwd_grads='reverse' is GDN's backward from the forward's Ag (keep 'ag' or 'ag+states'); "
+                         f"got op {op!r} under {'recompute' if wy is None else 'kept WY factors'}")
     w, u, ks, gs, qs, aqk = _wy_factors(gate_vector, q, k, v, g, beta, scale=scale, index=index, launch=launch, wy=wy)
     if wy is not None and "tt" in wy:  # T formed from the forward's Ag (kernels.ops.gdn.ag_bwd), no inverse here
         tt = wy["tt"]
@@ -567,7 +570,7 @@ def chunk_bwd(
         "index": index, "gate_vector": gate_vector, "scale": scale, "launch": launch, "split_chunks": split_chunks,
         "h0": initial_state.float().contiguous() if initial_state is not None else None,
         "dht": dht.float().contiguous() if dht is not None else None, "states": True, "kept": kept,
-        "warm": _rev_warm(launch, op, q, k, v, g, beta, warm_report, wy.get("bnd") if wy is not None else None),
+        "warm": rev_warm(launch, op, q, k, v, g, beta, warm_report, wy.get("bnd") if wy is not None else None),
         "seg_states": seg_states or None,
     }  # fmt: skip
     h, v_new, dh, dv_new = _state_pass(qs, ks, w, u, gs, aqk, do, dh0=dh0, **state_args)

@@ -23,6 +23,11 @@ i >= j else 0, S the state entering the chunk):
 
 Every exponent is <= 0. A kernel holds dS `[K, V]` across chunks and needs, per chunk, the chunk's inputs, S (a state
 pass's output, as FlashQLA's `prepare_h`) and its own products; here the walk recomputes S by the forward above.
+
+`chunk_backward_kernel_form` and `reverse_walk` are the TileLang kernel's own decomposition
+(`kernels.ops.gdn.reverse_bwd`, whose docstring lists its products: T = I - Ag M from the kept Ag, the gates folded
+into Og = scale e^G o dO and Wn = -e^G o dv, dG summed per row then cumsummed in reverse) over the same ranges,
+states and end gradients the kernel reads: the kernel's GPU test compares against `reverse_walk` on identical inputs.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from kernels.common.chunk_torch import compute_dtype, from_chunks, to_chunks
 from kernels.common.decay import GATE_FLOOR, floor_gate
 from kernels.common.index import prepare_chunk_index
 
-__all__ = ["chunk_backward_ag", "chunk_forward_ag", "reverse_backward"]
+__all__ = ["chunk_backward_ag", "chunk_backward_kernel_form", "chunk_forward_ag", "reverse_backward", "reverse_walk"]
 
 
 def _factors(q: Tensor, k: Tensor, g: Tensor, beta: Tensor, scale: float) -> dict[str, Tensor]:
@@ -134,3 +139,103 @@ def reverse_backward(
         dS = dSj if seq_ids is None else dS.index_copy(0, seq_ids, dSj)
     dq, dk, dv, dg, dbeta = (from_chunks(x, index, B, T) for x in grads)
     return dq, dk, dv, dg, dbeta, dS
+
+
+def chunk_backward_kernel_form(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    do: Tensor,
+    ag: Tensor,
+    G: Tensor,
+    beta: Tensor,
+    S: Tensor,
+    dS_next: Tensor,
+    *,
+    scale: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dG per row (before the reverse cumsum), dbeta, dS) of one chunk by the TileLang kernel's products
+    (`kernels.ops.gdn.reverse_bwd`'s docstring), batched over the leading dims: Ag `[.., C, C]` as the forward kept
+    it and G the in-chunk cumsum of the floored gate `[.., C]`."""
+    C = k.shape[-2]
+    low = torch.ones(C, C, dtype=torch.bool, device=k.device).tril()
+    Gam = (G[..., :, None] - G[..., None, :]).masked_fill(~low, float("-inf")).exp()
+    GL = G[..., -1:]
+    eG, eR, eL = G.exp()[..., None], (GL - G).exp()[..., None], GL.exp()[..., None]
+    P = scale * (q @ k.mT) * Gam
+    B = (k @ k.mT) * Gam
+    T = torch.eye(C, dtype=k.dtype, device=k.device) - ag @ B.tril(-1)
+    W = v - eG * (k @ S)
+    U = ag @ W
+    dU = eR * (k @ dS_next) + P.mT @ do
+    dv = ag.mT @ dU
+    Wn, Og = -eG * dv, scale * eG * do
+    dP = (do @ U.mT).tril()
+    dAg = dU @ W.mT
+    X1 = dP * P
+    dPg = scale * dP * Gam
+    db1 = (dAg * T).sum(-2)
+    dA = -(T.mT @ (dAg * beta[..., None, :]) @ T.mT).tril(-1)
+    db2 = (dA * B).sum(-1)
+    X2 = dA * B * beta[..., :, None]
+    dBg = beta[..., :, None] * dA * Gam
+    c = Og @ S.mT
+    r3 = (q * c).sum(-1)
+    dq = c + dPg @ k
+    c = Wn @ S.mT
+    r4 = (k * c).sum(-1)
+    b = eR * (U @ dS_next.mT)
+    r5 = (k * b).sum(-1)
+    dk = c + b + dPg.mT @ q + (dBg + dBg.mT) @ k
+    sd = (S * dS_next).sum((-2, -1))[..., None]
+    dS = eL * dS_next + q.mT @ Og + k.mT @ Wn
+    dG = X1.sum(-1) - X1.sum(-2) + X2.sum(-1) - X2.sum(-2) + r3 + r4 - r5
+    dG = torch.cat([dG[..., :-1], dG[..., -1:] + eL[..., 0] * sd + r5.sum(-1, keepdim=True)], -1)
+    return dq, dk, dv, dG, db1 + db2, dS
+
+
+def _padded(y: Tensor, C: int, *, last: bool) -> Tensor:
+    """A chunk's rows `[n, H, ..]` as `[H, C, ..]`: padded with zeros, or with the last row (the gate cumsum)."""
+    n = y.shape[0]
+    pad = y[-1:].expand(C - n, *y.shape[1:]) if last else y.new_zeros(C - n, *y.shape[1:])
+    return torch.cat([y, pad]).transpose(0, 1)
+
+
+def reverse_walk(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, gs: Tensor, beta: Tensor, ag: Tensor, h: Tensor, do: Tensor, *,
+    scale: float, cu: Tensor, chunk_offsets: Tensor, ends: Tensor, final_idx: Tensor, num_seqs: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """`kernels.ops.gdn.reverse_bwd.reverse_bwd_tilelang` in plain PyTorch, with its arguments and outputs (dq, dk per
+    value head, dv, dg, dbeta fp32, dh0 fp32): each range of cu walked last chunk first from its end gradient,
+    `chunk_backward_kernel_form` per chunk, rows past the range zeros with the last row's gate cumsum. In fp64 for
+    fp64 inputs, else fp32 (from the inputs' values: the GPU test's reference for the kernel on identical inputs)."""
+    B, T, Hk, K = k.shape
+    H, V = v.shape[2], v.shape[3]
+    C = ag.shape[-1]
+    cd = compute_dtype(q)
+    grp = H // Hk
+    qf, kf = (x.reshape(B * T, Hk, K).repeat_interleave(grp, 1).to(cd) for x in (q, k))
+    vf, dof, agf = (x.reshape(B * T, H, -1).to(cd) for x in (v, do, ag))
+    gsf, gf, bf = (x.reshape(B * T, H).to(cd) for x in (gs, g, beta))
+    dq, dk = (torch.zeros(B * T, H, K, dtype=cd, device=k.device) for _ in range(2))
+    dv = torch.zeros(B * T, H, V, dtype=cd, device=k.device)
+    dg, dbeta = (torch.zeros(B * T, H, dtype=cd, device=k.device) for _ in range(2))
+    dh0 = torch.zeros(num_seqs, H, K, V, dtype=cd, device=k.device)
+    bounds, offs, fin = cu.tolist(), chunk_offsets.tolist(), final_idx.tolist()
+    for s in range(len(bounds) - 1):
+        bos, eos = bounds[s], bounds[s + 1]
+        dS = ends[s].to(cd)
+        for i in reversed(range(-(-(eos - bos) // C))):
+            rows = torch.arange(bos + i * C, min(bos + (i + 1) * C, eos), device=k.device)
+            n = rows.numel()
+            xs = [_padded(x[rows], C, last=x is gsf) for x in (qf, kf, vf, dof, agf, gsf, bf)]
+            out = chunk_backward_kernel_form(*xs, h[offs[s] + i].to(cd), dS, scale=scale)
+            cq, ck, cv, cG, cb, dS = out
+            for buf, x in ((dq, cq), (dk, ck), (dv, cv), (dbeta, cb)):
+                buf[rows] = x.transpose(0, 1)[:n]
+            rev = cG.flip(-1).cumsum(-1).flip(-1).transpose(0, 1)[:n]
+            dg[rows] = rev.masked_fill(gf[rows] < GATE_FLOOR, 0.0)
+        if fin[s] >= 0:
+            dh0[fin[s]] = dS
+    shape = (B, T, H)
+    return dq.view(*shape, K), dk.view(*shape, K), dv.view(*shape, V), dg.view(shape), dbeta.view(shape), dh0

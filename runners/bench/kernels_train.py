@@ -42,8 +42,8 @@ from typing import Any
 import torch
 
 from kernels.configs import LaunchConfig, get_spec
-from kernels.plan import LaunchPlan, plan_with
-from kernels.vocabulary import KEEP_POLICIES
+from kernels.plan import LaunchPlan, default_plan, plan_with, set_default_plan
+from kernels.vocabulary import BWD_GRADS, KEEP_POLICIES
 from runners.bench import kernels_peers
 from runners.bench.floors import BYTES_PER_TOKEN_HEAD, HBM_TBPS
 from runners.bench.kernels_grid import PRESETS, SHAPE_ORDER, Deadline, expand_cases, parse_floats, parse_shapes
@@ -260,7 +260,10 @@ def run_shape(op: str, B: int, T: int, device: str, fla: bool = True, *, HV: int
             rec["policies"][policy] = {"ms": rec["ours_ms"], "held_MB": held, "peak_MB": rec["ours_peak_MB"]}
             continue
         kept = functools.partial(ours_step(op, policy=policy), q, k, v, g, beta, do)
-        rec["policies"][policy] = {"ms": timed(kept), "held_MB": held, "peak_MB": peak_mb(kept)}
+        try:
+            rec["policies"][policy] = {"ms": timed(kept), "held_MB": held, "peak_MB": peak_mb(kept)}
+        except ValueError as err:  # a policy the chosen backward kernels refuse (--bwd-grads reverse needs Ag kept)
+            rec["policies"][policy] = {"error": str(err)[:200]}
     try:
         if not fla:
             raise RuntimeError("not run (--no-fla)")
@@ -359,7 +362,8 @@ def to_markdown(res: dict[str, Any]) -> str:
         "# Forward+backward: ours vs FLA vs FlashQLA (bf16, H=16, K=V=128)", "",
         f"device {e['device']}, torch {e['torch']}, triton {e['triton']}, fla {e['fla']}, flash-qla {e.get('flash_qla')}, "
         f"tilelang {e.get('tilelang')}, driver {e['driver']}, git {e['git_sha']}, {e['date']}", f"command: `{e['command']}`",
-        f"our launch configs: {e.get('autotune') or 'the registry defaults'}", "",
+        f"our launch configs: {e.get('autotune') or 'the registry defaults'}; our backward's gradient kernels: "
+        f"{e.get('bwd_grads') or 'auto'}", "",
         f"ms: triton.testing.do_bench median (L2 flushed), all in this process. floor: FLA's fwd+bwd bytes at the "
         f"{HBM_TBPS} TB/s copy ceiling. peak: max allocated during one step above the inputs.", "",
         "ours = the default recompute policy (`LaunchPlan.keep = \"auto\"`, `kernels.vocabulary.AUTO_KEEP`: since "
@@ -467,6 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-fla", action="store_true", help="leave FLA out of --peers (its first-call autotune takes minutes)")
     ap.add_argument("--explore", default="", help="BxT: time backward config variants at this shape")
     ap.add_argument("--autotune", default=None, help="an autotune JSON applied to ours (`kernels.use_autotune`)")
+    ap.add_argument("--bwd-grads", default=None, choices=BWD_GRADS, help="ours' backward gradient kernels "
+                    "(`LaunchPlan.bwd_grads`; default the plan's \"auto\"); \"reverse\": GDN's TileLang reverse walk")
     args = ap.parse_args(argv)
     try:
         peers = parse_peers(args.peers, args.no_fla)
@@ -482,8 +488,10 @@ def main(argv: list[str] | None = None) -> int:
         import kernels
 
         kernels.use_autotune(args.autotune)
+    if args.bwd_grads:
+        set_default_plan(default_plan().replace(bwd_grads=args.bwd_grads))
     ops = [o for o in args.ops.split(",") if o]
-    res: dict[str, Any] = {"env": {**env(args), "autotune": args.autotune}, "rows": [], "grads": {}, "cut": [],
+    res: dict[str, Any] = {"env": {**env(args), "autotune": args.autotune, "bwd_grads": args.bwd_grads}, "rows": [], "grads": {}, "cut": [],
                            "peers": list(peers), "cases": [c.label for c in cases]}
     name = args.stem or ("kernels_train_h200" if "H200" in res["env"]["device"] else "kernels_train_gpu")
     out = Path(args.out)

@@ -43,6 +43,7 @@ from kernels.common.state_keep import KEPT_STATES
 from kernels.common.warm_bwd import _reverse_bound_store
 from kernels.common.wy import BT_WY, CHUNK_SIZES, FLOOR
 from kernels.configs import KernelSpec, LaunchConfig, cdiv, head_block, register
+from kernels.ops.gdn.reverse_bwd import chunk_gdn_bwd_reverse
 from kernels.ops.gdn.wy_ag import wy_gdn_ag
 from kernels.plan import LaunchPlan, default_plan, launch_config
 
@@ -195,8 +196,28 @@ def chunk_gdn_bwd_ag(
     fold = bool(seg_states) and not states and launch.bwd_warm_for("gdn") > 0
     w, u, aqk, tt, bnd = wy_from_ag(q, k, v, ag, gcum, scale=scale, index=index, launch=launch,
                                     bound=(g, beta, do) if fold else None)  # fmt: skip
-    del ag  # read by nothing after this (with wy=None its memory is free for the gradient kernels' buffers)
     factors = {"w": w, "u": u, "gs": gcum, "aqk": aqk, "tt": tt, **({"bnd": bnd} if bnd is not None else {})}
+    if launch.bwd_grads == "reverse":  # the TileLang reverse walk, reading Ag itself (`kernels.ops.gdn.reverse_bwd`)
+        return chunk_gdn_bwd_reverse(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            do,
+            ag=ag,
+            gs=gcum,
+            factors={**factors, **states},
+            index=index,
+            scale=scale,
+            initial_state=initial_state,
+            dht=dht,
+            launch=launch,
+            split_chunks=split_chunks,
+            warm_report=warm_report,
+            seg_states=seg_states,
+        )
+    del ag  # read by nothing after this (with wy=None its memory is free for the gradient kernels' buffers)
     return chunk_bwd("gdn", q, k, v, g, beta, do, scale=scale, initial_state=initial_state, dht=dht,
                      cu_seqlens=cu_seqlens, plan=launch, split_chunks=split_chunks, wy={**factors, **states},
                      chunk_size=chunk_size, warm_report=warm_report, seg_states=seg_states)  # fmt: skip

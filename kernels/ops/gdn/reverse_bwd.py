@@ -1,0 +1,388 @@
+"""GDN's backward as one reverse walk per (segment, value head), in TileLang (Hopper): the state gradient dS `[K, V]`
+stays in fp32 registers from chunk to chunk, and every gradient of a chunk is formed where dS reaches it, so no dh,
+v_new or dv_new goes through memory (FlashQLA's decomposition, `kernels/NOTES.md` "Session 22"). Its CPU mirror is
+`kernels.common.reverse_bwd_torch` (the same per-chunk products, `chunk_backward_ag(..., form="kernel")`), which CI
+tests against the per-token reference; this kernel is tested against that mirror on the GPU.
+
+Inputs per chunk (C rows, the segment walked last chunk first): q, k, v, do, the forward's kept Ag `[C, C]` and gate
+cumsum G, beta, the chunk's entering state S (a state pass's `h`), and dS' (the gradient at its leaving state). With
+Gam_ij = e^(G_i - G_j) (i >= j), eG = e^G, eR = e^(G_L - G), eL = e^(G_L):
+
+    B = K K^T o Gam,  M = StrictLower(B),  T = I - Ag M  (= (I + diag(beta) M)^-1, exact for beta -> 0)
+    P = scale Tril(Q K^T o Gam),  W = V - eG o (K S),  U = Ag W
+    dU = eR o (K dS') + P^T dO,   dv = Ag^T dU,   Wn = -eG o dv,   Og = scale eG o dO
+    dP = Tril(dO U^T),  dAg = dU W^T,  dA = -StrictLower(T^T (dAg diag(beta)) T^T),  dB = diag(beta) dA
+    dq = Og S^T + (dP o P / Q K^T) K,   dk = Wn S^T + eR o (U dS'^T) + (scale dP o Gam)^T Q + (dB o Gam + (.)^T) K
+    dS = eL dS' + Q^T Og + K^T Wn
+    dbeta = colsum(dAg o T) + rowsum(dA o B)
+    dG = rowsum - colsum of (dP o P) and of (dB o B), + rowsum(Q o Og S^T) + rowsum(K o Wn S^T) - rowsum(K o eR o U dS'^T),
+         its last row + eL sum(S o dS') + sum(K o eR o U dS'^T);  dg = the reverse in-chunk cumsum of dG (0 below the floor)
+
+One program of 256 threads (two warpgroups) per (segment, value head); the products are wgmma tiles through shared
+memory (about 216 KB: one program per SM). Sizes: K = V = 128, chunk 64 (what FlashQLA and our default use); other
+shapes are refused with a one-line reason, as is any TileLang other than the version it was checked on
+(`TILELANG_VERSION`) and any GPU other than sm_90.
+"""
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from kernels.common.bwd_tiles import group_sum
+from kernels.common.chunk_bwd import rev_warm, reverse_ends
+from kernels.common.decay import GATE_FLOOR
+from kernels.common.index import ChunkIndex
+from kernels.configs import cdiv
+from kernels.plan import LaunchPlan
+
+__all__ = ["TILELANG_VERSION", "chunk_gdn_bwd_reverse", "reverse_bwd_refusal", "reverse_bwd_tilelang"]
+
+TILELANG_VERSION = "0.1.15"  # checked on the H200 against the mirror; others are refused, not run
+_SIZES = {"K": 128, "V": 128, "BT": 64}
+_THREADS = 256
+
+
+def reverse_bwd_refusal(K: int, V: int, BT: int, device: torch.device) -> str | None:
+    """Why this kernel cannot run here (one line), or None."""
+    if (_SIZES["K"], _SIZES["V"], _SIZES["BT"]) != (K, V, BT):
+        return f"the TileLang reverse backward takes K = V = 128 and chunk 64, got K={K} V={V} chunk={BT}"
+    if device.type != "cuda":
+        return f"the TileLang reverse backward runs on CUDA only, got {device.type}"
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) != (9, 0):
+        return f"the TileLang reverse backward is built for sm_90 (Hopper), this GPU is sm_{major}{minor}"
+    try:
+        import tilelang
+    except ImportError:
+        return "the TileLang reverse backward needs tilelang (./dev up installs it on a GPU host)"
+    if tilelang.__version__.split("+")[0] != TILELANG_VERSION:
+        return f"the TileLang reverse backward was checked on tilelang {TILELANG_VERSION}, found {tilelang.__version__}"
+    return None
+
+
+_TL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+@functools.cache
+def _build(H: int, Hk: int, K: int, V: int, BT: int, scale: float, io: str, gdt: str, bdt: str) -> Any:
+    """The compiled kernel for these sizes and dtypes (TileLang JIT, cached on disk by TileLang too)."""
+    import tilelang
+    import tilelang.language as T
+
+    G = H // Hk
+    fp32 = "float32"
+    ntok, nchunk, nseg, nseq = T.dynamic("ntok"), T.dynamic("nchunk"), T.dynamic("nseg"), T.dynamic("nseq")
+    floor = float(GATE_FLOOR)
+
+    @tilelang.jit(
+        target={"kind": "cuda", "arch": "sm_90a"},
+        pass_configs={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True},
+    )
+    def build() -> Any:
+        @T.prim_func
+        def reverse_bwd(
+            q: T.Tensor((ntok, Hk, K), io), k: T.Tensor((ntok, Hk, K), io), v: T.Tensor((ntok, H, V), io),
+            do: T.Tensor((ntok, H, V), io), ag: T.Tensor((ntok, H, BT), io), gs: T.Tensor((ntok, H), fp32),
+            graw: T.Tensor((ntok, H), gdt), beta: T.Tensor((ntok, H), bdt), h: T.Tensor((nchunk, H, K, V), io),
+            ends: T.Tensor((nseg, H, K, V), fp32), cu: T.Tensor((nseg + 1,), "int32"),
+            co: T.Tensor((nseg,), "int32"), fin: T.Tensor((nseg,), "int32"),
+            dq: T.Tensor((ntok, H, K), io), dk: T.Tensor((ntok, H, K), io), dv: T.Tensor((ntok, H, V), io),
+            dg: T.Tensor((ntok, H), fp32), dbeta: T.Tensor((ntok, H), fp32), dh0: T.Tensor((nseq, H, K, V), fp32),
+        ):  # fmt: skip
+            with T.Kernel(nseg * H, threads=_THREADS) as (bid,):
+                i_s = bid // H
+                i_h = bid % H
+                i_hk = i_h // G
+                bos = T.alloc_var("int32")
+                eos = T.alloc_var("int32")
+                boc = T.alloc_var("int32")
+                nt = T.alloc_var("int32")
+                bos = cu[i_s]
+                eos = cu[i_s + 1]
+                boc = co[i_s]
+                nt = T.ceildiv(eos - bos, BT)
+
+                q_s = T.alloc_shared((BT, K), io)
+                k_s = T.alloc_shared((BT, K), io)
+                vw_s = T.alloc_shared((BT, V), io)  # v, then W, then Og
+                do_s = T.alloc_shared((BT, V), io)
+                ag_s = T.alloc_shared((BT, BT), io)
+                h_s = T.alloc_shared((K, V), io)
+                u_s = T.alloc_shared((BT, V), io)
+                du_s = T.alloc_shared((BT, V), io)
+                wn_s = T.alloc_shared((BT, V), io)
+                ds_s = T.alloc_shared((K, V), io)
+                p_s = T.alloc_shared((BT, BT), io)  # P, then scale dP o Gam
+                m_s = T.alloc_shared((BT, BT), io)  # M, then dAg diag(beta), then the symmetric dB o Gam
+                t_s = T.alloc_shared((BT, BT), io)
+                x_s = T.alloc_shared((BT, BT), io)
+                g_s = T.alloc_shared((BT,), fp32)
+                eg_s = T.alloc_shared((BT,), fp32)
+                er_s = T.alloc_shared((BT,), fp32)
+                b_s = T.alloc_shared((BT,), fp32)
+                r1_s = T.alloc_shared((BT,), fp32)  # rowsum - colsum (dP o P)
+                c1_s = T.alloc_shared((BT,), fp32)
+                r2_s = T.alloc_shared((BT,), fp32)  # rowsum - colsum (dB o B)
+                c2_s = T.alloc_shared((BT,), fp32)
+                r3_s = T.alloc_shared((BT,), fp32)  # rowsum(Q o Og S^T)
+                r4_s = T.alloc_shared((BT,), fp32)  # rowsum(K o Wn S^T)
+                r5_s = T.alloc_shared((BT,), fp32)  # rowsum(K o eR o U dS'^T)
+                b1_s = T.alloc_shared((BT,), fp32)  # colsum(dAg o T)
+                b2_s = T.alloc_shared((BT,), fp32)  # rowsum(dA o B)
+                sd_s = T.alloc_shared((K,), fp32)  # row sums of S o dS'
+
+                T.annotate_layout({
+                    x: tilelang.layout.make_swizzled_layout(x)
+                    for x in (q_s, k_s, vw_s, do_s, ag_s, h_s, u_s, du_s, wn_s, ds_s, p_s, m_s, t_s, x_s)
+                })  # fmt: skip
+
+                ds_f = T.alloc_fragment((K, V), fp32)
+                kv_f = T.alloc_fragment((K, V), fp32)
+                qk_f = T.alloc_fragment((BT, BT), fp32)
+                kk_f = T.alloc_fragment((BT, BT), fp32)
+                gam_f = T.alloc_fragment((BT, BT), fp32)
+                tt_f = T.alloc_fragment((BT, BT), fp32)
+                x_f = T.alloc_fragment((BT, BT), fp32)
+                dp_f = T.alloc_fragment((BT, BT), fp32)
+                da_f = T.alloc_fragment((BT, BT), fp32)
+                a_f = T.alloc_fragment((BT, V), fp32)
+                b_f = T.alloc_fragment((BT, V), fp32)
+                c_f = T.alloc_fragment((BT, K), fp32)
+                row_f = T.alloc_fragment((BT,), fp32)  # row sums of [C, C] tiles
+                col_f = T.alloc_fragment((BT,), fp32)  # column sums of [C, C] tiles
+                rowk_f = T.alloc_fragment((BT,), fp32)  # row sums of [C, K] tiles
+                vk_f = T.alloc_fragment((K,), fp32)
+                acc = T.alloc_var(fp32)
+                el = T.alloc_var(fp32)
+
+                T.copy(ends[i_s, i_h, 0:K, 0:V], ds_f)
+
+                for i_r in T.serial(nt):
+                    t0 = bos + (nt - 1 - i_r) * BT
+                    ic = boc + nt - 1 - i_r
+                    # loads: rows past the range are zeros (their gate repeats the last row's cumsum: no decay)
+                    for r, c in T.Parallel(BT, K):
+                        q_s[r, c] = T.if_then_else(t0 + r < eos, q[T.min(t0 + r, eos - 1), i_hk, c], 0)
+                        k_s[r, c] = T.if_then_else(t0 + r < eos, k[T.min(t0 + r, eos - 1), i_hk, c], 0)
+                    for r, c in T.Parallel(BT, V):
+                        vw_s[r, c] = T.if_then_else(t0 + r < eos, v[T.min(t0 + r, eos - 1), i_h, c], 0)
+                        do_s[r, c] = T.if_then_else(t0 + r < eos, do[T.min(t0 + r, eos - 1), i_h, c], 0)
+                    for r, c in T.Parallel(BT, BT):
+                        ag_s[r, c] = T.if_then_else(t0 + r < eos, ag[T.min(t0 + r, eos - 1), i_h, c], 0)
+                    T.copy(h[ic, i_h, 0:K, 0:V], h_s)
+                    for r in T.Parallel(BT):
+                        g_s[r] = gs[T.min(t0 + r, eos - 1), i_h]
+                        b_s[r] = T.if_then_else(t0 + r < eos, T.cast(beta[T.min(t0 + r, eos - 1), i_h], fp32), 0)
+                    for r in T.Parallel(BT):
+                        eg_s[r] = T.exp(g_s[r])
+                        er_s[r] = T.exp(g_s[BT - 1] - g_s[r])
+                    T.copy(ds_f, ds_s)
+
+                    # the chunk's grams: P = scale Tril(Q K^T o Gam), B = K K^T o Gam, M = StrictLower(B)
+                    T.gemm(q_s, k_s, qk_f, transpose_B=True, clear_accum=True)
+                    T.gemm(k_s, k_s, kk_f, transpose_B=True, clear_accum=True)
+                    for i, j in T.Parallel(BT, BT):
+                        gam_f[i, j] = T.if_then_else(i >= j, T.exp(g_s[i] - g_s[j]), 0)
+                        qk_f[i, j] = qk_f[i, j] * gam_f[i, j] * scale
+                        kk_f[i, j] = kk_f[i, j] * gam_f[i, j]
+                    T.copy(qk_f, p_s)
+                    for i, j in T.Parallel(BT, BT):
+                        m_s[i, j] = T.if_then_else(i > j, kk_f[i, j], 0)
+                    # T = I - Ag M
+                    T.gemm(ag_s, m_s, tt_f, clear_accum=True)
+                    for i, j in T.Parallel(BT, BT):
+                        tt_f[i, j] = T.if_then_else(i == j, 1.0, 0.0) - tt_f[i, j]
+                    T.copy(tt_f, t_s)
+                    # W = V - eG o (K S), U = Ag W
+                    T.gemm(k_s, h_s, a_f, clear_accum=True)
+                    for i, j in T.Parallel(BT, V):
+                        a_f[i, j] = vw_s[i, j] - eg_s[i] * a_f[i, j]
+                    T.copy(a_f, vw_s)
+                    T.gemm(ag_s, vw_s, b_f, clear_accum=True)
+                    T.copy(b_f, u_s)
+                    # dU = eR o (K dS') + P^T dO
+                    T.gemm(k_s, ds_s, a_f, clear_accum=True)
+                    for i, j in T.Parallel(BT, V):
+                        a_f[i, j] = a_f[i, j] * er_s[i]
+                    T.gemm(p_s, do_s, a_f, transpose_A=True)
+                    T.copy(a_f, du_s)
+                    # dAg = dU W^T; dv = Ag^T dU; Wn = -eG o dv
+                    T.gemm(du_s, vw_s, x_f, transpose_B=True, clear_accum=True)
+                    T.gemm(ag_s, du_s, b_f, transpose_A=True, clear_accum=True)
+                    for i, j in T.Parallel(BT, V):
+                        if t0 + i < eos:
+                            dv[t0 + i, i_h, j] = b_f[i, j]
+                    for i, j in T.Parallel(BT, V):
+                        wn_s[i, j] = -eg_s[i] * b_f[i, j]
+                    # dP = Tril(dO U^T): the gate's terms of P, then scale dP o Gam
+                    T.gemm(do_s, u_s, dp_f, transpose_B=True, clear_accum=True)
+                    for i, j in T.Parallel(BT, BT):
+                        dp_f[i, j] = T.if_then_else(i >= j, dp_f[i, j], 0)
+                        qk_f[i, j] = dp_f[i, j] * qk_f[i, j]
+                        dp_f[i, j] = dp_f[i, j] * gam_f[i, j] * scale
+                    T.reduce_sum(qk_f, row_f, dim=1)
+                    T.copy(row_f, r1_s)
+                    T.reduce_sum(qk_f, col_f, dim=0)
+                    T.copy(col_f, c1_s)
+                    T.copy(dp_f, p_s)
+                    # dT = dAg diag(beta); dbeta's colsum(dAg o T)
+                    for i, j in T.Parallel(BT, BT):
+                        m_s[i, j] = x_f[i, j] * b_s[j]
+                        x_f[i, j] = x_f[i, j] * tt_f[i, j]
+                    T.reduce_sum(x_f, col_f, dim=0)
+                    T.copy(col_f, b1_s)
+                    # dA = -StrictLower(T^T dT T^T), dB = diag(beta) dA
+                    T.gemm(t_s, m_s, da_f, transpose_A=True, clear_accum=True)
+                    T.copy(da_f, x_s)
+                    T.gemm(x_s, t_s, da_f, transpose_B=True, clear_accum=True)
+                    for i, j in T.Parallel(BT, BT):
+                        da_f[i, j] = T.if_then_else(i > j, -da_f[i, j], 0)
+                        tt_f[i, j] = da_f[i, j] * kk_f[i, j]
+                    T.reduce_sum(tt_f, row_f, dim=1)
+                    T.copy(row_f, b2_s)
+                    for i, j in T.Parallel(BT, BT):
+                        tt_f[i, j] = tt_f[i, j] * b_s[i]
+                        da_f[i, j] = da_f[i, j] * b_s[i] * gam_f[i, j]
+                    T.reduce_sum(tt_f, row_f, dim=1)
+                    T.copy(row_f, r2_s)
+                    T.reduce_sum(tt_f, col_f, dim=0)
+                    T.copy(col_f, c2_s)
+                    T.copy(da_f, x_s)
+                    for i, j in T.Parallel(BT, BT):
+                        da_f[i, j] = da_f[i, j] + x_s[j, i]
+                    T.copy(da_f, m_s)
+                    # Og = scale eG o dO (into v's tile: W is read by nothing after dAg)
+                    for i, j in T.Parallel(BT, V):
+                        vw_s[i, j] = do_s[i, j] * eg_s[i] * scale
+                    # dq = Og S^T + (scale dP o Gam) K
+                    T.gemm(vw_s, h_s, c_f, transpose_B=True, clear_accum=True)
+                    for i, j in T.Parallel(BT, K):
+                        a_f[i, j] = q_s[i, j] * c_f[i, j]
+                    T.reduce_sum(a_f, rowk_f, dim=1)
+                    T.copy(rowk_f, r3_s)
+                    T.gemm(p_s, k_s, c_f)
+                    for i, j in T.Parallel(BT, K):
+                        if t0 + i < eos:
+                            dq[t0 + i, i_h, j] = c_f[i, j]
+                    # dk = Wn S^T + eR o (U dS'^T) + (scale dP o Gam)^T Q + (dB o Gam + (.)^T) K
+                    T.gemm(wn_s, h_s, c_f, transpose_B=True, clear_accum=True)
+                    for i, j in T.Parallel(BT, K):
+                        a_f[i, j] = k_s[i, j] * c_f[i, j]
+                    T.reduce_sum(a_f, rowk_f, dim=1)
+                    T.copy(rowk_f, r4_s)
+                    T.gemm(u_s, ds_s, b_f, transpose_B=True, clear_accum=True)
+                    for i, j in T.Parallel(BT, K):
+                        b_f[i, j] = b_f[i, j] * er_s[i]
+                        a_f[i, j] = k_s[i, j] * b_f[i, j]
+                        c_f[i, j] = c_f[i, j] + b_f[i, j]
+                    T.reduce_sum(a_f, rowk_f, dim=1)
+                    T.copy(rowk_f, r5_s)
+                    T.gemm(p_s, q_s, c_f, transpose_A=True)
+                    T.gemm(m_s, k_s, c_f)
+                    for i, j in T.Parallel(BT, K):
+                        if t0 + i < eos:
+                            dk[t0 + i, i_h, j] = c_f[i, j]
+                    # the decay's term sum(S o dS'), then dS = eL dS' + Q^T Og + K^T Wn
+                    for i, j in T.Parallel(K, V):
+                        kv_f[i, j] = ds_f[i, j] * h_s[i, j]
+                    T.reduce_sum(kv_f, vk_f, dim=1)
+                    T.copy(vk_f, sd_s)
+                    el = T.exp(g_s[BT - 1])
+                    for i, j in T.Parallel(K, V):
+                        ds_f[i, j] = ds_f[i, j] * el
+                    T.gemm(q_s, vw_s, ds_f, transpose_A=True)
+                    T.gemm(k_s, wn_s, ds_f, transpose_A=True)
+                    # dG per row, its reverse cumsum (dg), dbeta
+                    for r in T.Parallel(BT):
+                        acc = 0.0
+                        for j in T.serial(BT):
+                            if j >= r:
+                                acc += r1_s[j] - c1_s[j] + r2_s[j] - c2_s[j] + r3_s[j] + r4_s[j] - r5_s[j]
+                        for j in T.serial(BT):
+                            acc += r5_s[j]
+                        for j in T.serial(K):
+                            acc += el * sd_s[j]
+                        if t0 + r < eos:
+                            dg[t0 + r, i_h] = T.if_then_else(T.cast(graw[t0 + r, i_h], fp32) < floor, 0, acc)
+                            dbeta[t0 + r, i_h] = b1_s[r] + b2_s[r]
+
+                if fin[i_s] >= 0:
+                    T.copy(ds_f, dh0[fin[i_s], i_h, 0:K, 0:V])
+
+        return reverse_bwd
+
+    return build()
+
+
+def reverse_bwd_tilelang(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, gs: Tensor, beta: Tensor, ag: Tensor, h: Tensor, do: Tensor, *,
+    scale: float, cu: Tensor, chunk_offsets: Tensor, ends: Tensor, final_idx: Tensor, num_seqs: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """(dq, dk per value head, dv, dg, dbeta, dh0) of GDN by one reverse walk per (range, value head) (module
+    docstring). q, k `[B, T, Hk, K]`, v, do `[B, T, H, V]`, g (raw) and beta `[B, T, H]`, gs the in-chunk cumsum of
+    the floored gate `[B, T, H]` fp32, ag the forward's Ag `[B, T, H, 64]`, h the chunk states `[NT, H, K, V]`;
+    the ranges: token bounds cu `[NS + 1]` int32 over the flattened B * T tokens (chunk-aligned except at a sequence's
+    end), their first chunk's index into h `chunk_offsets` `[NS]`, the fp32 gradient at each range's end `ends`
+    `[NS, H, K, V]`, and final_idx `[NS]` (range n stores its entering gradient in dh0[final_idx[n]] when >= 0).
+    dq and dk come per value head (grouped heads sum them after). Raises ValueError where `reverse_bwd_refusal`
+    gives a reason."""
+    B, T, Hk, K = k.shape
+    H, V = v.shape[2], v.shape[3]
+    BT = ag.shape[-1]
+    why = reverse_bwd_refusal(K, V, BT, k.device)
+    if why is not None:
+        raise ValueError(why)
+    io = _TL_DTYPES[k.dtype]
+    kern = _build(H, Hk, K, V, BT, float(scale), io, _TL_DTYPES[g.dtype], _TL_DTYPES[beta.dtype])
+    flat = [x.reshape(B * T, *x.shape[2:]).contiguous() for x in (q, k, v, do, ag, gs, g, beta)]
+    dq = k.new_empty(B * T, H, K)
+    dk = k.new_empty(B * T, H, K)
+    dv = torch.empty_like(flat[2])
+    dg = torch.zeros(B * T, H, dtype=torch.float32, device=k.device)
+    dbeta = torch.zeros(B * T, H, dtype=torch.float32, device=k.device)
+    dh0 = torch.zeros(num_seqs, H, K, V, dtype=torch.float32, device=k.device)
+    kern(*flat, h.contiguous(), ends.contiguous(), cu.int(), chunk_offsets.int(), final_idx.int(),
+         dq, dk, dv, dg, dbeta, dh0)  # fmt: skip
+    shape = (B, T, H)
+    return dq.view(*shape, K), dk.view(*shape, K), dv.view(*shape, V), dg.view(shape), dbeta.view(shape), dh0
+
+
+def chunk_gdn_bwd_reverse(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, ag: Tensor, gs: Tensor,
+    factors: Mapping[str, Tensor], index: ChunkIndex, scale: float, initial_state: Tensor | None, dht: Tensor | None,
+    launch: LaunchPlan, split_chunks: int | None, warm_report: dict[str, Tensor] | None,
+    seg_states: Mapping[str, Any] | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:  # fmt: skip
+    """GDN's backward under `LaunchPlan(bwd_grads="reverse")` (from `kernels.ops.gdn.ag_bwd`): the chunk states and
+    each range's end gradient as the reverse state pass makes them (`kernels.common.chunk_bwd.reverse_ends`, split like
+    the forward, from `wy_from_ag`'s factors: w, u, aqk and the warm windows' sums "bnd"; under "ag+states" the kept
+    states), then one TileLang walk per (range, value head) forming every gradient (`reverse_bwd_tilelang`).
+    Returns (dq, dk, dv, dg, dbeta, dh0) as `kernels.common.chunk_bwd.chunk_bwd`."""
+    B, T, Hk, K = k.shape
+    H, V = v.shape[2], v.shape[-1]
+    kept = factors if "h" in factors else None
+    h, _, layout, ends = reverse_ends(
+        q, k, factors["w"], factors["u"], gs, factors["aqk"], do, index=index, gate_vector=False, scale=scale,
+        h0=initial_state.float().contiguous() if initial_state is not None else None,
+        dht=dht.float().contiguous() if dht is not None else None, launch=launch, split_chunks=split_chunks,
+        states=True, kept=kept, seg_states=seg_states or None,
+        warm=rev_warm(launch, "gdn", q, k, v, g, beta, warm_report, factors.get("bnd")),
+    )  # fmt: skip
+    assert h is not None
+    N, NS, dev = index.num_seqs, layout.num_seqs, k.device
+    NT = cdiv(T, index.chunk_size)
+    cu = layout.cu_seqlens if layout.cu_seqlens is not None else torch.arange(0, (N + 1) * T, T, device=dev)
+    co = layout.chunk_offsets if layout.chunk_offsets is not None else torch.arange(0, N * NT, NT, device=dev)
+    fin = layout.final_idx if layout.final_idx is not None else torch.arange(NS, device=dev)
+    if ends is None:
+        ends = torch.zeros(NS, H, K, V, dtype=torch.float32, device=dev)
+    dq, dk, dv, dg, dbeta, dh0 = reverse_bwd_tilelang(
+        q, k, v, g, gs, beta, ag, h, do, scale=scale, cu=cu[: NS + 1], chunk_offsets=co[:NS], ends=ends,
+        final_idx=fin, num_seqs=N,
+    )  # fmt: skip
+    dq = group_sum(dq, Hk)
+    dk = group_sum(dk, Hk)
+    return dq, dk, dv, dg.to(g.dtype), dbeta.to(beta.dtype), dh0 if initial_state is not None else None

@@ -1,0 +1,119 @@
+"""GDN's TileLang reverse-walk backward (`kernels.ops.gdn.reverse_bwd`, `LaunchPlan(bwd_grads="reverse")`).
+
+On any machine: the refusals (head dims other than 128, a CPU tensor, KDA or no kept Ag) name their reason in one line.
+On an H200 with CPBENCH_TEST_GPU=1 and tilelang 0.1.15 (bf16, K = V = 128, chunk 64):
+- the kernel against its torch mirror (`kernels.common.reverse_bwd_torch.reverse_walk`, which CI checks against the
+  reference) on identical inputs: three varlen sequences (37, 300, 5 tokens: partial and sub-chunk chunks) walked in
+  two-chunk ranges from random end gradients, grouped heads (Hk = 1, H = 2); relative L2 2e-2 per output (the
+  kernel rounds its products' operands to bf16, the mirror does not);
+- a training step through `kernels.forward` under keep "ag" with bwd_grads "reverse": every gradient (dq, dk, dv,
+  dg, dbeta, dh0) against autograd through the fp32 per-token reference at 5e-3 (the issue's bound), varlen with h0
+  and dht and grouped heads, and dense B = 2 with the backward split into one-chunk ranges.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels
+from kernels.common.chunk_bwd import chunk_bwd
+from kernels.common.reverse_bwd_torch import reverse_walk
+from kernels.ops.gdn.naive import naive_recurrent_gdn
+from kernels.ops.gdn.reverse_bwd import reverse_bwd_refusal, reverse_bwd_tilelang
+from kernels.plan import LaunchPlan
+from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs, make_state
+from tests.utils.reverse_walk import kept_for_walk
+
+DIM, BT = 128, 64
+NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+WHY = reverse_bwd_refusal(DIM, DIM, BT, torch.device(TEST_DEVICE)) if TEST_DEVICE == "cuda" else "no GPU test"
+GPU = pytest.mark.skipif(WHY is not None, reason=str(WHY))
+
+
+def test_refusals_name_their_reason() -> None:
+    assert "K = V = 128 and chunk 64, got K=64" in str(reverse_bwd_refusal(64, 128, 64, torch.device("cpu")))
+    assert "chunk 64, got K=128 V=128 chunk=32" in str(reverse_bwd_refusal(128, 128, 32, torch.device("cpu")))
+    assert "runs on CUDA only, got cpu" in str(reverse_bwd_refusal(128, 128, 64, torch.device("cpu")))
+    q, k, v, g, beta, _ = make_inputs("kda", (20,), K=16, V=16)
+    with pytest.raises(ValueError, match="bwd_grads='reverse' is GDN's backward from the forward's Ag"):
+        chunk_bwd("kda", q, k, v, g, beta, torch.ones_like(v), scale=0.25, plan=LaunchPlan(bwd_grads="reverse"))
+    q, k, v, g, beta, _ = make_inputs("gdn", (20,), K=16, V=16)
+    with pytest.raises(ValueError, match="got op 'gdn' under recompute"):
+        chunk_bwd("gdn", q, k, v, g, beta, torch.ones_like(v), scale=0.25, plan=LaunchPlan(bwd_grads="reverse"))
+
+
+@GPU
+def test_kernel_matches_its_torch_mirror() -> None:
+    lengths = (37, 300, 5)
+    cu = [0, 37, 337, 342]
+    q, k, _, _, _, _ = make_inputs("gdn", lengths, H=1, K=DIM, V=DIM, dtype=torch.bfloat16, device="cuda")
+    _, _, v, g, beta, _ = make_inputs("gdn", lengths, H=2, K=DIM, V=DIM, lb=-1.0, seed=3, dtype=torch.bfloat16,
+                                      device="cuda")  # fmt: skip
+    scale = DIM**-0.5
+    h0 = make_state(3, 2, DIM, DIM, device="cuda")
+    ag, gs, h, first = kept_for_walk(*(x.float() for x in (q, k, v, g, beta, h0)), cu, BT, scale)
+    bounds, offs, fin = [], [], []
+    for n in range(3):
+        for j, s0 in enumerate(range(cu[n], cu[n + 1], 2 * BT)):
+            bounds.append(s0)
+            offs.append(first[n] + (s0 - cu[n]) // BT)
+            fin.append(n if j == 0 else -1)
+    bounds.append(cu[-1])
+    gen = torch.Generator().manual_seed(11)
+    do = torch.randn(v.shape, generator=gen).to("cuda", torch.bfloat16)
+    ends = 0.1 * torch.randn(len(fin), 2, DIM, DIM, generator=gen).to("cuda")
+    args = (q, k, v, g, gs, beta, ag.bfloat16(), h.bfloat16(), do)
+    ranges = {"cu": torch.tensor(bounds, device="cuda"), "chunk_offsets": torch.tensor(offs, device="cuda"),
+              "ends": ends, "final_idx": torch.tensor(fin, device="cuda"), "num_seqs": 3}  # fmt: skip
+    got = reverse_bwd_tilelang(*args, scale=scale, **ranges)
+    want = reverse_walk(*args, scale=scale, **ranges)
+    for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), got, want, strict=True):
+        assert torch.isfinite(a).all(), name
+        assert_rel_close(name, b.float(), a.float(), 2e-2)
+
+
+def _reference(q, k, v, g, beta, h0, do, dht, bounds):
+    """Autograd through the per-token reference in fp32 (q, k expanded to the value heads; their gradients summed)."""
+    G = v.shape[2] // k.shape[2]
+    xs = [x.detach().float().clone().requires_grad_() for x in (q, k, v, g, beta)]
+    s0 = h0.detach().clone().requires_grad_() if h0 is not None else None
+    qe, ke = (x.repeat_interleave(G, dim=2) for x in xs[:2])
+    o, ht = naive_recurrent_gdn(qe, ke, *xs[2:], scale=DIM**-0.5, initial_state=s0, output_final_state=True,
+                                cu_seqlens_cpu=bounds)  # fmt: skip
+    ((o * do.float()).sum() + ((ht * dht).sum() if dht is not None else 0.0)).backward()
+    return [x.grad for x in xs] + [s0.grad if s0 is not None else None]
+
+
+@GPU
+@pytest.mark.parametrize("case", ["varlen-grouped", "dense-split"])
+def test_training_step_through_the_reverse_walk(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if case == "dense-split":  # the backward split into one-chunk ranges, as the automatic split does at long T
+        import kernels.common.seqsplit as seqsplit
+
+        monkeypatch.setattr(seqsplit, "auto_seg_chunks", lambda index, *, H, NV, device: 1)
+        q, k, v, g, beta, cu = make_inputs("gdn", B=2, T=300, H=2, K=DIM, V=DIM, lb=-1.0, dtype=torch.bfloat16,
+                                           device="cuda")  # fmt: skip
+        h0 = dht = None
+        bounds = [0, 300, 600]
+    else:
+        lengths = (37, 300, 5)
+        q, k, _, _, _, cu = make_inputs("gdn", lengths, H=1, K=DIM, V=DIM, dtype=torch.bfloat16, device="cuda")
+        _, _, v, g, beta, _ = make_inputs("gdn", lengths, H=2, K=DIM, V=DIM, lb=-1.0, seed=5, dtype=torch.bfloat16,
+                                          device="cuda")  # fmt: skip
+        h0 = make_state(3, 2, DIM, DIM, device="cuda")
+        dht = make_state(3, 2, DIM, DIM, seed=9, device="cuda")
+        bounds = [0, 37, 337, 342]
+    do = torch.randn(v.shape, generator=torch.Generator().manual_seed(4)).to("cuda", torch.bfloat16)
+    xs = [x.detach().clone().requires_grad_() for x in (q, k, v, g, beta)]
+    s0 = h0.detach().clone().requires_grad_() if h0 is not None else None
+    o, ht = kernels.forward("gdn", *xs, initial_state=s0, output_final_state=True, cu_seqlens=cu, backend="triton",
+                            plan=LaunchPlan(keep="ag", bwd_grads="reverse"))  # fmt: skip
+    ((o.float() * do.float()).sum() + ((ht * dht).sum() if dht is not None else 0.0)).backward()
+    got = [x.grad for x in xs] + [s0.grad if s0 is not None else None]
+    for name, a, r in zip(NAMES, got, _reference(q, k, v, g, beta, h0, do, dht, bounds), strict=True):
+        if r is None:
+            assert a is None, name
+            continue
+        assert torch.isfinite(a).all(), name
+        assert_rel_close(name, r, a.float(), 5e-3)

@@ -19,6 +19,8 @@ Variants (GDN, bf16, H=16, K=V=128; `runners.bench.kernels_train`'s inputs and s
 - `wy`, `wy+states` (the forward keeps its WY factors / and its chunk states);
 - `inputs:fused`, `ag:fused`, `ag+states:fused`: as `inputs` / `ag` / `ag+states` with the backward's gradient kernels
   fused per chunk (`LaunchPlan.bwd_grads="fused"`, `kernels/common/dqk_wy_bwd.py`);
+- `ag:reverse`, `ag+states:reverse` (session 22): the backward's state gradient and gradients in one TileLang reverse
+  walk per (range, value head) (`LaunchPlan.bwd_grads="reverse"`, `kernels/ops/gdn/reverse_bwd.py`);
 - any variant + ":warm" (e.g. `inputs:fused:warm`): the backward's split reverse pass with the gate-certified warm
   window of `--bwd-warm` chunks (`LaunchPlan.bwd_warm`, `kernels/common/warm_bwd.py`); its row also gives the
   fraction of (segment, head) pairs certified (`cert`, read after one extra step).
@@ -43,8 +45,20 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# ":fused": bwd_grads="fused"
-VARIANTS = ("inputs", "ag", "ag-recompute", "ag+states", "wy", "wy+states", "inputs:fused", "ag:fused", "ag+states:fused")
+# ":fused": bwd_grads="fused"; ":reverse": bwd_grads="reverse" (GDN's TileLang reverse walk, `kernels.ops.gdn.reverse_bwd`)
+VARIANTS = (
+    "inputs",
+    "ag",
+    "ag-recompute",
+    "ag+states",
+    "wy",
+    "wy+states",
+    "inputs:fused",
+    "ag:fused",
+    "ag+states:fused",
+    "ag:reverse",
+    "ag+states:reverse",
+)
 WARM = ":warm"  # a variant's suffix: the reverse pass's warm window (`LaunchPlan.bwd_warm`, `--bwd-warm` chunks)
 NAMES = ("dq", "dk", "dv", "dg", "dbeta")
 

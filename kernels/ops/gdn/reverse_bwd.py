@@ -19,7 +19,7 @@ Gam_ij = e^(G_i - G_j) (i >= j), eG = e^G, eR = e^(G_L - G), eL = e^(G_L):
          its last row + eL sum(S o dS') + sum(K o eR o U dS'^T);  dg = the reverse in-chunk cumsum of dG (0 below the floor)
 
 One program of 256 threads (two warpgroups) per (segment, value head); the products are wgmma tiles through shared
-memory (about 216 KB: one program per SM). Sizes: K = V = 128, chunk 64 (what FlashQLA and our default use); other
+memory (about 215 KB: one program per SM). Sizes: K = V = 128, chunk 64 (what FlashQLA and our default use); other
 shapes are refused with a one-line reason, as is any TileLang other than the version it was checked on
 (`TILELANG_VERSION`) and any GPU other than sm_90.
 """
@@ -112,8 +112,7 @@ def _build(H: int, Hk: int, K: int, V: int, BT: int, scale: float, io: str, gdt:
                 ag_s = T.alloc_shared((BT, BT), io)
                 h_s = T.alloc_shared((K, V), io)
                 u_s = T.alloc_shared((BT, V), io)
-                du_s = T.alloc_shared((BT, V), io)
-                wn_s = T.alloc_shared((BT, V), io)
+                du_s = T.alloc_shared((BT, V), io)  # dU, then Wn
                 ds_s = T.alloc_shared((K, V), io)
                 p_s = T.alloc_shared((BT, BT), io)  # P, then scale dP o Gam
                 m_s = T.alloc_shared((BT, BT), io)  # M, then dAg diag(beta), then the symmetric dB o Gam
@@ -136,7 +135,7 @@ def _build(H: int, Hk: int, K: int, V: int, BT: int, scale: float, io: str, gdt:
 
                 T.annotate_layout({
                     x: tilelang.layout.make_swizzled_layout(x)
-                    for x in (q_s, k_s, vw_s, do_s, ag_s, h_s, u_s, du_s, wn_s, ds_s, p_s, m_s, t_s, x_s)
+                    for x in (q_s, k_s, vw_s, do_s, ag_s, h_s, u_s, du_s, ds_s, p_s, m_s, t_s, x_s)
                 })  # fmt: skip
 
                 ds_f = T.alloc_fragment((K, V), fp32)
@@ -215,8 +214,8 @@ def _build(H: int, Hk: int, K: int, V: int, BT: int, scale: float, io: str, gdt:
                     for i, j in T.Parallel(BT, V):
                         if t0 + i < eos:
                             dv[t0 + i, i_h, j] = b_f[i, j]
-                    for i, j in T.Parallel(BT, V):
-                        wn_s[i, j] = -eg_s[i] * b_f[i, j]
+                    for i, j in T.Parallel(BT, V):  # (dU is read by nothing after dAg and dv)
+                        du_s[i, j] = -eg_s[i] * b_f[i, j]
                     # dP = Tril(dO U^T): the gate's terms of P, then scale dP o Gam
                     T.gemm(do_s, u_s, dp_f, transpose_B=True, clear_accum=True)
                     for i, j in T.Parallel(BT, BT):
@@ -268,7 +267,7 @@ def _build(H: int, Hk: int, K: int, V: int, BT: int, scale: float, io: str, gdt:
                         if t0 + i < eos:
                             dq[t0 + i, i_h, j] = c_f[i, j]
                     # dk = Wn S^T + eR o (U dS'^T) + (scale dP o Gam)^T Q + (dB o Gam + (.)^T) K
-                    T.gemm(wn_s, h_s, c_f, transpose_B=True, clear_accum=True)
+                    T.gemm(du_s, h_s, c_f, transpose_B=True, clear_accum=True)
                     for i, j in T.Parallel(BT, K):
                         a_f[i, j] = k_s[i, j] * c_f[i, j]
                     T.reduce_sum(a_f, rowk_f, dim=1)
@@ -294,7 +293,7 @@ def _build(H: int, Hk: int, K: int, V: int, BT: int, scale: float, io: str, gdt:
                     for i, j in T.Parallel(K, V):
                         ds_f[i, j] = ds_f[i, j] * el
                     T.gemm(q_s, vw_s, ds_f, transpose_A=True)
-                    T.gemm(k_s, wn_s, ds_f, transpose_A=True)
+                    T.gemm(k_s, du_s, ds_f, transpose_A=True)
                     # dG per row, its reverse cumsum (dg), dbeta
                     for r in T.Parallel(BT):
                         acc = 0.0

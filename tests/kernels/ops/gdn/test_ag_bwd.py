@@ -30,10 +30,10 @@ from kernels.common.index import prepare_chunk_index
 from kernels.common.wy import wy_gdn_fwd
 from kernels.ops.gdn.ag_bwd import chunk_gdn_bwd_ag, wy_from_ag
 from kernels.ops.gdn.chunk import chunk_gdn_bwd
-from kernels.ops.gdn.naive import naive_recurrent_gdn
 from kernels.ops.gdn.wy_ag import wy_gdn_ag
 from kernels.plan import LaunchPlan, LaunchRecorder, default_plan
 from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs, make_state
+from tests.utils.gdn_reference import gdn_reference_grads
 
 DEVICE = TEST_DEVICE
 DTYPE = torch.float32 if DEVICE == "cpu" else torch.bfloat16
@@ -60,15 +60,7 @@ def _case(lengths=(37, 70, 5), *, B=None, T=None, H=1, HV=2, lb=-0.05, seed=5):
 
 
 def _reference(q, k, v, g, beta, h0, do, dht, bounds):
-    """Autograd through the per-token reference in fp32 (q, k expanded to the value heads; their gradients summed)."""
-    G = v.shape[2] // k.shape[2]
-    xs = [x.detach().float().clone().requires_grad_() for x in (q, k, v, g, beta)]
-    s0 = h0.detach().clone().requires_grad_() if h0 is not None else None
-    qe, ke = (x.repeat_interleave(G, dim=2) for x in xs[:2])
-    o, ht = naive_recurrent_gdn(qe, ke, *xs[2:], scale=DIM**-0.5, initial_state=s0, output_final_state=True,
-                                cu_seqlens_cpu=bounds)  # fmt: skip
-    ((o * do.float()).sum() + ((ht * dht).sum() if dht is not None else 0.0)).backward()
-    return [x.grad for x in xs] + [s0.grad if s0 is not None else None]
+    return gdn_reference_grads(q, k, v, g, beta, h0, do, dht, bounds, scale=DIM**-0.5)
 
 
 def _check(got, ref, tol=TOL):

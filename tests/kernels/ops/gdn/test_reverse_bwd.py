@@ -19,10 +19,10 @@ import torch
 import kernels
 from kernels.common.chunk_bwd import chunk_bwd
 from kernels.common.reverse_bwd_torch import reverse_walk
-from kernels.ops.gdn.naive import naive_recurrent_gdn
 from kernels.ops.gdn.reverse_bwd import reverse_bwd_refusal, reverse_bwd_tilelang
 from kernels.plan import LaunchPlan
 from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs, make_state
+from tests.utils.gdn_reference import gdn_reference_grads
 from tests.utils.reverse_walk import kept_for_walk
 
 DIM, BT = 128, 64
@@ -74,15 +74,7 @@ def test_kernel_matches_its_torch_mirror() -> None:
 
 
 def _reference(q, k, v, g, beta, h0, do, dht, bounds):
-    """Autograd through the per-token reference in fp32 (q, k expanded to the value heads; their gradients summed)."""
-    G = v.shape[2] // k.shape[2]
-    xs = [x.detach().float().clone().requires_grad_() for x in (q, k, v, g, beta)]
-    s0 = h0.detach().clone().requires_grad_() if h0 is not None else None
-    qe, ke = (x.repeat_interleave(G, dim=2) for x in xs[:2])
-    o, ht = naive_recurrent_gdn(qe, ke, *xs[2:], scale=DIM**-0.5, initial_state=s0, output_final_state=True,
-                                cu_seqlens_cpu=bounds)  # fmt: skip
-    ((o * do.float()).sum() + ((ht * dht).sum() if dht is not None else 0.0)).backward()
-    return [x.grad for x in xs] + [s0.grad if s0 is not None else None]
+    return gdn_reference_grads(q, k, v, g, beta, h0, do, dht, bounds, scale=DIM**-0.5)
 
 
 @GPU

@@ -37,9 +37,12 @@ from torch import Tensor
 
 from kernels.common.chunk_torch import compute_dtype, from_chunks, to_chunks
 from kernels.common.decay import GATE_FLOOR, floor_gate
-from kernels.common.index import prepare_chunk_index
+from kernels.common.index import ChunkIndex, prepare_chunk_index
 
-__all__ = ["chunk_backward_ag", "chunk_backward_kernel_form", "chunk_forward_ag", "reverse_backward", "reverse_walk"]
+__all__ = [
+    "chunk_backward_ag", "chunk_backward_kernel_form", "chunk_forward_ag", "chunk_states", "reverse_backward",
+    "reverse_walk",
+]  # fmt: skip
 
 
 def _factors(q: Tensor, k: Tensor, g: Tensor, beta: Tensor, scale: float) -> dict[str, Tensor]:
@@ -107,6 +110,20 @@ def chunk_backward_ag(
     return dq, dk, dW, dg, dbeta, dS
 
 
+def chunk_states(
+    qc: Tensor, kc: Tensor, vc: Tensor, gc: Tensor, bc: Tensor, S: Tensor, *, index: ChunkIndex, scale: float
+) -> Tensor:
+    """The state entering every chunk `[NT, H, K, V]` by the forward walk (`chunk_forward_ag`) over chunked inputs
+    (`to_chunks`: `[NT, H, C, ..]`) in `index`'s serial order, from each sequence's entering state S `[N, H, K, V]`."""
+    h = S.new_empty(index.num_chunks, *S.shape[1:])
+    for seq_ids, ids in index.pad.steps:
+        Sj = S if seq_ids is None else S.index_select(0, seq_ids)
+        h[ids] = Sj
+        Sj = chunk_forward_ag(qc[ids], kc[ids], vc[ids], gc[ids], bc[ids], Sj, scale=scale)[1]
+        S = Sj if seq_ids is None else S.index_copy(0, seq_ids, Sj)
+    return h
+
+
 def reverse_backward(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float,
     initial_state: Tensor | None = None, dht: Tensor | None = None, cu_seqlens: Tensor | None = None,
@@ -123,12 +140,7 @@ def reverse_backward(
     cd = compute_dtype(q)
     qc, kc, vc, gc, bc, doc = (to_chunks(x, index, cd) for x in (q, k, v, g, beta, do))
     S = initial_state.to(cd) if initial_state is not None else qc.new_zeros(index.num_seqs, H, K, V)
-    h = S.new_empty(index.num_chunks, H, K, V)
-    for seq_ids, ids in index.pad.steps:
-        Sj = S if seq_ids is None else S.index_select(0, seq_ids)
-        h[ids] = Sj
-        Sj = chunk_forward_ag(qc[ids], kc[ids], vc[ids], gc[ids], bc[ids], Sj, scale=scale)[1]
-        S = Sj if seq_ids is None else S.index_copy(0, seq_ids, Sj)
+    h = chunk_states(qc, kc, vc, gc, bc, S, index=index, scale=scale)
     dS = dht.to(cd) if dht is not None else torch.zeros_like(S)
     grads = [torch.empty_like(x) for x in (qc, kc, vc, gc, bc)]
     for seq_ids, ids in reversed(index.pad.steps):
@@ -208,7 +220,8 @@ def reverse_walk(
     """`kernels.ops.gdn.reverse_bwd.reverse_bwd_tilelang` in plain PyTorch, with its arguments and outputs (dq, dk per
     value head, dv, dg, dbeta fp32, dh0 fp32): each range of cu walked last chunk first from its end gradient,
     `chunk_backward_kernel_form` per chunk, rows past the range zeros with the last row's gate cumsum. In fp64 for
-    fp64 inputs, else fp32 (from the inputs' values: the GPU test's reference for the kernel on identical inputs)."""
+    fp64 inputs, else fp32 (from the inputs' values: the GPU test's reference for the kernel on identical inputs).
+    A test reference, not a step path: it reads the ranges to the host and walks them in Python."""
     B, T, Hk, K = k.shape
     H, V = v.shape[2], v.shape[3]
     C = ag.shape[-1]

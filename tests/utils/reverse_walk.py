@@ -7,7 +7,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kernels.common.reverse_bwd_torch import _factors, chunk_forward_ag
+from kernels.common.chunk_torch import compute_dtype, from_chunks, to_chunks
+from kernels.common.index import prepare_chunk_index
+from kernels.common.reverse_bwd_torch import _factors, chunk_states
 
 __all__ = ["kept_for_walk"]
 
@@ -17,25 +19,12 @@ def kept_for_walk(
 ) -> tuple[Tensor, Tensor, Tensor, list[int]]:
     """(Ag `[1, T, H, C]`, gate cumsum `[1, T, H]`, the chunk states `[NT, H, K, V]` entering each chunk, the first
     chunk of each sequence) as the forward keeps them, by the torch Ag form (q, k with Hk heads, v with H), in the
-    inputs' dtype and device (B = 1, sequences bounded by cu)."""
-    grp = v.shape[2] // k.shape[2]
-    qe, ke = (x[0].repeat_interleave(grp, 1) for x in (q, k))
-    ag = torch.zeros(*v.shape[:3], C, dtype=q.dtype, device=q.device)
-    gs = torch.zeros(g.shape, dtype=q.dtype, device=q.device)
-    hs: list[Tensor] = []
-    first: list[int] = []
-    for n in range(len(cu) - 1):
-        S = h0[n]
-        first.append(len(hs))
-        for c0 in range(cu[n], cu[n + 1], C):
-            rows = torch.arange(c0, min(c0 + C, cu[n + 1]), device=q.device)
-            m = rows.numel()
-
-            xs = [torch.cat([x[rows], x.new_zeros(C - m, *x.shape[1:])]).transpose(0, 1)  # [H, C, ..], padded
-                  for x in (qe, ke, v[0], g[0], beta[0])]  # fmt: skip
-            f = _factors(xs[0], xs[1], xs[3], xs[4], scale)
-            ag[0, rows] = f["Ag"].transpose(0, 1)[:m]
-            gs[0, rows] = f["G"].transpose(0, 1)[:m]
-            hs.append(S)
-            S = chunk_forward_ag(*xs, S, scale=scale)[1]
-    return ag, gs, torch.stack(hs), first
+    inputs' compute dtype and device (B = 1, sequences bounded by cu)."""
+    T, grp = v.shape[1], v.shape[2] // k.shape[2]
+    index = prepare_chunk_index(torch.tensor(cu, device=q.device), batch=1, seq_len=T, chunk_size=C, device=q.device)
+    cd = compute_dtype(q)
+    xs = [to_chunks(x, index, cd) for x in (q.repeat_interleave(grp, 2), k.repeat_interleave(grp, 2), v, g, beta)]
+    f = _factors(xs[0], xs[1], xs[3], xs[4], scale)
+    h = chunk_states(*xs, h0.to(cd), index=index, scale=scale)
+    first = [sum(-(-(cu[i + 1] - cu[i]) // C) for i in range(n)) for n in range(len(cu) - 1)]
+    return from_chunks(f["Ag"], index, 1, T), from_chunks(f["G"], index, 1, T), h, first

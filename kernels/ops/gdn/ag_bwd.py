@@ -198,25 +198,10 @@ def chunk_gdn_bwd_ag(
                                     bound=(g, beta, do) if fold else None)  # fmt: skip
     factors = {"w": w, "u": u, "gs": gcum, "aqk": aqk, "tt": tt, **({"bnd": bnd} if bnd is not None else {})}
     if launch.bwd_grads == "reverse":  # the TileLang reverse walk, reading Ag itself (`kernels.ops.gdn.reverse_bwd`)
-        return chunk_gdn_bwd_reverse(
-            q,
-            k,
-            v,
-            g,
-            beta,
-            do,
-            ag=ag,
-            gs=gcum,
-            factors={**factors, **states},
-            index=index,
-            scale=scale,
-            initial_state=initial_state,
-            dht=dht,
-            launch=launch,
-            split_chunks=split_chunks,
-            warm_report=warm_report,
-            seg_states=seg_states,
-        )
+        return chunk_gdn_bwd_reverse(q, k, v, g, beta, do, ag=ag, factors={**factors, **states}, index=index,
+                                     scale=scale, initial_state=initial_state, dht=dht, launch=launch,
+                                     split_chunks=split_chunks, warm_report=warm_report,
+                                     seg_states=seg_states)  # fmt: skip
     del ag  # read by nothing after this (with wy=None its memory is free for the gradient kernels' buffers)
     return chunk_bwd("gdn", q, k, v, g, beta, do, scale=scale, initial_state=initial_state, dht=dht,
                      cu_seqlens=cu_seqlens, plan=launch, split_chunks=split_chunks, wy={**factors, **states},

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kernels.common.bwd_tiles import group_sum
+from kernels.common.bwd_tiles import group_sum, per_value_head
 from kernels.common.chunk_bwd import rev_warm, reverse_ends
 from kernels.common.decay import GATE_FLOOR
 from kernels.common.index import ChunkIndex
@@ -337,31 +337,28 @@ def reverse_bwd_tilelang(
     io = _TL_DTYPES[k.dtype]
     kern = _build(H, Hk, K, V, BT, float(scale), io, _TL_DTYPES[g.dtype], _TL_DTYPES[beta.dtype])
     flat = [x.reshape(B * T, *x.shape[2:]).contiguous() for x in (q, k, v, do, ag, gs, g, beta)]
-    dq = k.new_empty(B * T, H, K)
-    dk = k.new_empty(B * T, H, K)
-    dv = torch.empty_like(flat[2])
-    dg = torch.zeros(B * T, H, dtype=torch.float32, device=k.device)
-    dbeta = torch.zeros(B * T, H, dtype=torch.float32, device=k.device)
-    dh0 = torch.zeros(num_seqs, H, K, V, dtype=torch.float32, device=k.device)
-    kern(*flat, h.contiguous(), ends.contiguous(), cu.int(), chunk_offsets.int(), final_idx.int(),
-         dq, dk, dv, dg, dbeta, dh0)  # fmt: skip
-    shape = (B, T, H)
-    return dq.view(*shape, K), dk.view(*shape, K), dv.view(*shape, V), dg.view(shape), dbeta.view(shape), dh0
+    dq, dk = per_value_head(q, H), per_value_head(k, H)
+    dv = torch.empty_like(v)
+    dg, dbeta = (torch.empty(B, T, H, dtype=torch.float32, device=k.device) for _ in range(2))  # every row is written
+    dh0 = torch.zeros(num_seqs, H, K, V, dtype=torch.float32, device=k.device)  # (a sequence without a range keeps 0)
+    outs = [x.view(B * T, *x.shape[2:]) for x in (dq, dk, dv, dg, dbeta)]
+    kern(*flat, h.contiguous(), ends.contiguous(), cu.int(), chunk_offsets.int(), final_idx.int(), *outs, dh0)
+    return dq, dk, dv, dg, dbeta, dh0
 
 
 def chunk_gdn_bwd_reverse(
-    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, ag: Tensor, gs: Tensor,
-    factors: Mapping[str, Tensor], index: ChunkIndex, scale: float, initial_state: Tensor | None, dht: Tensor | None,
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, ag: Tensor, factors: Mapping[str, Tensor], index: ChunkIndex, scale: float, initial_state: Tensor | None, dht: Tensor | None,
     launch: LaunchPlan, split_chunks: int | None, warm_report: dict[str, Tensor] | None,
     seg_states: Mapping[str, Any] | None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:  # fmt: skip
     """GDN's backward under `LaunchPlan(bwd_grads="reverse")` (from `kernels.ops.gdn.ag_bwd`): the chunk states and
     each range's end gradient as the reverse state pass makes them (`kernels.common.chunk_bwd.reverse_ends`, split like
-    the forward, from `wy_from_ag`'s factors: w, u, aqk and the warm windows' sums "bnd"; under "ag+states" the kept
-    states), then one TileLang walk per (range, value head) forming every gradient (`reverse_bwd_tilelang`).
+    the forward, from `wy_from_ag`'s factors: w, u, aqk, the gate cumsum gs and the warm windows' sums "bnd"; under
+    "ag+states" the kept states), then one TileLang walk per (range, value head) forming every gradient (`reverse_bwd_tilelang`).
     Returns (dq, dk, dv, dg, dbeta, dh0) as `kernels.common.chunk_bwd.chunk_bwd`."""
     B, T, Hk, K = k.shape
     H, V = v.shape[2], v.shape[-1]
+    gs = factors["gs"]
     kept = factors if "h" in factors else None
     h, _, layout, ends = reverse_ends(
         q, k, factors["w"], factors["u"], gs, factors["aqk"], do, index=index, gate_vector=False, scale=scale,
@@ -379,7 +376,7 @@ def chunk_gdn_bwd_reverse(
     if ends is None:
         ends = torch.zeros(NS, H, K, V, dtype=torch.float32, device=dev)
     dq, dk, dv, dg, dbeta, dh0 = reverse_bwd_tilelang(
-        q, k, v, g, gs, beta, ag, h, do, scale=scale, cu=cu[: NS + 1], chunk_offsets=co[:NS], ends=ends,
+        q, k, v, g, gs, beta, ag, h, do, scale=scale, cu=cu, chunk_offsets=co[:NS], ends=ends,  # (offsets: [NS + 1])
         final_idx=fin, num_seqs=N,
     )  # fmt: skip
     dq = group_sum(dq, Hk)

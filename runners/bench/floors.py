@@ -28,6 +28,10 @@ gradient of g in g's dtype):
 | dqk (`chunk_bwd_dqk`) | q, k, g, h, dh, v_new, dv_new, do | dq, dw, fp32 dk and dG partials [K] |
 | wy_bwd | k, v, g, beta, T (C per token), w, u, dv_new, dw, the two partials | dk, dv, dbeta, dg |
 | dqk_wy (`chunk_bwd_dqk_wy`, fused) | q, k, v, g, beta, T, h, dh, v_new, dv_new, do | dq, dk, dv, dbeta, dg |
+| reverse (GDN's TileLang walk) | q, k, v, do, Ag, g, its cumsum, beta, h | dq, dk, dv, fp32 dg and dbeta |
+
+The reverse walk's matmul flops per chunk and head (`reverse_walk_flops`, the products of
+`kernels/ops/gdn/reverse_bwd.py`): 2 C^2 (5K + 5V) + 6 C^3 + 14 C K V.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ __all__ = [
     "floor_ms",
     "launcher_bytes",
     "launcher_flops",
+    "reverse_walk_flops",
 ]
 
 HBM_TBPS = 4.2  # the H200's measured device copy ceiling (kernels/NOTES.md), the issue's bytes rate
@@ -55,7 +60,7 @@ F32 = 4  # the gate and its cumsum, the split's per-segment maps and states
 BYTES_PER_TOKEN_HEAD = {"gdn": 2828, "kda": 3590}
 LAUNCHERS = ("wy", "transition", "chain", "state_plain", "state_split", "forward", "ag", "fused")
 # the backward's gradient kernels: the pair, the two fused, and the fused one with the reverse pass's last walk
-BWD_LAUNCHERS = ("dqk", "wy_bwd", "dqk_wy")
+BWD_LAUNCHERS = ("dqk", "wy_bwd", "dqk_wy", "reverse")
 
 
 def _per_token_head(op: str, launcher: str, K: int, V: int, el: int) -> int:
@@ -110,6 +115,7 @@ def bwd_launcher_bytes(op: str, launcher: str, B: int, T: int, HV: int, K: int =
         "dqk": el * (2 * K + 3 * V) + gate + states + el * 2 * K + partials,
         "wy_bwd": el * (K + V + 1 + C + K + 2 * V + K) + gate + partials + el * (K + V + 1) + gate,
         "dqk_wy": el * (2 * K + V + 1 + C + 3 * V) + gate + states + el * (2 * K + V + 1) + gate,
+        "reverse": el * (2 * K + 2 * V + C + 1) + 2 * gate + el * K * V / C + el * (2 * K + V) + 2 * F32,
     }[launcher]
     return math.ceil(B * T * HV * per_token)
 
@@ -132,6 +138,11 @@ def launcher_flops(op: str, launcher: str, B: int, T: int, HV: int, K: int = 128
         "fused": 6 * C * K * V + 4 * C * C * V + (2 * C * C * K if op == "gdn" else 0),
     }[launcher]
     return float(chunks * per_chunk + (HV * segments * 2 * K * K * V if launcher == "chain" else 0))
+
+
+def reverse_walk_flops(B: int, T: int, HV: int, K: int = 128, V: int = 128) -> float:
+    """Matmul flops of GDN's reverse-walk backward (the module docstring's count) at B x T tokens, HV value heads."""
+    return float(B * math.ceil(T / C) * HV * (2 * C * C * (5 * K + 5 * V) + 6 * C**3 + 14 * C * K * V))
 
 
 def bytes_floor(op: str, B: int, T: int, H: int, K: int = 128, V: int = 128, el: int = 2) -> int:

@@ -66,9 +66,25 @@ def reverse_bwd_refusal(K: int, V: int, BT: int, device: torch.device) -> str | 
 _TL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
+# Switches that leave a part out or swap it, only to time the rest (`benchmarks/reverse_bwd_lab.py`); a kernel built
+# with any of them gives wrong gradients.
+LAB_SWITCHES = {
+    "load_once": "the chunk's inputs loaded on the first step only",
+    "no_dg": "no dG combine (dg unwritten)",
+    "no_reduce": "no row and column sums (the dG and dbeta terms)",
+    "no_store": "no dq, dk, dv stores",
+}
+
+
 @functools.cache
-def _build(H: int, Hk: int, K: int, V: int, BT: int, scale: float, io: str, gdt: str, bdt: str) -> Any:
-    """The compiled kernel for these sizes and dtypes (TileLang JIT, cached on disk by TileLang too)."""
+def _build(
+    H: int, Hk: int, K: int, V: int, BT: int, scale: float, io: str, gdt: str, bdt: str, lab: frozenset[str] = frozenset()
+) -> Any:
+    """The compiled kernel for these sizes and dtypes (TileLang JIT, cached on disk by TileLang too); `lab` holds
+    `LAB_SWITCHES` keys (timing only)."""
+    unknown = set(lab) - set(LAB_SWITCHES)
+    if unknown:
+        raise ValueError(f"unknown lab switches {sorted(unknown)}; known: {sorted(LAB_SWITCHES)}")
     import tilelang
     import tilelang.language as T
 
@@ -128,10 +144,10 @@ def _build(H: int, Hk: int, K: int, V: int, BT: int, scale: float, io: str, gdt:
                 c2_s = T.alloc_shared((BT,), fp32)
                 r3_s = T.alloc_shared((BT,), fp32)  # rowsum(Q o Og S^T)
                 r4_s = T.alloc_shared((BT,), fp32)  # rowsum(K o Wn S^T)
-                r5_s = T.alloc_shared((BT,), fp32)  # rowsum(K o eR o U dS'^T)
                 b1_s = T.alloc_shared((BT,), fp32)  # colsum(dAg o T)
                 b2_s = T.alloc_shared((BT,), fp32)  # rowsum(dA o B)
-                sd_s = T.alloc_shared((K,), fp32)  # row sums of S o dS'
+                # dG per row, rowsum(K o eR o U dS'^T), eL * row sums of S o dS'; then its reverse cumsum
+                z_s = T.alloc_shared((2 * BT + K,), fp32)
 
                 T.annotate_layout({
                     x: tilelang.layout.make_swizzled_layout(x)
@@ -154,7 +170,6 @@ def _build(H: int, Hk: int, K: int, V: int, BT: int, scale: float, io: str, gdt:
                 col_f = T.alloc_fragment((BT,), fp32)  # column sums of [C, C] tiles
                 rowk_f = T.alloc_fragment((BT,), fp32)  # row sums of [C, K] tiles
                 vk_f = T.alloc_fragment((K,), fp32)
-                acc = T.alloc_var(fp32)
                 el = T.alloc_var(fp32)
 
                 T.copy(ends[i_s, i_h, 0:K, 0:V], ds_f)
@@ -163,18 +178,19 @@ def _build(H: int, Hk: int, K: int, V: int, BT: int, scale: float, io: str, gdt:
                     t0 = bos + (nt - 1 - i_r) * BT
                     ic = boc + nt - 1 - i_r
                     # loads: rows past the range are zeros (their gate repeats the last row's cumsum: no decay)
-                    for r, c in T.Parallel(BT, K):
-                        q_s[r, c] = T.if_then_else(t0 + r < eos, q[T.min(t0 + r, eos - 1), i_hk, c], 0)
-                        k_s[r, c] = T.if_then_else(t0 + r < eos, k[T.min(t0 + r, eos - 1), i_hk, c], 0)
-                    for r, c in T.Parallel(BT, V):
-                        vw_s[r, c] = T.if_then_else(t0 + r < eos, v[T.min(t0 + r, eos - 1), i_h, c], 0)
-                        do_s[r, c] = T.if_then_else(t0 + r < eos, do[T.min(t0 + r, eos - 1), i_h, c], 0)
-                    for r, c in T.Parallel(BT, BT):
-                        ag_s[r, c] = T.if_then_else(t0 + r < eos, ag[T.min(t0 + r, eos - 1), i_h, c], 0)
-                    T.copy(h[ic, i_h, 0:K, 0:V], h_s)
-                    for r in T.Parallel(BT):
-                        g_s[r] = gs[T.min(t0 + r, eos - 1), i_h]
-                        b_s[r] = T.if_then_else(t0 + r < eos, T.cast(beta[T.min(t0 + r, eos - 1), i_h], fp32), 0)
+                    if "load_once" not in lab or i_r == 0:
+                        for r, c in T.Parallel(BT, K):
+                            q_s[r, c] = T.if_then_else(t0 + r < eos, q[T.min(t0 + r, eos - 1), i_hk, c], 0)
+                            k_s[r, c] = T.if_then_else(t0 + r < eos, k[T.min(t0 + r, eos - 1), i_hk, c], 0)
+                        for r, c in T.Parallel(BT, V):
+                            vw_s[r, c] = T.if_then_else(t0 + r < eos, v[T.min(t0 + r, eos - 1), i_h, c], 0)
+                            do_s[r, c] = T.if_then_else(t0 + r < eos, do[T.min(t0 + r, eos - 1), i_h, c], 0)
+                        for r, c in T.Parallel(BT, BT):
+                            ag_s[r, c] = T.if_then_else(t0 + r < eos, ag[T.min(t0 + r, eos - 1), i_h, c], 0)
+                        T.copy(h[ic, i_h, 0:K, 0:V], h_s)
+                        for r in T.Parallel(BT):
+                            g_s[r] = gs[T.min(t0 + r, eos - 1), i_h]
+                            b_s[r] = T.if_then_else(t0 + r < eos, T.cast(beta[T.min(t0 + r, eos - 1), i_h], fp32), 0)
                     for r in T.Parallel(BT):
                         eg_s[r] = T.exp(g_s[r])
                         er_s[r] = T.exp(g_s[BT - 1] - g_s[r])
@@ -211,9 +227,10 @@ def _build(H: int, Hk: int, K: int, V: int, BT: int, scale: float, io: str, gdt:
                     # dAg = dU W^T; dv = Ag^T dU; Wn = -eG o dv
                     T.gemm(du_s, vw_s, x_f, transpose_B=True, clear_accum=True)
                     T.gemm(ag_s, du_s, b_f, transpose_A=True, clear_accum=True)
-                    for i, j in T.Parallel(BT, V):
-                        if t0 + i < eos:
-                            dv[t0 + i, i_h, j] = b_f[i, j]
+                    if "no_store" not in lab:
+                        for i, j in T.Parallel(BT, V):
+                            if t0 + i < eos:
+                                dv[t0 + i, i_h, j] = b_f[i, j]
                     for i, j in T.Parallel(BT, V):  # (dU is read by nothing after dAg and dv)
                         du_s[i, j] = -eg_s[i] * b_f[i, j]
                     # dP = Tril(dO U^T): the gate's terms of P, then scale dP o Gam
@@ -222,17 +239,19 @@ def _build(H: int, Hk: int, K: int, V: int, BT: int, scale: float, io: str, gdt:
                         dp_f[i, j] = T.if_then_else(i >= j, dp_f[i, j], 0)
                         qk_f[i, j] = dp_f[i, j] * qk_f[i, j]
                         dp_f[i, j] = dp_f[i, j] * gam_f[i, j] * scale
-                    T.reduce_sum(qk_f, row_f, dim=1)
-                    T.copy(row_f, r1_s)
-                    T.reduce_sum(qk_f, col_f, dim=0)
-                    T.copy(col_f, c1_s)
+                    if "no_reduce" not in lab:
+                        T.reduce_sum(qk_f, row_f, dim=1)
+                        T.copy(row_f, r1_s)
+                        T.reduce_sum(qk_f, col_f, dim=0)
+                        T.copy(col_f, c1_s)
                     T.copy(dp_f, p_s)
                     # dT = dAg diag(beta); dbeta's colsum(dAg o T)
                     for i, j in T.Parallel(BT, BT):
                         m_s[i, j] = x_f[i, j] * b_s[j]
                         x_f[i, j] = x_f[i, j] * tt_f[i, j]
-                    T.reduce_sum(x_f, col_f, dim=0)
-                    T.copy(col_f, b1_s)
+                    if "no_reduce" not in lab:
+                        T.reduce_sum(x_f, col_f, dim=0)
+                        T.copy(col_f, b1_s)
                     # dA = -StrictLower(T^T dT T^T), dB = diag(beta) dA
                     T.gemm(t_s, m_s, da_f, transpose_A=True, clear_accum=True)
                     T.copy(da_f, x_s)
@@ -240,15 +259,17 @@ def _build(H: int, Hk: int, K: int, V: int, BT: int, scale: float, io: str, gdt:
                     for i, j in T.Parallel(BT, BT):
                         da_f[i, j] = T.if_then_else(i > j, -da_f[i, j], 0)
                         tt_f[i, j] = da_f[i, j] * kk_f[i, j]
-                    T.reduce_sum(tt_f, row_f, dim=1)
-                    T.copy(row_f, b2_s)
+                    if "no_reduce" not in lab:
+                        T.reduce_sum(tt_f, row_f, dim=1)
+                        T.copy(row_f, b2_s)
                     for i, j in T.Parallel(BT, BT):
                         tt_f[i, j] = tt_f[i, j] * b_s[i]
                         da_f[i, j] = da_f[i, j] * b_s[i] * gam_f[i, j]
-                    T.reduce_sum(tt_f, row_f, dim=1)
-                    T.copy(row_f, r2_s)
-                    T.reduce_sum(tt_f, col_f, dim=0)
-                    T.copy(col_f, c2_s)
+                    if "no_reduce" not in lab:
+                        T.reduce_sum(tt_f, row_f, dim=1)
+                        T.copy(row_f, r2_s)
+                        T.reduce_sum(tt_f, col_f, dim=0)
+                        T.copy(col_f, c2_s)
                     T.copy(da_f, x_s)
                     for i, j in T.Parallel(BT, BT):
                         da_f[i, j] = da_f[i, j] + x_s[j, i]
@@ -260,52 +281,56 @@ def _build(H: int, Hk: int, K: int, V: int, BT: int, scale: float, io: str, gdt:
                     T.gemm(vw_s, h_s, c_f, transpose_B=True, clear_accum=True)
                     for i, j in T.Parallel(BT, K):
                         a_f[i, j] = q_s[i, j] * c_f[i, j]
-                    T.reduce_sum(a_f, rowk_f, dim=1)
-                    T.copy(rowk_f, r3_s)
+                    if "no_reduce" not in lab:
+                        T.reduce_sum(a_f, rowk_f, dim=1)
+                        T.copy(rowk_f, r3_s)
                     T.gemm(p_s, k_s, c_f)
-                    for i, j in T.Parallel(BT, K):
-                        if t0 + i < eos:
-                            dq[t0 + i, i_h, j] = c_f[i, j]
+                    if "no_store" not in lab:
+                        for i, j in T.Parallel(BT, K):
+                            if t0 + i < eos:
+                                dq[t0 + i, i_h, j] = c_f[i, j]
                     # dk = Wn S^T + eR o (U dS'^T) + (scale dP o Gam)^T Q + (dB o Gam + (.)^T) K
                     T.gemm(du_s, h_s, c_f, transpose_B=True, clear_accum=True)
                     for i, j in T.Parallel(BT, K):
                         a_f[i, j] = k_s[i, j] * c_f[i, j]
-                    T.reduce_sum(a_f, rowk_f, dim=1)
-                    T.copy(rowk_f, r4_s)
+                    if "no_reduce" not in lab:
+                        T.reduce_sum(a_f, rowk_f, dim=1)
+                        T.copy(rowk_f, r4_s)
                     T.gemm(u_s, ds_s, b_f, transpose_B=True, clear_accum=True)
                     for i, j in T.Parallel(BT, K):
                         b_f[i, j] = b_f[i, j] * er_s[i]
                         a_f[i, j] = k_s[i, j] * b_f[i, j]
                         c_f[i, j] = c_f[i, j] + b_f[i, j]
-                    T.reduce_sum(a_f, rowk_f, dim=1)
-                    T.copy(rowk_f, r5_s)
+                    if "no_reduce" not in lab:
+                        T.reduce_sum(a_f, rowk_f, dim=1)
+                        T.copy(rowk_f, z_s[BT : 2 * BT])
                     T.gemm(p_s, q_s, c_f, transpose_A=True)
                     T.gemm(m_s, k_s, c_f)
-                    for i, j in T.Parallel(BT, K):
-                        if t0 + i < eos:
-                            dk[t0 + i, i_h, j] = c_f[i, j]
+                    if "no_store" not in lab:
+                        for i, j in T.Parallel(BT, K):
+                            if t0 + i < eos:
+                                dk[t0 + i, i_h, j] = c_f[i, j]
                     # the decay's term sum(S o dS'), then dS = eL dS' + Q^T Og + K^T Wn
-                    for i, j in T.Parallel(K, V):
-                        kv_f[i, j] = ds_f[i, j] * h_s[i, j]
-                    T.reduce_sum(kv_f, vk_f, dim=1)
-                    T.copy(vk_f, sd_s)
                     el = T.exp(g_s[BT - 1])
+                    if "no_reduce" not in lab:
+                        for i, j in T.Parallel(K, V):
+                            kv_f[i, j] = ds_f[i, j] * h_s[i, j] * el
+                        T.reduce_sum(kv_f, vk_f, dim=1)
+                        T.copy(vk_f, z_s[2 * BT : 2 * BT + K])
                     for i, j in T.Parallel(K, V):
                         ds_f[i, j] = ds_f[i, j] * el
                     T.gemm(q_s, vw_s, ds_f, transpose_A=True)
                     T.gemm(k_s, du_s, ds_f, transpose_A=True)
-                    # dG per row, its reverse cumsum (dg), dbeta
+                    # dG per row and its reverse cumsum (dg): one warp's reverse scan of [dG, r5, eL (S o dS') row
+                    # sums], whose first BT entries are dG's suffix sums plus the last row's extra terms; then dbeta
+                    if "no_dg" not in lab:
+                        for r in T.Parallel(BT):
+                            z_s[r] = r1_s[r] - c1_s[r] + r2_s[r] - c2_s[r] + r3_s[r] + r4_s[r] - z_s[BT + r]
+                        T.cumsum(z_s, dim=0, reverse=True)
                     for r in T.Parallel(BT):
-                        acc = 0.0
-                        for j in T.serial(BT):
-                            if j >= r:
-                                acc += r1_s[j] - c1_s[j] + r2_s[j] - c2_s[j] + r3_s[j] + r4_s[j] - r5_s[j]
-                        for j in T.serial(BT):
-                            acc += r5_s[j]
-                        for j in T.serial(K):
-                            acc += el * sd_s[j]
                         if t0 + r < eos:
-                            dg[t0 + r, i_h] = T.if_then_else(T.cast(graw[t0 + r, i_h], fp32) < floor, 0, acc)
+                            if "no_dg" not in lab:
+                                dg[t0 + r, i_h] = T.if_then_else(T.cast(graw[t0 + r, i_h], fp32) < floor, 0, z_s[r])
                             dbeta[t0 + r, i_h] = b1_s[r] + b2_s[r]
 
                 if fin[i_s] >= 0:
@@ -319,6 +344,7 @@ def _build(H: int, Hk: int, K: int, V: int, BT: int, scale: float, io: str, gdt:
 def reverse_bwd_tilelang(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, gs: Tensor, beta: Tensor, ag: Tensor, h: Tensor, do: Tensor, *,
     scale: float, cu: Tensor, chunk_offsets: Tensor, ends: Tensor, final_idx: Tensor, num_seqs: int,
+    lab: frozenset[str] = frozenset(),
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """(dq, dk per value head, dv, dg, dbeta, dh0) of GDN by one reverse walk per (range, value head) (module
     docstring). q, k `[B, T, Hk, K]`, v, do `[B, T, H, V]`, g (raw) and beta `[B, T, H]`, gs the in-chunk cumsum of
@@ -327,7 +353,7 @@ def reverse_bwd_tilelang(
     end), their first chunk's index into h `chunk_offsets` `[NS]`, the fp32 gradient at each range's end `ends`
     `[NS, H, K, V]`, and final_idx `[NS]` (range n stores its entering gradient in dh0[final_idx[n]] when >= 0).
     dq and dk come per value head (grouped heads sum them after). Raises ValueError where `reverse_bwd_refusal`
-    gives a reason."""
+    gives a reason. `lab`: `LAB_SWITCHES` keys, for timing only (the gradients are then wrong)."""
     B, T, Hk, K = k.shape
     H, V = v.shape[2], v.shape[3]
     BT = ag.shape[-1]
@@ -335,7 +361,7 @@ def reverse_bwd_tilelang(
     if why is not None:
         raise ValueError(why)
     io = _TL_DTYPES[k.dtype]
-    kern = _build(H, Hk, K, V, BT, float(scale), io, _TL_DTYPES[g.dtype], _TL_DTYPES[beta.dtype])
+    kern = _build(H, Hk, K, V, BT, float(scale), io, _TL_DTYPES[g.dtype], _TL_DTYPES[beta.dtype], frozenset(lab))
     flat = [x.reshape(B * T, *x.shape[2:]).contiguous() for x in (q, k, v, do, ag, gs, g, beta)]
     dq, dk = per_value_head(q, H), per_value_head(k, H)
     dv = torch.empty_like(v)

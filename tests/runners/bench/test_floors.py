@@ -16,6 +16,7 @@ from runners.bench.floors import (
     flops_floor,
     launcher_bytes,
     launcher_flops,
+    reverse_walk_flops,
 )
 
 B, T, HV, K, V = 2, 4096, 4, 128, 128  # 8192 tokens x 4 value heads
@@ -54,6 +55,17 @@ def test_backward_gradient_kernels_bytes_equal_a_hand_count() -> None:
     assert kda == TH * 2 * (4 * 128 - 4)
     with pytest.raises(ValueError, match="unknown backward launcher 'wy'"):
         bwd_launcher_bytes("gdn", "wy", B, T, HV)
+
+
+def test_reverse_walk_counts_its_inputs_once_and_its_products() -> None:
+    # q, k, v, do, Ag (64 per token), beta in (bf16), g and its cumsum (fp32), h ([K, V] bf16 per 64 tokens); dq, dk,
+    # dv out (bf16), dg and dbeta out (fp32)
+    walk = 2 * (4 * 128 + 64 + 1) + 2 * 4 + 2 * 128 * 128 / 64 + 2 * 3 * 128 + 2 * 4
+    assert bwd_launcher_bytes("gdn", "reverse", B, T, HV) == TH * walk
+    # per chunk: 4 [C, C] grams over K or V (2 C^2 128 each), 3 C^3 (T, dA's two), 5 [C, 128] x [128, 128], 6
+    # [C, C] x [C, 128], 2 [128, C] x [C, 128] (dS)
+    per_chunk = 4 * 2 * 64 * 64 * 128 + 3 * 2 * 64**3 + 5 * 2 * 64 * 128 * 128 + 6 * 2 * 64 * 64 * 128 + 2 * 2 * 128 * 64 * 128
+    assert reverse_walk_flops(B, T, HV) == B * (T // 64) * HV * per_chunk == B * (T // 64) * HV * 26738688
 
 
 def test_split_launchers_count_their_segments() -> None:

@@ -3,7 +3,7 @@ built as it ships and with parts left out or swapped (`reverse_bwd.LAB_SWITCHES`
 process, beside its floor.
 
     python benchmarks/reverse_bwd_lab.py --out $OUT [--shapes 8x8192,1x65536] [--ranges 1,16]
-        [--variants ,load_once,no_dg,no_reduce,no_store,load_once+no_dg+no_reduce+no_store] [--jobs 8]
+        [--variants ,prefetch,load_once,no_dg,no_reduce,no_store,load_once+no_dg+no_reduce+no_store] [--jobs 8]
     python benchmarks/reverse_bwd_lab.py --compile-only [--jobs 2]   # fill TileLang's cache (no GPU needed)
 
 A variant is a "+"-joined set of switches ("" is the kernel as it ships). Every variant is compiled first, in
@@ -13,6 +13,8 @@ shape's ranges: a comma list beside --shapes), so B x ranges x H programs of T /
 
 Per variant and shape: the do_bench median (ms), the microseconds per chunk step of one program (ms over the steps a
 program walks times the waves of 132 SMs), and its difference from the shipped kernel: what the part left out costs.
+A variant that only swaps parts (`reverse_bwd.EXACT_SWITCHES`) also gives its largest relative difference from the
+shipped kernel's outputs (max |a - b| / max |b| over dq, dk, dv, dg, dbeta, dh0).
 The floor beside them: the walk's unique bytes at `runners.bench.floors.HBM_TBPS` and its matmul flops at the matmul
 rate measured in this run. Writes $OUT/reverse_bwd_lab.{json,md} after every shape.
 """
@@ -36,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from runners.bench.floors import HBM_TBPS, bwd_launcher_bytes, floor_ms, reverse_walk_flops  # noqa: E402
 
 H, DIM, BT, SMS = 16, 128, 64, 132
-DEFAULT_VARIANTS = ("", "load_once", "no_dg", "no_reduce", "no_store", "load_once+no_dg+no_reduce+no_store")
+DEFAULT_VARIANTS = ("", "prefetch", "load_once", "no_dg", "no_reduce", "no_store", "load_once+no_dg+no_reduce+no_store")
 
 
 def _switches(variant: str) -> frozenset[str]:
@@ -105,13 +107,14 @@ def _markdown(state: dict[str, Any]) -> str:
             f"## {shape} ({rows['programs']} programs x {rows['steps']} chunk steps; floor {f['floor_ms']:.3f} ms: "
             f"bytes {f['bytes_ms']:.3f}, flops {f['flops_ms']:.3f})",
             "",
-            "| variant | ms | us/step | vs shipped ms | compile s |",
-            "|---|---:|---:|---:|---:|",
+            "| variant | ms | us/step | vs shipped ms | max rel diff vs shipped | compile s |",
+            "|---|---:|---:|---:|---:|---:|",
         ]
         base = rows["variants"].get("", {}).get("ms", float("nan"))
         for name, r in rows["variants"].items():
             out.append(
                 f"| {name or 'shipped'} | {r['ms']:.3f} | {r['us_per_step']:.1f} | {r['ms'] - base:+.3f} | "
+                f"{r['max_rel_diff']:.1e} | "
                 f"{state['compile_s'].get(name, float('nan')):.0f} |"
             )
         out.append("")
@@ -170,14 +173,24 @@ def main(argv: list[str] | None = None) -> None:
             "floor": floor_ms(nbytes, reverse_walk_flops(B, T, H), state["matmul_TFLOPs"]),
             "variants": {},
         }
+        shipped = None
         for v in variants:
 
             def call(v: str = v, x: dict[str, Any] = x) -> Any:
                 return reverse_bwd.reverse_bwd_tilelang(*x["args"], scale=DIM**-0.5, lab=_switches(v), **x["ranges"])
 
-            call()
+            out = call()
+            torch.cuda.synchronize()
+            if v == "":
+                shipped = [t.float().clone() for t in out]
+            diff = float("nan")
+            if shipped is not None and v and _switches(v) <= reverse_bwd.EXACT_SWITCHES:
+                diff = max(
+                    float((a.float() - b).abs().max() / b.abs().max().clamp_min(1e-30))
+                    for a, b in zip(out, shipped, strict=True)
+                )
             ms = timer(call, warmup=10, rep=100)[0]
-            rows["variants"][v] = {"ms": ms, "us_per_step": ms * 1e3 / (x["steps"] * waves)}
+            rows["variants"][v] = {"ms": ms, "us_per_step": ms * 1e3 / (x["steps"] * waves), "max_rel_diff": diff}
             print(f"{B}x{T} {v or 'shipped'}: {ms:.3f} ms", flush=True)
         state["shapes"][f"{B}x{T}"] = rows
         (a.out / "reverse_bwd_lab.json").write_text(json.dumps(state, indent=1))

@@ -67,13 +67,15 @@ _TL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float3
 
 
 # Switches that leave a part out or swap it, only to time the rest (`benchmarks/reverse_bwd_lab.py`); a kernel built
-# with any of them gives wrong gradients.
+# with one that leaves a part out gives wrong gradients; one that swaps a part (`EXACT_SWITCHES`) gives the same ones.
 LAB_SWITCHES = {
     "load_once": "the chunk's inputs loaded on the first step only",
+    "prefetch": "the next chunk's dO, Ag and state loaded by TMA into their tiles once the step is done with them",
     "no_dg": "no dG combine (dg unwritten)",
     "no_reduce": "no row and column sums (the dG and dbeta terms)",
     "no_store": "no dq, dk, dv stores",
 }
+EXACT_SWITCHES = frozenset({"prefetch"})
 
 
 @functools.cache
@@ -98,6 +100,17 @@ def _build(
         pass_configs={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True},
     )
     def build() -> Any:
+        @T.macro
+        def store_rows(tile: Any, out: Any, t0: Any, eos: Any, i_h: Any) -> None:
+            """A staged [BT, D] shared tile into out[t0 : t0 + BT, i_h]: vectorized row copies for a full chunk, row
+            by row below eos for a range's partial last chunk (rows past it belong to the next range)."""
+            if t0 + BT <= eos:
+                T.copy(tile, out[t0 : t0 + BT, i_h, :])
+            else:
+                for i, j in T.Parallel(BT, tile.shape[1]):
+                    if t0 + i < eos:
+                        out[t0 + i, i_h, j] = tile[i, j]
+
         @T.prim_func
         def reverse_bwd(
             q: T.Tensor((ntok, Hk, K), io), k: T.Tensor((ntok, Hk, K), io), v: T.Tensor((ntok, H, V), io),
@@ -138,12 +151,9 @@ def _build(
                 eg_s = T.alloc_shared((BT,), fp32)
                 er_s = T.alloc_shared((BT,), fp32)
                 b_s = T.alloc_shared((BT,), fp32)
-                r1_s = T.alloc_shared((BT,), fp32)  # rowsum - colsum (dP o P)
+                r1_s = T.alloc_shared((BT,), fp32)  # rowsum, colsum (dP o P + dB o B)
                 c1_s = T.alloc_shared((BT,), fp32)
-                r2_s = T.alloc_shared((BT,), fp32)  # rowsum - colsum (dB o B)
-                c2_s = T.alloc_shared((BT,), fp32)
-                r3_s = T.alloc_shared((BT,), fp32)  # rowsum(Q o Og S^T)
-                r4_s = T.alloc_shared((BT,), fp32)  # rowsum(K o Wn S^T)
+                r3_s = T.alloc_shared((BT,), fp32)  # rowsum(Q o Og S^T + K o Wn S^T)
                 b1_s = T.alloc_shared((BT,), fp32)  # colsum(dAg o T)
                 b2_s = T.alloc_shared((BT,), fp32)  # rowsum(dA o B)
                 # dG per row, rowsum(K o eR o U dS'^T), eL * row sums of S o dS'; then its reverse cumsum
@@ -171,14 +181,28 @@ def _build(
                 rowk_f = T.alloc_fragment((BT,), fp32)  # row sums of [C, K] tiles
                 vk_f = T.alloc_fragment((K,), fp32)
                 el = T.alloc_var(fp32)
+                # "prefetch": the next chunk's dO, Ag and state have landed (every thread arrives after the last issue)
+                bar = T.alloc_barrier(arrive_count=_THREADS)
 
                 T.copy(ends[i_s, i_h, 0:K, 0:V], ds_f)
 
                 for i_r in T.serial(nt):
                     t0 = bos + (nt - 1 - i_r) * BT
                     ic = boc + nt - 1 - i_r
-                    # loads: rows past the range are zeros (their gate repeats the last row's cumsum: no decay)
-                    if "load_once" not in lab or i_r == 0:
+                    # loads: rows past the range are zeros (their gate repeats the last row's cumsum: no decay); under
+                    # "prefetch" a step after the first loads q, k, v, g, beta whole (its chunk is full) and waits
+                    # for the dO, Ag and state that the step before sent for
+                    if "load_once" in lab and i_r > 0:
+                        T.sync_threads()
+                    elif "prefetch" in lab and i_r > 0:
+                        T.copy(q[t0 : t0 + BT, i_hk, :], q_s)
+                        T.copy(k[t0 : t0 + BT, i_hk, :], k_s)
+                        T.copy(v[t0 : t0 + BT, i_h, :], vw_s)
+                        for r in T.Parallel(BT):
+                            g_s[r] = gs[t0 + r, i_h]
+                            b_s[r] = T.cast(beta[t0 + r, i_h], fp32)
+                        T.barrier_wait(bar, (i_r + 1) % 2)
+                    else:
                         for r, c in T.Parallel(BT, K):
                             q_s[r, c] = T.if_then_else(t0 + r < eos, q[T.min(t0 + r, eos - 1), i_hk, c], 0)
                             k_s[r, c] = T.if_then_else(t0 + r < eos, k[T.min(t0 + r, eos - 1), i_hk, c], 0)
@@ -195,6 +219,13 @@ def _build(
                         eg_s[r] = T.exp(g_s[r])
                         er_s[r] = T.exp(g_s[BT - 1] - g_s[r])
                     T.copy(ds_f, ds_s)
+                    # the decay's term eL sum(S o dS') (row sums of S o dS', the state's last read before Wn S^T)
+                    el = T.exp(g_s[BT - 1])
+                    if "no_reduce" not in lab:
+                        for i, j in T.Parallel(K, V):
+                            kv_f[i, j] = ds_f[i, j] * h_s[i, j] * el
+                        T.reduce_sum(kv_f, vk_f, dim=1)
+                        T.copy(vk_f, z_s[2 * BT : 2 * BT + K])
 
                     # the chunk's grams: P = scale Tril(Q K^T o Gam), B = K K^T o Gam, M = StrictLower(B)
                     T.gemm(q_s, k_s, qk_f, transpose_B=True, clear_accum=True)
@@ -227,10 +258,13 @@ def _build(
                     # dAg = dU W^T; dv = Ag^T dU; Wn = -eG o dv
                     T.gemm(du_s, vw_s, x_f, transpose_B=True, clear_accum=True)
                     T.gemm(ag_s, du_s, b_f, transpose_A=True, clear_accum=True)
-                    if "no_store" not in lab:
-                        for i, j in T.Parallel(BT, V):
-                            if t0 + i < eos:
-                                dv[t0 + i, i_h, j] = b_f[i, j]
+                    if "prefetch" in lab and i_r + 1 < nt:  # Ag's last read: the next chunk's, by TMA
+                        T.sync_threads()
+                        T.fence_proxy_async()
+                        T.tma_copy(ag[t0 - BT : t0, i_h, :], ag_s, barrier=bar)
+                    if "no_store" not in lab:  # staged in W's tile (read by nothing after dAg until Og)
+                        T.copy(b_f, vw_s)
+                        store_rows(vw_s, dv, t0, eos, i_h)
                     for i, j in T.Parallel(BT, V):  # (dU is read by nothing after dAg and dv)
                         du_s[i, j] = -eg_s[i] * b_f[i, j]
                     # dP = Tril(dO U^T): the gate's terms of P, then scale dP o Gam
@@ -239,12 +273,7 @@ def _build(
                         dp_f[i, j] = T.if_then_else(i >= j, dp_f[i, j], 0)
                         qk_f[i, j] = dp_f[i, j] * qk_f[i, j]
                         dp_f[i, j] = dp_f[i, j] * gam_f[i, j] * scale
-                    if "no_reduce" not in lab:
-                        T.reduce_sum(qk_f, row_f, dim=1)
-                        T.copy(row_f, r1_s)
-                        T.reduce_sum(qk_f, col_f, dim=0)
-                        T.copy(col_f, c1_s)
-                    T.copy(dp_f, p_s)
+                    T.copy(dp_f, p_s)  # (dP o P stays in qk_f until dB o B joins it)
                     # dT = dAg diag(beta); dbeta's colsum(dAg o T)
                     for i, j in T.Parallel(BT, BT):
                         m_s[i, j] = x_f[i, j] * b_s[j]
@@ -263,13 +292,13 @@ def _build(
                         T.reduce_sum(tt_f, row_f, dim=1)
                         T.copy(row_f, b2_s)
                     for i, j in T.Parallel(BT, BT):
-                        tt_f[i, j] = tt_f[i, j] * b_s[i]
+                        qk_f[i, j] = qk_f[i, j] + tt_f[i, j] * b_s[i]  # dP o P + dB o B: one row and one column sum
                         da_f[i, j] = da_f[i, j] * b_s[i] * gam_f[i, j]
                     if "no_reduce" not in lab:
-                        T.reduce_sum(tt_f, row_f, dim=1)
-                        T.copy(row_f, r2_s)
-                        T.reduce_sum(tt_f, col_f, dim=0)
-                        T.copy(col_f, c2_s)
+                        T.reduce_sum(qk_f, row_f, dim=1)
+                        T.copy(row_f, r1_s)
+                        T.reduce_sum(qk_f, col_f, dim=0)
+                        T.copy(col_f, c1_s)
                     T.copy(da_f, x_s)
                     for i, j in T.Parallel(BT, BT):
                         da_f[i, j] = da_f[i, j] + x_s[j, i]
@@ -280,22 +309,28 @@ def _build(
                     # dq = Og S^T + (scale dP o Gam) K
                     T.gemm(vw_s, h_s, c_f, transpose_B=True, clear_accum=True)
                     for i, j in T.Parallel(BT, K):
-                        a_f[i, j] = q_s[i, j] * c_f[i, j]
+                        a_f[i, j] = q_s[i, j] * c_f[i, j]  # (its row sum waits for K o Wn S^T)
+                    T.gemm(p_s, k_s, c_f)
+                    if "no_store" not in lab:  # staged in dO's tile (read by nothing after Og)
+                        T.copy(c_f, do_s)
+                        store_rows(do_s, dq, t0, eos, i_h)
+                    if "prefetch" in lab and i_r + 1 < nt:  # dO's tile is free: the next chunk's dO
+                        T.sync_threads()
+                        T.fence_proxy_async()
+                        T.tma_copy(do[t0 - BT : t0, i_h, :], do_s, barrier=bar)
+                    # dk = Wn S^T + eR o (U dS'^T) + (scale dP o Gam)^T Q + (dB o Gam + (.)^T) K
+                    T.gemm(du_s, h_s, c_f, transpose_B=True, clear_accum=True)
+                    if "prefetch" in lab and i_r + 1 < nt:  # the state's last read: the next chunk's entering state
+                        T.sync_threads()
+                        T.fence_proxy_async()
+                        T.tma_copy(h[ic - 1, i_h, :, :], h_s, barrier=bar)
+                        T.sync_threads()
+                        T.barrier_arrive(bar)
+                    for i, j in T.Parallel(BT, K):
+                        a_f[i, j] = a_f[i, j] + k_s[i, j] * c_f[i, j]
                     if "no_reduce" not in lab:
                         T.reduce_sum(a_f, rowk_f, dim=1)
                         T.copy(rowk_f, r3_s)
-                    T.gemm(p_s, k_s, c_f)
-                    if "no_store" not in lab:
-                        for i, j in T.Parallel(BT, K):
-                            if t0 + i < eos:
-                                dq[t0 + i, i_h, j] = c_f[i, j]
-                    # dk = Wn S^T + eR o (U dS'^T) + (scale dP o Gam)^T Q + (dB o Gam + (.)^T) K
-                    T.gemm(du_s, h_s, c_f, transpose_B=True, clear_accum=True)
-                    for i, j in T.Parallel(BT, K):
-                        a_f[i, j] = k_s[i, j] * c_f[i, j]
-                    if "no_reduce" not in lab:
-                        T.reduce_sum(a_f, rowk_f, dim=1)
-                        T.copy(rowk_f, r4_s)
                     T.gemm(u_s, ds_s, b_f, transpose_B=True, clear_accum=True)
                     for i, j in T.Parallel(BT, K):
                         b_f[i, j] = b_f[i, j] * er_s[i]
@@ -306,17 +341,10 @@ def _build(
                         T.copy(rowk_f, z_s[BT : 2 * BT])
                     T.gemm(p_s, q_s, c_f, transpose_A=True)
                     T.gemm(m_s, k_s, c_f)
-                    if "no_store" not in lab:
-                        for i, j in T.Parallel(BT, K):
-                            if t0 + i < eos:
-                                dk[t0 + i, i_h, j] = c_f[i, j]
+                    if "no_store" not in lab:  # staged in U's tile (read by nothing after eR o U dS'^T)
+                        T.copy(c_f, u_s)
+                        store_rows(u_s, dk, t0, eos, i_h)
                     # the decay's term sum(S o dS'), then dS = eL dS' + Q^T Og + K^T Wn
-                    el = T.exp(g_s[BT - 1])
-                    if "no_reduce" not in lab:
-                        for i, j in T.Parallel(K, V):
-                            kv_f[i, j] = ds_f[i, j] * h_s[i, j] * el
-                        T.reduce_sum(kv_f, vk_f, dim=1)
-                        T.copy(vk_f, z_s[2 * BT : 2 * BT + K])
                     for i, j in T.Parallel(K, V):
                         ds_f[i, j] = ds_f[i, j] * el
                     T.gemm(q_s, vw_s, ds_f, transpose_A=True)
@@ -325,7 +353,7 @@ def _build(
                     # sums], whose first BT entries are dG's suffix sums plus the last row's extra terms; then dbeta
                     if "no_dg" not in lab:
                         for r in T.Parallel(BT):
-                            z_s[r] = r1_s[r] - c1_s[r] + r2_s[r] - c2_s[r] + r3_s[r] + r4_s[r] - z_s[BT + r]
+                            z_s[r] = r1_s[r] - c1_s[r] + r3_s[r] - z_s[BT + r]
                         T.cumsum(z_s, dim=0, reverse=True)
                     for r in T.Parallel(BT):
                         if t0 + r < eos:

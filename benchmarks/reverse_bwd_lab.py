@@ -3,7 +3,7 @@ built as it ships and with parts left out or swapped (`reverse_bwd.LAB_SWITCHES`
 process, beside its floor.
 
     python benchmarks/reverse_bwd_lab.py --out $OUT [--shapes 8x8192,1x65536] [--ranges 1,16]
-        [--variants ,prefetch,load_once,no_dg,no_reduce,no_store,load_once+no_dg+no_reduce+no_store] [--jobs 8]
+        [--variants ,sync_loads,load_once,no_dg,no_reduce,no_store,load_once+no_dg+no_reduce+no_store] [--jobs 8]
     python benchmarks/reverse_bwd_lab.py --compile-only [--jobs 2]   # fill TileLang's cache (no GPU needed)
 
 A variant is a "+"-joined set of switches ("" is the kernel as it ships). Every variant is compiled first, in
@@ -38,7 +38,19 @@ sys.path.insert(0, str(ROOT))
 from runners.bench.floors import HBM_TBPS, bwd_launcher_bytes, floor_ms, reverse_walk_flops  # noqa: E402
 
 H, DIM, BT, SMS = 16, 128, 64, 132
-DEFAULT_VARIANTS = ("", "prefetch", "load_once", "no_dg", "no_reduce", "no_store", "load_once+no_dg+no_reduce+no_store")
+DEFAULT_VARIANTS = (
+    "",
+    "sync_qkv",
+    "sync_loads",
+    "sync_stores",
+    "unbatched",
+    "sync_loads+sync_stores+unbatched",
+    "load_once",
+    "no_dg",
+    "no_reduce",
+    "no_store",
+    "load_once+no_dg+no_reduce+no_store",
+)
 
 
 def _switches(variant: str) -> frozenset[str]:

@@ -43,6 +43,10 @@ __all__ = ["TILELANG_VERSION", "chunk_gdn_bwd_reverse", "reverse_bwd_refusal", "
 TILELANG_VERSION = "0.1.15"  # checked on the H200 against the mirror; others are refused, not run
 _SIZES = {"K": 128, "V": 128, "BT": 64}
 _THREADS = 256
+# Sums per thread of each reduction in the 256-thread wgmma fragment layouts ([C, C] rows and columns, [C, K] rows,
+# [K, V] rows), reduced in batched cross-warp exchanges of these sizes instead of one exchange (two or four barriers)
+# per sum; [C, C] columns take two batches of 4 of their 8 (a batch of 8 needs more shared memory than the SM has)
+_BATCH_SIZES = {"cc_rows": 2, "cc_cols": 4, "ck_rows": 2, "kv_rows": 4}
 
 
 def reverse_bwd_refusal(K: int, V: int, BT: int, device: torch.device) -> str | None:
@@ -70,12 +74,15 @@ _TL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float3
 # with one that leaves a part out gives wrong gradients; one that swaps a part (`EXACT_SWITCHES`) gives the same ones.
 LAB_SWITCHES = {
     "load_once": "the chunk's inputs loaded on the first step only",
-    "prefetch": "the next chunk's dO, Ag and state loaded by TMA into their tiles once the step is done with them",
+    "sync_loads": "every input of a step loaded at its top (no TMA prefetch of the next chunk's)",
+    "sync_qkv": "q, k, v loaded at the step's top (dO, Ag and the state still prefetched)",
+    "sync_stores": "each TMA store of dv, dk waited for at once",
+    "unbatched": "each reduction's sums exchanged across warps one by one (session 22's reductions)",
     "no_dg": "no dG combine (dg unwritten)",
     "no_reduce": "no row and column sums (the dG and dbeta terms)",
     "no_store": "no dq, dk, dv stores",
 }
-EXACT_SWITCHES = frozenset({"prefetch"})
+EXACT_SWITCHES = frozenset({"sync_loads", "sync_qkv", "sync_stores", "unbatched"})
 
 
 @functools.cache
@@ -90,6 +97,10 @@ def _build(
     import tilelang
     import tilelang.language as T
 
+    _BATCH = dict.fromkeys(_BATCH_SIZES, 1) if "unbatched" in lab else _BATCH_SIZES
+    prefetch = not {"sync_loads", "load_once"} & lab  # the next chunk's dO, Ag, state by TMA once their tiles are free
+    prefetch_qkv = prefetch and "sync_qkv" not in lab  # and its q, k, v after the step's last products
+    async_store = "sync_stores" not in lab  # dv and dk's TMA stores in flight until their tiles are written again
     G = H // Hk
     fp32 = "float32"
     ntok, nchunk, nseg, nseq = T.dynamic("ntok"), T.dynamic("nchunk"), T.dynamic("nseg"), T.dynamic("nseq")
@@ -101,15 +112,28 @@ def _build(
     )
     def build() -> Any:
         @T.macro
-        def store_rows(tile: Any, out: Any, t0: Any, eos: Any, i_h: Any) -> None:
-            """A staged [BT, D] shared tile into out[t0 : t0 + BT, i_h]: vectorized row copies for a full chunk, row
-            by row below eos for a range's partial last chunk (rows past it belong to the next range)."""
+        def store_rows(tile: Any, out: Any, t0: Any, eos: Any, i_h: Any, drain: bool) -> None:
+            """A staged [BT, D] shared tile into out[t0 : t0 + BT, i_h]: one TMA store for a full chunk (under
+            `async_store` and not `drain`, left in flight: `settle` waits for it before the tile is written again),
+            row by row below eos for a range's partial last chunk (rows past it belong to the next range)."""
             if t0 + BT <= eos:
-                T.copy(tile, out[t0 : t0 + BT, i_h, :])
+                if async_store and not drain:
+                    T.sync_threads()
+                    T.fence_proxy_async()
+                    T.tma_copy(tile, out[t0 : t0 + BT, i_h, :])
+                else:
+                    T.copy(tile, out[t0 : t0 + BT, i_h, :])
             else:
                 for i, j in T.Parallel(BT, tile.shape[1]):
                     if t0 + i < eos:
                         out[t0 + i, i_h, j] = tile[i, j]
+
+        @T.macro
+        def settle() -> None:
+            """Wait for the TMA stores in flight to have read their tiles (`async_store`)."""
+            if async_store:
+                T.tma_store_wait()
+                T.sync_threads()
 
         @T.prim_func
         def reverse_bwd(
@@ -181,8 +205,9 @@ def _build(
                 rowk_f = T.alloc_fragment((BT,), fp32)  # row sums of [C, K] tiles
                 vk_f = T.alloc_fragment((K,), fp32)
                 el = T.alloc_var(fp32)
-                # "prefetch": the next chunk's dO, Ag and state have landed (every thread arrives after the last issue)
+                # `prefetch`: the next chunk's dO, Ag and state have landed (every thread arrives after the last issue)
                 bar = T.alloc_barrier(arrive_count=_THREADS)
+                bar_qkv = T.alloc_barrier(arrive_count=_THREADS)  # `prefetch_qkv`: the next chunk's q, k, v
 
                 T.copy(ends[i_s, i_h, 0:K, 0:V], ds_f)
 
@@ -190,14 +215,17 @@ def _build(
                     t0 = bos + (nt - 1 - i_r) * BT
                     ic = boc + nt - 1 - i_r
                     # loads: rows past the range are zeros (their gate repeats the last row's cumsum: no decay); under
-                    # "prefetch" a step after the first loads q, k, v, g, beta whole (its chunk is full) and waits
-                    # for the dO, Ag and state that the step before sent for
+                    # `prefetch` a step after the first loads g, beta (its chunk is full) and waits for the dO, Ag,
+                    # state, q, k and v that the step before sent for
                     if "load_once" in lab and i_r > 0:
                         T.sync_threads()
-                    elif "prefetch" in lab and i_r > 0:
-                        T.copy(q[t0 : t0 + BT, i_hk, :], q_s)
-                        T.copy(k[t0 : t0 + BT, i_hk, :], k_s)
-                        T.copy(v[t0 : t0 + BT, i_h, :], vw_s)
+                    elif prefetch and i_r > 0:
+                        if prefetch_qkv:
+                            T.barrier_wait(bar_qkv, (i_r + 1) % 2)
+                        else:
+                            T.copy(q[t0 : t0 + BT, i_hk, :], q_s)
+                            T.copy(k[t0 : t0 + BT, i_hk, :], k_s)
+                            T.copy(v[t0 : t0 + BT, i_h, :], vw_s)
                         for r in T.Parallel(BT):
                             g_s[r] = gs[t0 + r, i_h]
                             b_s[r] = T.cast(beta[t0 + r, i_h], fp32)
@@ -224,7 +252,7 @@ def _build(
                     if "no_reduce" not in lab:
                         for i, j in T.Parallel(K, V):
                             kv_f[i, j] = ds_f[i, j] * h_s[i, j] * el
-                        T.reduce_sum(kv_f, vk_f, dim=1)
+                        T.reduce_sum(kv_f, vk_f, dim=1, batch=_BATCH["kv_rows"])
                         T.copy(vk_f, z_s[2 * BT : 2 * BT + K])
 
                     # the chunk's grams: P = scale Tril(Q K^T o Gam), B = K K^T o Gam, M = StrictLower(B)
@@ -248,6 +276,7 @@ def _build(
                         a_f[i, j] = vw_s[i, j] - eg_s[i] * a_f[i, j]
                     T.copy(a_f, vw_s)
                     T.gemm(ag_s, vw_s, b_f, clear_accum=True)
+                    settle()  # (the step before stored dk from U's tile)
                     T.copy(b_f, u_s)
                     # dU = eR o (K dS') + P^T dO
                     T.gemm(k_s, ds_s, a_f, clear_accum=True)
@@ -258,13 +287,13 @@ def _build(
                     # dAg = dU W^T; dv = Ag^T dU; Wn = -eG o dv
                     T.gemm(du_s, vw_s, x_f, transpose_B=True, clear_accum=True)
                     T.gemm(ag_s, du_s, b_f, transpose_A=True, clear_accum=True)
-                    if "prefetch" in lab and i_r + 1 < nt:  # Ag's last read: the next chunk's, by TMA
+                    if prefetch and i_r + 1 < nt:  # Ag's last read: the next chunk's, by TMA
                         T.sync_threads()
                         T.fence_proxy_async()
                         T.tma_copy(ag[t0 - BT : t0, i_h, :], ag_s, barrier=bar)
                     if "no_store" not in lab:  # staged in W's tile (read by nothing after dAg until Og)
                         T.copy(b_f, vw_s)
-                        store_rows(vw_s, dv, t0, eos, i_h)
+                        store_rows(vw_s, dv, t0, eos, i_h, False)
                     for i, j in T.Parallel(BT, V):  # (dU is read by nothing after dAg and dv)
                         du_s[i, j] = -eg_s[i] * b_f[i, j]
                     # dP = Tril(dO U^T): the gate's terms of P, then scale dP o Gam
@@ -279,7 +308,7 @@ def _build(
                         m_s[i, j] = x_f[i, j] * b_s[j]
                         x_f[i, j] = x_f[i, j] * tt_f[i, j]
                     if "no_reduce" not in lab:
-                        T.reduce_sum(x_f, col_f, dim=0)
+                        T.reduce_sum(x_f, col_f, dim=0, batch=_BATCH["cc_cols"])
                         T.copy(col_f, b1_s)
                     # dA = -StrictLower(T^T dT T^T), dB = diag(beta) dA
                     T.gemm(t_s, m_s, da_f, transpose_A=True, clear_accum=True)
@@ -289,21 +318,22 @@ def _build(
                         da_f[i, j] = T.if_then_else(i > j, -da_f[i, j], 0)
                         tt_f[i, j] = da_f[i, j] * kk_f[i, j]
                     if "no_reduce" not in lab:
-                        T.reduce_sum(tt_f, row_f, dim=1)
+                        T.reduce_sum(tt_f, row_f, dim=1, batch=_BATCH["cc_rows"])
                         T.copy(row_f, b2_s)
                     for i, j in T.Parallel(BT, BT):
                         qk_f[i, j] = qk_f[i, j] + tt_f[i, j] * b_s[i]  # dP o P + dB o B: one row and one column sum
                         da_f[i, j] = da_f[i, j] * b_s[i] * gam_f[i, j]
                     if "no_reduce" not in lab:
-                        T.reduce_sum(qk_f, row_f, dim=1)
+                        T.reduce_sum(qk_f, row_f, dim=1, batch=_BATCH["cc_rows"])
                         T.copy(row_f, r1_s)
-                        T.reduce_sum(qk_f, col_f, dim=0)
+                        T.reduce_sum(qk_f, col_f, dim=0, batch=_BATCH["cc_cols"])
                         T.copy(col_f, c1_s)
                     T.copy(da_f, x_s)
                     for i, j in T.Parallel(BT, BT):
                         da_f[i, j] = da_f[i, j] + x_s[j, i]
                     T.copy(da_f, m_s)
                     # Og = scale eG o dO (into v's tile: W is read by nothing after dAg)
+                    settle()  # (dv left from W's tile)
                     for i, j in T.Parallel(BT, V):
                         vw_s[i, j] = do_s[i, j] * eg_s[i] * scale
                     # dq = Og S^T + (scale dP o Gam) K
@@ -313,14 +343,14 @@ def _build(
                     T.gemm(p_s, k_s, c_f)
                     if "no_store" not in lab:  # staged in dO's tile (read by nothing after Og)
                         T.copy(c_f, do_s)
-                        store_rows(do_s, dq, t0, eos, i_h)
-                    if "prefetch" in lab and i_r + 1 < nt:  # dO's tile is free: the next chunk's dO
+                        store_rows(do_s, dq, t0, eos, i_h, True)
+                    if prefetch and i_r + 1 < nt:  # dO's tile is free: the next chunk's dO
                         T.sync_threads()
                         T.fence_proxy_async()
                         T.tma_copy(do[t0 - BT : t0, i_h, :], do_s, barrier=bar)
                     # dk = Wn S^T + eR o (U dS'^T) + (scale dP o Gam)^T Q + (dB o Gam + (.)^T) K
                     T.gemm(du_s, h_s, c_f, transpose_B=True, clear_accum=True)
-                    if "prefetch" in lab and i_r + 1 < nt:  # the state's last read: the next chunk's entering state
+                    if prefetch and i_r + 1 < nt:  # the state's last read: the next chunk's entering state
                         T.sync_threads()
                         T.fence_proxy_async()
                         T.tma_copy(h[ic - 1, i_h, :, :], h_s, barrier=bar)
@@ -329,7 +359,7 @@ def _build(
                     for i, j in T.Parallel(BT, K):
                         a_f[i, j] = a_f[i, j] + k_s[i, j] * c_f[i, j]
                     if "no_reduce" not in lab:
-                        T.reduce_sum(a_f, rowk_f, dim=1)
+                        T.reduce_sum(a_f, rowk_f, dim=1, batch=_BATCH["ck_rows"])
                         T.copy(rowk_f, r3_s)
                     T.gemm(u_s, ds_s, b_f, transpose_B=True, clear_accum=True)
                     for i, j in T.Parallel(BT, K):
@@ -337,18 +367,26 @@ def _build(
                         a_f[i, j] = k_s[i, j] * b_f[i, j]
                         c_f[i, j] = c_f[i, j] + b_f[i, j]
                     if "no_reduce" not in lab:
-                        T.reduce_sum(a_f, rowk_f, dim=1)
+                        T.reduce_sum(a_f, rowk_f, dim=1, batch=_BATCH["ck_rows"])
                         T.copy(rowk_f, z_s[BT : 2 * BT])
                     T.gemm(p_s, q_s, c_f, transpose_A=True)
                     T.gemm(m_s, k_s, c_f)
                     if "no_store" not in lab:  # staged in U's tile (read by nothing after eR o U dS'^T)
                         T.copy(c_f, u_s)
-                        store_rows(u_s, dk, t0, eos, i_h)
+                        store_rows(u_s, dk, t0, eos, i_h, False)
                     # the decay's term sum(S o dS'), then dS = eL dS' + Q^T Og + K^T Wn
                     for i, j in T.Parallel(K, V):
                         ds_f[i, j] = ds_f[i, j] * el
                     T.gemm(q_s, vw_s, ds_f, transpose_A=True)
                     T.gemm(k_s, du_s, ds_f, transpose_A=True)
+                    if prefetch_qkv and i_r + 1 < nt:  # q, k, v's last reads: the next chunk's
+                        T.sync_threads()
+                        T.fence_proxy_async()
+                        T.tma_copy(q[t0 - BT : t0, i_hk, :], q_s, barrier=bar_qkv)
+                        T.tma_copy(k[t0 - BT : t0, i_hk, :], k_s, barrier=bar_qkv)
+                        T.tma_copy(v[t0 - BT : t0, i_h, :], vw_s, barrier=bar_qkv)
+                        T.sync_threads()
+                        T.barrier_arrive(bar_qkv)
                     # dG per row and its reverse cumsum (dg): one warp's reverse scan of [dG, r5, eL (S o dS') row
                     # sums], whose first BT entries are dG's suffix sums plus the last row's extra terms; then dbeta
                     if "no_dg" not in lab:
@@ -361,6 +399,7 @@ def _build(
                                 dg[t0 + r, i_h] = T.if_then_else(T.cast(graw[t0 + r, i_h], fp32) < floor, 0, z_s[r])
                             dbeta[t0 + r, i_h] = b1_s[r] + b2_s[r]
 
+                settle()
                 if fin[i_s] >= 0:
                     T.copy(ds_f, dh0[fin[i_s], i_h, 0:K, 0:V])
 

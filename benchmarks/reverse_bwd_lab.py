@@ -74,9 +74,9 @@ def compile_all(variants: list[str], jobs: int) -> dict[str, float]:
         return dict(pool.map(_build, variants))
 
 
-def _inputs(B: int, T: int, ranges: int, seed: int = 0) -> dict[str, Any]:
+def _inputs(B: int, T: int, ranges: int, seed: int = 0, dev: str = "cuda") -> dict[str, Any]:
     """The kernel's arguments: B sequences of T tokens, each walked in `ranges` chunk-aligned ranges."""
-    dev, bf = "cuda", torch.bfloat16
+    bf = torch.bfloat16
     gen = torch.Generator(device=dev).manual_seed(seed)
 
     def randn(*shape: int, s: float = 1.0) -> torch.Tensor:

@@ -19,9 +19,13 @@ Gam_ij = e^(G_i - G_j) (i >= j), eG = e^G, eR = e^(G_L - G), eL = e^(G_L):
          its last row + eL sum(S o dS') + sum(K o eR o U dS'^T);  dg = the reverse in-chunk cumsum of dG (0 below the floor)
 
 One program of 256 threads (two warpgroups) per (segment, value head); the products are wgmma tiles through shared
-memory (about 215 KB: one program per SM). Sizes: K = V = 128, chunk 64 (what FlashQLA and our default use); other
-shapes are refused with a one-line reason, as is any TileLang other than the version it was checked on
-(`TILELANG_VERSION`) and any GPU other than sm_90.
+memory (about 223 KB: one program per SM). Around the products (session 23, `benchmarks/reverse_bwd_lab.py` times
+each part): the next chunk's dO, Ag and state, then its q, k, v, are loaded by TMA into their tiles as soon as this
+step has read them last (only a segment's first step, whose chunk may be partial, loads row by row); dq, dk, dv are
+staged in tiles the step no longer reads and stored by TMA, left in flight until the tile is written again; the row
+and column sums exchange their partial sums across warps in batches; dG's reverse cumsum is one warp's scan.
+Sizes: K = V = 128, chunk 64 (what FlashQLA and our default use); other shapes are refused with a one-line reason,
+as is any TileLang other than the version it was checked on (`TILELANG_VERSION`) and any GPU other than sm_90.
 """
 
 import functools
@@ -112,12 +116,12 @@ def _build(
     )
     def build() -> Any:
         @T.macro
-        def store_rows(tile: Any, out: Any, t0: Any, eos: Any, i_h: Any, drain: bool) -> None:
+        def store_rows(tile: Any, out: Any, t0: Any, eos: Any, i_h: Any) -> None:
             """A staged [BT, D] shared tile into out[t0 : t0 + BT, i_h]: one TMA store for a full chunk (under
-            `async_store` and not `drain`, left in flight: `settle` waits for it before the tile is written again),
+            `async_store`, left in flight: `settle` waits for it before the tile is written again),
             row by row below eos for a range's partial last chunk (rows past it belong to the next range)."""
             if t0 + BT <= eos:
-                if async_store and not drain:
+                if async_store:
                     T.sync_threads()
                     T.fence_proxy_async()
                     T.tma_copy(tile, out[t0 : t0 + BT, i_h, :])
@@ -293,7 +297,7 @@ def _build(
                         T.tma_copy(ag[t0 - BT : t0, i_h, :], ag_s, barrier=bar)
                     if "no_store" not in lab:  # staged in W's tile (read by nothing after dAg until Og)
                         T.copy(b_f, vw_s)
-                        store_rows(vw_s, dv, t0, eos, i_h, False)
+                        store_rows(vw_s, dv, t0, eos, i_h)
                     for i, j in T.Parallel(BT, V):  # (dU is read by nothing after dAg and dv)
                         du_s[i, j] = -eg_s[i] * b_f[i, j]
                     # dP = Tril(dO U^T): the gate's terms of P, then scale dP o Gam
@@ -343,19 +347,13 @@ def _build(
                     T.gemm(p_s, k_s, c_f)
                     if "no_store" not in lab:  # staged in dO's tile (read by nothing after Og)
                         T.copy(c_f, do_s)
-                        store_rows(do_s, dq, t0, eos, i_h, True)
-                    if prefetch and i_r + 1 < nt:  # dO's tile is free: the next chunk's dO
-                        T.sync_threads()
-                        T.fence_proxy_async()
-                        T.tma_copy(do[t0 - BT : t0, i_h, :], do_s, barrier=bar)
+                        store_rows(do_s, dq, t0, eos, i_h)
                     # dk = Wn S^T + eR o (U dS'^T) + (scale dP o Gam)^T Q + (dB o Gam + (.)^T) K
                     T.gemm(du_s, h_s, c_f, transpose_B=True, clear_accum=True)
                     if prefetch and i_r + 1 < nt:  # the state's last read: the next chunk's entering state
                         T.sync_threads()
                         T.fence_proxy_async()
                         T.tma_copy(h[ic - 1, i_h, :, :], h_s, barrier=bar)
-                        T.sync_threads()
-                        T.barrier_arrive(bar)
                     for i, j in T.Parallel(BT, K):
                         a_f[i, j] = a_f[i, j] + k_s[i, j] * c_f[i, j]
                     if "no_reduce" not in lab:
@@ -373,7 +371,15 @@ def _build(
                     T.gemm(m_s, k_s, c_f)
                     if "no_store" not in lab:  # staged in U's tile (read by nothing after eR o U dS'^T)
                         T.copy(c_f, u_s)
-                        store_rows(u_s, dk, t0, eos, i_h, False)
+                        store_rows(u_s, dk, t0, eos, i_h)
+                    if prefetch and i_r + 1 < nt:  # once dq's store has read dO's tile: the next chunk's dO
+                        if async_store:
+                            T.tma_store_wait(1)  # (dk's may stay in flight)
+                        T.sync_threads()
+                        T.fence_proxy_async()
+                        T.tma_copy(do[t0 - BT : t0, i_h, :], do_s, barrier=bar)
+                        T.sync_threads()
+                        T.barrier_arrive(bar)  # (after the last of the step's three issues)
                     # the decay's term sum(S o dS'), then dS = eL dS' + Q^T Og + K^T Wn
                     for i, j in T.Parallel(K, V):
                         ds_f[i, j] = ds_f[i, j] * el

@@ -40,11 +40,12 @@ from runners.bench.floors import HBM_TBPS, bwd_launcher_bytes, floor_ms, reverse
 H, DIM, BT, SMS = 16, 128, 64, 132
 DEFAULT_VARIANTS = (
     "",
+    "sync_mma",
     "sync_qkv",
     "sync_loads",
     "sync_stores",
     "unbatched",
-    "sync_loads+sync_stores+unbatched",
+    "sync_loads+sync_stores+unbatched+sync_mma",
     "load_once",
     "no_dg",
     "no_reduce",

@@ -81,12 +81,13 @@ LAB_SWITCHES = {
     "sync_loads": "every input of a step loaded at its top (no TMA prefetch of the next chunk's)",
     "sync_qkv": "q, k, v loaded at the step's top (dO, Ag and the state still prefetched)",
     "sync_stores": "each TMA store of dv, dk waited for at once",
+    "sync_mma": "each product waited for at once (no back-to-back issue of independent products)",
     "unbatched": "each reduction's sums exchanged across warps one by one (session 22's reductions)",
     "no_dg": "no dG combine (dg unwritten)",
     "no_reduce": "no row and column sums (the dG and dbeta terms)",
     "no_store": "no dq, dk, dv stores",
 }
-EXACT_SWITCHES = frozenset({"sync_loads", "sync_qkv", "sync_stores", "unbatched"})
+EXACT_SWITCHES = frozenset({"sync_loads", "sync_qkv", "sync_stores", "sync_mma", "unbatched"})
 
 
 @functools.cache
@@ -105,6 +106,7 @@ def _build(
     prefetch = not {"sync_loads", "load_once"} & lab  # the next chunk's dO, Ag, state by TMA once their tiles are free
     prefetch_qkv = prefetch and "sync_qkv" not in lab  # and its q, k, v after the step's last products
     async_store = "sync_stores" not in lab  # dv and dk's TMA stores in flight until their tiles are written again
+    async_mma = "sync_mma" not in lab  # independent products issued back to back, one wait for the group
     G = H // Hk
     fp32 = "float32"
     ntok, nchunk, nseg, nseq = T.dynamic("ntok"), T.dynamic("nchunk"), T.dynamic("nseg"), T.dynamic("nseq")
@@ -131,6 +133,22 @@ def _build(
                 for i, j in T.Parallel(BT, tile.shape[1]):
                     if t0 + i < eos:
                         out[t0 + i, i_h, j] = tile[i, j]
+
+        @T.macro
+        def mm(
+            a: Any, b: Any, c: Any, transpose_A: bool = False, transpose_B: bool = False, clear_accum: bool = False
+        ) -> None:
+            """c (+)= a b: issued without a wait (`async_mma`: `mm_wait` waits for every product issued), so
+            independent products run back to back; under "sync_mma" each waits for itself (`T.gemm`)."""
+            if async_mma:
+                T.wgmma_gemm(a, b, c, transpose_A=transpose_A, transpose_B=transpose_B, clear_accum=clear_accum)
+            else:
+                T.gemm(a, b, c, transpose_A=transpose_A, transpose_B=transpose_B, clear_accum=clear_accum)
+
+        @T.macro
+        def mm_wait() -> None:
+            if async_mma:
+                T.wait_wgmma(0)
 
         @T.macro
         def settle() -> None:
@@ -259,9 +277,13 @@ def _build(
                         T.reduce_sum(kv_f, vk_f, dim=1, batch=_BATCH["kv_rows"])
                         T.copy(vk_f, z_s[2 * BT : 2 * BT + K])
 
-                    # the chunk's grams: P = scale Tril(Q K^T o Gam), B = K K^T o Gam, M = StrictLower(B)
-                    T.gemm(q_s, k_s, qk_f, transpose_B=True, clear_accum=True)
-                    T.gemm(k_s, k_s, kk_f, transpose_B=True, clear_accum=True)
+                    # the products that need only the chunk's inputs: Q K^T, K K^T, K S, K dS'; then the grams
+                    # P = scale Tril(Q K^T o Gam), B = K K^T o Gam, M = StrictLower(B), and W = V - eG o (K S)
+                    mm(q_s, k_s, qk_f, transpose_B=True, clear_accum=True)
+                    mm(k_s, k_s, kk_f, transpose_B=True, clear_accum=True)
+                    mm(k_s, h_s, a_f, clear_accum=True)
+                    mm(k_s, ds_s, c_f, clear_accum=True)
+                    mm_wait()
                     for i, j in T.Parallel(BT, BT):
                         gam_f[i, j] = T.if_then_else(i >= j, T.exp(g_s[i] - g_s[j]), 0)
                         qk_f[i, j] = qk_f[i, j] * gam_f[i, j] * scale
@@ -269,28 +291,29 @@ def _build(
                     T.copy(qk_f, p_s)
                     for i, j in T.Parallel(BT, BT):
                         m_s[i, j] = T.if_then_else(i > j, kk_f[i, j], 0)
-                    # T = I - Ag M
-                    T.gemm(ag_s, m_s, tt_f, clear_accum=True)
-                    for i, j in T.Parallel(BT, BT):
-                        tt_f[i, j] = T.if_then_else(i == j, 1.0, 0.0) - tt_f[i, j]
-                    T.copy(tt_f, t_s)
-                    # W = V - eG o (K S), U = Ag W
-                    T.gemm(k_s, h_s, a_f, clear_accum=True)
                     for i, j in T.Parallel(BT, V):
                         a_f[i, j] = vw_s[i, j] - eg_s[i] * a_f[i, j]
                     T.copy(a_f, vw_s)
-                    T.gemm(ag_s, vw_s, b_f, clear_accum=True)
+                    # T = I - Ag M, U = Ag W
+                    mm(ag_s, m_s, tt_f, clear_accum=True)
+                    mm(ag_s, vw_s, b_f, clear_accum=True)
+                    mm_wait()
+                    for i, j in T.Parallel(BT, BT):
+                        tt_f[i, j] = T.if_then_else(i == j, 1.0, 0.0) - tt_f[i, j]
+                    T.copy(tt_f, t_s)
                     settle()  # (the step before stored dk from U's tile)
                     T.copy(b_f, u_s)
                     # dU = eR o (K dS') + P^T dO
-                    T.gemm(k_s, ds_s, a_f, clear_accum=True)
                     for i, j in T.Parallel(BT, V):
-                        a_f[i, j] = a_f[i, j] * er_s[i]
-                    T.gemm(p_s, do_s, a_f, transpose_A=True)
-                    T.copy(a_f, du_s)
-                    # dAg = dU W^T; dv = Ag^T dU; Wn = -eG o dv
-                    T.gemm(du_s, vw_s, x_f, transpose_B=True, clear_accum=True)
-                    T.gemm(ag_s, du_s, b_f, transpose_A=True, clear_accum=True)
+                        c_f[i, j] = c_f[i, j] * er_s[i]
+                    mm(p_s, do_s, c_f, transpose_A=True)
+                    mm_wait()
+                    T.copy(c_f, du_s)
+                    # dAg = dU W^T; dv = Ag^T dU; dP = Tril(dO U^T)
+                    mm(du_s, vw_s, x_f, transpose_B=True, clear_accum=True)
+                    mm(ag_s, du_s, b_f, transpose_A=True, clear_accum=True)
+                    mm(do_s, u_s, dp_f, transpose_B=True, clear_accum=True)
+                    mm_wait()
                     if prefetch and i_r + 1 < nt:  # Ag's last read: the next chunk's, by TMA
                         T.sync_threads()
                         T.fence_proxy_async()
@@ -298,10 +321,9 @@ def _build(
                     if "no_store" not in lab:  # staged in W's tile (read by nothing after dAg until Og)
                         T.copy(b_f, vw_s)
                         store_rows(vw_s, dv, t0, eos, i_h)
-                    for i, j in T.Parallel(BT, V):  # (dU is read by nothing after dAg and dv)
+                    for i, j in T.Parallel(BT, V):  # Wn = -eG o dv (dU is read by nothing after dAg and dv)
                         du_s[i, j] = -eg_s[i] * b_f[i, j]
-                    # dP = Tril(dO U^T): the gate's terms of P, then scale dP o Gam
-                    T.gemm(do_s, u_s, dp_f, transpose_B=True, clear_accum=True)
+                    # the gate's terms of P, then scale dP o Gam
                     for i, j in T.Parallel(BT, BT):
                         dp_f[i, j] = T.if_then_else(i >= j, dp_f[i, j], 0)
                         qk_f[i, j] = dp_f[i, j] * qk_f[i, j]
@@ -315,9 +337,11 @@ def _build(
                         T.reduce_sum(x_f, col_f, dim=0, batch=_BATCH["cc_cols"])
                         T.copy(col_f, b1_s)
                     # dA = -StrictLower(T^T dT T^T), dB = diag(beta) dA
-                    T.gemm(t_s, m_s, da_f, transpose_A=True, clear_accum=True)
+                    mm(t_s, m_s, da_f, transpose_A=True, clear_accum=True)
+                    mm_wait()
                     T.copy(da_f, x_s)
-                    T.gemm(x_s, t_s, da_f, transpose_B=True, clear_accum=True)
+                    mm(x_s, t_s, da_f, transpose_B=True, clear_accum=True)
+                    mm_wait()
                     for i, j in T.Parallel(BT, BT):
                         da_f[i, j] = T.if_then_else(i > j, -da_f[i, j], 0)
                         tt_f[i, j] = da_f[i, j] * kk_f[i, j]
@@ -341,15 +365,19 @@ def _build(
                     for i, j in T.Parallel(BT, V):
                         vw_s[i, j] = do_s[i, j] * eg_s[i] * scale
                     # dq = Og S^T + (scale dP o Gam) K
-                    T.gemm(vw_s, h_s, c_f, transpose_B=True, clear_accum=True)
+                    mm(vw_s, h_s, c_f, transpose_B=True, clear_accum=True)
+                    mm_wait()
                     for i, j in T.Parallel(BT, K):
                         a_f[i, j] = q_s[i, j] * c_f[i, j]  # (its row sum waits for K o Wn S^T)
-                    T.gemm(p_s, k_s, c_f)
+                    mm(p_s, k_s, c_f)
+                    mm_wait()
                     if "no_store" not in lab:  # staged in dO's tile (read by nothing after Og)
                         T.copy(c_f, do_s)
                         store_rows(do_s, dq, t0, eos, i_h)
                     # dk = Wn S^T + eR o (U dS'^T) + (scale dP o Gam)^T Q + (dB o Gam + (.)^T) K
-                    T.gemm(du_s, h_s, c_f, transpose_B=True, clear_accum=True)
+                    mm(du_s, h_s, c_f, transpose_B=True, clear_accum=True)
+                    mm(u_s, ds_s, b_f, transpose_B=True, clear_accum=True)
+                    mm_wait()
                     if prefetch and i_r + 1 < nt:  # the state's last read: the next chunk's entering state
                         T.sync_threads()
                         T.fence_proxy_async()
@@ -359,7 +387,6 @@ def _build(
                     if "no_reduce" not in lab:
                         T.reduce_sum(a_f, rowk_f, dim=1, batch=_BATCH["ck_rows"])
                         T.copy(rowk_f, r3_s)
-                    T.gemm(u_s, ds_s, b_f, transpose_B=True, clear_accum=True)
                     for i, j in T.Parallel(BT, K):
                         b_f[i, j] = b_f[i, j] * er_s[i]
                         a_f[i, j] = k_s[i, j] * b_f[i, j]
@@ -367,8 +394,9 @@ def _build(
                     if "no_reduce" not in lab:
                         T.reduce_sum(a_f, rowk_f, dim=1, batch=_BATCH["ck_rows"])
                         T.copy(rowk_f, z_s[BT : 2 * BT])
-                    T.gemm(p_s, q_s, c_f, transpose_A=True)
-                    T.gemm(m_s, k_s, c_f)
+                    mm(p_s, q_s, c_f, transpose_A=True)
+                    mm(m_s, k_s, c_f)
+                    mm_wait()
                     if "no_store" not in lab:  # staged in U's tile (read by nothing after eR o U dS'^T)
                         T.copy(c_f, u_s)
                         store_rows(u_s, dk, t0, eos, i_h)
@@ -380,11 +408,12 @@ def _build(
                         T.tma_copy(do[t0 - BT : t0, i_h, :], do_s, barrier=bar)
                         T.sync_threads()
                         T.barrier_arrive(bar)  # (after the last of the step's three issues)
-                    # the decay's term sum(S o dS'), then dS = eL dS' + Q^T Og + K^T Wn
+                    # dS = eL dS' + Q^T Og + K^T Wn
                     for i, j in T.Parallel(K, V):
                         ds_f[i, j] = ds_f[i, j] * el
-                    T.gemm(q_s, vw_s, ds_f, transpose_A=True)
-                    T.gemm(k_s, du_s, ds_f, transpose_A=True)
+                    mm(q_s, vw_s, ds_f, transpose_A=True)
+                    mm(k_s, du_s, ds_f, transpose_A=True)
+                    mm_wait()
                     if prefetch_qkv and i_r + 1 < nt:  # q, k, v's last reads: the next chunk's
                         T.sync_threads()
                         T.fence_proxy_async()

@@ -121,11 +121,14 @@ def _build(
         def store_rows(tile: Any, out: Any, t0: Any, eos: Any, i_h: Any) -> None:
             """A staged [BT, D] shared tile into out[t0 : t0 + BT, i_h]: one TMA store for a full chunk (under
             `async_store`, left in flight: `settle` waits for it before the tile is written again),
-            row by row below eos for a range's partial last chunk (rows past it belong to the next range)."""
+            row by row below eos for a range's partial last chunk (rows past it belong to the next range). Every
+            thread's writes of the tile are fenced and synced before either branch reads it: TileLang counted the TMA
+            branch's barrier for both, and the row-by-row branch read rows other threads had not yet written (dk off
+            at 6.5e-2 on an H200 where a range's first chunk was partial, session 24)."""
+            T.fence_proxy_async()
+            T.sync_threads()
             if t0 + BT <= eos:
                 if async_store:
-                    T.sync_threads()
-                    T.fence_proxy_async()
                     T.tma_copy(tile, out[t0 : t0 + BT, i_h, :])
                 else:
                     T.copy(tile, out[t0 : t0 + BT, i_h, :])

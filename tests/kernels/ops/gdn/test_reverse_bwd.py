@@ -5,7 +5,9 @@ On an H200 with CPBENCH_TEST_GPU=1 and tilelang 0.1.15 (bf16, K = V = 128, chunk
 - the kernel against its torch mirror (`kernels.common.reverse_bwd_torch.reverse_walk`, which CI checks against the
   reference) on identical inputs: three varlen sequences (37, 300, 5 tokens: partial and sub-chunk chunks) walked in
   two-chunk ranges from random end gradients, grouped heads (Hk = 1, H = 2); relative L2 2e-2 per output (the
-  kernel rounds its products' operands to bf16, the mirror does not);
+  kernel rounds its products' operands to bf16, the mirror does not); and each sequence walked as one range, whose
+  first step is its partial last chunk and whose next chunks are prefetched (session 24: the partial chunk's rows
+  were stored before every thread had staged them);
 - a training step through `kernels.forward` under keep "ag" with bwd_grads "reverse": every gradient (dq, dk, dv,
   dg, dbeta, dh0) against autograd through the fp32 per-token reference at 5e-3 (the issue's bound), varlen with h0
   and dht and grouped heads, and dense B = 2 with the backward split into one-chunk ranges.
@@ -44,7 +46,8 @@ def test_refusals_name_their_reason() -> None:
 
 
 @GPU
-def test_kernel_matches_its_torch_mirror() -> None:
+@pytest.mark.parametrize("span", [2 * BT, 10**9], ids=["two-chunk-ranges", "whole-sequences"])
+def test_kernel_matches_its_torch_mirror(span: int) -> None:
     lengths = (37, 300, 5)
     cu = [0, 37, 337, 342]
     q, k, _, _, _, _ = make_inputs("gdn", lengths, H=1, K=DIM, V=DIM, dtype=torch.bfloat16, device="cuda")
@@ -55,7 +58,7 @@ def test_kernel_matches_its_torch_mirror() -> None:
     ag, gs, h, first = kept_for_walk(*(x.float() for x in (q, k, v, g, beta, h0)), cu, BT, scale)
     bounds, offs, fin = [], [], []
     for n in range(3):
-        for j, s0 in enumerate(range(cu[n], cu[n + 1], 2 * BT)):
+        for j, s0 in enumerate(range(cu[n], cu[n + 1], span)):
             bounds.append(s0)
             offs.append(first[n] + (s0 - cu[n]) // BT)
             fin.append(n if j == 0 else -1)

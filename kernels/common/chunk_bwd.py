@@ -36,7 +36,8 @@ unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -67,7 +68,14 @@ from kernels.common.dqk_wy_bwd import dqk_wy_bwd
 from kernels.common.index import ChunkIndex, prepare_chunk_index
 from kernels.common.seqsplit import resolve_split, seg_chain_fwd, seg_chain_states
 from kernels.common.state_bwd import chunk_state_bwd, first_segments, seg_chain_bwd, state_bwd_config
-from kernels.common.warm_bwd import RevWarmInputs, reverse_chunk_bound, reverse_window_plan, warm_segment_ends
+from kernels.common.warm_bwd import (
+    RevWarmInputs,
+    need_chunks,
+    reverse_chunk_bound,
+    reverse_window_plan,
+    warm_segment_ends,
+    window_chunk_sel,
+)
 from kernels.common.warm_split import WarmInputs, warm_transitions, window_plan
 from kernels.common.wy import (
     BT_WY,
@@ -405,16 +413,32 @@ def _state_pass(
     return h, v_new, dh, dv_new
 
 
+@dataclass(frozen=True, eq=False)
+class LazyFactors:
+    """w, u, aqk formed only for the chunks a pass reads, and the chunk states without them (GDN's reverse walk from
+    the kept Ag, `kernels.ops.gdn.ag_bwd`). form(sel): forms those of the chunks sel flags (bool `[NT_total]` or
+    `[NT_total, H]` on the device; None: every chunk) into one set of buffers and returns (w, u, aqk); states(layout,
+    h0): the plain state pass, h `[NT_total, H, K, V]` only (`chunk_state_ag_fwd`)."""
+
+    form: Callable[[Tensor | None], tuple[Tensor, Tensor, Tensor]]
+    states: Callable[[SeqLayout, Tensor | None], Tensor]
+
+
 def reverse_ends(
-    qs: Tensor, ks: Tensor, w: Tensor, u: Tensor, gs: Tensor, aqk: Tensor, do: Tensor, *, index: ChunkIndex,
-    gate_vector: bool, scale: float, h0: Tensor | None, dht: Tensor | None, launch: LaunchPlan,
+    qs: Tensor, ks: Tensor, w: Tensor | None, u: Tensor | None, gs: Tensor, aqk: Tensor | None, do: Tensor, *,
+    index: ChunkIndex, gate_vector: bool, scale: float, h0: Tensor | None, dht: Tensor | None, launch: LaunchPlan,
     split_chunks: int | None, states: bool, kept: Mapping[str, Tensor] | None = None,
-    warm: RevWarmInputs | None = None, seg_states: Mapping[str, Any] | None = None,
+    warm: RevWarmInputs | None = None, seg_states: Mapping[str, Any] | None = None, lazy: LazyFactors | None = None,
 ) -> tuple[Tensor | None, Tensor | None, SeqLayout, Tensor | None]:
     """`_state_pass` up to its last launch: (h, v_new (None without `states`), the layout of the last reverse walk
     (whole sequences; or the split's segments, `final_idx` naming each sequence's first for dh0), the fp32 gradient
     at the end of each of its ranges (dht; or the chained segment ends)). The last walk, `chunk_state_bwd` storing
-    dh and dv_new, is `_state_pass`'s."""
+    dh and dv_new, is `_state_pass`'s.
+
+    lazy (w, u, aqk then None): the factors are formed on demand. Where the states are recomputed without a split,
+    or from the forward's segment states with warm windows, none are formed outside the windows and the uncertified
+    segments (`warm_bwd.window_chunk_sel`) and the states come from `lazy.states` (v_new None); on any other path
+    every chunk's are formed first."""
     H, K = do.shape[2], ks.shape[3]  # H: the value heads (ks may have H / G, grouped)
     V = do.shape[-1]
     if kept is not None:
@@ -433,10 +457,27 @@ def reverse_ends(
     if plan is None:
         layout = SeqLayout(N, index.cu_seqlens if index.is_varlen else None,
                            index.chunk_offsets if index.is_varlen else None)
-        if states and kept is None:
+        if states and kept is None and lazy is not None:
+            h = lazy.states(layout, h0)
+        elif states and kept is None:
+            assert w is not None and u is not None
             h, v_new, _ = chunk_state_fwd(ks, w, u, gs, layout=layout, num_chunks=NT, h0=h0, launch=launch,
                                           **common)
         return h, v_new, layout, dht
+    refill = None
+    if lazy is not None:  # the windows' chunks only when the states come from the forward's segment states
+        wp0 = reverse_window_plan(index, plan, warm.window_chunks) if warm is not None else None
+        if wp0 is not None and states and kept is None and hs is not None:
+            win, seg = window_chunk_sel(plan, wp0, NT)
+            w, u, aqk = lazy.form(win)
+
+            def refill(need: Tensor) -> None:
+                lazy.form(need_chunks(need, win, seg))
+
+        else:
+            w, u, aqk = lazy.form(None)
+            lazy = None
+    assert w is not None and u is not None and aqk is not None
     segs = plan.all_segments
     recompute = states and kept is None
     if hs is not None:
@@ -457,7 +498,9 @@ def reverse_ends(
         assert M.shape[0] == plan.num_segments, f"kept maps of {M.shape[0]} segments, the plan has {plan.num_segments}"
     elif wp is None or (recompute and hs is None and wpf is None):  # the exact chain, or the recompute below, needs them
         M, S = chunk_state_transition_fwd(ks, w, u, gs, layout=segs, launch=launch, **common)
-    if recompute:  # the chunk states from each segment's entering state hs: the forward's (`seg_states`), or
+    if recompute and lazy is not None:  # from the forward's segment states, without w, u
+        h = lazy.states(segs, hs)
+    elif recompute:  # the chunk states from each segment's entering state hs: the forward's (`seg_states`), or
         if hs is None and wpf is None:  # the exact chain's
             nonlast = plan.transitions.seq_map
             assert nonlast is not None and M is not None
@@ -477,7 +520,7 @@ def reverse_ends(
     rest, firsts = first_segments(plan)
     if wp is not None and warm is not None and bnd is not None:  # certified windows instead of the ext pass and maps
         ds_end = warm_segment_ends(qs, ks, w, u, gs, aqk, do, x=warm, wp=wp, plan=plan, index=index, dht=dht, M=M,
-                                   bnd=bnd, scale=scale, gate_vector=gate_vector, launch=launch)
+                                   bnd=bnd, scale=scale, gate_vector=gate_vector, launch=launch, refill=refill)
     else:
         assert M is not None
         ds_ext = M.new_empty(plan.num_segments, H, K, V)  # fp32 like the maps; rows of first segments stay unused

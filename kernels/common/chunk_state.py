@@ -9,11 +9,16 @@ GDN passes the raw keys and the fp32 gate cumsum [B, T, H] (K~ and gamma_C are f
 pre-gated keys kg and the per-chunk last-row gate gc [NT_total, H, K] (from `kernels.common.wy`). H counts the value
 heads (u's); k and q may have H / G heads (grouped heads, G from the shapes): a program reads head i_h // G.
 
-One kernel, three launchers (each with its own launch spec, since their best configs differ):
+GDN's Ag form (`ag` given: w and u are not formed): u is v and v_new = Ag (v - exp(G) o (K S)), with Ag = T diag(beta)
+the forward's kept factor `[B, T, H, BT]` (`kernels.ops.gdn.ag_bwd`): the same v_new as u - w S with w = Ag (exp(G) o
+K), u = Ag v, one more [BT, BT] x [BT, BV] product per chunk and no w, u in memory.
+
+One kernel, four launchers (each with its own launch spec, since their best configs differ):
 - `chunk_state_fwd`: stores the per-chunk entering states h [NT_total, H, K, V] (k's dtype) and v_new, for
   `kernels.common.chunk_output` (the FLA-style split into a state pass and a chunk-parallel output pass).
 - `chunk_state_output_fwd`: the output fused into the pass, o = scale (Q exp G) S + Aqk v_new (KDA:
   qg S + Aqk v_new; Aqk from `kernels.common.wy` includes the scale), so neither h nor v_new touches memory.
+- `chunk_state_ag_fwd`: the plain pass in the Ag form (GDN), h only (what the reverse-walk backward reads).
 - `chunk_state_transition_fwd`: the segment map by linearity: the pass runs on the augmented state
   [K, K+V] from [I | 0] with right-hand side [0 | u], so the columns < K end as M and the others as S_ext.
 
@@ -39,10 +44,12 @@ from kernels.configs import KernelSpec, LaunchConfig, cdiv, head_block, register
 from kernels.plan import LaunchPlan, launch_config
 
 __all__ = [
+    "CHUNK_STATE_AG_FWD",
     "CHUNK_STATE_FWD",
     "CHUNK_STATE_OUTPUT_FWD",
     "CHUNK_STATE_TRANSITION_FWD",
     "SeqLayout",
+    "chunk_state_ag_fwd",
     "chunk_state_final_fwd",
     "chunk_state_fwd",
     "chunk_state_output_fwd",
@@ -59,6 +66,14 @@ CHUNK_STATE_FWD = register(KernelSpec(
     default=LaunchConfig(BV=64, num_warps=4, num_stages=2),
     # BV 32 doubles the programs (helps when N*H is small), 128 halves them; stages prefetch w/u/k
     space={"BV": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
+))
+
+CHUNK_STATE_AG_FWD = register(KernelSpec(
+    name="chunk_state_ag_fwd",
+    key=_KEY,
+    # the plain pass's tiles plus Ag [64, 64] and one more product per chunk; v_new is not stored
+    default=LaunchConfig(BV=64, num_warps=4, num_stages=2),
+    space={"BV": (32, 64, 128), "num_warps": (4, 8), "num_stages": (1, 2, 3)},
 ))
 
 CHUNK_STATE_OUTPUT_FWD = register(KernelSpec(
@@ -82,14 +97,16 @@ CHUNK_STATE_TRANSITION_FWD = register(KernelSpec(
 
 @heuristics({
     **given(USE_INITIAL_STATE="h0", STORE_FINAL_STATE="ht", STORE_STATES="h", SAVE_NEW_VALUE="v_new", FUSE_OUTPUT="o",
-            TRANSITION="m", IS_VARLEN="cu_seqlens", USE_SEQ_MAP="seq_map", USE_FINAL_IDX="final_idx", USE_NEED="need"),
+            TRANSITION="m", IS_VARLEN="cu_seqlens", USE_SEQ_MAP="seq_map", USE_FINAL_IDX="final_idx", USE_NEED="need",
+            AG_FORM="ag"),
     "G": group_heads("u"),
 })
 @triton.jit(do_not_specialize=["T"])
 def chunk_state_fwd_kernel(
     k,  # [B, T, H, K]: raw keys (GDN) or kg (KDA)
-    w,  # [B, T, H, K]
-    u,  # [B, T, H, V]
+    w,  # [B, T, H, K] (None in the Ag form)
+    u,  # [B, T, H, V] (the Ag form: v)
+    ag,  # [B, T, H, BT] Ag, lower incl. the diagonal (GDN's Ag form) or None
     g,  # GDN: gate cumsum [B, T, H] fp32; KDA: last-row gate per chunk [NT_total, H, K] fp32
     q,  # fused output: q (GDN) or qg (KDA), [B, T, H, K]
     aqk,  # fused output: scale (QK^T (x) decay), lower incl. diagonal, [B, T, H, BT]
@@ -110,7 +127,7 @@ def chunk_state_fwd_kernel(
     GATE_VECTOR: tl.constexpr, USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
     STORE_STATES: tl.constexpr, SAVE_NEW_VALUE: tl.constexpr, FUSE_OUTPUT: tl.constexpr, TRANSITION: tl.constexpr,
     IS_VARLEN: tl.constexpr, USE_SEQ_MAP: tl.constexpr, USE_FINAL_IDX: tl.constexpr, USE_NEED: tl.constexpr,
-    NEED_PER_HEAD: tl.constexpr = False, G: tl.constexpr = 1,
+    AG_FORM: tl.constexpr, NEED_PER_HEAD: tl.constexpr = False, G: tl.constexpr = 1,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = (i_nh // H).to(tl.int64), i_nh % H
@@ -125,7 +142,7 @@ def chunk_state_fwd_kernel(
         NT = tl.where(b_need, NT, 0)
     else:
         b_need = True
-    dt = w.dtype.element_ty
+    dt = k.dtype.element_ty
 
     o_k = tl.arange(0, BK)  # the state rows: K padded to a power of two, the rows past K masked
     m_k = o_k < K
@@ -153,7 +170,8 @@ def chunk_state_fwd_kernel(
         if STORE_STATES:
             tl.store(h + ((boc + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_c[None, :], b_h.to(h.dtype.element_ty),
                      mask=m_kc)
-        b_w = tl.load(w + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
+        if not AG_FORM:
+            b_w = tl.load(w + p_row[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
         if TRANSITION:
             b_u = tl.load(u + p_row[:, None] * V + (o_c - K)[None, :], mask=m_r[:, None] & ((o_c >= K) & m_c)[None, :],
                           other=0.)
@@ -161,7 +179,13 @@ def chunk_state_fwd_kernel(
             b_u = tl.load(u + p_row[:, None] * V + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.)
         b_kT = tl.load(k + p_qk[None, :] * K + o_k[:, None], mask=m_r[None, :] & m_k[:, None], other=0.)  # [BK, BT]
         b_hc = b_h.to(dt)
-        b_v = b_u.to(tl.float32) - tl.dot(b_w, b_hc)  # v_new [BT, BV]
+        if AG_FORM:  # v_new = Ag (v - exp(G) o (K S)) (GDN: scalar gate)
+            b_ge = tl.exp(tl.load(g + p_row, mask=m_r, other=0.))
+            b_a = tl.load(ag + p_row[:, None] * BT + o_t[None, :], mask=m_r[:, None] & m_causal, other=0.)
+            b_wn = b_u.to(tl.float32) - b_ge[:, None] * tl.dot(tl.trans(b_kT), b_hc)
+            b_v = tl.dot(b_a, b_wn.to(dt))
+        else:
+            b_v = b_u.to(tl.float32) - tl.dot(b_w, b_hc)  # v_new [BT, BV]
         if SAVE_NEW_VALUE:
             tl.store(v_new + p_row[:, None] * V + o_c[None, :], b_v.to(v_new.dtype.element_ty),
                      mask=m_r[:, None] & m_c[None, :])
@@ -230,8 +254,8 @@ def _key(H: int, K: int, V: int, BT: int, gate_vector: bool, layout: SeqLayout, 
             "IS_VARLEN": layout.cu_seqlens is not None, "dtype": str(dtype).removeprefix("torch.")}
 
 
-def _launch(cfg: LaunchConfig, ncols: int, layout: SeqLayout, H: int, *, k: Tensor, w: Tensor, u: Tensor, g: Tensor,
-            BT: int, gate_vector: bool, q: Tensor | None = None, aqk: Tensor | None = None, h0: Tensor | None = None,
+def _launch(cfg: LaunchConfig, ncols: int, layout: SeqLayout, H: int, *, k: Tensor, w: Tensor | None, u: Tensor,
+            g: Tensor, BT: int, gate_vector: bool, ag: Tensor | None = None, q: Tensor | None = None, aqk: Tensor | None = None, h0: Tensor | None = None,
             h: Tensor | None = None, ht: Tensor | None = None, m: Tensor | None = None, v_new: Tensor | None = None,
             o: Tensor | None = None, need: Tensor | None = None, scale: float = 1.0) -> None:
     BV = cfg.BV
@@ -242,7 +266,7 @@ def _launch(cfg: LaunchConfig, ncols: int, layout: SeqLayout, H: int, *, k: Tens
     if grid[1] == 0:
         return
     chunk_state_fwd_kernel[grid](
-        k, w, u, g, q, aqk, h0, h, ht, m, v_new, o,
+        k, w, u, ag, g, q, aqk, h0, h, ht, m, v_new, o,
         layout.cu_seqlens, layout.chunk_offsets, layout.seq_map, layout.final_idx, need,
         scale, T, H=H, K=K, V=V, BT=BT, BK=head_block(K), BV=BV, GATE_VECTOR=gate_vector,
         NEED_PER_HEAD=need is not None and need.dim() == 2,
@@ -263,6 +287,23 @@ def chunk_state_fwd(
     ht = k.new_empty(num_states or layout.num_seqs, H, K, V, dtype=torch.float32) if output_final_state else None
     _launch(cfg, V, layout, H, k=k, w=w, u=u, g=g, BT=BT, gate_vector=gate_vector, h0=h0, h=h, ht=ht, v_new=v_new)
     return h, v_new, ht
+
+
+def chunk_state_ag_fwd(
+    k: Tensor, v: Tensor, ag: Tensor, gs: Tensor, *, layout: SeqLayout, num_chunks: int, BT: int,
+    h0: Tensor | None = None, launch: LaunchPlan | None = None,
+) -> Tensor:
+    """GDN's plain pass in the Ag form (module docstring): h `[NT_total, H, K, V]` in k's dtype, the state entering
+    every chunk, from the raw k `[B, T, H / G, K]`, v `[B, T, H, V]`, the forward's Ag `[B, T, H, BT]` and the fp32
+    in-chunk gate cumsum gs `[B, T, H]` (what `chunk_state_fwd` stores from w = Ag (exp(G) o K), u = Ag v)."""
+    H, K, V = v.shape[2], k.shape[3], v.shape[-1]
+    if ag.shape != (*v.shape[:3], BT) or gs.shape != v.shape[:3]:
+        raise ValueError(f"chunk_state_ag_fwd: Ag {tuple(ag.shape)} / gs {tuple(gs.shape)} do not match v "
+                         f"{tuple(v.shape)} with chunk {BT}")  # fmt: skip
+    cfg = launch_config(launch, CHUNK_STATE_AG_FWD, _key(H, K, V, BT, False, layout, k.dtype), bv_limit=head_block(V))
+    h = k.new_empty(num_chunks, H, K, V)
+    _launch(cfg, V, layout, H, k=k, w=None, u=v, g=gs, ag=ag, BT=BT, gate_vector=False, h0=h0, h=h)
+    return h
 
 
 def chunk_state_output_fwd(

@@ -42,6 +42,7 @@ device tensor `certified` `[NS - N, H]`: read it after the call (tests, benchmar
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -66,7 +67,9 @@ __all__ = [
     "certify_reverse_windows",
     "reverse_chunk_bound",
     "reverse_window_plan",
+    "need_chunks",
     "warm_segment_ends",
+    "window_chunk_sel",
 ]
 
 
@@ -272,6 +275,36 @@ def reverse_window_plan(index: ChunkIndex, plan: SplitPlan, window_chunks: int) 
     return wp
 
 
+def window_chunk_sel(plan: SplitPlan, wp: RevWindowPlan, num_chunks: int) -> tuple[Tensor, Tensor]:
+    """(bool `[NT_total]`: the chunks of the reverse windows, int64 `[NT_total]`: each chunk's non-first segment plus
+    one, 0 for a first segment's chunk), device tensors from host lists, cached in the plan's `windows` beside `wp`:
+    which chunks `warm_segment_ends` reads, the windows always and a non-first segment's all where uncertified
+    (`need_chunks`), for passes that form their inputs only there (GDN's reverse walk from the kept Ag)."""
+    key = ("bwd_chunks", wp.window_chunks)
+    hit = plan.windows.get(key)
+    if hit is not None:
+        return hit
+    cb, ptr = plan.chunk_bounds_cpu, plan.seg_ptr_cpu
+    win, seg = [False] * num_chunks, [0] * num_chunks
+    rest = [s for n in range(plan.num_seqs) for s in range(ptr[n] + 1, ptr[n + 1])]
+    for r, s in enumerate(rest):
+        for c in range(cb[s], cb[s + 1]):
+            seg[c] = r + 1
+        for c in range(cb[s], min(cb[s] + wp.window_chunks, cb[s + 1])):
+            win[c] = True
+    dev = wp.starts.device
+    out = (torch.tensor(win, dtype=torch.bool, device=dev), torch.tensor(seg, dtype=torch.int64, device=dev))
+    plan.windows[key] = out
+    return out
+
+
+def need_chunks(need: Tensor, win: Tensor, seg: Tensor) -> Tensor:
+    """bool `[NT_total, H]` on the device (no host sync): the chunks of the uncertified (non-first segment, head)
+    pairs `need` `[NR, H]` outside the windows (`window_chunk_sel`'s win, seg)."""
+    ext = torch.cat([need.new_zeros(1, need.shape[1]), need])
+    return ext.index_select(0, seg) & ~win[:, None]
+
+
 def certify_reverse_windows(bnd: Tensor, wp: RevWindowPlan, E_win: Tensor, dht: Tensor | None, tol: float) -> Tensor:
     """bool `[NW, H]` on the device: the gradient the window drops is provably <= tol of the exact one (module doc)."""
     ell, log_u = bnd[..., 0], bnd[..., 1]  # fp32 [NT_total, H] views, flipped chunk order
@@ -301,11 +334,14 @@ def warm_segment_ends(
     scale: float,
     gate_vector: bool,
     launch: LaunchPlan | None = None,
+    refill: Callable[[Tensor], object] | None = None,
 ) -> Tensor:
     """The gradient at the end of every segment, fp32 `[NS, H, K, V]` (what `seg_chain_bwd` gives on the exact path),
     by the module docstring's steps 1-4. The arguments are `chunk_bwd._state_pass`'s; M: the forward maps of all
     segments `[NS, H, K, K]` where the caller has them (kept, or computed for the forward recompute), else None (the
-    uncertified maps are computed here); bnd: `reverse_chunk_bound`'s reverse sums."""
+    uncertified maps are computed here); bnd: `reverse_chunk_bound`'s reverse sums; refill: called with the
+    uncertified pairs `[NR, H]` (a device tensor) before the passes that read w, u, aqk of their whole segments, where
+    the caller formed them for the windows only (`window_chunk_sel`)."""
     H, K, V = do.shape[2], ks.shape[3], do.shape[3]
     BT = index.chunk_size
     bwd = {"BT": BT, "gate_vector": gate_vector, "scale": scale, "launch": launch}
@@ -317,6 +353,8 @@ def warm_segment_ends(
     segs = plan.all_segments
     rest_layout = SeqLayout(plan.num_segments, segs.cu_seqlens, segs.chunk_offsets, seq_map=rest)
     need = ~ok
+    if refill is not None:
+        refill(need)
     if M is None:
         M, _ = chunk_state_transition_fwd(ks, w, u, gs, layout=rest_layout, BT=BT, gate_vector=gate_vector,
                                           launch=launch, need=need)  # fmt: skip

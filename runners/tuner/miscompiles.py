@@ -48,7 +48,7 @@ def _hopper(kernels: tuple[str, ...], matches: Callable[[LaunchConfig], bool], r
 
 RULES: tuple[Rule, ...] = (
     _hopper(
-        kernels=("chunk_state_output_fwd", "chunk_state_transition_fwd", "chunk_state_fwd"),
+        kernels=("chunk_state_output_fwd", "chunk_state_transition_fwd", "chunk_state_fwd", "chunk_state_ag_fwd"),
         matches=lambda c: c.BV == 32 and c.num_stages == 1,
         reason="known Hopper miscompile (BV=32, one stage): illegal memory access or wrong output on an H200 "
                "with Triton 3.6.0 (chunk_state_fwd, the backward's state recompute: 2026-12-01; "

@@ -36,8 +36,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.common.chunk_bwd import chunk_bwd
+from kernels.common.chunk_bwd import LazyFactors, chunk_bwd
 from kernels.common.chunk_program import chunk_of_program, group_heads, heuristics
+from kernels.common.chunk_state import SeqLayout, chunk_state_ag_fwd
 from kernels.common.index import ChunkIndex, prepare_chunk_index
 from kernels.common.state_keep import KEPT_STATES
 from kernels.common.warm_bwd import _reverse_bound_store
@@ -47,7 +48,7 @@ from kernels.ops.gdn.reverse_bwd import chunk_gdn_bwd_reverse
 from kernels.ops.gdn.wy_ag import wy_gdn_ag
 from kernels.plan import LaunchPlan, default_plan, launch_config
 
-__all__ = ["WY_FROM_AG", "chunk_gdn_bwd_ag", "wy_from_ag"]
+__all__ = ["WY_FROM_AG", "ag_factors", "chunk_gdn_bwd_ag", "wy_from_ag"]
 
 WY_FROM_AG = register(
     KernelSpec(
@@ -65,6 +66,8 @@ WY_FROM_AG = register(
         "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
         "G": group_heads("v"),
         "HAS_BND": lambda args: args["bnd"] is not None,
+        "USE_SEL": lambda args: args["sel"] is not None,
+        "SEL_PER_HEAD": lambda args: args["sel"] is not None and args["sel"].dim() == 2,
     }
 )
 @triton.jit(do_not_specialize=["T"])
@@ -74,13 +77,21 @@ def wy_from_ag_kernel(
     w, u, aqk, tt,  # out: [B, T, HV, K], [B, T, HV, V], [B, T, HV, BT] (scaled, lower incl. diag), [B, T, HV, BT] T
     g, beta, do,  # with bnd: the raw gate, beta [B, T, HV] and do [B, T, HV, V] (else None)
     bnd,  # out [NT_total, HV, 2] fp32 or None: `reverse_chunk_bound`'s sums (flipped chunk order)
+    sel,  # bool [NT_total] or [NT_total, HV] or None: only the flagged chunks (per value head) are formed
     cu_seqlens, chunk_indices,
     scale, log_scale, T, NT_ALL,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr, G: tl.constexpr, HAS_BND: tl.constexpr,
+    IS_VARLEN: tl.constexpr, G: tl.constexpr, HAS_BND: tl.constexpr, USE_SEL: tl.constexpr, SEL_PER_HEAD: tl.constexpr,
 ):  # fmt: skip
     i_bh, i_hv = tl.program_id(1), tl.program_id(1) % HV
     _, i_t, i_tg, bos, T = chunk_of_program(tl.program_id(0), i_bh // HV, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
+    if USE_SEL:  # a chunk no pass reads: nothing to form (a device-side mask, no host sync)
+        if SEL_PER_HEAD:
+            b_sel = tl.load(sel + i_tg * HV + i_hv)
+        else:
+            b_sel = tl.load(sel + i_tg)
+        if b_sel == 0:
+            return
     o_t = tl.arange(0, BT)
     m_r = i_t * BT + o_t < T
     p_v = (bos + i_t * BT + o_t) * HV + i_hv  # rows of the per-value-head tensors
@@ -130,13 +141,16 @@ def wy_from_ag_kernel(
 
 def wy_from_ag(
     q: Tensor, k: Tensor, v: Tensor, ag: Tensor, gcum: Tensor, *, scale: float, index: ChunkIndex,
-    launch: LaunchPlan | None = None, bound: tuple[Tensor, Tensor, Tensor] | None = None,
+    launch: LaunchPlan | None = None, bound: tuple[Tensor, Tensor, Tensor] | None = None, sel: Tensor | None = None,
+    out: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:  # fmt: skip
     """(w, u, aqk, T, bnd) of every chunk from the kept Ag and gate cumsum (module docstring), each `[B, T, HV, ..]`
     in k's dtype: what `wy_gdn_fwd` (w, u, Aqk) and `wy_inverse` (T) give. q, k `[B, T, H, K]`, v `[B, T, HV, V]`.
     bound: (g, beta, do), the raw gate, beta and the output's gradient: bnd is then `reverse_chunk_bound`'s
     `[NT_total, HV, 2]` (the warm reverse windows' sums, `kernels.common.warm_bwd`) from this launch's loads of q
-    and k plus do's; else None."""
+    and k plus do's; else None. sel: bool `[NT_total]` or `[NT_total, HV]` on the device (global chunk order): only
+    the flagged chunks are formed, the other rows of w, u, aqk, T are left as they were (no bound with it); out: the
+    (w, u, aqk, T) buffers to form them in (else new ones)."""
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     BT = index.chunk_size
@@ -156,18 +170,46 @@ def wy_from_ag(
     }
     cfg = launch_config(launch, WY_FROM_AG, key)
     BK, BV = min(cfg.BK or 64, head_block(K)), min(cfg.BV or 64, head_block(V))
-    w, u = k.new_empty(B, T, HV, K), torch.empty_like(v, dtype=k.dtype)
-    aqk, tt = torch.empty_like(ag), torch.empty_like(ag)
+    if sel is not None and (bound is not None or sel.dtype != torch.bool or sel.shape not in
+                            ((index.num_chunks,), (index.num_chunks, HV))):  # fmt: skip
+        raise ValueError(f"wy_from_ag: sel must be bool [{index.num_chunks}] or [{index.num_chunks}, {HV}] without a "
+                         f"bound, got {sel.dtype} {tuple(sel.shape)} (bound {bound is not None})")  # fmt: skip
+    if out is not None:
+        w, u, aqk, tt = out
+    else:
+        w, u = k.new_empty(B, T, HV, K), torch.empty_like(v, dtype=k.dtype)
+        aqk, tt = torch.empty_like(ag), torch.empty_like(ag)
     g, beta, do = (x.contiguous() for x in bound) if bound is not None else (None, None, None)
     bnd = torch.empty(index.num_chunks, HV, 2, dtype=torch.float32, device=k.device) if bound is not None else None
     grid = (index.num_chunks, HV) if index.is_varlen else (cdiv(T, BT), B * HV)
     bounds = (index.cu_seqlens, index.chunk_indices) if index.is_varlen else (None, None)
     wy_from_ag_kernel[grid](
-        q, k, v, ag, gcum, w, u, aqk, tt, g, beta, do, bnd, *bounds, scale, math.log(scale), T,
+        q, k, v, ag, gcum, w, u, aqk, tt, g, beta, do, bnd, sel, *bounds, scale, math.log(scale), T,
         index.num_chunks if bnd is not None else 0,  # (read with bnd only: 0 keeps one compile across lengths)
         HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return w, u, aqk, tt, bnd
+
+
+def ag_factors(
+    q: Tensor, k: Tensor, v: Tensor, ag: Tensor, gcum: Tensor, *, scale: float, index: ChunkIndex, launch: LaunchPlan
+) -> LazyFactors:
+    """The reverse walk's factors on demand (`kernels.common.chunk_bwd.LazyFactors`): `wy_from_ag` forms w, u, aqk
+    (and T) of the chunks a selection flags, every call into the same buffers; the chunk states come from the Ag form
+    of the state pass (`chunk_state_ag_fwd`), which reads Ag, k, v and no w, u."""
+    bufs: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
+
+    def form(sel: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        w, u, aqk, tt, _ = wy_from_ag(q, k, v, ag, gcum, scale=scale, index=index, launch=launch, sel=sel,
+                                      out=bufs[0] if bufs else None)  # fmt: skip
+        bufs[:] = [(w, u, aqk, tt)]
+        return w, u, aqk
+
+    def states(layout: SeqLayout, h0: Tensor | None) -> Tensor:
+        return chunk_state_ag_fwd(k, v, ag, gcum, layout=layout, num_chunks=index.num_chunks, BT=index.chunk_size,
+                                  h0=h0, launch=launch)  # fmt: skip
+
+    return LazyFactors(form, states)
 
 
 def chunk_gdn_bwd_ag(
@@ -191,17 +233,19 @@ def chunk_gdn_bwd_ag(
     else:
         ag, gcum = wy["ag"], wy["gs"]
     states = {name: wy[name] for name in KEPT_STATES if name in wy} if wy is not None and "h" in wy else {}
+    if launch.bwd_grads == "reverse":  # the TileLang reverse walk, reading Ag itself (`kernels.ops.gdn.reverse_bwd`);
+        # w, u, aqk formed only where its state pass reads them (`ag_factors`)
+        lazy = ag_factors(q, k, v, ag, gcum, scale=scale, index=index, launch=launch)
+        return chunk_gdn_bwd_reverse(q, k, v, g, beta, do, ag=ag, factors={"gs": gcum, **states}, index=index,
+                                     scale=scale, initial_state=initial_state, dht=dht, launch=launch,
+                                     split_chunks=split_chunks, warm_report=warm_report, seg_states=seg_states,
+                                     lazy=lazy)  # fmt: skip
     # the warm reverse windows' bound sums in this launch when the backward will run the forward's split from its
     # segment states (no forward sums needed: `chunk_bwd` then skips `reverse_chunk_bound`)
     fold = bool(seg_states) and not states and launch.bwd_warm_for("gdn") > 0
     w, u, aqk, tt, bnd = wy_from_ag(q, k, v, ag, gcum, scale=scale, index=index, launch=launch,
                                     bound=(g, beta, do) if fold else None)  # fmt: skip
     factors = {"w": w, "u": u, "gs": gcum, "aqk": aqk, "tt": tt, **({"bnd": bnd} if bnd is not None else {})}
-    if launch.bwd_grads == "reverse":  # the TileLang reverse walk, reading Ag itself (`kernels.ops.gdn.reverse_bwd`)
-        return chunk_gdn_bwd_reverse(q, k, v, g, beta, do, ag=ag, factors={**factors, **states}, index=index,
-                                     scale=scale, initial_state=initial_state, dht=dht, launch=launch,
-                                     split_chunks=split_chunks, warm_report=warm_report,
-                                     seg_states=seg_states)  # fmt: skip
     del ag  # read by nothing after this (with wy=None its memory is free for the gradient kernels' buffers)
     return chunk_bwd("gdn", q, k, v, g, beta, do, scale=scale, initial_state=initial_state, dht=dht,
                      cu_seqlens=cu_seqlens, plan=launch, split_chunks=split_chunks, wy={**factors, **states},

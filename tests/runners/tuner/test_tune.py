@@ -456,7 +456,7 @@ def test_miscompile_rules_apply_by_capability_and_triton_version() -> None:
     shipped = known_bad("9.0", "3.6.0")
     assert LaunchConfig(BV=32, num_warps=4, num_stages=1) in shipped["chunk_state_transition_fwd"]
     assert LaunchConfig(BV=32, num_warps=4, num_stages=1) in shipped["chunk_state_output_fwd"]
-    fwd = ("chunk_state_transition_fwd", "chunk_state_output_fwd", "chunk_state_fwd")
+    fwd = ("chunk_state_transition_fwd", "chunk_state_output_fwd", "chunk_state_fwd", "chunk_state_ag_fwd")
     assert all(c.BV == 32 and c.num_stages == 1 for n in fwd for c in shipped.get(n, {}))
     # the reverse state pass crashed at BV=32 with one and with two stages; the state recompute and the WY
     # backward crashed mid-search / when precompiled (2026-12-01)
@@ -467,6 +467,7 @@ def test_miscompile_rules_apply_by_capability_and_triton_version() -> None:
     assert {c.BV for c in shipped["chunk_state_bwd"]} == {32}
     assert LaunchConfig(BV=32, num_warps=4, num_stages=2) in shipped["chunk_state_bwd"]
     assert LaunchConfig(BV=32, num_warps=4, num_stages=1) in shipped["chunk_state_fwd"]
+    assert LaunchConfig(BV=32, num_warps=4, num_stages=1) in shipped["chunk_state_ag_fwd"]
     assert set(shipped["wy_bwd"]) == {LaunchConfig(BK=128, BV=32, num_warps=w, num_stages=1) for w in (2, 4, 8)}
     # GDN's fused state+output pass crashed at BV=32 with one and with three stages (session 16's re-tune)
     import kernels.ops.gdn.fused  # noqa: F401

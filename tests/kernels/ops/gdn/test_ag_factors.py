@@ -122,8 +122,9 @@ def test_wy_from_ag_forms_only_the_selected_chunks(per_head: bool) -> None:
 LENGTHS, CHUNK, SPLIT, WINDOW = (75, 40), 16, 2, 1  # test_warm_bwd.py's scenario
 
 
-def _ends(lazy: bool, *, split: bool):
-    """reverse_ends' (h, ends, certified or None, chunk rows of w formed) with every factor or with `ag_factors`."""
+def _ends(lazy: bool, *, split: bool, kept: dict | None = None):
+    """reverse_ends' (h, ends, certified or None, chunk rows of w formed) with every factor or with `ag_factors`;
+    kept: the chunk states handed over as the forward keeps them (no maps)."""
     q, k, v, g, beta, cu, h0, index, ag, gs = _inputs(LENGTHS, HV=2, lb=-0.05, chunk=CHUNK)
     g = g.clone()
     g[:, :, 0] = g[:, :, 0] * 100  # head 0 strong (its windows certified), head 1 weak
@@ -155,13 +156,18 @@ def _ends(lazy: bool, *, split: bool):
         w, u, aqk, _, _ = wy_from_ag(q, k, v, ag, gs, scale=DIM**-0.5, index=index)
     h, _, _, ends = cb.reverse_ends(q, k, w, u, gs, aqk, do, index=index, gate_vector=False, scale=DIM**-0.5,
                                     h0=h0, dht=dht, launch=launch, split_chunks=None, states=True, warm=warm,
-                                    seg_states=seg or None, lazy=facs)  # fmt: skip
+                                    seg_states=None if kept else seg or None, kept=kept, lazy=facs)  # fmt: skip
     return h, ends, report.get("certified"), formed
 
 
-def test_reverse_ends_on_demand_equal_every_factors_with_the_forwards_segments() -> None:
-    h, ends, cert, _ = _ends(False, split=True)
-    h_l, ends_l, cert_l, formed = _ends(True, split=True)
+@pytest.mark.parametrize("states", ["recomputed", "kept"])
+def test_reverse_ends_on_demand_equal_every_factors_with_the_forwards_segments(states: str) -> None:
+    kept = None
+    if states == "kept":  # the states the recompute makes, handed over as "ag+states" keeps them (no maps)
+        h, *_ = _ends(False, split=True)
+        kept = {"h": h, "v_new": None, "split": SPLIT}
+    h, ends, cert, _ = _ends(False, split=True, kept=kept)
+    h_l, ends_l, cert_l, formed = _ends(True, split=True, kept=kept)
     assert cert is not None and cert_l is not None and torch.equal(cert, cert_l)
     assert cert.any() and not cert.all()  # both branches: certified windows and the refill of uncertified segments
     assert_rel_close("h", h.float(), h_l.float(), TOL)

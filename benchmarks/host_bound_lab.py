@@ -57,6 +57,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "wy": {"policy": "wy"},  # (session 21) the WY factors kept, no states: session 20 timed it 2x faster at 1x8K
     "ag+states": {"policy": "ag+states"},
     "api": {"api": True},  # (session 20) the public op `kernels.chunk_gdn` (validate, dispatch, autograd node)
+    # (session 24) the TileLang reverse-walk backward (`LaunchPlan.bwd_grads="reverse"`; CUDA only: a dry run leaves
+    # it out, and its launches are not counted, the walk being no Triton launch)
+    "reverse": {"bwd_grads": "reverse", "cuda_only": True},
+    "ag+states:reverse": {"policy": "ag+states", "bwd_grads": "reverse", "cuda_only": True},
 }
 BUDGET = 5e-3
 NAMES = ("o", "dq", "dk", "dv", "dg", "dbeta")
@@ -271,7 +275,11 @@ def run_shape(
             inner = ours_api_step("gdn")
         else:
             inner = ours_step(
-                "gdn", policy=v.get("policy", "auto"), split_chunks=v.get("split_chunks"), seg_states=v.get("seg_states", True)
+                "gdn",
+                policy=v.get("policy", "auto"),
+                split_chunks=v.get("split_chunks"),
+                seg_states=v.get("seg_states", True),
+                bwd_grads=v.get("bwd_grads"),
             )
 
         def step(*xs: Any, inner: Any = inner, heur: bool = v.get("triton_heuristics", False)) -> Any:
@@ -281,19 +289,23 @@ def run_shape(
         got = [t.float() for t in flat(step(*args))]
         ref = ref or got
         err = {f"rel_{n}": rel_l2(a, b) for n, a, b in zip(NAMES, got, ref, strict=True)}
-        counts = count_step(
-            "gdn",
-            B,
-            T,
-            H,
-            policy=v.get("policy", "auto"),
-            sms=132,
-            K=K,
-            V=K,
-            split_chunks=v.get("split_chunks"),
-            seg_states=v.get("seg_states", True),
-            HV=HV,
-            api=api,
+        counts = (
+            {"n_launches": None, "n_aten_ops": None}
+            if v.get("cuda_only")
+            else count_step(
+                "gdn",
+                B,
+                T,
+                H,
+                policy=v.get("policy", "auto"),
+                sms=132,
+                K=K,
+                V=K,
+                split_chunks=v.get("split_chunks"),
+                seg_states=v.get("seg_states", True),
+                HV=HV,
+                api=api,
+            )
         )
         row = {
             "B": B,
@@ -364,6 +376,8 @@ def main() -> None:
     variants = a.variants.split(",")
     if bad := [v for v in variants if v not in VARIANTS]:
         ap.error(f"--variants: unknown {bad}; known: {', '.join(VARIANTS)}")
+    if a.dry_run:  # the CPU: no TileLang walk
+        variants = [v for v in variants if not VARIANTS[v].get("cuda_only")]
     try:
         shapes = [(1, 128)] if a.dry_run else [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
     except ValueError:

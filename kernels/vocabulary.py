@@ -32,6 +32,7 @@ __all__ = [
     "AUTO_BWD_GRADS",
     "AUTO_BWD_WARM",
     "AUTO_KEEP",
+    "AUTO_REVERSE_MIN_TOKEN_HEADS",
     "AUTO_FWD_PATH",
     "BWD_GRADS",
     "COUNTED_DIRECTIONS",
@@ -122,6 +123,12 @@ AUTO_FWD_PATH: Mapping[str, str] = MappingProxyType({"gdn": "fused", "kda": "wy"
 # dqk_wy_lab_h200.md): GDN's training step at 1x64K 8.97 -> 8.70 ms and its peak 4616 -> 3336 MB with the fused
 # kernel; KDA's step 29.6 -> 32.1 ms (slower)
 AUTO_BWD_GRADS: Mapping[str, str] = MappingProxyType({"gdn": "fused", "kda": "pair"})
+# ... except that GDN's "auto" takes the TileLang reverse walk ("reverse") from the kept Ag (keep "ag", the default, or
+# "ag+states") in bf16 where the kernel runs (`kernels.ops.gdn.reverse_bwd.reverse_bwd_refusal`: Hopper, K = V = 128,
+# chunk 64, tilelang installed) and the step has at least this many tokens x value heads (session 24, H200,
+# benchmarks/results/bwd_ag_lab_s24_h200.md, one process: fused / reverse 1.52 / 2.70 ms at 1x8K, 2.20 / 2.61 at
+# 1x16K, 3.57 / 3.09 at 1x32K with 16 heads; the short steps wait on the host, and the reverse path issues more)
+AUTO_REVERSE_MIN_TOKEN_HEADS = 32768 * 16
 # `LaunchPlan.bwd_warm` None (the default) per op: the reverse state pass's gate-certified warm window in chunks
 # (`kernels.common.warm_bwd`), from the H200 (session 12, benchmarks/results/bwd_warm_h200.md): GDN's training step
 # 8.67 -> 7.85 ms at 1x64K (1x128K, 8x8K in the same file), gradients unchanged, every window certified at lb -1; KDA's

@@ -44,7 +44,7 @@ from kernels.common.state_keep import KEPT_STATES
 from kernels.common.warm_bwd import _reverse_bound_store
 from kernels.common.wy import BT_WY, CHUNK_SIZES, FLOOR
 from kernels.configs import KernelSpec, LaunchConfig, cdiv, head_block, register
-from kernels.ops.gdn.reverse_bwd import chunk_gdn_bwd_reverse
+from kernels.ops.gdn.reverse_bwd import auto_reverse, chunk_gdn_bwd_reverse
 from kernels.ops.gdn.wy_ag import wy_gdn_ag
 from kernels.plan import LaunchPlan, default_plan, launch_config
 
@@ -233,8 +233,9 @@ def chunk_gdn_bwd_ag(
     else:
         ag, gcum = wy["ag"], wy["gs"]
     states = {name: wy[name] for name in KEPT_STATES if name in wy} if wy is not None and "h" in wy else {}
-    if launch.bwd_grads == "reverse":  # the TileLang reverse walk, reading Ag itself (`kernels.ops.gdn.reverse_bwd`);
-        # w, u, aqk formed only where its state pass reads them (`ag_factors`)
+    if launch.bwd_grads == "reverse" or auto_reverse(k, v, index.chunk_size, launch):
+        # the TileLang reverse walk, reading Ag itself (`kernels.ops.gdn.reverse_bwd`; "auto" takes it for long bf16
+        # steps on Hopper); w, u, aqk formed only where its state pass reads them (`ag_factors`)
         lazy = ag_factors(q, k, v, ag, gcum, scale=scale, index=index, launch=launch)
         return chunk_gdn_bwd_reverse(q, k, v, g, beta, do, ag=ag, factors={"gs": gcum, **states}, index=index,
                                      scale=scale, initial_state=initial_state, dht=dht, launch=launch,

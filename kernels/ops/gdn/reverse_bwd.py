@@ -41,6 +41,7 @@ from kernels.common.decay import GATE_FLOOR
 from kernels.common.index import ChunkIndex
 from kernels.configs import cdiv
 from kernels.plan import LaunchPlan
+from kernels.vocabulary import AUTO_REVERSE_MIN_TOKEN_HEADS
 
 __all__ = ["TILELANG_VERSION", "chunk_gdn_bwd_reverse", "reverse_bwd_refusal", "reverse_bwd_tilelang"]
 
@@ -69,6 +70,23 @@ def reverse_bwd_refusal(K: int, V: int, BT: int, device: torch.device) -> str | 
     if tilelang.__version__.split("+")[0] != TILELANG_VERSION:
         return f"the TileLang reverse backward was checked on tilelang {TILELANG_VERSION}, found {tilelang.__version__}"
     return None
+
+
+def auto_reverse(k: Tensor, v: Tensor, BT: int, launch: LaunchPlan) -> bool:
+    """Whether `LaunchPlan.bwd_grads` "auto" takes this walk for GDN's step from the kept Ag: bf16, at least
+    `kernels.vocabulary.AUTO_REVERSE_MIN_TOKEN_HEADS` tokens x value heads (v `[B, T, HV, V]`), and nothing refusing
+    the kernel here (`reverse_bwd_refusal`); else the fused gradient kernels run, as for any other step."""
+    if launch.bwd_grads != "auto" or k.dtype != torch.bfloat16:
+        return False
+    B, T, HV = v.shape[:3]
+    if B * T * HV < AUTO_REVERSE_MIN_TOKEN_HEADS:
+        return False
+    return _refusal_here(k.shape[-1], v.shape[-1], BT, k.device) is None
+
+
+@functools.cache
+def _refusal_here(K: int, V: int, BT: int, device: torch.device) -> str | None:
+    return reverse_bwd_refusal(K, V, BT, device)
 
 
 _TL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}

@@ -1,6 +1,7 @@
 """GDN's TileLang reverse-walk backward (`kernels.ops.gdn.reverse_bwd`, `LaunchPlan(bwd_grads="reverse")`).
 
-On any machine: the refusals (head dims other than 128, a CPU tensor, KDA or no kept Ag) name their reason in one line.
+On any machine: the refusals (head dims other than 128, a CPU tensor, KDA or no kept Ag) name their reason in one line;
+"auto" takes the walk for bf16 steps of at least AUTO_REVERSE_MIN_TOKEN_HEADS tokens x value heads where it runs.
 On an H200 with CPBENCH_TEST_GPU=1 and tilelang 0.1.15 (bf16, K = V = 128, chunk 64):
 - the kernel against its torch mirror (`kernels.common.reverse_bwd_torch.reverse_walk`, which CI checks against the
   reference) on identical inputs: three varlen sequences (37, 300, 5 tokens: partial and sub-chunk chunks) walked in
@@ -43,6 +44,24 @@ def test_refusals_name_their_reason() -> None:
     q, k, v, g, beta, _ = make_inputs("gdn", (20,), K=16, V=16)
     with pytest.raises(ValueError, match="got op 'gdn' under recompute"):
         chunk_bwd("gdn", q, k, v, g, beta, torch.ones_like(v), scale=0.25, plan=LaunchPlan(bwd_grads="reverse"))
+
+
+def test_auto_takes_the_walk_for_long_bf16_steps_where_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kernels.ops.gdn.reverse_bwd as rb
+    from kernels.vocabulary import AUTO_REVERSE_MIN_TOKEN_HEADS
+
+    def step(T: int, HV: int = 16, dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+        k = torch.empty(1, T, 1, DIM, dtype=dtype, device="meta")
+        return k, torch.empty(1, T, HV, DIM, dtype=dtype, device="meta")
+
+    at = AUTO_REVERSE_MIN_TOKEN_HEADS // 16
+    assert not rb.auto_reverse(*step(at), BT, LaunchPlan())  # here (a meta tensor): refused, the fused kernels run
+    monkeypatch.setattr(rb, "_refusal_here", lambda K, V, BT, device: None)  # as on an H200 with tilelang
+    assert rb.auto_reverse(*step(at), BT, LaunchPlan())
+    assert rb.auto_reverse(*step(at // 2, HV=32), BT, LaunchPlan())  # tokens x value heads
+    assert not rb.auto_reverse(*step(at - 1), BT, LaunchPlan())  # a short step waits on the host: fused
+    assert not rb.auto_reverse(*step(at, dtype=torch.float32), BT, LaunchPlan())  # measured in bf16 only
+    assert not rb.auto_reverse(*step(at), BT, LaunchPlan(bwd_grads="fused"))  # asked for
 
 
 @GPU

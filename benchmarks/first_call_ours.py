@@ -1,10 +1,11 @@
-"""Our first call on a cold Triton cache (issue 26's target: <= 20 s): chunk_gdn and chunk_kda fwd+bwd at B=1 T=8192
-H=16 K=V=128 bf16; prints the seconds and the peak memory of the step.
+"""Our first call on a cold Triton and TileLang cache (issue 26's target: <= 20 s): chunk_gdn and chunk_kda fwd+bwd
+at B=1 T=8192 (or --T) H=16 K=V=128 bf16; prints the seconds and the peak memory of the step.
 
-    python3 benchmarks/first_call_ours.py [--modes parallel serial]
+    python3 benchmarks/first_call_ours.py [--modes parallel serial] [--T 65536] [--ops gdn]
 
-Each mode runs in a fresh process with a fresh TRITON_CACHE_DIR (GDN first, then KDA, in that process: GDN's figure
-includes CUDA's start): parallel is the default (`kernels.parallel_compile`), serial sets CPBENCH_PARALLEL_COMPILE=0
+Each mode runs in a fresh process with a fresh TRITON_CACHE_DIR and TILELANG_CACHE_DIR (GDN first, then KDA, in that
+process: GDN's figure includes CUDA's start; from 32K tokens x 16 heads GDN's backward is the TileLang reverse walk,
+`kernels.vocabulary.AUTO_REVERSE_MIN_TOKEN_HEADS`, whose build then counts too): parallel is the default (`kernels.parallel_compile`), serial sets CPBENCH_PARALLEL_COMPILE=0
 (every kernel compiles at its launch, as before session 11).
 """
 
@@ -22,10 +23,10 @@ def first_calls() -> None:
 
     import kernels
 
-    T, H, D = 8192, 16, 128
+    T, H, D = int(os.environ.get("FIRST_CALL_T", "8192")), 16, 128
     dev = "cuda"
     mode = "serial" if os.environ.get("CPBENCH_PARALLEL_COMPILE") == "0" else "parallel"
-    for op in ("gdn", "kda"):
+    for op in os.environ.get("FIRST_CALL_OPS", "gdn,kda").split(","):
         q = F.normalize(torch.randn(1, T, H, D, device=dev), dim=-1).bfloat16().requires_grad_()
         k = F.normalize(torch.randn(1, T, H, D, device=dev), dim=-1).bfloat16().requires_grad_()
         v = torch.randn(1, T, H, D, device=dev).bfloat16().requires_grad_()
@@ -48,13 +49,17 @@ def first_calls() -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--modes", nargs="+", default=["parallel", "serial"], choices=["parallel", "serial"])
+    ap.add_argument("--T", type=int, default=8192, help="tokens of the one sequence (default 8192)")
+    ap.add_argument("--ops", nargs="+", default=["gdn", "kda"], choices=["gdn", "kda"])
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         first_calls()
         return 0
     for mode in args.modes:
-        env = {**os.environ, "TRITON_CACHE_DIR": tempfile.mkdtemp(prefix=f"first_call_{mode}_")}
+        env = {**os.environ, "TRITON_CACHE_DIR": tempfile.mkdtemp(prefix=f"first_call_{mode}_"),
+               "TILELANG_CACHE_DIR": tempfile.mkdtemp(prefix=f"first_call_tl_{mode}_"),
+               "FIRST_CALL_T": str(args.T), "FIRST_CALL_OPS": ",".join(args.ops)}  # fmt: skip
         env["CPBENCH_PARALLEL_COMPILE"] = "0" if mode == "serial" else "1"
         rc = subprocess.run([sys.executable, __file__, "--child"], env=env, check=False).returncode
         if rc:

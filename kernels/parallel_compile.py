@@ -17,6 +17,8 @@ same `triton.compile` of the same specialisation, only run in parallel. A worker
   batch of a new length does not run it again). A launch the dry run missed compiles at its launch, as before.
 - A dry run that raises (the call itself will raise the same error) or a compile that fails (the launch compiles
   again and raises Triton's error) is dropped: the call then runs exactly as without this module.
+- A kernel of another compiler in the call (GDN's TileLang reverse walk) builds in the dry run's own thread while the
+  pool compiles the Triton kernels, and skips its launch there (`dry_running`).
 - Off under TRITON_INTERPRET=1 (interpreted kernels compile nothing), with CPBENCH_PARALLEL_COMPILE=0, with a Triton
   without `triton.runtime._async_compile` (3.6.0 has it), and inside a caller's own AsyncCompileMode.
 """
@@ -34,7 +36,7 @@ from typing import Any
 
 from kernels.interpreter import interpreting
 
-__all__ = ["PARALLEL_COMPILE_ENV", "compile_ahead", "parallel_compile_enabled"]
+__all__ = ["PARALLEL_COMPILE_ENV", "compile_ahead", "dry_running", "parallel_compile_enabled"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +60,12 @@ def parallel_compile_enabled() -> bool:
     """True unless TRITON_INTERPRET=1 or CPBENCH_PARALLEL_COMPILE is 0 / false / no."""
     flag = os.environ.get(PARALLEL_COMPILE_ENV, "1").strip().lower()
     return flag not in ("0", "false", "no") and not interpreting()
+
+
+def dry_running() -> bool:
+    """True inside `compile_ahead`'s dry run (this thread): a kernel launched other than by Triton's JIT (GDN's
+    TileLang reverse walk) builds there, beside the Triton compiles in the pool, and must not launch."""
+    return _DRY_RUN.get()
 
 
 def compile_ahead(key: Hashable, dry_run: Callable[[], object]) -> bool:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels.parallel_compile import PARALLEL_COMPILE_ENV, compile_ahead, parallel_compile_enabled
+from kernels.parallel_compile import PARALLEL_COMPILE_ENV, compile_ahead, dry_running, parallel_compile_enabled
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "compile_parallel.py"
@@ -40,6 +40,15 @@ def test_the_switch_and_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # interpreted kernels compile nothing: no dry run
     assert not parallel_compile_enabled()
     assert compile_ahead(("test", "interpreter"), _never) is False
+
+
+def test_dry_running_holds_inside_the_dry_run_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv(PARALLEL_COMPILE_ENV, "1")
+    seen: list[bool] = []
+    assert not dry_running()
+    assert compile_ahead(("test", "dry_running"), lambda: seen.append(dry_running())) is True
+    assert seen == [True] and not dry_running()
 
 
 @pytest.mark.slow

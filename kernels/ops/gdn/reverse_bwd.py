@@ -40,6 +40,7 @@ from kernels.common.chunk_bwd import LazyFactors, rev_warm, reverse_ends
 from kernels.common.decay import GATE_FLOOR
 from kernels.common.index import ChunkIndex
 from kernels.configs import cdiv
+from kernels.parallel_compile import dry_running
 from kernels.plan import LaunchPlan
 from kernels.vocabulary import AUTO_REVERSE_MIN_TOKEN_HEADS
 
@@ -491,7 +492,8 @@ def reverse_bwd_tilelang(
     dg, dbeta = (torch.empty(B, T, H, dtype=torch.float32, device=k.device) for _ in range(2))  # every row is written
     dh0 = torch.zeros(num_seqs, H, K, V, dtype=torch.float32, device=k.device)  # (a sequence without a range keeps 0)
     outs = [x.view(B * T, *x.shape[2:]) for x in (dq, dk, dv, dg, dbeta)]
-    kern(*flat, h.contiguous(), ends.contiguous(), cu.int(), chunk_offsets.int(), final_idx.int(), *outs, dh0)
+    if not dry_running():  # (in `compile_ahead`'s dry run the walk is built, beside the Triton compiles, not launched)
+        kern(*flat, h.contiguous(), ends.contiguous(), cu.int(), chunk_offsets.int(), final_idx.int(), *outs, dh0)
     return dq, dk, dv, dg, dbeta, dh0
 
 

@@ -103,41 +103,35 @@ _KEY = ("H", "K", "V", "BT", "GATE", "IS_VARLEN", "dtype")
 # Measured: benchmarks/results/bwd_dot_precision_h200.md.
 VECTOR_GATE_DOT = "tf32"
 
-WY_INVERSE = register(
-    KernelSpec(
-        name="wy_inverse",
-        key=_KEY,
-        # the WY prep's A and solve without w/u (same 16x16 register tiles: one warp, BK 32 / 16 as the forward)
-        default=LaunchConfig(BK=32, num_warps=1, num_stages=2),
-        space={"BK": (16, 32, 64), "num_warps": (1, 2, 4), "num_stages": (1, 2, 3)},
-    )
-)
+WY_INVERSE = register(KernelSpec(
+    name="wy_inverse",
+    key=_KEY,
+    # the WY prep's A and solve without w/u (same 16x16 register tiles: one warp, BK 32 / 16 as the forward)
+    default=LaunchConfig(BK=32, num_warps=1, num_stages=2),
+    space={"BK": (16, 32, 64), "num_warps": (1, 2, 4), "num_stages": (1, 2, 3)},
+))
 
-CHUNK_BWD_DQK = register(
-    KernelSpec(
-        name="chunk_bwd_dqk",
-        key=_KEY,
-        # BK = BV = 64 at 8 warps (FLA's chunk_bwd_dqkwg: 4): the pair runs KDA's gradients by default (GDN's: the fused
-        # kernel), and on the H200 KDA's pair at 1x64K took 12.0 ms at 8 warps against 15.3 at 4
-        # (benchmarks/results/dqk_wy_lab_h200.md, session 11; the tuner chose 8 warps for both in session 8 too)
-        default=LaunchConfig(BK=64, BV=64, num_warps=8, num_stages=2),
-        space={"BK": (32, 64, 128), "BV": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
-        # the compiler's other low-spill config (benchmarks/results/ptxas_bwd_sm90.md): 32-wide tiles at 8 warps
-        hints=(LaunchConfig(BK=32, BV=32, num_warps=8, num_stages=2),),
-    )
-)
+CHUNK_BWD_DQK = register(KernelSpec(
+    name="chunk_bwd_dqk",
+    key=_KEY,
+    # BK = BV = 64 at 8 warps (FLA's chunk_bwd_dqkwg: 4): the pair runs KDA's gradients by default (GDN's: the fused
+    # kernel), and on the H200 KDA's pair at 1x64K took 12.0 ms at 8 warps against 15.3 at 4
+    # (benchmarks/results/dqk_wy_lab_h200.md, session 11; the tuner chose 8 warps for both in session 8 too)
+    default=LaunchConfig(BK=64, BV=64, num_warps=8, num_stages=2),
+    space={"BK": (32, 64, 128), "BV": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
+    # the compiler's other low-spill config (benchmarks/results/ptxas_bwd_sm90.md): 32-wide tiles at 8 warps
+    hints=(LaunchConfig(BK=32, BV=32, num_warps=8, num_stages=2),),
+))
 
-WY_BWD = register(
-    KernelSpec(
-        name="wy_bwd",
-        key=_KEY,
-        # 64-wide column blocks at 8 warps (FLA's prepare_wy_repr_bwd: 2-4): as chunk_bwd_dqk above (KDA's pair, H200)
-        default=LaunchConfig(BK=64, BV=64, num_warps=8, num_stages=2),
-        space={"BK": (32, 64, 128), "BV": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
-        # the compiler's other low-spill config (benchmarks/results/ptxas_bwd_sm90.md): 32-wide tiles at 8 warps
-        hints=(LaunchConfig(BK=32, BV=32, num_warps=8, num_stages=2),),
-    )
-)
+WY_BWD = register(KernelSpec(
+    name="wy_bwd",
+    key=_KEY,
+    # 64-wide column blocks at 8 warps (FLA's prepare_wy_repr_bwd: 2-4): as chunk_bwd_dqk above (KDA's pair, H200)
+    default=LaunchConfig(BK=64, BV=64, num_warps=8, num_stages=2),
+    space={"BK": (32, 64, 128), "BV": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
+    # the compiler's other low-spill config (benchmarks/results/ptxas_bwd_sm90.md): 32-wide tiles at 8 warps
+    hints=(LaunchConfig(BK=32, BV=32, num_warps=8, num_stages=2),),
+))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -156,13 +150,8 @@ def wy_inverse_kernel(
     cu_seqlens,
     chunk_indices,
     T,
-    H: tl.constexpr,
-    K: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    GATE_VECTOR: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    G: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, GATE_VECTOR: tl.constexpr,
+    IS_VARLEN: tl.constexpr, G: tl.constexpr,
 ):
     tl.static_assert(BT == 16 or BT == 32 or BT == 64, "written for chunks of 16, 32 or 64 tokens")
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
@@ -177,13 +166,12 @@ def wy_inverse_kernel(
     b3 = _load_vec(beta, bos, t0 + 48, T, i_h, H, 16)
     if GATE_VECTOR:
         m_d = o_i[:, None] > o_i[None, :]
-        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _kda_gram(
-            k, k, g, kg, bos, t0, T, i_h, gc + (i_tg * H + i_h) * K, 1.0, H, K, BK, True, G
-        )
-        A00 = tl.where(m_d, A00, 0.0)
-        A11 = tl.where(m_d, A11, 0.0)
-        A22 = tl.where(m_d, A22, 0.0)
-        A33 = tl.where(m_d, A33, 0.0)
+        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _kda_gram(k, k, g, kg, bos, t0, T, i_h,
+                                                                     gc + (i_tg * H + i_h) * K, 1.0, H, K, BK, True, G)
+        A00 = tl.where(m_d, A00, 0.)
+        A11 = tl.where(m_d, A11, 0.)
+        A22 = tl.where(m_d, A22, 0.)
+        A33 = tl.where(m_d, A33, 0.)
     else:
         # the in-chunk cumsum of the raw gate, flat past T (as the WY prep: a zero there would make
         # exp(G_i - G_j) overflow against a strongly decayed G_j)
@@ -225,16 +213,8 @@ def chunk_bwd_dqk_kernel(
     chunk_indices,
     scale,
     T,
-    H: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    GATE_VECTOR: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    G: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    GATE_VECTOR: tl.constexpr, DOT_PREC: tl.constexpr, IS_VARLEN: tl.constexpr, G: tl.constexpr,
 ):
     i_k, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -249,18 +229,19 @@ def chunk_bwd_dqk_kernel(
     p_row = (bos + o_r) * H + i_h
     p_h = (i_tg * H + i_h) * K * V
 
-    b_dqg, b_dkt, b_dw, b_dgam, b_da = _state_products(h, dh, v_new, dv_new, do, p_h, p_row, m_r, o_k, K, V, BT, BK, BV, True)
+    b_dqg, b_dkt, b_dw, b_dgam, b_da = _state_products(h, dh, v_new, dv_new, do, p_h, p_row, m_r, o_k, K, V, BT, BK, BV,
+                                                       True)
 
     p_qk = ((bos + o_r) * (H // G) + i_h // G)[:, None] * K + o_k[None, :]  # grouped heads: the shared q/k head
-    b_q = tl.load(q + p_qk, mask=m_rk, other=0.0).to(tl.float32)
-    b_k = tl.load(k + p_qk, mask=m_rk, other=0.0).to(tl.float32)
+    b_q = tl.load(q + p_qk, mask=m_rk, other=0.).to(tl.float32)
+    b_k = tl.load(k + p_qk, mask=m_rk, other=0.).to(tl.float32)
     b_G = _gate_tile(g, p_row, m_r, o_k, K, GATE_VECTOR)
-    b_Gl = tl.sum(tl.where(o_t[:, None] == BT - 1, b_G, 0.0), 0)[None, :]  # [1, BK] (KDA) or [1, 1] (GDN)
+    b_Gl = tl.sum(tl.where(o_t[:, None] == BT - 1, b_G, 0.), 0)[None, :]  # [1, BK] (KDA) or [1, 1] (GDN)
     # dAqk below the diagonal goes through the decayed products; its diagonal (decay e^0 = 1) is added in fp32 and
     # left out of dG, where its two terms cancel exactly (with bf16 products they would not: under strong decay
     # that rounding is larger than dg itself)
-    b_X = tl.where(o_t[:, None] > o_t[None, :], b_da * scale, 0.0)
-    b_xd = tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_da * scale, 0.0), 1)[:, None]  # [BT, 1]
+    b_X = tl.where(o_t[:, None] > o_t[None, :], b_da * scale, 0.)
+    b_xd = tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_da * scale, 0.), 1)[:, None]  # [BT, 1]
     if GATE_VECTOR:
         b_rq = _rows_vec(b_X, b_k, b_G, BT, BK, dt, DOT_PREC)
         b_cq = _cols_vec(b_X, b_q, b_G, BT, BK, dt, DOT_PREC)
@@ -278,7 +259,7 @@ def chunk_bwd_dqk_kernel(
     b_dG = b_q * b_rq - b_k * b_cq + b_dqs * b_q - b_ktdkt
     # d gamma_C and the sum of the K~ terms land on the last row of the chunk (the last one before T)
     i_last = tl.minimum(T - i_t * BT, BT) - 1
-    b_dG += tl.where(o_t[:, None] == i_last, tl.sum(b_ktdkt, 0)[None, :] + tl.exp(b_Gl) * b_dgam[None, :], 0.0)
+    b_dG += tl.where(o_t[:, None] == i_last, tl.sum(b_ktdkt, 0)[None, :] + tl.exp(b_Gl) * b_dgam[None, :], 0.)
     p_out = p_row[:, None] * K + o_k[None, :]
     tl.store(dq + p_out, b_dq.to(dq.dtype.element_ty), mask=m_rk)
     tl.store(dk + p_out, b_cq + b_xd * b_q + b_ekt * b_dkt, mask=m_rk)
@@ -307,16 +288,8 @@ def wy_bwd_kernel(
     cu_seqlens,
     chunk_indices,
     T,
-    H: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    GATE_VECTOR: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    G: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    GATE_VECTOR: tl.constexpr, DOT_PREC: tl.constexpr, IS_VARLEN: tl.constexpr, G: tl.constexpr,
 ):
     i_h, _, _, bos, T, o_r, m_r, p_row = _chunk_rows(cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN)
     dt = k.dtype.element_ty
@@ -329,28 +302,27 @@ def wy_bwd_kernel(
         o_v = i_v * BV + tl.arange(0, BV)
         p_v = p_row[:, None] * V + o_v[None, :]
         m_rv = m_r[:, None] & (o_v < V)[None, :]
-        b_dvb = tl.dot(b_Tt, tl.load(dv_new + p_v, mask=m_rv, other=0.0))
-        b_dA = tl.dot(b_dvb.to(dt), tl.trans(tl.load(u + p_v, mask=m_rv, other=0.0)), b_dA)
-        b_v = tl.load(v + p_v, mask=m_rv, other=0.0).to(tl.float32)
+        b_dvb = tl.dot(b_Tt, tl.load(dv_new + p_v, mask=m_rv, other=0.))
+        b_dA = tl.dot(b_dvb.to(dt), tl.trans(tl.load(u + p_v, mask=m_rv, other=0.)), b_dA)
+        b_v = tl.load(v + p_v, mask=m_rv, other=0.).to(tl.float32)
         b_db += tl.sum(b_dvb * b_v, 1)
         tl.store(dv + p_v, (b_dvb * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_rv)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         p_k = p_row[:, None] * K + o_k[None, :]
         m_rk = m_r[:, None] & (o_k < K)[None, :]
-        b_dkb = tl.dot(b_Tt, tl.load(dw + p_k, mask=m_rk, other=0.0).to(dt))
-        b_dA = tl.dot(b_dkb.to(dt), tl.trans(tl.load(w + p_k, mask=m_rk, other=0.0)), b_dA)
-    b_dA = -tl.where(o_t[:, None] > o_t[None, :], b_dA, 0.0)
+        b_dkb = tl.dot(b_Tt, tl.load(dw + p_k, mask=m_rk, other=0.).to(dt))
+        b_dA = tl.dot(b_dkb.to(dt), tl.trans(tl.load(w + p_k, mask=m_rk, other=0.)), b_dA)
+    b_dA = -tl.where(o_t[:, None] > o_t[None, :], b_dA, 0.)
 
     b_dgs = tl.zeros([BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         p_k = p_row[:, None] * K + o_k[None, :]
         m_rk = m_r[:, None] & (o_k < K)[None, :]
-        b_dkb = tl.dot(b_Tt, tl.load(dw + p_k, mask=m_rk, other=0.0).to(dt))
-        b_k = tl.load(k + ((bos + o_r) * (H // G) + i_h // G)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(
-            tl.float32
-        )  # grouped heads: the shared key head
+        b_dkb = tl.dot(b_Tt, tl.load(dw + p_k, mask=m_rk, other=0.).to(dt))
+        b_k = tl.load(k + ((bos + o_r) * (H // G) + i_h // G)[:, None] * K + o_k[None, :], mask=m_rk,
+                      other=0.).to(tl.float32)  # grouped heads: the shared key head
         b_G = _gate_tile(g, p_row, m_r, o_k, K, GATE_VECTOR)
         b_bk = b_k * b_beta[:, None]
         if GATE_VECTOR:
@@ -363,10 +335,10 @@ def wy_bwd_kernel(
             b_ca = tl.dot(tl.trans(b_XE).to(dt), b_bk.to(dt))
         b_kbd = b_dkb * tl.exp(b_G) * b_k  # dkb (x) e^G (x) k
         b_db += tl.sum(b_kbd + b_k * b_ra, 1)
-        b_dk = tl.load(dk_part + p_k, mask=m_rk, other=0.0)
+        b_dk = tl.load(dk_part + p_k, mask=m_rk, other=0.)
         b_dk += b_dkb * tl.exp(b_G) * b_beta[:, None] + b_beta[:, None] * b_ra + b_ca
         tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_rk)
-        b_dG = tl.load(dg_part + p_k, mask=m_rk, other=0.0)
+        b_dG = tl.load(dg_part + p_k, mask=m_rk, other=0.)
         b_dG += b_beta[:, None] * (b_kbd + b_k * b_ra) - b_k * b_ca
         b_dgs = _dg_columns(dg, g, b_dG, b_dgs, p_k, m_rk, GATE_VECTOR)
     if not GATE_VECTOR:
@@ -378,17 +350,8 @@ def wy_bwd_kernel(
 # launchers
 
 
-def wy_inverse(
-    k: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    index: ChunkIndex,
-    gate_vector: bool,
-    kg: Tensor | None = None,
-    gc: Tensor | None = None,
-    launch: LaunchPlan | None = None,
-) -> Tensor:
+def wy_inverse(k: Tensor, g: Tensor, beta: Tensor, *, index: ChunkIndex, gate_vector: bool, kg: Tensor | None = None,
+               gc: Tensor | None = None, launch: LaunchPlan | None = None) -> Tensor:
     """T = (I + A)^{-1} per chunk, [B, T, H, BT] in k's dtype (lower blocks), from the raw gate g (H: beta's heads)."""
     B, T, _, K = k.shape
     H = beta.shape[2]
@@ -398,38 +361,15 @@ def wy_inverse(
     tt = torch.empty(B, T, H, BT, dtype=k.dtype, device=k.device)
     cu, ci = _bounds(index)
     wy_inverse_kernel[_chunk_grid(index, B, T, H)](
-        k,
-        g,
-        beta,
-        tt,
-        kg,
-        gc,
-        cu,
-        ci,
-        T,
-        H=H,
-        K=K,
-        BT=BT,
-        BK=BK,
-        GATE_VECTOR=gate_vector,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        k, g, beta, tt, kg, gc, cu, ci, T, H=H, K=K, BT=BT, BK=BK, GATE_VECTOR=gate_vector,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return tt
 
 
 def _wy_factors(
-    gate_vector: bool,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    *,
-    scale: float,
-    index: ChunkIndex,
-    launch: LaunchPlan,
-    wy: Mapping[str, Tensor] | None,
+    gate_vector: bool, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex,
+    launch: LaunchPlan, wy: Mapping[str, Tensor] | None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(w, u, ks, gs, qs, aqk): the forward's kept factors, or the WY prep run again (GDN: ks, qs = k, q)."""
     if wy is not None:
@@ -445,25 +385,10 @@ def _wy_factors(
 
 
 def _state_pass(
-    qs: Tensor,
-    ks: Tensor,
-    w: Tensor,
-    u: Tensor,
-    gs: Tensor,
-    aqk: Tensor,
-    do: Tensor,
-    *,
-    index: ChunkIndex,
-    gate_vector: bool,
-    scale: float,
-    h0: Tensor | None,
-    dht: Tensor | None,
-    dh0: Tensor | None,
-    launch: LaunchPlan,
-    split_chunks: int | None,
-    states: bool,
-    kept: Mapping[str, Tensor] | None = None,
-    warm: RevWarmInputs | None = None,
+    qs: Tensor, ks: Tensor, w: Tensor, u: Tensor, gs: Tensor, aqk: Tensor, do: Tensor, *, index: ChunkIndex,
+    gate_vector: bool, scale: float, h0: Tensor | None, dht: Tensor | None, dh0: Tensor | None,
+    launch: LaunchPlan, split_chunks: int | None, states: bool,
+    kept: Mapping[str, Tensor] | None = None, warm: RevWarmInputs | None = None,
     seg_states: Mapping[str, Any] | None = None,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
     """The reverse state pass, split across the sequence like the forward (module docstring), writing dh0 when given;
@@ -500,26 +425,10 @@ class LazyFactors:
 
 
 def reverse_ends(
-    qs: Tensor,
-    ks: Tensor,
-    w: Tensor | None,
-    u: Tensor | None,
-    gs: Tensor,
-    aqk: Tensor | None,
-    do: Tensor,
-    *,
-    index: ChunkIndex,
-    gate_vector: bool,
-    scale: float,
-    h0: Tensor | None,
-    dht: Tensor | None,
-    launch: LaunchPlan,
-    split_chunks: int | None,
-    states: bool,
-    kept: Mapping[str, Tensor] | None = None,
-    warm: RevWarmInputs | None = None,
-    seg_states: Mapping[str, Any] | None = None,
-    lazy: LazyFactors | None = None,
+    qs: Tensor, ks: Tensor, w: Tensor | None, u: Tensor | None, gs: Tensor, aqk: Tensor | None, do: Tensor, *,
+    index: ChunkIndex, gate_vector: bool, scale: float, h0: Tensor | None, dht: Tensor | None, launch: LaunchPlan,
+    split_chunks: int | None, states: bool, kept: Mapping[str, Tensor] | None = None,
+    warm: RevWarmInputs | None = None, seg_states: Mapping[str, Any] | None = None, lazy: LazyFactors | None = None,
 ) -> tuple[Tensor | None, Tensor | None, SeqLayout, Tensor | None]:
     """`_state_pass` up to its last launch: (h, v_new (None without `states`), the layout of the last reverse walk
     (whole sequences; or the split's segments, `final_idx` naming each sequence's first for dh0), the fp32 gradient
@@ -546,12 +455,14 @@ def reverse_ends(
     if kept is not None:
         h, v_new = kept["h"], kept["v_new"]
     if plan is None:
-        layout = SeqLayout(N, index.cu_seqlens if index.is_varlen else None, index.chunk_offsets if index.is_varlen else None)
+        layout = SeqLayout(N, index.cu_seqlens if index.is_varlen else None,
+                           index.chunk_offsets if index.is_varlen else None)
         if states and kept is None and lazy is not None:
             h = lazy.states(layout, h0)
         elif states and kept is None:
             assert w is not None and u is not None
-            h, v_new, _ = chunk_state_fwd(ks, w, u, gs, layout=layout, num_chunks=NT, h0=h0, launch=launch, **common)
+            h, v_new, _ = chunk_state_fwd(ks, w, u, gs, layout=layout, num_chunks=NT, h0=h0, launch=launch,
+                                          **common)
         return h, v_new, layout, dht
     refill = None
     if lazy is not None:  # the windows' chunks only when the states are kept or come from the forward's segment states
@@ -575,29 +486,13 @@ def reverse_ends(
     if warm is not None:  # the reverse windows, the forward's for the recompute, and one launch of both bound sums
         wp = reverse_window_plan(index, plan, warm.window_chunks)
         if wp is not None and recompute and hs is None and warm.v is not None:
-            wpf = window_plan(
-                index,
-                list(plan.bounds_cpu),
-                list(plan.chunk_bounds_cpu),
-                list(plan.transitions_cpu),
-                warm.window_chunks,
-                seg_chunks=plan.seg_chunks,
-                cache=plan.windows,
-            )
+            wpf = window_plan(index, list(plan.bounds_cpu), list(plan.chunk_bounds_cpu), list(plan.transitions_cpu),
+                              warm.window_chunks, seg_chunks=plan.seg_chunks, cache=plan.windows)
         if wp is not None and wpf is None and warm.bnd is not None:  # summed by an earlier launch (wy_from_ag)
             bnd = warm.bnd
         elif wp is not None:
-            bnd, fbnd = reverse_chunk_bound(
-                warm.q,
-                warm.k,
-                warm.g,
-                warm.beta,
-                do,
-                scale=scale,
-                index=index,
-                gate_vector=gate_vector,
-                v=warm.v if wpf is not None else None,
-            )
+            bnd, fbnd = reverse_chunk_bound(warm.q, warm.k, warm.g, warm.beta, do, scale=scale, index=index,
+                                            gate_vector=gate_vector, v=warm.v if wpf is not None else None)
     M = kept.get("M") if kept is not None else None
     if M is not None:
         assert M.shape[0] == plan.num_segments, f"kept maps of {M.shape[0]} segments, the plan has {plan.num_segments}"
@@ -609,87 +504,35 @@ def reverse_ends(
         if hs is None and wpf is None:  # the exact chain's
             nonlast = plan.transitions.seq_map
             assert nonlast is not None and M is not None
-            hs = seg_chain_states(
-                M.index_select(0, nonlast),
-                S.index_select(0, nonlast),
-                h0,
-                plan.seg_ptr,
-                num_segments=plan.num_segments,
-                launch=launch,
-            )
+            hs = seg_chain_states(M.index_select(0, nonlast), S.index_select(0, nonlast), h0, plan.seg_ptr,
+                                  num_segments=plan.num_segments, launch=launch)
         elif hs is None:  # the chain of the forward's certified windows (`kernels.common.warm_split`), sums above
             assert warm is not None and warm.v is not None
             fwd_report: dict[str, Tensor] = {}
-            x = WarmInputs(
-                "kda" if gate_vector else "gdn",
-                warm.k,
-                warm.v,
-                warm.g,
-                warm.beta,
-                window_chunks=warm.window_chunks,
-                tol=warm.tol,
-                report=fwd_report,
-                chunk_bound=fbnd,
-            )
-            M_f, S_f, drop = warm_transitions(
-                ks, w, u, gs, transitions=plan.transitions, wp=wpf, BT=BT, gate_vector=gate_vector, x=x, h0=h0, launch=launch
-            )
+            x = WarmInputs("kda" if gate_vector else "gdn", warm.k, warm.v, warm.g, warm.beta,
+                           window_chunks=warm.window_chunks, tol=warm.tol, report=fwd_report, chunk_bound=fbnd)
+            M_f, S_f, drop = warm_transitions(ks, w, u, gs, transitions=plan.transitions, wp=wpf, BT=BT,
+                                              gate_vector=gate_vector, x=x, h0=h0, launch=launch)
             hs = seg_chain_fwd(M_f, S_f, h0, plan, launch=launch, drop=drop)
             if warm.report is not None:
                 warm.report["certified_fwd"] = fwd_report["certified"]
         h, v_new, _ = chunk_state_fwd(ks, w, u, gs, layout=segs, num_chunks=NT, h0=hs, launch=launch, **common)
     rest, firsts = first_segments(plan)
     if wp is not None and warm is not None and bnd is not None:  # certified windows instead of the ext pass and maps
-        ds_end = warm_segment_ends(
-            qs,
-            ks,
-            w,
-            u,
-            gs,
-            aqk,
-            do,
-            x=warm,
-            wp=wp,
-            plan=plan,
-            index=index,
-            dht=dht,
-            M=M,
-            bnd=bnd,
-            scale=scale,
-            gate_vector=gate_vector,
-            launch=launch,
-            refill=refill,
-        )
+        ds_end = warm_segment_ends(qs, ks, w, u, gs, aqk, do, x=warm, wp=wp, plan=plan, index=index, dht=dht, M=M,
+                                   bnd=bnd, scale=scale, gate_vector=gate_vector, launch=launch, refill=refill)
     else:
         assert M is not None
         ds_ext = M.new_empty(plan.num_segments, H, K, V)  # fp32 like the maps; rows of first segments stay unused
-        chunk_state_bwd(
-            qs,
-            ks,
-            w,
-            gs,
-            aqk,
-            do,
-            dht=None,
-            ds_out=ds_ext,
-            layout=SeqLayout(plan.num_segments, segs.cu_seqlens, segs.chunk_offsets, seq_map=rest, final_idx=rest),
-            **bwd,
-        )
+        chunk_state_bwd(qs, ks, w, gs, aqk, do, dht=None, ds_out=ds_ext,
+                        layout=SeqLayout(plan.num_segments, segs.cu_seqlens, segs.chunk_offsets, seq_map=rest,
+                                         final_idx=rest), **bwd)
         ds_end = seg_chain_bwd(M, ds_ext, dht, plan, launch=launch)
     return h, v_new, SeqLayout(plan.num_segments, segs.cu_seqlens, segs.chunk_offsets, final_idx=firsts), ds_end
 
 
-def rev_warm(
-    launch: LaunchPlan,
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    report: dict[str, Tensor] | None,
-    bnd: Tensor | None = None,
-) -> RevWarmInputs | None:
+def rev_warm(launch: LaunchPlan, op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+              report: dict[str, Tensor] | None, bnd: Tensor | None = None) -> RevWarmInputs | None:
     """The reverse pass's warm window inputs under the plan's `bwd_warm_for(op)` (None at 0: the exact path); bnd:
     the reverse bound sums if an earlier launch made them (`RevWarmInputs.bnd`)."""
     w = launch.bwd_warm_for(op)
@@ -697,21 +540,9 @@ def rev_warm(
 
 
 def chunk_state_grad(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    do: Tensor,
-    *,
-    scale: float,
-    dht: Tensor | None = None,
-    cu_seqlens: Tensor | None = None,
-    plan: LaunchPlan | None = None,
-    split_chunks: int | None = None,
-    chunk_size: int = BT_WY,
-    warm_report: dict[str, Tensor] | None = None,
+    op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float,
+    dht: Tensor | None = None, cu_seqlens: Tensor | None = None, plan: LaunchPlan | None = None,
+    split_chunks: int | None = None, chunk_size: int = BT_WY, warm_report: dict[str, Tensor] | None = None,
 ) -> Tensor:
     """dh0 `[N, H, K, V]` fp32 alone: the gradient of each sequence's entering state, from do (and dht). It does not
     depend on the entering state itself. The WY prep and the reverse state pass of `chunk_bwd` (split the same way),
@@ -726,46 +557,17 @@ def chunk_state_grad(
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device)
     w, u, ks, gs, qs, aqk = _wy_factors(gate_vector, q, k, v, g, beta, scale=scale, index=index, launch=launch, wy=None)
     dh0 = k.new_empty(index.num_seqs, H, K, v.shape[-1], dtype=torch.float32)
-    _state_pass(
-        qs,
-        ks,
-        w,
-        u,
-        gs,
-        aqk,
-        do,
-        index=index,
-        gate_vector=gate_vector,
-        scale=scale,
-        h0=None,
-        dht=dht.float().contiguous() if dht is not None else None,
-        dh0=dh0,
-        launch=launch,
-        split_chunks=split_chunks,
-        states=False,
-        warm=rev_warm(launch, op, q, k, v, g, beta, warm_report),
-    )
+    _state_pass(qs, ks, w, u, gs, aqk, do, index=index, gate_vector=gate_vector, scale=scale, h0=None,
+                dht=dht.float().contiguous() if dht is not None else None, dh0=dh0, launch=launch,
+                split_chunks=split_chunks, states=False, warm=rev_warm(launch, op, q, k, v, g, beta, warm_report))
     return dh0
 
 
 def chunk_bwd(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    do: Tensor,
-    *,
-    scale: float,
-    initial_state: Tensor | None = None,
-    dht: Tensor | None = None,
-    cu_seqlens: Tensor | None = None,
-    plan: LaunchPlan | None = None,
-    split_chunks: int | None = None,
-    wy: Mapping[str, Tensor] | None = None,
-    chunk_size: int = BT_WY,
-    warm_report: dict[str, Tensor] | None = None,
+    op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float,
+    initial_state: Tensor | None = None, dht: Tensor | None = None, cu_seqlens: Tensor | None = None,
+    plan: LaunchPlan | None = None, split_chunks: int | None = None,
+    wy: Mapping[str, Tensor] | None = None, chunk_size: int = BT_WY, warm_report: dict[str, Tensor] | None = None,
     seg_states: Mapping[str, Any] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """(dq, dk, dv, dg, dbeta, dh0) of the GDN (`op="gdn"`) or KDA chunked forward; see the module docstring.
@@ -794,10 +596,8 @@ def chunk_bwd(
 
     # 1. the WY factors (recomputed unless the forward kept them) and T
     if grads == "reverse":  # reached only where the forward kept no Ag: `kernels.ops.gdn.ag_bwd` runs the walk
-        raise ValueError(
-            "bwd_grads='reverse' is GDN's backward from the forward's Ag (keep 'ag' or 'ag+states'); "
-            f"got op {op!r} under {'recompute' if wy is None else 'kept WY factors'}"
-        )
+        raise ValueError("bwd_grads='reverse' is GDN's backward from the forward's Ag (keep 'ag' or 'ag+states'); "
+                         f"got op {op!r} under {'recompute' if wy is None else 'kept WY factors'}")
     w, u, ks, gs, qs, aqk = _wy_factors(gate_vector, q, k, v, g, beta, scale=scale, index=index, launch=launch, wy=wy)
     if wy is not None and "tt" in wy:  # T formed from the forward's Ag (kernels.ops.gdn.ag_bwd), no inverse here
         tt = wy["tt"]
@@ -822,66 +622,17 @@ def chunk_bwd(
     # 3. the chunk-parallel gradients: one kernel per chunk (`LaunchPlan.bwd_grads` "fused"; "auto": the op's choice in
     # `kernels.vocabulary.AUTO_BWD_GRADS`), or the pair below
     if grads == "fused":
-        grads = dqk_wy_bwd(
-            q,
-            k,
-            v,
-            g,
-            beta,
-            tt,
-            h,
-            dh,
-            v_new,
-            dv_new,
-            do,
-            scale=scale,
-            index=index,
-            gate_vector=gate_vector,
-            dot_prec=VECTOR_GATE_DOT,
-            launch=launch,
-        )
+        grads = dqk_wy_bwd(q, k, v, g, beta, tt, h, dh, v_new, dv_new, do, scale=scale, index=index,
+                           gate_vector=gate_vector, dot_prec=VECTOR_GATE_DOT, launch=launch)
     else:
-        grads = pair_grads(
-            q,
-            k,
-            v,
-            g,
-            beta,
-            tt,
-            w,
-            u,
-            h,
-            dh,
-            v_new,
-            dv_new,
-            do,
-            scale=scale,
-            index=index,
-            gate_vector=gate_vector,
-            launch=launch,
-        )
+        grads = pair_grads(q, k, v, g, beta, tt, w, u, h, dh, v_new, dv_new, do, scale=scale, index=index,
+                           gate_vector=gate_vector, launch=launch)
     return (*grads, dh0)
 
 
 def pair_grads(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    tt: Tensor,
-    w: Tensor,
-    u: Tensor,
-    h: Tensor,
-    dh: Tensor,
-    v_new: Tensor,
-    dv_new: Tensor,
-    do: Tensor,
-    *,
-    scale: float,
-    index: ChunkIndex,
-    gate_vector: bool,
-    launch: LaunchPlan,
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, tt: Tensor, w: Tensor, u: Tensor, h: Tensor, dh: Tensor,
+    v_new: Tensor, dv_new: Tensor, do: Tensor, *, scale: float, index: ChunkIndex, gate_vector: bool, launch: LaunchPlan,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dg, dbeta) by the pair `chunk_bwd_dqk` + `wy_bwd` from the backward's intermediates (T, the WY
     factors, the chunk states and their gradients, v_new, dv_new; module docstring)."""
@@ -898,32 +649,10 @@ def pair_grads(
     BK, BV = pair_blocks(cfg, K, V, gate_vector, k.device)
     grid = (cdiv(K, BK), *_chunk_grid(index, B, T, H))
     chunk_bwd_dqk_kernel[grid](
-        q,
-        k,
-        g,
-        h,
-        dh,
-        v_new,
-        dv_new,
-        do,
-        dq,
-        dk_part,
-        dw,
-        dg_part,
-        cu,
-        ci,
-        scale,
-        T,
-        H=H,
-        K=K,
-        V=V,
-        BT=BT,
-        BK=BK,
-        BV=BV,
-        GATE_VECTOR=gate_vector,
+        q, k, g, h, dh, v_new, dv_new, do, dq, dk_part, dw, dg_part, cu, ci, scale, T,
+        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE_VECTOR=gate_vector,
         DOT_PREC=VECTOR_GATE_DOT,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     dk = per_value_head(k, H)
     dv = torch.empty_like(v)
@@ -932,34 +661,10 @@ def pair_grads(
     cfg = launch.config_for(WY_BWD, key)
     BK, BV = pair_blocks(cfg, K, V, gate_vector, k.device)
     wy_bwd_kernel[_chunk_grid(index, B, T, H)](
-        k,
-        v,
-        g,
-        beta,
-        tt,
-        w,
-        u,
-        dv_new,
-        dw,
-        dk_part,
-        dg_part,
-        dk,
-        dv,
-        dbeta,
-        dg,
-        cu,
-        ci,
-        T,
-        H=H,
-        K=K,
-        V=V,
-        BT=BT,
-        BK=BK,
-        BV=BV,
-        GATE_VECTOR=gate_vector,
+        k, v, g, beta, tt, w, u, dv_new, dw, dk_part, dg_part, dk, dv, dbeta, dg, cu, ci, T,
+        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE_VECTOR=gate_vector,
         DOT_PREC=VECTOR_GATE_DOT,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     dq = group_sum(dq, Hk)
     dk = group_sum(dk, Hk)

@@ -233,9 +233,15 @@ def per_value_head(x: Tensor, H: int) -> Tensor:
 
 def group_sum(x: Tensor, Hk: int) -> Tensor:
     """A `per_value_head` buffer summed over each key head's group ([B, T, Hk, K]; torch accumulates a bf16 sum in
-    fp32). Rebind the buffer's name to the result so the partials are freed before the next one is summed."""
+    fp32). Rebind the buffer's name to the result so the partials are freed before the next one is summed. Groups of
+    two (HV = 2 H) are one elementwise add of the two halves (the same value: one fp32 add rounded once): torch's
+    `sum` over that middle dim took 2.18 ms for dq and dk at 1x128K, HV = 32 on the H200, 2.8x the bytes' floor
+    (session 24, `benchmarks/results/kernels_train_issue26_s24g_h200.md`)."""
     B, T, H, K = x.shape
-    return x if Hk == H else x.view(B, T, Hk, H // Hk, K).sum(3)
+    if Hk == H:
+        return x
+    g = x.view(B, T, Hk, H // Hk, K)
+    return torch.add(g[:, :, :, 0], g[:, :, :, 1]) if H == 2 * Hk else g.sum(3)
 
 
 def _fit(cfg: LaunchConfig, K: int, V: int, at_least: int = 16) -> tuple[int, int]:

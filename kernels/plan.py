@@ -10,7 +10,9 @@
     table      an `AutotuneTable` (kernels.autotune) of tuned configs, resolved per launch shape key, or None;
     keep       the triton backend's recompute policy, one of `kernels.vocabulary.KEEP_POLICIES`; "auto" (the default)
                = `kernels.vocabulary.AUTO_KEEP`'s per op (`keep_for`: GDN keeps its Ag pass's outputs, KDA nothing);
-    bwd_grads  the backward's gradient kernels, one of `kernels.vocabulary.BWD_GRADS` (`kernels.common.chunk_bwd`);
+    bwd_grads  the backward's gradient kernels, one of `kernels.vocabulary.BWD_GRADS` (`kernels.common.chunk_bwd`;
+               "auto", the default: GDN's TileLang reverse walk for long bf16 steps where it runs, else the Triton
+               kernels of `kernels.vocabulary.AUTO_BWD_GRADS`);
     bwd_warm   the backward's gate-certified warm window in chunks for its split reverse state pass, 0 = exact, None
                (the default) = `kernels.vocabulary.AUTO_BWD_WARM`'s per op (`bwd_warm_for`; `kernels.common.warm_bwd`);
     recorder   a `LaunchRecorder` the caller made, told every launch's (key, config), or None.

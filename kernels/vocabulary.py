@@ -113,7 +113,8 @@ KEEP_POLICIES: tuple[str, ...] = ("auto", "inputs", "ag", "ag+states", "wy", "wy
 # kernel per chunk (`kernels.common.dqk_wy_bwd`). (Session 13's "fused_dh", the reverse pass's last walk fused in, was
 # removed in session 16: 1.86x slower than what it replaced on the H200, its ds_mem variant crashed; kernels/NOTES.md);
 # "reverse": GDN's TileLang reverse walk from the forward's Ag (`kernels.ops.gdn.reverse_bwd`: Hopper, K = V = 128,
-# chunk 64; no dh or dv_new through memory, the reverse state pass's last walk fused in)
+# chunk 64; no dh or dv_new through memory, the reverse state pass's last walk fused in; "auto" takes it for long
+# bf16 steps, AUTO_REVERSE_MIN_TOKEN_HEADS below)
 BWD_GRADS: tuple[str, ...] = ("auto", "pair", "fused", "reverse")
 # `kernels.common.chunk_fwd`'s "auto" forward path per op, from the H200 (session 11, kda_fused_lab_h200.md): KDA's
 # two-kernel forward is no faster than its WY path (10.38 vs 10.49 ms at 1x128K; its Ag pass 5.15 ms, the per-key-gate

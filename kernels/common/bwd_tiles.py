@@ -241,7 +241,7 @@ def group_sum(x: Tensor, Hk: int) -> Tensor:
     if Hk == H:
         return x
     g = x.view(B, T, Hk, H // Hk, K)
-    return torch.add(g[:, :, :, 0], g[:, :, :, 1]) if H == 2 * Hk else g.sum(3)
+    return torch.add(g[:, :, :, 0], g[:, :, :, 1]) if H // Hk == 2 else g.sum(3)
 
 
 def _fit(cfg: LaunchConfig, K: int, V: int, at_least: int = 16) -> tuple[int, int]:

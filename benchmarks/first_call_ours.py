@@ -5,8 +5,9 @@ at B=1 T=8192 (or --T) H=16 K=V=128 bf16; prints the seconds and the peak memory
 
 Each mode runs in a fresh process with a fresh TRITON_CACHE_DIR and TILELANG_CACHE_DIR (GDN first, then KDA, in that
 process: GDN's figure includes CUDA's start; from 32K tokens x 16 heads GDN's backward is the TileLang reverse walk,
-`kernels.vocabulary.AUTO_REVERSE_MIN_TOKEN_HEADS`, whose build then counts too): parallel is the default (`kernels.parallel_compile`), serial sets CPBENCH_PARALLEL_COMPILE=0
-(every kernel compiles at its launch, as before session 11).
+`kernels.vocabulary.AUTO_REVERSE_MIN_TOKEN_HEADS`, whose build then counts too): parallel is the default
+(`kernels.parallel_compile`), serial sets CPBENCH_PARALLEL_COMPILE=0 (every kernel compiles at its launch, as before
+session 11).
 """
 
 import argparse

@@ -464,11 +464,11 @@ def reverse_ends(
             h, v_new, _ = chunk_state_fwd(ks, w, u, gs, layout=layout, num_chunks=NT, h0=h0, launch=launch,
                                           **common)
         return h, v_new, layout, dht
+    wp = reverse_window_plan(index, plan, warm.window_chunks) if warm is not None else None  # the reverse windows
     refill = None
     if lazy is not None:  # the windows' chunks only when the states are kept or come from the forward's segment states
-        wp0 = reverse_window_plan(index, plan, warm.window_chunks) if warm is not None else None
-        if wp0 is not None and states and (kept is not None or hs is not None):
-            win, seg = window_chunk_sel(plan, wp0, NT)
+        if wp is not None and states and (kept is not None or hs is not None):
+            win, seg = window_chunk_sel(plan, wp, NT)
             w, u, aqk = lazy.form(win)
 
             def refill(need: Tensor) -> None:
@@ -482,9 +482,8 @@ def reverse_ends(
     recompute = states and kept is None
     if hs is not None:
         assert hs.shape[0] == plan.num_segments, f"kept states of {hs.shape[0]} segments, the plan has {plan.num_segments}"
-    wp = wpf = bnd = fbnd = None
-    if warm is not None:  # the reverse windows, the forward's for the recompute, and one launch of both bound sums
-        wp = reverse_window_plan(index, plan, warm.window_chunks)
+    wpf = bnd = fbnd = None
+    if warm is not None:  # the forward's windows for the recompute, and one launch of both bound sums
         if wp is not None and recompute and hs is None and warm.v is not None:
             wpf = window_plan(index, list(plan.bounds_cpu), list(plan.chunk_bounds_cpu), list(plan.transitions_cpu),
                               warm.window_chunks, seg_chunks=plan.seg_chunks, cache=plan.windows)

@@ -255,9 +255,10 @@ def _key(H: int, K: int, V: int, BT: int, gate_vector: bool, layout: SeqLayout, 
 
 
 def _launch(cfg: LaunchConfig, ncols: int, layout: SeqLayout, H: int, *, k: Tensor, w: Tensor | None, u: Tensor,
-            g: Tensor, BT: int, gate_vector: bool, ag: Tensor | None = None, q: Tensor | None = None, aqk: Tensor | None = None, h0: Tensor | None = None,
-            h: Tensor | None = None, ht: Tensor | None = None, m: Tensor | None = None, v_new: Tensor | None = None,
-            o: Tensor | None = None, need: Tensor | None = None, scale: float = 1.0) -> None:
+            g: Tensor, BT: int, gate_vector: bool, ag: Tensor | None = None, q: Tensor | None = None,
+            aqk: Tensor | None = None, h0: Tensor | None = None, h: Tensor | None = None, ht: Tensor | None = None,
+            m: Tensor | None = None, v_new: Tensor | None = None, o: Tensor | None = None, need: Tensor | None = None,
+            scale: float = 1.0) -> None:
     BV = cfg.BV
     K, V = k.shape[-1], u.shape[-1]
     assert BV is not None and BV >= 16 and BT >= 16, f"tiles must be >= 16, got BV={BV} BT={BT}"

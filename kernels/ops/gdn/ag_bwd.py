@@ -237,10 +237,10 @@ def chunk_gdn_bwd_ag(
         # the TileLang reverse walk, reading Ag itself (`kernels.ops.gdn.reverse_bwd`; "auto" takes it for long bf16
         # steps on Hopper); w, u, aqk formed only where its state pass reads them (`ag_factors`)
         lazy = ag_factors(q, k, v, ag, gcum, scale=scale, index=index, launch=launch)
-        return chunk_gdn_bwd_reverse(q, k, v, g, beta, do, ag=ag, factors={"gs": gcum, **states}, index=index,
+        return chunk_gdn_bwd_reverse(q, k, v, g, beta, do, ag=ag, gs=gcum, kept=states or None, lazy=lazy, index=index,
                                      scale=scale, initial_state=initial_state, dht=dht, launch=launch,
-                                     split_chunks=split_chunks, warm_report=warm_report, seg_states=seg_states,
-                                     lazy=lazy)  # fmt: skip
+                                     split_chunks=split_chunks, warm_report=warm_report,
+                                     seg_states=seg_states)  # fmt: skip
     # the warm reverse windows' bound sums in this launch when the backward will run the forward's split from its
     # segment states (no forward sums needed: `chunk_bwd` then skips `reverse_chunk_bound`)
     fold = bool(seg_states) and not states and launch.bwd_warm_for("gdn") > 0

@@ -498,26 +498,25 @@ def reverse_bwd_tilelang(
 
 
 def chunk_gdn_bwd_reverse(
-    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, ag: Tensor, factors: Mapping[str, Tensor], index: ChunkIndex, scale: float, initial_state: Tensor | None, dht: Tensor | None,
-    launch: LaunchPlan, split_chunks: int | None, warm_report: dict[str, Tensor] | None,
-    seg_states: Mapping[str, Any] | None, lazy: LazyFactors | None = None,
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, ag: Tensor, gs: Tensor,
+    kept: Mapping[str, Tensor] | None, lazy: LazyFactors, index: ChunkIndex, scale: float,
+    initial_state: Tensor | None, dht: Tensor | None, launch: LaunchPlan, split_chunks: int | None,
+    warm_report: dict[str, Tensor] | None, seg_states: Mapping[str, Any] | None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:  # fmt: skip
-    """GDN's backward under `LaunchPlan(bwd_grads="reverse")` (from `kernels.ops.gdn.ag_bwd`): the chunk states and
-    each range's end gradient as the reverse state pass makes them (`kernels.common.chunk_bwd.reverse_ends`, split like
-    the forward, from `wy_from_ag`'s factors: w, u, aqk, the gate cumsum gs and the warm windows' sums "bnd"; under
-    "ag+states" the kept states; with `lazy` the factors formed only where read and the states in the Ag form, see
-    `reverse_ends`), then one TileLang walk per (range, value head) forming every gradient (`reverse_bwd_tilelang`).
-    Returns (dq, dk, dv, dg, dbeta, dh0) as `kernels.common.chunk_bwd.chunk_bwd`."""
+    """GDN's backward under the reverse walk (`kernels.ops.gdn.ag_bwd`: `bwd_grads="reverse"`, or "auto" for a long
+    step): the chunk states and each range's end gradient as the reverse state pass makes them
+    (`kernels.common.chunk_bwd.reverse_ends`, split like the forward; the states kept under "ag+states" (`kept`), else
+    recomputed in the Ag form; w, u, aqk formed by `lazy` only where the warm windows read them), then one TileLang
+    walk per (range, value head) forming every gradient (`reverse_bwd_tilelang`) from the forward's Ag and gate cumsum
+    gs. Returns (dq, dk, dv, dg, dbeta, dh0) as `kernels.common.chunk_bwd.chunk_bwd`."""
     B, T, Hk, K = k.shape
     H, V = v.shape[2], v.shape[-1]
-    gs = factors["gs"]
-    kept = factors if "h" in factors else None
     h, _, layout, ends = reverse_ends(
-        q, k, factors.get("w"), factors.get("u"), gs, factors.get("aqk"), do, index=index, gate_vector=False, scale=scale,
+        q, k, None, None, gs, None, do, index=index, gate_vector=False, scale=scale,
         h0=initial_state.float().contiguous() if initial_state is not None else None,
         dht=dht.float().contiguous() if dht is not None else None, launch=launch, split_chunks=split_chunks,
         states=True, kept=kept, seg_states=seg_states or None,
-        warm=rev_warm(launch, "gdn", q, k, v, g, beta, warm_report, factors.get("bnd")), lazy=lazy,
+        warm=rev_warm(launch, "gdn", q, k, v, g, beta, warm_report), lazy=lazy,
     )  # fmt: skip
     assert h is not None
     N, NS, dev = index.num_seqs, layout.num_seqs, k.device

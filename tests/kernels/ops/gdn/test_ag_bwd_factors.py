@@ -34,13 +34,16 @@ TOL = 1e-5 if DEVICE == "cpu" else 2e-2
 DIM = 32 if DEVICE == "cpu" else 64
 
 
-def _inputs(lengths, *, B=None, T=None, HV=2, lb=-0.5, chunk=64, strong=False):
-    """q, k `[.., 1, K]`, v, g, beta `[.., HV, ..]`, cu, h0, the index, Ag and the gate cumsum."""
+def _inputs(lengths, *, B=None, T=None, HV=2, lb=-0.5, chunk=64, strong=False, strong_head0=False):
+    """q, k `[.., 1, K]`, v, g, beta `[.., HV, ..]`, cu, h0, the index, Ag and the gate cumsum; strong: every gate
+    -5 to -5.5; strong_head0: head 0's gates 100x (its warm windows certified, head 1's not)."""
     q, k, _, _, _, cu = make_inputs("gdn", lengths, B=B, T=T, H=1, K=DIM, V=DIM, dtype=DTYPE, device=DEVICE)
     _, _, v, g, beta, _ = make_inputs("gdn", lengths, B=B, T=T, H=HV, K=DIM, V=DIM, lb=lb, seed=9, dtype=DTYPE,
                                       device=DEVICE)  # fmt: skip
     if strong:
         g = (-5.0 - 0.5 * torch.rand(g.shape, generator=torch.Generator().manual_seed(2))).to(DEVICE)
+    if strong_head0:
+        g[:, :, 0] = g[:, :, 0] * 100
     N = len(lengths) if lengths is not None else B
     h0 = make_state(N, HV, DIM, DIM, device=DEVICE)
     index = prepare_chunk_index(cu, batch=k.shape[0], seq_len=k.shape[1], chunk_size=chunk, device=k.device)
@@ -125,11 +128,7 @@ LENGTHS, CHUNK, SPLIT, WINDOW = (75, 40), 16, 2, 1  # test_warm_bwd.py's scenari
 def _ends(lazy: bool, *, split: bool, kept: dict | None = None):
     """reverse_ends' (h, ends, certified or None, chunk rows of w formed) with every factor or with `ag_factors`;
     kept: the chunk states handed over as the forward keeps them (no maps)."""
-    q, k, v, g, beta, cu, h0, index, ag, gs = _inputs(LENGTHS, HV=2, lb=-0.05, chunk=CHUNK)
-    g = g.clone()
-    g[:, :, 0] = g[:, :, 0] * 100  # head 0 strong (its windows certified), head 1 weak
-    index = prepare_chunk_index(cu, batch=1, seq_len=sum(LENGTHS), chunk_size=CHUNK, device=k.device)
-    ag, gs = wy_gdn_ag(k, g, beta, index=index)
+    q, k, v, g, beta, cu, h0, index, ag, gs = _inputs(LENGTHS, HV=2, lb=-0.05, chunk=CHUNK, strong_head0=True)
     gen = torch.Generator().manual_seed(3)
     do = torch.randn(v.shape, generator=gen).to(DEVICE, DTYPE)
     dht = torch.randn(h0.shape, generator=gen).to(DEVICE)

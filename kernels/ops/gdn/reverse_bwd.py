@@ -25,7 +25,8 @@ step has read them last (only a segment's first step, whose chunk may be partial
 staged in tiles the step no longer reads and stored by TMA, left in flight until the tile is written again; the row
 and column sums exchange their partial sums across warps in batches; dG's reverse cumsum is one warp's scan.
 Sizes: K = V = 128, chunk 64 (what FlashQLA and our default use); other shapes are refused with a one-line reason,
-as is any TileLang other than the version it was checked on (`TILELANG_VERSION`) and any GPU other than sm_90.
+as is any TileLang other than the version it was checked on and any GPU other than sm_90
+(`kernels.ops.gdn.tilelang_hopper`).
 """
 
 import functools
@@ -40,14 +41,13 @@ from kernels.common.chunk_bwd import LazyFactors, rev_warm, reverse_ends
 from kernels.common.decay import GATE_FLOOR
 from kernels.common.index import ChunkIndex
 from kernels.configs import cdiv
+from kernels.ops.gdn.tilelang_hopper import TL_DTYPES, tilelang_refusal, tilelang_refusal_cached
 from kernels.parallel_compile import dry_running
 from kernels.plan import LaunchPlan
 from kernels.vocabulary import AUTO_REVERSE_MIN_TOKEN_HEADS
 
-__all__ = ["TILELANG_VERSION", "chunk_gdn_bwd_reverse", "reverse_bwd_refusal", "reverse_bwd_tilelang"]
+__all__ = ["chunk_gdn_bwd_reverse", "reverse_bwd_refusal", "reverse_bwd_tilelang"]
 
-TILELANG_VERSION = "0.1.15"  # checked on the H200 against the mirror; others are refused, not run
-_SIZES = {"K": 128, "V": 128, "BT": 64}
 _THREADS = 256
 # Sums per thread of each reduction in the 256-thread wgmma fragment layouts ([C, C] rows and columns, [C, K] rows,
 # [K, V] rows), reduced in batched cross-warp exchanges of these sizes instead of one exchange (two or four barriers)
@@ -57,20 +57,7 @@ _BATCH_SIZES = {"cc_rows": 2, "cc_cols": 4, "ck_rows": 2, "kv_rows": 4}
 
 def reverse_bwd_refusal(K: int, V: int, BT: int, device: torch.device) -> str | None:
     """Why this kernel cannot run here (one line), or None."""
-    if (_SIZES["K"], _SIZES["V"], _SIZES["BT"]) != (K, V, BT):
-        return f"the TileLang reverse backward takes K = V = 128 and chunk 64, got K={K} V={V} chunk={BT}"
-    if device.type != "cuda":
-        return f"the TileLang reverse backward runs on CUDA only, got {device.type}"
-    major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) != (9, 0):
-        return f"the TileLang reverse backward is built for sm_90 (Hopper), this GPU is sm_{major}{minor}"
-    try:
-        import tilelang
-    except ImportError:
-        return "the TileLang reverse backward needs tilelang (./dev up installs it on a GPU host)"
-    if tilelang.__version__.split("+")[0] != TILELANG_VERSION:
-        return f"the TileLang reverse backward was checked on tilelang {TILELANG_VERSION}, found {tilelang.__version__}"
-    return None
+    return tilelang_refusal("reverse backward", K, V, BT, device)
 
 
 def auto_reverse(k: Tensor, v: Tensor, BT: int, launch: LaunchPlan) -> bool:
@@ -82,15 +69,7 @@ def auto_reverse(k: Tensor, v: Tensor, BT: int, launch: LaunchPlan) -> bool:
     B, T, HV = v.shape[:3]
     if B * T * HV < AUTO_REVERSE_MIN_TOKEN_HEADS:
         return False
-    return _refusal_here(k.shape[-1], v.shape[-1], BT, k.device) is None
-
-
-@functools.cache
-def _refusal_here(K: int, V: int, BT: int, device: torch.device) -> str | None:
-    return reverse_bwd_refusal(K, V, BT, device)
-
-
-_TL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+    return tilelang_refusal_cached("reverse backward", k.shape[-1], v.shape[-1], BT, k.device) is None
 
 
 # Switches that leave a part out or swap it, only to time the rest (`benchmarks/reverse_bwd_lab.py`); a kernel built
@@ -484,8 +463,8 @@ def reverse_bwd_tilelang(
     why = reverse_bwd_refusal(K, V, BT, k.device)
     if why is not None:
         raise ValueError(why)
-    io = _TL_DTYPES[k.dtype]
-    kern = _build(H, Hk, K, V, BT, float(scale), io, _TL_DTYPES[g.dtype], _TL_DTYPES[beta.dtype], frozenset(lab))
+    io = TL_DTYPES[k.dtype]
+    kern = _build(H, Hk, K, V, BT, float(scale), io, TL_DTYPES[g.dtype], TL_DTYPES[beta.dtype], frozenset(lab))
     flat = [x.reshape(B * T, *x.shape[2:]).contiguous() for x in (q, k, v, do, ag, gs, g, beta)]
     dq, dk = per_value_head(q, H), per_value_head(k, H)
     dv = torch.empty_like(v)

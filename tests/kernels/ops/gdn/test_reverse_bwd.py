@@ -56,7 +56,7 @@ def test_auto_takes_the_walk_for_long_bf16_steps_where_it_runs(monkeypatch: pyte
 
     at = AUTO_REVERSE_MIN_TOKEN_HEADS // 16
     assert not rb.auto_reverse(*step(at), BT, LaunchPlan())  # here (a meta tensor): refused, the fused kernels run
-    monkeypatch.setattr(rb, "_refusal_here", lambda K, V, BT, device: None)  # as on an H200 with tilelang
+    monkeypatch.setattr(rb, "tilelang_refusal_cached", lambda what, K, V, BT, device: None)  # as on an H200 with tilelang
     assert rb.auto_reverse(*step(at), BT, LaunchPlan())
     assert rb.auto_reverse(*step(at // 2, HV=32), BT, LaunchPlan())  # tokens x value heads
     assert not rb.auto_reverse(*step(at - 1), BT, LaunchPlan())  # a short step waits on the host: fused

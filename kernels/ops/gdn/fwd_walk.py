@@ -1,0 +1,355 @@
+"""GDN's forward state+output pass as one warp-specialised TileLang walk per (range, value head, value block)
+(Hopper): the same decomposition as the Triton pass `kernels.ops.gdn.fused` (FlashQLA's two-kernel forward), with
+the chunk loop split over four warpgroups that run side by side. Its CPU mirror is `kernels.common.fwd_walk_torch`
+(the kernel's arguments and per-chunk steps, in torch), which CI tests against the per-token reference; this kernel
+is tested against that mirror and the Triton pass on the GPU.
+
+Per chunk of C = 64 rows (G the in-chunk gate cumsum, eG = e^G, gl = e^(G_last), eR = e^(G_last - G); S `[K, BV]`
+fp32, the state entering the chunk, in the S warpgroup's registers):
+
+    U  = K S,   W = V - eG o U,   Vd = Ag W               (the V warpgroup)
+    O  = scale (eG o (Q S) + (Q K^T o Gam, i >= j) Vd)    (the O warpgroup; OUTPUT)
+    S' = gl S + K^T (eR o Vd)                             (the S warpgroup)
+
+Roles (512 threads): S (threads 0-127) holds the state, writes its bf16 copy for U and Q S (and STORE_H's store),
+scales and updates it; V (128-255) forms eG, eR, W, Vd and eR o Vd; O (256-383) forms P and the output; the producer
+(384-511): one warp loads q and k by TMA, one v and Ag, one the gate cumsum, into two buffers (the next chunk's load
+runs under this chunk's products), and one stores o and the chunk states by TMA. Registers per role by
+`T.set_max_nreg`. Each step starts when every role has finished the one before (one barrier), then the roles wait
+only on what they read: the state copy, Vd, eR o Vd, the staged o.
+
+A range's last chunk may be partial: its loads run past the range by TMA (the next range's rows, or zeros past the
+tensor), and the rows past it are cut where they could reach a kept value: W's rows and eR are zero there (no term
+of the state update), the gate cumsum repeats the last row's, and o is stored row by row below the range's end.
+Ag is zero above its diagonal (`kernels.ops.gdn.wy_ag`), so the rows of a chunk never read the rows after them.
+
+Modes (compile-time): OUTPUT (o), STORE_H (the state entering every chunk into h `[NT, H, K, V]` in k's dtype: the
+backward's state recompute, as `kernels.common.chunk_state.chunk_state_ag_fwd`), H0 (each program's entering state
+`[P, H, K, V]` fp32), FINAL (each program's leaving state at ht[final_idx[p]] when >= 0). Sizes: K = V = 128, chunk
+64, BV 64 or 128 (`FWD_WALK_BV`), sm_90, TileLang `kernels.ops.gdn.tilelang_hopper.TILELANG_VERSION`; anything else
+is refused in one line.
+"""
+
+import functools
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from kernels.common.chunk_state import SeqLayout
+from kernels.configs import cdiv
+from kernels.ops.gdn.tilelang_hopper import TL_DTYPES, tilelang_refusal
+from kernels.parallel_compile import dry_running
+
+__all__ = ["FWD_WALK_BV", "FWD_WALK_MODES", "fwd_walk_bv", "fwd_walk_refusal", "fwd_walk_tilelang"]
+
+FWD_WALK_BV = (64, 128)
+FWD_WALK_MODES = frozenset({"output", "store_h", "h0", "final"})
+_THREADS = 512
+# registers per thread of each role (a multiple of 8; the four sum to at most 65536 / 128 = 512): the state [K, BV]
+# fp32 is 128 (BV 128) of the S role's
+_NREG = {"s": 168, "v": 120, "o": 168, "producer": 40}
+# programs below this share of the SMs take value blocks of 64 (twice the programs) instead of 128
+_BV64_BELOW = 0.7
+
+
+def fwd_walk_refusal(K: int, V: int, BT: int, device: torch.device) -> str | None:
+    """Why this kernel cannot run here (one line), or None."""
+    return tilelang_refusal("forward walk", K, V, BT, device)
+
+
+def fwd_walk_bv(programs: int, sms: int) -> int:
+    """The value block for `programs` (range, head) pairs on `sms` SMs: 128 (one program per pair) when they fill
+    `_BV64_BELOW` of the SMs, else 64 (two per pair)."""
+    return 128 if programs >= _BV64_BELOW * sms else 64
+
+
+@functools.cache
+def _build(H: int, Hk: int, BV: int, scale: float, io: str, modes: frozenset[str]) -> Any:
+    """The compiled kernel for these sizes, dtype and modes (TileLang JIT, cached on disk by TileLang too)."""
+    unknown = set(modes) - FWD_WALK_MODES
+    if unknown or BV not in FWD_WALK_BV:
+        raise ValueError(f"fwd walk: modes {sorted(modes)} (known {sorted(FWD_WALK_MODES)}), BV {BV} (one of {FWD_WALK_BV})")
+    import tilelang
+    import tilelang.language as T
+
+    K = V = 128
+    BT = 64
+    G = H // Hk
+    NV = V // BV
+    fp32 = "float32"
+    output, store_h, use_h0, final = ("output" in modes, "store_h" in modes, "h0" in modes, "final" in modes)
+    ntok, nrange, nprog = T.dynamic("ntok"), T.dynamic("nrange"), T.dynamic("nprog")
+    nh0, nstate, nchunk = T.dynamic("nh0"), T.dynamic("nstate"), T.dynamic("nchunk")
+
+    @tilelang.jit(
+        target={"kind": "cuda", "arch": "sm_90a"},
+        pass_configs={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True},
+    )
+    def build() -> Any:
+        # each role's loop is a macro (the kernel's nesting of roles, loops and branches passes Python's limit of
+        # statically nested blocks as one function)
+        @T.macro
+        def role_s(s_f, h_s, k_s, g_s, vn_s, gl, ready, free, top, h_rdy, vn_rdy, h0, ht, fin, i_p, i_h, c0, nt):  # fmt: skip
+            """The state: its copy for the step's products, S = gl S + K^T (eR o Vd); the program's final state."""
+            if use_h0:
+                T.copy(h0[i_p, i_h, 0:K, c0 : c0 + BV], s_f)
+            else:
+                T.clear(s_f)
+            for i in T.serial(nt):
+                T.barrier_arrive(top)
+                T.barrier_wait(top, i % 2)
+                T.copy(s_f, h_s)
+                T.fence_proxy_async()
+                T.barrier_arrive(h_rdy)
+                T.barrier_wait(ready[i % 2], (i // 2) % 2)
+                gl = T.exp(g_s[i % 2, BT - 1])
+                for r, c in T.Parallel(K, BV):
+                    s_f[r, c] = s_f[r, c] * gl
+                T.barrier_wait(vn_rdy, i % 2)
+                T.gemm(k_s[i % 2, :, :], vn_s, s_f, transpose_A=True)
+                T.barrier_arrive(free[i % 2])
+            if final:  # noqa: SIM102 (a Python flag, then a device condition: TileLang takes no `and` of the two)
+                if fin[i_p] >= 0:
+                    T.copy(s_f, ht[fin[i_p], i_h, 0:K, c0 : c0 + BV])
+
+        @T.macro
+        def role_v(u_f, v_s, k_s, a_s, g_s, h_s, vd_s, vn_s, eg_s, er_s, ready, free, top, h_rdy, vd_rdy, vn_rdy, bos, eos, nt):  # fmt: skip
+            """eG, eR (0 past the range), W = V - eG o (K S) (0 past the range), Vd = Ag W, eR o Vd."""
+            for i in T.serial(nt):
+                T.barrier_arrive(top)
+                T.barrier_wait(top, i % 2)
+                T.barrier_wait(ready[i % 2], (i // 2) % 2)
+                for r in T.Parallel(BT):
+                    eg_s[r] = T.exp(g_s[i % 2, r])
+                    er_s[r] = T.if_then_else(bos + i * BT + r < eos, T.exp(g_s[i % 2, BT - 1] - g_s[i % 2, r]), 0)
+                T.barrier_arrive(h_rdy)
+                T.barrier_wait(h_rdy, i % 2)
+                T.gemm(k_s[i % 2, :, :], h_s, u_f, clear_accum=True)
+                for r, c in T.Parallel(BT, BV):
+                    u_f[r, c] = T.if_then_else(bos + i * BT + r < eos, v_s[i % 2, r, c] - eg_s[r] * u_f[r, c], 0)
+                T.copy(u_f, v_s[i % 2, :, :])
+                T.fence_proxy_async()
+                T.gemm(a_s[i % 2, :, :], v_s[i % 2, :, :], u_f, clear_accum=True)
+                T.copy(u_f, vd_s)
+                T.fence_proxy_async()
+                T.barrier_arrive(vd_rdy)
+                for r, c in T.Parallel(BT, BV):
+                    u_f[r, c] = u_f[r, c] * er_s[r]
+                T.copy(u_f, vn_s)
+                T.fence_proxy_async()
+                T.barrier_arrive(vn_rdy)
+                T.barrier_arrive(free[i % 2])
+
+        @T.macro
+        def role_o(p_f, o_f, q_s, k_s, g_s, h_s, p_s, vd_s, o_s, eg_s, ready, free, top, h_rdy, vd_rdy, o_rdy, nt):  # fmt: skip
+            """P = scale Tril(Q K^T o Gam), o = scale eG o (Q S) + P Vd, staged for the storing warp (OUTPUT)."""
+            for i in T.serial(nt):
+                T.barrier_arrive(top)
+                T.barrier_wait(top, i % 2)
+                if output:
+                    T.barrier_wait(ready[i % 2], (i // 2) % 2)
+                    T.gemm(q_s[i % 2, :, :], k_s[i % 2, :, :], p_f, transpose_B=True, clear_accum=True)
+                    for r, c in T.Parallel(BT, BT):
+                        p_f[r, c] = T.if_then_else(r >= c, p_f[r, c] * T.exp(g_s[i % 2, r] - g_s[i % 2, c]) * scale, 0)
+                    T.copy(p_f, p_s)
+                    T.fence_proxy_async()
+                    T.barrier_wait(h_rdy, i % 2)
+                    T.gemm(q_s[i % 2, :, :], h_s, o_f, clear_accum=True)
+                    for r, c in T.Parallel(BT, BV):
+                        o_f[r, c] = o_f[r, c] * eg_s[r] * scale
+                    T.barrier_wait(vd_rdy, i % 2)
+                    T.gemm(p_s, vd_s, o_f)
+                    T.copy(o_f, o_s)
+                    T.fence_proxy_async()
+                    T.barrier_arrive(o_rdy)
+                T.barrier_arrive(free[i % 2])
+
+        @T.macro
+        def load_qk(q, k, q_s, k_s, ready, free, bos, i_hk, nt):  # fmt: skip
+            for i in T.serial(nt):
+                T.barrier_wait(free[i % 2], (i // 2 + 1) % 2)
+                if output:
+                    T.tma_copy(q[bos + i * BT : bos + i * BT + BT, i_hk, :], q_s[i % 2, :, :], barrier=ready[i % 2])
+                T.tma_copy(k[bos + i * BT : bos + i * BT + BT, i_hk, :], k_s[i % 2, :, :], barrier=ready[i % 2])
+                T.barrier_arrive(ready[i % 2])
+
+        @T.macro
+        def load_va(v, ag, v_s, a_s, ready, free, bos, i_h, c0, nt):  # fmt: skip
+            for i in T.serial(nt):
+                T.barrier_wait(free[i % 2], (i // 2 + 1) % 2)
+                T.tma_copy(v[bos + i * BT : bos + i * BT + BT, i_h, c0 : c0 + BV], v_s[i % 2, :, :], barrier=ready[i % 2])
+                T.tma_copy(ag[bos + i * BT : bos + i * BT + BT, i_h, :], a_s[i % 2, :, :], barrier=ready[i % 2])
+                T.barrier_arrive(ready[i % 2])
+
+        @T.macro
+        def load_g(gs, g_s, ready, free, bos, eos, i_h, nt):  # fmt: skip
+            """The gate cumsum, its rows past the range repeating the range's last (no decay there)."""
+            for i in T.serial(nt):
+                T.barrier_wait(free[i % 2], (i // 2 + 1) % 2)
+                for r in T.Parallel(BT):
+                    g_s[i % 2, r] = gs[T.min(bos + i * BT + r, eos - 1), i_h]
+                T.barrier_arrive(ready[i % 2])
+
+        @T.macro
+        def store_o_h(o, hs, o_s, h_s, top, h_rdy, o_rdy, bos, eos, boc, i_h, c0, nt):  # fmt: skip
+            """The chunk's entering state (STORE_H) and its o (OUTPUT; row by row below the range's end for a partial
+            chunk: the rows past it are the next range's), each read before the step ends."""
+            for i in T.serial(nt):
+                T.barrier_arrive(top)
+                T.barrier_wait(top, i % 2)
+                if store_h:
+                    T.barrier_wait(h_rdy, i % 2)
+                    T.tma_copy(h_s, hs[boc + i, i_h, 0:K, c0 : c0 + BV])
+                if output:
+                    T.barrier_wait(o_rdy, i % 2)
+                    if bos + i * BT + BT <= eos:
+                        T.tma_copy(o_s, o[bos + i * BT : bos + i * BT + BT, i_h, c0 : c0 + BV])
+                    else:
+                        for r, c in T.Parallel(BT, BV):
+                            if bos + i * BT + r < eos:
+                                o[bos + i * BT + r, i_h, c0 + c] = o_s[r, c]
+                T.tma_store_wait()
+
+        @T.prim_func
+        def fwd_walk(
+            q: T.Tensor((ntok, Hk, K), io), k: T.Tensor((ntok, Hk, K), io), v: T.Tensor((ntok, H, V), io),
+            ag: T.Tensor((ntok, H, BT), io), gs: T.Tensor((ntok, H), fp32), h0: T.Tensor((nh0, H, K, V), fp32),
+            cu: T.Tensor((nrange + 1,), "int32"), co: T.Tensor((nrange,), "int32"), pmap: T.Tensor((nprog,), "int32"),
+            fin: T.Tensor((nprog,), "int32"),
+            o: T.Tensor((ntok, H, V), io), ht: T.Tensor((nstate, H, K, V), fp32), hs: T.Tensor((nchunk, H, K, V), io),
+        ):  # fmt: skip
+            with T.Kernel(nprog * H * NV, threads=_THREADS) as (bid,):
+                i_v = bid % NV
+                i_h = (bid // NV) % H
+                i_p = bid // (NV * H)
+                i_hk = i_h // G
+                c0 = i_v * BV
+                bos = T.alloc_var("int32")
+                eos = T.alloc_var("int32")
+                boc = T.alloc_var("int32")
+                nt = T.alloc_var("int32")
+                bos = cu[pmap[i_p]]
+                eos = cu[pmap[i_p] + 1]
+                boc = co[pmap[i_p]]
+                nt = T.ceildiv(eos - bos, BT)
+
+                # two buffers of each input (the producer fills one while the roles read the other)
+                q_s = T.alloc_shared((2, BT, K), io)
+                k_s = T.alloc_shared((2, BT, K), io)
+                v_s = T.alloc_shared((2, BT, BV), io)  # v, then W
+                a_s = T.alloc_shared((2, BT, BT), io)
+                g_s = T.alloc_shared((2, BT), fp32)
+                h_s = T.alloc_shared((K, BV), io)  # the state's copy for U = K S, Q S and STORE_H
+                vd_s = T.alloc_shared((BT, BV), io)
+                vn_s = T.alloc_shared((BT, BV), io)  # eR o Vd
+                p_s = T.alloc_shared((BT, BT), io)
+                o_s = T.alloc_shared((BT, BV), io)
+                eg_s = T.alloc_shared((BT,), fp32)
+                er_s = T.alloc_shared((BT,), fp32)
+
+                s_f = T.alloc_fragment((K, BV), fp32)
+                u_f = T.alloc_fragment((BT, BV), fp32)
+                o_f = T.alloc_fragment((BT, BV), fp32)
+                p_f = T.alloc_fragment((BT, BT), fp32)
+                gl = T.alloc_var(fp32)
+
+                ready = T.alloc_barrier(arrive_count=[96] * 2)  # the three loading warps (and TMA's bytes)
+                free = T.alloc_barrier(arrive_count=[384] * 2)  # S, V, O have read the buffer
+                top = T.alloc_barrier(arrive_count=416)  # S, V, O and the storing warp finished the step before
+                h_rdy = T.alloc_barrier(arrive_count=256)  # S wrote the state's copy, V wrote eG, eR
+                vd_rdy = T.alloc_barrier(arrive_count=128)
+                vn_rdy = T.alloc_barrier(arrive_count=128)
+                o_rdy = T.alloc_barrier(arrive_count=128)
+
+                tx = T.get_thread_binding()
+                if tx < 128:
+                    T.set_max_nreg(_NREG["s"], 1)
+                    role_s(s_f, h_s, k_s, g_s, vn_s, gl, ready, free, top, h_rdy, vn_rdy, h0, ht, fin, i_p, i_h, c0, nt)
+                elif tx < 256:
+                    T.set_max_nreg(_NREG["v"], 0)
+                    role_v(u_f, v_s, k_s, a_s, g_s, h_s, vd_s, vn_s, eg_s, er_s, ready, free, top, h_rdy, vd_rdy,
+                           vn_rdy, bos, eos, nt)  # fmt: skip
+                elif tx < 384:
+                    T.set_max_nreg(_NREG["o"], 1)
+                    role_o(p_f, o_f, q_s, k_s, g_s, h_s, p_s, vd_s, o_s, eg_s, ready, free, top, h_rdy, vd_rdy, o_rdy, nt)
+                else:
+                    T.set_max_nreg(_NREG["producer"], 0)
+                    if tx < 416:
+                        load_qk(q, k, q_s, k_s, ready, free, bos, i_hk, nt)
+                    elif tx < 448:
+                        load_va(v, ag, v_s, a_s, ready, free, bos, i_h, c0, nt)
+                    elif tx < 480:
+                        load_g(gs, g_s, ready, free, bos, eos, i_h, nt)
+                    else:
+                        store_o_h(o, hs, o_s, h_s, top, h_rdy, o_rdy, bos, eos, boc, i_h, c0, nt)
+
+        return fwd_walk
+
+    return build()
+
+
+@functools.cache
+def _dense_ranges(N: int, T: int, NT: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """(cu, chunk offsets) int32 of N dense sequences of T tokens (NT chunks each)."""
+    cu = torch.arange(0, (N + 1) * T, T, dtype=torch.int32, device=device)
+    return cu, torch.arange(0, N * NT, NT, dtype=torch.int32, device=device)
+
+
+@functools.cache
+def _identity(n: int, device: torch.device) -> Tensor:
+    return torch.arange(n, dtype=torch.int32, device=device)
+
+
+def fwd_walk_tilelang(
+    q: Tensor | None, k: Tensor, v: Tensor, ag: Tensor, gs: Tensor, *, layout: SeqLayout, scale: float = 1.0,
+    h0: Tensor | None = None, num_states: int | None = None, output_final_state: bool = False,
+    num_chunks: int | None = None, BV: int | None = None,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:  # fmt: skip
+    """(o `[B, T, HV, V]` in k's dtype or None without q, final states fp32 or None, h `[num_chunks, HV, K, V]` in
+    k's dtype or None without num_chunks) over the layout's ranges (`kernels.common.chunk_state.SeqLayout`: dense
+    sequences or varlen ranges, a program map, final_idx).
+
+    q, k `[B, T, H, K]`, v `[B, T, HV, V]`, the Ag pass's Ag `[B, T, HV, 64]` and gate cumsum gs `[B, T, HV]` fp32;
+    h0 `[layout.num_programs, HV, K, V]` fp32 or None; the final states `[num_states or num_programs, HV, K, V]`
+    (at `layout.final_idx` when it has one); num_chunks: the chunk states of every range (STORE_H, at the layout's
+    chunk offsets). BV: 64 or 128, None: `fwd_walk_bv`. Raises ValueError where `fwd_walk_refusal` gives a reason."""
+    B, T, Hk, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    BT = ag.shape[-1]
+    why = fwd_walk_refusal(K, V, BT, k.device)
+    if why is not None:
+        raise ValueError(why)
+    dev = k.device
+    P = layout.num_programs
+    if BV is None:
+        BV = fwd_walk_bv(P * HV, torch.cuda.get_device_properties(dev).multi_processor_count)
+    modes = {name for name, on in (("output", q is not None), ("store_h", num_chunks is not None),
+                                   ("h0", h0 is not None), ("final", output_final_state)) if on}  # fmt: skip
+    kern = _build(HV, Hk, BV, float(scale), TL_DTYPES[k.dtype], frozenset(modes))
+    if layout.cu_seqlens is None:
+        cu, co = _dense_ranges(layout.num_seqs, T, cdiv(T, BT), dev)
+    else:
+        cu, co = layout.cu_seqlens.int(), layout.chunk_offsets.int()
+    pmap = layout.seq_map.int() if layout.seq_map is not None else _identity(P, dev)
+    fin = layout.final_idx.int() if layout.final_idx is not None else _identity(P, dev)
+    N = B * T
+    o = torch.empty_like(v) if q is not None else None
+    ht = k.new_empty(num_states or P, HV, K, V, dtype=torch.float32) if output_final_state else None
+    hs = k.new_empty(num_chunks, HV, K, V) if num_chunks is not None else None
+    flat = [x.reshape(N, *x.shape[2:]) for x in (q if q is not None else k, k, v, ag, gs)]
+    scratch = _scratch(dev, k.dtype, HV, K, V)
+    args = [*flat, h0 if h0 is not None else scratch[0], cu, co[: cu.numel() - 1], pmap, fin,
+            o.view(N, HV, V) if o is not None else v.reshape(N, HV, V),
+            ht if ht is not None else scratch[0], hs if hs is not None else scratch[1]]  # fmt: skip
+    if P and T and not dry_running():  # (in `compile_ahead`'s dry run the walk is built, not launched)
+        kern(*args)
+    return o, ht, hs
+
+
+@functools.cache
+def _scratch(device: torch.device, dtype: torch.dtype, HV: int, K: int, V: int) -> tuple[Tensor, Tensor]:
+    """Stand-ins for the arguments a mode leaves unread (TileLang binds every argument): one fp32 state and one in
+    the inputs' dtype."""
+    return (torch.zeros(1, HV, K, V, dtype=torch.float32, device=device),
+            torch.zeros(1, HV, K, V, dtype=dtype, device=device))  # fmt: skip

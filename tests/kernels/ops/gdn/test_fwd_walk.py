@@ -1,0 +1,81 @@
+"""GDN's warp-specialised TileLang forward walk (`kernels.ops.gdn.fwd_walk`).
+
+On any machine: the refusals name their reason in one line; the value block follows the programs' share of the SMs.
+On an H200 with CPBENCH_TEST_GPU=1 and tilelang 0.1.15 (bf16, K = V = 128, chunk 64): the kernel against its torch
+mirror (`kernels.common.fwd_walk_torch.fwd_walk`, which CI checks against the per-token reference) on identical
+inputs: three varlen sequences (37, 300, 5 tokens: partial and sub-chunk last chunks, whose loads run into the next
+range) in two-chunk ranges and as whole sequences, grouped heads (Hk = 1, HV = 2), the programs in reverse order
+through the program map, entering states per range; o, the final states and every chunk's entering state at value
+blocks 64 and 128, relative L2 2e-2 (the kernel rounds its products' operands to bf16, the mirror does not).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.common.chunk_state import SeqLayout
+from kernels.common.fwd_walk_torch import fwd_walk
+from kernels.ops.gdn.fwd_walk import fwd_walk_bv, fwd_walk_refusal, fwd_walk_tilelang
+from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs, make_state
+from tests.utils.reverse_walk import kept_for_walk
+
+DIM, BT = 128, 64
+WHY = fwd_walk_refusal(DIM, DIM, BT, torch.device(TEST_DEVICE)) if TEST_DEVICE == "cuda" else "no GPU test"
+GPU = pytest.mark.skipif(WHY is not None, reason=str(WHY))
+
+
+def test_refusals_name_their_reason() -> None:
+    assert "forward walk takes K = V = 128 and chunk 64, got K=64" in str(fwd_walk_refusal(64, 128, 64, torch.device("cpu")))
+    assert "got K=128 V=128 chunk=32" in str(fwd_walk_refusal(128, 128, 32, torch.device("cpu")))
+    assert "runs on CUDA only, got cpu" in str(fwd_walk_refusal(128, 128, 64, torch.device("cpu")))
+    k = torch.zeros(1, 64, 1, 64)
+    with pytest.raises(ValueError, match="takes K = V = 128"):
+        fwd_walk_tilelang(None, k, torch.zeros(1, 64, 1, 64), torch.zeros(1, 64, 1, 64), torch.zeros(1, 64, 1),
+                          layout=SeqLayout(1))  # fmt: skip
+
+
+def test_value_block_follows_the_programs_share_of_the_sms() -> None:
+    assert fwd_walk_bv(132, 132) == 128
+    assert fwd_walk_bv(93, 132) == 128  # at 70 % of the SMs: one program per (range, head)
+    assert fwd_walk_bv(92, 132) == 64  # below: two, each half the state's columns
+    assert fwd_walk_bv(16, 132) == 64
+
+
+@GPU
+@pytest.mark.parametrize("BV", [64, 128])
+@pytest.mark.parametrize("span", [2 * BT, 10**9], ids=["two-chunk-ranges", "whole-sequences"])
+def test_kernel_matches_its_torch_mirror(span: int, BV: int) -> None:
+    lengths, cu = (37, 300, 5), [0, 37, 337, 342]
+    q, k, _, _, _, _ = make_inputs("gdn", lengths, H=1, K=DIM, V=DIM, dtype=torch.bfloat16, device="cuda")
+    _, _, v, g, beta, _ = make_inputs("gdn", lengths, H=2, K=DIM, V=DIM, lb=-1.0, seed=3, dtype=torch.bfloat16,
+                                      device="cuda")  # fmt: skip
+    scale = DIM**-0.5
+    h0 = make_state(3, 2, DIM, DIM, device="cuda")
+    ag, gs, h, first = kept_for_walk(*(x.float() for x in (q, k, v, g, beta, h0)), cu, BT, scale)
+    bounds, offs, fin, entering = [], [], [], []
+    for n in range(3):
+        starts = list(range(cu[n], cu[n + 1], span))
+        for j, s0 in enumerate(starts):
+            bounds.append(s0)
+            offs.append(first[n] + (s0 - cu[n]) // BT)
+            fin.append(n if j == len(starts) - 1 else -1)
+            entering.append(h[offs[-1]])
+    bounds.append(cu[-1])
+    P = len(fin)
+    pmap = torch.arange(P - 1, -1, -1, device="cuda")
+    fin_t = torch.tensor(fin, device="cuda").flip(0)
+    h0p = torch.stack(entering).flip(0).contiguous()
+    ag, gs = ag.bfloat16(), gs.float()
+    layout = SeqLayout(P, torch.tensor(bounds, dtype=torch.int32, device="cuda"),
+                       torch.tensor(offs, dtype=torch.int32, device="cuda"), pmap.int(), fin_t.int())  # fmt: skip
+    got = fwd_walk_tilelang(q, k, v, ag, gs, layout=layout, scale=scale, h0=h0p, num_states=3,
+                            output_final_state=True, num_chunks=h.shape[0], BV=BV)  # fmt: skip
+    flat = [x[0].cpu() for x in (q, k, v, ag, gs)]
+    want = fwd_walk(*flat, cu=torch.tensor(bounds), co=torch.tensor(offs), pmap=pmap.cpu(), fin=fin_t.cpu(),
+                    scale=scale, h0=h0p.cpu(), num_states=3, num_chunks=h.shape[0])  # fmt: skip
+    for name, a, b in zip(("o", "ht", "h"), got, want, strict=True):
+        assert a is not None and b is not None
+        a = a[0] if name == "o" else a
+        assert torch.isfinite(a).all(), name
+        assert_rel_close(name, b.float().cpu(), a.float().cpu(), 2e-2)

@@ -2,14 +2,15 @@
 can replace (`kernels.ops.gdn.fused.gdn_fused_state_output`) and the Triton state recompute (`kernels.common.chunk_state
 .chunk_state_ag_fwd`), on the same inputs and ranges in one process, beside their floors (issue 26).
 
-    python benchmarks/fwd_walk_lab.py --out $OUT [--shapes 1x65536,8x8192,1x32768,1x131072] [--hv 16] [--lb -1]
+    python benchmarks/fwd_walk_lab.py --out $OUT [--shapes 1x65536,8x8192,1x32768,1x131072] [--hv 16] [--lb -1] [--own-split]
+        [--autotune benchmarks/results/autotune_h200.json]
     python benchmarks/fwd_walk_lab.py --compile-only [--jobs 2]   # fill TileLang's cache (no GPU needed)
 
 Per shape (bf16, H = HV value heads, K = V = 128, chunk 64; q, k L2-normalised, g = lb * sigmoid(randn)): our Ag pass
-(`wy_gdn_ag`) makes Ag and the gate cumsum; the forward's split (`output_split`, the Triton pass's value block) and the
-exact entering state of each segment (`exact_segment_states`) give the ranges. Timed (do_bench medians, ms):
+(`wy_gdn_ag`) makes Ag and the gate cumsum; the forward's split for the Triton pass (`output_split`; none: whole sequences from
+zero) and the exact entering state of each segment (`exact_segment_states`) give the ranges. Timed (do_bench medians, ms):
 - output: the Triton pass and the walk (value blocks 64 and 128) over those ranges from those states (o and the
-  final states); the walk also on the split made for its own value block (`--own-split`);
+  final states); with `--own-split` also over the walk's one-wave split (`kernels.ops.gdn.fwd_walk.wave_seg_chunks`);
 - state: `chunk_state_ag_fwd` and the walk without q (STORE_H) over the same ranges (every chunk's entering state).
 Each walk's largest relative difference from the Triton result (max |a - b| / max |b| over o, ht or h), and the floor:
 unique bytes at `runners.bench.floors.HBM_TBPS`, matmul flops at the rate measured in this run. Writes
@@ -76,7 +77,6 @@ def _bytes(B: int, T: int, HV: int, *, output: bool, segments: int) -> float:
 
 def run_shape(B: int, T: int, HV: int, lb: float, timer: Any, rate: float, own_split: bool) -> dict[str, Any]:
     from kernels.common.index import prepare_chunk_index
-    from kernels.common.seqsplit import resolve_split
     from kernels.ops.gdn.fused import output_split
     from kernels.ops.gdn.wy_ag import wy_gdn_ag
     from kernels.plan import default_plan
@@ -95,26 +95,35 @@ def run_shape(B: int, T: int, HV: int, lb: float, timer: Any, rate: float, own_s
     out: dict[str, Any] = {"output": {}, "state": {}}
     plans = {"triton split": output_split(index, k, v, gs, launch=launch, split_chunks=None)}
     if own_split:
-        plans["walk split (BV 128)"] = resolve_split(index, None, H=HV, NV=1, device=k.device)
+        plans["one-wave split"] = output_split(index, k, v, gs, launch=launch, split_chunks=None, walk=True)
     for pname, plan in plans.items():
-        assert plan is not None, "these shapes split"
         out["output"][pname] = _time_output(q, k, v, ag, gs, plan, index, launch, timer, rate)
-        if pname == "triton split":
-            out["state"][pname] = _time_state(k, v, ag, gs, plan, index, launch, timer, rate)
+        out["state"][pname] = _time_state(k, v, ag, gs, plan, index, launch, timer, rate)
     return out
+
+
+def _ranges(k: Any, v: Any, ag: Any, gs: Any, plan: Any, index: Any, launch: Any) -> tuple[Any, Any, int]:
+    """(layout, entering states, ranges) of a split (its exact segment states) or of whole sequences (from zero)."""
+    from kernels.common.seqsplit import whole_sequences
+    from kernels.ops.gdn.fused import exact_segment_states
+
+    if plan is None:
+        return whole_sequences(index), None, index.num_seqs
+    _, h0 = exact_segment_states(k, v, ag, gs, None, plan=plan, BT=BT, launch=launch)
+    return plan.final, h0, plan.num_segments
 
 
 def _time_output(q: Any, k: Any, v: Any, ag: Any, gs: Any, plan: Any, index: Any, launch: Any, timer: Any,
                  rate: float) -> dict[str, Any]:  # fmt: skip
     """The output pass over the split's ranges from their exact entering states: Triton, then the walk at BV 64, 128."""
-    from kernels.ops.gdn.fused import exact_segment_states, gdn_fused_state_output
+    from kernels.ops.gdn.fused import gdn_fused_state_output
     from kernels.ops.gdn.fwd_walk import fwd_walk_tilelang
 
     B, T, HV = v.shape[:3]
-    _, h0 = exact_segment_states(k, v, ag, gs, None, plan=plan, BT=BT, launch=launch)
-    layout, N, S = plan.final, index.num_seqs, plan.num_segments
+    layout, h0, S = _ranges(k, v, ag, gs, plan, index, launch)
+    N = index.num_seqs
     scale = DIM**-0.5
-    rows: dict[str, Any] = {"segments": S, "seg_chunks": plan.seg_chunks}
+    rows: dict[str, Any] = {"segments": S, "seg_chunks": plan.seg_chunks if plan is not None else 0}
     rows["floor"] = floor_ms(_bytes(B, T, HV, output=True, segments=S), launcher_flops("gdn", "fused", B, T, HV), rate)
 
     def triton() -> Any:
@@ -141,12 +150,11 @@ def _time_state(k: Any, v: Any, ag: Any, gs: Any, plan: Any, index: Any, launch:
                 rate: float) -> dict[str, Any]:  # fmt: skip
     """The state pass (every chunk's entering state) over the split's ranges: Triton, then the walk at BV 64, 128."""
     from kernels.common.chunk_state import chunk_state_ag_fwd
-    from kernels.ops.gdn.fused import exact_segment_states
     from kernels.ops.gdn.fwd_walk import fwd_walk_tilelang
 
     B, T, HV = v.shape[:3]
-    _, h0 = exact_segment_states(k, v, ag, gs, None, plan=plan, BT=BT, launch=launch)
-    layout, NT, S = plan.final, index.num_chunks, plan.num_segments
+    layout, h0, S = _ranges(k, v, ag, gs, plan, index, launch)
+    NT = index.num_chunks
     rows: dict[str, Any] = {"segments": S}
     rows["floor"] = floor_ms(_bytes(B, T, HV, output=False, segments=S), 4 * BT * DIM * DIM * NT * HV, rate)
 
@@ -173,7 +181,7 @@ def _markdown(state: dict[str, Any]) -> str:
         "",
         f"{state['device']}, torch {state['torch']}, triton {state['triton']}, tilelang {state['tilelang']}, git "
         f"{state['sha']}. Command: `{state['command']}`. Matmul rate measured here: {state['matmul_TFLOPs']:.0f} "
-        f"TFLOP/s; bytes at {HBM_TBPS} TB/s. diff: max |a - b| / max |b| against the Triton pass's result.",
+        f"TFLOP/s; bytes at {HBM_TBPS} TB/s. Triton configs: {state['autotune'] or 'the registry defaults'}. diff: max |a - b| / max |b| against the Triton pass's result.",
         "",
     ]
     for shape, res in state["shapes"].items():
@@ -200,6 +208,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--shapes", default="1x65536,8x8192,1x32768,1x131072")
     ap.add_argument("--hv", default="16", help="value heads, a comma list (q, k keep 16)")
     ap.add_argument("--lb", type=float, default=-1.0)
+    ap.add_argument(
+        "--autotune",
+        default=str(ROOT / "benchmarks/results/autotune_h200.json"),
+        help="the Triton passes' launch configs (an autotune file; '' for the registry defaults)",
+    )
     ap.add_argument("--own-split", action="store_true", help="also time the walk on the split for its value block")
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--compile-only", action="store_true")
@@ -215,6 +228,10 @@ def main(argv: list[str] | None = None) -> None:
 
     from runners.bench.kernels_ops import Timer, measure_ceilings
 
+    if a.autotune:
+        from kernels.plan import use_autotune
+
+        use_autotune(a.autotune, strict=False)
     timer = Timer(cuda=True)
     state: dict[str, Any] = {
         "device": torch.cuda.get_device_name(),
@@ -224,6 +241,7 @@ def main(argv: list[str] | None = None) -> None:
         "sha": os.environ.get("CPBENCH_GIT_SHA", "?"),
         "command": " ".join(["python benchmarks/fwd_walk_lab.py", *(argv or sys.argv[1:])]),
         "compile_s": compile_s,
+        "autotune": a.autotune or None,
         "matmul_TFLOPs": measure_ceilings(timer, "cuda")["matmul_TFLOPs"],
         "shapes": {},
     }

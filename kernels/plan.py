@@ -13,6 +13,9 @@
     bwd_grads  the backward's gradient kernels, one of `kernels.vocabulary.BWD_GRADS` (`kernels.common.chunk_bwd`;
                "auto", the default: GDN's TileLang reverse walk for long bf16 steps where it runs, else the Triton
                kernels of `kernels.vocabulary.AUTO_BWD_GRADS`);
+    fwd_pass   GDN's forward state+output pass (and the state recompute of its reverse-walk backward), one of
+               `kernels.vocabulary.FWD_PASSES`: "auto" (the default: the TileLang walk in bf16 where it runs, else
+               Triton), "triton" or "tilelang" (`kernels.ops.gdn.fwd_walk`);
     bwd_warm   the backward's gate-certified warm window in chunks for its split reverse state pass, 0 = exact, None
                (the default) = `kernels.vocabulary.AUTO_BWD_WARM`'s per op (`bwd_warm_for`; `kernels.common.warm_bwd`);
     recorder   a `LaunchRecorder` the caller made, told every launch's (key, config), or None.
@@ -46,6 +49,7 @@ from kernels.vocabulary import (  # the triton backend's options (first: default
     AUTO_BWD_WARM,
     AUTO_KEEP,
     BWD_GRADS,
+    FWD_PASSES,
     KEEP_POLICIES,
 )
 
@@ -94,6 +98,7 @@ class LaunchPlan:
     keep: str = KEEP_POLICIES[0]
     bwd_grads: str = BWD_GRADS[0]
     bwd_warm: int | None = None
+    fwd_pass: str = FWD_PASSES[0]
     recorder: LaunchRecorder | None = None
 
     def __post_init__(self) -> None:
@@ -101,6 +106,8 @@ class LaunchPlan:
             raise ValueError(f"LaunchPlan.keep must be one of {', '.join(KEEP_POLICIES)}, got {self.keep!r}")
         if self.bwd_grads not in BWD_GRADS:
             raise ValueError(f"LaunchPlan.bwd_grads must be one of {', '.join(BWD_GRADS)}, got {self.bwd_grads!r}")
+        if self.fwd_pass not in FWD_PASSES:
+            raise ValueError(f"LaunchPlan.fwd_pass must be one of {', '.join(FWD_PASSES)}, got {self.fwd_pass!r}")
         if self.bwd_warm is not None and (
             isinstance(self.bwd_warm, bool) or not isinstance(self.bwd_warm, int) or self.bwd_warm < 0
         ):

@@ -35,6 +35,7 @@ __all__ = [
     "AUTO_REVERSE_MIN_TOKEN_HEADS",
     "AUTO_FWD_PATH",
     "BWD_GRADS",
+    "FWD_PASSES",
     "COUNTED_DIRECTIONS",
     "DTYPES",
     "DTYPE_BYTES",
@@ -116,6 +117,12 @@ KEEP_POLICIES: tuple[str, ...] = ("auto", "inputs", "ag", "ag+states", "wy", "wy
 # chunk 64; no dh or dv_new through memory, the reverse state pass's last walk fused in; "auto" takes it for long
 # bf16 steps, AUTO_REVERSE_MIN_TOKEN_HEADS below)
 BWD_GRADS: tuple[str, ...] = ("auto", "pair", "fused", "reverse")
+# the forward's state+output pass (and the reverse walk's state recompute) of GDN's two-kernel forward: "auto" (the
+# default: the TileLang walk `kernels.ops.gdn.fwd_walk` in bf16 where it runs: Hopper, K = V = 128, chunk 64, tilelang
+# installed; else Triton), "triton" (`kernels.ops.gdn.fused`'s pass, `kernels.common.chunk_state.chunk_state_ag_fwd`)
+# or "tilelang" (the walk, refused in one line where it cannot run). H200, session 25
+# (benchmarks/results/fwd_walk_lab_s25_h200.md): the output pass 0.79 -> 0.53 ms at 1x64K on the same ranges
+FWD_PASSES: tuple[str, ...] = ("auto", "triton", "tilelang")
 # `kernels.common.chunk_fwd`'s "auto" forward path per op, from the H200 (session 11, kda_fused_lab_h200.md): KDA's
 # two-kernel forward is no faster than its WY path (10.38 vs 10.49 ms at 1x128K; its Ag pass 5.15 ms, the per-key-gate
 # fused pass 2.6x GDN's) and its step's first-call peak rose 898 -> 1124 MiB, so KDA keeps the WY path unless asked

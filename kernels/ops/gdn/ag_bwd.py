@@ -44,6 +44,7 @@ from kernels.common.state_keep import KEPT_STATES
 from kernels.common.warm_bwd import _reverse_bound_store
 from kernels.common.wy import BT_WY, CHUNK_SIZES, FLOOR
 from kernels.configs import KernelSpec, LaunchConfig, cdiv, head_block, register
+from kernels.ops.gdn.fwd_walk import fwd_walk_tilelang, fwd_walk_wanted
 from kernels.ops.gdn.reverse_bwd import auto_reverse, chunk_gdn_bwd_reverse
 from kernels.ops.gdn.wy_ag import wy_gdn_ag
 from kernels.plan import LaunchPlan, default_plan, launch_config
@@ -196,7 +197,8 @@ def ag_factors(
 ) -> LazyFactors:
     """The reverse walk's factors on demand (`kernels.common.chunk_bwd.LazyFactors`): `wy_from_ag` forms w, u, aqk
     (and T) of the chunks a selection flags, every call into the same buffers; the chunk states come from the Ag form
-    of the state pass (`chunk_state_ag_fwd`), which reads Ag, k, v and no w, u."""
+    of the state pass, which reads Ag, k, v and no w, u: the TileLang walk without q (`kernels.ops.gdn.fwd_walk`,
+    under `LaunchPlan.fwd_pass`) or Triton's `chunk_state_ag_fwd`."""
     bufs: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
 
     def form(sel: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
@@ -206,6 +208,10 @@ def ag_factors(
         return w, u, aqk
 
     def states(layout: SeqLayout, h0: Tensor | None) -> Tensor:
+        if fwd_walk_wanted(k, v, index.chunk_size, launch):
+            _, _, h = fwd_walk_tilelang(None, k, v, ag, gcum, layout=layout, h0=h0, num_chunks=index.num_chunks)
+            assert h is not None
+            return h
         return chunk_state_ag_fwd(k, v, ag, gcum, layout=layout, num_chunks=index.num_chunks, BT=index.chunk_size,
                                   h0=h0, launch=launch)  # fmt: skip
 

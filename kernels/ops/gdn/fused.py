@@ -52,11 +52,19 @@ from torch import Tensor
 from kernels.common.chunk_program import given, heuristics
 from kernels.common.chunk_state import SeqLayout
 from kernels.common.index import ChunkIndex
-from kernels.common.seqsplit import SplitPlan, keep_segment_states, resolve_split, seg_chain_fwd, whole_sequences
+from kernels.common.seqsplit import (
+    SplitPlan,
+    keep_segment_states,
+    plan_split,
+    resolve_split,
+    seg_chain_fwd,
+    whole_sequences,
+)
 from kernels.common.state_program import range_of_program
 from kernels.common.warm_split import WarmInputs, certified_transitions, window_plan
 from kernels.common.wy import LOG2E, _gexp
 from kernels.configs import KernelSpec, LaunchConfig, cdiv, head_block, register
+from kernels.ops.gdn.fwd_walk import fwd_walk_tilelang, fwd_walk_wanted, num_sms, wave_seg_chunks
 from kernels.ops.gdn.wy_ag import wy_gdn_ag
 from kernels.plan import LaunchPlan, launch_config
 
@@ -494,9 +502,13 @@ def gdn_fused_fwd(
 
 
 def output_split(index: ChunkIndex, k: Tensor, v: Tensor, gcum: Tensor, *, launch: LaunchPlan,
-                 split_chunks: int | None, kd: Tensor | None = None) -> SplitPlan | None:  # fmt: skip
+                 split_chunks: int | None, kd: Tensor | None = None, walk: bool = False) -> SplitPlan | None:  # fmt: skip
     """The split of the forward's output pass (None: one program row per sequence): `resolve_split` with the output
-    launch's BV, from shapes alone (kd: KDA's gated keys, whose launch config is keyed apart)."""
+    launch's BV, from shapes alone (kd: KDA's gated keys, whose launch config is keyed apart); under the TileLang walk
+    (`walk`) its one-wave rule (`kernels.ops.gdn.fwd_walk.wave_seg_chunks`; CUDA only)."""
+    if walk and split_chunks is None:
+        seg = wave_seg_chunks(index, H=v.shape[2], sms=num_sms(k.device)) if k.device.type == "cuda" else None
+        return plan_split(index, seg) if seg is not None else None
     V = v.shape[3]
     cfg = _config(launch, k, v, gcum, BT=index.chunk_size, mode="output", layout=whole_sequences(index),
                   ncols_limit=head_block(V), kd=kd)  # fmt: skip
@@ -516,7 +528,9 @@ def fused_state_output_fwd(
     BT = index.chunk_size
     h0 = initial_state.float().contiguous() if initial_state is not None else None
     layout = whole_sequences(index)
-    plan = output_split(index, k, v, gcum, launch=launch, split_chunks=split_chunks, kd=kd)
+    # GDN's output pass on the TileLang walk (`LaunchPlan.fwd_pass`; not KDA's gates, not STORE_STATES)
+    walk = gcum.dim() == 3 and kd is None and aqk is None and hs is None and fwd_walk_wanted(k, v, BT, launch)
+    plan = output_split(index, k, v, gcum, launch=launch, split_chunks=split_chunks, kd=kd, walk=walk)
     num_states = None
     if plan is not None:
         pass_args = {"k": k, "v": v, "ag": ag, "gcum": gcum, "BT": BT, "launch": launch, "kd": kd}
@@ -541,9 +555,13 @@ def fused_state_output_fwd(
         h0 = seg_chain_fwd(M, S_ext, h0, plan, launch=launch, drop=drop)
         keep_segment_states(seg_states, plan, h0)
         layout, num_states = plan.final, index.num_seqs
-    o, ht = gdn_fused_state_output(q, k, v, ag, gcum, layout=layout, BT=BT, scale=scale, h0=h0,
-                                   output_final_state=output_final_state, num_states=num_states, launch=launch,
-                                   aqk=aqk, kd=kd, hs=hs, vn=vn)  # fmt: skip
+    if walk:
+        o, ht, _ = fwd_walk_tilelang(q, k, v, ag, gcum, layout=layout, scale=scale, h0=h0, num_states=num_states,
+                                     output_final_state=output_final_state)  # fmt: skip
+    else:
+        o, ht = gdn_fused_state_output(q, k, v, ag, gcum, layout=layout, BT=BT, scale=scale, h0=h0,
+                                       output_final_state=output_final_state, num_states=num_states, launch=launch,
+                                       aqk=aqk, kd=kd, hs=hs, vn=vn)  # fmt: skip
     assert o is not None
     return o, ht
 

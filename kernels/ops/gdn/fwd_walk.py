@@ -37,20 +37,37 @@ import torch
 from torch import Tensor
 
 from kernels.common.chunk_state import SeqLayout
+from kernels.common.index import ChunkIndex
+from kernels.common.seqsplit import SPLIT_MIN_SEG_CHUNKS
 from kernels.configs import cdiv
-from kernels.ops.gdn.tilelang_hopper import TL_DTYPES, tilelang_refusal
+from kernels.ops.gdn.tilelang_hopper import TL_DTYPES, tilelang_refusal, tilelang_refusal_cached
 from kernels.parallel_compile import dry_running
+from kernels.plan import LaunchPlan
 
-__all__ = ["FWD_WALK_BV", "FWD_WALK_MODES", "fwd_walk_bv", "fwd_walk_refusal", "fwd_walk_tilelang"]
+__all__ = [
+    "FWD_WALK_BV",
+    "FWD_WALK_MODES",
+    "WAVE_MIN_FILL",
+    "fwd_walk_bv",
+    "num_sms",
+    "wave_seg_chunks",
+    "fwd_walk_refusal",
+    "fwd_walk_tilelang",
+    "fwd_walk_wanted",
+]
 
 FWD_WALK_BV = (64, 128)
 FWD_WALK_MODES = frozenset({"output", "store_h", "h0", "final"})
 _THREADS = 512
+# The walk's split (`wave_seg_chunks`): one long-lived program per (range, head) holds a whole SM, so the split aims at
+# one wave: as many segments per sequence as fit the SMs once, every program walking about as many chunks (H200,
+# session 25, benchmarks/results/fwd_walk_lab_s25_h200.md: 272 programs on 132 SMs left a third wave nearly empty);
+# below WAVE_MIN_FILL x SMs programs of the plain pass, and not where a sequence would get fewer than two segments.
+# Plain passes below that share take value blocks of 64 (two programs per (range, head), `fwd_walk_bv`).
+WAVE_MIN_FILL = 0.7
 # registers per thread of each role (a multiple of 8; the four sum to at most 65536 / 128 = 512): the state [K, BV]
 # fp32 is 128 (BV 128) of the S role's
 _NREG = {"s": 168, "v": 120, "o": 168, "producer": 40}
-# programs below this share of the SMs take value blocks of 64 (twice the programs) instead of 128
-_BV64_BELOW = 0.7
 
 
 def fwd_walk_refusal(K: int, V: int, BT: int, device: torch.device) -> str | None:
@@ -58,10 +75,42 @@ def fwd_walk_refusal(K: int, V: int, BT: int, device: torch.device) -> str | Non
     return tilelang_refusal("forward walk", K, V, BT, device)
 
 
+def fwd_walk_wanted(k: Tensor, v: Tensor, BT: int, launch: LaunchPlan) -> bool:
+    """Whether GDN's forward pass (and the reverse walk's state recompute) runs on this walk under the plan's
+    `fwd_pass`: "triton" never; "tilelang" always (a ValueError with `fwd_walk_refusal`'s reason where it cannot run);
+    "auto" in bf16 (the dtype it was timed in) where nothing refuses it."""
+    if launch.fwd_pass == "triton":
+        return False
+    why = tilelang_refusal_cached("forward walk", k.shape[-1], v.shape[-1], BT, k.device)
+    if launch.fwd_pass == "tilelang":
+        if why is not None:
+            raise ValueError(f"LaunchPlan(fwd_pass='tilelang'): {why}")
+        return True
+    return why is None and k.dtype == v.dtype == torch.bfloat16
+
+
+def wave_seg_chunks(index: ChunkIndex, *, H: int, sms: int) -> int | None:
+    """Segment length (chunks) of the walk's one-wave split (`WAVE_MIN_FILL`): floor(sms / (N x H)) segments per
+    sequence of the mean length, at least `kernels.common.seqsplit.SPLIT_MIN_SEG_CHUNKS` chunks; None: the plain pass.
+    Shapes only."""
+    rows = index.num_seqs * H
+    per_seq = sms // rows
+    if rows >= WAVE_MIN_FILL * sms or per_seq < 2:
+        return None
+    seg = max(SPLIT_MIN_SEG_CHUNKS, -(-index.num_chunks // (per_seq * index.num_seqs)))
+    return None if seg >= index.max_chunks else seg
+
+
+@functools.cache
+def num_sms(device: torch.device) -> int:
+    """The SMs of a CUDA device (its properties read once)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def fwd_walk_bv(programs: int, sms: int) -> int:
     """The value block for `programs` (range, head) pairs on `sms` SMs: 128 (one program per pair) when they fill
-    `_BV64_BELOW` of the SMs, else 64 (two per pair)."""
-    return 128 if programs >= _BV64_BELOW * sms else 64
+    `WAVE_MIN_FILL` of the SMs, else 64 (two per pair)."""
+    return 128 if programs >= WAVE_MIN_FILL * sms else 64
 
 
 @functools.cache
@@ -320,10 +369,13 @@ def fwd_walk_tilelang(
     why = fwd_walk_refusal(K, V, BT, k.device)
     if why is not None:
         raise ValueError(why)
+    dts = {x.dtype for x in (q, k, v, ag) if x is not None}
+    if len(dts) != 1 or k.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"the TileLang forward walk takes q, k, v and Ag in one of bf16, fp16, got {sorted(map(str, dts))}")
     dev = k.device
     P = layout.num_programs
     if BV is None:
-        BV = fwd_walk_bv(P * HV, torch.cuda.get_device_properties(dev).multi_processor_count)
+        BV = fwd_walk_bv(P * HV, num_sms(dev))
     modes = {name for name, on in (("output", q is not None), ("store_h", num_chunks is not None),
                                    ("h0", h0 is not None), ("final", output_final_state)) if on}  # fmt: skip
     kern = _build(HV, Hk, BV, float(scale), TL_DTYPES[k.dtype], frozenset(modes))

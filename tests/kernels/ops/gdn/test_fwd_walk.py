@@ -1,6 +1,7 @@
 """GDN's warp-specialised TileLang forward walk (`kernels.ops.gdn.fwd_walk`).
 
-On any machine: the refusals name their reason in one line; the value block follows the programs' share of the SMs.
+On any machine: the refusals name their reason in one line; `LaunchPlan.fwd_pass` picks the pass (auto: Triton where
+the walk is refused); the one-wave split fills the SMs once; the value block follows the programs' share of the SMs.
 On an H200 with CPBENCH_TEST_GPU=1 and tilelang 0.1.15 (bf16, K = V = 128, chunk 64): the kernel against its torch
 mirror (`kernels.common.fwd_walk_torch.fwd_walk`, which CI checks against the per-token reference) on identical
 inputs: three varlen sequences (37, 300, 5 tokens: partial and sub-chunk last chunks, whose loads run into the next
@@ -16,7 +17,9 @@ import torch
 
 from kernels.common.chunk_state import SeqLayout
 from kernels.common.fwd_walk_torch import fwd_walk
-from kernels.ops.gdn.fwd_walk import fwd_walk_bv, fwd_walk_refusal, fwd_walk_tilelang
+from kernels.common.index import ChunkIndex, prepare_chunk_index
+from kernels.ops.gdn.fwd_walk import fwd_walk_bv, fwd_walk_refusal, fwd_walk_tilelang, fwd_walk_wanted, wave_seg_chunks
+from kernels.plan import LaunchPlan
 from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs, make_state
 from tests.utils.reverse_walk import kept_for_walk
 
@@ -33,6 +36,28 @@ def test_refusals_name_their_reason() -> None:
     with pytest.raises(ValueError, match="takes K = V = 128"):
         fwd_walk_tilelang(None, k, torch.zeros(1, 64, 1, 64), torch.zeros(1, 64, 1, 64), torch.zeros(1, 64, 1),
                           layout=SeqLayout(1))  # fmt: skip
+
+
+def test_one_wave_split_fills_the_sms_once() -> None:
+    def idx(B: int, T: int) -> ChunkIndex:
+        return prepare_chunk_index(None, batch=B, seq_len=T, chunk_size=BT, device=torch.device("cpu"))
+
+    assert wave_seg_chunks(idx(1, 65536), H=16, sms=132) == 128  # 8 segments x 16 heads: 128 programs, one wave
+    assert wave_seg_chunks(idx(1, 65536), H=32, sms=132) == 256  # 4 x 32
+    assert wave_seg_chunks(idx(2, 32768), H=16, sms=132) == 128  # 2 sequences x 4 segments x 16 heads
+    assert wave_seg_chunks(idx(1, 8192), H=16, sms=132) == 16
+    assert wave_seg_chunks(idx(8, 8192), H=16, sms=132) is None  # 128 programs already
+    assert wave_seg_chunks(idx(1, 512), H=16, sms=132) is None  # 8 chunks: segments of at least 8
+
+
+def test_the_plan_picks_the_pass() -> None:
+    k = torch.zeros(1, 64, 1, DIM, dtype=torch.bfloat16)
+    assert not fwd_walk_wanted(k, k, BT, LaunchPlan())  # auto: refused on the CPU, Triton runs
+    assert not fwd_walk_wanted(k, k, BT, LaunchPlan(fwd_pass="triton"))
+    with pytest.raises(ValueError, match=r"fwd_pass='tilelang'\): the TileLang forward walk runs on CUDA only"):
+        fwd_walk_wanted(k, k, BT, LaunchPlan(fwd_pass="tilelang"))
+    with pytest.raises(ValueError, match="LaunchPlan.fwd_pass must be one of auto, triton, tilelang, got 'cuda'"):
+        LaunchPlan(fwd_pass="cuda")
 
 
 def test_value_block_follows_the_programs_share_of_the_sms() -> None:

@@ -12,11 +12,19 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from kernels.parallel_compile import PARALLEL_COMPILE_ENV, compile_ahead, dry_running, parallel_compile_enabled
+from kernels.parallel_compile import (
+    PARALLEL_COMPILE_ENV,
+    build_beside,
+    compile_ahead,
+    dry_running,
+    parallel_compile_enabled,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "compile_parallel.py"
@@ -49,6 +57,31 @@ def test_dry_running_holds_inside_the_dry_run_only(monkeypatch: pytest.MonkeyPat
     assert not dry_running()
     assert compile_ahead(("test", "dry_running"), lambda: seen.append(dry_running())) is True
     assert seen == [True] and not dry_running()
+
+
+def test_other_compilers_build_beside_once_per_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A TileLang build asked for in the dry run runs in the pool, once per key, done when compile_ahead returns; a
+    failing one is dropped; outside a dry run build_beside declines (the caller builds and launches)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv(PARALLEL_COMPILE_ENV, "1")
+    built: list[tuple[str, threading.Thread]] = []
+
+    def build(name: str) -> None:
+        time.sleep(0.05)
+        built.append((name, threading.current_thread()))
+
+    def broken() -> None:
+        raise RuntimeError("nvcc failed")
+
+    def dry_run() -> None:
+        said = [build_beside(("walk", 1), build, "a"), build_beside(("walk", 1), build, "a"),
+                build_beside(("walk", 2), build, "b"), build_beside(("walk", 3), broken)]  # fmt: skip
+        assert said == [True] * 4 and not built  # submitted, not run in this thread
+
+    assert not build_beside(("walk", 1), build, "a")
+    assert compile_ahead(("test", "beside"), dry_run) is True
+    assert sorted(name for name, _ in built) == ["a", "b"]
+    assert all(t is not threading.main_thread() for _, t in built)
 
 
 @pytest.mark.slow

@@ -23,11 +23,12 @@ tensor), and the rows past it are cut where they could reach a kept value: W's r
 of the state update), the gate cumsum repeats the last row's, and o is stored row by row below the range's end.
 Ag is zero above its diagonal (`kernels.ops.gdn.wy_ag`), so the rows of a chunk never read the rows after them.
 
-Modes (compile-time): OUTPUT (o), STORE_H (the state entering every chunk into h `[NT, H, K, V]` in k's dtype: the
-backward's state recompute, as `kernels.common.chunk_state.chunk_state_ag_fwd`), H0 (each program's entering state
-`[P, H, K, V]` fp32), FINAL (each program's leaving state at ht[final_idx[p]] when >= 0). Sizes: K = V = 128, chunk
-64, BV 64 or 128 (`FWD_WALK_BV`), sm_90, TileLang `kernels.ops.gdn.tilelang_hopper.TILELANG_VERSION`; anything else
-is refused in one line.
+Modes (run-time bits of one build, `FWD_WALK_MODES`, so the forward and the backward's state recompute share it):
+OUTPUT (o), STORE_H (the state entering every chunk into h `[NT, H, K, V]` in k's dtype: the backward's state
+recompute, as `kernels.common.chunk_state.chunk_state_ag_fwd`), H0 (each program's entering state `[P, H, K, V]` fp32);
+each program's leaving state goes to ht[final_idx[p]] where that is >= 0. Sizes: K = V = 128, chunk 64, BV 64
+(`DEFAULT_BV`) or 128, sm_90, TileLang `kernels.ops.gdn.tilelang_hopper.TILELANG_VERSION`; anything else is refused in
+one line. In `kernels.parallel_compile.compile_ahead`'s dry run the kernel builds beside the Triton compiles.
 """
 
 import functools
@@ -41,14 +42,13 @@ from kernels.common.index import ChunkIndex
 from kernels.common.seqsplit import SPLIT_MIN_SEG_CHUNKS
 from kernels.configs import cdiv
 from kernels.ops.gdn.tilelang_hopper import TL_DTYPES, tilelang_refusal, tilelang_refusal_cached
-from kernels.parallel_compile import dry_running
+from kernels.parallel_compile import build_beside
 from kernels.plan import LaunchPlan
 
 __all__ = [
     "FWD_WALK_BV",
     "FWD_WALK_MODES",
     "WAVE_MIN_FILL",
-    "fwd_walk_bv",
     "num_sms",
     "wave_seg_chunks",
     "fwd_walk_refusal",
@@ -57,13 +57,16 @@ __all__ = [
 ]
 
 FWD_WALK_BV = (64, 128)
-FWD_WALK_MODES = frozenset({"output", "store_h", "h0", "final"})
+# H200, session 25 (benchmarks/results/fwd_walk_lab_s25_h200.md): value blocks of 64 (two programs per (range, head))
+# ran the state pass 20-30 % faster than 128 at every shape and split timed, and the output pass 8 % faster at 1x64K
+DEFAULT_BV = 64
+# the run-time modes (bits of the kernel's `modes` argument): one build serves the forward and the state recompute
+FWD_WALK_MODES = {"output": 1, "store_h": 2, "h0": 4}
 _THREADS = 512
 # The walk's split (`wave_seg_chunks`): one long-lived program per (range, head) holds a whole SM, so the split aims at
 # one wave: as many segments per sequence as fit the SMs once, every program walking about as many chunks (H200,
 # session 25, benchmarks/results/fwd_walk_lab_s25_h200.md: 272 programs on 132 SMs left a third wave nearly empty);
 # below WAVE_MIN_FILL x SMs programs of the plain pass, and not where a sequence would get fewer than two segments.
-# Plain passes below that share take value blocks of 64 (two programs per (range, head), `fwd_walk_bv`).
 WAVE_MIN_FILL = 0.7
 # registers per thread of each role (a multiple of 8; the four sum to at most 65536 / 128 = 512): the state [K, BV]
 # fp32 is 128 (BV 128) of the S role's
@@ -107,18 +110,12 @@ def num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def fwd_walk_bv(programs: int, sms: int) -> int:
-    """The value block for `programs` (range, head) pairs on `sms` SMs: 128 (one program per pair) when they fill
-    `WAVE_MIN_FILL` of the SMs, else 64 (two per pair)."""
-    return 128 if programs >= WAVE_MIN_FILL * sms else 64
-
-
 @functools.cache
-def _build(H: int, Hk: int, BV: int, scale: float, io: str, modes: frozenset[str]) -> Any:
-    """The compiled kernel for these sizes, dtype and modes (TileLang JIT, cached on disk by TileLang too)."""
-    unknown = set(modes) - FWD_WALK_MODES
-    if unknown or BV not in FWD_WALK_BV:
-        raise ValueError(f"fwd walk: modes {sorted(modes)} (known {sorted(FWD_WALK_MODES)}), BV {BV} (one of {FWD_WALK_BV})")
+def _build(H: int, Hk: int, BV: int, scale: float, io: str) -> Any:
+    """The compiled kernel for these sizes and dtype (TileLang JIT, cached on disk by TileLang too); its modes are
+    run-time (`FWD_WALK_MODES`)."""
+    if BV not in FWD_WALK_BV:
+        raise ValueError(f"fwd walk: BV {BV}, not one of {FWD_WALK_BV}")
     import tilelang
     import tilelang.language as T
 
@@ -127,7 +124,7 @@ def _build(H: int, Hk: int, BV: int, scale: float, io: str, modes: frozenset[str
     G = H // Hk
     NV = V // BV
     fp32 = "float32"
-    output, store_h, use_h0, final = ("output" in modes, "store_h" in modes, "h0" in modes, "final" in modes)
+    M_OUT, M_H, M_H0 = FWD_WALK_MODES["output"], FWD_WALK_MODES["store_h"], FWD_WALK_MODES["h0"]
     ntok, nrange, nprog = T.dynamic("ntok"), T.dynamic("nrange"), T.dynamic("nprog")
     nh0, nstate, nchunk = T.dynamic("nh0"), T.dynamic("nstate"), T.dynamic("nchunk")
 
@@ -139,9 +136,9 @@ def _build(H: int, Hk: int, BV: int, scale: float, io: str, modes: frozenset[str
         # each role's loop is a macro (the kernel's nesting of roles, loops and branches passes Python's limit of
         # statically nested blocks as one function)
         @T.macro
-        def role_s(s_f, h_s, k_s, g_s, vn_s, gl, ready, free, top, h_rdy, vn_rdy, h0, ht, fin, i_p, i_h, c0, nt):  # fmt: skip
+        def role_s(s_f, h_s, k_s, g_s, vn_s, gl, ready, free, top, h_rdy, vn_rdy, h0, ht, fin, i_p, i_h, c0, nt, modes):  # fmt: skip
             """The state: its copy for the step's products, S = gl S + K^T (eR o Vd); the program's final state."""
-            if use_h0:
+            if modes // M_H0 % 2 == 1:
                 T.copy(h0[i_p, i_h, 0:K, c0 : c0 + BV], s_f)
             else:
                 T.clear(s_f)
@@ -158,9 +155,8 @@ def _build(H: int, Hk: int, BV: int, scale: float, io: str, modes: frozenset[str
                 T.barrier_wait(vn_rdy, i % 2)
                 T.gemm(k_s[i % 2, :, :], vn_s, s_f, transpose_A=True)
                 T.barrier_arrive(free[i % 2])
-            if final:  # noqa: SIM102 (a Python flag, then a device condition: TileLang takes no `and` of the two)
-                if fin[i_p] >= 0:
-                    T.copy(s_f, ht[fin[i_p], i_h, 0:K, c0 : c0 + BV])
+            if fin[i_p] >= 0:
+                T.copy(s_f, ht[fin[i_p], i_h, 0:K, c0 : c0 + BV])
 
         @T.macro
         def role_v(u_f, v_s, k_s, a_s, g_s, h_s, vd_s, vn_s, eg_s, er_s, ready, free, top, h_rdy, vd_rdy, vn_rdy, bos, eos, nt):  # fmt: skip
@@ -191,12 +187,12 @@ def _build(H: int, Hk: int, BV: int, scale: float, io: str, modes: frozenset[str
                 T.barrier_arrive(free[i % 2])
 
         @T.macro
-        def role_o(p_f, o_f, q_s, k_s, g_s, h_s, p_s, vd_s, o_s, eg_s, ready, free, top, h_rdy, vd_rdy, o_rdy, nt):  # fmt: skip
+        def role_o(p_f, o_f, q_s, k_s, g_s, h_s, p_s, vd_s, o_s, eg_s, ready, free, top, h_rdy, vd_rdy, o_rdy, nt, modes):  # fmt: skip
             """P = scale Tril(Q K^T o Gam), o = scale eG o (Q S) + P Vd, staged for the storing warp (OUTPUT)."""
             for i in T.serial(nt):
                 T.barrier_arrive(top)
                 T.barrier_wait(top, i % 2)
-                if output:
+                if modes % 2 == M_OUT:
                     T.barrier_wait(ready[i % 2], (i // 2) % 2)
                     T.gemm(q_s[i % 2, :, :], k_s[i % 2, :, :], p_f, transpose_B=True, clear_accum=True)
                     for r, c in T.Parallel(BT, BT):
@@ -215,10 +211,10 @@ def _build(H: int, Hk: int, BV: int, scale: float, io: str, modes: frozenset[str
                 T.barrier_arrive(free[i % 2])
 
         @T.macro
-        def load_qk(q, k, q_s, k_s, ready, free, bos, i_hk, nt):  # fmt: skip
+        def load_qk(q, k, q_s, k_s, ready, free, bos, i_hk, nt, modes):  # fmt: skip
             for i in T.serial(nt):
                 T.barrier_wait(free[i % 2], (i // 2 + 1) % 2)
-                if output:
+                if modes % 2 == M_OUT:
                     T.tma_copy(q[bos + i * BT : bos + i * BT + BT, i_hk, :], q_s[i % 2, :, :], barrier=ready[i % 2])
                 T.tma_copy(k[bos + i * BT : bos + i * BT + BT, i_hk, :], k_s[i % 2, :, :], barrier=ready[i % 2])
                 T.barrier_arrive(ready[i % 2])
@@ -241,16 +237,16 @@ def _build(H: int, Hk: int, BV: int, scale: float, io: str, modes: frozenset[str
                 T.barrier_arrive(ready[i % 2])
 
         @T.macro
-        def store_o_h(o, hs, o_s, h_s, top, h_rdy, o_rdy, bos, eos, boc, i_h, c0, nt):  # fmt: skip
+        def store_o_h(o, hs, o_s, h_s, top, h_rdy, o_rdy, bos, eos, boc, i_h, c0, nt, modes):  # fmt: skip
             """The chunk's entering state (STORE_H) and its o (OUTPUT; row by row below the range's end for a partial
             chunk: the rows past it are the next range's), each read before the step ends."""
             for i in T.serial(nt):
                 T.barrier_arrive(top)
                 T.barrier_wait(top, i % 2)
-                if store_h:
+                if modes // M_H % 2 == 1:
                     T.barrier_wait(h_rdy, i % 2)
                     T.tma_copy(h_s, hs[boc + i, i_h, 0:K, c0 : c0 + BV])
-                if output:
+                if modes % 2 == M_OUT:
                     T.barrier_wait(o_rdy, i % 2)
                     if bos + i * BT + BT <= eos:
                         T.tma_copy(o_s, o[bos + i * BT : bos + i * BT + BT, i_h, c0 : c0 + BV])
@@ -267,6 +263,7 @@ def _build(H: int, Hk: int, BV: int, scale: float, io: str, modes: frozenset[str
             cu: T.Tensor((nrange + 1,), "int32"), co: T.Tensor((nrange,), "int32"), pmap: T.Tensor((nprog,), "int32"),
             fin: T.Tensor((nprog,), "int32"),
             o: T.Tensor((ntok, H, V), io), ht: T.Tensor((nstate, H, K, V), fp32), hs: T.Tensor((nchunk, H, K, V), io),
+            modes: T.int32,
         ):  # fmt: skip
             with T.Kernel(nprog * H * NV, threads=_THREADS) as (bid,):
                 i_v = bid % NV
@@ -314,24 +311,26 @@ def _build(H: int, Hk: int, BV: int, scale: float, io: str, modes: frozenset[str
                 tx = T.get_thread_binding()
                 if tx < 128:
                     T.set_max_nreg(_NREG["s"], 1)
-                    role_s(s_f, h_s, k_s, g_s, vn_s, gl, ready, free, top, h_rdy, vn_rdy, h0, ht, fin, i_p, i_h, c0, nt)
+                    role_s(s_f, h_s, k_s, g_s, vn_s, gl, ready, free, top, h_rdy, vn_rdy, h0, ht, fin, i_p, i_h, c0, nt,
+                           modes)  # fmt: skip
                 elif tx < 256:
                     T.set_max_nreg(_NREG["v"], 0)
                     role_v(u_f, v_s, k_s, a_s, g_s, h_s, vd_s, vn_s, eg_s, er_s, ready, free, top, h_rdy, vd_rdy,
                            vn_rdy, bos, eos, nt)  # fmt: skip
                 elif tx < 384:
                     T.set_max_nreg(_NREG["o"], 1)
-                    role_o(p_f, o_f, q_s, k_s, g_s, h_s, p_s, vd_s, o_s, eg_s, ready, free, top, h_rdy, vd_rdy, o_rdy, nt)
+                    role_o(p_f, o_f, q_s, k_s, g_s, h_s, p_s, vd_s, o_s, eg_s, ready, free, top, h_rdy, vd_rdy, o_rdy, nt,
+                           modes)  # fmt: skip
                 else:
                     T.set_max_nreg(_NREG["producer"], 0)
                     if tx < 416:
-                        load_qk(q, k, q_s, k_s, ready, free, bos, i_hk, nt)
+                        load_qk(q, k, q_s, k_s, ready, free, bos, i_hk, nt, modes)
                     elif tx < 448:
                         load_va(v, ag, v_s, a_s, ready, free, bos, i_h, c0, nt)
                     elif tx < 480:
                         load_g(gs, g_s, ready, free, bos, eos, i_h, nt)
                     else:
-                        store_o_h(o, hs, o_s, h_s, top, h_rdy, o_rdy, bos, eos, boc, i_h, c0, nt)
+                        store_o_h(o, hs, o_s, h_s, top, h_rdy, o_rdy, bos, eos, boc, i_h, c0, nt, modes)
 
         return fwd_walk
 
@@ -346,8 +345,11 @@ def _dense_ranges(N: int, T: int, NT: int, device: torch.device) -> tuple[Tensor
 
 
 @functools.cache
-def _identity(n: int, device: torch.device) -> Tensor:
-    return torch.arange(n, dtype=torch.int32, device=device)
+def _ints(n: int, device: torch.device, step: int) -> Tensor:
+    """0, 1, .., n - 1 (step 1: the identity program map, final_idx) or n times -1 (step 0: no final state), int32."""
+    return (
+        torch.arange(n, dtype=torch.int32, device=device) if step else torch.full((n,), -1, dtype=torch.int32, device=device)
+    )
 
 
 def fwd_walk_tilelang(
@@ -362,11 +364,11 @@ def fwd_walk_tilelang(
     q, k `[B, T, H, K]`, v `[B, T, HV, V]`, the Ag pass's Ag `[B, T, HV, 64]` and gate cumsum gs `[B, T, HV]` fp32;
     h0 `[layout.num_programs, HV, K, V]` fp32 or None; the final states `[num_states or num_programs, HV, K, V]`
     (at `layout.final_idx` when it has one); num_chunks: the chunk states of every range (STORE_H, at the layout's
-    chunk offsets). BV: 64 or 128, None: `fwd_walk_bv`. Raises ValueError where `fwd_walk_refusal` gives a reason."""
+    chunk offsets). BV: 64 or 128, None: `DEFAULT_BV`. Raises ValueError where `fwd_walk_refusal` gives a reason."""
     B, T, Hk, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     BT = ag.shape[-1]
-    why = fwd_walk_refusal(K, V, BT, k.device)
+    why = tilelang_refusal_cached("forward walk", K, V, BT, k.device)
     if why is not None:
         raise ValueError(why)
     dts = {x.dtype for x in (q, k, v, ag) if x is not None}
@@ -374,17 +376,21 @@ def fwd_walk_tilelang(
         raise ValueError(f"the TileLang forward walk takes q, k, v and Ag in one of bf16, fp16, got {sorted(map(str, dts))}")
     dev = k.device
     P = layout.num_programs
-    if BV is None:
-        BV = fwd_walk_bv(P * HV, num_sms(dev))
-    modes = {name for name, on in (("output", q is not None), ("store_h", num_chunks is not None),
-                                   ("h0", h0 is not None), ("final", output_final_state)) if on}  # fmt: skip
-    kern = _build(HV, Hk, BV, float(scale), TL_DTYPES[k.dtype], frozenset(modes))
+    BV = BV or DEFAULT_BV
+    modes = sum(bit for name, bit in FWD_WALK_MODES.items()
+                if {"output": q is not None, "store_h": num_chunks is not None, "h0": h0 is not None}[name])  # fmt: skip
+    build = (HV, Hk, BV, float(scale), TL_DTYPES[k.dtype])
+    # (in `compile_ahead`'s dry run the walk builds beside the Triton compiles and does not launch)
+    kern = None if build_beside(("fwd_walk", *build), _build, *build) else _build(*build)
     if layout.cu_seqlens is None:
         cu, co = _dense_ranges(layout.num_seqs, T, cdiv(T, BT), dev)
     else:
         cu, co = layout.cu_seqlens.int(), layout.chunk_offsets.int()
-    pmap = layout.seq_map.int() if layout.seq_map is not None else _identity(P, dev)
-    fin = layout.final_idx.int() if layout.final_idx is not None else _identity(P, dev)
+    pmap = layout.seq_map.int() if layout.seq_map is not None else _ints(P, dev, 1)
+    if not output_final_state:
+        fin = _ints(P, dev, 0)
+    else:
+        fin = layout.final_idx.int() if layout.final_idx is not None else _ints(P, dev, 1)
     N = B * T
     o = torch.empty_like(v) if q is not None else None
     ht = k.new_empty(num_states or P, HV, K, V, dtype=torch.float32) if output_final_state else None
@@ -393,8 +399,8 @@ def fwd_walk_tilelang(
     scratch = _scratch(dev, k.dtype, HV, K, V)
     args = [*flat, h0 if h0 is not None else scratch[0], cu, co[: cu.numel() - 1], pmap, fin,
             o.view(N, HV, V) if o is not None else v.reshape(N, HV, V),
-            ht if ht is not None else scratch[0], hs if hs is not None else scratch[1]]  # fmt: skip
-    if P and T and not dry_running():  # (in `compile_ahead`'s dry run the walk is built, not launched)
+            ht if ht is not None else scratch[0], hs if hs is not None else scratch[1], modes]  # fmt: skip
+    if kern is not None and P and T:
         kern(*args)
     return o, ht, hs
 

@@ -42,7 +42,7 @@ from kernels.common.decay import GATE_FLOOR
 from kernels.common.index import ChunkIndex
 from kernels.configs import cdiv
 from kernels.ops.gdn.tilelang_hopper import TL_DTYPES, tilelang_refusal, tilelang_refusal_cached
-from kernels.parallel_compile import dry_running
+from kernels.parallel_compile import build_beside
 from kernels.plan import LaunchPlan
 from kernels.vocabulary import AUTO_REVERSE_MIN_TOKEN_HEADS
 
@@ -463,15 +463,16 @@ def reverse_bwd_tilelang(
     why = reverse_bwd_refusal(K, V, BT, k.device)
     if why is not None:
         raise ValueError(why)
-    io = TL_DTYPES[k.dtype]
-    kern = _build(H, Hk, K, V, BT, float(scale), io, TL_DTYPES[g.dtype], TL_DTYPES[beta.dtype], frozenset(lab))
+    build = (H, Hk, K, V, BT, float(scale), TL_DTYPES[k.dtype], TL_DTYPES[g.dtype], TL_DTYPES[beta.dtype], frozenset(lab))
+    # (in `compile_ahead`'s dry run the walk builds beside the Triton compiles and does not launch)
+    kern = None if build_beside(("reverse_bwd", *build), _build, *build) else _build(*build)
     flat = [x.reshape(B * T, *x.shape[2:]).contiguous() for x in (q, k, v, do, ag, gs, g, beta)]
     dq, dk = per_value_head(q, H), per_value_head(k, H)
     dv = torch.empty_like(v)
     dg, dbeta = (torch.empty(B, T, H, dtype=torch.float32, device=k.device) for _ in range(2))  # every row is written
     dh0 = torch.zeros(num_seqs, H, K, V, dtype=torch.float32, device=k.device)  # (a sequence without a range keeps 0)
     outs = [x.view(B * T, *x.shape[2:]) for x in (dq, dk, dv, dg, dbeta)]
-    if not dry_running():  # (in `compile_ahead`'s dry run the walk is built, beside the Triton compiles, not launched)
+    if kern is not None:
         kern(*flat, h.contiguous(), ends.contiguous(), cu.int(), chunk_offsets.int(), final_idx.int(), *outs, dh0)
     return dq, dk, dv, dg, dbeta, dh0
 

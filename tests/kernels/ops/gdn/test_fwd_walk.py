@@ -1,7 +1,7 @@
 """GDN's warp-specialised TileLang forward walk (`kernels.ops.gdn.fwd_walk`).
 
 On any machine: the refusals name their reason in one line; `LaunchPlan.fwd_pass` picks the pass (auto: Triton where
-the walk is refused); the one-wave split fills the SMs once; the value block follows the programs' share of the SMs.
+the walk is refused); the one-wave split fills the SMs once.
 On an H200 with CPBENCH_TEST_GPU=1 and tilelang 0.1.15 (bf16, K = V = 128, chunk 64): the kernel against its torch
 mirror (`kernels.common.fwd_walk_torch.fwd_walk`, which CI checks against the per-token reference) on identical
 inputs: three varlen sequences (37, 300, 5 tokens: partial and sub-chunk last chunks, whose loads run into the next
@@ -18,7 +18,7 @@ import torch
 from kernels.common.chunk_state import SeqLayout
 from kernels.common.fwd_walk_torch import fwd_walk
 from kernels.common.index import ChunkIndex, prepare_chunk_index
-from kernels.ops.gdn.fwd_walk import fwd_walk_bv, fwd_walk_refusal, fwd_walk_tilelang, fwd_walk_wanted, wave_seg_chunks
+from kernels.ops.gdn.fwd_walk import fwd_walk_refusal, fwd_walk_tilelang, fwd_walk_wanted, wave_seg_chunks
 from kernels.plan import LaunchPlan
 from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs, make_state
 from tests.utils.reverse_walk import kept_for_walk
@@ -58,13 +58,6 @@ def test_the_plan_picks_the_pass() -> None:
         fwd_walk_wanted(k, k, BT, LaunchPlan(fwd_pass="tilelang"))
     with pytest.raises(ValueError, match="LaunchPlan.fwd_pass must be one of auto, triton, tilelang, got 'cuda'"):
         LaunchPlan(fwd_pass="cuda")
-
-
-def test_value_block_follows_the_programs_share_of_the_sms() -> None:
-    assert fwd_walk_bv(132, 132) == 128
-    assert fwd_walk_bv(93, 132) == 128  # at 70 % of the SMs: one program per (range, head)
-    assert fwd_walk_bv(92, 132) == 64  # below: two, each half the state's columns
-    assert fwd_walk_bv(16, 132) == 64
 
 
 @GPU

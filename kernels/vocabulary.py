@@ -121,7 +121,9 @@ BWD_GRADS: tuple[str, ...] = ("auto", "pair", "fused", "reverse")
 # default: the TileLang walk `kernels.ops.gdn.fwd_walk` in bf16 where it runs: Hopper, K = V = 128, chunk 64, tilelang
 # installed; else Triton), "triton" (`kernels.ops.gdn.fused`'s pass, `kernels.common.chunk_state.chunk_state_ag_fwd`)
 # or "tilelang" (the walk, refused in one line where it cannot run). H200, session 25
-# (benchmarks/results/fwd_walk_lab_s25_h200.md): the output pass 0.79 -> 0.53 ms at 1x64K on the same ranges
+# (benchmarks/results/fwd_walk_lab_s25_h200.md, kernels_train_issue26_s25_h200.md): the output pass 0.79 -> 0.53 ms and
+# the state recompute 0.69 -> 0.42 at 1x64K on the same ranges; the 1x64K step 3.95 ms (fwd_pass "triton", device
+# call 2) -> 3.56 (call 4; FlashQLA CP 2.49 there)
 FWD_PASSES: tuple[str, ...] = ("auto", "triton", "tilelang")
 # `kernels.common.chunk_fwd`'s "auto" forward path per op, from the H200 (session 11, kda_fused_lab_h200.md): KDA's
 # two-kernel forward is no faster than its WY path (10.38 vs 10.49 ms at 1x128K; its Ag pass 5.15 ms, the per-key-gate

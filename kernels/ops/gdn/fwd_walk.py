@@ -46,6 +46,7 @@ from kernels.parallel_compile import build_beside
 from kernels.plan import LaunchPlan
 
 __all__ = [
+    "DEFAULT_BV",
     "FWD_WALK_BV",
     "FWD_WALK_MODES",
     "WAVE_MIN_FILL",
@@ -69,7 +70,10 @@ _THREADS = 512
 # below WAVE_MIN_FILL x SMs programs of the plain pass, and not where a sequence would get fewer than two segments.
 WAVE_MIN_FILL = 0.7
 # registers per thread of each role (a multiple of 8; the four sum to at most 65536 / 128 = 512): the state [K, BV]
-# fp32 is 128 (BV 128) of the S role's
+# fp32 is 64 (BV 64) or 128 (BV 128) of the S role's. ptxas allocates the whole kernel at 65536 / 512 = 128 per thread
+# (`__launch_bounds__(512, 1)`) whatever these say: at BV 128 the S role spills 276 bytes a thread, at BV 64 8 bytes
+# (`ptxas -v` on the generated source, session 25; FlashQLA's forward at its 128 columns spills 92), the likely cause of
+# BV 128's 2.6x per-step time
 _NREG = {"s": 168, "v": 120, "o": 168, "producer": 40}
 
 

@@ -69,12 +69,17 @@ _THREADS = 512
 # session 25, benchmarks/results/fwd_walk_lab_s25_h200.md: 272 programs on 132 SMs left a third wave nearly empty);
 # below WAVE_MIN_FILL x SMs programs of the plain pass, and not where a sequence would get fewer than two segments.
 WAVE_MIN_FILL = 0.7
-# registers per thread of each role (a multiple of 8; the four sum to at most 65536 / 128 = 512): the state [K, BV]
-# fp32 is 64 (BV 64) or 128 (BV 128) of the S role's. ptxas allocates the whole kernel at 65536 / 512 = 128 per thread
-# (`__launch_bounds__(512, 1)`) whatever these say: at BV 128 the S role spills 276 bytes a thread, at BV 64 8 bytes
-# (`ptxas -v` on the generated source, session 25; FlashQLA's forward at its 128 columns spills 92), the likely cause of
-# BV 128's 2.6x per-step time
-_NREG = {"s": 168, "v": 120, "o": 168, "producer": 40}
+# Registers per thread of each role by value block (`T.set_max_nreg`; multiples of 8, the four summing to at most
+# 65536 / 128 = 512; a role above the launch's 128 asks for more, one below gives back). ptxas compiles each role's
+# code at its role's count: the state [K, BV] fp32 is 64 (BV 64) or 128 (BV 128) of the S role's, V's W and Vd tile
+# 32 or 64. At BV 128 the V role at 120 spilled 276 bytes a thread (`ptxas -v` on the generated source, session 25),
+# the likely cause of BV 128's 2.6x per-step time in `fwd_walk_lab_s25_h200.md`; these counts spill none there (not
+# yet timed). BV 64 keeps the counts the H200 ran (8 bytes of spills, from the producer's 40; 160 / 120 / 168 / 56
+# spill none on the CPU host's ptxas, not yet run)
+_NREG = {
+    64: {"s": 168, "v": 120, "o": 168, "producer": 40},
+    128: {"s": 160, "v": 160, "o": 144, "producer": 48},
+}
 
 
 def fwd_walk_refusal(K: int, V: int, BT: int, device: torch.device) -> str | None:
@@ -129,6 +134,7 @@ def _build(H: int, Hk: int, BV: int, scale: float, io: str) -> Any:
     NV = V // BV
     fp32 = "float32"
     M_OUT, M_H, M_H0 = FWD_WALK_MODES["output"], FWD_WALK_MODES["store_h"], FWD_WALK_MODES["h0"]
+    nreg = _NREG[BV]
     ntok, nrange, nprog = T.dynamic("ntok"), T.dynamic("nrange"), T.dynamic("nprog")
     nh0, nstate, nchunk = T.dynamic("nh0"), T.dynamic("nstate"), T.dynamic("nchunk")
 
@@ -314,19 +320,19 @@ def _build(H: int, Hk: int, BV: int, scale: float, io: str) -> Any:
 
                 tx = T.get_thread_binding()
                 if tx < 128:
-                    T.set_max_nreg(_NREG["s"], 1)
+                    T.set_max_nreg(nreg["s"], int(nreg["s"] > 128))
                     role_s(s_f, h_s, k_s, g_s, vn_s, gl, ready, free, top, h_rdy, vn_rdy, h0, ht, fin, i_p, i_h, c0, nt,
                            modes)  # fmt: skip
                 elif tx < 256:
-                    T.set_max_nreg(_NREG["v"], 0)
+                    T.set_max_nreg(nreg["v"], int(nreg["v"] > 128))
                     role_v(u_f, v_s, k_s, a_s, g_s, h_s, vd_s, vn_s, eg_s, er_s, ready, free, top, h_rdy, vd_rdy,
                            vn_rdy, bos, eos, nt)  # fmt: skip
                 elif tx < 384:
-                    T.set_max_nreg(_NREG["o"], 1)
+                    T.set_max_nreg(nreg["o"], int(nreg["o"] > 128))
                     role_o(p_f, o_f, q_s, k_s, g_s, h_s, p_s, vd_s, o_s, eg_s, ready, free, top, h_rdy, vd_rdy, o_rdy, nt,
                            modes)  # fmt: skip
                 else:
-                    T.set_max_nreg(_NREG["producer"], 0)
+                    T.set_max_nreg(nreg["producer"], int(nreg["producer"] > 128))
                     if tx < 416:
                         load_qk(q, k, q_s, k_s, ready, free, bos, i_hk, nt, modes)
                     elif tx < 448:

@@ -1,6 +1,6 @@
 """The forward's kept factors for GDN's reverse-walk backward (Ag, the gate cumsum, the chunk states), built by the
 torch Ag form (`kernels.common.reverse_bwd_torch`): the inputs of `reverse_walk` and of the TileLang kernel it
-mirrors, for their tests."""
+mirrors, for their tests; and the ranges of the forward walk's tests (`forward_ranges`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from kernels.common.chunk_torch import compute_dtype, from_chunks, to_chunks
 from kernels.common.index import prepare_chunk_index
 from kernels.common.reverse_bwd_torch import _factors, chunk_states
 
-__all__ = ["kept_for_walk"]
+__all__ = ["forward_ranges", "kept_for_walk"]
 
 
 def kept_for_walk(
@@ -28,3 +28,25 @@ def kept_for_walk(
     h = chunk_states(*xs, h0.to(cd), index=index, scale=scale)
     first = [sum(-(-(cu[i + 1] - cu[i]) // C) for i in range(n)) for n in range(len(cu) - 1)]
     return from_chunks(f["Ag"], index, 1, T), from_chunks(f["G"], index, 1, T), h, first
+
+
+def forward_ranges(cu: list[int], first: list[int], h: Tensor, span: int, C: int) -> dict[str, Tensor]:
+    """The forward walk's arguments for sequences bounded by cu walked in ranges of `span` tokens (chunk-aligned), the
+    programs in reverse order: "cu" the range bounds, "co" each range's first chunk, "pmap" (program p walks range
+    P - 1 - p), "fin" (each sequence's last range stores its final state at the sequence's index, the others none) and
+    "h0" each program's entering state (the kept chunk state there); int32 and h's device."""
+    bounds, offs, fin, entering = [], [], [], []
+    for n in range(len(cu) - 1):
+        starts = list(range(cu[n], cu[n + 1], span))
+        for j, s0 in enumerate(starts):
+            bounds.append(s0)
+            offs.append(first[n] + (s0 - cu[n]) // C)
+            fin.append(n if j == len(starts) - 1 else -1)
+            entering.append(h[offs[-1]])
+    dev = h.device
+
+    def ints(x: list[int]) -> Tensor:
+        return torch.tensor(x, dtype=torch.int32, device=dev)
+
+    return {"cu": ints([*bounds, cu[-1]]), "co": ints(offs), "pmap": ints(list(range(len(fin) - 1, -1, -1))),
+            "fin": ints(fin[::-1]), "h0": torch.stack(entering[::-1]).contiguous()}  # fmt: skip

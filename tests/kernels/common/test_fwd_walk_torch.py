@@ -16,7 +16,7 @@ import torch
 import kernels
 from kernels.common.fwd_walk_torch import fwd_walk
 from tests.utils import assert_rel_close, make_inputs, make_state
-from tests.utils.reverse_walk import kept_for_walk
+from tests.utils.reverse_walk import forward_ranges, kept_for_walk
 
 C, K, V = 32, 16, 8
 LENGTHS = (37, 300, 5)
@@ -33,21 +33,10 @@ def test_walk_matches_the_reference(span: int) -> None:
     o_ref, ht_ref = kernels.reference("gdn", q, k, v, g, beta, scale=scale, initial_state=h0,
                                       output_final_state=True, cu_seqlens=cu)  # fmt: skip
     ag, gs, h, first = kept_for_walk(q, k, v, g, beta, h0, CU, C, scale)
-    bounds, offs, fin, entering = [], [], [], []
-    for n in range(3):
-        starts = list(range(CU[n], CU[n + 1], span))
-        for j, s0 in enumerate(starts):
-            bounds.append(s0)
-            offs.append(first[n] + (s0 - CU[n]) // C)
-            fin.append(n if j == len(starts) - 1 else -1)
-            entering.append(h[offs[-1]])
-    bounds.append(CU[-1])
-    P = len(fin)
-    pmap = torch.arange(P - 1, -1, -1)  # program p walks range P - 1 - p
+    r = forward_ranges(CU, first, h, span, C)
     flat = [x[0] for x in (q, k, v, ag, gs)]
-    o, ht, hs = fwd_walk(*flat, cu=torch.tensor(bounds), co=torch.tensor(offs), pmap=pmap,
-                         fin=torch.tensor(fin).flip(0), scale=scale, h0=torch.stack(entering).flip(0), num_states=3,
-                         num_chunks=h.shape[0])  # fmt: skip
+    o, ht, hs = fwd_walk(*flat, cu=r["cu"], co=r["co"], pmap=r["pmap"], fin=r["fin"], scale=scale, h0=r["h0"],
+                         num_states=3, num_chunks=h.shape[0])  # fmt: skip
     assert o is not None and ht is not None and hs is not None
     assert_rel_close("o", o_ref[0], o, 1e-9)
     assert_rel_close("ht", ht_ref, ht, 1e-9)

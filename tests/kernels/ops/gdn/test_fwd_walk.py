@@ -21,7 +21,7 @@ from kernels.common.index import ChunkIndex, prepare_chunk_index
 from kernels.ops.gdn.fwd_walk import fwd_walk_refusal, fwd_walk_tilelang, fwd_walk_wanted, wave_seg_chunks
 from kernels.plan import LaunchPlan
 from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs, make_state
-from tests.utils.reverse_walk import kept_for_walk
+from tests.utils.reverse_walk import forward_ranges, kept_for_walk
 
 DIM, BT = 128, 64
 WHY = fwd_walk_refusal(DIM, DIM, BT, torch.device(TEST_DEVICE)) if TEST_DEVICE == "cuda" else "no GPU test"
@@ -71,27 +71,14 @@ def test_kernel_matches_its_torch_mirror(span: int, BV: int) -> None:
     scale = DIM**-0.5
     h0 = make_state(3, 2, DIM, DIM, device="cuda")
     ag, gs, h, first = kept_for_walk(*(x.float() for x in (q, k, v, g, beta, h0)), cu, BT, scale)
-    bounds, offs, fin, entering = [], [], [], []
-    for n in range(3):
-        starts = list(range(cu[n], cu[n + 1], span))
-        for j, s0 in enumerate(starts):
-            bounds.append(s0)
-            offs.append(first[n] + (s0 - cu[n]) // BT)
-            fin.append(n if j == len(starts) - 1 else -1)
-            entering.append(h[offs[-1]])
-    bounds.append(cu[-1])
-    P = len(fin)
-    pmap = torch.arange(P - 1, -1, -1, device="cuda")
-    fin_t = torch.tensor(fin, device="cuda").flip(0)
-    h0p = torch.stack(entering).flip(0).contiguous()
+    r = forward_ranges(cu, first, h, span, BT)
     ag, gs = ag.bfloat16(), gs.float()
-    layout = SeqLayout(P, torch.tensor(bounds, dtype=torch.int32, device="cuda"),
-                       torch.tensor(offs, dtype=torch.int32, device="cuda"), pmap.int(), fin_t.int())  # fmt: skip
-    got = fwd_walk_tilelang(q, k, v, ag, gs, layout=layout, scale=scale, h0=h0p, num_states=3,
+    layout = SeqLayout(r["pmap"].numel(), r["cu"], r["co"], r["pmap"], r["fin"])
+    got = fwd_walk_tilelang(q, k, v, ag, gs, layout=layout, scale=scale, h0=r["h0"], num_states=3,
                             output_final_state=True, num_chunks=h.shape[0], BV=BV)  # fmt: skip
     flat = [x[0].cpu() for x in (q, k, v, ag, gs)]
-    want = fwd_walk(*flat, cu=torch.tensor(bounds), co=torch.tensor(offs), pmap=pmap.cpu(), fin=fin_t.cpu(),
-                    scale=scale, h0=h0p.cpu(), num_states=3, num_chunks=h.shape[0])  # fmt: skip
+    cpu = {name: x.cpu() for name, x in r.items()}
+    want = fwd_walk(*flat, scale=scale, num_states=3, num_chunks=h.shape[0], **cpu)
     for name, a, b in zip(("o", "ht", "h"), got, want, strict=True):
         assert a is not None and b is not None
         a = a[0] if name == "o" else a

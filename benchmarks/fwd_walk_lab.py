@@ -2,7 +2,7 @@
 can replace (`kernels.ops.gdn.fused.gdn_fused_state_output`) and the Triton state recompute (`kernels.common.chunk_state
 .chunk_state_ag_fwd`), on the same inputs and ranges in one process, beside their floors (issue 26).
 
-    python benchmarks/fwd_walk_lab.py --out $OUT [--shapes 1x65536,8x8192,1x32768,1x131072] [--hv 16] [--lb -1] [--own-split]
+    python benchmarks/fwd_walk_lab.py --out $OUT [--shapes 1x65536,8x8192,1x32768,1x131072] [--hv 16] [--lb -1] [--own-split] [--flash-qla]
         [--autotune benchmarks/results/autotune_h200.json]
     python benchmarks/fwd_walk_lab.py --compile-only [--jobs 2]   # fill TileLang's cache (no GPU needed)
 
@@ -11,6 +11,8 @@ Per shape (bf16, H = HV value heads, K = V = 128, chunk 64; q, k L2-normalised, 
 zero) and the exact entering state of each segment (`exact_segment_states`) give the ranges. Timed (do_bench medians, ms):
 - output: the Triton pass and the walk (value blocks 64 and 128) over those ranges from those states (o and the
   final states); with `--own-split` also over the walk's one-wave split (`kernels.ops.gdn.fwd_walk.wave_seg_chunks`);
+  with `--flash-qla` FlashQLA's CP step profiled per shape in this process (its fused forward and state pass: the
+  peer's figures beside ours);
 - state: `chunk_state_ag_fwd` and the walk without q (STORE_H) over the same ranges (every chunk's entering state).
 Each walk's largest relative difference from the Triton result (max |a - b| / max |b| over o, ht or h), and the floor:
 unique bytes at `runners.bench.floors.HBM_TBPS`, matmul flops at the rate measured in this run. Writes
@@ -74,7 +76,8 @@ def _bytes(B: int, T: int, HV: int, *, output: bool, segments: int) -> float:
     return B * T * per_tok + segments * HV * DIM * DIM * F32
 
 
-def run_shape(B: int, T: int, HV: int, lb: float, timer: Any, rate: float, own_split: bool) -> dict[str, Any]:
+def run_shape(B: int, T: int, HV: int, lb: float, timer: Any, rate: float, own_split: bool,
+              flash_qla: bool = False) -> dict[str, Any]:  # fmt: skip
     from kernels.common.index import prepare_chunk_index
     from kernels.ops.gdn.fused import output_split
     from kernels.ops.gdn.wy_ag import wy_gdn_ag
@@ -95,6 +98,8 @@ def run_shape(B: int, T: int, HV: int, lb: float, timer: Any, rate: float, own_s
     plans = {"triton split": output_split(index, k, v, gs, launch=launch, split_chunks=None)}
     if own_split:
         plans["one-wave split"] = output_split(index, k, v, gs, launch=launch, split_chunks=None, walk=True)
+    if flash_qla:
+        out["flash_qla_cp_kernels_ms"] = flash_qla_kernels(B, T, HV, lb)
     for pname, plan in plans.items():
         out["output"][pname] = _time_output(q, k, v, ag, gs, plan, index, launch, timer, rate)
         out["state"][pname] = _time_state(k, v, ag, gs, plan, index, launch, timer, rate)
@@ -174,6 +179,18 @@ def _time_state(k: Any, v: Any, ag: Any, gs: Any, plan: Any, index: Any, launch:
     return rows
 
 
+def flash_qla_kernels(B: int, T: int, HV: int, lb: float) -> dict[str, float]:
+    """FlashQLA's intra-card CP step in this process (`runners.bench.kernels_peers.FlashQLAColumns`, its column
+    "flash_qla_cp"): ms per kernel of one step (torch profiler), the peer figures beside the walk's: its fused forward
+    (`tilelang_fused_chunk_gdr_fwd`) and its state pass (`tilelang_prepare_h`)."""
+    from runners.bench.kernels_peers import FlashQLAColumns
+    from runners.bench.kernels_train import kernel_times, workload
+
+    wl = workload("gdn", B, T, 16, device="cuda", HV=HV, lb=lb)
+    assert wl.do is not None
+    return kernel_times(FlashQLAColumns().step("flash_qla_cp", wl, wl.do))
+
+
 def _markdown(state: dict[str, Any]) -> str:
     lines = [
         "# GDN's TileLang forward walk against the Triton passes (`benchmarks/fwd_walk_lab.py`)",
@@ -184,7 +201,15 @@ def _markdown(state: dict[str, Any]) -> str:
         "",
     ]
     for shape, res in state["shapes"].items():
+        peer = res.get("flash_qla_cp_kernels_ms")
+        if peer:
+            fwd = sum(v for k, v in peer.items() if "fused_chunk_gdr_fwd" in k)
+            ph = sum(v for k, v in peer.items() if "prepare_h" in k)
+            lines += [f"{shape}: FlashQLA CP in this process, its fused forward {fwd:.3f} ms, its state pass "
+                      f"(prepare_h) {ph:.3f} ms", ""]  # fmt: skip
         for part, plans in res.items():
+            if part == "flash_qla_cp_kernels_ms":
+                continue
             for pname, rows in plans.items():
                 f = rows["floor"]
                 lines += [
@@ -213,6 +238,12 @@ def main(argv: list[str] | None = None) -> None:
         help="the Triton passes' launch configs (an autotune file; '' for the registry defaults)",
     )
     ap.add_argument("--own-split", action="store_true", help="also time the walk on the split for its value block")
+    ap.add_argument(
+        "--flash-qla",
+        action="store_true",
+        help="also profile FlashQLA's CP step per shape (its forward "
+        "and state kernels beside ours; its first call compiles for minutes on a cold TileLang cache)",
+    )
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--compile-only", action="store_true")
     a = ap.parse_args(argv)
@@ -249,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
         for s in a.shapes.split(","):
             B, T = (int(x) for x in s.split("x"))
             state["shapes"][f"{s} HV={hv} lb={a.lb:g}"] = run_shape(B, T, hv, a.lb, timer, state["matmul_TFLOPs"],
-                                                                    a.own_split)  # fmt: skip
+                                                                    a.own_split, a.flash_qla)  # fmt: skip
             (a.out / "fwd_walk_lab.json").write_text(json.dumps(state, indent=1))
             (a.out / "fwd_walk_lab.md").write_text(_markdown(state))
     print(_markdown(state), flush=True)

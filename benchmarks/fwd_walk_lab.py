@@ -68,12 +68,9 @@ def _bytes(B: int, T: int, HV: int, *, output: bool, segments: int) -> float:
     """Unique bytes: k (and q), v, Ag, the gate cumsum read; o (output) or h per chunk (state) written; the segments'
     entering states read (fp32)."""
     el, F32 = 2, 4
-    per_tok = HV * (el * DIM + el * BT + F32) + HV * el * DIM * (2 if output else 1)  # k, q per value head as read
-    if output:
-        per_tok += HV * el * DIM  # o
-    else:
-        per_tok += HV * el * DIM * DIM / BT  # h
-    return B * T * per_tok + segments * HV * DIM * DIM * F32
+    read = el * DIM * (2 if output else 1) + el * DIM + el * BT + F32  # (q and) k per value head as read, v, Ag, G
+    written = el * DIM if output else el * DIM * DIM / BT  # o, or h once per chunk
+    return B * T * HV * (read + written) + segments * HV * DIM * DIM * F32
 
 
 def run_shape(B: int, T: int, HV: int, lb: float, timer: Any, rate: float, own_split: bool,

@@ -38,7 +38,7 @@ from typing import Any
 
 from kernels.interpreter import interpreting
 
-__all__ = ["PARALLEL_COMPILE_ENV", "build_beside", "compile_ahead", "dry_running", "parallel_compile_enabled"]
+__all__ = ["PARALLEL_COMPILE_ENV", "build_beside", "compile_ahead", "parallel_compile_enabled"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,19 +66,13 @@ def parallel_compile_enabled() -> bool:
     return flag not in ("0", "false", "no") and not interpreting()
 
 
-def dry_running() -> bool:
-    """True inside `compile_ahead`'s dry run (this thread): a kernel launched other than by Triton's JIT (GDN's
-    TileLang reverse walk) builds there, beside the Triton compiles in the pool, and must not launch."""
-    return _DRY_RUN.get()
-
-
 def build_beside(key: Hashable, build: Callable[..., object], *args: Any) -> bool:
     """In `compile_ahead`'s dry run (this thread): submit `build(*args)` (a kernel of another compiler, GDN's TileLang
     walks) to the dry run's pool once per `key`, where it runs beside the Triton compiles (the dry run's end waits for
     it; a build that fails is dropped: the call builds again and raises), and return True: the caller then does not
     launch. Outside a dry run: False (the caller builds and launches as usual)."""
-    beside = _BESIDE.get()
-    if beside is None or not _DRY_RUN.get():
+    beside = _BESIDE.get()  # (set only in a dry run's thread)
+    if beside is None:
         return False
     pool, keys = beside
     if key not in keys:

@@ -53,6 +53,7 @@ __all__ = [
     "SEG_COMPOSE_FWD",
     "SplitPlan",
     "auto_seg_chunks",
+    "device_sms",
     "seg_chunks_for",
     "plan_split",
     "seg_chain_fwd",
@@ -243,6 +244,11 @@ def plan_split(index: ChunkIndex, seg_chunks: int) -> SplitPlan:
     return plan
 
 
+def device_sms(device: torch.device) -> int:
+    """The SM count of a CUDA device (the current one for a bare "cuda"), its properties read once per device."""
+    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
 @functools.lru_cache(maxsize=16)
 def _num_sms(device_index: int) -> int:
     return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
@@ -255,7 +261,7 @@ def auto_seg_chunks(index: ChunkIndex, *, H: int, NV: int, device: torch.device)
     """
     if device.type != "cuda":
         return None
-    return seg_chunks_for(index, H=H, NV=NV, sms=_num_sms(device.index if device.index is not None else torch.cuda.current_device()))
+    return seg_chunks_for(index, H=H, NV=NV, sms=device_sms(device))
 
 
 def seg_chunks_for(index: ChunkIndex, *, H: int, NV: int, sms: int) -> int | None:

@@ -98,17 +98,14 @@ def auto_segment_len(lengths: Sequence[int], H: int, device: torch.device) -> in
     """
     if device.type != "cuda" or not lengths:
         return None
-    sm = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    from kernels.common.seqsplit import device_sms  # (imports Triton: not at this module's import)
+
+    sm = device_sms(device)
     n_chunks = sum(cdiv(n, CHUNK) for n in lengths)
     L = 3.0 * math.sqrt(H * n_chunks / sm)
     L = max(8, 2 ** round(math.log2(max(L, 1.0))))
     seg = L * CHUNK
     return seg if max(lengths) >= 2 * seg else None
-
-
-@functools.lru_cache(maxsize=16)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 @functools.lru_cache(maxsize=512)

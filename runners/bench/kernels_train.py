@@ -59,9 +59,8 @@ SHAPES = SHAPE_ORDER
 H, K, V = 16, 128, 128
 
 
-def workload(
-    op: str, B: int, T: int, Hh: int, *, device: str, seed: int = 0, HV: int | None = None, lb: float | None = None
-) -> Workload:
+def workload(op: str, B: int, T: int, Hh: int, *, device: str, seed: int = 0, HV: int | None = None,
+             lb: float | None = None) -> Workload:
     """bf16 q, k (L2-normalised), v, beta = sigmoid(randn), g = logsigmoid(randn) (lb: lb * sigmoid(randn)), do:
     random, never zeros (FLA's recipe from the one maker, `runners.bench.kernels_ops.fla_inputs`); HV value heads."""
     w = fla_inputs(op, B, T, Hh, device=device, seed=seed, K=K, V=V, grad_out=True, HV=HV, lb=lb)
@@ -69,9 +68,8 @@ def workload(
     return w
 
 
-def make_inputs(
-    op: str, B: int, T: int, Hh: int, *, device: str, seed: int = 0, HV: int | None = None, lb: float | None = None
-) -> tuple[torch.Tensor, ...]:
+def make_inputs(op: str, B: int, T: int, Hh: int, *, device: str, seed: int = 0, HV: int | None = None,
+                lb: float | None = None) -> tuple[torch.Tensor, ...]:
     """`workload`'s q, k, v, g, beta, do."""
     w = workload(op, B, T, Hh, device=device, seed=seed, HV=HV, lb=lb)
     assert w.do is not None  # asked for with grad_out
@@ -81,16 +79,10 @@ def make_inputs(
 POLICIES = KEEP_POLICIES[1:]  # the policies timed beside the default (KEEP_POLICIES[0], "auto": `AUTO_KEEP`'s per op)
 
 
-def ours_step(
-    op: str,
-    configs: dict[str, LaunchConfig] | None = None,
-    policy: str = "auto",
-    bwd_grads: str | None = None,
-    bwd_warm: int | None = None,
-    warm_report: dict[str, torch.Tensor] | None = None,
-    split_chunks: int | None = None,
-    seg_states: bool = True,
-) -> Callable[..., Any]:
+def ours_step(op: str, configs: dict[str, LaunchConfig] | None = None, policy: str = "auto",
+              bwd_grads: str | None = None, bwd_warm: int | None = None,
+              warm_report: dict[str, torch.Tensor] | None = None, split_chunks: int | None = None,
+              seg_states: bool = True) -> Callable[..., Any]:
     """Our forward + backward under a recompute policy (`LaunchPlan.keep`): "inputs" (recompute all), "ag" (GDN: the
     two-kernel forward's Ag and gate cumsum), "ag+states" (and its chunk states, v_new, segment maps), "wy" (the
     forward's WY factors handed to the backward), "wy+states" (and its chunk states, v_new, segment maps); and
@@ -112,33 +104,10 @@ def ours_step(
     def step(q, k, v, g, beta, do):
         keep: dict[str, torch.Tensor] | None = {} if keep_wy else None
         seg: dict[str, Any] | None = {} if seg_states else None  # handed over as the public op's autograd node does
-        o, _ = fwd(
-            q,
-            k,
-            v,
-            g,
-            beta,
-            scale=K**-0.5,
-            plan=plan,
-            keep=keep,
-            keep_states=keep_states,
-            split_chunks=split_chunks,
-            seg_states=seg,
-        )
-        return o, bwd(
-            q,
-            k,
-            v,
-            g,
-            beta,
-            do,
-            scale=K**-0.5,
-            plan=plan,
-            wy=keep or None,
-            split_chunks=split_chunks,
-            seg_states=seg,
-            **report,
-        )  # KDA under "ag": none kept
+        o, _ = fwd(q, k, v, g, beta, scale=K**-0.5, plan=plan, keep=keep, keep_states=keep_states, split_chunks=split_chunks,
+                   seg_states=seg)
+        return o, bwd(q, k, v, g, beta, do, scale=K**-0.5, plan=plan, wy=keep or None, split_chunks=split_chunks,
+                      seg_states=seg, **report)  # KDA under "ag": none kept
 
     return step
 
@@ -223,17 +192,15 @@ def kernel_times(fn: Callable[[], Any]) -> dict[str, float]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def gradient_check(
-    op: str, device: str, T: int = 1024, Hh: int = H, fla: bool = True, qla: FlashQLAColumns | None = None
-) -> dict[str, Any]:
+def gradient_check(op: str, device: str, T: int = 1024, Hh: int = H, fla: bool = True,
+                   qla: FlashQLAColumns | None = None) -> dict[str, Any]:
     """Every gradient's rel_l2 (ours, FLA, FlashQLA's columns) vs autograd through the fp32 per-token reference, B=1,
     lb=-1. H as the timed shapes: FLA's autotune keys hold H (not T), so its first-call autotune (minutes) happens
     once, here; each library's first step here is timed (`first_call_s`: its compile on the cache it found)."""
     import importlib
 
-    ref_fn = getattr(
-        importlib.import_module("kernels.ops.gdn.naive" if op == "gdn" else "kernels.ops.kda.naive"), f"naive_recurrent_{op}"
-    )
+    ref_fn = getattr(importlib.import_module("kernels.ops.gdn.naive" if op == "gdn" else "kernels.ops.kda.naive"),
+                     f"naive_recurrent_{op}")
     wl = workload(op, 1, T, Hh, device=device, seed=7, lb=-1.0)
     q, k, v, g, beta = wl.tensors
     do = wl.do
@@ -247,8 +214,7 @@ def gradient_check(
     auto = LaunchPlan().keep_for(op)  # the default policy: timed and checked as "ours"
     steps: list[tuple[str, Callable[[], Any]]] = [
         (who, functools.partial(ours_step(op, policy=policy), q, k, v, g, beta, do))
-        for who, policy in (("ours", "auto"), *((f"ours {p}", p) for p in POLICIES if p != auto))
-    ]
+        for who, policy in (("ours", "auto"), *((f"ours {p}", p) for p in POLICIES if p != auto))]
     if fla:
         steps.append(("fla", lambda: fla_step(op)[0](q, k, v, g, beta, do)))
     else:
@@ -263,27 +229,15 @@ def gradient_check(
     for who, step in steps:
         try:
             (o_, grads), first = first_call(step, cuda=device == "cuda")
-            res[who] = {
-                "o": rel_l2(o_, o.detach()),
-                **{n: rel_l2(a, r) for n, a, r in zip(names, grads[:5], ref, strict=True)},
-                "first_call_s": first,
-            }
+            res[who] = {"o": rel_l2(o_, o.detach()), **{n: rel_l2(a, r) for n, a, r in zip(names, grads[:5], ref, strict=True)},
+                        "first_call_s": first}
         except Exception as err:  # a peer failing is a result, not a crash of our benchmark
             res[who] = {"error": repr(err)[:200]}
     return res
 
 
-def run_shape(
-    op: str,
-    B: int,
-    T: int,
-    device: str,
-    fla: bool = True,
-    *,
-    HV: int = H,
-    lb: float | None = None,
-    qla: FlashQLAColumns | None = None,
-) -> dict[str, Any]:
+def run_shape(op: str, B: int, T: int, device: str, fla: bool = True, *, HV: int = H, lb: float | None = None,
+              qla: FlashQLAColumns | None = None) -> dict[str, Any]:
     """One row: our step (the direct passes and the kept policies at HV = H; the public op at HV > H), FLA's, and
     FlashQLA's columns (or why not), each with its first call, peak memory and the floor."""
     wl = workload(op, B, T, H, device=device, HV=HV, lb=lb)
@@ -291,17 +245,8 @@ def run_shape(
     do = wl.do
     grouped = HV != H
     ours = ours_api_step(op) if grouped else ours_step(op)
-    rec: dict[str, Any] = {
-        "op": op,
-        "B": B,
-        "T": T,
-        "H": H,
-        "HV": HV,
-        "lb": lb,
-        "K": K,
-        "V": V,
-        "ours_call": "kernels.chunk_" + op if grouped else f"chunk_{op}_fwd + chunk_{op}_bwd",
-    }
+    rec: dict[str, Any] = {"op": op, "B": B, "T": T, "H": H, "HV": HV, "lb": lb, "K": K, "V": V,
+                           "ours_call": "kernels.chunk_" + op if grouped else f"chunk_{op}_fwd + chunk_{op}_bwd"}
     step = functools.partial(ours, q, k, v, g, beta, do)
     _, rec["ours_first_call_s"] = first_call(step, cuda=True)
     rec["ours_ms"] = timed(step)
@@ -391,13 +336,10 @@ def env(args: argparse.Namespace) -> dict[str, Any]:
     import triton
 
     info: dict[str, Any] = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
+        "python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["python", "-m", "runners.bench.kernels_train", *sys.argv[1:]]),
-        "git_sha": args.sha or git_sha(),
-        "driver": driver_version(),
+        "git_sha": args.sha or git_sha(), "driver": driver_version(),
     }
     try:
         import fla
@@ -417,53 +359,41 @@ def env(args: argparse.Namespace) -> dict[str, Any]:
 def to_markdown(res: dict[str, Any]) -> str:
     e = res["env"]
     lines = [
-        "# Forward+backward: ours vs FLA vs FlashQLA (bf16, H=16, K=V=128)",
-        "",
+        "# Forward+backward: ours vs FLA vs FlashQLA (bf16, H=16, K=V=128)", "",
         f"device {e['device']}, torch {e['torch']}, triton {e['triton']}, fla {e['fla']}, flash-qla {e.get('flash_qla')}, "
-        f"tilelang {e.get('tilelang')}, driver {e['driver']}, git {e['git_sha']}, {e['date']}",
-        f"command: `{e['command']}`",
+        f"tilelang {e.get('tilelang')}, driver {e['driver']}, git {e['git_sha']}, {e['date']}", f"command: `{e['command']}`",
         f"our launch configs: {e.get('autotune') or 'the registry defaults'}; our backward's gradient kernels: "
-        f"{e.get('bwd_grads') or 'auto'}; GDN's forward pass: {e.get('fwd_pass') or 'auto'}",
-        "",
+        f"{e.get('bwd_grads') or 'auto'}; GDN's forward pass: {e.get('fwd_pass') or 'auto'}", "",
         f"ms: triton.testing.do_bench median (L2 flushed), all in this process. floor: FLA's fwd+bwd bytes at the "
-        f"{HBM_TBPS} TB/s copy ceiling. peak: max allocated during one step above the inputs.",
-        "",
-        'ours = the default recompute policy (`LaunchPlan.keep = "auto"`, `kernels.vocabulary.AUTO_KEEP`: since '
+        f"{HBM_TBPS} TB/s copy ceiling. peak: max allocated during one step above the inputs.", "",
+        "ours = the default recompute policy (`LaunchPlan.keep = \"auto\"`, `kernels.vocabulary.AUTO_KEEP`: since "
         "session 18 GDN's forward holds its Ag pass's outputs, as FLA's holds its WY inverse; KDA's \"inputs\"). Every "
         "forward also holds, where it splits the sequence, its segments' entering states (~17 MB). `inputs`: the inputs "
         "alone (the default until session 18). `ag` / `ag+states`: GDN's Ag pass's outputs / and its chunk states. "
         "`wy` / `wy+states`: the WY factors / and the chunk states, v_new and segment maps. held MB = what the policy "
         "holds beyond the inputs (FLA's WY inverse is not counted); peak MB = the step's peak above its inputs. At "
-        "HV > H ours is the public op `kernels.chunk_<op>` (no policies).",
-        "",
+        "HV > H ours is the public op `kernels.chunk_<op>` (no policies).", "",
         "FlashQLA (GDN): `FlashQLA` = `auto_cp=False`; `FlashQLA CP` = its intra-card CP, what its default "
-        "`auto_cp=True` runs; the batch flattened to varlen (`cu_seqlens`).",
-        "",
+        "`auto_cp=True` runs; the batch flattened to varlen (`cu_seqlens`).", "",
         "| op | B | T | HV | lb | ours ms | FLA ms | ours/FLA | FlashQLA ms | FlashQLA CP ms | ours/FlashQLA | "
         "ours/FlashQLA CP | floor ms | ours peak MB | FLA peak MB | FlashQLA peak MB | "
-        + " | ".join(f"{p} ms | {p}/FLA | {p} held MB | {p} peak MB" for p in POLICIES)
-        + " | FLA guard bypassed |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-        + "---:|---:|---:|---:|" * len(POLICIES)
+        + " | ".join(f"{p} ms | {p}/FLA | {p} held MB | {p} peak MB" for p in POLICIES) + " | FLA guard bypassed |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|---:|---:|---:|" * len(POLICIES)
         + "---|",
     ]
     nan = float("nan")
     for r in res["rows"]:
         pol = r.get("policies", {})
-        cells = " | ".join(
-            f"{pol.get(p, {}).get('ms', nan):.2f} | {pol.get(p, {}).get('ms', nan) / r.get('fla_ms', nan):.2f}"
-            f" | {pol.get(p, {}).get('held_MB', nan):.0f} | {pol.get(p, {}).get('peak_MB', nan):.0f}"
-            for p in POLICIES
-        )
+        cells = " | ".join(f"{pol.get(p, {}).get('ms', nan):.2f} | {pol.get(p, {}).get('ms', nan) / r.get('fla_ms', nan):.2f}"
+                           f" | {pol.get(p, {}).get('held_MB', nan):.0f} | {pol.get(p, {}).get('peak_MB', nan):.0f}"
+                           for p in POLICIES)
         gate = "logsigmoid" if r.get("lb") is None else f"{r['lb']:g}"
-        lines.append(
-            f"| {r['op']} | {r['B']} | {r['T']} | {r.get('HV', H)} | {gate} | {r['ours_ms']:.2f} | "
-            f"{r.get('fla_ms', nan):.2f} | {r.get('ratio', nan):.2f} | {r.get('flash_qla_ms', nan):.2f} | "
-            f"{r.get('flash_qla_cp_ms', nan):.2f} | {r.get('ratio_flash_qla', nan):.2f} | "
-            f"{r.get('ratio_flash_qla_cp', nan):.2f} | {r['floor_ms']:.2f} | {r['ours_peak_MB']:.0f} | "
-            f"{r.get('fla_peak_MB', nan):.0f} | {r.get('flash_qla_cp_peak_MB', nan):.0f} | {cells} | "
-            f"{r.get('fla_hopper_guard_bypassed', r.get('fla_error'))} |"
-        )
+        lines.append(f"| {r['op']} | {r['B']} | {r['T']} | {r.get('HV', H)} | {gate} | {r['ours_ms']:.2f} | "
+                     f"{r.get('fla_ms', nan):.2f} | {r.get('ratio', nan):.2f} | {r.get('flash_qla_ms', nan):.2f} | "
+                     f"{r.get('flash_qla_cp_ms', nan):.2f} | {r.get('ratio_flash_qla', nan):.2f} | "
+                     f"{r.get('ratio_flash_qla_cp', nan):.2f} | {r['floor_ms']:.2f} | {r['ours_peak_MB']:.0f} | "
+                     f"{r.get('fla_peak_MB', nan):.0f} | {r.get('flash_qla_cp_peak_MB', nan):.0f} | {cells} | "
+                     f"{r.get('fla_hopper_guard_bypassed', r.get('fla_error'))} |")
     lines += _notes(res)
     lines += ["", "## Gradients vs the fp32 per-token reference (rel_l2; first_call_s: that library's first step)", ""]
     for op, c in res["grads"].items():
@@ -473,15 +403,13 @@ def to_markdown(res: dict[str, Any]) -> str:
     lines += ["", "## Per-kernel times (one step, ms): ours, and FlashQLA's where it ran", ""]
     for r in res["rows"]:
         ks = ", ".join(f"{n} {t:.2f}" for n, t in list(r["ours_kernels_ms"].items())[:14])
-        lines.append(
-            f"- {r['op']} B={r['B']} T={r['T']} HV={r.get('HV', H)} (step {r['ours_ms']:.2f}, floor {r['floor_ms']:.2f}): {ks}"
-        )
+        lines.append(f"- {r['op']} B={r['B']} T={r['T']} HV={r.get('HV', H)} (step {r['ours_ms']:.2f}, floor "
+                     f"{r['floor_ms']:.2f}): {ks}")
         for col in FLASH_QLA_COLUMNS:
             if r.get(f"{col}_kernels_ms"):
                 ks = ", ".join(f"{n} {t:.2f}" for n, t in list(r[f"{col}_kernels_ms"].items())[:14])
-                lines.append(
-                    f"  - {col} (step {r[f'{col}_ms']:.2f}; kernels' sum {sum(r[f'{col}_kernels_ms'].values()):.2f}): {ks}"
-                )
+                lines.append(f"  - {col} (step {r[f'{col}_ms']:.2f}; kernels' sum "
+                             f"{sum(r[f'{col}_kernels_ms'].values()):.2f}): {ks}")
     if res.get("cut"):
         lines += ["", f"## Not run: {len(res['cut'])} row(s) cut by --deadline", ""]
         lines += [f"- {x['op']} {x['case']}: {x['why']}" for x in res["cut"]]
@@ -490,24 +418,13 @@ def to_markdown(res: dict[str, Any]) -> str:
 
 def _notes(res: dict[str, Any]) -> list[str]:
     """Why FlashQLA did not run (one line per reason), its errors, the split it chose, and each library's first call."""
-    notes = dict.fromkeys(
-        f"FlashQLA not run ({r['op']}): {r['flash_qla_reason']}" for r in res["rows"] if r.get("flash_qla_reason")
-    )
+    notes = dict.fromkeys(f"FlashQLA not run ({r['op']}): {r['flash_qla_reason']}" for r in res["rows"]
+                          if r.get("flash_qla_reason"))
     for col in FLASH_QLA_COLUMNS:
-        notes.update(
-            dict.fromkeys(
-                f"{col} failed ({r['op']} {r['B']}x{r['T']} HV={r.get('HV')}): {r[col + '_error']}"
-                for r in res["rows"]
-                if r.get(col + "_error")
-            )
-        )
-        notes.update(
-            dict.fromkeys(
-                f"{col} split ({r['op']} {r['B']}x{r['T']} HV={r.get('HV')} lb={r.get('lb')}): {r[col + '_split']}"
-                for r in res["rows"]
-                if r.get(col + "_split")
-            )
-        )
+        notes.update(dict.fromkeys(f"{col} failed ({r['op']} {r['B']}x{r['T']} HV={r.get('HV')}): {r[col + '_error']}"
+                                   for r in res["rows"] if r.get(col + "_error")))
+        notes.update(dict.fromkeys(f"{col} split ({r['op']} {r['B']}x{r['T']} HV={r.get('HV')} lb={r.get('lb')}): "
+                                   f"{r[col + '_split']}" for r in res["rows"] if r.get(col + "_split")))
     first: dict[str, float] = {}
     for r in res["rows"]:
         for who in ("ours", "fla", *FLASH_QLA_COLUMNS):
@@ -518,10 +435,8 @@ def _notes(res: dict[str, Any]) -> list[str]:
             if isinstance(v, dict) and isinstance(v.get("first_call_s"), (int, float)):
                 first[who] = max(first.get(who, 0.0), v["first_call_s"])
     if first:
-        notes[
-            "first call of each library in this run (s; compile / autotune on the cache it found): "
-            + ", ".join(f"{w} {t:.1f}" for w, t in first.items())
-        ] = None
+        notes["first call of each library in this run (s; compile / autotune on the cache it found): "
+              + ", ".join(f"{w} {t:.1f}" for w, t in first.items())] = None
     return ["", *(f"- {n}" for n in notes)] if notes else []
 
 
@@ -542,25 +457,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ops", default="gdn,kda")
     ap.add_argument("--shapes", default=None, help="BxT,... (default: the five shapes, longest B=1 first)")
     ap.add_argument("--hv", default=None, help="comma list of value-head counts, multiples of H=16 (default 16)")
-    ap.add_argument(
-        "--lb",
-        default=None,
-        help="comma list of gate strengths, g = lb * sigmoid(randn) (write --lb=-5,-1); default FLA's logsigmoid(randn)",
-    )
-    ap.add_argument(
-        "--preset",
-        default=None,
-        choices=sorted(PRESETS),
-        help="a named grid of shapes x HV x lb (issue26); --shapes / --hv / --lb beside it replace its lists",
-    )
+    ap.add_argument("--lb", default=None, help="comma list of gate strengths, g = lb * sigmoid(randn) (write --lb=-5,-1); "
+                    "default FLA's logsigmoid(randn)")
+    ap.add_argument("--preset", default=None, choices=sorted(PRESETS), help="a named grid of shapes x HV x lb "
+                    "(issue26); --shapes / --hv / --lb beside it replace its lists")
     ap.add_argument("--peers", default=None, help="fla, flash_qla (default both; none: ours alone)")
-    ap.add_argument(
-        "--deadline",
-        type=float,
-        default=0,
-        help="seconds: start a row only if the elapsed time plus the "
-        "longest row so far fits (the first row always runs); the rest are listed as cut",
-    )
+    ap.add_argument("--deadline", type=float, default=0, help="seconds: start a row only if the elapsed time plus the "
+                    "longest row so far fits (the first row always runs); the rest are listed as cut")
     ap.add_argument("--out", default="benchmarks/results/")
     ap.add_argument("--stem", default=None)
     ap.add_argument("--sha", default=None, help="git sha to record when the tree has no .git (device copies)")
@@ -568,30 +471,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-fla", action="store_true", help="leave FLA out of --peers (its first-call autotune takes minutes)")
     ap.add_argument("--explore", default="", help="BxT: time backward config variants at this shape")
     ap.add_argument("--autotune", default=None, help="an autotune JSON applied to ours (`kernels.use_autotune`)")
-    ap.add_argument(
-        "--fwd-pass",
-        default=None,
-        choices=FWD_PASSES,
-        help="GDN's forward state+output pass "
-        '(`LaunchPlan.fwd_pass`; default the plan\'s "auto": the TileLang walk where it runs)',
-    )
-    ap.add_argument(
-        "--bwd-grads",
-        default=None,
-        choices=BWD_GRADS,
-        help="ours' backward gradient kernels "
-        '(`LaunchPlan.bwd_grads`; default the plan\'s "auto"); "reverse": GDN\'s TileLang reverse walk',
-    )
+    ap.add_argument("--fwd-pass", default=None, choices=FWD_PASSES, help="GDN's forward state+output pass "
+                    "(`LaunchPlan.fwd_pass`; default the plan's \"auto\": the TileLang walk where it runs)")
+    ap.add_argument("--bwd-grads", default=None, choices=BWD_GRADS, help="ours' backward gradient kernels "
+                    "(`LaunchPlan.bwd_grads`; default the plan's \"auto\"); \"reverse\": GDN's TileLang reverse walk")
     args = ap.parse_args(argv)
     try:
         peers = parse_peers(args.peers, args.no_fla)
-        cases = expand_cases(
-            preset=args.preset,
-            shapes=parse_shapes(args.shapes or ""),
-            hv=tuple(int(x) for x in parse_floats(args.hv, "--hv")),
-            lb=parse_floats(args.lb, "--lb"),
-            H=H,
-        )
+        cases = expand_cases(preset=args.preset, shapes=parse_shapes(args.shapes or ""),
+                             hv=tuple(int(x) for x in parse_floats(args.hv, "--hv")), lb=parse_floats(args.lb, "--lb"),
+                             H=H)
     except ValueError as err:
         ap.error(str(err))
     if not torch.cuda.is_available():
@@ -606,14 +495,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.fwd_pass:
         set_default_plan(default_plan().replace(fwd_pass=args.fwd_pass))
     ops = [o for o in args.ops.split(",") if o]
-    res: dict[str, Any] = {
-        "env": {**env(args), "autotune": args.autotune, "bwd_grads": args.bwd_grads, "fwd_pass": args.fwd_pass},
-        "rows": [],
-        "grads": {},
-        "cut": [],
-        "peers": list(peers),
-        "cases": [c.label for c in cases],
-    }
+    res: dict[str, Any] = {"env": {**env(args), "autotune": args.autotune, "bwd_grads": args.bwd_grads,
+                                  "fwd_pass": args.fwd_pass}, "rows": [], "grads": {}, "cut": [],
+                           "peers": list(peers), "cases": [c.label for c in cases]}
     name = args.stem or ("kernels_train_h200" if "H200" in res["env"]["device"] else "kernels_train_gpu")
     out = Path(args.out)
     fla = "fla" in peers

@@ -54,6 +54,7 @@ from kernels.common.chunk_state import SeqLayout
 from kernels.common.index import ChunkIndex
 from kernels.common.seqsplit import (
     SplitPlan,
+    device_sms,
     keep_segment_states,
     plan_split,
     resolve_split,
@@ -64,7 +65,7 @@ from kernels.common.state_program import range_of_program
 from kernels.common.warm_split import WarmInputs, certified_transitions, window_plan
 from kernels.common.wy import LOG2E, _gexp
 from kernels.configs import KernelSpec, LaunchConfig, cdiv, head_block, register
-from kernels.ops.gdn.fwd_walk import fwd_walk_tilelang, fwd_walk_wanted, num_sms, wave_seg_chunks
+from kernels.ops.gdn.fwd_walk import fwd_walk_tilelang, fwd_walk_wanted, wave_seg_chunks
 from kernels.ops.gdn.wy_ag import wy_gdn_ag
 from kernels.plan import LaunchPlan, launch_config
 
@@ -505,9 +506,9 @@ def output_split(index: ChunkIndex, k: Tensor, v: Tensor, gcum: Tensor, *, launc
                  split_chunks: int | None, kd: Tensor | None = None, walk: bool = False) -> SplitPlan | None:  # fmt: skip
     """The split of the forward's output pass (None: one program row per sequence): `resolve_split` with the output
     launch's BV, from shapes alone (kd: KDA's gated keys, whose launch config is keyed apart); under the TileLang walk
-    (`walk`) its one-wave rule (`kernels.ops.gdn.fwd_walk.wave_seg_chunks`; CUDA only)."""
+    (`walk`, which runs on CUDA only) its one-wave rule (`kernels.ops.gdn.fwd_walk.wave_seg_chunks`)."""
     if walk and split_chunks is None:
-        seg = wave_seg_chunks(index, H=v.shape[2], sms=num_sms(k.device)) if k.device.type == "cuda" else None
+        seg = wave_seg_chunks(index, H=v.shape[2], sms=device_sms(k.device))
         return plan_split(index, seg) if seg is not None else None
     V = v.shape[3]
     cfg = _config(launch, k, v, gcum, BT=index.chunk_size, mode="output", layout=whole_sequences(index),

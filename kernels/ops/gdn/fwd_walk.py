@@ -50,7 +50,6 @@ __all__ = [
     "FWD_WALK_BV",
     "FWD_WALK_MODES",
     "WAVE_MIN_FILL",
-    "num_sms",
     "wave_seg_chunks",
     "fwd_walk_refusal",
     "fwd_walk_tilelang",
@@ -64,6 +63,7 @@ DEFAULT_BV = 64
 # the run-time modes (bits of the kernel's `modes` argument): one build serves the forward and the state recompute
 FWD_WALK_MODES = {"output": 1, "store_h": 2, "h0": 4}
 _THREADS = 512
+_WHAT = "forward walk"  # how the refusals name this kernel
 # The walk's split (`wave_seg_chunks`): one long-lived program per (range, head) holds a whole SM, so the split aims at
 # one wave: as many segments per sequence as fit the SMs once, every program walking about as many chunks (H200,
 # session 25, benchmarks/results/fwd_walk_lab_s25_h200.md: 272 programs on 132 SMs left a third wave nearly empty);
@@ -84,7 +84,7 @@ _NREG = {
 
 def fwd_walk_refusal(K: int, V: int, BT: int, device: torch.device) -> str | None:
     """Why this kernel cannot run here (one line), or None."""
-    return tilelang_refusal("forward walk", K, V, BT, device)
+    return tilelang_refusal(_WHAT, K, V, BT, device)
 
 
 def fwd_walk_wanted(k: Tensor, v: Tensor, BT: int, launch: LaunchPlan) -> bool:
@@ -93,7 +93,7 @@ def fwd_walk_wanted(k: Tensor, v: Tensor, BT: int, launch: LaunchPlan) -> bool:
     "auto" in bf16 (the dtype it was timed in) where nothing refuses it."""
     if launch.fwd_pass == "triton":
         return False
-    why = tilelang_refusal_cached("forward walk", k.shape[-1], v.shape[-1], BT, k.device)
+    why = tilelang_refusal_cached(_WHAT, k.shape[-1], v.shape[-1], BT, k.device)
     if launch.fwd_pass == "tilelang":
         if why is not None:
             raise ValueError(f"LaunchPlan(fwd_pass='tilelang'): {why}")
@@ -111,12 +111,6 @@ def wave_seg_chunks(index: ChunkIndex, *, H: int, sms: int) -> int | None:
         return None
     seg = max(SPLIT_MIN_SEG_CHUNKS, -(-index.num_chunks // (per_seq * index.num_seqs)))
     return None if seg >= index.max_chunks else seg
-
-
-@functools.cache
-def num_sms(device: torch.device) -> int:
-    """The SMs of a CUDA device (its properties read once)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 @functools.cache
@@ -355,11 +349,15 @@ def _dense_ranges(N: int, T: int, NT: int, device: torch.device) -> tuple[Tensor
 
 
 @functools.cache
-def _ints(n: int, device: torch.device, step: int) -> Tensor:
-    """0, 1, .., n - 1 (step 1: the identity program map, final_idx) or n times -1 (step 0: no final state), int32."""
-    return (
-        torch.arange(n, dtype=torch.int32, device=device) if step else torch.full((n,), -1, dtype=torch.int32, device=device)
-    )
+def _identity(n: int, device: torch.device) -> Tensor:
+    """0, 1, .., n - 1 int32: the program map and final_idx of a layout without them."""
+    return torch.arange(n, dtype=torch.int32, device=device)
+
+
+@functools.cache
+def _no_final(n: int, device: torch.device) -> Tensor:
+    """n times -1 int32: final_idx when no final state is asked for."""
+    return torch.full((n,), -1, dtype=torch.int32, device=device)
 
 
 def fwd_walk_tilelang(
@@ -378,7 +376,7 @@ def fwd_walk_tilelang(
     B, T, Hk, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     BT = ag.shape[-1]
-    why = tilelang_refusal_cached("forward walk", K, V, BT, k.device)
+    why = tilelang_refusal_cached(_WHAT, K, V, BT, k.device)
     if why is not None:
         raise ValueError(why)
     dts = {x.dtype for x in (q, k, v, ag) if x is not None}
@@ -387,8 +385,8 @@ def fwd_walk_tilelang(
     dev = k.device
     P = layout.num_programs
     BV = BV or DEFAULT_BV
-    modes = sum(bit for name, bit in FWD_WALK_MODES.items()
-                if {"output": q is not None, "store_h": num_chunks is not None, "h0": h0 is not None}[name])  # fmt: skip
+    on = {"output": q is not None, "store_h": num_chunks is not None, "h0": h0 is not None}
+    modes = sum(bit for name, bit in FWD_WALK_MODES.items() if on[name])
     build = (HV, Hk, BV, float(scale), TL_DTYPES[k.dtype])
     # (in `compile_ahead`'s dry run the walk builds beside the Triton compiles and does not launch)
     kern = None if build_beside(("fwd_walk", *build), _build, *build) else _build(*build)
@@ -396,11 +394,11 @@ def fwd_walk_tilelang(
         cu, co = _dense_ranges(layout.num_seqs, T, cdiv(T, BT), dev)
     else:
         cu, co = layout.cu_seqlens.int(), layout.chunk_offsets.int()
-    pmap = layout.seq_map.int() if layout.seq_map is not None else _ints(P, dev, 1)
+    pmap = layout.seq_map.int() if layout.seq_map is not None else _identity(P, dev)
     if not output_final_state:
-        fin = _ints(P, dev, 0)
+        fin = _no_final(P, dev)
     else:
-        fin = layout.final_idx.int() if layout.final_idx is not None else _ints(P, dev, 1)
+        fin = layout.final_idx.int() if layout.final_idx is not None else _identity(P, dev)
     N = B * T
     o = torch.empty_like(v) if q is not None else None
     ht = k.new_empty(num_states or P, HV, K, V, dtype=torch.float32) if output_final_state else None

@@ -49,6 +49,7 @@ from kernels.vocabulary import AUTO_REVERSE_MIN_TOKEN_HEADS
 __all__ = ["chunk_gdn_bwd_reverse", "reverse_bwd_refusal", "reverse_bwd_tilelang"]
 
 _THREADS = 256
+_WHAT = "reverse backward"  # how the refusals name this kernel
 # Sums per thread of each reduction in the 256-thread wgmma fragment layouts ([C, C] rows and columns, [C, K] rows,
 # [K, V] rows), reduced in batched cross-warp exchanges of these sizes instead of one exchange (two or four barriers)
 # per sum; [C, C] columns take two batches of 4 of their 8 (a batch of 8 needs more shared memory than the SM has)
@@ -57,7 +58,7 @@ _BATCH_SIZES = {"cc_rows": 2, "cc_cols": 4, "ck_rows": 2, "kv_rows": 4}
 
 def reverse_bwd_refusal(K: int, V: int, BT: int, device: torch.device) -> str | None:
     """Why this kernel cannot run here (one line), or None."""
-    return tilelang_refusal("reverse backward", K, V, BT, device)
+    return tilelang_refusal(_WHAT, K, V, BT, device)
 
 
 def auto_reverse(k: Tensor, v: Tensor, BT: int, launch: LaunchPlan) -> bool:
@@ -69,7 +70,7 @@ def auto_reverse(k: Tensor, v: Tensor, BT: int, launch: LaunchPlan) -> bool:
     B, T, HV = v.shape[:3]
     if B * T * HV < AUTO_REVERSE_MIN_TOKEN_HEADS:
         return False
-    return tilelang_refusal_cached("reverse backward", k.shape[-1], v.shape[-1], BT, k.device) is None
+    return tilelang_refusal_cached(_WHAT, k.shape[-1], v.shape[-1], BT, k.device) is None
 
 
 # Switches that leave a part out or swap it, only to time the rest (`benchmarks/reverse_bwd_lab.py`); a kernel built
@@ -460,7 +461,7 @@ def reverse_bwd_tilelang(
     B, T, Hk, K = k.shape
     H, V = v.shape[2], v.shape[3]
     BT = ag.shape[-1]
-    why = reverse_bwd_refusal(K, V, BT, k.device)
+    why = tilelang_refusal_cached(_WHAT, K, V, BT, k.device)  # (once per device: this runs on every step)
     if why is not None:
         raise ValueError(why)
     build = (H, Hk, K, V, BT, float(scale), TL_DTYPES[k.dtype], TL_DTYPES[g.dtype], TL_DTYPES[beta.dtype], frozenset(lab))

@@ -26,8 +26,8 @@ Ag is zero above its diagonal (`kernels.ops.gdn.wy_ag`), so the rows of a chunk 
 Modes (run-time bits of one build, `FWD_WALK_MODES`, so the forward and the backward's state recompute share it):
 OUTPUT (o), STORE_H (the state entering every chunk into h `[NT, H, K, V]` in k's dtype: the backward's state
 recompute, as `kernels.common.chunk_state.chunk_state_ag_fwd`), H0 (each program's entering state `[P, H, K, V]` fp32);
-each program's leaving state goes to ht[final_idx[p]] where that is >= 0. Sizes: K = V = 128, chunk 64, BV 64
-(`DEFAULT_BV`) or 128, sm_90, TileLang `kernels.ops.gdn.tilelang_hopper.TILELANG_VERSION`; anything else is refused in
+each program's leaving state goes to ht[final_idx[p]] where that is >= 0. Sizes: K = V = 128, chunk 64, BV 128
+(`DEFAULT_BV`) or 64, sm_90, TileLang `kernels.ops.gdn.tilelang_hopper.TILELANG_VERSION`; anything else is refused in
 one line. In `kernels.parallel_compile.compile_ahead`'s dry run the kernel builds beside the Triton compiles.
 """
 
@@ -57,9 +57,10 @@ __all__ = [
 ]
 
 FWD_WALK_BV = (64, 128)
-# H200, session 25 (benchmarks/results/fwd_walk_lab_s25_h200.md): value blocks of 64 (two programs per (range, head))
-# ran the state pass 20-30 % faster than 128 at every shape and split timed, and the output pass 8 % faster at 1x64K
-DEFAULT_BV = 64
+# H200, session 26 (benchmarks/results/fwd_walk_lab_s26_h200.md): with the spill-free register counts below, value
+# blocks of 128 (one program per (range, head)) beat 64 at every shape timed: the output pass 0.53 -> 0.39 ms, the
+# state pass 0.38 -> 0.32 at 1x64K and 8x8K (session 25's 128, at counts that spilled, was the slower one)
+DEFAULT_BV = 128
 # the run-time modes (bits of the kernel's `modes` argument): one build serves the forward and the state recompute
 FWD_WALK_MODES = {"output": 1, "store_h": 2, "h0": 4}
 _THREADS = 512
@@ -73,9 +74,9 @@ WAVE_MIN_FILL = 0.7
 # 65536 / 128 = 512; a role above the launch's 128 asks for more, one below gives back). ptxas compiles each role's
 # code at its role's count: the state [K, BV] fp32 is 64 (BV 64) or 128 (BV 128) of the S role's, V's W and Vd tile
 # 32 or 64. At BV 128 the V role at 120 spilled 276 bytes a thread (`ptxas -v` on the generated source, session 25),
-# the likely cause of BV 128's 2.6x per-step time in `fwd_walk_lab_s25_h200.md`; these counts spill none there (not
-# yet timed). BV 64 keeps the counts the H200 ran (8 bytes of spills, from the producer's 40; 160 / 120 / 168 / 56
-# spill none on the CPU host's ptxas, not yet run)
+# which made BV 128's step 2.6x BV 64's in `fwd_walk_lab_s25_h200.md`; these counts spill none and made it 0.75x
+# (session 26). BV 64 keeps the counts the H200 ran (8 bytes of spills, from the producer's 40; 160 / 120 / 168 / 56
+# spill none on the CPU host's ptxas, not timed)
 _NREG = {
     64: {"s": 168, "v": 120, "o": 168, "producer": 40},
     128: {"s": 160, "v": 160, "o": 144, "producer": 48},

@@ -25,7 +25,9 @@ until the backward:
     "ag"          GDN: also its two-kernel forward's Ag = T diag(beta) [B, T, H, 64] (k's dtype) and gate cumsum
                   [B, T, H] fp32 (what FLA holds beyond its inputs: its T and gate cumsum); the backward forms w, u,
                   Aqk and T from them in one launch, then the chunk states from w, u and the segment states
-                  (`kernels.ops.gdn.ag_bwd`: no WY prep, no inverse). KDA (no Ag pass yet): as "inputs"
+                  (`kernels.ops.gdn.ag_bwd`: no WY prep, no inverse). Under the plan's bwd_warm also the q, k side
+                  of the reverse windows' bound sums, [B, T, H] and [NT, H, 2] fp32 (`kernels.common.warm_bwd`: the
+                  backward reads do alone for them). KDA (no Ag pass yet): as "inputs"
     "ag+states"   GDN: "ag" and the chunk states h, v_new that its fused output pass stores (STORE_STATES in the
                   output launch), with the maps of every segment from exact transitions, or after the warm split and
                   without maps under the plan's bwd_warm (`kernels.ops.gdn.fused`): the backward skips the state

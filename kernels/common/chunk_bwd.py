@@ -70,8 +70,10 @@ from kernels.common.seqsplit import resolve_split, seg_chain_fwd, seg_chain_stat
 from kernels.common.state_bwd import chunk_state_bwd, first_segments, seg_chain_bwd, state_bwd_config
 from kernels.common.warm_bwd import (
     RevWarmInputs,
+    kept_rev_sums,
     need_chunks,
     reverse_chunk_bound,
+    reverse_chunk_bound_kept,
     reverse_window_plan,
     warm_segment_ends,
     window_chunk_sel,
@@ -489,6 +491,8 @@ def reverse_ends(
                               warm.window_chunks, seg_chunks=plan.seg_chunks, cache=plan.windows)
         if wp is not None and wpf is None and warm.bnd is not None:  # summed by an earlier launch (wy_from_ag)
             bnd = warm.bnd
+        elif wp is not None and wpf is None and warm.qk_sums is not None:  # the forward's q, k side: do read alone
+            bnd = reverse_chunk_bound_kept(do, warm.qk_sums, scale=scale, index=index)
         elif wp is not None:
             bnd, fbnd = reverse_chunk_bound(warm.q, warm.k, warm.g, warm.beta, do, scale=scale, index=index,
                                             gate_vector=gate_vector, v=warm.v if wpf is not None else None)
@@ -531,11 +535,13 @@ def reverse_ends(
 
 
 def rev_warm(launch: LaunchPlan, op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
-              report: dict[str, Tensor] | None, bnd: Tensor | None = None) -> RevWarmInputs | None:
+             report: dict[str, Tensor] | None, bnd: Tensor | None = None,
+             qk_sums: tuple[Tensor, Tensor] | None = None) -> RevWarmInputs | None:
     """The reverse pass's warm window inputs under the plan's `bwd_warm_for(op)` (None at 0: the exact path); bnd:
-    the reverse bound sums if an earlier launch made them (`RevWarmInputs.bnd`)."""
+    the reverse bound sums if an earlier launch made them (`RevWarmInputs.bnd`); qk_sums: the forward's q, k side of
+    them (`RevWarmInputs.qk_sums`)."""
     w = launch.bwd_warm_for(op)
-    return RevWarmInputs(q, k, g, beta, window_chunks=w, report=report, v=v, bnd=bnd) if w else None
+    return RevWarmInputs(q, k, g, beta, window_chunks=w, report=report, v=v, bnd=bnd, qk_sums=qk_sums) if w else None
 
 
 def chunk_state_grad(
@@ -574,7 +580,8 @@ def chunk_bwd(
     split_chunks: None = the automatic sequence split (as the forward), 0 = never, n = segments of n chunks.
     wy: the WY factors the forward kept (`chunk_*_fwd(keep=...)`: w, u, gs, aqk, and ks, qs for KDA): the
     recompute of step 1 is skipped (T is still formed here, unless `wy` holds it: "tt"; the reverse bound sums of
-    the warm windows likewise, "bnd", `kernels.common.warm_bwd.RevWarmInputs.bnd`). With the chunk states too
+    the warm windows likewise, "bnd", `kernels.common.warm_bwd.RevWarmInputs.bnd`, or their q, k side from GDN's
+    forward, `warm_bwd.KEPT_REV_SUMS`, `RevWarmInputs.qk_sums`). With the chunk states too
     (`keep_states=True`: h, v_new, M, split) the forward state pass and the transitions of step 2 are skipped, and
     the forward's split is used (split_chunks is then ignored; kept states without the maps M work too). plan: the
     launch plan (None: `kernels.plan.default_plan()`; its `bwd_warm_for(op)` > 0, GDN's default, certifies warm
@@ -612,7 +619,8 @@ def chunk_bwd(
         "index": index, "gate_vector": gate_vector, "scale": scale, "launch": launch, "split_chunks": split_chunks,
         "h0": initial_state.float().contiguous() if initial_state is not None else None,
         "dht": dht.float().contiguous() if dht is not None else None, "states": True, "kept": kept,
-        "warm": rev_warm(launch, op, q, k, v, g, beta, warm_report, wy.get("bnd") if wy is not None else None),
+        "warm": rev_warm(launch, op, q, k, v, g, beta, warm_report, wy.get("bnd") if wy is not None else None,
+                         kept_rev_sums(wy)),
         "seg_states": seg_states or None,
     }  # fmt: skip
     h, v_new, dh, dv_new = _state_pass(qs, ks, w, u, gs, aqk, do, dh0=dh0, **state_args)

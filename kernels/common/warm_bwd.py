@@ -17,9 +17,16 @@ head), on the device, no host sync:
    stored in flipped chunk order. On the flipped chunk axis the reverse bound is the forward's, so
    `kernels.common.warm_certify.certify_chunk_windows` certifies (dht folded in as `warm_split.fold_initial_states`
    folds h0); a window that reaches its sequence's end is never certified when dht is given (its dht would be inside
-   the window, where the bound does not count it). GDN's backward from the kept Ag has `wy_from_ag` make the same
-   sums from its own loads of q and k (`RevWarmInputs.bnd`, session 19) where the forward's are not needed: this
-   launch then does not run;
+   the window, where the bound does not count it). Only the writes' norms read do; the rest (l_t, L, A and
+   0.5 log ||q_t||^2 + the cumsum of l up to t) depends on the forward's inputs alone, so GDN's two-kernel forward has
+   its Ag pass store that q, k side when the plan keeps Ag for a backward with this window (`kernels.ops.gdn.wy_ag.wy_gdn_ag(rev=)`:
+   per token p fp32 `[B, T, H]`, per chunk (L rounded up, A) `[NT_total, H, 2]`, kept as `KEPT_REV_SUMS`;
+   `RevWarmInputs.qk_sums`), and `reverse_chunk_bound_kept` (a program per chunk and head) then reads do, p and
+   (L, A) alone: W = log sum_t exp(log scale + p_t + 0.5 log ||do_t||^2), rounded up there, with the backward's
+   scale (H200, 1x64K, H 16, K = V = 128 bf16: `reverse_chunk_bound` took 0.24 ms, almost all of it reading q and
+   k; do's bytes alone take about 0.07 ms; the new launch not timed yet). GDN's backward from the kept Ag without
+   those sums has `wy_from_ag` make the sums from its own loads of q and k (`RevWarmInputs.bnd`, session 19).
+   Either way, where the forward's sums are not needed, this launch does not run;
 3. the maps M (`chunk_state_transition_fwd(need=)`) and the ext pass (`chunk_state_bwd(need=)`) run for the
    uncertified pairs only (the others walk nothing); the forward's maps are used instead where it kept them, or where
    the backward's forward-state recompute needs the maps of all segments anyway;
@@ -42,7 +49,7 @@ device tensor `certified` `[NS - N, H]`: read it after the call (tests, benchmar
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -62,15 +69,31 @@ from kernels.configs import cdiv, head_block
 from kernels.plan import LaunchPlan
 
 __all__ = [
+    "KEPT_REV_SUMS",
     "RevWarmInputs",
     "RevWindowPlan",
     "certify_reverse_windows",
+    "kept_rev_sums",
     "reverse_chunk_bound",
+    "reverse_chunk_bound_kept",
     "reverse_window_plan",
     "need_chunks",
     "warm_segment_ends",
     "window_chunk_sel",
 ]
+
+
+# the names under which GDN's forward keeps its Ag pass's q, k side of the reverse sums (p, (L, A); module docstring,
+# step 2) for the backward (`kernels.ops.gdn.fused.gdn_fused_fwd(keep=)`, read by `kernels.ops.gdn.ag_bwd`)
+KEPT_REV_SUMS: tuple[str, str] = ("rev_p", "rev_la")
+
+
+def kept_rev_sums(kept: Mapping[str, Tensor] | None) -> tuple[Tensor, Tensor] | None:
+    """The forward's q, k side of the reverse sums from what it kept (`KEPT_REV_SUMS`; `RevWarmInputs.qk_sums`), or
+    None where it kept none."""
+    if kept is None or KEPT_REV_SUMS[0] not in kept:
+        return None
+    return kept[KEPT_REV_SUMS[0]], kept[KEPT_REV_SUMS[1]]
 
 
 @dataclass(frozen=True, eq=False)
@@ -89,6 +112,9 @@ class RevWarmInputs:
     # [NT_total, H, 2]: `reverse_chunk_bound`'s sums made by another launch (GDN's `wy_from_ag(bound=)`), used instead
     # of it where the forward's sums are not needed
     bnd: Tensor | None = None
+    # (p fp32 [B, T, H], (L, A) fp32 [NT_total, H, 2]): the forward's q, k side of those sums (`KEPT_REV_SUMS`), from
+    # which `reverse_chunk_bound_kept` makes them reading do alone where the forward's sums are not needed
+    qk_sums: tuple[Tensor, Tensor] | None = None
 
 
 @triton.jit
@@ -209,6 +235,62 @@ def reverse_chunk_bound(
         num_warps=4,
     )  # fmt: skip
     return bnd, fbnd
+
+
+@heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
+@triton.jit(do_not_specialize=["T"])
+def reverse_chunk_bound_kept_kernel(
+    do,  # [B, T, H, V]
+    rp,  # [B, T, H] fp32: 0.5 log ||q||^2 + the inclusive in-chunk cumsum of l per token (-inf: q = 0), the forward's
+    rla,  # [NT_total, H, 2] fp32: (L rounded up, A = sum of |l|) per chunk, chunk order, the forward's
+    bnd,  # out [NT_total, H, 2] fp32: (L, W) of global chunk c at row NT_total - 1 - c (flipped)
+    cu_seqlens, chunk_indices, log_scale, T, NT_ALL,
+    H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr,
+):  # fmt: skip
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    _, i_t, i_tg, bos, T = chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
+    o_r = i_t * BT + tl.arange(0, BT)
+    m_r = o_r < T
+    p_row = (bos + o_r) * H + i_h
+    dd = tl.zeros([BT], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        b_do = tl.load(do + p_row[:, None] * V + o_v[None, :], mask=m_r[:, None] & (o_v < V)[None, :], other=0.0)
+        dd += tl.sum(b_do.to(tl.float32) * b_do.to(tl.float32), 1)
+    b_p = tl.load(rp + p_row, mask=m_r, other=float("-inf"))
+    pos = m_r & (b_p > float("-inf")) & (dd > 0.0)  # a zero write (q = 0, do = 0, past T): -inf (no log of 0)
+    e = tl.where(pos, (log_scale + b_p) + 0.5 * tl.log(tl.where(pos, dd, 1.0)), float("-inf"))
+    p_c = rla + (i_tg * H + i_h) * 2
+    row = (NT_ALL - 1 - i_tg) * H + i_h
+    tl.store(bnd + row * 2, tl.load(p_c))
+    # rounded up as `_reverse_bound_store` rounds: e is its exponent with the same terms added in another order (the
+    # forward's cumsum by 16-row blocks, log scale added here). Each term is at most 88 (log scale), 52 (half the log
+    # of an fp32 square norm) or A (the cumsum) in size, so e's three roundings and the cumsum's err by < 4e-5 + 1e-6 A,
+    # inside BOUND_MARGIN (A + |W| + 1) >= 1e-4 (1 + A) with the log-sum-exp's own few ulp
+    tl.store(bnd + row * 2 + 1, _log_sum_exp_up(e, tl.load(p_c + 1)))
+
+
+def reverse_chunk_bound_kept(do: Tensor, qk_sums: tuple[Tensor, Tensor], *, scale: float, index: ChunkIndex) -> Tensor:
+    """`reverse_chunk_bound`'s reverse sums, fp32 `[NT_total, H, 2]` in flipped chunk order, from do `[B, T, H, V]` and
+    the forward's q, k side `qk_sums` (p `[B, T, H]`, (L, A) `[NT_total, H, 2]`: `RevWarmInputs.qk_sums`, module
+    docstring step 2); scale: the backward's (that of the gradients the sums bound)."""
+    B, T, H, V = do.shape
+    BT = index.chunk_size
+    rp, rla = qk_sums
+    if rp.shape != (B, T, H) or rla.shape != (index.num_chunks, H, 2):
+        raise ValueError(
+            f"reverse_chunk_bound_kept: the kept sums must be [{B}, {T}, {H}] and [{index.num_chunks}, {H}, 2] for do "
+            f"{tuple(do.shape)}, got {tuple(rp.shape)} and {tuple(rla.shape)}"
+        )
+    bnd = torch.empty(index.num_chunks, H, 2, dtype=torch.float32, device=do.device)
+    grid = (index.num_chunks, H) if index.is_varlen else (cdiv(T, BT), B * H)
+    cu, ci = (index.cu_seqlens, index.chunk_indices) if index.is_varlen else (None, None)
+    reverse_chunk_bound_kept_kernel[grid](
+        do, rp, rla, bnd, cu, ci, math.log(scale), T, index.num_chunks,
+        H=H, V=V, BT=BT, BV=min(64, head_block(V)), num_warps=4,
+    )  # fmt: skip
+    return bnd
 
 
 @dataclass(eq=False)

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import kernels.dispatch as dispatch
+from kernels.common.warm_bwd import KEPT_REV_SUMS
 from kernels.plan import LaunchPlan, LaunchRecorder, default_plan
 from runners import backend_options
 from runners.errors import SpecError
@@ -124,11 +125,13 @@ def test_a_kept_point_runs_with_its_policy_and_passes_its_gate(monkeypatch: pyte
     # policy, outside the point's steps) and of the reference
     assert out.gate["err_vs_none"] <= 1e-6 and out.gate["err_vs_reference"] < 1e-3, out.gate
     assert policies.count("auto") == 1 and policies.count("wy+states") >= 4, policies
-    # that `none` backward, under GDN's default ("auto": "ag", `kernels.vocabulary.AUTO_KEEP`): from the kept Ag
-    from_ag = [launched for kept, launched in backward if kept == {"ag", "gs"}]
+    # that `none` backward, under GDN's default ("auto": "ag", `kernels.vocabulary.AUTO_KEEP`): from the kept Ag (with
+    # the q, k side of its reverse window's bound sums, under the default `bwd_warm`)
+    ag_kept = {"ag", "gs", *KEPT_REV_SUMS}
+    from_ag = [launched for kept, launched in backward if kept == ag_kept]
     assert len(from_ag) == 1 and {"wy_from_ag", "chunk_state_fwd"} <= from_ag[0], from_ag
     assert not {"wy_gdn_fwd", "wy_inverse"} & from_ag[0], sorted(from_ag[0])
-    reused = [(kept, launched) for kept, launched in backward if kept and kept != {"ag", "gs"}]
+    reused = [(kept, launched) for kept, launched in backward if kept and kept != ag_kept]
     assert len(reused) >= 3, reused  # the gate's step, the reference's, the timed samples
     for kept, launched in reused:
         assert {"w", "u", "h", "v_new"} <= kept, kept

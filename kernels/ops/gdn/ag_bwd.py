@@ -41,7 +41,7 @@ from kernels.common.chunk_program import chunk_of_program, group_heads, heuristi
 from kernels.common.chunk_state import SeqLayout, chunk_state_ag_fwd
 from kernels.common.index import ChunkIndex, prepare_chunk_index
 from kernels.common.state_keep import KEPT_STATES
-from kernels.common.warm_bwd import _reverse_bound_store
+from kernels.common.warm_bwd import KEPT_REV_SUMS, _reverse_bound_store, kept_rev_sums
 from kernels.common.wy import BT_WY, CHUNK_SIZES, FLOOR
 from kernels.configs import KernelSpec, LaunchConfig, cdiv, head_block, register
 from kernels.ops.gdn.fwd_walk import fwd_walk_tilelang, fwd_walk_wanted
@@ -245,14 +245,16 @@ def chunk_gdn_bwd_ag(
         lazy = ag_factors(q, k, v, ag, gcum, scale=scale, index=index, launch=launch)
         return chunk_gdn_bwd_reverse(q, k, v, g, beta, do, ag=ag, gs=gcum, kept=states or None, lazy=lazy, index=index,
                                      scale=scale, initial_state=initial_state, dht=dht, launch=launch,
-                                     split_chunks=split_chunks, warm_report=warm_report,
-                                     seg_states=seg_states)  # fmt: skip
+                                     split_chunks=split_chunks, warm_report=warm_report, seg_states=seg_states,
+                                     qk_sums=kept_rev_sums(wy))  # fmt: skip
     # the warm reverse windows' bound sums in this launch when the backward will run the forward's split from its
-    # segment states (no forward sums needed: `chunk_bwd` then skips `reverse_chunk_bound`)
-    fold = bool(seg_states) and not states and launch.bwd_warm_for("gdn") > 0
+    # segment states (no forward sums needed: `chunk_bwd` then skips `reverse_chunk_bound`), unless the forward's Ag
+    # pass kept their q, k side (`kernels.common.warm_bwd.KEPT_REV_SUMS`: `chunk_bwd` then reads do alone for them)
+    rev_sums = {name: wy[name] for name in KEPT_REV_SUMS if name in wy} if wy is not None else {}
+    fold = bool(seg_states) and not states and not rev_sums and launch.bwd_warm_for("gdn") > 0
     w, u, aqk, tt, bnd = wy_from_ag(q, k, v, ag, gcum, scale=scale, index=index, launch=launch,
                                     bound=(g, beta, do) if fold else None)  # fmt: skip
-    factors = {"w": w, "u": u, "gs": gcum, "aqk": aqk, "tt": tt, **({"bnd": bnd} if bnd is not None else {})}
+    factors = {"w": w, "u": u, "gs": gcum, "aqk": aqk, "tt": tt, **({"bnd": bnd} if bnd is not None else {}), **rev_sums}
     del ag  # read by nothing after this (with wy=None its memory is free for the gradient kernels' buffers)
     return chunk_bwd("gdn", q, k, v, g, beta, do, scale=scale, initial_state=initial_state, dht=dht,
                      cu_seqlens=cu_seqlens, plan=launch, split_chunks=split_chunks, wy={**factors, **states},

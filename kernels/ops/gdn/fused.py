@@ -62,6 +62,7 @@ from kernels.common.seqsplit import (
     whole_sequences,
 )
 from kernels.common.state_program import range_of_program
+from kernels.common.warm_bwd import KEPT_REV_SUMS
 from kernels.common.warm_split import WarmInputs, certified_transitions, window_plan
 from kernels.common.wy import LOG2E, _gexp
 from kernels.configs import KernelSpec, LaunchConfig, cdiv, head_block, register
@@ -117,8 +118,9 @@ KDA_FUSED_STATE_OUTPUT_FWD = register(
     )
 )
 
-# (k, g, beta, *, index, launch, bnd=None, v=None) -> (Ag [B, T, HV, BT] in k's dtype, gcum [B, T, HV] fp32); bnd: the
-# warm split's per-chunk bound sums to fill (they read v)
+# (k, g, beta, *, index, launch, bnd=None, v=None[, rev, q]) -> (Ag [B, T, HV, BT] in k's dtype, gcum [B, T, HV] fp32);
+# bnd: the warm split's per-chunk bound sums to fill (they read v); rev: the backward's reverse sums' q, k side to fill
+# (they read q; passed only where the forward keeps them, `wy_gdn_ag(rev=)`)
 AgPrep = Callable[..., tuple[Tensor, Tensor]]
 
 
@@ -478,7 +480,9 @@ def gdn_fused_fwd(
     (`(k, g, beta, *, index, launch, bnd, v) -> (Ag, gcum)`; None: GDN's `kernels.ops.gdn.wy_ag.wy_gdn_ag`; the tests
     hand in a torch one). warm: the split's gate-certified
     warmup (`kernels.common.warm_split`, its `chunk_bound` for the Ag pass to fill), or None (exact maps). keep: a dict
-    that receives the Ag pass's outputs for the backward ("ag", "gs": `kernels.ops.gdn.ag_bwd`), or None.
+    that receives the Ag pass's outputs for the backward ("ag", "gs": `kernels.ops.gdn.ag_bwd`), and with the plan's
+    `bwd_warm_for("gdn")` > 0 the q, k side of the reverse bound sums it also made (`wy_gdn_ag(rev=)`, kept under
+    `kernels.common.warm_bwd.KEPT_REV_SUMS`), or None.
     keep_states (the policy "ag+states", `LaunchPlan.keeps_ag`; needs keep, and warm=None unless the plan's
     `bwd_warm_for("gdn")` > 0): keep also receives the chunk states, v_new, the split and, with exact maps, the maps of
     every segment (`fused_state_output_keep`). seg_states: a dict that receives the split's segment states for the
@@ -491,9 +495,17 @@ def gdn_fused_fwd(
         )
     bnd = warm.chunk_bound if warm is not None else None
     ag_prep = wy_gdn_ag if ag_prep is None else ag_prep
-    ag, gcum = ag_prep(k, g, beta, index=index, launch=launch, bnd=bnd, v=v if bnd is not None else None)
+    # the q, k side of the backward's reverse bound sums, for its warm windows (`kernels.common.warm_bwd`, step 2):
+    # the Ag pass has the gate, beta and ||k||^2 in registers already, so the backward reads only do for them
+    rev: dict[str, Any] = {}
+    if keep is not None and launch.bwd_warm_for("gdn"):
+        B, T, HV = g.shape
+        sums = (torch.empty(B, T, HV, dtype=torch.float32, device=k.device),
+                torch.empty(index.num_chunks, HV, 2, dtype=torch.float32, device=k.device))  # fmt: skip
+        rev = {"rev": sums, "q": q}
+    ag, gcum = ag_prep(k, g, beta, index=index, launch=launch, bnd=bnd, v=v if bnd is not None else None, **rev)
     if keep is not None:
-        keep.update(ag=ag, gs=gcum)
+        keep.update(ag=ag, gs=gcum, **(dict(zip(KEPT_REV_SUMS, rev["rev"], strict=True)) if rev else {}))
     opts = {"scale": scale, "index": index, "launch": launch, "initial_state": initial_state,
             "output_final_state": output_final_state, "split_chunks": split_chunks}  # fmt: skip
     if keep_states:

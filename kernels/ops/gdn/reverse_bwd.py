@@ -41,12 +41,13 @@ from kernels.common.chunk_bwd import LazyFactors, rev_warm, reverse_ends
 from kernels.common.decay import GATE_FLOOR
 from kernels.common.index import ChunkIndex
 from kernels.configs import cdiv
+from kernels.ops.gdn import bwd_walk
 from kernels.ops.gdn.tilelang_hopper import TL_DTYPES, tilelang_refusal, tilelang_refusal_cached
 from kernels.parallel_compile import build_beside
 from kernels.plan import LaunchPlan
 from kernels.vocabulary import AUTO_REVERSE_MIN_TOKEN_HEADS
 
-__all__ = ["chunk_gdn_bwd_reverse", "reverse_bwd_refusal", "reverse_bwd_tilelang"]
+__all__ = ["REVERSE_KERNELS", "chunk_gdn_bwd_reverse", "reverse_bwd_refusal", "reverse_bwd_tilelang"]
 
 _THREADS = 256
 _WHAT = "reverse backward"  # how the refusals name this kernel
@@ -87,6 +88,10 @@ LAB_SWITCHES = {
     "no_store": "no dq, dk, dv stores",
 }
 EXACT_SWITCHES = frozenset({"sync_loads", "sync_qkv", "sync_stores", "sync_mma", "unbatched"})
+# The walk's two kernels: "pairs" (this module's: two warpgroups form every product together) and "roles"
+# (`kernels.ops.gdn.bwd_walk`: four warpgroups with a part each, side by side); the lab switches are the pairs'
+REVERSE_KERNELS = ("pairs", "roles")
+DEFAULT_REVERSE_KERNEL = "pairs"
 
 
 @functools.cache
@@ -448,7 +453,7 @@ def _build(
 def reverse_bwd_tilelang(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, gs: Tensor, beta: Tensor, ag: Tensor, h: Tensor, do: Tensor, *,
     scale: float, cu: Tensor, chunk_offsets: Tensor, ends: Tensor, final_idx: Tensor, num_seqs: int,
-    lab: frozenset[str] = frozenset(),
+    lab: frozenset[str] = frozenset(), kernel: str = DEFAULT_REVERSE_KERNEL,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """(dq, dk per value head, dv, dg, dbeta, dh0) of GDN by one reverse walk per (range, value head) (module
     docstring). q, k `[B, T, Hk, K]`, v, do `[B, T, H, V]`, g (raw) and beta `[B, T, H]`, gs the in-chunk cumsum of
@@ -457,16 +462,24 @@ def reverse_bwd_tilelang(
     end), their first chunk's index into h `chunk_offsets` `[NS]`, the fp32 gradient at each range's end `ends`
     `[NS, H, K, V]`, and final_idx `[NS]` (range n stores its entering gradient in dh0[final_idx[n]] when >= 0).
     dq and dk come per value head (grouped heads sum them after). Raises ValueError where `reverse_bwd_refusal`
-    gives a reason. `lab`: `LAB_SWITCHES` keys, for timing only (the gradients are then wrong)."""
+    gives a reason. `lab`: `LAB_SWITCHES` keys, for timing only (the gradients are then wrong); kernel: one of
+    `REVERSE_KERNELS`."""
+    if kernel not in REVERSE_KERNELS or (kernel == "roles" and lab):
+        raise ValueError(f"reverse walk kernel {kernel!r}: one of {REVERSE_KERNELS} (lab switches: 'pairs' only)")
     B, T, Hk, K = k.shape
     H, V = v.shape[2], v.shape[3]
     BT = ag.shape[-1]
     why = tilelang_refusal_cached(_WHAT, K, V, BT, k.device)  # (once per device: this runs on every step)
     if why is not None:
         raise ValueError(why)
-    build = (H, Hk, K, V, BT, float(scale), TL_DTYPES[k.dtype], TL_DTYPES[g.dtype], TL_DTYPES[beta.dtype], frozenset(lab))
+    dts = (TL_DTYPES[k.dtype], TL_DTYPES[g.dtype], TL_DTYPES[beta.dtype])
+    build: tuple[Any, ...]
+    if kernel == "roles":
+        build, fn = (H, Hk, float(scale), *dts), bwd_walk._build
+    else:
+        build, fn = (H, Hk, K, V, BT, float(scale), *dts, frozenset(lab)), _build
     # (in `compile_ahead`'s dry run the walk builds beside the Triton compiles and does not launch)
-    kern = None if build_beside(("reverse_bwd", *build), _build, *build) else _build(*build)
+    kern = None if build_beside((f"reverse_bwd_{kernel}", *build), fn, *build) else fn(*build)
     flat = [x.reshape(B * T, *x.shape[2:]).contiguous() for x in (q, k, v, do, ag, gs, g, beta)]
     dq, dk = per_value_head(q, H), per_value_head(k, H)
     dv = torch.empty_like(v)
@@ -483,13 +496,15 @@ def chunk_gdn_bwd_reverse(
     kept: Mapping[str, Tensor] | None, lazy: LazyFactors, index: ChunkIndex, scale: float,
     initial_state: Tensor | None, dht: Tensor | None, launch: LaunchPlan, split_chunks: int | None,
     warm_report: dict[str, Tensor] | None, seg_states: Mapping[str, Any] | None,
+    qk_sums: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:  # fmt: skip
     """GDN's backward under the reverse walk (`kernels.ops.gdn.ag_bwd`: `bwd_grads="reverse"`, or "auto" for a long
     step): the chunk states and each range's end gradient as the reverse state pass makes them
     (`kernels.common.chunk_bwd.reverse_ends`, split like the forward; the states kept under "ag+states" (`kept`), else
-    recomputed in the Ag form; w, u, aqk formed by `lazy` only where the warm windows read them), then one TileLang
-    walk per (range, value head) forming every gradient (`reverse_bwd_tilelang`) from the forward's Ag and gate cumsum
-    gs. Returns (dq, dk, dv, dg, dbeta, dh0) as `kernels.common.chunk_bwd.chunk_bwd`."""
+    recomputed in the Ag form; w, u, aqk formed by `lazy` only where the warm windows read them; the windows' bound
+    sums from the forward's q, k side `qk_sums` where it kept them, `kernels.common.warm_bwd.RevWarmInputs.qk_sums`),
+    then one TileLang walk per (range, value head) forming every gradient (`reverse_bwd_tilelang`) from the forward's
+    Ag and gate cumsum gs. Returns (dq, dk, dv, dg, dbeta, dh0) as `kernels.common.chunk_bwd.chunk_bwd`."""
     B, T, Hk, K = k.shape
     H, V = v.shape[2], v.shape[-1]
     h, _, layout, ends = reverse_ends(
@@ -497,7 +512,7 @@ def chunk_gdn_bwd_reverse(
         h0=initial_state.float().contiguous() if initial_state is not None else None,
         dht=dht.float().contiguous() if dht is not None else None, launch=launch, split_chunks=split_chunks,
         states=True, kept=kept, seg_states=seg_states or None,
-        warm=rev_warm(launch, "gdn", q, k, v, g, beta, warm_report), lazy=lazy,
+        warm=rev_warm(launch, "gdn", q, k, v, g, beta, warm_report, qk_sums=qk_sums), lazy=lazy,
     )  # fmt: skip
     assert h is not None
     N, NS, dev = index.num_seqs, layout.num_seqs, k.device

@@ -16,7 +16,9 @@ Both then take the gate and beta, solve for T (`_solve`) and store T diag(beta) 
 
 Grouped value heads: k has H heads, g and beta HV = G H; value head h reads key head h // G (no repeat).
 The warm split's per-chunk bound sums (`bnd`, `kernels.common.warm_split`) need ||v||^2 per token: with `bnd`, v
-must be given (read only for those squares).
+must be given (read only for those squares). The backward's reverse bound sums (`kernels.common.warm_bwd`, step 2) need
+||q||^2 besides the gate, beta and ||k||^2 this pass has: with `rev`, q must be given (read only for those squares),
+and the pass stores their q, k side, so the backward reads only do for them (`warm_bwd.reverse_chunk_bound_kept`).
 
 Grid: dense (NT, B * HV); varlen (NT_total, HV) with the chunk index of `kernels.common.index` (the first dim halved
 with the `two_chunks` variant: `AG_VARIANTS`, the launch config's VARIANT bits, exp2 too).
@@ -32,6 +34,7 @@ from torch import Tensor
 from kernels.common.chunk_program import chunk_of_program, heuristics
 from kernels.common.index import ChunkIndex
 from kernels.common.wy import (
+    BOUND_MARGIN,
     CHUNK_SIZES,
     LOG2E,
     _add_squares,
@@ -115,6 +118,44 @@ def _store_bound(bnd, v, x0, x1, x2, x3, b0, b1, b2, b3, kk0, kk1, kk2, kk3, bos
 
 
 @triton.jit
+def _store_p(p_r, qq, c, m):
+    """p = 0.5 log qq + c of a 16-row block at p_r (rows m); -inf where qq = 0 (a zero q row writes nothing; no log
+    of 0)."""
+    tl.store(p_r, tl.where(qq > 0.0, 0.5 * tl.log(tl.where(qq > 0.0, qq, 1.0)) + c, float("-inf")), mask=m)
+
+
+@triton.jit
+def _store_rev_bound(q, rp, rc, x0, x1, x2, x3, b0, b1, b2, b3, kk0, kk1, kk2, kk3, bos, t0, T, i_tg, i_h, i_hv,
+                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+    """The q, k side of the backward's reverse bound sums of the chunk (`kernels.common.warm_bwd`, step 2; x: each
+    token's floored gate, kk: ||k||^2), with ||q||^2 (key head i_h of H) read here: per token of value head i_hv
+    p = 0.5 log ||q||^2 + the inclusive in-chunk cumsum of l (-inf where q = 0) into rp [.., T, HV], and the chunk's
+    (L + BOUND_MARGIN A, A) (A = sum |l|) into rc [NT_total, HV, 2] at the global chunk i_tg."""
+    qq0, qq1, qq2, qq3 = _row_squares(q, bos, t0, T, i_h, H, K, BK)
+    # l = g + log max(1, |1 - beta ||k||^2|) (`_bound_logs`); rows past T load g = 0, beta = 0: l = 0
+    l0 = x0 + tl.log(tl.maximum(tl.abs(1.0 - b0 * kk0), 1.0))
+    l1 = x1 + tl.log(tl.maximum(tl.abs(1.0 - b1 * kk1), 1.0))
+    l2 = x2 + tl.log(tl.maximum(tl.abs(1.0 - b2 * kk2), 1.0))
+    l3 = x3 + tl.log(tl.maximum(tl.abs(1.0 - b3 * kk3), 1.0))
+    s0, s1, s2, s3 = tl.sum(l0, 0), tl.sum(l1, 0), tl.sum(l2, 0), tl.sum(l3, 0)
+    A = tl.sum(tl.abs(l0), 0) + tl.sum(tl.abs(l1), 0) + tl.sum(tl.abs(l2), 0) + tl.sum(tl.abs(l3), 0)
+    # the cumsum across the four blocks: each block's own plus the sums of the blocks before
+    c0 = tl.cumsum(l0, 0)
+    c1 = tl.cumsum(l1, 0) + s0
+    c2 = tl.cumsum(l2, 0) + (s0 + s1)
+    c3 = tl.cumsum(l3, 0) + (s0 + s1 + s2)
+    o_i = tl.arange(0, 16)
+    p_r = rp + (bos + t0 + o_i) * HV + i_hv
+    _store_p(p_r, qq0, c0, t0 + o_i < T)
+    _store_p(p_r + 16 * HV, qq1, c1, t0 + 16 + o_i < T)
+    _store_p(p_r + 32 * HV, qq2, c2, t0 + 32 + o_i < T)
+    _store_p(p_r + 48 * HV, qq3, c3, t0 + 48 + o_i < T)
+    # L rounded up as `_chunk_bound` rounds it; A for the backward's margin on W (it rounds W there)
+    tl.store(rc + (i_tg * HV + i_hv) * 2, (s0 + s1 + s2 + s3) + BOUND_MARGIN * A)
+    tl.store(rc + (i_tg * HV + i_hv) * 2 + 1, A)
+
+
+@triton.jit
 def _split_rows(Y):
     """The four row blocks of Y [16, 16, 2, 2] (r, c, I // 2, I % 2) as [16, 16] tiles (`_lower_blocks`)."""
     e, o = tl.split(Y)
@@ -185,11 +226,12 @@ def _store_ag(
 
 @triton.jit
 def _ag_chunk(
-    i_c, k, v, g, beta, ag, gcum, cu_seqlens, chunk_indices, bnd, T, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-    V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr, IS_VARLEN: tl.constexpr,
-    HAS_BOUND: tl.constexpr, EXP2: tl.constexpr, EXACT: tl.constexpr,
+    i_c, q, k, v, g, beta, ag, gcum, cu_seqlens, chunk_indices, bnd, rp, rc, T, H: tl.constexpr, HV: tl.constexpr,
+    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_BOUND: tl.constexpr, HAS_REV: tl.constexpr, EXP2: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
-    """Ag, gcum (and the bound sums) of chunk row i_c of value head program_id(1) (the kernel's arguments)."""
+    """Ag, gcum (and the bound sums, forward and reverse) of chunk row i_c of value head program_id(1) (the kernel's
+    arguments)."""
     i_hv = tl.program_id(1) % HV
     _, i_t, i_tg, bos, T = chunk_of_program(i_c, tl.program_id(1) // HV, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
     t0 = i_t * BT
@@ -201,7 +243,7 @@ def _ag_chunk(
         A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram64(k, bos, t0, T, i_h, H, K, BK)
     else:
         A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _gram(k, k, bos, t0, T, i_h, H, K, BK)
-    if HAS_BOUND:
+    if HAS_BOUND or HAS_REV:
         kk0, kk1, kk2, kk3 = _key_squares(k, A00, A11, A22, A33, bos, t0, T, i_h, H, K, BK)
     if EXP2:  # the decay in log2 units (gcum stays natural-log: the fused pass and the backward read it)
         g0, g1, g2, g3 = g0 * LOG2E, g1 * LOG2E, g2 * LOG2E, g3 * LOG2E
@@ -212,16 +254,21 @@ def _ag_chunk(
     _store_ag(ag, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, b0, b1, b2, b3, bos, t0, T, i_hv, HV, BT)
     if HAS_BOUND:
         _store_bound(bnd, v, x0, x1, x2, x3, b0, b1, b2, b3, kk0, kk1, kk2, kk3, bos, t0, T, i_tg, i_hv, HV, V, BV)
+    if HAS_REV:
+        _store_rev_bound(q, rp, rc, x0, x1, x2, x3, b0, b1, b2, b3, kk0, kk1, kk2, kk3, bos, t0, T, i_tg, i_h, i_hv,
+                         H, HV, K, BK)  # fmt: skip
 
 
 @heuristics(
     {
         "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
         "HAS_BOUND": lambda args: args["bnd"] is not None,
+        "HAS_REV": lambda args: args["rp"] is not None,
     }
 )
 @triton.jit(do_not_specialize=["T", "NC"])
 def wy_gdn_ag_fwd_kernel(
+    q,  # [B, T, H, K] or None (read only for rp, rc)
     k,  # [B, T, H, K]
     v,  # [B, T, HV, V] or None (read only for bnd)
     g,  # [B, T, HV] natural-log gate
@@ -231,6 +278,8 @@ def wy_gdn_ag_fwd_kernel(
     cu_seqlens,  # [N+1] int32 or None
     chunk_indices,  # [NT_total, 2] int32 or None
     bnd,  # out [NT_total, HV, 2] fp32 or None: the chunk's decay-bound summary (L, W) (`_chunk_bound`, warm_split)
+    rp,  # out [B, T, HV] fp32 or None: the reverse sums' per-token p (`_store_rev_bound`, kernels.common.warm_bwd)
+    rc,  # out [NT_total, HV, 2] fp32 or None: the reverse sums' per-chunk (L + BOUND_MARGIN A, A)
     T,
     NC,  # chunk rows of the grid's first dim (dense: per sequence; varlen: all)
     H: tl.constexpr,
@@ -246,13 +295,14 @@ def wy_gdn_ag_fwd_kernel(
     EXACT: tl.constexpr,  # the diagonal blocks' inverse in fp32 (AG_VARIANTS, `_solve`)
     IS_VARLEN: tl.constexpr,
     HAS_BOUND: tl.constexpr,
+    HAS_REV: tl.constexpr,
 ):
     tl.static_assert(BT == 16 or BT == 32 or BT == 64, "the WY kernel is written for chunks of 16, 32 or 64 tokens")
     for j in tl.static_range(CPP):
         # past the last row: the last chunk again (the same values stored twice; no branch between the chunks)
         i_c = tl.minimum(tl.program_id(0) * CPP + j, NC - 1)
-        _ag_chunk(i_c, k, v, g, beta, ag, gcum, cu_seqlens, chunk_indices, bnd, T, H, HV, K, V, BT, BK, BV, BR,
-                  IS_VARLEN, HAS_BOUND, EXP2, EXACT)  # fmt: skip
+        _ag_chunk(i_c, q, k, v, g, beta, ag, gcum, cu_seqlens, chunk_indices, bnd, rp, rc, T, H, HV, K, V, BT, BK, BV,
+                  BR, IS_VARLEN, HAS_BOUND, HAS_REV, EXP2, EXACT)  # fmt: skip
 
 
 def ag_launch(name: str, spec: KernelSpec, launch: LaunchPlan | None, k: Tensor, HV: int, index: ChunkIndex,
@@ -283,12 +333,17 @@ def wy_gdn_ag(
     launch: LaunchPlan | None = None,
     bnd: Tensor | None = None,
     v: Tensor | None = None,
+    rev: tuple[Tensor, Tensor] | None = None,
+    q: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """GDN's WY pass for the two-kernel forward: (ag `[B, T, HV, BT]` in k's dtype, gcum fp32 `[B, T, HV]`).
 
     k `[B, T, H, K]`; g, beta `[B, T, HV]`, HV a multiple of H (value head h reads key head h // (HV / H)).
     bnd: fp32 `[NT_total, HV, 2]` or None: receives each chunk's decay-bound summary (L, W), as `wy_gdn_fwd(bnd=)`;
     it needs v `[B, T, HV, V]` (its rows' norms; v is not read otherwise).
+    rev: (p fp32 `[B, T, HV]`, c fp32 `[NT_total, HV, 2]`) or None: receive the q, k side of the backward's reverse
+    bound sums (`_store_rev_bound`; `kernels.common.warm_bwd.reverse_chunk_bound_kept` adds do's); it needs q
+    `[B, T, H, K]` (its rows' norms; q is not read otherwise).
     """
     B, T, H, K = k.shape
     HV = g.shape[2]
@@ -296,6 +351,18 @@ def wy_gdn_ag(
         raise ValueError(
             f"wy_gdn_ag: g and beta must be [B, T, HV] with HV a multiple of k's H={H}, got "
             f"{tuple(g.shape)} and {tuple(beta.shape)} for k {tuple(k.shape)}"
+        )
+    if rev is not None and (
+        q is None
+        or q.shape != k.shape
+        or rev[0].shape != (B, T, HV)
+        or rev[1].shape != (index.num_chunks, HV, 2)
+        or any(x.dtype != torch.float32 for x in rev)
+    ):
+        raise ValueError(
+            f"wy_gdn_ag: rev needs q of k's shape {tuple(k.shape)} and fp32 buffers [{B}, {T}, {HV}] and "
+            f"[{index.num_chunks}, {HV}, 2], got q {None if q is None else tuple(q.shape)} and "
+            f"{[(str(x.dtype), tuple(x.shape)) for x in rev]}"
         )
     BT, V, cfg = ag_launch("wy_gdn_ag", WY_GDN_AG_FWD, launch, k, HV, index, bnd, v)
     BR = cfg.BR or 16
@@ -309,7 +376,9 @@ def wy_gdn_ag(
     ag = torch.empty(B, T, HV, BT, dtype=k.dtype, device=k.device)
     gcum = torch.empty(B, T, HV, dtype=torch.float32, device=k.device)
     rows, heads = _grid(index, B, T, HV)
+    rp, rc = rev if rev is not None else (None, None)
     wy_gdn_ag_fwd_kernel[(cdiv(rows, cpp), heads)](
+        q if rev is not None else None,
         k,
         v if bnd is not None else None,
         g,
@@ -319,6 +388,8 @@ def wy_gdn_ag(
         index.cu_seqlens if index.is_varlen else None,
         index.chunk_indices if index.is_varlen else None,
         bnd,
+        rp,
+        rc,
         T,
         rows,
         H=H,

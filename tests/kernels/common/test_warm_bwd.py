@@ -7,25 +7,34 @@ call, an initial state and dht. The certified mask is read after the call and mu
 a window that reaches its sequence's end is never certified; without dht it is. The whole backward against the fp32
 per-token reference; the reverse pass alone (dh, dv_new, dh0) against the exact path (maps of all segments); the
 forward's kept states without the maps (the masked transitions); `chunk_state_grad`'s pass; a dense batch; the bound sums
-against fp64 per-token sums. Tolerance: 1e-5 relative L2 on CPU (test_chunk_bwd.py's), 5e-3 on a GPU.
+against fp64 per-token sums; the reverse sums from the forward's Ag pass (`wy_gdn_ag(rev=)`, its q, k side) and do
+(`reverse_chunk_bound_kept`) against `reverse_chunk_bound`'s and fp64 per-token sums (varlen and dense, grouped heads,
+zero q and do rows, gates weak to past the floor, bf16 once); GDN's backward under the reverse walk (the walk replaced
+by a stub) from the forward's kept sums: the same certified windows, states and end gradients as from
+`reverse_chunk_bound`'s (the step under "ag+states": tests/kernels/ops/gdn/test_ag_bwd_states.py).
+Tolerance: 1e-5 relative L2 on CPU (test_chunk_bwd.py's), 5e-3 on a GPU.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import pytest
 import torch
 
 from kernels.common import chunk_bwd as cb
+from kernels.common.decay import GATE_FLOOR
 from kernels.common.index import prepare_chunk_index
-from kernels.common.warm_bwd import RevWarmInputs, reverse_chunk_bound
+from kernels.common.warm_bwd import KEPT_REV_SUMS, RevWarmInputs, reverse_chunk_bound, reverse_chunk_bound_kept
+from kernels.configs import LaunchConfig
+from kernels.ops.gdn import reverse_bwd
 from kernels.ops.gdn.ag_bwd import chunk_gdn_bwd_ag, wy_from_ag
 from kernels.ops.gdn.chunk import chunk_gdn_fwd
 from kernels.ops.gdn.wy_ag import wy_gdn_ag
 from kernels.plan import LaunchPlan, LaunchRecorder
 from tests.kernels.common.test_chunk_bwd import NAMES, _reference_grads
-from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs, make_state
+from tests.utils import TEST_DEVICE, assert_rel_close, make_grouped_inputs, make_inputs, make_state
 
 DEVICE = TEST_DEVICE
 DTYPE = torch.float32 if DEVICE == "cpu" else torch.bfloat16
@@ -251,3 +260,114 @@ def test_dense_batch() -> None:
     ref = _dense_state_pass(0)
     for name, a, b in zip(("dh", "dv_new", "dh0"), (dh, dv_new, dh0), ref[:3], strict=True):
         assert_rel_close(name, b.float(), a.float(), 1e-6 if DEVICE == "cpu" else 1e-3)
+
+
+def _exact_reverse_sums(q, k, g, beta, do, bounds: list[int], chunk: int, scale: float) -> torch.Tensor:
+    """fp64 per-token (L, W) of every chunk, flipped chunk order (module docstring of `kernels.common.warm_bwd`):
+    L = sum l_t, W = log sum_t scale ||q_t|| ||do_t|| exp(inclusive in-chunk cumsum of l), -inf without a write;
+    q, k at head h // G of value head h; bounds: the sequences' token bounds on the flattened token axis."""
+    G = g.shape[2] // k.shape[2]
+    flat = [x.double().cpu().flatten(0, 1) for x in (q, k, g, beta, do)]
+    qf, kf, gf, bf, dof = flat
+    kk = kf.square().sum(-1).repeat_interleave(G, 1)  # [T_all, HV]
+    ell = gf.clamp_min(GATE_FLOOR) + (1.0 - bf * kk).abs().clamp_min(1.0).log()
+    log_u = math.log(scale) + qf.norm(dim=-1).repeat_interleave(G, 1).log() + dof.norm(dim=-1).log()  # log 0 = -inf
+    rows = []
+    for n in range(len(bounds) - 1):
+        for t0 in range(bounds[n], bounds[n + 1], chunk):
+            sl = slice(t0, min(t0 + chunk, bounds[n + 1]))
+            rows.append(torch.stack([ell[sl].sum(0), torch.logsumexp(log_u[sl] + ell[sl].cumsum(0), 0)], -1))
+    return torch.stack(rows[::-1])
+
+
+@pytest.mark.parametrize(
+    ("layout", "chunk", "dtype", "BR"),
+    [
+        ("varlen", 16, torch.float32, 16),
+        ("varlen", 64, torch.float32, 16),
+        ("dense", 32, torch.float32, 64),
+        ("varlen", 64, torch.bfloat16, 16),
+    ],
+    ids=["varlen-c16", "varlen-c64", "dense-c32-BR64", "varlen-c64-bf16"],
+)
+def test_reverse_sums_from_the_forwards_ag_pass(layout: str, chunk: int, dtype: torch.dtype, BR: int) -> None:
+    """The Ag pass's q, k side of the reverse sums (`wy_gdn_ag(rev=, q=)`) plus do's (`reverse_chunk_bound_kept`) give
+    `reverse_chunk_bound`'s (L, W) on the same inputs: odd lengths (varlen 75, 40, 3 or dense B=2 T=75), grouped heads
+    (H=2, HV=4), a zero q row (both value heads of its key head) and a zero do row, gates of four strengths per value
+    head (down to -20 per token, one head past the floor at some tokens), keys of norm up to 1.5 (|1 - beta ||k||^2|
+    above 1 at some tokens). The two round differently (16-row blocks and the gram's diagonal against whole-chunk
+    sums): they agree within 1e-6 (1 + A + |value|) on CPU (about 8 fp32 ulp; 1e-5 on a GPU, a tenth of the margins),
+    and are -inf at the same places; the new sums are >= the fp64 per-token sums (1e-9: that reference's own
+    rounding), by at most twice the margins."""
+    H, HV, scale = 2, 4, DIM**-0.5
+    lengths, B, T = ((75, 40, 3), None, None) if layout == "varlen" else (None, 2, 75)
+    q, k, v, g, beta, cu = make_grouped_inputs(H, HV, DIM, lengths, B=B, T=T, strong=1.0, seed=17, device=DEVICE)
+    g = g * torch.tensor([0.1, 1.0, 10.0, 40.0], device=g.device)  # lb -0.5: weak to -20 per token
+    g[:, ::7, 3] = -150.0  # below the gate floor (-112)
+    k = k * (1.0 + 0.5 * torch.rand(k.shape[:3], generator=torch.Generator().manual_seed(2)).to(k.device))[..., None]
+    q[:, 5, 1] = 0.0  # value heads 2 and 3 read key head 1
+    do = torch.randn(v.shape, generator=torch.Generator().manual_seed(8)).to(DEVICE)
+    do[:, 9, 0] = 0.0
+    q, k, v, beta, do = (x.to(dtype) for x in (q, k, v, beta, do))
+    B, T = k.shape[:2]
+    index = prepare_chunk_index(cu, batch=B, seq_len=T, chunk_size=chunk, device=k.device)
+    sums = (torch.empty(B, T, HV, device=k.device), torch.empty(index.num_chunks, HV, 2, device=k.device))
+    plan = LaunchPlan(configs={"wy_gdn_ag_fwd": LaunchConfig(BK=32, num_warps=4 if BR == 64 else 1, num_stages=2, BR=BR)})
+    ag, gcum = wy_gdn_ag(k, g, beta, index=index, launch=plan, rev=sums, q=q)
+    ag_plain, gcum_plain = wy_gdn_ag(k, g, beta, index=index, launch=plan)
+    assert torch.equal(ag, ag_plain) and torch.equal(gcum, gcum_plain)  # the sums change nothing else
+    assert bool((sums[0][:, 5, 2:] == float("-inf")).all()) and bool(torch.isfinite(sums[0][:, :5]).all())
+    got = reverse_chunk_bound_kept(do, sums, scale=scale, index=index).double().cpu()
+    ref, _ = reverse_chunk_bound(q, k, g, beta, do, scale=scale, index=index, gate_vector=False)
+    ref = ref.double().cpu()
+    A = sums[1][..., 1].double().cpu().flip(0)[..., None]  # sum |l| per chunk, flipped like the sums
+    assert torch.equal(got.isinf(), ref.isinf())  # (no chunk without a write here: W = -inf nowhere)
+    fin = torch.isfinite(ref)
+    ratio = ((got - ref).abs() / (1.0 + A + ref.abs()))[fin]  # CPU: <= 8.6e-8 seen
+    assert bool((ratio <= (1e-6 if DEVICE == "cpu" else 1e-5)).all()), ratio.max()
+    bounds = cu.tolist() if cu is not None else [b * T for b in range(B + 1)]
+    exact = _exact_reverse_sums(q, k, g, beta, do, bounds, chunk, scale)
+    assert torch.equal(exact.isinf(), got.isinf())
+    assert bool((got[fin] >= exact[fin] - 1e-9).all()), "not rounded up"
+    assert bool((got - exact)[fin].le(2e-4 * (1.0 + A + exact.abs())[fin]).all()), "margins past 1e-4 relative"
+
+
+def test_reverse_walk_takes_the_forwards_sums(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GDN's backward under the reverse walk (`bwd_grads="reverse"`: the H200's default for long bf16 steps) from a
+    forward that kept Ag, its segment states and the q, k side of the reverse sums (`KEPT_REV_SUMS`): its reverse
+    state pass certifies from `reverse_chunk_bound_kept` (`reverse_chunk_bound` does not run) the same windows, and
+    hands the walk the same chunk states and end gradients, as without those kept sums (`reverse_chunk_bound` runs).
+    The TileLang walk itself (GPU only: tests/kernels/ops/gdn/test_reverse_bwd.py) is replaced by a stub recording
+    what it gets."""
+    q, k, v, g, beta, cu, h0, do, dht = _case()
+    plan = LaunchPlan(keep="ag", bwd_warm=WINDOW, bwd_grads="reverse")
+    kept: dict[str, torch.Tensor] = {}
+    seg: dict = {}
+    chunk_gdn_fwd(q, k, v, g, beta, scale=DIM**-0.5, initial_state=h0, cu_seqlens=cu, split_chunks=SPLIT,
+                  chunk_size=CHUNK, keep=kept, seg_states=seg, plan=plan)  # fmt: skip
+    assert set(KEPT_REV_SUMS) <= set(kept) and seg["seg_chunks"] == SPLIT
+    walked: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def walk(q, k, v, g, gs, beta, ag, h, do, **kw):  # noqa: ANN001, ANN003, ANN202
+        walked.append((h.clone(), kw["ends"].clone()))
+        z = torch.zeros_like(v[..., :1])
+        return q * 0, k * 0, v * 0, g * 0, beta * 0, z.new_zeros(kw["num_seqs"], *h.shape[1:])
+
+    calls: list[bool] = []
+
+    def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(True)
+        return reverse_chunk_bound(*args, **kwargs)
+
+    monkeypatch.setattr(reverse_bwd, "reverse_bwd_tilelang", walk)
+    monkeypatch.setattr(cb, "reverse_chunk_bound", counted)
+    certified = []
+    for wy in (kept, {n: t for n, t in kept.items() if n not in KEPT_REV_SUMS}):
+        report: dict[str, torch.Tensor] = {}
+        chunk_gdn_bwd_ag(q, k, v, g, beta, do, scale=DIM**-0.5, wy=wy, initial_state=h0, dht=dht, cu_seqlens=cu,
+                         plan=plan, chunk_size=CHUNK, warm_report=report, seg_states=seg)  # fmt: skip
+        certified.append(report["certified"].tolist())
+        assert len(calls) == (0 if wy is kept else 1)
+    assert certified[0] == certified[1] == CERTIFIED[True]
+    (h, ends), (h_old, ends_old) = walked
+    assert torch.equal(h, h_old) and torch.equal(ends, ends_old)

@@ -8,7 +8,9 @@
   the backward, its chunk states recomputed by `chunk_state_fwd` from `wy_from_ag`'s w, u; every gradient (dq, dk,
   dv, dg, dbeta, dh0) against autograd through the fp32 per-token reference and against the recompute policy
   "inputs"; varlen with an initial state and dht, grouped heads (HV = 2H); dense B=2 with strong gates; the split
-  forced as on a GPU (the backward runs the forward's split from its segment states: no transitions, no chain);
+  forced as on a GPU (the backward runs the forward's split from its segment states: no transitions, no chain); with
+  2-chunk segments and the reverse window of 1 chunk (the sums of the windows' certification from the forward's
+  kept q, k side and do, `kernels.common.warm_bwd.reverse_chunk_bound_kept`);
 - `chunk_gdn_bwd_ag` called directly with the reverse pass split into one-chunk segments (its own transitions and
   chain, no segment states handed in), and with `wy=None` (the Ag pass run in the backward: bitwise the same);
 - KDA under "ag" (it has no Ag pass: it keeps nothing and recomputes).
@@ -197,6 +199,47 @@ def test_training_step_from_ag_split_uses_the_forwards_segment_states(monkeypatc
     for name, a, b in zip(NAMES, got, old, strict=True):
         assert_rel_close(f"{name} vs inputs", b.float(), a.float(), 1e-5 if DEVICE == "cpu" else 2e-2)
     _check(got, _reference(q, k, v, g, beta, h0, do, dht, cu.tolist()))
+
+
+def test_training_step_from_ag_warm_windows_read_the_forwards_sums(monkeypatch: pytest.MonkeyPatch) -> None:
+    """keep="ag" through the autograd node with 2-chunk segments forced and the plan's reverse window of 1 chunk
+    (`LaunchPlan.bwd_warm`; head 0's gates 100x: some windows certify): the forward's Ag pass keeps the q, k side of
+    the reverse bound sums (`kernels.common.warm_bwd.KEPT_REV_SUMS`), which the autograd node saves, and the backward
+    makes the sums from them and do (`reverse_chunk_bound_kept`, once), not by `reverse_chunk_bound` or
+    `wy_from_ag(bound=)`; gradients equal the reference's."""
+    import kernels.common.chunk_bwd as cb
+    import kernels.common.seqsplit as seqsplit
+    import kernels.common.warm_bwd as warm_bwd
+    import kernels.ops.gdn.ag_bwd as ag_bwd
+
+    monkeypatch.setattr(seqsplit, "auto_seg_chunks", lambda index, *, H, NV, device: 2)
+    q, k, v, g, beta, cu, h0, do, dht = _case((37, 200, 5), seed=3)  # the second sequence: 4 chunks, 2 segments
+    g[:, :, 0] *= 100
+    seen: dict[str, list] = {"reverse_chunk_bound": [], "reverse_chunk_bound_kept": [], "wy_from_ag": [], "certified": []}
+
+    def watch(module, name, record):  # noqa: ANN001, ANN202
+        fn = getattr(module, name)
+
+        def run(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            out = fn(*args, **kwargs)
+            seen[name if name in seen else "certified"].append(record(kwargs, out))
+            return out
+
+        monkeypatch.setattr(module, name, run)
+
+    watch(cb, "reverse_chunk_bound", lambda kw, out: True)
+    watch(cb, "reverse_chunk_bound_kept", lambda kw, out: True)
+    watch(ag_bwd, "wy_from_ag", lambda kw, out: kw.get("bound") is not None)
+    watch(warm_bwd, "certify_reverse_windows", lambda kw, out: out.tolist())
+    xs = [x.detach().clone().requires_grad_() for x in (q, k, v, g, beta)]
+    s0 = h0.detach().clone().requires_grad_()
+    o, ht = kernels.forward("gdn", *xs, initial_state=s0, output_final_state=True, cu_seqlens=cu, backend="triton",
+                            plan=LaunchPlan(keep="ag", bwd_warm=1))  # fmt: skip
+    ((o.float() * do.float()).sum() + (ht * dht).sum()).backward()
+    assert seen["reverse_chunk_bound"] == [] and seen["reverse_chunk_bound_kept"] == [True], seen
+    assert seen["wy_from_ag"] == [False]  # (no bound from its loads of q and k)
+    assert [any(any(row) for row in ok) for ok in seen["certified"]] == [True], seen["certified"]
+    _check([x.grad for x in xs] + [s0.grad], _reference(q, k, v, g, beta, h0, do, dht, cu.tolist()))
 
 
 def test_kda_under_ag_keeps_nothing_and_recomputes() -> None:

@@ -25,7 +25,9 @@ import pytest
 import torch
 
 import kernels
+from kernels.common import chunk_bwd as chunk_bwd_module
 from kernels.common.index import prepare_chunk_index
+from kernels.common.warm_bwd import KEPT_REV_SUMS, reverse_chunk_bound
 from kernels.ops.gdn.chunk import chunk_gdn_bwd, chunk_gdn_fwd
 from kernels.plan import LaunchPlan, LaunchRecorder, default_plan
 from tests.kernels.ops.gdn.test_ag_bwd import DEVICE, DIM, DTYPE, FACTOR_TOL, NAMES, RECOMPUTE, TOL, _case, _check, _reference
@@ -55,8 +57,10 @@ def test_forward_keeps_the_states_and_the_same_output(split: int) -> None:
     else:  # another compiled kernel (STORE_STATES): allow the compiler's reordering, a bf16 rounding at most
         assert_rel_close("o", o_ag.float(), o.float(), 2e-3)
         assert_rel_close("ht", ht_ag, ht, 2e-3)
-    assert set(kept_ag) == {"ag", "gs"} and set(kept) == {"ag", "gs", "h", "v_new", "split"} | ({"M"} if split else set())
-    assert torch.equal(kept["ag"], kept_ag["ag"]) and torch.equal(kept["gs"], kept_ag["gs"])
+    # (and under the plan's default bwd_warm the q, k side of the reverse bound sums, `warm_bwd.KEPT_REV_SUMS`)
+    ag_names = {"ag", "gs", *KEPT_REV_SUMS}
+    assert set(kept_ag) == ag_names and set(kept) == ag_names | {"h", "v_new", "split"} | ({"M"} if split else set())
+    assert all(torch.equal(kept[name], kept_ag[name]) for name in ag_names)
     index = prepare_chunk_index(cu, batch=1, seq_len=k.shape[1], chunk_size=64, device=k.device)
     HV = v.shape[2]
     assert kept["h"].shape == (index.num_chunks, HV, DIM, DIM) and kept["h"].dtype == k.dtype
@@ -140,10 +144,12 @@ def test_kda_under_ag_states_keeps_nothing() -> None:
         assert keep == {}, fwd_path
 
 
-def test_warm_forward_keeps_no_maps_under_the_reverse_window() -> None:
+def test_warm_forward_keeps_no_maps_under_the_reverse_window(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the plan's `bwd_warm` (the reverse state pass's certified window, `kernels.common.warm_bwd`), "ag+states"
     keeps the forward's warm split and no maps M: strong gates certify every window of both directions (the reports
-    say so), the kept states equal the exact-maps forward's, and every gradient matches the reference's."""
+    say so), the kept states equal the exact-maps forward's, and every gradient matches the reference's. The reverse
+    windows' bound sums come from the forward's q, k side (`KEPT_REV_SUMS`, `reverse_chunk_bound_kept`):
+    `reverse_chunk_bound` does not run, and without those kept sums (it runs) the gradients are the same."""
     q, k, v, g, beta, _, _, do, _ = _case(lengths=None, B=1, T=320, HV=2)  # 5 chunks: segments of 2, windows of 1
     g = (-5.0 - 0.5 * torch.rand(g.shape, generator=torch.Generator().manual_seed(4))).to(DEVICE)
     fwd_report: dict[str, torch.Tensor] = {}
@@ -157,7 +163,21 @@ def test_warm_forward_keeps_no_maps_under_the_reverse_window() -> None:
     *_, exact = _forward(q, k, v, g, beta, None, None, "ag+states", 2)
     for name in ("h", "v_new"):
         assert_rel_close(name, exact[name].float(), kept[name].float(), FACTOR_TOL)
+    calls: list[bool] = []
+
+    def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(True)
+        return reverse_chunk_bound(*args, **kwargs)
+
+    monkeypatch.setattr(chunk_bwd_module, "reverse_chunk_bound", counted)
+    assert set(KEPT_REV_SUMS) <= set(kept)
     got = chunk_gdn_bwd(q, k, v, g, beta, do, wy=kept, plan=plan, warm_report=bwd_report, **opts)
     assert bwd_report["certified"].all(), bwd_report["certified"]
+    assert not calls
     ref = _reference(q, k, v, g, beta, None, do, None, [0, k.shape[1]])
     _check(got, ref, max(TOL, 3e-4))
+    old = chunk_gdn_bwd(q, k, v, g, beta, do, wy={n: t for n, t in kept.items() if n not in KEPT_REV_SUMS}, plan=plan,
+                        **opts)  # fmt: skip
+    assert calls
+    for name, a, b in zip(NAMES, got, old, strict=True):
+        assert (a is None and b is None) or torch.equal(a, b), name

@@ -7,7 +7,8 @@ the diagonal blocks' inverse by exact substitution):
   one strong head (gates down to -20 per token) and weak ones; the entries above the diagonal written as exact zeros
   (allocations are NaN-poisoned); fp32 at 1e-5 relative L2 on CPU (1e-2 on a GPU: tf32 products, as
   test_dispatch_triton.py), bf16 at 1e-2;
-- the per-chunk decay-bound sums (`bnd`) equal `wy_gdn_fwd`'s on the same inputs;
+- the per-chunk decay-bound sums (`bnd`) equal `wy_gdn_fwd`'s on the same inputs (the reverse sums' q, k side, `rev`:
+  tests/kernels/common/test_warm_bwd.py);
 - end to end: o and the final state from the kernel's Ag through the torch chunk recurrence
   (`ag_chunk_forward`) against the fp32 per-token reference at the same tolerance;
 - BR 64's block extraction from the 64x64 register tile (`_lower_blocks`) is a bitwise copy;
@@ -154,6 +155,11 @@ def test_bad_arguments_are_refused() -> None:
         wy_gdn_ag(k, g, beta, index=index, launch=_plan(16, 8))
     with pytest.raises(ValueError, match="HV a multiple"):
         wy_gdn_ag(k, g[:, :, :3], beta[:, :, :3], index=index)
+    rev = (torch.empty(g.shape, device=DEVICE), bnd)
+    with pytest.raises(ValueError, match="rev needs q"):
+        wy_gdn_ag(k, g, beta, index=index, rev=rev)
+    with pytest.raises(ValueError, match="rev needs q"):
+        wy_gdn_ag(k, g, beta, index=index, rev=(rev[0][:, :-1], bnd), q=torch.empty_like(k))
 
 
 @triton.jit

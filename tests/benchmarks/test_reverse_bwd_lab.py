@@ -1,6 +1,6 @@
 """`benchmarks/reverse_bwd_lab.py`: a variant's switches are read from its "+"-joined name, a misspelt switch is
 refused in one line before any compile (on any machine: the check needs neither tilelang nor a GPU), the kernel's own
-builder refuses one too, as the walk refuses a kernel name it does not have, the exact (swap-only) switches are lab switches, and the inputs walk each sequence in the
+builder refuses one too, the exact (swap-only) switches are lab switches, and the inputs walk each sequence in the
 ranges asked for. (The timing and the compiles run on a GPU host.)"""
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ LAB = load_script("reverse_bwd_lab")
 def test_variant_names_and_their_switches() -> None:
     assert LAB._switches("") == frozenset()
     assert LAB._switches("sync_loads+unbatched") == {"sync_loads", "unbatched"}
-    assert LAB._switches(LAB.ROLES) == frozenset()  # the warp-specialised kernel, built as it ships
     for v in LAB.DEFAULT_VARIANTS:
         assert LAB._switches(v) <= set(reverse_bwd.LAB_SWITCHES), v
     assert set(reverse_bwd.LAB_SWITCHES) >= reverse_bwd.EXACT_SWITCHES
@@ -31,13 +30,6 @@ def test_misspelt_switch_refused_before_any_compile(capsys: pytest.CaptureFixtur
     with pytest.raises(SystemExit):
         LAB.main(["--compile-only", "--shapes", "8x8192,1x65536", "--ranges", "1"])
     assert "--ranges takes one count per shape: 2 shapes, 1 counts" in capsys.readouterr().err
-
-
-def test_an_unknown_kernel_is_refused_in_one_line() -> None:
-    x = LAB._inputs(1, 128, 1, dev="cpu")
-    for kernel, lab in (("warp", frozenset()), ("roles", frozenset({"no_dg"}))):
-        with pytest.raises(ValueError, match=r"reverse walk kernel '(warp|roles)': one of \('pairs', 'roles'\)"):
-            reverse_bwd.reverse_bwd_tilelang(*x["args"], scale=0.1, lab=lab, kernel=kernel, **x["ranges"])
 
 
 def test_inputs_walk_each_sequence_in_its_ranges() -> None:

@@ -79,6 +79,7 @@ __all__ = [
     "gdn_fused_state_output",
     "gdn_fused_transition",
     "exact_segment_states",
+    "forward_splits",
     "fused_state_output_fwd",
     "fused_state_output_keep",
     "variant_flags",
@@ -481,8 +482,8 @@ def gdn_fused_fwd(
     hand in a torch one). warm: the split's gate-certified
     warmup (`kernels.common.warm_split`, its `chunk_bound` for the Ag pass to fill), or None (exact maps). keep: a dict
     that receives the Ag pass's outputs for the backward ("ag", "gs": `kernels.ops.gdn.ag_bwd`), and with the plan's
-    `bwd_warm_for("gdn")` > 0 the q, k side of the reverse bound sums it also made (`wy_gdn_ag(rev=)`, kept under
-    `kernels.common.warm_bwd.KEPT_REV_SUMS`), or None.
+    `bwd_warm_for("gdn")` > 0 where the forward may split (`forward_splits`) the q, k side of the reverse bound sums
+    it also made (`wy_gdn_ag(rev=)`, kept under `kernels.common.warm_bwd.KEPT_REV_SUMS`), or None.
     keep_states (the policy "ag+states", `LaunchPlan.keeps_ag`; needs keep, and warm=None unless the plan's
     `bwd_warm_for("gdn")` > 0): keep also receives the chunk states, v_new, the split and, with exact maps, the maps of
     every segment (`fused_state_output_keep`). seg_states: a dict that receives the split's segment states for the
@@ -498,7 +499,7 @@ def gdn_fused_fwd(
     # the q, k side of the backward's reverse bound sums, for its warm windows (`kernels.common.warm_bwd`, step 2):
     # the Ag pass has the gate, beta and ||k||^2 in registers already, so the backward reads only do for them
     rev: dict[str, Any] = {}
-    if keep is not None and launch.bwd_warm_for("gdn"):
+    if keep is not None and launch.bwd_warm_for("gdn") and forward_splits(index, k, v, launch, split_chunks):
         B, T, HV = g.shape
         sums = (torch.empty(B, T, HV, dtype=torch.float32, device=k.device),
                 torch.empty(index.num_chunks, HV, 2, dtype=torch.float32, device=k.device))  # fmt: skip
@@ -512,6 +513,19 @@ def gdn_fused_fwd(
         assert keep is not None
         return fused_state_output_keep(q, k, v, ag, gcum, keep=keep, warm=warm, **opts)
     return fused_state_output_fwd(q, k, v, ag, gcum, warm=warm, seg_states=seg_states, **opts)
+
+
+def forward_splits(index: ChunkIndex, k: Tensor, v: Tensor, launch: LaunchPlan, split_chunks: int | None) -> bool:
+    """Whether the forward may split the sequences (the backward then reuses its split and its reverse windows need
+    the Ag pass's q, k side of their bound sums), from shapes, before the Ag pass: False where split_chunks is 0 or
+    where the TileLang walk's one-wave rule leaves them whole (`output_split`); the Triton pass's rule needs the Ag
+    pass's launch config, so True there. (H200, session 26: at 8x8K, no split, those sums cost the Ag pass 0.11 ms of
+    0.40 for nothing.) A backward that splits on its own without them sums them from q, k, do as before."""
+    if split_chunks == 0:
+        return False
+    if split_chunks is None and fwd_walk_wanted(k, v, index.chunk_size, launch):
+        return wave_seg_chunks(index, H=v.shape[2], sms=device_sms(k.device)) is not None
+    return True
 
 
 def output_split(index: ChunkIndex, k: Tensor, v: Tensor, gcum: Tensor, *, launch: LaunchPlan,

@@ -41,13 +41,12 @@ from kernels.common.chunk_bwd import LazyFactors, rev_warm, reverse_ends
 from kernels.common.decay import GATE_FLOOR
 from kernels.common.index import ChunkIndex
 from kernels.configs import cdiv
-from kernels.ops.gdn import bwd_walk
 from kernels.ops.gdn.tilelang_hopper import TL_DTYPES, tilelang_refusal, tilelang_refusal_cached
 from kernels.parallel_compile import build_beside
 from kernels.plan import LaunchPlan
 from kernels.vocabulary import AUTO_REVERSE_MIN_TOKEN_HEADS
 
-__all__ = ["REVERSE_KERNELS", "chunk_gdn_bwd_reverse", "reverse_bwd_refusal", "reverse_bwd_tilelang"]
+__all__ = ["chunk_gdn_bwd_reverse", "reverse_bwd_refusal", "reverse_bwd_tilelang"]
 
 _THREADS = 256
 _WHAT = "reverse backward"  # how the refusals name this kernel
@@ -88,10 +87,6 @@ LAB_SWITCHES = {
     "no_store": "no dq, dk, dv stores",
 }
 EXACT_SWITCHES = frozenset({"sync_loads", "sync_qkv", "sync_stores", "sync_mma", "unbatched"})
-# The walk's two kernels: "pairs" (this module's: two warpgroups form every product together) and "roles"
-# (`kernels.ops.gdn.bwd_walk`: four warpgroups with a part each, side by side); the lab switches are the pairs'
-REVERSE_KERNELS = ("pairs", "roles")
-DEFAULT_REVERSE_KERNEL = "pairs"
 
 
 @functools.cache
@@ -453,7 +448,7 @@ def _build(
 def reverse_bwd_tilelang(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, gs: Tensor, beta: Tensor, ag: Tensor, h: Tensor, do: Tensor, *,
     scale: float, cu: Tensor, chunk_offsets: Tensor, ends: Tensor, final_idx: Tensor, num_seqs: int,
-    lab: frozenset[str] = frozenset(), kernel: str = DEFAULT_REVERSE_KERNEL,
+    lab: frozenset[str] = frozenset(),
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """(dq, dk per value head, dv, dg, dbeta, dh0) of GDN by one reverse walk per (range, value head) (module
     docstring). q, k `[B, T, Hk, K]`, v, do `[B, T, H, V]`, g (raw) and beta `[B, T, H]`, gs the in-chunk cumsum of
@@ -462,24 +457,16 @@ def reverse_bwd_tilelang(
     end), their first chunk's index into h `chunk_offsets` `[NS]`, the fp32 gradient at each range's end `ends`
     `[NS, H, K, V]`, and final_idx `[NS]` (range n stores its entering gradient in dh0[final_idx[n]] when >= 0).
     dq and dk come per value head (grouped heads sum them after). Raises ValueError where `reverse_bwd_refusal`
-    gives a reason. `lab`: `LAB_SWITCHES` keys, for timing only (the gradients are then wrong); kernel: one of
-    `REVERSE_KERNELS`."""
-    if kernel not in REVERSE_KERNELS or (kernel == "roles" and lab):
-        raise ValueError(f"reverse walk kernel {kernel!r}: one of {REVERSE_KERNELS} (lab switches: 'pairs' only)")
+    gives a reason. `lab`: `LAB_SWITCHES` keys, for timing only (the gradients are then wrong)."""
     B, T, Hk, K = k.shape
     H, V = v.shape[2], v.shape[3]
     BT = ag.shape[-1]
     why = tilelang_refusal_cached(_WHAT, K, V, BT, k.device)  # (once per device: this runs on every step)
     if why is not None:
         raise ValueError(why)
-    dts = (TL_DTYPES[k.dtype], TL_DTYPES[g.dtype], TL_DTYPES[beta.dtype])
-    build: tuple[Any, ...]
-    if kernel == "roles":
-        build, fn = (H, Hk, float(scale), *dts), bwd_walk._build
-    else:
-        build, fn = (H, Hk, K, V, BT, float(scale), *dts, frozenset(lab)), _build
+    build = (H, Hk, K, V, BT, float(scale), TL_DTYPES[k.dtype], TL_DTYPES[g.dtype], TL_DTYPES[beta.dtype], frozenset(lab))
     # (in `compile_ahead`'s dry run the walk builds beside the Triton compiles and does not launch)
-    kern = None if build_beside((f"reverse_bwd_{kernel}", *build), fn, *build) else fn(*build)
+    kern = None if build_beside(("reverse_bwd", *build), _build, *build) else _build(*build)
     flat = [x.reshape(B * T, *x.shape[2:]).contiguous() for x in (q, k, v, do, ag, gs, g, beta)]
     dq, dk = per_value_head(q, H), per_value_head(k, H)
     dv = torch.empty_like(v)

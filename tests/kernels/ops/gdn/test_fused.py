@@ -183,3 +183,32 @@ def test_auto_path_rule() -> None:
         assert ("gdn_fused_state_output_fwd" in rec) == fused and ("wy_gdn_fwd" in rec) != fused, (extra, list(rec))
         if "keep" in extra:  # the WY path kept its factors; the fused path under "auto" (GDN: "ag") its Ag pass's
             assert {"w", "u"} <= set(extra["keep"]) if policy == "wy" else set(extra["keep"]) == {"ag", "gs", *KEPT_REV_SUMS}
+
+
+def test_reverse_sums_kept_only_where_the_forward_may_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Ag pass makes the backward's reverse bound sums (`KEPT_REV_SUMS`) only where the forward may split: not
+    with split_chunks=0, nor where the TileLang walk's one-wave rule leaves the sequences whole (as at 8x8K on an
+    H200: 8 x 16 heads fill 132 SMs), and it still does under the walk where it splits (1 sequence) and on the Triton
+    pass (whose split rule needs the Ag pass's launch config). The walk is patched in as on an H200 (the SM count
+    too); o is the same either way."""
+    import kernels.ops.gdn.fused as fused
+
+    lengths = (100, 30)
+    q, k, v, g, beta, cu, index = _inputs(lengths, H=2, HV=2)
+    o_ref, _ = _reference(q, k, v, g, beta, cu, None)
+    plan = LaunchPlan()
+    assert fused.forward_splits(index, k, v, plan, None)  # the Triton pass: may split
+    assert not fused.forward_splits(index, k, v, plan, 0)
+    call = {"scale": 32**-0.5, "index": index, "launch": plan}
+    keep: dict[str, Tensor] = {}
+    o, _ = gdn_fused_fwd(q, k, v, g, beta, keep=keep, split_chunks=0, **call)
+    assert set(keep) == {"ag", "gs"}
+    assert_rel_close("o split_chunks=0", o_ref, o, TOL)
+    monkeypatch.setattr(fused, "fwd_walk_wanted", lambda k, v, BT, launch: True)
+    monkeypatch.setattr(fused, "device_sms", lambda device: 2 * 2)  # two sequences x two heads: one wave, no split
+    assert not fused.forward_splits(index, k, v, plan, None)
+    monkeypatch.setattr(fused, "device_sms", lambda device: 132)  # 132 SMs for 4 programs: the walk splits ...
+    long_index = prepare_chunk_index(torch.tensor([0, 1000, 1030], device=DEVICE), batch=1, seq_len=1030, chunk_size=BT,
+                                     device=k.device)  # fmt: skip
+    assert fused.forward_splits(long_index, k, v, plan, None)
+    assert not fused.forward_splits(index, k, v, plan, None)  # ... a sequence of at least two segments

@@ -50,19 +50,16 @@ def main(argv: list[str] | None = None) -> None:
     NT, scale = ix.num_chunks, K**-0.5
     bnd = torch.empty(NT, H, 2, device=dev)
     sums = (torch.empty(B, T, H, device=dev), torch.empty(NT, H, 2, device=dev))
-    out: dict[str, object] = {"shape": a.shape, "device": torch.cuda.get_device_name(), "ms": {}}
+    ms: dict[str, float] = {}
+    out: dict[str, object] = {"shape": a.shape, "device": torch.cuda.get_device_name(), "ms": ms}
     plans = {"shipped": LaunchPlan(table=load_autotune(ROOT / "benchmarks/results/autotune_h200.json")),
              "default": LaunchPlan()}  # fmt: skip
     for name, plan in plans.items():
-        ms = out["ms"]
-        assert isinstance(ms, dict)
         ms[f"ag+bnd {name}"] = do_bench(lambda p=plan: wy_gdn_ag(k, g, beta, index=ix, launch=p, bnd=bnd, v=v))
         ms[f"ag+bnd+rev {name}"] = do_bench(
             lambda p=plan: wy_gdn_ag(k, g, beta, index=ix, launch=p, bnd=bnd, v=v, rev=sums, q=q)
         )
     wy_gdn_ag(k, g, beta, index=ix, launch=plans["shipped"], bnd=bnd, v=v, rev=sums, q=q)
-    ms = out["ms"]
-    assert isinstance(ms, dict)
     ms["reverse_chunk_bound"] = do_bench(lambda: reverse_chunk_bound(q, k, g, beta, do, scale=scale, index=ix,
                                                                      gate_vector=False))  # fmt: skip
     ms["reverse_chunk_bound_kept"] = do_bench(lambda: reverse_chunk_bound_kept(do, sums, scale=scale, index=ix))

@@ -128,6 +128,18 @@ def _log_sum_exp_up(e, A):
 
 
 @triton.jit
+def _chunk_rows(cu_seqlens, chunk_indices, T, H: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """This program's chunk and head (grid (chunk, batch x head)): (i_h, the global chunk i_tg, bos, the chunk's rows
+    o_r within its sequence, m_r = those before its end, p_row = their [.., H] row offsets)."""
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    _, i_t, i_tg, bos, T = chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
+    o_r = i_t * BT + tl.arange(0, BT)
+    m_r = o_r < T
+    return i_h, i_tg, bos, o_r, m_r, (bos + o_r) * H + i_h
+
+
+@triton.jit
 def _reverse_bound_store(bnd, row, kk, qq, dd, gm, b_b, m_r, log_scale):
     """Store one chunk's reverse bound summary (L, W) at row `row` of bnd ([.., 2] fp32) from its tokens' squared
     norms kk = ||k||^2, qq = ||q||^2, dd = ||do||^2, floored (slowest) gate gm and beta b_b ([BT] fp32 each, m_r: the
@@ -165,12 +177,7 @@ def reverse_chunk_bound_kernel(
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     GATE_VECTOR: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_FWD: tl.constexpr, G: tl.constexpr,
 ):  # fmt: skip
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    _, i_t, i_tg, bos, T = chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
-    o_r = i_t * BT + tl.arange(0, BT)
-    m_r = o_r < T
-    p_row = (bos + o_r) * H + i_h
+    i_h, i_tg, bos, o_r, m_r, p_row = _chunk_rows(cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN)
     p_qk = (bos + o_r) * (H // G) + i_h // G  # grouped heads: the shared q/k head
     kk = tl.zeros([BT], dtype=tl.float32)
     qq = tl.zeros([BT], dtype=tl.float32)
@@ -247,12 +254,7 @@ def reverse_chunk_bound_kept_kernel(
     cu_seqlens, chunk_indices, log_scale, T, NT_ALL,
     H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):  # fmt: skip
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    _, i_t, i_tg, bos, T = chunk_of_program(i_c, i_b, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
-    o_r = i_t * BT + tl.arange(0, BT)
-    m_r = o_r < T
-    p_row = (bos + o_r) * H + i_h
+    i_h, i_tg, bos, o_r, m_r, p_row = _chunk_rows(cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN)
     dd = tl.zeros([BT], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)

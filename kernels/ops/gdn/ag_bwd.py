@@ -250,11 +250,12 @@ def chunk_gdn_bwd_ag(
     # the warm reverse windows' bound sums in this launch when the backward will run the forward's split from its
     # segment states (no forward sums needed: `chunk_bwd` then skips `reverse_chunk_bound`), unless the forward's Ag
     # pass kept their q, k side (`kernels.common.warm_bwd.KEPT_REV_SUMS`: `chunk_bwd` then reads do alone for them)
-    rev_sums = {name: wy[name] for name in KEPT_REV_SUMS if name in wy} if wy is not None else {}
-    fold = bool(seg_states) and not states and not rev_sums and launch.bwd_warm_for("gdn") > 0
+    rev_sums = kept_rev_sums(wy)
+    fold = bool(seg_states) and not states and rev_sums is None and launch.bwd_warm_for("gdn") > 0
     w, u, aqk, tt, bnd = wy_from_ag(q, k, v, ag, gcum, scale=scale, index=index, launch=launch,
                                     bound=(g, beta, do) if fold else None)  # fmt: skip
-    factors = {"w": w, "u": u, "gs": gcum, "aqk": aqk, "tt": tt, **({"bnd": bnd} if bnd is not None else {}), **rev_sums}
+    factors = {"w": w, "u": u, "gs": gcum, "aqk": aqk, "tt": tt, **({"bnd": bnd} if bnd is not None else {}),
+               **(dict(zip(KEPT_REV_SUMS, rev_sums, strict=True)) if rev_sums else {})}  # fmt: skip
     del ag  # read by nothing after this (with wy=None its memory is free for the gradient kernels' buffers)
     return chunk_bwd("gdn", q, k, v, g, beta, do, scale=scale, initial_state=initial_state, dht=dht,
                      cu_seqlens=cu_seqlens, plan=launch, split_chunks=split_chunks, wy={**factors, **states},

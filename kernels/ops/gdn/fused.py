@@ -499,7 +499,7 @@ def gdn_fused_fwd(
     # the q, k side of the backward's reverse bound sums, for its warm windows (`kernels.common.warm_bwd`, step 2):
     # the Ag pass has the gate, beta and ||k||^2 in registers already, so the backward reads only do for them
     rev: dict[str, Any] = {}
-    if keep is not None and launch.bwd_warm_for("gdn") and forward_splits(index, k, v, launch, split_chunks):
+    if keep is not None and launch.bwd_warm_for("gdn") and forward_splits(index, k, v, launch, split_chunks, keep_states):
         B, T, HV = g.shape
         sums = (torch.empty(B, T, HV, dtype=torch.float32, device=k.device),
                 torch.empty(index.num_chunks, HV, 2, dtype=torch.float32, device=k.device))  # fmt: skip
@@ -515,17 +515,25 @@ def gdn_fused_fwd(
     return fused_state_output_fwd(q, k, v, ag, gcum, warm=warm, seg_states=seg_states, **opts)
 
 
-def forward_splits(index: ChunkIndex, k: Tensor, v: Tensor, launch: LaunchPlan, split_chunks: int | None) -> bool:
-    """Whether the forward may split the sequences (the backward then reuses its split and its reverse windows need
+def forward_splits(index: ChunkIndex, k: Tensor, v: Tensor, launch: LaunchPlan, split_chunks: int | None,
+                   keep_states: bool = False) -> bool:  # fmt: skip
+    """Whether GDN's forward may split the sequences (the backward then reuses its split and its reverse windows need
     the Ag pass's q, k side of their bound sums), from shapes, before the Ag pass: False where split_chunks is 0 or
-    where the TileLang walk's one-wave rule leaves them whole (`output_split`); the Triton pass's rule needs the Ag
-    pass's launch config, so True there. (H200, session 26: at 8x8K, no split, those sums cost the Ag pass 0.11 ms of
-    0.40 for nothing.) A backward that splits on its own without them sums them from q, k, do as before."""
+    where the output pass is the TileLang walk (not under keep_states, whose pass is Triton's) and its one-wave rule
+    leaves them whole (`_walk_split`, as `output_split`); the Triton pass's rule needs the Ag pass's launch config, so
+    True there. (H200, session 26: at 8x8K, no split, those sums cost the Ag pass 0.11 ms of 0.40 for nothing.) A
+    backward that splits without them sums them from q, k, do as before."""
     if split_chunks == 0:
         return False
-    if split_chunks is None and fwd_walk_wanted(k, v, index.chunk_size, launch):
-        return wave_seg_chunks(index, H=v.shape[2], sms=device_sms(k.device)) is not None
+    if split_chunks is None and not keep_states and fwd_walk_wanted(k, v, index.chunk_size, launch):
+        return _walk_split(index, k, v) is not None
     return True
+
+
+def _walk_split(index: ChunkIndex, k: Tensor, v: Tensor) -> SplitPlan | None:
+    """The TileLang walk's automatic split: its one-wave rule (`kernels.ops.gdn.fwd_walk.wave_seg_chunks`)."""
+    seg = wave_seg_chunks(index, H=v.shape[2], sms=device_sms(k.device))
+    return plan_split(index, seg) if seg is not None else None
 
 
 def output_split(index: ChunkIndex, k: Tensor, v: Tensor, gcum: Tensor, *, launch: LaunchPlan,
@@ -534,8 +542,7 @@ def output_split(index: ChunkIndex, k: Tensor, v: Tensor, gcum: Tensor, *, launc
     launch's BV, from shapes alone (kd: KDA's gated keys, whose launch config is keyed apart); under the TileLang walk
     (`walk`, which runs on CUDA only) its one-wave rule (`kernels.ops.gdn.fwd_walk.wave_seg_chunks`)."""
     if walk and split_chunks is None:
-        seg = wave_seg_chunks(index, H=v.shape[2], sms=device_sms(k.device))
-        return plan_split(index, seg) if seg is not None else None
+        return _walk_split(index, k, v)
     V = v.shape[3]
     cfg = _config(launch, k, v, gcum, BT=index.chunk_size, mode="output", layout=whole_sequences(index),
                   ncols_limit=head_block(V), kd=kd)  # fmt: skip

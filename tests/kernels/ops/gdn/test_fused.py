@@ -207,6 +207,7 @@ def test_reverse_sums_kept_only_where_the_forward_may_split(monkeypatch: pytest.
     monkeypatch.setattr(fused, "fwd_walk_wanted", lambda k, v, BT, launch: True)
     monkeypatch.setattr(fused, "device_sms", lambda device: 2 * 2)  # two sequences x two heads: one wave, no split
     assert not fused.forward_splits(index, k, v, plan, None)
+    assert fused.forward_splits(index, k, v, plan, None, keep_states=True)  # "ag+states": the Triton pass's rule
     monkeypatch.setattr(fused, "device_sms", lambda device: 132)  # 132 SMs for 4 programs: the walk splits ...
     long_index = prepare_chunk_index(torch.tensor([0, 1000, 1030], device=DEVICE), batch=1, seq_len=1030, chunk_size=BT,
                                      device=k.device)  # fmt: skip

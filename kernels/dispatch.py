@@ -292,7 +292,7 @@ def _call_kind(args: tuple[Any, ...], grad: bool, output_final_state: bool, stat
     (B, T, H, K), (*_, HV, V) = k.shape, v.shape
     return (op.name, k.device, grad, output_final_state, states, index.chunk_size, cu_seqlens is None, B == 1, T % 16,
             H, HV, K, V, q.dtype, v.dtype, g.dtype, beta.dtype, h0 is None or h0.dtype, plan.keep, plan.bwd_grads,
-            plan.bwd_warm, plan.fwd_pass, id(plan.table),
+            plan.bwd_warm, plan.fwd_pass, plan.ag_pass, id(plan.table),
             tuple(sorted(plan.configs.items())) if plan.configs else ())
 
 

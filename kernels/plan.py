@@ -16,6 +16,8 @@
     fwd_pass   GDN's forward state+output pass (and the state recompute of its reverse-walk backward), one of
                `kernels.vocabulary.FWD_PASSES`: "auto" (the default: the TileLang walk in bf16 where it runs, else
                Triton), "triton" or "tilelang" (`kernels.ops.gdn.fwd_walk`);
+    ag_pass    GDN's Ag pass, one of `kernels.vocabulary.AG_PASSES`: "auto" (the default: Triton until the TileLang
+               kernel is checked on an H200), "triton" or "tilelang" (`kernels.ops.gdn.ag_hopper`);
     bwd_warm   the backward's gate-certified warm window in chunks for its split reverse state pass, 0 = exact, None
                (the default) = `kernels.vocabulary.AUTO_BWD_WARM`'s per op (`bwd_warm_for`; `kernels.common.warm_bwd`);
     recorder   a `LaunchRecorder` the caller made, told every launch's (key, config), or None.
@@ -46,6 +48,7 @@ from typing import Any
 from kernels.autotune import AutotuneTable, load_autotune
 from kernels.configs import KernelSpec, LaunchConfig
 from kernels.vocabulary import (  # the triton backend's options (first: default)
+    AG_PASSES,
     AUTO_BWD_WARM,
     AUTO_KEEP,
     BWD_GRADS,
@@ -99,6 +102,7 @@ class LaunchPlan:
     bwd_grads: str = BWD_GRADS[0]
     bwd_warm: int | None = None
     fwd_pass: str = FWD_PASSES[0]
+    ag_pass: str = AG_PASSES[0]
     recorder: LaunchRecorder | None = None
 
     def __post_init__(self) -> None:
@@ -108,6 +112,8 @@ class LaunchPlan:
             raise ValueError(f"LaunchPlan.bwd_grads must be one of {', '.join(BWD_GRADS)}, got {self.bwd_grads!r}")
         if self.fwd_pass not in FWD_PASSES:
             raise ValueError(f"LaunchPlan.fwd_pass must be one of {', '.join(FWD_PASSES)}, got {self.fwd_pass!r}")
+        if self.ag_pass not in AG_PASSES:
+            raise ValueError(f"LaunchPlan.ag_pass must be one of {', '.join(AG_PASSES)}, got {self.ag_pass!r}")
         if self.bwd_warm is not None and (
             isinstance(self.bwd_warm, bool) or not isinstance(self.bwd_warm, int) or self.bwd_warm < 0
         ):

@@ -36,6 +36,7 @@ __all__ = [
     "AUTO_FWD_PATH",
     "BWD_GRADS",
     "FWD_PASSES",
+    "AG_PASSES",
     "COUNTED_DIRECTIONS",
     "DTYPES",
     "DTYPE_BYTES",
@@ -125,6 +126,11 @@ BWD_GRADS: tuple[str, ...] = ("auto", "pair", "fused", "reverse")
 # the state recompute 0.69 -> 0.42 at 1x64K on the same ranges; the 1x64K step 3.95 ms (fwd_pass "triton", device
 # call 2) -> 3.56 (call 4; FlashQLA CP 2.49 there)
 FWD_PASSES: tuple[str, ...] = ("auto", "triton", "tilelang")
+# GDN's Ag pass (the two-kernel forward's first kernel, `kernels.ops.gdn.wy_ag.wy_gdn_ag`): "auto" (the default: Triton
+# until the TileLang kernel is checked and timed on an H200, `kernels.ops.gdn.ag_hopper.AG_HOPPER_AUTO`), "triton" or
+# "tilelang" (`kernels.ops.gdn.ag_hopper`: Hopper, K = V = 128, chunk 64, tilelang installed; refused in one line
+# where it cannot run)
+AG_PASSES: tuple[str, ...] = ("auto", "triton", "tilelang")
 # `kernels.common.chunk_fwd`'s "auto" forward path per op, from the H200 (session 11, kda_fused_lab_h200.md): KDA's
 # two-kernel forward is no faster than its WY path (10.38 vs 10.49 ms at 1x128K; its Ag pass 5.15 ms, the per-key-gate
 # fused pass 2.6x GDN's) and its step's first-call peak rose 898 -> 1124 MiB, so KDA keeps the WY path unless asked

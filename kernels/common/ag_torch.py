@@ -22,7 +22,7 @@ from kernels.common.chunk_torch import compute_dtype, from_chunks, to_chunks
 from kernels.common.decay import floor_gate
 from kernels.common.index import ChunkIndex
 
-__all__ = ["ag_chunk_forward", "ag_reference"]
+__all__ = ["ag_block_solve", "ag_chunk_forward", "ag_reference"]
 
 
 def _heads(x: Tensor, hv: int) -> Tensor:
@@ -46,6 +46,39 @@ def ag_reference(
     eye = torch.eye(C, dtype=dtype, device=k.device)
     ag = torch.linalg.solve_triangular(A + eye, torch.diag_embed(bc), upper=False, unitriangular=True)
     return from_chunks(ag, index, B, T), from_chunks(G, index, B, T)
+
+
+def ag_block_solve(
+    k: Tensor, g: Tensor, beta: Tensor, *, index: ChunkIndex, dtype: torch.dtype = torch.float64
+) -> tuple[Tensor, Tensor]:
+    """`ag_reference`'s (Ag, gcum) by the decomposition of the TileLang Ag pass (`kernels.ops.gdn.ag_hopper`), its
+    CPU mirror: D^-1 the inverses of I + A's four 16x16 diagonal blocks by forward substitution, N = D^-1 A off its
+    diagonal blocks (N^4 = 0), T = (I - N + N^2 - N^3) D^-1, Ag = T diag(beta). Chunk 64 only."""
+    B, T, HV = g.shape
+    C = index.chunk_size
+    if C != 64:
+        raise ValueError(f"ag_block_solve: the TileLang Ag pass's decomposition takes chunk 64, got {C}")
+    kc = to_chunks(_heads(k, HV), index, dtype)  # [NT, HV, C, K]
+    G = to_chunks(floor_gate(g), index, dtype).cumsum(2)
+    bc = to_chunks(beta, index, dtype)
+    rows = torch.arange(C, device=k.device)
+    strict = rows[:, None] > rows[None, :]
+    D = (G[..., :, None] - G[..., None, :]).masked_fill(~strict, float("-inf")).exp()
+    A = (kc @ kc.transpose(-1, -2)) * D * bc[..., None]
+    dinv = torch.zeros_like(A)
+    for d in range(4):  # column by column of each diagonal block: t_i = [i == j] - sum_{m < i} A_im t_m
+        blk = slice(16 * d, 16 * d + 16)
+        a = A[..., blk, blk]
+        t = torch.zeros_like(a)
+        for i in range(16):
+            t[..., i, :] = (rows[i] == rows[:16]).to(dtype) - (a[..., i, :i, None] * t[..., :i, :]).sum(-2)
+        dinv[..., blk, blk] = t
+    below = (rows[:, None] // 16) > (rows[None, :] // 16)
+    N = (dinv @ A) * below
+    N2 = N @ N
+    eye = torch.eye(C, dtype=dtype, device=k.device)
+    Tm = (eye - N + N2 - N @ N2) @ dinv
+    return from_chunks(Tm * bc[..., None, :], index, B, T), from_chunks(G, index, B, T)
 
 
 def ag_chunk_forward(

@@ -43,7 +43,7 @@ import torch
 
 from kernels.configs import LaunchConfig, get_spec
 from kernels.plan import LaunchPlan, default_plan, plan_with, set_default_plan
-from kernels.vocabulary import BWD_GRADS, FWD_PASSES, KEEP_POLICIES
+from kernels.vocabulary import AG_PASSES, BWD_GRADS, FWD_PASSES, KEEP_POLICIES
 from runners.bench import kernels_peers
 from runners.bench.floors import BYTES_PER_TOKEN_HEAD, HBM_TBPS
 from runners.bench.kernels_grid import PRESETS, SHAPE_ORDER, Deadline, expand_cases, parse_floats, parse_shapes
@@ -363,7 +363,7 @@ def to_markdown(res: dict[str, Any]) -> str:
         f"device {e['device']}, torch {e['torch']}, triton {e['triton']}, fla {e['fla']}, flash-qla {e.get('flash_qla')}, "
         f"tilelang {e.get('tilelang')}, driver {e['driver']}, git {e['git_sha']}, {e['date']}", f"command: `{e['command']}`",
         f"our launch configs: {e.get('autotune') or 'the registry defaults'}; our backward's gradient kernels: "
-        f"{e.get('bwd_grads') or 'auto'}; GDN's forward pass: {e.get('fwd_pass') or 'auto'}", "",
+        f"{e.get('bwd_grads') or 'auto'}; GDN's forward pass: {e.get('fwd_pass') or 'auto'}; its Ag pass: {e.get('ag_pass') or 'auto'}", "",
         f"ms: triton.testing.do_bench median (L2 flushed), all in this process. floor: FLA's fwd+bwd bytes at the "
         f"{HBM_TBPS} TB/s copy ceiling. peak: max allocated during one step above the inputs.", "",
         "ours = the default recompute policy (`LaunchPlan.keep = \"auto\"`, `kernels.vocabulary.AUTO_KEEP`: since "
@@ -473,6 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--autotune", default=None, help="an autotune JSON applied to ours (`kernels.use_autotune`)")
     ap.add_argument("--fwd-pass", default=None, choices=FWD_PASSES, help="GDN's forward state+output pass "
                     "(`LaunchPlan.fwd_pass`; default the plan's \"auto\": the TileLang walk where it runs)")
+    ap.add_argument("--ag-pass", default=None, choices=AG_PASSES, help="GDN's Ag pass (`LaunchPlan.ag_pass`; default "
+                    "the plan's \"auto\"); \"tilelang\": the TileLang kernel `kernels.ops.gdn.ag_hopper`")
     ap.add_argument("--bwd-grads", default=None, choices=BWD_GRADS, help="ours' backward gradient kernels "
                     "(`LaunchPlan.bwd_grads`; default the plan's \"auto\"); \"reverse\": GDN's TileLang reverse walk")
     args = ap.parse_args(argv)
@@ -494,9 +496,11 @@ def main(argv: list[str] | None = None) -> int:
         set_default_plan(default_plan().replace(bwd_grads=args.bwd_grads))
     if args.fwd_pass:
         set_default_plan(default_plan().replace(fwd_pass=args.fwd_pass))
+    if args.ag_pass:
+        set_default_plan(default_plan().replace(ag_pass=args.ag_pass))
     ops = [o for o in args.ops.split(",") if o]
     res: dict[str, Any] = {"env": {**env(args), "autotune": args.autotune, "bwd_grads": args.bwd_grads,
-                                  "fwd_pass": args.fwd_pass}, "rows": [], "grads": {}, "cut": [],
+                                  "fwd_pass": args.fwd_pass, "ag_pass": args.ag_pass}, "rows": [], "grads": {}, "cut": [],
                            "peers": list(peers), "cases": [c.label for c in cases]}
     name = args.stem or ("kernels_train_h200" if "H200" in res["env"]["device"] else "kernels_train_gpu")
     out = Path(args.out)

@@ -52,6 +52,7 @@ from kernels.common.wy import (
     _store_tile,
 )
 from kernels.configs import KernelSpec, LaunchConfig, cdiv, register
+from kernels.ops.gdn.ag_hopper import ag_hopper, ag_hopper_wanted
 from kernels.plan import LaunchPlan, launch_config
 
 __all__ = ["AG_VARIANTS", "WY_GDN_AG_FWD", "wy_gdn_ag"]
@@ -305,11 +306,9 @@ def wy_gdn_ag_fwd_kernel(
                   BR, IS_VARLEN, HAS_BOUND, HAS_REV, EXP2, EXACT)  # fmt: skip
 
 
-def ag_launch(name: str, spec: KernelSpec, launch: LaunchPlan | None, k: Tensor, HV: int, index: ChunkIndex,
-              bnd: Tensor | None, v: Tensor | None) -> tuple[int, int, LaunchConfig]:  # fmt: skip
-    """(BT, V, the launch config) of an Ag pass (GDN's, KDA's) after its checks: a chunk size the kernels take, and v
-    `[B, T, HV, V]` with bnd (its rows' norms; V = 16 without v, which is then not read); a one-line ValueError
-    otherwise."""
+def ag_checks(name: str, k: Tensor, HV: int, index: ChunkIndex, bnd: Tensor | None, v: Tensor | None) -> None:
+    """An Ag pass's (GDN's, KDA's) checks: a chunk size the kernels take, and v `[B, T, HV, V]` with bnd (its rows'
+    norms); a one-line ValueError otherwise."""
     B, T, H, K = k.shape
     bthv = (B, T, HV)
     if bnd is not None and (v is None or v.shape[:3] != bthv):
@@ -319,6 +318,14 @@ def ag_launch(name: str, spec: KernelSpec, launch: LaunchPlan | None, k: Tensor,
         )
     if index.chunk_size not in CHUNK_SIZES:
         raise ValueError(f"{name}: chunk_size must be one of {CHUNK_SIZES}, got {index.chunk_size}")
+
+
+def ag_launch(name: str, spec: KernelSpec, launch: LaunchPlan | None, k: Tensor, HV: int, index: ChunkIndex,
+              bnd: Tensor | None, v: Tensor | None) -> tuple[int, int, LaunchConfig]:  # fmt: skip
+    """(BT, V, the launch config) of an Ag pass (GDN's, KDA's) after `ag_checks` (V = 16 without v, which is then not
+    read)."""
+    ag_checks(name, k, HV, index, bnd, v)
+    B, T, H, K = k.shape
     key = {"H": H, "HV": HV, "K": K, "BT": index.chunk_size, "IS_VARLEN": index.is_varlen,
            "dtype": str(k.dtype).removeprefix("torch.")}  # fmt: skip
     return index.chunk_size, v.shape[-1] if v is not None else 16, launch_config(launch, spec, key)
@@ -364,6 +371,10 @@ def wy_gdn_ag(
             f"[{index.num_chunks}, {HV}, 2], got q {None if q is None else tuple(q.shape)} and "
             f"{[(str(x.dtype), tuple(x.shape)) for x in rev]}"
         )
+    if ag_hopper_wanted(k, index.chunk_size, launch, v if bnd is not None else None):
+        ag_checks("wy_gdn_ag", k, HV, index, bnd, v)
+        return ag_hopper(k, g, beta, index=index, bnd=bnd, v=v if bnd is not None else None, rev=rev,
+                         q=q if rev is not None else None)  # fmt: skip
     BT, V, cfg = ag_launch("wy_gdn_ag", WY_GDN_AG_FWD, launch, k, HV, index, bnd, v)
     BR = cfg.BR or 16
     if BR not in ROW_TILES:

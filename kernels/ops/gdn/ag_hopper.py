@@ -1,0 +1,305 @@
+"""GDN's Ag pass as one TileLang kernel per (chunk, value head) on Hopper: what the Triton pass
+`kernels.ops.gdn.wy_ag.wy_gdn_ag` stores (Ag, the gate cumsum, the forward's and the backward's bound sums), with
+one warpgroup's tensor-core products for the gram and the solve. Its CPU mirror is
+`kernels.common.ag_torch.ag_block_solve` (the same decomposition in torch), which CI tests against the fp64 solve;
+this kernel is tested against the mirror and the Triton pass on the GPU.
+
+Per chunk of C = 64 rows (G the in-chunk cumsum of the floored gate, A = StrictLower(beta_i k_i.k_j e^(G_i - G_j))):
+
+    D^-1 = the inverses of the four 16x16 diagonal blocks of I + A        (forward substitution, fp32, 64 threads)
+    N    = D^-1 A without its diagonal blocks                             (block-nilpotent: N^4 = 0)
+    T    = (I + A)^-1 = (I + N)^-1 D^-1 = (I - N + N^2 - N^3) D^-1        (three tf32 products after N's)
+    Ag   = T diag(beta)
+
+The products are 64x64x64 warpgroup products in tf32 from shared memory (each right operand stored transposed, the
+K-major layout tf32 wants); the Triton pass takes its off-diagonal blocks in tf32 too (`kernels.common.wy._solve`).
+
+Modes (build-time, `AG_HOPPER_SUMS`): "bnd" also reads v for ||v||^2 and stores the chunk's decay-bound summary
+(L, W) as `wy.py`'s `_chunk_bound`; "rev" reads q for ||q||^2 and stores the backward's reverse sums' q, k side
+(p per token, (L + margin A, A) per chunk) as `wy_ag.py`'s `_store_rev_bound`. Both take ||k||^2 from the gram's
+diagonal (exact for 16-bit k). Sizes: K = V = 128, chunk 64, bf16 or fp16, sm_90, TileLang
+`kernels.ops.gdn.tilelang_hopper.TILELANG_VERSION`; anything else is refused in one line.
+"""
+
+import functools
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from kernels.common.decay import GATE_FLOOR
+from kernels.common.index import ChunkIndex
+from kernels.ops.gdn.tilelang_hopper import TL_DTYPES, tilelang_refusal, tilelang_refusal_cached
+from kernels.parallel_compile import build_beside
+from kernels.plan import LaunchPlan
+
+__all__ = ["AG_HOPPER_AUTO", "AG_HOPPER_SUMS", "ag_hopper", "ag_hopper_refusal", "ag_hopper_wanted"]
+
+_WHAT = "Ag pass"  # how the refusals name this kernel
+# the optional sums of one build (bits of its `sums` key): the forward's bound summary, the backward's reverse sums
+AG_HOPPER_SUMS = {"bnd": 1, "rev": 2}
+_THREADS = 128
+# whether `LaunchPlan.ag_pass = "auto"` takes this kernel (in bf16 where nothing refuses it). Off: written in session 27
+# without a GPU (compiled for sm_90a on the CPU host: 162-164 registers, 48 KiB of shared memory, three programs an SM
+# by both; its decomposition's mirror tested on the CPU); tests/kernels/ops/gdn/test_ag_hopper.py and
+# benchmarks/ag_pass_lab.py on an H200 decide it
+AG_HOPPER_AUTO = False
+# the upward rounding of the fp32 bound sums, relative to what they round (`kernels.common.wy.BOUND_MARGIN`'s value:
+# wy.py imports Triton, this module must not at import)
+_BOUND_MARGIN = 1e-4
+
+
+def ag_hopper_refusal(K: int, V: int, BT: int, device: torch.device) -> str | None:
+    """Why this kernel cannot run here (one line), or None."""
+    return tilelang_refusal(_WHAT, K, V, BT, device)
+
+
+def ag_hopper_wanted(k: Tensor, BT: int, launch: LaunchPlan | None, v: Tensor | None) -> bool:
+    """Whether GDN's Ag pass runs on this kernel under the plan's `ag_pass`: "tilelang" always (a ValueError with the
+    refusal's reason where it cannot run); "triton" and "auto" never: `AG_HOPPER_AUTO` is off until the kernel has
+    been checked and timed on an H200."""
+    mode = launch.ag_pass if launch is not None else "auto"
+    if mode == "triton" or (mode == "auto" and not AG_HOPPER_AUTO):
+        return False
+    why = tilelang_refusal_cached(_WHAT, k.shape[-1], v.shape[-1] if v is not None else 128, BT, k.device)
+    if mode == "tilelang":
+        if why is not None:
+            raise ValueError(f"LaunchPlan(ag_pass='tilelang'): {why}")
+        return True
+    return why is None and k.dtype == torch.bfloat16
+
+
+@functools.cache
+def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int) -> Any:
+    """The compiled kernel for these heads, dtypes (inputs, gate, beta) and sums (TileLang JIT, cached on disk by
+    TileLang too)."""
+    import tilelang
+    import tilelang.language as T
+
+    K = V = 128
+    C = 64
+    G = H // Hk
+    fp32 = "float32"
+    HAS_BND = bool(sums & AG_HOPPER_SUMS["bnd"])
+    HAS_REV = bool(sums & AG_HOPPER_SUMS["rev"])
+    ntok, nseq, nchunk = T.dynamic("ntok"), T.dynamic("nseq"), T.dynamic("nchunk")
+    # the optional inputs' and outputs' rows (a build without them binds one-row stand-ins)
+    nv, nb, nrp, nrc = T.dynamic("nv"), T.dynamic("nb"), T.dynamic("nrp"), T.dynamic("nrc")
+    floor = float(GATE_FLOOR)
+    margin = _BOUND_MARGIN
+    ninf = -float("inf")
+
+    @tilelang.jit(
+        target={"kind": "cuda", "arch": "sm_90a"},
+        pass_configs={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True},
+    )
+    def build() -> Any:
+        @T.macro
+        def row_squares(x, sq_f, nn_s, t0, eos, i_x):
+            """||x_r||^2 of the chunk's rows (0 past the sequence) into nn_s [C], from global memory, by column
+            blocks of 32 (sq_f [C, 32])."""
+            T.clear(nn_s)
+            for i_b in T.serial(K // 32):
+                for r, c in T.Parallel(C, 32):
+                    sq_f[r, c] = T.if_then_else(t0 + r < eos, T.cast(x[T.min(t0 + r, eos - 1), i_x, i_b * 32 + c], fp32), 0)
+                for r, c in T.Parallel(C, 32):
+                    sq_f[r, c] = sq_f[r, c] * sq_f[r, c]
+                T.reduce_sum(sq_f, nn_s, dim=1, clear=False)
+
+        @T.macro
+        def bound_logs(x_s, b_s, kk_s, l_s, cl_s, al_s):
+            """l = x + log max(1, |1 - beta ||k||^2|) per token, its inclusive cumsum and the cumsum of |l|."""
+            for r in T.Parallel(C):
+                l_s[r] = x_s[r] + T.log(T.max(T.abs(1.0 - b_s[r] * kk_s[r]), 1.0))
+                al_s[r] = T.abs(x_s[r] + T.log(T.max(T.abs(1.0 - b_s[r] * kk_s[r]), 1.0)))
+            T.cumsum(l_s, cl_s, dim=0)
+            T.cumsum(al_s, al_s, dim=0)
+
+        @T.prim_func
+        def ag_pass(
+            q: T.Tensor((ntok, Hk, K), io), k: T.Tensor((ntok, Hk, K), io), v: T.Tensor((nv, H, V), io),
+            g: T.Tensor((ntok, H), gdt), beta: T.Tensor((ntok, H), bdt),
+            cu: T.Tensor((nseq + 1,), "int32"), ci: T.Tensor((nchunk, 2), "int32"),
+            ag: T.Tensor((ntok, H, C), io), gcum: T.Tensor((ntok, H), fp32),
+            bnd: T.Tensor((nb, H, 2), fp32), rp: T.Tensor((nrp, H), fp32), rc: T.Tensor((nrc, H, 2), fp32),
+        ):  # fmt: skip
+            with T.Kernel(nchunk * H, threads=_THREADS) as (bid,):
+                i_c = bid // H
+                i_h = bid % H
+                i_hk = i_h // G
+                tx = T.get_thread_binding()
+                t0 = T.alloc_var("int32")
+                eos = T.alloc_var("int32")
+                t0 = cu[ci[i_c, 0]] + ci[i_c, 1] * C
+                eos = cu[ci[i_c, 0] + 1]
+
+                k_s = T.alloc_shared((C, K), io)
+                at_s = T.alloc_shared((C, C), fp32)  # A^T; then N^T; then P
+                dinv_s = T.alloc_shared((C, C), fp32)  # D^-1; then (N^2)^T
+                dinvt_s = T.alloc_shared((C, C), fp32)  # (D^-1)^T
+                n_s = T.alloc_shared((C, C), fp32)  # N
+                x_s = T.alloc_shared((C,), fp32)  # the floored gate
+                gc_s = T.alloc_shared((C,), fp32)  # its in-chunk cumsum G
+                b_s = T.alloc_shared((C,), fp32)
+                kk_s = T.alloc_shared((C,), fp32)
+                a_f = T.alloc_fragment((C, C), fp32)
+                n_f = T.alloc_fragment((C, C), fp32)
+                n2_f = T.alloc_fragment((C, C), fp32)
+                n3_f = T.alloc_fragment((C, C), fp32)
+                t_f = T.alloc_fragment((C, C), fp32)
+                t_l = T.alloc_local((16,), fp32)
+
+                if t0 + C <= eos:
+                    T.copy(k[t0 : t0 + C, i_hk, :], k_s)
+                else:
+                    for r, c in T.Parallel(C, K):
+                        k_s[r, c] = T.if_then_else(t0 + r < eos, k[T.min(t0 + r, eos - 1), i_hk, c], 0)
+                for r in T.Parallel(C):
+                    x_s[r] = T.if_then_else(t0 + r < eos, T.max(T.cast(g[T.min(t0 + r, eos - 1), i_h], fp32), floor), 0)
+                    b_s[r] = T.if_then_else(t0 + r < eos, T.cast(beta[T.min(t0 + r, eos - 1), i_h], fp32), 0)
+                T.cumsum(x_s, gc_s, dim=0)
+                for r in T.Parallel(C):
+                    if t0 + r < eos:
+                        gcum[t0 + r, i_h] = gc_s[r]
+
+                # A = StrictLower(beta_i k_i.k_j e^(G_i - G_j)), stored transposed; ||k||^2 from the gram's diagonal
+                T.gemm(k_s, k_s, a_f, transpose_B=True, clear_accum=True)
+                if HAS_BND or HAS_REV:
+                    for r, c in T.Parallel(C, C):
+                        if r == c:
+                            kk_s[r] = a_f[r, c]
+                    # the bound sums here, before the solve: their buffers free before its tiles take k's bytes
+                    sq_f = T.alloc_fragment((C, 32), fp32)
+                    l_s = T.alloc_shared((C,), fp32)
+                    cl_s = T.alloc_shared((C,), fp32)
+                    al_s = T.alloc_shared((C,), fp32)
+                    bound_logs(x_s, b_s, kk_s, l_s, cl_s, al_s)
+                    if HAS_BND:
+                        vv_s = T.alloc_shared((C,), fp32)
+                        e_s = T.alloc_shared((C,), fp32)
+                        em_s = T.alloc_shared((C,), fp32)
+                        lw = T.alloc_var(fp32)
+                        row_squares(v, sq_f, vv_s, t0, eos, i_h)
+                        # the exponent of token t: log u_t + (L - the cumsum of l to t); W = log sum_t e^(exponent)
+                        for r in T.Parallel(C):
+                            e_s[r] = (T.log(T.abs(b_s[r])) + 0.5 * T.log(kk_s[r]) + 0.5 * T.log(vv_s[r])
+                                      + (cl_s[C - 1] - cl_s[r]))  # fmt: skip
+                        T.cummax(e_s, em_s, dim=0)
+                        for r in T.Parallel(C):
+                            vv_s[r] = T.exp(e_s[r] - T.if_then_else(em_s[C - 1] == ninf, 0.0, em_s[C - 1]))
+                        T.cumsum(vv_s, vv_s, dim=0)
+                        if tx == 0:
+                            lw = T.if_then_else(em_s[C - 1] == ninf, 0.0, em_s[C - 1]) + T.log(vv_s[C - 1])
+                            bnd[i_c, i_h, 0] = cl_s[C - 1] + margin * al_s[C - 1]
+                            bnd[i_c, i_h, 1] = T.if_then_else(lw > ninf, lw + margin * (al_s[C - 1] + T.abs(lw) + 1.0), lw)
+                    if HAS_REV:
+                        qq_s = T.alloc_shared((C,), fp32)
+                        row_squares(q, sq_f, qq_s, t0, eos, i_hk)
+                        for r in T.Parallel(C):
+                            if t0 + r < eos:
+                                rp[t0 + r, i_h] = T.if_then_else(
+                                    qq_s[r] > 0, 0.5 * T.log(T.max(qq_s[r], 1e-38)) + cl_s[r], ninf
+                                )
+                        if tx == 0:
+                            rc[i_c, i_h, 0] = cl_s[C - 1] + margin * al_s[C - 1]
+                            rc[i_c, i_h, 1] = al_s[C - 1]
+
+                for r, c in T.Parallel(C, C):
+                    at_s[c, r] = T.if_then_else(r > c, a_f[r, c] * b_s[r] * T.exp(gc_s[r] - gc_s[c]), 0)
+
+                T.clear(dinv_s)  # (after the gram: these may take k's bytes)
+                T.clear(dinvt_s)
+                # D^-1: column j of the inverse of diagonal block d by forward substitution (one thread each)
+                if tx < C:
+                    d = tx // 16
+                    j = tx % 16
+                    for i in T.unroll(16):
+                        t_l[i] = T.if_then_else(i == j, 1.0, 0.0)
+                        for m in T.unroll(i):
+                            t_l[i] = t_l[i] - at_s[d * 16 + m, d * 16 + i] * t_l[m]
+                    for i in T.unroll(16):
+                        dinv_s[d * 16 + i, d * 16 + j] = t_l[i]
+                        dinvt_s[d * 16 + j, d * 16 + i] = t_l[i]
+                T.fence_proxy_async()
+
+                # N = D^-1 A off its diagonal blocks, N^2, N^3 (tf32); T = (I - N + N^2 - N^3) D^-1
+                T.gemm(dinv_s, at_s, n_f, transpose_B=True, clear_accum=True)
+                for r, c in T.Parallel(C, C):
+                    n_f[r, c] = T.if_then_else(r // 16 > c // 16, n_f[r, c], 0)
+                for r, c in T.Parallel(C, C):
+                    n_s[r, c] = n_f[r, c]
+                    at_s[c, r] = n_f[r, c]
+                T.fence_proxy_async()
+                T.gemm(n_s, at_s, n2_f, transpose_B=True, clear_accum=True)
+                for r, c in T.Parallel(C, C):
+                    dinv_s[c, r] = n2_f[r, c]
+                T.fence_proxy_async()
+                T.gemm(n_s, dinv_s, n3_f, transpose_B=True, clear_accum=True)
+                for r, c in T.Parallel(C, C):
+                    at_s[r, c] = T.if_then_else(r == c, 1.0, 0.0) - n_f[r, c] + n2_f[r, c] - n3_f[r, c]
+                T.fence_proxy_async()
+                T.gemm(at_s, dinvt_s, t_f, transpose_B=True, clear_accum=True)
+                for r, c in T.Parallel(C, C):
+                    if t0 + r < eos:
+                        ag[t0 + r, i_h, c] = T.cast(T.if_then_else(r >= c, t_f[r, c] * b_s[c], 0), io)
+
+        return ag_pass
+
+    return build()
+
+
+@functools.cache
+def _dense_chunks(N: int, T: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """(cu, the chunk table (sequence, chunk in it)) int32 of N dense sequences of T tokens, in the Triton pass's
+    global chunk order (sequence-major)."""
+    nt = -(-T // 64)
+    cu = torch.arange(0, (N + 1) * T, T, dtype=torch.int32, device=device)
+    seq = torch.arange(N, dtype=torch.int32, device=device).repeat_interleave(nt)
+    chunk = torch.arange(nt, dtype=torch.int32, device=device).repeat(N)
+    return cu, torch.stack([seq, chunk], 1).contiguous()
+
+
+@functools.cache
+def _scratch(device: torch.device, H: int) -> tuple[Tensor, Tensor]:
+    """Stand-ins for the outputs a build does not write (TileLang binds every argument)."""
+    return (torch.zeros(1, H, 2, dtype=torch.float32, device=device),
+            torch.zeros(1, H, dtype=torch.float32, device=device))  # fmt: skip
+
+
+def ag_hopper(
+    k: Tensor, g: Tensor, beta: Tensor, *, index: ChunkIndex, bnd: Tensor | None = None, v: Tensor | None = None,
+    rev: tuple[Tensor, Tensor] | None = None, q: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """`wy_gdn_ag`'s outputs and sums (its arguments, checked there) on this kernel: (ag `[B, T, HV, 64]` in k's
+    dtype, gcum fp32 `[B, T, HV]`), bnd and rev filled where given. Raises ValueError where `ag_hopper_refusal`
+    gives a reason."""
+    B, T, Hk, K = k.shape
+    HV = g.shape[2]
+    BT = index.chunk_size
+    why = tilelang_refusal_cached(_WHAT, K, v.shape[-1] if v is not None else 128, BT, k.device)
+    if why is not None:
+        raise ValueError(why)
+    if k.dtype not in (torch.bfloat16, torch.float16) or any(x is not None and x.dtype != k.dtype for x in (q, v)):
+        raise ValueError(f"the TileLang Ag pass takes k (and q, v) in one of bf16, fp16, got k {k.dtype}")
+    dev = k.device
+    sums = (AG_HOPPER_SUMS["bnd"] if bnd is not None else 0) | (AG_HOPPER_SUMS["rev"] if rev is not None else 0)
+    build = (HV, Hk, TL_DTYPES[k.dtype], TL_DTYPES[g.dtype], TL_DTYPES[beta.dtype], sums)
+    kern = None if build_beside(("ag_hopper", *build), _build, *build) else _build(*build)
+    if index.is_varlen:
+        cu, ci = index.cu_seqlens.int(), index.chunk_indices.int()
+    else:
+        cu, ci = _dense_chunks(B, T, dev)
+    N = B * T
+    ag = torch.empty(B, T, HV, BT, dtype=k.dtype, device=dev)
+    gcum = torch.empty(B, T, HV, dtype=torch.float32, device=dev)
+    chunk_scratch, tok_scratch = _scratch(dev, HV)
+    rp, rc = rev if rev is not None else (tok_scratch, chunk_scratch)
+    args = [
+        (q if q is not None else k).reshape(N, Hk, K), k.reshape(N, Hk, K),
+        (v if v is not None else k.new_empty(1, HV, 128)).reshape(-1, HV, 128),
+        g.reshape(N, HV), beta.reshape(N, HV), cu, ci, ag.view(N, HV, BT), gcum.view(N, HV),
+        bnd if bnd is not None else chunk_scratch, rp.view(-1, HV), rc,
+    ]  # fmt: skip
+    if kern is not None and N and ci.shape[0]:
+        kern(*args)
+    return ag, gcum

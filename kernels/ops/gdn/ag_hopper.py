@@ -40,7 +40,7 @@ _WHAT = "Ag pass"  # how the refusals name this kernel
 AG_HOPPER_SUMS = {"bnd": 1, "rev": 2}
 _THREADS = 128
 # whether `LaunchPlan.ag_pass = "auto"` takes this kernel (in bf16 where nothing refuses it). Off: written in session 27
-# without a GPU (compiled for sm_90a on the CPU host: 162-164 registers, 48 KiB of shared memory, three programs an SM
+# without a GPU (compiled for sm_90a on the CPU host: 162-164 registers, 64.3 KiB of shared memory, three programs an SM
 # by both; its decomposition's mirror tested on the CPU); tests/kernels/ops/gdn/test_ag_hopper.py and
 # benchmarks/ag_pass_lab.py on an H200 decide it
 AG_HOPPER_AUTO = False
@@ -95,15 +95,13 @@ def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int) -> Any:
     )
     def build() -> Any:
         @T.macro
-        def row_squares(x, sq_f, nn_s, t0, eos, i_x):
-            """||x_r||^2 of the chunk's rows (0 past the sequence) into nn_s [C], from global memory, by column
-            blocks of 32 (sq_f [C, 32])."""
+        def row_squares(x_s, sq_f, nn_s):
+            """||x_r||^2 of the chunk's rows of the shared tile x_s [C, 128] into nn_s [C], by column blocks of 32
+            (sq_f [C, 32])."""
             T.clear(nn_s)
             for i_b in T.serial(K // 32):
                 for r, c in T.Parallel(C, 32):
-                    sq_f[r, c] = T.if_then_else(t0 + r < eos, T.cast(x[T.min(t0 + r, eos - 1), i_x, i_b * 32 + c], fp32), 0)
-                for r, c in T.Parallel(C, 32):
-                    sq_f[r, c] = sq_f[r, c] * sq_f[r, c]
+                    sq_f[r, c] = T.cast(x_s[r, i_b * 32 + c], fp32) * T.cast(x_s[r, i_b * 32 + c], fp32)
                 T.reduce_sum(sq_f, nn_s, dim=1, clear=False)
 
         @T.macro
@@ -134,10 +132,15 @@ def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int) -> Any:
                 eos = cu[ci[i_c, 0] + 1]
 
                 k_s = T.alloc_shared((C, K), io)
+                if HAS_BND:
+                    v_s = T.alloc_shared((C, V), io)
+                if HAS_REV:
+                    q_s = T.alloc_shared((C, K), io)
                 at_s = T.alloc_shared((C, C), fp32)  # A^T; then N^T; then P
                 dinv_s = T.alloc_shared((C, C), fp32)  # D^-1; then (N^2)^T
                 dinvt_s = T.alloc_shared((C, C), fp32)  # (D^-1)^T
                 n_s = T.alloc_shared((C, C), fp32)  # N
+                ag_s = T.alloc_shared((C, C), io)  # Ag staged for its store
                 x_s = T.alloc_shared((C,), fp32)  # the floored gate
                 gc_s = T.alloc_shared((C,), fp32)  # its in-chunk cumsum G
                 b_s = T.alloc_shared((C,), fp32)
@@ -149,11 +152,16 @@ def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int) -> Any:
                 t_f = T.alloc_fragment((C, C), fp32)
                 t_l = T.alloc_local((16,), fp32)
 
-                if t0 + C <= eos:
-                    T.copy(k[t0 : t0 + C, i_hk, :], k_s)
-                else:
-                    for r, c in T.Parallel(C, K):
-                        k_s[r, c] = T.if_then_else(t0 + r < eos, k[T.min(t0 + r, eos - 1), i_hk, c], 0)
+                # k (and v, q) by TMA under the gate's loads; a partial chunk's rows past the sequence load the next
+                # one's (or zeros past the tensor): finite, and cut where they could reach a kept value (beta = 0
+                # there: A's rows are zero, so are their bound terms; their Ag, gcum and p rows are not stored)
+                loaded = T.alloc_barrier(arrive_count=_THREADS)
+                T.tma_copy(k[t0 : t0 + C, i_hk, :], k_s, barrier=loaded)
+                if HAS_BND:
+                    T.tma_copy(v[t0 : t0 + C, i_h, :], v_s, barrier=loaded)
+                if HAS_REV:
+                    T.tma_copy(q[t0 : t0 + C, i_hk, :], q_s, barrier=loaded)
+                T.barrier_arrive(loaded)
                 for r in T.Parallel(C):
                     x_s[r] = T.if_then_else(t0 + r < eos, T.max(T.cast(g[T.min(t0 + r, eos - 1), i_h], fp32), floor), 0)
                     b_s[r] = T.if_then_else(t0 + r < eos, T.cast(beta[T.min(t0 + r, eos - 1), i_h], fp32), 0)
@@ -163,6 +171,7 @@ def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int) -> Any:
                         gcum[t0 + r, i_h] = gc_s[r]
 
                 # A = StrictLower(beta_i k_i.k_j e^(G_i - G_j)), stored transposed; ||k||^2 from the gram's diagonal
+                T.barrier_wait(loaded, 0)
                 T.gemm(k_s, k_s, a_f, transpose_B=True, clear_accum=True)
                 if HAS_BND or HAS_REV:
                     for r, c in T.Parallel(C, C):
@@ -179,7 +188,7 @@ def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int) -> Any:
                         e_s = T.alloc_shared((C,), fp32)
                         em_s = T.alloc_shared((C,), fp32)
                         lw = T.alloc_var(fp32)
-                        row_squares(v, sq_f, vv_s, t0, eos, i_h)
+                        row_squares(v_s, sq_f, vv_s)
                         # the exponent of token t: log u_t + (L - the cumsum of l to t); W = log sum_t e^(exponent)
                         for r in T.Parallel(C):
                             e_s[r] = (T.log(T.abs(b_s[r])) + 0.5 * T.log(kk_s[r]) + 0.5 * T.log(vv_s[r])
@@ -194,7 +203,7 @@ def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int) -> Any:
                             bnd[i_c, i_h, 1] = T.if_then_else(lw > ninf, lw + margin * (al_s[C - 1] + T.abs(lw) + 1.0), lw)
                     if HAS_REV:
                         qq_s = T.alloc_shared((C,), fp32)
-                        row_squares(q, sq_f, qq_s, t0, eos, i_hk)
+                        row_squares(q_s, sq_f, qq_s)
                         for r in T.Parallel(C):
                             if t0 + r < eos:
                                 rp[t0 + r, i_h] = T.if_then_else(
@@ -239,9 +248,19 @@ def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int) -> Any:
                     at_s[r, c] = T.if_then_else(r == c, 1.0, 0.0) - n_f[r, c] + n2_f[r, c] - n3_f[r, c]
                 T.fence_proxy_async()
                 T.gemm(at_s, dinvt_s, t_f, transpose_B=True, clear_accum=True)
+                # Ag = T diag(beta) (zeros above the diagonal), staged in shared memory: one copy of a full chunk, row
+                # by row below the sequence's end for a partial one (every thread's writes fenced and synced before
+                # either branch reads the tile: `kernels.ops.gdn.reverse_bwd`'s lesson of session 24)
                 for r, c in T.Parallel(C, C):
-                    if t0 + r < eos:
-                        ag[t0 + r, i_h, c] = T.cast(T.if_then_else(r >= c, t_f[r, c] * b_s[c], 0), io)
+                    ag_s[r, c] = T.cast(T.if_then_else(r >= c, t_f[r, c] * b_s[c], 0), io)
+                T.fence_proxy_async()
+                T.sync_threads()
+                if t0 + C <= eos:
+                    T.copy(ag_s, ag[t0 : t0 + C, i_h, :])
+                else:
+                    for r, c in T.Parallel(C, C):
+                        if t0 + r < eos:
+                            ag[t0 + r, i_h, c] = ag_s[r, c]
 
         return ag_pass
 

@@ -35,3 +35,17 @@ def test_unit_keys_err_alike_and_large_keys_favour_the_substitution() -> None:
     assert abs(sum(unit["product_form"]) / sum(unit["substitution"]) - 1) < 0.2
     large = sp.errors(4.0, 1.0, -0.05, cases=8)
     assert sum(large["product_form"]) > sum(large["substitution"])
+
+
+def test_the_block_form_inverts_i_plus_a_as_closely_as_the_triton_solve() -> None:
+    """The TileLang Ag pass's block form (session 27) in tf32: within 1e-4 of fp64's inverse at strong decay and as
+    close as the Triton solve (within 1.5x of its error) with unit keys."""
+    gen = torch.Generator().manual_seed(2)
+    k = torch.nn.functional.normalize(torch.randn(64, 128, generator=gen), dim=-1)
+    G = torch.cumsum(-torch.rand(64, generator=gen), 0)
+    A = torch.tril(torch.rand(64, generator=gen)[:, None] * (k @ k.T) * torch.exp(G[:, None] - G[None, :]), -1)
+    ref = torch.linalg.inv(torch.eye(64, dtype=torch.float64) + A.double())
+    assert float((sp.solve_block_form(A).double() - ref).norm() / ref.norm()) < 1e-4
+    unit = sp.errors(1.0, 1.0, -0.05, cases=4)
+    assert max(unit["block_form"]) < 1e-4
+    assert sum(unit["block_form"]) < 1.5 * sum(unit["substitution"])

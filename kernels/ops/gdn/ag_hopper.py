@@ -70,9 +70,12 @@ def ag_hopper_wanted(k: Tensor, BT: int, launch: LaunchPlan | None, v: Tensor | 
 
 
 @functools.cache
-def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int) -> Any:
+def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int, blocks: int = 0, quad: bool = False) -> Any:
     """The compiled kernel for these heads, dtypes (inputs, gate, beta) and sums (TileLang JIT, cached on disk by
-    TileLang too)."""
+    TileLang too); blocks > 0: ask ptxas for that many programs an SM (`__launch_bounds__`' second argument, a
+    register cap of 65536 / (128 blocks)), `benchmarks/ag_pass_lab.py --blocks`; quad: N^2 and N^3 from their nonzero
+    blocks alone (a 32x32x32 product and a 16x16x16 one on the CUDA cores instead of two 64x64x64: half the tf32 work),
+    `ag_pass_lab.py --quad`."""
     import tilelang
     import tilelang.language as T
 
@@ -122,6 +125,8 @@ def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int) -> Any:
             bnd: T.Tensor((nb, H, 2), fp32), rp: T.Tensor((nrp, H), fp32), rc: T.Tensor((nrc, H, 2), fp32),
         ):  # fmt: skip
             with T.Kernel(nchunk * H, threads=_THREADS) as (bid,):
+                if blocks:
+                    T.annotate_min_blocks_per_sm(blocks)
                 i_c = bid // H
                 i_h = bid % H
                 i_hk = i_h // G
@@ -148,7 +153,13 @@ def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int) -> Any:
                 a_f = T.alloc_fragment((C, C), fp32)
                 n_f = T.alloc_fragment((C, C), fp32)
                 n2_f = T.alloc_fragment((C, C), fp32)
-                n3_f = T.alloc_fragment((C, C), fp32)
+                if quad:
+                    q_f = T.alloc_fragment((32, 32), fp32)
+                    n2_s = T.alloc_shared((32, 32), fp32)  # N^2's lower left quadrant
+                    n3_f = T.alloc_fragment((16, 16), fp32)
+                    n3_s = T.alloc_shared((16, 16), fp32)  # N^3's block (3, 0)
+                else:
+                    n3_f = T.alloc_fragment((C, C), fp32)
                 t_f = T.alloc_fragment((C, C), fp32)
                 t_l = T.alloc_local((16,), fp32)
 
@@ -239,13 +250,31 @@ def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int) -> Any:
                     n_s[r, c] = n_f[r, c]
                     at_s[c, r] = n_f[r, c]
                 T.fence_proxy_async()
-                T.gemm(n_s, at_s, n2_f, transpose_B=True, clear_accum=True)
-                for r, c in T.Parallel(C, C):
-                    dinv_s[c, r] = n2_f[r, c]
-                T.fence_proxy_async()
-                T.gemm(n_s, dinv_s, n3_f, transpose_B=True, clear_accum=True)
-                for r, c in T.Parallel(C, C):
-                    at_s[r, c] = T.if_then_else(r == c, 1.0, 0.0) - n_f[r, c] + n2_f[r, c] - n3_f[r, c]
+                if quad:
+                    # N^2 is zero but for its lower left quadrant (block rows 2-3 x columns 0-1: N[32:, 16:48] N[16:48,
+                    # :32]), N^3 but for its block (3, 0) (N[48:, 32:48] N^2[32:48, :16], on the CUDA cores)
+                    T.gemm(n_s[32:C, 16:48], at_s[0:32, 16:48], q_f, transpose_B=True, clear_accum=True)
+                    T.copy(q_f, n2_s)
+                    T.clear(n3_f)
+                    for m in T.serial(16):
+                        for r, c in T.Parallel(16, 16):
+                            n3_f[r, c] += n_s[48 + r, 32 + m] * n2_s[m, c]
+                    T.copy(n3_f, n3_s)
+                    for r, c in T.Parallel(C, C):
+                        at_s[r, c] = (
+                            T.if_then_else(r == c, 1.0, 0.0)
+                            - n_f[r, c]
+                            + T.if_then_else(r >= 32 and c < 32, n2_s[T.max(r - 32, 0), T.min(c, 31)], 0)
+                            - T.if_then_else(r >= 48 and c < 16, n3_s[T.max(r - 48, 0), T.min(c, 15)], 0)
+                        )
+                else:
+                    T.gemm(n_s, at_s, n2_f, transpose_B=True, clear_accum=True)
+                    for r, c in T.Parallel(C, C):
+                        dinv_s[c, r] = n2_f[r, c]
+                    T.fence_proxy_async()
+                    T.gemm(n_s, dinv_s, n3_f, transpose_B=True, clear_accum=True)
+                    for r, c in T.Parallel(C, C):
+                        at_s[r, c] = T.if_then_else(r == c, 1.0, 0.0) - n_f[r, c] + n2_f[r, c] - n3_f[r, c]
                 T.fence_proxy_async()
                 T.gemm(at_s, dinvt_s, t_f, transpose_B=True, clear_accum=True)
                 # Ag = T diag(beta) (zeros above the diagonal), staged in shared memory: one copy of a full chunk, row
@@ -287,11 +316,11 @@ def _scratch(device: torch.device, H: int) -> tuple[Tensor, Tensor]:
 
 def ag_hopper(
     k: Tensor, g: Tensor, beta: Tensor, *, index: ChunkIndex, bnd: Tensor | None = None, v: Tensor | None = None,
-    rev: tuple[Tensor, Tensor] | None = None, q: Tensor | None = None,
+    rev: tuple[Tensor, Tensor] | None = None, q: Tensor | None = None, blocks: int = 0, quad: bool = False,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """`wy_gdn_ag`'s outputs and sums (its arguments, checked there) on this kernel: (ag `[B, T, HV, 64]` in k's
     dtype, gcum fp32 `[B, T, HV]`), bnd and rev filled where given. Raises ValueError where `ag_hopper_refusal`
-    gives a reason."""
+    gives a reason. blocks, quad: `_build`'s (lab knobs; the defaults: ptxas free, the dense products)."""
     B, T, Hk, K = k.shape
     HV = g.shape[2]
     BT = index.chunk_size
@@ -302,7 +331,7 @@ def ag_hopper(
         raise ValueError(f"the TileLang Ag pass takes k (and q, v) in one of bf16, fp16, got k {k.dtype}")
     dev = k.device
     sums = (AG_HOPPER_SUMS["bnd"] if bnd is not None else 0) | (AG_HOPPER_SUMS["rev"] if rev is not None else 0)
-    build = (HV, Hk, TL_DTYPES[k.dtype], TL_DTYPES[g.dtype], TL_DTYPES[beta.dtype], sums)
+    build = (HV, Hk, TL_DTYPES[k.dtype], TL_DTYPES[g.dtype], TL_DTYPES[beta.dtype], sums, blocks, quad)
     kern = None if build_beside(("ag_hopper", *build), _build, *build) else _build(*build)
     if index.is_varlen:
         cu, ci = index.cu_seqlens.int(), index.chunk_indices.int()

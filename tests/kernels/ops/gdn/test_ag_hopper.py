@@ -10,7 +10,8 @@ token at lb -1, -100 at lb -5) and weak ones, outputs NaN-poisoned before the ca
   pass's bf16 test), and against the Triton pass's Ag at the same tolerance; exact zeros above the diagonal;
 - the gate cumsum within 1e-5 of Triton's (fp32 sums in another order);
 - the forward's bound summary (L, W) and the backward's reverse sums (p per token, (L + margin A, A) per chunk) within
-  1e-4 of Triton's (absolute and relative; -inf where Triton has -inf).
+  1e-4 of Triton's (absolute and relative; -inf where Triton has -inf);
+- the lab's builds (four programs an SM, the block-structured N^2 and N^3) against the default build.
 """
 
 from __future__ import annotations
@@ -94,3 +95,29 @@ def _positions(cu: torch.Tensor, T: int) -> torch.Tensor:
     """Each token's position within its sequence (varlen, flattened)."""
     starts = torch.repeat_interleave(cu[:-1], (cu[1:] - cu[:-1]).long())
     return torch.arange(T, device=cu.device) - starts
+
+
+@GPU
+@pytest.mark.parametrize("knobs", [(0, True), (4, False), (4, True)], ids=["quad", "b4", "b4+quad"])
+def test_lab_builds_match_the_default_build(knobs: tuple[int, bool]) -> None:
+    """The lab's builds (`ag_pass_lab.py --builds`): four programs an SM and the block-structured N^2, N^3 give the
+    default build's outputs (Ag within bf16's rounding, 1e-2; the gate cumsum and the sums to 1e-6: the same code)."""
+    q, k, v, g, beta, cu = make_grouped_inputs(H, HV, DIM, lb=-1.0, dtype=torch.bfloat16, device="cuda",
+                                               **LAYOUTS["varlen"])  # fmt: skip
+    g = g.float()
+    B, T = g.shape[:2]
+    index = prepare_chunk_index(cu, batch=B, seq_len=T, chunk_size=BT, device=torch.device("cuda"))
+
+    def run(blocks: int, quad: bool) -> list[torch.Tensor]:
+        bnd = torch.full((index.num_chunks, HV, 2), float("nan"), device="cuda")
+        rev = (torch.full((B, T, HV), float("nan"), device="cuda"),
+               torch.full((index.num_chunks, HV, 2), float("nan"), device="cuda"))  # fmt: skip
+        ag, gcum = ag_hopper(k, g, beta, index=index, bnd=bnd, v=v, rev=rev, q=q, blocks=blocks, quad=quad)
+        return [ag, gcum, bnd, *rev]
+
+    ref, got = run(0, False), run(*knobs)
+    assert_rel_close("Ag", ref[0].double(), got[0].double(), 1e-2)
+    for name, a, b in zip(("gcum", "bnd", "rev p", "rev chunk"), got[1:], ref[1:], strict=True):
+        inf = torch.isinf(b)
+        assert bool((torch.isinf(a) == inf).all()), name
+        torch.testing.assert_close(a[~inf], b[~inf], rtol=1e-6, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")

@@ -454,8 +454,8 @@ def reverse_ends(
     common: dict[str, Any] = {"BT": BT, "gate_vector": gate_vector}
     bwd: dict[str, Any] = {"scale": scale, "launch": launch, **common}
     h = v_new = None
-    if kept is not None:
-        h, v_new = kept["h"], kept["v_new"]
+    if kept is not None:  # (v_new None: the TileLang walk's kept states, read by the reverse walk alone)
+        h, v_new = kept["h"], kept.get("v_new")
     if plan is None:
         layout = SeqLayout(N, index.cu_seqlens if index.is_varlen else None,
                            index.chunk_offsets if index.is_varlen else None)

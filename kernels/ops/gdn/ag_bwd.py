@@ -250,6 +250,12 @@ def chunk_gdn_bwd_ag(
     # the warm reverse windows' bound sums in this launch when the backward will run the forward's split from its
     # segment states (no forward sums needed: `chunk_bwd` then skips `reverse_chunk_bound`), unless the forward's Ag
     # pass kept their q, k side (`kernels.common.warm_bwd.KEPT_REV_SUMS`: `chunk_bwd` then reads do alone for them)
+    if states and "v_new" not in states:
+        raise ValueError(
+            "chunk_gdn_bwd_ag: the forward kept the TileLang walk's chunk states without v_new (for the reverse walk, "
+            f"`fused.walk_keeps_states`); this backward (bwd_grads={launch.bwd_grads!r}) needs v_new: run it under the "
+            "forward's plan"
+        )
     rev_sums = kept_rev_sums(wy)
     fold = bool(seg_states) and not states and rev_sums is None and launch.bwd_warm_for("gdn") > 0
     w, u, aqk, tt, bnd = wy_from_ag(q, k, v, ag, gcum, scale=scale, index=index, launch=launch,

@@ -67,6 +67,7 @@ from kernels.common.warm_split import WarmInputs, certified_transitions, window_
 from kernels.common.wy import LOG2E, _gexp
 from kernels.configs import KernelSpec, LaunchConfig, cdiv, head_block, register
 from kernels.ops.gdn.fwd_walk import fwd_walk_tilelang, fwd_walk_wanted, wave_seg_chunks
+from kernels.ops.gdn.reverse_bwd import auto_reverse
 from kernels.ops.gdn.wy_ag import wy_gdn_ag
 from kernels.plan import LaunchPlan, launch_config
 
@@ -525,9 +526,18 @@ def forward_splits(index: ChunkIndex, k: Tensor, v: Tensor, launch: LaunchPlan, 
     backward that splits without them sums them from q, k, do as before."""
     if split_chunks == 0:
         return False
-    if split_chunks is None and not keep_states and fwd_walk_wanted(k, v, index.chunk_size, launch):
+    walk = fwd_walk_wanted(k, v, index.chunk_size, launch)
+    if split_chunks is None and walk and (not keep_states or walk_keeps_states(k, v, index.chunk_size, launch)):
         return _walk_split(index, k, v) is not None
     return True
+
+
+def walk_keeps_states(k: Tensor, v: Tensor, BT: int, launch: LaunchPlan) -> bool:
+    """Whether the policy "ag+states" (with the plan's `bwd_warm`) keeps the chunk states the TileLang forward walk
+    stores beside o (STORE_H with OUTPUT), and no v_new: where the walk is the output pass and the backward will be the
+    reverse walk (`bwd_grads` "reverse", or "auto" where `auto_reverse` takes it), which reads h alone. Else the Triton
+    pass keeps h and v_new for the Triton backward."""
+    return fwd_walk_wanted(k, v, BT, launch) and (launch.bwd_grads == "reverse" or auto_reverse(k, v, BT, launch))
 
 
 def _walk_split(index: ChunkIndex, k: Tensor, v: Tensor) -> SplitPlan | None:
@@ -563,7 +573,10 @@ def fused_state_output_fwd(
     h0 = initial_state.float().contiguous() if initial_state is not None else None
     layout = whole_sequences(index)
     # GDN's output pass on the TileLang walk (`LaunchPlan.fwd_pass`; not KDA's gates, not STORE_STATES)
-    walk = gcum.dim() == 3 and kd is None and aqk is None and hs is None and fwd_walk_wanted(k, v, BT, launch)
+    # (with hs and no vn it also stores the chunk states: "ag+states" ahead of the reverse walk, `walk_keeps_states`)
+    walk = gcum.dim() == 3 and kd is None and aqk is None and vn is None and fwd_walk_wanted(k, v, BT, launch)
+    if hs is not None and vn is None and not walk:
+        raise ValueError("fused_state_output_fwd: chunk states without v_new are the TileLang walk's (not run here)")
     plan = output_split(index, k, v, gcum, launch=launch, split_chunks=split_chunks, kd=kd, walk=walk)
     num_states = None
     if plan is not None:
@@ -591,7 +604,8 @@ def fused_state_output_fwd(
         layout, num_states = plan.final, index.num_seqs
     if walk:
         o, ht, _ = fwd_walk_tilelang(q, k, v, ag, gcum, layout=layout, scale=scale, h0=h0, num_states=num_states,
-                                     output_final_state=output_final_state)  # fmt: skip
+                                     output_final_state=output_final_state, hs=hs,
+                                     num_chunks=hs.shape[0] if hs is not None else None)  # fmt: skip
     else:
         o, ht = gdn_fused_state_output(q, k, v, ag, gcum, layout=layout, BT=BT, scale=scale, h0=h0,
                                        output_final_state=output_final_state, num_states=num_states, launch=launch,
@@ -615,15 +629,20 @@ def fused_state_output_keep(
     warm None (the plan's `bwd_warm_for("gdn")` is 0): exact maps of every segment, kept, since the backward's exact
     reverse chain (`seg_chain_bwd`) reads them all. warm given (`bwd_warm` > 0: the backward's reverse pass has its own
     certified window, `kernels.common.warm_bwd`, and makes the maps of its uncertified segments itself): the output
-    runs as `fused_state_output_fwd` with its warm split and the stores on, and `keep` gets no M."""
+    runs as `fused_state_output_fwd` with its warm split and the stores on, and `keep` gets no M; where the TileLang
+    walk is the output pass and the backward the reverse walk (`walk_keeps_states`), the walk stores h beside o (its
+    one-wave split) and `keep` gets no v_new (the reverse walk forms U itself)."""
     BT, HV, K, V = index.chunk_size, v.shape[2], k.shape[3], v.shape[3]
-    plan = output_split(index, k, v, gcum, launch=launch, split_chunks=split_chunks)
+    walk = warm is not None and walk_keeps_states(k, v, BT, launch)
+    plan = output_split(index, k, v, gcum, launch=launch, split_chunks=split_chunks, walk=walk)
     if warm is not None:
         keep["split"] = torch.tensor(plan.seg_chunks if plan is not None else 0, dtype=torch.int64)
-        keep["h"], keep["v_new"] = k.new_empty(index.num_chunks, HV, K, V), torch.empty_like(v, dtype=k.dtype)
+        keep["h"] = k.new_empty(index.num_chunks, HV, K, V)
+        if not walk:
+            keep["v_new"] = torch.empty_like(v, dtype=k.dtype)
         return fused_state_output_fwd(q, k, v, ag, gcum, scale=scale, index=index, launch=launch,
                                       initial_state=initial_state, output_final_state=output_final_state,
-                                      split_chunks=split_chunks, warm=warm, hs=keep["h"], vn=keep["v_new"])  # fmt: skip
+                                      split_chunks=split_chunks, warm=warm, hs=keep["h"], vn=keep.get("v_new"))  # fmt: skip
     h0 = initial_state.float().contiguous() if initial_state is not None else None
     layout, num_states = whole_sequences(index), None
     if plan is not None:

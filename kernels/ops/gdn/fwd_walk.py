@@ -364,7 +364,7 @@ def _no_final(n: int, device: torch.device) -> Tensor:
 def fwd_walk_tilelang(
     q: Tensor | None, k: Tensor, v: Tensor, ag: Tensor, gs: Tensor, *, layout: SeqLayout, scale: float = 1.0,
     h0: Tensor | None = None, num_states: int | None = None, output_final_state: bool = False,
-    num_chunks: int | None = None, BV: int | None = None,
+    num_chunks: int | None = None, BV: int | None = None, hs: Tensor | None = None,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:  # fmt: skip
     """(o `[B, T, HV, V]` in k's dtype or None without q, final states fp32 or None, h `[num_chunks, HV, K, V]` in
     k's dtype or None without num_chunks) over the layout's ranges (`kernels.common.chunk_state.SeqLayout`: dense
@@ -373,7 +373,8 @@ def fwd_walk_tilelang(
     q, k `[B, T, H, K]`, v `[B, T, HV, V]`, the Ag pass's Ag `[B, T, HV, 64]` and gate cumsum gs `[B, T, HV]` fp32;
     h0 `[layout.num_programs, HV, K, V]` fp32 or None; the final states `[num_states or num_programs, HV, K, V]`
     (at `layout.final_idx` when it has one); num_chunks: the chunk states of every range (STORE_H, at the layout's
-    chunk offsets). BV: 64 or 128, None: `DEFAULT_BV`. Raises ValueError where `fwd_walk_refusal` gives a reason."""
+    chunk offsets; hs: the buffer to store them in, `[num_chunks, HV, K, V]` in k's dtype, else allocated here). BV: 64
+    or 128, None: `DEFAULT_BV`. Raises ValueError where `fwd_walk_refusal` gives a reason."""
     B, T, Hk, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     BT = ag.shape[-1]
@@ -403,7 +404,11 @@ def fwd_walk_tilelang(
     N = B * T
     o = torch.empty_like(v) if q is not None else None
     ht = k.new_empty(num_states or P, HV, K, V, dtype=torch.float32) if output_final_state else None
-    hs = k.new_empty(num_chunks, HV, K, V) if num_chunks is not None else None
+    if hs is not None and (num_chunks is None or hs.shape != (num_chunks, HV, K, V) or hs.dtype != k.dtype):
+        raise ValueError(f"fwd walk: hs must be [{num_chunks}, {HV}, {K}, {V}] in {k.dtype}, got "
+                         f"{tuple(hs.shape)} {hs.dtype}")  # fmt: skip
+    if hs is None and num_chunks is not None:
+        hs = k.new_empty(num_chunks, HV, K, V)
     flat = [x.reshape(N, *x.shape[2:]) for x in (q if q is not None else k, k, v, ag, gs)]
     scratch = _scratch(dev, k.dtype, HV, K, V)
     args = [*flat, h0 if h0 is not None else scratch[0], cu, co[: cu.numel() - 1], pmap, fin,

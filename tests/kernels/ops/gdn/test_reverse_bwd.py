@@ -9,9 +9,12 @@ On an H200 with CPBENCH_TEST_GPU=1 and tilelang 0.1.15 (bf16, K = V = 128, chunk
   kernel rounds its products' operands to bf16, the mirror does not); and each sequence walked as one range, whose
   first step is its partial last chunk and whose next chunks are prefetched (session 24: the partial chunk's rows
   were stored before every thread had staged them);
-- a training step through `kernels.forward` under keep "ag" with bwd_grads "reverse": every gradient (dq, dk, dv,
-  dg, dbeta, dh0) against autograd through the fp32 per-token reference at 5e-3 (the issue's bound), varlen with h0
-  and dht and grouped heads, and dense B = 2 with the backward split into one-chunk ranges.
+- a training step through `kernels.forward` under keep "ag" and "ag+states" (the forward walk then keeps its chunk
+  states and the backward recomputes none) with bwd_grads "reverse": every gradient (dq, dk, dv, dg, dbeta, dh0)
+  against autograd through the fp32 per-token reference at 5e-3 (the issue's bound), varlen with h0 and dht and
+  grouped heads, and dense B = 2 with the backward split into one-chunk ranges.
+On any machine: "ag+states" keeps the walk's states only ahead of the reverse walk, and h without v_new is refused
+by the Triton pass and the Triton backward.
 """
 
 from __future__ import annotations
@@ -99,9 +102,42 @@ def _reference(q, k, v, g, beta, h0, do, dht, bounds):
     return gdn_reference_grads(q, k, v, g, beta, h0, do, dht, bounds, scale=DIM**-0.5)
 
 
+def test_ag_states_keeps_the_walks_states_ahead_of_the_reverse_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under "ag+states" the TileLang forward walk keeps its chunk states (no v_new) where it is the output pass and the
+    backward the reverse walk (`fused.walk_keeps_states`); h without v_new is refused by the Triton pass and by the
+    Triton backward in one line."""
+    import kernels.ops.gdn.fused as fused
+    import kernels.ops.gdn.fwd_walk as fw
+    import kernels.ops.gdn.reverse_bwd as rb
+    from kernels.common.index import prepare_chunk_index
+    from kernels.ops.gdn.ag_bwd import chunk_gdn_bwd_ag
+
+    k = torch.empty(1, 65536, 1, DIM, dtype=torch.bfloat16, device="meta")
+    v = torch.empty(1, 65536, 16, DIM, dtype=torch.bfloat16, device="meta")
+    assert not fused.walk_keeps_states(k, v, BT, LaunchPlan())  # here (a meta tensor): no walk, Triton keeps h, v_new
+    monkeypatch.setattr(fw, "tilelang_refusal_cached", lambda what, K, V, BT, device: None)  # as on an H200
+    monkeypatch.setattr(rb, "tilelang_refusal_cached", lambda what, K, V, BT, device: None)
+    assert fused.walk_keeps_states(k, v, BT, LaunchPlan())  # auto: the walk forward, the reverse walk backward
+    assert fused.walk_keeps_states(k[:, :64], v[:, :64], BT, LaunchPlan(bwd_grads="reverse"))  # asked for
+    assert not fused.walk_keeps_states(k[:, :64], v[:, :64], BT, LaunchPlan())  # a short step: Triton's backward
+    assert not fused.walk_keeps_states(k, v, BT, LaunchPlan(bwd_grads="fused"))
+    assert not fused.walk_keeps_states(k, v, BT, LaunchPlan(fwd_pass="triton"))
+    monkeypatch.undo()
+    q, k, v, g, beta, _ = make_inputs("gdn", B=1, T=70, H=1, K=16, V=16)
+    index = prepare_chunk_index(None, batch=1, seq_len=70, chunk_size=BT)
+    ag, gs = torch.zeros(1, 70, 1, BT), torch.zeros(1, 70, 1)
+    with pytest.raises(ValueError, match="chunk states without v_new are the TileLang walk's"):
+        fused.fused_state_output_fwd(q, k, v, ag, gs, scale=0.25, index=index, launch=LaunchPlan(),
+                                     hs=k.new_empty(index.num_chunks, 1, 16, 16))  # fmt: skip
+    kept = {"ag": ag, "gs": gs, "h": k.new_empty(index.num_chunks, 1, 16, 16), "split": torch.tensor(0)}
+    with pytest.raises(ValueError, match=r"without v_new .* this backward \(bwd_grads='auto'\) needs v_new"):
+        chunk_gdn_bwd_ag(q, k, v, g, beta, torch.ones_like(v), scale=0.25, wy=kept)
+
+
 @GPU
+@pytest.mark.parametrize("keep", ["ag", "ag+states"])
 @pytest.mark.parametrize("case", ["varlen-grouped", "dense-split"])
-def test_training_step_through_the_reverse_walk(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_training_step_through_the_reverse_walk(case: str, keep: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if case == "dense-split":  # the backward split into one-chunk ranges, as the automatic split does at long T
         import kernels.common.seqsplit as seqsplit
 
@@ -122,7 +158,7 @@ def test_training_step_through_the_reverse_walk(case: str, monkeypatch: pytest.M
     xs = [x.detach().clone().requires_grad_() for x in (q, k, v, g, beta)]
     s0 = h0.detach().clone().requires_grad_() if h0 is not None else None
     o, ht = kernels.forward("gdn", *xs, initial_state=s0, output_final_state=True, cu_seqlens=cu, backend="triton",
-                            plan=LaunchPlan(keep="ag", bwd_grads="reverse"))  # fmt: skip
+                            plan=LaunchPlan(keep=keep, bwd_grads="reverse"))  # fmt: skip
     ((o.float() * do.float()).sum() + ((ht * dht).sum() if dht is not None else 0.0)).backward()
     got = [x.grad for x in xs] + [s0.grad if s0 is not None else None]
     for name, a, r in zip(NAMES, got, _reference(q, k, v, g, beta, h0, do, dht, bounds), strict=True):

@@ -46,7 +46,7 @@ from kernels.parallel_compile import build_beside
 from kernels.plan import LaunchPlan
 from kernels.vocabulary import AUTO_REVERSE_MIN_TOKEN_HEADS
 
-__all__ = ["chunk_gdn_bwd_reverse", "reverse_bwd_refusal", "reverse_bwd_tilelang"]
+__all__ = ["REVERSE_KERNELS", "chunk_gdn_bwd_reverse", "reverse_bwd_refusal", "reverse_bwd_tilelang"]
 
 _THREADS = 256
 _WHAT = "reverse backward"  # how the refusals name this kernel
@@ -87,6 +87,10 @@ LAB_SWITCHES = {
     "no_store": "no dq, dk, dv stores",
 }
 EXACT_SWITCHES = frozenset({"sync_loads", "sync_qkv", "sync_stores", "sync_mma", "unbatched"})
+# The walk's kernels: "pairs" (this module's: two warpgroups form every product together, the default) and "stages"
+# (`kernels.ops.gdn.bwd_stages`: three warpgroups in lockstep stages and a producer; opt-in, not yet run on a GPU);
+# the lab switches are the pairs'
+REVERSE_KERNELS = ("pairs", "stages")
 
 
 @functools.cache
@@ -448,7 +452,7 @@ def _build(
 def reverse_bwd_tilelang(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, gs: Tensor, beta: Tensor, ag: Tensor, h: Tensor, do: Tensor, *,
     scale: float, cu: Tensor, chunk_offsets: Tensor, ends: Tensor, final_idx: Tensor, num_seqs: int,
-    lab: frozenset[str] = frozenset(),
+    lab: frozenset[str] = frozenset(), kernel: str = REVERSE_KERNELS[0],
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """(dq, dk per value head, dv, dg, dbeta, dh0) of GDN by one reverse walk per (range, value head) (module
     docstring). q, k `[B, T, Hk, K]`, v, do `[B, T, H, V]`, g (raw) and beta `[B, T, H]`, gs the in-chunk cumsum of
@@ -457,16 +461,26 @@ def reverse_bwd_tilelang(
     end), their first chunk's index into h `chunk_offsets` `[NS]`, the fp32 gradient at each range's end `ends`
     `[NS, H, K, V]`, and final_idx `[NS]` (range n stores its entering gradient in dh0[final_idx[n]] when >= 0).
     dq and dk come per value head (grouped heads sum them after). Raises ValueError where `reverse_bwd_refusal`
-    gives a reason. `lab`: `LAB_SWITCHES` keys, for timing only (the gradients are then wrong)."""
+    gives a reason. `lab`: `LAB_SWITCHES` keys, for timing only (the gradients are then wrong); kernel: one of
+    `REVERSE_KERNELS`."""
+    if kernel not in REVERSE_KERNELS or (kernel != "pairs" and lab):
+        raise ValueError(f"reverse walk kernel {kernel!r}: one of {REVERSE_KERNELS} (lab switches: 'pairs' only)")
     B, T, Hk, K = k.shape
     H, V = v.shape[2], v.shape[3]
     BT = ag.shape[-1]
     why = tilelang_refusal_cached(_WHAT, K, V, BT, k.device)  # (once per device: this runs on every step)
     if why is not None:
         raise ValueError(why)
-    build = (H, Hk, K, V, BT, float(scale), TL_DTYPES[k.dtype], TL_DTYPES[g.dtype], TL_DTYPES[beta.dtype], frozenset(lab))
-    # (in `compile_ahead`'s dry run the walk builds beside the Triton compiles and does not launch)
-    kern = None if build_beside(("reverse_bwd", *build), _build, *build) else _build(*build)
+    if kernel == "stages":
+        from kernels.ops.gdn import bwd_stages
+
+        sbuild = (H, Hk, float(scale), TL_DTYPES[k.dtype], TL_DTYPES[g.dtype], TL_DTYPES[beta.dtype])
+        kern = None if build_beside(("bwd_stages", *sbuild), bwd_stages._build, *sbuild) else bwd_stages._build(*sbuild)
+    else:
+        build = (H, Hk, K, V, BT, float(scale), TL_DTYPES[k.dtype], TL_DTYPES[g.dtype], TL_DTYPES[beta.dtype],
+                 frozenset(lab))  # fmt: skip
+        # (in `compile_ahead`'s dry run the walk builds beside the Triton compiles and does not launch)
+        kern = None if build_beside(("reverse_bwd", *build), _build, *build) else _build(*build)
     flat = [x.reshape(B * T, *x.shape[2:]).contiguous() for x in (q, k, v, do, ag, gs, g, beta)]
     dq, dk = per_value_head(q, H), per_value_head(k, H)
     dv = torch.empty_like(v)

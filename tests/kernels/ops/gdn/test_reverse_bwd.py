@@ -3,7 +3,7 @@
 On any machine: the refusals (head dims other than 128, a CPU tensor, KDA or no kept Ag) name their reason in one line;
 "auto" takes the walk for bf16 steps of at least AUTO_REVERSE_MIN_TOKEN_HEADS tokens x value heads where it runs.
 On an H200 with CPBENCH_TEST_GPU=1 and tilelang 0.1.15 (bf16, K = V = 128, chunk 64):
-- the kernel against its torch mirror (`kernels.common.reverse_bwd_torch.reverse_walk`, which CI checks against the
+- each of the walk's kernels ("pairs", the default, and "stages", `kernels.ops.gdn.bwd_stages`) against its torch mirror (`kernels.common.reverse_bwd_torch.reverse_walk`, which CI checks against the
   reference) on identical inputs: three varlen sequences (37, 300, 5 tokens: partial and sub-chunk chunks) walked in
   two-chunk ranges from random end gradients, grouped heads (Hk = 1, H = 2); relative L2 2e-2 per output (the
   kernel rounds its products' operands to bf16, the mirror does not); and each sequence walked as one range, whose
@@ -25,7 +25,7 @@ import torch
 import kernels
 from kernels.common.chunk_bwd import chunk_bwd
 from kernels.common.reverse_bwd_torch import reverse_walk
-from kernels.ops.gdn.reverse_bwd import reverse_bwd_refusal, reverse_bwd_tilelang
+from kernels.ops.gdn.reverse_bwd import REVERSE_KERNELS, reverse_bwd_refusal, reverse_bwd_tilelang
 from kernels.plan import LaunchPlan
 from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs, make_state
 from tests.utils.gdn_reference import gdn_reference_grads
@@ -44,6 +44,12 @@ def test_refusals_name_their_reason() -> None:
     q, k, v, g, beta, _ = make_inputs("kda", (20,), K=16, V=16)
     with pytest.raises(ValueError, match="bwd_grads='reverse' is GDN's backward from the forward's Ag"):
         chunk_bwd("kda", q, k, v, g, beta, torch.ones_like(v), scale=0.25, plan=LaunchPlan(bwd_grads="reverse"))
+    with pytest.raises(ValueError, match="reverse walk kernel 'roles': one of \\('pairs', 'stages'\\)"):
+        reverse_bwd_tilelang(*[torch.empty(0)] * 9, scale=1.0, cu=None, chunk_offsets=None, ends=None,  # type: ignore[arg-type]
+                             final_idx=None, num_seqs=0, kernel="roles")  # fmt: skip
+    with pytest.raises(ValueError, match="lab switches: 'pairs' only"):
+        reverse_bwd_tilelang(*[torch.empty(0)] * 9, scale=1.0, cu=None, chunk_offsets=None, ends=None,  # type: ignore[arg-type]
+                             final_idx=None, num_seqs=0, kernel="stages", lab=frozenset({"no_dg"}))  # fmt: skip
     q, k, v, g, beta, _ = make_inputs("gdn", (20,), K=16, V=16)
     with pytest.raises(ValueError, match="got op 'gdn' under recompute"):
         chunk_bwd("gdn", q, k, v, g, beta, torch.ones_like(v), scale=0.25, plan=LaunchPlan(bwd_grads="reverse"))
@@ -68,8 +74,9 @@ def test_auto_takes_the_walk_for_long_bf16_steps_where_it_runs(monkeypatch: pyte
 
 
 @GPU
+@pytest.mark.parametrize("kernel", REVERSE_KERNELS)
 @pytest.mark.parametrize("span", [2 * BT, 10**9], ids=["two-chunk-ranges", "whole-sequences"])
-def test_kernel_matches_its_torch_mirror(span: int) -> None:
+def test_kernel_matches_its_torch_mirror(span: int, kernel: str) -> None:
     lengths = (37, 300, 5)
     cu = [0, 37, 337, 342]
     q, k, _, _, _, _ = make_inputs("gdn", lengths, H=1, K=DIM, V=DIM, dtype=torch.bfloat16, device="cuda")
@@ -91,7 +98,7 @@ def test_kernel_matches_its_torch_mirror(span: int) -> None:
     args = (q, k, v, g, gs, beta, ag.bfloat16(), h.bfloat16(), do)
     ranges = {"cu": torch.tensor(bounds, device="cuda"), "chunk_offsets": torch.tensor(offs, device="cuda"),
               "ends": ends, "final_idx": torch.tensor(fin, device="cuda"), "num_seqs": 3}  # fmt: skip
-    got = reverse_bwd_tilelang(*args, scale=scale, **ranges)
+    got = reverse_bwd_tilelang(*args, scale=scale, kernel=kernel, **ranges)
     want = reverse_walk(*args, scale=scale, **ranges)
     for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), got, want, strict=True):
         assert torch.isfinite(a).all(), name

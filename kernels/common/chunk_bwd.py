@@ -93,7 +93,7 @@ from kernels.common.wy import (
 )
 from kernels.configs import KernelSpec, LaunchConfig, cdiv, register
 from kernels.plan import LaunchPlan, default_plan, launch_config
-from kernels.vocabulary import AUTO_BWD_GRADS
+from kernels.vocabulary import AUTO_BWD_GRADS, REVERSE_WALKS
 
 __all__ = ["CHUNK_BWD_DQK", "WY_BWD", "WY_INVERSE", "chunk_bwd", "chunk_state_grad", "pair_grads"]
 
@@ -601,8 +601,8 @@ def chunk_bwd(
     N = index.num_seqs
 
     # 1. the WY factors (recomputed unless the forward kept them) and T
-    if grads == "reverse":  # reached only where the forward kept no Ag: `kernels.ops.gdn.ag_bwd` runs the walk
-        raise ValueError("bwd_grads='reverse' is GDN's backward from the forward's Ag (keep 'ag' or 'ag+states'); "
+    if grads in REVERSE_WALKS:  # reached only where the forward kept no Ag: `kernels.ops.gdn.ag_bwd` runs the walk
+        raise ValueError(f"bwd_grads={grads!r} is GDN's backward from the forward's Ag (keep 'ag' or 'ag+states'); "
                          f"got op {op!r} under {'recompute' if wy is None else 'kept WY factors'}")
     w, u, ks, gs, qs, aqk = _wy_factors(gate_vector, q, k, v, g, beta, scale=scale, index=index, launch=launch, wy=wy)
     if wy is not None and "tt" in wy:  # T formed from the forward's Ag (kernels.ops.gdn.ag_bwd), no inverse here

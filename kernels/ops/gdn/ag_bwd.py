@@ -48,6 +48,7 @@ from kernels.ops.gdn.fwd_walk import fwd_walk_tilelang, fwd_walk_wanted
 from kernels.ops.gdn.reverse_bwd import auto_reverse, chunk_gdn_bwd_reverse
 from kernels.ops.gdn.wy_ag import wy_gdn_ag
 from kernels.plan import LaunchPlan, default_plan, launch_config
+from kernels.vocabulary import REVERSE_WALKS
 
 __all__ = ["WY_FROM_AG", "ag_factors", "chunk_gdn_bwd_ag", "wy_from_ag"]
 
@@ -239,14 +240,14 @@ def chunk_gdn_bwd_ag(
     else:
         ag, gcum = wy["ag"], wy["gs"]
     states = {name: wy[name] for name in KEPT_STATES if name in wy} if wy is not None and "h" in wy else {}
-    if launch.bwd_grads == "reverse" or auto_reverse(k, v, index.chunk_size, launch):
+    if launch.bwd_grads in REVERSE_WALKS or auto_reverse(k, v, index.chunk_size, launch):
         # the TileLang reverse walk, reading Ag itself (`kernels.ops.gdn.reverse_bwd`; "auto" takes it for long bf16
         # steps on Hopper); w, u, aqk formed only where its state pass reads them (`ag_factors`)
         lazy = ag_factors(q, k, v, ag, gcum, scale=scale, index=index, launch=launch)
         return chunk_gdn_bwd_reverse(q, k, v, g, beta, do, ag=ag, gs=gcum, kept=states or None, lazy=lazy, index=index,
                                      scale=scale, initial_state=initial_state, dht=dht, launch=launch,
                                      split_chunks=split_chunks, warm_report=warm_report, seg_states=seg_states,
-                                     qk_sums=kept_rev_sums(wy))  # fmt: skip
+                                     qk_sums=kept_rev_sums(wy), kernel=REVERSE_WALKS.get(launch.bwd_grads, "pairs"))  # fmt: skip
     # the warm reverse windows' bound sums in this launch when the backward will run the forward's split from its
     # segment states (no forward sums needed: `chunk_bwd` then skips `reverse_chunk_bound`), unless the forward's Ag
     # pass kept their q, k side (`kernels.common.warm_bwd.KEPT_REV_SUMS`: `chunk_bwd` then reads do alone for them)

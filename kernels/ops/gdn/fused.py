@@ -70,6 +70,7 @@ from kernels.ops.gdn.fwd_walk import fwd_walk_tilelang, fwd_walk_wanted, wave_se
 from kernels.ops.gdn.reverse_bwd import auto_reverse
 from kernels.ops.gdn.wy_ag import wy_gdn_ag
 from kernels.plan import LaunchPlan, launch_config
+from kernels.vocabulary import REVERSE_WALKS
 
 __all__ = [
     "FUSED_VARIANTS",
@@ -537,7 +538,7 @@ def walk_keeps_states(k: Tensor, v: Tensor, BT: int, launch: LaunchPlan) -> bool
     stores beside o (STORE_H with OUTPUT), and no v_new: where the walk is the output pass and the backward will be the
     reverse walk (`bwd_grads` "reverse", or "auto" where `auto_reverse` takes it), which reads h alone. Else the Triton
     pass keeps h and v_new for the Triton backward."""
-    return fwd_walk_wanted(k, v, BT, launch) and (launch.bwd_grads == "reverse" or auto_reverse(k, v, BT, launch))
+    return fwd_walk_wanted(k, v, BT, launch) and (launch.bwd_grads in REVERSE_WALKS or auto_reverse(k, v, BT, launch))
 
 
 def _walk_split(index: ChunkIndex, k: Tensor, v: Tensor) -> SplitPlan | None:

@@ -497,7 +497,7 @@ def chunk_gdn_bwd_reverse(
     kept: Mapping[str, Tensor] | None, lazy: LazyFactors, index: ChunkIndex, scale: float,
     initial_state: Tensor | None, dht: Tensor | None, launch: LaunchPlan, split_chunks: int | None,
     warm_report: dict[str, Tensor] | None, seg_states: Mapping[str, Any] | None,
-    qk_sums: tuple[Tensor, Tensor] | None = None,
+    qk_sums: tuple[Tensor, Tensor] | None = None, kernel: str = REVERSE_KERNELS[0],
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:  # fmt: skip
     """GDN's backward under the reverse walk (`kernels.ops.gdn.ag_bwd`: `bwd_grads="reverse"`, or "auto" for a long
     step): the chunk states and each range's end gradient as the reverse state pass makes them
@@ -505,7 +505,8 @@ def chunk_gdn_bwd_reverse(
     recomputed in the Ag form; w, u, aqk formed by `lazy` only where the warm windows read them; the windows' bound
     sums from the forward's q, k side `qk_sums` where it kept them, `kernels.common.warm_bwd.RevWarmInputs.qk_sums`),
     then one TileLang walk per (range, value head) forming every gradient (`reverse_bwd_tilelang`) from the forward's
-    Ag and gate cumsum gs. Returns (dq, dk, dv, dg, dbeta, dh0) as `kernels.common.chunk_bwd.chunk_bwd`."""
+    Ag and gate cumsum gs, on the walk's `kernel` (`REVERSE_KERNELS`). Returns (dq, dk, dv, dg, dbeta, dh0) as
+    `kernels.common.chunk_bwd.chunk_bwd`."""
     B, T, Hk, K = k.shape
     H, V = v.shape[2], v.shape[-1]
     h, _, layout, ends = reverse_ends(
@@ -525,7 +526,7 @@ def chunk_gdn_bwd_reverse(
         ends = torch.zeros(NS, H, K, V, dtype=torch.float32, device=dev)
     dq, dk, dv, dg, dbeta, dh0 = reverse_bwd_tilelang(
         q, k, v, g, gs, beta, ag, h, do, scale=scale, cu=cu, chunk_offsets=co[:NS], ends=ends,  # (offsets: [NS + 1])
-        final_idx=fin, num_seqs=N,
+        final_idx=fin, num_seqs=N, kernel=kernel,
     )  # fmt: skip
     dq = group_sum(dq, Hk)
     dk = group_sum(dk, Hk)

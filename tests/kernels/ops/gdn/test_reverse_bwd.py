@@ -10,7 +10,7 @@ On an H200 with CPBENCH_TEST_GPU=1 and tilelang 0.1.15 (bf16, K = V = 128, chunk
   first step is its partial last chunk and whose next chunks are prefetched (session 24: the partial chunk's rows
   were stored before every thread had staged them);
 - a training step through `kernels.forward` under keep "ag" and "ag+states" (the forward walk then keeps its chunk
-  states and the backward recomputes none) with bwd_grads "reverse": every gradient (dq, dk, dv, dg, dbeta, dh0)
+  states and the backward recomputes none) with bwd_grads "reverse" and "stages" (the two kernels): every gradient (dq, dk, dv, dg, dbeta, dh0)
   against autograd through the fp32 per-token reference at 5e-3 (the issue's bound), varlen with h0 and dht and
   grouped heads, and dense B = 2 with the backward split into one-chunk ranges.
 On any machine: "ag+states" keeps the walk's states only ahead of the reverse walk, and h without v_new is refused
@@ -42,8 +42,9 @@ def test_refusals_name_their_reason() -> None:
     assert "chunk 64, got K=128 V=128 chunk=32" in str(reverse_bwd_refusal(128, 128, 32, torch.device("cpu")))
     assert "runs on CUDA only, got cpu" in str(reverse_bwd_refusal(128, 128, 64, torch.device("cpu")))
     q, k, v, g, beta, _ = make_inputs("kda", (20,), K=16, V=16)
-    with pytest.raises(ValueError, match="bwd_grads='reverse' is GDN's backward from the forward's Ag"):
-        chunk_bwd("kda", q, k, v, g, beta, torch.ones_like(v), scale=0.25, plan=LaunchPlan(bwd_grads="reverse"))
+    for grads in ("reverse", "stages"):
+        with pytest.raises(ValueError, match=f"bwd_grads='{grads}' is GDN's backward from the forward's Ag"):
+            chunk_bwd("kda", q, k, v, g, beta, torch.ones_like(v), scale=0.25, plan=LaunchPlan(bwd_grads=grads))
     with pytest.raises(ValueError, match="reverse walk kernel 'roles': one of \\('pairs', 'stages'\\)"):
         reverse_bwd_tilelang(*[torch.empty(0)] * 9, scale=1.0, cu=None, chunk_offsets=None, ends=None,  # type: ignore[arg-type]
                              final_idx=None, num_seqs=0, kernel="roles")  # fmt: skip
@@ -126,6 +127,7 @@ def test_ag_states_keeps_the_walks_states_ahead_of_the_reverse_walk(monkeypatch:
     monkeypatch.setattr(rb, "tilelang_refusal_cached", lambda what, K, V, BT, device: None)
     assert fused.walk_keeps_states(k, v, BT, LaunchPlan())  # auto: the walk forward, the reverse walk backward
     assert fused.walk_keeps_states(k[:, :64], v[:, :64], BT, LaunchPlan(bwd_grads="reverse"))  # asked for
+    assert fused.walk_keeps_states(k[:, :64], v[:, :64], BT, LaunchPlan(bwd_grads="stages"))
     assert not fused.walk_keeps_states(k[:, :64], v[:, :64], BT, LaunchPlan())  # a short step: Triton's backward
     assert not fused.walk_keeps_states(k, v, BT, LaunchPlan(bwd_grads="fused"))
     assert not fused.walk_keeps_states(k, v, BT, LaunchPlan(fwd_pass="triton"))
@@ -142,9 +144,10 @@ def test_ag_states_keeps_the_walks_states_ahead_of_the_reverse_walk(monkeypatch:
 
 
 @GPU
+@pytest.mark.parametrize("walk", ["reverse", "stages"])
 @pytest.mark.parametrize("keep", ["ag", "ag+states"])
 @pytest.mark.parametrize("case", ["varlen-grouped", "dense-split"])
-def test_training_step_through_the_reverse_walk(case: str, keep: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_training_step_through_the_reverse_walk(case: str, keep: str, walk: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if case == "dense-split":  # the backward split into one-chunk ranges, as the automatic split does at long T
         import kernels.common.seqsplit as seqsplit
 
@@ -165,7 +168,7 @@ def test_training_step_through_the_reverse_walk(case: str, keep: str, monkeypatc
     xs = [x.detach().clone().requires_grad_() for x in (q, k, v, g, beta)]
     s0 = h0.detach().clone().requires_grad_() if h0 is not None else None
     o, ht = kernels.forward("gdn", *xs, initial_state=s0, output_final_state=True, cu_seqlens=cu, backend="triton",
-                            plan=LaunchPlan(keep=keep, bwd_grads="reverse"))  # fmt: skip
+                            plan=LaunchPlan(keep=keep, bwd_grads=walk))  # fmt: skip
     ((o.float() * do.float()).sum() + ((ht * dht).sum() if dht is not None else 0.0)).backward()
     got = [x.grad for x in xs] + [s0.grad if s0 is not None else None]
     for name, a, r in zip(NAMES, got, _reference(q, k, v, g, beta, h0, do, dht, bounds), strict=True):

@@ -18,8 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kernels.common.ag_torch import block_inverse  # noqa: E402
 
 CASES = (  # (|k|, largest beta, the per-token log decay's lower end)
     (1.0, 1.0, -1.0),
@@ -76,17 +81,9 @@ def solve(A: torch.Tensor, diag) -> torch.Tensor:  # noqa: ANN001
 
 
 def solve_block_form(A: torch.Tensor) -> torch.Tensor:
-    """The TileLang Ag pass's solve (`kernels.ops.gdn.ag_hopper`, session 27) on a 64x64 strictly lower A: D^-1 the
-    four diagonal blocks' inverses by fp32 substitution, N = D^-1 A off its diagonal blocks, then
-    T = (I - N + N^2 - N^3) D^-1, every product in tf32 (64x64x64)."""
-    dinv = torch.zeros(64, 64)
-    for d in range(4):
-        blk = slice(16 * d, 16 * d + 16)
-        dinv[blk, blk] = inv_substitution(A[blk, blk])
-    rows = torch.arange(64)
-    N = mm(dinv, A) * ((rows[:, None] // 16) > (rows[None, :] // 16))
-    N2 = mm(N, N)
-    return mm(torch.eye(64) - N + N2 - mm(N, N2), dinv)
+    """The TileLang Ag pass's solve (`kernels.ops.gdn.ag_hopper`, session 27; its mirror `ag_torch.block_inverse`) on a
+    64x64 strictly lower fp32 A: the diagonal blocks' inverses by fp32 substitution, every product in tf32."""
+    return block_inverse(A.float(), mm=mm)
 
 
 def errors(knorm: float, beta_max: float, lb: float, cases: int, seed: int = 0) -> dict[str, list[float]]:

@@ -15,6 +15,8 @@ the padding maps of `ChunkIndex.pad` (padded rows: k = v = q = 0, Ag = 0, G = th
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -22,7 +24,7 @@ from kernels.common.chunk_torch import compute_dtype, from_chunks, to_chunks
 from kernels.common.decay import floor_gate
 from kernels.common.index import ChunkIndex
 
-__all__ = ["ag_block_solve", "ag_chunk_forward", "ag_reference"]
+__all__ = ["ag_block_solve", "ag_chunk_forward", "ag_reference", "block_inverse"]
 
 
 def _heads(x: Tensor, hv: int) -> Tensor:
@@ -65,20 +67,29 @@ def ag_block_solve(
     strict = rows[:, None] > rows[None, :]
     D = (G[..., :, None] - G[..., None, :]).masked_fill(~strict, float("-inf")).exp()
     A = (kc @ kc.transpose(-1, -2)) * D * bc[..., None]
+    return from_chunks(block_inverse(A) * bc[..., None, :], index, B, T), from_chunks(G, index, B, T)
+
+
+def block_inverse(A: Tensor, mm: Callable[[Tensor, Tensor], Tensor] = torch.matmul) -> Tensor:
+    """(I + A)^{-1} of a strictly lower `[..., 64, 64]` A by the TileLang Ag pass's decomposition (`ag_block_solve`):
+    the diagonal 16x16 blocks' inverses D^-1 by forward substitution in A's dtype, then (I - N + N^2 - N^3) D^-1 with
+    N = D^-1 A off its diagonal blocks, every product by `mm` (`benchmarks/solve_precision.py` passes an emulated
+    tf32 one)."""
+    C = A.shape[-1]
+    rows = torch.arange(C, device=A.device)
     dinv = torch.zeros_like(A)
-    for d in range(4):  # column by column of each diagonal block: t_i = [i == j] - sum_{m < i} A_im t_m
+    for d in range(C // 16):  # column by column of each diagonal block: t_i = [i == j] - sum_{m < i} A_im t_m
         blk = slice(16 * d, 16 * d + 16)
         a = A[..., blk, blk]
         t = torch.zeros_like(a)
         for i in range(16):
-            t[..., i, :] = (rows[i] == rows[:16]).to(dtype) - (a[..., i, :i, None] * t[..., :i, :]).sum(-2)
+            t[..., i, :] = (rows[i] == rows[:16]).to(A.dtype) - (a[..., i, :i, None] * t[..., :i, :]).sum(-2)
         dinv[..., blk, blk] = t
     below = (rows[:, None] // 16) > (rows[None, :] // 16)
-    N = (dinv @ A) * below
-    N2 = N @ N
-    eye = torch.eye(C, dtype=dtype, device=k.device)
-    Tm = (eye - N + N2 - N @ N2) @ dinv
-    return from_chunks(Tm * bc[..., None, :], index, B, T), from_chunks(G, index, B, T)
+    N = mm(dinv, A) * below
+    N2 = mm(N, N)
+    eye = torch.eye(C, dtype=A.dtype, device=A.device)
+    return mm(eye - N + N2 - mm(N, N2), dinv)
 
 
 def ag_chunk_forward(

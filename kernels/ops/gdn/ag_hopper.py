@@ -29,7 +29,7 @@ from torch import Tensor
 
 from kernels.common.decay import GATE_FLOOR
 from kernels.common.index import ChunkIndex
-from kernels.ops.gdn.tilelang_hopper import TL_DTYPES, tilelang_refusal, tilelang_refusal_cached
+from kernels.ops.gdn.tilelang_hopper import TL_DTYPES, hopper_jit, tilelang_chosen, tilelang_refusal, tilelang_refusal_cached
 from kernels.parallel_compile import build_beside
 from kernels.plan import LaunchPlan
 
@@ -44,9 +44,6 @@ _THREADS = 128
 # by both; its decomposition's mirror tested on the CPU); tests/kernels/ops/gdn/test_ag_hopper.py and
 # benchmarks/ag_pass_lab.py on an H200 decide it
 AG_HOPPER_AUTO = False
-# the upward rounding of the fp32 bound sums, relative to what they round (`kernels.common.wy.BOUND_MARGIN`'s value:
-# wy.py imports Triton, this module must not at import)
-_BOUND_MARGIN = 1e-4
 
 
 def ag_hopper_refusal(K: int, V: int, BT: int, device: torch.device) -> str | None:
@@ -58,15 +55,9 @@ def ag_hopper_wanted(k: Tensor, BT: int, launch: LaunchPlan | None, v: Tensor | 
     """Whether GDN's Ag pass runs on this kernel under the plan's `ag_pass`: "tilelang" always (a ValueError with the
     refusal's reason where it cannot run); "triton" and "auto" never: `AG_HOPPER_AUTO` is off until the kernel has
     been checked and timed on an H200."""
-    mode = launch.ag_pass if launch is not None else "auto"
-    if mode == "triton" or (mode == "auto" and not AG_HOPPER_AUTO):
-        return False
-    why = tilelang_refusal_cached(_WHAT, k.shape[-1], v.shape[-1] if v is not None else 128, BT, k.device)
-    if mode == "tilelang":
-        if why is not None:
-            raise ValueError(f"LaunchPlan(ag_pass='tilelang'): {why}")
-        return True
-    return why is None and k.dtype == torch.bfloat16
+    return tilelang_chosen("ag_pass", launch.ag_pass if launch is not None else "auto", _WHAT, k.shape[-1],
+                           v.shape[-1] if v is not None else 128, BT, k.device,
+                           auto=AG_HOPPER_AUTO and k.dtype == torch.bfloat16)  # fmt: skip
 
 
 @functools.cache
@@ -76,7 +67,6 @@ def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int, blocks: int 
     register cap of 65536 / (128 blocks)), `benchmarks/ag_pass_lab.py --blocks`; quad: N^2 and N^3 from their nonzero
     blocks alone (a 32x32x32 product and a 16x16x16 one on the CUDA cores instead of two 64x64x64: half the tf32 work),
     `ag_pass_lab.py --quad`."""
-    import tilelang
     import tilelang.language as T
 
     K = V = 128
@@ -89,13 +79,12 @@ def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int, blocks: int 
     # the optional inputs' and outputs' rows (a build without them binds one-row stand-ins)
     nv, nb, nrp, nrc = T.dynamic("nv"), T.dynamic("nb"), T.dynamic("nrp"), T.dynamic("nrc")
     floor = float(GATE_FLOOR)
-    margin = _BOUND_MARGIN
+    from kernels.common.wy import BOUND_MARGIN  # (the Triton pass's rounding; wy.py imports Triton: here, not above)
+
+    margin = float(BOUND_MARGIN.value)
     ninf = -float("inf")
 
-    @tilelang.jit(
-        target={"kind": "cuda", "arch": "sm_90a"},
-        pass_configs={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True},
-    )
+    @hopper_jit()
     def build() -> Any:
         @T.macro
         def row_squares(x_s, sq_f, nn_s):
@@ -308,10 +297,12 @@ def _dense_chunks(N: int, T: int, device: torch.device) -> tuple[Tensor, Tensor]
 
 
 @functools.cache
-def _scratch(device: torch.device, H: int) -> tuple[Tensor, Tensor]:
-    """Stand-ins for the outputs a build does not write (TileLang binds every argument)."""
+def _scratch(device: torch.device, H: int, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    """Stand-ins for the arguments a build neither reads nor writes (TileLang binds every argument): a chunk's sums,
+    a token's sum, one row of v."""
     return (torch.zeros(1, H, 2, dtype=torch.float32, device=device),
-            torch.zeros(1, H, dtype=torch.float32, device=device))  # fmt: skip
+            torch.zeros(1, H, dtype=torch.float32, device=device),
+            torch.zeros(1, H, 128, dtype=dtype, device=device))  # fmt: skip
 
 
 def ag_hopper(
@@ -340,11 +331,11 @@ def ag_hopper(
     N = B * T
     ag = torch.empty(B, T, HV, BT, dtype=k.dtype, device=dev)
     gcum = torch.empty(B, T, HV, dtype=torch.float32, device=dev)
-    chunk_scratch, tok_scratch = _scratch(dev, HV)
+    chunk_scratch, tok_scratch, v_scratch = _scratch(dev, HV, k.dtype)
     rp, rc = rev if rev is not None else (tok_scratch, chunk_scratch)
     args = [
         (q if q is not None else k).reshape(N, Hk, K), k.reshape(N, Hk, K),
-        (v if v is not None else k.new_empty(1, HV, 128)).reshape(-1, HV, 128),
+        (v if v is not None else v_scratch).reshape(-1, HV, 128),
         g.reshape(N, HV), beta.reshape(N, HV), cu, ci, ag.view(N, HV, BT), gcum.view(N, HV),
         bnd if bnd is not None else chunk_scratch, rp.view(-1, HV), rc,
     ]  # fmt: skip

@@ -40,6 +40,7 @@ import functools
 from typing import Any
 
 from kernels.common.decay import GATE_FLOOR
+from kernels.ops.gdn.tilelang_hopper import hopper_jit, masked_chunk_loads
 
 __all__ = ["BWD_STAGES_NREG", "N_STAGES"]
 
@@ -68,11 +69,10 @@ def _build(H: int, Hk: int, scale: float, io: str, gdt: str, bdt: str) -> Any:
     consumers = 384
     ntok, nchunk, nseg, nseq = T.dynamic("ntok"), T.dynamic("nchunk"), T.dynamic("nseg"), T.dynamic("nseq")
 
-    @tilelang.jit(
-        target={"kind": "cuda", "arch": "sm_90a"},
-        pass_configs={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True},
-    )
+    @hopper_jit()
     def build() -> Any:
+        load_chunk = masked_chunk_loads(T, BT, K, V)
+
         @T.macro
         def sync(bars, s, i):  # fmt: skip
             """Stage s of step i: arrive at its barrier and wait for every participant."""
@@ -413,18 +413,8 @@ def _build(H: int, Hk: int, scale: float, io: str, gdt: str, bdt: str) -> Any:
                 # gate repeating the last row's cumsum: no decay there)
                 t0 = bos + (nt - 1) * BT
                 if nt > 0:
-                    for r, c in T.Parallel(BT, K):
-                        q_s[r, c] = T.if_then_else(t0 + r < eos, q[T.min(t0 + r, eos - 1), i_hk, c], 0)
-                        k_s[r, c] = T.if_then_else(t0 + r < eos, k[T.min(t0 + r, eos - 1), i_hk, c], 0)
-                    for r, c in T.Parallel(BT, V):
-                        v_s[r, c] = T.if_then_else(t0 + r < eos, v[T.min(t0 + r, eos - 1), i_h, c], 0)
-                        do_s[r, c] = T.if_then_else(t0 + r < eos, do[T.min(t0 + r, eos - 1), i_h, c], 0)
-                    for r, c in T.Parallel(BT, BT):
-                        ag_s[r, c] = T.if_then_else(t0 + r < eos, ag[T.min(t0 + r, eos - 1), i_h, c], 0)
-                    T.copy(h[boc + nt - 1, i_h, 0:K, 0:V], h_s)
-                    for r in T.Parallel(BT):
-                        g_s[r] = gs[T.min(t0 + r, eos - 1), i_h]
-                        b_s[r] = T.if_then_else(t0 + r < eos, T.cast(beta[T.min(t0 + r, eos - 1), i_h], fp32), 0)
+                    load_chunk(q, k, v, do, ag, h, gs, beta, q_s, k_s, v_s, do_s, ag_s, h_s, g_s, b_s, t0, eos,
+                               boc + nt - 1, i_hk, i_h)  # fmt: skip
                 T.fence_proxy_async()
                 T.sync_threads()
 

@@ -41,7 +41,7 @@ from kernels.common.chunk_state import SeqLayout
 from kernels.common.index import ChunkIndex
 from kernels.common.seqsplit import SPLIT_MIN_SEG_CHUNKS
 from kernels.configs import cdiv
-from kernels.ops.gdn.tilelang_hopper import TL_DTYPES, tilelang_refusal, tilelang_refusal_cached
+from kernels.ops.gdn.tilelang_hopper import TL_DTYPES, hopper_jit, tilelang_chosen, tilelang_refusal, tilelang_refusal_cached
 from kernels.parallel_compile import build_beside
 from kernels.plan import LaunchPlan
 
@@ -92,14 +92,8 @@ def fwd_walk_wanted(k: Tensor, v: Tensor, BT: int, launch: LaunchPlan) -> bool:
     """Whether GDN's forward pass (and the reverse walk's state recompute) runs on this walk under the plan's
     `fwd_pass`: "triton" never; "tilelang" always (a ValueError with `fwd_walk_refusal`'s reason where it cannot run);
     "auto" in bf16 (the dtype it was timed in) where nothing refuses it."""
-    if launch.fwd_pass == "triton":
-        return False
-    why = tilelang_refusal_cached(_WHAT, k.shape[-1], v.shape[-1], BT, k.device)
-    if launch.fwd_pass == "tilelang":
-        if why is not None:
-            raise ValueError(f"LaunchPlan(fwd_pass='tilelang'): {why}")
-        return True
-    return why is None and k.dtype == v.dtype == torch.bfloat16
+    return tilelang_chosen("fwd_pass", launch.fwd_pass, _WHAT, k.shape[-1], v.shape[-1], BT, k.device,
+                           auto=k.dtype == v.dtype == torch.bfloat16)  # fmt: skip
 
 
 def wave_seg_chunks(index: ChunkIndex, *, H: int, sms: int) -> int | None:
@@ -120,7 +114,6 @@ def _build(H: int, Hk: int, BV: int, scale: float, io: str) -> Any:
     run-time (`FWD_WALK_MODES`)."""
     if BV not in FWD_WALK_BV:
         raise ValueError(f"fwd walk: BV {BV}, not one of {FWD_WALK_BV}")
-    import tilelang
     import tilelang.language as T
 
     K = V = 128
@@ -133,10 +126,7 @@ def _build(H: int, Hk: int, BV: int, scale: float, io: str) -> Any:
     ntok, nrange, nprog = T.dynamic("ntok"), T.dynamic("nrange"), T.dynamic("nprog")
     nh0, nstate, nchunk = T.dynamic("nh0"), T.dynamic("nstate"), T.dynamic("nchunk")
 
-    @tilelang.jit(
-        target={"kind": "cuda", "arch": "sm_90a"},
-        pass_configs={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True},
-    )
+    @hopper_jit()
     def build() -> Any:
         # each role's loop is a macro (the kernel's nesting of roles, loops and branches passes Python's limit of
         # statically nested blocks as one function)

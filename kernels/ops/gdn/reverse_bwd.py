@@ -41,10 +41,17 @@ from kernels.common.chunk_bwd import LazyFactors, rev_warm, reverse_ends
 from kernels.common.decay import GATE_FLOOR
 from kernels.common.index import ChunkIndex
 from kernels.configs import cdiv
-from kernels.ops.gdn.tilelang_hopper import TL_DTYPES, tilelang_refusal, tilelang_refusal_cached
+from kernels.ops.gdn import bwd_stages
+from kernels.ops.gdn.tilelang_hopper import (
+    TL_DTYPES,
+    hopper_jit,
+    masked_chunk_loads,
+    tilelang_refusal,
+    tilelang_refusal_cached,
+)
 from kernels.parallel_compile import build_beside
 from kernels.plan import LaunchPlan
-from kernels.vocabulary import AUTO_REVERSE_MIN_TOKEN_HEADS
+from kernels.vocabulary import AUTO_REVERSE_MIN_TOKEN_HEADS, REVERSE_WALKS
 
 __all__ = ["REVERSE_KERNELS", "chunk_gdn_bwd_reverse", "reverse_bwd_refusal", "reverse_bwd_tilelang"]
 
@@ -90,7 +97,7 @@ EXACT_SWITCHES = frozenset({"sync_loads", "sync_qkv", "sync_stores", "sync_mma",
 # The walk's kernels: "pairs" (this module's: two warpgroups form every product together, the default) and "stages"
 # (`kernels.ops.gdn.bwd_stages`: three warpgroups in lockstep stages and a producer; opt-in, not yet run on a GPU);
 # the lab switches are the pairs'
-REVERSE_KERNELS = ("pairs", "stages")
+REVERSE_KERNELS: tuple[str, ...] = tuple(REVERSE_WALKS.values())
 
 
 @functools.cache
@@ -115,11 +122,10 @@ def _build(
     ntok, nchunk, nseg, nseq = T.dynamic("ntok"), T.dynamic("nchunk"), T.dynamic("nseg"), T.dynamic("nseq")
     floor = float(GATE_FLOOR)
 
-    @tilelang.jit(
-        target={"kind": "cuda", "arch": "sm_90a"},
-        pass_configs={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True},
-    )
+    @hopper_jit()
     def build() -> Any:
+        load_chunk = masked_chunk_loads(T, BT, K, V)
+
         @T.macro
         def store_rows(tile: Any, out: Any, t0: Any, eos: Any, i_h: Any) -> None:
             """A staged [BT, D] shared tile into out[t0 : t0 + BT, i_h]: one TMA store for a full chunk (under
@@ -259,18 +265,8 @@ def _build(
                             b_s[r] = T.cast(beta[t0 + r, i_h], fp32)
                         T.barrier_wait(bar, (i_r + 1) % 2)
                     else:
-                        for r, c in T.Parallel(BT, K):
-                            q_s[r, c] = T.if_then_else(t0 + r < eos, q[T.min(t0 + r, eos - 1), i_hk, c], 0)
-                            k_s[r, c] = T.if_then_else(t0 + r < eos, k[T.min(t0 + r, eos - 1), i_hk, c], 0)
-                        for r, c in T.Parallel(BT, V):
-                            vw_s[r, c] = T.if_then_else(t0 + r < eos, v[T.min(t0 + r, eos - 1), i_h, c], 0)
-                            do_s[r, c] = T.if_then_else(t0 + r < eos, do[T.min(t0 + r, eos - 1), i_h, c], 0)
-                        for r, c in T.Parallel(BT, BT):
-                            ag_s[r, c] = T.if_then_else(t0 + r < eos, ag[T.min(t0 + r, eos - 1), i_h, c], 0)
-                        T.copy(h[ic, i_h, 0:K, 0:V], h_s)
-                        for r in T.Parallel(BT):
-                            g_s[r] = gs[T.min(t0 + r, eos - 1), i_h]
-                            b_s[r] = T.if_then_else(t0 + r < eos, T.cast(beta[T.min(t0 + r, eos - 1), i_h], fp32), 0)
+                        load_chunk(q, k, v, do, ag, h, gs, beta, q_s, k_s, vw_s, do_s, ag_s, h_s, g_s, b_s, t0, eos, ic,
+                                   i_hk, i_h)  # fmt: skip
                     for r in T.Parallel(BT):
                         eg_s[r] = T.exp(g_s[r])
                         er_s[r] = T.exp(g_s[BT - 1] - g_s[r])
@@ -472,8 +468,6 @@ def reverse_bwd_tilelang(
     if why is not None:
         raise ValueError(why)
     if kernel == "stages":
-        from kernels.ops.gdn import bwd_stages
-
         sbuild = (H, Hk, float(scale), TL_DTYPES[k.dtype], TL_DTYPES[g.dtype], TL_DTYPES[beta.dtype])
         kern = None if build_beside(("bwd_stages", *sbuild), bwd_stages._build, *sbuild) else bwd_stages._build(*sbuild)
     else:

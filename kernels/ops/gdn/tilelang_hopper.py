@@ -1,16 +1,21 @@
 """What GDN's TileLang kernels need, in one place: the TileLang version they were checked on, their sizes (K = V = 128,
-chunk 64), a Hopper GPU (sm_90), and the dtype names TileLang takes. `kernels.ops.gdn.reverse_bwd` (the backward's
-reverse walk) and `kernels.ops.gdn.fwd_walk` (the forward's warp-specialised state+output walk) refuse through
-`tilelang_refusal`, with one line saying why.
+chunk 64), a Hopper GPU (sm_90), and the dtype names TileLang takes. `kernels.ops.gdn.reverse_bwd` and
+`kernels.ops.gdn.bwd_stages` (the backward's reverse walk, two kernels), `kernels.ops.gdn.fwd_walk` (the forward's
+state+output walk) and `kernels.ops.gdn.ag_hopper` (the Ag pass) refuse through `tilelang_refusal`, with one line
+saying why; a plan option that picks between a Triton pass and one of them decides through `tilelang_chosen`; each
+builds under `hopper_jit` (the target and pass configs they were checked with); the reverse walks load a range's
+first chunk with `masked_chunk_loads`.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 
-__all__ = ["TILELANG_VERSION", "TL_DTYPES", "TL_SIZES", "tilelang_refusal", "tilelang_refusal_cached"]
+__all__ = ["TILELANG_VERSION", "TL_DTYPES", "TL_SIZES", "hopper_jit", "masked_chunk_loads", "tilelang_chosen",
+           "tilelang_refusal", "tilelang_refusal_cached"]  # fmt: skip
 
 TILELANG_VERSION = "0.1.15"  # checked on the H200 against each kernel's mirror; others are refused, not run
 TL_SIZES = {"K": 128, "V": 128, "BT": 64}
@@ -39,3 +44,50 @@ def tilelang_refusal(what: str, K: int, V: int, BT: int, device: torch.device) -
 def tilelang_refusal_cached(what: str, K: int, V: int, BT: int, device: torch.device) -> str | None:
     """`tilelang_refusal` once per (kernel, sizes, device): the automatic choices ask it on every call."""
     return tilelang_refusal(what, K, V, BT, device)
+
+
+def tilelang_chosen(option: str, mode: str, what: str, K: int, V: int, BT: int, device: torch.device, *,
+                    auto: bool) -> bool:  # fmt: skip
+    """Whether a plan option choosing between a Triton pass and the TileLang kernel `what` takes the kernel: mode
+    "triton" never; "tilelang" always (a ValueError naming the option and `tilelang_refusal`'s reason where it cannot
+    run); "auto" where the caller's rule `auto` holds (the dtype the kernel was timed in) and nothing refuses it."""
+    if mode == "triton" or (mode == "auto" and not auto):
+        return False
+    why = tilelang_refusal_cached(what, K, V, BT, device)
+    if mode == "tilelang":
+        if why is not None:
+            raise ValueError(f"LaunchPlan({option}='tilelang'): {why}")
+        return True
+    return why is None
+
+
+def hopper_jit() -> Any:
+    """`tilelang.jit` as every GDN TileLang kernel builds: sm_90a, fast math."""
+    import tilelang
+
+    return tilelang.jit(target={"kind": "cuda", "arch": "sm_90a"},
+                        pass_configs={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True})  # fmt: skip
+
+
+def masked_chunk_loads(T: Any, BT: int, K: int, V: int) -> Any:
+    """A TileLang macro (`T`: `tilelang.language` of the build) loading a reverse walk's chunk at t0 row by row into
+    its tiles: q, k (key head i_hk), v, dO, Ag (value head i_h) zero past the range's end eos, the gate cumsum repeating
+    the last row's there (no decay), beta zero there; the chunk state h[ic] whole. The walks' first chunk, which may be
+    partial (`kernels.ops.gdn.reverse_bwd`, `kernels.ops.gdn.bwd_stages`)."""
+
+    @T.macro
+    def load(q, k, v, do, ag, h, gs, beta, q_s, k_s, v_s, do_s, ag_s, h_s, g_s, b_s, t0, eos, ic, i_hk, i_h):  # fmt: skip
+        for r, c in T.Parallel(BT, K):
+            q_s[r, c] = T.if_then_else(t0 + r < eos, q[T.min(t0 + r, eos - 1), i_hk, c], 0)
+            k_s[r, c] = T.if_then_else(t0 + r < eos, k[T.min(t0 + r, eos - 1), i_hk, c], 0)
+        for r, c in T.Parallel(BT, V):
+            v_s[r, c] = T.if_then_else(t0 + r < eos, v[T.min(t0 + r, eos - 1), i_h, c], 0)
+            do_s[r, c] = T.if_then_else(t0 + r < eos, do[T.min(t0 + r, eos - 1), i_h, c], 0)
+        for r, c in T.Parallel(BT, BT):
+            ag_s[r, c] = T.if_then_else(t0 + r < eos, ag[T.min(t0 + r, eos - 1), i_h, c], 0)
+        T.copy(h[ic, i_h, 0:K, 0:V], h_s)
+        for r in T.Parallel(BT):
+            g_s[r] = gs[T.min(t0 + r, eos - 1), i_h]
+            b_s[r] = T.if_then_else(t0 + r < eos, T.cast(beta[T.min(t0 + r, eos - 1), i_h], "float32"), 0)
+
+    return load

@@ -35,6 +35,7 @@ from kernels.ops.gdn.wy_ag import wy_gdn_ag
 from kernels.plan import LaunchPlan, LaunchRecorder
 from tests.kernels.common.test_chunk_bwd import NAMES, _reference_grads
 from tests.utils import TEST_DEVICE, assert_rel_close, make_grouped_inputs, make_inputs, make_state
+from tests.utils.spies import count_calls
 
 DEVICE = TEST_DEVICE
 DTYPE = torch.float32 if DEVICE == "cpu" else torch.bfloat16
@@ -155,13 +156,7 @@ def test_backward_from_ag_sums_the_bound_in_wy_from_ag(monkeypatch: pytest.Monke
     chunk_gdn_fwd(q, k, v, g, beta, scale=DIM**-0.5, initial_state=h0, cu_seqlens=cu, split_chunks=SPLIT,
                   chunk_size=CHUNK, seg_states=seg)  # fmt: skip
     assert seg["seg_chunks"] == SPLIT
-    calls: list[bool] = []
-
-    def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        calls.append(True)
-        return reverse_chunk_bound(*args, **kwargs)
-
-    monkeypatch.setattr(cb, "reverse_chunk_bound", counted)
+    calls = count_calls(monkeypatch, cb, "reverse_chunk_bound")
     report: dict[str, torch.Tensor] = {}
     got = chunk_gdn_bwd_ag(q, k, v, g, beta, do, scale=DIM**-0.5, wy={"ag": ag, "gs": gcum}, initial_state=h0,
                            dht=dht, cu_seqlens=cu, plan=LaunchPlan(bwd_warm=WINDOW), chunk_size=CHUNK,
@@ -353,14 +348,8 @@ def test_reverse_walk_takes_the_forwards_sums(monkeypatch: pytest.MonkeyPatch) -
         z = torch.zeros_like(v[..., :1])
         return q * 0, k * 0, v * 0, g * 0, beta * 0, z.new_zeros(kw["num_seqs"], *h.shape[1:])
 
-    calls: list[bool] = []
-
-    def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        calls.append(True)
-        return reverse_chunk_bound(*args, **kwargs)
-
     monkeypatch.setattr(reverse_bwd, "reverse_bwd_tilelang", walk)
-    monkeypatch.setattr(cb, "reverse_chunk_bound", counted)
+    calls = count_calls(monkeypatch, cb, "reverse_chunk_bound")
     certified = []
     for wy in (kept, {n: t for n, t in kept.items() if n not in KEPT_REV_SUMS}):
         report: dict[str, torch.Tensor] = {}

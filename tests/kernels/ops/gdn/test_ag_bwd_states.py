@@ -27,11 +27,12 @@ import torch
 import kernels
 from kernels.common import chunk_bwd as chunk_bwd_module
 from kernels.common.index import prepare_chunk_index
-from kernels.common.warm_bwd import KEPT_REV_SUMS, reverse_chunk_bound
+from kernels.common.warm_bwd import KEPT_REV_SUMS
 from kernels.ops.gdn.chunk import chunk_gdn_bwd, chunk_gdn_fwd
 from kernels.plan import LaunchPlan, LaunchRecorder, default_plan
 from tests.kernels.ops.gdn.test_ag_bwd import DEVICE, DIM, DTYPE, FACTOR_TOL, NAMES, RECOMPUTE, TOL, _case, _check, _reference
 from tests.utils import assert_rel_close, make_inputs
+from tests.utils.spies import count_calls
 
 POLICY_TOL = 1e-5 if DEVICE == "cpu" else 2e-2
 # the backward's state recompute and the forward chain: what "ag+states" no longer runs
@@ -164,13 +165,7 @@ def test_warm_forward_keeps_no_maps_under_the_reverse_window(monkeypatch: pytest
     *_, exact = _forward(q, k, v, g, beta, None, None, "ag+states", 2)
     for name in ("h", "v_new"):
         assert_rel_close(name, exact[name].float(), kept[name].float(), FACTOR_TOL)
-    calls: list[bool] = []
-
-    def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        calls.append(True)
-        return reverse_chunk_bound(*args, **kwargs)
-
-    monkeypatch.setattr(chunk_bwd_module, "reverse_chunk_bound", counted)
+    calls = count_calls(monkeypatch, chunk_bwd_module, "reverse_chunk_bound")
     assert set(KEPT_REV_SUMS) <= set(kept)
     got = chunk_gdn_bwd(q, k, v, g, beta, do, wy=kept, plan=plan, warm_report=bwd_report, **opts)
     assert bwd_report["certified"].all(), bwd_report["certified"]

@@ -115,15 +115,15 @@ def test_ag_states_keeps_the_walks_states_ahead_of_the_reverse_walk(monkeypatch:
     backward the reverse walk (`fused.walk_keeps_states`); h without v_new is refused by the Triton pass and by the
     Triton backward in one line."""
     import kernels.ops.gdn.fused as fused
-    import kernels.ops.gdn.fwd_walk as fw
     import kernels.ops.gdn.reverse_bwd as rb
+    import kernels.ops.gdn.tilelang_hopper as th
     from kernels.common.index import prepare_chunk_index
     from kernels.ops.gdn.ag_bwd import chunk_gdn_bwd_ag
 
     k = torch.empty(1, 65536, 1, DIM, dtype=torch.bfloat16, device="meta")
     v = torch.empty(1, 65536, 16, DIM, dtype=torch.bfloat16, device="meta")
     assert not fused.walk_keeps_states(k, v, BT, LaunchPlan())  # here (a meta tensor): no walk, Triton keeps h, v_new
-    monkeypatch.setattr(fw, "tilelang_refusal_cached", lambda what, K, V, BT, device: None)  # as on an H200
+    monkeypatch.setattr(th, "tilelang_refusal_cached", lambda what, K, V, BT, device: None)  # as on an H200
     monkeypatch.setattr(rb, "tilelang_refusal_cached", lambda what, K, V, BT, device: None)
     assert fused.walk_keeps_states(k, v, BT, LaunchPlan())  # auto: the walk forward, the reverse walk backward
     assert fused.walk_keeps_states(k[:, :64], v[:, :64], BT, LaunchPlan(bwd_grads="reverse"))  # asked for

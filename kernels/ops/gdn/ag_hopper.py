@@ -22,6 +22,7 @@ diagonal (exact for 16-bit k). Sizes: K = V = 128, chunk 64, bf16 or fp16, sm_90
 """
 
 import functools
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -60,6 +61,123 @@ def ag_hopper_wanted(k: Tensor, BT: int, launch: LaunchPlan | None, v: Tensor | 
                            auto=AG_HOPPER_AUTO and k.dtype == torch.bfloat16)  # fmt: skip
 
 
+def ag_macros(T: Any, quad: bool = False) -> Any:
+    """The TileLang macros (`T`: `tilelang.language` of the build) an Ag pass of chunk 64 and head dim 128 shares
+    (GDN's here, KDA's `kernels.ops.kda.ag_hopper`): `row_squares`, the forward's decay-bound summary (`bound_logs`,
+    `chunk_bound`: `wy.py`'s `_chunk_bound` from x (the token's gate), beta, ||k||^2, ||v||^2) and the block solve
+    of A^T in fp32 shared memory to T = (I + A)^-1 in a fragment (`block_solve`, or with `quad` `block_solve_quad`:
+    module docstring)."""
+    from kernels.common.wy import BOUND_MARGIN  # (the Triton pass's rounding; wy.py imports Triton: here, not above)
+
+    K, C = 128, 64
+    fp32 = "float32"
+    margin = float(BOUND_MARGIN.value)
+    ninf = -float("inf")
+
+    @T.macro
+    def row_squares(x_s, sq_f, nn_s):
+        """||x_r||^2 of the chunk's rows of the shared tile x_s [C, 128] into nn_s [C], by column blocks of 32
+        (sq_f [C, 32])."""
+        T.clear(nn_s)
+        for i_b in T.serial(K // 32):
+            for r, c in T.Parallel(C, 32):
+                sq_f[r, c] = T.cast(x_s[r, i_b * 32 + c], fp32) * T.cast(x_s[r, i_b * 32 + c], fp32)
+            T.reduce_sum(sq_f, nn_s, dim=1, clear=False)
+
+    @T.macro
+    def bound_logs(x_s, b_s, kk_s, l_s, cl_s, al_s):
+        """l = x + log max(1, |1 - beta ||k||^2|) per token, its inclusive cumsum and the cumsum of |l|."""
+        for r in T.Parallel(C):
+            l_s[r] = x_s[r] + T.log(T.max(T.abs(1.0 - b_s[r] * kk_s[r]), 1.0))
+            al_s[r] = T.abs(x_s[r] + T.log(T.max(T.abs(1.0 - b_s[r] * kk_s[r]), 1.0)))
+        T.cumsum(l_s, cl_s, dim=0)
+        T.cumsum(al_s, al_s, dim=0)
+
+    @T.macro
+    def chunk_bound(b_s, kk_s, vv_s, e_s, em_s, cl_s, al_s, bnd, i_c, i_h, tx):
+        """The chunk's (L, W) into bnd[i_c, i_h] from `bound_logs`' cumsums and ||v||^2 in vv_s (overwritten)."""
+        # the exponent of token t: log u_t + (L - the cumsum of l to t); W = log sum_t e^(exponent)
+        for r in T.Parallel(C):
+            e_s[r] = (T.log(T.abs(b_s[r])) + 0.5 * T.log(kk_s[r]) + 0.5 * T.log(vv_s[r])
+                      + (cl_s[C - 1] - cl_s[r]))  # fmt: skip
+        T.cummax(e_s, em_s, dim=0)
+        for r in T.Parallel(C):
+            vv_s[r] = T.exp(e_s[r] - T.if_then_else(em_s[C - 1] == ninf, 0.0, em_s[C - 1]))
+        T.cumsum(vv_s, vv_s, dim=0)
+        lw = T.alloc_var(fp32)
+        if tx == 0:
+            lw = T.if_then_else(em_s[C - 1] == ninf, 0.0, em_s[C - 1]) + T.log(vv_s[C - 1])
+            bnd[i_c, i_h, 0] = cl_s[C - 1] + margin * al_s[C - 1]
+            bnd[i_c, i_h, 1] = T.if_then_else(lw > ninf, lw + margin * (al_s[C - 1] + T.abs(lw) + 1.0), lw)
+
+    @T.macro
+    def inverse_and_n(at_s, dinv_s, dinvt_s, n_s, t_l, n_f, tx):
+        """D^-1 (and its transpose) from A^T, then N = D^-1 A off its diagonal blocks into n_f, n_s and at_s (as N^T)."""
+        T.clear(dinv_s)  # (after the gram: these may take k's bytes)
+        T.clear(dinvt_s)
+        # D^-1: column j of the inverse of diagonal block d by forward substitution (one thread each)
+        if tx < C:
+            d = tx // 16
+            j = tx % 16
+            for i in T.unroll(16):
+                t_l[i] = T.if_then_else(i == j, 1.0, 0.0)
+                for m in T.unroll(i):
+                    t_l[i] = t_l[i] - at_s[d * 16 + m, d * 16 + i] * t_l[m]
+            for i in T.unroll(16):
+                dinv_s[d * 16 + i, d * 16 + j] = t_l[i]
+                dinvt_s[d * 16 + j, d * 16 + i] = t_l[i]
+        T.fence_proxy_async()
+
+        # N = D^-1 A off its diagonal blocks, N^2, N^3 (tf32); T = (I - N + N^2 - N^3) D^-1
+        T.gemm(dinv_s, at_s, n_f, transpose_B=True, clear_accum=True)
+        for r, c in T.Parallel(C, C):
+            n_f[r, c] = T.if_then_else(r // 16 > c // 16, n_f[r, c], 0)
+        for r, c in T.Parallel(C, C):
+            n_s[r, c] = n_f[r, c]
+            at_s[c, r] = n_f[r, c]
+        T.fence_proxy_async()
+
+    @T.macro
+    def block_solve(at_s, dinv_s, dinvt_s, n_s, t_l, n_f, n2_f, n3_f, t_f, tx):
+        """T = (I + A)^-1 into t_f from A^T (strictly upper, fp32) in at_s: N^2 and N^3 by dense products."""
+        inverse_and_n(at_s, dinv_s, dinvt_s, n_s, t_l, n_f, tx)
+        T.gemm(n_s, at_s, n2_f, transpose_B=True, clear_accum=True)
+        for r, c in T.Parallel(C, C):
+            dinv_s[c, r] = n2_f[r, c]
+        T.fence_proxy_async()
+        T.gemm(n_s, dinv_s, n3_f, transpose_B=True, clear_accum=True)
+        for r, c in T.Parallel(C, C):
+            at_s[r, c] = T.if_then_else(r == c, 1.0, 0.0) - n_f[r, c] + n2_f[r, c] - n3_f[r, c]
+        T.fence_proxy_async()
+        T.gemm(at_s, dinvt_s, t_f, transpose_B=True, clear_accum=True)
+
+    @T.macro
+    def block_solve_quad(at_s, dinv_s, dinvt_s, n_s, t_l, n_f, q_f, n2_s, n3_f, n3_s, t_f, tx):
+        """`block_solve` with N^2, N^3 from their nonzero blocks alone."""
+        inverse_and_n(at_s, dinv_s, dinvt_s, n_s, t_l, n_f, tx)
+        # N^2 is zero but for its lower left quadrant (block rows 2-3 x columns 0-1: N[32:, 16:48] N[16:48, :32]),
+        # N^3 but for its block (3, 0) (N[48:, 32:48] N^2[32:48, :16], on the CUDA cores)
+        T.gemm(n_s[32:C, 16:48], at_s[0:32, 16:48], q_f, transpose_B=True, clear_accum=True)
+        T.copy(q_f, n2_s)
+        T.clear(n3_f)
+        for m in T.serial(16):
+            for r, c in T.Parallel(16, 16):
+                n3_f[r, c] += n_s[48 + r, 32 + m] * n2_s[m, c]
+        T.copy(n3_f, n3_s)
+        for r, c in T.Parallel(C, C):
+            at_s[r, c] = (
+                T.if_then_else(r == c, 1.0, 0.0)
+                - n_f[r, c]
+                + T.if_then_else(r >= 32 and c < 32, n2_s[T.max(r - 32, 0), T.min(c, 31)], 0)
+                - T.if_then_else(r >= 48 and c < 16, n3_s[T.max(r - 48, 0), T.min(c, 15)], 0)
+            )
+        T.fence_proxy_async()
+        T.gemm(at_s, dinvt_s, t_f, transpose_B=True, clear_accum=True)
+
+    return SimpleNamespace(row_squares=row_squares, bound_logs=bound_logs, chunk_bound=chunk_bound,
+                           block_solve=block_solve, block_solve_quad=block_solve_quad)  # fmt: skip
+
+
 @functools.cache
 def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int, blocks: int = 0, quad: bool = False) -> Any:
     """The compiled kernel for these heads, dtypes (inputs, gate, beta) and sums (TileLang JIT, cached on disk by
@@ -86,24 +204,7 @@ def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int, blocks: int 
 
     @hopper_jit()
     def build() -> Any:
-        @T.macro
-        def row_squares(x_s, sq_f, nn_s):
-            """||x_r||^2 of the chunk's rows of the shared tile x_s [C, 128] into nn_s [C], by column blocks of 32
-            (sq_f [C, 32])."""
-            T.clear(nn_s)
-            for i_b in T.serial(K // 32):
-                for r, c in T.Parallel(C, 32):
-                    sq_f[r, c] = T.cast(x_s[r, i_b * 32 + c], fp32) * T.cast(x_s[r, i_b * 32 + c], fp32)
-                T.reduce_sum(sq_f, nn_s, dim=1, clear=False)
-
-        @T.macro
-        def bound_logs(x_s, b_s, kk_s, l_s, cl_s, al_s):
-            """l = x + log max(1, |1 - beta ||k||^2|) per token, its inclusive cumsum and the cumsum of |l|."""
-            for r in T.Parallel(C):
-                l_s[r] = x_s[r] + T.log(T.max(T.abs(1.0 - b_s[r] * kk_s[r]), 1.0))
-                al_s[r] = T.abs(x_s[r] + T.log(T.max(T.abs(1.0 - b_s[r] * kk_s[r]), 1.0)))
-            T.cumsum(l_s, cl_s, dim=0)
-            T.cumsum(al_s, al_s, dim=0)
+        mac = ag_macros(T, quad)
 
         @T.prim_func
         def ag_pass(
@@ -182,28 +283,16 @@ def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int, blocks: int 
                     l_s = T.alloc_shared((C,), fp32)
                     cl_s = T.alloc_shared((C,), fp32)
                     al_s = T.alloc_shared((C,), fp32)
-                    bound_logs(x_s, b_s, kk_s, l_s, cl_s, al_s)
+                    mac.bound_logs(x_s, b_s, kk_s, l_s, cl_s, al_s)
                     if HAS_BND:
                         vv_s = T.alloc_shared((C,), fp32)
                         e_s = T.alloc_shared((C,), fp32)
                         em_s = T.alloc_shared((C,), fp32)
-                        lw = T.alloc_var(fp32)
-                        row_squares(v_s, sq_f, vv_s)
-                        # the exponent of token t: log u_t + (L - the cumsum of l to t); W = log sum_t e^(exponent)
-                        for r in T.Parallel(C):
-                            e_s[r] = (T.log(T.abs(b_s[r])) + 0.5 * T.log(kk_s[r]) + 0.5 * T.log(vv_s[r])
-                                      + (cl_s[C - 1] - cl_s[r]))  # fmt: skip
-                        T.cummax(e_s, em_s, dim=0)
-                        for r in T.Parallel(C):
-                            vv_s[r] = T.exp(e_s[r] - T.if_then_else(em_s[C - 1] == ninf, 0.0, em_s[C - 1]))
-                        T.cumsum(vv_s, vv_s, dim=0)
-                        if tx == 0:
-                            lw = T.if_then_else(em_s[C - 1] == ninf, 0.0, em_s[C - 1]) + T.log(vv_s[C - 1])
-                            bnd[i_c, i_h, 0] = cl_s[C - 1] + margin * al_s[C - 1]
-                            bnd[i_c, i_h, 1] = T.if_then_else(lw > ninf, lw + margin * (al_s[C - 1] + T.abs(lw) + 1.0), lw)
+                        mac.row_squares(v_s, sq_f, vv_s)
+                        mac.chunk_bound(b_s, kk_s, vv_s, e_s, em_s, cl_s, al_s, bnd, i_c, i_h, tx)
                     if HAS_REV:
                         qq_s = T.alloc_shared((C,), fp32)
-                        row_squares(q_s, sq_f, qq_s)
+                        mac.row_squares(q_s, sq_f, qq_s)
                         for r in T.Parallel(C):
                             if t0 + r < eos:
                                 rp[t0 + r, i_h] = T.if_then_else(
@@ -216,56 +305,10 @@ def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int, blocks: int 
                 for r, c in T.Parallel(C, C):
                     at_s[c, r] = T.if_then_else(r > c, a_f[r, c] * b_s[r] * T.exp(gc_s[r] - gc_s[c]), 0)
 
-                T.clear(dinv_s)  # (after the gram: these may take k's bytes)
-                T.clear(dinvt_s)
-                # D^-1: column j of the inverse of diagonal block d by forward substitution (one thread each)
-                if tx < C:
-                    d = tx // 16
-                    j = tx % 16
-                    for i in T.unroll(16):
-                        t_l[i] = T.if_then_else(i == j, 1.0, 0.0)
-                        for m in T.unroll(i):
-                            t_l[i] = t_l[i] - at_s[d * 16 + m, d * 16 + i] * t_l[m]
-                    for i in T.unroll(16):
-                        dinv_s[d * 16 + i, d * 16 + j] = t_l[i]
-                        dinvt_s[d * 16 + j, d * 16 + i] = t_l[i]
-                T.fence_proxy_async()
-
-                # N = D^-1 A off its diagonal blocks, N^2, N^3 (tf32); T = (I - N + N^2 - N^3) D^-1
-                T.gemm(dinv_s, at_s, n_f, transpose_B=True, clear_accum=True)
-                for r, c in T.Parallel(C, C):
-                    n_f[r, c] = T.if_then_else(r // 16 > c // 16, n_f[r, c], 0)
-                for r, c in T.Parallel(C, C):
-                    n_s[r, c] = n_f[r, c]
-                    at_s[c, r] = n_f[r, c]
-                T.fence_proxy_async()
                 if quad:
-                    # N^2 is zero but for its lower left quadrant (block rows 2-3 x columns 0-1: N[32:, 16:48] N[16:48,
-                    # :32]), N^3 but for its block (3, 0) (N[48:, 32:48] N^2[32:48, :16], on the CUDA cores)
-                    T.gemm(n_s[32:C, 16:48], at_s[0:32, 16:48], q_f, transpose_B=True, clear_accum=True)
-                    T.copy(q_f, n2_s)
-                    T.clear(n3_f)
-                    for m in T.serial(16):
-                        for r, c in T.Parallel(16, 16):
-                            n3_f[r, c] += n_s[48 + r, 32 + m] * n2_s[m, c]
-                    T.copy(n3_f, n3_s)
-                    for r, c in T.Parallel(C, C):
-                        at_s[r, c] = (
-                            T.if_then_else(r == c, 1.0, 0.0)
-                            - n_f[r, c]
-                            + T.if_then_else(r >= 32 and c < 32, n2_s[T.max(r - 32, 0), T.min(c, 31)], 0)
-                            - T.if_then_else(r >= 48 and c < 16, n3_s[T.max(r - 48, 0), T.min(c, 15)], 0)
-                        )
+                    mac.block_solve_quad(at_s, dinv_s, dinvt_s, n_s, t_l, n_f, q_f, n2_s, n3_f, n3_s, t_f, tx)
                 else:
-                    T.gemm(n_s, at_s, n2_f, transpose_B=True, clear_accum=True)
-                    for r, c in T.Parallel(C, C):
-                        dinv_s[c, r] = n2_f[r, c]
-                    T.fence_proxy_async()
-                    T.gemm(n_s, dinv_s, n3_f, transpose_B=True, clear_accum=True)
-                    for r, c in T.Parallel(C, C):
-                        at_s[r, c] = T.if_then_else(r == c, 1.0, 0.0) - n_f[r, c] + n2_f[r, c] - n3_f[r, c]
-                T.fence_proxy_async()
-                T.gemm(at_s, dinvt_s, t_f, transpose_B=True, clear_accum=True)
+                    mac.block_solve(at_s, dinv_s, dinvt_s, n_s, t_l, n_f, n2_f, n3_f, t_f, tx)
                 # Ag = T diag(beta) (zeros above the diagonal), staged in shared memory: one copy of a full chunk, row
                 # by row below the sequence's end for a partial one (every thread's writes fenced and synced before
                 # either branch reads the tile: `kernels.ops.gdn.reverse_bwd`'s lesson of session 24)

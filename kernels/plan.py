@@ -16,8 +16,9 @@
     fwd_pass   GDN's forward state+output pass (and the state recompute of its reverse-walk backward), one of
                `kernels.vocabulary.FWD_PASSES`: "auto" (the default: the TileLang walk in bf16 where it runs, else
                Triton), "triton" or "tilelang" (`kernels.ops.gdn.fwd_walk`);
-    ag_pass    GDN's Ag pass, one of `kernels.vocabulary.AG_PASSES`: "auto" (the default: Triton until the TileLang
-               kernel is checked on an H200), "triton" or "tilelang" (`kernels.ops.gdn.ag_hopper`);
+    ag_pass    the two-kernel forward's Ag pass, one of `kernels.vocabulary.AG_PASSES`: "auto" (the default: Triton
+               until the TileLang kernels are checked on an H200), "triton" or "tilelang" (GDN's
+               `kernels.ops.gdn.ag_hopper`, KDA's `kernels.ops.kda.ag_hopper`, which stores the gated form);
     bwd_warm   the backward's gate-certified warm window in chunks for its split reverse state pass, 0 = exact, None
                (the default) = `kernels.vocabulary.AUTO_BWD_WARM`'s per op (`bwd_warm_for`; `kernels.common.warm_bwd`);
     recorder   a `LaunchRecorder` the caller made, told every launch's (key, config), or None.

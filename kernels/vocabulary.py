@@ -130,10 +130,11 @@ REVERSE_WALKS: Mapping[str, str] = MappingProxyType({"reverse": "pairs", "stages
 # the state recompute 0.69 -> 0.42 at 1x64K on the same ranges; the 1x64K step 3.95 ms (fwd_pass "triton", device
 # call 2) -> 3.56 (call 4; FlashQLA CP 2.49 there)
 FWD_PASSES: tuple[str, ...] = ("auto", "triton", "tilelang")
-# GDN's Ag pass (the two-kernel forward's first kernel, `kernels.ops.gdn.wy_ag.wy_gdn_ag`): "auto" (the default: Triton
-# until the TileLang kernel is checked and timed on an H200, `kernels.ops.gdn.ag_hopper.AG_HOPPER_AUTO`), "triton" or
-# "tilelang" (`kernels.ops.gdn.ag_hopper`: Hopper, K = V = 128, chunk 64, tilelang installed; refused in one line
-# where it cannot run)
+# the two-kernel forward's first kernel, the Ag pass (GDN's `kernels.ops.gdn.wy_ag.wy_gdn_ag`, KDA's
+# `kernels.ops.kda.wy_ag.wy_kda_ag`): "auto" (the default: Triton until the TileLang kernels are checked and timed on
+# an H200, `kernels.ops.gdn.ag_hopper.AG_HOPPER_AUTO`, `kernels.ops.kda.ag_hopper.KDA_AG_HOPPER_AUTO`), "triton" or
+# "tilelang" (`kernels.ops.gdn.ag_hopper`, `kernels.ops.kda.ag_hopper` (bf16): Hopper, K = V = 128, chunk 64, tilelang
+# installed; refused in one line where it cannot run)
 AG_PASSES: tuple[str, ...] = ("auto", "triton", "tilelang")
 # `kernels.common.chunk_fwd`'s "auto" forward path per op, from the H200 (session 11, kda_fused_lab_h200.md): KDA's
 # two-kernel forward is no faster than its WY path (10.38 vs 10.49 ms at 1x128K; its Ag pass 5.15 ms, the per-key-gate

@@ -34,7 +34,7 @@ from kernels.ops.gdn.tilelang_hopper import TL_DTYPES, hopper_jit, tilelang_chos
 from kernels.parallel_compile import build_beside
 from kernels.plan import LaunchPlan
 
-__all__ = ["AG_HOPPER_AUTO", "AG_HOPPER_SUMS", "ag_hopper", "ag_hopper_refusal", "ag_hopper_wanted"]
+__all__ = ["AG_HOPPER_AUTO", "AG_HOPPER_SUMS", "ag_hopper", "ag_macros", "dense_chunk_table", "ag_hopper_refusal", "ag_hopper_wanted"]
 
 _WHAT = "Ag pass"  # how the refusals name this kernel
 # the optional sums of one build (bits of its `sums` key): the forward's bound summary, the backward's reverse sums
@@ -329,7 +329,7 @@ def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int, blocks: int 
 
 
 @functools.cache
-def _dense_chunks(N: int, T: int, device: torch.device) -> tuple[Tensor, Tensor]:
+def dense_chunk_table(N: int, T: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """(cu, the chunk table (sequence, chunk in it)) int32 of N dense sequences of T tokens, in the Triton pass's
     global chunk order (sequence-major)."""
     nt = -(-T // 64)
@@ -370,7 +370,7 @@ def ag_hopper(
     if index.is_varlen:
         cu, ci = index.cu_seqlens.int(), index.chunk_indices.int()
     else:
-        cu, ci = _dense_chunks(B, T, dev)
+        cu, ci = dense_chunk_table(B, T, dev)
     N = B * T
     ag = torch.empty(B, T, HV, BT, dtype=k.dtype, device=dev)
     gcum = torch.empty(B, T, HV, dtype=torch.float32, device=dev)

@@ -49,6 +49,7 @@ from kernels.common.wy import (
 )
 from kernels.configs import KernelSpec, LaunchConfig, register
 from kernels.ops.gdn.wy_ag import WY_GDN_AG_FWD, _row_squares, _store_ag, _store_bound, ag_launch
+from kernels.ops.kda.ag_hopper import kda_ag_hopper, kda_ag_hopper_wanted
 from kernels.plan import LaunchPlan, default_plan
 
 __all__ = ["KDA_AG_VARIANTS", "WY_KDA_AG_FWD", "GatedKeys", "gated_ag_plan", "wy_kda_ag"]
@@ -173,6 +174,8 @@ def wy_kda_ag(
     q, k `[B, T, H, K]`; g `[B, T, HV, K]`, beta `[B, T, HV]`, HV a multiple of H (value head h reads key head
     h // (HV / H)). bnd: fp32 `[NT_total, HV, 2]` or None: receives each chunk's decay-bound summary (L, W), as
     `wy_kda_fwd(bnd=)`; it needs v `[B, T, HV, V]` (its rows' norms; v is not read otherwise).
+    With the plan's `ag_pass` on TileLang (`kernels.ops.kda.ag_hopper.kda_ag_hopper_wanted`) the pass is that
+    kernel's, which stores the gated form whatever the config's variant.
     """
     B, T, H, K = k.shape
     HV = g.shape[2]
@@ -182,6 +185,10 @@ def wy_kda_ag(
             f"got q {tuple(q.shape)}, g {tuple(g.shape)}, beta {tuple(beta.shape)} for k {tuple(k.shape)}"
         )
     BT, V, cfg = ag_launch("wy_kda_ag", WY_KDA_AG_FWD, launch, k, HV, index, bnd, v)
+    if kda_ag_hopper_wanted(k, BT, launch, v if bnd is not None else None):  # the TileLang pass: the gated form
+        ag, aqk, gated_keys = kda_ag_hopper(q, k, g, beta, scale=scale, index=index, bnd=bnd,
+                                            v=v if bnd is not None else None)  # fmt: skip
+        return ag, aqk, GatedKeys(*gated_keys)
     BK, BV = _blocks(cfg, index, K, V)
     bits = cfg.VARIANT or 0
     if bits & ~sum(KDA_AG_VARIANTS.values()):

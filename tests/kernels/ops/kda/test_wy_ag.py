@@ -1,7 +1,7 @@
 """KDA's Ag pass (`kernels.ops.kda.wy_ag.wy_kda_ag`) on the Triton backend (interpreted on CPU; on a GPU with
 CPBENCH_TEST_GPU=1):
 - Ag = T diag(beta), Aqk (on and below the diagonal) and the per-key gate cumsum against an fp64 torch triangular
-  solve of the per-key decayed grams (`_reference`), varlen at chunk 64 and dense at chunk 32 (sequences not a
+  solve of the per-key decayed grams (`kernels.ops.kda.ag_torch.kda_ag_reference`), varlen at chunk 64 and dense at chunk 32 (sequences not a
   multiple of the chunk), grouped value heads (HV = 2H); value head 0 strong (gates down to -20 per token: spans past
   FAST_SPAN, the elementwise diagonal blocks) with -1000 masks on a few tokens, the other heads weak (the
   tensor-core diagonal blocks); the entries above Ag's diagonal written as exact zeros; fp32 at 1e-5 relative L2 on
@@ -19,9 +19,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from kernels.common.chunk_torch import from_chunks, to_chunks
-from kernels.common.decay import floor_gate
 from kernels.common.index import ChunkIndex, prepare_chunk_index
+from kernels.ops.kda.ag_torch import kda_ag_reference
 from kernels.ops.kda.wy_ag import WY_KDA_AG_FWD, GatedKeys, gated_ag_plan, wy_kda_ag
 from kernels.plan import default_plan
 from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs
@@ -47,27 +46,6 @@ def _index(cu: Tensor | None, v: Tensor, chunk: int) -> ChunkIndex:
     return prepare_chunk_index(cu, batch=v.shape[0], seq_len=v.shape[1], chunk_size=chunk, device=v.device)
 
 
-def _reference(q: Tensor, k: Tensor, g: Tensor, beta: Tensor, index: ChunkIndex, scale: float):
-    """(Ag, Aqk, gcum) in fp64: per chunk the decayed grams sum_d x_id k_jd exp(G_id - G_jd), A strictly lower times
-    beta on the rows, Ag = (I + A)^{-1} diag(beta) by a triangular solve; Aqk on and below the diagonal."""
-    B, T, hv, _ = g.shape
-    qc, kc = (to_chunks(x.repeat_interleave(hv // x.shape[2], 2), index, torch.float64) for x in (q, k))
-    G = to_chunks(floor_gate(g), index, torch.float64).cumsum(2)  # [NT, HV, C, K]
-    bc = to_chunks(beta, index, torch.float64)
-    C = index.chunk_size
-    lower = torch.ones(C, C, dtype=torch.bool, device=g.device).tril()
-
-    def gram(x: Tensor, diagonal: bool) -> Tensor:
-        m = lower if diagonal else lower.tril(-1)
-        D = (G[..., :, None, :] - G[..., None, :, :]).masked_fill(~m[..., None], float("-inf")).exp()
-        return torch.einsum("nhid,nhjd,nhijd->nhij", x, kc, D)
-
-    A = gram(kc, False) * bc[..., None]
-    eye = torch.eye(C, dtype=torch.float64, device=g.device)
-    ag = torch.linalg.solve_triangular(A + eye, torch.diag_embed(bc), upper=False, unitriangular=True)
-    return tuple(from_chunks(x, index, B, T) for x in (ag, gram(qc, True) * scale, G))
-
-
 def _row_in_chunk(index: ChunkIndex, B: int, T: int) -> Tensor:
     """Each token's row within its chunk, [B, T] int64 (host)."""
     bounds = index.cu_seqlens_cpu
@@ -82,7 +60,7 @@ def test_ag_aqk_and_gate_match_the_triangular_solve(layout: str, chunk: int) -> 
     q, k, v, g, beta, cu = kda_grouped_inputs(layout)
     index = _index(cu, v, chunk)
     ag, aqk, gcum = wy_kda_ag(q, k, g, beta, scale=DIM**-0.5, index=index)
-    ag_ref, aqk_ref, g_ref = _reference(q, k, g, beta, index, DIM**-0.5)
+    ag_ref, aqk_ref, g_ref = kda_ag_reference(q, k, g, beta, index=index, scale=DIM**-0.5)
     B, T = v.shape[:2]
     assert ag.shape == aqk.shape == (B, T, HV, chunk) and ag.dtype == aqk.dtype == k.dtype
     assert gcum.shape == g.shape and gcum.dtype == torch.float32
@@ -98,7 +76,7 @@ def test_ag_in_bf16() -> None:
     q, k, v, g, beta, cu = kda_grouped_inputs("varlen", torch.bfloat16)
     index = _index(cu, v, 64)
     ag, aqk, _ = wy_kda_ag(q, k, g, beta, scale=DIM**-0.5, index=index)
-    ag_ref, aqk_ref, _ = _reference(q, k, g, beta, index, DIM**-0.5)
+    ag_ref, aqk_ref, _ = kda_ag_reference(q, k, g, beta, index=index, scale=DIM**-0.5)
     above = (torch.arange(64)[None, None, :] > _row_in_chunk(index, *v.shape[:2])[..., None]).to(DEVICE)
     assert ag.dtype == aqk.dtype == torch.bfloat16
     assert_rel_close("Ag bf16", ag_ref, ag, 1e-2)
@@ -145,7 +123,7 @@ def test_gated_variant_stores_the_gated_keys(layout: str, chunk: int) -> None:
     B, T = v.shape[:2]
     above = (torch.arange(chunk)[None, None, :] > _row_in_chunk(index, B, T)[..., None]).to(DEVICE)[:, :, None]
     torch.testing.assert_close(aqk.masked_fill(above, 0.0), aqk0.masked_fill(above, 0.0), rtol=0, atol=0)  # not above
-    G = _reference(q, k, g, beta, index, scale)[2]  # [B, T, HV, K] fp64
+    G = kda_ag_reference(q, k, g, beta, index=index, scale=scale)[2]  # [B, T, HV, K] fp64
     seqs = list(zip(index.cu_seqlens_cpu[:-1], index.cu_seqlens_cpu[1:], strict=True))
     last = [min(a + (c + 1) * chunk, b) - 1 for a, b in seqs for c in range(-(-(b - a) // chunk))]  # each chunk's last row
     gc_ref = G.reshape(B * T, HV, DIM)[last]  # [NT_total, HV, K]

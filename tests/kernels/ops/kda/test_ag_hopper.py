@@ -1,0 +1,107 @@
+"""KDA's TileLang Ag pass (`kernels.ops.kda.ag_hopper`).
+
+On any machine: the refusals name their reason in one line; `LaunchPlan.ag_pass` picks the pass (auto: Triton, the
+kernel not yet timed on an H200; "tilelang" refuses fp16). Its decomposition's CPU mirror is tested in
+tests/kernels/ops/kda/test_ag_torch.py. On an H200 with CPBENCH_TEST_GPU=1 and tilelang 0.1.15 (bf16, K = V = 128,
+chunk 64), through `wy_kda_ag` with `ag_pass="tilelang"` on inputs with a partial last chunk (dense) and varlen
+(37, 300, 64, 5 tokens), grouped heads (H = 2, HV = 4), value head 0 strong (gates down to -20 per token and -1000
+masks: the exact diagonal blocks) and weak heads, outputs NaN-poisoned before the call:
+- Ag and Aqk against the fp64 solve on the same bf16 inputs (relative L2 1e-2, the Triton pass's bf16 bar) and
+  against the mirror with the kernel's bf16 operands (2e-3: the outputs' bf16 rounding); exact zeros above Ag's
+  diagonal;
+- qg, ke, kd against the mirror (1e-2: bf16 outputs), G_C within 1e-5 of the mirror's;
+- the decay-bound summary (L, W) within 1e-4 of the Triton pass's (its gated variant, the same inputs).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.common.index import prepare_chunk_index
+from kernels.ops.kda.ag_hopper import kda_ag_hopper, kda_ag_hopper_refusal, kda_ag_hopper_wanted
+from kernels.ops.kda.ag_torch import kda_ag_blocks, kda_ag_reference
+from kernels.ops.kda.wy_ag import GatedKeys, gated_ag_plan, wy_kda_ag
+from kernels.plan import LaunchPlan
+from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs
+
+DIM, BT, H, HV = 128, 64, 2, 4
+WHY = kda_ag_hopper_refusal(DIM, DIM, BT, torch.device(TEST_DEVICE)) if TEST_DEVICE == "cuda" else "no GPU test"
+GPU = pytest.mark.skipif(WHY is not None, reason=str(WHY))
+LAYOUTS = {"dense": {"B": 2, "T": 200}, "varlen": {"lengths": (37, 300, 64, 5)}}
+
+
+def test_refusals_name_their_reason() -> None:
+    assert "KDA Ag pass takes K = V = 128 and chunk 64, got K=64" in str(
+        kda_ag_hopper_refusal(64, 128, 64, torch.device("cpu"))
+    )
+    k = torch.zeros(1, 64, 1, DIM, dtype=torch.bfloat16)
+    index = prepare_chunk_index(None, batch=1, seq_len=64, chunk_size=BT)
+    with pytest.raises(ValueError, match="the TileLang KDA Ag pass runs on CUDA only"):
+        kda_ag_hopper(k, k, torch.zeros(1, 64, 1, DIM), torch.zeros(1, 64, 1), scale=1.0, index=index)
+
+
+def test_the_plan_picks_the_pass() -> None:
+    k = torch.zeros(1, 64, 1, DIM, dtype=torch.bfloat16)
+    assert not kda_ag_hopper_wanted(k, BT, LaunchPlan(), None)  # auto: Triton (and refused on the CPU)
+    assert not kda_ag_hopper_wanted(k, BT, LaunchPlan(ag_pass="triton"), None)
+    with pytest.raises(ValueError, match=r"ag_pass='tilelang'\): the TileLang KDA Ag pass runs on CUDA only"):
+        kda_ag_hopper_wanted(k, BT, LaunchPlan(ag_pass="tilelang"), None)
+    with pytest.raises(ValueError, match=r"ag_pass='tilelang'\): the TileLang KDA Ag pass takes bf16 q, k, got "):
+        kda_ag_hopper_wanted(k.half(), BT, LaunchPlan(ag_pass="tilelang"), None)
+
+
+def _inputs(layout: str):  # type: ignore[no-untyped-def]
+    q, k, v, g, beta, cu = make_inputs("kda", H=HV, K=DIM, V=DIM, lb=-1.0, seed=9, device="cuda", **LAYOUTS[layout])
+    g[:, :, 0] *= 20  # value head 0 strong: 16-row spans past FAST_SPAN
+    g[:, 5::41, 0, ::3] = -1000.0
+    q, k = (x[:, :, :H].bfloat16().contiguous() for x in (q, k))
+    return q, k, v.bfloat16(), g, beta.bfloat16(), cu
+
+
+@GPU
+@pytest.mark.parametrize("layout", ["dense", "varlen"])
+def test_matches_the_solve_the_mirror_and_the_triton_bound(layout: str) -> None:
+    q, k, v, g, beta, cu = _inputs(layout)
+    B, T = v.shape[:2]
+    index = prepare_chunk_index(cu, batch=B, seq_len=T, chunk_size=BT, device="cuda")
+    scale = DIM**-0.5
+    bnd = torch.full((index.num_chunks, HV, 2), float("nan"), device="cuda")
+    ag, aqk, gated = wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=LaunchPlan(ag_pass="tilelang"),
+                               bnd=bnd, v=v)  # fmt: skip
+    assert isinstance(gated, GatedKeys) and ag.dtype == aqk.dtype == gated.qg.dtype == torch.bfloat16
+    ag_ref, aqk_ref, _ = kda_ag_reference(q, k, g, beta, index=index, scale=scale)
+    m_ag, m_aqk, (qg, ke, kd, gc) = kda_ag_blocks(q, k, g, beta, index=index, scale=scale)
+    assert float(ag_ref.abs().amax()) > 0.5
+    assert_rel_close("Ag vs the solve", ag_ref, ag, 1e-2)
+    assert_rel_close("Aqk vs the solve", aqk_ref, aqk, 1e-2)
+    assert_rel_close("Ag vs the mirror", m_ag, ag, 2e-3)
+    assert_rel_close("Aqk vs the mirror", m_aqk, aqk, 2e-3)
+    rows = torch.arange(T, device="cuda") - torch.repeat_interleave(
+        index.cu_seqlens[:-1].long(), index.cu_seqlens.diff().long()
+    ).view(B, T) if cu is not None else torch.arange(T, device="cuda").expand(B, T)  # fmt: skip
+    above = torch.arange(BT, device="cuda")[None, None, :] > (rows % BT)[..., None]
+    assert bool((ag.permute(0, 1, 3, 2)[above] == 0).all()), "entries above Ag's diagonal must be written as 0"
+    for name, ref, got in (("qg", qg, gated.qg), ("ke", ke, gated.ke), ("kd", kd, gated.kd)):
+        assert_rel_close(name, ref, got, 1e-2)
+    torch.testing.assert_close(gated.gc, gc.float(), rtol=1e-5, atol=1e-4)
+    ref_bnd = torch.full_like(bnd, float("nan"))
+    wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=gated_ag_plan(LaunchPlan(ag_pass="triton")), bnd=ref_bnd,
+              v=v)  # fmt: skip
+    torch.testing.assert_close(bnd, ref_bnd, rtol=1e-4, atol=1e-4)
+
+
+@GPU
+def test_the_two_kernel_forward_on_it_matches_the_reference() -> None:
+    """KDA's two-kernel forward (fwd_path "fused") with the TileLang Ag pass, against the fp32 per-token reference."""
+    import kernels
+    from kernels.ops.kda.chunk import chunk_kda_fwd
+
+    q, k, v, g, beta, cu = _inputs("varlen")
+    o_ref, ht_ref = kernels.reference("kda", q.float(), k.float(), v.float(), g, beta.float(), scale=DIM**-0.5,
+                                      cu_seqlens=cu, output_final_state=True)  # fmt: skip
+    for split in (0, 2):  # the plain pass, and the intra-device split
+        o, ht = chunk_kda_fwd(q, k, v, g, beta, scale=DIM**-0.5, output_final_state=True, cu_seqlens=cu,
+                              split_chunks=split, plan=LaunchPlan(ag_pass="tilelang"), fwd_path="fused")  # fmt: skip
+        assert_rel_close(f"o, split {split}", o_ref, o, 5e-3)
+        assert_rel_close(f"final state, split {split}", ht_ref, ht, 5e-3)

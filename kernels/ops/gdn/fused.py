@@ -573,9 +573,11 @@ def fused_state_output_fwd(
     BT = index.chunk_size
     h0 = initial_state.float().contiguous() if initial_state is not None else None
     layout = whole_sequences(index)
-    # GDN's output pass on the TileLang walk (`LaunchPlan.fwd_pass`; not KDA's gates, not STORE_STATES)
-    # (with hs and no vn it also stores the chunk states: "ag+states" ahead of the reverse walk, `walk_keeps_states`)
-    walk = gcum.dim() == 3 and kd is None and aqk is None and vn is None and fwd_walk_wanted(k, v, BT, launch)
+    # the output pass on the TileLang walk (`LaunchPlan.fwd_pass`): GDN's, or KDA's gated form (kd; not its inline
+    # per-key gate); not STORE_STATES (with hs and no vn it also stores the chunk states: "ag+states" ahead of the
+    # reverse walk, `walk_keeps_states`)
+    gated = kd is not None
+    walk = vn is None and (gated or (gcum.dim() == 3 and aqk is None)) and fwd_walk_wanted(k, v, BT, launch, gated=gated)
     if hs is not None and vn is None and not walk:
         raise ValueError("fused_state_output_fwd: chunk states without v_new are the TileLang walk's (not run here)")
     plan = output_split(index, k, v, gcum, launch=launch, split_chunks=split_chunks, kd=kd, walk=walk)
@@ -605,7 +607,7 @@ def fused_state_output_fwd(
         layout, num_states = plan.final, index.num_seqs
     if walk:
         o, ht, _ = fwd_walk_tilelang(q, k, v, ag, gcum, layout=layout, scale=scale, h0=h0, num_states=num_states,
-                                     output_final_state=output_final_state, hs=hs,
+                                     output_final_state=output_final_state, hs=hs, aqk=aqk, kd=kd,
                                      num_chunks=hs.shape[0] if hs is not None else None)  # fmt: skip
     else:
         o, ht = gdn_fused_state_output(q, k, v, ag, gcum, layout=layout, BT=BT, scale=scale, h0=h0,

@@ -10,7 +10,10 @@ per chunk (exp(G) and exp(G_last - G) per key column; every exponent <= 0 for an
 floored at the load, `kernels.common.decay`). With the Ag pass's `gated` variant (`kernels.ops.kda.wy_ag.KDA_AG_VARIANTS`,
 WY_KDA_AG_FWD's VARIANT; not the default) the Ag pass stores the gated qg, ke, kd and G_C instead of G and the fused
 pass (its PRE_GATED) reads them: only dots and the diagonal decay diag(exp(G_C)) per chunk, where the default form
-loads the fp32 [BT, K] G and exponentiates two [BT, K] tiles in every V-block program. The same modes as GDN's: output, state only, the TRANSITION maps of the
+loads the fp32 [BT, K] G and exponentiates two [BT, K] tiles in every V-block program. Under `LaunchPlan.fwd_pass`
+"tilelang" (session 28; "auto" keeps Triton until `kernels.ops.gdn.fwd_walk.KDA_WALK_AUTO`) the output pass is the
+TileLang walk's gated build (`kernels.ops.gdn.fwd_walk`, gate "vector"), and the Ag pass is asked for the gated variant
+(its explicit config kept, the bit set). The same modes as GDN's: output, state only, the TRANSITION maps of the
 intra-device split (`kernels.common.seqsplit`), the warm split's windows (`kernels.common.warm_split`: the Ag pass
 sums the decay bound), grouped value heads read in place, varlen, initial and final states.
 The op table runs `kda_fused_fwd` as KDA's `fused_fwd` (`kernels.common.chunk_fwd`'s fwd_path "auto").
@@ -18,6 +21,7 @@ The op table runs `kda_fused_fwd` as KDA's `fused_fwd` (`kernels.common.chunk_fw
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from torch import Tensor
@@ -25,7 +29,8 @@ from torch import Tensor
 from kernels.common.index import ChunkIndex
 from kernels.common.warm_split import WarmInputs
 from kernels.ops.gdn.fused import fused_state_output_fwd
-from kernels.ops.kda.wy_ag import GatedKeys, wy_kda_ag
+from kernels.ops.gdn.fwd_walk import fwd_walk_wanted
+from kernels.ops.kda.wy_ag import KDA_AG_VARIANTS, WY_KDA_AG_FWD, GatedKeys, gated_ag_plan, wy_kda_ag
 from kernels.plan import LaunchPlan
 
 __all__ = ["kda_fused_fwd"]
@@ -47,12 +52,24 @@ def kda_fused_fwd(
     backward (`kernels.common.seqsplit.keep_segment_states`), or None.
     """
     bnd = warm.chunk_bound if warm is not None else None
-    ag, aqk, gates = wy_kda_ag(
-        q, k, g, beta, scale=scale, index=index, launch=launch, bnd=bnd, v=v if bnd is not None else None
-    )
+    # the TileLang walk reads the gated form (`fwd_walk_wanted` refuses in one line where it cannot run)
+    walk = fwd_walk_wanted(k, v, index.chunk_size, launch, gated=True)
+    ag, aqk, gates = wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=_gated_ag(launch) if walk else launch,
+                               bnd=bnd, v=v if bnd is not None else None)  # fmt: skip
+    if walk and not isinstance(gates, GatedKeys):
+        raise ValueError("kda_fused_fwd: the TileLang walk reads the Ag pass's gated form, which returned G")
     opts = {"scale": scale, "index": index, "launch": launch, "initial_state": initial_state,
             "output_final_state": output_final_state, "split_chunks": split_chunks, "warm": warm,
             "seg_states": seg_states}  # fmt: skip
     if isinstance(gates, GatedKeys):  # the Ag pass's gated variant: qg, ke, kd, G_C read, no exp on a [BT, K] tile
         return fused_state_output_fwd(gates.qg, gates.ke, v, ag, gates.gc, aqk=aqk, kd=gates.kd, **opts)
     return fused_state_output_fwd(q, k, v, ag, gates, aqk=aqk, **opts)
+
+
+def _gated_ag(launch: LaunchPlan) -> LaunchPlan:
+    """`launch` with the Ag pass's `gated` variant on: its explicit config with the bit set, else `gated_ag_plan`'s."""
+    cfg = launch.configs.get(WY_KDA_AG_FWD.name)
+    if cfg is None:
+        return gated_ag_plan(launch)
+    bits = (cfg.VARIANT or 0) | KDA_AG_VARIANTS["gated"]
+    return launch.with_configs({WY_KDA_AG_FWD.name: dataclasses.replace(cfg, VARIANT=bits)})

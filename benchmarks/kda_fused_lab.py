@@ -23,7 +23,8 @@ safe-gate range), beta = sigmoid(randn), B sequences packed as one varlen batch 
 - floors (`runners.bench.floors`, bytes at HBM_TBPS): the whole forward (q, k, v, g, beta read and o written once)
   and each new launcher's (`ag`, `fused`); new / FLA, the issue's target <= 0.5;
 - with --ag-configs (the Ag pass's code variants `kernels.ops.kda.wy_ag.KDA_AG_VARIANTS`), first: per Ag config
-  NAME[:BK:num_warps[:num_stages]] (NAME "default": the spec's default code, else variants joined by "+"; a config
+  NAME[:BK:num_warps[:num_stages]] (NAME "default": the spec's default code, "tilelang": the TileLang pass of
+  session 28, `kernels.ops.kda.ag_hopper`, else variants joined by "+"; a config
   `wy_kda_ag` refuses is an error row; session 12's 64-row-tile variants were removed after the H200 measured them
   1.4-2.4x slower, `benchmarks/results/kda_forms_h200.md`), the Ag pass alone (with the warm
   split's bound sums, as the forward runs it), its ag / aqk / gcum against the default code's (relative L2; gated: its
@@ -112,13 +113,19 @@ def _prefix(form: str) -> str:
 
 def ag_plans(text: str) -> dict[str, Any]:
     """--ag-configs: {label: LaunchPlan or None (the default plan)} from NAME[:BK:num_warps[:num_stages]],..., NAME
-    "default" (the default code) or variants of `KDA_AG_VARIANTS` joined by "+" (e.g. gated)."""
+    "default" (the default code), "tilelang" (the TileLang pass, `kernels.ops.kda.ag_hopper`: LaunchPlan.ag_pass) or
+    variants of `KDA_AG_VARIANTS` joined by "+" (e.g. gated)."""
+    import dataclasses
+
     from kernels.configs import LaunchConfig
     from kernels.ops.kda.wy_ag import KDA_AG_VARIANTS, WY_KDA_AG_FWD
     from kernels.plan import default_plan
 
     plans: dict[str, Any] = {}
     for item in filter(None, text.split(",")):
+        if item == "tilelang":
+            plans[item] = dataclasses.replace(default_plan(), ag_pass="tilelang")
+            continue
         name, *nums = item.split(":")
         names = [] if name == "default" else name.split("+")
         if any(n not in KDA_AG_VARIANTS for n in names) or len(nums) not in (0, 2, 3):

@@ -84,24 +84,24 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool) -> An
         mac = ag_macros(T)
 
         @T.macro
-        def block_products(q_s, k_s, gs_s, r_s, rh_s, rl_s, lk_s, lqh_s, lql_s, b_s, at_s, aq_s, pk_f, pq_f, fastv, I):  # fmt: skip
+        def block_products(q_s, k_s, gs_s, r_s, rh_f, rl_f, lk_s, lqh_s, lql_s, b_s, at_s, aq_s, pk_f, pq_f, fastv, I):  # fmt: skip
             """A^T's and Aqk's columns of block I (python int): R_I, L_I, four 64x16x128 products."""
             for r, c in T.Parallel(C, K):
-                rh_s[r, c] = T.cast(T.if_then_else(r < 16 * I + 16 * fastv,
+                rh_f[r, c] = T.cast(T.if_then_else(r < 16 * I + 16 * fastv,
                                                    T.cast(k_s[r, c], fp32) * T.exp(r_s[I, c] - gs_s[r, c]), 0), io)  # fmt: skip
-                rl_s[r, c] = T.cast(T.if_then_else(r < 16 * I + 16 * fastv,
+                rl_f[r, c] = T.cast(T.if_then_else(r < 16 * I + 16 * fastv,
                                                    T.cast(k_s[r, c], fp32) * T.exp(r_s[I, c] - gs_s[r, c])
-                                                   - T.cast(rh_s[r, c], fp32), 0), io)  # fmt: skip
+                                                   - T.cast(rh_f[r, c], fp32), 0), io)  # fmt: skip
             for r, c in T.Parallel(16, K):
                 lk_s[r, c] = T.cast(T.cast(k_s[16 * I + r, c], fp32) * T.exp(gs_s[16 * I + r, c] - r_s[I, c]), io)
                 lqh_s[r, c] = T.cast(T.cast(q_s[16 * I + r, c], fp32) * T.exp(gs_s[16 * I + r, c] - r_s[I, c]), io)
                 lql_s[r, c] = T.cast(T.cast(q_s[16 * I + r, c], fp32) * T.exp(gs_s[16 * I + r, c] - r_s[I, c])
                                      - T.cast(lqh_s[r, c], fp32), io)  # fmt: skip
             T.fence_proxy_async()
-            T.gemm(rh_s, lk_s, pk_f, transpose_B=True, clear_accum=True)
-            T.gemm(rh_s, lqh_s, pq_f, transpose_B=True, clear_accum=True)
-            T.gemm(rl_s, lqh_s, pq_f, transpose_B=True)
-            T.gemm(rh_s, lql_s, pq_f, transpose_B=True)
+            T.gemm(rh_f, lk_s, pk_f, transpose_B=True, clear_accum=True)
+            T.gemm(rh_f, lqh_s, pq_f, transpose_B=True, clear_accum=True)
+            T.gemm(rl_f, lqh_s, pq_f, transpose_B=True)
+            T.gemm(rh_f, lql_s, pq_f, transpose_B=True)
             # A^T[j, i] = beta_i A_ij for j < i; Aqk[i, j] = scale (q-gram) for j <= i (i = 16 I + c, j = r)
             for r, c in T.Parallel(C, 16):
                 at_s[r, 16 * I + c] = T.if_then_else(r < 16 * I + c, pk_f[r, c] * b_s[16 * I + c], 0)
@@ -162,8 +162,6 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool) -> An
                 r_s = T.alloc_shared((4, K), fp32)  # the blocks' references
                 sp_s = T.alloc_shared((K,), fp32)  # each key's largest block span
                 b_s = T.alloc_shared((C,), fp32)
-                rh_s = T.alloc_shared((C, K), io)
-                rl_s = T.alloc_shared((C, K), io)
                 lk_s = T.alloc_shared((16, K), io)
                 lqh_s = T.alloc_shared((16, K), io)
                 lql_s = T.alloc_shared((16, K), io)
@@ -173,6 +171,8 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool) -> An
                 dinvt_s = T.alloc_shared((C, C), fp32)
                 n_s = T.alloc_shared((C, C), fp32)
                 ag_s = T.alloc_shared((C, C), io)
+                rh_f = T.alloc_fragment((C, K), io)  # R_I's hi and lo parts: the products' register operands
+                rl_f = T.alloc_fragment((C, K), io)
                 pk_f = T.alloc_fragment((C, 16), fp32)
                 pq_f = T.alloc_fragment((C, 16), fp32)
                 n_f = T.alloc_fragment((C, C), fp32)
@@ -221,7 +221,6 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool) -> An
 
                 if bound:
                     # the decay-bound summary: x = each token's largest floored gate over the keys (0 past the end)
-                    v_s = T.alloc_shared((C, V), io)
                     xf = T.alloc_fragment((C, 32), fp32)
                     x_s = T.alloc_shared((C,), fp32)
                     kk_s = T.alloc_shared((C,), fp32)
@@ -231,7 +230,6 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool) -> An
                     al_s = T.alloc_shared((C,), fp32)
                     e_s = T.alloc_shared((C,), fp32)
                     em_s = T.alloc_shared((C,), fp32)
-                    T.copy(v[t0 : t0 + C, i_h, :], v_s)
                     T.fill(x_s, ninf)
                     for i_b in T.serial(K // 32):
                         for r, c in T.Parallel(C, 32):
@@ -240,11 +238,17 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool) -> An
                         T.reduce_max(xf, x_s, dim=1, clear=False)
                     mac.row_squares(k_s, xf, kk_s)
                     mac.bound_logs(x_s, b_s, kk_s, l_s, cl_s, al_s)
-                    mac.row_squares(v_s, xf, vv_s)
+                    T.clear(vv_s)  # ||v||^2 straight from v (0 past the end: beta is 0 there)
+                    for i_b in T.serial(V // 32):
+                        for r, c in T.Parallel(C, 32):
+                            xf[r, c] = T.if_then_else(t0 + r < eos, T.cast(v[T.min(t0 + r, eos - 1), i_h, i_b * 32 + c],
+                                                                           fp32), 0.0)  # fmt: skip
+                            xf[r, c] = xf[r, c] * xf[r, c]
+                        T.reduce_sum(xf, vv_s, dim=1, clear=False)
                     mac.chunk_bound(b_s, kk_s, vv_s, e_s, em_s, cl_s, al_s, bnd, i_c, i_h, tx)
 
                 for I in range(4):
-                    block_products(q_s, k_s, gs_s, r_s, rh_s, rl_s, lk_s, lqh_s, lql_s, b_s, at_s, aq_s, pk_f, pq_f,
+                    block_products(q_s, k_s, gs_s, r_s, rh_f, rl_f, lk_s, lqh_s, lql_s, b_s, at_s, aq_s, pk_f, pq_f,
                                    fastv, I)  # fmt: skip
                 if fastv == 0:
                     diagonal_exact(q_s, k_s, gs_s, b_s, at_s, aq_s, tx)

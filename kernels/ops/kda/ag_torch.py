@@ -69,10 +69,11 @@ def kda_ag_reference(q: Tensor, k: Tensor, g: Tensor, beta: Tensor, *, index: Ch
 
 def kda_ag_blocks(
     q: Tensor, k: Tensor, g: Tensor, beta: Tensor, *, index: ChunkIndex, scale: float,
-    dtype: torch.dtype = torch.float32, operand: torch.dtype | None = torch.bfloat16,
+    dtype: torch.dtype = torch.float32, operand: torch.dtype | None = torch.bfloat16, aqk_lo: bool = True,
 ) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor, Tensor, Tensor]]:  # fmt: skip
     """(Ag, Aqk `[B, T, HV, C]`, (qg, ke, kd `[B, T, HV, K]`, gc `[NT, HV, K]`)) in `dtype` by the TileLang pass's
-    decomposition (module docstring), the products' operands rounded to `operand` (None: not rounded). q, k
+    decomposition (module docstring), the products' operands rounded to `operand` (None: not rounded; aqk_lo False:
+    Aqk without its lo parts' products, `benchmarks/kda_ag_precision.py`). q, k
     `[B, T, H, K]`, g `[B, T, HV, K]`, beta `[B, T, HV]`; chunk 64 only."""
     B, T, HV, K = g.shape
     if index.chunk_size != _C:
@@ -101,7 +102,9 @@ def kda_ag_blocks(
         R = torch.where(reach[..., None], kc * (r[..., i : i + 1, :] - G).exp(), 0.0)
         Rh, Lh = rnd(R), rnd(Lq[..., blk, :])
         At[..., blk] = mm(Rh, rnd(Lk[..., blk, :]))
-        Qt[..., blk] = mm(Rh, Lh) + mm(rnd(R - Rh), Lh) + mm(Rh, rnd(Lq[..., blk, :] - Lh))
+        Qt[..., blk] = mm(Rh, Lh)
+        if aqk_lo:
+            Qt[..., blk] += mm(rnd(R - Rh), Lh) + mm(Rh, rnd(Lq[..., blk, :] - Lh))
     A, Aqk = At.transpose(-1, -2), Qt.transpose(-1, -2)
     slow = ~fast[..., 0, 0]  # [NT, HV]: the diagonal blocks elementwise
     if bool(slow.any()):

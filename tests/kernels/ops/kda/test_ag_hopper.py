@@ -7,7 +7,7 @@ chunk 64), through `wy_kda_ag` with `ag_pass="tilelang"` on inputs with a partia
 (37, 300, 64, 5 tokens), grouped heads (H = 2, HV = 4), value head 0 strong (gates down to -20 per token and -1000
 masks: the exact diagonal blocks) and weak heads, outputs NaN-poisoned before the call:
 - Ag and Aqk against the fp64 solve on the same bf16 inputs (relative L2 1e-2, the Triton pass's bf16 bar) and
-  against the mirror with the kernel's bf16 operands (2e-3: the outputs' bf16 rounding); exact zeros above Ag's
+  against the mirror with the kernel's bf16 operands (4e-3: the outputs' bf16 rounding); exact zeros above Ag's
   diagonal;
 - qg, ke, kd against the mirror (1e-2: bf16 outputs), G_C within 1e-5 of the mirror's;
 - the decay-bound summary (L, W) within 1e-4 of the Triton pass's (its gated variant, the same inputs).
@@ -75,8 +75,8 @@ def test_matches_the_solve_the_mirror_and_the_triton_bound(layout: str) -> None:
     assert float(ag_ref.abs().amax()) > 0.5
     assert_rel_close("Ag vs the solve", ag_ref, ag, 1e-2)
     assert_rel_close("Aqk vs the solve", aqk_ref, aqk, 1e-2)
-    assert_rel_close("Ag vs the mirror", m_ag, ag, 2e-3)
-    assert_rel_close("Aqk vs the mirror", m_aqk, aqk, 2e-3)
+    assert_rel_close("Ag vs the mirror", m_ag, ag, 4e-3)
+    assert_rel_close("Aqk vs the mirror", m_aqk, aqk, 4e-3)
     rows = torch.arange(T, device="cuda") - torch.repeat_interleave(
         index.cu_seqlens[:-1].long(), index.cu_seqlens.diff().long()
     ).view(B, T) if cu is not None else torch.arange(T, device="cuda").expand(B, T)  # fmt: skip

@@ -96,7 +96,8 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool) -> An
                 lk_s[r, c] = T.cast(T.cast(k_s[16 * I + r, c], fp32) * T.exp(gs_s[16 * I + r, c] - r_s[I, c]), io)
                 lqh_s[r, c] = T.cast(T.cast(q_s[16 * I + r, c], fp32) * T.exp(gs_s[16 * I + r, c] - r_s[I, c]), io)
                 lql_s[r, c] = T.cast(T.cast(q_s[16 * I + r, c], fp32) * T.exp(gs_s[16 * I + r, c] - r_s[I, c])
-                                     - T.cast(lqh_s[r, c], fp32), io)  # fmt: skip
+                                     - T.cast(T.cast(T.cast(q_s[16 * I + r, c], fp32)
+                                                     * T.exp(gs_s[16 * I + r, c] - r_s[I, c]), io), fp32), io)  # fmt: skip
             T.fence_proxy_async()
             T.gemm(rh_f, lk_s, pk_f, transpose_B=True, clear_accum=True)
             T.gemm(rh_f, lqh_s, pq_f, transpose_B=True, clear_accum=True)

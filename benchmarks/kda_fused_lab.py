@@ -2,7 +2,7 @@
 in one process on one GPU: o checked against the fp32 reference, then do_bench medians; GPU only.
 
     python benchmarks/kda_fused_lab.py --out $OUT [--shapes 1x131072,1x32768,8x8192] [--lbs -1,-5] [--no-fla]
-        [--forms inline,gated,gated_tma] [--no-old] [--ag-configs default,gated:16:4,...] [--ag-only]
+        [--forms inline,gated,gated_tma,walk] [--no-old] [--ag-configs default,gated:16:4,...] [--ag-only]
         [--ref-max-tokens 8192] [--split-chunks N] [--deadline-s 540]
     TRITON_INTERPRET=1 python benchmarks/kda_fused_lab.py --out /tmp/lab --dry-run   # CPU plumbing check, no timing
 
@@ -16,12 +16,16 @@ safe-gate range), beta = sigmoid(randn), B sequences packed as one varlen batch 
   its transitions, `seg_chain_fwd` and the state+output launch alone, once per --forms item (`FORMS`): `inline` (the
   Ag pass stores G, the fused pass exponentiates [BT, K] gate tiles per V block: the default), `gated` (the Ag pass's
   `gated` variant, `kernels.ops.kda.wy_ag.gated_ag_plan`: it stores qg, ke, kd, G_C and the fused pass reads them),
-  and those with the fused pass's config changed (`_tma`: its tma variant, `_w8`: 8 warps); a form's keys are
-  prefixed `<form>_` (inline: none), one row of the second table each; unless --no-old the old forward
+  and those with the fused pass's config changed (`_tma`: its tma variant, `_w8`: 8 warps), and `walk` (session 28:
+  the gated Ag pass, then the TileLang walk's gated build, `LaunchPlan(fwd_pass="tilelang")`, `kernels.ops.gdn
+  .fwd_walk`: its state+output launch on the same segments from the same states as the Triton forms' at value blocks
+  128 and 64, and the whole pass with the walk's own one-wave split; H200 only); a form's keys are prefixed
+  `<form>_` (inline: none), one row of the second table each; unless --no-old the old forward
   (`fwd_path="wy"`) and its two launchers (`wy_kda_fwd`, `state_and_output`); FLA's `chunk_kda` when `fla` imports
   (its first call's seconds too);
 - floors (`runners.bench.floors`, bytes at HBM_TBPS): the whole forward (q, k, v, g, beta read and o written once)
-  and each new launcher's (`ag`, `fused`); new / FLA, the issue's target <= 0.5;
+  and each new launcher's (`ag`, `fused`; `gated_pass`: the gated form's state+output pass, which reads qg, ke, kd
+  at the value heads, v, Ag, Aqk and G_C and writes o); new / FLA, the issue's target <= 0.5;
 - with --ag-configs (the Ag pass's code variants `kernels.ops.kda.wy_ag.KDA_AG_VARIANTS`), first: per Ag config
   NAME[:BK:num_warps[:num_stages]] (NAME "default": the spec's default code, "tilelang": the TileLang pass of
   session 28, `kernels.ops.kda.ag_hopper`, else variants joined by "+"; a config
@@ -85,13 +89,18 @@ def _floors(row: dict[str, Any], B: int, T: int, H: int, K: int, V: int) -> None
     row["floor_ms"] = ms(bytes_floor("kda", B, T, H, K, V))
     row["ag_floor_ms"] = ms(launcher_bytes("kda", "ag", B, T, H, K, V))
     row["pass_floor_ms"] = ms(launcher_bytes("kda", "fused", B, T, H, K, V))
+    # the gated form's pass (the Triton PRE_GATED pass, the walk): qg, ke, kd, v, Ag, Aqk and o per token and value
+    # head in bf16, G_C fp32 per chunk
+    row["gated_pass_floor_ms"] = ms(B * T * H * (2 * (3 * K + 2 * V + 2 * 64) + 4 * K / 64))
 
 
-# the fused pass's forms (module docstring): the Ag pass gated or not, the fused pass's config fields over its default
-FORMS: dict[str, tuple[bool, dict[str, Any]]] = {
-    "inline": (False, {}), "gated": (True, {}), "gated_tma": (True, {"VARIANT": 2}), "gated_w8": (True, {"num_warps": 8}),
-    "gated_tma_w8": (True, {"VARIANT": 2, "num_warps": 8}), "inline_tma": (False, {"VARIANT": 2}),
-    "inline_w8": (False, {"num_warps": 8}),
+# the fused pass's forms (module docstring): the Ag pass gated or not, the fused pass's config fields over its default,
+# and the plan's fwd_pass (the Triton pass, or the TileLang walk's gated build)
+FORMS: dict[str, tuple[bool, dict[str, Any], str]] = {
+    "inline": (False, {}, "triton"), "gated": (True, {}, "triton"), "gated_tma": (True, {"VARIANT": 2}, "triton"),
+    "gated_w8": (True, {"num_warps": 8}, "triton"), "gated_tma_w8": (True, {"VARIANT": 2, "num_warps": 8}, "triton"),
+    "inline_tma": (False, {"VARIANT": 2}, "triton"), "inline_w8": (False, {"num_warps": 8}, "triton"),
+    "walk": (True, {}, "tilelang"),
 }  # fmt: skip
 
 
@@ -102,8 +111,8 @@ def form_plan(form: str) -> Any:
     from kernels.ops.gdn.fused import KDA_FUSED_STATE_OUTPUT_FWD as SPEC
     from kernels.ops.kda.wy_ag import gated_ag_plan
 
-    gated, fields = FORMS[form]
-    plan = gated_ag_plan(None, gated)
+    gated, fields, fwd_pass = FORMS[form]
+    plan = gated_ag_plan(None, gated).replace(fwd_pass=fwd_pass)
     return plan.with_configs({SPEC.name: dataclasses.replace(SPEC.default, **fields)}) if fields else plan
 
 
@@ -260,6 +269,13 @@ def _form_launchers(row: dict[str, Any], p: str, q, k, v, g, beta, index, scale:
         row[f"{p}transition_ms"] = _ms(lambda: gdn_fused_transition(kx, v, **tr))
         row["chain_ms"] = _ms(lambda: seg_chain_fwd(M, S, None, plan, launch=launch))
         layout, h0 = plan.final, seg_chain_fwd(M, S, None, plan, launch=launch)
+    if launch.fwd_pass == "tilelang":  # the walk on the same segments from the same states, at both value blocks
+        from kernels.ops.gdn.fwd_walk import fwd_walk_tilelang
+
+        wa = {"layout": layout, "h0": h0, "aqk": aqk, "kd": kd}
+        row[f"{p}state_output_ms"] = _ms(lambda: fwd_walk_tilelang(qx, kx, v, ag, gx, BV=128, **wa))
+        row[f"{p}state_output_bv64_ms"] = _ms(lambda: fwd_walk_tilelang(qx, kx, v, ag, gx, BV=64, **wa))
+        return
     so = {"aqk": aqk, "layout": layout, "BT": 64, "scale": scale, "h0": h0, **pa}
     row[f"{p}state_output_ms"] = _ms(lambda: gdn_fused_state_output(qx, kx, v, **so))
 
@@ -298,7 +314,8 @@ def _fla(row: dict[str, Any], q, k, v, g, beta, cu, scale: float, o_ref) -> dict
 COLUMNS = [
     ("B", "B"), ("T", "T"), ("lb", "lb"), ("floor_ms", "floor"), ("new_ms", "new fwd"), ("old_ms", "old fwd (WY)"),
     ("fla_ms", "FLA chunk_kda"), ("new_over_fla", "new / FLA"), ("ag_ms", "new: Ag pass"), ("ag_floor_ms", "Ag floor"),
-    ("pass_ms", "new: fused pass (given Ag)"), ("pass_floor_ms", "pass floor"), ("transition_ms", "new: trans"),
+    ("pass_ms", "new: fused pass (given Ag)"), ("pass_floor_ms", "pass floor"),
+    ("gated_pass_floor_ms", "gated pass floor"), ("transition_ms", "new: trans"),
     ("chain_ms", "new: chain"), ("state_output_ms", "new: state+o"), ("segments", "segments"),
     ("old_wy_ms", "old: wy"), ("old_state_output_ms", "old: state+o"), ("err_new", "err new"), ("err_old", "err old"),
     ("err_fla", "err FLA"),
@@ -306,7 +323,8 @@ COLUMNS = [
 # the second table: one row per (shape, lb, form), the form's keys without their prefix
 FORM_COLUMNS = [
     ("new_ms", "fwd"), ("over_inline", "/ inline"), ("new_over_fla", "/ FLA"), ("ag_ms", "Ag pass"),
-    ("pass_ms", "fused pass (given Ag)"), ("transition_ms", "trans"), ("state_output_ms", "state+o"), ("err_new", "err"),
+    ("pass_ms", "fused pass (given Ag)"), ("transition_ms", "trans"), ("state_output_ms", "state+o"),
+    ("state_output_bv64_ms", "state+o BV 64"), ("err_new", "err"),
 ]  # fmt: skip
 
 

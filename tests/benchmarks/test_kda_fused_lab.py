@@ -68,3 +68,11 @@ def test_measure_ag_reads_the_gated_variants_keys(monkeypatch: pytest.MonkeyPatc
     # the comparison can fail: G_C is not gcum one row early
     last = LAB._chunk_last(torch.arange(T, dtype=torch.float32)[None, :, None, None], index).flatten()
     assert last.tolist() == [63, 127, 149]
+
+
+def test_walk_form_runs_the_gated_ag_pass_then_the_tilelang_walk() -> None:
+    """--forms walk: the Ag pass's gated variant and `fwd_pass="tilelang"` (the TileLang walk's gated build); the
+    Triton forms pin `fwd_pass="triton"`, so KDA's "auto" (`KDA_WALK_AUTO`) cannot move them."""
+    walk, gated = LAB.form_plan("walk"), LAB.form_plan("gated")
+    assert walk.fwd_pass == "tilelang" and gated.fwd_pass == "triton" and LAB.form_plan("inline").fwd_pass == "triton"
+    assert walk.configs[WY_KDA_AG_FWD.name].VARIANT == KDA_AG_VARIANTS["gated"] == gated.configs[WY_KDA_AG_FWD.name].VARIANT

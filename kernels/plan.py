@@ -13,9 +13,10 @@
     bwd_grads  the backward's gradient kernels, one of `kernels.vocabulary.BWD_GRADS` (`kernels.common.chunk_bwd`;
                "auto", the default: GDN's TileLang reverse walk for long bf16 steps where it runs, else the Triton
                kernels of `kernels.vocabulary.AUTO_BWD_GRADS`);
-    fwd_pass   GDN's forward state+output pass (and the state recompute of its reverse-walk backward), one of
-               `kernels.vocabulary.FWD_PASSES`: "auto" (the default: the TileLang walk in bf16 where it runs, else
-               Triton), "triton" or "tilelang" (`kernels.ops.gdn.fwd_walk`);
+    fwd_pass   the two-kernel forward's state+output pass (and the state recompute of GDN's reverse-walk
+               backward), one of `kernels.vocabulary.FWD_PASSES`: "auto" (the default: the TileLang walk in bf16
+               where it runs, else Triton; KDA keeps Triton until `kernels.ops.gdn.fwd_walk.KDA_WALK_AUTO`), "triton"
+               or "tilelang" (`kernels.ops.gdn.fwd_walk`; KDA's in the Ag pass's gated form);
     ag_pass    the two-kernel forward's Ag pass, one of `kernels.vocabulary.AG_PASSES`: "auto" (the default: Triton
                until the TileLang kernels are checked on an H200), "triton" or "tilelang" (GDN's
                `kernels.ops.gdn.ag_hopper`, KDA's `kernels.ops.kda.ag_hopper`, which stores the gated form);

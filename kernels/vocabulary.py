@@ -125,7 +125,9 @@ REVERSE_WALKS: Mapping[str, str] = MappingProxyType({"reverse": "pairs", "stages
 # the forward's state+output pass (and the reverse walk's state recompute) of GDN's two-kernel forward: "auto" (the
 # default: the TileLang walk `kernels.ops.gdn.fwd_walk` in bf16 where it runs: Hopper, K = V = 128, chunk 64, tilelang
 # installed; else Triton), "triton" (`kernels.ops.gdn.fused`'s pass, `kernels.common.chunk_state.chunk_state_ag_fwd`)
-# or "tilelang" (the walk, refused in one line where it cannot run). H200, session 25
+# or "tilelang" (the walk, refused in one line where it cannot run). KDA's two-kernel forward too (session 28: the
+# walk's gated build on the Ag pass's gated form; "auto" keeps KDA on Triton, `fwd_walk.KDA_WALK_AUTO`, until the
+# H200 has checked and timed it). H200, session 25
 # (benchmarks/results/fwd_walk_lab_s25_h200.md, kernels_train_issue26_s25_h200.md): the output pass 0.79 -> 0.53 ms and
 # the state recompute 0.69 -> 0.42 at 1x64K on the same ranges; the 1x64K step 3.95 ms (fwd_pass "triton", device
 # call 2) -> 3.56 (call 4; FlashQLA CP 2.49 there)

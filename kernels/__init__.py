@@ -14,6 +14,8 @@ Public surface (a contract; DESIGN.md §1-§3):
     kernels.use_autotune(path)                                   # tuned launch configs for the default plan
     o, ht = kernels.forward(..., plan=kernels.LaunchPlan(configs=..., table=..., keep="wy", recorder=rec))
     plan = kernels.default_plan()                                # what a call without plan= uses (kernels.plan)
+    kernels.wait_for_builds(timeout=None)     # the TileLang kernels building in the background (kernels.builds): a
+                                              # first call runs on Triton meanwhile (kernels.first_call)
 
 `kernels` imports only torch (Triton when the triton backend runs, FLA when the fla backend runs), each name on
 first use: `import kernels.vocabulary` (the suite's names and counts, standard library only) loads no torch.
@@ -27,6 +29,7 @@ from typing import Any
 
 _FROM: dict[str, tuple[str, ...]] = {  # module -> its public names here, each imported on first use (PEP 562)
     "kernels.api": ("backward", "chain", "compose", "forward", "reference", "transition"),
+    "kernels.builds": ("wait_for_builds",),
     "kernels.configs": ("KernelSpec", "LaunchConfig"),
     "kernels.ops.gdn.chunk": ("chunk_gdn",),
     "kernels.ops.kda.chunk": ("chunk_kda",),

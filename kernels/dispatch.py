@@ -13,6 +13,9 @@
                        travels with the call): forward = `chunk_forward`, backward = `chunk_backward_impl`
     compile_ahead      (`kernels.parallel_compile`) the first triton call of a kind (`_call_kind`) compiles every kernel
                        of its forward and backward at once, in threads, from a dry run of its launches (`_launch_sequence`)
+    first_call         (`kernels.first_call`) where that dry run asked for TileLang kernels that are not built yet, the
+                       call's "auto" choices run on Triton (`plan_for`, once per call at the entry; the Function keeps
+                       that plan for its backward) while they build in the background (CPBENCH_TILELANG_BUILD)
 
 Recompute policy (`LaunchPlan.keep` of the call's launch plan, `kernels.plan`; triton backend), what the forward holds
 until the backward:
@@ -68,6 +71,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from kernels import first_call
 from kernels.backends import fla_forward, resolve_backend
 from kernels.common.chunk_bwd_torch import chunk_bwd_torch
 from kernels.common.chunk_torch import chunk_fwd_torch
@@ -227,7 +231,11 @@ def checked_forward(
     grad = needs_grad(q, k, v, g, beta, initial_state)
     if backend == "triton":  # a new kind of call compiles its kernels in parallel first (`kernels.parallel_compile`)
         call = (args, grad, output_final_state, states is not None)
-        compile_ahead(_call_kind(*call), lambda: _launch_sequence(*call))
+        kind = _call_kind(*call)
+        compile_ahead(kind, lambda: first_call.dry_runs(kind, op.name, plan, lambda p: _launch_sequence(*call, plan=p)))
+        tiered = first_call.plan_for(kind, op.name, plan)  # on Triton while its "auto" TileLang kernels build
+        if tiered is not plan:  # (the Function keeps it for the backward: one plan per call)
+            args = (*args[:4], tiered, *args[5:])
     if grad:
         o, ht = ChunkFunction.apply(*args)
         return o, (ht if output_final_state else None)
@@ -296,10 +304,12 @@ def _call_kind(args: tuple[Any, ...], grad: bool, output_final_state: bool, stat
             tuple(sorted(plan.configs.items())) if plan.configs else ())
 
 
-def _launch_sequence(args: tuple[Any, ...], grad: bool, output_final_state: bool, states: bool) -> None:
+def _launch_sequence(args: tuple[Any, ...], grad: bool, output_final_state: bool, states: bool, *,
+                     plan: LaunchPlan | None = None) -> None:
     """`checked_forward`'s Triton launches for `compile_ahead`'s dry run: the forward as the entry runs it, then with a
-    gradient the backward on an uninitialised `do` (and `dht` when the final state is returned); no recorder."""
-    args = (*args[:4], args[4].with_recorder(None), *args[5:])
+    gradient the backward on an uninitialised `do` (and `dht` when the final state is returned); under `plan` (None:
+    the call's; `kernels.first_call.dry_runs` passes its fallback too), no recorder."""
+    args = (*args[:4], (plan or args[4]).with_recorder(None), *args[5:])
     op, backend, index, cu_seqlens, plan, scale, q, k, v, g, beta, h0 = args
     with torch.no_grad():
         if not grad:

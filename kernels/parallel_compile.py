@@ -17,10 +17,12 @@ same `triton.compile` of the same specialisation, only run in parallel. A worker
   batch of a new length does not run it again). A launch the dry run missed compiles at its launch, as before.
 - A dry run that raises (the call itself will raise the same error) or a compile that fails (the launch compiles
   again and raises Triton's error) is dropped: the call then runs exactly as without this module.
-- A kernel of another compiler in the call (GDN's TileLang walks) is submitted to the same pool (`build_beside`, once
-  per build key) and skips its launch there: the TileLang builds run beside each other and the Triton compiles
-  (TVM's passes and nvcc release the GIL for part of their time; two builds in two threads took 10.8 s against 14.3 s
-  one after the other on a 2-core host, session 25).
+- A kernel of another compiler in the call (GDN's TileLang walks) is submitted to the background builds
+  (`build_beside`: `kernels.builds.BUILDS`, once per build key) and skips its launch there: the TileLang builds run
+  beside each other and the Triton compiles (TVM's passes and nvcc release the GIL for part of their time; two builds
+  in two threads took 10.8 s against 14.3 s one after the other on a 2-core host, session 25). The dry run does not
+  wait for them: `kernels.first_call` decides, from the keys it asked for (`asking_builds`), whether the call waits
+  or runs on Triton meanwhile. Outside a dry run a launch that needs a kernel still building waits for that build.
 - Off under TRITON_INTERPRET=1 (interpreted kernels compile nothing), with CPBENCH_PARALLEL_COMPILE=0, with a Triton
   without `triton.runtime._async_compile` (3.6.0 has it), and inside a caller's own AsyncCompileMode.
 """
@@ -36,9 +38,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextvars import ContextVar
 from typing import Any
 
+from kernels.builds import BUILDS
 from kernels.interpreter import interpreting
 
-__all__ = ["PARALLEL_COMPILE_ENV", "build_beside", "compile_ahead", "parallel_compile_enabled"]
+__all__ = ["PARALLEL_COMPILE_ENV", "asking_builds", "build_beside", "compile_ahead", "parallel_compile_enabled"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +50,8 @@ MAX_WORKERS = 16  # one per core of the H200 host; a fwd+bwd compiles 7-8 kernel
 
 # set only inside compile_ahead's dry run, in its own thread: that thread's launches compile and do not run
 _DRY_RUN: ContextVar[bool] = ContextVar("kernels_compile_ahead_dry_run", default=False)
-# the dry run's pool and the keys of the other compilers' builds submitted to it (`build_beside`)
-_BESIDE: ContextVar[tuple[ThreadPoolExecutor, set[Hashable]] | None] = ContextVar("kernels_build_beside", default=None)
+# a set receiving the build keys `build_beside` is asked for in a dry run (`asking_builds`)
+_ASKED: ContextVar[set[Hashable] | None] = ContextVar("kernels_builds_asked", default=None)
 
 
 class _Patch:
@@ -68,24 +71,30 @@ def parallel_compile_enabled() -> bool:
 
 def build_beside(key: Hashable, build: Callable[..., object], *args: Any) -> bool:
     """In `compile_ahead`'s dry run (this thread): submit `build(*args)` (a kernel of another compiler, GDN's TileLang
-    walks) to the dry run's pool once per `key`, where it runs beside the Triton compiles (the dry run's end waits for
-    it; a build that fails is dropped: the call builds again and raises), and return True: the caller then does not
-    launch. Outside a dry run: False (the caller builds and launches as usual)."""
-    beside = _BESIDE.get()  # (set only in a dry run's thread)
-    if beside is None:
+    walks) to the background builds once per `key` (`kernels.builds.BUILDS`; the dry run does not wait for it), note
+    `key` in the set of `asking_builds` where one is open, and return True: the caller then does not launch. Outside a
+    dry run: wait for `key`'s build if one is running and return False (the caller builds, a cache hit once built,
+    and launches as usual)."""
+    if not _DRY_RUN.get():
+        BUILDS.settle(key)
         return False
-    pool, keys = beside
-    if key not in keys:
-        keys.add(key)
-        ThreadPoolExecutor.submit(pool, _quiet_build, key, build, *args)
+    asked = _ASKED.get()
+    if asked is not None:
+        asked.add(key)
+    BUILDS.submit(key, build, *args)
     return True
 
 
-def _quiet_build(key: Hashable, build: Callable[..., object], *args: Any) -> None:
+@contextlib.contextmanager
+def asking_builds() -> Iterator[set[Hashable]]:
+    """A set that receives the build keys `build_beside` is asked for in this context while inside (a dry run's
+    launches of one plan: `kernels.first_call`)."""
+    asked: set[Hashable] = set()
+    token = _ASKED.set(asked)
     try:
-        build(*args)
-    except Exception as err:  # the call builds it again and raises there
-        logger.debug("compile_ahead: the build of %r failed (%s); the call builds it again", key, err)
+        yield asked
+    finally:
+        _ASKED.reset(token)
 
 
 def compile_ahead(key: Hashable, dry_run: Callable[[], object]) -> bool:
@@ -105,13 +114,11 @@ def compile_ahead(key: Hashable, dry_run: Callable[[], object]) -> bool:
         mode = AsyncCompileMode(pool, ignore_errors=True)
         with mode:
             token = _DRY_RUN.set(True)
-            beside = _BESIDE.set((pool, set()))
             try:
                 dry_run()
             except Exception as err:  # the call itself raises it (or, if the dry run alone failed, runs as before)
                 logger.debug("compile_ahead: dry run of %r failed (%s); the call compiles as it launches", key, err)
             finally:
-                _BESIDE.reset(beside)
                 _DRY_RUN.reset(token)
         logger.debug("compile_ahead: %d kernels compiled for %r", len(mode.future_kernels), key)
     return True

@@ -6,7 +6,9 @@ Method (nvbench's cold measurement, anchors/bench-services.md (d) level 0):
 
 - Warmup (both clocks) until the first-call costs (Triton compile, autotune, allocator growth) are over: at
   least `warmup_min_iters` calls and `warmup_s` seconds, the first call never counts as settled, and the last
-  call is no slower than 1.5x the fastest call after the first.
+  call is no slower than 1.5x the fastest call after the first. After the first warmup call the TileLang kernels
+  building in the background are waited for (`kernels.wait_for_builds`: a first call runs on Triton meanwhile,
+  `kernels.first_call`), so the calls after it, warmup and samples, all run the same kernels: never a mix.
 - CUDA: each sample: zero an L2-flush buffer of twice the device's L2 size (outside the timed interval), queue
   a spin kernel that holds the stream while the host enqueues the step (nvbench's blocking kernel: host launch
   gaps stay out of the sample, as in a queue-ahead loop like `triton.testing.do_bench`), record a CUDA event,
@@ -39,6 +41,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from kernels.builds import wait_for_builds
 from runners.stats import rel_iqr
 
 if TYPE_CHECKING:
@@ -254,6 +257,10 @@ def time_step(
     calls: list[float] = []
     while True:
         hi, _lo, el, _host = sample(t_warm)
+        if not calls:  # the kernels a first call left building: built before any call that may count (the wait
+            t_wait = time.perf_counter()  # is outside the warmup's clock)
+            wait_for_builds()
+            t_warm += time.perf_counter() - t_wait
         calls.append(hi)
         settled = len(calls) >= 2 and hi <= 1.5 * min(calls[1:])
         if (len(calls) >= rule.warmup_min_iters and el >= rule.warmup_s and settled) or el >= rule.timeout_s:

@@ -9,7 +9,9 @@ Rows: shapes x HV x lb (`runners.bench.kernels_grid`: `--preset issue26` is issu
 first; `--deadline` starts a row only while it fits and lists the rest as cut; the report is written after every
 row. Peers (`runners.bench.kernels_peers`): FLA's Triton path, and FlashQLA (GDN) in two columns, `auto_cp=False`
 and its intra-card CP (`auto_cp=True`, its default), with the split it chose; where a peer cannot run, one line
-says why. Each library's first call (its compile / autotune on the cache it found) is in the report.
+says why. Each library's first call (its compile / autotune on the cache it found) is in the report; ours runs on
+Triton where the TileLang kernels its "auto" choices take are still building, and every timing waits for them
+first (`kernels.wait_for_builds`; the report names CPBENCH_TILELANG_BUILD's mode, `kernels.builds.first_call_note`).
 
 Method (the one ../shared/anchors/fla-h200.md used for FLA, so our figures stand next to FLA's published ones;
 that is why the inputs take `runners.workload`'s FLA recipe, not a sweep point's): bf16, H=16, K=V=128; q, k L2-normalised in
@@ -49,6 +51,7 @@ from typing import Any
 
 import torch
 
+from kernels.builds import build_mode
 from runners.bench.common import environment, result_stem
 from runners.bench.floors import LAUNCHERS, bytes_floor, floor_ms, flops_floor, launcher_bytes, launcher_flops
 from runners.bench.kernels_grid import PRESETS, Case, Deadline, expand_cases, parse_floats, parse_shapes
@@ -210,7 +213,7 @@ def _env(device: str) -> dict[str, Any]:
                       command=" ".join([os.path.basename(sys.executable), "-m", "runners.bench.kernels", *ARGV]),
                       cpu_label="cpu (dry run, interpreter)",
                       env_vars=("FLA_DISABLE_BACKEND_DISPATCH", "NCCL_NVLS_ENABLE", "TRITON_CACHE_DIR", "TILELANG_CACHE_DIR"))
-    env.update(peer_versions())
+    env.update(peer_versions(), tilelang_build=build_mode())  # what ours' first call holds (`first_call_note`)
     return env
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from kernels.builds import wait_for_builds
 from runners.workload import Workload, make_inputs
 
 H_DEFAULT, K_DIM, V_DIM, C = 16, 128, 128, 64
@@ -41,12 +42,15 @@ def fla_inputs(op: str, B: int, T: int, H: int, *, device: str, dtype: str = "bf
 
 
 class Timer:
-    """do_bench median on CUDA; a wall-clock median on CPU (dry run)."""
+    """do_bench median on CUDA; a wall-clock median on CPU (dry run). Both after one untimed call and the TileLang
+    builds it may have left running (`kernels.wait_for_builds`): never a mix of Triton and TileLang calls."""
 
     def __init__(self, cuda: bool) -> None:
         self.cuda = cuda
 
     def __call__(self, fn: Callable[[], Any], warmup: int = 25, rep: int = 200) -> tuple[float, float, float]:
+        fn()
+        wait_for_builds()
         if self.cuda:
             from triton.testing import do_bench
 

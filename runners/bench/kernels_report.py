@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kernels.builds import first_call_note
 from runners.bench.floors import HBM_TBPS
 
 
@@ -151,7 +152,9 @@ def first_calls(res: dict[str, Any]) -> list[str]:
             seen[who] = max(seen.get(who, 0.0), float(a["first_call_s"]))
     if not seen:
         return []
-    return ["", "First call of each library in this run (s; compile / autotune on the cache it found): "
+    mode = res.get("env", {}).get("tilelang_build")
+    held = f"; {first_call_note(mode)}" if mode else ""
+    return ["", f"First call of each library in this run (s; compile / autotune on the cache it found{held}): "
             + ", ".join(f"{who} {s:.1f}" for who, s in seen.items())]
 
 

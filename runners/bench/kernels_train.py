@@ -7,6 +7,8 @@ FlashQLA's GDN (GPU), all in one process.
 Rows: shapes x HV x lb (`runners.bench.kernels_grid`, most important first; `--deadline` cuts the rest cleanly).
 FlashQLA (`runners.bench.kernels_peers`, GDN only): `auto_cp=False` and its intra-card CP (its default `auto_cp=True`),
 each step timed, with its first call, peak memory and the split it chose; where it cannot run, one line says why.
+Ours' first call runs on Triton where the TileLang kernels its "auto" choices take are still building; every timing
+waits for them first (`kernels.wait_for_builds`; the report names CPBENCH_TILELANG_BUILD's mode).
 
 Per shape (bf16, H=16, K=V=128): ours ms (forward `chunk_*_fwd` + backward `chunk_*_bwd`, direct calls), FLA ms
 (its autograd op, `o.backward(do)`), the ratio, the bytes floor of a forward+backward (FLA's count: 2828 B per
@@ -41,6 +43,7 @@ from typing import Any
 
 import torch
 
+from kernels.builds import build_mode, first_call_note, wait_for_builds
 from kernels.configs import LaunchConfig, get_spec
 from kernels.plan import LaunchPlan, default_plan, plan_with, set_default_plan
 from kernels.vocabulary import AG_PASSES, BWD_GRADS, FWD_PASSES, KEEP_POLICIES
@@ -162,8 +165,12 @@ def fla_step(op: str) -> tuple[Callable[..., Any], bool]:
 
 
 def timed(fn: Callable[[], Any]) -> float:
+    """do_bench median (ms) after one untimed call and the TileLang builds it may have left running
+    (`kernels.wait_for_builds`): never a mix of Triton and TileLang steps."""
     from triton.testing import do_bench
 
+    fn()
+    wait_for_builds()
     return float(do_bench(fn, warmup=10, rep=100))
 
 
@@ -347,7 +354,7 @@ def env(args: argparse.Namespace) -> dict[str, Any]:
         info["fla"] = getattr(fla, "__version__", "?")
     except ImportError:
         info["fla"] = None
-    info.update(peer_versions())
+    info.update(peer_versions(), tilelang_build=build_mode())  # what ours' first call holds (`first_call_note`)
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
         info.update(device=p.name, sms=p.multi_processor_count, cuda=torch.version.cuda)
@@ -435,7 +442,9 @@ def _notes(res: dict[str, Any]) -> list[str]:
             if isinstance(v, dict) and isinstance(v.get("first_call_s"), (int, float)):
                 first[who] = max(first.get(who, 0.0), v["first_call_s"])
     if first:
-        notes["first call of each library in this run (s; compile / autotune on the cache it found): "
+        mode = res.get("env", {}).get("tilelang_build")
+        held = f"; {first_call_note(mode)}" if mode else ""
+        notes[f"first call of each library in this run (s; compile / autotune on the cache it found{held}): "
               + ", ".join(f"{w} {t:.1f}" for w, t in first.items())] = None
     return ["", *(f"- {n}" for n in notes)] if notes else []
 

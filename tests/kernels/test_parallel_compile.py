@@ -13,13 +13,15 @@ import os
 import subprocess
 import sys
 import threading
-import time
+import uuid
 from pathlib import Path
 
 import pytest
 
+from kernels.builds import BUILDS
 from kernels.parallel_compile import (
     PARALLEL_COMPILE_ENV,
+    asking_builds,
     build_beside,
     compile_ahead,
     parallel_compile_enabled,
@@ -50,28 +52,41 @@ def test_the_switch_and_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_other_compilers_build_beside_once_per_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A TileLang build asked for in the dry run runs in the pool, once per key, done when compile_ahead returns; a
-    failing one is dropped; before and after a dry run build_beside declines (the caller builds and launches)."""
+    """A TileLang build asked for in the dry run goes to the background builds, once per key, noted by
+    `asking_builds`; compile_ahead does not wait for it; a failing one is kept as failed; before and after a dry run
+    build_beside declines (the caller builds and launches), waiting for a build of its key still running."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setenv(PARALLEL_COMPILE_ENV, "1")
     built: list[tuple[str, threading.Thread]] = []
+    gate = threading.Event()
+    tag = uuid.uuid4().hex  # keys no other test (or run of this one) submitted to the process's builds
 
     def build(name: str) -> None:
-        time.sleep(0.05)
+        gate.wait(timeout=60)
         built.append((name, threading.current_thread()))
 
     def broken() -> None:
-        raise RuntimeError("nvcc failed")
+        raise RuntimeError("nvcc failed\nthe rest of its output")
+
+    asked: set[object] = set()
 
     def dry_run() -> None:
-        said = [build_beside(("walk", 1), build, "a"), build_beside(("walk", 1), build, "a"),
-                build_beside(("walk", 2), build, "b"), build_beside(("walk", 3), broken)]  # fmt: skip
+        with asking_builds() as keys:
+            said = [build_beside((tag, 1), build, "a"), build_beside((tag, 1), build, "a"),
+                    build_beside((tag, 2), build, "b"), build_beside((tag, 3), broken)]  # fmt: skip
         assert said == [True] * 4 and not built  # submitted, not run in this thread
+        asked.update(keys)
 
-    assert not build_beside(("walk", 1), build, "a")
-    assert compile_ahead(("test", "beside"), dry_run) is True
-    assert sorted(name for name, _ in built) == ["a", "b"]
-    assert not build_beside(("walk", 4), build, "c")  # the dry run over: the caller builds and launches again
+    assert not build_beside((tag, 0), build, "z")  # outside a dry run: nothing submitted, the caller builds
+    assert compile_ahead(("test", "beside", tag), dry_run) is True
+    assert asked == {(tag, 1), (tag, 2), (tag, 3)}
+    assert not built and not BUILDS.ready((tag, 1))  # the dry run did not wait
+    gate.set()
+    assert not build_beside((tag, 1), build, "a")  # a launch now: it waits for the build of its key
+    assert BUILDS.ready((tag, 1)) and any(name == "a" for name, _ in built)
+    assert BUILDS.wait([(tag, 1), (tag, 2), (tag, 3)], timeout=60)
+    assert sorted(name for name, _ in built) == ["a", "b"]  # once per key
+    assert BUILDS.failed((tag, 3)) == "RuntimeError: nvcc failed" and not BUILDS.ready((tag, 3))
     assert all(t is not threading.main_thread() for _, t in built)
 
 

@@ -24,7 +24,7 @@ from kernels.first_call import dry_runs, plan_for, resolve_plan, tilelang_fallba
 from kernels.parallel_compile import PARALLEL_COMPILE_ENV, build_beside, compile_ahead
 from kernels.plan import LaunchPlan, LaunchRecorder
 from kernels.vocabulary import AUTO_BWD_GRADS
-from tests.utils import make_inputs
+from tests.utils import TEST_DEVICE, make_inputs
 
 LONG = 60.0  # s: generous; a held build is released long before
 
@@ -102,13 +102,15 @@ def _released() -> Iterator[None]:
 
 @pytest.fixture
 def dry_run_on(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Hashable, LaunchPlan, _Walk], None]]:
-    """`first(kind, plan, walk)`: a first call's dry run of `kind` (`compile_ahead`, on: not the interpreter)."""
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    """`first(kind, plan, walk)`: a first call's dry run of `kind` (`compile_ahead`, on for it: outside the
+    interpreter, whose setting comes back after it)."""
     monkeypatch.setenv(PARALLEL_COMPILE_ENV, "1")
     monkeypatch.delenv(TILELANG_BUILD_ENV, raising=False)
 
     def first(kind: Hashable, plan: LaunchPlan, walk: _Walk) -> None:
-        assert compile_ahead(kind, lambda: dry_runs(kind, "gdn", plan, walk))
+        with monkeypatch.context() as m:
+            m.delenv("TRITON_INTERPRET", raising=False)
+            assert compile_ahead(kind, lambda: dry_runs(kind, "gdn", plan, walk))
 
     yield first
 
@@ -171,21 +173,21 @@ def test_explicit_tilelang_options_never_tier(dry_run_on: Any) -> None:
     assert plan_for(kind, "gdn", mixed) is mixed
 
 
-def test_the_backward_runs_its_forwards_plan(dry_run_on: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_backward_runs_its_forwards_plan(dry_run_on: Any) -> None:
     """The public op while its kind waits: the forward and its autograd node run the fallback; the build finishes
-    before the backward, which still runs the forward's plan; the next call takes the plan."""
+    before the backward, which still runs the forward's plan; the next call takes the plan. (Interpreted on the CPU,
+    where its first call's own dry run is off; on a GPU under CPBENCH_TEST_GPU=1 the dry run below is the kind's.)"""
     from kernels.common.index import prepare_chunk_index
     from kernels.dispatch import _call_kind
     from kernels.ops.gdn.chunk import GDN
 
-    q, k, v, g, beta, _ = make_inputs("gdn", B=1, T=64, H=1, K=16, V=16, seed=3)
+    q, k, v, g, beta, _ = make_inputs("gdn", B=1, T=64, H=1, K=16, V=16, seed=3, device=TEST_DEVICE)
     leaves = [x.requires_grad_() for x in (q, k, v, g, beta)]
     plan = LaunchPlan(recorder=LaunchRecorder())
     index = prepare_chunk_index(None, batch=1, seq_len=64, chunk_size=64, device=k.device)
     kind = _call_kind((GDN, "triton", index, None, plan, 0.25, q, k, v, g, beta, None), True, False, False)
     walk = _Walk()
-    dry_run_on(kind, plan, walk)  # the kind's first call found the walks not built (on a GPU with TileLang)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the op itself on the interpreter (no dry run there)
+    dry_run_on(kind, plan, walk)  # the kind's first call found the walks not built (as on a GPU with TileLang)
 
     def step(o: torch.Tensor) -> list[torch.Tensor]:
         return list(torch.autograd.grad(o.square().sum(), leaves))

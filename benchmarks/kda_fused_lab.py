@@ -2,7 +2,7 @@
 in one process on one GPU: o checked against the fp32 reference, then do_bench medians; GPU only.
 
     python benchmarks/kda_fused_lab.py --out $OUT [--shapes 1x131072,1x32768,8x8192] [--lbs -1,-5] [--no-fla]
-        [--forms inline,gated,gated_tma,walk] [--no-old] [--ag-configs default,gated:16:4,...] [--ag-only]
+        [--forms inline,gated,gated_tma,walk,walk_tl] [--no-old] [--ag-configs default,gated:16:4,...] [--ag-only]
         [--ref-max-tokens 8192] [--split-chunks N] [--deadline-s 540]
     TRITON_INTERPRET=1 python benchmarks/kda_fused_lab.py --out /tmp/lab --dry-run   # CPU plumbing check, no timing
 
@@ -19,7 +19,9 @@ safe-gate range), beta = sigmoid(randn), B sequences packed as one varlen batch 
   and those with the fused pass's config changed (`_tma`: its tma variant, `_w8`: 8 warps), and `walk` (session 28:
   the gated Ag pass, then the TileLang walk's gated build, `LaunchPlan(fwd_pass="tilelang")`, `kernels.ops.gdn
   .fwd_walk`: its state+output launch on the same segments from the same states as the Triton forms' at value blocks
-  128 and 64, and the whole pass with the walk's own one-wave split; H200 only); a form's keys are prefixed
+  128 and 64, and the whole pass with the walk's own one-wave split; H200 only), `walk_tl` (the same with the TileLang
+  Ag pass, `LaunchPlan(ag_pass="tilelang")`, `kernels.ops.kda.ag_hopper`: the whole forward on TileLang); a form's
+  keys are prefixed
   `<form>_` (inline: none), one row of the second table each; unless --no-old the old forward
   (`fwd_path="wy"`) and its two launchers (`wy_kda_fwd`, `state_and_output`); FLA's `chunk_kda` when `fla` imports
   (its first call's seconds too);
@@ -95,13 +97,16 @@ def _floors(row: dict[str, Any], B: int, T: int, H: int, K: int, V: int) -> None
 
 
 # the fused pass's forms (module docstring): the Ag pass gated or not, the fused pass's config fields over its default,
-# and the plan's fwd_pass (the Triton pass, or the TileLang walk's gated build)
+# and the plan's fwd_pass (the Triton pass, or the TileLang walk's gated build); FORM_AG_PASS: a form's ag_pass when
+# not Triton's ("walk_tl": the TileLang Ag pass `kernels.ops.kda.ag_hopper` ahead of the walk, the whole forward on
+# TileLang)
 FORMS: dict[str, tuple[bool, dict[str, Any], str]] = {
     "inline": (False, {}, "triton"), "gated": (True, {}, "triton"), "gated_tma": (True, {"VARIANT": 2}, "triton"),
     "gated_w8": (True, {"num_warps": 8}, "triton"), "gated_tma_w8": (True, {"VARIANT": 2, "num_warps": 8}, "triton"),
     "inline_tma": (False, {"VARIANT": 2}, "triton"), "inline_w8": (False, {"num_warps": 8}, "triton"),
-    "walk": (True, {}, "tilelang"),
+    "walk": (True, {}, "tilelang"), "walk_tl": (True, {}, "tilelang"),
 }  # fmt: skip
+FORM_AG_PASS = {"walk_tl": "tilelang"}
 
 
 def form_plan(form: str) -> Any:
@@ -112,7 +117,7 @@ def form_plan(form: str) -> Any:
     from kernels.ops.kda.wy_ag import gated_ag_plan
 
     gated, fields, fwd_pass = FORMS[form]
-    plan = gated_ag_plan(None, gated).replace(fwd_pass=fwd_pass)
+    plan = gated_ag_plan(None, gated).replace(fwd_pass=fwd_pass, ag_pass=FORM_AG_PASS.get(form, "triton"))
     return plan.with_configs({SPEC.name: dataclasses.replace(SPEC.default, **fields)}) if fields else plan
 
 

@@ -76,3 +76,12 @@ def test_walk_form_runs_the_gated_ag_pass_then_the_tilelang_walk() -> None:
     walk, gated = LAB.form_plan("walk"), LAB.form_plan("gated")
     assert walk.fwd_pass == "tilelang" and gated.fwd_pass == "triton" and LAB.form_plan("inline").fwd_pass == "triton"
     assert walk.configs[WY_KDA_AG_FWD.name].VARIANT == KDA_AG_VARIANTS["gated"] == gated.configs[WY_KDA_AG_FWD.name].VARIANT
+
+
+def test_walk_tl_form_and_the_tilelang_ag_config_take_the_tilelang_ag_pass() -> None:
+    """--forms walk_tl: the whole forward on TileLang (`ag_pass="tilelang"` beside the walk); the other forms keep
+    the Triton Ag pass; --ag-configs tilelang: the default plan with the TileLang Ag pass."""
+    assert LAB.form_plan("walk_tl").ag_pass == "tilelang" and LAB.form_plan("walk_tl").fwd_pass == "tilelang"
+    assert LAB.form_plan("walk").ag_pass == "triton" and LAB.form_plan("gated").ag_pass == "triton"
+    plan = LAB.ag_plans("tilelang,default")["tilelang"]
+    assert plan is not None and plan.ag_pass == "tilelang" and not plan.configs

@@ -93,15 +93,18 @@ def test_matches_the_solve_the_mirror_and_the_triton_bound(layout: str) -> None:
 
 @GPU
 def test_the_two_kernel_forward_on_it_matches_the_reference() -> None:
-    """KDA's two-kernel forward (fwd_path "fused") with the TileLang Ag pass, against the fp32 per-token reference."""
+    """KDA's two-kernel forward (fwd_path "fused") with the TileLang Ag pass, then the Triton gated pass or the TileLang
+    walk (`fwd_pass`), against the fp32 per-token reference."""
     import kernels
     from kernels.ops.kda.chunk import chunk_kda_fwd
 
     q, k, v, g, beta, cu = _inputs("varlen")
     o_ref, ht_ref = kernels.reference("kda", q.float(), k.float(), v.float(), g, beta.float(), scale=DIM**-0.5,
                                       cu_seqlens=cu, output_final_state=True)  # fmt: skip
-    for split in (0, 2):  # the plain pass, and the intra-device split
-        o, ht = chunk_kda_fwd(q, k, v, g, beta, scale=DIM**-0.5, output_final_state=True, cu_seqlens=cu,
-                              split_chunks=split, plan=LaunchPlan(ag_pass="tilelang"), fwd_path="fused")  # fmt: skip
-        assert_rel_close(f"o, split {split}", o_ref, o, 5e-3)
-        assert_rel_close(f"final state, split {split}", ht_ref, ht, 5e-3)
+    for fwd_pass in ("triton", "tilelang"):  # the Triton gated pass, KDA's TileLang walk: the whole forward on TileLang
+        for split in (0, 2):  # the plain pass, and the intra-device split
+            plan = LaunchPlan(ag_pass="tilelang", fwd_pass=fwd_pass)
+            o, ht = chunk_kda_fwd(q, k, v, g, beta, scale=DIM**-0.5, output_final_state=True, cu_seqlens=cu,
+                                  split_chunks=split, plan=plan, fwd_path="fused")  # fmt: skip
+            assert_rel_close(f"o, {fwd_pass} pass, split {split}", o_ref, o, 5e-3)
+            assert_rel_close(f"final state, {fwd_pass} pass, split {split}", ht_ref, ht, 5e-3)

@@ -17,15 +17,18 @@ H200 host (`kernels/NOTES.md` "First call"). Under CPBENCH_TILELANG_BUILD=backgr
                                        (and for good where one failed). The autograd Function keeps the forward's
                                        plan for its backward (`kernels.dispatch.ChunkFunction`): a call never mixes
                                        (what its forward keeps depends on the choices, `fused.walk_keeps_states`).
-                                       Warm calls: one truth test of a dict while nothing waits, else a dict lookup.
+                                       Warm calls: one truth test of a dict while nothing waits; while a kind waits,
+                                       a dict lookup, a subset test and the memoised fallback.
     tilelang_fallback(plan, op)        (pure) `plan` with its "auto" TileLang choices on Triton: fwd_pass and
                                        ag_pass "auto" -> "triton", bwd_grads "auto" -> the op's Triton kernels
                                        (`kernels.vocabulary.AUTO_BWD_GRADS`, what "auto" runs where the walk does
                                        not); explicit options stay (an explicit "tilelang" waits for its build at its
-                                       launch). `plan` itself where nothing changes.
+                                       launch). `plan` itself where nothing changes; memoised per op on the plan
+                                       object (a loop's calls pass one).
     resolve_plan(plan, op, needs, ready)  (pure) `plan` when `needs` (build keys) are all in `ready`, else the fallback.
 
-Explicit "tilelang" options never tier. Off where `compile_ahead` is (CPU, TRITON_INTERPRET=1,
+Explicit "tilelang" options never tier. Each process (each rank) switches at its own step, when its builds finish;
+"wait" keeps every rank on the same kernels from the first step. Off where `compile_ahead` is (CPU, TRITON_INTERPRET=1,
 CPBENCH_PARALLEL_COMPILE=0: TileLang is refused or builds at its launch, as before). Expected first call at 1x64K
 on the H200 (not yet measured): the Triton-only first call (6.9 s, `benchmarks/results/first_calls_h200.md`) plus the
 compiles of the TileLang plan's own Triton kernels in the same pool, against 32.2 s waiting for the builds.
@@ -45,18 +48,24 @@ __all__ = ["dry_runs", "plan_for", "resolve_plan", "tilelang_fallback"]
 
 
 class _Waiting:
-    """The process's kinds of call waiting for builds (process state, as `parallel_compile._Patch.done`)."""
+    """The process's kinds of call waiting for builds (process state, as `parallel_compile._Patch.done`): call kind ->
+    the build keys its plan's "auto" choices asked for that were not ready at its dry run (dropped once all are built;
+    kept where one failed)."""
 
-    # call kind -> the build keys its plan's "auto" choices asked for that were not ready at its dry run (removed once
-    # all are built; kept where one failed)
     needs: dict[Hashable, frozenset[Hashable]] = {}
-    # call kind -> (the plan last resolved, its fallback): calls of a kind reuse their plan object
-    fallback: dict[Hashable, tuple[LaunchPlan, LaunchPlan]] = {}
+
+
+# op -> (the plan last resolved, its fallback): the calls of a training loop pass one plan object, whose fallback is
+# then made once (a memo of `tilelang_fallback`, one entry per op)
+_FALLBACK_CACHE: dict[str, tuple[LaunchPlan, LaunchPlan]] = {}
 
 
 def tilelang_fallback(plan: LaunchPlan, op: str) -> LaunchPlan:
     """`plan` with its "auto" choices that may take a TileLang kernel resolved to Triton (module docstring); `plan`
     itself where it has none."""
+    last = _FALLBACK_CACHE.get(op)
+    if last is not None and last[0] is plan:
+        return last[1]
     changes: dict[str, str] = {}
     if plan.fwd_pass == "auto":
         changes["fwd_pass"] = "triton"
@@ -64,7 +73,9 @@ def tilelang_fallback(plan: LaunchPlan, op: str) -> LaunchPlan:
         changes["ag_pass"] = "triton"
     if plan.bwd_grads == "auto":
         changes["bwd_grads"] = AUTO_BWD_GRADS.get(op, "pair")  # `kernels.common.chunk_bwd`'s "auto" without the walk
-    return plan.replace(**changes) if changes else plan
+    fallback = plan.replace(**changes) if changes else plan
+    _FALLBACK_CACHE[op] = (plan, fallback)
+    return fallback
 
 
 def resolve_plan(plan: LaunchPlan, op: str, needs: Set[Hashable], ready: Set[Hashable]) -> LaunchPlan:
@@ -74,21 +85,17 @@ def resolve_plan(plan: LaunchPlan, op: str, needs: Set[Hashable], ready: Set[Has
 
 def plan_for(kind: Hashable, op: str, plan: LaunchPlan) -> LaunchPlan:
     """The plan a call of `kind` runs (module docstring), chosen once at its entry: `resolve_plan` on the keys the kind
-    waits for, its fallback made once per plan object."""
+    waits for and the builds done."""
     waiting = _Waiting.needs
     if not waiting:  # nothing building: the warm path
         return plan
     needs = waiting.get(kind)
     if needs is None:
         return plan
-    if needs <= BUILDS.built:
+    resolved = resolve_plan(plan, op, needs, BUILDS.built)
+    if resolved is plan:  # built: this kind waits no more
         waiting.pop(kind, None)
-        _Waiting.fallback.pop(kind, None)
-        return plan
-    last = _Waiting.fallback.get(kind)
-    if last is None or last[0] is not plan:
-        last = _Waiting.fallback[kind] = (plan, tilelang_fallback(plan, op))
-    return last[1]
+    return resolved
 
 
 def dry_runs(kind: Hashable, op: str, plan: LaunchPlan, launch: Callable[[LaunchPlan], Any]) -> None:

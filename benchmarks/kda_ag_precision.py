@@ -26,7 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import kernels  # noqa: E402
 from kernels.common.index import prepare_chunk_index  # noqa: E402
 from kernels.ops.kda import ag_torch  # noqa: E402
-from tests.utils import make_inputs  # noqa: E402
 
 
 def gated_recurrence(qg: Tensor, ke: Tensor, kd: Tensor, gc: Tensor, ag: Tensor, aqk: Tensor, v: Tensor) -> Tensor:
@@ -47,6 +46,17 @@ def gated_recurrence(qg: Tensor, ke: Tensor, kd: Tensor, gc: Tensor, ag: Tensor,
     return o
 
 
+def _inputs(T: int, H: int, lb: float, seed: int = 3) -> tuple[Tensor, ...]:
+    """KDA inputs of one dense sequence (fp32): q, k (k L2-normalised), v `[1, T, H, 128]`, the gate lb * sigmoid(randn)
+    per key `[1, T, H, 128]`, beta = sigmoid(randn) `[1, T, H]`."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, T, H, 128, generator=gen)
+    k = torch.nn.functional.normalize(torch.randn(1, T, H, 128, generator=gen), dim=-1)
+    v = torch.randn(1, T, H, 128, generator=gen)
+    g = lb * torch.sigmoid(torch.randn(1, T, H, 128, generator=gen))
+    return q, k, v, g, torch.sigmoid(torch.randn(1, T, H, generator=gen))
+
+
 def _rel(a: Tensor, b: Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm())
 
@@ -61,7 +71,7 @@ def main() -> None:
     forms = {"fp32 operands": None, "bf16 operands": torch.bfloat16}
     rows = []
     for lb in (float(x) for x in args.lbs.split(",")):
-        q, k, v, g, beta, _ = make_inputs("kda", B=1, T=args.T, H=args.heads, K=128, V=128, lb=lb, seed=3)
+        q, k, v, g, beta = _inputs(args.T, args.heads, lb)
         q, k, v, beta = (x.bfloat16() for x in (q, k, v, beta))
         index = prepare_chunk_index(None, batch=1, seq_len=args.T, chunk_size=64)
         scale = 128**-0.5

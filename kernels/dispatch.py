@@ -30,11 +30,15 @@ until the backward:
                   Aqk and T from them in one launch, then the chunk states from w, u and the segment states
                   (`kernels.ops.gdn.ag_bwd`: no WY prep, no inverse). Under the plan's bwd_warm also the q, k side
                   of the reverse windows' bound sums, [B, T, H] and [NT, H, 2] fp32 (`kernels.common.warm_bwd`: the
-                  backward reads do alone for them). KDA (no Ag pass yet): as "inputs"
+                  backward reads do alone for them). KDA: on its fused path (its "auto" path is the WY one, unless
+                  the plan asks for a TileLang pass: `kernels.common.chunk_fwd.check_fwd_path`) its Ag pass's gated
+                  outputs (Ag, Aqk [B, T, H, 64], qg, ke, kd [B, T, H, K] in k's dtype, G_C [NT, H, K] fp32); the
+                  backward forms w, u from them in one launch (`kernels.ops.kda.ag_bwd`: no WY prep); on the WY path
+                  as "inputs"
     "ag+states"   GDN: "ag" and the chunk states h, v_new that its fused output pass stores (STORE_STATES in the
                   output launch), with the maps of every segment from exact transitions, or after the warm split and
                   without maps under the plan's bwd_warm (`kernels.ops.gdn.fused`): the backward skips the state
-                  recompute too (as many bytes as "wy+states"'s states). KDA: as "inputs"
+                  recompute too (as many bytes as "wy+states"'s states). KDA: as "ag" (its chunk states recomputed)
     "wy"          also the WY factors (w, u, Aqk, the gate cumsum; KDA: the gated k and q): the backward skips the
                   WY prep, for [B, T, H, 2K + V + 64] (GDN: + [B, T, H] fp32; KDA: [B, T, H, 4K + V + 64] and
                   [NT, H, K] fp32) held per call

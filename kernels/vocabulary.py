@@ -161,7 +161,9 @@ AUTO_BWD_WARM: Mapping[str, int] = MappingProxyType({"gdn": 4, "kda": 4})
 # `LaunchPlan.keep` "auto" (the default) per op, from the H200 (session 18, benchmarks/results/host_bound_lab_h200.md,
 # kernels_train_issue26_s18b_h200.md, _s18c_): GDN's forward keeps its Ag pass's outputs (what FLA's forward holds: 132 B per
 # token and value head) and its backward forms w, u, Aqk, T from them in one launch instead of the WY prep and the
-# inverse; KDA has no Ag pass and recomputes ("ag" would keep nothing for it either)
+# inverse; KDA recomputes: its "auto" forward is the WY path, where "ag" keeps nothing (on the fused path "ag" keeps
+# its gated Ag pass's outputs and its backward forms w, u from them, `kernels.ops.kda.ag_bwd`: session 28, not yet
+# timed on the H200)
 AUTO_KEEP: Mapping[str, str] = MappingProxyType({"gdn": "ag", "kda": "inputs"})
 # our backends' own options (`mode_options: {triton: {keep: wy+states}}`): backend -> name -> values, default first
 BACKEND_OPTIONS: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyType({"triton": {"keep": KEEP_POLICIES}})

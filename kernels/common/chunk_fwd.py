@@ -47,16 +47,18 @@ FWD_PATHS = ("auto", "wy", "fused")
 
 
 def check_fwd_path(fwd_path: str, *, op: str, fused_fwd: FusedFwd | None, keep_wy: bool, keep_states: bool,
-                   unfused_output: bool = False) -> bool:  # fmt: skip
+                   unfused_output: bool = False, tilelang: bool = False) -> bool:  # fmt: skip
     """True for the fused path, False for the WY path; "auto" picks the fused one where the op's `AUTO_FWD_PATH`
-    names it, it can run, the output pass is fused (unfused_output: the caller asked for the separate output pass,
+    names it or the plan asks for a TileLang pass of the two-kernel forward (tilelang: `LaunchPlan.fwd_pass` or
+    `ag_pass` "tilelang", which only the fused path runs: KDA's path is the WY one otherwise), it can run, the output
+    pass is fused (unfused_output: the caller asked for the separate output pass,
     which only the WY path has) and nothing is kept for the backward (keep_wy: the plan keeps the WY factors, which
     only the WY path makes), with or without a warm window (both paths run the warm split); a one-line ValueError
     for a path it cannot run (the fused one needs the op's two-kernel forward, GDN's or KDA's, and keeps no states)."""
     if fwd_path not in FWD_PATHS:
         raise ValueError(f"fwd_path must be one of {', '.join(FWD_PATHS)}, got {fwd_path!r}")
     if fwd_path == "auto":
-        auto_fused = AUTO_FWD_PATH.get(op) == "fused" and fused_fwd is not None
+        auto_fused = (AUTO_FWD_PATH.get(op) == "fused" or tilelang) and fused_fwd is not None
         return auto_fused and not keep_wy and not keep_states and not unfused_output
     if fwd_path == "wy":
         return False
@@ -147,6 +149,7 @@ def chunk_fwd(
         keep_wy=keep is not None and not keep_ag,
         keep_states=keep is not None and keep_states,
         unfused_output=fuse_output is False,
+        tilelang="tilelang" in (launch.fwd_pass, launch.ag_pass),
     )
     path = "fused" if fused_path else "wy"
     fused_states = fused_path and ag_states  # "ag+states" on the fused path

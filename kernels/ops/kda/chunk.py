@@ -41,7 +41,15 @@ def _fused_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, **optio
     return kda_fused_fwd(q, k, v, g, beta, **options)
 
 
-KDA = ChunkOp("kda", gate_vector=True, naive=naive_recurrent_kda, wy_prep=_wy_prep, fused_fwd=_fused_fwd)
+def _ag_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, **options: Any) -> Any:
+    """KDA's backward from the forward's kept gated Ag (keep "ag": `kernels.ops.kda.ag_bwd`)."""
+    from kernels.ops.kda.ag_bwd import chunk_kda_bwd_ag
+
+    return chunk_kda_bwd_ag(q, k, v, g, beta, do, **options)
+
+
+KDA = ChunkOp("kda", gate_vector=True, naive=naive_recurrent_kda, wy_prep=_wy_prep, fused_fwd=_fused_fwd,
+              ag_bwd=_ag_bwd)
 chunk_kda_fwd = KDA.triton_fwd  # the forward on Triton: the two-kernel path (fused.py), or the WY prep above and the shared state pass
 chunk_kda_bwd = KDA.triton_bwd  # the backward on Triton: `kernels.common.chunk_bwd.chunk_bwd` for "kda"
 

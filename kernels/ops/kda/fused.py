@@ -47,17 +47,24 @@ def kda_fused_fwd(
     q, k `[B, T, H, K]`, v `[B, T, HV, V]`, g `[B, T, HV, K]`, beta `[B, T, HV]` (contiguous). split_chunks: as
     `kernels.common.seqsplit.resolve_split` (None automatic, 0 never, n chunks per segment). warm: the split's
     gate-certified warmup (`kernels.common.warm_split`, its `chunk_bound` for the Ag pass to fill), or None. keep
-    and keep_states (the "ag" / "ag+states" recompute policies): keep is left empty, KDA has no backward from Ag yet,
-    so its backward recomputes as under "inputs". seg_states: a dict that receives the split's segment states for the
-    backward (`kernels.common.seqsplit.keep_segment_states`), or None.
+    (the "ag" / "ag+states" recompute policies): a dict that receives the Ag pass's gated outputs for KDA's backward
+    from Ag (`kernels.ops.kda.ag_bwd.KEPT_GATED`; the Ag pass then runs its gated variant); keep_states ("ag+states")
+    is taken as "ag" (KDA's walk keeps no chunk states yet: the backward recomputes them). seg_states: a dict that
+    receives the split's segment states for the backward (`kernels.common.seqsplit.keep_segment_states`), or None.
     """
     bnd = warm.chunk_bound if warm is not None else None
-    # the TileLang walk reads the gated form (`fwd_walk_wanted` refuses in one line where it cannot run)
+    # the TileLang walk reads the gated form (`fwd_walk_wanted` refuses in one line where it cannot run), and so does
+    # the backward from Ag
     walk = fwd_walk_wanted(k, v, index.chunk_size, launch, gated=True)
-    ag, aqk, gates = wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=_gated_ag(launch) if walk else launch,
+    gated = walk or keep is not None
+    ag, aqk, gates = wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=_gated_ag(launch) if gated else launch,
                                bnd=bnd, v=v if bnd is not None else None)  # fmt: skip
-    if walk and not isinstance(gates, GatedKeys):
-        raise ValueError("kda_fused_fwd: the TileLang walk reads the Ag pass's gated form, which returned G")
+    if gated and not isinstance(gates, GatedKeys):
+        raise ValueError("kda_fused_fwd: the TileLang walk and the backward from Ag read the Ag pass's gated form, "
+                         "which returned G")  # fmt: skip
+    if keep is not None:
+        assert isinstance(gates, GatedKeys)
+        keep.update(ag=ag, aqk=aqk, qg=gates.qg, ke=gates.ke, kd=gates.kd, gc=gates.gc)
     opts = {"scale": scale, "index": index, "launch": launch, "initial_state": initial_state,
             "output_final_state": output_final_state, "split_chunks": split_chunks, "warm": warm,
             "seg_states": seg_states}  # fmt: skip

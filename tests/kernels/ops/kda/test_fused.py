@@ -130,3 +130,16 @@ def test_wy_path_by_default_and_where_the_plan_keeps_its_factors() -> None:
     rec = LaunchRecorder()
     chunk_kda_fwd(q, k, v, g, beta, scale=16**-0.5, cu_seqlens=cu, plan=LaunchPlan(recorder=rec))
     assert "kda_fused_state_output_fwd" not in rec and "wy_kda_fwd" in rec, sorted(rec)
+
+
+def test_a_tilelang_pass_in_the_plan_takes_the_fused_path() -> None:
+    """KDA's "auto" forward path is the WY one (`AUTO_FWD_PATH`), which runs no Ag pass and no walk: a plan naming a
+    TileLang pass of the two-kernel forward (`fwd_pass` or `ag_pass` "tilelang") takes the fused path, so the option
+    is never silently ignored; kept WY factors still need the WY path."""
+    from kernels.common.chunk_fwd import check_fwd_path
+    from kernels.ops.kda.chunk import KDA
+
+    opts = {"op": "kda", "fused_fwd": KDA.fused_fwd, "keep_states": False}
+    assert not check_fwd_path("auto", keep_wy=False, **opts)
+    assert check_fwd_path("auto", keep_wy=False, tilelang=True, **opts)
+    assert not check_fwd_path("auto", keep_wy=True, tilelang=True, **opts)

@@ -1,0 +1,119 @@
+"""KDA's backward from the forward's kept gated Ag (the recompute policy "ag", `kernels.plan.LaunchPlan.keep`; GDN's
+is `kernels.ops.gdn.ag_bwd`): no WY prep (`wy_kda_fwd`, 2.8 ms of a 21 ms step at 1x64K on the H200,
+`benchmarks/results/kernels_train_tuned_h200.md`) in the backward.
+
+KDA's two-kernel forward (`kernels.ops.kda.fused`, on the fused path) keeps what its Ag pass stores in the gated form
+(`kernels.ops.kda.wy_ag.GatedKeys`, the Triton pass's `gated` variant or the TileLang pass `kernels.ops.kda.ag_hopper`):
+Ag = T diag(beta) and Aqk `[B, T, HV, BT]`, qg = scale Q e^G, ke = K e^G, kd = K e^(G_C - G) `[B, T, HV, K]` and
+G_C `[NT, HV, K]` fp32 (`KEPT_GATED`). The backward then runs
+
+1. `kda_wy_from_ag` (one chunk-parallel kernel, per chunk and value head, every product a 64-row `tl.dot`):
+
+       w = Ag ke,   u = Ag V
+
+   what `wy_kda_fwd` gives (its kg is kd, its gc G_C, its qg and Aqk the kept ones);
+2. `chunk_bwd` for KDA with those factors (`wy=`): T by `wy_inverse` (KDA's M, the beta-free decayed gram, is not
+   formed from the kept tensors: T = I - Ag M would need it), its state recompute, reverse state pass and gradients.
+
+Bytes per token-head of step 1 (bf16, K = V = 128, chunk 64): reads Ag (128), ke, v (512); writes w, u (512): 1.15 KB,
+against `wy_kda_fwd`'s reads of q, k, v, g (fp32), beta and writes of w, u, kg, qg, Aqk (~2.4 KB) and its per-key
+exponentials. What the forward holds: 3 x [T, HV, K] + 2 x [T, HV, 64] bf16 + G_C: 1.0 KB per token-head, less than
+"wy"'s (w, u, kg, qg, Aqk: 1.15 KB).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels.common.chunk_bwd import chunk_bwd
+from kernels.common.chunk_program import chunk_of_program, heuristics
+from kernels.common.index import ChunkIndex, prepare_chunk_index
+from kernels.common.wy import BT_WY, CHUNK_SIZES
+from kernels.configs import KernelSpec, LaunchConfig, cdiv, head_block, register
+from kernels.plan import LaunchPlan, default_plan, launch_config
+
+__all__ = ["KDA_WY_FROM_AG", "KEPT_GATED", "chunk_kda_bwd_ag", "kda_wy_from_ag"]
+
+# what KDA's forward keeps under "ag" (`kernels.ops.kda.fused.kda_fused_fwd`), the backward's WY names for them
+KEPT_GATED = {"ag": "ag", "aqk": "aqk", "qg": "qs", "ke": "ke", "kd": "ks", "gc": "gs"}
+
+KDA_WY_FROM_AG = register(
+    KernelSpec(
+        name="kda_wy_from_ag",
+        key=("HV", "K", "V", "BT", "IS_VARLEN", "dtype"),
+        # 64-row products only (Ag ke, Ag V): one warpgroup; BK = BV = 64 column blocks. Not tuned on a GPU yet.
+        default=LaunchConfig(BK=64, BV=64, num_warps=4, num_stages=2),
+        space={"BK": (32, 64, 128), "BV": (32, 64, 128), "num_warps": (4, 8), "num_stages": (1, 2, 3)},
+    )
+)
+
+
+@heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
+@triton.jit(do_not_specialize=["T"])
+def kda_wy_from_ag_kernel(
+    ag, ke, v,  # [B, T, HV, BT] Ag (lower incl. the diagonal), [B, T, HV, K] K e^G, [B, T, HV, V]
+    w, u,  # out: [B, T, HV, K], [B, T, HV, V]
+    cu_seqlens, chunk_indices, T,
+    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):  # fmt: skip
+    i_bh, i_hv = tl.program_id(1), tl.program_id(1) % HV
+    _, i_t, _, bos, T = chunk_of_program(tl.program_id(0), i_bh // HV, cu_seqlens, chunk_indices, T, BT, IS_VARLEN)
+    o_t = tl.arange(0, BT)
+    m_r = i_t * BT + o_t < T
+    p_v = (bos + i_t * BT + o_t) * HV + i_hv  # rows of the per-value-head tensors
+    m_low = (o_t[:, None] >= o_t[None, :]) & m_r[:, None] & m_r[None, :]
+    b_a = tl.load(ag + p_v[:, None] * BT + o_t[None, :], mask=m_low, other=0.0)  # [BT, BT]
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_rk = m_r[:, None] & (o_k < K)[None, :]
+        b_k = tl.load(ke + p_v[:, None] * K + o_k[None, :], mask=m_rk, other=0.0)
+        tl.store(w + p_v[:, None] * K + o_k[None, :], tl.dot(b_a, b_k).to(w.dtype.element_ty), mask=m_rk)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_rv = m_r[:, None] & (o_v < V)[None, :]
+        b_v = tl.load(v + p_v[:, None] * V + o_v[None, :], mask=m_rv, other=0.0).to(b_a.dtype)
+        tl.store(u + p_v[:, None] * V + o_v[None, :], tl.dot(b_a, b_v).to(u.dtype.element_ty), mask=m_rv)
+
+
+def kda_wy_from_ag(ag: Tensor, ke: Tensor, v: Tensor, *, index: ChunkIndex,
+                   launch: LaunchPlan | None = None) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """(w = Ag ke `[B, T, HV, K]`, u = Ag V `[B, T, HV, V]`) per chunk, in ke's dtype (module docstring)."""
+    B, T, HV, K = ke.shape
+    V, BT = v.shape[-1], index.chunk_size
+    if BT not in CHUNK_SIZES or ag.shape != (B, T, HV, BT) or v.shape[:3] != (B, T, HV):
+        raise ValueError(f"kda_wy_from_ag: Ag {tuple(ag.shape)} and v {tuple(v.shape)} do not match ke "
+                         f"{tuple(ke.shape)} with chunk {BT}")  # fmt: skip
+    key = {"HV": HV, "K": K, "V": V, "BT": BT, "IS_VARLEN": index.is_varlen, "dtype": str(ke.dtype).removeprefix("torch.")}
+    cfg = launch_config(launch, KDA_WY_FROM_AG, key)
+    BK, BV = min(cfg.BK or 64, head_block(K)), min(cfg.BV or 64, head_block(V))
+    w, u = torch.empty_like(ke), torch.empty_like(v, dtype=ke.dtype)
+    grid = (index.num_chunks, HV) if index.is_varlen else (cdiv(T, BT), B * HV)
+    bounds = (index.cu_seqlens, index.chunk_indices) if index.is_varlen else (None, None)
+    kda_wy_from_ag_kernel[grid](ag, ke, v, w, u, *bounds, T, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV,
+                                num_warps=cfg.num_warps, num_stages=cfg.num_stages)  # fmt: skip
+    return w, u
+
+
+def chunk_kda_bwd_ag(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float, wy: dict[str, Tensor],
+    cu_seqlens: Tensor | None = None, plan: LaunchPlan | None = None, chunk_size: int = BT_WY, **options: Any,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:  # fmt: skip
+    """KDA's backward (`chunk_bwd`'s arguments and returns) from what its forward kept under "ag" (`KEPT_GATED` in
+    `wy`, and the warm windows' sums, "bnd", where kept): w, u formed from Ag, then `chunk_bwd` with the WY factors."""
+    missing = sorted(set(KEPT_GATED) - set(wy))
+    if missing:
+        raise ValueError(f"chunk_kda_bwd_ag: the forward kept no {', '.join(missing)} (KDA's 'ag' keeps {sorted(KEPT_GATED)})")
+    B, T = v.shape[:2]
+    launch = plan if plan is not None else default_plan()
+    index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device)
+    w, u = kda_wy_from_ag(wy["ag"], wy["ke"], v.contiguous(), index=index, launch=launch)
+    factors = {new: wy[old] for old, new in KEPT_GATED.items() if new not in ("ag", "ke")}
+    factors.update({name: x for name, x in wy.items() if name not in KEPT_GATED}, w=w, u=u)
+    return chunk_bwd("kda", q, k, v, g, beta, do, scale=scale, cu_seqlens=cu_seqlens, plan=launch, wy=factors,
+                     chunk_size=chunk_size, **options)  # fmt: skip

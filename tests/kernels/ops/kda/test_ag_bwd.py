@@ -1,0 +1,64 @@
+"""KDA's backward from the forward's kept gated Ag (`kernels.ops.kda.ag_bwd`, the recompute policy "ag") on the Triton
+backend (interpreted on CPU; on a GPU with CPBENCH_TEST_GPU=1 in bf16):
+- `kda_wy_from_ag`: w = Ag ke and u = Ag V per chunk against a torch chunk loop (varlen, partial chunks);
+- the step: KDA's two-kernel forward under `LaunchPlan(keep="ag")` keeps the Ag pass's gated outputs (and no more),
+  the backward forms w, u from them and runs no WY prep (`wy_kda_fwd` not launched, `kda_wy_from_ag` launched); its
+  gradients equal the recompute path's (keep "inputs") to 1e-5 on CPU and autograd through the fp32 per-token
+  reference's (varlen with partial chunks, an initial state, dht, slow-decay gates: 1e-5 on CPU, 5e-3 on a GPU);
+- the backward refuses a kept dict without the gated outputs in one line.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.common.index import prepare_chunk_index
+from kernels.ops.kda.ag_bwd import KEPT_GATED, chunk_kda_bwd_ag, kda_wy_from_ag
+from kernels.ops.kda.chunk import KDA, chunk_kda_fwd
+from kernels.plan import LaunchPlan, LaunchRecorder
+from tests.kernels.common.test_chunk_bwd import DIM, TOL, _check, _varlen_case, _varlen_reference
+from tests.utils import TEST_DEVICE, assert_rel_close
+
+DEVICE = TEST_DEVICE
+
+
+def test_w_u_are_ag_times_ke_and_v_per_chunk() -> None:
+    gen = torch.Generator().manual_seed(4)
+    lengths, HV, C = (37, 70, 5), 2, 64
+    T = sum(lengths)
+    cu = torch.tensor([0, 37, 107, 112], dtype=torch.int32, device=DEVICE)
+    index = prepare_chunk_index(cu, batch=1, seq_len=T, chunk_size=C, device=DEVICE)
+    ag = torch.randn(1, T, HV, C, generator=gen).to(DEVICE).tril_(0)  # (row i of a chunk: only columns <= i read)
+    ke, v = torch.randn(1, T, HV, DIM, generator=gen).to(DEVICE), torch.randn(1, T, HV, DIM, generator=gen).to(DEVICE)
+    w, u = kda_wy_from_ag(ag, ke, v, index=index)
+    w_ref, u_ref = torch.zeros_like(ke), torch.zeros_like(v)
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        for t0 in range(a, b, C):
+            n = min(C, b - t0)
+            blk = ag[0, t0 : t0 + n, :, :n].permute(1, 0, 2).tril()  # [HV, n, n]
+            w_ref[0, t0 : t0 + n] = (blk @ ke[0, t0 : t0 + n].transpose(0, 1)).transpose(0, 1)
+            u_ref[0, t0 : t0 + n] = (blk @ v[0, t0 : t0 + n].transpose(0, 1)).transpose(0, 1)
+    assert_rel_close("w", w_ref, w, 1e-5 if DEVICE == "cpu" else 1e-2)
+    assert_rel_close("u", u_ref, u, 1e-5 if DEVICE == "cpu" else 1e-2)
+
+
+def test_the_step_from_the_kept_gated_ag() -> None:
+    q, k, v, g, beta, cu, h0, do, dht = _varlen_case("kda")
+    rec = LaunchRecorder()
+    plan = LaunchPlan(keep="ag", recorder=rec)
+    keep: dict[str, torch.Tensor] = {}
+    o, ht = chunk_kda_fwd(q, k, v, g, beta, scale=DIM**-0.5, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                          plan=plan, fwd_path="fused", keep=keep)  # fmt: skip
+    assert set(keep) == set(KEPT_GATED), sorted(keep)
+    rec.clear()
+    opts = {"scale": DIM**-0.5, "initial_state": h0, "dht": dht, "cu_seqlens": cu}
+    got = KDA.triton_bwd(q, k, v, g, beta, do, plan=plan, wy=keep, **opts)
+    ran = frozenset(rec)
+    assert "kda_wy_from_ag" in ran and "wy_kda_fwd" not in ran, sorted(ran)
+    recomputed = KDA.triton_bwd(q, k, v, g, beta, do, plan=LaunchPlan(), wy=None, **opts)
+    for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), got, recomputed, strict=True):
+        assert_rel_close(f"{name} (kept Ag vs recompute)", b.float(), a.float(), TOL)
+    _check(got, _varlen_reference("kda"))
+    with pytest.raises(ValueError, match=r"^chunk_kda_bwd_ag: the forward kept no kd, ke "):
+        chunk_kda_bwd_ag(q, k, v, g, beta, do, wy={n: x for n, x in keep.items() if n not in ("ke", "kd")}, **opts)

@@ -480,10 +480,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-fla", action="store_true", help="leave FLA out of --peers (its first-call autotune takes minutes)")
     ap.add_argument("--explore", default="", help="BxT: time backward config variants at this shape")
     ap.add_argument("--autotune", default=None, help="an autotune JSON applied to ours (`kernels.use_autotune`)")
-    ap.add_argument("--fwd-pass", default=None, choices=FWD_PASSES, help="GDN's forward state+output pass "
-                    "(`LaunchPlan.fwd_pass`; default the plan's \"auto\": the TileLang walk where it runs)")
-    ap.add_argument("--ag-pass", default=None, choices=AG_PASSES, help="GDN's Ag pass (`LaunchPlan.ag_pass`; default "
-                    "the plan's \"auto\"); \"tilelang\": the TileLang kernel `kernels.ops.gdn.ag_hopper`")
+    ap.add_argument("--fwd-pass", default=None, choices=FWD_PASSES, help="the forward's state+output pass "
+                    "(`LaunchPlan.fwd_pass`; default the plan's \"auto\": GDN's TileLang walk where it runs; KDA's "
+                    "walk only with \"tilelang\", which also takes KDA's fused path)")
+    ap.add_argument("--ag-pass", default=None, choices=AG_PASSES, help="the forward's Ag pass (`LaunchPlan.ag_pass`; "
+                    "default the plan's \"auto\"); \"tilelang\": the TileLang kernels `kernels.ops.gdn.ag_hopper`, "
+                    "`kernels.ops.kda.ag_hopper`")
     ap.add_argument("--bwd-grads", default=None, choices=BWD_GRADS, help="ours' backward gradient kernels "
                     "(`LaunchPlan.bwd_grads`; default the plan's \"auto\"); \"reverse\": GDN's TileLang reverse walk")
     args = ap.parse_args(argv)

@@ -370,7 +370,7 @@ def to_markdown(res: dict[str, Any]) -> str:
         f"device {e['device']}, torch {e['torch']}, triton {e['triton']}, fla {e['fla']}, flash-qla {e.get('flash_qla')}, "
         f"tilelang {e.get('tilelang')}, driver {e['driver']}, git {e['git_sha']}, {e['date']}", f"command: `{e['command']}`",
         f"our launch configs: {e.get('autotune') or 'the registry defaults'}; our backward's gradient kernels: "
-        f"{e.get('bwd_grads') or 'auto'}; GDN's forward pass: {e.get('fwd_pass') or 'auto'}; its Ag pass: {e.get('ag_pass') or 'auto'}", "",
+        f"{e.get('bwd_grads') or 'auto'}; the forward's state+output pass: {e.get('fwd_pass') or 'auto'}; its Ag pass: {e.get('ag_pass') or 'auto'}", "",
         f"ms: triton.testing.do_bench median (L2 flushed), all in this process. floor: FLA's fwd+bwd bytes at the "
         f"{HBM_TBPS} TB/s copy ceiling. peak: max allocated during one step above the inputs.", "",
         "ours = the default recompute policy (`LaunchPlan.keep = \"auto\"`, `kernels.vocabulary.AUTO_KEEP`: since "

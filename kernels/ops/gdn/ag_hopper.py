@@ -34,7 +34,8 @@ from kernels.ops.gdn.tilelang_hopper import TL_DTYPES, hopper_jit, tilelang_chos
 from kernels.parallel_compile import build_beside
 from kernels.plan import LaunchPlan
 
-__all__ = ["AG_HOPPER_AUTO", "AG_HOPPER_SUMS", "ag_hopper", "ag_macros", "dense_chunk_table", "ag_hopper_refusal", "ag_hopper_wanted"]
+__all__ = ["AG_HOPPER_AUTO", "AG_HOPPER_SUMS", "ag_hopper", "ag_hopper_refusal", "ag_hopper_wanted", "ag_macros",
+           "dense_chunk_table"]  # fmt: skip
 
 _WHAT = "Ag pass"  # how the refusals name this kernel
 # the optional sums of one build (bits of its `sums` key): the forward's bound summary, the backward's reverse sums

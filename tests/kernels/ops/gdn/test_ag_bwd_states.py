@@ -11,15 +11,12 @@ so the backward from Ag (`kernels.ops.gdn.ag_bwd`) runs no state recompute (`chu
 - the backward: no WY prep, inverse, transition or state pass and no `seg_chain_fwd`, only the reverse chain; every
   gradient (dq, dk, dv, dg, dbeta, dh0) against the "ag" policy's (same split) and autograd through the fp32 per-token
   reference: varlen + grouped heads + h0 + dht, dense B=2 with strong gates, split and unsplit; through
-  `kernels.forward` (autograd) too;
-- KDA (no backward from Ag) keeps nothing under "ag+states", as under "ag".
+  `kernels.forward` (autograd) too (what KDA keeps under "ag+states": tests/kernels/ops/kda/test_ag_bwd.py).
 Tolerances as tests/kernels/ops/gdn/test_ag_bwd.py: relative L2 1e-5 on CPU against the reference and between
 policies (3e-4 against the reference for strong gates); on a GPU in bf16 5e-3 / 2e-2.
 """
 
 from __future__ import annotations
-
-import importlib
 
 import pytest
 import torch
@@ -30,8 +27,8 @@ from kernels.common.index import prepare_chunk_index
 from kernels.common.warm_bwd import KEPT_REV_SUMS
 from kernels.ops.gdn.chunk import chunk_gdn_bwd, chunk_gdn_fwd
 from kernels.plan import LaunchPlan, LaunchRecorder, default_plan
-from tests.kernels.ops.gdn.test_ag_bwd import DEVICE, DIM, DTYPE, FACTOR_TOL, NAMES, RECOMPUTE, TOL, _case, _check, _reference
-from tests.utils import assert_rel_close, make_inputs
+from tests.kernels.ops.gdn.test_ag_bwd import DEVICE, DIM, FACTOR_TOL, NAMES, RECOMPUTE, TOL, _case, _check, _reference
+from tests.utils import assert_rel_close
 from tests.utils.spies import count_calls
 
 POLICY_TOL = 1e-5 if DEVICE == "cpu" else 2e-2
@@ -133,17 +130,6 @@ def test_training_step_through_the_public_op() -> None:
     for name, a, b in zip(NAMES, grads["ag+states"], grads["ag"], strict=True):
         assert_rel_close(f"{name} vs ag", b.float(), a.float(), POLICY_TOL)
     _check(grads["ag+states"], _reference(q, k, v, g, beta, h0, do, dht, cu.tolist()))
-
-
-def test_kda_under_ag_states_keeps_nothing() -> None:
-    """KDA has no backward from Ag: under keep="ag+states" its forward keeps nothing (its backward recomputes)."""
-    q, k, v, g, beta, cu = make_inputs("kda", (37, 70), H=1, K=DIM, V=DIM, lb=-0.05, dtype=DTYPE, device=DEVICE)
-    fwd = importlib.import_module("kernels.ops.kda.chunk").chunk_kda_fwd
-    for fwd_path in ("auto", "fused"):
-        keep: dict[str, torch.Tensor] = {}
-        fwd(q, k, v, g, beta, scale=DIM**-0.5, cu_seqlens=cu, keep=keep, plan=LaunchPlan(keep="ag+states"),
-            fwd_path=fwd_path)  # fmt: skip
-        assert keep == {}, fwd_path
 
 
 def test_warm_forward_keeps_no_maps_under_the_reverse_window(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,6 +5,7 @@ backend (interpreted on CPU; on a GPU with CPBENCH_TEST_GPU=1 in bf16):
   the backward forms w, u from them and runs no WY prep (`wy_kda_fwd` not launched, `kda_wy_from_ag` launched); its
   gradients equal the recompute path's (keep "inputs") to 1e-5 on CPU and autograd through the fp32 per-token
   reference's (varlen with partial chunks, an initial state, dht, slow-decay gates: 1e-5 on CPU, 5e-3 on a GPU);
+- what the forward keeps under "ag" and "ag+states" on each path;
 - the backward refuses a kept dict without the gated outputs in one line.
 """
 
@@ -62,3 +63,15 @@ def test_the_step_from_the_kept_gated_ag() -> None:
     _check(got, _varlen_reference("kda"))
     with pytest.raises(ValueError, match=r"^chunk_kda_bwd_ag: the forward kept no kd, ke "):
         chunk_kda_bwd_ag(q, k, v, g, beta, do, wy={n: x for n, x in keep.items() if n not in ("ke", "kd")}, **opts)
+
+
+@pytest.mark.parametrize("policy", ["ag", "ag+states"])
+def test_what_the_forward_keeps_per_path(policy: str) -> None:
+    """Under "ag" and "ag+states" (taken as "ag": KDA's walk keeps no chunk states yet) KDA's forward keeps its gated
+    Ag pass's outputs on the fused path, and nothing on its "auto" path (the WY one: its backward recomputes)."""
+    q, k, v, g, beta, cu, *_ = _varlen_case("kda")
+    for fwd_path, kept in (("auto", set()), ("fused", set(KEPT_GATED))):
+        keep: dict[str, torch.Tensor] = {}
+        chunk_kda_fwd(q, k, v, g, beta, scale=DIM**-0.5, cu_seqlens=cu, keep=keep, plan=LaunchPlan(keep=policy),
+                      fwd_path=fwd_path)  # fmt: skip
+        assert set(keep) == kept, (fwd_path, sorted(keep))

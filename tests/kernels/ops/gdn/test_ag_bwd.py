@@ -13,15 +13,13 @@
   kept q, k side and do, `kernels.common.warm_bwd.reverse_chunk_bound_kept`);
 - `chunk_gdn_bwd_ag` called directly with the reverse pass split into one-chunk segments (its own transitions and
   chain, no segment states handed in), and with `wy=None` (the Ag pass run in the backward: bitwise the same);
-- KDA under "ag" (it has no Ag pass: it keeps nothing and recomputes).
+- (KDA under "ag": tests/kernels/ops/kda/test_ag_bwd.py.)
 Tolerances: relative L2, 1e-5 against the reference on CPU (IEEE fp32 dots; measured ~2e-7), 3e-4 for strong gates
 (dg cancels to ~1e-5 of its terms, as tests/kernels/common/test_chunk_bwd.py), 1e-5 between the two policies and for
 the factors; on a GPU in bf16 5e-3 (the issue's bound) and 2e-2 for the bf16-stored factors.
 """
 
 from __future__ import annotations
-
-import importlib
 
 import pytest
 import torch
@@ -240,12 +238,3 @@ def test_training_step_from_ag_warm_windows_read_the_forwards_sums(monkeypatch: 
     assert seen["wy_from_ag"] == [False]  # (no bound from its loads of q and k)
     assert [any(any(row) for row in ok) for ok in seen["certified"]] == [True], seen["certified"]
     _check([x.grad for x in xs] + [s0.grad], _reference(q, k, v, g, beta, h0, do, dht, cu.tolist()))
-
-
-def test_kda_under_ag_keeps_nothing_and_recomputes() -> None:
-    """KDA has no Ag pass: under keep="ag" its forward keeps nothing and its backward recomputes, as under "inputs"."""
-    q, k, v, g, beta, cu = make_inputs("kda", (37, 70), H=1, K=DIM, V=DIM, lb=-0.05, dtype=DTYPE, device=DEVICE)
-    fwd = importlib.import_module("kernels.ops.kda.chunk").chunk_kda_fwd
-    keep: dict[str, torch.Tensor] = {}
-    fwd(q, k, v, g, beta, scale=DIM**-0.5, cu_seqlens=cu, keep=keep, plan=LaunchPlan(keep="ag"))
-    assert keep == {}

@@ -12,8 +12,10 @@ G_C `[NT, HV, K]` fp32 (`KEPT_GATED`). The backward then runs
        w = Ag ke,   u = Ag V
 
    what `wy_kda_fwd` gives (its kg is kd, its gc G_C, its qg and Aqk the kept ones);
-2. `chunk_bwd` for KDA with those factors (`wy=`): T by `wy_inverse` (KDA's M, the beta-free decayed gram, is not
-   formed from the kept tensors: T = I - Ag M would need it), its state recompute, reverse state pass and gradients.
+2. `chunk_bwd` for KDA with those factors (`wy=`): T as the forward's TileLang Ag pass stored it (`GatedKeys.tt`,
+   kept as "tt" where that pass ran), else by `wy_inverse` (1.2 ms at 1x64K; KDA's M, the beta-free decayed gram, is
+   not formed from the kept tensors: T = I - Ag M would need it); its state recompute, reverse state pass and
+   gradients.
 
 Bytes per token-head of step 1 (bf16, K = V = 128, chunk 64): reads Ag (128), ke, v (512); writes w, u (512): 1.15 KB,
 against `wy_kda_fwd`'s reads of q, k, v, g (fp32), beta and writes of w, u, kg, qg, Aqk (~2.4 KB) and its per-key

@@ -64,9 +64,9 @@ def kda_ag_hopper_wanted(k: Tensor, BT: int, launch: LaunchPlan | None, v: Tenso
 
 
 @functools.cache
-def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool) -> Any:
-    """The compiled kernel for these heads, scale, gate and beta dtypes, with or without the bound summary (TileLang
-    JIT, cached on disk by TileLang too)."""
+def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool, store_t: bool = False) -> Any:
+    """The compiled kernel for these heads, scale, gate and beta dtypes, with or without the bound summary and T's
+    store (TileLang JIT, cached on disk by TileLang too)."""
     import tilelang.language as T
 
     K = V = 128
@@ -75,7 +75,7 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool) -> An
     io = "bfloat16"
     fp32 = "float32"
     ntok, nseq, nchunk = T.dynamic("ntok"), T.dynamic("nseq"), T.dynamic("nchunk")
-    nv, nb = T.dynamic("nv"), T.dynamic("nb")  # (a build without the bound binds one-row stand-ins)
+    nv, nb, ntt = T.dynamic("nv"), T.dynamic("nb"), T.dynamic("ntt")  # (without the bound, T: one-row stand-ins)
     floor = float(GATE_FLOOR)
     ninf = -float("inf")
 
@@ -145,7 +145,7 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool) -> An
             cu: T.Tensor((nseq + 1,), "int32"), ci: T.Tensor((nchunk, 2), "int32"),
             ag: T.Tensor((ntok, H, C), io), aqk: T.Tensor((ntok, H, C), io),
             qg: T.Tensor((ntok, H, K), io), ke: T.Tensor((ntok, H, K), io), kd: T.Tensor((ntok, H, K), io),
-            gc: T.Tensor((nchunk, H, K), fp32), bnd: T.Tensor((nb, H, 2), fp32),
+            gc: T.Tensor((nchunk, H, K), fp32), bnd: T.Tensor((nb, H, 2), fp32), tt: T.Tensor((ntt, H, C), io),
         ):  # fmt: skip
             with T.Kernel(nchunk * H, threads=_THREADS) as (bid,):
                 i_c = bid // H
@@ -264,6 +264,13 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool) -> An
                 T.sync_threads()
                 store_rows(ag_s, ag, t0, eos, i_h)
                 store_rows(aq_s, aqk, t0, eos, i_h)
+                if store_t:  # T itself for the backward (`kernels.ops.kda.ag_bwd`: no `wy_inverse` there)
+                    tt_s = T.alloc_shared((C, C), io)
+                    for r, c in T.Parallel(C, C):
+                        tt_s[r, c] = T.cast(T.if_then_else(r >= c, t_f[r, c], 0), io)
+                    T.fence_proxy_async()
+                    T.sync_threads()
+                    store_rows(tt_s, tt, t0, eos, i_h)
 
         return kda_ag_pass
 
@@ -271,20 +278,22 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool) -> An
 
 
 @functools.cache
-def _scratch(device: torch.device, H: int) -> tuple[Tensor, Tensor]:
-    """Stand-ins for the bound's arguments a build without it binds (TileLang binds every argument): a chunk's sums,
-    one row of v."""
+def _scratch(device: torch.device, H: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Stand-ins for the arguments a build without the bound or T binds (TileLang binds every argument): a chunk's
+    sums, one row of v, one row of T."""
     return (torch.zeros(1, H, 2, dtype=torch.float32, device=device),
-            torch.zeros(1, H, 128, dtype=torch.bfloat16, device=device))  # fmt: skip
+            torch.zeros(1, H, 128, dtype=torch.bfloat16, device=device),
+            torch.zeros(1, H, 64, dtype=torch.bfloat16, device=device))  # fmt: skip
 
 
 def kda_ag_hopper(
     q: Tensor, k: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex, bnd: Tensor | None = None,
-    v: Tensor | None = None,
-) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor, Tensor, Tensor]]:  # fmt: skip
+    v: Tensor | None = None, store_t: bool = False,
+) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]]:  # fmt: skip
     """`wy_kda_ag`'s gated outputs (its arguments, checked there) on this kernel: (ag, aqk `[B, T, HV, 64]` bf16,
-    (qg, ke, kd `[B, T, HV, K]` bf16, gc `[NT, HV, K]` fp32)), bnd filled where given (it needs v). Raises ValueError
-    where `kda_ag_hopper_refusal` gives a reason or q, k are not bf16."""
+    (qg, ke, kd `[B, T, HV, K]` bf16, gc `[NT, HV, K]` fp32, T = (I + A)^-1 `[B, T, HV, 64]` bf16 with store_t, else
+    None)), bnd filled where given (it needs v). Raises ValueError where `kda_ag_hopper_refusal` gives a reason or q,
+    k are not bf16."""
     B, T, Hk, K = k.shape
     HV = g.shape[2]
     BT = index.chunk_size
@@ -294,7 +303,7 @@ def kda_ag_hopper(
     if q.dtype != torch.bfloat16 or k.dtype != torch.bfloat16 or (v is not None and v.dtype != torch.bfloat16):
         raise ValueError(f"the TileLang {_WHAT} takes q, k (and v) in bf16, got q {q.dtype}, k {k.dtype}")
     dev = k.device
-    build = (HV, Hk, float(scale), TL_DTYPES[g.dtype], TL_DTYPES[beta.dtype], bnd is not None)
+    build = (HV, Hk, float(scale), TL_DTYPES[g.dtype], TL_DTYPES[beta.dtype], bnd is not None, store_t)
     kern = None if build_beside(("kda_ag_hopper", *build), _build, *build) else _build(*build)
     if index.is_varlen:
         cu, ci = index.cu_seqlens.int(), index.chunk_indices.int()
@@ -305,11 +314,12 @@ def kda_ag_hopper(
     aqk = torch.empty_like(ag)
     qg, ke, kd = (k.new_empty(B, T, HV, K) for _ in range(3))
     gc = torch.empty(index.num_chunks, HV, K, dtype=torch.float32, device=dev)
-    chunk_scratch, v_scratch = _scratch(dev, HV)
+    tt = torch.empty_like(ag) if store_t else None
+    chunk_scratch, v_scratch, t_scratch = _scratch(dev, HV)
     args = [q.reshape(N, Hk, K), k.reshape(N, Hk, K), (v if v is not None else v_scratch).reshape(-1, HV, 128),
             g.reshape(N, HV, K), beta.reshape(N, HV), cu, ci, ag.view(N, HV, BT), aqk.view(N, HV, BT),
             qg.view(N, HV, K), ke.view(N, HV, K), kd.view(N, HV, K), gc,
-            bnd if bnd is not None else chunk_scratch]  # fmt: skip
+            bnd if bnd is not None else chunk_scratch, tt.view(N, HV, BT) if tt is not None else t_scratch]  # fmt: skip
     if kern is not None and N and ci.shape[0]:
         kern(*args)
-    return ag, aqk, (qg, ke, kd, gc)
+    return ag, aqk, (qg, ke, kd, gc, tt)

@@ -58,13 +58,15 @@ def kda_fused_fwd(
     walk = fwd_walk_wanted(k, v, index.chunk_size, launch, gated=True)
     gated = walk or keep is not None
     ag, aqk, gates = wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=_gated_ag(launch) if gated else launch,
-                               bnd=bnd, v=v if bnd is not None else None)  # fmt: skip
+                               bnd=bnd, v=v if bnd is not None else None, store_t=keep is not None)  # fmt: skip
     if gated and not isinstance(gates, GatedKeys):
         raise ValueError("kda_fused_fwd: the TileLang walk and the backward from Ag read the Ag pass's gated form, "
                          "which returned G")  # fmt: skip
     if keep is not None:
         assert isinstance(gates, GatedKeys)
         keep.update(ag=ag, aqk=aqk, qg=gates.qg, ke=gates.ke, kd=gates.kd, gc=gates.gc)
+        if gates.tt is not None:  # (the TileLang Ag pass's T: the backward runs no `wy_inverse`)
+            keep["tt"] = gates.tt
     opts = {"scale": scale, "index": index, "launch": launch, "initial_state": initial_state,
             "output_final_state": output_final_state, "split_chunks": split_chunks, "warm": warm,
             "seg_states": seg_states}  # fmt: skip

@@ -89,6 +89,7 @@ class GatedKeys(NamedTuple):
     ke: Tensor  # [B, T, HV, K] in k's dtype: K exp(G) (w = Ag ke: W = V - ke S)
     kd: Tensor  # [B, T, HV, K] in k's dtype: K exp(G_C - G) (the state update)
     gc: Tensor  # [NT_total, HV, K] fp32: G_C, the gate cumsum at the chunk's last row (the state's decay)
+    tt: Tensor | None = None  # [B, T, HV, BT] in k's dtype: T = (I + A)^-1 (the TileLang pass with store_t), or None
 
 
 @triton.jit
@@ -166,7 +167,7 @@ def wy_kda_ag_fwd_kernel(
 
 def wy_kda_ag(
     q: Tensor, k: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex, launch: LaunchPlan | None = None,
-    bnd: Tensor | None = None, v: Tensor | None = None,
+    bnd: Tensor | None = None, v: Tensor | None = None, store_t: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor | GatedKeys]:  # fmt: skip
     """KDA's Ag pass: (ag, aqk `[B, T, HV, BT]` in k's dtype, gcum fp32 `[B, T, HV, K]`), or with the launch config's
     `gated` variant (`KDA_AG_VARIANTS`) (ag, aqk, `GatedKeys`) and no gcum.
@@ -175,7 +176,8 @@ def wy_kda_ag(
     h // (HV / H)). bnd: fp32 `[NT_total, HV, 2]` or None: receives each chunk's decay-bound summary (L, W), as
     `wy_kda_fwd(bnd=)`; it needs v `[B, T, HV, V]` (its rows' norms; v is not read otherwise).
     With the plan's `ag_pass` on TileLang (`kernels.ops.kda.ag_hopper.kda_ag_hopper_wanted`) the pass is that
-    kernel's, which stores the gated form whatever the config's variant.
+    kernel's, which stores the gated form whatever the config's variant, and with store_t T = (I + A)^-1 too
+    (`GatedKeys.tt`, for the backward from Ag; the Triton pass leaves it None).
     """
     B, T, H, K = k.shape
     HV = g.shape[2]
@@ -187,7 +189,7 @@ def wy_kda_ag(
     BT, V, cfg = ag_launch("wy_kda_ag", WY_KDA_AG_FWD, launch, k, HV, index, bnd, v)
     if kda_ag_hopper_wanted(k, BT, launch, v if bnd is not None else None):  # the TileLang pass: the gated form
         ag, aqk, gated_keys = kda_ag_hopper(q, k, g, beta, scale=scale, index=index, bnd=bnd,
-                                            v=v if bnd is not None else None)  # fmt: skip
+                                            v=v if bnd is not None else None, store_t=store_t)  # fmt: skip
         return ag, aqk, GatedKeys(*gated_keys)
     BK, BV = _blocks(cfg, index, K, V)
     bits = cfg.VARIANT or 0
@@ -203,7 +205,7 @@ def wy_kda_ag(
     else:
         gcum = torch.empty(B, T, HV, K, dtype=torch.float32, device=k.device)
     wy_kda_ag_fwd_kernel[_grid(index, B, T, HV)](
-        q, k, v if bnd is not None else None, g, beta, ag, aqk, gcum, *(gated or (None,) * 4),
+        q, k, v if bnd is not None else None, g, beta, ag, aqk, gcum, *(gated[:4] if gated is not None else (None,) * 4),
         index.cu_seqlens if index.is_varlen else None, index.chunk_indices if index.is_varlen else None, bnd, scale, T,
         HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip

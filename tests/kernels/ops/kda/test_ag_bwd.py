@@ -75,3 +75,35 @@ def test_what_the_forward_keeps_per_path(policy: str) -> None:
         chunk_kda_fwd(q, k, v, g, beta, scale=DIM**-0.5, cu_seqlens=cu, keep=keep, plan=LaunchPlan(keep=policy),
                       fwd_path=fwd_path)  # fmt: skip
         assert set(keep) == kept, (fwd_path, sorted(keep))
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="no GPU test")
+def test_the_step_on_the_tilelang_kernels() -> None:
+    """On an H200 (tilelang 0.1.15): the forward on KDA's TileLang Ag pass and walk under keep "ag" keeps T too
+    (`GatedKeys.tt`): the backward runs neither the WY prep nor `wy_inverse`; bf16 gradients within 5e-3 of the fp32
+    reference's (varlen with partial chunks, grouped heads, an initial state, dht)."""
+    from kernels.ops.kda.ag_hopper import kda_ag_hopper_refusal
+    from tests.kernels.common.test_chunk_bwd import _reference_grads
+    from tests.utils import make_inputs, make_state
+
+    why = kda_ag_hopper_refusal(128, 128, 64, torch.device("cuda"))
+    if why is not None:
+        pytest.skip(why)
+    lengths = (37, 300, 64, 5)
+    q, k, v, g, beta, cu = make_inputs("kda", lengths, H=4, K=128, V=128, lb=-1.0, dtype=torch.bfloat16, device="cuda")
+    q, k = q[:, :, :2].contiguous(), k[:, :, :2].contiguous()  # grouped heads: HV = 2H
+    h0 = make_state(len(lengths), 4, 128, 128, device="cuda")
+    gen = torch.Generator().manual_seed(3)
+    do = torch.randn(v.shape, generator=gen).to("cuda", torch.bfloat16)
+    dht = torch.randn(h0.shape, generator=gen).to("cuda")
+    rec = LaunchRecorder()
+    plan = LaunchPlan(keep="ag", ag_pass="tilelang", fwd_pass="tilelang", recorder=rec)
+    keep: dict[str, torch.Tensor] = {}
+    chunk_kda_fwd(q, k, v, g, beta, scale=128**-0.5, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                  plan=plan, keep=keep)  # fmt: skip
+    assert set(keep) == {*KEPT_GATED, "tt"}, sorted(keep)
+    rec.clear()
+    got = KDA.triton_bwd(q, k, v, g, beta, do, scale=128**-0.5, initial_state=h0, dht=dht, cu_seqlens=cu, plan=plan,
+                         wy=keep)  # fmt: skip
+    assert "wy_kda_fwd" not in rec and "wy_inverse" not in rec, sorted(rec)
+    _check(got, _reference_grads("kda", q, k, v, g, beta, h0, do, dht, cu.tolist()), 5e-3)

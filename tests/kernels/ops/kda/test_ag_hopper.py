@@ -59,6 +59,24 @@ def _inputs(layout: str):  # type: ignore[no-untyped-def]
     return q, k, v.bfloat16(), g, beta.bfloat16(), cu
 
 
+def _rows_in_chunk(index, B: int, T: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """Each token's position in its sequence, [B, T] on the GPU (its row in its chunk: % BT)."""
+    if not index.is_varlen:
+        return torch.arange(T, device="cuda").expand(B, T)
+    starts = torch.repeat_interleave(index.cu_seqlens[:-1].long(), index.cu_seqlens.diff().long())
+    return (torch.arange(T, device="cuda") - starts).view(B, T)
+
+
+def _t_times_beta(tt: torch.Tensor, beta: torch.Tensor, index) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """T diag(beta) per chunk: row i of a chunk times beta of each column's token (the chunk's rows)."""
+    B, T, HV, C = tt.shape
+    rows = _rows_in_chunk(index, B, T)
+    first = torch.arange(T, device="cuda").expand(B, T) - rows % C  # the chunk's first token
+    cols = (first[..., None] + torch.arange(C, device="cuda")).clamp_max(T - 1)  # [B, T, C] (past the end: masked)
+    bcol = torch.stack([beta[b][cols[b]] for b in range(B)])  # [B, T, C, HV]
+    return tt.float() * bcol.permute(0, 1, 3, 2).float()
+
+
 @GPU
 @pytest.mark.parametrize("layout", ["dense", "varlen"])
 def test_matches_the_solve_the_mirror_and_the_triton_bound(layout: str) -> None:
@@ -68,8 +86,17 @@ def test_matches_the_solve_the_mirror_and_the_triton_bound(layout: str) -> None:
     scale = DIM**-0.5
     bnd = torch.full((index.num_chunks, HV, 2), float("nan"), device="cuda")
     ag, aqk, gated = wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=LaunchPlan(ag_pass="tilelang"),
-                               bnd=bnd, v=v)  # fmt: skip
+                               bnd=bnd, v=v, store_t=True)  # fmt: skip
     assert isinstance(gated, GatedKeys) and ag.dtype == aqk.dtype == gated.qg.dtype == torch.bfloat16
+    assert gated.tt is not None  # T = (I + A)^-1: T diag(beta) is Ag, and Triton's `wy_inverse` forms the same T
+    assert_rel_close("T diag(beta) vs Ag", ag.float(), _t_times_beta(gated.tt, beta, index), 1e-2)
+    from kernels.common.chunk_bwd import wy_inverse
+
+    kg, gcw = gated.kd.clone(), gated.gc.clone()  # (wy_inverse rewrites them with its own values)
+    tt_ref = wy_inverse(k, g, beta, index=index, gate_vector=True, kg=kg, gc=gcw)
+    rows = _rows_in_chunk(index, B, T)
+    low = torch.arange(BT, device="cuda")[None, None, :] <= (rows % BT)[..., None]
+    assert_rel_close("T vs wy_inverse", tt_ref.masked_fill(~low[:, :, None], 0).float(), gated.tt.float(), 1e-2)
     ag_ref, aqk_ref, _ = kda_ag_reference(q, k, g, beta, index=index, scale=scale)
     m_ag, m_aqk, (qg, ke, kd, gc) = kda_ag_blocks(q, k, g, beta, index=index, scale=scale)
     assert float(ag_ref.abs().amax()) > 0.5
@@ -77,9 +104,6 @@ def test_matches_the_solve_the_mirror_and_the_triton_bound(layout: str) -> None:
     assert_rel_close("Aqk vs the solve", aqk_ref, aqk, 1e-2)
     assert_rel_close("Ag vs the mirror", m_ag, ag, 4e-3)
     assert_rel_close("Aqk vs the mirror", m_aqk, aqk, 4e-3)
-    rows = torch.arange(T, device="cuda") - torch.repeat_interleave(
-        index.cu_seqlens[:-1].long(), index.cu_seqlens.diff().long()
-    ).view(B, T) if cu is not None else torch.arange(T, device="cuda").expand(B, T)  # fmt: skip
     above = torch.arange(BT, device="cuda")[None, None, :] > (rows % BT)[..., None]
     assert bool((ag.permute(0, 1, 3, 2)[above] == 0).all()), "entries above Ag's diagonal must be written as 0"
     for name, ref, got in (("qg", qg, gated.qg), ("ke", ke, gated.ke), ("kd", kd, gated.kd)):

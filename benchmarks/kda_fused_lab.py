@@ -129,8 +129,6 @@ def ag_plans(text: str) -> dict[str, Any]:
     """--ag-configs: {label: LaunchPlan or None (the default plan)} from NAME[:BK:num_warps[:num_stages]],..., NAME
     "default" (the default code), "tilelang" (the TileLang pass, `kernels.ops.kda.ag_hopper`: LaunchPlan.ag_pass) or
     variants of `KDA_AG_VARIANTS` joined by "+" (e.g. gated)."""
-    import dataclasses
-
     from kernels.configs import LaunchConfig
     from kernels.ops.kda.wy_ag import KDA_AG_VARIANTS, WY_KDA_AG_FWD
     from kernels.plan import default_plan
@@ -138,7 +136,7 @@ def ag_plans(text: str) -> dict[str, Any]:
     plans: dict[str, Any] = {}
     for item in filter(None, text.split(",")):
         if item == "tilelang":
-            plans[item] = dataclasses.replace(default_plan(), ag_pass="tilelang")
+            plans[item] = default_plan().replace(ag_pass="tilelang")
             continue
         name, *nums = item.split(":")
         names = [] if name == "default" else name.split("+")

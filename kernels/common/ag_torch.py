@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from kernels.common.chunk_torch import compute_dtype, from_chunks, to_chunks
+from kernels.common.chunk_torch import compute_dtype, from_chunks, last_rows, to_chunks
 from kernels.common.decay import floor_gate
 from kernels.common.index import ChunkIndex
 
@@ -112,7 +112,7 @@ def ag_chunk_forward(
     qc, kc = (to_chunks(_heads(x, HV), index, cd) for x in (q, k))  # [NT, HV, C, K]
     vc, agc = to_chunks(v, index, cd), to_chunks(ag, index, cd)
     G = to_chunks(gcum, index, cd)  # [NT, HV, C], 0 on padded rows
-    last = to_chunks(torch.ones_like(gcum, dtype=torch.int64), index, torch.int64).sum(2, keepdim=True) - 1
+    last = last_rows(index, B, T, HV, gcum.device)
     G_C = G.gather(2, last)  # [NT, HV, 1]: the last valid row
     pad = torch.arange(index.chunk_size, device=G.device) > last
     G = torch.where(pad, G_C, G)

@@ -30,7 +30,8 @@ from torch import Tensor
 from kernels.common.decay import floor_gate
 from kernels.common.index import ChunkIndex
 
-__all__ = ["ChunkPrep", "chunk_fwd_torch", "chunk_prepare", "chunk_state_pass", "compute_dtype", "from_chunks", "to_chunks"]
+__all__ = ["ChunkPrep", "chunk_fwd_torch", "chunk_prepare", "chunk_state_pass", "compute_dtype", "from_chunks", "last_rows",
+           "to_chunks"]
 
 # bytes allowed for one block of the per-key decay tensor [n, H, C, C, K] (a few temporaries of this size live at once)
 _DECAY_BLOCK_BYTES = 64 << 20
@@ -66,6 +67,12 @@ def to_chunks(x: Tensor, index: ChunkIndex, dtype: torch.dtype = torch.float32) 
     if not pad.identity:
         flat = torch.cat([flat, flat.new_zeros(1, H, *rest)], 0)[pad.gather]
     return flat.reshape(index.num_chunks, index.chunk_size, H, *rest).transpose(1, 2)
+
+
+def last_rows(index: ChunkIndex, batch: int, seq_len: int, heads: int, device: torch.device) -> Tensor:
+    """Each chunk's last valid row (its tokens minus one), `[NT, heads, 1]` int64: a partial chunk's padding excluded."""
+    ones = torch.ones(batch, seq_len, heads, dtype=torch.int64, device=device)
+    return to_chunks(ones, index, torch.int64).sum(2, keepdim=True) - 1
 
 
 def from_chunks(x: Tensor, index: ChunkIndex, batch: int, seq_len: int) -> Tensor:

@@ -21,12 +21,15 @@ import kernels
 from kernels.builds import BUILDS, TILELANG_BUILD_ENV
 from kernels.configs import LaunchConfig
 from kernels.first_call import dry_runs, plan_for, resolve_plan, tilelang_fallback
+from kernels.ops.gdn.fwd_walk import fwd_walk_refusal
 from kernels.parallel_compile import PARALLEL_COMPILE_ENV, build_beside, compile_ahead
 from kernels.plan import LaunchPlan, LaunchRecorder
 from kernels.vocabulary import AUTO_BWD_GRADS
 from tests.utils import TEST_DEVICE, make_inputs
 
 LONG = 60.0  # s: generous; a held build is released long before
+# the GPU test builds the walks: an H200 with tilelang (the refusal's reason as the skip's otherwise)
+WALK_WHY = fwd_walk_refusal(128, 128, 64, torch.device("cuda")) if torch.cuda.is_available() else "no GPU"
 
 
 def test_the_fallback_resolves_the_auto_options_only() -> None:
@@ -206,16 +209,12 @@ def test_the_backward_runs_its_forwards_plan(dry_run_on: Any) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(WALK_WHY is not None, reason=str(WALK_WHY))
 def test_the_first_call_runs_triton_while_the_walks_build_then_takes_them() -> None:
     """H200 with TileLang: a scale no other call used makes new builds of both walks (their build key holds it) and an
     initial state with the final state returned a kind of call no other test makes, so the first call of the kind runs
     on Triton (the builds take ~20 s, its Triton compiles a few); after `wait_for_builds` the next call runs the walks, and
     both steps' gradients agree within bf16 rounding."""
-    from kernels.ops.gdn.fwd_walk import fwd_walk_refusal
-
-    why = fwd_walk_refusal(128, 128, 64, torch.device("cuda"))
-    if why is not None:
-        pytest.skip(why)
     torch.manual_seed(11)
     B, T, H, D = 1, 32768, 16, 128  # the reverse walk's "auto" threshold (AUTO_REVERSE_MIN_TOKEN_HEADS)
     q = torch.nn.functional.normalize(torch.randn(B, T, H, D, device="cuda"), dim=-1).bfloat16().requires_grad_()

@@ -30,7 +30,14 @@ from torch import Tensor
 
 from kernels.common.decay import GATE_FLOOR
 from kernels.common.index import ChunkIndex
-from kernels.ops.gdn.tilelang_hopper import TL_DTYPES, hopper_jit, tilelang_chosen, tilelang_refusal, tilelang_refusal_cached
+from kernels.ops.gdn.tilelang_hopper import (
+    TL_DTYPES,
+    hopper_jit,
+    stand_in,
+    tilelang_chosen,
+    tilelang_refusal,
+    tilelang_refusal_cached,
+)
 from kernels.parallel_compile import build_beside
 from kernels.plan import LaunchPlan
 
@@ -65,7 +72,8 @@ def ag_hopper_wanted(k: Tensor, BT: int, launch: LaunchPlan | None, v: Tensor | 
 def ag_macros(T: Any, quad: bool = False) -> Any:
     """The TileLang macros (`T`: `tilelang.language` of the build) an Ag pass of chunk 64 and head dim 128 shares
     (GDN's here, KDA's `kernels.ops.kda.ag_hopper`): `row_squares`, the forward's decay-bound summary (`bound_logs`,
-    `chunk_bound`: `wy.py`'s `_chunk_bound` from x (the token's gate), beta, ||k||^2, ||v||^2) and the block solve
+    `chunk_bound`: `wy.py`'s `_chunk_bound` from x (the token's gate), beta, ||k||^2, ||v||^2), a staged tile's
+    store (`store_rows`) and the block solve
     of A^T in fp32 shared memory to T = (I + A)^-1 in a fragment (`block_solve`, or with `quad` `block_solve_quad`:
     module docstring)."""
     from kernels.common.wy import BOUND_MARGIN  # (the Triton pass's rounding; wy.py imports Triton: here, not above)
@@ -110,6 +118,17 @@ def ag_macros(T: Any, quad: bool = False) -> Any:
             lw = T.if_then_else(em_s[C - 1] == ninf, 0.0, em_s[C - 1]) + T.log(vv_s[C - 1])
             bnd[i_c, i_h, 0] = cl_s[C - 1] + margin * al_s[C - 1]
             bnd[i_c, i_h, 1] = T.if_then_else(lw > ninf, lw + margin * (al_s[C - 1] + T.abs(lw) + 1.0), lw)
+
+    @T.macro
+    def store_rows(x_s, out, t0, eos, i_h):
+        """A staged [C, C] tile into out's rows t0.. of head i_h: one copy for a full chunk, row by row below the
+        sequence's end for a partial one (the tile's writes fenced and synced before: both branches read it)."""
+        if t0 + C <= eos:
+            T.copy(x_s, out[t0 : t0 + C, i_h, :])
+        else:
+            for r, c in T.Parallel(C, C):
+                if t0 + r < eos:
+                    out[t0 + r, i_h, c] = x_s[r, c]
 
     @T.macro
     def inverse_and_n(at_s, dinv_s, dinvt_s, n_s, t_l, n_f, tx):
@@ -176,7 +195,7 @@ def ag_macros(T: Any, quad: bool = False) -> Any:
         T.gemm(at_s, dinvt_s, t_f, transpose_B=True, clear_accum=True)
 
     return SimpleNamespace(row_squares=row_squares, bound_logs=bound_logs, chunk_bound=chunk_bound,
-                           block_solve=block_solve, block_solve_quad=block_solve_quad)  # fmt: skip
+                           store_rows=store_rows, block_solve=block_solve, block_solve_quad=block_solve_quad)  # fmt: skip
 
 
 @functools.cache
@@ -317,12 +336,7 @@ def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int, blocks: int 
                     ag_s[r, c] = T.cast(T.if_then_else(r >= c, t_f[r, c] * b_s[c], 0), io)
                 T.fence_proxy_async()
                 T.sync_threads()
-                if t0 + C <= eos:
-                    T.copy(ag_s, ag[t0 : t0 + C, i_h, :])
-                else:
-                    for r, c in T.Parallel(C, C):
-                        if t0 + r < eos:
-                            ag[t0 + r, i_h, c] = ag_s[r, c]
+                mac.store_rows(ag_s, ag, t0, eos, i_h)
 
         return ag_pass
 
@@ -338,15 +352,6 @@ def dense_chunk_table(N: int, T: int, device: torch.device) -> tuple[Tensor, Ten
     seq = torch.arange(N, dtype=torch.int32, device=device).repeat_interleave(nt)
     chunk = torch.arange(nt, dtype=torch.int32, device=device).repeat(N)
     return cu, torch.stack([seq, chunk], 1).contiguous()
-
-
-@functools.cache
-def _scratch(device: torch.device, H: int, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
-    """Stand-ins for the arguments a build neither reads nor writes (TileLang binds every argument): a chunk's sums,
-    a token's sum, one row of v."""
-    return (torch.zeros(1, H, 2, dtype=torch.float32, device=device),
-            torch.zeros(1, H, dtype=torch.float32, device=device),
-            torch.zeros(1, H, 128, dtype=dtype, device=device))  # fmt: skip
 
 
 def ag_hopper(
@@ -375,11 +380,11 @@ def ag_hopper(
     N = B * T
     ag = torch.empty(B, T, HV, BT, dtype=k.dtype, device=dev)
     gcum = torch.empty(B, T, HV, dtype=torch.float32, device=dev)
-    chunk_scratch, tok_scratch, v_scratch = _scratch(dev, HV, k.dtype)
-    rp, rc = rev if rev is not None else (tok_scratch, chunk_scratch)
+    chunk_scratch = stand_in(dev, torch.float32, 1, HV, 2)  # (for the sums a build leaves unwritten)
+    rp, rc = rev if rev is not None else (stand_in(dev, torch.float32, 1, HV), chunk_scratch)
     args = [
         (q if q is not None else k).reshape(N, Hk, K), k.reshape(N, Hk, K),
-        (v if v is not None else v_scratch).reshape(-1, HV, 128),
+        (v if v is not None else stand_in(dev, k.dtype, 1, HV, 128)).reshape(-1, HV, 128),
         g.reshape(N, HV), beta.reshape(N, HV), cu, ci, ag.view(N, HV, BT), gcum.view(N, HV),
         bnd if bnd is not None else chunk_scratch, rp.view(-1, HV), rc,
     ]  # fmt: skip

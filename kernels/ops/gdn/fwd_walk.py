@@ -58,7 +58,14 @@ from kernels.common.chunk_state import SeqLayout
 from kernels.common.index import ChunkIndex
 from kernels.common.seqsplit import SPLIT_MIN_SEG_CHUNKS
 from kernels.configs import cdiv
-from kernels.ops.gdn.tilelang_hopper import TL_DTYPES, hopper_jit, tilelang_chosen, tilelang_refusal, tilelang_refusal_cached
+from kernels.ops.gdn.tilelang_hopper import (
+    TL_DTYPES,
+    hopper_jit,
+    stand_in,
+    tilelang_chosen,
+    tilelang_refusal,
+    tilelang_refusal_cached,
+)
 from kernels.parallel_compile import build_beside
 from kernels.plan import LaunchPlan
 
@@ -511,18 +518,10 @@ def fwd_walk_tilelang(
     else:  # (without q the walk reads neither qg nor Aqk: k and Ag stand in)
         aqkx = aqk.reshape(N, HV, BT) if aqk is not None else agx
         inputs = [qx, kx, kd.reshape(N, HV, K), vx, agx, aqkx, gs]
-    scratch = _scratch(dev, k.dtype, HV, K, V)
-    args = [*inputs, h0 if h0 is not None else scratch[0], cu, co[: cu.numel() - 1], pmap, fin,
+    state32, state_io = stand_in(dev, torch.float32, 1, HV, K, V), stand_in(dev, k.dtype, 1, HV, K, V)  # (unread)
+    args = [*inputs, h0 if h0 is not None else state32, cu, co[: cu.numel() - 1], pmap, fin,
             o.view(N, HV, V) if o is not None else v.reshape(N, HV, V),
-            ht if ht is not None else scratch[0], hs if hs is not None else scratch[1], modes]  # fmt: skip
+            ht if ht is not None else state32, hs if hs is not None else state_io, modes]  # fmt: skip
     if kern is not None and P and T:
         kern(*args)
     return o, ht, hs
-
-
-@functools.cache
-def _scratch(device: torch.device, dtype: torch.dtype, HV: int, K: int, V: int) -> tuple[Tensor, Tensor]:
-    """Stand-ins for the arguments a mode leaves unread (TileLang binds every argument): one fp32 state and one in
-    the inputs' dtype."""
-    return (torch.zeros(1, HV, K, V, dtype=torch.float32, device=device),
-            torch.zeros(1, HV, K, V, dtype=dtype, device=device))  # fmt: skip

@@ -3,8 +3,8 @@ chunk 64), a Hopper GPU (sm_90), and the dtype names TileLang takes. `kernels.op
 `kernels.ops.gdn.bwd_stages` (the backward's reverse walk, two kernels), `kernels.ops.gdn.fwd_walk` (the forward's
 state+output walk) and `kernels.ops.gdn.ag_hopper` (the Ag pass) refuse through `tilelang_refusal`, with one line
 saying why; a plan option that picks between a Triton pass and one of them decides through `tilelang_chosen`; each
-builds under `hopper_jit` (the target and pass configs they were checked with); the reverse walks load a range's
-first chunk with `masked_chunk_loads`.
+builds under `hopper_jit` (the target and pass configs they were checked with); an argument a build or mode leaves
+unread is bound to a `stand_in`; the reverse walks load a range's first chunk with `masked_chunk_loads`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["TILELANG_VERSION", "TL_DTYPES", "TL_SIZES", "hopper_jit", "masked_chunk_loads", "tilelang_chosen",
-           "tilelang_refusal", "tilelang_refusal_cached"]  # fmt: skip
+__all__ = ["TILELANG_VERSION", "TL_DTYPES", "TL_SIZES", "hopper_jit", "masked_chunk_loads", "stand_in",
+           "tilelang_chosen", "tilelang_refusal", "tilelang_refusal_cached"]  # fmt: skip
 
 TILELANG_VERSION = "0.1.15"  # checked on the H200 against each kernel's mirror; others are refused, not run
 TL_SIZES = {"K": 128, "V": 128, "BT": 64}
@@ -59,6 +59,13 @@ def tilelang_chosen(option: str, mode: str, what: str, K: int, V: int, BT: int, 
             raise ValueError(f"LaunchPlan({option}='tilelang'): {why}")
         return True
     return why is None
+
+
+@functools.cache
+def stand_in(device: torch.device, dtype: torch.dtype, *shape: int) -> torch.Tensor:
+    """A zero tensor (made once per device, dtype and shape) for an argument a kernel's build or mode leaves unread:
+    TileLang binds every argument of a prim_func."""
+    return torch.zeros(shape, dtype=dtype, device=device)
 
 
 def hopper_jit() -> Any:

@@ -32,7 +32,14 @@ from torch import Tensor
 from kernels.common.decay import GATE_FLOOR
 from kernels.common.index import ChunkIndex
 from kernels.ops.gdn.ag_hopper import ag_macros, dense_chunk_table
-from kernels.ops.gdn.tilelang_hopper import TL_DTYPES, hopper_jit, tilelang_chosen, tilelang_refusal, tilelang_refusal_cached
+from kernels.ops.gdn.tilelang_hopper import (
+    TL_DTYPES,
+    hopper_jit,
+    stand_in,
+    tilelang_chosen,
+    tilelang_refusal,
+    tilelang_refusal_cached,
+)
 from kernels.ops.kda.ag_torch import FAST_SPAN
 from kernels.parallel_compile import build_beside
 from kernels.plan import LaunchPlan
@@ -126,17 +133,6 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool, store
                         T.min(gs_s[ri, d] - gs_s[rj, d], 0.0))  # fmt: skip
                 at_s[rj, ri] = T.if_then_else(rj < ri, ak * b_s[ri], 0)
                 aq_s[ri, rj] = T.cast(T.if_then_else(rj <= ri, aq * scale, 0), io)
-
-        @T.macro
-        def store_rows(x_s, out, t0, eos, i_h):
-            """A staged [C, C] tile into out's rows t0.. of head i_h: one copy for a full chunk, row by row below the
-            sequence's end for a partial one."""
-            if t0 + C <= eos:
-                T.copy(x_s, out[t0 : t0 + C, i_h, :])
-            else:
-                for r, c in T.Parallel(C, C):
-                    if t0 + r < eos:
-                        out[t0 + r, i_h, c] = x_s[r, c]
 
         @T.prim_func
         def kda_ag_pass(
@@ -262,28 +258,19 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool, store
                     ag_s[r, c] = T.cast(T.if_then_else(r >= c, t_f[r, c] * b_s[c], 0), io)
                 T.fence_proxy_async()
                 T.sync_threads()
-                store_rows(ag_s, ag, t0, eos, i_h)
-                store_rows(aq_s, aqk, t0, eos, i_h)
+                mac.store_rows(ag_s, ag, t0, eos, i_h)
+                mac.store_rows(aq_s, aqk, t0, eos, i_h)
                 if store_t:  # T itself for the backward (`kernels.ops.kda.ag_bwd`: no `wy_inverse` there)
                     tt_s = T.alloc_shared((C, C), io)
                     for r, c in T.Parallel(C, C):
                         tt_s[r, c] = T.cast(T.if_then_else(r >= c, t_f[r, c], 0), io)
                     T.fence_proxy_async()
                     T.sync_threads()
-                    store_rows(tt_s, tt, t0, eos, i_h)
+                    mac.store_rows(tt_s, tt, t0, eos, i_h)
 
         return kda_ag_pass
 
     return build()
-
-
-@functools.cache
-def _scratch(device: torch.device, H: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Stand-ins for the arguments a build without the bound or T binds (TileLang binds every argument): a chunk's
-    sums, one row of v, one row of T."""
-    return (torch.zeros(1, H, 2, dtype=torch.float32, device=device),
-            torch.zeros(1, H, 128, dtype=torch.bfloat16, device=device),
-            torch.zeros(1, H, 64, dtype=torch.bfloat16, device=device))  # fmt: skip
 
 
 def kda_ag_hopper(
@@ -315,11 +302,12 @@ def kda_ag_hopper(
     qg, ke, kd = (k.new_empty(B, T, HV, K) for _ in range(3))
     gc = torch.empty(index.num_chunks, HV, K, dtype=torch.float32, device=dev)
     tt = torch.empty_like(ag) if store_t else None
-    chunk_scratch, v_scratch, t_scratch = _scratch(dev, HV)
-    args = [q.reshape(N, Hk, K), k.reshape(N, Hk, K), (v if v is not None else v_scratch).reshape(-1, HV, 128),
+    v_in = v if v is not None else stand_in(dev, k.dtype, 1, HV, 128)  # (stand-ins: what this build leaves unread)
+    args = [q.reshape(N, Hk, K), k.reshape(N, Hk, K), v_in.reshape(-1, HV, 128),
             g.reshape(N, HV, K), beta.reshape(N, HV), cu, ci, ag.view(N, HV, BT), aqk.view(N, HV, BT),
             qg.view(N, HV, K), ke.view(N, HV, K), kd.view(N, HV, K), gc,
-            bnd if bnd is not None else chunk_scratch, tt.view(N, HV, BT) if tt is not None else t_scratch]  # fmt: skip
+            bnd if bnd is not None else stand_in(dev, torch.float32, 1, HV, 2),
+            tt.view(N, HV, BT) if tt is not None else stand_in(dev, k.dtype, 1, HV, BT)]  # fmt: skip
     if kern is not None and N and ci.shape[0]:
         kern(*args)
     return ag, aqk, (qg, ke, kd, gc, tt)

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from kernels.common.ag_torch import block_inverse
-from kernels.common.chunk_torch import from_chunks, to_chunks
+from kernels.common.chunk_torch import from_chunks, last_rows, to_chunks
 from kernels.common.decay import floor_gate
 from kernels.common.index import ChunkIndex
 
@@ -119,8 +119,8 @@ def kda_ag_blocks(
     A = A * (rows[:, None] > rows[None, :]) * bc[..., None]
     Aqk = Aqk * (rows[:, None] >= rows[None, :]) * scale
     ag = block_inverse(A) * bc[..., None, :]
-    last = to_chunks(torch.ones(B, T, HV, dtype=torch.int64, device=g.device), index, torch.int64).sum(2) - 1
-    gc = G.gather(2, last[..., None, None].expand(-1, -1, 1, K))  # [NT, HV, 1, K]: the last valid row's
+    last = last_rows(index, B, T, HV, g.device)  # [NT, HV, 1]
+    gc = G.gather(2, last[..., None].expand(-1, -1, 1, K))  # [NT, HV, 1, K]: the last valid row's
     er = r.exp().repeat_interleave(_B, dim=-2)
     gated = (scale * Lq * er, Lk * er, kc * (gc - G).exp())
     out = [from_chunks(x, index, B, T) for x in (ag, Aqk, *gated)]

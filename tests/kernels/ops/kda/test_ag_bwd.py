@@ -16,12 +16,16 @@ import torch
 
 from kernels.common.index import prepare_chunk_index
 from kernels.ops.kda.ag_bwd import KEPT_GATED, chunk_kda_bwd_ag, kda_wy_from_ag
+from kernels.ops.kda.ag_hopper import kda_ag_hopper_refusal
 from kernels.ops.kda.chunk import KDA, chunk_kda_fwd
 from kernels.plan import LaunchPlan, LaunchRecorder
 from tests.kernels.common.test_chunk_bwd import DIM, TOL, _check, _varlen_case, _varlen_reference
 from tests.utils import TEST_DEVICE, assert_rel_close
 
 DEVICE = TEST_DEVICE
+# the step on the TileLang kernels: an H200 with tilelang (the refusal's reason as the skip's otherwise)
+WHY = kda_ag_hopper_refusal(128, 128, 64, torch.device(DEVICE)) if DEVICE == "cuda" else "no GPU test"
+TILELANG = pytest.mark.skipif(WHY is not None, reason=str(WHY))
 
 
 def test_w_u_are_ag_times_ke_and_v_per_chunk() -> None:
@@ -77,18 +81,14 @@ def test_what_the_forward_keeps_per_path(policy: str) -> None:
         assert set(keep) == kept, (fwd_path, sorted(keep))
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="no GPU test")
+@TILELANG
 def test_the_step_on_the_tilelang_kernels() -> None:
     """On an H200 (tilelang 0.1.15): the forward on KDA's TileLang Ag pass and walk under keep "ag" keeps T too
     (`GatedKeys.tt`): the backward runs neither the WY prep nor `wy_inverse`; bf16 gradients within 5e-3 of the fp32
     reference's (varlen with partial chunks, grouped heads, an initial state, dht)."""
-    from kernels.ops.kda.ag_hopper import kda_ag_hopper_refusal
     from tests.kernels.common.test_chunk_bwd import _reference_grads
     from tests.utils import make_inputs, make_state
 
-    why = kda_ag_hopper_refusal(128, 128, 64, torch.device("cuda"))
-    if why is not None:
-        pytest.skip(why)
     lengths = (37, 300, 64, 5)
     q, k, v, g, beta, cu = make_inputs("kda", lengths, H=4, K=128, V=128, lb=-1.0, dtype=torch.bfloat16, device="cuda")
     q, k = q[:, :, :2].contiguous(), k[:, :, :2].contiguous()  # grouped heads: HV = 2H

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.common.chunk_torch import from_chunks, to_chunks
+from kernels.common.chunk_torch import from_chunks, last_rows, to_chunks
 from kernels.common.index import prepare_chunk_index
 from kernels.ops.kda.ag_torch import kda_ag_blocks, kda_ag_reference
 from tests.kernels.ops.kda.test_wy_ag import kda_grouped_inputs
@@ -27,8 +27,7 @@ def _gated_reference(q, k, G, index, scale):  # type: ignore[no-untyped-def]
     qh, kh = (x.double().repeat_interleave(HV // x.shape[2], 2) for x in (q, k))
     B, T = G.shape[:2]
     Gc = to_chunks(G, index, torch.float64)  # [NT, HV, C, K], padded rows repeat the last valid row's G
-    last = to_chunks(torch.ones(B, T, HV, dtype=torch.int64), index, torch.int64).sum(2) - 1
-    gc = Gc.gather(2, last[..., None, None].expand(-1, -1, 1, G.shape[-1]))
+    gc = Gc.gather(2, last_rows(index, B, T, HV, G.device)[..., None].expand(-1, -1, 1, G.shape[-1]))
     GC = from_chunks(gc.expand_as(Gc), index, B, T)
     return scale * qh * G.exp(), kh * G.exp(), kh * (GC - G).exp(), gc[..., 0, :]
 

@@ -10,7 +10,8 @@ token at lb -1, -100 at lb -5) and weak ones, outputs NaN-poisoned before the ca
   pass's bf16 test), and against the Triton pass's Ag at the same tolerance; exact zeros above the diagonal;
 - the gate cumsum within 1e-5 of Triton's (fp32 sums in another order);
 - the forward's bound summary (L, W) and the backward's reverse sums (p per token, (L + margin A, A) per chunk) within
-  1e-4 of Triton's (absolute and relative; -inf where Triton has -inf);
+  1e-4 of Triton's relative, and absolute 1e-4 or 4 fp32 ulps of the largest |gate cumsum| (logs of sums of
+  e^(cumsum differences): the cumsum's own rounding; -inf where Triton has -inf);
 - the lab's builds (four programs an SM, the block-structured N^2 and N^3) against the default build.
 """
 
@@ -61,10 +62,10 @@ def _run(pass_: str, q, k, v, g, beta, index):  # type: ignore[no-untyped-def]
     return ag, gcum, bnd, *rev
 
 
-def _close_with_infs(name: str, ref: torch.Tensor, got: torch.Tensor) -> None:
+def _close_with_infs(name: str, ref: torch.Tensor, got: torch.Tensor, atol: float) -> None:
     inf = torch.isinf(ref)
     assert bool((torch.isinf(got) == inf).all()), f"{name}: -inf where Triton's is finite, or the reverse"
-    torch.testing.assert_close(got[~inf], ref[~inf], rtol=1e-4, atol=1e-4, msg=lambda m: f"{name}: {m}")
+    torch.testing.assert_close(got[~inf], ref[~inf], rtol=1e-4, atol=atol, msg=lambda m: f"{name}: {m}")
 
 
 @GPU
@@ -87,8 +88,11 @@ def test_kernel_matches_the_triton_pass_and_the_solve(layout: str, lb: float) ->
     above = upper[pos % BT]  # [B*T, BT]: the columns above each row's diagonal, per value head alike
     assert bool((got[0].reshape(B * T, HV, BT)[above[:, None, :].expand(-1, HV, -1)] == 0).all())
     torch.testing.assert_close(got[1], ref[1], rtol=1e-5, atol=1e-5)
+    # the sums are logs of sums of e^(gate cumsum differences): an fp32 cumsum summed in another order moves them by
+    # its own rounding, a few ulps of the largest |cumsum| (6400 at lb -5: 4.9e-4 an ulp; measured 3.7e-4 on the H200)
+    atol = max(1e-4, 4 * torch.finfo(torch.float32).eps * float(ref[1].abs().amax()))
     for name, a, b in zip(("bnd", "rev p", "rev chunk"), got[2:], ref[2:], strict=True):
-        _close_with_infs(name, b, a)
+        _close_with_infs(name, b, a, atol)
 
 
 def _positions(cu: torch.Tensor, T: int) -> torch.Tensor:

@@ -19,8 +19,9 @@
 
 Recompute policy (`LaunchPlan.keep` of the call's launch plan, `kernels.plan`; triton backend), what the forward holds
 until the backward:
-    "auto"        (default) the op's policy in `kernels.vocabulary.AUTO_KEEP` (`LaunchPlan.keep_for`): GDN "ag", KDA
-                  "inputs" (session 18: GDN's step 8-9 % faster on the H200, its peak below FLA's at HV = H)
+    "auto"        (default) the op's policy in `kernels.vocabulary.AUTO_KEEP` (`LaunchPlan.keep_for`): "ag" for both
+                  (session 18: GDN's step 8-9 % faster on the H200, its peak below FLA's at HV = H; session 29: KDA's
+                  step 15 % faster where its forward runs on the TileLang walk, elsewhere as "inputs")
     "inputs"      the inputs (q, k, v, g, beta and the initial state) and, where the forward
                   splits the sequence (B*H small), its segments' entering states [NS, H, K, V] fp32 (~17 MB at
                   K = V = 128 whatever T is; `kernels.common.seqsplit.keep_segment_states`); the backward recomputes
@@ -30,8 +31,8 @@ until the backward:
                   Aqk and T from them in one launch, then the chunk states from w, u and the segment states
                   (`kernels.ops.gdn.ag_bwd`: no WY prep, no inverse). Under the plan's bwd_warm also the q, k side
                   of the reverse windows' bound sums, [B, T, H] and [NT, H, 2] fp32 (`kernels.common.warm_bwd`: the
-                  backward reads do alone for them). KDA: on its fused path (its "auto" path is the WY one, unless
-                  the plan asks for a TileLang pass: `kernels.common.chunk_fwd.check_fwd_path`) its Ag pass's gated
+                  backward reads do alone for them). KDA: on its fused path ("auto" takes it where the TileLang walk
+                  runs, else the WY path: `kernels.common.chunk_fwd.check_fwd_path`) its Ag pass's gated
                   outputs (Ag, Aqk [B, T, H, 64], qg, ke, kd [B, T, H, K] in k's dtype, G_C [NT, H, K] fp32); the
                   backward forms w, u from them in one launch (`kernels.ops.kda.ag_bwd`: no WY prep); on the WY path
                   as "inputs"
@@ -112,6 +113,9 @@ class ChunkOp:
     wy_prep: Callable[..., Any]
     fused_fwd: Callable[..., Any] | None = None  # the op's two-kernel forward (`fwd_path` "auto"/"fused"; GDN's, KDA's)
     ag_bwd: Callable[..., Any] | None = None  # its backward from the kept Ag (keep "ag", "ag+states"; GDN's `ops.gdn.ag_bwd`)
+    # (k, v, chunk_size, plan) -> whether its two-kernel forward's state+output pass runs on the TileLang walk
+    # (`kernels.common.chunk_fwd.WalkFn`; what "auto" reads where `kernels.vocabulary.AUTO_FWD_PATH` says "walk": KDA)
+    fwd_walk: Callable[..., bool] | None = None
 
     def per_key_gate(self, g: Tensor) -> Tensor:
         """The torch path works on a `[B, T, H, Kg]` gate: GDN's scalar gate is Kg = 1 and broadcasts over K."""
@@ -125,7 +129,7 @@ class ChunkOp:
         fuse_output, keep, keep_states, chunk_size, warm_chunks, warm_report, fwd_path)."""
         chunk_fwd = import_triton("kernels.common.chunk_fwd", "chunk_fwd")
         return chunk_fwd(self.wy_prep, q, k, v, g, beta, op=self.name, gate_vector=self.gate_vector, scale=scale,
-                         fused_fwd=self.fused_fwd, **options)
+                         fused_fwd=self.fused_fwd, fwd_walk=self.fwd_walk, **options)
 
     def triton_bwd(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor,
                    **options: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:

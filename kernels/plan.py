@@ -9,16 +9,17 @@
     configs    explicit configs per kernel name (they win);
     table      an `AutotuneTable` (kernels.autotune) of tuned configs, resolved per launch shape key, or None;
     keep       the triton backend's recompute policy, one of `kernels.vocabulary.KEEP_POLICIES`; "auto" (the default)
-               = `kernels.vocabulary.AUTO_KEEP`'s per op (`keep_for`: GDN keeps its Ag pass's outputs, KDA nothing);
+               = `kernels.vocabulary.AUTO_KEEP`'s per op (`keep_for`: "ag", the Ag pass's outputs, for both; KDA's
+               WY path, where the TileLang walk does not run, keeps nothing under it);
     bwd_grads  the backward's gradient kernels, one of `kernels.vocabulary.BWD_GRADS` (`kernels.common.chunk_bwd`;
                "auto", the default: GDN's TileLang reverse walk for long bf16 steps where it runs, else the Triton
                kernels of `kernels.vocabulary.AUTO_BWD_GRADS`);
     fwd_pass   the two-kernel forward's state+output pass (and the state recompute of GDN's reverse-walk
                backward), one of `kernels.vocabulary.FWD_PASSES`: "auto" (the default: the TileLang walk in bf16
-               where it runs, else Triton; KDA keeps Triton until `kernels.ops.gdn.fwd_walk.KDA_WALK_AUTO`), "triton"
+               where it runs, else Triton; KDA's too since session 29, `kernels.ops.gdn.fwd_walk.KDA_WALK_AUTO`), "triton"
                or "tilelang" (`kernels.ops.gdn.fwd_walk`; KDA's in the Ag pass's gated form);
     ag_pass    the two-kernel forward's Ag pass, one of `kernels.vocabulary.AG_PASSES`: "auto" (the default: Triton
-               until the TileLang kernels are checked on an H200), "triton" or "tilelang" (GDN's
+               at every shape: the TileLang kernels were 2x its time on the H200 in session 29), "triton" or "tilelang" (GDN's
                `kernels.ops.gdn.ag_hopper`, KDA's `kernels.ops.kda.ag_hopper`, which stores the gated form);
     bwd_warm   the backward's gate-certified warm window in chunks for its split reverse state pass, 0 = exact, None
                (the default) = `kernels.vocabulary.AUTO_BWD_WARM`'s per op (`bwd_warm_for`; `kernels.common.warm_bwd`);

@@ -126,8 +126,8 @@ REVERSE_WALKS: Mapping[str, str] = MappingProxyType({"reverse": "pairs", "stages
 # default: the TileLang walk `kernels.ops.gdn.fwd_walk` in bf16 where it runs: Hopper, K = V = 128, chunk 64, tilelang
 # installed; else Triton), "triton" (`kernels.ops.gdn.fused`'s pass, `kernels.common.chunk_state.chunk_state_ag_fwd`)
 # or "tilelang" (the walk, refused in one line where it cannot run). KDA's two-kernel forward too (session 28: the
-# walk's gated build on the Ag pass's gated form; "auto" keeps KDA on Triton, `fwd_walk.KDA_WALK_AUTO`, until the
-# H200 has checked and timed it). H200, session 25
+# walk's gated build on the Ag pass's gated form; "auto" takes it since session 29, `fwd_walk.KDA_WALK_AUTO`). H200,
+# session 25
 # (benchmarks/results/fwd_walk_lab_s25_h200.md, kernels_train_issue26_s25_h200.md): the output pass 0.79 -> 0.53 ms and
 # the state recompute 0.69 -> 0.42 at 1x64K on the same ranges; the 1x64K step 3.95 ms (fwd_pass "triton", device
 # call 2) -> 3.56 (call 4; FlashQLA CP 2.49 there)
@@ -138,10 +138,13 @@ FWD_PASSES: tuple[str, ...] = ("auto", "triton", "tilelang")
 # "tilelang" (`kernels.ops.gdn.ag_hopper`, `kernels.ops.kda.ag_hopper` (bf16): Hopper, K = V = 128, chunk 64, tilelang
 # installed; refused in one line where it cannot run)
 AG_PASSES: tuple[str, ...] = ("auto", "triton", "tilelang")
-# `kernels.common.chunk_fwd`'s "auto" forward path per op, from the H200 (session 11, kda_fused_lab_h200.md): KDA's
-# two-kernel forward is no faster than its WY path (10.38 vs 10.49 ms at 1x128K; its Ag pass 5.15 ms, the per-key-gate
-# fused pass 2.6x GDN's) and its step's first-call peak rose 898 -> 1124 MiB, so KDA keeps the WY path unless asked
-AUTO_FWD_PATH: Mapping[str, str] = MappingProxyType({"gdn": "fused", "kda": "wy"})
+# `kernels.common.chunk_fwd`'s "auto" forward path per op: "fused" (the two-kernel forward), "wy", or "walk" (the
+# two-kernel forward where its state+output pass runs on the TileLang walk under the plan's `fwd_pass`, else the WY
+# path). From the H200: KDA's two-kernel forward on Triton is no faster than its WY path (session 11,
+# kda_fused_lab_h200.md: 10.38 vs 10.49 ms at 1x128K; its step's first-call peak rose 898 -> 1124 MiB); on the walk
+# it is (session 29, kda_fused_lab_s29_h200.md: 8.84 ms at 1x128K, the state+output launch 0.86 ms against the
+# Triton gated pass's 2.20; 4.36 vs 5.11 at 8x8K), and its kept gated Ag makes the step 0.86x FLA's (AUTO_KEEP)
+AUTO_FWD_PATH: Mapping[str, str] = MappingProxyType({"gdn": "fused", "kda": "walk"})
 # `LaunchPlan.bwd_grads` "auto" per op, from the H200 (session 11, benchmarks/results/bwd_ag_lab_h200.md,
 # dqk_wy_lab_h200.md): GDN's training step at 1x64K 8.97 -> 8.70 ms and its peak 4616 -> 3336 MB with the fused
 # kernel; KDA's step 29.6 -> 32.1 ms (slower)
@@ -161,10 +164,12 @@ AUTO_BWD_WARM: Mapping[str, int] = MappingProxyType({"gdn": 4, "kda": 4})
 # `LaunchPlan.keep` "auto" (the default) per op, from the H200 (session 18, benchmarks/results/host_bound_lab_h200.md,
 # kernels_train_issue26_s18b_h200.md, _s18c_): GDN's forward keeps its Ag pass's outputs (what FLA's forward holds: 132 B per
 # token and value head) and its backward forms w, u, Aqk, T from them in one launch instead of the WY prep and the
-# inverse; KDA recomputes: its "auto" forward is the WY path, where "ag" keeps nothing (on the fused path "ag" keeps
-# its gated Ag pass's outputs and its backward forms w, u from them, `kernels.ops.kda.ag_bwd`: session 28, not yet
-# timed on the H200)
-AUTO_KEEP: Mapping[str, str] = MappingProxyType({"gdn": "ag", "kda": "inputs"})
+# inverse. KDA too (session 29, benchmarks/results/kernels_train_issue26_s29k_h200.md, one process with FLA's
+# chunk_kda, HV 16, lb -1): on its two-kernel forward (where the walk runs, AUTO_FWD_PATH "walk") "ag" keeps the
+# gated Ag pass's outputs and the backward forms w, u from them (`kernels.ops.kda.ag_bwd`: no WY prep): the step
+# 22.60 -> 19.26 ms at 1x64K (FLA 22.49; 0.86x), 21.97 -> 18.69 at 8x8K (FLA 20.37; 0.92x), held 1032 MB against
+# "inputs"' 1160, peak 5778 MB (FLA 7192); on the WY path "ag" keeps nothing (as "inputs")
+AUTO_KEEP: Mapping[str, str] = MappingProxyType({"gdn": "ag", "kda": "ag"})
 # our backends' own options (`mode_options: {triton: {keep: wy+states}}`): backend -> name -> values, default first
 BACKEND_OPTIONS: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyType({"triton": {"keep": KEEP_POLICIES}})
 

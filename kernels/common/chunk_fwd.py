@@ -40,17 +40,18 @@ __all__ = ["FUSE_OUTPUT", "WyPrep", "chunk_fwd"]
 FusedFwd = Callable[..., tuple[Tensor, Tensor | None]]
 
 # the forward paths of `chunk_fwd(fwd_path=...)`: "auto" (the default: "fused" where the op has a two-kernel forward,
-# `ChunkOp.fused_fwd`, its `kernels.vocabulary.AUTO_FWD_PATH` is "fused", the output is fused and no WY factors are
-# kept; else "wy"), "wy" (the WY prep writing w, u, Aqk, then the state pass) or "fused" (the op's two-kernel forward;
+# `ChunkOp.fused_fwd`, its `kernels.vocabulary.AUTO_FWD_PATH` is "fused", or "walk" and its state+output pass runs on
+# the TileLang walk (`ChunkOp.fwd_walk`), the output is fused and no WY factors are kept; else "wy"), "wy" (the WY prep writing w, u, Aqk, then the state pass) or "fused" (the op's two-kernel forward;
 # GDN, KDA). On the H200 (kernels/NOTES.md, session 10): GDN's two-kernel forward is 21-40 % faster than the WY one.
 FWD_PATHS = ("auto", "wy", "fused")
 
 
 def check_fwd_path(fwd_path: str, *, op: str, fused_fwd: FusedFwd | None, keep_wy: bool, keep_states: bool,
-                   unfused_output: bool = False, tilelang: bool = False) -> bool:  # fmt: skip
+                   unfused_output: bool = False, tilelang: bool = False, walk: bool = False) -> bool:  # fmt: skip
     """True for the fused path, False for the WY path; "auto" picks the fused one where the op's `AUTO_FWD_PATH`
-    names it or the plan asks for a TileLang pass of the two-kernel forward (tilelang: `LaunchPlan.fwd_pass` or
-    `ag_pass` "tilelang", which only the fused path runs: KDA's path is the WY one otherwise), it can run, the output
+    names it ("fused"; "walk" where walk is True: the two-kernel forward's state+output pass runs on the TileLang
+    walk under the plan) or the plan asks for a TileLang pass of the two-kernel forward (tilelang: `LaunchPlan.fwd_pass`
+    or `ag_pass` "tilelang", which only the fused path runs), it can run, the output
     pass is fused (unfused_output: the caller asked for the separate output pass,
     which only the WY path has) and nothing is kept for the backward (keep_wy: the plan keeps the WY factors, which
     only the WY path makes), with or without a warm window (both paths run the warm split); a one-line ValueError
@@ -58,7 +59,8 @@ def check_fwd_path(fwd_path: str, *, op: str, fused_fwd: FusedFwd | None, keep_w
     if fwd_path not in FWD_PATHS:
         raise ValueError(f"fwd_path must be one of {', '.join(FWD_PATHS)}, got {fwd_path!r}")
     if fwd_path == "auto":
-        auto_fused = (AUTO_FWD_PATH.get(op) == "fused" or tilelang) and fused_fwd is not None
+        auto = AUTO_FWD_PATH.get(op)
+        auto_fused = (auto == "fused" or (auto == "walk" and walk) or tilelang) and fused_fwd is not None
         return auto_fused and not keep_wy and not keep_states and not unfused_output
     if fwd_path == "wy":
         return False
@@ -87,6 +89,8 @@ class WyPrep:
 
 # (q, k, v, g, beta, *, scale, index: ChunkIndex, launch: LaunchPlan, bnd: Tensor | None) -> WyPrep
 WyFn = Callable[..., WyPrep]
+# (k, v, chunk_size, launch) -> whether the two-kernel forward's state+output pass runs on the TileLang walk
+WalkFn = Callable[[Tensor, Tensor, int, LaunchPlan], bool]
 
 
 def chunk_fwd(
@@ -114,6 +118,7 @@ def chunk_fwd(
     fwd_path: str = FWD_PATHS[0],
     fused_fwd: FusedFwd | None = None,
     seg_states: dict[str, Any] | None = None,
+    fwd_walk: WalkFn | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Chunked forward: (o `[B, T, H, V]` in q's dtype, final state `[N, H, K, V]` fp32 or None).
 
@@ -133,6 +138,8 @@ def chunk_fwd(
     for the fused path (the op table's `ChunkOp.fused_fwd`; GDN's `gdn_fused_fwd`, KDA's `kda_fused_fwd`).
     seg_states: a dict that receives the split's segment entering states for the backward (`chunk_bwd(seg_states=)`,
     `kernels.common.seqsplit.keep_segment_states`; where the split runs and the plan keeps no chunk states), or None.
+    fwd_walk: whether the two-kernel forward's state+output pass runs on the TileLang walk for these inputs under the
+    plan (`ChunkOp.fwd_walk`; AUTO_FWD_PATH "walk" reads it), or None.
     """
     B, T, H, _ = k.shape
     launch = plan if plan is not None else default_plan()
@@ -142,6 +149,7 @@ def chunk_fwd(
     # states; not when the caller asked for the WY path's states (keep_states: `kernels.dispatch.chunk_forward(states=)`,
     # "wy+states"), which then keeps the WY factors with them whatever the policy
     keep_ag, ag_states = (keep is not None and not keep_states and x for x in launch.keeps_ag(op))
+    walk = fwd_path == "auto" and AUTO_FWD_PATH.get(op) == "walk" and fwd_walk is not None
     fused_path = check_fwd_path(
         fwd_path,
         op=op,
@@ -150,6 +158,7 @@ def chunk_fwd(
         keep_states=keep is not None and keep_states,
         unfused_output=fuse_output is False,
         tilelang="tilelang" in (launch.fwd_pass, launch.ag_pass),
+        walk=walk and fwd_walk is not None and fwd_walk(k, v, chunk_size, launch),
     )
     path = "fused" if fused_path else "wy"
     fused_states = fused_path and ag_states  # "ag+states" on the fused path

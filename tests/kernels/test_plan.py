@@ -78,9 +78,9 @@ def test_plan_is_frozen_and_keep_is_checked() -> None:
     off = (False, False)
     assert kept == [((True, False), (True, False)), (off, off), ((True, False), (True, False)),
                     ((True, False), (True, True)), ((True, False), off), ((True, True), off)]  # fmt: skip
-    # "auto" (the default) is AUTO_KEEP's per op: GDN keeps its Ag pass's outputs, KDA recomputes
-    assert plan.keep == "auto" and (plan.keep_for("gdn"), plan.keep_for("kda")) == ("ag", "inputs")
-    assert plan.keeps("kda") == plan.keeps_ag("kda") == off
+    # "auto" (the default) is AUTO_KEEP's per op: both keep their Ag pass's outputs (KDA's on its two-kernel forward)
+    assert plan.keep == "auto" and (plan.keep_for("gdn"), plan.keep_for("kda")) == ("ag", "ag")
+    assert plan.keeps("kda") == plan.keeps_ag("kda") == (True, False)
     assert [plan.replace(keep=k).keep_for(op) for k in ("inputs", "wy") for op in ("gdn", "kda")] == [
         "inputs", "inputs", "wy", "wy"]  # fmt: skip
     allowed = r"auto, inputs, ag, ag\+states, wy, wy\+states"

@@ -48,10 +48,10 @@ _WHAT = "Ag pass"  # how the refusals name this kernel
 # the optional sums of one build (bits of its `sums` key): the forward's bound summary, the backward's reverse sums
 AG_HOPPER_SUMS = {"bnd": 1, "rev": 2}
 _THREADS = 128
-# whether `LaunchPlan.ag_pass = "auto"` takes this kernel (in bf16 where nothing refuses it). Off: written in session 27
-# without a GPU (compiled for sm_90a on the CPU host: 162-164 registers, 64.3 KiB of shared memory, three programs an SM
-# by both; its decomposition's mirror tested on the CPU); tests/kernels/ops/gdn/test_ag_hopper.py and
-# benchmarks/ag_pass_lab.py on an H200 decide it
+# whether `LaunchPlan.ag_pass = "auto"` takes this kernel (in bf16 where nothing refuses it). Off: right on the H200
+# (session 29, its GPU tests passed) but 2.1x the Triton pass's time: 0.415 ms against 0.200 at 1x64K, HV 16, for Ag
+# alone (floor 0.098; FlashQLA's kkt_solve 0.223), 1.28x with both sums (0.545 / 0.427), every build alike
+# (benchmarks/results/ag_pass_lab_s29_h200.md). 162-164 registers, 64.3 KiB of shared memory, three programs an SM
 AG_HOPPER_AUTO = False
 
 

@@ -91,9 +91,10 @@ DEFAULT_BV = 128
 FWD_WALK_MODES = {"output": 1, "store_h": 2, "h0": 4}
 # the builds' gate forms: GDN's scalar gate; KDA's per-key gate in the Ag pass's gated form (module docstring)
 FWD_WALK_GATES = ("scalar", "vector")
-# `LaunchPlan.fwd_pass` "auto" for KDA: the Triton pass until the gated walk is checked and timed on an H200
-# (benchmarks/kda_fused_lab.py --walk; the Triton gated pass took 2.9-3.7 ms at 1x128K, HV 16, kda_forms_h200.md)
-KDA_WALK_AUTO = False
+# `LaunchPlan.fwd_pass` "auto" for KDA: the walk's gated build, since session 29 (H200, GPU tests passed,
+# benchmarks/results/kda_fused_lab_s29_h200.md): the state+output launch 0.86 ms at 1x128K, HV 16, against the Triton
+# gated pass's 2.20 (1.75 with TMA; floor 0.77), 0.43 against 1.13 at 8x8K; o's error unchanged (3.0e-3)
+KDA_WALK_AUTO = True
 _THREADS = 512
 _WHAT = "forward walk"  # how the refusals name this kernel
 # The walk's split (`wave_seg_chunks`): one long-lived program per (range, head) holds a whole SM, so the split aims at
@@ -131,7 +132,7 @@ def fwd_walk_wanted(k: Tensor, v: Tensor, BT: int, launch: LaunchPlan, *, gated:
     """Whether GDN's forward pass (and the reverse walk's state recompute), or with `gated` KDA's in the gated form,
     runs on this walk under the plan's `fwd_pass`: "triton" never; "tilelang" always (a ValueError with
     `fwd_walk_refusal`'s reason where it cannot run); "auto" in bf16 (the dtype it was timed in) where nothing refuses
-    it, for KDA only once `KDA_WALK_AUTO` says so."""
+    it (KDA's while `KDA_WALK_AUTO` is on)."""
     return tilelang_chosen("fwd_pass", launch.fwd_pass, _WHAT, k.shape[-1], v.shape[-1], BT, k.device,
                            auto=k.dtype == v.dtype == torch.bfloat16 and (KDA_WALK_AUTO or not gated))  # fmt: skip
 

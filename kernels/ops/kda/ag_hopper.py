@@ -48,9 +48,9 @@ __all__ = ["KDA_AG_HOPPER_AUTO", "kda_ag_hopper", "kda_ag_hopper_refusal", "kda_
 
 _WHAT = "KDA Ag pass"  # how the refusals name this kernel
 _THREADS = 128
-# whether `LaunchPlan.ag_pass = "auto"` takes this kernel for KDA. Off: written in session 28 without a GPU (compiled
-# for sm_90a on the CPU host; its decomposition's mirror tested on the CPU); tests/kernels/ops/kda/test_ag_hopper.py
-# and benchmarks/kda_fused_lab.py on an H200 decide it
+# whether `LaunchPlan.ag_pass = "auto"` takes this kernel for KDA. Off: right on the H200 (session 29, its GPU tests
+# passed; o 2.94e-3 against the Triton pass's 3.04e-3) but slower: 7.79 ms at 1x128K, HV 16, against the Triton
+# gated pass's 6.58 (floor 0.90), 3.94 against 3.24 at 8x8K (benchmarks/results/kda_fused_lab_s29_h200.md)
 KDA_AG_HOPPER_AUTO = False
 
 

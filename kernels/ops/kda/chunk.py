@@ -1,7 +1,8 @@
 """Kimi Delta Attention, chunked, with a gate per key dim: g `[B, T, HV, K]` (q, k `[B, T, H, K]`, v `[B, T, HV, V]`,
-beta `[B, T, HV]`). Its forward is two kernels by default (`fused.py`: the Ag pass of `wy_ag.py`, then GDN's fused
-state+output pass with the per-key gate); the WY prep `wy_kda_fwd` (where the plan keeps the WY factors, for the
-transition primitive and the backward) is KDA's own pass: per-key gate cumsum, (I + A)^{-1}, w, u and the gated
+beta `[B, T, HV]`). Its forward is two kernels where the TileLang walk runs (`fused.py`: the Ag pass of `wy_ag.py`,
+then the walk's gated build, `kernels.ops.gdn.fwd_walk`; `kernels.vocabulary.AUTO_FWD_PATH` "walk"), else the WY prep
+and the shared state pass; the WY prep `wy_kda_fwd` (also where the plan keeps the WY factors, for the transition
+primitive and the backward) is KDA's own pass: per-key gate cumsum, (I + A)^{-1}, w, u and the gated
 tensors (kg, qg, Aqk, the chunk's last-row gate gc), so the shared passes never read the per-key gate again. The public
 op is `chunk_kda` (FLA's `chunk_kda`); `KDA` is the op-table entry, `chunk_kda_fwd` / `chunk_kda_bwd` the Triton paths.
 The layout of an op's file: `kernels/ops/__init__.py`.
@@ -35,10 +36,19 @@ def _wy_prep(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale:
 
 def _fused_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, **options: Any) -> Any:
     """KDA's two-kernel forward (`kernels.ops.kda.fused.kda_fused_fwd`: the Ag pass `wy_kda_ag`, then the fused
-    state+output pass), the default Triton forward (`kernels.common.chunk_fwd`'s fwd_path "auto")."""
+    state+output pass), the default forward where the pass runs on the TileLang walk (`_fwd_walk`)."""
     from kernels.ops.kda.fused import kda_fused_fwd
 
     return kda_fused_fwd(q, k, v, g, beta, **options)
+
+
+def _fwd_walk(k: Tensor, v: Tensor, chunk_size: int, launch: LaunchPlan) -> bool:
+    """Whether KDA's two-kernel forward runs its state+output pass on the TileLang walk's gated build under the plan
+    (`kernels.ops.gdn.fwd_walk.fwd_walk_wanted`): where it does, "auto" takes the two-kernel forward
+    (`kernels.vocabulary.AUTO_FWD_PATH` "walk")."""
+    from kernels.ops.gdn.fwd_walk import fwd_walk_wanted
+
+    return fwd_walk_wanted(k, v, chunk_size, launch, gated=True)
 
 
 def _ag_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, **options: Any) -> Any:
@@ -49,7 +59,7 @@ def _ag_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor
 
 
 KDA = ChunkOp("kda", gate_vector=True, naive=naive_recurrent_kda, wy_prep=_wy_prep, fused_fwd=_fused_fwd,
-              ag_bwd=_ag_bwd)
+              ag_bwd=_ag_bwd, fwd_walk=_fwd_walk)
 chunk_kda_fwd = KDA.triton_fwd  # the forward on Triton: the two-kernel path (fused.py), or the WY prep above and the shared state pass
 chunk_kda_bwd = KDA.triton_bwd  # the backward on Triton: `kernels.common.chunk_bwd.chunk_bwd` for "kda"
 

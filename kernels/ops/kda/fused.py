@@ -11,12 +11,13 @@ floored at the load, `kernels.common.decay`). With the Ag pass's `gated` variant
 WY_KDA_AG_FWD's VARIANT; not the default) the Ag pass stores the gated qg, ke, kd and G_C instead of G and the fused
 pass (its PRE_GATED) reads them: only dots and the diagonal decay diag(exp(G_C)) per chunk, where the default form
 loads the fp32 [BT, K] G and exponentiates two [BT, K] tiles in every V-block program. Under `LaunchPlan.fwd_pass`
-"tilelang" (session 28; "auto" keeps Triton until `kernels.ops.gdn.fwd_walk.KDA_WALK_AUTO`) the output pass is the
+"tilelang" (session 28), and "auto" in bf16 where it runs (session 29, `kernels.ops.gdn.fwd_walk.KDA_WALK_AUTO`), the output pass is the
 TileLang walk's gated build (`kernels.ops.gdn.fwd_walk`, gate "vector"), and the Ag pass is asked for the gated variant
 (its explicit config kept, the bit set). The same modes as GDN's: output, state only, the TRANSITION maps of the
 intra-device split (`kernels.common.seqsplit`), the warm split's windows (`kernels.common.warm_split`: the Ag pass
 sums the decay bound), grouped value heads read in place, varlen, initial and final states.
-The op table runs `kda_fused_fwd` as KDA's `fused_fwd` (`kernels.common.chunk_fwd`'s fwd_path "auto").
+The op table runs `kda_fused_fwd` as KDA's `fused_fwd` (`kernels.common.chunk_fwd`'s fwd_path "auto" where the walk
+runs: `kernels.vocabulary.AUTO_FWD_PATH` "walk"; elsewhere its Triton pass is no faster than the WY path).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from kernels.common.index import prepare_chunk_index
 from kernels.common.seqsplit import whole_sequences
@@ -117,29 +118,43 @@ def test_gated_warm_split() -> None:
     assert_rel_close("ht", ht_ref, ht, TOL)
 
 
-def test_wy_path_by_default_and_where_the_plan_keeps_its_factors() -> None:
-    """KDA's default forward is the WY one (`kernels.vocabulary.AUTO_FWD_PATH`: its two-kernel forward measured
-    no faster on the H200) and so is the forward where the plan keeps the WY factors (only it makes them), exact too."""
+def test_wy_path_where_the_walk_does_not_run_and_where_the_plan_keeps_its_factors() -> None:
+    """KDA's default forward where the TileLang walk does not run (here: K = 16, and on the CPU) is the WY one
+    (`kernels.vocabulary.AUTO_FWD_PATH` "walk": its two-kernel forward on the Triton pass measured no faster on the
+    H200), where the default policy ("ag") keeps nothing; so is the forward where the plan keeps the WY factors (only
+    it makes them); exact both."""
     lengths = (70, 20)
     q, k, v, g, beta, cu = make_inputs("kda", lengths, H=1, K=16, V=16, lb=-0.5, device=DEVICE)
     o_ref, _ = _reference(q, k, v, g, beta, cu, None)
     rec, keep = LaunchRecorder(), {}
-    o, _ = chunk_kda_fwd(q, k, v, g, beta, scale=16**-0.5, cu_seqlens=cu, plan=LaunchPlan(recorder=rec), keep=keep)
+    o, _ = chunk_kda_fwd(q, k, v, g, beta, scale=16**-0.5, cu_seqlens=cu, plan=LaunchPlan(keep="wy", recorder=rec),
+                         keep=keep)  # fmt: skip
     assert_rel_close("o", o_ref, o, TOL)
     assert "kda_fused_state_output_fwd" not in rec and "wy_kda_fwd" in rec and {"w", "u"} <= set(keep), sorted(rec)
-    rec = LaunchRecorder()
-    chunk_kda_fwd(q, k, v, g, beta, scale=16**-0.5, cu_seqlens=cu, plan=LaunchPlan(recorder=rec))
-    assert "kda_fused_state_output_fwd" not in rec and "wy_kda_fwd" in rec, sorted(rec)
+    rec, keep = LaunchRecorder(), {}
+    o, _ = chunk_kda_fwd(q, k, v, g, beta, scale=16**-0.5, cu_seqlens=cu, plan=LaunchPlan(recorder=rec), keep=keep)
+    assert_rel_close("o", o_ref, o, TOL)
+    assert "kda_fused_state_output_fwd" not in rec and "wy_kda_fwd" in rec and keep == {}, sorted(rec)
 
 
-def test_a_tilelang_pass_in_the_plan_takes_the_fused_path() -> None:
-    """KDA's "auto" forward path is the WY one (`AUTO_FWD_PATH`), which runs no Ag pass and no walk: a plan naming a
-    TileLang pass of the two-kernel forward (`fwd_pass` or `ag_pass` "tilelang") takes the fused path, so the option
-    is never silently ignored; kept WY factors still need the WY path."""
+def test_the_walk_or_a_tilelang_pass_in_the_plan_takes_the_fused_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """KDA's "auto" forward path (`AUTO_FWD_PATH` "walk") is the two-kernel one where its state+output pass runs on the
+    TileLang walk (`KDA.fwd_walk`: bf16, K = V = 128, chunk 64, Hopper), else the WY one, which runs no Ag pass and
+    no walk; a plan naming a TileLang pass of the two-kernel forward (`fwd_pass` or `ag_pass` "tilelang") takes the
+    fused path, so the option is never silently ignored; kept WY factors still need the WY path."""
     from kernels.common.chunk_fwd import check_fwd_path
+    from kernels.ops.gdn import tilelang_hopper
     from kernels.ops.kda.chunk import KDA
 
     opts = {"op": "kda", "fused_fwd": KDA.fused_fwd, "keep_states": False}
     assert not check_fwd_path("auto", keep_wy=False, **opts)
+    assert check_fwd_path("auto", keep_wy=False, walk=True, **opts)
+    assert not check_fwd_path("auto", keep_wy=True, walk=True, **opts)
     assert check_fwd_path("auto", keep_wy=False, tilelang=True, **opts)
     assert not check_fwd_path("auto", keep_wy=True, tilelang=True, **opts)
+    assert KDA.fwd_walk is not None
+    k = torch.zeros(1, 64, 1, 128, dtype=torch.bfloat16)
+    assert not KDA.fwd_walk(k, k, 64, LaunchPlan())  # refused on the CPU
+    monkeypatch.setattr(tilelang_hopper, "tilelang_refusal_cached", lambda *a: None)  # as on an H200
+    assert KDA.fwd_walk(k, k, 64, LaunchPlan()) and not KDA.fwd_walk(k.float(), k.float(), 64, LaunchPlan())
+    assert not KDA.fwd_walk(k, k, 64, LaunchPlan(fwd_pass="triton"))

@@ -1,8 +1,8 @@
 """KDA's forward state+output pass on the TileLang walk's gated build (`kernels.ops.gdn.fwd_walk`, gate "vector").
 
 On any machine:
-- the plan: `fwd_pass` "auto" keeps KDA on the Triton pass (`KDA_WALK_AUTO` False) even where the walk could run,
-  GDN takes the walk there; "tilelang" where the walk cannot run is refused in one line, through KDA's forward too;
+- the plan: `fwd_pass` "auto" takes the walk for KDA (`KDA_WALK_AUTO`, session 29) and GDN in bf16 where it runs,
+  "triton" never; "tilelang" where the walk cannot run is refused in one line, through KDA's forward too;
 - the launcher and the plan switch with the kernel's torch mirror (`kernels.common.fwd_walk_torch`) in the compiled
   kernel's place (the walk's refusal lifted): KDA's forward under `LaunchPlan(fwd_pass="tilelang")` asks the Ag pass
   for its gated variant (an explicit Ag config keeps its other fields), runs no Triton output pass, and equals the
@@ -64,12 +64,14 @@ def _reference(q, k, v, g, beta, cu, h0):
                              initial_state=h0, output_final_state=True, cu_seqlens=cu)  # fmt: skip
 
 
-def test_the_plan_keeps_kda_on_triton_under_auto(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_plan_takes_the_walk_for_kda_under_auto(monkeypatch: pytest.MonkeyPatch) -> None:
     k = torch.zeros(1, 64, 1, DIM, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"fwd_pass='tilelang'\): the TileLang forward walk runs on CUDA only"):
         fwd_walk_wanted(k, k, BT, LaunchPlan(fwd_pass="tilelang"), gated=True)
+    assert not fwd_walk_wanted(k, k, BT, LaunchPlan(), gated=True)  # refused here: "auto" falls back
     monkeypatch.setattr(tilelang_hopper, "tilelang_refusal_cached", lambda *a: None)  # as on an H200
-    assert fwd_walk_wanted(k, k, BT, LaunchPlan()) and not fwd_walk_wanted(k, k, BT, LaunchPlan(), gated=True)
+    assert fwd_walk_wanted(k, k, BT, LaunchPlan()) and fwd_walk_wanted(k, k, BT, LaunchPlan(), gated=True)
+    assert not fwd_walk_wanted(k.float(), k.float(), BT, LaunchPlan(), gated=True)  # "auto": bf16 only
     assert fwd_walk_wanted(k, k, BT, LaunchPlan(fwd_pass="tilelang"), gated=True)
     assert not fwd_walk_wanted(k, k, BT, LaunchPlan(fwd_pass="triton"), gated=True)
 

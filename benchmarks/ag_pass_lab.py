@@ -4,14 +4,20 @@ alone, with the forward's bound sums (`bnd`: reads v too) and with the backward'
 q too), FlashQLA's `kkt_solve` (no gate, no sums) where flash-qla is installed, and the floor of each: the bytes it
 must move (k, g, beta, Ag, gcum; v and the bound's 8 B a chunk; q and p, the reverse sums' 8 B a chunk) at 4.2 TB/s.
 
-    python benchmarks/ag_pass_lab.py [--shapes 1x65536,8x8192,1x131072] [--hv 16] [--builds free,b4,q,b4+q] [--out $OUT]
+    python benchmarks/ag_pass_lab.py [--shapes 1x65536,8x8192,1x131072] [--hv 16] [--builds free,b4,q,b4+q]
+        [--modes ag,ag+bnd,ag+bnd+rev] [--kda-builds free,no_keys,...] [--jobs 8] [--out $OUT]
 
 --builds: the TileLang kernel's builds to time (`ag_hopper._build`): "free" (the default build: ptxas free, 161-168
 registers, three programs an SM), "bN" (N programs an SM asked of ptxas: 4 caps registers at 128, four an SM where
-shared memory allows: without sums), "q" (N^2 and N^3 from their nonzero blocks: half the tf32 work), joined by "+".
+shared memory allows: without sums), "q" (N^2 and N^3 from their nonzero blocks: half the tf32 work), and the lab
+switches (`ag_hopper.AG_LAB_SWITCHES`: each leaves one part of a program out, for timing only), joined by "+".
+--kda-builds (session 29): KDA's TileLang Ag pass (`kernels.ops.kda.ag_hopper`, the gated form, no bound) beside the
+Triton pass's gated variant on KDA inputs at the same shapes: "free" and the switches of `KDA_AG_LAB_SWITCHES`,
+joined by "+". Every TileLang build is compiled first, `--jobs` processes side by side (TileLang's disk cache then
+serves the timing process). A switched build's time against "free" is what the part it leaves out costs.
 
-bf16, H = 16 key heads, K = V = 128, chunk 64, g = -2 rand (fp32, per token), beta = rand, q, v = randn, k
-L2-normalised; do_bench medians (ms). Agreement of the TileLang outputs with Triton's: Ag's relative L2, the gate
+bf16, H = 16 key heads, K = V = 128, chunk 64, g = -2 rand (fp32, per token; KDA: per key, -rand), beta = rand,
+q, v = randn, k L2-normalised (KDA: q too); do_bench medians (ms). Agreement of the TileLang outputs with Triton's: Ag's relative L2, the gate
 cumsum's and the sums' largest |a - b| / (1 + |b|) over finite entries (-inf in the same places).
 Writes $OUT/ag_pass_lab.json and $OUT/ag_pass_lab.md.
 """
@@ -21,6 +27,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -49,16 +57,62 @@ def _diff(a: torch.Tensor, b: torch.Tensor) -> dict[str, Any]:
             "same_infinities": bool(torch.equal(a.isinf(), b.isinf()))}  # fmt: skip
 
 
-def _build_knobs(name: str) -> tuple[int, bool]:
-    """(blocks, quad) of a --builds name ("free", "b4", "q", "b4+q")."""
+MODES = ("ag", "ag+bnd", "ag+bnd+rev")
+H, K = 16, 128  # key heads, head dim
+
+
+def _build_knobs(name: str) -> tuple[int, bool, frozenset[str]]:
+    """(blocks, quad, lab switches) of a --builds name ("free", "b4", "q", switches, joined by "+")."""
+    from kernels.ops.gdn.ag_hopper import AG_LAB_SWITCHES
+
     parts = name.split("+")
-    blocks = [int(p[1:]) for p in parts if p.startswith("b")]
-    if any(p not in ("free", "q") and not p.startswith("b") for p in parts):
-        raise ValueError(f"--builds: unknown build {name!r} (free, bN, q, joined by +)")
-    return (blocks[0] if blocks else 0), "q" in parts
+    blocks = [int(p[1:]) for p in parts if p.startswith("b") and p[1:].isdigit()]
+    lab = frozenset(p for p in parts if p in AG_LAB_SWITCHES)
+    if any(p not in ("free", "q") and p not in lab and not (p.startswith("b") and p[1:].isdigit()) for p in parts):
+        raise ValueError(f"--builds: unknown build {name!r} (free, bN, q, {', '.join(AG_LAB_SWITCHES)}, joined by +)")
+    return (blocks[0] if blocks else 0), "q" in parts, lab
 
 
-def run_shape(B: int, T: int, HV: int, table: Any, builds: tuple[str, ...] = ("free",)) -> dict[str, Any]:
+def _kda_lab(name: str) -> frozenset[str]:
+    """The lab switches of a --kda-builds name ("free", switches, joined by "+")."""
+    from kernels.ops.kda.ag_hopper import KDA_AG_LAB_SWITCHES
+
+    parts = frozenset(name.split("+")) - {"free"}
+    if parts - set(KDA_AG_LAB_SWITCHES):
+        raise ValueError(f"--kda-builds: unknown build {name!r} (free, {', '.join(KDA_AG_LAB_SWITCHES)}, joined by +)")
+    return parts
+
+
+def _compile_one(job: tuple[str, tuple[Any, ...]]) -> tuple[str, float]:
+    """Compile one TileLang build (in a worker process: it fills TileLang's disk cache); its seconds."""
+    t0 = time.perf_counter()
+    if job[0] == "gdn":
+        from kernels.ops.gdn.ag_hopper import _build
+    else:
+        from kernels.ops.kda.ag_hopper import _build
+    _build(*job[1])
+    return f"{job[0]} {job[1]}", time.perf_counter() - t0
+
+
+def compile_all(hvs: list[int], builds: tuple[str, ...], modes: tuple[str, ...], kda_builds: tuple[str, ...],
+                jobs: int) -> dict[str, float]:  # fmt: skip
+    """Every build the timing will ask for, `jobs` side by side (spawned processes: no CUDA state shared); the keys
+    are the launchers' (`ag_hopper.ag_hopper`'s, `kda_ag_hopper`'s) for this lab's dtypes."""
+    import multiprocessing
+
+    from kernels.ops.gdn.ag_hopper import AG_HOPPER_SUMS
+
+    sums = {"ag": 0, "ag+bnd": AG_HOPPER_SUMS["bnd"], "ag+bnd+rev": AG_HOPPER_SUMS["bnd"] | AG_HOPPER_SUMS["rev"]}
+    todo: list[tuple[str, tuple[Any, ...]]] = []
+    for hv in sorted(set(hvs)):
+        todo += [("gdn", (hv, H, "bfloat16", "float32", "bfloat16", sums[m], *_build_knobs(b))) for b in builds for m in modes]
+        todo += [("kda", (hv, H, float(K**-0.5), "float32", "bfloat16", False, False, _kda_lab(b))) for b in kda_builds]
+    with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
+        return dict(pool.map(_compile_one, todo))
+
+
+def run_shape(B: int, T: int, HV: int, table: Any, builds: tuple[str, ...] = ("free",),
+              modes: tuple[str, ...] = MODES) -> dict[str, Any]:  # fmt: skip
     from triton.testing import do_bench
 
     from kernels.common.index import prepare_chunk_index
@@ -66,7 +120,7 @@ def run_shape(B: int, T: int, HV: int, table: Any, builds: tuple[str, ...] = ("f
     from kernels.ops.gdn.wy_ag import wy_gdn_ag
     from kernels.plan import LaunchPlan
 
-    H, K, dev, bf = 16, 128, "cuda", torch.bfloat16
+    dev, bf = "cuda", torch.bfloat16
     torch.manual_seed(0)
     q = torch.randn(B, T, H, K, device=dev, dtype=bf)
     k = torch.nn.functional.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(bf)
@@ -80,16 +134,16 @@ def run_shape(B: int, T: int, HV: int, table: Any, builds: tuple[str, ...] = ("f
     plan = LaunchPlan(table=table, ag_pass="triton")
     for name in ("triton", *(f"tilelang {b}" for b in builds)):
         outs[name] = {}
-        for mode in ("ag", "ag+bnd", "ag+bnd+rev"):
+        for mode in modes:
             bnd = torch.empty(NT, HV, 2, device=dev) if mode != "ag" else None
             rev = (torch.empty(B, T, HV, device=dev), torch.empty(NT, HV, 2, device=dev)) if mode.endswith("rev") else None
-            knobs = _build_knobs(name.removeprefix("tilelang ")) if name != "triton" else (0, False)
+            knobs = _build_knobs(name.removeprefix("tilelang ")) if name != "triton" else (0, False, frozenset())
 
-            def call(name: str = name, bnd: Any = bnd, rev: Any = rev, knobs: tuple[int, bool] = knobs) -> Any:
+            def call(name: str = name, bnd: Any = bnd, rev: Any = rev, knobs: tuple[Any, ...] = knobs) -> Any:
                 kw = {"bnd": bnd, "v": v if bnd is not None else None, "rev": rev, "q": q if rev is not None else None}
                 if name == "triton":
                     return wy_gdn_ag(k, g, beta, index=ix, launch=plan, **kw)
-                return ag_hopper(k, g, beta, index=ix, blocks=knobs[0], quad=knobs[1], **kw)
+                return ag_hopper(k, g, beta, index=ix, blocks=knobs[0], quad=knobs[1], lab=knobs[2], **kw)
 
             ag, gcum = call()
             outs[name][mode] = [ag, gcum, *([bnd] if bnd is not None else []), *(rev or ())]
@@ -110,40 +164,98 @@ def run_shape(B: int, T: int, HV: int, table: Any, builds: tuple[str, ...] = ("f
     return row
 
 
+def run_kda_shape(B: int, T: int, HV: int, builds: tuple[str, ...]) -> dict[str, Any]:
+    """KDA's Ag pass in its gated form: the Triton pass (its `gated` variant at its default config, as
+    `kda_fused_lab.py`'s gated forms) and the TileLang builds; ms and Ag's, Aqk's relative L2 against Triton's."""
+    from triton.testing import do_bench
+
+    from kernels.common.index import prepare_chunk_index
+    from kernels.ops.kda.ag_hopper import kda_ag_hopper
+    from kernels.ops.kda.wy_ag import gated_ag_plan, wy_kda_ag
+    from kernels.plan import LaunchPlan
+
+    dev, bf = "cuda", torch.bfloat16
+    torch.manual_seed(0)
+    q, k = (torch.nn.functional.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(bf) for _ in range(2))
+    g = -torch.rand(B, T, HV, K, device=dev)
+    beta = torch.rand(B, T, HV, device=dev).to(bf)
+    ix = prepare_chunk_index(None, batch=B, seq_len=T, chunk_size=64, device=torch.device(dev))
+    scale = K**-0.5
+    plan = gated_ag_plan(LaunchPlan(ag_pass="triton"))
+    row: dict[str, Any] = {"shape": f"{B}x{T}", "HV": HV, "ms": {}, "agree": {}}
+    ref = wy_kda_ag(q, k, g, beta, scale=scale, index=ix, launch=plan)
+    row["ms"]["triton"] = do_bench(lambda: wy_kda_ag(q, k, g, beta, scale=scale, index=ix, launch=plan))
+    for b in builds:
+        lab = _kda_lab(b)
+        got = kda_ag_hopper(q, k, g, beta, scale=scale, index=ix, lab=lab)
+        row["ms"][b] = do_bench(lambda lab=lab: kda_ag_hopper(q, k, g, beta, scale=scale, index=ix, lab=lab))
+        if not lab:
+            row["agree"][b] = {n: float((a.double() - r.double()).norm() / r.double().norm())
+                               for n, a, r in (("ag", got[0], ref[0]), ("aqk", got[1], ref[1]))}  # fmt: skip
+    return row
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="1x65536,8x8192,1x131072")
     ap.add_argument("--hv", type=int, default=16)
-    ap.add_argument("--builds", default="free,b4,q,b4+q", help="the TileLang builds to time (free, bN, q, joined by +)")
+    ap.add_argument("--builds", default="free,b4,q,b4+q",
+                    help="the TileLang builds to time (free, bN, q, lab switches, joined by +)")  # fmt: skip
+    ap.add_argument("--modes", default=",".join(MODES), help=f"the pass's modes to time ({', '.join(MODES)})")
+    ap.add_argument("--kda-builds", default="", help="KDA's TileLang Ag builds to time (free, lab switches, joined by +)")
+    ap.add_argument("--jobs", type=int, default=8, help="TileLang builds compiled side by side first")
     ap.add_argument("--out", type=Path, default=Path("/tmp/ag_pass_lab"))
     a = ap.parse_args(argv)
-    builds = tuple(a.builds.split(","))
+    builds = tuple(a.builds.split(",")) if a.builds else ()
+    modes = tuple(a.modes.split(","))
+    kda_builds = tuple(a.kda_builds.split(",")) if a.kda_builds else ()
     try:
         for b in builds:
             _build_knobs(b)
+        for b in kda_builds:
+            _kda_lab(b)
+        if set(modes) - set(MODES):
+            raise ValueError(f"--modes: unknown {sorted(set(modes) - set(MODES))} (known: {', '.join(MODES)})")
     except ValueError as err:
         ap.error(str(err))
+    t0 = time.perf_counter()
+    compile_s = compile_all([a.hv], builds, modes, kda_builds, a.jobs)
+    print(f"compiled {len(compile_s)} builds in {time.perf_counter() - t0:.0f} s", flush=True)
     from kernels.autotune import load_autotune
 
     table = load_autotune(ROOT / "benchmarks/results/autotune_h200.json")
     rows = []
     for shape in a.shapes.split(","):
         B, T = (int(x) for x in shape.split("x"))
-        rows.append(run_shape(B, T, a.hv, table, builds))
+        rows.append(run_shape(B, T, a.hv, table, builds, modes))
         print(json.dumps(rows[-1]), flush=True)
-    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}
+    kda_rows = []
+    for shape in a.shapes.split(",") if kda_builds else ():
+        B, T = (int(x) for x in shape.split("x"))
+        kda_rows.append(run_kda_shape(B, T, a.hv, kda_builds))
+        print(json.dumps(kda_rows[-1]), flush=True)
+    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "argv": sys.argv[1:],
+           "compile_s": compile_s, "rows": rows, "kda_rows": kda_rows}  # fmt: skip
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "ag_pass_lab.json").write_text(json.dumps(out, indent=1))
     names = [f"tilelang {b}" for b in builds]
     lines = ["| shape | HV | mode | floor ms | Triton ms | " + " | ".join(f"{n} ms | {n}/Triton | {n} Ag rel L2" for n in names)
              + " | kkt_solve ms |", "|---|---:|---|---:|---:|" + "---:|---:|---:|" * len(names) + "---:|"]  # fmt: skip
     for r in rows:
-        for mode in ("ag", "ag+bnd", "ag+bnd+rev"):
+        for mode in modes:
             tr = r["ms"][f"triton {mode}"]
             cells = " | ".join(f"{r['ms'][f'{n} {mode}']:.3f} | {r['ms'][f'{n} {mode}'] / tr:.2f} | "
                                f"{r['agree'][f'{n} {mode}']['ag_rel_l2']:.1e}" for n in names)  # fmt: skip
             kk = r["ms"].get("flashqla kkt_solve", float("nan")) if mode == "ag" else float("nan")
             lines.append(f"| {r['shape']} | {r['HV']} | {mode} | {r['floor_ms'][mode]:.3f} | {tr:.3f} | {cells} | {kk:.3f} |")
+    if kda_rows:
+        lines += ["", "KDA's Ag pass, gated form (ms; each build against free: what the part it leaves out costs):", "",
+                  "| shape | HV | Triton gated | " + " | ".join(f"{b} | {b} - free" for b in kda_builds) + " |",
+                  "|---|---:|---:|" + "---:|---:|" * len(kda_builds)]  # fmt: skip
+        for r in kda_rows:
+            free = r["ms"].get("free", float("nan"))
+            cells = " | ".join(f"{r['ms'][b]:.3f} | {r['ms'][b] - free:+.3f}" for b in kda_builds)
+            lines.append(f"| {r['shape']} | {r['HV']} | {r['ms']['triton']:.3f} | {cells} |")
     (a.out / "ag_pass_lab.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

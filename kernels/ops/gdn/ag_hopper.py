@@ -41,13 +41,24 @@ from kernels.ops.gdn.tilelang_hopper import (
 from kernels.parallel_compile import build_beside
 from kernels.plan import LaunchPlan
 
-__all__ = ["AG_HOPPER_AUTO", "AG_HOPPER_SUMS", "ag_hopper", "ag_hopper_refusal", "ag_hopper_wanted", "ag_macros",
+__all__ = ["AG_HOPPER_AUTO", "AG_HOPPER_SUMS", "AG_LAB_SWITCHES", "ag_hopper", "ag_hopper_refusal", "ag_hopper_wanted", "ag_macros",
            "dense_chunk_table"]  # fmt: skip
 
 _WHAT = "Ag pass"  # how the refusals name this kernel
 # the optional sums of one build (bits of its `sums` key): the forward's bound summary, the backward's reverse sums
 AG_HOPPER_SUMS = {"bnd": 1, "rev": 2}
 _THREADS = 128
+# the lab's switches (`benchmarks/ag_pass_lab.py --builds free+no_subst,...`): each leaves one part of a program out,
+# for timing only (Ag is then wrong): where the time of a (chunk, head) program goes. The solve's two are shared with
+# KDA's pass (`ag_macros`), which has its own too (`kernels.ops.kda.ag_hopper.KDA_AG_LAB_SWITCHES`)
+AG_LAB_SWITCHES = {
+    "no_gram": "no k k^T product (A from a cleared tile)",
+    "no_exp": "A without its decay factors e^(G_i - G_j)",
+    "no_subst": "no forward substitution of the diagonal blocks (D^-1 left cleared)",
+    "no_products": "none of the solve's four tf32 products (N and T from cleared tiles)",
+    "no_store": "no Ag store, nor its staging",
+}
+SOLVE_LAB_SWITCHES = frozenset({"no_subst", "no_products"})
 # whether `LaunchPlan.ag_pass = "auto"` takes this kernel (in bf16 where nothing refuses it). Off: right on the H200
 # (session 29, its GPU tests passed) but 2.1x the Triton pass's time: 0.415 ms against 0.200 at 1x64K, HV 16, for Ag
 # alone (floor 0.098; FlashQLA's kkt_solve 0.223), 1.28x with both sums (0.545 / 0.427), every build alike
@@ -69,13 +80,20 @@ def ag_hopper_wanted(k: Tensor, BT: int, launch: LaunchPlan | None, v: Tensor | 
                            auto=AG_HOPPER_AUTO and k.dtype == torch.bfloat16)  # fmt: skip
 
 
-def ag_macros(T: Any, quad: bool = False) -> Any:
+def check_lab(lab: frozenset[str], known: dict[str, str]) -> None:
+    """A one-line ValueError for a lab switch the kernel does not know."""
+    unknown = set(lab) - set(known)
+    if unknown:
+        raise ValueError(f"unknown lab switches {sorted(unknown)}; known: {sorted(known)}")
+
+
+def ag_macros(T: Any, quad: bool = False, lab: frozenset[str] = frozenset()) -> Any:
     """The TileLang macros (`T`: `tilelang.language` of the build) an Ag pass of chunk 64 and head dim 128 shares
     (GDN's here, KDA's `kernels.ops.kda.ag_hopper`): `row_squares`, the forward's decay-bound summary (`bound_logs`,
     `chunk_bound`: `wy.py`'s `_chunk_bound` from x (the token's gate), beta, ||k||^2, ||v||^2), a staged tile's
     store (`store_rows`) and the block solve
     of A^T in fp32 shared memory to T = (I + A)^-1 in a fragment (`block_solve`, or with `quad` `block_solve_quad`:
-    module docstring)."""
+    module docstring). lab: `SOLVE_LAB_SWITCHES` (timing only)."""
     from kernels.common.wy import BOUND_MARGIN  # (the Triton pass's rounding; wy.py imports Triton: here, not above)
 
     K, C = 128, 64
@@ -136,7 +154,7 @@ def ag_macros(T: Any, quad: bool = False) -> Any:
         T.clear(dinv_s)  # (after the gram: these may take k's bytes)
         T.clear(dinvt_s)
         # D^-1: column j of the inverse of diagonal block d by forward substitution (one thread each)
-        if tx < C:
+        if tx < C and "no_subst" not in lab:
             d = tx // 16
             j = tx % 16
             for i in T.unroll(16):
@@ -149,7 +167,10 @@ def ag_macros(T: Any, quad: bool = False) -> Any:
         T.fence_proxy_async()
 
         # N = D^-1 A off its diagonal blocks, N^2, N^3 (tf32); T = (I - N + N^2 - N^3) D^-1
-        T.gemm(dinv_s, at_s, n_f, transpose_B=True, clear_accum=True)
+        if "no_products" in lab:
+            T.clear(n_f)
+        else:
+            T.gemm(dinv_s, at_s, n_f, transpose_B=True, clear_accum=True)
         for r, c in T.Parallel(C, C):
             n_f[r, c] = T.if_then_else(r // 16 > c // 16, n_f[r, c], 0)
         for r, c in T.Parallel(C, C):
@@ -161,15 +182,24 @@ def ag_macros(T: Any, quad: bool = False) -> Any:
     def block_solve(at_s, dinv_s, dinvt_s, n_s, t_l, n_f, n2_f, n3_f, t_f, tx):
         """T = (I + A)^-1 into t_f from A^T (strictly upper, fp32) in at_s: N^2 and N^3 by dense products."""
         inverse_and_n(at_s, dinv_s, dinvt_s, n_s, t_l, n_f, tx)
-        T.gemm(n_s, at_s, n2_f, transpose_B=True, clear_accum=True)
+        if "no_products" in lab:
+            T.clear(n2_f)
+        else:
+            T.gemm(n_s, at_s, n2_f, transpose_B=True, clear_accum=True)
         for r, c in T.Parallel(C, C):
             dinv_s[c, r] = n2_f[r, c]
         T.fence_proxy_async()
-        T.gemm(n_s, dinv_s, n3_f, transpose_B=True, clear_accum=True)
+        if "no_products" in lab:
+            T.clear(n3_f)
+        else:
+            T.gemm(n_s, dinv_s, n3_f, transpose_B=True, clear_accum=True)
         for r, c in T.Parallel(C, C):
             at_s[r, c] = T.if_then_else(r == c, 1.0, 0.0) - n_f[r, c] + n2_f[r, c] - n3_f[r, c]
         T.fence_proxy_async()
-        T.gemm(at_s, dinvt_s, t_f, transpose_B=True, clear_accum=True)
+        if "no_products" in lab:
+            T.copy(at_s, t_f)
+        else:
+            T.gemm(at_s, dinvt_s, t_f, transpose_B=True, clear_accum=True)
 
     @T.macro
     def block_solve_quad(at_s, dinv_s, dinvt_s, n_s, t_l, n_f, q_f, n2_s, n3_f, n3_s, t_f, tx):
@@ -199,13 +229,16 @@ def ag_macros(T: Any, quad: bool = False) -> Any:
 
 
 @functools.cache
-def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int, blocks: int = 0, quad: bool = False) -> Any:
+def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int, blocks: int = 0, quad: bool = False,
+           lab: frozenset[str] = frozenset()) -> Any:  # fmt: skip
     """The compiled kernel for these heads, dtypes (inputs, gate, beta) and sums (TileLang JIT, cached on disk by
     TileLang too); blocks > 0: ask ptxas for that many programs an SM (`__launch_bounds__`' second argument, a
     register cap of 65536 / (128 blocks)), `benchmarks/ag_pass_lab.py --blocks`; quad: N^2 and N^3 from their nonzero
     blocks alone (a 32x32x32 product and a 16x16x16 one on the CUDA cores instead of two 64x64x64: half the tf32 work),
-    `ag_pass_lab.py --quad`."""
+    `ag_pass_lab.py --quad`; lab: `AG_LAB_SWITCHES` (timing only)."""
     import tilelang.language as T
+
+    check_lab(lab, AG_LAB_SWITCHES)
 
     K = V = 128
     C = 64
@@ -224,7 +257,7 @@ def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int, blocks: int 
 
     @hopper_jit()
     def build() -> Any:
-        mac = ag_macros(T, quad)
+        mac = ag_macros(T, quad, lab & SOLVE_LAB_SWITCHES)
 
         @T.prim_func
         def ag_pass(
@@ -293,7 +326,10 @@ def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int, blocks: int 
 
                 # A = StrictLower(beta_i k_i.k_j e^(G_i - G_j)), stored transposed; ||k||^2 from the gram's diagonal
                 T.barrier_wait(loaded, 0)
-                T.gemm(k_s, k_s, a_f, transpose_B=True, clear_accum=True)
+                if "no_gram" in lab:
+                    T.clear(a_f)
+                else:
+                    T.gemm(k_s, k_s, a_f, transpose_B=True, clear_accum=True)
                 if HAS_BND or HAS_REV:
                     for r, c in T.Parallel(C, C):
                         if r == c:
@@ -322,8 +358,12 @@ def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int, blocks: int 
                             rc[i_c, i_h, 0] = cl_s[C - 1] + margin * al_s[C - 1]
                             rc[i_c, i_h, 1] = al_s[C - 1]
 
-                for r, c in T.Parallel(C, C):
-                    at_s[c, r] = T.if_then_else(r > c, a_f[r, c] * b_s[r] * T.exp(gc_s[r] - gc_s[c]), 0)
+                if "no_exp" in lab:
+                    for r, c in T.Parallel(C, C):
+                        at_s[c, r] = T.if_then_else(r > c, a_f[r, c] * b_s[r], 0)
+                else:
+                    for r, c in T.Parallel(C, C):
+                        at_s[c, r] = T.if_then_else(r > c, a_f[r, c] * b_s[r] * T.exp(gc_s[r] - gc_s[c]), 0)
 
                 if quad:
                     mac.block_solve_quad(at_s, dinv_s, dinvt_s, n_s, t_l, n_f, q_f, n2_s, n3_f, n3_s, t_f, tx)
@@ -332,11 +372,12 @@ def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int, blocks: int 
                 # Ag = T diag(beta) (zeros above the diagonal), staged in shared memory: one copy of a full chunk, row
                 # by row below the sequence's end for a partial one (every thread's writes fenced and synced before
                 # either branch reads the tile: `kernels.ops.gdn.reverse_bwd`'s lesson of session 24)
-                for r, c in T.Parallel(C, C):
-                    ag_s[r, c] = T.cast(T.if_then_else(r >= c, t_f[r, c] * b_s[c], 0), io)
-                T.fence_proxy_async()
-                T.sync_threads()
-                mac.store_rows(ag_s, ag, t0, eos, i_h)
+                if "no_store" not in lab:
+                    for r, c in T.Parallel(C, C):
+                        ag_s[r, c] = T.cast(T.if_then_else(r >= c, t_f[r, c] * b_s[c], 0), io)
+                    T.fence_proxy_async()
+                    T.sync_threads()
+                    mac.store_rows(ag_s, ag, t0, eos, i_h)
 
         return ag_pass
 
@@ -357,10 +398,12 @@ def dense_chunk_table(N: int, T: int, device: torch.device) -> tuple[Tensor, Ten
 def ag_hopper(
     k: Tensor, g: Tensor, beta: Tensor, *, index: ChunkIndex, bnd: Tensor | None = None, v: Tensor | None = None,
     rev: tuple[Tensor, Tensor] | None = None, q: Tensor | None = None, blocks: int = 0, quad: bool = False,
+    lab: frozenset[str] = frozenset(),
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """`wy_gdn_ag`'s outputs and sums (its arguments, checked there) on this kernel: (ag `[B, T, HV, 64]` in k's
     dtype, gcum fp32 `[B, T, HV]`), bnd and rev filled where given. Raises ValueError where `ag_hopper_refusal`
-    gives a reason. blocks, quad: `_build`'s (lab knobs; the defaults: ptxas free, the dense products)."""
+    gives a reason. blocks, quad, lab: `_build`'s (lab knobs; the defaults: ptxas free, the dense products, the
+    whole pass)."""
     B, T, Hk, K = k.shape
     HV = g.shape[2]
     BT = index.chunk_size
@@ -371,7 +414,7 @@ def ag_hopper(
         raise ValueError(f"the TileLang Ag pass takes k (and q, v) in one of bf16, fp16, got k {k.dtype}")
     dev = k.device
     sums = (AG_HOPPER_SUMS["bnd"] if bnd is not None else 0) | (AG_HOPPER_SUMS["rev"] if rev is not None else 0)
-    build = (HV, Hk, TL_DTYPES[k.dtype], TL_DTYPES[g.dtype], TL_DTYPES[beta.dtype], sums, blocks, quad)
+    build = (HV, Hk, TL_DTYPES[k.dtype], TL_DTYPES[g.dtype], TL_DTYPES[beta.dtype], sums, blocks, quad, lab)
     kern = None if build_beside(("ag_hopper", *build), _build, *build) else _build(*build)
     if index.is_varlen:
         cu, ci = index.cu_seqlens.int(), index.chunk_indices.int()

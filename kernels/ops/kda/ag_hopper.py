@@ -31,7 +31,7 @@ from torch import Tensor
 
 from kernels.common.decay import GATE_FLOOR
 from kernels.common.index import ChunkIndex
-from kernels.ops.gdn.ag_hopper import ag_macros, dense_chunk_table
+from kernels.ops.gdn.ag_hopper import AG_LAB_SWITCHES, SOLVE_LAB_SWITCHES, ag_macros, check_lab, dense_chunk_table
 from kernels.ops.gdn.tilelang_hopper import (
     TL_DTYPES,
     hopper_jit,
@@ -44,10 +44,18 @@ from kernels.ops.kda.ag_torch import FAST_SPAN
 from kernels.parallel_compile import build_beside
 from kernels.plan import LaunchPlan
 
-__all__ = ["KDA_AG_HOPPER_AUTO", "kda_ag_hopper", "kda_ag_hopper_refusal", "kda_ag_hopper_wanted"]
+__all__ = ["KDA_AG_HOPPER_AUTO", "KDA_AG_LAB_SWITCHES", "kda_ag_hopper", "kda_ag_hopper_refusal", "kda_ag_hopper_wanted"]
 
 _WHAT = "KDA Ag pass"  # how the refusals name this kernel
 _THREADS = 128
+# the lab's switches (`benchmarks/ag_pass_lab.py --kda-builds`; as GDN's `AG_LAB_SWITCHES`, timing only): each leaves
+# one part of a program out; the solve's two are GDN's
+KDA_AG_LAB_SWITCHES = {
+    "no_keys": "no qg, ke, kd stores",
+    "no_blocks": "none of the four blocks' operands and products (A^T, Aqk from cleared tiles)",
+    "no_store": "no Ag, Aqk stores, nor their staging",
+    **{s: AG_LAB_SWITCHES[s] for s in sorted(SOLVE_LAB_SWITCHES)},
+}
 # whether `LaunchPlan.ag_pass = "auto"` takes this kernel for KDA. Off: right on the H200 (session 29, its GPU tests
 # passed; o 2.94e-3 against the Triton pass's 3.04e-3) but slower: 7.79 ms at 1x128K, HV 16, against the Triton
 # gated pass's 6.58 (floor 0.90), 3.94 against 3.24 at 8x8K (benchmarks/results/kda_fused_lab_s29_h200.md)
@@ -71,10 +79,13 @@ def kda_ag_hopper_wanted(k: Tensor, BT: int, launch: LaunchPlan | None, v: Tenso
 
 
 @functools.cache
-def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool, store_t: bool = False) -> Any:
+def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool, store_t: bool = False,
+           lab: frozenset[str] = frozenset()) -> Any:  # fmt: skip
     """The compiled kernel for these heads, scale, gate and beta dtypes, with or without the bound summary and T's
-    store (TileLang JIT, cached on disk by TileLang too)."""
+    store (TileLang JIT, cached on disk by TileLang too); lab: `KDA_AG_LAB_SWITCHES` (timing only)."""
     import tilelang.language as T
+
+    check_lab(lab, KDA_AG_LAB_SWITCHES)
 
     K = V = 128
     C = 64
@@ -88,7 +99,7 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool, store
 
     @hopper_jit()
     def build() -> Any:
-        mac = ag_macros(T)
+        mac = ag_macros(T, lab=lab & SOLVE_LAB_SWITCHES)
 
         @T.macro
         def block_products(q_s, k_s, gs_s, r_s, rh_f, rl_f, lk_s, lqh_s, lql_s, b_s, at_s, aq_s, pk_f, pq_f, fastv, I):  # fmt: skip
@@ -211,7 +222,7 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool, store
                 # the gated keys (every factor e^(<= 0))
                 T.barrier_wait(loaded, 0)
                 for r, c in T.Parallel(C, K):
-                    if t0 + r < eos:
+                    if t0 + r < eos and "no_keys" not in lab:
                         qg[t0 + r, i_h, c] = T.cast(scale * T.cast(q_s[r, c], fp32) * T.exp(gs_s[r, c]), io)
                         ke[t0 + r, i_h, c] = T.cast(T.cast(k_s[r, c], fp32) * T.exp(gs_s[r, c]), io)
                         kd[t0 + r, i_h, c] = T.cast(T.cast(k_s[r, c], fp32) * T.exp(gs_s[C - 1, c] - gs_s[r, c]), io)
@@ -244,22 +255,27 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool, store
                         T.reduce_sum(xf, vv_s, dim=1, clear=False)
                     mac.chunk_bound(b_s, kk_s, vv_s, e_s, em_s, cl_s, al_s, bnd, i_c, i_h, tx)
 
-                for I in range(4):
-                    block_products(q_s, k_s, gs_s, r_s, rh_f, rl_f, lk_s, lqh_s, lql_s, b_s, at_s, aq_s, pk_f, pq_f,
-                                   fastv, I)  # fmt: skip
-                if fastv == 0:
-                    diagonal_exact(q_s, k_s, gs_s, b_s, at_s, aq_s, tx)
+                if "no_blocks" in lab:
+                    T.clear(at_s)
+                    T.clear(aq_s)
+                else:
+                    for I in range(4):
+                        block_products(q_s, k_s, gs_s, r_s, rh_f, rl_f, lk_s, lqh_s, lql_s, b_s, at_s, aq_s, pk_f,
+                                       pq_f, fastv, I)  # fmt: skip
+                    if fastv == 0:
+                        diagonal_exact(q_s, k_s, gs_s, b_s, at_s, aq_s, tx)
                 T.sync_threads()
 
                 mac.block_solve(at_s, dinv_s, dinvt_s, n_s, t_l, n_f, n2_f, n3_f, t_f, tx)
                 # Ag = T diag(beta) (zeros above the diagonal) and Aqk, staged: every thread's writes fenced and synced
                 # before either store reads them (`kernels.ops.gdn.reverse_bwd`'s lesson of session 24)
-                for r, c in T.Parallel(C, C):
-                    ag_s[r, c] = T.cast(T.if_then_else(r >= c, t_f[r, c] * b_s[c], 0), io)
-                T.fence_proxy_async()
-                T.sync_threads()
-                mac.store_rows(ag_s, ag, t0, eos, i_h)
-                mac.store_rows(aq_s, aqk, t0, eos, i_h)
+                if "no_store" not in lab:
+                    for r, c in T.Parallel(C, C):
+                        ag_s[r, c] = T.cast(T.if_then_else(r >= c, t_f[r, c] * b_s[c], 0), io)
+                    T.fence_proxy_async()
+                    T.sync_threads()
+                    mac.store_rows(ag_s, ag, t0, eos, i_h)
+                    mac.store_rows(aq_s, aqk, t0, eos, i_h)
                 if store_t:  # T itself for the backward (`kernels.ops.kda.ag_bwd`: no `wy_inverse` there)
                     tt_s = T.alloc_shared((C, C), io)
                     for r, c in T.Parallel(C, C):
@@ -275,12 +291,12 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool, store
 
 def kda_ag_hopper(
     q: Tensor, k: Tensor, g: Tensor, beta: Tensor, *, scale: float, index: ChunkIndex, bnd: Tensor | None = None,
-    v: Tensor | None = None, store_t: bool = False,
+    v: Tensor | None = None, store_t: bool = False, lab: frozenset[str] = frozenset(),
 ) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]]:  # fmt: skip
     """`wy_kda_ag`'s gated outputs (its arguments, checked there) on this kernel: (ag, aqk `[B, T, HV, 64]` bf16,
     (qg, ke, kd `[B, T, HV, K]` bf16, gc `[NT, HV, K]` fp32, T = (I + A)^-1 `[B, T, HV, 64]` bf16 with store_t, else
     None)), bnd filled where given (it needs v). Raises ValueError where `kda_ag_hopper_refusal` gives a reason or q,
-    k are not bf16."""
+    k are not bf16. lab: `_build`'s (timing only)."""
     B, T, Hk, K = k.shape
     HV = g.shape[2]
     BT = index.chunk_size
@@ -290,7 +306,7 @@ def kda_ag_hopper(
     if q.dtype != torch.bfloat16 or k.dtype != torch.bfloat16 or (v is not None and v.dtype != torch.bfloat16):
         raise ValueError(f"the TileLang {_WHAT} takes q, k (and v) in bf16, got q {q.dtype}, k {k.dtype}")
     dev = k.device
-    build = (HV, Hk, float(scale), TL_DTYPES[g.dtype], TL_DTYPES[beta.dtype], bnd is not None, store_t)
+    build = (HV, Hk, float(scale), TL_DTYPES[g.dtype], TL_DTYPES[beta.dtype], bnd is not None, store_t, lab)
     kern = None if build_beside(("kda_ag_hopper", *build), _build, *build) else _build(*build)
     if index.is_varlen:
         cu, ci = index.cu_seqlens.int(), index.chunk_indices.int()

@@ -12,7 +12,7 @@ registers, three programs an SM), "bN" (N programs an SM asked of ptxas: 4 caps 
 shared memory allows: without sums), "q" (N^2 and N^3 from their nonzero blocks: half the tf32 work), and the lab
 switches (`ag_hopper.AG_LAB_SWITCHES`: each leaves one part of a program out, for timing only), joined by "+".
 --kda-builds (session 29): KDA's TileLang Ag pass (`kernels.ops.kda.ag_hopper`, the gated form, no bound) beside the
-Triton pass's gated variant on KDA inputs at the same shapes: "free" and the switches of `KDA_AG_LAB_SWITCHES`,
+Triton pass's gated variant (alone, and storing T as under keep "ag") on KDA inputs at the same shapes: "free" and the switches of `KDA_AG_LAB_SWITCHES`,
 joined by "+". Every TileLang build is compiled first, `--jobs` processes side by side (TileLang's disk cache then
 serves the timing process). A switched build's time against "free" is what the part it leaves out costs.
 
@@ -185,6 +185,9 @@ def run_kda_shape(B: int, T: int, HV: int, builds: tuple[str, ...]) -> dict[str,
     row: dict[str, Any] = {"shape": f"{B}x{T}", "HV": HV, "ms": {}, "agree": {}}
     ref = wy_kda_ag(q, k, g, beta, scale=scale, index=ix, launch=plan)
     row["ms"]["triton"] = do_bench(lambda: wy_kda_ag(q, k, g, beta, scale=scale, index=ix, launch=plan))
+    # with T stored too (what the forward runs under keep "ag": the backward then runs no `wy_inverse`)
+    row["ms"]["triton store_t"] = do_bench(lambda: wy_kda_ag(q, k, g, beta, scale=scale, index=ix, launch=plan,
+                                                             store_t=True))  # fmt: skip
     for b in builds:
         lab = _kda_lab(b)
         got = kda_ag_hopper(q, k, g, beta, scale=scale, index=ix, lab=lab)
@@ -250,12 +253,12 @@ def main(argv: list[str] | None = None) -> None:
             lines.append(f"| {r['shape']} | {r['HV']} | {mode} | {r['floor_ms'][mode]:.3f} | {tr:.3f} | {cells} | {kk:.3f} |")
     if kda_rows:
         lines += ["", "KDA's Ag pass, gated form (ms; each build against free: what the part it leaves out costs):", "",
-                  "| shape | HV | Triton gated | " + " | ".join(f"{b} | {b} - free" for b in kda_builds) + " |",
-                  "|---|---:|---:|" + "---:|---:|" * len(kda_builds)]  # fmt: skip
+                  "| shape | HV | Triton gated | with T | " + " | ".join(f"{b} | {b} - free" for b in kda_builds) + " |",
+                  "|---|---:|---:|---:|" + "---:|---:|" * len(kda_builds)]  # fmt: skip
         for r in kda_rows:
             free = r["ms"].get("free", float("nan"))
             cells = " | ".join(f"{r['ms'][b]:.3f} | {r['ms'][b] - free:+.3f}" for b in kda_builds)
-            lines.append(f"| {r['shape']} | {r['HV']} | {r['ms']['triton']:.3f} | {cells} |")
+            lines.append(f"| {r['shape']} | {r['HV']} | {r['ms']['triton']:.3f} | {r['ms']['triton store_t']:.3f} | {cells} |")
     (a.out / "ag_pass_lab.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

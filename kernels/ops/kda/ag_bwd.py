@@ -12,15 +12,15 @@ G_C `[NT, HV, K]` fp32 (`KEPT_GATED`). The backward then runs
        w = Ag ke,   u = Ag V
 
    what `wy_kda_fwd` gives (its kg is kd, its gc G_C, its qg and Aqk the kept ones);
-2. `chunk_bwd` for KDA with those factors (`wy=`): T as the forward's TileLang Ag pass stored it (`GatedKeys.tt`,
-   kept as "tt" where that pass ran), else by `wy_inverse` (1.2 ms at 1x64K; KDA's M, the beta-free decayed gram, is
-   not formed from the kept tensors: T = I - Ag M would need it); its state recompute, reverse state pass and
-   gradients.
+2. `chunk_bwd` for KDA with those factors (`wy=`): T as the forward's Ag pass stored it (`GatedKeys.tt`, kept as
+   "tt": both passes store it since session 29), else by `wy_inverse` (1.2 ms at 1x64K; KDA's M, the beta-free
+   decayed gram, is not formed from the kept tensors: T = I - Ag M would need it); its state recompute, reverse state
+   pass and gradients.
 
 Bytes per token-head of step 1 (bf16, K = V = 128, chunk 64): reads Ag (128), ke, v (512); writes w, u (512): 1.15 KB,
 against `wy_kda_fwd`'s reads of q, k, v, g (fp32), beta and writes of w, u, kg, qg, Aqk (~2.4 KB) and its per-key
-exponentials. What the forward holds: 3 x [T, HV, K] + 2 x [T, HV, 64] bf16 + G_C: 1.0 KB per token-head, less than
-"wy"'s (w, u, kg, qg, Aqk: 1.15 KB).
+exponentials. What the forward holds: 3 x [T, HV, K] + 3 x [T, HV, 64] bf16 (with T) + G_C: 1.15 KB per token-head,
+as much as "wy"'s (w, u, kg, qg, Aqk: 1.15 KB).
 """
 
 from __future__ import annotations

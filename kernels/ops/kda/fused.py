@@ -66,7 +66,7 @@ def kda_fused_fwd(
     if keep is not None:
         assert isinstance(gates, GatedKeys)
         keep.update(ag=ag, aqk=aqk, qg=gates.qg, ke=gates.ke, kd=gates.kd, gc=gates.gc)
-        if gates.tt is not None:  # (the TileLang Ag pass's T: the backward runs no `wy_inverse`)
+        if gates.tt is not None:  # (the Ag pass's T: the backward runs no `wy_inverse`)
             keep["tt"] = gates.tt
     opts = {"scale": scale, "index": index, "launch": launch, "initial_state": initial_state,
             "output_final_state": output_final_state, "split_chunks": split_chunks, "warm": warm,

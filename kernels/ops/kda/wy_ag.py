@@ -89,7 +89,7 @@ class GatedKeys(NamedTuple):
     ke: Tensor  # [B, T, HV, K] in k's dtype: K exp(G) (w = Ag ke: W = V - ke S)
     kd: Tensor  # [B, T, HV, K] in k's dtype: K exp(G_C - G) (the state update)
     gc: Tensor  # [NT_total, HV, K] fp32: G_C, the gate cumsum at the chunk's last row (the state's decay)
-    tt: Tensor | None = None  # [B, T, HV, BT] in k's dtype: T = (I + A)^-1 (the TileLang pass with store_t), or None
+    tt: Tensor | None = None  # [B, T, HV, BT] in k's dtype: T = (I + A)^-1 (with store_t), or None
 
 
 @triton.jit
@@ -112,6 +112,7 @@ def _gate_rowmax4(g, bos, t0, T, i_h, H: tl.constexpr, K: tl.constexpr, BK: tl.c
         "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
         "HAS_BOUND": lambda args: args["bnd"] is not None,
         "GATED": lambda args: args["kd"] is not None,
+        "STORE_T": lambda args: args["tt"] is not None,
         "G": group_heads("g"),
     }
 )
@@ -129,9 +130,10 @@ def wy_kda_ag_fwd_kernel(
     cu_seqlens,  # [N+1] int32 or None
     chunk_indices,  # [NT_total, 2] int32 or None
     bnd,  # out [NT_total, HV, 2] fp32 or None: the chunk's decay-bound summary (L, W) (`_chunk_bound`, warm_split)
+    tt,  # out [B, T, HV, BT] or None: T = (I + A)^-1 itself, zeros above the diagonal (for the backward from Ag)
     scale, T,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr, HAS_BOUND: tl.constexpr, G: tl.constexpr, GATED: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_BOUND: tl.constexpr, G: tl.constexpr, GATED: tl.constexpr, STORE_T: tl.constexpr,
 ):  # fmt: skip
     i_hv, i_tg, bos, t0, T, _ = _wy_chunk(cu_seqlens, chunk_indices, None, T, HV, BT, IS_VARLEN, False)
     b0, b1, b2, b3 = _load_vec4(beta, bos, t0, T, i_hv, HV)
@@ -159,6 +161,9 @@ def wy_kda_ag_fwd_kernel(
     )
     T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _solve(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33)
     _store_ag(ag, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, b0, b1, b2, b3, bos, t0, T, i_hv, HV, BT)
+    if STORE_T:  # T with unit columns: the backward's T (no `wy_inverse` there)
+        one = tl.full([16], 1.0, tl.float32)
+        _store_ag(tt, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, one, one, one, one, bos, t0, T, i_hv, HV, BT)
     if HAS_BOUND:
         x0, x1, x2, x3 = _gate_rowmax4(g, bos, t0, T, i_hv, HV, K, BK)
         kk0, kk1, kk2, kk3 = _row_squares(k, bos, t0, T, i_hv // G, HV // G, K, BK)
@@ -175,9 +180,10 @@ def wy_kda_ag(
     q, k `[B, T, H, K]`; g `[B, T, HV, K]`, beta `[B, T, HV]`, HV a multiple of H (value head h reads key head
     h // (HV / H)). bnd: fp32 `[NT_total, HV, 2]` or None: receives each chunk's decay-bound summary (L, W), as
     `wy_kda_fwd(bnd=)`; it needs v `[B, T, HV, V]` (its rows' norms; v is not read otherwise).
-    With the plan's `ag_pass` on TileLang (`kernels.ops.kda.ag_hopper.kda_ag_hopper_wanted`) the pass is that
-    kernel's, which stores the gated form whatever the config's variant, and with store_t T = (I + A)^-1 too
-    (`GatedKeys.tt`, for the backward from Ag; the Triton pass leaves it None).
+    store_t: in the gated form, also T = (I + A)^-1 (`GatedKeys.tt`, for the backward from Ag: it then runs no
+    `wy_inverse`); the G form ignores it. With the plan's `ag_pass` on TileLang
+    (`kernels.ops.kda.ag_hopper.kda_ag_hopper_wanted`) the pass is that kernel's, which stores the gated form whatever
+    the config's variant.
     """
     B, T, H, K = k.shape
     HV = g.shape[2]
@@ -201,12 +207,14 @@ def wy_kda_ag(
     gcum: Tensor | None = None
     if bits & KDA_AG_VARIANTS["gated"]:
         gated = GatedKeys(*(k.new_empty(B, T, HV, K) for _ in range(3)),
-                          gc=torch.empty(index.num_chunks, HV, K, dtype=torch.float32, device=k.device))  # fmt: skip
+                          gc=torch.empty(index.num_chunks, HV, K, dtype=torch.float32, device=k.device),
+                          tt=torch.empty_like(ag) if store_t else None)  # fmt: skip
     else:
         gcum = torch.empty(B, T, HV, K, dtype=torch.float32, device=k.device)
     wy_kda_ag_fwd_kernel[_grid(index, B, T, HV)](
         q, k, v if bnd is not None else None, g, beta, ag, aqk, gcum, *(gated[:4] if gated is not None else (None,) * 4),
-        index.cu_seqlens if index.is_varlen else None, index.chunk_indices if index.is_varlen else None, bnd, scale, T,
+        index.cu_seqlens if index.is_varlen else None, index.chunk_indices if index.is_varlen else None, bnd,
+        gated.tt if gated is not None else None, scale, T,
         HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if gated is not None:

@@ -1,10 +1,11 @@
 """KDA's backward from the forward's kept gated Ag (`kernels.ops.kda.ag_bwd`, the recompute policy "ag") on the Triton
 backend (interpreted on CPU; on a GPU with CPBENCH_TEST_GPU=1 in bf16):
 - `kda_wy_from_ag`: w = Ag ke and u = Ag V per chunk against a torch chunk loop (varlen, partial chunks);
-- the step: KDA's two-kernel forward under `LaunchPlan(keep="ag")` keeps the Ag pass's gated outputs (and no more),
-  the backward forms w, u from them and runs no WY prep (`wy_kda_fwd` not launched, `kda_wy_from_ag` launched); its
-  gradients equal the recompute path's (keep "inputs") to 1e-5 on CPU and autograd through the fp32 per-token
-  reference's (varlen with partial chunks, an initial state, dht, slow-decay gates: 1e-5 on CPU, 5e-3 on a GPU);
+- the step: KDA's two-kernel forward under `LaunchPlan(keep="ag")` keeps the Ag pass's gated outputs and T (and no
+  more), the backward forms w, u from them and runs no WY prep and no inverse (`wy_kda_fwd`, `wy_inverse` not
+  launched, `kda_wy_from_ag` launched); its gradients equal the recompute path's (keep "inputs") to 1e-5 on CPU, those
+  without the kept T (`wy_inverse` launched) to 1e-5, and autograd through the fp32 per-token reference's (varlen
+  with partial chunks, an initial state, dht, slow-decay gates: 1e-5 on CPU, 5e-3 on a GPU);
 - what the forward keeps under "ag" and "ag+states" on each path;
 - the backward refuses a kept dict without the gated outputs in one line.
 """
@@ -55,12 +56,18 @@ def test_the_step_from_the_kept_gated_ag() -> None:
     keep: dict[str, torch.Tensor] = {}
     o, ht = chunk_kda_fwd(q, k, v, g, beta, scale=DIM**-0.5, initial_state=h0, output_final_state=True, cu_seqlens=cu,
                           plan=plan, fwd_path="fused", keep=keep)  # fmt: skip
-    assert set(keep) == set(KEPT_GATED), sorted(keep)
+    assert set(keep) == {*KEPT_GATED, "tt"}, sorted(keep)  # T too: the Triton pass stores it since session 29
     rec.clear()
     opts = {"scale": DIM**-0.5, "initial_state": h0, "dht": dht, "cu_seqlens": cu}
     got = KDA.triton_bwd(q, k, v, g, beta, do, plan=plan, wy=keep, **opts)
     ran = frozenset(rec)
-    assert "kda_wy_from_ag" in ran and "wy_kda_fwd" not in ran, sorted(ran)
+    assert "kda_wy_from_ag" in ran and not {"wy_kda_fwd", "wy_inverse"} & ran, sorted(ran)
+    # without the kept T the backward forms it (`wy_inverse`): the same gradients
+    rec.clear()
+    no_t = KDA.triton_bwd(q, k, v, g, beta, do, plan=plan, wy={n: x for n, x in keep.items() if n != "tt"}, **opts)
+    assert "wy_inverse" in rec, sorted(rec)
+    for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), got, no_t, strict=True):
+        assert_rel_close(f"{name} (kept T vs wy_inverse)", b.float(), a.float(), TOL)
     recomputed = KDA.triton_bwd(q, k, v, g, beta, do, plan=LaunchPlan(), wy=None, **opts)
     for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), got, recomputed, strict=True):
         assert_rel_close(f"{name} (kept Ag vs recompute)", b.float(), a.float(), TOL)
@@ -74,7 +81,7 @@ def test_what_the_forward_keeps_per_path(policy: str) -> None:
     """Under "ag" and "ag+states" (taken as "ag": KDA's walk keeps no chunk states yet) KDA's forward keeps its gated
     Ag pass's outputs on the fused path, and nothing on its "auto" path (the WY one: its backward recomputes)."""
     q, k, v, g, beta, cu, *_ = _varlen_case("kda")
-    for fwd_path, kept in (("auto", set()), ("fused", set(KEPT_GATED))):
+    for fwd_path, kept in (("auto", set()), ("fused", {*KEPT_GATED, "tt"})):
         keep: dict[str, torch.Tensor] = {}
         chunk_kda_fwd(q, k, v, g, beta, scale=DIM**-0.5, cu_seqlens=cu, keep=keep, plan=LaunchPlan(keep=policy),
                       fwd_path=fwd_path)  # fmt: skip

@@ -8,6 +8,7 @@ CPBENCH_TEST_GPU=1):
   CPU (1e-2 on a GPU: tf32 products), bf16 at 1e-2;
 - the per-chunk decay-bound sums (`bnd`) equal `wy_kda_fwd`'s on the same inputs;
 - the `gated` variant: the same Ag and Aqk, and qg, ke, kd, G_C against the fp64 G (the same inputs and layouts);
+  with store_t T itself: unit diagonal, zeros above, T diag(beta) = Ag;
 - bad arguments are refused with one line.
 """
 
@@ -136,6 +137,20 @@ def test_gated_variant_stores_the_gated_keys(layout: str, chunk: int) -> None:
     assert_rel_close("ke", kh * G.exp(), gated.ke, TOL)
     assert_rel_close("kd", kh * (Gc - G).exp(), gated.kd, TOL)
     assert float((Gc - G).max()) <= 1e-9 and float(G.min()) < -300  # every factor <= 1, the masks reached
+    # store_t: T = (I + A)^-1 itself (the backward from Ag's, no `wy_inverse`): unit diagonal, zeros above it, and
+    # Ag = T diag(beta) column by column (beta of the token the column stands for)
+    ag_t, _, gated_t = wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=gated_ag_plan(), store_t=True)
+    assert isinstance(gated_t, GatedKeys) and gated_t.tt is not None and gated.tt is None
+    torch.testing.assert_close(ag_t, ag, rtol=0, atol=0)
+    r = _row_in_chunk(index, B, T).to(DEVICE)  # [B, T]
+    cols = torch.arange(chunk, device=DEVICE)
+    tok = (torch.arange(T, device=DEVICE)[None, :, None] - r[..., None] + cols).clamp(0, T - 1)  # [B, T, C]
+    bcol = beta[torch.arange(B, device=DEVICE)[:, None, None], tok].permute(0, 1, 3, 2).float()  # [B, T, HV, C]
+    tt = gated_t.tt.float()
+    assert bool((tt.masked_fill(above, 0.0) == tt).all())  # zeros above the diagonal
+    diag = tt.gather(3, r[:, :, None, None].expand(B, T, HV, 1))
+    torch.testing.assert_close(diag, torch.ones_like(diag), rtol=0, atol=0)
+    assert_rel_close("T diag(beta)", ag.float(), tt * bcol, TOL)
     with pytest.raises(ValueError, match="unknown VARIANT bits"):
         wy_kda_ag(q, k, g, beta, scale=scale, index=index, launch=default_plan().with_configs(
             {"wy_kda_ag_fwd": dataclasses.replace(WY_KDA_AG_FWD.default, VARIANT=2)}))  # fmt: skip

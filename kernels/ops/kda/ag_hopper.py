@@ -7,7 +7,8 @@ this kernel is tested against the mirror and the Triton pass on the GPU. Written
 Per chunk of C = 64 rows (module docstring of `ag_torch` for the math; G the in-chunk cumsum of the floored per-key
 gate, r_I block I's reference per key):
 
-    G      one thread per key column: the running sum of its 64 gates (128 threads, K = 128 columns)
+    G      the [64, 128] gate tile loaded by all threads at once into shared memory, then one thread per key
+           column: the running sum of its 64 gates (128 threads, K = 128 columns)
     fast   every key's span in every 16-row block < FAST_SPAN (a flag per chunk); r_I the block's midpoint, else
            the gate before it
     qg, ke, kd, G_C    elementwise from q, k, G (stored directly, rows below the sequence's end)
@@ -200,11 +201,16 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool, store
                 T.barrier_arrive(loaded)
                 for r in T.Parallel(C):
                     b_s[r] = T.if_then_else(t0 + r < eos, T.cast(beta[T.min(t0 + r, eos - 1), i_h], fp32), 0)
-                # G: thread tx sums key column tx down the chunk
+                # G: the chunk's gates loaded by every thread at once, then thread tx sums key column tx down the
+                # chunk in shared memory. (Session 28's thread summed its column straight from memory: 64 loads in a
+                # dependent chain, the likely cause of the 2.1 ms of 4.0 at 1x64K that none of the lab's switches
+                # took away on the H200, `benchmarks/results/ag_pass_lab_parts_s29_h200.md`)
+                for r, c in T.Parallel(C, K):
+                    gs_s[r, c] = T.cast(g[T.min(t0 + r, eos - 1), i_h, c], fp32)
+                T.sync_threads()
                 acc = 0.0
                 for r in T.unroll(C):
-                    acc = acc + T.if_then_else(t0 + r < eos, T.max(T.cast(g[T.min(t0 + r, eos - 1), i_h, tx], fp32),
-                                                                   floor), 0.0)  # fmt: skip
+                    acc = acc + T.if_then_else(t0 + r < eos, T.max(gs_s[r, tx], floor), 0.0)
                     gs_s[r, tx] = acc
                 sp_s[tx] = T.max(T.max(0.0 - gs_s[15, tx], gs_s[15, tx] - gs_s[31, tx]),
                                  T.max(gs_s[31, tx] - gs_s[47, tx], gs_s[47, tx] - gs_s[63, tx]))  # fmt: skip

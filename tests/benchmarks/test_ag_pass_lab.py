@@ -37,7 +37,7 @@ def test_the_kernels_refuse_unknown_switches_in_one_line() -> None:
 
     assert set(ag_hopper.AG_LAB_SWITCHES) >= ag_hopper.SOLVE_LAB_SWITCHES
     assert set(kda_ag_hopper.KDA_AG_LAB_SWITCHES) >= ag_hopper.SOLVE_LAB_SWITCHES
-    with pytest.raises(ValueError, match=r"^unknown lab switches \['no_keys'\]; known: \['no_exp', 'no_gram', "):
+    with pytest.raises(ValueError, match=r"^unknown lab switches \['no_keys'\]; known: \['no_exp', 'no_gate', 'no_gram', "):
         ag_hopper.check_lab(frozenset({"no_keys", "no_subst"}), ag_hopper.AG_LAB_SWITCHES)
     ag_hopper.check_lab(frozenset({"no_keys", "no_subst"}), kda_ag_hopper.KDA_AG_LAB_SWITCHES)
 

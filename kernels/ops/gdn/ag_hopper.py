@@ -52,6 +52,7 @@ _THREADS = 128
 # for timing only (Ag is then wrong): where the time of a (chunk, head) program goes. The solve's two are shared with
 # KDA's pass (`ag_macros`), which has its own too (`kernels.ops.kda.ag_hopper.KDA_AG_LAB_SWITCHES`)
 AG_LAB_SWITCHES = {
+    "no_gate": "no gate loads, cumsum or gcum store (G from a cleared tile)",
     "no_gram": "no k k^T product (A from a cleared tile)",
     "no_exp": "A without its decay factors e^(G_i - G_j)",
     "no_subst": "no forward substitution of the diagonal blocks (D^-1 left cleared)",
@@ -316,13 +317,20 @@ def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int, blocks: int 
                 if HAS_REV:
                     T.tma_copy(q[t0 : t0 + C, i_hk, :], q_s, barrier=loaded)
                 T.barrier_arrive(loaded)
-                for r in T.Parallel(C):
-                    x_s[r] = T.if_then_else(t0 + r < eos, T.max(T.cast(g[T.min(t0 + r, eos - 1), i_h], fp32), floor), 0)
-                    b_s[r] = T.if_then_else(t0 + r < eos, T.cast(beta[T.min(t0 + r, eos - 1), i_h], fp32), 0)
-                T.cumsum(x_s, gc_s, dim=0)
-                for r in T.Parallel(C):
-                    if t0 + r < eos:
-                        gcum[t0 + r, i_h] = gc_s[r]
+                if "no_gate" in lab:
+                    for r in T.Parallel(C):
+                        b_s[r] = T.if_then_else(t0 + r < eos, T.cast(beta[T.min(t0 + r, eos - 1), i_h], fp32), 0)
+                    T.clear(x_s)
+                    T.clear(gc_s)
+                else:
+                    for r in T.Parallel(C):
+                        x_s[r] = T.if_then_else(t0 + r < eos, T.max(T.cast(g[T.min(t0 + r, eos - 1), i_h], fp32),
+                                                                     floor), 0)  # fmt: skip
+                        b_s[r] = T.if_then_else(t0 + r < eos, T.cast(beta[T.min(t0 + r, eos - 1), i_h], fp32), 0)
+                    T.cumsum(x_s, gc_s, dim=0)
+                    for r in T.Parallel(C):
+                        if t0 + r < eos:
+                            gcum[t0 + r, i_h] = gc_s[r]
 
                 # A = StrictLower(beta_i k_i.k_j e^(G_i - G_j)), stored transposed; ||k||^2 from the gram's diagonal
                 T.barrier_wait(loaded, 0)

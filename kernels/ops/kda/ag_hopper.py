@@ -54,6 +54,8 @@ _THREADS = 128
 KDA_AG_LAB_SWITCHES = {
     "no_keys": "no qg, ke, kd stores",
     "no_blocks": "none of the four blocks' operands and products (A^T, Aqk from cleared tiles)",
+    "no_block_operands": "the blocks' products on operand tiles not filled (no exps, casts or shared stores for them)",
+    "no_block_gemms": "the blocks' operands without their products (the accumulators cleared)",
     "no_store": "no Ag, Aqk stores, nor their staging",
     **{s: AG_LAB_SWITCHES[s] for s in sorted(SOLVE_LAB_SWITCHES)},
 }
@@ -105,23 +107,28 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool, store
         @T.macro
         def block_products(q_s, k_s, gs_s, r_s, rh_f, rl_f, lk_s, lqh_s, lql_s, b_s, at_s, aq_s, pk_f, pq_f, fastv, I):  # fmt: skip
             """A^T's and Aqk's columns of block I (python int): R_I, L_I, four 64x16x128 products."""
-            for r, c in T.Parallel(C, K):
-                rh_f[r, c] = T.cast(T.if_then_else(r < 16 * I + 16 * fastv,
-                                                   T.cast(k_s[r, c], fp32) * T.exp(r_s[I, c] - gs_s[r, c]), 0), io)  # fmt: skip
-                rl_f[r, c] = T.cast(T.if_then_else(r < 16 * I + 16 * fastv,
-                                                   T.cast(k_s[r, c], fp32) * T.exp(r_s[I, c] - gs_s[r, c])
-                                                   - T.cast(rh_f[r, c], fp32), 0), io)  # fmt: skip
-            for r, c in T.Parallel(16, K):
-                lk_s[r, c] = T.cast(T.cast(k_s[16 * I + r, c], fp32) * T.exp(gs_s[16 * I + r, c] - r_s[I, c]), io)
-                lqh_s[r, c] = T.cast(T.cast(q_s[16 * I + r, c], fp32) * T.exp(gs_s[16 * I + r, c] - r_s[I, c]), io)
-                lql_s[r, c] = T.cast(T.cast(q_s[16 * I + r, c], fp32) * T.exp(gs_s[16 * I + r, c] - r_s[I, c])
-                                     - T.cast(T.cast(T.cast(q_s[16 * I + r, c], fp32)
-                                                     * T.exp(gs_s[16 * I + r, c] - r_s[I, c]), io), fp32), io)  # fmt: skip
-            T.fence_proxy_async()
-            T.gemm(rh_f, lk_s, pk_f, transpose_B=True, clear_accum=True)
-            T.gemm(rh_f, lqh_s, pq_f, transpose_B=True, clear_accum=True)
-            T.gemm(rl_f, lqh_s, pq_f, transpose_B=True)
-            T.gemm(rh_f, lql_s, pq_f, transpose_B=True)
+            if "no_block_operands" not in lab:
+                for r, c in T.Parallel(C, K):
+                    rh_f[r, c] = T.cast(T.if_then_else(r < 16 * I + 16 * fastv,
+                                                       T.cast(k_s[r, c], fp32) * T.exp(r_s[I, c] - gs_s[r, c]), 0), io)  # fmt: skip
+                    rl_f[r, c] = T.cast(T.if_then_else(r < 16 * I + 16 * fastv,
+                                                       T.cast(k_s[r, c], fp32) * T.exp(r_s[I, c] - gs_s[r, c])
+                                                       - T.cast(rh_f[r, c], fp32), 0), io)  # fmt: skip
+                for r, c in T.Parallel(16, K):
+                    lk_s[r, c] = T.cast(T.cast(k_s[16 * I + r, c], fp32) * T.exp(gs_s[16 * I + r, c] - r_s[I, c]), io)
+                    lqh_s[r, c] = T.cast(T.cast(q_s[16 * I + r, c], fp32) * T.exp(gs_s[16 * I + r, c] - r_s[I, c]), io)
+                    lql_s[r, c] = T.cast(T.cast(q_s[16 * I + r, c], fp32) * T.exp(gs_s[16 * I + r, c] - r_s[I, c])
+                                         - T.cast(T.cast(T.cast(q_s[16 * I + r, c], fp32)
+                                                         * T.exp(gs_s[16 * I + r, c] - r_s[I, c]), io), fp32), io)  # fmt: skip
+                T.fence_proxy_async()
+            if "no_block_gemms" in lab:
+                T.clear(pk_f)
+                T.clear(pq_f)
+            else:
+                T.gemm(rh_f, lk_s, pk_f, transpose_B=True, clear_accum=True)
+                T.gemm(rh_f, lqh_s, pq_f, transpose_B=True, clear_accum=True)
+                T.gemm(rl_f, lqh_s, pq_f, transpose_B=True)
+                T.gemm(rh_f, lql_s, pq_f, transpose_B=True)
             # A^T[j, i] = beta_i A_ij for j < i; Aqk[i, j] = scale (q-gram) for j <= i (i = 16 I + c, j = r)
             for r, c in T.Parallel(C, 16):
                 at_s[r, 16 * I + c] = T.if_then_else(r < 16 * I + c, pk_f[r, c] * b_s[16 * I + c], 0)

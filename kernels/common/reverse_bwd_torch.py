@@ -32,6 +32,8 @@ states and end gradients the kernel reads: the kernel's GPU test compares agains
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -40,7 +42,7 @@ from kernels.common.decay import GATE_FLOOR, floor_gate
 from kernels.common.index import ChunkIndex, prepare_chunk_index
 
 __all__ = [
-    "chunk_backward_ag", "chunk_backward_kernel_form", "chunk_forward_ag", "chunk_states", "reverse_backward",
+    "ChunkBackward", "ChunkForward", "chunk_backward_ag", "chunk_backward_kernel_form", "chunk_forward_ag", "chunk_states", "reverse_backward",
     "reverse_walk",
 ]  # fmt: skip
 
@@ -110,16 +112,25 @@ def chunk_backward_ag(
     return dq, dk, dW, dg, dbeta, dS
 
 
+# one chunk's forward (q, k, v, g, beta, S, *, scale) -> (O, S') and backward (q, k, v, g, beta, S, do, dS_next,
+# *, scale) -> (dq, dk, dv, dg, dbeta, dS), batched over the leading dims: GDN's here, KDA's in
+# `kernels.ops.kda.reverse_bwd_torch` (the walks below take either)
+ChunkForward = Callable[..., tuple[Tensor, Tensor]]
+ChunkBackward = Callable[..., tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]]
+
+
 def chunk_states(
-    qc: Tensor, kc: Tensor, vc: Tensor, gc: Tensor, bc: Tensor, S: Tensor, *, index: ChunkIndex, scale: float
-) -> Tensor:
-    """The state entering every chunk `[NT, H, K, V]` by the forward walk (`chunk_forward_ag`) over chunked inputs
-    (`to_chunks`: `[NT, H, C, ..]`) in `index`'s serial order, from each sequence's entering state S `[N, H, K, V]`."""
+    qc: Tensor, kc: Tensor, vc: Tensor, gc: Tensor, bc: Tensor, S: Tensor, *, index: ChunkIndex, scale: float,
+    forward: ChunkForward = chunk_forward_ag,
+) -> Tensor:  # fmt: skip
+    """The state entering every chunk `[NT, H, K, V]` by the forward walk (`forward` per chunk: GDN's
+    `chunk_forward_ag` by default) over chunked inputs (`to_chunks`: `[NT, H, C, ..]`) in `index`'s serial order,
+    from each sequence's entering state S `[N, H, K, V]`."""
     h = S.new_empty(index.num_chunks, *S.shape[1:])
     for seq_ids, ids in index.pad.steps:
         Sj = S if seq_ids is None else S.index_select(0, seq_ids)
         h[ids] = Sj
-        Sj = chunk_forward_ag(qc[ids], kc[ids], vc[ids], gc[ids], bc[ids], Sj, scale=scale)[1]
+        Sj = forward(qc[ids], kc[ids], vc[ids], gc[ids], bc[ids], Sj, scale=scale)[1]
         S = Sj if seq_ids is None else S.index_copy(0, seq_ids, Sj)
     return h
 
@@ -127,25 +138,27 @@ def chunk_states(
 def reverse_backward(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, *, scale: float,
     initial_state: Tensor | None = None, dht: Tensor | None = None, cu_seqlens: Tensor | None = None,
-    chunk_size: int = 64,
+    chunk_size: int = 64, forward: ChunkForward = chunk_forward_ag, backward: ChunkBackward | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """(dq, dk, dv, dg, dbeta, dh0) of GDN: q, k `[B, T, H, K]`, v, do `[B, T, H, V]`, g, beta `[B, T, H]`,
     initial_state and dht `[N, H, K, V]` or None, varlen by cu_seqlens (B = 1). The torch path's chunk layout
     (`kernels.common.chunk_torch.to_chunks`: each sequence padded to whole chunks with zeros, which changes nothing:
     no decay, no write) and its serial order (`ChunkIndex.pad.steps`): a forward walk for the states entering each
-    chunk, then one reverse walk carrying dS (`chunk_backward_ag` per chunk). In the inputs' compute dtype."""
+    chunk, then one reverse walk carrying dS (`chunk_backward_ag` per chunk). In the inputs' compute dtype.
+    forward, backward: another op's chunk functions (KDA's: g `[B, T, H, K]`, its dg too)."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device)
     cd = compute_dtype(q)
     qc, kc, vc, gc, bc, doc = (to_chunks(x, index, cd) for x in (q, k, v, g, beta, do))
     S = initial_state.to(cd) if initial_state is not None else qc.new_zeros(index.num_seqs, H, K, V)
-    h = chunk_states(qc, kc, vc, gc, bc, S, index=index, scale=scale)
+    h = chunk_states(qc, kc, vc, gc, bc, S, index=index, scale=scale, forward=forward)
     dS = dht.to(cd) if dht is not None else torch.zeros_like(S)
     grads = [torch.empty_like(x) for x in (qc, kc, vc, gc, bc)]
+    chunk_backward = backward if backward is not None else chunk_backward_ag
     for seq_ids, ids in reversed(index.pad.steps):
         dSj = dS if seq_ids is None else dS.index_select(0, seq_ids)
-        *gr, dSj = chunk_backward_ag(qc[ids], kc[ids], vc[ids], gc[ids], bc[ids], h[ids], doc[ids], dSj, scale=scale)
+        *gr, dSj = chunk_backward(qc[ids], kc[ids], vc[ids], gc[ids], bc[ids], h[ids], doc[ids], dSj, scale=scale)
         for out, x in zip(grads, gr, strict=True):
             out[ids] = x
         dS = dSj if seq_ids is None else dS.index_copy(0, seq_ids, dSj)

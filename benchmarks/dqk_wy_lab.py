@@ -2,7 +2,8 @@
 pair_grads`) against the fused `chunk_bwd_dqk_wy` (`kernels.common.dqk_wy_bwd`), on the same intermediates, per op.
 
     python3 benchmarks/dqk_wy_lab.py --out $OUT [--ops gdn kda] [--shapes 1x65536 1x131072 8x8192] [--H 16] [--HV 16]
-        [--configs [gdn:|kda:]NAME|all|JSON ...] [--pair-configs default w8 | none] [--no-split] [--no-step]
+        [--configs [gdn:|kda:]NAME|all|JSON ...] [--pair-configs default w8 bk32_w8 bk16_w4 | none] [--no-split]
+        [--no-step]
         [--precompile N] [--deadline-s S]
     TRITON_INTERPRET=1 python3 benchmarks/dqk_wy_lab.py --out /tmp/lab --dry-run   # plumbing on the CPU
 
@@ -54,8 +55,11 @@ from runners.versions import git_sha  # noqa: E402
 
 NAMES = ("dq", "dk", "dv", "dg", "dbeta")
 # the pair's configs (the default; the tuned KDA config of the shipped file, 8 warps) and the fused kernel's
-PAIR_CONFIGS = {"default": {}, "w8": {"BK": 64, "BV": 64, "num_warps": 8, "num_stages": 2}}
 W8, W4 = {"num_warps": 8, "num_stages": 2}, {"num_warps": 4, "num_stages": 2}
+# the pair's configs (both kernels alike); session 29: the two that spill nothing in both of KDA's kernels
+# (`results/ptxas_kda_bwd_s29_sm90.md`; the shipped chunk_bwd_dqk config, w8, spills 496 B a thread there)
+PAIR_CONFIGS = {"default": {}, "w8": {"BK": 64, "BV": 64, **W8}, "bk32_w8": {"BK": 32, "BV": 32, **W8},
+                "bk16_w4": {"BK": 16, "BV": 32, **W4}}  # fmt: skip
 FUSED_CONFIGS = {
     "default": {},  # BK = BV = 64, 8 warps
     "w4": {"BK": 64, "BV": 64, **W4},

@@ -88,6 +88,7 @@ def test_triton_transition(OP: str, split: int) -> None:
 def test_triton_launch_config_is_launched(OP: str) -> None:
     q, k, v, g, beta, _ = make_inputs(OP, B=1, T=100, H=2, K=32, V=32, device=DEVICE)
     # the kernels each op's default forward launches: GDN's two-kernel path (the Ag pass, the fused pass), KDA's WY path
+    # (its default where the TileLang walk does not run, as here)
     two = AUTO_FWD_PATH[OP] == "fused"
     prep, state = (f"wy_{OP}_ag_fwd", f"{OP}_fused_state_output_fwd") if two else ("wy_kda_fwd", "chunk_state_output_fwd")
     cfg = {state: LaunchConfig(BV=16, num_warps=2, num_stages=1), prep: LaunchConfig(BK=16, BV=16, num_warps=2, num_stages=1)}

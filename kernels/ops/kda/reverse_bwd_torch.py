@@ -40,9 +40,12 @@ from torch import Tensor
 
 from kernels.common.decay import GATE_FLOOR, floor_gate
 from kernels.common.reverse_bwd_torch import reverse_backward as _walk
+from kernels.ops.kda.ag_torch import FAST_SPAN
 
 __all__ = ["chunk_backward_gated", "chunk_backward_products", "chunk_forward_gated", "decayed_products",
-           "gated_factors", "reverse_backward"]  # fmt: skip
+           "decayed_products_blocks", "gated_factors", "reverse_backward"]  # fmt: skip
+
+BLOCK = 16  # the rows of a block of the kernel's decayed products (`decayed_products_blocks`)
 
 
 def gated_factors(q: Tensor, k: Tensor, g: Tensor, beta: Tensor, scale: float) -> dict[str, Tensor]:
@@ -83,6 +86,44 @@ def decayed_products(X: Tensor, a: Tensor, G: Tensor) -> tuple[Tensor, Tensor]:
     Gam = (G[..., :, None, :] - G[..., None, :, :]).masked_fill(~low[..., None], float("-inf")).exp()
     XG = X[..., None] * Gam
     return torch.einsum("...ijk,...jk->...ik", XG, a), torch.einsum("...ijk,...ik->...jk", XG, a)
+
+
+def decayed_products_blocks(X: Tensor, a: Tensor, G: Tensor) -> tuple[Tensor, Tensor]:
+    """`decayed_products` by 16-row blocks with one reference per block and key, as a kernel forms them (tensor-core
+    products, every factor bounded): X `[..., C, C]`, a and G `[..., C, K]`, C a multiple of 16.
+
+    Rows: block I of R is e^(G_I - r_I) o (X_I,: (a o e^(r_I - G))) over the columns up to the block's end. Columns:
+    block J of Cc is e^(r_J - G_J) o (X_:,J^T (a o e^(G - r_J))) over the rows from the block's start. Where every
+    key's span across every block (G before the block minus its last row) is below FAST_SPAN (the chunk is fast), r is
+    the block's midpoint and the products cover the diagonal block too (factors within e^(FAST_SPAN / 2)); else r_I is
+    G before block I (rows) and r_J G at block J's last row (columns), the products cover the other blocks (factors
+    <= 1) and the diagonal blocks are summed elementwise (exponents <= 0): any gate."""
+    C = X.shape[-1]
+    nb = C // BLOCK
+    before = torch.cat([torch.zeros_like(G[..., :1, :]), G[..., BLOCK - 1 : -1 : BLOCK, :]], -2)  # [.., nb, K]
+    last = G[..., BLOCK - 1 :: BLOCK, :]
+    fast = bool(((before - last) < FAST_SPAN).all())
+    mid = 0.5 * (before + last)
+    blk = torch.arange(C, device=X.device) // BLOCK
+    R, Cc = torch.zeros_like(a), torch.zeros_like(a)
+    for b in range(nb):
+        rows = slice(b * BLOCK, (b + 1) * BLOCK)
+        r_row = mid[..., b : b + 1, :] if fast else before[..., b : b + 1, :]
+        r_col = mid[..., b : b + 1, :] if fast else last[..., b : b + 1, :]
+        # rows of block b against the columns up to its end (fast) or before it (else): e^(r - G_j) <= 1 there
+        cols = (blk <= b) if fast else (blk < b)
+        right = (a * (r_row - G).exp()).masked_fill(~cols[:, None], 0.0)
+        R[..., rows, :] = (G[..., rows, :] - r_row).exp() * (X[..., rows, :] @ right)
+        # columns of block b against the rows from its start (fast) or after it (else)
+        below = (blk >= b) if fast else (blk > b)
+        left = (a * (G - r_col).exp()).masked_fill(~below[:, None], 0.0)
+        Cc[..., rows, :] = (r_col - G[..., rows, :]).exp() * (X[..., :, rows].mT @ left)
+        if not fast:  # the diagonal block elementwise: every exponent <= 0 (X is zero above the diagonal)
+            Xd = X[..., rows, rows]
+            D = (G[..., rows, None, :] - G[..., None, rows, :]).clamp_max(0.0).exp()  # [.., 16, 16, K]: i, j
+            R[..., rows, :] += torch.einsum("...ij,...ijk,...jk->...ik", Xd, D, a[..., rows, :])
+            Cc[..., rows, :] += torch.einsum("...ij,...ijk,...ik->...jk", Xd, D, a[..., rows, :])
+    return R, Cc
 
 
 def _finish(q: Tensor, k: Tensor, g: Tensor, G: Tensor, GC: Tensor, S: Tensor, dS_next: Tensor, kept: dict[str, Tensor],

@@ -4,7 +4,9 @@ head strong: down to -4 per token and key, a -1000 mask): fp64 at 1e-9 relative 
 multiple of the chunk; varlen with three sequences, each with its state and final-state gradient); one chunk's
 explicit gradients against autograd through its own forward; the kernel form (`chunk_backward_products`: the kept
 gated tensors, four decayed products, B never formed) equal to the plain form at 1e-11; a gate equal across keys
-gives GDN's chunk gradients (`kernels.common.reverse_bwd_torch.chunk_backward_ag`, dg summed over the keys)."""
+gives GDN's chunk gradients (`kernels.common.reverse_bwd_torch.chunk_backward_ag`, dg summed over the keys); the
+decayed products by 16-row blocks with a reference each (the kernel's way) equal to the elementwise ones at 1e-11, on
+both paths (a span of 1600 in one block: the midpoint's factors would overflow fp64 there)."""
 
 from __future__ import annotations
 
@@ -115,3 +117,27 @@ def test_a_gate_equal_across_keys_is_gdn() -> None:
     gdn = chunk_backward_ag(q, k, v, gs, beta, S, do, dSn, scale=0.4)
     for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dS"), kda, gdn, strict=True):
         assert_rel_close(name, b, a.sum(-1) if name == "dg" else a, 1e-11)
+
+
+def test_blocked_decayed_products_equal_the_elementwise_ones() -> None:
+    """`decayed_products_blocks` (16-row blocks, one reference per block and key, as a kernel) equals the elementwise
+    `decayed_products` at 1e-11, on the fast path (weak gates: midpoint references) and the other one (a key whose
+    span across a block passes FAST_SPAN: the references at the blocks' edges and the diagonal blocks elementwise,
+    with factors that would overflow e^(G_i - G_j) written as e^G_i e^-G_j)."""
+    from kernels.common.decay import floor_gate
+    from kernels.ops.kda.ag_torch import FAST_SPAN
+    from kernels.ops.kda.reverse_bwd_torch import decayed_products, decayed_products_blocks
+
+    _, r = _gen(7)
+    H, C, K = 2, 64, 8
+    X = r(H, C, C).tril()
+    a = r(H, C, K)
+    for strong in (False, True):
+        g = -0.2 * torch.rand(H, C, K, dtype=torch.float64)
+        if strong:
+            g[1, 16:32, 3] = -100.0  # a span of 1600 in block 1: past FAST_SPAN, and e^800 overflows fp64
+        G = floor_gate(g).cumsum(-2)
+        spans = G[:, 15::16] - torch.cat([torch.zeros_like(G[:, :1]), G[:, 15:-1:16]], 1)
+        assert bool((-spans).amax() >= FAST_SPAN) == strong
+        for name, got, want in zip(("R", "Cc"), decayed_products_blocks(X, a, G), decayed_products(X, a, G), strict=True):
+            assert_rel_close(f"{name} (strong={strong})", want, got, 1e-11)

@@ -97,12 +97,20 @@ def decayed_products_blocks(X: Tensor, a: Tensor, G: Tensor) -> tuple[Tensor, Te
     key's span across every block (G before the block minus its last row) is below FAST_SPAN (the chunk is fast), r is
     the block's midpoint and the products cover the diagonal block too (factors within e^(FAST_SPAN / 2)); else r_I is
     G before block I (rows) and r_J G at block J's last row (columns), the products cover the other blocks (factors
-    <= 1) and the diagonal blocks are summed elementwise (exponents <= 0): any gate."""
-    C = X.shape[-1]
-    nb = C // BLOCK
+    <= 1) and the diagonal blocks are summed elementwise (exponents <= 0): any gate. The choice is per chunk (each
+    index of the leading dims), as a kernel's program makes it."""
     before = torch.cat([torch.zeros_like(G[..., :1, :]), G[..., BLOCK - 1 : -1 : BLOCK, :]], -2)  # [.., nb, K]
     last = G[..., BLOCK - 1 :: BLOCK, :]
-    fast = bool(((before - last) < FAST_SPAN).all())
+    fast = ((before - last) < FAST_SPAN).flatten(-2).all(-1)[..., None, None]  # [.., 1, 1]
+    quick, exact = (_blocked(X, a, G, before, last, f) for f in (True, False))
+    return tuple(torch.where(fast, q, e) for q, e in zip(quick, exact, strict=True))  # type: ignore[return-value]
+
+
+def _blocked(X: Tensor, a: Tensor, G: Tensor, before: Tensor, last: Tensor, fast: bool) -> tuple[Tensor, Tensor]:
+    """`decayed_products_blocks` on one path for every chunk (the fast one overflows where a span passes FAST_SPAN:
+    the caller keeps it only where none does)."""
+    C = X.shape[-1]
+    nb = C // BLOCK
     mid = 0.5 * (before + last)
     blk = torch.arange(C, device=X.device) // BLOCK
     R, Cc = torch.zeros_like(a), torch.zeros_like(a)

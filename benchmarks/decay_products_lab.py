@@ -1,0 +1,121 @@
+"""KDA's per-key decayed products alone, on their two implementations in one process (issue 26, session 29): the
+TileLang lab kernel (`kernels.ops.kda.decay_products_hopper`: 16-row blocks, warpgroup products in bf16 hi/lo parts)
+against the Triton tiles the backward's gradient kernels use today (`kernels.common.bwd_tiles._rows_vec` and
+`_cols_vec` at the backward's tf32 precision, `kernels.common.chunk_bwd.VECTOR_GATE_DOT`, in a kernel of this lab's
+that does nothing else), on the same inputs: the core of the planned chunk-parallel KDA backward (`kernels/NOTES.md`,
+"KDA's backward, the next kernel"), where `chunk_bwd_dqk` and `wy_bwd` spend 11.8 ms of the 1x64K step.
+
+    python benchmarks/decay_products_lab.py [--chunks 1024] [--heads 16] [--bks 32,64] [--out $OUT]
+
+Inputs: NT chunks x H heads of X `[64, 64]` fp32 (lower with the diagonal), a `[64, 128]` bf16 and G `[64, 128]`
+fp32 (the in-chunk cumsum of -0.05 rand: the fast path). Per implementation: the do_bench median (ms) of R and Cc
+together, and their relative L2 against the fp64 mirror (`decayed_products_blocks`) on the first 16 chunks; the floor:
+the bytes read and written (X, a, G, R, Cc) at 4.2 TB/s, and the products' flops at the matmul rate
+(`runners.bench.floors.HBM_TBPS`; 2 x 64 x 64 x 128 per block and side, 8 blocks). Writes $OUT/decay_products_lab.json
+and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from kernels.common.bwd_tiles import _cols_vec, _rows_vec  # noqa: E402
+from kernels.common.chunk_bwd import VECTOR_GATE_DOT  # noqa: E402
+from runners.bench.floors import HBM_TBPS  # noqa: E402
+
+C, K = 64, 128
+
+
+@triton.jit
+def _triton_products(x, a, g, rr, cc, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                     PREC: tl.constexpr):  # fmt: skip
+    """R and Cc of one chunk, head and key block by the backward's tiles (nothing else)."""
+    i_k, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_t = tl.arange(0, BT)
+    o_k = i_k * BK + tl.arange(0, BK)
+    X = tl.load(x + ((i_c * H + i_h) * BT + o_t[:, None]) * BT + o_t[None, :])
+    p = ((i_c * BT + o_t) * H + i_h)[:, None] * K + o_k[None, :]
+    b = tl.load(a + p).to(tl.float32)
+    G = tl.load(g + p)
+    tl.store(rr + p, _rows_vec(X, b, G, BT, BK, tl.bfloat16, PREC))
+    tl.store(cc + p, _cols_vec(X, b, G, BT, BK, tl.bfloat16, PREC))
+
+
+def triton_products(X: torch.Tensor, a: torch.Tensor, G: torch.Tensor, BK: int) -> tuple[torch.Tensor, torch.Tensor]:
+    NT, H = X.shape[:2]
+    R, Cc = torch.empty_like(G), torch.empty_like(G)
+    _triton_products[(K // BK, NT, H)](X, a, G, R, Cc, H=H, K=K, BT=C, BK=BK, PREC=VECTOR_GATE_DOT, num_warps=4)
+    return R, Cc
+
+
+def inputs(NT: int, H: int, device: str = "cuda") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator(device=device).manual_seed(0)
+    X = torch.randn(NT, H, C, C, generator=gen, device=device).tril()
+    a = torch.randn(NT * C, H, K, generator=gen, device=device).to(torch.bfloat16)
+    g = -0.05 * torch.rand(NT, C, H, K, generator=gen, device=device)
+    return X, a, g.cumsum(1).reshape(NT * C, H, K)
+
+
+def run(NT: int, H: int, bks: list[int]) -> dict[str, Any]:
+    from triton.testing import do_bench
+
+    from kernels.ops.kda.decay_products_hopper import decay_products_hopper
+    from kernels.ops.kda.reverse_bwd_torch import decayed_products_blocks
+
+    X, a, G = inputs(NT, H)
+    n = min(NT, 16)
+    ac, Gc = (t[: n * C].view(n, C, H, K).transpose(1, 2).double().cpu() for t in (a, G))
+    want = [t.transpose(1, 2).reshape(n * C, H, K) for t in decayed_products_blocks(X[:n].double().cpu(), ac, Gc)]
+
+    def err(got: tuple[torch.Tensor, torch.Tensor]) -> dict[str, float]:
+        return {name: float((g[: n * C].double().cpu() - w).norm() / w.norm())
+                for name, g, w in zip(("R", "Cc"), got, want, strict=True)}  # fmt: skip
+
+    impls = {"tilelang": lambda: decay_products_hopper(X, a, G)}
+    impls.update({f"triton BK {bk}": (lambda bk=bk: triton_products(X, a, G, bk)) for bk in bks})
+    nbytes = NT * H * (C * C * 4 + C * K * (2 + 4 + 4 + 4))
+    flops = NT * H * 8 * 2 * C * C * K
+    row: dict[str, Any] = {"chunks": NT, "heads": H, "bytes_floor_ms": nbytes / (HBM_TBPS * 1e12) * 1e3,
+                           "flops_floor_ms_at_688": flops / 688e12 * 1e3, "ms": {}, "rel_l2": {}}  # fmt: skip
+    for name, fn in impls.items():
+        row["rel_l2"][name] = err(fn())
+        row["ms"][name] = do_bench(fn)
+    return row
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--chunks", type=int, default=1024)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--bks", default="32,64", help="the Triton tiles' key blocks")
+    ap.add_argument("--out", type=Path, default=Path("/tmp/decay_products_lab"))
+    a = ap.parse_args(argv)
+    row = run(a.chunks, a.heads, [int(b) for b in a.bks.split(",")])
+    row |= {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "argv": sys.argv[1:]}  # fmt: skip
+    print(json.dumps(row), flush=True)
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "decay_products_lab.json").write_text(json.dumps(row, indent=1))
+    lines = [f"# KDA's decayed products alone ({row['chunks']} chunks x {row['heads']} heads; {row['device']})", "",
+             f"floor: bytes {row['bytes_floor_ms']:.3f} ms, products {row['flops_floor_ms_at_688']:.3f} ms", "",
+             "| implementation | ms | R rel L2 | Cc rel L2 |", "|---|---:|---:|---:|"]  # fmt: skip
+    for name, ms in row["ms"].items():
+        e = row["rel_l2"][name]
+        lines.append(f"| {name} | {ms:.3f} | {e['R']:.1e} | {e['Cc']:.1e} |")
+    (a.out / "decay_products_lab.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

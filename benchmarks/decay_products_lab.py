@@ -6,14 +6,16 @@ that does nothing else) and their per-block 2-D form (`_rows_vec_2d`, `_cols_vec
 inputs: the core of the planned chunk-parallel KDA backward (`kernels/NOTES.md`,
 "KDA's backward, the next kernel"), where `chunk_bwd_dqk` and `wy_bwd` spend 11.8 ms of the 1x64K step.
 
-    python benchmarks/decay_products_lab.py [--chunks 1024] [--heads 16] [--bks 32,64] [--out $OUT]
+    python benchmarks/decay_products_lab.py [--chunks 1024] [--heads 16] [--bks 32,64] [--no-state] [--out $OUT]
 
 Inputs: NT chunks x H heads of X `[64, 64]` fp32 (lower with the diagonal), a `[64, 128]` bf16 and G `[64, 128]`
 fp32 (the in-chunk cumsum of -0.05 rand: the fast path). Per implementation: the do_bench median (ms) of R and Cc
 together, and their relative L2 against the fp64 mirror (`decayed_products_blocks`) on the first 16 chunks; the floor:
 the bytes read and written (X, a, G, R, Cc) at 4.2 TB/s, and the products' flops at the matmul rate
-(`runners.bench.floors.HBM_TBPS`; 2 x 64 x 64 x 128 per block and side, 8 blocks). Writes $OUT/decay_products_lab.json
-and .md.
+(`runners.bench.floors.HBM_TBPS`; 2 x 64 x 64 x 128 per block and side, 8 blocks). Unless --no-state, the kernel's
+other half too: the state products (`kernels.ops.kda.state_grads_hopper`, nine 64-row bf16 products per chunk and
+head) on random states and kept tensors of the same sizes, beside its bytes floor (h, dh, v, dO, Ag, Aqk, ke, kd read
+in bf16; its seven outputs written in fp32). Writes $OUT/decay_products_lab.json and .md.
 """
 
 from __future__ import annotations
@@ -103,14 +105,34 @@ def run(NT: int, H: int, bks: list[int]) -> dict[str, Any]:
     return row
 
 
+def run_state(NT: int, H: int) -> dict[str, Any]:
+    """The state products kernel's time on random bf16 inputs (its values are checked by its GPU test)."""
+    from triton.testing import do_bench
+
+    from kernels.ops.kda.state_grads_hopper import state_grads_hopper
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+
+    def r(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device="cuda").to(torch.bfloat16)
+
+    args = (r(NT, H, K, K), r(NT, H, K, K), r(NT * C, H, K), r(NT * C, H, K), r(NT * C, H, C), r(NT * C, H, C),
+            r(NT * C, H, K), r(NT * C, H, K), -torch.rand(NT, H, K, device="cuda"))  # fmt: skip
+    nbytes = NT * H * (2 * K * K * 2 + C * (4 * K + 2 * C) * 2 + C * (4 * K + 2 * C) * 4 + K * 8)
+    return {"ms": do_bench(lambda: state_grads_hopper(*args)), "bytes_floor_ms": nbytes / (HBM_TBPS * 1e12) * 1e3}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--chunks", type=int, default=1024)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--bks", default="32,64", help="the Triton tiles' key blocks")
+    ap.add_argument("--no-state", action="store_true", help="leave the state products kernel out")
     ap.add_argument("--out", type=Path, default=Path("/tmp/decay_products_lab"))
     a = ap.parse_args(argv)
     row = run(a.chunks, a.heads, [int(b) for b in a.bks.split(",")])
+    if not a.no_state:
+        row["state_products"] = run_state(a.chunks, a.heads)
     row |= {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "argv": sys.argv[1:]}  # fmt: skip
     print(json.dumps(row), flush=True)
@@ -122,6 +144,9 @@ def main(argv: list[str] | None = None) -> None:
     for name, ms in row["ms"].items():
         e = row["rel_l2"][name]
         lines.append(f"| {name} | {ms:.3f} | {e['R']:.1e} | {e['Cc']:.1e} |")
+    if "state_products" in row:
+        sp = row["state_products"]
+        lines += ["", f"State products (TileLang): {sp['ms']:.3f} ms, bytes floor {sp['bytes_floor_ms']:.3f} ms"]
     (a.out / "decay_products_lab.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -43,7 +43,7 @@ from kernels.common.reverse_bwd_torch import reverse_backward as _walk
 from kernels.ops.kda.ag_torch import FAST_SPAN
 
 __all__ = ["chunk_backward_gated", "chunk_backward_products", "chunk_forward_gated", "decayed_products",
-           "decayed_products_blocks", "gated_factors", "reverse_backward"]  # fmt: skip
+           "decayed_products_blocks", "gated_factors", "reverse_backward", "state_products"]  # fmt: skip
 
 BLOCK = 16  # the rows of a block of the kernel's decayed products (`decayed_products_blocks`)
 
@@ -150,9 +150,10 @@ def _finish(q: Tensor, k: Tensor, g: Tensor, G: Tensor, GC: Tensor, S: Tensor, d
     return dq, dk, dg
 
 
-def _state_grads(kept: dict[str, Tensor], v: Tensor, S: Tensor, do: Tensor, dS_next: Tensor) -> dict[str, Tensor]:
+def state_products(kept: dict[str, Tensor], v: Tensor, S: Tensor, do: Tensor, dS_next: Tensor) -> dict[str, Tensor]:
     """The chunk's products with its states (module docstring's first lines of the backward) from the gated tensors
-    (kept: Ag, Aqk, qg, ke, kd, G_C)."""
+    (kept: Ag, Aqk, qg, ke, kd, G_C): W, U, dU, dW (= dV), dS, dAqk, dAg, dqg, dke, dkd; the mirror of the TileLang
+    lab kernel `kernels.ops.kda.state_grads_hopper` (which also gives dG_C's state term, `_finish`'s first)."""
     W = v - kept["ke"] @ S
     U = kept["Ag"] @ W
     dU = kept["Aqk"].mT @ do + kept["kd"] @ dS_next
@@ -170,7 +171,7 @@ def chunk_backward_gated(
     """(dq, dk, dv, dg, dbeta, dS) of one chunk given do `[..., C, V]` and the gradient dS_next reaching its leaving
     state; dS is the gradient at its entering state S (module docstring, the plain form: B and Gam formed whole)."""
     f = gated_factors(q, k, g, beta, scale)
-    s = _state_grads(f, v, S, do, dS_next)
+    s = state_products(f, v, S, do, dS_next)
     T = f["T"]
     dA = -(T.mT @ (s["dAg"] * beta[..., None, :]) @ T.mT).tril(-1)
     dbeta = (s["dAg"] * T).sum(-2) + (dA * f["B"]).sum(-1)
@@ -189,7 +190,7 @@ def chunk_backward_products(
     Aqk, T, qg, ke, kd and G_C `[..., K]`; G recomputed from g) and four decayed products, B never formed (dbeta's
     second term rowsum(dA o B) = rowsum(k o R(dA, k)), and dB's row product is beta times dA's)."""
     G = floor_gate(g).cumsum(-2)
-    s = _state_grads(kept, v, S, do, dS_next)
+    s = state_products(kept, v, S, do, dS_next)
     T = kept["T"]
     dA = -(T.mT @ (s["dAg"] * beta[..., None, :]) @ T.mT).tril(-1)
     X = scale * s["dAqk"]

@@ -1,0 +1,153 @@
+"""The state products of KDA's chunk backward as one TileLang kernel per (chunk, value head) on Hopper: the first half
+of the planned chunk-parallel KDA backward (`kernels/NOTES.md`, "KDA's backward, the next kernel"; the decayed
+products are `kernels.ops.kda.decay_products_hopper`), alone, to be checked and timed before the kernel is built from
+both (a lab kernel: nothing in the step calls it). Its CPU mirror is `kernels.ops.kda.reverse_bwd_torch.
+state_products`.
+
+Per chunk of C = 64 rows, from the state S entering it and the gradient dS' reaching its leaving state (`[K, V]`,
+K = V = 128, as the Triton state passes store them: `chunk_state_fwd`'s h, `chunk_state_bwd`'s dh) and what the
+forward keeps under "ag" (Ag, Aqk `[C, C]`; ke, kd, qg `[C, K]`; G_C `[K]`), nine warpgroup products in bf16:
+
+    W = V - ke S,  U = Ag W,  dU = Aqk^T dO + kd dS',  dV = dW = Ag^T dU
+    dAqk = Tril(dO U^T),  dAg = dU W^T,  dqg = dO S^T,  dke = -dW S^T,  dkd = U dS'^T
+    dG_C = e^G_C o rowsum_V(S o dS')
+
+W, U, dU and dW are rounded to bf16 for the products that read them (as the Triton backward's v_new and dv_new).
+Two warpgroups; ~176 KB of shared memory (one program an SM). Sizes: K = V = 128, chunk 64, bf16, sm_90, TileLang
+`kernels.ops.gdn.tilelang_hopper.TILELANG_VERSION`; refused in one line otherwise. Dense rows (chunk c at 64 c..).
+Tested on the GPU against the mirror (tests/kernels/ops/kda/test_state_grads_hopper.py).
+"""
+
+import functools
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from kernels.ops.gdn.tilelang_hopper import hopper_jit, tilelang_refusal
+
+__all__ = ["state_grads_hopper", "state_grads_refusal"]
+
+_WHAT = "KDA state products"  # how the refusals name this kernel
+_THREADS = 256
+
+
+def state_grads_refusal(K: int, V: int, BT: int, device: torch.device) -> str | None:
+    """Why this kernel cannot run here (one line), or None."""
+    return tilelang_refusal(_WHAT, K, V, BT, device)
+
+
+@functools.cache
+def _build(H: int) -> Any:
+    """The compiled kernel for H value heads (TileLang JIT, cached on disk by TileLang too)."""
+    import tilelang.language as T
+
+    K = V = 128
+    C = 64
+    fp32, io = "float32", "bfloat16"
+    nchunk = T.dynamic("nchunk")
+
+    @hopper_jit()
+    def build() -> Any:
+        @T.prim_func
+        def state_grads(
+            h: T.Tensor((nchunk, H, K, V), io), dh: T.Tensor((nchunk, H, K, V), io),
+            v: T.Tensor((nchunk * C, H, V), io), do: T.Tensor((nchunk * C, H, V), io),
+            ag: T.Tensor((nchunk * C, H, C), io), aqk: T.Tensor((nchunk * C, H, C), io),
+            ke: T.Tensor((nchunk * C, H, K), io), kd: T.Tensor((nchunk * C, H, K), io),
+            gc: T.Tensor((nchunk, H, K), fp32),
+            dv: T.Tensor((nchunk * C, H, V), fp32), daqk: T.Tensor((nchunk * C, H, C), fp32),
+            dag: T.Tensor((nchunk * C, H, C), fp32), dqg: T.Tensor((nchunk * C, H, K), fp32),
+            dke: T.Tensor((nchunk * C, H, K), fp32), dkd: T.Tensor((nchunk * C, H, K), fp32),
+            dgc: T.Tensor((nchunk, H, K), fp32),
+        ):  # fmt: skip
+            with T.Kernel(nchunk * H, threads=_THREADS) as (bid,):
+                i_c = bid // H
+                i_h = bid % H
+                t0 = i_c * C
+                s_s = T.alloc_shared((K, V), io)
+                ds_s = T.alloc_shared((K, V), io)
+                v_s = T.alloc_shared((C, V), io)  # V; then W
+                do_s = T.alloc_shared((C, V), io)
+                ke_s = T.alloc_shared((C, K), io)  # ke; then dW
+                kd_s = T.alloc_shared((C, K), io)
+                ag_s = T.alloc_shared((C, C), io)
+                aq_s = T.alloc_shared((C, C), io)
+                u_s = T.alloc_shared((C, V), io)
+                du_s = T.alloc_shared((C, V), io)
+                w_f = T.alloc_fragment((C, V), fp32)
+                x_f = T.alloc_fragment((C, V), fp32)
+                c_f = T.alloc_fragment((C, C), fp32)
+                sd_f = T.alloc_fragment((K, V), fp32)
+                sd_s = T.alloc_shared((K,), fp32)
+
+                T.copy(h[i_c, i_h, 0:K, 0:V], s_s)
+                T.copy(dh[i_c, i_h, 0:K, 0:V], ds_s)
+                T.copy(v[t0 : t0 + C, i_h, :], v_s)
+                T.copy(do[t0 : t0 + C, i_h, :], do_s)
+                T.copy(ke[t0 : t0 + C, i_h, :], ke_s)
+                T.copy(kd[t0 : t0 + C, i_h, :], kd_s)
+                T.copy(ag[t0 : t0 + C, i_h, :], ag_s)
+                T.copy(aqk[t0 : t0 + C, i_h, :], aq_s)
+
+                # dG_C = e^G_C o rowsum_V(S o dS')
+                for r, c in T.Parallel(K, V):
+                    sd_f[r, c] = T.cast(s_s[r, c], fp32) * T.cast(ds_s[r, c], fp32)
+                T.reduce_sum(sd_f, sd_s, dim=1)
+                for r in T.Parallel(K):
+                    dgc[i_c, i_h, r] = T.exp(gc[i_c, i_h, r]) * sd_s[r]
+
+                # W = V - ke S (into v_s), U = Ag W
+                T.gemm(ke_s, s_s, w_f, clear_accum=True)
+                for r, c in T.Parallel(C, V):
+                    v_s[r, c] = T.cast(T.cast(v_s[r, c], fp32) - w_f[r, c], io)
+                T.fence_proxy_async()
+                T.gemm(ag_s, v_s, x_f, clear_accum=True)
+                T.copy(x_f, u_s)
+                # dU = Aqk^T dO + kd dS'
+                T.gemm(aq_s, do_s, w_f, transpose_A=True, clear_accum=True)
+                T.gemm(kd_s, ds_s, w_f)
+                T.copy(w_f, du_s)
+                T.fence_proxy_async()
+                # dV = dW = Ag^T dU (into ke_s, whose ke is read no more)
+                T.gemm(ag_s, du_s, x_f, transpose_A=True, clear_accum=True)
+                T.copy(x_f, dv[t0 : t0 + C, i_h, :])
+                T.copy(x_f, ke_s)
+                T.fence_proxy_async()
+                # dAqk = Tril(dO U^T), dAg = dU W^T
+                T.gemm(do_s, u_s, c_f, transpose_B=True, clear_accum=True)
+                for r, c in T.Parallel(C, C):
+                    daqk[t0 + r, i_h, c] = T.if_then_else(c <= r, c_f[r, c], 0.0)
+                T.gemm(du_s, v_s, c_f, transpose_B=True, clear_accum=True)
+                T.copy(c_f, dag[t0 : t0 + C, i_h, :])
+                # dqg = dO S^T, dke = -dW S^T, dkd = U dS'^T
+                T.gemm(do_s, s_s, w_f, transpose_B=True, clear_accum=True)
+                T.copy(w_f, dqg[t0 : t0 + C, i_h, :])
+                T.gemm(ke_s, s_s, w_f, transpose_B=True, clear_accum=True)
+                for r, c in T.Parallel(C, K):
+                    dke[t0 + r, i_h, c] = 0.0 - w_f[r, c]
+                T.gemm(u_s, ds_s, w_f, transpose_B=True, clear_accum=True)
+                T.copy(w_f, dkd[t0 : t0 + C, i_h, :])
+
+        return state_grads
+
+    return build()
+
+
+def state_grads_hopper(
+    h: Tensor, dh: Tensor, v: Tensor, do: Tensor, ag: Tensor, aqk: Tensor, ke: Tensor, kd: Tensor, gc: Tensor
+) -> dict[str, Tensor]:
+    """`state_products`' outputs on this kernel (fp32): {"dW" (= dV), "dAqk", "dAg", "dqg", "dke", "dkd" `[N, HV, ..]`,
+    "dGC" `[NT, HV, K]`} from h, dh `[NT, HV, K, V]`, v, do `[N, HV, V]`, ag, aqk `[N, HV, 64]`, ke, kd `[N, HV, K]`
+    (bf16; N = 64 NT) and gc fp32 `[NT, HV, K]`. Raises ValueError where `state_grads_refusal` gives a reason."""
+    NT, HV, K, V = h.shape
+    why = state_grads_refusal(K, V, ag.shape[-1], h.device)
+    if why is not None:
+        raise ValueError(why)
+    xs = [t.to(torch.bfloat16).contiguous() for t in (h, dh, v, do, ag, aqk, ke, kd)]
+    outs = {name: xs[2].new_empty(NT * 64, HV, n, dtype=torch.float32)
+            for name, n in (("dW", V), ("dAqk", 64), ("dAg", 64), ("dqg", K), ("dke", K), ("dkd", K))}  # fmt: skip
+    outs["dGC"] = gc.new_empty(NT, HV, K, dtype=torch.float32)
+    if NT:
+        _build(HV)(*xs, gc.float().contiguous(), *outs.values())
+    return outs

@@ -41,7 +41,8 @@ FusedFwd = Callable[..., tuple[Tensor, Tensor | None]]
 
 # the forward paths of `chunk_fwd(fwd_path=...)`: "auto" (the default: "fused" where the op has a two-kernel forward,
 # `ChunkOp.fused_fwd`, its `kernels.vocabulary.AUTO_FWD_PATH` is "fused", or "walk" and its state+output pass runs on
-# the TileLang walk (`ChunkOp.fwd_walk`), the output is fused and no WY factors are kept; else "wy"), "wy" (the WY prep writing w, u, Aqk, then the state pass) or "fused" (the op's two-kernel forward;
+# the TileLang walk (`ChunkOp.fwd_walk`), the output is fused and no WY factors are kept; else "wy"), "wy" (the WY
+# prep writing w, u, Aqk, then the state pass) or "fused" (the op's two-kernel forward;
 # GDN, KDA). On the H200 (kernels/NOTES.md, session 10): GDN's two-kernel forward is 21-40 % faster than the WY one.
 FWD_PATHS = ("auto", "wy", "fused")
 
@@ -158,7 +159,7 @@ def chunk_fwd(
         keep_states=keep is not None and keep_states,
         unfused_output=fuse_output is False,
         tilelang="tilelang" in (launch.fwd_pass, launch.ag_pass),
-        walk=walk and fwd_walk is not None and fwd_walk(k, v, chunk_size, launch),
+        walk=walk and fwd_walk(k, v, chunk_size, launch),
     )
     path = "fused" if fused_path else "wy"
     fused_states = fused_path and ag_states  # "ag+states" on the fused path

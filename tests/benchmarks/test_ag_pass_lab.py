@@ -32,14 +32,14 @@ def test_build_names_parse_to_the_kernels_knobs() -> None:
 
 
 def test_the_kernels_refuse_unknown_switches_in_one_line() -> None:
-    from kernels.ops.gdn import ag_hopper
+    from kernels.ops.gdn import ag_hopper, tilelang_hopper
     from kernels.ops.kda import ag_hopper as kda_ag_hopper
 
     assert set(ag_hopper.AG_LAB_SWITCHES) >= ag_hopper.SOLVE_LAB_SWITCHES
     assert set(kda_ag_hopper.KDA_AG_LAB_SWITCHES) >= ag_hopper.SOLVE_LAB_SWITCHES
     with pytest.raises(ValueError, match=r"^unknown lab switches \['no_keys'\]; known: \['no_exp', 'no_gate', 'no_gram', "):
-        ag_hopper.check_lab(frozenset({"no_keys", "no_subst"}), ag_hopper.AG_LAB_SWITCHES)
-    ag_hopper.check_lab(frozenset({"no_keys", "no_subst"}), kda_ag_hopper.KDA_AG_LAB_SWITCHES)
+        tilelang_hopper.check_lab(frozenset({"no_keys", "no_subst"}), ag_hopper.AG_LAB_SWITCHES)
+    tilelang_hopper.check_lab(frozenset({"no_keys", "no_subst"}), kda_ag_hopper.KDA_AG_LAB_SWITCHES)
 
 
 def test_each_sum_adds_its_inputs_bytes() -> None:

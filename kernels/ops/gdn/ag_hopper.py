@@ -32,6 +32,7 @@ from kernels.common.decay import GATE_FLOOR
 from kernels.common.index import ChunkIndex
 from kernels.ops.gdn.tilelang_hopper import (
     TL_DTYPES,
+    check_lab,
     hopper_jit,
     stand_in,
     tilelang_chosen,
@@ -79,13 +80,6 @@ def ag_hopper_wanted(k: Tensor, BT: int, launch: LaunchPlan | None, v: Tensor | 
     return tilelang_chosen("ag_pass", launch.ag_pass if launch is not None else "auto", _WHAT, k.shape[-1],
                            v.shape[-1] if v is not None else 128, BT, k.device,
                            auto=AG_HOPPER_AUTO and k.dtype == torch.bfloat16)  # fmt: skip
-
-
-def check_lab(lab: frozenset[str], known: dict[str, str]) -> None:
-    """A one-line ValueError for a lab switch the kernel does not know."""
-    unknown = set(lab) - set(known)
-    if unknown:
-        raise ValueError(f"unknown lab switches {sorted(unknown)}; known: {sorted(known)}")
 
 
 def ag_macros(T: Any, quad: bool = False, lab: frozenset[str] = frozenset()) -> Any:

@@ -44,6 +44,7 @@ from kernels.configs import cdiv
 from kernels.ops.gdn import bwd_stages
 from kernels.ops.gdn.tilelang_hopper import (
     TL_DTYPES,
+    check_lab,
     hopper_jit,
     masked_chunk_loads,
     tilelang_refusal,
@@ -106,9 +107,7 @@ def _build(
 ) -> Any:
     """The compiled kernel for these sizes and dtypes (TileLang JIT, cached on disk by TileLang too); `lab` holds
     `LAB_SWITCHES` keys (timing only)."""
-    unknown = set(lab) - set(LAB_SWITCHES)
-    if unknown:
-        raise ValueError(f"unknown lab switches {sorted(unknown)}; known: {sorted(LAB_SWITCHES)}")
+    check_lab(lab, LAB_SWITCHES)
     import tilelang
     import tilelang.language as T
 

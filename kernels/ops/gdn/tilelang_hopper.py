@@ -4,17 +4,19 @@ chunk 64), a Hopper GPU (sm_90), and the dtype names TileLang takes. `kernels.op
 state+output walk) and `kernels.ops.gdn.ag_hopper` (the Ag pass) refuse through `tilelang_refusal`, with one line
 saying why; a plan option that picks between a Triton pass and one of them decides through `tilelang_chosen`; each
 builds under `hopper_jit` (the target and pass configs they were checked with); an argument a build or mode leaves
-unread is bound to a `stand_in`; the reverse walks load a range's first chunk with `masked_chunk_loads`.
+unread is bound to a `stand_in`; the reverse walks load a range's first chunk with `masked_chunk_loads`; a lab switch
+the kernel does not know is refused by `check_lab`.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-__all__ = ["TILELANG_VERSION", "TL_DTYPES", "TL_SIZES", "hopper_jit", "masked_chunk_loads", "stand_in",
+__all__ = ["TILELANG_VERSION", "TL_DTYPES", "TL_SIZES", "check_lab", "hopper_jit", "masked_chunk_loads", "stand_in",
            "tilelang_chosen", "tilelang_refusal", "tilelang_refusal_cached"]  # fmt: skip
 
 TILELANG_VERSION = "0.1.15"  # checked on the H200 against each kernel's mirror; others are refused, not run
@@ -59,6 +61,14 @@ def tilelang_chosen(option: str, mode: str, what: str, K: int, V: int, BT: int, 
             raise ValueError(f"LaunchPlan({option}='tilelang'): {why}")
         return True
     return why is None
+
+
+def check_lab(lab: frozenset[str], known: Mapping[str, str]) -> None:
+    """A one-line ValueError for a lab switch (a build knob that leaves a part out, timing only) the kernel does not
+    know; `known`: the kernel's switches and what each leaves out."""
+    unknown = set(lab) - set(known)
+    if unknown:
+        raise ValueError(f"unknown lab switches {sorted(unknown)}; known: {sorted(known)}")
 
 
 @functools.cache

@@ -32,9 +32,10 @@ from torch import Tensor
 
 from kernels.common.decay import GATE_FLOOR
 from kernels.common.index import ChunkIndex
-from kernels.ops.gdn.ag_hopper import AG_LAB_SWITCHES, SOLVE_LAB_SWITCHES, ag_macros, check_lab, dense_chunk_table
+from kernels.ops.gdn.ag_hopper import AG_LAB_SWITCHES, SOLVE_LAB_SWITCHES, ag_macros, dense_chunk_table
 from kernels.ops.gdn.tilelang_hopper import (
     TL_DTYPES,
+    check_lab,
     hopper_jit,
     stand_in,
     tilelang_chosen,

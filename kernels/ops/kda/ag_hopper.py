@@ -60,10 +60,10 @@ KDA_AG_LAB_SWITCHES = {
     "no_store": "no Ag, Aqk stores, nor their staging",
     **{s: AG_LAB_SWITCHES[s] for s in sorted(SOLVE_LAB_SWITCHES)},
 }
-# whether `LaunchPlan.ag_pass = "auto"` takes this kernel for KDA. Off: right on the H200 (session 29, its GPU tests
-# passed; o 2.94e-3 against the Triton pass's 3.04e-3) but slower: 7.79 ms at 1x128K, HV 16, against the Triton
-# gated pass's 6.58 (floor 0.90), 3.94 against 3.24 at 8x8K (benchmarks/results/kda_fused_lab_s29_h200.md)
-KDA_AG_HOPPER_AUTO = False
+# whether `LaunchPlan.ag_pass = "auto"` takes this kernel for KDA. On since session 30: after the gate tile's load fix
+# (session 29) it is right on the H200 and faster than the Triton gated pass, 2.28 vs 3.35 ms at 1x64K, HV 16
+# (3.40 storing T), 4.51 vs 6.77 at 1x128K (benchmarks/results/ag_pass_lab_s30_h200.md)
+KDA_AG_HOPPER_AUTO = True
 
 
 def kda_ag_hopper_refusal(K: int, V: int, BT: int, device: torch.device) -> str | None:

@@ -186,7 +186,7 @@ def decay_products_hopper(X: Tensor, a: Tensor, G: Tensor) -> tuple[Tensor, Tens
         raise ValueError(f"decay_products_hopper: X [NT, H, 64, 64] and a, G [NT * 64, H, 128], got X {tuple(X.shape)}, "
                          f"a {tuple(a.shape)}, G {tuple(G.shape)}")  # fmt: skip
     x, a, G = X.float().contiguous(), a.to(torch.bfloat16).contiguous(), G.float().contiguous()
-    R, Cc = torch.empty_like(a), torch.empty_like(a)
+    R, Cc = torch.empty_like(G), torch.empty_like(G)
     if NT:
         _build(H)(x, a, G, R, Cc)
     return R, Cc

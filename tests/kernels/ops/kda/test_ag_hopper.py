@@ -1,7 +1,7 @@
 """KDA's TileLang Ag pass (`kernels.ops.kda.ag_hopper`).
 
-On any machine: the refusals name their reason in one line; `LaunchPlan.ag_pass` picks the pass (auto: Triton, the
-kernel not yet timed on an H200; "tilelang" refuses fp16). Its decomposition's CPU mirror is tested in
+On any machine: the refusals name their reason in one line; `LaunchPlan.ag_pass` picks the pass (auto: the kernel
+in bf16 where it runs, `KDA_AG_HOPPER_AUTO`; "tilelang" refuses fp16). Its decomposition's CPU mirror is tested in
 tests/kernels/ops/kda/test_ag_torch.py. On an H200 with CPBENCH_TEST_GPU=1 and tilelang 0.1.15 (bf16, K = V = 128,
 chunk 64), through `wy_kda_ag` with `ag_pass="tilelang"` on inputs with a partial last chunk (dense) and varlen
 (37, 300, 64, 5 tokens), grouped heads (H = 2, HV = 4), value head 0 strong (gates down to -20 per token and -1000
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from kernels.common.index import prepare_chunk_index
-from kernels.ops.kda.ag_hopper import kda_ag_hopper, kda_ag_hopper_refusal, kda_ag_hopper_wanted
+from kernels.ops.kda.ag_hopper import KDA_AG_HOPPER_AUTO, kda_ag_hopper, kda_ag_hopper_refusal, kda_ag_hopper_wanted
 from kernels.ops.kda.ag_torch import kda_ag_blocks, kda_ag_reference
 from kernels.ops.kda.wy_ag import GatedKeys, gated_ag_plan, wy_kda_ag
 from kernels.plan import LaunchPlan
@@ -43,7 +43,8 @@ def test_refusals_name_their_reason() -> None:
 
 def test_the_plan_picks_the_pass() -> None:
     k = torch.zeros(1, 64, 1, DIM, dtype=torch.bfloat16)
-    assert not kda_ag_hopper_wanted(k, BT, LaunchPlan(), None)  # auto: Triton (and refused on the CPU)
+    assert not kda_ag_hopper_wanted(k, BT, LaunchPlan(), None)  # auto: the kernel is refused on the CPU
+    assert KDA_AG_HOPPER_AUTO and not kda_ag_hopper_wanted(k.half(), BT, LaunchPlan(), None)  # auto: bf16 only
     assert not kda_ag_hopper_wanted(k, BT, LaunchPlan(ag_pass="triton"), None)
     with pytest.raises(ValueError, match=r"ag_pass='tilelang'\): the TileLang KDA Ag pass runs on CUDA only"):
         kda_ag_hopper_wanted(k, BT, LaunchPlan(ag_pass="tilelang"), None)

@@ -374,9 +374,10 @@ def to_markdown(res: dict[str, Any]) -> str:
         f"ms: triton.testing.do_bench median (L2 flushed), all in this process. floor: FLA's fwd+bwd bytes at the "
         f"{HBM_TBPS} TB/s copy ceiling. peak: max allocated during one step above the inputs.", "",
         "ours = the default recompute policy (`LaunchPlan.keep = \"auto\"`, `kernels.vocabulary.AUTO_KEEP`: since "
-        "session 18 GDN's forward holds its Ag pass's outputs, as FLA's holds its WY inverse; KDA's \"inputs\"). Every "
-        "forward also holds, where it splits the sequence, its segments' entering states (~17 MB). `inputs`: the inputs "
-        "alone (the default until session 18). `ag` / `ag+states`: GDN's Ag pass's outputs / and its chunk states. "
+        "session 18 GDN's forward holds its Ag pass's outputs, as FLA's holds its WY inverse; since session 29 KDA's "
+        "\"ag\" too, its gated outputs and T, on its two-kernel forward). Every forward also holds, where it splits the "
+        "sequence, its segments' entering states (~17 MB). `inputs`: the inputs alone (the default until session 18, "
+        "KDA's until 29). `ag` / `ag+states`: the Ag pass's outputs / and the walk's chunk states. "
         "`wy` / `wy+states`: the WY factors / and the chunk states, v_new and segment maps. held MB = what the policy "
         "holds beyond the inputs (FLA's WY inverse is not counted); peak MB = the step's peak above its inputs. At "
         "HV > H ours is the public op `kernels.chunk_<op>` (no policies).", "",

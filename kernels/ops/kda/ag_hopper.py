@@ -87,6 +87,7 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool, store
            lab: frozenset[str] = frozenset()) -> Any:  # fmt: skip
     """The compiled kernel for these heads, scale, gate and beta dtypes, with or without the bound summary and T's
     store (TileLang JIT, cached on disk by TileLang too); lab: `KDA_AG_LAB_SWITCHES` (timing only)."""
+    import tilelang
     import tilelang.language as T
 
     check_lab(lab, KDA_AG_LAB_SWITCHES)
@@ -109,18 +110,18 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool, store
         def block_products(q_s, k_s, gs_s, r_s, rh_f, rl_f, lk_s, lqh_s, lql_s, b_s, at_s, aq_s, pk_f, pq_f, fastv, I):  # fmt: skip
             """A^T's and Aqk's columns of block I (python int): R_I, L_I, four 64x16x128 products."""
             if "no_block_operands" not in lab:
+                # each factor formed once (a let), then its bf16 hi and lo parts (session 29's build formed it twice:
+                # twice the exps and the shared loads of the R tile)
                 for r, c in T.Parallel(C, K):
-                    rh_f[r, c] = T.cast(T.if_then_else(r < 16 * I + 16 * fastv,
-                                                       T.cast(k_s[r, c], fp32) * T.exp(r_s[I, c] - gs_s[r, c]), 0), io)  # fmt: skip
-                    rl_f[r, c] = T.cast(T.if_then_else(r < 16 * I + 16 * fastv,
-                                                       T.cast(k_s[r, c], fp32) * T.exp(r_s[I, c] - gs_s[r, c])
-                                                       - T.cast(rh_f[r, c], fp32), 0), io)  # fmt: skip
+                    x = T.if_then_else(r < 16 * I + 16 * fastv, T.cast(k_s[r, c], fp32) * T.exp(r_s[I, c] - gs_s[r, c]), 0)
+                    rh_f[r, c] = T.cast(x, io)
+                    rl_f[r, c] = T.cast(x - T.cast(T.cast(x, io), fp32), io)
                 for r, c in T.Parallel(16, K):
-                    lk_s[r, c] = T.cast(T.cast(k_s[16 * I + r, c], fp32) * T.exp(gs_s[16 * I + r, c] - r_s[I, c]), io)
-                    lqh_s[r, c] = T.cast(T.cast(q_s[16 * I + r, c], fp32) * T.exp(gs_s[16 * I + r, c] - r_s[I, c]), io)
-                    lql_s[r, c] = T.cast(T.cast(q_s[16 * I + r, c], fp32) * T.exp(gs_s[16 * I + r, c] - r_s[I, c])
-                                         - T.cast(T.cast(T.cast(q_s[16 * I + r, c], fp32)
-                                                         * T.exp(gs_s[16 * I + r, c] - r_s[I, c]), io), fp32), io)  # fmt: skip
+                    e = T.exp(gs_s[16 * I + r, c] - r_s[I, c])
+                    xq = T.cast(q_s[16 * I + r, c], fp32) * e
+                    lk_s[r, c] = T.cast(T.cast(k_s[16 * I + r, c], fp32) * e, io)
+                    lqh_s[r, c] = T.cast(xq, io)
+                    lql_s[r, c] = T.cast(xq - T.cast(T.cast(xq, io), fp32), io)
                 T.fence_proxy_async()
             if "no_block_gemms" in lab:
                 T.clear(pk_f)
@@ -175,7 +176,9 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool, store
 
                 q_s = T.alloc_shared((C, K), io)
                 k_s = T.alloc_shared((C, K), io)
-                gs_s = T.alloc_shared((C, K), fp32)  # G
+                # G, its rows padded by 8 words: the R tiles read it in the products' register layout (8 rows x 8
+                # columns a warp), which on 128-word rows is an 8-way bank conflict and on 136-word rows none
+                gs_s = T.alloc_shared((C, K + 8), fp32)
                 r_s = T.alloc_shared((4, K), fp32)  # the blocks' references
                 sp_s = T.alloc_shared((K,), fp32)  # each key's largest block span
                 b_s = T.alloc_shared((C,), fp32)
@@ -188,6 +191,8 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool, store
                 dinvt_s = T.alloc_shared((C, C), fp32)
                 n_s = T.alloc_shared((C, C), fp32)
                 ag_s = T.alloc_shared((C, C), io)
+                # q, k swizzled (TMA writes them so): the R tiles' reads of k, 8 rows a warp, then spread over the banks
+                T.annotate_layout({x: tilelang.layout.make_swizzled_layout(x) for x in (q_s, k_s)})
                 rh_f = T.alloc_fragment((C, K), io)  # R_I's hi and lo parts: the products' register operands
                 rl_f = T.alloc_fragment((C, K), io)
                 pk_f = T.alloc_fragment((C, 16), fp32)

@@ -11,11 +11,14 @@ of the floored per-key gate), K = 128, with 16-row blocks and one reference per 
 
 Fast chunk (every key's span across every block below FAST_SPAN): r is the block's midpoint and the products cover
 the diagonal block; else r_I is G before block I, r_J G at block J's last row, the products cover the other blocks
-(factors <= 1) and the diagonal blocks are summed elementwise (every exponent <= 0). Each block is three 64x128x64
-warpgroup products over the whole chunk, of which the block's 16 rows are kept: X and the scaled operand each split
-into bf16 hi and lo parts, X_hi O_hi + X_lo O_hi + X_hi O_lo (fp32 accuracy, as the KDA Ag pass's Aqk: the backward
-keeps these products at fp32 because bf16 operands put dg at 1.1e-2, `kernels.common.chunk_bwd`'s VECTOR_GATE_DOT),
-four blocks a side; the tensor cores' cost is small at this size.
+(factors <= 1) and the diagonal blocks are summed elementwise (every exponent <= 0). Each block's product is formed
+at its own size, transposed: [128 keys, 16 rows] = O^T Xb^T with O the scaled operand [64 rows, 128 keys] and Xb the
+block's 16 rows of X (or of X^T), three warpgroup products over the chunk's 64 rows (M = 128 keys, N = 16, K = 64) on
+bf16 hi and lo parts, O_hi Xb_hi + O_lo Xb_hi + O_hi Xb_lo (fp32 accuracy, as the KDA Ag pass's Aqk: the backward
+keeps these products at fp32 because bf16 operands put dg at 1.1e-2, `kernels.common.chunk_bwd`'s VECTOR_GATE_DOT).
+Each factor is formed once and the gate tile is read without bank conflicts (its rows padded). Session 29's form
+(three 64 x 128 x 64 products a block over the whole chunk, 16 rows of each kept, each factor formed twice) took
+6.05 ms on the H200 against 1.96 for the Triton tiles (1024 chunks x 16 heads, `results/decay_products_lab_s30_h200.md`).
 
 Sizes: K = 128, chunk 64, sm_90, TileLang `kernels.ops.gdn.tilelang_hopper.TILELANG_VERSION`; refused in one line
 otherwise. Tested on the GPU against the mirror (tests/kernels/ops/kda/test_decay_products_hopper.py).
@@ -57,41 +60,22 @@ def _build(H: int) -> Any:
     @hopper_jit()
     def build() -> Any:
         @T.macro
-        def rows_product(xh_s, xl_s, a_s, g_s, ref_s, oh_s, ol_s, p_f, out_f, I, fastv):
-            """Block I of R into out_f's rows of block I: the operand a o e^(r_I - G) on the rows up to block I's
-            end (fast) or before it, in hi and lo parts, three products, then the rows' factor e^(G_i - r_I)."""
+        def operand(a_s, g_s, ref_s, oh_s, ol_s, I, lo_row, hi_row, sign):
+            """The block's operand a o e^(sign (r_I - G)) on rows lo_row <= r < hi_row (zero elsewhere), its factor
+            formed once and split into bf16 hi and lo parts."""
             for r, c in T.Parallel(C, K):
-                oh_s[r, c] = T.cast(T.if_then_else(r < BLOCK * I + BLOCK * fastv,
-                                                   T.cast(a_s[r, c], fp32) * T.exp(ref_s[I, c] - g_s[r, c]), 0), io)  # fmt: skip
-                ol_s[r, c] = T.cast(T.if_then_else(r < BLOCK * I + BLOCK * fastv,
-                                                   T.cast(a_s[r, c], fp32) * T.exp(ref_s[I, c] - g_s[r, c])
-                                                   - T.cast(oh_s[r, c], fp32), 0), io)  # fmt: skip
-            T.fence_proxy_async()
-            T.gemm(xh_s, oh_s, p_f, clear_accum=True)
-            T.gemm(xl_s, oh_s, p_f)
-            T.gemm(xh_s, ol_s, p_f)
-            for r, c in T.Parallel(C, K):
-                if r // BLOCK == I:
-                    out_f[r, c] = p_f[r, c] * T.exp(g_s[r, c] - ref_s[I, c])
+                x = T.if_then_else((r >= lo_row) & (r < hi_row),
+                                   T.cast(a_s[r, c], fp32) * T.exp(sign * (ref_s[I, c] - g_s[r, c])), 0)  # fmt: skip
+                oh_s[r, c] = T.cast(x, io)
+                ol_s[r, c] = T.cast(x - T.cast(T.cast(x, io), fp32), io)
 
         @T.macro
-        def cols_product(xh_s, xl_s, a_s, g_s, ref_s, oh_s, ol_s, p_f, out_f, I, fastv):
-            """Block I of Cc into out_f's rows of block I: the operand a o e^(G - r_I) on the rows from block I's
-            start (fast) or after it, in hi and lo parts, three products with X^T, then the columns' factor
-            e^(r_I - G_j)."""
-            for r, c in T.Parallel(C, K):
-                oh_s[r, c] = T.cast(T.if_then_else(r >= BLOCK * I + BLOCK * (1 - fastv),
-                                                   T.cast(a_s[r, c], fp32) * T.exp(g_s[r, c] - ref_s[I, c]), 0), io)  # fmt: skip
-                ol_s[r, c] = T.cast(T.if_then_else(r >= BLOCK * I + BLOCK * (1 - fastv),
-                                                   T.cast(a_s[r, c], fp32) * T.exp(g_s[r, c] - ref_s[I, c])
-                                                   - T.cast(oh_s[r, c], fp32), 0), io)  # fmt: skip
+        def products(oh_s, ol_s, xbh_s, xbl_s, p_f):
+            """P [K, 16] = O^T Xb^T over the chunk's rows, O and Xb in hi and lo parts: three products at fp32 accuracy."""
             T.fence_proxy_async()
-            T.gemm(xh_s, oh_s, p_f, transpose_A=True, clear_accum=True)
-            T.gemm(xl_s, oh_s, p_f, transpose_A=True)
-            T.gemm(xh_s, ol_s, p_f, transpose_A=True)
-            for r, c in T.Parallel(C, K):
-                if r // BLOCK == I:
-                    out_f[r, c] = p_f[r, c] * T.exp(ref_s[I, c] - g_s[r, c])
+            T.gemm(oh_s, xbh_s, p_f, transpose_A=True, transpose_B=True, clear_accum=True)
+            T.gemm(ol_s, xbh_s, p_f, transpose_A=True, transpose_B=True)
+            T.gemm(oh_s, xbl_s, p_f, transpose_A=True, transpose_B=True)
 
         @T.prim_func
         def decay_products(
@@ -107,17 +91,21 @@ def _build(H: int) -> Any:
                 xh_s = T.alloc_shared((C, C), io)  # X's bf16 hi and lo parts
                 xl_s = T.alloc_shared((C, C), io)
                 a_s = T.alloc_shared((C, K), io)
-                g_s = T.alloc_shared((C, K), fp32)
-                oh_s = T.alloc_shared((C, K), io)  # the scaled operand's hi and lo parts
+                # G, rows padded to 136 words: read in the products' accumulator layout without bank conflicts
+                g_s = T.alloc_shared((C, K + 8), fp32)
+                oh_s = T.alloc_shared((C, K), io)  # a block's operand, hi and lo parts
                 ol_s = T.alloc_shared((C, K), io)
+                xbh_s = T.alloc_shared((BLOCK, C), io)  # the block's rows of X (R) or of X^T (Cc), hi and lo
+                xbl_s = T.alloc_shared((BLOCK, C), io)
                 rref_s = T.alloc_shared((NB, K), fp32)  # the row products' references
                 cref_s = T.alloc_shared((NB, K), fp32)  # the column products'
                 sp_s = T.alloc_shared((K,), fp32)
-                p_f = T.alloc_fragment((C, K), fp32)
-                out_f = T.alloc_fragment((C, K), fp32)
+                p_f = T.alloc_fragment((K, BLOCK), fp32)  # a block's product, transposed: [key, row of the block]
+                fastv = T.alloc_var("int32")
                 for r, c in T.Parallel(C, C):
-                    xh_s[r, c] = T.cast(x[i_c, i_h, r, c], io)
-                    xl_s[r, c] = T.cast(x[i_c, i_h, r, c] - T.cast(T.cast(x[i_c, i_h, r, c], io), fp32), io)
+                    xv = x[i_c, i_h, r, c]
+                    xh_s[r, c] = T.cast(xv, io)
+                    xl_s[r, c] = T.cast(xv - T.cast(T.cast(xv, io), fp32), io)
                 for r, c in T.Parallel(C, K):
                     a_s[r, c] = a[t0 + r, i_h, c]
                     g_s[r, c] = g[t0 + r, i_h, c]
@@ -141,31 +129,45 @@ def _build(H: int) -> Any:
                         g_s[BLOCK * I + BLOCK - 1, tx])  # fmt: skip
                 T.sync_threads()
 
+                # R, block I: R_I^T = (a o e^(r_I - G))^T X_I^T over the rows up to block I's end (fast) or before it
                 for I in T.unroll(NB):
-                    rows_product(xh_s, xl_s, a_s, g_s, rref_s, oh_s, ol_s, p_f, out_f, I, fastv)
-                if fastv == 0:  # the diagonal blocks elementwise: R_i += sum_{j in i's block, j <= i} (exponents <= 0)
-                    for jj in T.serial(BLOCK):
-                        for r, c in T.Parallel(C, K):
-                            out_f[r, c] += T.if_then_else(
-                                (r // BLOCK) * BLOCK + jj <= r,
-                                (T.cast(xh_s[r, (r // BLOCK) * BLOCK + jj], fp32) + T.cast(xl_s[r, (r // BLOCK) * BLOCK + jj], fp32))
-                                * T.cast(a_s[(r // BLOCK) * BLOCK + jj, c], fp32)
-                                * T.exp(T.min(g_s[r, c] - g_s[(r // BLOCK) * BLOCK + jj, c], 0.0)), 0.0)  # fmt: skip
-                for r, c in T.Parallel(C, K):
-                    rr[t0 + r, i_h, c] = out_f[r, c]
+                    operand(a_s, g_s, rref_s, oh_s, ol_s, I, 0, BLOCK * I + BLOCK * fastv, 1.0)
+                    for r, c in T.Parallel(BLOCK, C):
+                        xbh_s[r, c] = xh_s[BLOCK * I + r, c]
+                        xbl_s[r, c] = xl_s[BLOCK * I + r, c]
+                    products(oh_s, ol_s, xbh_s, xbl_s, p_f)
+                    for c, r in T.Parallel(K, BLOCK):
+                        p_f[c, r] = p_f[c, r] * T.exp(g_s[BLOCK * I + r, c] - rref_s[I, c])
+                    if fastv == 0:  # the diagonal block elementwise: j in block I, j <= i (exponents <= 0)
+                        for jj in T.serial(BLOCK):
+                            for c, r in T.Parallel(K, BLOCK):
+                                p_f[c, r] += T.if_then_else(
+                                    jj <= r,
+                                    (T.cast(xh_s[BLOCK * I + r, BLOCK * I + jj], fp32) + T.cast(xl_s[BLOCK * I + r, BLOCK * I + jj], fp32))
+                                    * T.cast(a_s[BLOCK * I + jj, c], fp32)
+                                    * T.exp(T.min(g_s[BLOCK * I + r, c] - g_s[BLOCK * I + jj, c], 0.0)), 0.0)  # fmt: skip
+                    for c, r in T.Parallel(K, BLOCK):
+                        rr[t0 + BLOCK * I + r, i_h, c] = p_f[c, r]
 
-                for I in T.unroll(NB):
-                    cols_product(xh_s, xl_s, a_s, g_s, cref_s, oh_s, ol_s, p_f, out_f, I, fastv)
-                if fastv == 0:  # Cc_j += sum_{i in j's block, i >= j}
-                    for ii in T.serial(BLOCK):
-                        for r, c in T.Parallel(C, K):
-                            out_f[r, c] += T.if_then_else(
-                                (r // BLOCK) * BLOCK + ii >= r,
-                                (T.cast(xh_s[(r // BLOCK) * BLOCK + ii, r], fp32) + T.cast(xl_s[(r // BLOCK) * BLOCK + ii, r], fp32))
-                                * T.cast(a_s[(r // BLOCK) * BLOCK + ii, c], fp32)
-                                * T.exp(T.min(g_s[(r // BLOCK) * BLOCK + ii, c] - g_s[r, c], 0.0)), 0.0)  # fmt: skip
-                for r, c in T.Parallel(C, K):
-                    cc[t0 + r, i_h, c] = out_f[r, c]
+                # Cc, block J: Cc_J^T = (a o e^(G - r_J))^T X[:, J] over the rows from block J's start (fast) or after it
+                for J in T.unroll(NB):
+                    operand(a_s, g_s, cref_s, oh_s, ol_s, J, BLOCK * J + BLOCK * (1 - fastv), C, -1.0)
+                    for r, c in T.Parallel(BLOCK, C):
+                        xbh_s[r, c] = xh_s[c, BLOCK * J + r]
+                        xbl_s[r, c] = xl_s[c, BLOCK * J + r]
+                    products(oh_s, ol_s, xbh_s, xbl_s, p_f)
+                    for c, r in T.Parallel(K, BLOCK):
+                        p_f[c, r] = p_f[c, r] * T.exp(cref_s[J, c] - g_s[BLOCK * J + r, c])
+                    if fastv == 0:  # i in block J, i >= j
+                        for ii in T.serial(BLOCK):
+                            for c, r in T.Parallel(K, BLOCK):
+                                p_f[c, r] += T.if_then_else(
+                                    ii >= r,
+                                    (T.cast(xh_s[BLOCK * J + ii, BLOCK * J + r], fp32) + T.cast(xl_s[BLOCK * J + ii, BLOCK * J + r], fp32))
+                                    * T.cast(a_s[BLOCK * J + ii, c], fp32)
+                                    * T.exp(T.min(g_s[BLOCK * J + ii, c] - g_s[BLOCK * J + r, c], 0.0)), 0.0)  # fmt: skip
+                    for c, r in T.Parallel(K, BLOCK):
+                        cc[t0 + BLOCK * J + r, i_h, c] = p_f[c, r]
 
         return decay_products
 

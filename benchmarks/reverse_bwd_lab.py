@@ -6,9 +6,8 @@ process, beside its floor.
         [--variants ,sync_loads,load_once,no_dg,no_reduce,no_store,load_once+no_dg+no_reduce+no_store] [--jobs 8]
     python benchmarks/reverse_bwd_lab.py --compile-only [--jobs 2]   # fill TileLang's cache (no GPU needed)
 
-A variant is a "+"-joined set of switches ("" is the kernel as it ships), or "stages": the lockstep kernel
-(`kernels.ops.gdn.bwd_stages`, `reverse_bwd_tilelang(kernel="stages")`), compared with the shipped one's outputs like
-a swapped part. Every variant is compiled first, in
+A variant is a "+"-joined set of switches ("" is the kernel as it ships; session 27's lockstep kernel, timed here as
+"stages" in session 29, was removed in session 30). Every variant is compiled first, in
 `--jobs` processes side by side (TileLang's disk cache then serves the timing process). Inputs: bf16, H = Hk = 16,
 K = V = 128, chunk 64, random values of the forward's scale; shape BxT walked in `--ranges` ranges per sequence (one
 shape's ranges: a comma list beside --shapes), so B x ranges x H programs of T / 64 / ranges chunk steps each.
@@ -56,22 +55,16 @@ DEFAULT_VARIANTS = (
 )
 
 
-STAGES = "stages"  # the variant that times the lockstep kernel
-
-
 def _switches(variant: str) -> frozenset[str]:
-    return frozenset(x for x in variant.split("+") if x and x != STAGES)
+    return frozenset(x for x in variant.split("+") if x)
 
 
 def _build(variant: str) -> tuple[str, float]:
     """Compile one variant (in a worker process); its seconds."""
-    from kernels.ops.gdn import bwd_stages, reverse_bwd
+    from kernels.ops.gdn import reverse_bwd
 
     t0 = time.perf_counter()
-    if variant == STAGES:
-        bwd_stages._build(H, H, DIM**-0.5, "bfloat16", "float32", "bfloat16")
-    else:
-        reverse_bwd._build(H, H, DIM, DIM, BT, DIM**-0.5, "bfloat16", "float32", "bfloat16", _switches(variant))
+    reverse_bwd._build(H, H, DIM, DIM, BT, DIM**-0.5, "bfloat16", "float32", "bfloat16", _switches(variant))
     return variant, time.perf_counter() - t0
 
 
@@ -198,15 +191,14 @@ def main(argv: list[str] | None = None) -> None:
         for v in variants:
 
             def call(v: str = v, x: dict[str, Any] = x) -> Any:
-                return reverse_bwd.reverse_bwd_tilelang(*x["args"], scale=DIM**-0.5, lab=_switches(v), **x["ranges"],
-                                                        kernel=STAGES if v == STAGES else "pairs")  # fmt: skip
+                return reverse_bwd.reverse_bwd_tilelang(*x["args"], scale=DIM**-0.5, lab=_switches(v), **x["ranges"])
 
             out = call()
             torch.cuda.synchronize()
             if v == "":
                 shipped = [t.float().clone() for t in out]
             diff = float("nan")
-            if shipped is not None and v and (v == STAGES or _switches(v) <= reverse_bwd.EXACT_SWITCHES):
+            if shipped is not None and v and _switches(v) <= reverse_bwd.EXACT_SWITCHES:
                 diff = max(
                     float((a.float() - b).abs().max() / b.abs().max().clamp_min(1e-30))
                     for a, b in zip(out, shipped, strict=True)

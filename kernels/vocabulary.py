@@ -118,10 +118,11 @@ KEEP_POLICIES: tuple[str, ...] = ("auto", "inputs", "ag", "ag+states", "wy", "wy
 # "reverse": GDN's TileLang reverse walk from the forward's Ag (`kernels.ops.gdn.reverse_bwd`: Hopper, K = V = 128,
 # chunk 64; no dh or dv_new through memory, the reverse state pass's last walk fused in; "auto" takes it for long
 # bf16 steps, AUTO_REVERSE_MIN_TOKEN_HEADS below)
-# "stages": the same walk's lockstep-stage kernel (`kernels.ops.gdn.bwd_stages`, session 27: opt-in, not yet timed)
-BWD_GRADS: tuple[str, ...] = ("auto", "pair", "fused", "reverse", "stages")
-# the values that run GDN's TileLang reverse walk, and its kernel (`kernels.ops.gdn.reverse_bwd.REVERSE_KERNELS`)
-REVERSE_WALKS: Mapping[str, str] = MappingProxyType({"reverse": "pairs", "stages": "stages"})
+# (Session 27's "stages", the same walk in lockstep stages, was removed in session 30: 1.75x the shipped walk's time on
+# the H200, session 29)
+BWD_GRADS: tuple[str, ...] = ("auto", "pair", "fused", "reverse")
+# the values that run GDN's TileLang reverse walk
+REVERSE_WALKS: frozenset[str] = frozenset({"reverse"})
 # the forward's state+output pass (and the reverse walk's state recompute) of GDN's two-kernel forward: "auto" (the
 # default: the TileLang walk `kernels.ops.gdn.fwd_walk` in bf16 where it runs: Hopper, K = V = 128, chunk 64, tilelang
 # installed; else Triton), "triton" (`kernels.ops.gdn.fused`'s pass, `kernels.common.chunk_state.chunk_state_ag_fwd`)

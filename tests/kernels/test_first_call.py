@@ -42,8 +42,8 @@ def test_the_fallback_resolves_the_auto_options_only() -> None:
     assert tilelang_fallback(LaunchPlan(), "kda").bwd_grads == "pair"  # the op's Triton kernels under "auto"
     explicit = LaunchPlan(fwd_pass="tilelang", ag_pass="tilelang", bwd_grads="reverse")
     assert tilelang_fallback(explicit, "gdn") is explicit  # explicit options never tier: they wait for their builds
-    mixed = tilelang_fallback(LaunchPlan(fwd_pass="tilelang", bwd_grads="stages"), "gdn")
-    assert (mixed.fwd_pass, mixed.ag_pass, mixed.bwd_grads) == ("tilelang", "triton", "stages")
+    mixed = tilelang_fallback(LaunchPlan(fwd_pass="tilelang", bwd_grads="reverse"), "gdn")
+    assert (mixed.fwd_pass, mixed.ag_pass, mixed.bwd_grads) == ("tilelang", "triton", "reverse")
     on_triton = LaunchPlan(fwd_pass="triton", ag_pass="triton", bwd_grads="pair")
     assert tilelang_fallback(on_triton, "gdn") is on_triton
 

@@ -247,7 +247,7 @@ def chunk_gdn_bwd_ag(
         return chunk_gdn_bwd_reverse(q, k, v, g, beta, do, ag=ag, gs=gcum, kept=states or None, lazy=lazy, index=index,
                                      scale=scale, initial_state=initial_state, dht=dht, launch=launch,
                                      split_chunks=split_chunks, warm_report=warm_report, seg_states=seg_states,
-                                     qk_sums=kept_rev_sums(wy), kernel=REVERSE_WALKS.get(launch.bwd_grads, "pairs"))  # fmt: skip
+                                     qk_sums=kept_rev_sums(wy))  # fmt: skip
     # the warm reverse windows' bound sums in this launch when the backward will run the forward's split from its
     # segment states (no forward sums needed: `chunk_bwd` then skips `reverse_chunk_bound`), unless the forward's Ag
     # pass kept their q, k side (`kernels.common.warm_bwd.KEPT_REV_SUMS`: `chunk_bwd` then reads do alone for them)

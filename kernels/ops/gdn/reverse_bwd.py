@@ -41,7 +41,6 @@ from kernels.common.chunk_bwd import LazyFactors, rev_warm, reverse_ends
 from kernels.common.decay import GATE_FLOOR
 from kernels.common.index import ChunkIndex
 from kernels.configs import cdiv
-from kernels.ops.gdn import bwd_stages
 from kernels.ops.gdn.tilelang_hopper import (
     TL_DTYPES,
     check_lab,
@@ -52,9 +51,9 @@ from kernels.ops.gdn.tilelang_hopper import (
 )
 from kernels.parallel_compile import build_beside
 from kernels.plan import LaunchPlan
-from kernels.vocabulary import AUTO_REVERSE_MIN_TOKEN_HEADS, REVERSE_WALKS
+from kernels.vocabulary import AUTO_REVERSE_MIN_TOKEN_HEADS
 
-__all__ = ["REVERSE_KERNELS", "chunk_gdn_bwd_reverse", "reverse_bwd_refusal", "reverse_bwd_tilelang"]
+__all__ = ["chunk_gdn_bwd_reverse", "reverse_bwd_refusal", "reverse_bwd_tilelang"]
 
 _THREADS = 256
 _WHAT = "reverse backward"  # how the refusals name this kernel
@@ -95,10 +94,6 @@ LAB_SWITCHES = {
     "no_store": "no dq, dk, dv stores",
 }
 EXACT_SWITCHES = frozenset({"sync_loads", "sync_qkv", "sync_stores", "sync_mma", "unbatched"})
-# The walk's kernels: "pairs" (this module's: two warpgroups form every product together, the default) and "stages"
-# (`kernels.ops.gdn.bwd_stages`: three warpgroups in lockstep stages and a producer; opt-in, not yet run on a GPU);
-# the lab switches are the pairs'
-REVERSE_KERNELS: tuple[str, ...] = tuple(REVERSE_WALKS.values())
 
 
 @functools.cache
@@ -447,7 +442,7 @@ def _build(
 def reverse_bwd_tilelang(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, gs: Tensor, beta: Tensor, ag: Tensor, h: Tensor, do: Tensor, *,
     scale: float, cu: Tensor, chunk_offsets: Tensor, ends: Tensor, final_idx: Tensor, num_seqs: int,
-    lab: frozenset[str] = frozenset(), kernel: str = REVERSE_KERNELS[0],
+    lab: frozenset[str] = frozenset(),
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """(dq, dk per value head, dv, dg, dbeta, dh0) of GDN by one reverse walk per (range, value head) (module
     docstring). q, k `[B, T, Hk, K]`, v, do `[B, T, H, V]`, g (raw) and beta `[B, T, H]`, gs the in-chunk cumsum of
@@ -456,24 +451,17 @@ def reverse_bwd_tilelang(
     end), their first chunk's index into h `chunk_offsets` `[NS]`, the fp32 gradient at each range's end `ends`
     `[NS, H, K, V]`, and final_idx `[NS]` (range n stores its entering gradient in dh0[final_idx[n]] when >= 0).
     dq and dk come per value head (grouped heads sum them after). Raises ValueError where `reverse_bwd_refusal`
-    gives a reason. `lab`: `LAB_SWITCHES` keys, for timing only (the gradients are then wrong); kernel: one of
-    `REVERSE_KERNELS`."""
-    if kernel not in REVERSE_KERNELS or (kernel != "pairs" and lab):
-        raise ValueError(f"reverse walk kernel {kernel!r}: one of {REVERSE_KERNELS} (lab switches: 'pairs' only)")
+    gives a reason. `lab`: `LAB_SWITCHES` keys, for timing only (the gradients are then wrong)."""
     B, T, Hk, K = k.shape
     H, V = v.shape[2], v.shape[3]
     BT = ag.shape[-1]
     why = tilelang_refusal_cached(_WHAT, K, V, BT, k.device)  # (once per device: this runs on every step)
     if why is not None:
         raise ValueError(why)
-    if kernel == "stages":
-        sbuild = (H, Hk, float(scale), TL_DTYPES[k.dtype], TL_DTYPES[g.dtype], TL_DTYPES[beta.dtype])
-        kern = None if build_beside(("bwd_stages", *sbuild), bwd_stages._build, *sbuild) else bwd_stages._build(*sbuild)
-    else:
-        build = (H, Hk, K, V, BT, float(scale), TL_DTYPES[k.dtype], TL_DTYPES[g.dtype], TL_DTYPES[beta.dtype],
-                 frozenset(lab))  # fmt: skip
-        # (in `compile_ahead`'s dry run the walk builds beside the Triton compiles and does not launch)
-        kern = None if build_beside(("reverse_bwd", *build), _build, *build) else _build(*build)
+    build = (H, Hk, K, V, BT, float(scale), TL_DTYPES[k.dtype], TL_DTYPES[g.dtype], TL_DTYPES[beta.dtype],
+             frozenset(lab))  # fmt: skip
+    # (in `compile_ahead`'s dry run the walk builds beside the Triton compiles and does not launch)
+    kern = None if build_beside(("reverse_bwd", *build), _build, *build) else _build(*build)
     flat = [x.reshape(B * T, *x.shape[2:]).contiguous() for x in (q, k, v, do, ag, gs, g, beta)]
     dq, dk = per_value_head(q, H), per_value_head(k, H)
     dv = torch.empty_like(v)
@@ -490,7 +478,7 @@ def chunk_gdn_bwd_reverse(
     kept: Mapping[str, Tensor] | None, lazy: LazyFactors, index: ChunkIndex, scale: float,
     initial_state: Tensor | None, dht: Tensor | None, launch: LaunchPlan, split_chunks: int | None,
     warm_report: dict[str, Tensor] | None, seg_states: Mapping[str, Any] | None,
-    qk_sums: tuple[Tensor, Tensor] | None = None, kernel: str = REVERSE_KERNELS[0],
+    qk_sums: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:  # fmt: skip
     """GDN's backward under the reverse walk (`kernels.ops.gdn.ag_bwd`: `bwd_grads="reverse"`, or "auto" for a long
     step): the chunk states and each range's end gradient as the reverse state pass makes them
@@ -519,7 +507,7 @@ def chunk_gdn_bwd_reverse(
         ends = torch.zeros(NS, H, K, V, dtype=torch.float32, device=dev)
     dq, dk, dv, dg, dbeta, dh0 = reverse_bwd_tilelang(
         q, k, v, g, gs, beta, ag, h, do, scale=scale, cu=cu, chunk_offsets=co[:NS], ends=ends,  # (offsets: [NS + 1])
-        final_idx=fin, num_seqs=N, kernel=kernel,
+        final_idx=fin, num_seqs=N,
     )  # fmt: skip
     dq = group_sum(dq, Hk)
     dk = group_sum(dk, Hk)

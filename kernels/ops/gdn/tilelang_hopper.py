@@ -1,10 +1,10 @@
 """What GDN's TileLang kernels need, in one place: the TileLang version they were checked on, their sizes (K = V = 128,
-chunk 64), a Hopper GPU (sm_90), and the dtype names TileLang takes. `kernels.ops.gdn.reverse_bwd` and
-`kernels.ops.gdn.bwd_stages` (the backward's reverse walk, two kernels), `kernels.ops.gdn.fwd_walk` (the forward's
+chunk 64), a Hopper GPU (sm_90), and the dtype names TileLang takes. `kernels.ops.gdn.reverse_bwd` (the
+backward's reverse walk), `kernels.ops.gdn.fwd_walk` (the forward's
 state+output walk) and `kernels.ops.gdn.ag_hopper` (the Ag pass) refuse through `tilelang_refusal`, with one line
 saying why; a plan option that picks between a Triton pass and one of them decides through `tilelang_chosen`; each
 builds under `hopper_jit` (the target and pass configs they were checked with); an argument a build or mode leaves
-unread is bound to a `stand_in`; the reverse walks load a range's first chunk with `masked_chunk_loads`; a lab switch
+unread is bound to a `stand_in`; the reverse walk loads a range's first chunk with `masked_chunk_loads`; a lab switch
 the kernel does not know is refused by `check_lab`.
 """
 
@@ -87,10 +87,10 @@ def hopper_jit() -> Any:
 
 
 def masked_chunk_loads(T: Any, BT: int, K: int, V: int) -> Any:
-    """A TileLang macro (`T`: `tilelang.language` of the build) loading a reverse walk's chunk at t0 row by row into
+    """A TileLang macro (`T`: `tilelang.language` of the build) loading the reverse walk's chunk at t0 row by row into
     its tiles: q, k (key head i_hk), v, dO, Ag (value head i_h) zero past the range's end eos, the gate cumsum repeating
-    the last row's there (no decay), beta zero there; the chunk state h[ic] whole. The walks' first chunk, which may be
-    partial (`kernels.ops.gdn.reverse_bwd`, `kernels.ops.gdn.bwd_stages`)."""
+    the last row's there (no decay), beta zero there; the chunk state h[ic] whole. The walk's first chunk, which may be
+    partial (`kernels.ops.gdn.reverse_bwd`)."""
 
     @T.macro
     def load(q, k, v, do, ag, h, gs, beta, q_s, k_s, v_s, do_s, ag_s, h_s, g_s, b_s, t0, eos, ic, i_hk, i_h):  # fmt: skip

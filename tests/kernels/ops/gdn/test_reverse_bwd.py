@@ -3,14 +3,14 @@
 On any machine: the refusals (head dims other than 128, a CPU tensor, KDA or no kept Ag) name their reason in one line;
 "auto" takes the walk for bf16 steps of at least AUTO_REVERSE_MIN_TOKEN_HEADS tokens x value heads where it runs.
 On an H200 with CPBENCH_TEST_GPU=1 and tilelang 0.1.15 (bf16, K = V = 128, chunk 64):
-- each of the walk's kernels ("pairs", the default, and "stages", `kernels.ops.gdn.bwd_stages`) against its torch mirror (`kernels.common.reverse_bwd_torch.reverse_walk`, which CI checks against the
+- the walk's kernel against its torch mirror (`kernels.common.reverse_bwd_torch.reverse_walk`, which CI checks against the
   reference) on identical inputs: three varlen sequences (37, 300, 5 tokens: partial and sub-chunk chunks) walked in
   two-chunk ranges from random end gradients, grouped heads (Hk = 1, H = 2); relative L2 2e-2 per output (the
   kernel rounds its products' operands to bf16, the mirror does not); and each sequence walked as one range, whose
   first step is its partial last chunk and whose next chunks are prefetched (session 24: the partial chunk's rows
   were stored before every thread had staged them);
 - a training step through `kernels.forward` under keep "ag" and "ag+states" (the forward walk then keeps its chunk
-  states and the backward recomputes none) with bwd_grads "reverse" and "stages" (the two kernels): every gradient (dq, dk, dv, dg, dbeta, dh0)
+  states and the backward recomputes none) with bwd_grads "reverse": every gradient (dq, dk, dv, dg, dbeta, dh0)
   against autograd through the fp32 per-token reference at 5e-3 (the issue's bound), varlen with h0 and dht and
   grouped heads, and dense B = 2 with the backward split into one-chunk ranges.
 On any machine: "ag+states" keeps the walk's states only ahead of the reverse walk, and h without v_new is refused
@@ -25,7 +25,7 @@ import torch
 import kernels
 from kernels.common.chunk_bwd import chunk_bwd
 from kernels.common.reverse_bwd_torch import reverse_walk
-from kernels.ops.gdn.reverse_bwd import REVERSE_KERNELS, reverse_bwd_refusal, reverse_bwd_tilelang
+from kernels.ops.gdn.reverse_bwd import reverse_bwd_refusal, reverse_bwd_tilelang
 from kernels.plan import LaunchPlan
 from tests.utils import TEST_DEVICE, assert_rel_close, make_inputs, make_state
 from tests.utils.gdn_reference import gdn_reference_grads
@@ -42,15 +42,10 @@ def test_refusals_name_their_reason() -> None:
     assert "chunk 64, got K=128 V=128 chunk=32" in str(reverse_bwd_refusal(128, 128, 32, torch.device("cpu")))
     assert "runs on CUDA only, got cpu" in str(reverse_bwd_refusal(128, 128, 64, torch.device("cpu")))
     q, k, v, g, beta, _ = make_inputs("kda", (20,), K=16, V=16)
-    for grads in ("reverse", "stages"):
-        with pytest.raises(ValueError, match=f"bwd_grads='{grads}' is GDN's backward from the forward's Ag"):
-            chunk_bwd("kda", q, k, v, g, beta, torch.ones_like(v), scale=0.25, plan=LaunchPlan(bwd_grads=grads))
-    with pytest.raises(ValueError, match="reverse walk kernel 'roles': one of \\('pairs', 'stages'\\)"):
-        reverse_bwd_tilelang(*[torch.empty(0)] * 9, scale=1.0, cu=None, chunk_offsets=None, ends=None,  # type: ignore[arg-type]
-                             final_idx=None, num_seqs=0, kernel="roles")  # fmt: skip
-    with pytest.raises(ValueError, match="lab switches: 'pairs' only"):
-        reverse_bwd_tilelang(*[torch.empty(0)] * 9, scale=1.0, cu=None, chunk_offsets=None, ends=None,  # type: ignore[arg-type]
-                             final_idx=None, num_seqs=0, kernel="stages", lab=frozenset({"no_dg"}))  # fmt: skip
+    with pytest.raises(ValueError, match="bwd_grads='reverse' is GDN's backward from the forward's Ag"):
+        chunk_bwd("kda", q, k, v, g, beta, torch.ones_like(v), scale=0.25, plan=LaunchPlan(bwd_grads="reverse"))
+    with pytest.raises(ValueError, match="LaunchPlan.bwd_grads must be one of auto, pair, fused, reverse, got 'stages'"):
+        LaunchPlan(bwd_grads="stages")  # session 27's lockstep walk, removed in session 30
     q, k, v, g, beta, _ = make_inputs("gdn", (20,), K=16, V=16)
     with pytest.raises(ValueError, match="got op 'gdn' under recompute"):
         chunk_bwd("gdn", q, k, v, g, beta, torch.ones_like(v), scale=0.25, plan=LaunchPlan(bwd_grads="reverse"))
@@ -75,9 +70,8 @@ def test_auto_takes_the_walk_for_long_bf16_steps_where_it_runs(monkeypatch: pyte
 
 
 @GPU
-@pytest.mark.parametrize("kernel", REVERSE_KERNELS)
 @pytest.mark.parametrize("span", [2 * BT, 10**9], ids=["two-chunk-ranges", "whole-sequences"])
-def test_kernel_matches_its_torch_mirror(span: int, kernel: str) -> None:
+def test_kernel_matches_its_torch_mirror(span: int) -> None:
     lengths = (37, 300, 5)
     cu = [0, 37, 337, 342]
     q, k, _, _, _, _ = make_inputs("gdn", lengths, H=1, K=DIM, V=DIM, dtype=torch.bfloat16, device="cuda")
@@ -99,7 +93,7 @@ def test_kernel_matches_its_torch_mirror(span: int, kernel: str) -> None:
     args = (q, k, v, g, gs, beta, ag.bfloat16(), h.bfloat16(), do)
     ranges = {"cu": torch.tensor(bounds, device="cuda"), "chunk_offsets": torch.tensor(offs, device="cuda"),
               "ends": ends, "final_idx": torch.tensor(fin, device="cuda"), "num_seqs": 3}  # fmt: skip
-    got = reverse_bwd_tilelang(*args, scale=scale, kernel=kernel, **ranges)
+    got = reverse_bwd_tilelang(*args, scale=scale, **ranges)
     want = reverse_walk(*args, scale=scale, **ranges)
     for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), got, want, strict=True):
         assert torch.isfinite(a).all(), name
@@ -127,7 +121,6 @@ def test_ag_states_keeps_the_walks_states_ahead_of_the_reverse_walk(monkeypatch:
     monkeypatch.setattr(rb, "tilelang_refusal_cached", lambda what, K, V, BT, device: None)
     assert fused.walk_keeps_states(k, v, BT, LaunchPlan())  # auto: the walk forward, the reverse walk backward
     assert fused.walk_keeps_states(k[:, :64], v[:, :64], BT, LaunchPlan(bwd_grads="reverse"))  # asked for
-    assert fused.walk_keeps_states(k[:, :64], v[:, :64], BT, LaunchPlan(bwd_grads="stages"))
     assert not fused.walk_keeps_states(k[:, :64], v[:, :64], BT, LaunchPlan())  # a short step: Triton's backward
     assert not fused.walk_keeps_states(k, v, BT, LaunchPlan(bwd_grads="fused"))
     assert not fused.walk_keeps_states(k, v, BT, LaunchPlan(fwd_pass="triton"))
@@ -144,10 +137,9 @@ def test_ag_states_keeps_the_walks_states_ahead_of_the_reverse_walk(monkeypatch:
 
 
 @GPU
-@pytest.mark.parametrize("walk", ["reverse", "stages"])
 @pytest.mark.parametrize("keep", ["ag", "ag+states"])
 @pytest.mark.parametrize("case", ["varlen-grouped", "dense-split"])
-def test_training_step_through_the_reverse_walk(case: str, keep: str, walk: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_training_step_through_the_reverse_walk(case: str, keep: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if case == "dense-split":  # the backward split into one-chunk ranges, as the automatic split does at long T
         import kernels.common.seqsplit as seqsplit
 
@@ -168,7 +160,7 @@ def test_training_step_through_the_reverse_walk(case: str, keep: str, walk: str,
     xs = [x.detach().clone().requires_grad_() for x in (q, k, v, g, beta)]
     s0 = h0.detach().clone().requires_grad_() if h0 is not None else None
     o, ht = kernels.forward("gdn", *xs, initial_state=s0, output_final_state=True, cu_seqlens=cu, backend="triton",
-                            plan=LaunchPlan(keep=keep, bwd_grads=walk))  # fmt: skip
+                            plan=LaunchPlan(keep=keep, bwd_grads="reverse"))  # fmt: skip
     ((o.float() * do.float()).sum() + ((ht * dht).sum() if dht is not None else 0.0)).backward()
     got = [x.grad for x in xs] + [s0.grad if s0 is not None else None]
     for name, a, r in zip(NAMES, got, _reference(q, k, v, g, beta, h0, do, dht, bounds), strict=True):

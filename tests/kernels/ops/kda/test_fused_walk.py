@@ -4,8 +4,8 @@ On any machine:
 - the plan: `fwd_pass` "auto" takes the walk for KDA (`KDA_WALK_AUTO`, session 29) and GDN in bf16 where it runs,
   "triton" never; "tilelang" where the walk cannot run is refused in one line, through KDA's forward too;
 - the launcher and the plan switch with the kernel's torch mirror (`kernels.common.fwd_walk_torch`) in the compiled
-  kernel's place (the walk's refusal lifted): KDA's forward under `LaunchPlan(fwd_pass="tilelang")` asks the Ag pass
-  for its gated variant (an explicit Ag config keeps its other fields), runs no Triton output pass, and equals the
+  kernel's place (the walk's refusal lifted): KDA's forward under `LaunchPlan(fwd_pass="tilelang", ag_pass="triton")` asks
+  the Triton Ag pass for its gated variant (an explicit Ag config keeps its other fields), runs no Triton output pass, and equals the
   per-token reference: bf16, grouped value heads (HV = 2H), value head 0 strong (gates down to -20 per token), three
   varlen sequences (37, 300, 5 tokens) from initial states, whole and split into 1-chunk segments (the Triton
   transitions and chain, the walk from each segment's state), relative L2 2e-2 (bf16 operands; the interpreted Triton
@@ -125,7 +125,8 @@ def test_kda_forward_on_the_walk_with_its_mirror(monkeypatch: pytest.MonkeyPatch
     h0 = make_state(3, 2, dim, dim)
     rec = LaunchRecorder()
     ag_cfg = dataclasses.replace(WY_KDA_AG_FWD.default, BK=32)
-    plan = LaunchPlan(fwd_pass="tilelang", recorder=rec, configs={WY_KDA_AG_FWD.name: ag_cfg})
+    # the Triton Ag pass (its gated variant), pinned: with the refusals lifted "auto" would take the TileLang pass
+    plan = LaunchPlan(fwd_pass="tilelang", ag_pass="triton", recorder=rec, configs={WY_KDA_AG_FWD.name: ag_cfg})
     o, ht = chunk_kda_fwd(q, k, v, g, beta, scale=dim**-0.5, initial_state=h0, output_final_state=True,
                           cu_seqlens=cu, split_chunks=split, plan=plan, fwd_path="fused")  # fmt: skip
     o_ref, ht_ref = _reference(q, k, v, g, beta, cu, h0)

@@ -6,7 +6,8 @@ that does nothing else) and their per-block 2-D form (`_rows_vec_2d`, `_cols_vec
 inputs: the core of the planned chunk-parallel KDA backward (`kernels/NOTES.md`,
 "KDA's backward, the next kernel"), where `chunk_bwd_dqk` and `wy_bwd` spend 11.8 ms of the 1x64K step.
 
-    python benchmarks/decay_products_lab.py [--chunks 1024] [--heads 16] [--bks 32,64] [--no-state] [--out $OUT]
+    python benchmarks/decay_products_lab.py [--chunks 1024] [--heads 16] [--bks 32,64] [--no-state] [--no-finish]
+        [--out $OUT]
 
 Inputs: NT chunks x H heads of X `[64, 64]` fp32 (lower with the diagonal), a `[64, 128]` bf16 and G `[64, 128]`
 fp32 (the in-chunk cumsum of -0.05 rand: the fast path). Per implementation: the do_bench median (ms) of R and Cc
@@ -15,7 +16,8 @@ the bytes read and written (X, a, G, R, Cc) at 4.2 TB/s, and the products' flops
 (`runners.bench.floors.HBM_TBPS`; 2 x 64 x 64 x 128 per block and side, 8 blocks). Unless --no-state, the kernel's
 other half too: the state products (`kernels.ops.kda.state_grads_hopper`, nine 64-row bf16 products per chunk and
 head) on random states and kept tensors of the same sizes, beside its bytes floor (h, dh, v, dO, Ag, Aqk, ke, kd read
-in bf16; its seven outputs written in fp32). Writes $OUT/decay_products_lab.json and .md.
+in bf16; its seven outputs written in fp32); unless --no-finish, the second half (`kernels.ops.kda.bwd_products_hopper`:
+dA, the four decayed products, dq, dk, dg, dbeta) beside its bytes floor. Writes $OUT/decay_products_lab.json and .md.
 """
 
 from __future__ import annotations
@@ -122,17 +124,46 @@ def run_state(NT: int, H: int) -> dict[str, Any]:
     return {"ms": do_bench(lambda: state_grads_hopper(*args)), "bytes_floor_ms": nbytes / (HBM_TBPS * 1e12) * 1e3}
 
 
+def run_finish(NT: int, H: int) -> dict[str, Any]:
+    """The products+finish kernel's time (`kernels.ops.kda.bwd_products_hopper`, the backward's second half: dA, four
+    decayed products, dq, dk, dg, dbeta) on random inputs of the step's sizes, the fast path (its values are checked by
+    its GPU test); its bytes floor: q, k, T, qg, ke, kd read in bf16, g, beta, dAqk, dAg, dqg, dke, dkd in fp32, dq,
+    dk, dg, dbeta written in fp32."""
+    from triton.testing import do_bench
+
+    from kernels.ops.kda.bwd_products_hopper import bwd_products_hopper
+
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    N = NT * C
+
+    def r(*shape: int, s: float = 1.0) -> torch.Tensor:
+        return s * torch.randn(*shape, generator=gen, device="cuda")
+
+    q, k = (r(N, H, K).to(torch.bfloat16) for _ in range(2))
+    g = -0.05 * torch.rand(N, H, K, generator=gen, device="cuda")
+    kept = {n: r(N, H, K).to(torch.bfloat16) for n in ("qg", "ke", "kd")}
+    grads = {"dAqk": r(N, H, C), "dAg": r(N, H, C), **{n: r(N, H, K) for n in ("dqg", "dke", "dkd")},
+             "dGC": r(NT, H, K)}  # fmt: skip
+    args = (q, k, g, torch.rand(N, H, device="cuda"), r(N, H, C, s=0.1).to(torch.bfloat16), kept, grads)
+    nbytes = NT * H * C * ((5 * K + C) * 2 + (K + 1 + 2 * C + 3 * K) * 4 + (3 * K + 1) * 4)
+    return {"ms": do_bench(lambda: bwd_products_hopper(*args, scale=K**-0.5)),
+            "bytes_floor_ms": nbytes / (HBM_TBPS * 1e12) * 1e3}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--chunks", type=int, default=1024)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--bks", default="32,64", help="the Triton tiles' key blocks")
     ap.add_argument("--no-state", action="store_true", help="leave the state products kernel out")
+    ap.add_argument("--no-finish", action="store_true", help="leave the products+finish kernel out")
     ap.add_argument("--out", type=Path, default=Path("/tmp/decay_products_lab"))
     a = ap.parse_args(argv)
     row = run(a.chunks, a.heads, [int(b) for b in a.bks.split(",")])
     if not a.no_state:
         row["state_products"] = run_state(a.chunks, a.heads)
+    if not a.no_finish:
+        row["products_finish"] = run_finish(a.chunks, a.heads)
     row |= {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "argv": sys.argv[1:]}  # fmt: skip
     print(json.dumps(row), flush=True)
@@ -147,6 +178,9 @@ def main(argv: list[str] | None = None) -> None:
     if "state_products" in row:
         sp = row["state_products"]
         lines += ["", f"State products (TileLang): {sp['ms']:.3f} ms, bytes floor {sp['bytes_floor_ms']:.3f} ms"]
+    if "products_finish" in row:
+        pf = row["products_finish"]
+        lines += ["", f"Products + finish (TileLang): {pf['ms']:.3f} ms, bytes floor {pf['bytes_floor_ms']:.3f} ms"]
     (a.out / "decay_products_lab.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

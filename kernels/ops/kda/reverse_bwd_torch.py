@@ -43,7 +43,7 @@ from kernels.common.reverse_bwd_torch import reverse_backward as _walk
 from kernels.ops.kda.ag_torch import FAST_SPAN
 
 __all__ = ["chunk_backward_gated", "chunk_backward_products", "chunk_forward_gated", "decayed_products",
-           "decayed_products_blocks", "gated_factors", "reverse_backward", "state_products"]  # fmt: skip
+           "decayed_products_blocks", "gated_factors", "products_finish", "reverse_backward", "state_products"]  # fmt: skip
 
 BLOCK = 16  # the rows of a block of the kernel's decayed products (`decayed_products_blocks`)
 
@@ -134,17 +134,18 @@ def _blocked(X: Tensor, a: Tensor, G: Tensor, before: Tensor, last: Tensor, fast
     return R, Cc
 
 
-def _finish(q: Tensor, k: Tensor, g: Tensor, G: Tensor, GC: Tensor, S: Tensor, dS_next: Tensor, kept: dict[str, Tensor],
+def _finish(q: Tensor, k: Tensor, g: Tensor, G: Tensor, GC: Tensor, dgc_state: Tensor, kept: dict[str, Tensor],
             grads: dict[str, Tensor], scale: float) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-    """dq, dk and dg of one chunk from the grams' products (grads: Rq, Cq, Rk, Ck) and the gated keys' gradients
-    (grads: dqg, dke, dkd; kept: qg, ke, kd), both forms alike."""
+    """dq, dk and dg of one chunk from the grams' products (grads: Rq, Cq, Rk, Ck), the gated keys' gradients
+    (grads: dqg, dke, dkd; kept: qg, ke, kd) and the leaving gate's state term dgc_state = e^G_C o rowsum_V(S o dS'),
+    both forms alike."""
     eG, eR = G.exp(), (GC[..., None, :] - G).exp()
     dqg, dke, dkd = grads["dqg"], grads["dke"], grads["dkd"]
     dq = grads["Rq"] + scale * eG * dqg
     dk = grads["Cq"] + grads["Rk"] + grads["Ck"] + eG * dke + eR * dkd
     dG = q * grads["Rq"] - k * grads["Cq"] + k * grads["Rk"] - k * grads["Ck"]
     dG = dG + kept["qg"] * dqg + kept["ke"] * dke - kept["kd"] * dkd
-    dGC = GC.exp() * (S * dS_next).sum(-1) + (kept["kd"] * dkd).sum(-2)
+    dGC = dgc_state + (kept["kd"] * dkd).sum(-2)
     dG = torch.cat([dG[..., :-1, :], dG[..., -1:, :] + dGC[..., None, :]], -2)
     dg = dG.flip(-2).cumsum(-2).flip(-2).masked_fill(g < GATE_FLOOR, 0.0)
     return dq, dk, dg
@@ -178,7 +179,7 @@ def chunk_backward_gated(
     X = scale * s["dAqk"]
     Rk, Ck = decayed_products(beta[..., :, None] * dA, k, f["G"])
     grads = {**s, "Rq": decayed_products(X, k, f["G"])[0], "Cq": decayed_products(X, q, f["G"])[1], "Rk": Rk, "Ck": Ck}
-    dq, dk, dg = _finish(q, k, g, f["G"], f["GC"], S, dS_next, f, grads, scale)
+    dq, dk, dg = _finish(q, k, g, f["G"], f["GC"], f["GC"].exp() * (S * dS_next).sum(-1), f, grads, scale)
     return dq, dk, s["dW"], dg, dbeta, s["dS"]
 
 
@@ -187,19 +188,32 @@ def chunk_backward_products(
     kept: dict[str, Tensor], scale: float,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """`chunk_backward_gated`'s outputs the way a kernel forms them: from the forward's kept gated tensors (kept: Ag,
-    Aqk, T, qg, ke, kd and G_C `[..., K]`; G recomputed from g) and four decayed products, B never formed (dbeta's
-    second term rowsum(dA o B) = rowsum(k o R(dA, k)), and dB's row product is beta times dA's)."""
-    G = floor_gate(g).cumsum(-2)
+    Aqk, T, qg, ke, kd and G_C `[..., K]`; G recomputed from g), in the two halves of the planned kernels: the state
+    products (`state_products`, `kernels.ops.kda.state_grads_hopper`), then `products_finish`
+    (`kernels.ops.kda.bwd_products_hopper`)."""
     s = state_products(kept, v, S, do, dS_next)
-    T = kept["T"]
-    dA = -(T.mT @ (s["dAg"] * beta[..., None, :]) @ T.mT).tril(-1)
-    X = scale * s["dAqk"]
-    RA = decayed_products(dA, k, G)[0]  # beta-free: dbeta's term, and Rk = diag(beta) RA
-    dbeta = (s["dAg"] * T).sum(-2) + (k * RA).sum(-1)
-    grads = {**s, "Rq": decayed_products(X, k, G)[0], "Cq": decayed_products(X, q, G)[1], "Rk": beta[..., None] * RA,
-             "Ck": decayed_products(beta[..., :, None] * dA, k, G)[1]}  # fmt: skip
-    dq, dk, dg = _finish(q, k, g, G, kept["GC"], S, dS_next, kept, grads, scale)
+    grads = {**s, "dGC": kept["GC"].exp() * (S * dS_next).sum(-1)}
+    dq, dk, dg, dbeta = products_finish(q, k, g, beta, kept, grads, scale=scale)
     return dq, dk, s["dW"], dg, dbeta, s["dS"]
+
+
+def products_finish(
+    q: Tensor, k: Tensor, g: Tensor, beta: Tensor, kept: dict[str, Tensor], grads: dict[str, Tensor], *, scale: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dg, dbeta) of one chunk from the state products (grads: dAqk, dAg, dqg, dke, dkd and dGC, the leaving
+    gate's state term e^G_C o rowsum_V(S o dS')) and the forward's kept T, qg, ke, kd: dA from T, then four decayed
+    products, B never formed (dbeta's second term rowsum(dA o B) = rowsum(k o R(dA, k)), and dB's row product is beta
+    times dA's). The mirror of the TileLang lab kernel `kernels.ops.kda.bwd_products_hopper`."""
+    G = floor_gate(g).cumsum(-2)
+    T = kept["T"]
+    dA = -(T.mT @ (grads["dAg"] * beta[..., None, :]) @ T.mT).tril(-1)
+    X = scale * grads["dAqk"]
+    RA = decayed_products(dA, k, G)[0]  # beta-free: dbeta's term, and Rk = diag(beta) RA
+    dbeta = (grads["dAg"] * T).sum(-2) + (k * RA).sum(-1)
+    prods = {**grads, "Rq": decayed_products(X, k, G)[0], "Cq": decayed_products(X, q, G)[1], "Rk": beta[..., None] * RA,
+             "Ck": decayed_products(beta[..., :, None] * dA, k, G)[1]}  # fmt: skip
+    dq, dk, dg = _finish(q, k, g, G, G[..., -1, :], grads["dGC"], kept, prods, scale)
+    return dq, dk, dg, dbeta
 
 
 def reverse_backward(

@@ -1,0 +1,315 @@
+"""The second half of the planned chunk-parallel KDA backward as one TileLang kernel per (chunk, value head) on Hopper:
+from the state products (`kernels.ops.kda.state_grads_hopper`: dAqk, dAg, dqg, dke, dkd and dG_C's state term) and
+what the forward keeps under "ag" (T, qg, ke, kd), KDA's dq, dk, dg and dbeta (`kernels/NOTES.md`, "Session 30"). A
+lab kernel: nothing in the step calls it; it is checked and timed before the two replace `chunk_bwd_dqk` + `wy_bwd`.
+Its CPU mirror is `kernels.ops.kda.reverse_bwd_torch.products_finish`, the same math in torch.
+
+Per chunk of C = 64 rows (G the in-chunk cumsum of the floored per-key gate, formed here from g as the Ag pass does):
+
+    dA = -StrictLower(T^T (dAg diag(beta)) T^T)          two 64 x 64 x 64 bf16 products (as `wy_bwd`'s)
+    X = scale dAqk (with the diagonal), Y = diag(beta) dA   each split into bf16 hi and lo parts
+    per 16-row block I, its four decayed products at their size, transposed ([128 keys, 16 rows]; as
+    `kernels.ops.kda.decay_products_hopper`): Rq = R(X, k) and RA = R(dA, k) on one operand k o e^(r_I - G),
+    Cq = C(X, q) and Ck = C(Y, k) on q o e^(G - r_I) and k o e^(G - r_I), three products each (hi, lo: fp32
+    accuracy); then the block's rows finished in the products' layout:
+        dq = Rq + scale e^G o dqg      dk = Cq + beta RA + Ck + e^G o dke + e^(G_C - G) o dkd
+        dG = q o Rq - k o Cq + beta k o RA - k o Ck + qg o dqg + ke o dke - kd o dkd,   rowsum(k o RA) for dbeta
+    (dG in shared memory) dg = the reverse cumsum of dG down the chunk with dG_C (the state term + colsum(kd o dkd)) on its last row, 0 where
+    the gate is below the floor (a thread a key); dbeta = colsum(dAg o T) + rowsum(k o RA).
+
+Fast chunks (every key's span across every block below FAST_SPAN) take the blocks' midpoints as references; else the
+products skip the diagonal blocks, which are summed elementwise (every exponent <= 0). Sizes: K = V = 128, chunk 64,
+bf16 q, k, sm_90, TileLang `kernels.ops.gdn.tilelang_hopper.TILELANG_VERSION`; refused in one line otherwise. Dense
+rows (chunk c at 64 c..), value heads only (no grouped q, k heads): the lab's layout. ~217 KB of shared memory (one
+program an SM). Tested on the GPU against the mirror (tests/kernels/ops/kda/test_bwd_products_hopper.py).
+"""
+
+import functools
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from kernels.common.decay import GATE_FLOOR
+from kernels.ops.gdn.tilelang_hopper import hopper_jit, tilelang_refusal
+from kernels.ops.kda.ag_torch import FAST_SPAN
+
+__all__ = ["bwd_products_hopper", "bwd_products_refusal"]
+
+_WHAT = "KDA backward products"  # how the refusals name this kernel
+_THREADS = 128
+BLOCK = 16
+
+
+def bwd_products_refusal(K: int, V: int, BT: int, device: torch.device) -> str | None:
+    """Why this kernel cannot run here (one line), or None."""
+    return tilelang_refusal(_WHAT, K, V, BT, device)
+
+
+@functools.cache
+def _build(H: int, scale: float) -> Any:
+    """The compiled kernel for H value heads and this scale (TileLang JIT, cached on disk by TileLang too)."""
+    import tilelang
+    import tilelang.language as T
+
+    K = 128
+    C = 64
+    NB = C // BLOCK
+    fp32, io = "float32", "bfloat16"
+    nchunk = T.dynamic("nchunk")
+    span = float(FAST_SPAN)
+    floor = float(GATE_FLOOR)
+
+    @hopper_jit()
+    def build() -> Any:
+        @T.macro
+        def split(x, hi_s, lo_s, r, c):
+            """x's bf16 hi and lo parts into hi_s[r, c], lo_s[r, c]."""
+            hi_s[r, c] = T.cast(x, io)
+            lo_s[r, c] = T.cast(x - T.cast(T.cast(x, io), fp32), io)
+
+        @T.macro
+        def products(oh_s, ol_s, xbh_s, xbl_s, p_f):
+            """p_f [K, 16] = O^T Xb^T over the chunk's rows, O and Xb in hi and lo parts: three products."""
+            T.fence_proxy_async()
+            T.gemm(oh_s, xbh_s, p_f, transpose_A=True, transpose_B=True, clear_accum=True)
+            T.gemm(ol_s, xbh_s, p_f, transpose_A=True, transpose_B=True)
+            T.gemm(oh_s, xbl_s, p_f, transpose_A=True, transpose_B=True)
+
+        @T.macro
+        def diag_rows(p_f, xh_s, xl_s, a_s, g_s, I):
+            """R's diagonal block elementwise (slow chunks): p_f[c, r] += sum_{jj <= r} X_{I r, I jj} a_{I jj} e^(..)."""
+            for jj in T.serial(BLOCK):
+                for c, r in T.Parallel(K, BLOCK):
+                    p_f[c, r] += T.if_then_else(
+                        jj <= r,
+                        (T.cast(xh_s[BLOCK * I + r, BLOCK * I + jj], fp32) + T.cast(xl_s[BLOCK * I + r, BLOCK * I + jj], fp32))
+                        * T.cast(a_s[BLOCK * I + jj, c], fp32)
+                        * T.exp(T.min(g_s[BLOCK * I + r, c] - g_s[BLOCK * I + jj, c], 0.0)), 0.0)  # fmt: skip
+
+        @T.macro
+        def diag_cols(p_f, xh_s, xl_s, a_s, g_s, J):
+            """Cc's diagonal block elementwise (slow chunks): p_f[c, r] += sum_{ii >= r} X_{J ii, J r} a_{J ii} e^(..)."""
+            for ii in T.serial(BLOCK):
+                for c, r in T.Parallel(K, BLOCK):
+                    p_f[c, r] += T.if_then_else(
+                        ii >= r,
+                        (T.cast(xh_s[BLOCK * J + ii, BLOCK * J + r], fp32) + T.cast(xl_s[BLOCK * J + ii, BLOCK * J + r], fp32))
+                        * T.cast(a_s[BLOCK * J + ii, c], fp32)
+                        * T.exp(T.min(g_s[BLOCK * J + ii, c] - g_s[BLOCK * J + r, c], 0.0)), 0.0)  # fmt: skip
+
+        @T.prim_func
+        def bwd_products(
+            q: T.Tensor((nchunk * C, H, K), io), k: T.Tensor((nchunk * C, H, K), io),
+            g: T.Tensor((nchunk * C, H, K), fp32), beta: T.Tensor((nchunk * C, H), fp32),
+            tt: T.Tensor((nchunk * C, H, C), io), qg: T.Tensor((nchunk * C, H, K), io),
+            ke: T.Tensor((nchunk * C, H, K), io), kd: T.Tensor((nchunk * C, H, K), io),
+            daqk: T.Tensor((nchunk * C, H, C), fp32), dag: T.Tensor((nchunk * C, H, C), fp32),
+            dqg: T.Tensor((nchunk * C, H, K), fp32), dke: T.Tensor((nchunk * C, H, K), fp32),
+            dkd: T.Tensor((nchunk * C, H, K), fp32), dgc: T.Tensor((nchunk, H, K), fp32),
+            dq: T.Tensor((nchunk * C, H, K), fp32), dk: T.Tensor((nchunk * C, H, K), fp32),
+            dg: T.Tensor((nchunk * C, H, K), fp32), dbeta: T.Tensor((nchunk * C, H), fp32),
+        ):  # fmt: skip
+            with T.Kernel(nchunk * H, threads=_THREADS) as (bid,):
+                i_c = bid // H
+                i_h = bid % H
+                tx = T.get_thread_binding()
+                t0 = i_c * C
+                q_s = T.alloc_shared((C, K), io)
+                k_s = T.alloc_shared((C, K), io)
+                g_s = T.alloc_shared((C, K + 8), fp32)  # G (rows padded: read in the products' layout)
+                t_s = T.alloc_shared((C, C), io)  # T
+                m_s = T.alloc_shared((C, C), io)  # dAg diag(beta), then (dAg diag(beta)) T^T
+                xh_s = T.alloc_shared((C, C), io)  # X = scale dAqk, hi and lo
+                xl_s = T.alloc_shared((C, C), io)
+                ah_s = T.alloc_shared((C, C), io)  # dA, hi and lo
+                al_s = T.alloc_shared((C, C), io)
+                yh_s = T.alloc_shared((C, C), io)  # Y = diag(beta) dA, hi and lo
+                yl_s = T.alloc_shared((C, C), io)
+                oh_s = T.alloc_shared((C, K), io)  # a block's operand, hi and lo
+                ol_s = T.alloc_shared((C, K), io)
+                xbh_s = T.alloc_shared((BLOCK, C), io)  # a block's rows of X, X^T or Y^T, hi and lo
+                xbl_s = T.alloc_shared((BLOCK, C), io)
+                abh_s = T.alloc_shared((BLOCK, C), io)  # the block's rows of dA, hi and lo
+                abl_s = T.alloc_shared((BLOCK, C), io)
+                kra_s = T.alloc_shared((BLOCK, K), fp32)  # k o RA of the block's rows (dbeta's row sums)
+                rs_s = T.alloc_shared((BLOCK,), fp32)
+                dgs_s = T.alloc_shared((C, K + 8), fp32)  # dG, then summed down the chunk
+                dbr_s = T.alloc_shared((C,), fp32)
+                b_s = T.alloc_shared((C,), fp32)
+                ref_s = T.alloc_shared((NB, K), fp32)  # the rows' references (R)
+                cref_s = T.alloc_shared((NB, K), fp32)  # the columns' (Cc)
+                sp_s = T.alloc_shared((K,), fp32)
+                c_f = T.alloc_fragment((C, C), fp32)
+                rq_f = T.alloc_fragment((K, BLOCK), fp32)
+                ra_f = T.alloc_fragment((K, BLOCK), fp32)
+                cq_f = T.alloc_fragment((K, BLOCK), fp32)
+                ck_f = T.alloc_fragment((K, BLOCK), fp32)
+                kr_f = T.alloc_fragment((BLOCK, K), fp32)
+                acc = T.alloc_var(fp32)
+                fastv = T.alloc_var("int32")
+                T.annotate_layout({x: tilelang.layout.make_swizzled_layout(x) for x in (q_s, k_s)})
+
+                T.copy(q[t0 : t0 + C, i_h, :], q_s)
+                T.copy(k[t0 : t0 + C, i_h, :], k_s)
+                T.copy(tt[t0 : t0 + C, i_h, :], t_s)
+                for r in T.Parallel(C):
+                    b_s[r] = beta[t0 + r, i_h]
+                # G: the tile loaded by every thread, then key column tx summed down the chunk
+                for r, c in T.Parallel(C, K):
+                    g_s[r, c] = T.max(g[t0 + r, i_h, c], floor)
+                T.sync_threads()
+                acc = 0.0
+                for r in T.unroll(C):
+                    acc = acc + g_s[r, tx]
+                    g_s[r, tx] = acc
+                sp_s[tx] = T.max(T.max(0.0 - g_s[15, tx], g_s[15, tx] - g_s[31, tx]),
+                                 T.max(g_s[31, tx] - g_s[47, tx], g_s[47, tx] - g_s[63, tx]))  # fmt: skip
+                # dA = -StrictLower(T^T (dAg diag(beta)) T^T)
+                for r, c in T.Parallel(C, C):
+                    m_s[r, c] = T.cast(dag[t0 + r, i_h, c] * b_s[c], io)
+                    xv = daqk[t0 + r, i_h, c] * scale
+                    split(xv, xh_s, xl_s, r, c)
+                T.fence_proxy_async()
+                T.gemm(m_s, t_s, c_f, transpose_B=True, clear_accum=True)
+                T.copy(c_f, m_s)
+                T.fence_proxy_async()
+                T.gemm(t_s, m_s, c_f, transpose_A=True, clear_accum=True)
+                for r, c in T.Parallel(C, C):
+                    av = T.if_then_else(r > c, 0.0 - c_f[r, c], 0.0)
+                    yv = av * b_s[r]
+                    split(av, ah_s, al_s, r, c)
+                    split(yv, yh_s, yl_s, r, c)
+                T.sync_threads()
+                fastv = 1
+                for c in T.serial(K):
+                    if sp_s[c] >= span:
+                        fastv = 0
+                for I in T.unroll(NB):
+                    ref_s[I, tx] = T.if_then_else(
+                        fastv == 1, 0.5 * (T.if_then_else(I == 0, 0.0, g_s[T.max(BLOCK * I - 1, 0), tx])
+                                           + g_s[BLOCK * I + BLOCK - 1, tx]),
+                        T.if_then_else(I == 0, 0.0, g_s[T.max(BLOCK * I - 1, 0), tx]))  # fmt: skip
+                    cref_s[I, tx] = T.if_then_else(
+                        fastv == 1, 0.5 * (T.if_then_else(I == 0, 0.0, g_s[T.max(BLOCK * I - 1, 0), tx])
+                                           + g_s[BLOCK * I + BLOCK - 1, tx]),
+                        g_s[BLOCK * I + BLOCK - 1, tx])  # fmt: skip
+                T.sync_threads()
+
+                for I in T.unroll(NB):
+                    # Rq and RA: one operand k o e^(r_I - G) on the rows up to block I's end (fast) or before it
+                    for r, c in T.Parallel(C, K):
+                        ov = T.if_then_else(
+                            r < BLOCK * I + BLOCK * fastv, T.cast(k_s[r, c], fp32) * T.exp(ref_s[I, c] - g_s[r, c]), 0.0
+                        )
+                        split(ov, oh_s, ol_s, r, c)
+                    for r, c in T.Parallel(BLOCK, C):
+                        xbh_s[r, c] = xh_s[BLOCK * I + r, c]
+                        xbl_s[r, c] = xl_s[BLOCK * I + r, c]
+                        abh_s[r, c] = ah_s[BLOCK * I + r, c]
+                        abl_s[r, c] = al_s[BLOCK * I + r, c]
+                    products(oh_s, ol_s, xbh_s, xbl_s, rq_f)
+                    products(oh_s, ol_s, abh_s, abl_s, ra_f)
+                    for c, r in T.Parallel(K, BLOCK):
+                        rq_f[c, r] = rq_f[c, r] * T.exp(g_s[BLOCK * I + r, c] - ref_s[I, c])
+                        ra_f[c, r] = ra_f[c, r] * T.exp(g_s[BLOCK * I + r, c] - ref_s[I, c])
+                    if fastv == 0:
+                        diag_rows(rq_f, xh_s, xl_s, k_s, g_s, I)
+                        diag_rows(ra_f, ah_s, al_s, k_s, g_s, I)
+                    # Cq: q o e^(G - r_I) on the rows from block I's start (fast) or after it, against X's columns
+                    for r, c in T.Parallel(C, K):
+                        ov = T.if_then_else(
+                            r >= BLOCK * I + BLOCK * (1 - fastv),
+                            T.cast(q_s[r, c], fp32) * T.exp(g_s[r, c] - cref_s[I, c]),
+                            0.0,
+                        )
+                        split(ov, oh_s, ol_s, r, c)
+                    for r, c in T.Parallel(BLOCK, C):
+                        xbh_s[r, c] = xh_s[c, BLOCK * I + r]
+                        xbl_s[r, c] = xl_s[c, BLOCK * I + r]
+                    products(oh_s, ol_s, xbh_s, xbl_s, cq_f)
+                    # Ck: k o e^(G - r_I) against Y's columns
+                    for r, c in T.Parallel(C, K):
+                        ov = T.if_then_else(
+                            r >= BLOCK * I + BLOCK * (1 - fastv),
+                            T.cast(k_s[r, c], fp32) * T.exp(g_s[r, c] - cref_s[I, c]),
+                            0.0,
+                        )
+                        split(ov, oh_s, ol_s, r, c)
+                    for r, c in T.Parallel(BLOCK, C):
+                        xbh_s[r, c] = yh_s[c, BLOCK * I + r]
+                        xbl_s[r, c] = yl_s[c, BLOCK * I + r]
+                    products(oh_s, ol_s, xbh_s, xbl_s, ck_f)
+                    for c, r in T.Parallel(K, BLOCK):
+                        cq_f[c, r] = cq_f[c, r] * T.exp(cref_s[I, c] - g_s[BLOCK * I + r, c])
+                        ck_f[c, r] = ck_f[c, r] * T.exp(cref_s[I, c] - g_s[BLOCK * I + r, c])
+                    if fastv == 0:
+                        diag_cols(cq_f, xh_s, xl_s, q_s, g_s, I)
+                        diag_cols(ck_f, yh_s, yl_s, k_s, g_s, I)
+                    # the block's rows finished in the products' layout; dG to dg (summed down the chunk below)
+                    for c, r in T.Parallel(K, BLOCK):
+                        row = BLOCK * I + r
+                        eg = T.exp(g_s[row, c])
+                        qv = T.cast(q_s[row, c], fp32)
+                        kv = T.cast(k_s[row, c], fp32)
+                        a_dqg = dqg[t0 + row, i_h, c]
+                        a_dke = dke[t0 + row, i_h, c]
+                        a_dkd = dkd[t0 + row, i_h, c]
+                        dq[t0 + row, i_h, c] = rq_f[c, r] + scale * eg * a_dqg
+                        dk[t0 + row, i_h, c] = (cq_f[c, r] + b_s[row] * ra_f[c, r] + ck_f[c, r] + eg * a_dke
+                                                + T.exp(g_s[C - 1, c] - g_s[row, c]) * a_dkd)  # fmt: skip
+                        dgs_s[row, c] = (qv * rq_f[c, r] - kv * cq_f[c, r] + b_s[row] * kv * ra_f[c, r]
+                                                - kv * ck_f[c, r] + T.cast(qg[t0 + row, i_h, c], fp32) * a_dqg
+                                                + T.cast(ke[t0 + row, i_h, c], fp32) * a_dke
+                                                - T.cast(kd[t0 + row, i_h, c], fp32) * a_dkd)  # fmt: skip
+                        kra_s[r, c] = kv * ra_f[c, r]
+                    T.copy(kra_s, kr_f)
+                    T.reduce_sum(kr_f, rs_s, dim=1)
+                    for r in T.Parallel(BLOCK):
+                        dbr_s[BLOCK * I + r] = rs_s[r]
+                T.sync_threads()
+
+                # dg: dG summed down the chunk from its end, dG_C (the state term + colsum(kd o dkd)) on the last row
+                acc = dgc[i_c, i_h, tx]
+                for r in T.unroll(C):
+                    acc = acc + T.cast(kd[t0 + r, i_h, tx], fp32) * dkd[t0 + r, i_h, tx]
+                for r in T.unroll(C):
+                    acc = acc + dgs_s[C - 1 - r, tx]
+                    dg[t0 + C - 1 - r, i_h, tx] = T.if_then_else(g[t0 + C - 1 - r, i_h, tx] < floor, 0.0, acc)
+                # dbeta = colsum(dAg o T) + rowsum(k o RA)
+                if tx < C:
+                    acc = dbr_s[tx]
+                    for r in T.unroll(C):
+                        acc = acc + dag[t0 + r, i_h, tx] * T.cast(t_s[r, tx], fp32)
+                    dbeta[t0 + tx, i_h] = acc
+
+        return bwd_products
+
+    return build()
+
+
+def bwd_products_hopper(
+    q: Tensor, k: Tensor, g: Tensor, beta: Tensor, tt: Tensor, kept: dict[str, Tensor], grads: dict[str, Tensor], *,
+    scale: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """(dq, dk, dg `[N, HV, K]`, dbeta `[N, HV]`, fp32) of `reverse_bwd_torch.products_finish` on this kernel: q, k, g
+    (raw, fp32) `[N, HV, K]`, beta `[N, HV]`, T `[N, HV, 64]`, kept {"qg", "ke", "kd"} `[N, HV, K]` (bf16, the
+    forward's under "ag") and grads `state_grads_hopper`'s outputs {"dAqk", "dAg" `[N, HV, 64]`, "dqg", "dke", "dkd"
+    `[N, HV, K]`, "dGC" `[NT, HV, K]`} (N = 64 NT: dense rows, value heads). Raises ValueError where
+    `bwd_products_refusal` gives a reason."""
+    N, HV, K = k.shape
+    why = bwd_products_refusal(K, 128, 64, k.device)
+    if why is not None:
+        raise ValueError(why)
+    if N % 64 or q.shape != k.shape or g.shape != k.shape or tt.shape != (N, HV, 64):
+        raise ValueError(f"bwd_products_hopper: q, k, g [64 NT, HV, 128] and T [64 NT, HV, 64], got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, g {tuple(g.shape)}, T {tuple(tt.shape)}")  # fmt: skip
+    bf = [x.to(torch.bfloat16).contiguous() for x in (q, k)]
+    f32 = [x.float().contiguous() for x in (g, beta)]
+    kk = [x.to(torch.bfloat16).contiguous() for x in (tt, kept["qg"], kept["ke"], kept["kd"])]
+    gg = [grads[n].float().contiguous() for n in ("dAqk", "dAg", "dqg", "dke", "dkd", "dGC")]
+    dq, dk, dg = (torch.empty(N, HV, K, dtype=torch.float32, device=k.device) for _ in range(3))
+    dbeta = torch.empty(N, HV, dtype=torch.float32, device=k.device)
+    if N:
+        _build(HV, float(scale))(*bf, *f32, *kk, *gg, dq, dk, dg, dbeta)
+    return dq, dk, dg, dbeta

@@ -1,0 +1,69 @@
+"""The products and finish of KDA's chunk backward on TileLang (`kernels.ops.kda.bwd_products_hopper`, a lab kernel:
+the second half of the planned chunk-parallel KDA backward).
+
+On any machine: the refusal and bad shapes name their reason in one line. On an H200 with CPBENCH_TEST_GPU=1 and
+tilelang 0.1.15 (K = 128, chunk 64): dq, dk, dg and dbeta of five chunks and two value heads against the fp64 mirror
+(`kernels.ops.kda.reverse_bwd_torch.products_finish`) on the same inputs: random q, k, g, beta, the forward's kept T,
+qg, ke, kd from `gated_factors` and the state products from `state_products` on random states (bf16 where the kernel
+reads bf16); relative L2 2e-2 (dA's two products take bf16 operands, as `wy_bwd`'s); weak gates (fast chunks) and a
+key whose span across one block passes FAST_SPAN in one chunk (that chunk's elementwise diagonal blocks).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.ops.kda.bwd_products_hopper import bwd_products_hopper, bwd_products_refusal
+from kernels.ops.kda.reverse_bwd_torch import gated_factors, products_finish, state_products
+from tests.utils import TEST_DEVICE, assert_rel_close
+
+K = V = 128
+C, NT, HV = 64, 5, 2
+WHY = bwd_products_refusal(K, V, C, torch.device(TEST_DEVICE)) if TEST_DEVICE == "cuda" else "no GPU test"
+GPU = pytest.mark.skipif(WHY is not None, reason=str(WHY))
+
+
+def test_refusals_name_their_reason() -> None:
+    assert "KDA backward products takes K = V = 128 and chunk 64, got K=64" in str(
+        bwd_products_refusal(64, 128, 64, torch.device("cpu"))
+    )
+    x = torch.zeros(C, 1, K)
+    with pytest.raises(ValueError, match="the TileLang KDA backward products runs on CUDA only"):
+        bwd_products_hopper(x, x, x, torch.zeros(C, 1), torch.zeros(C, 1, C), {}, {}, scale=1.0)
+
+
+def _bf(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.bfloat16).double()
+
+
+@GPU
+@pytest.mark.parametrize("strong", [False, True], ids=["fast", "edges"])
+def test_kernel_matches_the_mirror(strong: bool) -> None:
+    gen = torch.Generator().manual_seed(7)
+
+    def r(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    q, k = _bf(r(NT, HV, C, K)), _bf(torch.nn.functional.normalize(r(NT, HV, C, K), dim=-1))
+    g = -0.1 * torch.rand(NT, HV, C, K, generator=gen, dtype=torch.float64)
+    if strong:
+        g[2, 1, 20:24, 5] = -40.0  # a span of 160 in block 1 of chunk 2: past FAST_SPAN there only
+    beta = torch.rand(NT, HV, C, generator=gen, dtype=torch.float64)
+    scale = K**-0.5
+    f = gated_factors(q, k, g, beta, scale)
+    kept = {n: _bf(f[n]) for n in ("Ag", "Aqk", "T", "qg", "ke", "kd")} | {"GC": f["GC"]}
+    S, dS, v, do = _bf(r(NT, HV, K, V)), _bf(0.1 * r(NT, HV, K, V)), _bf(r(NT, HV, C, V)), _bf(r(NT, HV, C, V))
+    grads = state_products(kept, v, S, do, dS) | {"dGC": kept["GC"].exp() * (S * dS).sum(-1)}
+    want = products_finish(q, k, g, beta, kept, grads, scale=scale)
+
+    def rows(t: torch.Tensor) -> torch.Tensor:  # [NT, HV, C, ..] -> the kernel's [NT * C, HV, ..], on the GPU
+        return t.transpose(1, 2).reshape(NT * C, HV, *t.shape[3:]).cuda()
+
+    got = bwd_products_hopper(
+        rows(q), rows(k), rows(g), rows(beta), rows(kept["T"]), {n: rows(kept[n]) for n in ("qg", "ke", "kd")},
+        {**{n: rows(grads[n]) for n in ("dAqk", "dAg", "dqg", "dke", "dkd")}, "dGC": grads["dGC"].cuda()}, scale=scale,
+    )  # fmt: skip
+    for name, w, a in zip(("dq", "dk", "dg", "dbeta"), want, got, strict=True):
+        assert bool(torch.isfinite(a).all()), name
+        assert_rel_close(name, w.transpose(1, 2).reshape(a.shape), a.double().cpu(), 2e-2)

@@ -120,7 +120,10 @@ KEEP_POLICIES: tuple[str, ...] = ("auto", "inputs", "ag", "ag+states", "wy", "wy
 # bf16 steps, AUTO_REVERSE_MIN_TOKEN_HEADS below)
 # (Session 27's "stages", the same walk in lockstep stages, was removed in session 30: 1.75x the shipped walk's time on
 # the H200, session 29)
-BWD_GRADS: tuple[str, ...] = ("auto", "pair", "fused", "reverse")
+# "tilelang": KDA's backward from the forward's kept gated Ag on two chunk-parallel TileLang kernels
+# (`kernels.ops.kda.ag_bwd.tilelang_grads`: the state products, then the decayed products and the finish; session 30,
+# lab kernels not yet run on a GPU: opt-in; dense sequences of whole chunks, no grouped heads)
+BWD_GRADS: tuple[str, ...] = ("auto", "pair", "fused", "reverse", "tilelang")
 # the values that run GDN's TileLang reverse walk
 REVERSE_WALKS: frozenset[str] = frozenset({"reverse"})
 # the forward's state+output pass (and the reverse walk's state recompute) of GDN's two-kernel forward: "auto" (the

@@ -573,7 +573,7 @@ def chunk_bwd(
     initial_state: Tensor | None = None, dht: Tensor | None = None, cu_seqlens: Tensor | None = None,
     plan: LaunchPlan | None = None, split_chunks: int | None = None,
     wy: Mapping[str, Tensor] | None = None, chunk_size: int = BT_WY, warm_report: dict[str, Tensor] | None = None,
-    seg_states: Mapping[str, Any] | None = None,
+    seg_states: Mapping[str, Any] | None = None, grads_fn: Callable[..., tuple[Tensor, ...]] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """(dq, dk, dv, dg, dbeta, dh0) of the GDN (`op="gdn"`) or KDA chunked forward; see the module docstring.
 
@@ -589,7 +589,9 @@ def chunk_bwd(
     (`kernels.common.wy.CHUNK_SIZES`). warm_report: a dict that receives the warm window's device tensor `certified`
     `[NS - N, H]` when it ran (read it after the call). seg_states: what the forward's `seg_states` dict received
     (`kernels.common.seqsplit.keep_segment_states`; empty or None: nothing): the backward runs the forward's split
-    and recomputes the chunk states from its segment states.
+    and recomputes the chunk states from its segment states. grads_fn: the chunk-parallel gradients of
+    `bwd_grads="tilelang"` (KDA's from its kept gated Ag, `kernels.ops.kda.ag_bwd.tilelang_grads`): called as
+    grads_fn(q, k, v, g, beta, do, T, h, dh, index=index) for (dq, dk, dv, dg, dbeta) in step 3.
     """
     B, T, Hk, K = k.shape
     H, V = v.shape[2], v.shape[-1]  # the value heads; q, k have Hk = H / G (grouped heads)
@@ -604,6 +606,9 @@ def chunk_bwd(
     if grads in REVERSE_WALKS:  # reached only where the forward kept no Ag: `kernels.ops.gdn.ag_bwd` runs the walk
         raise ValueError(f"bwd_grads={grads!r} is GDN's backward from the forward's Ag (keep 'ag' or 'ag+states'); "
                          f"got op {op!r} under {'recompute' if wy is None else 'kept WY factors'}")
+    if grads == "tilelang" and grads_fn is None:  # reached where KDA's forward kept no gated Ag, or for GDN
+        raise ValueError(f"bwd_grads='tilelang' is KDA's backward from the forward's kept gated Ag (keep 'ag' on its "
+                         f"two-kernel forward); got op {op!r} under {'recompute' if wy is None else 'kept WY factors'}")
     w, u, ks, gs, qs, aqk = _wy_factors(gate_vector, q, k, v, g, beta, scale=scale, index=index, launch=launch, wy=wy)
     if wy is not None and "tt" in wy:  # T formed from the forward's Ag (kernels.ops.gdn.ag_bwd), no inverse here
         tt = wy["tt"]
@@ -628,7 +633,10 @@ def chunk_bwd(
 
     # 3. the chunk-parallel gradients: one kernel per chunk (`LaunchPlan.bwd_grads` "fused"; "auto": the op's choice in
     # `kernels.vocabulary.AUTO_BWD_GRADS`), or the pair below
-    if grads == "fused":
+    if grads == "tilelang":
+        assert grads_fn is not None
+        grads = grads_fn(q, k, v, g, beta, do, tt, h, dh, index=index)
+    elif grads == "fused":
         grads = dqk_wy_bwd(q, k, v, g, beta, tt, h, dh, v_new, dv_new, do, scale=scale, index=index,
                            gate_vector=gate_vector, dot_prec=VECTOR_GATE_DOT, launch=launch)
     else:

@@ -87,7 +87,7 @@ def test_plan_is_frozen_and_keep_is_checked() -> None:
     with pytest.raises(ValueError, match=rf"^LaunchPlan\.keep must be one of {allowed}, got 'none'$"):
         plan.replace(keep="none")
     assert plan.bwd_grads == "auto" and plan.replace(bwd_grads="fused").bwd_grads == "fused"
-    with pytest.raises(ValueError, match=r"^LaunchPlan\.bwd_grads must be one of auto, pair, fused, reverse, got 'one'$"):
+    with pytest.raises(ValueError, match=r"^LaunchPlan\.bwd_grads must be one of auto, pair, fused, reverse, tilelang, got 'one'$"):
         plan.replace(bwd_grads="one")
     # the backward's warm window: per op by default (AUTO_BWD_WARM: 4 chunks for both since session 13), or the plan's
     assert plan.bwd_warm is None and (plan.bwd_warm_for("gdn"), plan.bwd_warm_for("kda")) == (4, 4)

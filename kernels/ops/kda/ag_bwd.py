@@ -15,7 +15,11 @@ G_C `[NT, HV, K]` fp32 (`KEPT_GATED`). The backward then runs
 2. `chunk_bwd` for KDA with those factors (`wy=`): T as the forward's Ag pass stored it (`GatedKeys.tt`, kept as
    "tt": both passes store it since session 29), else by `wy_inverse` (1.2 ms at 1x64K; KDA's M, the beta-free
    decayed gram, is not formed from the kept tensors: T = I - Ag M would need it); its state recompute, reverse state
-   pass and gradients.
+   pass and gradients. Under `LaunchPlan(bwd_grads="tilelang")` the gradients are `tilelang_grads`' (opt-in, session
+   30: two chunk-parallel TileLang lab kernels from the kept gated tensors and the chunk states, in place of
+   `chunk_bwd_dqk` + `wy_bwd`; not yet run on a GPU): `kernels.ops.kda.state_grads_hopper` (the state products), then
+   `kernels.ops.kda.bwd_products_hopper` (dA, the four decayed products, dq, dk, dg, dbeta). They take dense
+   sequences of whole chunks and no grouped heads (`tilelang_grads_refusal` says why not, in one line).
 
 Bytes per token-head of step 1 (bf16, K = V = 128, chunk 64): reads Ag (128), ke, v (512); writes w, u (512): 1.15 KB,
 against `wy_kda_fwd`'s reads of q, k, v, g (fp32), beta and writes of w, u, kg, qg, Aqk (~2.4 KB) and its per-key
@@ -25,6 +29,7 @@ as much as "wy"'s (w, u, kg, qg, Aqk: 1.15 KB).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -37,9 +42,12 @@ from kernels.common.chunk_program import chunk_of_program, heuristics
 from kernels.common.index import ChunkIndex, prepare_chunk_index
 from kernels.common.wy import BT_WY, CHUNK_SIZES
 from kernels.configs import KernelSpec, LaunchConfig, cdiv, head_block, register
+from kernels.ops.kda.bwd_products_hopper import bwd_products_hopper
+from kernels.ops.kda.state_grads_hopper import state_grads_hopper, state_grads_refusal
 from kernels.plan import LaunchPlan, default_plan, launch_config
 
-__all__ = ["KDA_WY_FROM_AG", "KEPT_GATED", "chunk_kda_bwd_ag", "kda_wy_from_ag"]
+__all__ = ["KDA_WY_FROM_AG", "KEPT_GATED", "chunk_kda_bwd_ag", "kda_wy_from_ag", "tilelang_grads",
+           "tilelang_grads_refusal"]  # fmt: skip
 
 # what KDA's forward keeps under "ag" (`kernels.ops.kda.fused.kda_fused_fwd`), the backward's WY names for them
 KEPT_GATED = {"ag": "ag", "aqk": "aqk", "qg": "qs", "ke": "ke", "kd": "ks", "gc": "gs"}
@@ -114,8 +122,49 @@ def chunk_kda_bwd_ag(
     B, T = v.shape[:2]
     launch = plan if plan is not None else default_plan()
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device)
+    grads_fn = None
+    if launch.bwd_grads == "tilelang":  # (checked before any launch)
+        why = tilelang_grads_refusal(k, v, index)
+        if why is not None:
+            raise ValueError(why)
+        grads_fn = functools.partial(tilelang_grads, kept={new: wy[old] for old, new in KEPT_GATED.items()}, scale=scale)
     w, u = kda_wy_from_ag(wy["ag"], wy["ke"], v.contiguous(), index=index, launch=launch)
     factors = {new: wy[old] for old, new in KEPT_GATED.items() if new not in ("ag", "ke")}
     factors.update({name: x for name, x in wy.items() if name not in KEPT_GATED}, w=w, u=u)
     return chunk_bwd("kda", q, k, v, g, beta, do, scale=scale, cu_seqlens=cu_seqlens, plan=launch, wy=factors,
-                     chunk_size=chunk_size, **options)  # fmt: skip
+                     chunk_size=chunk_size, grads_fn=grads_fn, **options)  # fmt: skip
+
+
+def tilelang_grads_refusal(k: Tensor, v: Tensor, index: ChunkIndex) -> str | None:
+    """Why `bwd_grads="tilelang"` (KDA's chunk-parallel TileLang backward) cannot run on these inputs (one line), or
+    None: the TileLang kernels' sizes and device (`state_grads_refusal`), bf16, no grouped heads, and dense sequences
+    of whole chunks (the lab kernels' row layout: chunk c at rows 64 c..)."""
+    why = state_grads_refusal(k.shape[-1], v.shape[-1], index.chunk_size, k.device)
+    if why is None and k.dtype != torch.bfloat16:
+        why = f"it takes bf16 q, k, got {k.dtype}"
+    if why is None and k.shape[2] != v.shape[2]:
+        why = f"it takes no grouped heads yet, got {v.shape[2]} value heads over {k.shape[2]} q/k heads"
+    if why is None and (index.is_varlen or k.shape[1] % index.chunk_size):
+        why = f"it takes dense sequences of whole chunks yet (no cu_seqlens, T a multiple of {index.chunk_size})"
+    return None if why is None else f"bwd_grads='tilelang' (KDA's chunk-parallel TileLang backward): {why}"
+
+
+def tilelang_grads(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, do: Tensor, tt: Tensor, h: Tensor, dh: Tensor, *,
+    index: ChunkIndex, kept: dict[str, Tensor], scale: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """(dq, dk, dv, dg, dbeta) of KDA's chunks on the two TileLang kernels (module docstring) from the forward's kept
+    gated tensors (kept: `KEPT_GATED`'s backward names ag, aqk, qs, ke, ks, gs), T, the chunk states h and their
+    gradients dh `[NT, HV, K, V]` (`chunk_bwd`'s step 2); `tilelang_grads_refusal` has passed. `chunk_bwd`'s grads_fn."""
+    B, T, HV, K = k.shape
+
+    def rows(x: Tensor) -> Tensor:  # [B, T, ..] -> the kernels' rows [B * T, ..]
+        return x.reshape(B * T, *x.shape[2:])
+
+    s = state_grads_hopper(h, dh, rows(v), rows(do), rows(kept["ag"]), rows(kept["aqk"]), rows(kept["ke"]),
+                           rows(kept["ks"]), kept["gs"])  # fmt: skip
+    gated = {"qg": rows(kept["qs"]), "ke": rows(kept["ke"]), "kd": rows(kept["ks"])}
+    dq, dk, dg, dbeta = bwd_products_hopper(rows(q), rows(k), rows(g), rows(beta), rows(tt), gated, s, scale=scale)
+    return (dq.view(B, T, HV, K).to(q.dtype), dk.view(B, T, HV, K).to(k.dtype),
+            s["dW"].view(B, T, HV, -1).to(v.dtype), dg.view(B, T, HV, K).to(g.dtype),
+            dbeta.view(B, T, HV).to(beta.dtype))  # fmt: skip

@@ -157,7 +157,7 @@ def state_products(kept: dict[str, Tensor], v: Tensor, S: Tensor, do: Tensor, dS
     lab kernel `kernels.ops.kda.state_grads_hopper` (which also gives dG_C's state term, `_finish`'s first)."""
     W = v - kept["ke"] @ S
     U = kept["Ag"] @ W
-    dU = kept["Aqk"].mT @ do + kept["kd"] @ dS_next
+    dU = kept["Aqk"].tril().mT @ do + kept["kd"] @ dS_next  # (Aqk on and below the diagonal: what a pass writes)
     dW = kept["Ag"].mT @ dU
     return {
         "W": W, "U": U, "dU": dU, "dW": dW,

@@ -89,6 +89,11 @@ def _build(H: int) -> Any:
                 T.copy(kd[t0 : t0 + C, i_h, :], kd_s)
                 T.copy(ag[t0 : t0 + C, i_h, :], ag_s)
                 T.copy(aqk[t0 : t0 + C, i_h, :], aq_s)
+                # Aqk above the diagonal cleared: the Triton Ag pass leaves it unwritten (`_store_aqk`), whatever
+                # memory held there (the TileLang pass writes zeros)
+                for r, c in T.Parallel(C, C):
+                    if c > r:
+                        aq_s[r, c] = T.cast(0.0, io)
 
                 # dG_C = e^G_C o rowsum_V(S o dS')
                 for r, c in T.Parallel(K, V):

@@ -44,7 +44,9 @@ def test_refusals_name_their_reason() -> None:
     q, k, v, g, beta, _ = make_inputs("kda", (20,), K=16, V=16)
     with pytest.raises(ValueError, match="bwd_grads='reverse' is GDN's backward from the forward's Ag"):
         chunk_bwd("kda", q, k, v, g, beta, torch.ones_like(v), scale=0.25, plan=LaunchPlan(bwd_grads="reverse"))
-    with pytest.raises(ValueError, match="LaunchPlan.bwd_grads must be one of auto, pair, fused, reverse, got 'stages'"):
+    with pytest.raises(
+        ValueError, match="LaunchPlan.bwd_grads must be one of auto, pair, fused, reverse, tilelang, got 'stages'"
+    ):
         LaunchPlan(bwd_grads="stages")  # session 27's lockstep walk, removed in session 30
     q, k, v, g, beta, _ = make_inputs("gdn", (20,), K=16, V=16)
     with pytest.raises(ValueError, match="got op 'gdn' under recompute"):

@@ -117,3 +117,90 @@ def test_the_step_on_the_tilelang_kernels() -> None:
     ref = _reference_grads("kda", qx, kx, v, g, beta, h0, do, dht, cu.tolist())
     ref[0], ref[1] = (x.unflatten(2, (2, 2)).sum(3) for x in ref[:2])
     _check(got, ref, 5e-3)
+
+
+def _mirror_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """`bwd_grads="tilelang"`'s two TileLang kernels with their torch mirrors in the compiled kernels' place (the
+    kernels' row layout and arguments; `reverse_bwd_torch.state_products`, `products_finish`), their refusals lifted:
+    the launchers and the plumbing run on the CPU. Returns the list the mirrors append their names to."""
+    import kernels.ops.kda.ag_bwd as ag_bwd
+    import kernels.ops.kda.bwd_products_hopper as bp
+    import kernels.ops.kda.state_grads_hopper as sg
+    from kernels.ops.kda.reverse_bwd_torch import products_finish, state_products
+
+    calls: list[str] = []
+
+    def chunks(x: torch.Tensor, NT: int) -> torch.Tensor:  # rows [64 NT, H, ..] -> [NT, H, 64, ..] in fp64
+        return x.view(NT, 64, *x.shape[1:]).transpose(1, 2).double()
+
+    def rows(x: torch.Tensor) -> torch.Tensor:  # the inverse
+        return x.transpose(1, 2).reshape(-1, *x.shape[1:2], *x.shape[3:])
+
+    def state_build(H: int):  # type: ignore[no-untyped-def]
+        def run(h, dh, v, do, ag, aqk, ke, kd, gc, dW, dAqk, dAg, dqg, dke, dkd, dGC):  # type: ignore[no-untyped-def]
+            calls.append("state_grads")
+            NT = h.shape[0]
+            kept = {"Ag": chunks(ag, NT), "Aqk": chunks(aqk, NT), "ke": chunks(ke, NT), "kd": chunks(kd, NT),
+                    "qg": torch.zeros_like(chunks(ke, NT)), "GC": gc.double()}  # fmt: skip
+            S, dS = h.double(), dh.double()
+            s = state_products(kept, chunks(v, NT), S, chunks(do, NT), dS)
+            for out, name in ((dW, "dW"), (dAqk, "dAqk"), (dAg, "dAg"), (dqg, "dqg"), (dke, "dke"), (dkd, "dkd")):
+                out.copy_(rows(s[name]))
+            dGC.copy_(gc.double().exp() * (S * dS).sum(-1))
+
+        return run
+
+    def products_build(H: int, scale: float):  # type: ignore[no-untyped-def]
+        def run(q, k, g, beta, tt, qg, ke, kd, daqk, dag, dqg, dke, dkd, dgc, dq, dk, dg, dbeta):  # type: ignore[no-untyped-def]
+            calls.append("bwd_products")
+            NT = q.shape[0] // 64
+            kept = {"T": chunks(tt, NT), "qg": chunks(qg, NT), "ke": chunks(ke, NT), "kd": chunks(kd, NT)}
+            grads = {"dAqk": chunks(daqk, NT), "dAg": chunks(dag, NT), "dqg": chunks(dqg, NT), "dke": chunks(dke, NT),
+                     "dkd": chunks(dkd, NT), "dGC": dgc.double()}  # fmt: skip
+            beta_c = beta.view(NT, 64, H).transpose(1, 2).double()
+            out = products_finish(chunks(q, NT), chunks(k, NT), chunks(g, NT), beta_c, kept, grads, scale=scale)
+            for dst, src in zip((dq, dk, dg), out[:3], strict=True):
+                dst.copy_(rows(src))
+            dbeta.copy_(out[3].transpose(1, 2).reshape(dbeta.shape))
+
+        return run
+
+    monkeypatch.setattr(sg, "_build", state_build)
+    monkeypatch.setattr(bp, "_build", products_build)
+    for mod, name in ((sg, "state_grads_refusal"), (ag_bwd, "state_grads_refusal"), (bp, "bwd_products_refusal")):
+        monkeypatch.setattr(mod, name, lambda *a: None)
+    return calls
+
+
+def test_the_step_on_the_tilelang_grads_with_their_mirrors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`LaunchPlan(bwd_grads="tilelang")` from the kept gated Ag: the state products, then the products and the
+    finish, in place of `chunk_bwd_dqk` + `wy_bwd` (their mirrors in the kernels' place, K = V = 16 on the CPU; dense
+    B = 2, two chunks each, an initial state and dht): every gradient within 2e-2 of the fp32 per-token reference's
+    (bf16 inputs, which the launchers also round the kept tensors to); what it refuses, in one line."""
+    calls = _mirror_builds(monkeypatch)
+    from tests.kernels.common.test_chunk_bwd import _reference_grads
+    from tests.utils import make_inputs, make_state
+
+    dim, B, T, H = 16, 2, 128, 2
+    q, k, v, g, beta, _ = make_inputs("kda", B=B, T=T, H=H, K=dim, V=dim, lb=-1.0, dtype=torch.bfloat16)
+    h0 = make_state(B, H, dim, dim)
+    gen = torch.Generator().manual_seed(6)
+    do = torch.randn(v.shape, generator=gen).to(torch.bfloat16)
+    dht = torch.randn(h0.shape, generator=gen)
+    rec = LaunchRecorder()
+    plan = LaunchPlan(keep="ag", bwd_grads="tilelang", recorder=rec)
+    keep: dict[str, torch.Tensor] = {}
+    chunk_kda_fwd(q, k, v, g, beta, scale=dim**-0.5, initial_state=h0, output_final_state=True, plan=plan,
+                  fwd_path="fused", keep=keep)  # fmt: skip
+    rec.clear()
+    got = KDA.triton_bwd(q, k, v, g, beta, do, scale=dim**-0.5, initial_state=h0, dht=dht, plan=plan, wy=keep)
+    assert calls == ["state_grads", "bwd_products"]
+    assert not {"chunk_bwd_dqk", "wy_bwd"} & set(rec), sorted(rec)
+    per_seq = [_reference_grads("kda", *(x[b : b + 1] for x in (q, k, v, g, beta, h0, do, dht)), None) for b in range(B)]
+    _check(got, [torch.cat(parts) for parts in zip(*per_seq, strict=True)], 2e-2)
+    with pytest.raises(ValueError, match=r"^bwd_grads='tilelang' \(KDA's chunk-parallel TileLang backward\): it takes "
+                                         r"dense sequences of whole chunks yet"):  # fmt: skip
+        KDA.triton_bwd(q[:, :100], k[:, :100], v[:, :100], g[:, :100], beta[:, :100], do[:, :100], scale=0.25,
+                       plan=plan, wy={n: x[:, :100] if x.shape[:2] == (B, T) else x for n, x in keep.items()})  # fmt: skip
+    with pytest.raises(ValueError, match=r"^bwd_grads='tilelang' is KDA's backward from the forward's kept gated Ag"):
+        KDA.triton_bwd(q, k, v, g, beta, do, scale=0.25, plan=plan, wy=None)

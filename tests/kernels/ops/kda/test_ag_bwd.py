@@ -7,7 +7,11 @@ backend (interpreted on CPU; on a GPU with CPBENCH_TEST_GPU=1 in bf16):
   without the kept T (`wy_inverse` launched) to 1e-5, and autograd through the fp32 per-token reference's (varlen
   with partial chunks, an initial state, dht, slow-decay gates: 1e-5 on CPU, 5e-3 on a GPU);
 - what the forward keeps under "ag" and "ag+states" on each path;
-- the backward refuses a kept dict without the gated outputs in one line.
+- the backward refuses a kept dict without the gated outputs in one line;
+- `bwd_grads="tilelang"` (session 30): the state products, then the products and the finish, in place of
+  `chunk_bwd_dqk` + `wy_bwd`: on the CPU with both TileLang kernels' torch mirrors in their place (the launchers and
+  the plumbing: 2e-2 of the fp32 reference on bf16 inputs, and what it refuses), on an H200 the kernels themselves
+  (5e-3).
 """
 
 from __future__ import annotations
@@ -204,3 +208,28 @@ def test_the_step_on_the_tilelang_grads_with_their_mirrors(monkeypatch: pytest.M
                        plan=plan, wy={n: x[:, :100] if x.shape[:2] == (B, T) else x for n, x in keep.items()})  # fmt: skip
     with pytest.raises(ValueError, match=r"^bwd_grads='tilelang' is KDA's backward from the forward's kept gated Ag"):
         KDA.triton_bwd(q, k, v, g, beta, do, scale=0.25, plan=plan, wy=None)
+
+
+@TILELANG
+def test_the_step_on_the_tilelang_grads() -> None:
+    """On an H200 (tilelang 0.1.15): `LaunchPlan(bwd_grads="tilelang")` runs the two TileLang kernels in place of
+    `chunk_bwd_dqk` + `wy_bwd`; bf16 gradients within 5e-3 of the fp32 reference's (the issue's bound; dense B = 2 of
+    five chunks, two value heads, an initial state and dht)."""
+    from tests.kernels.common.test_chunk_bwd import _reference_grads
+    from tests.utils import make_inputs, make_state
+
+    B, T, H = 2, 320, 2
+    q, k, v, g, beta, _ = make_inputs("kda", B=B, T=T, H=H, K=128, V=128, lb=-1.0, dtype=torch.bfloat16, device="cuda")
+    h0 = make_state(B, H, 128, 128, device="cuda")
+    gen = torch.Generator().manual_seed(8)
+    do = torch.randn(v.shape, generator=gen).to("cuda", torch.bfloat16)
+    dht = torch.randn(h0.shape, generator=gen).to("cuda")
+    rec = LaunchRecorder()
+    plan = LaunchPlan(keep="ag", ag_pass="tilelang", fwd_pass="tilelang", bwd_grads="tilelang", recorder=rec)
+    keep: dict[str, torch.Tensor] = {}
+    chunk_kda_fwd(q, k, v, g, beta, scale=128**-0.5, initial_state=h0, output_final_state=True, plan=plan, keep=keep)
+    rec.clear()
+    got = KDA.triton_bwd(q, k, v, g, beta, do, scale=128**-0.5, initial_state=h0, dht=dht, plan=plan, wy=keep)
+    assert not {"chunk_bwd_dqk", "wy_bwd", "wy_inverse"} & set(rec), sorted(rec)
+    per_seq = [_reference_grads("kda", *(x[b : b + 1] for x in (q, k, v, g, beta, h0, do, dht)), None) for b in range(B)]
+    _check(got, [torch.cat(parts) for parts in zip(*per_seq, strict=True)], 5e-3)

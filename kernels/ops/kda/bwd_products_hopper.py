@@ -32,13 +32,12 @@ from torch import Tensor
 
 from kernels.common.decay import GATE_FLOOR
 from kernels.ops.gdn.tilelang_hopper import hopper_jit, tilelang_refusal
-from kernels.ops.kda.ag_torch import FAST_SPAN
+from kernels.ops.kda.decay_products_hopper import BLOCK, decay_macros
 
 __all__ = ["bwd_products_hopper", "bwd_products_refusal"]
 
 _WHAT = "KDA backward products"  # how the refusals name this kernel
 _THREADS = 128
-BLOCK = 16
 
 
 def bwd_products_refusal(K: int, V: int, BT: int, device: torch.device) -> str | None:
@@ -57,46 +56,11 @@ def _build(H: int, scale: float) -> Any:
     NB = C // BLOCK
     fp32, io = "float32", "bfloat16"
     nchunk = T.dynamic("nchunk")
-    span = float(FAST_SPAN)
     floor = float(GATE_FLOOR)
 
     @hopper_jit()
     def build() -> Any:
-        @T.macro
-        def split(x, hi_s, lo_s, r, c):
-            """x's bf16 hi and lo parts into hi_s[r, c], lo_s[r, c]."""
-            hi_s[r, c] = T.cast(x, io)
-            lo_s[r, c] = T.cast(x - T.cast(T.cast(x, io), fp32), io)
-
-        @T.macro
-        def products(oh_s, ol_s, xbh_s, xbl_s, p_f):
-            """p_f [K, 16] = O^T Xb^T over the chunk's rows, O and Xb in hi and lo parts: three products."""
-            T.fence_proxy_async()
-            T.gemm(oh_s, xbh_s, p_f, transpose_A=True, transpose_B=True, clear_accum=True)
-            T.gemm(ol_s, xbh_s, p_f, transpose_A=True, transpose_B=True)
-            T.gemm(oh_s, xbl_s, p_f, transpose_A=True, transpose_B=True)
-
-        @T.macro
-        def diag_rows(p_f, xh_s, xl_s, a_s, g_s, I):
-            """R's diagonal block elementwise (slow chunks): p_f[c, r] += sum_{jj <= r} X_{I r, I jj} a_{I jj} e^(..)."""
-            for jj in T.serial(BLOCK):
-                for c, r in T.Parallel(K, BLOCK):
-                    p_f[c, r] += T.if_then_else(
-                        jj <= r,
-                        (T.cast(xh_s[BLOCK * I + r, BLOCK * I + jj], fp32) + T.cast(xl_s[BLOCK * I + r, BLOCK * I + jj], fp32))
-                        * T.cast(a_s[BLOCK * I + jj, c], fp32)
-                        * T.exp(T.min(g_s[BLOCK * I + r, c] - g_s[BLOCK * I + jj, c], 0.0)), 0.0)  # fmt: skip
-
-        @T.macro
-        def diag_cols(p_f, xh_s, xl_s, a_s, g_s, J):
-            """Cc's diagonal block elementwise (slow chunks): p_f[c, r] += sum_{ii >= r} X_{J ii, J r} a_{J ii} e^(..)."""
-            for ii in T.serial(BLOCK):
-                for c, r in T.Parallel(K, BLOCK):
-                    p_f[c, r] += T.if_then_else(
-                        ii >= r,
-                        (T.cast(xh_s[BLOCK * J + ii, BLOCK * J + r], fp32) + T.cast(xl_s[BLOCK * J + ii, BLOCK * J + r], fp32))
-                        * T.cast(a_s[BLOCK * J + ii, c], fp32)
-                        * T.exp(T.min(g_s[BLOCK * J + ii, c] - g_s[BLOCK * J + r, c], 0.0)), 0.0)  # fmt: skip
+        mac = decay_macros(T)
 
         @T.prim_func
         def bwd_products(
@@ -147,7 +111,7 @@ def _build(H: int, scale: float) -> Any:
                 ck_f = T.alloc_fragment((K, BLOCK), fp32)
                 kr_f = T.alloc_fragment((BLOCK, K), fp32)
                 acc = T.alloc_var(fp32)
-                fastv = T.alloc_var("int32")
+                fast_l = T.alloc_local((1,), "int32")
                 T.annotate_layout({x: tilelang.layout.make_swizzled_layout(x) for x in (q_s, k_s)})
 
                 T.copy(q[t0 : t0 + C, i_h, :], q_s)
@@ -163,13 +127,13 @@ def _build(H: int, scale: float) -> Any:
                 for r in T.unroll(C):
                     acc = acc + g_s[r, tx]
                     g_s[r, tx] = acc
-                sp_s[tx] = T.max(T.max(0.0 - g_s[15, tx], g_s[15, tx] - g_s[31, tx]),
-                                 T.max(g_s[31, tx] - g_s[47, tx], g_s[47, tx] - g_s[63, tx]))  # fmt: skip
+                mac.references(g_s, sp_s, ref_s, cref_s, fast_l, tx)
+                fastv = fast_l[0]
                 # dA = -StrictLower(T^T (dAg diag(beta)) T^T)
                 for r, c in T.Parallel(C, C):
                     m_s[r, c] = T.cast(dag[t0 + r, i_h, c] * b_s[c], io)
                     xv = daqk[t0 + r, i_h, c] * scale
-                    split(xv, xh_s, xl_s, r, c)
+                    mac.split(xv, xh_s, xl_s, r, c)
                 T.fence_proxy_async()
                 T.gemm(m_s, t_s, c_f, transpose_B=True, clear_accum=True)
                 T.copy(c_f, m_s)
@@ -178,74 +142,23 @@ def _build(H: int, scale: float) -> Any:
                 for r, c in T.Parallel(C, C):
                     av = T.if_then_else(r > c, 0.0 - c_f[r, c], 0.0)
                     yv = av * b_s[r]
-                    split(av, ah_s, al_s, r, c)
-                    split(yv, yh_s, yl_s, r, c)
-                T.sync_threads()
-                fastv = 1
-                for c in T.serial(K):
-                    if sp_s[c] >= span:
-                        fastv = 0
-                for I in T.unroll(NB):
-                    ref_s[I, tx] = T.if_then_else(
-                        fastv == 1, 0.5 * (T.if_then_else(I == 0, 0.0, g_s[T.max(BLOCK * I - 1, 0), tx])
-                                           + g_s[BLOCK * I + BLOCK - 1, tx]),
-                        T.if_then_else(I == 0, 0.0, g_s[T.max(BLOCK * I - 1, 0), tx]))  # fmt: skip
-                    cref_s[I, tx] = T.if_then_else(
-                        fastv == 1, 0.5 * (T.if_then_else(I == 0, 0.0, g_s[T.max(BLOCK * I - 1, 0), tx])
-                                           + g_s[BLOCK * I + BLOCK - 1, tx]),
-                        g_s[BLOCK * I + BLOCK - 1, tx])  # fmt: skip
+                    mac.split(av, ah_s, al_s, r, c)
+                    mac.split(yv, yh_s, yl_s, r, c)
                 T.sync_threads()
 
                 for I in T.unroll(NB):
                     # Rq and RA: one operand k o e^(r_I - G) on the rows up to block I's end (fast) or before it
-                    for r, c in T.Parallel(C, K):
-                        ov = T.if_then_else(
-                            r < BLOCK * I + BLOCK * fastv, T.cast(k_s[r, c], fp32) * T.exp(ref_s[I, c] - g_s[r, c]), 0.0
-                        )
-                        split(ov, oh_s, ol_s, r, c)
-                    for r, c in T.Parallel(BLOCK, C):
-                        xbh_s[r, c] = xh_s[BLOCK * I + r, c]
-                        xbl_s[r, c] = xl_s[BLOCK * I + r, c]
-                        abh_s[r, c] = ah_s[BLOCK * I + r, c]
-                        abl_s[r, c] = al_s[BLOCK * I + r, c]
-                    products(oh_s, ol_s, xbh_s, xbl_s, rq_f)
-                    products(oh_s, ol_s, abh_s, abl_s, ra_f)
-                    for c, r in T.Parallel(K, BLOCK):
-                        rq_f[c, r] = rq_f[c, r] * T.exp(g_s[BLOCK * I + r, c] - ref_s[I, c])
-                        ra_f[c, r] = ra_f[c, r] * T.exp(g_s[BLOCK * I + r, c] - ref_s[I, c])
-                    if fastv == 0:
-                        diag_rows(rq_f, xh_s, xl_s, k_s, g_s, I)
-                        diag_rows(ra_f, ah_s, al_s, k_s, g_s, I)
-                    # Cq: q o e^(G - r_I) on the rows from block I's start (fast) or after it, against X's columns
-                    for r, c in T.Parallel(C, K):
-                        ov = T.if_then_else(
-                            r >= BLOCK * I + BLOCK * (1 - fastv),
-                            T.cast(q_s[r, c], fp32) * T.exp(g_s[r, c] - cref_s[I, c]),
-                            0.0,
-                        )
-                        split(ov, oh_s, ol_s, r, c)
-                    for r, c in T.Parallel(BLOCK, C):
-                        xbh_s[r, c] = xh_s[c, BLOCK * I + r]
-                        xbl_s[r, c] = xl_s[c, BLOCK * I + r]
-                    products(oh_s, ol_s, xbh_s, xbl_s, cq_f)
-                    # Ck: k o e^(G - r_I) against Y's columns
-                    for r, c in T.Parallel(C, K):
-                        ov = T.if_then_else(
-                            r >= BLOCK * I + BLOCK * (1 - fastv),
-                            T.cast(k_s[r, c], fp32) * T.exp(g_s[r, c] - cref_s[I, c]),
-                            0.0,
-                        )
-                        split(ov, oh_s, ol_s, r, c)
-                    for r, c in T.Parallel(BLOCK, C):
-                        xbh_s[r, c] = yh_s[c, BLOCK * I + r]
-                        xbl_s[r, c] = yl_s[c, BLOCK * I + r]
-                    products(oh_s, ol_s, xbh_s, xbl_s, ck_f)
-                    for c, r in T.Parallel(K, BLOCK):
-                        cq_f[c, r] = cq_f[c, r] * T.exp(cref_s[I, c] - g_s[BLOCK * I + r, c])
-                        ck_f[c, r] = ck_f[c, r] * T.exp(cref_s[I, c] - g_s[BLOCK * I + r, c])
-                    if fastv == 0:
-                        diag_cols(cq_f, xh_s, xl_s, q_s, g_s, I)
-                        diag_cols(ck_f, yh_s, yl_s, k_s, g_s, I)
+                    mac.operand(k_s, g_s, ref_s, oh_s, ol_s, I, 0, BLOCK * I + BLOCK * fastv, 1.0)
+                    mac.rows_of(xh_s, xl_s, xbh_s, xbl_s, I)
+                    mac.rows_of(ah_s, al_s, abh_s, abl_s, I)
+                    mac.products(oh_s, ol_s, xbh_s, xbl_s, rq_f)
+                    mac.products(oh_s, ol_s, abh_s, abl_s, ra_f)
+                    mac.row_finish(rq_f, xh_s, xl_s, k_s, g_s, ref_s, I, fastv)
+                    mac.row_finish(ra_f, ah_s, al_s, k_s, g_s, ref_s, I, fastv)
+                    # Cq = C(X, q), Ck = C(Y, k): operands scaled by e^(G - r_I) on the rows from block I's start (fast)
+                    # or after it, against X's and Y's columns
+                    mac.col_block(q_s, g_s, cref_s, xh_s, xl_s, oh_s, ol_s, xbh_s, xbl_s, cq_f, I, fastv)
+                    mac.col_block(k_s, g_s, cref_s, yh_s, yl_s, oh_s, ol_s, xbh_s, xbl_s, ck_f, I, fastv)
                     # the block's rows finished in the products' layout; dG to dg (summed down the chunk below)
                     for c, r in T.Parallel(K, BLOCK):
                         row = BLOCK * I + r

@@ -25,6 +25,7 @@ otherwise. Tested on the GPU against the mirror (tests/kernels/ops/kda/test_deca
 """
 
 import functools
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -33,7 +34,7 @@ from torch import Tensor
 from kernels.ops.gdn.tilelang_hopper import hopper_jit, tilelang_refusal
 from kernels.ops.kda.ag_torch import FAST_SPAN
 
-__all__ = ["decay_products_hopper", "decay_products_refusal"]
+__all__ = ["decay_macros", "decay_products_hopper", "decay_products_refusal"]
 
 _WHAT = "KDA decayed products"  # how the refusals name this kernel
 _THREADS = 128
@@ -43,6 +44,107 @@ BLOCK = 16
 def decay_products_refusal(K: int, BT: int, device: torch.device) -> str | None:
     """Why this kernel cannot run here (one line), or None."""
     return tilelang_refusal(_WHAT, K, 128, BT, device)
+
+
+def decay_macros(T: Any) -> Any:
+    """The TileLang macros (`T`: `tilelang.language` of the build) of the per-key decayed products by 16-row blocks,
+    chunk 64 and 128 keys, shared by this kernel and `kernels.ops.kda.bwd_products_hopper`:
+
+        split(x, hi_s, lo_s, r, c)          x's bf16 hi and lo parts into hi_s[r, c], lo_s[r, c]
+        references(g_s, sp_s, rref_s, cref_s, fast_l, tx)   after G is in g_s: each key's largest span across a
+                                            block (thread tx: key tx), fast_l[0] (a local int32 [1]: 1 where every
+                                            span is below FAST_SPAN; a macro cannot assign a kernel's var) and the
+                                            blocks' references: the midpoints (fast), else G before the block (rows)
+                                            and at its last row (columns)
+        operand(a_s, g_s, ref_s, oh_s, ol_s, I, lo_row, hi_row, sign)   a o e^(sign (r_I - G)) on rows
+                                            lo_row <= r < hi_row (zero elsewhere), formed once, in hi and lo parts
+        products(oh_s, ol_s, xbh_s, xbl_s, p_f)   p_f [K, 16] = O^T Xb^T over the chunk's rows: three products
+        rows_of(xh_s, xl_s, xbh_s, xbl_s, I)   block I's rows of X into Xb (hi, lo)
+        row_finish(p_f, xh_s, xl_s, a_s, g_s, rref_s, I, fastv)   R's block I: the rows' factor e^(G_i - r_I), and
+                                            on a slow chunk the diagonal block elementwise (exponents <= 0)
+        col_block(a_s, g_s, cref_s, xh_s, xl_s, oh_s, ol_s, xbh_s, xbl_s, p_f, I, fastv)   Cc's block I whole: its
+                                            operand a o e^(G - r_I), X's columns, the products, the columns'
+                                            factor e^(r_I - G_j), the diagonal block on a slow chunk"""
+    K, C = 128, 64
+    fp32, io = "float32", "bfloat16"
+    NB = C // BLOCK
+    span = float(FAST_SPAN)
+
+    @T.macro
+    def split(x, hi_s, lo_s, r, c):
+        hi_s[r, c] = T.cast(x, io)
+        lo_s[r, c] = T.cast(x - T.cast(T.cast(x, io), fp32), io)
+
+    @T.macro
+    def references(g_s, sp_s, rref_s, cref_s, fast_l, tx):
+        T.sync_threads()
+        sp_s[tx] = T.max(T.max(0.0 - g_s[15, tx], g_s[15, tx] - g_s[31, tx]),
+                         T.max(g_s[31, tx] - g_s[47, tx], g_s[47, tx] - g_s[63, tx]))  # fmt: skip
+        T.sync_threads()
+        fast_l[0] = 1
+        for c in T.serial(K):
+            if sp_s[c] >= span:
+                fast_l[0] = 0
+        for I in T.unroll(NB):
+            before = T.if_then_else(I == 0, 0.0, g_s[T.max(BLOCK * I - 1, 0), tx])
+            last = g_s[BLOCK * I + BLOCK - 1, tx]
+            rref_s[I, tx] = T.if_then_else(fast_l[0] == 1, 0.5 * (before + last), before)
+            cref_s[I, tx] = T.if_then_else(fast_l[0] == 1, 0.5 * (before + last), last)
+        T.sync_threads()
+
+    @T.macro
+    def operand(a_s, g_s, ref_s, oh_s, ol_s, I, lo_row, hi_row, sign):
+        for r, c in T.Parallel(C, K):
+            x = T.if_then_else((r >= lo_row) & (r < hi_row),
+                               T.cast(a_s[r, c], fp32) * T.exp(sign * (ref_s[I, c] - g_s[r, c])), 0)  # fmt: skip
+            split(x, oh_s, ol_s, r, c)
+
+    @T.macro
+    def products(oh_s, ol_s, xbh_s, xbl_s, p_f):
+        T.fence_proxy_async()
+        T.gemm(oh_s, xbh_s, p_f, transpose_A=True, transpose_B=True, clear_accum=True)
+        T.gemm(ol_s, xbh_s, p_f, transpose_A=True, transpose_B=True)
+        T.gemm(oh_s, xbl_s, p_f, transpose_A=True, transpose_B=True)
+
+    @T.macro
+    def rows_of(xh_s, xl_s, xbh_s, xbl_s, I):
+        for r, c in T.Parallel(BLOCK, C):
+            xbh_s[r, c] = xh_s[BLOCK * I + r, c]
+            xbl_s[r, c] = xl_s[BLOCK * I + r, c]
+
+    @T.macro
+    def row_finish(p_f, xh_s, xl_s, a_s, g_s, rref_s, I, fastv):
+        for c, r in T.Parallel(K, BLOCK):
+            p_f[c, r] = p_f[c, r] * T.exp(g_s[BLOCK * I + r, c] - rref_s[I, c])
+        if fastv == 0:  # R_i += sum_{j in block I, j <= i}
+            for jj in T.serial(BLOCK):
+                for c, r in T.Parallel(K, BLOCK):
+                    p_f[c, r] += T.if_then_else(
+                        jj <= r,
+                        (T.cast(xh_s[BLOCK * I + r, BLOCK * I + jj], fp32) + T.cast(xl_s[BLOCK * I + r, BLOCK * I + jj], fp32))
+                        * T.cast(a_s[BLOCK * I + jj, c], fp32)
+                        * T.exp(T.min(g_s[BLOCK * I + r, c] - g_s[BLOCK * I + jj, c], 0.0)), 0.0)  # fmt: skip
+
+    @T.macro
+    def col_block(a_s, g_s, cref_s, xh_s, xl_s, oh_s, ol_s, xbh_s, xbl_s, p_f, I, fastv):
+        operand(a_s, g_s, cref_s, oh_s, ol_s, I, BLOCK * I + BLOCK * (1 - fastv), C, -1.0)
+        for r, c in T.Parallel(BLOCK, C):  # Xb[jj, i] = X[i, 16 I + jj]
+            xbh_s[r, c] = xh_s[c, BLOCK * I + r]
+            xbl_s[r, c] = xl_s[c, BLOCK * I + r]
+        products(oh_s, ol_s, xbh_s, xbl_s, p_f)
+        for c, r in T.Parallel(K, BLOCK):
+            p_f[c, r] = p_f[c, r] * T.exp(cref_s[I, c] - g_s[BLOCK * I + r, c])
+        if fastv == 0:  # Cc_j += sum_{i in block I, i >= j}
+            for ii in T.serial(BLOCK):
+                for c, r in T.Parallel(K, BLOCK):
+                    p_f[c, r] += T.if_then_else(
+                        ii >= r,
+                        (T.cast(xh_s[BLOCK * I + ii, BLOCK * I + r], fp32) + T.cast(xl_s[BLOCK * I + ii, BLOCK * I + r], fp32))
+                        * T.cast(a_s[BLOCK * I + ii, c], fp32)
+                        * T.exp(T.min(g_s[BLOCK * I + ii, c] - g_s[BLOCK * I + r, c], 0.0)), 0.0)  # fmt: skip
+
+    return SimpleNamespace(split=split, references=references, operand=operand, products=products, rows_of=rows_of,
+                           row_finish=row_finish, col_block=col_block)  # fmt: skip
 
 
 @functools.cache
@@ -55,27 +157,10 @@ def _build(H: int) -> Any:
     NB = C // BLOCK
     fp32, io = "float32", "bfloat16"
     nchunk = T.dynamic("nchunk")
-    span = float(FAST_SPAN)
 
     @hopper_jit()
     def build() -> Any:
-        @T.macro
-        def operand(a_s, g_s, ref_s, oh_s, ol_s, I, lo_row, hi_row, sign):
-            """The block's operand a o e^(sign (r_I - G)) on rows lo_row <= r < hi_row (zero elsewhere), its factor
-            formed once and split into bf16 hi and lo parts."""
-            for r, c in T.Parallel(C, K):
-                x = T.if_then_else((r >= lo_row) & (r < hi_row),
-                                   T.cast(a_s[r, c], fp32) * T.exp(sign * (ref_s[I, c] - g_s[r, c])), 0)  # fmt: skip
-                oh_s[r, c] = T.cast(x, io)
-                ol_s[r, c] = T.cast(x - T.cast(T.cast(x, io), fp32), io)
-
-        @T.macro
-        def products(oh_s, ol_s, xbh_s, xbl_s, p_f):
-            """P [K, 16] = O^T Xb^T over the chunk's rows, O and Xb in hi and lo parts: three products at fp32 accuracy."""
-            T.fence_proxy_async()
-            T.gemm(oh_s, xbh_s, p_f, transpose_A=True, transpose_B=True, clear_accum=True)
-            T.gemm(ol_s, xbh_s, p_f, transpose_A=True, transpose_B=True)
-            T.gemm(oh_s, xbl_s, p_f, transpose_A=True, transpose_B=True)
+        mac = decay_macros(T)
 
         @T.prim_func
         def decay_products(
@@ -101,71 +186,26 @@ def _build(H: int) -> Any:
                 cref_s = T.alloc_shared((NB, K), fp32)  # the column products'
                 sp_s = T.alloc_shared((K,), fp32)
                 p_f = T.alloc_fragment((K, BLOCK), fp32)  # a block's product, transposed: [key, row of the block]
-                fastv = T.alloc_var("int32")
+                fast_l = T.alloc_local((1,), "int32")
                 for r, c in T.Parallel(C, C):
-                    xv = x[i_c, i_h, r, c]
-                    xh_s[r, c] = T.cast(xv, io)
-                    xl_s[r, c] = T.cast(xv - T.cast(T.cast(xv, io), fp32), io)
+                    mac.split(x[i_c, i_h, r, c], xh_s, xl_s, r, c)
                 for r, c in T.Parallel(C, K):
                     a_s[r, c] = a[t0 + r, i_h, c]
                     g_s[r, c] = g[t0 + r, i_h, c]
-                T.sync_threads()
-                # each key's largest span across a block (thread tx: key tx), and the references
-                sp_s[tx] = T.max(T.max(0.0 - g_s[15, tx], g_s[15, tx] - g_s[31, tx]),
-                                 T.max(g_s[31, tx] - g_s[47, tx], g_s[47, tx] - g_s[63, tx]))  # fmt: skip
-                T.sync_threads()
-                fastv = 1
-                for c in T.serial(K):
-                    if sp_s[c] >= span:
-                        fastv = 0
-                for I in T.unroll(NB):
-                    rref_s[I, tx] = T.if_then_else(
-                        fastv == 1, 0.5 * (T.if_then_else(I == 0, 0.0, g_s[T.max(BLOCK * I - 1, 0), tx])
-                                           + g_s[BLOCK * I + BLOCK - 1, tx]),
-                        T.if_then_else(I == 0, 0.0, g_s[T.max(BLOCK * I - 1, 0), tx]))  # fmt: skip
-                    cref_s[I, tx] = T.if_then_else(
-                        fastv == 1, 0.5 * (T.if_then_else(I == 0, 0.0, g_s[T.max(BLOCK * I - 1, 0), tx])
-                                           + g_s[BLOCK * I + BLOCK - 1, tx]),
-                        g_s[BLOCK * I + BLOCK - 1, tx])  # fmt: skip
-                T.sync_threads()
+                mac.references(g_s, sp_s, rref_s, cref_s, fast_l, tx)
+                fastv = fast_l[0]
 
                 # R, block I: R_I^T = (a o e^(r_I - G))^T X_I^T over the rows up to block I's end (fast) or before it
                 for I in T.unroll(NB):
-                    operand(a_s, g_s, rref_s, oh_s, ol_s, I, 0, BLOCK * I + BLOCK * fastv, 1.0)
-                    for r, c in T.Parallel(BLOCK, C):
-                        xbh_s[r, c] = xh_s[BLOCK * I + r, c]
-                        xbl_s[r, c] = xl_s[BLOCK * I + r, c]
-                    products(oh_s, ol_s, xbh_s, xbl_s, p_f)
-                    for c, r in T.Parallel(K, BLOCK):
-                        p_f[c, r] = p_f[c, r] * T.exp(g_s[BLOCK * I + r, c] - rref_s[I, c])
-                    if fastv == 0:  # the diagonal block elementwise: j in block I, j <= i (exponents <= 0)
-                        for jj in T.serial(BLOCK):
-                            for c, r in T.Parallel(K, BLOCK):
-                                p_f[c, r] += T.if_then_else(
-                                    jj <= r,
-                                    (T.cast(xh_s[BLOCK * I + r, BLOCK * I + jj], fp32) + T.cast(xl_s[BLOCK * I + r, BLOCK * I + jj], fp32))
-                                    * T.cast(a_s[BLOCK * I + jj, c], fp32)
-                                    * T.exp(T.min(g_s[BLOCK * I + r, c] - g_s[BLOCK * I + jj, c], 0.0)), 0.0)  # fmt: skip
+                    mac.operand(a_s, g_s, rref_s, oh_s, ol_s, I, 0, BLOCK * I + BLOCK * fastv, 1.0)
+                    mac.rows_of(xh_s, xl_s, xbh_s, xbl_s, I)
+                    mac.products(oh_s, ol_s, xbh_s, xbl_s, p_f)
+                    mac.row_finish(p_f, xh_s, xl_s, a_s, g_s, rref_s, I, fastv)
                     for c, r in T.Parallel(K, BLOCK):
                         rr[t0 + BLOCK * I + r, i_h, c] = p_f[c, r]
-
                 # Cc, block J: Cc_J^T = (a o e^(G - r_J))^T X[:, J] over the rows from block J's start (fast) or after it
                 for J in T.unroll(NB):
-                    operand(a_s, g_s, cref_s, oh_s, ol_s, J, BLOCK * J + BLOCK * (1 - fastv), C, -1.0)
-                    for r, c in T.Parallel(BLOCK, C):
-                        xbh_s[r, c] = xh_s[c, BLOCK * J + r]
-                        xbl_s[r, c] = xl_s[c, BLOCK * J + r]
-                    products(oh_s, ol_s, xbh_s, xbl_s, p_f)
-                    for c, r in T.Parallel(K, BLOCK):
-                        p_f[c, r] = p_f[c, r] * T.exp(cref_s[J, c] - g_s[BLOCK * J + r, c])
-                    if fastv == 0:  # i in block J, i >= j
-                        for ii in T.serial(BLOCK):
-                            for c, r in T.Parallel(K, BLOCK):
-                                p_f[c, r] += T.if_then_else(
-                                    ii >= r,
-                                    (T.cast(xh_s[BLOCK * J + ii, BLOCK * J + r], fp32) + T.cast(xl_s[BLOCK * J + ii, BLOCK * J + r], fp32))
-                                    * T.cast(a_s[BLOCK * J + ii, c], fp32)
-                                    * T.exp(T.min(g_s[BLOCK * J + ii, c] - g_s[BLOCK * J + r, c], 0.0)), 0.0)  # fmt: skip
+                    mac.col_block(a_s, g_s, cref_s, xh_s, xl_s, oh_s, ol_s, xbh_s, xbl_s, p_f, J, fastv)
                     for c, r in T.Parallel(K, BLOCK):
                         cc[t0 + BLOCK * J + r, i_h, c] = p_f[c, r]
 

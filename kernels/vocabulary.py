@@ -122,7 +122,7 @@ KEEP_POLICIES: tuple[str, ...] = ("auto", "inputs", "ag", "ag+states", "wy", "wy
 # the H200, session 29)
 # "tilelang": KDA's backward from the forward's kept gated Ag on two chunk-parallel TileLang kernels
 # (`kernels.ops.kda.ag_bwd.tilelang_grads`: the state products, then the decayed products and the finish; session 30,
-# lab kernels not yet run on a GPU: opt-in; dense sequences of whole chunks, no grouped heads)
+# lab kernels not yet run on a GPU: opt-in; dense sequences of whole chunks)
 BWD_GRADS: tuple[str, ...] = ("auto", "pair", "fused", "reverse", "tilelang")
 # the values that run GDN's TileLang reverse walk
 REVERSE_WALKS: frozenset[str] = frozenset({"reverse"})

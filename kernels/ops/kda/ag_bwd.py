@@ -19,7 +19,8 @@ G_C `[NT, HV, K]` fp32 (`KEPT_GATED`). The backward then runs
    30: two chunk-parallel TileLang lab kernels from the kept gated tensors and the chunk states, in place of
    `chunk_bwd_dqk` + `wy_bwd`; not yet run on a GPU): `kernels.ops.kda.state_grads_hopper` (the state products), then
    `kernels.ops.kda.bwd_products_hopper` (dA, the four decayed products, dq, dk, dg, dbeta). They take dense
-   sequences of whole chunks and no grouped heads (`tilelang_grads_refusal` says why not, in one line).
+   sequences of whole chunks (`tilelang_grads_refusal` says why not, in one line); grouped heads through q, k
+   expanded to the value heads.
 
 Bytes per token-head of step 1 (bf16, K = V = 128, chunk 64): reads Ag (128), ke, v (512); writes w, u (512): 1.15 KB,
 against `wy_kda_fwd`'s reads of q, k, v, g (fp32), beta and writes of w, u, kg, qg, Aqk (~2.4 KB) and its per-key
@@ -37,6 +38,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.common.bwd_tiles import group_sum
 from kernels.common.chunk_bwd import chunk_bwd
 from kernels.common.chunk_program import chunk_of_program, heuristics
 from kernels.common.index import ChunkIndex, prepare_chunk_index
@@ -137,13 +139,11 @@ def chunk_kda_bwd_ag(
 
 def tilelang_grads_refusal(k: Tensor, v: Tensor, index: ChunkIndex) -> str | None:
     """Why `bwd_grads="tilelang"` (KDA's chunk-parallel TileLang backward) cannot run on these inputs (one line), or
-    None: the TileLang kernels' sizes and device (`state_grads_refusal`), bf16, no grouped heads, and dense sequences
-    of whole chunks (the lab kernels' row layout: chunk c at rows 64 c..)."""
+    None: the TileLang kernels' sizes and device (`state_grads_refusal`), bf16, and dense sequences of whole chunks
+    (the lab kernels' row layout: chunk c at rows 64 c..)."""
     why = state_grads_refusal(k.shape[-1], v.shape[-1], index.chunk_size, k.device)
     if why is None and k.dtype != torch.bfloat16:
         why = f"it takes bf16 q, k, got {k.dtype}"
-    if why is None and k.shape[2] != v.shape[2]:
-        why = f"it takes no grouped heads yet, got {v.shape[2]} value heads over {k.shape[2]} q/k heads"
     if why is None and (index.is_varlen or k.shape[1] % index.chunk_size):
         why = f"it takes dense sequences of whole chunks yet (no cu_seqlens, T a multiple of {index.chunk_size})"
     return None if why is None else f"bwd_grads='tilelang' (KDA's chunk-parallel TileLang backward): {why}"
@@ -155,8 +155,12 @@ def tilelang_grads(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """(dq, dk, dv, dg, dbeta) of KDA's chunks on the two TileLang kernels (module docstring) from the forward's kept
     gated tensors (kept: `KEPT_GATED`'s backward names ag, aqk, qs, ke, ks, gs), T, the chunk states h and their
-    gradients dh `[NT, HV, K, V]` (`chunk_bwd`'s step 2); `tilelang_grads_refusal` has passed. `chunk_bwd`'s grads_fn."""
-    B, T, HV, K = k.shape
+    gradients dh `[NT, HV, K, V]` (`chunk_bwd`'s step 2); `tilelang_grads_refusal` has passed. `chunk_bwd`'s grads_fn.
+    Grouped heads (HV = G Hk): q, k expanded to the value heads for the second kernel, dq and dk summed per group after
+    (the kernel reads its value head's q, k; an in-kernel group read is the next step)."""
+    B, T, Hk, K = k.shape
+    HV = v.shape[2]
+    qx, kx = (x if Hk == HV else x.repeat_interleave(HV // Hk, dim=2) for x in (q, k))
 
     def rows(x: Tensor) -> Tensor:  # [B, T, ..] -> the kernels' rows [B * T, ..]
         return x.reshape(B * T, *x.shape[2:])
@@ -164,7 +168,7 @@ def tilelang_grads(
     s = state_grads_hopper(h, dh, rows(v), rows(do), rows(kept["ag"]), rows(kept["aqk"]), rows(kept["ke"]),
                            rows(kept["ks"]), kept["gs"])  # fmt: skip
     gated = {"qg": rows(kept["qs"]), "ke": rows(kept["ke"]), "kd": rows(kept["ks"])}
-    dq, dk, dg, dbeta = bwd_products_hopper(rows(q), rows(k), rows(g), rows(beta), rows(tt), gated, s, scale=scale)
-    return (dq.view(B, T, HV, K).to(q.dtype), dk.view(B, T, HV, K).to(k.dtype),
+    dq, dk, dg, dbeta = bwd_products_hopper(rows(qx), rows(kx), rows(g), rows(beta), rows(tt), gated, s, scale=scale)
+    return (group_sum(dq.view(B, T, HV, K), Hk).to(q.dtype), group_sum(dk.view(B, T, HV, K), Hk).to(k.dtype),
             s["dW"].view(B, T, HV, -1).to(v.dtype), dg.view(B, T, HV, K).to(g.dtype),
             dbeta.view(B, T, HV).to(beta.dtype))  # fmt: skip

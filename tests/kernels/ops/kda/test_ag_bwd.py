@@ -179,14 +179,15 @@ def _mirror_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_the_step_on_the_tilelang_grads_with_their_mirrors(monkeypatch: pytest.MonkeyPatch) -> None:
     """`LaunchPlan(bwd_grads="tilelang")` from the kept gated Ag: the state products, then the products and the
     finish, in place of `chunk_bwd_dqk` + `wy_bwd` (their mirrors in the kernels' place, K = V = 16 on the CPU; dense
-    B = 2, two chunks each, an initial state and dht): every gradient within 2e-2 of the fp32 per-token reference's
-    (bf16 inputs, which the launchers also round the kept tensors to); what it refuses, in one line."""
+    B = 2, two chunks each, grouped heads (one q/k head, two value heads), an initial state and dht): every gradient
+    within 2e-2 of the fp32 per-token reference's (bf16 inputs, which the launchers also round the kept tensors to);
+    what it refuses, in one line."""
     calls = _mirror_builds(monkeypatch)
-    from tests.kernels.common.test_chunk_bwd import _reference_grads
     from tests.utils import make_inputs, make_state
 
     dim, B, T, H = 16, 2, 128, 2
     q, k, v, g, beta, _ = make_inputs("kda", B=B, T=T, H=H, K=dim, V=dim, lb=-1.0, dtype=torch.bfloat16)
+    q, k = q[:, :, :1].contiguous(), k[:, :, :1].contiguous()  # grouped heads: HV = 2 Hk
     h0 = make_state(B, H, dim, dim)
     gen = torch.Generator().manual_seed(6)
     do = torch.randn(v.shape, generator=gen).to(torch.bfloat16)
@@ -200,8 +201,7 @@ def test_the_step_on_the_tilelang_grads_with_their_mirrors(monkeypatch: pytest.M
     got = KDA.triton_bwd(q, k, v, g, beta, do, scale=dim**-0.5, initial_state=h0, dht=dht, plan=plan, wy=keep)
     assert calls == ["state_grads", "bwd_products"]
     assert not {"chunk_bwd_dqk", "wy_bwd"} & set(rec), sorted(rec)
-    per_seq = [_reference_grads("kda", *(x[b : b + 1] for x in (q, k, v, g, beta, h0, do, dht)), None) for b in range(B)]
-    _check(got, [torch.cat(parts) for parts in zip(*per_seq, strict=True)], 2e-2)
+    _check(got, _grouped_reference(q, k, v, g, beta, h0, do, dht), 2e-2)
     with pytest.raises(ValueError, match=r"^bwd_grads='tilelang' \(KDA's chunk-parallel TileLang backward\): it takes "
                                          r"dense sequences of whole chunks yet"):  # fmt: skip
         KDA.triton_bwd(q[:, :100], k[:, :100], v[:, :100], g[:, :100], beta[:, :100], do[:, :100], scale=0.25,
@@ -214,12 +214,12 @@ def test_the_step_on_the_tilelang_grads_with_their_mirrors(monkeypatch: pytest.M
 def test_the_step_on_the_tilelang_grads() -> None:
     """On an H200 (tilelang 0.1.15): `LaunchPlan(bwd_grads="tilelang")` runs the two TileLang kernels in place of
     `chunk_bwd_dqk` + `wy_bwd`; bf16 gradients within 5e-3 of the fp32 reference's (the issue's bound; dense B = 2 of
-    five chunks, two value heads, an initial state and dht)."""
-    from tests.kernels.common.test_chunk_bwd import _reference_grads
+    five chunks, grouped heads: one q/k head, two value heads; an initial state and dht)."""
     from tests.utils import make_inputs, make_state
 
     B, T, H = 2, 320, 2
     q, k, v, g, beta, _ = make_inputs("kda", B=B, T=T, H=H, K=128, V=128, lb=-1.0, dtype=torch.bfloat16, device="cuda")
+    q, k = q[:, :, :1].contiguous(), k[:, :, :1].contiguous()  # grouped heads: HV = 2 Hk
     h0 = make_state(B, H, 128, 128, device="cuda")
     gen = torch.Generator().manual_seed(8)
     do = torch.randn(v.shape, generator=gen).to("cuda", torch.bfloat16)
@@ -231,5 +231,18 @@ def test_the_step_on_the_tilelang_grads() -> None:
     rec.clear()
     got = KDA.triton_bwd(q, k, v, g, beta, do, scale=128**-0.5, initial_state=h0, dht=dht, plan=plan, wy=keep)
     assert not {"chunk_bwd_dqk", "wy_bwd", "wy_inverse"} & set(rec), sorted(rec)
-    per_seq = [_reference_grads("kda", *(x[b : b + 1] for x in (q, k, v, g, beta, h0, do, dht)), None) for b in range(B)]
-    _check(got, [torch.cat(parts) for parts in zip(*per_seq, strict=True)], 5e-3)
+    _check(got, _grouped_reference(q, k, v, g, beta, h0, do, dht), 5e-3)
+
+
+def _grouped_reference(q, k, v, g, beta, h0, do, dht) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]
+    """The fp32 reference's gradients of a dense batch with grouped heads: per sequence, q, k expanded to the value
+    heads, dq and dk summed per group."""
+    from tests.kernels.common.test_chunk_bwd import _reference_grads
+
+    G = v.shape[2] // k.shape[2]
+    qx, kx = (x.repeat_interleave(G, dim=2) for x in (q, k))
+    per_seq = [_reference_grads("kda", *(x[b : b + 1] for x in (qx, kx, v, g, beta, h0, do, dht)), None)
+               for b in range(v.shape[0])]  # fmt: skip
+    ref = [torch.cat(parts) for parts in zip(*per_seq, strict=True)]
+    ref[0], ref[1] = (x.unflatten(2, (k.shape[2], G)).sum(3) for x in ref[:2])
+    return ref

@@ -2,7 +2,7 @@
 TileLang lab kernel (`kernels.ops.kda.decay_products_hopper`: 16-row blocks, warpgroup products in bf16 hi/lo parts)
 against the Triton tiles the backward's gradient kernels use today (`kernels.common.bwd_tiles._rows_vec` and
 `_cols_vec` at the backward's tf32 precision, `kernels.common.chunk_bwd.VECTOR_GATE_DOT`, in a kernel of this lab's
-that does nothing else) and their per-block 2-D form (`_rows_vec_2d`, `_cols_vec_2d`: no 3-D tiles), on the same
+that does nothing else), on the same
 inputs: the core of the planned chunk-parallel KDA backward (`kernels/NOTES.md`,
 "KDA's backward, the next kernel"), where `chunk_bwd_dqk` and `wy_bwd` spend 11.8 ms of the 1x64K step.
 
@@ -35,7 +35,7 @@ import triton.language as tl
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kernels.common.bwd_tiles import _cols_vec, _cols_vec_2d, _rows_vec, _rows_vec_2d  # noqa: E402
+from kernels.common.bwd_tiles import _cols_vec, _rows_vec  # noqa: E402
 from kernels.common.chunk_bwd import VECTOR_GATE_DOT  # noqa: E402
 from runners.bench.floors import HBM_TBPS  # noqa: E402
 
@@ -44,9 +44,10 @@ C, K = 64, 128
 
 @triton.jit
 def _triton_products(x, a, g, rr, cc, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                     PREC: tl.constexpr, TWO_D: tl.constexpr):  # fmt: skip
-    """R and Cc of one chunk, head and key block by the backward's tiles (nothing else): the 3-D batched form
-    (`_rows_vec`, what the backward runs) or with TWO_D the per-block 2-D form (`_rows_vec_2d`)."""
+                     PREC: tl.constexpr):  # fmt: skip
+    """R and Cc of one chunk, head and key block by the backward's tiles (`_rows_vec`, `_cols_vec`; nothing else).
+    (Session 29's per-block 2-D form of them took 2.85-3.91 ms against these tiles' 1.96 on the H200,
+    `results/decay_products_lab_s30_h200.md`: removed in session 30.)"""
     i_k, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_t = tl.arange(0, BT)
     o_k = i_k * BK + tl.arange(0, BK)
@@ -54,20 +55,14 @@ def _triton_products(x, a, g, rr, cc, H: tl.constexpr, K: tl.constexpr, BT: tl.c
     p = ((i_c * BT + o_t) * H + i_h)[:, None] * K + o_k[None, :]
     b = tl.load(a + p).to(tl.float32)
     G = tl.load(g + p)
-    if TWO_D:
-        tl.store(rr + p, _rows_vec_2d(X, b, G, BT, BK, tl.bfloat16, PREC))
-        tl.store(cc + p, _cols_vec_2d(X, b, G, BT, BK, tl.bfloat16, PREC))
-    else:
-        tl.store(rr + p, _rows_vec(X, b, G, BT, BK, tl.bfloat16, PREC))
-        tl.store(cc + p, _cols_vec(X, b, G, BT, BK, tl.bfloat16, PREC))
+    tl.store(rr + p, _rows_vec(X, b, G, BT, BK, tl.bfloat16, PREC))
+    tl.store(cc + p, _cols_vec(X, b, G, BT, BK, tl.bfloat16, PREC))
 
 
-def triton_products(X: torch.Tensor, a: torch.Tensor, G: torch.Tensor, BK: int,
-                    two_d: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def triton_products(X: torch.Tensor, a: torch.Tensor, G: torch.Tensor, BK: int) -> tuple[torch.Tensor, torch.Tensor]:
     NT, H = X.shape[:2]
     R, Cc = torch.empty_like(G), torch.empty_like(G)
-    _triton_products[(K // BK, NT, H)](X, a, G, R, Cc, H=H, K=K, BT=C, BK=BK, PREC=VECTOR_GATE_DOT, TWO_D=two_d,
-                                       num_warps=4)  # fmt: skip
+    _triton_products[(K // BK, NT, H)](X, a, G, R, Cc, H=H, K=K, BT=C, BK=BK, PREC=VECTOR_GATE_DOT, num_warps=4)
     return R, Cc
 
 
@@ -96,7 +91,6 @@ def run(NT: int, H: int, bks: list[int]) -> dict[str, Any]:
 
     impls = {"tilelang": lambda: decay_products_hopper(X, a, G)}
     impls.update({f"triton BK {bk}": (lambda bk=bk: triton_products(X, a, G, bk)) for bk in bks})
-    impls.update({f"triton 2-D BK {bk}": (lambda bk=bk: triton_products(X, a, G, bk, True)) for bk in bks})
     nbytes = NT * H * (C * C * 4 + C * K * (2 + 4 + 4 + 4))
     flops = NT * H * 8 * 2 * C * C * K
     row: dict[str, Any] = {"chunks": NT, "heads": H, "bytes_floor_ms": nbytes / (HBM_TBPS * 1e12) * 1e3,

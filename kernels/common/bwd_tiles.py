@@ -116,68 +116,6 @@ def _diag_cols(Xt3, a3, G3, BT: tl.constexpr, NB: tl.constexpr):
 
 
 @triton.jit
-def _block_edges(G, I: tl.constexpr, BT: tl.constexpr):
-    """(G before row block I, G at its last row), each [BK]: 0 before the chunk."""
-    o_t = tl.arange(0, BT)
-    before = tl.sum(tl.where(o_t[:, None] == 16 * I - 1, G, 0.0), 0)
-    return before, tl.sum(tl.where(o_t[:, None] == 16 * I + 15, G, 0.0), 0)
-
-
-@triton.jit
-def _chunk_fast(G, BT: tl.constexpr, BK: tl.constexpr):
-    """Whether every key's span across every 16-row block is below FAST_SPAN (`_rows_vec`'s fast case)."""
-    span = tl.zeros([BK], dtype=tl.float32)
-    for I in tl.static_range(BT // 16):
-        before, last = _block_edges(G, I, BT)
-        span = tl.maximum(span, before - last)
-    return tl.max(span, 0) < FAST_SPAN
-
-
-@triton.jit
-def _rows_vec_2d(X, b, G, BT: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
-    """`_rows_vec` by one 2-D product per 16-row block I (X with its other rows zeroed, against the block's operand
-    b e^(r_I - G) on the allowed rows; the block's rows kept): no 3-D tiles or reshapes on the fast path, four times
-    the products' flops (the rows zeroed). The diagonal blocks of a chunk that is not fast: `_diag_rows`."""
-    NB: tl.constexpr = BT // 16
-    blk = tl.arange(0, BT) // 16
-    fast = _chunk_fast(G, BT, BK)
-    R = tl.zeros([BT, BK], dtype=tl.float32)
-    for I in tl.static_range(NB):
-        before, last = _block_edges(G, I, BT)
-        rI = tl.where(fast, 0.5 * (before + last), before)
-        cols = blk < I + tl.where(fast, 1, 0)
-        right = b * tl.exp(tl.where(cols[:, None], rI[None, :] - G, float("-inf")))
-        part = _dot_prec(tl.where(blk[:, None] == I, X, 0.0), right, DT, PREC)
-        R += tl.where(blk[:, None] == I, part * tl.exp(G - rI[None, :]), 0.0)
-    if not fast:
-        R += tl.reshape(_diag_rows(tl.reshape(X, (NB, 16, BT)), tl.reshape(b, (NB, 16, BK)),
-                                   tl.reshape(G, (NB, 16, BK)), BT, NB), (BT, BK))  # fmt: skip
-    return R
-
-
-@triton.jit
-def _cols_vec_2d(X, a, G, BT: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
-    """`_cols_vec` by one 2-D product per 16-column block J (X^T with its other rows zeroed, against the block's operand
-    a e^(G - r_J) on the allowed rows), as `_rows_vec_2d`; the diagonal blocks of a chunk that is not fast:
-    `_diag_cols`."""
-    NB: tl.constexpr = BT // 16
-    blk = tl.arange(0, BT) // 16
-    fast = _chunk_fast(G, BT, BK)
-    Cc = tl.zeros([BT, BK], dtype=tl.float32)
-    for J in tl.static_range(NB):
-        before, last = _block_edges(G, J, BT)
-        rJ = tl.where(fast, 0.5 * (before + last), last)
-        rows = blk >= J + tl.where(fast, 0, 1)
-        left = a * tl.exp(tl.where(rows[:, None], G - rJ[None, :], float("-inf")))
-        part = _dot_prec(tl.trans(tl.where(blk[None, :] == J, X, 0.0)), left, DT, PREC)
-        Cc += tl.where(blk[:, None] == J, part * tl.exp(rJ[None, :] - G), 0.0)
-    if not fast:
-        Cc += tl.reshape(_diag_cols(tl.reshape(tl.trans(X), (NB, 16, BT)), tl.reshape(a, (NB, 16, BK)),
-                                    tl.reshape(G, (NB, 16, BK)), BT, NB), (BT, BK))  # fmt: skip
-    return Cc
-
-
-@triton.jit
 def _gate_tile(g, p_row, m_r, o_k, K: tl.constexpr, GATE_VECTOR: tl.constexpr):
     """The in-chunk cumsum of the raw gate, floored (kernels.common.decay): [BT, BK] (KDA, columns o_k) or [BT, 1]
     (GDN), fp32; 0 past T and K."""

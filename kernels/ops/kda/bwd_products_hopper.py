@@ -33,6 +33,7 @@ from torch import Tensor
 from kernels.common.decay import GATE_FLOOR
 from kernels.ops.gdn.tilelang_hopper import hopper_jit, tilelang_refusal
 from kernels.ops.kda.decay_products_hopper import BLOCK, decay_macros
+from kernels.parallel_compile import build_beside
 
 __all__ = ["bwd_products_hopper", "bwd_products_refusal"]
 
@@ -223,6 +224,7 @@ def bwd_products_hopper(
     gg = [grads[n].float().contiguous() for n in ("dAqk", "dAg", "dqg", "dke", "dkd", "dGC")]
     dq, dk, dg = (torch.empty(N, HV, K, dtype=torch.float32, device=k.device) for _ in range(3))
     dbeta = torch.empty(N, HV, dtype=torch.float32, device=k.device)
-    if N:
+    # (in `compile_ahead`'s dry run the kernel builds beside the Triton compiles and does not launch)
+    if N and not build_beside(("kda_bwd_products", HV, float(scale)), _build, HV, float(scale)):
         _build(HV, float(scale))(*bf, *f32, *kk, *gg, dq, dk, dg, dbeta)
     return dq, dk, dg, dbeta

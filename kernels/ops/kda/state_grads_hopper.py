@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from kernels.ops.gdn.tilelang_hopper import hopper_jit, tilelang_refusal
+from kernels.parallel_compile import build_beside
 
 __all__ = ["state_grads_hopper", "state_grads_refusal"]
 
@@ -153,6 +154,7 @@ def state_grads_hopper(
     outs = {name: xs[2].new_empty(NT * 64, HV, n, dtype=torch.float32)
             for name, n in (("dW", V), ("dAqk", 64), ("dAg", 64), ("dqg", K), ("dke", K), ("dkd", K))}  # fmt: skip
     outs["dGC"] = gc.new_empty(NT, HV, K, dtype=torch.float32)
-    if NT:
+    # (in `compile_ahead`'s dry run the kernel builds beside the Triton compiles and does not launch)
+    if NT and not build_beside(("kda_state_grads", HV), _build, HV):
         _build(HV)(*xs, gc.float().contiguous(), *outs.values())
     return outs

@@ -9,7 +9,7 @@ upper-case module constant, which holds the kernel specs and their search spaces
 current hash. Not identical: the entry stays stale and is listed (re-tune it).
 
     python benchmarks/autotune_restamp.py --json benchmarks/results/autotune_h200.json --base c065706 [--dry-run]
-        [--overlay NEWER.json]
+        [--overlay NEWER.json] [--accept KERNEL="why its tuned launches compile as before"]
 
 Prints one line per kernel (fresh / re-stamped / changed, with the differing names) and rewrites the file in place
 unless --dry-run. `--overlay` (session 19) then lays a newer export over the file: an `autotune_h200.py import` of a
@@ -22,6 +22,11 @@ Session 20: only what the kernel's module can reach counts (`reachable`: its own
 constants, and the helpers they call, transitively), not every helper of a shared module (`kernels.common.wy`'s block
 solve changed; the fused forward pass, which imports other helpers from it, did not). A changed kernel whose every
 entry is its spec's default config is dropped from the file instead of left stale: launches run the same without it.
+
+Session 31: `--accept KERNEL=REASON` re-stamps a changed kernel by decision, for an edit the AST cannot judge but its
+author can: a new constexpr flag that equals an old one at every launch the file was tuned on (`chunk_state_bwd`'s
+STORE_DV, set wherever STORE_DH was until KDA's "tilelang" gradients). The reason is printed and written into the
+file's block (`accepted`), so the file says which entries stand on a decision rather than on the comparison.
 """
 
 from __future__ import annotations
@@ -107,6 +112,25 @@ def default_entries(block: dict, default: dict) -> list[dict]:
     return [e for e in block["entries"] if e["config"] == default]
 
 
+def judge(block: dict, *, now: str, diffs: list[str], base: str, reason: str | None, default: dict) -> tuple[str, str]:
+    """(verdict, message) for one stale kernel's block, whose device-side parts `diffs` changed since `base`: "restamp"
+    (none changed: the block takes the current hash `now`), "accept" (changed, re-stamped for `reason`, which the
+    block keeps as `accepted`), "drop" (changed, every entry the spec's `default` config) or "stale" (changed: re-tune
+    it). Sets the block's hash where it stands."""
+    if diffs and reason is not None:
+        block["source_hash"], block["accepted"] = now, f"{base}: {', '.join(diffs)} changed; {reason}"
+        return "accept", f"re-stamped by decision ({block['accepted']})"
+    if diffs:
+        same = default_entries(block, default)
+        if len(same) == len(block["entries"]):  # every entry is the default: the launches run the same without
+            return "drop", (f"CHANGED against {base} ({', '.join(diffs)}); its {len(same)} entries were the default "
+                            "config: dropped (a launch runs the default without them)")  # fmt: skip
+        return "stale", f"CHANGED against {base} ({', '.join(diffs)}): stays stale, re-tune it"
+    block["source_hash"] = now
+    block.pop("accepted", None)  # the comparison stands on its own again
+    return "restamp", f"re-stamped (the device code its launches reach is identical to {base})"
+
+
 def base_source(sha: str, module: object) -> str:
     """The module's source at git `sha` ('' when it did not exist there)."""
     rel = Path(inspect.getsourcefile(module) or "").resolve().relative_to(ROOT)  # type: ignore[arg-type]
@@ -120,7 +144,17 @@ def main() -> None:
     ap.add_argument("--base", required=True, help="the git sha its entries were tuned at")
     ap.add_argument("--dry-run", action="store_true", help="report only; do not rewrite the file")
     ap.add_argument("--overlay", default=None, help="a newer export of this build whose entries replace the file's")
+    ap.add_argument(
+        "--accept",
+        action="append",
+        default=[],
+        metavar="KERNEL=REASON",
+        help="re-stamp this changed kernel anyway, for the reason given (module docstring); repeatable",
+    )
     a = ap.parse_args()
+    accept = dict(x.split("=", 1) for x in a.accept if "=" in x)
+    if len(accept) != len(a.accept) or not all(accept.values()):
+        raise SystemExit("--accept takes KERNEL=REASON, the reason not empty")
     import dataclasses
 
     from kernels.autotune import source_hash, source_modules
@@ -139,22 +173,14 @@ def main() -> None:
         live = reachable(list(pairs[0]), [src for pair in pairs[1:] for src in pair])
         diffs = [f"{m.__name__}.{n}" for m, (old, new) in zip(mods, pairs, strict=True) for n in changed_parts(old, new)
                  if n in live]  # fmt: skip
-        if diffs:
-            default = {k: v for k, v in dataclasses.asdict(get_spec(kernel).default).items() if v is not None}
-            same = default_entries(block, default)
-            if len(same) == len(block["entries"]):  # every entry is the default: the launches run the same without
-                del data["kernels"][kernel]
-                restamped += 1
-                print(
-                    f"{kernel}: CHANGED against {a.base} ({', '.join(diffs)}); its {len(same)} entries were the "
-                    "default config: dropped (a launch runs the default without them)"
-                )
-                continue
-            print(f"{kernel}: CHANGED against {a.base} ({', '.join(diffs)}): stays stale, re-tune it")
-            continue
-        block["source_hash"] = now
-        restamped += 1
-        print(f"{kernel}: re-stamped (the device code its launches reach is identical to {a.base})")
+        default = {k: v for k, v in dataclasses.asdict(get_spec(kernel).default).items() if v is not None}
+        verdict, message = judge(block, now=now, diffs=diffs, base=a.base, reason=accept.pop(kernel, None), default=default)
+        if verdict == "drop":
+            del data["kernels"][kernel]
+        restamped += verdict != "stale"
+        print(f"{kernel}: {message}")
+    if accept:
+        raise SystemExit(f"--accept named kernels that are not changed stale entries of the file: {', '.join(accept)}")
     overlaid = overlay(data, json.loads(Path(a.overlay).read_text()), source_hash) if a.overlay else 0
     if not a.dry_run and (restamped or overlaid):
         path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")

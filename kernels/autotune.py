@@ -117,6 +117,8 @@ SCHEMA: dict[str, Any] = {
                 "required": ["source_hash", "entries"],
                 "properties": {
                     "source_hash": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                    # why a changed kernel was re-stamped without a re-tune (`benchmarks/autotune_restamp.py --accept`)
+                    "accepted": {"type": "string"},
                     "entries": {
                         "type": "array",
                         "items": {

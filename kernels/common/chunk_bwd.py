@@ -391,11 +391,12 @@ def _state_pass(
     gate_vector: bool, scale: float, h0: Tensor | None, dht: Tensor | None, dh0: Tensor | None,
     launch: LaunchPlan, split_chunks: int | None, states: bool,
     kept: Mapping[str, Tensor] | None = None, warm: RevWarmInputs | None = None,
-    seg_states: Mapping[str, Any] | None = None,
+    seg_states: Mapping[str, Any] | None = None, new_values: bool = True,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
     """The reverse state pass, split across the sequence like the forward (module docstring), writing dh0 when given;
     with `states` also the chunk states h and v_new (forward, from h0) and their gradients dh, dv_new that the
-    gradient kernels read. Returns (h, v_new, dh, dv_new), all None without `states`.
+    gradient kernels read. Returns (h, v_new, dh, dv_new), all None without `states`; v_new and dv_new None without
+    `new_values` too (the passes then store neither: gradients that form U and dU themselves, KDA's "tilelang").
 
     kept: the forward's h, v_new, split and (optionally) segment maps M (`kernels.common.state_keep`): its split
     replaces `split_chunks`, and the forward state pass (and with M the transition pass) is not run again.
@@ -406,10 +407,11 @@ def _state_pass(
     chain for the recompute)."""
     h, v_new, layout, ends = reverse_ends(qs, ks, w, u, gs, aqk, do, index=index, gate_vector=gate_vector, scale=scale,
                                            h0=h0, dht=dht, launch=launch, split_chunks=split_chunks, states=states,
-                                           kept=kept, warm=warm, seg_states=seg_states)  # fmt: skip
+                                           kept=kept, warm=warm, seg_states=seg_states,
+                                           new_values=new_values)  # fmt: skip
     H, K, V = do.shape[2], ks.shape[3], do.shape[-1]
     dh = ks.new_empty(index.num_chunks, H, K, V) if states else None
-    dv_new = do.new_empty(do.shape, dtype=ks.dtype) if states else None
+    dv_new = do.new_empty(do.shape, dtype=ks.dtype) if states and new_values else None
     chunk_state_bwd(qs, ks, w, gs, aqk, do, layout=layout, dht=ends, ds_out=dh0, dh=dh, dv_new=dv_new,
                     BT=index.chunk_size, gate_vector=gate_vector, scale=scale, launch=launch)  # fmt: skip
     return h, v_new, dh, dv_new
@@ -431,6 +433,7 @@ def reverse_ends(
     index: ChunkIndex, gate_vector: bool, scale: float, h0: Tensor | None, dht: Tensor | None, launch: LaunchPlan,
     split_chunks: int | None, states: bool, kept: Mapping[str, Tensor] | None = None,
     warm: RevWarmInputs | None = None, seg_states: Mapping[str, Any] | None = None, lazy: LazyFactors | None = None,
+    new_values: bool = True,
 ) -> tuple[Tensor | None, Tensor | None, SeqLayout, Tensor | None]:
     """`_state_pass` up to its last launch: (h, v_new (None without `states`), the layout of the last reverse walk
     (whole sequences; or the split's segments, `final_idx` naming each sequence's first for dh0), the fp32 gradient
@@ -440,7 +443,7 @@ def reverse_ends(
     lazy (w, u, aqk then None): the factors are formed on demand. Where the states are recomputed without a split,
     none; where they are kept, or recomputed from the forward's segment states, and warm windows run, only the
     windows' and the uncertified segments' (`warm_bwd.window_chunk_sel`); a recompute comes from `lazy.states` (v_new
-    None). On any other path every chunk's are formed first."""
+    None). On any other path every chunk's are formed first. new_values False: a recompute stores no v_new."""
     H, K = do.shape[2], ks.shape[3]  # H: the value heads (ks may have H / G, grouped)
     V = do.shape[-1]
     if kept is not None:
@@ -464,7 +467,7 @@ def reverse_ends(
         elif states and kept is None:
             assert w is not None and u is not None
             h, v_new, _ = chunk_state_fwd(ks, w, u, gs, layout=layout, num_chunks=NT, h0=h0, launch=launch,
-                                          **common)
+                                          save_v_new=new_values, **common)
         return h, v_new, layout, dht
     wp = reverse_window_plan(index, plan, warm.window_chunks) if warm is not None else None  # the reverse windows
     refill = None
@@ -519,7 +522,8 @@ def reverse_ends(
             hs = seg_chain_fwd(M_f, S_f, h0, plan, launch=launch, drop=drop)
             if warm.report is not None:
                 warm.report["certified_fwd"] = fwd_report["certified"]
-        h, v_new, _ = chunk_state_fwd(ks, w, u, gs, layout=segs, num_chunks=NT, h0=hs, launch=launch, **common)
+        h, v_new, _ = chunk_state_fwd(ks, w, u, gs, layout=segs, num_chunks=NT, h0=hs, launch=launch,
+                                      save_v_new=new_values, **common)
     rest, firsts = first_segments(plan)
     if wp is not None and warm is not None and bnd is not None:  # certified windows instead of the ext pass and maps
         ds_end = warm_segment_ends(qs, ks, w, u, gs, aqk, do, x=warm, wp=wp, plan=plan, index=index, dht=dht, M=M,
@@ -627,9 +631,10 @@ def chunk_bwd(
         "warm": rev_warm(launch, op, q, k, v, g, beta, warm_report, wy.get("bnd") if wy is not None else None,
                          kept_rev_sums(wy)),
         "seg_states": seg_states or None,
+        "new_values": grads != "tilelang",  # its first kernel forms U and dU from the states and the kept Ag
     }  # fmt: skip
     h, v_new, dh, dv_new = _state_pass(qs, ks, w, u, gs, aqk, do, dh0=dh0, **state_args)
-    assert h is not None and v_new is not None and dh is not None and dv_new is not None
+    assert h is not None and dh is not None
 
     # 3. the chunk-parallel gradients: one kernel per chunk (`LaunchPlan.bwd_grads` "fused"; "auto": the op's choice in
     # `kernels.vocabulary.AUTO_BWD_GRADS`), or the pair below
@@ -637,9 +642,11 @@ def chunk_bwd(
         assert grads_fn is not None
         grads = grads_fn(q, k, v, g, beta, do, tt, h, dh, index=index)
     elif grads == "fused":
+        assert v_new is not None and dv_new is not None
         grads = dqk_wy_bwd(q, k, v, g, beta, tt, h, dh, v_new, dv_new, do, scale=scale, index=index,
                            gate_vector=gate_vector, dot_prec=VECTOR_GATE_DOT, launch=launch)
     else:
+        assert v_new is not None and dv_new is not None
         grads = pair_grads(q, k, v, g, beta, tt, w, u, h, dh, v_new, dv_new, do, scale=scale, index=index,
                            gate_vector=gate_vector, launch=launch)
     return (*grads, dh0)

@@ -278,13 +278,13 @@ def _launch(cfg: LaunchConfig, ncols: int, layout: SeqLayout, H: int, *, k: Tens
 def chunk_state_fwd(
     k: Tensor, w: Tensor, u: Tensor, g: Tensor, *, layout: SeqLayout, num_chunks: int, BT: int, gate_vector: bool,
     h0: Tensor | None = None, output_final_state: bool = False, num_states: int | None = None,
-    launch: LaunchPlan | None = None,
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Plain pass: (h [NT_total, H, K, V] in k's dtype, v_new, ht fp32 or None)."""
+    launch: LaunchPlan | None = None, save_v_new: bool = True,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Plain pass: (h [NT_total, H, K, V] in k's dtype, v_new (None without `save_v_new`), ht fp32 or None)."""
     H, K, V = u.shape[2], k.shape[3], u.shape[-1]
     cfg = launch_config(launch, CHUNK_STATE_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype), bv_limit=head_block(V))
     h = k.new_empty(num_chunks, H, K, V)
-    v_new = torch.empty_like(u)
+    v_new = torch.empty_like(u) if save_v_new else None
     ht = k.new_empty(num_states or layout.num_seqs, H, K, V, dtype=torch.float32) if output_final_state else None
     _launch(cfg, V, layout, H, k=k, w=w, u=u, g=g, BT=BT, gate_vector=gate_vector, h0=h0, h=h, ht=ht, v_new=v_new)
     return h, v_new, ht

@@ -61,8 +61,8 @@ SEG_CHAIN_BWD = register(KernelSpec(
 
 
 @heuristics({
-    **given(USE_DHT="dht", STORE_DS="ds_out", STORE_DH="dh", IS_VARLEN="cu_seqlens", USE_SEQ_MAP="seq_map",
-            USE_FINAL_IDX="final_idx", USE_NEED="need"),
+    **given(USE_DHT="dht", STORE_DS="ds_out", STORE_DH="dh", STORE_DV="dv_new", IS_VARLEN="cu_seqlens",
+            USE_SEQ_MAP="seq_map", USE_FINAL_IDX="final_idx", USE_NEED="need"),
     "G": group_heads("do"),
 })
 @triton.jit(do_not_specialize=["T"])
@@ -75,7 +75,7 @@ def chunk_state_bwd_kernel(
     do,  # [B, T, H, V]
     dht,  # [N_programs, H, K, V] fp32 gradient at the end of each program's range, or None (zeros)
     dh,  # out [NT_total, H, K, V] or None (ext mode)
-    dv_new,  # out [B, T, H, V] or None (ext mode)
+    dv_new,  # out [B, T, H, V] or None (ext mode; and where the gradients form dU themselves, KDA's "tilelang")
     ds_out,  # out [N*, H, K, V] fp32: the gradient at the start of the range, or None
     cu_seqlens,
     chunk_offsets,
@@ -86,8 +86,8 @@ def chunk_state_bwd_kernel(
     T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     GATE_VECTOR: tl.constexpr, USE_DHT: tl.constexpr, STORE_DS: tl.constexpr, STORE_DH: tl.constexpr,
-    IS_VARLEN: tl.constexpr, USE_SEQ_MAP: tl.constexpr, USE_FINAL_IDX: tl.constexpr, USE_NEED: tl.constexpr,
-    G: tl.constexpr,
+    STORE_DV: tl.constexpr, IS_VARLEN: tl.constexpr, USE_SEQ_MAP: tl.constexpr, USE_FINAL_IDX: tl.constexpr,
+    USE_NEED: tl.constexpr, G: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = (i_nh // H).to(tl.int64), i_nh % H
@@ -134,7 +134,7 @@ def chunk_state_bwd_kernel(
             b_qgT = (b_qT * (tl.exp(b_g) * scale)[None, :]).to(dt)
             b_gam = tl.exp(b_gl)
         b_dv = tl.dot(b_aT.to(dt), b_do) + tl.dot(b_kt, b_ds.to(dt))  # [BT, BV]
-        if STORE_DH:
+        if STORE_DV:
             tl.store(dv_new + p_row[:, None] * V + o_v[None, :], b_dv.to(dv_new.dtype.element_ty),
                      mask=m_r[:, None] & m_v[None, :])
         b_ds = b_ds * b_gam + tl.dot(b_qgT, b_do) - tl.dot(b_wT, b_dv.to(dt))

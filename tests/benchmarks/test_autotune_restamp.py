@@ -126,3 +126,27 @@ def test_default_entries_are_those_at_the_spec_default() -> None:
     default_entries = load_script("autotune_restamp").default_entries
     block = {"entries": [_entry({"H": 16}, 32), _entry({"H": 32}, 16)]}
     assert default_entries(block, {"BV": 32}) == [block["entries"][0]]
+
+
+def test_judge_restamps_accepts_drops_or_leaves_stale() -> None:
+    """(session 31) A stale block: unchanged device code takes the new hash; a changed one stays stale unless every
+    entry is the default (dropped) or `--accept` gave a reason, which the block then keeps beside the new hash."""
+    judge = load_script("autotune_restamp").judge
+
+    def block() -> dict:
+        return {"source_hash": "old", "entries": [_entry({"H": 16}, 64)]}
+
+    b = block()
+    assert judge(b, now="new", diffs=[], base="abc", reason=None, default={"BV": 32})[0] == "restamp"
+    assert b["source_hash"] == "new" and "accepted" not in b
+    b = block()
+    verdict, message = judge(b, now="new", diffs=["m.def k"], base="abc", reason=None, default={"BV": 32})
+    assert (verdict, b["source_hash"]) == ("stale", "old") and "re-tune" in message
+    assert judge(block(), now="new", diffs=["m.def k"], base="abc", reason=None, default={"BV": 64})[0] == "drop"
+    b = block()
+    assert judge(b, now="new", diffs=["m.def k"], base="abc", reason="a flag equal at every tuned launch",
+                 default={"BV": 32})[0] == "accept"  # fmt: skip
+    assert b["source_hash"] == "new" and b["accepted"] == "abc: m.def k changed; a flag equal at every tuned launch"
+    b["source_hash"] = "older"  # a later plain re-stamp clears the decision
+    assert judge(b, now="newest", diffs=[], base="def", reason=None, default={"BV": 32})[0] == "restamp"
+    assert "accepted" not in b

@@ -185,3 +185,34 @@ def test_reverse_ends_on_demand_without_a_split_forms_nothing() -> None:
     assert formed == [] and ends_l is not None
     assert_rel_close("h", h.float(), h_l.float(), TOL)
     assert_rel_close("ends", ends.float(), ends_l.float(), TOL)
+
+
+def test_state_passes_without_the_new_values_store_the_same_states() -> None:
+    """(session 31) KDA's "tilelang" gradients form U and dU themselves, so `chunk_bwd` runs its state passes without
+    v_new and dv_new (`chunk_state_fwd(save_v_new=False)`, `chunk_state_bwd(dv_new=None)`, STORE_DV off): the chunk
+    states, their gradients and the entering gradient equal those of the passes that store both (varlen, grouped
+    value heads, an initial state and an end gradient)."""
+    from kernels.common.state_bwd import chunk_state_bwd
+
+    q, k, v, g, beta, cu, h0, index, ag, gs = _inputs((37, 150, 5))
+    w, u, aqk, *_ = wy_from_ag(q, k, v, ag, gs, scale=DIM**-0.5, index=index)
+    layout = _layout(index)
+    h, v_new, _ = chunk_state_fwd(k, w, u, gs, layout=layout, num_chunks=index.num_chunks, BT=64, gate_vector=False,
+                                  h0=h0)  # fmt: skip
+    h2, none, _ = chunk_state_fwd(k, w, u, gs, layout=layout, num_chunks=index.num_chunks, BT=64, gate_vector=False,
+                                  h0=h0, save_v_new=False)  # fmt: skip
+    assert v_new is not None and none is None
+    assert torch.equal(h, h2)
+    do = torch.randn(v.shape, generator=torch.Generator().manual_seed(4)).to(DEVICE, DTYPE)
+    dht = make_state(index.num_seqs, v.shape[2], DIM, DIM, device=DEVICE)
+    outs = []
+    for store_dv in (True, False):
+        dh = k.new_empty(index.num_chunks, v.shape[2], DIM, DIM)
+        dv_new = torch.full_like(v, float("nan")) if store_dv else None
+        ds = torch.empty_like(dht)
+        chunk_state_bwd(q, k, w, gs, aqk, do, layout=layout, BT=64, gate_vector=False, scale=DIM**-0.5, dht=dht,
+                        ds_out=ds, dh=dh, dv_new=dv_new)  # fmt: skip
+        outs.append((dh, ds, dv_new))
+    (dh, ds, dv_new), (dh2, ds2, _) = outs
+    assert dv_new is not None and not dv_new.isnan().any()  # the storing pass wrote every row
+    assert dh.abs().amax() > 0 and torch.equal(dh, dh2) and torch.equal(ds, ds2)

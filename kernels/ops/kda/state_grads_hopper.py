@@ -13,7 +13,7 @@ forward keeps under "ag" (Ag, Aqk `[C, C]`; ke, kd, qg `[C, K]`; G_C `[K]`), nin
     dG_C = e^G_C o rowsum_V(S o dS')
 
 W, U, dU and dW are rounded to bf16 for the products that read them (as the Triton backward's v_new and dv_new).
-Two warpgroups; ~176 KB of shared memory (one program an SM). Sizes: K = V = 128, chunk 64, bf16, sm_90, TileLang
+Two warpgroups; 160 KB of shared memory (163840 bytes in the generated source; one program an SM). Sizes: K = V = 128, chunk 64, bf16, sm_90, TileLang
 `kernels.ops.gdn.tilelang_hopper.TILELANG_VERSION`; refused in one line otherwise. Dense rows (chunk c at 64 c..).
 Tested on the GPU against the mirror (tests/kernels/ops/kda/test_state_grads_hopper.py).
 """

@@ -4,7 +4,8 @@ first half of the planned chunk-parallel KDA backward).
 On any machine: the refusal names its reason in one line. On an H200 with CPBENCH_TEST_GPU=1 and tilelang 0.1.15
 (K = V = 128, chunk 64): dW (= dV), dAqk, dAg, dqg, dke, dkd and dG_C's state term of five chunks and two value heads
 against the fp64 mirror (`kernels.ops.kda.reverse_bwd_torch.state_products`) on the same bf16 inputs (states, kept
-gated tensors from `gated_factors` on random q, k, g, beta), relative L2 2e-2 (W, U, dU, dW rounded to bf16 between
+gated tensors from `gated_factors` on random q, k, g, beta; Aqk NaN above its diagonal, which the Triton Ag pass
+leaves unwritten and the kernel clears), relative L2 2e-2 (W, U, dU, dW rounded to bf16 between
 the products, as the Triton backward's v_new and dv_new).
 """
 
@@ -51,7 +52,9 @@ def test_kernel_matches_the_mirror() -> None:
     def rows(t: torch.Tensor) -> torch.Tensor:  # [NT, HV, C, n] -> the kernel's [NT * C, HV, n], on the GPU
         return t.transpose(1, 2).reshape(NT * C, HV, -1).cuda()
 
-    got = state_grads_hopper(S.cuda(), dS.cuda(), rows(v), rows(do), rows(kept["Ag"]), rows(kept["Aqk"]),
+    # Aqk above the diagonal as the Triton Ag pass leaves it (unwritten): NaN here, which the kernel must clear
+    dirty = kept["Aqk"].masked_fill(torch.ones(C, C, dtype=torch.bool).triu(1), float("nan"))
+    got = state_grads_hopper(S.cuda(), dS.cuda(), rows(v), rows(do), rows(kept["Ag"]), rows(dirty),
                              rows(kept["ke"]), rows(kept["kd"]), kept["GC"].cuda())  # fmt: skip
     for name in ("dW", "dAqk", "dAg", "dqg", "dke", "dkd"):
         ref = want[name].transpose(1, 2).reshape(NT * C, HV, -1)

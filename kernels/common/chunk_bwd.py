@@ -594,14 +594,17 @@ def chunk_bwd(
     `[NS - N, H]` when it ran (read it after the call). seg_states: what the forward's `seg_states` dict received
     (`kernels.common.seqsplit.keep_segment_states`; empty or None: nothing): the backward runs the forward's split
     and recomputes the chunk states from its segment states. grads_fn: the chunk-parallel gradients of
-    `bwd_grads="tilelang"` (KDA's from its kept gated Ag, `kernels.ops.kda.ag_bwd.tilelang_grads`): called as
-    grads_fn(q, k, v, g, beta, do, T, h, dh, index=index) for (dq, dk, dv, dg, dbeta) in step 3.
+    `bwd_grads="tilelang"` (KDA's from its kept gated Ag, `kernels.ops.kda.ag_bwd.tilelang_grads`, where the plan
+    names it or its "auto" takes it): called as grads_fn(q, k, v, g, beta, do, T, h, dh, index=index) for (dq, dk,
+    dv, dg, dbeta) in step 3, whatever the plan's `bwd_grads` says.
     """
     B, T, Hk, K = k.shape
     H, V = v.shape[2], v.shape[-1]  # the value heads; q, k have Hk = H / G (grouped heads)
     launch = plan if plan is not None else default_plan()
     gate_vector = op == "kda"
     grads = AUTO_BWD_GRADS.get(op, "pair") if launch.bwd_grads == "auto" else launch.bwd_grads
+    if grads_fn is not None:  # the caller chose its chunk-parallel gradients (KDA's "tilelang", explicit or "auto")
+        grads = "tilelang"
     q, k, v, g, beta, do = (x.contiguous() for x in (q, k, v, g, beta, do))
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device)
     N = index.num_seqs

@@ -48,8 +48,13 @@ from kernels.ops.kda.bwd_products_hopper import bwd_products_hopper
 from kernels.ops.kda.state_grads_hopper import state_grads_hopper, state_grads_refusal
 from kernels.plan import LaunchPlan, default_plan, launch_config
 
-__all__ = ["KDA_WY_FROM_AG", "KEPT_GATED", "chunk_kda_bwd_ag", "kda_wy_from_ag", "tilelang_grads",
-           "tilelang_grads_refusal"]  # fmt: skip
+__all__ = ["KDA_TILELANG_GRADS_AUTO", "KDA_WY_FROM_AG", "KEPT_GATED", "chunk_kda_bwd_ag", "grads_mode",
+           "kda_wy_from_ag", "tilelang_grads", "tilelang_grads_refusal"]  # fmt: skip
+
+# whether `LaunchPlan.bwd_grads="auto"` takes the TileLang gradients (`tilelang_grads`) where nothing refuses them:
+# off until both kernels are right on the H200 and the step on them is faster there (`kernels/NOTES.md`, "Session
+# 31"); under the tiered first call the step runs the Triton pair while they build (`kernels.first_call`)
+KDA_TILELANG_GRADS_AUTO = False
 
 # what KDA's forward keeps under "ag" (`kernels.ops.kda.fused.kda_fused_fwd`), the backward's WY names for them
 KEPT_GATED = {"ag": "ag", "aqk": "aqk", "qg": "qs", "ke": "ke", "kd": "ks", "gc": "gs"}
@@ -125,16 +130,30 @@ def chunk_kda_bwd_ag(
     launch = plan if plan is not None else default_plan()
     index = prepare_chunk_index(cu_seqlens, batch=B, seq_len=T, chunk_size=chunk_size, device=k.device)
     grads_fn = None
-    if launch.bwd_grads == "tilelang":  # (checked before any launch)
-        why = tilelang_grads_refusal(k, v, index)
-        if why is not None:
-            raise ValueError(why)
+    mode = grads_mode(launch, k, v, index, kept_t="tt" in wy)  # (checked before any launch)
+    if mode == "tilelang":  # (`chunk_bwd` runs grads_fn whenever it is given)
         grads_fn = functools.partial(tilelang_grads, kept={new: wy[old] for old, new in KEPT_GATED.items()}, scale=scale)
     w, u = kda_wy_from_ag(wy["ag"], wy["ke"], v.contiguous(), index=index, launch=launch)
     factors = {new: wy[old] for old, new in KEPT_GATED.items() if new not in ("ag", "ke")}
     factors.update({name: x for name, x in wy.items() if name not in KEPT_GATED}, w=w, u=u)
     return chunk_bwd("kda", q, k, v, g, beta, do, scale=scale, cu_seqlens=cu_seqlens, plan=launch, wy=factors,
                      chunk_size=chunk_size, grads_fn=grads_fn, **options)  # fmt: skip
+
+
+def grads_mode(launch: LaunchPlan, k: Tensor, v: Tensor, index: ChunkIndex, *, kept_t: bool = True) -> str:
+    """The plan's `bwd_grads` for KDA's backward from the kept gated Ag: "tilelang" where the plan names it (a
+    ValueError with `tilelang_grads_refusal`'s line where it cannot run) or where "auto" takes it
+    (`KDA_TILELANG_GRADS_AUTO` on and nothing refuses it); else the plan's own choice, left to `chunk_bwd`. kept_t:
+    whether the forward kept T (both Ag passes store it under "ag"); the kernels read all of T's tile, and
+    `wy_inverse`, the backward's other source, leaves its blocks above the diagonal unwritten."""
+    if launch.bwd_grads != "tilelang" and not (launch.bwd_grads == "auto" and KDA_TILELANG_GRADS_AUTO):
+        return launch.bwd_grads
+    why = tilelang_grads_refusal(k, v, index)
+    if why is None and not kept_t:
+        why = "bwd_grads='tilelang' (KDA's chunk-parallel TileLang backward): it reads T as the forward kept it, none kept"
+    if launch.bwd_grads == "tilelang" and why is not None:
+        raise ValueError(why)
+    return "tilelang" if why is None else launch.bwd_grads
 
 
 def tilelang_grads_refusal(k: Tensor, v: Tensor, index: ChunkIndex) -> str | None:

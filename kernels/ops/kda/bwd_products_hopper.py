@@ -215,9 +215,14 @@ def bwd_products_hopper(
     why = bwd_products_refusal(K, 128, 64, k.device)
     if why is not None:
         raise ValueError(why)
-    if N % 64 or q.shape != k.shape or g.shape != k.shape or tt.shape != (N, HV, 64):
-        raise ValueError(f"bwd_products_hopper: q, k, g [64 NT, HV, 128] and T [64 NT, HV, 64], got q {tuple(q.shape)}, "
-                         f"k {tuple(k.shape)}, g {tuple(g.shape)}, T {tuple(tt.shape)}")  # fmt: skip
+    rows, chunks = (N, HV, K), (N // 64, HV, K)
+    want = {"q": rows, "g": rows, "beta": (N, HV), "T": (N, HV, 64), "qg": rows, "ke": rows, "kd": rows,
+            "dAqk": (N, HV, 64), "dAg": (N, HV, 64), "dqg": rows, "dke": rows, "dkd": rows, "dGC": chunks}  # fmt: skip
+    given = {"q": q, "g": g, "beta": beta, "T": tt, **{n: kept[n] for n in ("qg", "ke", "kd")},
+             **{n: grads[n] for n in ("dAqk", "dAg", "dqg", "dke", "dkd", "dGC")}}  # fmt: skip
+    bad = [f"{n} {tuple(x.shape)}" for n, x in given.items() if tuple(x.shape) != want[n]]
+    if N % 64 or bad:  # (the kernel takes its chunk count from dGC: a wrong shape would read past the others)
+        raise ValueError(f"bwd_products_hopper: with k [64 NT, HV, 128] = {tuple(k.shape)}, got {', '.join(bad) or 'N % 64'}")
     bf = [x.to(torch.bfloat16).contiguous() for x in (q, k)]
     f32 = [x.float().contiguous() for x in (g, beta)]
     kk = [x.to(torch.bfloat16).contiguous() for x in (tt, kept["qg"], kept["ke"], kept["kd"])]

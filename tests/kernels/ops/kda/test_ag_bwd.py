@@ -210,6 +210,50 @@ def test_the_step_on_the_tilelang_grads_with_their_mirrors(monkeypatch: pytest.M
         KDA.triton_bwd(q, k, v, g, beta, do, scale=0.25, plan=plan, wy=None)
 
 
+@pytest.mark.parametrize("flag", [False, True])
+def test_auto_takes_the_tilelang_grads_only_under_its_flag(monkeypatch: pytest.MonkeyPatch, flag: bool) -> None:
+    """(session 31) `bwd_grads="auto"` (the default) runs the two TileLang kernels (their mirrors here) where
+    `KDA_TILELANG_GRADS_AUTO` is on and nothing refuses them, the Triton pair otherwise: off, on a shape they refuse
+    (T not a multiple of 64), and where the forward kept no T (an explicit "tilelang" refuses that in one line).
+    Gradients within 2e-2 of the fp32 reference either way; the products kernel's launcher names a wrong shape."""
+    import kernels.ops.kda.ag_bwd as ag_bwd
+    from kernels.ops.kda.bwd_products_hopper import bwd_products_hopper
+    from tests.utils import make_inputs, make_state
+
+    calls = _mirror_builds(monkeypatch)
+    monkeypatch.setattr(ag_bwd, "KDA_TILELANG_GRADS_AUTO", flag)
+    dim, B, H = 16, 2, 2
+    for T in (100, 128):  # (the refusal below runs on the last)
+        q, k, v, g, beta, _ = make_inputs("kda", B=B, T=T, H=H, K=dim, V=dim, lb=-1.0, dtype=torch.bfloat16)
+        h0, gen = make_state(B, H, dim, dim), torch.Generator().manual_seed(7)
+        do, dht = torch.randn(v.shape, generator=gen).to(torch.bfloat16), torch.randn(h0.shape, generator=gen)
+        rec = LaunchRecorder()
+        plan = LaunchPlan(keep="ag", recorder=rec)
+        keep: dict[str, torch.Tensor] = {}
+        chunk_kda_fwd(q, k, v, g, beta, scale=dim**-0.5, initial_state=h0, output_final_state=True, plan=plan,
+                      fwd_path="fused", keep=keep)  # fmt: skip
+        for kept_t in (True, False):
+            calls.clear()
+            rec.clear()
+            wy = keep if kept_t else {n: x for n, x in keep.items() if n != "tt"}
+            got = KDA.triton_bwd(q, k, v, g, beta, do, scale=dim**-0.5, initial_state=h0, dht=dht, plan=plan, wy=wy)
+            on = flag and T % 64 == 0 and kept_t
+            assert calls == (["state_grads", "bwd_products"] if on else []), (T, kept_t)
+            assert ({"chunk_bwd_dqk", "wy_bwd"} <= set(rec)) != on, sorted(rec)
+            _check(got, _grouped_reference(q, k, v, g, beta, h0, do, dht), 2e-2)
+    with pytest.raises(ValueError, match=r"^bwd_grads='tilelang' \(KDA's chunk-parallel TileLang backward\): it reads T "
+                                         r"as the forward kept it, none kept$"):  # fmt: skip
+        KDA.triton_bwd(q, k, v, g, beta, do, scale=0.25, plan=LaunchPlan(keep="ag", bwd_grads="tilelang"),
+                       wy={n: x for n, x in keep.items() if n != "tt"})  # fmt: skip
+    N, z = 64, torch.zeros(64, H, dim)
+    grads = dict.fromkeys(("dqg", "dke", "dkd"), z) | {"dAqk": torch.zeros(N, H, 64), "dAg": torch.zeros(N, H, 64),
+                                                      "dGC": torch.zeros(2, H, dim)}  # fmt: skip
+    with pytest.raises(ValueError, match=r"^bwd_products_hopper: with k \[64 NT, HV, 128\] = \(64, 2, 16\), got dGC "
+                                         r"\(2, 2, 16\)$"):  # fmt: skip
+        bwd_products_hopper(z, z, z, torch.zeros(N, H), torch.zeros(N, H, 64), {"qg": z, "ke": z, "kd": z}, grads,
+                            scale=0.25)  # fmt: skip
+
+
 @TILELANG
 def test_the_step_on_the_tilelang_grads() -> None:
     """On an H200 (tilelang 0.1.15): `LaunchPlan(bwd_grads="tilelang")` runs the two TileLang kernels in place of

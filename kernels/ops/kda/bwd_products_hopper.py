@@ -20,7 +20,7 @@ Per chunk of C = 64 rows (G the in-chunk cumsum of the floored per-key gate, for
 Fast chunks (every key's span across every block below FAST_SPAN) take the blocks' midpoints as references; else the
 products skip the diagonal blocks, which are summed elementwise (every exponent <= 0). Sizes: K = V = 128, chunk 64,
 bf16 q, k, sm_90, TileLang `kernels.ops.gdn.tilelang_hopper.TILELANG_VERSION`; refused in one line otherwise. Dense
-rows (chunk c at 64 c..), value heads only (no grouped q, k heads): the lab's layout. ~217 KB of shared memory (one
+rows (chunk c at 64 c..), value heads only (no grouped q, k heads): the lab's layout. ~215 KB of shared memory (one
 program an SM). Tested on the GPU against the mirror (tests/kernels/ops/kda/test_bwd_products_hopper.py).
 """
 
@@ -85,12 +85,15 @@ def _build(H: int, scale: float) -> Any:
                 g_s = T.alloc_shared((C, K + 8), fp32)  # G (rows padded: read in the products' layout)
                 t_s = T.alloc_shared((C, C), io)  # T
                 m_s = T.alloc_shared((C, C), io)  # dAg diag(beta), then (dAg diag(beta)) T^T
-                xh_s = T.alloc_shared((C, C), io)  # X = scale dAqk, hi and lo
-                xl_s = T.alloc_shared((C, C), io)
-                ah_s = T.alloc_shared((C, C), io)  # dA, hi and lo
-                al_s = T.alloc_shared((C, C), io)
-                yh_s = T.alloc_shared((C, C), io)  # Y = diag(beta) dA, hi and lo
-                yl_s = T.alloc_shared((C, C), io)
+                # X = scale dAqk, dA and Y = diag(beta) dA, hi and lo: read by elements (never a product's operand),
+                # down their columns too (`col_block`'s transposed copy): rows padded to 66 (33 words), so a column's
+                # 32 rows fall in 32 banks (at 64, in one)
+                xh_s = T.alloc_shared((C, C + 2), io)
+                xl_s = T.alloc_shared((C, C + 2), io)
+                ah_s = T.alloc_shared((C, C + 2), io)
+                al_s = T.alloc_shared((C, C + 2), io)
+                yh_s = T.alloc_shared((C, C + 2), io)
+                yl_s = T.alloc_shared((C, C + 2), io)
                 oh_s = T.alloc_shared((C, K), io)  # a block's operand, hi and lo
                 ol_s = T.alloc_shared((C, K), io)
                 xbh_s = T.alloc_shared((BLOCK, C), io)  # a block's rows of X, X^T or Y^T, hi and lo
@@ -160,7 +163,10 @@ def _build(H: int, scale: float) -> Any:
                     # or after it, against X's and Y's columns
                     mac.col_block(q_s, g_s, cref_s, xh_s, xl_s, oh_s, ol_s, xbh_s, xbl_s, cq_f, I, fastv)
                     mac.col_block(k_s, g_s, cref_s, yh_s, yl_s, oh_s, ol_s, xbh_s, xbl_s, ck_f, I, fastv)
-                    # the block's rows finished in the products' layout; dG to dg (summed down the chunk below)
+                    # the block's rows finished in the products' layout; dG to dg (summed down the chunk below). dG and
+                    # k o RA go to cq_f, ck_f in place (each element read before it is written, by its own thread), and
+                    # to shared memory in a loop of their own: a shared store in the loop of shared reads made TileLang
+                    # put a barrier in each of its 16 unrolled steps, so every step's global loads waited on the last's
                     for c, r in T.Parallel(K, BLOCK):
                         row = BLOCK * I + r
                         eg = T.exp(g_s[row, c])
@@ -172,11 +178,14 @@ def _build(H: int, scale: float) -> Any:
                         dq[t0 + row, i_h, c] = rq_f[c, r] + scale * eg * a_dqg
                         dk[t0 + row, i_h, c] = (cq_f[c, r] + b_s[row] * ra_f[c, r] + ck_f[c, r] + eg * a_dke
                                                 + T.exp(g_s[C - 1, c] - g_s[row, c]) * a_dkd)  # fmt: skip
-                        dgs_s[row, c] = (qv * rq_f[c, r] - kv * cq_f[c, r] + b_s[row] * kv * ra_f[c, r]
-                                                - kv * ck_f[c, r] + T.cast(qg[t0 + row, i_h, c], fp32) * a_dqg
-                                                + T.cast(ke[t0 + row, i_h, c], fp32) * a_dke
-                                                - T.cast(kd[t0 + row, i_h, c], fp32) * a_dkd)  # fmt: skip
-                        kra_s[r, c] = kv * ra_f[c, r]
+                        dgv = (qv * rq_f[c, r] - kv * cq_f[c, r] + b_s[row] * kv * ra_f[c, r] - kv * ck_f[c, r]
+                               + T.cast(qg[t0 + row, i_h, c], fp32) * a_dqg + T.cast(ke[t0 + row, i_h, c], fp32) * a_dke
+                               - T.cast(kd[t0 + row, i_h, c], fp32) * a_dkd)  # fmt: skip
+                        cq_f[c, r] = dgv
+                        ck_f[c, r] = kv * ra_f[c, r]
+                    for c, r in T.Parallel(K, BLOCK):
+                        dgs_s[BLOCK * I + r, c] = cq_f[c, r]
+                        kra_s[r, c] = ck_f[c, r]
                     T.copy(kra_s, kr_f)
                     T.reduce_sum(kr_f, rs_s, dim=1)
                     for r in T.Parallel(BLOCK):

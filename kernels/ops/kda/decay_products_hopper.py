@@ -173,8 +173,8 @@ def _build(H: int) -> Any:
                 i_h = bid % H
                 tx = T.get_thread_binding()
                 t0 = i_c * C
-                xh_s = T.alloc_shared((C, C), io)  # X's bf16 hi and lo parts
-                xl_s = T.alloc_shared((C, C), io)
+                xh_s = T.alloc_shared((C, C + 2), io)  # X's bf16 hi and lo parts (rows padded: read down columns too)
+                xl_s = T.alloc_shared((C, C + 2), io)
                 a_s = T.alloc_shared((C, K), io)
                 # G, rows padded to 136 words: read in the products' accumulator layout without bank conflicts
                 g_s = T.alloc_shared((C, K + 8), fp32)

@@ -257,21 +257,24 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool, store
                     al_s = T.alloc_shared((C,), fp32)
                     e_s = T.alloc_shared((C,), fp32)
                     em_s = T.alloc_shared((C,), fp32)
-                    T.fill(x_s, ninf)
-                    for i_b in T.serial(K // 32):
+                    # (each of the two reads every column block's loads at once into one fragment, then reduces
+                    # once: a reduction per block put a barrier between the blocks' loads, four global latencies in
+                    # a row, twice)
+                    T.fill(xf, ninf)
+                    for i_b in T.unroll(K // 32):
                         for r, c in T.Parallel(C, 32):
-                            xf[r, c] = T.if_then_else(t0 + r < eos, T.max(
-                                T.cast(g[T.min(t0 + r, eos - 1), i_h, i_b * 32 + c], fp32), floor), 0.0)  # fmt: skip
-                        T.reduce_max(xf, x_s, dim=1, clear=False)
+                            xf[r, c] = T.max(xf[r, c], T.if_then_else(t0 + r < eos, T.max(
+                                T.cast(g[T.min(t0 + r, eos - 1), i_h, i_b * 32 + c], fp32), floor), 0.0))  # fmt: skip
+                    T.reduce_max(xf, x_s, dim=1)
                     mac.row_squares(k_s, xf, kk_s)
                     mac.bound_logs(x_s, b_s, kk_s, l_s, cl_s, al_s)
-                    T.clear(vv_s)  # ||v||^2 straight from v (0 past the end: beta is 0 there)
-                    for i_b in T.serial(V // 32):
+                    T.clear(xf)
+                    for i_b in T.unroll(V // 32):  # ||v||^2 straight from v (0 past the end: beta is 0 there)
                         for r, c in T.Parallel(C, 32):
-                            xf[r, c] = T.if_then_else(t0 + r < eos, T.cast(v[T.min(t0 + r, eos - 1), i_h, i_b * 32 + c],
-                                                                           fp32), 0.0)  # fmt: skip
-                            xf[r, c] = xf[r, c] * xf[r, c]
-                        T.reduce_sum(xf, vv_s, dim=1, clear=False)
+                            xv = T.if_then_else(t0 + r < eos, T.cast(v[T.min(t0 + r, eos - 1), i_h, i_b * 32 + c], fp32),
+                                                0.0)  # fmt: skip
+                            xf[r, c] = xf[r, c] + xv * xv
+                    T.reduce_sum(xf, vv_s, dim=1)
                     mac.chunk_bound(b_s, kk_s, vv_s, e_s, em_s, cl_s, al_s, bnd, i_c, i_h, tx)
 
                 if "no_blocks" in lab:

@@ -123,9 +123,15 @@ def _build(H: int, scale: float) -> Any:
                 T.copy(tt[t0 : t0 + C, i_h, :], t_s)
                 for r in T.Parallel(C):
                     b_s[r] = beta[t0 + r, i_h]
-                # G: the tile loaded by every thread, then key column tx summed down the chunk
+                # G: the tile loaded by every thread, then key column tx summed down the chunk. dA's inputs are read
+                # in the same phase (beta from memory, not b_s: no barrier between the two groups of loads), so the
+                # program waits on one global latency for both
                 for r, c in T.Parallel(C, K):
                     g_s[r, c] = T.max(g[t0 + r, i_h, c], floor)
+                for r, c in T.Parallel(C, C):
+                    m_s[r, c] = T.cast(dag[t0 + r, i_h, c] * T.cast(beta[t0 + c, i_h], fp32), io)
+                    xv = daqk[t0 + r, i_h, c] * scale
+                    mac.split(xv, xh_s, xl_s, r, c)
                 T.sync_threads()
                 acc = 0.0
                 for r in T.unroll(C):
@@ -133,11 +139,7 @@ def _build(H: int, scale: float) -> Any:
                     g_s[r, tx] = acc
                 mac.references(g_s, sp_s, ref_s, cref_s, fast_l, tx)
                 fastv = fast_l[0]
-                # dA = -StrictLower(T^T (dAg diag(beta)) T^T)
-                for r, c in T.Parallel(C, C):
-                    m_s[r, c] = T.cast(dag[t0 + r, i_h, c] * b_s[c], io)
-                    xv = daqk[t0 + r, i_h, c] * scale
-                    mac.split(xv, xh_s, xl_s, r, c)
+                # dA = -StrictLower(T^T (dAg diag(beta)) T^T) (its M = dAg diag(beta) formed above)
                 T.fence_proxy_async()
                 T.gemm(m_s, t_s, c_f, transpose_B=True, clear_accum=True)
                 T.copy(c_f, m_s)

@@ -11,7 +11,8 @@ must move (k, g, beta, Ag, gcum; v and the bound's 8 B a chunk; q and p, the rev
 registers, three programs an SM), "bN" (N programs an SM asked of ptxas: 4 caps registers at 128, four an SM where
 shared memory allows: without sums), "q" (N^2 and N^3 from their nonzero blocks: half the tf32 work), and the lab
 switches (`ag_hopper.AG_LAB_SWITCHES`: each leaves one part of a program out, for timing only), joined by "+".
---kda-builds (session 29): KDA's TileLang Ag pass (`kernels.ops.kda.ag_hopper`, the gated form, no bound) beside the
+--kda-builds (session 29): KDA's TileLang Ag pass (`kernels.ops.kda.ag_hopper`, the gated form; "bound" (session 31):
+with the forward's bound sums, as a split forward runs it, beside the Triton pass's with them) beside the
 Triton pass's gated variant (alone, and storing T as under keep "ag") on KDA inputs at the same shapes: "free" and the switches of `KDA_AG_LAB_SWITCHES`,
 joined by "+". Every TileLang build is compiled first, `--jobs` processes side by side (TileLang's disk cache then
 serves the timing process). A switched build's time against "free" is what the part it leaves out costs.
@@ -74,12 +75,15 @@ def _build_knobs(name: str) -> tuple[int, bool, frozenset[str]]:
 
 
 def _kda_lab(name: str) -> frozenset[str]:
-    """The lab switches of a --kda-builds name ("free", switches, joined by "+")."""
+    """The lab switches of a --kda-builds name ("free", "bound", switches, joined by "+"; "bound" is not a switch: the
+    build with the forward's bound sums, `_kda_bound`)."""
     from kernels.ops.kda.ag_hopper import KDA_AG_LAB_SWITCHES
 
+    if name == "bound":
+        return frozenset()
     parts = frozenset(name.split("+")) - {"free"}
     if parts - set(KDA_AG_LAB_SWITCHES):
-        raise ValueError(f"--kda-builds: unknown build {name!r} (free, {', '.join(KDA_AG_LAB_SWITCHES)}, joined by +)")
+        raise ValueError(f"--kda-builds: unknown build {name!r} (free, bound, {', '.join(KDA_AG_LAB_SWITCHES)}, joined by +)")
     return parts
 
 
@@ -106,7 +110,8 @@ def compile_all(hvs: list[int], builds: tuple[str, ...], modes: tuple[str, ...],
     todo: list[tuple[str, tuple[Any, ...]]] = []
     for hv in sorted(set(hvs)):
         todo += [("gdn", (hv, H, "bfloat16", "float32", "bfloat16", sums[m], *_build_knobs(b))) for b in builds for m in modes]
-        todo += [("kda", (hv, H, float(K**-0.5), "float32", "bfloat16", False, False, _kda_lab(b))) for b in kda_builds]
+        todo += [("kda", (hv, H, float(K**-0.5), "float32", "bfloat16", b == "bound", False, _kda_lab(b)))
+                 for b in kda_builds]  # fmt: skip
     with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
         return dict(pool.map(_compile_one, todo))
 
@@ -188,18 +193,29 @@ def run_kda_shape(B: int, T: int, HV: int, builds: tuple[str, ...]) -> dict[str,
     # with T stored too (what the forward runs under keep "ag": the backward then runs no `wy_inverse`)
     row["ms"]["triton store_t"] = do_bench(lambda: wy_kda_ag(q, k, g, beta, scale=scale, index=ix, launch=plan,
                                                              store_t=True))  # fmt: skip
+    # (session 31) with the forward's bound sums too, as a split forward runs it (`bound` below): reads v
+    v = torch.randn(B, T, HV, K, device=dev).to(bf)
+    bnd_ref, bnd = (torch.empty(ix.num_chunks, HV, 2, device=dev) for _ in range(2))
+    if "bound" in builds:
+        row["ms"]["triton bnd"] = do_bench(lambda: wy_kda_ag(q, k, g, beta, scale=scale, index=ix, launch=plan, v=v,
+                                                             bnd=bnd_ref))  # fmt: skip
     # the Triton pass writes Aqk on and below the diagonal only (the rest of its `torch.empty` is whatever memory held:
     # NaN at 1x128K in session 30's call 1), so both are compared there
     low = (torch.arange(64, device=dev)[None, :] <= (torch.arange(T, device=dev) % 64)[:, None])[None, :, None, :]
     ref = (ref[0], ref[1].masked_fill(~low, 0))
     for b in builds:
         lab = _kda_lab(b)
-        got = kda_ag_hopper(q, k, g, beta, scale=scale, index=ix, lab=lab)
+        kw: dict[str, Any] = {"bnd": bnd, "v": v} if b == "bound" else {}
+        got = kda_ag_hopper(q, k, g, beta, scale=scale, index=ix, lab=lab, **kw)
         got = (got[0], got[1].masked_fill(~low, 0))
-        row["ms"][b] = do_bench(lambda lab=lab: kda_ag_hopper(q, k, g, beta, scale=scale, index=ix, lab=lab))
+        row["ms"][b] = do_bench(lambda lab=lab, kw=kw: kda_ag_hopper(q, k, g, beta, scale=scale, index=ix, lab=lab, **kw))
         if not lab:
             row["agree"][b] = {n: float((a.double() - r.double()).norm() / r.double().norm())
                                for n, a, r in (("ag", got[0], ref[0]), ("aqk", got[1], ref[1]))}  # fmt: skip
+        if b == "bound":  # the sums against the Triton pass's (largest |a - b| / (1 + |b|) where finite)
+            fin = torch.isfinite(bnd_ref) & torch.isfinite(bnd)
+            row["agree"][b]["bnd"] = float(((bnd - bnd_ref).abs() / (1 + bnd_ref.abs()))[fin].max())
+            row["agree"][b]["bnd_inf_same"] = bool(torch.equal(torch.isinf(bnd), torch.isinf(bnd_ref)))
     return row
 
 
@@ -264,6 +280,9 @@ def main(argv: list[str] | None = None) -> None:
             free = r["ms"].get("free", float("nan"))
             cells = " | ".join(f"{r['ms'][b]:.3f} | {r['ms'][b] - free:+.3f}" for b in kda_builds)
             lines.append(f"| {r['shape']} | {r['HV']} | {r['ms']['triton']:.3f} | {r['ms']['triton store_t']:.3f} | {cells} |")
+        lines += [f"- {r['shape']}: with the bound sums, TileLang {r['ms']['bound']:.3f} ms vs Triton {r['ms']['triton bnd']:.3f}"
+                  f" (sums within {r['agree']['bound']['bnd']:.1e}, infinities alike: {r['agree']['bound']['bnd_inf_same']})"
+                  for r in kda_rows if "bound" in r["ms"]]  # fmt: skip
     (a.out / "ag_pass_lab.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -20,6 +20,7 @@ def test_build_names_parse_to_the_kernels_knobs() -> None:
     assert lab._build_knobs("b4+q") == (4, True, none)
     assert lab._build_knobs("free+no_subst+no_store") == (0, False, frozenset({"no_subst", "no_store"}))
     assert lab._kda_lab("free") == none and lab._kda_lab("no_keys+no_products") == {"no_keys", "no_products"}
+    assert lab._kda_lab("bound") == none  # (session 31) the build with the bound sums: no switch
     with pytest.raises(ValueError, match="unknown build 'fast'"):
         lab._build_knobs("fast")
     with pytest.raises(ValueError, match="unknown build 'no_keys'"):  # KDA's switch, not GDN's

@@ -175,11 +175,10 @@ def tilelang_grads(
     """(dq, dk, dv, dg, dbeta) of KDA's chunks on the two TileLang kernels (module docstring) from the forward's kept
     gated tensors (kept: `KEPT_GATED`'s backward names ag, aqk, qs, ke, ks, gs), T, the chunk states h and their
     gradients dh `[NT, HV, K, V]` (`chunk_bwd`'s step 2); `tilelang_grads_refusal` has passed. `chunk_bwd`'s grads_fn.
-    Grouped heads (HV = G Hk): q, k expanded to the value heads for the second kernel, dq and dk summed per group after
-    (the kernel reads its value head's q, k; an in-kernel group read is the next step)."""
+    Grouped heads (HV = G Hk): the second kernel reads each value head's q, k head; dq and dk, per value head, are
+    summed per group after."""
     B, T, Hk, K = k.shape
     HV = v.shape[2]
-    qx, kx = (x if Hk == HV else x.repeat_interleave(HV // Hk, dim=2) for x in (q, k))
 
     def rows(x: Tensor) -> Tensor:  # [B, T, ..] -> the kernels' rows [B * T, ..]
         return x.reshape(B * T, *x.shape[2:])
@@ -187,7 +186,7 @@ def tilelang_grads(
     s = state_grads_hopper(h, dh, rows(v), rows(do), rows(kept["ag"]), rows(kept["aqk"]), rows(kept["ke"]),
                            rows(kept["ks"]), kept["gs"])  # fmt: skip
     gated = {"qg": rows(kept["qs"]), "ke": rows(kept["ke"]), "kd": rows(kept["ks"])}
-    dq, dk, dg, dbeta = bwd_products_hopper(rows(qx), rows(kx), rows(g), rows(beta), rows(tt), gated, s, scale=scale)
+    dq, dk, dg, dbeta = bwd_products_hopper(rows(q), rows(k), rows(g), rows(beta), rows(tt), gated, s, scale=scale)
     return (group_sum(dq.view(B, T, HV, K), Hk).to(q.dtype), group_sum(dk.view(B, T, HV, K), Hk).to(k.dtype),
             s["dW"].view(B, T, HV, -1).to(v.dtype), dg.view(B, T, HV, K).to(g.dtype),
             dbeta.view(B, T, HV).to(beta.dtype))  # fmt: skip

@@ -20,7 +20,7 @@ Per chunk of C = 64 rows (G the in-chunk cumsum of the floored per-key gate, for
 Fast chunks (every key's span across every block below FAST_SPAN) take the blocks' midpoints as references; else the
 products skip the diagonal blocks, which are summed elementwise (every exponent <= 0). Sizes: K = V = 128, chunk 64,
 bf16 q, k, sm_90, TileLang `kernels.ops.gdn.tilelang_hopper.TILELANG_VERSION`; refused in one line otherwise. Dense
-rows (chunk c at 64 c..), value heads only (no grouped q, k heads): the lab's layout. ~215 KB of shared memory (one
+rows (chunk c at 64 c..); grouped heads read their q, k head (session 31: no expanded copies). ~215 KB of shared memory (one
 program an SM). Tested on the GPU against the mirror (tests/kernels/ops/kda/test_bwd_products_hopper.py).
 """
 
@@ -47,14 +47,16 @@ def bwd_products_refusal(K: int, V: int, BT: int, device: torch.device) -> str |
 
 
 @functools.cache
-def _build(H: int, scale: float) -> Any:
-    """The compiled kernel for H value heads and this scale (TileLang JIT, cached on disk by TileLang too)."""
+def _build(H: int, Hk: int, scale: float) -> Any:
+    """The compiled kernel for H value heads over Hk q, k heads (value head h reads q, k head h // (H / Hk)) and this
+    scale (TileLang JIT, cached on disk by TileLang too)."""
     import tilelang
     import tilelang.language as T
 
     K = 128
     C = 64
     NB = C // BLOCK
+    G = H // Hk
     fp32, io = "float32", "bfloat16"
     nchunk = T.dynamic("nchunk")
     floor = float(GATE_FLOOR)
@@ -65,7 +67,7 @@ def _build(H: int, scale: float) -> Any:
 
         @T.prim_func
         def bwd_products(
-            q: T.Tensor((nchunk * C, H, K), io), k: T.Tensor((nchunk * C, H, K), io),
+            q: T.Tensor((nchunk * C, Hk, K), io), k: T.Tensor((nchunk * C, Hk, K), io),
             g: T.Tensor((nchunk * C, H, K), fp32), beta: T.Tensor((nchunk * C, H), fp32),
             tt: T.Tensor((nchunk * C, H, C), io), qg: T.Tensor((nchunk * C, H, K), io),
             ke: T.Tensor((nchunk * C, H, K), io), kd: T.Tensor((nchunk * C, H, K), io),
@@ -118,8 +120,8 @@ def _build(H: int, scale: float) -> Any:
                 fast_l = T.alloc_local((1,), "int32")
                 T.annotate_layout({x: tilelang.layout.make_swizzled_layout(x) for x in (q_s, k_s)})
 
-                T.copy(q[t0 : t0 + C, i_h, :], q_s)
-                T.copy(k[t0 : t0 + C, i_h, :], k_s)
+                T.copy(q[t0 : t0 + C, i_h // G, :], q_s)
+                T.copy(k[t0 : t0 + C, i_h // G, :], k_s)
                 T.copy(tt[t0 : t0 + C, i_h, :], t_s)
                 for r in T.Parallel(C):
                     b_s[r] = beta[t0 + r, i_h]
@@ -217,23 +219,26 @@ def bwd_products_hopper(
     q: Tensor, k: Tensor, g: Tensor, beta: Tensor, tt: Tensor, kept: dict[str, Tensor], grads: dict[str, Tensor], *,
     scale: float,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
-    """(dq, dk, dg `[N, HV, K]`, dbeta `[N, HV]`, fp32) of `reverse_bwd_torch.products_finish` on this kernel: q, k, g
-    (raw, fp32) `[N, HV, K]`, beta `[N, HV]`, T `[N, HV, 64]`, kept {"qg", "ke", "kd"} `[N, HV, K]` (bf16, the
-    forward's under "ag") and grads `state_grads_hopper`'s outputs {"dAqk", "dAg" `[N, HV, 64]`, "dqg", "dke", "dkd"
-    `[N, HV, K]`, "dGC" `[NT, HV, K]`} (N = 64 NT: dense rows, value heads). Raises ValueError where
+    """(dq, dk, dg `[N, HV, K]`, dbeta `[N, HV]`, fp32) of `reverse_bwd_torch.products_finish` on this kernel: q, k
+    `[N, Hk, K]` (value head h reads head h // (HV / Hk): grouped heads; dq, dk come per value head, for the caller to
+    sum per group), g (raw, fp32) `[N, HV, K]`, beta `[N, HV]`, T `[N, HV, 64]`, kept {"qg", "ke", "kd"} `[N, HV, K]`
+    (bf16, the forward's under "ag") and grads `state_grads_hopper`'s outputs {"dAqk", "dAg" `[N, HV, 64]`, "dqg",
+    "dke", "dkd" `[N, HV, K]`, "dGC" `[NT, HV, K]`} (N = 64 NT: dense rows). Raises ValueError where
     `bwd_products_refusal` gives a reason."""
-    N, HV, K = k.shape
+    N, Hk, K = k.shape
+    HV = g.shape[1] if g.dim() == 3 else Hk
     why = bwd_products_refusal(K, 128, 64, k.device)
     if why is not None:
         raise ValueError(why)
     rows, chunks = (N, HV, K), (N // 64, HV, K)
-    want = {"q": rows, "g": rows, "beta": (N, HV), "T": (N, HV, 64), "qg": rows, "ke": rows, "kd": rows,
+    want = {"q": (N, Hk, K), "g": rows, "beta": (N, HV), "T": (N, HV, 64), "qg": rows, "ke": rows, "kd": rows,
             "dAqk": (N, HV, 64), "dAg": (N, HV, 64), "dqg": rows, "dke": rows, "dkd": rows, "dGC": chunks}  # fmt: skip
     given = {"q": q, "g": g, "beta": beta, "T": tt, **{n: kept[n] for n in ("qg", "ke", "kd")},
              **{n: grads[n] for n in ("dAqk", "dAg", "dqg", "dke", "dkd", "dGC")}}  # fmt: skip
     bad = [f"{n} {tuple(x.shape)}" for n, x in given.items() if tuple(x.shape) != want[n]]
-    if N % 64 or bad:  # (the kernel takes its chunk count from dGC: a wrong shape would read past the others)
-        raise ValueError(f"bwd_products_hopper: with k [64 NT, HV, 128] = {tuple(k.shape)}, got {', '.join(bad) or 'N % 64'}")
+    if N % 64 or HV % Hk or bad:  # (the kernel takes its chunk count from dGC: a wrong shape would read past the others)
+        raise ValueError(f"bwd_products_hopper: with k [64 NT, Hk, 128] = {tuple(k.shape)} and g's HV = {HV}, got "
+                         f"{', '.join(bad) or 'N % 64 or HV % Hk'}")
     bf = [x.to(torch.bfloat16).contiguous() for x in (q, k)]
     f32 = [x.float().contiguous() for x in (g, beta)]
     kk = [x.to(torch.bfloat16).contiguous() for x in (tt, kept["qg"], kept["ke"], kept["kd"])]
@@ -241,6 +246,6 @@ def bwd_products_hopper(
     dq, dk, dg = (torch.empty(N, HV, K, dtype=torch.float32, device=k.device) for _ in range(3))
     dbeta = torch.empty(N, HV, dtype=torch.float32, device=k.device)
     # (in `compile_ahead`'s dry run the kernel builds beside the Triton compiles and does not launch)
-    if N and not build_beside(("kda_bwd_products", HV, float(scale)), _build, HV, float(scale)):
-        _build(HV, float(scale))(*bf, *f32, *kk, *gg, dq, dk, dg, dbeta)
+    if N and not build_beside(("kda_bwd_products", HV, Hk, float(scale)), _build, HV, Hk, float(scale)):
+        _build(HV, Hk, float(scale))(*bf, *f32, *kk, *gg, dq, dk, dg, dbeta)
     return dq, dk, dg, dbeta

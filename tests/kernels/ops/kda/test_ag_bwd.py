@@ -154,9 +154,11 @@ def _mirror_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
         return run
 
-    def products_build(H: int, scale: float):  # type: ignore[no-untyped-def]
+    def products_build(H: int, Hk: int, scale: float):  # type: ignore[no-untyped-def]
         def run(q, k, g, beta, tt, qg, ke, kd, daqk, dag, dqg, dke, dkd, dgc, dq, dk, dg, dbeta):  # type: ignore[no-untyped-def]
             calls.append("bwd_products")
+            assert q.shape[1] == k.shape[1] == Hk  # the kernel reads the q, k heads (grouped: no expanded copy)
+            q, k = (x.repeat_interleave(H // Hk, dim=1) for x in (q, k))
             NT = q.shape[0] // 64
             kept = {"T": chunks(tt, NT), "qg": chunks(qg, NT), "ke": chunks(ke, NT), "kd": chunks(kd, NT)}
             grads = {"dAqk": chunks(daqk, NT), "dAg": chunks(dag, NT), "dqg": chunks(dqg, NT), "dke": chunks(dke, NT),
@@ -248,8 +250,8 @@ def test_auto_takes_the_tilelang_grads_only_under_its_flag(monkeypatch: pytest.M
     N, z = 64, torch.zeros(64, H, dim)
     grads = dict.fromkeys(("dqg", "dke", "dkd"), z) | {"dAqk": torch.zeros(N, H, 64), "dAg": torch.zeros(N, H, 64),
                                                       "dGC": torch.zeros(2, H, dim)}  # fmt: skip
-    with pytest.raises(ValueError, match=r"^bwd_products_hopper: with k \[64 NT, HV, 128\] = \(64, 2, 16\), got dGC "
-                                         r"\(2, 2, 16\)$"):  # fmt: skip
+    with pytest.raises(ValueError, match=r"^bwd_products_hopper: with k \[64 NT, Hk, 128\] = \(64, 2, 16\) and g's HV = 2, "
+                                         r"got dGC \(2, 2, 16\)$"):  # fmt: skip
         bwd_products_hopper(z, z, z, torch.zeros(N, H), torch.zeros(N, H, 64), {"qg": z, "ke": z, "kd": z}, grads,
                             scale=0.25)  # fmt: skip
 

@@ -6,7 +6,8 @@ tilelang 0.1.15 (K = 128, chunk 64): dq, dk, dg and dbeta of five chunks and two
 (`kernels.ops.kda.reverse_bwd_torch.products_finish`) on the same inputs: random q, k, g, beta, the forward's kept T,
 qg, ke, kd from `gated_factors` and the state products from `state_products` on random states (bf16 where the kernel
 reads bf16); relative L2 2e-2 (dA's two products take bf16 operands, as `wy_bwd`'s); weak gates (fast chunks) and a
-key whose span across one block passes FAST_SPAN in one chunk (that chunk's elementwise diagonal blocks).
+key whose span across one block passes FAST_SPAN in one chunk (that chunk's elementwise diagonal blocks); grouped
+heads (session 31: both value heads read one q, k head).
 """
 
 from __future__ import annotations
@@ -38,14 +39,17 @@ def _bf(t: torch.Tensor) -> torch.Tensor:
 
 
 @GPU
-@pytest.mark.parametrize("strong", [False, True], ids=["fast", "edges"])
-def test_kernel_matches_the_mirror(strong: bool) -> None:
+@pytest.mark.parametrize(("strong", "grouped"), [(False, False), (True, False), (False, True)],
+                         ids=["fast", "edges", "grouped"])  # fmt: skip
+def test_kernel_matches_the_mirror(strong: bool, grouped: bool) -> None:
     gen = torch.Generator().manual_seed(7)
 
     def r(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
-    q, k = _bf(r(NT, HV, C, K)), _bf(torch.nn.functional.normalize(r(NT, HV, C, K), dim=-1))
+    Hk = 1 if grouped else HV  # grouped: both value heads read one q, k head (session 31: no expanded copy)
+    q0, k0 = _bf(r(NT, Hk, C, K)), _bf(torch.nn.functional.normalize(r(NT, Hk, C, K), dim=-1))
+    q, k = (x.repeat_interleave(HV // Hk, dim=1) for x in (q0, k0))  # the mirror's, per value head
     g = -0.1 * torch.rand(NT, HV, C, K, generator=gen, dtype=torch.float64)
     if strong:
         g[2, 1, 20:24, 5] = -40.0  # a span of 160 in block 1 of chunk 2: past FAST_SPAN there only
@@ -61,7 +65,7 @@ def test_kernel_matches_the_mirror(strong: bool) -> None:
         return t.transpose(1, 2).reshape(NT * C, HV, *t.shape[3:]).cuda()
 
     got = bwd_products_hopper(
-        rows(q), rows(k), rows(g), rows(beta), rows(kept["T"]), {n: rows(kept[n]) for n in ("qg", "ke", "kd")},
+        rows(q0), rows(k0), rows(g), rows(beta), rows(kept["T"]), {n: rows(kept[n]) for n in ("qg", "ke", "kd")},
         {**{n: rows(grads[n]) for n in ("dAqk", "dAg", "dqg", "dke", "dkd")}, "dGC": grads["dGC"].cuda()}, scale=scale,
     )  # fmt: skip
     for name, w, a in zip(("dq", "dk", "dg", "dbeta"), want, got, strict=True):

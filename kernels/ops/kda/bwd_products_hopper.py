@@ -238,7 +238,7 @@ def bwd_products_hopper(
     bad = [f"{n} {tuple(x.shape)}" for n, x in given.items() if tuple(x.shape) != want[n]]
     if N % 64 or HV % Hk or bad:  # (the kernel takes its chunk count from dGC: a wrong shape would read past the others)
         raise ValueError(f"bwd_products_hopper: with k [64 NT, Hk, 128] = {tuple(k.shape)} and g's HV = {HV}, got "
-                         f"{', '.join(bad) or 'N % 64 or HV % Hk'}")
+                         f"{', '.join(bad) or 'N % 64 or HV % Hk'}")  # fmt: skip
     bf = [x.to(torch.bfloat16).contiguous() for x in (q, k)]
     f32 = [x.float().contiguous() for x in (g, beta)]
     kk = [x.to(torch.bfloat16).contiguous() for x in (tt, kept["qg"], kept["ke"], kept["kd"])]

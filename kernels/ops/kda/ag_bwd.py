@@ -18,9 +18,10 @@ G_C `[NT, HV, K]` fp32 (`KEPT_GATED`). The backward then runs
    pass and gradients. Under `LaunchPlan(bwd_grads="tilelang")` the gradients are `tilelang_grads`' (opt-in, session
    30: two chunk-parallel TileLang lab kernels from the kept gated tensors and the chunk states, in place of
    `chunk_bwd_dqk` + `wy_bwd`; not yet run on a GPU): `kernels.ops.kda.state_grads_hopper` (the state products), then
-   `kernels.ops.kda.bwd_products_hopper` (dA, the four decayed products, dq, dk, dg, dbeta). They take dense
-   sequences of whole chunks (`tilelang_grads_refusal` says why not, in one line); grouped heads through q, k
-   expanded to the value heads.
+   `kernels.ops.kda.bwd_products_hopper` (dA, the four decayed products, dq, dk, dg, dbeta). Any layout (session
+   31): dense sequences of whole chunks on their dense builds, varlen or a dense T not a multiple of the chunk on
+   their varlen builds; grouped heads read their q, k head in the kernel (dq, dk summed per group after); bf16
+   (`tilelang_grads_refusal` says why not, in one line). "auto" takes them under `KDA_TILELANG_GRADS_AUTO`.
 
 Bytes per token-head of step 1 (bf16, K = V = 128, chunk 64): reads Ag (128), ke, v (512); writes w, u (512): 1.15 KB,
 against `wy_kda_fwd`'s reads of q, k, v, g (fp32), beta and writes of w, u, kg, qg, Aqk (~2.4 KB) and its per-key
@@ -158,13 +159,12 @@ def grads_mode(launch: LaunchPlan, k: Tensor, v: Tensor, index: ChunkIndex, *, k
 
 def tilelang_grads_refusal(k: Tensor, v: Tensor, index: ChunkIndex) -> str | None:
     """Why `bwd_grads="tilelang"` (KDA's chunk-parallel TileLang backward) cannot run on these inputs (one line), or
-    None: the TileLang kernels' sizes and device (`state_grads_refusal`), bf16, and dense sequences of whole chunks
-    (the lab kernels' row layout: chunk c at rows 64 c..)."""
+    None: the TileLang kernels' sizes and device (`state_grads_refusal`) and bf16. Any layout runs (session 31):
+    dense sequences of whole chunks on the kernels' dense builds, the rest (varlen, a dense T not a multiple of the
+    chunk) on their varlen builds."""
     why = state_grads_refusal(k.shape[-1], v.shape[-1], index.chunk_size, k.device)
     if why is None and k.dtype != torch.bfloat16:
         why = f"it takes bf16 q, k, got {k.dtype}"
-    if why is None and (index.is_varlen or k.shape[1] % index.chunk_size):
-        why = f"it takes dense sequences of whole chunks yet (no cu_seqlens, T a multiple of {index.chunk_size})"
     return None if why is None else f"bwd_grads='tilelang' (KDA's chunk-parallel TileLang backward): {why}"
 
 
@@ -179,14 +179,18 @@ def tilelang_grads(
     summed per group after."""
     B, T, Hk, K = k.shape
     HV = v.shape[2]
+    # dense sequences of whole chunks: chunk c at rows 64 c; else each chunk's rows from the bounds (every ChunkIndex
+    # has them, dense ones too)
+    varlen = (index.cu_seqlens, index.chunk_indices) if index.is_varlen or T % index.chunk_size else None
 
     def rows(x: Tensor) -> Tensor:  # [B, T, ..] -> the kernels' rows [B * T, ..]
         return x.reshape(B * T, *x.shape[2:])
 
     s = state_grads_hopper(h, dh, rows(v), rows(do), rows(kept["ag"]), rows(kept["aqk"]), rows(kept["ke"]),
-                           rows(kept["ks"]), kept["gs"])  # fmt: skip
+                           rows(kept["ks"]), kept["gs"], varlen=varlen)  # fmt: skip
     gated = {"qg": rows(kept["qs"]), "ke": rows(kept["ke"]), "kd": rows(kept["ks"])}
-    dq, dk, dg, dbeta = bwd_products_hopper(rows(q), rows(k), rows(g), rows(beta), rows(tt), gated, s, scale=scale)
+    dq, dk, dg, dbeta = bwd_products_hopper(rows(q), rows(k), rows(g), rows(beta), rows(tt), gated, s, scale=scale,
+                                            varlen=varlen)  # fmt: skip
     return (group_sum(dq.view(B, T, HV, K), Hk).to(q.dtype), group_sum(dk.view(B, T, HV, K), Hk).to(k.dtype),
             s["dW"].view(B, T, HV, -1).to(v.dtype), dg.view(B, T, HV, K).to(g.dtype),
             dbeta.view(B, T, HV).to(beta.dtype))  # fmt: skip

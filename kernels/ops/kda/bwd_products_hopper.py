@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from kernels.common.decay import GATE_FLOOR
-from kernels.ops.gdn.tilelang_hopper import hopper_jit, tilelang_refusal
+from kernels.ops.gdn.tilelang_hopper import hopper_jit, stand_in, tilelang_refusal
 from kernels.ops.kda.decay_products_hopper import BLOCK, decay_macros
 from kernels.parallel_compile import build_beside
 
@@ -47,9 +47,10 @@ def bwd_products_refusal(K: int, V: int, BT: int, device: torch.device) -> str |
 
 
 @functools.cache
-def _build(H: int, Hk: int, scale: float) -> Any:
+def _build(H: int, Hk: int, scale: float, varlen: bool = False) -> Any:
     """The compiled kernel for H value heads over Hk q, k heads (value head h reads q, k head h // (H / Hk)) and this
-    scale (TileLang JIT, cached on disk by TileLang too)."""
+    scale (TileLang JIT, cached on disk by TileLang too); varlen: chunk i_c at the rows its (sequence, chunk) pair
+    names (`cu`, `ci`), the rows past its sequence's end read as zeros and not written; else chunk c at rows 64 c."""
     import tilelang
     import tilelang.language as T
 
@@ -58,7 +59,7 @@ def _build(H: int, Hk: int, scale: float) -> Any:
     NB = C // BLOCK
     G = H // Hk
     fp32, io = "float32", "bfloat16"
-    nchunk = T.dynamic("nchunk")
+    nchunk, ntok, nseq = T.dynamic("nchunk"), T.dynamic("ntok"), T.dynamic("nseq")
     floor = float(GATE_FLOOR)
 
     @hopper_jit()
@@ -67,21 +68,29 @@ def _build(H: int, Hk: int, scale: float) -> Any:
 
         @T.prim_func
         def bwd_products(
-            q: T.Tensor((nchunk * C, Hk, K), io), k: T.Tensor((nchunk * C, Hk, K), io),
-            g: T.Tensor((nchunk * C, H, K), fp32), beta: T.Tensor((nchunk * C, H), fp32),
-            tt: T.Tensor((nchunk * C, H, C), io), qg: T.Tensor((nchunk * C, H, K), io),
-            ke: T.Tensor((nchunk * C, H, K), io), kd: T.Tensor((nchunk * C, H, K), io),
-            daqk: T.Tensor((nchunk * C, H, C), fp32), dag: T.Tensor((nchunk * C, H, C), fp32),
-            dqg: T.Tensor((nchunk * C, H, K), fp32), dke: T.Tensor((nchunk * C, H, K), fp32),
-            dkd: T.Tensor((nchunk * C, H, K), fp32), dgc: T.Tensor((nchunk, H, K), fp32),
-            dq: T.Tensor((nchunk * C, H, K), fp32), dk: T.Tensor((nchunk * C, H, K), fp32),
-            dg: T.Tensor((nchunk * C, H, K), fp32), dbeta: T.Tensor((nchunk * C, H), fp32),
+            q: T.Tensor((ntok, Hk, K), io), k: T.Tensor((ntok, Hk, K), io),
+            g: T.Tensor((ntok, H, K), fp32), beta: T.Tensor((ntok, H), fp32),
+            tt: T.Tensor((ntok, H, C), io), qg: T.Tensor((ntok, H, K), io),
+            ke: T.Tensor((ntok, H, K), io), kd: T.Tensor((ntok, H, K), io),
+            daqk: T.Tensor((ntok, H, C), fp32), dag: T.Tensor((ntok, H, C), fp32),
+            dqg: T.Tensor((ntok, H, K), fp32), dke: T.Tensor((ntok, H, K), fp32),
+            dkd: T.Tensor((ntok, H, K), fp32), dgc: T.Tensor((nchunk, H, K), fp32),
+            cu: T.Tensor((nseq + 1,), "int32"), ci: T.Tensor((nchunk, 2), "int32"),
+            dq: T.Tensor((ntok, H, K), fp32), dk: T.Tensor((ntok, H, K), fp32),
+            dg: T.Tensor((ntok, H, K), fp32), dbeta: T.Tensor((ntok, H), fp32),
         ):  # fmt: skip
             with T.Kernel(nchunk * H, threads=_THREADS) as (bid,):
                 i_c = bid // H
                 i_h = bid % H
                 tx = T.get_thread_binding()
-                t0 = i_c * C
+                t0 = T.alloc_var("int32")
+                n = T.alloc_var("int32")  # the chunk's rows in its sequence (C but for a varlen sequence's last)
+                if varlen:
+                    t0 = cu[ci[i_c, 0]] + ci[i_c, 1] * C
+                    n = T.min(cu[ci[i_c, 0] + 1] - t0, C)
+                else:
+                    t0 = i_c * C
+                    n = C
                 q_s = T.alloc_shared((C, K), io)
                 k_s = T.alloc_shared((C, K), io)
                 g_s = T.alloc_shared((C, K + 8), fp32)  # G (rows padded: read in the products' layout)
@@ -123,16 +132,24 @@ def _build(H: int, Hk: int, scale: float) -> Any:
                 T.copy(q[t0 : t0 + C, i_h // G, :], q_s)
                 T.copy(k[t0 : t0 + C, i_h // G, :], k_s)
                 T.copy(tt[t0 : t0 + C, i_h, :], t_s)
+                if varlen:  # a chunk's rows past its sequence (the next sequence's) read as zeros everywhere below
+                    for r, c in T.Parallel(C, K):
+                        if r >= n:
+                            q_s[r, c] = T.cast(0.0, io)
+                            k_s[r, c] = T.cast(0.0, io)
+                    for r, c in T.Parallel(C, C):
+                        if r >= n:
+                            t_s[r, c] = T.cast(0.0, io)
                 for r in T.Parallel(C):
-                    b_s[r] = beta[t0 + r, i_h]
+                    b_s[r] = T.if_then_else(r < n, beta[t0 + r, i_h], 0.0)
                 # G: the tile loaded by every thread, then key column tx summed down the chunk. dA's inputs are read
                 # in the same phase (beta from memory, not b_s: no barrier between the two groups of loads), so the
                 # program waits on one global latency for both
-                for r, c in T.Parallel(C, K):
-                    g_s[r, c] = T.max(g[t0 + r, i_h, c], floor)
+                for r, c in T.Parallel(C, K):  # (a gate of 0 past the end: G repeats its last row, as the Ag pass's)
+                    g_s[r, c] = T.if_then_else(r < n, T.max(g[t0 + r, i_h, c], floor), 0.0)
                 for r, c in T.Parallel(C, C):
-                    m_s[r, c] = T.cast(dag[t0 + r, i_h, c] * T.cast(beta[t0 + c, i_h], fp32), io)
-                    xv = daqk[t0 + r, i_h, c] * scale
+                    m_s[r, c] = T.cast(T.if_then_else((r < n) & (c < n), dag[t0 + r, i_h, c] * beta[t0 + c, i_h], 0.0), io)
+                    xv = T.if_then_else(r < n, daqk[t0 + r, i_h, c] * scale, 0.0)
                     mac.split(xv, xh_s, xl_s, r, c)
                 T.sync_threads()
                 acc = 0.0
@@ -176,15 +193,18 @@ def _build(H: int, Hk: int, scale: float) -> Any:
                         eg = T.exp(g_s[row, c])
                         qv = T.cast(q_s[row, c], fp32)
                         kv = T.cast(k_s[row, c], fp32)
-                        a_dqg = dqg[t0 + row, i_h, c]
-                        a_dke = dke[t0 + row, i_h, c]
-                        a_dkd = dkd[t0 + row, i_h, c]
-                        dq[t0 + row, i_h, c] = rq_f[c, r] + scale * eg * a_dqg
-                        dk[t0 + row, i_h, c] = (cq_f[c, r] + b_s[row] * ra_f[c, r] + ck_f[c, r] + eg * a_dke
-                                                + T.exp(g_s[C - 1, c] - g_s[row, c]) * a_dkd)  # fmt: skip
+                        a_dqg = T.if_then_else(row < n, dqg[t0 + row, i_h, c], 0.0)
+                        a_dke = T.if_then_else(row < n, dke[t0 + row, i_h, c], 0.0)
+                        a_dkd = T.if_then_else(row < n, dkd[t0 + row, i_h, c], 0.0)
+                        a_qg = T.if_then_else(row < n, T.cast(qg[t0 + row, i_h, c], fp32), 0.0)
+                        a_ke = T.if_then_else(row < n, T.cast(ke[t0 + row, i_h, c], fp32), 0.0)
+                        a_kd = T.if_then_else(row < n, T.cast(kd[t0 + row, i_h, c], fp32), 0.0)
+                        if row < n:
+                            dq[t0 + row, i_h, c] = rq_f[c, r] + scale * eg * a_dqg
+                            dk[t0 + row, i_h, c] = (cq_f[c, r] + b_s[row] * ra_f[c, r] + ck_f[c, r] + eg * a_dke
+                                                    + T.exp(g_s[C - 1, c] - g_s[row, c]) * a_dkd)  # fmt: skip
                         dgv = (qv * rq_f[c, r] - kv * cq_f[c, r] + b_s[row] * kv * ra_f[c, r] - kv * ck_f[c, r]
-                               + T.cast(qg[t0 + row, i_h, c], fp32) * a_dqg + T.cast(ke[t0 + row, i_h, c], fp32) * a_dke
-                               - T.cast(kd[t0 + row, i_h, c], fp32) * a_dkd)  # fmt: skip
+                               + a_qg * a_dqg + a_ke * a_dke - a_kd * a_dkd)  # fmt: skip
                         cq_f[c, r] = dgv
                         ck_f[c, r] = kv * ra_f[c, r]
                     for c, r in T.Parallel(K, BLOCK):
@@ -199,15 +219,16 @@ def _build(H: int, Hk: int, scale: float) -> Any:
                 # dg: dG summed down the chunk from its end, dG_C (the state term + colsum(kd o dkd)) on the last row
                 acc = dgc[i_c, i_h, tx]
                 for r in T.unroll(C):
-                    acc = acc + T.cast(kd[t0 + r, i_h, tx], fp32) * dkd[t0 + r, i_h, tx]
+                    acc = acc + T.if_then_else(r < n, T.cast(kd[t0 + r, i_h, tx], fp32) * dkd[t0 + r, i_h, tx], 0.0)
                 for r in T.unroll(C):
                     acc = acc + dgs_s[C - 1 - r, tx]
-                    dg[t0 + C - 1 - r, i_h, tx] = T.if_then_else(g[t0 + C - 1 - r, i_h, tx] < floor, 0.0, acc)
+                    if C - 1 - r < n:
+                        dg[t0 + C - 1 - r, i_h, tx] = T.if_then_else(g[t0 + C - 1 - r, i_h, tx] < floor, 0.0, acc)
                 # dbeta = colsum(dAg o T) + rowsum(k o RA)
-                if tx < C:
+                if tx < n:
                     acc = dbr_s[tx]
                     for r in T.unroll(C):
-                        acc = acc + dag[t0 + r, i_h, tx] * T.cast(t_s[r, tx], fp32)
+                        acc = acc + T.if_then_else(r < n, dag[t0 + r, i_h, tx] * T.cast(t_s[r, tx], fp32), 0.0)
                     dbeta[t0 + tx, i_h] = acc
 
         return bwd_products
@@ -217,35 +238,42 @@ def _build(H: int, Hk: int, scale: float) -> Any:
 
 def bwd_products_hopper(
     q: Tensor, k: Tensor, g: Tensor, beta: Tensor, tt: Tensor, kept: dict[str, Tensor], grads: dict[str, Tensor], *,
-    scale: float,
+    scale: float, varlen: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """(dq, dk, dg `[N, HV, K]`, dbeta `[N, HV]`, fp32) of `reverse_bwd_torch.products_finish` on this kernel: q, k
     `[N, Hk, K]` (value head h reads head h // (HV / Hk): grouped heads; dq, dk come per value head, for the caller to
     sum per group), g (raw, fp32) `[N, HV, K]`, beta `[N, HV]`, T `[N, HV, 64]`, kept {"qg", "ke", "kd"} `[N, HV, K]`
     (bf16, the forward's under "ag") and grads `state_grads_hopper`'s outputs {"dAqk", "dAg" `[N, HV, 64]`, "dqg",
-    "dke", "dkd" `[N, HV, K]`, "dGC" `[NT, HV, K]`} (N = 64 NT: dense rows). Raises ValueError where
-    `bwd_products_refusal` gives a reason."""
+    "dke", "dkd" `[N, HV, K]`, "dGC" `[NT, HV, K]`}: chunk c at rows 64 c (N = 64 NT), or with varlen (cu_seqlens,
+    chunk_indices `[NT, 2]`: `kernels.common.index.ChunkIndex`'s, int32 on the device) at the rows of its (sequence,
+    chunk) pair. Raises ValueError where `bwd_products_refusal` gives a reason."""
     N, Hk, K = k.shape
     HV = g.shape[1] if g.dim() == 3 else Hk
     why = bwd_products_refusal(K, 128, 64, k.device)
     if why is not None:
         raise ValueError(why)
-    rows, chunks = (N, HV, K), (N // 64, HV, K)
+    NT = grads["dGC"].shape[0] if varlen is not None else N // 64
+    rows, chunks = (N, HV, K), (NT, HV, K)
     want = {"q": (N, Hk, K), "g": rows, "beta": (N, HV), "T": (N, HV, 64), "qg": rows, "ke": rows, "kd": rows,
             "dAqk": (N, HV, 64), "dAg": (N, HV, 64), "dqg": rows, "dke": rows, "dkd": rows, "dGC": chunks}  # fmt: skip
     given = {"q": q, "g": g, "beta": beta, "T": tt, **{n: kept[n] for n in ("qg", "ke", "kd")},
              **{n: grads[n] for n in ("dAqk", "dAg", "dqg", "dke", "dkd", "dGC")}}  # fmt: skip
+    if varlen is not None:
+        want["chunk_indices"], given["chunk_indices"] = (NT, 2), varlen[1]
     bad = [f"{n} {tuple(x.shape)}" for n, x in given.items() if tuple(x.shape) != want[n]]
-    if N % 64 or HV % Hk or bad:  # (the kernel takes its chunk count from dGC: a wrong shape would read past the others)
-        raise ValueError(f"bwd_products_hopper: with k [64 NT, Hk, 128] = {tuple(k.shape)} and g's HV = {HV}, got "
-                         f"{', '.join(bad) or 'N % 64 or HV % Hk'}")  # fmt: skip
+    dense_rows = varlen is None and N % 64
+    if dense_rows or HV % Hk or bad:  # (the kernel takes its chunk count from dGC: a wrong one would read past the rest)
+        raise ValueError(f"bwd_products_hopper: with k [N, Hk, 128] = {tuple(k.shape)} and g's HV = {HV}, got "
+                         f"{', '.join(bad) or ('N % 64 (dense rows)' if dense_rows else 'HV % Hk')}")  # fmt: skip
     bf = [x.to(torch.bfloat16).contiguous() for x in (q, k)]
     f32 = [x.float().contiguous() for x in (g, beta)]
     kk = [x.to(torch.bfloat16).contiguous() for x in (tt, kept["qg"], kept["ke"], kept["kd"])]
     gg = [grads[n].float().contiguous() for n in ("dAqk", "dAg", "dqg", "dke", "dkd", "dGC")]
+    bounds = varlen if varlen is not None else (stand_in(k.device, torch.int32, 2), stand_in(k.device, torch.int32, NT, 2))
     dq, dk, dg = (torch.empty(N, HV, K, dtype=torch.float32, device=k.device) for _ in range(3))
     dbeta = torch.empty(N, HV, dtype=torch.float32, device=k.device)
+    key = (HV, Hk, float(scale), varlen is not None)
     # (in `compile_ahead`'s dry run the kernel builds beside the Triton compiles and does not launch)
-    if N and not build_beside(("kda_bwd_products", HV, Hk, float(scale)), _build, HV, Hk, float(scale)):
-        _build(HV, Hk, float(scale))(*bf, *f32, *kk, *gg, dq, dk, dg, dbeta)
+    if NT and not build_beside(("kda_bwd_products", *key), _build, *key):
+        _build(*key)(*bf, *f32, *kk, *gg, *(b.int().contiguous() for b in bounds), dq, dk, dg, dbeta)
     return dq, dk, dg, dbeta

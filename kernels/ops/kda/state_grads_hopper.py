@@ -13,9 +13,11 @@ forward keeps under "ag" (Ag, Aqk `[C, C]`; ke, kd, qg `[C, K]`; G_C `[K]`), nin
     dG_C = e^G_C o rowsum_V(S o dS')
 
 W, U, dU and dW are rounded to bf16 for the products that read them (as the Triton backward's v_new and dv_new).
-Two warpgroups; 160 KB of shared memory (163840 bytes in the generated source; one program an SM). Sizes: K = V = 128, chunk 64, bf16, sm_90, TileLang
-`kernels.ops.gdn.tilelang_hopper.TILELANG_VERSION`; refused in one line otherwise. Dense rows (chunk c at 64 c..).
-Tested on the GPU against the mirror (tests/kernels/ops/kda/test_state_grads_hopper.py).
+Two warpgroups; 160 KB of shared memory (163840 bytes in the generated source; one program an SM). Sizes: K = V =
+128, chunk 64, bf16, sm_90, TileLang `kernels.ops.gdn.tilelang_hopper.TILELANG_VERSION`; refused in one line
+otherwise. Dense rows (chunk c at 64 c..), or varlen (session 31: a build of its own; each chunk's rows from
+`cu_seqlens` and the chunk index, the rows past its sequence's end cleared in every input and not written). Tested on
+the GPU against the mirror (tests/kernels/ops/kda/test_state_grads_hopper.py).
 """
 
 import functools
@@ -24,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kernels.ops.gdn.tilelang_hopper import hopper_jit, tilelang_refusal
+from kernels.ops.gdn.tilelang_hopper import hopper_jit, stand_in, tilelang_refusal
 from kernels.parallel_compile import build_beside
 
 __all__ = ["state_grads_hopper", "state_grads_refusal"]
@@ -39,33 +41,56 @@ def state_grads_refusal(K: int, V: int, BT: int, device: torch.device) -> str | 
 
 
 @functools.cache
-def _build(H: int) -> Any:
-    """The compiled kernel for H value heads (TileLang JIT, cached on disk by TileLang too)."""
+def _build(H: int, varlen: bool = False) -> Any:
+    """The compiled kernel for H value heads (TileLang JIT, cached on disk by TileLang too); varlen: chunk i_c at the
+    rows its (sequence, chunk) pair names (`cu`, `ci`), the rows past its sequence's end read as zeros and not
+    written; else chunk c at rows 64 c (`cu`, `ci` unread)."""
     import tilelang.language as T
 
     K = V = 128
     C = 64
     fp32, io = "float32", "bfloat16"
-    nchunk = T.dynamic("nchunk")
+    nchunk, ntok, nseq = T.dynamic("nchunk"), T.dynamic("ntok"), T.dynamic("nseq")
 
     @hopper_jit()
     def build() -> Any:
+        @T.macro
+        def rows_out(x_f, out, sign, t0, n, i_h):
+            """sign x_f [C, w] into out's rows t0.. of head i_h (a varlen chunk's rows past its sequence not written)."""
+            if varlen:
+                for r, c in T.Parallel(C, x_f.shape[1]):
+                    if r < n:
+                        out[t0 + r, i_h, c] = sign * x_f[r, c]
+            elif sign == 1.0:
+                T.copy(x_f, out[t0 : t0 + C, i_h, :])
+            else:
+                for r, c in T.Parallel(C, x_f.shape[1]):
+                    out[t0 + r, i_h, c] = sign * x_f[r, c]
+
         @T.prim_func
         def state_grads(
             h: T.Tensor((nchunk, H, K, V), io), dh: T.Tensor((nchunk, H, K, V), io),
-            v: T.Tensor((nchunk * C, H, V), io), do: T.Tensor((nchunk * C, H, V), io),
-            ag: T.Tensor((nchunk * C, H, C), io), aqk: T.Tensor((nchunk * C, H, C), io),
-            ke: T.Tensor((nchunk * C, H, K), io), kd: T.Tensor((nchunk * C, H, K), io),
+            v: T.Tensor((ntok, H, V), io), do: T.Tensor((ntok, H, V), io),
+            ag: T.Tensor((ntok, H, C), io), aqk: T.Tensor((ntok, H, C), io),
+            ke: T.Tensor((ntok, H, K), io), kd: T.Tensor((ntok, H, K), io),
             gc: T.Tensor((nchunk, H, K), fp32),
-            dv: T.Tensor((nchunk * C, H, V), fp32), daqk: T.Tensor((nchunk * C, H, C), fp32),
-            dag: T.Tensor((nchunk * C, H, C), fp32), dqg: T.Tensor((nchunk * C, H, K), fp32),
-            dke: T.Tensor((nchunk * C, H, K), fp32), dkd: T.Tensor((nchunk * C, H, K), fp32),
+            cu: T.Tensor((nseq + 1,), "int32"), ci: T.Tensor((nchunk, 2), "int32"),
+            dv: T.Tensor((ntok, H, V), fp32), daqk: T.Tensor((ntok, H, C), fp32),
+            dag: T.Tensor((ntok, H, C), fp32), dqg: T.Tensor((ntok, H, K), fp32),
+            dke: T.Tensor((ntok, H, K), fp32), dkd: T.Tensor((ntok, H, K), fp32),
             dgc: T.Tensor((nchunk, H, K), fp32),
         ):  # fmt: skip
             with T.Kernel(nchunk * H, threads=_THREADS) as (bid,):
                 i_c = bid // H
                 i_h = bid % H
-                t0 = i_c * C
+                t0 = T.alloc_var("int32")
+                n = T.alloc_var("int32")  # the chunk's rows in its sequence (C but for a varlen sequence's last)
+                if varlen:
+                    t0 = cu[ci[i_c, 0]] + ci[i_c, 1] * C
+                    n = T.min(cu[ci[i_c, 0] + 1] - t0, C)
+                else:
+                    t0 = i_c * C
+                    n = C
                 s_s = T.alloc_shared((K, V), io)
                 ds_s = T.alloc_shared((K, V), io)
                 v_s = T.alloc_shared((C, V), io)  # V; then W
@@ -91,10 +116,22 @@ def _build(H: int) -> Any:
                 T.copy(ag[t0 : t0 + C, i_h, :], ag_s)
                 T.copy(aqk[t0 : t0 + C, i_h, :], aq_s)
                 # Aqk above the diagonal cleared: the Triton Ag pass leaves it unwritten (`_store_aqk`), whatever
-                # memory held there (the TileLang pass writes zeros)
+                # memory held there (the TileLang pass writes zeros); a varlen chunk's rows past its sequence (the
+                # next sequence's) cleared in every input: then no product carries them into a kept row
                 for r, c in T.Parallel(C, C):
                     if c > r:
                         aq_s[r, c] = T.cast(0.0, io)
+                if varlen:
+                    for r, c in T.Parallel(C, C):
+                        if r >= n:
+                            ag_s[r, c] = T.cast(0.0, io)
+                            aq_s[r, c] = T.cast(0.0, io)
+                    for r, c in T.Parallel(C, V):
+                        if r >= n:
+                            v_s[r, c] = T.cast(0.0, io)
+                            do_s[r, c] = T.cast(0.0, io)
+                            ke_s[r, c] = T.cast(0.0, io)
+                            kd_s[r, c] = T.cast(0.0, io)
 
                 # dG_C = e^G_C o rowsum_V(S o dS')
                 for r, c in T.Parallel(K, V):
@@ -117,23 +154,23 @@ def _build(H: int) -> Any:
                 T.fence_proxy_async()
                 # dV = dW = Ag^T dU (into ke_s, whose ke is read no more)
                 T.gemm(ag_s, du_s, x_f, transpose_A=True, clear_accum=True)
-                T.copy(x_f, dv[t0 : t0 + C, i_h, :])
+                rows_out(x_f, dv, 1.0, t0, n, i_h)
                 T.copy(x_f, ke_s)
                 T.fence_proxy_async()
                 # dAqk = Tril(dO U^T), dAg = dU W^T
                 T.gemm(do_s, u_s, c_f, transpose_B=True, clear_accum=True)
                 for r, c in T.Parallel(C, C):
-                    daqk[t0 + r, i_h, c] = T.if_then_else(c <= r, c_f[r, c], 0.0)
+                    if r < n:
+                        daqk[t0 + r, i_h, c] = T.if_then_else(c <= r, c_f[r, c], 0.0)
                 T.gemm(du_s, v_s, c_f, transpose_B=True, clear_accum=True)
-                T.copy(c_f, dag[t0 : t0 + C, i_h, :])
+                rows_out(c_f, dag, 1.0, t0, n, i_h)
                 # dqg = dO S^T, dke = -dW S^T, dkd = U dS'^T
                 T.gemm(do_s, s_s, w_f, transpose_B=True, clear_accum=True)
-                T.copy(w_f, dqg[t0 : t0 + C, i_h, :])
+                rows_out(w_f, dqg, 1.0, t0, n, i_h)
                 T.gemm(ke_s, s_s, w_f, transpose_B=True, clear_accum=True)
-                for r, c in T.Parallel(C, K):
-                    dke[t0 + r, i_h, c] = 0.0 - w_f[r, c]
+                rows_out(w_f, dke, -1.0, t0, n, i_h)
                 T.gemm(u_s, ds_s, w_f, transpose_B=True, clear_accum=True)
-                T.copy(w_f, dkd[t0 : t0 + C, i_h, :])
+                rows_out(w_f, dkd, 1.0, t0, n, i_h)
 
         return state_grads
 
@@ -141,20 +178,26 @@ def _build(H: int) -> Any:
 
 
 def state_grads_hopper(
-    h: Tensor, dh: Tensor, v: Tensor, do: Tensor, ag: Tensor, aqk: Tensor, ke: Tensor, kd: Tensor, gc: Tensor
-) -> dict[str, Tensor]:
+    h: Tensor, dh: Tensor, v: Tensor, do: Tensor, ag: Tensor, aqk: Tensor, ke: Tensor, kd: Tensor, gc: Tensor, *,
+    varlen: tuple[Tensor, Tensor] | None = None,
+) -> dict[str, Tensor]:  # fmt: skip
     """`state_products`' outputs on this kernel (fp32): {"dW" (= dV), "dAqk", "dAg", "dqg", "dke", "dkd" `[N, HV, ..]`,
     "dGC" `[NT, HV, K]`} from h, dh `[NT, HV, K, V]`, v, do `[N, HV, V]`, ag, aqk `[N, HV, 64]`, ke, kd `[N, HV, K]`
-    (bf16; N = 64 NT) and gc fp32 `[NT, HV, K]`. Raises ValueError where `state_grads_refusal` gives a reason."""
+    (bf16) and gc fp32 `[NT, HV, K]`: chunk c at rows 64 c (N = 64 NT), or with varlen (cu_seqlens, chunk_indices:
+    `kernels.common.index.ChunkIndex`'s, int32 on the device) at the rows of its (sequence, chunk) pair, the rows past
+    a sequence's end unwritten. Raises ValueError where `state_grads_refusal` gives a reason."""
     NT, HV, K, V = h.shape
     why = state_grads_refusal(K, V, ag.shape[-1], h.device)
     if why is not None:
         raise ValueError(why)
+    N = v.shape[0]
     xs = [t.to(torch.bfloat16).contiguous() for t in (h, dh, v, do, ag, aqk, ke, kd)]
-    outs = {name: xs[2].new_empty(NT * 64, HV, n, dtype=torch.float32)
+    bounds = varlen if varlen is not None else (stand_in(h.device, torch.int32, 2), stand_in(h.device, torch.int32, NT, 2))
+    outs = {name: xs[2].new_empty(N, HV, n, dtype=torch.float32)
             for name, n in (("dW", V), ("dAqk", 64), ("dAg", 64), ("dqg", K), ("dke", K), ("dkd", K))}  # fmt: skip
     outs["dGC"] = gc.new_empty(NT, HV, K, dtype=torch.float32)
+    key = varlen is not None
     # (in `compile_ahead`'s dry run the kernel builds beside the Triton compiles and does not launch)
-    if NT and not build_beside(("kda_state_grads", HV), _build, HV):
-        _build(HV)(*xs, gc.float().contiguous(), *outs.values())
+    if NT and not build_beside(("kda_state_grads", HV, key), _build, HV, key):
+        _build(HV, key)(*xs, gc.float().contiguous(), *(b.int().contiguous() for b in bounds), *outs.values())
     return outs

@@ -126,7 +126,9 @@ def test_the_step_on_the_tilelang_kernels() -> None:
 def _mirror_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """`bwd_grads="tilelang"`'s two TileLang kernels with their torch mirrors in the compiled kernels' place (the
     kernels' row layout and arguments; `reverse_bwd_torch.state_products`, `products_finish`), their refusals lifted:
-    the launchers and the plumbing run on the CPU. Returns the list the mirrors append their names to."""
+    the launchers and the plumbing run on the CPU. Each chunk's rows as the kernels take them: rows 64 c.. (dense
+    builds), or those of its (sequence, chunk) pair from cu, ci (varlen builds), the rows past its sequence read as
+    zeros and not written. Returns the list the mirrors append their names to (with "varlen" where that build ran)."""
     import kernels.ops.kda.ag_bwd as ag_bwd
     import kernels.ops.kda.bwd_products_hopper as bp
     import kernels.ops.kda.state_grads_hopper as sg
@@ -134,40 +136,56 @@ def _mirror_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     calls: list[str] = []
 
-    def chunks(x: torch.Tensor, NT: int) -> torch.Tensor:  # rows [64 NT, H, ..] -> [NT, H, 64, ..] in fp64
-        return x.view(NT, 64, *x.shape[1:]).transpose(1, 2).double()
+    def spans(NT: int, cu: torch.Tensor, ci: torch.Tensor, varlen: bool) -> list[tuple[int, int]]:
+        """(first row, rows) of each chunk."""
+        if not varlen:
+            return [(64 * c, 64) for c in range(NT)]
+        out = []
+        for n, j in ci.tolist():
+            t0 = int(cu[n]) + 64 * j
+            out.append((t0, min(64, int(cu[n + 1]) - t0)))
+        return out
 
-    def rows(x: torch.Tensor) -> torch.Tensor:  # the inverse
-        return x.transpose(1, 2).reshape(-1, *x.shape[1:2], *x.shape[3:])
+    def chunks(x: torch.Tensor, sp: list[tuple[int, int]]) -> torch.Tensor:  # rows [N, H, ..] -> [NT, H, 64, ..] fp64
+        out = x.new_zeros(len(sp), 64, *x.shape[1:], dtype=torch.float64)
+        for c, (t0, n) in enumerate(sp):
+            out[c, :n] = x[t0 : t0 + n].double()
+        return out.transpose(1, 2)
 
-    def state_build(H: int):  # type: ignore[no-untyped-def]
-        def run(h, dh, v, do, ag, aqk, ke, kd, gc, dW, dAqk, dAg, dqg, dke, dkd, dGC):  # type: ignore[no-untyped-def]
+    def scatter(dst: torch.Tensor, x: torch.Tensor, sp: list[tuple[int, int]]) -> None:  # the inverse, valid rows only
+        for c, (t0, n) in enumerate(sp):
+            dst[t0 : t0 + n] = x[c].transpose(0, 1)[:n].to(dst.dtype)
+
+    def state_build(H: int, varlen: bool = False):  # type: ignore[no-untyped-def]
+        def run(h, dh, v, do, ag, aqk, ke, kd, gc, cu, ci, dW, dAqk, dAg, dqg, dke, dkd, dGC):  # type: ignore[no-untyped-def]
             calls.append("state_grads")
-            NT = h.shape[0]
-            kept = {"Ag": chunks(ag, NT), "Aqk": chunks(aqk, NT), "ke": chunks(ke, NT), "kd": chunks(kd, NT),
-                    "qg": torch.zeros_like(chunks(ke, NT)), "GC": gc.double()}  # fmt: skip
+            sp = spans(h.shape[0], cu, ci, varlen)
+            kept = {"Ag": chunks(ag, sp), "Aqk": chunks(aqk, sp), "ke": chunks(ke, sp), "kd": chunks(kd, sp),
+                    "qg": torch.zeros_like(chunks(ke, sp)), "GC": gc.double()}  # fmt: skip
             S, dS = h.double(), dh.double()
-            s = state_products(kept, chunks(v, NT), S, chunks(do, NT), dS)
+            s = state_products(kept, chunks(v, sp), S, chunks(do, sp), dS)
             for out, name in ((dW, "dW"), (dAqk, "dAqk"), (dAg, "dAg"), (dqg, "dqg"), (dke, "dke"), (dkd, "dkd")):
-                out.copy_(rows(s[name]))
+                scatter(out, s[name], sp)
             dGC.copy_(gc.double().exp() * (S * dS).sum(-1))
 
         return run
 
-    def products_build(H: int, Hk: int, scale: float):  # type: ignore[no-untyped-def]
-        def run(q, k, g, beta, tt, qg, ke, kd, daqk, dag, dqg, dke, dkd, dgc, dq, dk, dg, dbeta):  # type: ignore[no-untyped-def]
+    def products_build(H: int, Hk: int, scale: float, varlen: bool = False):  # type: ignore[no-untyped-def]
+        def run(q, k, g, beta, tt, qg, ke, kd, daqk, dag, dqg, dke, dkd, dgc, cu, ci, dq, dk, dg, dbeta):  # type: ignore[no-untyped-def]
             calls.append("bwd_products")
+            if varlen:
+                calls.append("varlen")
             assert q.shape[1] == k.shape[1] == Hk  # the kernel reads the q, k heads (grouped: no expanded copy)
             q, k = (x.repeat_interleave(H // Hk, dim=1) for x in (q, k))
-            NT = q.shape[0] // 64
-            kept = {"T": chunks(tt, NT), "qg": chunks(qg, NT), "ke": chunks(ke, NT), "kd": chunks(kd, NT)}
-            grads = {"dAqk": chunks(daqk, NT), "dAg": chunks(dag, NT), "dqg": chunks(dqg, NT), "dke": chunks(dke, NT),
-                     "dkd": chunks(dkd, NT), "dGC": dgc.double()}  # fmt: skip
-            beta_c = beta.view(NT, 64, H).transpose(1, 2).double()
-            out = products_finish(chunks(q, NT), chunks(k, NT), chunks(g, NT), beta_c, kept, grads, scale=scale)
+            sp = spans(dgc.shape[0], cu, ci, varlen)
+            kept = {"T": chunks(tt, sp), "qg": chunks(qg, sp), "ke": chunks(ke, sp), "kd": chunks(kd, sp)}
+            grads = {"dAqk": chunks(daqk, sp), "dAg": chunks(dag, sp), "dqg": chunks(dqg, sp), "dke": chunks(dke, sp),
+                     "dkd": chunks(dkd, sp), "dGC": dgc.double()}  # fmt: skip
+            beta_c = chunks(beta[..., None], sp)[..., 0]
+            out = products_finish(chunks(q, sp), chunks(k, sp), chunks(g, sp), beta_c, kept, grads, scale=scale)
             for dst, src in zip((dq, dk, dg), out[:3], strict=True):
-                dst.copy_(rows(src))
-            dbeta.copy_(out[3].transpose(1, 2).reshape(dbeta.shape))
+                scatter(dst, src, sp)
+            scatter(dbeta[..., None], out[3][..., None], sp)
 
         return run
 
@@ -204,10 +222,31 @@ def test_the_step_on_the_tilelang_grads_with_their_mirrors(monkeypatch: pytest.M
     assert calls == ["state_grads", "bwd_products"]
     assert not {"chunk_bwd_dqk", "wy_bwd"} & set(rec), sorted(rec)
     _check(got, _grouped_reference(q, k, v, g, beta, h0, do, dht), 2e-2)
-    with pytest.raises(ValueError, match=r"^bwd_grads='tilelang' \(KDA's chunk-parallel TileLang backward\): it takes "
-                                         r"dense sequences of whole chunks yet"):  # fmt: skip
-        KDA.triton_bwd(q[:, :100], k[:, :100], v[:, :100], g[:, :100], beta[:, :100], do[:, :100], scale=0.25,
-                       plan=plan, wy={n: x[:, :100] if x.shape[:2] == (B, T) else x for n, x in keep.items()})  # fmt: skip
+    # (session 31) any layout: a dense T not a multiple of the chunk, and varlen with partial chunks and a sequence
+    # shorter than one, both on the kernels' varlen builds
+    for lengths in (None, (37, 70, 5)):
+        x = make_inputs("kda", lengths, B=None if lengths else B, T=None if lengths else 100, H=H, K=dim, V=dim, lb=-1.0,
+                        dtype=torch.bfloat16)  # fmt: skip
+        q2, k2, v2, g2, beta2, cu2 = x[0][:, :, :1].contiguous(), x[1][:, :, :1].contiguous(), *x[2:]
+        N2 = len(lengths) if lengths else B
+        h02, do2 = make_state(N2, H, dim, dim), torch.randn(v2.shape, generator=gen).to(torch.bfloat16)
+        dht2 = torch.randn(h02.shape, generator=gen)
+        keep2: dict[str, torch.Tensor] = {}
+        chunk_kda_fwd(q2, k2, v2, g2, beta2, scale=dim**-0.5, initial_state=h02, output_final_state=True, plan=plan,
+                      fwd_path="fused", keep=keep2, cu_seqlens=cu2)  # fmt: skip
+        calls.clear()
+        got2 = KDA.triton_bwd(q2, k2, v2, g2, beta2, do2, scale=dim**-0.5, initial_state=h02, dht=dht2, plan=plan,
+                              wy=keep2, cu_seqlens=cu2)  # fmt: skip
+        assert calls == ["state_grads", "bwd_products", "varlen"], (lengths, calls)
+        if lengths is None:
+            ref2 = _grouped_reference(q2, k2, v2, g2, beta2, h02, do2, dht2)
+        else:
+            from tests.kernels.common.test_chunk_bwd import _reference_grads
+
+            qx, kx = (t.repeat_interleave(H, dim=2) for t in (q2, k2))
+            ref2 = _reference_grads("kda", qx, kx, v2, g2, beta2, h02, do2, dht2, cu2.tolist())
+            ref2[0], ref2[1] = (t.sum(2, keepdim=True) for t in ref2[:2])
+        _check(got2, ref2, 2e-2)
     with pytest.raises(ValueError, match=r"^bwd_grads='tilelang' is KDA's backward from the forward's kept gated Ag"):
         KDA.triton_bwd(q, k, v, g, beta, do, scale=0.25, plan=plan, wy=None)
 
@@ -215,8 +254,8 @@ def test_the_step_on_the_tilelang_grads_with_their_mirrors(monkeypatch: pytest.M
 @pytest.mark.parametrize("flag", [False, True])
 def test_auto_takes_the_tilelang_grads_only_under_its_flag(monkeypatch: pytest.MonkeyPatch, flag: bool) -> None:
     """(session 31) `bwd_grads="auto"` (the default) runs the two TileLang kernels (their mirrors here) where
-    `KDA_TILELANG_GRADS_AUTO` is on and nothing refuses them, the Triton pair otherwise: off, on a shape they refuse
-    (T not a multiple of 64), and where the forward kept no T (an explicit "tilelang" refuses that in one line).
+    `KDA_TILELANG_GRADS_AUTO` is on and nothing refuses them (T = 100 on their varlen builds), the Triton pair
+    otherwise: off, and where the forward kept no T (an explicit "tilelang" refuses that in one line).
     Gradients within 2e-2 of the fp32 reference either way; the products kernel's launcher names a wrong shape."""
     import kernels.ops.kda.ag_bwd as ag_bwd
     from kernels.ops.kda.bwd_products_hopper import bwd_products_hopper
@@ -239,8 +278,8 @@ def test_auto_takes_the_tilelang_grads_only_under_its_flag(monkeypatch: pytest.M
             rec.clear()
             wy = keep if kept_t else {n: x for n, x in keep.items() if n != "tt"}
             got = KDA.triton_bwd(q, k, v, g, beta, do, scale=dim**-0.5, initial_state=h0, dht=dht, plan=plan, wy=wy)
-            on = flag and T % 64 == 0 and kept_t
-            assert calls == (["state_grads", "bwd_products"] if on else []), (T, kept_t)
+            on = flag and kept_t  # (T = 100: the kernels' varlen builds, session 31)
+            assert calls == (["state_grads", "bwd_products", *(["varlen"] if T % 64 else [])] if on else []), (T, kept_t)
             assert ({"chunk_bwd_dqk", "wy_bwd"} <= set(rec)) != on, sorted(rec)
             _check(got, _grouped_reference(q, k, v, g, beta, h0, do, dht), 2e-2)
     with pytest.raises(ValueError, match=r"^bwd_grads='tilelang' \(KDA's chunk-parallel TileLang backward\): it reads T "
@@ -250,34 +289,47 @@ def test_auto_takes_the_tilelang_grads_only_under_its_flag(monkeypatch: pytest.M
     N, z = 64, torch.zeros(64, H, dim)
     grads = dict.fromkeys(("dqg", "dke", "dkd"), z) | {"dAqk": torch.zeros(N, H, 64), "dAg": torch.zeros(N, H, 64),
                                                       "dGC": torch.zeros(2, H, dim)}  # fmt: skip
-    with pytest.raises(ValueError, match=r"^bwd_products_hopper: with k \[64 NT, Hk, 128\] = \(64, 2, 16\) and g's HV = 2, "
+    with pytest.raises(ValueError, match=r"^bwd_products_hopper: with k \[N, Hk, 128\] = \(64, 2, 16\) and g's HV = 2, "
                                          r"got dGC \(2, 2, 16\)$"):  # fmt: skip
         bwd_products_hopper(z, z, z, torch.zeros(N, H), torch.zeros(N, H, 64), {"qg": z, "ke": z, "kd": z}, grads,
                             scale=0.25)  # fmt: skip
 
 
 @TILELANG
-def test_the_step_on_the_tilelang_grads() -> None:
+@pytest.mark.parametrize("lengths", [None, (100, 37, 250)], ids=["dense", "varlen"])
+def test_the_step_on_the_tilelang_grads(lengths: tuple[int, ...] | None) -> None:
     """On an H200 (tilelang 0.1.15): `LaunchPlan(bwd_grads="tilelang")` runs the two TileLang kernels in place of
     `chunk_bwd_dqk` + `wy_bwd`; bf16 gradients within 5e-3 of the fp32 reference's (the issue's bound; dense B = 2 of
-    five chunks, grouped heads: one q/k head, two value heads; an initial state and dht)."""
+    five chunks on the kernels' dense builds, and varlen with partial chunks and a sequence shorter than two on their
+    varlen builds (session 31); grouped heads: one q/k head, two value heads; an initial state and dht)."""
+    from tests.kernels.common.test_chunk_bwd import _reference_grads
     from tests.utils import make_inputs, make_state
 
     B, T, H = 2, 320, 2
-    q, k, v, g, beta, _ = make_inputs("kda", B=B, T=T, H=H, K=128, V=128, lb=-1.0, dtype=torch.bfloat16, device="cuda")
+    dense = {"B": B, "T": T} if lengths is None else {}
+    q, k, v, g, beta, cu = make_inputs("kda", lengths, H=H, K=128, V=128, lb=-1.0, dtype=torch.bfloat16, device="cuda",
+                                       **dense)  # fmt: skip
     q, k = q[:, :, :1].contiguous(), k[:, :, :1].contiguous()  # grouped heads: HV = 2 Hk
-    h0 = make_state(B, H, 128, 128, device="cuda")
+    h0 = make_state(B if lengths is None else len(lengths), H, 128, 128, device="cuda")
     gen = torch.Generator().manual_seed(8)
     do = torch.randn(v.shape, generator=gen).to("cuda", torch.bfloat16)
     dht = torch.randn(h0.shape, generator=gen).to("cuda")
     rec = LaunchRecorder()
     plan = LaunchPlan(keep="ag", ag_pass="tilelang", fwd_pass="tilelang", bwd_grads="tilelang", recorder=rec)
     keep: dict[str, torch.Tensor] = {}
-    chunk_kda_fwd(q, k, v, g, beta, scale=128**-0.5, initial_state=h0, output_final_state=True, plan=plan, keep=keep)
+    chunk_kda_fwd(q, k, v, g, beta, scale=128**-0.5, initial_state=h0, output_final_state=True, plan=plan, keep=keep,
+                  cu_seqlens=cu)  # fmt: skip
     rec.clear()
-    got = KDA.triton_bwd(q, k, v, g, beta, do, scale=128**-0.5, initial_state=h0, dht=dht, plan=plan, wy=keep)
+    got = KDA.triton_bwd(q, k, v, g, beta, do, scale=128**-0.5, initial_state=h0, dht=dht, plan=plan, wy=keep,
+                         cu_seqlens=cu)  # fmt: skip
     assert not {"chunk_bwd_dqk", "wy_bwd", "wy_inverse"} & set(rec), sorted(rec)
-    _check(got, _grouped_reference(q, k, v, g, beta, h0, do, dht), 5e-3)
+    if lengths is None:
+        ref = _grouped_reference(q, k, v, g, beta, h0, do, dht)
+    else:
+        qx, kx = (x.repeat_interleave(H, dim=2) for x in (q, k))
+        ref = _reference_grads("kda", qx, kx, v, g, beta, h0, do, dht, cu.tolist())
+        ref[0], ref[1] = (x.sum(2, keepdim=True) for x in ref[:2])
+    _check(got, ref, 5e-3)
 
 
 def _grouped_reference(q, k, v, g, beta, h0, do, dht) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]

@@ -7,7 +7,8 @@ tilelang 0.1.15 (K = 128, chunk 64): dq, dk, dg and dbeta of five chunks and two
 qg, ke, kd from `gated_factors` and the state products from `state_products` on random states (bf16 where the kernel
 reads bf16); relative L2 2e-2 (dA's two products take bf16 operands, as `wy_bwd`'s); weak gates (fast chunks) and a
 key whose span across one block passes FAST_SPAN in one chunk (that chunk's elementwise diagonal blocks); grouped
-heads (session 31: both value heads read one q, k head).
+heads (session 31: both value heads read one q, k head); the varlen build (session 31: three sequences, three partial
+chunks, `test_state_grads_hopper`'s layout).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 
 from kernels.ops.kda.bwd_products_hopper import bwd_products_hopper, bwd_products_refusal
 from kernels.ops.kda.reverse_bwd_torch import gated_factors, products_finish, state_products
+from tests.kernels.ops.kda.test_state_grads_hopper import CI, CU, lay, valid
 from tests.utils import TEST_DEVICE, assert_rel_close
 
 K = V = 128
@@ -39,35 +41,40 @@ def _bf(t: torch.Tensor) -> torch.Tensor:
 
 
 @GPU
-@pytest.mark.parametrize(("strong", "grouped"), [(False, False), (True, False), (False, True)],
-                         ids=["fast", "edges", "grouped"])  # fmt: skip
-def test_kernel_matches_the_mirror(strong: bool, grouped: bool) -> None:
+@pytest.mark.parametrize(("strong", "grouped", "varlen"), [(False, False, False), (True, False, False),
+                                                          (False, True, False), (True, True, True)],
+                         ids=["fast", "edges", "grouped", "varlen"])  # fmt: skip
+def test_kernel_matches_the_mirror(strong: bool, grouped: bool, varlen: bool) -> None:
     gen = torch.Generator().manual_seed(7)
 
     def r(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
+    m = valid(NT, varlen)  # (varlen, session 31: the mirror's chunks zero past each sequence's end, as the kernel reads)
     Hk = 1 if grouped else HV  # grouped: both value heads read one q, k head (session 31: no expanded copy)
-    q0, k0 = _bf(r(NT, Hk, C, K)), _bf(torch.nn.functional.normalize(r(NT, Hk, C, K), dim=-1))
+    q0, k0 = _bf(r(NT, Hk, C, K) * m), _bf(torch.nn.functional.normalize(r(NT, Hk, C, K), dim=-1) * m)
     q, k = (x.repeat_interleave(HV // Hk, dim=1) for x in (q0, k0))  # the mirror's, per value head
     g = -0.1 * torch.rand(NT, HV, C, K, generator=gen, dtype=torch.float64)
     if strong:
         g[2, 1, 20:24, 5] = -40.0  # a span of 160 in block 1 of chunk 2: past FAST_SPAN there only
-    beta = torch.rand(NT, HV, C, generator=gen, dtype=torch.float64)
+    g = g * m
+    beta = torch.rand(NT, HV, C, generator=gen, dtype=torch.float64) * m[..., 0]
     scale = K**-0.5
     f = gated_factors(q, k, g, beta, scale)
     kept = {n: _bf(f[n]) for n in ("Ag", "Aqk", "T", "qg", "ke", "kd")} | {"GC": f["GC"]}
-    S, dS, v, do = _bf(r(NT, HV, K, V)), _bf(0.1 * r(NT, HV, K, V)), _bf(r(NT, HV, C, V)), _bf(r(NT, HV, C, V))
+    kept["T"] = kept["T"] * m  # (the forward's T past a sequence's end is the next one's rows: the kernel clears it)
+    S, dS = _bf(r(NT, HV, K, V)), _bf(0.1 * r(NT, HV, K, V))
+    v, do = _bf(r(NT, HV, C, V) * m), _bf(r(NT, HV, C, V) * m)
     grads = state_products(kept, v, S, do, dS) | {"dGC": kept["GC"].exp() * (S * dS).sum(-1)}
     want = products_finish(q, k, g, beta, kept, grads, scale=scale)
 
-    def rows(t: torch.Tensor) -> torch.Tensor:  # [NT, HV, C, ..] -> the kernel's [NT * C, HV, ..], on the GPU
-        return t.transpose(1, 2).reshape(NT * C, HV, *t.shape[3:]).cuda()
-
+    bounds = (torch.tensor(CU, dtype=torch.int32).cuda(), torch.tensor(CI, dtype=torch.int32).cuda()) if varlen else None
     got = bwd_products_hopper(
-        rows(q0), rows(k0), rows(g), rows(beta), rows(kept["T"]), {n: rows(kept[n]) for n in ("qg", "ke", "kd")},
-        {**{n: rows(grads[n]) for n in ("dAqk", "dAg", "dqg", "dke", "dkd")}, "dGC": grads["dGC"].cuda()}, scale=scale,
+        lay(q0, varlen), lay(k0, varlen), lay(g, varlen), lay(beta, varlen), lay(kept["T"], varlen),
+        {n: lay(kept[n], varlen) for n in ("qg", "ke", "kd")},
+        {**{n: lay(grads[n], varlen) for n in ("dAqk", "dAg", "dqg", "dke", "dkd")}, "dGC": grads["dGC"].cuda()},
+        scale=scale, varlen=bounds,
     )  # fmt: skip
     for name, w, a in zip(("dq", "dk", "dg", "dbeta"), want, got, strict=True):
         assert bool(torch.isfinite(a).all()), name
-        assert_rel_close(name, w.transpose(1, 2).reshape(a.shape), a.double().cpu(), 2e-2)
+        assert_rel_close(name, lay(w, varlen).cpu(), a.double().cpu(), 2e-2)

@@ -11,7 +11,8 @@ backend (interpreted on CPU; on a GPU with CPBENCH_TEST_GPU=1 in bf16):
 - `bwd_grads="tilelang"` (session 30): the state products, then the products and the finish, in place of
   `chunk_bwd_dqk` + `wy_bwd`: on the CPU with both TileLang kernels' torch mirrors in their place (the launchers and
   the plumbing: 2e-2 of the fp32 reference on bf16 inputs, and what it refuses), on an H200 the kernels themselves
-  (5e-3).
+  (5e-3); (session 31) any layout (varlen, a dense T not a multiple of 64), "auto" under its flag, and the kernels' own
+  GPU tests run on the mirrors (their harnesses checked on the CPU).
 """
 
 from __future__ import annotations
@@ -344,3 +345,21 @@ def _grouped_reference(q, k, v, g, beta, h0, do, dht) -> list[torch.Tensor]:  # 
     ref = [torch.cat(parts) for parts in zip(*per_seq, strict=True)]
     ref[0], ref[1] = (x.unflatten(2, (k.shape[2], G)).sum(3) for x in ref[:2])
     return ref
+
+
+def test_the_kernels_gpu_tests_run_on_their_mirrors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """(session 31) The GPU tests of K1 and K2 (`test_state_grads_hopper`, `test_bwd_products_hopper`) with the mirrors
+    in the kernels' place (`_mirror_builds`: the kernels' row mapping, dense and varlen) and `.cuda()` a no-op: their
+    layouts, the launchers' arguments and shape checks, and the varlen builds' chunk spans agree with the mirrors on
+    every case (a harness bug, such as laying grouped q, k out with the value heads' count, fails here, not on the
+    device)."""
+    import tests.kernels.ops.kda.test_bwd_products_hopper as products
+    import tests.kernels.ops.kda.test_state_grads_hopper as states
+
+    calls = _mirror_builds(monkeypatch)
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
+    for varlen in (False, True):
+        states.test_kernel_matches_the_mirror(varlen)
+    for case in ((False, False, False), (True, False, False), (False, True, False), (True, True, True)):
+        products.test_kernel_matches_the_mirror(*case)
+    assert calls.count("state_grads") == 2 and calls.count("bwd_products") == 4 and calls.count("varlen") == 1, calls

@@ -24,7 +24,8 @@ FLA runs with FLA_DISABLE_BACKEND_DISPATCH=1 (its Triton path). Ours is timed th
 Floors (`runners.bench.floors`, the one definition): bytes (q, k, v, g, beta read once and o written once) at
 4.2 TB/s; flops of the chunked algorithm (K K^T, Q K^T, w, u, A v: 2 C^2 (3K + 2V); w S, q S, K^T v: 6 K V,
 per chunk and head) at the bf16 matmul rate measured in the run (an 8192^3 torch.matmul). The floor is the larger
-of the two. `--profile` also times each launcher alone beside its own floors.
+of the two. `--profile` also times each launcher alone beside its own floors (the WY path's launchers), and (session 31) lists
+the headline forward's kernels by CUDA time (torch profiler, one call): where the default path's time goes.
 
 Correctness: ours vs the fp32 per-token reference (`kernels.reference`) on reduced shapes (dense, varlen
 with odd lengths and an initial state, a slow-decay gate that makes the segment chain matter, fp32 inputs),
@@ -360,6 +361,14 @@ def run_row(args: argparse.Namespace, op: str, case: Case, device: str, peers: t
     if "flash_qla" in peers:
         rec.update(flash_qla_row(qla, op, wl, None if args.no_check else o_ours, timer, H=H, K=K, V=V))
     if args.profile and device == "cuda":
+        try:  # (session 31) where ours' headline forward goes, by kernel (the launchers below time the WY path's)
+            from runners.bench.kernels_train import kernel_times
+
+            with torch.no_grad():
+                rec["ours_kernels_ms"] = kernel_times(lambda: ours(op, q, k, v, g, beta))
+        except Exception as err:  # noqa: BLE001
+            rec["ours_kernels_ms"] = {"error": f"{type(err).__name__}: {err}"}
+            traceback.print_exc()
         try:
             rec["profile"] = profile_kernels(op, q, k, v, g, beta, timer, warm=max(_ints(args.warm), default=0))
             rec["launchers"] = launcher_floors(op, B, T, HV, K, V, rec["profile"], result["ceilings"])

@@ -109,7 +109,7 @@ def to_markdown(res: dict[str, Any]) -> str:
             lines.append(f"| {r['op']} | {r['B']} | {r['T']} | {r['variant']} | {_fmt(r.get('ms'))} | "
                          f"{_sci(r.get('rel_l2_vs_fla')) if 'error' not in r else 'ERROR: ' + r['error'][:80]} | "
                          f"{r.get('certified', '')} |")
-    lines += _launcher_table(res) + _accuracy(res)
+    lines += _launcher_table(res) + _kernel_times(res) + _accuracy(res)
     if res.get("cut"):
         lines += ["", f"## Not run: {len(res['cut'])} row(s) cut by --deadline", ""]
         lines += [f"- {x['op']} {x['case']}: {x['why']}" for x in res["cut"]]
@@ -172,6 +172,19 @@ def _launcher_table(res: dict[str, Any]) -> list[str]:
             out.append(f"| {r['op']} | {r['B']} | {r['T']} | {r.get('HV', r['H'])} | {x['launcher']} | {_fmt(x['ms'])} | "
                        f"{x['bytes'] / 1e6:.1f} | {x['flops'] / 1e9:.1f} | {_fmt(x['bytes_ms'])} | {_fmt(x['flops_ms'])} | "
                        f"{_fmt(x.get('x_floor'), 1)} |")
+    return out
+
+
+def _kernel_times(res: dict[str, Any]) -> list[str]:
+    """--profile (session 31): ours' headline forward by kernel (CUDA ms in one call, torch profiler)."""
+    rows = [r for r in res["rows"] if r.get("ours_kernels_ms")]
+    if not rows:
+        return []
+    out = ["", "## Per-kernel times of our forward (one call, ms, torch profiler)", ""]
+    for r in rows:
+        ks = r["ours_kernels_ms"]
+        body = ks["error"] if "error" in ks else ", ".join(f"{name} {ms:.3f}" for name, ms in ks.items())
+        out.append(f"- {r['op']} B={r['B']} T={r['T']} HV={r.get('HV', r['H'])} (forward {_fmt(r.get('ms'))}): {body}")
     return out
 
 

@@ -120,3 +120,14 @@ def test_per_launcher_floor_table_and_cut_rows() -> None:
     assert float(wy[10]) == pytest.approx(0.9 / launchers[0]["floor_ms"], abs=0.05)
     assert "## Not run: 1 row(s) cut by --deadline" in md
     assert "- kda 8x8192 HV=32 lb=-5: cut by the deadline: 530 s elapsed" in md
+
+
+def test_the_forward_by_kernel_lists_each_kernel_or_the_error() -> None:
+    """(session 31) --profile's per-kernel times of our forward: one line a row, the kernels largest first as
+    recorded, or the error that stopped the profiler."""
+    md = to_markdown(_result([_row(ours_kernels_ms={"kda_ag_pass_kernel": 2.281, "kda_fwd_walk_kernel": 0.4}),
+                              _row(op="kda", T=65536, ours_kernels_ms={"error": "RuntimeError: no CUPTI"})]))  # fmt: skip
+    assert "## Per-kernel times of our forward (one call, ms, torch profiler)" in md
+    assert "- gdn B=1 T=131072 HV=16 (forward 4.000): kda_ag_pass_kernel 2.281, kda_fwd_walk_kernel 0.400" in md
+    assert "- kda B=1 T=65536 HV=16 (forward 4.000): RuntimeError: no CUPTI" in md
+    assert "Per-kernel times of our forward" not in to_markdown(_result([_row()]))

@@ -59,7 +59,10 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False) -> Any:
     NB = C // BLOCK
     G = H // Hk
     fp32, io = "float32", "bfloat16"
-    nchunk, ntok, nseq = T.dynamic("nchunk"), T.dynamic("ntok"), T.dynamic("nseq")
+    nchunk, nseq = T.dynamic("nchunk"), T.dynamic("nseq")
+    # the rows: any count under varlen; dense, 64 a chunk (then TileLang checks no row bound: the dense build's code
+    # is the one before varlen came)
+    ntok = T.dynamic("ntok") if varlen else nchunk * C
     floor = float(GATE_FLOOR)
 
     @hopper_jit()

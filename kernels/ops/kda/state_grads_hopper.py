@@ -50,7 +50,10 @@ def _build(H: int, varlen: bool = False) -> Any:
     K = V = 128
     C = 64
     fp32, io = "float32", "bfloat16"
-    nchunk, ntok, nseq = T.dynamic("nchunk"), T.dynamic("ntok"), T.dynamic("nseq")
+    nchunk, nseq = T.dynamic("nchunk"), T.dynamic("nseq")
+    # the rows: any count under varlen; dense, 64 a chunk (then TileLang checks no row bound: the dense build's code
+    # is the one before varlen came)
+    ntok = T.dynamic("ntok") if varlen else nchunk * C
 
     @hopper_jit()
     def build() -> Any:
@@ -191,6 +194,15 @@ def state_grads_hopper(
     if why is not None:
         raise ValueError(why)
     N = v.shape[0]
+    rows = {"do": (N, HV, V), "ag": (N, HV, 64), "aqk": (N, HV, 64), "ke": (N, HV, K), "kd": (N, HV, K)}
+    given = {"dh": dh, "do": do, "ag": ag, "aqk": aqk, "ke": ke, "kd": kd, "gc": gc}
+    want = {"dh": (NT, HV, K, V), "gc": (NT, HV, K), **rows}
+    if varlen is not None:
+        given["chunk_indices"], want["chunk_indices"] = varlen[1], (NT, 2)
+    bad = [f"{n} {tuple(x.shape)}" for n, x in given.items() if tuple(x.shape) != want[n]]
+    if (varlen is None and N != 64 * NT) or bad:
+        raise ValueError(f"state_grads_hopper: with h [NT, HV, 128, 128] = {tuple(h.shape)} and v [N, HV, 128] = "
+                         f"{tuple(v.shape)}, got {', '.join(bad) or 'N != 64 NT (dense rows)'}")  # fmt: skip
     xs = [t.to(torch.bfloat16).contiguous() for t in (h, dh, v, do, ag, aqk, ke, kd)]
     bounds = varlen if varlen is not None else (stand_in(h.device, torch.int32, 2), stand_in(h.device, torch.int32, NT, 2))
     outs = {name: xs[2].new_empty(N, HV, n, dtype=torch.float32)

@@ -118,7 +118,7 @@ def run_state(NT: int, H: int) -> dict[str, Any]:
     return {"ms": do_bench(lambda: state_grads_hopper(*args)), "bytes_floor_ms": nbytes / (HBM_TBPS * 1e12) * 1e3}
 
 
-def run_finish(NT: int, H: int) -> dict[str, Any]:
+def run_finish(NT: int, H: int, labs: tuple[str, ...] = ()) -> dict[str, Any]:
     """The products+finish kernel's time (`kernels.ops.kda.bwd_products_hopper`, the backward's second half: dA, four
     decayed products, dq, dk, dg, dbeta) on random inputs of the step's sizes, the fast path (its values are checked by
     its GPU test); its bytes floor: q, k, T, qg, ke, kd read in bf16, g, beta, dAqk, dAg, dqg, dke, dkd in fp32, dq,
@@ -140,8 +140,12 @@ def run_finish(NT: int, H: int) -> dict[str, Any]:
              "dGC": r(NT, H, K)}  # fmt: skip
     args = (q, k, g, torch.rand(N, H, device="cuda"), r(N, H, C, s=0.1).to(torch.bfloat16), kept, grads)
     nbytes = NT * H * C * ((5 * K + C) * 2 + (K + 1 + 2 * C + 3 * K) * 4 + (3 * K + 1) * 4)
-    return {"ms": do_bench(lambda: bwd_products_hopper(*args, scale=K**-0.5)),
-            "bytes_floor_ms": nbytes / (HBM_TBPS * 1e12) * 1e3}  # fmt: skip
+    out = {"ms": do_bench(lambda: bwd_products_hopper(*args, scale=K**-0.5)),
+           "bytes_floor_ms": nbytes / (HBM_TBPS * 1e12) * 1e3}  # fmt: skip
+    for lab in labs:  # (session 31) the kernel with parts left out or swapped: what each costs
+        sw = frozenset(lab.split("+"))
+        out[f"ms {lab}"] = do_bench(lambda sw=sw: bwd_products_hopper(*args, scale=K**-0.5, lab=sw))
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -151,13 +155,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bks", default="32,64", help="the Triton tiles' key blocks")
     ap.add_argument("--no-state", action="store_true", help="leave the state products kernel out")
     ap.add_argument("--no-finish", action="store_true", help="leave the products+finish kernel out")
+    ap.add_argument("--finish-labs", default="", help="the products+finish kernel's lab builds to time too "
+                    "(`bwd_products_hopper.PRODUCTS_LAB_SWITCHES`, joined by +; comma list)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=Path("/tmp/decay_products_lab"))
     a = ap.parse_args(argv)
     row = run(a.chunks, a.heads, [int(b) for b in a.bks.split(",")])
     if not a.no_state:
         row["state_products"] = run_state(a.chunks, a.heads)
     if not a.no_finish:
-        row["products_finish"] = run_finish(a.chunks, a.heads)
+        row["products_finish"] = run_finish(a.chunks, a.heads, tuple(x for x in a.finish_labs.split(",") if x))
     row |= {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "argv": sys.argv[1:]}  # fmt: skip
     print(json.dumps(row), flush=True)
@@ -175,6 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     if "products_finish" in row:
         pf = row["products_finish"]
         lines += ["", f"Products + finish (TileLang): {pf['ms']:.3f} ms, bytes floor {pf['bytes_floor_ms']:.3f} ms"]
+        lines += [f"- {name[3:]}: {ms:.3f} ms ({ms - pf['ms']:+.3f})" for name, ms in pf.items() if name.startswith("ms ")]
     (a.out / "decay_products_lab.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

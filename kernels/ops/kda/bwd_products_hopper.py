@@ -31,11 +31,11 @@ import torch
 from torch import Tensor
 
 from kernels.common.decay import GATE_FLOOR
-from kernels.ops.gdn.tilelang_hopper import hopper_jit, stand_in, tilelang_refusal
+from kernels.ops.gdn.tilelang_hopper import check_lab, hopper_jit, stand_in, tilelang_refusal
 from kernels.ops.kda.decay_products_hopper import BLOCK, decay_macros
 from kernels.parallel_compile import build_beside
 
-__all__ = ["bwd_products_hopper", "bwd_products_refusal"]
+__all__ = ["PRODUCTS_LAB_SWITCHES", "bwd_products_hopper", "bwd_products_refusal"]
 
 _WHAT = "KDA backward products"  # how the refusals name this kernel
 _THREADS = 128
@@ -46,13 +46,26 @@ def bwd_products_refusal(K: int, V: int, BT: int, device: torch.device) -> str |
     return tilelang_refusal(_WHAT, K, V, BT, device)
 
 
+# Switches that leave a part out or swap it, only to time the rest (`benchmarks/decay_products_lab.py --finish-labs`);
+# a build with one that leaves a part out gives wrong gradients (session 31: the kernel took 18.3 ms at 1x64K on the
+# H100, ~18x its floor)
+PRODUCTS_LAB_SWITCHES = {
+    "sync_mma": "each of a product's three tensor-core products waited for at once (the form before session 31)",
+    "no_operands": "no block operands formed (the products read whatever their tiles hold)",
+    "no_products": "no decayed products (their fragments cleared instead)",
+    "no_finish": "no block finish (dq, dk unwritten, dG zero)",
+}
+
+
 @functools.cache
-def _build(H: int, Hk: int, scale: float, varlen: bool = False) -> Any:
+def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[str] = frozenset()) -> Any:
     """The compiled kernel for H value heads over Hk q, k heads (value head h reads q, k head h // (H / Hk)) and this
     scale (TileLang JIT, cached on disk by TileLang too); varlen: chunk i_c at the rows its (sequence, chunk) pair
     names (`cu`, `ci`), the rows past its sequence's end read as zeros and not written; else chunk c at rows 64 c."""
     import tilelang
     import tilelang.language as T
+
+    check_lab(lab, PRODUCTS_LAB_SWITCHES)
 
     K = 128
     C = 64
@@ -67,7 +80,7 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False) -> Any:
 
     @hopper_jit()
     def build() -> Any:
-        mac = decay_macros(T)
+        mac = decay_macros(T, sync_mma="sync_mma" in lab, lab=lab)
 
         @T.prim_func
         def bwd_products(
@@ -175,12 +188,18 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False) -> Any:
                 T.sync_threads()
 
                 for I in T.unroll(NB):
-                    # Rq and RA: one operand k o e^(r_I - G) on the rows up to block I's end (fast) or before it
-                    mac.operand(k_s, g_s, ref_s, oh_s, ol_s, I, 0, BLOCK * I + BLOCK * fastv, 1.0)
+                    # Rq and RA: one operand k o e^(r_I - G) on the rows up to block I's end (fast) or before it; their
+                    # six tensor-core products issued back to back, one wait
+                    if "no_operands" not in lab:
+                        mac.operand(k_s, g_s, ref_s, oh_s, ol_s, I, 0, BLOCK * I + BLOCK * fastv, 1.0)
                     mac.rows_of(xh_s, xl_s, xbh_s, xbl_s, I)
                     mac.rows_of(ah_s, al_s, abh_s, abl_s, I)
-                    mac.products(oh_s, ol_s, xbh_s, xbl_s, rq_f)
-                    mac.products(oh_s, ol_s, abh_s, abl_s, ra_f)
+                    if "no_products" in lab:
+                        T.clear(rq_f)
+                        T.clear(ra_f)
+                    else:
+                        mac.products(oh_s, ol_s, xbh_s, xbl_s, rq_f, False)
+                        mac.products(oh_s, ol_s, abh_s, abl_s, ra_f)
                     mac.row_finish(rq_f, xh_s, xl_s, k_s, g_s, ref_s, I, fastv)
                     mac.row_finish(ra_f, ah_s, al_s, k_s, g_s, ref_s, I, fastv)
                     # Cq = C(X, q), Ck = C(Y, k): operands scaled by e^(G - r_I) on the rows from block I's start (fast)
@@ -191,25 +210,26 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False) -> Any:
                     # k o RA go to cq_f, ck_f in place (each element read before it is written, by its own thread), and
                     # to shared memory in a loop of their own: a shared store in the loop of shared reads made TileLang
                     # put a barrier in each of its 16 unrolled steps, so every step's global loads waited on the last's
-                    for c, r in T.Parallel(K, BLOCK):
-                        row = BLOCK * I + r
-                        eg = T.exp(g_s[row, c])
-                        qv = T.cast(q_s[row, c], fp32)
-                        kv = T.cast(k_s[row, c], fp32)
-                        a_dqg = T.if_then_else(row < n, dqg[t0 + row, i_h, c], 0.0)
-                        a_dke = T.if_then_else(row < n, dke[t0 + row, i_h, c], 0.0)
-                        a_dkd = T.if_then_else(row < n, dkd[t0 + row, i_h, c], 0.0)
-                        a_qg = T.if_then_else(row < n, T.cast(qg[t0 + row, i_h, c], fp32), 0.0)
-                        a_ke = T.if_then_else(row < n, T.cast(ke[t0 + row, i_h, c], fp32), 0.0)
-                        a_kd = T.if_then_else(row < n, T.cast(kd[t0 + row, i_h, c], fp32), 0.0)
-                        if row < n:
-                            dq[t0 + row, i_h, c] = rq_f[c, r] + scale * eg * a_dqg
-                            dk[t0 + row, i_h, c] = (cq_f[c, r] + b_s[row] * ra_f[c, r] + ck_f[c, r] + eg * a_dke
-                                                    + T.exp(g_s[C - 1, c] - g_s[row, c]) * a_dkd)  # fmt: skip
-                        dgv = (qv * rq_f[c, r] - kv * cq_f[c, r] + b_s[row] * kv * ra_f[c, r] - kv * ck_f[c, r]
-                               + a_qg * a_dqg + a_ke * a_dke - a_kd * a_dkd)  # fmt: skip
-                        cq_f[c, r] = dgv
-                        ck_f[c, r] = kv * ra_f[c, r]
+                    if "no_finish" not in lab:
+                        for c, r in T.Parallel(K, BLOCK):
+                            row = BLOCK * I + r
+                            eg = T.exp(g_s[row, c])
+                            qv = T.cast(q_s[row, c], fp32)
+                            kv = T.cast(k_s[row, c], fp32)
+                            a_dqg = T.if_then_else(row < n, dqg[t0 + row, i_h, c], 0.0)
+                            a_dke = T.if_then_else(row < n, dke[t0 + row, i_h, c], 0.0)
+                            a_dkd = T.if_then_else(row < n, dkd[t0 + row, i_h, c], 0.0)
+                            a_qg = T.if_then_else(row < n, T.cast(qg[t0 + row, i_h, c], fp32), 0.0)
+                            a_ke = T.if_then_else(row < n, T.cast(ke[t0 + row, i_h, c], fp32), 0.0)
+                            a_kd = T.if_then_else(row < n, T.cast(kd[t0 + row, i_h, c], fp32), 0.0)
+                            if row < n:
+                                dq[t0 + row, i_h, c] = rq_f[c, r] + scale * eg * a_dqg
+                                dk[t0 + row, i_h, c] = (cq_f[c, r] + b_s[row] * ra_f[c, r] + ck_f[c, r] + eg * a_dke
+                                                        + T.exp(g_s[C - 1, c] - g_s[row, c]) * a_dkd)  # fmt: skip
+                            dgv = (qv * rq_f[c, r] - kv * cq_f[c, r] + b_s[row] * kv * ra_f[c, r] - kv * ck_f[c, r]
+                                   + a_qg * a_dqg + a_ke * a_dke - a_kd * a_dkd)  # fmt: skip
+                            cq_f[c, r] = dgv
+                            ck_f[c, r] = kv * ra_f[c, r]
                     for c, r in T.Parallel(K, BLOCK):
                         dgs_s[BLOCK * I + r, c] = cq_f[c, r]
                         kra_s[r, c] = ck_f[c, r]
@@ -241,7 +261,7 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False) -> Any:
 
 def bwd_products_hopper(
     q: Tensor, k: Tensor, g: Tensor, beta: Tensor, tt: Tensor, kept: dict[str, Tensor], grads: dict[str, Tensor], *,
-    scale: float, varlen: tuple[Tensor, Tensor] | None = None,
+    scale: float, varlen: tuple[Tensor, Tensor] | None = None, lab: frozenset[str] = frozenset(),
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """(dq, dk, dg `[N, HV, K]`, dbeta `[N, HV]`, fp32) of `reverse_bwd_torch.products_finish` on this kernel: q, k
     `[N, Hk, K]` (value head h reads head h // (HV / Hk): grouped heads; dq, dk come per value head, for the caller to
@@ -249,7 +269,8 @@ def bwd_products_hopper(
     (bf16, the forward's under "ag") and grads `state_grads_hopper`'s outputs {"dAqk", "dAg" `[N, HV, 64]`, "dqg",
     "dke", "dkd" `[N, HV, K]`, "dGC" `[NT, HV, K]`}: chunk c at rows 64 c (N = 64 NT), or with varlen (cu_seqlens,
     chunk_indices `[NT, 2]`: `kernels.common.index.ChunkIndex`'s, int32 on the device) at the rows of its (sequence,
-    chunk) pair. Raises ValueError where `bwd_products_refusal` gives a reason."""
+    chunk) pair. lab: `PRODUCTS_LAB_SWITCHES` (timing only). Raises ValueError where `bwd_products_refusal` gives a
+    reason."""
     N, Hk, K = k.shape
     HV = g.shape[1] if g.dim() == 3 else Hk
     why = bwd_products_refusal(K, 128, 64, k.device)
@@ -275,7 +296,7 @@ def bwd_products_hopper(
     bounds = varlen if varlen is not None else (stand_in(k.device, torch.int32, 2), stand_in(k.device, torch.int32, NT, 2))
     dq, dk, dg = (torch.empty(N, HV, K, dtype=torch.float32, device=k.device) for _ in range(3))
     dbeta = torch.empty(N, HV, dtype=torch.float32, device=k.device)
-    key = (HV, Hk, float(scale), varlen is not None)
+    key = (HV, Hk, float(scale), varlen is not None, frozenset(lab))
     # (in `compile_ahead`'s dry run the kernel builds beside the Triton compiles and does not launch)
     if NT and not build_beside(("kda_bwd_products", *key), _build, *key):
         _build(*key)(*bf, *f32, *kk, *gg, *(b.int().contiguous() for b in bounds), dq, dk, dg, dbeta)

@@ -46,7 +46,7 @@ def decay_products_refusal(K: int, BT: int, device: torch.device) -> str | None:
     return tilelang_refusal(_WHAT, K, 128, BT, device)
 
 
-def decay_macros(T: Any) -> Any:
+def decay_macros(T: Any, sync_mma: bool = False, lab: frozenset[str] = frozenset()) -> Any:
     """The TileLang macros (`T`: `tilelang.language` of the build) of the per-key decayed products by 16-row blocks,
     chunk 64 and 128 keys, shared by this kernel and `kernels.ops.kda.bwd_products_hopper`:
 
@@ -100,11 +100,21 @@ def decay_macros(T: Any) -> Any:
             split(x, oh_s, ol_s, r, c)
 
     @T.macro
-    def products(oh_s, ol_s, xbh_s, xbl_s, p_f):
+    def products(oh_s, ol_s, xbh_s, xbl_s, p_f, wait=True):
+        # (session 31) the three issued back to back and waited for once (with wait; without, a later `products`
+        # or `T.wait_wgmma(0)` waits): each `T.gemm` waited for itself, and K2, one program an SM, ran 147 us a
+        # program on the H100 (18.3 ms at 1x64K) on such chains; sync_mma keeps the old form for the lab
         T.fence_proxy_async()
-        T.gemm(oh_s, xbh_s, p_f, transpose_A=True, transpose_B=True, clear_accum=True)
-        T.gemm(ol_s, xbh_s, p_f, transpose_A=True, transpose_B=True)
-        T.gemm(oh_s, xbl_s, p_f, transpose_A=True, transpose_B=True)
+        if sync_mma:
+            T.gemm(oh_s, xbh_s, p_f, transpose_A=True, transpose_B=True, clear_accum=True)
+            T.gemm(ol_s, xbh_s, p_f, transpose_A=True, transpose_B=True)
+            T.gemm(oh_s, xbl_s, p_f, transpose_A=True, transpose_B=True)
+        else:
+            T.wgmma_gemm(oh_s, xbh_s, p_f, transpose_A=True, transpose_B=True, clear_accum=True)
+            T.wgmma_gemm(ol_s, xbh_s, p_f, transpose_A=True, transpose_B=True)
+            T.wgmma_gemm(oh_s, xbl_s, p_f, transpose_A=True, transpose_B=True)
+            if wait:
+                T.wait_wgmma(0)
 
     @T.macro
     def rows_of(xh_s, xl_s, xbh_s, xbl_s, I):
@@ -127,11 +137,15 @@ def decay_macros(T: Any) -> Any:
 
     @T.macro
     def col_block(a_s, g_s, cref_s, xh_s, xl_s, oh_s, ol_s, xbh_s, xbl_s, p_f, I, fastv):
-        operand(a_s, g_s, cref_s, oh_s, ol_s, I, BLOCK * I + BLOCK * (1 - fastv), C, -1.0)
+        if "no_operands" not in lab:
+            operand(a_s, g_s, cref_s, oh_s, ol_s, I, BLOCK * I + BLOCK * (1 - fastv), C, -1.0)
         for r, c in T.Parallel(BLOCK, C):  # Xb[jj, i] = X[i, 16 I + jj]
             xbh_s[r, c] = xh_s[c, BLOCK * I + r]
             xbl_s[r, c] = xl_s[c, BLOCK * I + r]
-        products(oh_s, ol_s, xbh_s, xbl_s, p_f)
+        if "no_products" in lab:
+            T.clear(p_f)
+        else:
+            products(oh_s, ol_s, xbh_s, xbl_s, p_f)
         for c, r in T.Parallel(K, BLOCK):
             p_f[c, r] = p_f[c, r] * T.exp(cref_s[I, c] - g_s[BLOCK * I + r, c])
         if fastv == 0:  # Cc_j += sum_{i in block I, i >= j}

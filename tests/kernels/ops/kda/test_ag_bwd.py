@@ -32,6 +32,8 @@ DEVICE = TEST_DEVICE
 # the step on the TileLang kernels: an H200 with tilelang (the refusal's reason as the skip's otherwise)
 WHY = kda_ag_hopper_refusal(128, 128, 64, torch.device(DEVICE)) if DEVICE == "cuda" else "no GPU test"
 TILELANG = pytest.mark.skipif(WHY is not None, reason=str(WHY))
+# the TileLang kernels' torch mirrors in their place (`_mirror_builds`): CPU tests (a GPU run checks the kernels)
+MIRRORS = pytest.mark.skipif(DEVICE != "cpu", reason="the kernels' mirrors in their place: a CPU test")
 
 
 def test_w_u_are_ag_times_ke_and_v_per_chunk() -> None:
@@ -171,7 +173,9 @@ def _mirror_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
         return run
 
-    def products_build(H: int, Hk: int, scale: float, varlen: bool = False):  # type: ignore[no-untyped-def]
+    def products_build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[str] = frozenset()):  # type: ignore[no-untyped-def]
+        assert not lab  # (lab builds are timing-only: the step never asks for one)
+
         def run(q, k, g, beta, tt, qg, ke, kd, daqk, dag, dqg, dke, dkd, dgc, cu, ci, dq, dk, dg, dbeta):  # type: ignore[no-untyped-def]
             calls.append("bwd_products")
             if varlen:
@@ -197,6 +201,7 @@ def _mirror_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
+@MIRRORS
 def test_the_step_on_the_tilelang_grads_with_their_mirrors(monkeypatch: pytest.MonkeyPatch) -> None:
     """`LaunchPlan(bwd_grads="tilelang")` from the kept gated Ag: the state products, then the products and the
     finish, in place of `chunk_bwd_dqk` + `wy_bwd` (their mirrors in the kernels' place, K = V = 16 on the CPU; dense
@@ -252,6 +257,7 @@ def test_the_step_on_the_tilelang_grads_with_their_mirrors(monkeypatch: pytest.M
         KDA.triton_bwd(q, k, v, g, beta, do, scale=0.25, plan=plan, wy=None)
 
 
+@MIRRORS
 @pytest.mark.parametrize("flag", [False, True])
 def test_auto_takes_the_tilelang_grads_only_under_its_flag(monkeypatch: pytest.MonkeyPatch, flag: bool) -> None:
     """(session 31) `bwd_grads="auto"` (the default) runs the two TileLang kernels (their mirrors here) where
@@ -347,6 +353,7 @@ def _grouped_reference(q, k, v, g, beta, h0, do, dht) -> list[torch.Tensor]:  # 
     return ref
 
 
+@MIRRORS
 def test_the_kernels_gpu_tests_run_on_their_mirrors(monkeypatch: pytest.MonkeyPatch) -> None:
     """(session 31) The GPU tests of K1 and K2 (`test_state_grads_hopper`, `test_bwd_products_hopper`) with the mirrors
     in the kernels' place (`_mirror_builds`: the kernels' row mapping, dense and varlen) and `.cuda()` a no-op: their

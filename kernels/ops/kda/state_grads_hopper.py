@@ -63,12 +63,12 @@ def _build(H: int, varlen: bool = False) -> Any:
             if varlen:
                 for r, c in T.Parallel(C, x_f.shape[1]):
                     if r < n:
-                        out[t0 + r, i_h, c] = sign * x_f[r, c]
+                        out[t0 + r, i_h, c] = T.cast(sign * x_f[r, c], out.dtype)
             elif sign == 1.0:
                 T.copy(x_f, out[t0 : t0 + C, i_h, :])
             else:
                 for r, c in T.Parallel(C, x_f.shape[1]):
-                    out[t0 + r, i_h, c] = sign * x_f[r, c]
+                    out[t0 + r, i_h, c] = T.cast(sign * x_f[r, c], out.dtype)
 
         @T.prim_func
         def state_grads(
@@ -78,7 +78,7 @@ def _build(H: int, varlen: bool = False) -> Any:
             ke: T.Tensor((ntok, H, K), io), kd: T.Tensor((ntok, H, K), io),
             gc: T.Tensor((nchunk, H, K), fp32),
             cu: T.Tensor((nseq + 1,), "int32"), ci: T.Tensor((nchunk, 2), "int32"),
-            dv: T.Tensor((ntok, H, V), fp32), daqk: T.Tensor((ntok, H, C), fp32),
+            dv: T.Tensor((ntok, H, V), io), daqk: T.Tensor((ntok, H, C), fp32),
             dag: T.Tensor((ntok, H, C), fp32), dqg: T.Tensor((ntok, H, K), fp32),
             dke: T.Tensor((ntok, H, K), fp32), dkd: T.Tensor((ntok, H, K), fp32),
             dgc: T.Tensor((nchunk, H, K), fp32),
@@ -184,7 +184,7 @@ def state_grads_hopper(
     h: Tensor, dh: Tensor, v: Tensor, do: Tensor, ag: Tensor, aqk: Tensor, ke: Tensor, kd: Tensor, gc: Tensor, *,
     varlen: tuple[Tensor, Tensor] | None = None,
 ) -> dict[str, Tensor]:  # fmt: skip
-    """`state_products`' outputs on this kernel (fp32): {"dW" (= dV), "dAqk", "dAg", "dqg", "dke", "dkd" `[N, HV, ..]`,
+    """`state_products`' outputs on this kernel (fp32; dW bf16): {"dW" (= dV), "dAqk", "dAg", "dqg", "dke", "dkd" `[N, HV, ..]`,
     "dGC" `[NT, HV, K]`} from h, dh `[NT, HV, K, V]`, v, do `[N, HV, V]`, ag, aqk `[N, HV, 64]`, ke, kd `[N, HV, K]`
     (bf16) and gc fp32 `[NT, HV, K]`: chunk c at rows 64 c (N = 64 NT), or with varlen (cu_seqlens, chunk_indices:
     `kernels.common.index.ChunkIndex`'s, int32 on the device) at the rows of its (sequence, chunk) pair, the rows past
@@ -205,7 +205,9 @@ def state_grads_hopper(
                          f"{tuple(v.shape)}, got {', '.join(bad) or 'N != 64 NT (dense rows)'}")  # fmt: skip
     xs = [t.to(torch.bfloat16).contiguous() for t in (h, dh, v, do, ag, aqk, ke, kd)]
     bounds = varlen if varlen is not None else (stand_in(h.device, torch.int32, 2), stand_in(h.device, torch.int32, NT, 2))
-    outs = {name: xs[2].new_empty(N, HV, n, dtype=torch.float32)
+    # dW (= dV, a final gradient) in bf16 (session 31: its fp32 copy and the cast after cost 0.3 ms and 268 MB at
+    # 1x64K on the H100); the rest fp32, for the products kernel
+    outs = {name: xs[2].new_empty(N, HV, n, dtype=torch.bfloat16 if name == "dW" else torch.float32)
             for name, n in (("dW", V), ("dAqk", 64), ("dAg", 64), ("dqg", K), ("dke", K), ("dkd", K))}  # fmt: skip
     outs["dGC"] = gc.new_empty(NT, HV, K, dtype=torch.float32)
     key = varlen is not None

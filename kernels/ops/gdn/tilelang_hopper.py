@@ -5,7 +5,8 @@ state+output walk) and `kernels.ops.gdn.ag_hopper` (the Ag pass) refuse through 
 saying why; a plan option that picks between a Triton pass and one of them decides through `tilelang_chosen`; each
 builds under `hopper_jit` (the target and pass configs they were checked with); an argument a build or mode leaves
 unread is bound to a `stand_in`; the reverse walk loads a range's first chunk with `masked_chunk_loads`; a lab switch
-the kernel does not know is refused by `check_lab`.
+the kernel does not know is refused by `check_lab`; KDA's chunk-parallel backward kernels find their chunk's rows with
+`chunk_span`.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["TILELANG_VERSION", "TL_DTYPES", "TL_SIZES", "check_lab", "hopper_jit", "masked_chunk_loads", "stand_in",
-           "tilelang_chosen", "tilelang_refusal", "tilelang_refusal_cached"]  # fmt: skip
+__all__ = ["TILELANG_VERSION", "TL_DTYPES", "TL_SIZES", "check_lab", "chunk_span", "hopper_jit", "masked_chunk_loads",
+           "stand_in", "tilelang_chosen", "tilelang_refusal", "tilelang_refusal_cached"]  # fmt: skip
 
 TILELANG_VERSION = "0.1.15"  # checked on the H200 against each kernel's mirror; others are refused, not run
 TL_SIZES = {"K": 128, "V": 128, "BT": 64}
@@ -108,3 +109,20 @@ def masked_chunk_loads(T: Any, BT: int, K: int, V: int) -> Any:
             b_s[r] = T.if_then_else(t0 + r < eos, T.cast(beta[T.min(t0 + r, eos - 1), i_h], "float32"), 0)
 
     return load
+
+
+def chunk_span(T: Any, C: int, varlen: bool) -> Any:
+    """A TileLang macro (`T`: `tilelang.language` of the build) writing a chunk-parallel program's chunk i_c's first
+    row and its rows in its sequence into span_l (a local int32 [2]): with varlen from cu_seqlens and the chunk index
+    (`kernels.common.index.ChunkIndex`: C rows but for a sequence's last chunk), else 64 i_c and C (dense rows)."""
+
+    @T.macro
+    def span(cu, ci, i_c, span_l):
+        if varlen:
+            span_l[0] = cu[ci[i_c, 0]] + ci[i_c, 1] * C
+            span_l[1] = T.min(cu[ci[i_c, 0] + 1] - span_l[0], C)
+        else:
+            span_l[0] = i_c * C
+            span_l[1] = C
+
+    return span

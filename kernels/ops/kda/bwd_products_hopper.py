@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from kernels.common.decay import GATE_FLOOR
-from kernels.ops.gdn.tilelang_hopper import check_lab, hopper_jit, stand_in, tilelang_refusal
+from kernels.ops.gdn.tilelang_hopper import check_lab, chunk_span, hopper_jit, stand_in, tilelang_refusal
 from kernels.ops.kda.decay_products_hopper import BLOCK, decay_macros
 from kernels.parallel_compile import build_beside
 
@@ -81,6 +81,7 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
     @hopper_jit()
     def build() -> Any:
         mac = decay_macros(T, sync_mma="sync_mma" in lab, lab=lab)
+        span = chunk_span(T, C, varlen)
 
         @T.prim_func
         def bwd_products(
@@ -99,14 +100,10 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                 i_c = bid // H
                 i_h = bid % H
                 tx = T.get_thread_binding()
-                t0 = T.alloc_var("int32")
-                n = T.alloc_var("int32")  # the chunk's rows in its sequence (C but for a varlen sequence's last)
-                if varlen:
-                    t0 = cu[ci[i_c, 0]] + ci[i_c, 1] * C
-                    n = T.min(cu[ci[i_c, 0] + 1] - t0, C)
-                else:
-                    t0 = i_c * C
-                    n = C
+                span_l = T.alloc_local((2,), "int32")
+                span(cu, ci, i_c, span_l)
+                t0 = span_l[0]
+                n = span_l[1]  # the chunk's rows in its sequence (C but for a varlen sequence's last)
                 q_s = T.alloc_shared((C, K), io)
                 k_s = T.alloc_shared((C, K), io)
                 g_s = T.alloc_shared((C, K + 8), fp32)  # G (rows padded: read in the products' layout)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kernels.ops.gdn.tilelang_hopper import hopper_jit, stand_in, tilelang_refusal
+from kernels.ops.gdn.tilelang_hopper import chunk_span, hopper_jit, stand_in, tilelang_refusal
 from kernels.parallel_compile import build_beside
 
 __all__ = ["state_grads_hopper", "state_grads_refusal"]
@@ -57,6 +57,8 @@ def _build(H: int, varlen: bool = False) -> Any:
 
     @hopper_jit()
     def build() -> Any:
+        span = chunk_span(T, C, varlen)
+
         @T.macro
         def rows_out(x_f, out, sign, t0, n, i_h):
             """sign x_f [C, w] into out's rows t0.. of head i_h (a varlen chunk's rows past its sequence not written)."""
@@ -86,14 +88,10 @@ def _build(H: int, varlen: bool = False) -> Any:
             with T.Kernel(nchunk * H, threads=_THREADS) as (bid,):
                 i_c = bid // H
                 i_h = bid % H
-                t0 = T.alloc_var("int32")
-                n = T.alloc_var("int32")  # the chunk's rows in its sequence (C but for a varlen sequence's last)
-                if varlen:
-                    t0 = cu[ci[i_c, 0]] + ci[i_c, 1] * C
-                    n = T.min(cu[ci[i_c, 0] + 1] - t0, C)
-                else:
-                    t0 = i_c * C
-                    n = C
+                span_l = T.alloc_local((2,), "int32")
+                span(cu, ci, i_c, span_l)
+                t0 = span_l[0]
+                n = span_l[1]  # the chunk's rows in its sequence (C but for a varlen sequence's last)
                 s_s = T.alloc_shared((K, V), io)
                 ds_s = T.alloc_shared((K, V), io)
                 v_s = T.alloc_shared((C, V), io)  # V; then W

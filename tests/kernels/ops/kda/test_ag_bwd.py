@@ -244,15 +244,7 @@ def test_the_step_on_the_tilelang_grads_with_their_mirrors(monkeypatch: pytest.M
         got2 = KDA.triton_bwd(q2, k2, v2, g2, beta2, do2, scale=dim**-0.5, initial_state=h02, dht=dht2, plan=plan,
                               wy=keep2, cu_seqlens=cu2)  # fmt: skip
         assert calls == ["state_grads", "bwd_products", "varlen"], (lengths, calls)
-        if lengths is None:
-            ref2 = _grouped_reference(q2, k2, v2, g2, beta2, h02, do2, dht2)
-        else:
-            from tests.kernels.common.test_chunk_bwd import _reference_grads
-
-            qx, kx = (t.repeat_interleave(H, dim=2) for t in (q2, k2))
-            ref2 = _reference_grads("kda", qx, kx, v2, g2, beta2, h02, do2, dht2, cu2.tolist())
-            ref2[0], ref2[1] = (t.sum(2, keepdim=True) for t in ref2[:2])
-        _check(got2, ref2, 2e-2)
+        _check(got2, _grouped_reference(q2, k2, v2, g2, beta2, h02, do2, dht2, cu2), 2e-2)
     with pytest.raises(ValueError, match=r"^bwd_grads='tilelang' is KDA's backward from the forward's kept gated Ag"):
         KDA.triton_bwd(q, k, v, g, beta, do, scale=0.25, plan=plan, wy=None)
 
@@ -309,7 +301,6 @@ def test_the_step_on_the_tilelang_grads(lengths: tuple[int, ...] | None) -> None
     `chunk_bwd_dqk` + `wy_bwd`; bf16 gradients within 5e-3 of the fp32 reference's (the issue's bound; dense B = 2 of
     five chunks on the kernels' dense builds, and varlen with partial chunks and a sequence shorter than two on their
     varlen builds (session 31); grouped heads: one q/k head, two value heads; an initial state and dht)."""
-    from tests.kernels.common.test_chunk_bwd import _reference_grads
     from tests.utils import make_inputs, make_state
 
     B, T, H = 2, 320, 2
@@ -330,25 +321,22 @@ def test_the_step_on_the_tilelang_grads(lengths: tuple[int, ...] | None) -> None
     got = KDA.triton_bwd(q, k, v, g, beta, do, scale=128**-0.5, initial_state=h0, dht=dht, plan=plan, wy=keep,
                          cu_seqlens=cu)  # fmt: skip
     assert not {"chunk_bwd_dqk", "wy_bwd", "wy_inverse"} & set(rec), sorted(rec)
-    if lengths is None:
-        ref = _grouped_reference(q, k, v, g, beta, h0, do, dht)
-    else:
-        qx, kx = (x.repeat_interleave(H, dim=2) for x in (q, k))
-        ref = _reference_grads("kda", qx, kx, v, g, beta, h0, do, dht, cu.tolist())
-        ref[0], ref[1] = (x.sum(2, keepdim=True) for x in ref[:2])
-    _check(got, ref, 5e-3)
+    _check(got, _grouped_reference(q, k, v, g, beta, h0, do, dht, cu), 5e-3)
 
 
-def _grouped_reference(q, k, v, g, beta, h0, do, dht) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]
-    """The fp32 reference's gradients of a dense batch with grouped heads: per sequence, q, k expanded to the value
-    heads, dq and dk summed per group."""
+def _grouped_reference(q, k, v, g, beta, h0, do, dht, cu=None) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]
+    """The fp32 reference's gradients with grouped heads (q, k expanded to the value heads, dq and dk summed per group
+    after): a dense batch per sequence, or the varlen sequences of cu."""
     from tests.kernels.common.test_chunk_bwd import _reference_grads
 
     G = v.shape[2] // k.shape[2]
     qx, kx = (x.repeat_interleave(G, dim=2) for x in (q, k))
-    per_seq = [_reference_grads("kda", *(x[b : b + 1] for x in (qx, kx, v, g, beta, h0, do, dht)), None)
-               for b in range(v.shape[0])]  # fmt: skip
-    ref = [torch.cat(parts) for parts in zip(*per_seq, strict=True)]
+    if cu is not None:
+        ref = _reference_grads("kda", qx, kx, v, g, beta, h0, do, dht, cu.tolist())
+    else:
+        per_seq = [_reference_grads("kda", *(x[b : b + 1] for x in (qx, kx, v, g, beta, h0, do, dht)), None)
+                   for b in range(v.shape[0])]  # fmt: skip
+        ref = [torch.cat(parts) for parts in zip(*per_seq, strict=True)]
     ref[0], ref[1] = (x.unflatten(2, (k.shape[2], G)).sum(3) for x in ref[:2])
     return ref
 

@@ -121,8 +121,8 @@ KEEP_POLICIES: tuple[str, ...] = ("auto", "inputs", "ag", "ag+states", "wy", "wy
 # (Session 27's "stages", the same walk in lockstep stages, was removed in session 30: 1.75x the shipped walk's time on
 # the H200, session 29)
 # "tilelang": KDA's backward from the forward's kept gated Ag on two chunk-parallel TileLang kernels
-# (`kernels.ops.kda.ag_bwd.tilelang_grads`: the state products, then the decayed products and the finish; session 30,
-# lab kernels not yet run on a GPU: opt-in; dense sequences of whole chunks)
+# (`kernels.ops.kda.ag_bwd.tilelang_grads`: the state products, then the decayed products and the finish; session 30;
+# any layout since session 31; right on an H100 but slower than the pair there: opt-in)
 BWD_GRADS: tuple[str, ...] = ("auto", "pair", "fused", "reverse", "tilelang")
 # the values that run GDN's TileLang reverse walk
 REVERSE_WALKS: frozenset[str] = frozenset({"reverse"})

@@ -88,13 +88,12 @@ LAB_SWITCHES = {
     "sync_qkv": "q, k, v loaded at the step's top (dO, Ag and the state still prefetched)",
     "sync_stores": "each TMA store of dv, dk waited for at once",
     "sync_mma": "each product waited for at once (no back-to-back issue of independent products)",
-    "gate_prefetch": "the next chunk's gate cumsum and beta read into registers a step ahead (session 31, untimed)",
     "unbatched": "each reduction's sums exchanged across warps one by one (session 22's reductions)",
     "no_dg": "no dG combine (dg unwritten)",
     "no_reduce": "no row and column sums (the dG and dbeta terms)",
     "no_store": "no dq, dk, dv stores",
 }
-EXACT_SWITCHES = frozenset({"sync_loads", "sync_qkv", "sync_stores", "sync_mma", "unbatched", "gate_prefetch"})
+EXACT_SWITCHES = frozenset({"sync_loads", "sync_qkv", "sync_stores", "sync_mma", "unbatched"})
 
 
 @functools.cache
@@ -112,9 +111,6 @@ def _build(
     prefetch_qkv = prefetch and "sync_qkv" not in lab  # and its q, k, v after the step's last products
     async_store = "sync_stores" not in lab  # dv and dk's TMA stores in flight until their tiles are written again
     async_mma = "sync_mma" not in lab  # independent products issued back to back, one wait for the group
-    # (session 31) a prefetched step's g and beta from registers the step before loaded: a step read them from memory
-    # at its top, a global latency every step (`load_once`, all loads free, took 2.5 of 14.6 us a step at 8x8K)
-    gate_prefetch = prefetch and "gate_prefetch" in lab
     G = H // Hk
     fp32 = "float32"
     ntok, nchunk, nseg, nseq = T.dynamic("ntok"), T.dynamic("nchunk"), T.dynamic("nseg"), T.dynamic("nseq")
@@ -240,10 +236,6 @@ def _build(
                 # `prefetch`: the next chunk's dO, Ag and state have landed (every thread arrives after the last issue)
                 bar = T.alloc_barrier(arrive_count=_THREADS)
                 bar_qkv = T.alloc_barrier(arrive_count=_THREADS)  # `prefetch_qkv`: the next chunk's q, k, v
-                gn = T.alloc_local((2,), fp32)  # `gate_prefetch`: the next chunk's g, beta of row tx (tx < BT)
-                tx = T.get_thread_binding()
-                if gate_prefetch:
-                    T.clear(gn)
 
                 T.copy(ends[i_s, i_h, 0:K, 0:V], ds_f)
 
@@ -262,21 +254,13 @@ def _build(
                             T.copy(q[t0 : t0 + BT, i_hk, :], q_s)
                             T.copy(k[t0 : t0 + BT, i_hk, :], k_s)
                             T.copy(v[t0 : t0 + BT, i_h, :], vw_s)
-                        if gate_prefetch:
-                            if tx < BT:
-                                g_s[tx] = gn[0]
-                                b_s[tx] = gn[1]
-                        else:
-                            for r in T.Parallel(BT):
-                                g_s[r] = gs[t0 + r, i_h]
-                                b_s[r] = T.cast(beta[t0 + r, i_h], fp32)
+                        for r in T.Parallel(BT):
+                            g_s[r] = gs[t0 + r, i_h]
+                            b_s[r] = T.cast(beta[t0 + r, i_h], fp32)
                         T.barrier_wait(bar, (i_r + 1) % 2)
                     else:
                         load_chunk(q, k, v, do, ag, h, gs, beta, q_s, k_s, vw_s, do_s, ag_s, h_s, g_s, b_s, t0, eos, ic,
                                    i_hk, i_h)  # fmt: skip
-                    if gate_prefetch and i_r + 1 < nt and tx < BT:  # the next chunk (full: a range's partial chunk is
-                        gn[0] = gs[t0 - BT + tx, i_h]  # its last, walked first), read while this step runs
-                        gn[1] = T.cast(beta[t0 - BT + tx, i_h], fp32)
                     for r in T.Parallel(BT):
                         eg_s[r] = T.exp(g_s[r])
                         er_s[r] = T.exp(g_s[BT - 1] - g_s[r])

@@ -6,7 +6,7 @@ saying why; a plan option that picks between a Triton pass and one of them decid
 builds under `hopper_jit` (the target and pass configs they were checked with); an argument a build or mode leaves
 unread is bound to a `stand_in`; the reverse walk loads a range's first chunk with `masked_chunk_loads`; a lab switch
 the kernel does not know is refused by `check_lab`; KDA's chunk-parallel backward kernels find their chunk's rows with
-`chunk_span`.
+`chunk_span` and clear a varlen chunk's rows past its sequence with `clear_rows`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["TILELANG_VERSION", "TL_DTYPES", "TL_SIZES", "check_lab", "chunk_span", "hopper_jit", "masked_chunk_loads",
-           "stand_in", "tilelang_chosen", "tilelang_refusal", "tilelang_refusal_cached"]  # fmt: skip
+__all__ = ["TILELANG_VERSION", "TL_DTYPES", "TL_SIZES", "check_lab", "chunk_span", "clear_rows", "hopper_jit",
+           "masked_chunk_loads", "stand_in", "tilelang_chosen", "tilelang_refusal", "tilelang_refusal_cached"]  # fmt: skip
 
 TILELANG_VERSION = "0.1.15"  # checked on the H200 against each kernel's mirror; others are refused, not run
 TL_SIZES = {"K": 128, "V": 128, "BT": 64}
@@ -126,3 +126,16 @@ def chunk_span(T: Any, C: int, varlen: bool) -> Any:
             span_l[1] = C
 
     return span
+
+
+def clear_rows(T: Any) -> Any:
+    """A TileLang macro (`T`: `tilelang.language` of the build) zeroing rows n.. of a shared tile x_s: what a varlen
+    chunk read past its sequence's end (the next sequence's rows), so that no product carries them into a kept row."""
+
+    @T.macro
+    def clear(x_s, n):
+        for r, c in T.Parallel(x_s.shape[0], x_s.shape[1]):
+            if r >= n:
+                x_s[r, c] = T.cast(0.0, x_s.dtype)
+
+    return clear

@@ -1,7 +1,8 @@
 """The second half of the planned chunk-parallel KDA backward as one TileLang kernel per (chunk, value head) on Hopper:
 from the state products (`kernels.ops.kda.state_grads_hopper`: dAqk, dAg, dqg, dke, dkd and dG_C's state term) and
-what the forward keeps under "ag" (T, qg, ke, kd), KDA's dq, dk, dg and dbeta (`kernels/NOTES.md`, "Session 30"). A
-lab kernel: nothing in the step calls it; it is checked and timed before the two replace `chunk_bwd_dqk` + `wy_bwd`.
+what the forward keeps under "ag" (T, qg, ke, kd), KDA's dq, dk, dg and dbeta (`kernels/NOTES.md`, "Session 30"). The
+step calls it under `LaunchPlan(bwd_grads="tilelang")` (`kernels.ops.kda.ag_bwd.tilelang_grads`), opt-in while it is
+slower than `chunk_bwd_dqk` + `wy_bwd` (session 31: 18.3 ms at 1x64K on an H100).
 Its CPU mirror is `kernels.ops.kda.reverse_bwd_torch.products_finish`, the same math in torch.
 
 Per chunk of C = 64 rows (G the in-chunk cumsum of the floored per-key gate, formed here from g as the Ag pass does):
@@ -31,7 +32,7 @@ import torch
 from torch import Tensor
 
 from kernels.common.decay import GATE_FLOOR
-from kernels.ops.gdn.tilelang_hopper import check_lab, chunk_span, hopper_jit, stand_in, tilelang_refusal
+from kernels.ops.gdn.tilelang_hopper import check_lab, chunk_span, clear_rows, hopper_jit, stand_in, tilelang_refusal
 from kernels.ops.kda.decay_products_hopper import BLOCK, decay_macros
 from kernels.parallel_compile import build_beside
 
@@ -81,7 +82,7 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
     @hopper_jit()
     def build() -> Any:
         mac = decay_macros(T, sync_mma="sync_mma" in lab, lab=lab)
-        span = chunk_span(T, C, varlen)
+        span, clear = chunk_span(T, C, varlen), clear_rows(T)
 
         @T.prim_func
         def bwd_products(
@@ -146,13 +147,9 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                 T.copy(k[t0 : t0 + C, i_h // G, :], k_s)
                 T.copy(tt[t0 : t0 + C, i_h, :], t_s)
                 if varlen:  # a chunk's rows past its sequence (the next sequence's) read as zeros everywhere below
-                    for r, c in T.Parallel(C, K):
-                        if r >= n:
-                            q_s[r, c] = T.cast(0.0, io)
-                            k_s[r, c] = T.cast(0.0, io)
-                    for r, c in T.Parallel(C, C):
-                        if r >= n:
-                            t_s[r, c] = T.cast(0.0, io)
+                    clear(q_s, n)
+                    clear(k_s, n)
+                    clear(t_s, n)
                 for r in T.Parallel(C):
                     b_s[r] = T.if_then_else(r < n, beta[t0 + r, i_h], 0.0)
                 # G: the tile loaded by every thread, then key column tx summed down the chunk. dA's inputs are read

@@ -6,6 +6,7 @@
 #   LAB="cmd" [LAB_S=200]                              any command, R=$OUT in its environment -> lab.txt
 #   TRAIN="args"                                       python -m runners.bench.kernels_train --ops gdn <args> (name
 #                                                      --peers there; its --deadline is what is left) -> train.log + its files
+#   H200_TUNED=1                                       TRAIN gets --autotune benchmarks/results/autotune_h200.json on an H200
 #   SHA=<git sha> LIMIT=570 bash benchmarks/device_runs/s25c.sh
 # On exit FLA's autotune results (autotune.tgz) and TileLang's cache (tilelang.tar.xz: ours and FlashQLA's compiled
 # kernels, <= 12 MiB) come back under $OUT: copy them into devrun/ for the next cold machine.
@@ -26,6 +27,9 @@ trap pack EXIT; trap 'exit 143' TERM
 [ -f devrun/tilelang.tar.xz ] && [ ! -d $C/tilelang ] && tar -xJf devrun/tilelang.tar.xz -C $C
 export PYTHONPATH=$C/peer:$C/site:$PWD TILELANG_CACHE_DIR=$C/tilelang TRITON_CACHE_DIR=$C/triton TRITON_CACHE_AUTOTUNING=1 FLA_CACHE_RESULTS=1
 echo "ready $(el) s"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+# H200_TUNED=1: the H200 autotune file goes into TRAIN on an H200 only (it refuses other cards)
+[ -n "$H200_TUNED" ] && nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 \
+  && TRAIN="$TRAIN --autotune benchmarks/results/autotune_h200.json" && echo "TRAIN with the H200 autotune file"
 python3 -c "import torch, triton, fla, flash_qla, tilelang; print(torch.__version__, triton.__version__, fla.__version__, getattr(flash_qla,'__version__','?'), tilelang.__version__)"
 if [ -n "$GPUTEST" ]; then
   CPBENCH_TEST_GPU=1 timeout ${GPUTEST_S:-150} python3 -m pytest -q ${GPUTEST_N:+-n $GPUTEST_N} -p no:cacheprovider $GPUTEST \

@@ -55,6 +55,7 @@ PRODUCTS_LAB_SWITCHES = {
     "no_operands": "no block operands formed (the products read whatever their tiles hold)",
     "no_products": "no decayed products (their fragments cleared instead)",
     "no_finish": "no block finish (dq, dk unwritten, dG zero)",
+    "wg2": "two warpgroups (256 threads) in place of one: exact, the elementwise work spread over twice the warps",
 }
 
 
@@ -97,7 +98,7 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
             dq: T.Tensor((ntok, H, K), fp32), dk: T.Tensor((ntok, H, K), fp32),
             dg: T.Tensor((ntok, H, K), fp32), dbeta: T.Tensor((ntok, H), fp32),
         ):  # fmt: skip
-            with T.Kernel(nchunk * H, threads=_THREADS) as (bid,):
+            with T.Kernel(nchunk * H, threads=2 * _THREADS if "wg2" in lab else _THREADS) as (bid,):
                 i_c = bid // H
                 i_h = bid % H
                 tx = T.get_thread_binding()
@@ -162,10 +163,11 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                     xv = T.if_then_else(r < n, daqk[t0 + r, i_h, c] * scale, 0.0)
                     mac.split(xv, xh_s, xl_s, r, c)
                 T.sync_threads()
-                acc = 0.0
-                for r in T.unroll(C):
-                    acc = acc + g_s[r, tx]
-                    g_s[r, tx] = acc
+                if tx < K:  # (a thread a key)
+                    acc = 0.0
+                    for r in T.unroll(C):
+                        acc = acc + g_s[r, tx]
+                        g_s[r, tx] = acc
                 mac.references(g_s, sp_s, ref_s, cref_s, fast_l, tx)
                 fastv = fast_l[0]
                 # dA = -StrictLower(T^T (dAg diag(beta)) T^T) (its M = dAg diag(beta) formed above)
@@ -234,13 +236,14 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                 T.sync_threads()
 
                 # dg: dG summed down the chunk from its end, dG_C (the state term + colsum(kd o dkd)) on the last row
-                acc = dgc[i_c, i_h, tx]
-                for r in T.unroll(C):
-                    acc = acc + T.if_then_else(r < n, T.cast(kd[t0 + r, i_h, tx], fp32) * dkd[t0 + r, i_h, tx], 0.0)
-                for r in T.unroll(C):
-                    acc = acc + dgs_s[C - 1 - r, tx]
-                    if C - 1 - r < n:
-                        dg[t0 + C - 1 - r, i_h, tx] = T.if_then_else(g[t0 + C - 1 - r, i_h, tx] < floor, 0.0, acc)
+                if tx < K:  # (a thread a key)
+                    acc = dgc[i_c, i_h, tx]
+                    for r in T.unroll(C):
+                        acc = acc + T.if_then_else(r < n, T.cast(kd[t0 + r, i_h, tx], fp32) * dkd[t0 + r, i_h, tx], 0.0)
+                    for r in T.unroll(C):
+                        acc = acc + dgs_s[C - 1 - r, tx]
+                        if C - 1 - r < n:
+                            dg[t0 + C - 1 - r, i_h, tx] = T.if_then_else(g[t0 + C - 1 - r, i_h, tx] < floor, 0.0, acc)
                 # dbeta = colsum(dAg o T) + rowsum(k o RA)
                 if tx < n:
                     acc = dbr_s[tx]

@@ -78,18 +78,20 @@ def decay_macros(T: Any, sync_mma: bool = False, lab: frozenset[str] = frozenset
     @T.macro
     def references(g_s, sp_s, rref_s, cref_s, fast_l, tx):
         T.sync_threads()
-        sp_s[tx] = T.max(T.max(0.0 - g_s[15, tx], g_s[15, tx] - g_s[31, tx]),
-                         T.max(g_s[31, tx] - g_s[47, tx], g_s[47, tx] - g_s[63, tx]))  # fmt: skip
+        if tx < K:  # (a thread a key: a build of more than K threads leaves the rest idle here)
+            sp_s[tx] = T.max(T.max(0.0 - g_s[15, tx], g_s[15, tx] - g_s[31, tx]),
+                             T.max(g_s[31, tx] - g_s[47, tx], g_s[47, tx] - g_s[63, tx]))  # fmt: skip
         T.sync_threads()
         fast_l[0] = 1
         for c in T.serial(K):
             if sp_s[c] >= span:
                 fast_l[0] = 0
-        for I in T.unroll(NB):
-            before = T.if_then_else(I == 0, 0.0, g_s[T.max(BLOCK * I - 1, 0), tx])
-            last = g_s[BLOCK * I + BLOCK - 1, tx]
-            rref_s[I, tx] = T.if_then_else(fast_l[0] == 1, 0.5 * (before + last), before)
-            cref_s[I, tx] = T.if_then_else(fast_l[0] == 1, 0.5 * (before + last), last)
+        if tx < K:
+            for I in T.unroll(NB):
+                before = T.if_then_else(I == 0, 0.0, g_s[T.max(BLOCK * I - 1, 0), tx])
+                last = g_s[BLOCK * I + BLOCK - 1, tx]
+                rref_s[I, tx] = T.if_then_else(fast_l[0] == 1, 0.5 * (before + last), before)
+                cref_s[I, tx] = T.if_then_else(fast_l[0] == 1, 0.5 * (before + last), last)
         T.sync_threads()
 
     @T.macro

@@ -41,10 +41,12 @@ def _bf(t: torch.Tensor) -> torch.Tensor:
 
 
 @GPU
-@pytest.mark.parametrize(("strong", "grouped", "varlen"), [(False, False, False), (True, False, False),
-                                                          (False, True, False), (True, True, True)],
-                         ids=["fast", "edges", "grouped", "varlen"])  # fmt: skip
-def test_kernel_matches_the_mirror(strong: bool, grouped: bool, varlen: bool) -> None:
+@pytest.mark.parametrize(("strong", "grouped", "varlen", "lab"),
+                         [(False, False, False, ""), (True, False, False, ""), (False, True, False, ""),
+                          (True, True, True, ""), (True, False, False, "wg2"), (True, True, True, "wg2")],
+                         ids=["fast", "edges", "grouped", "varlen", "edges-wg2", "varlen-wg2"])  # fmt: skip
+def test_kernel_matches_the_mirror(strong: bool, grouped: bool, varlen: bool, lab: str) -> None:
+    """(lab: an exact build switch, `PRODUCTS_LAB_SWITCHES`; session 32: wg2, two warpgroups)"""
     gen = torch.Generator().manual_seed(7)
 
     def r(*shape: int) -> torch.Tensor:
@@ -73,7 +75,7 @@ def test_kernel_matches_the_mirror(strong: bool, grouped: bool, varlen: bool) ->
         lay(q0, varlen), lay(k0, varlen), lay(g, varlen), lay(beta, varlen), lay(kept["T"], varlen),
         {n: lay(kept[n], varlen) for n in ("qg", "ke", "kd")},
         {**{n: lay(grads[n], varlen) for n in ("dAqk", "dAg", "dqg", "dke", "dkd")}, "dGC": grads["dGC"].cuda()},
-        scale=scale, varlen=bounds,
+        scale=scale, varlen=bounds, lab=frozenset(x for x in [lab] if x),
     )  # fmt: skip
     for name, w, a in zip(("dq", "dk", "dg", "dbeta"), want, got, strict=True):
         assert bool(torch.isfinite(a).all()), name

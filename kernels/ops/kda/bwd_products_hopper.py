@@ -56,6 +56,7 @@ PRODUCTS_LAB_SWITCHES = {
     "no_products": "no decayed products (their fragments cleared instead)",
     "no_finish": "no block finish (dq, dk unwritten, dG zero)",
     "wg2": "two warpgroups (256 threads) in place of one: exact, the elementwise work spread over twice the warps",
+    "wg4": "four warpgroups (512 threads): exact, as wg2",
 }
 
 
@@ -98,7 +99,7 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
             dq: T.Tensor((ntok, H, K), fp32), dk: T.Tensor((ntok, H, K), fp32),
             dg: T.Tensor((ntok, H, K), fp32), dbeta: T.Tensor((ntok, H), fp32),
         ):  # fmt: skip
-            with T.Kernel(nchunk * H, threads=2 * _THREADS if "wg2" in lab else _THREADS) as (bid,):
+            with T.Kernel(nchunk * H, threads=_THREADS * (4 if "wg4" in lab else 2 if "wg2" in lab else 1)) as (bid,):
                 i_c = bid // H
                 i_h = bid % H
                 tx = T.get_thread_binding()

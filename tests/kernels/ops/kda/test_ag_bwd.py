@@ -174,8 +174,8 @@ def _mirror_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return run
 
     def products_build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[str] = frozenset()):  # type: ignore[no-untyped-def]
-        # (lab builds are timing-only, the step never asks for one; but wg2 is exact: its GPU test runs here too)
-        assert lab <= {"wg2"}
+        # (lab builds are timing-only, the step never asks for one; but wg2, wg4 are exact: their GPU tests run here)
+        assert lab <= {"wg2", "wg4"}
 
         def run(q, k, g, beta, tt, qg, ke, kd, daqk, dag, dqg, dke, dkd, dgc, cu, ci, dq, dk, dg, dbeta):  # type: ignore[no-untyped-def]
             calls.append("bwd_products")
@@ -357,6 +357,6 @@ def test_the_kernels_gpu_tests_run_on_their_mirrors(monkeypatch: pytest.MonkeyPa
     for varlen in (False, True):
         states.test_kernel_matches_the_mirror(varlen)
     for case in ((False, False, False, ""), (True, False, False, ""), (False, True, False, ""), (True, True, True, ""),
-                 (True, True, True, "wg2")):  # fmt: skip
+                 (True, True, True, "wg2"), (True, True, True, "wg4")):  # fmt: skip
         products.test_kernel_matches_the_mirror(*case)
-    assert calls.count("state_grads") == 2 and calls.count("bwd_products") == 5 and calls.count("varlen") == 2, calls
+    assert calls.count("state_grads") == 2 and calls.count("bwd_products") == 6 and calls.count("varlen") == 3, calls

@@ -43,10 +43,11 @@ def _bf(t: torch.Tensor) -> torch.Tensor:
 @GPU
 @pytest.mark.parametrize(("strong", "grouped", "varlen", "lab"),
                          [(False, False, False, ""), (True, False, False, ""), (False, True, False, ""),
-                          (True, True, True, ""), (True, False, False, "wg2"), (True, True, True, "wg2")],
-                         ids=["fast", "edges", "grouped", "varlen", "edges-wg2", "varlen-wg2"])  # fmt: skip
+                          (True, True, True, ""), (True, False, False, "wg2"), (True, True, True, "wg2"),
+                          (True, True, True, "wg4")],
+                         ids=["fast", "edges", "grouped", "varlen", "edges-wg2", "varlen-wg2", "varlen-wg4"])  # fmt: skip
 def test_kernel_matches_the_mirror(strong: bool, grouped: bool, varlen: bool, lab: str) -> None:
-    """(lab: an exact build switch, `PRODUCTS_LAB_SWITCHES`; session 32: wg2, two warpgroups)"""
+    """(lab: an exact build switch, `PRODUCTS_LAB_SWITCHES`; session 32: wg2, wg4, two or four warpgroups)"""
     gen = torch.Generator().manual_seed(7)
 
     def r(*shape: int) -> torch.Tensor:

@@ -191,8 +191,10 @@ def tilelang_grads(
     s = state_grads_hopper(h, dh, rows(v), rows(do), rows(kept["ag"]), rows(kept["aqk"]), rows(kept["ke"]),
                            rows(kept["ks"]), kept["gs"], varlen=varlen)  # fmt: skip
     gated = {"qg": rows(kept["qs"]), "ke": rows(kept["ke"]), "kd": rows(kept["ks"])}
+    # (session 32) ungrouped, dq and dk come in the inputs' bf16 from the kernel: no fp32 buffers and casts after (a
+    # grouped head's sum stays in fp32 before its one rounding)
     dq, dk, dg, dbeta = bwd_products_hopper(rows(q), rows(k), rows(g), rows(beta), rows(tt), gated, s, scale=scale,
-                                            varlen=varlen)  # fmt: skip
+                                            varlen=varlen, out_dtype=q.dtype if Hk == HV else torch.float32)  # fmt: skip
     return (group_sum(dq.view(B, T, HV, K), Hk).to(q.dtype), group_sum(dk.view(B, T, HV, K), Hk).to(k.dtype),
             s["dW"].view(B, T, HV, -1).to(v.dtype), dg.view(B, T, HV, K).to(g.dtype),
             dbeta.view(B, T, HV).to(beta.dtype))  # fmt: skip

@@ -61,10 +61,12 @@ PRODUCTS_LAB_SWITCHES = {
 
 
 @functools.cache
-def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[str] = frozenset()) -> Any:
+def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[str] = frozenset(),
+           bf16_out: bool = False) -> Any:  # fmt: skip
     """The compiled kernel for H value heads over Hk q, k heads (value head h reads q, k head h // (H / Hk)) and this
     scale (TileLang JIT, cached on disk by TileLang too); varlen: chunk i_c at the rows its (sequence, chunk) pair
-    names (`cu`, `ci`), the rows past its sequence's end read as zeros and not written; else chunk c at rows 64 c."""
+    names (`cu`, `ci`), the rows past its sequence's end read as zeros and not written; else chunk c at rows 64 c.
+    bf16_out: dq, dk written in bf16 (rounded once from fp32, as a cast after would), else fp32."""
     import tilelang
     import tilelang.language as T
 
@@ -75,6 +77,7 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
     NB = C // BLOCK
     G = H // Hk
     fp32, io = "float32", "bfloat16"
+    odt = io if bf16_out else fp32  # dq's and dk's
     nchunk, nseq = T.dynamic("nchunk"), T.dynamic("nseq")
     # the rows: any count under varlen; dense, 64 a chunk (then TileLang checks no row bound: the dense build's code
     # is the one before varlen came)
@@ -96,7 +99,7 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
             dqg: T.Tensor((ntok, H, K), fp32), dke: T.Tensor((ntok, H, K), fp32),
             dkd: T.Tensor((ntok, H, K), fp32), dgc: T.Tensor((nchunk, H, K), fp32),
             cu: T.Tensor((nseq + 1,), "int32"), ci: T.Tensor((nchunk, 2), "int32"),
-            dq: T.Tensor((ntok, H, K), fp32), dk: T.Tensor((ntok, H, K), fp32),
+            dq: T.Tensor((ntok, H, K), odt), dk: T.Tensor((ntok, H, K), odt),
             dg: T.Tensor((ntok, H, K), fp32), dbeta: T.Tensor((ntok, H), fp32),
         ):  # fmt: skip
             with T.Kernel(nchunk * H, threads=_THREADS * (4 if "wg4" in lab else 2 if "wg2" in lab else 1)) as (bid,):
@@ -220,9 +223,10 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                             a_ke = T.if_then_else(row < n, T.cast(ke[t0 + row, i_h, c], fp32), 0.0)
                             a_kd = T.if_then_else(row < n, T.cast(kd[t0 + row, i_h, c], fp32), 0.0)
                             if row < n:
-                                dq[t0 + row, i_h, c] = rq_f[c, r] + scale * eg * a_dqg
-                                dk[t0 + row, i_h, c] = (cq_f[c, r] + b_s[row] * ra_f[c, r] + ck_f[c, r] + eg * a_dke
-                                                        + T.exp(g_s[C - 1, c] - g_s[row, c]) * a_dkd)  # fmt: skip
+                                dq[t0 + row, i_h, c] = T.cast(rq_f[c, r] + scale * eg * a_dqg, odt)
+                                dk[t0 + row, i_h, c] = T.cast(cq_f[c, r] + b_s[row] * ra_f[c, r] + ck_f[c, r]
+                                                              + eg * a_dke
+                                                              + T.exp(g_s[C - 1, c] - g_s[row, c]) * a_dkd, odt)  # fmt: skip
                             dgv = (qv * rq_f[c, r] - kv * cq_f[c, r] + b_s[row] * kv * ra_f[c, r] - kv * ck_f[c, r]
                                    + a_qg * a_dqg + a_ke * a_dke - a_kd * a_dkd)  # fmt: skip
                             cq_f[c, r] = dgv
@@ -260,8 +264,9 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
 def bwd_products_hopper(
     q: Tensor, k: Tensor, g: Tensor, beta: Tensor, tt: Tensor, kept: dict[str, Tensor], grads: dict[str, Tensor], *,
     scale: float, varlen: tuple[Tensor, Tensor] | None = None, lab: frozenset[str] = frozenset(),
+    out_dtype: torch.dtype = torch.float32,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
-    """(dq, dk, dg `[N, HV, K]`, dbeta `[N, HV]`, fp32) of `reverse_bwd_torch.products_finish` on this kernel: q, k
+    """(dq, dk, dg `[N, HV, K]`, dbeta `[N, HV]`: fp32, dq and dk in out_dtype, fp32 or bf16) of `reverse_bwd_torch.products_finish` on this kernel: q, k
     `[N, Hk, K]` (value head h reads head h // (HV / Hk): grouped heads; dq, dk come per value head, for the caller to
     sum per group), g (raw, fp32) `[N, HV, K]`, beta `[N, HV]`, T `[N, HV, 64]`, kept {"qg", "ke", "kd"} `[N, HV, K]`
     (bf16, the forward's under "ag") and grads `state_grads_hopper`'s outputs {"dAqk", "dAg" `[N, HV, 64]`, "dqg",
@@ -292,9 +297,12 @@ def bwd_products_hopper(
     kk = [x.to(torch.bfloat16).contiguous() for x in (tt, kept["qg"], kept["ke"], kept["kd"])]
     gg = [grads[n].float().contiguous() for n in ("dAqk", "dAg", "dqg", "dke", "dkd", "dGC")]
     bounds = varlen if varlen is not None else (stand_in(k.device, torch.int32, 2), stand_in(k.device, torch.int32, NT, 2))
-    dq, dk, dg = (torch.empty(N, HV, K, dtype=torch.float32, device=k.device) for _ in range(3))
+    if out_dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"bwd_products_hopper: out_dtype is fp32 or bf16, got {out_dtype}")
+    dq, dk = (torch.empty(N, HV, K, dtype=out_dtype, device=k.device) for _ in range(2))
+    dg = torch.empty(N, HV, K, dtype=torch.float32, device=k.device)
     dbeta = torch.empty(N, HV, dtype=torch.float32, device=k.device)
-    key = (HV, Hk, float(scale), varlen is not None, frozenset(lab))
+    key = (HV, Hk, float(scale), varlen is not None, frozenset(lab), out_dtype == torch.bfloat16)
     # (in `compile_ahead`'s dry run the kernel builds beside the Triton compiles and does not launch)
     if NT and not build_beside(("kda_bwd_products", *key), _build, *key):
         _build(*key)(*bf, *f32, *kk, *gg, *(b.int().contiguous() for b in bounds), dq, dk, dg, dbeta)

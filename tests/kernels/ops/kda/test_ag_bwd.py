@@ -173,12 +173,14 @@ def _mirror_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
         return run
 
-    def products_build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[str] = frozenset()):  # type: ignore[no-untyped-def]
+    def products_build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[str] = frozenset(),  # type: ignore[no-untyped-def]
+                       bf16_out: bool = False):  # fmt: skip
         # (lab builds are timing-only, the step never asks for one; but wg2, wg4 are exact: their GPU tests run here)
         assert lab <= {"wg2", "wg4"}
 
         def run(q, k, g, beta, tt, qg, ke, kd, daqk, dag, dqg, dke, dkd, dgc, cu, ci, dq, dk, dg, dbeta):  # type: ignore[no-untyped-def]
             calls.append("bwd_products")
+            assert (dq.dtype == dk.dtype == torch.bfloat16) == bf16_out  # (the kernel's outputs as its build says)
             if varlen:
                 calls.append("varlen")
             assert q.shape[1] == k.shape[1] == Hk  # the kernel reads the q, k heads (grouped: no expanded copy)
@@ -246,6 +248,15 @@ def test_the_step_on_the_tilelang_grads_with_their_mirrors(monkeypatch: pytest.M
                               wy=keep2, cu_seqlens=cu2)  # fmt: skip
         assert calls == ["state_grads", "bwd_products", "varlen"], (lengths, calls)
         _check(got2, _grouped_reference(q2, k2, v2, g2, beta2, h02, do2, dht2, cu2), 2e-2)
+    # (session 32) ungrouped heads: the products kernel writes dq, dk in bf16 itself (its mirror asserts the build)
+    q3, k3, v3, g3, beta3, _ = make_inputs("kda", B=B, T=T, H=H, K=dim, V=dim, lb=-1.0, dtype=torch.bfloat16, seed=3)
+    keep3: dict[str, torch.Tensor] = {}
+    chunk_kda_fwd(q3, k3, v3, g3, beta3, scale=dim**-0.5, initial_state=h0, output_final_state=True, plan=plan,
+                  fwd_path="fused", keep=keep3)  # fmt: skip
+    calls.clear()
+    got3 = KDA.triton_bwd(q3, k3, v3, g3, beta3, do, scale=dim**-0.5, initial_state=h0, dht=dht, plan=plan, wy=keep3)
+    assert calls == ["state_grads", "bwd_products"] and got3[0].dtype == got3[1].dtype == torch.bfloat16, calls
+    _check(got3, _grouped_reference(q3, k3, v3, g3, beta3, h0, do, dht), 2e-2)
     with pytest.raises(ValueError, match=r"^bwd_grads='tilelang' is KDA's backward from the forward's kept gated Ag"):
         KDA.triton_bwd(q, k, v, g, beta, do, scale=0.25, plan=plan, wy=None)
 

@@ -7,6 +7,7 @@ inputs: the core of the planned chunk-parallel KDA backward (`kernels/NOTES.md`,
 "KDA's backward, the next kernel"), where `chunk_bwd_dqk` and `wy_bwd` spend 11.8 ms of the 1x64K step.
 
     python benchmarks/decay_products_lab.py [--chunks 1024] [--heads 16] [--bks 32,64] [--no-state] [--no-finish]
+        [--finish-labs wg2,no_finish+wg2] [--once]   # --once: one untimed launch per build, for ncu
         [--out $OUT]
 
 Inputs: NT chunks x H heads of X `[64, 64]` fp32 (lower with the diagonal), a `[64, 128]` bf16 and G `[64, 128]`
@@ -118,7 +119,7 @@ def run_state(NT: int, H: int) -> dict[str, Any]:
     return {"ms": do_bench(lambda: state_grads_hopper(*args)), "bytes_floor_ms": nbytes / (HBM_TBPS * 1e12) * 1e3}
 
 
-def run_finish(NT: int, H: int, labs: tuple[str, ...] = ()) -> dict[str, Any]:
+def run_finish(NT: int, H: int, labs: tuple[str, ...] = (), once: bool = False) -> dict[str, Any]:
     """The products+finish kernel's time (`kernels.ops.kda.bwd_products_hopper`, the backward's second half: dA, four
     decayed products, dq, dk, dg, dbeta) on random inputs of the step's sizes, the fast path (its values are checked by
     its GPU test); its bytes floor: q, k, T, qg, ke, kd read in bf16, g, beta, dAqk, dAg, dqg, dke, dkd in fp32, dq,
@@ -140,6 +141,11 @@ def run_finish(NT: int, H: int, labs: tuple[str, ...] = ()) -> dict[str, Any]:
              "dGC": r(NT, H, K)}  # fmt: skip
     args = (q, k, g, torch.rand(N, H, device="cuda"), r(N, H, C, s=0.1).to(torch.bfloat16), kept, grads)
     nbytes = NT * H * C * ((5 * K + C) * 2 + (K + 1 + 2 * C + 3 * K) * 4 + (3 * K + 1) * 4)
+    if once:  # (session 32) one launch per build, untimed: for a profiler (`ncu -k regex:bwd_products`) to read
+        for lab in ("", *labs):
+            bwd_products_hopper(*args, scale=K**-0.5, lab=frozenset(x for x in lab.split("+") if x))
+        torch.cuda.synchronize()
+        return {}
     out = {"ms": do_bench(lambda: bwd_products_hopper(*args, scale=K**-0.5)),
            "bytes_floor_ms": nbytes / (HBM_TBPS * 1e12) * 1e3}  # fmt: skip
     for lab in labs:  # (session 31) the kernel with parts left out or swapped: what each costs
@@ -158,7 +164,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--finish-labs", default="", help="the products+finish kernel's lab builds to time too "
                     "(`bwd_products_hopper.PRODUCTS_LAB_SWITCHES`, joined by +; comma list)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=Path("/tmp/decay_products_lab"))
+    ap.add_argument("--once", action="store_true", help="only the products+finish kernel, one launch per build "
+                    "(the default, then each of --finish-labs), untimed: for `ncu -k regex:bwd_products`")  # fmt: skip
     a = ap.parse_args(argv)
+    if a.once:
+        run_finish(a.chunks, a.heads, tuple(x for x in a.finish_labs.split(",") if x), once=True)
+        return
     row = run(a.chunks, a.heads, [int(b) for b in a.bks.split(",")])
     if not a.no_state:
         row["state_products"] = run_state(a.chunks, a.heads)

@@ -307,19 +307,22 @@ def test_auto_takes_the_tilelang_grads_only_under_its_flag(monkeypatch: pytest.M
 
 
 @TILELANG
-@pytest.mark.parametrize("lengths", [None, (100, 37, 250)], ids=["dense", "varlen"])
-def test_the_step_on_the_tilelang_grads(lengths: tuple[int, ...] | None) -> None:
+@pytest.mark.parametrize(("lengths", "grouped"), [(None, True), ((100, 37, 250), True), (None, False)],
+                         ids=["dense", "varlen", "dense-ungrouped"])  # fmt: skip
+def test_the_step_on_the_tilelang_grads(lengths: tuple[int, ...] | None, grouped: bool) -> None:
     """On an H200 (tilelang 0.1.15): `LaunchPlan(bwd_grads="tilelang")` runs the two TileLang kernels in place of
     `chunk_bwd_dqk` + `wy_bwd`; bf16 gradients within 5e-3 of the fp32 reference's (the issue's bound; dense B = 2 of
     five chunks on the kernels' dense builds, and varlen with partial chunks and a sequence shorter than two on their
-    varlen builds (session 31); grouped heads: one q/k head, two value heads; an initial state and dht)."""
+    varlen builds (session 31); grouped heads: one q/k head, two value heads, or (session 32) not grouped, where the
+    products kernel writes dq, dk in bf16 itself; an initial state and dht)."""
     from tests.utils import make_inputs, make_state
 
     B, T, H = 2, 320, 2
     dense = {"B": B, "T": T} if lengths is None else {}
     q, k, v, g, beta, cu = make_inputs("kda", lengths, H=H, K=128, V=128, lb=-1.0, dtype=torch.bfloat16, device="cuda",
                                        **dense)  # fmt: skip
-    q, k = q[:, :, :1].contiguous(), k[:, :, :1].contiguous()  # grouped heads: HV = 2 Hk
+    if grouped:
+        q, k = q[:, :, :1].contiguous(), k[:, :, :1].contiguous()  # grouped heads: HV = 2 Hk
     h0 = make_state(B if lengths is None else len(lengths), H, 128, 128, device="cuda")
     gen = torch.Generator().manual_seed(8)
     do = torch.randn(v.shape, generator=gen).to("cuda", torch.bfloat16)

@@ -50,7 +50,7 @@ from kernels.ops.kda.bwd_products_hopper import bwd_products_hopper
 from kernels.ops.kda.state_grads_hopper import state_grads_hopper, state_grads_refusal
 from kernels.plan import LaunchPlan, default_plan, launch_config
 
-__all__ = ["KDA_TILELANG_GRADS_AUTO", "KDA_WY_FROM_AG", "KEPT_GATED", "chunk_kda_bwd_ag", "grads_mode",
+__all__ = ["KDA_TILELANG_GRADS_AUTO", "KDA_TILELANG_GRADS_DTYPE", "KDA_WY_FROM_AG", "KEPT_GATED", "chunk_kda_bwd_ag", "grads_mode",
            "kda_wy_from_ag", "tilelang_grads", "tilelang_grads_refusal"]  # fmt: skip
 
 # whether `LaunchPlan.bwd_grads="auto"` takes the TileLang gradients (`tilelang_grads`) where nothing refuses them:
@@ -58,6 +58,11 @@ __all__ = ["KDA_TILELANG_GRADS_AUTO", "KDA_WY_FROM_AG", "KEPT_GATED", "chunk_kda
 # 26.71 vs 24.54 ms at 1x64K, where the pair's is 0.76x on the H200; `kernels/NOTES.md`, "Session 31"); under the
 # tiered first call the step runs the Triton pair while they build (`kernels.first_call`)
 KDA_TILELANG_GRADS_AUTO = False
+
+# (session 32) the dtype of the state products' dqg, dke, dkd (`state_grads_hopper`'s grads_dtype), which the products
+# kernel reads: bf16 halves their 1.6 GB at 1x64K (written, read and held at the step's peak; the session 31 step's
+# peak was 8094 MB against FLA's 7192), each rounded once before the finish sums it into dq, dk, dg
+KDA_TILELANG_GRADS_DTYPE = torch.bfloat16
 
 # what KDA's forward keeps under "ag" (`kernels.ops.kda.fused.kda_fused_fwd`), the backward's WY names for them
 KEPT_GATED = {"ag": "ag", "aqk": "aqk", "qg": "qs", "ke": "ke", "kd": "ks", "gc": "gs"}
@@ -189,7 +194,7 @@ def tilelang_grads(
         return x.reshape(B * T, *x.shape[2:])
 
     s = state_grads_hopper(h, dh, rows(v), rows(do), rows(kept["ag"]), rows(kept["aqk"]), rows(kept["ke"]),
-                           rows(kept["ks"]), kept["gs"], varlen=varlen)  # fmt: skip
+                           rows(kept["ks"]), kept["gs"], varlen=varlen, grads_dtype=KDA_TILELANG_GRADS_DTYPE)  # fmt: skip
     gated = {"qg": rows(kept["qs"]), "ke": rows(kept["ke"]), "kd": rows(kept["ks"])}
     # (session 32) ungrouped, dq and dk come in the inputs' bf16 from the kernel: no fp32 buffers and casts after (a
     # grouped head's sum stays in fp32 before its one rounding)

@@ -62,11 +62,12 @@ PRODUCTS_LAB_SWITCHES = {
 
 @functools.cache
 def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[str] = frozenset(),
-           bf16_out: bool = False) -> Any:  # fmt: skip
+           bf16_out: bool = False, bf16_grads: bool = False) -> Any:  # fmt: skip
     """The compiled kernel for H value heads over Hk q, k heads (value head h reads q, k head h // (H / Hk)) and this
     scale (TileLang JIT, cached on disk by TileLang too); varlen: chunk i_c at the rows its (sequence, chunk) pair
     names (`cu`, `ci`), the rows past its sequence's end read as zeros and not written; else chunk c at rows 64 c.
-    bf16_out: dq, dk written in bf16 (rounded once from fp32, as a cast after would), else fp32."""
+    bf16_out: dq, dk written in bf16 (rounded once from fp32, as a cast after would), else fp32; bf16_grads: dqg,
+    dke, dkd read in bf16 (`state_grads_hopper`'s grads_dtype), else fp32."""
     import tilelang
     import tilelang.language as T
 
@@ -78,6 +79,7 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
     G = H // Hk
     fp32, io = "float32", "bfloat16"
     odt = io if bf16_out else fp32  # dq's and dk's
+    gdt = io if bf16_grads else fp32  # dqg's, dke's, dkd's
     nchunk, nseq = T.dynamic("nchunk"), T.dynamic("nseq")
     # the rows: any count under varlen; dense, 64 a chunk (then TileLang checks no row bound: the dense build's code
     # is the one before varlen came)
@@ -96,8 +98,8 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
             tt: T.Tensor((ntok, H, C), io), qg: T.Tensor((ntok, H, K), io),
             ke: T.Tensor((ntok, H, K), io), kd: T.Tensor((ntok, H, K), io),
             daqk: T.Tensor((ntok, H, C), fp32), dag: T.Tensor((ntok, H, C), fp32),
-            dqg: T.Tensor((ntok, H, K), fp32), dke: T.Tensor((ntok, H, K), fp32),
-            dkd: T.Tensor((ntok, H, K), fp32), dgc: T.Tensor((nchunk, H, K), fp32),
+            dqg: T.Tensor((ntok, H, K), gdt), dke: T.Tensor((ntok, H, K), gdt),
+            dkd: T.Tensor((ntok, H, K), gdt), dgc: T.Tensor((nchunk, H, K), fp32),
             cu: T.Tensor((nseq + 1,), "int32"), ci: T.Tensor((nchunk, 2), "int32"),
             dq: T.Tensor((ntok, H, K), odt), dk: T.Tensor((ntok, H, K), odt),
             dg: T.Tensor((ntok, H, K), fp32), dbeta: T.Tensor((ntok, H), fp32),
@@ -216,9 +218,9 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                             eg = T.exp(g_s[row, c])
                             qv = T.cast(q_s[row, c], fp32)
                             kv = T.cast(k_s[row, c], fp32)
-                            a_dqg = T.if_then_else(row < n, dqg[t0 + row, i_h, c], 0.0)
-                            a_dke = T.if_then_else(row < n, dke[t0 + row, i_h, c], 0.0)
-                            a_dkd = T.if_then_else(row < n, dkd[t0 + row, i_h, c], 0.0)
+                            a_dqg = T.if_then_else(row < n, T.cast(dqg[t0 + row, i_h, c], fp32), 0.0)
+                            a_dke = T.if_then_else(row < n, T.cast(dke[t0 + row, i_h, c], fp32), 0.0)
+                            a_dkd = T.if_then_else(row < n, T.cast(dkd[t0 + row, i_h, c], fp32), 0.0)
                             a_qg = T.if_then_else(row < n, T.cast(qg[t0 + row, i_h, c], fp32), 0.0)
                             a_ke = T.if_then_else(row < n, T.cast(ke[t0 + row, i_h, c], fp32), 0.0)
                             a_kd = T.if_then_else(row < n, T.cast(kd[t0 + row, i_h, c], fp32), 0.0)
@@ -244,7 +246,8 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                 if tx < K:  # (a thread a key)
                     acc = dgc[i_c, i_h, tx]
                     for r in T.unroll(C):
-                        acc = acc + T.if_then_else(r < n, T.cast(kd[t0 + r, i_h, tx], fp32) * dkd[t0 + r, i_h, tx], 0.0)
+                        kdv = T.cast(kd[t0 + r, i_h, tx], fp32) * T.cast(dkd[t0 + r, i_h, tx], fp32)
+                        acc = acc + T.if_then_else(r < n, kdv, 0.0)
                     for r in T.unroll(C):
                         acc = acc + dgs_s[C - 1 - r, tx]
                         if C - 1 - r < n:
@@ -295,14 +298,17 @@ def bwd_products_hopper(
     bf = [x.to(torch.bfloat16).contiguous() for x in (q, k)]
     f32 = [x.float().contiguous() for x in (g, beta)]
     kk = [x.to(torch.bfloat16).contiguous() for x in (tt, kept["qg"], kept["ke"], kept["kd"])]
-    gg = [grads[n].float().contiguous() for n in ("dAqk", "dAg", "dqg", "dke", "dkd", "dGC")]
+    # (dqg, dke, dkd in bf16 where `state_grads_hopper` wrote them so, all three alike; else fp32)
+    bf16_grads = all(grads[n].dtype == torch.bfloat16 for n in ("dqg", "dke", "dkd"))
+    gg = [grads[n].to(torch.bfloat16 if bf16_grads and n in ("dqg", "dke", "dkd") else torch.float32).contiguous()
+          for n in ("dAqk", "dAg", "dqg", "dke", "dkd", "dGC")]  # fmt: skip
     bounds = varlen if varlen is not None else (stand_in(k.device, torch.int32, 2), stand_in(k.device, torch.int32, NT, 2))
     if out_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"bwd_products_hopper: out_dtype is fp32 or bf16, got {out_dtype}")
     dq, dk = (torch.empty(N, HV, K, dtype=out_dtype, device=k.device) for _ in range(2))
     dg = torch.empty(N, HV, K, dtype=torch.float32, device=k.device)
     dbeta = torch.empty(N, HV, dtype=torch.float32, device=k.device)
-    key = (HV, Hk, float(scale), varlen is not None, frozenset(lab), out_dtype == torch.bfloat16)
+    key = (HV, Hk, float(scale), varlen is not None, frozenset(lab), out_dtype == torch.bfloat16, bf16_grads)
     # (in `compile_ahead`'s dry run the kernel builds beside the Triton compiles and does not launch)
     if NT and not build_beside(("kda_bwd_products", *key), _build, *key):
         _build(*key)(*bf, *f32, *kk, *gg, *(b.int().contiguous() for b in bounds), dq, dk, dg, dbeta)

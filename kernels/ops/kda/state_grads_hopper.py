@@ -41,15 +41,16 @@ def state_grads_refusal(K: int, V: int, BT: int, device: torch.device) -> str | 
 
 
 @functools.cache
-def _build(H: int, varlen: bool = False) -> Any:
+def _build(H: int, varlen: bool = False, bf16_grads: bool = False) -> Any:
     """The compiled kernel for H value heads (TileLang JIT, cached on disk by TileLang too); varlen: chunk i_c at the
     rows its (sequence, chunk) pair names (`cu`, `ci`), the rows past its sequence's end read as zeros and not
-    written; else chunk c at rows 64 c (`cu`, `ci` unread)."""
+    written; else chunk c at rows 64 c (`cu`, `ci` unread). bf16_grads: dqg, dke, dkd written in bf16, else fp32."""
     import tilelang.language as T
 
     K = V = 128
     C = 64
     fp32, io = "float32", "bfloat16"
+    gdt = io if bf16_grads else fp32  # dqg's, dke's, dkd's
     nchunk, nseq = T.dynamic("nchunk"), T.dynamic("nseq")
     # the rows: any count under varlen; dense, 64 a chunk (then TileLang checks no row bound: the dense build's code
     # is the one before varlen came)
@@ -81,8 +82,8 @@ def _build(H: int, varlen: bool = False) -> Any:
             gc: T.Tensor((nchunk, H, K), fp32),
             cu: T.Tensor((nseq + 1,), "int32"), ci: T.Tensor((nchunk, 2), "int32"),
             dv: T.Tensor((ntok, H, V), io), daqk: T.Tensor((ntok, H, C), fp32),
-            dag: T.Tensor((ntok, H, C), fp32), dqg: T.Tensor((ntok, H, K), fp32),
-            dke: T.Tensor((ntok, H, K), fp32), dkd: T.Tensor((ntok, H, K), fp32),
+            dag: T.Tensor((ntok, H, C), fp32), dqg: T.Tensor((ntok, H, K), gdt),
+            dke: T.Tensor((ntok, H, K), gdt), dkd: T.Tensor((ntok, H, K), gdt),
             dgc: T.Tensor((nchunk, H, K), fp32),
         ):  # fmt: skip
             with T.Kernel(nchunk * H, threads=_THREADS) as (bid,):
@@ -176,9 +177,9 @@ def _build(H: int, varlen: bool = False) -> Any:
 
 def state_grads_hopper(
     h: Tensor, dh: Tensor, v: Tensor, do: Tensor, ag: Tensor, aqk: Tensor, ke: Tensor, kd: Tensor, gc: Tensor, *,
-    varlen: tuple[Tensor, Tensor] | None = None,
+    varlen: tuple[Tensor, Tensor] | None = None, grads_dtype: torch.dtype = torch.float32,
 ) -> dict[str, Tensor]:  # fmt: skip
-    """`state_products`' outputs on this kernel (fp32; dW bf16): {"dW" (= dV), "dAqk", "dAg", "dqg", "dke", "dkd" `[N, HV, ..]`,
+    """`state_products`' outputs on this kernel (fp32; dW bf16, dqg, dke, dkd in grads_dtype: fp32 or bf16): {"dW" (= dV), "dAqk", "dAg", "dqg", "dke", "dkd" `[N, HV, ..]`,
     "dGC" `[NT, HV, K]`} from h, dh `[NT, HV, K, V]`, v, do `[N, HV, V]`, ag, aqk `[N, HV, 64]`, ke, kd `[N, HV, K]`
     (bf16) and gc fp32 `[NT, HV, K]`: chunk c at rows 64 c (N = 64 NT), or with varlen (cu_seqlens, chunk_indices:
     `kernels.common.index.ChunkIndex`'s, int32 on the device) at the rows of its (sequence, chunk) pair, the rows past
@@ -200,12 +201,16 @@ def state_grads_hopper(
     xs = [t.to(torch.bfloat16).contiguous() for t in (h, dh, v, do, ag, aqk, ke, kd)]
     bounds = varlen if varlen is not None else (stand_in(h.device, torch.int32, 2), stand_in(h.device, torch.int32, NT, 2))
     # dW (= dV, a final gradient) in bf16 (session 31: its fp32 copy and the cast after cost 0.3 ms and 268 MB at
-    # 1x64K on the H100); the rest fp32, for the products kernel
-    outs = {name: xs[2].new_empty(N, HV, n, dtype=torch.bfloat16 if name == "dW" else torch.float32)
+    # 1x64K on the H100); dAqk, dAg fp32 for the products kernel; dqg, dke, dkd as asked (session 32: bf16 halves
+    # their 1.6 GB at 1x64K, written here and read by the products kernel)
+    if grads_dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"state_grads_hopper: grads_dtype is fp32 or bf16, got {grads_dtype}")
+    dtypes = {"dW": torch.bfloat16, "dAqk": torch.float32, "dAg": torch.float32}
+    outs = {name: xs[2].new_empty(N, HV, n, dtype=dtypes.get(name, grads_dtype))
             for name, n in (("dW", V), ("dAqk", 64), ("dAg", 64), ("dqg", K), ("dke", K), ("dkd", K))}  # fmt: skip
     outs["dGC"] = gc.new_empty(NT, HV, K, dtype=torch.float32)
-    key = varlen is not None
+    key = (HV, varlen is not None, grads_dtype == torch.bfloat16)
     # (in `compile_ahead`'s dry run the kernel builds beside the Triton compiles and does not launch)
-    if NT and not build_beside(("kda_state_grads", HV, key), _build, HV, key):
-        _build(HV, key)(*xs, gc.float().contiguous(), *(b.int().contiguous() for b in bounds), *outs.values())
+    if NT and not build_beside(("kda_state_grads", *key), _build, *key):
+        _build(*key)(*xs, gc.float().contiguous(), *(b.int().contiguous() for b in bounds), *outs.values())
     return outs

@@ -159,9 +159,10 @@ def _mirror_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         for c, (t0, n) in enumerate(sp):
             dst[t0 : t0 + n] = x[c].transpose(0, 1)[:n].to(dst.dtype)
 
-    def state_build(H: int, varlen: bool = False):  # type: ignore[no-untyped-def]
+    def state_build(H: int, varlen: bool = False, bf16_grads: bool = False):  # type: ignore[no-untyped-def]
         def run(h, dh, v, do, ag, aqk, ke, kd, gc, cu, ci, dW, dAqk, dAg, dqg, dke, dkd, dGC):  # type: ignore[no-untyped-def]
             calls.append("state_grads")
+            assert (dqg.dtype == dke.dtype == dkd.dtype == torch.bfloat16) == bf16_grads  # (as its build says)
             sp = spans(h.shape[0], cu, ci, varlen)
             kept = {"Ag": chunks(ag, sp), "Aqk": chunks(aqk, sp), "ke": chunks(ke, sp), "kd": chunks(kd, sp),
                     "qg": torch.zeros_like(chunks(ke, sp)), "GC": gc.double()}  # fmt: skip
@@ -174,13 +175,14 @@ def _mirror_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return run
 
     def products_build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[str] = frozenset(),  # type: ignore[no-untyped-def]
-                       bf16_out: bool = False):  # fmt: skip
+                       bf16_out: bool = False, bf16_grads: bool = False):  # fmt: skip
         # (lab builds are timing-only, the step never asks for one; but wg2, wg4 are exact: their GPU tests run here)
         assert lab <= {"wg2", "wg4"}
 
         def run(q, k, g, beta, tt, qg, ke, kd, daqk, dag, dqg, dke, dkd, dgc, cu, ci, dq, dk, dg, dbeta):  # type: ignore[no-untyped-def]
             calls.append("bwd_products")
             assert (dq.dtype == dk.dtype == torch.bfloat16) == bf16_out  # (the kernel's outputs as its build says)
+            assert (dqg.dtype == dke.dtype == dkd.dtype == torch.bfloat16) == bf16_grads
             if varlen:
                 calls.append("varlen")
             assert q.shape[1] == k.shape[1] == Hk  # the kernel reads the q, k heads (grouped: no expanded copy)
@@ -368,9 +370,9 @@ def test_the_kernels_gpu_tests_run_on_their_mirrors(monkeypatch: pytest.MonkeyPa
 
     calls = _mirror_builds(monkeypatch)
     monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
-    for varlen in (False, True):
-        states.test_kernel_matches_the_mirror(varlen)
+    for varlen, dtype in ((False, torch.float32), (True, torch.float32), (True, torch.bfloat16)):
+        states.test_kernel_matches_the_mirror(varlen, dtype)
     for case in ((False, False, False, ""), (True, False, False, ""), (False, True, False, ""), (True, True, True, ""),
-                 (True, True, True, "wg2"), (True, True, True, "wg4")):  # fmt: skip
+                 (True, True, True, "wg2"), (True, True, True, "wg4"), (True, False, True, "bf16")):  # fmt: skip
         products.test_kernel_matches_the_mirror(*case)
-    assert calls.count("state_grads") == 2 and calls.count("bwd_products") == 6 and calls.count("varlen") == 3, calls
+    assert calls.count("state_grads") == 3 and calls.count("bwd_products") == 7 and calls.count("varlen") == 4, calls

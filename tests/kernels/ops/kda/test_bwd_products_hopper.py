@@ -41,13 +41,16 @@ def _bf(t: torch.Tensor) -> torch.Tensor:
 
 
 @GPU
-@pytest.mark.parametrize(("strong", "grouped", "varlen", "lab"),
+@pytest.mark.parametrize(("strong", "grouped", "varlen", "variant"),
                          [(False, False, False, ""), (True, False, False, ""), (False, True, False, ""),
                           (True, True, True, ""), (True, False, False, "wg2"), (True, True, True, "wg2"),
-                          (True, True, True, "wg4")],
-                         ids=["fast", "edges", "grouped", "varlen", "edges-wg2", "varlen-wg2", "varlen-wg4"])  # fmt: skip
-def test_kernel_matches_the_mirror(strong: bool, grouped: bool, varlen: bool, lab: str) -> None:
-    """(lab: an exact build switch, `PRODUCTS_LAB_SWITCHES`; session 32: wg2, wg4, two or four warpgroups)"""
+                          (True, True, True, "wg4"), (True, False, True, "bf16")],
+                         ids=["fast", "edges", "grouped", "varlen", "edges-wg2", "varlen-wg2", "varlen-wg4",
+                              "varlen-bf16"])  # fmt: skip
+def test_kernel_matches_the_mirror(strong: bool, grouped: bool, varlen: bool, variant: str) -> None:
+    """(variant, session 32: an exact lab build, `PRODUCTS_LAB_SWITCHES`' wg2 or wg4, two or four warpgroups; or bf16:
+    dqg, dke, dkd in bf16 (`state_grads_hopper`'s grads_dtype), the mirror on the same rounded values, and dq, dk out
+    in bf16)"""
     gen = torch.Generator().manual_seed(7)
 
     def r(*shape: int) -> torch.Tensor:
@@ -69,14 +72,19 @@ def test_kernel_matches_the_mirror(strong: bool, grouped: bool, varlen: bool, la
     S, dS = _bf(r(NT, HV, K, V)), _bf(0.1 * r(NT, HV, K, V))
     v, do = _bf(r(NT, HV, C, V) * m), _bf(r(NT, HV, C, V) * m)
     grads = state_products(kept, v, S, do, dS) | {"dGC": kept["GC"].exp() * (S * dS).sum(-1)}
+    if variant == "bf16":
+        grads |= {n: _bf(grads[n]) for n in ("dqg", "dke", "dkd")}
     want = products_finish(q, k, g, beta, kept, grads, scale=scale)
 
     bounds = (torch.tensor(CU, dtype=torch.int32).cuda(), torch.tensor(CI, dtype=torch.int32).cuda()) if varlen else None
     got = bwd_products_hopper(
         lay(q0, varlen), lay(k0, varlen), lay(g, varlen), lay(beta, varlen), lay(kept["T"], varlen),
         {n: lay(kept[n], varlen) for n in ("qg", "ke", "kd")},
-        {**{n: lay(grads[n], varlen) for n in ("dAqk", "dAg", "dqg", "dke", "dkd")}, "dGC": grads["dGC"].cuda()},
-        scale=scale, varlen=bounds, lab=frozenset(x for x in [lab] if x),
+        {**{n: lay(grads[n], varlen) for n in ("dAqk", "dAg")}, "dGC": grads["dGC"].cuda(),
+         **{n: lay(grads[n], varlen).to(torch.bfloat16 if variant == "bf16" else torch.float32)
+            for n in ("dqg", "dke", "dkd")}},
+        scale=scale, varlen=bounds, lab=frozenset([variant]) if variant.startswith("wg") else frozenset(),
+        out_dtype=torch.bfloat16 if variant == "bf16" else torch.float32,
     )  # fmt: skip
     for name, w, a in zip(("dq", "dk", "dg", "dbeta"), want, got, strict=True):
         assert bool(torch.isfinite(a).all()), name

@@ -60,8 +60,11 @@ def valid(NTr: int, varlen: bool) -> torch.Tensor:
 
 
 @GPU
-@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
-def test_kernel_matches_the_mirror(varlen: bool) -> None:
+@pytest.mark.parametrize(("varlen", "grads_dtype"), [(False, torch.float32), (True, torch.float32),
+                                                     (True, torch.bfloat16)],
+                         ids=["dense", "varlen", "varlen-bf16"])  # fmt: skip
+def test_kernel_matches_the_mirror(varlen: bool, grads_dtype: torch.dtype) -> None:
+    """(grads_dtype, session 32: dqg, dke, dkd written in it)"""
     gen = torch.Generator().manual_seed(5)
 
     def r(*shape: int) -> torch.Tensor:  # bf16 values in fp64
@@ -82,9 +85,11 @@ def test_kernel_matches_the_mirror(varlen: bool) -> None:
     bounds = (torch.tensor(CU, dtype=torch.int32).cuda(), torch.tensor(CI, dtype=torch.int32).cuda()) if varlen else None
     got = state_grads_hopper(S.cuda(), dS.cuda(), lay(v, varlen), lay(do, varlen), lay(kept["Ag"], varlen),
                              lay(dirty, varlen), lay(kept["ke"], varlen), lay(kept["kd"], varlen), kept["GC"].cuda(),
-                             varlen=bounds)  # fmt: skip
+                             varlen=bounds, grads_dtype=grads_dtype)  # fmt: skip
     for name in ("dW", "dAqk", "dAg", "dqg", "dke", "dkd"):
         ref = lay(want[name], varlen).cpu()
         assert bool(torch.isfinite(got[name]).all()), name
+        assert got[name].dtype == (grads_dtype if name in ("dqg", "dke", "dkd") else torch.float32
+                                   if name != "dW" else torch.bfloat16), name  # fmt: skip
         assert_rel_close(name, ref, got[name].double().cpu(), 2e-2)
     assert_rel_close("dGC", dgc, got["dGC"].double().cpu(), 2e-2)

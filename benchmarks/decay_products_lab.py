@@ -7,7 +7,7 @@ inputs: the core of the planned chunk-parallel KDA backward (`kernels/NOTES.md`,
 "KDA's backward, the next kernel"), where `chunk_bwd_dqk` and `wy_bwd` spend 11.8 ms of the 1x64K step.
 
     python benchmarks/decay_products_lab.py [--chunks 1024] [--heads 16] [--bks 32,64] [--no-state] [--no-finish]
-        [--finish-labs wg2,no_finish+wg2] [--once]   # --once: one untimed launch per build, for ncu
+        [--finish-labs wg1,no_finish+wg4] [--once]   # --once: one untimed launch per build, for ncu
         [--out $OUT]
 
 Inputs: NT chunks x H heads of X `[64, 64]` fp32 (lower with the diagonal), a `[64, 128]` bf16 and G `[64, 128]`

@@ -1,8 +1,9 @@
 """The second half of the planned chunk-parallel KDA backward as one TileLang kernel per (chunk, value head) on Hopper:
 from the state products (`kernels.ops.kda.state_grads_hopper`: dAqk, dAg, dqg, dke, dkd and dG_C's state term) and
 what the forward keeps under "ag" (T, qg, ke, kd), KDA's dq, dk, dg and dbeta (`kernels/NOTES.md`, "Session 30"). The
-step calls it under `LaunchPlan(bwd_grads="tilelang")` (`kernels.ops.kda.ag_bwd.tilelang_grads`), opt-in while it is
-slower than `chunk_bwd_dqk` + `wy_bwd` (session 31: 18.3 ms at 1x64K on an H100).
+step calls it under `LaunchPlan(bwd_grads="tilelang")` (`kernels.ops.kda.ag_bwd.tilelang_grads`), opt-in while the
+step on it is slower than on `chunk_bwd_dqk` + `wy_bwd` (session 32, the H200: 17.88 ms at 1x64K's size on one
+warpgroup, 9.25 on two, the default since; the step on one 1.02x FLA's).
 Its CPU mirror is `kernels.ops.kda.reverse_bwd_torch.products_finish`, the same math in torch.
 
 Per chunk of C = 64 rows (G the in-chunk cumsum of the floored per-key gate, formed here from g as the Ag pass does):
@@ -22,7 +23,7 @@ Fast chunks (every key's span across every block below FAST_SPAN) take the block
 products skip the diagonal blocks, which are summed elementwise (every exponent <= 0). Sizes: K = V = 128, chunk 64,
 bf16 q, k, sm_90, TileLang `kernels.ops.gdn.tilelang_hopper.TILELANG_VERSION`; refused in one line otherwise. Dense
 rows (chunk c at 64 c..); grouped heads read their q, k head (session 31: no expanded copies). ~215 KB of shared memory (one
-program an SM). Tested on the GPU against the mirror (tests/kernels/ops/kda/test_bwd_products_hopper.py).
+program an SM), two warpgroups (`_THREADS`). Tested on the GPU against the mirror (tests/kernels/ops/kda/test_bwd_products_hopper.py).
 """
 
 import functools
@@ -39,7 +40,10 @@ from kernels.parallel_compile import build_beside
 __all__ = ["PRODUCTS_LAB_SWITCHES", "bwd_products_hopper", "bwd_products_refusal"]
 
 _WHAT = "KDA backward products"  # how the refusals name this kernel
-_THREADS = 128
+# two warpgroups (session 32, the H200: 9.25 ms at 1x64K's size against one warpgroup's 17.88; ncu: one warp a
+# scheduler issued an instruction every 12 cycles, half of them waiting on global loads; four warpgroups took 9.84,
+# instruction-cache misses and more instructions, `results/decay_products_lab_s32_h200.md`)
+_THREADS = 256
 
 
 def bwd_products_refusal(K: int, V: int, BT: int, device: torch.device) -> str | None:
@@ -55,8 +59,8 @@ PRODUCTS_LAB_SWITCHES = {
     "no_operands": "no block operands formed (the products read whatever their tiles hold)",
     "no_products": "no decayed products (their fragments cleared instead)",
     "no_finish": "no block finish (dq, dk unwritten, dG zero)",
-    "wg2": "two warpgroups (256 threads) in place of one: exact, the elementwise work spread over twice the warps",
-    "wg4": "four warpgroups (512 threads): exact, as wg2",
+    "wg1": "one warpgroup (128 threads), the form before session 32: exact",
+    "wg4": "four warpgroups (512 threads): exact",
 }
 
 
@@ -104,7 +108,7 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
             dq: T.Tensor((ntok, H, K), odt), dk: T.Tensor((ntok, H, K), odt),
             dg: T.Tensor((ntok, H, K), fp32), dbeta: T.Tensor((ntok, H), fp32),
         ):  # fmt: skip
-            with T.Kernel(nchunk * H, threads=_THREADS * (4 if "wg4" in lab else 2 if "wg2" in lab else 1)) as (bid,):
+            with T.Kernel(nchunk * H, threads=512 if "wg4" in lab else 128 if "wg1" in lab else _THREADS) as (bid,):
                 i_c = bid // H
                 i_h = bid % H
                 tx = T.get_thread_binding()

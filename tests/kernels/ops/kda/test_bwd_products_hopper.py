@@ -43,12 +43,12 @@ def _bf(t: torch.Tensor) -> torch.Tensor:
 @GPU
 @pytest.mark.parametrize(("strong", "grouped", "varlen", "variant"),
                          [(False, False, False, ""), (True, False, False, ""), (False, True, False, ""),
-                          (True, True, True, ""), (True, False, False, "wg2"), (True, True, True, "wg2"),
+                          (True, True, True, ""), (True, False, False, "wg1"), (True, True, True, "wg1"),
                           (True, True, True, "wg4"), (True, False, True, "bf16")],
-                         ids=["fast", "edges", "grouped", "varlen", "edges-wg2", "varlen-wg2", "varlen-wg4",
+                         ids=["fast", "edges", "grouped", "varlen", "edges-wg1", "varlen-wg1", "varlen-wg4",
                               "varlen-bf16"])  # fmt: skip
 def test_kernel_matches_the_mirror(strong: bool, grouped: bool, varlen: bool, variant: str) -> None:
-    """(variant, session 32: an exact lab build, `PRODUCTS_LAB_SWITCHES`' wg2 or wg4, two or four warpgroups; or bf16:
+    """(variant, session 32: an exact lab build, `PRODUCTS_LAB_SWITCHES`' wg1 or wg4, one or four warpgroups; or bf16:
     dqg, dke, dkd in bf16 (`state_grads_hopper`'s grads_dtype), the mirror on the same rounded values, and dq, dk out
     in bf16)"""
     gen = torch.Generator().manual_seed(7)

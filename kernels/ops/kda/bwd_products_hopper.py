@@ -61,6 +61,9 @@ PRODUCTS_LAB_SWITCHES = {
     "no_finish": "no block finish (dq, dk unwritten, dG zero)",
     "wg1": "one warpgroup (128 threads), the form before session 32: exact",
     "wg4": "four warpgroups (512 threads): exact",
+    "parallel_tail": "dG_C's colsum(kd o dkd) from the finish's loads and dbeta's colsum(dAg o T) by all threads, in "
+    "place of a thread a key or row reading 64 rows of kd, dkd or dAg from memory in its loop (session 32; exact on its "
+    "mirror's math, compiled, not yet run)",
 }
 
 
@@ -139,7 +142,9 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                 kra_s = T.alloc_shared((BLOCK, K), fp32)  # k o RA of the block's rows (dbeta's row sums)
                 rs_s = T.alloc_shared((BLOCK,), fp32)
                 dgs_s = T.alloc_shared((C, K + 8), fp32)  # dG, then summed down the chunk
+                fl_s = T.alloc_shared((C, K), "uint8")  # 1 where the gate is below the floor (dg 0 there)
                 dbr_s = T.alloc_shared((C,), fp32)
+                dbt_s = T.alloc_shared((C,), fp32)  # colsum(dAg o T), dbeta's other term
                 b_s = T.alloc_shared((C,), fp32)
                 ref_s = T.alloc_shared((NB, K), fp32)  # the rows' references (R)
                 cref_s = T.alloc_shared((NB, K), fp32)  # the columns' (Cc)
@@ -151,6 +156,7 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                 ck_f = T.alloc_fragment((K, BLOCK), fp32)
                 kr_f = T.alloc_fragment((BLOCK, K), fp32)
                 acc = T.alloc_var(fp32)
+                kc_l = T.alloc_local((1,), fp32)  # colsum(kd o dkd) of key tx, summed block by block
                 fast_l = T.alloc_local((1,), "int32")
                 T.annotate_layout({x: tilelang.layout.make_swizzled_layout(x) for x in (q_s, k_s)})
 
@@ -167,7 +173,10 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                 # in the same phase (beta from memory, not b_s: no barrier between the two groups of loads), so the
                 # program waits on one global latency for both
                 for r, c in T.Parallel(C, K):  # (a gate of 0 past the end: G repeats its last row, as the Ag pass's)
-                    g_s[r, c] = T.if_then_else(r < n, T.max(g[t0 + r, i_h, c], floor), 0.0)
+                    gv = T.if_then_else(r < n, g[t0 + r, i_h, c], 0.0)
+                    g_s[r, c] = T.max(gv, floor)
+                    if "parallel_tail" in lab:
+                        fl_s[r, c] = T.if_then_else(gv < floor, T.cast(1, "uint8"), T.cast(0, "uint8"))
                 for r, c in T.Parallel(C, C):
                     m_s[r, c] = T.cast(T.if_then_else((r < n) & (c < n), dag[t0 + r, i_h, c] * beta[t0 + c, i_h], 0.0), io)
                     xv = T.if_then_else(r < n, daqk[t0 + r, i_h, c] * scale, 0.0)
@@ -180,6 +189,13 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                         g_s[r, tx] = acc
                 mac.references(g_s, sp_s, ref_s, cref_s, fast_l, tx)
                 fastv = fast_l[0]
+                # (parallel_tail) dbeta's colsum(dAg o T) here, by all threads (dAg read again: a cached line), in place
+                # of a thread a row reading 64 rows of dAg from memory one after another at the end; c_f as [col, row]
+                if "parallel_tail" in lab:
+                    for c, r in T.Parallel(C, C):
+                        c_f[c, r] = T.if_then_else((r < n) & (c < n), dag[t0 + r, i_h, c] * T.cast(t_s[r, c], fp32), 0.0)
+                    T.reduce_sum(c_f, dbt_s, dim=1)
+                kc_l[0] = 0.0
                 # dA = -StrictLower(T^T (dAg diag(beta)) T^T) (its M = dAg diag(beta) formed above)
                 T.fence_proxy_async()
                 T.gemm(m_s, t_s, c_f, transpose_B=True, clear_accum=True)
@@ -237,6 +253,8 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                                    + a_qg * a_dqg + a_ke * a_dke - a_kd * a_dkd)  # fmt: skip
                             cq_f[c, r] = dgv
                             ck_f[c, r] = kv * ra_f[c, r]
+                            if "parallel_tail" in lab:
+                                rq_f[c, r] = a_kd * a_dkd  # (dG_C's colsum(kd o dkd), from the loads above)
                     for c, r in T.Parallel(K, BLOCK):
                         dgs_s[BLOCK * I + r, c] = cq_f[c, r]
                         kra_s[r, c] = ck_f[c, r]
@@ -244,24 +262,41 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                     T.reduce_sum(kr_f, rs_s, dim=1)
                     for r in T.Parallel(BLOCK):
                         dbr_s[BLOCK * I + r] = rs_s[r]
+                    if "parallel_tail" in lab:  # the block's kd o dkd through kra_s, summed down by a thread a key
+                        for c, r in T.Parallel(K, BLOCK):
+                            kra_s[r, c] = rq_f[c, r]
+                        if tx < K:
+                            for r in T.unroll(BLOCK):
+                                kc_l[0] = kc_l[0] + kra_s[r, tx]
                 T.sync_threads()
 
                 # dg: dG summed down the chunk from its end, dG_C (the state term + colsum(kd o dkd)) on the last row
+                # (parallel_tail, session 32: the column sums from registers, the gate's floor from shared memory)
                 if tx < K:  # (a thread a key)
                     acc = dgc[i_c, i_h, tx]
-                    for r in T.unroll(C):
-                        kdv = T.cast(kd[t0 + r, i_h, tx], fp32) * T.cast(dkd[t0 + r, i_h, tx], fp32)
-                        acc = acc + T.if_then_else(r < n, kdv, 0.0)
+                    if "parallel_tail" not in lab:
+                        for r in T.unroll(C):
+                            kdv = T.cast(kd[t0 + r, i_h, tx], fp32) * T.cast(dkd[t0 + r, i_h, tx], fp32)
+                            acc = acc + T.if_then_else(r < n, kdv, 0.0)
+                    else:
+                        acc = acc + kc_l[0]
                     for r in T.unroll(C):
                         acc = acc + dgs_s[C - 1 - r, tx]
                         if C - 1 - r < n:
-                            dg[t0 + C - 1 - r, i_h, tx] = T.if_then_else(g[t0 + C - 1 - r, i_h, tx] < floor, 0.0, acc)
+                            if "parallel_tail" in lab:
+                                dg[t0 + C - 1 - r, i_h, tx] = T.if_then_else(fl_s[C - 1 - r, tx] == 1, 0.0, acc)
+                            else:
+                                below = g[t0 + C - 1 - r, i_h, tx] < floor
+                                dg[t0 + C - 1 - r, i_h, tx] = T.if_then_else(below, 0.0, acc)
                 # dbeta = colsum(dAg o T) + rowsum(k o RA)
                 if tx < n:
-                    acc = dbr_s[tx]
-                    for r in T.unroll(C):
-                        acc = acc + T.if_then_else(r < n, dag[t0 + r, i_h, tx] * T.cast(t_s[r, tx], fp32), 0.0)
-                    dbeta[t0 + tx, i_h] = acc
+                    if "parallel_tail" not in lab:
+                        acc = dbr_s[tx]
+                        for r in T.unroll(C):
+                            acc = acc + T.if_then_else(r < n, dag[t0 + r, i_h, tx] * T.cast(t_s[r, tx], fp32), 0.0)
+                        dbeta[t0 + tx, i_h] = acc
+                    else:
+                        dbeta[t0 + tx, i_h] = dbr_s[tx] + dbt_s[tx]
 
         return bwd_products
 

@@ -61,6 +61,9 @@ PRODUCTS_LAB_SWITCHES = {
     "no_finish": "no block finish (dq, dk unwritten, dG zero)",
     "wg1": "one warpgroup (128 threads), the form before session 32: exact",
     "wg4": "four warpgroups (512 threads): exact",
+    "prefetch": "the finish's six inputs (dqg, dke, dkd, qg, ke, kd) of a block loaded into registers at the block's "
+    "start, in the products' layout, so their global latency passes under the operands and products (session 32; "
+    "compiled, not yet run)",
     "parallel_tail": "dG_C's colsum(kd o dkd) from the finish's loads and dbeta's colsum(dAg o T) by all threads, in "
     "place of a thread a key or row reading 64 rows of kd, dkd or dAg from memory in its loop (session 32; exact on its "
     "mirror's math, compiled, not yet run)",
@@ -155,6 +158,8 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                 cq_f = T.alloc_fragment((K, BLOCK), fp32)
                 ck_f = T.alloc_fragment((K, BLOCK), fp32)
                 kr_f = T.alloc_fragment((BLOCK, K), fp32)
+                # (prefetch) the block's finish inputs, in the products' layout (given by the finish loop's rq_f)
+                pre = {name: T.alloc_fragment((K, BLOCK), fp32) for name in ("dqg", "dke", "dkd", "qg", "ke", "kd")}
                 acc = T.alloc_var(fp32)
                 kc_l = T.alloc_local((1,), fp32)  # colsum(kd o dkd) of key tx, summed block by block
                 fast_l = T.alloc_local((1,), "int32")
@@ -210,6 +215,11 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                 T.sync_threads()
 
                 for I in T.unroll(NB):
+                    if "prefetch" in lab:  # issued now, first read in the finish below
+                        for c, r in T.Parallel(K, BLOCK):
+                            for name, src in (("dqg", dqg), ("dke", dke), ("dkd", dkd), ("qg", qg), ("ke", ke), ("kd", kd)):
+                                row = BLOCK * I + r
+                                pre[name][c, r] = T.if_then_else(row < n, T.cast(src[t0 + row, i_h, c], fp32), 0.0)
                     # Rq and RA: one operand k o e^(r_I - G) on the rows up to block I's end (fast) or before it; their
                     # six tensor-core products issued back to back, one wait
                     if "no_operands" not in lab:
@@ -238,12 +248,16 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                             eg = T.exp(g_s[row, c])
                             qv = T.cast(q_s[row, c], fp32)
                             kv = T.cast(k_s[row, c], fp32)
-                            a_dqg = T.if_then_else(row < n, T.cast(dqg[t0 + row, i_h, c], fp32), 0.0)
-                            a_dke = T.if_then_else(row < n, T.cast(dke[t0 + row, i_h, c], fp32), 0.0)
-                            a_dkd = T.if_then_else(row < n, T.cast(dkd[t0 + row, i_h, c], fp32), 0.0)
-                            a_qg = T.if_then_else(row < n, T.cast(qg[t0 + row, i_h, c], fp32), 0.0)
-                            a_ke = T.if_then_else(row < n, T.cast(ke[t0 + row, i_h, c], fp32), 0.0)
-                            a_kd = T.if_then_else(row < n, T.cast(kd[t0 + row, i_h, c], fp32), 0.0)
+                            if "prefetch" in lab:
+                                a_dqg, a_dke, a_dkd = pre["dqg"][c, r], pre["dke"][c, r], pre["dkd"][c, r]
+                                a_qg, a_ke, a_kd = pre["qg"][c, r], pre["ke"][c, r], pre["kd"][c, r]
+                            else:
+                                a_dqg = T.if_then_else(row < n, T.cast(dqg[t0 + row, i_h, c], fp32), 0.0)
+                                a_dke = T.if_then_else(row < n, T.cast(dke[t0 + row, i_h, c], fp32), 0.0)
+                                a_dkd = T.if_then_else(row < n, T.cast(dkd[t0 + row, i_h, c], fp32), 0.0)
+                                a_qg = T.if_then_else(row < n, T.cast(qg[t0 + row, i_h, c], fp32), 0.0)
+                                a_ke = T.if_then_else(row < n, T.cast(ke[t0 + row, i_h, c], fp32), 0.0)
+                                a_kd = T.if_then_else(row < n, T.cast(kd[t0 + row, i_h, c], fp32), 0.0)
                             if row < n:
                                 dq[t0 + row, i_h, c] = T.cast(rq_f[c, r] + scale * eg * a_dqg, odt)
                                 dk[t0 + row, i_h, c] = T.cast(cq_f[c, r] + b_s[row] * ra_f[c, r] + ck_f[c, r]

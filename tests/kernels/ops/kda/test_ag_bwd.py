@@ -176,9 +176,9 @@ def _mirror_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     def products_build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[str] = frozenset(),  # type: ignore[no-untyped-def]
                        bf16_out: bool = False, bf16_grads: bool = False):  # fmt: skip
-        # (lab builds are timing-only, the step never asks for one; but wg1, wg4 and parallel_tail are exact: their
-        # GPU tests run here)
-        assert lab <= {"wg1", "wg4", "parallel_tail"}
+        # (lab builds are timing-only, the step never asks for one; but wg1, wg4, parallel_tail and prefetch are
+        # exact: their GPU tests run here)
+        assert lab <= {"wg1", "wg4", "parallel_tail", "prefetch"}
 
         def run(q, k, g, beta, tt, qg, ke, kd, daqk, dag, dqg, dke, dkd, dgc, cu, ci, dq, dk, dg, dbeta):  # type: ignore[no-untyped-def]
             calls.append("bwd_products")
@@ -375,6 +375,6 @@ def test_the_kernels_gpu_tests_run_on_their_mirrors(monkeypatch: pytest.MonkeyPa
         states.test_kernel_matches_the_mirror(varlen, dtype)
     for case in ((False, False, False, ""), (True, False, False, ""), (False, True, False, ""), (True, True, True, ""),
                  (True, True, True, "wg1"), (True, True, True, "wg4"), (True, False, True, "bf16"),
-                 (True, True, True, "parallel_tail")):  # fmt: skip
+                 (True, True, True, "parallel_tail"), (True, True, True, "prefetch+parallel_tail")):  # fmt: skip
         products.test_kernel_matches_the_mirror(*case)
-    assert calls.count("state_grads") == 3 and calls.count("bwd_products") == 8 and calls.count("varlen") == 5, calls
+    assert calls.count("state_grads") == 3 and calls.count("bwd_products") == 9 and calls.count("varlen") == 6, calls

@@ -157,6 +157,9 @@ def chunk_state_fwd_kernel(
 
     if TRANSITION:
         b_h = tl.where((o_k[:, None] == o_c[None, :]) & (o_c < K)[None, :] & b_need, 1., 0.)  # [I | 0] (zeros when masked)
+        if USE_INITIAL_STATE:  # a skipped program's S_ext (its certified window's state), in its S_ext columns
+            m_s = m_k[:, None] & (o_c >= K)[None, :] & m_c[None, :] & (b_need == 0)
+            b_h += tl.load(h0 + (i_n * H + i_h) * K * V + o_k[:, None] * V + (o_c - K)[None, :], mask=m_s, other=0.)
     else:
         b_h = tl.zeros([BK, BV], dtype=tl.float32)
         if USE_INITIAL_STATE:
@@ -324,12 +327,13 @@ def chunk_state_output_fwd(
 
 def chunk_state_transition_fwd(
     k: Tensor, w: Tensor, u: Tensor, g: Tensor, *, layout: SeqLayout, BT: int, gate_vector: bool,
-    launch: LaunchPlan | None = None, need: Tensor | None = None,
+    launch: LaunchPlan | None = None, need: Tensor | None = None, skipped: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Segment maps of the programs' sequences: (M [N, H, K, K], S_ext [N, H, K, V]) fp32, N = layout.num_programs.
 
     need: bool `[N]` or `[N, H]` on the device, or None (all): programs (per head) whose flag is False skip their
-    pass and return zeros.
+    pass and return zeros, or (S_ext) their state in skipped fp32 `[N, H, K, V]` where given (the warm split's
+    certified windows and their E_win, `kernels.common.warm_split`).
     """
     H, K, V = u.shape[2], k.shape[3], u.shape[-1]
     cfg = launch_config(launch, CHUNK_STATE_TRANSITION_FWD, _key(H, K, V, BT, gate_vector, layout, k.dtype),
@@ -342,7 +346,12 @@ def chunk_state_transition_fwd(
         assert need.shape in ((N,), (N, H)) and need.dtype == torch.bool, \
             f"need must be bool [{N}] or [{N}, {H}], got {need.dtype} {tuple(need.shape)}"
         flags = need.contiguous()  # bool: the kernel reads one byte per program (Triton loads int1 as int8)
-    _launch(cfg, K + V, layout, H, k=k, w=w, u=u, g=g, BT=BT, gate_vector=gate_vector, ht=S, m=M, need=flags)
+    if skipped is not None:
+        assert need is not None and skipped.shape == (N, H, K, V) and skipped.dtype == torch.float32, \
+            f"skipped must be fp32 [{N}, {H}, {K}, {V}] beside need, got {skipped.dtype} {tuple(skipped.shape)}"
+        skipped = skipped.contiguous()
+    _launch(cfg, K + V, layout, H, k=k, w=w, u=u, g=g, BT=BT, gate_vector=gate_vector, h0=skipped, ht=S, m=M,
+            need=flags)
     return M, S
 
 

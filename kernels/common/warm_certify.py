@@ -35,7 +35,7 @@ def certify_chunk_windows_kernel(
     s_t, s_h,  # their strides (elements) along chunks and heads
     starts, ends, valid,  # [NW] int64 chunk indices [s, e) of the windows, bool valid
     e_win,  # [NW, H, K*V] fp32: the windows' states from zero
-    log_bound, ok,  # out [NW, H] fp64 bound, bool certified
+    log_bound, ok, need,  # out [NW, H] fp64 bound, bool certified, bool not certified (the transitions' flags)
     log_ratio,  # log(tol / (1 + tol))
     H: tl.constexpr, KV: tl.constexpr, BC: tl.constexpr, BS: tl.constexpr,
 ):  # fmt: skip
@@ -65,13 +65,16 @@ def certify_chunk_windows_kernel(
         y = tl.load(e_win + (i_w * H + i_h) * KV + p0 + o_s, mask=p0 + o_s < KV, other=0.0).to(tl.float64)
         ss += tl.sum(y * y, 0)
     tl.store(log_bound + i_w * H + i_h, bound)
-    tl.store(ok + i_w * H + i_h, (bound <= 0.5 * tl.log(ss) + log_ratio).to(tl.uint8))
+    b_ok = bound <= 0.5 * tl.log(ss) + log_ratio
+    tl.store(ok + i_w * H + i_h, b_ok.to(tl.uint8))
+    tl.store(need + i_w * H + i_h, (b_ok == 0).to(tl.uint8))
 
 
 def certify_chunk_windows(
     ell: Tensor, log_u: Tensor, starts: Tensor, ends: Tensor, valid: Tensor, E_win: Tensor, tol: float
-) -> tuple[Tensor, Tensor]:
-    """(log bound fp64 `[NW, H]`, certified bool `[NW, H]`) of the windows [starts, ends) (global chunk indices,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(log bound fp64 `[NW, H]`, certified bool `[NW, H]`, its negation: the pairs whose exact transitions run, in
+    the same launch (session 32: a torch `~` less on the host)) of the windows [starts, ends) (global chunk indices,
     int64 `[NW]`; valid bool `[NW]`) from the per-chunk L = ell and W = log_u (`[NT, H]`, any float dtype and strides)
     and the windows' states E_win fp32 `[NW, H, K, V]`: `decay_bound.log_window_bound` and `window_certified` at once."""
     NW, H = E_win.shape[0], E_win.shape[1]
@@ -79,13 +82,13 @@ def certify_chunk_windows(
         f"ell {tuple(ell.shape)} / log_u {tuple(log_u.shape)} must share shape and strides with H={H} heads"
     )
     log_bound = torch.empty(NW, H, dtype=torch.float64, device=E_win.device)
-    ok = torch.empty(NW, H, dtype=torch.bool, device=E_win.device)
+    ok, need = torch.empty(2, NW, H, dtype=torch.bool, device=E_win.device)
     if NW == 0:
-        return log_bound, ok
+        return log_bound, ok, need
     KV = E_win.shape[2] * E_win.shape[3]
     certify_chunk_windows_kernel[(NW, H)](
         ell, log_u, ell.stride(0), ell.stride(1), starts, ends, valid, E_win.contiguous(),
-        log_bound, ok, math.log(tol / (1.0 + tol)),
+        log_bound, ok, need, math.log(tol / (1.0 + tol)),
         H=H, KV=KV, BC=BLOCK_CHUNKS, BS=min(BLOCK_STATE, next_power_of_2(KV)), num_warps=4,
     )  # fmt: skip
-    return log_bound, ok
+    return log_bound, ok, need

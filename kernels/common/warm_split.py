@@ -190,8 +190,9 @@ def window_plan(
     return plan
 
 
-def certify_windows(x: WarmInputs, wp: WindowPlan, E_win: Tensor, h0: Tensor | None) -> Tensor:
-    """bool `[NW, H]` on the device: the window's dropped state is provably <= tol ||S_exact||_F (module doc)."""
+def certify_windows(x: WarmInputs, wp: WindowPlan, E_win: Tensor, h0: Tensor | None) -> tuple[Tensor, Tensor]:
+    """(certified, not certified), bool `[NW, H]` on the device: the window's dropped state is provably <= tol
+    ||S_exact||_F (module doc); the second, the pairs whose exact transitions run."""
     B, T = x.k.shape[0], x.k.shape[1]
     if x.chunk_bound is not None:  # per chunk, the same bound from the WY pass's sums (windows are whole chunks):
         # one launch (`kernels.common.warm_certify`) where no initial state enters; k and v not read again
@@ -199,13 +200,14 @@ def certify_windows(x: WarmInputs, wp: WindowPlan, E_win: Tensor, h0: Tensor | N
         if h0 is not None and wp.seq_first_chunk.numel():
             ell = ell.double()
             log_u = fold_initial_states(ell, log_u.double(), wp.seq_first_chunk, wp.seq_ids, h0)
-        return certify_chunk_windows(ell, log_u, wp.chunk_starts, wp.chunk_ends, wp.valid, E_win, x.tol)[1]
+        return certify_chunk_windows(ell, log_u, wp.chunk_starts, wp.chunk_ends, wp.valid, E_win, x.tol)[1:]
     flat = [y.reshape(1, B * T, *y.shape[2:]) for y in (x.k, x.v, x.g, x.beta)]  # per token: one flat token axis
     ell, log_u = token_terms(x.op, *flat)  # fp64 [B*T, H]
     if h0 is not None and wp.seq_bos.numel():
         log_u = fold_initial_states(ell, log_u, wp.seq_bos, wp.seq_ids, h0)
     lb = log_window_bound(ell, log_u, wp.ends, wp.starts, wp.valid)  # [NW, H]
-    return window_certified(lb, torch.linalg.vector_norm(E_win, dim=(-2, -1)).double().log(), x.tol)
+    ok = window_certified(lb, torch.linalg.vector_norm(E_win, dim=(-2, -1)).double().log(), x.tol)
+    return ok, ~ok
 
 
 def fold_initial_states(ell: Tensor, log_u: Tensor, first: Tensor, seq_ids: Tensor, h0: Tensor) -> Tensor:
@@ -218,8 +220,9 @@ def fold_initial_states(ell: Tensor, log_u: Tensor, first: Tensor, seq_ids: Tens
 
 # (window layout) -> E_win fp32 `[NW, H, K, V]`: each window's state from zero (step 1)
 WindowStates = Callable[[SeqLayout], Tensor]
-# (need: bool `[NW, H]`) -> (M, S_ext) of the transitions, the pairs whose flag is False walking nothing (step 3)
-MaskedTransitions = Callable[[Tensor], tuple[Tensor, Tensor]]
+# (need: bool `[NW, H]`, E_win) -> (M, S_ext) of the transitions, the pairs whose flag is False walking nothing and
+# storing M = 0, S_ext = their E_win (step 3; in the launch since session 32: no torch `where` after it)
+MaskedTransitions = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
 def certified_transitions(
@@ -228,11 +231,11 @@ def certified_transitions(
     """(M, S_ext, certified) of the split's transitions from a forward path's two passes (steps 1-4 of the module doc):
     M = 0 and S_ext = E_win for the certified (segment, head) pairs (bool `[NW, H]`), the exact pair elsewhere."""
     E_win = window_states(wp.layout)
-    ok = certify_windows(x, wp, E_win, h0)
-    M, S_ext = masked_transitions(~ok)
+    ok, need = certify_windows(x, wp, E_win, h0)
+    M, S_ext = masked_transitions(need, E_win)
     if x.report is not None:
         x.report["certified"] = ok
-    return M, torch.where(ok[:, :, None, None], E_win, S_ext), ok
+    return M, S_ext, ok
 
 
 def warm_transitions(
@@ -257,5 +260,7 @@ def warm_transitions(
         wp,
         h0,
         window_states=lambda layout: chunk_state_final_fwd(k, w, u, g, layout=layout, **pass_args),
-        masked_transitions=lambda need: chunk_state_transition_fwd(k, w, u, g, layout=transitions, need=need, **pass_args),
+        masked_transitions=lambda need, E_win: chunk_state_transition_fwd(
+            k, w, u, g, layout=transitions, need=need, skipped=E_win, **pass_args
+        ),
     )

@@ -149,9 +149,10 @@ def gdn_fused_state_output_kernel(
     ag, gcum,  # [B, T, HV, BT] Ag (lower triangle incl. the diagonal; nothing above it is read), [B, T, HV] fp32 G
     aqk,  # [B, T, HV, BT] or None: the output's intra-chunk P, read (KDA) instead of formed from q, k and G (GDN)
     kd,  # [B, T, HV, K] or None (PRE_GATED, KDA: q, k are then qg, ke [B, T, HV, K] and gcum is G_C [NT_total, HV, K])
-    h0, ht, m, o,  # entering states [N, HV, K, V] fp32; out: final states (TRANSITION: S_ext), M [N, HV, K, K], o
+    h0, ht, m, o,  # entering states [N, HV, K, V] fp32 (TRANSITION: the S_ext of the pairs need skips); out: final
+    # states (TRANSITION: S_ext), M [N, HV, K, K], o
     cu_seqlens, chunk_offsets, seq_map, final_idx,  # the SeqLayout (`kernels.common.chunk_state`): int32 or None
-    need,  # [N, HV] bool or None (TRANSITION): 0 = walk no chunk, store M = 0 and S_ext = 0 (a certified warm window)
+    need,  # [N, HV] bool or None (TRANSITION): 0 = walk no chunk, store M = 0 and S_ext = h0's (a certified warm window)
     hs, vn,  # out or None (STORE_STATES, the backward's recompute): h [NT_total, HV, K, V] entering each chunk, v_new = Vd
     scale, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -181,6 +182,9 @@ def gdn_fused_state_output_kernel(
         o_vc = o_c - K  # the value column of an S_ext column (negative: an M column, V = 0 there)
         m_vc = (o_c >= K) & m_c
         b_h = tl.where((o_k[:, None] == o_c[None, :]) & (o_c < K)[None, :] & b_need, 1.0, 0.0)  # [I | 0] (0: masked)
+        if USE_INITIAL_STATE:  # a skipped pair's S_ext (its certified window's state), in its S_ext columns
+            p_s = h0 + (i_n * HV + i_hv) * K * V + o_k[:, None] * V + o_vc[None, :]
+            b_h += tl.load(p_s, mask=m_k[:, None] & m_vc[None, :] & (b_need == 0), other=0.0)
     else:
         m_c = o_c < V
         o_vc = o_c
@@ -431,12 +435,13 @@ def gdn_fused_state_output(
 
 def gdn_fused_transition(
     k: Tensor, v: Tensor, ag: Tensor, gcum: Tensor, *, layout: SeqLayout, BT: int, launch: LaunchPlan | None = None,
-    need: Tensor | None = None, kd: Tensor | None = None,
+    need: Tensor | None = None, kd: Tensor | None = None, skipped: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Each program's range as an affine map S -> M S + S_ext: (M `[N, HV, K, K]`, S_ext `[N, HV, K, V]`) fp32,
     N = layout.num_programs (M: the recurrence on the identity with V = 0; S_ext: from zero with V). need: bool
     `[N, HV]` on the device, or None (all): the (program, head) pairs whose flag is False walk no chunk and store
-    M = 0, S_ext = 0 (`kernels.common.warm_split`'s certified windows). kd: as `gdn_fused_state_output`'s."""
+    M = 0, S_ext = 0, or their state in skipped fp32 `[N, HV, K, V]` where given (`kernels.common.warm_split`'s
+    certified windows and their E_win). kd: as `gdn_fused_state_output`'s."""
     K, HV, V = k.shape[3], v.shape[2], v.shape[3]
     cfg = _config(
         launch, k, v, gcum, BT=BT, mode="transition", layout=layout, ncols_limit=min(head_block(K), head_block(V)), kd=kd
@@ -449,7 +454,12 @@ def gdn_fused_transition(
             f"need must be bool [{N}, {HV}], got {need.dtype} {tuple(need.shape)}"
         )
     flags = None if need is None else need.contiguous()  # bool, one byte per (program, head): Triton loads it as int8
-    _launch(cfg, K + V, layout, q=None, k=k, v=v, ag=ag, gcum=gcum, BT=BT, ht=S, m=M, need=flags, kd=kd)
+    if skipped is not None:
+        assert need is not None and skipped.shape == (N, HV, K, V) and skipped.dtype == torch.float32, (
+            f"skipped must be fp32 [{N}, {HV}, {K}, {V}] beside need, got {skipped.dtype} {tuple(skipped.shape)}"
+        )
+        skipped = skipped.contiguous()
+    _launch(cfg, K + V, layout, q=None, k=k, v=v, ag=ag, gcum=gcum, BT=BT, h0=skipped, ht=S, m=M, need=flags, kd=kd)
     return M, S
 
 
@@ -600,7 +610,9 @@ def fused_state_output_fwd(
 
             M, S_ext, drop = certified_transitions(
                 warm, wp, h0, window_states=window_states,
-                masked_transitions=lambda need: gdn_fused_transition(layout=plan.transitions, need=need, **pass_args),
+                masked_transitions=lambda need, E_win: gdn_fused_transition(
+                    layout=plan.transitions, need=need, skipped=E_win, **pass_args
+                ),
             )  # fmt: skip
         h0 = seg_chain_fwd(M, S_ext, h0, plan, launch=launch, drop=drop)
         keep_segment_states(seg_states, plan, h0)

@@ -65,3 +65,24 @@ def test_bad_mask_is_refused(need: object, match: str) -> None:
     _, k, v, g, beta, cu = make_inputs("gdn", LENGTHS, H=1, K=16, V=16)
     with pytest.raises(ValueError, match=match):
         kernels.transition("gdn", k, v, g, beta, cu_seqlens=cu, backend="torch", need=need)
+
+
+def test_masked_transition_stores_the_skipped_states() -> None:
+    """(session 32) `chunk_state_transition_fwd(need=, skipped=)`: a skipped program (per head here) stores M = 0 and
+    S_ext = its skipped state, in the launch (the warm split's certified windows; no torch `where` after it); the
+    others are bitwise the unmasked call's."""
+    from kernels.common.chunk_state import SeqLayout, chunk_state_transition_fwd
+    from kernels.common.index import prepare_chunk_index
+    from kernels.common.wy import BT_WY, wy_gdn_fwd
+
+    _, k, v, g, beta, cu = make_inputs("gdn", LENGTHS, H=2, K=16, V=16, lb=-0.05, device=DEVICE)
+    index = prepare_chunk_index(cu, batch=1, seq_len=k.shape[1], chunk_size=BT_WY, device=k.device)
+    w, u, gg, _ = wy_gdn_fwd(None, k, v, g, beta, scale=1.0, index=index)
+    layout = SeqLayout(index.num_seqs, index.cu_seqlens, index.chunk_offsets)
+    run = {"layout": layout, "BT": BT_WY, "gate_vector": False}
+    M0, S0 = chunk_state_transition_fwd(k, w, u, gg, **run)
+    need = torch.tensor([[True, False], [False, True], [True, True]], device=DEVICE)
+    skipped = torch.randn(S0.shape, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    M, S = chunk_state_transition_fwd(k, w, u, gg, **run, need=need, skipped=skipped)
+    assert torch.equal(M[need], M0[need]) and torch.equal(S[need], S0[need])
+    assert float(M[~need].abs().max()) == 0.0 and torch.equal(S[~need], skipped[~need])

@@ -28,11 +28,12 @@ def test_certify_chunk_windows_matches_decay_bound() -> None:
     valid[-1] = False
     E_win = torch.randn(len(starts), H, K, V, generator=gen).to(TEST_DEVICE) * 0.5
     ell, log_u = bnd[..., 0], bnd[..., 1]
-    lb, ok = certify_chunk_windows(ell, log_u, starts, ends, valid, E_win, TOL)
+    lb, ok, need = certify_chunk_windows(ell, log_u, starts, ends, valid, E_win, TOL)
     lb_ref = log_window_bound(ell.double(), log_u.double(), ends, starts, valid)
     ok_ref = window_certified(lb_ref, torch.linalg.vector_norm(E_win, dim=(-2, -1)).double().log(), TOL)
     fin = torch.isfinite(lb_ref)
     assert torch.equal(fin, torch.isfinite(lb)) and torch.equal(lb_ref[~fin], lb[~fin]), (lb, lb_ref)
     assert torch.allclose(lb[fin], lb_ref[fin], rtol=1e-12, atol=1e-12), (lb - lb_ref).abs().max()
     assert torch.equal(ok, ok_ref), (ok, ok_ref)
+    assert torch.equal(need, ~ok_ref), need  # (session 32) the transitions' flags from the same launch
     assert ok.any() and not ok.all() and ok[-1].all(), ok  # both outcomes; the invalid window drops nothing

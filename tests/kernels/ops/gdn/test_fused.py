@@ -148,6 +148,13 @@ def test_transition_against_chunk_maps() -> None:
         assert_rel_close(f"M of segment {s}", want, M[i].double(), TOL)
     _, S_zero = gdn_fused_state_output(None, k, v, ag, gcum, layout=plan.transitions, BT=BT, output_final_state=True)
     assert_rel_close("S_ext", S_zero, S_ext, TOL)
+    # (session 32) a (program, head) pair that need skips stores M = 0 and S_ext = its skipped state (the warm split's
+    # certified window, in the launch); the others are bitwise the unmasked call's
+    need = torch.tensor([[True, False], [False, True]], device=k.device)[: M.shape[0], : M.shape[1]]
+    skipped = torch.randn(S_ext.shape, generator=torch.Generator().manual_seed(9)).to(k.device)
+    M2, S2 = gdn_fused_transition(k, v, ag, gcum, layout=plan.transitions, BT=BT, need=need, skipped=skipped)
+    assert torch.equal(M2[need], M[need]) and torch.equal(S2[need], S_ext[need])
+    assert float(M2[~need].abs().max()) == 0.0 and torch.equal(S2[~need], skipped[~need])
 
 
 @pytest.mark.parametrize("chunk_size", [64, 32])

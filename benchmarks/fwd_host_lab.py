@@ -28,17 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def graph_ms(fn: Any, timer: Any) -> float:
     """do_bench median of fn captured once as a CUDA graph and replayed (the kernels without the host)."""
-    import torch
+    from benchmarks.cuda_graph_step import capture
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph, _ = capture(fn)
     return timer(graph.replay)[0]
 
 

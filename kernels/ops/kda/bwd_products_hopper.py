@@ -215,11 +215,16 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                 T.sync_threads()
 
                 for I in T.unroll(NB):
-                    if "prefetch" in lab:  # issued now, first read in the finish below
+                    if "prefetch" in lab:  # issued now, first read in the finish below (one line a tensor: a Python
+                        # loop over the tensors renamed them in the generated code)
                         for c, r in T.Parallel(K, BLOCK):
-                            for name, src in (("dqg", dqg), ("dke", dke), ("dkd", dkd), ("qg", qg), ("ke", ke), ("kd", kd)):
-                                row = BLOCK * I + r
-                                pre[name][c, r] = T.if_then_else(row < n, T.cast(src[t0 + row, i_h, c], fp32), 0.0)
+                            row = BLOCK * I + r
+                            pre["dqg"][c, r] = T.if_then_else(row < n, T.cast(dqg[t0 + row, i_h, c], fp32), 0.0)
+                            pre["dke"][c, r] = T.if_then_else(row < n, T.cast(dke[t0 + row, i_h, c], fp32), 0.0)
+                            pre["dkd"][c, r] = T.if_then_else(row < n, T.cast(dkd[t0 + row, i_h, c], fp32), 0.0)
+                            pre["qg"][c, r] = T.if_then_else(row < n, T.cast(qg[t0 + row, i_h, c], fp32), 0.0)
+                            pre["ke"][c, r] = T.if_then_else(row < n, T.cast(ke[t0 + row, i_h, c], fp32), 0.0)
+                            pre["kd"][c, r] = T.if_then_else(row < n, T.cast(kd[t0 + row, i_h, c], fp32), 0.0)
                     # Rq and RA: one operand k o e^(r_I - G) on the rows up to block I's end (fast) or before it; their
                     # six tensor-core products issued back to back, one wait
                     if "no_operands" not in lab:

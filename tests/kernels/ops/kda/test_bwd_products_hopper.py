@@ -68,6 +68,7 @@ def test_kernel_matches_the_mirror(strong: bool, grouped: bool, varlen: bool, va
     g = -0.1 * torch.rand(NT, HV, C, K, generator=gen, dtype=torch.float64)
     if strong:
         g[2, 1, 20:24, 5] = -40.0  # a span of 160 in block 1 of chunk 2: past FAST_SPAN there only
+        g[1, 0, 5:9, 3] = -150.0  # (session 32) below the gate's floor: dg 0 there, G floored
     g = g * m
     beta = torch.rand(NT, HV, C, generator=gen, dtype=torch.float64) * m[..., 0]
     scale = K**-0.5

@@ -62,7 +62,7 @@ SEG_CHAIN_BWD = register(KernelSpec(
 
 @heuristics({
     **given(USE_DHT="dht", STORE_DS="ds_out", STORE_DH="dh", STORE_DV="dv_new", IS_VARLEN="cu_seqlens",
-            USE_SEQ_MAP="seq_map", USE_FINAL_IDX="final_idx", USE_NEED="need"),
+            USE_SEQ_MAP="seq_map", USE_FINAL_IDX="final_idx", USE_NEED="need", USE_DS_SKIP="ds_skip"),
     "G": group_heads("do"),
 })
 @triton.jit(do_not_specialize=["T"])
@@ -82,18 +82,22 @@ def chunk_state_bwd_kernel(
     seq_map,  # [N_programs] int32 or None: program n walks range seq_map[n]
     final_idx,  # [N_programs] int32 or None: program n stores ds_out[final_idx[n]] (nowhere if < 0)
     need,  # [N_programs, H] bool or None: 0 = walk no chunk (ds_out gets dht or zeros; the warm window's mask)
+    ds_skip,  # [N_programs, H, K, V] fp32 or None: added to the start of the pairs need skips (their certified
+    # windows' gradients, session 32: no torch `where` after the launch)
     scale,
     T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     GATE_VECTOR: tl.constexpr, USE_DHT: tl.constexpr, STORE_DS: tl.constexpr, STORE_DH: tl.constexpr,
     STORE_DV: tl.constexpr, IS_VARLEN: tl.constexpr, USE_SEQ_MAP: tl.constexpr, USE_FINAL_IDX: tl.constexpr,
-    USE_NEED: tl.constexpr, G: tl.constexpr,
+    USE_NEED: tl.constexpr, USE_DS_SKIP: tl.constexpr, G: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = (i_nh // H).to(tl.int64), i_nh % H
     i_s, bos, T, boc, NT = range_of_program(i_n, seq_map, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN, USE_SEQ_MAP)
+    b_need = True
     if USE_NEED:
-        NT = tl.where(tl.load(need + i_n * H + i_h) != 0, NT, 0)
+        b_need = tl.load(need + i_n * H + i_h) != 0
+        NT = tl.where(b_need, NT, 0)
     dt = w.dtype.element_ty
 
     o_k = tl.arange(0, BK)  # K padded to a power of two, the rows past K masked
@@ -107,6 +111,9 @@ def chunk_state_bwd_kernel(
     b_ds = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
         b_ds += tl.load(dht + (i_n * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.)
+    if USE_DS_SKIP:  # a skipped pair's gradient (it walks no chunk: stored as it is)
+        b_ds += tl.load(ds_skip + (i_n * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv & (b_need == 0),
+                        other=0.)
 
     for i_r in range(NT):
         i_t = NT - 1 - i_r
@@ -218,11 +225,13 @@ def chunk_state_bwd(
     q: Tensor, k: Tensor, w: Tensor, g: Tensor, aqk: Tensor, do: Tensor, *, layout: SeqLayout, BT: int,
     gate_vector: bool, scale: float, dht: Tensor | None, ds_out: Tensor | None, dh: Tensor | None = None,
     dv_new: Tensor | None = None, launch: LaunchPlan | None = None, need: Tensor | None = None,
+    ds_skip: Tensor | None = None,
 ) -> None:
     """Launch the reverse pass over `layout`'s ranges (see the module docstring); writes dh, dv_new, ds_out.
 
     need: bool `[N_programs, H]` on the device, or None (all): the (program, head) pairs whose flag is False walk no
-    chunk (their ds_out is dht's row, or zeros)."""
+    chunk (their ds_out is dht's row, or zeros, plus ds_skip's row where given: fp32 `[N_programs, H, K, V]`, the
+    warm windows' gradients of the certified pairs, `kernels.common.warm_bwd`)."""
     H, K, V = do.shape[2], k.shape[3], do.shape[-1]  # H: the value heads (q, k may have H / G: grouped)
     cfg = state_bwd_config(H, K, V, BT, gate_vector, layout.cu_seqlens is not None, k.dtype, launch)
     BV = cfg.BV
@@ -235,9 +244,13 @@ def chunk_state_bwd(
         assert need.shape == (layout.num_programs, H) and need.dtype == torch.bool, \
             f"need must be bool [{layout.num_programs}, {H}], got {need.dtype} {tuple(need.shape)}"
         flags = need.contiguous()  # bool: Triton loads it as int8
+    if ds_skip is not None:
+        assert need is not None and ds_skip.shape == (layout.num_programs, H, K, V) and ds_skip.dtype == torch.float32, \
+            f"ds_skip must be fp32 [{layout.num_programs}, {H}, {K}, {V}] beside need, got {ds_skip.dtype} {tuple(ds_skip.shape)}"
+        ds_skip = ds_skip.contiguous()
     chunk_state_bwd_kernel[grid](
         q, k, w, g, aqk, do, dht, dh, dv_new, ds_out,
-        layout.cu_seqlens, layout.chunk_offsets, layout.seq_map, layout.final_idx, flags,
+        layout.cu_seqlens, layout.chunk_offsets, layout.seq_map, layout.final_idx, flags, ds_skip,
         scale, k.shape[1], H=H, K=K, V=V, BT=BT, BK=head_block(K), BV=BV, GATE_VECTOR=gate_vector,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

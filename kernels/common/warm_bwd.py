@@ -389,14 +389,21 @@ def need_chunks(need: Tensor, win: Tensor, seg: Tensor) -> Tensor:
     return ext.index_select(0, seg) & ~win[:, None]
 
 
-def certify_reverse_windows(bnd: Tensor, wp: RevWindowPlan, E_win: Tensor, dht: Tensor | None, tol: float) -> Tensor:
-    """bool `[NW, H]` on the device: the gradient the window drops is provably <= tol of the exact one (module doc)."""
+def certify_reverse_windows(
+    bnd: Tensor, wp: RevWindowPlan, E_win: Tensor, dht: Tensor | None, tol: float
+) -> tuple[Tensor, Tensor]:
+    """(certified, not certified), bool `[NW, H]` on the device: the gradient the window drops is provably <= tol of
+    the exact one (module doc); the second, the pairs whose exact passes run (from the certify launch itself where
+    no end gradient enters, session 32)."""
     ell, log_u = bnd[..., 0], bnd[..., 1]  # fp32 [NT_total, H] views, flipped chunk order
     if dht is not None and wp.seq_ids.numel():
         ell = ell.double()
         log_u = fold_initial_states(ell, log_u.double(), wp.seq_last, wp.seq_ids, dht)
-    ok = certify_chunk_windows(ell, log_u, wp.starts, wp.ends, wp.valid, E_win, tol)[1]
-    return ok & ~wp.reaches_end[:, None] if dht is not None else ok
+    _, ok, need = certify_chunk_windows(ell, log_u, wp.starts, wp.ends, wp.valid, E_win, tol)
+    if dht is None:
+        return ok, need
+    ok = ok & ~wp.reaches_end[:, None]
+    return ok, ~ok
 
 
 def warm_segment_ends(
@@ -433,17 +440,16 @@ def warm_segment_ends(
     NR = rest.numel()
     E_win = ks.new_empty(NR, H, K, V, dtype=torch.float32)
     chunk_state_bwd(qs, ks, w, gs, aqk, do, layout=wp.layout, dht=None, ds_out=E_win, **bwd)
-    ok = certify_reverse_windows(bnd, wp, E_win, dht, x.tol)
+    ok, need = certify_reverse_windows(bnd, wp, E_win, dht, x.tol)
     segs = plan.all_segments
     rest_layout = SeqLayout(plan.num_segments, segs.cu_seqlens, segs.chunk_offsets, seq_map=rest)
-    need = ~ok
     if refill is not None:
         refill(need)
     if M is None:
         M, _ = chunk_state_transition_fwd(ks, w, u, gs, layout=rest_layout, BT=BT, gate_vector=gate_vector,
                                           launch=launch, need=need)  # fmt: skip
-    ds_ext = torch.empty_like(E_win)
-    chunk_state_bwd(qs, ks, w, gs, aqk, do, layout=rest_layout, dht=None, ds_out=ds_ext, need=need, **bwd)
+    ds_ext = torch.empty_like(E_win)  # (the certified pairs' rows: their E_win, stored by the launch)
+    chunk_state_bwd(qs, ks, w, gs, aqk, do, layout=rest_layout, dht=None, ds_out=ds_ext, need=need, ds_skip=E_win, **bwd)
     if x.report is not None:
         x.report["certified"] = ok
-    return seg_chain_bwd(M, torch.where(ok[:, :, None, None], E_win, ds_ext), dht, plan, launch=launch, drop=ok)
+    return seg_chain_bwd(M, ds_ext, dht, plan, launch=launch, drop=ok)

@@ -232,7 +232,7 @@ def test_training_step_from_ag_warm_windows_read_the_forwards_sums(monkeypatch: 
     watch(cb, "reverse_chunk_bound", lambda kw, out: True)
     watch(cb, "reverse_chunk_bound_kept", lambda kw, out: True)
     watch(ag_bwd, "wy_from_ag", lambda kw, out: kw.get("bound") is not None)
-    watch(warm_bwd, "certify_reverse_windows", lambda kw, out: out.tolist())
+    watch(warm_bwd, "certify_reverse_windows", lambda kw, out: out[0].tolist())
     xs = [x.detach().clone().requires_grad_() for x in (q, k, v, g, beta)]
     s0 = h0.detach().clone().requires_grad_()
     o, ht = kernels.forward("gdn", *xs, initial_state=s0, output_final_state=True, cu_seqlens=cu, backend="triton",

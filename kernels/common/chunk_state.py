@@ -54,6 +54,7 @@ __all__ = [
     "chunk_state_fwd",
     "chunk_state_output_fwd",
     "chunk_state_transition_fwd",
+    "skipped_states",
 ]
 
 _KEY = ("H", "K", "V", "BT", "GATE", "IS_VARLEN", "dtype")
@@ -325,6 +326,17 @@ def chunk_state_output_fwd(
     return o, ht
 
 
+def skipped_states(skipped: Tensor | None, need: Tensor | None, shape: tuple[int, ...]) -> Tensor | None:
+    """A launch's `skipped` states, contiguous, checked: fp32 of `shape` and only beside a `need` mask (the pairs it
+    skips store them as they are: the warm split's certified windows, `kernels.common.warm_split` / `warm_bwd`)."""
+    if skipped is None:
+        return None
+    assert need is not None and tuple(skipped.shape) == shape and skipped.dtype == torch.float32, (
+        f"skipped must be fp32 {list(shape)} beside need, got {skipped.dtype} {tuple(skipped.shape)}"
+    )
+    return skipped.contiguous()
+
+
 def chunk_state_transition_fwd(
     k: Tensor, w: Tensor, u: Tensor, g: Tensor, *, layout: SeqLayout, BT: int, gate_vector: bool,
     launch: LaunchPlan | None = None, need: Tensor | None = None, skipped: Tensor | None = None,
@@ -346,12 +358,8 @@ def chunk_state_transition_fwd(
         assert need.shape in ((N,), (N, H)) and need.dtype == torch.bool, \
             f"need must be bool [{N}] or [{N}, {H}], got {need.dtype} {tuple(need.shape)}"
         flags = need.contiguous()  # bool: the kernel reads one byte per program (Triton loads int1 as int8)
-    if skipped is not None:
-        assert need is not None and skipped.shape == (N, H, K, V) and skipped.dtype == torch.float32, \
-            f"skipped must be fp32 [{N}, {H}, {K}, {V}] beside need, got {skipped.dtype} {tuple(skipped.shape)}"
-        skipped = skipped.contiguous()
-    _launch(cfg, K + V, layout, H, k=k, w=w, u=u, g=g, BT=BT, gate_vector=gate_vector, h0=skipped, ht=S, m=M,
-            need=flags)
+    _launch(cfg, K + V, layout, H, k=k, w=w, u=u, g=g, BT=BT, gate_vector=gate_vector,
+            h0=skipped_states(skipped, need, (N, H, K, V)), ht=S, m=M, need=flags)
     return M, S
 
 

@@ -32,7 +32,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels.common.chunk_program import given, group_heads, heuristics
-from kernels.common.chunk_state import SeqLayout
+from kernels.common.chunk_state import SeqLayout, skipped_states
 from kernels.common.seqsplit import CHAIN_DOT_PRECISION, SplitPlan
 from kernels.common.state_program import chain_dropped, chain_start, range_of_program
 from kernels.configs import KernelSpec, LaunchConfig, cdiv, head_block, register
@@ -225,12 +225,12 @@ def chunk_state_bwd(
     q: Tensor, k: Tensor, w: Tensor, g: Tensor, aqk: Tensor, do: Tensor, *, layout: SeqLayout, BT: int,
     gate_vector: bool, scale: float, dht: Tensor | None, ds_out: Tensor | None, dh: Tensor | None = None,
     dv_new: Tensor | None = None, launch: LaunchPlan | None = None, need: Tensor | None = None,
-    ds_skip: Tensor | None = None,
+    skipped: Tensor | None = None,
 ) -> None:
     """Launch the reverse pass over `layout`'s ranges (see the module docstring); writes dh, dv_new, ds_out.
 
     need: bool `[N_programs, H]` on the device, or None (all): the (program, head) pairs whose flag is False walk no
-    chunk (their ds_out is dht's row, or zeros, plus ds_skip's row where given: fp32 `[N_programs, H, K, V]`, the
+    chunk (their ds_out is dht's row, or zeros, plus skipped's row where given: fp32 `[N_programs, H, K, V]`, the
     warm windows' gradients of the certified pairs, `kernels.common.warm_bwd`)."""
     H, K, V = do.shape[2], k.shape[3], do.shape[-1]  # H: the value heads (q, k may have H / G: grouped)
     cfg = state_bwd_config(H, K, V, BT, gate_vector, layout.cu_seqlens is not None, k.dtype, launch)
@@ -244,10 +244,7 @@ def chunk_state_bwd(
         assert need.shape == (layout.num_programs, H) and need.dtype == torch.bool, \
             f"need must be bool [{layout.num_programs}, {H}], got {need.dtype} {tuple(need.shape)}"
         flags = need.contiguous()  # bool: Triton loads it as int8
-    if ds_skip is not None:
-        assert need is not None and ds_skip.shape == (layout.num_programs, H, K, V) and ds_skip.dtype == torch.float32, \
-            f"ds_skip must be fp32 [{layout.num_programs}, {H}, {K}, {V}] beside need, got {ds_skip.dtype} {tuple(ds_skip.shape)}"
-        ds_skip = ds_skip.contiguous()
+    ds_skip = skipped_states(skipped, need, (layout.num_programs, H, K, V))
     chunk_state_bwd_kernel[grid](
         q, k, w, g, aqk, do, dht, dh, dv_new, ds_out,
         layout.cu_seqlens, layout.chunk_offsets, layout.seq_map, layout.final_idx, flags, ds_skip,

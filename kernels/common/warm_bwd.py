@@ -449,7 +449,7 @@ def warm_segment_ends(
         M, _ = chunk_state_transition_fwd(ks, w, u, gs, layout=rest_layout, BT=BT, gate_vector=gate_vector,
                                           launch=launch, need=need)  # fmt: skip
     ds_ext = torch.empty_like(E_win)  # (the certified pairs' rows: their E_win, stored by the launch)
-    chunk_state_bwd(qs, ks, w, gs, aqk, do, layout=rest_layout, dht=None, ds_out=ds_ext, need=need, ds_skip=E_win, **bwd)
+    chunk_state_bwd(qs, ks, w, gs, aqk, do, layout=rest_layout, dht=None, ds_out=ds_ext, need=need, skipped=E_win, **bwd)
     if x.report is not None:
         x.report["certified"] = ok
     return seg_chain_bwd(M, ds_ext, dht, plan, launch=launch, drop=ok)

@@ -50,7 +50,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels.common.chunk_program import given, heuristics
-from kernels.common.chunk_state import SeqLayout
+from kernels.common.chunk_state import SeqLayout, skipped_states
 from kernels.common.index import ChunkIndex
 from kernels.common.seqsplit import (
     SplitPlan,
@@ -454,12 +454,8 @@ def gdn_fused_transition(
             f"need must be bool [{N}, {HV}], got {need.dtype} {tuple(need.shape)}"
         )
     flags = None if need is None else need.contiguous()  # bool, one byte per (program, head): Triton loads it as int8
-    if skipped is not None:
-        assert need is not None and skipped.shape == (N, HV, K, V) and skipped.dtype == torch.float32, (
-            f"skipped must be fp32 [{N}, {HV}, {K}, {V}] beside need, got {skipped.dtype} {tuple(skipped.shape)}"
-        )
-        skipped = skipped.contiguous()
-    _launch(cfg, K + V, layout, q=None, k=k, v=v, ag=ag, gcum=gcum, BT=BT, h0=skipped, ht=S, m=M, need=flags, kd=kd)
+    h0 = skipped_states(skipped, need, (N, HV, K, V))
+    _launch(cfg, K + V, layout, q=None, k=k, v=v, ag=ag, gcum=gcum, BT=BT, h0=h0, ht=S, m=M, need=flags, kd=kd)
     return M, S
 
 

@@ -17,8 +17,8 @@ G_C `[NT, HV, K]` fp32 (`KEPT_GATED`). The backward then runs
    decayed gram, is not formed from the kept tensors: T = I - Ag M would need it); its state recompute, reverse state
    pass and gradients. Under `LaunchPlan(bwd_grads="tilelang")` the gradients are `tilelang_grads`' (opt-in, session
    30: two chunk-parallel TileLang lab kernels from the kept gated tensors and the chunk states, in place of
-   `chunk_bwd_dqk` + `wy_bwd`; right on an H100 in session 31, the step on them 1.09x FLA's there, the second kernel
-   18.3 ms at 1x64K): `kernels.ops.kda.state_grads_hopper` (the state products), then
+   `chunk_bwd_dqk` + `wy_bwd`; right on the H200 in session 32, the step on them 1.02x FLA's there with the second
+   kernel on one warpgroup, 16.2 ms of it at 1x64K; two since): `kernels.ops.kda.state_grads_hopper` (the state products), then
    `kernels.ops.kda.bwd_products_hopper` (dA, the four decayed products, dq, dk, dg, dbeta). Any layout (session
    31): dense sequences of whole chunks on their dense builds, varlen or a dense T not a multiple of the chunk on
    their varlen builds; grouped heads read their q, k head in the kernel (dq, dk summed per group after); bf16
@@ -50,8 +50,8 @@ from kernels.ops.kda.bwd_products_hopper import bwd_products_hopper
 from kernels.ops.kda.state_grads_hopper import state_grads_hopper, state_grads_refusal
 from kernels.plan import LaunchPlan, default_plan, launch_config
 
-__all__ = ["KDA_TILELANG_GRADS_AUTO", "KDA_TILELANG_GRADS_DTYPE", "KDA_WY_FROM_AG", "KEPT_GATED", "chunk_kda_bwd_ag", "grads_mode",
-           "kda_wy_from_ag", "tilelang_grads", "tilelang_grads_refusal"]  # fmt: skip
+__all__ = ["KDA_TILELANG_GRADS_AUTO", "KDA_TILELANG_GRADS_DTYPE", "KDA_WY_FROM_AG", "KEPT_GATED", "chunk_kda_bwd_ag",
+           "grads_mode", "kda_wy_from_ag", "tilelang_grads", "tilelang_grads_refusal"]  # fmt: skip
 
 # whether `LaunchPlan.bwd_grads="auto"` takes the TileLang gradients (`tilelang_grads`) where nothing refuses them:
 # off until the step on them is faster than on the Triton pair (session 31, an H100: right, but the step 1.09x FLA's,

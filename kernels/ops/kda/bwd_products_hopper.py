@@ -37,7 +37,7 @@ from kernels.ops.gdn.tilelang_hopper import check_lab, chunk_span, clear_rows, h
 from kernels.ops.kda.decay_products_hopper import BLOCK, decay_macros
 from kernels.parallel_compile import build_beside
 
-__all__ = ["PRODUCTS_LAB_SWITCHES", "bwd_products_hopper", "bwd_products_refusal"]
+__all__ = ["EXACT_SWITCHES", "PRODUCTS_LAB_SWITCHES", "bwd_products_hopper", "bwd_products_refusal"]
 
 _WHAT = "KDA backward products"  # how the refusals name this kernel
 # two warpgroups (session 32, the H200: 9.25 ms at 1x64K's size against one warpgroup's 17.88; ncu: one warp a
@@ -59,6 +59,7 @@ PRODUCTS_LAB_SWITCHES = {
     "no_operands": "no block operands formed (the products read whatever their tiles hold)",
     "no_products": "no decayed products (their fragments cleared instead)",
     "no_finish": "no block finish (dq, dk unwritten, dG zero)",
+    # (exact: the kernel's outputs as the default's; their GPU tests check them, `EXACT_SWITCHES`)
     "wg1": "one warpgroup (128 threads), the form before session 32: exact",
     "wg4": "four warpgroups (512 threads): exact",
     "prefetch": "the finish's six inputs (dqg, dke, dkd, qg, ke, kd) of a block loaded into registers at the block's "
@@ -68,6 +69,10 @@ PRODUCTS_LAB_SWITCHES = {
     "place of a thread a key or row reading 64 rows of kd, dkd or dAg from memory in its loop (session 32; exact on its "
     "mirror's math, compiled, not yet run)",
 }
+
+
+# the switches that change how, not what: a build with them gives the default's gradients (checked on the GPU)
+EXACT_SWITCHES = frozenset({"sync_mma", "wg1", "wg4", "prefetch", "parallel_tail"})
 
 
 @functools.cache
@@ -100,6 +105,11 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
     def build() -> Any:
         mac = decay_macros(T, sync_mma="sync_mma" in lab, lab=lab)
         span, clear = chunk_span(T, C, varlen), clear_rows(T)
+
+        def finish_inputs(srcs, t0, n, i_h, row, c):  # type: ignore[no-untyped-def]
+            """The finish's inputs at (row, key c) of the chunk at t0 (dqg, dke, dkd, qg, ke, kd in fp32; 0 past its
+            n rows): what the finish loop reads, or `prefetch` loads a block ahead."""
+            return [T.if_then_else(row < n, T.cast(x[t0 + row, i_h, c], fp32), 0.0) for x in srcs]
 
         @T.prim_func
         def bwd_products(
@@ -145,9 +155,11 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                 kra_s = T.alloc_shared((BLOCK, K), fp32)  # k o RA of the block's rows (dbeta's row sums)
                 rs_s = T.alloc_shared((BLOCK,), fp32)
                 dgs_s = T.alloc_shared((C, K + 8), fp32)  # dG, then summed down the chunk
-                fl_s = T.alloc_shared((C, K), "uint8")  # 1 where the gate is below the floor (dg 0 there)
                 dbr_s = T.alloc_shared((C,), fp32)
-                dbt_s = T.alloc_shared((C,), fp32)  # colsum(dAg o T), dbeta's other term
+                if "parallel_tail" in lab:
+                    fl_s = T.alloc_shared((C, K), "uint8")  # 1 where the gate is below the floor (dg 0 there)
+                    dbt_s = T.alloc_shared((C,), fp32)  # colsum(dAg o T), dbeta's other term
+                    kc_l = T.alloc_local((1,), fp32)  # colsum(kd o dkd) of key tx, summed block by block
                 b_s = T.alloc_shared((C,), fp32)
                 ref_s = T.alloc_shared((NB, K), fp32)  # the rows' references (R)
                 cref_s = T.alloc_shared((NB, K), fp32)  # the columns' (Cc)
@@ -158,10 +170,9 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                 cq_f = T.alloc_fragment((K, BLOCK), fp32)
                 ck_f = T.alloc_fragment((K, BLOCK), fp32)
                 kr_f = T.alloc_fragment((BLOCK, K), fp32)
-                # (prefetch) the block's finish inputs, in the products' layout (given by the finish loop's rq_f)
-                pre = {name: T.alloc_fragment((K, BLOCK), fp32) for name in ("dqg", "dke", "dkd", "qg", "ke", "kd")}
+                if "prefetch" in lab:  # the block's finish inputs, in the products' layout (the finish loop's rq_f's)
+                    pre = [T.alloc_fragment((K, BLOCK), fp32) for _ in range(6)]
                 acc = T.alloc_var(fp32)
-                kc_l = T.alloc_local((1,), fp32)  # colsum(kd o dkd) of key tx, summed block by block
                 fast_l = T.alloc_local((1,), "int32")
                 T.annotate_layout({x: tilelang.layout.make_swizzled_layout(x) for x in (q_s, k_s)})
 
@@ -200,7 +211,7 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                     for c, r in T.Parallel(C, C):
                         c_f[c, r] = T.if_then_else((r < n) & (c < n), dag[t0 + r, i_h, c] * T.cast(t_s[r, c], fp32), 0.0)
                     T.reduce_sum(c_f, dbt_s, dim=1)
-                kc_l[0] = 0.0
+                    kc_l[0] = 0.0
                 # dA = -StrictLower(T^T (dAg diag(beta)) T^T) (its M = dAg diag(beta) formed above)
                 T.fence_proxy_async()
                 T.gemm(m_s, t_s, c_f, transpose_B=True, clear_accum=True)
@@ -215,16 +226,13 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                 T.sync_threads()
 
                 for I in T.unroll(NB):
-                    if "prefetch" in lab:  # issued now, first read in the finish below (one line a tensor: a Python
-                        # loop over the tensors renamed them in the generated code)
+                    if "prefetch" in lab:  # issued now, first read in the finish below
                         for c, r in T.Parallel(K, BLOCK):
-                            row = BLOCK * I + r
-                            pre["dqg"][c, r] = T.if_then_else(row < n, T.cast(dqg[t0 + row, i_h, c], fp32), 0.0)
-                            pre["dke"][c, r] = T.if_then_else(row < n, T.cast(dke[t0 + row, i_h, c], fp32), 0.0)
-                            pre["dkd"][c, r] = T.if_then_else(row < n, T.cast(dkd[t0 + row, i_h, c], fp32), 0.0)
-                            pre["qg"][c, r] = T.if_then_else(row < n, T.cast(qg[t0 + row, i_h, c], fp32), 0.0)
-                            pre["ke"][c, r] = T.if_then_else(row < n, T.cast(ke[t0 + row, i_h, c], fp32), 0.0)
-                            pre["kd"][c, r] = T.if_then_else(row < n, T.cast(kd[t0 + row, i_h, c], fp32), 0.0)
+                            ins = finish_inputs((dqg, dke, dkd, qg, ke, kd), t0, n, i_h, BLOCK * I + r, c)
+                            # (one store a line: `range` in a prim_func is a TIR loop, and a Python loop binding
+                            # the buffers renamed them in the generated code)
+                            pre[0][c, r], pre[1][c, r], pre[2][c, r] = ins[0], ins[1], ins[2]
+                            pre[3][c, r], pre[4][c, r], pre[5][c, r] = ins[3], ins[4], ins[5]
                     # Rq and RA: one operand k o e^(r_I - G) on the rows up to block I's end (fast) or before it; their
                     # six tensor-core products issued back to back, one wait
                     if "no_operands" not in lab:
@@ -253,16 +261,9 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                             eg = T.exp(g_s[row, c])
                             qv = T.cast(q_s[row, c], fp32)
                             kv = T.cast(k_s[row, c], fp32)
-                            if "prefetch" in lab:
-                                a_dqg, a_dke, a_dkd = pre["dqg"][c, r], pre["dke"][c, r], pre["dkd"][c, r]
-                                a_qg, a_ke, a_kd = pre["qg"][c, r], pre["ke"][c, r], pre["kd"][c, r]
-                            else:
-                                a_dqg = T.if_then_else(row < n, T.cast(dqg[t0 + row, i_h, c], fp32), 0.0)
-                                a_dke = T.if_then_else(row < n, T.cast(dke[t0 + row, i_h, c], fp32), 0.0)
-                                a_dkd = T.if_then_else(row < n, T.cast(dkd[t0 + row, i_h, c], fp32), 0.0)
-                                a_qg = T.if_then_else(row < n, T.cast(qg[t0 + row, i_h, c], fp32), 0.0)
-                                a_ke = T.if_then_else(row < n, T.cast(ke[t0 + row, i_h, c], fp32), 0.0)
-                                a_kd = T.if_then_else(row < n, T.cast(kd[t0 + row, i_h, c], fp32), 0.0)
+                            ins = ([x[c, r] for x in pre] if "prefetch" in lab
+                                   else finish_inputs((dqg, dke, dkd, qg, ke, kd), t0, n, i_h, row, c))  # fmt: skip
+                            a_dqg, a_dke, a_dkd, a_qg, a_ke, a_kd = ins
                             if row < n:
                                 dq[t0 + row, i_h, c] = T.cast(rq_f[c, r] + scale * eg * a_dqg, odt)
                                 dk[t0 + row, i_h, c] = T.cast(cq_f[c, r] + b_s[row] * ra_f[c, r] + ck_f[c, r]

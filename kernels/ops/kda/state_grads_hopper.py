@@ -1,8 +1,8 @@
 """The state products of KDA's chunk backward as one TileLang kernel per (chunk, value head) on Hopper: the first half
 of the planned chunk-parallel KDA backward (`kernels/NOTES.md`, "KDA's backward, the next kernel"; the decayed
 products are `kernels.ops.kda.bwd_products_hopper`); the step calls it under `LaunchPlan(bwd_grads="tilelang")`
-(`kernels.ops.kda.ag_bwd.tilelang_grads`; right on an H100, 2.05 ms at 1x64K there). Its CPU mirror is `kernels.ops.kda.reverse_bwd_torch.
-state_products`.
+(`kernels.ops.kda.ag_bwd.tilelang_grads`; right on the H200, 1.86 ms at 1x64K there in session 32). Its CPU mirror
+is `kernels.ops.kda.reverse_bwd_torch.state_products`.
 
 Per chunk of C = 64 rows, from the state S entering it and the gradient dS' reaching its leaving state (`[K, V]`,
 K = V = 128, as the Triton state passes store them: `chunk_state_fwd`'s h, `chunk_state_bwd`'s dh) and what the
@@ -179,8 +179,8 @@ def state_grads_hopper(
     h: Tensor, dh: Tensor, v: Tensor, do: Tensor, ag: Tensor, aqk: Tensor, ke: Tensor, kd: Tensor, gc: Tensor, *,
     varlen: tuple[Tensor, Tensor] | None = None, grads_dtype: torch.dtype = torch.float32,
 ) -> dict[str, Tensor]:  # fmt: skip
-    """`state_products`' outputs on this kernel (fp32; dW bf16, dqg, dke, dkd in grads_dtype: fp32 or bf16): {"dW" (= dV), "dAqk", "dAg", "dqg", "dke", "dkd" `[N, HV, ..]`,
-    "dGC" `[NT, HV, K]`} from h, dh `[NT, HV, K, V]`, v, do `[N, HV, V]`, ag, aqk `[N, HV, 64]`, ke, kd `[N, HV, K]`
+    """`state_products`' outputs on this kernel (fp32; dW bf16; dqg, dke, dkd in grads_dtype, fp32 or bf16): {"dW"
+    (= dV), "dAqk", "dAg", "dqg", "dke", "dkd" `[N, HV, ..]`, "dGC" `[NT, HV, K]`} from h, dh `[NT, HV, K, V]`, v, do `[N, HV, V]`, ag, aqk `[N, HV, 64]`, ke, kd `[N, HV, K]`
     (bf16) and gc fp32 `[NT, HV, K]`: chunk c at rows 64 c (N = 64 NT), or with varlen (cu_seqlens, chunk_indices:
     `kernels.common.index.ChunkIndex`'s, int32 on the device) at the rows of its (sequence, chunk) pair, the rows past
     a sequence's end unwritten. Raises ValueError where `state_grads_refusal` gives a reason."""

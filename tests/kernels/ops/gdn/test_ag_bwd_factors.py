@@ -216,11 +216,11 @@ def test_state_passes_without_the_new_values_store_the_same_states() -> None:
     (dh, ds, dv_new), (dh2, ds2, _) = outs
     assert dv_new is not None and not dv_new.isnan().any()  # the storing pass wrote every row
     assert dh.abs().amax() > 0 and torch.equal(dh, dh2) and torch.equal(ds, ds2)
-    # (session 32) the pairs need skips start from dht's row plus ds_skip's (the warm windows' gradients, no torch
+    # (session 32) the pairs need skips start from dht's row plus skipped's (the warm windows' gradients, no torch
     # `where` after the launch); the others are bitwise the unmasked pass's
     need = torch.tensor([[True, False], [False, True], [True, True]], device=DEVICE)
     skip = torch.randn(dht.shape, generator=torch.Generator().manual_seed(6)).to(DEVICE)
     ds3 = torch.empty_like(dht)
     chunk_state_bwd(q, k, w, gs, aqk, do, layout=layout, BT=64, gate_vector=False, scale=DIM**-0.5, dht=dht,
-                    ds_out=ds3, need=need, ds_skip=skip)  # fmt: skip
+                    ds_out=ds3, need=need, skipped=skip)  # fmt: skip
     assert torch.equal(ds3[need], ds[need]) and torch.equal(ds3[~need], dht[~need] + skip[~need])

@@ -176,9 +176,8 @@ def _mirror_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     def products_build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[str] = frozenset(),  # type: ignore[no-untyped-def]
                        bf16_out: bool = False, bf16_grads: bool = False):  # fmt: skip
-        # (lab builds are timing-only, the step never asks for one; but wg1, wg4, parallel_tail and prefetch are
-        # exact: their GPU tests run here)
-        assert lab <= {"wg1", "wg4", "parallel_tail", "prefetch"}
+        # (lab builds are timing-only, the step never asks for one; but the exact ones' GPU tests run here)
+        assert lab <= bp.EXACT_SWITCHES
 
         def run(q, k, g, beta, tt, qg, ke, kd, daqk, dag, dqg, dke, dkd, dgc, cu, ci, dq, dk, dg, dbeta):  # type: ignore[no-untyped-def]
             calls.append("bwd_products")

@@ -122,7 +122,8 @@ KEEP_POLICIES: tuple[str, ...] = ("auto", "inputs", "ag", "ag+states", "wy", "wy
 # the H200, session 29)
 # "tilelang": KDA's backward from the forward's kept gated Ag on two chunk-parallel TileLang kernels
 # (`kernels.ops.kda.ag_bwd.tilelang_grads`: the state products, then the decayed products and the finish; session 30;
-# any layout since session 31; right on an H100 but slower than the pair there: opt-in)
+# any layout since session 31; "auto" takes them for KDA where they run since session 33: the step 0.66x FLA's at
+# 1x64K on an H100, `kernels.ops.kda.ag_bwd.KDA_TILELANG_GRADS_AUTO`)
 BWD_GRADS: tuple[str, ...] = ("auto", "pair", "fused", "reverse", "tilelang")
 # the values that run GDN's TileLang reverse walk
 REVERSE_WALKS: frozenset[str] = frozenset({"reverse"})
@@ -151,7 +152,8 @@ AG_PASSES: tuple[str, ...] = ("auto", "triton", "tilelang")
 AUTO_FWD_PATH: Mapping[str, str] = MappingProxyType({"gdn": "fused", "kda": "walk"})
 # `LaunchPlan.bwd_grads` "auto" per op, from the H200 (session 11, benchmarks/results/bwd_ag_lab_h200.md,
 # dqk_wy_lab_h200.md): GDN's training step at 1x64K 8.97 -> 8.70 ms and its peak 4616 -> 3336 MB with the fused
-# kernel; KDA's step 29.6 -> 32.1 ms (slower)
+# kernel; KDA's step 29.6 -> 32.1 ms (slower). KDA's "auto" takes "tilelang" first where it runs (session 33,
+# `kernels.ops.kda.ag_bwd.grads_mode`); "pair" is what runs elsewhere and while those kernels build
 AUTO_BWD_GRADS: Mapping[str, str] = MappingProxyType({"gdn": "fused", "kda": "pair"})
 # ... except that GDN's "auto" takes the TileLang reverse walk ("reverse") from the kept Ag (keep "ag", the default, or
 # "ag+states") in bf16 where the kernel runs (`kernels.ops.gdn.reverse_bwd.reverse_bwd_refusal`: Hopper, K = V = 128,

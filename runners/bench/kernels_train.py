@@ -244,9 +244,11 @@ def gradient_check(op: str, device: str, T: int = 1024, Hh: int = H, fla: bool =
 
 
 def run_shape(op: str, B: int, T: int, device: str, fla: bool = True, *, HV: int = H, lb: float | None = None,
-              qla: FlashQLAColumns | None = None) -> dict[str, Any]:
+              qla: FlashQLAColumns | None = None, also_grads: tuple[str, ...] = ()) -> dict[str, Any]:
     """One row: our step (the direct passes and the kept policies at HV = H; the public op at HV > H), FLA's, and
-    FlashQLA's columns (or why not), each with its first call, peak memory and the floor."""
+    FlashQLA's columns (or why not), each with its first call, peak memory and the floor; also_grads: the default
+    policy's step again under each of these backward gradient kernels (`LaunchPlan.bwd_grads`), in this process
+    (`rec["also_grads"]`: ms and peak MB, or the one line why not)."""
     wl = workload(op, B, T, H, device=device, HV=HV, lb=lb)
     q, k, v, g, beta = wl.tensors
     do = wl.do
@@ -271,6 +273,14 @@ def run_shape(op: str, B: int, T: int, device: str, fla: bool = True, *, HV: int
             rec["policies"][policy] = {"ms": timed(kept), "held_MB": held, "peak_MB": peak_mb(kept)}
         except ValueError as err:  # a policy the chosen backward kernels refuse (--bwd-grads reverse needs Ag kept)
             rec["policies"][policy] = {"error": str(err)[:200]}
+    rec["also_grads"] = {}
+    for grads in also_grads if not grouped else ():
+        alt = functools.partial(ours_step(op, bwd_grads=grads), q, k, v, g, beta, do)
+        try:
+            _, first = first_call(alt, cuda=True)
+            rec["also_grads"][grads] = {"ms": timed(alt), "peak_MB": peak_mb(alt), "first_call_s": first}
+        except ValueError as err:  # gradient kernels this op or shape refuses
+            rec["also_grads"][grads] = {"error": str(err)[:200]}
     try:
         if not fla:
             raise RuntimeError("not run (--no-fla)")
@@ -433,6 +443,11 @@ def _notes(res: dict[str, Any]) -> list[str]:
                                    for r in res["rows"] if r.get(col + "_error")))
         notes.update(dict.fromkeys(f"{col} split ({r['op']} {r['B']}x{r['T']} HV={r.get('HV')} lb={r.get('lb')}): "
                                    f"{r[col + '_split']}" for r in res["rows"] if r.get(col + "_split")))
+    for r in res["rows"]:  # ours under other backward gradient kernels (--also-bwd-grads), this process
+        for grads, a in r.get("also_grads", {}).items():
+            fig = (a["error"] if "error" in a else f"{a['ms']:.2f} ms ({a['ms'] / r.get('fla_ms', float('nan')):.2f}x "
+                   f"FLA; ours {r['ours_ms']:.2f}), peak {a['peak_MB']:.0f} MB")  # fmt: skip
+            notes[f"ours with bwd_grads={grads} ({r['op']} {r['B']}x{r['T']} HV={r.get('HV')} lb={r.get('lb')}): {fig}"] = None
     first: dict[str, float] = {}
     for r in res["rows"]:
         for who in ("ours", "fla", *FLASH_QLA_COLUMNS):
@@ -489,12 +504,17 @@ def main(argv: list[str] | None = None) -> int:
                     "`kernels.ops.kda.ag_hopper`")
     ap.add_argument("--bwd-grads", default=None, choices=BWD_GRADS, help="ours' backward gradient kernels "
                     "(`LaunchPlan.bwd_grads`; default the plan's \"auto\"); \"reverse\": GDN's TileLang reverse walk")
+    ap.add_argument("--also-bwd-grads", default="", help="comma list of `LaunchPlan.bwd_grads` values: ours' default "
+                    "step timed again under each, in this process (e.g. pair,tilelang: \"auto\"'s two choices for KDA)")
     args = ap.parse_args(argv)
     try:
         peers = parse_peers(args.peers, args.no_fla)
         cases = expand_cases(preset=args.preset, shapes=parse_shapes(args.shapes or ""),
                              hv=tuple(int(x) for x in parse_floats(args.hv, "--hv")), lb=parse_floats(args.lb, "--lb"),
                              H=H)
+        also_grads = tuple(x for x in args.also_bwd_grads.split(",") if x)
+        if bad := [x for x in also_grads if x not in BWD_GRADS]:
+            raise ValueError(f"--also-bwd-grads: {', '.join(bad)} not in {', '.join(BWD_GRADS)}")
     except ValueError as err:
         ap.error(str(err))
     if not torch.cuda.is_available():
@@ -530,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
                 res["cut"].append({"op": op, "case": case.label, "why": deadline.why()})
                 _say(op, case.label, deadline.why())
                 continue
-            rec = run_shape(op, case.B, case.T, "cuda", fla=fla, HV=case.HV, lb=case.lb, qla=qla)
+            rec = run_shape(op, case.B, case.T, "cuda", fla=fla, HV=case.HV, lb=case.lb, qla=qla, also_grads=also_grads)
             rec["row_s"] = round(deadline.done(kernels_peers.first_calls_s(rec)), 1)
             res["rows"].append(rec)
             _say(json.dumps(rec))

@@ -15,10 +15,10 @@ G_C `[NT, HV, K]` fp32 (`KEPT_GATED`). The backward then runs
 2. `chunk_bwd` for KDA with those factors (`wy=`): T as the forward's Ag pass stored it (`GatedKeys.tt`, kept as
    "tt": both passes store it since session 29), else by `wy_inverse` (1.2 ms at 1x64K; KDA's M, the beta-free
    decayed gram, is not formed from the kept tensors: T = I - Ag M would need it); its state recompute, reverse state
-   pass and gradients. Under `LaunchPlan(bwd_grads="tilelang")` the gradients are `tilelang_grads`' (opt-in, session
-   30: two chunk-parallel TileLang lab kernels from the kept gated tensors and the chunk states, in place of
-   `chunk_bwd_dqk` + `wy_bwd`; right on the H200 in session 32, the step on them 1.02x FLA's there with the second
-   kernel on one warpgroup, 16.2 ms of it at 1x64K; two since): `kernels.ops.kda.state_grads_hopper` (the state products), then
+   pass and gradients. Under `LaunchPlan(bwd_grads="tilelang")`, and "auto" where nothing refuses them (session 33),
+   the gradients are `tilelang_grads`' (session 30: two chunk-parallel TileLang kernels from the kept gated tensors
+   and the chunk states, in place of `chunk_bwd_dqk` + `wy_bwd`; the step on them 0.66x FLA's at 1x64K on an H100 in
+   session 33, the second kernel on two warpgroups): `kernels.ops.kda.state_grads_hopper` (the state products), then
    `kernels.ops.kda.bwd_products_hopper` (dA, the four decayed products, dq, dk, dg, dbeta). Any layout (session
    31): dense sequences of whole chunks on their dense builds, varlen or a dense T not a multiple of the chunk on
    their varlen builds; grouped heads read their q, k head in the kernel (dq, dk summed per group after); bf16
@@ -54,10 +54,11 @@ __all__ = ["KDA_TILELANG_GRADS_AUTO", "KDA_TILELANG_GRADS_DTYPE", "KDA_WY_FROM_A
            "grads_mode", "kda_wy_from_ag", "tilelang_grads", "tilelang_grads_refusal"]  # fmt: skip
 
 # whether `LaunchPlan.bwd_grads="auto"` takes the TileLang gradients (`tilelang_grads`) where nothing refuses them:
-# off until the step on them is faster than on the Triton pair (session 31, an H100: right, but the step 1.09x FLA's,
-# 26.71 vs 24.54 ms at 1x64K, where the pair's is 0.76x on the H200; `kernels/NOTES.md`, "Session 31"); under the
-# tiered first call the step runs the Triton pair while they build (`kernels.first_call`)
-KDA_TILELANG_GRADS_AUTO = False
+# on since session 33 (an H100: the step on them 16.12 vs FLA's 24.56 ms at 1x64K, 0.66x, right within 2.9e-3, the
+# second kernel on two warpgroups; the Triton pair's step is 0.76x FLA's on the H200, session 30; off before: 1.09x
+# on one warpgroup, session 31; `kernels/NOTES.md`, "Session 33"); under the tiered first call the step runs the
+# Triton pair while they build (`kernels.first_call`)
+KDA_TILELANG_GRADS_AUTO = True
 
 # (session 32) the dtype of the state products' dqg, dke, dkd (`state_grads_hopper`'s grads_dtype), which the products
 # kernel reads: bf16 halves their 1.6 GB at 1x64K (written, read and held at the step's peak; the session 31 step's

@@ -1,9 +1,9 @@
 """The second half of the planned chunk-parallel KDA backward as one TileLang kernel per (chunk, value head) on Hopper:
 from the state products (`kernels.ops.kda.state_grads_hopper`: dAqk, dAg, dqg, dke, dkd and dG_C's state term) and
 what the forward keeps under "ag" (T, qg, ke, kd), KDA's dq, dk, dg and dbeta (`kernels/NOTES.md`, "Session 30"). The
-step calls it under `LaunchPlan(bwd_grads="tilelang")` (`kernels.ops.kda.ag_bwd.tilelang_grads`), opt-in while the
-step on it is slower than on `chunk_bwd_dqk` + `wy_bwd` (session 32, the H200: 17.88 ms at 1x64K's size on one
-warpgroup, 9.25 on two, the default since; the step on one 1.02x FLA's).
+step calls it under `LaunchPlan(bwd_grads="tilelang")` and "auto" (`kernels.ops.kda.ag_bwd.tilelang_grads`; session 32,
+the H200: 17.88 ms at 1x64K's size on one warpgroup, 9.25 on two, the default since; session 33, an H100: 8.81 on
+two, 8.08 with the finish's inputs loaded a block ahead and the column sums from registers, the form since).
 Its CPU mirror is `kernels.ops.kda.reverse_bwd_torch.products_finish`, the same math in torch.
 
 Per chunk of C = 64 rows (G the in-chunk cumsum of the floored per-key gate, formed here from g as the Ag pass does):
@@ -16,13 +16,15 @@ Per chunk of C = 64 rows (G the in-chunk cumsum of the floored per-key gate, for
     accuracy); then the block's rows finished in the products' layout:
         dq = Rq + scale e^G o dqg      dk = Cq + beta RA + Ck + e^G o dke + e^(G_C - G) o dkd
         dG = q o Rq - k o Cq + beta k o RA - k o Ck + qg o dqg + ke o dke - kd o dkd,   rowsum(k o RA) for dbeta
-    (dG in shared memory) dg = the reverse cumsum of dG down the chunk with dG_C (the state term + colsum(kd o dkd)) on its last row, 0 where
-    the gate is below the floor (a thread a key); dbeta = colsum(dAg o T) + rowsum(k o RA).
+    (dG in shared memory) dg = the reverse cumsum of dG down the chunk with dG_C (the state term + colsum(kd o dkd),
+    summed from the finish's registers) on its last row, 0 where the gate is below the floor (a thread a key); dbeta =
+    colsum(dAg o T) (by all threads, before the products) + rowsum(k o RA). A block's six finish inputs (dqg, dke, dkd,
+    qg, ke, kd) load into registers at the block's start, under its operands and products.
 
 Fast chunks (every key's span across every block below FAST_SPAN) take the blocks' midpoints as references; else the
 products skip the diagonal blocks, which are summed elementwise (every exponent <= 0). Sizes: K = V = 128, chunk 64,
 bf16 q, k, sm_90, TileLang `kernels.ops.gdn.tilelang_hopper.TILELANG_VERSION`; refused in one line otherwise. Dense
-rows (chunk c at 64 c..); grouped heads read their q, k head (session 31: no expanded copies). ~215 KB of shared memory (one
+rows (chunk c at 64 c..); grouped heads read their q, k head (session 31: no expanded copies). ~224 KB of shared memory (one
 program an SM), two warpgroups (`_THREADS`). Tested on the GPU against the mirror (tests/kernels/ops/kda/test_bwd_products_hopper.py).
 """
 
@@ -62,17 +64,11 @@ PRODUCTS_LAB_SWITCHES = {
     # (exact: the kernel's outputs as the default's; their GPU tests check them, `EXACT_SWITCHES`)
     "wg1": "one warpgroup (128 threads), the form before session 32: exact",
     "wg4": "four warpgroups (512 threads): exact",
-    "prefetch": "the finish's six inputs (dqg, dke, dkd, qg, ke, kd) of a block loaded into registers at the block's "
-    "start, in the products' layout, so their global latency passes under the operands and products (session 32; "
-    "compiled, not yet run)",
-    "parallel_tail": "dG_C's colsum(kd o dkd) from the finish's loads and dbeta's colsum(dAg o T) by all threads, in "
-    "place of a thread a key or row reading 64 rows of kd, dkd or dAg from memory in its loop (session 32; exact on its "
-    "mirror's math, compiled, not yet run)",
 }
 
 
 # the switches that change how, not what: a build with them gives the default's gradients (checked on the GPU)
-EXACT_SWITCHES = frozenset({"sync_mma", "wg1", "wg4", "prefetch", "parallel_tail"})
+EXACT_SWITCHES = frozenset({"sync_mma", "wg1", "wg4"})
 
 
 @functools.cache
@@ -108,7 +104,7 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
 
         def finish_inputs(srcs, t0, n, i_h, row, c):  # type: ignore[no-untyped-def]
             """The finish's inputs at (row, key c) of the chunk at t0 (dqg, dke, dkd, qg, ke, kd in fp32; 0 past its
-            n rows): what the finish loop reads, or `prefetch` loads a block ahead."""
+            n rows), loaded a block ahead of the finish that reads them."""
             return [T.if_then_else(row < n, T.cast(x[t0 + row, i_h, c], fp32), 0.0) for x in srcs]
 
         @T.prim_func
@@ -156,10 +152,9 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                 rs_s = T.alloc_shared((BLOCK,), fp32)
                 dgs_s = T.alloc_shared((C, K + 8), fp32)  # dG, then summed down the chunk
                 dbr_s = T.alloc_shared((C,), fp32)
-                if "parallel_tail" in lab:
-                    fl_s = T.alloc_shared((C, K), "uint8")  # 1 where the gate is below the floor (dg 0 there)
-                    dbt_s = T.alloc_shared((C,), fp32)  # colsum(dAg o T), dbeta's other term
-                    kc_l = T.alloc_local((1,), fp32)  # colsum(kd o dkd) of key tx, summed block by block
+                fl_s = T.alloc_shared((C, K), "uint8")  # 1 where the gate is below the floor (dg 0 there)
+                dbt_s = T.alloc_shared((C,), fp32)  # colsum(dAg o T), dbeta's other term
+                kc_l = T.alloc_local((1,), fp32)  # colsum(kd o dkd) of key tx, summed block by block
                 b_s = T.alloc_shared((C,), fp32)
                 ref_s = T.alloc_shared((NB, K), fp32)  # the rows' references (R)
                 cref_s = T.alloc_shared((NB, K), fp32)  # the columns' (Cc)
@@ -170,8 +165,8 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                 cq_f = T.alloc_fragment((K, BLOCK), fp32)
                 ck_f = T.alloc_fragment((K, BLOCK), fp32)
                 kr_f = T.alloc_fragment((BLOCK, K), fp32)
-                if "prefetch" in lab:  # the block's finish inputs, in the products' layout (the finish loop's rq_f's)
-                    pre = [T.alloc_fragment((K, BLOCK), fp32) for _ in range(6)]
+                # the block's finish inputs, in the products' layout (the finish loop's rq_f's)
+                pre = [T.alloc_fragment((K, BLOCK), fp32) for _ in range(6)]
                 acc = T.alloc_var(fp32)
                 fast_l = T.alloc_local((1,), "int32")
                 T.annotate_layout({x: tilelang.layout.make_swizzled_layout(x) for x in (q_s, k_s)})
@@ -191,8 +186,7 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                 for r, c in T.Parallel(C, K):  # (a gate of 0 past the end: G repeats its last row, as the Ag pass's)
                     gv = T.if_then_else(r < n, g[t0 + r, i_h, c], 0.0)
                     g_s[r, c] = T.max(gv, floor)
-                    if "parallel_tail" in lab:
-                        fl_s[r, c] = T.if_then_else(gv < floor, T.cast(1, "uint8"), T.cast(0, "uint8"))
+                    fl_s[r, c] = T.if_then_else(gv < floor, T.cast(1, "uint8"), T.cast(0, "uint8"))
                 for r, c in T.Parallel(C, C):
                     m_s[r, c] = T.cast(T.if_then_else((r < n) & (c < n), dag[t0 + r, i_h, c] * beta[t0 + c, i_h], 0.0), io)
                     xv = T.if_then_else(r < n, daqk[t0 + r, i_h, c] * scale, 0.0)
@@ -205,13 +199,13 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                         g_s[r, tx] = acc
                 mac.references(g_s, sp_s, ref_s, cref_s, fast_l, tx)
                 fastv = fast_l[0]
-                # (parallel_tail) dbeta's colsum(dAg o T) here, by all threads (dAg read again: a cached line), in place
-                # of a thread a row reading 64 rows of dAg from memory one after another at the end; c_f as [col, row]
-                if "parallel_tail" in lab:
-                    for c, r in T.Parallel(C, C):
-                        c_f[c, r] = T.if_then_else((r < n) & (c < n), dag[t0 + r, i_h, c] * T.cast(t_s[r, c], fp32), 0.0)
-                    T.reduce_sum(c_f, dbt_s, dim=1)
-                    kc_l[0] = 0.0
+                # dbeta's colsum(dAg o T) here, by all threads (dAg read again: a cached line), not by a thread a row
+                # reading 64 rows of dAg one after another at the end (session 33: 0.49 ms less at 1x64K's size on the
+                # H100, with the column sums below); c_f as [col, row]
+                for c, r in T.Parallel(C, C):
+                    c_f[c, r] = T.if_then_else((r < n) & (c < n), dag[t0 + r, i_h, c] * T.cast(t_s[r, c], fp32), 0.0)
+                T.reduce_sum(c_f, dbt_s, dim=1)
+                kc_l[0] = 0.0
                 # dA = -StrictLower(T^T (dAg diag(beta)) T^T) (its M = dAg diag(beta) formed above)
                 T.fence_proxy_async()
                 T.gemm(m_s, t_s, c_f, transpose_B=True, clear_accum=True)
@@ -226,13 +220,15 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                 T.sync_threads()
 
                 for I in T.unroll(NB):
-                    if "prefetch" in lab:  # issued now, first read in the finish below
-                        for c, r in T.Parallel(K, BLOCK):
-                            ins = finish_inputs((dqg, dke, dkd, qg, ke, kd), t0, n, i_h, BLOCK * I + r, c)
-                            # (one store a line: `range` in a prim_func is a TIR loop, and a Python loop binding
-                            # the buffers renamed them in the generated code)
-                            pre[0][c, r], pre[1][c, r], pre[2][c, r] = ins[0], ins[1], ins[2]
-                            pre[3][c, r], pre[4][c, r], pre[5][c, r] = ins[3], ins[4], ins[5]
+                    # the finish's inputs, issued now and first read in the finish below: their global latency
+                    # passes under the operands and products (session 33, the H100: 8.08 ms with the column sums
+                    # from registers, 8.32 without this, 8.81 with neither)
+                    for c, r in T.Parallel(K, BLOCK):
+                        ins = finish_inputs((dqg, dke, dkd, qg, ke, kd), t0, n, i_h, BLOCK * I + r, c)
+                        # (one store a line: `range` in a prim_func is a TIR loop, and a Python loop binding the
+                        # buffers renamed them in the generated code)
+                        pre[0][c, r], pre[1][c, r], pre[2][c, r] = ins[0], ins[1], ins[2]
+                        pre[3][c, r], pre[4][c, r], pre[5][c, r] = ins[3], ins[4], ins[5]
                     # Rq and RA: one operand k o e^(r_I - G) on the rows up to block I's end (fast) or before it; their
                     # six tensor-core products issued back to back, one wait
                     if "no_operands" not in lab:
@@ -261,9 +257,7 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                             eg = T.exp(g_s[row, c])
                             qv = T.cast(q_s[row, c], fp32)
                             kv = T.cast(k_s[row, c], fp32)
-                            ins = ([x[c, r] for x in pre] if "prefetch" in lab
-                                   else finish_inputs((dqg, dke, dkd, qg, ke, kd), t0, n, i_h, row, c))  # fmt: skip
-                            a_dqg, a_dke, a_dkd, a_qg, a_ke, a_kd = ins
+                            a_dqg, a_dke, a_dkd, a_qg, a_ke, a_kd = [x[c, r] for x in pre]
                             if row < n:
                                 dq[t0 + row, i_h, c] = T.cast(rq_f[c, r] + scale * eg * a_dqg, odt)
                                 dk[t0 + row, i_h, c] = T.cast(cq_f[c, r] + b_s[row] * ra_f[c, r] + ck_f[c, r]
@@ -273,8 +267,7 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                                    + a_qg * a_dqg + a_ke * a_dke - a_kd * a_dkd)  # fmt: skip
                             cq_f[c, r] = dgv
                             ck_f[c, r] = kv * ra_f[c, r]
-                            if "parallel_tail" in lab:
-                                rq_f[c, r] = a_kd * a_dkd  # (dG_C's colsum(kd o dkd), from the loads above)
+                            rq_f[c, r] = a_kd * a_dkd  # (dG_C's colsum(kd o dkd), from the loads above)
                     for c, r in T.Parallel(K, BLOCK):
                         dgs_s[BLOCK * I + r, c] = cq_f[c, r]
                         kra_s[r, c] = ck_f[c, r]
@@ -282,41 +275,25 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                     T.reduce_sum(kr_f, rs_s, dim=1)
                     for r in T.Parallel(BLOCK):
                         dbr_s[BLOCK * I + r] = rs_s[r]
-                    if "parallel_tail" in lab:  # the block's kd o dkd through kra_s, summed down by a thread a key
-                        for c, r in T.Parallel(K, BLOCK):
-                            kra_s[r, c] = rq_f[c, r]
-                        if tx < K:
-                            for r in T.unroll(BLOCK):
-                                kc_l[0] = kc_l[0] + kra_s[r, tx]
+                    # the block's kd o dkd through kra_s, summed down by a thread a key
+                    for c, r in T.Parallel(K, BLOCK):
+                        kra_s[r, c] = rq_f[c, r]
+                    if tx < K:
+                        for r in T.unroll(BLOCK):
+                            kc_l[0] = kc_l[0] + kra_s[r, tx]
                 T.sync_threads()
 
-                # dg: dG summed down the chunk from its end, dG_C (the state term + colsum(kd o dkd)) on the last row
-                # (parallel_tail, session 32: the column sums from registers, the gate's floor from shared memory)
+                # dg: dG summed down the chunk from its end, dG_C (the state term + colsum(kd o dkd), summed above
+                # from registers) on the last row, 0 where the gate is below the floor (its flag in shared memory)
                 if tx < K:  # (a thread a key)
-                    acc = dgc[i_c, i_h, tx]
-                    if "parallel_tail" not in lab:
-                        for r in T.unroll(C):
-                            kdv = T.cast(kd[t0 + r, i_h, tx], fp32) * T.cast(dkd[t0 + r, i_h, tx], fp32)
-                            acc = acc + T.if_then_else(r < n, kdv, 0.0)
-                    else:
-                        acc = acc + kc_l[0]
+                    acc = dgc[i_c, i_h, tx] + kc_l[0]
                     for r in T.unroll(C):
                         acc = acc + dgs_s[C - 1 - r, tx]
                         if C - 1 - r < n:
-                            if "parallel_tail" in lab:
-                                dg[t0 + C - 1 - r, i_h, tx] = T.if_then_else(fl_s[C - 1 - r, tx] == 1, 0.0, acc)
-                            else:
-                                below = g[t0 + C - 1 - r, i_h, tx] < floor
-                                dg[t0 + C - 1 - r, i_h, tx] = T.if_then_else(below, 0.0, acc)
+                            dg[t0 + C - 1 - r, i_h, tx] = T.if_then_else(fl_s[C - 1 - r, tx] == 1, 0.0, acc)
                 # dbeta = colsum(dAg o T) + rowsum(k o RA)
                 if tx < n:
-                    if "parallel_tail" not in lab:
-                        acc = dbr_s[tx]
-                        for r in T.unroll(C):
-                            acc = acc + T.if_then_else(r < n, dag[t0 + r, i_h, tx] * T.cast(t_s[r, tx], fp32), 0.0)
-                        dbeta[t0 + tx, i_h] = acc
-                    else:
-                        dbeta[t0 + tx, i_h] = dbr_s[tx] + dbt_s[tx]
+                    dbeta[t0 + tx, i_h] = dbr_s[tx] + dbt_s[tx]
 
         return bwd_products
 

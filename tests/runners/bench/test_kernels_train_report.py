@@ -87,3 +87,20 @@ def test_bad_flags_are_one_line_errors(capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(SystemExit):
         main(["--preset", "issue26", "--hv", "24"])
     assert "--hv: value heads must be a multiple of the 16 query/key heads, got 24" in capsys.readouterr().err
+
+
+def test_other_backward_grads_are_one_line_each() -> None:
+    """(session 33) `--also-bwd-grads`: ours' step again under other gradient kernels, in this process, one note line
+    per row and choice: its ms, its ratio to FLA's from the same row and ours' default beside it; or why it refused."""
+    row = _row(op="kda", also_grads={"pair": {"ms": 12.25, "peak_MB": 6100.0, "first_call_s": 1.0},
+                                     "reverse": {"error": "bwd_grads='reverse' is GDN's"}})  # fmt: skip
+    md = to_markdown({"env": ENV, "rows": [row], "grads": {}})
+    got = [x for x in md.splitlines() if x.startswith("- ours with bwd_grads=")]
+    assert got == ["- ours with bwd_grads=pair (kda 1x65536 HV=32 lb=-5.0): 12.25 ms (1.25x FLA; ours 10.00), peak 6100 MB",
+                   "- ours with bwd_grads=reverse (kda 1x65536 HV=32 lb=-5.0): bwd_grads='reverse' is GDN's"]  # fmt: skip
+
+
+def test_unknown_backward_grads_are_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--also-bwd-grads", "pair,triton"])
+    assert "--also-bwd-grads: triton not in auto, pair, fused, reverse, tilelang" in capsys.readouterr().err

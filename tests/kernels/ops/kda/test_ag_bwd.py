@@ -373,7 +373,6 @@ def test_the_kernels_gpu_tests_run_on_their_mirrors(monkeypatch: pytest.MonkeyPa
     for varlen, dtype in ((False, torch.float32), (True, torch.float32), (True, torch.bfloat16)):
         states.test_kernel_matches_the_mirror(varlen, dtype)
     for case in ((False, False, False, ""), (True, False, False, ""), (False, True, False, ""), (True, True, True, ""),
-                 (True, True, True, "wg1"), (True, True, True, "wg4"), (True, False, True, "bf16"),
-                 (True, True, True, "parallel_tail"), (True, True, True, "prefetch+parallel_tail")):  # fmt: skip
+                 (True, True, True, "wg1"), (True, True, True, "wg4"), (True, False, True, "bf16")):  # fmt: skip
         products.test_kernel_matches_the_mirror(*case)
-    assert calls.count("state_grads") == 3 and calls.count("bwd_products") == 9 and calls.count("varlen") == 6, calls
+    assert calls.count("state_grads") == 3 and calls.count("bwd_products") == 7 and calls.count("varlen") == 4, calls

@@ -73,12 +73,13 @@ EXACT_SWITCHES = frozenset({"sync_mma", "wg1", "wg4"})
 
 @functools.cache
 def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[str] = frozenset(),
-           bf16_out: bool = False, bf16_grads: bool = False) -> Any:  # fmt: skip
+           bf16_out: bool = False, bf16_grads: bool = False, bf16_gate: bool = False) -> Any:  # fmt: skip
     """The compiled kernel for H value heads over Hk q, k heads (value head h reads q, k head h // (H / Hk)) and this
     scale (TileLang JIT, cached on disk by TileLang too); varlen: chunk i_c at the rows its (sequence, chunk) pair
     names (`cu`, `ci`), the rows past its sequence's end read as zeros and not written; else chunk c at rows 64 c.
     bf16_out: dq, dk written in bf16 (rounded once from fp32, as a cast after would), else fp32; bf16_grads: dqg,
-    dke, dkd read in bf16 (`state_grads_hopper`'s grads_dtype), else fp32."""
+    dke, dkd read in bf16 (`state_grads_hopper`'s grads_dtype), else fp32; bf16_gate: g read and dg written in bf16
+    (the model's gate dtype: no fp32 copy of g before and no cast of dg after, session 33), else fp32."""
     import tilelang
     import tilelang.language as T
 
@@ -91,6 +92,7 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
     fp32, io = "float32", "bfloat16"
     odt = io if bf16_out else fp32  # dq's and dk's
     gdt = io if bf16_grads else fp32  # dqg's, dke's, dkd's
+    gat = io if bf16_gate else fp32  # g's and dg's
     nchunk, nseq = T.dynamic("nchunk"), T.dynamic("nseq")
     # the rows: any count under varlen; dense, 64 a chunk (then TileLang checks no row bound: the dense build's code
     # is the one before varlen came)
@@ -110,7 +112,7 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
         @T.prim_func
         def bwd_products(
             q: T.Tensor((ntok, Hk, K), io), k: T.Tensor((ntok, Hk, K), io),
-            g: T.Tensor((ntok, H, K), fp32), beta: T.Tensor((ntok, H), fp32),
+            g: T.Tensor((ntok, H, K), gat), beta: T.Tensor((ntok, H), fp32),
             tt: T.Tensor((ntok, H, C), io), qg: T.Tensor((ntok, H, K), io),
             ke: T.Tensor((ntok, H, K), io), kd: T.Tensor((ntok, H, K), io),
             daqk: T.Tensor((ntok, H, C), fp32), dag: T.Tensor((ntok, H, C), fp32),
@@ -118,7 +120,7 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
             dkd: T.Tensor((ntok, H, K), gdt), dgc: T.Tensor((nchunk, H, K), fp32),
             cu: T.Tensor((nseq + 1,), "int32"), ci: T.Tensor((nchunk, 2), "int32"),
             dq: T.Tensor((ntok, H, K), odt), dk: T.Tensor((ntok, H, K), odt),
-            dg: T.Tensor((ntok, H, K), fp32), dbeta: T.Tensor((ntok, H), fp32),
+            dg: T.Tensor((ntok, H, K), gat), dbeta: T.Tensor((ntok, H), fp32),
         ):  # fmt: skip
             with T.Kernel(nchunk * H, threads=512 if "wg4" in lab else 128 if "wg1" in lab else _THREADS) as (bid,):
                 i_c = bid // H
@@ -184,7 +186,7 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                 # in the same phase (beta from memory, not b_s: no barrier between the two groups of loads), so the
                 # program waits on one global latency for both
                 for r, c in T.Parallel(C, K):  # (a gate of 0 past the end: G repeats its last row, as the Ag pass's)
-                    gv = T.if_then_else(r < n, g[t0 + r, i_h, c], 0.0)
+                    gv = T.if_then_else(r < n, T.cast(g[t0 + r, i_h, c], fp32), 0.0)
                     g_s[r, c] = T.max(gv, floor)
                     fl_s[r, c] = T.if_then_else(gv < floor, T.cast(1, "uint8"), T.cast(0, "uint8"))
                 for r, c in T.Parallel(C, C):
@@ -290,7 +292,7 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                     for r in T.unroll(C):
                         acc = acc + dgs_s[C - 1 - r, tx]
                         if C - 1 - r < n:
-                            dg[t0 + C - 1 - r, i_h, tx] = T.if_then_else(fl_s[C - 1 - r, tx] == 1, 0.0, acc)
+                            dg[t0 + C - 1 - r, i_h, tx] = T.cast(T.if_then_else(fl_s[C - 1 - r, tx] == 1, 0.0, acc), gat)
                 # dbeta = colsum(dAg o T) + rowsum(k o RA)
                 if tx < n:
                     dbeta[t0 + tx, i_h] = dbr_s[tx] + dbt_s[tx]
@@ -305,9 +307,10 @@ def bwd_products_hopper(
     scale: float, varlen: tuple[Tensor, Tensor] | None = None, lab: frozenset[str] = frozenset(),
     out_dtype: torch.dtype = torch.float32,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
-    """(dq, dk, dg `[N, HV, K]`, dbeta `[N, HV]`: fp32, dq and dk in out_dtype, fp32 or bf16) of `reverse_bwd_torch.products_finish` on this kernel: q, k
-    `[N, Hk, K]` (value head h reads head h // (HV / Hk): grouped heads; dq, dk come per value head, for the caller to
-    sum per group), g (raw, fp32) `[N, HV, K]`, beta `[N, HV]`, T `[N, HV, 64]`, kept {"qg", "ke", "kd"} `[N, HV, K]`
+    """(dq, dk, dg `[N, HV, K]`, dbeta `[N, HV]`: fp32, dq and dk in out_dtype, fp32 or bf16, dg in bf16 where g is)
+    of `reverse_bwd_torch.products_finish` on this kernel: q, k `[N, Hk, K]` (value head h reads head h // (HV / Hk):
+    grouped heads; dq, dk come per value head, for the caller to sum per group), g (raw; bf16 read as it is, any other
+    dtype as fp32) `[N, HV, K]`, beta `[N, HV]`, T `[N, HV, 64]`, kept {"qg", "ke", "kd"} `[N, HV, K]`
     (bf16, the forward's under "ag") and grads `state_grads_hopper`'s outputs {"dAqk", "dAg" `[N, HV, 64]`, "dqg",
     "dke", "dkd" `[N, HV, K]`, "dGC" `[NT, HV, K]`}: chunk c at rows 64 c (N = 64 NT), or with varlen (cu_seqlens,
     chunk_indices `[NT, 2]`: `kernels.common.index.ChunkIndex`'s, int32 on the device) at the rows of its (sequence,
@@ -332,7 +335,8 @@ def bwd_products_hopper(
         raise ValueError(f"bwd_products_hopper: with k [N, Hk, 128] = {tuple(k.shape)} and g's HV = {HV}, got "
                          f"{', '.join(bad) or ('N % 64 (dense rows)' if dense_rows else 'HV % Hk')}")  # fmt: skip
     bf = [x.to(torch.bfloat16).contiguous() for x in (q, k)]
-    f32 = [x.float().contiguous() for x in (g, beta)]
+    bf16_gate = g.dtype == torch.bfloat16  # (the model's gate dtype: read as it is, dg written so)
+    f32 = [g.contiguous() if bf16_gate else g.float().contiguous(), beta.float().contiguous()]
     kk = [x.to(torch.bfloat16).contiguous() for x in (tt, kept["qg"], kept["ke"], kept["kd"])]
     # (dqg, dke, dkd in bf16 where `state_grads_hopper` wrote them so, all three alike; else fp32)
     bf16_grads = all(grads[n].dtype == torch.bfloat16 for n in ("dqg", "dke", "dkd"))
@@ -342,9 +346,9 @@ def bwd_products_hopper(
     if out_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"bwd_products_hopper: out_dtype is fp32 or bf16, got {out_dtype}")
     dq, dk = (torch.empty(N, HV, K, dtype=out_dtype, device=k.device) for _ in range(2))
-    dg = torch.empty(N, HV, K, dtype=torch.float32, device=k.device)
+    dg = torch.empty(N, HV, K, dtype=g.dtype if bf16_gate else torch.float32, device=k.device)
     dbeta = torch.empty(N, HV, dtype=torch.float32, device=k.device)
-    key = (HV, Hk, float(scale), varlen is not None, frozenset(lab), out_dtype == torch.bfloat16, bf16_grads)
+    key = (HV, Hk, float(scale), varlen is not None, frozenset(lab), out_dtype == torch.bfloat16, bf16_grads, bf16_gate)
     # (in `compile_ahead`'s dry run the kernel builds beside the Triton compiles and does not launch)
     if NT and not build_beside(("kda_bwd_products", *key), _build, *key):
         _build(*key)(*bf, *f32, *kk, *gg, *(b.int().contiguous() for b in bounds), dq, dk, dg, dbeta)

@@ -175,7 +175,7 @@ def _mirror_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return run
 
     def products_build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[str] = frozenset(),  # type: ignore[no-untyped-def]
-                       bf16_out: bool = False, bf16_grads: bool = False):  # fmt: skip
+                       bf16_out: bool = False, bf16_grads: bool = False, bf16_gate: bool = False):  # fmt: skip
         # (lab builds are timing-only, the step never asks for one; but the exact ones' GPU tests run here)
         assert lab <= bp.EXACT_SWITCHES
 
@@ -183,6 +183,7 @@ def _mirror_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             calls.append("bwd_products")
             assert (dq.dtype == dk.dtype == torch.bfloat16) == bf16_out  # (the kernel's outputs as its build says)
             assert (dqg.dtype == dke.dtype == dkd.dtype == torch.bfloat16) == bf16_grads
+            assert (g.dtype == dg.dtype == torch.bfloat16) == bf16_gate and g.dtype == dg.dtype  # (session 33)
             if varlen:
                 calls.append("varlen")
             assert q.shape[1] == k.shape[1] == Hk  # the kernel reads the q, k heads (grouped: no expanded copy)

@@ -51,7 +51,7 @@ def test_kernel_matches_the_mirror(strong: bool, grouped: bool, varlen: bool, va
     """(variant, session 32: an exact lab build, `PRODUCTS_LAB_SWITCHES`' wg1 or wg4 (one or four warpgroups), joined
     by +; or bf16:
     dqg, dke, dkd in bf16 (`state_grads_hopper`'s grads_dtype), the mirror on the same rounded values, and dq, dk out
-    in bf16)"""
+    in bf16; since session 33 g in bf16 too (the model's gate dtype), read as it is, and dg out in bf16)"""
     gen = torch.Generator().manual_seed(7)
 
     def r(*shape: int) -> torch.Tensor:
@@ -65,7 +65,7 @@ def test_kernel_matches_the_mirror(strong: bool, grouped: bool, varlen: bool, va
     if strong:
         g[2, 1, 20:24, 5] = -40.0  # a span of 160 in block 1 of chunk 2: past FAST_SPAN there only
         g[1, 0, 5:9, 3] = -150.0  # (session 32) below the gate's floor: dg 0 there, G floored
-    g = g * m
+    g = _bf(g * m) if variant == "bf16" else g * m  # (bf16: the kernel reads g so, the mirror the same values)
     beta = torch.rand(NT, HV, C, generator=gen, dtype=torch.float64) * m[..., 0]
     scale = K**-0.5
     f = gated_factors(q, k, g, beta, scale)
@@ -80,7 +80,8 @@ def test_kernel_matches_the_mirror(strong: bool, grouped: bool, varlen: bool, va
 
     bounds = (torch.tensor(CU, dtype=torch.int32).cuda(), torch.tensor(CI, dtype=torch.int32).cuda()) if varlen else None
     got = bwd_products_hopper(
-        lay(q0, varlen), lay(k0, varlen), lay(g, varlen), lay(beta, varlen), lay(kept["T"], varlen),
+        lay(q0, varlen), lay(k0, varlen), lay(g, varlen).to(torch.bfloat16 if variant == "bf16" else torch.float32),
+        lay(beta, varlen), lay(kept["T"], varlen),
         {n: lay(kept[n], varlen) for n in ("qg", "ke", "kd")},
         {**{n: lay(grads[n], varlen) for n in ("dAqk", "dAg")}, "dGC": grads["dGC"].cuda(),
          **{n: lay(grads[n], varlen).to(torch.bfloat16 if variant == "bf16" else torch.float32)
@@ -88,6 +89,7 @@ def test_kernel_matches_the_mirror(strong: bool, grouped: bool, varlen: bool, va
         scale=scale, varlen=bounds, lab=frozenset(x for x in variant.split("+") if x in PRODUCTS_LAB_SWITCHES),
         out_dtype=torch.bfloat16 if variant == "bf16" else torch.float32,
     )  # fmt: skip
+    assert got[2].dtype == (torch.bfloat16 if variant == "bf16" else torch.float32)  # dg in g's dtype
     for name, w, a in zip(("dq", "dk", "dg", "dbeta"), want, got, strict=True):
         assert bool(torch.isfinite(a).all()), name
         assert_rel_close(name, lay(w, varlen).cpu(), a.double().cpu(), 2e-2)

@@ -8,7 +8,7 @@ inputs: the core of the planned chunk-parallel KDA backward (`kernels/NOTES.md`,
 
     python benchmarks/decay_products_lab.py [--chunks 1024] [--heads 16] [--bks 32,64] [--no-state] [--no-finish]
         [--finish-labs wg1,no_finish+wg4] [--once]   # --once: one untimed launch per build, for ncu
-        [--out $OUT]
+        [--fp32-io] [--prebuild 16] [--out $OUT]
 
 Inputs: NT chunks x H heads of X `[64, 64]` fp32 (lower with the diagonal), a `[64, 128]` bf16 and G `[64, 128]`
 fp32 (the in-chunk cumsum of -0.05 rand: the fast path). Per implementation: the do_bench median (ms) of R and Cc
@@ -18,14 +18,20 @@ the bytes read and written (X, a, G, R, Cc) at 4.2 TB/s, and the products' flops
 other half too: the state products (`kernels.ops.kda.state_grads_hopper`, nine 64-row bf16 products per chunk and
 head) on random states and kept tensors of the same sizes, beside its bytes floor (h, dh, v, dO, Ag, Aqk, ke, kd read
 in bf16; its seven outputs written in fp32); unless --no-finish, the second half (`kernels.ops.kda.bwd_products_hopper`:
-dA, the four decayed products, dq, dk, dg, dbeta) beside its bytes floor. Writes $OUT/decay_products_lab.json and .md.
+dA, the four decayed products, dq, dk, dg, dbeta) beside its bytes floor, in the step's dtypes since session 33 (g,
+dqg, dke, dkd read and dq, dk, dg written in bf16; --fp32-io: in fp32, the form sessions 31-33 timed), its builds
+(the default and each of --finish-labs) made first in --prebuild processes at once (TileLang builds one in ~35 s in
+one thread: session 33's first call spent its lab's time building five one after another). Writes
+$OUT/decay_products_lab.json and .md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -119,14 +125,29 @@ def run_state(NT: int, H: int) -> dict[str, Any]:
     return {"ms": do_bench(lambda: state_grads_hopper(*args)), "bytes_floor_ms": nbytes / (HBM_TBPS * 1e12) * 1e3}
 
 
-def run_finish(NT: int, H: int, labs: tuple[str, ...] = (), once: bool = False) -> dict[str, Any]:
+def prebuild(keys: list[tuple[Any, ...]], workers: int) -> None:
+    """The products+finish kernel's builds at once in `workers` spawned processes (each a single-threaded TileLang
+    build; TileLang's disk cache keeps them for the timing)."""
+    from kernels.ops.kda.bwd_products_hopper import build_only
+
+    if workers < 1 or not keys:
+        return
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(workers, len(keys)), mp_context=ctx) as pool:
+        for key, job in [(key, pool.submit(build_only, *key)) for key in keys]:
+            job.result()
+            print("built", "+".join(sorted(key[4])) or "default", flush=True)
+
+
+def run_finish(NT: int, H: int, labs: tuple[str, ...] = (), once: bool = False, fp32_io: bool = False,
+               workers: int = 0) -> dict[str, Any]:  # fmt: skip
     """The products+finish kernel's time (`kernels.ops.kda.bwd_products_hopper`, the backward's second half: dA, four
     decayed products, dq, dk, dg, dbeta) on random inputs of the step's sizes, the fast path (its values are checked by
-    its GPU test); its bytes floor: q, k, T, qg, ke, kd read in bf16, g, beta, dAqk, dAg, dqg, dke, dkd in fp32, dq,
-    dk, dg, dbeta written in fp32."""
+    its GPU test); its bytes floor: q, k, T, qg, ke, kd read in bf16, beta, dAqk, dAg in fp32, and g, dqg, dke, dkd read
+    and dq, dk, dg written in bf16 as the step has them (fp32_io: in fp32), dbeta in fp32. workers: `prebuild`'s."""
     from triton.testing import do_bench
 
-    from kernels.ops.kda.bwd_products_hopper import bwd_products_hopper
+    from kernels.ops.kda.bwd_products_hopper import build_key, bwd_products_hopper
 
     gen = torch.Generator(device="cuda").manual_seed(2)
     N = NT * C
@@ -134,23 +155,26 @@ def run_finish(NT: int, H: int, labs: tuple[str, ...] = (), once: bool = False) 
     def r(*shape: int, s: float = 1.0) -> torch.Tensor:
         return s * torch.randn(*shape, generator=gen, device="cuda")
 
+    io = torch.float32 if fp32_io else torch.bfloat16  # g's, dqg's, dke's, dkd's, dq's, dk's, dg's
     q, k = (r(N, H, K).to(torch.bfloat16) for _ in range(2))
-    g = -0.05 * torch.rand(N, H, K, generator=gen, device="cuda")
+    g = (-0.05 * torch.rand(N, H, K, generator=gen, device="cuda")).to(io)
     kept = {n: r(N, H, K).to(torch.bfloat16) for n in ("qg", "ke", "kd")}
-    grads = {"dAqk": r(N, H, C), "dAg": r(N, H, C), **{n: r(N, H, K) for n in ("dqg", "dke", "dkd")},
+    grads = {"dAqk": r(N, H, C), "dAg": r(N, H, C), **{n: r(N, H, K).to(io) for n in ("dqg", "dke", "dkd")},
              "dGC": r(NT, H, K)}  # fmt: skip
     args = (q, k, g, torch.rand(N, H, device="cuda"), r(N, H, C, s=0.1).to(torch.bfloat16), kept, grads)
-    nbytes = NT * H * C * ((5 * K + C) * 2 + (K + 1 + 2 * C + 3 * K) * 4 + (3 * K + 1) * 4)
+    nio = 2 if io == torch.bfloat16 else 4  # bytes of g, dqg, dke, dkd, dq, dk, dg
+    nbytes = NT * H * C * ((5 * K + C) * 2 + (1 + 2 * C) * 4 + 7 * K * nio + 4)
+    variants = [frozenset(x for x in lab.split("+") if x) for lab in ("", *labs)]
+    prebuild([build_key(k, g, grads, scale=K**-0.5, varlen=False, lab=sw, out_dtype=io) for sw in variants], workers)
     if once:  # (session 32) one launch per build, untimed: for a profiler (`ncu -k regex:bwd_products`) to read
-        for lab in ("", *labs):
-            bwd_products_hopper(*args, scale=K**-0.5, lab=frozenset(x for x in lab.split("+") if x))
+        for sw in variants:
+            bwd_products_hopper(*args, scale=K**-0.5, lab=sw, out_dtype=io)
         torch.cuda.synchronize()
         return {}
-    out = {"ms": do_bench(lambda: bwd_products_hopper(*args, scale=K**-0.5)),
-           "bytes_floor_ms": nbytes / (HBM_TBPS * 1e12) * 1e3}  # fmt: skip
-    for lab in labs:  # (session 31) the kernel with parts left out or swapped: what each costs
-        sw = frozenset(lab.split("+"))
-        out[f"ms {lab}"] = do_bench(lambda sw=sw: bwd_products_hopper(*args, scale=K**-0.5, lab=sw))
+    out = {"ms": do_bench(lambda: bwd_products_hopper(*args, scale=K**-0.5, out_dtype=io)),
+           "bytes_floor_ms": nbytes / (HBM_TBPS * 1e12) * 1e3, "io": str(io).removeprefix("torch.")}  # fmt: skip
+    for lab, sw in zip(labs, variants[1:], strict=True):  # (session 31) the kernel with parts left out or swapped
+        out[f"ms {lab}"] = do_bench(lambda sw=sw: bwd_products_hopper(*args, scale=K**-0.5, lab=sw, out_dtype=io))
     return out
 
 
@@ -163,18 +187,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-finish", action="store_true", help="leave the products+finish kernel out")
     ap.add_argument("--finish-labs", default="", help="the products+finish kernel's lab builds to time too "
                     "(`bwd_products_hopper.PRODUCTS_LAB_SWITCHES`, joined by +; comma list)")  # fmt: skip
+    ap.add_argument("--fp32-io", action="store_true", help="the products+finish kernel's g, dqg, dke, dkd, dq, dk, dg "
+                    "in fp32 (the form sessions 31-33 timed; default bf16, the step's)")  # fmt: skip
+    ap.add_argument("--prebuild", type=int, default=16, help="processes building the products+finish kernel's builds "
+                    "at once before timing (0: each builds at its first launch)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=Path("/tmp/decay_products_lab"))
     ap.add_argument("--once", action="store_true", help="only the products+finish kernel, one launch per build "
                     "(the default, then each of --finish-labs), untimed: for `ncu -k regex:bwd_products`")  # fmt: skip
     a = ap.parse_args(argv)
     if a.once:
-        run_finish(a.chunks, a.heads, tuple(x for x in a.finish_labs.split(",") if x), once=True)
+        run_finish(a.chunks, a.heads, tuple(x for x in a.finish_labs.split(",") if x), once=True, fp32_io=a.fp32_io,
+                   workers=a.prebuild)  # fmt: skip
         return
     row = run(a.chunks, a.heads, [int(b) for b in a.bks.split(",")])
     if not a.no_state:
         row["state_products"] = run_state(a.chunks, a.heads)
     if not a.no_finish:
-        row["products_finish"] = run_finish(a.chunks, a.heads, tuple(x for x in a.finish_labs.split(",") if x))
+        row["products_finish"] = run_finish(a.chunks, a.heads, tuple(x for x in a.finish_labs.split(",") if x),
+                                            fp32_io=a.fp32_io, workers=a.prebuild)  # fmt: skip
     row |= {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "argv": sys.argv[1:]}  # fmt: skip
     print(json.dumps(row), flush=True)
@@ -191,7 +221,8 @@ def main(argv: list[str] | None = None) -> None:
         lines += ["", f"State products (TileLang): {sp['ms']:.3f} ms, bytes floor {sp['bytes_floor_ms']:.3f} ms"]
     if "products_finish" in row:
         pf = row["products_finish"]
-        lines += ["", f"Products + finish (TileLang): {pf['ms']:.3f} ms, bytes floor {pf['bytes_floor_ms']:.3f} ms"]
+        lines += ["", f"Products + finish (TileLang, {pf['io']} io): {pf['ms']:.3f} ms, bytes floor "
+                  f"{pf['bytes_floor_ms']:.3f} ms"]  # fmt: skip
         lines += [f"- {name[3:]}: {ms:.3f} ms ({ms - pf['ms']:+.3f})" for name, ms in pf.items() if name.startswith("ms ")]
     (a.out / "decay_products_lab.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -39,7 +39,7 @@ from kernels.ops.gdn.tilelang_hopper import check_lab, chunk_span, clear_rows, h
 from kernels.ops.kda.decay_products_hopper import BLOCK, decay_macros
 from kernels.parallel_compile import build_beside
 
-__all__ = ["EXACT_SWITCHES", "PRODUCTS_LAB_SWITCHES", "bwd_products_hopper", "bwd_products_refusal"]
+__all__ = ["EXACT_SWITCHES", "PRODUCTS_LAB_SWITCHES", "build_key", "build_only", "bwd_products_hopper", "bwd_products_refusal"]
 
 _WHAT = "KDA backward products"  # how the refusals name this kernel
 # two warpgroups (session 32, the H200: 9.25 ms at 1x64K's size against one warpgroup's 17.88; ncu: one warp a
@@ -334,12 +334,11 @@ def bwd_products_hopper(
     if dense_rows or HV % Hk or bad:  # (the kernel takes its chunk count from dGC: a wrong one would read past the rest)
         raise ValueError(f"bwd_products_hopper: with k [N, Hk, 128] = {tuple(k.shape)} and g's HV = {HV}, got "
                          f"{', '.join(bad) or ('N % 64 (dense rows)' if dense_rows else 'HV % Hk')}")  # fmt: skip
+    key = build_key(k, g, grads, scale=scale, varlen=varlen is not None, lab=lab, out_dtype=out_dtype)
+    bf16_grads, bf16_gate = key[6], key[7]
     bf = [x.to(torch.bfloat16).contiguous() for x in (q, k)]
-    bf16_gate = g.dtype == torch.bfloat16  # (the model's gate dtype: read as it is, dg written so)
     f32 = [g.contiguous() if bf16_gate else g.float().contiguous(), beta.float().contiguous()]
     kk = [x.to(torch.bfloat16).contiguous() for x in (tt, kept["qg"], kept["ke"], kept["kd"])]
-    # (dqg, dke, dkd in bf16 where `state_grads_hopper` wrote them so, all three alike; else fp32)
-    bf16_grads = all(grads[n].dtype == torch.bfloat16 for n in ("dqg", "dke", "dkd"))
     gg = [grads[n].to(torch.bfloat16 if bf16_grads and n in ("dqg", "dke", "dkd") else torch.float32).contiguous()
           for n in ("dAqk", "dAg", "dqg", "dke", "dkd", "dGC")]  # fmt: skip
     bounds = varlen if varlen is not None else (stand_in(k.device, torch.int32, 2), stand_in(k.device, torch.int32, NT, 2))
@@ -348,8 +347,24 @@ def bwd_products_hopper(
     dq, dk = (torch.empty(N, HV, K, dtype=out_dtype, device=k.device) for _ in range(2))
     dg = torch.empty(N, HV, K, dtype=g.dtype if bf16_gate else torch.float32, device=k.device)
     dbeta = torch.empty(N, HV, dtype=torch.float32, device=k.device)
-    key = (HV, Hk, float(scale), varlen is not None, frozenset(lab), out_dtype == torch.bfloat16, bf16_grads, bf16_gate)
     # (in `compile_ahead`'s dry run the kernel builds beside the Triton compiles and does not launch)
     if NT and not build_beside(("kda_bwd_products", *key), _build, *key):
         _build(*key)(*bf, *f32, *kk, *gg, *(b.int().contiguous() for b in bounds), dq, dk, dg, dbeta)
     return dq, dk, dg, dbeta
+
+
+def build_key(k: Tensor, g: Tensor, grads: dict[str, Tensor], *, scale: float, varlen: bool,
+              lab: frozenset[str] = frozenset(), out_dtype: torch.dtype = torch.float32) -> tuple[Any, ...]:  # fmt: skip
+    """`_build`'s arguments for a launch on these inputs (`bwd_products_hopper`'s; a lab builds them ahead in other
+    processes with it): (HV, Hk, scale, varlen, lab, bf16 dq/dk, bf16 dqg/dke/dkd, bf16 g/dg). dqg, dke, dkd are read
+    in bf16 where `state_grads_hopper` wrote them so, all three alike (else fp32); g in bf16 where it is (the model's
+    gate dtype: read as it is, dg written so; else fp32)."""
+    bf16_grads = all(grads[n].dtype == torch.bfloat16 for n in ("dqg", "dke", "dkd"))
+    HV = g.shape[1] if g.dim() == 3 else k.shape[1]
+    return (HV, k.shape[1], float(scale), varlen, frozenset(lab), out_dtype == torch.bfloat16, bf16_grads,
+            g.dtype == torch.bfloat16)  # fmt: skip
+
+
+def build_only(*key: Any) -> None:
+    """`_build(*key)` for its disk cache alone (a module-level function another process can run: a lab's prebuild)."""
+    _build(*key)

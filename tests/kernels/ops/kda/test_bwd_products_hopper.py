@@ -16,7 +16,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.ops.kda.bwd_products_hopper import PRODUCTS_LAB_SWITCHES, bwd_products_hopper, bwd_products_refusal
+from kernels.ops.kda.bwd_products_hopper import (
+    PRODUCTS_LAB_SWITCHES,
+    build_key,
+    bwd_products_hopper,
+    bwd_products_refusal,
+)
 from kernels.ops.kda.reverse_bwd_torch import gated_factors, products_finish, state_products
 from tests.kernels.ops.kda.test_state_grads_hopper import CI, CU, lay, valid
 from tests.utils import TEST_DEVICE, assert_rel_close
@@ -34,6 +39,19 @@ def test_refusals_name_their_reason() -> None:
     x = torch.zeros(C, 1, K)
     with pytest.raises(ValueError, match="the TileLang KDA backward products runs on CUDA only"):
         bwd_products_hopper(x, x, x, torch.zeros(C, 1), torch.zeros(C, 1, C), {}, {}, scale=1.0)
+
+
+def test_the_build_follows_the_inputs_dtypes() -> None:
+    """(session 33) The build a launch takes (`build_key`, which the lab's prebuild uses too): dqg, dke, dkd read in
+    bf16 only where all three are; g read and dg written in bf16 where g is; dq, dk as out_dtype; grouped heads."""
+    k = torch.randn(C, 1, K).to(torch.bfloat16)
+    g32 = torch.randn(C, HV, K)
+    grads = {n: torch.randn(C, HV, K).to(torch.bfloat16) for n in ("dqg", "dke", "dkd")}
+    key = build_key(k, g32.to(torch.bfloat16), grads, scale=0.5, varlen=True, lab=frozenset({"wg1"}),
+                    out_dtype=torch.bfloat16)  # fmt: skip
+    assert key == (HV, 1, 0.5, True, frozenset({"wg1"}), True, True, True)
+    mixed = grads | {"dkd": grads["dkd"].float()}
+    assert build_key(k, g32, mixed, scale=0.5, varlen=False) == (HV, 1, 0.5, False, frozenset(), False, False, False)
 
 
 def _bf(t: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,12 @@ gate, r_I block I's reference per key):
            <= 0), exact for any gate
     T = (I + A)^-1 by GDN's block solve (`kernels.ops.gdn.ag_hopper.ag_macros`), Ag = T diag(beta)
 
+Lab build `chunk_ref` (session 33, exact; compiled for sm_90a, 166-167 registers, no spills, 106 KB of shared
+memory: two programs an SM as the default's; not yet run): where every key's span across the whole chunk is under
+FAST_SPAN (lb -1: ~32), one reference a key for the chunk (the midpoint of 0 and G's last row) and R formed once for
+the four blocks, not once a block (session 30's lab: R's four tiles ~1.2 ms of the pass's 2.28 at 1x64K); the
+blocks' L tiles and products unchanged. Its mirror: `kda_ag_blocks(chunk_ref=True)`.
+
 Sizes: K = V = 128, chunk 64, bf16 (fp16 refused: the operands' factors reach e^50 in the fast case), sm_90,
 TileLang `kernels.ops.gdn.tilelang_hopper.TILELANG_VERSION`; anything else is refused in one line. Plan:
 `LaunchPlan.ag_pass` ("tilelang" for KDA too; "auto" takes it only when `KDA_AG_HOPPER_AUTO` is on).
@@ -46,7 +52,14 @@ from kernels.ops.kda.ag_torch import FAST_SPAN
 from kernels.parallel_compile import build_beside
 from kernels.plan import LaunchPlan
 
-__all__ = ["KDA_AG_HOPPER_AUTO", "KDA_AG_LAB_SWITCHES", "kda_ag_hopper", "kda_ag_hopper_refusal", "kda_ag_hopper_wanted"]
+__all__ = [
+    "KDA_AG_EXACT_SWITCHES",
+    "KDA_AG_HOPPER_AUTO",
+    "KDA_AG_LAB_SWITCHES",
+    "kda_ag_hopper",
+    "kda_ag_hopper_refusal",
+    "kda_ag_hopper_wanted",
+]
 
 _WHAT = "KDA Ag pass"  # how the refusals name this kernel
 _THREADS = 128
@@ -59,7 +72,13 @@ KDA_AG_LAB_SWITCHES = {
     "no_block_gemms": "the blocks' operands without their products (the accumulators cleared)",
     "no_store": "no Ag, Aqk stores, nor their staging",
     **{s: AG_LAB_SWITCHES[s] for s in sorted(SOLVE_LAB_SWITCHES)},
+    # (exact: the default's outputs up to rounding; `KDA_AG_EXACT_SWITCHES`)
+    "chunk_ref": "one reference a key for the whole chunk where every key's span across it is under FAST_SPAN (the "
+    "midpoint of 0 and G's last row): the R tile formed once for all four blocks, not once a block (session 33; "
+    "compiled, not yet run)",
 }
+# the switches that change how, not what (their GPU test checks them against the mirror)
+KDA_AG_EXACT_SWITCHES = frozenset({"chunk_ref"})
 # whether `LaunchPlan.ag_pass = "auto"` takes this kernel for KDA. On since session 30: after the gate tile's load fix
 # (session 29) it is right on the H200 and faster than the Triton gated pass, 2.28 vs 3.35 ms at 1x64K, HV 16
 # (3.40 storing T), 4.51 vs 6.77 at 1x128K (benchmarks/results/ag_pass_lab_s30_h200.md)
@@ -107,15 +126,19 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool, store
         mac = ag_macros(T, lab=lab & SOLVE_LAB_SWITCHES)
 
         @T.macro
-        def block_products(q_s, k_s, gs_s, r_s, rh_f, rl_f, lk_s, lqh_s, lql_s, b_s, at_s, aq_s, pk_f, pq_f, fastv, I):  # fmt: skip
-            """A^T's and Aqk's columns of block I (python int): R_I, L_I, four 64x16x128 products."""
+        def block_products(q_s, k_s, gs_s, r_s, rh_f, rl_f, lk_s, lqh_s, lql_s, b_s, at_s, aq_s, pk_f, pq_f, fastv, I,
+                           form_r=True):  # fmt: skip
+            """A^T's and Aqk's columns of block I (python int): R_I (unless form_r is False: `chunk_r`'s, formed
+            once for all four blocks), L_I, four 64x16x128 products."""
             if "no_block_operands" not in lab:
                 # each factor formed once (a let), then its bf16 hi and lo parts (session 29's build formed it twice:
                 # twice the exps and the shared loads of the R tile)
-                for r, c in T.Parallel(C, K):
-                    x = T.if_then_else(r < 16 * I + 16 * fastv, T.cast(k_s[r, c], fp32) * T.exp(r_s[I, c] - gs_s[r, c]), 0)
-                    rh_f[r, c] = T.cast(x, io)
-                    rl_f[r, c] = T.cast(x - T.cast(T.cast(x, io), fp32), io)
+                if form_r:
+                    for r, c in T.Parallel(C, K):
+                        x = T.if_then_else(r < 16 * I + 16 * fastv, T.cast(k_s[r, c], fp32) * T.exp(r_s[I, c] - gs_s[r, c]),
+                                           0)  # fmt: skip
+                        rh_f[r, c] = T.cast(x, io)
+                        rl_f[r, c] = T.cast(x - T.cast(T.cast(x, io), fp32), io)
                 for r, c in T.Parallel(16, K):
                     e = T.exp(gs_s[16 * I + r, c] - r_s[I, c])
                     xq = T.cast(q_s[16 * I + r, c], fp32) * e
@@ -135,6 +158,17 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool, store
             for r, c in T.Parallel(C, 16):
                 at_s[r, 16 * I + c] = T.if_then_else(r < 16 * I + c, pk_f[r, c] * b_s[16 * I + c], 0)
                 aq_s[16 * I + c, r] = T.cast(T.if_then_else(r <= 16 * I + c, pq_f[r, c] * scale, 0), io)
+
+        @T.macro
+        def chunk_r(k_s, gs_s, rc_s, rh_f, rl_f):
+            """(chunk_ref) R = k o e^(rc - G) over all 64 rows, once for the four blocks of a chunk whose every key
+            spans under FAST_SPAN (rc: the midpoint of 0 and G's last row; factors within e^(+-FAST_SPAN / 2), as a
+            fast block's). Rows past a block's end enter its products too: their entries lie above A's diagonal
+            (factors up to e^FAST_SPAN, inf possible in fp32), which the blocks never select."""
+            for r, c in T.Parallel(C, K):
+                x = T.cast(k_s[r, c], fp32) * T.exp(rc_s[c] - gs_s[r, c])
+                rh_f[r, c] = T.cast(x, io)
+                rl_f[r, c] = T.cast(x - T.cast(T.cast(x, io), fp32), io)
 
         @T.macro
         def diagonal_exact(q_s, k_s, gs_s, b_s, at_s, aq_s, tx):
@@ -204,6 +238,10 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool, store
                 t_l = T.alloc_local((16,), fp32)
                 acc = T.alloc_var(fp32)
                 fastv = T.alloc_var("int32")
+                if "chunk_ref" in lab:
+                    fastc = T.alloc_var("int32")  # 1: every key's span across the chunk under FAST_SPAN
+                    rc_s = T.alloc_shared((K,), fp32)  # the chunk's reference a key
+                    spc_s = T.alloc_shared((K,), fp32)  # each key's span across the chunk
 
                 # q, k by TMA under the gate's cumsum; a partial chunk's rows past the sequence load the next one's (or
                 # zeros past the tensor): finite, and cut where they could reach a kept value (gate 0 and beta 0
@@ -227,15 +265,28 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool, store
                     gs_s[r, tx] = acc
                 sp_s[tx] = T.max(T.max(0.0 - gs_s[15, tx], gs_s[15, tx] - gs_s[31, tx]),
                                  T.max(gs_s[31, tx] - gs_s[47, tx], gs_s[47, tx] - gs_s[63, tx]))  # fmt: skip
+                if "chunk_ref" in lab:  # (G is non-increasing down the chunk from 0: its span is -G's last row)
+                    spc_s[tx] = 0.0 - gs_s[C - 1, tx]
+                    rc_s[tx] = 0.5 * gs_s[C - 1, tx]
                 T.sync_threads()
                 fastv = 1
                 for c in T.serial(K):
                     if sp_s[c] >= FAST_SPAN:
                         fastv = 0
+                if "chunk_ref" in lab:
+                    fastc = 1
+                    for c in T.serial(K):
+                        if spc_s[c] >= FAST_SPAN:
+                            fastc = 0
                 r_s[0, tx] = T.if_then_else(fastv == 1, 0.5 * gs_s[15, tx], 0.0)
                 r_s[1, tx] = T.if_then_else(fastv == 1, 0.5 * (gs_s[15, tx] + gs_s[31, tx]), gs_s[15, tx])
                 r_s[2, tx] = T.if_then_else(fastv == 1, 0.5 * (gs_s[31, tx] + gs_s[47, tx]), gs_s[31, tx])
                 r_s[3, tx] = T.if_then_else(fastv == 1, 0.5 * (gs_s[47, tx] + gs_s[63, tx]), gs_s[47, tx])
+                # (chunk_ref) the blocks' L tiles then take the chunk's reference too (a build-time test, a run-time one)
+                if "chunk_ref" in lab:  # noqa: SIM102
+                    if fastc == 1:
+                        for I in T.unroll(4):
+                            r_s[I, tx] = rc_s[tx]
                 gc[i_c, i_h, tx] = gs_s[C - 1, tx]
 
                 # the gated keys (every factor e^(<= 0))
@@ -280,6 +331,18 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool, store
                 if "no_blocks" in lab:
                     T.clear(at_s)
                     T.clear(aq_s)
+                elif "chunk_ref" in lab:
+                    if fastc == 1:
+                        chunk_r(k_s, gs_s, rc_s, rh_f, rl_f)
+                        for I in range(4):
+                            block_products(q_s, k_s, gs_s, r_s, rh_f, rl_f, lk_s, lqh_s, lql_s, b_s, at_s, aq_s, pk_f,
+                                           pq_f, fastv, I, False)  # fmt: skip
+                    else:
+                        for I in range(4):
+                            block_products(q_s, k_s, gs_s, r_s, rh_f, rl_f, lk_s, lqh_s, lql_s, b_s, at_s, aq_s, pk_f,
+                                           pq_f, fastv, I)  # fmt: skip
+                        if fastv == 0:
+                            diagonal_exact(q_s, k_s, gs_s, b_s, at_s, aq_s, tx)
                 else:
                     for I in range(4):
                         block_products(q_s, k_s, gs_s, r_s, rh_f, rl_f, lk_s, lqh_s, lql_s, b_s, at_s, aq_s, pk_f,

@@ -19,6 +19,10 @@ x - bf16(x)): rounding its operands to bf16 alone took o's error from 1.6e-3 to 
     Aqk = scale (Q-gram on and below the diagonal)
     qg = scale Q e^G, ke = K e^G (as L_I e^(r_I)), kd = K e^(G_C - G), gc = G_C (the chunk's last valid row)
 
+`chunk_ref` (the kernel's lab build of that name, session 33): where every key's span across the whole chunk,
+-G's last row, is under FAST_SPAN, one reference a key for all four blocks, r = G's last row / 2, and R over all 64
+rows (the entries above A's diagonal may then overflow fp32; they are never selected, `torch.where` below).
+
 `operand` = None keeps the products' operands in the compute dtype (the exact decomposition). Varlen through `ChunkIndex.pad` (padded rows: k = q = 0, gate 0, so G repeats the last
 valid row's).
 """
@@ -70,10 +74,11 @@ def kda_ag_reference(q: Tensor, k: Tensor, g: Tensor, beta: Tensor, *, index: Ch
 def kda_ag_blocks(
     q: Tensor, k: Tensor, g: Tensor, beta: Tensor, *, index: ChunkIndex, scale: float,
     dtype: torch.dtype = torch.float32, operand: torch.dtype | None = torch.bfloat16, aqk_lo: bool = True,
+    chunk_ref: bool = False,
 ) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor, Tensor, Tensor]]:  # fmt: skip
     """(Ag, Aqk `[B, T, HV, C]`, (qg, ke, kd `[B, T, HV, K]`, gc `[NT, HV, K]`)) in `dtype` by the TileLang pass's
     decomposition (module docstring), the products' operands rounded to `operand` (None: not rounded; aqk_lo False:
-    Aqk without its lo parts' products, `benchmarks/kda_ag_precision.py`). q, k
+    Aqk without its lo parts' products, `benchmarks/kda_ag_precision.py`; chunk_ref: the module docstring's). q, k
     `[B, T, H, K]`, g `[B, T, HV, K]`, beta `[B, T, HV]`; chunk 64 only."""
     B, T, HV, K = g.shape
     if index.chunk_size != _C:
@@ -93,18 +98,24 @@ def kda_ag_blocks(
         return a @ b.transpose(-1, -2)
 
     Lk, Lq = kc * (G - rr).exp(), qc * (G - rr).exp()
+    # (chunk_ref) the chunks whose every key spans under FAST_SPAN take one reference a key: the products' operands
+    # below use rp and reach every row there; the gated keys keep the blocks' references (the kernel forms them from G)
+    whole = (-G[..., -1:, :]).amax(-1, keepdim=True) < FAST_SPAN if chunk_ref else torch.zeros_like(fast)
+    rp = torch.where(whole, 0.5 * G[..., -1:, :], r)  # [NT, HV, 4, K]
+    rrp = rp.repeat_interleave(_B, dim=-2)
+    Lkp, Lqp = (Lk, Lq) if not chunk_ref else (kc * (G - rrp).exp(), qc * (G - rrp).exp())
     rows = torch.arange(_C, device=g.device)
     At = torch.zeros(*G.shape[:2], _C, _C, dtype=dtype, device=g.device)  # A^T, then Aqk^T, column blocks by I
     Qt = torch.zeros_like(At)
     for i in range(nb):
         blk = slice(_B * i, _B * i + _B)
-        reach = torch.where(fast[..., 0], rows < _B * i + _B, rows < _B * i)  # [NT, HV, C] rows j R_I holds
-        R = torch.where(reach[..., None], kc * (r[..., i : i + 1, :] - G).exp(), 0.0)
-        Rh, Lh = rnd(R), rnd(Lq[..., blk, :])
-        At[..., blk] = mm(Rh, rnd(Lk[..., blk, :]))
+        reach = torch.where(fast[..., 0], rows < _B * i + _B, rows < _B * i) | whole[..., 0]  # [NT, HV, C] R_I's rows
+        R = torch.where(reach[..., None], kc * (rp[..., i : i + 1, :] - G).exp(), 0.0)
+        Rh, Lh = rnd(R), rnd(Lqp[..., blk, :])
+        At[..., blk] = mm(Rh, rnd(Lkp[..., blk, :]))
         Qt[..., blk] = mm(Rh, Lh)
         if aqk_lo:
-            Qt[..., blk] += mm(rnd(R - Rh), Lh) + mm(Rh, rnd(Lq[..., blk, :] - Lh))
+            Qt[..., blk] += mm(rnd(R - Rh), Lh) + mm(Rh, rnd(Lqp[..., blk, :] - Lh))
     A, Aqk = At.transpose(-1, -2), Qt.transpose(-1, -2)
     slow = ~fast[..., 0, 0]  # [NT, HV]: the diagonal blocks elementwise
     if bool(slow.any()):
@@ -116,8 +127,9 @@ def kda_ag_blocks(
             dq = torch.einsum("nhid,nhjd,nhijd->nhij", qc[..., blk, :], kc[..., blk, :], D)
             A[..., blk, blk] = torch.where(slow[..., None, None], dk, A[..., blk, blk])
             Aqk[..., blk, blk] = torch.where(slow[..., None, None], dq, Aqk[..., blk, blk])
-    A = A * (rows[:, None] > rows[None, :]) * bc[..., None]
-    Aqk = Aqk * (rows[:, None] >= rows[None, :]) * scale
+    # (selected, not multiplied: under chunk_ref the entries above the diagonal may be inf)
+    A = torch.where(rows[:, None] > rows[None, :], A, 0.0) * bc[..., None]
+    Aqk = torch.where(rows[:, None] >= rows[None, :], Aqk, 0.0) * scale
     ag = block_inverse(A) * bc[..., None, :]
     last = last_rows(index, B, T, HV, g.device)  # [NT, HV, 1]
     gc = G.gather(2, last[..., None].expand(-1, -1, 1, K))  # [NT, HV, 1, K]: the last valid row's

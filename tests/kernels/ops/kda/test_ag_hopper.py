@@ -10,7 +10,10 @@ masks: the exact diagonal blocks) and weak heads, outputs NaN-poisoned before th
   against the mirror with the kernel's bf16 operands (4e-3: the outputs' bf16 rounding); exact zeros above Ag's
   diagonal;
 - qg, ke, kd against the mirror (1e-2: bf16 outputs), G_C within 1e-5 of the mirror's;
-- the decay-bound summary (L, W) within 1e-4 of the Triton pass's (its gated variant, the same inputs).
+- the decay-bound summary (L, W) within 1e-4 of the Triton pass's (its gated variant, the same inputs);
+- (session 33) the exact lab build `chunk_ref` (one reference a key for a chunk whose every key spans under
+  FAST_SPAN: the weak heads' chunks; the strong head's take the blocks' path) against the mirror (4e-3) and the
+  default build (4e-3), its gated keys equal to the default's.
 """
 
 from __future__ import annotations
@@ -19,7 +22,13 @@ import pytest
 import torch
 
 from kernels.common.index import prepare_chunk_index
-from kernels.ops.kda.ag_hopper import KDA_AG_HOPPER_AUTO, kda_ag_hopper, kda_ag_hopper_refusal, kda_ag_hopper_wanted
+from kernels.ops.kda.ag_hopper import (
+    KDA_AG_EXACT_SWITCHES,
+    KDA_AG_HOPPER_AUTO,
+    kda_ag_hopper,
+    kda_ag_hopper_refusal,
+    kda_ag_hopper_wanted,
+)
 from kernels.ops.kda.ag_torch import kda_ag_blocks, kda_ag_reference
 from kernels.ops.kda.wy_ag import GatedKeys, gated_ag_plan, wy_kda_ag
 from kernels.plan import LaunchPlan
@@ -133,3 +142,23 @@ def test_the_two_kernel_forward_on_it_matches_the_reference() -> None:
                                   split_chunks=split, plan=plan, fwd_path="fused")  # fmt: skip
             assert_rel_close(f"o, {fwd_pass} pass, split {split}", o_ref, o, 5e-3)
             assert_rel_close(f"final state, {fwd_pass} pass, split {split}", ht_ref, ht, 5e-3)
+
+
+@GPU
+@pytest.mark.parametrize("layout", ["dense", "varlen"])
+@pytest.mark.parametrize("switch", sorted(KDA_AG_EXACT_SWITCHES))
+def test_the_exact_lab_builds_match_the_mirror(layout: str, switch: str) -> None:
+    q, k, v, g, beta, cu = _inputs(layout)
+    B, T = v.shape[:2]
+    index = prepare_chunk_index(cu, batch=B, seq_len=T, chunk_size=BT, device="cuda")
+    scale = DIM**-0.5
+    got = kda_ag_hopper(q, k, g, beta, scale=scale, index=index, store_t=True, lab=frozenset({switch}))
+    base = kda_ag_hopper(q, k, g, beta, scale=scale, index=index, store_t=True)
+    m_ag, m_aqk, _ = kda_ag_blocks(q, k, g, beta, index=index, scale=scale)
+    assert float(m_ag.abs().amax()) > 0.5
+    for name, mirror, b, x in (("Ag", m_ag, base[0], got[0]), ("Aqk", m_aqk, base[1], got[1])):
+        assert bool(torch.isfinite(x.float()).all()), name
+        assert_rel_close(f"{name} ({switch}) vs the mirror", mirror, x, 4e-3)
+        assert_rel_close(f"{name} ({switch}) vs the default build", b.float(), x.float(), 4e-3)
+    for name, b, x in zip(("qg", "ke", "kd", "G_C"), base[2][:4], got[2][:4], strict=True):
+        assert torch.equal(b, x), name  # (the gated keys do not depend on the products' references)

@@ -6,7 +6,10 @@ triangular solve of the per-key decayed grams (`kda_ag_reference`), on the CPU:
   other heads weak (the midpoint references);
 - the kernel's bf16 operands at K = 128: Ag within 2e-3 of the fp64 solve, Aqk within 1e-4 (its lo parts' products:
   bf16 operands alone leave about 2e-3 there, `benchmarks/results/kda_ag_precision_s28_cpu.md`);
-- chunk 64 only, refused in one line otherwise.
+- chunk 64 only, refused in one line otherwise;
+- (session 33) the same with the kernel's lab build `chunk_ref` (one reference a key where the whole chunk spans
+  under FAST_SPAN), and at spans just under it, where the products' entries above A's diagonal overflow fp32 in
+  fp32: none of them reaches an output.
 """
 
 from __future__ import annotations
@@ -32,15 +35,16 @@ def _gated_reference(q, k, G, index, scale):  # type: ignore[no-untyped-def]
     return scale * qh * G.exp(), kh * G.exp(), kh * (GC - G).exp(), gc[..., 0, :]
 
 
+@pytest.mark.parametrize("chunk_ref", [False, True], ids=["blocks", "chunk_ref"])
 @pytest.mark.parametrize("layout", ["dense", "varlen"])
-def test_the_decomposition_equals_the_solve(layout: str) -> None:
+def test_the_decomposition_equals_the_solve(layout: str, chunk_ref: bool) -> None:
     q, k, v, g, beta, cu = kda_grouped_inputs(layout, torch.float64)
     B, T = v.shape[:2]
     index = prepare_chunk_index(cu, batch=B, seq_len=T, chunk_size=64)
     scale = q.shape[-1] ** -0.5
     ag_ref, aqk_ref, G = kda_ag_reference(q, k, g, beta, index=index, scale=scale)
     ag, aqk, (qg, ke, kd, gc) = kda_ag_blocks(q, k, g, beta, index=index, scale=scale, dtype=torch.float64,
-                                              operand=None)  # fmt: skip
+                                              operand=None, chunk_ref=chunk_ref)  # fmt: skip
     assert float(ag_ref.abs().amax()) > 0.5 and float(G.min()) < -300  # a nontrivial solve, the masks reached
     assert_rel_close("Ag", ag_ref, ag, 1e-10)
     assert_rel_close("Aqk", aqk_ref, aqk, 1e-10)
@@ -49,13 +53,20 @@ def test_the_decomposition_equals_the_solve(layout: str) -> None:
         assert_rel_close(name, ref, got, 1e-10)
 
 
-@pytest.mark.parametrize("lb", [-1.0, -5.0])
-def test_bf16_operands_keep_aqk_at_fp32_accuracy(lb: float) -> None:
+@pytest.mark.parametrize("chunk_ref", [False, True], ids=["blocks", "chunk_ref"])
+@pytest.mark.parametrize("lb", [-1.0, -2.8, -5.0])
+def test_bf16_operands_keep_aqk_at_fp32_accuracy(lb: float, chunk_ref: bool) -> None:
+    """(lb -2.8: chunks spanning 80-100, the whole-chunk reference's factors near e^+-50 and its entries above the
+    diagonal past fp32's range where the span passes ~89)"""
     q, k, v, g, beta, _ = make_inputs("kda", B=1, T=200, H=2, K=128, V=128, lb=lb, seed=11)
     index = prepare_chunk_index(None, batch=1, seq_len=200, chunk_size=64)
     q, k, beta = (x.bfloat16().float() for x in (q, k, beta))  # the kernel's inputs
-    ag_ref, aqk_ref, _ = kda_ag_reference(q, k, g, beta, index=index, scale=128**-0.5)
-    ag, aqk, _ = kda_ag_blocks(q, k, g, beta, index=index, scale=128**-0.5)
+    ag_ref, aqk_ref, G = kda_ag_reference(q, k, g, beta, index=index, scale=128**-0.5)
+    ag, aqk, _ = kda_ag_blocks(q, k, g, beta, index=index, scale=128**-0.5, chunk_ref=chunk_ref)
+    if lb == -2.8:  # (the case this lb is for: some chunk's keys span past 89 and every key under FAST_SPAN there)
+        span = -to_chunks(G, index, torch.float64)[..., -1, :]  # [NT, HV, K]
+        assert bool(((span.amax(-1) < 100) & (span.amax(-1) > 89)).any()), span.amax(-1)
+    assert bool(torch.isfinite(ag).all() and torch.isfinite(aqk).all())
     assert_rel_close("Ag (bf16 operands)", ag_ref, ag, 2e-3)
     assert_rel_close("Aqk (bf16 hi and lo operands)", aqk_ref, aqk, 1e-4)
 

@@ -502,12 +502,18 @@ def gdn_fused_fwd(
             "gdn_fused_fwd: keep_states needs a keep dict, and a warm window only with the plan's bwd_warm "
             "(else the backward needs every map)"
         )
+    # (session 33) where the forward cannot split (`forward_splits`: split_chunks 0, or the walk's one-wave rule
+    # leaving the sequences whole, as at 8x8K on an H200), no warm window: the Ag pass sums no decay bound for it
+    # (at 8x8K those sums cost the Triton pass 0.11 ms of 0.29, session 29's `ag_pass_lab_s29_h200.md`). Not under
+    # keep_states, whose kept form follows the warm window (`fused_state_output_keep`)
+    splits = forward_splits(index, k, v, launch, split_chunks, keep_states)
+    warm = warm if splits or keep_states else None
     bnd = warm.chunk_bound if warm is not None else None
     ag_prep = wy_gdn_ag if ag_prep is None else ag_prep
     # the q, k side of the backward's reverse bound sums, for its warm windows (`kernels.common.warm_bwd`, step 2):
     # the Ag pass has the gate, beta and ||k||^2 in registers already, so the backward reads only do for them
     rev: dict[str, Any] = {}
-    if keep is not None and launch.bwd_warm_for("gdn") and forward_splits(index, k, v, launch, split_chunks, keep_states):
+    if keep is not None and launch.bwd_warm_for("gdn") and splits:
         B, T, HV = g.shape
         sums = (torch.empty(B, T, HV, dtype=torch.float32, device=k.device),
                 torch.empty(index.num_chunks, HV, 2, dtype=torch.float32, device=k.device))  # fmt: skip
@@ -524,17 +530,19 @@ def gdn_fused_fwd(
 
 
 def forward_splits(index: ChunkIndex, k: Tensor, v: Tensor, launch: LaunchPlan, split_chunks: int | None,
-                   keep_states: bool = False) -> bool:  # fmt: skip
-    """Whether GDN's forward may split the sequences (the backward then reuses its split and its reverse windows need
-    the Ag pass's q, k side of their bound sums), from shapes, before the Ag pass: False where split_chunks is 0 or
-    where the output pass is the TileLang walk (not under keep_states, whose pass is Triton's) and its one-wave rule
-    leaves them whole (`_walk_split`, as `output_split`); the Triton pass's rule needs the Ag pass's launch config, so
-    True there. (H200, session 26: at 8x8K, no split, those sums cost the Ag pass 0.11 ms of 0.40 for nothing.) A
-    backward that splits without them sums them from q, k, do as before."""
+                   keep_states: bool = False, *, gated: bool = False) -> bool:  # fmt: skip
+    """Whether GDN's forward (with `gated`, KDA's two-kernel forward, whose output pass is the walk's gated build where
+    it runs) may split the sequences, from shapes, before the Ag pass: False where split_chunks is 0 or where the
+    output pass is the TileLang walk (for GDN not under keep_states, whose pass is Triton's; KDA's keeps no states)
+    and its one-wave rule leaves them whole (`_walk_split`, as `output_split`); the Triton pass's rule needs the Ag
+    pass's launch config, so True there. Where False the Ag pass sums no decay bound for the forward's warm windows
+    (session 33) and, with keep, no q, k side of the backward's reverse sums (H200, session 26: at 8x8K, no split,
+    those cost the Ag pass 0.11 ms of 0.40 for nothing); a backward that splits without them sums them from q, k, do
+    as before."""
     if split_chunks == 0:
         return False
-    walk = fwd_walk_wanted(k, v, index.chunk_size, launch)
-    if split_chunks is None and walk and (not keep_states or walk_keeps_states(k, v, index.chunk_size, launch)):
+    walk = fwd_walk_wanted(k, v, index.chunk_size, launch, gated=gated)
+    if split_chunks is None and walk and (gated or not keep_states or walk_keeps_states(k, v, index.chunk_size, launch)):
         return _walk_split(index, k, v) is not None
     return True
 

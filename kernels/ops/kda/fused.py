@@ -29,7 +29,7 @@ from torch import Tensor
 
 from kernels.common.index import ChunkIndex
 from kernels.common.warm_split import WarmInputs
-from kernels.ops.gdn.fused import fused_state_output_fwd
+from kernels.ops.gdn.fused import forward_splits, fused_state_output_fwd
 from kernels.ops.gdn.fwd_walk import fwd_walk_wanted
 from kernels.ops.kda.wy_ag import KDA_AG_VARIANTS, WY_KDA_AG_FWD, GatedKeys, gated_ag_plan, wy_kda_ag
 from kernels.plan import LaunchPlan
@@ -53,6 +53,9 @@ def kda_fused_fwd(
     is taken as "ag" (KDA's walk keeps no chunk states yet: the backward recomputes them). seg_states: a dict that
     receives the split's segment states for the backward (`kernels.common.seqsplit.keep_segment_states`), or None.
     """
+    # (session 33) no warm window where the forward cannot split (the walk's one-wave rule, as at 8x8K on an H200):
+    # the Ag pass then sums no decay bound (it reads v for nothing else)
+    warm = warm if forward_splits(index, k, v, launch, split_chunks, gated=True) else None
     bnd = warm.chunk_bound if warm is not None else None
     # the TileLang walk reads the gated form (`fwd_walk_wanted` refuses in one line where it cannot run), and so does
     # the backward from Ag

@@ -211,7 +211,7 @@ def test_reverse_sums_kept_only_where_the_forward_may_split(monkeypatch: pytest.
     o, _ = gdn_fused_fwd(q, k, v, g, beta, keep=keep, split_chunks=0, **call)
     assert set(keep) == {"ag", "gs"}
     assert_rel_close("o split_chunks=0", o_ref, o, TOL)
-    monkeypatch.setattr(fused, "fwd_walk_wanted", lambda k, v, BT, launch: True)
+    monkeypatch.setattr(fused, "fwd_walk_wanted", lambda k, v, BT, launch, **kw: True)
     monkeypatch.setattr(fused, "device_sms", lambda device: 2 * 2)  # two sequences x two heads: one wave, no split
     assert not fused.forward_splits(index, k, v, plan, None)
     assert fused.forward_splits(index, k, v, plan, None, keep_states=True)  # "ag+states": the Triton pass's rule
@@ -220,3 +220,29 @@ def test_reverse_sums_kept_only_where_the_forward_may_split(monkeypatch: pytest.
                                      device=k.device)  # fmt: skip
     assert fused.forward_splits(long_index, k, v, plan, None)
     assert not fused.forward_splits(index, k, v, plan, None)  # ... a sequence of at least two segments
+
+
+def test_no_decay_bound_sums_where_the_forward_cannot_split() -> None:
+    """(session 33) The Ag pass sums the decay bound for the forward's warm windows (`bnd`, reading v) only where the
+    forward may split (`fused.forward_splits`): with split_chunks=0 it is asked for none and o is the same; on the
+    Triton pass, which may split, it is. (On an H200 the walk's one-wave rule leaves 8x8K whole: `forward_splits`'
+    own test above.)"""
+    from kernels.common.warm_split import warm_inputs, with_chunk_bound
+    from kernels.ops.gdn.wy_ag import wy_gdn_ag
+
+    lengths = (100, 30)
+    q, k, v, g, beta, cu, index = _inputs(lengths, H=2, HV=2)
+    o_ref, _ = _reference(q, k, v, g, beta, cu, None)
+    asked: list[bool] = []
+
+    def ag_prep(*args, bnd=None, **kw):  # type: ignore[no-untyped-def]
+        asked.append(bnd is not None)
+        return wy_gdn_ag(*args, bnd=bnd, **kw)
+
+    for split, want in ((0, False), (None, True), (1, True)):
+        warm = with_chunk_bound(warm_inputs("gdn", k, v, g, beta, 1, path="fused"), index.num_chunks)
+        asked.clear()
+        o, _ = gdn_fused_fwd(q, k, v, g, beta, scale=32**-0.5, index=index, launch=LaunchPlan(), split_chunks=split,
+                             warm=warm, ag_prep=ag_prep)  # fmt: skip
+        assert asked == [want], (split, asked)
+        assert_rel_close(f"o split_chunks={split}", o_ref, o, TOL)

@@ -158,3 +158,29 @@ def test_the_walk_or_a_tilelang_pass_in_the_plan_takes_the_fused_path(monkeypatc
     monkeypatch.setattr(tilelang_hopper, "tilelang_refusal_cached", lambda *a: None)  # as on an H200
     assert KDA.fwd_walk(k, k, 64, LaunchPlan()) and not KDA.fwd_walk(k.float(), k.float(), 64, LaunchPlan())
     assert not KDA.fwd_walk(k, k, 64, LaunchPlan(fwd_pass="triton"))
+
+
+def test_no_decay_bound_sums_where_the_forward_cannot_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    """(session 33) KDA's two-kernel forward asks its Ag pass for the decay-bound sums of the warm windows (`bnd`,
+    reading v) only where it may split (`kernels.ops.gdn.fused.forward_splits(gated=True)`): not with split_chunks=0,
+    and o is the same."""
+    import kernels.ops.kda.fused as kfused
+    from kernels.common.warm_split import warm_inputs, with_chunk_bound
+
+    q, k, v, g, beta, cu = kda_grouped_inputs("dense", lb=-0.5)
+    o_ref, _ = _reference(q, k, v, g, beta, cu, None)
+    index = prepare_chunk_index(None, batch=1, seq_len=v.shape[1], chunk_size=64, device=v.device)
+    asked: list[bool] = []
+
+    def recording(*args, bnd=None, **kw):  # type: ignore[no-untyped-def]
+        asked.append(bnd is not None)
+        return wy_kda_ag(*args, bnd=bnd, **kw)
+
+    monkeypatch.setattr(kfused, "wy_kda_ag", recording)
+    for split, want in ((0, False), (None, True)):
+        warm = with_chunk_bound(warm_inputs("kda", k, v, g, beta, 1, path="fused"), index.num_chunks)
+        asked.clear()
+        o, _ = kfused.kda_fused_fwd(q, k, v, g, beta, scale=DIM**-0.5, index=index, launch=LaunchPlan(),
+                                    split_chunks=split, warm=warm)  # fmt: skip
+        assert asked == [want], (split, asked)
+        assert_rel_close(f"o split_chunks={split}", o_ref, o, TOL)

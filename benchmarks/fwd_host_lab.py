@@ -9,6 +9,7 @@ the gap at 32K and below is the host's. The step's host lab is `benchmarks/host_
 reuses); this one times the forward alone, with grad off, as `runners.bench.kernels` does.
 
     python3 benchmarks/fwd_host_lab.py --out $OUT [--ops gdn,kda] [--shapes 1x8192,1x16384,1x32768] [--profile 20]
+        [--direct]   # also the op's own forward (`chunk_<op>_fwd`, the same passes) without the public op's layers
     TRITON_INTERPRET=1 python3 benchmarks/fwd_host_lab.py --out /tmp/fh --dry-run   # plumbing on the CPU
 
 bf16 on CUDA (fp32, H=1, K=V=32, T=128 in a dry run), H=16, K=V=128, lb -1, the public op `kernels.forward`.
@@ -48,7 +49,10 @@ def kernel_names(fn: Any) -> list[str]:
     return [name.split("(")[0][:60] for _, name in evs]
 
 
-def run_shape(op: str, B: int, T: int, H: int, K: int, cuda: bool, profile_n: int) -> tuple[dict[str, Any], str]:
+def run_shape(op: str, B: int, T: int, H: int, K: int, cuda: bool, profile_n: int,
+              api: bool = True) -> tuple[dict[str, Any], str]:  # fmt: skip
+    """One row: the public op `kernels.forward` (api), or the op's own forward under it (`ours(api=False)`: session
+    32's variants took 0.455 ms at 1x32K where the public op took 0.786, same passes, one process)."""
     import torch
 
     from benchmarks.host_bound_lab import host_issue_ms, host_profile, timeline
@@ -60,12 +64,12 @@ def run_shape(op: str, B: int, T: int, H: int, K: int, cuda: bool, profile_n: in
     timer = Timer(cuda)
 
     def fwd(*xs: Any) -> Any:
-        return ours(op, *xs)
+        return ours(op, *xs, api=api)
 
-    row: dict[str, Any] = {"op": op, "B": B, "T": T, "H": H, "K": K}
+    row: dict[str, Any] = {"op": op, "B": B, "T": T, "H": H, "K": K, "call": "public" if api else "direct"}
     with torch.no_grad():
         row["ms"] = timer(lambda: fwd(*args))[0]
-        row["host_issue_ms"] = host_issue_ms(fwd, args, cuda)
+        row["host_issue_ms"] = host_issue_ms(fwd, args, cuda, **({} if cuda else {"n": 2, "reps": 1}))  # (dry run: few)
         if cuda:
             row["graph_ms"] = graph_ms(lambda: fwd(*args), timer)
             names = kernel_names(lambda: fwd(*args))
@@ -80,14 +84,15 @@ def to_markdown(rows: list[dict[str, Any]], env: dict[str, Any]) -> str:
     out = ["# Our forward's host time (`benchmarks/fwd_host_lab.py`)", "",
            f"{env.get('device')}, torch {env.get('torch')}, triton {env.get('triton')}, sha {env.get('git_sha')}; "
            f"command: `{env.get('command')}`", "",
-           "| op | shape | bench ms | graph ms | host issue ms | kernels | GPU busy |", "|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+           "| op | shape | call | bench ms | graph ms | host issue ms | kernels | GPU busy |",
+           "|---|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
     for r in rows:
         busy = f"{r['gpu_busy']:.2f}" if "gpu_busy" in r else ""
-        out.append(f"| {r['op']} | {r['B']}x{r['T']} | {r['ms']:.3f} | {r.get('graph_ms', float('nan')):.3f} | "
+        out.append(f"| {r['op']} | {r['B']}x{r['T']} | {r.get('call', 'public')} | {r['ms']:.3f} | {r.get('graph_ms', float('nan')):.3f} | "
                    f"{r['host_issue_ms']:.3f} | {r.get('kernels', '')} | {busy} |")  # fmt: skip
     for r in rows:
         if r.get("kernel_names"):
-            out += ["", f"{r['op']} {r['B']}x{r['T']}: " + ", ".join(r["kernel_names"]), "",
+            out += ["", f"{r['op']} {r['B']}x{r['T']} ({r.get('call', 'public')}): " + ", ".join(r["kernel_names"]), "",
                     "largest gaps (ms, before -> after): " + "; ".join(r.get("gaps", []))]  # fmt: skip
     return "\n".join(out) + "\n"
 
@@ -104,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default="1x8192,1x16384,1x32768")
     ap.add_argument("--profile", type=int, default=20, help="cProfile over this many calls per shape (0: none)")
     ap.add_argument("--dry-run", action="store_true", help="the CPU's plumbing check: fp32, H=1, K=V=32, T=128")
+    ap.add_argument("--direct", action="store_true", help="also the op's own forward under the public op (`chunk_<op>_fwd`)")
     args = ap.parse_args(argv)
     cuda = torch.cuda.is_available() and not args.dry_run
     if not cuda and not args.dry_run:
@@ -122,10 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     profiles: list[str] = []
     for op in args.ops.split(","):
-        for B, T in shapes:
-            row, prof = run_shape(op, B, T, H, K, cuda, 2 if args.dry_run else args.profile)
+        for (B, T), api in ((shape, api) for shape in shapes for api in ((True, False) if args.direct else (True,))):
+            row, prof = run_shape(op, B, T, H, K, cuda, 2 if args.dry_run else args.profile, api=api)
             rows.append(row)
-            profiles.append(f"## {op} {B}x{T}\n{prof}")
+            profiles.append(f"## {op} {B}x{T} ({row['call']})\n{prof}")
             print(json.dumps({k: v for k, v in row.items() if k != "kernel_names"}, default=str), flush=True)
             (out / "fwd_host_lab.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1, default=str))
             (out / "fwd_host_lab.md").write_text(to_markdown(rows, env))

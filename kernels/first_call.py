@@ -1,7 +1,8 @@
 """A tiered first call: the plan a call runs while the TileLang kernels its "auto" choices take are still building.
 
 GDN's "auto" options take TileLang kernels where they run (`LaunchPlan.fwd_pass`: the forward walk, KDA's too; `bwd_grads`: the
-reverse walk for long bf16 steps; `ag_pass` once `AG_HOPPER_AUTO` is on), and TileLang builds one in 17-27 s on the
+reverse walk for long bf16 steps, and since session 33 KDA's two chunk-parallel gradient kernels; `ag_pass` KDA's
+Ag pass, GDN's once `AG_HOPPER_AUTO` is on), and TileLang builds one in 17-27 s on the
 H200 host (`kernels/NOTES.md` "First call"). Under CPBENCH_TILELANG_BUILD=background (the default,
 `kernels.builds.build_mode`) a call does not wait for them:
 

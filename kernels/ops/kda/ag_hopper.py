@@ -189,6 +189,16 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool, store
                 at_s[rj, ri] = T.if_then_else(rj < ri, ak * b_s[ri], 0)
                 aq_s[ri, rj] = T.cast(T.if_then_else(rj <= ri, aq * scale, 0), io)
 
+        @T.macro
+        def all_blocks(q_s, k_s, gs_s, r_s, rh_f, rl_f, lk_s, lqh_s, lql_s, b_s, at_s, aq_s, pk_f, pq_f, fastv, tx):  # fmt: skip
+            """A^T and Aqk by the four blocks (`block_products`), the diagonal blocks exact where the chunk is not
+            fast."""
+            for I in range(4):
+                block_products(q_s, k_s, gs_s, r_s, rh_f, rl_f, lk_s, lqh_s, lql_s, b_s, at_s, aq_s, pk_f, pq_f, fastv,
+                               I)  # fmt: skip
+            if fastv == 0:
+                diagonal_exact(q_s, k_s, gs_s, b_s, at_s, aq_s, tx)
+
         @T.prim_func
         def kda_ag_pass(
             q: T.Tensor((ntok, Hk, K), io), k: T.Tensor((ntok, Hk, K), io), v: T.Tensor((nv, H, V), io),
@@ -338,17 +348,11 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool, store
                             block_products(q_s, k_s, gs_s, r_s, rh_f, rl_f, lk_s, lqh_s, lql_s, b_s, at_s, aq_s, pk_f,
                                            pq_f, fastv, I, False)  # fmt: skip
                     else:
-                        for I in range(4):
-                            block_products(q_s, k_s, gs_s, r_s, rh_f, rl_f, lk_s, lqh_s, lql_s, b_s, at_s, aq_s, pk_f,
-                                           pq_f, fastv, I)  # fmt: skip
-                        if fastv == 0:
-                            diagonal_exact(q_s, k_s, gs_s, b_s, at_s, aq_s, tx)
+                        all_blocks(q_s, k_s, gs_s, r_s, rh_f, rl_f, lk_s, lqh_s, lql_s, b_s, at_s, aq_s, pk_f, pq_f,
+                                   fastv, tx)  # fmt: skip
                 else:
-                    for I in range(4):
-                        block_products(q_s, k_s, gs_s, r_s, rh_f, rl_f, lk_s, lqh_s, lql_s, b_s, at_s, aq_s, pk_f,
-                                       pq_f, fastv, I)  # fmt: skip
-                    if fastv == 0:
-                        diagonal_exact(q_s, k_s, gs_s, b_s, at_s, aq_s, tx)
+                    all_blocks(q_s, k_s, gs_s, r_s, rh_f, rl_f, lk_s, lqh_s, lql_s, b_s, at_s, aq_s, pk_f, pq_f, fastv,
+                               tx)  # fmt: skip
                 T.sync_threads()
 
                 mac.block_solve(at_s, dinv_s, dinvt_s, n_s, t_l, n_f, n2_f, n3_f, t_f, tx)

@@ -29,7 +29,6 @@ import argparse
 import json
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.tilelang_builds import build_ahead  # noqa: E402
 
 COPY_TBS = 4.2  # the H200's measured copy ceiling (kernels/NOTES.md)
 
@@ -87,23 +88,10 @@ def _kda_lab(name: str) -> frozenset[str]:
     return parts
 
 
-def _compile_one(job: tuple[str, tuple[Any, ...]]) -> tuple[str, float]:
-    """Compile one TileLang build (in a worker process: it fills TileLang's disk cache); its seconds."""
-    t0 = time.perf_counter()
-    if job[0] == "gdn":
-        from kernels.ops.gdn.ag_hopper import _build
-    else:
-        from kernels.ops.kda.ag_hopper import _build
-    _build(*job[1])
-    return f"{job[0]} {job[1]}", time.perf_counter() - t0
-
-
 def compile_all(hvs: list[int], builds: tuple[str, ...], modes: tuple[str, ...], kda_builds: tuple[str, ...],
                 jobs: int) -> dict[str, float]:  # fmt: skip
-    """Every build the timing will ask for, `jobs` side by side (spawned processes: no CUDA state shared); the keys
-    are the launchers' (`ag_hopper.ag_hopper`'s, `kda_ag_hopper`'s) for this lab's dtypes."""
-    import multiprocessing
-
+    """Every build the timing will ask for, `jobs` side by side (`benchmarks.tilelang_builds.build_ahead`): seconds by
+    "op args"; the keys are the launchers' (`ag_hopper.ag_hopper`'s, `kda_ag_hopper`'s) for this lab's dtypes."""
     from kernels.ops.gdn.ag_hopper import AG_HOPPER_SUMS
 
     sums = {"ag": 0, "ag+bnd": AG_HOPPER_SUMS["bnd"], "ag+bnd+rev": AG_HOPPER_SUMS["bnd"] | AG_HOPPER_SUMS["rev"]}
@@ -112,8 +100,9 @@ def compile_all(hvs: list[int], builds: tuple[str, ...], modes: tuple[str, ...],
         todo += [("gdn", (hv, H, "bfloat16", "float32", "bfloat16", sums[m], *_build_knobs(b))) for b in builds for m in modes]
         todo += [("kda", (hv, H, float(K**-0.5), "float32", "bfloat16", b == "bound", False, _kda_lab(b)))
                  for b in kda_builds]  # fmt: skip
-    with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
-        return dict(pool.map(_compile_one, todo))
+    modules = {"gdn": "kernels.ops.gdn.ag_hopper", "kda": "kernels.ops.kda.ag_hopper"}
+    secs = build_ahead([(modules[op], args) for op, args in todo], jobs)
+    return {f"{op} {args}": t for (op, args), t in zip(todo, secs, strict=True)}
 
 
 def run_shape(B: int, T: int, HV: int, table: Any, builds: tuple[str, ...] = ("free",),

@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +40,7 @@ import triton.language as tl
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.tilelang_builds import build_ahead  # noqa: E402
 from kernels.common.bwd_tiles import _cols_vec, _rows_vec  # noqa: E402
 from kernels.common.chunk_bwd import VECTOR_GATE_DOT  # noqa: E402
 from runners.bench.floors import HBM_TBPS  # noqa: E402
@@ -125,20 +124,6 @@ def run_state(NT: int, H: int) -> dict[str, Any]:
     return {"ms": do_bench(lambda: state_grads_hopper(*args)), "bytes_floor_ms": nbytes / (HBM_TBPS * 1e12) * 1e3}
 
 
-def prebuild(keys: list[tuple[Any, ...]], workers: int) -> None:
-    """The products+finish kernel's builds at once in `workers` spawned processes (each a single-threaded TileLang
-    build; TileLang's disk cache keeps them for the timing)."""
-    from kernels.ops.kda.bwd_products_hopper import build_only
-
-    if workers < 1 or not keys:
-        return
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(workers, len(keys)), mp_context=ctx) as pool:
-        for key, job in [(key, pool.submit(build_only, *key)) for key in keys]:
-            job.result()
-            print("built", "+".join(sorted(key[4])) or "default", flush=True)
-
-
 def run_finish(NT: int, H: int, labs: tuple[str, ...] = (), once: bool = False, fp32_io: bool = False,
                workers: int = 0) -> dict[str, Any]:  # fmt: skip
     """The products+finish kernel's time (`kernels.ops.kda.bwd_products_hopper`, the backward's second half: dA, four
@@ -165,7 +150,11 @@ def run_finish(NT: int, H: int, labs: tuple[str, ...] = (), once: bool = False, 
     nio = 2 if io == torch.bfloat16 else 4  # bytes of g, dqg, dke, dkd, dq, dk, dg
     nbytes = NT * H * C * ((5 * K + C) * 2 + (1 + 2 * C) * 4 + 7 * K * nio + 4)
     variants = [frozenset(x for x in lab.split("+") if x) for lab in ("", *labs)]
-    prebuild([build_key(k, g, grads, scale=K**-0.5, varlen=False, lab=sw, out_dtype=io) for sw in variants], workers)
+    if workers > 0:  # (the launcher's own keys, built side by side: `benchmarks.tilelang_builds`)
+        keys = [build_key(k, g, grads, scale=K**-0.5, varlen=False, lab=sw, out_dtype=io) for sw in variants]
+        secs = build_ahead([("kernels.ops.kda.bwd_products_hopper", key) for key in keys], workers)
+        built = (f"{'+'.join(sorted(sw)) or 'default'} {t:.0f} s" for sw, t in zip(variants, secs, strict=True))
+        print("built", ", ".join(built), flush=True)
     if once:  # (session 32) one launch per build, untimed: for a profiler (`ncu -k regex:bwd_products`) to read
         for sw in variants:
             bwd_products_hopper(*args, scale=K**-0.5, lab=sw, out_dtype=io)

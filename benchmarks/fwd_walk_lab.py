@@ -26,7 +26,6 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -35,27 +34,17 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.tilelang_builds import build_ahead  # noqa: E402
 from runners.bench.floors import HBM_TBPS, floor_ms, launcher_flops  # noqa: E402
 
 DIM, BT = 128, 64
 
 
-def _build(job: tuple[int, int, int]) -> tuple[str, float]:
-    """Compile one (H, Hk, BV) (in a worker process); its seconds."""
-    from kernels.ops.gdn import fwd_walk
-
-    H, Hk, BV = job
-    t0 = time.perf_counter()
-    fwd_walk._build(H, Hk, BV, DIM**-0.5, "bfloat16")
-    return f"H{H}/Hk{Hk}/BV{BV}", time.perf_counter() - t0
-
-
 def compile_all(hvs: list[int], jobs: int) -> dict[str, float]:
-    import multiprocessing
-
+    """Seconds per (H, Hk, BV) build, `jobs` side by side (`benchmarks.tilelang_builds.build_ahead`)."""
     todo = [(hv, 16, bv) for hv in hvs for bv in (64, 128)]
-    with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
-        return dict(pool.map(_build, todo))
+    secs = build_ahead([("kernels.ops.gdn.fwd_walk", (H, Hk, BV, DIM**-0.5, "bfloat16")) for H, Hk, BV in todo], jobs)
+    return {f"H{H}/Hk{Hk}/BV{BV}": t for (H, Hk, BV), t in zip(todo, secs, strict=True)}
 
 
 def _rel(a: torch.Tensor | None, b: torch.Tensor | None) -> float:

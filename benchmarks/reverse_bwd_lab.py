@@ -27,7 +27,6 @@ import json
 import math
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.tilelang_builds import build_ahead  # noqa: E402
 from runners.bench.floors import HBM_TBPS, bwd_launcher_bytes, floor_ms, reverse_walk_flops  # noqa: E402
 
 H, DIM, BT, SMS = 16, 128, 64, 132
@@ -59,21 +59,11 @@ def _switches(variant: str) -> frozenset[str]:
     return frozenset(x for x in variant.split("+") if x)
 
 
-def _build(variant: str) -> tuple[str, float]:
-    """Compile one variant (in a worker process); its seconds."""
-    from kernels.ops.gdn import reverse_bwd
-
-    t0 = time.perf_counter()
-    reverse_bwd._build(H, H, DIM, DIM, BT, DIM**-0.5, "bfloat16", "float32", "bfloat16", _switches(variant))
-    return variant, time.perf_counter() - t0
-
-
 def compile_all(variants: list[str], jobs: int) -> dict[str, float]:
-    """Seconds per variant's compile, `jobs` side by side (spawned processes: no CUDA state is shared)."""
-    import multiprocessing
-
-    with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
-        return dict(pool.map(_build, variants))
+    """Seconds per variant's compile, `jobs` side by side (`benchmarks.tilelang_builds.build_ahead`)."""
+    args = [(H, H, DIM, DIM, BT, DIM**-0.5, "bfloat16", "float32", "bfloat16", _switches(v)) for v in variants]
+    secs = build_ahead([("kernels.ops.gdn.reverse_bwd", a) for a in args], jobs)
+    return dict(zip(variants, secs, strict=True))
 
 
 def _inputs(B: int, T: int, ranges: int, seed: int = 0, dev: str = "cuda") -> dict[str, Any]:

@@ -525,10 +525,10 @@ def _profile_warm(op: str, q: Any, raw: tuple[Any, ...], prep: tuple[Any, ...], 
     out["wy_bound_ms"] = _timed(timer, wy, q, *raw, scale=scale, index=index, bnd=x.chunk_bound)[0]
     E = chunk_state_final_fwd(*prep, layout=wp.layout, BT=BT_WY, gate_vector=gv)
     out["warm_window_ms"] = _timed(timer, chunk_state_final_fwd, *prep, layout=wp.layout, BT=BT_WY, gate_vector=gv)[0]
-    ok = certify_windows(x, wp, E, None)[0]
+    ok, need = certify_windows(x, wp, E, None)
     out["warm_certify_ms"] = _timed(timer, certify_windows, x, wp, E, None)[0]
     out["warm_masked_transition_ms"] = _timed(timer, chunk_state_transition_fwd, *prep, layout=plan.transitions,
-                                              BT=BT_WY, gate_vector=gv, need=~ok)[0]
+                                              BT=BT_WY, gate_vector=gv, need=need, skipped=E)[0]  # (as the split runs it)
     out["warm_transitions_ms"] = _timed(timer, warm_transitions, *prep, transitions=plan.transitions, wp=wp, BT=BT_WY,
                                         gate_vector=gv, x=x, h0=None)[0]
     M, S, _ = warm_transitions(*prep, transitions=plan.transitions, wp=wp, BT=BT_WY, gate_vector=gv, x=x, h0=None)

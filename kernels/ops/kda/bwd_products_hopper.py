@@ -39,7 +39,7 @@ from kernels.ops.gdn.tilelang_hopper import check_lab, chunk_span, clear_rows, h
 from kernels.ops.kda.decay_products_hopper import BLOCK, decay_macros
 from kernels.parallel_compile import build_beside
 
-__all__ = ["EXACT_SWITCHES", "PRODUCTS_LAB_SWITCHES", "build_key", "build_only", "bwd_products_hopper", "bwd_products_refusal"]
+__all__ = ["EXACT_SWITCHES", "PRODUCTS_LAB_SWITCHES", "build_key", "bwd_products_hopper", "bwd_products_refusal"]
 
 _WHAT = "KDA backward products"  # how the refusals name this kernel
 # two warpgroups (session 32, the H200: 9.25 ms at 1x64K's size against one warpgroup's 17.88; ncu: one warp a
@@ -335,7 +335,7 @@ def bwd_products_hopper(
         raise ValueError(f"bwd_products_hopper: with k [N, Hk, 128] = {tuple(k.shape)} and g's HV = {HV}, got "
                          f"{', '.join(bad) or ('N % 64 (dense rows)' if dense_rows else 'HV % Hk')}")  # fmt: skip
     key = build_key(k, g, grads, scale=scale, varlen=varlen is not None, lab=lab, out_dtype=out_dtype)
-    bf16_grads, bf16_gate = key[6], key[7]
+    *_, bf16_grads, bf16_gate = key
     bf = [x.to(torch.bfloat16).contiguous() for x in (q, k)]
     f32 = [g.contiguous() if bf16_gate else g.float().contiguous(), beta.float().contiguous()]
     kk = [x.to(torch.bfloat16).contiguous() for x in (tt, kept["qg"], kept["ke"], kept["kd"])]
@@ -355,16 +355,11 @@ def bwd_products_hopper(
 
 def build_key(k: Tensor, g: Tensor, grads: dict[str, Tensor], *, scale: float, varlen: bool,
               lab: frozenset[str] = frozenset(), out_dtype: torch.dtype = torch.float32) -> tuple[Any, ...]:  # fmt: skip
-    """`_build`'s arguments for a launch on these inputs (`bwd_products_hopper`'s; a lab builds them ahead in other
-    processes with it): (HV, Hk, scale, varlen, lab, bf16 dq/dk, bf16 dqg/dke/dkd, bf16 g/dg). dqg, dke, dkd are read
+    """`_build`'s arguments for a launch on these inputs (`bwd_products_hopper`'s; `decay_products_lab` builds them
+    ahead in other processes with it): (HV, Hk, scale, varlen, lab, bf16 dq/dk, bf16 dqg/dke/dkd, bf16 g/dg). dqg, dke, dkd are read
     in bf16 where `state_grads_hopper` wrote them so, all three alike (else fp32); g in bf16 where it is (the model's
     gate dtype: read as it is, dg written so; else fp32)."""
     bf16_grads = all(grads[n].dtype == torch.bfloat16 for n in ("dqg", "dke", "dkd"))
     HV = g.shape[1] if g.dim() == 3 else k.shape[1]
     return (HV, k.shape[1], float(scale), varlen, frozenset(lab), out_dtype == torch.bfloat16, bf16_grads,
             g.dtype == torch.bfloat16)  # fmt: skip
-
-
-def build_only(*key: Any) -> None:
-    """`_build(*key)` for its disk cache alone (a module-level function another process can run: a lab's prebuild)."""
-    _build(*key)

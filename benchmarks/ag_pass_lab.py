@@ -236,7 +236,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"compiled {len(compile_s)} builds in {time.perf_counter() - t0:.0f} s", flush=True)
     from kernels.autotune import load_autotune
 
-    table = load_autotune(ROOT / "benchmarks/results/autotune_h200.json")
+    # (on another card the file is ignored with a warning and the kernels take their defaults: session 34's H100 call
+    # failed here while strict)
+    table = load_autotune(ROOT / "benchmarks/results/autotune_h200.json", strict=False)
     rows = []
     for shape in a.shapes.split(","):
         B, T = (int(x) for x in shape.split("x"))

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     sums = (torch.empty(B, T, H, device=dev), torch.empty(NT, H, 2, device=dev))
     ms: dict[str, float] = {}
     out: dict[str, object] = {"shape": a.shape, "device": torch.cuda.get_device_name(), "ms": ms}
-    plans = {"shipped": LaunchPlan(table=load_autotune(ROOT / "benchmarks/results/autotune_h200.json")),
+    plans = {"shipped": LaunchPlan(table=load_autotune(ROOT / "benchmarks/results/autotune_h200.json", strict=False)),
              "default": LaunchPlan()}  # fmt: skip
     for name, plan in plans.items():
         ms[f"ag+bnd {name}"] = do_bench(lambda p=plan: wy_gdn_ag(k, g, beta, index=ix, launch=p, bnd=bnd, v=v))

@@ -313,14 +313,16 @@ def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int, blocks: int 
                 T.barrier_arrive(loaded)
                 if "no_gate" in lab:
                     for r in T.Parallel(C):
-                        b_s[r] = T.if_then_else(t0 + r < eos, T.cast(beta[T.min(t0 + r, eos - 1), i_h], fp32), 0)
+                        b_s[r] = T.cast(T.if_then_else(t0 + r < eos, beta[T.min(t0 + r, eos - 1), i_h], 0), fp32)
                     T.clear(x_s)
                     T.clear(gc_s)
                 else:
                     for r in T.Parallel(C):
-                        x_s[r] = T.if_then_else(t0 + r < eos, T.max(T.cast(g[T.min(t0 + r, eos - 1), i_h], fp32),
-                                                                     floor), 0)  # fmt: skip
-                        b_s[r] = T.if_then_else(t0 + r < eos, T.cast(beta[T.min(t0 + r, eos - 1), i_h], fp32), 0)
+                        # (the select inside the cast and max: one merged bounds check, no nested branch; 0 past
+                        # the end as before, floor < 0)
+                        x_s[r] = T.max(T.cast(T.if_then_else(t0 + r < eos, g[T.min(t0 + r, eos - 1), i_h], 0), fp32),
+                                       floor)  # fmt: skip
+                        b_s[r] = T.cast(T.if_then_else(t0 + r < eos, beta[T.min(t0 + r, eos - 1), i_h], 0), fp32)
                     T.cumsum(x_s, gc_s, dim=0)
                     for r in T.Parallel(C):
                         if t0 + r < eos:

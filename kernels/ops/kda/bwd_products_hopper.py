@@ -193,8 +193,11 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                     g_s[r, c] = T.max(gv, floor)
                     fl_s[r, c] = T.if_then_else(gv < floor, T.cast(1, "uint8"), T.cast(0, "uint8"))
                 for r, c in T.Parallel(C, C):
-                    m_s[r, c] = T.cast(T.if_then_else((r < n) & (c < n), dag[t0 + r, i_h, c] * beta[t0 + c, i_h], 0.0), io)
-                    xv = T.if_then_else(r < n, daqk[t0 + r, i_h, c] * scale, 0.0)
+                    # (each select around its load alone, the products after: a product inside the select made the
+                    # load a nested branch, as a cast did, `finish_inputs`)
+                    dv = T.if_then_else((r < n) & (c < n), dag[t0 + r, i_h, c], 0.0)
+                    m_s[r, c] = T.cast(dv * T.if_then_else(c < n, beta[t0 + c, i_h], 0.0), io)
+                    xv = T.if_then_else(r < n, daqk[t0 + r, i_h, c], 0.0) * scale
                     mac.split(xv, xh_s, xl_s, r, c)
                 T.sync_threads()
                 if tx < K:  # (a thread a key)
@@ -208,7 +211,7 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                 # reading 64 rows of dAg one after another at the end (session 33: 0.49 ms less at 1x64K's size on the
                 # H100, with the column sums below); c_f as [col, row]
                 for c, r in T.Parallel(C, C):
-                    c_f[c, r] = T.if_then_else((r < n) & (c < n), dag[t0 + r, i_h, c] * T.cast(t_s[r, c], fp32), 0.0)
+                    c_f[c, r] = T.if_then_else((r < n) & (c < n), dag[t0 + r, i_h, c], 0.0) * T.cast(t_s[r, c], fp32)
                 T.reduce_sum(c_f, dbt_s, dim=1)
                 kc_l[0] = 0.0
                 # dA = -StrictLower(T^T (dAg diag(beta)) T^T) (its M = dAg diag(beta) formed above)

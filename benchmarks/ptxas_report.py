@@ -127,6 +127,11 @@ def ptxas_usage(ptx: str, arch: int = 90) -> dict[str, int | None]:
     text = done.stdout + done.stderr
     if done.returncode != 0:
         raise RuntimeError(text.strip().splitlines()[-1] if text.strip() else "")
+    return ptxas_numbers(text)
+
+
+def ptxas_numbers(text: str) -> dict[str, int | None]:
+    """{"regs", "spill_stores", "spill_loads"} from ptxas' `-v` report (None where it names none)."""
     regs = re.search(r"Used (\d+) registers", text)
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
     return {"regs": int(regs.group(1)) if regs else None, "spill_stores": int(spill.group(1)) if spill else None,

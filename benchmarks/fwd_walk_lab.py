@@ -10,7 +10,7 @@ Per shape (bf16, H = HV value heads, K = V = 128, chunk 64; q, k L2-normalised, 
 (`wy_gdn_ag`) makes Ag and the gate cumsum; the forward's split for the Triton pass (`output_split`; none: whole sequences from
 zero) and the exact entering state of each segment (`exact_segment_states`) give the ranges. Timed (do_bench medians, ms):
 - output: the Triton pass and the walk (value blocks 64 and 128) over those ranges from those states (o and the
-  final states); with `--own-split` also over the walk's one-wave split (`kernels.ops.gdn.fwd_walk.wave_seg_chunks`);
+  final states), and the walk of the step under "ag+states" (o and every chunk's entering state, STORE_H); with `--own-split` also over the walk's one-wave split (`kernels.ops.gdn.fwd_walk.wave_seg_chunks`);
   with `--flash-qla` FlashQLA's CP step profiled per shape in this process (its fused forward and state pass: the
   peer's figures beside ours);
 - state: `chunk_state_ag_fwd` and the walk without q (STORE_H) over the same ranges (every chunk's entering state).
@@ -133,6 +133,19 @@ def _time_output(q: Any, k: Any, v: Any, ag: Any, gs: Any, plan: Any, index: Any
         torch.cuda.synchronize()
         rows[f"walk BV{bv}"] = {"ms": timer(walk, warmup=10, rep=100)[0],
                                 "diff": max(_rel(got[0], ref[0]), _rel(got[1], ref[1]))}  # fmt: skip
+    NT = index.num_chunks
+
+    def walk_h() -> Any:
+        """The step's walk under "ag+states": o and every chunk's entering state (STORE_H) in one walk. Under "ag"
+        (the default) the step runs the output walk and, in the backward, the state walk (session 34, an H100: the two
+        0.85 ms together at 8x8K, where "ag+states" took the step 0.09 ms less and 0.48 less at 1x128K)."""
+        return fwd_walk_tilelang(q, k, v, ag, gs, layout=layout, scale=scale, h0=h0, num_states=N,
+                                 output_final_state=True, num_chunks=NT)  # fmt: skip
+
+    got = walk_h()
+    torch.cuda.synchronize()
+    rows["walk +h (the step's)"] = {"ms": timer(walk_h, warmup=10, rep=100)[0],
+                                    "diff": max(_rel(got[0], ref[0]), _rel(got[1], ref[1]))}  # fmt: skip
     return rows
 
 

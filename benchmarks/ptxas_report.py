@@ -113,11 +113,16 @@ def programs_per_sm(regs: int | None, shared: int, num_warps: int) -> int | None
     return min(by_regs, 64 // num_warps, 233472 // (shared + 1024), 32)
 
 
-def ptxas_usage(ptx: str, arch: int = 90) -> dict[str, int | None]:
-    """{"regs", "spill_stores", "spill_loads"} per thread of one PTX text, from Triton's ptxas with `-v`."""
+def triton_tool(name: str) -> Path:
+    """A CUDA tool Triton ships (ptxas, nvdisasm, cuobjdump): its path in Triton's NVIDIA backend."""
     import triton
 
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+
+
+def ptxas_usage(ptx: str, arch: int = 90) -> dict[str, int | None]:
+    """{"regs", "spill_stores", "spill_loads"} per thread of one PTX text, from Triton's ptxas with `-v`."""
+    ptxas = triton_tool("ptxas")
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "k.ptx"
         src.write_text(ptx)

@@ -7,8 +7,9 @@ masked loads TileLang nests in a second branch, registers and spills (ptxas `-v`
 Why (issue 26, session 34): a masked load written `T.if_then_else(mask, f(x[i]), 0)`, where f is a cast or a product,
 makes TileLang put its own bound check in a second `if` inside the mask's, with the load inside both. nvcc branches
 there instead of predicating the load, so a thread's loads of a tile no longer issue together: K2 took 9.74 ms in
-the 1x64K step on an H100 with its gate read that way, 8.55 without. `T.if_then_else(mask, x[i], 0)` with f outside
-merges both conditions into one predicated load. A build with nested loads listed here wants that rewrite.
+the 1x64K step on an H100 with its gate read that way, 8.55 without. The select around the load alone, f after it,
+merges both conditions into one predicated load: `kernels.ops.gdn.tilelang_hopper.masked_load` writes it so. A build
+with nested loads listed here wants that form.
 
 Builds: the training step's (H = HV = 16, K = V = 128, bf16, dense), by name (`BUILDS`). --source-dir writes each
 build's CUDA (a change can be shown to leave the rest of a kernel's code identical by diffing them).
@@ -28,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.ptxas_report import ptxas_numbers  # noqa: E402
+from benchmarks.ptxas_report import ptxas_numbers, triton_tool  # noqa: E402
 from benchmarks.tilelang_builds import Job, kernel_sources  # noqa: E402
 
 SCALE = 128**-0.5
@@ -76,9 +77,7 @@ def _nvcc() -> str | None:
 def _nvdisasm() -> str | None:
     """Triton's nvdisasm, or one on PATH; None where none is found."""
     try:
-        import triton
-
-        path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+        path = triton_tool("nvdisasm")
         if path.exists():
             return str(path)
     except ImportError:

@@ -34,6 +34,7 @@ from kernels.ops.gdn.tilelang_hopper import (
     TL_DTYPES,
     check_lab,
     hopper_jit,
+    masked_load,
     stand_in,
     tilelang_chosen,
     tilelang_refusal,
@@ -313,16 +314,14 @@ def _build(H: int, Hk: int, io: str, gdt: str, bdt: str, sums: int, blocks: int 
                 T.barrier_arrive(loaded)
                 if "no_gate" in lab:
                     for r in T.Parallel(C):
-                        b_s[r] = T.cast(T.if_then_else(t0 + r < eos, beta[T.min(t0 + r, eos - 1), i_h], 0), fp32)
+                        b_s[r] = masked_load(T, t0 + r < eos, beta, (T.min(t0 + r, eos - 1), i_h), fp32)
                     T.clear(x_s)
                     T.clear(gc_s)
                 else:
                     for r in T.Parallel(C):
-                        # (the select inside the cast and max: one merged bounds check, no nested branch; 0 past
-                        # the end as before, floor < 0)
-                        x_s[r] = T.max(T.cast(T.if_then_else(t0 + r < eos, g[T.min(t0 + r, eos - 1), i_h], 0), fp32),
-                                       floor)  # fmt: skip
-                        b_s[r] = T.cast(T.if_then_else(t0 + r < eos, beta[T.min(t0 + r, eos - 1), i_h], 0), fp32)
+                        # (the max outside the masked load: 0 past the end as before, floor < 0)
+                        x_s[r] = T.max(masked_load(T, t0 + r < eos, g, (T.min(t0 + r, eos - 1), i_h), fp32), floor)
+                        b_s[r] = masked_load(T, t0 + r < eos, beta, (T.min(t0 + r, eos - 1), i_h), fp32)
                     T.cumsum(x_s, gc_s, dim=0)
                     for r in T.Parallel(C):
                         if t0 + r < eos:

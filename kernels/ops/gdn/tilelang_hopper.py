@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 __all__ = ["TILELANG_VERSION", "TL_DTYPES", "TL_SIZES", "check_lab", "chunk_span", "clear_rows", "hopper_jit",
-           "masked_chunk_loads", "stand_in", "tilelang_chosen", "tilelang_refusal", "tilelang_refusal_cached"]  # fmt: skip
+           "masked_chunk_loads", "masked_load", "stand_in", "tilelang_chosen", "tilelang_refusal",
+           "tilelang_refusal_cached"]  # fmt: skip
 
 TILELANG_VERSION = "0.1.15"  # checked on the H200 against each kernel's mirror; others are refused, not run
 TL_SIZES = {"K": 128, "V": 128, "BT": 64}
@@ -87,6 +88,16 @@ def hopper_jit() -> Any:
                         pass_configs={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True})  # fmt: skip
 
 
+def masked_load(T: Any, cond: Any, x: Any, index: tuple[Any, ...], dtype: str) -> Any:
+    """x[index] where cond, else 0, as dtype, in a TileLang kernel (`T`: `tilelang.language` of the build): the select
+    around the load alone, the cast after it. So TileLang merges cond and its own bound check of the index into one
+    predicated load; a cast (or a product) inside the select makes the check a second `if` nested in cond's, and nvcc
+    then branches around each load instead of issuing a thread's loads together (session 34, the H100: KDA's products
+    kernel took 9.74 ms in the 1x64K step reading its gate so in bf16, 8.55 in fp32; `benchmarks/tilelang_code_report.py`
+    lists any nested load left in a build)."""
+    return T.cast(T.if_then_else(cond, x[index], T.cast(0, x.dtype)), dtype)
+
+
 def masked_chunk_loads(T: Any, BT: int, K: int, V: int) -> Any:
     """A TileLang macro (`T`: `tilelang.language` of the build) loading the reverse walk's chunk at t0 row by row into
     its tiles: q, k (key head i_hk), v, dO, Ag (value head i_h) zero past the range's end eos, the gate cumsum repeating
@@ -106,8 +117,7 @@ def masked_chunk_loads(T: Any, BT: int, K: int, V: int) -> Any:
         T.copy(h[ic, i_h, 0:K, 0:V], h_s)
         for r in T.Parallel(BT):
             g_s[r] = gs[T.min(t0 + r, eos - 1), i_h]
-            # (the cast outside the select: one merged bounds check; a cast inside nests a second branch)
-            b_s[r] = T.cast(T.if_then_else(t0 + r < eos, beta[T.min(t0 + r, eos - 1), i_h], 0), "float32")
+            b_s[r] = masked_load(T, t0 + r < eos, beta, (T.min(t0 + r, eos - 1), i_h), "float32")
 
     return load
 

@@ -43,6 +43,7 @@ from kernels.ops.gdn.tilelang_hopper import (
     TL_DTYPES,
     check_lab,
     hopper_jit,
+    masked_load,
     stand_in,
     tilelang_chosen,
     tilelang_refusal,
@@ -260,8 +261,8 @@ def _build(H: int, Hk: int, scale: float, gdt: str, bdt: str, bound: bool, store
                 T.tma_copy(q[t0 : t0 + C, i_hk, :], q_s, barrier=loaded)
                 T.tma_copy(k[t0 : t0 + C, i_hk, :], k_s, barrier=loaded)
                 T.barrier_arrive(loaded)
-                for r in T.Parallel(C):  # (the cast outside the select: one merged bounds check, no nested branch)
-                    b_s[r] = T.cast(T.if_then_else(t0 + r < eos, beta[T.min(t0 + r, eos - 1), i_h], 0), fp32)
+                for r in T.Parallel(C):
+                    b_s[r] = masked_load(T, t0 + r < eos, beta, (T.min(t0 + r, eos - 1), i_h), fp32)
                 # G: the chunk's gates loaded by every thread at once, then thread tx sums key column tx down the
                 # chunk in shared memory. (Session 28's thread summed its column straight from memory: 64 loads in a
                 # dependent chain, the likely cause of the 2.1 ms of 4.0 at 1x64K that none of the lab's switches

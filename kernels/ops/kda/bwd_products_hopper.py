@@ -35,7 +35,15 @@ import torch
 from torch import Tensor
 
 from kernels.common.decay import GATE_FLOOR
-from kernels.ops.gdn.tilelang_hopper import check_lab, chunk_span, clear_rows, hopper_jit, stand_in, tilelang_refusal
+from kernels.ops.gdn.tilelang_hopper import (
+    check_lab,
+    chunk_span,
+    clear_rows,
+    hopper_jit,
+    masked_load,
+    stand_in,
+    tilelang_refusal,
+)
 from kernels.ops.kda.decay_products_hopper import BLOCK, decay_macros
 from kernels.parallel_compile import build_beside
 
@@ -106,11 +114,8 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
 
         def finish_inputs(srcs, t0, n, i_h, row, c):  # type: ignore[no-untyped-def]
             """The finish's inputs at (row, key c) of the chunk at t0 (dqg, dke, dkd, qg, ke, kd in fp32; 0 past its
-            n rows), loaded a block ahead of the finish that reads them. The cast outside the select: TileLang then
-            merges the row mask and its own bound check into one predicated load, where a cast inside made a bf16
-            load a nested branch (session 34, the H100: K2 took 9.74 ms in the step with a bf16 gate, 8.55 with an
-            fp32 one, 65 more branches)."""
-            return [T.cast(T.if_then_else(row < n, x[t0 + row, i_h, c], T.cast(0.0, x.dtype)), fp32) for x in srcs]
+            n rows), loaded a block ahead of the finish that reads them."""
+            return [masked_load(T, row < n, x, (t0 + row, i_h, c), fp32) for x in srcs]
 
         @T.prim_func
         def bwd_products(
@@ -189,12 +194,12 @@ def _build(H: int, Hk: int, scale: float, varlen: bool = False, lab: frozenset[s
                 # in the same phase (beta from memory, not b_s: no barrier between the two groups of loads), so the
                 # program waits on one global latency for both
                 for r, c in T.Parallel(C, K):  # (a gate of 0 past the end: G repeats its last row, as the Ag pass's)
-                    gv = T.cast(T.if_then_else(r < n, g[t0 + r, i_h, c], T.cast(0.0, gat)), fp32)  # (cast outside)
+                    gv = masked_load(T, r < n, g, (t0 + r, i_h, c), fp32)
                     g_s[r, c] = T.max(gv, floor)
                     fl_s[r, c] = T.if_then_else(gv < floor, T.cast(1, "uint8"), T.cast(0, "uint8"))
                 for r, c in T.Parallel(C, C):
-                    # (each select around its load alone, the products after: a product inside the select made the
-                    # load a nested branch, as a cast did, `finish_inputs`)
+                    # (each select around its load alone, the products after, as `masked_load`'s: a product inside
+                    # the select nests the load's bound check as a cast does)
                     dv = T.if_then_else((r < n) & (c < n), dag[t0 + r, i_h, c], 0.0)
                     m_s[r, c] = T.cast(dv * T.if_then_else(c < n, beta[t0 + c, i_h], 0.0), io)
                     xv = T.if_then_else(r < n, daqk[t0 + r, i_h, c], 0.0) * scale
